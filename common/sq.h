@@ -1,0 +1,14 @@
+/* common/: the pieces every squish module uses. One include for all. */
+#ifndef SQ_H
+#define SQ_H
+
+#include "sq_alloc.h"
+#include "sq_buf.h"
+#include "sq_clock.h"
+#include "sq_error.h"
+#include "sq_ipc.h"
+#include "sq_log.h"
+#include "sq_loop.h"
+#include "sq_shm.h"
+
+#endif

@@ -1,0 +1,102 @@
+/* The DB thread: opens the model DB off the HTTP loop and runs DB jobs
+ * posted to it, one at a time, in order. */
+#include "gw_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct gw_db {
+    gw_server_t *srv;
+    sq_loop_t *loop;
+    pthread_t thread;
+    mdb_t *mdb;
+};
+
+typedef struct {
+    struct gw_db *d;
+    void (*fn)(mdb_t *db, void *arg);
+    void *arg;
+} db_job_t;
+
+static void run_job(sq_loop_t *loop, void *p)
+{
+    db_job_t *job = p;
+    (void)loop;
+    job->fn(job->d->mdb, job->arg);
+    free(job);
+}
+
+static void *db_thread(void *arg)
+{
+    struct gw_db *d = arg;
+    sq_loop_run(d->loop);
+    return NULL;
+}
+
+int gw_db_start(gw_server_t *srv, char *err, size_t errlen)
+{
+    struct gw_db *d = sq_xcalloc(1, sizeof(*d));
+    d->srv = srv;
+    int rc = mdb_open(srv->cfg->db_path, &d->mdb);
+    if (rc != 0) {
+        snprintf(err, errlen, "--db %s: %s", srv->cfg->db_path, mdb_errmsg(d->mdb));
+        mdb_close(d->mdb);
+        free(d);
+        return rc;
+    }
+    if ((rc = mdb_check(d->mdb)) != 0) {
+        snprintf(err, errlen, "--db %s: %s", srv->cfg->db_path, mdb_errmsg(d->mdb));
+        mdb_close(d->mdb);
+        free(d);
+        return rc;
+    }
+    d->loop = sq_loop_new();
+    if (d->loop == NULL) {
+        mdb_close(d->mdb);
+        free(d);
+        snprintf(err, errlen, "cannot create the DB thread's loop");
+        return SQ_NOMEM;
+    }
+    if (pthread_create(&d->thread, NULL, db_thread, d) != 0) {
+        sq_loop_free(d->loop);
+        mdb_close(d->mdb);
+        free(d);
+        snprintf(err, errlen, "cannot start the DB thread");
+        return SQ_NOMEM;
+    }
+    srv->db = d;
+    atomic_store(&srv->db_ready, 1);
+    SQ_INFO("model database open path=%s schema_version=%d", srv->cfg->db_path,
+            MDB_SCHEMA_VERSION);
+    return 0;
+}
+
+void gw_db_post(gw_server_t *srv, void (*fn)(mdb_t *db, void *arg), void *arg)
+{
+    db_job_t *job = sq_xmalloc(sizeof(*job));
+    job->d = srv->db;
+    job->fn = fn;
+    job->arg = arg;
+    sq_loop_post(srv->db->loop, run_job, job);
+}
+
+static void stop_loop(sq_loop_t *loop, void *arg)
+{
+    (void)arg;
+    sq_loop_stop(loop);
+}
+
+void gw_db_stop(gw_server_t *srv)
+{
+    struct gw_db *d = srv->db;
+    if (d == NULL)
+        return;
+    /* Posted last, so every job already queued runs first. */
+    sq_loop_post(d->loop, stop_loop, NULL);
+    pthread_join(d->thread, NULL);
+    atomic_store(&srv->db_ready, 0);
+    sq_loop_free(d->loop);
+    mdb_close(d->mdb);
+    free(d);
+    srv->db = NULL;
+}

@@ -1,0 +1,63 @@
+/* gateway/: squishd. This header is the module's public face: the typed,
+ * validated configuration and the server's entry point. */
+#ifndef GW_H
+#define GW_H
+
+#include <sq.h>
+
+#include <stddef.h>
+#include <stdio.h>
+#include <stdint.h>
+
+#define GW_MAX_WORKER_GROUPS 16
+#define GW_MAX_WORKERS 1024
+
+typedef struct {
+    char kind[8]; /* "cpu", "cuda", "emu" */
+    int count;
+} gw_worker_group_t;
+
+/* squishd's configuration: parsed once, validated, then read-only. Sources,
+ * lowest to highest precedence: built-in defaults, the JSON config file
+ * (--config or SQUISH_CONFIG), SQUISH_* environment variables, flags. */
+typedef struct {
+    char listen_host[64];
+    int listen_port;
+    char port_file[256];
+    char db_path[256];
+    char config_path[256];
+    char admin_token_file[256]; /* "" = next to the DB */
+    char socket_path[108];      /* "" = next to the DB */
+    char worker_bin[256];       /* "" = beside squishd, then the build tree */
+    sq_log_level_t log_level;
+    int http_threads;
+    int ngroups;
+    gw_worker_group_t groups[GW_MAX_WORKER_GROUPS];
+    int heartbeat_ms;
+    int heartbeat_timeout_ms;
+    int restart_backoff_ms;
+    int restart_backoff_max_ms;
+    int shm_mb;
+    int emu_memory_mb;
+    int drain_timeout_ms;
+    int64_t max_body_bytes;
+} gw_config_t;
+
+/* What gw_config_parse did: run the server, or print and exit. */
+typedef enum { GW_CONFIG_RUN, GW_CONFIG_HELP, GW_CONFIG_VERSION } gw_config_action_t;
+
+/* Fills cfg from defaults, the config file, the environment (envp, NULL
+ * terminated; NULL means none) and argv. On error returns SQ_BAD_CONFIG and
+ * writes a message naming the offending field ("--http-threads: ...",
+ * "config.json: workers: ...", "SQUISH_DB: ...") into err. */
+int gw_config_parse(gw_config_t *cfg, int argc, char **argv, char **envp,
+                    gw_config_action_t *action, char *err, size_t errlen);
+/* Parses a worker spec "cpu:1,emu:4" into cfg->groups. */
+int gw_parse_workers(gw_config_t *cfg, const char *spec, char *err, size_t errlen);
+/* Writes the --help text. */
+void gw_config_usage(FILE *f);
+
+/* Runs squishd until SIGTERM/SIGINT; returns the process exit status. */
+int gw_main(const gw_config_t *cfg);
+
+#endif

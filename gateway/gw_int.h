@@ -1,0 +1,63 @@
+/* gateway internals shared by squishd's source files. */
+#ifndef GW_INT_H
+#define GW_INT_H
+
+#include "gw.h"
+
+#include <mdb.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+typedef struct gw_http gw_http_t;
+typedef struct gw_workers gw_workers_t;
+typedef struct gw_db gw_db_t;
+
+/* The server: one per process, created by gw_main. Fields written by one
+ * thread and read by others are atomics; everything else is set before the
+ * threads start and then read-only. */
+typedef struct gw_server {
+    const gw_config_t *cfg;
+    char socket_path[108];
+    char token_path[256];
+    char admin_token[65]; /* hex */
+    double start_wall_s;
+
+    atomic_int db_ready;    /* the model DB is open */
+    atomic_int workers_up;  /* workers connected and past the handshake */
+    atomic_int stopping;    /* SIGTERM seen: no new work */
+    atomic_long inflight;   /* HTTP requests not yet answered */
+
+    sq_shm_arena_t *arena;
+    gw_db_t *db;
+    gw_workers_t *workers;
+    gw_http_t *http;
+} gw_server_t;
+
+/* DB thread: owns the sqlite handle; the HTTP loop never touches it. */
+int gw_db_start(gw_server_t *srv, char *err, size_t errlen);
+/* Runs fn(db, arg) on the DB thread. */
+void gw_db_post(gw_server_t *srv, void (*fn)(mdb_t *db, void *arg), void *arg);
+void gw_db_stop(gw_server_t *srv);
+
+/* Dispatch thread: the worker socket, handshakes, heartbeats, supervision.
+ * gw_workers_start binds the socket (refusing to steal a live one) and
+ * spawns the configured workers. */
+int gw_workers_start(gw_server_t *srv, char *err, size_t errlen);
+/* Asks workers to exit, waits for them (SIGKILL after a grace period) and
+ * joins the thread. */
+void gw_workers_stop(gw_server_t *srv);
+
+/* HTTP: binds, then runs cfg->http_threads h2o event loops. */
+int gw_http_start(gw_server_t *srv, char *err, size_t errlen);
+/* Stops accepting, waits up to drain_timeout_ms for in-flight requests,
+ * closes connections and joins the threads. */
+void gw_http_stop(gw_server_t *srv);
+
+/* Admin token: reads it, or creates a random one (mode 0600) on first
+ * start. A token file readable by group or others is refused. */
+int gw_token_load(gw_server_t *srv, char *err, size_t errlen);
+/* Constant-time comparison of a presented bearer token with the admin one. */
+int gw_token_matches(const gw_server_t *srv, const char *presented, size_t len);
+
+#endif

@@ -1,0 +1,351 @@
+/* squishd's HTTP side: h2o event loops (one per http thread) sharing one
+ * listening socket, a route table, and graceful drain on shutdown. */
+#include "gw_http.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+typedef struct {
+    h2o_handler_t super;
+    gw_server_t *srv;
+} gw_handler_t;
+
+typedef enum { MSG_STOP_ACCEPTING, MSG_EXIT } http_msg_kind_t;
+
+typedef struct {
+    h2o_multithread_message_t super;
+    http_msg_kind_t kind;
+} http_msg_t;
+
+typedef struct {
+    struct gw_http *http;
+    pthread_t thread;
+    h2o_context_t ctx;
+    h2o_accept_ctx_t accept_ctx;
+    h2o_socket_t *listener;
+    h2o_multithread_queue_t *queue;
+    h2o_multithread_receiver_t receiver;
+    int exit;
+} http_thread_t;
+
+struct gw_http {
+    gw_server_t *srv;
+    h2o_globalconf_t globalconf;
+    int listen_fd;
+    int nthreads;
+    http_thread_t *threads;
+};
+
+/* Routes: see the functions below; more files add theirs as they land. */
+static void route_server_metadata(gw_call_t *call);
+static void route_live(gw_call_t *call);
+static void route_ready(gw_call_t *call);
+
+static const gw_route_t routes[] = {
+    {"GET", "/v2", "server_metadata", route_server_metadata},
+    {"GET", "/v2/health/live", "health_live", route_live},
+    {"GET", "/v2/health/ready", "health_ready", route_ready},
+};
+#define NROUTES (sizeof(routes) / sizeof(routes[0]))
+
+void gw_add_header(h2o_req_t *req, const char *name, const char *value)
+{
+    size_t nlen = strlen(name);
+    h2o_add_header_by_str(&req->pool, &req->res.headers, name, nlen, 0, NULL, value,
+                          strlen(value));
+}
+
+void gw_send_json(h2o_req_t *req, int status, json_t *obj)
+{
+    size_t len = json_dumpb(obj, NULL, 0, JSON_COMPACT);
+    char *body = h2o_mem_alloc_pool(&req->pool, len + 1);
+    json_dumpb(obj, body, len, JSON_COMPACT);
+    body[len] = '\n';
+    json_decref(obj);
+    req->res.status = status;
+    req->res.reason = status < 400 ? "OK" : "Error";
+    req->res.content_length = len + 1;
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL,
+                   H2O_STRLIT("application/json"));
+    h2o_send_inline(req, body, len + 1);
+}
+
+void gw_send_error(h2o_req_t *req, int err, const char *detail)
+{
+    int status = sq_err_http_status(err);
+    if (status == 503)
+        gw_add_header(req, "retry-after", "1");
+    gw_send_json(req, status,
+                 json_pack("{s:s, s:s}", "error", detail ? detail : sq_err_msg(err), "code",
+                           sq_err_name(err)));
+}
+
+static void route_server_metadata(gw_call_t *call)
+{
+    gw_send_json(call->req, 200,
+                 json_pack("{s:s, s:s, s:[]}", "name", "squish", "version", SQUISH_VERSION,
+                           "extensions"));
+}
+
+static void route_live(gw_call_t *call)
+{
+    gw_send_json(call->req, 200, json_pack("{s:b}", "live", 1));
+}
+
+static void route_ready(gw_call_t *call)
+{
+    gw_server_t *srv = call->srv;
+    if (atomic_load(&srv->stopping)) {
+        gw_send_error(call->req, SQ_SHUTTING_DOWN, "squishd is shutting down");
+        return;
+    }
+    if (!atomic_load(&srv->db_ready)) {
+        gw_send_error(call->req, SQ_NOT_READY, "the model database is not open");
+        return;
+    }
+    int up = atomic_load(&srv->workers_up);
+    if (up == 0) {
+        gw_send_error(call->req, SQ_NOT_READY, "no worker is connected");
+        return;
+    }
+    gw_send_json(call->req, 200, json_pack("{s:b, s:i}", "ready", 1, "workers", up));
+}
+
+/* Matches a path against a pattern segment by segment; '*' captures one
+ * non-empty segment. */
+static int match(const char *pattern, const char *path, size_t len, gw_call_t *call)
+{
+    const char *p = pattern, *s = path, *end = path + len;
+    call->nargs = 0;
+    while (*p != '\0' && s < end) {
+        if (*p != '/' || *s != '/')
+            return 0;
+        p++, s++;
+        const char *seg = s;
+        while (s < end && *s != '/')
+            s++;
+        size_t seglen = (size_t)(s - seg);
+        if (*p == '*') {
+            if (seglen == 0 || call->nargs == GW_MAX_ROUTE_ARGS)
+                return 0;
+            call->args[call->nargs++] = h2o_iovec_init(seg, seglen);
+            p++;
+        } else {
+            const char *pe = p;
+            while (*pe != '\0' && *pe != '/')
+                pe++;
+            if ((size_t)(pe - p) != seglen || memcmp(p, seg, seglen) != 0)
+                return 0;
+            p = pe;
+        }
+    }
+    return *p == '\0' && s == end;
+}
+
+static int on_req(h2o_handler_t *self, h2o_req_t *req)
+{
+    gw_handler_t *h = (gw_handler_t *)self;
+    gw_call_t call = {.req = req, .srv = h->srv};
+    h2o_iovec_t path = req->path_normalized;
+    /* Trailing slashes are not significant ("/v2/" is "/v2"). */
+    while (path.len > 1 && path.base[path.len - 1] == '/')
+        path.len--;
+    char allow[64] = "";
+    for (size_t i = 0; i < NROUTES; i++) {
+        if (!match(routes[i].pattern, path.base, path.len, &call))
+            continue;
+        if (h2o_memis(req->method.base, req->method.len, routes[i].method,
+                      strlen(routes[i].method))) {
+            routes[i].fn(&call);
+            return 0;
+        }
+        if (strstr(allow, routes[i].method) == NULL && strlen(allow) + 8 < sizeof(allow)) {
+            if (allow[0] != '\0')
+                strcat(allow, ", ");
+            strcat(allow, routes[i].method);
+        }
+    }
+    if (allow[0] != '\0') {
+        gw_add_header(req, "allow", allow);
+        gw_send_error(req, SQ_METHOD, "method not allowed for this route");
+        return 0;
+    }
+    gw_send_error(req, SQ_NOT_FOUND, "no such route");
+    return 0;
+}
+
+static void on_accept(h2o_socket_t *listener, const char *err)
+{
+    http_thread_t *t = listener->data;
+    h2o_socket_t *sock;
+    if (err != NULL)
+        return;
+    if ((sock = h2o_evloop_socket_accept(listener)) == NULL)
+        return;
+    h2o_accept(&t->accept_ctx, sock);
+}
+
+static void on_message(h2o_multithread_receiver_t *receiver, h2o_linklist_t *messages)
+{
+    http_thread_t *t = H2O_STRUCT_FROM_MEMBER(http_thread_t, receiver, receiver);
+    while (!h2o_linklist_is_empty(messages)) {
+        http_msg_t *m = H2O_STRUCT_FROM_MEMBER(http_msg_t, super.link, messages->next);
+        h2o_linklist_unlink(&m->super.link);
+        if (m->kind == MSG_STOP_ACCEPTING && t->listener != NULL) {
+            h2o_socket_read_stop(t->listener);
+            h2o_socket_close(t->listener);
+            t->listener = NULL;
+        } else if (m->kind == MSG_EXIT) {
+            t->exit = 1;
+        }
+        free(m);
+    }
+}
+
+static void *http_thread(void *arg)
+{
+    http_thread_t *t = arg;
+    while (!t->exit)
+        h2o_evloop_run(t->ctx.loop, INT32_MAX);
+    return NULL;
+}
+
+static void send_msg(http_thread_t *t, http_msg_kind_t kind)
+{
+    http_msg_t *m = sq_xcalloc(1, sizeof(*m));
+    m->kind = kind;
+    h2o_multithread_send_message(&t->receiver, &m->super);
+}
+
+static int bind_listener(struct gw_http *http, char *err, size_t errlen)
+{
+    const gw_config_t *cfg = http->srv->cfg;
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE};
+    struct addrinfo *ai = NULL;
+    char port[8];
+    char host[64];
+    snprintf(port, sizeof(port), "%d", cfg->listen_port);
+    /* "[::1]" is accepted for IPv6. */
+    snprintf(host, sizeof(host), "%s", cfg->listen_host);
+    if (host[0] == '[') {
+        memmove(host, host + 1, strlen(host));
+        char *rb = strchr(host, ']');
+        if (rb != NULL)
+            *rb = '\0';
+    }
+    int gai = getaddrinfo(host, port, &hints, &ai);
+    if (gai != 0) {
+        snprintf(err, errlen, "--listen %s: %s", cfg->listen_host, gai_strerror(gai));
+        return SQ_BAD_CONFIG;
+    }
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int one = 1;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+        bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
+        snprintf(err, errlen, "--listen %s:%d: %s", cfg->listen_host, cfg->listen_port,
+                 strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        freeaddrinfo(ai);
+        return SQ_IO;
+    }
+    freeaddrinfo(ai);
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    getsockname(fd, (struct sockaddr *)&ss, &sl);
+    int bound_port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
+                                                    : ((struct sockaddr_in *)&ss)->sin_port);
+    http->listen_fd = fd;
+    printf("listening on %s:%d\n", cfg->listen_host, bound_port);
+    fflush(stdout);
+    SQ_INFO("listening address=%s port=%d http_threads=%d", cfg->listen_host, bound_port,
+            cfg->http_threads);
+    if (cfg->port_file[0] != '\0') {
+        char tmp[300];
+        snprintf(tmp, sizeof(tmp), "%s.tmp", cfg->port_file);
+        FILE *f = fopen(tmp, "w");
+        if (f == NULL || fprintf(f, "%d\n", bound_port) < 0 || fclose(f) != 0 ||
+            rename(tmp, cfg->port_file) != 0) {
+            snprintf(err, errlen, "--port-file %s: %s", cfg->port_file, strerror(errno));
+            return SQ_IO;
+        }
+    }
+    return 0;
+}
+
+int gw_http_start(gw_server_t *srv, char *err, size_t errlen)
+{
+    struct gw_http *http = sq_xcalloc(1, sizeof(*http));
+    http->srv = srv;
+    http->listen_fd = -1;
+    int rc = bind_listener(http, err, errlen);
+    if (rc != 0) {
+        if (http->listen_fd >= 0)
+            close(http->listen_fd);
+        free(http);
+        return rc;
+    }
+    h2o_config_init(&http->globalconf);
+    http->globalconf.max_request_entity_size = (size_t)srv->cfg->max_body_bytes;
+    http->globalconf.server_name = h2o_iovec_init(H2O_STRLIT("squish/" SQUISH_VERSION));
+    h2o_hostconf_t *host =
+        h2o_config_register_host(&http->globalconf, h2o_iovec_init(H2O_STRLIT("default")), 65535);
+    h2o_pathconf_t *path = h2o_config_register_path(host, "/", 0);
+    gw_handler_t *handler = (gw_handler_t *)h2o_create_handler(path, sizeof(*handler));
+    handler->super.on_req = on_req;
+    handler->srv = srv;
+
+    http->nthreads = srv->cfg->http_threads;
+    http->threads = sq_xcalloc((size_t)http->nthreads, sizeof(http_thread_t));
+    for (int i = 0; i < http->nthreads; i++) {
+        http_thread_t *t = &http->threads[i];
+        t->http = http;
+        h2o_context_init(&t->ctx, h2o_evloop_create(), &http->globalconf);
+        t->accept_ctx.ctx = &t->ctx;
+        t->accept_ctx.hosts = http->globalconf.hosts;
+        int fd = i == 0 ? http->listen_fd : dup(http->listen_fd);
+        t->listener = h2o_evloop_socket_create(t->ctx.loop, fd, H2O_SOCKET_FLAG_DONT_READ);
+        t->listener->data = t;
+        h2o_socket_read_start(t->listener, on_accept);
+        t->queue = h2o_multithread_create_queue(t->ctx.loop);
+        h2o_multithread_register_receiver(t->queue, &t->receiver, on_message);
+    }
+    srv->http = http;
+    for (int i = 0; i < http->nthreads; i++)
+        pthread_create(&http->threads[i].thread, NULL, http_thread, &http->threads[i]);
+    return 0;
+}
+
+void gw_http_stop(gw_server_t *srv)
+{
+    struct gw_http *http = srv->http;
+    if (http == NULL)
+        return;
+    for (int i = 0; i < http->nthreads; i++)
+        send_msg(&http->threads[i], MSG_STOP_ACCEPTING);
+    int64_t deadline = sq_now_ms() + srv->cfg->drain_timeout_ms;
+    while (atomic_load(&srv->inflight) > 0 && sq_now_ms() < deadline)
+        usleep(10000);
+    if (atomic_load(&srv->inflight) > 0)
+        SQ_WARN("drain timed out inflight=%ld", atomic_load(&srv->inflight));
+    for (int i = 0; i < http->nthreads; i++)
+        send_msg(&http->threads[i], MSG_EXIT);
+    for (int i = 0; i < http->nthreads; i++)
+        pthread_join(http->threads[i].thread, NULL);
+    for (int i = 0; i < http->nthreads; i++) {
+        http_thread_t *t = &http->threads[i];
+        h2o_multithread_unregister_receiver(t->queue, &t->receiver);
+        h2o_multithread_destroy_queue(t->queue);
+    }
+    free(http->threads);
+    free(http);
+    srv->http = NULL;
+}

@@ -1,0 +1,111 @@
+/* gw_main: brings squishd up in order (token, arena, DB thread, dispatch
+ * thread and workers, HTTP), waits for SIGTERM/SIGINT, and takes it down in
+ * reverse order: stop accepting and drain HTTP, stop workers, close the DB. */
+#include "gw_int.h"
+
+#include <errno.h>
+#include <libgen.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* mkdir -p of the directory part of path. */
+static int make_parent_dirs(const char *path, char *err, size_t errlen)
+{
+    char dir[256];
+    snprintf(dir, sizeof(dir), "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash == NULL)
+        return 0;
+    *slash = '\0';
+    for (char *p = dir + 1; *p; p++) {
+        if (*p != '/')
+            continue;
+        *p = '\0';
+        if (mkdir(dir, 0755) != 0 && errno != EEXIST)
+            goto fail;
+        *p = '/';
+    }
+    if (dir[0] != '\0' && mkdir(dir, 0755) != 0 && errno != EEXIST)
+        goto fail;
+    return 0;
+fail:
+    snprintf(err, errlen, "%s: cannot create directory: %s", dir, strerror(errno));
+    return SQ_IO;
+}
+
+/* dir of the DB + "/" + name, for files that live next to it. */
+static int beside_db(const gw_config_t *cfg, const char *name, char *out, size_t outlen)
+{
+    char dir[256];
+    snprintf(dir, sizeof(dir), "%s", cfg->db_path);
+    char *d = dirname(dir);
+    int n = snprintf(out, outlen, "%s/%s", d, name);
+    return n < 0 || (size_t)n >= outlen ? -1 : 0;
+}
+
+int gw_main(const gw_config_t *cfg)
+{
+    gw_server_t srv = {.cfg = cfg, .start_wall_s = sq_wall_s()};
+    char err[512] = "";
+    int rc;
+
+    sq_log_set_level(cfg->log_level);
+    sq_log_set_tag("squishd");
+    signal(SIGPIPE, SIG_IGN);
+    /* Every thread inherits this mask; the main thread takes the signals
+     * with sigwait. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+
+    if ((rc = make_parent_dirs(cfg->db_path, err, sizeof(err))) != 0)
+        goto fail;
+    if (cfg->socket_path[0] != '\0')
+        snprintf(srv.socket_path, sizeof(srv.socket_path), "%s", cfg->socket_path);
+    else if (beside_db(cfg, "squishd.sock", srv.socket_path, sizeof(srv.socket_path)) != 0) {
+        snprintf(err, sizeof(err), "--db: path too long to put the worker socket next to it");
+        rc = SQ_BAD_CONFIG;
+        goto fail;
+    }
+    if (cfg->admin_token_file[0] != '\0')
+        snprintf(srv.token_path, sizeof(srv.token_path), "%s", cfg->admin_token_file);
+    else
+        beside_db(cfg, "admin.token", srv.token_path, sizeof(srv.token_path));
+    if ((rc = gw_token_load(&srv, err, sizeof(err))) != 0)
+        goto fail;
+    if ((rc = sq_shm_arena_create(&srv.arena, (size_t)cfg->shm_mb << 20, 4096)) != 0) {
+        snprintf(err, sizeof(err), "--shm-mb %d: cannot create the shared-memory arena",
+                 cfg->shm_mb);
+        goto fail;
+    }
+    if ((rc = gw_db_start(&srv, err, sizeof(err))) != 0)
+        goto fail;
+    if ((rc = gw_workers_start(&srv, err, sizeof(err))) != 0)
+        goto fail;
+    if ((rc = gw_http_start(&srv, err, sizeof(err))) != 0)
+        goto fail;
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    SQ_INFO("signal received signal=%s; draining", sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    atomic_store(&srv.stopping, 1);
+    gw_http_stop(&srv);
+    gw_workers_stop(&srv);
+    gw_db_stop(&srv);
+    sq_shm_arena_free(srv.arena);
+    SQ_INFO("stopped");
+    return 0;
+
+fail:
+    SQ_ERROR("cannot start: %s", err);
+    fprintf(stderr, "squishd: %s\n", err);
+    gw_http_stop(&srv);
+    gw_workers_stop(&srv);
+    gw_db_stop(&srv);
+    sq_shm_arena_free(srv.arena);
+    return 1;
+}

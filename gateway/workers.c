@@ -1,0 +1,626 @@
+/* The dispatch thread's worker side: the UNIX socket workers connect to,
+ * handshakes, heartbeats and supervision of the workers squishd spawns.
+ *
+ * A supervised worker lives in a slot (its device spec). When it dies (EOF,
+ * a protocol error, missed heartbeats or an exit), the slot kills what is
+ * left of it and respawns it after a backoff that doubles per consecutive
+ * failure and resets once a worker stayed up for a while. A worker that
+ * exits with WK_EXIT_DEVICE_UNAVAILABLE (a cuda worker on a machine without
+ * a GPU) is not retried: its slot falls back to a cpu worker, once.
+ * Workers started by hand join as unsupervised peers. */
+#include "gw_int.h"
+
+#include <wk.h>
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <spawn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char **environ;
+
+#define HANDSHAKE_TIMEOUT_MS 10000
+#define STABLE_AFTER_MS 10000
+#define SHUTDOWN_GRACE_MS 3000
+
+typedef enum {
+    SLOT_IDLE,     /* waiting for its restart timer */
+    SLOT_SPAWNED,  /* process started, not yet past the handshake */
+    SLOT_UP,       /* connected and past the handshake */
+    SLOT_DISABLED, /* fell back or given up */
+} slot_state_t;
+
+typedef struct peer peer_t;
+
+/* A supervised device slot. */
+typedef struct {
+    gw_workers_t *ws;
+    int id;
+    char device[64]; /* "emu:3" */
+    slot_state_t state;
+    pid_t pid;
+    peer_t *peer;
+    int64_t up_since_ns;
+    int backoff_ms;
+    int restarts;
+    uint64_t restart_timer;
+} slot_t;
+
+/* A connection from a worker process. */
+struct peer {
+    peer_t *next;
+    gw_workers_t *ws;
+    sq_conn_t conn;
+    int id;       /* worker id; slot id for supervised ones */
+    slot_t *slot; /* NULL for a worker started by hand */
+    int welcomed;
+    sq_hello_t hello;
+    int64_t accepted_ns;
+    int64_t last_heard_ns;
+};
+
+struct gw_workers {
+    gw_server_t *srv;
+    sq_loop_t *loop;
+    pthread_t thread;
+    int listen_fd;
+    char worker_bin[PATH_MAX];
+    slot_t *slots;
+    int nslots;
+    peer_t *peers;
+    int next_external_id;
+    int stopping;
+    int64_t stop_deadline_ns;
+    uint64_t tick_timer;
+};
+
+static void schedule_restart(gw_workers_t *ws, slot_t *s);
+
+static int count_up(gw_workers_t *ws)
+{
+    int n = 0;
+    for (peer_t *p = ws->peers; p != NULL; p = p->next)
+        n += p->welcomed;
+    return n;
+}
+
+static void publish(gw_workers_t *ws)
+{
+    atomic_store(&ws->srv->workers_up, count_up(ws));
+}
+
+/* Finds squish-worker: the configured path, beside squishd, or in the
+ * build tree (squishd in build/gateway, the worker in build/worker). */
+static int find_worker_bin(gw_workers_t *ws, char *err, size_t errlen)
+{
+    const gw_config_t *cfg = ws->srv->cfg;
+    if (cfg->worker_bin[0] != '\0') {
+        if (access(cfg->worker_bin, X_OK) != 0) {
+            snprintf(err, errlen, "--worker-bin %s: %s", cfg->worker_bin, strerror(errno));
+            return SQ_BAD_CONFIG;
+        }
+        snprintf(ws->worker_bin, sizeof(ws->worker_bin), "%s", cfg->worker_bin);
+        return 0;
+    }
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash != NULL) {
+            *slash = '\0';
+            const char *candidates[] = {"%s/squish-worker", "%s/../worker/squish-worker"};
+            for (size_t i = 0; i < 2; i++) {
+                char path[PATH_MAX + 32];
+                snprintf(path, sizeof(path), candidates[i], self);
+                if (access(path, X_OK) == 0 && strlen(path) < sizeof(ws->worker_bin)) {
+                    snprintf(ws->worker_bin, sizeof(ws->worker_bin), "%s", path);
+                    return 0;
+                }
+            }
+        }
+    }
+    snprintf(err, errlen, "--worker-bin: squish-worker not found beside squishd; give its path");
+    return SQ_BAD_CONFIG;
+}
+
+static void spawn(gw_workers_t *ws, slot_t *s)
+{
+    const gw_config_t *cfg = ws->srv->cfg;
+    char mem[32];
+    snprintf(mem, sizeof(mem), "%d", cfg->emu_memory_mb);
+    char *argv[] = {ws->worker_bin,
+                    "--connect",
+                    ws->srv->socket_path,
+                    "--device",
+                    s->device,
+                    "--memory-mb",
+                    mem,
+                    "--log-level",
+                    (char *)sq_log_level_name(cfg->log_level),
+                    NULL};
+    if (strncmp(s->device, "emu:", 4) != 0)
+        argv[5] = NULL; /* --memory-mb is for emulated devices only */
+    pid_t pid;
+    int rc = posix_spawn(&pid, ws->worker_bin, NULL, NULL, argv, environ);
+    if (rc != 0) {
+        SQ_ERROR("cannot spawn worker device=%s error=\"%s\"", s->device, strerror(rc));
+        schedule_restart(ws, s);
+        return;
+    }
+    s->pid = pid;
+    s->state = SLOT_SPAWNED;
+    SQ_INFO("worker spawned id=%d device=%s pid=%d", s->id, s->device, (int)pid);
+}
+
+static void on_restart_timer(sq_loop_t *loop, uint64_t id, void *data)
+{
+    slot_t *s = data;
+    gw_workers_t *ws = s->ws;
+    (void)loop;
+    (void)id;
+    s->restart_timer = 0;
+    if (!ws->stopping && s->state == SLOT_IDLE)
+        spawn(ws, s);
+}
+
+static void schedule_restart(gw_workers_t *ws, slot_t *s)
+{
+    if (ws->stopping || s->state == SLOT_DISABLED)
+        return;
+    s->state = SLOT_IDLE;
+    s->pid = 0;
+    int delay = s->backoff_ms;
+    int64_t now = sq_now_ns();
+    s->restarts++;
+    s->restart_timer = sq_loop_timer_at(ws->loop, now + (int64_t)delay * 1000000,
+                                        on_restart_timer, s);
+    SQ_INFO("worker restart scheduled id=%d device=%s in_ms=%d restarts=%d", s->id, s->device,
+            delay, s->restarts);
+    int max = ws->srv->cfg->restart_backoff_max_ms;
+    s->backoff_ms = s->backoff_ms * 2 > max ? max : (s->backoff_ms == 0 ? 1 : s->backoff_ms * 2);
+}
+
+static void peer_close(gw_workers_t *ws, peer_t *p, const char *reason)
+{
+    for (peer_t **pp = &ws->peers; *pp != NULL; pp = &(*pp)->next) {
+        if (*pp == p) {
+            *pp = p->next;
+            break;
+        }
+    }
+    if (p->welcomed || p->slot != NULL)
+        SQ_LOG(ws->stopping ? SQ_LOG_INFO : SQ_LOG_WARN,
+               "worker %s id=%d device=%s pid=%u reason=%s", ws->stopping ? "gone" : "lost",
+               p->id, p->hello.name[0] ? p->hello.name : "?", p->hello.pid, reason);
+    sq_loop_unwatch(ws->loop, p->conn.fd);
+    sq_conn_dispose(&p->conn);
+    slot_t *s = p->slot;
+    free(p);
+    publish(ws);
+    if (s != NULL) {
+        s->peer = NULL;
+        /* Make sure the process is gone; reaping restarts the slot. */
+        if (s->pid > 0 && s->state != SLOT_IDLE)
+            kill(s->pid, SIGKILL);
+    }
+}
+
+/* Called when a supervised child has been reaped. */
+static void slot_exited(gw_workers_t *ws, slot_t *s, int status)
+{
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    if (s->peer != NULL)
+        peer_close(ws, s->peer, "exited");
+    s->pid = 0;
+    if (ws->stopping) {
+        s->state = SLOT_IDLE;
+        return;
+    }
+    SQ_INFO("worker exited id=%d device=%s status=%d signal=%d", s->id, s->device, code, sig);
+    if (code == WK_EXIT_DEVICE_UNAVAILABLE) {
+        int have_cpu = 0;
+        for (int i = 0; i < ws->nslots; i++)
+            have_cpu |= strcmp(ws->slots[i].device, "cpu") == 0 &&
+                        ws->slots[i].state != SLOT_DISABLED;
+        if (!have_cpu && strncmp(s->device, "cpu", 3) != 0) {
+            SQ_WARN("device unavailable, falling back to cpu id=%d device=%s", s->id, s->device);
+            snprintf(s->device, sizeof(s->device), "cpu");
+        } else {
+            SQ_WARN("device unavailable, slot disabled id=%d device=%s", s->id, s->device);
+            s->state = SLOT_DISABLED;
+            return;
+        }
+    }
+    if (s->up_since_ns > 0 && sq_now_ns() - s->up_since_ns > (int64_t)STABLE_AFTER_MS * 1000000)
+        s->backoff_ms = ws->srv->cfg->restart_backoff_ms;
+    s->up_since_ns = 0;
+    schedule_restart(ws, s);
+}
+
+static void reap(gw_workers_t *ws)
+{
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+        for (int i = 0; i < ws->nslots; i++) {
+            if (ws->slots[i].pid == pid) {
+                slot_exited(ws, &ws->slots[i], status);
+                break;
+            }
+        }
+    }
+}
+
+static void send_error(peer_t *p, int code, const char *msg)
+{
+    sq_ipc_error_t e = {.code = code};
+    snprintf(e.message, sizeof(e.message), "%s", msg);
+    sq_buf_t b;
+    sq_buf_init(&b);
+    sq_ipc_error_encode(&b, &e);
+    sq_conn_send(&p->conn, SQ_MSG_ERROR, 0, b.data, (uint32_t)b.len);
+    sq_buf_dispose(&b);
+}
+
+static int on_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
+{
+    if (sq_hello_decode(f, &p->hello) != 0) {
+        send_error(p, SQ_PROTOCOL, "malformed HELLO");
+        return -1;
+    }
+    if (p->hello.version != SQ_IPC_VERSION) {
+        char msg[96];
+        snprintf(msg, sizeof(msg), "protocol version %u not supported (squishd speaks %d)",
+                 p->hello.version, SQ_IPC_VERSION);
+        send_error(p, SQ_PROTOCOL, msg);
+        return -1;
+    }
+    wk_device_t dev;
+    if (wk_device_parse(p->hello.name, &dev) != 0) {
+        send_error(p, SQ_PROTOCOL, "unknown device name");
+        return -1;
+    }
+    for (int i = 0; i < ws->nslots; i++) {
+        slot_t *s = &ws->slots[i];
+        if (s->pid > 0 && (uint32_t)s->pid == p->hello.pid && s->peer == NULL) {
+            p->slot = s;
+            break;
+        }
+    }
+    for (peer_t *o = ws->peers; o != NULL; o = o->next) {
+        if (o != p && o->welcomed && strcmp(o->hello.name, p->hello.name) == 0) {
+            send_error(p, SQ_EXISTS, "a worker for this device is already connected");
+            return -1;
+        }
+    }
+    p->id = p->slot ? p->slot->id : ws->next_external_id++;
+    sq_welcome_t wel = {.version = SQ_IPC_VERSION,
+                        .worker_id = (uint32_t)p->id,
+                        .heartbeat_ms = (uint32_t)ws->srv->cfg->heartbeat_ms,
+                        .shm_bytes = sq_shm_arena_size(ws->srv->arena)};
+    sq_buf_t b;
+    sq_buf_init(&b);
+    sq_welcome_encode(&b, &wel);
+    int rc = sq_conn_send_with_fd(&p->conn, SQ_MSG_WELCOME, 0, b.data, (uint32_t)b.len,
+                                  sq_shm_arena_fd(ws->srv->arena), 1000);
+    sq_buf_dispose(&b);
+    if (rc != 0)
+        return -1;
+    p->welcomed = 1;
+    if (p->slot != NULL) {
+        p->slot->peer = p;
+        p->slot->state = SLOT_UP;
+        p->slot->up_since_ns = sq_now_ns();
+    }
+    SQ_INFO("worker up id=%d device=%s pid=%u memory_mb=%llu supervised=%s", p->id,
+            p->hello.name, p->hello.pid, (unsigned long long)(p->hello.memory_bytes >> 20),
+            p->slot ? "yes" : "no");
+    publish(ws);
+    return 0;
+}
+
+static int on_frame(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
+{
+    if (!p->welcomed) {
+        if (f->type != SQ_MSG_HELLO) {
+            send_error(p, SQ_PROTOCOL, "expected HELLO");
+            return -1;
+        }
+        return on_hello(ws, p, f);
+    }
+    switch (f->type) {
+    case SQ_MSG_PONG:
+        return 0;
+    case SQ_MSG_ERROR: {
+        sq_ipc_error_t e;
+        if (sq_ipc_error_decode(f, &e) == 0)
+            SQ_WARN("worker error id=%d code=%s message=\"%s\"", p->id, sq_err_name(e.code),
+                    e.message);
+        return 0;
+    }
+    default:
+        SQ_WARN("unexpected message from worker id=%d type=%s", p->id, sq_msg_name(f->type));
+        return -1;
+    }
+}
+
+static void on_peer_io(sq_loop_t *loop, int fd, int events, void *data)
+{
+    peer_t *p = data;
+    gw_workers_t *ws = p->ws;
+    if (events & SQ_EV_WRITE) {
+        int rc = sq_conn_flush(&p->conn);
+        if (rc < 0) {
+            peer_close(ws, p, "write_error");
+            return;
+        }
+        sq_loop_modify(loop, fd, SQ_EV_READ | (rc == 1 ? SQ_EV_WRITE : 0));
+    }
+    if (!(events & SQ_EV_READ))
+        return;
+    int rc = sq_conn_read(&p->conn);
+    if (rc == 0) {
+        peer_close(ws, p, "eof");
+        return;
+    }
+    if (rc < 0 && rc != -EAGAIN) {
+        peer_close(ws, p, "read_error");
+        return;
+    }
+    p->last_heard_ns = sq_now_ns();
+    sq_frame_t f;
+    while ((rc = sq_conn_next(&p->conn, &f)) == 1) {
+        if (on_frame(ws, p, &f) != 0) {
+            peer_close(ws, p, "protocol_error");
+            return;
+        }
+    }
+    if (rc < 0) {
+        peer_close(ws, p, "bad_frame");
+        return;
+    }
+    if (p->conn.out.len > 0)
+        sq_loop_modify(loop, fd, SQ_EV_READ | SQ_EV_WRITE);
+}
+
+static void on_accept(sq_loop_t *loop, int fd, int events, void *data)
+{
+    gw_workers_t *ws = data;
+    (void)events;
+    for (;;) {
+        int cfd = accept4(fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (cfd < 0)
+            return;
+        if (ws->stopping) {
+            close(cfd);
+            continue;
+        }
+        peer_t *p = sq_xcalloc(1, sizeof(*p));
+        p->ws = ws;
+        sq_conn_init(&p->conn, cfd);
+        p->accepted_ns = p->last_heard_ns = sq_now_ns();
+        p->next = ws->peers;
+        ws->peers = p;
+        sq_loop_watch(loop, cfd, SQ_EV_READ, on_peer_io, p);
+    }
+}
+
+/* Heartbeats, handshake and heartbeat timeouts, reaping; every heartbeat_ms. */
+static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
+{
+    gw_workers_t *ws = data;
+    const gw_config_t *cfg = ws->srv->cfg;
+    int64_t now = sq_now_ns();
+    (void)id;
+    reap(ws);
+    for (peer_t *p = ws->peers, *next; p != NULL; p = next) {
+        next = p->next;
+        if (!p->welcomed) {
+            if (now - p->accepted_ns > (int64_t)HANDSHAKE_TIMEOUT_MS * 1000000)
+                peer_close(ws, p, "handshake_timeout");
+            continue;
+        }
+        if (now - p->last_heard_ns > (int64_t)cfg->heartbeat_timeout_ms * 1000000) {
+            peer_close(ws, p, "heartbeat_timeout");
+            continue;
+        }
+        if (sq_conn_send(&p->conn, SQ_MSG_PING, (uint64_t)now, NULL, 0) < 0) {
+            peer_close(ws, p, "write_error");
+            continue;
+        }
+        if (p->conn.out.len > 0)
+            sq_loop_modify(loop, p->conn.fd, SQ_EV_READ | SQ_EV_WRITE);
+    }
+    if (ws->stopping) {
+        int alive = 0;
+        for (int i = 0; i < ws->nslots; i++)
+            alive += ws->slots[i].pid > 0;
+        if (alive == 0 && ws->peers == NULL) {
+            sq_loop_stop(loop);
+            return;
+        }
+        if (now > ws->stop_deadline_ns) {
+            for (int i = 0; i < ws->nslots; i++)
+                if (ws->slots[i].pid > 0)
+                    kill(ws->slots[i].pid, SIGKILL);
+            for (peer_t *p = ws->peers, *next; p != NULL; p = next) {
+                next = p->next;
+                peer_close(ws, p, "shutdown");
+            }
+        }
+    }
+    int64_t period = (int64_t)(ws->stopping ? 20 : cfg->heartbeat_ms) * 1000000;
+    ws->tick_timer = sq_loop_timer_at(loop, now + period, on_tick, ws);
+}
+
+static void *workers_thread(void *arg)
+{
+    gw_workers_t *ws = arg;
+    sq_loop_run(ws->loop);
+    return NULL;
+}
+
+static int bind_socket(gw_workers_t *ws, char *err, size_t errlen)
+{
+    const char *path = ws->srv->socket_path;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(path) >= sizeof(sa.sun_path)) {
+        snprintf(err, errlen, "--socket %s: path too long for a UNIX socket", path);
+        return SQ_BAD_CONFIG;
+    }
+    strcpy(sa.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+        snprintf(err, errlen, "socket: %s", strerror(errno));
+        return SQ_IO;
+    }
+    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+        if (errno != EADDRINUSE) {
+            snprintf(err, errlen, "--socket %s: %s", path, strerror(errno));
+            close(fd);
+            return SQ_IO;
+        }
+        /* A live squishd answers on it; a stale file from a crash does not. */
+        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int live = probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+        if (probe >= 0)
+            close(probe);
+        if (live) {
+            close(fd);
+            snprintf(err, errlen, "--socket %s: another squishd is serving this socket", path);
+            return SQ_EXISTS;
+        }
+        unlink(path);
+        if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) != 0) {
+            snprintf(err, errlen, "--socket %s: %s", path, strerror(errno));
+            close(fd);
+            return SQ_IO;
+        }
+    }
+    chmod(path, 0600);
+    if (listen(fd, 128) != 0) {
+        snprintf(err, errlen, "--socket %s: listen: %s", path, strerror(errno));
+        close(fd);
+        return SQ_IO;
+    }
+    ws->listen_fd = fd;
+    return 0;
+}
+
+int gw_workers_start(gw_server_t *srv, char *err, size_t errlen)
+{
+    const gw_config_t *cfg = srv->cfg;
+    int nslots = 0;
+    for (int g = 0; g < cfg->ngroups; g++)
+        nslots += strcmp(cfg->groups[g].kind, "cpu") == 0 ? 1 : cfg->groups[g].count;
+    gw_workers_t *ws = sq_xcalloc(1, sizeof(*ws));
+    ws->srv = srv;
+    ws->slots = sq_xcalloc((size_t)nslots + 1, sizeof(slot_t));
+    ws->listen_fd = -1;
+    int rc;
+    if (nslots > 0 && (rc = find_worker_bin(ws, err, errlen)) != 0)
+        goto fail;
+    if ((rc = bind_socket(ws, err, errlen)) != 0)
+        goto fail;
+    for (int g = 0; g < cfg->ngroups; g++) {
+        const gw_worker_group_t *gr = &cfg->groups[g];
+        int n = strcmp(gr->kind, "cpu") == 0 ? 1 : gr->count;
+        if (strcmp(gr->kind, "cpu") == 0 && gr->count > 1)
+            SQ_WARN("one cpu worker uses every core; workers=cpu:%d runs one", gr->count);
+        for (int i = 0; i < n; i++) {
+            slot_t *s = &ws->slots[ws->nslots];
+            s->ws = ws;
+            s->id = ws->nslots++;
+            if (strcmp(gr->kind, "cpu") == 0)
+                snprintf(s->device, sizeof(s->device), "cpu");
+            else
+                snprintf(s->device, sizeof(s->device), "%s:%d", gr->kind, i);
+            s->backoff_ms = cfg->restart_backoff_ms;
+        }
+    }
+    ws->next_external_id = 1000;
+    ws->loop = sq_loop_new();
+    if (ws->loop == NULL) {
+        snprintf(err, errlen, "cannot create the dispatch loop");
+        rc = SQ_NOMEM;
+        goto fail;
+    }
+    sq_loop_watch(ws->loop, ws->listen_fd, SQ_EV_READ, on_accept, ws);
+    srv->workers = ws;
+    for (int i = 0; i < ws->nslots; i++)
+        spawn(ws, &ws->slots[i]);
+    ws->tick_timer = sq_loop_timer_at(ws->loop, sq_now_ns() + (int64_t)cfg->heartbeat_ms * 1000000,
+                                      on_tick, ws);
+    if (pthread_create(&ws->thread, NULL, workers_thread, ws) != 0) {
+        snprintf(err, errlen, "cannot start the dispatch thread");
+        rc = SQ_NOMEM;
+        srv->workers = NULL;
+        goto fail;
+    }
+    SQ_INFO("worker socket ready path=%s workers=%d", srv->socket_path, ws->nslots);
+    return 0;
+fail:
+    for (int i = 0; i < ws->nslots; i++)
+        if (ws->slots[i].pid > 0)
+            kill(ws->slots[i].pid, SIGKILL);
+    if (ws->listen_fd >= 0) {
+        close(ws->listen_fd);
+        unlink(srv->socket_path);
+    }
+    sq_loop_free(ws->loop);
+    free(ws->slots);
+    free(ws);
+    return rc;
+}
+
+static void begin_stop(sq_loop_t *loop, void *arg)
+{
+    gw_workers_t *ws = arg;
+    ws->stopping = 1;
+    ws->stop_deadline_ns = sq_now_ns() + (int64_t)SHUTDOWN_GRACE_MS * 1000000;
+    sq_loop_unwatch(loop, ws->listen_fd);
+    for (int i = 0; i < ws->nslots; i++) {
+        slot_t *s = &ws->slots[i];
+        if (s->restart_timer)
+            sq_loop_timer_cancel(loop, s->restart_timer);
+        s->restart_timer = 0;
+        if (s->state == SLOT_SPAWNED && s->pid > 0)
+            kill(s->pid, SIGTERM);
+    }
+    for (peer_t *p = ws->peers; p != NULL; p = p->next) {
+        if (p->welcomed)
+            sq_conn_send(&p->conn, SQ_MSG_SHUTDOWN, 0, NULL, 0);
+    }
+    sq_loop_timer_cancel(loop, ws->tick_timer);
+    ws->tick_timer = sq_loop_timer_at(loop, sq_now_ns() + 20000000, on_tick, ws);
+}
+
+void gw_workers_stop(gw_server_t *srv)
+{
+    gw_workers_t *ws = srv->workers;
+    if (ws == NULL)
+        return;
+    sq_loop_post(ws->loop, begin_stop, ws);
+    pthread_join(ws->thread, NULL);
+    reap(ws);
+    while (ws->peers != NULL)
+        peer_close(ws, ws->peers, "shutdown");
+    close(ws->listen_fd);
+    unlink(srv->socket_path);
+    sq_loop_free(ws->loop);
+    free(ws->slots);
+    free(ws);
+    srv->workers = NULL;
+    atomic_store(&srv->workers_up, 0);
+    SQ_INFO("workers stopped");
+}

@@ -1,0 +1,146 @@
+#include <criterion/criterion.h>
+#include <sq.h>
+
+#include <errno.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+Test(ipc, frame_round_trip)
+{
+    sq_buf_t b;
+    sq_buf_init(&b);
+    sq_frame_encode(&b, SQ_MSG_PING, 0x1122334455667788ull, "hey", 3);
+    cr_assert_eq(b.len, SQ_IPC_HEADER_SIZE + 3);
+    sq_frame_t f;
+    size_t used = 0;
+    cr_assert_eq(sq_frame_decode(b.data, b.len, &f, &used), 1);
+    cr_assert_eq(used, b.len);
+    cr_assert_eq(f.type, SQ_MSG_PING);
+    cr_assert_eq(f.id, 0x1122334455667788ull);
+    cr_assert_eq(f.len, 3);
+    cr_assert_eq(memcmp(f.payload, "hey", 3), 0);
+    sq_buf_dispose(&b);
+}
+
+Test(ipc, truncated_frames_need_more_bytes_at_every_cut)
+{
+    sq_buf_t b;
+    sq_buf_init(&b);
+    sq_frame_encode(&b, SQ_MSG_HELLO, 7, "0123456789", 10);
+    for (size_t cut = 0; cut < b.len; cut++) {
+        sq_frame_t f;
+        size_t used = 0;
+        cr_assert_eq(sq_frame_decode(b.data, cut, &f, &used), 0, "cut at %zu", cut);
+    }
+    sq_buf_dispose(&b);
+}
+
+Test(ipc, oversized_frames_are_rejected_before_buffering)
+{
+    uint8_t h[SQ_IPC_HEADER_SIZE] = {0};
+    sq_put_le32(h, SQ_IPC_MAX_PAYLOAD + 1);
+    sq_put_le16(h + 4, SQ_MSG_PING);
+    sq_frame_t f;
+    size_t used;
+    cr_assert_eq(sq_frame_decode(h, sizeof(h), &f, &used), SQ_PROTOCOL);
+}
+
+Test(ipc, unknown_types_and_reserved_flags_are_rejected)
+{
+    uint8_t h[SQ_IPC_HEADER_SIZE] = {0};
+    sq_put_le16(h + 4, 999);
+    sq_frame_t f;
+    size_t used;
+    cr_assert_eq(sq_frame_decode(h, sizeof(h), &f, &used), SQ_PROTOCOL);
+    sq_put_le16(h + 4, SQ_MSG_PING);
+    sq_put_le16(h + 6, 1);
+    cr_assert_eq(sq_frame_decode(h, sizeof(h), &f, &used), SQ_PROTOCOL);
+}
+
+Test(ipc, message_names)
+{
+    cr_assert_str_eq(sq_msg_name(SQ_MSG_WELCOME), "WELCOME");
+    cr_assert_null(sq_msg_name(0));
+}
+
+Test(ipc, hello_round_trip_and_bad_magic)
+{
+    sq_hello_t in = {.magic = SQ_IPC_MAGIC, .version = SQ_IPC_VERSION, .memory_bytes = 1ull << 34,
+                     .pid = 4242};
+    strcpy(in.kind, "emu");
+    strcpy(in.name, "emu:7");
+    sq_buf_t b;
+    sq_buf_init(&b);
+    sq_hello_encode(&b, &in);
+    sq_frame_t f = {.type = SQ_MSG_HELLO, .payload = b.data, .len = (uint32_t)b.len};
+    sq_hello_t out;
+    cr_assert_eq(sq_hello_decode(&f, &out), 0);
+    cr_assert_str_eq(out.name, "emu:7");
+    cr_assert_str_eq(out.kind, "emu");
+    cr_assert_eq(out.memory_bytes, 1ull << 34);
+    cr_assert_eq(out.pid, 4242);
+    b.data[0] ^= 0xff;
+    cr_assert_eq(sq_hello_decode(&f, &out), SQ_PROTOCOL);
+    f.len = 5;
+    cr_assert_eq(sq_hello_decode(&f, &out), SQ_PROTOCOL, "a short payload is refused");
+    sq_buf_dispose(&b);
+}
+
+Test(ipc, frames_cross_a_real_socket_in_pieces_with_an_fd)
+{
+    int sv[2];
+    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+    sq_conn_t a, b;
+    sq_conn_init(&a, sv[0]);
+    sq_conn_init(&b, sv[1]);
+    sq_welcome_t w = {.version = 1, .worker_id = 9, .heartbeat_ms = 200, .shm_bytes = 4096};
+    sq_buf_t pl;
+    sq_buf_init(&pl);
+    sq_welcome_encode(&pl, &w);
+    int pipefd[2];
+    cr_assert_eq(pipe(pipefd), 0);
+    cr_assert_eq(sq_conn_send(&a, SQ_MSG_PING, 1, NULL, 0), 0);
+    cr_assert_eq(sq_conn_send_with_fd(&a, SQ_MSG_WELCOME, 2, pl.data, (uint32_t)pl.len,
+                                      pipefd[1], 1000),
+                 0);
+    close(pipefd[1]);
+    cr_assert_gt(sq_conn_read(&b), 0);
+    sq_frame_t f;
+    cr_assert_eq(sq_conn_next(&b, &f), 1);
+    cr_assert_eq(f.type, SQ_MSG_PING);
+    cr_assert_eq(sq_conn_next(&b, &f), 1);
+    cr_assert_eq(f.type, SQ_MSG_WELCOME);
+    sq_welcome_t got;
+    cr_assert_eq(sq_welcome_decode(&f, &got), 0);
+    cr_assert_eq(got.worker_id, 9);
+    int fd = sq_conn_take_fd(&b);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, "x", 1), 1, "the passed fd is the pipe's write end");
+    char c;
+    cr_assert_eq(read(pipefd[0], &c, 1), 1);
+    cr_assert_eq(c, 'x');
+    close(fd);
+    close(pipefd[0]);
+    cr_assert_eq(sq_conn_next(&b, &f), 0);
+    cr_assert_eq(sq_conn_read(&b), -EAGAIN);
+    sq_conn_dispose(&a);
+    cr_assert_eq(sq_conn_read(&b), 0, "EOF after the peer closes");
+    sq_conn_dispose(&b);
+    sq_buf_dispose(&pl);
+}
+
+Test(ipc, a_garbage_stream_is_a_protocol_error)
+{
+    int sv[2];
+    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+    sq_conn_t b;
+    sq_conn_init(&b, sv[1]);
+    const char junk[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+    cr_assert_eq(write(sv[0], junk, sizeof(junk)), (ssize_t)sizeof(junk));
+    cr_assert_gt(sq_conn_read(&b), 0);
+    sq_frame_t f;
+    cr_assert_eq(sq_conn_next(&b, &f), SQ_PROTOCOL);
+    close(sv[0]);
+    sq_conn_dispose(&b);
+}

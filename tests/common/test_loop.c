@@ -1,0 +1,90 @@
+#include <criterion/criterion.h>
+#include <sq.h>
+
+#include <pthread.h>
+#include <unistd.h>
+
+typedef struct {
+    int order[8];
+    int n;
+    uint64_t cancel_me;
+} timers_t;
+
+static void record(sq_loop_t *loop, uint64_t id, void *data)
+{
+    timers_t *t = data;
+    t->order[t->n++] = (int)id;
+    if (t->n == 3)
+        sq_loop_stop(loop);
+}
+
+Test(loop, timers_fire_in_time_order_and_cancelled_ones_do_not)
+{
+    sq_loop_t *l = sq_loop_new();
+    timers_t t = {0};
+    int64_t now = sq_now_ns();
+    uint64_t a = sq_loop_timer_at(l, now + 30000000, record, &t);
+    uint64_t b = sq_loop_timer_at(l, now + 10000000, record, &t);
+    uint64_t c = sq_loop_timer_at(l, now + 20000000, record, &t);
+    uint64_t d = sq_loop_timer_at(l, now + 15000000, record, &t);
+    sq_loop_timer_cancel(l, d);
+    sq_loop_run(l);
+    cr_assert_eq(t.n, 3);
+    cr_assert_eq(t.order[0], (int)b);
+    cr_assert_eq(t.order[1], (int)c);
+    cr_assert_eq(t.order[2], (int)a);
+    cr_assert_geq(sq_now_ns() - now, 30000000);
+    sq_loop_free(l);
+}
+
+static void on_post(sq_loop_t *loop, void *arg)
+{
+    (*(int *)arg)++;
+    if (*(int *)arg == 100)
+        sq_loop_stop(loop);
+}
+
+static void *poster(void *arg)
+{
+    void **a = arg;
+    for (int i = 0; i < 100; i++)
+        sq_loop_post(a[0], on_post, a[1]);
+    return NULL;
+}
+
+Test(loop, posts_from_another_thread_all_run_on_the_loop)
+{
+    sq_loop_t *l = sq_loop_new();
+    int count = 0;
+    void *args[2] = {l, &count};
+    pthread_t th;
+    pthread_create(&th, NULL, poster, args);
+    sq_loop_run(l);
+    pthread_join(th, NULL);
+    cr_assert_eq(count, 100);
+    sq_loop_free(l);
+}
+
+static void on_readable(sq_loop_t *loop, int fd, int events, void *data)
+{
+    char buf[8];
+    cr_assert(events & SQ_EV_READ);
+    *(ssize_t *)data = read(fd, buf, sizeof(buf));
+    sq_loop_unwatch(loop, fd);
+    sq_loop_stop(loop);
+}
+
+Test(loop, fd_watchers_see_readable_data)
+{
+    sq_loop_t *l = sq_loop_new();
+    int p[2];
+    cr_assert_eq(pipe(p), 0);
+    ssize_t got = -1;
+    cr_assert_eq(sq_loop_watch(l, p[0], SQ_EV_READ, on_readable, &got), 0);
+    cr_assert_eq(write(p[1], "abc", 3), 3);
+    sq_loop_run(l);
+    cr_assert_eq(got, 3);
+    close(p[0]);
+    close(p[1]);
+    sq_loop_free(l);
+}
