@@ -1,0 +1,125 @@
+/* Workload JSON (DESIGN.md, "Workload, plan and simulation JSON") loaded
+ * into plain C structs, and the plan JSON writer. One format feeds
+ * squish-plan and squish-sim; schemas/workload.schema.json is its schema.
+ *
+ * This lives in its own library (sqworkload, dependency workload_dep) so that
+ * the pure placement core (sqplanner) never needs jansson.
+ *
+ * Units: the JSON carries milliseconds, MiB and requests per second in its
+ * key names; the structs keep profiles in µs and bytes (pl_profile_t, the
+ * same units both pure cores use) and everything else in the JSON's units
+ * with the unit in the field name.
+ *
+ * Ownership: wl_workload_t owns every string, array and profile it holds;
+ * wl_workload_dispose() releases them (and accepts a zeroed or half-loaded
+ * workload). Indices (wl_session_t.model, wl_stage_t.after) point into the
+ * same workload's arrays. */
+#ifndef WL_WORKLOAD_H
+#define WL_WORKLOAD_H
+
+#include "pl_profile.h"
+
+#include <stddef.h>
+
+/* Linear profiles without "max_batch" are capped here: batches beyond it
+ * need memory nobody measured. */
+#define WL_DEFAULT_MAX_BATCH 256
+/* 1 MiB: "memory_mb" in the JSON means MiB (11264 MB = an 11 GiB 1080Ti). */
+#define WL_BYTES_PER_MB 1048576.0
+
+typedef enum {
+    WL_ARRIVALS_NONE = 0, /* only "rate_rps": the caller picks a process (Poisson in the simulator) */
+    WL_ARRIVALS_UNIFORM,  /* evenly spaced at each segment's rate */
+    WL_ARRIVALS_POISSON,
+    WL_ARRIVALS_GAMMA,    /* gamma inter-arrivals with "shape" (1 = Poisson) */
+    WL_ARRIVALS_TIMES,    /* explicit "times_ms" list */
+} wl_process_t;
+
+typedef struct {
+    double duration_s;
+    double rate_rps;
+} wl_segment_t;
+
+typedef struct {
+    wl_process_t process;
+    double shape;           /* gamma shape; 1 unless given */
+    int nsegments;
+    wl_segment_t *segments; /* owned; for the uniform/poisson/gamma processes */
+    int ntimes;
+    double *times_ms;       /* owned; sorted ascending, for WL_ARRIVALS_TIMES */
+} wl_arrivals_t;
+
+typedef struct {
+    char *name;             /* owned */
+    pl_profile_t profile;   /* µs and bytes; memory from "memory_mb" and "memory_per_item_mb" */
+    int prefix_group;       /* index into wl_workload_t.prefix_groups, or -1 */
+} wl_model_t;
+
+/* Models that share all but their last layers: each member model's profile
+ * is its suffix, the group's own profile is the shared prefix. */
+typedef struct {
+    char *name;             /* owned */
+    pl_profile_t prefix;    /* the shared prefix's l(b) and memory */
+    int nmodels;
+    int *models;            /* owned; indices into wl_workload_t.models */
+} wl_prefix_group_t;
+
+typedef struct {
+    int model;              /* index into wl_workload_t.models */
+    double slo_ms;
+    /* "rate_rps", or the duration-weighted mean of the arrival segments, or
+     * count / span of times_ms: what the planner plans for. */
+    double rate_rps;
+    wl_arrivals_t arrivals; /* process WL_ARRIVALS_NONE when only rate_rps was given */
+} wl_session_t;
+
+typedef struct {
+    char *id;               /* owned */
+    int model;              /* index into wl_workload_t.models */
+    int nafter;             /* 0 for a root stage */
+    int *after;             /* owned; indices of parent stages in the same pipeline */
+    double *gamma;          /* owned; fan-out per incoming edge (items per parent item), default 1 */
+} wl_stage_t;
+
+typedef struct {
+    char *name;             /* owned */
+    double slo_ms;          /* end to end */
+    double rate_rps;        /* of requests entering the pipeline's root stages */
+    int nstages;
+    wl_stage_t *stages;     /* owned; parents always listed before children */
+} wl_pipeline_t;
+
+typedef struct {
+    int device_count;       /* devices available; 0 = as many as the plan needs */
+    double device_memory_mb; /* per device; 0 = unlimited */
+    int nmodels;
+    wl_model_t *models;
+    int nprefix_groups;
+    wl_prefix_group_t *prefix_groups;
+    int nsessions;
+    wl_session_t *sessions;
+    int npipelines;
+    wl_pipeline_t *pipelines;
+    unsigned long long seed; /* "seed", default 1 */
+    double k_std;           /* "planner": {"k_std"}: latency margin mean + k * std, default 0 */
+    double query_epsilon_ms; /* "planner": {"query_epsilon_ms"}: DP step, default 1 */
+    /* Why the last load failed: "sessions[2].slo_ms: must be a positive
+     * number". Empty after success. */
+    char error[256];
+} wl_workload_t;
+
+/* Parses a workload from a file or from a NUL-terminated string into *w
+ * (which need not be initialized). Returns 0, SQ_IO (file unreadable),
+ * SQ_BAD_JSON (not JSON) or SQ_BAD_CONFIG (a field missing, mistyped or out
+ * of range; unknown model names; a pipeline stage referring to a later or
+ * unknown stage). On failure w->error names the JSON path and *w holds
+ * nothing that needs freeing beyond wl_workload_dispose(), which is always
+ * safe to call. */
+int wl_load_file(wl_workload_t *w, const char *path);
+int wl_load_string(wl_workload_t *w, const char *json);
+void wl_workload_dispose(wl_workload_t *w);
+
+/* Index of the model called name, or -1. */
+int wl_find_model(const wl_workload_t *w, const char *name);
+
+#endif
