@@ -1,0 +1,190 @@
+"""squishd's walking skeleton: health, metadata, errors, supervised workers,
+hand-started workers, cuda fallback, heartbeats, clean shutdown."""
+
+import os
+import signal
+import subprocess
+import time
+
+from harness import (SQUISHD, WORKER, Squishd, eventually, run, test, validate)
+
+
+@test
+def live_ready_and_metadata_with_two_emulated_workers():
+    s = Squishd(workers="emu:2")
+    try:
+        r = s.get("/v2/health/live", schema_name="health_live")
+        assert r.status == 200, r
+        r = s.wait_ready(workers=2)
+        validate(r.json, "health_ready")
+        r = s.get("/v2", schema_name="server_metadata")
+        assert r.status == 200 and r.json["name"] == "squish", r
+        r = s.get("/v2/", schema_name="server_metadata")
+        assert r.status == 200, "a trailing slash is the same route"
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+@test
+def unknown_routes_are_404_and_wrong_methods_405_with_allow():
+    s = Squishd(workers="none")
+    try:
+        r = s.get("/no/such/thing")
+        assert r.status == 404 and r.json["code"] == "not_found", r
+        r = s.request("POST", "/v2/health/live", body=b"{}")
+        assert r.status == 405 and r.json["code"] == "method_not_allowed", r
+        assert r.headers.get("allow") == "GET", r.headers
+        r = s.request("DELETE", "/v2")
+        assert r.status == 405, r
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+@test
+def ready_is_503_with_a_reason_until_a_hand_started_worker_joins():
+    s = Squishd(workers="none")
+    w = None
+    try:
+        r = s.get("/v2/health/ready")
+        assert r.status == 503 and r.json["code"] == "not_ready", r
+        assert "worker" in r.json["error"], r.json
+        assert r.headers.get("retry-after"), r.headers
+        sock = os.path.join(s.tmp, "squishd.sock")
+        w = subprocess.Popen([WORKER, "--connect", sock, "--device", "emu:7"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        s.wait_ready(workers=1, timeout=5)
+        # A second worker claiming the same device is refused.
+        dup = subprocess.run([WORKER, "--connect", sock, "--device", "emu:7"],
+                             capture_output=True, timeout=10)
+        assert dup.returncode != 0, dup
+        assert s.stop() == 0
+        assert w.wait(5) == 0, "a hand-started worker exits cleanly on SHUTDOWN"
+    finally:
+        if w and w.poll() is None:
+            w.kill()
+        s.cleanup()
+
+
+@test
+def a_sigkilled_worker_is_replaced_within_two_seconds_and_ready_stays_up():
+    s = Squishd(workers="emu:2")
+    try:
+        s.wait_ready(workers=2)
+        pids = eventually(lambda: (lambda p: p if len(p) == 2 else None)(s.worker_pids()), 5,
+                          "two worker processes")
+        victim = pids["emu:0"]
+        os.kill(victim, signal.SIGKILL)
+        t0 = time.time()
+        # Ready never drops: the other worker is still up.
+        while True:
+            r = s.get("/v2/health/ready")
+            assert r.status == 200, r
+            now = s.worker_pids()
+            if now.get("emu:0") not in (None, victim) and r.json["workers"] == 2:
+                break
+            assert time.time() - t0 < 2.0, "emu:0 not back within 2 s: %r" % now
+            time.sleep(0.02)
+        assert now["emu:1"] == pids["emu:1"], "the healthy worker was left alone"
+        assert "worker lost" in s.read_log()
+        assert s.stop() == 0
+        assert s.worker_pids() == {}, "no worker outlives squishd"
+    finally:
+        s.cleanup()
+
+
+@test
+def a_stopped_worker_misses_heartbeats_and_is_replaced():
+    s = Squishd(workers="emu:1", extra=["--heartbeat-ms", "50", "--heartbeat-timeout-ms", "300"])
+    try:
+        s.wait_ready(workers=1)
+        victim = s.worker_pids()["emu:0"]
+        os.kill(victim, signal.SIGSTOP)
+        eventually(lambda: s.worker_pids().get("emu:0") not in (None, victim), 3,
+                   "a replacement for the hung worker")
+        s.wait_ready(workers=1, timeout=3)
+        assert "heartbeat_timeout" in s.read_log()
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+@test
+def a_cuda_worker_without_a_gpu_falls_back_to_cpu():
+    s = Squishd(workers="cuda:1")
+    try:
+        s.wait_ready(workers=1, timeout=15)
+        log = s.read_log()
+        if "falling back to cpu" in log:
+            assert "cpu" in s.worker_pids(), s.worker_pids()
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+@test
+def bad_configuration_exits_2_naming_the_field():
+    r = subprocess.run([SQUISHD, "--http-threads", "0"], capture_output=True, timeout=10)
+    assert r.returncode == 2, r
+    assert b"--http-threads" in r.stderr, r.stderr
+    r = subprocess.run([SQUISHD, "--listen", "127.0.0.1:1"], capture_output=True, timeout=10,
+                       env=dict(os.environ, SQUISH_WORKERS="gpu:1"))
+    assert r.returncode == 2 and b"SQUISH_WORKERS" in r.stderr, r
+    r = subprocess.run([SQUISHD, "--help"], capture_output=True, timeout=10)
+    assert r.returncode == 0 and b"--listen" in r.stdout
+    r = subprocess.run([SQUISHD, "--version"], capture_output=True, timeout=10)
+    assert r.returncode == 0 and r.stdout.startswith(b"squishd ")
+
+
+@test
+def a_second_squishd_on_the_same_socket_is_refused_and_the_first_keeps_serving():
+    s = Squishd(workers="emu:1")
+    try:
+        s.wait_ready(workers=1)
+        r = subprocess.run([SQUISHD, "--listen", "127.0.0.1:0", "--db", s.db, "--workers", "none"],
+                           capture_output=True, timeout=10)
+        assert r.returncode != 0 and b"another squishd" in r.stderr, r
+        s.wait_ready(workers=1)
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+@test
+def sigterm_drains_and_exits_zero_and_restart_reuses_the_db():
+    s = Squishd(workers="emu:1")
+    try:
+        s.wait_ready(workers=1)
+        token = s.token
+        assert oct(os.stat(os.path.join(s.tmp, "admin.token")).st_mode & 0o777) == "0o600"
+        assert s.stop() == 0
+        assert "stopped" in s.read_log()
+        assert not os.path.exists(os.path.join(s.tmp, "squishd.sock"))
+        s2 = Squishd(workers="emu:1", tmp=s.tmp)
+        try:
+            s2.wait_ready(workers=1)
+            assert s2.token == token, "the admin token survives a restart"
+            assert s2.stop() == 0
+        finally:
+            s2.cleanup()
+    finally:
+        s.cleanup()
+
+
+@test
+def a_token_file_readable_by_others_is_refused():
+    s = Squishd(workers="none")
+    tmp = s.tmp
+    try:
+        s.stop()
+        os.chmod(os.path.join(tmp, "admin.token"), 0o644)
+        r = subprocess.run([SQUISHD, "--listen", "127.0.0.1:0", "--db", os.path.join(tmp, "squish.db"),
+                            "--workers", "none"], capture_output=True, timeout=10)
+        assert r.returncode == 1 and b"chmod 600" in r.stderr, r
+    finally:
+        s.cleanup()
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,202 @@
+"""Integration-test harness: starts the real squishd (and its real workers)
+on an ephemeral port in a temporary directory, talks HTTP to it, and checks
+every JSON body against its JSON Schema in schemas/ (the schemas are the
+contract). Prints TAP so that meson counts each check.
+
+Run with Debian's /usr/bin/python3 (python3-jsonschema)."""
+
+import http.client
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+import jsonschema
+
+BUILD = os.environ.get("SQUISH_BUILD_DIR", os.path.join(os.path.dirname(__file__), "../../build"))
+SOURCE = os.environ.get("SQUISH_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "../.."))
+SQUISHD = os.path.join(BUILD, "gateway", "squishd")
+WORKER = os.path.join(BUILD, "worker", "squish-worker")
+SCHEMAS = os.path.join(SOURCE, "schemas")
+
+_schema_cache = {}
+
+
+def schema(name):
+    if name not in _schema_cache:
+        with open(os.path.join(SCHEMAS, name + ".schema.json")) as f:
+            _schema_cache[name] = json.load(f)
+    return _schema_cache[name]
+
+
+def validate(body, name):
+    jsonschema.validate(body, schema(name))
+
+
+class Response:
+    def __init__(self, status, headers, raw):
+        self.status = status
+        self.headers = {k.lower(): v for k, v in headers}
+        self.raw = raw
+        self.json = None
+        if self.headers.get("content-type", "").startswith("application/json"):
+            self.json = json.loads(raw)
+
+    def __repr__(self):
+        return "<%d %s>" % (self.status, self.raw[:200])
+
+
+class Squishd:
+    """One squishd process with its own temporary directory."""
+
+    def __init__(self, workers="emu:2", extra=(), env=None, tmp=None):
+        self.own_tmp = tmp is None
+        self.tmp = tmp or tempfile.mkdtemp(prefix="squish-it-")
+        self.port_file = os.path.join(self.tmp, "port")
+        if os.path.exists(self.port_file):
+            os.unlink(self.port_file)
+        self.log_path = os.path.join(self.tmp, "squishd.log")
+        self.db = os.path.join(self.tmp, "squish.db")
+        args = [SQUISHD, "--listen", "127.0.0.1:0", "--port-file", self.port_file,
+                "--db", self.db, "--workers", workers, "--worker-bin", WORKER] + list(extra)
+        self.log = open(self.log_path, "ab")
+        e = dict(os.environ)
+        e.update(env or {})
+        self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=e)
+        self.port = None
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("squishd exited with %d:\n%s" % (self.proc.returncode, self.read_log()))
+            if os.path.exists(self.port_file):
+                with open(self.port_file) as f:
+                    txt = f.read().strip()
+                if txt:
+                    self.port = int(txt)
+                    break
+            time.sleep(0.02)
+        if self.port is None:
+            raise RuntimeError("squishd did not write its port file")
+
+    @property
+    def token(self):
+        with open(os.path.join(self.tmp, "admin.token")) as f:
+            return f.read().strip()
+
+    def read_log(self):
+        with open(self.log_path, "rb") as f:
+            return f.read().decode(errors="replace")
+
+    def request(self, method, path, body=None, headers=None, schema_name=None, timeout=30):
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            conn.request(method, path, body=body, headers=headers or {})
+            r = conn.getresponse()
+            resp = Response(r.status, r.getheaders(), r.read())
+        finally:
+            conn.close()
+        if resp.json is not None:
+            # Every error body, whatever the route, is the error schema.
+            if resp.status >= 400:
+                validate(resp.json, "error")
+            elif schema_name is not None:
+                validate(resp.json, schema_name)
+        return resp
+
+    def get(self, path, **kw):
+        return self.request("GET", path, **kw)
+
+    def wait_ready(self, workers=1, timeout=10):
+        deadline = time.time() + timeout
+        last = None
+        while time.time() < deadline:
+            last = self.get("/v2/health/ready")
+            if last.status == 200 and last.json["workers"] >= workers:
+                return last
+            time.sleep(0.02)
+        raise AssertionError("not ready with %d workers after %ss: %r" % (workers, timeout, last))
+
+    def worker_pids(self):
+        """Live child worker processes: {device: pid}."""
+        out = {}
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % pid) as f:
+                    stat = f.read()
+                ppid = int(stat.rsplit(")", 1)[1].split()[1])
+                state = stat.rsplit(")", 1)[1].split()[0]
+                if ppid != self.proc.pid or state == "Z":
+                    continue
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    argv = f.read().split(b"\0")
+            except (OSError, IndexError, ValueError):
+                continue
+            if b"--device" in argv:
+                out[argv[argv.index(b"--device") + 1].decode()] = int(pid)
+        return out
+
+    def stop(self, sig=signal.SIGTERM, timeout=15):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError("squishd did not exit within %ss of %s" % (timeout, sig))
+        self.log.close()
+        return self.proc.returncode
+
+    def cleanup(self):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if not self.log.closed:
+            self.log.close()
+        if self.own_tmp:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+_tests = []
+
+
+def test(fn):
+    _tests.append(fn)
+    return fn
+
+
+def run():
+    """Runs every @test function; each is one TAP line. A failure prints the
+    traceback as TAP diagnostics."""
+    only = sys.argv[1:]
+    chosen = [t for t in _tests if not only or t.__name__ in only]
+    print("1..%d" % len(chosen), flush=True)
+    failed = 0
+    for i, t in enumerate(chosen, 1):
+        start = time.time()
+        try:
+            t()
+            print("ok %d - %s (%.2fs)" % (i, t.__name__, time.time() - start), flush=True)
+        except Exception:  # noqa: BLE001 - report every failure as TAP
+            failed += 1
+            print("not ok %d - %s" % (i, t.__name__), flush=True)
+            for line in traceback.format_exc().splitlines():
+                print("# " + line, flush=True)
+    sys.exit(1 if failed else 0)
+
+
+def eventually(pred, timeout, what, step=0.02):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(step)
+    raise AssertionError("timed out after %ss waiting for %s" % (timeout, what))
