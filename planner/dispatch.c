@@ -1,0 +1,1033 @@
+/* Dispatcher core (pl_dispatch.h): deadline queues, early-drop and deferred
+ * batch formation, matchmaking. Pure; see the header for the contract.
+ *
+ * Data layout, chosen for the >= 1 M requests/s goal:
+ *   - a session queue is a ring buffer kept sorted by deadline; requests of
+ *     one session almost always arrive in deadline order, so an insert is an
+ *     append and the rare late one shifts a few entries;
+ *   - latencies are precomputed per session as integer µs costs cost[b]
+ *     (margin and network delay included) so that "the largest batch that
+ *     fits this slack" is a binary search over a small array;
+ *   - sessions and workers that need a wake-up sit in two indexed min-heaps,
+ *     so a timer costs O(log n) and the next wake is the smaller heap top. */
+#include "pl_dispatch.h"
+
+#include <sq.h>
+
+#include <assert.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ENTRY_RETRIED 1u
+
+typedef struct {
+    uint64_t id;
+    int64_t deadline_us;
+    int64_t arrival_us;
+    uint32_t flags;
+} entry_t;
+
+/* Ring buffer sorted by deadline, earliest at head. */
+typedef struct {
+    entry_t *buf;
+    uint32_t mask; /* capacity - 1; capacity is a power of two */
+    uint32_t head;
+    uint32_t n;
+} queue_t;
+
+typedef struct {
+    int alive;
+    int cap;       /* largest batch ever formed */
+    int64_t *cost; /* cost[b], b = 1..cap: l(b) with margin + net delay, µs; nondecreasing */
+    int64_t slo_us;
+    queue_t q;
+    pl_route_t *routes; /* sorted by worker id; target_batch resolved to 1..cap */
+    int nroutes;
+} session_t;
+
+typedef struct {
+    int session;
+    int target_batch;
+} wsess_t;
+
+typedef struct {
+    int present;
+    int draining; /* removed while a batch was in flight */
+    int busy;
+    uint64_t batch_id;
+    int batch_session;
+    int64_t busy_until; /* expected, from the profile */
+    entry_t *inflight;
+    int ninflight, cap_inflight;
+    int64_t duty_cycle_us;
+    int64_t round_next_us; /* early-drop: earliest start of the next round */
+    int round_open;
+    int rr; /* early-drop: next session to visit */
+    wsess_t *sess;
+    int nsess, cap_sess;
+} worker_t;
+
+/* Indexed min-heap over ids 0..cap-1 keyed by key[id]. */
+typedef struct {
+    int *heap;
+    int *pos; /* -1 when absent */
+    int64_t *key;
+    int n, cap;
+} iheap_t;
+
+struct pl_dispatch {
+    pl_dispatch_opts_t opts;
+    session_t *sessions;
+    int nsessions, cap_sessions;
+    worker_t *workers;
+    int nworkers, cap_workers; /* nworkers: highest id + 1 ever added */
+    iheap_t session_wake, worker_wake;
+    pl_action_t *acts;
+    size_t *act_ids_off;
+    size_t nacts, cap_acts;
+    uint64_t *ids;
+    size_t nids, cap_ids;
+    int taken;
+    int64_t armed_us;
+    uint64_t next_batch_id;
+    pl_dispatch_stats_t stats;
+};
+
+/* ---- policy names ---- */
+
+const char *pl_policy_name(pl_policy_t policy)
+{
+    return policy == PL_POLICY_EARLY_DROP ? "early-drop" : "deferred";
+}
+
+int pl_policy_parse(const char *name, pl_policy_t *out)
+{
+    if (strcmp(name, "deferred") == 0)
+        *out = PL_POLICY_DEFERRED;
+    else if (strcmp(name, "early-drop") == 0)
+        *out = PL_POLICY_EARLY_DROP;
+    else
+        return SQ_INVAL;
+    return 0;
+}
+
+/* ---- indexed heap ---- */
+
+static void heap_reserve(iheap_t *h, int cap)
+{
+    if (cap <= h->cap)
+        return;
+    int ncap = h->cap ? h->cap : 8;
+    while (ncap < cap)
+        ncap *= 2;
+    h->heap = sq_xrealloc(h->heap, sizeof(int) * (size_t)ncap);
+    h->pos = sq_xrealloc(h->pos, sizeof(int) * (size_t)ncap);
+    h->key = sq_xrealloc(h->key, sizeof(int64_t) * (size_t)ncap);
+    for (int i = h->cap; i < ncap; i++)
+        h->pos[i] = -1;
+    h->cap = ncap;
+}
+
+static void heap_swap(iheap_t *h, int i, int j)
+{
+    int a = h->heap[i], b = h->heap[j];
+    h->heap[i] = b;
+    h->heap[j] = a;
+    h->pos[b] = i;
+    h->pos[a] = j;
+}
+
+static void heap_up(iheap_t *h, int i)
+{
+    while (i > 0) {
+        int parent = (i - 1) / 2;
+        if (h->key[h->heap[parent]] <= h->key[h->heap[i]])
+            break;
+        heap_swap(h, i, parent);
+        i = parent;
+    }
+}
+
+static void heap_down(iheap_t *h, int i)
+{
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < h->n && h->key[h->heap[l]] < h->key[h->heap[m]])
+            m = l;
+        if (r < h->n && h->key[h->heap[r]] < h->key[h->heap[m]])
+            m = r;
+        if (m == i)
+            return;
+        heap_swap(h, i, m);
+        i = m;
+    }
+}
+
+/* Sets id's wake time; PL_NEVER removes it. */
+static void heap_set(iheap_t *h, int id, int64_t key)
+{
+    int i = h->pos[id];
+    if (key == PL_NEVER) {
+        if (i < 0)
+            return;
+        h->n--;
+        if (i != h->n) {
+            heap_swap(h, i, h->n);
+            h->pos[id] = -1;
+            heap_down(h, i);
+            heap_up(h, i);
+        } else {
+            h->pos[id] = -1;
+        }
+        return;
+    }
+    if (i < 0) {
+        i = h->n++;
+        h->heap[i] = id;
+        h->pos[id] = i;
+        h->key[id] = key;
+        heap_up(h, i);
+        return;
+    }
+    int64_t old = h->key[id];
+    h->key[id] = key;
+    if (key < old)
+        heap_up(h, i);
+    else if (key > old)
+        heap_down(h, i);
+}
+
+static int64_t heap_top_key(const iheap_t *h)
+{
+    return h->n ? h->key[h->heap[0]] : PL_NEVER;
+}
+
+static void heap_dispose(iheap_t *h)
+{
+    free(h->heap);
+    free(h->pos);
+    free(h->key);
+}
+
+/* ---- queues ---- */
+
+static entry_t *q_at(const queue_t *q, uint32_t i)
+{
+    return &q->buf[(q->head + i) & q->mask];
+}
+
+static void q_grow(queue_t *q)
+{
+    uint32_t cap = q->buf ? (q->mask + 1) * 2 : 64;
+    entry_t *nb = sq_xmalloc(sizeof(*nb) * cap);
+    for (uint32_t i = 0; i < q->n; i++)
+        nb[i] = *q_at(q, i);
+    free(q->buf);
+    q->buf = nb;
+    q->mask = cap - 1;
+    q->head = 0;
+}
+
+static void q_insert(queue_t *q, const entry_t *e)
+{
+    if (q->buf == NULL || q->n == q->mask + 1)
+        q_grow(q);
+    uint32_t i = q->n++;
+    /* Deadline order; equal deadlines keep arrival order (FIFO). */
+    while (i > 0 && q_at(q, i - 1)->deadline_us > e->deadline_us) {
+        *q_at(q, i) = *q_at(q, i - 1);
+        i--;
+    }
+    *q_at(q, i) = *e;
+}
+
+static entry_t q_pop(queue_t *q)
+{
+    entry_t e = *q_at(q, 0);
+    q->head = (q->head + 1) & q->mask;
+    q->n--;
+    return e;
+}
+
+/* ---- actions ---- */
+
+static void begin(pl_dispatch_t *d)
+{
+    if (d->taken) {
+        d->nacts = 0;
+        d->nids = 0;
+        d->taken = 0;
+    }
+}
+
+static pl_action_t *push_action(pl_dispatch_t *d, pl_action_kind_t kind, int64_t now_us)
+{
+    if (d->nacts == d->cap_acts) {
+        d->cap_acts = d->cap_acts ? d->cap_acts * 2 : 64;
+        d->acts = sq_xrealloc(d->acts, sizeof(*d->acts) * d->cap_acts);
+        d->act_ids_off = sq_xrealloc(d->act_ids_off, sizeof(size_t) * d->cap_acts);
+    }
+    pl_action_t *a = &d->acts[d->nacts];
+    memset(a, 0, sizeof(*a));
+    a->kind = kind;
+    a->at_us = now_us;
+    a->session = -1;
+    a->worker = -1;
+    d->act_ids_off[d->nacts] = 0;
+    d->nacts++;
+    return a;
+}
+
+/* Ends every mutating call: the caller's single timer follows the earliest
+ * wake of both heaps, and is only re-armed when that moment changes. */
+static void finish(pl_dispatch_t *d)
+{
+    int64_t a = heap_top_key(&d->session_wake), b = heap_top_key(&d->worker_wake);
+    int64_t wake = a < b ? a : b;
+    if (wake != d->armed_us) {
+        d->armed_us = wake;
+        push_action(d, PL_ACT_TIMER, wake)->at_us = wake;
+    }
+}
+
+static void drop(pl_dispatch_t *d, int64_t now_us, int sid, const entry_t *e, int reason)
+{
+    pl_action_t *a = push_action(d, PL_ACT_DROP, now_us);
+    a->session = sid;
+    a->request_id = e->id;
+    a->deadline_us = e->deadline_us;
+    a->reason = reason;
+    d->stats.dropped++;
+    d->stats.queued--;
+}
+
+/* ---- latency helpers ---- */
+
+/* Largest b <= cap whose cost fits slack_us; 0 when not even one fits. */
+static int fit_batch(const session_t *s, int64_t slack_us)
+{
+    if (slack_us < s->cost[1])
+        return 0;
+    int lo = 1, hi = s->cap;
+    while (lo < hi) {
+        int mid = lo + (hi - lo + 1) / 2;
+        if (s->cost[mid] <= slack_us)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* Nexus's saturated batch: the largest b with 2 l(b) <= SLO (a request that
+ * just misses a batch waits one batch, then runs in the next). */
+static int default_target(const pl_dispatch_t *d, const session_t *s)
+{
+    if (s->slo_us <= 0)
+        return s->cap;
+    int best = 1;
+    for (int b = 1; b <= s->cap; b++) {
+        int64_t l = s->cost[b] - d->opts.net_delay_us;
+        if (2 * l + d->opts.net_delay_us <= s->slo_us)
+            best = b;
+    }
+    return best;
+}
+
+/* ---- workers and sessions ---- */
+
+static worker_t *worker_get(pl_dispatch_t *d, int wid)
+{
+    if (wid < 0 || wid >= d->nworkers || !d->workers[wid].present)
+        return NULL;
+    return &d->workers[wid];
+}
+
+static session_t *session_get(pl_dispatch_t *d, int sid)
+{
+    if (sid < 0 || sid >= d->nsessions || !d->sessions[sid].alive)
+        return NULL;
+    return &d->sessions[sid];
+}
+
+/* The earliest moment any worker holding s can start a batch (PL_NEVER with
+ * no worker) and, in *free_worker, the lowest-id worker free now (-1). */
+static int64_t earliest_start(const pl_dispatch_t *d, const session_t *s, int64_t now_us,
+                              int *free_worker)
+{
+    int64_t best = PL_NEVER;
+    *free_worker = -1;
+    for (int i = 0; i < s->nroutes; i++) {
+        const worker_t *w = &d->workers[s->routes[i].worker];
+        if (!w->busy) {
+            if (*free_worker < 0)
+                *free_worker = s->routes[i].worker;
+            return now_us;
+        }
+        int64_t t = w->busy_until > now_us ? w->busy_until : now_us;
+        if (t < best)
+            best = t;
+    }
+    return best;
+}
+
+/* Drops head requests that cannot finish by their deadline even alone when
+ * started at start_us: answered at once, never left to rot. */
+static void prune(pl_dispatch_t *d, int sid, session_t *s, int64_t now_us, int64_t start_us)
+{
+    while (s->q.n > 0) {
+        entry_t *e = q_at(&s->q, 0);
+        if (start_us != PL_NEVER && start_us + s->cost[1] <= e->deadline_us)
+            return;
+        if (start_us == PL_NEVER && now_us + s->cost[1] <= e->deadline_us)
+            return; /* no worker yet: keep it while a new one could still make it */
+        int reason = (e->flags & ENTRY_RETRIED) ? SQ_WORKER_LOST
+                     : s->nroutes == 0          ? SQ_NO_WORKER
+                                                : SQ_DEADLINE;
+        entry_t gone = q_pop(&s->q);
+        drop(d, now_us, sid, &gone, reason);
+    }
+}
+
+/* Drops `skip` heads (sacrificed for a fuller batch), then sends the next b
+ * requests of session sid to worker wid. */
+static void send_batch(pl_dispatch_t *d, int64_t now_us, int sid, int wid, int skip, int b)
+{
+    session_t *s = &d->sessions[sid];
+    worker_t *w = &d->workers[wid];
+    assert(!w->busy && b >= 1 && b <= s->cap && (uint32_t)(skip + b) <= s->q.n);
+    for (int i = 0; i < skip; i++) {
+        entry_t gone = q_pop(&s->q);
+        drop(d, now_us, sid, &gone, gone.flags & ENTRY_RETRIED ? SQ_WORKER_LOST : SQ_OVERLOAD);
+    }
+    if (w->cap_inflight < b) {
+        w->cap_inflight = b;
+        w->inflight = sq_xrealloc(w->inflight, sizeof(entry_t) * (size_t)b);
+    }
+    if (d->nids + (size_t)b > d->cap_ids) {
+        while (d->nids + (size_t)b > d->cap_ids)
+            d->cap_ids = d->cap_ids ? d->cap_ids * 2 : 1024;
+        d->ids = sq_xrealloc(d->ids, sizeof(uint64_t) * d->cap_ids);
+    }
+    size_t off = d->nids;
+    for (int i = 0; i < b; i++) {
+        w->inflight[i] = q_pop(&s->q);
+        d->ids[d->nids++] = w->inflight[i].id;
+    }
+    w->ninflight = b;
+    int64_t finish_us = now_us + s->cost[b];
+    /* The invariant both policies promise: the earliest deadline is met
+     * under the profile. */
+    assert(finish_us <= w->inflight[0].deadline_us);
+    w->busy = 1;
+    w->busy_until = finish_us;
+    w->batch_id = ++d->next_batch_id;
+    w->batch_session = sid;
+    pl_action_t *a = push_action(d, PL_ACT_SEND, now_us);
+    d->act_ids_off[d->nacts - 1] = off;
+    a->session = sid;
+    a->worker = wid;
+    a->count = b;
+    a->batch_id = w->batch_id;
+    a->deadline_us = w->inflight[0].deadline_us;
+    a->finish_us = finish_us;
+    d->stats.batches++;
+    d->stats.sent_requests += (uint64_t)b;
+    d->stats.queued -= (uint64_t)b;
+}
+
+/* ---- deferred (Symphony) ---- */
+
+typedef struct {
+    int skip;         /* heads to drop in front of the batch */
+    int b;            /* batch size */
+    int64_t ready_at; /* dispatchable from */
+    int64_t valid_until;
+} candidate_t;
+
+static int64_t head_slack(const session_t *s, uint32_t i, int64_t now_us)
+{
+    return q_at(&s->q, i)->deadline_us - now_us;
+}
+
+/* The session's candidate batch at now. Requires a non-empty queue whose
+ * head can still finish alone when started now. */
+static void deferred_candidate(const session_t *s, int64_t now_us, candidate_t *c)
+{
+    int n = (int)s->q.n, cap = s->cap;
+    int fill = n < cap ? n : cap; /* the largest batch the queue could give */
+    int head_fit = fit_batch(s, head_slack(s, 0, now_us));
+    assert(head_fit >= 1);
+    int b = head_fit < fill ? head_fit : fill;
+    c->skip = 0;
+    c->b = b;
+    /* Waiting can only help while one more request would still fit the
+     * head's deadline and the queue has no more to give right now. */
+    if (b == cap || b < n)
+        c->ready_at = now_us;
+    else
+        c->ready_at = q_at(&s->q, 0)->deadline_us - s->cost[b + 1];
+    if (b < fill) {
+        /* Backed up: the head cannot fill a batch the queue could. Find the
+         * window that gives the largest batch now. fit(i) grows with i (later
+         * deadlines) while the room behind i, min(n - i, cap), shrinks: the
+         * best window starts where they cross. */
+        int lo = 1, hi = n - 1;
+        while (lo < hi) {
+            int mid = lo + (hi - lo) / 2;
+            int room = n - mid < cap ? n - mid : cap;
+            if (fit_batch(s, head_slack(s, (uint32_t)mid, now_us)) >= room)
+                hi = mid;
+            else
+                lo = mid + 1;
+        }
+        int cross = lo;
+        int best = n - cross < cap ? n - cross : cap;
+        if (best > b) {
+            /* Earliest window that still holds `best`: serve the earliest
+             * deadlines we can. */
+            int l2 = 1, h2 = cross;
+            while (l2 < h2) {
+                int mid = l2 + (h2 - l2) / 2;
+                if (fit_batch(s, head_slack(s, (uint32_t)mid, now_us)) >= best)
+                    h2 = mid;
+                else
+                    l2 = mid + 1;
+            }
+            int fit = fit_batch(s, head_slack(s, (uint32_t)l2, now_us));
+            int can_grow = best < cap && best == n - l2 && fit > best;
+            /* A window that is still growing is not a reason to drop the
+             * heads: that is low load, and the head window goes first. */
+            if (!can_grow) {
+                c->skip = l2;
+                c->b = best;
+                c->ready_at = now_us;
+            }
+        }
+    }
+    c->valid_until = q_at(&s->q, (uint32_t)c->skip)->deadline_us - s->cost[c->b];
+}
+
+static void pump_session_deferred(pl_dispatch_t *d, int sid, int64_t now_us)
+{
+    session_t *s = &d->sessions[sid];
+    for (;;) {
+        int free_worker;
+        int64_t start = earliest_start(d, s, now_us, &free_worker);
+        prune(d, sid, s, now_us, start);
+        if (s->q.n == 0) {
+            heap_set(&d->session_wake, sid, PL_NEVER);
+            return;
+        }
+        int64_t wake = q_at(&s->q, 0)->deadline_us - s->cost[1] + 1;
+        if (free_worker >= 0) {
+            candidate_t c;
+            deferred_candidate(s, now_us, &c);
+            if (now_us >= c.ready_at) {
+                send_batch(d, now_us, sid, free_worker, c.skip, c.b);
+                continue; /* more free workers may take more */
+            }
+            if (c.ready_at < wake)
+                wake = c.ready_at;
+        }
+        heap_set(&d->session_wake, sid, wake);
+        return;
+    }
+}
+
+/* A free worker picks, among its sessions' dispatchable batches, the one
+ * that must leave first (earliest valid_until). */
+static void pump_worker_deferred(pl_dispatch_t *d, int wid, int64_t now_us)
+{
+    worker_t *w = &d->workers[wid];
+    if (!w->present || w->busy || w->draining)
+        return;
+    int best = -1;
+    candidate_t best_c = {0};
+    for (int k = 0; k < w->nsess; k++) {
+        int sid = w->sess[k].session;
+        session_t *s = &d->sessions[sid];
+        prune(d, sid, s, now_us, now_us);
+        if (s->q.n == 0)
+            continue;
+        candidate_t c;
+        deferred_candidate(s, now_us, &c);
+        if (now_us >= c.ready_at && (best < 0 || c.valid_until < best_c.valid_until)) {
+            best = sid;
+            best_c = c;
+        }
+    }
+    if (best >= 0)
+        send_batch(d, now_us, best, wid, best_c.skip, best_c.b);
+    /* Refresh the wake of every session this worker holds. */
+    for (int k = 0; k < w->nsess; k++)
+        pump_session_deferred(d, w->sess[k].session, now_us);
+}
+
+/* ---- early drop (Nexus) ---- */
+
+/* Tries session k of worker wid: the sliding window of the target batch
+ * slides past heads that would make it miss their deadline. 1 if sent. */
+static int early_drop_try(pl_dispatch_t *d, int wid, int k, int64_t now_us)
+{
+    worker_t *w = &d->workers[wid];
+    int sid = w->sess[k].session;
+    session_t *s = &d->sessions[sid];
+    int target = w->sess[k].target_batch;
+    prune(d, sid, s, now_us, now_us);
+    while (s->q.n > 0) {
+        int window = (int)s->q.n < target ? (int)s->q.n : target;
+        entry_t *e = q_at(&s->q, 0);
+        if (now_us + s->cost[window] <= e->deadline_us)
+            break;
+        entry_t gone = q_pop(&s->q);
+        int reason = (gone.flags & ENTRY_RETRIED)             ? SQ_WORKER_LOST
+                     : now_us + s->cost[1] > gone.deadline_us ? SQ_DEADLINE
+                                                              : SQ_OVERLOAD;
+        drop(d, now_us, sid, &gone, reason);
+    }
+    if (s->q.n == 0)
+        return 0;
+    int b = (int)s->q.n < target ? (int)s->q.n : target;
+    send_batch(d, now_us, sid, wid, 0, b);
+    return 1;
+}
+
+static void pump_worker_early_drop(pl_dispatch_t *d, int wid, int64_t now_us)
+{
+    worker_t *w = &d->workers[wid];
+    heap_set(&d->worker_wake, wid, PL_NEVER);
+    if (!w->present || w->busy || w->draining || w->nsess == 0)
+        return;
+    for (int visited = 0; visited < w->nsess; visited++) {
+        if (w->rr >= w->nsess)
+            w->rr = 0;
+        /* A round over the sessions starts at most once per duty cycle. */
+        if (w->rr == 0 && !w->round_open && w->duty_cycle_us > 0 && now_us < w->round_next_us) {
+            heap_set(&d->worker_wake, wid, w->round_next_us);
+            return;
+        }
+        int k = w->rr;
+        w->rr = k + 1;
+        int sent = early_drop_try(d, wid, k, now_us);
+        if (sent && !w->round_open) {
+            w->round_open = 1;
+            w->round_next_us = now_us + w->duty_cycle_us;
+        }
+        if (w->rr >= w->nsess) {
+            w->rr = 0;
+            w->round_open = 0;
+        }
+        if (sent)
+            return;
+    }
+}
+
+/* Sets the session's wake to its head's expiry (early drop forms batches
+ * when workers come free, so only expiry needs a timer). */
+static void pump_session_early_drop(pl_dispatch_t *d, int sid, int64_t now_us)
+{
+    session_t *s = &d->sessions[sid];
+    for (int i = 0; i < s->nroutes && s->q.n > 0; i++) {
+        int wid = s->routes[i].worker;
+        if (!d->workers[wid].busy)
+            pump_worker_early_drop(d, wid, now_us);
+    }
+    int free_worker;
+    int64_t start = earliest_start(d, s, now_us, &free_worker);
+    prune(d, sid, s, now_us, start);
+    heap_set(&d->session_wake, sid,
+             s->q.n ? q_at(&s->q, 0)->deadline_us - s->cost[1] + 1 : PL_NEVER);
+}
+
+static void pump_session(pl_dispatch_t *d, int sid, int64_t now_us)
+{
+    if (!d->sessions[sid].alive)
+        return;
+    if (d->opts.policy == PL_POLICY_DEFERRED)
+        pump_session_deferred(d, sid, now_us);
+    else
+        pump_session_early_drop(d, sid, now_us);
+}
+
+static void pump_worker(pl_dispatch_t *d, int wid, int64_t now_us)
+{
+    if (d->opts.policy == PL_POLICY_DEFERRED) {
+        pump_worker_deferred(d, wid, now_us);
+    } else {
+        pump_worker_early_drop(d, wid, now_us);
+        worker_t *w = &d->workers[wid];
+        for (int k = 0; k < w->nsess; k++) {
+            int sid = w->sess[k].session;
+            session_t *s = &d->sessions[sid];
+            heap_set(&d->session_wake, sid,
+                     s->q.n ? q_at(&s->q, 0)->deadline_us - s->cost[1] + 1 : PL_NEVER);
+        }
+    }
+}
+
+/* ---- public API ---- */
+
+pl_dispatch_t *pl_dispatch_new(const pl_dispatch_opts_t *opts)
+{
+    pl_dispatch_t *d = sq_xcalloc(1, sizeof(*d));
+    d->opts = *opts;
+    if (d->opts.net_delay_us < 0)
+        d->opts.net_delay_us = 0;
+    d->armed_us = PL_NEVER;
+    return d;
+}
+
+void pl_dispatch_free(pl_dispatch_t *d)
+{
+    if (d == NULL)
+        return;
+    for (int i = 0; i < d->nsessions; i++) {
+        free(d->sessions[i].cost);
+        free(d->sessions[i].q.buf);
+        free(d->sessions[i].routes);
+    }
+    for (int i = 0; i < d->nworkers; i++) {
+        free(d->workers[i].inflight);
+        free(d->workers[i].sess);
+    }
+    free(d->sessions);
+    free(d->workers);
+    heap_dispose(&d->session_wake);
+    heap_dispose(&d->worker_wake);
+    free(d->acts);
+    free(d->act_ids_off);
+    free(d->ids);
+    free(d);
+}
+
+int pl_dispatch_session_add(pl_dispatch_t *d, const pl_session_cfg_t *cfg)
+{
+    if (cfg == NULL || cfg->profile == NULL || cfg->slo_us < 0)
+        return SQ_INVAL;
+    int cap = cfg->profile->max_batch;
+    if (cfg->max_batch > 0 && cfg->max_batch < cap)
+        cap = cfg->max_batch;
+    if (cap < 1)
+        return SQ_INVAL;
+    int64_t *cost = sq_xcalloc((size_t)cap + 2, sizeof(int64_t));
+    int usable = 0;
+    for (int b = 1; b <= cap; b++) {
+        double l = pl_latency_us(cfg->profile, b, d->opts.k_std);
+        if (l < 0)
+            break;
+        int64_t c = d->opts.net_delay_us + (int64_t)ceil(l);
+        /* Never assume a bigger batch is faster: keep costs nondecreasing so
+         * that "largest batch fitting a slack" is a binary search. */
+        cost[b] = b > 1 && cost[b - 1] > c ? cost[b - 1] : c;
+        usable = b;
+    }
+    /* No batch larger than the SLO allows can ever be formed. */
+    if (cfg->slo_us > 0)
+        while (usable > 1 && cost[usable] > cfg->slo_us)
+            usable--;
+    if (usable < 1) {
+        free(cost);
+        return SQ_INVAL;
+    }
+    if (d->nsessions == d->cap_sessions) {
+        d->cap_sessions = d->cap_sessions ? d->cap_sessions * 2 : 8;
+        d->sessions = sq_xrealloc(d->sessions, sizeof(*d->sessions) * (size_t)d->cap_sessions);
+    }
+    int sid = d->nsessions++;
+    session_t *s = &d->sessions[sid];
+    memset(s, 0, sizeof(*s));
+    s->alive = 1;
+    s->cap = usable;
+    s->cost = cost;
+    s->slo_us = cfg->slo_us;
+    heap_reserve(&d->session_wake, d->nsessions);
+    return sid;
+}
+
+/* Removes session sid from worker wid's list. */
+static void worker_forget_session(worker_t *w, int sid)
+{
+    for (int k = 0; k < w->nsess; k++) {
+        if (w->sess[k].session == sid) {
+            memmove(&w->sess[k], &w->sess[k + 1], sizeof(wsess_t) * (size_t)(w->nsess - k - 1));
+            w->nsess--;
+            if (w->rr > k)
+                w->rr--;
+            return;
+        }
+    }
+}
+
+/* Takes worker wid out of every route. */
+static void worker_detach(pl_dispatch_t *d, int wid)
+{
+    worker_t *w = &d->workers[wid];
+    for (int k = 0; k < w->nsess; k++) {
+        session_t *s = &d->sessions[w->sess[k].session];
+        for (int i = 0; i < s->nroutes; i++) {
+            if (s->routes[i].worker == wid) {
+                memmove(&s->routes[i], &s->routes[i + 1],
+                        sizeof(pl_route_t) * (size_t)(s->nroutes - i - 1));
+                s->nroutes--;
+                break;
+            }
+        }
+    }
+    heap_set(&d->worker_wake, wid, PL_NEVER);
+}
+
+int pl_dispatch_session_remove(pl_dispatch_t *d, int64_t now_us, int session)
+{
+    begin(d);
+    session_t *s = session_get(d, session);
+    if (s == NULL)
+        return SQ_INVAL;
+    while (s->q.n > 0) {
+        entry_t gone = q_pop(&s->q);
+        drop(d, now_us, session, &gone, SQ_NOT_FOUND);
+    }
+    for (int i = 0; i < s->nroutes; i++)
+        worker_forget_session(&d->workers[s->routes[i].worker], session);
+    s->nroutes = 0;
+    s->alive = 0;
+    heap_set(&d->session_wake, session, PL_NEVER);
+    finish(d);
+    return 0;
+}
+
+int pl_dispatch_worker_add(pl_dispatch_t *d, int64_t now_us, int worker, int64_t duty_cycle_us)
+{
+    if (worker < 0 || duty_cycle_us < 0)
+        return SQ_INVAL;
+    begin(d);
+    if (worker >= d->cap_workers) {
+        int ncap = d->cap_workers ? d->cap_workers : 8;
+        while (ncap <= worker)
+            ncap *= 2;
+        d->workers = sq_xrealloc(d->workers, sizeof(*d->workers) * (size_t)ncap);
+        memset(&d->workers[d->cap_workers], 0,
+               sizeof(*d->workers) * (size_t)(ncap - d->cap_workers));
+        d->cap_workers = ncap;
+    }
+    if (worker >= d->nworkers)
+        d->nworkers = worker + 1;
+    heap_reserve(&d->worker_wake, d->nworkers);
+    worker_t *w = &d->workers[worker];
+    if (w->draining)
+        return SQ_INVAL; /* its old batch must come back first */
+    w->present = 1;
+    w->duty_cycle_us = duty_cycle_us;
+    pump_worker(d, worker, now_us);
+    finish(d);
+    return 0;
+}
+
+int pl_dispatch_worker_remove(pl_dispatch_t *d, int64_t now_us, int worker)
+{
+    begin(d);
+    worker_t *w = worker_get(d, worker);
+    if (w == NULL)
+        return SQ_INVAL;
+    worker_detach(d, worker);
+    int nsess = w->nsess;
+    int *sids = sq_xmalloc(sizeof(int) * (size_t)(nsess ? nsess : 1));
+    for (int k = 0; k < nsess; k++)
+        sids[k] = w->sess[k].session;
+    w->nsess = 0;
+    if (w->busy) {
+        w->draining = 1;
+    } else {
+        w->present = 0;
+    }
+    /* Its sessions lost a worker: their heads may no longer make it. */
+    for (int k = 0; k < nsess; k++)
+        pump_session(d, sids[k], now_us);
+    free(sids);
+    finish(d);
+    return 0;
+}
+
+int pl_dispatch_worker_lost(pl_dispatch_t *d, int64_t now_us, int worker)
+{
+    begin(d);
+    if (worker < 0 || worker >= d->nworkers ||
+        !(d->workers[worker].present || d->workers[worker].draining))
+        return SQ_INVAL;
+    worker_t *w = &d->workers[worker];
+    worker_detach(d, worker);
+    int nsess = w->nsess;
+    int *sids = sq_xmalloc(sizeof(int) * (size_t)(nsess + 1));
+    for (int k = 0; k < nsess; k++)
+        sids[k] = w->sess[k].session;
+    w->nsess = 0;
+    int retry_sid = -1;
+    if (w->busy) {
+        session_t *s = session_get(d, w->batch_session);
+        if (s != NULL) {
+            retry_sid = w->batch_session;
+            for (int i = 0; i < w->ninflight; i++) {
+                entry_t e = w->inflight[i];
+                e.flags |= ENTRY_RETRIED;
+                q_insert(&s->q, &e);
+            }
+            d->stats.retried += (uint64_t)w->ninflight;
+            d->stats.queued += (uint64_t)w->ninflight;
+        }
+    }
+    w->busy = 0;
+    w->ninflight = 0;
+    w->present = 0;
+    w->draining = 0;
+    w->rr = 0;
+    w->round_open = 0;
+    if (retry_sid >= 0)
+        pump_session(d, retry_sid, now_us);
+    for (int k = 0; k < nsess; k++)
+        pump_session(d, sids[k], now_us);
+    free(sids);
+    finish(d);
+    return 0;
+}
+
+static int route_cmp(const void *a, const void *b)
+{
+    const pl_route_t *x = a, *y = b;
+    return (x->worker > y->worker) - (x->worker < y->worker);
+}
+
+int pl_dispatch_route_set(pl_dispatch_t *d, int64_t now_us, int session, const pl_route_t *routes,
+                          int nroutes)
+{
+    begin(d);
+    session_t *s = session_get(d, session);
+    if (s == NULL || nroutes < 0 || (nroutes > 0 && routes == NULL))
+        return SQ_INVAL;
+    pl_route_t *copy = sq_xmalloc(sizeof(*copy) * (size_t)(nroutes ? nroutes : 1));
+    if (nroutes > 0)
+        memcpy(copy, routes, sizeof(*copy) * (size_t)nroutes);
+    qsort(copy, (size_t)nroutes, sizeof(*copy), route_cmp);
+    for (int i = 0; i < nroutes; i++) {
+        worker_t *w = worker_get(d, copy[i].worker);
+        if (w == NULL || w->draining || (i > 0 && copy[i].worker == copy[i - 1].worker)) {
+            free(copy);
+            return SQ_INVAL;
+        }
+        int t = copy[i].target_batch > 0 ? copy[i].target_batch : default_target(d, s);
+        copy[i].target_batch = t > s->cap ? s->cap : t;
+    }
+    for (int i = 0; i < s->nroutes; i++)
+        worker_forget_session(&d->workers[s->routes[i].worker], session);
+    free(s->routes);
+    s->routes = copy;
+    s->nroutes = nroutes;
+    for (int i = 0; i < nroutes; i++) {
+        worker_t *w = &d->workers[copy[i].worker];
+        if (w->nsess == w->cap_sess) {
+            w->cap_sess = w->cap_sess ? w->cap_sess * 2 : 4;
+            w->sess = sq_xrealloc(w->sess, sizeof(*w->sess) * (size_t)w->cap_sess);
+        }
+        w->sess[w->nsess++] = (wsess_t){.session = session, .target_batch = copy[i].target_batch};
+    }
+    pump_session(d, session, now_us);
+    for (int i = 0; i < nroutes; i++)
+        if (!d->workers[copy[i].worker].busy)
+            pump_worker(d, copy[i].worker, now_us);
+    finish(d);
+    return 0;
+}
+
+int pl_dispatch_request(pl_dispatch_t *d, int64_t now_us, uint64_t id, int session,
+                        int64_t arrival_us, int64_t deadline_us)
+{
+    begin(d);
+    session_t *s = session_get(d, session);
+    if (s == NULL)
+        return SQ_INVAL;
+    entry_t e = {.id = id, .deadline_us = deadline_us, .arrival_us = arrival_us, .flags = 0};
+    q_insert(&s->q, &e);
+    d->stats.requests++;
+    d->stats.queued++;
+    pump_session(d, session, now_us);
+    finish(d);
+    return 0;
+}
+
+void pl_dispatch_timer(pl_dispatch_t *d, int64_t now_us)
+{
+    begin(d);
+    while (heap_top_key(&d->session_wake) <= now_us) {
+        int sid = d->session_wake.heap[0];
+        heap_set(&d->session_wake, sid, PL_NEVER);
+        pump_session(d, sid, now_us);
+    }
+    while (heap_top_key(&d->worker_wake) <= now_us) {
+        int wid = d->worker_wake.heap[0];
+        heap_set(&d->worker_wake, wid, PL_NEVER);
+        pump_worker(d, wid, now_us);
+    }
+    finish(d);
+}
+
+int pl_dispatch_batch_done(pl_dispatch_t *d, int64_t now_us, int worker, uint64_t batch_id)
+{
+    begin(d);
+    if (worker < 0 || worker >= d->nworkers)
+        return SQ_INVAL;
+    worker_t *w = &d->workers[worker];
+    if (!(w->present || w->draining) || !w->busy || w->batch_id != batch_id)
+        return SQ_INVAL;
+    w->busy = 0;
+    w->ninflight = 0;
+    if (w->draining) {
+        w->draining = 0;
+        w->present = 0;
+    } else {
+        pump_worker(d, worker, now_us);
+    }
+    finish(d);
+    return 0;
+}
+
+size_t pl_dispatch_take(pl_dispatch_t *d, const pl_action_t **out)
+{
+    for (size_t i = 0; i < d->nacts; i++)
+        if (d->acts[i].kind == PL_ACT_SEND)
+            d->acts[i].ids = d->ids + d->act_ids_off[i];
+    *out = d->acts;
+    d->taken = 1;
+    return d->nacts;
+}
+
+int64_t pl_dispatch_next_wake(const pl_dispatch_t *d)
+{
+    return d->armed_us;
+}
+
+int64_t pl_dispatch_batch_cost_us(const pl_dispatch_t *d, int session, int b)
+{
+    if (session < 0 || session >= d->nsessions || !d->sessions[session].alive)
+        return -1;
+    const session_t *s = &d->sessions[session];
+    return b >= 1 && b <= s->cap ? s->cost[b] : -1;
+}
+
+int pl_dispatch_session_max_batch(const pl_dispatch_t *d, int session)
+{
+    if (session < 0 || session >= d->nsessions || !d->sessions[session].alive)
+        return -1;
+    return d->sessions[session].cap;
+}
+
+int pl_dispatch_queued(const pl_dispatch_t *d, int session)
+{
+    if (session < 0 || session >= d->nsessions || !d->sessions[session].alive)
+        return -1;
+    return (int)d->sessions[session].q.n;
+}
+
+void pl_dispatch_stats(const pl_dispatch_t *d, pl_dispatch_stats_t *out)
+{
+    *out = d->stats;
+}

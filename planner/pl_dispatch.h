@@ -1,0 +1,195 @@
+/* Dispatcher core: per-session deadline queues, batch formation and
+ * matchmaking of batches to workers, with the two SLO-aware policies of
+ * DESIGN.md ("Dispatcher"):
+ *
+ *   - PL_POLICY_EARLY_DROP (Nexus, SOSP'19 section 5): each worker cycles
+ *     through its sessions (round robin, at most once per planned duty
+ *     cycle); for a session it looks at a sliding window of the target batch
+ *     size from the head of the queue and drops head requests while the
+ *     window, run as one batch, would miss the head's deadline. Then it runs
+ *     the window.
+ *   - PL_POLICY_DEFERRED (Symphony, section 3.3): one candidate batch per
+ *     session: the requests from the head, as many as can finish by the
+ *     head's deadline d. With b of them it becomes dispatchable at
+ *     max(now, d - l(b+1)) (waiting any longer cannot make it bigger) and
+ *     stays valid until d - l(b). A central matchmaker gives a dispatchable
+ *     batch the earliest-free worker among those holding the session's
+ *     model, ties to the lowest worker id, so that spare workers stay idle at
+ *     low load. When a queue is backed up (the head cannot fill a batch any
+ *     more but the requests behind it can), the largest feasible window is
+ *     run instead and the heads in front of it are dropped: under overload a
+ *     worker then always runs near-full batches and goodput stays flat
+ *     instead of collapsing into batches of one.
+ *
+ * Both policies drop a request at once (never leave it to rot) when it can no
+ * longer finish by its deadline even alone on the earliest-free worker, and
+ * neither ever sends a batch that cannot finish by its earliest deadline
+ * under the profile. Latencies are the profile's mean + k_std * std (rounded
+ * up to whole µs) plus a fixed network/IPC delay per batch.
+ *
+ * Pure: no clock reads, no threads, no I/O, no globals. Every call takes the
+ * current time `now_us` (any monotonic µs origin; it must never go
+ * backwards) and appends actions to an internal list that the caller takes
+ * with pl_dispatch_take(). The live runtime (a dispatcher thread in squishd)
+ * and the simulator (bench/sim) drive this same code:
+ *
+ *     d = pl_dispatch_new(&opts);
+ *     s = pl_dispatch_session_add(d, &session_cfg);       // per (model, SLO)
+ *     pl_dispatch_worker_add(d, now, w, duty_cycle_us);   // per worker
+ *     pl_dispatch_route_set(d, now, s, routes, nroutes);  // who holds s's model
+ *     on request ready:   pl_dispatch_request(d, now, id, s, arrival, deadline);
+ *     on timer:           pl_dispatch_timer(d, now);
+ *     on batch result:    pl_dispatch_batch_done(d, now, w, batch_id);
+ *     on worker death:    pl_dispatch_worker_lost(d, now, w);
+ *     after each call:    n = pl_dispatch_take(d, &actions); act on each:
+ *       PL_ACT_SEND  send the batch (ids, in order) of `session` to `worker`
+ *       PL_ACT_DROP  answer request `request_id` with `reason` (an SQ_* code)
+ *       PL_ACT_TIMER (re)arm the caller's single timer at `at_us`
+ *                    (PL_NEVER: disarm); a timer firing early or late is
+ *                    harmless, the core only does what is due.
+ *
+ * Ownership: the dispatcher owns everything it holds and keeps no pointer
+ * to the caller's data (profiles are read once, at pl_dispatch_session_add). Action arrays and
+ * batch id arrays returned by pl_dispatch_take stay valid until the next call into the same
+ * dispatcher. Not thread-safe: one thread drives one dispatcher. */
+#ifndef PL_DISPATCH_H
+#define PL_DISPATCH_H
+
+#include "pl_profile.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define PL_NEVER INT64_MAX
+
+typedef enum {
+    PL_POLICY_DEFERRED = 0,
+    PL_POLICY_EARLY_DROP,
+} pl_policy_t;
+
+/* "deferred" / "early-drop"; pl_policy_parse returns 0 or SQ_INVAL. */
+const char *pl_policy_name(pl_policy_t policy);
+int pl_policy_parse(const char *name, pl_policy_t *out);
+
+typedef struct {
+    pl_policy_t policy;
+    /* Safety margin on profiled latencies: mean + k_std * std. */
+    double k_std;
+    /* Added to every batch's latency: the round trip of the batch descriptor
+     * to the worker and of its result back (IPC, or network for a remote
+     * worker). 0 in a simulation of ideal devices. */
+    int64_t net_delay_us;
+} pl_dispatch_opts_t;
+
+typedef struct {
+    /* Read once: the core precomputes l(b) with the margin for every b. */
+    const pl_profile_t *profile;
+    /* The session's SLO. Batches larger than the largest one that fits the
+     * SLO are never formed; 0 = no such cap (max_batch alone bounds). */
+    int64_t slo_us;
+    /* Cap on the batch size below the profile's own max; 0 = profile max. */
+    int max_batch;
+} pl_session_cfg_t;
+
+/* One worker holding a session's model. target_batch is the batch size the
+ * planner chose for the session on that worker (early-drop's window);
+ * 0 = the largest b with 2 l(b) <= SLO (Nexus's saturated batch), or the
+ * largest batch when the session has no SLO. Deferred ignores it. */
+typedef struct {
+    int worker;
+    int target_batch;
+} pl_route_t;
+
+typedef enum {
+    PL_ACT_SEND = 1,
+    PL_ACT_DROP,
+    PL_ACT_TIMER,
+} pl_action_kind_t;
+
+typedef struct {
+    pl_action_kind_t kind;
+    int64_t at_us;       /* SEND, DROP: when it was decided (now); TIMER: wake time */
+    int session;         /* SEND, DROP */
+    int worker;          /* SEND */
+    int count;           /* SEND: batch size */
+    uint64_t batch_id;   /* SEND: echo it in pl_dispatch_batch_done */
+    const uint64_t *ids; /* SEND: count request ids, earliest deadline first */
+    int64_t deadline_us; /* SEND: earliest deadline in the batch; DROP: the request's */
+    int64_t finish_us;   /* SEND: expected finish, at_us + l(count) + net delay */
+    uint64_t request_id; /* DROP */
+    int reason;          /* DROP: SQ_DEADLINE (cannot finish in time even alone),
+                            SQ_OVERLOAD (early drop: would keep a fuller batch from
+                            its deadline), SQ_WORKER_LOST (retry after a lost worker
+                            cannot make it), SQ_NO_WORKER (no worker holds the model),
+                            SQ_NOT_FOUND (session removed) */
+} pl_action_t;
+
+/* Counters, cumulative since pl_dispatch_new. */
+typedef struct {
+    uint64_t requests;
+    uint64_t sent_requests;
+    uint64_t batches;
+    uint64_t dropped;
+    uint64_t retried; /* requests put back in their queue after a lost worker */
+    uint64_t queued;  /* now */
+} pl_dispatch_stats_t;
+
+typedef struct pl_dispatch pl_dispatch_t;
+
+pl_dispatch_t *pl_dispatch_new(const pl_dispatch_opts_t *opts);
+void pl_dispatch_free(pl_dispatch_t *d);
+
+/* Adds a session; returns its id (0, 1, ... in order) or SQ_INVAL when the
+ * profile is missing or has no usable batch size. */
+int pl_dispatch_session_add(pl_dispatch_t *d, const pl_session_cfg_t *cfg);
+/* Removes a session: queued requests are dropped (SQ_NOT_FOUND); batches in
+ * flight complete normally. Its id is not reused. */
+int pl_dispatch_session_remove(pl_dispatch_t *d, int64_t now_us, int session);
+
+/* Adds a worker (ids are the caller's, small non-negative ints) or updates
+ * the duty cycle of an existing one. duty_cycle_us paces early-drop: a round
+ * over the worker's sessions starts at most once per duty cycle (0 = run
+ * back to back). A new worker may take batches at once. SQ_INVAL on a
+ * negative id. */
+int pl_dispatch_worker_add(pl_dispatch_t *d, int64_t now_us, int worker, int64_t duty_cycle_us);
+/* Graceful removal: the worker leaves every route and gets no new batch; a
+ * batch in flight still completes through pl_dispatch_batch_done. */
+int pl_dispatch_worker_remove(pl_dispatch_t *d, int64_t now_us, int worker);
+/* The worker died: it leaves every route; the requests of its batch in
+ * flight go back to their queue (and get another worker if their deadline
+ * still allows, else they are dropped with SQ_WORKER_LOST). A late
+ * batch_done for that batch then returns SQ_INVAL. */
+int pl_dispatch_worker_lost(pl_dispatch_t *d, int64_t now_us, int worker);
+
+/* Replaces the set of workers that hold session's model (routing table row).
+ * Workers must have been added. SQ_INVAL on an unknown session or worker or a
+ * worker listed twice. */
+int pl_dispatch_route_set(pl_dispatch_t *d, int64_t now_us, int session, const pl_route_t *routes,
+                          int nroutes);
+
+/* A request is ready (preprocessed) for session. id is the caller's and is
+ * only echoed back. SQ_INVAL on an unknown session. */
+int pl_dispatch_request(pl_dispatch_t *d, int64_t now_us, uint64_t id, int session,
+                        int64_t arrival_us, int64_t deadline_us);
+/* The caller's timer fired (or any time: it only does what is due). */
+void pl_dispatch_timer(pl_dispatch_t *d, int64_t now_us);
+/* The worker answered batch_id: it is free again. SQ_INVAL when that worker
+ * has no such batch in flight (a late answer after worker_lost). */
+int pl_dispatch_batch_done(pl_dispatch_t *d, int64_t now_us, int worker, uint64_t batch_id);
+
+/* Takes the actions produced since the previous take; *out is valid until
+ * the next call into d. Returns their number. */
+size_t pl_dispatch_take(pl_dispatch_t *d, const pl_action_t **out);
+
+/* When the core next needs pl_dispatch_timer (PL_NEVER: nothing pending). */
+int64_t pl_dispatch_next_wake(const pl_dispatch_t *d);
+/* Latency the core assumes for a batch of b of session (margin and network
+ * delay included), or -1. */
+int64_t pl_dispatch_batch_cost_us(const pl_dispatch_t *d, int session, int b);
+/* Largest batch the core forms for session (profile, cap and SLO), or -1. */
+int pl_dispatch_session_max_batch(const pl_dispatch_t *d, int session);
+/* Requests queued for session now, or -1. */
+int pl_dispatch_queued(const pl_dispatch_t *d, int session);
+void pl_dispatch_stats(const pl_dispatch_t *d, pl_dispatch_stats_t *out);
+
+#endif

@@ -1,0 +1,504 @@
+/* Dispatcher core (planner/dispatch.c) on a virtual clock: a tiny event loop
+ * in this file plays the runtime, with devices that hold a batch for exactly
+ * the latency the core assumes (margin 0, no network delay). Times in µs;
+ * the Symphony example's time unit is 1 ms. */
+#include <criterion/criterion.h>
+#include <pl_dispatch.h>
+#include <sq.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAXW 16
+#define MAXLOG 20000
+
+typedef struct {
+    int64_t at_us;
+    int session, worker, count;
+    uint64_t ids[64];
+    int64_t finish_us;
+} sent_t;
+
+typedef struct {
+    uint64_t id;
+    int reason;
+    int64_t at_us;
+} dropped_t;
+
+typedef struct {
+    pl_dispatch_t *d;
+    int64_t timer_us;
+    int busy[MAXW];
+    int64_t done_at[MAXW];
+    uint64_t batch[MAXW];
+    sent_t sent[MAXLOG];
+    int nsent;
+    dropped_t dropped[MAXLOG];
+    int ndropped;
+    int overlap; /* a worker got a batch while busy */
+} rig_t;
+
+static void absorb(rig_t *r)
+{
+    const pl_action_t *a;
+    size_t n = pl_dispatch_take(r->d, &a);
+    for (size_t i = 0; i < n; i++) {
+        if (a[i].kind == PL_ACT_TIMER) {
+            r->timer_us = a[i].at_us;
+        } else if (a[i].kind == PL_ACT_DROP) {
+            cr_assert_lt(r->ndropped, MAXLOG);
+            r->dropped[r->ndropped++] =
+                (dropped_t){.id = a[i].request_id, .reason = a[i].reason, .at_us = a[i].at_us};
+        } else {
+            int w = a[i].worker;
+            if (r->busy[w])
+                r->overlap = 1;
+            r->busy[w] = 1;
+            r->done_at[w] = a[i].finish_us;
+            r->batch[w] = a[i].batch_id;
+            cr_assert_lt(r->nsent, MAXLOG);
+            sent_t *s = &r->sent[r->nsent++];
+            s->at_us = a[i].at_us;
+            s->session = a[i].session;
+            s->worker = w;
+            s->count = a[i].count;
+            s->finish_us = a[i].finish_us;
+            cr_assert_leq(a[i].count, 64);
+            memcpy(s->ids, a[i].ids, sizeof(uint64_t) * (size_t)a[i].count);
+        }
+    }
+}
+
+static void rig_init(rig_t *r, pl_policy_t policy)
+{
+    memset(r, 0, sizeof(*r));
+    pl_dispatch_opts_t o = {.policy = policy, .k_std = 0, .net_delay_us = 0};
+    r->d = pl_dispatch_new(&o);
+    r->timer_us = PL_NEVER;
+}
+
+typedef struct {
+    int64_t at_us;
+    int session;
+    int64_t deadline_us;
+} arrival_t;
+
+/* Runs arrivals (sorted by time; request id = index + 1) to the end: at one
+ * moment, completions first, then arrivals, then the timer. */
+static void rig_run(rig_t *r, const arrival_t *arr, int narr, int nworkers)
+{
+    int next = 0;
+    for (;;) {
+        int64_t t_done = PL_NEVER;
+        for (int w = 0; w < nworkers; w++)
+            if (r->busy[w] && r->done_at[w] < t_done)
+                t_done = r->done_at[w];
+        int64_t t_arr = next < narr ? arr[next].at_us : PL_NEVER;
+        int64_t now = t_done;
+        if (t_arr < now)
+            now = t_arr;
+        if (r->timer_us < now)
+            now = r->timer_us;
+        if (now == PL_NEVER)
+            break;
+        if (t_done == now) {
+            for (int w = 0; w < nworkers; w++) {
+                if (r->busy[w] && r->done_at[w] == now) {
+                    r->busy[w] = 0;
+                    cr_assert_eq(pl_dispatch_batch_done(r->d, now, w, r->batch[w]), 0);
+                    absorb(r);
+                }
+            }
+        } else if (t_arr == now) {
+            const arrival_t *a = &arr[next];
+            cr_assert_eq(
+                pl_dispatch_request(r->d, now, (uint64_t)next + 1, a->session, now, a->deadline_us),
+                0);
+            next++;
+            absorb(r);
+        } else {
+            r->timer_us = PL_NEVER;
+            pl_dispatch_timer(r->d, now);
+            absorb(r);
+        }
+    }
+}
+
+static int add_linear_session(pl_dispatch_t *d, double alpha_us, double beta_us, int max_batch,
+                              int64_t slo_us)
+{
+    pl_profile_t p;
+    pl_profile_init_linear(&p, alpha_us, beta_us, max_batch);
+    pl_session_cfg_t cfg = {.profile = &p, .slo_us = slo_us, .max_batch = 0};
+    int sid = pl_dispatch_session_add(d, &cfg);
+    pl_profile_dispose(&p);
+    return sid;
+}
+
+static void route_all(rig_t *r, int sid, int nworkers, int target)
+{
+    pl_route_t routes[MAXW];
+    for (int w = 0; w < nworkers; w++)
+        routes[w] = (pl_route_t){.worker = w, .target_batch = target};
+    cr_assert_eq(pl_dispatch_route_set(r->d, 0, sid, routes, nworkers), 0);
+    absorb(r);
+}
+
+static void add_workers(rig_t *r, int n)
+{
+    for (int w = 0; w < n; w++)
+        cr_assert_eq(pl_dispatch_worker_add(r->d, 0, w, 0), 0);
+    absorb(r);
+}
+
+Test(dispatch, symphony_section_3_3_worked_example)
+{
+    /* 3 devices, l(b) = b + 5, SLO 12, request i arrives at 0.75 (i - 1). */
+    rig_t *r = malloc(sizeof(*r));
+    rig_init(r, PL_POLICY_DEFERRED);
+    add_workers(r, 3);
+    int sid = add_linear_session(r->d, 1000, 5000, 64, 12000);
+    cr_assert_eq(sid, 0);
+    cr_assert_eq(pl_dispatch_session_max_batch(r->d, sid), 7, "l(7) = 12 fits the SLO, l(8) not");
+    route_all(r, sid, 3, 0);
+    arrival_t arr[48];
+    for (int i = 0; i < 48; i++)
+        arr[i] = (arrival_t){.at_us = 750 * i, .session = sid, .deadline_us = 750 * i + 12000};
+    rig_run(r, arr, 48, 3);
+
+    cr_assert_eq(r->ndropped, 0, "none dropped");
+    cr_assert_eq(r->overlap, 0);
+    cr_assert_eq(r->nsent, 12);
+    for (int k = 0; k < 12; k++) {
+        sent_t *s = &r->sent[k];
+        cr_assert_eq(s->count, 4, "batch %d has size %d", k, s->count);
+        /* The first batch (requests 1-4) leaves at 2.25 when request 4
+         * arrives (its frontrun moment 12 - l(5) = 2 has passed); then every
+         * 3 units, on the three devices in turn: staggered, each device
+         * busy all the time (a batch of 4 takes 9 = 3 x 3). */
+        cr_assert_eq(s->at_us, 2250 + 3000 * k, "batch %d at %lld", k, (long long)s->at_us);
+        cr_assert_eq(s->worker, k % 3);
+        for (int j = 0; j < 4; j++)
+            cr_assert_eq(s->ids[j], (uint64_t)(4 * k + j + 1));
+        cr_assert_eq(s->finish_us, s->at_us + 9000);
+        cr_assert_leq(s->finish_us, 750 * (4 * k) + 12000);
+    }
+    pl_dispatch_stats_t st;
+    pl_dispatch_stats(r->d, &st);
+    cr_assert_eq(st.requests, 48);
+    cr_assert_eq(st.sent_requests, 48);
+    cr_assert_eq(st.queued, 0);
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
+Test(dispatch, deferred_low_load_keeps_spare_workers_idle)
+{
+    rig_t *r = malloc(sizeof(*r));
+    rig_init(r, PL_POLICY_DEFERRED);
+    add_workers(r, 4);
+    int sid = add_linear_session(r->d, 1000, 5000, 64, 12000);
+    route_all(r, sid, 4, 0);
+    /* One request every 20 ms: each waits until d - l(2) (nothing can join
+     * it after that) and always goes to the lowest-id worker. */
+    arrival_t arr[10];
+    for (int i = 0; i < 10; i++)
+        arr[i] = (arrival_t){.at_us = 20000 * i, .session = sid, .deadline_us = 20000 * i + 12000};
+    rig_run(r, arr, 10, 4);
+    cr_assert_eq(r->nsent, 10);
+    cr_assert_eq(r->ndropped, 0);
+    for (int k = 0; k < 10; k++) {
+        cr_assert_eq(r->sent[k].worker, 0);
+        cr_assert_eq(r->sent[k].count, 1);
+        cr_assert_eq(r->sent[k].at_us, 20000 * k + 12000 - 7000);
+    }
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
+Test(dispatch, early_drop_slides_window_past_heads_that_would_miss)
+{
+    rig_t *r = malloc(sizeof(*r));
+    rig_init(r, PL_POLICY_EARLY_DROP);
+    add_workers(r, 1);
+    int sid = add_linear_session(r->d, 1000, 5000, 64, 40000);
+    route_all(r, sid, 1, 4);
+    const pl_action_t *a;
+    /* Request 1 finds the worker free and runs alone until 6.0 ms. */
+    cr_assert_eq(pl_dispatch_request(r->d, 0, 1, sid, 0, 30000), 0);
+    absorb(r);
+    cr_assert_eq(r->nsent, 1);
+    cr_assert_eq(r->sent[0].count, 1);
+    /* Deadline 11 ms: even alone at 6.0 it ends at 12: dropped at once. */
+    cr_assert_eq(pl_dispatch_request(r->d, 100, 2, sid, 100, 11000), 0);
+    absorb(r);
+    cr_assert_eq(r->ndropped, 1);
+    cr_assert_eq(r->dropped[0].id, 2);
+    cr_assert_eq(r->dropped[0].reason, SQ_DEADLINE);
+    cr_assert_eq(r->dropped[0].at_us, 100);
+    /* 3 and 4 could run alone at 6.0 (l(1) = 6 -> 12 <= 12, 14) but not in
+     * a window of 4 (l(4) = 9 -> 15). 5..9 have room. */
+    int64_t deadlines[] = {12000, 14000, 20000, 20000, 21000, 22000, 23000};
+    for (int i = 0; i < 7; i++)
+        cr_assert_eq(
+            pl_dispatch_request(r->d, 200 + i, (uint64_t)(3 + i), sid, 200 + i, deadlines[i]), 0);
+    absorb(r);
+    cr_assert_eq(r->nsent, 1, "worker busy, nothing else sent");
+    cr_assert_eq(r->ndropped, 1);
+    r->busy[0] = 0;
+    cr_assert_eq(pl_dispatch_batch_done(r->d, 6000, 0, r->batch[0]), 0);
+    absorb(r);
+    cr_assert_eq(r->ndropped, 3);
+    cr_assert_eq(r->dropped[1].id, 3);
+    cr_assert_eq(r->dropped[1].reason, SQ_OVERLOAD);
+    cr_assert_eq(r->dropped[2].id, 4);
+    cr_assert_eq(r->dropped[2].reason, SQ_OVERLOAD);
+    cr_assert_eq(r->nsent, 2);
+    cr_assert_eq(r->sent[1].count, 4, "the window stays full");
+    for (int j = 0; j < 4; j++)
+        cr_assert_eq(r->sent[1].ids[j], (uint64_t)(5 + j));
+    cr_assert_eq(r->sent[1].finish_us, 15000);
+    cr_assert_eq(pl_dispatch_queued(r->d, sid), 1, "request 9 waits for the next round");
+    /* Late batch_done for a batch the worker is not running. */
+    cr_assert_eq(pl_dispatch_batch_done(r->d, 7000, 0, r->batch[0] + 7), SQ_INVAL);
+    (void)a;
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
+Test(dispatch, early_drop_paces_rounds_by_duty_cycle)
+{
+    rig_t *r = malloc(sizeof(*r));
+    rig_init(r, PL_POLICY_EARLY_DROP);
+    cr_assert_eq(pl_dispatch_worker_add(r->d, 0, 0, 20000), 0);
+    absorb(r);
+    int sid = add_linear_session(r->d, 1000, 5000, 64, 100000);
+    route_all(r, sid, 1, 8);
+    /* One request every ms: the worker starts a round at 0, 20, 40 ms even
+     * though it is free from 6 ms on. */
+    arrival_t arr[30];
+    for (int i = 0; i < 30; i++)
+        arr[i] = (arrival_t){.at_us = 1000 * i, .session = sid, .deadline_us = 1000 * i + 100000};
+    rig_run(r, arr, 30, 1);
+    cr_assert_eq(r->ndropped, 0);
+    cr_assert_geq(r->nsent, 3);
+    cr_assert_eq(r->sent[0].at_us, 0);
+    cr_assert_eq(r->sent[0].count, 1);
+    cr_assert_eq(r->sent[1].at_us, 20000);
+    cr_assert_eq(r->sent[1].count, 8, "20 waiting, window of 8");
+    cr_assert_eq(r->sent[2].at_us, 40000);
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
+static uint64_t rng_state;
+static uint64_t rng_next(void)
+{
+    /* splitmix64: deterministic everywhere */
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+static double rng_unit(void)
+{
+    return (double)(rng_next() >> 11) / 9007199254740992.0;
+}
+
+/* Both policies, seeded random load (bursty, two sessions sharing workers,
+ * with a margin on a table profile): every batch finishes by its earliest
+ * deadline under the profile, no worker runs two batches, every request
+ * gets exactly one outcome. */
+static void property_run(pl_policy_t policy, uint64_t seed)
+{
+    rng_state = seed;
+    rig_t *r = malloc(sizeof(*r));
+    memset(r, 0, sizeof(*r));
+    pl_dispatch_opts_t o = {.policy = policy, .k_std = 2, .net_delay_us = 300};
+    r->d = pl_dispatch_new(&o);
+    r->timer_us = PL_NEVER;
+    int nworkers = 2 + (int)(rng_next() % 4);
+    add_workers(r, nworkers);
+    pl_profile_t lin;
+    pl_profile_init_linear(&lin, 500 + rng_next() % 2000, 2000 + rng_next() % 6000, 32);
+    pl_profile_row_t rows[] = {{1, 4000, 300}, {2, 5000, 300}, {4, 7000, 500}, {8, 11000, 800}};
+    pl_profile_t tab;
+    cr_assert_eq(pl_profile_init_table(&tab, rows, 4), 0);
+    int64_t slo[2] = {20000 + (int64_t)(rng_next() % 40000), 25000 + (int64_t)(rng_next() % 40000)};
+    pl_session_cfg_t c0 = {.profile = &lin, .slo_us = slo[0]};
+    pl_session_cfg_t c1 = {.profile = &tab, .slo_us = slo[1]};
+    int s0 = pl_dispatch_session_add(r->d, &c0), s1 = pl_dispatch_session_add(r->d, &c1);
+    cr_assert(s0 >= 0 && s1 >= 0);
+    pl_route_t routes[MAXW];
+    for (int w = 0; w < nworkers; w++)
+        routes[w] = (pl_route_t){.worker = w, .target_batch = 0};
+    cr_assert_eq(pl_dispatch_route_set(r->d, 0, s0, routes, nworkers), 0);
+    cr_assert_eq(pl_dispatch_route_set(r->d, 0, s1, routes + nworkers / 2, nworkers - nworkers / 2),
+                 0);
+    absorb(r);
+    int narr = 3000;
+    arrival_t *arr = malloc(sizeof(*arr) * (size_t)narr);
+    int64_t *deadline = malloc(sizeof(int64_t) * (size_t)(narr + 1));
+    double t = 0;
+    for (int i = 0; i < narr; i++) {
+        /* Phases of light and heavy load, exponential gaps. */
+        double mean_gap = ((i / 500) % 2) ? 150 : 1500;
+        t += -mean_gap * log(1 - rng_unit());
+        int s = (int)(rng_next() % 2);
+        arr[i] = (arrival_t){.at_us = (int64_t)t, .session = s, .deadline_us = (int64_t)t + slo[s]};
+        deadline[i + 1] = arr[i].deadline_us;
+    }
+    rig_run(r, arr, narr, nworkers);
+    cr_assert_eq(r->overlap, 0);
+    char *seen = calloc((size_t)narr + 1, 1);
+    for (int k = 0; k < r->nsent; k++) {
+        sent_t *b = &r->sent[k];
+        int64_t cost = pl_dispatch_batch_cost_us(r->d, b->session, b->count);
+        cr_assert_eq(b->finish_us, b->at_us + cost);
+        for (int j = 0; j < b->count; j++) {
+            uint64_t id = b->ids[j];
+            cr_assert_leq(b->finish_us, deadline[id], "seed %llu batch %d misses request %llu",
+                          (unsigned long long)seed, k, (unsigned long long)id);
+            cr_assert_eq(seen[id], 0);
+            seen[id] = 1;
+        }
+    }
+    for (int k = 0; k < r->ndropped; k++) {
+        cr_assert_eq(seen[r->dropped[k].id], 0);
+        seen[r->dropped[k].id] = 1;
+    }
+    for (int i = 1; i <= narr; i++)
+        cr_assert_eq(seen[i], 1, "request %d has no outcome", i);
+    cr_assert_gt(r->nsent, 0);
+    free(seen);
+    free(arr);
+    free(deadline);
+    pl_profile_dispose(&lin);
+    pl_profile_dispose(&tab);
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
+Test(dispatch, no_batch_ever_misses_its_earliest_deadline_deferred)
+{
+    for (uint64_t seed = 1; seed <= 12; seed++)
+        property_run(PL_POLICY_DEFERRED, seed);
+}
+
+Test(dispatch, no_batch_ever_misses_its_earliest_deadline_early_drop)
+{
+    for (uint64_t seed = 1; seed <= 12; seed++)
+        property_run(PL_POLICY_EARLY_DROP, seed);
+}
+
+Test(dispatch, lost_worker_retries_batch_elsewhere_or_drops)
+{
+    rig_t *r = malloc(sizeof(*r));
+    rig_init(r, PL_POLICY_DEFERRED);
+    add_workers(r, 2);
+    int sid = add_linear_session(r->d, 1000, 5000, 64, 30000);
+    route_all(r, sid, 2, 0);
+    for (uint64_t i = 1; i <= 4; i++)
+        cr_assert_eq(pl_dispatch_request(r->d, 0, i, sid, 0, 30000), 0);
+    absorb(r);
+    cr_assert_eq(r->nsent, 0, "waits for its frontrun moment 30 - l(5) = 20");
+    cr_assert_eq(r->timer_us, 20000);
+    r->timer_us = PL_NEVER;
+    pl_dispatch_timer(r->d, 20000);
+    absorb(r);
+    cr_assert_eq(r->nsent, 1);
+    cr_assert_eq(r->sent[0].worker, 0);
+    cr_assert_eq(r->sent[0].count, 4);
+    uint64_t lost_batch = r->batch[0];
+    /* Worker 0 dies at 22: 8 ms left, a batch of 3 (l = 8) still fits on
+     * worker 1, the fourth request cannot make it any more. */
+    r->busy[0] = 0;
+    cr_assert_eq(pl_dispatch_worker_lost(r->d, 22000, 0), 0);
+    absorb(r);
+    cr_assert_eq(r->nsent, 2);
+    cr_assert_eq(r->sent[1].worker, 1);
+    cr_assert_eq(r->sent[1].count, 3);
+    cr_assert_eq(r->sent[1].finish_us, 30000);
+    cr_assert_eq(r->ndropped, 1);
+    cr_assert_eq(r->dropped[0].id, 4);
+    cr_assert_eq(r->dropped[0].reason, SQ_WORKER_LOST);
+    cr_assert_eq(pl_dispatch_batch_done(r->d, 23000, 0, lost_batch), SQ_INVAL,
+                 "a late answer from the lost worker is refused");
+    pl_dispatch_stats_t st;
+    pl_dispatch_stats(r->d, &st);
+    cr_assert_eq(st.retried, 4);
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
+Test(dispatch, lost_worker_early_drop_retries_whole_batch)
+{
+    rig_t *r = malloc(sizeof(*r));
+    rig_init(r, PL_POLICY_EARLY_DROP);
+    add_workers(r, 2);
+    int sid = add_linear_session(r->d, 1000, 5000, 64, 30000);
+    route_all(r, sid, 2, 0);
+    /* Worker 1 busy with request 1; requests 2, 3 go to worker 0. */
+    cr_assert_eq(pl_dispatch_request(r->d, 0, 1, sid, 0, 30000), 0);
+    absorb(r);
+    cr_assert_eq(r->sent[0].worker, 0);
+    cr_assert_eq(pl_dispatch_request(r->d, 10, 2, sid, 10, 30000), 0);
+    absorb(r);
+    cr_assert_eq(r->sent[1].worker, 1);
+    r->busy[1] = 0;
+    cr_assert_eq(pl_dispatch_worker_lost(r->d, 1000, 1), 0);
+    absorb(r);
+    /* Worker 0 is busy until 6: request 2 waits for it, not dropped. */
+    cr_assert_eq(r->ndropped, 0);
+    cr_assert_eq(pl_dispatch_queued(r->d, sid), 1);
+    r->busy[0] = 0;
+    cr_assert_eq(pl_dispatch_batch_done(r->d, 6000, 0, r->batch[0]), 0);
+    absorb(r);
+    cr_assert_eq(r->nsent, 3);
+    cr_assert_eq(r->sent[2].worker, 0);
+    cr_assert_eq(r->sent[2].ids[0], 2);
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
+Test(dispatch, no_worker_and_bad_input)
+{
+    pl_dispatch_opts_t o = {.policy = PL_POLICY_DEFERRED};
+    pl_dispatch_t *d = pl_dispatch_new(&o);
+    cr_assert_eq(pl_dispatch_session_add(d, NULL), SQ_INVAL);
+    pl_profile_t p;
+    pl_profile_init_linear(&p, 1000, 5000, 8);
+    pl_session_cfg_t cfg = {.profile = &p, .slo_us = 10000};
+    int sid = pl_dispatch_session_add(d, &cfg);
+    cr_assert_eq(sid, 0);
+    cr_assert_eq(pl_dispatch_session_max_batch(d, sid), 5);
+    cr_assert_eq(pl_dispatch_batch_cost_us(d, sid, 5), 10000);
+    cr_assert_eq(pl_dispatch_request(d, 0, 1, 7, 0, 1000), SQ_INVAL);
+    pl_route_t bad = {.worker = 3};
+    cr_assert_eq(pl_dispatch_route_set(d, 0, sid, &bad, 1), SQ_INVAL, "worker 3 not added");
+    cr_assert_eq(pl_dispatch_worker_add(d, 0, -1, 0), SQ_INVAL);
+    /* No worker holds the model: the request waits while one could still
+     * appear in time, then is answered no_worker. */
+    cr_assert_eq(pl_dispatch_request(d, 0, 1, sid, 0, 10000), 0);
+    const pl_action_t *a;
+    size_t n = pl_dispatch_take(d, &a);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(a[0].kind, PL_ACT_TIMER);
+    cr_assert_eq(a[0].at_us, 4001);
+    pl_dispatch_timer(d, 4001);
+    n = pl_dispatch_take(d, &a);
+    cr_assert_eq(n, 2);
+    cr_assert_eq(a[0].kind, PL_ACT_DROP);
+    cr_assert_eq(a[0].reason, SQ_NO_WORKER);
+    cr_assert_eq(a[1].kind, PL_ACT_TIMER);
+    cr_assert_eq(a[1].at_us, PL_NEVER);
+    pl_profile_dispose(&p);
+    pl_policy_t pol;
+    cr_assert_eq(pl_policy_parse("early-drop", &pol), 0);
+    cr_assert_eq(pol, PL_POLICY_EARLY_DROP);
+    cr_assert_eq(pl_policy_parse("lazy", &pol), SQ_INVAL);
+    cr_assert_str_eq(pl_policy_name(PL_POLICY_DEFERRED), "deferred");
+    pl_dispatch_free(d);
+    pl_dispatch_free(NULL);
+}
