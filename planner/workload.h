@@ -17,6 +17,7 @@
 #ifndef WL_WORKLOAD_H
 #define WL_WORKLOAD_H
 
+#include "pl.h"
 #include "pl_profile.h"
 
 #include <stddef.h>
@@ -67,8 +68,8 @@ typedef struct {
 typedef struct {
     int model;              /* index into wl_workload_t.models */
     double slo_ms;
-    /* "rate_rps", or the duration-weighted mean of the arrival segments, or
-     * count / span of times_ms: what the planner plans for. */
+    /* "rate_rps", or the duration-weighted mean rate of the arrival
+     * segments, or (n - 1) / span of n times_ms: what the planner plans for. */
     double rate_rps;
     wl_arrivals_t arrivals; /* process WL_ARRIVALS_NONE when only rate_rps was given */
 } wl_session_t;
@@ -121,5 +122,56 @@ void wl_workload_dispose(wl_workload_t *w);
 
 /* Index of the model called name, or -1. */
 int wl_find_model(const wl_workload_t *w, const char *name);
+
+/* ---- planning a workload (squish-plan) ---------------------------------- */
+
+typedef enum {
+    WL_SOURCE_SESSION = 0, /* one entry of wl_workload_t.sessions */
+    WL_SOURCE_GROUP,       /* the sessions of one prefix group at one SLO */
+    WL_SOURCE_STAGE,       /* a pipeline stage at its share of the pipeline SLO */
+} wl_source_kind_t;
+
+/* Where a planner session came from. */
+typedef struct {
+    wl_source_kind_t kind;
+    const char *name; /* borrowed from the workload: model or prefix-group name */
+    int index;        /* session, prefix group or pipeline index */
+    int stage;        /* WL_SOURCE_STAGE: stage index in the pipeline */
+    int nmembers;     /* WL_SOURCE_GROUP: member sessions */
+    int *members;     /* owned; wl session indices */
+} wl_source_t;
+
+/* The planner's input for a workload: ordinary sessions first (in workload
+ * order), sessions of models in a prefix group merged per (group, SLO) into
+ * one session with a pl_prefix_profile, then one session per stage of every
+ * pipeline whose SLO could be split (pl_query_split). Session ids are their
+ * indices; prefix-group sessions get model ids past the workload's models.
+ * Borrows the workload's profiles: dispose before the workload. */
+typedef struct {
+    int nsessions;
+    pl_session_t *sessions;      /* owned */
+    wl_source_t *sources;        /* owned; one per session */
+    int nprofiles;
+    pl_profile_t *profiles;      /* owned; the prefix groups' combined profiles */
+    int nsplits;                 /* = w->npipelines */
+    pl_query_result_t *splits;   /* owned; nstages 0 where split_rc < 0 */
+    int *split_rc;               /* owned; 0 or the pl_query_split error */
+    pl_options_t options;        /* k_std and device memory from the workload; no device cap */
+} wl_plan_input_t;
+
+/* Builds the planner input; returns 0 or SQ_INVAL (a prefix group whose
+ * combined profile has no usable batch; w->error says which). */
+int wl_plan_input_build(wl_plan_input_t *in, wl_workload_t *w);
+void wl_plan_input_dispose(wl_plan_input_t *in);
+
+/* The plan JSON of DESIGN.md: {"devices": [{"id", "duty_cycle_ms",
+ * "occupancy", "memory_mb", "saturated", "sessions": [{"session", "model",
+ * "slo_ms", "rate_rps", "batch", "latency_ms"}]}], "devices_used",
+ * "lower_bound_devices", "efficiency", "unplaced": [...], "pipelines":
+ * [{"name", "budgets_ms": {stage: ms}}], "advice": {"devices_delta", ...}}.
+ * devices_needed: how many devices the plan takes with no cap (the advice
+ * compares it with w->device_count). Returns a malloc'd string. */
+char *wl_plan_to_json(const wl_workload_t *w, const wl_plan_input_t *in, const pl_plan_t *plan,
+                      int devices_needed);
 
 #endif

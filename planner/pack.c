@@ -1,0 +1,790 @@
+/* Squishy bin packing (Nexus section 6.1, Algorithm 1) with the merge rule
+ * generalized to many sessions per device, a memory check, and incremental
+ * re-planning between epochs. See pl.h for the validity rules. */
+#include "pl.h"
+
+#include <sq.h>
+
+#include <assert.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Float slack for comparisons of times (µs) and of rates that were computed
+ * as sums and products: the worked examples sit exactly on their bounds
+ * (125 ms duty + 75 ms batch = 200 ms SLO). */
+#define TIME_EPS_US 1e-6
+#define REL_EPS 1e-9
+
+typedef struct {
+    int session;
+    double rate_rps;
+    double solo_duty_us; /* the duty cycle this share would pick alone (pl_residue) */
+    double solo_occupancy;
+    int batch;           /* at the node's duty cycle, filled by eval */
+    double latency_us;
+} item_t;
+
+typedef struct {
+    int id;        /* the previous plan's id, or -1 for a new device */
+    int saturated;
+    double duty_cycle_us;
+    double occupancy;
+    double memory_bytes;
+    int nitems, cap;
+    item_t *items;
+} node_t;
+
+typedef struct {
+    const pl_session_t *sessions;
+    int nsessions;
+    pl_options_t opt;
+    node_t *nodes; /* every device of the plan being built */
+    int nnodes, capnodes;
+    double *unplaced_rate; /* per session */
+    int *unplaced_reason;  /* per session, 0 = none */
+    item_t *scratch;       /* room for merged item lists */
+    int capscratch;
+} ctx_t;
+
+static int batch_for(double duty_us, double rate_rps)
+{
+    /* The batch that collects a duty cycle's worth of requests; the slack
+     * keeps b / r * r from rounding up to b + 1. */
+    double b = ceil(duty_us * rate_rps * 1e-6 - REL_EPS);
+    return b < 1 ? 1 : (int)b;
+}
+
+static int fits_memory(const pl_options_t *opt, double bytes)
+{
+    return opt->device_memory_bytes <= 0 || bytes <= opt->device_memory_bytes;
+}
+
+double pl_max_throughput_rps(const pl_profile_t *p, double slo_us, double k_std,
+                             double memory_bytes, int *batch)
+{
+    double best = 0;
+    int best_b = 0;
+    /* l(b)/b non-increasing is all we assume, so scan rather than solve:
+     * tables round up and need not be linear. */
+    for (int b = 1; b <= p->max_batch; b++) {
+        double l = pl_latency_us(p, b, k_std);
+        if (l <= 0 || 2 * l > slo_us + TIME_EPS_US)
+            continue;
+        if (memory_bytes > 0 && pl_memory_bytes(p, b) > memory_bytes)
+            break;
+        double thr = b / l * 1e6;
+        if (thr >= best * (1 - REL_EPS)) {
+            best = thr;
+            best_b = b;
+        }
+    }
+    *batch = best_b;
+    return best;
+}
+
+int pl_residue(const pl_profile_t *p, double slo_us, double rate_rps, double k_std,
+               double memory_bytes, int *batch, double *duty_cycle_us, double *occupancy)
+{
+    int best_b = 0;
+    double best_d = 0, best_occ = INFINITY;
+    /* For each b: the duty cycle that collects b requests (b / r), shortened
+     * to L - l(b) when that is too long for the SLO (low rates: the batch
+     * then collects fewer than b). The lowest occupancy wins; in the usual
+     * case that is Nexus's largest b with b / r + l(b) <= L, since
+     * r l(b) / b does not grow with b. */
+    for (int b = 1; b <= p->max_batch; b++) {
+        double l = pl_latency_us(p, b, k_std);
+        if (l <= 0)
+            continue;
+        double d = slo_us - l;
+        if (rate_rps > 0 && b / rate_rps * 1e6 < d)
+            d = b / rate_rps * 1e6;
+        if (d <= 0)
+            continue;
+        int eb = batch_for(d, rate_rps);
+        double el = pl_latency_us(p, eb, k_std);
+        if (el <= 0 || el > d + TIME_EPS_US || d + el > slo_us + TIME_EPS_US)
+            continue;
+        if (memory_bytes > 0 && pl_memory_bytes(p, eb) > memory_bytes)
+            continue;
+        double occ = el / d;
+        if (occ <= best_occ * (1 + REL_EPS)) {
+            best_occ = occ;
+            best_b = eb;
+            best_d = d;
+        }
+    }
+    if (best_b == 0)
+        return SQ_DEADLINE;
+    *batch = best_b;
+    *duty_cycle_us = best_d;
+    *occupancy = best_occ;
+    return 0;
+}
+
+double pl_lower_bound(const pl_session_t *sessions, int nsessions, const pl_options_t *opt)
+{
+    double sum = 0;
+    for (int i = 0; i < nsessions; i++) {
+        int b;
+        double t = pl_max_throughput_rps(sessions[i].profile, sessions[i].slo_us, opt->k_std,
+                                         opt->device_memory_bytes, &b);
+        if (t > 0)
+            sum += sessions[i].rate_rps / t;
+    }
+    return sum;
+}
+
+double pl_advice_add(int ndevices, double bad_rate)
+{
+    if (ndevices <= 0 || bad_rate <= 0)
+        return 0;
+    if (bad_rate > 0.99)
+        bad_rate = 0.99;
+    return ndevices * bad_rate / (1 - bad_rate);
+}
+
+double pl_advice_release(int ndevices, double idle_fraction)
+{
+    if (ndevices <= 0 || idle_fraction <= 0)
+        return 0;
+    if (idle_fraction > 1)
+        idle_fraction = 1;
+    return ndevices * idle_fraction;
+}
+
+/* ---- nodes ---------------------------------------------------------------- */
+
+static node_t *node_new(ctx_t *c, int id)
+{
+    if (c->nnodes == c->capnodes) {
+        c->capnodes = c->capnodes ? 2 * c->capnodes : 16;
+        c->nodes = sq_xrealloc(c->nodes, sizeof(*c->nodes) * (size_t)c->capnodes);
+    }
+    node_t *n = &c->nodes[c->nnodes++];
+    memset(n, 0, sizeof(*n));
+    n->id = id;
+    return n;
+}
+
+static void node_push(node_t *n, const item_t *it)
+{
+    if (n->nitems == n->cap) {
+        n->cap = n->cap ? 2 * n->cap : 4;
+        n->items = sq_xrealloc(n->items, sizeof(*n->items) * (size_t)n->cap);
+    }
+    n->items[n->nitems++] = *it;
+}
+
+/* Weights once per model, activations at the largest batch that model runs
+ * at on this device (its batches run one at a time). */
+static double items_memory(const ctx_t *c, const item_t *it, int n)
+{
+    double mem = 0;
+    for (int i = 0; i < n; i++) {
+        int model = c->sessions[it[i].session].model, first = 1, maxb = it[i].batch;
+        for (int j = 0; j < n && first; j++) {
+            if (j == i || c->sessions[it[j].session].model != model)
+                continue;
+            if (j < i)
+                first = 0;
+            else if (it[j].batch > maxb)
+                maxb = it[j].batch;
+        }
+        if (first)
+            mem += pl_memory_bytes(c->sessions[it[i].session].profile, maxb);
+    }
+    return mem;
+}
+
+/* Evaluates residual items sharing one device: duty cycle = the smallest
+ * solo duty cycle, batches shrink to d * r. Fills batch and latency of each
+ * item, returns the occupancy or -1 when the node is invalid. */
+static double eval_items(const ctx_t *c, item_t *it, int n, double *duty_out, double *mem_out)
+{
+    double d = INFINITY, sum = 0;
+    for (int i = 0; i < n; i++)
+        if (it[i].solo_duty_us < d)
+            d = it[i].solo_duty_us;
+    for (int i = 0; i < n; i++) {
+        const pl_session_t *s = &c->sessions[it[i].session];
+        int b = batch_for(d, it[i].rate_rps);
+        double l = pl_latency_us(s->profile, b, c->opt.k_std);
+        if (l <= 0 || d + l > s->slo_us + TIME_EPS_US)
+            return -1;
+        it[i].batch = b;
+        it[i].latency_us = l;
+        sum += l;
+    }
+    if (sum > d + TIME_EPS_US)
+        return -1;
+    double mem = items_memory(c, it, n);
+    if (!fits_memory(&c->opt, mem))
+        return -1;
+    *duty_out = d;
+    *mem_out = mem;
+    return sum / d;
+}
+
+static int node_refresh(const ctx_t *c, node_t *n)
+{
+    if (n->saturated)
+        return 0;
+    double occ = eval_items(c, n->items, n->nitems, &n->duty_cycle_us, &n->memory_bytes);
+    if (occ < 0)
+        return -1;
+    n->occupancy = occ;
+    return 0;
+}
+
+static item_t *scratch(ctx_t *c, int n)
+{
+    if (n > c->capscratch) {
+        c->capscratch = 2 * n;
+        c->scratch = sq_xrealloc(c->scratch, sizeof(*c->scratch) * (size_t)c->capscratch);
+    }
+    return c->scratch;
+}
+
+static void add_unplaced(ctx_t *c, int s, double rate, int reason)
+{
+    c->unplaced_rate[s] += rate;
+    if (!c->unplaced_reason[s])
+        c->unplaced_reason[s] = reason;
+}
+
+/* Saturate and residue for one share of a session (Algorithm 1, lines 1-9):
+ * whole devices at the saturation batch, the rest as one residual item
+ * returned in *res (1) or none (0). */
+static int pack_share(ctx_t *c, int s, double rate, item_t *res)
+{
+    const pl_session_t *ss = &c->sessions[s];
+    const pl_options_t *o = &c->opt;
+    int B;
+    double thr = pl_max_throughput_rps(ss->profile, ss->slo_us, o->k_std,
+                                       o->device_memory_bytes, &B);
+    if (thr <= 0) {
+        int b2;
+        int slo_ok = pl_max_throughput_rps(ss->profile, ss->slo_us, o->k_std, 0, &b2) > 0;
+        add_unplaced(c, s, rate, slo_ok ? PL_UNPLACED_MEMORY : PL_UNPLACED_SLO);
+        return 0;
+    }
+    double whole = floor(rate / thr + REL_EPS);
+    double left = rate - whole * thr;
+    if (left < thr * REL_EPS)
+        left = 0;
+    double lat = pl_latency_us(ss->profile, B, o->k_std);
+    for (int k = 0; k < (int)whole; k++) {
+        node_t *n = node_new(c, -1);
+        n->saturated = 1;
+        n->duty_cycle_us = lat;
+        n->occupancy = 1;
+        n->memory_bytes = pl_memory_bytes(ss->profile, B);
+        item_t it = {.session = s, .rate_rps = thr, .solo_duty_us = lat, .solo_occupancy = 1,
+                     .batch = B, .latency_us = lat};
+        node_push(n, &it);
+    }
+    if (left == 0 && whole > 0)
+        return 0;
+    int b;
+    double d, occ;
+    if (pl_residue(ss->profile, ss->slo_us, left, o->k_std, o->device_memory_bytes, &b, &d,
+                   &occ) < 0) {
+        /* The residual rate is below a device's saturated throughput but no
+         * cycle serves it within the SLO (a table with an odd shape): give
+         * it a device of its own at the saturation batch. */
+        node_t *n = node_new(c, -1);
+        n->saturated = 1;
+        n->duty_cycle_us = lat;
+        n->occupancy = 1;
+        n->memory_bytes = pl_memory_bytes(ss->profile, B);
+        item_t it = {.session = s, .rate_rps = left, .solo_duty_us = lat, .solo_occupancy = 1,
+                     .batch = B, .latency_us = lat};
+        node_push(n, &it);
+        return 0;
+    }
+    *res = (item_t){.session = s, .rate_rps = left, .solo_duty_us = d, .solo_occupancy = occ,
+                    .batch = b, .latency_us = pl_latency_us(ss->profile, b, o->k_std)};
+    return 1;
+}
+
+/* ---- merge: best-fit decreasing by occupancy ------------------------------ */
+
+typedef struct {
+    int *idx; /* node indices, sorted by occupancy descending */
+    int n, cap;
+} binlist_t;
+
+static void bins_insert(binlist_t *bl, const ctx_t *c, int node)
+{
+    if (bl->n == bl->cap) {
+        bl->cap = bl->cap ? 2 * bl->cap : 16;
+        bl->idx = sq_xrealloc(bl->idx, sizeof(*bl->idx) * (size_t)bl->cap);
+    }
+    double occ = c->nodes[node].occupancy;
+    int lo = 0, hi = bl->n;
+    while (lo < hi) { /* first position whose occupancy is below occ */
+        int mid = (lo + hi) / 2;
+        if (c->nodes[bl->idx[mid]].occupancy >= occ)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    memmove(bl->idx + lo + 1, bl->idx + lo, sizeof(*bl->idx) * (size_t)(bl->n - lo));
+    bl->idx[lo] = node;
+    bl->n++;
+}
+
+static void bins_remove_at(binlist_t *bl, int pos)
+{
+    memmove(bl->idx + pos, bl->idx + pos + 1, sizeof(*bl->idx) * (size_t)(bl->n - pos - 1));
+    bl->n--;
+}
+
+/* Places one residual item into the bin it fills best (highest occupancy
+ * after the merge), or into a new device. Merging never lowers a node's
+ * occupancy (batches shrink, and l(b)/b does not fall as b falls), so a bin
+ * above 1 - occ(item) cannot take it and a bin whose occupancy plus the
+ * item's cannot beat the best merge found so far need not be tried: the
+ * scan over the sorted bins stops there. */
+static void place_item(ctx_t *c, binlist_t *bl, const item_t *it)
+{
+    double limit = 1 - it->solo_occupancy + REL_EPS;
+    int lo = 0, hi = bl->n;
+    while (lo < hi) { /* first bin with occupancy <= limit */
+        int mid = (lo + hi) / 2;
+        if (c->nodes[bl->idx[mid]].occupancy > limit)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    int best_pos = -1;
+    double best_occ = -1;
+    for (int pos = lo; pos < bl->n; pos++) {
+        node_t *bin = &c->nodes[bl->idx[pos]];
+        if (bin->occupancy + it->solo_occupancy <= best_occ)
+            break;
+        item_t *tmp = scratch(c, bin->nitems + 1);
+        memcpy(tmp, bin->items, sizeof(*tmp) * (size_t)bin->nitems);
+        tmp[bin->nitems] = *it;
+        double d, mem;
+        double occ = eval_items(c, tmp, bin->nitems + 1, &d, &mem);
+        if (occ > best_occ) {
+            best_occ = occ;
+            best_pos = pos;
+        }
+    }
+    int node;
+    if (best_pos >= 0) {
+        node = bl->idx[best_pos];
+        bins_remove_at(bl, best_pos);
+        node_push(&c->nodes[node], it);
+    } else {
+        node_t *n = node_new(c, -1);
+        node_push(n, it);
+        node = (int)(n - c->nodes);
+    }
+    int rc = node_refresh(c, &c->nodes[node]);
+    assert(rc == 0);
+    (void)rc;
+    bins_insert(bl, c, node);
+}
+
+static int item_cmp_occ_desc(const void *a, const void *b)
+{
+    const item_t *x = a, *y = b;
+    if (x->solo_occupancy != y->solo_occupancy)
+        return x->solo_occupancy < y->solo_occupancy ? 1 : -1;
+    return (x->session > y->session) - (x->session < y->session);
+}
+
+/* ---- incremental: keep what still fits ------------------------------------ */
+
+typedef struct {
+    int id, index;
+} idmap_t;
+
+static int idmap_cmp(const void *a, const void *b)
+{
+    const idmap_t *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+static int idmap_find(const idmap_t *map, int n, int id)
+{
+    idmap_t key = {.id = id};
+    const idmap_t *f = bsearch(&key, map, (size_t)n, sizeof(*map), idmap_cmp);
+    return f ? f->index : -1;
+}
+
+typedef struct {
+    int session;
+    double rate_rps;
+} share_t;
+
+typedef struct {
+    share_t *v;
+    int n, cap;
+} pool_t;
+
+static void pool_add(pool_t *p, int s, double rate)
+{
+    if (p->n == p->cap) {
+        p->cap = p->cap ? 2 * p->cap : 16;
+        p->v = sq_xrealloc(p->v, sizeof(*p->v) * (size_t)p->cap);
+    }
+    p->v[p->n++] = (share_t){s, rate};
+}
+
+/* Makes a kept residual node valid again at the new rates by evicting its
+ * cheapest sessions (least solo occupancy: the least load to move): the
+ * cheapest one whose departure alone fixes the node if there is one, else
+ * the cheapest, and again. Returns how many were evicted into pool. */
+static int evict_until_valid(ctx_t *c, node_t *n, pool_t *pool)
+{
+    int evicted = 0;
+    while (n->nitems > 0 && node_refresh(c, n) < 0) {
+        int cheapest = -1, fixer = -1;
+        for (int i = 0; i < n->nitems; i++) {
+            if (cheapest < 0 || n->items[i].solo_occupancy < n->items[cheapest].solo_occupancy)
+                cheapest = i;
+            item_t *tmp = scratch(c, n->nitems);
+            int k = 0;
+            for (int j = 0; j < n->nitems; j++)
+                if (j != i)
+                    tmp[k++] = n->items[j];
+            double d, mem;
+            if (k > 0 && eval_items(c, tmp, k, &d, &mem) >= 0 &&
+                (fixer < 0 || n->items[i].solo_occupancy < n->items[fixer].solo_occupancy))
+                fixer = i;
+        }
+        int victim = fixer >= 0 ? fixer : cheapest;
+        pool_add(pool, n->items[victim].session, n->items[victim].rate_rps);
+        memmove(n->items + victim, n->items + victim + 1,
+                sizeof(*n->items) * (size_t)(n->nitems - victim - 1));
+        n->nitems--;
+        evicted++;
+    }
+    return evicted;
+}
+
+/* Rebuilds the previous plan's devices at the new rates: saturated devices
+ * stay while their session still fills them, a residual share takes what is
+ * left of its session's rate. Load that no kept device covers goes to pool. */
+static int keep_previous(ctx_t *c, const pl_plan_t *prev, pool_t *pool)
+{
+    int ns = c->nsessions;
+    idmap_t *map = sq_xmalloc(sizeof(*map) * (size_t)(ns ? ns : 1));
+    for (int i = 0; i < ns; i++)
+        map[i] = (idmap_t){c->sessions[i].id, i};
+    qsort(map, (size_t)ns, sizeof(*map), idmap_cmp);
+    double *left = sq_xmalloc(sizeof(*left) * (size_t)(ns ? ns : 1));
+    char *has_residual = sq_xcalloc((size_t)(ns ? ns : 1), 1);
+    for (int i = 0; i < ns; i++)
+        left[i] = c->sessions[i].rate_rps;
+
+    /* Saturated devices first, so that a residual share gets only the rate
+     * they leave over. */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int di = 0; di < prev->ndevices; di++) {
+            const pl_device_t *pd = &prev->devices[di];
+            if (pd->saturated != (pass == 0))
+                continue;
+            node_t *n = NULL;
+            for (int a = 0; a < pd->nallocs; a++) {
+                int s = idmap_find(map, ns, pd->allocs[a].session_id);
+                if (s < 0)
+                    continue; /* the session is gone */
+                const pl_session_t *ss = &c->sessions[s];
+                int B;
+                double thr = pl_max_throughput_rps(ss->profile, ss->slo_us, c->opt.k_std,
+                                                   c->opt.device_memory_bytes, &B);
+                if (thr <= 0)
+                    continue; /* pack_share reports it unplaced from the pool */
+                if (pass == 0) {
+                    if (left[s] < thr * (1 - REL_EPS))
+                        continue;
+                    left[s] -= thr;
+                    if (left[s] < thr * REL_EPS)
+                        left[s] = 0;
+                    double lat = pl_latency_us(ss->profile, B, c->opt.k_std);
+                    n = node_new(c, pd->id);
+                    n->saturated = 1;
+                    n->duty_cycle_us = lat;
+                    n->occupancy = 1;
+                    n->memory_bytes = pl_memory_bytes(ss->profile, B);
+                    item_t it = {.session = s, .rate_rps = thr, .solo_duty_us = lat,
+                                 .solo_occupancy = 1, .batch = B, .latency_us = lat};
+                    node_push(n, &it);
+                    continue;
+                }
+                if (has_residual[s] || (left[s] <= 0 && ss->rate_rps > 0))
+                    continue;
+                /* Whole devices' worth of new load goes to new saturated
+                 * devices; the residual share stays here. */
+                double whole = floor(left[s] / thr + REL_EPS);
+                double share = left[s] - whole * thr;
+                if (share < thr * REL_EPS)
+                    share = 0;
+                if (whole > 0)
+                    pool_add(pool, s, whole * thr);
+                left[s] = 0;
+                has_residual[s] = 1;
+                if (share == 0 && ss->rate_rps > 0)
+                    continue;
+                item_t it = {.session = s, .rate_rps = share};
+                int b;
+                if (pl_residue(ss->profile, ss->slo_us, share, c->opt.k_std,
+                               c->opt.device_memory_bytes, &b, &it.solo_duty_us,
+                               &it.solo_occupancy) < 0) {
+                    pool_add(pool, s, share);
+                    continue;
+                }
+                if (!n)
+                    n = node_new(c, pd->id);
+                node_push(n, &it);
+            }
+        }
+    }
+    int evicted = 0;
+    for (int i = 0; i < c->nnodes; i++)
+        if (!c->nodes[i].saturated)
+            evicted += evict_until_valid(c, &c->nodes[i], pool);
+    for (int s = 0; s < ns; s++) {
+        if (left[s] > 0 || (c->sessions[s].rate_rps == 0 && !has_residual[s]))
+            pool_add(pool, s, left[s]);
+    }
+    free(map);
+    free(left);
+    free(has_residual);
+    return evicted;
+}
+
+/* ---- assembling the plan -------------------------------------------------- */
+
+typedef struct {
+    int device_id, session_id;
+} pair_t;
+
+static int pair_cmp(const void *a, const void *b)
+{
+    const pair_t *x = a, *y = b;
+    if (x->device_id != y->device_id)
+        return (x->device_id > y->device_id) - (x->device_id < y->device_id);
+    return (x->session_id > y->session_id) - (x->session_id < y->session_id);
+}
+
+static int node_keep_cmp(const void *a, const void *b, const ctx_t *c)
+{
+    const node_t *x = &c->nodes[*(const int *)a], *y = &c->nodes[*(const int *)b];
+    if ((x->id >= 0) != (y->id >= 0))
+        return x->id >= 0 ? -1 : 1;
+    if (x->saturated != y->saturated)
+        return x->saturated ? -1 : 1;
+    if (x->occupancy != y->occupancy)
+        return x->occupancy < y->occupancy ? 1 : -1;
+    return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b);
+}
+
+static int device_id_cmp(const void *a, const void *b)
+{
+    const pl_device_t *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+/* Orders node indices for the max_devices cut: kept devices first, then
+ * saturated, then fullest. Insertion sort: qsort has no context argument in
+ * C11 and this runs only when the cap bites. */
+static void sort_for_cap(const ctx_t *c, int *order, int n)
+{
+    for (int i = 1; i < n; i++) {
+        int v = order[i], j = i;
+        while (j > 0 && node_keep_cmp(&v, &order[j - 1], c) < 0) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = v;
+    }
+}
+
+static void assemble(ctx_t *c, pl_plan_t *out, const pl_plan_t *prev)
+{
+    int *order = sq_xmalloc(sizeof(*order) * (size_t)(c->nnodes ? c->nnodes : 1));
+    int nlive = 0;
+    for (int i = 0; i < c->nnodes; i++)
+        if (c->nodes[i].nitems > 0)
+            order[nlive++] = i;
+    int keep = nlive;
+    if (c->opt.max_devices > 0 && nlive > c->opt.max_devices) {
+        sort_for_cap(c, order, nlive);
+        keep = c->opt.max_devices;
+        for (int k = keep; k < nlive; k++) {
+            const node_t *n = &c->nodes[order[k]];
+            for (int i = 0; i < n->nitems; i++)
+                add_unplaced(c, n->items[i].session, n->items[i].rate_rps,
+                             PL_UNPLACED_DEVICES);
+        }
+    }
+
+    /* New devices take the smallest ids nobody keeps. */
+    char *used = sq_xcalloc((size_t)(c->nnodes + (prev ? prev->ndevices : 0) + 1), 1);
+    int idcap = c->nnodes + (prev ? prev->ndevices : 0) + 1;
+    for (int k = 0; k < keep; k++) {
+        int id = c->nodes[order[k]].id;
+        if (id >= 0 && id < idcap)
+            used[id] = 1;
+    }
+    int next_id = 0;
+    out->ndevices = keep;
+    out->devices = sq_xcalloc((size_t)(keep ? keep : 1), sizeof(*out->devices));
+    for (int k = 0; k < keep; k++) {
+        node_t *n = &c->nodes[order[k]];
+        pl_device_t *d = &out->devices[k];
+        if (n->id < 0) {
+            while (used[next_id])
+                next_id++;
+            n->id = next_id++;
+        }
+        d->id = n->id;
+        d->saturated = n->saturated;
+        d->duty_cycle_us = n->duty_cycle_us;
+        d->occupancy = n->occupancy;
+        d->memory_bytes = n->memory_bytes;
+        d->nallocs = n->nitems;
+        d->allocs = sq_xmalloc(sizeof(*d->allocs) * (size_t)n->nitems);
+        for (int i = 0; i < n->nitems; i++) {
+            const item_t *it = &n->items[i];
+            d->allocs[i] = (pl_alloc_t){.session = it->session,
+                                        .session_id = c->sessions[it->session].id,
+                                        .model = c->sessions[it->session].model,
+                                        .batch = it->batch,
+                                        .latency_us = it->latency_us,
+                                        .rate_rps = it->rate_rps};
+        }
+    }
+    qsort(out->devices, (size_t)keep, sizeof(*out->devices), device_id_cmp);
+
+    int nun = 0;
+    for (int s = 0; s < c->nsessions; s++)
+        nun += c->unplaced_reason[s] != 0;
+    out->nunplaced = nun;
+    out->unplaced = sq_xcalloc((size_t)(nun ? nun : 1), sizeof(*out->unplaced));
+    for (int s = 0, k = 0; s < c->nsessions; s++) {
+        if (!c->unplaced_reason[s])
+            continue;
+        out->unplaced[k++] = (pl_unplaced_t){.session = s,
+                                             .session_id = c->sessions[s].id,
+                                             .rate_rps = c->unplaced_rate[s],
+                                             .reason = c->unplaced_reason[s]};
+    }
+
+    if (prev) {
+        int np = 0;
+        for (int i = 0; i < prev->ndevices; i++)
+            np += prev->devices[i].nallocs;
+        pair_t *pairs = sq_xmalloc(sizeof(*pairs) * (size_t)(np ? np : 1));
+        for (int i = 0, k = 0; i < prev->ndevices; i++)
+            for (int a = 0; a < prev->devices[i].nallocs; a++)
+                pairs[k++] = (pair_t){prev->devices[i].id, prev->devices[i].allocs[a].session_id};
+        qsort(pairs, (size_t)np, sizeof(*pairs), pair_cmp);
+        for (int i = 0; i < out->ndevices; i++) {
+            for (int a = 0; a < out->devices[i].nallocs; a++) {
+                pair_t key = {out->devices[i].id, out->devices[i].allocs[a].session_id};
+                if (!bsearch(&key, pairs, (size_t)np, sizeof(*pairs), pair_cmp))
+                    out->moved++;
+            }
+        }
+        free(pairs);
+        for (int i = 0; i < prev->ndevices; i++) {
+            pl_device_t key = {.id = prev->devices[i].id};
+            if (!bsearch(&key, out->devices, (size_t)out->ndevices, sizeof(*out->devices),
+                         device_id_cmp))
+                out->released++;
+        }
+    } else {
+        out->moved = 0;
+        for (int i = 0; i < out->ndevices; i++)
+            out->moved += out->devices[i].nallocs;
+    }
+    free(used);
+    free(order);
+}
+
+int pl_plan(pl_plan_t *out, const pl_session_t *sessions, int nsessions, const pl_plan_t *prev,
+            const pl_options_t *opt)
+{
+    memset(out, 0, sizeof(*out));
+    if (nsessions < 0 || (nsessions > 0 && !sessions) || !opt)
+        return SQ_INVAL;
+    for (int i = 0; i < nsessions; i++) {
+        const pl_session_t *s = &sessions[i];
+        if (!s->profile || !(s->slo_us > 0) || !(s->rate_rps >= 0) || !isfinite(s->rate_rps))
+            return SQ_INVAL;
+    }
+    if (nsessions > 1) {
+        idmap_t *m = sq_xmalloc(sizeof(*m) * (size_t)nsessions);
+        for (int i = 0; i < nsessions; i++)
+            m[i] = (idmap_t){sessions[i].id, i};
+        qsort(m, (size_t)nsessions, sizeof(*m), idmap_cmp);
+        int dup = 0;
+        for (int i = 1; i < nsessions; i++)
+            dup |= m[i].id == m[i - 1].id;
+        free(m);
+        if (dup)
+            return SQ_INVAL;
+    }
+
+    ctx_t c = {.sessions = sessions, .nsessions = nsessions, .opt = *opt};
+    size_t ns = (size_t)(nsessions ? nsessions : 1);
+    c.unplaced_rate = sq_xcalloc(ns, sizeof(*c.unplaced_rate));
+    c.unplaced_reason = sq_xcalloc(ns, sizeof(*c.unplaced_reason));
+
+    pool_t pool = {0};
+    if (prev)
+        out->evicted = keep_previous(&c, prev, &pool);
+    else
+        for (int s = 0; s < nsessions; s++)
+            pool_add(&pool, s, sessions[s].rate_rps);
+
+    int nkept = c.nnodes;
+    item_t *residual = sq_xmalloc(sizeof(*residual) * (size_t)(pool.n ? pool.n : 1));
+    int nres = 0;
+    for (int i = 0; i < pool.n; i++)
+        nres += pack_share(&c, pool.v[i].session, pool.v[i].rate_rps, &residual[nres]);
+    qsort(residual, (size_t)nres, sizeof(*residual), item_cmp_occ_desc);
+
+    binlist_t bins = {0};
+    for (int i = 0; i < nkept; i++) {
+        node_t *n = &c.nodes[i];
+        if (!n->saturated && n->nitems > 0)
+            bins_insert(&bins, &c, i);
+    }
+    for (int i = 0; i < nres; i++)
+        place_item(&c, &bins, &residual[i]);
+
+    assemble(&c, out, prev);
+    out->lower_bound_devices = pl_lower_bound(sessions, nsessions, opt);
+
+    free(bins.idx);
+    free(residual);
+    free(pool.v);
+    for (int i = 0; i < c.nnodes; i++)
+        free(c.nodes[i].items);
+    free(c.nodes);
+    free(c.scratch);
+    free(c.unplaced_rate);
+    free(c.unplaced_reason);
+    return 0;
+}
+
+void pl_plan_dispose(pl_plan_t *plan)
+{
+    if (!plan)
+        return;
+    for (int i = 0; i < plan->ndevices; i++)
+        free(plan->devices[i].allocs);
+    free(plan->devices);
+    free(plan->unplaced);
+    memset(plan, 0, sizeof(*plan));
+}

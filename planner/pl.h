@@ -1,0 +1,169 @@
+/* Placement core of the planner: which sessions run on which device, with
+ * what batch size and duty cycle (Nexus, SOSP'19, section 6.1, squishy bin
+ * packing), complex-query latency splitting (section 6.2), prefix-batched
+ * groups, incremental epochs and autoscaling advice (Symphony, section 3.5).
+ *
+ * Pure: no I/O, no clock, no threads, no globals; the same inputs always
+ * give the same plan. Times are µs, rates requests per second, memory bytes.
+ *
+ * A session is (model or prefix group, SLO) with a rate. Every placed share
+ * of a session runs on a device that cycles through its sessions once per
+ * duty cycle d, running a batch of b = ceil(d * r) for each (r: the share's
+ * rate). A placement is valid when, on every device,
+ *   - the batches fit the cycle: sum l(b) <= d;
+ *   - every session meets its SLO in the worst case: d + l(b) <= L (a request
+ *     that just missed a batch waits a whole cycle, then its batch runs);
+ *   - the models' memory (weights once per model, activations at the largest
+ *     batch of that model there, pl_memory_bytes) fits the device.
+ * A saturated device holds a single session running back to back (d = l(b)).
+ */
+#ifndef PL_H
+#define PL_H
+
+#include "pl_profile.h"
+
+typedef struct pl_session {
+    int id;                      /* stable across epochs: plans refer to sessions by it */
+    int model;                   /* model or prefix-group id: sessions of one model on one
+                                    device share its weights, so they must share a profile */
+    const char *name;            /* borrowed label, copied into nothing; for output */
+    const pl_profile_t *profile; /* borrowed */
+    double slo_us;
+    double rate_rps;             /* 0: no traffic yet, still placed at the minimal batch */
+} pl_session_t;
+
+typedef struct {
+    double k_std;               /* latency margin: mean + k_std * std */
+    double device_memory_bytes; /* per device; 0 = unlimited */
+    int max_devices;            /* devices available; 0 = as many as needed */
+} pl_options_t;
+
+typedef struct {
+    int session;       /* index into the sessions given to pl_plan */
+    int session_id;
+    int model;
+    int batch;
+    double latency_us; /* l(batch) with the k_std margin */
+    double rate_rps;   /* the share of the session's rate served here */
+} pl_alloc_t;
+
+typedef struct {
+    int id;             /* stable across epochs: kept devices keep their id */
+    int saturated;      /* one session running back to back */
+    double duty_cycle_us;
+    double occupancy;   /* sum of batch latencies / duty cycle */
+    double memory_bytes;
+    int nallocs;
+    pl_alloc_t *allocs; /* owned */
+} pl_device_t;
+
+typedef enum {
+    PL_UNPLACED_SLO = 1, /* no batch size meets the SLO even alone on a device */
+    PL_UNPLACED_MEMORY,  /* the model does not fit a device's memory */
+    PL_UNPLACED_DEVICES, /* feasible, but max_devices were all used */
+} pl_unplaced_reason_t;
+
+typedef struct {
+    int session;
+    int session_id;
+    double rate_rps; /* load left without a device */
+    pl_unplaced_reason_t reason;
+} pl_unplaced_t;
+
+typedef struct pl_plan {
+    int ndevices;
+    pl_device_t *devices;   /* owned; ascending id */
+    int nunplaced;
+    pl_unplaced_t *unplaced; /* owned */
+    double lower_bound_devices; /* sum R_i / T_i over placeable sessions */
+    int moved;    /* (session, device) placements not in the previous plan: model loads */
+    int evicted;  /* sessions evicted from overloaded kept devices */
+    int released; /* previous devices left empty and given back */
+} pl_plan_t;
+
+/* Computes a plan for sessions (ids unique). With prev (a plan from an
+ * earlier call, possibly for other rates or sessions) the plan is
+ * incremental: placements that still fit are kept, the cheapest sessions are
+ * evicted from overloaded devices and only those, new sessions and new load
+ * are packed (into kept devices when they fit, else new ones), and empty
+ * devices are released. Without prev: the full squishy bin packing.
+ * Returns 0 (out filled; free with pl_plan_dispose) or SQ_INVAL (bad input:
+ * duplicate ids, missing profile, negative rate or non-positive SLO). */
+int pl_plan(pl_plan_t *out, const pl_session_t *sessions, int nsessions, const pl_plan_t *prev,
+            const pl_options_t *opt);
+void pl_plan_dispose(pl_plan_t *plan);
+
+/* Saturation: the largest throughput one device can give a session alone,
+ * batch B with 2 l(B) <= L and memory(B) fitting (memory_bytes 0 =
+ * unlimited). Returns B / l(B) in req/s and the batch in *batch, or 0 (and
+ * *batch 0) when no batch qualifies. */
+double pl_max_throughput_rps(const pl_profile_t *p, double slo_us, double k_std,
+                             double memory_bytes, int *batch);
+
+/* Residue: the cheapest way to run rate_rps of a session on part of a
+ * device: the largest b with b / r + l(b) <= L (duty cycle b / r), or, when
+ * the rate is too low for even b = 1 (or zero), b = 1 at duty cycle
+ * L - l(1). Returns 0 and fills batch, duty cycle and occupancy l(b) / d, or
+ * SQ_DEADLINE when no batch can meet the SLO. */
+int pl_residue(const pl_profile_t *p, double slo_us, double rate_rps, double k_std,
+               double memory_bytes, int *batch, double *duty_cycle_us, double *occupancy);
+
+/* Lower bound on devices: sum over sessions of R_i / T_i (T_i from
+ * pl_max_throughput_rps); sessions that cannot be placed are skipped. */
+double pl_lower_bound(const pl_session_t *sessions, int nsessions, const pl_options_t *opt);
+
+/* Autoscaling advice (Symphony section 3.5). With a fraction bad_rate of
+ * requests dropped or late over ndevices, ask for ndevices * r / (1 - r)
+ * more (the devices that would have served the bad share at the current
+ * per-device goodput); bad_rate >= 1 is capped at 0.99. */
+double pl_advice_add(int ndevices, double bad_rate);
+/* With an average idle fraction f over ndevices, ndevices * f could go. */
+double pl_advice_release(int ndevices, double idle_fraction);
+
+/* Prefix groups: models sharing all but their last layers, one SLO, batched
+ * together. Builds the group session's profile as a table for b = 1.. up to
+ * the prefix's max batch: l(b) = prefix l(b) + sum_i suffix_i l(ceil(b * s_i))
+ * where s_i = rates[i] / sum(rates) is member i's share of the batch (equal
+ * shares when every rate is 0; a suffix with no rows in the batch costs 0).
+ * std adds up (the parts run back to back on one device, so their jitter is
+ * not independent). Memory: every part's weights; per item, the prefix's
+ * plus each suffix's weighted by its share. Rows stop at the first b some
+ * suffix cannot run. Returns 0 or SQ_INVAL (n < 1, negative rate, or no
+ * usable batch). out is initialized by this call. */
+int pl_prefix_profile(pl_profile_t *out, const pl_profile_t *prefix,
+                      const pl_profile_t *const *suffixes, const double *rates, int n);
+
+/* Complex queries: a pipeline is a DAG of stages, one end-to-end SLO. */
+typedef struct {
+    const pl_profile_t *profile; /* borrowed */
+    int nparents;                /* 0: root, fed by the pipeline's own requests */
+    const int *parents;          /* borrowed; indices of earlier stages */
+    const double *gamma;         /* borrowed; per parent edge, items per parent item; NULL = 1 */
+} pl_stage_t;
+
+typedef struct pl_query_result {
+    int nstages;
+    double *budget_us;    /* owned; each stage's share of the SLO */
+    double *rate_rps;     /* owned; each stage's rate (pipeline rate times the fan-outs) */
+    int *batch;           /* owned; the saturation batch at that budget */
+    double cost_devices;  /* sum_v R_v l_v(b_v) / b_v, what the split minimizes */
+} pl_query_result_t;
+
+/* Splits slo_us among the stages (Nexus section 6.2) by dynamic programming
+ * over budgets in steps of epsilon_us, minimizing sum_v R_v l_v(b_v) / b_v
+ * (b_v: the saturation batch within the stage's budget) such that every
+ * root-to-leaf path fits the SLO. Stage v's rate is the pipeline rate at a
+ * root, else the largest parent rate times that edge's gamma (a join fires
+ * once per matched set of inputs, so its rate is that of its busiest input).
+ * Handles series-parallel (fork-join) DAGs exactly; other DAGs are refused.
+ * Returns 0, SQ_INVAL (a cycle, a parent that is not earlier, a DAG that is
+ * not series-parallel, epsilon or SLO not positive, more than 10000 steps)
+ * or SQ_DEADLINE (no split meets the SLO). */
+int pl_query_split(pl_query_result_t *out, const pl_stage_t *stages, int nstages, double slo_us,
+                   double rate_rps, double epsilon_us, double k_std);
+void pl_query_result_dispose(pl_query_result_t *r);
+/* The DP's per-stage cost: rate_rps * l(b) / b in devices with b the
+ * saturation batch within budget_us, or -1 when none fits. */
+double pl_stage_cost(const pl_profile_t *p, double budget_us, double rate_rps, double k_std);
+
+#endif

@@ -1,0 +1,311 @@
+/* Complex-query latency split (Nexus section 6.2) for fork-join DAGs.
+ *
+ * Nexus's DP runs over trees. A fork-join pipeline is a series-parallel
+ * DAG: stages in sequence split the budget between them, branches that run
+ * side by side each get the whole budget of their span. So the DAG is first
+ * reduced to its series-parallel decomposition tree (each stage an edge
+ * in -> out, each dependency a free edge, series and parallel reductions
+ * until one edge source -> sink is left), then the DP runs bottom-up on that
+ * tree over budgets 0, eps, 2 eps, ... L:
+ *   stage:     f(t) = min over t' <= t of cost(t')
+ *   series:    f(t) = min over t1 of f_a(t1) + f_b(t - t1)
+ *   parallel:  f(t) = f_a(t) + f_b(t)
+ * which is exact for these DAGs; any root-to-leaf path crosses each series
+ * split once, so every path fits the SLO. */
+#include "pl.h"
+
+#include <sq.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The series step is O(steps^2) per node: beyond this the DP stops being a
+ * planning-time computation. */
+#define MAX_STEPS 10000
+
+typedef enum { T_STAGE, T_FREE, T_SERIES, T_PARALLEL } tkind_t;
+
+typedef struct {
+    tkind_t kind;
+    int stage;    /* T_STAGE */
+    int a, b;     /* children, T_SERIES / T_PARALLEL */
+    double *f;    /* f[t], t = 0..steps; INFINITY when infeasible */
+    int *arg;     /* series: best t1; stage: best t' */
+} tnode_t;
+
+typedef struct {
+    int from, to, tree;
+    int alive;
+} edge_t;
+
+double pl_stage_cost(const pl_profile_t *p, double budget_us, double rate_rps, double k_std)
+{
+    int b;
+    double thr = pl_max_throughput_rps(p, budget_us, k_std, 0, &b);
+    if (thr <= 0)
+        return -1;
+    return rate_rps / thr;
+}
+
+void pl_query_result_dispose(pl_query_result_t *r)
+{
+    if (!r)
+        return;
+    free(r->budget_us);
+    free(r->rate_rps);
+    free(r->batch);
+    memset(r, 0, sizeof(*r));
+}
+
+/* Builds the decomposition tree; returns its root or -1 when the DAG is not
+ * series-parallel. */
+static int decompose(const pl_stage_t *st, int n, tnode_t *tree, int *ntree)
+{
+    int nchildren_cap = n;
+    int *nchildren = sq_xcalloc((size_t)nchildren_cap, sizeof(int));
+    int nedges_cap = 3 * n + 2;
+    for (int v = 0; v < n; v++)
+        nedges_cap += st[v].nparents;
+    edge_t *e = sq_xmalloc(sizeof(*e) * (size_t)nedges_cap);
+    int ne = 0;
+    /* vertices: 0 source, 1 sink, 2 + 2v stage v in, 3 + 2v stage v out */
+    for (int v = 0; v < n; v++) {
+        tree[*ntree] = (tnode_t){.kind = T_STAGE, .stage = v};
+        e[ne++] = (edge_t){2 + 2 * v, 3 + 2 * v, (*ntree)++, 1};
+        if (st[v].nparents == 0) {
+            tree[*ntree] = (tnode_t){.kind = T_FREE};
+            e[ne++] = (edge_t){0, 2 + 2 * v, (*ntree)++, 1};
+        }
+        for (int k = 0; k < st[v].nparents; k++) {
+            int u = st[v].parents[k];
+            nchildren[u]++;
+            tree[*ntree] = (tnode_t){.kind = T_FREE};
+            e[ne++] = (edge_t){3 + 2 * u, 2 + 2 * v, (*ntree)++, 1};
+        }
+    }
+    for (int v = 0; v < n; v++) {
+        if (nchildren[v] == 0) {
+            tree[*ntree] = (tnode_t){.kind = T_FREE};
+            e[ne++] = (edge_t){3 + 2 * v, 1, (*ntree)++, 1};
+        }
+    }
+    int nv = 2 + 2 * n;
+    int *indeg = sq_xmalloc(sizeof(int) * (size_t)nv);
+    int *outdeg = sq_xmalloc(sizeof(int) * (size_t)nv);
+    int alive = ne, changed = 1;
+    while (alive > 1 && changed) {
+        changed = 0;
+        /* parallel reductions */
+        for (int i = 0; i < ne; i++) {
+            if (!e[i].alive)
+                continue;
+            for (int j = i + 1; j < ne; j++) {
+                if (!e[j].alive || e[j].from != e[i].from || e[j].to != e[i].to)
+                    continue;
+                tree[*ntree] = (tnode_t){.kind = T_PARALLEL, .a = e[i].tree, .b = e[j].tree};
+                e[i].tree = (*ntree)++;
+                e[j].alive = 0;
+                alive--;
+                changed = 1;
+            }
+        }
+        /* series reductions */
+        memset(indeg, 0, sizeof(int) * (size_t)nv);
+        memset(outdeg, 0, sizeof(int) * (size_t)nv);
+        for (int i = 0; i < ne; i++) {
+            if (e[i].alive) {
+                outdeg[e[i].from]++;
+                indeg[e[i].to]++;
+            }
+        }
+        for (int x = 2; x < nv; x++) {
+            if (indeg[x] != 1 || outdeg[x] != 1)
+                continue;
+            int in = -1, out = -1;
+            for (int i = 0; i < ne; i++) {
+                if (!e[i].alive)
+                    continue;
+                if (e[i].to == x)
+                    in = i;
+                if (e[i].from == x)
+                    out = i;
+            }
+            tree[*ntree] = (tnode_t){.kind = T_SERIES, .a = e[in].tree, .b = e[out].tree};
+            e[in].tree = (*ntree)++;
+            e[in].to = e[out].to;
+            e[out].alive = 0;
+            alive--;
+            indeg[x] = outdeg[x] = 0;
+            changed = 1;
+        }
+    }
+    int root = -1;
+    if (alive == 1) {
+        for (int i = 0; i < ne; i++)
+            if (e[i].alive && e[i].from == 0 && e[i].to == 1)
+                root = e[i].tree;
+    }
+    free(indeg);
+    free(outdeg);
+    free(e);
+    free(nchildren);
+    return root;
+}
+
+static void dp(tnode_t *tree, int node, int steps, double eps_us, const pl_stage_t *st,
+               const double *rates, double k_std)
+{
+    tnode_t *t = &tree[node];
+    t->f = sq_xmalloc(sizeof(double) * (size_t)(steps + 1));
+    t->arg = sq_xmalloc(sizeof(int) * (size_t)(steps + 1));
+    switch (t->kind) {
+    case T_FREE:
+        for (int i = 0; i <= steps; i++) {
+            t->f[i] = 0;
+            t->arg[i] = i;
+        }
+        break;
+    case T_STAGE: {
+        double best = INFINITY;
+        int best_i = 0;
+        for (int i = 0; i <= steps; i++) {
+            double c = pl_stage_cost(st[t->stage].profile, i * eps_us, rates[t->stage], k_std);
+            if (c >= 0 && c <= best) {
+                best = c;
+                best_i = i;
+            }
+            t->f[i] = best;
+            t->arg[i] = best_i;
+        }
+        break;
+    }
+    case T_SERIES: {
+        dp(tree, t->a, steps, eps_us, st, rates, k_std);
+        dp(tree, t->b, steps, eps_us, st, rates, k_std);
+        const double *fa = tree[t->a].f, *fb = tree[t->b].f;
+        for (int i = 0; i <= steps; i++) {
+            double best = INFINITY;
+            int best_j = 0;
+            for (int j = 0; j <= i; j++) {
+                double c = fa[j] + fb[i - j];
+                if (c < best) {
+                    best = c;
+                    best_j = j;
+                }
+            }
+            t->f[i] = best;
+            t->arg[i] = best_j;
+        }
+        break;
+    }
+    case T_PARALLEL:
+        dp(tree, t->a, steps, eps_us, st, rates, k_std);
+        dp(tree, t->b, steps, eps_us, st, rates, k_std);
+        for (int i = 0; i <= steps; i++) {
+            t->f[i] = tree[t->a].f[i] + tree[t->b].f[i];
+            t->arg[i] = i;
+        }
+        break;
+    }
+}
+
+static void assign(const tnode_t *tree, int node, int t, int *budget_steps)
+{
+    const tnode_t *n = &tree[node];
+    switch (n->kind) {
+    case T_FREE:
+        break;
+    case T_STAGE:
+        /* The whole span when it costs no more than the cheapest budget
+         * within it: slack left to a stage is slack for its batches. */
+        budget_steps[n->stage] = n->f[t] < n->f[n->arg[t]] ? n->arg[t] : t;
+        break;
+    case T_SERIES:
+        assign(tree, n->a, n->arg[t], budget_steps);
+        assign(tree, n->b, t - n->arg[t], budget_steps);
+        break;
+    case T_PARALLEL:
+        assign(tree, n->a, t, budget_steps);
+        assign(tree, n->b, t, budget_steps);
+        break;
+    }
+}
+
+int pl_query_split(pl_query_result_t *out, const pl_stage_t *stages, int nstages, double slo_us,
+                   double rate_rps, double epsilon_us, double k_std)
+{
+    memset(out, 0, sizeof(*out));
+    if (nstages < 1 || !stages || !(slo_us > 0) || !(epsilon_us > 0) || !(rate_rps >= 0))
+        return SQ_INVAL;
+    double steps_f = floor(slo_us / epsilon_us + 1e-9);
+    if (steps_f > MAX_STEPS || steps_f < 1)
+        return SQ_INVAL;
+    int steps = (int)steps_f;
+    for (int v = 0; v < nstages; v++) {
+        if (!stages[v].profile || stages[v].nparents < 0 ||
+            (stages[v].nparents > 0 && !stages[v].parents))
+            return SQ_INVAL;
+        for (int k = 0; k < stages[v].nparents; k++) {
+            int u = stages[v].parents[k];
+            /* parents earlier: a topological order, hence no cycle */
+            if (u < 0 || u >= v || (stages[v].gamma && !(stages[v].gamma[k] >= 0)))
+                return SQ_INVAL;
+        }
+    }
+
+    double *rates = sq_xmalloc(sizeof(double) * (size_t)nstages);
+    for (int v = 0; v < nstages; v++) {
+        if (stages[v].nparents == 0) {
+            rates[v] = rate_rps;
+            continue;
+        }
+        rates[v] = 0;
+        for (int k = 0; k < stages[v].nparents; k++) {
+            double g = stages[v].gamma ? stages[v].gamma[k] : 1;
+            double r = rates[stages[v].parents[k]] * g;
+            if (r > rates[v])
+                rates[v] = r;
+        }
+    }
+
+    int nedges = 3 * nstages + 2;
+    for (int v = 0; v < nstages; v++)
+        nedges += stages[v].nparents;
+    /* every reduction removes an edge and adds a tree node */
+    tnode_t *tree = sq_xcalloc((size_t)(2 * nedges), sizeof(*tree));
+    int ntree = 0;
+    int root = decompose(stages, nstages, tree, &ntree);
+    int rc = 0;
+    if (root < 0) {
+        rc = SQ_INVAL;
+        goto done;
+    }
+    dp(tree, root, steps, epsilon_us, stages, rates, k_std);
+    if (!isfinite(tree[root].f[steps])) {
+        rc = SQ_DEADLINE;
+        goto done;
+    }
+    int *budget_steps = sq_xcalloc((size_t)nstages, sizeof(int));
+    assign(tree, root, steps, budget_steps);
+    out->nstages = nstages;
+    out->budget_us = sq_xmalloc(sizeof(double) * (size_t)nstages);
+    out->rate_rps = sq_xmalloc(sizeof(double) * (size_t)nstages);
+    out->batch = sq_xmalloc(sizeof(int) * (size_t)nstages);
+    out->cost_devices = 0;
+    for (int v = 0; v < nstages; v++) {
+        out->budget_us[v] = budget_steps[v] * epsilon_us;
+        out->rate_rps[v] = rates[v];
+        pl_max_throughput_rps(stages[v].profile, out->budget_us[v], k_std, 0, &out->batch[v]);
+        out->cost_devices += pl_stage_cost(stages[v].profile, out->budget_us[v], rates[v], k_std);
+    }
+    free(budget_steps);
+done:
+    for (int i = 0; i < ntree; i++) {
+        free(tree[i].f);
+        free(tree[i].arg);
+    }
+    free(tree);
+    free(rates);
+    return rc;
+}

@@ -1,0 +1,956 @@
+/* Workload JSON loader and plan JSON writer (see workload.h). */
+#include "workload.h"
+
+#include <sq.h>
+
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define US_PER_MS 1000.0
+
+/* A JSON path being parsed, "models[3].profile.batch[2]", kept as a stack of
+ * segments so that every error can name where it happened. */
+typedef struct {
+    wl_workload_t *w;
+    char path[192];
+} parser_t;
+
+__attribute__((format(printf, 2, 3))) static int fail(parser_t *p, const char *fmt, ...)
+{
+    char msg[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    snprintf(p->w->error, sizeof(p->w->error), "%s: %s", p->path[0] ? p->path : "(root)", msg);
+    return SQ_BAD_CONFIG;
+}
+
+/* Appends ".key" or "[i]" to the path; returns the old length for pop(). */
+static size_t push_key(parser_t *p, const char *key)
+{
+    size_t len = strlen(p->path);
+    snprintf(p->path + len, sizeof(p->path) - len, "%s%s", len ? "." : "", key);
+    return len;
+}
+
+static size_t push_index(parser_t *p, int i)
+{
+    size_t len = strlen(p->path);
+    snprintf(p->path + len, sizeof(p->path) - len, "[%d]", i);
+    return len;
+}
+
+static void pop(parser_t *p, size_t len)
+{
+    p->path[len] = '\0';
+}
+
+/* Number fields: absent -> def (or an error when required); present must be
+ * a number within [lo, hi] (excl_lo: strictly above lo). */
+static int get_number(parser_t *p, json_t *obj, const char *key, int required, double def,
+                      double lo, int excl_lo, double hi, double *out)
+{
+    json_t *v = json_object_get(obj, key);
+    size_t mark = push_key(p, key);
+    int rc = 0;
+    if (!v) {
+        if (required)
+            rc = fail(p, "required");
+        else
+            *out = def;
+    } else if (!json_is_number(v)) {
+        rc = fail(p, "must be a number");
+    } else {
+        double x = json_number_value(v);
+        if (!isfinite(x) || x < lo || (excl_lo && x <= lo) || x > hi)
+            rc = fail(p, "must be %s %g%s", excl_lo ? ">" : ">=", lo,
+                      hi < INFINITY ? " and within range" : "");
+        else
+            *out = x;
+    }
+    pop(p, mark);
+    return rc;
+}
+
+static int get_int(parser_t *p, json_t *obj, const char *key, int required, long long def,
+                   long long lo, long long hi, long long *out)
+{
+    json_t *v = json_object_get(obj, key);
+    size_t mark = push_key(p, key);
+    int rc = 0;
+    if (!v) {
+        if (required)
+            rc = fail(p, "required");
+        else
+            *out = def;
+    } else if (!json_is_integer(v)) {
+        rc = fail(p, "must be an integer");
+    } else if (json_integer_value(v) < lo || json_integer_value(v) > hi) {
+        rc = fail(p, "must be between %lld and %lld", lo, hi);
+    } else {
+        *out = json_integer_value(v);
+    }
+    pop(p, mark);
+    return rc;
+}
+
+static int get_string(parser_t *p, json_t *obj, const char *key, const char **out)
+{
+    json_t *v = json_object_get(obj, key);
+    size_t mark = push_key(p, key);
+    int rc = 0;
+    if (!v)
+        rc = fail(p, "required");
+    else if (!json_is_string(v) || json_string_length(v) == 0)
+        rc = fail(p, "must be a non-empty string");
+    else
+        *out = json_string_value(v);
+    pop(p, mark);
+    return rc;
+}
+
+/* Optional array field: NULL when absent, error when not an array. */
+static int get_array(parser_t *p, json_t *obj, const char *key, int required, json_t **out)
+{
+    json_t *v = json_object_get(obj, key);
+    *out = NULL;
+    if (!v) {
+        if (!required)
+            return 0;
+        size_t mark = push_key(p, key);
+        int rc = fail(p, "required");
+        pop(p, mark);
+        return rc;
+    }
+    if (!json_is_array(v)) {
+        size_t mark = push_key(p, key);
+        int rc = fail(p, "must be an array");
+        pop(p, mark);
+        return rc;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_profile(parser_t *p, json_t *obj, pl_profile_t *prof, int max_batch_given,
+                         long long max_batch)
+{
+    size_t mark = push_key(p, "profile");
+    int rc = 0;
+    json_t *batch = NULL, *lat = NULL, *std = NULL;
+    if (!json_is_object(obj)) {
+        rc = fail(p, "must be an object");
+        goto out;
+    }
+    if (json_object_get(obj, "batch") || json_object_get(obj, "latency_ms")) {
+        if ((rc = get_array(p, obj, "batch", 1, &batch)) < 0 ||
+            (rc = get_array(p, obj, "latency_ms", 1, &lat)) < 0 ||
+            (rc = get_array(p, obj, "latency_std_ms", 0, &std)) < 0)
+            goto out;
+        size_t n = json_array_size(batch);
+        if (n == 0 || n > PL_MAX_BATCH) {
+            size_t m = push_key(p, "batch");
+            rc = fail(p, "must list 1 to %d batch sizes", PL_MAX_BATCH);
+            pop(p, m);
+            goto out;
+        }
+        if (json_array_size(lat) != n || (std && json_array_size(std) != n)) {
+            rc = fail(p, "batch, latency_ms and latency_std_ms must have the same length");
+            goto out;
+        }
+        pl_profile_row_t *rows = sq_xmalloc(sizeof(*rows) * n);
+        for (size_t i = 0; i < n && rc == 0; i++) {
+            json_t *b = json_array_get(batch, i), *l = json_array_get(lat, i);
+            json_t *s = std ? json_array_get(std, i) : NULL;
+            const char *bad = NULL;
+            if (!json_is_integer(b) || json_integer_value(b) < 1 ||
+                json_integer_value(b) > PL_MAX_BATCH)
+                bad = "batch";
+            else if (!json_is_number(l) || !(json_number_value(l) > 0))
+                bad = "latency_ms";
+            else if (s && (!json_is_number(s) || !(json_number_value(s) >= 0)))
+                bad = "latency_std_ms";
+            if (bad) {
+                size_t m = push_key(p, bad);
+                size_t m2 = push_index(p, (int)i);
+                rc = fail(p, "%s", strcmp(bad, "batch") == 0
+                                       ? "must be an integer between 1 and 1024"
+                                       : strcmp(bad, "latency_ms") == 0 ? "must be a positive number"
+                                                                        : "must be >= 0");
+                pop(p, m2);
+                pop(p, m);
+                break;
+            }
+            rows[i] = (pl_profile_row_t){.batch = (int)json_integer_value(b),
+                                         .mean_us = json_number_value(l) * US_PER_MS,
+                                         .std_us = s ? json_number_value(s) * US_PER_MS : 0};
+        }
+        if (rc == 0 && pl_profile_init_table(prof, rows, (int)n) < 0) {
+            size_t m = push_key(p, "batch");
+            rc = fail(p, "lists a batch size twice");
+            pop(p, m);
+        }
+        free(rows);
+        if (rc == 0 && max_batch_given && max_batch < prof->max_batch)
+            prof->max_batch = (int)max_batch;
+    } else {
+        double alpha, beta;
+        if ((rc = get_number(p, obj, "alpha_ms", 1, 0, 0, 0, INFINITY, &alpha)) < 0 ||
+            (rc = get_number(p, obj, "beta_ms", 1, 0, 0, 0, INFINITY, &beta)) < 0)
+            goto out;
+        if (alpha + beta <= 0) {
+            rc = fail(p, "alpha_ms + beta_ms must be positive");
+            goto out;
+        }
+        pl_profile_init_linear(prof, alpha * US_PER_MS, beta * US_PER_MS,
+                               max_batch_given ? (int)max_batch : WL_DEFAULT_MAX_BATCH);
+    }
+out:
+    pop(p, mark);
+    return rc;
+}
+
+/* The common model fields: max_batch, profile, memory_mb, memory_per_item_mb. */
+static int parse_model_like(parser_t *p, json_t *obj, pl_profile_t *prof)
+{
+    long long max_batch = 0;
+    double mem = 0, per_item = 0;
+    int rc;
+    if ((rc = get_int(p, obj, "max_batch", 0, 0, 1, PL_MAX_BATCH, &max_batch)) < 0 ||
+        (rc = get_number(p, obj, "memory_mb", 0, 0, 0, 0, INFINITY, &mem)) < 0 ||
+        (rc = get_number(p, obj, "memory_per_item_mb", 0, 0, 0, 0, INFINITY, &per_item)) < 0)
+        return rc;
+    json_t *prof_json = json_object_get(obj, "profile");
+    if (!prof_json) {
+        size_t m = push_key(p, "profile");
+        rc = fail(p, "required");
+        pop(p, m);
+        return rc;
+    }
+    if ((rc = parse_profile(p, prof_json, prof, max_batch > 0, max_batch)) < 0)
+        return rc;
+    prof->memory_bytes = mem * WL_BYTES_PER_MB;
+    prof->memory_per_item_bytes = per_item * WL_BYTES_PER_MB;
+    return 0;
+}
+
+static int parse_models(parser_t *p, json_t *root)
+{
+    wl_workload_t *w = p->w;
+    json_t *arr;
+    int rc = get_array(p, root, "models", 1, &arr);
+    if (rc < 0)
+        return rc;
+    w->models = sq_xcalloc(json_array_size(arr) + 1, sizeof(*w->models));
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+        json_t *m = json_array_get(arr, i);
+        size_t mark = push_key(p, "models");
+        push_index(p, (int)i);
+        const char *name = NULL;
+        wl_model_t *model = &w->models[w->nmodels];
+        model->prefix_group = -1;
+        if (!json_is_object(m))
+            rc = fail(p, "must be an object");
+        else if ((rc = get_string(p, m, "name", &name)) == 0) {
+            if (wl_find_model(w, name) >= 0) {
+                size_t k = push_key(p, "name");
+                rc = fail(p, "duplicate model name \"%s\"", name);
+                pop(p, k);
+            } else if ((rc = parse_model_like(p, m, &model->profile)) == 0) {
+                model->name = sq_xstrdup(name);
+                w->nmodels++;
+            } else {
+                pl_profile_dispose(&model->profile);
+            }
+        }
+        pop(p, mark);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int parse_prefix_groups(parser_t *p, json_t *root)
+{
+    wl_workload_t *w = p->w;
+    json_t *arr;
+    int rc = get_array(p, root, "prefix_groups", 0, &arr);
+    if (rc < 0 || !arr)
+        return rc;
+    w->prefix_groups = sq_xcalloc(json_array_size(arr) + 1, sizeof(*w->prefix_groups));
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+        json_t *g = json_array_get(arr, i), *members;
+        size_t mark = push_key(p, "prefix_groups");
+        push_index(p, (int)i);
+        const char *name = NULL;
+        wl_prefix_group_t *grp = &w->prefix_groups[w->nprefix_groups];
+        if (!json_is_object(g)) {
+            rc = fail(p, "must be an object");
+        } else if ((rc = get_string(p, g, "name", &name)) == 0 &&
+                   (rc = get_array(p, g, "models", 1, &members)) == 0) {
+            if (json_array_size(members) == 0) {
+                size_t k = push_key(p, "models");
+                rc = fail(p, "must name at least one model");
+                pop(p, k);
+            } else if ((rc = parse_model_like(p, g, &grp->prefix)) == 0) {
+                grp->name = sq_xstrdup(name);
+                grp->models = sq_xcalloc(json_array_size(members), sizeof(int));
+                w->nprefix_groups++;
+                for (size_t k = 0; k < json_array_size(members) && rc == 0; k++) {
+                    json_t *mn = json_array_get(members, k);
+                    int idx = json_is_string(mn) ? wl_find_model(w, json_string_value(mn)) : -1;
+                    size_t km = push_key(p, "models");
+                    push_index(p, (int)k);
+                    if (idx < 0)
+                        rc = fail(p, "must name a model listed in models");
+                    else if (w->models[idx].prefix_group >= 0)
+                        rc = fail(p, "model \"%s\" is already in a prefix group",
+                                  w->models[idx].name);
+                    else {
+                        w->models[idx].prefix_group = w->nprefix_groups - 1;
+                        grp->models[grp->nmodels++] = idx;
+                    }
+                    pop(p, km);
+                }
+            } else {
+                pl_profile_dispose(&grp->prefix);
+            }
+        }
+        pop(p, mark);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int double_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static int parse_arrivals(parser_t *p, json_t *obj, wl_arrivals_t *a, double *rate)
+{
+    size_t mark = push_key(p, "arrivals");
+    int rc = 0;
+    json_t *times, *segs;
+    a->shape = 1;
+    if (!json_is_object(obj)) {
+        rc = fail(p, "must be an object");
+        goto out;
+    }
+    if ((rc = get_array(p, obj, "times_ms", 0, &times)) < 0 ||
+        (rc = get_array(p, obj, "segments", 0, &segs)) < 0)
+        goto out;
+    if (times && segs) {
+        rc = fail(p, "give either times_ms or segments, not both");
+        goto out;
+    }
+    if (times) {
+        a->process = WL_ARRIVALS_TIMES;
+        a->ntimes = (int)json_array_size(times);
+        a->times_ms = sq_xcalloc((size_t)a->ntimes + 1, sizeof(double));
+        for (int i = 0; i < a->ntimes; i++) {
+            json_t *t = json_array_get(times, (size_t)i);
+            if (!json_is_number(t) || !(json_number_value(t) >= 0) ||
+                !isfinite(json_number_value(t))) {
+                size_t k = push_key(p, "times_ms");
+                push_index(p, i);
+                rc = fail(p, "must be a number >= 0");
+                pop(p, k);
+                goto out;
+            }
+            a->times_ms[i] = json_number_value(t);
+        }
+        qsort(a->times_ms, (size_t)a->ntimes, sizeof(double), double_cmp);
+        double span_ms = a->ntimes > 1 ? a->times_ms[a->ntimes - 1] - a->times_ms[0] : 0;
+        *rate = span_ms > 0 ? (a->ntimes - 1) / span_ms * 1000.0 : 0;
+        goto out;
+    }
+    if (!segs || json_array_size(segs) == 0) {
+        rc = fail(p, "needs times_ms or a non-empty segments list");
+        goto out;
+    }
+    json_t *proc = json_object_get(obj, "process");
+    const char *pn = proc && json_is_string(proc) ? json_string_value(proc) : NULL;
+    if (!proc || (pn && strcmp(pn, "poisson") == 0))
+        a->process = WL_ARRIVALS_POISSON;
+    else if (pn && strcmp(pn, "uniform") == 0)
+        a->process = WL_ARRIVALS_UNIFORM;
+    else if (pn && strcmp(pn, "gamma") == 0)
+        a->process = WL_ARRIVALS_GAMMA;
+    else {
+        size_t k = push_key(p, "process");
+        rc = fail(p, "must be \"uniform\", \"poisson\" or \"gamma\"");
+        pop(p, k);
+        goto out;
+    }
+    if ((rc = get_number(p, obj, "shape", 0, 1, 0, 1, INFINITY, &a->shape)) < 0)
+        goto out;
+    a->nsegments = (int)json_array_size(segs);
+    a->segments = sq_xcalloc((size_t)a->nsegments, sizeof(*a->segments));
+    double total_s = 0, total_req = 0;
+    for (int i = 0; i < a->nsegments; i++) {
+        json_t *s = json_array_get(segs, (size_t)i);
+        size_t k = push_key(p, "segments");
+        push_index(p, i);
+        if (!json_is_object(s))
+            rc = fail(p, "must be an object");
+        else if ((rc = get_number(p, s, "duration_s", 1, 0, 0, 1, INFINITY,
+                                  &a->segments[i].duration_s)) == 0)
+            rc = get_number(p, s, "rate_rps", 1, 0, 0, 0, INFINITY, &a->segments[i].rate_rps);
+        pop(p, k);
+        if (rc < 0)
+            goto out;
+        total_s += a->segments[i].duration_s;
+        total_req += a->segments[i].duration_s * a->segments[i].rate_rps;
+    }
+    *rate = total_req / total_s;
+out:
+    pop(p, mark);
+    return rc;
+}
+
+static int parse_sessions(parser_t *p, json_t *root)
+{
+    wl_workload_t *w = p->w;
+    json_t *arr;
+    int rc = get_array(p, root, "sessions", 0, &arr);
+    if (rc < 0 || !arr)
+        return rc;
+    w->sessions = sq_xcalloc(json_array_size(arr) + 1, sizeof(*w->sessions));
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+        json_t *s = json_array_get(arr, i);
+        size_t mark = push_key(p, "sessions");
+        push_index(p, (int)i);
+        wl_session_t *ss = &w->sessions[w->nsessions++];
+        const char *model = NULL;
+        if (!json_is_object(s)) {
+            rc = fail(p, "must be an object");
+        } else if ((rc = get_string(p, s, "model", &model)) == 0) {
+            ss->model = wl_find_model(w, model);
+            if (ss->model < 0) {
+                size_t k = push_key(p, "model");
+                rc = fail(p, "unknown model \"%s\"", model);
+                pop(p, k);
+            }
+        }
+        if (rc == 0)
+            rc = get_number(p, s, "slo_ms", 1, 0, 0, 1, INFINITY, &ss->slo_ms);
+        if (rc == 0) {
+            json_t *arrivals = json_object_get(s, "arrivals");
+            double arr_rate = 0;
+            if (arrivals)
+                rc = parse_arrivals(p, arrivals, &ss->arrivals, &arr_rate);
+            if (rc == 0 && !arrivals && !json_object_get(s, "rate_rps"))
+                rc = fail(p, "needs rate_rps or arrivals");
+            if (rc == 0)
+                rc = get_number(p, s, "rate_rps", 0, arr_rate, 0, 0, INFINITY, &ss->rate_rps);
+        }
+        pop(p, mark);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int stage_index(const wl_pipeline_t *pl, int upto, const char *id)
+{
+    for (int i = 0; i < upto; i++)
+        if (strcmp(pl->stages[i].id, id) == 0)
+            return i;
+    return -1;
+}
+
+static int parse_stage(parser_t *p, json_t *st, wl_pipeline_t *pl)
+{
+    wl_workload_t *w = p->w;
+    wl_stage_t *stage = &pl->stages[pl->nstages];
+    const char *id = NULL, *model = NULL;
+    int rc;
+    if (!json_is_object(st))
+        return fail(p, "must be an object");
+    if ((rc = get_string(p, st, "id", &id)) < 0 || (rc = get_string(p, st, "model", &model)) < 0)
+        return rc;
+    if (stage_index(pl, pl->nstages, id) >= 0) {
+        size_t k = push_key(p, "id");
+        rc = fail(p, "duplicate stage id \"%s\"", id);
+        pop(p, k);
+        return rc;
+    }
+    stage->model = wl_find_model(w, model);
+    if (stage->model < 0) {
+        size_t k = push_key(p, "model");
+        rc = fail(p, "unknown model \"%s\"", model);
+        pop(p, k);
+        return rc;
+    }
+    stage->id = sq_xstrdup(id);
+    pl->nstages++;
+    json_t *after = json_object_get(st, "after"), *gamma = json_object_get(st, "gamma");
+    size_t nafter = !after ? 0 : json_is_array(after) ? json_array_size(after) : 1;
+    if (after && !json_is_array(after) && !json_is_string(after)) {
+        size_t k = push_key(p, "after");
+        rc = fail(p, "must be a stage id or a list of stage ids");
+        pop(p, k);
+        return rc;
+    }
+    stage->after = sq_xcalloc(nafter + 1, sizeof(int));
+    stage->gamma = sq_xcalloc(nafter + 1, sizeof(double));
+    for (size_t i = 0; i < nafter; i++) {
+        json_t *a = json_is_array(after) ? json_array_get(after, i) : after;
+        int idx = json_is_string(a) ? stage_index(pl, pl->nstages - 1, json_string_value(a)) : -1;
+        if (idx < 0) {
+            size_t k = push_key(p, "after");
+            if (json_is_array(after))
+                push_index(p, (int)i);
+            rc = fail(p, "must name an earlier stage of this pipeline");
+            pop(p, k);
+            return rc;
+        }
+        stage->after[stage->nafter++] = idx;
+        stage->gamma[i] = 1;
+    }
+    if (gamma) {
+        int ok = 1;
+        if (json_is_number(gamma)) {
+            for (size_t i = 0; i < nafter; i++)
+                stage->gamma[i] = json_number_value(gamma);
+            ok = json_number_value(gamma) >= 0;
+        } else if (json_is_array(gamma) && json_array_size(gamma) == nafter) {
+            for (size_t i = 0; i < nafter; i++) {
+                json_t *g = json_array_get(gamma, i);
+                ok &= json_is_number(g) && json_number_value(g) >= 0;
+                stage->gamma[i] = ok ? json_number_value(g) : 0;
+            }
+        } else {
+            ok = 0;
+        }
+        if (!ok) {
+            size_t k = push_key(p, "gamma");
+            rc = fail(p, "must be a number >= 0, or one per entry of after");
+            pop(p, k);
+            return rc;
+        }
+    }
+    return 0;
+}
+
+static int parse_pipelines(parser_t *p, json_t *root)
+{
+    wl_workload_t *w = p->w;
+    json_t *arr;
+    int rc = get_array(p, root, "pipelines", 0, &arr);
+    if (rc < 0 || !arr)
+        return rc;
+    w->pipelines = sq_xcalloc(json_array_size(arr) + 1, sizeof(*w->pipelines));
+    for (size_t i = 0; i < json_array_size(arr); i++) {
+        json_t *pj = json_array_get(arr, i), *stages = NULL;
+        size_t mark = push_key(p, "pipelines");
+        push_index(p, (int)i);
+        wl_pipeline_t *pl = &w->pipelines[w->npipelines];
+        const char *name = NULL;
+        if (!json_is_object(pj))
+            rc = fail(p, "must be an object");
+        else if ((rc = get_string(p, pj, "name", &name)) == 0 &&
+                 (rc = get_number(p, pj, "slo_ms", 1, 0, 0, 1, INFINITY, &pl->slo_ms)) == 0 &&
+                 (rc = get_number(p, pj, "rate_rps", 1, 0, 0, 0, INFINITY, &pl->rate_rps)) == 0 &&
+                 (rc = get_array(p, pj, "stages", 1, &stages)) == 0) {
+            pl->name = sq_xstrdup(name);
+            w->npipelines++;
+            if (json_array_size(stages) == 0) {
+                size_t k = push_key(p, "stages");
+                rc = fail(p, "must list at least one stage");
+                pop(p, k);
+            }
+            pl->stages = sq_xcalloc(json_array_size(stages) + 1, sizeof(*pl->stages));
+            for (size_t k = 0; k < json_array_size(stages) && rc == 0; k++) {
+                size_t ks = push_key(p, "stages");
+                push_index(p, (int)k);
+                rc = parse_stage(p, json_array_get(stages, k), pl);
+                pop(p, ks);
+            }
+        }
+        pop(p, mark);
+        if (rc < 0)
+            return rc;
+    }
+    return 0;
+}
+
+static int load(wl_workload_t *w, json_t *root)
+{
+    parser_t p = {.w = w};
+    int rc;
+    if (!json_is_object(root))
+        return fail(&p, "a workload must be a JSON object");
+    json_t *dev = json_object_get(root, "devices");
+    if (dev) {
+        long long count = 0;
+        size_t k = push_key(&p, "devices");
+        if (!json_is_object(dev))
+            rc = fail(&p, "must be an object");
+        else if ((rc = get_int(&p, dev, "count", 0, 0, 0, 1000000, &count)) == 0)
+            rc = get_number(&p, dev, "memory_mb", 0, 0, 0, 0, INFINITY, &w->device_memory_mb);
+        pop(&p, k);
+        if (rc < 0)
+            return rc;
+        w->device_count = (int)count;
+    }
+    long long seed = 1;
+    if ((rc = get_int(&p, root, "seed", 0, 1, 0, 9007199254740991LL, &seed)) < 0)
+        return rc;
+    w->seed = (unsigned long long)seed;
+    w->k_std = 0;
+    w->query_epsilon_ms = 1;
+    json_t *planner = json_object_get(root, "planner");
+    if (planner) {
+        size_t k = push_key(&p, "planner");
+        if (!json_is_object(planner))
+            rc = fail(&p, "must be an object");
+        else if ((rc = get_number(&p, planner, "k_std", 0, 0, 0, 0, INFINITY, &w->k_std)) == 0)
+            rc = get_number(&p, planner, "query_epsilon_ms", 0, 1, 0, 1, INFINITY,
+                            &w->query_epsilon_ms);
+        pop(&p, k);
+        if (rc < 0)
+            return rc;
+    }
+    if ((rc = parse_models(&p, root)) < 0 || (rc = parse_prefix_groups(&p, root)) < 0 ||
+        (rc = parse_sessions(&p, root)) < 0 || (rc = parse_pipelines(&p, root)) < 0)
+        return rc;
+    return 0;
+}
+
+static int load_json(wl_workload_t *w, json_t *root, const json_error_t *jerr)
+{
+    if (!root) {
+        snprintf(w->error, sizeof(w->error), "line %d column %d: %s", jerr->line, jerr->column,
+                 jerr->text);
+        return SQ_BAD_JSON;
+    }
+    int rc = load(w, root);
+    json_decref(root);
+    if (rc < 0) {
+        char keep[sizeof(w->error)];
+        memcpy(keep, w->error, sizeof(keep));
+        wl_workload_dispose(w);
+        memcpy(w->error, keep, sizeof(keep));
+    }
+    return rc;
+}
+
+int wl_load_string(wl_workload_t *w, const char *json)
+{
+    memset(w, 0, sizeof(*w));
+    json_error_t jerr;
+    json_t *root = json_loads(json, JSON_REJECT_DUPLICATES, &jerr);
+    return load_json(w, root, &jerr);
+}
+
+int wl_load_file(wl_workload_t *w, const char *path)
+{
+    memset(w, 0, sizeof(*w));
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        snprintf(w->error, sizeof(w->error), "%s: cannot open", path);
+        return SQ_IO;
+    }
+    json_error_t jerr;
+    json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
+    fclose(f);
+    return load_json(w, root, &jerr);
+}
+
+void wl_workload_dispose(wl_workload_t *w)
+{
+    if (!w)
+        return;
+    for (int i = 0; i < w->nmodels; i++) {
+        free(w->models[i].name);
+        pl_profile_dispose(&w->models[i].profile);
+    }
+    free(w->models);
+    for (int i = 0; i < w->nprefix_groups; i++) {
+        free(w->prefix_groups[i].name);
+        free(w->prefix_groups[i].models);
+        pl_profile_dispose(&w->prefix_groups[i].prefix);
+    }
+    free(w->prefix_groups);
+    for (int i = 0; i < w->nsessions; i++) {
+        free(w->sessions[i].arrivals.segments);
+        free(w->sessions[i].arrivals.times_ms);
+    }
+    free(w->sessions);
+    for (int i = 0; i < w->npipelines; i++) {
+        for (int k = 0; k < w->pipelines[i].nstages; k++) {
+            free(w->pipelines[i].stages[k].id);
+            free(w->pipelines[i].stages[k].after);
+            free(w->pipelines[i].stages[k].gamma);
+        }
+        free(w->pipelines[i].stages);
+        free(w->pipelines[i].name);
+    }
+    free(w->pipelines);
+    memset(w, 0, sizeof(*w));
+}
+
+int wl_find_model(const wl_workload_t *w, const char *name)
+{
+    for (int i = 0; i < w->nmodels; i++)
+        if (strcmp(w->models[i].name, name) == 0)
+            return i;
+    return -1;
+}
+
+/* ---- planner input ------------------------------------------------------- */
+
+static void input_push(wl_plan_input_t *in, int *cap, pl_session_t s, wl_source_t src)
+{
+    if (in->nsessions == *cap) {
+        *cap = *cap ? 2 * *cap : 16;
+        in->sessions = sq_xrealloc(in->sessions, sizeof(*in->sessions) * (size_t)*cap);
+        in->sources = sq_xrealloc(in->sources, sizeof(*in->sources) * (size_t)*cap);
+    }
+    s.id = in->nsessions;
+    in->sessions[in->nsessions] = s;
+    in->sources[in->nsessions] = src;
+    in->nsessions++;
+}
+
+int wl_plan_input_build(wl_plan_input_t *in, wl_workload_t *w)
+{
+    memset(in, 0, sizeof(*in));
+    in->options = (pl_options_t){.k_std = w->k_std,
+                                 .device_memory_bytes = w->device_memory_mb * WL_BYTES_PER_MB};
+    int cap = 0;
+    for (int i = 0; i < w->nsessions; i++) {
+        const wl_session_t *s = &w->sessions[i];
+        const wl_model_t *m = &w->models[s->model];
+        if (m->prefix_group >= 0)
+            continue;
+        input_push(in, &cap,
+                   (pl_session_t){.model = s->model, .name = m->name, .profile = &m->profile,
+                                  .slo_us = s->slo_ms * US_PER_MS, .rate_rps = s->rate_rps},
+                   (wl_source_t){.kind = WL_SOURCE_SESSION, .name = m->name, .index = i});
+    }
+
+    /* Prefix groups: one session per (group, SLO), members in workload order. */
+    int *taken = sq_xcalloc((size_t)w->nsessions + 1, sizeof(int));
+    in->profiles = sq_xcalloc((size_t)w->nsessions + 1, sizeof(*in->profiles));
+    int rc = 0;
+    for (int i = 0; i < w->nsessions && rc == 0; i++) {
+        const wl_session_t *s = &w->sessions[i];
+        int g = w->models[s->model].prefix_group;
+        if (g < 0 || taken[i])
+            continue;
+        wl_source_t src = {.kind = WL_SOURCE_GROUP, .name = w->prefix_groups[g].name, .index = g};
+        src.members = sq_xcalloc((size_t)w->nsessions, sizeof(int));
+        const pl_profile_t **suffixes = sq_xcalloc((size_t)w->nsessions, sizeof(*suffixes));
+        double *rates = sq_xcalloc((size_t)w->nsessions, sizeof(double));
+        double total = 0;
+        for (int j = i; j < w->nsessions; j++) {
+            const wl_session_t *o = &w->sessions[j];
+            if (taken[j] || w->models[o->model].prefix_group != g || o->slo_ms != s->slo_ms)
+                continue;
+            taken[j] = 1;
+            suffixes[src.nmembers] = &w->models[o->model].profile;
+            rates[src.nmembers] = o->rate_rps;
+            src.members[src.nmembers++] = j;
+            total += o->rate_rps;
+        }
+        pl_profile_t *prof = &in->profiles[in->nprofiles];
+        rc = pl_prefix_profile(prof, &w->prefix_groups[g].prefix, suffixes, rates, src.nmembers);
+        free(suffixes);
+        free(rates);
+        if (rc < 0) {
+            snprintf(w->error, sizeof(w->error),
+                     "prefix_groups[%d]: no batch size runs prefix and suffixes together", g);
+            free(src.members);
+            break;
+        }
+        in->nprofiles++;
+        input_push(in, &cap,
+                   (pl_session_t){.model = w->nmodels + in->nprofiles - 1,
+                                  .name = w->prefix_groups[g].name,
+                                  .profile = prof,
+                                  .slo_us = s->slo_ms * US_PER_MS,
+                                  .rate_rps = total},
+                   src);
+    }
+    free(taken);
+
+    in->nsplits = w->npipelines;
+    in->splits = sq_xcalloc((size_t)w->npipelines + 1, sizeof(*in->splits));
+    in->split_rc = sq_xcalloc((size_t)w->npipelines + 1, sizeof(int));
+    for (int i = 0; i < w->npipelines && rc == 0; i++) {
+        const wl_pipeline_t *pl = &w->pipelines[i];
+        pl_stage_t *st = sq_xcalloc((size_t)pl->nstages, sizeof(*st));
+        for (int k = 0; k < pl->nstages; k++)
+            st[k] = (pl_stage_t){.profile = &w->models[pl->stages[k].model].profile,
+                                 .nparents = pl->stages[k].nafter,
+                                 .parents = pl->stages[k].after,
+                                 .gamma = pl->stages[k].gamma};
+        in->split_rc[i] = pl_query_split(&in->splits[i], st, pl->nstages, pl->slo_ms * US_PER_MS,
+                                         pl->rate_rps, w->query_epsilon_ms * US_PER_MS, w->k_std);
+        free(st);
+        if (in->split_rc[i] < 0)
+            continue;
+        for (int k = 0; k < pl->nstages; k++) {
+            const wl_model_t *m = &w->models[pl->stages[k].model];
+            input_push(in, &cap,
+                       (pl_session_t){.model = pl->stages[k].model,
+                                      .name = m->name,
+                                      .profile = &m->profile,
+                                      .slo_us = in->splits[i].budget_us[k],
+                                      .rate_rps = in->splits[i].rate_rps[k]},
+                       (wl_source_t){.kind = WL_SOURCE_STAGE, .name = m->name, .index = i,
+                                     .stage = k});
+        }
+    }
+    if (rc < 0)
+        wl_plan_input_dispose(in);
+    return rc;
+}
+
+void wl_plan_input_dispose(wl_plan_input_t *in)
+{
+    if (!in)
+        return;
+    for (int i = 0; i < in->nsessions; i++)
+        free(in->sources[i].members);
+    free(in->sources);
+    free(in->sessions);
+    for (int i = 0; i < in->nprofiles; i++)
+        pl_profile_dispose(&in->profiles[i]);
+    free(in->profiles);
+    for (int i = 0; i < in->nsplits; i++)
+        pl_query_result_dispose(&in->splits[i]);
+    free(in->splits);
+    free(in->split_rc);
+    memset(in, 0, sizeof(*in));
+}
+
+/* ---- plan JSON ----------------------------------------------------------- */
+
+static const char *unplaced_reason_name(pl_unplaced_reason_t r)
+{
+    switch (r) {
+    case PL_UNPLACED_SLO:
+        return "slo";
+    case PL_UNPLACED_MEMORY:
+        return "memory";
+    case PL_UNPLACED_DEVICES:
+        return "devices";
+    }
+    return "unknown";
+}
+
+/* The fields every session entry carries: what it is and where it came from. */
+static json_t *session_json(const wl_workload_t *w, const wl_plan_input_t *in, int s)
+{
+    const pl_session_t *ps = &in->sessions[s];
+    const wl_source_t *src = &in->sources[s];
+    json_t *o = json_object();
+    json_object_set_new(o, "session", json_integer(ps->id));
+    json_object_set_new(o, "model", json_string(ps->name));
+    json_object_set_new(o, "slo_ms", json_real(ps->slo_us / US_PER_MS));
+    if (src->kind == WL_SOURCE_GROUP) {
+        json_t *mem = json_array();
+        for (int k = 0; k < src->nmembers; k++) {
+            const wl_session_t *ws = &w->sessions[src->members[k]];
+            json_t *m = json_object();
+            json_object_set_new(m, "model", json_string(w->models[ws->model].name));
+            json_object_set_new(m, "rate_rps", json_real(ws->rate_rps));
+            json_array_append_new(mem, m);
+        }
+        json_object_set_new(o, "prefix_group", json_string(src->name));
+        json_object_set_new(o, "members", mem);
+    } else if (src->kind == WL_SOURCE_STAGE) {
+        json_object_set_new(o, "pipeline", json_string(w->pipelines[src->index].name));
+        json_object_set_new(o, "stage", json_string(w->pipelines[src->index].stages[src->stage].id));
+    }
+    return o;
+}
+
+char *wl_plan_to_json(const wl_workload_t *w, const wl_plan_input_t *in, const pl_plan_t *plan,
+                      int devices_needed)
+{
+    json_t *root = json_object();
+    json_t *devs = json_array();
+    for (int i = 0; i < plan->ndevices; i++) {
+        const pl_device_t *d = &plan->devices[i];
+        json_t *dj = json_object();
+        json_object_set_new(dj, "id", json_integer(d->id));
+        json_object_set_new(dj, "duty_cycle_ms", json_real(d->duty_cycle_us / US_PER_MS));
+        json_object_set_new(dj, "occupancy", json_real(d->occupancy));
+        json_object_set_new(dj, "memory_mb", json_real(d->memory_bytes / WL_BYTES_PER_MB));
+        json_object_set_new(dj, "saturated", json_boolean(d->saturated));
+        json_t *ss = json_array();
+        for (int a = 0; a < d->nallocs; a++) {
+            const pl_alloc_t *al = &d->allocs[a];
+            json_t *sj = session_json(w, in, al->session);
+            json_object_set_new(sj, "rate_rps", json_real(al->rate_rps));
+            json_object_set_new(sj, "batch", json_integer(al->batch));
+            json_object_set_new(sj, "latency_ms", json_real(al->latency_us / US_PER_MS));
+            json_array_append_new(ss, sj);
+        }
+        json_object_set_new(dj, "sessions", ss);
+        json_array_append_new(devs, dj);
+    }
+    json_object_set_new(root, "devices", devs);
+    json_object_set_new(root, "devices_used", json_integer(plan->ndevices));
+    json_object_set_new(root, "lower_bound_devices", json_real(plan->lower_bound_devices));
+    json_object_set_new(root, "efficiency", json_real(plan->ndevices > 0
+                                                          ? plan->lower_bound_devices /
+                                                                plan->ndevices
+                                                          : 1.0));
+    json_t *un = json_array();
+    for (int i = 0; i < plan->nunplaced; i++) {
+        const pl_unplaced_t *u = &plan->unplaced[i];
+        json_t *uj = session_json(w, in, u->session);
+        json_object_set_new(uj, "rate_rps", json_real(u->rate_rps));
+        json_object_set_new(uj, "reason", json_string(unplaced_reason_name(u->reason)));
+        json_array_append_new(un, uj);
+    }
+    json_object_set_new(root, "unplaced", un);
+    json_t *pls = json_array();
+    for (int i = 0; i < in->nsplits; i++) {
+        const wl_pipeline_t *pl = &w->pipelines[i];
+        json_t *pj = json_object();
+        json_object_set_new(pj, "name", json_string(pl->name));
+        json_t *budgets = json_object(), *rates = json_object();
+        if (in->split_rc[i] == 0) {
+            for (int k = 0; k < pl->nstages; k++) {
+                json_object_set_new(budgets, pl->stages[k].id,
+                                    json_real(in->splits[i].budget_us[k] / US_PER_MS));
+                json_object_set_new(rates, pl->stages[k].id,
+                                    json_real(in->splits[i].rate_rps[k]));
+            }
+            json_object_set_new(pj, "cost_devices", json_real(in->splits[i].cost_devices));
+        } else {
+            json_object_set_new(pj, "error", json_string(in->split_rc[i] == SQ_DEADLINE
+                                                             ? "no split of the SLO fits"
+                                                             : "not a fork-join pipeline"));
+        }
+        json_object_set_new(pj, "budgets_ms", budgets);
+        json_object_set_new(pj, "rates_rps", rates);
+        json_array_append_new(pls, pj);
+    }
+    json_object_set_new(root, "pipelines", pls);
+    json_t *adv = json_object();
+    int delta = w->device_count > 0 ? devices_needed - w->device_count : 0;
+    json_object_set_new(adv, "devices_delta", json_integer(delta));
+    json_object_set_new(adv, "devices_needed", json_integer(devices_needed));
+    json_object_set_new(adv, "devices_available", json_integer(w->device_count));
+    json_object_set_new(root, "advice", adv);
+    char *s = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(10));
+    json_decref(root);
+    if (!s)
+        abort(); /* json_dumps fails only on allocation */
+    return s;
+}
