@@ -1,0 +1,132 @@
+#include <criterion/criterion.h>
+#include <math.h>
+#include <pl.h>
+#include <sq.h>
+
+#define MS 1000.0
+
+static double cost_or_inf(const pl_profile_t *p, double budget_us, double rate)
+{
+    double c = pl_stage_cost(p, budget_us, rate, 0);
+    return c < 0 ? INFINITY : c;
+}
+
+Test(query, stage_cost_is_rate_over_saturated_throughput)
+{
+    pl_profile_t p;
+    pl_profile_init_linear(&p, 1 * MS, 10 * MS, 64);
+    /* budget 60 ms: 2 (b + 10) <= 60 -> b = 20, 20 / 30 ms = 666.7 req/s */
+    cr_assert_float_eq(pl_stage_cost(&p, 60 * MS, 1000, 0), 1000 / (20 / 0.030), 1e-9);
+    cr_assert_eq(pl_stage_cost(&p, 21 * MS, 1000, 0), -1, "2 l(1) = 22 ms > 21");
+    pl_profile_dispose(&p);
+}
+
+Test(query, two_stage_split_matches_brute_force)
+{
+    pl_profile_t det, rec;
+    pl_profile_init_linear(&det, 2.0 * MS, 15 * MS, 64);
+    pl_profile_row_t rows[] = {{1, 6 * MS, 0}, {4, 12 * MS, 0}, {16, 30 * MS, 0}, {32, 50 * MS, 0}};
+    cr_assert_eq(pl_profile_init_table(&rec, rows, 4), 0);
+    int parents[] = {0};
+    double gamma[] = {3.0};
+    pl_stage_t st[] = {{.profile = &det}, {.profile = &rec, .nparents = 1, .parents = parents,
+                                           .gamma = gamma}};
+    for (double slo = 60; slo <= 200; slo += 35) {
+        pl_query_result_t r;
+        cr_assert_eq(pl_query_split(&r, st, 2, slo * MS, 200, 1 * MS, 0), 0);
+        cr_assert_float_eq(r.rate_rps[1], 600, 1e-9);
+        double brute = INFINITY;
+        for (int t1 = 0; t1 <= (int)slo; t1++) {
+            double c = cost_or_inf(&det, t1 * MS, 200) + cost_or_inf(&rec, (slo - t1) * MS, 600);
+            if (c < brute)
+                brute = c;
+        }
+        cr_assert(isfinite(brute));
+        cr_assert_float_eq(r.cost_devices, brute, 1e-9, "slo %g", slo);
+        cr_assert_leq(r.budget_us[0] + r.budget_us[1], slo * MS + 1e-6);
+        cr_assert_float_eq(cost_or_inf(&det, r.budget_us[0], 200) +
+                               cost_or_inf(&rec, r.budget_us[1], 600),
+                           r.cost_devices, 1e-9, "the budgets give the reported cost");
+        pl_query_result_dispose(&r);
+    }
+    pl_profile_dispose(&det);
+    pl_profile_dispose(&rec);
+}
+
+Test(query, fork_join_split_matches_brute_force)
+{
+    /* a -> {b, c} -> d: b and c run side by side, each path a-b-d and a-c-d
+     * must fit. d's rate is its busier input: max(2 * 1, 0.5 * 4) R = 2 R. */
+    pl_profile_t pa, pb, pc, pd;
+    pl_profile_init_linear(&pa, 1.0 * MS, 5 * MS, 32);
+    pl_profile_init_linear(&pb, 3.0 * MS, 4 * MS, 32);
+    pl_profile_init_linear(&pc, 0.5 * MS, 12 * MS, 32);
+    pl_profile_init_linear(&pd, 1.5 * MS, 3 * MS, 32);
+    int pb_par[] = {0}, pc_par[] = {0}, pd_par[] = {1, 2};
+    double gb[] = {2}, gc[] = {0.5}, gd[] = {1, 4};
+    pl_stage_t st[] = {{.profile = &pa},
+                       {.profile = &pb, .nparents = 1, .parents = pb_par, .gamma = gb},
+                       {.profile = &pc, .nparents = 1, .parents = pc_par, .gamma = gc},
+                       {.profile = &pd, .nparents = 2, .parents = pd_par, .gamma = gd}};
+    enum { T = 90 };
+    const double R = 300;
+    pl_query_result_t r;
+    cr_assert_eq(pl_query_split(&r, st, 4, T * MS, R, 1 * MS, 0), 0);
+    cr_assert_float_eq(r.rate_rps[3], 2 * R, 1e-9);
+    double ca[T + 1], cb[T + 1], cc[T + 1], cd[T + 1];
+    for (int t = 0; t <= T; t++) {
+        ca[t] = cost_or_inf(&pa, t * MS, R);
+        cb[t] = cost_or_inf(&pb, t * MS, 2 * R);
+        cc[t] = cost_or_inf(&pc, t * MS, 0.5 * R);
+        cd[t] = cost_or_inf(&pd, t * MS, 2 * R);
+    }
+    double brute = INFINITY;
+    for (int ta = 0; ta <= T; ta++)
+        for (int tb = 0; ta + tb <= T; tb++)
+            for (int tc = 0; ta + tc <= T; tc++) {
+                int td = T - ta - (tb > tc ? tb : tc);
+                double c = ca[ta] + cb[tb] + cc[tc] + cd[td];
+                if (c < brute)
+                    brute = c;
+            }
+    cr_assert(isfinite(brute));
+    cr_assert_float_eq(r.cost_devices, brute, 1e-9);
+    double mid = r.budget_us[1] > r.budget_us[2] ? r.budget_us[1] : r.budget_us[2];
+    cr_assert_leq(r.budget_us[0] + mid + r.budget_us[3], T * MS + 1e-6, "every path fits");
+    pl_query_result_dispose(&r);
+    pl_profile_dispose(&pa);
+    pl_profile_dispose(&pb);
+    pl_profile_dispose(&pc);
+    pl_profile_dispose(&pd);
+}
+
+Test(query, bad_pipelines_are_refused)
+{
+    pl_profile_t p;
+    pl_profile_init_linear(&p, 1 * MS, 5 * MS, 32);
+    pl_query_result_t r;
+    /* The N shape: a -> c, b -> c, b -> d is not series-parallel. */
+    int c_par[] = {0, 1}, d_par[] = {1};
+    pl_stage_t n[] = {{.profile = &p},
+                      {.profile = &p},
+                      {.profile = &p, .nparents = 2, .parents = c_par},
+                      {.profile = &p, .nparents = 1, .parents = d_par}};
+    cr_assert_eq(pl_query_split(&r, n, 4, 100 * MS, 10, 1 * MS, 0), SQ_INVAL);
+    /* a parent that is not earlier (a cycle, or an unordered list) */
+    int self[] = {1};
+    pl_stage_t cyc[] = {{.profile = &p}, {.profile = &p, .nparents = 1, .parents = self}};
+    cr_assert_eq(pl_query_split(&r, cyc, 2, 100 * MS, 10, 1 * MS, 0), SQ_INVAL);
+    cr_assert_eq(pl_query_split(&r, n, 1, 100 * MS, 10, 0, 0), SQ_INVAL);
+    /* 2 l(1) = 12 ms per stage: three in a row need 36 ms */
+    int prev1[] = {0}, prev2[] = {1};
+    pl_stage_t chain[] = {{.profile = &p},
+                          {.profile = &p, .nparents = 1, .parents = prev1},
+                          {.profile = &p, .nparents = 1, .parents = prev2}};
+    cr_assert_eq(pl_query_split(&r, chain, 3, 35 * MS, 10, 1 * MS, 0), SQ_DEADLINE);
+    cr_assert_eq(pl_query_split(&r, chain, 3, 36 * MS, 10, 1 * MS, 0), 0);
+    for (int v = 0; v < 3; v++)
+        cr_assert_float_eq(r.budget_us[v], 12 * MS, 1e-6);
+    pl_query_result_dispose(&r);
+    pl_query_result_dispose(NULL);
+    pl_profile_dispose(&p);
+}
