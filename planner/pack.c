@@ -342,13 +342,13 @@ static void bins_remove_at(binlist_t *bl, int pos)
     bl->n--;
 }
 
-/* Places one residual item into the bin it fills best (highest occupancy
- * after the merge), or into a new device. Merging never lowers a node's
- * occupancy (batches shrink, and l(b)/b does not fall as b falls), so a bin
- * above 1 - occ(item) cannot take it and a bin whose occupancy plus the
- * item's cannot beat the best merge found so far need not be tried: the
- * scan over the sorted bins stops there. */
-static void place_item(ctx_t *c, binlist_t *bl, const item_t *it)
+/* The bin an item fills best (highest occupancy after the merge), as a
+ * position in bl, or -1. Merging never lowers a node's occupancy (batches
+ * shrink, and l(b)/b does not fall as b falls), so a bin above
+ * 1 - occ(item) cannot take it and a bin whose occupancy plus the item's
+ * cannot beat the best merge found so far need not be tried: the scan over
+ * the sorted bins stops there. */
+static int best_bin(ctx_t *c, const binlist_t *bl, const item_t *it)
 {
     double limit = 1 - it->solo_occupancy + REL_EPS;
     int lo = 0, hi = bl->n;
@@ -375,10 +375,17 @@ static void place_item(ctx_t *c, binlist_t *bl, const item_t *it)
             best_pos = pos;
         }
     }
+    return best_pos;
+}
+
+/* Adds an item to the bin at pos (re-sorting it) or, with pos -1, to a new
+ * device; returns the node. */
+static int put_item(ctx_t *c, binlist_t *bl, const item_t *it, int pos)
+{
     int node;
-    if (best_pos >= 0) {
-        node = bl->idx[best_pos];
-        bins_remove_at(bl, best_pos);
+    if (pos >= 0) {
+        node = bl->idx[pos];
+        bins_remove_at(bl, pos);
         node_push(&c->nodes[node], it);
     } else {
         node_t *n = node_new(c, -1);
@@ -389,6 +396,80 @@ static void place_item(ctx_t *c, binlist_t *bl, const item_t *it)
     assert(rc == 0);
     (void)rc;
     bins_insert(bl, c, node);
+    return node;
+}
+
+static int bins_find(const binlist_t *bl, int node)
+{
+    for (int i = 0; i < bl->n; i++)
+        if (bl->idx[i] == node)
+            return i;
+    return -1;
+}
+
+/* Best-fit decreasing leaves a tail of lightly filled devices. Try to empty
+ * each new one, least occupied first, by moving all its sessions into other
+ * devices (best fit again); undo when one of them finds no room. Only new
+ * devices are emptied, so an incremental epoch still moves no kept session;
+ * kept devices may receive. */
+static void consolidate(ctx_t *c, binlist_t *bl)
+{
+    int n = bl->n;
+    int *order = sq_xmalloc(sizeof(*order) * (size_t)(n ? n : 1));
+    for (int i = 0; i < n; i++)
+        order[i] = bl->idx[n - 1 - i]; /* ascending occupancy */
+    int *undo_node = NULL, *undo_count = NULL, cap = 0;
+    for (int k = 0; k < n; k++) {
+        int src = order[k];
+        node_t *sn = &c->nodes[src];
+        if (sn->id >= 0 || sn->nitems == 0)
+            continue;
+        int pos = bins_find(bl, src);
+        if (pos < 0)
+            continue;
+        bins_remove_at(bl, pos);
+        if (sn->nitems > cap) {
+            cap = sn->nitems;
+            undo_node = sq_xrealloc(undo_node, sizeof(int) * (size_t)cap);
+            undo_count = sq_xrealloc(undo_count, sizeof(int) * (size_t)cap);
+        }
+        int moved = 0, ok = 1;
+        for (int i = 0; i < sn->nitems; i++) {
+            int to = best_bin(c, bl, &sn->items[i]);
+            if (to < 0) {
+                ok = 0;
+                break;
+            }
+            undo_node[moved] = bl->idx[to];
+            undo_count[moved] = c->nodes[bl->idx[to]].nitems;
+            moved++;
+            put_item(c, bl, &sn->items[i], to);
+            sn = &c->nodes[src]; /* put_item never adds nodes here, but stay safe */
+        }
+        if (ok) {
+            sn->nitems = 0;
+            continue;
+        }
+        for (int m = moved - 1; m >= 0; m--) {
+            node_t *t = &c->nodes[undo_node[m]];
+            int tp = bins_find(bl, undo_node[m]);
+            bins_remove_at(bl, tp);
+            t->nitems = undo_count[m];
+            int rc = node_refresh(c, t);
+            assert(rc == 0);
+            (void)rc;
+            bins_insert(bl, c, undo_node[m]);
+        }
+        bins_insert(bl, c, src);
+    }
+    free(order);
+    free(undo_node);
+    free(undo_count);
+}
+
+static void place_item(ctx_t *c, binlist_t *bl, const item_t *it)
+{
+    put_item(c, bl, it, best_bin(c, bl, it));
 }
 
 static int item_cmp_occ_desc(const void *a, const void *b)
@@ -762,6 +843,7 @@ int pl_plan(pl_plan_t *out, const pl_session_t *sessions, int nsessions, const p
     }
     for (int i = 0; i < nres; i++)
         place_item(&c, &bins, &residual[i]);
+    consolidate(&c, &bins);
 
     assemble(&c, out, prev);
     out->lower_bound_devices = pl_lower_bound(sessions, nsessions, opt);
