@@ -68,8 +68,7 @@ static void quality(wl_workload_t *w, const char *path)
     double *orig = malloc(sizeof(double) * (size_t)in.nsessions);
     for (int i = 0; i < in.nsessions; i++)
         orig[i] = in.sessions[i].rate_rps;
-    printf("## packing quality: %s (%d sessions, %d models)\n\n", path, in.nsessions,
-           w->nmodels);
+    printf("## packing quality: %s (%d sessions, %d models)\n\n", path, in.nsessions, w->nmodels);
     printf("| total req/s | lower bound | devices | efficiency | saturated | residual-limited "
            "bound | plan ms |\n|---|---|---|---|---|---|---|\n");
     const double totals[] = {700, 2000, 7000, 20000, 50000, 200000};

@@ -21,12 +21,12 @@ typedef struct {
     double rate_rps;
     double solo_duty_us; /* the duty cycle this share would pick alone (pl_residue) */
     double solo_occupancy;
-    int batch;           /* at the node's duty cycle, filled by eval */
+    int batch; /* at the node's duty cycle, filled by eval */
     double latency_us;
 } item_t;
 
 typedef struct {
-    int id;        /* the previous plan's id, or -1 for a new device */
+    int id; /* the previous plan's id, or -1 for a new device */
     int saturated;
     double duty_cycle_us;
     double occupancy;
@@ -262,8 +262,8 @@ static int pack_share(ctx_t *c, int s, double rate, item_t *res)
     const pl_session_t *ss = &c->sessions[s];
     const pl_options_t *o = &c->opt;
     int B;
-    double thr = pl_max_throughput_rps(ss->profile, ss->slo_us, o->k_std,
-                                       o->device_memory_bytes, &B);
+    double thr =
+        pl_max_throughput_rps(ss->profile, ss->slo_us, o->k_std, o->device_memory_bytes, &B);
     if (thr <= 0) {
         int b2;
         int slo_ok = pl_max_throughput_rps(ss->profile, ss->slo_us, o->k_std, 0, &b2) > 0;
@@ -281,16 +281,20 @@ static int pack_share(ctx_t *c, int s, double rate, item_t *res)
         n->duty_cycle_us = lat;
         n->occupancy = 1;
         n->memory_bytes = pl_memory_bytes(ss->profile, B);
-        item_t it = {.session = s, .rate_rps = thr, .solo_duty_us = lat, .solo_occupancy = 1,
-                     .batch = B, .latency_us = lat};
+        item_t it = {.session = s,
+                     .rate_rps = thr,
+                     .solo_duty_us = lat,
+                     .solo_occupancy = 1,
+                     .batch = B,
+                     .latency_us = lat};
         node_push(n, &it);
     }
     if (left == 0 && whole > 0)
         return 0;
     int b;
     double d, occ;
-    if (pl_residue(ss->profile, ss->slo_us, left, o->k_std, o->device_memory_bytes, &b, &d,
-                   &occ) < 0) {
+    if (pl_residue(ss->profile, ss->slo_us, left, o->k_std, o->device_memory_bytes, &b, &d, &occ) <
+        0) {
         /* The residual rate is below a device's saturated throughput but no
          * cycle serves it within the SLO (a table with an odd shape): give
          * it a device of its own at the saturation batch. */
@@ -299,13 +303,21 @@ static int pack_share(ctx_t *c, int s, double rate, item_t *res)
         n->duty_cycle_us = lat;
         n->occupancy = 1;
         n->memory_bytes = pl_memory_bytes(ss->profile, B);
-        item_t it = {.session = s, .rate_rps = left, .solo_duty_us = lat, .solo_occupancy = 1,
-                     .batch = B, .latency_us = lat};
+        item_t it = {.session = s,
+                     .rate_rps = left,
+                     .solo_duty_us = lat,
+                     .solo_occupancy = 1,
+                     .batch = B,
+                     .latency_us = lat};
         node_push(n, &it);
         return 0;
     }
-    *res = (item_t){.session = s, .rate_rps = left, .solo_duty_us = d, .solo_occupancy = occ,
-                    .batch = b, .latency_us = pl_latency_us(ss->profile, b, o->k_std)};
+    *res = (item_t){.session = s,
+                    .rate_rps = left,
+                    .solo_duty_us = d,
+                    .solo_occupancy = occ,
+                    .batch = b,
+                    .latency_us = pl_latency_us(ss->profile, b, o->k_std)};
     return 1;
 }
 
@@ -595,8 +607,12 @@ static int keep_previous(ctx_t *c, const pl_plan_t *prev, pool_t *pool)
                     n->duty_cycle_us = lat;
                     n->occupancy = 1;
                     n->memory_bytes = pl_memory_bytes(ss->profile, B);
-                    item_t it = {.session = s, .rate_rps = thr, .solo_duty_us = lat,
-                                 .solo_occupancy = 1, .batch = B, .latency_us = lat};
+                    item_t it = {.session = s,
+                                 .rate_rps = thr,
+                                 .solo_duty_us = lat,
+                                 .solo_occupancy = 1,
+                                 .batch = B,
+                                 .latency_us = lat};
                     node_push(n, &it);
                     continue;
                 }
@@ -703,8 +719,7 @@ static void assemble(ctx_t *c, pl_plan_t *out, const pl_plan_t *prev)
         for (int k = keep; k < nlive; k++) {
             const node_t *n = &c->nodes[order[k]];
             for (int i = 0; i < n->nitems; i++)
-                add_unplaced(c, n->items[i].session, n->items[i].rate_rps,
-                             PL_UNPLACED_DEVICES);
+                add_unplaced(c, n->items[i].session, n->items[i].rate_rps, PL_UNPLACED_DEVICES);
         }
     }
 

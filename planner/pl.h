@@ -29,7 +29,7 @@ typedef struct pl_session {
     const char *name;            /* borrowed label, copied into nothing; for output */
     const pl_profile_t *profile; /* borrowed */
     double slo_us;
-    double rate_rps;             /* 0: no traffic yet, still placed at the minimal batch */
+    double rate_rps; /* 0: no traffic yet, still placed at the minimal batch */
 } pl_session_t;
 
 typedef struct {
@@ -39,7 +39,7 @@ typedef struct {
 } pl_options_t;
 
 typedef struct {
-    int session;       /* index into the sessions given to pl_plan */
+    int session; /* index into the sessions given to pl_plan */
     int session_id;
     int model;
     int batch;
@@ -48,10 +48,10 @@ typedef struct {
 } pl_alloc_t;
 
 typedef struct {
-    int id;             /* stable across epochs: kept devices keep their id */
-    int saturated;      /* one session running back to back */
+    int id;        /* stable across epochs: kept devices keep their id */
+    int saturated; /* one session running back to back */
     double duty_cycle_us;
-    double occupancy;   /* sum of batch latencies / duty cycle */
+    double occupancy; /* sum of batch latencies / duty cycle */
     double memory_bytes;
     int nallocs;
     pl_alloc_t *allocs; /* owned */
@@ -72,9 +72,9 @@ typedef struct {
 
 typedef struct pl_plan {
     int ndevices;
-    pl_device_t *devices;   /* owned; ascending id */
+    pl_device_t *devices; /* owned; ascending id */
     int nunplaced;
-    pl_unplaced_t *unplaced; /* owned */
+    pl_unplaced_t *unplaced;    /* owned */
     double lower_bound_devices; /* sum R_i / T_i over placeable sessions */
     int moved;    /* (session, device) placements not in the previous plan: model loads */
     int evicted;  /* sessions evicted from overloaded kept devices */
@@ -143,10 +143,10 @@ typedef struct {
 
 typedef struct pl_query_result {
     int nstages;
-    double *budget_us;    /* owned; each stage's share of the SLO */
-    double *rate_rps;     /* owned; each stage's rate (pipeline rate times the fan-outs) */
-    int *batch;           /* owned; the saturation batch at that budget */
-    double cost_devices;  /* sum_v R_v l_v(b_v) / b_v, what the split minimizes */
+    double *budget_us;   /* owned; each stage's share of the SLO */
+    double *rate_rps;    /* owned; each stage's rate (pipeline rate times the fan-outs) */
+    int *batch;          /* owned; the saturation batch at that budget */
+    double cost_devices; /* sum_v R_v l_v(b_v) / b_v, what the split minimizes */
 } pl_query_result_t;
 
 /* Splits slo_us among the stages (Nexus section 6.2) by dynamic programming

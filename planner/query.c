@@ -28,10 +28,10 @@ typedef enum { T_STAGE, T_FREE, T_SERIES, T_PARALLEL } tkind_t;
 
 typedef struct {
     tkind_t kind;
-    int stage;    /* T_STAGE */
-    int a, b;     /* children, T_SERIES / T_PARALLEL */
-    double *f;    /* f[t], t = 0..steps; INFINITY when infeasible */
-    int *arg;     /* series: best t1; stage: best t' */
+    int stage; /* T_STAGE */
+    int a, b;  /* children, T_SERIES / T_PARALLEL */
+    double *f; /* f[t], t = 0..steps; INFINITY when infeasible */
+    int *arg;  /* series: best t1; stage: best t' */
 } tnode_t;
 
 typedef struct {

@@ -178,10 +178,10 @@ static int parse_profile(parser_t *p, json_t *obj, pl_profile_t *prof, int max_b
             if (bad) {
                 size_t m = push_key(p, bad);
                 size_t m2 = push_index(p, (int)i);
-                rc = fail(p, "%s", strcmp(bad, "batch") == 0
-                                       ? "must be an integer between 1 and 1024"
-                                       : strcmp(bad, "latency_ms") == 0 ? "must be a positive number"
-                                                                        : "must be >= 0");
+                rc = fail(p, "%s",
+                          strcmp(bad, "batch") == 0        ? "must be an integer between 1 and 1024"
+                          : strcmp(bad, "latency_ms") == 0 ? "must be a positive number"
+                                                           : "must be >= 0");
                 pop(p, m2);
                 pop(p, m);
                 break;
@@ -734,8 +734,11 @@ int wl_plan_input_build(wl_plan_input_t *in, wl_workload_t *w)
         if (m->prefix_group >= 0)
             continue;
         input_push(in, &cap,
-                   (pl_session_t){.model = s->model, .name = m->name, .profile = &m->profile,
-                                  .slo_us = s->slo_ms * US_PER_MS, .rate_rps = s->rate_rps},
+                   (pl_session_t){.model = s->model,
+                                  .name = m->name,
+                                  .profile = &m->profile,
+                                  .slo_us = s->slo_ms * US_PER_MS,
+                                  .rate_rps = s->rate_rps},
                    (wl_source_t){.kind = WL_SOURCE_SESSION, .name = m->name, .index = i});
     }
 
@@ -802,14 +805,14 @@ int wl_plan_input_build(wl_plan_input_t *in, wl_workload_t *w)
             continue;
         for (int k = 0; k < pl->nstages; k++) {
             const wl_model_t *m = &w->models[pl->stages[k].model];
-            input_push(in, &cap,
-                       (pl_session_t){.model = pl->stages[k].model,
-                                      .name = m->name,
-                                      .profile = &m->profile,
-                                      .slo_us = in->splits[i].budget_us[k],
-                                      .rate_rps = in->splits[i].rate_rps[k]},
-                       (wl_source_t){.kind = WL_SOURCE_STAGE, .name = m->name, .index = i,
-                                     .stage = k});
+            input_push(
+                in, &cap,
+                (pl_session_t){.model = pl->stages[k].model,
+                               .name = m->name,
+                               .profile = &m->profile,
+                               .slo_us = in->splits[i].budget_us[k],
+                               .rate_rps = in->splits[i].rate_rps[k]},
+                (wl_source_t){.kind = WL_SOURCE_STAGE, .name = m->name, .index = i, .stage = k});
         }
     }
     if (rc < 0)
@@ -872,7 +875,8 @@ static json_t *session_json(const wl_workload_t *w, const wl_plan_input_t *in, i
         json_object_set_new(o, "members", mem);
     } else if (src->kind == WL_SOURCE_STAGE) {
         json_object_set_new(o, "pipeline", json_string(w->pipelines[src->index].name));
-        json_object_set_new(o, "stage", json_string(w->pipelines[src->index].stages[src->stage].id));
+        json_object_set_new(o, "stage",
+                            json_string(w->pipelines[src->index].stages[src->stage].id));
     }
     return o;
 }
@@ -905,10 +909,9 @@ char *wl_plan_to_json(const wl_workload_t *w, const wl_plan_input_t *in, const p
     json_object_set_new(root, "devices", devs);
     json_object_set_new(root, "devices_used", json_integer(plan->ndevices));
     json_object_set_new(root, "lower_bound_devices", json_real(plan->lower_bound_devices));
-    json_object_set_new(root, "efficiency", json_real(plan->ndevices > 0
-                                                          ? plan->lower_bound_devices /
-                                                                plan->ndevices
-                                                          : 1.0));
+    json_object_set_new(
+        root, "efficiency",
+        json_real(plan->ndevices > 0 ? plan->lower_bound_devices / plan->ndevices : 1.0));
     json_t *un = json_array();
     for (int i = 0; i < plan->nunplaced; i++) {
         const pl_unplaced_t *u = &plan->unplaced[i];
@@ -928,14 +931,14 @@ char *wl_plan_to_json(const wl_workload_t *w, const wl_plan_input_t *in, const p
             for (int k = 0; k < pl->nstages; k++) {
                 json_object_set_new(budgets, pl->stages[k].id,
                                     json_real(in->splits[i].budget_us[k] / US_PER_MS));
-                json_object_set_new(rates, pl->stages[k].id,
-                                    json_real(in->splits[i].rate_rps[k]));
+                json_object_set_new(rates, pl->stages[k].id, json_real(in->splits[i].rate_rps[k]));
             }
             json_object_set_new(pj, "cost_devices", json_real(in->splits[i].cost_devices));
         } else {
-            json_object_set_new(pj, "error", json_string(in->split_rc[i] == SQ_DEADLINE
-                                                             ? "no split of the SLO fits"
-                                                             : "not a fork-join pipeline"));
+            json_object_set_new(pj, "error",
+                                json_string(in->split_rc[i] == SQ_DEADLINE
+                                                ? "no split of the SLO fits"
+                                                : "not a fork-join pipeline"));
         }
         json_object_set_new(pj, "budgets_ms", budgets);
         json_object_set_new(pj, "rates_rps", rates);

@@ -29,11 +29,12 @@
 #define WL_BYTES_PER_MB 1048576.0
 
 typedef enum {
-    WL_ARRIVALS_NONE = 0, /* only "rate_rps": the caller picks a process (Poisson in the simulator) */
-    WL_ARRIVALS_UNIFORM,  /* evenly spaced at each segment's rate */
+    WL_ARRIVALS_NONE =
+        0, /* only "rate_rps": the caller picks a process (Poisson in the simulator) */
+    WL_ARRIVALS_UNIFORM, /* evenly spaced at each segment's rate */
     WL_ARRIVALS_POISSON,
-    WL_ARRIVALS_GAMMA,    /* gamma inter-arrivals with "shape" (1 = Poisson) */
-    WL_ARRIVALS_TIMES,    /* explicit "times_ms" list */
+    WL_ARRIVALS_GAMMA, /* gamma inter-arrivals with "shape" (1 = Poisson) */
+    WL_ARRIVALS_TIMES, /* explicit "times_ms" list */
 } wl_process_t;
 
 typedef struct {
@@ -43,30 +44,30 @@ typedef struct {
 
 typedef struct {
     wl_process_t process;
-    double shape;           /* gamma shape; 1 unless given */
+    double shape; /* gamma shape; 1 unless given */
     int nsegments;
     wl_segment_t *segments; /* owned; for the uniform/poisson/gamma processes */
     int ntimes;
-    double *times_ms;       /* owned; sorted ascending, for WL_ARRIVALS_TIMES */
+    double *times_ms; /* owned; sorted ascending, for WL_ARRIVALS_TIMES */
 } wl_arrivals_t;
 
 typedef struct {
-    char *name;             /* owned */
-    pl_profile_t profile;   /* µs and bytes; memory from "memory_mb" and "memory_per_item_mb" */
-    int prefix_group;       /* index into wl_workload_t.prefix_groups, or -1 */
+    char *name;           /* owned */
+    pl_profile_t profile; /* µs and bytes; memory from "memory_mb" and "memory_per_item_mb" */
+    int prefix_group;     /* index into wl_workload_t.prefix_groups, or -1 */
 } wl_model_t;
 
 /* Models that share all but their last layers: each member model's profile
  * is its suffix, the group's own profile is the shared prefix. */
 typedef struct {
-    char *name;             /* owned */
-    pl_profile_t prefix;    /* the shared prefix's l(b) and memory */
+    char *name;          /* owned */
+    pl_profile_t prefix; /* the shared prefix's l(b) and memory */
     int nmodels;
-    int *models;            /* owned; indices into wl_workload_t.models */
+    int *models; /* owned; indices into wl_workload_t.models */
 } wl_prefix_group_t;
 
 typedef struct {
-    int model;              /* index into wl_workload_t.models */
+    int model; /* index into wl_workload_t.models */
     double slo_ms;
     /* "rate_rps", or the duration-weighted mean rate of the arrival
      * segments, or (n - 1) / span of n times_ms: what the planner plans for. */
@@ -75,23 +76,23 @@ typedef struct {
 } wl_session_t;
 
 typedef struct {
-    char *id;               /* owned */
-    int model;              /* index into wl_workload_t.models */
-    int nafter;             /* 0 for a root stage */
-    int *after;             /* owned; indices of parent stages in the same pipeline */
-    double *gamma;          /* owned; fan-out per incoming edge (items per parent item), default 1 */
+    char *id;      /* owned */
+    int model;     /* index into wl_workload_t.models */
+    int nafter;    /* 0 for a root stage */
+    int *after;    /* owned; indices of parent stages in the same pipeline */
+    double *gamma; /* owned; fan-out per incoming edge (items per parent item), default 1 */
 } wl_stage_t;
 
 typedef struct {
-    char *name;             /* owned */
-    double slo_ms;          /* end to end */
-    double rate_rps;        /* of requests entering the pipeline's root stages */
+    char *name;      /* owned */
+    double slo_ms;   /* end to end */
+    double rate_rps; /* of requests entering the pipeline's root stages */
     int nstages;
-    wl_stage_t *stages;     /* owned; parents always listed before children */
+    wl_stage_t *stages; /* owned; parents always listed before children */
 } wl_pipeline_t;
 
 typedef struct {
-    int device_count;       /* devices available; 0 = as many as the plan needs */
+    int device_count;        /* devices available; 0 = as many as the plan needs */
     double device_memory_mb; /* per device; 0 = unlimited */
     int nmodels;
     wl_model_t *models;
@@ -102,7 +103,7 @@ typedef struct {
     int npipelines;
     wl_pipeline_t *pipelines;
     unsigned long long seed; /* "seed", default 1 */
-    double k_std;           /* "planner": {"k_std"}: latency margin mean + k * std, default 0 */
+    double k_std;            /* "planner": {"k_std"}: latency margin mean + k * std, default 0 */
     double query_epsilon_ms; /* "planner": {"query_epsilon_ms"}: DP step, default 1 */
     /* Why the last load failed: "sessions[2].slo_ms: must be a positive
      * number". Empty after success. */
@@ -149,14 +150,14 @@ typedef struct {
  * Borrows the workload's profiles: dispose before the workload. */
 typedef struct {
     int nsessions;
-    pl_session_t *sessions;      /* owned */
-    wl_source_t *sources;        /* owned; one per session */
+    pl_session_t *sessions; /* owned */
+    wl_source_t *sources;   /* owned; one per session */
     int nprofiles;
-    pl_profile_t *profiles;      /* owned; the prefix groups' combined profiles */
-    int nsplits;                 /* = w->npipelines */
-    pl_query_result_t *splits;   /* owned; nstages 0 where split_rc < 0 */
-    int *split_rc;               /* owned; 0 or the pl_query_split error */
-    pl_options_t options;        /* k_std and device memory from the workload; no device cap */
+    pl_profile_t *profiles;    /* owned; the prefix groups' combined profiles */
+    int nsplits;               /* = w->npipelines */
+    pl_query_result_t *splits; /* owned; nstages 0 where split_rc < 0 */
+    int *split_rc;             /* owned; 0 or the pl_query_split error */
+    pl_options_t options;      /* k_std and device memory from the workload; no device cap */
 } wl_plan_input_t;
 
 /* Builds the planner input; returns 0 or SQ_INVAL (a prefix group whose

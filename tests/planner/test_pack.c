@@ -29,12 +29,12 @@ static void nexus_teardown(void)
 
 static void nexus_sessions(pl_session_t s[3], double ra, double rb, double rc)
 {
-    s[0] = (pl_session_t){.id = 10, .model = 0, .name = "A", .profile = &prof[0],
-                          .slo_us = 200 * MS, .rate_rps = ra};
-    s[1] = (pl_session_t){.id = 11, .model = 1, .name = "B", .profile = &prof[1],
-                          .slo_us = 250 * MS, .rate_rps = rb};
-    s[2] = (pl_session_t){.id = 12, .model = 2, .name = "C", .profile = &prof[2],
-                          .slo_us = 250 * MS, .rate_rps = rc};
+    s[0] = (pl_session_t){
+        .id = 10, .model = 0, .name = "A", .profile = &prof[0], .slo_us = 200 * MS, .rate_rps = ra};
+    s[1] = (pl_session_t){
+        .id = 11, .model = 1, .name = "B", .profile = &prof[1], .slo_us = 250 * MS, .rate_rps = rb};
+    s[2] = (pl_session_t){
+        .id = 12, .model = 2, .name = "C", .profile = &prof[2], .slo_us = 250 * MS, .rate_rps = rc};
 }
 
 static const pl_device_t *device_of(const pl_plan_t *p, int session_id, int saturated)
@@ -118,8 +118,7 @@ Test(pack, nexus_low_load_a_and_b_share_c_alone, .init = nexus_setup, .fini = ne
     pl_plan_dispose(&p);
 }
 
-Test(pack, merge_refused_when_memory_does_not_fit, .init = nexus_setup,
-     .fini = nexus_teardown)
+Test(pack, merge_refused_when_memory_does_not_fit, .init = nexus_setup, .fini = nexus_teardown)
 {
     /* A and B fit one device by time; with 600 MB of weights each on an
      * 1000 MB device they must not share it. */
@@ -260,8 +259,7 @@ static int same_placement(const pl_plan_t *a, const pl_plan_t *b, int skip_sessi
     return 1;
 }
 
-Test(pack, epoch_with_unchanged_rates_moves_nothing, .init = nexus_setup,
-     .fini = nexus_teardown)
+Test(pack, epoch_with_unchanged_rates_moves_nothing, .init = nexus_setup, .fini = nexus_teardown)
 {
     pl_session_t s[3];
     nexus_sessions(s, 64 + 160, 32, 32 + 256);
@@ -281,8 +279,7 @@ Test(pack, epoch_with_unchanged_rates_moves_nothing, .init = nexus_setup,
     pl_plan_dispose(&p2);
 }
 
-Test(pack, epoch_after_overload_moves_only_the_evicted, .init = nexus_setup,
-     .fini = nexus_teardown)
+Test(pack, epoch_after_overload_moves_only_the_evicted, .init = nexus_setup, .fini = nexus_teardown)
 {
     /* A and B share a device at 125 ms; B doubles to 64 req/s: batch 8 at
      * 90 ms no longer fits next to A's 75 ms. The cheaper of the two (A, solo
@@ -308,8 +305,7 @@ Test(pack, epoch_after_overload_moves_only_the_evicted, .init = nexus_setup,
     pl_plan_dispose(&p2);
 }
 
-Test(pack, epoch_releases_devices_when_load_falls, .init = nexus_setup,
-     .fini = nexus_teardown)
+Test(pack, epoch_releases_devices_when_load_falls, .init = nexus_setup, .fini = nexus_teardown)
 {
     pl_session_t s[3];
     nexus_sessions(s, 480, 32, 32);
@@ -370,8 +366,7 @@ static void check_plan(const pl_plan_t *p, const pl_session_t *s, int n, const p
                     maxb = d->allocs[k].batch;
             }
             if (first)
-                mem += ss->profile->memory_bytes +
-                       ss->profile->memory_per_item_bytes * (maxb - 1);
+                mem += ss->profile->memory_bytes + ss->profile->memory_per_item_bytes * (maxb - 1);
         }
         cr_assert_leq(busy, d->duty_cycle_us + 1e-3, "batches fit the duty cycle");
         if (o->device_memory_bytes > 0)
@@ -401,8 +396,7 @@ static void random_profile(pl_profile_t *p)
         double fixed = (5 + 30 * rnd()) * MS, per = (1 + 5 * rnd()) * MS;
         for (int b = 1; b <= 64 && n < 12; b *= 2)
             if (rnd() < 0.8 || b == 1)
-                rows[n++] = (pl_profile_row_t){b, fixed + per * b * (0.6 + 0.4 / b),
-                                               rnd() * MS};
+                rows[n++] = (pl_profile_row_t){b, fixed + per * b * (0.6 + 0.4 / b), rnd() * MS};
         cr_assert_eq(pl_profile_init_table(p, rows, n), 0);
     }
     p->memory_bytes = (50 + 500 * rnd()) * 1e6;
@@ -421,7 +415,9 @@ Test(pack, random_workloads_satisfy_every_slo_and_memory_limit)
         for (int i = 0; i < n; i++) {
             int m = (int)(nmodels * rnd());
             double r = rnd();
-            s[i] = (pl_session_t){.id = 1000 + 7 * i, .model = m, .profile = &profs[m],
+            s[i] = (pl_session_t){.id = 1000 + 7 * i,
+                                  .model = m,
+                                  .profile = &profs[m],
                                   .slo_us = (20 + 400 * rnd()) * MS,
                                   .rate_rps = r < 0.1 ? 0 : 3000 * pow(r, 3)};
         }
@@ -443,8 +439,7 @@ Test(pack, random_workloads_satisfy_every_slo_and_memory_limit)
         pl_plan_t q2;
         cr_assert_eq(pl_plan(&q2, s, n, &q, &o), 0);
         check_plan(&q2, s, n, &o);
-        cr_assert_eq(q2.moved, 0, "seed %d: a second epoch at the same rates moves nothing",
-                     seed);
+        cr_assert_eq(q2.moved, 0, "seed %d: a second epoch at the same rates moves nothing", seed);
         pl_plan_dispose(&p);
         pl_plan_dispose(&q);
         pl_plan_dispose(&q2);

@@ -57,12 +57,11 @@ Test(prefix, group_shares_one_device_cheaper_than_apart)
     const pl_profile_t *suffixes[] = {&s1, &s2};
     double rates[] = {40, 40};
     cr_assert_eq(pl_prefix_profile(&g, &prefix, suffixes, rates, 2), 0);
-    pl_session_t apart[] = {{.id = 1, .model = 0, .profile = &whole, .slo_us = 50 * MS,
-                             .rate_rps = 40},
-                            {.id = 2, .model = 1, .profile = &whole, .slo_us = 50 * MS,
-                             .rate_rps = 40}};
-    pl_session_t together[] = {{.id = 1, .model = 0, .profile = &g, .slo_us = 50 * MS,
-                                .rate_rps = 80}};
+    pl_session_t apart[] = {
+        {.id = 1, .model = 0, .profile = &whole, .slo_us = 50 * MS, .rate_rps = 40},
+        {.id = 2, .model = 1, .profile = &whole, .slo_us = 50 * MS, .rate_rps = 40}};
+    pl_session_t together[] = {
+        {.id = 1, .model = 0, .profile = &g, .slo_us = 50 * MS, .rate_rps = 80}};
     pl_options_t o = {0};
     pl_plan_t pa, pt;
     cr_assert_eq(pl_plan(&pa, apart, 2, NULL, &o), 0);

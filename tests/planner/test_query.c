@@ -29,8 +29,8 @@ Test(query, two_stage_split_matches_brute_force)
     cr_assert_eq(pl_profile_init_table(&rec, rows, 4), 0);
     int parents[] = {0};
     double gamma[] = {3.0};
-    pl_stage_t st[] = {{.profile = &det}, {.profile = &rec, .nparents = 1, .parents = parents,
-                                           .gamma = gamma}};
+    pl_stage_t st[] = {{.profile = &det},
+                       {.profile = &rec, .nparents = 1, .parents = parents, .gamma = gamma}};
     for (double slo = 60; slo <= 200; slo += 35) {
         pl_query_result_t r;
         cr_assert_eq(pl_query_split(&r, st, 2, slo * MS, 200, 1 * MS, 0), 0);

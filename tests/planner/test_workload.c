@@ -22,17 +22,21 @@ static const char *FULL =
     " \"sessions\": ["
     "  {\"model\": \"A\", \"slo_ms\": 200, \"rate_rps\": 64},"
     "  {\"model\": \"resnet50\", \"slo_ms\": 25,"
-    "   \"arrivals\": {\"process\": \"poisson\", \"segments\": [{\"duration_s\": 30, \"rate_rps\": 5000},"
-    "                                                       {\"duration_s\": 10, \"rate_rps\": 1000}]}},"
+    "   \"arrivals\": {\"process\": \"poisson\", \"segments\": [{\"duration_s\": 30, \"rate_rps\": "
+    "5000},"
+    "                                                       {\"duration_s\": 10, \"rate_rps\": "
+    "1000}]}},"
     "  {\"model\": \"resnet50\", \"slo_ms\": 25, \"arrivals\": {\"times_ms\": [1.5, 0, 0.75]}},"
     "  {\"model\": \"A\", \"slo_ms\": 300, \"rate_rps\": 10,"
-    "   \"arrivals\": {\"process\": \"gamma\", \"shape\": 0.5, \"segments\": [{\"duration_s\": 1, \"rate_rps\": 3}]}},"
+    "   \"arrivals\": {\"process\": \"gamma\", \"shape\": 0.5, \"segments\": [{\"duration_s\": 1, "
+    "\"rate_rps\": 3}]}},"
     "  {\"model\": \"ft1\", \"slo_ms\": 50, \"rate_rps\": 30},"
     "  {\"model\": \"ft2\", \"slo_ms\": 50, \"rate_rps\": 10}],"
     " \"pipelines\": [{\"name\": \"traffic\", \"slo_ms\": 400, \"rate_rps\": 100,"
     "   \"stages\": [{\"id\": \"det\", \"model\": \"A\"},"
     "              {\"id\": \"car\", \"model\": \"resnet50\", \"after\": \"det\", \"gamma\": 1.5},"
-    "              {\"id\": \"face\", \"model\": \"resnet50\", \"after\": [\"det\"], \"gamma\": [0.5]},"
+    "              {\"id\": \"face\", \"model\": \"resnet50\", \"after\": [\"det\"], \"gamma\": "
+    "[0.5]},"
     "              {\"id\": \"join\", \"model\": \"A\", \"after\": [\"car\", \"face\"]}]}],"
     " \"planner\": {\"k_std\": 1},"
     " \"seed\": 7}";
@@ -106,7 +110,8 @@ static void expect_error(const char *json, int code, const char *path)
 
 Test(workload, errors_name_the_json_path)
 {
-    const char *M = "\"models\": [{\"name\": \"A\", \"profile\": {\"alpha_ms\": 1, \"beta_ms\": 2}}]";
+    const char *M =
+        "\"models\": [{\"name\": \"A\", \"profile\": {\"alpha_ms\": 1, \"beta_ms\": 2}}]";
     char buf[512];
     expect_error("{\"models\": [", SQ_BAD_JSON, "line 1");
     expect_error("[]", SQ_BAD_CONFIG, "(root)");
@@ -117,32 +122,44 @@ Test(workload, errors_name_the_json_path)
     expect_error("{\"models\": [{\"name\": \"A\", \"profile\": {\"batch\": [2, 2], "
                  "\"latency_ms\": [1, 2]}}]}",
                  SQ_BAD_CONFIG, "models[0].profile.batch");
-    expect_error("{\"models\": [{\"name\": \"A\", \"profile\": {\"alpha_ms\": 1}}]}",
-                 SQ_BAD_CONFIG, "models[0].profile.beta_ms: required");
-    snprintf(buf, sizeof(buf), "{%s, \"sessions\": [{\"model\": \"B\", \"slo_ms\": 5, "
-                               "\"rate_rps\": 1}]}", M);
+    expect_error("{\"models\": [{\"name\": \"A\", \"profile\": {\"alpha_ms\": 1}}]}", SQ_BAD_CONFIG,
+                 "models[0].profile.beta_ms: required");
+    snprintf(buf, sizeof(buf),
+             "{%s, \"sessions\": [{\"model\": \"B\", \"slo_ms\": 5, "
+             "\"rate_rps\": 1}]}",
+             M);
     expect_error(buf, SQ_BAD_CONFIG, "sessions[0].model: unknown model \"B\"");
-    snprintf(buf, sizeof(buf), "{%s, \"sessions\": [{\"model\": \"A\", \"slo_ms\": 0, "
-                               "\"rate_rps\": 1}]}", M);
+    snprintf(buf, sizeof(buf),
+             "{%s, \"sessions\": [{\"model\": \"A\", \"slo_ms\": 0, "
+             "\"rate_rps\": 1}]}",
+             M);
     expect_error(buf, SQ_BAD_CONFIG, "sessions[0].slo_ms");
     snprintf(buf, sizeof(buf), "{%s, \"sessions\": [{\"model\": \"A\", \"slo_ms\": 5}]}", M);
     expect_error(buf, SQ_BAD_CONFIG, "needs rate_rps or arrivals");
-    snprintf(buf, sizeof(buf), "{%s, \"sessions\": [{\"model\": \"A\", \"slo_ms\": 5, "
-                               "\"arrivals\": {\"process\": \"burst\", \"segments\": "
-                               "[{\"duration_s\": 1, \"rate_rps\": 1}]}}]}", M);
+    snprintf(buf, sizeof(buf),
+             "{%s, \"sessions\": [{\"model\": \"A\", \"slo_ms\": 5, "
+             "\"arrivals\": {\"process\": \"burst\", \"segments\": "
+             "[{\"duration_s\": 1, \"rate_rps\": 1}]}}]}",
+             M);
     expect_error(buf, SQ_BAD_CONFIG, "sessions[0].arrivals.process");
-    snprintf(buf, sizeof(buf), "{%s, \"sessions\": [{\"model\": \"A\", \"slo_ms\": 5, "
-                               "\"arrivals\": {\"segments\": [{\"duration_s\": 0, "
-                               "\"rate_rps\": 1}]}}]}", M);
+    snprintf(buf, sizeof(buf),
+             "{%s, \"sessions\": [{\"model\": \"A\", \"slo_ms\": 5, "
+             "\"arrivals\": {\"segments\": [{\"duration_s\": 0, "
+             "\"rate_rps\": 1}]}}]}",
+             M);
     expect_error(buf, SQ_BAD_CONFIG, "sessions[0].arrivals.segments[0].duration_s");
-    snprintf(buf, sizeof(buf), "{%s, \"pipelines\": [{\"name\": \"p\", \"slo_ms\": 100, "
-                               "\"rate_rps\": 1, \"stages\": [{\"id\": \"x\", \"model\": \"A\", "
-                               "\"after\": \"y\"}]}]}", M);
+    snprintf(buf, sizeof(buf),
+             "{%s, \"pipelines\": [{\"name\": \"p\", \"slo_ms\": 100, "
+             "\"rate_rps\": 1, \"stages\": [{\"id\": \"x\", \"model\": \"A\", "
+             "\"after\": \"y\"}]}]}",
+             M);
     expect_error(buf, SQ_BAD_CONFIG, "pipelines[0].stages[0].after");
     snprintf(buf, sizeof(buf), "{%s, \"devices\": {\"count\": -1}}", M);
     expect_error(buf, SQ_BAD_CONFIG, "devices.count");
-    snprintf(buf, sizeof(buf), "{%s, \"prefix_groups\": [{\"name\": \"g\", \"models\": [\"Z\"], "
-                               "\"profile\": {\"alpha_ms\": 1, \"beta_ms\": 1}}]}", M);
+    snprintf(buf, sizeof(buf),
+             "{%s, \"prefix_groups\": [{\"name\": \"g\", \"models\": [\"Z\"], "
+             "\"profile\": {\"alpha_ms\": 1, \"beta_ms\": 1}}]}",
+             M);
     expect_error(buf, SQ_BAD_CONFIG, "prefix_groups[0].models[0]");
 
     wl_workload_t w;
@@ -188,13 +205,13 @@ Test(workload, plan_input_and_plan_json)
     cr_assert(json_is_integer(json_object_get(s0, "batch")));
     cr_assert_float_eq(json_real_value(json_object_get(root, "lower_bound_devices")),
                        plan.lower_bound_devices, 1e-9);
-    json_t *budgets = json_object_get(json_array_get(json_object_get(root, "pipelines"), 0),
-                                      "budgets_ms");
+    json_t *budgets =
+        json_object_get(json_array_get(json_object_get(root, "pipelines"), 0), "budgets_ms");
     cr_assert_float_eq(json_real_value(json_object_get(budgets, "det")),
                        in.sessions[5].slo_us / 1000, 1e-9);
-    cr_assert_eq(json_integer_value(json_object_get(json_object_get(root, "advice"),
-                                                    "devices_delta")),
-                 plan.ndevices - 8);
+    cr_assert_eq(
+        json_integer_value(json_object_get(json_object_get(root, "advice"), "devices_delta")),
+        plan.ndevices - 8);
     json_decref(root);
     free(s);
     pl_plan_dispose(&plan);
