@@ -120,6 +120,35 @@ double pl_advice_add(int ndevices, double bad_rate);
 /* With an average idle fraction f over ndevices, ndevices * f could go. */
 double pl_advice_release(int ndevices, double idle_fraction);
 
+/* Epoch triggers (pure: the caller passes the time and keeps the state).
+ * An epoch runs every period_ms, or early when a session's rate leaves
+ * [low, high] times what the plan serves it, never sooner than
+ * min_interval_ms after the last one. */
+typedef struct {
+    double period_ms;       /* 30000 */
+    double min_interval_ms; /* 10000 */
+    double low, high;       /* 0.8, 1.1 */
+    double ewma_tau_ms;     /* 10000: time constant of the rate estimate */
+} pl_epoch_config_t;
+
+typedef enum {
+    PL_EPOCH_NONE = 0,
+    PL_EPOCH_PERIODIC,
+    PL_EPOCH_RATE_CHANGE,
+} pl_epoch_reason_t;
+
+void pl_epoch_config_default(pl_epoch_config_t *c);
+/* The rate estimate after count arrivals in the last interval_ms: an EWMA
+ * with time constant tau_ms, so that uneven tick intervals weigh right. */
+double pl_rate_ewma(double prev_rps, double count, double interval_ms, double tau_ms);
+/* What plan serves of a session at most: sum over its shares of
+ * batch / duty cycle (req/s); 0 when it has no device. */
+double pl_plan_capacity_rps(const pl_plan_t *plan, int session_id);
+/* Whether an epoch is due at now_ms. rate_rps and planned_rps are per
+ * session (planned 0 and rate > 0: a session the plan does not serve yet). */
+pl_epoch_reason_t pl_epoch_due(const pl_epoch_config_t *c, double now_ms, double last_epoch_ms,
+                               const double *rate_rps, const double *planned_rps, int n);
+
 /* Prefix groups: models sharing all but their last layers, one SLO, batched
  * together. Builds the group session's profile as a table for b = 1.. up to
  * the prefix's max batch: l(b) = prefix l(b) + sum_i suffix_i l(ceil(b * s_i))
