@@ -1,0 +1,136 @@
+/* squish-sim WORKLOAD.json [--policy deferred|early-drop] [--seed N]
+ *           [--search-goodput] [--dump] [--scale X] [--duration S]
+ *           [--routing auto|all|plan] [--net-delay-us N]
+ * Prints the simulation summary JSON (DESIGN.md) on stdout. Exit status: 0,
+ * 1 (workload or simulation error), 2 (usage), 3 (the no-overlap checker
+ * found a device running two batches at once). */
+#include "sim.h"
+
+#include <sq.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: squish-sim WORKLOAD.json [--policy deferred|early-drop] [--seed N]\n"
+                    "                  [--search-goodput] [--dump] [--scale X] [--duration S]\n"
+                    "                  [--routing auto|all|plan] [--net-delay-us N]\n");
+}
+
+static int parse_double(const char *s, double *out)
+{
+    char *end;
+    *out = strtod(s, &end);
+    return *s && *end == '\0' ? 0 : -1;
+}
+
+int main(int argc, char **argv)
+{
+    sim_opts_t opts;
+    sim_opts_default(&opts);
+    const char *path = NULL;
+    int search = 0, dump = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        double x;
+        if (strcmp(a, "--search-goodput") == 0) {
+            search = 1;
+        } else if (strcmp(a, "--dump") == 0) {
+            dump = 1;
+        } else if (strcmp(a, "--policy") == 0 && v) {
+            if (pl_policy_parse(v, &opts.policy) < 0) {
+                fprintf(stderr, "squish-sim: --policy: unknown policy \"%s\"\n", v);
+                return 2;
+            }
+            i++;
+        } else if (strcmp(a, "--seed") == 0 && v) {
+            char *end;
+            opts.seed = strtoull(v, &end, 10);
+            if (!*v || *end) {
+                fprintf(stderr, "squish-sim: --seed: not a number: %s\n", v);
+                return 2;
+            }
+            opts.seed_given = 1;
+            i++;
+        } else if (strcmp(a, "--scale") == 0 && v) {
+            if (parse_double(v, &x) < 0 || !(x > 0)) {
+                fprintf(stderr, "squish-sim: --scale: must be > 0\n");
+                return 2;
+            }
+            opts.rate_scale = x;
+            i++;
+        } else if (strcmp(a, "--duration") == 0 && v) {
+            if (parse_double(v, &x) < 0 || !(x > 0)) {
+                fprintf(stderr, "squish-sim: --duration: must be > 0 seconds\n");
+                return 2;
+            }
+            opts.duration_s = x;
+            i++;
+        } else if (strcmp(a, "--net-delay-us") == 0 && v) {
+            if (parse_double(v, &x) < 0 || !(x >= 0)) {
+                fprintf(stderr, "squish-sim: --net-delay-us: must be >= 0\n");
+                return 2;
+            }
+            opts.net_delay_us = (int64_t)x;
+            i++;
+        } else if (strcmp(a, "--routing") == 0 && v) {
+            if (strcmp(v, "auto") == 0)
+                opts.routing = SIM_ROUTE_AUTO;
+            else if (strcmp(v, "all") == 0)
+                opts.routing = SIM_ROUTE_ALL;
+            else if (strcmp(v, "plan") == 0)
+                opts.routing = SIM_ROUTE_PLAN;
+            else {
+                fprintf(stderr, "squish-sim: --routing: auto, all or plan\n");
+                return 2;
+            }
+            i++;
+        } else if (a[0] != '-' && path == NULL) {
+            path = a;
+        } else {
+            usage();
+            return 2;
+        }
+    }
+    if (path == NULL) {
+        usage();
+        return 2;
+    }
+    wl_workload_t w;
+    int rc = wl_load_file(&w, path);
+    if (rc < 0) {
+        fprintf(stderr, "squish-sim: %s: %s\n", path, w.error[0] ? w.error : sq_err_msg(rc));
+        wl_workload_dispose(&w);
+        return 1;
+    }
+    if (w.npipelines > 0)
+        fprintf(stderr, "squish-sim: note: pipelines are not simulated, only sessions\n");
+    sim_result_t res;
+    double scale = 0;
+    int runs = 0;
+    if (search)
+        rc = sim_search_goodput(&w, &opts, 0.99, &scale, &runs, &res);
+    else
+        rc = sim_run(&w, &opts, &res);
+    int status = 0;
+    if (rc < 0 && res.overlap_batch < 0) {
+        fprintf(stderr, "squish-sim: simulation failed: %s\n", sq_err_msg(rc));
+        status = 1;
+    } else {
+        char *text = sim_summary_json(&w, &opts, &res, search ? scale : 0, runs, dump);
+        fputs(text, stdout);
+        fputc('\n', stdout);
+        free(text);
+        if (res.overlap_batch >= 0) {
+            fprintf(stderr, "squish-sim: device %d runs two batches at once (batch %ld)\n",
+                    res.batches[res.overlap_batch].device, res.overlap_batch);
+            status = 3;
+        }
+    }
+    sim_result_dispose(&res);
+    wl_workload_dispose(&w);
+    return status;
+}

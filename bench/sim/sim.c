@@ -1,0 +1,737 @@
+/* squish-sim engine (sim.h): arrivals, emulated devices, the event loop
+ * around the real dispatcher core, and the summary. */
+#include "sim.h"
+
+#include "sim_rng.h"
+
+#include <pl.h>
+#include <sq.h>
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+void sim_opts_default(sim_opts_t *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->policy = PL_POLICY_DEFERRED;
+    o->rate_scale = 1;
+    o->duration_s = 10;
+    o->routing = SIM_ROUTE_AUTO;
+}
+
+/* ---- arrivals ---- */
+
+typedef struct {
+    int64_t at_us;
+    int session;
+    uint32_t seq; /* per session, keeps the sort stable */
+} arrival_t;
+
+typedef struct {
+    arrival_t *v;
+    size_t n, cap;
+} arrivals_t;
+
+static void arrivals_push(arrivals_t *a, int64_t at_us, int session, uint32_t seq)
+{
+    if (a->n == a->cap) {
+        a->cap = a->cap ? a->cap * 2 : 4096;
+        a->v = sq_xrealloc(a->v, sizeof(*a->v) * a->cap);
+    }
+    a->v[a->n++] = (arrival_t){.at_us = at_us, .session = session, .seq = seq};
+}
+
+static int arrival_cmp(const void *x, const void *y)
+{
+    const arrival_t *a = x, *b = y;
+    if (a->at_us != b->at_us)
+        return a->at_us < b->at_us ? -1 : 1;
+    if (a->session != b->session)
+        return a->session < b->session ? -1 : 1;
+    return (a->seq > b->seq) - (a->seq < b->seq);
+}
+
+/* Appends the arrivals of session idx; returns its span in seconds. Gaps
+ * are drawn with mean 1 and divided by the rate, so a higher scale replays
+ * the same pattern compressed in time (the goodput search stays smooth). */
+static double gen_session(arrivals_t *out, const wl_session_t *s, int idx, unsigned long long seed,
+                          const sim_opts_t *o)
+{
+    sim_rng_t rng;
+    uint64_t mix = seed ^ (0xd1b54a32d192ed03ULL * (uint64_t)(idx + 1));
+    sim_rng_seed(&rng, sim_splitmix64(&mix));
+    uint32_t seq = 0;
+    const wl_arrivals_t *a = &s->arrivals;
+    if (a->process == WL_ARRIVALS_TIMES) {
+        for (int i = 0; i < a->ntimes; i++)
+            arrivals_push(out, llround(a->times_ms[i] * 1000 / o->rate_scale), idx, seq++);
+        return a->ntimes ? a->times_ms[a->ntimes - 1] / 1000 / o->rate_scale : 0;
+    }
+    wl_segment_t only = {.duration_s = o->duration_s, .rate_rps = s->rate_rps};
+    const wl_segment_t *segs = a->process == WL_ARRIVALS_NONE ? &only : a->segments;
+    int nsegs = a->process == WL_ARRIVALS_NONE ? 1 : a->nsegments;
+    wl_process_t proc = a->process == WL_ARRIVALS_NONE ? WL_ARRIVALS_POISSON : a->process;
+    double start_us = 0;
+    for (int k = 0; k < nsegs; k++) {
+        double end_us = start_us + segs[k].duration_s * 1e6;
+        double rate_per_us = segs[k].rate_rps * o->rate_scale / 1e6;
+        if (rate_per_us > 0) {
+            double t = start_us;
+            for (uint64_t i = 0;; i++) {
+                double gap;
+                if (proc == WL_ARRIVALS_UNIFORM)
+                    gap = i == 0 ? 0 : 1;
+                else if (proc == WL_ARRIVALS_GAMMA)
+                    gap = sim_rng_gamma_mean1(&rng, a->shape);
+                else
+                    gap = sim_rng_exp(&rng);
+                t = proc == WL_ARRIVALS_UNIFORM ? start_us + (double)i / rate_per_us
+                                                : t + gap / rate_per_us;
+                if (t >= end_us)
+                    break;
+                arrivals_push(out, llround(t), idx, seq++);
+            }
+        }
+        start_us = end_us;
+    }
+    return start_us / 1e6;
+}
+
+/* ---- devices ---- */
+
+typedef struct {
+    int busy;
+    uint64_t batch_id;
+    size_t record; /* index into res->batches */
+    int64_t end_us;
+    uint64_t *ids;
+    int nids, cap_ids;
+    int used;
+} device_t;
+
+typedef struct {
+    int64_t end_us;
+    int device;
+} completion_t;
+
+typedef struct {
+    completion_t *v;
+    int n;
+} cheap_t;
+
+static int c_less(const completion_t *a, const completion_t *b)
+{
+    return a->end_us < b->end_us || (a->end_us == b->end_us && a->device < b->device);
+}
+
+static void cheap_push(cheap_t *h, completion_t c)
+{
+    int i = h->n++;
+    h->v[i] = c;
+    while (i > 0) {
+        int p = (i - 1) / 2;
+        if (!c_less(&h->v[i], &h->v[p]))
+            break;
+        completion_t t = h->v[i];
+        h->v[i] = h->v[p];
+        h->v[p] = t;
+        i = p;
+    }
+}
+
+static completion_t cheap_pop(cheap_t *h)
+{
+    completion_t top = h->v[0];
+    h->v[0] = h->v[--h->n];
+    int i = 0;
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < h->n && c_less(&h->v[l], &h->v[m]))
+            m = l;
+        if (r < h->n && c_less(&h->v[r], &h->v[m]))
+            m = r;
+        if (m == i)
+            break;
+        completion_t t = h->v[i];
+        h->v[i] = h->v[m];
+        h->v[m] = t;
+        i = m;
+    }
+    return top;
+}
+
+/* ---- the run ---- */
+
+typedef struct {
+    const wl_workload_t *w;
+    const sim_opts_t *o;
+    sim_result_t *res;
+    pl_dispatch_t *d;
+    device_t *dev;
+    cheap_t done;
+    int64_t timer_us;
+    int64_t **exec_us; /* per session: the emulated device's l(b), b = 1..max */
+    size_t cap_batches;
+    int failed;
+} run_t;
+
+static void absorb(run_t *r)
+{
+    const pl_action_t *a;
+    size_t n = pl_dispatch_take(r->d, &a);
+    sim_result_t *res = r->res;
+    for (size_t i = 0; i < n; i++) {
+        if (a[i].kind == PL_ACT_TIMER) {
+            r->timer_us = a[i].at_us;
+        } else if (a[i].kind == PL_ACT_DROP) {
+            sim_request_t *q = &res->requests[a[i].request_id];
+            q->outcome = SIM_DROPPED;
+            q->reason = a[i].reason;
+            q->finish_us = a[i].at_us;
+            res->dropped++;
+        } else {
+            device_t *dv = &r->dev[a[i].worker];
+            if (res->nbatches == r->cap_batches) {
+                r->cap_batches = r->cap_batches ? r->cap_batches * 2 : 4096;
+                res->batches = sq_xrealloc(res->batches, sizeof(sim_batch_t) * r->cap_batches);
+            }
+            int64_t exec = r->exec_us[a[i].session][a[i].count];
+            sim_batch_t *b = &res->batches[res->nbatches];
+            *b = (sim_batch_t){.device = a[i].worker,
+                               .session = a[i].session,
+                               .start_us = a[i].at_us,
+                               .end_us = a[i].at_us + r->o->net_delay_us + exec,
+                               .size = a[i].count};
+            if (dv->busy) {
+                /* The dispatcher gave a busy device a batch: a real device
+                 * could not have run it. Stop; the checker reports it. */
+                res->nbatches++;
+                r->failed = 1;
+                return;
+            }
+            dv->busy = 1;
+            dv->used = 1;
+            dv->batch_id = a[i].batch_id;
+            dv->record = res->nbatches++;
+            dv->end_us = b->end_us;
+            if (dv->cap_ids < a[i].count) {
+                dv->cap_ids = a[i].count;
+                dv->ids = sq_xrealloc(dv->ids, sizeof(uint64_t) * (size_t)dv->cap_ids);
+            }
+            memcpy(dv->ids, a[i].ids, sizeof(uint64_t) * (size_t)a[i].count);
+            dv->nids = a[i].count;
+            for (int k = 0; k < a[i].count; k++)
+                res->requests[a[i].ids[k]].sent_us = a[i].at_us;
+            res->busy_us += (double)(b->end_us - b->start_us);
+            cheap_push(&r->done, (completion_t){.end_us = b->end_us, .device = a[i].worker});
+        }
+    }
+}
+
+static int count_models(const wl_workload_t *w)
+{
+    int n = 0;
+    for (int i = 0; i < w->nsessions; i++) {
+        int seen = 0;
+        for (int j = 0; j < i; j++)
+            seen |= w->sessions[j].model == w->sessions[i].model;
+        n += !seen;
+    }
+    return n;
+}
+
+/* Routes every session: on all devices, or as the placement plan says. */
+static int setup_routes(run_t *r, int *ndevices)
+{
+    const wl_workload_t *w = r->w;
+    sim_routing_t mode = r->o->routing;
+    if (mode == SIM_ROUTE_AUTO)
+        mode = count_models(w) > 1 ? SIM_ROUTE_PLAN : SIM_ROUTE_ALL;
+    if (mode == SIM_ROUTE_ALL) {
+        int n = w->device_count;
+        if (n < 1)
+            return SQ_INVAL;
+        *ndevices = n;
+        r->dev = sq_xcalloc((size_t)n, sizeof(*r->dev));
+        pl_route_t *routes = sq_xmalloc(sizeof(*routes) * (size_t)n);
+        for (int k = 0; k < n; k++) {
+            pl_dispatch_worker_add(r->d, 0, k, 0);
+            routes[k] = (pl_route_t){.worker = k, .target_batch = 0};
+        }
+        for (int s = 0; s < w->nsessions; s++)
+            pl_dispatch_route_set(r->d, 0, s, routes, n);
+        free(routes);
+        return 0;
+    }
+    pl_session_t *ps = sq_xcalloc((size_t)w->nsessions, sizeof(*ps));
+    for (int s = 0; s < w->nsessions; s++) {
+        const wl_session_t *ws = &w->sessions[s];
+        ps[s] = (pl_session_t){.id = s,
+                               .model = ws->model,
+                               .name = w->models[ws->model].name,
+                               .profile = &w->models[ws->model].profile,
+                               .slo_us = ws->slo_ms * 1000,
+                               .rate_rps = ws->rate_rps * r->o->rate_scale};
+    }
+    pl_options_t po = {.k_std = w->k_std,
+                       .device_memory_bytes = w->device_memory_mb * WL_BYTES_PER_MB,
+                       .max_devices = w->device_count};
+    pl_plan_t plan;
+    int rc = pl_plan(&plan, ps, w->nsessions, NULL, &po);
+    free(ps);
+    if (rc < 0)
+        return rc;
+    int n = w->device_count > 0 ? w->device_count : plan.ndevices;
+    if (n < 1) {
+        pl_plan_dispose(&plan);
+        return SQ_INVAL;
+    }
+    *ndevices = n;
+    r->res->planned_devices = plan.ndevices;
+    r->dev = sq_xcalloc((size_t)n, sizeof(*r->dev));
+    for (int k = 0; k < n; k++) {
+        int64_t duty = k < plan.ndevices ? llround(plan.devices[k].duty_cycle_us) : 0;
+        /* A saturated device runs back to back: pacing adds nothing. */
+        if (k < plan.ndevices && plan.devices[k].saturated)
+            duty = 0;
+        pl_dispatch_worker_add(r->d, 0, k, r->o->policy == PL_POLICY_EARLY_DROP ? duty : 0);
+    }
+    pl_route_t *routes = sq_xmalloc(sizeof(*routes) * (size_t)(plan.ndevices + 1));
+    for (int s = 0; s < w->nsessions; s++) {
+        int nr = 0;
+        for (int k = 0; k < plan.ndevices && k < n; k++)
+            for (int a = 0; a < plan.devices[k].nallocs; a++)
+                if (plan.devices[k].allocs[a].session == s) {
+                    routes[nr++] =
+                        (pl_route_t){.worker = k, .target_batch = plan.devices[k].allocs[a].batch};
+                    break;
+                }
+        if (nr == 0)
+            r->res->unplaced_sessions++;
+        pl_dispatch_route_set(r->d, 0, s, routes, nr);
+    }
+    free(routes);
+    pl_plan_dispose(&plan);
+    return 0;
+}
+
+int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
+{
+    memset(res, 0, sizeof(*res));
+    res->overlap_batch = -1;
+    res->nsessions = w->nsessions;
+    unsigned long long seed = o->seed_given ? o->seed : w->seed;
+    run_t r = {.w = w, .o = o, .res = res, .timer_us = PL_NEVER};
+    int rc = 0;
+
+    arrivals_t arr = {0};
+    double horizon = 0;
+    for (int s = 0; s < w->nsessions; s++) {
+        double span = gen_session(&arr, &w->sessions[s], s, seed, o);
+        if (span > horizon)
+            horizon = span;
+    }
+    if (arr.n)
+        qsort(arr.v, arr.n, sizeof(*arr.v), arrival_cmp);
+    res->horizon_s = horizon;
+    res->nrequests = arr.n;
+    res->offered_rps = horizon > 0 ? (double)arr.n / horizon : 0;
+    res->requests = sq_xcalloc(arr.n ? arr.n : 1, sizeof(*res->requests));
+    for (size_t i = 0; i < arr.n; i++) {
+        const wl_session_t *ws = &w->sessions[arr.v[i].session];
+        res->requests[i] =
+            (sim_request_t){.session = arr.v[i].session,
+                            .arrival_us = arr.v[i].at_us,
+                            .deadline_us = arr.v[i].at_us + llround(ws->slo_ms * 1000),
+                            .sent_us = -1,
+                            .finish_us = -1};
+    }
+
+    pl_dispatch_opts_t dopts = {
+        .policy = o->policy, .k_std = w->k_std, .net_delay_us = o->net_delay_us};
+    r.d = pl_dispatch_new(&dopts);
+    r.exec_us = sq_xcalloc((size_t)w->nsessions + 1, sizeof(int64_t *));
+    for (int s = 0; s < w->nsessions; s++) {
+        const pl_profile_t *p = &w->models[w->sessions[s].model].profile;
+        pl_session_cfg_t cfg = {.profile = p, .slo_us = llround(w->sessions[s].slo_ms * 1000)};
+        if (pl_dispatch_session_add(r.d, &cfg) != s) {
+            rc = SQ_INVAL;
+            goto out;
+        }
+        r.exec_us[s] = sq_xcalloc((size_t)p->max_batch + 1, sizeof(int64_t));
+        for (int b = 1; b <= p->max_batch; b++)
+            r.exec_us[s][b] = (int64_t)ceil(pl_latency_us(p, b, 0));
+    }
+    if ((rc = setup_routes(&r, &res->ndevices)) < 0)
+        goto out;
+    r.done.v = sq_xmalloc(sizeof(completion_t) * (size_t)res->ndevices);
+    absorb(&r);
+
+    size_t next = 0;
+    while (!r.failed) {
+        int64_t t_done = r.done.n ? r.done.v[0].end_us : PL_NEVER;
+        int64_t t_arr = next < arr.n ? res->requests[next].arrival_us : PL_NEVER;
+        int64_t now = t_done < t_arr ? t_done : t_arr;
+        if (r.timer_us < now)
+            now = r.timer_us;
+        if (now == PL_NEVER)
+            break;
+        if (t_done == now) {
+            completion_t c = cheap_pop(&r.done);
+            device_t *dv = &r.dev[c.device];
+            for (int k = 0; k < dv->nids; k++) {
+                sim_request_t *q = &res->requests[dv->ids[k]];
+                q->finish_us = c.end_us;
+                q->outcome = c.end_us <= q->deadline_us ? SIM_OK : SIM_LATE;
+                if (q->outcome == SIM_OK)
+                    res->ok++;
+                else
+                    res->late++;
+            }
+            dv->busy = 0;
+            dv->nids = 0;
+            pl_dispatch_batch_done(r.d, now, c.device, dv->batch_id);
+        } else if (t_arr == now) {
+            sim_request_t *q = &res->requests[next];
+            pl_dispatch_request(r.d, now, next, q->session, q->arrival_us, q->deadline_us);
+            next++;
+        } else {
+            r.timer_us = PL_NEVER;
+            pl_dispatch_timer(r.d, now);
+        }
+        absorb(&r);
+    }
+    for (size_t i = 0; i < res->nrequests; i++)
+        res->pending += res->requests[i].outcome == SIM_PENDING;
+    for (int k = 0; k < res->ndevices; k++)
+        res->devices_used += r.dev[k].used;
+    res->overlap_batch = sim_check_overlap(res->batches, res->nbatches, res->ndevices);
+    if (r.failed && res->overlap_batch < 0)
+        res->overlap_batch = (long)res->nbatches - 1;
+    if (r.failed)
+        rc = SQ_INTERNAL;
+out:
+    for (int s = 0; s < w->nsessions; s++)
+        free(r.exec_us[s]);
+    free(r.exec_us);
+    if (r.dev)
+        for (int k = 0; k < res->ndevices; k++)
+            free(r.dev[k].ids);
+    free(r.dev);
+    free(r.done.v);
+    free(arr.v);
+    pl_dispatch_free(r.d);
+    return rc;
+}
+
+void sim_result_dispose(sim_result_t *res)
+{
+    if (res == NULL)
+        return;
+    free(res->requests);
+    free(res->batches);
+    res->requests = NULL;
+    res->batches = NULL;
+}
+
+double sim_ok_fraction(const sim_result_t *res)
+{
+    return res->nrequests ? (double)res->ok / (double)res->nrequests : 1;
+}
+
+int sim_search_goodput(const wl_workload_t *w, const sim_opts_t *opts, double target, double *scale,
+                       int *runs, sim_result_t *res)
+{
+    sim_opts_t o = *opts;
+    double base = opts->rate_scale > 0 ? opts->rate_scale : 1;
+    double lo = 0, hi = 0;
+    int n = 0, rc;
+    sim_result_t tmp;
+    /* Bracket: double (or halve) until the verdict flips. */
+    o.rate_scale = base;
+    if ((rc = sim_run(w, &o, &tmp)) < 0)
+        goto fail;
+    n++;
+    int ok = sim_ok_fraction(&tmp) >= target;
+    sim_result_dispose(&tmp);
+    if (ok) {
+        lo = base;
+        for (double s = base * 2; s <= base * 1024; s *= 2) {
+            o.rate_scale = s;
+            if ((rc = sim_run(w, &o, &tmp)) < 0)
+                goto fail;
+            n++;
+            ok = sim_ok_fraction(&tmp) >= target;
+            sim_result_dispose(&tmp);
+            if (!ok) {
+                hi = s;
+                break;
+            }
+            lo = s;
+        }
+        if (hi == 0)
+            hi = lo; /* never saturates within 1024x: report that */
+    } else {
+        hi = base;
+        for (double s = base / 2; s >= base / 1024; s /= 2) {
+            o.rate_scale = s;
+            if ((rc = sim_run(w, &o, &tmp)) < 0)
+                goto fail;
+            n++;
+            ok = sim_ok_fraction(&tmp) >= target;
+            sim_result_dispose(&tmp);
+            if (ok) {
+                lo = s;
+                break;
+            }
+            hi = s;
+        }
+    }
+    while (lo > 0 && hi > lo && (hi - lo) / hi > 0.002) {
+        o.rate_scale = (lo + hi) / 2;
+        if ((rc = sim_run(w, &o, &tmp)) < 0)
+            goto fail;
+        n++;
+        if (sim_ok_fraction(&tmp) >= target)
+            lo = o.rate_scale;
+        else
+            hi = o.rate_scale;
+        sim_result_dispose(&tmp);
+    }
+    *scale = lo;
+    *runs = n;
+    if (lo <= 0) {
+        memset(res, 0, sizeof(*res));
+        res->overlap_batch = -1;
+        return 0;
+    }
+    o.rate_scale = lo;
+    rc = sim_run(w, &o, res);
+    (*runs)++;
+    return rc;
+fail:
+    sim_result_dispose(&tmp);
+    memset(res, 0, sizeof(*res));
+    return rc;
+}
+
+/* ---- checker ---- */
+
+typedef struct {
+    int device;
+    int64_t start_us, end_us;
+    size_t index;
+} span_t;
+
+static int span_cmp(const void *x, const void *y)
+{
+    const span_t *a = x, *b = y;
+    if (a->device != b->device)
+        return a->device < b->device ? -1 : 1;
+    if (a->start_us != b->start_us)
+        return a->start_us < b->start_us ? -1 : 1;
+    return (a->index > b->index) - (a->index < b->index);
+}
+
+long sim_check_overlap(const sim_batch_t *batches, size_t nbatches, int ndevices)
+{
+    if (nbatches == 0)
+        return -1;
+    span_t *s = sq_xmalloc(sizeof(*s) * nbatches);
+    for (size_t i = 0; i < nbatches; i++)
+        s[i] = (span_t){.device = batches[i].device,
+                        .start_us = batches[i].start_us,
+                        .end_us = batches[i].end_us,
+                        .index = i};
+    qsort(s, nbatches, sizeof(*s), span_cmp);
+    long bad = -1;
+    for (size_t i = 0; i < nbatches && bad < 0; i++) {
+        if (s[i].device < 0 || s[i].device >= ndevices || s[i].end_us < s[i].start_us)
+            bad = (long)s[i].index;
+        else if (i > 0 && s[i].device == s[i - 1].device && s[i].start_us < s[i - 1].end_us)
+            bad = (long)s[i].index;
+    }
+    free(s);
+    return bad;
+}
+
+/* ---- summary ---- */
+
+static json_t *num(double x)
+{
+    /* Three decimals: µs resolution on ms values, and stable text. */
+    return json_real(round(x * 1000) / 1000);
+}
+
+static int dbl_cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static const char *outcome_name(int o)
+{
+    switch (o) {
+    case SIM_OK:
+        return "ok";
+    case SIM_LATE:
+        return "late";
+    case SIM_DROPPED:
+        return "dropped";
+    default:
+        return "pending";
+    }
+}
+
+char *sim_summary_json(const wl_workload_t *w, const sim_opts_t *opts, const sim_result_t *res,
+                       double search_scale, int search_runs, int dump)
+{
+    json_t *root = json_object();
+    double horizon = res->horizon_s > 0 ? res->horizon_s : 1;
+    size_t bad = res->dropped + res->late + res->pending;
+    json_object_set_new(root, "policy", json_string(pl_policy_name(opts->policy)));
+    json_object_set_new(root, "seed",
+                        json_integer((json_int_t)(opts->seed_given ? opts->seed : w->seed)));
+    json_object_set_new(root, "devices", json_integer(res->ndevices));
+    json_object_set_new(root, "rate_scale",
+                        num(search_scale > 0 ? search_scale : opts->rate_scale));
+    json_object_set_new(root, "horizon_s", num(res->horizon_s));
+    json_object_set_new(root, "request_count", json_integer((json_int_t)res->nrequests));
+    json_object_set_new(root, "offered_rps", num(res->offered_rps));
+    double goodput = search_scale > 0 ? res->offered_rps : (double)res->ok / horizon;
+    json_object_set_new(root, "goodput_rps", num(goodput));
+    json_object_set_new(root, "bad_rate",
+                        num(res->nrequests ? (double)bad / (double)res->nrequests : 0));
+    json_object_set_new(root, "ok", json_integer((json_int_t)res->ok));
+    json_object_set_new(root, "dropped", json_integer((json_int_t)res->dropped));
+    json_object_set_new(root, "late", json_integer((json_int_t)res->late));
+    json_object_set_new(root, "pending", json_integer((json_int_t)res->pending));
+    double span_us = res->horizon_s * 1e6;
+    for (size_t i = 0; i < res->nbatches; i++)
+        if ((double)res->batches[i].end_us > span_us)
+            span_us = (double)res->batches[i].end_us;
+    json_object_set_new(
+        root, "devices_busy_fraction",
+        num(span_us > 0 && res->ndevices > 0 ? res->busy_us / (span_us * res->ndevices) : 0));
+    json_object_set_new(root, "devices_used", json_integer(res->devices_used));
+    if (res->planned_devices > 0)
+        json_object_set_new(root, "planned_devices", json_integer(res->planned_devices));
+    json_object_set_new(root, "unplaced_sessions", json_integer(res->unplaced_sessions));
+    json_object_set_new(root, "batch_count", json_integer((json_int_t)res->nbatches));
+    json_object_set_new(root, "overlap_batch", json_integer(res->overlap_batch));
+    if (search_scale > 0)
+        json_object_set_new(root, "search",
+                            json_pack("{s:f, s:i, s:f}", "target_ok_fraction", 0.99, "runs",
+                                      search_runs, "ok_fraction", sim_ok_fraction(res)));
+
+    json_t *reasons = json_object();
+    for (size_t i = 0; i < res->nrequests; i++) {
+        if (res->requests[i].outcome != SIM_DROPPED)
+            continue;
+        const char *name = sq_err_name(res->requests[i].reason);
+        json_t *c = json_object_get(reasons, name);
+        json_object_set_new(reasons, name, json_integer(c ? json_integer_value(c) + 1 : 1));
+    }
+    json_object_set_new(root, "drop_reasons", reasons);
+
+    /* Per model: sessions of one model add up. */
+    json_t *models = json_array();
+    int nm = w->nmodels;
+    size_t *req = sq_xcalloc((size_t)nm, sizeof(size_t)),
+           *okc = sq_xcalloc((size_t)nm, sizeof(size_t));
+    size_t *nb = sq_xcalloc((size_t)nm, sizeof(size_t)),
+           *items = sq_xcalloc((size_t)nm, sizeof(size_t));
+    size_t *drp = sq_xcalloc((size_t)nm, sizeof(size_t)),
+           *lat = sq_xcalloc((size_t)nm, sizeof(size_t));
+    for (size_t i = 0; i < res->nrequests; i++) {
+        int m = w->sessions[res->requests[i].session].model;
+        req[m]++;
+        okc[m] += res->requests[i].outcome == SIM_OK;
+        drp[m] += res->requests[i].outcome == SIM_DROPPED;
+        lat[m] += res->requests[i].outcome == SIM_LATE;
+    }
+    for (size_t i = 0; i < res->nbatches; i++) {
+        int m = w->sessions[res->batches[i].session].model;
+        nb[m]++;
+        items[m] += (size_t)res->batches[i].size;
+    }
+    double *qd = sq_xmalloc(sizeof(double) * (res->nrequests ? res->nrequests : 1));
+    for (int m = 0; m < nm; m++) {
+        int has = 0;
+        for (int s = 0; s < w->nsessions; s++)
+            has |= w->sessions[s].model == m;
+        if (!has)
+            continue;
+        size_t nq = 0;
+        for (size_t i = 0; i < res->nrequests; i++)
+            if (w->sessions[res->requests[i].session].model == m && res->requests[i].sent_us >= 0)
+                qd[nq++] = (double)(res->requests[i].sent_us - res->requests[i].arrival_us) / 1000;
+        qsort(qd, nq, sizeof(double), dbl_cmp);
+        double p99 = nq ? qd[(size_t)ceil(0.99 * (double)nq) - 1] : 0;
+        json_t *mo = json_object();
+        json_object_set_new(mo, "name", json_string(w->models[m].name));
+        json_object_set_new(mo, "requests", json_integer((json_int_t)req[m]));
+        json_object_set_new(mo, "offered_rps", num((double)req[m] / horizon));
+        json_object_set_new(mo, "goodput_rps", num((double)okc[m] / horizon));
+        json_object_set_new(mo, "bad_rate",
+                            num(req[m] ? (double)(req[m] - okc[m]) / (double)req[m] : 0));
+        json_object_set_new(mo, "dropped", json_integer((json_int_t)drp[m]));
+        json_object_set_new(mo, "late", json_integer((json_int_t)lat[m]));
+        json_object_set_new(mo, "batches", json_integer((json_int_t)nb[m]));
+        json_object_set_new(mo, "batch_size_mean",
+                            num(nb[m] ? (double)items[m] / (double)nb[m] : 0));
+        json_object_set_new(mo, "queue_ms_p99", num(p99));
+        json_array_append_new(models, mo);
+    }
+    free(qd);
+    free(req);
+    free(okc);
+    free(nb);
+    free(items);
+    free(drp);
+    free(lat);
+    json_object_set_new(root, "models", models);
+
+    /* Batch size distribution over all batches. */
+    json_t *hist = json_object();
+    for (size_t i = 0; i < res->nbatches; i++) {
+        char key[16];
+        snprintf(key, sizeof(key), "%d", res->batches[i].size);
+        json_t *c = json_object_get(hist, key);
+        json_object_set_new(hist, key, json_integer(c ? json_integer_value(c) + 1 : 1));
+    }
+    json_object_set_new(root, "batch_sizes", hist);
+
+    if (dump) {
+        json_t *rq = json_array();
+        for (size_t i = 0; i < res->nrequests; i++) {
+            const sim_request_t *q = &res->requests[i];
+            json_t *o = json_object();
+            json_object_set_new(o, "model",
+                                json_string(w->models[w->sessions[q->session].model].name));
+            json_object_set_new(o, "arrival_ms", num((double)q->arrival_us / 1000));
+            json_object_set_new(o, "outcome", json_string(outcome_name(q->outcome)));
+            json_object_set_new(o, "finish_ms",
+                                q->finish_us >= 0 ? num((double)q->finish_us / 1000) : json_null());
+            if (q->outcome == SIM_DROPPED)
+                json_object_set_new(o, "reason", json_string(sq_err_name(q->reason)));
+            json_array_append_new(rq, o);
+        }
+        json_object_set_new(root, "requests", rq);
+        json_t *bs = json_array();
+        for (size_t i = 0; i < res->nbatches; i++) {
+            const sim_batch_t *b = &res->batches[i];
+            json_array_append_new(bs,
+                                  json_pack("{s:i, s:s, s:o, s:o, s:i}", "device", b->device,
+                                            "model", w->models[w->sessions[b->session].model].name,
+                                            "start_ms", num((double)b->start_us / 1000), "end_ms",
+                                            num((double)b->end_us / 1000), "size", b->size));
+        }
+        json_object_set_new(root, "batches", bs);
+    }
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+    json_decref(root);
+    return text;
+}

@@ -1,0 +1,108 @@
+/* squish-sim: a discrete-event simulator that drives the real dispatcher
+ * core (planner/pl_dispatch.h) and, for multi-model workloads, the real
+ * placement core (planner/pl.h) with a virtual clock and emulated devices: a
+ * batch of b holds a device for exactly the profile's mean l(b), as in the
+ * papers' own cluster-scale evaluations. Workload and summary formats:
+ * DESIGN.md, "Workload, plan and simulation JSON"; schema
+ * schemas/simulation.schema.json.
+ *
+ * Deterministic: arrivals come from the simulator's own PRNG (sim_rng.h)
+ * seeded by the workload's seed (or sim_opts_t.seed) and the session index,
+ * and every tie between events at one virtual moment is broken the same way
+ * (batch completions, then arrivals, then the dispatcher's timer). */
+#ifndef SIM_H
+#define SIM_H
+
+#include <pl_dispatch.h>
+#include <workload.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    SIM_ROUTE_AUTO = 0, /* one model: every device; several: the placement plan */
+    SIM_ROUTE_ALL,      /* every session on every device */
+    SIM_ROUTE_PLAN,     /* pl_plan at the simulated rates decides */
+} sim_routing_t;
+
+typedef struct {
+    pl_policy_t policy;
+    int seed_given;
+    unsigned long long seed; /* overrides the workload's when seed_given */
+    double rate_scale;       /* multiplies every arrival rate (times_ms are compressed) */
+    double duration_s;       /* for sessions given only "rate_rps" (Poisson) */
+    int64_t net_delay_us;    /* per batch, as in pl_dispatch_opts_t */
+    sim_routing_t routing;
+} sim_opts_t;
+
+/* Defaults: deferred, workload seed, scale 1, 10 s, no network delay, auto. */
+void sim_opts_default(sim_opts_t *o);
+
+typedef enum {
+    SIM_PENDING = 0, /* never answered: a bug; the summary counts them */
+    SIM_OK,          /* finished within the deadline */
+    SIM_LATE,        /* finished after its deadline */
+    SIM_DROPPED,
+} sim_outcome_t;
+
+typedef struct {
+    int session;
+    int64_t arrival_us, deadline_us;
+    int64_t sent_us;   /* -1 when never sent */
+    int64_t finish_us; /* answer time: batch end or drop */
+    int outcome;       /* sim_outcome_t */
+    int reason;        /* SQ_* drop reason */
+} sim_request_t;
+
+typedef struct {
+    int device;
+    int session;
+    int64_t start_us, end_us;
+    int size;
+} sim_batch_t;
+
+typedef struct {
+    int nsessions;
+    int ndevices;
+    double horizon_s; /* the arrival window */
+    double offered_rps;
+    size_t nrequests;
+    sim_request_t *requests; /* sorted by arrival; the dispatcher's request id is the index */
+    size_t nbatches;
+    sim_batch_t *batches; /* in dispatch order */
+    size_t ok, late, dropped, pending;
+    double busy_us;        /* device time spent on batches */
+    int devices_used;      /* devices that ran at least one batch */
+    long overlap_batch;    /* first batch that overlapped another on its device, or -1 */
+    int planned_devices;   /* devices the placement plan used (0 without a plan) */
+    int unplaced_sessions; /* sessions the plan left without a device */
+} sim_result_t;
+
+/* Runs one simulation. Returns 0, SQ_INVAL (a session's model has no usable
+ * batch for its SLO, or no devices) or the pl_plan error. *res is filled
+ * either way enough for sim_result_dispose. */
+int sim_run(const wl_workload_t *w, const sim_opts_t *opts, sim_result_t *res);
+void sim_result_dispose(sim_result_t *res);
+
+/* Fraction of requests that finished within their SLO (1 when none). */
+double sim_ok_fraction(const sim_result_t *res);
+
+/* Symphony's goodput: the highest offered load (scaling every rate of the
+ * workload) at which at least `target` (0.99) of requests finish within SLO;
+ * exponential bracketing then bisection to 0.2%. Leaves in *res the run at
+ * that load and in *scale its factor; *runs counts simulations. */
+int sim_search_goodput(const wl_workload_t *w, const sim_opts_t *opts, double target, double *scale,
+                       int *runs, sim_result_t *res);
+
+/* The no-overlap checker: batches on one device must not run at the same
+ * time (half-open [start, end) intervals). Returns the index (into batches)
+ * of the first batch found overlapping another, or -1. */
+long sim_check_overlap(const sim_batch_t *batches, size_t nbatches, int ndevices);
+
+/* The summary JSON of DESIGN.md (malloc'd, pretty-printed). search_scale > 0
+ * marks a goodput search (goodput_rps is then the offered rate at that
+ * scale); dump adds every request and batch. */
+char *sim_summary_json(const wl_workload_t *w, const sim_opts_t *opts, const sim_result_t *res,
+                       double search_scale, int search_runs, int dump);
+
+#endif

@@ -1,0 +1,243 @@
+/* The simulator (bench/sim): deterministic per seed, the Symphony worked
+ * example end to end, a small workload's goodput as a regression guard, and
+ * the no-overlap checker against a deliberately broken schedule. */
+#include <criterion/criterion.h>
+#include <sim.h>
+#include <sq.h>
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Four devices of the Symphony table-2 ResNet50 (l(b) = 1.053 b + 5.072 ms,
+ * SLO 25 ms), 4 s of Poisson arrivals: ~11k requests, milliseconds a run. */
+static const char *small_workload =
+    "{\"devices\": {\"count\": 4},"
+    " \"models\": [{\"name\": \"ResNet50\", \"max_batch\": 64,"
+    "              \"profile\": {\"alpha_ms\": 1.053, \"beta_ms\": 5.072}}],"
+    " \"sessions\": [{\"model\": \"ResNet50\", \"slo_ms\": 25,"
+    "   \"arrivals\": {\"process\": \"poisson\","
+    "                  \"segments\": [{\"duration_s\": 4, \"rate_rps\": 2600}]}}],"
+    " \"seed\": 7}";
+
+static void load(wl_workload_t *w, const char *json)
+{
+    int rc = wl_load_string(w, json);
+    cr_assert_eq(rc, 0, "workload: %s", w->error);
+}
+
+static char *run_json(const wl_workload_t *w, const sim_opts_t *o, int dump)
+{
+    sim_result_t res;
+    cr_assert_eq(sim_run(w, o, &res), 0);
+    char *text = sim_summary_json(w, o, &res, 0, 0, dump);
+    sim_result_dispose(&res);
+    return text;
+}
+
+Test(sim, same_seed_same_output_other_seed_other_output)
+{
+    wl_workload_t w;
+    load(&w, small_workload);
+    for (int pol = 0; pol < 2; pol++) {
+        sim_opts_t o;
+        sim_opts_default(&o);
+        o.policy = (pl_policy_t)pol;
+        char *a = run_json(&w, &o, 1);
+        char *b = run_json(&w, &o, 1);
+        cr_assert_str_eq(a, b, "two runs of one seed differ");
+        o.seed_given = 1;
+        o.seed = 8;
+        char *c = run_json(&w, &o, 0);
+        cr_assert(strcmp(a, c) != 0, "another seed gave the same run");
+        free(a);
+        free(b);
+        free(c);
+    }
+    wl_workload_dispose(&w);
+}
+
+Test(sim, symphony_worked_example_end_to_end)
+{
+    /* Section 3.3: 3 devices, l(b) = b + 5 ms, SLO 12 ms, a request every
+     * 0.75 ms: every batch has 4 requests, none dropped, and the devices
+     * take turns so that each is busy all the time. */
+    wl_workload_t w;
+    load(&w, "{\"devices\": {\"count\": 3},"
+             " \"models\": [{\"name\": \"toy\", \"max_batch\": 16,"
+             "              \"profile\": {\"alpha_ms\": 1, \"beta_ms\": 5}}],"
+             " \"sessions\": [{\"model\": \"toy\", \"slo_ms\": 12,"
+             "   \"arrivals\": {\"process\": \"uniform\","
+             "     \"segments\": [{\"duration_s\": 0.3, \"rate_rps\": 1333.3333333333333}]}}]}");
+    sim_opts_t o;
+    sim_opts_default(&o);
+    sim_result_t res;
+    cr_assert_eq(sim_run(&w, &o, &res), 0);
+    cr_assert_eq(res.nrequests, 400);
+    cr_assert_eq(res.dropped, 0);
+    cr_assert_eq(res.late, 0);
+    cr_assert_eq(res.ok, 400);
+    cr_assert_eq(res.nbatches, 100);
+    for (size_t i = 0; i < res.nbatches; i++) {
+        cr_assert_eq(res.batches[i].size, 4);
+        cr_assert_eq(res.batches[i].device, (int)(i % 3));
+        cr_assert_eq(res.batches[i].start_us, 2250 + 3000 * (int64_t)i);
+    }
+    cr_assert_eq(res.overlap_batch, -1);
+    sim_result_dispose(&res);
+    wl_workload_dispose(&w);
+}
+
+Test(sim, small_workload_goodput_regression_guard)
+{
+    /* Recorded when written (bench/RESULTS.md, "Simulator"): deferred
+     * 2460 req/s, early-drop 2162 req/s on 4 devices. The guard allows 2%
+     * before it calls a change a regression; the ordering must hold. The
+     * staggered bound for 4 devices is N b / l(b) with b = 14: 2826 req/s;
+     * Nexus's per-device bound (b = 7, 2 l(b) <= SLO) is 2250 req/s. */
+    wl_workload_t w;
+    load(&w, small_workload);
+    double goodput[2];
+    for (int pol = 0; pol < 2; pol++) {
+        sim_opts_t o;
+        sim_opts_default(&o);
+        o.policy = (pl_policy_t)pol;
+        sim_result_t res;
+        double scale;
+        int runs;
+        cr_assert_eq(sim_search_goodput(&w, &o, 0.99, &scale, &runs, &res), 0);
+        cr_assert_geq(sim_ok_fraction(&res), 0.99);
+        cr_assert_eq(res.overlap_batch, -1);
+        goodput[pol] = res.offered_rps;
+        sim_result_dispose(&res);
+    }
+    cr_assert_geq(goodput[PL_POLICY_DEFERRED], 0.98 * 2460, "deferred %.0f", goodput[0]);
+    cr_assert_leq(goodput[PL_POLICY_DEFERRED], 2826, "above the staggered bound: %.0f", goodput[0]);
+    cr_assert_geq(goodput[PL_POLICY_EARLY_DROP], 0.98 * 2162, "early-drop %.0f", goodput[1]);
+    cr_assert_gt(goodput[PL_POLICY_DEFERRED], goodput[PL_POLICY_EARLY_DROP]);
+    wl_workload_dispose(&w);
+}
+
+Test(sim, overlap_checker_catches_a_broken_schedule)
+{
+    wl_workload_t w;
+    load(&w, small_workload);
+    sim_opts_t o;
+    sim_opts_default(&o);
+    sim_result_t res;
+    cr_assert_eq(sim_run(&w, &o, &res), 0);
+    cr_assert_gt(res.nbatches, 100);
+    cr_assert_eq(sim_check_overlap(res.batches, res.nbatches, res.ndevices), -1);
+    /* Break it: the 50th batch starts 1 µs before the previous batch on its
+     * device ends. */
+    size_t k = 50;
+    long prev = -1;
+    for (long i = (long)k - 1; i >= 0 && prev < 0; i--)
+        if (res.batches[i].device == res.batches[k].device)
+            prev = i;
+    cr_assert_geq(prev, 0);
+    int64_t len = res.batches[k].end_us - res.batches[k].start_us;
+    res.batches[k].start_us = res.batches[prev].end_us - 1;
+    res.batches[k].end_us = res.batches[k].start_us + len;
+    cr_assert_eq(sim_check_overlap(res.batches, res.nbatches, res.ndevices), (long)k);
+    /* Or move a batch onto another device's busy time. */
+    res.batches[k].start_us = res.batches[prev].end_us;
+    res.batches[k].end_us = res.batches[k].start_us + len;
+    cr_assert_eq(sim_check_overlap(res.batches, res.nbatches, res.ndevices), -1);
+    sim_batch_t two[] = {{.device = 1, .start_us = 100, .end_us = 200, .size = 1},
+                         {.device = 0, .start_us = 150, .end_us = 250, .size = 1},
+                         {.device = 1, .start_us = 199, .end_us = 300, .size = 1}};
+    cr_assert_eq(sim_check_overlap(two, 3, 2), 2);
+    two[2].start_us = 200;
+    cr_assert_eq(sim_check_overlap(two, 3, 2), -1);
+    cr_assert_eq(sim_check_overlap(two, 3, 1), 0, "device 1 does not exist");
+    sim_result_dispose(&res);
+    wl_workload_dispose(&w);
+}
+
+Test(sim, arrival_processes)
+{
+    wl_workload_t w;
+    load(&w, "{\"devices\": {\"count\": 64},"
+             " \"models\": [{\"name\": \"m\", \"profile\": {\"alpha_ms\": 0.01, \"beta_ms\": 1}}],"
+             " \"sessions\": ["
+             "  {\"model\": \"m\", \"slo_ms\": 50, \"arrivals\": {\"process\": \"uniform\","
+             "     \"segments\": [{\"duration_s\": 1, \"rate_rps\": 1000},"
+             "                    {\"duration_s\": 1, \"rate_rps\": 0},"
+             "                    {\"duration_s\": 1, \"rate_rps\": 500}]}},"
+             "  {\"model\": \"m\", \"slo_ms\": 50, \"arrivals\": {\"process\": \"gamma\","
+             "     \"shape\": 0.25, \"segments\": [{\"duration_s\": 3, \"rate_rps\": 2000}]}},"
+             "  {\"model\": \"m\", \"slo_ms\": 50, \"arrivals\": {\"times_ms\": [5, 1, 3]}},"
+             "  {\"model\": \"m\", \"slo_ms\": 50, \"rate_rps\": 100}]}");
+    sim_opts_t o;
+    sim_opts_default(&o);
+    o.duration_s = 2;
+    sim_result_t res;
+    cr_assert_eq(sim_run(&w, &o, &res), 0);
+    size_t per[4] = {0};
+    for (size_t i = 0; i < res.nrequests; i++) {
+        per[res.requests[i].session]++;
+        if (i > 0)
+            cr_assert_geq(res.requests[i].arrival_us, res.requests[i - 1].arrival_us);
+        if (res.requests[i].session == 0)
+            cr_assert(res.requests[i].arrival_us < 1000000 || res.requests[i].arrival_us >= 2000000,
+                      "nothing in the rate-0 segment");
+    }
+    cr_assert_eq(per[0], 1500, "uniform: exactly rate x duration");
+    cr_assert(per[1] > 5000 && per[1] < 7000, "gamma keeps the mean rate: %zu", per[1]);
+    cr_assert_eq(per[2], 3);
+    cr_assert(per[3] > 150 && per[3] < 250, "rate_rps only: Poisson over --duration: %zu", per[3]);
+    cr_assert_eq(res.horizon_s, 3);
+    cr_assert_eq(res.ok + res.dropped + res.late, res.nrequests);
+    cr_assert_eq(res.pending, 0);
+    /* Bursty gamma arrivals: coefficient of variation of gaps near 2. */
+    double sum = 0, sum2 = 0, prev = -1;
+    size_t n = 0;
+    for (size_t i = 0; i < res.nrequests; i++) {
+        if (res.requests[i].session != 1)
+            continue;
+        if (prev >= 0) {
+            double g = (double)res.requests[i].arrival_us - prev;
+            sum += g;
+            sum2 += g * g;
+            n++;
+        }
+        prev = (double)res.requests[i].arrival_us;
+    }
+    double mean = sum / (double)n, cv = sqrt(sum2 / (double)n - mean * mean) / mean;
+    cr_assert(cv > 1.6 && cv < 2.4, "gamma shape 0.25: cv %.2f", cv);
+    sim_result_dispose(&res);
+    wl_workload_dispose(&w);
+}
+
+Test(sim, summary_json_has_the_design_fields)
+{
+    wl_workload_t w;
+    load(&w, small_workload);
+    sim_opts_t o;
+    sim_opts_default(&o);
+    char *text = run_json(&w, &o, 1);
+    json_error_t err;
+    json_t *j = json_loads(text, 0, &err);
+    cr_assert_not_null(j);
+    const char *keys[] = {"offered_rps",           "goodput_rps", "bad_rate", "dropped", "late",
+                          "devices_busy_fraction", "models",      "requests", "batches"};
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+        cr_assert_not_null(json_object_get(j, keys[i]), "missing %s", keys[i]);
+    json_t *m = json_array_get(json_object_get(j, "models"), 0);
+    const char *mkeys[] = {"name", "goodput_rps", "bad_rate", "batch_size_mean", "queue_ms_p99"};
+    for (size_t i = 0; i < sizeof(mkeys) / sizeof(mkeys[0]); i++)
+        cr_assert_not_null(json_object_get(m, mkeys[i]), "missing models[0].%s", mkeys[i]);
+    json_t *r0 = json_array_get(json_object_get(j, "requests"), 0);
+    cr_assert_not_null(json_object_get(r0, "arrival_ms"));
+    cr_assert_not_null(json_object_get(r0, "outcome"));
+    json_t *b0 = json_array_get(json_object_get(j, "batches"), 0);
+    cr_assert_not_null(json_object_get(b0, "start_ms"));
+    cr_assert_not_null(json_object_get(b0, "device"));
+    double offered = json_real_value(json_object_get(j, "offered_rps"));
+    cr_assert(offered > 2500 && offered < 2700, "offered %.1f", offered);
+    json_decref(j);
+    free(text);
+    wl_workload_dispose(&w);
+}

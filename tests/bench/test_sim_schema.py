@@ -1,0 +1,106 @@
+#!/usr/bin/python3
+"""squish-sim end to end: the workloads in bench/workloads validate against
+schemas/workload.schema.json, every summary (plain, --dump, --search-goodput,
+both policies) against schemas/simulation.schema.json, the output is the same
+for the same seed, and bad input fails with the right status.
+Prints TAP. Usage: test_sim_schema.py SQUISH_SIM SOURCE_DIR"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import jsonschema
+
+squish_sim, source_dir = sys.argv[1], sys.argv[2]
+workloads = os.path.join(source_dir, "bench", "workloads")
+schemas = os.path.join(source_dir, "schemas")
+results = []
+
+
+def check(name, fn):
+    try:
+        fn()
+        results.append((True, name, ""))
+    except Exception as e:  # any failure is a "not ok" with its reason
+        results.append((False, name, repr(e)))
+
+
+def load_schema(name):
+    with open(os.path.join(schemas, name)) as f:
+        schema = json.load(f)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+sim_schema = load_schema("simulation.schema.json")
+workload_schema = load_schema("workload.schema.json")
+
+
+def sim(*args, status=0):
+    p = subprocess.run([squish_sim, *args], capture_output=True, text=True, timeout=120)
+    assert p.returncode == status, f"exit {p.returncode}: {p.stderr}"
+    return p
+
+
+def workloads_validate():
+    names = sorted(n for n in os.listdir(workloads) if n.endswith(".json"))
+    assert names, "no workloads"
+    for n in names:
+        with open(os.path.join(workloads, n)) as f:
+            workload_schema.validate(json.load(f))
+
+
+def example_dump():
+    path = os.path.join(workloads, "symphony_section33_example.json")
+    out = sim(path, "--dump").stdout
+    s = json.loads(out)
+    sim_schema.validate(s)
+    assert s["dropped"] == 0 and s["late"] == 0, s
+    assert {b["size"] for b in s["batches"]} == {4}, s["batch_sizes"]
+    assert len(s["requests"]) == s["request_count"]
+    assert out == sim(path, "--dump").stdout, "same seed, different output"
+
+
+def table2_both_policies_and_search():
+    path = os.path.join(workloads, "symphony_table2_resnet50.json")
+    for policy in ("deferred", "early-drop"):
+        s = json.loads(sim(path, "--policy", policy, "--scale", "0.5").stdout)
+        sim_schema.validate(s)
+        assert s["policy"] == policy and s["bad_rate"] < 0.01, s
+    small = {"devices": {"count": 2},
+             "models": [{"name": "m", "profile": {"alpha_ms": 1, "beta_ms": 5}}],
+             "sessions": [{"model": "m", "slo_ms": 25,
+                           "arrivals": {"process": "poisson",
+                                        "segments": [{"duration_s": 2, "rate_rps": 800}]}}]}
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(small, f)
+        f.flush()
+        s = json.loads(sim(f.name, "--search-goodput").stdout)
+        sim_schema.validate(s)
+        assert s["search"]["ok_fraction"] >= 0.99 and s["goodput_rps"] == s["offered_rps"], s
+
+
+def bad_input():
+    sim(status=2)
+    path = os.path.join(workloads, "symphony_section33_example.json")
+    sim(path, "--policy", "lazy", status=2)
+    sim(path, "--scale", "0", status=2)
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        f.write('{"devices": {"count": 1}, "models": [], "sessions": [{"model": "x", "slo_ms": 5}]}')
+        f.flush()
+        p = sim(f.name, status=1)
+        assert "sessions[0]" in p.stderr, p.stderr
+
+
+check("bench workloads validate against workload.schema.json", workloads_validate)
+check("Symphony example: schema, --dump, batches of 4, deterministic", example_dump)
+check("table-2 workload under both policies and a goodput search validate", table2_both_policies_and_search)
+check("bad arguments exit 2, a bad workload exits 1 naming the JSON path", bad_input)
+
+print(f"1..{len(results)}")
+for i, (ok, name, why) in enumerate(results, 1):
+    print(f"{'ok' if ok else 'not ok'} {i} - {name}")
+    if not ok:
+        print("# " + why.replace("\n", "\n# "))
+sys.exit(0 if all(r[0] for r in results) else 1)
