@@ -101,10 +101,14 @@ double pl_max_throughput_rps(const pl_profile_t *p, double slo_us, double k_std,
                              double memory_bytes, int *batch);
 
 /* Residue: the cheapest way to run rate_rps of a session on part of a
- * device: the largest b with b / r + l(b) <= L (duty cycle b / r), or, when
- * the rate is too low for even b = 1 (or zero), b = 1 at duty cycle
- * L - l(1). Returns 0 and fills batch, duty cycle and occupancy l(b) / d, or
- * SQ_DEADLINE when no batch can meet the SLO. */
+ * device: the b with the lowest occupancy l(b) / d among those with
+ * b / r + l(b) <= L at duty cycle d = b / r (with l(b)/b non-increasing that
+ * is Nexus's largest such b; with a table it skips a b that only pads up to
+ * the next row, e.g. B in the section 4.1 example runs 4 at 125 ms, not 5 at
+ * 156 ms), or, when the rate is too low for even b = 1 (or zero), b = 1 at
+ * duty cycle L - l(1). The batch must fit memory_bytes (0 = unlimited).
+ * Returns 0 and fills batch, duty cycle and occupancy, or SQ_DEADLINE when
+ * no batch can meet the SLO. */
 int pl_residue(const pl_profile_t *p, double slo_us, double rate_rps, double k_std,
                double memory_bytes, int *batch, double *duty_cycle_us, double *occupancy);
 

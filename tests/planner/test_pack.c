@@ -94,6 +94,18 @@ Test(pack, nexus_low_load_a_and_b_share_c_alone, .init = nexus_setup, .fini = ne
     cr_assert_eq(b, 8);
     cr_assert_float_eq(d, 125 * MS, 1e-6);
     cr_assert_float_eq(occ, 0.6, 1e-9);
+    /* B: 5 would also fit (156.25 + 90 <= 250) but pads to the 8-row and
+     * costs more per request than 4 at 125 ms */
+    cr_assert_eq(pl_residue(&prof[1], 250 * MS, 32, 0, 0, &b, &d, &occ), 0);
+    cr_assert_eq(b, 4);
+    cr_assert_float_eq(d, 125 * MS, 1e-6);
+    cr_assert_float_eq(occ, 0.4, 1e-9);
+    /* a batch that does not fit memory is not chosen */
+    prof[0].memory_bytes = 100;
+    prof[0].memory_per_item_bytes = 10;
+    cr_assert_eq(pl_residue(&prof[0], 200 * MS, 64, 0, 135, &b, &d, &occ), 0);
+    cr_assert_eq(b, 4, "5 items need 140 bytes");
+    prof[0].memory_bytes = prof[0].memory_per_item_bytes = 0;
 
     pl_session_t s[3];
     nexus_sessions(s, 64, 32, 32);
