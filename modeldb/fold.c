@@ -1,0 +1,498 @@
+/* Constant folding at import: evaluates the shape arithmetic that exporters
+ * leave in graphs (Shape -> Gather -> Unsqueeze -> Concat -> Reshape, Div
+ * and Mul on channel counts, ConstantOfShape, Cast...) so that only
+ * runtime ops remain. Works on small tensors (MDB_MAX_FOLD_ELEMENTS) and
+ * never on the symbolic batch except to carry it along. */
+#include "mdb_graph.h"
+#include "mdb_graph_int.h"
+
+#include <sq.h>
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CANNOT 1
+
+bool mdb_op_is_foldable(mdb_op_t op)
+{
+    switch (op) {
+    case MDB_OP_CONSTANT:
+    case MDB_OP_IDENTITY:
+    case MDB_OP_DROPOUT:
+    case MDB_OP_SHAPE:
+    case MDB_OP_GATHER:
+    case MDB_OP_UNSQUEEZE:
+    case MDB_OP_SQUEEZE:
+    case MDB_OP_RESHAPE:
+    case MDB_OP_FLATTEN:
+    case MDB_OP_CAST:
+    case MDB_OP_CONCAT:
+    case MDB_OP_CONSTANT_OF_SHAPE:
+    case MDB_OP_SLICE:
+    case MDB_OP_TRANSPOSE:
+    case MDB_OP_ADD:
+    case MDB_OP_SUB:
+    case MDB_OP_MUL:
+    case MDB_OP_DIV:
+        return true;
+    default:
+        return false;
+    }
+}
+
+int64_t mdb_const_count(const mdb_tensor_t *t)
+{
+    size_t es = mdb_dtype_size(t->dtype);
+    return es ? (int64_t)(t->nbytes / es) : 0;
+}
+
+int64_t mdb_const_int(const mdb_tensor_t *t, int64_t i)
+{
+    const uint8_t *p = t->data;
+    switch (t->dtype) {
+    case MDB_DT_INT64: {
+        int64_t v;
+        memcpy(&v, p + i * 8, 8);
+        return v;
+    }
+    case MDB_DT_INT32: {
+        int32_t v;
+        memcpy(&v, p + i * 4, 4);
+        return v;
+    }
+    case MDB_DT_FLOAT: {
+        float v;
+        memcpy(&v, p + i * 4, 4);
+        return isfinite(v) && fabsf(v) < 9e18f ? (int64_t)v : 0;
+    }
+    case MDB_DT_INT8:
+        return (int8_t)p[i];
+    case MDB_DT_UINT8:
+    case MDB_DT_BOOL:
+        return p[i];
+    default:
+        return 0;
+    }
+}
+
+static double const_f(const mdb_tensor_t *t, int64_t i)
+{
+    if (t->dtype == MDB_DT_FLOAT) {
+        float v;
+        memcpy(&v, (const uint8_t *)t->data + i * 4, 4);
+        return v;
+    }
+    return (double)mdb_const_int(t, i);
+}
+
+static void store(mdb_dtype_t dt, void *data, int64_t i, double f, int64_t v)
+{
+    uint8_t *p = data;
+    switch (dt) {
+    case MDB_DT_FLOAT: {
+        float x = (float)f;
+        memcpy(p + i * 4, &x, 4);
+        break;
+    }
+    case MDB_DT_INT64:
+        memcpy(p + i * 8, &v, 8);
+        break;
+    case MDB_DT_INT32: {
+        int32_t x = (int32_t)v;
+        memcpy(p + i * 4, &x, 4);
+        break;
+    }
+    case MDB_DT_INT8:
+    case MDB_DT_UINT8:
+        p[i] = (uint8_t)v;
+        break;
+    case MDB_DT_BOOL:
+        p[i] = v != 0;
+        break;
+    default:
+        break;
+    }
+}
+
+static bool has_sym(const mdb_tensor_t *t)
+{
+    if (t->dtype != MDB_DT_INT64)
+        return false;
+    int64_t n = mdb_const_count(t);
+    for (int64_t i = 0; i < n; i++)
+        if (mdb_const_int(t, i) == MDB_SYM_BATCH)
+            return true;
+    return false;
+}
+
+/* Allocates the output buffer of out (shape known, no batch). */
+static int alloc_out(mdb_tensor_t *out, void **data, size_t *nbytes)
+{
+    if (!out->shape_known || mdb_shape_has_batch(&out->shape))
+        return CANNOT;
+    int64_t n = mdb_shape_numel(&out->shape, 1);
+    size_t es = mdb_dtype_size(out->dtype);
+    if (n < 0 || n > MDB_MAX_FOLD_ELEMENTS || es == 0)
+        return CANNOT;
+    *nbytes = (size_t)n * es;
+    *data = calloc((size_t)n + 1, es);
+    return *data ? 0 : SQ_NOMEM;
+}
+
+/* Row-major strides in elements for shape, with broadcasting of a rank-r
+ * shape into out_rank (missing leading dims and size-1 dims stride 0). */
+static void bcast_strides(const mdb_shape_t *s, int out_rank, int64_t *strides)
+{
+    int64_t acc = 1;
+    for (int i = out_rank - 1; i >= 0; i--) {
+        int si = i - (out_rank - s->rank);
+        if (si < 0) {
+            strides[i] = 0;
+            continue;
+        }
+        strides[i] = s->dims[si] == 1 ? 0 : acc;
+        acc *= s->dims[si];
+    }
+}
+
+static int fold_binary(mdb_graph_t *g, mdb_node_t *node, mdb_tensor_t *out, void *data)
+{
+    const mdb_tensor_t *a = &g->tensors[node->inputs[0]], *b = &g->tensors[node->inputs[1]];
+    if (has_sym(a) || has_sym(b))
+        return CANNOT;
+    int rank = out->shape.rank;
+    int64_t sa[MDB_MAX_RANK], sb[MDB_MAX_RANK], idx[MDB_MAX_RANK] = {0};
+    bcast_strides(&a->shape, rank, sa);
+    bcast_strides(&b->shape, rank, sb);
+    int64_t n = mdb_shape_numel(&out->shape, 1);
+    bool is_float = out->dtype == MDB_DT_FLOAT;
+    int64_t ia = 0, ib = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (is_float) {
+            double x = const_f(a, ia), y = const_f(b, ib), r = 0;
+            switch (node->op) {
+            case MDB_OP_ADD:
+                r = x + y;
+                break;
+            case MDB_OP_SUB:
+                r = x - y;
+                break;
+            case MDB_OP_MUL:
+                r = (float)x * (float)y;
+                break;
+            default:
+                r = (float)x / (float)y;
+                break;
+            }
+            store(out->dtype, data, i, r, 0);
+        } else {
+            int64_t x = mdb_const_int(a, ia), y = mdb_const_int(b, ib), r = 0;
+            bool ovf = false;
+            switch (node->op) {
+            case MDB_OP_ADD:
+                ovf = __builtin_add_overflow(x, y, &r);
+                break;
+            case MDB_OP_SUB:
+                ovf = __builtin_sub_overflow(x, y, &r);
+                break;
+            case MDB_OP_MUL:
+                ovf = __builtin_mul_overflow(x, y, &r);
+                break;
+            default:
+                if (y == 0 || (x == INT64_MIN && y == -1))
+                    return CANNOT;
+                r = x / y; /* ONNX integer Div truncates, as C does */
+                break;
+            }
+            if (ovf)
+                return CANNOT;
+            store(out->dtype, data, i, (double)r, r);
+        }
+        for (int d = rank - 1; d >= 0; d--) {
+            ia += sa[d];
+            ib += sb[d];
+            if (++idx[d] < out->shape.dims[d])
+                break;
+            ia -= sa[d] * idx[d];
+            ib -= sb[d] * idx[d];
+            idx[d] = 0;
+        }
+    }
+    return 0;
+}
+
+/* Copies elements of in (element size es) into out in out's row-major
+ * order, reading in at offset base + sum(idx[d] * in_strides[d]). Shared by
+ * Transpose, Slice, Gather and Concat. */
+static void gather_copy(const uint8_t *in, int64_t base, const int64_t *in_strides,
+                        const mdb_shape_t *out_shape, size_t es, uint8_t *out)
+{
+    int rank = out_shape->rank;
+    int64_t idx[MDB_MAX_RANK] = {0};
+    int64_t n = mdb_shape_numel(out_shape, 1);
+    int64_t off = base;
+    for (int64_t i = 0; i < n; i++) {
+        memcpy(out + (size_t)i * es, in + (size_t)off * es, es);
+        for (int d = rank - 1; d >= 0; d--) {
+            off += in_strides[d];
+            if (++idx[d] < out_shape->dims[d])
+                break;
+            off -= in_strides[d] * idx[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+static void row_strides(const mdb_shape_t *s, int64_t *strides)
+{
+    int64_t acc = 1;
+    for (int i = s->rank - 1; i >= 0; i--) {
+        strides[i] = acc;
+        acc *= s->dims[i];
+    }
+}
+
+static int fold_cast(const mdb_tensor_t *in, mdb_tensor_t *out, void *data)
+{
+    int64_t n = mdb_const_count(in);
+    if (has_sym(in) && out->dtype != MDB_DT_INT64)
+        return CANNOT;
+    for (int64_t i = 0; i < n; i++) {
+        if (in->dtype == MDB_DT_FLOAT) {
+            double f = const_f(in, i);
+            if (out->dtype != MDB_DT_FLOAT && !(fabs(f) < 9e18))
+                return CANNOT;
+            store(out->dtype, data, i, f, (int64_t)f);
+        } else {
+            int64_t v = mdb_const_int(in, i);
+            store(out->dtype, data, i, (double)v, v);
+        }
+    }
+    return 0;
+}
+
+/* Constant and ConstantOfShape build their output from attributes. */
+static int fold_source(mdb_graph_t *g, mdb_node_t *node, char *err, size_t errlen)
+{
+    const mdb_attr_t *va = mdb_node_attr(node, "value");
+    int src = va && va->type == MDB_ATTR_TENSOR ? va->tensor : -1;
+    mdb_tensor_t *out = &g->tensors[node->outputs[0]];
+    if (node->op == MDB_OP_CONSTANT) {
+        if (src < 0 || !g->tensors[src].data) {
+            mdb_errf(err, errlen, "Constant '%s' has no tensor value", node->name);
+            return SQ_UNSUPPORTED_MODEL;
+        }
+        const mdb_tensor_t *s = &g->tensors[src];
+        void *copy = malloc(s->nbytes + 1);
+        if (!copy)
+            return SQ_NOMEM;
+        memcpy(copy, s->data, s->nbytes);
+        out->dtype = s->dtype;
+        out->shape = s->shape;
+        out->shape_known = true;
+        mdb_graph_set_data(g, node->outputs[0], copy, s->nbytes);
+        return 0;
+    }
+    /* ConstantOfShape */
+    const mdb_tensor_t *shape_t = &g->tensors[node->inputs[0]];
+    int64_t rank = mdb_const_count(shape_t);
+    if (shape_t->shape.rank != 1 || rank > MDB_MAX_RANK || has_sym(shape_t))
+        return CANNOT;
+    mdb_shape_t shape = {.rank = (int)rank};
+    for (int i = 0; i < rank; i++) {
+        shape.dims[i] = mdb_const_int(shape_t, i);
+        if (shape.dims[i] < 0 || shape.dims[i] > MDB_MAX_DIM) {
+            mdb_errf(err, errlen, "ConstantOfShape '%s': bad dimension", node->name);
+            return SQ_BAD_MODEL;
+        }
+    }
+    mdb_dtype_t dt = MDB_DT_FLOAT;
+    const mdb_tensor_t *v = NULL;
+    if (src >= 0) {
+        v = &g->tensors[src];
+        if (mdb_const_count(v) != 1) {
+            mdb_errf(err, errlen, "ConstantOfShape '%s': value must have one element", node->name);
+            return SQ_BAD_MODEL;
+        }
+        dt = v->dtype;
+    }
+    out->dtype = dt;
+    out->shape = shape;
+    out->shape_known = true;
+    void *data;
+    size_t nbytes;
+    int rc = alloc_out(out, &data, &nbytes);
+    if (rc)
+        return rc;
+    size_t es = mdb_dtype_size(dt);
+    for (size_t i = 0; v && i < nbytes / es; i++)
+        memcpy((uint8_t *)data + i * es, v->data, es);
+    mdb_graph_set_data(g, node->outputs[0], data, nbytes);
+    return 0;
+}
+
+int mdb_fold_node(mdb_graph_t *g, int idx, char *err, size_t errlen)
+{
+    mdb_node_t *node = &g->nodes[idx];
+    if (!mdb_op_is_foldable(node->op) || node->n_outputs < 1 || node->outputs[0] < 0)
+        return CANNOT;
+    for (int k = 1; k < node->n_outputs; k++)
+        if (node->outputs[k] >= 0 && node->op != MDB_OP_DROPOUT)
+            return CANNOT;
+    if (node->op == MDB_OP_CONSTANT)
+        return fold_source(g, node, err, errlen);
+    for (int k = 0; k < node->n_inputs; k++) {
+        int t = node->inputs[k];
+        if (t < 0)
+            continue;
+        if (!g->tensors[t].data && !(node->op == MDB_OP_SHAPE && k == 0))
+            return CANNOT;
+    }
+    if (node->n_inputs < 1 || node->inputs[0] < 0)
+        return CANNOT;
+    if (node->op == MDB_OP_CONSTANT_OF_SHAPE)
+        return fold_source(g, node, err, errlen);
+
+    int rc = mdb_graph_infer_node(g, idx, err, errlen);
+    if (rc)
+        return rc;
+    mdb_tensor_t *out = &g->tensors[node->outputs[0]];
+    const mdb_tensor_t *in = &g->tensors[node->inputs[0]];
+    void *data = NULL;
+    size_t nbytes = 0;
+    rc = alloc_out(out, &data, &nbytes);
+    if (rc)
+        return rc;
+    size_t es = mdb_dtype_size(out->dtype);
+    int64_t in_strides[MDB_MAX_RANK];
+    row_strides(&in->shape, in_strides);
+
+    switch (node->op) {
+    case MDB_OP_SHAPE: {
+        int64_t start = 0;
+        int rank = in->shape.rank;
+        int64_t s = mdb_node_int(node, "start", 0);
+        s = s < 0 ? s + rank : s;
+        start = s < 0 ? 0 : s > rank ? rank : s;
+        for (int64_t i = 0; i < out->shape.dims[0]; i++) {
+            int64_t d = in->shape.dims[start + i];
+            store(MDB_DT_INT64, data, i, 0, d == MDB_DIM_BATCH ? MDB_SYM_BATCH : d);
+        }
+        break;
+    }
+    case MDB_OP_IDENTITY:
+    case MDB_OP_DROPOUT:
+    case MDB_OP_UNSQUEEZE:
+    case MDB_OP_SQUEEZE:
+    case MDB_OP_RESHAPE:
+    case MDB_OP_FLATTEN:
+        if (in->nbytes != nbytes) {
+            rc = CANNOT;
+            break;
+        }
+        memcpy(data, in->data, nbytes);
+        break;
+    case MDB_OP_CAST:
+        rc = fold_cast(in, out, data);
+        break;
+    case MDB_OP_ADD:
+    case MDB_OP_SUB:
+    case MDB_OP_MUL:
+    case MDB_OP_DIV:
+        if (node->n_inputs != 2 || node->inputs[1] < 0) {
+            rc = CANNOT;
+            break;
+        }
+        rc = fold_binary(g, node, out, data);
+        break;
+    case MDB_OP_TRANSPOSE: {
+        size_t np;
+        const int64_t *perm = mdb_node_ints(node, "perm", &np);
+        int64_t st[MDB_MAX_RANK];
+        for (int i = 0; i < out->shape.rank; i++)
+            st[i] = in_strides[perm ? perm[i] : out->shape.rank - 1 - i];
+        gather_copy(in->data, 0, st, &out->shape, es, data);
+        break;
+    }
+    case MDB_OP_SLICE: {
+        size_t n;
+        const int64_t *axes = mdb_node_ints(node, "axes", &n);
+        const int64_t *starts = mdb_node_ints(node, "starts", &n);
+        const int64_t *steps = mdb_node_ints(node, "steps", &n);
+        int64_t st[MDB_MAX_RANK], base = 0;
+        memcpy(st, in_strides, sizeof(st));
+        for (size_t i = 0; axes && starts && steps && i < n; i++) {
+            base += starts[i] * in_strides[axes[i]];
+            st[axes[i]] = in_strides[axes[i]] * steps[i];
+        }
+        if (mdb_shape_numel(&out->shape, 1) > 0)
+            gather_copy(in->data, base, st, &out->shape, es, data);
+        break;
+    }
+    case MDB_OP_GATHER: {
+        const mdb_tensor_t *ind = &g->tensors[node->inputs[1]];
+        int rank = in->shape.rank;
+        int64_t axis = mdb_node_int(node, "axis", 0);
+        axis = axis < 0 ? axis + rank : axis;
+        int64_t dim = in->shape.dims[axis];
+        int64_t outer = 1, inner = 1, n_ind = mdb_const_count(ind);
+        for (int i = 0; i < axis; i++)
+            outer *= in->shape.dims[i];
+        for (int i = (int)axis + 1; i < rank; i++)
+            inner *= in->shape.dims[i];
+        if (ind->dtype == MDB_DT_FLOAT || has_sym(ind)) {
+            rc = CANNOT;
+            break;
+        }
+        uint8_t *o = data;
+        for (int64_t a = 0; a < outer; a++)
+            for (int64_t j = 0; j < n_ind; j++) {
+                int64_t k = mdb_const_int(ind, j);
+                k = k < 0 ? k + dim : k;
+                if (k < 0 || k >= dim) {
+                    mdb_errf(err, errlen, "Gather '%s': index out of range", node->name);
+                    rc = SQ_BAD_MODEL;
+                    goto done;
+                }
+                memcpy(o, (const uint8_t *)in->data + ((a * dim + k) * inner) * (int64_t)es,
+                       (size_t)inner * es);
+                o += (size_t)inner * es;
+            }
+        break;
+    }
+    case MDB_OP_CONCAT: {
+        int rank = out->shape.rank;
+        int64_t axis = mdb_node_int(node, "axis", 0);
+        axis = axis < 0 ? axis + rank : axis;
+        int64_t outer = 1, inner = 1;
+        for (int i = 0; i < axis; i++)
+            outer *= out->shape.dims[i];
+        for (int i = (int)axis + 1; i < rank; i++)
+            inner *= out->shape.dims[i];
+        uint8_t *o = data;
+        for (int64_t a = 0; a < outer; a++)
+            for (int k = 0; k < node->n_inputs; k++) {
+                const mdb_tensor_t *t = &g->tensors[node->inputs[k]];
+                if (t->dtype != out->dtype) {
+                    rc = CANNOT;
+                    goto done;
+                }
+                size_t chunk = (size_t)(t->shape.dims[axis] * inner) * es;
+                memcpy(o, (const uint8_t *)t->data + (size_t)a * chunk, chunk);
+                o += chunk;
+            }
+        break;
+    }
+    default:
+        rc = CANNOT;
+        break;
+    }
+done:
+    if (rc) {
+        free(data);
+        return rc;
+    }
+    mdb_graph_set_data(g, node->outputs[0], data, nbytes);
+    return 0;
+}

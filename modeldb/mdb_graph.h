@@ -1,0 +1,375 @@
+/* mdb_graph: the model graph IR that squish shares between the ONNX
+ * importer (modeldb/), the shared-prefix hasher (modeldb/) and the worker's
+ * executor (worker/). The graph is data: tensors, nodes that record their
+ * op, inputs, outputs and typed attributes, and the graph's inputs and
+ * outputs. Nothing here computes a model; the only arithmetic is shape
+ * inference and the constant folding the importer needs.
+ *
+ * Canonical form. After mdb_onnx_import the graph is canonical, so that the
+ * executor reads one form per op whatever opset the file used:
+ *   - nodes are in topological order; every tensor has a static shape in
+ *     which only the batch dimension may be symbolic (MDB_DIM_BATCH);
+ *   - constant subgraphs are folded: a tensor whose data is known carries
+ *     it (t->data), and only runtime ops (mdb_op_is_runtime) remain;
+ *   - parameters that ONNX passes as constant inputs are attributes, and the
+ *     node keeps only its data inputs (see the per-op list below);
+ *   - axes are non-negative, auto_pad is resolved into explicit pads.
+ *
+ * Per-op canonical attributes (all optional ones are filled in):
+ *   Conv                X, W[, B]; kernel_shape, strides, dilations, pads
+ *                       (begin..., end...), group
+ *   MaxPool             kernel_shape, strides, dilations, pads, ceil_mode
+ *   AveragePool         kernel_shape, strides, pads, ceil_mode, count_include_pad
+ *   GlobalAveragePool   -
+ *   Relu Sigmoid HardSwish Identity Dropout   - (Dropout: inference, one output)
+ *   Clip                min, max (floats; -inf/+inf when absent)
+ *   LeakyRelu           alpha          HardSigmoid   alpha, beta
+ *   Gemm                A, B[, C]; alpha, beta, transA, transB
+ *   MatMul Add Mul Sub Div   numpy broadcasting, two inputs
+ *   Concat              axis           Flatten   axis
+ *   Reshape             shape (= the output shape, batch as MDB_DIM_BATCH)
+ *   Transpose           perm           Softmax   axis (opset-13 meaning)
+ *   Pad                 pads (begin..., end...), mode ("constant", "reflect",
+ *                       "edge"), value (float)
+ *   ReduceMean          axes (sorted, never empty), keepdims
+ *   BatchNormalization  X, scale, B, mean, var; epsilon
+ *   Split               axis, split (one size per output)
+ *   Slice               axes, starts, ends, steps (clamped, same length)
+ *
+ * Ownership: a graph owns every tensor, its name and its data, every node
+ * and attribute. Strings passed in are copied. mdb_graph_free releases all.
+ * A graph is not thread-safe while it is built; once built it is read-only
+ * and may be shared by threads. */
+#ifndef MDB_GRAPH_H
+#define MDB_GRAPH_H
+
+#include <assert.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Limits that keep a hostile model from exhausting memory or time. */
+#define MDB_MAX_RANK 8
+#define MDB_MAX_NODES 100000
+#define MDB_MAX_TENSORS 400000
+#define MDB_MAX_NODE_IO 4096
+#define MDB_MAX_ATTR_LIST 4096
+#define MDB_MAX_DIM ((int64_t)1 << 31)
+#define MDB_MAX_ELEMENTS ((int64_t)1 << 31)
+/* Constant folding never creates a tensor larger than this. */
+#define MDB_MAX_FOLD_ELEMENTS ((int64_t)1 << 24)
+
+/* A dimension equal to this is the symbolic batch size N. */
+#define MDB_DIM_BATCH ((int64_t)-1)
+
+/* X(ENUM, onnx_name, runtime): runtime ops are what the worker executes;
+ * the others exist only at import time and must be folded away. */
+#define MDB_OPS(X)                                                                                 \
+    X(CONV, "Conv", true)                                                                          \
+    X(RELU, "Relu", true)                                                                          \
+    X(CLIP, "Clip", true)                                                                          \
+    X(LEAKY_RELU, "LeakyRelu", true)                                                               \
+    X(SIGMOID, "Sigmoid", true)                                                                    \
+    X(HARD_SIGMOID, "HardSigmoid", true)                                                           \
+    X(HARD_SWISH, "HardSwish", true)                                                               \
+    X(MAX_POOL, "MaxPool", true)                                                                   \
+    X(AVERAGE_POOL, "AveragePool", true)                                                           \
+    X(GLOBAL_AVERAGE_POOL, "GlobalAveragePool", true)                                              \
+    X(GEMM, "Gemm", true)                                                                          \
+    X(MATMUL, "MatMul", true)                                                                      \
+    X(ADD, "Add", true)                                                                            \
+    X(MUL, "Mul", true)                                                                            \
+    X(SUB, "Sub", true)                                                                            \
+    X(DIV, "Div", true)                                                                            \
+    X(CONCAT, "Concat", true)                                                                      \
+    X(FLATTEN, "Flatten", true)                                                                    \
+    X(RESHAPE, "Reshape", true)                                                                    \
+    X(TRANSPOSE, "Transpose", true)                                                                \
+    X(SOFTMAX, "Softmax", true)                                                                    \
+    X(PAD, "Pad", true)                                                                            \
+    X(DROPOUT, "Dropout", true)                                                                    \
+    X(IDENTITY, "Identity", true)                                                                  \
+    X(REDUCE_MEAN, "ReduceMean", true)                                                             \
+    X(BATCH_NORM, "BatchNormalization", true)                                                      \
+    X(SPLIT, "Split", true)                                                                        \
+    X(SLICE, "Slice", true)                                                                        \
+    X(CONSTANT, "Constant", false)                                                                 \
+    X(SHAPE, "Shape", false)                                                                       \
+    X(GATHER, "Gather", false)                                                                     \
+    X(UNSQUEEZE, "Unsqueeze", false)                                                               \
+    X(SQUEEZE, "Squeeze", false)                                                                   \
+    X(CAST, "Cast", false)                                                                         \
+    X(CONSTANT_OF_SHAPE, "ConstantOfShape", false)
+
+typedef enum {
+#define MDB_OP_ENUM_(e, name, runtime) MDB_OP_##e,
+    MDB_OPS(MDB_OP_ENUM_)
+#undef MDB_OP_ENUM_
+        MDB_OP_COUNT
+} mdb_op_t;
+
+/* Keep in step with MDB_OPS: the name table in graph.c is checked too. */
+static_assert(MDB_OP_COUNT == 35, "update the op count when adding ops");
+
+/* The ONNX op_type of op ("?" outside the enum). */
+const char *mdb_op_name(mdb_op_t op);
+/* Looks up an ONNX op_type (case-sensitive); returns -1 when unknown. */
+int mdb_op_from_name(const char *name);
+/* Whether the worker executes op (false: import-time only). */
+bool mdb_op_is_runtime(mdb_op_t op);
+
+typedef enum {
+    MDB_DT_UNDEFINED = 0,
+    MDB_DT_FLOAT,
+    MDB_DT_UINT8,
+    MDB_DT_INT8,
+    MDB_DT_INT32,
+    MDB_DT_INT64,
+    MDB_DT_BOOL,
+    MDB_DT_COUNT
+} mdb_dtype_t;
+
+/* Bytes per element (0 for UNDEFINED). */
+size_t mdb_dtype_size(mdb_dtype_t dt);
+/* "float", "uint8", ... (OIP names are the caller's business). */
+const char *mdb_dtype_name(mdb_dtype_t dt);
+
+/* A static shape; dims[i] >= 0, or MDB_DIM_BATCH for the symbolic batch. */
+typedef struct {
+    int rank;
+    int64_t dims[MDB_MAX_RANK];
+} mdb_shape_t;
+
+/* Elements of shape with the batch bound to batch; -1 on overflow. */
+int64_t mdb_shape_numel(const mdb_shape_t *shape, int64_t batch);
+/* Whether shape contains MDB_DIM_BATCH. */
+bool mdb_shape_has_batch(const mdb_shape_t *shape);
+bool mdb_shape_eq(const mdb_shape_t *a, const mdb_shape_t *b);
+/* Writes "[N,3,224,224]" into buf (always terminated). */
+void mdb_shape_str(const mdb_shape_t *shape, char *buf, size_t len);
+
+typedef struct {
+    char *name;
+    mdb_dtype_t dtype;
+    mdb_shape_t shape;
+    bool shape_known;
+    /* Constant data (initializer or folded), C order, little-endian; NULL
+     * for activations. Owned by the graph. */
+    void *data;
+    size_t nbytes;
+    /* The node that writes this tensor, or -1 (graph input or constant). */
+    int producer;
+    bool is_input;
+    bool is_output;
+} mdb_tensor_t;
+
+typedef enum {
+    MDB_ATTR_INT,
+    MDB_ATTR_FLOAT,
+    MDB_ATTR_INTS,
+    MDB_ATTR_FLOATS,
+    MDB_ATTR_STRING,
+    MDB_ATTR_TENSOR,
+} mdb_attr_type_t;
+
+typedef struct {
+    char *name;
+    mdb_attr_type_t type;
+    int64_t i;
+    float f;
+    /* INTS / FLOATS: count elements; STRING: s (terminated, count bytes);
+     * TENSOR: tensor is a graph tensor index carrying data. */
+    size_t count;
+    int64_t *ints;
+    float *floats;
+    char *s;
+    int tensor;
+} mdb_attr_t;
+
+typedef struct {
+    mdb_op_t op;
+    char *name;
+    int n_inputs;
+    int *inputs; /* tensor indices; -1 for an omitted optional input */
+    int n_outputs;
+    int *outputs;
+    int n_attrs;
+    mdb_attr_t *attrs;
+} mdb_node_t;
+
+typedef struct mdb_graph {
+    int n_tensors, cap_tensors;
+    mdb_tensor_t *tensors;
+    int n_nodes, cap_nodes;
+    mdb_node_t *nodes;
+    int n_inputs;
+    int *inputs; /* runtime inputs only (never initializers) */
+    int n_outputs;
+    int *outputs;
+    int64_t opset;       /* default-domain opset of the source model */
+    int64_t batch_fixed; /* 0 when the batch is symbolic, else the only batch */
+} mdb_graph_t;
+
+/* An empty graph (aborts on OOM: bookkeeping). */
+mdb_graph_t *mdb_graph_new(void);
+/* Accepts NULL. */
+void mdb_graph_free(mdb_graph_t *g);
+
+/* Adds a tensor (name copied; shape may be NULL for unknown); returns its index. */
+int mdb_graph_add_tensor(mdb_graph_t *g, const char *name, mdb_dtype_t dtype,
+                         const mdb_shape_t *shape);
+/* Gives the tensor constant data (ownership of data moves to the graph;
+ * any previous data is freed). nbytes must equal numel * dtype size. */
+void mdb_graph_set_data(mdb_graph_t *g, int tensor, void *data, size_t nbytes);
+/* Adds a node (arrays copied); returns its index. */
+int mdb_graph_add_node(mdb_graph_t *g, mdb_op_t op, const char *name, const int *inputs,
+                       int n_inputs, const int *outputs, int n_outputs);
+void mdb_graph_add_input(mdb_graph_t *g, int tensor);
+void mdb_graph_add_output(mdb_graph_t *g, int tensor);
+
+/* Attribute setters replace an attribute of the same name. */
+void mdb_node_set_int(mdb_node_t *n, const char *name, int64_t v);
+void mdb_node_set_float(mdb_node_t *n, const char *name, float v);
+void mdb_node_set_ints(mdb_node_t *n, const char *name, const int64_t *v, size_t count);
+void mdb_node_set_floats(mdb_node_t *n, const char *name, const float *v, size_t count);
+void mdb_node_set_string(mdb_node_t *n, const char *name, const char *s, size_t len);
+void mdb_node_set_tensor(mdb_node_t *n, const char *name, int tensor);
+/* Removes the attribute if present. */
+void mdb_node_del_attr(mdb_node_t *n, const char *name);
+
+/* The attribute called name, or NULL. */
+const mdb_attr_t *mdb_node_attr(const mdb_node_t *n, const char *name);
+/* Typed getters: the value, or def when absent or of another type. */
+int64_t mdb_node_int(const mdb_node_t *n, const char *name, int64_t def);
+float mdb_node_float(const mdb_node_t *n, const char *name, float def);
+/* The list and its length in *count, or NULL (count 0) when absent. */
+const int64_t *mdb_node_ints(const mdb_node_t *n, const char *name, size_t *count);
+const float *mdb_node_floats(const mdb_node_t *n, const char *name, size_t *count);
+/* The string, or def. */
+const char *mdb_node_string(const mdb_node_t *n, const char *name, const char *def);
+
+/* Reorders nodes topologically (Kahn, stable: ties keep file order) and
+ * fills every tensor's producer. Returns 0, or SQ_BAD_MODEL for a cycle or
+ * a tensor written twice, with detail in err (may be NULL). */
+int mdb_graph_toposort(mdb_graph_t *g, char *err, size_t errlen);
+
+/* Infers the output shapes of node idx from its (known) input shapes.
+ * Returns 0, SQ_BAD_MODEL when the shapes are inconsistent, or
+ * SQ_UNSUPPORTED_MODEL when the result is not expressible (e.g. a batch
+ * merged into another dimension); detail in err. */
+int mdb_graph_infer_node(mdb_graph_t *g, int idx, char *err, size_t errlen);
+/* Runs mdb_graph_infer_node over the whole (sorted) graph. */
+int mdb_graph_infer_shapes(mdb_graph_t *g, char *err, size_t errlen);
+
+/* Removes nodes whose outputs nobody needs and tensors nobody references,
+ * renumbering indices; keeps topological order. */
+void mdb_graph_compact(mdb_graph_t *g);
+
+/* Bytes of constant data held by tensors that runtime nodes read. */
+uint64_t mdb_graph_param_bytes(const mdb_graph_t *g);
+/* Node count per op: hist[op] for op < MDB_OP_COUNT. */
+void mdb_graph_op_histogram(const mdb_graph_t *g, int hist[MDB_OP_COUNT]);
+/* Index of the tensor called name, or -1. */
+int mdb_graph_find_tensor(const mdb_graph_t *g, const char *name);
+
+/* ---- ONNX import (onnx_import.c) ------------------------------------- */
+
+/* Oldest and newest default-domain opsets the importer understands. */
+#define MDB_OPSET_MIN 1
+#define MDB_OPSET_MAX 18
+
+/* Why an import failed. code is the SQ_* error; detail is human text;
+ * for SQ_UNSUPPORTED_MODEL, ops lists the offending op types (comma
+ * separated, each once) and opset the model's default-domain opset. */
+typedef struct {
+    int code;
+    int64_t opset;
+    char ops[512];
+    char detail[1024];
+} mdb_import_error_t;
+
+/* Parses an ONNX ModelProto and builds the canonical graph (see top).
+ * Returns 0 and sets *out (caller frees), or a negative SQ_* code with err
+ * filled (err may be NULL): SQ_BAD_MODEL for bytes that are not a valid
+ * model, SQ_UNSUPPORTED_MODEL for a valid model the worker cannot run.
+ * Never crashes on any byte string; sizes are capped (MDB_MAX_*). */
+int mdb_onnx_import(const void *bytes, size_t len, mdb_graph_t **out, mdb_import_error_t *err);
+
+/* A graph input replaced by a constant: name and a serialized TensorProto
+ * (the format of ONNX's test_data_set_N/input_K.pb files). */
+typedef struct {
+    const char *name;
+    const void *tensor_pb;
+    size_t len;
+} mdb_onnx_const_t;
+
+/* mdb_onnx_import with the named inputs bound to constants before
+ * lowering, so that parameters that a file passes as graph inputs (the ONNX
+ * conformance tests do: Reshape's shape, Clip's bounds, Slice's starts...)
+ * fold into attributes. */
+int mdb_onnx_import_bound(const void *bytes, size_t len, const mdb_onnx_const_t *consts,
+                          int n_consts, mdb_graph_t **out, mdb_import_error_t *err);
+
+/* What the gateway stores and shows about a model. */
+typedef struct {
+    const char *input_name; /* borrowed from the graph */
+    mdb_dtype_t input_dtype;
+    mdb_shape_t input_shape; /* NCHW, dims[0] == MDB_DIM_BATCH unless batch_fixed */
+    const char *layout;      /* "NCHW" */
+    int n_outputs;
+    const char *output_names[8];
+    mdb_shape_t output_shapes[8];
+    uint64_t param_bytes;
+    int op_hist[MDB_OP_COUNT];
+} mdb_model_info_t;
+
+/* Fills info for a servable image model: one float or uint8 input of rank 4
+ * (NCHW), 1..8 outputs. Returns 0, or SQ_UNSUPPORTED_MODEL with detail in
+ * err. */
+int mdb_model_info(const mdb_graph_t *g, mdb_model_info_t *info, char *err, size_t errlen);
+
+/* ---- Shared-prefix detection (prefix.c) ------------------------------ */
+
+#define MDB_HASH_LEN 32
+
+typedef struct {
+    uint8_t b[MDB_HASH_LEN];
+} mdb_hash_t;
+
+/* Per-node facts that prefix matching needs; small enough to store in
+ * model_nodes so that a new model can be matched against stored ones
+ * without their graphs. */
+typedef struct {
+    mdb_hash_t hash;    /* SHA-256 of (op, attributes, input hashes) */
+    uint32_t ancestors; /* nodes in the prefix that ends at this node, itself included */
+    bool cut_ok;        /* the node has one output, and everything after it
+                           reads the prefix only through that output */
+} mdb_node_sig_t;
+
+/* Hashes every node of g (sorted, canonical) into sigs[g->n_nodes] (caller
+ * allocated). Hashes do not depend on tensor or node names, nor on the
+ * order of initializers or of independent nodes: a weight enters by
+ * content (dtype, shape, bytes), a graph input by (position, dtype, shape),
+ * an activation by the hash of its producer and output slot. Returns 0 or
+ * SQ_NOMEM / SQ_INTERNAL. */
+int mdb_graph_signature(const mdb_graph_t *g, mdb_node_sig_t *sigs);
+
+typedef struct {
+    bool found;
+    int node_a, node_b;     /* the node whose output is the cut, in each graph */
+    int tensor_a, tensor_b; /* the cut tensor in each graph */
+    uint32_t prefix_nodes;  /* nodes in the shared prefix */
+    mdb_hash_t prefix_hash; /* the hash of the cut node: names the prefix */
+} mdb_prefix_t;
+
+/* Longest shared prefix of two signed graphs that ends at a single tensor
+ * (cut_ok in both). Pure; O(n_a + n_b). found is false when none. */
+void mdb_prefix_match(const mdb_node_sig_t *a, int n_a, const mdb_node_sig_t *b, int n_b,
+                      mdb_prefix_t *out);
+/* Convenience: signs both graphs and matches them; fills tensor_a/b.
+ * Returns 0 or a negative SQ_* code. */
+int mdb_prefix_find(const mdb_graph_t *a, const mdb_graph_t *b, mdb_prefix_t *out);
+/* Lowercase hex of h into buf[2 * MDB_HASH_LEN + 1]. */
+void mdb_hash_hex(const mdb_hash_t *h, char *buf);
+
+#endif

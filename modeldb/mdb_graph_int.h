@@ -1,0 +1,49 @@
+/* Internals shared by the graph IR's source files (graph.c, shape.c,
+ * fold.c, onnx_import.c, prefix.c). */
+#ifndef MDB_GRAPH_INT_H
+#define MDB_GRAPH_INT_H
+
+#include "mdb_graph.h"
+
+/* In folded int64 shape values (the output of Shape and what is computed
+ * from it), the symbolic batch size. Arithmetic refuses to touch it, so it
+ * can only travel through Gather, Slice, Concat, Unsqueeze, Squeeze,
+ * Identity and Cast to int64, into a Reshape target. */
+#define MDB_SYM_BATCH (INT64_MIN + 7)
+
+/* snprintf into err when err is not NULL. */
+void mdb_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* Resolves an ONNX Reshape target (0 = copy unless allowzero, -1 = infer,
+ * MDB_SYM_BATCH = N) against in; returns 0 or a negative SQ_* code. */
+int mdb_reshape_resolve(const mdb_shape_t *in, const int64_t *target, int n, bool allowzero,
+                        mdb_shape_t *out, char *err, size_t errlen);
+
+/* Checks and clamps a canonical Slice's attributes against in (ONNX
+ * semantics), computing out; with rewrite, stores the clamped values back
+ * on the node. */
+int mdb_slice_resolve(const mdb_shape_t *in, mdb_node_t *node, mdb_shape_t *out, bool rewrite,
+                      char *err, size_t errlen);
+
+/* Evaluates node idx, whose inputs all carry data (or, for Shape, a known
+ * shape), and gives its outputs data and shapes. Returns 0, 1 when the
+ * node cannot be folded (e.g. it would touch the symbolic batch, or an
+ * unsupported dtype) and must stay, or a negative SQ_* code. */
+int mdb_fold_node(mdb_graph_t *g, int idx, char *err, size_t errlen);
+
+/* Canonicalizes, folds and shape-infers an imported graph (sorted) in one
+ * pass, then compacts it (onnx_lower.c). On SQ_UNSUPPORTED_MODEL the ops
+ * left unfoldable are appended to ops (comma separated). */
+int mdb_onnx_lower(mdb_graph_t *g, int64_t opset, char *err, size_t errlen, char *ops,
+                   size_t opslen);
+
+/* Whether op can be evaluated by mdb_fold_node at all. */
+bool mdb_op_is_foldable(mdb_op_t op);
+
+/* Reads element i of a constant int tensor (int64/int32/uint8/int8/bool)
+ * as int64. */
+int64_t mdb_const_int(const mdb_tensor_t *t, int64_t i);
+/* Elements of a constant tensor (nbytes / dtype size). */
+int64_t mdb_const_count(const mdb_tensor_t *t);
+
+#endif

@@ -1,0 +1,744 @@
+/* ONNX import: bytes -> canonical graph IR (see mdb_graph.h).
+ *
+ * The bytes come from an upload and will be fuzzed, so nothing is trusted:
+ * the wire format is walked with a nesting limit before protobuf-c sees it
+ * (protobuf-c recurses without one), every count, rank, dimension and data
+ * length is checked against the MDB_MAX_* caps, and names are resolved
+ * through a table rather than assumed. The result is either a graph in
+ * which every node is an op the worker runs, with static shapes, or an
+ * error that says why (the offending ops and the opset for a model the
+ * worker cannot run). */
+#include "mdb_graph.h"
+#include "mdb_graph_int.h"
+
+#include <sq.h>
+
+#include "onnx.pb-c.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Uploads are capped by the gateway; this is the importer's own bound. */
+#define MAX_MODEL_BYTES ((size_t)1 << 30)
+/* Legitimate ONNX nests Model > Graph > Node > Attribute > Graph ... a few
+ * levels deep; protobuf-c recursion must not follow a hostile file further. */
+#define MAX_PROTO_DEPTH 24
+
+typedef struct {
+    mdb_import_error_t *err;
+    char ops[512]; /* unsupported op types, comma separated */
+    size_t ops_len;
+} ectx_t;
+
+/* ---- wire-format pre-check ------------------------------------------- */
+
+static bool read_varint(const uint8_t **p, const uint8_t *end, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+        if (*p >= end)
+            return false;
+        uint8_t b = *(*p)++;
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *out = v;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Walks a message of type desc, descending into known message fields, and
+ * fails on truncation, groups or nesting deeper than MAX_PROTO_DEPTH. */
+static bool wire_check(const ProtobufCMessageDescriptor *desc, const uint8_t *p, const uint8_t *end,
+                       int depth)
+{
+    if (depth > MAX_PROTO_DEPTH)
+        return false;
+    while (p < end) {
+        uint64_t key, len;
+        if (!read_varint(&p, end, &key))
+            return false;
+        uint32_t field = (uint32_t)(key >> 3);
+        if (field == 0 || key >> 3 > 0x1fffffff)
+            return false;
+        switch (key & 7) {
+        case 0:
+            if (!read_varint(&p, end, &len))
+                return false;
+            break;
+        case 1:
+            if (end - p < 8)
+                return false;
+            p += 8;
+            break;
+        case 5:
+            if (end - p < 4)
+                return false;
+            p += 4;
+            break;
+        case 2: {
+            if (!read_varint(&p, end, &len) || len > (uint64_t)(end - p))
+                return false;
+            const ProtobufCFieldDescriptor *f =
+                desc ? protobuf_c_message_descriptor_get_field(desc, field) : NULL;
+            if (f && f->type == PROTOBUF_C_TYPE_MESSAGE &&
+                !wire_check(f->descriptor, p, p + len, depth + 1))
+                return false;
+            p += len;
+            break;
+        }
+        default:
+            return false; /* groups (3, 4) and reserved wire types */
+        }
+    }
+    return true;
+}
+
+/* ---- errors ------------------------------------------------------------ */
+
+static int fail(ectx_t *e, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail(ectx_t *e, int code, const char *fmt, ...)
+{
+    if (e->err) {
+        e->err->code = code;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(e->err->detail, sizeof(e->err->detail), fmt, ap);
+        va_end(ap);
+    }
+    return code;
+}
+
+static void add_unsupported(ectx_t *e, const char *what)
+{
+    size_t wl = strlen(what);
+    /* Each op once: look for ",what," in ",ops,". */
+    const char *p = e->ops;
+    while ((p = strstr(p, what)) != NULL) {
+        bool starts = p == e->ops || p[-1] == ',';
+        bool ends = p[wl] == '\0' || p[wl] == ',';
+        if (starts && ends)
+            return;
+        p += wl;
+    }
+    if (e->ops_len + wl + 2 >= sizeof(e->ops))
+        return;
+    if (e->ops_len)
+        e->ops[e->ops_len++] = ',';
+    memcpy(e->ops + e->ops_len, what, wl);
+    e->ops_len += wl;
+    e->ops[e->ops_len] = '\0';
+}
+
+/* ---- names ------------------------------------------------------------- */
+
+typedef struct {
+    const char **keys;
+    int *vals;
+    size_t cap;
+} names_t;
+
+static uint64_t fnv1a(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return h;
+}
+
+static void names_init(names_t *m, size_t expect)
+{
+    m->cap = 16;
+    while (m->cap < expect * 2)
+        m->cap *= 2;
+    m->keys = sq_xcalloc(m->cap, sizeof(*m->keys));
+    m->vals = sq_xcalloc(m->cap, sizeof(*m->vals));
+}
+
+static void names_dispose(names_t *m)
+{
+    free(m->keys);
+    free(m->vals);
+}
+
+/* Returns the value for key, or -1. */
+static int names_get(const names_t *m, const char *key)
+{
+    for (size_t i = fnv1a(key) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
+        if (!m->keys[i])
+            return -1;
+        if (strcmp(m->keys[i], key) == 0)
+            return m->vals[i];
+    }
+}
+
+/* Inserts key (borrowed; must outlive the map); false if present. The
+ * capacity is sized up front for every name the model can declare. */
+static bool names_put(names_t *m, const char *key, int val)
+{
+    for (size_t i = fnv1a(key) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
+        if (!m->keys[i]) {
+            m->keys[i] = key;
+            m->vals[i] = val;
+            return true;
+        }
+        if (strcmp(m->keys[i], key) == 0)
+            return false;
+    }
+}
+
+/* ---- tensors ----------------------------------------------------------- */
+
+static mdb_dtype_t dtype_from_onnx(int32_t t)
+{
+    switch (t) {
+    case ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT:
+        return MDB_DT_FLOAT;
+    case ONNX__TENSOR_PROTO__DATA_TYPE__UINT8:
+        return MDB_DT_UINT8;
+    case ONNX__TENSOR_PROTO__DATA_TYPE__INT8:
+        return MDB_DT_INT8;
+    case ONNX__TENSOR_PROTO__DATA_TYPE__INT32:
+        return MDB_DT_INT32;
+    case ONNX__TENSOR_PROTO__DATA_TYPE__INT64:
+        return MDB_DT_INT64;
+    case ONNX__TENSOR_PROTO__DATA_TYPE__BOOL:
+        return MDB_DT_BOOL;
+    default:
+        return MDB_DT_UNDEFINED;
+    }
+}
+
+/* Creates a constant tensor from a TensorProto; returns its index or a
+ * negative SQ_* code. */
+static int add_tensor_proto(ectx_t *e, mdb_graph_t *g, const Onnx__TensorProto *tp,
+                            const char *name)
+{
+    mdb_dtype_t dt = dtype_from_onnx(tp->data_type);
+    if (dt == MDB_DT_UNDEFINED) {
+        add_unsupported(e, "tensor data type");
+        return fail(e, SQ_UNSUPPORTED_MODEL, "tensor '%s' has data type %d, which is not supported",
+                    name, (int)tp->data_type);
+    }
+    if (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL)
+        return fail(e, SQ_UNSUPPORTED_MODEL, "tensor '%s' uses external data", name);
+    if (tp->segment)
+        return fail(e, SQ_UNSUPPORTED_MODEL, "tensor '%s' is segmented", name);
+    if (tp->n_dims > MDB_MAX_RANK)
+        return fail(e, SQ_UNSUPPORTED_MODEL, "tensor '%s' has rank %zu (max %d)", name, tp->n_dims,
+                    MDB_MAX_RANK);
+    mdb_shape_t shape = {.rank = (int)tp->n_dims};
+    for (size_t i = 0; i < tp->n_dims; i++) {
+        if (tp->dims[i] < 0 || tp->dims[i] > MDB_MAX_DIM)
+            return fail(e, SQ_BAD_MODEL, "tensor '%s' has dimension %lld", name,
+                        (long long)tp->dims[i]);
+        shape.dims[i] = tp->dims[i];
+    }
+    int64_t numel = mdb_shape_numel(&shape, 1);
+    if (numel < 0 || numel > MDB_MAX_ELEMENTS)
+        return fail(e, SQ_BAD_MODEL, "tensor '%s' is too large", name);
+    size_t es = mdb_dtype_size(dt);
+    size_t nbytes = (size_t)numel * es;
+    uint8_t *data = malloc(nbytes + 1);
+    if (!data)
+        return fail(e, SQ_NOMEM, "no memory for tensor '%s' (%zu bytes)", name, nbytes);
+    size_t n = (size_t)numel;
+    if (tp->has_raw_data) {
+        if (tp->raw_data.len != nbytes) {
+            free(data);
+            return fail(e, SQ_BAD_MODEL, "tensor '%s': raw_data has %zu bytes, shape needs %zu",
+                        name, tp->raw_data.len, nbytes);
+        }
+        if (nbytes)
+            memcpy(data, tp->raw_data.data, nbytes);
+    } else if (dt == MDB_DT_FLOAT && tp->n_float_data == n && n) {
+        memcpy(data, tp->float_data, nbytes);
+    } else if (dt == MDB_DT_INT64 && tp->n_int64_data == n && n) {
+        memcpy(data, tp->int64_data, nbytes);
+    } else if ((dt == MDB_DT_INT32 || dt == MDB_DT_UINT8 || dt == MDB_DT_INT8 ||
+                dt == MDB_DT_BOOL) &&
+               tp->n_int32_data == n && n) {
+        for (size_t i = 0; i < n; i++) {
+            if (dt == MDB_DT_INT32)
+                memcpy(data + i * 4, &tp->int32_data[i], 4);
+            else
+                data[i] = (uint8_t)tp->int32_data[i];
+        }
+    } else if (n == 0 && tp->n_float_data == 0 && tp->n_int64_data == 0 && tp->n_int32_data == 0) {
+        /* an empty tensor */
+    } else {
+        free(data);
+        return fail(e, SQ_BAD_MODEL, "tensor '%s': data does not match its %lld elements", name,
+                    (long long)numel);
+    }
+    int t = mdb_graph_add_tensor(g, name, dt, &shape);
+    mdb_graph_set_data(g, t, data, nbytes);
+    return t;
+}
+
+/* ---- nodes ------------------------------------------------------------- */
+
+static int convert_attr(ectx_t *e, mdb_graph_t *g, mdb_node_t *node, const Onnx__AttributeProto *a)
+{
+    const char *name = a->name ? a->name : "";
+    int type = a->has_type ? (int)a->type : ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__UNDEFINED;
+    if (type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__UNDEFINED) {
+        /* Old writers omit the type; take the one field that is set. */
+        if (a->t)
+            type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR;
+        else if (a->n_ints)
+            type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS;
+        else if (a->n_floats)
+            type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOATS;
+        else if (a->has_s)
+            type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING;
+        else if (a->has_i)
+            type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT;
+        else if (a->has_f)
+            type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT;
+    }
+    switch (type) {
+    case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT:
+        mdb_node_set_int(node, name, a->i);
+        return 0;
+    case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT:
+        mdb_node_set_float(node, name, a->f);
+        return 0;
+    case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS:
+        if (a->n_ints > MDB_MAX_ATTR_LIST)
+            return fail(e, SQ_BAD_MODEL, "attribute '%s' of '%s' has %zu values", name, node->name,
+                        a->n_ints);
+        mdb_node_set_ints(node, name, a->ints, a->n_ints);
+        return 0;
+    case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOATS:
+        if (a->n_floats > MDB_MAX_ATTR_LIST)
+            return fail(e, SQ_BAD_MODEL, "attribute '%s' of '%s' has %zu values", name, node->name,
+                        a->n_floats);
+        mdb_node_set_floats(node, name, a->floats, a->n_floats);
+        return 0;
+    case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING:
+        if (a->s.len > MDB_MAX_ATTR_LIST)
+            return fail(e, SQ_BAD_MODEL, "attribute '%s' of '%s' is too long", name, node->name);
+        mdb_node_set_string(node, name, a->s.data ? (const char *)a->s.data : "", a->s.len);
+        return 0;
+    case ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR: {
+        if (!a->t)
+            return fail(e, SQ_BAD_MODEL, "attribute '%s' of '%s' has no tensor", name, node->name);
+        char tname[256];
+        snprintf(tname, sizeof(tname), "%s/%s", node->name, name);
+        int t = add_tensor_proto(e, g, a->t, tname);
+        if (t < 0)
+            return t;
+        mdb_node_set_tensor(node, name, t);
+        return 0;
+    }
+    default:
+        /* Graphs, sparse tensors, string lists: no op the worker runs uses
+         * them; the op itself is reported if it is unknown. */
+        return fail(e, SQ_UNSUPPORTED_MODEL, "attribute '%s' of '%s' has unsupported type %d", name,
+                    node->name, type);
+    }
+}
+
+/* Constant's value_* attributes become one tensor attribute "value". */
+static int canon_constant_attrs(ectx_t *e, mdb_graph_t *g, mdb_node_t *node)
+{
+    const mdb_attr_t *a;
+    int64_t iv;
+    float fv;
+    mdb_shape_t scalar = {.rank = 0};
+    if (mdb_node_attr(node, "value"))
+        return 0;
+    int t = -1;
+    if ((a = mdb_node_attr(node, "value_int")) && a->type == MDB_ATTR_INT) {
+        iv = a->i;
+        t = mdb_graph_add_tensor(g, "", MDB_DT_INT64, &scalar);
+        int64_t *d = sq_xmalloc(8);
+        *d = iv;
+        mdb_graph_set_data(g, t, d, 8);
+    } else if ((a = mdb_node_attr(node, "value_float")) && a->type == MDB_ATTR_FLOAT) {
+        fv = a->f;
+        t = mdb_graph_add_tensor(g, "", MDB_DT_FLOAT, &scalar);
+        float *d = sq_xmalloc(4);
+        *d = fv;
+        mdb_graph_set_data(g, t, d, 4);
+    } else if ((a = mdb_node_attr(node, "value_ints")) && a->type == MDB_ATTR_INTS) {
+        mdb_shape_t s = {.rank = 1, .dims = {(int64_t)a->count}};
+        t = mdb_graph_add_tensor(g, "", MDB_DT_INT64, &s);
+        void *d = sq_xmalloc(a->count * 8 + 1);
+        memcpy(d, a->ints, a->count * 8);
+        mdb_graph_set_data(g, t, d, a->count * 8);
+    } else if ((a = mdb_node_attr(node, "value_floats")) && a->type == MDB_ATTR_FLOATS) {
+        mdb_shape_t s = {.rank = 1, .dims = {(int64_t)a->count}};
+        t = mdb_graph_add_tensor(g, "", MDB_DT_FLOAT, &s);
+        void *d = sq_xmalloc(a->count * 4 + 1);
+        memcpy(d, a->floats, a->count * 4);
+        mdb_graph_set_data(g, t, d, a->count * 4);
+    } else {
+        add_unsupported(e, "Constant");
+        return fail(e, SQ_UNSUPPORTED_MODEL, "Constant '%s' has no supported value", node->name);
+    }
+    mdb_node_set_tensor(node, "value", t);
+    return 0;
+}
+
+/* Builds the graph once; symbolic makes dim 0 of every runtime input the
+ * batch N even when the file gives a number. */
+/* Finds a binding for input name; NULL if none. */
+static const mdb_onnx_const_t *find_binding(const mdb_onnx_const_t *consts, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (consts[i].name && strcmp(consts[i].name, name) == 0)
+            return &consts[i];
+    return NULL;
+}
+
+/* Adds the serialized TensorProto of a binding as a constant named name. */
+static int add_binding(ectx_t *e, mdb_graph_t *g, const mdb_onnx_const_t *b, const char *name)
+{
+    if (!b->tensor_pb || b->len == 0 || b->len > MAX_MODEL_BYTES ||
+        !wire_check(&onnx__tensor_proto__descriptor, b->tensor_pb,
+                    (const uint8_t *)b->tensor_pb + b->len, 0))
+        return fail(e, SQ_BAD_MODEL, "the value bound to input '%s' is not a TensorProto", name);
+    Onnx__TensorProto *tp = onnx__tensor_proto__unpack(NULL, b->len, b->tensor_pb);
+    if (!tp)
+        return fail(e, SQ_BAD_MODEL, "the value bound to input '%s' is not a TensorProto", name);
+    int t = add_tensor_proto(e, g, tp, name);
+    onnx__tensor_proto__free_unpacked(tp, NULL);
+    return t;
+}
+
+static int build(ectx_t *e, const Onnx__ModelProto *m, int64_t opset, bool symbolic,
+                 const mdb_onnx_const_t *consts, int n_consts, mdb_graph_t **out,
+                 bool *forced_symbolic, int64_t *declared_batch)
+{
+    const Onnx__GraphProto *gp = m->graph;
+    mdb_graph_t *g = mdb_graph_new();
+    names_t names;
+    int rc = 0;
+    size_t n_names = gp->n_initializer + gp->n_input + gp->n_output;
+    for (size_t i = 0; i < gp->n_node; i++)
+        n_names += gp->node[i]->n_output;
+    names_init(&names, n_names + 1);
+    g->opset = opset;
+    *forced_symbolic = false;
+
+    for (size_t i = 0; i < gp->n_initializer; i++) {
+        const Onnx__TensorProto *tp = gp->initializer[i];
+        const char *name = tp->name ? tp->name : "";
+        int t = add_tensor_proto(e, g, tp, name);
+        if (t < 0) {
+            rc = t;
+            goto out;
+        }
+        if (!*name || !names_put(&names, g->tensors[t].name, t)) {
+            rc = fail(e, SQ_BAD_MODEL, "initializer '%s' is unnamed or declared twice", name);
+            goto out;
+        }
+    }
+    if (gp->n_sparse_initializer) {
+        rc = fail(e, SQ_UNSUPPORTED_MODEL, "sparse initializers are not supported");
+        goto out;
+    }
+    for (size_t i = 0; i < gp->n_input; i++) {
+        const Onnx__ValueInfoProto *vi = gp->input[i];
+        const char *name = vi->name ? vi->name : "";
+        if (names_get(&names, name) >= 0)
+            continue; /* an initializer listed as input (IR < 4 style) */
+        const mdb_onnx_const_t *bound = find_binding(consts, n_consts, name);
+        if (bound) {
+            int t = add_binding(e, g, bound, name);
+            if (t < 0) {
+                rc = t;
+                goto out;
+            }
+            if (!*name || !names_put(&names, g->tensors[t].name, t)) {
+                rc = fail(e, SQ_BAD_MODEL, "input '%s' declared twice", name);
+                goto out;
+            }
+            continue;
+        }
+        const Onnx__TypeProto *tp = vi->type;
+        if (!*name || !tp || tp->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE ||
+            !tp->tensor_type) {
+            rc = fail(e, SQ_UNSUPPORTED_MODEL, "input '%s' is not a named tensor", name);
+            goto out;
+        }
+        const Onnx__TypeProto__Tensor *tt = tp->tensor_type;
+        mdb_dtype_t dt = dtype_from_onnx(tt->elem_type);
+        if (dt == MDB_DT_UNDEFINED) {
+            rc = fail(e, SQ_UNSUPPORTED_MODEL, "input '%s' has element type %d", name,
+                      (int)tt->elem_type);
+            goto out;
+        }
+        if (!tt->shape || tt->shape->n_dim > MDB_MAX_RANK) {
+            rc = fail(e, SQ_UNSUPPORTED_MODEL, "input '%s' has no static shape of rank <= %d", name,
+                      MDB_MAX_RANK);
+            goto out;
+        }
+        mdb_shape_t shape = {.rank = (int)tt->shape->n_dim};
+        for (int d = 0; d < shape.rank; d++) {
+            const Onnx__TensorShapeProto__Dimension *dim = tt->shape->dim[d];
+            bool known = dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
+            if (d == 0 && (!known || symbolic)) {
+                if (known) {
+                    *forced_symbolic = true;
+                    *declared_batch = dim->dim_value;
+                }
+                shape.dims[d] = MDB_DIM_BATCH;
+                continue;
+            }
+            if (!known || dim->dim_value < 0 || dim->dim_value > MDB_MAX_DIM) {
+                rc = fail(e, SQ_UNSUPPORTED_MODEL,
+                          "input '%s': dimension %d is not a static size (only the batch may "
+                          "be symbolic)",
+                          name, d);
+                goto out;
+            }
+            shape.dims[d] = dim->dim_value;
+        }
+        int64_t numel = mdb_shape_numel(&shape, 1);
+        if (numel < 0 || numel > MDB_MAX_ELEMENTS) {
+            rc = fail(e, SQ_BAD_MODEL, "input '%s' is too large", name);
+            goto out;
+        }
+        int t = mdb_graph_add_tensor(g, name, dt, &shape);
+        if (!names_put(&names, g->tensors[t].name, t)) {
+            rc = fail(e, SQ_BAD_MODEL, "input '%s' declared twice", name);
+            goto out;
+        }
+        mdb_graph_add_input(g, t);
+    }
+
+    /* Nodes: outputs first (a file need not be sorted), then inputs. */
+    for (size_t i = 0; i < gp->n_node; i++) {
+        const Onnx__NodeProto *np = gp->node[i];
+        const char *op_type = np->op_type ? np->op_type : "";
+        const char *domain = np->domain ? np->domain : "";
+        if (np->n_input > MDB_MAX_NODE_IO || np->n_output > MDB_MAX_NODE_IO ||
+            np->n_attribute > MDB_MAX_NODE_IO) {
+            rc = fail(e, SQ_BAD_MODEL, "node %zu has too many inputs, outputs or attributes", i);
+            goto out;
+        }
+        int op = mdb_op_from_name(op_type);
+        if (*domain && strcmp(domain, "ai.onnx") != 0) {
+            char what[160];
+            snprintf(what, sizeof(what), "%.60s:%.60s", domain, op_type);
+            add_unsupported(e, what);
+            continue;
+        }
+        if (op < 0) {
+            char what[64];
+            snprintf(what, sizeof(what), "%.60s", *op_type ? op_type : "(empty)");
+            add_unsupported(e, what);
+            continue;
+        }
+        int outs[MDB_MAX_NODE_IO];
+        for (size_t k = 0; k < np->n_output; k++) {
+            const char *oname = np->output[k] ? np->output[k] : "";
+            if (!*oname) {
+                outs[k] = -1;
+                continue;
+            }
+            outs[k] = mdb_graph_add_tensor(g, oname, MDB_DT_UNDEFINED, NULL);
+            if (!names_put(&names, g->tensors[outs[k]].name, outs[k])) {
+                rc = fail(e, SQ_BAD_MODEL, "tensor '%s' is written twice", oname);
+                goto out;
+            }
+        }
+        int idx = mdb_graph_add_node(g, (mdb_op_t)op, np->name ? np->name : "", NULL, 0, outs,
+                                     (int)np->n_output);
+        if (g->n_nodes > MDB_MAX_NODES || g->n_tensors > MDB_MAX_TENSORS) {
+            rc = fail(e, SQ_BAD_MODEL, "the graph has too many nodes or tensors");
+            goto out;
+        }
+        mdb_node_t *node = &g->nodes[idx];
+        for (size_t k = 0; k < np->n_attribute; k++) {
+            rc = convert_attr(e, g, &g->nodes[idx], np->attribute[k]);
+            if (rc)
+                goto out;
+            node = &g->nodes[idx];
+        }
+        if (op == MDB_OP_CONSTANT && (rc = canon_constant_attrs(e, g, node)) != 0)
+            goto out;
+    }
+    if (e->ops_len) {
+        rc = fail(e, SQ_UNSUPPORTED_MODEL, "unsupported ops: %s (opset %lld)", e->ops,
+                  (long long)opset);
+        goto out;
+    }
+    for (size_t i = 0, idx = 0; i < gp->n_node; i++, idx++) {
+        const Onnx__NodeProto *np = gp->node[i];
+        mdb_node_t *node = &g->nodes[idx];
+        node->inputs = sq_xrealloc(node->inputs, (np->n_input + 1) * sizeof(int));
+        node->n_inputs = (int)np->n_input;
+        for (size_t k = 0; k < np->n_input; k++) {
+            const char *iname = np->input[k] ? np->input[k] : "";
+            if (!*iname) {
+                node->inputs[k] = -1;
+                continue;
+            }
+            node->inputs[k] = names_get(&names, iname);
+            if (node->inputs[k] < 0) {
+                rc = fail(e, SQ_BAD_MODEL, "node '%s' reads '%s', which nothing defines",
+                          node->name, iname);
+                goto out;
+            }
+        }
+    }
+    if (gp->n_output == 0) {
+        rc = fail(e, SQ_BAD_MODEL, "the graph has no outputs");
+        goto out;
+    }
+    for (size_t i = 0; i < gp->n_output; i++) {
+        const char *oname = gp->output[i]->name ? gp->output[i]->name : "";
+        int t = names_get(&names, oname);
+        if (t < 0) {
+            rc = fail(e, SQ_BAD_MODEL, "graph output '%s' is not defined", oname);
+            goto out;
+        }
+        if (g->tensors[t].is_output) {
+            rc = fail(e, SQ_BAD_MODEL, "graph output '%s' listed twice", oname);
+            goto out;
+        }
+        mdb_graph_add_output(g, t);
+    }
+    if (g->n_inputs == 0) {
+        rc = fail(e, SQ_UNSUPPORTED_MODEL, "the graph has no runtime input");
+        goto out;
+    }
+    char msg[512];
+    msg[0] = '\0';
+    rc = mdb_graph_toposort(g, msg, sizeof(msg));
+    if (rc) {
+        rc = fail(e, rc, "%s", msg);
+        goto out;
+    }
+    rc = mdb_onnx_lower(g, opset, msg, sizeof(msg), e->ops, sizeof(e->ops));
+    if (rc) {
+        e->ops_len = strlen(e->ops);
+        rc = fail(e, rc, "%s (opset %lld)", msg, (long long)opset);
+        goto out;
+    }
+out:
+    names_dispose(&names);
+    if (rc) {
+        mdb_graph_free(g);
+        return rc;
+    }
+    *out = g;
+    return 0;
+}
+
+int mdb_onnx_import(const void *bytes, size_t len, mdb_graph_t **out, mdb_import_error_t *err)
+{
+    return mdb_onnx_import_bound(bytes, len, NULL, 0, out, err);
+}
+
+int mdb_onnx_import_bound(const void *bytes, size_t len, const mdb_onnx_const_t *consts,
+                          int n_consts, mdb_graph_t **out, mdb_import_error_t *err)
+{
+    ectx_t e = {.err = err};
+    Onnx__ModelProto *m = NULL;
+    int rc;
+    *out = NULL;
+    if (err) {
+        memset(err, 0, sizeof(*err));
+        err->opset = -1;
+    }
+    if (!bytes || len == 0)
+        return fail(&e, SQ_BAD_MODEL, "empty model");
+    if (len > MAX_MODEL_BYTES)
+        return fail(&e, SQ_TOO_LARGE, "model of %zu bytes exceeds %zu", len, MAX_MODEL_BYTES);
+    if (!wire_check(&onnx__model_proto__descriptor, bytes, (const uint8_t *)bytes + len, 0))
+        return fail(&e, SQ_BAD_MODEL, "not a protobuf ModelProto (truncated or malformed)");
+    m = onnx__model_proto__unpack(NULL, len, bytes);
+    if (!m)
+        return fail(&e, SQ_BAD_MODEL, "not an ONNX ModelProto (protobuf decoding failed)");
+    if (!m->graph) {
+        rc = fail(&e, SQ_BAD_MODEL, "the model has no graph");
+        goto out;
+    }
+    if (!m->has_ir_version || m->ir_version < 3) {
+        rc = fail(&e, SQ_BAD_MODEL, "missing or too old ir_version");
+        goto out;
+    }
+    int64_t opset = -1;
+    for (size_t i = 0; i < m->n_opset_import; i++) {
+        const Onnx__OperatorSetIdProto *os = m->opset_import[i];
+        const char *domain = os->domain ? os->domain : "";
+        if (!*domain || strcmp(domain, "ai.onnx") == 0)
+            opset = os->has_version ? os->version : -1;
+    }
+    if (err)
+        err->opset = opset;
+    if (opset < MDB_OPSET_MIN || opset > MDB_OPSET_MAX) {
+        rc = fail(&e, SQ_UNSUPPORTED_MODEL, "opset %lld is outside the supported range %d..%d",
+                  (long long)opset, MDB_OPSET_MIN, MDB_OPSET_MAX);
+        goto out;
+    }
+    bool forced = false;
+    int64_t declared = 0;
+    rc = build(&e, m, opset, true, consts, n_consts, out, &forced, &declared);
+    if (rc && forced && rc != SQ_NOMEM) {
+        /* The file fixes the batch and its shapes depend on it (a Reshape
+         * to [1, -1], say): import it for that batch only. */
+        mdb_import_error_t first = {0};
+        if (err)
+            first = *err;
+        e.ops_len = 0;
+        e.ops[0] = '\0';
+        bool again;
+        rc = build(&e, m, opset, false, consts, n_consts, out, &again, &declared);
+        if (rc == 0)
+            (*out)->batch_fixed = declared > 0 ? declared : 1;
+        else if (err)
+            *err = first;
+    }
+out:
+    if (err && rc) {
+        err->code = rc;
+        snprintf(err->ops, sizeof(err->ops), "%s", e.ops);
+    }
+    onnx__model_proto__free_unpacked(m, NULL);
+    return rc;
+}
+
+int mdb_model_info(const mdb_graph_t *g, mdb_model_info_t *info, char *err, size_t errlen)
+{
+    memset(info, 0, sizeof(*info));
+    if (g->n_inputs != 1) {
+        mdb_errf(err, errlen, "an image model has exactly one input (this one has %d)",
+                 g->n_inputs);
+        return SQ_UNSUPPORTED_MODEL;
+    }
+    const mdb_tensor_t *in = &g->tensors[g->inputs[0]];
+    if (in->shape.rank != 4 || (in->dtype != MDB_DT_FLOAT && in->dtype != MDB_DT_UINT8)) {
+        mdb_errf(err, errlen, "input '%s' is not an NCHW float or uint8 image", in->name);
+        return SQ_UNSUPPORTED_MODEL;
+    }
+    for (int d = 1; d < 4; d++)
+        if (in->shape.dims[d] <= 0) {
+            mdb_errf(err, errlen, "input '%s' has an empty or symbolic dimension %d", in->name, d);
+            return SQ_UNSUPPORTED_MODEL;
+        }
+    if (g->n_outputs < 1 || g->n_outputs > 8) {
+        mdb_errf(err, errlen, "the model has %d outputs (1 to 8 supported)", g->n_outputs);
+        return SQ_UNSUPPORTED_MODEL;
+    }
+    info->input_name = in->name;
+    info->input_dtype = in->dtype;
+    info->input_shape = in->shape;
+    info->layout = "NCHW";
+    info->n_outputs = g->n_outputs;
+    for (int i = 0; i < g->n_outputs; i++) {
+        info->output_names[i] = g->tensors[g->outputs[i]].name;
+        info->output_shapes[i] = g->tensors[g->outputs[i]].shape;
+    }
+    info->param_bytes = mdb_graph_param_bytes(g);
+    mdb_graph_op_histogram(g, info->op_hist);
+    return 0;
+}

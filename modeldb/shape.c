@@ -1,0 +1,839 @@
+/* Static shape inference over the canonical graph IR. Every dimension is a
+ * known size or the symbolic batch N (MDB_DIM_BATCH); an op that would
+ * have to express N times something (a batch merged into another axis) is
+ * reported as unsupported, which is what lets one plan serve every batch
+ * size. */
+#include "mdb_graph.h"
+#include "mdb_graph_int.h"
+
+#include <sq.h>
+
+#include <stdio.h>
+#include <string.h>
+
+#define B MDB_DIM_BATCH
+
+typedef struct {
+    mdb_graph_t *g;
+    mdb_node_t *node;
+    char *err;
+    size_t errlen;
+} ictx_t;
+
+#define FAIL(code, ...)                                                                            \
+    do {                                                                                           \
+        mdb_errf(c->err, c->errlen, __VA_ARGS__);                                                  \
+        return (code);                                                                             \
+    } while (0)
+
+static const mdb_tensor_t *in_t(ictx_t *c, int k)
+{
+    if (k >= c->node->n_inputs || c->node->inputs[k] < 0)
+        return NULL;
+    return &c->g->tensors[c->node->inputs[k]];
+}
+
+static void set_out(ictx_t *c, int k, mdb_dtype_t dt, const mdb_shape_t *s)
+{
+    if (k >= c->node->n_outputs || c->node->outputs[k] < 0)
+        return;
+    mdb_tensor_t *t = &c->g->tensors[c->node->outputs[k]];
+    t->dtype = dt;
+    t->shape = *s;
+    t->shape_known = true;
+}
+
+/* a * b for dims; N * 1 is N; N * k is not expressible. */
+static int dim_mul(ictx_t *c, int64_t a, int64_t b, int64_t *out)
+{
+    if (a == B || b == B) {
+        int64_t other = a == B ? b : a;
+        if (other == 1) {
+            *out = B;
+            return 0;
+        }
+        FAIL(SQ_UNSUPPORTED_MODEL, "%s '%s' merges the batch dimension with another",
+             mdb_op_name(c->node->op), c->node->name);
+    }
+    if (a != 0 && b > MDB_MAX_ELEMENTS / a)
+        FAIL(SQ_BAD_MODEL, "%s '%s': dimension overflow", mdb_op_name(c->node->op), c->node->name);
+    *out = a * b;
+    return 0;
+}
+
+static int64_t norm_axis(int64_t axis, int rank)
+{
+    return axis < 0 ? axis + rank : axis;
+}
+
+static int check_axis(ictx_t *c, int64_t axis, int rank)
+{
+    if (axis < 0 || axis >= rank)
+        FAIL(SQ_BAD_MODEL, "%s '%s': axis %lld out of range for rank %d", mdb_op_name(c->node->op),
+             c->node->name, (long long)axis, rank);
+    return 0;
+}
+
+static int infer_broadcast(ictx_t *c)
+{
+    mdb_shape_t out = {0};
+    int n = c->node->op == MDB_OP_MATMUL ? 0 : c->node->n_inputs;
+    for (int k = 0; k < n; k++) {
+        const mdb_tensor_t *t = in_t(c, k);
+        if (!t)
+            FAIL(SQ_BAD_MODEL, "%s '%s' lacks input %d", mdb_op_name(c->node->op), c->node->name,
+                 k);
+        if (t->shape.rank > out.rank) {
+            int shift = t->shape.rank - out.rank;
+            memmove(out.dims + shift, out.dims, (size_t)out.rank * sizeof(int64_t));
+            for (int i = 0; i < shift; i++)
+                out.dims[i] = 1;
+            out.rank = t->shape.rank;
+        }
+        int off = out.rank - t->shape.rank;
+        for (int i = 0; i < t->shape.rank; i++) {
+            int64_t a = out.dims[off + i], b = t->shape.dims[i];
+            if (a == b || b == 1)
+                continue;
+            if (a == 1) {
+                out.dims[off + i] = b;
+                continue;
+            }
+            FAIL(a == B || b == B ? SQ_UNSUPPORTED_MODEL : SQ_BAD_MODEL,
+                 "%s '%s': shapes do not broadcast at axis %d", mdb_op_name(c->node->op),
+                 c->node->name, off + i);
+        }
+    }
+    set_out(c, 0, in_t(c, 0)->dtype, &out);
+    return 0;
+}
+
+static int infer_matmul(ictx_t *c)
+{
+    const mdb_tensor_t *a = in_t(c, 0), *b = in_t(c, 1);
+    if (!a || !b || a->shape.rank < 1 || b->shape.rank < 1)
+        FAIL(SQ_BAD_MODEL, "MatMul '%s' needs two inputs of rank >= 1", c->node->name);
+    mdb_shape_t sa = a->shape, sb = b->shape;
+    bool a_vec = sa.rank == 1, b_vec = sb.rank == 1;
+    if (a_vec) {
+        sa.dims[1] = sa.dims[0];
+        sa.dims[0] = 1;
+        sa.rank = 2;
+    }
+    if (b_vec) {
+        sb.dims[1] = 1;
+        sb.rank = 2;
+    }
+    int64_t k_a = sa.dims[sa.rank - 1], k_b = sb.dims[sb.rank - 2];
+    if (k_a == B || k_b == B || k_a != k_b)
+        FAIL(k_a == B || k_b == B ? SQ_UNSUPPORTED_MODEL : SQ_BAD_MODEL,
+             "MatMul '%s': inner dimensions differ", c->node->name);
+    mdb_shape_t out = {0};
+    int ra = sa.rank - 2, rb = sb.rank - 2;
+    out.rank = ra > rb ? ra : rb;
+    for (int i = 0; i < out.rank; i++) {
+        int ia = i - (out.rank - ra), ib = i - (out.rank - rb);
+        int64_t da = ia >= 0 ? sa.dims[ia] : 1, db = ib >= 0 ? sb.dims[ib] : 1;
+        if (da == db || db == 1)
+            out.dims[i] = da;
+        else if (da == 1)
+            out.dims[i] = db;
+        else
+            FAIL(SQ_BAD_MODEL, "MatMul '%s': batch dimensions do not broadcast", c->node->name);
+    }
+    if (out.rank + 2 > MDB_MAX_RANK)
+        FAIL(SQ_BAD_MODEL, "MatMul '%s': rank too large", c->node->name);
+    if (!a_vec)
+        out.dims[out.rank++] = sa.dims[sa.rank - 2];
+    if (!b_vec)
+        out.dims[out.rank++] = sb.dims[sb.rank - 1];
+    set_out(c, 0, a->dtype, &out);
+    return 0;
+}
+
+static int infer_gemm(ictx_t *c)
+{
+    const mdb_tensor_t *a = in_t(c, 0), *b = in_t(c, 1), *bias = in_t(c, 2);
+    if (!a || !b || a->shape.rank != 2 || b->shape.rank != 2)
+        FAIL(SQ_BAD_MODEL, "Gemm '%s' needs two matrices", c->node->name);
+    bool ta = mdb_node_int(c->node, "transA", 0) != 0;
+    bool tb = mdb_node_int(c->node, "transB", 0) != 0;
+    int64_t m = a->shape.dims[ta ? 1 : 0], ka = a->shape.dims[ta ? 0 : 1];
+    int64_t kb = b->shape.dims[tb ? 1 : 0], n = b->shape.dims[tb ? 0 : 1];
+    if (ka == B || kb == B || n == B)
+        FAIL(SQ_UNSUPPORTED_MODEL, "Gemm '%s' multiplies along the batch", c->node->name);
+    if (ka != kb)
+        FAIL(SQ_BAD_MODEL, "Gemm '%s': inner dimensions %lld and %lld differ", c->node->name,
+             (long long)ka, (long long)kb);
+    mdb_shape_t out = {.rank = 2, .dims = {m, n}};
+    if (bias) {
+        const mdb_shape_t *s = &bias->shape;
+        for (int i = 0; i < s->rank; i++) {
+            int64_t want = out.dims[2 - s->rank + i];
+            if (s->rank > 2 || (s->dims[i] != 1 && s->dims[i] != want))
+                FAIL(SQ_BAD_MODEL, "Gemm '%s': C does not broadcast to the output", c->node->name);
+        }
+    }
+    set_out(c, 0, a->dtype, &out);
+    return 0;
+}
+
+/* Window geometry shared by Conv and the pools: spatial dims of out. */
+static int infer_window(ictx_t *c, const mdb_shape_t *x, const int64_t *kernel, int nk,
+                        bool ceil_mode, mdb_shape_t *out)
+{
+    int sp = x->rank - 2;
+    size_t n_strides, n_dil, n_pads;
+    const int64_t *strides = mdb_node_ints(c->node, "strides", &n_strides);
+    const int64_t *dil = mdb_node_ints(c->node, "dilations", &n_dil);
+    const int64_t *pads = mdb_node_ints(c->node, "pads", &n_pads);
+    if (nk != sp || (strides && (int)n_strides != sp) || (dil && (int)n_dil != sp) ||
+        (pads && (int)n_pads != 2 * sp))
+        FAIL(SQ_BAD_MODEL, "%s '%s': kernel, strides, dilations or pads do not match rank %d",
+             mdb_op_name(c->node->op), c->node->name, x->rank);
+    for (int i = 0; i < sp; i++) {
+        int64_t in = x->dims[2 + i];
+        int64_t k = kernel[i], s = strides ? strides[i] : 1, d = dil ? dil[i] : 1;
+        int64_t pb = pads ? pads[i] : 0, pe = pads ? pads[sp + i] : 0;
+        if (in == B)
+            FAIL(SQ_UNSUPPORTED_MODEL, "%s '%s' slides over the batch", mdb_op_name(c->node->op),
+                 c->node->name);
+        if (k < 1 || s < 1 || d < 1 || pb < 0 || pe < 0 || k > MDB_MAX_DIM || s > MDB_MAX_DIM ||
+            d > MDB_MAX_DIM || pb > MDB_MAX_DIM || pe > MDB_MAX_DIM)
+            FAIL(SQ_BAD_MODEL, "%s '%s': bad kernel, stride, dilation or pad",
+                 mdb_op_name(c->node->op), c->node->name);
+        int64_t span = d * (k - 1) + 1;
+        int64_t avail = in + pb + pe - span;
+        if (avail < 0)
+            FAIL(SQ_BAD_MODEL, "%s '%s': window larger than the padded input",
+                 mdb_op_name(c->node->op), c->node->name);
+        int64_t o = (ceil_mode ? (avail + s - 1) / s : avail / s) + 1;
+        /* As PyTorch and ONNX Runtime do: the last window must start
+         * inside the input or the left padding. */
+        if (ceil_mode && (o - 1) * s >= in + pb)
+            o--;
+        out->dims[2 + i] = o;
+    }
+    return 0;
+}
+
+static int infer_conv(ictx_t *c)
+{
+    const mdb_tensor_t *x = in_t(c, 0), *w = in_t(c, 1), *bias = in_t(c, 2);
+    if (!x || !w || x->shape.rank < 3 || w->shape.rank != x->shape.rank)
+        FAIL(SQ_BAD_MODEL, "Conv '%s' needs X and W of the same rank >= 3", c->node->name);
+    int64_t group = mdb_node_int(c->node, "group", 1);
+    int64_t ch = x->shape.dims[1], m = w->shape.dims[0];
+    if (ch == B || m == B)
+        FAIL(SQ_UNSUPPORTED_MODEL, "Conv '%s' convolves over the batch", c->node->name);
+    if (group < 1 || ch % group != 0 || m % group != 0 || w->shape.dims[1] * group != ch)
+        FAIL(SQ_BAD_MODEL, "Conv '%s': %lld channels, W %lldx%lld, group %lld do not fit",
+             c->node->name, (long long)ch, (long long)m, (long long)w->shape.dims[1],
+             (long long)group);
+    if (bias && (bias->shape.rank != 1 || bias->shape.dims[0] != m))
+        FAIL(SQ_BAD_MODEL, "Conv '%s': bias is not [%lld]", c->node->name, (long long)m);
+    size_t nk;
+    const int64_t *kernel = mdb_node_ints(c->node, "kernel_shape", &nk);
+    if (!kernel) {
+        kernel = w->shape.dims + 2;
+        nk = (size_t)w->shape.rank - 2;
+    }
+    for (size_t i = 0; i < nk && (int)i + 2 < w->shape.rank; i++)
+        if (kernel[i] != w->shape.dims[2 + i])
+            FAIL(SQ_BAD_MODEL, "Conv '%s': kernel_shape differs from W", c->node->name);
+    mdb_shape_t out = x->shape;
+    out.dims[1] = m;
+    int rc = infer_window(c, &x->shape, kernel, (int)nk, false, &out);
+    if (rc)
+        return rc;
+    set_out(c, 0, x->dtype, &out);
+    return 0;
+}
+
+static int infer_pool(ictx_t *c)
+{
+    const mdb_tensor_t *x = in_t(c, 0);
+    if (!x || x->shape.rank < 3)
+        FAIL(SQ_BAD_MODEL, "%s '%s' needs an input of rank >= 3", mdb_op_name(c->node->op),
+             c->node->name);
+    mdb_shape_t out = x->shape;
+    if (c->node->op == MDB_OP_GLOBAL_AVERAGE_POOL) {
+        for (int i = 2; i < out.rank; i++)
+            out.dims[i] = 1;
+        set_out(c, 0, x->dtype, &out);
+        return 0;
+    }
+    size_t nk;
+    const int64_t *kernel = mdb_node_ints(c->node, "kernel_shape", &nk);
+    if (!kernel)
+        FAIL(SQ_BAD_MODEL, "%s '%s' has no kernel_shape", mdb_op_name(c->node->op), c->node->name);
+    int rc =
+        infer_window(c, &x->shape, kernel, (int)nk, mdb_node_int(c->node, "ceil_mode", 0), &out);
+    if (rc)
+        return rc;
+    set_out(c, 0, x->dtype, &out);
+    for (int k = 1; k < c->node->n_outputs; k++)
+        if (c->node->outputs[k] >= 0)
+            FAIL(SQ_UNSUPPORTED_MODEL, "%s '%s': the Indices output is not supported",
+                 mdb_op_name(c->node->op), c->node->name);
+    return 0;
+}
+
+static int infer_concat(ictx_t *c)
+{
+    const mdb_tensor_t *first = in_t(c, 0);
+    if (!first || c->node->n_inputs < 1)
+        FAIL(SQ_BAD_MODEL, "Concat '%s' has no inputs", c->node->name);
+    int rank = first->shape.rank;
+    int64_t axis = norm_axis(mdb_node_int(c->node, "axis", 0), rank);
+    int rc = check_axis(c, axis, rank);
+    if (rc)
+        return rc;
+    mdb_shape_t out = first->shape;
+    out.dims[axis] = 0;
+    for (int k = 0; k < c->node->n_inputs; k++) {
+        const mdb_tensor_t *t = in_t(c, k);
+        if (!t || t->shape.rank != rank)
+            FAIL(SQ_BAD_MODEL, "Concat '%s': input %d has another rank", c->node->name, k);
+        for (int i = 0; i < rank; i++) {
+            if (i == axis)
+                continue;
+            if (t->shape.dims[i] != out.dims[i])
+                FAIL(SQ_BAD_MODEL, "Concat '%s': input %d differs at axis %d", c->node->name, k, i);
+        }
+        int64_t d = t->shape.dims[axis];
+        if (d == B)
+            FAIL(SQ_UNSUPPORTED_MODEL, "Concat '%s' concatenates along the batch", c->node->name);
+        out.dims[axis] += d;
+        if (out.dims[axis] > MDB_MAX_DIM)
+            FAIL(SQ_BAD_MODEL, "Concat '%s': dimension overflow", c->node->name);
+    }
+    set_out(c, 0, first->dtype, &out);
+    return 0;
+}
+
+static int infer_flatten(ictx_t *c)
+{
+    const mdb_tensor_t *x = in_t(c, 0);
+    int rank = x->shape.rank;
+    int64_t axis = norm_axis(mdb_node_int(c->node, "axis", 1), rank);
+    if (axis < 0 || axis > rank)
+        FAIL(SQ_BAD_MODEL, "Flatten '%s': axis out of range", c->node->name);
+    mdb_shape_t out = {.rank = 2, .dims = {1, 1}};
+    for (int i = 0; i < rank; i++) {
+        int rc =
+            dim_mul(c, out.dims[i < axis ? 0 : 1], x->shape.dims[i], &out.dims[i < axis ? 0 : 1]);
+        if (rc)
+            return rc;
+    }
+    set_out(c, 0, x->dtype, &out);
+    return 0;
+}
+
+int mdb_reshape_resolve(const mdb_shape_t *in, const int64_t *target, int n, bool allowzero,
+                        mdb_shape_t *out, char *err, size_t errlen)
+{
+    if (n < 0 || n > MDB_MAX_RANK) {
+        mdb_errf(err, errlen, "Reshape to rank %d", n);
+        return SQ_UNSUPPORTED_MODEL;
+    }
+    bool in_batch = false;
+    int64_t in_const = 1;
+    if (in->rank < 0 || in->rank > MDB_MAX_RANK)
+        return SQ_INTERNAL;
+    for (int i = 0; i < in->rank; i++) {
+        if (in->dims[i] == B)
+            in_batch = true;
+        else if (__builtin_mul_overflow(in_const, in->dims[i], &in_const))
+            in_const = -1;
+    }
+    if (in_const < 0 || in_const > MDB_MAX_ELEMENTS) {
+        mdb_errf(err, errlen, "Reshape of a tensor too large");
+        return SQ_BAD_MODEL;
+    }
+    out->rank = n;
+    int infer_at = -1, out_batch = 0;
+    int64_t out_const = 1;
+    for (int i = 0; i < n; i++) {
+        int64_t d = target[i];
+        if (d == MDB_SYM_BATCH) {
+            d = B;
+        } else if (d == 0 && !allowzero) {
+            if (i >= in->rank) {
+                mdb_errf(err, errlen, "Reshape copies dimension %d of a rank-%d input", i,
+                         in->rank);
+                return SQ_BAD_MODEL;
+            }
+            d = in->dims[i];
+        } else if (d == -1) {
+            if (infer_at >= 0) {
+                mdb_errf(err, errlen, "Reshape target has two -1");
+                return SQ_BAD_MODEL;
+            }
+            infer_at = i;
+            out->dims[i] = 1;
+            continue;
+        } else if (d < 0 || d > MDB_MAX_DIM) {
+            mdb_errf(err, errlen, "Reshape target dimension %lld", (long long)d);
+            return SQ_BAD_MODEL;
+        }
+        out->dims[i] = d;
+        if (d == B) {
+            out_batch++;
+        } else {
+            if (d != 0 && out_const > MDB_MAX_ELEMENTS / d) {
+                mdb_errf(err, errlen, "Reshape target too large");
+                return SQ_BAD_MODEL;
+            }
+            out_const *= d;
+        }
+    }
+    if (out_batch > 1 || (out_batch == 1 && !in_batch)) {
+        mdb_errf(err, errlen, "Reshape target has the batch where the input has none");
+        return SQ_UNSUPPORTED_MODEL;
+    }
+    if (infer_at >= 0) {
+        if (out_const == 0 || in_const % out_const != 0) {
+            mdb_errf(err, errlen, "Reshape cannot infer the -1 dimension");
+            return SQ_BAD_MODEL;
+        }
+        int64_t k = in_const / out_const;
+        if (in_batch && !out_batch) {
+            if (k != 1) {
+                mdb_errf(err, errlen, "Reshape merges the batch into another dimension");
+                return SQ_UNSUPPORTED_MODEL;
+            }
+            out->dims[infer_at] = B;
+            out_batch = 1;
+        } else {
+            out->dims[infer_at] = k;
+        }
+        out_const = in_const;
+    }
+    if (in_batch != (out_batch == 1)) {
+        mdb_errf(err, errlen, "Reshape moves the batch into another dimension");
+        return SQ_UNSUPPORTED_MODEL;
+    }
+    if (out_const != in_const) {
+        mdb_errf(err, errlen, "Reshape changes the element count (%lld to %lld)",
+                 (long long)in_const, (long long)out_const);
+        return SQ_BAD_MODEL;
+    }
+    return 0;
+}
+
+static int infer_reshape(ictx_t *c)
+{
+    const mdb_tensor_t *x = in_t(c, 0);
+    size_t n;
+    const int64_t *shape = mdb_node_ints(c->node, "shape", &n);
+    if (!shape && n == 0 && !mdb_node_attr(c->node, "shape"))
+        FAIL(SQ_BAD_MODEL, "Reshape '%s' has no target shape", c->node->name);
+    mdb_shape_t out;
+    int64_t target[MDB_MAX_RANK];
+    if (n > MDB_MAX_RANK)
+        FAIL(SQ_UNSUPPORTED_MODEL, "Reshape '%s' to rank %zu", c->node->name, n);
+    /* The canonical attribute uses MDB_DIM_BATCH for N; the resolver
+     * expects the folded sentinel. */
+    for (size_t i = 0; i < n; i++)
+        target[i] = shape[i] == B ? MDB_SYM_BATCH : shape[i];
+    int rc = mdb_reshape_resolve(&x->shape, target, (int)n, true, &out, c->err, c->errlen);
+    if (rc)
+        return rc;
+    set_out(c, 0, x->dtype, &out);
+    return 0;
+}
+
+static int infer_transpose(ictx_t *c)
+{
+    const mdb_tensor_t *x = in_t(c, 0);
+    int rank = x->shape.rank;
+    size_t n;
+    const int64_t *perm = mdb_node_ints(c->node, "perm", &n);
+    mdb_shape_t out = {.rank = rank};
+    bool used[MDB_MAX_RANK] = {0};
+    for (int i = 0; i < rank; i++) {
+        int64_t p = perm ? (i < (int)n ? perm[i] : -1) : rank - 1 - i;
+        if ((perm && (int)n != rank) || p < 0 || p >= rank || used[p])
+            FAIL(SQ_BAD_MODEL, "Transpose '%s': perm is not a permutation of %d axes",
+                 c->node->name, rank);
+        used[p] = true;
+        out.dims[i] = x->shape.dims[p];
+    }
+    set_out(c, 0, x->dtype, &out);
+    return 0;
+}
+
+static int infer_pad(ictx_t *c)
+{
+    const mdb_tensor_t *x = in_t(c, 0);
+    int rank = x->shape.rank;
+    size_t n;
+    const int64_t *pads = mdb_node_ints(c->node, "pads", &n);
+    if (!pads || (int)n != 2 * rank)
+        FAIL(SQ_BAD_MODEL, "Pad '%s': pads must have %d values", c->node->name, 2 * rank);
+    mdb_shape_t out = x->shape;
+    for (int i = 0; i < rank; i++) {
+        if (x->shape.dims[i] == B) {
+            if (pads[i] || pads[rank + i])
+                FAIL(SQ_UNSUPPORTED_MODEL, "Pad '%s' pads the batch", c->node->name);
+            continue;
+        }
+        if (pads[i] < -MDB_MAX_DIM || pads[i] > MDB_MAX_DIM || pads[rank + i] < -MDB_MAX_DIM ||
+            pads[rank + i] > MDB_MAX_DIM)
+            FAIL(SQ_BAD_MODEL, "Pad '%s': absurd pads", c->node->name);
+        out.dims[i] += pads[i] + pads[rank + i];
+        if (out.dims[i] < 0 || out.dims[i] > MDB_MAX_DIM)
+            FAIL(SQ_BAD_MODEL, "Pad '%s': padded dimension %d out of range", c->node->name, i);
+    }
+    set_out(c, 0, x->dtype, &out);
+    return 0;
+}
+
+static int infer_reduce(ictx_t *c)
+{
+    const mdb_tensor_t *x = in_t(c, 0);
+    int rank = x->shape.rank;
+    size_t n;
+    const int64_t *axes = mdb_node_ints(c->node, "axes", &n);
+    bool keep = mdb_node_int(c->node, "keepdims", 1) != 0;
+    bool reduce[MDB_MAX_RANK] = {0};
+    for (size_t i = 0; i < n; i++) {
+        int64_t a = norm_axis(axes[i], rank);
+        int rc = check_axis(c, a, rank);
+        if (rc)
+            return rc;
+        reduce[a] = true;
+    }
+    if (n == 0)
+        for (int i = 0; i < rank; i++)
+            reduce[i] = true;
+    mdb_shape_t out = {0};
+    for (int i = 0; i < rank; i++) {
+        if (reduce[i] && x->shape.dims[i] == B)
+            FAIL(SQ_UNSUPPORTED_MODEL, "ReduceMean '%s' reduces over the batch", c->node->name);
+        if (!reduce[i])
+            out.dims[out.rank++] = x->shape.dims[i];
+        else if (keep)
+            out.dims[out.rank++] = 1;
+    }
+    set_out(c, 0, x->dtype, &out);
+    return 0;
+}
+
+static int infer_split(ictx_t *c)
+{
+    const mdb_tensor_t *x = in_t(c, 0);
+    int rank = x->shape.rank;
+    int64_t axis = norm_axis(mdb_node_int(c->node, "axis", 0), rank);
+    int rc = check_axis(c, axis, rank);
+    if (rc)
+        return rc;
+    int64_t dim = x->shape.dims[axis];
+    if (dim == B)
+        FAIL(SQ_UNSUPPORTED_MODEL, "Split '%s' splits the batch", c->node->name);
+    size_t n;
+    const int64_t *split = mdb_node_ints(c->node, "split", &n);
+    int outs = c->node->n_outputs;
+    if (outs < 1 || (split && (int)n != outs))
+        FAIL(SQ_BAD_MODEL, "Split '%s': %zu sizes for %d outputs", c->node->name, n, outs);
+    int64_t sum = 0;
+    for (int k = 0; k < outs; k++) {
+        int64_t len = split ? split[k] : (dim + outs - 1) / outs;
+        if (!split && k == outs - 1)
+            len = dim - sum;
+        if (len < 0 || len > dim - sum)
+            FAIL(SQ_BAD_MODEL, "Split '%s': sizes exceed the dimension", c->node->name);
+        mdb_shape_t out = x->shape;
+        out.dims[axis] = len;
+        set_out(c, k, x->dtype, &out);
+        sum += len;
+    }
+    if (sum != dim)
+        FAIL(SQ_BAD_MODEL, "Split '%s': sizes sum to %lld, not %lld", c->node->name, (long long)sum,
+             (long long)dim);
+    return 0;
+}
+
+/* ONNX Slice arithmetic for one axis: clamps start/end and returns the
+ * output length. */
+static int64_t slice_len(int64_t dim, int64_t *start, int64_t *end, int64_t step)
+{
+    int64_t s = *start, e = *end;
+    if (s < 0)
+        s += dim;
+    if (e < 0)
+        e += dim;
+    if (step > 0) {
+        s = s < 0 ? 0 : s > dim ? dim : s;
+        e = e < 0 ? 0 : e > dim ? dim : e;
+    } else {
+        s = s < 0 ? -1 : s > dim - 1 ? dim - 1 : s;
+        e = e < -1 ? -1 : e > dim - 1 ? dim - 1 : e;
+    }
+    *start = s;
+    *end = e;
+    if (step > 0)
+        return e > s ? (e - s + step - 1) / step : 0;
+    return s > e ? (s - e + (-step) - 1) / (-step) : 0;
+}
+
+int mdb_slice_resolve(const mdb_shape_t *in, mdb_node_t *node, mdb_shape_t *out, bool rewrite,
+                      char *err, size_t errlen)
+{
+    size_t na, ns, ne, nst;
+    const int64_t *axes = mdb_node_ints(node, "axes", &na);
+    const int64_t *starts = mdb_node_ints(node, "starts", &ns);
+    const int64_t *ends = mdb_node_ints(node, "ends", &ne);
+    const int64_t *steps = mdb_node_ints(node, "steps", &nst);
+    int rank = in->rank;
+    if (!starts || !ends || ns != ne || (axes && na != ns) || (steps && nst != ns) ||
+        ns > (size_t)rank) {
+        mdb_errf(err, errlen, "Slice '%s': starts, ends, axes, steps disagree", node->name);
+        return SQ_BAD_MODEL;
+    }
+    int64_t new_axes[MDB_MAX_RANK], new_starts[MDB_MAX_RANK], new_ends[MDB_MAX_RANK],
+        new_steps[MDB_MAX_RANK];
+    bool seen[MDB_MAX_RANK] = {0};
+    *out = *in;
+    for (size_t i = 0; i < ns; i++) {
+        int64_t a = axes ? norm_axis(axes[i], rank) : (int64_t)i;
+        int64_t step = steps ? steps[i] : 1;
+        if (a < 0 || a >= rank || seen[a] || step == 0) {
+            mdb_errf(err, errlen, "Slice '%s': bad axis or zero step", node->name);
+            return SQ_BAD_MODEL;
+        }
+        seen[a] = true;
+        int64_t s = starts[i], e = ends[i];
+        if (in->dims[a] == B) {
+            /* Only the whole batch may be "sliced". */
+            if (step != 1 || !(s == 0 || s <= -MDB_MAX_DIM) || e < MDB_MAX_DIM) {
+                mdb_errf(err, errlen, "Slice '%s' slices the batch", node->name);
+                return SQ_UNSUPPORTED_MODEL;
+            }
+            s = 0;
+            e = INT64_MAX;
+        } else {
+            out->dims[a] = slice_len(in->dims[a], &s, &e, step);
+        }
+        new_axes[i] = a;
+        new_starts[i] = s;
+        new_ends[i] = e;
+        new_steps[i] = step;
+    }
+    if (rewrite) {
+        mdb_node_set_ints(node, "axes", new_axes, ns);
+        mdb_node_set_ints(node, "starts", new_starts, ns);
+        mdb_node_set_ints(node, "ends", new_ends, ns);
+        mdb_node_set_ints(node, "steps", new_steps, ns);
+    }
+    return 0;
+}
+
+static int infer_slice(ictx_t *c)
+{
+    mdb_shape_t out;
+    int rc = mdb_slice_resolve(&in_t(c, 0)->shape, c->node, &out, false, c->err, c->errlen);
+    if (rc)
+        return rc;
+    set_out(c, 0, in_t(c, 0)->dtype, &out);
+    return 0;
+}
+
+static int infer_squeeze(ictx_t *c)
+{
+    const mdb_tensor_t *x = in_t(c, 0);
+    int rank = x->shape.rank;
+    size_t n;
+    const int64_t *axes = mdb_node_ints(c->node, "axes", &n);
+    mdb_shape_t out = {0};
+    if (c->node->op == MDB_OP_UNSQUEEZE) {
+        int out_rank = rank + (int)n;
+        bool ins[MDB_MAX_RANK] = {0};
+        if (out_rank > MDB_MAX_RANK)
+            FAIL(SQ_UNSUPPORTED_MODEL, "Unsqueeze '%s' to rank %d", c->node->name, out_rank);
+        for (size_t i = 0; i < n; i++) {
+            int64_t a = norm_axis(axes[i], out_rank);
+            if (a < 0 || a >= out_rank || ins[a])
+                FAIL(SQ_BAD_MODEL, "Unsqueeze '%s': bad axes", c->node->name);
+            ins[a] = true;
+        }
+        out.rank = out_rank;
+        for (int i = 0, j = 0; i < out_rank; i++)
+            out.dims[i] = ins[i] ? 1 : x->shape.dims[j++];
+    } else {
+        bool sq[MDB_MAX_RANK] = {0};
+        for (size_t i = 0; i < n; i++) {
+            int64_t a = norm_axis(axes[i], rank);
+            int rc = check_axis(c, a, rank);
+            if (rc)
+                return rc;
+            if (x->shape.dims[a] != 1)
+                FAIL(x->shape.dims[a] == B ? SQ_UNSUPPORTED_MODEL : SQ_BAD_MODEL,
+                     "Squeeze '%s' of a dimension that is not 1", c->node->name);
+            sq[a] = true;
+        }
+        for (int i = 0; i < rank; i++)
+            if (!(n ? sq[i] : x->shape.dims[i] == 1))
+                out.dims[out.rank++] = x->shape.dims[i];
+    }
+    set_out(c, 0, x->dtype, &out);
+    return 0;
+}
+
+static int infer_gather(ictx_t *c)
+{
+    const mdb_tensor_t *x = in_t(c, 0), *idx = in_t(c, 1);
+    if (!idx)
+        FAIL(SQ_BAD_MODEL, "Gather '%s' has no indices", c->node->name);
+    int rank = x->shape.rank;
+    int64_t axis = norm_axis(mdb_node_int(c->node, "axis", 0), rank);
+    int rc = check_axis(c, axis, rank);
+    if (rc)
+        return rc;
+    if (rank - 1 + idx->shape.rank > MDB_MAX_RANK)
+        FAIL(SQ_UNSUPPORTED_MODEL, "Gather '%s': output rank too large", c->node->name);
+    mdb_shape_t out = {0};
+    for (int i = 0; i < axis; i++)
+        out.dims[out.rank++] = x->shape.dims[i];
+    for (int i = 0; i < idx->shape.rank; i++)
+        out.dims[out.rank++] = idx->shape.dims[i];
+    for (int i = (int)axis + 1; i < rank; i++)
+        out.dims[out.rank++] = x->shape.dims[i];
+    set_out(c, 0, x->dtype, &out);
+    return 0;
+}
+
+static int infer_shape_op(ictx_t *c)
+{
+    const mdb_tensor_t *x = in_t(c, 0);
+    int rank = x->shape.rank;
+    int64_t start = mdb_node_int(c->node, "start", 0), end = mdb_node_int(c->node, "end", rank);
+    start = start < 0 ? start + rank : start;
+    end = end < 0 ? end + rank : end;
+    start = start < 0 ? 0 : start > rank ? rank : start;
+    end = end < 0 ? 0 : end > rank ? rank : end;
+    mdb_shape_t out = {.rank = 1, .dims = {end > start ? end - start : 0}};
+    set_out(c, 0, MDB_DT_INT64, &out);
+    return 0;
+}
+
+int mdb_graph_infer_node(mdb_graph_t *g, int idx, char *err, size_t errlen)
+{
+    ictx_t ctx = {.g = g, .node = &g->nodes[idx], .err = err, .errlen = errlen};
+    ictx_t *c = &ctx;
+    mdb_node_t *node = c->node;
+    for (int k = 0; k < node->n_inputs; k++) {
+        const mdb_tensor_t *t = in_t(c, k);
+        if (t && !t->shape_known)
+            FAIL(SQ_BAD_MODEL, "%s '%s': input '%s' has no known shape", mdb_op_name(node->op),
+                 node->name, t->name);
+    }
+    const mdb_tensor_t *x = in_t(c, 0);
+    if (!x && node->op != MDB_OP_CONSTANT)
+        FAIL(SQ_BAD_MODEL, "%s '%s' has no input", mdb_op_name(node->op), node->name);
+    if (node->n_outputs < 1 || node->outputs[0] < 0)
+        FAIL(SQ_BAD_MODEL, "%s '%s' has no output", mdb_op_name(node->op), node->name);
+
+    switch (node->op) {
+    case MDB_OP_CONV:
+        return infer_conv(c);
+    case MDB_OP_RELU:
+    case MDB_OP_CLIP:
+    case MDB_OP_LEAKY_RELU:
+    case MDB_OP_SIGMOID:
+    case MDB_OP_HARD_SIGMOID:
+    case MDB_OP_HARD_SWISH:
+    case MDB_OP_IDENTITY:
+    case MDB_OP_SOFTMAX:
+        if (node->op == MDB_OP_SOFTMAX) {
+            int rc = check_axis(c, mdb_node_int(node, "axis", -1), x->shape.rank);
+            if (rc)
+                return rc;
+        }
+        set_out(c, 0, x->dtype, &x->shape);
+        return 0;
+    case MDB_OP_DROPOUT:
+        set_out(c, 0, x->dtype, &x->shape);
+        if (node->n_outputs > 1 && node->outputs[1] >= 0)
+            set_out(c, 1, MDB_DT_BOOL, &x->shape);
+        return 0;
+    case MDB_OP_BATCH_NORM: {
+        int64_t ch = x->shape.rank >= 2 ? x->shape.dims[1] : -2;
+        for (int k = 1; k < 5; k++) {
+            const mdb_tensor_t *p = in_t(c, k);
+            if (!p || p->shape.rank != 1 || p->shape.dims[0] != ch)
+                FAIL(SQ_BAD_MODEL, "BatchNormalization '%s': parameter %d is not [C]", node->name,
+                     k);
+        }
+        for (int k = 1; k < node->n_outputs; k++)
+            if (node->outputs[k] >= 0)
+                FAIL(SQ_UNSUPPORTED_MODEL, "BatchNormalization '%s' in training mode", node->name);
+        set_out(c, 0, x->dtype, &x->shape);
+        return 0;
+    }
+    case MDB_OP_MAX_POOL:
+    case MDB_OP_AVERAGE_POOL:
+    case MDB_OP_GLOBAL_AVERAGE_POOL:
+        return infer_pool(c);
+    case MDB_OP_GEMM:
+        return infer_gemm(c);
+    case MDB_OP_MATMUL:
+        return infer_matmul(c);
+    case MDB_OP_ADD:
+    case MDB_OP_MUL:
+    case MDB_OP_SUB:
+    case MDB_OP_DIV:
+        if (node->n_inputs != 2)
+            FAIL(SQ_BAD_MODEL, "%s '%s' needs two inputs", mdb_op_name(node->op), node->name);
+        return infer_broadcast(c);
+    case MDB_OP_CONCAT:
+        return infer_concat(c);
+    case MDB_OP_FLATTEN:
+        return infer_flatten(c);
+    case MDB_OP_RESHAPE:
+        return infer_reshape(c);
+    case MDB_OP_TRANSPOSE:
+        return infer_transpose(c);
+    case MDB_OP_PAD:
+        return infer_pad(c);
+    case MDB_OP_REDUCE_MEAN:
+        return infer_reduce(c);
+    case MDB_OP_SPLIT:
+        return infer_split(c);
+    case MDB_OP_SLICE:
+        return infer_slice(c);
+    case MDB_OP_UNSQUEEZE:
+    case MDB_OP_SQUEEZE:
+        return infer_squeeze(c);
+    case MDB_OP_GATHER:
+        return infer_gather(c);
+    case MDB_OP_SHAPE:
+        return infer_shape_op(c);
+    case MDB_OP_CAST: {
+        int64_t to = mdb_node_int(node, "to", 0);
+        if (to <= MDB_DT_UNDEFINED || to >= MDB_DT_COUNT)
+            FAIL(SQ_UNSUPPORTED_MODEL, "Cast '%s' to an unsupported type", node->name);
+        set_out(c, 0, (mdb_dtype_t)to, &x->shape);
+        return 0;
+    }
+    case MDB_OP_CONSTANT:
+    case MDB_OP_CONSTANT_OF_SHAPE:
+        /* Their shapes come from their data: only folding knows them. */
+        FAIL(SQ_UNSUPPORTED_MODEL, "%s '%s' could not be folded", mdb_op_name(node->op),
+             node->name);
+    case MDB_OP_COUNT:
+        break;
+    }
+    FAIL(SQ_INTERNAL, "no shape rule for op %d", (int)node->op);
+}
+
+int mdb_graph_infer_shapes(mdb_graph_t *g, char *err, size_t errlen)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        int rc = mdb_graph_infer_node(g, i, err, errlen);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}

@@ -1,0 +1,122 @@
+#!/usr/bin/python3
+"""Exports the torchvision test models to ONNX, with reference inputs/outputs.
+
+Run with Debian's /usr/bin/python3 (it has python3-torch and torchvision):
+
+    /usr/bin/python3 scripts/export_models.py OUTDIR [STAMP]
+
+Writes into OUTDIR, for each model M (random weights from a fixed seed, eval
+mode, opset 13, batch dimension dynamic and named "N"):
+
+    M.onnx
+    M.b1.input.f32   M.b1.output.f32    batch 1
+    M.b8.input.f32   M.b8.output.f32    batch 8, eight distinct images
+
+The .f32 files are raw little-endian float32 in C order, NCHW for inputs and
+[N, classes] for outputs; manifest.json lists every file with its shape.
+resnet18_ft_a and resnet18_ft_b share every weight but the final fc (Gemm):
+they are the fine-tuned variants the prefix detection tests look for.
+
+Nothing is downloaded. Models already present with the same script version
+are kept, so that a rebuild costs nothing.
+"""
+import json
+import os
+import sys
+
+import torch
+import torchvision
+
+SCRIPT_VERSION = 1
+OPSET = 13
+IMAGE_HW = 224
+SEED = 1234
+
+
+def build(name):
+    models = torchvision.models
+    if name == "googlenet":
+        # aux heads only exist in training mode; init_weights avoids the
+        # scipy-based default warning path.
+        return models.googlenet(weights=None, aux_logits=False, init_weights=True)
+    if name.startswith("resnet18_ft_"):
+        torch.manual_seed(SEED)
+        model = models.resnet18(weights=None)
+        # Same backbone for both variants; only the classifier differs.
+        fc_seed = {"resnet18_ft_a": 101, "resnet18_ft_b": 202}[name]
+        gen = torch.Generator().manual_seed(fc_seed)
+        with torch.no_grad():
+            model.fc.weight.copy_(torch.randn(model.fc.weight.shape, generator=gen) * 0.01)
+            model.fc.bias.copy_(torch.randn(model.fc.bias.shape, generator=gen) * 0.01)
+        return model
+    return getattr(models, name)(weights=None)
+
+
+MODELS = ["resnet18", "mobilenet_v2", "squeezenet1_1", "shufflenet_v2_x1_0", "googlenet",
+          "resnet18_ft_a", "resnet18_ft_b"]
+
+
+def write_f32(path, tensor):
+    tensor.detach().contiguous().to(torch.float32).numpy().astype("<f4").tofile(path)
+
+
+def export(name, outdir, manifest):
+    torch.manual_seed(SEED)
+    model = build(name).eval()
+    onnx_path = os.path.join(outdir, name + ".onnx")
+    dummy = torch.zeros(1, 3, IMAGE_HW, IMAGE_HW)
+    torch.onnx.export(model, dummy, onnx_path, opset_version=OPSET,
+                      input_names=["input"], output_names=["output"],
+                      dynamic_axes={"input": {0: "N"}, "output": {0: "N"}},
+                      do_constant_folding=True)
+    entry = {"onnx": name + ".onnx", "opset": OPSET, "input": [3, IMAGE_HW, IMAGE_HW], "refs": []}
+    gen = torch.Generator().manual_seed(SEED + 7)
+    for batch in (1, 8):
+        images = torch.rand(batch, 3, IMAGE_HW, IMAGE_HW, generator=gen)
+        with torch.no_grad():
+            out = model(images)
+        stem = "%s.b%d" % (name, batch)
+        write_f32(os.path.join(outdir, stem + ".input.f32"), images)
+        write_f32(os.path.join(outdir, stem + ".output.f32"), out)
+        entry["refs"].append({"batch": batch, "input": stem + ".input.f32",
+                              "input_shape": list(images.shape),
+                              "output": stem + ".output.f32",
+                              "output_shape": list(out.shape)})
+    manifest["models"][name] = entry
+
+
+def main():
+    if len(sys.argv) not in (2, 3):
+        sys.stderr.write("usage: export_models.py OUTDIR [STAMP]\n")
+        return 2
+    outdir = sys.argv[1]
+    stamp = sys.argv[2] if len(sys.argv) == 3 else os.path.join(outdir, "models.stamp")
+    os.makedirs(outdir, exist_ok=True)
+    torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    manifest_path = os.path.join(outdir, "manifest.json")
+    manifest = {"version": SCRIPT_VERSION, "models": {}}
+    try:
+        with open(manifest_path) as f:
+            old = json.load(f)
+        if old.get("version") == SCRIPT_VERSION:
+            manifest = old
+    except (OSError, ValueError):
+        pass
+    for name in MODELS:
+        entry = manifest["models"].get(name)
+        if entry and all(os.path.exists(os.path.join(outdir, p)) for p in
+                         [entry["onnx"]] + [r[k] for r in entry["refs"] for k in ("input", "output")]):
+            continue
+        export(name, outdir, manifest)
+        # Written after each model so that an interrupted run keeps its work.
+        with open(manifest_path + ".tmp", "w") as f:
+            json.dump(manifest, f, indent=1)
+        os.replace(manifest_path + ".tmp", manifest_path)
+    # The stamp meson tracks: written only when every model is present.
+    with open(stamp, "w") as f:
+        f.write("%d\n" % SCRIPT_VERSION)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

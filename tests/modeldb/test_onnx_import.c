@@ -1,0 +1,907 @@
+/* ONNX import: torchvision exports, ONNX conformance models, and every way
+ * an upload can be wrong. */
+#include "onnx_util.h"
+
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <mdb_graph.h>
+#include <sq.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void expect_shape(const mdb_shape_t *s, int rank, const int64_t *dims, const char *what)
+{
+    char got[128];
+    mdb_shape_str(s, got, sizeof(got));
+    cr_assert_eq(s->rank, rank, "%s: shape %s", what, got);
+    for (int i = 0; i < rank; i++)
+        cr_assert_eq(s->dims[i], dims[i], "%s: shape %s, axis %d", what, got, i);
+}
+
+static void expect_only_runtime_ops(const mdb_graph_t *g, const char *what)
+{
+    for (int i = 0; i < g->n_nodes; i++) {
+        cr_assert(mdb_op_is_runtime(g->nodes[i].op), "%s: node %d is %s", what, i,
+                  mdb_op_name(g->nodes[i].op));
+        /* Identity survives only where it writes a graph output. */
+        if (g->nodes[i].op == MDB_OP_IDENTITY)
+            cr_assert(g->tensors[g->nodes[i].outputs[0]].is_output, "%s: Identity left in", what);
+        for (int k = 0; k < g->nodes[i].n_outputs; k++) {
+            int t = g->nodes[i].outputs[k];
+            cr_assert(t < 0 || g->tensors[t].shape_known, "%s: output without shape", what);
+        }
+    }
+}
+
+/* ---- torchvision exports ---------------------------------------------- */
+
+static const struct {
+    const char *name;
+    uint64_t params_min, params_max; /* bytes of float weights */
+} torchvision[] = {
+    {"resnet18", 11600000 * 4ull, 11800000 * 4ull},
+    {"mobilenet_v2", 3400000 * 4ull, 3600000 * 4ull},
+    {"squeezenet1_1", 1200000 * 4ull, 1300000 * 4ull},
+    {"shufflenet_v2_x1_0", 2200000 * 4ull, 2350000 * 4ull},
+    {"googlenet", 6500000 * 4ull, 6700000 * 4ull},
+};
+
+Test(onnx_import, torchvision_models_import_with_a_symbolic_batch)
+{
+    for (size_t m = 0; m < sizeof(torchvision) / sizeof(torchvision[0]); m++) {
+        const char *name = torchvision[m].name;
+        mdb_graph_t *g = import_model(name);
+        mdb_model_info_t info;
+        char err[256];
+        cr_assert_eq(mdb_model_info(g, &info, err, sizeof(err)), 0, "%s: %s", name, err);
+        int64_t in_dims[] = {MDB_DIM_BATCH, 3, 224, 224}, out_dims[] = {MDB_DIM_BATCH, 1000};
+        expect_shape(&info.input_shape, 4, in_dims, name);
+        cr_assert_str_eq(info.layout, "NCHW");
+        cr_assert_str_eq(info.input_name, "input");
+        cr_assert_eq(info.input_dtype, MDB_DT_FLOAT);
+        cr_assert_eq(info.n_outputs, 1);
+        expect_shape(&info.output_shapes[0], 2, out_dims, name);
+        cr_assert_eq(g->batch_fixed, 0, "%s", name);
+        cr_assert(info.param_bytes >= torchvision[m].params_min &&
+                      info.param_bytes <= torchvision[m].params_max,
+                  "%s: %llu parameter bytes", name, (unsigned long long)info.param_bytes);
+        cr_assert_gt(info.op_hist[MDB_OP_CONV], 10, "%s", name);
+        expect_only_runtime_ops(g, name);
+        mdb_graph_free(g);
+    }
+}
+
+Test(onnx_import, resnet18_has_the_expected_structure)
+{
+    mdb_graph_t *g = import_model("resnet18");
+    int hist[MDB_OP_COUNT];
+    mdb_graph_op_histogram(g, hist);
+    cr_assert_eq(hist[MDB_OP_CONV], 20);
+    cr_assert_eq(hist[MDB_OP_ADD], 8);
+    cr_assert_eq(hist[MDB_OP_GEMM], 1);
+    cr_assert_eq(hist[MDB_OP_MAX_POOL], 1);
+    /* The stem: 7x7 stride 2 pad 3 conv, then 3x3 stride 2 max pool. */
+    const mdb_node_t *stem = &g->nodes[0];
+    cr_assert_eq(stem->op, MDB_OP_CONV);
+    size_t n;
+    const int64_t *k = mdb_node_ints(stem, "kernel_shape", &n);
+    cr_assert_eq(n, 2);
+    cr_assert_eq(k[0], 7);
+    const int64_t *pads = mdb_node_ints(stem, "pads", &n);
+    cr_assert_eq(n, 4);
+    cr_assert_eq(pads[0], 3);
+    cr_assert_eq(pads[3], 3);
+    int64_t stem_out[] = {MDB_DIM_BATCH, 64, 112, 112};
+    expect_shape(&g->tensors[stem->outputs[0]].shape, 4, stem_out, "stem");
+    /* The final Gemm reads the flattened [N,512]. */
+    const mdb_node_t *fc = &g->nodes[g->n_nodes - 1];
+    cr_assert_eq(fc->op, MDB_OP_GEMM);
+    int64_t fc_in[] = {MDB_DIM_BATCH, 512}, fc_w[] = {1000, 512};
+    expect_shape(&g->tensors[fc->inputs[0]].shape, 2, fc_in, "fc input");
+    expect_shape(&g->tensors[fc->inputs[1]].shape, 2, fc_w, "fc weight");
+    cr_assert_not_null(g->tensors[fc->inputs[1]].data);
+    cr_assert_eq(mdb_node_int(fc, "transB", 0), 1);
+    mdb_graph_free(g);
+}
+
+Test(onnx_import, shufflenet_shape_arithmetic_folds_away)
+{
+    mdb_graph_t *g = import_model("shufflenet_v2_x1_0");
+    int hist[MDB_OP_COUNT];
+    mdb_graph_op_histogram(g, hist);
+    cr_assert_eq(hist[MDB_OP_SHAPE] + hist[MDB_OP_GATHER] + hist[MDB_OP_UNSQUEEZE] +
+                     hist[MDB_OP_CAST] + hist[MDB_OP_CONSTANT] + hist[MDB_OP_DIV] +
+                     hist[MDB_OP_MUL],
+                 0);
+    cr_assert_eq(hist[MDB_OP_TRANSPOSE], 16);
+    cr_assert_eq(hist[MDB_OP_RESHAPE], 32);
+    /* Channel shuffle: [N,2,C/2,H,W] with the batch kept symbolic. */
+    bool seen = false;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const mdb_node_t *n = &g->nodes[i];
+        if (n->op != MDB_OP_RESHAPE)
+            continue;
+        size_t cnt;
+        const int64_t *shape = mdb_node_ints(n, "shape", &cnt);
+        cr_assert_not_null(shape);
+        cr_assert_eq(shape[0], MDB_DIM_BATCH);
+        cr_assert(mdb_shape_eq(
+            &g->tensors[n->outputs[0]].shape,
+            &(mdb_shape_t){.rank = (int)cnt,
+                           .dims = {shape[0], cnt > 1 ? shape[1] : 0, cnt > 2 ? shape[2] : 0,
+                                    cnt > 3 ? shape[3] : 0, cnt > 4 ? shape[4] : 0}}));
+        if (cnt == 5 && shape[1] == 2 && shape[2] == 58 && shape[3] == 28)
+            seen = true;
+    }
+    cr_assert(seen, "no [N,2,58,28,28] channel-shuffle reshape");
+    /* Slices on channels have clamped, explicit attributes. */
+    for (int i = 0; i < g->n_nodes; i++) {
+        const mdb_node_t *n = &g->nodes[i];
+        if (n->op != MDB_OP_SLICE)
+            continue;
+        size_t na, ns;
+        const int64_t *axes = mdb_node_ints(n, "axes", &na);
+        const int64_t *starts = mdb_node_ints(n, "starts", &ns);
+        cr_assert_eq(na, 1);
+        cr_assert_eq(ns, 1);
+        cr_assert_eq(axes[0], 1);
+        cr_assert_geq(starts[0], 0);
+    }
+    mdb_graph_free(g);
+}
+
+Test(onnx_import, mobilenet_clip_bounds_become_attributes)
+{
+    mdb_graph_t *g = import_model("mobilenet_v2");
+    int clips = 0;
+    for (int i = 0; i < g->n_nodes; i++) {
+        const mdb_node_t *n = &g->nodes[i];
+        if (n->op != MDB_OP_CLIP)
+            continue;
+        clips++;
+        cr_assert_eq(n->n_inputs, 1);
+        cr_assert_float_eq(mdb_node_float(n, "min", -1), 0.0f, 1e-6);
+        cr_assert_float_eq(mdb_node_float(n, "max", -1), 6.0f, 1e-6);
+    }
+    cr_assert_eq(clips, 35);
+    /* Depthwise convs keep their group. */
+    bool depthwise = false;
+    for (int i = 0; i < g->n_nodes; i++)
+        if (g->nodes[i].op == MDB_OP_CONV && mdb_node_int(&g->nodes[i], "group", 1) > 1)
+            depthwise = true;
+    cr_assert(depthwise);
+    mdb_graph_free(g);
+}
+
+/* ---- ONNX conformance models -------------------------------------------- */
+
+static const char *testdata(void)
+{
+    const char *d = getenv("ONNX_TESTDATA");
+    return d ? d : "/usr/share/libonnx-testdata/data";
+}
+
+/* Reads a TensorProto file's dims; returns the rank or -1. */
+static int pb_dims(const char *path, int64_t *dims, uint8_t **bytes, size_t *len)
+{
+    *bytes = read_file(path, len);
+    if (!*bytes)
+        return -1;
+    Onnx__TensorProto *tp = onnx__tensor_proto__unpack(NULL, *len, *bytes);
+    if (!tp)
+        return -1;
+    int rank = (int)tp->n_dims;
+    for (int i = 0; i < rank && i < MDB_MAX_RANK; i++)
+        dims[i] = tp->dims[i];
+    onnx__tensor_proto__free_unpacked(tp, NULL);
+    return rank;
+}
+
+/* Imports a conformance case, binding the parameter inputs (int64 tensors
+ * and scalars after the first input) to their test data, and checks every
+ * output shape against test_data_set_0 with N bound to the first input's
+ * batch. Returns false when the model is rejected as unsupported. */
+static bool check_case(const char *dir)
+{
+    char path[1024];
+    size_t len;
+    snprintf(path, sizeof(path), "%s/model.onnx", dir);
+    uint8_t *bytes = read_file(path, &len);
+    cr_assert_not_null(bytes, "%s", path);
+    Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, bytes);
+    cr_assert_not_null(m);
+    mdb_onnx_const_t binds[16];
+    uint8_t *bind_bytes[16];
+    int nb = 0, k = 0;
+    int64_t batch = -1;
+    for (size_t i = 0; i < m->graph->n_input && nb < 16; i++) {
+        const Onnx__ValueInfoProto *vi = m->graph->input[i];
+        bool is_init = false;
+        for (size_t j = 0; j < m->graph->n_initializer; j++)
+            is_init |= strcmp(m->graph->initializer[j]->name, vi->name) == 0;
+        if (is_init)
+            continue;
+        int idx = k++;
+        int64_t dims[MDB_MAX_RANK];
+        uint8_t *pb;
+        size_t pb_len;
+        snprintf(path, sizeof(path), "%s/test_data_set_0/input_%d.pb", dir, idx);
+        int rank = pb_dims(path, dims, &pb, &pb_len);
+        cr_assert_geq(rank, 0, "%s", path);
+        if (idx == 0) {
+            batch = rank > 0 ? dims[0] : 1;
+            free(pb);
+            continue;
+        }
+        const Onnx__TypeProto__Tensor *tt = vi->type->tensor_type;
+        if (tt->elem_type == ONNX__TENSOR_PROTO__DATA_TYPE__INT64 || rank == 0) {
+            bind_bytes[nb] = pb;
+            binds[nb] = (mdb_onnx_const_t){vi->name, pb, pb_len};
+            nb++;
+        } else {
+            free(pb);
+        }
+    }
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    int rc = mdb_onnx_import_bound(bytes, len, binds, nb, &g, &err);
+    for (int i = 0; i < nb; i++)
+        free(bind_bytes[i]);
+    if (rc == SQ_UNSUPPORTED_MODEL) {
+        onnx__model_proto__free_unpacked(m, NULL);
+        free(bytes);
+        return false;
+    }
+    cr_assert_eq(rc, 0, "%s: %s", dir, err.detail);
+    expect_only_runtime_ops(g, dir);
+    cr_assert_eq(g->n_outputs, (int)m->graph->n_output);
+    for (int o = 0; o < g->n_outputs; o++) {
+        int64_t want[MDB_MAX_RANK];
+        uint8_t *pb;
+        size_t pb_len;
+        snprintf(path, sizeof(path), "%s/test_data_set_0/output_%d.pb", dir, o);
+        int rank = pb_dims(path, want, &pb, &pb_len);
+        free(pb);
+        cr_assert_geq(rank, 0, "%s", path);
+        mdb_shape_t got = g->tensors[g->outputs[o]].shape;
+        for (int i = 0; i < got.rank; i++)
+            if (got.dims[i] == MDB_DIM_BATCH)
+                got.dims[i] = batch;
+        expect_shape(&got, rank, want, dir);
+    }
+    mdb_graph_free(g);
+    onnx__model_proto__free_unpacked(m, NULL);
+    free(bytes);
+    return true;
+}
+
+/* Every node/ case of the ops squish runs; none may be rejected. */
+static const char *const node_cases[] = {
+    "averagepool_1d_default",
+    "averagepool_2d_ceil",
+    "averagepool_2d_default",
+    "averagepool_2d_pads",
+    "averagepool_2d_pads_count_include_pad",
+    "averagepool_2d_precomputed_pads",
+    "averagepool_2d_precomputed_same_upper",
+    "averagepool_2d_precomputed_strides",
+    "averagepool_2d_same_lower",
+    "averagepool_2d_same_upper",
+    "averagepool_2d_strides",
+    "averagepool_3d_default",
+    "basic_conv_with_padding",
+    "basic_conv_without_padding",
+    "conv_with_autopad_same",
+    "conv_with_strides_and_asymmetric_padding",
+    "conv_with_strides_no_padding",
+    "conv_with_strides_padding",
+    "maxpool_1d_default",
+    "maxpool_2d_ceil",
+    "maxpool_2d_default",
+    "maxpool_2d_dilations",
+    "maxpool_2d_pads",
+    "maxpool_2d_precomputed_pads",
+    "maxpool_2d_precomputed_same_upper",
+    "maxpool_2d_precomputed_strides",
+    "maxpool_2d_same_lower",
+    "maxpool_2d_same_upper",
+    "maxpool_2d_strides",
+    "maxpool_2d_uint8",
+    "maxpool_3d_default",
+    "globalaveragepool",
+    "globalaveragepool_precomputed",
+    "relu",
+    "clip",
+    "clip_default_inbounds",
+    "clip_default_max",
+    "clip_default_min",
+    "clip_example",
+    "clip_inbounds",
+    "clip_outbounds",
+    "clip_splitbounds",
+    "leakyrelu",
+    "leakyrelu_default",
+    "leakyrelu_example",
+    "sigmoid",
+    "sigmoid_example",
+    "hardsigmoid",
+    "hardsigmoid_default",
+    "hardsigmoid_example",
+    "hardswish",
+    "gemm_all_attributes",
+    "gemm_alpha",
+    "gemm_beta",
+    "gemm_default_matrix_bias",
+    "gemm_default_no_bias",
+    "gemm_default_scalar_bias",
+    "gemm_default_single_elem_vector_bias",
+    "gemm_default_vector_bias",
+    "gemm_default_zero_bias",
+    "gemm_transposeA",
+    "gemm_transposeB",
+    "matmul_2d",
+    "matmul_3d",
+    "matmul_4d",
+    "add",
+    "add_bcast",
+    "mul",
+    "mul_bcast",
+    "mul_example",
+    "sub",
+    "sub_bcast",
+    "sub_example",
+    "div",
+    "div_bcast",
+    "div_example",
+    "concat_1d_axis_0",
+    "concat_2d_axis_1",
+    "concat_3d_axis_2",
+    "concat_3d_axis_negative_1",
+    "flatten_axis0",
+    "flatten_axis1",
+    "flatten_axis2",
+    "flatten_axis3",
+    "flatten_default_axis",
+    "flatten_negative_axis1",
+    "reshape_extended_dims",
+    "reshape_negative_dim",
+    "reshape_negative_extended_dims",
+    "reshape_one_dim",
+    "reshape_reduced_dims",
+    "reshape_reordered_all_dims",
+    "reshape_reordered_last_dims",
+    "reshape_zero_and_negative_dim",
+    "reshape_zero_dim",
+    "reshape_allowzero_reordered",
+    "transpose_default",
+    "transpose_all_permutations_0",
+    "transpose_all_permutations_5",
+    "softmax_axis_0",
+    "softmax_axis_1",
+    "softmax_axis_2",
+    "softmax_default_axis",
+    "softmax_example",
+    "softmax_large_number",
+    "softmax_negative_axis",
+    "constant_pad",
+    "edge_pad",
+    "reflect_pad",
+    "dropout_default",
+    "dropout_default_ratio",
+    "dropout_default_mask",
+    "dropout_default_old",
+    "dropout_random_old",
+    "identity",
+    "reduce_mean_default_axes_keepdims_example",
+    "reduce_mean_do_not_keepdims_example",
+    "reduce_mean_keepdims_example",
+    "reduce_mean_negative_axes_keepdims_example",
+    "batchnorm_epsilon",
+    "batchnorm_example",
+    "split_equal_parts_1d",
+    "split_equal_parts_2d",
+    "split_equal_parts_default_axis",
+    "split_variable_parts_1d",
+    "split_variable_parts_2d",
+    "split_variable_parts_default_axis",
+    "slice",
+    "slice_default_axes",
+    "slice_default_steps",
+    "slice_end_out_of_bounds",
+    "slice_neg",
+    "slice_neg_steps",
+    "slice_negative_axes",
+    "slice_start_out_of_bounds",
+    "squeeze",
+    "squeeze_negative_axes",
+    "unsqueeze_axis_0",
+    "unsqueeze_axis_1",
+    "unsqueeze_axis_2",
+    "unsqueeze_negative_axes",
+    "unsqueeze_three_axes",
+    "unsqueeze_two_axes",
+    "unsqueeze_unsorted_axes",
+};
+
+Test(onnx_import, conformance_node_models_of_supported_ops_import_with_right_shapes)
+{
+    char dir[1024];
+    for (size_t i = 0; i < sizeof(node_cases) / sizeof(node_cases[0]); i++) {
+        snprintf(dir, sizeof(dir), "%s/node/test_%s", testdata(), node_cases[i]);
+        cr_assert(check_case(dir), "%s was rejected as unsupported", node_cases[i]);
+    }
+}
+
+Test(onnx_import, conformance_pytorch_converted_models_import_or_are_rejected_cleanly)
+{
+    char dir[1024];
+    snprintf(dir, sizeof(dir), "%s/pytorch-converted", testdata());
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d, "%s", dir);
+    struct dirent *de;
+    int imported = 0, rejected = 0;
+    while ((de = readdir(d)) != NULL) {
+        if (strncmp(de->d_name, "test_", 5) != 0)
+            continue;
+        char sub[1200];
+        snprintf(sub, sizeof(sub), "%s/%s", dir, de->d_name);
+        if (check_case(sub))
+            imported++;
+        else
+            rejected++;
+    }
+    closedir(d);
+    /* Conv 1d/2d/3d (groups, depthwise, dilation, padding), pools,
+     * BatchNorm, pads, Linear, LeakyReLU, Softmax...: 60 in Debian's set. */
+    cr_assert_geq(imported, 55, "imported %d, rejected %d", imported, rejected);
+}
+
+Test(onnx_import, conformance_unsupported_ops_are_named)
+{
+    static const struct {
+        const char *test, *op;
+    } cases[] = {
+        {"node/test_convtranspose", "ConvTranspose"},
+        {"node/test_prelu_example", "PRelu"},
+        {"node/test_globalmaxpool", "GlobalMaxPool"},
+        {"node/test_softmax_axis_0_expanded", "ReduceMax"},
+        {"node/test_gather_0", "Gather"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char path[1024];
+        size_t len;
+        snprintf(path, sizeof(path), "%s/%s/model.onnx", testdata(), cases[i].test);
+        uint8_t *bytes = read_file(path, &len);
+        cr_assert_not_null(bytes, "%s", path);
+        mdb_graph_t *g = NULL;
+        mdb_import_error_t err;
+        cr_assert_eq(mdb_onnx_import(bytes, len, &g, &err), SQ_UNSUPPORTED_MODEL, "%s",
+                     cases[i].test);
+        cr_assert_null(g);
+        cr_assert_eq(err.code, SQ_UNSUPPORTED_MODEL);
+        cr_assert_not_null(strstr(err.ops, cases[i].op), "%s: ops '%s'", cases[i].test, err.ops);
+        cr_assert_not_null(strstr(err.detail, cases[i].op), "%s: %s", cases[i].test, err.detail);
+        cr_assert_gt(err.opset, 0);
+        free(bytes);
+    }
+}
+
+/* ---- error paths ---------------------------------------------------------- */
+
+static int import_builder(mb_t *b, mdb_graph_t **g, mdb_import_error_t *err)
+{
+    size_t len;
+    uint8_t *bytes = mb_pack(b, &len);
+    int rc = mdb_onnx_import(bytes, len, g, err);
+    free(bytes);
+    return rc;
+}
+
+Test(onnx_import, small_cnn_builds_and_infers)
+{
+    mb_t b;
+    mb_small_cnn(&b, 13);
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(import_builder(&b, &g, &err), 0, "%s", err.detail);
+    cr_assert_eq(g->n_nodes, 5);
+    cr_assert_eq(g->opset, 13);
+    int64_t y[] = {MDB_DIM_BATCH, 10};
+    expect_shape(&g->tensors[g->outputs[0]].shape, 2, y, "y");
+    cr_assert_eq(mdb_graph_param_bytes(g), (108 + 4 + 40 + 10) * 4);
+    mdb_graph_free(g);
+    mb_free(&b);
+}
+
+Test(onnx_import, empty_and_garbage_bytes_are_bad_models)
+{
+    mdb_graph_t *g = (mdb_graph_t *)1;
+    mdb_import_error_t err;
+    cr_assert_eq(mdb_onnx_import(NULL, 0, &g, &err), SQ_BAD_MODEL);
+    cr_assert_null(g);
+    cr_assert_eq(err.code, SQ_BAD_MODEL);
+    cr_assert_neq(err.detail[0], '\0');
+    const char *text = "this is not an onnx model, just some text\n";
+    cr_assert_eq(mdb_onnx_import(text, strlen(text), &g, &err), SQ_BAD_MODEL);
+    cr_assert_null(g);
+    uint8_t zeros[64] = {0};
+    cr_assert_eq(mdb_onnx_import(zeros, sizeof(zeros), &g, &err), SQ_BAD_MODEL);
+    /* A valid protobuf that is not a model: no graph. */
+    uint8_t no_graph[] = {0x08, 0x08}; /* ir_version = 8 */
+    cr_assert_eq(mdb_onnx_import(no_graph, sizeof(no_graph), &g, &err), SQ_BAD_MODEL);
+    cr_assert_not_null(strstr(err.detail, "graph"), "%s", err.detail);
+    /* err may be NULL. */
+    cr_assert_eq(mdb_onnx_import(text, strlen(text), &g, NULL), SQ_BAD_MODEL);
+}
+
+Test(onnx_import, truncated_models_are_rejected_without_crashing)
+{
+    size_t len;
+    uint8_t *bytes = read_model("squeezenet1_1", &len);
+    size_t cuts[] = {1, 2, 7, 16, 100, 1000, len / 3, len / 2, len - 1000, len - 3, len - 1};
+    for (size_t i = 0; i < sizeof(cuts) / sizeof(cuts[0]); i++) {
+        mdb_graph_t *g = NULL;
+        mdb_import_error_t err;
+        int rc = mdb_onnx_import(bytes, cuts[i], &g, &err);
+        cr_assert(rc == SQ_BAD_MODEL || rc == SQ_UNSUPPORTED_MODEL, "cut at %zu: rc %d (%s)",
+                  cuts[i], rc, err.detail);
+        cr_assert_null(g);
+    }
+    free(bytes);
+}
+
+Test(onnx_import, random_mutations_never_crash)
+{
+    mb_t b;
+    mb_small_cnn(&b, 13);
+    size_t len;
+    uint8_t *orig = mb_pack(&b, &len);
+    uint8_t *buf = malloc(len);
+    unsigned seed = 12345;
+    int ok = 0, bad = 0;
+    for (int iter = 0; iter < 3000; iter++) {
+        memcpy(buf, orig, len);
+        int flips = 1 + iter % 4;
+        for (int f = 0; f < flips; f++) {
+            seed = seed * 1103515245u + 12345u;
+            size_t at = (seed >> 8) % len;
+            seed = seed * 1103515245u + 12345u;
+            buf[at] = (uint8_t)(seed >> 16);
+        }
+        mdb_graph_t *g = NULL;
+        mdb_import_error_t err;
+        int rc = mdb_onnx_import(buf, len, &g, &err);
+        if (rc == 0) {
+            ok++;
+            cr_assert_not_null(g);
+            mdb_graph_free(g);
+        } else {
+            bad++;
+            cr_assert(rc == SQ_BAD_MODEL || rc == SQ_UNSUPPORTED_MODEL || rc == SQ_NOMEM, "rc %d",
+                      rc);
+            cr_assert_null(g);
+            cr_assert_neq(err.detail[0], '\0');
+        }
+    }
+    cr_assert_gt(bad, 0);
+    free(buf);
+    free(orig);
+    mb_free(&b);
+}
+
+Test(onnx_import, deep_nesting_is_rejected_before_protobuf_recursion)
+{
+    /* GraphProto.node (1) > NodeProto.attribute (5) > AttributeProto.g (6)
+     * > GraphProto.node ... nested 100000 levels. */
+    size_t levels = 100000, cap = levels * 16 + 64;
+    uint8_t *buf = malloc(cap);
+    /* Build from the inside out: each level wraps the previous one. */
+    size_t start = cap, used = 0;
+    static const uint8_t tags[3] = {(1 << 3) | 2, (5 << 3) | 2, (6 << 3) | 2};
+    for (size_t l = 0; l < levels * 3; l++) {
+        uint8_t len_bytes[10];
+        int nl = 0;
+        size_t v = used;
+        do {
+            len_bytes[nl++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+            v >>= 7;
+        } while (v);
+        start -= (size_t)nl;
+        memcpy(buf + start, len_bytes, (size_t)nl);
+        buf[--start] = tags[(levels * 3 - 1 - l) % 3];
+        used = cap - start;
+    }
+    /* ModelProto.graph (7) around it. */
+    uint8_t head[16];
+    int nh = 0;
+    head[nh++] = (7 << 3) | 2;
+    size_t v = used;
+    do {
+        head[nh++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+    start -= (size_t)nh;
+    memcpy(buf + start, head, (size_t)nh);
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(mdb_onnx_import(buf + start, cap - start, &g, &err), SQ_BAD_MODEL);
+    cr_assert_null(g);
+    free(buf);
+}
+
+Test(onnx_import, unknown_ops_are_listed_with_the_opset)
+{
+    mb_t b;
+    mb_small_cnn(&b, 13);
+    mb_node(&b, "NonMaxSuppression", (const char *[]){"y", NULL}, (const char *[]){"z", NULL});
+    mb_node(&b, "TopK", (const char *[]){"z", NULL}, (const char *[]){"v", "i", NULL});
+    mb_node(&b, "TopK", (const char *[]){"v", NULL}, (const char *[]){"v2", "i2", NULL});
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_UNSUPPORTED_MODEL);
+    cr_assert_null(g);
+    cr_assert_str_eq(err.ops, "NonMaxSuppression,TopK");
+    cr_assert_eq(err.opset, 13);
+    cr_assert_not_null(strstr(err.detail, "NonMaxSuppression"), "%s", err.detail);
+    cr_assert_not_null(strstr(err.detail, "opset 13"), "%s", err.detail);
+    mb_free(&b);
+}
+
+Test(onnx_import, foreign_domains_are_unsupported)
+{
+    mb_t b;
+    mb_small_cnn(&b, 13);
+    Onnx__NodeProto *n =
+        mb_node(&b, "FusedConv", (const char *[]){"y", NULL}, (const char *[]){"z", NULL});
+    n->domain = mb_str(&b, "com.microsoft");
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_UNSUPPORTED_MODEL);
+    cr_assert_str_eq(err.ops, "com.microsoft:FusedConv");
+    mb_free(&b);
+}
+
+Test(onnx_import, opsets_outside_the_supported_range_are_rejected)
+{
+    int64_t bad[] = {0, MDB_OPSET_MAX + 1, 99};
+    for (size_t i = 0; i < 3; i++) {
+        mb_t b;
+        mb_small_cnn(&b, bad[i]);
+        mdb_graph_t *g = NULL;
+        mdb_import_error_t err;
+        cr_assert_eq(import_builder(&b, &g, &err), SQ_UNSUPPORTED_MODEL);
+        cr_assert_eq(err.opset, bad[i]);
+        cr_assert_not_null(strstr(err.detail, "opset"), "%s", err.detail);
+        mb_free(&b);
+    }
+    /* No default-domain opset at all. */
+    mb_t b;
+    mb_small_cnn(&b, 13);
+    b.opset.domain = mb_str(&b, "ai.onnx.ml");
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_UNSUPPORTED_MODEL);
+    cr_assert_eq(err.opset, -1);
+    mb_free(&b);
+}
+
+Test(onnx_import, absurd_dimensions_are_rejected)
+{
+    /* An initializer claiming 2^40 elements with 4 bytes of data. */
+    mb_t b;
+    mb_small_cnn(&b, 13);
+    b.inits[0]->dims[0] = (int64_t)1 << 40;
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
+    mb_free(&b);
+    /* Negative dimension. */
+    mb_small_cnn(&b, 13);
+    b.inits[1]->dims[0] = -4;
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
+    mb_free(&b);
+    /* An input of 2^31 x 2^31 x 3 x 3. */
+    mb_small_cnn(&b, 13);
+    b.inputs[0]->type->tensor_type->shape->dim[2]->dim_value = (int64_t)1 << 31;
+    b.inputs[0]->type->tensor_type->shape->dim[3]->dim_value = (int64_t)1 << 31;
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
+    mb_free(&b);
+    /* Rank 9. */
+    mb_small_cnn(&b, 13);
+    int64_t dims9[9] = {1, 1, 1, 1, 1, 1, 1, 1, 4};
+    b.inits[1]->n_dims = 9;
+    b.inits[1]->dims = dims9;
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_UNSUPPORTED_MODEL);
+    b.inits[1]->n_dims = 1;
+    b.inits[1]->dims = NULL;
+    mb_free(&b);
+    /* A Conv weight that does not match the input channels. */
+    mb_small_cnn(&b, 13);
+    b.inits[0]->dims[1] = 2;
+    b.inits[0]->raw_data.len = 4 * 2 * 3 * 3 * 4;
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
+    cr_assert_not_null(strstr(err.detail, "Conv"), "%s", err.detail);
+    mb_free(&b);
+}
+
+Test(onnx_import, data_that_does_not_match_the_shape_is_rejected)
+{
+    mb_t b;
+    mb_small_cnn(&b, 13);
+    b.inits[1]->raw_data.len -= 4;
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
+    cr_assert_not_null(strstr(err.detail, "raw_data"), "%s", err.detail);
+    mb_free(&b);
+    /* Typed field with the wrong count. */
+    mb_small_cnn(&b, 13);
+    float three[3] = {1, 2, 3};
+    b.inits[1]->has_raw_data = 0;
+    b.inits[1]->n_float_data = 3;
+    b.inits[1]->float_data = three;
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
+    b.inits[1]->n_float_data = 0;
+    b.inits[1]->float_data = NULL;
+    mb_free(&b);
+    /* Typed float_data with the right count works. */
+    mb_small_cnn(&b, 13);
+    float four[4] = {1, 2, 3, 4};
+    b.inits[1]->has_raw_data = 0;
+    b.inits[1]->n_float_data = 4;
+    b.inits[1]->float_data = four;
+    cr_assert_eq(import_builder(&b, &g, &err), 0, "%s", err.detail);
+    int bt = mdb_graph_find_tensor(g, "b");
+    cr_assert_geq(bt, 0);
+    cr_assert_float_eq(((float *)g->tensors[bt].data)[3], 4.0f, 0);
+    mdb_graph_free(g);
+    b.inits[1]->n_float_data = 0;
+    b.inits[1]->float_data = NULL;
+    mb_free(&b);
+}
+
+Test(onnx_import, dangling_names_cycles_and_duplicates_are_rejected)
+{
+    mb_t b;
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    mb_small_cnn(&b, 13);
+    b.nodes[1]->input[0] = mb_str(&b, "nowhere");
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
+    cr_assert_not_null(strstr(err.detail, "nowhere"), "%s", err.detail);
+    mb_free(&b);
+
+    mb_small_cnn(&b, 13);
+    b.nodes[0]->input[0] = mb_str(&b, "r"); /* Conv reads Relu's output: a cycle */
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
+    cr_assert_not_null(strstr(err.detail, "cycle"), "%s", err.detail);
+    mb_free(&b);
+
+    mb_small_cnn(&b, 13);
+    b.nodes[2]->output[0] = mb_str(&b, "r"); /* two writers of r */
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
+    mb_free(&b);
+
+    mb_small_cnn(&b, 13);
+    b.outputs[0]->name = mb_str(&b, "missing");
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
+    mb_free(&b);
+
+    mb_small_cnn(&b, 13);
+    b.inits[1]->name = mb_str(&b, "w"); /* two initializers called w */
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
+    mb_free(&b);
+}
+
+Test(onnx_import, unsorted_files_are_sorted)
+{
+    mb_t b;
+    mb_small_cnn(&b, 13);
+    Onnx__NodeProto *tmp = b.nodes[0];
+    b.nodes[0] = b.nodes[4];
+    b.nodes[4] = tmp;
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(import_builder(&b, &g, &err), 0, "%s", err.detail);
+    cr_assert_eq(g->nodes[0].op, MDB_OP_CONV);
+    cr_assert_eq(g->nodes[g->n_nodes - 1].op, MDB_OP_GEMM);
+    mdb_graph_free(g);
+    mb_free(&b);
+}
+
+Test(onnx_import, a_batch_baked_into_a_reshape_fixes_the_batch)
+{
+    /* x[1,3,8,8] -> Reshape([1,-1]) -> y: valid only for batch 1. */
+    mb_t b;
+    mb_init(&b, 13);
+    int64_t x_dims[] = {1, 3, 8, 8}, target[] = {1, -1};
+    mb_input(&b, "x", 4, x_dims);
+    mb_init_i64(&b, "shape", 2, target);
+    mb_node(&b, "Reshape", (const char *[]){"x", "shape", NULL}, (const char *[]){"y", NULL});
+    mb_output(&b, "y");
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(import_builder(&b, &g, &err), 0, "%s", err.detail);
+    cr_assert_eq(g->batch_fixed, 1);
+    int64_t y[] = {1, 192};
+    expect_shape(&g->tensors[g->outputs[0]].shape, 2, y, "y");
+    mdb_graph_free(g);
+    /* The same with a symbolic batch cannot be expressed. */
+    b.inputs[0]->type->tensor_type->shape->dim[0]->value_case =
+        ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM;
+    b.inputs[0]->type->tensor_type->shape->dim[0]->dim_param = mb_str(&b, "N");
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_UNSUPPORTED_MODEL);
+    cr_assert_not_null(strstr(err.detail, "batch"), "%s", err.detail);
+    mb_free(&b);
+}
+
+Test(onnx_import, opset_variants_canonicalize_to_one_form)
+{
+    /* Clip with attributes (opset 6) and with inputs (opset 13) give the
+     * same attributes. */
+    mb_t b;
+    mb_init(&b, 6);
+    int64_t x_dims[] = {-1, 4};
+    mb_input(&b, "x", 2, x_dims);
+    Onnx__NodeProto *n =
+        mb_node(&b, "Clip", (const char *[]){"x", NULL}, (const char *[]){"y", NULL});
+    Onnx__AttributeProto lo = ONNX__ATTRIBUTE_PROTO__INIT, hi = ONNX__ATTRIBUTE_PROTO__INIT;
+    lo.name = mb_str(&b, "min");
+    lo.has_type = hi.has_type = 1;
+    lo.type = hi.type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT;
+    lo.has_f = hi.has_f = 1;
+    lo.f = 0;
+    hi.name = mb_str(&b, "max");
+    hi.f = 6;
+    n->attribute[n->n_attribute++] = &lo;
+    n->attribute[n->n_attribute++] = &hi;
+    mb_output(&b, "y");
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(import_builder(&b, &g, &err), 0, "%s", err.detail);
+    cr_assert_float_eq(mdb_node_float(&g->nodes[0], "min", -1), 0, 0);
+    cr_assert_float_eq(mdb_node_float(&g->nodes[0], "max", -1), 6, 0);
+    mdb_graph_free(g);
+    mb_free(&b);
+
+    /* Squeeze on runtime data becomes a Reshape; Unsqueeze too. */
+    mb_init(&b, 13);
+    int64_t x4[] = {-1, 4, 1, 1}, axes[] = {2, 3}, axes1[] = {1};
+    mb_input(&b, "x", 4, x4);
+    mb_init_i64(&b, "axes", 2, axes);
+    mb_init_i64(&b, "axes1", 1, axes1);
+    mb_node(&b, "Squeeze", (const char *[]){"x", "axes", NULL}, (const char *[]){"s", NULL});
+    mb_node(&b, "Unsqueeze", (const char *[]){"s", "axes1", NULL}, (const char *[]){"y", NULL});
+    mb_output(&b, "y");
+    cr_assert_eq(import_builder(&b, &g, &err), 0, "%s", err.detail);
+    cr_assert_eq(g->n_nodes, 2);
+    cr_assert_eq(g->nodes[0].op, MDB_OP_RESHAPE);
+    cr_assert_eq(g->nodes[1].op, MDB_OP_RESHAPE);
+    cr_assert_eq(g->nodes[0].n_inputs, 1);
+    int64_t y[] = {MDB_DIM_BATCH, 1, 4};
+    expect_shape(&g->tensors[g->outputs[0]].shape, 3, y, "y");
+    mdb_graph_free(g);
+    mb_free(&b);
+}
+
+Test(onnx_import, model_info_wants_one_nchw_image_input)
+{
+    mb_t b;
+    mb_init(&b, 13);
+    int64_t d[] = {-1, 4};
+    mb_input(&b, "a", 2, d);
+    mb_input(&b, "b", 2, d);
+    mb_node(&b, "Add", (const char *[]){"a", "b", NULL}, (const char *[]){"y", NULL});
+    mb_output(&b, "y");
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(import_builder(&b, &g, &err), 0, "%s", err.detail);
+    mdb_model_info_t info;
+    char msg[128];
+    cr_assert_eq(mdb_model_info(g, &info, msg, sizeof(msg)), SQ_UNSUPPORTED_MODEL);
+    cr_assert_not_null(strstr(msg, "one input"), "%s", msg);
+    mdb_graph_free(g);
+    mb_free(&b);
+}
