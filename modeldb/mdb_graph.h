@@ -53,6 +53,7 @@
 #define MDB_MAX_NODES 100000
 #define MDB_MAX_TENSORS 400000
 #define MDB_MAX_NODE_IO 4096
+#define MDB_MAX_NODE_ATTRS 64
 #define MDB_MAX_ATTR_LIST 4096
 #define MDB_MAX_DIM ((int64_t)1 << 31)
 #define MDB_MAX_ELEMENTS ((int64_t)1 << 31)

@@ -32,10 +32,11 @@ int mdb_slice_resolve(const mdb_shape_t *in, mdb_node_t *node, mdb_shape_t *out,
 int mdb_fold_node(mdb_graph_t *g, int idx, char *err, size_t errlen);
 
 /* Canonicalizes, folds and shape-infers an imported graph (sorted) in one
- * pass, then compacts it (onnx_lower.c). On SQ_UNSUPPORTED_MODEL the ops
+ * pass, then compacts it (onnx_lower.c). Folding creates at most
+ * fold_budget bytes of constants in all. On SQ_UNSUPPORTED_MODEL the ops
  * left unfoldable are appended to ops (comma separated). */
-int mdb_onnx_lower(mdb_graph_t *g, int64_t opset, char *err, size_t errlen, char *ops,
-                   size_t opslen);
+int mdb_onnx_lower(mdb_graph_t *g, int64_t opset, uint64_t fold_budget, char *err, size_t errlen,
+                   char *ops, size_t opslen);
 
 /* Whether op can be evaluated by mdb_fold_node at all. */
 bool mdb_op_is_foldable(mdb_op_t op);

@@ -51,12 +51,17 @@ static bool read_varint(const uint8_t **p, const uint8_t *end, uint64_t *out)
 }
 
 /* Walks a message of type desc, descending into known message fields, and
- * fails on truncation, groups or nesting deeper than MAX_PROTO_DEPTH. */
+ * fails on truncation, groups or nesting deeper than MAX_PROTO_DEPTH. It
+ * also adds up what protobuf-c will allocate to decode it (*cost, bytes):
+ * an empty nested message costs two bytes on the wire and a hundred in
+ * memory, a packed varint one byte and eight, so a hostile file could
+ * otherwise ask for many times its size. */
 static bool wire_check(const ProtobufCMessageDescriptor *desc, const uint8_t *p, const uint8_t *end,
-                       int depth)
+                       int depth, uint64_t *cost)
 {
     if (depth > MAX_PROTO_DEPTH)
         return false;
+    *cost += desc ? desc->sizeof_message : 0;
     while (p < end) {
         uint64_t key, len;
         if (!read_varint(&p, end, &key))
@@ -64,6 +69,11 @@ static bool wire_check(const ProtobufCMessageDescriptor *desc, const uint8_t *p,
         uint32_t field = (uint32_t)(key >> 3);
         if (field == 0 || key >> 3 > 0x1fffffff)
             return false;
+        const ProtobufCFieldDescriptor *f =
+            desc ? protobuf_c_message_descriptor_get_field(desc, field) : NULL;
+        /* Unknown fields are kept by protobuf-c (a copy and a header);
+         * repeated elements take an array slot. */
+        *cost += !f ? 32 : f->label == PROTOBUF_C_LABEL_REPEATED ? 8 : 0;
         switch (key & 7) {
         case 0:
             if (!read_varint(&p, end, &len))
@@ -82,11 +92,15 @@ static bool wire_check(const ProtobufCMessageDescriptor *desc, const uint8_t *p,
         case 2: {
             if (!read_varint(&p, end, &len) || len > (uint64_t)(end - p))
                 return false;
-            const ProtobufCFieldDescriptor *f =
-                desc ? protobuf_c_message_descriptor_get_field(desc, field) : NULL;
-            if (f && f->type == PROTOBUF_C_TYPE_MESSAGE &&
-                !wire_check(f->descriptor, p, p + len, depth + 1))
-                return false;
+            if (f && f->type == PROTOBUF_C_TYPE_MESSAGE) {
+                if (!wire_check(f->descriptor, p, p + len, depth + 1, cost))
+                    return false;
+            } else if (f && f->label == PROTOBUF_C_LABEL_REPEATED &&
+                       f->type != PROTOBUF_C_TYPE_STRING && f->type != PROTOBUF_C_TYPE_BYTES) {
+                *cost += len * 8; /* packed scalars: at worst one byte each, eight decoded */
+            } else {
+                *cost += len + 16;
+            }
             p += len;
             break;
         }
@@ -95,6 +109,13 @@ static bool wire_check(const ProtobufCMessageDescriptor *desc, const uint8_t *p,
         }
     }
     return true;
+}
+
+/* What decoding may allocate for an input of len bytes: weights decode
+ * about one to one, structure a few times its size. */
+static uint64_t decode_budget(size_t len)
+{
+    return (uint64_t)len * 4 + ((uint64_t)64 << 20);
 }
 
 /* ---- errors ------------------------------------------------------------ */
@@ -399,9 +420,11 @@ static const mdb_onnx_const_t *find_binding(const mdb_onnx_const_t *consts, int 
 /* Adds the serialized TensorProto of a binding as a constant named name. */
 static int add_binding(ectx_t *e, mdb_graph_t *g, const mdb_onnx_const_t *b, const char *name)
 {
+    uint64_t cost = 0;
     if (!b->tensor_pb || b->len == 0 || b->len > MAX_MODEL_BYTES ||
         !wire_check(&onnx__tensor_proto__descriptor, b->tensor_pb,
-                    (const uint8_t *)b->tensor_pb + b->len, 0))
+                    (const uint8_t *)b->tensor_pb + b->len, 0, &cost) ||
+        cost > decode_budget(b->len))
         return fail(e, SQ_BAD_MODEL, "the value bound to input '%s' is not a TensorProto", name);
     Onnx__TensorProto *tp = onnx__tensor_proto__unpack(NULL, b->len, b->tensor_pb);
     if (!tp)
@@ -412,18 +435,22 @@ static int add_binding(ectx_t *e, mdb_graph_t *g, const mdb_onnx_const_t *b, con
 }
 
 static int build(ectx_t *e, const Onnx__ModelProto *m, int64_t opset, bool symbolic,
-                 const mdb_onnx_const_t *consts, int n_consts, mdb_graph_t **out,
-                 bool *forced_symbolic, int64_t *declared_batch)
+                 const mdb_onnx_const_t *consts, int n_consts, uint64_t fold_budget,
+                 mdb_graph_t **out, bool *forced_symbolic, int64_t *declared_batch)
 {
     const Onnx__GraphProto *gp = m->graph;
     mdb_graph_t *g = mdb_graph_new();
-    names_t names;
+    names_t names = {0};
     int rc = 0;
     size_t n_names = gp->n_initializer + gp->n_input + gp->n_output;
     for (size_t i = 0; i < gp->n_node; i++)
         n_names += gp->node[i]->n_output;
-    names_init(&names, n_names + 1);
     g->opset = opset;
+    if (gp->n_node > MDB_MAX_NODES || n_names > MDB_MAX_TENSORS) {
+        rc = fail(e, SQ_BAD_MODEL, "the graph has too many nodes or tensors");
+        goto out;
+    }
+    names_init(&names, n_names + 1);
     *forced_symbolic = false;
 
     for (size_t i = 0; i < gp->n_initializer; i++) {
@@ -519,7 +546,7 @@ static int build(ectx_t *e, const Onnx__ModelProto *m, int64_t opset, bool symbo
         const char *op_type = np->op_type ? np->op_type : "";
         const char *domain = np->domain ? np->domain : "";
         if (np->n_input > MDB_MAX_NODE_IO || np->n_output > MDB_MAX_NODE_IO ||
-            np->n_attribute > MDB_MAX_NODE_IO) {
+            np->n_attribute > MDB_MAX_NODE_ATTRS) {
             rc = fail(e, SQ_BAD_MODEL, "node %zu has too many inputs, outputs or attributes", i);
             goto out;
         }
@@ -617,7 +644,7 @@ static int build(ectx_t *e, const Onnx__ModelProto *m, int64_t opset, bool symbo
         rc = fail(e, rc, "%s", msg);
         goto out;
     }
-    rc = mdb_onnx_lower(g, opset, msg, sizeof(msg), e->ops, sizeof(e->ops));
+    rc = mdb_onnx_lower(g, opset, fold_budget, msg, sizeof(msg), e->ops, sizeof(e->ops));
     if (rc) {
         e->ops_len = strlen(e->ops);
         rc = fail(e, rc, "%s (opset %lld)", msg, (long long)opset);
@@ -653,8 +680,13 @@ int mdb_onnx_import_bound(const void *bytes, size_t len, const mdb_onnx_const_t 
         return fail(&e, SQ_BAD_MODEL, "empty model");
     if (len > MAX_MODEL_BYTES)
         return fail(&e, SQ_TOO_LARGE, "model of %zu bytes exceeds %zu", len, MAX_MODEL_BYTES);
-    if (!wire_check(&onnx__model_proto__descriptor, bytes, (const uint8_t *)bytes + len, 0))
+    uint64_t cost = 0;
+    if (!wire_check(&onnx__model_proto__descriptor, bytes, (const uint8_t *)bytes + len, 0, &cost))
         return fail(&e, SQ_BAD_MODEL, "not a protobuf ModelProto (truncated or malformed)");
+    if (cost > decode_budget(len))
+        return fail(&e, SQ_BAD_MODEL,
+                    "the model would take %llu bytes to decode from %zu (too many tiny parts)",
+                    (unsigned long long)cost, len);
     m = onnx__model_proto__unpack(NULL, len, bytes);
     if (!m)
         return fail(&e, SQ_BAD_MODEL, "not an ONNX ModelProto (protobuf decoding failed)");
@@ -682,7 +714,10 @@ int mdb_onnx_import_bound(const void *bytes, size_t len, const mdb_onnx_const_t 
     }
     bool forced = false;
     int64_t declared = 0;
-    rc = build(&e, m, opset, true, consts, n_consts, out, &forced, &declared);
+    /* Folding may turn a small file into big constants (ConstantOfShape);
+     * real models fold at most what they already hold. */
+    uint64_t fold_budget = (uint64_t)len * 2 + ((uint64_t)64 << 20);
+    rc = build(&e, m, opset, true, consts, n_consts, fold_budget, out, &forced, &declared);
     if (rc && forced && rc != SQ_NOMEM) {
         /* The file fixes the batch and its shapes depend on it (a Reshape
          * to [1, -1], say): import it for that batch only. */
@@ -692,7 +727,7 @@ int mdb_onnx_import_bound(const void *bytes, size_t len, const mdb_onnx_const_t 
         e.ops_len = 0;
         e.ops[0] = '\0';
         bool again;
-        rc = build(&e, m, opset, false, consts, n_consts, out, &again, &declared);
+        rc = build(&e, m, opset, false, consts, n_consts, fold_budget, out, &again, &declared);
         if (rc == 0)
             (*out)->batch_fixed = declared > 0 ? declared : 1;
         else if (err)

@@ -551,10 +551,11 @@ static int canon_node(lctx_t *c)
     }
 }
 
-int mdb_onnx_lower(mdb_graph_t *g, int64_t opset, char *err, size_t errlen, char *ops,
-                   size_t opslen)
+int mdb_onnx_lower(mdb_graph_t *g, int64_t opset, uint64_t fold_budget, char *err, size_t errlen,
+                   char *ops, size_t opslen)
 {
     int rc = 0;
+    uint64_t folded_bytes = 0;
     /* alias[t]: the tensor that readers of t read instead (Identity, Dropout). */
     int n_alias = g->n_tensors; /* tensors added while lowering are never aliased */
     int *alias = sq_xcalloc((size_t)n_alias + 1, sizeof(int));
@@ -599,8 +600,18 @@ int mdb_onnx_lower(mdb_graph_t *g, int64_t opset, char *err, size_t errlen, char
         rc = mdb_fold_node(g, i, err, errlen);
         if (rc < 0)
             goto out;
-        if (rc == 0)
+        if (rc == 0) {
+            for (int k = 0; k < n->n_outputs; k++)
+                if (n->outputs[k] >= 0)
+                    folded_bytes += g->tensors[n->outputs[k]].nbytes;
+            if (folded_bytes > fold_budget) {
+                mdb_errf(err, errlen, "constant folding would create more than %llu bytes",
+                         (unsigned long long)fold_budget);
+                rc = SQ_BAD_MODEL;
+                goto out;
+            }
             continue;
+        }
         rc = mdb_graph_infer_node(g, i, err, errlen);
         if (rc)
             goto out;

@@ -631,6 +631,47 @@ Test(onnx_import, deep_nesting_is_rejected_before_protobuf_recursion)
     free(buf);
 }
 
+Test(onnx_import, files_that_would_decode_to_many_times_their_size_are_rejected)
+{
+    /* ModelProto.graph holding two million empty NodeProtos: 4 MB on the
+     * wire, hundreds of MB once protobuf-c has allocated each one. */
+    size_t n = 2000000, body = n * 2;
+    uint8_t *buf = malloc(body + 16);
+    size_t at = 0;
+    buf[at++] = (7 << 3) | 2;
+    for (size_t v = body; v; v >>= 7)
+        buf[at++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+    for (size_t i = 0; i < n; i++) {
+        buf[at++] = (1 << 3) | 2;
+        buf[at++] = 0;
+    }
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(mdb_onnx_import(buf, at, &g, &err), SQ_BAD_MODEL);
+    cr_assert_not_null(strstr(err.detail, "decode"), "%s", err.detail);
+    free(buf);
+}
+
+Test(onnx_import, constant_folding_is_bounded)
+{
+    /* Three ConstantOfShape([2048, 4096]): 96 MB of zeros from a few bytes. */
+    mb_t b;
+    mb_init(&b, 13);
+    int64_t x_dims[] = {-1, 4}, big[] = {2048, 4096};
+    mb_input(&b, "x", 2, x_dims);
+    mb_init_i64(&b, "big", 2, big);
+    mb_node(&b, "ConstantOfShape", (const char *[]){"big", NULL}, (const char *[]){"z1", NULL});
+    mb_node(&b, "ConstantOfShape", (const char *[]){"big", NULL}, (const char *[]){"z2", NULL});
+    mb_node(&b, "ConstantOfShape", (const char *[]){"big", NULL}, (const char *[]){"z3", NULL});
+    mb_node(&b, "Relu", (const char *[]){"x", NULL}, (const char *[]){"y", NULL});
+    mb_output(&b, "y");
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
+    cr_assert_not_null(strstr(err.detail, "folding"), "%s", err.detail);
+    mb_free(&b);
+}
+
 Test(onnx_import, unknown_ops_are_listed_with_the_opset)
 {
     mb_t b;
@@ -902,6 +943,90 @@ Test(onnx_import, model_info_wants_one_nchw_image_input)
     char msg[128];
     cr_assert_eq(mdb_model_info(g, &info, msg, sizeof(msg)), SQ_UNSUPPORTED_MODEL);
     cr_assert_not_null(strstr(msg, "one input"), "%s", msg);
+    mdb_graph_free(g);
+    mb_free(&b);
+}
+
+Test(onnx_import, constant_subgraphs_fold_into_initializers)
+{
+    /* x[N,4]; Shape(x) -> Slice[1:2] -> ConstantOfShape(2.0) -> Mul(x, .)
+     * and Constant(value_floats) -> Add: two runtime nodes remain. */
+    mb_t b;
+    mb_init(&b, 13);
+    int64_t x_dims[] = {-1, 4}, one[] = {1}, two[] = {2}, zero[] = {0};
+    mb_input(&b, "x", 2, x_dims);
+    mb_init_i64(&b, "starts", 1, one);
+    mb_init_i64(&b, "ends", 1, two);
+    mb_init_i64(&b, "axes", 1, zero);
+    mb_node(&b, "Shape", (const char *[]){"x", NULL}, (const char *[]){"shape", NULL});
+    mb_node(&b, "Slice", (const char *[]){"shape", "starts", "ends", "axes", NULL},
+            (const char *[]){"c", NULL});
+    Onnx__NodeProto *cos =
+        mb_node(&b, "ConstantOfShape", (const char *[]){"c", NULL}, (const char *[]){"twos", NULL});
+    Onnx__AttributeProto value = ONNX__ATTRIBUTE_PROTO__INIT;
+    int64_t dims1[] = {1};
+    value.name = mb_str(&b, "value");
+    value.has_type = 1;
+    value.type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__TENSOR;
+    value.t = mb_init_f(&b, "v", 1, dims1, 2.0f, 0);
+    b.graph.n_initializer--; /* v is the attribute's tensor, not an initializer */
+    cos->attribute[cos->n_attribute++] = &value;
+    mb_node(&b, "Mul", (const char *[]){"x", "twos", NULL}, (const char *[]){"m", NULL});
+    Onnx__NodeProto *k = mb_node(&b, "Constant", NULL, (const char *[]){"offsets", NULL});
+    Onnx__AttributeProto floats = ONNX__ATTRIBUTE_PROTO__INIT;
+    float offsets[] = {1, 2, 3, 4};
+    floats.name = mb_str(&b, "value_floats");
+    floats.has_type = 1;
+    floats.type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOATS;
+    floats.n_floats = 4;
+    floats.floats = offsets;
+    k->attribute[k->n_attribute++] = &floats;
+    mb_node(&b, "Add", (const char *[]){"m", "offsets", NULL}, (const char *[]){"y", NULL});
+    mb_output(&b, "y");
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(import_builder(&b, &g, &err), 0, "%s", err.detail);
+    cr_assert_eq(g->n_nodes, 2);
+    cr_assert_eq(g->nodes[0].op, MDB_OP_MUL);
+    cr_assert_eq(g->nodes[1].op, MDB_OP_ADD);
+    const mdb_tensor_t *t = &g->tensors[g->nodes[0].inputs[1]];
+    cr_assert_not_null(t->data);
+    cr_assert_eq(t->shape.rank, 1);
+    cr_assert_eq(t->shape.dims[0], 4);
+    for (int i = 0; i < 4; i++)
+        cr_assert_float_eq(((const float *)t->data)[i], 2.0f, 0);
+    t = &g->tensors[g->nodes[1].inputs[1]];
+    cr_assert_float_eq(((const float *)t->data)[3], 4.0f, 0);
+    mdb_graph_free(g);
+    mb_free(&b);
+}
+
+Test(onnx_import, legacy_softmax_is_accepted_only_where_it_means_one_axis)
+{
+    mb_t b;
+    mb_init(&b, 11);
+    int64_t x2[] = {-1, 10};
+    mb_input(&b, "x", 2, x2);
+    mb_node(&b, "Softmax", (const char *[]){"x", NULL}, (const char *[]){"y", NULL});
+    mb_output(&b, "y");
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(import_builder(&b, &g, &err), 0, "%s", err.detail);
+    cr_assert_eq(mdb_node_int(&g->nodes[0], "axis", -1), 1);
+    mdb_graph_free(g);
+    mb_free(&b);
+
+    mb_init(&b, 11);
+    int64_t x3[] = {-1, 3, 4};
+    mb_input(&b, "x", 3, x3);
+    mb_node(&b, "Softmax", (const char *[]){"x", NULL}, (const char *[]){"y", NULL});
+    mb_output(&b, "y");
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_UNSUPPORTED_MODEL);
+    cr_assert_not_null(strstr(err.detail, "Softmax"), "%s", err.detail);
+    /* The same graph at opset 13 is a plain softmax over the last axis. */
+    b.opset.version = 13;
+    cr_assert_eq(import_builder(&b, &g, &err), 0, "%s", err.detail);
+    cr_assert_eq(mdb_node_int(&g->nodes[0], "axis", -1), 2);
     mdb_graph_free(g);
     mb_free(&b);
 }
