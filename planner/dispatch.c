@@ -390,17 +390,15 @@ static void prune(pl_dispatch_t *d, int sid, session_t *s, int64_t now_us, int64
     }
 }
 
-/* Drops `skip` heads (sacrificed for a fuller batch), then sends the next b
- * requests of session sid to worker wid. */
+/* Sends requests [skip, skip + b) of session sid's queue to worker wid.
+ * The `skip` heads in front of the window stay queued: they are not lost
+ * yet, and a worker that comes free while they can still make it (alone or
+ * in a smaller batch) serves them; prune() answers them once they cannot. */
 static void send_batch(pl_dispatch_t *d, int64_t now_us, int sid, int wid, int skip, int b)
 {
     session_t *s = &d->sessions[sid];
     worker_t *w = &d->workers[wid];
-    assert(!w->busy && b >= 1 && b <= s->cap && (uint32_t)(skip + b) <= s->q.n);
-    for (int i = 0; i < skip; i++) {
-        entry_t gone = q_pop(&s->q);
-        drop(d, now_us, sid, &gone, gone.flags & ENTRY_RETRIED ? SQ_WORKER_LOST : SQ_OVERLOAD);
-    }
+    assert(!w->busy && b >= 1 && b <= s->cap && skip >= 0 && (uint32_t)(skip + b) <= s->q.n);
     if (w->cap_inflight < b) {
         w->cap_inflight = b;
         w->inflight = sq_xrealloc(w->inflight, sizeof(entry_t) * (size_t)b);
@@ -412,9 +410,14 @@ static void send_batch(pl_dispatch_t *d, int64_t now_us, int sid, int wid, int s
     }
     size_t off = d->nids;
     for (int i = 0; i < b; i++) {
-        w->inflight[i] = q_pop(&s->q);
+        w->inflight[i] = *q_at(&s->q, (uint32_t)(skip + i));
         d->ids[d->nids++] = w->inflight[i].id;
     }
+    /* Close the gap: the skipped heads move up behind the window. */
+    for (int i = skip - 1; i >= 0; i--)
+        *q_at(&s->q, (uint32_t)(i + b)) = *q_at(&s->q, (uint32_t)i);
+    s->q.head = (s->q.head + (uint32_t)b) & s->q.mask;
+    s->q.n -= (uint32_t)b;
     w->ninflight = b;
     int64_t finish_us = now_us + s->cost[b];
     /* The invariant both policies promise: the earliest deadline is met
@@ -440,7 +443,7 @@ static void send_batch(pl_dispatch_t *d, int64_t now_us, int sid, int wid, int s
 /* ---- deferred (Symphony) ---- */
 
 typedef struct {
-    int skip;         /* heads to drop in front of the batch */
+    int skip;         /* heads left queued in front of the batch */
     int b;            /* batch size */
     int64_t ready_at; /* dispatchable from */
     int64_t valid_until;
@@ -453,7 +456,8 @@ static int64_t head_slack(const session_t *s, uint32_t i, int64_t now_us)
 
 /* The session's candidate batch at now. Requires a non-empty queue whose
  * head can still finish alone when started now. */
-static void deferred_candidate(const session_t *s, int64_t now_us, candidate_t *c)
+static void deferred_candidate(const session_t *s, int64_t now_us, double skip_ratio,
+                               candidate_t *c)
 {
     int n = (int)s->q.n, cap = s->cap;
     int fill = n < cap ? n : cap; /* the largest batch the queue could give */
@@ -484,7 +488,10 @@ static void deferred_candidate(const session_t *s, int64_t now_us, candidate_t *
         }
         int cross = lo;
         int best = n - cross < cap ? n - cross : cap;
-        if (best > b) {
+        /* Passing the head window over pays when it is much smaller than
+         * the best: under overload that keeps batches near full instead of
+         * collapsing into stale batches of one or two. */
+        if (best > b && b < skip_ratio * best) {
             /* Earliest window that still holds `best`: serve the earliest
              * deadlines we can. */
             int l2 = 1, h2 = cross;
@@ -497,8 +504,8 @@ static void deferred_candidate(const session_t *s, int64_t now_us, candidate_t *
             }
             int fit = fit_batch(s, head_slack(s, (uint32_t)l2, now_us));
             int can_grow = best < cap && best == n - l2 && fit > best;
-            /* A window that is still growing is not a reason to drop the
-             * heads: that is low load, and the head window goes first. */
+            /* A window that is still growing is not a reason to pass the
+             * heads over: that is low load, and the head window goes first. */
             if (!can_grow) {
                 c->skip = l2;
                 c->b = best;
@@ -523,7 +530,7 @@ static void pump_session_deferred(pl_dispatch_t *d, int sid, int64_t now_us)
         int64_t wake = q_at(&s->q, 0)->deadline_us - s->cost[1] + 1;
         if (free_worker >= 0) {
             candidate_t c;
-            deferred_candidate(s, now_us, &c);
+            deferred_candidate(s, now_us, d->opts.skip_ratio, &c);
             if (now_us >= c.ready_at) {
                 send_batch(d, now_us, sid, free_worker, c.skip, c.b);
                 continue; /* more free workers may take more */
@@ -552,7 +559,7 @@ static void pump_worker_deferred(pl_dispatch_t *d, int wid, int64_t now_us)
         if (s->q.n == 0)
             continue;
         candidate_t c;
-        deferred_candidate(s, now_us, &c);
+        deferred_candidate(s, now_us, d->opts.skip_ratio, &c);
         if (now_us >= c.ready_at && (best < 0 || c.valid_until < best_c.valid_until)) {
             best = sid;
             best_c = c;
@@ -675,6 +682,8 @@ pl_dispatch_t *pl_dispatch_new(const pl_dispatch_opts_t *opts)
     d->opts = *opts;
     if (d->opts.net_delay_us < 0)
         d->opts.net_delay_us = 0;
+    if (!(d->opts.skip_ratio > 0))
+        d->opts.skip_ratio = PL_DEFAULT_SKIP_RATIO;
     d->armed_us = PL_NEVER;
     return d;
 }

@@ -292,6 +292,128 @@ Test(dispatch, early_drop_paces_rounds_by_duty_cycle)
     free(r);
 }
 
+Test(dispatch, deferred_backed_up_takes_fullest_window_and_keeps_the_heads)
+{
+    rig_t *r = malloc(sizeof(*r));
+    rig_init(r, PL_POLICY_DEFERRED);
+    add_workers(r, 2);
+    int sid = add_linear_session(r->d, 1000, 5000, 64, 25000);
+    cr_assert_eq(pl_dispatch_session_max_batch(r->d, sid), 20);
+    route_all(r, sid, 2, 0);
+    uint64_t id = 1;
+    /* Both workers busy: 20 (the cap) leave at once on worker 0 until 25,
+     * 20 more on worker 1 until 26 (with 1 ms to spare, so that no batch of
+     * 19 is ready before the 20th arrives). */
+    for (int i = 0; i < 20; i++)
+        cr_assert_eq(pl_dispatch_request(r->d, 0, id++, sid, 0, 26000), 0);
+    absorb(r);
+    for (int i = 0; i < 20; i++)
+        cr_assert_eq(pl_dispatch_request(r->d, 1000, id++, sid, 1000, 27000), 0);
+    absorb(r);
+    cr_assert_eq(r->nsent, 2);
+    cr_assert_eq(r->sent[1].worker, 1);
+    cr_assert_eq(r->sent[0].count, 20);
+    cr_assert_eq(r->sent[1].count, 20);
+    cr_assert_eq(r->sent[1].finish_us, 26000);
+    /* Three stale heads (41-43, deadline 33) and 16 fresh (44-59, 41). */
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(pl_dispatch_request(r->d, 2000, id++, sid, 2000, 33000), 0);
+    for (int i = 0; i < 16; i++)
+        cr_assert_eq(pl_dispatch_request(r->d, 16000, id++, sid, 16000, 41000), 0);
+    absorb(r);
+    cr_assert_eq(r->ndropped, 0, "worker 1 frees at 26, in time for the heads");
+    /* At 25 the heads fit a batch of 3 at most, the fresh ones 11: worker 0
+     * takes the 11 fresh ones (finishing exactly at 41). */
+    r->busy[0] = 0;
+    cr_assert_eq(pl_dispatch_batch_done(r->d, 25000, 0, r->batch[0]), 0);
+    absorb(r);
+    cr_assert_eq(r->nsent, 3);
+    cr_assert_eq(r->sent[2].worker, 0);
+    cr_assert_eq(r->sent[2].count, 11);
+    for (int j = 0; j < 11; j++)
+        cr_assert_eq(r->sent[2].ids[j], (uint64_t)(44 + j));
+    cr_assert_eq(r->sent[2].finish_us, 41000);
+    cr_assert_eq(r->ndropped, 0, "the heads passed over stay queued");
+    /* At 26 worker 1 serves two of them (l(2) = 7 -> 33); the third cannot
+     * make it on any worker any more and is answered at once. */
+    r->busy[1] = 0;
+    cr_assert_eq(pl_dispatch_batch_done(r->d, 26000, 1, r->batch[1]), 0);
+    absorb(r);
+    cr_assert_eq(r->nsent, 4);
+    cr_assert_eq(r->sent[3].worker, 1);
+    cr_assert_eq(r->sent[3].count, 2);
+    cr_assert_eq(r->sent[3].ids[0], 41);
+    cr_assert_eq(r->sent[3].ids[1], 42);
+    cr_assert_eq(r->ndropped, 1);
+    cr_assert_eq(r->dropped[0].id, 43);
+    cr_assert_eq(r->dropped[0].reason, SQ_DEADLINE);
+    cr_assert_eq(r->dropped[0].at_us, 26000);
+    cr_assert_eq(pl_dispatch_queued(r->d, sid), 5);
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
+Test(dispatch, removal_reroute_and_late_arrivals)
+{
+    rig_t *r = malloc(sizeof(*r));
+    rig_init(r, PL_POLICY_DEFERRED);
+    add_workers(r, 2);
+    int a = add_linear_session(r->d, 1000, 5000, 64, 30000);
+    int b = add_linear_session(r->d, 1000, 5000, 64, 30000);
+    route_all(r, a, 2, 0);
+    pl_route_t only1 = {.worker = 1};
+    cr_assert_eq(pl_dispatch_route_set(r->d, 0, b, &only1, 1), 0);
+    absorb(r);
+    /* A request with an earlier deadline that arrives later goes first. */
+    cr_assert_eq(pl_dispatch_request(r->d, 0, 1, a, 0, 30000), 0);
+    cr_assert_eq(pl_dispatch_request(r->d, 10, 2, a, 10, 20000), 0);
+    absorb(r);
+    cr_assert_eq(r->timer_us, 20000 - 8000, "frontrun of the earlier deadline: 20 - l(3)");
+    r->timer_us = PL_NEVER;
+    pl_dispatch_timer(r->d, 12000);
+    absorb(r);
+    cr_assert_eq(r->nsent, 1);
+    cr_assert_eq(r->sent[0].ids[0], 2);
+    cr_assert_eq(r->sent[0].ids[1], 1);
+    cr_assert_eq(r->sent[0].worker, 0);
+    cr_assert_eq(pl_dispatch_next_wake(r->d), PL_NEVER);
+    /* Worker 0 leaves gracefully with its batch in flight: the batch still
+     * completes, and no new batch goes there. */
+    cr_assert_eq(pl_dispatch_worker_remove(r->d, 14000, 0), 0);
+    absorb(r);
+    cr_assert_eq(pl_dispatch_request(r->d, 15000, 3, a, 15000, 45000), 0);
+    cr_assert_eq(pl_dispatch_request(r->d, 15000, 4, a, 15000, 45000), 0);
+    absorb(r);
+    r->timer_us = PL_NEVER;
+    pl_dispatch_timer(r->d, 45000 - 8000);
+    absorb(r);
+    cr_assert_eq(r->nsent, 2);
+    cr_assert_eq(r->sent[1].worker, 1);
+    cr_assert_eq(pl_dispatch_batch_done(r->d, 20000, 0, r->batch[0]), 0, "draining batch done");
+    cr_assert_eq(pl_dispatch_worker_remove(r->d, 20000, 0), SQ_INVAL, "gone");
+    cr_assert_eq(pl_dispatch_worker_add(r->d, 20000, 0, 0), 0, "can come back");
+    absorb(r);
+    /* Session b loses its only worker to a new routing row; then the
+     * session is removed: its queued requests are answered not_found. */
+    cr_assert_eq(pl_dispatch_request(r->d, 21000, 5, b, 21000, 51000), 0);
+    cr_assert_eq(pl_dispatch_request(r->d, 21000, 6, b, 21000, 51000), 0);
+    absorb(r);
+    pl_route_t only0 = {.worker = 0};
+    cr_assert_eq(pl_dispatch_route_set(r->d, 21000, b, &only0, 1), 0);
+    absorb(r);
+    cr_assert_eq(pl_dispatch_queued(r->d, b), 2, "waiting for more until 51 - l(3)");
+    cr_assert_eq(pl_dispatch_session_remove(r->d, 22000, b), 0);
+    absorb(r);
+    cr_assert_eq(r->ndropped, 2);
+    cr_assert_eq(r->dropped[0].reason, SQ_NOT_FOUND);
+    cr_assert_eq(r->dropped[1].reason, SQ_NOT_FOUND);
+    cr_assert_eq(pl_dispatch_request(r->d, 22000, 7, b, 22000, 52000), SQ_INVAL);
+    cr_assert_eq(pl_dispatch_queued(r->d, b), -1);
+    cr_assert_eq(pl_dispatch_session_remove(r->d, 22000, b), SQ_INVAL);
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
 static uint64_t rng_state;
 static uint64_t rng_next(void)
 {
