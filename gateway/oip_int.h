@@ -1,0 +1,48 @@
+/* Internals of the OIP codec shared by oip.c (requests), oip_response.c
+ * and oip_json.c (a strict JSON validator and the small lexer the request
+ * decoder walks the validated text with). */
+#ifndef OIP_INT_H
+#define OIP_INT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Validates s as one RFC 8259 JSON text (strings: escapes, surrogate pairs,
+ * UTF-8, no control characters) without recursion. Containers nest at most
+ * max_depth deep. Returns 0, SQ_TOO_LARGE (too deep) or SQ_BAD_JSON, with
+ * the byte offset in err. */
+int oip_json_validate(const char *s, size_t len, int max_depth, char *err, size_t errlen);
+
+/* A cursor over validated JSON. Every function still bounds-checks and
+ * reports a malformed token with -1, so a caller that skipped validation
+ * cannot make it read out of bounds. */
+typedef struct {
+    const char *p;
+    const char *end;
+} oip_cur_t;
+
+void oip_ws(oip_cur_t *c);
+/* Whether the next non-space character is ch; consumes it when it is. */
+int oip_accept(oip_cur_t *c, char ch);
+/* Next non-space character without consuming it, or 0 at the end. */
+char oip_peek(oip_cur_t *c);
+/* A string token: (*s, *n) is the raw text between the quotes, *escaped whether
+ * it holds backslashes. */
+int oip_string(oip_cur_t *c, const char **s, size_t *n, int *escaped);
+/* A number token's text. */
+int oip_number(oip_cur_t *c, const char **s, size_t *n);
+/* Skips one value of any kind. */
+int oip_skip(oip_cur_t *c);
+/* Unescapes the raw text of a validated string into out (at most n bytes);
+ * returns the length. */
+size_t oip_unescape(const char *s, size_t n, char *out);
+
+/* Converts a JSON number's text to float, correctly rounded. Returns 0, or
+ * -1 when it overflows FP32. */
+int oip_parse_f32(const char *s, size_t n, float *out);
+/* Converts a JSON number's text to double. */
+double oip_parse_f64(const char *s, size_t n);
+/* An integer (no fraction, no exponent) in [min, max]: 0, else -1. */
+int oip_parse_int(const char *s, size_t n, int64_t min, int64_t max, int64_t *out);
+
+#endif
