@@ -298,7 +298,7 @@ static int setup_routes(run_t *r, int *ndevices)
             duty = 0;
         pl_dispatch_worker_add(r->d, 0, k, r->o->policy == PL_POLICY_EARLY_DROP ? duty : 0);
     }
-    pl_route_t *routes = sq_xmalloc(sizeof(*routes) * (size_t)(plan.ndevices + 1));
+    pl_route_t *routes = sq_xmalloc(sizeof(*routes) * (size_t)(plan.ndevices + n + 1));
     for (int s = 0; s < w->nsessions; s++) {
         int nr = 0;
         for (int k = 0; k < plan.ndevices && k < n; k++)
@@ -308,8 +308,18 @@ static int setup_routes(run_t *r, int *ndevices)
                         (pl_route_t){.worker = k, .target_batch = plan.devices[k].allocs[a].batch};
                     break;
                 }
-        if (nr == 0)
+        if (nr == 0) {
+            /* Unplaced (Nexus's worst case 2 l(1) > SLO, or out of
+             * devices): best effort on every planned device rather than
+             * certain loss; the dispatcher still only sends batches that
+             * meet their deadline. */
             r->res->unplaced_sessions++;
+            int ndev = plan.ndevices < n ? plan.ndevices : n;
+            if (ndev == 0)
+                ndev = n;
+            for (int k = 0; k < ndev; k++)
+                routes[nr++] = (pl_route_t){.worker = k, .target_batch = 0};
+        }
         pl_dispatch_route_set(r->d, 0, s, routes, nr);
     }
     free(routes);
