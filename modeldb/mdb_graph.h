@@ -34,7 +34,8 @@
  *   ReduceMean          axes (sorted, never empty), keepdims
  *   BatchNormalization  X, scale, B, mean, var; epsilon
  *   Split               axis, split (one size per output)
- *   Slice               axes, starts, ends, steps (clamped, same length)
+ *   Slice               axes, starts, ends, steps (clamped to the axis, same
+ *                       length; on the batch axis only 0, INT64_MAX, 1)
  *
  * Ownership: a graph owns every tensor, its name and its data, every node
  * and attribute. Strings passed in are copied. mdb_graph_free releases all.
@@ -342,17 +343,17 @@ typedef struct {
  * without their graphs. */
 typedef struct {
     mdb_hash_t hash;    /* SHA-256 of (op, attributes, input hashes) */
-    uint32_t ancestors; /* nodes in the prefix that ends at this node, itself included */
+    uint32_t ancestors; /* for a cut_ok node: the nodes of the prefix that ends
+                           there, itself included (its index + 1); else 0 */
     bool cut_ok;        /* the node has one output, and everything after it
                            reads the prefix only through that output */
 } mdb_node_sig_t;
 
-/* Hashes every node of g (sorted, canonical) into sigs[g->n_nodes] (caller
- * allocated). Hashes do not depend on tensor or node names, nor on the
- * order of initializers or of independent nodes: a weight enters by
- * content (dtype, shape, bytes), a graph input by (position, dtype, shape),
- * an activation by the hash of its producer and output slot. Returns 0 or
- * SQ_NOMEM / SQ_INTERNAL. */
+/* Hashes every node of g (sorted, canonical and compacted, as
+ * mdb_onnx_import returns it) into sigs[g->n_nodes] (caller allocated). Hashes do not depend on
+ * tensor or node names, nor on the order of initializers or of independent nodes: a weight enters
+ * by content (dtype, shape, bytes), a graph input by (position, dtype, shape), an activation by the
+ * hash of its producer and output slot. Returns 0 or SQ_NOMEM / SQ_INTERNAL. */
 int mdb_graph_signature(const mdb_graph_t *g, mdb_node_sig_t *sigs);
 
 typedef struct {
@@ -364,7 +365,8 @@ typedef struct {
 } mdb_prefix_t;
 
 /* Longest shared prefix of two signed graphs that ends at a single tensor
- * (cut_ok in both). Pure; O(n_a + n_b). found is false when none. */
+ * (cut_ok in both). Pure; O((n_a + n_b) log n_b). found is false when none;
+ * tensor_a/b are left -1 (only mdb_prefix_find knows the graphs). */
 void mdb_prefix_match(const mdb_node_sig_t *a, int n_a, const mdb_node_sig_t *b, int n_b,
                       mdb_prefix_t *out);
 /* Convenience: signs both graphs and matches them; fills tensor_a/b.
