@@ -1,0 +1,141 @@
+/* squish-cpu-bench: latency and throughput of the cpu backend on ONNX
+ * models (torchvision exports of scripts/export_models.py).
+ *
+ *   squish-cpu-bench [--threads N] [--iters N] [--batch B]... MODEL.onnx...
+ *
+ * For each model and batch size: one plan for the largest batch, warm-up
+ * runs, then --iters timed runs; prints one JSON line per (model, batch)
+ * with mean/median/min latency in ms and images/s. bench/cpu_bench.sh runs
+ * it side by side with torch. */
+#include <mdb_graph.h>
+#include <sq.h>
+#include <wk_exec.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *p = malloc((size_t)n + 1);
+    if (p != NULL && fread(p, 1, (size_t)n, f) != (size_t)n) {
+        free(p);
+        p = NULL;
+    }
+    fclose(f);
+    *len = (size_t)n;
+    return p;
+}
+
+static int bench_model(const char *path, const int *batches, int n_batches, int threads, int iters)
+{
+    size_t len;
+    void *bytes = slurp(path, &len);
+    if (bytes == NULL) {
+        fprintf(stderr, "cannot read %s\n", path);
+        return 1;
+    }
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    if (mdb_onnx_import(bytes, len, &g, &err) != 0) {
+        fprintf(stderr, "%s: import: %s\n", path, err.detail);
+        free(bytes);
+        return 1;
+    }
+    free(bytes);
+    int max_batch = 1;
+    for (int i = 0; i < n_batches; i++)
+        max_batch = batches[i] > max_batch ? batches[i] : max_batch;
+    wk_plan_opts_t o = wk_plan_opts_default();
+    o.max_batch = max_batch;
+    o.threads = threads;
+    wk_plan_t *p = NULL;
+    char why[512];
+    int64_t t0 = sq_now_ns();
+    int rc = wk_plan_create(g, &o, &p, why, sizeof(why));
+    double plan_ms = (double)(sq_now_ns() - t0) / 1e6;
+    mdb_graph_free(g);
+    if (rc != 0) {
+        fprintf(stderr, "%s: plan: %s\n", path, why);
+        return 1;
+    }
+    int64_t in_per = wk_plan_input_elems(p, 0), out_per = wk_plan_output_elems(p, 0);
+    float *in = malloc((size_t)(in_per * max_batch) * sizeof(float));
+    float *out = malloc((size_t)(out_per * max_batch) * sizeof(float));
+    for (int64_t i = 0; i < in_per * max_batch; i++)
+        in[i] = (float)((i * 2654435761u) % 1000) / 1000.0f;
+    double *ms = malloc((size_t)iters * sizeof(double));
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    for (int bi = 0; bi < n_batches; bi++) {
+        int b = batches[bi];
+        for (int w = 0; w < 3; w++)
+            wk_plan_run(p, b, (const float *[]){in}, (float *[]){out});
+        double sum = 0;
+        for (int it = 0; it < iters; it++) {
+            int64_t s = sq_now_ns();
+            if (wk_plan_run(p, b, (const float *[]){in}, (float *[]){out}) != 0) {
+                fprintf(stderr, "%s: run: %s\n", path, wk_plan_errmsg(p));
+                return 1;
+            }
+            ms[it] = (double)(sq_now_ns() - s) / 1e6;
+            sum += ms[it];
+        }
+        qsort(ms, (size_t)iters, sizeof(double), cmp_double);
+        double mean = sum / iters;
+        printf("{\"engine\": \"squish\", \"model\": \"%.*s\", \"batch\": %d, \"threads\": %d, "
+               "\"mean_ms\": %.2f, \"median_ms\": %.2f, \"min_ms\": %.2f, \"images_per_s\": %.1f, "
+               "\"plan_ms\": %.0f, \"memory_mb\": %.1f}\n",
+               (int)(strlen(base) - (strstr(base, ".onnx") ? 5 : 0)), base, b, threads, mean,
+               ms[iters / 2], ms[0], b * 1000.0 / ms[iters / 2], plan_ms,
+               (double)wk_plan_memory_bytes(p) / (1 << 20));
+        fflush(stdout);
+    }
+    free(ms);
+    free(in);
+    free(out);
+    wk_plan_free(p);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    int batches[16], n_batches = 0, threads = 0, iters = 20, rc = 0;
+    int i = 1;
+    for (; i < argc && argv[i][0] == '-'; i++) {
+        if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
+            threads = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
+            iters = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc && n_batches < 16)
+            batches[n_batches++] = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: %s [--threads N] [--iters N] [--batch B]... MODEL.onnx...\n",
+                    argv[0]);
+            return 2;
+        }
+    }
+    if (n_batches == 0) {
+        batches[n_batches++] = 1;
+        batches[n_batches++] = 8;
+    }
+    if (iters < 1 || i == argc) {
+        fprintf(stderr, "usage: %s [--threads N] [--iters N] [--batch B]... MODEL.onnx...\n",
+                argv[0]);
+        return 2;
+    }
+    for (; i < argc; i++)
+        rc |= bench_model(argv[i], batches, n_batches, threads, iters);
+    return rc;
+}

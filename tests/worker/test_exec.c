@@ -1,0 +1,487 @@
+/* The executor on hand-built graphs: buffer planning, fusion, every kernel
+ * against a naive C reference written here, batch sizes below max, and the
+ * emulated backend's timing. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <sq.h>
+#include <stdlib.h>
+#include <string.h>
+#include <wk_exec_int.h>
+
+static uint64_t rng_state = 42;
+
+static float frand(void)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng_state >> 40) & 0xffffff) / (float)0x1000000 * 2.0f - 1.0f;
+}
+
+static float *rand_buf(int64_t n)
+{
+    float *p = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        p[i] = frand();
+    return p;
+}
+
+static void assert_close(const float *got, const float *want, int64_t n, float tol, const char *what)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float d = fabsf(got[i] - want[i]), m = fabsf(want[i]);
+        cr_assert(d <= tol * (1.0f + m), "%s: element %lld got %g want %g", what, (long long)i,
+                  (double)got[i], (double)want[i]);
+    }
+}
+
+/* ---- naive references ---- */
+
+typedef struct {
+    int64_t n, c, h, w, oc, kh, kw, sh, sw, dh, dw, pt, pl, pb, pr, groups;
+} conv_geom_t;
+
+static int64_t out_dim(int64_t in, int64_t k, int64_t s, int64_t d, int64_t p0, int64_t p1)
+{
+    return (in + p0 + p1 - d * (k - 1) - 1) / s + 1;
+}
+
+static void ref_conv(const conv_geom_t *g, const float *x, const float *w, const float *b, float *y)
+{
+    int64_t oh = out_dim(g->h, g->kh, g->sh, g->dh, g->pt, g->pb);
+    int64_t ow = out_dim(g->w, g->kw, g->sw, g->dw, g->pl, g->pr);
+    int64_t icg = g->c / g->groups, ocg = g->oc / g->groups;
+    for (int64_t n = 0; n < g->n; n++)
+        for (int64_t o = 0; o < g->oc; o++)
+            for (int64_t i = 0; i < oh; i++)
+                for (int64_t j = 0; j < ow; j++) {
+                    double acc = b ? b[o] : 0;
+                    int64_t grp = o / ocg;
+                    for (int64_t ci = 0; ci < icg; ci++)
+                        for (int64_t ki = 0; ki < g->kh; ki++)
+                            for (int64_t kj = 0; kj < g->kw; kj++) {
+                                int64_t yy = i * g->sh - g->pt + ki * g->dh;
+                                int64_t xx = j * g->sw - g->pl + kj * g->dw;
+                                if (yy < 0 || yy >= g->h || xx < 0 || xx >= g->w)
+                                    continue;
+                                acc += (double)x[((n * g->c + grp * icg + ci) * g->h + yy) * g->w +
+                                                 xx] *
+                                       w[((o * icg + ci) * g->kh + ki) * g->kw + kj];
+                            }
+                    y[((n * g->oc + o) * oh + i) * ow + j] = (float)acc;
+                }
+}
+
+/* Builds input -> conv -> output with the geometry, at max batch g->n. */
+static wk_graph_t *conv_graph(const conv_geom_t *g, const float *w, const float *b)
+{
+    wk_graph_t *gr = wk_graph_new((int)g->n);
+    int64_t xd[4] = {g->n, g->c, g->h, g->w};
+    int64_t wd[4] = {g->oc, g->c / g->groups, g->kh, g->kw};
+    int64_t yd[4] = {g->n, g->oc, out_dim(g->h, g->kh, g->sh, g->dh, g->pt, g->pb),
+                     out_dim(g->w, g->kw, g->sw, g->dw, g->pl, g->pr)};
+    int x = wk_graph_input(gr, "x", 4, xd, true);
+    int wv = wk_graph_value(gr, "w", 4, wd, false, w);
+    int bv = b ? wk_graph_value(gr, "b", 1, &g->oc, false, b) : -1;
+    int y = wk_graph_value(gr, "y", 4, yd, true, NULL);
+    int in[3] = {x, wv, bv};
+    wk_step_t *s = wk_graph_step(gr, WK_K_CONV, in, b ? 3 : 2, y);
+    s->p.conv.n_spatial = 2;
+    s->p.conv.kernel[0] = g->kh;
+    s->p.conv.kernel[1] = g->kw;
+    s->p.conv.stride[0] = g->sh;
+    s->p.conv.stride[1] = g->sw;
+    s->p.conv.dilation[0] = g->dh;
+    s->p.conv.dilation[1] = g->dw;
+    s->p.conv.pad_begin[0] = g->pt;
+    s->p.conv.pad_begin[1] = g->pl;
+    s->p.conv.pad_end[0] = g->pb;
+    s->p.conv.pad_end[1] = g->pr;
+    s->p.conv.groups = g->groups;
+    wk_graph_mark_output(gr, y);
+    return gr;
+}
+
+static wk_plan_t *make_plan(wk_graph_t *g, wk_backend_kind_t kind)
+{
+    wk_plan_opts_t o = wk_plan_opts_default();
+    o.backend = kind;
+    o.max_batch = g->max_batch;
+    char why[512];
+    wk_plan_t *p = NULL;
+    int rc = wk_plan_from_graph(g, &o, &p, why, sizeof(why));
+    cr_assert_eq(rc, 0, "plan: %s", why);
+    return p;
+}
+
+static void check_conv(conv_geom_t g)
+{
+    int64_t oh = out_dim(g.h, g.kh, g.sh, g.dh, g.pt, g.pb);
+    int64_t ow = out_dim(g.w, g.kw, g.sw, g.dw, g.pl, g.pr);
+    float *x = rand_buf(g.n * g.c * g.h * g.w);
+    float *w = rand_buf(g.oc * (g.c / g.groups) * g.kh * g.kw);
+    float *b = rand_buf(g.oc);
+    int64_t ny = g.n * g.oc * oh * ow;
+    float *want = malloc((size_t)ny * sizeof(float)), *got = malloc((size_t)ny * sizeof(float));
+    wk_plan_t *p = make_plan(conv_graph(&g, w, b), WK_BACKEND_CPU);
+    /* every batch size, the same plan */
+    for (int64_t batch = 1; batch <= g.n; batch++) {
+        conv_geom_t gb = g;
+        gb.n = batch;
+        ref_conv(&gb, x, w, b, want);
+        const float *ins[1] = {x};
+        float *outs[1] = {got};
+        cr_assert_eq(wk_plan_run(p, (int)batch, ins, outs), 0, "%s", wk_plan_errmsg(p));
+        assert_close(got, want, batch * g.oc * oh * ow, 1e-4f, "conv");
+    }
+    wk_plan_free(p);
+    free(x);
+    free(w);
+    free(b);
+    free(want);
+    free(got);
+}
+
+Test(exec, conv_plain_strided_padded_on_every_batch_size)
+{
+    check_conv((conv_geom_t){.n = 3, .c = 3, .h = 17, .w = 15, .oc = 16, .kh = 3, .kw = 3, .sh = 2,
+                             .sw = 2, .dh = 1, .dw = 1, .pt = 1, .pl = 1, .pb = 1, .pr = 1,
+                             .groups = 1});
+}
+
+Test(exec, conv_grouped_dilated_asymmetric_pads)
+{
+    check_conv((conv_geom_t){.n = 2, .c = 8, .h = 12, .w = 11, .oc = 12, .kh = 3, .kw = 2, .sh = 1,
+                             .sw = 2, .dh = 2, .dw = 1, .pt = 0, .pl = 2, .pb = 3, .pr = 1,
+                             .groups = 4});
+}
+
+Test(exec, conv_depthwise)
+{
+    check_conv((conv_geom_t){.n = 2, .c = 32, .h = 14, .w = 14, .oc = 32, .kh = 3, .kw = 3, .sh = 2,
+                             .sw = 2, .dh = 1, .dw = 1, .pt = 1, .pl = 1, .pb = 1, .pr = 1,
+                             .groups = 32});
+}
+
+Test(exec, conv_pointwise_wide)
+{
+    check_conv((conv_geom_t){.n = 2, .c = 64, .h = 7, .w = 7, .oc = 96, .kh = 1, .kw = 1, .sh = 1,
+                             .sw = 1, .dh = 1, .dw = 1, .groups = 1});
+}
+
+/* conv -> batchnorm -> add(residual) -> relu: fused into one conv step,
+ * same numbers as the unfused reference. */
+Test(exec, batchnorm_residual_and_relu_fuse_into_the_conv)
+{
+    conv_geom_t g = {.n = 2, .c = 16, .h = 9, .w = 9, .oc = 16, .kh = 3, .kw = 3, .sh = 1, .sw = 1,
+                     .dh = 1, .dw = 1, .pt = 1, .pl = 1, .pb = 1, .pr = 1, .groups = 1};
+    float *x = rand_buf(2 * 16 * 81), *w = rand_buf(16 * 16 * 9), *scale = rand_buf(16),
+          *shift = rand_buf(16);
+    wk_graph_t *gr = wk_graph_new(2);
+    int64_t xd[4] = {2, 16, 9, 9}, wd[4] = {16, 16, 3, 3}, cd[3] = {16, 1, 1};
+    int xv = wk_graph_input(gr, "x", 4, xd, true);
+    int wv = wk_graph_value(gr, "w", 4, wd, false, w);
+    int sv = wk_graph_value(gr, "s", 3, cd, false, scale);
+    int tv = wk_graph_value(gr, "t", 3, cd, false, shift);
+    int c1 = wk_graph_value(gr, NULL, 4, xd, true, NULL);
+    int b1 = wk_graph_value(gr, NULL, 4, xd, true, NULL);
+    int a1 = wk_graph_value(gr, NULL, 4, xd, true, NULL);
+    int r1 = wk_graph_value(gr, "y", 4, xd, true, NULL);
+    wk_step_t *s = wk_graph_step(gr, WK_K_CONV, (int[]){xv, wv}, 2, c1);
+    s->p.conv.n_spatial = 2;
+    for (int i = 0; i < 2; i++) {
+        s->p.conv.kernel[i] = 3;
+        s->p.conv.stride[i] = s->p.conv.dilation[i] = 1;
+        s->p.conv.pad_begin[i] = s->p.conv.pad_end[i] = 1;
+    }
+    s->p.conv.groups = 1;
+    wk_graph_step(gr, WK_K_BATCHNORM, (int[]){c1, sv, tv}, 3, b1);
+    wk_graph_step(gr, WK_K_BINARY, (int[]){xv, b1}, 2, a1)->p.binop = WK_BIN_ADD;
+    wk_graph_step(gr, WK_K_ELTWISE, (int[]){a1}, 1, r1)->p.act.kind = WK_ACT_RELU;
+    wk_graph_mark_output(gr, r1);
+    char why[256];
+    cr_assert_eq(wk_graph_finish(gr, why, sizeof(why)), 0, "%s", why);
+    wk_plan_t *p = make_plan(gr, WK_BACKEND_CPU);
+    cr_assert_eq(p->graph->n_steps, 1, "fused into %d steps", p->graph->n_steps);
+    cr_assert_eq(p->graph->steps[0].n_post, 2);
+
+    float *want = malloc(sizeof(float) * 2 * 16 * 81), *got = malloc(sizeof(float) * 2 * 16 * 81);
+    ref_conv(&g, x, w, NULL, want);
+    for (int64_t i = 0; i < 2 * 16 * 81; i++) {
+        int64_t c = (i / 81) % 16;
+        float v = want[i] * scale[c] + shift[c] + x[i];
+        want[i] = v > 0 ? v : 0;
+    }
+    cr_assert_eq(wk_plan_run(p, 2, (const float *[]){x}, (float *[]){got}), 0, "%s",
+                 wk_plan_errmsg(p));
+    assert_close(got, want, 2 * 16 * 81, 1e-4f, "fused");
+    wk_plan_free(p);
+    free(x);
+    free(w);
+    free(scale);
+    free(shift);
+    free(want);
+    free(got);
+}
+
+Test(exec, arena_never_overlaps_buffers_that_live_together)
+{
+    enum { N = 200 };
+    wk_buf_req_t reqs[N];
+    size_t offs[N];
+    for (int i = 0; i < N; i++) {
+        int first = (int)((frand() + 1) * 50), len = (int)((frand() + 1) * 10);
+        reqs[i] = (wk_buf_req_t){(size_t)((frand() + 1.1) * 10000), first, first + len};
+    }
+    size_t total = wk_arena_plan(reqs, N, 64, offs), sum = 0;
+    for (int i = 0; i < N; i++) {
+        cr_assert_eq(offs[i] % 64, 0);
+        cr_assert_leq(offs[i] + reqs[i].bytes, total);
+        sum += reqs[i].bytes;
+        for (int j = 0; j < i; j++) {
+            bool live = !(reqs[i].last < reqs[j].first || reqs[j].last < reqs[i].first);
+            bool mem = offs[i] < offs[j] + reqs[j].bytes && offs[j] < offs[i] + reqs[i].bytes;
+            cr_assert(!(live && mem), "buffers %d and %d overlap", i, j);
+        }
+    }
+    cr_assert_lt(total, sum / 2, "liveness reuse should at least halve %zu (got %zu)", sum, total);
+}
+
+Test(exec, arena_reuses_a_dead_buffer)
+{
+    wk_buf_req_t reqs[3] = {{1000, 0, 1}, {1000, 1, 2}, {1000, 2, 3}};
+    size_t offs[3];
+    size_t total = wk_arena_plan(reqs, 3, 64, offs);
+    cr_assert_eq(offs[0], offs[2], "the first buffer is dead when the third is born");
+    cr_assert_eq(total, 2 * 1024);
+}
+
+/* A chain of the layout-sensitive kernels: maxpool, avgpool, concat,
+ * transpose, reshape, slice, pad, reduce, softmax, gemm. */
+Test(exec, plain_kernels_match_a_reference)
+{
+    int64_t xd[4] = {2, 4, 6, 6};
+    float *x = rand_buf(2 * 4 * 36);
+    wk_graph_t *g = wk_graph_new(2);
+    int xv = wk_graph_input(g, "x", 4, xd, true);
+    /* maxpool 2x2 s2 -> [2,4,3,3] */
+    int64_t pd[4] = {2, 4, 3, 3};
+    int mp = wk_graph_value(g, "mp", 4, pd, true, NULL);
+    wk_step_t *s = wk_graph_step(g, WK_K_MAXPOOL, &xv, 1, mp);
+    s->p.conv.n_spatial = 2;
+    for (int i = 0; i < 2; i++) {
+        s->p.conv.kernel[i] = s->p.conv.stride[i] = 2;
+        s->p.conv.dilation[i] = 1;
+    }
+    /* concat(mp, mp) on channels -> [2,8,3,3] */
+    int64_t cd[4] = {2, 8, 3, 3};
+    int cc = wk_graph_value(g, "cc", 4, cd, true, NULL);
+    wk_graph_step(g, WK_K_CONCAT, (int[]){mp, mp}, 2, cc)->p.axis = 1;
+    /* transpose (0,2,3,1) -> [2,3,3,8] */
+    int64_t td[4] = {2, 3, 3, 8};
+    int tv = wk_graph_value(g, "t", 4, td, true, NULL);
+    s = wk_graph_step(g, WK_K_TRANSPOSE, &cc, 1, tv);
+    s->p.perm[0] = 0;
+    s->p.perm[1] = 2;
+    s->p.perm[2] = 3;
+    s->p.perm[3] = 1;
+    /* slice channels 1..7 step 2 of the last dim -> [2,3,3,3] */
+    int64_t sd[4] = {2, 3, 3, 3};
+    int sv = wk_graph_value(g, "s", 4, sd, true, NULL);
+    s = wk_graph_step(g, WK_K_SLICE, &tv, 1, sv);
+    for (int i = 0; i < 4; i++)
+        s->p.slice.step[i] = 1;
+    s->p.slice.start[3] = 1;
+    s->p.slice.step[3] = 2;
+    /* pad last dim by (1, 2) reflect -> [2,3,3,6] */
+    int64_t qd[4] = {2, 3, 3, 6};
+    int qv = wk_graph_value(g, "q", 4, qd, true, NULL);
+    s = wk_graph_step(g, WK_K_PAD, &sv, 1, qv);
+    s->p.pad.begin[3] = 1;
+    s->p.pad.end[3] = 2;
+    s->p.pad.mode = WK_PAD_REFLECT;
+    /* reshape -> [2, 54] */
+    int64_t rd[2] = {2, 54};
+    int rv = wk_graph_value(g, "r", 2, rd, true, NULL);
+    wk_graph_step(g, WK_K_COPY, &qv, 1, rv);
+    /* gemm with W [5, 54] (transB), C [5], alpha 0.5 beta 2 -> [2,5] */
+    float *w = rand_buf(5 * 54), *c = rand_buf(5);
+    int64_t wd[2] = {5, 54}, c1 = 5, gd[2] = {2, 5};
+    int wv = wk_graph_value(g, "w", 2, wd, false, w);
+    int cv = wk_graph_value(g, "c", 1, &c1, false, c);
+    int gv = wk_graph_value(g, "g", 2, gd, true, NULL);
+    s = wk_graph_step(g, WK_K_GEMM, (int[]){rv, wv, cv}, 3, gv);
+    s->p.gemm.trans_b = 1;
+    s->p.gemm.alpha = 0.5f;
+    s->p.gemm.beta = 2.0f;
+    /* softmax over the last axis */
+    int yv = wk_graph_value(g, "y", 2, gd, true, NULL);
+    wk_graph_step(g, WK_K_SOFTMAX, &gv, 1, yv)->p.axis = 1;
+    /* and a reduce-mean of the reshape over axis 1, keepdims -> [2,1] */
+    int64_t md[2] = {2, 1};
+    int mv = wk_graph_value(g, "m", 2, md, true, NULL);
+    wk_graph_step(g, WK_K_REDUCE_MEAN, &rv, 1, mv)->p.reduce.axes_mask = 2;
+    wk_graph_mark_output(g, yv);
+    wk_graph_mark_output(g, mv);
+    wk_plan_t *p = make_plan(g, WK_BACKEND_CPU);
+
+    /* reference */
+    float want_y[10], want_m[2];
+    for (int n = 0; n < 2; n++) {
+        float mpv[4][3][3], r[54];
+        for (int ch = 0; ch < 4; ch++)
+            for (int i = 0; i < 3; i++)
+                for (int j = 0; j < 3; j++) {
+                    float m = -INFINITY;
+                    for (int a = 0; a < 2; a++)
+                        for (int b = 0; b < 2; b++) {
+                            float v = x[((n * 4 + ch) * 6 + 2 * i + a) * 6 + 2 * j + b];
+                            m = v > m ? v : m;
+                        }
+                    mpv[ch][i][j] = m;
+                }
+        for (int i = 0; i < 3; i++)
+            for (int j = 0; j < 3; j++)
+                for (int k = 0; k < 6; k++) {
+                    int src = k - 1; /* reflect pad of 3 slice elements */
+                    if (src < 0)
+                        src = -src;
+                    if (src > 2)
+                        src = 4 - src;
+                    int ch8 = 1 + 2 * src; /* slice start 1 step 2 of 8 channels */
+                    r[(i * 3 + j) * 6 + k] = mpv[ch8 % 4][i][j];
+                }
+        double sum = 0;
+        for (int k = 0; k < 54; k++)
+            sum += r[k];
+        want_m[n] = (float)(sum / 54);
+        float gm[5], mx = -INFINITY, z = 0;
+        for (int o = 0; o < 5; o++) {
+            double acc = 0;
+            for (int k = 0; k < 54; k++)
+                acc += (double)r[k] * w[o * 54 + k];
+            gm[o] = (float)(0.5 * acc + 2.0 * c[o]);
+            mx = gm[o] > mx ? gm[o] : mx;
+        }
+        for (int o = 0; o < 5; o++)
+            z += expf(gm[o] - mx);
+        for (int o = 0; o < 5; o++)
+            want_y[n * 5 + o] = expf(gm[o] - mx) / z;
+    }
+    for (int batch = 1; batch <= 2; batch++) {
+        float got_y[10], got_m[2];
+        cr_assert_eq(wk_plan_run(p, batch, (const float *[]){x}, (float *[]){got_y, got_m}), 0,
+                     "%s", wk_plan_errmsg(p));
+        assert_close(got_y, want_y, batch * 5, 1e-5f, "softmax(gemm)");
+        assert_close(got_m, want_m, batch, 1e-5f, "reduce_mean");
+    }
+    wk_plan_free(p);
+    free(x);
+    free(w);
+    free(c);
+}
+
+Test(exec, batch_outside_the_plan_is_refused)
+{
+    conv_geom_t g = {.n = 2, .c = 3, .h = 5, .w = 5, .oc = 4, .kh = 1, .kw = 1, .sh = 1, .sw = 1,
+                     .dh = 1, .dw = 1, .groups = 1};
+    float *w = rand_buf(12), x[150] = {0}, y[200];
+    wk_plan_t *p = make_plan(conv_graph(&g, w, NULL), WK_BACKEND_CPU);
+    cr_assert_eq(wk_plan_run(p, 3, (const float *[]){x}, (float *[]){y}), SQ_INVAL);
+    cr_assert_eq(wk_plan_run(p, 0, (const float *[]){x}, (float *[]){y}), SQ_INVAL);
+    cr_assert(strstr(wk_plan_errmsg(p), "outside") != NULL);
+    wk_plan_free(p);
+    free(w);
+}
+
+Test(exec, pixels_are_normalized_per_channel)
+{
+    /* A 1x1 identity-weight conv exposes the normalized input. */
+    conv_geom_t g = {.n = 1, .c = 3, .h = 2, .w = 2, .oc = 3, .kh = 1, .kw = 1, .sh = 1, .sw = 1,
+                     .dh = 1, .dw = 1, .groups = 1};
+    float w[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1};
+    wk_plan_t *p = make_plan(conv_graph(&g, w, NULL), WK_BACKEND_CPU);
+    uint8_t px[12];
+    for (int i = 0; i < 12; i++)
+        px[i] = (uint8_t)(i * 20);
+    float y[12];
+    cr_assert_eq(wk_plan_run_pixels(p, 1, px, y), 0, "%s", wk_plan_errmsg(p));
+    wk_pixel_norm_t n = WK_PIXEL_NORM_IMAGENET;
+    for (int c = 0; c < 3; c++)
+        for (int i = 0; i < 4; i++) {
+            float want = (px[i * 3 + c] / 255.0f - n.mean[c]) / n.std[c];
+            cr_assert_float_eq(y[c * 4 + i], want, 1e-5f);
+        }
+    wk_plan_free(p);
+}
+
+Test(exec, unsupported_layouts_fail_with_a_reason)
+{
+    /* A reshape that moves the batch into another dim is refused. */
+    wk_graph_t *g = wk_graph_new(2);
+    int64_t xd[2] = {2, 6}, yd[2] = {4, 3};
+    int x = wk_graph_input(g, "x", 2, xd, true);
+    int y = wk_graph_value(g, "y", 2, yd, false, NULL);
+    wk_graph_step(g, WK_K_COPY, &x, 1, y);
+    wk_graph_mark_output(g, y);
+    wk_plan_opts_t o = wk_plan_opts_default();
+    o.max_batch = 2;
+    char why[256];
+    wk_plan_t *p;
+    cr_assert_eq(wk_plan_from_graph(g, &o, &p, why, sizeof(why)), SQ_UNSUPPORTED_MODEL);
+    cr_assert(strstr(why, "batch") != NULL, "%s", why);
+    cr_assert_null(p);
+}
+
+Test(exec, emulated_device_holds_each_batch_for_its_profile)
+{
+    int64_t lat_us[4] = {100000, 130000, 160000, 190000};
+    wk_plan_opts_t o = wk_plan_opts_default();
+    o.backend = WK_BACKEND_EMU;
+    o.max_batch = 4;
+    o.emu_latency_us = lat_us;
+    o.emu_n_latency = 4;
+    wk_plan_t *p;
+    char why[256];
+    int64_t chw[3] = {3, 8, 8};
+    cr_assert_eq(wk_plan_create_emulated(chw, 10, &o, &p, why, sizeof(why)), 0, "%s", why);
+    uint8_t px[4 * 8 * 8 * 3];
+    for (size_t i = 0; i < sizeof(px); i++)
+        px[i] = (uint8_t)(i % 7 == 0 ? 200 : i);
+    memcpy(px + 3 * 192, px, 192); /* image 3 equals image 0 */
+    float a[40], b[40];
+    /* The median of three runs: a loaded 2-core machine may delay one
+     * wake-up, but a device that is systematically late fails. */
+    for (int batch = 1; batch <= 4; batch++) {
+        double ms[3], want = (double)lat_us[batch - 1] / 1e3;
+        for (int r = 0; r < 3; r++) {
+            int64_t t0 = sq_now_ns();
+            cr_assert_eq(wk_plan_run_pixels(p, batch, px, a), 0);
+            ms[r] = (double)(sq_now_ns() - t0) / 1e6;
+            cr_assert_geq(ms[r], want * 0.999, "b=%d returned early: %.2f ms", batch, ms[r]);
+        }
+        double med = ms[0] + ms[1] + ms[2] - fmin(ms[0], fmin(ms[1], ms[2])) -
+                     fmax(ms[0], fmax(ms[1], ms[2]));
+        cr_assert_leq(med, want * 1.05, "b=%d took %.2f ms (median) for l(b) %.2f ms", batch, med,
+                      want);
+    }
+    cr_assert_eq(wk_plan_run_pixels(p, 4, px, b), 0);
+    cr_assert_eq(memcmp(a, b, sizeof(a)), 0, "deterministic");
+    cr_assert_eq(memcmp(a, a + 30, 10 * sizeof(float)), 0, "equal images, equal outputs");
+    cr_assert_neq(memcmp(a, a + 10, 10 * sizeof(float)), 0, "distinct images differ");
+    cr_assert_eq(wk_plan_output_elems(p, 0), 10);
+    wk_plan_free(p);
+}
+
+Test(exec, emulated_plan_needs_a_profile_for_every_batch)
+{
+    int64_t lat_us[2] = {1000, 2000};
+    wk_plan_opts_t o = wk_plan_opts_default();
+    o.backend = WK_BACKEND_EMU;
+    o.max_batch = 4;
+    o.emu_latency_us = lat_us;
+    o.emu_n_latency = 2;
+    wk_plan_t *p;
+    char why[256];
+    int64_t chw[3] = {3, 8, 8};
+    cr_assert_eq(wk_plan_create_emulated(chw, 10, &o, &p, why, sizeof(why)), SQ_INVAL);
+    cr_assert(strstr(why, "l(b)") != NULL, "%s", why);
+}

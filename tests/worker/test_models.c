@@ -1,0 +1,127 @@
+/* Whole torchvision models, exported with Debian's torch by
+ * scripts/export_models.py into $SQUISH_TEST_MODELS: imported, planned for
+ * max batch 8, run at batch 1 and at batch 8 (eight distinct images), and
+ * compared with torch's own outputs. Tolerance: 1e-4 of the output's
+ * largest magnitude (fp32 accumulation order differs from torch's). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <mdb_graph.h>
+#include <sq.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <wk_exec.h>
+
+static void *slurp(const char *dir, const char *name, size_t *len)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "missing %s (run scripts/export_models.py)", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *p = malloc((size_t)n + 1);
+    cr_assert_eq(fread(p, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return p;
+}
+
+static const char *models_dir(void)
+{
+    const char *d = getenv("SQUISH_TEST_MODELS");
+    cr_assert_not_null(d, "SQUISH_TEST_MODELS is not set");
+    return d;
+}
+
+static void check_model(const char *name)
+{
+    const char *dir = models_dir();
+    char file[256];
+    size_t len;
+    snprintf(file, sizeof(file), "%s.onnx", name);
+    void *bytes = slurp(dir, file, &len);
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(mdb_onnx_import(bytes, len, &g, &err), 0, "import %s: %s", name, err.detail);
+    free(bytes);
+    wk_plan_opts_t o = wk_plan_opts_default();
+    o.max_batch = 8;
+    wk_plan_t *p = NULL;
+    char why[512];
+    cr_assert_eq(wk_plan_create(g, &o, &p, why, sizeof(why)), 0, "plan %s: %s", name, why);
+    mdb_graph_free(g);
+    int64_t per = wk_plan_output_elems(p, 0);
+    bool vacuous = false;
+    cr_assert_eq(per, 1000);
+    for (int batch = 1; batch <= 8; batch += 7) {
+        size_t in_len, out_len;
+        snprintf(file, sizeof(file), "%s.b%d.input.f32", name, batch);
+        float *in = slurp(dir, file, &in_len);
+        snprintf(file, sizeof(file), "%s.b%d.output.f32", name, batch);
+        float *want = slurp(dir, file, &out_len);
+        cr_assert_eq(in_len, (size_t)batch * 3 * 224 * 224 * sizeof(float));
+        cr_assert_eq(out_len, (size_t)(batch * per) * sizeof(float));
+        float *got = malloc(out_len);
+        cr_assert_eq(wk_plan_run(p, batch, (const float *[]){in}, (float *[]){got}), 0, "%s",
+                     wk_plan_errmsg(p));
+        for (int b = 0; b < batch; b++) {
+            double max_ref = 0, max_diff = 0;
+            for (int64_t i = 0; i < per; i++) {
+                double r = want[b * per + i], d = fabs(got[b * per + i] - r);
+                max_ref = fabs(r) > max_ref ? fabs(r) : max_ref;
+                max_diff = d > max_diff ? d : max_diff;
+            }
+            cr_assert(max_diff <= 1e-4 * max_ref,
+                      "%s batch %d image %d: max |diff| %.3g vs max |ref| %.3g (%.2g relative)",
+                      name, batch, b, max_diff, max_ref, max_diff / max_ref);
+        }
+        if (batch == 8) {
+            /* A reference whose images all give the same answer (a randomly
+             * initialized net whose activations vanish) makes the comparison
+             * vacuous: say so rather than pass. */
+            double spread = 0, max_ref = 0;
+            for (int64_t i = 0; i < per; i++) {
+                double d = fabs(want[i] - want[7 * per + i]);
+                spread = d > spread ? d : spread;
+                max_ref = fabs(want[i]) > max_ref ? fabs(want[i]) : max_ref;
+            }
+            vacuous = spread <= 1e-3 * max_ref;
+        }
+        free(in);
+        free(want);
+        free(got);
+    }
+    wk_plan_free(p);
+    if (vacuous)
+        cr_skip_test("%s: torch's outputs hardly depend on the input (max spread between images "
+                     "below 1e-3 of the logits), so agreeing with them proves little; export "
+                     "with calibrated BatchNorm statistics", name);
+}
+
+Test(models, resnet18, .timeout = 120)
+{
+    check_model("resnet18");
+}
+
+Test(models, mobilenet_v2, .timeout = 120)
+{
+    check_model("mobilenet_v2");
+}
+
+Test(models, squeezenet1_1, .timeout = 120)
+{
+    check_model("squeezenet1_1");
+}
+
+Test(models, shufflenet_v2_x1_0, .timeout = 120)
+{
+    check_model("shufflenet_v2_x1_0");
+}
+
+Test(models, googlenet, .timeout = 120)
+{
+    check_model("googlenet");
+}

@@ -1,0 +1,292 @@
+/* The executor's public face: plans, runs, and the pixel path (uint8 HWC
+ * to normalized FP32 NCHW), shared by every backend. */
+#include "wk_exec_int.h"
+
+#include <mdb_graph.h>
+#include <sq.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const backend_names[WK_BACKEND_COUNT_] = {
+    [WK_BACKEND_CPU] = "cpu",
+    [WK_BACKEND_CUDA] = "cuda",
+    [WK_BACKEND_EMU] = "emu",
+};
+
+const char *wk_backend_name(wk_backend_kind_t kind)
+{
+    return kind >= 0 && kind < WK_BACKEND_COUNT_ ? backend_names[kind] : "?";
+}
+
+static const wk_backend_ops_t *backend_ops(wk_backend_kind_t kind)
+{
+    switch (kind) {
+    case WK_BACKEND_CPU:
+        return &wk_backend_cpu;
+    case WK_BACKEND_EMU:
+        return &wk_backend_emu;
+    case WK_BACKEND_CUDA:
+#if SQUISH_HAVE_CUDA
+        return &wk_backend_cuda;
+#else
+        return NULL;
+#endif
+    default:
+        return NULL;
+    }
+}
+
+int wk_backend_built(wk_backend_kind_t kind)
+{
+    return backend_ops(kind) != NULL;
+}
+
+wk_plan_opts_t wk_plan_opts_default(void)
+{
+    return (wk_plan_opts_t){
+        .backend = WK_BACKEND_CPU,
+        .max_batch = 1,
+        .pixel_norm = WK_PIXEL_NORM_IMAGENET,
+    };
+}
+
+int wk_plan_from_graph(wk_graph_t *g, const wk_plan_opts_t *opts, wk_plan_t **out, char *why,
+                       int why_size)
+{
+    *out = NULL;
+    const wk_backend_ops_t *ops = backend_ops(opts->backend);
+    if (ops == NULL) {
+        snprintf(why, (size_t)why_size, "this build has no %s backend",
+                 wk_backend_name(opts->backend));
+        wk_graph_free(g);
+        return SQ_DEVICE;
+    }
+    if (opts->backend == WK_BACKEND_EMU &&
+        (opts->emu_latency_us == NULL || opts->emu_n_latency < g->max_batch)) {
+        snprintf(why, (size_t)why_size, "emulated plan needs l(b) for b = 1..%d", g->max_batch);
+        wk_graph_free(g);
+        return SQ_INVAL;
+    }
+    int rc = wk_graph_finish(g, why, why_size);
+    if (rc != 0) {
+        wk_graph_free(g);
+        return rc;
+    }
+    wk_graph_fuse(g);
+    wk_plan_t *p = sq_xcalloc(1, sizeof(*p));
+    p->opts = *opts;
+    p->opts.max_batch = g->max_batch;
+    p->graph = g;
+    p->ops = ops;
+    int64_t t0 = sq_now_ns();
+    if ((rc = ops->prepare(p)) != 0) {
+        snprintf(why, (size_t)why_size, "%s", p->why);
+        ops->release(p);
+        wk_graph_free(g);
+        free(p);
+        return rc;
+    }
+    SQ_DEBUG("plan ready backend=%s steps=%d max_batch=%d memory_mb=%.1f prepare_ms=%.1f",
+             ops->name, g->n_steps, g->max_batch, (double)p->memory_bytes / (1 << 20),
+             (double)(sq_now_ns() - t0) / 1e6);
+    *out = p;
+    return 0;
+}
+
+int wk_plan_create(const struct mdb_graph *graph, const wk_plan_opts_t *opts, wk_plan_t **out,
+                   char *why, int why_size)
+{
+    *out = NULL;
+    if (opts->max_batch < 1) {
+        snprintf(why, (size_t)why_size, "max_batch must be >= 1");
+        return SQ_INVAL;
+    }
+    wk_graph_t *g;
+    int64_t fixed = graph->batch_fixed > 0 ? graph->batch_fixed : opts->static_batch;
+    int rc = wk_lower(graph, opts->max_batch, fixed, &g, why, why_size);
+    if (rc != 0)
+        return rc;
+    return wk_plan_from_graph(g, opts, out, why, why_size);
+}
+
+int wk_plan_create_emulated(const int64_t in_chw[3], int64_t out_classes, const wk_plan_opts_t *opts,
+                            wk_plan_t **out, char *why, int why_size)
+{
+    *out = NULL;
+    if (opts->backend != WK_BACKEND_EMU || opts->max_batch < 1 || out_classes < 1) {
+        snprintf(why, (size_t)why_size, "an emulated model needs the emu backend, max_batch >= 1 "
+                 "and at least one class");
+        return SQ_INVAL;
+    }
+    wk_graph_t *g = wk_graph_new(opts->max_batch);
+    int64_t in_dims[4] = {1, in_chw[0], in_chw[1], in_chw[2]};
+    int64_t out_dims[2] = {1, out_classes};
+    int x = wk_graph_input(g, "input", 4, in_dims, true);
+    int y = wk_graph_value(g, "output", 2, out_dims, true, NULL);
+    /* The graph of an emulated model is a stand-in: never computed. */
+    wk_graph_step(g, WK_K_GLOBALAVG, &x, 1, y);
+    wk_graph_mark_output(g, y);
+    return wk_plan_from_graph(g, opts, out, why, why_size);
+}
+
+void wk_plan_free(wk_plan_t *plan)
+{
+    if (plan == NULL)
+        return;
+    plan->ops->release(plan);
+    wk_graph_free(plan->graph);
+    free(plan);
+}
+
+const char *wk_plan_errmsg(const wk_plan_t *plan)
+{
+    return plan->why;
+}
+
+int wk_plan_max_batch(const wk_plan_t *plan)
+{
+    return plan->graph->max_batch;
+}
+
+wk_backend_kind_t wk_plan_backend(const wk_plan_t *plan)
+{
+    return plan->opts.backend;
+}
+
+uint64_t wk_plan_memory_bytes(const wk_plan_t *plan)
+{
+    return plan->memory_bytes;
+}
+
+int wk_plan_n_inputs(const wk_plan_t *plan)
+{
+    return plan->graph->n_inputs;
+}
+
+int wk_plan_n_outputs(const wk_plan_t *plan)
+{
+    return plan->graph->n_outputs;
+}
+
+static int item_shape(const wk_value_t *v, int64_t dims[8])
+{
+    int skip = v->batched ? 1 : 0;
+    for (int d = skip; d < v->ndim; d++)
+        dims[d - skip] = v->dims[d];
+    return v->ndim - skip;
+}
+
+int wk_plan_input_shape(const wk_plan_t *plan, int index, int64_t dims[8])
+{
+    return item_shape(&plan->graph->values[plan->graph->inputs[index]], dims);
+}
+
+int wk_plan_output_shape(const wk_plan_t *plan, int index, int64_t dims[8])
+{
+    return item_shape(&plan->graph->values[plan->graph->outputs[index]], dims);
+}
+
+int64_t wk_plan_input_elems(const wk_plan_t *plan, int index)
+{
+    return wk_value_elems_at(&plan->graph->values[plan->graph->inputs[index]], 1);
+}
+
+int64_t wk_plan_output_elems(const wk_plan_t *plan, int index)
+{
+    return wk_value_elems_at(&plan->graph->values[plan->graph->outputs[index]], 1);
+}
+
+int64_t wk_plan_last_run_ns(const wk_plan_t *plan)
+{
+    return plan->last_run_ns;
+}
+
+static int check_batch(wk_plan_t *plan, int batch)
+{
+    if (batch < 1 || batch > plan->graph->max_batch)
+        return wk_fail(plan, SQ_INVAL, "batch %d outside 1..%d", batch, plan->graph->max_batch);
+    return 0;
+}
+
+static int run_backend(wk_plan_t *plan, int batch, float *const *outputs)
+{
+    int64_t t0 = sq_now_ns();
+    int rc = plan->ops->run(plan, batch, outputs);
+    plan->last_run_ns = sq_now_ns() - t0;
+    return rc;
+}
+
+int wk_plan_run(wk_plan_t *plan, int batch, const float *const *inputs, float *const *outputs)
+{
+    int rc = check_batch(plan, batch);
+    if (rc != 0)
+        return rc;
+    for (int i = 0; i < plan->graph->n_inputs; i++) {
+        const wk_value_t *v = &plan->graph->values[plan->graph->inputs[i]];
+        memcpy(plan->ops->input_buffer(plan, i), inputs[i],
+               (size_t)wk_value_elems_at(v, batch) * sizeof(float));
+    }
+    return run_backend(plan, batch, outputs);
+}
+
+/* uint8 HWC (RGB) -> normalized FP32 CHW per image. */
+static void normalize_pixels(const wk_pixel_norm_t *norm, const uint8_t *pixels, int64_t h,
+                             int64_t w, float *dst)
+{
+    float scale[3], bias[3];
+    for (int c = 0; c < 3; c++) {
+        scale[c] = 1.0f / (255.0f * norm->std[c]);
+        bias[c] = -norm->mean[c] / norm->std[c];
+    }
+    int64_t hw = h * w;
+    for (int c = 0; c < 3; c++) {
+        int from = norm->channels_bgr ? 2 - c : c;
+        float *plane = dst + c * hw;
+        const uint8_t *src = pixels + from;
+        for (int64_t i = 0; i < hw; i++)
+            plane[i] = (float)src[3 * i] * scale[c] + bias[c];
+    }
+}
+
+int wk_plan_run_pixels(wk_plan_t *plan, int batch, const uint8_t *pixels, float *out)
+{
+    int rc = check_batch(plan, batch);
+    if (rc != 0)
+        return rc;
+    const wk_graph_t *g = plan->graph;
+    if (g->n_inputs != 1 || g->n_outputs < 1)
+        return wk_fail(plan, SQ_BAD_TENSOR, "pixels need a model with one input");
+    const wk_value_t *v = &g->values[g->inputs[0]];
+    if (v->ndim != 4 || v->dims[1] != 3)
+        return wk_fail(plan, SQ_BAD_TENSOR, "pixels need a [N,3,H,W] input");
+    int64_t h = v->dims[2], w = v->dims[3];
+    float *dst = plan->ops->input_buffer(plan, 0);
+    for (int b = 0; b < batch; b++)
+        normalize_pixels(&plan->opts.pixel_norm, pixels + (size_t)(b * h * w * 3), h, w,
+                         dst + (size_t)(b * 3 * h * w));
+    float *outs[8] = {out};
+    float *scratch = NULL;
+    if (g->n_outputs > 1) {
+        /* Only output 0 is wanted; the others go to a scratch buffer. */
+        int64_t total = 0;
+        for (int i = 1; i < g->n_outputs && i < 8; i++)
+            total += wk_value_elems_at(&g->values[g->outputs[i]], batch);
+        scratch = malloc((size_t)total * sizeof(float) + 1);
+        if (scratch == NULL)
+            return wk_fail(plan, SQ_NOMEM, "output scratch");
+        int64_t at = 0;
+        for (int i = 1; i < g->n_outputs && i < 8; i++) {
+            outs[i] = scratch + at;
+            at += wk_value_elems_at(&g->values[g->outputs[i]], batch);
+        }
+        if (g->n_outputs > 8) {
+            free(scratch);
+            return wk_fail(plan, SQ_BAD_TENSOR, "more than 8 outputs");
+        }
+    }
+    rc = run_backend(plan, batch, outs);
+    free(scratch);
+    return rc;
+}

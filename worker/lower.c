@@ -1,0 +1,440 @@
+/* Lowering: modeldb's canonical graph IR (mdb_graph.h) into the executor's
+ * kernels. Everything an op means is decided here, once, so that backends
+ * see one form: BatchNormalization becomes a per-channel scale and shift
+ * (folded into the conv by wk_graph_fuse), ceil_mode becomes extra end
+ * padding, Split becomes Slices, Dropout and Identity disappear. */
+#include "wk_exec_int.h"
+
+#include <mdb_graph.h>
+#include <sq.h>
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const mdb_graph_t *src;
+    int64_t static_batch; /* > 0: the batch bound to this size, nothing batched */
+    wk_graph_t *g;
+    int *val; /* mdb tensor -> wk value, -1 when not yet made */
+    char *why;
+    int why_size;
+} lower_t;
+
+static int fail(lower_t *L, int err, const mdb_node_t *n, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+static int fail(lower_t *L, int err, const mdb_node_t *n, const char *fmt, ...)
+{
+    char msg[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    if (n != NULL)
+        snprintf(L->why, (size_t)L->why_size, "%s node '%s': %s", mdb_op_name(n->op),
+                 n->name ? n->name : "", msg);
+    else
+        snprintf(L->why, (size_t)L->why_size, "%s", msg);
+    return err;
+}
+
+/* The wk value of mdb tensor t (constants converted to float on first use). */
+static int value_of(lower_t *L, int t, const mdb_node_t *n)
+{
+    if (t < 0)
+        return -1;
+    if (L->val[t] >= 0)
+        return L->val[t];
+    const mdb_tensor_t *mt = &L->src->tensors[t];
+    int64_t dims[WK_MAX_DIMS];
+    bool batched = false;
+    for (int d = 0; d < mt->shape.rank; d++) {
+        dims[d] = mt->shape.dims[d];
+        if (dims[d] == MDB_DIM_BATCH) {
+            if (L->static_batch > 0) {
+                dims[d] = L->static_batch;
+                continue;
+            }
+            if (d != 0)
+                return fail(L, SQ_UNSUPPORTED_MODEL, n, "tensor '%s' has the batch in dim %d",
+                            mt->name, d);
+            batched = true;
+            dims[d] = L->g->max_batch;
+        }
+    }
+    if (mt->data == NULL)
+        return fail(L, SQ_BAD_MODEL, n, "tensor '%s' is read before it is written", mt->name);
+    if (mt->dtype != MDB_DT_FLOAT)
+        return fail(L, SQ_UNSUPPORTED_MODEL, n, "constant '%s' is %s, not float", mt->name,
+                    mdb_dtype_name(mt->dtype));
+    if (batched)
+        return fail(L, SQ_UNSUPPORTED_MODEL, n, "constant '%s' has a batch dimension", mt->name);
+    L->val[t] = wk_graph_value(L->g, mt->name, mt->shape.rank, dims, false, mt->data);
+    return L->val[t];
+}
+
+/* A new value for the output tensor t of node n. */
+static int output_of(lower_t *L, int t, const mdb_node_t *n)
+{
+    const mdb_tensor_t *mt = &L->src->tensors[t];
+    if (!mt->shape_known)
+        return fail(L, SQ_BAD_MODEL, n, "output '%s' has no shape", mt->name);
+    if (mt->dtype != MDB_DT_FLOAT)
+        return fail(L, SQ_UNSUPPORTED_MODEL, n, "output '%s' is %s, not float", mt->name,
+                    mdb_dtype_name(mt->dtype));
+    int64_t dims[WK_MAX_DIMS];
+    bool batched = false;
+    for (int d = 0; d < mt->shape.rank; d++) {
+        dims[d] = mt->shape.dims[d];
+        if (dims[d] == MDB_DIM_BATCH) {
+            if (L->static_batch > 0) {
+                dims[d] = L->static_batch;
+                continue;
+            }
+            if (d != 0)
+                return fail(L, SQ_UNSUPPORTED_MODEL, n, "output '%s' has the batch in dim %d",
+                            mt->name, d);
+            batched = true;
+        }
+    }
+    L->val[t] = wk_graph_value(L->g, mt->name, mt->shape.rank, dims, batched, NULL);
+    return L->val[t];
+}
+
+static int ints_attr(const mdb_node_t *n, const char *name, int64_t *out, int want, int64_t def)
+{
+    size_t count = 0;
+    const int64_t *v = mdb_node_ints(n, name, &count);
+    for (int i = 0; i < want; i++)
+        out[i] = v != NULL && (size_t)i < count ? v[i] : def;
+    return (int)count;
+}
+
+/* Conv and pools: kernel, strides, dilations, pads; end pads grown so that
+ * the output has the IR's size (ceil_mode). */
+static int window(lower_t *L, const mdb_node_t *n, wk_step_t *s, const wk_value_t *x,
+                  const wk_value_t *y, const int64_t *kernel_from_w)
+{
+    int nsp = x->ndim - 2;
+    if (nsp < 1 || nsp > WK_MAX_SPATIAL)
+        return fail(L, SQ_UNSUPPORTED_MODEL, n, "%d spatial dims", nsp);
+    s->p.conv.n_spatial = nsp;
+    int64_t pads[2 * WK_MAX_SPATIAL];
+    ints_attr(n, "kernel_shape", s->p.conv.kernel, nsp, 1);
+    if (kernel_from_w != NULL && mdb_node_ints(n, "kernel_shape", &(size_t){0}) == NULL)
+        for (int i = 0; i < nsp; i++)
+            s->p.conv.kernel[i] = kernel_from_w[i];
+    ints_attr(n, "strides", s->p.conv.stride, nsp, 1);
+    ints_attr(n, "dilations", s->p.conv.dilation, nsp, 1);
+    ints_attr(n, "pads", pads, 2 * nsp, 0);
+    for (int i = 0; i < nsp; i++) {
+        s->p.conv.pad_begin[i] = pads[i];
+        s->p.conv.pad_end[i] = pads[nsp + i];
+        int64_t in = x->dims[2 + i], k = s->p.conv.kernel[i], st = s->p.conv.stride[i];
+        int64_t dil = s->p.conv.dilation[i];
+        int64_t need = (y->dims[2 + i] - 1) * st + dil * (k - 1) + 1 - in - pads[i];
+        if (need > s->p.conv.pad_end[i])
+            s->p.conv.pad_end[i] = need;
+        if (s->p.conv.pad_begin[i] < 0 || s->p.conv.pad_end[i] < 0)
+            return fail(L, SQ_UNSUPPORTED_MODEL, n, "negative pads");
+    }
+    s->p.conv.groups = mdb_node_int(n, "group", 1);
+    s->p.conv.count_include_pad = (int)mdb_node_int(n, "count_include_pad", 0);
+    return 0;
+}
+
+static int lower_node(lower_t *L, const mdb_node_t *n)
+{
+    wk_graph_t *g = L->g;
+    int in[8], nin = n->n_inputs < 8 ? n->n_inputs : 8;
+    if (n->op == MDB_OP_CONCAT && n->n_inputs > 8)
+        return fail(L, SQ_UNSUPPORTED_MODEL, n, "%d inputs", n->n_inputs);
+    for (int i = 0; i < nin; i++) {
+        in[i] = n->inputs[i] >= 0 ? value_of(L, n->inputs[i], n) : -1;
+        if (n->inputs[i] >= 0 && in[i] < 0)
+            return in[i];
+    }
+    /* Identity and Dropout: the output is the input, unless a graph output
+     * would alias a graph input. */
+    if (n->op == MDB_OP_IDENTITY || n->op == MDB_OP_DROPOUT) {
+        const wk_value_t *x = &g->values[in[0]];
+        if (!L->src->tensors[n->outputs[0]].is_output || (!x->is_input && x->data == NULL)) {
+            L->val[n->outputs[0]] = in[0];
+            return 0;
+        }
+    }
+    if (n->op == MDB_OP_SPLIT) {
+        int axis = (int)mdb_node_int(n, "axis", 0);
+        int64_t at = 0;
+        for (int o = 0; o < n->n_outputs; o++) {
+            int out = output_of(L, n->outputs[o], n);
+            if (out < 0)
+                return out;
+            wk_step_t *s = wk_graph_step(g, WK_K_SLICE, in, 1, out);
+            for (int d = 0; d < WK_MAX_DIMS; d++)
+                s->p.slice.step[d] = 1;
+            s->p.slice.start[axis] = at;
+            at += g->values[out].dims[axis];
+        }
+        return 0;
+    }
+    if (n->n_outputs < 1)
+        return fail(L, SQ_BAD_MODEL, n, "no output");
+    int out = output_of(L, n->outputs[0], n);
+    if (out < 0)
+        return out;
+    const wk_value_t *x = &g->values[in[0]], *y = &g->values[out];
+    wk_step_t *s;
+    switch (n->op) {
+    case MDB_OP_CONV: {
+        const wk_value_t *w = &g->values[in[1]];
+        if (w->data == NULL)
+            return fail(L, SQ_UNSUPPORTED_MODEL, n, "weights are computed, not constant");
+        if (nin > 2 && in[2] >= 0 && g->values[in[2]].data == NULL)
+            return fail(L, SQ_UNSUPPORTED_MODEL, n, "bias is computed, not constant");
+        s = wk_graph_step(g, WK_K_CONV, in, nin, out);
+        return window(L, n, s, x, y, w->dims + 2);
+    }
+    case MDB_OP_MAX_POOL:
+    case MDB_OP_AVERAGE_POOL:
+        s = wk_graph_step(g, n->op == MDB_OP_MAX_POOL ? WK_K_MAXPOOL : WK_K_AVGPOOL, in, 1, out);
+        return window(L, n, s, x, y, NULL);
+    case MDB_OP_GLOBAL_AVERAGE_POOL:
+        wk_graph_step(g, WK_K_GLOBALAVG, in, 1, out);
+        return 0;
+    case MDB_OP_RELU:
+    case MDB_OP_CLIP:
+    case MDB_OP_LEAKY_RELU:
+    case MDB_OP_SIGMOID:
+    case MDB_OP_HARD_SIGMOID:
+    case MDB_OP_HARD_SWISH: {
+        s = wk_graph_step(g, WK_K_ELTWISE, in, 1, out);
+        wk_act_t *a = &s->p.act;
+        switch (n->op) {
+        case MDB_OP_RELU:
+            a->kind = WK_ACT_RELU;
+            break;
+        case MDB_OP_CLIP:
+            a->kind = WK_ACT_CLIP;
+            a->alpha = mdb_node_float(n, "min", -INFINITY);
+            a->beta = mdb_node_float(n, "max", INFINITY);
+            break;
+        case MDB_OP_LEAKY_RELU:
+            a->kind = WK_ACT_LEAKY_RELU;
+            a->alpha = mdb_node_float(n, "alpha", 0.01f);
+            break;
+        case MDB_OP_SIGMOID:
+            a->kind = WK_ACT_SIGMOID;
+            break;
+        case MDB_OP_HARD_SIGMOID:
+            a->kind = WK_ACT_HARDSIGMOID;
+            a->alpha = mdb_node_float(n, "alpha", 0.2f);
+            a->beta = mdb_node_float(n, "beta", 0.5f);
+            break;
+        default:
+            a->kind = WK_ACT_HARDSWISH;
+            break;
+        }
+        return 0;
+    }
+    case MDB_OP_GEMM:
+        s = wk_graph_step(g, WK_K_GEMM, in, nin, out);
+        s->p.gemm.trans_a = (int)mdb_node_int(n, "transA", 0);
+        s->p.gemm.trans_b = (int)mdb_node_int(n, "transB", 0);
+        s->p.gemm.alpha = mdb_node_float(n, "alpha", 1.0f);
+        s->p.gemm.beta = mdb_node_float(n, "beta", 1.0f);
+        return 0;
+    case MDB_OP_MATMUL:
+        wk_graph_step(g, WK_K_MATMUL, in, 2, out);
+        return 0;
+    case MDB_OP_ADD:
+    case MDB_OP_SUB:
+    case MDB_OP_MUL:
+    case MDB_OP_DIV:
+        s = wk_graph_step(g, WK_K_BINARY, in, 2, out);
+        s->p.binop = n->op == MDB_OP_ADD   ? WK_BIN_ADD
+                     : n->op == MDB_OP_SUB ? WK_BIN_SUB
+                     : n->op == MDB_OP_MUL ? WK_BIN_MUL
+                                           : WK_BIN_DIV;
+        return 0;
+    case MDB_OP_CONCAT:
+        s = wk_graph_step(g, WK_K_CONCAT, in, nin, out);
+        s->p.axis = (int)mdb_node_int(n, "axis", 1);
+        return 0;
+    case MDB_OP_FLATTEN:
+    case MDB_OP_RESHAPE:
+    case MDB_OP_IDENTITY:
+    case MDB_OP_DROPOUT:
+        wk_graph_step(g, WK_K_COPY, in, 1, out);
+        return 0;
+    case MDB_OP_TRANSPOSE: {
+        s = wk_graph_step(g, WK_K_TRANSPOSE, in, 1, out);
+        int64_t perm[WK_MAX_DIMS];
+        size_t count = 0;
+        mdb_node_ints(n, "perm", &count);
+        ints_attr(n, "perm", perm, x->ndim, 0);
+        for (int d = 0; d < x->ndim; d++)
+            s->p.perm[d] = count ? (int)perm[d] : x->ndim - 1 - d;
+        return 0;
+    }
+    case MDB_OP_SOFTMAX:
+        s = wk_graph_step(g, WK_K_SOFTMAX, in, 1, out);
+        s->p.axis = (int)mdb_node_int(n, "axis", x->ndim - 1);
+        if (s->p.axis < 0)
+            s->p.axis += x->ndim;
+        return 0;
+    case MDB_OP_PAD: {
+        s = wk_graph_step(g, WK_K_PAD, in, 1, out);
+        int64_t pads[2 * WK_MAX_DIMS];
+        ints_attr(n, "pads", pads, 2 * x->ndim, 0);
+        for (int d = 0; d < x->ndim; d++) {
+            s->p.pad.begin[d] = pads[d];
+            s->p.pad.end[d] = pads[x->ndim + d];
+            if (pads[d] < 0 || pads[x->ndim + d] < 0)
+                return fail(L, SQ_UNSUPPORTED_MODEL, n, "negative pads (cropping)");
+        }
+        if (x->batched && (s->p.pad.begin[0] || s->p.pad.end[0]))
+            return fail(L, SQ_UNSUPPORTED_MODEL, n, "pads the batch");
+        const char *mode = mdb_node_string(n, "mode", "constant");
+        s->p.pad.mode = strcmp(mode, "reflect") == 0 ? WK_PAD_REFLECT
+                        : strcmp(mode, "edge") == 0  ? WK_PAD_EDGE
+                                                     : WK_PAD_CONSTANT;
+        if (strcmp(mode, "constant") != 0 && s->p.pad.mode == WK_PAD_CONSTANT)
+            return fail(L, SQ_UNSUPPORTED_MODEL, n, "pad mode '%s'", mode);
+        s->p.pad.value = mdb_node_float(n, "value", 0.0f);
+        return 0;
+    }
+    case MDB_OP_REDUCE_MEAN: {
+        s = wk_graph_step(g, WK_K_REDUCE_MEAN, in, 1, out);
+        size_t count = 0;
+        const int64_t *axes = mdb_node_ints(n, "axes", &count);
+        for (size_t i = 0; i < count; i++)
+            s->p.reduce.axes_mask |= (int64_t)1 << axes[i];
+        if (count == 0)
+            s->p.reduce.axes_mask = ((int64_t)1 << x->ndim) - 1;
+        return 0;
+    }
+    case MDB_OP_BATCH_NORM: {
+        const wk_value_t *sc = &g->values[in[1]], *b = &g->values[in[2]];
+        const wk_value_t *mean = &g->values[in[3]], *var = &g->values[in[4]];
+        if (!sc->data || !b->data || !mean->data || !var->data)
+            return fail(L, SQ_UNSUPPORTED_MODEL, n, "statistics are computed, not constant");
+        int64_t c = x->ndim > 1 ? x->dims[1] : 1;
+        if (wk_value_elems(sc) != c || wk_value_elems(b) != c || wk_value_elems(mean) != c ||
+            wk_value_elems(var) != c)
+            return fail(L, SQ_BAD_MODEL, n, "parameters are not of the channel count %lld",
+                        (long long)c);
+        float eps = mdb_node_float(n, "epsilon", 1e-5f);
+        float *scale = sq_xmalloc((size_t)c * sizeof(float));
+        float *shift = sq_xmalloc((size_t)c * sizeof(float));
+        for (int64_t i = 0; i < c; i++) {
+            scale[i] = sc->data[i] / sqrtf(var->data[i] + eps);
+            shift[i] = b->data[i] - mean->data[i] * scale[i];
+        }
+        /* Per-channel constants shaped [C, 1, ...] to broadcast over NC...
+         * in the unfused case. */
+        int64_t dims[WK_MAX_DIMS];
+        int nd = x->ndim > 1 ? x->ndim - 1 : 1;
+        dims[0] = c;
+        for (int d = 1; d < nd; d++)
+            dims[d] = 1;
+        int bn_in[3] = {in[0], wk_graph_value(g, NULL, nd, dims, false, scale),
+                        wk_graph_value(g, NULL, nd, dims, false, shift)};
+        free(scale);
+        free(shift);
+        wk_graph_step(g, WK_K_BATCHNORM, bn_in, 3, out);
+        return 0;
+    }
+    case MDB_OP_SLICE: {
+        s = wk_graph_step(g, WK_K_SLICE, in, 1, out);
+        for (int d = 0; d < WK_MAX_DIMS; d++)
+            s->p.slice.step[d] = 1;
+        size_t na = 0, ns = 0, nst = 0;
+        const int64_t *axes = mdb_node_ints(n, "axes", &na);
+        const int64_t *starts = mdb_node_ints(n, "starts", &ns);
+        const int64_t *steps = mdb_node_ints(n, "steps", &nst);
+        for (size_t i = 0; i < ns; i++) {
+            int axis = axes && i < na ? (int)axes[i] : (int)i;
+            if (axis < 0 || axis >= x->ndim)
+                return fail(L, SQ_BAD_MODEL, n, "axis %d", axis);
+            s->p.slice.start[axis] = starts[i];
+            s->p.slice.step[axis] = steps && i < nst ? steps[i] : 1;
+            if (x->batched && axis == 0 && (starts[i] != 0 || s->p.slice.step[axis] != 1 ||
+                                             y->dims[0] != x->dims[0]))
+                return fail(L, SQ_UNSUPPORTED_MODEL, n, "slices the batch");
+        }
+        return 0;
+    }
+    default:
+        return fail(L, SQ_UNSUPPORTED_MODEL, n, "op not supported by the executor");
+    }
+}
+
+int wk_lower(const mdb_graph_t *src, int max_batch, int64_t static_batch, wk_graph_t **out,
+             char *why, int why_size)
+{
+    bool has_batch = false;
+    for (int i = 0; i < src->n_tensors; i++)
+        if (src->tensors[i].shape_known && mdb_shape_has_batch(&src->tensors[i].shape))
+            has_batch = true;
+    lower_t L = {.src = src, .why = why, .why_size = why_size, .static_batch = static_batch};
+    L.g = wk_graph_new(has_batch && static_batch <= 0 ? max_batch : 1);
+    L.val = sq_xmalloc((size_t)(src->n_tensors ? src->n_tensors : 1) * sizeof(int));
+    for (int i = 0; i < src->n_tensors; i++)
+        L.val[i] = -1;
+    int rc = 0;
+    for (int i = 0; i < src->n_inputs; i++) {
+        const mdb_tensor_t *t = &src->tensors[src->inputs[i]];
+        if (t->dtype != MDB_DT_FLOAT) {
+            rc = fail(&L, SQ_UNSUPPORTED_MODEL, NULL, "input '%s' is %s, not float", t->name,
+                      mdb_dtype_name(t->dtype));
+            goto out;
+        }
+        int64_t dims[WK_MAX_DIMS];
+        bool batched = false;
+        for (int d = 0; d < t->shape.rank; d++) {
+            dims[d] = t->shape.dims[d];
+            if (dims[d] == MDB_DIM_BATCH) {
+                if (static_batch > 0)
+                    dims[d] = static_batch;
+                else
+                    batched = true;
+            }
+        }
+        if (batched && t->shape.dims[0] != MDB_DIM_BATCH) {
+            rc = fail(&L, SQ_UNSUPPORTED_MODEL, NULL, "input '%s': batch not in dim 0", t->name);
+            goto out;
+        }
+        L.val[src->inputs[i]] = wk_graph_input(L.g, t->name, t->shape.rank, dims, batched);
+    }
+    for (int i = 0; i < src->n_nodes; i++) {
+        const mdb_node_t *n = &src->nodes[i];
+        if (!mdb_op_is_runtime(n->op)) {
+            rc = fail(&L, SQ_UNSUPPORTED_MODEL, n, "import-time op left in the graph");
+            goto out;
+        }
+        if ((rc = lower_node(&L, n)) < 0)
+            goto out;
+    }
+    for (int i = 0; i < src->n_outputs; i++) {
+        int t = src->outputs[i];
+        int v = L.val[t] >= 0 ? L.val[t] : value_of(&L, t, NULL);
+        if (v < 0) {
+            rc = v;
+            goto out;
+        }
+        wk_graph_mark_output(L.g, v);
+    }
+    rc = wk_graph_finish(L.g, why, why_size);
+out:
+    free(L.val);
+    if (rc != 0) {
+        wk_graph_free(L.g);
+        return rc;
+    }
+    *out = L.g;
+    return 0;
+}

@@ -1,0 +1,397 @@
+/* The lowered graph: building, checking, the fusion passes that every
+ * backend benefits from, and buffer planning by liveness. Nothing here
+ * knows a backend. */
+#include "wk_exec_int.h"
+
+#include <sq.h>
+
+#include <assert.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *const wk_kernel_names[WK_K_COUNT_] = {
+    [WK_K_CONV] = "conv",           [WK_K_MAXPOOL] = "maxpool",
+    [WK_K_AVGPOOL] = "avgpool",     [WK_K_GLOBALAVG] = "globalavgpool",
+    [WK_K_ELTWISE] = "eltwise",     [WK_K_BINARY] = "binary",
+    [WK_K_BATCHNORM] = "batchnorm", [WK_K_CONCAT] = "concat",
+    [WK_K_SOFTMAX] = "softmax",     [WK_K_GEMM] = "gemm",
+    [WK_K_MATMUL] = "matmul",       [WK_K_REDUCE_MEAN] = "reducemean",
+    [WK_K_COPY] = "copy",           [WK_K_TRANSPOSE] = "transpose",
+    [WK_K_PAD] = "pad",             [WK_K_SLICE] = "slice",
+};
+_Static_assert(sizeof(wk_kernel_names) / sizeof(wk_kernel_names[0]) == WK_K_COUNT_,
+               "one name per kernel");
+
+const char *const wk_act_names[WK_ACT_COUNT_] = {
+    [WK_ACT_NONE] = "none",       [WK_ACT_RELU] = "relu",
+    [WK_ACT_LEAKY_RELU] = "leaky_relu", [WK_ACT_CLIP] = "clip",
+    [WK_ACT_SIGMOID] = "sigmoid", [WK_ACT_HARDSIGMOID] = "hardsigmoid",
+    [WK_ACT_HARDSWISH] = "hardswish",
+};
+_Static_assert(sizeof(wk_act_names) / sizeof(wk_act_names[0]) == WK_ACT_COUNT_,
+               "one name per activation");
+
+wk_graph_t *wk_graph_new(int max_batch)
+{
+    wk_graph_t *g = sq_xcalloc(1, sizeof(*g));
+    g->max_batch = max_batch < 1 ? 1 : max_batch;
+    return g;
+}
+
+static void step_dispose(wk_step_t *s)
+{
+    free(s->in);
+    s->in = NULL;
+}
+
+void wk_graph_free(wk_graph_t *g)
+{
+    if (g == NULL)
+        return;
+    for (int i = 0; i < g->n_values; i++) {
+        free(g->values[i].name);
+        free(g->values[i].data);
+    }
+    for (int i = 0; i < g->n_steps; i++)
+        step_dispose(&g->steps[i]);
+    free(g->values);
+    free(g->steps);
+    free(g->inputs);
+    free(g->outputs);
+    free(g);
+}
+
+int64_t wk_value_elems(const wk_value_t *v)
+{
+    int64_t n = 1;
+    for (int d = 0; d < v->ndim; d++)
+        n *= v->dims[d];
+    return n;
+}
+
+int wk_value_dims_at(const wk_value_t *v, int batch, int64_t *out)
+{
+    for (int d = 0; d < v->ndim; d++)
+        out[d] = v->dims[d];
+    if (v->batched && v->ndim > 0)
+        out[0] = batch;
+    return v->ndim;
+}
+
+int64_t wk_value_elems_at(const wk_value_t *v, int batch)
+{
+    int64_t dims[WK_MAX_DIMS];
+    int n = wk_value_dims_at(v, batch, dims);
+    int64_t e = 1;
+    for (int d = 0; d < n; d++)
+        e *= dims[d];
+    return e;
+}
+
+int wk_graph_value(wk_graph_t *g, const char *name, int ndim, const int64_t *dims, bool batched,
+                   const float *data)
+{
+    assert(ndim >= 0 && ndim <= WK_MAX_DIMS);
+    if (g->n_values == g->cap_values) {
+        g->cap_values = g->cap_values ? 2 * g->cap_values : 64;
+        g->values = sq_xrealloc(g->values, (size_t)g->cap_values * sizeof(*g->values));
+    }
+    wk_value_t *v = &g->values[g->n_values];
+    memset(v, 0, sizeof(*v));
+    char tmp[32];
+    if (name == NULL) {
+        snprintf(tmp, sizeof(tmp), "%%%d", g->n_values);
+        name = tmp;
+    }
+    v->name = sq_xstrdup(name);
+    v->ndim = ndim;
+    for (int d = 0; d < ndim; d++)
+        v->dims[d] = dims[d];
+    v->batched = batched && ndim > 0;
+    if (v->batched)
+        v->dims[0] = g->max_batch;
+    v->producer = -1;
+    v->alias_of = -1;
+    if (data != NULL) {
+        size_t n = (size_t)wk_value_elems(v);
+        v->data = sq_xmalloc(n * sizeof(float) + 1);
+        memcpy(v->data, data, n * sizeof(float));
+    }
+    return g->n_values++;
+}
+
+int wk_graph_input(wk_graph_t *g, const char *name, int ndim, const int64_t *dims, bool batched)
+{
+    int id = wk_graph_value(g, name, ndim, dims, batched, NULL);
+    g->values[id].is_input = true;
+    g->inputs = sq_xrealloc(g->inputs, (size_t)(g->n_inputs + 1) * sizeof(int));
+    g->inputs[g->n_inputs++] = id;
+    return id;
+}
+
+void wk_graph_mark_output(wk_graph_t *g, int value)
+{
+    g->values[value].is_output = true;
+    g->outputs = sq_xrealloc(g->outputs, (size_t)(g->n_outputs + 1) * sizeof(int));
+    g->outputs[g->n_outputs++] = value;
+}
+
+wk_step_t *wk_graph_step(wk_graph_t *g, wk_kernel_t kind, const int *in, int n_in, int out)
+{
+    if (g->n_steps == g->cap_steps) {
+        g->cap_steps = g->cap_steps ? 2 * g->cap_steps : 64;
+        g->steps = sq_xrealloc(g->steps, (size_t)g->cap_steps * sizeof(*g->steps));
+    }
+    wk_step_t *s = &g->steps[g->n_steps++];
+    memset(s, 0, sizeof(*s));
+    s->kind = kind;
+    s->in = sq_xmalloc((size_t)(n_in > 0 ? n_in : 1) * sizeof(int));
+    memcpy(s->in, in, (size_t)n_in * sizeof(int));
+    s->n_in = n_in;
+    s->out = out;
+    return s;
+}
+
+static void note_use(wk_graph_t *g, int v, int step)
+{
+    g->values[v].n_uses++;
+    if (g->values[v].last_use < step)
+        g->values[v].last_use = step;
+}
+
+int wk_graph_finish(wk_graph_t *g, char *why, int why_size)
+{
+    for (int i = 0; i < g->n_values; i++) {
+        g->values[i].producer = -1;
+        g->values[i].n_uses = 0;
+        g->values[i].last_use = -1;
+    }
+    for (int si = 0; si < g->n_steps; si++) {
+        wk_step_t *s = &g->steps[si];
+        for (int k = 0; k < s->n_in + s->n_post; k++) {
+            int v = k < s->n_in ? s->in[k] : (s->post[k - s->n_in].kind == WK_POST_ADD
+                                                  ? s->post[k - s->n_in].value
+                                                  : -1);
+            if (v < 0)
+                continue;
+            const wk_value_t *val = &g->values[v];
+            if (!val->is_input && val->data == NULL && val->producer < 0) {
+                snprintf(why, (size_t)why_size, "step %d (%s) reads '%s' before it is computed",
+                         si, wk_kernel_names[s->kind], val->name);
+                return SQ_BAD_MODEL;
+            }
+            note_use(g, v, si);
+        }
+        wk_value_t *o = &g->values[s->out];
+        if (o->producer >= 0 || o->is_input || o->data != NULL) {
+            snprintf(why, (size_t)why_size, "value '%s' is written twice", o->name);
+            return SQ_BAD_MODEL;
+        }
+        o->producer = si;
+    }
+    for (int i = 0; i < g->n_outputs; i++) {
+        wk_value_t *o = &g->values[g->outputs[i]];
+        if (o->producer < 0 && !o->is_input) {
+            snprintf(why, (size_t)why_size, "graph output '%s' is never computed", o->name);
+            return SQ_BAD_MODEL;
+        }
+        o->last_use = g->n_steps;
+    }
+    return 0;
+}
+
+/* Removes the steps whose kind was set to WK_K_COUNT_ by a pass. */
+static void compact(wk_graph_t *g)
+{
+    int w = 0;
+    for (int r = 0; r < g->n_steps; r++) {
+        if (g->steps[r].kind == WK_K_COUNT_) {
+            step_dispose(&g->steps[r]);
+            continue;
+        }
+        g->steps[w++] = g->steps[r];
+    }
+    g->n_steps = w;
+}
+
+/* The conv producing `v` if v is an intermediate used only by one step. */
+static wk_step_t *sole_conv_producer(wk_graph_t *g, int v)
+{
+    const wk_value_t *val = &g->values[v];
+    if (val->producer < 0 || val->n_uses != 1 || val->is_output)
+        return NULL;
+    wk_step_t *c = &g->steps[val->producer];
+    return c->kind == WK_K_CONV ? c : NULL;
+}
+
+static bool fold_batchnorm(wk_graph_t *g, wk_step_t *bn)
+{
+    wk_step_t *c = sole_conv_producer(g, bn->in[0]);
+    if (c == NULL || c->n_post > 0)
+        return false;
+    const wk_value_t *w = &g->values[c->in[1]];
+    const float *scale = g->values[bn->in[1]].data, *shift = g->values[bn->in[2]].data;
+    if (w->data == NULL || scale == NULL || shift == NULL)
+        return false;
+    int64_t oc = w->dims[0], per = wk_value_elems(w) / oc;
+    /* New constants: the originals may be shared. */
+    int nw = wk_graph_value(g, NULL, w->ndim, w->dims, false, w->data);
+    int nb = wk_graph_value(g, NULL, 1, &oc, false, NULL);
+    wk_value_t *wv = &g->values[nw], *bv = &g->values[nb];
+    bv->data = sq_xcalloc((size_t)oc, sizeof(float));
+    const float *old_b = c->n_in > 2 && c->in[2] >= 0 ? g->values[c->in[2]].data : NULL;
+    for (int64_t o = 0; o < oc; o++) {
+        for (int64_t k = 0; k < per; k++)
+            wv->data[o * per + k] *= scale[o];
+        bv->data[o] = (old_b ? old_b[o] : 0.0f) * scale[o] + shift[o];
+    }
+    if (c->n_in < 3) {
+        c->in = sq_xrealloc(c->in, 3 * sizeof(int));
+        c->n_in = 3;
+    }
+    c->in[1] = nw;
+    c->in[2] = nb;
+    c->out = bn->out;
+    bn->kind = WK_K_COUNT_;
+    return true;
+}
+
+static bool fuse_act(wk_graph_t *g, wk_step_t *e)
+{
+    wk_step_t *c = sole_conv_producer(g, e->in[0]);
+    if (c == NULL || c->n_post == WK_MAX_POST)
+        return false;
+    c->post[c->n_post++] = (wk_post_t){.kind = WK_POST_ACT, .act = e->p.act, .value = -1};
+    c->out = e->out;
+    e->kind = WK_K_COUNT_;
+    return true;
+}
+
+static bool same_shape(const wk_value_t *a, const wk_value_t *b)
+{
+    if (a->ndim != b->ndim || a->batched != b->batched)
+        return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->dims[d] != b->dims[d])
+            return false;
+    return true;
+}
+
+/* out = conv(x) + other becomes a conv post-op when `other` exists before
+ * the conv runs and has the conv output's shape. */
+static bool fuse_add(wk_graph_t *g, wk_step_t *add)
+{
+    if (add->p.binop != WK_BIN_ADD || add->n_in != 2)
+        return false;
+    for (int pick = 1; pick >= 0; pick--) {
+        int cv = add->in[pick], other = add->in[1 - pick];
+        wk_step_t *c = sole_conv_producer(g, cv);
+        if (c == NULL || c->n_post == WK_MAX_POST || cv == other)
+            continue;
+        const wk_value_t *ov = &g->values[other];
+        if (ov->data != NULL || !same_shape(ov, &g->values[cv]))
+            continue;
+        int conv_index = (int)(c - g->steps);
+        if (!ov->is_input && ov->producer >= conv_index)
+            continue;
+        c->post[c->n_post++] = (wk_post_t){.kind = WK_POST_ADD, .value = other};
+        c->out = add->out;
+        add->kind = WK_K_COUNT_;
+        return true;
+    }
+    return false;
+}
+
+int wk_graph_fuse(wk_graph_t *g)
+{
+    char why[8];
+    int removed = 0;
+    if (wk_graph_finish(g, why, sizeof(why)) != 0)
+        return 0;
+    for (int si = 0; si < g->n_steps; si++) {
+        wk_step_t *s = &g->steps[si];
+        bool fused = false;
+        if (s->kind == WK_K_BATCHNORM)
+            fused = fold_batchnorm(g, s);
+        else if (s->kind == WK_K_ELTWISE)
+            fused = fuse_act(g, s);
+        else if (s->kind == WK_K_BINARY)
+            fused = fuse_add(g, s);
+        if (fused) {
+            /* The fused step's output is now written by an earlier step:
+             * recompute producers and uses before looking further. */
+            compact(g);
+            removed++;
+            wk_graph_finish(g, why, sizeof(why));
+            si = -1;
+        }
+    }
+    /* Constants nobody reads any more (pre-fold weights) free their bytes. */
+    for (int i = 0; i < g->n_values; i++) {
+        wk_value_t *v = &g->values[i];
+        if (v->data != NULL && v->n_uses == 0) {
+            free(v->data);
+            v->data = NULL;
+            v->producer = -2; /* dead constant */
+        }
+    }
+    return removed;
+}
+
+size_t wk_arena_plan(const wk_buf_req_t *reqs, int n, size_t align, size_t *offsets)
+{
+    int *order = sq_xmalloc((size_t)(n > 0 ? n : 1) * sizeof(int));
+    int *placed = sq_xmalloc((size_t)(n > 0 ? n : 1) * sizeof(int));
+    int n_placed = 0;
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        order[i] = i;
+    /* Largest first (insertion sort: plans have a few hundred buffers). */
+    for (int i = 1; i < n; i++) {
+        int k = order[i], j = i - 1;
+        while (j >= 0 && reqs[order[j]].bytes < reqs[k].bytes) {
+            order[j + 1] = order[j];
+            j--;
+        }
+        order[j + 1] = k;
+    }
+    for (int oi = 0; oi < n; oi++) {
+        int r = order[oi];
+        size_t need = (reqs[r].bytes + align - 1) / align * align;
+        size_t at = 0;
+        /* Move past every placed buffer that overlaps [at, at + need) and
+         * lives at the same time, until no conflict remains. */
+        bool moved = true;
+        while (moved) {
+            moved = false;
+            for (int pi = 0; pi < n_placed; pi++) {
+                int q = placed[pi];
+                if (reqs[q].last < reqs[r].first || reqs[r].last < reqs[q].first)
+                    continue;
+                size_t qb = offsets[q], qe = qb + (reqs[q].bytes + align - 1) / align * align;
+                if (at < qe && qb < at + need) {
+                    at = qe;
+                    moved = true;
+                }
+            }
+        }
+        offsets[r] = at;
+        if (at + need > total)
+            total = at + need;
+        placed[n_placed++] = r;
+    }
+    free(order);
+    free(placed);
+    return total;
+}
+
+int wk_fail(wk_plan_t *plan, int err, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(plan->why, sizeof(plan->why), fmt, ap);
+    va_end(ap);
+    return err;
+}

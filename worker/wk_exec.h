@@ -1,0 +1,103 @@
+/* worker/ execution engine: runs a model graph on one device.
+ *
+ * A plan is made once per (model, max batch): the graph is lowered (BatchNorm
+ * folded into Conv, activations and residual adds fused into Conv), the
+ * backend creates its primitives for every batch size 1..max_batch, and one
+ * arena of buffers is planned by liveness. Running a batch then allocates
+ * nothing. Backends (cpu on oneDNN, cuda on cuDNN + cuBLAS, emulated) sit
+ * behind one vtable; the model graph never depends on the backend.
+ *
+ * A plan is used by one thread at a time. Errors are negative SQ_* codes;
+ * their detail text is on the plan (wk_plan_errmsg), or in the caller's `why`
+ * buffer when no plan could be made. */
+#ifndef WK_EXEC_H
+#define WK_EXEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { WK_BACKEND_CPU, WK_BACKEND_CUDA, WK_BACKEND_EMU, WK_BACKEND_COUNT_ } wk_backend_kind_t;
+
+/* "cpu", "cuda", "emu". */
+const char *wk_backend_name(wk_backend_kind_t kind);
+/* Whether this build has the backend (cuda only with the CUDA libraries). */
+int wk_backend_built(wk_backend_kind_t kind);
+
+/* How the uint8 HWC pixels of the JPEG path become the model's FP32 NCHW
+ * input: x = (pixel / 255 - mean[c]) / std[c], channels taken in RGB order,
+ * or BGR when channels_bgr is set (the pixels always arrive as RGB). */
+typedef struct {
+    float mean[3];
+    float std[3];
+    int channels_bgr;
+} wk_pixel_norm_t;
+
+/* ImageNet's mean and std, RGB order: the torchvision convention. */
+#define WK_PIXEL_NORM_IMAGENET                                                                     \
+    ((wk_pixel_norm_t){.mean = {0.485f, 0.456f, 0.406f}, .std = {0.229f, 0.224f, 0.225f}})
+
+typedef struct {
+    wk_backend_kind_t backend;
+    int device_index; /* cuda:N */
+    int max_batch;    /* >= 1; ignored (taken as 1) for graphs without a batch dimension */
+    int threads;      /* cpu: worker threads for the kernels; 0 = every core */
+    /* > 0: bind the graph's symbolic batch to this size and run the graph
+     * as static (one "item" is the whole batch; max_batch becomes 1). For
+     * graphs whose batch does not stay the outermost dimension. */
+    int64_t static_batch;
+    wk_pixel_norm_t pixel_norm;
+    /* emulated: l(b) in microseconds for b = 1..n_latency (n_latency >= max_batch) */
+    const int64_t *emu_latency_us;
+    int emu_n_latency;
+} wk_plan_opts_t;
+
+/* Defaults: cpu, max_batch 1, all threads, ImageNet normalization. */
+wk_plan_opts_t wk_plan_opts_default(void);
+
+typedef struct wk_plan wk_plan_t;
+struct mdb_graph; /* the model graph of modeldb/mdb_graph.h */
+
+/* Makes a plan for graph on opts->backend. Returns 0 and sets *out, or a
+ * negative SQ_* code (SQ_UNSUPPORTED_MODEL for ops or attributes the
+ * executor cannot run, SQ_DEVICE when the device is unusable, SQ_NOMEM)
+ * with the reason in why. The plan copies what it needs from the graph. */
+int wk_plan_create(const struct mdb_graph *graph, const wk_plan_opts_t *opts, wk_plan_t **out,
+                   char *why, int why_size);
+
+/* An emulated model without a graph (uploaded as a profile): one input of
+ * in_shape and one output of out_classes floats per item. */
+int wk_plan_create_emulated(const int64_t in_chw[3], int64_t out_classes, const wk_plan_opts_t *opts,
+                            wk_plan_t **out, char *why, int why_size);
+
+/* Accepts NULL. */
+void wk_plan_free(wk_plan_t *plan);
+const char *wk_plan_errmsg(const wk_plan_t *plan);
+int wk_plan_max_batch(const wk_plan_t *plan);
+wk_backend_kind_t wk_plan_backend(const wk_plan_t *plan);
+/* Bytes of device memory the plan holds (weights + arena + workspace). */
+uint64_t wk_plan_memory_bytes(const wk_plan_t *plan);
+
+int wk_plan_n_inputs(const wk_plan_t *plan);
+int wk_plan_n_outputs(const wk_plan_t *plan);
+/* Shape of one item (batch dimension left out when the graph has one):
+ * returns the rank and fills dims (up to 8). */
+int wk_plan_input_shape(const wk_plan_t *plan, int index, int64_t dims[8]);
+int wk_plan_output_shape(const wk_plan_t *plan, int index, int64_t dims[8]);
+/* Elements of one item of input/output `index`. */
+int64_t wk_plan_input_elems(const wk_plan_t *plan, int index);
+int64_t wk_plan_output_elems(const wk_plan_t *plan, int index);
+
+/* Runs a batch of uint8 HWC pixels (RGB, batch * H * W * 3 bytes, H and W
+ * the model input's) through a single-input model: normalized per the
+ * plan's pixel_norm, laid out, run; output 0 (batch * output_elems floats)
+ * goes to out. 1 <= batch <= max_batch. */
+int wk_plan_run_pixels(wk_plan_t *plan, int batch, const uint8_t *pixels, float *out);
+
+/* Runs a batch of the model's own FP32 tensors: inputs[i] holds batch *
+ * input_elems(i) floats, outputs[i] receives batch * output_elems(i). */
+int wk_plan_run(wk_plan_t *plan, int batch, const float *const *inputs, float *const *outputs);
+
+/* Nanoseconds the last run spent in the backend (excluding normalization). */
+int64_t wk_plan_last_run_ns(const wk_plan_t *plan);
+
+#endif

@@ -1,0 +1,217 @@
+/* Internals of the execution engine, shared by exec.c, plan.c and the
+ * backends. Not part of the worker's public face.
+ *
+ * The lowered graph (wk_graph_t) is the executable form of a model graph:
+ * kernels that a backend runs, values with shapes at max batch, constants
+ * owned by the graph. It is built from modeldb's graph IR (lower.c) or by
+ * hand in tests, then simplified by the fusion passes (plan.c). */
+#ifndef WK_EXEC_INT_H
+#define WK_EXEC_INT_H
+
+#include "wk_exec.h"
+
+#include <sq_config.h>
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define WK_MAX_DIMS 8
+#define WK_MAX_POST 4
+#define WK_MAX_SPATIAL 3
+
+typedef enum {
+    WK_K_CONV,        /* in: X, W (const), [B (const)]; fused post-ops */
+    WK_K_MAXPOOL,     /* in: X */
+    WK_K_AVGPOOL,     /* in: X; count_include_pad */
+    WK_K_GLOBALAVG,   /* in: X; mean over every spatial dim */
+    WK_K_ELTWISE,     /* in: X; act */
+    WK_K_BINARY,      /* in: A, B (numpy broadcast) */
+    WK_K_BATCHNORM,   /* in: X, scale[C] (const), shift[C] (const): x * scale + shift */
+    WK_K_CONCAT,      /* in: X0..Xn; axis */
+    WK_K_SOFTMAX,     /* in: X; axis (coerced to 2D for opset < 13) */
+    WK_K_GEMM,        /* in: A, B, [C]; trans_a, trans_b, alpha, beta */
+    WK_K_MATMUL,      /* in: A, B (numpy batched) */
+    WK_K_REDUCE_MEAN, /* in: X; reduced axes; output shape may drop them */
+    WK_K_COPY,        /* in: X; same elements, new shape (Reshape, Flatten, Squeeze...) */
+    WK_K_TRANSPOSE,   /* in: X; perm */
+    WK_K_PAD,         /* in: X; pads, mode, value */
+    WK_K_SLICE,       /* in: X; starts, steps per dim (output shape gives the count) */
+    WK_K_COUNT_
+} wk_kernel_t;
+
+extern const char *const wk_kernel_names[WK_K_COUNT_];
+
+typedef enum {
+    WK_ACT_NONE,
+    WK_ACT_RELU,
+    WK_ACT_LEAKY_RELU,  /* alpha: slope */
+    WK_ACT_CLIP,        /* alpha: min, beta: max */
+    WK_ACT_SIGMOID,
+    WK_ACT_HARDSIGMOID, /* max(0, min(1, alpha x + beta)) */
+    WK_ACT_HARDSWISH,   /* x * max(0, min(1, x / 6 + 1/2)) */
+    WK_ACT_COUNT_
+} wk_act_kind_t;
+
+extern const char *const wk_act_names[WK_ACT_COUNT_];
+
+typedef struct {
+    wk_act_kind_t kind;
+    float alpha, beta;
+} wk_act_t;
+
+typedef enum { WK_BIN_ADD, WK_BIN_SUB, WK_BIN_MUL, WK_BIN_DIV, WK_BIN_COUNT_ } wk_binop_t;
+
+/* A post-op fused into a conv: an activation, or the addition of another
+ * value of the conv output's shape (a residual). */
+typedef struct {
+    enum { WK_POST_ACT, WK_POST_ADD } kind;
+    wk_act_t act;
+    int value;
+} wk_post_t;
+
+typedef enum { WK_PAD_CONSTANT, WK_PAD_REFLECT, WK_PAD_EDGE } wk_pad_mode_t;
+
+typedef struct {
+    wk_kernel_t kind;
+    int *in; /* value ids; -1 for an optional input left out */
+    int n_in;
+    int out;
+    union {
+        struct {
+            int n_spatial;
+            int64_t kernel[WK_MAX_SPATIAL], stride[WK_MAX_SPATIAL], dilation[WK_MAX_SPATIAL];
+            int64_t pad_begin[WK_MAX_SPATIAL], pad_end[WK_MAX_SPATIAL];
+            int64_t groups;
+            int count_include_pad;
+        } conv; /* conv and pools; pads already account for ceil_mode and auto_pad */
+        wk_act_t act;
+        wk_binop_t binop;
+        int axis; /* concat, softmax */
+        struct {
+            int trans_a, trans_b;
+            float alpha, beta;
+        } gemm;
+        struct {
+            int64_t axes_mask; /* bit d: dim d reduced */
+        } reduce;
+        int perm[WK_MAX_DIMS];
+        struct {
+            int64_t begin[WK_MAX_DIMS], end[WK_MAX_DIMS];
+            wk_pad_mode_t mode;
+            float value;
+        } pad;
+        struct {
+            int64_t start[WK_MAX_DIMS], step[WK_MAX_DIMS];
+        } slice;
+    } p;
+    int legacy_softmax; /* opset < 13: softmax over the dims from axis, flattened */
+    wk_post_t post[WK_MAX_POST];
+    int n_post;
+} wk_step_t;
+
+typedef struct {
+    char *name;
+    int ndim;
+    int64_t dims[WK_MAX_DIMS]; /* at max batch */
+    bool batched;              /* dims[0] is the batch and scales with the run */
+    float *data;               /* constants: owned, plain row-major; NULL otherwise */
+    int producer;              /* step index; -1 for inputs and constants */
+    int n_uses;
+    int last_use;              /* step index; n_steps for graph outputs */
+    bool is_input, is_output;
+    int alias_of;              /* -1; or the value this one is a plain view of */
+} wk_value_t;
+
+typedef struct {
+    wk_value_t *values;
+    int n_values, cap_values;
+    wk_step_t *steps;
+    int n_steps, cap_steps;
+    int *inputs, n_inputs;
+    int *outputs, n_outputs;
+    int max_batch; /* 1 when no value is batched */
+} wk_graph_t;
+
+/* ---- building (plan.c) ---- */
+wk_graph_t *wk_graph_new(int max_batch);
+void wk_graph_free(wk_graph_t *g);
+/* Adds a value; data (n elements of the shape) is copied when not NULL. */
+int wk_graph_value(wk_graph_t *g, const char *name, int ndim, const int64_t *dims, bool batched,
+                   const float *data);
+int wk_graph_input(wk_graph_t *g, const char *name, int ndim, const int64_t *dims, bool batched);
+void wk_graph_mark_output(wk_graph_t *g, int value);
+/* Appends a step with n_in inputs (copied) writing `out`; returns it for the
+ * caller to fill in its parameters. */
+wk_step_t *wk_graph_step(wk_graph_t *g, wk_kernel_t kind, const int *in, int n_in, int out);
+
+int64_t wk_value_elems(const wk_value_t *v);
+/* Elements at run batch `batch`. */
+int64_t wk_value_elems_at(const wk_value_t *v, int batch);
+/* dims at run batch `batch` into out; returns ndim. */
+int wk_value_dims_at(const wk_value_t *v, int batch, int64_t *out);
+
+/* ---- passes (plan.c) ---- */
+/* Checks the graph (inputs defined before use, shapes of the conv and gemm
+ * operands); recomputes producers, uses and last uses. Returns 0 or
+ * SQ_BAD_MODEL with why. */
+int wk_graph_finish(wk_graph_t *g, char *why, int why_size);
+/* BatchNorm into the preceding Conv, activations and residual adds into
+ * Conv post-ops, where the intermediate value has no other use. Calls
+ * wk_graph_finish. Returns the number of steps removed. */
+int wk_graph_fuse(wk_graph_t *g);
+
+/* ---- buffer planning by liveness (plan.c) ---- */
+typedef struct {
+    size_t bytes;
+    int first, last; /* steps during which the buffer is live, inclusive */
+} wk_buf_req_t;
+
+/* Gives each request an offset (aligned to `align`) in one arena so that
+ * requests whose lifetimes overlap never share bytes; largest first,
+ * lowest free offset. Returns the arena size. */
+size_t wk_arena_plan(const wk_buf_req_t *reqs, int n, size_t align, size_t *offsets);
+
+/* ---- backends ---- */
+struct wk_plan {
+    wk_plan_opts_t opts;
+    wk_graph_t *graph;
+    const struct wk_backend_ops *ops;
+    void *be;
+    uint64_t memory_bytes;
+    int64_t last_run_ns;
+    char why[512];
+};
+
+/* The vtable. prepare() makes everything for batch 1..max_batch (errors into
+ * plan->why); input_buffer() is the host buffer where exec.c writes input
+ * `i` as plain FP32 for the next run; run() executes `batch` and writes each
+ * output as plain FP32 to outputs[i]; release() frees the backend state. */
+typedef struct wk_backend_ops {
+    const char *name;
+    int (*prepare)(wk_plan_t *plan);
+    float *(*input_buffer)(wk_plan_t *plan, int index);
+    int (*run)(wk_plan_t *plan, int batch, float *const *outputs);
+    void (*release)(wk_plan_t *plan);
+} wk_backend_ops_t;
+
+extern const wk_backend_ops_t wk_backend_cpu;
+extern const wk_backend_ops_t wk_backend_emu;
+#if SQUISH_HAVE_CUDA
+extern const wk_backend_ops_t wk_backend_cuda;
+#endif
+
+/* Makes a plan from an already lowered graph (taken over, freed on error).
+ * Used by wk_plan_create and by tests that build graphs by hand. */
+int wk_plan_from_graph(wk_graph_t *g, const wk_plan_opts_t *opts, wk_plan_t **out, char *why,
+                       int why_size);
+
+/* Lowers modeldb's graph IR (lower.c). static_batch > 0 binds the
+ * symbolic batch to that size and makes every tensor static (max batch 1). */
+int wk_lower(const struct mdb_graph *graph, int max_batch, int64_t static_batch, wk_graph_t **out,
+             char *why, int why_size);
+
+/* printf into plan->why; returns err. */
+int wk_fail(wk_plan_t *plan, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+#endif
