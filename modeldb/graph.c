@@ -547,6 +547,80 @@ void mdb_graph_compact(mdb_graph_t *g)
     free(remap);
 }
 
+int mdb_graph_validate(const mdb_graph_t *g, char *err, size_t errlen)
+{
+    int rc = SQ_INTERNAL;
+    /* written[t]: the tensor holds a value by the time node i runs. */
+    bool *written = sq_xcalloc((size_t)g->n_tensors + 1, sizeof(bool));
+    for (int t = 0; t < g->n_tensors; t++) {
+        const mdb_tensor_t *tt = &g->tensors[t];
+        if (!tt->shape_known || tt->shape.rank < 0 || tt->shape.rank > MDB_MAX_RANK) {
+            mdb_errf(err, errlen, "tensor %d '%s' has no valid shape", t, tt->name);
+            goto out;
+        }
+        for (int d = 0; d < tt->shape.rank; d++)
+            if (tt->shape.dims[d] < 0 && tt->shape.dims[d] != MDB_DIM_BATCH) {
+                mdb_errf(err, errlen, "tensor '%s' has dimension %lld", tt->name,
+                         (long long)tt->shape.dims[d]);
+                goto out;
+            }
+        if (tt->data) {
+            int64_t n = mdb_shape_numel(&tt->shape, 1);
+            if (mdb_shape_has_batch(&tt->shape) || n < 0 ||
+                (uint64_t)n * mdb_dtype_size(tt->dtype) != tt->nbytes) {
+                mdb_errf(err, errlen, "constant '%s' holds %zu bytes for its shape", tt->name,
+                         tt->nbytes);
+                goto out;
+            }
+            written[t] = true;
+        }
+    }
+    for (int i = 0; i < g->n_inputs; i++) {
+        if (g->inputs[i] < 0 || g->inputs[i] >= g->n_tensors) {
+            mdb_errf(err, errlen, "graph input %d out of range", i);
+            goto out;
+        }
+        written[g->inputs[i]] = true;
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        const mdb_node_t *n = &g->nodes[i];
+        if (!mdb_op_is_runtime(n->op)) {
+            mdb_errf(err, errlen, "node %d is %s, which only exists at import", i,
+                     mdb_op_name(n->op));
+            goto out;
+        }
+        for (int k = 0; k < n->n_inputs; k++) {
+            int t = n->inputs[k];
+            if (t >= g->n_tensors || (t >= 0 && !written[t])) {
+                mdb_errf(err, errlen, "node %d '%s' reads input %d before it is written", i,
+                         n->name, k);
+                goto out;
+            }
+        }
+        for (int k = 0; k < n->n_outputs; k++) {
+            int t = n->outputs[k];
+            if (t < 0)
+                continue;
+            if (t >= g->n_tensors || written[t] || g->tensors[t].producer != i) {
+                mdb_errf(err, errlen, "node %d '%s' writes output %d twice or out of range", i,
+                         n->name, k);
+                goto out;
+            }
+            written[t] = true;
+        }
+    }
+    for (int i = 0; i < g->n_outputs; i++) {
+        if (g->outputs[i] < 0 || g->outputs[i] >= g->n_tensors || !written[g->outputs[i]]) {
+            mdb_errf(err, errlen, "graph output %d is never written", i);
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    free(written);
+    return rc;
+}
+
 uint64_t mdb_graph_param_bytes(const mdb_graph_t *g)
 {
     bool *seen = sq_xcalloc((size_t)g->n_tensors + 1, sizeof(bool));

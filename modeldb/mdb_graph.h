@@ -267,6 +267,14 @@ int mdb_graph_infer_shapes(mdb_graph_t *g, char *err, size_t errlen);
  * renumbering indices; keeps topological order. */
 void mdb_graph_compact(mdb_graph_t *g);
 
+/* Checks the invariants of a canonical graph: indices in range, nodes in
+ * topological order with every input written before it is read, each
+ * tensor written once, known shapes of rank <= MDB_MAX_RANK with the batch
+ * only as MDB_DIM_BATCH, constant data whose size matches its shape, only
+ * runtime ops. Returns 0 or SQ_INTERNAL with detail in err: a failure is a
+ * bug in whatever built the graph. */
+int mdb_graph_validate(const mdb_graph_t *g, char *err, size_t errlen);
+
 /* Bytes of constant data held by tensors that runtime nodes read. */
 uint64_t mdb_graph_param_bytes(const mdb_graph_t *g);
 /* Node count per op: hist[op] for op < MDB_OP_COUNT. */

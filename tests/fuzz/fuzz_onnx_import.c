@@ -24,8 +24,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         return 0;
     }
+    char why[256];
+    if (mdb_graph_validate(g, why, sizeof(why)) != 0)
+        abort(); /* the importer built a graph that breaks its own rules */
     mdb_model_info_t info;
-    char why[128];
     mdb_model_info(g, &info, why, sizeof(why));
     mdb_node_sig_t *sigs = calloc((size_t)g->n_nodes + 1, sizeof(*sigs));
     if (sigs && mdb_graph_signature(g, sigs) == 0) {

@@ -147,6 +147,37 @@ Test(graph, shapes_of_a_small_cnn_keep_the_batch_symbolic)
     mdb_graph_free(g);
 }
 
+Test(graph, validation_catches_broken_invariants)
+{
+    mdb_graph_t *g = small_cnn();
+    char err[256];
+    /* Before shape inference the activations have no shapes. */
+    cr_assert_eq(mdb_graph_validate(g, err, sizeof(err)), SQ_INTERNAL);
+    cr_assert_eq(mdb_graph_toposort(g, err, sizeof(err)), 0);
+    cr_assert_eq(mdb_graph_infer_shapes(g, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(mdb_graph_validate(g, err, sizeof(err)), 0, "%s", err);
+    /* A constant whose bytes do not match its shape. */
+    int w = mdb_graph_find_tensor(g, "w");
+    g->tensors[w].nbytes -= 4;
+    cr_assert_eq(mdb_graph_validate(g, err, sizeof(err)), SQ_INTERNAL);
+    cr_assert_not_null(strstr(err, "'w'"), "%s", err);
+    g->tensors[w].nbytes += 4;
+    /* Nodes out of order. */
+    mdb_node_t tmp = g->nodes[0];
+    g->nodes[0] = g->nodes[1];
+    g->nodes[1] = tmp;
+    cr_assert_eq(mdb_graph_validate(g, err, sizeof(err)), SQ_INTERNAL);
+    g->nodes[1] = g->nodes[0];
+    g->nodes[0] = tmp;
+    /* An import-only op left behind. */
+    g->nodes[1].op = MDB_OP_SHAPE;
+    cr_assert_eq(mdb_graph_validate(g, err, sizeof(err)), SQ_INTERNAL);
+    cr_assert_not_null(strstr(err, "Shape"), "%s", err);
+    g->nodes[1].op = MDB_OP_RELU;
+    cr_assert_eq(mdb_graph_validate(g, err, sizeof(err)), 0, "%s", err);
+    mdb_graph_free(g);
+}
+
 Test(graph, toposort_orders_a_reversed_graph_and_finds_cycles)
 {
     mdb_graph_t *g = mdb_graph_new();

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static void expect_shape(const mdb_shape_t *s, int rank, const int64_t *dims, const char *what)
 {
@@ -22,6 +23,8 @@ static void expect_shape(const mdb_shape_t *s, int rank, const int64_t *dims, co
 
 static void expect_only_runtime_ops(const mdb_graph_t *g, const char *what)
 {
+    char why[256];
+    cr_assert_eq(mdb_graph_validate(g, why, sizeof(why)), 0, "%s: %s", what, why);
     for (int i = 0; i < g->n_nodes; i++) {
         cr_assert(mdb_op_is_runtime(g->nodes[i].op), "%s: node %d is %s", what, i,
                   mdb_op_name(g->nodes[i].op));
@@ -71,6 +74,32 @@ Test(onnx_import, torchvision_models_import_with_a_symbolic_batch)
         expect_only_runtime_ops(g, name);
         mdb_graph_free(g);
     }
+}
+
+Test(onnx_import, reference_inputs_and_outputs_are_exported_for_every_model)
+{
+    /* The parity tests of the worker read these: raw float32, batch 1 and 8. */
+    const char *dir = getenv("SQUISH_TEST_MODELS");
+    cr_assert_not_null(dir);
+    static const char *const names[] = {"resnet18",           "mobilenet_v2", "squeezenet1_1",
+                                        "shufflenet_v2_x1_0", "googlenet",    "resnet18_ft_a",
+                                        "resnet18_ft_b"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++) {
+        for (int batch = 1; batch <= 8; batch += 7) {
+            char path[1024];
+            struct stat st;
+            snprintf(path, sizeof(path), "%s/%s.b%d.input.f32", dir, names[i], batch);
+            cr_assert_eq(stat(path, &st), 0, "%s", path);
+            cr_assert_eq(st.st_size, (off_t)batch * 3 * 224 * 224 * 4, "%s", path);
+            snprintf(path, sizeof(path), "%s/%s.b%d.output.f32", dir, names[i], batch);
+            cr_assert_eq(stat(path, &st), 0, "%s", path);
+            cr_assert_eq(st.st_size, (off_t)batch * 1000 * 4, "%s", path);
+        }
+    }
+    char manifest[1024];
+    struct stat st;
+    snprintf(manifest, sizeof(manifest), "%s/manifest.json", dir);
+    cr_assert_eq(stat(manifest, &st), 0, "%s", manifest);
 }
 
 Test(onnx_import, resnet18_has_the_expected_structure)
@@ -576,6 +605,8 @@ Test(onnx_import, random_mutations_never_crash)
         if (rc == 0) {
             ok++;
             cr_assert_not_null(g);
+            char why[256];
+            cr_assert_eq(mdb_graph_validate(g, why, sizeof(why)), 0, "%s", why);
             mdb_graph_free(g);
         } else {
             bad++;
