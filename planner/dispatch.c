@@ -12,6 +12,8 @@
  *     so a timer costs O(log n) and the next wake is the smaller heap top. */
 #include "pl_dispatch.h"
 
+#include "dispatch_int.h"
+
 #include <sq.h>
 
 #include <assert.h>
@@ -19,29 +21,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define ENTRY_RETRIED 1u
-
-typedef struct {
-    uint64_t id;
-    int64_t deadline_us;
-    int64_t arrival_us;
-    uint32_t flags;
-} entry_t;
-
-/* Ring buffer sorted by deadline, earliest at head. */
-typedef struct {
-    entry_t *buf;
-    uint32_t mask; /* capacity - 1; capacity is a power of two */
-    uint32_t head;
-    uint32_t n;
-} queue_t;
-
 typedef struct {
     int alive;
     int cap;       /* largest batch ever formed */
     int64_t *cost; /* cost[b], b = 1..cap: l(b) with margin + net delay, µs; nondecreasing */
     int64_t slo_us;
-    queue_t q;
+    pl__queue_t q;
     pl_route_t *routes; /* sorted by worker id; target_batch resolved to 1..cap */
     int nroutes;
 } session_t;
@@ -58,7 +43,7 @@ typedef struct {
     uint64_t batch_id;
     int batch_session;
     int64_t busy_until; /* expected, from the profile */
-    entry_t *inflight;
+    pl__entry_t *inflight;
     int ninflight, cap_inflight;
     int64_t duty_cycle_us;
     int64_t round_next_us; /* early-drop: earliest start of the next round */
@@ -68,21 +53,13 @@ typedef struct {
     int nsess, cap_sess;
 } worker_t;
 
-/* Indexed min-heap over ids 0..cap-1 keyed by key[id]. */
-typedef struct {
-    int *heap;
-    int *pos; /* -1 when absent */
-    int64_t *key;
-    int n, cap;
-} iheap_t;
-
 struct pl_dispatch {
     pl_dispatch_opts_t opts;
     session_t *sessions;
     int nsessions, cap_sessions;
     worker_t *workers;
     int nworkers, cap_workers; /* nworkers: highest id + 1 ever added */
-    iheap_t session_wake, worker_wake;
+    pl__iheap_t session_wake, worker_wake;
     pl_action_t *acts;
     size_t *act_ids_off;
     size_t nacts, cap_acts;
@@ -110,144 +87,6 @@ int pl_policy_parse(const char *name, pl_policy_t *out)
     else
         return SQ_INVAL;
     return 0;
-}
-
-/* ---- indexed heap ---- */
-
-static void heap_reserve(iheap_t *h, int cap)
-{
-    if (cap <= h->cap)
-        return;
-    int ncap = h->cap ? h->cap : 8;
-    while (ncap < cap)
-        ncap *= 2;
-    h->heap = sq_xrealloc(h->heap, sizeof(int) * (size_t)ncap);
-    h->pos = sq_xrealloc(h->pos, sizeof(int) * (size_t)ncap);
-    h->key = sq_xrealloc(h->key, sizeof(int64_t) * (size_t)ncap);
-    for (int i = h->cap; i < ncap; i++)
-        h->pos[i] = -1;
-    h->cap = ncap;
-}
-
-static void heap_swap(iheap_t *h, int i, int j)
-{
-    int a = h->heap[i], b = h->heap[j];
-    h->heap[i] = b;
-    h->heap[j] = a;
-    h->pos[b] = i;
-    h->pos[a] = j;
-}
-
-static void heap_up(iheap_t *h, int i)
-{
-    while (i > 0) {
-        int parent = (i - 1) / 2;
-        if (h->key[h->heap[parent]] <= h->key[h->heap[i]])
-            break;
-        heap_swap(h, i, parent);
-        i = parent;
-    }
-}
-
-static void heap_down(iheap_t *h, int i)
-{
-    for (;;) {
-        int l = 2 * i + 1, r = l + 1, m = i;
-        if (l < h->n && h->key[h->heap[l]] < h->key[h->heap[m]])
-            m = l;
-        if (r < h->n && h->key[h->heap[r]] < h->key[h->heap[m]])
-            m = r;
-        if (m == i)
-            return;
-        heap_swap(h, i, m);
-        i = m;
-    }
-}
-
-/* Sets id's wake time; PL_NEVER removes it. */
-static void heap_set(iheap_t *h, int id, int64_t key)
-{
-    int i = h->pos[id];
-    if (key == PL_NEVER) {
-        if (i < 0)
-            return;
-        h->n--;
-        if (i != h->n) {
-            heap_swap(h, i, h->n);
-            h->pos[id] = -1;
-            heap_down(h, i);
-            heap_up(h, i);
-        } else {
-            h->pos[id] = -1;
-        }
-        return;
-    }
-    if (i < 0) {
-        i = h->n++;
-        h->heap[i] = id;
-        h->pos[id] = i;
-        h->key[id] = key;
-        heap_up(h, i);
-        return;
-    }
-    int64_t old = h->key[id];
-    h->key[id] = key;
-    if (key < old)
-        heap_up(h, i);
-    else if (key > old)
-        heap_down(h, i);
-}
-
-static int64_t heap_top_key(const iheap_t *h)
-{
-    return h->n ? h->key[h->heap[0]] : PL_NEVER;
-}
-
-static void heap_dispose(iheap_t *h)
-{
-    free(h->heap);
-    free(h->pos);
-    free(h->key);
-}
-
-/* ---- queues ---- */
-
-static entry_t *q_at(const queue_t *q, uint32_t i)
-{
-    return &q->buf[(q->head + i) & q->mask];
-}
-
-static void q_grow(queue_t *q)
-{
-    uint32_t cap = q->buf ? (q->mask + 1) * 2 : 64;
-    entry_t *nb = sq_xmalloc(sizeof(*nb) * cap);
-    for (uint32_t i = 0; i < q->n; i++)
-        nb[i] = *q_at(q, i);
-    free(q->buf);
-    q->buf = nb;
-    q->mask = cap - 1;
-    q->head = 0;
-}
-
-static void q_insert(queue_t *q, const entry_t *e)
-{
-    if (q->buf == NULL || q->n == q->mask + 1)
-        q_grow(q);
-    uint32_t i = q->n++;
-    /* Deadline order; equal deadlines keep arrival order (FIFO). */
-    while (i > 0 && q_at(q, i - 1)->deadline_us > e->deadline_us) {
-        *q_at(q, i) = *q_at(q, i - 1);
-        i--;
-    }
-    *q_at(q, i) = *e;
-}
-
-static entry_t q_pop(queue_t *q)
-{
-    entry_t e = *q_at(q, 0);
-    q->head = (q->head + 1) & q->mask;
-    q->n--;
-    return e;
 }
 
 /* ---- actions ---- */
@@ -283,7 +122,7 @@ static pl_action_t *push_action(pl_dispatch_t *d, pl_action_kind_t kind, int64_t
  * wake of both heaps, and is only re-armed when that moment changes. */
 static void finish(pl_dispatch_t *d)
 {
-    int64_t a = heap_top_key(&d->session_wake), b = heap_top_key(&d->worker_wake);
+    int64_t a = pl__heap_top_key(&d->session_wake), b = pl__heap_top_key(&d->worker_wake);
     int64_t wake = a < b ? a : b;
     if (wake != d->armed_us) {
         d->armed_us = wake;
@@ -291,7 +130,7 @@ static void finish(pl_dispatch_t *d)
     }
 }
 
-static void drop(pl_dispatch_t *d, int64_t now_us, int sid, const entry_t *e, int reason)
+static void drop(pl_dispatch_t *d, int64_t now_us, int sid, const pl__entry_t *e, int reason)
 {
     pl_action_t *a = push_action(d, PL_ACT_DROP, now_us);
     a->session = sid;
@@ -377,15 +216,15 @@ static int64_t earliest_start(const pl_dispatch_t *d, const session_t *s, int64_
 static void prune(pl_dispatch_t *d, int sid, session_t *s, int64_t now_us, int64_t start_us)
 {
     while (s->q.n > 0) {
-        entry_t *e = q_at(&s->q, 0);
+        pl__entry_t *e = pl__q_at(&s->q, 0);
         if (start_us != PL_NEVER && start_us + s->cost[1] <= e->deadline_us)
             return;
         if (start_us == PL_NEVER && now_us + s->cost[1] <= e->deadline_us)
             return; /* no worker yet: keep it while a new one could still make it */
-        int reason = (e->flags & ENTRY_RETRIED) ? SQ_WORKER_LOST
-                     : s->nroutes == 0          ? SQ_NO_WORKER
-                                                : SQ_DEADLINE;
-        entry_t gone = q_pop(&s->q);
+        int reason = (e->flags & PL__ENTRY_RETRIED) ? SQ_WORKER_LOST
+                     : s->nroutes == 0              ? SQ_NO_WORKER
+                                                    : SQ_DEADLINE;
+        pl__entry_t gone = pl__q_pop(&s->q);
         drop(d, now_us, sid, &gone, reason);
     }
 }
@@ -401,7 +240,7 @@ static void send_batch(pl_dispatch_t *d, int64_t now_us, int sid, int wid, int s
     assert(!w->busy && b >= 1 && b <= s->cap && skip >= 0 && (uint32_t)(skip + b) <= s->q.n);
     if (w->cap_inflight < b) {
         w->cap_inflight = b;
-        w->inflight = sq_xrealloc(w->inflight, sizeof(entry_t) * (size_t)b);
+        w->inflight = sq_xrealloc(w->inflight, sizeof(pl__entry_t) * (size_t)b);
     }
     if (d->nids + (size_t)b > d->cap_ids) {
         while (d->nids + (size_t)b > d->cap_ids)
@@ -410,12 +249,12 @@ static void send_batch(pl_dispatch_t *d, int64_t now_us, int sid, int wid, int s
     }
     size_t off = d->nids;
     for (int i = 0; i < b; i++) {
-        w->inflight[i] = *q_at(&s->q, (uint32_t)(skip + i));
+        w->inflight[i] = *pl__q_at(&s->q, (uint32_t)(skip + i));
         d->ids[d->nids++] = w->inflight[i].id;
     }
     /* Close the gap: the skipped heads move up behind the window. */
     for (int i = skip - 1; i >= 0; i--)
-        *q_at(&s->q, (uint32_t)(i + b)) = *q_at(&s->q, (uint32_t)i);
+        *pl__q_at(&s->q, (uint32_t)(i + b)) = *pl__q_at(&s->q, (uint32_t)i);
     s->q.head = (s->q.head + (uint32_t)b) & s->q.mask;
     s->q.n -= (uint32_t)b;
     w->ninflight = b;
@@ -451,7 +290,7 @@ typedef struct {
 
 static int64_t head_slack(const session_t *s, uint32_t i, int64_t now_us)
 {
-    return q_at(&s->q, i)->deadline_us - now_us;
+    return pl__q_at(&s->q, i)->deadline_us - now_us;
 }
 
 /* The session's candidate batch at now. Requires a non-empty queue whose
@@ -471,7 +310,7 @@ static void deferred_candidate(const session_t *s, int64_t now_us, double skip_r
     if (b == cap || b < n)
         c->ready_at = now_us;
     else
-        c->ready_at = q_at(&s->q, 0)->deadline_us - s->cost[b + 1];
+        c->ready_at = pl__q_at(&s->q, 0)->deadline_us - s->cost[b + 1];
     if (b < fill) {
         /* Backed up: the head cannot fill a batch the queue could. Find the
          * window that gives the largest batch now. fit(i) grows with i (later
@@ -513,7 +352,7 @@ static void deferred_candidate(const session_t *s, int64_t now_us, double skip_r
             }
         }
     }
-    c->valid_until = q_at(&s->q, (uint32_t)c->skip)->deadline_us - s->cost[c->b];
+    c->valid_until = pl__q_at(&s->q, (uint32_t)c->skip)->deadline_us - s->cost[c->b];
 }
 
 static void pump_session_deferred(pl_dispatch_t *d, int sid, int64_t now_us)
@@ -524,10 +363,10 @@ static void pump_session_deferred(pl_dispatch_t *d, int sid, int64_t now_us)
         int64_t start = earliest_start(d, s, now_us, &free_worker);
         prune(d, sid, s, now_us, start);
         if (s->q.n == 0) {
-            heap_set(&d->session_wake, sid, PL_NEVER);
+            pl__heap_set(&d->session_wake, sid, PL_NEVER);
             return;
         }
-        int64_t wake = q_at(&s->q, 0)->deadline_us - s->cost[1] + 1;
+        int64_t wake = pl__q_at(&s->q, 0)->deadline_us - s->cost[1] + 1;
         if (free_worker >= 0) {
             candidate_t c;
             deferred_candidate(s, now_us, d->opts.skip_ratio, &c);
@@ -538,7 +377,7 @@ static void pump_session_deferred(pl_dispatch_t *d, int sid, int64_t now_us)
             if (c.ready_at < wake)
                 wake = c.ready_at;
         }
-        heap_set(&d->session_wake, sid, wake);
+        pl__heap_set(&d->session_wake, sid, wake);
         return;
     }
 }
@@ -585,11 +424,11 @@ static int early_drop_try(pl_dispatch_t *d, int wid, int k, int64_t now_us)
     prune(d, sid, s, now_us, now_us);
     while (s->q.n > 0) {
         int window = (int)s->q.n < target ? (int)s->q.n : target;
-        entry_t *e = q_at(&s->q, 0);
+        pl__entry_t *e = pl__q_at(&s->q, 0);
         if (now_us + s->cost[window] <= e->deadline_us)
             break;
-        entry_t gone = q_pop(&s->q);
-        int reason = (gone.flags & ENTRY_RETRIED)             ? SQ_WORKER_LOST
+        pl__entry_t gone = pl__q_pop(&s->q);
+        int reason = (gone.flags & PL__ENTRY_RETRIED)         ? SQ_WORKER_LOST
                      : now_us + s->cost[1] > gone.deadline_us ? SQ_DEADLINE
                                                               : SQ_OVERLOAD;
         drop(d, now_us, sid, &gone, reason);
@@ -604,7 +443,7 @@ static int early_drop_try(pl_dispatch_t *d, int wid, int k, int64_t now_us)
 static void pump_worker_early_drop(pl_dispatch_t *d, int wid, int64_t now_us)
 {
     worker_t *w = &d->workers[wid];
-    heap_set(&d->worker_wake, wid, PL_NEVER);
+    pl__heap_set(&d->worker_wake, wid, PL_NEVER);
     if (!w->present || w->busy || w->draining || w->nsess == 0)
         return;
     for (int visited = 0; visited < w->nsess; visited++) {
@@ -612,7 +451,7 @@ static void pump_worker_early_drop(pl_dispatch_t *d, int wid, int64_t now_us)
             w->rr = 0;
         /* A round over the sessions starts at most once per duty cycle. */
         if (w->rr == 0 && !w->round_open && w->duty_cycle_us > 0 && now_us < w->round_next_us) {
-            heap_set(&d->worker_wake, wid, w->round_next_us);
+            pl__heap_set(&d->worker_wake, wid, w->round_next_us);
             return;
         }
         int k = w->rr;
@@ -644,8 +483,8 @@ static void pump_session_early_drop(pl_dispatch_t *d, int sid, int64_t now_us)
     int free_worker;
     int64_t start = earliest_start(d, s, now_us, &free_worker);
     prune(d, sid, s, now_us, start);
-    heap_set(&d->session_wake, sid,
-             s->q.n ? q_at(&s->q, 0)->deadline_us - s->cost[1] + 1 : PL_NEVER);
+    pl__heap_set(&d->session_wake, sid,
+                 s->q.n ? pl__q_at(&s->q, 0)->deadline_us - s->cost[1] + 1 : PL_NEVER);
 }
 
 static void pump_session(pl_dispatch_t *d, int sid, int64_t now_us)
@@ -668,8 +507,8 @@ static void pump_worker(pl_dispatch_t *d, int wid, int64_t now_us)
         for (int k = 0; k < w->nsess; k++) {
             int sid = w->sess[k].session;
             session_t *s = &d->sessions[sid];
-            heap_set(&d->session_wake, sid,
-                     s->q.n ? q_at(&s->q, 0)->deadline_us - s->cost[1] + 1 : PL_NEVER);
+            pl__heap_set(&d->session_wake, sid,
+                         s->q.n ? pl__q_at(&s->q, 0)->deadline_us - s->cost[1] + 1 : PL_NEVER);
         }
     }
 }
@@ -703,8 +542,8 @@ void pl_dispatch_free(pl_dispatch_t *d)
     }
     free(d->sessions);
     free(d->workers);
-    heap_dispose(&d->session_wake);
-    heap_dispose(&d->worker_wake);
+    pl__heap_dispose(&d->session_wake);
+    pl__heap_dispose(&d->worker_wake);
     free(d->acts);
     free(d->act_ids_off);
     free(d->ids);
@@ -751,7 +590,7 @@ int pl_dispatch_session_add(pl_dispatch_t *d, const pl_session_cfg_t *cfg)
     s->cap = usable;
     s->cost = cost;
     s->slo_us = cfg->slo_us;
-    heap_reserve(&d->session_wake, d->nsessions);
+    pl__heap_reserve(&d->session_wake, d->nsessions);
     return sid;
 }
 
@@ -784,7 +623,7 @@ static void worker_detach(pl_dispatch_t *d, int wid)
             }
         }
     }
-    heap_set(&d->worker_wake, wid, PL_NEVER);
+    pl__heap_set(&d->worker_wake, wid, PL_NEVER);
 }
 
 int pl_dispatch_session_remove(pl_dispatch_t *d, int64_t now_us, int session)
@@ -794,14 +633,14 @@ int pl_dispatch_session_remove(pl_dispatch_t *d, int64_t now_us, int session)
     if (s == NULL)
         return SQ_INVAL;
     while (s->q.n > 0) {
-        entry_t gone = q_pop(&s->q);
+        pl__entry_t gone = pl__q_pop(&s->q);
         drop(d, now_us, session, &gone, SQ_NOT_FOUND);
     }
     for (int i = 0; i < s->nroutes; i++)
         worker_forget_session(&d->workers[s->routes[i].worker], session);
     s->nroutes = 0;
     s->alive = 0;
-    heap_set(&d->session_wake, session, PL_NEVER);
+    pl__heap_set(&d->session_wake, session, PL_NEVER);
     finish(d);
     return 0;
 }
@@ -822,7 +661,7 @@ int pl_dispatch_worker_add(pl_dispatch_t *d, int64_t now_us, int worker, int64_t
     }
     if (worker >= d->nworkers)
         d->nworkers = worker + 1;
-    heap_reserve(&d->worker_wake, d->nworkers);
+    pl__heap_reserve(&d->worker_wake, d->nworkers);
     worker_t *w = &d->workers[worker];
     if (w->draining)
         return SQ_INVAL; /* its old batch must come back first */
@@ -877,9 +716,9 @@ int pl_dispatch_worker_lost(pl_dispatch_t *d, int64_t now_us, int worker)
         if (s != NULL) {
             retry_sid = w->batch_session;
             for (int i = 0; i < w->ninflight; i++) {
-                entry_t e = w->inflight[i];
-                e.flags |= ENTRY_RETRIED;
-                q_insert(&s->q, &e);
+                pl__entry_t e = w->inflight[i];
+                e.flags |= PL__ENTRY_RETRIED;
+                pl__q_insert(&s->q, &e);
             }
             d->stats.retried += (uint64_t)w->ninflight;
             d->stats.queued += (uint64_t)w->ninflight;
@@ -954,8 +793,8 @@ int pl_dispatch_request(pl_dispatch_t *d, int64_t now_us, uint64_t id, int sessi
     session_t *s = session_get(d, session);
     if (s == NULL)
         return SQ_INVAL;
-    entry_t e = {.id = id, .deadline_us = deadline_us, .arrival_us = arrival_us, .flags = 0};
-    q_insert(&s->q, &e);
+    pl__entry_t e = {.id = id, .deadline_us = deadline_us, .arrival_us = arrival_us, .flags = 0};
+    pl__q_insert(&s->q, &e);
     d->stats.requests++;
     d->stats.queued++;
     pump_session(d, session, now_us);
@@ -966,14 +805,14 @@ int pl_dispatch_request(pl_dispatch_t *d, int64_t now_us, uint64_t id, int sessi
 void pl_dispatch_timer(pl_dispatch_t *d, int64_t now_us)
 {
     begin(d);
-    while (heap_top_key(&d->session_wake) <= now_us) {
+    while (pl__heap_top_key(&d->session_wake) <= now_us) {
         int sid = d->session_wake.heap[0];
-        heap_set(&d->session_wake, sid, PL_NEVER);
+        pl__heap_set(&d->session_wake, sid, PL_NEVER);
         pump_session(d, sid, now_us);
     }
-    while (heap_top_key(&d->worker_wake) <= now_us) {
+    while (pl__heap_top_key(&d->worker_wake) <= now_us) {
         int wid = d->worker_wake.heap[0];
-        heap_set(&d->worker_wake, wid, PL_NEVER);
+        pl__heap_set(&d->worker_wake, wid, PL_NEVER);
         pump_worker(d, wid, now_us);
     }
     finish(d);
