@@ -476,35 +476,31 @@ typedef struct {
     size_t max_image;
 } data_ctx_t;
 
-static int read_tensor_elem(dec_t *d, oip_cur_t *c, data_ctx_t *x, size_t index_in_array)
+/* The innermost array of tensor data, through its ']'; *n gets its length. */
+static int read_tensor_run(dec_t *d, oip_cur_t *c, data_ctx_t *x, size_t *n)
 {
-    const char *s;
-    size_t n;
-    if (!is_number_start(oip_peek(c)) || oip_number(c, &s, &n) != 0) {
-        path_index(d, index_in_array);
+    size_t esize = gw_oip_datatype_size(x->dt);
+    size_t cap = x->dst != NULL && x->at < x->count ? x->count - x->at : 0;
+    oip_bad_t bad;
+    if (oip_read_numbers(c, x->dt == GW_OIP_UINT8, cap ? x->dst + x->at * esize : NULL, cap, n,
+                         &bad) == 0) {
+        x->at += *n;
+        return 0;
+    }
+    int len = (int)(bad.n < 40 ? bad.n : 40);
+    switch (bad.kind) {
+    case OIP_BAD_NOT_NUMBER:
+        path_index(d, bad.index);
         return fail(d, SQ_BAD_TENSOR, "expected a number");
+    case OIP_BAD_FP32_RANGE:
+        path_index(d, bad.index);
+        return fail(d, SQ_BAD_TENSOR, "%.*s is out of range for FP32", len, bad.s);
+    case OIP_BAD_UINT8:
+        path_index(d, bad.index);
+        return fail(d, SQ_BAD_TENSOR, "%.*s is not a UINT8 (an integer 0..255)", len, bad.s);
+    default:
+        return malformed(d);
     }
-    if (x->dt == GW_OIP_FP32) {
-        float f;
-        if (oip_parse_f32(s, n, &f) != 0) {
-            path_index(d, index_in_array);
-            return fail(d, SQ_BAD_TENSOR, "%.*s is out of range for FP32", (int)(n < 40 ? n : 40),
-                        s);
-        }
-        if (x->dst != NULL && x->at < x->count)
-            memcpy(x->dst + x->at * 4, &f, 4);
-    } else {
-        int64_t v;
-        if (oip_parse_int(s, n, 0, 255, &v) != 0) {
-            path_index(d, index_in_array);
-            return fail(d, SQ_BAD_TENSOR, "%.*s is not a UINT8 (an integer 0..255)",
-                        (int)(n < 40 ? n : 40), s);
-        }
-        if (x->dst != NULL && x->at < x->count)
-            x->dst[x->at] = (uint8_t)v;
-    }
-    x->at++;
-    return 0;
 }
 
 static int read_bytes_elem(dec_t *d, oip_cur_t *c, data_ctx_t *x, size_t index_in_array)
@@ -569,14 +565,18 @@ static int read_data_level(dec_t *d, oip_cur_t *c, data_ctx_t *x, int level)
         size_t want = 1;
         for (int i = level; i < x->ndim; i++)
             want *= (size_t)x->shape[i];
-        while ((rc = next_elem(d, c, &first)) == 1) {
-            rc = x->dt == GW_OIP_BYTES ? read_bytes_elem(d, c, x, n) : read_tensor_elem(d, c, x, n);
-            if (rc != 0)
+        if (x->dt != GW_OIP_BYTES) {
+            if ((rc = read_tensor_run(d, c, x, &n)) != 0)
                 return rc;
-            n++;
+        } else {
+            while ((rc = next_elem(d, c, &first)) == 1) {
+                if ((rc = read_bytes_elem(d, c, x, n)) != 0)
+                    return rc;
+                n++;
+            }
+            if (rc < 0)
+                return rc;
         }
-        if (rc < 0)
-            return rc;
         if (n != want) {
             if (x->levels == 1) {
                 char sh[160];
@@ -613,9 +613,11 @@ static int data_levels(oip_cur_t c, int limit)
     return levels;
 }
 
-static int read_json_data(dec_t *d, oip_cur_t c, gw_oip_input_t *in, const input_fields_t *f,
+/* Reads "data" at c (advanced past it) into the input's rows. */
+static int read_json_data(dec_t *d, oip_cur_t *cur, gw_oip_input_t *in, const input_fields_t *f,
                           size_t item, int batch)
 {
+    oip_cur_t c = *cur;
     size_t old = path_key(d, "data");
     data_ctx_t x = {.dt = in->datatype, .shape = f->shape, .ndim = f->ndim};
     x.levels = data_levels(c, f->ndim);
@@ -650,8 +652,10 @@ static int read_json_data(dec_t *d, oip_cur_t c, gw_oip_input_t *in, const input
                 in->rows[b].len = item * esize;
             }
     }
-    if (rc == 0)
+    if (rc == 0) {
         path_pop(d, old);
+        *cur = c;
+    }
     return rc;
 }
 
@@ -710,14 +714,98 @@ static int read_binary_data(dec_t *d, gw_oip_input_t *in, const input_fields_t *
     return 0;
 }
 
-static int parse_input(dec_t *d, oip_cur_t *c, unsigned *seen)
+/* Checks an input's name, datatype and shape against the model once all
+ * three are known, and sets up its rows: *mi gets its model index. */
+static int resolve_input(dec_t *d, const input_fields_t *f, unsigned *seen, int *mi_out)
 {
     const gw_oip_model_t *m = d->model;
     gw_oip_request_t *r = d->req;
+
+    /* Name: one of the model's inputs, once. */
+    size_t old = path_key(d, "name");
+    if (!f->have_name)
+        return fail(d, SQ_BAD_REQUEST, "missing");
+    int mi = -1;
+    for (int i = 0; i < m->ninputs; i++)
+        if (f->name_len == strlen(m->inputs[i].name) &&
+            memcmp(f->name, m->inputs[i].name, f->name_len) == 0)
+            mi = i;
+    if (mi < 0) {
+        if (m->ninputs == 1)
+            return fail(d, SQ_BAD_TENSOR, "unknown input \"%.64s\" (the model takes \"%s\")",
+                        f->name, m->inputs[0].name);
+        return fail(d, SQ_BAD_TENSOR, "unknown input \"%.64s\"", f->name);
+    }
+    if (*seen & (1u << mi))
+        return fail(d, SQ_BAD_REQUEST, "input \"%s\" given twice", m->inputs[mi].name);
+    *seen |= 1u << mi;
+    path_pop(d, old);
+    const gw_oip_input_desc_t *desc = &m->inputs[mi];
+    gw_oip_input_t *in = &r->inputs[mi];
+
+    /* Datatype: known to OIP and accepted for this input. */
+    old = path_key(d, "datatype");
+    if (!f->have_datatype)
+        return fail(d, SQ_BAD_REQUEST, "missing");
+    gw_oip_datatype_t dt = GW_OIP_FP32;
+    int known = f->datatype_len < sizeof(f->datatype)
+                    ? parse_datatype(f->datatype, f->datatype_len, &dt)
+                    : -1;
+    char acc[64];
+    accepted_str(acc, sizeof(acc), accept_mask(desc));
+    if (known < 0)
+        return fail(d, SQ_BAD_TENSOR, "unknown datatype \"%.15s\" (expected %s)", f->datatype, acc);
+    if (known > 0 || !(accept_mask(desc) & (1u << dt)))
+        return fail(d, SQ_BAD_TENSOR, "%s is not accepted for \"%s\" (expected %s)", f->datatype,
+                    desc->name, acc);
+    in->datatype = dt;
+    path_pop(d, old);
+
+    /* Shape: [N, item...] for tensors, [N] or [N,1] for images. */
+    old = path_key(d, "shape");
+    if (f->ndim < 0)
+        return fail(d, SQ_BAD_REQUEST, "missing");
+    char sh[160];
+    if (dt == GW_OIP_BYTES) {
+        if (!(f->ndim == 1 || (f->ndim == 2 && f->shape[1] == 1)))
+            return fail(d, SQ_BAD_TENSOR, "expected [N] or [N,1] for BYTES images");
+    } else {
+        int ok = f->ndim == desc->item_ndim + 1;
+        for (int i = 0; ok && i < desc->item_ndim; i++)
+            ok = f->shape[i + 1] == desc->item_shape[i];
+        if (!ok) {
+            shape_str(sh, sizeof(sh), -1, desc->item_shape, desc->item_ndim);
+            return fail(d, SQ_BAD_TENSOR, "expected %s", sh);
+        }
+    }
+    if (f->shape[0] < 1)
+        return fail(d, SQ_BAD_TENSOR, "batch size %lld, expected at least 1",
+                    (long long)f->shape[0]);
+    if (f->shape[0] > m->max_batch)
+        return fail(d, SQ_TOO_LARGE, "batch size %lld over the model's maximum %d",
+                    (long long)f->shape[0], m->max_batch);
+    int batch = (int)f->shape[0];
+    if (r->batch != 0 && batch != r->batch)
+        return fail(d, SQ_BAD_TENSOR, "batch size %d differs from the other inputs' %d", batch,
+                    r->batch);
+    r->batch = batch;
+    path_pop(d, old);
+
+    in->rows = req_alloc(r, (size_t)batch * sizeof(gw_oip_row_t));
+    if (in->rows == NULL)
+        return fail(d, SQ_NOMEM, "out of memory");
+    memset(in->rows, 0, (size_t)batch * sizeof(gw_oip_row_t));
+    *mi_out = mi;
+    return 0;
+}
+
+static int parse_input(dec_t *d, oip_cur_t *c, unsigned *seen)
+{
+    const gw_oip_model_t *m = d->model;
     input_fields_t f = {.ndim = -1, .binary_size = -1};
     if (!oip_accept(c, '{'))
         return fail(d, SQ_BAD_REQUEST, "expected an object");
-    int first = 1, rc;
+    int first = 1, rc, mi = -1, data_done = 0;
     char key[40];
     unsigned keys = 0;
     while ((rc = next_key(d, c, &first, key, sizeof(key))) == 1) {
@@ -731,10 +819,29 @@ static int parse_input(dec_t *d, oip_cur_t *c, unsigned *seen)
                 return rc;
             continue;
         }
-        size_t old = path_key(d, key);
-        if (keys & (1u << k))
+        if (keys & (1u << k)) {
+            path_key(d, key);
             return fail(d, SQ_BAD_REQUEST, "given twice");
+        }
         keys |= 1u << k;
+        if (k == 4) {
+            f.data = *c;
+            f.have_data = 1;
+            /* Usual order (name, shape, datatype, then data): read the
+             * tensor in place, in one pass; otherwise come back to it. */
+            if (f.have_name && f.have_datatype && f.ndim >= 0 && f.binary_size < 0) {
+                if ((rc = resolve_input(d, &f, seen, &mi)) != 0)
+                    return rc;
+                size_t item = (size_t)item_elems(&m->inputs[mi]);
+                if ((rc = read_json_data(d, c, &d->req->inputs[mi], &f, item, d->req->batch)) != 0)
+                    return rc;
+                data_done = 1;
+            } else if ((rc = skip(d, c)) != 0) {
+                return rc;
+            }
+            continue;
+        }
+        size_t old = path_key(d, key);
         switch (k) {
         case 0:
             rc = read_string(d, c, f.name, sizeof(f.name), &f.name_len);
@@ -747,13 +854,8 @@ static int parse_input(dec_t *d, oip_cur_t *c, unsigned *seen)
         case 2:
             rc = parse_shape(d, c, &f);
             break;
-        case 3:
-            rc = parse_input_parameters(d, c, &f);
-            break;
         default:
-            f.data = *c;
-            f.have_data = 1;
-            rc = skip(d, c);
+            rc = parse_input_parameters(d, c, &f);
             break;
         }
         if (rc != 0)
@@ -762,75 +864,8 @@ static int parse_input(dec_t *d, oip_cur_t *c, unsigned *seen)
     }
     if (rc < 0)
         return rc;
-
-    /* Name: one of the model's inputs, once. */
-    size_t old = path_key(d, "name");
-    if (!f.have_name)
-        return fail(d, SQ_BAD_REQUEST, "missing");
-    int mi = -1;
-    for (int i = 0; i < m->ninputs; i++)
-        if (f.name_len == strlen(m->inputs[i].name) &&
-            memcmp(f.name, m->inputs[i].name, f.name_len) == 0)
-            mi = i;
-    if (mi < 0) {
-        if (m->ninputs == 1)
-            return fail(d, SQ_BAD_TENSOR, "unknown input \"%.64s\" (the model takes \"%s\")",
-                        f.name, m->inputs[0].name);
-        return fail(d, SQ_BAD_TENSOR, "unknown input \"%.64s\"", f.name);
-    }
-    if (*seen & (1u << mi))
-        return fail(d, SQ_BAD_REQUEST, "input \"%s\" given twice", m->inputs[mi].name);
-    *seen |= 1u << mi;
-    path_pop(d, old);
-    const gw_oip_input_desc_t *desc = &m->inputs[mi];
-    gw_oip_input_t *in = &r->inputs[mi];
-
-    /* Datatype: known to OIP and accepted for this input. */
-    old = path_key(d, "datatype");
-    if (!f.have_datatype)
-        return fail(d, SQ_BAD_REQUEST, "missing");
-    gw_oip_datatype_t dt = GW_OIP_FP32;
-    int known =
-        f.datatype_len < sizeof(f.datatype) ? parse_datatype(f.datatype, f.datatype_len, &dt) : -1;
-    char acc[64];
-    accepted_str(acc, sizeof(acc), accept_mask(desc));
-    if (known < 0)
-        return fail(d, SQ_BAD_TENSOR, "unknown datatype \"%.15s\" (expected %s)", f.datatype, acc);
-    if (known > 0 || !(accept_mask(desc) & (1u << dt)))
-        return fail(d, SQ_BAD_TENSOR, "%s is not accepted for \"%s\" (expected %s)", f.datatype,
-                    desc->name, acc);
-    in->datatype = dt;
-    path_pop(d, old);
-
-    /* Shape: [N, item...] for tensors, [N] or [N,1] for images. */
-    old = path_key(d, "shape");
-    if (f.ndim < 0)
-        return fail(d, SQ_BAD_REQUEST, "missing");
-    char sh[160];
-    if (dt == GW_OIP_BYTES) {
-        if (!(f.ndim == 1 || (f.ndim == 2 && f.shape[1] == 1)))
-            return fail(d, SQ_BAD_TENSOR, "expected [N] or [N,1] for BYTES images");
-    } else {
-        int ok = f.ndim == desc->item_ndim + 1;
-        for (int i = 0; ok && i < desc->item_ndim; i++)
-            ok = f.shape[i + 1] == desc->item_shape[i];
-        if (!ok) {
-            shape_str(sh, sizeof(sh), -1, desc->item_shape, desc->item_ndim);
-            return fail(d, SQ_BAD_TENSOR, "expected %s", sh);
-        }
-    }
-    if (f.shape[0] < 1)
-        return fail(d, SQ_BAD_TENSOR, "batch size %lld, expected at least 1",
-                    (long long)f.shape[0]);
-    if (f.shape[0] > m->max_batch)
-        return fail(d, SQ_TOO_LARGE, "batch size %lld over the model's maximum %d",
-                    (long long)f.shape[0], m->max_batch);
-    int batch = (int)f.shape[0];
-    if (r->batch != 0 && batch != r->batch)
-        return fail(d, SQ_BAD_TENSOR, "batch size %d differs from the other inputs' %d", batch,
-                    r->batch);
-    r->batch = batch;
-    path_pop(d, old);
+    if (mi < 0 && (rc = resolve_input(d, &f, seen, &mi)) != 0)
+        return rc;
 
     /* Data: JSON or binary, exactly one of them. */
     if (f.have_data && f.binary_size >= 0)
@@ -839,14 +874,15 @@ static int parse_input(dec_t *d, oip_cur_t *c, unsigned *seen)
         path_key(d, "data");
         return fail(d, SQ_BAD_REQUEST, "missing (and no parameters.binary_data_size)");
     }
-    in->rows = req_alloc(r, (size_t)batch * sizeof(gw_oip_row_t));
-    if (in->rows == NULL)
-        return fail(d, SQ_NOMEM, "out of memory");
-    memset(in->rows, 0, (size_t)batch * sizeof(gw_oip_row_t));
-    size_t item = (size_t)item_elems(desc);
-    if (f.have_data)
-        return read_json_data(d, f.data, in, &f, item, batch);
-    return read_binary_data(d, in, &f, item, batch);
+    if (data_done)
+        return 0;
+    size_t item = (size_t)item_elems(&m->inputs[mi]);
+    gw_oip_input_t *in = &d->req->inputs[mi];
+    if (f.have_data) {
+        oip_cur_t dc = f.data;
+        return read_json_data(d, &dc, in, &f, item, d->req->batch);
+    }
+    return read_binary_data(d, in, &f, item, d->req->batch);
 }
 
 static int parse_inputs(dec_t *d, oip_cur_t *c)

@@ -40,6 +40,21 @@ size_t oip_unescape(const char *s, size_t n, char *out);
 /* Converts a JSON number's text to float, correctly rounded. Returns 0, or
  * -1 when it overflows FP32. */
 int oip_parse_f32(const char *s, size_t n, float *out);
+/* Why oip_read_numbers stopped: the element's index in its array and text. */
+enum { OIP_BAD_NOT_NUMBER = 1, OIP_BAD_FP32_RANGE, OIP_BAD_UINT8, OIP_BAD_SYNTAX };
+typedef struct {
+    int kind;
+    size_t index;
+    const char *s;
+    size_t n;
+} oip_bad_t;
+
+/* Reads the numbers of one array whose '[' was consumed, through its ']',
+ * as FP32 (4 bytes each) or UINT8 (integers 0..255) into dst; elements past
+ * cap are counted, not stored. The hot loop of JSON tensors. Returns 0 with
+ * *count, or -1 with *bad. */
+int oip_read_numbers(oip_cur_t *c, int as_uint8, uint8_t *dst, size_t cap, size_t *count,
+                     oip_bad_t *bad);
 /* Converts a JSON number's text to double. */
 double oip_parse_f64(const char *s, size_t n);
 /* An integer (no fraction, no exponent) in [min, max]: 0, else -1. */

@@ -476,37 +476,49 @@ static int f32_slow(const char *s, size_t n, float *out)
     return 0;
 }
 
-int oip_parse_f32(const char *s, size_t n, float *out)
+/* Scans one JSON number at p and converts it to float, correctly rounded:
+ * returns the end of the number (NULL when p holds none), *overflow set
+ * when it is out of FP32 range. Clinger's fast path in double: up to 19
+ * digits, exact when the mantissa fits in 53 bits and the power of ten is
+ * exact, then one rounding to float. That second rounding is wrong only when
+ * the double lands exactly on a float halfway point, which is checked. */
+static const char *f32_scan(const char *p, const char *end, float *out, int *overflow)
 {
-    /* Clinger's fast path in double: up to 19 digits, exact when the
-     * mantissa fits in 53 bits and the power of ten is exact, then one
-     * rounding to float. That second rounding is wrong only when the double
-     * lands exactly on a float halfway point, which is checked. */
-    const char *p = s, *end = s + n;
-    int neg = 0;
+    const char *s = p;
+    int neg = 0, slow = 0;
     if (p < end && *p == '-') {
         neg = 1;
         p++;
     }
+    if (p >= end || !is_digit(*p))
+        return NULL;
     uint64_t mant = 0;
     int digits = 0, exp10 = 0;
-    for (; p < end && is_digit(*p); p++) {
-        if (digits < 19) {
-            mant = mant * 10 + (uint64_t)(*p - '0');
-            if (mant)
+    if (*p == '0') {
+        p++;
+    } else {
+        for (; p < end && is_digit(*p); p++) {
+            if (digits < 19) {
+                mant = mant * 10 + (uint64_t)(*p - '0');
                 digits++;
-        } else
-            return f32_slow(s, n, out);
+            } else {
+                slow = 1;
+            }
+        }
     }
     if (p < end && *p == '.') {
-        for (p++; p < end && is_digit(*p); p++) {
+        p++;
+        if (p >= end || !is_digit(*p))
+            return NULL;
+        for (; p < end && is_digit(*p); p++) {
             if (digits < 19) {
                 mant = mant * 10 + (uint64_t)(*p - '0');
                 if (mant)
                     digits++;
                 exp10--;
-            } else
-                return f32_slow(s, n, out);
+            } else {
+                slow = 1;
+            }
         }
     }
     if (p < end && (*p == 'e' || *p == 'E')) {
@@ -514,32 +526,106 @@ int oip_parse_f32(const char *s, size_t n, float *out)
         int eneg = 0, e = 0;
         if (p < end && (*p == '+' || *p == '-'))
             eneg = *p++ == '-';
-        for (; p < end && is_digit(*p); p++) {
-            if (e > 100000)
-                return f32_slow(s, n, out);
-            e = e * 10 + (*p - '0');
-        }
+        if (p >= end || !is_digit(*p))
+            return NULL;
+        for (; p < end && is_digit(*p); p++)
+            if (e < 100000)
+                e = e * 10 + (*p - '0');
         exp10 += eneg ? -e : e;
     }
-    if (p != end)
-        return -1;
-    if (mant == 0) {
+    *overflow = 0;
+    if (!slow && mant == 0) {
         *out = neg ? -0.0f : 0.0f;
+        return p;
+    }
+    if (!slow && mant <= (1ull << 53) && exp10 >= -22 && exp10 <= 22) {
+        double d = (double)mant;
+        d = exp10 < 0 ? d / exact_pow10[-exp10] : d * exact_pow10[exp10];
+        uint64_t bits;
+        memcpy(&bits, &d, sizeof(bits));
+        if ((bits & 0x1FFFFFFFull) != 0x10000000ull) {
+            float f = (float)d; /* d < 2^53 * 1e22 < FLT_MAX, d >= 1e-22 */
+            *out = neg ? -f : f;
+            return p;
+        }
+    }
+    if (f32_slow(s, (size_t)(p - s), out) != 0)
+        *overflow = 1;
+    return p;
+}
+
+int oip_parse_f32(const char *s, size_t n, float *out)
+{
+    int overflow;
+    const char *q = f32_scan(s, s + n, out, &overflow);
+    if (q != s + n || overflow)
+        return -1;
+    return 0;
+}
+
+int oip_read_numbers(oip_cur_t *c, int as_uint8, uint8_t *dst, size_t cap, size_t *count,
+                     oip_bad_t *bad)
+{
+    const char *p = skip_ws_raw(c->p, c->end), *end = c->end;
+    size_t n = 0;
+    if (p < end && *p == ']') {
+        c->p = p + 1;
+        *count = 0;
         return 0;
     }
-    if (mant > (1ull << 53) || exp10 < -22 || exp10 > 22)
-        return f32_slow(s, n, out);
-    double d = (double)mant;
-    d = exp10 < 0 ? d / exact_pow10[-exp10] : d * exact_pow10[exp10];
-    uint64_t bits;
-    memcpy(&bits, &d, sizeof(bits));
-    if ((bits & 0x1FFFFFFFull) == 0x10000000ull || d < 1.2e-38)
-        return f32_slow(s, n, out);
-    float f = (float)d;
-    if (isinf(f))
+    for (;;) {
+        const char *q;
+        if (as_uint8) {
+            /* Fast path: 1-3 digits, no leading zero, no fraction. */
+            unsigned v = 0;
+            for (q = p; q < end && is_digit(*q) && q - p < 4; q++)
+                v = v * 10 + (unsigned)(*q - '0');
+            size_t nd = (size_t)(q - p);
+            if (nd == 0 || nd > 3 || v > 255 || (nd > 1 && *p == '0') ||
+                (q < end && (*q == '.' || *q == 'e' || *q == 'E'))) {
+                int64_t iv;
+                q = scan_number(p, end);
+                if (q == NULL) {
+                    *bad = (oip_bad_t){OIP_BAD_NOT_NUMBER, n, p, 0};
+                    return -1;
+                }
+                if (oip_parse_int(p, (size_t)(q - p), 0, 255, &iv) != 0) {
+                    *bad = (oip_bad_t){OIP_BAD_UINT8, n, p, (size_t)(q - p)};
+                    return -1;
+                }
+                v = (unsigned)iv;
+            }
+            if (n < cap)
+                dst[n] = (uint8_t)v;
+        } else {
+            float f;
+            int overflow;
+            q = f32_scan(p, end, &f, &overflow);
+            if (q == NULL) {
+                *bad = (oip_bad_t){OIP_BAD_NOT_NUMBER, n, p, 0};
+                return -1;
+            }
+            if (overflow) {
+                *bad = (oip_bad_t){OIP_BAD_FP32_RANGE, n, p, (size_t)(q - p)};
+                return -1;
+            }
+            if (n < cap)
+                memcpy(dst + 4 * n, &f, 4);
+        }
+        n++;
+        p = skip_ws_raw(q, end);
+        if (p < end && *p == ',') {
+            p = skip_ws_raw(p + 1, end);
+            continue;
+        }
+        if (p < end && *p == ']') {
+            c->p = p + 1;
+            *count = n;
+            return 0;
+        }
+        *bad = (oip_bad_t){OIP_BAD_SYNTAX, n, p, 0};
         return -1;
-    *out = neg ? -f : f;
-    return 0;
+    }
 }
 
 double oip_parse_f64(const char *s, size_t n)

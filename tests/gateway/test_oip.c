@@ -201,6 +201,37 @@ Test(oip, fp32_flat_nested_and_per_row_data_decode_alike)
     }
 }
 
+Test(oip, members_come_in_any_order)
+{
+    /* "data" before the fields that say how to read it: read on a second
+     * look; the usual order is read in place. Both decode alike. */
+    gw_oip_model_t m = small_model();
+    sq_buf_t b;
+    sq_buf_init(&b);
+    const int dims[4] = {2, 3, 4, 4};
+    int next = 0;
+    sb_printf(&b, "{\"outputs\":[{\"name\":\"logits\"}],\"inputs\":[{\"data\":");
+    emit_nested(&b, dims, 4, 0, 3, &next);
+    sb_printf(&b, ",\"parameters\":{\"x\":1},\"datatype\":\"FP32\",\"shape\":[2,3,4,4],"
+                  "\"name\":\"input\"}],\"id\":\"late\"}");
+    gw_oip_request_t r;
+    cr_assert_eq(parse_json(sb_str(&b), &m, &r), 0, "%s", err);
+    check_fp32_rows(&r, 2);
+    cr_assert_str_eq(r.id, "late");
+    cr_assert_eq(r.noutputs, 1);
+    gw_oip_request_dispose(&r);
+    sq_buf_dispose(&b);
+    cr_assert_eq(parse_json("{\"inputs\":[{\"data\":[\"QUJD\"],\"name\":\"input\","
+                            "\"datatype\":\"BYTES\",\"shape\":[1]}]}",
+                            &m, &r),
+                 0, "%s", err);
+    cr_assert_eq(r.inputs[0].rows[0].len, 3);
+    gw_oip_request_dispose(&r);
+    expect_error("{\"inputs\":[{\"data\":[1,2],\"name\":\"input\",\"datatype\":\"UINT8\","
+                 "\"shape\":[1,3,4,4]}]}",
+                 &m, SQ_BAD_TENSOR, "inputs[0].data: 2 elements for shape [1,3,4,4] (48)");
+}
+
 Test(oip, nested_data_must_follow_the_shape)
 {
     gw_oip_model_t m = small_model();
@@ -776,8 +807,11 @@ Test(oip, input_errors_name_their_path)
          "inputs[0].datatype: missing", SQ_BAD_REQUEST},
         {"{\"inputs\":[{\"name\":\"input\",\"shape\":[1],\"datatype\":\"BYTES\"}]}",
          "inputs[0].data: missing", SQ_BAD_REQUEST},
-        {"{\"inputs\":[{\"name\":\"input\",\"shape\":[1],\"datatype\":\"BYTES\",\"data\":[],"
-         "\"parameters\":{\"binary_data_size\":0}}]}",
+        {"{\"inputs\":[{\"name\":\"input\",\"shape\":[1],\"datatype\":\"BYTES\","
+         "\"parameters\":{\"binary_data_size\":0},\"data\":[]}]}",
+         "inputs[0]: both data and parameters.binary_data_size given", SQ_BAD_REQUEST},
+        {"{\"inputs\":[{\"name\":\"input\",\"shape\":[1],\"datatype\":\"BYTES\","
+         "\"data\":[\"QUJD\"],\"parameters\":{\"binary_data_size\":0}}]}",
          "inputs[0]: both data and parameters.binary_data_size given", SQ_BAD_REQUEST},
         {"{\"inputs\":[{\"name\":\"input\",\"shape\":[1],\"shape\":[1]}]}",
          "inputs[0].shape: given twice", SQ_BAD_REQUEST},
