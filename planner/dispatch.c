@@ -802,6 +802,29 @@ int pl_dispatch_request(pl_dispatch_t *d, int64_t now_us, uint64_t id, int sessi
     return 0;
 }
 
+int pl_dispatch_cancel(pl_dispatch_t *d, int64_t now_us, int session, uint64_t id)
+{
+    begin(d);
+    session_t *s = session_get(d, session);
+    if (s == NULL)
+        return SQ_NOT_FOUND;
+    for (uint32_t i = 0; i < s->q.n; i++) {
+        if (pl__q_at(&s->q, i)->id != id)
+            continue;
+        /* Close the gap from the head side: entries before i move back one. */
+        for (uint32_t j = i; j > 0; j--)
+            *pl__q_at(&s->q, j) = *pl__q_at(&s->q, j - 1);
+        pl__q_pop(&s->q);
+        d->stats.queued--;
+        /* The head may have changed: its wake time with it. */
+        pump_session(d, session, now_us);
+        finish(d);
+        return 0;
+    }
+    finish(d);
+    return SQ_NOT_FOUND;
+}
+
 void pl_dispatch_timer(pl_dispatch_t *d, int64_t now_us)
 {
     begin(d);

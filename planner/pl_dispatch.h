@@ -43,6 +43,7 @@
  *     on timer:           pl_dispatch_timer(d, now);
  *     on batch result:    pl_dispatch_batch_done(d, now, w, batch_id);
  *     on worker death:    pl_dispatch_worker_lost(d, now, w);
+ *     on client gone:     pl_dispatch_cancel(d, now, s, id);
  *     after each call:    n = pl_dispatch_take(d, &actions); act on each:
  *       PL_ACT_SEND  send the batch (ids, in order) of `session` to `worker`
  *       PL_ACT_DROP  answer request `request_id` with `reason` (an SQ_* code)
@@ -181,6 +182,12 @@ int pl_dispatch_route_set(pl_dispatch_t *d, int64_t now_us, int session, const p
  * only echoed back. SQ_INVAL on an unknown session. */
 int pl_dispatch_request(pl_dispatch_t *d, int64_t now_us, uint64_t id, int session,
                         int64_t arrival_us, int64_t deadline_us);
+/* The client went away (or the caller answered the request itself): takes
+ * request id out of session's queue so that it uses no batch slot. No
+ * action is produced for it. Returns 0, or SQ_NOT_FOUND when it is not
+ * queued (already sent to a worker, already dropped, or unknown): a result
+ * that arrives for it later is the caller's to discard. O(queue length). */
+int pl_dispatch_cancel(pl_dispatch_t *d, int64_t now_us, int session, uint64_t id);
 /* The caller's timer fired (or any time: it only does what is due). */
 void pl_dispatch_timer(pl_dispatch_t *d, int64_t now_us);
 /* The worker answered batch_id: it is free again. SQ_INVAL when that worker

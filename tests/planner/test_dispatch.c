@@ -414,6 +414,40 @@ Test(dispatch, removal_reroute_and_late_arrivals)
     free(r);
 }
 
+Test(dispatch, cancel_takes_a_request_out_of_its_queue)
+{
+    rig_t *r = malloc(sizeof(*r));
+    rig_init(r, PL_POLICY_DEFERRED);
+    add_workers(r, 1);
+    int sid = add_linear_session(r->d, 1000, 5000, 64, 30000);
+    route_all(r, sid, 1, 0);
+    for (uint64_t i = 1; i <= 3; i++)
+        cr_assert_eq(pl_dispatch_request(r->d, 0, i, sid, 0, 30000 + (int64_t)i), 0);
+    absorb(r);
+    cr_assert_eq(r->timer_us, 30001 - 9000, "three wait for 30.001 - l(4)");
+    cr_assert_eq(pl_dispatch_cancel(r->d, 100, sid, 2), 0);
+    absorb(r);
+    cr_assert_eq(r->timer_us, 30001 - 8000, "two left: 30.001 - l(3)");
+    cr_assert_eq(pl_dispatch_cancel(r->d, 100, sid, 2), SQ_NOT_FOUND);
+    cr_assert_eq(pl_dispatch_cancel(r->d, 100, 9, 1), SQ_NOT_FOUND);
+    cr_assert_eq(pl_dispatch_cancel(r->d, 100, sid, 1), 0, "the head");
+    absorb(r);
+    cr_assert_eq(r->timer_us, 30003 - 7000);
+    r->timer_us = PL_NEVER;
+    pl_dispatch_timer(r->d, 30003 - 7000);
+    absorb(r);
+    cr_assert_eq(r->nsent, 1);
+    cr_assert_eq(r->sent[0].count, 1);
+    cr_assert_eq(r->sent[0].ids[0], 3);
+    cr_assert_eq(r->ndropped, 0);
+    cr_assert_eq(pl_dispatch_cancel(r->d, 23100, sid, 3), SQ_NOT_FOUND, "already sent");
+    pl_dispatch_stats_t st;
+    pl_dispatch_stats(r->d, &st);
+    cr_assert_eq(st.queued, 0);
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
 static uint64_t rng_state;
 static uint64_t rng_next(void)
 {
