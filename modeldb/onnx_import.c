@@ -721,17 +721,19 @@ int mdb_onnx_import_bound(const void *bytes, size_t len, const mdb_onnx_const_t 
     if (rc && forced && rc != SQ_NOMEM) {
         /* The file fixes the batch and its shapes depend on it (a Reshape
          * to [1, -1], say): import it for that batch only. */
-        mdb_import_error_t first = {0};
-        if (err)
-            first = *err;
         e.ops_len = 0;
         e.ops[0] = '\0';
         bool again;
         rc = build(&e, m, opset, false, consts, n_consts, fold_budget, out, &again, &declared);
-        if (rc == 0)
+        /* On failure the fixed-batch attempt's reason stands: the symbolic
+         * one failed for a batch the file never promised. */
+        if (rc == 0) {
             (*out)->batch_fixed = declared > 0 ? declared : 1;
-        else if (err)
-            *err = first;
+            if (err) {
+                memset(err, 0, sizeof(*err));
+                err->opset = opset;
+            }
+        }
     }
 out:
     if (err && rc) {

@@ -254,3 +254,62 @@ Test(prefix, hashes_print_as_hex)
     cr_assert_eq(strlen(buf), 64);
     cr_assert_eq(strncmp(buf, "00112233", 8), 0);
 }
+
+/* x -> conv1 -> relu -> conv2 -> relu -> gap -> flatten -> gemm, with
+ * conv2's and the classifier's weights chosen by the caller. */
+static mdb_graph_t *two_conv_model(float conv2_seed, float fc_seed)
+{
+    mb_t m;
+    mb_init(&m, 13);
+    int64_t x[] = {-1, 3, 16, 16}, w1[] = {8, 3, 3, 3}, w2[] = {8, 8, 3, 3}, fc[] = {5, 8};
+    mb_input(&m, "x", 4, x);
+    mb_init_f(&m, "w1", 4, w1, 0.01f, 0.002f);
+    mb_init_f(&m, "w2", 4, w2, conv2_seed, 0.001f);
+    mb_init_f(&m, "fc", 2, fc, fc_seed, 0.01f);
+    mb_node(&m, "Conv", (const char *[]){"x", "w1", NULL}, (const char *[]){"c1", NULL});
+    mb_node(&m, "Relu", (const char *[]){"c1", NULL}, (const char *[]){"r1", NULL});
+    mb_node(&m, "Conv", (const char *[]){"r1", "w2", NULL}, (const char *[]){"c2", NULL});
+    mb_node(&m, "Relu", (const char *[]){"c2", NULL}, (const char *[]){"r2", NULL});
+    mb_node(&m, "GlobalAveragePool", (const char *[]){"r2", NULL}, (const char *[]){"p", NULL});
+    mb_node(&m, "Flatten", (const char *[]){"p", NULL}, (const char *[]){"f", NULL});
+    Onnx__NodeProto *gemm =
+        mb_node(&m, "Gemm", (const char *[]){"f", "fc", NULL}, (const char *[]){"y", NULL});
+    mb_attr_int(&m, gemm, "transB", 1);
+    mb_output(&m, "y");
+    size_t len;
+    uint8_t *bytes = mb_pack(&m, &len);
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(mdb_onnx_import(bytes, len, &g, &err), 0, "%s", err.detail);
+    free(bytes);
+    mb_free(&m);
+    return g;
+}
+
+Test(prefix, the_cut_moves_up_to_the_first_differing_layer)
+{
+    mdb_graph_t *base = two_conv_model(0.1f, 0.2f);
+    mdb_graph_t *new_head = two_conv_model(0.1f, 0.3f);
+    mdb_graph_t *new_conv2 = two_conv_model(0.15f, 0.2f);
+    mdb_prefix_t p;
+    /* Only the classifier differs: the cut is Flatten's output. */
+    cr_assert_eq(mdb_prefix_find(base, new_head, &p), 0);
+    cr_assert(p.found);
+    cr_assert_eq(p.prefix_nodes, 6);
+    cr_assert_eq(base->nodes[p.node_a].op, MDB_OP_FLATTEN);
+    /* conv2 differs too: the shared part is conv1 + relu. */
+    cr_assert_eq(mdb_prefix_find(base, new_conv2, &p), 0);
+    cr_assert(p.found);
+    cr_assert_eq(p.prefix_nodes, 2);
+    cr_assert_eq(p.node_a, 1);
+    cr_assert_eq(base->nodes[p.node_a].op, MDB_OP_RELU);
+    cr_assert_eq(p.tensor_a, base->nodes[2].inputs[0]);
+    /* Symmetric. */
+    mdb_prefix_t q;
+    cr_assert_eq(mdb_prefix_find(new_conv2, base, &q), 0);
+    cr_assert_eq(q.prefix_nodes, 2);
+    cr_assert_eq(memcmp(&p.prefix_hash, &q.prefix_hash, MDB_HASH_LEN), 0);
+    mdb_graph_free(base);
+    mdb_graph_free(new_head);
+    mdb_graph_free(new_conv2);
+}
