@@ -122,15 +122,21 @@ typedef struct {
 
 /* Decodes a request body. header_len is the Inference-Header-Content-Length
  * header (-1 when absent; 0: the whole body is one raw tensor of the model's
- * single input at batch 1). On success returns 0 and fills out (release it
- * with gw_oip_request_dispose). On failure returns a negative SQ_* code with a
- * message naming the JSON path in err ("inputs[0].shape: expected
- * [N,3,224,224]"), out left disposable:
+ * single input at batch 1, in the model's datatype, answered with every
+ * output in JSON). Rows may point into body. Binary tensors must fill the
+ * body after the header exactly, in the order of "inputs". On success
+ * returns 0 and fills out (release it with gw_oip_request_dispose). On
+ * failure returns a negative SQ_* code with a message naming the JSON path in
+ * err ("inputs[0].shape: expected [N,3,224,224]"), out left empty and
+ * disposable:
  *   SQ_BAD_JSON     not JSON (with the byte offset),
  *   SQ_BAD_TENSOR   an input's name, datatype, shape or data does not fit the model,
  *   SQ_BAD_REQUEST  anything else malformed (types of fields, binary framing),
  *   SQ_TOO_LARGE    over a limit: batch, body or image bytes, JSON depth, id length,
- *   SQ_NOMEM        a tensor buffer could not be allocated. */
+ *   SQ_NOMEM        a tensor buffer could not be allocated,
+ *   SQ_INVAL        the model description itself is invalid (a caller bug).
+ * A malformed body is SQ_BAD_JSON whatever else is wrong with it: the text is
+ * validated before anything in it is read. */
 int gw_oip_request_parse(const uint8_t *body, size_t len, long long header_len,
                          const gw_oip_model_t *model, gw_oip_request_t *out, char *err,
                          size_t errlen);
