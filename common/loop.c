@@ -222,6 +222,11 @@ static void run_posts(sq_loop_t *l)
     }
 }
 
+void sq_loop_run_posts(sq_loop_t *l)
+{
+    run_posts(l);
+}
+
 static void run_timers(sq_loop_t *l)
 {
     int64_t now = sq_now_ns();

@@ -24,7 +24,7 @@
     X(TOO_LARGE, "too_large", 413, "request too large")                                            \
     X(MEDIA_TYPE, "unsupported_media_type", 415, "unsupported media type")                         \
     X(UNSUPPORTED_MODEL, "unsupported_model", 422, "model uses unsupported operators")             \
-    X(BAD_MODEL, "bad_model", 422, "model could not be parsed")                                    \
+    X(BAD_MODEL, "bad_model", 400, "model could not be parsed")                                    \
     X(DEADLINE, "deadline", 503, "the deadline cannot be met")                                     \
     X(OVERLOAD, "overloaded", 503, "server overloaded")                                            \
     X(NO_WORKER, "no_worker", 503, "no worker available")                                          \

@@ -31,7 +31,17 @@
     X(PING, 3)                                                                                     \
     X(PONG, 4)                                                                                     \
     X(SHUTDOWN, 5)                                                                                 \
-    X(ERROR, 6)
+    X(ERROR, 6)                                                                                    \
+    X(MODEL_LOAD, 10)                                                                              \
+    X(MODEL_CHUNK, 11)                                                                             \
+    X(MODEL_LOADED, 12)                                                                            \
+    X(MODEL_FAILED, 13)                                                                            \
+    X(MODEL_UNLOAD, 14)                                                                            \
+    X(BATCH, 20)                                                                                   \
+    X(BATCH_DONE, 21)                                                                              \
+    X(PROFILE, 30)                                                                                 \
+    X(PROFILE_PROGRESS, 31)                                                                        \
+    X(PROFILE_DONE, 32)
 
 typedef enum {
 #define SQ_IPC_ENUM_(n, v) SQ_MSG_##n = v,
@@ -118,5 +128,97 @@ void sq_welcome_encode(sq_buf_t *b, const sq_welcome_t *m);
 int sq_welcome_decode(const sq_frame_t *f, sq_welcome_t *m);
 void sq_ipc_error_encode(sq_buf_t *b, const sq_ipc_error_t *m);
 int sq_ipc_error_decode(const sq_frame_t *f, sq_ipc_error_t *m);
+
+/* ---- models, batches, profiles (frame id: the model key or batch id) ---- */
+
+#define SQ_MODEL_CHUNK_BYTES (1u << 20)
+#define SQ_MAX_EMU_LATENCIES 1024
+#define SQ_MAX_BATCH_ITEMS 1024
+#define SQ_MAX_PROFILE_ROWS 128
+
+typedef enum { SQ_FORMAT_ONNX = 0, SQ_FORMAT_EMULATED = 1 } sq_model_format_t;
+
+/* MODEL_LOAD: squishd -> worker. For ONNX, total_bytes of the file follow
+ * in MODEL_CHUNK frames unless `cached` says this connection already sent
+ * bytes with this sha256. The worker answers MODEL_LOADED or MODEL_FAILED. */
+typedef struct {
+    char sha256[65];
+    uint8_t format;
+    uint8_t cached;
+    uint64_t total_bytes;
+    uint32_t max_batch;
+    double mean[3], std[3]; /* on the 0..255 pixel scale */
+    uint8_t bgr;
+    uint32_t in_chw[3];     /* emulated: item shape */
+    uint32_t out_classes;   /* emulated: floats per item */
+    uint32_t n_latency;     /* emulated: l(b) for b = 1..n_latency */
+    uint64_t latency_us[SQ_MAX_EMU_LATENCIES];
+} sq_model_load_t;
+
+/* MODEL_LOADED: worker -> squishd. */
+typedef struct {
+    uint64_t memory_bytes;
+    uint32_t max_batch;
+    uint64_t in_elems;  /* floats (or pixels x3) per item */
+    uint64_t out_elems; /* floats per item of output 0 */
+    uint32_t in_hw[2];  /* pixel input: H, W */
+} sq_model_loaded_t;
+
+typedef enum { SQ_INPUT_PIXELS = 0, SQ_INPUT_FP32 = 1, SQ_INPUT_UINT8 = 2 } sq_input_kind_t;
+
+/* BATCH: squishd -> worker. Item i's input is at arena offset in_off[i]
+ * (uint8 HWC pixels, or the model's input tensor); outputs go to out_off +
+ * i * out_stride. */
+typedef struct {
+    uint64_t model_key;
+    uint8_t input_kind;
+    uint32_t count;
+    uint64_t out_off;
+    uint64_t out_stride;
+    uint64_t in_off[SQ_MAX_BATCH_ITEMS];
+} sq_batch_t;
+
+/* BATCH_DONE: worker -> squishd. */
+typedef struct {
+    int32_t code;      /* 0 or an SQ_* error */
+    uint64_t exec_ns;  /* in the backend */
+    uint64_t total_ns; /* from receipt to reply (gather + normalize + run) */
+    char message[200];
+} sq_batch_done_t;
+
+/* PROFILE: squishd -> worker: measure l(b) of a loaded model. */
+typedef struct {
+    uint32_t max_batch;
+    uint32_t warmup;
+    uint32_t repeats;
+    uint32_t budget_ms; /* stop growing b when the next size would exceed it */
+} sq_profile_req_t;
+
+typedef struct {
+    uint32_t batch;
+    double mean_us, std_us;
+    uint64_t peak_memory_bytes;
+} sq_profile_row_t;
+
+/* PROFILE_DONE: worker -> squishd (PROFILE_PROGRESS carries done/total only). */
+typedef struct {
+    int32_t code;
+    char message[200];
+    uint32_t nrows;
+    sq_profile_row_t rows[SQ_MAX_PROFILE_ROWS];
+} sq_profile_done_t;
+
+void sq_model_load_encode(sq_buf_t *b, const sq_model_load_t *m);
+int sq_model_load_decode(const sq_frame_t *f, sq_model_load_t *m);
+void sq_model_loaded_encode(sq_buf_t *b, const sq_model_loaded_t *m);
+int sq_model_loaded_decode(const sq_frame_t *f, sq_model_loaded_t *m);
+void sq_batch_encode(sq_buf_t *b, const sq_batch_t *m);
+int sq_batch_decode(const sq_frame_t *f, sq_batch_t *m);
+void sq_batch_done_encode(sq_buf_t *b, const sq_batch_done_t *m);
+int sq_batch_done_decode(const sq_frame_t *f, sq_batch_done_t *m);
+void sq_profile_req_encode(sq_buf_t *b, const sq_profile_req_t *m);
+int sq_profile_req_decode(const sq_frame_t *f, sq_profile_req_t *m);
+void sq_profile_done_encode(sq_buf_t *b, const sq_profile_done_t *m);
+int sq_profile_done_decode(const sq_frame_t *f, sq_profile_done_t *m);
 
 #endif

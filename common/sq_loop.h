@@ -39,6 +39,10 @@ void sq_loop_timer_cancel(sq_loop_t *loop, uint64_t timer_id);
 /* Thread-safe: runs fn(loop, arg) on the loop thread soon. */
 void sq_loop_post(sq_loop_t *loop, sq_post_fn fn, void *arg);
 
+/* Runs the functions posted so far, on the calling thread (the owner's,
+ * after the loop stopped: so that posted work is not leaked at exit). */
+void sq_loop_run_posts(sq_loop_t *loop);
+
 /* Runs until sq_loop_stop() (callable from a callback or another thread). */
 void sq_loop_run(sq_loop_t *loop);
 void sq_loop_stop(sq_loop_t *loop);

@@ -4,11 +4,21 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <pl_dispatch.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { OPT_STR, OPT_INT, OPT_LOGLEVEL, OPT_LISTEN, OPT_WORKERS, OPT_MB } opt_type_t;
+typedef enum {
+    OPT_STR,
+    OPT_INT,
+    OPT_DOUBLE,
+    OPT_LOGLEVEL,
+    OPT_LISTEN,
+    OPT_WORKERS,
+    OPT_MB,
+    OPT_POLICY
+} opt_type_t;
 
 typedef struct {
     const char *name; /* JSON key; the flag is --name with '-' for '_'; env SQUISH_NAME */
@@ -22,6 +32,7 @@ typedef struct {
 
 #define STR(f) OPT_STR, offsetof(gw_config_t, f), sizeof(((gw_config_t *)0)->f)
 #define INT(f) OPT_INT, offsetof(gw_config_t, f), sizeof(int)
+#define DBL(f) OPT_DOUBLE, offsetof(gw_config_t, f), sizeof(double)
 
 static const opt_t options[] = {
     {"listen", OPT_LISTEN, 0, 0, 0, 0, "127.0.0.1:8000",
@@ -51,6 +62,19 @@ static const opt_t options[] = {
      "on SIGTERM, how long in-flight requests may take to finish"},
     {"max_body_mb", OPT_MB, offsetof(gw_config_t, max_body_bytes), 0, 1, 1 << 20, "512",
      "largest request body (uploads included), MiB"},
+    {"policy", OPT_POLICY, 0, 0, 0, 0, "deferred",
+     "batch dispatch: deferred (Symphony) or early-drop (Nexus)"},
+    {"k_std", DBL(k_std), 0, 10, "1", "latency margin: profile mean + k_std * std"},
+    {"net_delay_us", INT(net_delay_us), 0, 1000000, "200",
+     "added to every batch's latency for the IPC round trip"},
+    {"prep_threads", INT(prep_threads), 1, 256, "2", "JPEG decode threads"},
+    {"prep_queue", INT(prep_queue), 1, 1 << 20, "4096",
+     "images waiting for a decode thread, at most (then 503 overloaded)"},
+    {"max_images", INT(max_images), 1, 1024, "64", "images or tensor rows per request"},
+    {"max_request_ms", INT(max_request_ms), 1, 3600000, "60000",
+     "hard upper bound on a request's life in squishd (caps every SLO)"},
+    {"default_slo_ms", DBL(default_slo_ms), 1, 3600000, "1000",
+     "SLO of a request for a model that has no default_slo_ms"},
 };
 #define NOPTIONS (sizeof(options) / sizeof(options[0]))
 
@@ -182,6 +206,28 @@ static int set_option(gw_config_t *cfg, const opt_t *o, const char *v, const cha
             *(int *)((char *)cfg + o->offset) = (int)n;
         break;
     }
+    case OPT_DOUBLE: {
+        char *end;
+        double d = strtod(v, &end);
+        if (end == v || *end != '\0' || !(d >= (double)o->min && d <= (double)o->max)) {
+            snprintf(why, sizeof(why), "expected a number in %lld..%lld, got '%s'", o->min,
+                     o->max, v);
+            rc = SQ_BAD_CONFIG;
+            break;
+        }
+        *(double *)((char *)cfg + o->offset) = d;
+        break;
+    }
+    case OPT_POLICY: {
+        pl_policy_t policy;
+        if (pl_policy_parse(v, &policy) != 0) {
+            snprintf(why, sizeof(why), "expected deferred or early-drop, got '%s'", v);
+            rc = SQ_BAD_CONFIG;
+            break;
+        }
+        cfg->policy = (int)policy;
+        break;
+    }
     case OPT_LOGLEVEL:
         if (sq_log_level_parse(v, &cfg->log_level) != 0) {
             snprintf(why, sizeof(why), "expected debug, info, warn, error or off, got '%s'", v);
@@ -239,6 +285,8 @@ static int load_file(gw_config_t *cfg, const char *path, char *err, size_t errle
             snprintf(text, sizeof(text), "%s", json_string_value(val));
         else if (json_is_integer(val))
             snprintf(text, sizeof(text), "%lld", (long long)json_integer_value(val));
+        else if (json_is_real(val))
+            snprintf(text, sizeof(text), "%.17g", json_real_value(val));
         else {
             snprintf(err, errlen, "%s: expected a string or an integer", what);
             rc = SQ_BAD_CONFIG;

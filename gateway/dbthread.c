@@ -1,6 +1,8 @@
 /* The DB thread: opens the model DB off the HTTP loop and runs DB jobs
  * posted to it, one at a time, in order. */
+#include "gw_infer.h"
 #include "gw_int.h"
+#include "gw_registry.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +59,22 @@ int gw_db_start(gw_server_t *srv, char *err, size_t errlen)
         snprintf(err, errlen, "cannot create the DB thread's loop");
         return SQ_NOMEM;
     }
+    /* The registry is filled before anything serves (this is the main
+     * thread at start, not a loop). */
+    json_t *recs;
+    if ((rc = mdb_model_records(d->mdb, 0, &recs)) != 0) {
+        snprintf(err, errlen, "--db %s: %s", srv->cfg->db_path, mdb_errmsg(d->mdb));
+        sq_loop_free(d->loop);
+        mdb_close(d->mdb);
+        free(d);
+        return rc;
+    }
+    size_t i;
+    json_t *r;
+    json_array_foreach(recs, i, r)
+        gw_registry_put(srv->registry, gw_model_from_record(r));
+    SQ_INFO("models loaded count=%zu", json_array_size(recs));
+    json_decref(recs);
     if (pthread_create(&d->thread, NULL, db_thread, d) != 0) {
         sq_loop_free(d->loop);
         mdb_close(d->mdb);
@@ -69,6 +87,17 @@ int gw_db_start(gw_server_t *srv, char *err, size_t errlen)
     SQ_INFO("model database open path=%s schema_version=%d", srv->cfg->db_path,
             MDB_SCHEMA_VERSION);
     return 0;
+}
+
+static void resume_one(gw_model_t *m, void *arg)
+{
+    if (strcmp(m->status, "profiling") == 0)
+        gw_dispatch_profile(arg, m->key);
+}
+
+void gw_db_resume_profiling(gw_server_t *srv)
+{
+    gw_registry_foreach(srv->registry, resume_one, srv);
 }
 
 void gw_db_post(gw_server_t *srv, void (*fn)(mdb_t *db, void *arg), void *arg)

@@ -41,6 +41,15 @@ typedef struct {
     int emu_memory_mb;
     int drain_timeout_ms;
     int64_t max_body_bytes;
+    /* data plane */
+    int policy;            /* pl_policy_t: deferred | early-drop */
+    double k_std;          /* profile margin: mean + k_std * std */
+    int net_delay_us;      /* added to every batch's latency (IPC round trip) */
+    int prep_threads;      /* JPEG decode threads */
+    int prep_queue;        /* images waiting for a decode thread, at most */
+    int max_images;        /* images (or tensor rows) per request */
+    int max_request_ms;    /* hard upper bound on any request's life (caps the SLO) */
+    double default_slo_ms; /* when neither the request nor the model gives one */
 } gw_config_t;
 
 /* What gw_config_parse did: run the server, or print and exit. */

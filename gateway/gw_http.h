@@ -18,7 +18,51 @@ typedef struct {
     gw_server_t *srv;
     h2o_iovec_t args[GW_MAX_ROUTE_ARGS];
     int nargs;
+    h2o_multithread_receiver_t *reply_to; /* the loop thread serving req */
 } gw_call_t;
+
+/* A reply computed off the HTTP loop (on the DB thread, a worker...).
+ *
+ * gw_async_new ties a job to the request: when the job is done, any thread
+ * calls gw_async_done, and the loop thread that owns the request sends the
+ * reply. If the client went away meanwhile (h2o freed the request), the
+ * reply is dropped safely. The job is freed when both the request side and
+ * the completion side have let go; both happen on the loop thread. */
+typedef struct gw_async gw_async_t;
+struct gw_async {
+    h2o_multithread_message_t super;
+    h2o_multithread_receiver_t *reply_to;
+    h2o_req_t *req; /* NULL once the client is gone */
+    int refs;
+    gw_server_t *srv;
+    /* Filled by the job: an error (SQ_*) with detail, or a status and body. */
+    int err;
+    char detail[512];
+    int status;
+    json_t *body;
+    const char *location; /* optional Location header (static or owned by the job) */
+    /* Optional: sends a reply other than JSON; called on the loop thread. */
+    void (*respond)(gw_async_t *a, h2o_req_t *req);
+    /* Optional: frees what the job owns; called once, on the loop thread. */
+    void (*dispose)(gw_async_t *a);
+};
+
+/* Allocates a job of `size` bytes (>= sizeof(gw_async_t), zeroed) bound to
+ * the call's request. */
+gw_async_t *gw_async_new(gw_call_t *call, size_t size);
+/* From any thread: the job is done; the loop thread replies. */
+void gw_async_done(gw_async_t *a);
+/* Sets the job's reply to an error (with optional detail). */
+void gw_async_fail(gw_async_t *a, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* The value of a request header (lower-case name), or an empty iovec. */
+h2o_iovec_t gw_header(h2o_req_t *req, const char *name);
+/* Whether the request carries the admin bearer token; if not, replies 401
+ * and returns 0. */
+int gw_require_admin(gw_call_t *call);
+/* The value of query parameter `name` in out (URL-decoded, terminated).
+ * Returns 1 when present. */
+int gw_query_param(h2o_req_t *req, const char *name, char *out, size_t outlen);
 
 typedef void (*gw_route_fn)(gw_call_t *call);
 
@@ -36,5 +80,16 @@ void gw_send_json(h2o_req_t *req, int status, json_t *obj);
 void gw_send_error(h2o_req_t *req, int err, const char *detail);
 /* Adds a response header (name is lower-case). */
 void gw_add_header(h2o_req_t *req, const char *name, const char *value);
+
+/* Routes (one file per area). */
+void gw_route_models_post(gw_call_t *call);
+void gw_route_models_list(gw_call_t *call);
+void gw_route_models_get(gw_call_t *call);
+void gw_route_models_delete(gw_call_t *call);
+void gw_route_models_delete_version(gw_call_t *call);
+void gw_route_kserve_model(gw_call_t *call);
+void gw_route_kserve_model_ready(gw_call_t *call);
+void gw_route_infer_v1(gw_call_t *call);
+void gw_route_infer_v2(gw_call_t *call);
 
 #endif

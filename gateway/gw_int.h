@@ -12,6 +12,9 @@
 typedef struct gw_http gw_http_t;
 typedef struct gw_workers gw_workers_t;
 typedef struct gw_db gw_db_t;
+typedef struct gw_dispatch gw_dispatch_t;
+typedef struct gw_registry gw_registry_t;
+typedef struct gw_prep_pool gw_prep_pool_t;
 
 /* The server: one per process, created by gw_main. Fields written by one
  * thread and read by others are atomics; everything else is set before the
@@ -28,30 +31,49 @@ typedef struct gw_server {
     atomic_int stopping;    /* SIGTERM seen: no new work */
     atomic_long inflight;   /* HTTP requests not yet answered */
 
+    atomic_int kind_up[3];  /* workers up per device kind (gw_kind_t) */
+
     sq_shm_arena_t *arena;
+    gw_registry_t *registry;
+    gw_prep_pool_t *prep;
     gw_db_t *db;
     gw_workers_t *workers;
+    gw_dispatch_t *dispatch; /* lives on the workers' (dispatch) thread */
+    sq_loop_t *dispatch_loop;
     gw_http_t *http;
+    struct gw_offload_ctx *offload;
 } gw_server_t;
+
+/* The offload thread (offload.c): runs fn(arg) off the HTTP loops. */
+int gw_offload_start(gw_server_t *srv);
+void gw_offload(gw_server_t *srv, void (*fn)(void *arg), void *arg);
+void gw_offload_stop(gw_server_t *srv);
 
 /* DB thread: owns the sqlite handle; the HTTP loop never touches it. */
 int gw_db_start(gw_server_t *srv, char *err, size_t errlen);
 /* Runs fn(db, arg) on the DB thread. */
 void gw_db_post(gw_server_t *srv, void (*fn)(mdb_t *db, void *arg), void *arg);
 void gw_db_stop(gw_server_t *srv);
+/* After the dispatcher started: profile again the models whose profiling a
+ * restart interrupted. */
+void gw_db_resume_profiling(gw_server_t *srv);
 
 /* Dispatch thread: the worker socket, handshakes, heartbeats, supervision.
  * gw_workers_start binds the socket (refusing to steal a live one) and
  * spawns the configured workers. */
 int gw_workers_start(gw_server_t *srv, char *err, size_t errlen);
+/* Answers every request still queued in the dispatcher (503 shutting
+ * down) and waits until that is done. */
+void gw_workers_abort(gw_server_t *srv);
 /* Asks workers to exit, waits for them (SIGKILL after a grace period) and
  * joins the thread. */
 void gw_workers_stop(gw_server_t *srv);
 
 /* HTTP: binds, then runs cfg->http_threads h2o event loops. */
 int gw_http_start(gw_server_t *srv, char *err, size_t errlen);
-/* Stops accepting, waits up to drain_timeout_ms for in-flight requests,
- * closes connections and joins the threads. */
+/* Stops accepting and waits up to timeout_ms for in-flight requests. */
+void gw_http_drain(gw_server_t *srv, int timeout_ms);
+/* Stops the loops and joins the threads (after gw_http_drain). */
 void gw_http_stop(gw_server_t *srv);
 
 /* Admin token: reads it, or creates a random one (mode 0600) on first

@@ -6,7 +6,9 @@
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <stdarg.h>
 #include <stdlib.h>
+#include <strings.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -16,7 +18,7 @@ typedef struct {
     gw_server_t *srv;
 } gw_handler_t;
 
-typedef enum { MSG_STOP_ACCEPTING, MSG_EXIT } http_msg_kind_t;
+typedef enum { MSG_STOP_ACCEPTING, MSG_EXIT, MSG_ASYNC_DONE } http_msg_kind_t;
 
 typedef struct {
     h2o_multithread_message_t super;
@@ -26,6 +28,7 @@ typedef struct {
 typedef struct {
     struct gw_http *http;
     pthread_t thread;
+    h2o_multithread_receiver_t async_receiver;
     h2o_context_t ctx;
     h2o_accept_ctx_t accept_ctx;
     h2o_socket_t *listener;
@@ -36,6 +39,7 @@ typedef struct {
 
 struct gw_http {
     gw_server_t *srv;
+    int draining;
     h2o_globalconf_t globalconf;
     int listen_fd;
     int nthreads;
@@ -51,6 +55,19 @@ static const gw_route_t routes[] = {
     {"GET", "/v2", "server_metadata", route_server_metadata},
     {"GET", "/v2/health/live", "health_live", route_live},
     {"GET", "/v2/health/ready", "health_ready", route_ready},
+    {"POST", "/models", "models_upload", gw_route_models_post},
+    {"GET", "/models", "models_list", gw_route_models_list},
+    {"GET", "/models/*", "models_get", gw_route_models_get},
+    {"DELETE", "/models/*", "models_delete", gw_route_models_delete},
+    {"DELETE", "/models/*/versions/*", "models_delete_version", gw_route_models_delete_version},
+    {"GET", "/v2/models/*", "kserve_model", gw_route_kserve_model},
+    {"GET", "/v2/models/*/versions/*", "kserve_model", gw_route_kserve_model},
+    {"GET", "/v2/models/*/ready", "kserve_model_ready", gw_route_kserve_model_ready},
+    {"GET", "/v2/models/*/versions/*/ready", "kserve_model_ready", gw_route_kserve_model_ready},
+    {"POST", "/v1/models/*/infer", "infer_v1", gw_route_infer_v1},
+    {"POST", "/v1/models/*/versions/*/infer", "infer_v1", gw_route_infer_v1},
+    {"POST", "/v2/models/*/infer", "infer_v2", gw_route_infer_v2},
+    {"POST", "/v2/models/*/versions/*/infer", "infer_v2", gw_route_infer_v2},
 };
 #define NROUTES (sizeof(routes) / sizeof(routes[0]))
 
@@ -63,9 +80,12 @@ void gw_add_header(h2o_req_t *req, const char *name, const char *value)
 
 void gw_send_json(h2o_req_t *req, int status, json_t *obj)
 {
-    size_t len = json_dumpb(obj, NULL, 0, JSON_COMPACT);
+    /* 7 significant digits: timings to the µs, scores and profiles to
+     * more than their precision. */
+    const size_t flags = JSON_COMPACT | JSON_REAL_PRECISION(7);
+    size_t len = json_dumpb(obj, NULL, 0, flags);
     char *body = h2o_mem_alloc_pool(&req->pool, len + 1);
-    json_dumpb(obj, body, len, JSON_COMPACT);
+    json_dumpb(obj, body, len, flags);
     body[len] = '\n';
     json_decref(obj);
     req->res.status = status;
@@ -84,6 +104,141 @@ void gw_send_error(h2o_req_t *req, int err, const char *detail)
     gw_send_json(req, status,
                  json_pack("{s:s, s:s}", "error", detail ? detail : sq_err_msg(err), "code",
                            sq_err_name(err)));
+}
+
+/* ---- deferred replies ------------------------------------------------ */
+
+typedef struct {
+    gw_async_t *job;
+} async_anchor_t;
+
+static void async_release(gw_async_t *a)
+{
+    if (--a->refs > 0)
+        return;
+    if (a->dispose != NULL)
+        a->dispose(a);
+    json_decref(a->body);
+    free(a);
+}
+
+/* Runs when h2o frees the request (reply sent or client gone). */
+static void on_anchor_dispose(void *p)
+{
+    async_anchor_t *anchor = p;
+    anchor->job->req = NULL;
+    async_release(anchor->job);
+}
+
+gw_async_t *gw_async_new(gw_call_t *call, size_t size)
+{
+    gw_async_t *a = sq_xcalloc(1, size);
+    a->reply_to = call->reply_to;
+    a->req = call->req;
+    a->srv = call->srv;
+    a->refs = 2;
+    async_anchor_t *anchor =
+        h2o_mem_alloc_shared(&call->req->pool, sizeof(*anchor), on_anchor_dispose);
+    anchor->job = a;
+    return a;
+}
+
+void gw_async_done(gw_async_t *a)
+{
+    h2o_multithread_send_message(a->reply_to, &a->super);
+}
+
+void gw_async_fail(gw_async_t *a, int err, const char *fmt, ...)
+{
+    a->err = err;
+    a->detail[0] = '\0';
+    if (fmt != NULL) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(a->detail, sizeof(a->detail), fmt, ap);
+        va_end(ap);
+    }
+}
+
+static void on_async_done(h2o_multithread_receiver_t *receiver, h2o_linklist_t *messages)
+{
+    (void)receiver;
+    while (!h2o_linklist_is_empty(messages)) {
+        gw_async_t *a = H2O_STRUCT_FROM_MEMBER(gw_async_t, super.link, messages->next);
+        h2o_linklist_unlink(&a->super.link);
+        h2o_req_t *req = a->req;
+        if (req != NULL) {
+            if (a->respond != NULL) {
+                a->respond(a, req);
+            } else if (a->err != 0) {
+                gw_send_error(req, a->err, a->detail[0] ? a->detail : NULL);
+            } else {
+                if (a->location != NULL)
+                    gw_add_header(req, "location", a->location);
+                json_t *body = a->body;
+                a->body = NULL;
+                gw_send_json(req, a->status ? a->status : 200, body ? body : json_object());
+            }
+        }
+        async_release(a);
+    }
+}
+
+h2o_iovec_t gw_header(h2o_req_t *req, const char *name)
+{
+    ssize_t i = h2o_find_header_by_str(&req->headers, name, strlen(name), -1);
+    if (i < 0)
+        return h2o_iovec_init(NULL, 0);
+    return req->headers.entries[i].value;
+}
+
+int gw_require_admin(gw_call_t *call)
+{
+    h2o_iovec_t v = gw_header(call->req, "authorization");
+    static const char bearer[] = "Bearer ";
+    if (v.len > sizeof(bearer) - 1 && strncasecmp(v.base, bearer, sizeof(bearer) - 1) == 0 &&
+        gw_token_matches(call->srv, v.base + sizeof(bearer) - 1, v.len - (sizeof(bearer) - 1)))
+        return 1;
+    gw_add_header(call->req, "www-authenticate", "Bearer realm=\"squish\"");
+    gw_send_error(call->req, SQ_UNAUTHORIZED,
+                  v.len == 0 ? "this route needs 'Authorization: Bearer <admin token>'"
+                             : "invalid bearer token");
+    return 0;
+}
+
+static int hexval(char c)
+{
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                                          : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+}
+
+int gw_query_param(h2o_req_t *req, const char *name, char *out, size_t outlen)
+{
+    if (req->query_at == SIZE_MAX)
+        return 0;
+    const char *p = req->path.base + req->query_at + 1, *end = req->path.base + req->path.len;
+    size_t nlen = strlen(name);
+    while (p < end) {
+        const char *amp = memchr(p, '&', (size_t)(end - p));
+        const char *pe = amp ? amp : end;
+        const char *eq = memchr(p, '=', (size_t)(pe - p));
+        const char *ke = eq ? eq : pe;
+        if ((size_t)(ke - p) == nlen && memcmp(p, name, nlen) == 0) {
+            size_t o = 0;
+            for (const char *v = eq ? eq + 1 : pe; v < pe && o + 1 < outlen; v++) {
+                if (*v == '%' && v + 2 < pe && hexval(v[1]) >= 0 && hexval(v[2]) >= 0) {
+                    out[o++] = (char)(hexval(v[1]) * 16 + hexval(v[2]));
+                    v += 2;
+                } else {
+                    out[o++] = *v == '+' ? ' ' : *v;
+                }
+            }
+            out[o] = '\0';
+            return 1;
+        }
+        p = pe + 1;
+    }
+    return 0;
 }
 
 static void route_server_metadata(gw_call_t *call)
@@ -148,10 +303,21 @@ static int match(const char *pattern, const char *path, size_t len, gw_call_t *c
     return *p == '\0' && s == end;
 }
 
+static void on_req_done(void *p)
+{
+    gw_server_t *srv = *(gw_server_t **)p;
+    atomic_fetch_sub(&srv->inflight, 1);
+}
+
 static int on_req(h2o_handler_t *self, h2o_req_t *req)
 {
     gw_handler_t *h = (gw_handler_t *)self;
-    gw_call_t call = {.req = req, .srv = h->srv};
+    http_thread_t *t = H2O_STRUCT_FROM_MEMBER(http_thread_t, ctx, req->conn->ctx);
+    gw_call_t call = {.req = req, .srv = h->srv, .reply_to = &t->async_receiver};
+    /* In flight until h2o frees the request: what SIGTERM's drain waits for. */
+    gw_server_t **inflight = h2o_mem_alloc_shared(&req->pool, sizeof(*inflight), on_req_done);
+    *inflight = h->srv;
+    atomic_fetch_add(&h->srv->inflight, 1);
     h2o_iovec_t path = req->path_normalized;
     /* Trailing slashes are not significant ("/v2/" is "/v2"). */
     while (path.len > 1 && path.base[path.len - 1] == '/')
@@ -317,6 +483,7 @@ int gw_http_start(gw_server_t *srv, char *err, size_t errlen)
         h2o_socket_read_start(t->listener, on_accept);
         t->queue = h2o_multithread_create_queue(t->ctx.loop);
         h2o_multithread_register_receiver(t->queue, &t->receiver, on_message);
+        h2o_multithread_register_receiver(t->queue, &t->async_receiver, on_async_done);
     }
     srv->http = http;
     for (int i = 0; i < http->nthreads; i++)
@@ -324,16 +491,27 @@ int gw_http_start(gw_server_t *srv, char *err, size_t errlen)
     return 0;
 }
 
+void gw_http_drain(gw_server_t *srv, int timeout_ms)
+{
+    struct gw_http *http = srv->http;
+    if (http == NULL)
+        return;
+    if (!http->draining) {
+        http->draining = 1;
+        for (int i = 0; i < http->nthreads; i++)
+            send_msg(&http->threads[i], MSG_STOP_ACCEPTING);
+    }
+    int64_t deadline = sq_now_ms() + timeout_ms;
+    while (atomic_load(&srv->inflight) > 0 && sq_now_ms() < deadline)
+        usleep(5000);
+}
+
 void gw_http_stop(gw_server_t *srv)
 {
     struct gw_http *http = srv->http;
     if (http == NULL)
         return;
-    for (int i = 0; i < http->nthreads; i++)
-        send_msg(&http->threads[i], MSG_STOP_ACCEPTING);
-    int64_t deadline = sq_now_ms() + srv->cfg->drain_timeout_ms;
-    while (atomic_load(&srv->inflight) > 0 && sq_now_ms() < deadline)
-        usleep(10000);
+    gw_http_drain(srv, 0);
     if (atomic_load(&srv->inflight) > 0)
         SQ_WARN("drain timed out inflight=%ld", atomic_load(&srv->inflight));
     for (int i = 0; i < http->nthreads; i++)
@@ -343,6 +521,7 @@ void gw_http_stop(gw_server_t *srv)
     for (int i = 0; i < http->nthreads; i++) {
         http_thread_t *t = &http->threads[i];
         h2o_multithread_unregister_receiver(t->queue, &t->receiver);
+        h2o_multithread_unregister_receiver(t->queue, &t->async_receiver);
         h2o_multithread_destroy_queue(t->queue);
     }
     free(http->threads);

@@ -1,7 +1,10 @@
 /* gw_main: brings squishd up in order (token, arena, DB thread, dispatch
  * thread and workers, HTTP), waits for SIGTERM/SIGINT, and takes it down in
  * reverse order: stop accepting and drain HTTP, stop workers, close the DB. */
+#include "gw_infer.h"
 #include "gw_int.h"
+#include "gw_preprocess.h"
+#include "gw_registry.h"
 
 #include <errno.h>
 #include <libgen.h>
@@ -82,10 +85,23 @@ int gw_main(const gw_config_t *cfg)
                  cfg->shm_mb);
         goto fail;
     }
+    srv.registry = gw_registry_new();
+    gw_prep_pool_config_t pcfg = {.threads = cfg->prep_threads,
+                                  .queue_capacity = cfg->prep_queue,
+                                  .limits = gw_prep_limits_default()};
+    if ((rc = gw_prep_pool_new(&pcfg, &srv.prep)) != 0) {
+        snprintf(err, sizeof(err), "cannot start the preprocess pool");
+        goto fail;
+    }
+    if ((rc = gw_offload_start(&srv)) != 0) {
+        snprintf(err, sizeof(err), "cannot start the offload thread");
+        goto fail;
+    }
     if ((rc = gw_db_start(&srv, err, sizeof(err))) != 0)
         goto fail;
     if ((rc = gw_workers_start(&srv, err, sizeof(err))) != 0)
         goto fail;
+    gw_db_resume_profiling(&srv);
     if ((rc = gw_http_start(&srv, err, sizeof(err))) != 0)
         goto fail;
 
@@ -93,19 +109,33 @@ int gw_main(const gw_config_t *cfg)
     sigwait(&sigs, &sig);
     SQ_INFO("signal received signal=%s; draining", sig == SIGTERM ? "SIGTERM" : "SIGINT");
     atomic_store(&srv.stopping, 1);
-    gw_http_stop(&srv);
-    gw_workers_stop(&srv);
-    gw_db_stop(&srv);
-    sq_shm_arena_free(srv.arena);
-    SQ_INFO("stopped");
-    return 0;
+    /* In-flight requests finish normally; then whatever is left is answered
+     * 503 before the loops that would deliver the answers go away. */
+    gw_http_drain(&srv, cfg->drain_timeout_ms);
+    gw_prep_pool_shutdown(srv.prep, GW_PREP_CANCEL);
+    gw_offload_stop(&srv);
+    gw_workers_abort(&srv);
+    gw_http_drain(&srv, 1000);
+    rc = 0;
+    goto out;
 
 fail:
     SQ_ERROR("cannot start: %s", err);
     fprintf(stderr, "squishd: %s\n", err);
+    rc = 1;
+out:
+    if (srv.prep != NULL)
+        gw_prep_pool_shutdown(srv.prep, GW_PREP_CANCEL);
+    gw_offload_stop(&srv);
+    if (srv.workers != NULL)
+        gw_workers_abort(&srv);
     gw_http_stop(&srv);
     gw_workers_stop(&srv);
+    gw_prep_pool_free(srv.prep);
     gw_db_stop(&srv);
+    gw_registry_free(srv.registry);
     sq_shm_arena_free(srv.arena);
-    return 1;
+    if (rc == 0)
+        SQ_INFO("stopped");
+    return rc;
 }

@@ -8,6 +8,7 @@
  * exits with WK_EXIT_DEVICE_UNAVAILABLE (a cuda worker on a machine without
  * a GPU) is not retried: its slot falls back to a cpu worker, once.
  * Workers started by hand join as unsupervised peers. */
+#include "gw_infer.h"
 #include "gw_int.h"
 
 #include <wk.h>
@@ -78,6 +79,7 @@ struct gw_workers {
     peer_t *peers;
     int next_external_id;
     int stopping;
+    atomic_int aborted;
     int64_t stop_deadline_ns;
     uint64_t tick_timer;
 };
@@ -197,6 +199,8 @@ static void peer_close(gw_workers_t *ws, peer_t *p, const char *reason)
             break;
         }
     }
+    if (p->welcomed && ws->srv->dispatch != NULL)
+        gw_dispatch_worker_lost(ws->srv->dispatch, p->id);
     if (p->welcomed || p->slot != NULL)
         SQ_LOG(ws->stopping ? SQ_LOG_INFO : SQ_LOG_WARN,
                "worker %s id=%d device=%s pid=%u reason=%s", ws->stopping ? "gone" : "lost",
@@ -326,6 +330,7 @@ static int on_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
             p->hello.name, p->hello.pid, (unsigned long long)(p->hello.memory_bytes >> 20),
             p->slot ? "yes" : "no");
     publish(ws);
+    gw_dispatch_worker_up(ws->srv->dispatch, p->id, p->hello.name, p->hello.memory_bytes);
     return 0;
 }
 
@@ -348,10 +353,32 @@ static int on_frame(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
                     e.message);
         return 0;
     }
+    case SQ_MSG_MODEL_LOADED:
+    case SQ_MSG_MODEL_FAILED:
+    case SQ_MSG_BATCH_DONE:
+    case SQ_MSG_PROFILE_PROGRESS:
+    case SQ_MSG_PROFILE_DONE:
+        return gw_dispatch_frame(ws->srv->dispatch, p->id, f);
     default:
         SQ_WARN("unexpected message from worker id=%d type=%s", p->id, sq_msg_name(f->type));
         return -1;
     }
+}
+
+int gw_workers_send(gw_workers_t *ws, int worker, uint16_t type, uint64_t id, const void *payload,
+                    uint32_t len)
+{
+    for (peer_t *p = ws->peers; p != NULL; p = p->next) {
+        if (!p->welcomed || p->id != worker)
+            continue;
+        int rc = sq_conn_send(&p->conn, type, id, payload, len);
+        if (rc < 0)
+            return rc;
+        if (p->conn.out.len > 0)
+            sq_loop_modify(ws->loop, p->conn.fd, SQ_EV_READ | SQ_EV_WRITE);
+        return 0;
+    }
+    return SQ_NO_WORKER;
 }
 
 static void on_peer_io(sq_loop_t *loop, int fd, int events, void *data)
@@ -557,6 +584,8 @@ int gw_workers_start(gw_server_t *srv, char *err, size_t errlen)
     }
     sq_loop_watch(ws->loop, ws->listen_fd, SQ_EV_READ, on_accept, ws);
     srv->workers = ws;
+    srv->dispatch_loop = ws->loop;
+    srv->dispatch = gw_dispatch_new(srv, ws->loop);
     for (int i = 0; i < ws->nslots; i++)
         spawn(ws, &ws->slots[i]);
     ws->tick_timer = sq_loop_timer_at(ws->loop, sq_now_ns() + (int64_t)cfg->heartbeat_ms * 1000000,
@@ -565,6 +594,8 @@ int gw_workers_start(gw_server_t *srv, char *err, size_t errlen)
         snprintf(err, errlen, "cannot start the dispatch thread");
         rc = SQ_NOMEM;
         srv->workers = NULL;
+        gw_dispatch_free(srv->dispatch);
+        srv->dispatch = NULL;
         goto fail;
     }
     SQ_INFO("worker socket ready path=%s workers=%d", srv->socket_path, ws->nslots);
@@ -589,6 +620,8 @@ static void begin_stop(sq_loop_t *loop, void *arg)
     ws->stopping = 1;
     ws->stop_deadline_ns = sq_now_ns() + (int64_t)SHUTDOWN_GRACE_MS * 1000000;
     sq_loop_unwatch(loop, ws->listen_fd);
+    gw_dispatch_abort_all(ws->srv->dispatch);
+    atomic_store(&ws->aborted, 1);
     for (int i = 0; i < ws->nslots; i++) {
         slot_t *s = &ws->slots[i];
         if (s->restart_timer)
@@ -605,6 +638,24 @@ static void begin_stop(sq_loop_t *loop, void *arg)
     ws->tick_timer = sq_loop_timer_at(loop, sq_now_ns() + 20000000, on_tick, ws);
 }
 
+static void abort_on_loop(sq_loop_t *loop, void *arg)
+{
+    gw_workers_t *ws = arg;
+    (void)loop;
+    gw_dispatch_abort_all(ws->srv->dispatch);
+    atomic_store(&ws->aborted, 1);
+}
+
+void gw_workers_abort(gw_server_t *srv)
+{
+    gw_workers_t *ws = srv->workers;
+    if (ws == NULL || atomic_load(&ws->aborted))
+        return;
+    sq_loop_post(ws->loop, abort_on_loop, ws);
+    while (!atomic_load(&ws->aborted))
+        usleep(1000);
+}
+
 void gw_workers_stop(gw_server_t *srv)
 {
     gw_workers_t *ws = srv->workers;
@@ -615,6 +666,10 @@ void gw_workers_stop(gw_server_t *srv)
     reap(ws);
     while (ws->peers != NULL)
         peer_close(ws, ws->peers, "shutdown");
+    sq_loop_run_posts(ws->loop);
+    gw_dispatch_abort_all(srv->dispatch);
+    gw_dispatch_free(srv->dispatch);
+    srv->dispatch = NULL;
     close(ws->listen_fd);
     unlink(srv->socket_path);
     sq_loop_free(ws->loop);

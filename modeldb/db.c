@@ -2,6 +2,7 @@
 
 #include <sq.h>
 
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,12 +20,17 @@ static const char *const migrations[] = {
     "  format TEXT NOT NULL CHECK (format IN ('onnx', 'emulated')),"
     "  onnx BLOB,"
     "  input_name TEXT,"
-    "  input_shape TEXT,"           /* JSON array, -1 for the batch */
-    "  input_layout TEXT,"          /* NCHW */
-    "  preprocess TEXT NOT NULL,"   /* JSON: resize, mean, std, channel order */
-    "  labels TEXT,"                /* JSON array */
+    "  input TEXT,"               /* JSON {name, datatype, shape}, -1 for the batch */
+    "  input_layout TEXT,"        /* NCHW */
+    "  preprocess TEXT NOT NULL," /* JSON: resize, mean, std, channel order */
+    "  labels TEXT,"              /* JSON array */
     "  default_slo_ms REAL NOT NULL,"
-    "  config TEXT NOT NULL,"       /* the config JSON as given, for the record */
+    "  max_batch INTEGER NOT NULL,"
+    "  outputs TEXT NOT NULL," /* JSON array of {name, datatype, shape} */
+    "  param_bytes INTEGER NOT NULL DEFAULT 0,"
+    "  memory_bytes INTEGER NOT NULL DEFAULT 0,"
+    "  input_spec TEXT NOT NULL DEFAULT ''," /* input + preprocess, canonical JSON */
+    "  config TEXT NOT NULL,"                /* the config JSON as given, for the record */
     "  status TEXT NOT NULL CHECK (status IN ('profiling', 'ready', 'failed')),"
     "  error TEXT,"
     "  UNIQUE (name, version)"
@@ -35,6 +41,8 @@ static const char *const migrations[] = {
     "  op TEXT NOT NULL,"
     "  output TEXT NOT NULL,"
     "  prefix_hash TEXT NOT NULL,"
+    "  ancestors INTEGER NOT NULL,"
+    "  cut_ok INTEGER NOT NULL,"
     "  PRIMARY KEY (model_id, idx)"
     ");"
     "CREATE INDEX model_nodes_hash ON model_nodes(prefix_hash);"
@@ -65,7 +73,7 @@ static const char *const migrations[] = {
     "  epoch INTEGER PRIMARY KEY,"
     "  created_at REAL NOT NULL,"
     "  reason TEXT NOT NULL,"
-    "  plan TEXT NOT NULL"            /* the plan JSON as /v1/plan serves it */
+    "  plan TEXT NOT NULL" /* the plan JSON as /v1/plan serves it */
     ");"
     "CREATE TABLE placements ("
     "  epoch INTEGER NOT NULL REFERENCES plans(epoch) ON DELETE CASCADE,"
@@ -128,8 +136,7 @@ static int migrate(mdb_t *db)
     int v = mdb_schema_version(db);
     if (v < 0 || v > MDB_SCHEMA_VERSION) {
         snprintf(db->errmsg, sizeof(db->errmsg),
-                 "database schema version %d is newer than this build's %d", v,
-                 MDB_SCHEMA_VERSION);
+                 "database schema version %d is newer than this build's %d", v, MDB_SCHEMA_VERSION);
         mdb_exec(db, "ROLLBACK");
         return SQ_DB;
     }
@@ -167,10 +174,33 @@ int mdb_open(const char *path, mdb_t **out)
     return migrate(db);
 }
 
+sqlite3_stmt *mdb_stmt(mdb_t *db, const char *sql)
+{
+    for (int i = 0; i < db->nstmts; i++) {
+        if (db->stmts[i].sql == sql) {
+            sqlite3_reset(db->stmts[i].st);
+            sqlite3_clear_bindings(db->stmts[i].st);
+            return db->stmts[i].st;
+        }
+    }
+    sqlite3_stmt *st;
+    if (sqlite3_prepare_v2(db->sql, sql, -1, &st, NULL) != SQLITE_OK) {
+        mdb_set_error(db, "prepare");
+        return NULL;
+    }
+    /* The SQL texts are the static strings of this module: a full cache
+     * is a bug (raise MDB_MAX_STMTS). */
+    assert(db->nstmts < MDB_MAX_STMTS);
+    db->stmts[db->nstmts++] = (struct mdb_stmt_cache){sql, st};
+    return st;
+}
+
 void mdb_close(mdb_t *db)
 {
     if (db == NULL)
         return;
+    for (int i = 0; i < db->nstmts; i++)
+        sqlite3_finalize(db->stmts[i].st);
     sqlite3_close(db->sql);
     free(db);
 }

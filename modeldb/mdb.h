@@ -8,9 +8,12 @@
 #ifndef MDB_H
 #define MDB_H
 
+#include <jansson.h>
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct mdb mdb_t;
+struct mdb_graph;
 
 /* The schema version this build writes; older files are migrated on open. */
 #define MDB_SCHEMA_VERSION 1
@@ -28,5 +31,77 @@ const char *mdb_errmsg(const mdb_t *db);
 int mdb_schema_version(mdb_t *db);
 /* Runs PRAGMA quick_check; returns 0 when the file is consistent. */
 int mdb_check(mdb_t *db);
+
+/* ---- models (models.c) ------------------------------------------------ */
+
+#define MDB_NAME_MAX 64
+
+/* One profile row: the latency of a batch on a device kind. */
+typedef struct {
+    int batch;
+    double mean_us;
+    double std_us;
+    uint64_t peak_memory_bytes;
+} mdb_profile_row_t;
+
+/* A model version to store. JSON values are borrowed. */
+typedef struct {
+    const char *name;
+    int version;
+    const char *format;   /* "onnx" or "emulated" */
+    const void *onnx;     /* the file's bytes (onnx format), else NULL */
+    size_t onnx_len;
+    const char *sha256;   /* hex of the ONNX bytes, or of the config for emulated */
+    json_t *input;        /* {"name", "datatype", "shape"} with -1 for the batch */
+    json_t *outputs;      /* [{"name", "datatype", "shape"}] */
+    json_t *preprocess;   /* {"resize", "mean", "std", "channel_order"} */
+    json_t *labels;       /* array of strings */
+    json_t *config;       /* as given */
+    double default_slo_ms;
+    int max_batch;
+    uint64_t param_bytes;
+    uint64_t memory_bytes;
+    const char *status;   /* "profiling", "ready" or "failed" */
+    /* For ONNX models: the imported graph, whose node signatures are stored
+     * and matched against stored models for shared prefixes. */
+    const struct mdb_graph *graph;
+    /* A given profile (emulated models): rows for profile_device_kind. */
+    const mdb_profile_row_t *profile;
+    int nprofile;
+    const char *profile_device_kind;
+} mdb_new_model_t;
+
+/* Stores a model version in one transaction: the row, its node signatures,
+ * its shared-prefix group memberships and any given profile. Returns 0 and
+ * the row id, SQ_EXISTS when (name, version) is taken, or SQ_DB. */
+int mdb_model_insert(mdb_t *db, const mdb_new_model_t *m, int64_t *id_out);
+
+/* {"name", "versions": [record...]} for every version of name, newest
+ * last; SQ_MODEL_NOT_FOUND when there is none. A record is
+ * {"version", "sha256", "created_at", "format", "status", "error",
+ *  "input", "outputs", "preprocess", "labels_count", "default_slo_ms",
+ *  "max_batch", "param_bytes", "memory_bytes", "profile", "prefix_group"}. */
+int mdb_model_get(mdb_t *db, const char *name, json_t **out);
+/* The record of one version (0: the newest). */
+int mdb_model_version_get(mdb_t *db, const char *name, int version, json_t **out);
+/* {"models": [{"name", "versions": [n...], "latest": {status, format}}]}. */
+int mdb_model_list(mdb_t *db, json_t **out);
+/* The labels array of a version (new reference). */
+int mdb_model_labels(mdb_t *db, const char *name, int version, json_t **out);
+/* Deletes one version (version > 0) or every version of name, with their
+ * nodes, profiles and group memberships, in one transaction; groups left
+ * with fewer than two members are removed. *deleted counts versions. */
+int mdb_model_delete(mdb_t *db, const char *name, int version, int *deleted);
+/* Every stored version (key 0) or the one with that row id, as records
+ * with their "id" (the model key), "name" and the full "labels" array added. */
+int mdb_model_records(mdb_t *db, int64_t key, json_t **out);
+/* A malloc'd copy of a model's ONNX bytes (the caller frees). SQ_NOT_FOUND
+ * for an emulated model. */
+int mdb_model_blob(mdb_t *db, int64_t key, void **bytes, size_t *len);
+/* Replaces the profile rows of a model for a device kind and sets its
+ * status (one transaction). */
+int mdb_profile_store(mdb_t *db, int64_t model_id, const char *device_kind,
+                      const char *device_name, const mdb_profile_row_t *rows, int nrows,
+                      const char *status, const char *error);
 
 #endif

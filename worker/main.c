@@ -6,6 +6,7 @@
  * or I/O error, 2 on bad usage, WK_EXIT_DEVICE_UNAVAILABLE (3) when the
  * device cannot be used. */
 #include "wk.h"
+#include "wk_serve.h"
 
 #include <sq.h>
 
@@ -21,13 +22,11 @@
 #include <unistd.h>
 
 typedef struct {
-    sq_loop_t *loop;
     sq_conn_t conn;
     wk_device_t dev;
     uint32_t worker_id;
     uint8_t *shm;
     size_t shm_bytes;
-    int exit_status;
 } worker_t;
 
 static void usage(FILE *f)
@@ -37,6 +36,7 @@ static void usage(FILE *f)
                "  --connect SOCKET   squishd's worker socket\n"
                "  --device SPEC      the device this worker owns\n"
                "  --memory-mb N      memory to report for an emulated device (default 16384)\n"
+               "  --threads N        cpu kernel threads (default 0: every core)\n"
                "  --log-level LEVEL  debug|info|warn|error (default info)\n");
 }
 
@@ -129,75 +129,14 @@ static int handshake(worker_t *w)
     return 0;
 }
 
-static void finish(worker_t *w, int status)
-{
-    w->exit_status = status;
-    sq_loop_stop(w->loop);
-}
-
-static void handle_frame(worker_t *w, const sq_frame_t *f)
-{
-    switch (f->type) {
-    case SQ_MSG_PING:
-        if (sq_conn_send(&w->conn, SQ_MSG_PONG, f->id, f->payload, f->len) < 0)
-            finish(w, 1);
-        break;
-    case SQ_MSG_SHUTDOWN:
-        SQ_INFO("shutdown requested");
-        finish(w, 0);
-        break;
-    default:
-        SQ_WARN("unexpected message type=%s", sq_msg_name(f->type));
-        break;
-    }
-}
-
-static void on_socket(sq_loop_t *loop, int fd, int events, void *data)
-{
-    worker_t *w = data;
-    if (events & SQ_EV_WRITE) {
-        int rc = sq_conn_flush(&w->conn);
-        if (rc < 0) {
-            finish(w, 1);
-            return;
-        }
-        sq_loop_modify(loop, fd, SQ_EV_READ | (rc == 1 ? SQ_EV_WRITE : 0));
-    }
-    if (!(events & SQ_EV_READ))
-        return;
-    int rc = sq_conn_read(&w->conn);
-    if (rc == 0) {
-        SQ_INFO("squishd closed the connection; exiting");
-        finish(w, 0);
-        return;
-    }
-    if (rc < 0 && rc != -EAGAIN) {
-        SQ_ERROR("read from squishd failed: %s", strerror(-rc));
-        finish(w, 1);
-        return;
-    }
-    sq_frame_t f;
-    while ((rc = sq_conn_next(&w->conn, &f)) == 1) {
-        handle_frame(w, &f);
-        if (w->exit_status >= 0)
-            return;
-    }
-    if (rc < 0) {
-        SQ_ERROR("protocol error from squishd");
-        finish(w, 1);
-        return;
-    }
-    if (w->conn.out.len > 0)
-        sq_loop_modify(loop, fd, SQ_EV_READ | SQ_EV_WRITE);
-}
-
 int main(int argc, char **argv)
 {
     const char *sock_path = NULL, *device = NULL;
-    long memory_mb = 0;
+    long memory_mb = 0, threads = 0;
     static const struct option opts[] = {{"connect", required_argument, NULL, 'c'},
                                          {"device", required_argument, NULL, 'd'},
                                          {"memory-mb", required_argument, NULL, 'm'},
+                                         {"threads", required_argument, NULL, 't'},
                                          {"log-level", required_argument, NULL, 'l'},
                                          {"help", no_argument, NULL, 'h'},
                                          {"version", no_argument, NULL, 'V'},
@@ -216,6 +155,15 @@ int main(int argc, char **argv)
             memory_mb = strtol(optarg, &end, 10);
             if (*end != '\0' || memory_mb <= 0 || memory_mb > (1L << 30)) {
                 fprintf(stderr, "squish-worker: --memory-mb: expected a positive integer\n");
+                return 2;
+            }
+            break;
+        }
+        case 't': {
+            char *end;
+            threads = strtol(optarg, &end, 10);
+            if (*end != '\0' || threads < 0 || threads > 1024) {
+                fprintf(stderr, "squish-worker: --threads: expected an integer in 0..1024\n");
                 return 2;
             }
             break;
@@ -244,7 +192,7 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    worker_t w = {.exit_status = -1};
+    worker_t w = {0};
     if (wk_device_parse(device, &w.dev) != 0) {
         fprintf(stderr, "squish-worker: --device: expected cpu, cuda:N or emu:N, got '%s'\n",
                 device);
@@ -275,22 +223,14 @@ int main(int argc, char **argv)
         sq_conn_dispose(&w.conn);
         return 1;
     }
-    w.loop = sq_loop_new();
-    if (w.loop == NULL) {
-        SQ_ERROR("cannot create the event loop");
-        sq_conn_dispose(&w.conn);
-        return 1;
-    }
-    sq_loop_watch(w.loop, fd, SQ_EV_READ, on_socket, &w);
-    /* Frames that arrived with WELCOME are handled before waiting. */
-    sq_frame_t f;
-    while (w.exit_status < 0 && sq_conn_next(&w.conn, &f) == 1)
-        handle_frame(&w, &f);
-    if (w.exit_status < 0)
-        sq_loop_run(w.loop);
-
-    sq_loop_free(w.loop);
+    wk_serve_opts_t so = {.dev = w.dev,
+                          .threads = (int)threads,
+                          .fd = fd,
+                          .conn = &w.conn,
+                          .shm = w.shm,
+                          .shm_bytes = w.shm_bytes};
+    int status = wk_serve(&so);
     sq_shm_unmap(w.shm, w.shm_bytes);
     sq_conn_dispose(&w.conn);
-    return w.exit_status < 0 ? 1 : w.exit_status;
+    return status;
 }

@@ -34,8 +34,24 @@ def schema(name):
     return _schema_cache[name]
 
 
+def _store():
+    store = {}
+    for f in os.listdir(SCHEMAS):
+        if f.endswith(".schema.json"):
+            with open(os.path.join(SCHEMAS, f)) as fh:
+                doc = json.load(fh)
+            store[doc.get("$id", f)] = doc
+    return store
+
+
 def validate(body, name):
-    jsonschema.validate(body, schema(name))
+    """Validates body against schemas/<name>.schema.json; $refs between the
+    schema files resolve by their $id."""
+    s = schema(name)
+    cls = jsonschema.validators.validator_for(s)
+    cls.check_schema(s)
+    resolver = jsonschema.RefResolver(base_uri=s.get("$id", ""), referrer=s, store=_store())
+    cls(s, resolver=resolver).validate(body)
 
 
 class Response:

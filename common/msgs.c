@@ -1,0 +1,178 @@
+/* Encoders and decoders of the model, batch and profile messages. Decoders
+ * check every count against its bound and the frame type: a worker or a
+ * squishd that sends nonsense is a protocol error, never an overflow. */
+#include "sq_error.h"
+#include "sq_ipc.h"
+
+#include <string.h>
+
+static int finish(const sq_reader_t *r, const sq_frame_t *f, unsigned type)
+{
+    return r->err || r->left != 0 || f->type != type ? SQ_PROTOCOL : 0;
+}
+
+void sq_model_load_encode(sq_buf_t *b, const sq_model_load_t *m)
+{
+    sq_buf_put_str(b, m->sha256);
+    sq_buf_put_u8(b, m->format);
+    sq_buf_put_u8(b, m->cached);
+    sq_buf_put_u64(b, m->total_bytes);
+    sq_buf_put_u32(b, m->max_batch);
+    for (int i = 0; i < 3; i++) {
+        sq_buf_put_f64(b, m->mean[i]);
+        sq_buf_put_f64(b, m->std[i]);
+        sq_buf_put_u32(b, m->in_chw[i]);
+    }
+    sq_buf_put_u8(b, m->bgr);
+    sq_buf_put_u32(b, m->out_classes);
+    sq_buf_put_u32(b, m->n_latency);
+    for (uint32_t i = 0; i < m->n_latency && i < SQ_MAX_EMU_LATENCIES; i++)
+        sq_buf_put_u64(b, m->latency_us[i]);
+}
+
+int sq_model_load_decode(const sq_frame_t *f, sq_model_load_t *m)
+{
+    sq_reader_t r;
+    sq_reader_init(&r, f->payload, f->len);
+    sq_get_str(&r, m->sha256, sizeof(m->sha256));
+    m->format = sq_get_u8(&r);
+    m->cached = sq_get_u8(&r);
+    m->total_bytes = sq_get_u64(&r);
+    m->max_batch = sq_get_u32(&r);
+    for (int i = 0; i < 3; i++) {
+        m->mean[i] = sq_get_f64(&r);
+        m->std[i] = sq_get_f64(&r);
+        m->in_chw[i] = sq_get_u32(&r);
+    }
+    m->bgr = sq_get_u8(&r);
+    m->out_classes = sq_get_u32(&r);
+    m->n_latency = sq_get_u32(&r);
+    if (m->n_latency > SQ_MAX_EMU_LATENCIES || m->format > SQ_FORMAT_EMULATED ||
+        m->max_batch == 0 || m->max_batch > SQ_MAX_BATCH_ITEMS)
+        return SQ_PROTOCOL;
+    for (uint32_t i = 0; i < m->n_latency; i++)
+        m->latency_us[i] = sq_get_u64(&r);
+    return finish(&r, f, SQ_MSG_MODEL_LOAD);
+}
+
+void sq_model_loaded_encode(sq_buf_t *b, const sq_model_loaded_t *m)
+{
+    sq_buf_put_u64(b, m->memory_bytes);
+    sq_buf_put_u32(b, m->max_batch);
+    sq_buf_put_u64(b, m->in_elems);
+    sq_buf_put_u64(b, m->out_elems);
+    sq_buf_put_u32(b, m->in_hw[0]);
+    sq_buf_put_u32(b, m->in_hw[1]);
+}
+
+int sq_model_loaded_decode(const sq_frame_t *f, sq_model_loaded_t *m)
+{
+    sq_reader_t r;
+    sq_reader_init(&r, f->payload, f->len);
+    m->memory_bytes = sq_get_u64(&r);
+    m->max_batch = sq_get_u32(&r);
+    m->in_elems = sq_get_u64(&r);
+    m->out_elems = sq_get_u64(&r);
+    m->in_hw[0] = sq_get_u32(&r);
+    m->in_hw[1] = sq_get_u32(&r);
+    return finish(&r, f, SQ_MSG_MODEL_LOADED);
+}
+
+void sq_batch_encode(sq_buf_t *b, const sq_batch_t *m)
+{
+    sq_buf_put_u64(b, m->model_key);
+    sq_buf_put_u8(b, m->input_kind);
+    sq_buf_put_u32(b, m->count);
+    sq_buf_put_u64(b, m->out_off);
+    sq_buf_put_u64(b, m->out_stride);
+    for (uint32_t i = 0; i < m->count && i < SQ_MAX_BATCH_ITEMS; i++)
+        sq_buf_put_u64(b, m->in_off[i]);
+}
+
+int sq_batch_decode(const sq_frame_t *f, sq_batch_t *m)
+{
+    sq_reader_t r;
+    sq_reader_init(&r, f->payload, f->len);
+    m->model_key = sq_get_u64(&r);
+    m->input_kind = sq_get_u8(&r);
+    m->count = sq_get_u32(&r);
+    m->out_off = sq_get_u64(&r);
+    m->out_stride = sq_get_u64(&r);
+    if (m->count == 0 || m->count > SQ_MAX_BATCH_ITEMS || m->input_kind > SQ_INPUT_UINT8)
+        return SQ_PROTOCOL;
+    for (uint32_t i = 0; i < m->count; i++)
+        m->in_off[i] = sq_get_u64(&r);
+    return finish(&r, f, SQ_MSG_BATCH);
+}
+
+void sq_batch_done_encode(sq_buf_t *b, const sq_batch_done_t *m)
+{
+    sq_buf_put_u32(b, (uint32_t)m->code);
+    sq_buf_put_u64(b, m->exec_ns);
+    sq_buf_put_u64(b, m->total_ns);
+    sq_buf_put_str(b, m->message);
+}
+
+int sq_batch_done_decode(const sq_frame_t *f, sq_batch_done_t *m)
+{
+    sq_reader_t r;
+    sq_reader_init(&r, f->payload, f->len);
+    m->code = (int32_t)sq_get_u32(&r);
+    m->exec_ns = sq_get_u64(&r);
+    m->total_ns = sq_get_u64(&r);
+    sq_get_str(&r, m->message, sizeof(m->message));
+    return finish(&r, f, SQ_MSG_BATCH_DONE);
+}
+
+void sq_profile_req_encode(sq_buf_t *b, const sq_profile_req_t *m)
+{
+    sq_buf_put_u32(b, m->max_batch);
+    sq_buf_put_u32(b, m->warmup);
+    sq_buf_put_u32(b, m->repeats);
+    sq_buf_put_u32(b, m->budget_ms);
+}
+
+int sq_profile_req_decode(const sq_frame_t *f, sq_profile_req_t *m)
+{
+    sq_reader_t r;
+    sq_reader_init(&r, f->payload, f->len);
+    m->max_batch = sq_get_u32(&r);
+    m->warmup = sq_get_u32(&r);
+    m->repeats = sq_get_u32(&r);
+    m->budget_ms = sq_get_u32(&r);
+    if (m->max_batch == 0 || m->max_batch > SQ_MAX_BATCH_ITEMS || m->repeats == 0 ||
+        m->repeats > 1000 || m->warmup > 1000)
+        return SQ_PROTOCOL;
+    return finish(&r, f, SQ_MSG_PROFILE);
+}
+
+void sq_profile_done_encode(sq_buf_t *b, const sq_profile_done_t *m)
+{
+    sq_buf_put_u32(b, (uint32_t)m->code);
+    sq_buf_put_str(b, m->message);
+    sq_buf_put_u32(b, m->nrows);
+    for (uint32_t i = 0; i < m->nrows && i < SQ_MAX_PROFILE_ROWS; i++) {
+        sq_buf_put_u32(b, m->rows[i].batch);
+        sq_buf_put_f64(b, m->rows[i].mean_us);
+        sq_buf_put_f64(b, m->rows[i].std_us);
+        sq_buf_put_u64(b, m->rows[i].peak_memory_bytes);
+    }
+}
+
+int sq_profile_done_decode(const sq_frame_t *f, sq_profile_done_t *m)
+{
+    sq_reader_t r;
+    sq_reader_init(&r, f->payload, f->len);
+    m->code = (int32_t)sq_get_u32(&r);
+    sq_get_str(&r, m->message, sizeof(m->message));
+    m->nrows = sq_get_u32(&r);
+    if (m->nrows > SQ_MAX_PROFILE_ROWS)
+        return SQ_PROTOCOL;
+    for (uint32_t i = 0; i < m->nrows; i++) {
+        m->rows[i].batch = sq_get_u32(&r);
+        m->rows[i].mean_us = sq_get_f64(&r);
+        m->rows[i].std_us = sq_get_f64(&r);
+        m->rows[i].peak_memory_bytes = sq_get_u64(&r);
+    }
+    return finish(&r, f, SQ_MSG_PROFILE_DONE);
+}

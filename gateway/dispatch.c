@@ -1,0 +1,1079 @@
+/* The dispatch thread's data plane: drives the pure dispatcher core
+ * (planner/pl_dispatch.h) with real time, loads models onto workers,
+ * sends batches as arena offsets, and finishes items from the answers.
+ *
+ * Routing, until the planner places models: a model is served by every
+ * worker of its serving kind, loaded there on its first request; requests
+ * that arrive before any worker holds it wait (bounded by their deadline).
+ * Sessions are (model, SLO bucket, input kind): one dispatcher queue each.
+ * Runs on the workers' loop thread; other threads reach it with
+ * sq_loop_post (gw_dispatch_submit and friends). */
+#include "gw_infer.h"
+
+#include <pl_dispatch.h>
+#include <wk.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+/* SLO buckets (ms): a request joins the session of the largest bucket not
+ * above its SLO, so that a session's batches fit every member's SLO and the
+ * number of sessions (and metric label values) stays bounded. */
+static const double slo_buckets_ms[] = {5,   10,  15,  20,   25,   30,   40,   50,   60,
+                                        75,  100, 125, 150,  200,  250,  300,  400,  500,
+                                        750, 1000, 1500, 2000, 3000, 5000, 10000, 30000, 60000};
+#define NBUCKETS (sizeof(slo_buckets_ms) / sizeof(slo_buckets_ms[0]))
+
+#define TICK_MS 50
+#define PROFILE_WARMUP 2
+#define PROFILE_REPEATS 5
+#define PROFILE_BUDGET_MS 30000
+
+double gw_slo_bucket_ms(double slo_ms);
+double gw_slo_bucket_ms(double slo_ms)
+{
+    double b = slo_buckets_ms[0];
+    for (size_t i = 0; i < NBUCKETS && slo_buckets_ms[i] <= slo_ms; i++)
+        b = slo_buckets_ms[i];
+    return b;
+}
+
+enum { LOAD_NONE, LOAD_WAIT_BYTES, LOAD_SENT, LOAD_DONE, LOAD_FAILED };
+
+typedef struct {
+    int64_t key;
+    int state;
+    int max_batch;
+} ds_load_t;
+
+typedef struct ds_batch {
+    uint64_t id;
+    int64_t model_key;
+    int count;
+    gw_item_t **items;
+    int64_t out_off;
+    uint64_t out_stride;
+    int64_t sent_us;
+} ds_batch_t;
+
+typedef struct {
+    int id;
+    int up;
+    int kind;
+    char device[64];
+    int profiling;       /* out of the core while it measures a model */
+    ds_load_t *loads;
+    int nloads, caploads;
+    char (*shas)[65];    /* model files this connection already received */
+    int nshas;
+    ds_batch_t *inflight;
+} ds_worker_t;
+
+typedef struct {
+    int64_t key;
+    gw_model_t *m;
+    int kind;
+    int active;          /* requested: loaded on every worker of its kind */
+    int blob_state;      /* 0 none, 1 fetching, 2 have, 3 failed */
+    uint8_t *blob;
+    size_t blob_len;
+    int profile_pending; /* wants a profile on a cpu/cuda worker */
+    int profile_worker;  /* -1 or the worker measuring it */
+    gw_item_t **pending; /* waiting for a first load */
+    int npending, cappending;
+    int removed;
+} ds_model_t;
+
+typedef struct {
+    int id;
+    ds_model_t *model;
+    double bucket_ms;
+    uint8_t input_kind;
+} ds_session_t;
+
+struct gw_dispatch {
+    gw_server_t *srv;
+    int aborted;
+    sq_loop_t *loop;
+    pl_dispatch_t *core;
+    uint64_t timer;
+    uint64_t tick;
+    ds_worker_t **workers; /* by worker id */
+    int nworkers;
+    ds_model_t **models;
+    int nmodels, capmodels;
+    ds_session_t *sessions; /* by core session id */
+    int nsessions, capsessions;
+};
+
+static int64_t now_us(void)
+{
+    return sq_now_us();
+}
+
+/* ---- lookups ----------------------------------------------------------- */
+
+static ds_worker_t *worker_get(gw_dispatch_t *ds, int id)
+{
+    return id >= 0 && id < ds->nworkers ? ds->workers[id] : NULL;
+}
+
+static ds_load_t *load_of(ds_worker_t *w, int64_t key, int create)
+{
+    for (int i = 0; i < w->nloads; i++)
+        if (w->loads[i].key == key)
+            return &w->loads[i];
+    if (!create)
+        return NULL;
+    if (w->nloads == w->caploads) {
+        w->caploads = w->caploads ? 2 * w->caploads : 8;
+        w->loads = sq_xrealloc(w->loads, sizeof(*w->loads) * (size_t)w->caploads);
+    }
+    w->loads[w->nloads] = (ds_load_t){.key = key};
+    return &w->loads[w->nloads++];
+}
+
+static int has_sha(const ds_worker_t *w, const char *sha)
+{
+    for (int i = 0; i < w->nshas; i++)
+        if (strcmp(w->shas[i], sha) == 0)
+            return 1;
+    return 0;
+}
+
+static ds_model_t *model_find(gw_dispatch_t *ds, int64_t key)
+{
+    for (int i = 0; i < ds->nmodels; i++)
+        if (ds->models[i]->key == key)
+            return ds->models[i];
+    return NULL;
+}
+
+static int kind_of_model(gw_server_t *srv, const gw_model_t *m)
+{
+    if (m->emulated)
+        return m->has_profile[GW_KIND_EMU] && atomic_load(&srv->kind_up[GW_KIND_EMU]) > 0
+                   ? GW_KIND_EMU
+                   : -1;
+    if (m->has_profile[GW_KIND_CUDA] && atomic_load(&srv->kind_up[GW_KIND_CUDA]) > 0)
+        return GW_KIND_CUDA;
+    if (m->has_profile[GW_KIND_CPU] && atomic_load(&srv->kind_up[GW_KIND_CPU]) > 0)
+        return GW_KIND_CPU;
+    return -1;
+}
+
+int gw_dispatch_serving_kind(gw_server_t *srv, const gw_model_t *m)
+{
+    return kind_of_model(srv, m);
+}
+
+static ds_model_t *model_get(gw_dispatch_t *ds, gw_model_t *m)
+{
+    ds_model_t *dm = model_find(ds, m->key);
+    if (dm != NULL)
+        return dm;
+    dm = sq_xcalloc(1, sizeof(*dm));
+    dm->key = m->key;
+    gw_model_ref(m);
+    dm->m = m;
+    dm->kind = -1;
+    dm->profile_worker = -1;
+    if (ds->nmodels == ds->capmodels) {
+        ds->capmodels = ds->capmodels ? 2 * ds->capmodels : 16;
+        ds->models = sq_xrealloc(ds->models, sizeof(*ds->models) * (size_t)ds->capmodels);
+    }
+    ds->models[ds->nmodels++] = dm;
+    return dm;
+}
+
+/* ---- finishing items --------------------------------------------------- */
+
+static void release_input(gw_dispatch_t *ds, gw_item_t *it)
+{
+    if (it->in_off >= 0) {
+        sq_shm_release(ds->srv->arena, it->in_off);
+        it->in_off = -1;
+    }
+}
+
+static void fail_item(gw_dispatch_t *ds, gw_item_t *it, int rc, const char *detail)
+{
+    release_input(ds, it);
+    it->done_us = now_us();
+    gw_item_finish(it, rc, detail);
+}
+
+/* ---- actions of the core ----------------------------------------------- */
+
+static void on_timer(sq_loop_t *loop, uint64_t id, void *data);
+static void pump(gw_dispatch_t *ds);
+
+static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batch_id,
+                       gw_item_t **items, int count)
+{
+    ds_worker_t *w = worker_get(ds, worker);
+    ds_session_t *se = &ds->sessions[session];
+    gw_model_t *m = se->model->m;
+    uint64_t stride = ((uint64_t)m->out_elems * sizeof(float) + 63) & ~(uint64_t)63;
+    int64_t out_off = sq_shm_alloc(ds->srv->arena, stride * (uint64_t)count);
+    if (w == NULL || !w->up || out_off < 0) {
+        /* Never sent: the worker is free again and the items fail (no room in
+         * the arena means squishd is overloaded). */
+        if (out_off >= 0)
+            sq_shm_release(ds->srv->arena, out_off);
+        for (int i = 0; i < count; i++)
+            fail_item(ds, items[i], out_off < 0 ? SQ_OVERLOAD : SQ_WORKER_LOST,
+                      out_off < 0 ? "no room for outputs in the shared-memory arena"
+                                  : "worker gone");
+        free(items);
+        pl_dispatch_batch_done(ds->core, now_us(), worker, batch_id);
+        pump(ds);
+        return;
+    }
+    sq_batch_t *b = sq_xmalloc(sizeof(*b));
+    b->model_key = (uint64_t)m->key;
+    b->input_kind = se->input_kind;
+    b->count = (uint32_t)count;
+    b->out_off = (uint64_t)out_off;
+    b->out_stride = stride;
+    int64_t t = now_us();
+    for (int i = 0; i < count; i++) {
+        b->in_off[i] = (uint64_t)items[i]->in_off;
+        items[i]->sent_us = t;
+        items[i]->batch_size = count;
+    }
+    sq_buf_t buf;
+    sq_buf_init(&buf);
+    sq_batch_encode(&buf, b);
+    free(b);
+    ds_batch_t *rec = sq_xcalloc(1, sizeof(*rec));
+    *rec = (ds_batch_t){.id = batch_id,
+                        .model_key = m->key,
+                        .count = count,
+                        .items = items,
+                        .out_off = out_off,
+                        .out_stride = stride,
+                        .sent_us = t};
+    w->inflight = rec;
+    if (gw_workers_send(ds->srv->workers, worker, SQ_MSG_BATCH, batch_id, buf.data,
+                        (uint32_t)buf.len) != 0)
+        SQ_WARN("batch send failed worker=%d batch=%llu", worker, (unsigned long long)batch_id);
+    sq_buf_dispose(&buf);
+}
+
+typedef struct {
+    pl_action_kind_t kind;
+    int session, worker, count, reason;
+    uint64_t batch_id, request_id;
+    int64_t at_us;
+    gw_item_t **items;
+} act_copy_t;
+
+/* Takes the core's actions (those of its last call; a take does not clear
+ * them, the next call into the core does) and acts on them. Actions are
+ * copied first: acting may call into the core again (a send that fails
+ * frees the worker), which replaces the core's arrays; such a handler pumps
+ * again itself. */
+static void pump(gw_dispatch_t *ds)
+{
+    {
+        const pl_action_t *acts;
+        size_t n = pl_dispatch_take(ds->core, &acts);
+        if (n == 0)
+            return;
+        act_copy_t *copy = sq_xcalloc(n, sizeof(*copy));
+        for (size_t i = 0; i < n; i++) {
+            const pl_action_t *a = &acts[i];
+            copy[i] = (act_copy_t){.kind = a->kind,
+                                   .session = a->session,
+                                   .worker = a->worker,
+                                   .count = a->count,
+                                   .reason = a->reason,
+                                   .batch_id = a->batch_id,
+                                   .request_id = a->request_id,
+                                   .at_us = a->at_us};
+            if (a->kind == PL_ACT_SEND) {
+                copy[i].items = sq_xcalloc((size_t)a->count, sizeof(gw_item_t *));
+                for (int k = 0; k < a->count; k++)
+                    copy[i].items[k] = (gw_item_t *)(uintptr_t)a->ids[k];
+            }
+        }
+        for (size_t i = 0; i < n; i++) {
+            act_copy_t *a = &copy[i];
+            SQ_DEBUG("dispatch action kind=%d session=%d worker=%d count=%d at_us=%lld reason=%s",
+                     a->kind, a->session, a->worker, a->count, (long long)a->at_us,
+                     a->kind == PL_ACT_DROP ? sq_err_name(a->reason) : "-");
+            switch (a->kind) {
+            case PL_ACT_SEND:
+                send_batch(ds, a->worker, a->session, a->batch_id, a->items, a->count);
+                break;
+            case PL_ACT_DROP: {
+                gw_item_t *it = (gw_item_t *)(uintptr_t)a->request_id;
+                const char *why = a->reason == SQ_DEADLINE  ? "the deadline cannot be met"
+                                  : a->reason == SQ_OVERLOAD ? "dropped early to keep batches "
+                                                               "within their deadlines"
+                                  : a->reason == SQ_WORKER_LOST
+                                      ? "worker lost and no time left to retry"
+                                  : a->reason == SQ_NO_WORKER ? "no worker holds the model"
+                                                              : "session removed";
+                fail_item(ds, it, a->reason, why);
+                break;
+            }
+            case PL_ACT_TIMER:
+                if (ds->timer)
+                    sq_loop_timer_cancel(ds->loop, ds->timer);
+                ds->timer = 0;
+                if (a->at_us != PL_NEVER)
+                    ds->timer = sq_loop_timer_at(ds->loop, a->at_us * 1000, on_timer, ds);
+                break;
+            }
+        }
+        free(copy);
+    }
+}
+
+static void on_timer(sq_loop_t *loop, uint64_t id, void *data)
+{
+    gw_dispatch_t *ds = data;
+    (void)loop;
+    if (id == ds->timer)
+        ds->timer = 0;
+    pl_dispatch_timer(ds->core, now_us());
+    pump(ds);
+}
+
+/* ---- sessions and routes ---------------------------------------------- */
+
+static int ensure_session(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint8_t input_kind)
+{
+    for (int i = 0; i < ds->nsessions; i++) {
+        ds_session_t *s = &ds->sessions[i];
+        if (s->model == dm && s->bucket_ms == bucket && s->input_kind == input_kind)
+            return s->id;
+    }
+    int max_batch = dm->m->max_batch;
+    for (int w = 0; w < ds->nworkers; w++) {
+        ds_load_t *l = ds->workers[w] ? load_of(ds->workers[w], dm->key, 0) : NULL;
+        if (l != NULL && l->state == LOAD_DONE && l->max_batch < max_batch)
+            max_batch = l->max_batch;
+    }
+    pl_session_cfg_t cfg = {.profile = &dm->m->profile[dm->kind],
+                            .slo_us = (int64_t)(bucket * 1000.0),
+                            .max_batch = max_batch};
+    int id = pl_dispatch_session_add(ds->core, &cfg);
+    if (id < 0)
+        return id;
+    if (id >= ds->capsessions) {
+        ds->capsessions = ds->capsessions ? 2 * ds->capsessions : 16;
+        while (ds->capsessions <= id)
+            ds->capsessions *= 2;
+        ds->sessions = sq_xrealloc(ds->sessions, sizeof(*ds->sessions) * (size_t)ds->capsessions);
+    }
+    ds->sessions[id] = (ds_session_t){
+        .id = id, .model = dm, .bucket_ms = bucket, .input_kind = input_kind};
+    if (id >= ds->nsessions)
+        ds->nsessions = id + 1;
+    return id;
+}
+
+/* Every worker that holds the model serves each of its sessions. */
+static void update_routes(gw_dispatch_t *ds, ds_model_t *dm)
+{
+    pl_route_t *routes = sq_xcalloc((size_t)ds->nworkers + 1, sizeof(*routes));
+    int n = 0;
+    for (int i = 0; i < ds->nworkers; i++) {
+        ds_worker_t *w = ds->workers[i];
+        ds_load_t *l = w ? load_of(w, dm->key, 0) : NULL;
+        if (w != NULL && w->up && !w->profiling && l != NULL && l->state == LOAD_DONE)
+            routes[n++] = (pl_route_t){.worker = w->id};
+    }
+    for (int s = 0; s < ds->nsessions; s++)
+        if (ds->sessions[s].model == dm)
+            pl_dispatch_route_set(ds->core, now_us(), s, routes, n);
+    free(routes);
+}
+
+static int loaded_anywhere(gw_dispatch_t *ds, ds_model_t *dm, int *loading)
+{
+    int loaded = 0;
+    *loading = 0;
+    for (int i = 0; i < ds->nworkers; i++) {
+        ds_worker_t *w = ds->workers[i];
+        ds_load_t *l = w && w->up ? load_of(w, dm->key, 0) : NULL;
+        if (l == NULL)
+            continue;
+        loaded += l->state == LOAD_DONE && !w->profiling;
+        *loading += l->state == LOAD_WAIT_BYTES || l->state == LOAD_SENT;
+    }
+    return loaded;
+}
+
+static void enqueue_item(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t *it)
+{
+    gw_infer_t *req = it->req;
+    int s = ensure_session(ds, dm, gw_slo_bucket_ms(req->slo_ms), it->input_kind);
+    if (s < 0) {
+        fail_item(ds, it, SQ_NOT_READY, "the model has no usable profile");
+        return;
+    }
+    update_routes(ds, dm);
+    pl_dispatch_request(ds->core, now_us(), (uint64_t)(uintptr_t)it, s, req->arrival_us,
+                        req->deadline_us);
+}
+
+static void flush_pending(gw_dispatch_t *ds, ds_model_t *dm)
+{
+    gw_item_t **p = dm->pending;
+    int n = dm->npending;
+    dm->pending = NULL;
+    dm->npending = dm->cappending = 0;
+    for (int i = 0; i < n; i++)
+        enqueue_item(ds, dm, p[i]);
+    free(p);
+}
+
+static void fail_pending(gw_dispatch_t *ds, ds_model_t *dm, int rc, const char *why)
+{
+    for (int i = 0; i < dm->npending; i++)
+        fail_item(ds, dm->pending[i], rc, why);
+    dm->npending = 0;
+}
+
+/* ---- loading models ---------------------------------------------------- */
+
+static void send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w);
+
+typedef struct {
+    gw_dispatch_t *ds;
+    int64_t key;
+    int rc;
+    void *bytes;
+    size_t len;
+} blob_job_t;
+
+static void on_blob(sq_loop_t *loop, void *arg)
+{
+    blob_job_t *j = arg;
+    gw_dispatch_t *ds = j->ds;
+    (void)loop;
+    ds_model_t *dm = model_find(ds, j->key);
+    if (dm == NULL || dm->removed) {
+        free(j->bytes);
+        free(j);
+        return;
+    }
+    if (j->rc != 0) {
+        dm->blob_state = 3;
+        SQ_ERROR("cannot read model bytes key=%lld", (long long)j->key);
+    } else {
+        dm->blob_state = 2;
+        dm->blob = j->bytes;
+        dm->blob_len = j->len;
+    }
+    for (int i = 0; i < ds->nworkers; i++) {
+        ds_worker_t *w = ds->workers[i];
+        ds_load_t *l = w ? load_of(w, dm->key, 0) : NULL;
+        if (l != NULL && l->state == LOAD_WAIT_BYTES) {
+            if (dm->blob_state == 2) {
+                send_load(ds, dm, w);
+            } else {
+                l->state = LOAD_FAILED;
+            }
+        }
+    }
+    if (dm->blob_state == 3)
+        fail_pending(ds, dm, SQ_DB, "the model's bytes cannot be read");
+    free(j);
+}
+
+static void blob_job(mdb_t *db, void *arg)
+{
+    blob_job_t *j = arg;
+    j->rc = mdb_model_blob(db, j->key, &j->bytes, &j->len);
+    sq_loop_post(j->ds->loop, on_blob, j);
+}
+
+static void send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
+{
+    gw_model_t *m = dm->m;
+    ds_load_t *l = load_of(w, dm->key, 1);
+    int need_bytes = !m->emulated && w->kind != GW_KIND_EMU;
+    int cached = need_bytes && has_sha(w, m->sha256);
+    if (need_bytes && !cached && dm->blob_state != 2) {
+        l->state = LOAD_WAIT_BYTES;
+        if (dm->blob_state == 0) {
+            dm->blob_state = 1;
+            blob_job_t *j = sq_xcalloc(1, sizeof(*j));
+            j->ds = ds;
+            j->key = dm->key;
+            gw_db_post(ds->srv, blob_job, j);
+        }
+        return;
+    }
+    sq_model_load_t *spec = sq_xcalloc(1, sizeof(*spec));
+    snprintf(spec->sha256, sizeof(spec->sha256), "%s", m->sha256);
+    spec->format = m->emulated ? SQ_FORMAT_EMULATED : SQ_FORMAT_ONNX;
+    spec->cached = (uint8_t)cached;
+    spec->total_bytes = need_bytes ? dm->blob_len : 0;
+    spec->max_batch = (uint32_t)(m->max_batch > 0 ? m->max_batch : 1);
+    for (int c = 0; c < 3; c++) {
+        spec->mean[c] = m->mean[c];
+        spec->std[c] = m->std[c];
+    }
+    spec->bgr = (uint8_t)m->bgr;
+    spec->in_chw[0] = (uint32_t)m->c;
+    spec->in_chw[1] = (uint32_t)m->h;
+    spec->in_chw[2] = (uint32_t)m->w;
+    spec->out_classes = (uint32_t)m->out_elems;
+    if (w->kind == GW_KIND_EMU) {
+        /* An emulated device holds the batch for l(b) of the model's emu
+         * profile (or, for a real model, of its cpu or cuda profile). */
+        int k = m->has_profile[GW_KIND_EMU]    ? GW_KIND_EMU
+                : m->has_profile[GW_KIND_CUDA] ? GW_KIND_CUDA
+                                               : GW_KIND_CPU;
+        int n = spec->max_batch > SQ_MAX_EMU_LATENCIES ? SQ_MAX_EMU_LATENCIES : spec->max_batch;
+        spec->max_batch = (uint32_t)n;
+        spec->n_latency = (uint32_t)n;
+        for (int b = 1; b <= n; b++) {
+            double lat = m->has_profile[k] ? pl_latency_us(&m->profile[k], b, 0) : -1;
+            spec->latency_us[b - 1] = lat > 0 ? (uint64_t)lat : 1000;
+        }
+        spec->format = SQ_FORMAT_EMULATED;
+    }
+    sq_buf_t buf;
+    sq_buf_init(&buf);
+    sq_model_load_encode(&buf, spec);
+    int rc = gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_LOAD, (uint64_t)dm->key,
+                             buf.data, (uint32_t)buf.len);
+    sq_buf_dispose(&buf);
+    free(spec);
+    if (rc == 0 && need_bytes && !cached) {
+        for (size_t off = 0; off < dm->blob_len && rc == 0; off += SQ_MODEL_CHUNK_BYTES) {
+            size_t n = dm->blob_len - off < SQ_MODEL_CHUNK_BYTES ? dm->blob_len - off
+                                                                  : SQ_MODEL_CHUNK_BYTES;
+            rc = gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_CHUNK, (uint64_t)dm->key,
+                                 dm->blob + off, (uint32_t)n);
+        }
+        if (rc == 0) {
+            w->shas = sq_xrealloc(w->shas, sizeof(*w->shas) * (size_t)(w->nshas + 1));
+            snprintf(w->shas[w->nshas++], 65, "%s", m->sha256);
+        }
+    }
+    l->state = rc == 0 ? LOAD_SENT : LOAD_FAILED;
+    SQ_INFO("model load sent worker=%d device=%s model=%s version=%d bytes=%zu cached=%d",
+            w->id, w->device, m->name, m->version, need_bytes && !cached ? dm->blob_len : 0,
+            cached);
+}
+
+/* Makes sure every up worker of the model's kind holds it (or is loading). */
+static void spread_loads(gw_dispatch_t *ds, ds_model_t *dm)
+{
+    for (int i = 0; i < ds->nworkers; i++) {
+        ds_worker_t *w = ds->workers[i];
+        if (w == NULL || !w->up || w->kind != dm->kind)
+            continue;
+        ds_load_t *l = load_of(w, dm->key, 0);
+        if (l == NULL || l->state == LOAD_NONE)
+            send_load(ds, dm, w);
+    }
+}
+
+/* ---- profiling ---------------------------------------------------------- */
+
+static void start_profile(gw_dispatch_t *ds, ds_model_t *dm)
+{
+    if (!dm->profile_pending || dm->profile_worker >= 0 || dm->removed)
+        return;
+    ds_worker_t *pick = NULL;
+    for (int pass = 0; pass < 2 && pick == NULL; pass++) {
+        int want = pass == 0 ? GW_KIND_CUDA : GW_KIND_CPU;
+        for (int i = 0; i < ds->nworkers && pick == NULL; i++) {
+            ds_worker_t *w = ds->workers[i];
+            if (w != NULL && w->up && !w->profiling && w->kind == want)
+                pick = w;
+        }
+    }
+    if (pick == NULL)
+        return; /* retried when a cpu or cuda worker comes up */
+    dm->profile_worker = pick->id;
+    pick->profiling = 1;
+    pl_dispatch_worker_remove(ds->core, now_us(), pick->id);
+    SQ_INFO("profiling model=%s version=%d worker=%d device=%s", dm->m->name, dm->m->version,
+            pick->id, pick->device);
+    ds_load_t *l = load_of(pick, dm->key, 0);
+    if (l != NULL && l->state == LOAD_DONE) {
+        sq_profile_req_t req = {.max_batch = (uint32_t)dm->m->max_batch,
+                                .warmup = PROFILE_WARMUP,
+                                .repeats = PROFILE_REPEATS,
+                                .budget_ms = PROFILE_BUDGET_MS};
+        sq_buf_t buf;
+        sq_buf_init(&buf);
+        sq_profile_req_encode(&buf, &req);
+        gw_workers_send(ds->srv->workers, pick->id, SQ_MSG_PROFILE, (uint64_t)dm->key, buf.data,
+                        (uint32_t)buf.len);
+        sq_buf_dispose(&buf);
+    } else if (l == NULL || l->state == LOAD_NONE || l->state == LOAD_FAILED) {
+        if (l != NULL)
+            l->state = LOAD_NONE;
+        send_load(ds, dm, pick);
+    }
+}
+
+static void end_profile(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
+{
+    dm->profile_worker = -1;
+    dm->profile_pending = 0;
+    if (w != NULL && w->profiling) {
+        w->profiling = 0;
+        if (w->up) {
+            pl_dispatch_worker_add(ds->core, now_us(), w->id, 0);
+            for (int i = 0; i < ds->nmodels; i++)
+                if (ds->models[i]->active)
+                    update_routes(ds, ds->models[i]);
+        }
+    }
+}
+
+typedef struct {
+    gw_server_t *srv;
+    int64_t key;
+    char device_kind[8];
+    char device_name[64];
+    sq_profile_done_t done;
+} profile_store_t;
+
+/* DB thread: stores the profile, refreshes the registry entry, and tells
+ * the dispatcher. */
+static void profile_store_job(mdb_t *db, void *arg)
+{
+    profile_store_t *p = arg;
+    mdb_profile_row_t *rows = sq_xcalloc(p->done.nrows + 1, sizeof(*rows));
+    for (uint32_t i = 0; i < p->done.nrows; i++)
+        rows[i] = (mdb_profile_row_t){.batch = (int)p->done.rows[i].batch,
+                                      .mean_us = p->done.rows[i].mean_us,
+                                      .std_us = p->done.rows[i].std_us,
+                                      .peak_memory_bytes = p->done.rows[i].peak_memory_bytes};
+    int ok = p->done.code == 0 && p->done.nrows > 0;
+    int rc = mdb_profile_store(db, p->key, p->device_kind, p->device_name, rows,
+                               ok ? (int)p->done.nrows : 0, ok ? "ready" : "failed",
+                               ok ? NULL : p->done.message);
+    free(rows);
+    if (rc != 0)
+        SQ_ERROR("cannot store the profile key=%lld error=\"%s\"", (long long)p->key,
+                 mdb_errmsg(db));
+    json_t *recs;
+    if (mdb_model_records(db, p->key, &recs) == 0 && json_array_size(recs) == 1)
+        gw_registry_put(p->srv->registry, gw_model_from_record(json_array_get(recs, 0)));
+    json_decref(recs);
+    gw_dispatch_model_changed(p->srv, p->key);
+    free(p);
+}
+
+/* ---- worker frames ------------------------------------------------------- */
+
+static void on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f)
+{
+    sq_batch_done_t done;
+    if (sq_batch_done_decode(f, &done) != 0 || w->inflight == NULL || w->inflight->id != f->id) {
+        SQ_WARN("unexpected BATCH_DONE worker=%d batch=%llu", w->id, (unsigned long long)f->id);
+        return;
+    }
+    ds_batch_t *b = w->inflight;
+    w->inflight = NULL;
+    int64_t t = now_us();
+    pl_dispatch_batch_done(ds->core, t, w->id, b->id);
+    const uint8_t *base = sq_shm_arena_base(ds->srv->arena);
+    for (int i = 0; i < b->count; i++) {
+        gw_item_t *it = b->items[i];
+        if (done.code == 0) {
+            gw_model_t *m = it->req->model;
+            memcpy(it->req->outputs + (size_t)it->index * (size_t)m->out_elems,
+                   base + b->out_off + b->out_stride * (uint64_t)i,
+                   (size_t)m->out_elems * sizeof(float));
+            release_input(ds, it);
+            it->done_us = t;
+            gw_item_finish(it, 0, NULL);
+        } else {
+            fail_item(ds, it, SQ_DEVICE, done.message);
+        }
+    }
+    if (done.code != 0)
+        SQ_WARN("batch failed worker=%d code=%s message=\"%s\"", w->id, sq_err_name(done.code),
+                done.message);
+    sq_shm_release(ds->srv->arena, b->out_off);
+    free(b->items);
+    free(b);
+    pump(ds);
+}
+
+int gw_dispatch_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
+{
+    ds_worker_t *w = worker_get(ds, worker);
+    if (w == NULL)
+        return -1;
+    switch (f->type) {
+    case SQ_MSG_BATCH_DONE:
+        on_batch_done(ds, w, f);
+        return 0;
+    case SQ_MSG_MODEL_LOADED:
+    case SQ_MSG_MODEL_FAILED: {
+        ds_model_t *dm = model_find(ds, (int64_t)f->id);
+        ds_load_t *l = load_of(w, (int64_t)f->id, 0);
+        if (dm == NULL || l == NULL)
+            return 0; /* a model deleted meanwhile */
+        if (f->type == SQ_MSG_MODEL_LOADED) {
+            sq_model_loaded_t info;
+            if (sq_model_loaded_decode(f, &info) != 0)
+                return -1;
+            l->state = LOAD_DONE;
+            l->max_batch = (int)info.max_batch;
+            SQ_INFO("model loaded worker=%d device=%s model=%s version=%d memory_mb=%llu", w->id,
+                    w->device, dm->m->name, dm->m->version,
+                    (unsigned long long)(info.memory_bytes >> 20));
+            if (dm->profile_worker == w->id) {
+                dm->profile_worker = -1;
+                w->profiling = 0;
+                pl_dispatch_worker_add(ds->core, now_us(), w->id, 0);
+                start_profile(ds, dm);
+            }
+            if (dm->active) {
+                update_routes(ds, dm);
+                flush_pending(ds, dm);
+            }
+        } else {
+            sq_ipc_error_t e;
+            if (sq_ipc_error_decode(f, &e) != 0)
+                return -1;
+            l->state = LOAD_FAILED;
+            SQ_WARN("model load failed worker=%d model=%s version=%d code=%s reason=\"%s\"",
+                    w->id, dm->m->name, dm->m->version, sq_err_name(e.code), e.message);
+            if (dm->profile_worker == w->id) {
+                sq_profile_done_t failed = {.code = e.code};
+                profile_store_t *p = sq_xcalloc(1, sizeof(*p));
+                p->srv = ds->srv;
+                p->key = dm->key;
+                snprintf(p->device_kind, sizeof(p->device_kind), "%s", gw_kind_name(w->kind));
+                snprintf(p->device_name, sizeof(p->device_name), "%s", w->device);
+                p->done = failed;
+                snprintf(p->done.message, sizeof(p->done.message), "load: %s", e.message);
+                end_profile(ds, dm, w);
+                gw_db_post(ds->srv, profile_store_job, p);
+            }
+            int loading;
+            if (loaded_anywhere(ds, dm, &loading) == 0 && loading == 0)
+                fail_pending(ds, dm, SQ_NO_WORKER, e.message);
+        }
+        pump(ds);
+        return 0;
+    }
+    case SQ_MSG_PROFILE_PROGRESS: {
+        sq_reader_t r;
+        sq_reader_init(&r, f->payload, f->len);
+        uint32_t b = sq_get_u32(&r), total = sq_get_u32(&r);
+        ds_model_t *dm = model_find(ds, (int64_t)f->id);
+        if (!r.err && dm != NULL)
+            SQ_INFO("profiling progress model=%s version=%d batch=%u of=%u", dm->m->name,
+                    dm->m->version, b, total);
+        return 0;
+    }
+    case SQ_MSG_PROFILE_DONE: {
+        profile_store_t *p = sq_xcalloc(1, sizeof(*p));
+        if (sq_profile_done_decode(f, &p->done) != 0) {
+            free(p);
+            return -1;
+        }
+        ds_model_t *dm = model_find(ds, (int64_t)f->id);
+        if (dm != NULL)
+            end_profile(ds, dm, w);
+        SQ_INFO("profiling done key=%lld worker=%d rows=%u code=%s", (long long)f->id, w->id,
+                p->done.nrows, sq_err_name(p->done.code));
+        p->srv = ds->srv;
+        p->key = (int64_t)f->id;
+        snprintf(p->device_kind, sizeof(p->device_kind), "%s", gw_kind_name(w->kind));
+        snprintf(p->device_name, sizeof(p->device_name), "%s", w->device);
+        gw_db_post(ds->srv, profile_store_job, p);
+        pump(ds);
+        return 0;
+    }
+    default:
+        return -1;
+    }
+}
+
+/* ---- workers come and go -------------------------------------------------- */
+
+void gw_dispatch_worker_up(gw_dispatch_t *ds, int worker, const char *device, uint64_t memory)
+{
+    wk_device_t dev;
+    if (worker < 0 || wk_device_parse(device, &dev) != 0)
+        return;
+    if (worker >= ds->nworkers) {
+        ds->workers = sq_xrealloc(ds->workers, sizeof(*ds->workers) * (size_t)(worker + 1));
+        memset(ds->workers + ds->nworkers, 0,
+               sizeof(*ds->workers) * (size_t)(worker + 1 - ds->nworkers));
+        ds->nworkers = worker + 1;
+    }
+    ds_worker_t *w = ds->workers[worker];
+    if (w == NULL)
+        w = ds->workers[worker] = sq_xcalloc(1, sizeof(*w));
+    w->id = worker;
+    w->up = 1;
+    w->profiling = 0;
+    w->kind = dev.kind == WK_DEV_CUDA ? GW_KIND_CUDA
+              : dev.kind == WK_DEV_EMU ? GW_KIND_EMU
+                                       : GW_KIND_CPU;
+    snprintf(w->device, sizeof(w->device), "%s", device);
+    w->nloads = 0;
+    w->nshas = 0;
+    (void)memory;
+    atomic_fetch_add(&ds->srv->kind_up[w->kind], 1);
+    pl_dispatch_worker_add(ds->core, now_us(), worker, 0);
+    for (int i = 0; i < ds->nmodels; i++) {
+        ds_model_t *dm = ds->models[i];
+        if (dm->removed)
+            continue;
+        if (dm->active && dm->kind == w->kind)
+            send_load(ds, dm, w);
+        start_profile(ds, dm);
+    }
+    pump(ds);
+}
+
+void gw_dispatch_worker_lost(gw_dispatch_t *ds, int worker)
+{
+    ds_worker_t *w = worker_get(ds, worker);
+    if (w == NULL || !w->up)
+        return;
+    w->up = 0;
+    atomic_fetch_sub(&ds->srv->kind_up[w->kind], 1);
+    if (w->inflight != NULL) {
+        /* The core puts these requests back in their queues (or drops them
+         * if their deadline no longer allows a retry). */
+        sq_shm_release(ds->srv->arena, w->inflight->out_off);
+        free(w->inflight->items);
+        free(w->inflight);
+        w->inflight = NULL;
+    }
+    pl_dispatch_worker_lost(ds->core, now_us(), worker);
+    for (int i = 0; i < ds->nmodels; i++) {
+        ds_model_t *dm = ds->models[i];
+        if (dm->profile_worker == worker) {
+            dm->profile_worker = -1;
+            w->profiling = 0;
+            start_profile(ds, dm); /* on another worker, if any */
+        }
+    }
+    w->nloads = 0;
+    w->nshas = 0;
+    pump(ds);
+}
+
+/* ---- entry points from other threads --------------------------------------- */
+
+static void on_submit(sq_loop_t *loop, void *arg)
+{
+    gw_item_t *it = arg;
+    gw_dispatch_t *ds = it->req->base.srv->dispatch;
+    (void)loop;
+    gw_model_t *m = it->req->model;
+    it->ready_us = now_us();
+    if (ds->aborted) {
+        fail_item(ds, it, SQ_SHUTTING_DOWN, "squishd is shutting down");
+        return;
+    }
+    if (it->ready_us >= it->req->deadline_us) {
+        fail_item(ds, it, SQ_DEADLINE, "the deadline passed during preprocessing");
+        return;
+    }
+    ds_model_t *dm = model_get(ds, m);
+    if (dm->removed) {
+        fail_item(ds, it, SQ_MODEL_NOT_FOUND, "the model was deleted");
+        return;
+    }
+    if (!dm->active) {
+        dm->kind = kind_of_model(ds->srv, dm->m);
+        if (dm->kind < 0) {
+            fail_item(ds, it, SQ_NO_WORKER, "no worker that can run this model is up");
+            return;
+        }
+        dm->active = 1;
+    }
+    int loading;
+    if (loaded_anywhere(ds, dm, &loading) > 0) {
+        enqueue_item(ds, dm, it);
+        pump(ds);
+        return;
+    }
+    spread_loads(ds, dm);
+    loaded_anywhere(ds, dm, &loading);
+    if (loading == 0) {
+        fail_item(ds, it, SQ_NO_WORKER, "no worker could load the model");
+        return;
+    }
+    if (dm->npending == dm->cappending) {
+        dm->cappending = dm->cappending ? 2 * dm->cappending : 16;
+        dm->pending = sq_xrealloc(dm->pending, sizeof(*dm->pending) * (size_t)dm->cappending);
+    }
+    dm->pending[dm->npending++] = it;
+}
+
+void gw_dispatch_submit(gw_server_t *srv, gw_item_t *item)
+{
+    sq_loop_post(srv->dispatch_loop, on_submit, item);
+}
+
+typedef struct {
+    gw_server_t *srv;
+    int64_t key;
+    int profile;
+} model_msg_t;
+
+static void on_model_changed(sq_loop_t *loop, void *arg)
+{
+    model_msg_t *msg = arg;
+    gw_dispatch_t *ds = msg->srv->dispatch;
+    (void)loop;
+    gw_model_t *m = gw_registry_get(msg->srv->registry, msg->key);
+    ds_model_t *dm = model_find(ds, msg->key);
+    if (m == NULL) {
+        if (dm != NULL && !dm->removed) {
+            dm->removed = 1;
+            fail_pending(ds, dm, SQ_MODEL_NOT_FOUND, "the model was deleted");
+            for (int s = 0; s < ds->nsessions; s++)
+                if (ds->sessions[s].model == dm)
+                    pl_dispatch_session_remove(ds->core, now_us(), s);
+            for (int i = 0; i < ds->nworkers; i++) {
+                ds_worker_t *w = ds->workers[i];
+                ds_load_t *l = w ? load_of(w, dm->key, 0) : NULL;
+                if (l != NULL && w->up && l->state != LOAD_NONE) {
+                    gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_UNLOAD,
+                                    (uint64_t)dm->key, NULL, 0);
+                    l->state = LOAD_NONE;
+                }
+            }
+            free(dm->blob);
+            dm->blob = NULL;
+            dm->blob_state = 0;
+        }
+    } else {
+        if (dm == NULL)
+            dm = model_get(ds, m);
+        gw_model_unref(dm->m);
+        dm->m = m; /* the new entry (profile, status) */
+        m = NULL;
+        if (msg->profile) {
+            dm->profile_pending = 1;
+            start_profile(ds, dm);
+        }
+    }
+    gw_model_unref(m);
+    pump(ds);
+    free(msg);
+}
+
+static void post_model_msg(gw_server_t *srv, int64_t key, int profile)
+{
+    model_msg_t *msg = sq_xcalloc(1, sizeof(*msg));
+    msg->srv = srv;
+    msg->key = key;
+    msg->profile = profile;
+    sq_loop_post(srv->dispatch_loop, on_model_changed, msg);
+}
+
+void gw_dispatch_model_changed(gw_server_t *srv, int64_t key)
+{
+    post_model_msg(srv, key, 0);
+}
+
+void gw_dispatch_profile(gw_server_t *srv, int64_t key)
+{
+    post_model_msg(srv, key, 1);
+}
+
+/* Items waiting for a first load are bounded by their deadlines. */
+static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
+{
+    gw_dispatch_t *ds = data;
+    (void)id;
+    int64_t t = now_us();
+    for (int i = 0; i < ds->nmodels; i++) {
+        ds_model_t *dm = ds->models[i];
+        int k = 0;
+        for (int j = 0; j < dm->npending; j++) {
+            gw_item_t *it = dm->pending[j];
+            if (it->req->deadline_us <= t)
+                fail_item(ds, it, SQ_DEADLINE, "the model was still loading at the deadline");
+            else
+                dm->pending[k++] = it;
+        }
+        dm->npending = k;
+    }
+    ds->tick = sq_loop_timer_at(loop, sq_now_ns() + (int64_t)TICK_MS * 1000000, on_tick, ds);
+}
+
+gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop)
+{
+    gw_dispatch_t *ds = sq_xcalloc(1, sizeof(*ds));
+    ds->srv = srv;
+    ds->loop = loop;
+    pl_dispatch_opts_t opts = {.policy = srv->cfg->policy,
+                               .k_std = srv->cfg->k_std,
+                               .net_delay_us = srv->cfg->net_delay_us};
+    ds->core = pl_dispatch_new(&opts);
+    ds->tick = sq_loop_timer_at(loop, sq_now_ns() + (int64_t)TICK_MS * 1000000, on_tick, ds);
+    return ds;
+}
+
+void gw_dispatch_abort_all(gw_dispatch_t *ds)
+{
+    ds->aborted = 1;
+    for (int i = 0; i < ds->nmodels; i++)
+        fail_pending(ds, ds->models[i], SQ_SHUTTING_DOWN, "squishd is shutting down");
+    for (int s = 0; s < ds->nsessions; s++)
+        pl_dispatch_session_remove(ds->core, now_us(), s);
+    /* Queued requests come back as drops; answer them as a shutdown. */
+    const pl_action_t *acts;
+    size_t n = pl_dispatch_take(ds->core, &acts);
+    for (size_t i = 0; i < n; i++)
+        if (acts[i].kind == PL_ACT_DROP)
+            fail_item(ds, (gw_item_t *)(uintptr_t)acts[i].request_id, SQ_SHUTTING_DOWN,
+                      "squishd is shutting down");
+    for (int i = 0; i < ds->nworkers; i++) {
+        ds_worker_t *w = ds->workers[i];
+        if (w != NULL && w->inflight != NULL) {
+            for (int k = 0; k < w->inflight->count; k++)
+                fail_item(ds, w->inflight->items[k], SQ_SHUTTING_DOWN,
+                          "squishd is shutting down");
+            sq_shm_release(ds->srv->arena, w->inflight->out_off);
+            free(w->inflight->items);
+            free(w->inflight);
+            w->inflight = NULL;
+        }
+    }
+}
+
+void gw_dispatch_free(gw_dispatch_t *ds)
+{
+    if (ds == NULL)
+        return;
+    for (int i = 0; i < ds->nworkers; i++) {
+        ds_worker_t *w = ds->workers[i];
+        if (w == NULL)
+            continue;
+        free(w->loads);
+        free(w->shas);
+        free(w);
+    }
+    for (int i = 0; i < ds->nmodels; i++) {
+        ds_model_t *dm = ds->models[i];
+        gw_model_unref(dm->m);
+        free(dm->blob);
+        free(dm->pending);
+        free(dm);
+    }
+    free(ds->workers);
+    free(ds->models);
+    free(ds->sessions);
+    pl_dispatch_free(ds->core);
+    free(ds);
+}

@@ -1,0 +1,55 @@
+/* Model configuration as operators send it with an upload, validated into
+ * a typed struct. Pure (no I/O): parsed on the DB thread, fuzzed.
+ *
+ * Every field but `name` has a default, so {"name": "resnet18"} is a valid
+ * config for an ONNX model: version 1, ImageNet mean/std, RGB, bilinear
+ * resize to the graph's input size, labels "0".."K-1", SLO 100 ms.
+ * An emulated model (no ONNX file) carries its profile instead:
+ * {"name", "profile": {"alpha_ms", "beta_ms"} or {"batch": [...],
+ * "latency_ms": [...], "latency_std_ms": [...]}, "max_batch", "memory_mb",
+ * "input": {"shape": [3, 224, 224]}, "num_classes"}. */
+#ifndef GW_MODEL_H
+#define GW_MODEL_H
+
+#include <jansson.h>
+#include <mdb.h>
+#include <stddef.h>
+
+#define GW_MAX_PROFILE_ROWS 1024
+
+typedef struct {
+    char name[MDB_NAME_MAX + 1];
+    int version;
+    double default_slo_ms;
+    int max_batch; /* 0 = choose (profiling / emulated default 64) */
+    /* preprocessing */
+    char resize[16];        /* "bilinear" | "nearest" */
+    char channel_order[4];  /* "RGB" | "BGR" */
+    double mean[3], std[3]; /* on 0..255 pixel values */
+    json_t *labels;         /* array of strings or NULL (then 0..K-1); owned */
+    /* emulated */
+    int emulated;
+    int linear;
+    double alpha_ms, beta_ms;
+    int nrows;
+    mdb_profile_row_t rows[GW_MAX_PROFILE_ROWS];
+    double memory_mb;
+    int input_shape[3]; /* C, H, W */
+    int num_classes;
+} gw_model_config_t;
+
+/* Parses and validates a config (JSON text). emulated: the upload carries
+ * no ONNX file, so a profile is required. Returns 0, or SQ_BAD_CONFIG /
+ * SQ_BAD_JSON with a message naming the JSON path in err ("config.version:
+ * expected an integer >= 1"). */
+int gw_model_config_parse(const char *json, size_t len, int emulated, gw_model_config_t *cfg,
+                          char *err, size_t errlen);
+/* Releases what the config owns; accepts NULL. */
+void gw_model_config_dispose(gw_model_config_t *cfg);
+/* Whether name is a valid model name: [A-Za-z0-9][A-Za-z0-9_.-]{0,63}. */
+int gw_model_name_ok(const char *name, size_t len);
+/* Parses a labels file: one label per line (CR/LF tolerated, trailing
+ * empty line ignored). Returns a new array, or NULL with err set. */
+json_t *gw_labels_parse(const char *text, size_t len, char *err, size_t errlen);
+
+#endif

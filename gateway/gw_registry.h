@@ -1,0 +1,75 @@
+/* The in-memory model registry: what the data plane needs to know about
+ * every stored model version, readable from any thread without touching
+ * sqlite. The DB thread fills it at start and after each upload, profile or
+ * delete; HTTP threads look models up per request; the dispatch thread
+ * reads profiles and load specs.
+ *
+ * Entries are immutable once published and reference-counted: an update
+ * publishes a new entry, and a request keeps the one it started with. */
+#ifndef GW_REGISTRY_H
+#define GW_REGISTRY_H
+
+#include <jansson.h>
+#include <mdb.h>
+#include <pl_profile.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+typedef enum { GW_KIND_CPU, GW_KIND_CUDA, GW_KIND_EMU, GW_KIND_COUNT } gw_kind_t;
+
+/* "cpu" / "cuda" / "emu" <-> kind; -1 for an unknown name. */
+const char *gw_kind_name(gw_kind_t k);
+int gw_kind_parse(const char *name);
+
+typedef struct gw_model {
+    atomic_int refs;
+    int64_t key; /* the models row id: stable, unique per (name, version) */
+    char name[MDB_NAME_MAX + 1];
+    int version;
+    char sha256[65];
+    int emulated;            /* format "emulated": no ONNX file */
+    char status[16];         /* profiling | ready | failed */
+    char input_name[128];
+    int input_uint8;         /* the graph's input is UINT8 (else FP32) */
+    int c, h, w;             /* input item shape */
+    int64_t out_elems;       /* floats per item of output 0 */
+    char output_name[128];
+    double mean[3], std[3];  /* 0..255 pixel scale */
+    int bgr;
+    int nearest;             /* resize mode */
+    double default_slo_ms;
+    int max_batch;
+    uint64_t memory_bytes;
+    json_t *labels;          /* array of strings; owned */
+    /* Profiles per device kind; has_profile[k] says whether one is stored. */
+    int has_profile[GW_KIND_COUNT];
+    pl_profile_t profile[GW_KIND_COUNT];
+} gw_model_t;
+
+void gw_model_ref(gw_model_t *m);
+/* Accepts NULL. */
+void gw_model_unref(gw_model_t *m);
+/* Builds an entry from a record of mdb_model_records (see there). */
+gw_model_t *gw_model_from_record(json_t *rec);
+/* The label of class i ("i" when out of range) into buf. */
+const char *gw_model_label(const gw_model_t *m, int64_t i, char *buf, size_t len);
+
+typedef struct gw_registry gw_registry_t;
+
+gw_registry_t *gw_registry_new(void);
+void gw_registry_free(gw_registry_t *r);
+/* Publishes m (taking the caller's reference), replacing an entry with the
+ * same key. */
+void gw_registry_put(gw_registry_t *r, gw_model_t *m);
+/* Removes every version of name (version 0) or one version; writes the
+ * removed keys (up to max) and returns how many were removed. */
+int gw_registry_remove(gw_registry_t *r, const char *name, int version, int64_t *keys, int max);
+/* A new reference to name's version (0: the newest), or NULL. */
+gw_model_t *gw_registry_find(gw_registry_t *r, const char *name, size_t name_len, int version);
+/* A new reference by key, or NULL. */
+gw_model_t *gw_registry_get(gw_registry_t *r, int64_t key);
+/* Calls fn for every entry (under the lock: keep it short). */
+void gw_registry_foreach(gw_registry_t *r, void (*fn)(gw_model_t *m, void *arg), void *arg);
+
+#endif

@@ -1,0 +1,554 @@
+/* Model management routes: POST/GET/DELETE /models (admin token), and the
+ * KServe model metadata and readiness routes. Every route's work happens on
+ * the DB thread; the loop thread only checks the request and copies the
+ * body. */
+#include "gw_http.h"
+#include "gw_infer.h"
+#include "gw_registry.h"
+#include "gw_model.h"
+#include "gw_multipart.h"
+
+#include <mdb_graph.h>
+
+#include <openssl/evp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_UPLOAD_PARTS 8
+
+typedef struct {
+    gw_async_t base;
+    char name[MDB_NAME_MAX + 1];
+    int version;
+    int emulated;              /* the body is a JSON config alone */
+    char boundary[GW_MULTIPART_MAX_BOUNDARY + 1];
+    uint8_t *body;             /* a copy: the request may go away meanwhile */
+    size_t len;
+} model_job_t;
+
+static void model_job_dispose(gw_async_t *a)
+{
+    model_job_t *j = (model_job_t *)a;
+    free(j->body);
+}
+
+static model_job_t *job_new(gw_call_t *call)
+{
+    model_job_t *j = (model_job_t *)gw_async_new(call, sizeof(model_job_t));
+    j->base.dispose = model_job_dispose;
+    return j;
+}
+
+static void sha256_hex(const void *data, size_t len, char out[65])
+{
+    unsigned char md[32];
+    unsigned int mdlen = 0;
+    EVP_Digest(data, len, md, &mdlen, EVP_sha256(), NULL);
+    for (int i = 0; i < 32; i++)
+        snprintf(out + 2 * i, 3, "%02x", md[i]);
+}
+
+static const char *oip_datatype(mdb_dtype_t dt)
+{
+    switch (dt) {
+    case MDB_DT_FLOAT:
+        return "FP32";
+    case MDB_DT_UINT8:
+        return "UINT8";
+    case MDB_DT_INT8:
+        return "INT8";
+    case MDB_DT_INT32:
+        return "INT32";
+    case MDB_DT_INT64:
+        return "INT64";
+    case MDB_DT_BOOL:
+        return "BOOL";
+    default:
+        return "BYTES";
+    }
+}
+
+static json_t *shape_json(const mdb_shape_t *s)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < s->rank; i++)
+        json_array_append_new(a, json_integer(s->dims[i] == MDB_DIM_BATCH ? -1 : s->dims[i]));
+    return a;
+}
+
+static json_t *preprocess_json(const gw_model_config_t *cfg)
+{
+    return json_pack("{s:s, s:s, s:[f,f,f], s:[f,f,f]}", "resize", cfg->resize, "channel_order",
+                     cfg->channel_order, "mean", cfg->mean[0], cfg->mean[1], cfg->mean[2], "std",
+                     cfg->std[0], cfg->std[1], cfg->std[2]);
+}
+
+static json_t *default_labels(int64_t k)
+{
+    json_t *a = json_array();
+    for (int64_t i = 0; i < k; i++) {
+        char s[24];
+        snprintf(s, sizeof(s), "%lld", (long long)i);
+        json_array_append_new(a, json_string(s));
+    }
+    return a;
+}
+
+/* The reply for a stored model: its record with the name, 201. */
+static void reply_created(mdb_t *db, model_job_t *j, const char *name, int version)
+{
+    json_t *rec;
+    if (mdb_model_version_get(db, name, version, &rec) != 0) {
+        gw_async_fail(&j->base, SQ_DB, "stored, but cannot read back: %s", mdb_errmsg(db));
+        return;
+    }
+    j->base.status = 201;
+    j->base.body = rec;
+}
+
+/* Publishes a stored model to the data plane. */
+static void publish(mdb_t *db, gw_server_t *srv, int64_t key, int profile)
+{
+    json_t *recs;
+    if (mdb_model_records(db, key, &recs) == 0 && json_array_size(recs) == 1)
+        gw_registry_put(srv->registry, gw_model_from_record(json_array_get(recs, 0)));
+    json_decref(recs);
+    if (profile)
+        gw_dispatch_profile(srv, key);
+    else
+        gw_dispatch_model_changed(srv, key);
+}
+
+static void store(mdb_t *db, model_job_t *j, const mdb_new_model_t *m)
+{
+    int64_t key = 0;
+    int rc = mdb_model_insert(db, m, &key);
+    if (rc == SQ_EXISTS)
+        gw_async_fail(&j->base, SQ_EXISTS, "model %s version %d already exists", m->name,
+                      m->version);
+    else if (rc != 0)
+        gw_async_fail(&j->base, rc, "cannot store the model: %s", mdb_errmsg(db));
+    else {
+        SQ_INFO("model stored name=%s version=%d format=%s sha256=%.12s status=%s", m->name,
+                m->version, m->format, m->sha256, m->status);
+        reply_created(db, j, m->name, m->version);
+        /* 202 while the worker measures the model's batching profile. */
+        int profiling = strcmp(m->status, "profiling") == 0;
+        if (profiling)
+            j->base.status = 202;
+        publish(db, j->base.srv, key, profiling);
+    }
+}
+
+static void upload_emulated(mdb_t *db, model_job_t *j)
+{
+    gw_model_config_t *cfg = sq_xmalloc(sizeof(*cfg));
+    char err[512];
+    int rc = gw_model_config_parse((const char *)j->body, j->len, 1, cfg, err, sizeof(err));
+    if (rc != 0) {
+        gw_async_fail(&j->base, rc, "%s", err);
+        free(cfg);
+        return;
+    }
+    mdb_profile_row_t *rows = cfg->rows;
+    int nrows = cfg->nrows;
+    mdb_profile_row_t *linear = NULL;
+    if (cfg->linear) {
+        nrows = cfg->max_batch;
+        linear = sq_xcalloc((size_t)nrows, sizeof(*linear));
+        for (int b = 1; b <= nrows; b++)
+            linear[b - 1] = (mdb_profile_row_t){
+                .batch = b, .mean_us = (cfg->alpha_ms * b + cfg->beta_ms) * 1000.0};
+        rows = linear;
+    }
+    uint64_t mem = (uint64_t)(cfg->memory_mb * 1048576.0);
+    for (int i = 0; i < nrows; i++)
+        rows[i].peak_memory_bytes = mem;
+    char sha[65];
+    sha256_hex(j->body, j->len, sha);
+    json_t *config = json_loadb((const char *)j->body, j->len, 0, NULL);
+    json_t *labels = cfg->labels ? json_incref(cfg->labels) : default_labels(cfg->num_classes);
+    mdb_new_model_t m = {
+        .name = cfg->name,
+        .version = cfg->version,
+        .format = "emulated",
+        .sha256 = sha,
+        .input = json_pack("{s:s, s:s, s:[i,i,i,i]}", "name", "input", "datatype", "FP32",
+                           "shape", -1, cfg->input_shape[0], cfg->input_shape[1],
+                           cfg->input_shape[2]),
+        .outputs = json_pack("[{s:s, s:s, s:[i,i]}]", "name", "output", "datatype", "FP32",
+                             "shape", -1, cfg->num_classes),
+        .preprocess = preprocess_json(cfg),
+        .labels = labels,
+        .config = config,
+        .default_slo_ms = cfg->default_slo_ms,
+        .max_batch = cfg->max_batch,
+        .memory_bytes = mem,
+        .status = "ready",
+        .profile = rows,
+        .nprofile = nrows,
+        .profile_device_kind = "emu",
+    };
+    store(db, j, &m);
+    json_decref(m.input);
+    json_decref(m.outputs);
+    json_decref(m.preprocess);
+    json_decref(labels);
+    json_decref(config);
+    free(linear);
+    gw_model_config_dispose(cfg);
+    free(cfg);
+}
+
+static void upload_onnx(mdb_t *db, model_job_t *j)
+{
+    gw_part_t parts[MAX_UPLOAD_PARTS];
+    int nparts = 0;
+    char err[512];
+    int rc = gw_multipart_parse(j->body, j->len, j->boundary, parts, MAX_UPLOAD_PARTS, &nparts,
+                                err, sizeof(err));
+    if (rc != 0) {
+        gw_async_fail(&j->base, rc, "%s", err);
+        return;
+    }
+    const gw_part_t *model = NULL, *config = NULL, *labels_part = NULL;
+    for (int i = 0; i < nparts; i++) {
+        const gw_part_t **slot = gw_part_is(&parts[i], "model")    ? &model
+                                 : gw_part_is(&parts[i], "config") ? &config
+                                 : gw_part_is(&parts[i], "labels") ? &labels_part
+                                                                   : NULL;
+        if (slot == NULL) {
+            gw_async_fail(&j->base, SQ_BAD_MULTIPART,
+                          "unknown part '%.*s' (expected model, config and optionally labels)",
+                          (int)(parts[i].name_len > 64 ? 64 : parts[i].name_len), parts[i].name);
+            return;
+        }
+        if (*slot != NULL) {
+            gw_async_fail(&j->base, SQ_BAD_MULTIPART, "part '%.*s' given twice",
+                          (int)parts[i].name_len, parts[i].name);
+            return;
+        }
+        *slot = &parts[i];
+    }
+    if (model == NULL || config == NULL) {
+        gw_async_fail(&j->base, SQ_BAD_MULTIPART,
+                      "an upload needs a 'model' part (the .onnx file) and a 'config' part (JSON)");
+        return;
+    }
+    if (model->len == 0) {
+        gw_async_fail(&j->base, SQ_BAD_MODEL, "the model part is empty");
+        return;
+    }
+    gw_model_config_t *cfg = sq_xmalloc(sizeof(*cfg));
+    rc = gw_model_config_parse((const char *)config->data, config->len, 0, cfg, err, sizeof(err));
+    if (rc != 0) {
+        gw_async_fail(&j->base, rc, "%s", err);
+        free(cfg);
+        return;
+    }
+    json_t *labels = NULL, *config_json = NULL;
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t ierr;
+    memset(&ierr, 0, sizeof(ierr));
+    if (labels_part != NULL) {
+        if (cfg->labels != NULL) {
+            gw_async_fail(&j->base, SQ_BAD_CONFIG, "labels given both in config and as a part");
+            goto out;
+        }
+        if ((labels = gw_labels_parse((const char *)labels_part->data, labels_part->len, err,
+                                      sizeof(err))) == NULL) {
+            gw_async_fail(&j->base, SQ_BAD_CONFIG, "%s", err);
+            goto out;
+        }
+    } else if (cfg->labels != NULL) {
+        labels = json_incref(cfg->labels);
+    }
+    rc = mdb_onnx_import(model->data, model->len, &g, &ierr);
+    if (rc != 0) {
+        if (rc == SQ_UNSUPPORTED_MODEL && ierr.ops[0] != '\0')
+            gw_async_fail(&j->base, rc, "unsupported operators (opset %lld): %s%s%s",
+                          (long long)ierr.opset, ierr.ops, ierr.detail[0] ? "; " : "",
+                          ierr.detail);
+        else
+            gw_async_fail(&j->base, rc, "%s", ierr.detail[0] ? ierr.detail : sq_err_msg(rc));
+        goto out;
+    }
+    mdb_model_info_t info;
+    if ((rc = mdb_model_info(g, &info, err, sizeof(err))) != 0) {
+        gw_async_fail(&j->base, rc, "%s", err);
+        goto out;
+    }
+    /* Classifier output: [N, K]; labels must match K. */
+    int64_t classes = info.output_shapes[0].rank >= 2
+                          ? info.output_shapes[0].dims[info.output_shapes[0].rank - 1]
+                          : 1;
+    if (labels != NULL && (int64_t)json_array_size(labels) != classes) {
+        gw_async_fail(&j->base, SQ_BAD_CONFIG,
+                      "config.labels: %zu labels for an output of %lld classes",
+                      json_array_size(labels), (long long)classes);
+        goto out;
+    }
+    if (labels == NULL)
+        labels = default_labels(classes);
+    json_t *outputs = json_array();
+    for (int i = 0; i < info.n_outputs; i++)
+        json_array_append_new(outputs, json_pack("{s:s, s:s, s:o}", "name", info.output_names[i],
+                                                 "datatype", "FP32", "shape",
+                                                 shape_json(&info.output_shapes[i])));
+    json_t *input = json_pack("{s:s, s:s, s:o}", "name", info.input_name, "datatype",
+                              oip_datatype(info.input_dtype), "shape",
+                              shape_json(&info.input_shape));
+    json_t *pre = preprocess_json(cfg);
+    config_json = json_loadb((const char *)config->data, config->len, 0, NULL);
+    char sha[65];
+    sha256_hex(model->data, model->len, sha);
+    mdb_new_model_t m = {
+        .name = cfg->name,
+        .version = cfg->version,
+        .format = "onnx",
+        .onnx = model->data,
+        .onnx_len = model->len,
+        .sha256 = sha,
+        .input = input,
+        .outputs = outputs,
+        .preprocess = pre,
+        .labels = labels,
+        .config = config_json,
+        .default_slo_ms = cfg->default_slo_ms,
+        .max_batch = cfg->max_batch ? cfg->max_batch : 64,
+        .param_bytes = info.param_bytes,
+        .memory_bytes = info.param_bytes,
+        .status = "profiling",
+        .graph = g,
+    };
+    store(db, j, &m);
+    json_decref(input);
+    json_decref(outputs);
+    json_decref(pre);
+out:
+    json_decref(labels);
+    json_decref(config_json);
+    mdb_graph_free(g);
+    gw_model_config_dispose(cfg);
+    free(cfg);
+}
+
+static void upload_job(mdb_t *db, void *arg)
+{
+    model_job_t *j = arg;
+    if (j->emulated)
+        upload_emulated(db, j);
+    else
+        upload_onnx(db, j);
+    gw_async_done(&j->base);
+}
+
+void gw_route_models_post(gw_call_t *call)
+{
+    if (!gw_require_admin(call))
+        return;
+    h2o_req_t *req = call->req;
+    h2o_iovec_t ct = gw_header(req, "content-type");
+    model_job_t *j;
+    char boundary[GW_MULTIPART_MAX_BOUNDARY + 1] = "";
+    if (ct.len >= 16 && strncasecmp(ct.base, "application/json", 16) == 0) {
+        j = job_new(call);
+        j->emulated = 1;
+    } else {
+        int rc = gw_multipart_boundary(ct.base ? ct.base : "", ct.len, boundary, sizeof(boundary));
+        if (rc != 0) {
+            gw_send_error(req, rc,
+                          rc == SQ_MEDIA_TYPE
+                              ? "POST /models takes multipart/form-data (model + config parts) "
+                                "or application/json (an emulated model)"
+                              : "multipart/form-data without a valid boundary");
+            return;
+        }
+        j = job_new(call);
+        memcpy(j->boundary, boundary, sizeof(boundary));
+    }
+    j->len = req->entity.len;
+    j->body = sq_xmalloc(j->len + 1);
+    if (j->len > 0)
+        memcpy(j->body, req->entity.base, j->len);
+    gw_db_post(call->srv, upload_job, j);
+}
+
+static int parse_version(h2o_iovec_t v, int *out)
+{
+    if (v.len == 0 || v.len > 10)
+        return -1;
+    long long n = 0;
+    for (size_t i = 0; i < v.len; i++) {
+        if (v.base[i] < '0' || v.base[i] > '9')
+            return -1;
+        n = n * 10 + (v.base[i] - '0');
+    }
+    if (n < 1 || n > 1000000000)
+        return -1;
+    *out = (int)n;
+    return 0;
+}
+
+/* Copies the {name} path segment (and {version}) into the job; replies 404
+ * and returns NULL for an impossible name or version. */
+static model_job_t *named_job(gw_call_t *call, int with_version)
+{
+    h2o_iovec_t name = call->args[0];
+    int version = 0;
+    if (!gw_model_name_ok(name.base, name.len)) {
+        gw_send_error(call->req, SQ_MODEL_NOT_FOUND, "no such model");
+        return NULL;
+    }
+    if (with_version && parse_version(call->args[1], &version) != 0) {
+        gw_send_error(call->req, SQ_MODEL_NOT_FOUND, "no such model version");
+        return NULL;
+    }
+    model_job_t *j = job_new(call);
+    memcpy(j->name, name.base, name.len);
+    j->name[name.len] = '\0';
+    j->version = version;
+    return j;
+}
+
+static void list_job(mdb_t *db, void *arg)
+{
+    model_job_t *j = arg;
+    if (mdb_model_list(db, &j->base.body) != 0)
+        gw_async_fail(&j->base, SQ_DB, "%s", mdb_errmsg(db));
+    gw_async_done(&j->base);
+}
+
+void gw_route_models_list(gw_call_t *call)
+{
+    if (!gw_require_admin(call))
+        return;
+    gw_db_post(call->srv, list_job, job_new(call));
+}
+
+static void get_job(mdb_t *db, void *arg)
+{
+    model_job_t *j = arg;
+    int rc = mdb_model_get(db, j->name, &j->base.body);
+    if (rc == SQ_MODEL_NOT_FOUND)
+        gw_async_fail(&j->base, rc, "no model named %s", j->name);
+    else if (rc != 0)
+        gw_async_fail(&j->base, rc, "%s", mdb_errmsg(db));
+    gw_async_done(&j->base);
+}
+
+void gw_route_models_get(gw_call_t *call)
+{
+    if (!gw_require_admin(call))
+        return;
+    model_job_t *j = named_job(call, 0);
+    if (j != NULL)
+        gw_db_post(call->srv, get_job, j);
+}
+
+static void delete_job(mdb_t *db, void *arg)
+{
+    model_job_t *j = arg;
+    int deleted = 0;
+    int rc = mdb_model_delete(db, j->name, j->version, &deleted);
+    if (rc == SQ_MODEL_NOT_FOUND)
+        gw_async_fail(&j->base, rc, "no model named %s%s", j->name,
+                      j->version ? " with that version" : "");
+    else if (rc != 0)
+        gw_async_fail(&j->base, rc, "%s", mdb_errmsg(db));
+    else {
+        SQ_INFO("model deleted name=%s version=%d versions_deleted=%d", j->name, j->version,
+                deleted);
+        int64_t keys[64];
+        int n = gw_registry_remove(j->base.srv->registry, j->name, j->version, keys, 64);
+        for (int i = 0; i < n && i < 64; i++)
+            gw_dispatch_model_changed(j->base.srv, keys[i]);
+        j->base.body = json_pack("{s:s, s:i}", "name", j->name, "deleted_versions", deleted);
+    }
+    gw_async_done(&j->base);
+}
+
+void gw_route_models_delete(gw_call_t *call)
+{
+    if (!gw_require_admin(call))
+        return;
+    model_job_t *j = named_job(call, 0);
+    if (j != NULL)
+        gw_db_post(call->srv, delete_job, j);
+}
+
+void gw_route_models_delete_version(gw_call_t *call)
+{
+    if (!gw_require_admin(call))
+        return;
+    model_job_t *j = named_job(call, 1);
+    if (j != NULL)
+        gw_db_post(call->srv, delete_job, j);
+}
+
+/* KServe: {"name", "versions", "platform", "inputs", "outputs"}. */
+static void kserve_metadata_job(mdb_t *db, void *arg)
+{
+    model_job_t *j = arg;
+    json_t *all;
+    int rc = mdb_model_get(db, j->name, &all);
+    if (rc != 0) {
+        gw_async_fail(&j->base, rc, rc == SQ_MODEL_NOT_FOUND ? "no such model" : "%s",
+                      mdb_errmsg(db));
+        gw_async_done(&j->base);
+        return;
+    }
+    json_t *versions = json_array(), *chosen = NULL, *v;
+    size_t i;
+    json_array_foreach(json_object_get(all, "versions"), i, v)
+    {
+        char s[16];
+        int n = (int)json_integer_value(json_object_get(v, "version"));
+        snprintf(s, sizeof(s), "%d", n);
+        json_array_append_new(versions, json_string(s));
+        if (j->version == 0 || n == j->version)
+            chosen = v;
+    }
+    if (chosen == NULL) {
+        gw_async_fail(&j->base, SQ_MODEL_NOT_FOUND, "no such model version");
+        json_decref(versions);
+    } else {
+        const char *format = json_string_value(json_object_get(chosen, "format"));
+        j->base.body = json_pack(
+            "{s:s, s:o, s:s, s:[O], s:O}", "name", j->name, "versions", versions, "platform",
+            strcmp(format, "onnx") == 0 ? "onnx" : "squish_emulated", "inputs",
+            json_object_get(chosen, "input"), "outputs", json_object_get(chosen, "outputs"));
+    }
+    json_decref(all);
+    gw_async_done(&j->base);
+}
+
+static void kserve_ready_job(mdb_t *db, void *arg)
+{
+    model_job_t *j = arg;
+    json_t *rec;
+    int rc = mdb_model_version_get(db, j->name, j->version, &rec);
+    if (rc != 0) {
+        gw_async_fail(&j->base, rc, rc == SQ_MODEL_NOT_FOUND ? "no such model" : "%s",
+                      mdb_errmsg(db));
+    } else {
+        int ready = strcmp(json_string_value(json_object_get(rec, "status")), "ready") == 0;
+        j->base.body = json_pack("{s:s, s:b}", "name", j->name, "ready", ready);
+        json_decref(rec);
+    }
+    gw_async_done(&j->base);
+}
+
+void gw_route_kserve_model(gw_call_t *call)
+{
+    model_job_t *j = named_job(call, call->nargs > 1);
+    if (j != NULL)
+        gw_db_post(call->srv, kserve_metadata_job, j);
+}
+
+void gw_route_kserve_model_ready(gw_call_t *call)
+{
+    model_job_t *j = named_job(call, call->nargs > 1);
+    if (j != NULL)
+        gw_db_post(call->srv, kserve_ready_job, j);
+}

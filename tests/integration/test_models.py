@@ -1,0 +1,306 @@
+"""Model management: upload (multipart ONNX, JSON emulated), list, get,
+delete, KServe metadata, auth, every error path leaving nothing behind,
+shared-prefix detection, persistence, and a SIGKILL during a large upload."""
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import sqlite3
+import threading
+import time
+
+import tiny_models as tm
+from harness import Squishd, run, test, validate
+
+
+def upload(s, model_bytes, config, token=None, labels=None, extra=()):
+    fields = [("model", "m.onnx", "application/octet-stream", model_bytes),
+              ("config", "config.json", "application/json",
+               config if isinstance(config, bytes) else json.dumps(config).encode())]
+    if labels is not None:
+        fields.append(("labels", "labels.txt", "text/plain", labels))
+    fields += list(extra)
+    body, ctype = tm.multipart(fields)
+    return s.request("POST", "/models", body=body,
+                     headers={"Content-Type": ctype,
+                              "Authorization": "Bearer " + (token or s.token)},
+                     schema_name="model_record")
+
+
+def auth(s):
+    return {"Authorization": "Bearer " + s.token}
+
+
+def names(s):
+    r = s.get("/models", headers=auth(s), schema_name="models_list")
+    assert r.status == 200, r
+    return {m["name"]: m["versions"] for m in r.json["models"]}
+
+
+@test
+def upload_list_get_metadata_and_delete():
+    s = Squishd(workers="none")
+    try:
+        r = upload(s, tm.tiny(), {"name": "tiny", "default_slo_ms": 50})
+        # 202: stored; a worker measures its batching profile next (none here).
+        assert r.status == 202 and r.json["status"] == "profiling", r
+        rec = r.json
+        assert rec["name"] == "tiny" and rec["version"] == 1 and rec["format"] == "onnx"
+        assert rec["input"]["shape"] == [-1, 3, 32, 32], rec["input"]
+        assert rec["outputs"][0]["shape"] == [-1, 10], rec["outputs"]
+        assert rec["labels_count"] == 10 and rec["default_slo_ms"] == 50
+        assert rec["preprocess"]["channel_order"] == "RGB"
+        assert len(rec["sha256"]) == 64
+
+        labels = "\n".join("class_%d" % i for i in range(10)).encode() + b"\n"
+        r = upload(s, tm.tiny(), {"name": "tiny", "version": 2}, labels=labels)
+        assert r.status == 202 and r.json["version"] == 2, r
+        assert names(s) == {"tiny": [1, 2]}
+
+        r = s.get("/models/tiny", headers=auth(s), schema_name="model")
+        assert r.status == 200 and [v["version"] for v in r.json["versions"]] == [1, 2], r
+
+        r = s.get("/v2/models/tiny", schema_name="kserve_model_metadata")
+        assert r.status == 200 and r.json["versions"] == ["1", "2"], r
+        assert r.json["inputs"][0]["datatype"] == "FP32" and r.json["platform"] == "onnx"
+        r = s.get("/v2/models/tiny/versions/1", schema_name="kserve_model_metadata")
+        assert r.status == 200, r
+        r = s.get("/v2/models/tiny/versions/9", schema_name="kserve_model_metadata")
+        assert r.status == 404, r
+        r = s.get("/v2/models/tiny/ready", schema_name="kserve_model_ready")
+        assert r.status == 200 and r.json["ready"] is False, "not ready while profiling"
+        assert s.get("/v2/models/nope/ready").status == 404
+
+        r = s.request("DELETE", "/models/tiny/versions/1", headers=auth(s),
+                      schema_name="models_delete")
+        assert r.status == 200 and r.json["deleted_versions"] == 1, r
+        assert names(s) == {"tiny": [2]}
+        r = s.request("DELETE", "/models/tiny/versions/1", headers=auth(s))
+        assert r.status == 404 and r.json["code"] == "model_not_found", r
+        r = s.request("DELETE", "/models/tiny", headers=auth(s), schema_name="models_delete")
+        assert r.status == 200, r
+        assert names(s) == {}
+        assert s.get("/models/tiny", headers=auth(s)).status == 404
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+@test
+def management_routes_need_the_admin_token():
+    s = Squishd(workers="none")
+    try:
+        for method, path in [("GET", "/models"), ("GET", "/models/x"), ("DELETE", "/models/x"),
+                             ("POST", "/models")]:
+            r = s.request(method, path)
+            assert r.status == 401 and r.json["code"] == "unauthorized", (path, r)
+            assert r.headers.get("www-authenticate", "").startswith("Bearer"), r.headers
+            r = s.request(method, path, headers={"Authorization": "Bearer " + "0" * 64})
+            assert r.status == 401, (path, r)
+            r = s.request(method, path, headers={"Authorization": "Basic " + s.token})
+            assert r.status == 401, (path, r)
+        r = upload(s, tm.tiny(), {"name": "tiny"}, token=s.token[:-1])
+        assert r.status == 401, r
+        assert names(s) == {}
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+@test
+def bad_uploads_get_the_right_status_and_leave_nothing_behind():
+    s = Squishd(workers="none")
+    try:
+        good = tm.tiny()
+        cases = [
+            ("garbage", upload(s, os.urandom(5000), {"name": "g"}), 400, "bad_model"),
+            ("truncated", upload(s, good[: len(good) // 2], {"name": "t"}), 400, "bad_model"),
+            ("unsupported op", upload(s, tm.unsupported(), {"name": "u"}), 422, "unsupported_model"),
+            ("config not JSON", upload(s, good, b"{name:"), 400, "bad_json"),
+            ("config bad field", upload(s, good, {"name": "x", "version": 0}), 400, "bad_config"),
+            ("config unknown field", upload(s, good, {"name": "x", "colour": 1}), 400, "bad_config"),
+            ("config bad name", upload(s, good, {"name": "../etc/passwd"}), 400, "bad_config"),
+            ("labels mismatch", upload(s, good, {"name": "x", "labels": ["a", "b"]}), 400, "bad_config"),
+            ("unknown part", upload(s, good, {"name": "x"}, extra=[("evil", None, None, b"1")]), 400,
+             "bad_multipart"),
+        ]
+        for what, r, status, code in cases:
+            assert r.status == status and r.json["code"] == code, (what, r)
+        r = s.request("POST", "/models", body=b"hello", headers=dict(auth(s), **{"Content-Type": "text/plain"}))
+        assert r.status == 415 and r.json["code"] == "unsupported_media_type", r
+        body, ctype = tm.multipart([("config", None, None, b'{"name": "x"}')])
+        r = s.request("POST", "/models", body=body, headers=dict(auth(s), **{"Content-Type": ctype}))
+        assert r.status == 400 and "model" in r.json["error"], r
+        body, ctype = tm.multipart([("model", "m.onnx", None, good), ("config", None, None, b'{"name":"x"}')])
+        r = s.request("POST", "/models", body=body[:-30], headers=dict(auth(s), **{"Content-Type": ctype}))
+        assert r.status == 400 and r.json["code"] == "bad_multipart", r
+        r = s.request("POST", "/models", body=body,
+                      headers=dict(auth(s), **{"Content-Type": "multipart/form-data"}))
+        assert r.status == 400, r
+        assert "Erf" in cases[2][1].json["error"], cases[2][1].json
+        assert "version" in cases[4][1].json["error"], cases[4][1].json
+        assert names(s) == {}, "nothing stored"
+        # A model that exists is a conflict, and stays as it was.
+        assert upload(s, good, {"name": "tiny"}).status == 202
+        r = upload(s, tm.tiny(2), {"name": "tiny"})
+        assert r.status == 409 and r.json["code"] == "already_exists", r
+        sha = s.get("/models/tiny", headers=auth(s)).json["versions"][0]["sha256"]
+        assert sha == hashlib.sha256(good).hexdigest()
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+@test
+def emulated_models_carry_their_profile():
+    s = Squishd(workers="none")
+    try:
+        cfg = {"name": "resnet50", "profile": {"alpha_ms": 1.053, "beta_ms": 5.072},
+               "max_batch": 32, "memory_mb": 300, "default_slo_ms": 25}
+        r = s.request("POST", "/models", body=json.dumps(cfg),
+                      headers=dict(auth(s), **{"Content-Type": "application/json"}),
+                      schema_name="model_record")
+        assert r.status == 201 and r.json["format"] == "emulated", r
+        prof = r.json["profiles"][0]
+        assert prof["device_kind"] == "emu" and prof["batch"] == list(range(1, 33)), prof
+        assert abs(prof["latency_ms"][15] - (1.053 * 16 + 5.072)) < 1e-9
+        table = {"name": "A", "profile": {"batch": [4, 8, 16], "latency_ms": [50, 75, 100]}}
+        r = s.request("POST", "/models", body=json.dumps(table),
+                      headers=dict(auth(s), **{"Content-Type": "application/json"}),
+                      schema_name="model_record")
+        assert r.status == 201 and r.json["max_batch"] == 16, r
+        bad = {"name": "B", "profile": {"batch": [4, 8], "latency_ms": [50]}}
+        r = s.request("POST", "/models", body=json.dumps(bad),
+                      headers=dict(auth(s), **{"Content-Type": "application/json"}))
+        assert r.status == 400 and "profile" in r.json["error"], r
+        r = s.request("POST", "/models", body=json.dumps({"name": "C"}),
+                      headers=dict(auth(s), **{"Content-Type": "application/json"}))
+        assert r.status == 400 and "profile" in r.json["error"], r
+        assert sorted(names(s)) == ["A", "resnet50"]
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+@test
+def shared_prefixes_are_detected_automatically_and_shown():
+    s = Squishd(workers="none")
+    try:
+        assert upload(s, tm.variant(5), {"name": "base"}).status == 202
+        # Same backbone, renamed tensors, another head: a fine-tuned variant.
+        r = upload(s, tm.variant(9, names="b"), {"name": "ft"})
+        assert r.status == 202, r
+        g = r.json["prefix_group"]
+        assert g is not None, r.json
+        members = {(m["name"], m["cut_tensor"]) for m in g["members"]}
+        assert ("base", "a_flat") in members and ("ft", "b_flat") in members, g
+        # An unrelated model (other backbone weights) shares nothing.
+        r = upload(s, tm.tiny(3), {"name": "other"})
+        assert r.status == 202 and r.json["prefix_group"] is None, r.json
+        r = s.get("/models/base", headers=auth(s), schema_name="model")
+        assert r.json["versions"][0]["prefix_group"]["id"] == g["id"]
+        # Deleting one of two members dissolves the group.
+        assert s.request("DELETE", "/models/ft", headers=auth(s)).status == 200
+        r = s.get("/models/base", headers=auth(s), schema_name="model")
+        assert r.json["versions"][0]["prefix_group"] is None, r.json
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+@test
+def models_survive_a_restart():
+    s = Squishd(workers="none")
+    try:
+        assert upload(s, tm.tiny(), {"name": "keep"}).status == 202
+        assert s.stop() == 0
+        s2 = Squishd(workers="none", tmp=s.tmp)
+        try:
+            assert names(s2) == {"keep": [1]}
+            r = s2.get("/models/keep", headers=auth(s2), schema_name="model")
+            assert r.status == 200
+        finally:
+            s2.stop()
+            s2.cleanup()
+    finally:
+        s.cleanup()
+
+
+@test
+def sigkill_during_a_large_upload_leaves_the_db_intact_and_the_model_absent():
+    s = Squishd(workers="none")
+    try:
+        assert upload(s, tm.tiny(), {"name": "before"}).status == 202
+        big = tm.large(48)
+        body, ctype = tm.multipart([("model", "big.onnx", None, big),
+                                    ("config", None, None, b'{"name": "big"}')])
+        head = ("POST /models HTTP/1.1\r\nHost: x\r\nContent-Type: %s\r\nAuthorization: Bearer %s\r\n"
+                "Content-Length: %d\r\n\r\n" % (ctype, s.token, len(body))).encode()
+        sock = socket.create_connection(("127.0.0.1", s.port))
+        sock.sendall(head + body[: len(body) // 2])
+        time.sleep(0.2)
+        s.proc.send_signal(signal.SIGKILL)
+        s.proc.wait(10)
+        sock.close()
+        db = sqlite3.connect(s.db)
+        assert db.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+        db.close()
+        s2 = Squishd(workers="none", tmp=s.tmp)
+        try:
+            assert names(s2) == {"before": [1]}
+            # Now the whole upload, and a kill while squishd is storing it.
+            t = threading.Thread(target=lambda: _quiet(upload, s2, big, {"name": "big"}))
+            t.start()
+            time.sleep(0.5)
+            s2.proc.send_signal(signal.SIGKILL)
+            s2.proc.wait(10)
+            t.join(30)
+            s3 = Squishd(workers="none", tmp=s.tmp)
+            try:
+                listed = names(s3)
+                assert "before" in listed
+                if "big" in listed:  # the upload won the race: it must be whole
+                    r = s3.get("/models/big", headers=auth(s3), schema_name="model")
+                    assert r.json["versions"][0]["sha256"] == hashlib.sha256(big).hexdigest()
+                db = sqlite3.connect(s.db)
+                assert db.execute("PRAGMA quick_check").fetchone()[0] == "ok"
+                db.close()
+            finally:
+                s3.stop()
+                s3.cleanup()
+        finally:
+            s2.cleanup()
+    finally:
+        s.cleanup()
+
+
+def _quiet(fn, *a):
+    try:
+        fn(*a)
+    except Exception:  # noqa: BLE001 - the server is being killed
+        pass
+
+
+@test
+def bodies_over_the_limit_are_413():
+    s = Squishd(workers="none", extra=["--max-body-mb", "1"])
+    try:
+        body, ctype = tm.multipart([("model", "m.onnx", None, b"x" * (2 << 20)),
+                                    ("config", None, None, b'{"name": "x"}')])
+        try:
+            r = s.request("POST", "/models", body=body, headers=dict(auth(s), **{"Content-Type": ctype}))
+            assert r.status == 413, r
+        except (ConnectionResetError, BrokenPipeError):
+            pass  # h2o may close before reading the whole body: still refused
+        assert names(s) == {}
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,93 @@
+"""Small ONNX models built with Debian's python3-onnx (no torch: fast), for
+integration tests of upload, prefix detection and error paths."""
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def _conv_net(seed_backbone, seed_head, classes=10, hw=32, extra_op=None, names="a"):
+    rb = np.random.default_rng(seed_backbone)
+    rh = np.random.default_rng(seed_head)
+    inits = [
+        numpy_helper.from_array(rb.standard_normal((8, 3, 3, 3)).astype(np.float32) * 0.1, names + "_w1"),
+        numpy_helper.from_array(rb.standard_normal((8,)).astype(np.float32) * 0.1, names + "_b1"),
+        numpy_helper.from_array(rb.standard_normal((16, 8, 3, 3)).astype(np.float32) * 0.1, names + "_w2"),
+        numpy_helper.from_array(rh.standard_normal((classes, 16)).astype(np.float32) * 0.1, names + "_fc_w"),
+        numpy_helper.from_array(rh.standard_normal((classes,)).astype(np.float32) * 0.1, names + "_fc_b"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["input", names + "_w1", names + "_b1"], [names + "_c1"],
+                         pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", [names + "_c1"], [names + "_r1"]),
+        helper.make_node("Conv", [names + "_r1", names + "_w2"], [names + "_c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", [names + "_c2"], [names + "_r2"]),
+        helper.make_node("GlobalAveragePool", [names + "_r2"], [names + "_gap"]),
+        helper.make_node("Flatten", [names + "_gap"], [names + "_flat"], axis=1),
+        helper.make_node("Gemm", [names + "_flat", names + "_fc_w", names + "_fc_b"], ["logits"],
+                         transB=1),
+    ]
+    if extra_op is not None:
+        nodes.insert(2, helper.make_node(extra_op, [names + "_r1"], [names + "_odd"]))
+    graph = helper.make_graph(
+        nodes, "tiny",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, hw, hw])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", classes])],
+        inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
+                              producer_name="squish-tests")
+    return model.SerializeToString()
+
+
+def tiny(seed=1):
+    """A 10-class conv net on 3x32x32 images."""
+    return _conv_net(seed, seed)
+
+
+def variant(head_seed, names="a"):
+    """Same backbone as tiny(1), another classifier head (a fine-tuned variant);
+    tensor names may differ (names) without changing the graph."""
+    return _conv_net(1, head_seed, names=names)
+
+
+def unsupported():
+    """Uses an op the worker cannot run (and an odd one in the middle)."""
+    return _conv_net(1, 1, extra_op="Erf")
+
+
+def large(megabytes):
+    """A valid model carrying `megabytes` of weights (for interrupted uploads)."""
+    n = megabytes * 1024 * 1024 // 4 // 16
+    w = numpy_helper.from_array(np.ones((n, 16), dtype=np.float32), "big_w")
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["input"], ["gap"]),
+        helper.make_node("Flatten", ["gap"], ["flat"], axis=1),
+        helper.make_node("MatMul", ["flat", "proj"], ["p"]),
+        helper.make_node("MatMul", ["p", "big_wt"], ["logits"]),
+    ]
+    proj = numpy_helper.from_array(np.ones((3, 16), dtype=np.float32), "proj")
+    wt = numpy_helper.from_array(np.ones((16, n), dtype=np.float32), "big_wt")
+    del w
+    graph = helper.make_graph(
+        nodes, "large",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", n])],
+        [proj, wt])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+
+
+def multipart(fields, boundary="squishboundary42"):
+    """Encodes [(name, filename or None, content_type or None, bytes)] as
+    multipart/form-data; returns (body, content_type)."""
+    out = []
+    for name, filename, ctype, data in fields:
+        out.append(b"--" + boundary.encode() + b"\r\n")
+        disp = 'form-data; name="%s"' % name
+        if filename:
+            disp += '; filename="%s"' % filename
+        out.append(("Content-Disposition: %s\r\n" % disp).encode())
+        if ctype:
+            out.append(("Content-Type: %s\r\n" % ctype).encode())
+        out.append(b"\r\n" + data + b"\r\n")
+    out.append(b"--" + boundary.encode() + b"--\r\n")
+    return b"".join(out), "multipart/form-data; boundary=" + boundary

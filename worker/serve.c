@@ -1,0 +1,718 @@
+#include "wk_serve.h"
+#include "wk_exec.h"
+
+#include <mdb_graph.h>
+
+#include <errno.h>
+#include <math.h>
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the execution thread's work --------------------------------------- */
+
+typedef enum { JOB_LOAD, JOB_UNLOAD, JOB_BATCH, JOB_PROFILE, JOB_STOP } job_kind_t;
+
+typedef struct job {
+    struct job *next;
+    job_kind_t kind;
+    uint64_t id; /* model key or batch id */
+    sq_model_load_t *load;
+    const uint8_t *bytes; /* LOAD: the model file (owned by the byte cache) */
+    size_t nbytes;
+    sq_batch_t *batch;
+    sq_profile_req_t profile;
+    int64_t received_ns;
+} job_t;
+
+typedef struct model {
+    struct model *next;
+    uint64_t key;
+    wk_plan_t *plan;
+    int64_t *emu_latency_us; /* the plan reads it on every run: lives as long */
+    int pixel_h, pixel_w;
+    int64_t in_elems, out_elems;
+} model_t;
+
+/* Bytes of model files received on this connection, by sha256. Kept for the
+ * worker's life so that reloading a model needs no transfer; owned by the
+ * I/O thread, read by the execution thread only while loading. */
+typedef struct cached {
+    struct cached *next;
+    char sha256[65];
+    uint8_t *bytes;
+    size_t len;
+} cached_t;
+
+typedef struct {
+    wk_serve_opts_t o;
+    sq_loop_t *loop;
+    sq_conn_t *conn;
+    int exit_status;
+    /* I/O thread: an ONNX file being received */
+    struct {
+        uint64_t key;
+        sq_model_load_t *spec;
+        uint8_t *bytes;
+        size_t have;
+    } rx;
+    cached_t *cache;
+    /* execution thread */
+    pthread_t exec;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    job_t *head, *tail;
+    model_t *models;
+    uint8_t *staging;
+    size_t staging_len;
+} server_t;
+
+typedef struct {
+    server_t *srv;
+    uint16_t type;
+    uint64_t id;
+    sq_buf_t payload;
+} reply_t;
+
+static void send_reply(sq_loop_t *loop, void *arg)
+{
+    reply_t *r = arg;
+    server_t *s = r->srv;
+    if (s->exit_status < 0 &&
+        sq_conn_send(s->conn, r->type, r->id, r->payload.data, (uint32_t)r->payload.len) == 0 &&
+        s->conn->out.len > 0)
+        sq_loop_modify(loop, s->conn->fd, SQ_EV_READ | SQ_EV_WRITE);
+    sq_buf_dispose(&r->payload);
+    free(r);
+}
+
+/* From the execution thread: queue a frame for the I/O thread to send. */
+static reply_t *reply_new(server_t *s, uint16_t type, uint64_t id)
+{
+    reply_t *r = sq_xcalloc(1, sizeof(*r));
+    r->srv = s;
+    r->type = type;
+    r->id = id;
+    sq_buf_init(&r->payload);
+    return r;
+}
+
+static void reply_post(server_t *s, reply_t *r)
+{
+    sq_loop_post(s->loop, send_reply, r);
+}
+
+static void reply_failed(server_t *s, uint64_t key, int code, const char *msg)
+{
+    reply_t *r = reply_new(s, SQ_MSG_MODEL_FAILED, key);
+    sq_ipc_error_t e = {.code = code};
+    snprintf(e.message, sizeof(e.message), "%s", msg);
+    sq_ipc_error_encode(&r->payload, &e);
+    reply_post(s, r);
+}
+
+static model_t *find_model(server_t *s, uint64_t key)
+{
+    for (model_t *m = s->models; m != NULL; m = m->next)
+        if (m->key == key)
+            return m;
+    return NULL;
+}
+
+static void drop_model(server_t *s, uint64_t key)
+{
+    for (model_t **pm = &s->models; *pm != NULL; pm = &(*pm)->next) {
+        if ((*pm)->key == key) {
+            model_t *m = *pm;
+            *pm = m->next;
+            wk_plan_free(m->plan);
+            free(m->emu_latency_us);
+            free(m);
+            return;
+        }
+    }
+}
+
+static wk_backend_kind_t backend_of(const wk_device_t *dev)
+{
+    return dev->kind == WK_DEV_CUDA ? WK_BACKEND_CUDA
+           : dev->kind == WK_DEV_EMU ? WK_BACKEND_EMU
+                                     : WK_BACKEND_CPU;
+}
+
+static void do_load(server_t *s, job_t *j)
+{
+    const sq_model_load_t *spec = j->load;
+    char why[512] = "";
+    wk_plan_opts_t opts = wk_plan_opts_default();
+    opts.backend = backend_of(&s->o.dev);
+    opts.device_index = s->o.dev.index;
+    opts.max_batch = (int)spec->max_batch;
+    opts.threads = s->o.threads;
+    for (int c = 0; c < 3; c++) {
+        opts.pixel_norm.mean[c] = (float)(spec->mean[c] / 255.0);
+        opts.pixel_norm.std[c] = (float)(spec->std[c] / 255.0);
+    }
+    opts.pixel_norm.channels_bgr = spec->bgr;
+    int64_t *lat = NULL;
+    if (spec->n_latency > 0) {
+        lat = sq_xcalloc(spec->n_latency, sizeof(*lat));
+        for (uint32_t i = 0; i < spec->n_latency; i++)
+            lat[i] = (int64_t)spec->latency_us[i];
+        opts.emu_latency_us = lat;
+        opts.emu_n_latency = (int)spec->n_latency;
+    }
+    wk_plan_t *plan = NULL;
+    int rc;
+    if (opts.backend == WK_BACKEND_EMU) {
+        /* An emulated device holds any model, real or not, for its profiled
+         * l(b): the item shape and output size come with the spec. */
+        if (spec->n_latency < spec->max_batch) {
+            rc = SQ_INVAL;
+            snprintf(why, sizeof(why), "an emulated device needs l(b) for b = 1..%u",
+                     spec->max_batch);
+        } else {
+            int64_t chw[3] = {spec->in_chw[0], spec->in_chw[1], spec->in_chw[2]};
+            rc = wk_plan_create_emulated(chw, spec->out_classes, &opts, &plan, why, sizeof(why));
+        }
+    } else if (spec->format != SQ_FORMAT_ONNX || j->bytes == NULL) {
+        rc = SQ_INVAL;
+        snprintf(why, sizeof(why), "an emulated model runs on emu devices only");
+    } else {
+        mdb_graph_t *g = NULL;
+        mdb_import_error_t ierr;
+        rc = mdb_onnx_import(j->bytes, j->nbytes, &g, &ierr);
+        if (rc != 0)
+            snprintf(why, sizeof(why), "import: %s %s", ierr.detail, ierr.ops);
+        else
+            rc = wk_plan_create(g, &opts, &plan, why, sizeof(why));
+        mdb_graph_free(g);
+    }
+    if (rc != 0) {
+        free(lat);
+        SQ_WARN("model load failed key=%llu reason=\"%s\"", (unsigned long long)j->id, why);
+        reply_failed(s, j->id, rc, why);
+        return;
+    }
+    drop_model(s, j->id);
+    model_t *m = sq_xcalloc(1, sizeof(*m));
+    m->key = j->id;
+    m->plan = plan;
+    m->emu_latency_us = lat;
+    int64_t dims[8];
+    int rank = wk_plan_input_shape(plan, 0, dims);
+    m->pixel_h = rank == 3 ? (int)dims[1] : 0;
+    m->pixel_w = rank == 3 ? (int)dims[2] : 0;
+    m->in_elems = wk_plan_input_elems(plan, 0);
+    m->out_elems = wk_plan_output_elems(plan, 0);
+    m->next = s->models;
+    s->models = m;
+    reply_t *r = reply_new(s, SQ_MSG_MODEL_LOADED, j->id);
+    sq_model_loaded_t loaded = {.memory_bytes = wk_plan_memory_bytes(plan),
+                                .max_batch = (uint32_t)wk_plan_max_batch(plan),
+                                .in_elems = (uint64_t)m->in_elems,
+                                .out_elems = (uint64_t)m->out_elems,
+                                .in_hw = {(uint32_t)m->pixel_h, (uint32_t)m->pixel_w}};
+    sq_model_loaded_encode(&r->payload, &loaded);
+    reply_post(s, r);
+    SQ_INFO("model loaded key=%llu sha256=%.12s backend=%s max_batch=%d memory_mb=%llu",
+            (unsigned long long)j->id, spec->sha256, wk_backend_name(opts.backend),
+            wk_plan_max_batch(plan), (unsigned long long)(loaded.memory_bytes >> 20));
+}
+
+static uint8_t *staging(server_t *s, size_t n)
+{
+    if (s->staging_len < n) {
+        free(s->staging);
+        s->staging = sq_xmalloc(n);
+        s->staging_len = n;
+    }
+    return s->staging;
+}
+
+/* Checks that [off, off + n) lies inside the arena. */
+static int in_arena(const server_t *s, uint64_t off, uint64_t n)
+{
+    return off <= s->o.shm_bytes && n <= s->o.shm_bytes - off;
+}
+
+static int run_batch(server_t *s, const sq_batch_t *b, char *msg, size_t msglen,
+                     int64_t *exec_ns)
+{
+    model_t *m = find_model(s, b->model_key);
+    if (m == NULL) {
+        snprintf(msg, msglen, "model %llu is not loaded", (unsigned long long)b->model_key);
+        return SQ_NOT_FOUND;
+    }
+    int count = (int)b->count;
+    if (count > wk_plan_max_batch(m->plan)) {
+        snprintf(msg, msglen, "batch of %d over the plan's max %d", count,
+                 wk_plan_max_batch(m->plan));
+        return SQ_INVAL;
+    }
+    uint64_t out_bytes = (uint64_t)m->out_elems * sizeof(float);
+    if (b->out_stride < out_bytes || !in_arena(s, b->out_off, b->out_stride * (uint64_t)count)) {
+        snprintf(msg, msglen, "output region outside the arena");
+        return SQ_PROTOCOL;
+    }
+    size_t item;
+    if (b->input_kind == SQ_INPUT_PIXELS) {
+        if (m->pixel_h <= 0) {
+            snprintf(msg, msglen, "the model does not take images");
+            return SQ_INVAL;
+        }
+        item = (size_t)m->pixel_h * (size_t)m->pixel_w * 3;
+    } else {
+        item = (size_t)m->in_elems * (b->input_kind == SQ_INPUT_FP32 ? sizeof(float) : 1);
+    }
+    for (int i = 0; i < count; i++) {
+        if (!in_arena(s, b->in_off[i], item)) {
+            snprintf(msg, msglen, "input %d outside the arena", i);
+            return SQ_PROTOCOL;
+        }
+    }
+    /* The outputs must be contiguous for the backend: run into staging when
+     * the stride has padding. */
+    int rc;
+    float *out = (float *)(s->o.shm + b->out_off);
+    int direct_out = b->out_stride == out_bytes;
+    size_t in_bytes = b->input_kind == SQ_INPUT_PIXELS ? item : (size_t)m->in_elems * sizeof(float);
+    uint8_t *in = staging(s, in_bytes * (size_t)count + (direct_out ? 0 : out_bytes * count));
+    float *out_tmp = direct_out ? out : (float *)(in + in_bytes * (size_t)count);
+    for (int i = 0; i < count; i++) {
+        const uint8_t *src = s->o.shm + b->in_off[i];
+        uint8_t *dst = in + in_bytes * (size_t)i;
+        if (b->input_kind == SQ_INPUT_UINT8) {
+            for (int64_t e = 0; e < m->in_elems; e++)
+                ((float *)dst)[e] = (float)src[e];
+        } else {
+            memcpy(dst, src, in_bytes);
+        }
+    }
+    if (b->input_kind == SQ_INPUT_PIXELS) {
+        rc = wk_plan_run_pixels(m->plan, count, in, out_tmp);
+    } else {
+        const float *inputs[1] = {(const float *)in};
+        float *outputs[1] = {out_tmp};
+        rc = wk_plan_n_inputs(m->plan) == 1 ? wk_plan_run(m->plan, count, inputs, outputs)
+                                            : SQ_INVAL;
+    }
+    if (rc != 0) {
+        snprintf(msg, msglen, "%s", wk_plan_errmsg(m->plan));
+        return rc;
+    }
+    if (!direct_out)
+        for (int i = 0; i < count; i++)
+            memcpy(s->o.shm + b->out_off + b->out_stride * (uint64_t)i,
+                   out_tmp + (size_t)m->out_elems * (size_t)i, out_bytes);
+    *exec_ns = wk_plan_last_run_ns(m->plan);
+    return 0;
+}
+
+static void do_batch(server_t *s, job_t *j)
+{
+    sq_batch_done_t done = {0};
+    int64_t exec_ns = 0;
+    done.code = run_batch(s, j->batch, done.message, sizeof(done.message), &exec_ns);
+    done.exec_ns = (uint64_t)exec_ns;
+    done.total_ns = (uint64_t)(sq_now_ns() - j->received_ns);
+    SQ_DEBUG("batch done id=%llu model=%llu count=%u code=%s exec_us=%lld total_us=%lld",
+             (unsigned long long)j->id, (unsigned long long)j->batch->model_key,
+             j->batch->count, sq_err_name(done.code), (long long)(exec_ns / 1000),
+             (long long)(done.total_ns / 1000));
+    reply_t *r = reply_new(s, SQ_MSG_BATCH_DONE, j->id);
+    sq_batch_done_encode(&r->payload, &done);
+    reply_post(s, r);
+}
+
+/* The batch sizes the profiler measures: every size to 8, then steps of a
+ * quarter of the current size. Between them the planner rounds a batch up
+ * to the next measured size (a batch never runs slower padded). */
+static int next_profile_batch(int b)
+{
+    return b < 8 ? b + 1 : b + b / 4;
+}
+
+static void do_profile(server_t *s, job_t *j)
+{
+    sq_profile_done_t *done = sq_xcalloc(1, sizeof(*done));
+    model_t *m = find_model(s, j->id);
+    const sq_profile_req_t *req = &j->profile;
+    if (m == NULL) {
+        done->code = SQ_NOT_FOUND;
+        snprintf(done->message, sizeof(done->message), "model not loaded");
+        goto reply;
+    }
+    int max_b = (int)req->max_batch < wk_plan_max_batch(m->plan) ? (int)req->max_batch
+                                                                   : wk_plan_max_batch(m->plan);
+    int pixels = m->pixel_h > 0;
+    size_t item = pixels ? (size_t)m->pixel_h * m->pixel_w * 3 : (size_t)m->in_elems * 4;
+    uint8_t *in = sq_xmalloc(item * (size_t)max_b);
+    float *out = sq_xmalloc((size_t)m->out_elems * sizeof(float) * (size_t)max_b);
+    uint32_t seed = 12345;
+    for (size_t i = 0; i < item * (size_t)max_b; i++) {
+        seed = seed * 1103515245u + 12345u;
+        in[i] = pixels ? (uint8_t)(seed >> 24) : 0;
+    }
+    if (!pixels)
+        for (size_t i = 0; i < (size_t)m->in_elems * (size_t)max_b; i++)
+            ((float *)in)[i] = (float)((i * 2654435761u) % 1000) / 1000.0f;
+    double best_tput = 0;
+    int stale = 0;
+    int64_t started_ms = sq_now_ms();
+    for (int b = 1; b <= max_b && done->nrows < SQ_MAX_PROFILE_ROWS; b = next_profile_batch(b)) {
+        double sum = 0, sumsq = 0;
+        int rc = 0;
+        for (uint32_t r = 0; r < req->warmup + req->repeats && rc == 0; r++) {
+            int64_t t0 = sq_now_ns();
+            if (pixels) {
+                rc = wk_plan_run_pixels(m->plan, b, in, out);
+            } else {
+                const float *ins[1] = {(const float *)in};
+                float *outs[1] = {out};
+                rc = wk_plan_run(m->plan, b, ins, outs);
+            }
+            double us = (double)(sq_now_ns() - t0) / 1000.0;
+            if (r >= req->warmup) {
+                sum += us;
+                sumsq += us * us;
+            }
+        }
+        if (rc != 0) {
+            done->code = rc;
+            snprintf(done->message, sizeof(done->message), "batch %d: %s", b,
+                     wk_plan_errmsg(m->plan));
+            break;
+        }
+        double mean = sum / req->repeats;
+        double var = sumsq / req->repeats - mean * mean;
+        sq_profile_row_t *row = &done->rows[done->nrows++];
+        row->batch = (uint32_t)b;
+        row->mean_us = mean;
+        row->std_us = var > 0 ? sqrt(var) : 0;
+        row->peak_memory_bytes = wk_plan_memory_bytes(m->plan);
+        reply_t *p = reply_new(s, SQ_MSG_PROFILE_PROGRESS, j->id);
+        sq_buf_put_u32(&p->payload, (uint32_t)b);
+        sq_buf_put_u32(&p->payload, (uint32_t)max_b);
+        reply_post(s, p);
+        /* Stop once throughput has not improved by 3% for three sizes, or
+         * when the next size would run past the time budget. */
+        double tput = b / mean;
+        if (tput > best_tput * 1.03) {
+            best_tput = tput;
+            stale = 0;
+        } else if (++stale >= 3) {
+            break;
+        }
+        int64_t spent = sq_now_ms() - started_ms;
+        int nb = next_profile_batch(b);
+        double next_cost_ms = mean / 1000.0 * nb / b * (req->warmup + req->repeats);
+        if (req->budget_ms > 0 && spent + next_cost_ms > req->budget_ms)
+            break;
+    }
+    free(in);
+    free(out);
+reply:;
+    reply_t *r = reply_new(s, SQ_MSG_PROFILE_DONE, j->id);
+    sq_profile_done_encode(&r->payload, done);
+    reply_post(s, r);
+    free(done);
+}
+
+static void *exec_thread(void *arg)
+{
+    server_t *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->lock);
+        while (s->head == NULL)
+            pthread_cond_wait(&s->cond, &s->lock);
+        job_t *j = s->head;
+        s->head = j->next;
+        if (s->head == NULL)
+            s->tail = NULL;
+        pthread_mutex_unlock(&s->lock);
+        job_kind_t kind = j->kind;
+        switch (kind) {
+        case JOB_LOAD:
+            do_load(s, j);
+            break;
+        case JOB_UNLOAD:
+            drop_model(s, j->id);
+            break;
+        case JOB_BATCH:
+            do_batch(s, j);
+            break;
+        case JOB_PROFILE:
+            do_profile(s, j);
+            break;
+        case JOB_STOP:
+            break;
+        }
+        free(j->load);
+        free(j->batch);
+        free(j);
+        if (kind == JOB_STOP)
+            return NULL;
+    }
+}
+
+static void enqueue(server_t *s, job_t *j)
+{
+    j->received_ns = sq_now_ns();
+    pthread_mutex_lock(&s->lock);
+    if (s->tail)
+        s->tail->next = j;
+    else
+        s->head = j;
+    s->tail = j;
+    pthread_cond_signal(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* ---- the I/O thread ----------------------------------------------------- */
+
+static void finish(server_t *s, int status)
+{
+    s->exit_status = status;
+    sq_loop_stop(s->loop);
+}
+
+static cached_t *cache_find(server_t *s, const char *sha)
+{
+    for (cached_t *c = s->cache; c != NULL; c = c->next)
+        if (strcmp(c->sha256, sha) == 0)
+            return c;
+    return NULL;
+}
+
+static void sha256_hex(const void *data, size_t len, char out[65])
+{
+    unsigned char md[32];
+    unsigned int mdlen = 0;
+    EVP_Digest(data, len, md, &mdlen, EVP_sha256(), NULL);
+    for (int i = 0; i < 32; i++)
+        snprintf(out + 2 * i, 3, "%02x", md[i]);
+}
+
+static void queue_load(server_t *s, uint64_t key, sq_model_load_t *spec, cached_t *c)
+{
+    job_t *j = sq_xcalloc(1, sizeof(*j));
+    j->kind = JOB_LOAD;
+    j->id = key;
+    j->load = spec;
+    if (c != NULL) {
+        j->bytes = c->bytes;
+        j->nbytes = c->len;
+    }
+    enqueue(s, j);
+}
+
+/* The last chunk is in: check the digest, cache the bytes, queue the load. */
+static void rx_complete(server_t *s)
+{
+    char sha[65];
+    sha256_hex(s->rx.bytes, s->rx.have, sha);
+    sq_model_load_t *spec = s->rx.spec;
+    uint64_t key = s->rx.key;
+    if (strcmp(sha, spec->sha256) != 0) {
+        reply_failed(s, key, SQ_PROTOCOL, "model bytes do not match their sha256");
+        free(s->rx.bytes);
+        free(spec);
+    } else {
+        cached_t *c = sq_xcalloc(1, sizeof(*c));
+        memcpy(c->sha256, sha, sizeof(sha));
+        c->bytes = s->rx.bytes;
+        c->len = s->rx.have;
+        c->next = s->cache;
+        s->cache = c;
+        queue_load(s, key, spec, c);
+    }
+    memset(&s->rx, 0, sizeof(s->rx));
+}
+
+static int handle_frame(server_t *s, const sq_frame_t *f)
+{
+    switch (f->type) {
+    case SQ_MSG_PING:
+        return sq_conn_send(s->conn, SQ_MSG_PONG, f->id, f->payload, f->len) < 0 ? -1 : 0;
+    case SQ_MSG_SHUTDOWN:
+        SQ_INFO("shutdown requested");
+        finish(s, 0);
+        return 0;
+    case SQ_MSG_MODEL_LOAD: {
+        sq_model_load_t *spec = sq_xmalloc(sizeof(*spec));
+        if (sq_model_load_decode(f, spec) != 0 || s->rx.spec != NULL) {
+            free(spec);
+            return -1;
+        }
+        if (spec->format == SQ_FORMAT_EMULATED || spec->total_bytes == 0) {
+            queue_load(s, f->id, spec, NULL);
+            return 0;
+        }
+        cached_t *c = cache_find(s, spec->sha256);
+        if (c != NULL) {
+            queue_load(s, f->id, spec, c);
+            return 0;
+        }
+        if (spec->cached) {
+            reply_failed(s, f->id, SQ_PROTOCOL, "model bytes marked cached but not held");
+            free(spec);
+            return 0;
+        }
+        if (spec->total_bytes > ((uint64_t)4 << 30)) {
+            reply_failed(s, f->id, SQ_TOO_LARGE, "model larger than 4 GiB");
+            free(spec);
+            return 0;
+        }
+        s->rx.key = f->id;
+        s->rx.spec = spec;
+        s->rx.bytes = malloc(spec->total_bytes);
+        s->rx.have = 0;
+        if (s->rx.bytes == NULL) {
+            reply_failed(s, f->id, SQ_NOMEM, "cannot hold the model file");
+            free(spec);
+            memset(&s->rx, 0, sizeof(s->rx));
+        }
+        return 0;
+    }
+    case SQ_MSG_MODEL_CHUNK:
+        if (s->rx.spec == NULL) /* a transfer we refused: skip its chunks */
+            return 0;
+        if (f->id != s->rx.key || s->rx.have + f->len > s->rx.spec->total_bytes)
+            return -1;
+        memcpy(s->rx.bytes + s->rx.have, f->payload, f->len);
+        s->rx.have += f->len;
+        if (s->rx.have == s->rx.spec->total_bytes)
+            rx_complete(s);
+        return 0;
+    case SQ_MSG_MODEL_UNLOAD: {
+        job_t *j = sq_xcalloc(1, sizeof(*j));
+        j->kind = JOB_UNLOAD;
+        j->id = f->id;
+        enqueue(s, j);
+        return 0;
+    }
+    case SQ_MSG_BATCH: {
+        job_t *j = sq_xcalloc(1, sizeof(*j));
+        j->kind = JOB_BATCH;
+        j->id = f->id;
+        j->batch = sq_xmalloc(sizeof(*j->batch));
+        if (sq_batch_decode(f, j->batch) != 0) {
+            free(j->batch);
+            free(j);
+            return -1;
+        }
+        SQ_DEBUG("batch received id=%llu count=%u", (unsigned long long)f->id, j->batch->count);
+        enqueue(s, j);
+        return 0;
+    }
+    case SQ_MSG_PROFILE: {
+        job_t *j = sq_xcalloc(1, sizeof(*j));
+        j->kind = JOB_PROFILE;
+        j->id = f->id;
+        if (sq_profile_req_decode(f, &j->profile) != 0) {
+            free(j);
+            return -1;
+        }
+        enqueue(s, j);
+        return 0;
+    }
+    default:
+        SQ_WARN("unexpected message type=%s", sq_msg_name(f->type));
+        return -1;
+    }
+}
+
+static void on_socket(sq_loop_t *loop, int fd, int events, void *data)
+{
+    server_t *s = data;
+    if (events & SQ_EV_WRITE) {
+        int rc = sq_conn_flush(s->conn);
+        if (rc < 0) {
+            finish(s, 1);
+            return;
+        }
+        sq_loop_modify(loop, fd, SQ_EV_READ | (rc == 1 ? SQ_EV_WRITE : 0));
+    }
+    if (!(events & SQ_EV_READ))
+        return;
+    int rc = sq_conn_read(s->conn);
+    if (rc == 0) {
+        SQ_INFO("squishd closed the connection; exiting");
+        finish(s, 0);
+        return;
+    }
+    if (rc < 0 && rc != -EAGAIN) {
+        SQ_ERROR("read from squishd failed: %s", strerror(-rc));
+        finish(s, 1);
+        return;
+    }
+    sq_frame_t f;
+    while ((rc = sq_conn_next(s->conn, &f)) == 1) {
+        if (handle_frame(s, &f) != 0) {
+            SQ_ERROR("protocol error from squishd type=%s", sq_msg_name(f.type));
+            finish(s, 1);
+            return;
+        }
+        if (s->exit_status >= 0)
+            return;
+    }
+    if (rc < 0) {
+        SQ_ERROR("protocol error from squishd");
+        finish(s, 1);
+        return;
+    }
+    if (s->conn->out.len > 0)
+        sq_loop_modify(loop, fd, SQ_EV_READ | SQ_EV_WRITE);
+}
+
+int wk_serve(const wk_serve_opts_t *opts)
+{
+    server_t s = {.o = *opts, .conn = opts->conn, .exit_status = -1};
+    s.loop = sq_loop_new();
+    if (s.loop == NULL)
+        return 1;
+    pthread_mutex_init(&s.lock, NULL);
+    pthread_cond_init(&s.cond, NULL);
+    pthread_create(&s.exec, NULL, exec_thread, &s);
+    sq_loop_watch(s.loop, opts->fd, SQ_EV_READ, on_socket, &s);
+    /* Frames that arrived with WELCOME are handled before waiting. */
+    sq_frame_t f;
+    while (s.exit_status < 0 && sq_conn_next(s.conn, &f) == 1)
+        if (handle_frame(&s, &f) != 0)
+            finish(&s, 1);
+    if (s.exit_status < 0)
+        sq_loop_run(s.loop);
+
+    /* Stop the execution thread after the work it has (a batch in flight
+     * finishes; its answer is dropped with the connection). */
+    job_t *stop = sq_xcalloc(1, sizeof(*stop));
+    stop->kind = JOB_STOP;
+    pthread_mutex_lock(&s.lock);
+    for (job_t *j = s.head, *n; j != NULL; j = n) {
+        n = j->next;
+        free(j->load);
+        free(j->batch);
+        free(j);
+    }
+    s.head = s.tail = NULL;
+    pthread_mutex_unlock(&s.lock);
+    enqueue(&s, stop);
+    pthread_join(s.exec, NULL);
+    while (s.models != NULL)
+        drop_model(&s, s.models->key);
+    for (cached_t *c = s.cache, *n; c != NULL; c = n) {
+        n = c->next;
+        free(c->bytes);
+        free(c);
+    }
+    free(s.rx.bytes);
+    free(s.rx.spec);
+    free(s.staging);
+    sq_loop_run_posts(s.loop); /* replies still posted are dropped (exit_status set) */
+    sq_loop_free(s.loop);
+    pthread_mutex_destroy(&s.lock);
+    pthread_cond_destroy(&s.cond);
+    return s.exit_status < 0 ? 1 : s.exit_status;
+}
