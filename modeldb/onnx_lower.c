@@ -551,6 +551,49 @@ static int canon_node(lctx_t *c)
     }
 }
 
+/* After canonicalization every runtime op has a fixed arity; a file that
+ * gives more inputs than the op has is malformed (and would otherwise reach
+ * the executor). */
+static int check_arity(lctx_t *c)
+{
+    const mdb_node_t *n = c->node;
+    int lo = 1, hi = 1;
+    switch (n->op) {
+    case MDB_OP_CONV:
+    case MDB_OP_GEMM:
+        lo = 2;
+        hi = 3;
+        break;
+    case MDB_OP_MATMUL:
+    case MDB_OP_ADD:
+    case MDB_OP_MUL:
+    case MDB_OP_SUB:
+    case MDB_OP_DIV:
+        lo = hi = 2;
+        break;
+    case MDB_OP_BATCH_NORM:
+        lo = hi = 5;
+        break;
+    case MDB_OP_CONCAT:
+        hi = MDB_MAX_NODE_IO;
+        break;
+    default:
+        if (!mdb_op_is_runtime(n->op))
+            return 0;
+        break;
+    }
+    int given = n->n_inputs;
+    while (given > 0 && n->inputs[given - 1] < 0)
+        given--;
+    if (given < lo || given > hi)
+        FAIL(SQ_BAD_MODEL, "%s '%s' has %d inputs (%d to %d expected)", mdb_op_name(n->op), n->name,
+             given, lo, hi);
+    for (int k = 0; k < lo; k++)
+        if (n->inputs[k] < 0)
+            FAIL(SQ_BAD_MODEL, "%s '%s' lacks input %d", mdb_op_name(n->op), n->name, k);
+    return 0;
+}
+
 int mdb_onnx_lower(mdb_graph_t *g, int64_t opset, uint64_t fold_budget, char *err, size_t errlen,
                    char *ops, size_t opslen)
 {
@@ -584,11 +627,13 @@ int mdb_onnx_lower(mdb_graph_t *g, int64_t opset, uint64_t fold_budget, char *er
             rc = SQ_BAD_MODEL;
             goto out;
         }
-        if ((rc = canon_node(c)) != 0)
+        if ((rc = canon_node(c)) != 0 || (rc = check_arity(c)) != 0)
             goto out;
         bool passthrough = n->op == MDB_OP_IDENTITY || n->op == MDB_OP_DROPOUT;
         int out0 = n->n_outputs > 0 ? n->outputs[0] : -1;
-        bool mask_used = n->op == MDB_OP_DROPOUT && n->n_outputs > 1 && n->outputs[1] >= 0;
+        bool mask_used = false;
+        for (int k = 1; k < n->n_outputs; k++)
+            mask_used |= n->outputs[k] >= 0;
         if (passthrough && out0 >= 0 && !g->tensors[out0].is_output && !mask_used) {
             /* Readers read the input; the node dies in compaction. It
              * still gets a shape so that the graph stays consistent. */
@@ -615,6 +660,14 @@ int mdb_onnx_lower(mdb_graph_t *g, int64_t opset, uint64_t fold_budget, char *er
         rc = mdb_graph_infer_node(g, i, err, errlen);
         if (rc)
             goto out;
+        for (int k = 0; k < n->n_outputs; k++) {
+            if (n->outputs[k] >= 0 && !g->tensors[n->outputs[k]].shape_known) {
+                mdb_errf(err, errlen, "%s '%s' writes output %d, which the op does not have",
+                         mdb_op_name(n->op), n->name, k);
+                rc = SQ_BAD_MODEL;
+                goto out;
+            }
+        }
         if (n->op == MDB_OP_SQUEEZE || n->op == MDB_OP_UNSQUEEZE) {
             /* On runtime data they only relabel dimensions: a Reshape. */
             const mdb_shape_t *s = &g->tensors[n->outputs[0]].shape;

@@ -867,6 +867,37 @@ Test(onnx_import, dangling_names_cycles_and_duplicates_are_rejected)
     mb_free(&b);
 }
 
+Test(onnx_import, nodes_with_more_inputs_or_outputs_than_their_op_are_malformed)
+{
+    /* Found by fuzz_onnx_import: a Gemm with a second output, which nothing
+     * gives a shape. */
+    mb_t b;
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    mb_small_cnn(&b, 13);
+    b.nodes[4]->output[b.nodes[4]->n_output++] = mb_str(&b, "extra");
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
+    cr_assert_null(g);
+    cr_assert_not_null(strstr(err.detail, "output 1"), "%s", err.detail);
+    mb_free(&b);
+    /* Relu with two inputs. */
+    mb_small_cnn(&b, 13);
+    b.nodes[1]->input[b.nodes[1]->n_input++] = mb_str(&b, "b");
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
+    cr_assert_not_null(strstr(err.detail, "Relu"), "%s", err.detail);
+    mb_free(&b);
+    /* Conv without its weight. */
+    mb_small_cnn(&b, 13);
+    b.nodes[0]->n_input = 1;
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
+    mb_free(&b);
+    /* Identity with two outputs is not a pass-through. */
+    mb_small_cnn(&b, 13);
+    mb_node(&b, "Identity", (const char *[]){"y", NULL}, (const char *[]){"y2", "y3", NULL});
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
+    mb_free(&b);
+}
+
 Test(onnx_import, unsorted_files_are_sorted)
 {
     mb_t b;
