@@ -8,9 +8,10 @@
 
 static int is_tspecial_ok(char c)
 {
-    /* bchars of RFC 2046 (without the space, which may not end a boundary). */
+    /* bchars of RFC 2046 (without the space, which may not end a boundary).
+     * NUL is tested apart: strchr finds it as the string's terminator. */
     return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-           strchr("'()+_,-./:=? ", c) != NULL;
+           (c != '\0' && strchr("'()+_,-./:=? ", c) != NULL);
 }
 
 static const char *skip_ws(const char *p, const char *end)

@@ -31,6 +31,19 @@ Test(multipart, boundary_from_the_content_type)
     cr_assert_eq(gw_multipart_boundary(longb, strlen(longb), b, sizeof(b)), SQ_BAD_MULTIPART);
 }
 
+/* Found by fuzz_multipart: NUL passed the bchar check (strchr matches the
+ * terminator), so "boundary=\0\0X" gave an empty or cut boundary. */
+Test(multipart, boundary_with_a_nul_byte_is_rejected)
+{
+    char b[80];
+    static const char nul_first[] = "multipart/form-data; boundary=\0\0XyZ";
+    cr_assert_eq(gw_multipart_boundary(nul_first, sizeof(nul_first) - 1, b, sizeof(b)),
+                 SQ_BAD_MULTIPART);
+    static const char nul_inside[] = "multipart/form-data; boundary=\"Xy\0Z\"";
+    cr_assert_eq(gw_multipart_boundary(nul_inside, sizeof(nul_inside) - 1, b, sizeof(b)),
+                 SQ_BAD_MULTIPART);
+}
+
 Test(multipart, parts_as_curl_sends_them)
 {
     const char *body = "--XyZ\r\n"

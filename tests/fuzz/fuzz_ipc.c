@@ -1,0 +1,158 @@
+/* libFuzzer target for the squishd <-> worker protocol decoding
+ * (common/ipc.c, common/msgs.c, common/buf.c): what either side does with
+ * bytes from a peer it must not trust.
+ *
+ * Input: byte 0 sets how the stream arrives (0: at once, else in chunks of
+ * byte 0 bytes); the rest is the byte stream. The stream is cut into frames
+ * twice: by sq_frame_decode over the whole of it, and by sq_conn_next fed
+ * chunk by chunk, as sq_conn_read fills a connection. Both must see the
+ * same frames and stop at the same place. Every frame goes through every
+ * message decoder (each must reject a frame of another type), and a message
+ * that decodes must encode back to exactly its payload: the encoding is
+ * canonical, so a decoder that accepted anything else has missed a check. */
+#include <sq.h>
+#include <sq_ipc.h>
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define FUZZ_MAX_FRAMES 64
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+typedef struct {
+    uint16_t type;
+    uint64_t id;
+    size_t off; /* payload offset in the stream */
+    uint32_t len;
+} seen_frame_t;
+
+/* Checks that enc is the payload (exact, or a prefix where the decoder
+ * tolerates trailing bytes: the handshake messages). */
+static void check_encoding(const sq_buf_t *enc, const sq_frame_t *f, int exact)
+{
+    if (exact ? enc->len != f->len : enc->len > f->len)
+        abort();
+    if (enc->len && memcmp(enc->data, f->payload, enc->len) != 0)
+        abort();
+}
+
+static void decode_all(const sq_frame_t *f)
+{
+    /* The large messages live on the heap so that ASan sees their edges. */
+    static sq_model_load_t *load;
+    static sq_batch_t *batch;
+    static sq_profile_done_t *prof;
+    if (load == NULL) {
+        load = malloc(sizeof(*load));
+        batch = malloc(sizeof(*batch));
+        prof = malloc(sizeof(*prof));
+        if (load == NULL || batch == NULL || prof == NULL)
+            abort();
+    }
+    sq_hello_t hello;
+    sq_welcome_t welcome;
+    sq_ipc_error_t error;
+    sq_model_loaded_t loaded;
+    sq_batch_done_t done;
+    sq_profile_req_t req;
+    sq_buf_t enc;
+    sq_buf_init(&enc);
+    int ok = 0;
+
+#define FUZZ_DECODE(msg, msg_type, exact, ...)                                                     \
+    do {                                                                                           \
+        int rc_ = sq_##msg##_decode(f, __VA_ARGS__);                                               \
+        if (rc_ != 0 && rc_ != SQ_PROTOCOL)                                                        \
+            abort();                                                                               \
+        if (rc_ == 0) {                                                                            \
+            if (f->type != (msg_type))                                                             \
+                abort();                                                                           \
+            ok++;                                                                                  \
+            enc.len = 0;                                                                           \
+            sq_##msg##_encode(&enc, __VA_ARGS__);                                                  \
+            check_encoding(&enc, f, exact);                                                        \
+        }                                                                                          \
+    } while (0)
+
+    FUZZ_DECODE(hello, SQ_MSG_HELLO, 0, &hello);
+    FUZZ_DECODE(welcome, SQ_MSG_WELCOME, 0, &welcome);
+    FUZZ_DECODE(ipc_error, SQ_MSG_ERROR, 0, &error);
+    FUZZ_DECODE(model_load, SQ_MSG_MODEL_LOAD, 1, load);
+    FUZZ_DECODE(model_loaded, SQ_MSG_MODEL_LOADED, 1, &loaded);
+    FUZZ_DECODE(batch, SQ_MSG_BATCH, 1, batch);
+    FUZZ_DECODE(batch_done, SQ_MSG_BATCH_DONE, 1, &done);
+    FUZZ_DECODE(profile_req, SQ_MSG_PROFILE, 1, &req);
+    FUZZ_DECODE(profile_done, SQ_MSG_PROFILE_DONE, 1, prof);
+#undef FUZZ_DECODE
+    if (ok > 1)
+        abort(); /* one frame, one message type */
+    sq_buf_dispose(&enc);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1)
+        return 0;
+    size_t step = data[0];
+    const uint8_t *stream = data + 1;
+    size_t len = size - 1;
+    uint8_t *copy = malloc(len ? len : 1); /* exact size: ASan sees overreads */
+    if (copy == NULL)
+        abort();
+    memcpy(copy, stream, len);
+
+    /* Whole stream at once. */
+    seen_frame_t seen[FUZZ_MAX_FRAMES];
+    int nseen = 0, end_rc = 0;
+    size_t off = 0;
+    while (nseen < FUZZ_MAX_FRAMES) {
+        sq_frame_t f;
+        size_t used = 0;
+        int rc = sq_frame_decode(copy + off, len - off, &f, &used);
+        if (rc != 1) {
+            if (rc != 0 && rc != SQ_PROTOCOL)
+                abort();
+            end_rc = rc;
+            break;
+        }
+        if (used != SQ_IPC_HEADER_SIZE + (size_t)f.len || used > len - off || f.flags != 0 ||
+            sq_msg_name(f.type) == NULL || f.payload != copy + off + SQ_IPC_HEADER_SIZE)
+            abort();
+        decode_all(&f);
+        seen[nseen++] = (seen_frame_t){f.type, f.id, off + SQ_IPC_HEADER_SIZE, f.len};
+        off += used;
+    }
+
+    /* The same stream through a connection's input buffer, chunk by chunk. */
+    sq_conn_t c;
+    sq_conn_init(&c, -1);
+    size_t fed = 0;
+    int n = 0, rc = 0;
+    while (n < nseen || (n == nseen && nseen < FUZZ_MAX_FRAMES)) {
+        sq_frame_t f;
+        rc = sq_conn_next(&c, &f);
+        if (rc == 1) {
+            if (n == nseen || f.type != seen[n].type || f.id != seen[n].id ||
+                f.len != seen[n].len || memcmp(f.payload, copy + seen[n].off, f.len) != 0)
+                abort();
+            n++;
+            continue;
+        }
+        if (rc != 0)
+            break;
+        if (fed == len)
+            break;
+        size_t chunk = step == 0 || step > len - fed ? len - fed : step;
+        sq_buf_put(&c.in, copy + fed, chunk);
+        fed += chunk;
+    }
+    if (n != nseen)
+        abort();
+    if (nseen < FUZZ_MAX_FRAMES && rc != end_rc)
+        abort(); /* the connection stops where the whole-stream decode stopped */
+    sq_conn_dispose(&c);
+    free(copy);
+    return 0;
+}
