@@ -696,6 +696,25 @@ int mdb_onnx_lower(mdb_graph_t *g, int64_t opset, uint64_t fold_budget, char *er
         goto out;
     }
     mdb_graph_compact(g);
+    /* The worker computes in float: a runtime op on integers (a uint8
+     * MaxPool, an Add of int64 tensors) is something it cannot run. */
+    for (int i = 0; i < g->n_nodes; i++) {
+        const mdb_node_t *n = &g->nodes[i];
+        bool is_float = n->n_outputs < 1 || n->outputs[0] < 0 ||
+                        g->tensors[n->outputs[0]].dtype == MDB_DT_FLOAT;
+        for (int k = 0; k < n->n_inputs; k++)
+            if (n->inputs[k] >= 0 && g->tensors[n->inputs[k]].dtype != MDB_DT_FLOAT)
+                is_float = false;
+        if (!is_float) {
+            size_t len = strlen(ops);
+            const char *name = mdb_op_name(n->op);
+            if (!strstr(ops, name) && len + strlen(name) + 2 < opslen)
+                snprintf(ops + len, opslen - len, "%s%s", len ? "," : "", name);
+            rc = SQ_UNSUPPORTED_MODEL;
+        }
+    }
+    if (rc)
+        mdb_errf(err, errlen, "ops on non-float tensors, which the worker does not run: %s", ops);
 out:
     free(alias);
     return rc;

@@ -337,7 +337,6 @@ static const char *const node_cases[] = {
     "maxpool_2d_same_lower",
     "maxpool_2d_same_upper",
     "maxpool_2d_strides",
-    "maxpool_2d_uint8",
     "maxpool_3d_default",
     "globalaveragepool",
     "globalaveragepool_precomputed",
@@ -415,8 +414,6 @@ static const char *const node_cases[] = {
     "softmax_large_number",
     "softmax_negative_axis",
     "constant_pad",
-    "edge_pad",
-    "reflect_pad",
     "dropout_default",
     "dropout_default_ratio",
     "dropout_default_mask",
@@ -497,6 +494,8 @@ Test(onnx_import, conformance_unsupported_ops_are_named)
         {"node/test_globalmaxpool", "GlobalMaxPool"},
         {"node/test_softmax_axis_0_expanded", "ReduceMax"},
         {"node/test_gather_0", "Gather"},
+        {"node/test_maxpool_2d_uint8", "MaxPool"}, /* integer compute */
+        {"node/test_add_uint8", "Add"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char path[1024];
@@ -1091,4 +1090,41 @@ Test(onnx_import, legacy_softmax_is_accepted_only_where_it_means_one_axis)
     cr_assert_eq(mdb_node_int(&g->nodes[0], "axis", -1), 2);
     mdb_graph_free(g);
     mb_free(&b);
+}
+
+Test(onnx_import, pad_modes_and_pads_come_through_from_opset_6)
+{
+    static const struct {
+        const char *test, *mode;
+        int64_t pads[8];
+    } cases[] = {
+        {"test_ReflectionPad2d", "reflect", {0, 0, 3, 1, 0, 0, 4, 2}},
+        {"test_ReplicationPad2d", "edge", {0, 0, 3, 1, 0, 0, 4, 2}},
+        {"test_ConstantPad2d", "constant", {0, 0, 3, 1, 0, 0, 4, 2}},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char path[1024];
+        size_t len;
+        snprintf(path, sizeof(path), "%s/pytorch-converted/%s/model.onnx", testdata(),
+                 cases[i].test);
+        uint8_t *bytes = read_file(path, &len);
+        cr_assert_not_null(bytes, "%s", path);
+        mdb_graph_t *g = NULL;
+        mdb_import_error_t err;
+        cr_assert_eq(mdb_onnx_import(bytes, len, &g, &err), 0, "%s", err.detail);
+        free(bytes);
+        cr_assert_eq(g->n_nodes, 1);
+        const mdb_node_t *n = &g->nodes[0];
+        cr_assert_eq(n->op, MDB_OP_PAD);
+        cr_assert_eq(n->n_inputs, 1);
+        cr_assert_str_eq(mdb_node_string(n, "mode", ""), cases[i].mode);
+        size_t np;
+        const int64_t *pads = mdb_node_ints(n, "pads", &np);
+        cr_assert_eq(np, 8);
+        for (int k = 0; k < 8; k++)
+            cr_assert_eq(pads[k], cases[i].pads[k], "%s pads[%d] = %lld", cases[i].test, k,
+                         (long long)pads[k]);
+        cr_assert_float_eq(mdb_node_float(n, "value", -1), i == 2 ? 2.0f : 0.0f, 0);
+        mdb_graph_free(g);
+    }
 }
