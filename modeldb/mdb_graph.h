@@ -13,7 +13,12 @@
  *     it (t->data), and only runtime ops (mdb_op_is_runtime) remain;
  *   - parameters that ONNX passes as constant inputs are attributes, and the
  *     node keeps only its data inputs (see the per-op list below);
- *   - axes are non-negative, auto_pad is resolved into explicit pads.
+ *   - axes are non-negative, auto_pad is resolved into explicit pads;
+ *   - Identity and Dropout are gone (readers read their input) unless they
+ *     write a graph output; Squeeze/Unsqueeze on runtime data are Reshapes;
+ *   - runtime ops read and write float tensors only;
+ *   - batch_fixed is 0 when any batch size works; a file whose shapes only
+ *     hold for its declared batch (a Reshape to [1, -1]) gets that batch.
  *
  * Per-op canonical attributes (all optional ones are filled in):
  *   Conv                X, W[, B]; kernel_shape, strides, dilations, pads
@@ -21,7 +26,8 @@
  *   MaxPool             kernel_shape, strides, dilations, pads, ceil_mode
  *   AveragePool         kernel_shape, strides, pads, ceil_mode, count_include_pad
  *   GlobalAveragePool   -
- *   Relu Sigmoid HardSwish Identity Dropout   - (Dropout: inference, one output)
+ *   Relu Sigmoid HardSwish Identity Dropout   - (Dropout: inference; a mask
+ *                       output, when read, is bool and all true)
  *   Clip                min, max (floats; -inf/+inf when absent)
  *   LeakyRelu           alpha          HardSigmoid   alpha, beta
  *   Gemm                A, B[, C]; alpha, beta, transA, transB
@@ -301,8 +307,9 @@ typedef struct {
 /* Parses an ONNX ModelProto and builds the canonical graph (see top).
  * Returns 0 and sets *out (caller frees), or a negative SQ_* code with err
  * filled (err may be NULL): SQ_BAD_MODEL for bytes that are not a valid
- * model, SQ_UNSUPPORTED_MODEL for a valid model the worker cannot run.
- * Never crashes on any byte string; sizes are capped (MDB_MAX_*). */
+ * model, SQ_UNSUPPORTED_MODEL for a valid model the worker cannot run,
+ * SQ_TOO_LARGE past 1 GiB. Never crashes on any byte string; sizes are
+ * capped (MDB_MAX_*), and so is what decoding and folding may allocate. */
 int mdb_onnx_import(const void *bytes, size_t len, mdb_graph_t **out, mdb_import_error_t *err);
 
 /* A graph input replaced by a constant: name and a serialized TensorProto
