@@ -68,6 +68,8 @@ struct pl_dispatch {
     int taken;
     int64_t armed_us;
     uint64_t next_batch_id;
+    void *scratch; /* wcand_t[cap_scratch], worker_decide's */
+    int cap_scratch;
     pl_dispatch_stats_t stats;
 };
 
@@ -288,6 +290,14 @@ typedef struct {
     int64_t valid_until;
 } candidate_t;
 
+typedef struct {
+    int sid;
+    candidate_t c;
+    int64_t cost_us;
+    int ready;     /* dispatchable now */
+    int dependent; /* no other worker can start it by its valid_until */
+} wcand_t;
+
 static int64_t head_slack(const session_t *s, uint32_t i, int64_t now_us)
 {
     return pl__q_at(&s->q, i)->deadline_us - now_us;
@@ -355,6 +365,110 @@ static void deferred_candidate(const session_t *s, int64_t now_us, double skip_r
     c->valid_until = pl__q_at(&s->q, (uint32_t)c->skip)->deadline_us - s->cost[c->b];
 }
 
+/* When a worker other than `except` holding s can next start a batch. */
+static int64_t next_start_except(const pl_dispatch_t *d, const session_t *s, int64_t now_us,
+                                 int except)
+{
+    int64_t best = PL_NEVER;
+    for (int i = 0; i < s->nroutes; i++) {
+        const worker_t *w = &d->workers[s->routes[i].worker];
+        if (s->routes[i].worker == except)
+            continue;
+        int64_t t = !w->busy || w->busy_until < now_us ? now_us : w->busy_until;
+        if (t < best)
+            best = t;
+    }
+    return best;
+}
+
+/* Latest start of the first of chain[0..n) (sorted by valid_until) when all
+ * run back to back on one worker, each starting by its valid_until, the
+ * entry `skip` left out (-1: none). PL_NEVER for an empty chain. */
+static int64_t chain_latest_start(const wcand_t *chain, int n, int skip)
+{
+    int64_t latest = PL_NEVER;
+    for (int i = n - 1; i >= 0; i--) {
+        if (i == skip)
+            continue;
+        int64_t by = latest == PL_NEVER ? PL_NEVER : latest - chain[i].cost_us;
+        latest = chain[i].c.valid_until < by ? chain[i].c.valid_until : by;
+    }
+    return latest;
+}
+
+/* A free worker chooses what to run now. Candidates that only this worker
+ * can serve in time (every other worker holding their session is busy past
+ * their valid_until) form a chain: run back to back in deadline order, the
+ * first must start by the chain's latest start. Deferring every batch to its
+ * own last moment would make batches of sessions sharing the worker collide,
+ * so the chain goes first when its moment comes, and a ready batch only goes
+ * when it leaves the chain room. Otherwise the ready batch that must leave
+ * first (earliest valid_until) goes. Returns 1 if a batch was sent; arms the
+ * worker's wake for the chain's latest start. */
+static int worker_decide(pl_dispatch_t *d, int wid, int64_t now_us)
+{
+    worker_t *w = &d->workers[wid];
+    pl__heap_set(&d->worker_wake, wid, PL_NEVER);
+    if (!w->present || w->busy || w->draining)
+        return 0;
+    if (d->cap_scratch < w->nsess) {
+        d->cap_scratch = w->nsess;
+        d->scratch = sq_xrealloc(d->scratch, sizeof(wcand_t) * (size_t)w->nsess);
+    }
+    wcand_t *all = d->scratch;
+    int n = 0;
+    for (int k = 0; k < w->nsess; k++) {
+        int sid = w->sess[k].session;
+        session_t *s = &d->sessions[sid];
+        prune(d, sid, s, now_us, now_us);
+        if (s->q.n == 0)
+            continue;
+        wcand_t *x = &all[n++];
+        x->sid = sid;
+        deferred_candidate(s, now_us, d->opts.skip_ratio, &x->c);
+        x->cost_us = s->cost[x->c.b];
+        x->ready = now_us >= x->c.ready_at;
+        x->dependent = next_start_except(d, s, now_us, wid) > x->c.valid_until;
+    }
+    /* Dependent ones first, each group by valid_until (insertion sort: a
+     * worker holds a handful of sessions). */
+    for (int i = 1; i < n; i++) {
+        wcand_t x = all[i];
+        int j = i;
+        while (j > 0 && (all[j - 1].dependent < x.dependent ||
+                         (all[j - 1].dependent == x.dependent &&
+                          all[j - 1].c.valid_until > x.c.valid_until))) {
+            all[j] = all[j - 1];
+            j--;
+        }
+        all[j] = x;
+    }
+    int nchain = 0;
+    while (nchain < n && all[nchain].dependent)
+        nchain++;
+    int pick = -1;
+    if (nchain > 0 && chain_latest_start(all, nchain, -1) <= now_us) {
+        pick = 0;
+    } else {
+        for (int i = 0; i < n; i++) {
+            if (!all[i].ready)
+                continue;
+            int64_t room = chain_latest_start(all, nchain, i < nchain ? i : -1);
+            if (room != PL_NEVER && now_us + all[i].cost_us > room)
+                continue;
+            if (pick < 0 || all[i].c.valid_until < all[pick].c.valid_until)
+                pick = i;
+        }
+    }
+    if (pick >= 0) {
+        send_batch(d, now_us, all[pick].sid, wid, all[pick].c.skip, all[pick].c.b);
+        return 1;
+    }
+    if (nchain > 0)
+        pl__heap_set(&d->worker_wake, wid, chain_latest_start(all, nchain, -1));
+    return 0;
+}
+
 static void pump_session_deferred(pl_dispatch_t *d, int sid, int64_t now_us)
 {
     session_t *s = &d->sessions[sid];
@@ -371,41 +485,33 @@ static void pump_session_deferred(pl_dispatch_t *d, int sid, int64_t now_us)
             candidate_t c;
             deferred_candidate(s, now_us, d->opts.skip_ratio, &c);
             if (now_us >= c.ready_at) {
-                send_batch(d, now_us, sid, free_worker, c.skip, c.b);
-                continue; /* more free workers may take more */
+                /* Matchmaking: the free workers holding the model, lowest id
+                 * first, each choosing among its own sessions. */
+                int sent = 0;
+                for (int i = 0; i < s->nroutes && !sent; i++)
+                    if (!d->workers[s->routes[i].worker].busy)
+                        sent = worker_decide(d, s->routes[i].worker, now_us);
+                if (sent)
+                    continue; /* more free workers may take more */
+            } else {
+                /* Not ready, and only this one free worker can take it in
+                 * time: the worker's chain may have to start before it. */
+                if (next_start_except(d, s, now_us, free_worker) > c.valid_until &&
+                    worker_decide(d, free_worker, now_us))
+                    continue;
+                if (c.ready_at < wake)
+                    wake = c.ready_at;
             }
-            if (c.ready_at < wake)
-                wake = c.ready_at;
         }
         pl__heap_set(&d->session_wake, sid, wake);
         return;
     }
 }
 
-/* A free worker picks, among its sessions' dispatchable batches, the one
- * that must leave first (earliest valid_until). */
 static void pump_worker_deferred(pl_dispatch_t *d, int wid, int64_t now_us)
 {
     worker_t *w = &d->workers[wid];
-    if (!w->present || w->busy || w->draining)
-        return;
-    int best = -1;
-    candidate_t best_c = {0};
-    for (int k = 0; k < w->nsess; k++) {
-        int sid = w->sess[k].session;
-        session_t *s = &d->sessions[sid];
-        prune(d, sid, s, now_us, now_us);
-        if (s->q.n == 0)
-            continue;
-        candidate_t c;
-        deferred_candidate(s, now_us, d->opts.skip_ratio, &c);
-        if (now_us >= c.ready_at && (best < 0 || c.valid_until < best_c.valid_until)) {
-            best = sid;
-            best_c = c;
-        }
-    }
-    if (best >= 0)
-        send_batch(d, now_us, best, wid, best_c.skip, best_c.b);
+    worker_decide(d, wid, now_us);
     /* Refresh the wake of every session this worker holds. */
     for (int k = 0; k < w->nsess; k++)
         pump_session_deferred(d, w->sess[k].session, now_us);
@@ -547,6 +653,7 @@ void pl_dispatch_free(pl_dispatch_t *d)
     free(d->acts);
     free(d->act_ids_off);
     free(d->ids);
+    free(d->scratch);
     free(d);
 }
 

@@ -21,7 +21,10 @@
  *     smaller than skip_ratio times it; the heads passed over stay queued
  *     and are served later if a worker comes free in time. Under overload a
  *     worker so runs near-full batches and goodput stays flat instead of
- *     collapsing into stale batches of one or two.
+ *     collapsing into stale batches of one or two. A worker that holds
+ *     several sessions does not let each defer to its own last moment when
+ *     only it can serve them in time: those batches form a chain in deadline
+ *     order that starts early enough for all of them to fit.
  *
  * Both policies drop a request at once (never leave it to rot) when it can no
  * longer finish by its deadline even alone on the earliest-free worker, and

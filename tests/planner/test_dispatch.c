@@ -448,6 +448,31 @@ Test(dispatch, cancel_takes_a_request_out_of_its_queue)
     free(r);
 }
 
+Test(dispatch, deferred_sessions_sharing_a_worker_do_not_collide)
+{
+    /* One worker, two models, l(b) = b + 5. A's request (SLO 100) and B's
+     * (SLO 20, arriving at 80) share the deadline 100: deferring each to
+     * its own last moment (100 - l(2) = 93) would run one and lose the
+     * other. The chain A then B must start by 100 - l(1) - l(1) = 88. */
+    rig_t *r = malloc(sizeof(*r));
+    rig_init(r, PL_POLICY_DEFERRED);
+    add_workers(r, 1);
+    int a = add_linear_session(r->d, 1000, 5000, 64, 100000);
+    int b = add_linear_session(r->d, 1000, 5000, 64, 20000);
+    route_all(r, a, 1, 0);
+    route_all(r, b, 1, 0);
+    arrival_t arr[] = {{.at_us = 0, .session = a, .deadline_us = 100000},
+                       {.at_us = 80000, .session = b, .deadline_us = 100000}};
+    rig_run(r, arr, 2, 1);
+    cr_assert_eq(r->ndropped, 0);
+    cr_assert_eq(r->nsent, 2);
+    cr_assert_eq(r->sent[0].at_us, 88000);
+    cr_assert_eq(r->sent[1].at_us, 94000);
+    cr_assert_eq(r->sent[1].finish_us, 100000);
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
 static uint64_t rng_state;
 static uint64_t rng_next(void)
 {
