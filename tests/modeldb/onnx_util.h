@@ -58,6 +58,34 @@ static inline mdb_graph_t *import_model(const char *name)
     return g;
 }
 
+/* Asserts a shape; dims as mdb_shape_t holds them. */
+static inline void expect_shape(const mdb_shape_t *s, int rank, const int64_t *dims,
+                                const char *what)
+{
+    char got[128];
+    mdb_shape_str(s, got, sizeof(got));
+    cr_assert_eq(s->rank, rank, "%s: shape %s", what, got);
+    for (int i = 0; i < rank; i++)
+        cr_assert_eq(s->dims[i], dims[i], "%s: shape %s, axis %d", what, got, i);
+}
+
+static inline void expect_only_runtime_ops(const mdb_graph_t *g, const char *what)
+{
+    char why[256];
+    cr_assert_eq(mdb_graph_validate(g, why, sizeof(why)), 0, "%s: %s", what, why);
+    for (int i = 0; i < g->n_nodes; i++) {
+        cr_assert(mdb_op_is_runtime(g->nodes[i].op), "%s: node %d is %s", what, i,
+                  mdb_op_name(g->nodes[i].op));
+        /* Identity survives only where it writes a graph output. */
+        if (g->nodes[i].op == MDB_OP_IDENTITY)
+            cr_assert(g->tensors[g->nodes[i].outputs[0]].is_output, "%s: Identity left in", what);
+        for (int k = 0; k < g->nodes[i].n_outputs; k++) {
+            int t = g->nodes[i].outputs[k];
+            cr_assert(t < 0 || g->tensors[t].shape_known, "%s: output without shape", what);
+        }
+    }
+}
+
 /* ---- building models ----------------------------------------------------- */
 
 /* A model under construction; every string and array is owned by the
