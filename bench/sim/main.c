@@ -1,6 +1,6 @@
 /* squish-sim WORKLOAD.json [--policy deferred|early-drop] [--seed N]
  *           [--search-goodput] [--dump] [--scale X] [--duration S]
- *           [--routing auto|all|plan] [--net-delay-us N]
+ *           [--routing auto|all|plan] [--plan-headroom X] [--net-delay-us N]
  * Prints the simulation summary JSON (DESIGN.md) on stdout. Exit status: 0,
  * 1 (workload or simulation error), 2 (usage), 3 (the no-overlap checker
  * found a device running two batches at once). */
@@ -16,7 +16,8 @@ static void usage(void)
 {
     fprintf(stderr, "usage: squish-sim WORKLOAD.json [--policy deferred|early-drop] [--seed N]\n"
                     "                  [--search-goodput] [--dump] [--scale X] [--duration S]\n"
-                    "                  [--routing auto|all|plan] [--net-delay-us N]\n");
+                    "                  [--routing auto|all|plan] [--plan-headroom X]\n"
+                    "                  [--net-delay-us N]\n");
 }
 
 static int parse_double(const char *s, double *out)
@@ -75,6 +76,13 @@ int main(int argc, char **argv)
                 return 2;
             }
             opts.net_delay_us = (int64_t)x;
+            i++;
+        } else if (strcmp(a, "--plan-headroom") == 0 && v) {
+            if (parse_double(v, &x) < 0 || !(x >= 1)) {
+                fprintf(stderr, "squish-sim: --plan-headroom: must be >= 1\n");
+                return 2;
+            }
+            opts.plan_headroom = x;
             i++;
         } else if (strcmp(a, "--routing") == 0 && v) {
             if (strcmp(v, "auto") == 0)

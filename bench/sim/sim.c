@@ -19,6 +19,7 @@ void sim_opts_default(sim_opts_t *o)
     o->rate_scale = 1;
     o->duration_s = 10;
     o->routing = SIM_ROUTE_AUTO;
+    o->plan_headroom = 1;
 }
 
 /* ---- arrivals ---- */
@@ -273,7 +274,7 @@ static int setup_routes(run_t *r, int *ndevices)
                                .name = w->models[ws->model].name,
                                .profile = &w->models[ws->model].profile,
                                .slo_us = ws->slo_ms * 1000,
-                               .rate_rps = ws->rate_rps * r->o->rate_scale};
+                               .rate_rps = ws->rate_rps * r->o->rate_scale * r->o->plan_headroom};
     }
     pl_options_t po = {.k_std = w->k_std,
                        .device_memory_bytes = w->device_memory_mb * WL_BYTES_PER_MB,

@@ -33,9 +33,13 @@ typedef struct {
     double duration_s;       /* for sessions given only "rate_rps" (Poisson) */
     int64_t net_delay_us;    /* per batch, as in pl_dispatch_opts_t */
     sim_routing_t routing;
+    /* pl_plan sees every rate times this: a fluid-rate plan packs devices
+     * to ~100% of the mean rate and leaves nothing for Poisson bursts. */
+    double plan_headroom;
 } sim_opts_t;
 
-/* Defaults: deferred, workload seed, scale 1, 10 s, no network delay, auto. */
+/* Defaults: deferred, workload seed, scale 1, 10 s, no network delay, auto
+ * routing, plan headroom 1. */
 void sim_opts_default(sim_opts_t *o);
 
 typedef enum {
