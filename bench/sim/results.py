@@ -161,6 +161,9 @@ for policy in ("deferred", "early-drop"):
       f"({min(past):.0f}-{max(past):.0f} req/s; goal >= 95%); busy fraction "
       f"{'grows monotonically' if grows else 'does not grow monotonically'} with load "
       f"({busy[0]:.3f} -> {busy[-1]:.3f}).")
+w("- Device time is load-proportional under deferred (busy ~ offered / capacity,")
+w("  spare devices idle at low load) but not under early-drop, which runs whatever")
+w("  is queued the moment a device is free: batches of one or two at low load.")
 w(f"- command per point: `{flat['deferred'][0][3]}` (scale = k x goodput / "
   f"{base_offered:.1f}, the offered load at scale 1)")
 w("")
