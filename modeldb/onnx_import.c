@@ -263,37 +263,53 @@ static int add_tensor_proto(ectx_t *e, mdb_graph_t *g, const Onnx__TensorProto *
         return fail(e, SQ_BAD_MODEL, "tensor '%s' is too large", name);
     size_t es = mdb_dtype_size(dt);
     size_t nbytes = (size_t)numel * es;
-    uint8_t *data = malloc(nbytes + 1);
-    if (!data)
-        return fail(e, SQ_NOMEM, "no memory for tensor '%s' (%zu bytes)", name, nbytes);
     size_t n = (size_t)numel;
+    /* Which field holds the data, checked against the shape before any
+     * allocation: the shape alone may claim gigabytes. */
+    enum { RAW, FLOATS, INT64S, INT32S, EMPTY } src;
     if (tp->has_raw_data) {
-        if (tp->raw_data.len != nbytes) {
-            free(data);
+        if (tp->raw_data.len != nbytes)
             return fail(e, SQ_BAD_MODEL, "tensor '%s': raw_data has %zu bytes, shape needs %zu",
                         name, tp->raw_data.len, nbytes);
-        }
-        if (nbytes)
-            memcpy(data, tp->raw_data.data, nbytes);
+        src = RAW;
     } else if (dt == MDB_DT_FLOAT && tp->n_float_data == n && n) {
-        memcpy(data, tp->float_data, nbytes);
+        src = FLOATS;
     } else if (dt == MDB_DT_INT64 && tp->n_int64_data == n && n) {
-        memcpy(data, tp->int64_data, nbytes);
+        src = INT64S;
     } else if ((dt == MDB_DT_INT32 || dt == MDB_DT_UINT8 || dt == MDB_DT_INT8 ||
                 dt == MDB_DT_BOOL) &&
                tp->n_int32_data == n && n) {
+        src = INT32S;
+    } else if (n == 0 && tp->n_float_data == 0 && tp->n_int64_data == 0 && tp->n_int32_data == 0) {
+        src = EMPTY;
+    } else {
+        return fail(e, SQ_BAD_MODEL, "tensor '%s': data does not match its %lld elements", name,
+                    (long long)numel);
+    }
+    uint8_t *data = malloc(nbytes + 1);
+    if (!data)
+        return fail(e, SQ_NOMEM, "no memory for tensor '%s' (%zu bytes)", name, nbytes);
+    switch (src) {
+    case RAW:
+        if (nbytes)
+            memcpy(data, tp->raw_data.data, nbytes);
+        break;
+    case FLOATS:
+        memcpy(data, tp->float_data, nbytes);
+        break;
+    case INT64S:
+        memcpy(data, tp->int64_data, nbytes);
+        break;
+    case INT32S:
         for (size_t i = 0; i < n; i++) {
             if (dt == MDB_DT_INT32)
                 memcpy(data + i * 4, &tp->int32_data[i], 4);
             else
                 data[i] = (uint8_t)tp->int32_data[i];
         }
-    } else if (n == 0 && tp->n_float_data == 0 && tp->n_int64_data == 0 && tp->n_int32_data == 0) {
-        /* an empty tensor */
-    } else {
-        free(data);
-        return fail(e, SQ_BAD_MODEL, "tensor '%s': data does not match its %lld elements", name,
-                    (long long)numel);
+        break;
+    case EMPTY:
+        break;
     }
     int t = mdb_graph_add_tensor(g, name, dt, &shape);
     mdb_graph_set_data(g, t, data, nbytes);

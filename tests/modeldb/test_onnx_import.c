@@ -429,6 +429,17 @@ Test(onnx_import, absurd_dimensions_are_rejected)
     mdb_import_error_t err;
     cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
     mb_free(&b);
+    /* 2^30 floats claimed, 16 bytes given (found by fuzz_onnx_import: the
+     * claim used to be allocated before the data was checked). */
+    mb_small_cnn(&b, 13);
+    int64_t huge[2] = {(int64_t)1 << 15, (int64_t)1 << 15};
+    b.inits[1]->n_dims = 2;
+    b.inits[1]->dims = huge;
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
+    cr_assert_not_null(strstr(err.detail, "raw_data"), "%s", err.detail);
+    b.inits[1]->n_dims = 1;
+    b.inits[1]->dims = NULL;
+    mb_free(&b);
     /* Negative dimension. */
     mb_small_cnn(&b, 13);
     b.inits[1]->dims[0] = -4;
