@@ -137,7 +137,8 @@ void gw_prep_ctx_free(gw_prep_ctx_t *ctx)
 {
     if (ctx == NULL)
         return;
-    tjDestroy(ctx->tj);
+    if (ctx->tj != NULL)
+        tjDestroy(ctx->tj);
     scratch_free(&ctx->pixels);
     scratch_free(&ctx->row);
     scratch_free(&ctx->xcoef);
@@ -470,6 +471,19 @@ int gw_resize_rgb(gw_prep_ctx_t *ctx, const uint8_t *src, int src_w, int src_h, 
 
 /* ---- decode --------------------------------------------------------- */
 
+/* Reports a decoder error and replaces the handle. TurboJPEG 2.1 leaves a
+ * decompressor whose header read failed half-way through a header: the next
+ * tjDecompressHeader3 on it then "succeeds" without reading anything, so
+ * one corrupt upload would fail the next good image on the same thread. A
+ * fresh handle costs microseconds, and only on the error path. */
+static int decoder_failed(gw_prep_ctx_t *ctx, char *err, size_t errlen)
+{
+    fail(err, errlen, SQ_BAD_IMAGE, "bad jpeg: %s", tj_reason(ctx->tj));
+    tjDestroy(ctx->tj);
+    ctx->tj = tjInitDecompress(); /* NULL when out of memory: retried on the next call */
+    return SQ_BAD_IMAGE;
+}
+
 /* The DCT scaling factor for decoding w x h to feed a tw x th target: 1/1
  * unless the image is at least twice the target in both dimensions, then
  * the smallest factor whose output still covers the target (so the resize
@@ -516,10 +530,12 @@ static int image_to_rgb(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int
                     sniff_other(data, len));
     if (len > (size_t)0xFFFFFFFFu)
         return fail(err, errlen, SQ_TOO_LARGE, "jpeg of %zu bytes is too large", len);
+    if (ctx->tj == NULL && (ctx->tj = tjInitDecompress()) == NULL)
+        return fail(err, errlen, SQ_NOMEM, "no memory for a jpeg decoder");
 
     int w = 0, h = 0, subsamp = 0, cs = 0;
     if (tjDecompressHeader3(ctx->tj, data, (unsigned long)len, &w, &h, &subsamp, &cs) != 0)
-        return fail(err, errlen, SQ_BAD_IMAGE, "bad jpeg: %s", tj_reason(ctx->tj));
+        return decoder_failed(ctx, err, errlen);
     info->width = w;
     info->height = h;
     info->subsamp = subsamp;
@@ -527,8 +543,10 @@ static int image_to_rgb(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int
 
     /* Bomb check: the header is all that has been read so far. */
     const gw_prep_limits_t *lim = &ctx->limits;
+    /* TurboJPEG 2.1 reports success, leaving the outputs alone, for a
+     * stream that ends before its frame header (a tables-only JPEG). */
     if (w < 1 || h < 1)
-        return fail(err, errlen, SQ_BAD_IMAGE, "bad jpeg: empty image %dx%d", w, h);
+        return fail(err, errlen, SQ_BAD_IMAGE, "bad jpeg: no frame header (truncated?)");
     if ((uint64_t)w > lim->max_width || (uint64_t)h > lim->max_height ||
         (uint64_t)w * (uint64_t)h > lim->max_pixels)
         return fail(err, errlen, SQ_TOO_LARGE,
@@ -553,7 +571,7 @@ static int image_to_rgb(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int
      * guard against scan-count bombs. */
     int flags = TJFLAG_STOPONWARNING | TJFLAG_LIMITSCANS;
     if (tjDecompress2(ctx->tj, data, (unsigned long)len, pix, sw, (int)pitch, sh, pf, flags) != 0)
-        return fail(err, errlen, SQ_BAD_IMAGE, "bad jpeg: %s", tj_reason(ctx->tj));
+        return decoder_failed(ctx, err, errlen);
     if (cmyk)
         cmyk_to_rgb(pix, (size_t)sw * (size_t)sh);
     int rc = resize_rgb(ctx, pix, sw, sh, (size_t)sw * 3, dst, out_w, out_h, mode);

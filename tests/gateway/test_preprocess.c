@@ -698,6 +698,10 @@ Test(preprocess, truncated_jpegs_are_400_with_the_decoders_reason)
         cr_assert_eq(rc, SQ_BAD_IMAGE, "cut at %zu of %zu: rc %d (%s)", cuts[i], b.len, rc, err);
         cr_assert(strncmp(err, "bad jpeg: ", 10) == 0 && strlen(err) > 12, "cut %zu: '%s'", cuts[i],
                   err);
+        /* a bad image must not poison the context for the next good one */
+        cr_assert_eq(gw_image_to_rgb(ctx, b.data, b.len, 224, 224, GW_RESIZE_BILINEAR, dst, NULL,
+                                     err, sizeof(err)),
+                     0, "after the cut at %zu: %s", cuts[i], err);
     }
     /* the context is still good after all those errors */
     cr_assert_eq(gw_image_to_rgb(ctx, b.data, b.len, 224, 224, GW_RESIZE_BILINEAR, dst, NULL, err,
@@ -753,6 +757,8 @@ Test(preprocess, corrupt_jpegs_are_400_with_the_decoders_reason)
         cr_assert(strncmp(err, "bad jpeg: ", 10) == 0, "%s: '%s'", cases[i].what, err);
         if (cases[i].reason != NULL)
             cr_assert(strstr(err, cases[i].reason) != NULL, "%s: '%s'", cases[i].what, err);
+        cr_assert_eq(decode(ctx, good, 64, 64, GW_RESIZE_BILINEAR, dst, NULL, err), 0,
+                     "a good image after '%s': %s", cases[i].what, err);
         blob_free(&b);
     }
     free(dst);
