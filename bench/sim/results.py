@@ -112,8 +112,8 @@ def one_percent_rate(capacity_rps):
 
 caps = {b: N * b / (ALPHA * b + BETA) * 1000 for b in (16, 17, 18)}
 w("Why not 5550: Poisson arrivals leave little room near the bound. In a")
-w("crude fluid estimate, requests arriving within one SLO (25 ms) beyond what the")
-w("devices can finish in that time are lost whatever the order of service; with")
+w("crude fluid estimate (not a proof), requests arriving within one SLO (25 ms)")
+w("beyond what the devices can finish in that time count as lost; with")
 w("capacities of batches 16, 17 and 18 (the largest that fits the SLO) that loss")
 w("reaches 1% at " + ", ".join(f"{one_percent_rate(caps[b]):.0f}" for b in (16, 17, 18)) +
   " req/s respectively. Deferred batches average ~15 at its goodput, so")
