@@ -65,8 +65,11 @@ static const opt_t options[] = {
     {"policy", OPT_POLICY, 0, 0, 0, 0, "deferred",
      "batch dispatch: deferred (Symphony) or early-drop (Nexus)"},
     {"k_std", DBL(k_std), 0, 10, "1", "latency margin: profile mean + k_std * std"},
-    {"net_delay_us", INT(net_delay_us), 0, 1000000, "200",
-     "added to every batch's latency for the IPC round trip"},
+    {"dispatch_margin_us", INT(dispatch_margin_us), 0, 1000000, "1000",
+     "added to every batch's latency: the IPC round trip and the reply's way back"},
+    {"timer_slack_us", INT(timer_slack_us), 0, 1000000, "2000",
+     "deferred dispatch sends a batch at least this long before its last safe moment, so that "
+     "a dispatch thread waking late still makes it"},
     {"prep_threads", INT(prep_threads), 1, 256, "2", "JPEG decode threads"},
     {"prep_queue", INT(prep_queue), 1, 1 << 20, "4096",
      "images waiting for a decode thread, at most (then 503 overloaded)"},

@@ -25,8 +25,8 @@ static const double slo_buckets_ms[] = {5,   10,  15,  20,   25,   30,   40,   5
 #define NBUCKETS (sizeof(slo_buckets_ms) / sizeof(slo_buckets_ms[0]))
 
 #define TICK_MS 50
-#define PROFILE_WARMUP 2
-#define PROFILE_REPEATS 5
+#define PROFILE_WARMUP 3
+#define PROFILE_REPEATS 8
 #define PROFILE_BUDGET_MS 30000
 
 double gw_slo_bucket_ms(double slo_ms);
@@ -1018,7 +1018,8 @@ gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop)
     ds->loop = loop;
     pl_dispatch_opts_t opts = {.policy = srv->cfg->policy,
                                .k_std = srv->cfg->k_std,
-                               .net_delay_us = srv->cfg->net_delay_us};
+                               .net_delay_us = srv->cfg->dispatch_margin_us,
+                               .timer_slack_us = srv->cfg->timer_slack_us};
     ds->core = pl_dispatch_new(&opts);
     ds->tick = sq_loop_timer_at(loop, sq_now_ns() + (int64_t)TICK_MS * 1000000, on_tick, ds);
     return ds;

@@ -44,7 +44,8 @@ typedef struct {
     /* data plane */
     int policy;            /* pl_policy_t: deferred | early-drop */
     double k_std;          /* profile margin: mean + k_std * std */
-    int net_delay_us;      /* added to every batch's latency (IPC round trip) */
+    int dispatch_margin_us; /* added to every batch's latency: IPC round trip, reply */
+    int timer_slack_us;     /* deferred: send at least this long before the last moment */
     int prep_threads;      /* JPEG decode threads */
     int prep_queue;        /* images waiting for a decode thread, at most */
     int max_images;        /* images (or tensor rows) per request */

@@ -25,6 +25,7 @@ typedef struct {
     int alive;
     int cap;       /* largest batch ever formed */
     int64_t *cost; /* cost[b], b = 1..cap: l(b) with margin + net delay, µs; nondecreasing */
+    int64_t timer_slack_us; /* opts.timer_slack_us, for the candidate's ready time */
     int64_t slo_us;
     pl__queue_t q;
     pl_route_t *routes; /* sorted by worker id; target_batch resolved to 1..cap */
@@ -317,10 +318,17 @@ static void deferred_candidate(const session_t *s, int64_t now_us, double skip_r
     c->b = b;
     /* Waiting can only help while one more request would still fit the
      * head's deadline and the queue has no more to give right now. */
-    if (b == cap || b < n)
+    if (b == cap || b < n) {
         c->ready_at = now_us;
-    else
-        c->ready_at = pl__q_at(&s->q, 0)->deadline_us - s->cost[b + 1];
+    } else {
+        /* The frontrun moment, but never later than timer_slack_us before
+         * the last moment: a live timer that wakes a little late must still
+         * find the batch sendable (when l(b+1) = l(b) the two coincide). */
+        int64_t d_head = pl__q_at(&s->q, 0)->deadline_us;
+        c->ready_at = d_head - s->cost[b + 1];
+        if (c->ready_at > d_head - s->cost[b] - s->timer_slack_us)
+            c->ready_at = d_head - s->cost[b] - s->timer_slack_us;
+    }
     if (b < fill) {
         /* Backed up: the head cannot fill a batch the queue could. Find the
          * window that gives the largest batch now. fit(i) grows with i (later
@@ -627,6 +635,8 @@ pl_dispatch_t *pl_dispatch_new(const pl_dispatch_opts_t *opts)
     d->opts = *opts;
     if (d->opts.net_delay_us < 0)
         d->opts.net_delay_us = 0;
+    if (d->opts.timer_slack_us < 0)
+        d->opts.timer_slack_us = 0;
     if (!(d->opts.skip_ratio > 0))
         d->opts.skip_ratio = PL_DEFAULT_SKIP_RATIO;
     d->armed_us = PL_NEVER;
@@ -696,6 +706,7 @@ int pl_dispatch_session_add(pl_dispatch_t *d, const pl_session_cfg_t *cfg)
     s->alive = 1;
     s->cap = usable;
     s->cost = cost;
+    s->timer_slack_us = d->opts.timer_slack_us;
     s->slo_us = cfg->slo_us;
     pl__heap_reserve(&d->session_wake, d->nsessions);
     return sid;

@@ -93,6 +93,10 @@ typedef struct {
     /* Deferred only; 0 = PL_DEFAULT_SKIP_RATIO. 1 or more: always take the
      * largest window when backed up. */
     double skip_ratio;
+    /* Deferred: a candidate becomes dispatchable at least this long before
+     * its last moment d - l(b), so that a timer waking late (a live thread
+     * on a busy host) still sends it in time. 0 in a simulation. */
+    int64_t timer_slack_us;
 } pl_dispatch_opts_t;
 
 typedef struct {

@@ -326,6 +326,29 @@ static void do_batch(server_t *s, job_t *j)
     reply_post(s, r);
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Mean and std of the fastest three quarters of the samples: the slowest
+ * runs of a batch on a shared host are other processes' time, not the
+ * model's. */
+static void trimmed_stats(double *samples, int n, double *mean, double *sd)
+{
+    qsort(samples, (size_t)n, sizeof(*samples), cmp_double);
+    int keep = n >= 4 ? n - n / 4 : n;
+    double sum = 0, sumsq = 0;
+    for (int i = 0; i < keep; i++) {
+        sum += samples[i];
+        sumsq += samples[i] * samples[i];
+    }
+    *mean = keep > 0 ? sum / keep : 0;
+    double var = keep > 0 ? sumsq / keep - *mean * *mean : 0;
+    *sd = var > 0 ? sqrt(var) : 0;
+}
+
 /* The batch sizes the profiler measures: every size to 8, then steps of a
  * quarter of the current size. Between them the planner rounds a batch up
  * to the next measured size (a batch never runs slower padded). */
@@ -362,8 +385,8 @@ static void do_profile(server_t *s, job_t *j)
     int stale = 0;
     int64_t started_ms = sq_now_ms();
     for (int b = 1; b <= max_b && done->nrows < SQ_MAX_PROFILE_ROWS; b = next_profile_batch(b)) {
-        double sum = 0, sumsq = 0;
-        int rc = 0;
+        double samples[1000];
+        int nsamples = 0, rc = 0;
         for (uint32_t r = 0; r < req->warmup + req->repeats && rc == 0; r++) {
             int64_t t0 = sq_now_ns();
             if (pixels) {
@@ -373,11 +396,8 @@ static void do_profile(server_t *s, job_t *j)
                 float *outs[1] = {out};
                 rc = wk_plan_run(m->plan, b, ins, outs);
             }
-            double us = (double)(sq_now_ns() - t0) / 1000.0;
-            if (r >= req->warmup) {
-                sum += us;
-                sumsq += us * us;
-            }
+            if (r >= req->warmup && nsamples < 1000)
+                samples[nsamples++] = (double)(sq_now_ns() - t0) / 1000.0;
         }
         if (rc != 0) {
             done->code = rc;
@@ -385,12 +405,12 @@ static void do_profile(server_t *s, job_t *j)
                      wk_plan_errmsg(m->plan));
             break;
         }
-        double mean = sum / req->repeats;
-        double var = sumsq / req->repeats - mean * mean;
+        double mean, sd;
+        trimmed_stats(samples, nsamples, &mean, &sd);
         sq_profile_row_t *row = &done->rows[done->nrows++];
         row->batch = (uint32_t)b;
         row->mean_us = mean;
-        row->std_us = var > 0 ? sqrt(var) : 0;
+        row->std_us = sd;
         row->peak_memory_bytes = wk_plan_memory_bytes(m->plan);
         reply_t *p = reply_new(s, SQ_MSG_PROFILE_PROGRESS, j->id);
         sq_buf_put_u32(&p->payload, (uint32_t)b);
@@ -413,6 +433,15 @@ static void do_profile(server_t *s, job_t *j)
     }
     free(in);
     free(out);
+    /* A smaller batch can always run padded to a larger one, so l(b) is at
+     * most any larger size's latency: the envelope removes the noise that a
+     * busy host puts into small batches (and keeps l(b)/b meaningful). */
+    for (int i = (int)done->nrows - 2; i >= 0; i--) {
+        if (done->rows[i].mean_us > done->rows[i + 1].mean_us) {
+            done->rows[i].mean_us = done->rows[i + 1].mean_us;
+            done->rows[i].std_us = done->rows[i + 1].std_us;
+        }
+    }
 reply:;
     reply_t *r = reply_new(s, SQ_MSG_PROFILE_DONE, j->id);
     sq_profile_done_encode(&r->payload, done);

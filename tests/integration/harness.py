@@ -78,8 +78,11 @@ class Squishd:
             os.unlink(self.port_file)
         self.log_path = os.path.join(self.tmp, "squishd.log")
         self.db = os.path.join(self.tmp, "squish.db")
+        # A wider dispatch margin than the default: CI machines are noisy, and
+        # these tests check behaviour, not how close to the SLO squishd runs.
         args = [SQUISHD, "--listen", "127.0.0.1:0", "--port-file", self.port_file,
-                "--db", self.db, "--workers", workers, "--worker-bin", WORKER] + list(extra)
+                "--db", self.db, "--workers", workers, "--worker-bin", WORKER,
+                "--dispatch-margin-us", "5000", "--timer-slack-us", "10000"] + list(extra)
         self.log = open(self.log_path, "ab")
         e = dict(os.environ)
         e.update(env or {})

@@ -1,0 +1,329 @@
+"""The data plane end to end: real squishd, emulated workers and a real cpu
+worker; JPEG (raw and multipart, baseline, progressive, grayscale, CMYK),
+OIP JSON and binary tensors, every error path, client disconnects and a
+worker killed under load."""
+
+import base64
+import io
+import json
+import os
+import signal
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+from PIL import Image
+
+import tiny_models as tm
+from harness import Squishd, eventually, run, test, validate
+
+PHOTO = "/usr/share/matplotlib/mpl-data/sample_data/grace_hopper.jpg"
+R50 = {"name": "r50", "profile": {"alpha_ms": 1.053, "beta_ms": 5.072}, "max_batch": 32,
+       "default_slo_ms": 100}
+
+
+def photo():
+    with open(PHOTO, "rb") as f:
+        return f.read()
+
+
+def jpeg(mode="RGB", size=(320, 240), **save):
+    rng = np.random.default_rng(7)
+    arr = rng.integers(0, 255, (size[1], size[0], len(mode)), dtype=np.uint8)
+    img = Image.fromarray(arr[..., 0] if mode == "L" else arr, mode)
+    out = io.BytesIO()
+    img.save(out, "JPEG", quality=90, **save)
+    return out.getvalue()
+
+
+def auth(s):
+    return {"Authorization": "Bearer " + s.token}
+
+
+def add_emulated(s, cfg=R50):
+    r = s.request("POST", "/models", body=json.dumps(cfg),
+                  headers=dict(auth(s), **{"Content-Type": "application/json"}))
+    assert r.status == 201, r
+
+
+def infer_v1(s, body, ctype="image/jpeg", slo=None, query="", headers=None, timeout=30):
+    h = {"Content-Type": ctype}
+    if slo is not None:
+        h["X-SLO-Ms"] = str(slo)
+    h.update(headers or {})
+    return s.request("POST", "/v1/models/r50/infer" + query, body=body, headers=h,
+                     schema_name="infer_v1_response", timeout=timeout)
+
+
+@test
+def jpeg_requests_get_top_k_labels_and_a_timing_breakdown():
+    s = Squishd(workers="emu:2")
+    try:
+        s.wait_ready(workers=2)
+        add_emulated(s)
+        r = infer_v1(s, photo(), slo=200, query="?top_k=3", headers={"X-Request-Id": "abc-1"})
+        assert r.status == 200, r
+        assert r.headers["x-request-id"] == "abc-1" and r.json["id"] == "abc-1"
+        preds = r.json["predictions"]
+        assert len(preds) == 1 and len(preds[0]) == 3, preds
+        scores = [p["score"] for p in preds[0]]
+        assert scores == sorted(scores, reverse=True), scores
+        t = r.json["timing_ms"]
+        assert t["total"] <= 200 + 50, t
+        assert t["execute"] >= 6.0, "an emulated batch of 1 holds the device l(1) = 6.1 ms"
+        # The same photo through curl's default content type, and the query SLO.
+        r = infer_v1(s, photo(), ctype="application/x-www-form-urlencoded", query="?slo_ms=150")
+        assert r.status == 200 and r.json["timing_ms"]["total"] <= 200, r
+        # Every kind of JPEG decodes.
+        for name, data in [("progressive", jpeg(progressive=True)),
+                           ("grayscale", jpeg("L")), ("cmyk", jpeg("CMYK")),
+                           ("444", jpeg(subsampling=0)), ("tiny", jpeg(size=(1, 1))),
+                           ("large", jpeg(size=(2000, 1500)))]:
+            r = infer_v1(s, data, slo=1000)
+            assert r.status == 200, (name, r)
+        # Several images in one request: one prediction list each.
+        body, ctype = tm.multipart([("a", "a.jpg", "image/jpeg", photo()),
+                                    ("b", "b.jpg", "image/jpeg", jpeg()),
+                                    ("c", "c.jpg", "image/jpeg", jpeg("L"))])
+        r = infer_v1(s, body, ctype=ctype, slo=1000, query="?top_k=2")
+        assert r.status == 200 and len(r.json["predictions"]) == 3, r
+        assert r.json["batch_size"] >= 1
+        assert r.headers.get("x-request-id"), "generated when not given"
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+@test
+def concurrent_requests_are_batched_and_all_answered_within_slo():
+    s = Squishd(workers="emu:2")
+    try:
+        s.wait_ready(workers=2)
+        add_emulated(s)
+        img = photo()
+        results = []
+
+        def one():
+            results.append(infer_v1(s, img, slo=1000))
+
+        threads = [threading.Thread(target=one) for _ in range(24)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert len(results) == 24
+        ok = [r for r in results if r.status == 200]
+        assert len(ok) == 24, [r for r in results if r.status != 200][:3]
+        assert max(r.json["batch_size"] for r in ok) > 1, "concurrent requests share batches"
+        assert max(r.json["timing_ms"]["total"] for r in ok) <= 1000 + 50
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+@test
+def every_error_gets_one_clear_answer():
+    s = Squishd(workers="emu:1")
+    try:
+        s.wait_ready(workers=1)
+        add_emulated(s)
+        good = photo()
+        r = s.request("POST", "/v1/models/nope/infer", body=good, headers={"Content-Type": "image/jpeg"})
+        assert r.status == 404 and r.json["code"] == "model_not_found", r
+        r = s.request("POST", "/v1/models/r50/versions/7/infer", body=good)
+        assert r.status == 404, r
+        png = io.BytesIO()
+        Image.new("RGB", (8, 8)).save(png, "PNG")
+        r = infer_v1(s, png.getvalue())
+        assert r.status == 415 and r.json["code"] == "unsupported_media_type", r
+        r = infer_v1(s, good[: len(good) // 3])
+        assert r.status == 400 and r.json["code"] == "bad_image", r
+        r = infer_v1(s, b"")
+        assert r.status == 400, r
+        r = infer_v1(s, good, slo=3)
+        assert r.status == 503 and r.json["code"] == "deadline", r
+        assert r.headers.get("retry-after"), r.headers
+        r = infer_v1(s, good, headers={"X-SLO-Ms": "soon"})
+        assert r.status == 400 and "X-SLO-Ms" in r.json["error"], r
+        r = infer_v1(s, good, query="?top_k=0")
+        assert r.status == 400 and "top_k" in r.json["error"], r
+        body, ctype = tm.multipart([("a", None, None, good), ("b", None, None, b"not a jpeg")])
+        r = infer_v1(s, body, ctype=ctype, slo=1000)
+        assert r.status == 415 and "image 1" in r.json["error"], r
+        r = infer_v1(s, good, ctype="multipart/form-data; boundary=zz")
+        assert r.status == 400 and r.json["code"] == "bad_multipart", r
+        # The server is still healthy after all that.
+        r = infer_v1(s, good, slo=1000)
+        assert r.status == 200, r
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+@test
+def a_model_that_is_not_ready_or_has_no_worker_is_503():
+    s = Squishd(workers="emu:1")
+    try:
+        s.wait_ready(workers=1)
+        body, ctype = tm.multipart([("model", "m.onnx", None, tm.tiny()),
+                                    ("config", None, None, b'{"name": "tiny"}')])
+        r = s.request("POST", "/models", body=body, headers=dict(auth(s), **{"Content-Type": ctype}))
+        assert r.status == 202, r
+        r = s.request("POST", "/v1/models/tiny/infer", body=photo())
+        assert r.status == 503 and r.json["code"] == "not_ready", r
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+@test
+def a_real_onnx_model_is_profiled_on_the_cpu_worker_then_served():
+    s = Squishd(workers="cpu:1")
+    try:
+        s.wait_ready(workers=1)
+        labels = ("\n".join("cls%d" % i for i in range(10)) + "\n").encode()
+        body, ctype = tm.multipart([("model", "m.onnx", None, tm.tiny()),
+                                    ("config", None, None, b'{"name": "tiny", "max_batch": 8}'),
+                                    ("labels", "l.txt", None, labels)])
+        r = s.request("POST", "/models", body=body, headers=dict(auth(s), **{"Content-Type": ctype}))
+        assert r.status == 202, r
+
+        def ready():
+            rec = s.get("/models/tiny", headers=auth(s), schema_name="model").json["versions"][0]
+            return rec if rec["status"] != "profiling" else None
+
+        rec = eventually(ready, 60, "profiling to finish")
+        assert rec["status"] == "ready", rec
+        prof = rec["profiles"][0]
+        assert prof["device_kind"] == "cpu" and prof["batch"][0] == 1, prof
+        assert all(l > 0 for l in prof["latency_ms"]), prof
+        img = jpeg(size=(64, 64))
+        r = s.request("POST", "/v1/models/tiny/infer?top_k=10", body=img,
+                      headers={"X-SLO-Ms": "2000"}, schema_name="infer_v1_response")
+        assert r.status == 200, r
+        preds = r.json["predictions"][0]
+        assert {p["label"] for p in preds} == {"cls%d" % i for i in range(10)}
+        assert abs(sum(p["score"] for p in preds) - 1) < 1e-3, "softmax over all 10 classes"
+        # The same image alone and in a batch of four gives the same answer.
+        body, ctype = tm.multipart([("i%d" % i, None, None, img) for i in range(4)])
+        r2 = s.request("POST", "/v1/models/tiny/infer?top_k=10", body=body,
+                       headers={"X-SLO-Ms": "2000", "Content-Type": ctype},
+                       schema_name="infer_v1_response")
+        assert r2.status == 200, r2
+        for p in r2.json["predictions"]:
+            assert [x["index"] for x in p] == [x["index"] for x in preds]
+            for a, b in zip(p, preds):
+                assert abs(a["score"] - b["score"]) < 1e-5
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+@test
+def oip_json_and_binary_tensors_and_jpeg_bytes():
+    s = Squishd(workers="emu:1")
+    try:
+        s.wait_ready(workers=1)
+        add_emulated(s, dict(R50, input={"shape": [3, 8, 8]}, num_classes=5))
+        url = "/v2/models/r50/infer"
+        x = np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype(np.float32)
+        req = {"id": "q1", "parameters": {"slo_ms": 1000},
+               "inputs": [{"name": "input", "shape": [2, 3, 8, 8], "datatype": "FP32",
+                           "data": x.flatten().tolist()}]}
+        validate(req, "oip_infer_request")
+        r = s.request("POST", url, body=json.dumps(req), headers={"Content-Type": "application/json"},
+                      schema_name="oip_infer_response")
+        assert r.status == 200, r
+        assert r.json["id"] == "q1" and r.json["model_name"] == "r50"
+        out = r.json["outputs"][0]
+        assert out["shape"] == [2, 5] and len(out["data"]) == 10, out
+        # Triton's binary extension in and out.
+        header = json.dumps({"inputs": [{"name": "input", "shape": [2, 3, 8, 8], "datatype": "FP32",
+                                         "parameters": {"binary_data_size": x.nbytes}}],
+                             "parameters": {"binary_data_output": True, "slo_ms": 1000}}).encode()
+        r = s.request("POST", url, body=header + x.tobytes(),
+                      headers={"Inference-Header-Content-Length": str(len(header)),
+                               "Content-Type": "application/octet-stream"})
+        assert r.status == 200, r
+        hl = int(r.headers["inference-header-content-length"])
+        head = json.loads(r.raw[:hl])
+        validate(head, "oip_infer_response")
+        raw = np.frombuffer(r.raw[hl:], dtype="<f4")
+        assert raw.size == 10 and np.allclose(raw, out["data"], atol=1e-6), (raw, out["data"])
+        # JPEG images as BYTES, base64 in JSON.
+        b64 = base64.b64encode(jpeg(size=(40, 30))).decode()
+        req = {"inputs": [{"name": "input", "shape": [1], "datatype": "BYTES", "data": [b64]}],
+               "parameters": {"slo_ms": 1000}}
+        r = s.request("POST", url, body=json.dumps(req), schema_name="oip_infer_response")
+        assert r.status == 200 and r.json["outputs"][0]["shape"] == [1, 5], r
+        # Errors name the JSON path.
+        bad = {"inputs": [{"name": "input", "shape": [1, 3, 8, 7], "datatype": "FP32", "data": [0] * 168}]}
+        r = s.request("POST", url, body=json.dumps(bad))
+        assert r.status == 400 and r.json["code"] == "bad_tensor" and "shape" in r.json["error"], r
+        r = s.request("POST", url, body=b"{not json")
+        assert r.status == 400 and r.json["code"] == "bad_json", r
+        r = s.request("POST", url, body=b"[" * 100000)
+        assert r.status in (400, 413), r
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+@test
+def a_client_that_disconnects_releases_its_request_safely():
+    s = Squishd(workers="emu:1")
+    try:
+        s.wait_ready(workers=1)
+        add_emulated(s)
+        img = photo()
+        for _ in range(5):
+            sock = socket.create_connection(("127.0.0.1", s.port))
+            sock.sendall(b"POST /v1/models/r50/infer HTTP/1.1\r\nHost: x\r\nX-SLO-Ms: 1000\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(img) + img)
+            sock.close()
+        time.sleep(0.5)
+        r = infer_v1(s, img, slo=1000)
+        assert r.status == 200, r
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+@test
+def a_worker_killed_under_load_loses_no_request():
+    s = Squishd(workers="emu:2")
+    try:
+        s.wait_ready(workers=2)
+        add_emulated(s)
+        img = photo()
+        results = []
+        lock = threading.Lock()
+
+        def client(n):
+            for _ in range(n):
+                t0 = time.time()
+                r = infer_v1(s, img, slo=400, timeout=10)
+                with lock:
+                    results.append((r, time.time() - t0))
+
+        threads = [threading.Thread(target=client, args=(8,)) for _ in range(6)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        os.kill(s.worker_pids()["emu:0"], signal.SIGKILL)
+        for t in threads:
+            t.join(60)
+        assert len(results) == 48, len(results)
+        codes = [r.status for r, _ in results]
+        assert all(c in (200, 503) for c in codes), [r for r, _ in results if r.status not in (200, 503)][:3]
+        assert codes.count(200) >= 40, codes
+        assert max(d for _, d in results) < 0.4 + 1.0, "none waited past its SLO by much"
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+if __name__ == "__main__":
+    run()
