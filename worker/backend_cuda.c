@@ -45,12 +45,12 @@ typedef struct {
     cudaStream_t stream;
     cudnnHandle_t dnn;
     cublasHandle_t blas;
-    char *arena;             /* device */
+    char *arena; /* device */
     size_t arena_bytes;
-    size_t *offset;          /* per value: arena offset */
-    float **dconst;          /* per value: device copy of a constant, or NULL */
-    float **staging_in;      /* pinned, per input */
-    float **staging_out;     /* pinned, per output */
+    size_t *offset;      /* per value: arena offset */
+    float **dconst;      /* per value: device copy of a constant, or NULL */
+    float **staging_in;  /* pinned, per input */
+    float **staging_out; /* pinned, per output */
     void *workspace;
     size_t workspace_bytes;
     cuda_step_t *steps;
@@ -67,7 +67,7 @@ static const float one = 1.0f, zero = 0.0f;
     do {                                                                                           \
         cudaError_t e_ = (call);                                                                   \
         if (e_ != cudaSuccess) {                                                                   \
-            rc = wk_fail(plan, SQ_DEVICE, "%s: %s", #call, cudaGetErrorString(e_));               \
+            rc = wk_fail(plan, SQ_DEVICE, "%s: %s", #call, cudaGetErrorString(e_));                \
             goto out;                                                                              \
         }                                                                                          \
     } while (0)
@@ -75,7 +75,7 @@ static const float one = 1.0f, zero = 0.0f;
     do {                                                                                           \
         cudnnStatus_t e_ = (call);                                                                 \
         if (e_ != CUDNN_STATUS_SUCCESS) {                                                          \
-            rc = wk_fail(plan, SQ_DEVICE, "%s: %s", #call, cudnnGetErrorString(e_));              \
+            rc = wk_fail(plan, SQ_DEVICE, "%s: %s", #call, cudnnGetErrorString(e_));               \
             goto out;                                                                              \
         }                                                                                          \
     } while (0)
@@ -83,7 +83,7 @@ static const float one = 1.0f, zero = 0.0f;
     do {                                                                                           \
         cublasStatus_t e_ = (call);                                                                \
         if (e_ != CUBLAS_STATUS_SUCCESS) {                                                         \
-            rc = wk_fail(plan, SQ_DEVICE, "%s: cublas status %d", #call, (int)e_);                \
+            rc = wk_fail(plan, SQ_DEVICE, "%s: cublas status %d", #call, (int)e_);                 \
             goto out;                                                                              \
         }                                                                                          \
     } while (0)
@@ -165,10 +165,9 @@ static int apply_act(wk_plan_t *plan, wk_act_t a, cudnnTensorDescriptor_t d, flo
         break;
     case WK_ACT_RELU:
     case WK_ACT_SIGMOID:
-        DNN(cudnnSetActivationDescriptor(be->act,
-                                         a.kind == WK_ACT_RELU ? CUDNN_ACTIVATION_RELU
-                                                               : CUDNN_ACTIVATION_SIGMOID,
-                                         CUDNN_PROPAGATE_NAN, 0.0));
+        DNN(cudnnSetActivationDescriptor(
+            be->act, a.kind == WK_ACT_RELU ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_SIGMOID,
+            CUDNN_PROPAGATE_NAN, 0.0));
         DNN(cudnnActivationForward(be->dnn, be->act, &one, d, y, &zero, d, y));
         break;
     case WK_ACT_LEAKY_RELU: {
@@ -303,10 +302,9 @@ static int run_binary(wk_plan_t *plan, int si, int batch)
         else
             alpha_a = -1.0f;
     }
-    cudnnOpTensorDescriptor_t op =
-        s->kind == WK_K_BINARY && s->p.binop == WK_BIN_MUL ? be->op_mul
-        : s->kind == WK_K_BATCHNORM                         ? be->op_mul
-                                                            : be->op_add;
+    cudnnOpTensorDescriptor_t op = s->kind == WK_K_BINARY && s->p.binop == WK_BIN_MUL ? be->op_mul
+                                   : s->kind == WK_K_BATCHNORM                        ? be->op_mul
+                                                                                      : be->op_add;
     DNN(set_value(be->td[0], &g->values[a], batch));
     DNN(set_ranked(be->td[1], &g->values[b], batch, y->ndim));
     DNN(set_value(be->td[2], y, batch));
@@ -500,8 +498,7 @@ static int run_reduce(wk_plan_t *plan, int si, int batch)
     DNN(set_plain(be->td[0], n, d));
     DNN(set_plain(be->td[1], n, k));
     DNN(cudnnReduceTensor(be->dnn, be->reduce, NULL, 0, be->workspace, be->workspace_bytes, &one,
-                          be->td[0], dptr(be, g, s->in[0]), &zero, be->td[1],
-                          dptr(be, g, s->out)));
+                          be->td[0], dptr(be, g, s->in[0]), &zero, be->td[1], dptr(be, g, s->out)));
 out:
     return rc;
 }
@@ -592,7 +589,7 @@ static int check_supported(wk_plan_t *plan)
                 why = "reflect and edge pads";
             break;
         case WK_K_SLICE:
-            for (int i = 0; i < WK_MAX_DIMS; i++)
+            for (int i = 0; i < g->values[s->in[0]].ndim; i++)
                 if (s->p.slice.step[i] < 1)
                     why = "slices with negative steps";
             break;
@@ -745,8 +742,10 @@ static int prepare_step(wk_plan_t *plan, int si, size_t *ws_need)
                 if (perf[i].status == CUDNN_STATUS_SUCCESS)
                     pick = i;
             if (pick < 0) {
-                rc = wk_fail(plan, SQ_UNSUPPORTED_MODEL, "cuda: no convolution algorithm for "
-                             "step %d", si);
+                rc = wk_fail(plan, SQ_UNSUPPORTED_MODEL,
+                             "cuda: no convolution algorithm for "
+                             "step %d",
+                             si);
                 goto out;
             }
             cs->algo[b] = perf[pick].algo;
@@ -769,11 +768,11 @@ static int prepare_step(wk_plan_t *plan, int si, size_t *ws_need)
         if (cs->pad_explicit)
             for (int i = 0; i < nsp; i++)
                 pad[i] = 0;
-        cudnnPoolingMode_t mode = s->kind == WK_K_MAXPOOL ? CUDNN_POOLING_MAX
-                                  : s->kind == WK_K_AVGPOOL && (s->p.conv.count_include_pad ||
-                                                                cs->pad_explicit)
-                                      ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING
-                                      : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
+        cudnnPoolingMode_t mode =
+            s->kind == WK_K_MAXPOOL ? CUDNN_POOLING_MAX
+            : s->kind == WK_K_AVGPOOL && (s->p.conv.count_include_pad || cs->pad_explicit)
+                ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING
+                : CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING;
         DNN(cudnnCreatePoolingDescriptor(&cs->pool));
         DNN(cudnnSetPoolingNdDescriptor(cs->pool, mode, CUDNN_PROPAGATE_NAN, nsp, win, pad, str));
     } else if (s->kind == WK_K_REDUCE_MEAN) {
@@ -875,7 +874,8 @@ static int cuda_prepare(wk_plan_t *plan)
         const wk_value_t *x = &g->values[s->in[0]];
         int64_t elems = 1;
         for (int d = 0; d < x->ndim; d++)
-            elems *= x->dims[d] + (d >= 2 ? s->p.conv.pad_begin[d - 2] + s->p.conv.pad_end[d - 2] : 0);
+            elems *=
+                x->dims[d] + (d >= 2 ? s->p.conv.pad_begin[d - 2] + s->p.conv.pad_end[d - 2] : 0);
         reqs[n_req] = (wk_buf_req_t){(size_t)elems * sizeof(float), si, si};
         owner[n_req++] = -1 - si;
     }

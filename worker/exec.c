@@ -111,12 +111,13 @@ int wk_plan_create(const struct mdb_graph *graph, const wk_plan_opts_t *opts, wk
     return wk_plan_from_graph(g, opts, out, why, why_size);
 }
 
-int wk_plan_create_emulated(const int64_t in_chw[3], int64_t out_classes, const wk_plan_opts_t *opts,
-                            wk_plan_t **out, char *why, int why_size)
+int wk_plan_create_emulated(const int64_t in_chw[3], int64_t out_classes,
+                            const wk_plan_opts_t *opts, wk_plan_t **out, char *why, int why_size)
 {
     *out = NULL;
     if (opts->backend != WK_BACKEND_EMU || opts->max_batch < 1 || out_classes < 1) {
-        snprintf(why, (size_t)why_size, "an emulated model needs the emu backend, max_batch >= 1 "
+        snprintf(why, (size_t)why_size,
+                 "an emulated model needs the emu backend, max_batch >= 1 "
                  "and at least one class");
         return SQ_INVAL;
     }

@@ -362,8 +362,8 @@ static int lower_node(lower_t *L, const mdb_node_t *n)
                 return fail(L, SQ_BAD_MODEL, n, "axis %d", axis);
             s->p.slice.start[axis] = starts[i];
             s->p.slice.step[axis] = steps && i < nst ? steps[i] : 1;
-            if (x->batched && axis == 0 && (starts[i] != 0 || s->p.slice.step[axis] != 1 ||
-                                             y->dims[0] != x->dims[0]))
+            if (x->batched && axis == 0 &&
+                (starts[i] != 0 || s->p.slice.step[axis] != 1 || y->dims[0] != x->dims[0]))
                 return fail(L, SQ_UNSUPPORTED_MODEL, n, "slices the batch");
         }
         return 0;

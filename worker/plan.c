@@ -12,22 +12,33 @@
 #include <string.h>
 
 const char *const wk_kernel_names[WK_K_COUNT_] = {
-    [WK_K_CONV] = "conv",           [WK_K_MAXPOOL] = "maxpool",
-    [WK_K_AVGPOOL] = "avgpool",     [WK_K_GLOBALAVG] = "globalavgpool",
-    [WK_K_ELTWISE] = "eltwise",     [WK_K_BINARY] = "binary",
-    [WK_K_BATCHNORM] = "batchnorm", [WK_K_CONCAT] = "concat",
-    [WK_K_SOFTMAX] = "softmax",     [WK_K_GEMM] = "gemm",
-    [WK_K_MATMUL] = "matmul",       [WK_K_REDUCE_MEAN] = "reducemean",
-    [WK_K_COPY] = "copy",           [WK_K_TRANSPOSE] = "transpose",
-    [WK_K_PAD] = "pad",             [WK_K_SLICE] = "slice",
+    [WK_K_CONV] = "conv",
+    [WK_K_MAXPOOL] = "maxpool",
+    [WK_K_AVGPOOL] = "avgpool",
+    [WK_K_GLOBALAVG] = "globalavgpool",
+    [WK_K_ELTWISE] = "eltwise",
+    [WK_K_BINARY] = "binary",
+    [WK_K_BATCHNORM] = "batchnorm",
+    [WK_K_CONCAT] = "concat",
+    [WK_K_SOFTMAX] = "softmax",
+    [WK_K_GEMM] = "gemm",
+    [WK_K_MATMUL] = "matmul",
+    [WK_K_REDUCE_MEAN] = "reducemean",
+    [WK_K_COPY] = "copy",
+    [WK_K_TRANSPOSE] = "transpose",
+    [WK_K_PAD] = "pad",
+    [WK_K_SLICE] = "slice",
 };
 _Static_assert(sizeof(wk_kernel_names) / sizeof(wk_kernel_names[0]) == WK_K_COUNT_,
                "one name per kernel");
 
 const char *const wk_act_names[WK_ACT_COUNT_] = {
-    [WK_ACT_NONE] = "none",       [WK_ACT_RELU] = "relu",
-    [WK_ACT_LEAKY_RELU] = "leaky_relu", [WK_ACT_CLIP] = "clip",
-    [WK_ACT_SIGMOID] = "sigmoid", [WK_ACT_HARDSIGMOID] = "hardsigmoid",
+    [WK_ACT_NONE] = "none",
+    [WK_ACT_RELU] = "relu",
+    [WK_ACT_LEAKY_RELU] = "leaky_relu",
+    [WK_ACT_CLIP] = "clip",
+    [WK_ACT_SIGMOID] = "sigmoid",
+    [WK_ACT_HARDSIGMOID] = "hardsigmoid",
     [WK_ACT_HARDSWISH] = "hardswish",
 };
 _Static_assert(sizeof(wk_act_names) / sizeof(wk_act_names[0]) == WK_ACT_COUNT_,
@@ -171,15 +182,16 @@ int wk_graph_finish(wk_graph_t *g, char *why, int why_size)
     for (int si = 0; si < g->n_steps; si++) {
         wk_step_t *s = &g->steps[si];
         for (int k = 0; k < s->n_in + s->n_post; k++) {
-            int v = k < s->n_in ? s->in[k] : (s->post[k - s->n_in].kind == WK_POST_ADD
-                                                  ? s->post[k - s->n_in].value
-                                                  : -1);
+            int v =
+                k < s->n_in
+                    ? s->in[k]
+                    : (s->post[k - s->n_in].kind == WK_POST_ADD ? s->post[k - s->n_in].value : -1);
             if (v < 0)
                 continue;
             const wk_value_t *val = &g->values[v];
             if (!val->is_input && val->data == NULL && val->producer < 0) {
-                snprintf(why, (size_t)why_size, "step %d (%s) reads '%s' before it is computed",
-                         si, wk_kernel_names[s->kind], val->name);
+                snprintf(why, (size_t)why_size, "step %d (%s) reads '%s' before it is computed", si,
+                         wk_kernel_names[s->kind], val->name);
                 return SQ_BAD_MODEL;
             }
             note_use(g, v, si);

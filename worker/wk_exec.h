@@ -16,7 +16,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum { WK_BACKEND_CPU, WK_BACKEND_CUDA, WK_BACKEND_EMU, WK_BACKEND_COUNT_ } wk_backend_kind_t;
+typedef enum {
+    WK_BACKEND_CPU,
+    WK_BACKEND_CUDA,
+    WK_BACKEND_EMU,
+    WK_BACKEND_COUNT_
+} wk_backend_kind_t;
 
 /* "cpu", "cuda", "emu". */
 const char *wk_backend_name(wk_backend_kind_t kind);
@@ -66,8 +71,8 @@ int wk_plan_create(const struct mdb_graph *graph, const wk_plan_opts_t *opts, wk
 
 /* An emulated model without a graph (uploaded as a profile): one input of
  * in_shape and one output of out_classes floats per item. */
-int wk_plan_create_emulated(const int64_t in_chw[3], int64_t out_classes, const wk_plan_opts_t *opts,
-                            wk_plan_t **out, char *why, int why_size);
+int wk_plan_create_emulated(const int64_t in_chw[3], int64_t out_classes,
+                            const wk_plan_opts_t *opts, wk_plan_t **out, char *why, int why_size);
 
 /* Accepts NULL. */
 void wk_plan_free(wk_plan_t *plan);

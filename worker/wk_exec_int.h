@@ -45,8 +45,8 @@ extern const char *const wk_kernel_names[WK_K_COUNT_];
 typedef enum {
     WK_ACT_NONE,
     WK_ACT_RELU,
-    WK_ACT_LEAKY_RELU,  /* alpha: slope */
-    WK_ACT_CLIP,        /* alpha: min, beta: max */
+    WK_ACT_LEAKY_RELU, /* alpha: slope */
+    WK_ACT_CLIP,       /* alpha: min, beta: max */
     WK_ACT_SIGMOID,
     WK_ACT_HARDSIGMOID, /* max(0, min(1, alpha x + beta)) */
     WK_ACT_HARDSWISH,   /* x * max(0, min(1, x / 6 + 1/2)) */
@@ -118,9 +118,9 @@ typedef struct {
     float *data;               /* constants: owned, plain row-major; NULL otherwise */
     int producer;              /* step index; -1 for inputs and constants */
     int n_uses;
-    int last_use;              /* step index; n_steps for graph outputs */
+    int last_use; /* step index; n_steps for graph outputs */
     bool is_input, is_output;
-    int alias_of;              /* -1; or the value this one is a plain view of */
+    int alias_of; /* -1; or the value this one is a plain view of */
 } wk_value_t;
 
 typedef struct {

@@ -281,8 +281,10 @@ static outcome_t run_case(const char *dir, const char *name, char *why, size_t w
         if (t)
             onnx__tensor_proto__free_unpacked(t, NULL);
         if (wants[i] == NULL || (int64_t)want_n[i] != run_batch * wk_plan_output_elems(plan, i)) {
-            snprintf(why, why_len, "output %d: expected data missing or of %zu elements, plan "
-                     "%lld", i, want_n[i], (long long)wk_plan_output_elems(plan, i));
+            snprintf(why, why_len,
+                     "output %d: expected data missing or of %zu elements, plan "
+                     "%lld",
+                     i, want_n[i], (long long)wk_plan_output_elems(plan, i));
             out = CASE_FAIL;
             goto done;
         }
@@ -356,8 +358,8 @@ static void run_suite(const char *suite, const char *const *prefixes, int min_pa
         note(&t, o, e->d_name, why);
     }
     closedir(d);
-    cr_log_info("%s %s...: %d pass, %d known gaps, %d not applicable, %d fail", suite,
-                prefixes[0], t.pass, t.gap, t.na, t.fail);
+    cr_log_info("%s %s...: %d pass, %d known gaps, %d not applicable, %d fail", suite, prefixes[0],
+                t.pass, t.gap, t.na, t.fail);
     cr_assert_eq(t.fail, 0, "%d case(s) failed:%s", t.fail, t.failures);
     cr_assert_geq(t.pass, min_pass, "only %d case(s) passed (want >= %d)", t.pass, min_pass);
 }
@@ -379,6 +381,5 @@ SUITE(shape_ops, "node", 38, "test_concat_", "test_flatten_", "test_reshape_", "
 SUITE(softmax_reduce, "node", 15, "test_softmax_", "test_reduce_mean_")
 SUITE(pad_slice_split, "node", 16, "test_constant_pad", "test_edge_pad", "test_reflect_pad",
       "test_slice", "test_split_")
-SUITE(batchnorm_dropout_identity, "node", 7, "test_batchnorm_", "test_dropout_",
-      "test_identity")
+SUITE(batchnorm_dropout_identity, "node", 7, "test_batchnorm_", "test_dropout_", "test_identity")
 SUITE(pytorch_converted, "pytorch-converted", 62, "test_")

@@ -24,7 +24,8 @@ static float *rand_buf(int64_t n)
     return p;
 }
 
-static void assert_close(const float *got, const float *want, int64_t n, float tol, const char *what)
+static void assert_close(const float *got, const float *want, int64_t n, float tol,
+                         const char *what)
 {
     for (int64_t i = 0; i < n; i++) {
         float d = fabsf(got[i] - want[i]), m = fabsf(want[i]);
@@ -62,9 +63,10 @@ static void ref_conv(const conv_geom_t *g, const float *x, const float *w, const
                                 int64_t xx = j * g->sw - g->pl + kj * g->dw;
                                 if (yy < 0 || yy >= g->h || xx < 0 || xx >= g->w)
                                     continue;
-                                acc += (double)x[((n * g->c + grp * icg + ci) * g->h + yy) * g->w +
-                                                 xx] *
-                                       w[((o * icg + ci) * g->kh + ki) * g->kw + kj];
+                                acc +=
+                                    (double)
+                                        x[((n * g->c + grp * icg + ci) * g->h + yy) * g->w + xx] *
+                                    w[((o * icg + ci) * g->kh + ki) * g->kw + kj];
                             }
                     y[((n * g->oc + o) * oh + i) * ow + j] = (float)acc;
                 }
@@ -142,37 +144,100 @@ static void check_conv(conv_geom_t g)
 
 Test(exec, conv_plain_strided_padded_on_every_batch_size)
 {
-    check_conv((conv_geom_t){.n = 3, .c = 3, .h = 17, .w = 15, .oc = 16, .kh = 3, .kw = 3, .sh = 2,
-                             .sw = 2, .dh = 1, .dw = 1, .pt = 1, .pl = 1, .pb = 1, .pr = 1,
+    check_conv((conv_geom_t){.n = 3,
+                             .c = 3,
+                             .h = 17,
+                             .w = 15,
+                             .oc = 16,
+                             .kh = 3,
+                             .kw = 3,
+                             .sh = 2,
+                             .sw = 2,
+                             .dh = 1,
+                             .dw = 1,
+                             .pt = 1,
+                             .pl = 1,
+                             .pb = 1,
+                             .pr = 1,
                              .groups = 1});
 }
 
 Test(exec, conv_grouped_dilated_asymmetric_pads)
 {
-    check_conv((conv_geom_t){.n = 2, .c = 8, .h = 12, .w = 11, .oc = 12, .kh = 3, .kw = 2, .sh = 1,
-                             .sw = 2, .dh = 2, .dw = 1, .pt = 0, .pl = 2, .pb = 3, .pr = 1,
+    check_conv((conv_geom_t){.n = 2,
+                             .c = 8,
+                             .h = 12,
+                             .w = 11,
+                             .oc = 12,
+                             .kh = 3,
+                             .kw = 2,
+                             .sh = 1,
+                             .sw = 2,
+                             .dh = 2,
+                             .dw = 1,
+                             .pt = 0,
+                             .pl = 2,
+                             .pb = 3,
+                             .pr = 1,
                              .groups = 4});
 }
 
 Test(exec, conv_depthwise)
 {
-    check_conv((conv_geom_t){.n = 2, .c = 32, .h = 14, .w = 14, .oc = 32, .kh = 3, .kw = 3, .sh = 2,
-                             .sw = 2, .dh = 1, .dw = 1, .pt = 1, .pl = 1, .pb = 1, .pr = 1,
+    check_conv((conv_geom_t){.n = 2,
+                             .c = 32,
+                             .h = 14,
+                             .w = 14,
+                             .oc = 32,
+                             .kh = 3,
+                             .kw = 3,
+                             .sh = 2,
+                             .sw = 2,
+                             .dh = 1,
+                             .dw = 1,
+                             .pt = 1,
+                             .pl = 1,
+                             .pb = 1,
+                             .pr = 1,
                              .groups = 32});
 }
 
 Test(exec, conv_pointwise_wide)
 {
-    check_conv((conv_geom_t){.n = 2, .c = 64, .h = 7, .w = 7, .oc = 96, .kh = 1, .kw = 1, .sh = 1,
-                             .sw = 1, .dh = 1, .dw = 1, .groups = 1});
+    check_conv((conv_geom_t){.n = 2,
+                             .c = 64,
+                             .h = 7,
+                             .w = 7,
+                             .oc = 96,
+                             .kh = 1,
+                             .kw = 1,
+                             .sh = 1,
+                             .sw = 1,
+                             .dh = 1,
+                             .dw = 1,
+                             .groups = 1});
 }
 
 /* conv -> batchnorm -> add(residual) -> relu: fused into one conv step,
  * same numbers as the unfused reference. */
 Test(exec, batchnorm_residual_and_relu_fuse_into_the_conv)
 {
-    conv_geom_t g = {.n = 2, .c = 16, .h = 9, .w = 9, .oc = 16, .kh = 3, .kw = 3, .sh = 1, .sw = 1,
-                     .dh = 1, .dw = 1, .pt = 1, .pl = 1, .pb = 1, .pr = 1, .groups = 1};
+    conv_geom_t g = {.n = 2,
+                     .c = 16,
+                     .h = 9,
+                     .w = 9,
+                     .oc = 16,
+                     .kh = 3,
+                     .kw = 3,
+                     .sh = 1,
+                     .sw = 1,
+                     .dh = 1,
+                     .dw = 1,
+                     .pt = 1,
+                     .pl = 1,
+                     .pb = 1,
+                     .pr = 1,
+                     .groups = 1};
     float *x = rand_buf(2 * 16 * 81), *w = rand_buf(16 * 16 * 9), *scale = rand_buf(16),
           *shift = rand_buf(16);
     wk_graph_t *gr = wk_graph_new(2);
@@ -381,8 +446,18 @@ Test(exec, plain_kernels_match_a_reference)
 
 Test(exec, batch_outside_the_plan_is_refused)
 {
-    conv_geom_t g = {.n = 2, .c = 3, .h = 5, .w = 5, .oc = 4, .kh = 1, .kw = 1, .sh = 1, .sw = 1,
-                     .dh = 1, .dw = 1, .groups = 1};
+    conv_geom_t g = {.n = 2,
+                     .c = 3,
+                     .h = 5,
+                     .w = 5,
+                     .oc = 4,
+                     .kh = 1,
+                     .kw = 1,
+                     .sh = 1,
+                     .sw = 1,
+                     .dh = 1,
+                     .dw = 1,
+                     .groups = 1};
     float *w = rand_buf(12), x[150] = {0}, y[200];
     wk_plan_t *p = make_plan(conv_graph(&g, w, NULL), WK_BACKEND_CPU);
     cr_assert_eq(wk_plan_run(p, 3, (const float *[]){x}, (float *[]){y}), SQ_INVAL);
@@ -395,8 +470,18 @@ Test(exec, batch_outside_the_plan_is_refused)
 Test(exec, pixels_are_normalized_per_channel)
 {
     /* A 1x1 identity-weight conv exposes the normalized input. */
-    conv_geom_t g = {.n = 1, .c = 3, .h = 2, .w = 2, .oc = 3, .kh = 1, .kw = 1, .sh = 1, .sw = 1,
-                     .dh = 1, .dw = 1, .groups = 1};
+    conv_geom_t g = {.n = 1,
+                     .c = 3,
+                     .h = 2,
+                     .w = 2,
+                     .oc = 3,
+                     .kh = 1,
+                     .kw = 1,
+                     .sh = 1,
+                     .sw = 1,
+                     .dh = 1,
+                     .dw = 1,
+                     .groups = 1};
     float w[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1};
     wk_plan_t *p = make_plan(conv_graph(&g, w, NULL), WK_BACKEND_CPU);
     uint8_t px[12];

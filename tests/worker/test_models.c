@@ -98,7 +98,8 @@ static void check_model(const char *name)
     if (vacuous)
         cr_skip_test("%s: torch's outputs hardly depend on the input (max spread between images "
                      "below 1e-3 of the logits), so agreeing with them proves little; export "
-                     "with calibrated BatchNorm statistics", name);
+                     "with calibrated BatchNorm statistics",
+                     name);
 }
 
 Test(models, resnet18, .timeout = 120)

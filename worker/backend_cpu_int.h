@@ -1,0 +1,171 @@
+/* Internals of the cpu backend, shared by backend_cpu.c (buffers, the two
+ * planning phases, running) and backend_cpu_ops.c (one builder per kernel).
+ * See backend_cpu.c for the design. */
+#ifndef BACKEND_CPU_INT_H
+#define BACKEND_CPU_INT_H
+
+#include "wk_exec_int.h"
+
+#include <sq.h>
+
+#include <dnnl.h>
+#include <dnnl_debug.h>
+
+#define ARENA_ALIGN 64
+
+/* A buffer: a graph value, or a temporary that holds one value in another
+ * layout for one step. */
+typedef struct {
+    dnnl_memory_desc_t md; /* at max batch */
+    bool batched;
+    bool decided;
+    float *data;        /* constants: the bytes (graph-owned or own_data) */
+    float *own_data;    /* constants reordered into a chosen layout */
+    int first, last;    /* liveness in steps; first = -2: not in the arena */
+    int64_t batch_mult; /* batched: dims[0] is batch * batch_mult */
+    int alias;          /* a view of that buffer's bytes (another rank), or -1 */
+    size_t offset;      /* in the arena */
+} cpu_buf_t;
+
+typedef struct {
+    dnnl_primitive_t prim; /* NULL: a C kernel (pad, slice) for step */
+    dnnl_exec_arg_t args[12];
+    int n_args;
+    int step;
+} cpu_item_t;
+
+typedef struct {
+    cpu_item_t *items;
+    int n, cap;
+} cpu_list_t;
+
+/* What phase 1 decided for a step, for phase 2 to reuse. */
+typedef struct {
+    int tmp_src;   /* buffer the main input is reordered into first, or -1 */
+    int tmp_in[4]; /* plain copies of further inputs, or -1 */
+    int weights;   /* conv/gemm weights buffer (reordered constant), or -1 */
+    int bias;      /* buffer of the bias / scale constants, or -1 */
+    int extra;     /* second constant (batchnorm shift), or -1 */
+    bool inplace;  /* conv: sums into its residual's buffer, no copy */
+} cpu_step_t;
+
+typedef struct {
+    dnnl_engine_t engine;
+    dnnl_stream_t stream;
+    cpu_buf_t *bufs;
+    int n_bufs, cap_bufs;
+    cpu_step_t *steps;
+    cpu_list_t *lists;       /* [max_batch + 1]: per batch, the items in order */
+    dnnl_memory_t *mems;     /* [n_bufs * (max_batch + 1)], created lazily */
+    dnnl_memory_t *out_user; /* [n_outputs * (max_batch + 1)]: user-pointer outputs */
+    dnnl_primitive_t *out_reorder;
+    char *arena;
+    size_t arena_bytes;
+    int phase;
+} cpu_be_t;
+
+#define DN(call)                                                                                   \
+    do {                                                                                           \
+        dnnl_status_t st_ = (call);                                                                \
+        if (st_ != dnnl_success) {                                                                 \
+            rc =                                                                                   \
+                wk_fail(plan, SQ_UNSUPPORTED_MODEL, "oneDNN %s: %s", #call, dnnl_status2str(st_)); \
+            goto out;                                                                              \
+        }                                                                                          \
+    } while (0)
+
+void wk__cpu_plain_md(dnnl_memory_desc_t *md, int ndim, const int64_t *dims);
+
+/* The layout at batch b: the batch is the outermost dimension, so only
+ * dims[0] changes. */
+dnnl_memory_desc_t wk__cpu_md_at(const cpu_buf_t *b, int batch);
+
+/* Whether md keeps the batch outermost and unblocked (so that md_at holds). */
+bool wk__cpu_batch_outermost(const dnnl_memory_desc_t *md);
+
+int wk__cpu_add_buf(cpu_be_t *be, const dnnl_memory_desc_t *md, bool batched, int first, int last);
+
+/* The buffer that owns the bytes of id (following views). */
+int wk__cpu_root_buf(cpu_be_t *be, int id);
+
+void *wk__cpu_buf_ptr(cpu_be_t *be, int id);
+
+/* The memory object of buffer id at batch; created once. */
+dnnl_memory_t wk__cpu_mem_of(wk_plan_t *plan, int id, int batch);
+
+void wk__cpu_push_item(cpu_be_t *be, int batch, const cpu_item_t *it);
+
+/* Creates the primitive of pd and queues it with args at batch (phase 2);
+ * destroys pd in either phase. */
+int wk__cpu_emit(wk_plan_t *plan, dnnl_primitive_desc_t pd, int batch, int step,
+                 const int *arg_kinds, const int *arg_bufs, int n_args);
+
+/* Queues a reorder of buffer src into buffer dst (same dims). */
+int wk__cpu_emit_reorder(wk_plan_t *plan, int batch, int step, int src, int dst);
+
+/* Buffer id of a graph value: buffers 0..n_values-1 are the values. */
+int wk__cpu_vbuf(int value);
+
+/* Reorders constant bytes src (layout smd) into a new buffer of layout dmd,
+ * once, at plan time. Returns the buffer id or a negative SQ_* code. */
+int wk__cpu_const_reorder(wk_plan_t *plan, const dnnl_memory_desc_t *smd, void *src,
+                          const dnnl_memory_desc_t *dmd);
+
+/* Returns a buffer holding value v's data in layout want for step si: v's
+ * own buffer when it already has that layout, else a temporary filled by a
+ * reorder (queued in phase 2; for constants done once now). *tmp remembers
+ * the temporary across phases, so phase 2 passes want = NULL. */
+int wk__cpu_as_layout(wk_plan_t *plan, int si, int batch, int v, const dnnl_memory_desc_t *want,
+                      int *tmp);
+
+/* A view of buffer id with the bytes seen as md (same size, plain). */
+int wk__cpu_view_buf(cpu_be_t *be, int id, const dnnl_memory_desc_t *md, bool batched);
+
+int wk__cpu_as_plain(wk_plan_t *plan, int si, int batch, int v, int *tmp);
+
+void wk__cpu_set_out_md(wk_plan_t *plan, int v, const dnnl_memory_desc_t *md);
+
+void wk__cpu_set_out_plain(wk_plan_t *plan, int v);
+
+dnnl_alg_kind_t wk__cpu_act_alg(wk_act_kind_t k);
+
+void wk__cpu_append_act(dnnl_post_ops_t po, wk_act_t a);
+
+dnnl_alg_kind_t wk__cpu_bin_alg(wk_binop_t op);
+
+int wk__cpu_do_conv(wk_plan_t *plan, int si, int batch);
+
+int wk__cpu_do_pool(wk_plan_t *plan, int si, int batch);
+
+int wk__cpu_do_eltwise(wk_plan_t *plan, int si, int batch);
+
+int wk__cpu_do_binary(wk_plan_t *plan, int si, int batch);
+
+int wk__cpu_do_concat(wk_plan_t *plan, int si, int batch);
+
+int wk__cpu_do_softmax(wk_plan_t *plan, int si, int batch);
+
+/* Gemm: Y = alpha * A' B' + beta * C, A' = A or A^T, B' = B or B^T. */
+int wk__cpu_do_gemm(wk_plan_t *plan, int si, int batch);
+
+/* MatMul with numpy semantics: batched, broadcast, 1-D operands promoted. */
+int wk__cpu_do_matmul(wk_plan_t *plan, int si, int batch);
+
+int wk__cpu_do_reduce(wk_plan_t *plan, int si, int batch);
+
+/* Reshape and friends: the input in plain order, written to the output's
+ * bytes (a view of the output with the input's dims). */
+int wk__cpu_do_copy(wk_plan_t *plan, int si, int batch);
+
+int wk__cpu_do_transpose(wk_plan_t *plan, int si, int batch);
+
+/* Pad and Slice run as plain C over plain buffers. */
+int wk__cpu_do_c_kernel(wk_plan_t *plan, int si, int batch);
+
+void wk__cpu_run_pad(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
+                     const float *src, float *dst);
+
+void wk__cpu_run_slice(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
+                       const float *src, float *dst);
+
+#endif

@@ -1,0 +1,879 @@
+/* The cpu backend's kernels: one builder per kernel kind. Each runs in
+ * both planning phases: phase 1 (at max batch) decides layouts and
+ * temporaries, phase 2 creates the primitive for one batch size and queues
+ * it. Pad and Slice are plain C over plain buffers. */
+#include "backend_cpu_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- steps ---- */
+
+int wk__cpu_do_conv(wk_plan_t *plan, int si, int batch)
+{
+    cpu_be_t *be = plan->be;
+    const wk_graph_t *g = plan->graph;
+    const wk_step_t *s = &g->steps[si];
+    cpu_step_t *cs = &be->steps[si];
+    const wk_value_t *x = &g->values[s->in[0]], *w = &g->values[s->in[1]], *y = &g->values[s->out];
+    int rc = 0, nsp = s->p.conv.n_spatial;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_memory_desc_t src_md, wei_md, bias_md, dst_md;
+    dnnl_dims_t strides, dil, pl, pr;
+    int64_t groups = s->p.conv.groups;
+    for (int i = 0; i < nsp; i++) {
+        strides[i] = s->p.conv.stride[i];
+        dil[i] = s->p.conv.dilation[i] - 1;
+        pl[i] = s->p.conv.pad_begin[i];
+        pr[i] = s->p.conv.pad_end[i];
+    }
+    bool decided = be->phase == 2;
+    if (decided) {
+        cpu_buf_t srcb = be->bufs[wk__cpu_vbuf(s->in[0])];
+        if (cs->tmp_src >= 0)
+            srcb = be->bufs[cs->tmp_src];
+        src_md = wk__cpu_md_at(&srcb, batch);
+        wei_md = be->bufs[cs->weights].md;
+        dst_md = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->out)], batch);
+    } else {
+        dnnl_dims_t d;
+        d[0] = x->dims[0];
+        d[1] = x->dims[1];
+        for (int i = 0; i < nsp; i++)
+            d[2 + i] = x->dims[2 + i];
+        dnnl_memory_desc_init_by_tag(&src_md, 2 + nsp, d, dnnl_f32, dnnl_format_tag_any);
+        d[1] = y->dims[1];
+        for (int i = 0; i < nsp; i++)
+            d[2 + i] = y->dims[2 + i];
+        dnnl_memory_desc_init_by_tag(&dst_md, 2 + nsp, d, dnnl_f32, dnnl_format_tag_any);
+        dnnl_dims_t wd;
+        int wn = 0;
+        if (groups > 1)
+            wd[wn++] = groups;
+        wd[wn++] = w->dims[0] / groups;
+        wd[wn++] = w->dims[1];
+        for (int i = 0; i < nsp; i++)
+            wd[wn++] = w->dims[2 + i];
+        dnnl_memory_desc_init_by_tag(&wei_md, wn, wd, dnnl_f32, dnnl_format_tag_any);
+    }
+    dnnl_dims_t bd = {y->dims[1]};
+    dnnl_memory_desc_init_by_tag(&bias_md, 1, bd, dnnl_f32, dnnl_a);
+    bool has_bias = s->n_in > 2 && s->in[2] >= 0;
+
+    DN(dnnl_primitive_attr_create(&attr));
+    DN(dnnl_post_ops_create(&po));
+    for (int i = 0; i < s->n_post; i++) {
+        if (s->post[i].kind == WK_POST_ADD)
+            DN(dnnl_post_ops_append_sum(po, 1.0f));
+        else
+            wk__cpu_append_act(po, s->post[i].act);
+    }
+    DN(dnnl_primitive_attr_set_post_ops(attr, po));
+    dnnl_convolution_desc_t cd;
+    DN(dnnl_dilated_convolution_forward_desc_init(
+        &cd, dnnl_forward_inference, dnnl_convolution_direct, &src_md, &wei_md,
+        has_bias ? &bias_md : NULL, &dst_md, strides, dil, pl, pr));
+    DN(dnnl_primitive_desc_create(&pd, &cd, attr, be->engine, NULL));
+
+    if (!decided) {
+        const dnnl_memory_desc_t *q_src = dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0);
+        const dnnl_memory_desc_t *q_wei =
+            dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+        const dnnl_memory_desc_t *q_dst = dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0);
+        if (x->batched && !wk__cpu_batch_outermost(q_src)) {
+            rc = wk_fail(plan, SQ_UNSUPPORTED_MODEL,
+                         "conv step %d: oneDNN chose a source layout that blocks the batch", si);
+            goto out;
+        }
+        wk__cpu_set_out_md(plan, s->out, q_dst);
+        if (y->batched && !wk__cpu_batch_outermost(&be->bufs[wk__cpu_vbuf(s->out)].md)) {
+            rc = wk_fail(plan, SQ_UNSUPPORTED_MODEL,
+                         "conv step %d: oneDNN chose a layout that blocks the batch", si);
+            goto out;
+        }
+        /* A residual that dies here and has the output's layout lends its
+         * buffer: the conv sums into it in place. */
+        for (int i = 0; i < s->n_post; i++) {
+            if (s->post[i].kind != WK_POST_ADD)
+                continue;
+            int r = wk__cpu_vbuf(s->post[i].value), root = wk__cpu_root_buf(be, r);
+            cpu_buf_t *rb = &be->bufs[r], *ob = &be->bufs[wk__cpu_vbuf(s->out)];
+            if (rb->first < 0 || g->values[s->post[i].value].is_output ||
+                g->values[s->post[i].value].is_input || be->bufs[root].last != si ||
+                rb->last != si || ob->alias >= 0 ||
+                wk__cpu_root_buf(be, wk__cpu_vbuf(s->in[0])) == root ||
+                !dnnl_memory_desc_equal(&rb->md, q_dst))
+                continue;
+            ob->alias = r;
+            if (be->bufs[root].last < ob->last)
+                be->bufs[root].last = ob->last;
+            cs->inplace = true;
+        }
+        wk__cpu_as_layout(plan, si, batch, s->in[0], q_src, &cs->tmp_src);
+        /* The weights: reordered into the chosen layout once. */
+        dnnl_memory_desc_t wplain;
+        int64_t wdims[DNNL_MAX_NDIMS];
+        for (int i = 0; i < q_wei->ndims; i++)
+            wdims[i] = q_wei->dims[i];
+        wk__cpu_plain_md(&wplain, q_wei->ndims, wdims);
+        cs->weights = wk__cpu_const_reorder(plan, &wplain, w->data, q_wei);
+        if (cs->weights < 0) {
+            rc = cs->weights;
+            goto out;
+        }
+        dnnl_primitive_desc_destroy(pd);
+        pd = NULL;
+        goto out;
+    }
+    /* A residual add: the other addend goes into dst first, the conv sums. */
+    for (int i = 0; i < s->n_post && !cs->inplace; i++)
+        if (s->post[i].kind == WK_POST_ADD &&
+            (rc = wk__cpu_emit_reorder(plan, batch, si, wk__cpu_vbuf(s->post[i].value),
+                                       wk__cpu_vbuf(s->out))) != 0)
+            goto out;
+    int src = cs->tmp_src >= 0 ? wk__cpu_as_layout(plan, si, batch, s->in[0], NULL, &cs->tmp_src)
+                               : wk__cpu_vbuf(s->in[0]);
+    if (src < 0) {
+        rc = SQ_UNSUPPORTED_MODEL;
+        goto out;
+    }
+    int kinds[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
+    int bufs[4] = {src, cs->weights, wk__cpu_vbuf(s->out), has_bias ? wk__cpu_vbuf(s->in[2]) : -1};
+    rc = wk__cpu_emit(plan, pd, batch, si, kinds, bufs, has_bias ? 4 : 3);
+    pd = NULL;
+out:
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    dnnl_post_ops_destroy(po);
+    dnnl_primitive_attr_destroy(attr);
+    return rc;
+}
+
+int wk__cpu_do_pool(wk_plan_t *plan, int si, int batch)
+{
+    cpu_be_t *be = plan->be;
+    const wk_graph_t *g = plan->graph;
+    const wk_step_t *s = &g->steps[si];
+    const wk_value_t *x = &g->values[s->in[0]], *y = &g->values[s->out];
+    int rc = 0, nsp = x->ndim - 2;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_dims_t strides, kernel, dil, pl, pr;
+    if (nsp < 1 || nsp > WK_MAX_SPATIAL)
+        return wk_fail(plan, SQ_UNSUPPORTED_MODEL, "pooling over %d spatial dims", nsp);
+    for (int i = 0; i < nsp; i++) {
+        if (s->kind == WK_K_GLOBALAVG) {
+            kernel[i] = x->dims[2 + i];
+            strides[i] = 1;
+            dil[i] = pl[i] = pr[i] = 0;
+        } else {
+            kernel[i] = s->p.conv.kernel[i];
+            strides[i] = s->p.conv.stride[i];
+            dil[i] = s->p.conv.dilation[i] - 1;
+            pl[i] = s->p.conv.pad_begin[i];
+            pr[i] = s->p.conv.pad_end[i];
+        }
+    }
+    dnnl_alg_kind_t alg = s->kind == WK_K_MAXPOOL ? dnnl_pooling_max
+                          : s->kind == WK_K_AVGPOOL && s->p.conv.count_include_pad
+                              ? dnnl_pooling_avg_include_padding
+                              : dnnl_pooling_avg_exclude_padding;
+    dnnl_memory_desc_t src_md = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->in[0])], batch), dst_md;
+    if (be->phase == 1) {
+        /* The output keeps the input's layout when it can. */
+        dnnl_dims_t d;
+        for (int i = 0; i < y->ndim; i++)
+            d[i] = y->dims[i];
+        dnnl_memory_desc_init_by_tag(&dst_md, y->ndim, d, dnnl_f32, dnnl_format_tag_any);
+    } else {
+        dst_md = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->out)], batch);
+    }
+    dnnl_pooling_v2_desc_t desc;
+    DN(dnnl_pooling_v2_forward_desc_init(&desc, dnnl_forward_inference, alg, &src_md, &dst_md,
+                                         strides, kernel, dil, pl, pr));
+    DN(dnnl_primitive_desc_create(&pd, &desc, NULL, be->engine, NULL));
+    if (be->phase == 1) {
+        wk__cpu_set_out_md(plan, s->out, dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0));
+        if (y->batched && !wk__cpu_batch_outermost(&be->bufs[wk__cpu_vbuf(s->out)].md))
+            wk__cpu_set_out_plain(plan, s->out);
+    }
+    rc = wk__cpu_emit(plan, pd, batch, si, (int[]){DNNL_ARG_SRC, DNNL_ARG_DST},
+                      (int[]){wk__cpu_vbuf(s->in[0]), wk__cpu_vbuf(s->out)}, 2);
+    pd = NULL;
+out:
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    return rc;
+}
+
+int wk__cpu_do_eltwise(wk_plan_t *plan, int si, int batch)
+{
+    cpu_be_t *be = plan->be;
+    const wk_step_t *s = &plan->graph->steps[si];
+    int rc = 0;
+    dnnl_primitive_desc_t pd = NULL;
+    if (be->phase == 1)
+        wk__cpu_set_out_md(plan, s->out, &be->bufs[wk__cpu_vbuf(s->in[0])].md);
+    dnnl_memory_desc_t md = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->in[0])], batch);
+    wk_act_t a = s->p.act;
+    float alpha =
+        a.kind == WK_ACT_LEAKY_RELU || a.kind == WK_ACT_CLIP || a.kind == WK_ACT_HARDSIGMOID
+            ? a.alpha
+            : 0.0f;
+    float beta = a.kind == WK_ACT_CLIP || a.kind == WK_ACT_HARDSIGMOID ? a.beta : 0.0f;
+    dnnl_eltwise_desc_t desc;
+    DN(dnnl_eltwise_forward_desc_init(&desc, dnnl_forward_inference, wk__cpu_act_alg(a.kind), &md,
+                                      alpha, beta));
+    DN(dnnl_primitive_desc_create(&pd, &desc, NULL, be->engine, NULL));
+    rc = wk__cpu_emit(plan, pd, batch, si, (int[]){DNNL_ARG_SRC, DNNL_ARG_DST},
+                      (int[]){wk__cpu_vbuf(s->in[0]), wk__cpu_vbuf(s->out)}, 2);
+    pd = NULL;
+    if (rc == 0 && a.kind == WK_ACT_HARDSIGMOID) {
+        /* then clip(0, 1) in place (a post-op on the reference eltwise
+         * loses the values in oneDNN 2.6) */
+        DN(dnnl_eltwise_forward_desc_init(&desc, dnnl_forward_inference, dnnl_eltwise_clip, &md,
+                                          0.0f, 1.0f));
+        DN(dnnl_primitive_desc_create(&pd, &desc, NULL, be->engine, NULL));
+        rc = wk__cpu_emit(plan, pd, batch, si, (int[]){DNNL_ARG_SRC, DNNL_ARG_DST},
+                          (int[]){wk__cpu_vbuf(s->out), wk__cpu_vbuf(s->out)}, 2);
+        pd = NULL;
+    }
+out:
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    return rc;
+}
+
+/* The plain layout of value v seen with `ndim` dims (leading 1s added). */
+static dnnl_memory_desc_t plain_ranked(const wk_value_t *v, int batch, int ndim)
+{
+    int64_t dims[WK_MAX_DIMS];
+    int n = wk_value_dims_at(v, batch, dims + (ndim - v->ndim));
+    for (int i = 0; i < ndim - n; i++)
+        dims[i] = 1;
+    dnnl_memory_desc_t md;
+    wk__cpu_plain_md(&md, ndim, dims);
+    return md;
+}
+
+int wk__cpu_do_binary(wk_plan_t *plan, int si, int batch)
+{
+    cpu_be_t *be = plan->be;
+    const wk_graph_t *g = plan->graph;
+    const wk_step_t *s = &g->steps[si];
+    cpu_step_t *cs = &be->steps[si];
+    int rc = 0;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    const wk_value_t *y = &g->values[s->out];
+    int a = s->in[0], b = s->in[1];
+    wk_binop_t op = s->kind == WK_K_BINARY ? s->p.binop : WK_BIN_MUL;
+    bool negate = false;
+    /* oneDNN broadcasts only the second source: put the full one first. */
+    if (wk_value_elems(&g->values[a]) != wk_value_elems(y) || g->values[a].ndim != y->ndim) {
+        if (wk_value_elems(&g->values[b]) != wk_value_elems(y) || g->values[b].ndim != y->ndim ||
+            op == WK_BIN_DIV)
+            return wk_fail(plan, SQ_UNSUPPORTED_MODEL,
+                           "binary step %d: both operands broadcast, or the dividend does", si);
+        int t = a;
+        a = b;
+        b = t;
+        negate = op == WK_BIN_SUB;
+    }
+    const wk_value_t *bv = &g->values[b];
+    if (be->phase == 1) {
+        /* The output takes the full operand's layout; the broadcast one is
+         * read plain with the output's rank, unless it has the same shape
+         * and layout (a residual add). */
+        wk__cpu_set_out_md(plan, s->out, &be->bufs[wk__cpu_vbuf(a)].md);
+        bool same =
+            bv->data == NULL && wk_value_elems(bv) == wk_value_elems(y) && bv->ndim == y->ndim;
+        if (same) {
+            wk__cpu_as_layout(plan, si, batch, b, &be->bufs[wk__cpu_vbuf(a)].md, &cs->tmp_in[0]);
+            cs->bias = cs->tmp_in[0] >= 0 ? cs->tmp_in[0] : wk__cpu_vbuf(b);
+        } else {
+            if (bv->batched && bv->ndim != y->ndim)
+                return wk_fail(plan, SQ_UNSUPPORTED_MODEL,
+                               "binary step %d: batched operand of "
+                               "lower rank",
+                               si);
+            dnnl_memory_desc_t p;
+            wk__cpu_plain_md(&p, bv->ndim, bv->dims);
+            int src = wk__cpu_as_layout(plan, si, batch, b, &p, &cs->tmp_in[0]);
+            if (src < 0)
+                return src;
+            dnnl_memory_desc_t r = plain_ranked(bv, g->max_batch, y->ndim);
+            cs->bias = wk__cpu_view_buf(be, src, &r, bv->batched);
+        }
+        if (s->kind == WK_K_BATCHNORM) {
+            dnnl_memory_desc_t r = plain_ranked(&g->values[s->in[2]], 1, y->ndim);
+            cs->extra = wk__cpu_add_buf(be, &r, false, -2, -2);
+            be->bufs[cs->extra].data = g->values[s->in[2]].data;
+        }
+    } else if (cs->tmp_in[0] >= 0 &&
+               wk__cpu_as_layout(plan, si, batch, b, NULL, &cs->tmp_in[0]) < 0) {
+        return SQ_UNSUPPORTED_MODEL;
+    }
+    dnnl_memory_desc_t md0 = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(a)], batch);
+    dnnl_memory_desc_t md1 = wk__cpu_md_at(&be->bufs[cs->bias], batch);
+    dnnl_memory_desc_t mdd = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->out)], batch);
+    DN(dnnl_primitive_attr_create(&attr));
+    DN(dnnl_post_ops_create(&po));
+    if (negate)
+        DN(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_linear, -1.0f, 0.0f));
+    if (s->kind == WK_K_BATCHNORM)
+        DN(dnnl_post_ops_append_binary(po, dnnl_binary_add, &be->bufs[cs->extra].md));
+    DN(dnnl_primitive_attr_set_post_ops(attr, po));
+    dnnl_binary_desc_t desc;
+    DN(dnnl_binary_desc_init(&desc, wk__cpu_bin_alg(op), &md0, &md1, &mdd));
+    DN(dnnl_primitive_desc_create(&pd, &desc, attr, be->engine, NULL));
+    int kinds[4] = {DNNL_ARG_SRC_0, DNNL_ARG_SRC_1, DNNL_ARG_DST,
+                    DNNL_ARG_ATTR_MULTIPLE_POST_OP(negate ? 1 : 0) | DNNL_ARG_SRC_1};
+    int bufs[4] = {wk__cpu_vbuf(a), cs->bias, wk__cpu_vbuf(s->out), cs->extra};
+    rc = wk__cpu_emit(plan, pd, batch, si, kinds, bufs, s->kind == WK_K_BATCHNORM ? 4 : 3);
+    pd = NULL;
+out:
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    dnnl_post_ops_destroy(po);
+    dnnl_primitive_attr_destroy(attr);
+    return rc;
+}
+
+int wk__cpu_do_concat(wk_plan_t *plan, int si, int batch)
+{
+    cpu_be_t *be = plan->be;
+    const wk_graph_t *g = plan->graph;
+    const wk_step_t *s = &g->steps[si];
+    const wk_value_t *y = &g->values[s->out];
+    int rc = 0;
+    dnnl_primitive_desc_t pd = NULL;
+    if (y->batched && s->p.axis == 0)
+        return wk_fail(plan, SQ_UNSUPPORTED_MODEL, "concat step %d along the batch", si);
+    if (s->n_in > 10)
+        return wk_fail(plan, SQ_UNSUPPORTED_MODEL, "concat step %d of %d inputs", si, s->n_in);
+    dnnl_memory_desc_t mds[10], dst;
+    for (int i = 0; i < s->n_in; i++)
+        mds[i] = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->in[i])], batch);
+    if (be->phase == 1) {
+        DN(dnnl_concat_primitive_desc_create(&pd, NULL, s->n_in, s->p.axis, mds, NULL, be->engine));
+        wk__cpu_set_out_md(plan, s->out, dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0));
+        if (y->batched && !wk__cpu_batch_outermost(&be->bufs[wk__cpu_vbuf(s->out)].md)) {
+            be->bufs[wk__cpu_vbuf(s->out)].decided = false;
+            wk__cpu_set_out_plain(plan, s->out);
+        }
+        dnnl_primitive_desc_destroy(pd);
+        pd = NULL;
+    }
+    dst = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->out)], batch);
+    DN(dnnl_concat_primitive_desc_create(&pd, &dst, s->n_in, s->p.axis, mds, NULL, be->engine));
+    int kinds[11], bufs[11];
+    for (int i = 0; i < s->n_in; i++) {
+        kinds[i] = DNNL_ARG_MULTIPLE_SRC + i;
+        bufs[i] = wk__cpu_vbuf(s->in[i]);
+    }
+    kinds[s->n_in] = DNNL_ARG_DST;
+    bufs[s->n_in] = wk__cpu_vbuf(s->out);
+    rc = wk__cpu_emit(plan, pd, batch, si, kinds, bufs, s->n_in + 1);
+    pd = NULL;
+out:
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    return rc;
+}
+
+/* A plain 2-D or n-D view over a buffer, scaled with the batch through
+ * batch_mult when its first dim is batch * something. */
+static int plain_view(cpu_be_t *be, int id, int ndim, const int64_t *dims_max, bool batched,
+                      int64_t batch_mult)
+{
+    dnnl_memory_desc_t md;
+    wk__cpu_plain_md(&md, ndim, dims_max);
+    int v = wk__cpu_view_buf(be, id, &md, batched);
+    be->bufs[v].batch_mult = batch_mult;
+    return v;
+}
+
+int wk__cpu_do_softmax(wk_plan_t *plan, int si, int batch)
+{
+    cpu_be_t *be = plan->be;
+    const wk_graph_t *g = plan->graph;
+    const wk_step_t *s = &g->steps[si];
+    cpu_step_t *cs = &be->steps[si];
+    const wk_value_t *x = &g->values[s->in[0]];
+    int rc = 0, axis = s->p.axis;
+    dnnl_primitive_desc_t pd = NULL;
+    if (be->phase == 1) {
+        wk__cpu_set_out_plain(plan, s->out);
+        int src = wk__cpu_as_plain(plan, si, batch, s->in[0], &cs->tmp_src);
+        if (src < 0)
+            return src;
+        if (s->legacy_softmax) {
+            if (x->batched && axis == 0)
+                return wk_fail(plan, SQ_UNSUPPORTED_MODEL, "softmax step %d over the batch", si);
+            int64_t d2[2] = {1, 1};
+            for (int i = 0; i < x->ndim; i++)
+                d2[i < axis ? 0 : 1] *= x->dims[i];
+            int64_t mult = x->batched ? d2[0] / x->dims[0] : 1;
+            cs->bias = plain_view(be, src, 2, d2, x->batched, mult);
+            cs->extra = plain_view(be, wk__cpu_vbuf(s->out), 2, d2, x->batched, mult);
+        } else {
+            cs->bias = src;
+            cs->extra = wk__cpu_vbuf(s->out);
+        }
+    } else if (cs->tmp_src >= 0 &&
+               wk__cpu_as_layout(plan, si, batch, s->in[0], NULL, &cs->tmp_src) < 0) {
+        return SQ_UNSUPPORTED_MODEL;
+    }
+    dnnl_memory_desc_t src_md = wk__cpu_md_at(&be->bufs[cs->bias], batch);
+    dnnl_memory_desc_t dst_md = wk__cpu_md_at(&be->bufs[cs->extra], batch);
+    dnnl_softmax_v2_desc_t desc;
+    DN(dnnl_softmax_v2_forward_desc_init(&desc, dnnl_forward_inference, dnnl_softmax_accurate,
+                                         &src_md, &dst_md, s->legacy_softmax ? 1 : axis));
+    DN(dnnl_primitive_desc_create(&pd, &desc, NULL, be->engine, NULL));
+    rc = wk__cpu_emit(plan, pd, batch, si, (int[]){DNNL_ARG_SRC, DNNL_ARG_DST},
+                      (int[]){cs->bias, cs->extra}, 2);
+    pd = NULL;
+out:
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    return rc;
+}
+
+static void strided_md(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, bool transposed)
+{
+    dnnl_dims_t d = {rows, cols};
+    dnnl_dims_t st = {transposed ? 1 : cols, transposed ? rows : 1};
+    dnnl_memory_desc_init_by_strides(md, 2, d, dnnl_f32, st);
+}
+
+/* Gemm: Y = alpha * A' B' + beta * C, A' = A or A^T, B' = B or B^T. */
+int wk__cpu_do_gemm(wk_plan_t *plan, int si, int batch)
+{
+    cpu_be_t *be = plan->be;
+    const wk_graph_t *g = plan->graph;
+    const wk_step_t *s = &g->steps[si];
+    cpu_step_t *cs = &be->steps[si];
+    const wk_value_t *av = &g->values[s->in[0]], *bv = &g->values[s->in[1]];
+    const wk_value_t *y = &g->values[s->out];
+    const wk_value_t *cv = s->n_in > 2 && s->in[2] >= 0 ? &g->values[s->in[2]] : NULL;
+    int rc = 0;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    int ta = s->p.gemm.trans_a, tb = s->p.gemm.trans_b;
+    float alpha = s->p.gemm.alpha, beta = s->p.gemm.beta;
+    if (av->ndim != 2 || bv->ndim != 2 || y->ndim != 2)
+        return wk_fail(plan, SQ_UNSUPPORTED_MODEL, "gemm step %d: operands must be 2-D", si);
+    int64_t M = y->dims[0], N = y->dims[1], K = ta ? av->dims[0] : av->dims[1];
+    bool c_const = cv == NULL || cv->data != NULL;
+    bool scale_out = alpha != 1.0f && bv->data == NULL;
+    if ((ta && av->batched) || bv->batched || (cv && cv->batched && !c_const))
+        return wk_fail(plan, SQ_UNSUPPORTED_MODEL,
+                       "gemm step %d: batch in a transposed or "
+                       "second operand",
+                       si);
+    if (!c_const && beta != 1.0f)
+        return wk_fail(plan, SQ_UNSUPPORTED_MODEL, "gemm step %d: beta with a computed C", si);
+    DN(dnnl_primitive_attr_create(&attr));
+    DN(dnnl_post_ops_create(&po));
+    if (scale_out)
+        DN(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha));
+    dnnl_memory_desc_t cmd;
+    if (!c_const) {
+        cmd = plain_ranked(cv, 1, 2);
+        DN(dnnl_post_ops_append_binary(po, dnnl_binary_add, &cmd));
+    }
+    DN(dnnl_primitive_attr_set_post_ops(attr, po));
+    if (be->phase == 1) {
+        wk__cpu_set_out_plain(plan, s->out);
+        dnnl_memory_desc_t p;
+        wk__cpu_plain_md(&p, av->ndim, av->dims);
+        int src = wk__cpu_as_layout(plan, si, batch, s->in[0], &p, &cs->tmp_src);
+        if (src < 0) {
+            rc = src;
+            goto out;
+        }
+        if (ta) {
+            dnnl_memory_desc_t t;
+            strided_md(&t, M, K, true);
+            cs->tmp_in[1] = wk__cpu_view_buf(be, src, &t, false);
+        } else {
+            cs->tmp_in[1] = src;
+        }
+        dnnl_memory_desc_t bmd;
+        strided_md(&bmd, K, N, tb);
+        if (bv->data != NULL) {
+            /* Constant weights: alpha folded in, layout chosen by oneDNN. */
+            dnnl_memory_desc_t any, amd, dmd;
+            dnnl_dims_t wd = {K, N}, ad = {M, K}, dd = {M, N};
+            dnnl_memory_desc_init_by_tag(&any, 2, wd, dnnl_f32, dnnl_format_tag_any);
+            dnnl_memory_desc_init_by_tag(&amd, 2, ad, dnnl_f32, dnnl_format_tag_any);
+            amd = be->bufs[cs->tmp_in[1]].md;
+            dnnl_memory_desc_init_by_tag(&dmd, 2, dd, dnnl_f32, dnnl_ab);
+            dnnl_matmul_desc_t md;
+            DN(dnnl_matmul_desc_init(&md, &amd, &any, NULL, &dmd));
+            DN(dnnl_primitive_desc_create(&pd, &md, attr, be->engine, NULL));
+            dnnl_memory_desc_t want = *dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0);
+            dnnl_primitive_desc_destroy(pd);
+            pd = NULL;
+            float *scaled = NULL;
+            if (alpha != 1.0f) {
+                scaled = sq_xmalloc((size_t)(K * N) * sizeof(float));
+                for (int64_t i = 0; i < K * N; i++)
+                    scaled[i] = bv->data[i] * alpha;
+            }
+            cs->weights = wk__cpu_const_reorder(plan, &bmd, scaled ? scaled : bv->data, &want);
+            free(scaled);
+            if (cs->weights < 0) {
+                rc = cs->weights;
+                goto out;
+            }
+        } else {
+            int src_b = wk__cpu_as_plain(plan, si, batch, s->in[1], &cs->tmp_in[2]);
+            if (src_b < 0) {
+                rc = src_b;
+                goto out;
+            }
+            cs->weights = wk__cpu_view_buf(be, src_b, &bmd, false);
+        }
+        if (cv != NULL && c_const) {
+            /* bias: beta * C, broadcast to [M, N] */
+            dnnl_memory_desc_t r = plain_ranked(cv, 1, 2);
+            int64_t n = wk_value_elems(cv);
+            float *scaled = sq_xmalloc((size_t)n * sizeof(float));
+            for (int64_t i = 0; i < n; i++)
+                scaled[i] = cv->data[i] * beta;
+            cs->bias = wk__cpu_const_reorder(plan, &r, scaled, &r);
+            free(scaled);
+            if (cs->bias < 0) {
+                rc = cs->bias;
+                goto out;
+            }
+            if (r.dims[0] != 1 && av->batched) {
+                rc = wk_fail(plan, SQ_UNSUPPORTED_MODEL, "gemm step %d: C has a batch of rows", si);
+                goto out;
+            }
+        } else if (cv != NULL) {
+            int src_c = wk__cpu_as_plain(plan, si, batch, s->in[2], &cs->tmp_in[3]);
+            if (src_c < 0) {
+                rc = src_c;
+                goto out;
+            }
+            cs->extra = wk__cpu_view_buf(be, src_c, &cmd, false);
+        }
+    } else {
+        if (cs->tmp_src >= 0 &&
+            wk__cpu_as_layout(plan, si, batch, s->in[0], NULL, &cs->tmp_src) < 0)
+            return SQ_UNSUPPORTED_MODEL;
+        if (cs->tmp_in[2] >= 0 &&
+            wk__cpu_as_layout(plan, si, batch, s->in[1], NULL, &cs->tmp_in[2]) < 0)
+            return SQ_UNSUPPORTED_MODEL;
+        if (cs->tmp_in[3] >= 0 &&
+            wk__cpu_as_layout(plan, si, batch, s->in[2], NULL, &cs->tmp_in[3]) < 0)
+            return SQ_UNSUPPORTED_MODEL;
+    }
+    {
+        dnnl_memory_desc_t amd = wk__cpu_md_at(&be->bufs[cs->tmp_in[1]], batch);
+        dnnl_memory_desc_t wmd = be->bufs[cs->weights].md;
+        dnnl_memory_desc_t dmd = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->out)], batch);
+        dnnl_memory_desc_t bias_md;
+        if (cs->bias >= 0)
+            bias_md = be->bufs[cs->bias].md;
+        dnnl_matmul_desc_t md;
+        DN(dnnl_matmul_desc_init(&md, &amd, &wmd, cs->bias >= 0 ? &bias_md : NULL, &dmd));
+        DN(dnnl_primitive_desc_create(&pd, &md, attr, be->engine, NULL));
+        int kinds[5] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
+        int bufs[5] = {cs->tmp_in[1], cs->weights, wk__cpu_vbuf(s->out)};
+        int n = 3;
+        if (cs->bias >= 0) {
+            kinds[n] = DNNL_ARG_BIAS;
+            bufs[n++] = cs->bias;
+        }
+        if (cs->extra >= 0) {
+            kinds[n] = DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1;
+            bufs[n++] = cs->extra;
+        }
+        rc = wk__cpu_emit(plan, pd, batch, si, kinds, bufs, n);
+        pd = NULL;
+    }
+out:
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    dnnl_post_ops_destroy(po);
+    dnnl_primitive_attr_destroy(attr);
+    return rc;
+}
+
+/* MatMul with numpy semantics: batched, broadcast, 1-D operands promoted. */
+int wk__cpu_do_matmul(wk_plan_t *plan, int si, int batch)
+{
+    cpu_be_t *be = plan->be;
+    const wk_graph_t *g = plan->graph;
+    const wk_step_t *s = &g->steps[si];
+    cpu_step_t *cs = &be->steps[si];
+    const wk_value_t *av = &g->values[s->in[0]], *bv = &g->values[s->in[1]];
+    const wk_value_t *y = &g->values[s->out];
+    int rc = 0;
+    dnnl_primitive_desc_t pd = NULL;
+    if (be->phase == 1) {
+        int r = av->ndim > bv->ndim ? av->ndim : bv->ndim;
+        if (r < 2)
+            r = 2;
+        int64_t ad[WK_MAX_DIMS], bd[WK_MAX_DIMS], yd[WK_MAX_DIMS];
+        for (int i = 0; i < r; i++)
+            ad[i] = bd[i] = 1;
+        if (av->ndim == 1)
+            ad[r - 1] = av->dims[0];
+        else
+            for (int i = 0; i < av->ndim; i++)
+                ad[r - av->ndim + i] = av->dims[i];
+        if (bv->ndim == 1)
+            bd[r - 2] = bv->dims[0];
+        else
+            for (int i = 0; i < bv->ndim; i++)
+                bd[r - bv->ndim + i] = bv->dims[i];
+        for (int i = 0; i < r - 2; i++)
+            yd[i] = ad[i] > bd[i] ? ad[i] : bd[i];
+        yd[r - 2] = ad[r - 2];
+        yd[r - 1] = bd[r - 1];
+        bool a_b = av->batched && av->ndim == r, b_b = bv->batched && bv->ndim == r;
+        bool y_b = y->batched && y->ndim == r;
+        if ((av->batched && !a_b) || (bv->batched && !b_b) || (y->batched && !y_b))
+            return wk_fail(plan, SQ_UNSUPPORTED_MODEL, "matmul step %d: batch not leading", si);
+        wk__cpu_set_out_plain(plan, s->out);
+        int sa = wk__cpu_as_plain(plan, si, batch, s->in[0], &cs->tmp_in[0]);
+        int sb = wk__cpu_as_plain(plan, si, batch, s->in[1], &cs->tmp_in[1]);
+        if (sa < 0 || sb < 0)
+            return sa < 0 ? sa : sb;
+        cs->tmp_src = plain_view(be, sa, r, ad, a_b, 1);
+        cs->weights = plain_view(be, sb, r, bd, b_b, 1);
+        cs->extra = plain_view(be, wk__cpu_vbuf(s->out), r, yd, y_b, 1);
+    } else {
+        if (cs->tmp_in[0] >= 0 &&
+            wk__cpu_as_layout(plan, si, batch, s->in[0], NULL, &cs->tmp_in[0]) < 0)
+            return SQ_UNSUPPORTED_MODEL;
+        if (cs->tmp_in[1] >= 0 &&
+            wk__cpu_as_layout(plan, si, batch, s->in[1], NULL, &cs->tmp_in[1]) < 0)
+            return SQ_UNSUPPORTED_MODEL;
+    }
+    dnnl_memory_desc_t amd = wk__cpu_md_at(&be->bufs[cs->tmp_src], batch);
+    dnnl_memory_desc_t bmd = wk__cpu_md_at(&be->bufs[cs->weights], batch);
+    dnnl_memory_desc_t dmd = wk__cpu_md_at(&be->bufs[cs->extra], batch);
+    dnnl_matmul_desc_t md;
+    DN(dnnl_matmul_desc_init(&md, &amd, &bmd, NULL, &dmd));
+    DN(dnnl_primitive_desc_create(&pd, &md, NULL, be->engine, NULL));
+    rc = wk__cpu_emit(plan, pd, batch, si, (int[]){DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST},
+                      (int[]){cs->tmp_src, cs->weights, cs->extra}, 3);
+    pd = NULL;
+out:
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    return rc;
+}
+
+int wk__cpu_do_reduce(wk_plan_t *plan, int si, int batch)
+{
+    cpu_be_t *be = plan->be;
+    const wk_graph_t *g = plan->graph;
+    const wk_step_t *s = &g->steps[si];
+    cpu_step_t *cs = &be->steps[si];
+    const wk_value_t *x = &g->values[s->in[0]];
+    int rc = 0;
+    dnnl_primitive_desc_t pd = NULL;
+    if (be->phase == 1) {
+        if (x->batched && (s->p.reduce.axes_mask & 1))
+            return wk_fail(plan, SQ_UNSUPPORTED_MODEL, "reduce step %d over the batch", si);
+        wk__cpu_set_out_plain(plan, s->out);
+        int src = wk__cpu_as_plain(plan, si, batch, s->in[0], &cs->tmp_src);
+        if (src < 0)
+            return src;
+        int64_t kd[WK_MAX_DIMS];
+        for (int i = 0; i < x->ndim; i++)
+            kd[i] = (s->p.reduce.axes_mask >> i) & 1 ? 1 : x->dims[i];
+        cs->bias = src;
+        cs->extra = plain_view(be, wk__cpu_vbuf(s->out), x->ndim, kd, x->batched, 1);
+    } else if (cs->tmp_src >= 0 &&
+               wk__cpu_as_layout(plan, si, batch, s->in[0], NULL, &cs->tmp_src) < 0) {
+        return SQ_UNSUPPORTED_MODEL;
+    }
+    dnnl_memory_desc_t smd = wk__cpu_md_at(&be->bufs[cs->bias], batch);
+    dnnl_memory_desc_t dmd = wk__cpu_md_at(&be->bufs[cs->extra], batch);
+    if (dnnl_memory_desc_equal(&smd, &dmd))
+        return wk__cpu_emit_reorder(plan, batch, si, cs->bias, cs->extra); /* nothing reduced */
+    dnnl_reduction_desc_t desc;
+    DN(dnnl_reduction_desc_init(&desc, dnnl_reduction_mean, &smd, &dmd, 0.0f, 0.0f));
+    DN(dnnl_primitive_desc_create(&pd, &desc, NULL, be->engine, NULL));
+    rc = wk__cpu_emit(plan, pd, batch, si, (int[]){DNNL_ARG_SRC, DNNL_ARG_DST},
+                      (int[]){cs->bias, cs->extra}, 2);
+    pd = NULL;
+out:
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    return rc;
+}
+
+/* Reshape and friends: the input in plain order, written to the output's
+ * bytes (a view of the output with the input's dims). */
+int wk__cpu_do_copy(wk_plan_t *plan, int si, int batch)
+{
+    cpu_be_t *be = plan->be;
+    const wk_graph_t *g = plan->graph;
+    const wk_step_t *s = &g->steps[si];
+    cpu_step_t *cs = &be->steps[si];
+    const wk_value_t *x = &g->values[s->in[0]], *y = &g->values[s->out];
+    if (be->phase == 1) {
+        if (x->batched != y->batched ||
+            (x->batched && wk_value_elems(x) / x->dims[0] != wk_value_elems(y) / y->dims[0]))
+            return wk_fail(plan, SQ_UNSUPPORTED_MODEL, "reshape step %d moves the batch", si);
+        wk__cpu_set_out_plain(plan, s->out);
+        cs->extra = plain_view(be, wk__cpu_vbuf(s->out), x->ndim, x->dims, x->batched, 1);
+        return 0;
+    }
+    return wk__cpu_emit_reorder(plan, batch, si, wk__cpu_vbuf(s->in[0]), cs->extra);
+}
+
+int wk__cpu_do_transpose(wk_plan_t *plan, int si, int batch)
+{
+    cpu_be_t *be = plan->be;
+    const wk_graph_t *g = plan->graph;
+    const wk_step_t *s = &g->steps[si];
+    cpu_step_t *cs = &be->steps[si];
+    const wk_value_t *x = &g->values[s->in[0]], *y = &g->values[s->out];
+    if (be->phase == 1) {
+        if (x->batched && s->p.perm[0] != 0)
+            return wk_fail(plan, SQ_UNSUPPORTED_MODEL, "transpose step %d moves the batch", si);
+        wk__cpu_set_out_plain(plan, s->out);
+        int src = wk__cpu_as_plain(plan, si, batch, s->in[0], &cs->tmp_src);
+        if (src < 0)
+            return src;
+        int64_t st[WK_MAX_DIMS], acc = 1;
+        for (int i = x->ndim - 1; i >= 0; i--) {
+            st[i] = acc;
+            acc *= x->dims[i];
+        }
+        dnnl_dims_t d, vs;
+        for (int i = 0; i < y->ndim; i++) {
+            d[i] = y->dims[i];
+            vs[i] = st[s->p.perm[i]];
+        }
+        dnnl_memory_desc_t md;
+        if (y->ndim == 0)
+            wk__cpu_plain_md(&md, 0, NULL);
+        else
+            dnnl_memory_desc_init_by_strides(&md, y->ndim, d, dnnl_f32, vs);
+        cs->bias = wk__cpu_view_buf(be, src, &md, x->batched);
+        return 0;
+    }
+    if (cs->tmp_src >= 0 && wk__cpu_as_layout(plan, si, batch, s->in[0], NULL, &cs->tmp_src) < 0)
+        return SQ_UNSUPPORTED_MODEL;
+    return wk__cpu_emit_reorder(plan, batch, si, cs->bias, wk__cpu_vbuf(s->out));
+}
+
+/* Pad and Slice run as plain C over plain buffers. */
+int wk__cpu_do_c_kernel(wk_plan_t *plan, int si, int batch)
+{
+    cpu_be_t *be = plan->be;
+    const wk_step_t *s = &plan->graph->steps[si];
+    cpu_step_t *cs = &be->steps[si];
+    if (be->phase == 1) {
+        wk__cpu_set_out_plain(plan, s->out);
+        int src = wk__cpu_as_plain(plan, si, batch, s->in[0], &cs->tmp_src);
+        if (src < 0)
+            return src;
+        cs->bias = src;
+        return 0;
+    }
+    if (cs->tmp_src >= 0 && wk__cpu_as_layout(plan, si, batch, s->in[0], NULL, &cs->tmp_src) < 0)
+        return SQ_UNSUPPORTED_MODEL;
+    cpu_item_t it = {.prim = NULL, .step = si};
+    wk__cpu_push_item(be, batch, &it);
+    return 0;
+}
+
+void wk__cpu_run_pad(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
+                     const float *src, float *dst)
+{
+    int64_t xd[WK_MAX_DIMS], yd[WK_MAX_DIMS], idx[WK_MAX_DIMS] = {0}, xs[WK_MAX_DIMS];
+    int n = wk_value_dims_at(x, batch, xd);
+    wk_value_dims_at(y, batch, yd);
+    int64_t acc = 1;
+    for (int i = n - 1; i >= 0; i--) {
+        xs[i] = acc;
+        acc *= xd[i];
+    }
+    int64_t total = wk_value_elems_at(y, batch);
+    for (int64_t o = 0; o < total; o++) {
+        int64_t off = 0;
+        bool outside = false;
+        for (int i = 0; i < n; i++) {
+            int64_t j = idx[i] - s->p.pad.begin[i];
+            if (j < 0 || j >= xd[i]) {
+                if (s->p.pad.mode == WK_PAD_CONSTANT) {
+                    outside = true;
+                    break;
+                }
+                if (s->p.pad.mode == WK_PAD_EDGE) {
+                    j = j < 0 ? 0 : xd[i] - 1;
+                } else {
+                    while (j < 0 || j >= xd[i]) {
+                        if (j < 0)
+                            j = -j;
+                        if (j >= xd[i])
+                            j = 2 * (xd[i] - 1) - j;
+                        if (xd[i] == 1)
+                            j = 0;
+                    }
+                }
+            }
+            off += j * xs[i];
+        }
+        dst[o] = outside ? s->p.pad.value : src[off];
+        for (int i = n - 1; i >= 0; i--) {
+            if (++idx[i] < yd[i])
+                break;
+            idx[i] = 0;
+        }
+    }
+}
+
+void wk__cpu_run_slice(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
+                       const float *src, float *dst)
+{
+    int64_t xd[WK_MAX_DIMS], yd[WK_MAX_DIMS], idx[WK_MAX_DIMS] = {0}, xs[WK_MAX_DIMS];
+    int n = wk_value_dims_at(x, batch, xd);
+    wk_value_dims_at(y, batch, yd);
+    if (n == 0) {
+        dst[0] = src[0];
+        return;
+    }
+    int64_t acc = 1;
+    for (int i = n - 1; i >= 0; i--) {
+        xs[i] = acc;
+        acc *= xd[i];
+    }
+    int64_t rows = wk_value_elems_at(y, batch) / (yd[n - 1] ? yd[n - 1] : 1);
+    int64_t inner = yd[n - 1], step_in = s->p.slice.step[n - 1];
+    if (inner == 0)
+        return;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t off = s->p.slice.start[n - 1] * xs[n - 1];
+        for (int i = 0; i < n - 1; i++)
+            off += (s->p.slice.start[i] + idx[i] * s->p.slice.step[i]) * xs[i];
+        if (step_in == 1) {
+            memcpy(dst, src + off, (size_t)inner * sizeof(float));
+        } else {
+            for (int64_t k = 0; k < inner; k++)
+                dst[k] = src[off + k * step_in];
+        }
+        dst += inner;
+        for (int i = n - 2; i >= 0; i--) {
+            if (++idx[i] < yd[i])
+                break;
+            idx[i] = 0;
+        }
+    }
+}
