@@ -721,9 +721,16 @@ static int prepare_step(wk_plan_t *plan, int si, size_t *ws_need)
             str[i] = (int)s->p.conv.stride[i];
             dil[i] = (int)s->p.conv.dilation[i];
         }
+        int wn = w->ndim;
+        if (nsp == 1) {
+            /* cuDNN convolves 2-D and 3-D: a 1-D conv is [L, 1]. */
+            wd[wn++] = 1;
+            pad[1] = 0;
+            str[1] = dil[1] = 1;
+            nsp = 2;
+        }
         DNN(cudnnCreateFilterDescriptor(&cs->filter));
-        DNN(cudnnSetFilterNdDescriptor(cs->filter, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, w->ndim,
-                                       wd));
+        DNN(cudnnSetFilterNdDescriptor(cs->filter, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, wn, wd));
         DNN(cudnnCreateConvolutionDescriptor(&cs->conv));
         DNN(cudnnSetConvolutionNdDescriptor(cs->conv, nsp, pad, str, dil, CUDNN_CROSS_CORRELATION,
                                             CUDNN_DATA_FLOAT));
@@ -768,6 +775,12 @@ static int prepare_step(wk_plan_t *plan, int si, size_t *ws_need)
         if (cs->pad_explicit)
             for (int i = 0; i < nsp; i++)
                 pad[i] = 0;
+        if (nsp == 1) {
+            /* 1-D pooling as [L, 1] */
+            win[1] = str[1] = 1;
+            pad[1] = 0;
+            nsp = 2;
+        }
         cudnnPoolingMode_t mode =
             s->kind == WK_K_MAXPOOL ? CUDNN_POOLING_MAX
             : s->kind == WK_K_AVGPOOL && (s->p.conv.count_include_pad || cs->pad_explicit)
