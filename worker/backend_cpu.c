@@ -389,6 +389,43 @@ static void cpu_release(wk_plan_t *plan)
     plan->be = NULL;
 }
 
+/* Constants that no primitive reads any more (weights reordered into
+ * oneDNN's layout live in own_data) give their bytes back; those still read
+ * count in the plan's memory. */
+static void release_unused_constants(wk_plan_t *plan)
+{
+    cpu_be_t *be = plan->be;
+    wk_graph_t *g = plan->graph;
+    int mb = g->max_batch;
+    bool *used = sq_xcalloc((size_t)g->n_values + 1, sizeof(bool));
+    for (int b = 0; b < be->n_bufs; b++) {
+        bool has_mem = false;
+        for (int k = 0; k <= mb && !has_mem; k++)
+            has_mem = be->mems[(size_t)b * (size_t)(mb + 1) + (size_t)k] != NULL;
+        if (!has_mem)
+            continue;
+        int r = wk__cpu_root_buf(be, b);
+        if (r < g->n_values)
+            used[r] = true;
+        for (int v = 0; v < g->n_values; v++)
+            if (be->bufs[r].data != NULL && be->bufs[r].data == g->values[v].data)
+                used[v] = true;
+    }
+    for (int v = 0; v < g->n_values; v++) {
+        wk_value_t *val = &g->values[v];
+        if (val->data == NULL)
+            continue;
+        if (used[v]) {
+            plan->memory_bytes += (uint64_t)wk_value_elems(val) * sizeof(float);
+            continue;
+        }
+        free(val->data);
+        val->data = NULL;
+        be->bufs[v].data = NULL;
+    }
+    free(used);
+}
+
 static int cpu_prepare(wk_plan_t *plan)
 {
     wk_graph_t *g = plan->graph;
@@ -493,6 +530,7 @@ static int cpu_prepare(wk_plan_t *plan)
             }
         }
     }
+    release_unused_constants(plan);
 out:
     if (rc != 0)
         cpu_release(plan);
