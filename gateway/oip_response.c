@@ -97,6 +97,8 @@ static _Thread_local const float *sort_row;
 static int cmp_rank(const void *pa, const void *pb)
 {
     int a = *(const int *)pa, b = *(const int *)pb;
+    if (a == b)
+        return 0;
     return ranks_above(sort_row[a], a, sort_row[b], b) ? -1 : 1;
 }
 

@@ -1,6 +1,7 @@
 #include <criterion/criterion.h>
 #include <gw_oip.h>
 #include <jansson.h>
+#include <oip_int.h>
 #include <sq.h>
 
 #include <math.h>
@@ -1357,4 +1358,111 @@ Test(oip, random_tensors_round_trip_through_request_and_response)
         sq_buf_dispose(&b);
         free(t);
     }
+}
+
+/* ---- the JSON validator against jansson ---- */
+
+static uint64_t gen_state;
+
+static uint32_t gen_rand(void)
+{
+    gen_state ^= gen_state << 13;
+    gen_state ^= gen_state >> 7;
+    gen_state ^= gen_state << 17;
+    return (uint32_t)gen_state;
+}
+
+static const char *pick(const char *const *pool, size_t n)
+{
+    return pool[gen_rand() % n];
+}
+
+#define PICK(pool) pick(pool, sizeof(pool) / sizeof(pool[0]))
+
+static void gen_value(sq_buf_t *b, int depth)
+{
+    static const char *const numbers[] = {"0",   "-1",  "1.5", "1e5", "-0.0e-3", "12E+2",
+                                          "01",  "1.",  ".5",  "-",   "1e",      "+1",
+                                          "0x1", "1e+", "-01", "2.e3"};
+    static const char *const literals[] = {"true", "false", "null", "tru", "nul", "True"};
+    static const char *const pieces[] = {"a",
+                                         "\\\"",
+                                         "\\n",
+                                         "\\u00e9",
+                                         "\\ud83d\\ude00",
+                                         "\\ud800",
+                                         "\\udc00x",
+                                         "\\u12g4",
+                                         "\\x",
+                                         "\xc3\xa9",
+                                         "\xe2\x82\xac",
+                                         "\xf0\x9f\x98\x80",
+                                         "\xc0\xaf",
+                                         "\xed\xa0\x80",
+                                         "\xf4\x90\x80\x80",
+                                         "\xff",
+                                         "\x01",
+                                         "\t",
+                                         " ",
+                                         "\\/",
+                                         "\\u0000"};
+    static const char *const ws[] = {"", "", " ", "\n", "\t", "\r\n", "\f"};
+    sb_printf(b, "%s", PICK(ws));
+    uint32_t kind = gen_rand() % (depth > 6 ? 3 : 5);
+    if (kind == 0) {
+        sb_printf(b, "%s", PICK(numbers));
+    } else if (kind == 1) {
+        sb_printf(b, "%s", PICK(literals));
+    } else if (kind == 2) {
+        sb_printf(b, "\"");
+        for (uint32_t i = gen_rand() % 4; i > 0; i--)
+            sb_printf(b, "%s", PICK(pieces));
+        sb_printf(b, "\"");
+    } else {
+        int obj = kind == 3;
+        sb_printf(b, obj ? "{" : "[");
+        uint32_t n = gen_rand() % 4;
+        for (uint32_t i = 0; i < n; i++) {
+            if (i > 0)
+                sb_printf(b, "%s,", PICK(ws));
+            if (obj)
+                sb_printf(b, "%s\"k%u\"%s:", PICK(ws), i, PICK(ws));
+            gen_value(b, depth + 1);
+        }
+        sb_printf(b, "%s%s", PICK(ws), obj ? "}" : "]");
+    }
+    sb_printf(b, "%s", PICK(ws));
+}
+
+Test(oip, the_validator_agrees_with_jansson)
+{
+    gen_state = 0x2545F4914F6CDD1Dull;
+    int valid = 0, invalid = 0;
+    for (int iter = 0; iter < 30000; iter++) {
+        sq_buf_t b;
+        sq_buf_init(&b);
+        gen_value(&b, 0);
+        /* A few random edits on a third of them. */
+        if (iter % 3 == 0 && b.len > 0)
+            for (uint32_t e = 1 + gen_rand() % 2; e > 0; e--) {
+                size_t at = gen_rand() % b.len;
+                static const char edits[] = "{}[]\",:\\ 0e-.tn\x80";
+                b.data[at] = (uint8_t)edits[gen_rand() % (sizeof(edits) - 1)];
+            }
+        json_error_t je;
+        json_t *j = json_loadb((const char *)b.data, b.len, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+        char e[256] = "";
+        int rc = oip_json_validate((const char *)b.data, b.len, 32, e, sizeof(e));
+        cr_assert_eq(rc == 0, j != NULL, "jansson %s, squish %s (%s) on <%.*s>",
+                     j ? "accepts" : je.text, rc == 0 ? "accepts" : "rejects", e, (int)b.len,
+                     b.data);
+        if (rc == 0)
+            valid++;
+        else
+            invalid++;
+        json_decref(j);
+        sq_buf_dispose(&b);
+    }
+    cr_assert_gt(valid, 3000, "the generator makes valid texts (%d)", valid);
+    cr_assert_gt(invalid, 3000, "and invalid ones (%d)", invalid);
 }
