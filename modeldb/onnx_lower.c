@@ -661,9 +661,20 @@ int mdb_onnx_lower(mdb_graph_t *g, int64_t opset, uint64_t fold_budget, char *er
         if (rc)
             goto out;
         for (int k = 0; k < n->n_outputs; k++) {
-            if (n->outputs[k] >= 0 && !g->tensors[n->outputs[k]].shape_known) {
+            if (n->outputs[k] < 0)
+                continue;
+            const mdb_tensor_t *t = &g->tensors[n->outputs[k]];
+            if (!t->shape_known) {
                 mdb_errf(err, errlen, "%s '%s' writes output %d, which the op does not have",
                          mdb_op_name(n->op), n->name, k);
+                rc = SQ_BAD_MODEL;
+                goto out;
+            }
+            /* Per image: what the executor would have to allocate. */
+            int64_t numel = mdb_shape_numel(&t->shape, 1);
+            if (numel < 0 || numel > MDB_MAX_ELEMENTS) {
+                mdb_errf(err, errlen, "%s '%s' writes a tensor of more than %lld elements",
+                         mdb_op_name(n->op), n->name, (long long)MDB_MAX_ELEMENTS);
                 rc = SQ_BAD_MODEL;
                 goto out;
             }

@@ -451,6 +451,16 @@ Test(onnx_import, absurd_dimensions_are_rejected)
     b.inputs[0]->type->tensor_type->shape->dim[3]->dim_value = (int64_t)1 << 31;
     cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
     mb_free(&b);
+    /* A Pad that would make a [1, 3, 2^31, 2^31] activation. */
+    mb_init(&b, 13);
+    int64_t x3[] = {-1, 3, 8, 8}, pads[] = {0, 0, 0, 0, 0, 0, (int64_t)1 << 30, (int64_t)1 << 30};
+    mb_input(&b, "x", 4, x3);
+    mb_init_i64(&b, "pads", 8, pads);
+    mb_node(&b, "Pad", (const char *[]){"x", "pads", NULL}, (const char *[]){"y", NULL});
+    mb_output(&b, "y");
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
+    cr_assert_not_null(strstr(err.detail, "elements"), "%s", err.detail);
+    mb_free(&b);
     /* Rank 9. */
     mb_small_cnn(&b, 13);
     int64_t dims9[9] = {1, 1, 1, 1, 1, 1, 1, 1, 4};
