@@ -85,11 +85,17 @@ static void fuzz_labels(const char *text, size_t len)
             abort();
         return;
     }
-    size_t n = json_array_size(labels), lines = 1;
-    for (size_t i = 0; i < len; i++)
-        lines += text[i] == '\n';
-    if (len > 0 && text[len - 1] == '\n')
-        lines--; /* the trailing newline ends the last label */
+    /* One label per line; an empty last line ("" or a lone CR after the
+     * last LF, or the whole file) is no label. */
+    size_t n = json_array_size(labels), lines = 1, last = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] == '\n') {
+            lines++;
+            last = i + 1;
+        }
+    }
+    if (len == last || (len == last + 1 && text[last] == '\r'))
+        lines--;
     if (!json_is_array(labels) || n == 0 || n != lines)
         abort();
     for (size_t i = 0; i < n; i++) {
