@@ -33,13 +33,15 @@ done
 import json, sys, statistics
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 keys = sorted({(r["model"], r["batch"]) for r in rows})
-print("\n| model | batch | squish ms | squish img/s | torch ms | torch img/s | speedup |")
-print("|---|---|---|---|---|---|---|")
+print("\n| model | batch | squish ms | squish img/s | squish CPU ms | torch ms | torch img/s | torch CPU ms | speedup (wall) | speedup (CPU) |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for m, b in keys:
-    def med(engine):
-        v = [r["median_ms"] for r in rows if r["model"] == m and r["batch"] == b and r["engine"] == engine]
+    def med(engine, key):
+        v = [r[key] for r in rows if r["model"] == m and r["batch"] == b and r["engine"] == engine]
         return statistics.median(v) if v else float("nan")
-    s, t = med("squish"), med("torch")
-    print("| %s | %d | %.1f | %.1f | %.1f | %.1f | %.2fx |" % (m, b, s, b * 1000 / s, t, b * 1000 / t, t / s))
+    s, t = med("squish", "median_ms"), med("torch", "median_ms")
+    sc, tc = med("squish", "cpu_ms"), med("torch", "cpu_ms")
+    print("| %s | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.1f | %.2fx | %.2fx |" % (
+        m, b, s, b * 1000 / s, sc, t, b * 1000 / t, tc, t / s, tc / sc))
 PY
 rm -f "$out"

@@ -263,8 +263,10 @@ int wk_plan_run_pixels(wk_plan_t *plan, int batch, const uint8_t *pixels, float 
     if (v->ndim != 4 || v->dims[1] != 3)
         return wk_fail(plan, SQ_BAD_TENSOR, "pixels need a [N,3,H,W] input");
     int64_t h = v->dims[2], w = v->dims[3];
+    /* a static plan's one item holds all of its images */
+    int64_t images = v->batched ? batch : v->dims[0];
     float *dst = plan->ops->input_buffer(plan, 0);
-    for (int b = 0; b < batch; b++)
+    for (int64_t b = 0; b < images; b++)
         normalize_pixels(&plan->opts.pixel_norm, pixels + (size_t)(b * h * w * 3), h, w,
                          dst + (size_t)(b * 3 * h * w));
     float *outs[8] = {out};
