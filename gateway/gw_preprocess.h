@@ -54,8 +54,10 @@ typedef struct {
     int dct_scaling;
 } gw_prep_limits_t;
 
-/* 16384 x 16384 and 64 Mpixel: a 64 Mpixel CMYK decode needs 256 MB, the
- * most one request may cost. Cameras and phones stay well below. */
+/* 16384 x 16384 and 64 Mpixel: the most one request may cost is a 64
+ * Mpixel CMYK decode buffer (256 MB), plus, for a progressive JPEG, the
+ * coefficients libjpeg-turbo keeps for the whole image (up to 6 bytes per
+ * pixel). Cameras and phones stay well below (12 to 50 Mpixel). */
 #define GW_PREP_DEFAULT_MAX_SIDE 16384u
 #define GW_PREP_DEFAULT_MAX_PIXELS (64ull * 1024 * 1024)
 

@@ -541,12 +541,12 @@ static int image_to_rgb(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int
     info->subsamp = subsamp;
     info->colorspace = cs;
 
-    /* Bomb check: the header is all that has been read so far. */
-    const gw_prep_limits_t *lim = &ctx->limits;
     /* TurboJPEG 2.1 reports success, leaving the outputs alone, for a
      * stream that ends before its frame header (a tables-only JPEG). */
     if (w < 1 || h < 1)
         return fail(err, errlen, SQ_BAD_IMAGE, "bad jpeg: no frame header (truncated?)");
+    /* Bomb check: the header is all that has been read so far. */
+    const gw_prep_limits_t *lim = &ctx->limits;
     if ((uint64_t)w > lim->max_width || (uint64_t)h > lim->max_height ||
         (uint64_t)w * (uint64_t)h > lim->max_pixels)
         return fail(err, errlen, SQ_TOO_LARGE,
