@@ -78,6 +78,8 @@ static const opt_t options[] = {
      "hard upper bound on a request's life in squishd (caps every SLO)"},
     {"default_slo_ms", DBL(default_slo_ms), 1, 3600000, "1000",
      "SLO of a request for a model that has no default_slo_ms"},
+    {"access_log", INT(access_log), 0, 1, "0",
+     "1: one info log line per HTTP request (method, path, route, status, bytes, duration)"},
 };
 #define NOPTIONS (sizeof(options) / sizeof(options[0]))
 

@@ -316,6 +316,7 @@ static void pump(gw_dispatch_t *ds)
                                       ? "worker lost and no time left to retry"
                                   : a->reason == SQ_NO_WORKER ? "no worker holds the model"
                                                               : "session removed";
+                gw_metrics_drop(ds->srv->metrics, it->req->model, a->reason);
                 fail_item(ds, it, a->reason, why);
                 break;
             }
@@ -681,6 +682,8 @@ static void on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f
     ds_batch_t *b = w->inflight;
     w->inflight = NULL;
     int64_t t = now_us();
+    gw_metrics_batch(ds->srv->metrics, b->items[0]->req->model, w->id, w->device, b->count,
+                     t - b->sent_us, &done);
     pl_dispatch_batch_done(ds->core, t, w->id, b->id);
     const uint8_t *base = sq_shm_arena_base(ds->srv->arena);
     for (int i = 0; i < b->count; i++) {

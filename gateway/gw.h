@@ -51,6 +51,7 @@ typedef struct {
     int max_images;        /* images (or tensor rows) per request */
     int max_request_ms;    /* hard upper bound on any request's life (caps the SLO) */
     double default_slo_ms; /* when neither the request nor the model gives one */
+    int access_log;        /* one info line per HTTP request */
 } gw_config_t;
 
 /* What gw_config_parse did: run the server, or print and exit. */

@@ -3,6 +3,7 @@
 #define GW_INT_H
 
 #include "gw.h"
+#include "gw_metrics.h"
 
 #include <mdb.h>
 
@@ -42,6 +43,7 @@ typedef struct gw_server {
     sq_loop_t *dispatch_loop;
     gw_http_t *http;
     struct gw_offload_ctx *offload;
+    gw_metrics_t *metrics; /* thread-safe; created first, freed last */
 } gw_server_t;
 
 /* The offload thread (offload.c): runs fn(arg) off the HTTP loops. */

@@ -60,6 +60,10 @@ static const gw_route_t routes[] = {
     {"GET", "/models/*", "models_get", gw_route_models_get},
     {"DELETE", "/models/*", "models_delete", gw_route_models_delete},
     {"DELETE", "/models/*/versions/*", "models_delete_version", gw_route_models_delete_version},
+    {"GET", "/metrics", "metrics", gw_route_metrics},
+    {"GET", "/v2/models/stats", "model_stats", gw_route_model_stats}, /* before kserve_model */
+    {"GET", "/v2/models/*/stats", "model_stats", gw_route_model_stats},
+    {"GET", "/v2/models/*/versions/*/stats", "model_stats", gw_route_model_stats},
     {"GET", "/v2/models/*", "kserve_model", gw_route_kserve_model},
     {"GET", "/v2/models/*/versions/*", "kserve_model", gw_route_kserve_model},
     {"GET", "/v2/models/*/ready", "kserve_model_ready", gw_route_kserve_model_ready},
@@ -303,10 +307,18 @@ static int match(const char *pattern, const char *path, size_t len, gw_call_t *c
     return *p == '\0' && s == end;
 }
 
+typedef struct {
+    gw_server_t *srv;
+    h2o_req_t *req;
+    const char *route; /* metrics label */
+    int64_t start_ns;
+} req_done_t;
+
 static void on_req_done(void *p)
 {
-    gw_server_t *srv = *(gw_server_t **)p;
-    atomic_fetch_sub(&srv->inflight, 1);
+    req_done_t *d = p;
+    gw_metrics_http_done(d->srv, d->req, d->route, d->start_ns);
+    atomic_fetch_sub(&d->srv->inflight, 1);
 }
 
 static int on_req(h2o_handler_t *self, h2o_req_t *req)
@@ -315,8 +327,8 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
     http_thread_t *t = H2O_STRUCT_FROM_MEMBER(http_thread_t, ctx, req->conn->ctx);
     gw_call_t call = {.req = req, .srv = h->srv, .reply_to = &t->async_receiver};
     /* In flight until h2o frees the request: what SIGTERM's drain waits for. */
-    gw_server_t **inflight = h2o_mem_alloc_shared(&req->pool, sizeof(*inflight), on_req_done);
-    *inflight = h->srv;
+    req_done_t *inflight = h2o_mem_alloc_shared(&req->pool, sizeof(*inflight), on_req_done);
+    *inflight = (req_done_t){h->srv, req, "not_found", sq_now_ns()};
     atomic_fetch_add(&h->srv->inflight, 1);
     h2o_iovec_t path = req->path_normalized;
     /* Trailing slashes are not significant ("/v2/" is "/v2"). */
@@ -328,6 +340,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
             continue;
         if (h2o_memis(req->method.base, req->method.len, routes[i].method,
                       strlen(routes[i].method))) {
+            inflight->route = routes[i].name;
             routes[i].fn(&call);
             return 0;
         }
@@ -338,6 +351,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
         }
     }
     if (allow[0] != '\0') {
+        inflight->route = "method_not_allowed";
         gw_add_header(req, "allow", allow);
         gw_send_error(req, SQ_METHOD, "method not allowed for this route");
         return 0;

@@ -221,6 +221,7 @@ static json_t *top_k_json(const gw_model_t *m, const float *row, int k)
 static void respond_v1(gw_async_t *a, h2o_req_t *hreq)
 {
     gw_infer_t *req = (gw_infer_t *)a;
+    gw_metrics_infer_answered(req);
     if (atomic_load(&req->failed)) {
         send_failure(req, hreq);
         return;
@@ -287,6 +288,7 @@ static gw_infer_t *infer_new(gw_call_t *call, gw_api_t api)
         return NULL;
     }
     if (strcmp(m->status, "ready") != 0) {
+        gw_metrics_infer_rejected(srv, m, SQ_NOT_READY);
         gw_send_error(hreq, SQ_NOT_READY,
                       strcmp(m->status, "profiling") == 0
                           ? "the model is being profiled; retry shortly"
@@ -295,6 +297,7 @@ static gw_infer_t *infer_new(gw_call_t *call, gw_api_t api)
         return NULL;
     }
     if (gw_dispatch_serving_kind(srv, m) < 0) {
+        gw_metrics_infer_rejected(srv, m, SQ_NO_WORKER);
         gw_send_error(hreq, SQ_NO_WORKER, "no worker that can run this model is up");
         gw_model_unref(m);
         return NULL;
@@ -457,6 +460,7 @@ static void v2_dispose(gw_infer_t *req)
 static void respond_v2(gw_async_t *a, h2o_req_t *hreq)
 {
     gw_infer_t *req = (gw_infer_t *)a;
+    gw_metrics_infer_answered(req);
     if (atomic_load(&req->failed)) {
         send_failure(req, hreq);
         return;

@@ -340,13 +340,16 @@ static void upload_job(mdb_t *db, void *arg)
         upload_emulated(db, j);
     else
         upload_onnx(db, j);
+    gw_metrics_upload(j->base.srv->metrics, j->base.err);
     gw_async_done(&j->base);
 }
 
 void gw_route_models_post(gw_call_t *call)
 {
-    if (!gw_require_admin(call))
+    if (!gw_require_admin(call)) {
+        gw_metrics_upload(call->srv->metrics, SQ_UNAUTHORIZED);
         return;
+    }
     h2o_req_t *req = call->req;
     h2o_iovec_t ct = gw_header(req, "content-type");
     model_job_t *j;
@@ -357,6 +360,7 @@ void gw_route_models_post(gw_call_t *call)
     } else {
         int rc = gw_multipart_boundary(ct.base ? ct.base : "", ct.len, boundary, sizeof(boundary));
         if (rc != 0) {
+            gw_metrics_upload(call->srv->metrics, rc);
             gw_send_error(req, rc,
                           rc == SQ_MEDIA_TYPE
                               ? "POST /models takes multipart/form-data (model + config parts) "

@@ -50,7 +50,7 @@ static int beside_db(const gw_config_t *cfg, const char *name, char *out, size_t
 
 int gw_main(const gw_config_t *cfg)
 {
-    gw_server_t srv = {.cfg = cfg, .start_wall_s = sq_wall_s()};
+    gw_server_t srv = {.cfg = cfg, .start_wall_s = sq_wall_s(), .metrics = gw_metrics_new()};
     char err[512] = "";
     int rc;
 
@@ -135,6 +135,7 @@ out:
     gw_db_stop(&srv);
     gw_registry_free(srv.registry);
     sq_shm_arena_free(srv.arena);
+    gw_metrics_free(srv.metrics);
     if (rc == 0)
         SQ_INFO("stopped");
     return rc;

@@ -183,6 +183,7 @@ static void schedule_restart(gw_workers_t *ws, slot_t *s)
     int delay = s->backoff_ms;
     int64_t now = sq_now_ns();
     s->restarts++;
+    gw_metrics_worker_restart(ws->srv->metrics, s->id, s->device);
     s->restart_timer = sq_loop_timer_at(ws->loop, now + (int64_t)delay * 1000000,
                                         on_restart_timer, s);
     SQ_INFO("worker restart scheduled id=%d device=%s in_ms=%d restarts=%d", s->id, s->device,
@@ -201,6 +202,8 @@ static void peer_close(gw_workers_t *ws, peer_t *p, const char *reason)
     }
     if (p->welcomed && ws->srv->dispatch != NULL)
         gw_dispatch_worker_lost(ws->srv->dispatch, p->id);
+    if (p->welcomed)
+        gw_metrics_worker_up(ws->srv->metrics, p->id, p->hello.name, 0);
     if (p->welcomed || p->slot != NULL)
         SQ_LOG(ws->stopping ? SQ_LOG_INFO : SQ_LOG_WARN,
                "worker %s id=%d device=%s pid=%u reason=%s", ws->stopping ? "gone" : "lost",
@@ -330,6 +333,7 @@ static int on_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
             p->hello.name, p->hello.pid, (unsigned long long)(p->hello.memory_bytes >> 20),
             p->slot ? "yes" : "no");
     publish(ws);
+    gw_metrics_worker_up(ws->srv->metrics, p->id, p->hello.name, 1);
     gw_dispatch_worker_up(ws->srv->dispatch, p->id, p->hello.name, p->hello.memory_bytes);
     return 0;
 }
