@@ -1,0 +1,926 @@
+/* squish-loadgen: an open-loop HTTP/1.1 load generator for loopback
+ * benchmarks of squishd (and of bench/live/bare_h2o.c, the baseline).
+ *
+ * Arrivals are a seeded Poisson process fixed before the run; each request
+ * is due at its scheduled moment whatever happened to earlier ones (open
+ * loop). One thread, epoll, non-blocking sockets, a pool of HTTP/1.1
+ * keep-alive connections (one request in flight per connection, no
+ * pipelining); a due request takes an idle connection or opens a new one,
+ * and waits in the loadgen only when --connections are all busy.
+ *
+ * Latency and the SLO are measured from the request's first byte written
+ * (the moment squishd could know of it), not from its scheduled moment: on
+ * a shared box the loadgen itself wakes late, and that is not squishd's
+ * doing. The lag between schedule and write is reported on its own
+ * (send_lag_ms, sent_rps): that is how a loadgen bottleneck shows. Requests
+ * still keep their schedule (a late one does not delay the next), and a
+ * request waiting for a free connection is sent late and shows as lag.
+ *
+ * Outcomes: good (200 within the SLO), late (200 past it), dropped (503
+ * with "code":"deadline" or "overloaded": shed by squishd to keep SLOs),
+ * error (any other status), timeout (no complete answer within
+ * --timeout-ms of the schedule), conn_error (connect, reset, close before
+ * the answer), unsent (no connection free before the timeout).
+ *
+ * Output: one JSON summary on stdout; with --search-goodput, the trials and
+ * the highest rate at which >= --target of the requests were good
+ * (Symphony's goodput, as squish-sim --search-goodput computes it). */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <math.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <arpa/inet.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/epoll.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/timerfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sq_alloc.h"
+
+typedef enum {
+    OUT_GOOD,
+    OUT_LATE,
+    OUT_DROPPED,
+    OUT_ERROR,
+    OUT_TIMEOUT,
+    OUT_CONN_ERROR,
+    OUT_UNSENT,
+    OUT_PENDING,
+} outcome_t;
+
+typedef struct {
+    int64_t sched_ns; /* from the run's start */
+    int64_t sent_ns;  /* first byte written; 0 before */
+    int64_t done_ns;
+    int status;
+    outcome_t outcome;
+} lg_req_t;
+
+typedef enum { CONN_FREE, CONN_CONNECTING, CONN_IDLE, CONN_WRITING, CONN_READING } conn_state_t;
+
+typedef struct {
+    int fd;
+    conn_state_t state;
+    long req; /* index into the run's requests, -1 when none */
+    size_t written;
+    char *rbuf;
+    size_t rlen, rcap;
+    int served; /* answers received on this connection */
+} lg_conn_t;
+
+typedef struct {
+    /* target */
+    struct sockaddr_in addr;
+    /* the request bytes, identical for every request */
+    char *wire;
+    size_t wire_len;
+    double slo_ms;
+    int max_conns;
+    int64_t timeout_ns;
+    double duration_s, warmup_s;
+    uint64_t seed;
+    int verbose;
+} lg_opts_t;
+
+typedef struct {
+    const lg_opts_t *o;
+    int ep, tfd;
+    lg_conn_t *conns;
+    int *idle; /* stack of idle connection slots (LIFO: hot ones first) */
+    int nidle;
+    int nopen;
+    lg_req_t *reqs;
+    long nreqs;
+    long next_due;   /* first request not yet due */
+    long next_start; /* first due request not yet given a connection */
+    long inflight;
+    int64_t t0;
+    long opened, retries, errors_logged;
+} lg_run_t;
+
+typedef struct {
+    double rate_rps, offered_rps, sent_rps, goodput_rps;
+    long n, counts[OUT_PENDING];
+    double bad_rate;
+    double lat_p50, lat_p90, lat_p99, lat_max;
+    double lag_p50, lag_p99, lag_max;
+    long opened, retries;
+    double cpu_fraction;
+} lg_summary_t;
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* splitmix64: seeds and draws; enough for exponential gaps. */
+static uint64_t rng_next(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static double rng_unit(uint64_t *s) /* (0, 1] */
+{
+    return ((double)(rng_next(s) >> 11) + 1.0) / 9007199254740992.0;
+}
+
+/* ---- connections ------------------------------------------------------ */
+
+static void conn_watch(lg_run_t *r, int slot, int want_write, int op)
+{
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLRDHUP | (want_write ? EPOLLOUT : 0u),
+                             .data.u32 = (uint32_t)slot};
+    if (epoll_ctl(r->ep, op, r->conns[slot].fd, &ev) != 0) {
+        perror("squish-loadgen: epoll_ctl");
+        abort();
+    }
+}
+
+static void conn_close(lg_run_t *r, int slot)
+{
+    lg_conn_t *c = &r->conns[slot];
+    if (c->state == CONN_IDLE) {
+        for (int i = 0; i < r->nidle; i++) {
+            if (r->idle[i] == slot) {
+                r->idle[i] = r->idle[--r->nidle];
+                break;
+            }
+        }
+    }
+    epoll_ctl(r->ep, EPOLL_CTL_DEL, c->fd, NULL);
+    close(c->fd);
+    c->fd = -1;
+    c->state = CONN_FREE;
+    c->req = -1;
+    c->rlen = 0;
+    c->served = 0;
+    r->nopen--;
+}
+
+/* A new non-blocking connection in CONNECTING state; -1 when none can be
+ * opened (the limit, or the kernel refusing). */
+static int conn_open(lg_run_t *r)
+{
+    if (r->nopen >= r->o->max_conns)
+        return -1;
+    int slot = 0;
+    while (r->conns[slot].state != CONN_FREE)
+        slot++;
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    if (connect(fd, (const struct sockaddr *)&r->o->addr, sizeof(r->o->addr)) != 0 &&
+        errno != EINPROGRESS) {
+        close(fd);
+        return -1;
+    }
+    lg_conn_t *c = &r->conns[slot];
+    c->fd = fd;
+    c->state = CONN_CONNECTING;
+    c->req = -1;
+    c->rlen = 0;
+    c->served = 0;
+    r->nopen++;
+    r->opened++;
+    conn_watch(r, slot, 1, EPOLL_CTL_ADD);
+    return slot;
+}
+
+static void finish(lg_run_t *r, long i, outcome_t out, int status)
+{
+    lg_req_t *q = &r->reqs[i];
+    q->done_ns = now_ns() - r->t0;
+    q->status = status;
+    q->outcome = out;
+    r->inflight--;
+}
+
+/* Writes what the socket takes of the current request. */
+static void conn_write(lg_run_t *r, int slot)
+{
+    lg_conn_t *c = &r->conns[slot];
+    while (c->written < r->o->wire_len) {
+        ssize_t n = write(c->fd, r->o->wire + c->written, r->o->wire_len - c->written);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN) {
+            if (c->state != CONN_WRITING) {
+                c->state = CONN_WRITING;
+                conn_watch(r, slot, 1, EPOLL_CTL_MOD);
+            }
+            return;
+        }
+        if (n <= 0) {
+            long i = c->req;
+            conn_close(r, slot);
+            finish(r, i, OUT_CONN_ERROR, 0);
+            return;
+        }
+        c->written += (size_t)n;
+    }
+    int was_writing = c->state == CONN_WRITING;
+    c->state = CONN_READING;
+    if (was_writing)
+        conn_watch(r, slot, 0, EPOLL_CTL_MOD);
+}
+
+static void conn_start(lg_run_t *r, int slot, long i)
+{
+    lg_conn_t *c = &r->conns[slot];
+    c->req = i;
+    c->written = 0;
+    c->rlen = 0;
+    if (r->reqs[i].sent_ns == 0)
+        r->reqs[i].sent_ns = now_ns() - r->t0;
+    if (c->state == CONN_CONNECTING)
+        return;              /* written once connected */
+    c->state = CONN_READING; /* conn_write switches to WRITING on a short write */
+    conn_write(r, slot);
+}
+
+/* ---- responses -------------------------------------------------------- */
+
+/* 1 when the chunked body starting at p is complete; *end past it. */
+static int chunked_complete(const char *p, const char *lim, const char **end)
+{
+    for (;;) {
+        char *e;
+        unsigned long n = strtoul(p, &e, 16);
+        const char *crlf = memmem(e, (size_t)(lim - e), "\r\n", 2);
+        if (crlf == NULL || e == p)
+            return 0;
+        p = crlf + 2;
+        if (n == 0) {
+            /* no trailers expected: the final CRLF */
+            if (lim - p < 2)
+                return 0;
+            *end = p + 2;
+            return 1;
+        }
+        if ((unsigned long)(lim - p) < n + 2)
+            return 0;
+        p += n + 2;
+    }
+}
+
+static const char *find_header(const char *head, const char *head_end, const char *name)
+{
+    size_t nl = strlen(name);
+    for (const char *p = head; p < head_end;) {
+        const char *eol = memmem(p, (size_t)(head_end - p), "\r\n", 2);
+        if (eol == NULL)
+            eol = head_end;
+        if ((size_t)(eol - p) > nl && strncasecmp(p, name, nl) == 0 && p[nl] == ':') {
+            const char *v = p + nl + 1;
+            while (*v == ' ')
+                v++;
+            return v;
+        }
+        p = eol + 2;
+    }
+    return NULL;
+}
+
+/* Parses a complete answer in c->rbuf: 1 complete (status, body), 0 more
+ * bytes needed, -1 malformed. */
+static int parse_answer(lg_conn_t *c, int *status, const char **body, size_t *body_len,
+                        int *close_after)
+{
+    const char *buf = c->rbuf, *lim = c->rbuf + c->rlen;
+    const char *hend = memmem(buf, c->rlen, "\r\n\r\n", 4);
+    if (hend == NULL)
+        return c->rlen > 65536 ? -1 : 0;
+    if (c->rlen < 12 || strncmp(buf, "HTTP/1.", 7) != 0)
+        return -1;
+    *status = atoi(buf + 9);
+    const char *conn = find_header(buf, hend, "connection");
+    *close_after = conn != NULL && strncasecmp(conn, "close", 5) == 0;
+    const char *start = hend + 4;
+    const char *cl = find_header(buf, hend, "content-length");
+    const char *te = find_header(buf, hend, "transfer-encoding");
+    if (cl != NULL) {
+        size_t n = strtoul(cl, NULL, 10);
+        if ((size_t)(lim - start) < n)
+            return 0;
+        *body = start;
+        *body_len = n;
+        return 1;
+    }
+    if (te != NULL && strncasecmp(te, "chunked", 7) == 0) {
+        const char *end;
+        if (!chunked_complete(start, lim, &end))
+            return 0;
+        *body = start;
+        *body_len = (size_t)(end - start);
+        return 1;
+    }
+    return -1; /* no length: this loadgen does not read to EOF */
+}
+
+static void conn_read(lg_run_t *r, int slot)
+{
+    lg_conn_t *c = &r->conns[slot];
+    for (;;) {
+        if (c->rcap - c->rlen < 4096) {
+            c->rcap = c->rcap ? c->rcap * 2 : 16384;
+            c->rbuf = sq_xrealloc(c->rbuf, c->rcap + 1);
+        }
+        ssize_t n = read(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0 && errno == EAGAIN)
+            break;
+        if (n <= 0) {
+            long i = c->req;
+            int retry = i >= 0 && c->rlen == 0 && c->served > 0;
+            conn_close(r, slot);
+            if (i < 0)
+                return; /* an idle connection the server closed */
+            if (retry) {
+                /* The server closed a keep-alive connection as we reused
+                 * it (its idle timeout): not an answer; send again. */
+                r->retries++;
+                int s = conn_open(r);
+                if (s >= 0) {
+                    conn_start(r, s, i);
+                    return;
+                }
+            }
+            finish(r, i, OUT_CONN_ERROR, 0);
+            return;
+        }
+        c->rlen += (size_t)n;
+    }
+    if (c->req < 0) {
+        /* bytes on an idle connection: the server is confused; drop it */
+        conn_close(r, slot);
+        return;
+    }
+    int status = 0, close_after = 0;
+    const char *body = NULL;
+    size_t body_len = 0;
+    int rc = parse_answer(c, &status, &body, &body_len, &close_after);
+    if (rc == 0)
+        return;
+    long i = c->req;
+    if (rc < 0) {
+        conn_close(r, slot);
+        finish(r, i, OUT_CONN_ERROR, 0);
+        return;
+    }
+    outcome_t out;
+    /* The SLO clock starts at the first byte written (what squishd can
+     * see); the loadgen's own lag before it is reported apart. */
+    int64_t latency_ns = now_ns() - r->t0 - r->reqs[i].sent_ns;
+    c->rbuf[(body - c->rbuf) + (long)body_len] = '\0';
+    if (status == 200)
+        out = latency_ns <= (int64_t)(r->o->slo_ms * 1e6) ? OUT_GOOD : OUT_LATE;
+    else if (status == 503 && (memmem(body, body_len, "\"deadline\"", 10) != NULL ||
+                               memmem(body, body_len, "\"overloaded\"", 12) != NULL))
+        out = OUT_DROPPED; /* shed for the SLO: too late, or early-drop's window */
+    else
+        out = OUT_ERROR;
+    if (out == OUT_ERROR && r->errors_logged++ < 5)
+        fprintf(stderr, "squish-loadgen: status %d: %.*s\n", status,
+                (int)(body_len < 300 ? body_len : 300), body);
+    finish(r, i, out, status);
+    c->served++;
+    c->req = -1;
+    c->rlen = 0;
+    if (close_after) {
+        conn_close(r, slot);
+        return;
+    }
+    c->state = CONN_IDLE;
+    r->idle[r->nidle++] = slot;
+}
+
+static void on_event(lg_run_t *r, int slot, uint32_t events)
+{
+    lg_conn_t *c = &r->conns[slot];
+    if (c->state == CONN_CONNECTING) {
+        int err = 0;
+        socklen_t el = sizeof(err);
+        getsockopt(c->fd, SOL_SOCKET, SO_ERROR, &err, &el);
+        if (err != 0 || (events & (EPOLLERR | EPOLLHUP))) {
+            long i = c->req;
+            conn_close(r, slot);
+            if (i >= 0)
+                finish(r, i, OUT_CONN_ERROR, 0);
+            return;
+        }
+        if (!(events & EPOLLOUT))
+            return;
+        if (c->req >= 0) {
+            c->state = CONN_WRITING;
+            conn_write(r, slot);
+        } else {
+            c->state = CONN_IDLE;
+            conn_watch(r, slot, 0, EPOLL_CTL_MOD);
+            r->idle[r->nidle++] = slot;
+        }
+        return;
+    }
+    if (c->state == CONN_WRITING && (events & EPOLLOUT))
+        conn_write(r, slot);
+    if (c->state != CONN_FREE && (events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)))
+        conn_read(r, slot);
+}
+
+/* ---- one run at one rate ---------------------------------------------- */
+
+static void arm_timer(lg_run_t *r, int64_t at_ns)
+{
+    int64_t abs = r->t0 + at_ns;
+    struct itimerspec its = {.it_value = {.tv_sec = abs / 1000000000, .tv_nsec = abs % 1000000000}};
+    if (its.it_value.tv_sec == 0 && its.it_value.tv_nsec == 0)
+        its.it_value.tv_nsec = 1;
+    timerfd_settime(r->tfd, TFD_TIMER_ABSTIME, &its, NULL);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double quantile(const double *sorted, long n, double q)
+{
+    if (n == 0)
+        return 0;
+    long k = (long)ceil(q * (double)n) - 1;
+    return sorted[k < 0 ? 0 : k >= n ? n - 1 : k];
+}
+
+static double cpu_seconds(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_utime.tv_sec + (double)ru.ru_utime.tv_usec / 1e6 +
+           (double)ru.ru_stime.tv_sec + (double)ru.ru_stime.tv_usec / 1e6;
+}
+
+static void summarize(const lg_run_t *r, double rate, double cpu_s, double wall_s, lg_summary_t *s)
+{
+    const lg_opts_t *o = r->o;
+    int64_t warm_ns = (int64_t)(o->warmup_s * 1e9);
+    memset(s, 0, sizeof(*s));
+    s->rate_rps = rate;
+    double *lat = sq_xcalloc((size_t)r->nreqs + 1, sizeof(double));
+    double *lag = sq_xcalloc((size_t)r->nreqs + 1, sizeof(double));
+    long nlat = 0, nlag = 0;
+    int64_t first_sent = INT64_MAX, last_sent = 0;
+    for (long i = 0; i < r->nreqs; i++) {
+        const lg_req_t *q = &r->reqs[i];
+        if (q->sched_ns < warm_ns)
+            continue;
+        s->n++;
+        s->counts[q->outcome]++;
+        if (q->outcome == OUT_GOOD || q->outcome == OUT_LATE)
+            lat[nlat++] = (double)(q->done_ns - q->sent_ns) / 1e6;
+        if (q->sent_ns > 0) {
+            lag[nlag++] = (double)(q->sent_ns - q->sched_ns) / 1e6;
+            first_sent = q->sent_ns < first_sent ? q->sent_ns : first_sent;
+            last_sent = q->sent_ns > last_sent ? q->sent_ns : last_sent;
+        }
+    }
+    qsort(lat, (size_t)nlat, sizeof(double), cmp_double);
+    qsort(lag, (size_t)nlag, sizeof(double), cmp_double);
+    s->offered_rps = (double)s->n / o->duration_s;
+    s->sent_rps = nlag > 1 && last_sent > first_sent
+                      ? (double)(nlag - 1) / ((double)(last_sent - first_sent) / 1e9)
+                      : 0;
+    s->goodput_rps = (double)s->counts[OUT_GOOD] / o->duration_s;
+    s->bad_rate = s->n ? 1.0 - (double)s->counts[OUT_GOOD] / (double)s->n : 0;
+    s->lat_p50 = quantile(lat, nlat, 0.50);
+    s->lat_p90 = quantile(lat, nlat, 0.90);
+    s->lat_p99 = quantile(lat, nlat, 0.99);
+    s->lat_max = nlat ? lat[nlat - 1] : 0;
+    s->lag_p50 = quantile(lag, nlag, 0.50);
+    s->lag_p99 = quantile(lag, nlag, 0.99);
+    s->lag_max = nlag ? lag[nlag - 1] : 0;
+    s->opened = r->opened;
+    s->retries = r->retries;
+    s->cpu_fraction = wall_s > 0 ? cpu_s / wall_s : 0;
+    free(lat);
+    free(lag);
+}
+
+/* Runs warmup + duration seconds of Poisson arrivals at rate_rps through
+ * the shared connection pool r (kept between runs), then waits for every
+ * request's answer or timeout. */
+static void run_at(lg_run_t *r, double rate_rps, uint64_t seed, lg_summary_t *s)
+{
+    const lg_opts_t *o = r->o;
+    double total_s = o->warmup_s + o->duration_s;
+    long cap = (long)(rate_rps * total_s * 1.2) + 64;
+    r->reqs = sq_xcalloc((size_t)cap, sizeof(lg_req_t));
+    r->nreqs = 0;
+    uint64_t rng = seed * 0x9e3779b97f4a7c15ULL + 1;
+    double t = 0;
+    for (;;) {
+        t += -log(rng_unit(&rng)) / rate_rps;
+        if (t >= total_s)
+            break;
+        if (r->nreqs == cap) {
+            cap *= 2;
+            r->reqs = sq_xrealloc(r->reqs, (size_t)cap * sizeof(lg_req_t));
+        }
+        r->reqs[r->nreqs++] = (lg_req_t){.sched_ns = (int64_t)(t * 1e9), .outcome = OUT_PENDING};
+    }
+    r->next_due = r->next_start = 0;
+    r->inflight = 0;
+    r->opened = r->retries = 0;
+    double cpu0 = cpu_seconds();
+    r->t0 = now_ns() + 2000000; /* 2 ms to get going */
+    int64_t last_scan = 0;
+    struct epoll_event evs[256];
+    while (r->next_start < r->nreqs || r->inflight > 0) {
+        int64_t now = now_ns() - r->t0;
+        while (r->next_due < r->nreqs && r->reqs[r->next_due].sched_ns <= now)
+            r->next_due++;
+        while (r->next_start < r->next_due) {
+            int slot = -1;
+            while (r->nidle > 0 && slot < 0) {
+                slot = r->idle[--r->nidle];
+                if (r->conns[slot].state != CONN_IDLE)
+                    slot = -1;
+            }
+            if (slot < 0 && (slot = conn_open(r)) < 0)
+                break;
+            long i = r->next_start++;
+            r->inflight++;
+            conn_start(r, slot, i);
+        }
+        if (now - last_scan > 2000000) {
+            last_scan = now;
+            /* Requests still waiting for a connection past their timeout. */
+            while (r->next_start < r->next_due &&
+                   now - r->reqs[r->next_start].sched_ns > o->timeout_ns) {
+                r->reqs[r->next_start].outcome = OUT_UNSENT;
+                r->reqs[r->next_start].done_ns = now;
+                r->next_start++;
+            }
+            for (int k = 0; k < o->max_conns; k++) {
+                lg_conn_t *c = &r->conns[k];
+                if (c->state == CONN_FREE || c->req < 0)
+                    continue;
+                if (now - r->reqs[c->req].sched_ns > o->timeout_ns) {
+                    long i = c->req;
+                    conn_close(r, k);
+                    finish(r, i, OUT_TIMEOUT, 0);
+                }
+            }
+        }
+        if (r->next_due < r->nreqs)
+            arm_timer(r, r->reqs[r->next_due].sched_ns);
+        int n = epoll_wait(r->ep, evs, 256, 2);
+        for (int k = 0; k < n; k++) {
+            if (evs[k].data.u32 == UINT32_MAX) {
+                uint64_t ticks;
+                if (read(r->tfd, &ticks, sizeof(ticks)) < 0 && errno != EAGAIN)
+                    perror("squish-loadgen: timerfd");
+                continue;
+            }
+            on_event(r, (int)evs[k].data.u32, evs[k].events);
+        }
+    }
+    double wall = (double)(now_ns() - r->t0) / 1e9;
+    summarize(r, rate_rps, cpu_seconds() - cpu0, wall, s);
+    free(r->reqs);
+    r->reqs = NULL;
+}
+
+static void print_summary(FILE *f, const lg_summary_t *s, const lg_opts_t *o, const char *indent)
+{
+    double n = s->n ? (double)s->n : 1;
+    fprintf(f,
+            "%s{\"rate_rps\": %.1f, \"duration_s\": %.1f, \"warmup_s\": %.1f, \"slo_ms\": %.3f, "
+            "\"requests\": %ld, \"offered_rps\": %.1f, \"sent_rps\": %.1f, "
+            "\"goodput_rps\": %.1f, \"bad_rate\": %.5f, "
+            "\"good\": %ld, \"late\": %ld, \"dropped\": %ld, \"errors\": %ld, \"timeouts\": %ld, "
+            "\"conn_errors\": %ld, \"unsent\": %ld, "
+            "\"dropped_rate\": %.5f, \"late_rate\": %.5f, \"error_rate\": %.5f, "
+            "\"latency_ms\": {\"p50\": %.3f, \"p90\": %.3f, \"p99\": %.3f, \"max\": %.3f}, "
+            "\"send_lag_ms\": {\"p50\": %.3f, \"p99\": %.3f, \"max\": %.3f}, "
+            "\"connections_opened\": %ld, \"retries\": %ld, \"loadgen_cpu_fraction\": %.3f}",
+            indent, s->rate_rps, o->duration_s, o->warmup_s, o->slo_ms, s->n, s->offered_rps,
+            s->sent_rps, s->goodput_rps, s->bad_rate, s->counts[OUT_GOOD], s->counts[OUT_LATE],
+            s->counts[OUT_DROPPED], s->counts[OUT_ERROR], s->counts[OUT_TIMEOUT],
+            s->counts[OUT_CONN_ERROR], s->counts[OUT_UNSENT], (double)s->counts[OUT_DROPPED] / n,
+            (double)s->counts[OUT_LATE] / n,
+            (double)(s->counts[OUT_ERROR] + s->counts[OUT_TIMEOUT] + s->counts[OUT_CONN_ERROR] +
+                     s->counts[OUT_UNSENT]) /
+                n,
+            s->lat_p50, s->lat_p90, s->lat_p99, s->lat_max, s->lag_p50, s->lag_p99, s->lag_max,
+            s->opened, s->retries, s->cpu_fraction);
+}
+
+/* ---- request bytes ---------------------------------------------------- */
+
+static char *read_file(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return NULL;
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0) {
+        fclose(f);
+        return NULL;
+    }
+    char *buf = sq_xmalloc((size_t)st.st_size + 1);
+    size_t n = fread(buf, 1, (size_t)st.st_size, f);
+    fclose(f);
+    if (n != (size_t)st.st_size) {
+        free(buf);
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
+
+/* Triton's binary tensor extension: a JSON header naming the input, then the
+ * raw little-endian tensor of shape [1, dims...] (deterministic pseudo-random
+ * pixels). */
+static char *tensor_body(const int *dims, int ndims, const char *dtype, double slo_ms, size_t *len,
+                         size_t *header_len)
+{
+    size_t elems = 1;
+    char shape[128] = "1";
+    for (int i = 0; i < ndims; i++) {
+        elems *= (size_t)dims[i];
+        size_t at = strlen(shape);
+        snprintf(shape + at, sizeof(shape) - at, ",%d", dims[i]);
+    }
+    int fp32 = strcmp(dtype, "FP32") == 0;
+    size_t bytes = elems * (fp32 ? 4 : 1);
+    char head[512];
+    int hl = snprintf(head, sizeof(head),
+                      "{\"inputs\":[{\"name\":\"input\",\"shape\":[%s],\"datatype\":\"%s\","
+                      "\"parameters\":{\"binary_data_size\":%zu}}],"
+                      "\"parameters\":{\"slo_ms\":%g}}",
+                      shape, dtype, bytes, slo_ms);
+    char *body = sq_xmalloc((size_t)hl + bytes);
+    memcpy(body, head, (size_t)hl);
+    uint64_t rng = 7;
+    for (size_t i = 0; i < elems; i++) {
+        uint8_t px = (uint8_t)(rng_next(&rng) >> 56);
+        if (fp32) {
+            float v = (float)px / 255.0f;
+            memcpy(body + hl + 4 * i, &v, 4);
+        } else {
+            body[hl + i] = (char)px;
+        }
+    }
+    *len = (size_t)hl + bytes;
+    *header_len = (size_t)hl;
+    return body;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: squish-loadgen --port P [--host 127.0.0.1] --path /v1/models/M/infer\n"
+               "         (--body FILE [--content-type T] | --tensor CxHxW [--dtype FP32|UINT8])\n"
+               "         --rate RPS [--duration S] [--warmup S] [--seed N] [--slo-ms MS]\n"
+               "         [--connections N] [--timeout-ms MS] [--search-goodput [--target F]\n"
+               "         [--precision F] [--pause-ms MS]]\n"
+               "Open-loop Poisson load over HTTP/1.1 keep-alive; JSON summary on stdout.\n");
+}
+
+int main(int argc, char **argv)
+{
+    lg_opts_t o = {.slo_ms = 25, .max_conns = 512, .duration_s = 10, .warmup_s = 1, .seed = 1};
+    const char *host = "127.0.0.1", *path = NULL, *body_file = NULL, *tensor = NULL;
+    const char *ctype = "image/jpeg", *dtype = "FP32";
+    int port = 0, search = 0;
+    double rate = 0, timeout_ms = -1, target = 0.99, precision = 0.02, pause_ms = 1000;
+    static const struct option longopts[] = {{"host", required_argument, 0, 'H'},
+                                             {"port", required_argument, 0, 'p'},
+                                             {"path", required_argument, 0, 'P'},
+                                             {"body", required_argument, 0, 'b'},
+                                             {"content-type", required_argument, 0, 'c'},
+                                             {"tensor", required_argument, 0, 't'},
+                                             {"dtype", required_argument, 0, 'd'},
+                                             {"rate", required_argument, 0, 'r'},
+                                             {"duration", required_argument, 0, 'D'},
+                                             {"warmup", required_argument, 0, 'w'},
+                                             {"seed", required_argument, 0, 's'},
+                                             {"slo-ms", required_argument, 0, 'S'},
+                                             {"connections", required_argument, 0, 'n'},
+                                             {"timeout-ms", required_argument, 0, 'T'},
+                                             {"search-goodput", no_argument, 0, 'g'},
+                                             {"target", required_argument, 0, 'G'},
+                                             {"precision", required_argument, 0, 'e'},
+                                             {"pause-ms", required_argument, 0, 'z'},
+                                             {"help", no_argument, 0, 'h'},
+                                             {0, 0, 0, 0}};
+    int ch;
+    while ((ch = getopt_long(argc, argv, "", longopts, NULL)) != -1) {
+        switch (ch) {
+        case 'H':
+            host = optarg;
+            break;
+        case 'p':
+            port = atoi(optarg);
+            break;
+        case 'P':
+            path = optarg;
+            break;
+        case 'b':
+            body_file = optarg;
+            break;
+        case 'c':
+            ctype = optarg;
+            break;
+        case 't':
+            tensor = optarg;
+            break;
+        case 'd':
+            dtype = optarg;
+            break;
+        case 'r':
+            rate = atof(optarg);
+            break;
+        case 'D':
+            o.duration_s = atof(optarg);
+            break;
+        case 'w':
+            o.warmup_s = atof(optarg);
+            break;
+        case 's':
+            o.seed = strtoull(optarg, NULL, 10);
+            break;
+        case 'S':
+            o.slo_ms = atof(optarg);
+            break;
+        case 'n':
+            o.max_conns = atoi(optarg);
+            break;
+        case 'T':
+            timeout_ms = atof(optarg);
+            break;
+        case 'g':
+            search = 1;
+            break;
+        case 'G':
+            target = atof(optarg);
+            break;
+        case 'e':
+            precision = atof(optarg);
+            break;
+        case 'z':
+            pause_ms = atof(optarg);
+            break;
+        case 'h':
+            usage(stdout);
+            return 0;
+        default:
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (port <= 0 || port > 65535 || path == NULL || rate <= 0 || o.duration_s <= 0 ||
+        o.warmup_s < 0 || o.slo_ms <= 0 || o.max_conns < 1 || o.max_conns > 60000 ||
+        (body_file == NULL) == (tensor == NULL) || target <= 0 || target > 1 || precision <= 0 ||
+        (strcmp(dtype, "FP32") != 0 && strcmp(dtype, "UINT8") != 0)) {
+        usage(stderr);
+        return 2;
+    }
+    o.timeout_ns = (int64_t)((timeout_ms > 0 ? timeout_ms : 10 * o.slo_ms + 1000) * 1e6);
+    o.addr.sin_family = AF_INET;
+    o.addr.sin_port = htons((uint16_t)port);
+    if (inet_pton(AF_INET, host, &o.addr.sin_addr) != 1) {
+        fprintf(stderr, "squish-loadgen: --host %s: expected an IPv4 address\n", host);
+        return 2;
+    }
+
+    size_t body_len = 0, header_len = 0;
+    char *body;
+    if (body_file != NULL) {
+        if ((body = read_file(body_file, &body_len)) == NULL) {
+            fprintf(stderr, "squish-loadgen: --body %s: %s\n", body_file, strerror(errno));
+            return 2;
+        }
+    } else {
+        int dims[4], nd = 0;
+        for (const char *p = tensor; nd < 4 && *p != '\0';) {
+            char *e;
+            long v = strtol(p, &e, 10);
+            if (e == p || v < 1 || v > 4096 || (*e != '\0' && *e != 'x')) {
+                nd = 0;
+                break;
+            }
+            dims[nd++] = (int)v;
+            p = *e == 'x' ? e + 1 : e;
+        }
+        if (nd == 0) {
+            fprintf(stderr, "squish-loadgen: --tensor %s: expected CxHxW\n", tensor);
+            return 2;
+        }
+        body = tensor_body(dims, nd, dtype, o.slo_ms, &body_len, &header_len);
+        ctype = "application/octet-stream";
+    }
+    char head[1024];
+    int hl = snprintf(head, sizeof(head),
+                      "POST %s HTTP/1.1\r\nHost: %s:%d\r\nContent-Type: %s\r\n"
+                      "Content-Length: %zu\r\nX-SLO-Ms: %g\r\n",
+                      path, host, port, ctype, body_len, o.slo_ms);
+    if (header_len > 0)
+        hl += snprintf(head + hl, sizeof(head) - (size_t)hl,
+                       "Inference-Header-Content-Length: %zu\r\n", header_len);
+    hl += snprintf(head + hl, sizeof(head) - (size_t)hl, "\r\n");
+    o.wire_len = (size_t)hl + body_len;
+    o.wire = sq_xmalloc(o.wire_len);
+    memcpy(o.wire, head, (size_t)hl);
+    memcpy(o.wire + hl, body, body_len);
+    free(body);
+
+    /* Wake-ups on time: the default 50 µs slack would skew the schedule. */
+    prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < (rlim_t)o.max_conns + 64) {
+        rl.rlim_cur =
+            rl.rlim_max < (rlim_t)o.max_conns + 64 ? rl.rlim_max : (rlim_t)o.max_conns + 64;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+
+    lg_run_t r = {.o = &o};
+    r.ep = epoll_create1(EPOLL_CLOEXEC);
+    r.tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (r.ep < 0 || r.tfd < 0) {
+        perror("squish-loadgen: epoll/timerfd");
+        return 1;
+    }
+    struct epoll_event tev = {.events = EPOLLIN, .data.u32 = UINT32_MAX};
+    epoll_ctl(r.ep, EPOLL_CTL_ADD, r.tfd, &tev);
+    r.conns = sq_xcalloc((size_t)o.max_conns, sizeof(lg_conn_t));
+    r.idle = sq_xcalloc((size_t)o.max_conns, sizeof(int));
+    for (int i = 0; i < o.max_conns; i++)
+        r.conns[i].fd = -1;
+
+    lg_summary_t s;
+    if (!search) {
+        run_at(&r, rate, o.seed, &s);
+        print_summary(stdout, &s, &o, "");
+        printf("\n");
+        return 0;
+    }
+
+    /* Goodput search: bracket by doubling or halving, then bisect until the
+     * bracket is within --precision (relative). Each trial is a fresh run;
+     * live numbers are noisy, so a trial is one sample, not a proof. */
+    double lo = 0, hi = 0, best_goodput = 0;
+    lg_summary_t best = {0};
+    printf("{\"trials\": [\n");
+    int trials = 0;
+    for (double x = rate;;) {
+        run_at(&r, x, o.seed + (uint64_t)trials, &s);
+        print_summary(stdout, &s, &o, trials ? ",\n  " : "  ");
+        fflush(stdout);
+        trials++;
+        int ok = s.n > 0 && 1.0 - s.bad_rate >= target;
+        if (ok) {
+            if (x > lo) {
+                lo = x;
+                best = s;
+                best_goodput = x;
+            }
+        } else {
+            hi = x;
+        }
+        usleep((useconds_t)(pause_ms * 1000));
+        if (lo == 0 && hi > 0) {
+            x = hi / 2; /* halving until one passes */
+            if (x < 1)
+                break;
+        } else if (hi == 0) {
+            x = lo * 2;
+        } else if ((hi - lo) / hi > precision && trials < 30) {
+            x = (lo + hi) / 2;
+        } else {
+            break;
+        }
+    }
+    printf("\n],\n\"goodput_rps\": %.1f, \"target\": %.3f, \"best\": ", best_goodput, target);
+    print_summary(stdout, &best, &o, "");
+    printf("}\n");
+    return 0;
+}
