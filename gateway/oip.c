@@ -16,9 +16,8 @@
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
                "tensor rows are copied as little-endian bytes");
 
-#define OIP_MAX_BATCH_LIMIT 65536      /* sanity bound on model->max_batch */
-#define OIP_MAX_ITEM_ELEMS (1ll << 30) /* sanity bound on one row */
-#define OIP_MAX_REQ_DIMS (GW_OIP_MAX_DIMS + 1)
+#define OIP_MAX_BATCH_LIMIT 65536           /* sanity bound on model->max_batch */
+#define OIP_MAX_ITEM_ELEMS (1ll << 30)      /* sanity bound on one row */
 #define OIP_MAX_SLO_MS (24.0 * 3600 * 1000) /* one day */
 
 static const char *const datatype_names[] = {
@@ -46,19 +45,6 @@ size_t gw_oip_datatype_size(gw_oip_datatype_t dt)
 }
 
 typedef struct {
-    const gw_oip_model_t *model;
-    gw_oip_request_t *req;
-    const uint8_t *body;
-    size_t len;
-    long long header_len;
-    size_t bin_off; /* next unread byte of the binary part */
-    char *err;
-    size_t errlen;
-    char path[192];
-    size_t plen;
-} dec_t;
-
-typedef struct {
     int present;
     int binary; /* -1: not given */
     int64_t classification;
@@ -66,7 +52,7 @@ typedef struct {
 
 /* ---- error paths ---- */
 
-__attribute__((format(printf, 3, 4))) static int fail(dec_t *d, int code, const char *fmt, ...)
+int oip_fail(oip_dec_t *d, int code, const char *fmt, ...)
 {
     char msg[256];
     va_list ap;
@@ -80,7 +66,7 @@ __attribute__((format(printf, 3, 4))) static int fail(dec_t *d, int code, const 
     return code;
 }
 
-static size_t path_key(dec_t *d, const char *key)
+size_t oip_path_key(oip_dec_t *d, const char *key)
 {
     size_t old = d->plen;
     int n = snprintf(d->path + old, sizeof(d->path) - old, "%s%s", old ? "." : "", key);
@@ -89,7 +75,7 @@ static size_t path_key(dec_t *d, const char *key)
     return old;
 }
 
-static size_t path_index(dec_t *d, size_t i)
+size_t oip_path_index(oip_dec_t *d, size_t i)
 {
     size_t old = d->plen;
     int n = snprintf(d->path + old, sizeof(d->path) - old, "[%zu]", i);
@@ -98,7 +84,7 @@ static size_t path_index(dec_t *d, size_t i)
     return old;
 }
 
-static void path_pop(dec_t *d, size_t old)
+void oip_path_pop(oip_dec_t *d, size_t old)
 {
     d->plen = old;
     d->path[old] = '\0';
@@ -106,13 +92,13 @@ static void path_pop(dec_t *d, size_t old)
 
 /* The validated text disagrees with the lexer: cannot happen, but must not
  * crash either. */
-static int malformed(dec_t *d)
+int oip_malformed(oip_dec_t *d)
 {
-    return fail(d, SQ_BAD_JSON, "malformed JSON");
+    return oip_fail(d, SQ_BAD_JSON, "malformed JSON");
 }
 
 /* "[N,3,224,224]" (batch < 0) or "[2,3,224,224]". */
-static void shape_str(char *buf, size_t cap, long long batch, const int64_t *item, int ndim)
+void oip_shape_str(char *buf, size_t cap, long long batch, const int64_t *item, int ndim)
 {
     size_t o = 0;
     int n = batch < 0 ? snprintf(buf, cap, "[N") : snprintf(buf, cap, "[%lld", batch);
@@ -127,7 +113,7 @@ static void shape_str(char *buf, size_t cap, long long batch, const int64_t *ite
 
 /* ---- memory the request owns ---- */
 
-static void *req_alloc(gw_oip_request_t *r, size_t n)
+void *oip_req_alloc(gw_oip_request_t *r, size_t n)
 {
     void *p = malloc(n ? n : 1);
     if (p == NULL)
@@ -167,12 +153,12 @@ void gw_oip_request_dispose(gw_oip_request_t *req)
 /* Next member of an object whose '{' was consumed: 1 with the key (keys
  * longer than keycap - 1 come back truncated and match nothing known), 0 at
  * the end, <0 on error. */
-static int next_key(dec_t *d, oip_cur_t *c, int *first, char *key, size_t keycap)
+static int next_key(oip_dec_t *d, oip_cur_t *c, int *first, char *key, size_t keycap)
 {
     if (!*first && !oip_accept(c, ',')) {
         if (oip_accept(c, '}'))
             return 0;
-        return malformed(d);
+        return oip_malformed(d);
     }
     if (*first) {
         *first = 0;
@@ -183,7 +169,7 @@ static int next_key(dec_t *d, oip_cur_t *c, int *first, char *key, size_t keycap
     size_t n;
     int esc;
     if (oip_string(c, &s, &n, &esc) != 0 || !oip_accept(c, ':'))
-        return malformed(d);
+        return oip_malformed(d);
     if (esc) {
         char tmp[128];
         if (n < sizeof(tmp)) {
@@ -206,7 +192,7 @@ static int next_key(dec_t *d, oip_cur_t *c, int *first, char *key, size_t keycap
 }
 
 /* Next element of an array whose '[' was consumed: 1, 0 at the end. */
-static int next_elem(dec_t *d, oip_cur_t *c, int *first)
+int oip_next_elem(oip_dec_t *d, oip_cur_t *c, int *first)
 {
     if (*first) {
         *first = 0;
@@ -216,23 +202,23 @@ static int next_elem(dec_t *d, oip_cur_t *c, int *first)
         return 1;
     if (oip_accept(c, ']'))
         return 0;
-    return malformed(d);
+    return oip_malformed(d);
 }
 
-static int skip(dec_t *d, oip_cur_t *c)
+static int skip(oip_dec_t *d, oip_cur_t *c)
 {
-    return oip_skip(c) == 0 ? 0 : malformed(d);
+    return oip_skip(c) == 0 ? 0 : oip_malformed(d);
 }
 
 /* Reads a boolean value; SQ_BAD_REQUEST naming the path otherwise. */
-static int read_bool(dec_t *d, oip_cur_t *c, int *out)
+static int read_bool(oip_dec_t *d, oip_cur_t *c, int *out)
 {
     char ch = oip_peek(c);
     if (ch == 't' || ch == 'f') {
         *out = ch == 't';
         return skip(d, c);
     }
-    return fail(d, SQ_BAD_REQUEST, "expected true or false");
+    return oip_fail(d, SQ_BAD_REQUEST, "expected true or false");
 }
 
 static int is_number_start(char ch)
@@ -241,28 +227,28 @@ static int is_number_start(char ch)
 }
 
 /* An integer in [min, max], else SQ_BAD_REQUEST with what. */
-static int read_int(dec_t *d, oip_cur_t *c, int64_t min, int64_t max, int64_t *out,
+static int read_int(oip_dec_t *d, oip_cur_t *c, int64_t min, int64_t max, int64_t *out,
                     const char *what)
 {
     const char *s;
     size_t n;
     if (!is_number_start(oip_peek(c)) || oip_number(c, &s, &n) != 0 ||
         oip_parse_int(s, n, min, max, out) != 0)
-        return fail(d, SQ_BAD_REQUEST, "expected %s", what);
+        return oip_fail(d, SQ_BAD_REQUEST, "expected %s", what);
     return 0;
 }
 
 /* A string value unescaped into out (cap bytes with the NUL); *len gets the
  * full length even when it did not fit. */
-static int read_string(dec_t *d, oip_cur_t *c, char *out, size_t cap, size_t *len)
+static int read_string(oip_dec_t *d, oip_cur_t *c, char *out, size_t cap, size_t *len)
 {
     const char *s;
     size_t n;
     int esc;
     if (oip_peek(c) != '"')
-        return fail(d, SQ_BAD_REQUEST, "expected a string");
+        return oip_fail(d, SQ_BAD_REQUEST, "expected a string");
     if (oip_string(c, &s, &n, &esc) != 0)
-        return malformed(d);
+        return oip_malformed(d);
     if (!esc) {
         *len = n;
         size_t k = n < cap - 1 ? n : cap - 1;
@@ -272,7 +258,7 @@ static int read_string(dec_t *d, oip_cur_t *c, char *out, size_t cap, size_t *le
     }
     char *tmp = malloc(n ? n : 1);
     if (tmp == NULL)
-        return fail(d, SQ_NOMEM, "out of memory");
+        return oip_fail(d, SQ_NOMEM, "out of memory");
     size_t u = oip_unescape(s, n, tmp);
     *len = u;
     size_t k = u < cap - 1 ? u : cap - 1;
@@ -284,18 +270,18 @@ static int read_string(dec_t *d, oip_cur_t *c, char *out, size_t cap, size_t *le
 
 /* ---- top-level fields ---- */
 
-static int parse_id(dec_t *d, oip_cur_t *c)
+static int parse_id(oip_dec_t *d, oip_cur_t *c)
 {
     const char *s;
     size_t n;
     int esc;
     if (oip_peek(c) != '"')
-        return fail(d, SQ_BAD_REQUEST, "expected a string");
+        return oip_fail(d, SQ_BAD_REQUEST, "expected a string");
     if (oip_string(c, &s, &n, &esc) != 0)
-        return malformed(d);
+        return oip_malformed(d);
     /* Unescaping shrinks a string at most six times ("\u0041"). */
     if (n > 6 * (size_t)GW_OIP_ID_MAX)
-        return fail(d, SQ_TOO_LARGE, "longer than %d bytes", GW_OIP_ID_MAX);
+        return oip_fail(d, SQ_TOO_LARGE, "longer than %d bytes", GW_OIP_ID_MAX);
     char *id = sq_xmalloc(n + 1);
     size_t len = esc ? oip_unescape(s, n, id) : n;
     if (!esc)
@@ -303,7 +289,7 @@ static int parse_id(dec_t *d, oip_cur_t *c)
     id[len] = '\0';
     if (len > GW_OIP_ID_MAX) {
         free(id);
-        return fail(d, SQ_TOO_LARGE, "longer than %d bytes", GW_OIP_ID_MAX);
+        return oip_fail(d, SQ_TOO_LARGE, "longer than %d bytes", GW_OIP_ID_MAX);
     }
     free(d->req->id);
     d->req->id = id;
@@ -311,27 +297,27 @@ static int parse_id(dec_t *d, oip_cur_t *c)
     return 0;
 }
 
-static int parse_parameters(dec_t *d, oip_cur_t *c)
+static int parse_parameters(oip_dec_t *d, oip_cur_t *c)
 {
     if (!oip_accept(c, '{'))
-        return fail(d, SQ_BAD_REQUEST, "expected an object");
+        return oip_fail(d, SQ_BAD_REQUEST, "expected an object");
     int first = 1, rc;
     char key[40];
     double slo_ms = -1, timeout_ms = -1;
     while ((rc = next_key(d, c, &first, key, sizeof(key))) == 1) {
-        size_t old = path_key(d, key);
+        size_t old = oip_path_key(d, key);
         if (strcmp(key, "slo_ms") == 0) {
             const char *s;
             size_t n;
             double v = -1;
             if (is_number_start(oip_peek(c))) {
                 if (oip_number(c, &s, &n) != 0)
-                    return malformed(d);
+                    return oip_malformed(d);
                 v = oip_parse_f64(s, n);
             }
             if (!(v > 0 && v <= OIP_MAX_SLO_MS))
-                return fail(d, SQ_BAD_REQUEST, "expected a number of milliseconds in (0, %.0f]",
-                            OIP_MAX_SLO_MS);
+                return oip_fail(d, SQ_BAD_REQUEST, "expected a number of milliseconds in (0, %.0f]",
+                                OIP_MAX_SLO_MS);
             slo_ms = v;
         } else if (strcmp(key, "timeout") == 0) {
             int64_t us;
@@ -350,7 +336,7 @@ static int parse_parameters(dec_t *d, oip_cur_t *c)
         } else if ((rc = skip(d, c)) != 0) {
             return rc;
         }
-        path_pop(d, old);
+        oip_path_pop(d, old);
     }
     if (rc < 0)
         return rc;
@@ -361,57 +347,43 @@ static int parse_parameters(dec_t *d, oip_cur_t *c)
 
 /* ---- one input ---- */
 
-typedef struct {
-    char name[GW_OIP_NAME_MAX + 2];
-    size_t name_len;
-    int have_name;
-    char datatype[16];
-    size_t datatype_len;
-    int have_datatype;
-    int64_t shape[OIP_MAX_REQ_DIMS];
-    int ndim;            /* -1: absent */
-    int64_t binary_size; /* -1: absent */
-    oip_cur_t data;      /* where "data" starts */
-    int have_data;
-} input_fields_t;
-
-static int parse_shape(dec_t *d, oip_cur_t *c, input_fields_t *f)
+static int parse_shape(oip_dec_t *d, oip_cur_t *c, oip_input_fields_t *f)
 {
     if (!oip_accept(c, '['))
-        return fail(d, SQ_BAD_TENSOR, "expected an array of integers");
+        return oip_fail(d, SQ_BAD_TENSOR, "expected an array of integers");
     int first = 1, rc;
     f->ndim = 0;
-    while ((rc = next_elem(d, c, &first)) == 1) {
-        size_t old = path_index(d, (size_t)f->ndim);
+    while ((rc = oip_next_elem(d, c, &first)) == 1) {
+        size_t old = oip_path_index(d, (size_t)f->ndim);
         int64_t v;
         const char *s;
         size_t n;
         if (!is_number_start(oip_peek(c)) || oip_number(c, &s, &n) != 0 ||
             oip_parse_int(s, n, 0, INT64_MAX, &v) != 0)
-            return fail(d, SQ_BAD_TENSOR, "expected an integer >= 0");
-        path_pop(d, old);
+            return oip_fail(d, SQ_BAD_TENSOR, "expected an integer >= 0");
+        oip_path_pop(d, old);
         if (f->ndim == OIP_MAX_REQ_DIMS)
-            return fail(d, SQ_BAD_TENSOR, "more than %d dimensions", OIP_MAX_REQ_DIMS);
+            return oip_fail(d, SQ_BAD_TENSOR, "more than %d dimensions", OIP_MAX_REQ_DIMS);
         f->shape[f->ndim++] = v;
     }
     return rc;
 }
 
-static int parse_input_parameters(dec_t *d, oip_cur_t *c, input_fields_t *f)
+static int parse_input_parameters(oip_dec_t *d, oip_cur_t *c, oip_input_fields_t *f)
 {
     if (!oip_accept(c, '{'))
-        return fail(d, SQ_BAD_REQUEST, "expected an object");
+        return oip_fail(d, SQ_BAD_REQUEST, "expected an object");
     int first = 1, rc;
     char key[40];
     while ((rc = next_key(d, c, &first, key, sizeof(key))) == 1) {
-        size_t old = path_key(d, key);
+        size_t old = oip_path_key(d, key);
         if (strcmp(key, "binary_data_size") == 0) {
             if ((rc = read_int(d, c, 0, INT64_MAX, &f->binary_size, "an integer >= 0")) != 0)
                 return rc;
         } else if ((rc = skip(d, c)) != 0) {
             return rc;
         }
-        path_pop(d, old);
+        oip_path_pop(d, old);
     }
     return rc;
 }
@@ -461,270 +433,17 @@ static int64_t item_elems(const gw_oip_input_desc_t *in)
     return n;
 }
 
-/* Reads the elements of tensor data into dst (count elements of dt; dst
- * NULL only counts). shape/ndim: the request's full shape. */
-typedef struct {
-    gw_oip_datatype_t dt;
-    uint8_t *dst;
-    size_t count; /* expected elements */
-    size_t at;    /* elements read so far */
-    const int64_t *shape;
-    int ndim;
-    int levels; /* nesting depth of the data arrays, 1 = flat */
-    /* BYTES */
-    gw_oip_row_t *rows;
-    size_t max_image;
-} data_ctx_t;
-
-/* The innermost array of tensor data, through its ']'; *n gets its length. */
-static int read_tensor_run(dec_t *d, oip_cur_t *c, data_ctx_t *x, size_t *n)
-{
-    size_t esize = gw_oip_datatype_size(x->dt);
-    size_t cap = x->dst != NULL && x->at < x->count ? x->count - x->at : 0;
-    oip_bad_t bad;
-    if (oip_read_numbers(c, x->dt == GW_OIP_UINT8, cap ? x->dst + x->at * esize : NULL, cap, n,
-                         &bad) == 0) {
-        x->at += *n;
-        return 0;
-    }
-    int len = (int)(bad.n < 40 ? bad.n : 40);
-    switch (bad.kind) {
-    case OIP_BAD_NOT_NUMBER:
-        path_index(d, bad.index);
-        return fail(d, SQ_BAD_TENSOR, "expected a number");
-    case OIP_BAD_FP32_RANGE:
-        path_index(d, bad.index);
-        return fail(d, SQ_BAD_TENSOR, "%.*s is out of range for FP32", len, bad.s);
-    case OIP_BAD_UINT8:
-        path_index(d, bad.index);
-        return fail(d, SQ_BAD_TENSOR, "%.*s is not a UINT8 (an integer 0..255)", len, bad.s);
-    default:
-        return malformed(d);
-    }
-}
-
-static int read_bytes_elem(dec_t *d, oip_cur_t *c, data_ctx_t *x, size_t index_in_array)
-{
-    const char *s;
-    size_t n;
-    int esc;
-    size_t old = path_index(d, index_in_array);
-    if (oip_peek(c) != '"')
-        return fail(d, SQ_BAD_TENSOR, "expected a base64 string");
-    if (oip_string(c, &s, &n, &esc) != 0)
-        return malformed(d);
-    if (x->at >= x->count) { /* too many: only counted */
-        x->at++;
-        path_pop(d, old);
-        return 0;
-    }
-    char *tmp = NULL;
-    if (esc) {
-        /* "\/" is how some encoders write '/'; anything else escaped is not
-         * base64 and fails below. */
-        tmp = malloc(n ? n : 1);
-        if (tmp == NULL)
-            return fail(d, SQ_NOMEM, "out of memory");
-        n = oip_unescape(s, n, tmp);
-        s = tmp;
-    }
-    if (gw_oip_base64_decoded_max(n) > x->max_image + 2) {
-        free(tmp);
-        return fail(d, SQ_TOO_LARGE, "image larger than %zu bytes", x->max_image);
-    }
-    uint8_t *img = req_alloc(d->req, gw_oip_base64_decoded_max(n));
-    if (img == NULL) {
-        free(tmp);
-        return fail(d, SQ_NOMEM, "out of memory");
-    }
-    long long got = gw_oip_base64_decode(s, n, img);
-    free(tmp);
-    if (got < 0)
-        return fail(d, SQ_BAD_TENSOR,
-                    "invalid base64 (standard alphabet, '=' padding, no whitespace)");
-    if (got == 0)
-        return fail(d, SQ_BAD_TENSOR, "empty image");
-    if ((size_t)got > x->max_image)
-        return fail(d, SQ_TOO_LARGE, "image larger than %zu bytes", x->max_image);
-    x->rows[x->at].data = img;
-    x->rows[x->at].len = (size_t)got;
-    x->at++;
-    path_pop(d, old);
-    return 0;
-}
-
-/* One array of the data at nesting level `level` (0 = outermost). */
-static int read_data_level(dec_t *d, oip_cur_t *c, data_ctx_t *x, int level)
-{
-    if (!oip_accept(c, '['))
-        return fail(d, SQ_BAD_TENSOR, "expected an array");
-    int first = 1, rc;
-    size_t n = 0;
-    if (level == x->levels - 1) {
-        /* Innermost: the trailing dims flattened. */
-        size_t want = 1;
-        for (int i = level; i < x->ndim; i++)
-            want *= (size_t)x->shape[i];
-        if (x->dt != GW_OIP_BYTES) {
-            if ((rc = read_tensor_run(d, c, x, &n)) != 0)
-                return rc;
-        } else {
-            while ((rc = next_elem(d, c, &first)) == 1) {
-                if ((rc = read_bytes_elem(d, c, x, n)) != 0)
-                    return rc;
-                n++;
-            }
-            if (rc < 0)
-                return rc;
-        }
-        if (n != want) {
-            if (x->levels == 1) {
-                char sh[160];
-                shape_str(sh, sizeof(sh), x->shape[0], x->shape + 1, x->ndim - 1);
-                return fail(d, SQ_BAD_TENSOR, "%zu elements for shape %s (%zu)", n, sh, want);
-            }
-            return fail(d, SQ_BAD_TENSOR, "%zu elements, expected %zu", n, want);
-        }
-        return 0;
-    }
-    while ((rc = next_elem(d, c, &first)) == 1) {
-        size_t old = path_index(d, n);
-        if (n >= (size_t)x->shape[level])
-            return fail(d, SQ_BAD_TENSOR, "more than %lld entries at this level",
-                        (long long)x->shape[level]);
-        if ((rc = read_data_level(d, c, x, level + 1)) != 0)
-            return rc;
-        path_pop(d, old);
-        n++;
-    }
-    if (rc < 0)
-        return rc;
-    if (n != (size_t)x->shape[level])
-        return fail(d, SQ_BAD_TENSOR, "%zu entries, expected %lld", n, (long long)x->shape[level]);
-    return 0;
-}
-
-/* How many '[' open the data (capped at limit + 1). */
-static int data_levels(oip_cur_t c, int limit)
-{
-    int levels = 0;
-    while (levels <= limit && oip_accept(&c, '['))
-        levels++;
-    return levels;
-}
-
-/* Reads "data" at c (advanced past it) into the input's rows. */
-static int read_json_data(dec_t *d, oip_cur_t *cur, gw_oip_input_t *in, const input_fields_t *f,
-                          size_t item, int batch)
-{
-    oip_cur_t c = *cur;
-    size_t old = path_key(d, "data");
-    data_ctx_t x = {.dt = in->datatype, .shape = f->shape, .ndim = f->ndim};
-    x.levels = data_levels(c, f->ndim);
-    if (x.levels == 0)
-        return fail(d, SQ_BAD_TENSOR, "expected an array");
-    if (x.levels > f->ndim)
-        return fail(d, SQ_BAD_TENSOR, "nested deeper than the shape (%d dims)", f->ndim);
-    int rc;
-    if (in->datatype == GW_OIP_BYTES) {
-        x.count = (size_t)batch;
-        x.rows = in->rows;
-        x.max_image =
-            d->model->max_image_bytes ? d->model->max_image_bytes : GW_OIP_DEFAULT_IMAGE_BYTES;
-        rc = read_data_level(d, &c, &x, 0);
-    } else {
-        size_t esize = gw_oip_datatype_size(in->datatype);
-        x.count = (size_t)batch * item;
-        /* Every element takes at least two bytes of text ("0,"): a body too
-         * short for the shape is only counted, for the message, never
-         * allocated for. */
-        if ((size_t)(c.end - c.p) >= 2 * x.count - 1) {
-            x.dst = req_alloc(d->req, x.count * esize);
-            if (x.dst == NULL)
-                return fail(d, SQ_NOMEM, "out of memory for %zu elements", x.count);
-        }
-        rc = read_data_level(d, &c, &x, 0);
-        if (rc == 0 && x.dst == NULL)
-            return fail(d, SQ_BAD_TENSOR, "shorter than its shape"); /* unreachable */
-        if (rc == 0)
-            for (int b = 0; b < batch; b++) {
-                in->rows[b].data = x.dst + (size_t)b * item * esize;
-                in->rows[b].len = item * esize;
-            }
-    }
-    if (rc == 0) {
-        path_pop(d, old);
-        *cur = c;
-    }
-    return rc;
-}
-
-static int read_binary_data(dec_t *d, gw_oip_input_t *in, const input_fields_t *f, size_t item,
-                            int batch)
-{
-    size_t old = path_key(d, "parameters.binary_data_size");
-    if (d->header_len < 0)
-        return fail(d, SQ_BAD_REQUEST,
-                    "binary data needs the Inference-Header-Content-Length header");
-    size_t left = d->len - d->bin_off;
-    if ((uint64_t)f->binary_size > left)
-        return fail(d, SQ_BAD_REQUEST, "%lld bytes declared but only %zu left in the body",
-                    (long long)f->binary_size, left);
-    const uint8_t *p = d->body + d->bin_off, *end = p + f->binary_size;
-    d->bin_off += (size_t)f->binary_size;
-    in->binary = 1;
-    if (in->datatype != GW_OIP_BYTES) {
-        size_t want = (size_t)batch * item * gw_oip_datatype_size(in->datatype);
-        if ((size_t)f->binary_size != want) {
-            char sh[160];
-            shape_str(sh, sizeof(sh), batch, f->shape + 1, f->ndim - 1);
-            return fail(d, SQ_BAD_TENSOR, "%lld bytes for %s %s (%zu)", (long long)f->binary_size,
-                        gw_oip_datatype_name(in->datatype), sh, want);
-        }
-        size_t row = item * gw_oip_datatype_size(in->datatype);
-        for (int b = 0; b < batch; b++) {
-            in->rows[b].data = p + (size_t)b * row;
-            in->rows[b].len = row;
-        }
-        path_pop(d, old);
-        return 0;
-    }
-    size_t max_image =
-        d->model->max_image_bytes ? d->model->max_image_bytes : GW_OIP_DEFAULT_IMAGE_BYTES;
-    for (int b = 0; b < batch; b++) {
-        if (end - p < 4)
-            return fail(d, SQ_BAD_TENSOR, "element %d: missing its 4-byte length", b);
-        uint32_t n = sq_le32(p);
-        p += 4;
-        if (n > (size_t)(end - p))
-            return fail(d, SQ_BAD_TENSOR, "element %d: %u bytes declared, %zu left in the tensor",
-                        b, n, (size_t)(end - p));
-        if (n == 0)
-            return fail(d, SQ_BAD_TENSOR, "element %d: empty image", b);
-        if (n > max_image)
-            return fail(d, SQ_TOO_LARGE, "element %d: image larger than %zu bytes", b, max_image);
-        in->rows[b].data = p;
-        in->rows[b].len = n;
-        p += n;
-    }
-    if (p != end)
-        return fail(d, SQ_BAD_TENSOR, "%zu bytes after the %d elements of shape [%d]",
-                    (size_t)(end - p), batch, batch);
-    path_pop(d, old);
-    return 0;
-}
-
 /* Checks an input's name, datatype and shape against the model once all
  * three are known, and sets up its rows: *mi gets its model index. */
-static int resolve_input(dec_t *d, const input_fields_t *f, unsigned *seen, int *mi_out)
+static int resolve_input(oip_dec_t *d, const oip_input_fields_t *f, unsigned *seen, int *mi_out)
 {
     const gw_oip_model_t *m = d->model;
     gw_oip_request_t *r = d->req;
 
     /* Name: one of the model's inputs, once. */
-    size_t old = path_key(d, "name");
+    size_t old = oip_path_key(d, "name");
     if (!f->have_name)
-        return fail(d, SQ_BAD_REQUEST, "missing");
+        return oip_fail(d, SQ_BAD_REQUEST, "missing");
     int mi = -1;
     for (int i = 0; i < m->ninputs; i++)
         if (f->name_len == strlen(m->inputs[i].name) &&
@@ -732,21 +451,21 @@ static int resolve_input(dec_t *d, const input_fields_t *f, unsigned *seen, int 
             mi = i;
     if (mi < 0) {
         if (m->ninputs == 1)
-            return fail(d, SQ_BAD_TENSOR, "unknown input \"%.64s\" (the model takes \"%s\")",
-                        f->name, m->inputs[0].name);
-        return fail(d, SQ_BAD_TENSOR, "unknown input \"%.64s\"", f->name);
+            return oip_fail(d, SQ_BAD_TENSOR, "unknown input \"%.64s\" (the model takes \"%s\")",
+                            f->name, m->inputs[0].name);
+        return oip_fail(d, SQ_BAD_TENSOR, "unknown input \"%.64s\"", f->name);
     }
     if (*seen & (1u << mi))
-        return fail(d, SQ_BAD_REQUEST, "input \"%s\" given twice", m->inputs[mi].name);
+        return oip_fail(d, SQ_BAD_REQUEST, "input \"%s\" given twice", m->inputs[mi].name);
     *seen |= 1u << mi;
-    path_pop(d, old);
+    oip_path_pop(d, old);
     const gw_oip_input_desc_t *desc = &m->inputs[mi];
     gw_oip_input_t *in = &r->inputs[mi];
 
     /* Datatype: known to OIP and accepted for this input. */
-    old = path_key(d, "datatype");
+    old = oip_path_key(d, "datatype");
     if (!f->have_datatype)
-        return fail(d, SQ_BAD_REQUEST, "missing");
+        return oip_fail(d, SQ_BAD_REQUEST, "missing");
     gw_oip_datatype_t dt = GW_OIP_FP32;
     int known = f->datatype_len < sizeof(f->datatype)
                     ? parse_datatype(f->datatype, f->datatype_len, &dt)
@@ -754,57 +473,58 @@ static int resolve_input(dec_t *d, const input_fields_t *f, unsigned *seen, int 
     char acc[64];
     accepted_str(acc, sizeof(acc), accept_mask(desc));
     if (known < 0)
-        return fail(d, SQ_BAD_TENSOR, "unknown datatype \"%.15s\" (expected %s)", f->datatype, acc);
+        return oip_fail(d, SQ_BAD_TENSOR, "unknown datatype \"%.15s\" (expected %s)", f->datatype,
+                        acc);
     if (known > 0 || !(accept_mask(desc) & (1u << dt)))
-        return fail(d, SQ_BAD_TENSOR, "%s is not accepted for \"%s\" (expected %s)", f->datatype,
-                    desc->name, acc);
+        return oip_fail(d, SQ_BAD_TENSOR, "%s is not accepted for \"%s\" (expected %s)",
+                        f->datatype, desc->name, acc);
     in->datatype = dt;
-    path_pop(d, old);
+    oip_path_pop(d, old);
 
     /* Shape: [N, item...] for tensors, [N] or [N,1] for images. */
-    old = path_key(d, "shape");
+    old = oip_path_key(d, "shape");
     if (f->ndim < 0)
-        return fail(d, SQ_BAD_REQUEST, "missing");
+        return oip_fail(d, SQ_BAD_REQUEST, "missing");
     char sh[160];
     if (dt == GW_OIP_BYTES) {
         if (!(f->ndim == 1 || (f->ndim == 2 && f->shape[1] == 1)))
-            return fail(d, SQ_BAD_TENSOR, "expected [N] or [N,1] for BYTES images");
+            return oip_fail(d, SQ_BAD_TENSOR, "expected [N] or [N,1] for BYTES images");
     } else {
         int ok = f->ndim == desc->item_ndim + 1;
         for (int i = 0; ok && i < desc->item_ndim; i++)
             ok = f->shape[i + 1] == desc->item_shape[i];
         if (!ok) {
-            shape_str(sh, sizeof(sh), -1, desc->item_shape, desc->item_ndim);
-            return fail(d, SQ_BAD_TENSOR, "expected %s", sh);
+            oip_shape_str(sh, sizeof(sh), -1, desc->item_shape, desc->item_ndim);
+            return oip_fail(d, SQ_BAD_TENSOR, "expected %s", sh);
         }
     }
     if (f->shape[0] < 1)
-        return fail(d, SQ_BAD_TENSOR, "batch size %lld, expected at least 1",
-                    (long long)f->shape[0]);
+        return oip_fail(d, SQ_BAD_TENSOR, "batch size %lld, expected at least 1",
+                        (long long)f->shape[0]);
     if (f->shape[0] > m->max_batch)
-        return fail(d, SQ_TOO_LARGE, "batch size %lld over the model's maximum %d",
-                    (long long)f->shape[0], m->max_batch);
+        return oip_fail(d, SQ_TOO_LARGE, "batch size %lld over the model's maximum %d",
+                        (long long)f->shape[0], m->max_batch);
     int batch = (int)f->shape[0];
     if (r->batch != 0 && batch != r->batch)
-        return fail(d, SQ_BAD_TENSOR, "batch size %d differs from the other inputs' %d", batch,
-                    r->batch);
+        return oip_fail(d, SQ_BAD_TENSOR, "batch size %d differs from the other inputs' %d", batch,
+                        r->batch);
     r->batch = batch;
-    path_pop(d, old);
+    oip_path_pop(d, old);
 
-    in->rows = req_alloc(r, (size_t)batch * sizeof(gw_oip_row_t));
+    in->rows = oip_req_alloc(r, (size_t)batch * sizeof(gw_oip_row_t));
     if (in->rows == NULL)
-        return fail(d, SQ_NOMEM, "out of memory");
+        return oip_fail(d, SQ_NOMEM, "out of memory");
     memset(in->rows, 0, (size_t)batch * sizeof(gw_oip_row_t));
     *mi_out = mi;
     return 0;
 }
 
-static int parse_input(dec_t *d, oip_cur_t *c, unsigned *seen)
+static int parse_input(oip_dec_t *d, oip_cur_t *c, unsigned *seen)
 {
     const gw_oip_model_t *m = d->model;
-    input_fields_t f = {.ndim = -1, .binary_size = -1};
+    oip_input_fields_t f = {.ndim = -1, .binary_size = -1};
     if (!oip_accept(c, '{'))
-        return fail(d, SQ_BAD_REQUEST, "expected an object");
+        return oip_fail(d, SQ_BAD_REQUEST, "expected an object");
     int first = 1, rc, mi = -1, data_done = 0;
     char key[40];
     unsigned keys = 0;
@@ -820,8 +540,8 @@ static int parse_input(dec_t *d, oip_cur_t *c, unsigned *seen)
             continue;
         }
         if (keys & (1u << k)) {
-            path_key(d, key);
-            return fail(d, SQ_BAD_REQUEST, "given twice");
+            oip_path_key(d, key);
+            return oip_fail(d, SQ_BAD_REQUEST, "given twice");
         }
         keys |= 1u << k;
         if (k == 4) {
@@ -833,7 +553,8 @@ static int parse_input(dec_t *d, oip_cur_t *c, unsigned *seen)
                 if ((rc = resolve_input(d, &f, seen, &mi)) != 0)
                     return rc;
                 size_t item = (size_t)item_elems(&m->inputs[mi]);
-                if ((rc = read_json_data(d, c, &d->req->inputs[mi], &f, item, d->req->batch)) != 0)
+                if ((rc = oip_read_json_data(d, c, &d->req->inputs[mi], &f, item, d->req->batch)) !=
+                    0)
                     return rc;
                 data_done = 1;
             } else if ((rc = skip(d, c)) != 0) {
@@ -841,7 +562,7 @@ static int parse_input(dec_t *d, oip_cur_t *c, unsigned *seen)
             }
             continue;
         }
-        size_t old = path_key(d, key);
+        size_t old = oip_path_key(d, key);
         switch (k) {
         case 0:
             rc = read_string(d, c, f.name, sizeof(f.name), &f.name_len);
@@ -860,7 +581,7 @@ static int parse_input(dec_t *d, oip_cur_t *c, unsigned *seen)
         }
         if (rc != 0)
             return rc;
-        path_pop(d, old);
+        oip_path_pop(d, old);
     }
     if (rc < 0)
         return rc;
@@ -869,10 +590,10 @@ static int parse_input(dec_t *d, oip_cur_t *c, unsigned *seen)
 
     /* Data: JSON or binary, exactly one of them. */
     if (f.have_data && f.binary_size >= 0)
-        return fail(d, SQ_BAD_REQUEST, "both data and parameters.binary_data_size given");
+        return oip_fail(d, SQ_BAD_REQUEST, "both data and parameters.binary_data_size given");
     if (!f.have_data && f.binary_size < 0) {
-        path_key(d, "data");
-        return fail(d, SQ_BAD_REQUEST, "missing (and no parameters.binary_data_size)");
+        oip_path_key(d, "data");
+        return oip_fail(d, SQ_BAD_REQUEST, "missing (and no parameters.binary_data_size)");
     }
     if (data_done)
         return 0;
@@ -880,60 +601,60 @@ static int parse_input(dec_t *d, oip_cur_t *c, unsigned *seen)
     gw_oip_input_t *in = &d->req->inputs[mi];
     if (f.have_data) {
         oip_cur_t dc = f.data;
-        return read_json_data(d, &dc, in, &f, item, d->req->batch);
+        return oip_read_json_data(d, &dc, in, &f, item, d->req->batch);
     }
-    return read_binary_data(d, in, &f, item, d->req->batch);
+    return oip_read_binary_data(d, in, &f, item, d->req->batch);
 }
 
-static int parse_inputs(dec_t *d, oip_cur_t *c)
+static int parse_inputs(oip_dec_t *d, oip_cur_t *c)
 {
     if (!oip_accept(c, '['))
-        return fail(d, SQ_BAD_REQUEST, "expected an array");
+        return oip_fail(d, SQ_BAD_REQUEST, "expected an array");
     int first = 1, rc, i = 0;
     unsigned seen = 0;
-    while ((rc = next_elem(d, c, &first)) == 1) {
-        size_t old = path_index(d, (size_t)i);
+    while ((rc = oip_next_elem(d, c, &first)) == 1) {
+        size_t old = oip_path_index(d, (size_t)i);
         if (i == d->model->ninputs)
-            return fail(d, SQ_BAD_TENSOR, "the model takes %d input%s", d->model->ninputs,
-                        d->model->ninputs == 1 ? "" : "s");
+            return oip_fail(d, SQ_BAD_TENSOR, "the model takes %d input%s", d->model->ninputs,
+                            d->model->ninputs == 1 ? "" : "s");
         if ((rc = parse_input(d, c, &seen)) != 0)
             return rc;
-        path_pop(d, old);
+        oip_path_pop(d, old);
         i++;
     }
     if (rc < 0)
         return rc;
     for (int k = 0; k < d->model->ninputs; k++)
         if (!(seen & (1u << k)))
-            return fail(d, SQ_BAD_TENSOR, "missing input \"%s\"", d->model->inputs[k].name);
+            return oip_fail(d, SQ_BAD_TENSOR, "missing input \"%s\"", d->model->inputs[k].name);
     return 0;
 }
 
 /* ---- outputs ---- */
 
-static int parse_output(dec_t *d, oip_cur_t *c, out_spec_t *specs, int *order, int *norder)
+static int parse_output(oip_dec_t *d, oip_cur_t *c, out_spec_t *specs, int *order, int *norder)
 {
     const gw_oip_model_t *m = d->model;
     if (!oip_accept(c, '{'))
-        return fail(d, SQ_BAD_REQUEST, "expected an object");
+        return oip_fail(d, SQ_BAD_REQUEST, "expected an object");
     char name[GW_OIP_NAME_MAX + 2];
     size_t name_len = 0;
     int have_name = 0, binary = -1, first = 1, rc;
     int64_t classification = 0;
     char key[40];
     while ((rc = next_key(d, c, &first, key, sizeof(key))) == 1) {
-        size_t old = path_key(d, key);
+        size_t old = oip_path_key(d, key);
         if (strcmp(key, "name") == 0) {
             if ((rc = read_string(d, c, name, sizeof(name), &name_len)) != 0)
                 return rc;
             have_name = 1;
         } else if (strcmp(key, "parameters") == 0) {
             if (!oip_accept(c, '{'))
-                return fail(d, SQ_BAD_REQUEST, "expected an object");
+                return oip_fail(d, SQ_BAD_REQUEST, "expected an object");
             int pfirst = 1;
             char pkey[40];
             while ((rc = next_key(d, c, &pfirst, pkey, sizeof(pkey))) == 1) {
-                size_t pold = path_key(d, pkey);
+                size_t pold = oip_path_key(d, pkey);
                 if (strcmp(pkey, "binary_data") == 0)
                     rc = read_bool(d, c, &binary);
                 else if (strcmp(pkey, "classification") == 0)
@@ -942,30 +663,30 @@ static int parse_output(dec_t *d, oip_cur_t *c, out_spec_t *specs, int *order, i
                     rc = skip(d, c);
                 if (rc != 0)
                     return rc;
-                path_pop(d, pold);
+                oip_path_pop(d, pold);
             }
             if (rc < 0)
                 return rc;
         } else if ((rc = skip(d, c)) != 0) {
             return rc;
         }
-        path_pop(d, old);
+        oip_path_pop(d, old);
     }
     if (rc < 0)
         return rc;
-    size_t old = path_key(d, "name");
+    size_t old = oip_path_key(d, "name");
     if (!have_name)
-        return fail(d, SQ_BAD_REQUEST, "missing");
+        return oip_fail(d, SQ_BAD_REQUEST, "missing");
     int mo = -1;
     for (int i = 0; i < m->noutputs; i++)
         if (name_len == strlen(m->outputs[i].name) &&
             memcmp(name, m->outputs[i].name, name_len) == 0)
             mo = i;
     if (mo < 0)
-        return fail(d, SQ_BAD_TENSOR, "unknown output \"%.64s\"", name);
+        return oip_fail(d, SQ_BAD_TENSOR, "unknown output \"%.64s\"", name);
     if (specs[mo].present)
-        return fail(d, SQ_BAD_REQUEST, "output \"%s\" requested twice", m->outputs[mo].name);
-    path_pop(d, old);
+        return oip_fail(d, SQ_BAD_REQUEST, "output \"%s\" requested twice", m->outputs[mo].name);
+    oip_path_pop(d, old);
     specs[mo].present = 1;
     specs[mo].binary = binary;
     specs[mo].classification = classification;
@@ -973,16 +694,16 @@ static int parse_output(dec_t *d, oip_cur_t *c, out_spec_t *specs, int *order, i
     return 0;
 }
 
-static int parse_outputs(dec_t *d, oip_cur_t *c, out_spec_t *specs, int *order, int *norder)
+static int parse_outputs(oip_dec_t *d, oip_cur_t *c, out_spec_t *specs, int *order, int *norder)
 {
     if (!oip_accept(c, '['))
-        return fail(d, SQ_BAD_REQUEST, "expected an array");
+        return oip_fail(d, SQ_BAD_REQUEST, "expected an array");
     int first = 1, rc, i = 0;
-    while ((rc = next_elem(d, c, &first)) == 1) {
-        size_t old = path_index(d, (size_t)i++);
+    while ((rc = oip_next_elem(d, c, &first)) == 1) {
+        size_t old = oip_path_index(d, (size_t)i++);
         if ((rc = parse_output(d, c, specs, order, norder)) != 0)
             return rc;
-        path_pop(d, old);
+        oip_path_pop(d, old);
     }
     return rc;
 }
@@ -1031,25 +752,25 @@ static int check_model(const gw_oip_model_t *m, char *err, size_t errlen)
 
 /* Inference-Header-Content-Length: 0: the body is the raw tensor of the
  * model's single input at batch 1. */
-static int parse_raw(dec_t *d)
+static int parse_raw(oip_dec_t *d)
 {
     const gw_oip_model_t *m = d->model;
     gw_oip_request_t *r = d->req;
     if (m->ninputs != 1)
-        return fail(d, SQ_BAD_REQUEST,
-                    "Inference-Header-Content-Length: 0 needs a model with a single input");
+        return oip_fail(d, SQ_BAD_REQUEST,
+                        "Inference-Header-Content-Length: 0 needs a model with a single input");
     const gw_oip_input_desc_t *desc = &m->inputs[0];
     size_t want = (size_t)item_elems(desc) * gw_oip_datatype_size(desc->datatype);
     if (d->len != want) {
         char sh[160];
-        shape_str(sh, sizeof(sh), 1, desc->item_shape, desc->item_ndim);
-        return fail(d, SQ_BAD_TENSOR, "body: %zu bytes, expected %zu for %s %s (raw tensor)",
-                    d->len, want, gw_oip_datatype_name(desc->datatype), sh);
+        oip_shape_str(sh, sizeof(sh), 1, desc->item_shape, desc->item_ndim);
+        return oip_fail(d, SQ_BAD_TENSOR, "body: %zu bytes, expected %zu for %s %s (raw tensor)",
+                        d->len, want, gw_oip_datatype_name(desc->datatype), sh);
     }
     gw_oip_input_t *in = &r->inputs[0];
-    in->rows = req_alloc(r, sizeof(gw_oip_row_t));
+    in->rows = oip_req_alloc(r, sizeof(gw_oip_row_t));
     if (in->rows == NULL)
-        return fail(d, SQ_NOMEM, "out of memory");
+        return oip_fail(d, SQ_NOMEM, "out of memory");
     in->datatype = desc->datatype;
     in->binary = 1;
     in->rows[0].data = d->body;
@@ -1069,18 +790,18 @@ static void all_outputs(gw_oip_request_t *r, const gw_oip_model_t *m)
     }
 }
 
-static int parse_body(dec_t *d)
+static int parse_body(oip_dec_t *d)
 {
     const gw_oip_model_t *m = d->model;
     gw_oip_request_t *r = d->req;
     int rc;
     if (m->max_body_bytes && d->len > m->max_body_bytes)
-        return fail(d, SQ_TOO_LARGE, "body of %zu bytes over the limit of %zu", d->len,
-                    m->max_body_bytes);
+        return oip_fail(d, SQ_TOO_LARGE, "body of %zu bytes over the limit of %zu", d->len,
+                        m->max_body_bytes);
     if (d->header_len < -1 || (d->header_len >= 0 && (unsigned long long)d->header_len > d->len))
-        return fail(d, SQ_BAD_REQUEST,
-                    "Inference-Header-Content-Length %lld does not fit the body of %zu bytes",
-                    d->header_len, d->len);
+        return oip_fail(d, SQ_BAD_REQUEST,
+                        "Inference-Header-Content-Length %lld does not fit the body of %zu bytes",
+                        d->header_len, d->len);
     r->header_len = (int)(d->header_len > INT32_MAX ? INT32_MAX : d->header_len);
     if (d->header_len == 0) {
         rc = parse_raw(d);
@@ -1096,7 +817,7 @@ static int parse_body(dec_t *d)
         return rc;
     oip_cur_t c = {(const char *)d->body, (const char *)d->body + json_len};
     if (!oip_accept(&c, '{'))
-        return fail(d, SQ_BAD_REQUEST, "expected a JSON object");
+        return oip_fail(d, SQ_BAD_REQUEST, "expected a JSON object");
     out_spec_t specs[GW_OIP_MAX_OUTPUTS] = {{0}};
     int order[GW_OIP_MAX_OUTPUTS], norder = 0;
     int first = 1, have_inputs = 0;
@@ -1113,9 +834,9 @@ static int parse_body(dec_t *d)
                 return rc;
             continue;
         }
-        size_t old = path_key(d, key);
+        size_t old = oip_path_key(d, key);
         if (keys & (1u << k))
-            return fail(d, SQ_BAD_REQUEST, "given twice");
+            return oip_fail(d, SQ_BAD_REQUEST, "given twice");
         keys |= 1u << k;
         switch (k) {
         case 0:
@@ -1134,15 +855,15 @@ static int parse_body(dec_t *d)
         }
         if (rc != 0)
             return rc;
-        path_pop(d, old);
+        oip_path_pop(d, old);
     }
     if (rc < 0)
         return rc;
     if (!have_inputs)
-        return fail(d, SQ_BAD_REQUEST, "inputs: missing");
+        return oip_fail(d, SQ_BAD_REQUEST, "inputs: missing");
     if (d->bin_off != d->len)
-        return fail(d, SQ_BAD_REQUEST, "body: %zu bytes after the %s", d->len - d->bin_off,
-                    d->header_len > 0 ? "binary tensors" : "JSON");
+        return oip_fail(d, SQ_BAD_REQUEST, "body: %zu bytes after the %s", d->len - d->bin_off,
+                        d->header_len > 0 ? "binary tensors" : "JSON");
     /* No "outputs" (or an empty list): every output. */
     if (norder == 0) {
         all_outputs(r, m);
@@ -1170,13 +891,13 @@ int gw_oip_request_parse(const uint8_t *body, size_t len, long long header_len,
     int rc = check_model(model, err, errlen);
     if (rc != 0)
         return rc;
-    dec_t d = {.model = model,
-               .req = out,
-               .body = body,
-               .len = len,
-               .header_len = header_len,
-               .err = err,
-               .errlen = errlen};
+    oip_dec_t d = {.model = model,
+                   .req = out,
+                   .body = body,
+                   .len = len,
+                   .header_len = header_len,
+                   .err = err,
+                   .errlen = errlen};
     rc = parse_body(&d);
     if (rc != 0) {
         /* Nothing half-decoded leaks out: the caller sees a disposable,

@@ -4,6 +4,8 @@
 #ifndef OIP_INT_H
 #define OIP_INT_H
 
+#include "gw_oip.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -59,5 +61,58 @@ int oip_read_numbers(oip_cur_t *c, int as_uint8, uint8_t *dst, size_t cap, size_
 double oip_parse_f64(const char *s, size_t n);
 /* An integer (no fraction, no exponent) in [min, max]: 0, else -1. */
 int oip_parse_int(const char *s, size_t n, int64_t min, int64_t max, int64_t *out);
+
+/* ---- the request decoder's state, shared by oip.c and oip_data.c ---- */
+
+#define OIP_MAX_REQ_DIMS (GW_OIP_MAX_DIMS + 1)
+
+typedef struct {
+    const gw_oip_model_t *model;
+    gw_oip_request_t *req;
+    const uint8_t *body;
+    size_t len;
+    long long header_len;
+    size_t bin_off; /* next unread byte of the binary part */
+    char *err;
+    size_t errlen;
+    char path[192];
+    size_t plen;
+} oip_dec_t;
+
+/* The members of one element of "inputs", as read. */
+typedef struct {
+    char name[GW_OIP_NAME_MAX + 2];
+    size_t name_len;
+    int have_name;
+    char datatype[16];
+    size_t datatype_len;
+    int have_datatype;
+    int64_t shape[OIP_MAX_REQ_DIMS];
+    int ndim;            /* -1: absent */
+    int64_t binary_size; /* -1: absent */
+    oip_cur_t data;      /* where "data" starts */
+    int have_data;
+} oip_input_fields_t;
+
+/* Fails with code and "<path>: <message>" in d->err. */
+__attribute__((format(printf, 3, 4))) int oip_fail(oip_dec_t *d, int code, const char *fmt, ...);
+/* Append ".key" or "[i]" to the error path; return the length to restore. */
+size_t oip_path_key(oip_dec_t *d, const char *key);
+size_t oip_path_index(oip_dec_t *d, size_t i);
+void oip_path_pop(oip_dec_t *d, size_t old);
+/* The validated text disagrees with the lexer (SQ_BAD_JSON). */
+int oip_malformed(oip_dec_t *d);
+/* "[N,3,224,224]" (batch < 0) or "[2,3,224,224]". */
+void oip_shape_str(char *buf, size_t cap, long long batch, const int64_t *item, int ndim);
+/* Memory the request owns (freed by gw_oip_request_dispose); NULL on OOM. */
+void *oip_req_alloc(gw_oip_request_t *r, size_t n);
+/* Next element of an array whose '[' was consumed: 1, 0 at the end, <0 error. */
+int oip_next_elem(oip_dec_t *d, oip_cur_t *c, int *first);
+/* Reads "data" at *cur (advanced past it) into the input's rows. */
+int oip_read_json_data(oip_dec_t *d, oip_cur_t *cur, gw_oip_input_t *in,
+                       const oip_input_fields_t *f, size_t item, int batch);
+/* Takes the input's tensor from the binary part at d->bin_off. */
+int oip_read_binary_data(oip_dec_t *d, gw_oip_input_t *in, const oip_input_fields_t *f, size_t item,
+                         int batch);
 
 #endif
