@@ -93,11 +93,11 @@ void gw_metrics_http(gw_metrics_t *ms, const char *route, int status);
 
 /* One inference request, when it is answered. */
 typedef struct {
-    int status;          /* HTTP status of the answer */
-    int err;             /* 0, or the SQ_* error it was answered with */
-    double slo_ms;       /* the request's SLO (labelled by its dispatcher bucket) */
-    int items;           /* images or tensor rows */
-    double total_s;      /* arrival to answer */
+    int status;     /* HTTP status of the answer */
+    int err;        /* 0, or the SQ_* error it was answered with */
+    double slo_ms;  /* the request's SLO (labelled by its dispatcher bucket) */
+    int items;      /* images or tensor rows */
+    double total_s; /* arrival to answer */
     /* When err == 0: the slowest item's share of each stage. */
     double preprocess_s; /* arrival to handed to the dispatcher (decode, resize) */
     double queue_s;      /* in the dispatcher's queue */

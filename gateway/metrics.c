@@ -28,9 +28,9 @@ struct gw_metric_series {
     gw_metric_family_t *family;
     char *values[GW_METRICS_MAX_LABELS];
     uint64_t hash;
-    _Atomic uint64_t value;           /* double bits: counter, gauge */
-    _Atomic uint64_t sum;             /* double bits: histogram sum */
-    atomic_uint_fast64_t *buckets;    /* histogram: nbuckets + 1 (+Inf), not cumulative */
+    _Atomic uint64_t value;        /* double bits: counter, gauge */
+    _Atomic uint64_t sum;          /* double bits: histogram sum */
+    atomic_uint_fast64_t *buckets; /* histogram: nbuckets + 1 (+Inf), not cumulative */
     atomic_int hidden;
 };
 
@@ -43,10 +43,10 @@ struct gw_metric_family {
     int nbuckets;
     int max_series;
     gw_metrics_t *owner;
-    pthread_mutex_t lock;         /* appends and the index */
-    gw_metric_series_t **series;  /* max_series slots */
-    atomic_int nseries;           /* published with release */
-    int *index;                   /* series numbers, -1 empty; index_mask + 1 slots */
+    pthread_mutex_t lock;        /* appends and the index */
+    gw_metric_series_t **series; /* max_series slots */
+    atomic_int nseries;          /* published with release */
+    int *index;                  /* series numbers, -1 empty; index_mask + 1 slots */
     size_t index_mask;
 };
 
@@ -589,9 +589,9 @@ void gw_metrics_free(gw_metrics_t *ms)
 }
 
 /* Latency buckets (seconds): dense where SLOs live (5 ms .. 1 s). */
-static const double latency_buckets_s[] = {0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02,
-                                           0.025, 0.03,   0.04,  0.05,   0.075, 0.1,  0.15,
-                                           0.2,   0.3,    0.5,   1,      2.5,   5,    10,   30};
+static const double latency_buckets_s[] = {0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025,
+                                           0.03,  0.04,   0.05,  0.075,  0.1,  0.15,  0.2,  0.3,
+                                           0.5,   1,      2.5,   5,      10,   30};
 static const double batch_buckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024};
 #define NLAT (int)(sizeof(latency_buckets_s) / sizeof(latency_buckets_s[0]))
 #define NBATCH (int)(sizeof(batch_buckets) / sizeof(batch_buckets[0]))
@@ -615,10 +615,10 @@ gw_metrics_t *gw_metrics_new(void)
         "Inference requests answered, by model, version, SLO bucket (ms) and outcome: ok, late "
         "(answered after its deadline), dropped (503: deadline, overload, no worker) or error.",
         model_version_slo_outcome, NULL, 0, 8192);
-    m->request_duration = gw_metrics_family(
-        m, GW_METRIC_HISTOGRAM, "squish_request_duration_seconds",
-        "End-to-end latency of successful inference requests, arrival to answer.", model,
-        latency_buckets_s, NLAT, 0);
+    m->request_duration =
+        gw_metrics_family(m, GW_METRIC_HISTOGRAM, "squish_request_duration_seconds",
+                          "End-to-end latency of successful inference requests, arrival to answer.",
+                          model, latency_buckets_s, NLAT, 0);
     m->queue_duration = gw_metrics_family(
         m, GW_METRIC_HISTOGRAM, "squish_queue_duration_seconds",
         "Time successful requests waited in the dispatcher's queue (slowest item).", model,
@@ -632,8 +632,8 @@ gw_metrics_t *gw_metrics_new(void)
         "Batch execution as squishd sees it, from sending the batch to its reply, per batch.",
         model, latency_buckets_s, NLAT, 0);
     m->batch_size = gw_metrics_family(m, GW_METRIC_HISTOGRAM, "squish_batch_size",
-                                      "Size of the batches run, by model and worker.",
-                                      model_worker, batch_buckets, NBATCH, 4096);
+                                      "Size of the batches run, by model and worker.", model_worker,
+                                      batch_buckets, NBATCH, 4096);
     m->batches = gw_metrics_family(m, GW_METRIC_COUNTER, "squish_batches_total",
                                    "Batches answered by workers, by model and worker.",
                                    model_worker, NULL, 0, 4096);
@@ -642,23 +642,23 @@ gw_metrics_t *gw_metrics_new(void)
         "Items (images, tensor rows) the dispatcher dropped because they could not meet their "
         "deadline, by model and reason.",
         model_reason, NULL, 0, 0);
-    m->worker_busy = gw_metrics_family(
-        m, GW_METRIC_COUNTER, "squish_worker_busy_seconds_total",
-        "Time workers spent running batches; its rate is the busy fraction.", worker_device,
-        NULL, 0, 0);
+    m->worker_busy =
+        gw_metrics_family(m, GW_METRIC_COUNTER, "squish_worker_busy_seconds_total",
+                          "Time workers spent running batches; its rate is the busy fraction.",
+                          worker_device, NULL, 0, 0);
     m->worker_up = gw_metrics_family(m, GW_METRIC_GAUGE, "squish_worker_up",
                                      "1 while a worker is connected and past its handshake.",
                                      worker_device, NULL, 0, 0);
-    m->worker_restarts = gw_metrics_family(
-        m, GW_METRIC_COUNTER, "squish_worker_restarts_total",
-        "Restarts of supervised workers after they died or stopped answering.", worker_device,
-        NULL, 0, 0);
+    m->worker_restarts =
+        gw_metrics_family(m, GW_METRIC_COUNTER, "squish_worker_restarts_total",
+                          "Restarts of supervised workers after they died or stopped answering.",
+                          worker_device, NULL, 0, 0);
     m->session_rate = gw_metrics_family(m, GW_METRIC_GAUGE, "squish_session_rate_rps",
                                         "The planner's estimate of a session's request rate.",
                                         model_slo, NULL, 0, 8192);
-    m->session_planned = gw_metrics_family(
-        m, GW_METRIC_GAUGE, "squish_session_planned_throughput_rps",
-        "Throughput the current plan gives a session.", model_slo, NULL, 0, 8192);
+    m->session_planned =
+        gw_metrics_family(m, GW_METRIC_GAUGE, "squish_session_planned_throughput_rps",
+                          "Throughput the current plan gives a session.", model_slo, NULL, 0, 8192);
     m->plan_epoch = gw_metrics_family(m, GW_METRIC_GAUGE, "squish_plan_epoch",
                                       "Number of the current plan epoch.", NULL, NULL, 0, 0);
     m->plan_devices = gw_metrics_family(m, GW_METRIC_GAUGE, "squish_plan_devices",
@@ -667,19 +667,19 @@ gw_metrics_t *gw_metrics_new(void)
         m, GW_METRIC_GAUGE, "squish_plan_devices_lower_bound",
         "Lower bound on the devices the sessions need (sum of rate over best throughput).", NULL,
         NULL, 0, 0);
-    m->advice = gw_metrics_family(
-        m, GW_METRIC_GAUGE, "squish_autoscale_advice_devices",
-        "Autoscaling advice: devices to add (> 0) or release (< 0).", NULL, NULL, 0, 0);
+    m->advice = gw_metrics_family(m, GW_METRIC_GAUGE, "squish_autoscale_advice_devices",
+                                  "Autoscaling advice: devices to add (> 0) or release (< 0).",
+                                  NULL, NULL, 0, 0);
     m->models_moved = gw_metrics_family(
         m, GW_METRIC_COUNTER, "squish_plan_models_moved_total",
         "Model placements new epochs made (model loads on devices).", NULL, NULL, 0, 0);
-    m->http_requests = gw_metrics_family(m, GW_METRIC_COUNTER, "squish_http_requests_total",
-                                         "HTTP responses, by route and status code.", route_code,
-                                         NULL, 0, 0);
+    m->http_requests =
+        gw_metrics_family(m, GW_METRIC_COUNTER, "squish_http_requests_total",
+                          "HTTP responses, by route and status code.", route_code, NULL, 0, 0);
     m->uploads = gw_metrics_family(
         m, GW_METRIC_COUNTER, "squish_uploads_total",
-        "Model uploads, by outcome: created, or the error code that rejected them.", outcome,
-        NULL, 0, 0);
+        "Model uploads, by outcome: created, or the error code that rejected them.", outcome, NULL,
+        0, 0);
     /* Not yet planned: no value rather than a misleading 0. */
     gw_metrics_hide_all(m->plan_epoch);
     gw_metrics_hide_all(m->plan_devices);
@@ -765,21 +765,21 @@ json_t *gw_metrics_model_stats(gw_metrics_t *ms, const gw_model_t *m)
         const batch_stat_t *bs = &st->batch[b];
         if (atomic_load(&bs->count) == 0)
             continue;
-        json_array_append_new(
-            batches, json_pack("{s:i, s:o, s:o, s:o}", "batch_size", b, "compute_input",
-                               duration_json(&bs->count, &bs->input_ns), "compute_infer",
-                               duration_json(&bs->count, &bs->infer_ns), "compute_output",
-                               duration_json(&bs->count, &bs->output_ns)));
+        json_array_append_new(batches,
+                              json_pack("{s:i, s:o, s:o, s:o}", "batch_size", b, "compute_input",
+                                        duration_json(&bs->count, &bs->input_ns), "compute_infer",
+                                        duration_json(&bs->count, &bs->infer_ns), "compute_output",
+                                        duration_json(&bs->count, &bs->output_ns)));
     }
 #define DUR(field) duration_json(&st->field.count, &st->field.ns)
-    return json_pack(
-        "{s:s, s:s, s:I, s:I, s:I, s:{s:o, s:o, s:o, s:o, s:o, s:o}, s:o}", "name", m->name,
-        "version", version, "last_inference", (json_int_t)atomic_load(&st->last_inference_ms),
-        "inference_count", (json_int_t)atomic_load(&st->inference_count), "execution_count",
-        (json_int_t)atomic_load(&st->execution_count), "inference_stats", "success",
-        DUR(success), "fail", DUR(fail), "queue", DUR(queue), "compute_input", DUR(compute_input),
-        "compute_infer", DUR(compute_infer), "compute_output", DUR(compute_output), "batch_stats",
-        batches);
+    return json_pack("{s:s, s:s, s:I, s:I, s:I, s:{s:o, s:o, s:o, s:o, s:o, s:o}, s:o}", "name",
+                     m->name, "version", version, "last_inference",
+                     (json_int_t)atomic_load(&st->last_inference_ms), "inference_count",
+                     (json_int_t)atomic_load(&st->inference_count), "execution_count",
+                     (json_int_t)atomic_load(&st->execution_count), "inference_stats", "success",
+                     DUR(success), "fail", DUR(fail), "queue", DUR(queue), "compute_input",
+                     DUR(compute_input), "compute_infer", DUR(compute_infer), "compute_output",
+                     DUR(compute_output), "batch_stats", batches);
 #undef DUR
 }
 

@@ -157,10 +157,10 @@ void gw_metrics_infer_answered(struct gw_infer *req)
 
 void gw_metrics_infer_rejected(struct gw_server *srv, const gw_model_t *m, int err)
 {
-    gw_metrics_request_t r = {
-        .status = sq_err_http_status(err),
-        .err = err,
-        .slo_ms = m->default_slo_ms > 0 ? m->default_slo_ms : srv->cfg->default_slo_ms};
+    gw_metrics_request_t r = {.status = sq_err_http_status(err),
+                              .err = err,
+                              .slo_ms = m->default_slo_ms > 0 ? m->default_slo_ms
+                                                              : srv->cfg->default_slo_ms};
     gw_metrics_request(srv->metrics, m, &r);
     SQ_DEBUG("request model=%s version=%d status=%d outcome=%s code=%s total_ms=0", m->name,
              m->version, r.status, gw_metrics_outcome(&r), sq_err_name(err));

@@ -49,9 +49,9 @@ Test(metrics, counter_and_gauge_exposition_with_help_type_and_escaped_labels)
 {
     gw_metrics_t *ms = gw_metrics_store_new();
     const char *const labels[] = {"model", "outcome", NULL};
-    gw_metric_family_t *c = gw_metrics_family(ms, GW_METRIC_COUNTER, "t_requests_total",
-                                              "Requests.\nSecond line with a \\ backslash.",
-                                              labels, NULL, 0, 0);
+    gw_metric_family_t *c =
+        gw_metrics_family(ms, GW_METRIC_COUNTER, "t_requests_total",
+                          "Requests.\nSecond line with a \\ backslash.", labels, NULL, 0, 0);
     gw_metric_family_t *g =
         gw_metrics_family(ms, GW_METRIC_GAUGE, "t_temperature", "Degrees.", NULL, NULL, 0, 0);
     const char *v1[] = {"a\"b\\c\nd", "ok"};
@@ -67,8 +67,7 @@ Test(metrics, counter_and_gauge_exposition_with_help_type_and_escaped_labels)
     cr_assert(has_line(text, "# TYPE t_requests_total counter"), "%s", text);
     cr_assert(has_line(text, "t_requests_total{model=\"a\\\"b\\\\c\\nd\",outcome=\"ok\"} 3.5"),
               "%s", text);
-    cr_assert(has_line(text, "t_requests_total{model=\"plain\",outcome=\"error\"} 1"), "%s",
-              text);
+    cr_assert(has_line(text, "t_requests_total{model=\"plain\",outcome=\"error\"} 1"), "%s", text);
     cr_assert(has_line(text, "# HELP t_temperature Degrees."), "%s", text);
     cr_assert(has_line(text, "# TYPE t_temperature gauge"), "%s", text);
     cr_assert(has_line(text, "t_temperature -2.25"), "%s", text);
@@ -137,8 +136,7 @@ Test(metrics, histogram_without_labels_and_empty_family)
     gw_metric_family_t *h =
         gw_metrics_family(ms, GW_METRIC_HISTOGRAM, "t_size", "Sizes.", NULL, buckets, 1, 0);
     const char *const labels[] = {"x", NULL};
-    gw_metrics_family(ms, GW_METRIC_COUNTER, "t_unused_total", "Nothing yet.", labels, NULL, 0,
-                      0);
+    gw_metrics_family(ms, GW_METRIC_COUNTER, "t_unused_total", "Nothing yet.", labels, NULL, 0, 0);
     gw_metrics_observe(gw_metrics_series(h, NULL), 3);
     char *text = expose(ms);
     cr_assert(has_line(text, "t_size_bucket{le=\"1\"} 0"), "%s", text);
@@ -184,8 +182,8 @@ Test(metrics, concurrent_increments_from_threads_sum_exactly)
     pthread_t th[THREADS];
     gw_metric_family_t *c =
         gw_metrics_family(ms, GW_METRIC_COUNTER, "t_hits_total", "Hits.", labels, NULL, 0, 0);
-    gw_metric_family_t *hi = gw_metrics_family(ms, GW_METRIC_HISTOGRAM, "t_values", "Values.",
-                                               labels, buckets, 3, 0);
+    gw_metric_family_t *hi =
+        gw_metrics_family(ms, GW_METRIC_HISTOGRAM, "t_values", "Values.", labels, buckets, 3, 0);
     for (int i = 0; i < THREADS; i++) {
         h[i] = (hammer_t){.counter = c, .hist = hi, .thread = i};
         pthread_create(&th[i], NULL, hammer, &h[i]);
@@ -203,8 +201,7 @@ Test(metrics, concurrent_increments_from_threads_sum_exactly)
     char *text = expose(ms);
     cr_assert_eq(sample(text, "t_values_count{k=\"shared\"}"), (double)THREADS * ROUNDS);
     cr_assert_eq(sample(text, "t_values_bucket{k=\"shared\",le=\"0\"}"), THREADS * ROUNDS / 4);
-    cr_assert_eq(sample(text, "t_values_bucket{k=\"shared\",le=\"2\"}"),
-                 THREADS * ROUNDS / 4 * 3);
+    cr_assert_eq(sample(text, "t_values_bucket{k=\"shared\",le=\"2\"}"), THREADS * ROUNDS / 4 * 3);
     cr_assert_eq(sample(text, "t_values_sum{k=\"shared\"}"), (double)THREADS * ROUNDS / 4 * 6);
     free(text);
     gw_metrics_free(ms);
@@ -215,8 +212,7 @@ Test(metrics, label_sets_are_bounded_and_overflow_is_counted)
     gw_metrics_t *ms = gw_metrics_store_new();
     const char *const labels[] = {"model", NULL};
     gw_metric_family_t *c =
-        gw_metrics_family(ms, GW_METRIC_COUNTER, "t_bounded_total", "Bounded.", labels, NULL, 0,
-                          2);
+        gw_metrics_family(ms, GW_METRIC_COUNTER, "t_bounded_total", "Bounded.", labels, NULL, 0, 2);
     const char *a[] = {"a"}, *b[] = {"b"}, *x[] = {"x"};
     cr_assert_not_null(gw_metrics_series(c, a));
     cr_assert_not_null(gw_metrics_series(c, b));
@@ -321,8 +317,7 @@ Test(metrics, squishd_families_outcomes_and_slo_buckets)
     cr_assert_eq(sample(text, "squish_uploads_total{outcome=\"already_exists\"}"), 1);
     cr_assert_eq(sample(text, "squish_worker_up{worker=\"0\",device=\"emu:0\"}"), 1);
     cr_assert_eq(sample(text, "squish_worker_restarts_total{worker=\"1\",device=\"emu:1\"}"), 1);
-    cr_assert_eq(sample(text, "squish_dispatch_drops_total{model=\"r50\",reason=\"deadline\"}"),
-                 1);
+    cr_assert_eq(sample(text, "squish_dispatch_drops_total{model=\"r50\",reason=\"deadline\"}"), 1);
     cr_assert_eq(sample(text, "squish_batch_size_bucket{model=\"r50\",worker=\"0\",le=\"2\"}"), 0);
     cr_assert_eq(sample(text, "squish_batch_size_bucket{model=\"r50\",worker=\"0\",le=\"4\"}"), 1);
     cr_assert_float_eq(
@@ -331,17 +326,28 @@ Test(metrics, squishd_families_outcomes_and_slo_buckets)
     cr_assert_eq(sample(text, "squish_plan_models_moved_total"), 0);
     cr_assert_null(strstr(text, "\nsquish_plan_devices "), "no plan yet: no value");
     /* Every family has HELP and TYPE; process metrics from /proc. */
-    const char *fams[] = {"squish_requests_total", "squish_request_duration_seconds",
-                          "squish_queue_duration_seconds", "squish_preprocess_duration_seconds",
-                          "squish_execute_duration_seconds", "squish_batch_size",
-                          "squish_batches_total", "squish_worker_busy_seconds_total",
-                          "squish_worker_up", "squish_worker_restarts_total",
-                          "squish_session_rate_rps", "squish_session_planned_throughput_rps",
-                          "squish_plan_epoch", "squish_plan_devices",
-                          "squish_plan_devices_lower_bound", "squish_autoscale_advice_devices",
-                          "squish_plan_models_moved_total", "squish_http_requests_total",
-                          "squish_uploads_total", "process_resident_memory_bytes",
-                          "process_open_fds", "process_start_time_seconds"};
+    const char *fams[] = {"squish_requests_total",
+                          "squish_request_duration_seconds",
+                          "squish_queue_duration_seconds",
+                          "squish_preprocess_duration_seconds",
+                          "squish_execute_duration_seconds",
+                          "squish_batch_size",
+                          "squish_batches_total",
+                          "squish_worker_busy_seconds_total",
+                          "squish_worker_up",
+                          "squish_worker_restarts_total",
+                          "squish_session_rate_rps",
+                          "squish_session_planned_throughput_rps",
+                          "squish_plan_epoch",
+                          "squish_plan_devices",
+                          "squish_plan_devices_lower_bound",
+                          "squish_autoscale_advice_devices",
+                          "squish_plan_models_moved_total",
+                          "squish_http_requests_total",
+                          "squish_uploads_total",
+                          "process_resident_memory_bytes",
+                          "process_open_fds",
+                          "process_start_time_seconds"};
     for (size_t i = 0; i < sizeof(fams) / sizeof(fams[0]); i++) {
         char line[128];
         snprintf(line, sizeof(line), "# HELP %s ", fams[i]);
@@ -379,8 +385,8 @@ Test(metrics, plan_gauges_and_sessions_replace_each_other)
     cr_assert_eq(sample(text, "squish_autoscale_advice_devices"), -1);
     cr_assert_eq(sample(text, "squish_plan_models_moved_total"), 4);
     cr_assert_eq(sample(text, "squish_session_rate_rps{model=\"b\",slo_ms=\"25\"}"), 11);
-    cr_assert_eq(
-        sample(text, "squish_session_planned_throughput_rps{model=\"b\",slo_ms=\"25\"}"), 12);
+    cr_assert_eq(sample(text, "squish_session_planned_throughput_rps{model=\"b\",slo_ms=\"25\"}"),
+                 12);
     cr_assert_null(strstr(text, "squish_session_rate_rps{model=\"a\""), "%s", text);
     free(text);
     gw_metrics_free(ms);

@@ -271,11 +271,25 @@ def a_real_prometheus_scrapes_and_answers_a_query():
                 body = json.load(r)
         except OSError:
             return None
+        last[0] = body
         result = body["data"]["result"]
         return result and float(result[0]["value"][1]) == want and body
 
+    last = [None]
     try:
-        body = eventually(answer, 60, "prometheus to report %d ok requests" % want, step=0.5)
+        try:
+            body = eventually(answer, 90, "prometheus to report %d ok requests" % want, step=0.5)
+        except AssertionError:
+            targets = None
+            try:
+                with urllib.request.urlopen("http://127.0.0.1:%d/api/v1/targets" % port,
+                                            timeout=5) as r:
+                    targets = json.load(r)["data"]["activeTargets"]
+            except OSError as e:
+                targets = repr(e)
+            with open(os.path.join(tmp, "prometheus.log"), errors="replace") as f:
+                plog = f.read()[-2000:]
+            raise AssertionError("last answer %r; targets %r; log %s" % (last[0], targets, plog))
         assert body["status"] == "success", body
         url = "http://127.0.0.1:%d/api/v1/query?%s" % (
             port, urllib.parse.urlencode({"query": 'up{job="squishd"}'}))
