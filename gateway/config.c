@@ -67,6 +67,10 @@ static const opt_t options[] = {
     {"k_std", DBL(k_std), 0, 10, "1", "latency margin: profile mean + k_std * std"},
     {"dispatch_margin_us", INT(dispatch_margin_us), 0, 1000000, "1000",
      "added to every batch's latency: the IPC round trip and the reply's way back"},
+    {"epoch_ms", INT(epoch_ms), 100, 86400000, "30000",
+     "the planner re-plans at least this often"},
+    {"epoch_min_interval_ms", INT(epoch_min_interval_ms), 0, 86400000, "10000",
+     "and never sooner than this after the last epoch for a rate change"},
     {"timer_slack_us", INT(timer_slack_us), 0, 1000000, "2000",
      "deferred dispatch sends a batch at least this long before its last safe moment, so that "
      "a dispatch thread waking late still makes it"},

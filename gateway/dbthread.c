@@ -74,6 +74,7 @@ int gw_db_start(gw_server_t *srv, char *err, size_t errlen)
     json_array_foreach(recs, i, r)
         gw_registry_put(srv->registry, gw_model_from_record(r));
     SQ_INFO("models loaded count=%zu", json_array_size(recs));
+    srv->last_epoch = mdb_plan_last_epoch(d->mdb);
     json_decref(recs);
     if (pthread_create(&d->thread, NULL, db_thread, d) != 0) {
         sq_loop_free(d->loop);

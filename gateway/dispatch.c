@@ -8,6 +8,7 @@
  * Sessions are (model, SLO bucket, input kind): one dispatcher queue each.
  * Runs on the workers' loop thread; other threads reach it with
  * sq_loop_post (gw_dispatch_submit and friends). */
+#include "gw_dispatch_int.h"
 #include "gw_infer.h"
 
 #include <pl_dispatch.h>
@@ -29,7 +30,6 @@ static const double slo_buckets_ms[] = {5,   10,  15,  20,   25,   30,   40,   5
 #define PROFILE_REPEATS 8
 #define PROFILE_BUDGET_MS 30000
 
-double gw_slo_bucket_ms(double slo_ms);
 double gw_slo_bucket_ms(double slo_ms)
 {
     double b = slo_buckets_ms[0];
@@ -37,74 +37,6 @@ double gw_slo_bucket_ms(double slo_ms)
         b = slo_buckets_ms[i];
     return b;
 }
-
-enum { LOAD_NONE, LOAD_WAIT_BYTES, LOAD_SENT, LOAD_DONE, LOAD_FAILED };
-
-typedef struct {
-    int64_t key;
-    int state;
-    int max_batch;
-} ds_load_t;
-
-typedef struct ds_batch {
-    uint64_t id;
-    int64_t model_key;
-    int count;
-    gw_item_t **items;
-    int64_t out_off;
-    uint64_t out_stride;
-    int64_t sent_us;
-} ds_batch_t;
-
-typedef struct {
-    int id;
-    int up;
-    int kind;
-    char device[64];
-    int profiling;       /* out of the core while it measures a model */
-    ds_load_t *loads;
-    int nloads, caploads;
-    char (*shas)[65];    /* model files this connection already received */
-    int nshas;
-    ds_batch_t *inflight;
-} ds_worker_t;
-
-typedef struct {
-    int64_t key;
-    gw_model_t *m;
-    int kind;
-    int active;          /* requested: loaded on every worker of its kind */
-    int blob_state;      /* 0 none, 1 fetching, 2 have, 3 failed */
-    uint8_t *blob;
-    size_t blob_len;
-    int profile_pending; /* wants a profile on a cpu/cuda worker */
-    int profile_worker;  /* -1 or the worker measuring it */
-    gw_item_t **pending; /* waiting for a first load */
-    int npending, cappending;
-    int removed;
-} ds_model_t;
-
-typedef struct {
-    int id;
-    ds_model_t *model;
-    double bucket_ms;
-    uint8_t input_kind;
-} ds_session_t;
-
-struct gw_dispatch {
-    gw_server_t *srv;
-    int aborted;
-    sq_loop_t *loop;
-    pl_dispatch_t *core;
-    uint64_t timer;
-    uint64_t tick;
-    ds_worker_t **workers; /* by worker id */
-    int nworkers;
-    ds_model_t **models;
-    int nmodels, capmodels;
-    ds_session_t *sessions; /* by core session id */
-    int nsessions, capsessions;
-};
 
 static int64_t now_us(void)
 {
@@ -309,6 +241,7 @@ static void pump(gw_dispatch_t *ds)
                 break;
             case PL_ACT_DROP: {
                 gw_item_t *it = (gw_item_t *)(uintptr_t)a->request_id;
+                gw__plan_outcome(ds, 0);
                 const char *why = a->reason == SQ_DEADLINE  ? "the deadline cannot be met"
                                   : a->reason == SQ_OVERLOAD ? "dropped early to keep batches "
                                                                "within their deadlines"
@@ -377,20 +310,17 @@ static int ensure_session(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint
     return id;
 }
 
-/* Every worker that holds the model serves each of its sessions. */
+/* The plan's workers that hold the model serve each of its sessions
+ * (planning.c decides; before a plan, every worker holding it). */
 static void update_routes(gw_dispatch_t *ds, ds_model_t *dm)
 {
     pl_route_t *routes = sq_xcalloc((size_t)ds->nworkers + 1, sizeof(*routes));
-    int n = 0;
-    for (int i = 0; i < ds->nworkers; i++) {
-        ds_worker_t *w = ds->workers[i];
-        ds_load_t *l = w ? load_of(w, dm->key, 0) : NULL;
-        if (w != NULL && w->up && !w->profiling && l != NULL && l->state == LOAD_DONE)
-            routes[n++] = (pl_route_t){.worker = w->id};
+    for (int s = 0; s < ds->nsessions; s++) {
+        if (ds->sessions[s].model != dm)
+            continue;
+        int n = gw__plan_routes(ds, &ds->sessions[s], routes, ds->nworkers + 1);
+        pl_dispatch_route_set(ds->core, now_us(), s, routes, n);
     }
-    for (int s = 0; s < ds->nsessions; s++)
-        if (ds->sessions[s].model == dm)
-            pl_dispatch_route_set(ds->core, now_us(), s, routes, n);
     free(routes);
 }
 
@@ -412,6 +342,7 @@ static int loaded_anywhere(gw_dispatch_t *ds, ds_model_t *dm, int *loading)
 static void enqueue_item(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t *it)
 {
     gw_infer_t *req = it->req;
+    gw__plan_arrival(ds, dm, gw_slo_bucket_ms(req->slo_ms));
     int s = ensure_session(ds, dm, gw_slo_bucket_ms(req->slo_ms), it->input_kind);
     if (s < 0) {
         fail_item(ds, it, SQ_NOT_READY, "the model has no usable profile");
@@ -682,6 +613,7 @@ static void on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f
     ds_batch_t *b = w->inflight;
     w->inflight = NULL;
     int64_t t = now_us();
+    gw__plan_busy(ds, w->id, t - b->sent_us);
     gw_metrics_batch(ds->srv->metrics, b->items[0]->req->model, w->id, w->device, b->count,
                      t - b->sent_us, &done);
     pl_dispatch_batch_done(ds->core, t, w->id, b->id);
@@ -695,6 +627,7 @@ static void on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f
                    (size_t)m->out_elems * sizeof(float));
             release_input(ds, it);
             it->done_us = t;
+            gw__plan_outcome(ds, it->done_us <= it->req->deadline_us);
             gw_item_finish(it, 0, NULL);
         } else {
             fail_item(ds, it, SQ_DEVICE, done.message);
@@ -828,17 +761,13 @@ void gw_dispatch_worker_up(gw_dispatch_t *ds, int worker, const char *device, ui
     snprintf(w->device, sizeof(w->device), "%s", device);
     w->nloads = 0;
     w->nshas = 0;
-    (void)memory;
+    w->memory_bytes = memory;
     atomic_fetch_add(&ds->srv->kind_up[w->kind], 1);
     pl_dispatch_worker_add(ds->core, now_us(), worker, 0);
-    for (int i = 0; i < ds->nmodels; i++) {
-        ds_model_t *dm = ds->models[i];
-        if (dm->removed)
-            continue;
-        if (dm->active && dm->kind == w->kind)
-            send_load(ds, dm, w);
-        start_profile(ds, dm);
-    }
+    for (int i = 0; i < ds->nmodels; i++)
+        if (!ds->models[i]->removed)
+            start_profile(ds, ds->models[i]);
+    gw__plan_invalidate(ds, w->kind, "worker up");
     pump(ds);
 }
 
@@ -868,6 +797,7 @@ void gw_dispatch_worker_lost(gw_dispatch_t *ds, int worker)
     }
     w->nloads = 0;
     w->nshas = 0;
+    gw__plan_invalidate(ds, w->kind, "worker lost");
     pump(ds);
 }
 
@@ -900,6 +830,7 @@ static void on_submit(sq_loop_t *loop, void *arg)
             return;
         }
         dm->active = 1;
+        gw__plan_activate(ds, dm, gw_slo_bucket_ms(it->req->slo_ms));
     }
     int loading;
     if (loaded_anywhere(ds, dm, &loading) > 0) {
@@ -907,7 +838,8 @@ static void on_submit(sq_loop_t *loop, void *arg)
         pump(ds);
         return;
     }
-    spread_loads(ds, dm);
+    if (loading == 0)
+        spread_loads(ds, dm); /* the plan placed it nowhere yet: any worker will do */
     loaded_anywhere(ds, dm, &loading);
     if (loading == 0) {
         fail_item(ds, it, SQ_NO_WORKER, "no worker could load the model");
@@ -957,6 +889,8 @@ static void on_model_changed(sq_loop_t *loop, void *arg)
             free(dm->blob);
             dm->blob = NULL;
             dm->blob_state = 0;
+            if (dm->kind >= 0)
+                gw__plan_invalidate(ds, dm->kind, "model removed");
         }
     } else {
         if (dm == NULL)
@@ -1011,6 +945,7 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
         }
         dm->npending = k;
     }
+    gw__plan_tick(ds, t);
     ds->tick = sq_loop_timer_at(loop, sq_now_ns() + (int64_t)TICK_MS * 1000000, on_tick, ds);
 }
 
@@ -1024,6 +959,7 @@ gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop)
                                .net_delay_us = srv->cfg->dispatch_margin_us,
                                .timer_slack_us = srv->cfg->timer_slack_us};
     ds->core = pl_dispatch_new(&opts);
+    ds->plan = gw__plan_new(ds);
     ds->tick = sq_loop_timer_at(loop, sq_now_ns() + (int64_t)TICK_MS * 1000000, on_tick, ds);
     return ds;
 }
@@ -1078,6 +1014,34 @@ void gw_dispatch_free(gw_dispatch_t *ds)
     free(ds->workers);
     free(ds->models);
     free(ds->sessions);
+    gw__plan_free(ds->plan);
     pl_dispatch_free(ds->core);
     free(ds);
+}
+
+/* ---- for planning.c ---------------------------------------------------- */
+
+ds_worker_t *gw__ds_worker(gw_dispatch_t *ds, int id)
+{
+    return worker_get(ds, id);
+}
+
+ds_load_t *gw__ds_load_of(ds_worker_t *w, int64_t key, int create)
+{
+    return load_of(w, key, create);
+}
+
+void gw__ds_send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
+{
+    send_load(ds, dm, w);
+}
+
+void gw__ds_update_routes(gw_dispatch_t *ds, ds_model_t *dm)
+{
+    update_routes(ds, dm);
+}
+
+void gw__ds_pump(gw_dispatch_t *ds)
+{
+    pump(ds);
 }

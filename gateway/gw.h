@@ -46,6 +46,8 @@ typedef struct {
     double k_std;          /* profile margin: mean + k_std * std */
     int dispatch_margin_us; /* added to every batch's latency: IPC round trip, reply */
     int timer_slack_us;     /* deferred: send at least this long before the last moment */
+    int epoch_ms;           /* planner epoch period */
+    int epoch_min_interval_ms;
     int prep_threads;      /* JPEG decode threads */
     int prep_queue;        /* images waiting for a decode thread, at most */
     int max_images;        /* images (or tensor rows) per request */

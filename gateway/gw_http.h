@@ -90,6 +90,7 @@ void gw_route_models_delete_version(gw_call_t *call);
 void gw_route_kserve_model(gw_call_t *call);
 void gw_route_kserve_model_ready(gw_call_t *call);
 void gw_route_infer_v1(gw_call_t *call);
+void gw_route_plan(gw_call_t *call);
 void gw_route_infer_v2(gw_call_t *call);
 void gw_route_metrics(gw_call_t *call);
 void gw_route_model_stats(gw_call_t *call);

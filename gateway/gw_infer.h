@@ -73,6 +73,9 @@ void gw_dispatch_model_changed(gw_server_t *srv, int64_t key);
 /* Any thread: profile model key on a worker that can serve it. */
 void gw_dispatch_profile(gw_server_t *srv, int64_t key);
 
+/* GET /v1/plan: the current plan (a new reference), or an empty one. */
+json_t *gw_dispatch_plan_json(gw_server_t *srv);
+
 /* The serving device kind of a model right now: the kind whose profile it
  * has and that has a worker up (cuda before cpu), emu for emulated models;
  * -1 when none. Thread-safe. */

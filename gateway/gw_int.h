@@ -33,6 +33,7 @@ typedef struct gw_server {
     atomic_long inflight;   /* HTTP requests not yet answered */
 
     atomic_int kind_up[3];  /* workers up per device kind (gw_kind_t) */
+    long long last_epoch;   /* the newest plan stored in the DB at start */
 
     sq_shm_arena_t *arena;
     gw_registry_t *registry;

@@ -1,6 +1,7 @@
 /* squishd's HTTP side: h2o event loops (one per http thread) sharing one
  * listening socket, a route table, and graceful drain on shutdown. */
 #include "gw_http.h"
+#include "gw_infer.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -48,6 +49,11 @@ struct gw_http {
 
 /* Routes: see the functions below; more files add theirs as they land. */
 static void route_server_metadata(gw_call_t *call);
+void gw_route_plan(gw_call_t *call)
+{
+    gw_send_json(call->req, 200, gw_dispatch_plan_json(call->srv));
+}
+
 static void route_live(gw_call_t *call);
 static void route_ready(gw_call_t *call);
 
@@ -68,6 +74,7 @@ static const gw_route_t routes[] = {
     {"GET", "/v2/models/*/versions/*", "kserve_model", gw_route_kserve_model},
     {"GET", "/v2/models/*/ready", "kserve_model_ready", gw_route_kserve_model_ready},
     {"GET", "/v2/models/*/versions/*/ready", "kserve_model_ready", gw_route_kserve_model_ready},
+    {"GET", "/v1/plan", "plan", gw_route_plan},
     {"POST", "/v1/models/*/infer", "infer_v1", gw_route_infer_v1},
     {"POST", "/v1/models/*/versions/*/infer", "infer_v1", gw_route_infer_v1},
     {"POST", "/v2/models/*/infer", "infer_v2", gw_route_infer_v2},

@@ -98,6 +98,16 @@ int mdb_model_records(mdb_t *db, int64_t key, json_t **out);
 /* A malloc'd copy of a model's ONNX bytes (the caller frees). SQ_NOT_FOUND
  * for an emulated model. */
 int mdb_model_blob(mdb_t *db, int64_t key, void **bytes, size_t *len);
+/* ---- plans ------------------------------------------------------------ */
+
+/* Stores one epoch's plan (the /v1/plan JSON) and its placements
+ * ([{"device", "model_id", "slo_ms", "batch", "duty_cycle_us", "rate_rps"}])
+ * in one transaction. */
+int mdb_plan_store(mdb_t *db, long long epoch, const char *reason, const char *plan_json,
+                   json_t *placements);
+/* The newest stored epoch, 0 when none. */
+long long mdb_plan_last_epoch(mdb_t *db);
+
 /* Replaces the profile rows of a model for a device kind and sets its
  * status (one transaction). */
 int mdb_profile_store(mdb_t *db, int64_t model_id, const char *device_kind,

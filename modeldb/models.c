@@ -632,3 +632,60 @@ int mdb_model_blob(mdb_t *db, int64_t key, void **bytes, size_t *len)
     *len = n;
     return 0;
 }
+
+int mdb_plan_store(mdb_t *db, long long epoch, const char *reason, const char *plan_json,
+                   json_t *placements)
+{
+    static const char plan_sql[] = "INSERT OR REPLACE INTO plans (epoch, created_at, reason, "
+                                   "plan) VALUES (?, ?, ?, ?)";
+    static const char del_sql[] = "DELETE FROM placements WHERE epoch = ?";
+    static const char pl_sql[] = "INSERT INTO placements (epoch, device, model_id, slo_ms, batch, "
+                                 "duty_cycle_us, rate_rps) VALUES (?, ?, ?, ?, ?, ?, ?)";
+    int rc = mdb_exec(db, "BEGIN IMMEDIATE");
+    if (rc != 0)
+        return rc;
+    sqlite3_stmt *st = mdb_stmt(db, plan_sql);
+    if (st == NULL)
+        return rollback(db, SQ_DB);
+    sqlite3_bind_int64(st, 1, epoch);
+    sqlite3_bind_double(st, 2, sq_wall_s());
+    bind_text(st, 3, reason);
+    bind_text(st, 4, plan_json);
+    if (step_done(db, st, "insert plan") != 0)
+        return rollback(db, SQ_DB);
+    st = mdb_stmt(db, del_sql);
+    if (st == NULL)
+        return rollback(db, SQ_DB);
+    sqlite3_bind_int64(st, 1, epoch);
+    if (step_done(db, st, "delete placements") != 0)
+        return rollback(db, SQ_DB);
+    size_t i;
+    json_t *p;
+    json_array_foreach(placements, i, p)
+    {
+        st = mdb_stmt(db, pl_sql);
+        if (st == NULL)
+            return rollback(db, SQ_DB);
+        sqlite3_bind_int64(st, 1, epoch);
+        bind_text(st, 2, json_string_value(json_object_get(p, "device")));
+        sqlite3_bind_int64(st, 3, json_integer_value(json_object_get(p, "model_id")));
+        sqlite3_bind_double(st, 4, json_number_value(json_object_get(p, "slo_ms")));
+        sqlite3_bind_int(st, 5, (int)json_integer_value(json_object_get(p, "batch")));
+        sqlite3_bind_double(st, 6, json_number_value(json_object_get(p, "duty_cycle_us")));
+        sqlite3_bind_double(st, 7, json_number_value(json_object_get(p, "rate_rps")));
+        if (step_done(db, st, "insert placement") != 0)
+            return rollback(db, SQ_DB);
+    }
+    if ((rc = mdb_exec(db, "COMMIT")) != 0)
+        return rollback(db, rc);
+    return 0;
+}
+
+long long mdb_plan_last_epoch(mdb_t *db)
+{
+    static const char sql[] = "SELECT coalesce(max(epoch), 0) FROM plans";
+    sqlite3_stmt *st = mdb_stmt(db, sql);
+    if (st == NULL || sqlite3_step(st) != SQLITE_ROW)
+        return 0;
+    return sqlite3_column_int64(st, 0);
+}

@@ -82,7 +82,7 @@ class Squishd:
         # these tests check behaviour, not how close to the SLO squishd runs.
         args = [SQUISHD, "--listen", "127.0.0.1:0", "--port-file", self.port_file,
                 "--db", self.db, "--workers", workers, "--worker-bin", WORKER,
-                "--dispatch-margin-us", "5000", "--timer-slack-us", "10000"] + list(extra)
+                "--dispatch-margin-us", "10000", "--timer-slack-us", "30000"] + list(extra)
         self.log = open(self.log_path, "ab")
         e = dict(os.environ)
         e.update(env or {})

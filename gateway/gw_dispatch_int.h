@@ -1,0 +1,110 @@
+/* Internals of the dispatch thread shared by dispatch.c (batches, loads,
+ * workers) and planning.c (epochs, placement, routes). Dispatch thread only. */
+#ifndef GW_DISPATCH_INT_H
+#define GW_DISPATCH_INT_H
+
+#include "gw_infer.h"
+
+#include <pl.h>
+#include <pl_dispatch.h>
+
+typedef struct gw_plan_state gw_plan_state_t;
+
+enum { LOAD_NONE, LOAD_WAIT_BYTES, LOAD_SENT, LOAD_DONE, LOAD_FAILED };
+
+typedef struct {
+    int64_t key;
+    int state;
+    int max_batch;
+} ds_load_t;
+
+typedef struct ds_batch {
+    uint64_t id;
+    int64_t model_key;
+    int count;
+    gw_item_t **items;
+    int64_t out_off;
+    uint64_t out_stride;
+    int64_t sent_us;
+} ds_batch_t;
+
+typedef struct {
+    int id;
+    int up;
+    int kind;
+    char device[64];
+    int profiling;       /* out of the core while it measures a model */
+    uint64_t memory_bytes;
+    ds_load_t *loads;
+    int nloads, caploads;
+    char (*shas)[65];    /* model files this connection already received */
+    int nshas;
+    ds_batch_t *inflight;
+} ds_worker_t;
+
+typedef struct {
+    int64_t key;
+    gw_model_t *m;
+    int kind;
+    int active;          /* requested: loaded on every worker of its kind */
+    int blob_state;      /* 0 none, 1 fetching, 2 have, 3 failed */
+    uint8_t *blob;
+    size_t blob_len;
+    int profile_pending; /* wants a profile on a cpu/cuda worker */
+    int profile_worker;  /* -1 or the worker measuring it */
+    gw_item_t **pending; /* waiting for a first load */
+    int npending, cappending;
+    int removed;
+} ds_model_t;
+
+typedef struct {
+    int id;
+    ds_model_t *model;
+    double bucket_ms;
+    uint8_t input_kind;
+} ds_session_t;
+
+struct gw_dispatch {
+    gw_server_t *srv;
+    int aborted;
+    sq_loop_t *loop;
+    pl_dispatch_t *core;
+    uint64_t timer;
+    uint64_t tick;
+    ds_worker_t **workers; /* by worker id */
+    int nworkers;
+    ds_model_t **models;
+    int nmodels, capmodels;
+    ds_session_t *sessions; /* by core session id */
+    int nsessions, capsessions;
+    gw_plan_state_t *plan; /* planning.c */
+};
+
+/* ---- planning.c -------------------------------------------------------- */
+
+gw_plan_state_t *gw__plan_new(gw_dispatch_t *ds);
+void gw__plan_free(gw_plan_state_t *ps);
+/* A request arrived for (model, bucket). */
+void gw__plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms);
+/* A model became active (first request): place it now. */
+void gw__plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms);
+/* Workers came or went, or a model was removed: re-plan that kind. */
+void gw__plan_invalidate(gw_dispatch_t *ds, int kind, const char *reason);
+/* Called every tick: rates, epoch triggers. */
+void gw__plan_tick(gw_dispatch_t *ds, int64_t now_us);
+/* The routes of dispatcher session s: the planned workers that hold the
+ * model (or, before any plan covers it, every worker that does). */
+int gw__plan_routes(gw_dispatch_t *ds, const ds_session_t *s, pl_route_t *routes, int max);
+/* Counters for the advice (bad rate, busy time). */
+void gw__plan_outcome(gw_dispatch_t *ds, int ok);
+void gw__plan_busy(gw_dispatch_t *ds, int worker, int64_t busy_us);
+
+/* dispatch.c helpers for planning.c */
+ds_worker_t *gw__ds_worker(gw_dispatch_t *ds, int id);
+ds_load_t *gw__ds_load_of(ds_worker_t *w, int64_t key, int create);
+void gw__ds_send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w);
+void gw__ds_update_routes(gw_dispatch_t *ds, ds_model_t *dm);
+void gw__ds_pump(gw_dispatch_t *ds);
+double gw_slo_bucket_ms(double slo_ms);
+
+#endif

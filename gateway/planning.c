@@ -1,0 +1,549 @@
+/* Live planning: the dispatch thread's epochs. Sessions are (model, SLO
+ * bucket) with an EWMA of their arrival rate; per device kind, the pure
+ * placement core (planner/pl.h) packs them onto the workers of that kind
+ * (squishy bin packing, incremental from the previous plan); the plan
+ * decides which worker loads which model, the dispatcher's routes and
+ * target batches, and each worker's duty cycle. Models are loaded before
+ * any route points at them and unloaded only after routes moved away.
+ *
+ * The core runs here, on the dispatch thread: it takes well under a
+ * millisecond for the sessions one squishd serves (bench: 0.3 ms for 100
+ * sessions); a deployment with thousands of sessions would want it on a
+ * thread of its own. Each plan is stored in the model DB (plans and
+ * placements, one row set per epoch) and served by GET /v1/plan. */
+#include "gw_dispatch_int.h"
+#include "gw_registry.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define RATE_INTERVAL_US 1000000
+
+typedef struct {
+    int id;
+    ds_model_t *dm;
+    double bucket_ms;
+    double ewma_rps;    /* about ecfg.ewma_tau_ms of history */
+    double rate_rps;    /* what the planner uses: max(ewma, the last second) */
+    double planned_rps; /* the rate the last plan was made for */
+    double arrivals;    /* since the last rate update */
+} psess_t;
+
+typedef struct {
+    int has;
+    pl_plan_t plan;
+    int *dev_worker; /* plan device id -> worker id, -1 none */
+    int cap;
+    double last_epoch_ms;
+    int dirty;
+    char dirty_reason[48];
+} pkind_t;
+
+struct gw_plan_state {
+    psess_t *s;
+    int n, cap, next_id;
+    pkind_t kinds[GW_KIND_COUNT];
+    pl_epoch_config_t ecfg;
+    int64_t last_rate_us;
+    long long epoch;
+    /* advice inputs since the last epoch */
+    double ok, bad;
+    double busy_us;
+    int64_t window_start_us;
+    /* /v1/plan snapshot, read by HTTP threads */
+    pthread_mutex_t lock;
+    char *json;
+};
+
+static double now_ms(void)
+{
+    return (double)sq_now_us() / 1000.0;
+}
+
+gw_plan_state_t *gw__plan_new(gw_dispatch_t *ds)
+{
+    gw_plan_state_t *p = sq_xcalloc(1, sizeof(*p));
+    pl_epoch_config_default(&p->ecfg);
+    p->ecfg.period_ms = ds->srv->cfg->epoch_ms;
+    p->ecfg.min_interval_ms = ds->srv->cfg->epoch_min_interval_ms;
+    p->last_rate_us = sq_now_us();
+    p->window_start_us = p->last_rate_us;
+    p->epoch = ds->srv->last_epoch;
+    pthread_mutex_init(&p->lock, NULL);
+    return p;
+}
+
+void gw__plan_free(gw_plan_state_t *p)
+{
+    if (p == NULL)
+        return;
+    for (int k = 0; k < GW_KIND_COUNT; k++) {
+        if (p->kinds[k].has)
+            pl_plan_dispose(&p->kinds[k].plan);
+        free(p->kinds[k].dev_worker);
+    }
+    free(p->s);
+    free(p->json);
+    pthread_mutex_destroy(&p->lock);
+    free(p);
+}
+
+static psess_t *psess(gw_plan_state_t *p, ds_model_t *dm, double bucket_ms, int create)
+{
+    for (int i = 0; i < p->n; i++)
+        if (p->s[i].dm == dm && p->s[i].bucket_ms == bucket_ms)
+            return &p->s[i];
+    if (!create)
+        return NULL;
+    if (p->n == p->cap) {
+        p->cap = p->cap ? 2 * p->cap : 16;
+        p->s = sq_xrealloc(p->s, sizeof(*p->s) * (size_t)p->cap);
+    }
+    p->s[p->n] = (psess_t){.id = p->next_id++, .dm = dm, .bucket_ms = bucket_ms};
+    return &p->s[p->n++];
+}
+
+void gw__plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms)
+{
+    psess(ds->plan, dm, bucket_ms, 1)->arrivals += 1;
+}
+
+void gw__plan_outcome(gw_dispatch_t *ds, int ok)
+{
+    if (ok)
+        ds->plan->ok += 1;
+    else
+        ds->plan->bad += 1;
+}
+
+void gw__plan_busy(gw_dispatch_t *ds, int worker, int64_t busy_us)
+{
+    (void)worker;
+    ds->plan->busy_us += (double)busy_us;
+}
+
+/* The device a worker runs in kind k's plan, or NULL. */
+static const pl_device_t *device_of(const pkind_t *K, int worker)
+{
+    if (!K->has)
+        return NULL;
+    for (int i = 0; i < K->plan.ndevices; i++) {
+        int id = K->plan.devices[i].id;
+        if (id < K->cap && K->dev_worker[id] == worker)
+            return &K->plan.devices[i];
+    }
+    return NULL;
+}
+
+static const pl_alloc_t *alloc_of(const pl_device_t *dev, int session_id)
+{
+    for (int a = 0; dev != NULL && a < dev->nallocs; a++)
+        if (dev->allocs[a].session_id == session_id)
+            return &dev->allocs[a];
+    return NULL;
+}
+
+static int usable(ds_worker_t *w, int64_t key)
+{
+    ds_load_t *l = w != NULL && w->up && !w->profiling ? gw__ds_load_of(w, key, 0) : NULL;
+    return l != NULL && l->state == LOAD_DONE;
+}
+
+int gw__plan_routes(gw_dispatch_t *ds, const ds_session_t *s, pl_route_t *routes, int max)
+{
+    gw_plan_state_t *p = ds->plan;
+    ds_model_t *dm = s->model;
+    psess_t *ps = psess(p, dm, s->bucket_ms, 0);
+    int n = 0;
+    if (ps != NULL && dm->kind >= 0) {
+        pkind_t *K = &p->kinds[dm->kind];
+        for (int i = 0; K->has && i < K->plan.ndevices && n < max; i++) {
+            const pl_device_t *dev = &K->plan.devices[i];
+            const pl_alloc_t *a = alloc_of(dev, ps->id);
+            int wid = dev->id < K->cap ? K->dev_worker[dev->id] : -1;
+            if (a != NULL && usable(gw__ds_worker(ds, wid), dm->key))
+                routes[n++] = (pl_route_t){.worker = wid, .target_batch = a->batch};
+        }
+    }
+    if (n > 0)
+        return n;
+    /* No plan covers the session yet, or its planned workers are still
+     * loading the model: every worker that holds it serves meanwhile. */
+    for (int i = 0; i < ds->nworkers && n < max; i++)
+        if (usable(ds->workers[i], dm->key))
+            routes[n++] = (pl_route_t){.worker = i};
+    return n;
+}
+
+/* ---- snapshot and storage ---------------------------------------------- */
+
+static const char *unplaced_reason(pl_unplaced_reason_t r)
+{
+    return r == PL_UNPLACED_SLO ? "slo" : r == PL_UNPLACED_MEMORY ? "memory" : "devices";
+}
+
+static psess_t *psess_by_id(gw_plan_state_t *p, int id)
+{
+    for (int i = 0; i < p->n; i++)
+        if (p->s[i].id == id)
+            return &p->s[i];
+    return NULL;
+}
+
+static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placements)
+{
+    gw_plan_state_t *p = ds->plan;
+    json_t *devices = json_array(), *unplaced = json_array();
+    *placements = json_array();
+    double lower = 0;
+    int used = 0;
+    for (int k = 0; k < GW_KIND_COUNT; k++) {
+        pkind_t *K = &p->kinds[k];
+        if (!K->has)
+            continue;
+        lower += K->plan.lower_bound_devices;
+        for (int i = 0; i < K->plan.ndevices; i++) {
+            const pl_device_t *d = &K->plan.devices[i];
+            int wid = d->id < K->cap ? K->dev_worker[d->id] : -1;
+            ds_worker_t *w = gw__ds_worker(ds, wid);
+            json_t *sessions = json_array();
+            for (int a = 0; a < d->nallocs; a++) {
+                const pl_alloc_t *al = &d->allocs[a];
+                psess_t *ps = psess_by_id(p, al->session_id);
+                if (ps == NULL)
+                    continue;
+                json_array_append_new(
+                    sessions,
+                    json_pack("{s:s, s:i, s:f, s:f, s:i, s:f}", "model", ps->dm->m->name,
+                              "version", ps->dm->m->version, "slo_ms", ps->bucket_ms, "rate_rps",
+                              al->rate_rps, "batch", al->batch, "latency_ms",
+                              al->latency_us / 1000.0));
+                json_array_append_new(
+                    *placements,
+                    json_pack("{s:s, s:I, s:f, s:i, s:f, s:f}", "device", w ? w->device : "?",
+                              "model_id", (json_int_t)ps->dm->key, "slo_ms", ps->bucket_ms,
+                              "batch", al->batch, "duty_cycle_us", d->duty_cycle_us, "rate_rps",
+                              al->rate_rps));
+            }
+            used++;
+            json_array_append_new(
+                devices,
+                json_pack("{s:i, s:s, s:i, s:s, s:f, s:f, s:f, s:b, s:o}", "id",
+                          (int)json_array_size(devices), "kind", gw_kind_name((gw_kind_t)k),
+                          "worker", wid, "device", w ? w->device : "?", "duty_cycle_ms",
+                          d->duty_cycle_us / 1000.0, "occupancy", d->occupancy, "memory_mb",
+                          d->memory_bytes / 1048576.0, "saturated", d->saturated, "sessions",
+                          sessions));
+        }
+        for (int u = 0; u < K->plan.nunplaced; u++) {
+            psess_t *ps = psess_by_id(p, K->plan.unplaced[u].session_id);
+            if (ps != NULL)
+                json_array_append_new(
+                    unplaced, json_pack("{s:s, s:f, s:f, s:s}", "model", ps->dm->m->name,
+                                        "slo_ms", ps->bucket_ms, "rate_rps",
+                                        K->plan.unplaced[u].rate_rps, "reason",
+                                        unplaced_reason(K->plan.unplaced[u].reason)));
+        }
+    }
+    /* Advice (Symphony section 3.5): with bad rate r over N devices ask for
+     * N r / (1 - r) more; with idle fraction f release N f. */
+    double window_s = (double)(sq_now_us() - p->window_start_us) / 1e6;
+    double total = p->ok + p->bad;
+    double bad_rate = total > 0 ? p->bad / total : 0;
+    int nworkers = 0;
+    for (int i = 0; i < ds->nworkers; i++)
+        nworkers += ds->workers[i] != NULL && ds->workers[i]->up;
+    double idle = nworkers > 0 && window_s > 0
+                      ? 1.0 - p->busy_us / 1e6 / (window_s * nworkers)
+                      : 0;
+    idle = idle < 0 ? 0 : idle;
+    double add = pl_advice_add(nworkers, bad_rate);
+    double release = pl_advice_release(nworkers, idle);
+    double delta = add >= 1 ? ceil(add) : -floor(release);
+    return json_pack("{s:I, s:f, s:s, s:o, s:i, s:f, s:o, s:[], s:{s:f, s:f, s:f, s:f, s:f}}",
+                     "epoch", (json_int_t)p->epoch, "created_at", sq_wall_s(), "reason", reason,
+                     "devices", devices, "devices_used", used, "lower_bound_devices", lower,
+                     "unplaced", unplaced, "pipelines", "advice", "devices_delta", delta,
+                     "bad_rate", bad_rate, "idle_fraction", idle, "add", add, "release",
+                     release);
+}
+
+typedef struct {
+    long long epoch;
+    char reason[48];
+    char *plan;
+    json_t *placements;
+} store_job_t;
+
+static void store_job(mdb_t *db, void *arg)
+{
+    store_job_t *j = arg;
+    if (mdb_plan_store(db, j->epoch, j->reason, j->plan, j->placements) != 0)
+        SQ_WARN("cannot store plan epoch=%lld error=\"%s\"", j->epoch, mdb_errmsg(db));
+    free(j->plan);
+    json_decref(j->placements);
+    free(j);
+}
+
+json_t *gw_dispatch_plan_json(gw_server_t *srv)
+{
+    gw_plan_state_t *p = srv->dispatch ? srv->dispatch->plan : NULL;
+    json_t *out = NULL;
+    if (p != NULL) {
+        pthread_mutex_lock(&p->lock);
+        if (p->json != NULL)
+            out = json_loads(p->json, 0, NULL);
+        pthread_mutex_unlock(&p->lock);
+    }
+    if (out == NULL)
+        out = json_pack("{s:i, s:n, s:s, s:[], s:i, s:f, s:[], s:[], s:{s:f}}", "epoch", 0,
+                        "created_at", "reason", "no plan yet", "devices", "devices_used", 0,
+                        "lower_bound_devices", 0.0, "unplaced", "pipelines", "advice",
+                        "devices_delta", 0.0);
+    return out;
+}
+
+/* ---- epochs ------------------------------------------------------------ */
+
+static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
+{
+    gw_plan_state_t *p = ds->plan;
+    pkind_t *K = &p->kinds[kind];
+    K->dirty = 0;
+    /* The devices: up workers of this kind, not busy profiling. */
+    int *workers = sq_xcalloc((size_t)ds->nworkers + 1, sizeof(int));
+    int nw = 0;
+    double mem = 0;
+    for (int i = 0; i < ds->nworkers; i++) {
+        ds_worker_t *w = ds->workers[i];
+        if (w != NULL && w->up && w->kind == kind && !w->profiling) {
+            workers[nw++] = i;
+            if (mem == 0 || (double)w->memory_bytes < mem)
+                mem = (double)w->memory_bytes;
+        }
+    }
+    /* The sessions of active models served by this kind. */
+    pl_session_t *ss = sq_xcalloc((size_t)p->n + 1, sizeof(*ss));
+    int n = 0;
+    for (int i = 0; i < p->n; i++) {
+        psess_t *ps = &p->s[i];
+        ds_model_t *dm = ps->dm;
+        if (dm->removed || !dm->active || dm->kind != kind || !dm->m->has_profile[kind])
+            continue;
+        ps->planned_rps = ps->rate_rps;
+        ss[n++] = (pl_session_t){.id = ps->id,
+                                 .model = (int)dm->key,
+                                 .name = dm->m->name,
+                                 .profile = &dm->m->profile[kind],
+                                 .slo_us = ps->bucket_ms * 1000.0,
+                                 .rate_rps = ps->rate_rps};
+        dm->m->profile[kind].memory_bytes =
+            dm->m->profile[kind].memory_bytes > 0 ? dm->m->profile[kind].memory_bytes
+                                                  : (double)dm->m->memory_bytes;
+    }
+    if (nw == 0 && n > 0) {
+        free(workers);
+        free(ss);
+        return; /* nothing to place them on; the next worker up re-plans */
+    }
+    pl_options_t opt = {.k_std = ds->srv->cfg->k_std, .device_memory_bytes = mem, .max_devices = nw};
+    /* The previous plan, without the devices whose worker is gone. */
+    pl_plan_t prev = {0};
+    pl_device_t *kept = NULL;
+    if (K->has) {
+        prev = K->plan;
+        kept = sq_xcalloc((size_t)K->plan.ndevices + 1, sizeof(*kept));
+        prev.ndevices = 0;
+        for (int i = 0; i < K->plan.ndevices; i++) {
+            int id = K->plan.devices[i].id;
+            int wid = id < K->cap ? K->dev_worker[id] : -1;
+            for (int j = 0; j < nw; j++)
+                if (workers[j] == wid)
+                    kept[prev.ndevices++] = K->plan.devices[i];
+        }
+        prev.devices = kept;
+    }
+    pl_plan_t plan;
+    int64_t t0 = sq_now_ns();
+    int rc = pl_plan(&plan, ss, n, K->has ? &prev : NULL, &opt);
+    double plan_ms = (double)(sq_now_ns() - t0) / 1e6;
+    free(kept);
+    if (rc != 0) {
+        SQ_WARN("planning failed kind=%s code=%s", gw_kind_name((gw_kind_t)kind), sq_err_name(rc));
+        free(workers);
+        free(ss);
+        return;
+    }
+    /* Devices keep their worker; new devices take the free workers in id order. */
+    int maxid = 0;
+    for (int i = 0; i < plan.ndevices; i++)
+        maxid = plan.devices[i].id + 1 > maxid ? plan.devices[i].id + 1 : maxid;
+    int *map = sq_xcalloc((size_t)maxid + 1, sizeof(int));
+    for (int i = 0; i <= maxid; i++)
+        map[i] = -1;
+    int *taken = sq_xcalloc((size_t)ds->nworkers + 1, sizeof(int));
+    for (int i = 0; i < plan.ndevices; i++) {
+        int id = plan.devices[i].id;
+        int wid = id < K->cap ? K->dev_worker[id] : -1;
+        for (int j = 0; j < nw; j++)
+            if (workers[j] == wid && !taken[wid]) {
+                map[id] = wid;
+                taken[wid] = 1;
+            }
+    }
+    for (int i = 0; i < plan.ndevices; i++) {
+        int id = plan.devices[i].id;
+        for (int j = 0; j < nw && map[id] < 0; j++)
+            if (!taken[workers[j]]) {
+                map[id] = workers[j];
+                taken[workers[j]] = 1;
+            }
+    }
+    if (K->has)
+        pl_plan_dispose(&K->plan);
+    free(K->dev_worker);
+    K->plan = plan;
+    K->has = 1;
+    K->dev_worker = map;
+    K->cap = maxid + 1;
+    K->last_epoch_ms = now_ms();
+    p->epoch++;
+
+    /* Apply: load what each worker's device holds, pace it by its duty
+     * cycle, route, then unload what moved away. */
+    int64_t now = sq_now_us();
+    for (int j = 0; j < nw; j++) {
+        ds_worker_t *w = ds->workers[workers[j]];
+        const pl_device_t *dev = device_of(K, w->id);
+        pl_dispatch_worker_add(ds->core, now, w->id,
+                               dev != NULL && !dev->saturated ? (int64_t)dev->duty_cycle_us : 0);
+        for (int a = 0; dev != NULL && a < dev->nallocs; a++) {
+            psess_t *ps = psess_by_id(p, dev->allocs[a].session_id);
+            ds_load_t *l = ps ? gw__ds_load_of(w, ps->dm->key, 0) : NULL;
+            if (ps != NULL && (l == NULL || l->state == LOAD_NONE || l->state == LOAD_FAILED))
+                gw__ds_send_load(ds, ps->dm, w);
+        }
+    }
+    for (int i = 0; i < ds->nmodels; i++)
+        if (ds->models[i]->kind == kind && ds->models[i]->active)
+            gw__ds_update_routes(ds, ds->models[i]);
+    for (int j = 0; j < nw; j++) {
+        ds_worker_t *w = ds->workers[workers[j]];
+        const pl_device_t *dev = device_of(K, w->id);
+        for (int li = 0; li < w->nloads; li++) {
+            ds_load_t *l = &w->loads[li];
+            if (l->state != LOAD_DONE && l->state != LOAD_SENT)
+                continue;
+            /* Only models the plan places somewhere else move away; a model
+             * it could not place stays where it is loaded. */
+            int here = 0, elsewhere = 0;
+            for (int s = 0; s < p->n; s++) {
+                if (p->s[s].dm->key != l->key)
+                    continue;
+                here |= alloc_of(dev, p->s[s].id) != NULL;
+                for (int d = 0; d < K->plan.ndevices; d++)
+                    elsewhere |= alloc_of(&K->plan.devices[d], p->s[s].id) != NULL;
+            }
+            int profiling = 0;
+            for (int m = 0; m < ds->nmodels; m++)
+                profiling |= ds->models[m]->key == l->key && ds->models[m]->profile_worker == w->id;
+            if (!here && elsewhere && !profiling) {
+                gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_UNLOAD, (uint64_t)l->key,
+                                NULL, 0);
+                l->state = LOAD_NONE;
+            }
+        }
+    }
+    SQ_INFO("epoch=%lld kind=%s reason=\"%s\" sessions=%d devices=%d of=%d lower_bound=%.2f "
+            "moved=%d unplaced=%d plan_ms=%.3f",
+            p->epoch, gw_kind_name((gw_kind_t)kind), reason, n, plan.ndevices, nw,
+            plan.lower_bound_devices, plan.moved, plan.nunplaced, plan_ms);
+
+    json_t *placements;
+    json_t *snap = plan_json(ds, reason, &placements);
+    char *txt = json_dumps(snap, JSON_COMPACT | JSON_REAL_PRECISION(7));
+    json_decref(snap);
+    pthread_mutex_lock(&p->lock);
+    free(p->json);
+    p->json = sq_xstrdup(txt);
+    pthread_mutex_unlock(&p->lock);
+    store_job_t *sj = sq_xcalloc(1, sizeof(*sj));
+    sj->epoch = p->epoch;
+    snprintf(sj->reason, sizeof(sj->reason), "%s", reason);
+    sj->plan = txt;
+    sj->placements = placements;
+    gw_db_post(ds->srv, store_job, sj);
+    /* The advice window starts again. */
+    p->ok = p->bad = p->busy_us = 0;
+    p->window_start_us = now;
+    free(taken);
+    free(workers);
+    free(ss);
+    gw__ds_pump(ds);
+}
+
+void gw__plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms)
+{
+    psess(ds->plan, dm, bucket_ms, 1);
+    if (dm->kind >= 0)
+        run_epoch(ds, dm->kind, "new model");
+}
+
+void gw__plan_invalidate(gw_dispatch_t *ds, int kind, const char *reason)
+{
+    if (kind < 0 || kind >= GW_KIND_COUNT)
+        return;
+    pkind_t *K = &ds->plan->kinds[kind];
+    if (!K->dirty)
+        snprintf(K->dirty_reason, sizeof(K->dirty_reason), "%s", reason);
+    K->dirty = 1;
+}
+
+void gw__plan_tick(gw_dispatch_t *ds, int64_t now_us)
+{
+    gw_plan_state_t *p = ds->plan;
+    for (int k = 0; k < GW_KIND_COUNT; k++)
+        if (p->kinds[k].dirty)
+            run_epoch(ds, k, p->kinds[k].dirty_reason);
+    if (now_us - p->last_rate_us < RATE_INTERVAL_US)
+        return;
+    double interval_ms = (double)(now_us - p->last_rate_us) / 1000.0;
+    p->last_rate_us = now_us;
+    /* Up fast, down slow: a step up in load is planned for within a second
+     * (the EWMA alone would take about tau to see it and drop meanwhile),
+     * a dip is smoothed over tau so that devices are not released early. */
+    for (int i = 0; i < p->n; i++) {
+        psess_t *ps = &p->s[i];
+        ps->ewma_rps = pl_rate_ewma(ps->ewma_rps, ps->arrivals, interval_ms, p->ecfg.ewma_tau_ms);
+        double last = ps->arrivals * 1000.0 / interval_ms;
+        ps->rate_rps = last > ps->ewma_rps ? last : ps->ewma_rps;
+        ps->arrivals = 0;
+    }
+    /* Epochs: periodic, or early when a rate leaves [low, high] of the rate
+     * the plan was made for (never sooner than min_interval_ms after the
+     * last). Rates below one request a second are noise, not a reason. */
+    double *rate = sq_xcalloc((size_t)p->n + 1, sizeof(double));
+    double *planned = sq_xcalloc((size_t)p->n + 1, sizeof(double));
+    for (int k = 0; k < GW_KIND_COUNT; k++) {
+        pkind_t *K = &p->kinds[k];
+        if (!K->has)
+            continue;
+        int n = 0;
+        for (int i = 0; i < p->n; i++) {
+            if (p->s[i].dm->kind != k || p->s[i].dm->removed)
+                continue;
+            rate[n] = p->s[i].rate_rps;
+            planned[n] = p->s[i].planned_rps;
+            if (rate[n] < 1 && planned[n] < 1)
+                rate[n] = planned[n];
+            n++;
+        }
+        pl_epoch_reason_t why =
+            pl_epoch_due(&p->ecfg, now_ms(), K->last_epoch_ms, rate, planned, n);
+        if (why != PL_EPOCH_NONE)
+            run_epoch(ds, k, why == PL_EPOCH_PERIODIC ? "periodic" : "rate change");
+    }
+    free(rate);
+    free(planned);
+}
