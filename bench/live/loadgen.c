@@ -22,6 +22,11 @@
  * --timeout-ms of the schedule), conn_error (connect, reset, close before
  * the answer), unsent (no connection free before the timeout).
  *
+ * --closed N is the other mode, for throughput: N requests always in
+ * flight (one per connection), a new one as soon as one is answered;
+ * answered_rps is then the server's (or the loadgen's, see
+ * loadgen_cpu_fraction) capacity.
+ *
  * Output: one JSON summary on stdout; with --search-goodput, the trials and
  * the highest rate at which >= --target of the requests were good
  * (Symphony's goodput, as squish-sim --search-goodput computes it). */
@@ -90,6 +95,7 @@ typedef struct {
     int64_t timeout_ns;
     double duration_s, warmup_s;
     uint64_t seed;
+    int closed; /* > 0: closed loop, this many requests always in flight */
     int verbose;
 } lg_opts_t;
 
@@ -110,7 +116,7 @@ typedef struct {
 } lg_run_t;
 
 typedef struct {
-    double rate_rps, offered_rps, sent_rps, goodput_rps;
+    double rate_rps, offered_rps, sent_rps, goodput_rps, answered_rps;
     long n, counts[OUT_PENDING];
     double bad_rate;
     double lat_p50, lat_p90, lat_p99, lat_max;
@@ -509,6 +515,7 @@ static void summarize(const lg_run_t *r, double rate, double cpu_s, double wall_
                       ? (double)(nlag - 1) / ((double)(last_sent - first_sent) / 1e9)
                       : 0;
     s->goodput_rps = (double)s->counts[OUT_GOOD] / o->duration_s;
+    s->answered_rps = (double)(s->counts[OUT_GOOD] + s->counts[OUT_LATE]) / o->duration_s;
     s->bad_rate = s->n ? 1.0 - (double)s->counts[OUT_GOOD] / (double)s->n : 0;
     s->lat_p50 = quantile(lat, nlat, 0.50);
     s->lat_p90 = quantile(lat, nlat, 0.90);
@@ -536,7 +543,7 @@ static void run_at(lg_run_t *r, double rate_rps, uint64_t seed, lg_summary_t *s)
     r->nreqs = 0;
     uint64_t rng = seed * 0x9e3779b97f4a7c15ULL + 1;
     double t = 0;
-    for (;;) {
+    for (; o->closed == 0;) {
         t += -log(rng_unit(&rng)) / rate_rps;
         if (t >= total_s)
             break;
@@ -553,8 +560,20 @@ static void run_at(lg_run_t *r, double rate_rps, uint64_t seed, lg_summary_t *s)
     r->t0 = now_ns() + 2000000; /* 2 ms to get going */
     int64_t last_scan = 0;
     struct epoll_event evs[256];
-    while (r->next_start < r->nreqs || r->inflight > 0) {
+    int64_t total_ns = (int64_t)(total_s * 1e9);
+    for (;;) {
         int64_t now = now_ns() - r->t0;
+        /* Closed loop: a new request as soon as one is answered. */
+        while (o->closed > 0 && now >= 0 && now < total_ns &&
+               r->inflight + (r->nreqs - r->next_start) < o->closed) {
+            if (r->nreqs == cap) {
+                cap *= 2;
+                r->reqs = sq_xrealloc(r->reqs, (size_t)cap * sizeof(lg_req_t));
+            }
+            r->reqs[r->nreqs++] = (lg_req_t){.sched_ns = now, .outcome = OUT_PENDING};
+        }
+        if (r->next_start >= r->nreqs && r->inflight == 0 && (o->closed == 0 || now >= total_ns))
+            break;
         while (r->next_due < r->nreqs && r->reqs[r->next_due].sched_ns <= now)
             r->next_due++;
         while (r->next_start < r->next_due) {
@@ -615,7 +634,8 @@ static void print_summary(FILE *f, const lg_summary_t *s, const lg_opts_t *o, co
     fprintf(f,
             "%s{\"rate_rps\": %.1f, \"duration_s\": %.1f, \"warmup_s\": %.1f, \"slo_ms\": %.3f, "
             "\"requests\": %ld, \"offered_rps\": %.1f, \"sent_rps\": %.1f, "
-            "\"goodput_rps\": %.1f, \"bad_rate\": %.5f, "
+            "\"goodput_rps\": %.1f, \"answered_rps\": %.1f, \"closed_loop\": %d, "
+            "\"bad_rate\": %.5f, "
             "\"good\": %ld, \"late\": %ld, \"dropped\": %ld, \"errors\": %ld, \"timeouts\": %ld, "
             "\"conn_errors\": %ld, \"unsent\": %ld, "
             "\"dropped_rate\": %.5f, \"late_rate\": %.5f, \"error_rate\": %.5f, "
@@ -623,10 +643,10 @@ static void print_summary(FILE *f, const lg_summary_t *s, const lg_opts_t *o, co
             "\"send_lag_ms\": {\"p50\": %.3f, \"p99\": %.3f, \"max\": %.3f}, "
             "\"connections_opened\": %ld, \"retries\": %ld, \"loadgen_cpu_fraction\": %.3f}",
             indent, s->rate_rps, o->duration_s, o->warmup_s, o->slo_ms, s->n, s->offered_rps,
-            s->sent_rps, s->goodput_rps, s->bad_rate, s->counts[OUT_GOOD], s->counts[OUT_LATE],
-            s->counts[OUT_DROPPED], s->counts[OUT_ERROR], s->counts[OUT_TIMEOUT],
-            s->counts[OUT_CONN_ERROR], s->counts[OUT_UNSENT], (double)s->counts[OUT_DROPPED] / n,
-            (double)s->counts[OUT_LATE] / n,
+            s->sent_rps, s->goodput_rps, s->answered_rps, o->closed, s->bad_rate,
+            s->counts[OUT_GOOD], s->counts[OUT_LATE], s->counts[OUT_DROPPED], s->counts[OUT_ERROR],
+            s->counts[OUT_TIMEOUT], s->counts[OUT_CONN_ERROR], s->counts[OUT_UNSENT],
+            (double)s->counts[OUT_DROPPED] / n, (double)s->counts[OUT_LATE] / n,
             (double)(s->counts[OUT_ERROR] + s->counts[OUT_TIMEOUT] + s->counts[OUT_CONN_ERROR] +
                      s->counts[OUT_UNSENT]) /
                 n,
@@ -699,10 +719,12 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: squish-loadgen --port P [--host 127.0.0.1] --path /v1/models/M/infer\n"
                "         (--body FILE [--content-type T] | --tensor CxHxW [--dtype FP32|UINT8])\n"
-               "         --rate RPS [--duration S] [--warmup S] [--seed N] [--slo-ms MS]\n"
+               "         (--rate RPS | --closed N) [--duration S] [--warmup S] [--seed N]\n"
+               "         [--slo-ms MS]\n"
                "         [--connections N] [--timeout-ms MS] [--search-goodput [--target F]\n"
                "         [--precision F] [--pause-ms MS]]\n"
-               "Open-loop Poisson load over HTTP/1.1 keep-alive; JSON summary on stdout.\n");
+               "Open-loop Poisson load over HTTP/1.1 keep-alive (--closed N: closed loop, N\n"
+               "requests always in flight, for the highest throughput); JSON summary on stdout.\n");
 }
 
 int main(int argc, char **argv)
@@ -730,6 +752,7 @@ int main(int argc, char **argv)
                                              {"target", required_argument, 0, 'G'},
                                              {"precision", required_argument, 0, 'e'},
                                              {"pause-ms", required_argument, 0, 'z'},
+                                             {"closed", required_argument, 0, 'C'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     int ch;
@@ -789,6 +812,9 @@ int main(int argc, char **argv)
         case 'z':
             pause_ms = atof(optarg);
             break;
+        case 'C':
+            o.closed = atoi(optarg);
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -797,9 +823,12 @@ int main(int argc, char **argv)
             return 2;
         }
     }
+    if (o.closed > 0 && rate <= 0)
+        rate = 1; /* unused: the closed loop sends as fast as answers come */
     if (port <= 0 || port > 65535 || path == NULL || rate <= 0 || o.duration_s <= 0 ||
-        o.warmup_s < 0 || o.slo_ms <= 0 || o.max_conns < 1 || o.max_conns > 60000 ||
-        (body_file == NULL) == (tensor == NULL) || target <= 0 || target > 1 || precision <= 0 ||
+        o.closed < 0 || (o.closed > 0 && search) || o.warmup_s < 0 || o.slo_ms <= 0 ||
+        o.max_conns < 1 || o.max_conns > 60000 || (body_file == NULL) == (tensor == NULL) ||
+        target <= 0 || target > 1 || precision <= 0 ||
         (strcmp(dtype, "FP32") != 0 && strcmp(dtype, "UINT8") != 0)) {
         usage(stderr);
         return 2;
