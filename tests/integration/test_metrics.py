@@ -24,7 +24,8 @@ from harness import Squishd, eventually, run, test, validate
 JPEG_PATH = "/usr/share/matplotlib/mpl-data/sample_data/grace_hopper.jpg"
 PROMTOOL = "/usr/bin/promtool"
 PROMETHEUS = "/usr/bin/prometheus"
-N_OK = 6
+N_OK = 5
+SLO_OK_MS = 1000
 N_DROPPED = 3
 N_BAD = 2
 
@@ -120,10 +121,18 @@ def counters_move_by_exactly_the_traffic_sent():
     upload_r50(s)
     with open(JPEG_PATH, "rb") as f:
         jpeg = f.read()
-    # ok: one at a time, with a generous SLO (these machines are loaded).
-    oks = [infer(s, jpeg, slo_ms=2000) for _ in range(N_OK)]
-    assert all(r.status == 200 for r in oks), oks
-    assert all(r.json["timing_ms"]["total"] < 2000 for r in oks), oks
+    # Meant to be ok: one at a time, with a generous SLO. The dispatcher
+    # decides (on a loaded machine one may still be dropped, or answered
+    # late); each answer says which, and the counters must agree exactly.
+    oks = [infer(s, jpeg, slo_ms=SLO_OK_MS) for _ in range(N_OK)]
+    assert all(r.status in (200, 503) for r in oks), oks
+    answered = [r for r in oks if r.status == 200]
+    n_ok = len(answered)
+    assert n_ok >= 1, oks
+    # The metric's total is taken just before the body's: a body within the
+    # SLO is surely counted ok; one past it is late (or ok by a hair).
+    surely_ok = sum(1 for r in answered if r.json["timing_ms"]["total"] <= SLO_OK_MS)
+    n_503 = N_OK - n_ok
     # dropped: no batch meets 3 ms (l(1) = 6.1 ms): 503 at once.
     drops = [infer(s, jpeg, slo_ms=3) for _ in range(N_DROPPED)]
     assert all(r.status == 503 and r.json["code"] == "deadline" for r in drops), drops
@@ -138,8 +147,10 @@ def counters_move_by_exactly_the_traffic_sent():
         return total(after, name, **labels) - total(before, name, **labels)
 
     req = "squish_requests_total"
-    assert delta(req, model="r50", version="1", slo_ms="2000", outcome="ok") == N_OK, text
-    assert delta(req, model="r50", outcome="late") == 0, text
+    ok = delta(req, model="r50", version="1", slo_ms=str(SLO_OK_MS), outcome="ok")
+    late = delta(req, model="r50", version="1", slo_ms=str(SLO_OK_MS), outcome="late")
+    assert ok + late == n_ok and ok >= surely_ok, (ok, late, n_ok, surely_ok, text)
+    assert delta(req, model="r50", version="1", slo_ms=str(SLO_OK_MS), outcome="dropped") == n_503
     # The dispatcher's SLO buckets: 3 ms falls in the smallest, 5 ms.
     assert delta(req, model="r50", version="1", slo_ms="5", outcome="dropped") == N_DROPPED, text
     # No SLO given: the model's default, 100 ms.
@@ -147,22 +158,22 @@ def counters_move_by_exactly_the_traffic_sent():
     assert delta(req) == N_OK + N_DROPPED + N_BAD, text
     assert "no-such-model" not in text
     http = "squish_http_requests_total"
-    assert delta(http, route="infer_v1", code="200") == N_OK
-    assert delta(http, route="infer_v1", code="503") == N_DROPPED
+    assert delta(http, route="infer_v1", code="200") == n_ok
+    assert delta(http, route="infer_v1", code="503") == N_DROPPED + n_503
     assert delta(http, route="infer_v1", code="415") == N_BAD
     assert delta(http, route="infer_v1", code="404") == 1
     assert delta(http, route="models_upload", code="401") == 1
     assert delta(http, route="models_upload", code="201") == 1
     assert delta("squish_uploads_total", outcome="created") == 1
     assert delta("squish_uploads_total", outcome="unauthorized") == 1
-    assert delta("squish_request_duration_seconds_count", model="r50") == N_OK
-    assert delta("squish_queue_duration_seconds_count", model="r50") == N_OK
-    assert delta("squish_preprocess_duration_seconds_count", model="r50") == N_OK
-    assert delta("squish_dispatch_drops_total", model="r50", reason="deadline") <= N_DROPPED
-    # Every ok image ran in exactly one batch.
+    assert delta("squish_request_duration_seconds_count", model="r50") == n_ok
+    assert delta("squish_queue_duration_seconds_count", model="r50") == n_ok
+    assert delta("squish_preprocess_duration_seconds_count", model="r50") == n_ok
+    assert delta("squish_dispatch_drops_total", model="r50") <= N_DROPPED + n_503
+    # Every answered image ran in exactly one batch.
     batches = delta("squish_batches_total", model="r50")
-    assert 1 <= batches <= N_OK, text
-    assert delta("squish_batch_size_sum", model="r50") == N_OK, text
+    assert 1 <= batches <= n_ok, text
+    assert delta("squish_batch_size_sum", model="r50") == n_ok, text
     assert delta("squish_batch_size_count", model="r50") == batches
     assert delta("squish_execute_duration_seconds_count", model="r50") == batches
     busy = delta("squish_worker_busy_seconds_total")
@@ -172,7 +183,7 @@ def counters_move_by_exactly_the_traffic_sent():
     assert value(after, "process_resident_memory_bytes") > 1e6
     assert value(after, "process_open_fds") > 3
     assert abs(value(after, "process_start_time_seconds") - time.time()) < 3600
-    _sent.update(ok=N_OK, batches=batches, before_ok=total(before, req, outcome="ok"))
+    _sent.update(answered=n_ok, failed=n_503 + N_DROPPED + N_BAD, batches=batches)
 
 
 @test
@@ -182,16 +193,17 @@ def stats_routes_follow_the_triton_extension():
     assert r.status == 200, r
     (st,) = r.json["model_stats"]
     assert st["name"] == "r50" and st["version"] == "1", st
-    assert st["inference_count"] == N_OK, st
+    n_ok = _sent["answered"]
+    assert st["inference_count"] == n_ok, st
     inf = st["inference_stats"]
-    assert inf["success"]["count"] == N_OK and inf["success"]["ns"] > 0, inf
-    assert inf["fail"]["count"] == N_DROPPED + N_BAD, inf
+    assert inf["success"]["count"] == n_ok and inf["success"]["ns"] > 0, inf
+    assert inf["fail"]["count"] == _sent["failed"], inf
     for k in ("queue", "compute_input", "compute_infer", "compute_output"):
-        assert inf[k]["count"] == N_OK, (k, inf)
+        assert inf[k]["count"] == n_ok, (k, inf)
     # The live profile: per batch size, runs and their time.
     assert st["execution_count"] == _sent["batches"], st
     bs = st["batch_stats"]
-    assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in bs) == N_OK, bs
+    assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in bs) == n_ok, bs
     for b in bs:
         # An emulated device holds a batch for l(b) = 1.053 b + 5.072 ms.
         mean_ms = b["compute_infer"]["ns"] / b["compute_infer"]["count"] / 1e6
@@ -258,8 +270,9 @@ def a_real_prometheus_scrapes_and_answers_a_query():
                              "--web.listen-address", "127.0.0.1:%d" % port,
                              "--log.level", "warn"],
                             stdout=log, stderr=subprocess.STDOUT)
-    want = _sent.get("before_ok", 0) + N_OK
-    query = 'sum(squish_requests_total{job="squishd",model="r50",outcome="ok"})'
+    # The 200 answers of the first test (ok or late): from the traffic.
+    want = _sent["answered"]
+    query = 'sum(squish_requests_total{job="squishd",model="r50",outcome=~"ok|late"})'
 
     def answer():
         if proc.poll() is not None:
