@@ -84,9 +84,11 @@ static const gw_route_t routes[] = {
 
 void gw_add_header(h2o_req_t *req, const char *name, const char *value)
 {
-    size_t nlen = strlen(name);
-    h2o_add_header_by_str(&req->pool, &req->res.headers, name, nlen, 0, NULL, value,
-                          strlen(value));
+    /* h2o keeps the pointers until the response is sent: the value is often
+     * a caller's stack buffer, so it is copied into the request's pool. */
+    h2o_iovec_t v = h2o_strdup(&req->pool, value, strlen(value));
+    h2o_add_header_by_str(&req->pool, &req->res.headers, name, strlen(name), 1, NULL, v.base,
+                          v.len);
 }
 
 void gw_send_json(h2o_req_t *req, int status, json_t *obj)
