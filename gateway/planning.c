@@ -12,6 +12,7 @@
  * thread of its own. Each plan is stored in the model DB (plans and
  * placements, one row set per epoch) and served by GET /v1/plan. */
 #include "gw_dispatch_int.h"
+#include "gw_metrics.h"
 #include "gw_registry.h"
 
 #include <math.h>
@@ -304,6 +305,35 @@ json_t *gw_dispatch_plan_json(gw_server_t *srv)
     return out;
 }
 
+/* The plan's gauges and the sessions' rates for /metrics. */
+static void publish_metrics(gw_dispatch_t *ds, json_t *snap, int moved)
+{
+    gw_plan_state_t *p = ds->plan;
+    gw_metrics_plan_t mp = {
+        .epoch = p->epoch,
+        .devices = (int)json_integer_value(json_object_get(snap, "devices_used")),
+        .lower_bound_devices = json_number_value(json_object_get(snap, "lower_bound_devices")),
+        .advice_devices =
+            json_number_value(json_object_get(json_object_get(snap, "advice"), "devices_delta")),
+        .models_moved = moved};
+    gw_metrics_plan(ds->srv->metrics, &mp);
+    gw_metrics_session_t *ms = sq_xcalloc((size_t)p->n + 1, sizeof(*ms));
+    int n = 0;
+    for (int i = 0; i < p->n; i++) {
+        psess_t *ps = &p->s[i];
+        if (ps->dm->removed || !ps->dm->active || ps->dm->kind < 0)
+            continue;
+        pkind_t *K = &p->kinds[ps->dm->kind];
+        ms[n++] = (gw_metrics_session_t){
+            .model = ps->dm->m,
+            .slo_ms = ps->bucket_ms,
+            .rate_rps = ps->rate_rps,
+            .planned_rps = K->has ? pl_plan_capacity_rps(&K->plan, ps->id) : 0};
+    }
+    gw_metrics_sessions(ds->srv->metrics, ms, n);
+    free(ms);
+}
+
 /* ---- epochs ------------------------------------------------------------ */
 
 static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
@@ -462,6 +492,7 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
 
     json_t *placements;
     json_t *snap = plan_json(ds, reason, &placements);
+    publish_metrics(ds, snap, plan.moved);
     char *txt = json_dumps(snap, JSON_COMPACT | JSON_REAL_PRECISION(7));
     json_decref(snap);
     pthread_mutex_lock(&p->lock);
