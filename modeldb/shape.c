@@ -168,9 +168,11 @@ static int infer_gemm(ictx_t *c)
     mdb_shape_t out = {.rank = 2, .dims = {m, n}};
     if (bias) {
         const mdb_shape_t *s = &bias->shape;
+        if (s->rank > 2)
+            FAIL(SQ_BAD_MODEL, "Gemm '%s': C has rank %d", c->node->name, s->rank);
         for (int i = 0; i < s->rank; i++) {
             int64_t want = out.dims[2 - s->rank + i];
-            if (s->rank > 2 || (s->dims[i] != 1 && s->dims[i] != want))
+            if (s->dims[i] != 1 && s->dims[i] != want)
                 FAIL(SQ_BAD_MODEL, "Gemm '%s': C does not broadcast to the output", c->node->name);
         }
     }

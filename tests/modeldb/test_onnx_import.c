@@ -561,6 +561,17 @@ Test(onnx_import, nodes_with_more_inputs_or_outputs_than_their_op_are_malformed)
     cr_assert_null(g);
     cr_assert_not_null(strstr(err.detail, "output 1"), "%s", err.detail);
     mb_free(&b);
+    /* A Gemm bias of rank 3 (found by fuzz_onnx_import: read out of
+     * bounds while checking the broadcast). */
+    mb_small_cnn(&b, 13);
+    int64_t bias3[] = {1, 1, 10};
+    b.inits[3]->n_dims = 3;
+    b.inits[3]->dims = bias3;
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
+    cr_assert_not_null(strstr(err.detail, "rank 3"), "%s", err.detail);
+    b.inits[3]->n_dims = 1;
+    b.inits[3]->dims = NULL;
+    mb_free(&b);
     /* Relu with two inputs. */
     mb_small_cnn(&b, 13);
     b.nodes[1]->input[b.nodes[1]->n_input++] = mb_str(&b, "b");
