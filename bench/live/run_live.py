@@ -42,6 +42,8 @@ GOODPUT_INPUT = [3, 32, 32]
 # The overhead benchmark's tensor request: UINT8 [1, 3, 141, 141] = 59,643
 # bytes, about the photo's size, for a model of that input.
 OVERHEAD_TENSOR = [3, 141, 141]
+# Live goodput: offered load as fractions of the simulator's 99% goodput.
+LADDER = [0.6, 0.8, 0.9, 1.0, 1.1]
 
 
 def log(verbose, *a):
@@ -192,9 +194,15 @@ def staggered_bound(n, k=1.0):
     return n * b / (ALPHA_MS * b + BETA_MS) * 1000 / k, b
 
 
+def rel(path):
+    """A path as a command line shows it: ./build/x, or /abs/x."""
+    path = os.path.normpath(path)
+    return path if os.path.isabs(path) else "./" + path
+
+
 def squishd_cmd(a, n, policy):
-    return "./%s --listen 127.0.0.1:0 --workers emu:%d --policy %s %s" % (
-        os.path.normpath(os.path.join(SERVER_BUILD or a.build, "gateway", "squishd")), n, policy,
+    return "%s --listen 127.0.0.1:0 --workers emu:%d --policy %s %s" % (
+        rel(os.path.join(SERVER_BUILD or a.build, "gateway", "squishd")), n, policy,
         " ".join(a.squishd_args))
 
 
@@ -217,75 +225,90 @@ def live_goodput(a, out):
       "each said in its row: (a) **fewer devices**, the paper's profile and SLO on N = %s "
       "emulated devices; (b) **a slower profile**, the paper's 8 devices with the profile and "
       "the SLO both x%g (`l(b) = %.3f b + %.3f` ms, SLO %g ms): the same batch sizes and "
-      "schedule as table 2 in dilated time, at 1/%g of the rate. squishd runs with `%s` "
-      "(its default dispatch margin is 1 ms: on this loaded box the answer's way back from the "
-      "dispatch thread through the HTTP loop takes longer than that at the tail, and a deferred "
-      "batch, sent as late as it can be, then answers past the SLO)." % (
+      "schedule as table 2 in dilated time, at 1/%g of the rate. squishd runs with `%s`: "
+      "its default dispatch margin is 1 ms, and on this loaded box the answer's way back from "
+      "the dispatch thread through the HTTP loop takes longer than that at the tail, so that a "
+      "deferred batch, sent as late as it can be, answers past the SLO; and its live planner "
+      "places a new model on one device (rate 0) and re-plans on a rate change no sooner than "
+      "`--epoch-min-interval-ms` (10 s by default) after the last epoch, so 1 s here, and "
+      "every trial starts with a warm-up at its own rate (not counted) for the plan to follow "
+      "the load." % (
           ", ".join(str(c[0]) for c in a.configs if c[1] == 1) or "-",
           max(c[1] for c in a.configs), ALPHA_MS * max(c[1] for c in a.configs),
           BETA_MS * max(c[1] for c in a.configs), SLO_MS * max(c[1] for c in a.configs),
           max(c[1] for c in a.configs), " ".join(a.squishd_args)))
     w("")
     w("The simulator runs exactly the same workload (workload files in bench/live/, written "
-      "by this script: same devices, profile, SLO, Poisson arrivals, %g s); live goodput is "
-      "searched the same way (`--search-goodput`: the highest rate with >= 99%% of requests "
-      "good; each live trial is %g s after %g s of warm-up, bisection to 2%%, one sample per "
-      "trial on a noisy box, %d round(s)). Goal: live >= 90%% of the simulator." % (
-          a.duration, a.duration, a.warmup, a.rounds))
+      "by this script: same devices, profile, SLO, Poisson arrivals, %g s) and finds its 99%% "
+      "goodput (`--search-goodput`: the highest rate with >= 99%% of requests within SLO); "
+      "live squishd then gets that rate and fractions of it. Goal: live >= 90%% of the "
+      "simulator." % a.duration)
     w("")
-    w("| devices, profile | policy | sim 99% goodput req/s | live 99% goodput req/s (per round) | live / sim | live at the sim's goodput: good / dropped / late / errors | p50 / p99 ms | loadgen sent / offered req/s, send lag p99 ms |")
-    w("|---|---|---|---|---|---|---|---|")
+    w("| devices, profile | policy | sim 99%% goodput req/s | live %% good at %s x the sim's goodput (sim %% good at the same rate) | live 99%% goodput: highest of those rates with >= 99%% good | live / sim | live at 1.0x: dropped / late / errors of requests, p50 / p99 ms, loadgen send lag p99 ms |" % " / ".join("%g" % k for k in LADDER))
+    w("|---|---|---|---|---|---|---|")
     cmds = []
     for n, k in a.configs:
         bound, b = staggered_bound(n, k)
         wl = os.path.join("bench", "live", "resnet50_%ddev_x%g.json" % (n, k))
-        sim_workload(wl, n, k, round(bound), a.duration)
+        wl_rate = round(bound)
+        sim_workload(wl, n, k, wl_rate, a.duration)
         alpha, beta, slo = ALPHA_MS * k, BETA_MS * k, SLO_MS * k
         cfg = model_cfg("resnet50", round(alpha, 6), round(beta, 6), GOODPUT_INPUT, slo=slo)
         label = "%d, %s" % (n, "paper" if k == 1 else "x%g" % k)
         for policy in ("deferred", "early-drop"):
             s, scmd = sim(a.build, [wl, "--policy", policy, "--search-goodput"])
             sim_good = s["goodput_rps"]
-            lives, fixed = [], []
+            rates = [round(sim_good * x) for x in LADDER]
+            sim_at = [sim(a.build, [wl, "--policy", policy, "--scale", "%.4f" % (r / wl_rate)])[0]
+                      for r in rates]
+            runs = [[] for _ in rates]  # per rate, one summary per round
             for rnd in range(a.rounds):
                 d = Squishd(a.build, "emu:%d" % n, policy, a.squishd_args)
                 try:
                     d.add_model(cfg)
-                    base = ["--path", "/v2/models/resnet50/infer", "--tensor",
-                            "x".join(map(str, GOODPUT_INPUT)), "--slo-ms", "%g" % slo,
-                            "--duration", "%g" % a.duration, "--warmup", "%g" % a.warmup,
-                            "--seed", str(rnd + 1)]
-                    # The search starts at the simulator's goodput, bisects to 2%.
-                    srch = base + ["--rate", "%.0f" % sim_good, "--search-goodput"]
-                    lives.append(loadgen(a.build, d.port, srch, a.verbose)["goodput_rps"])
-                    one = base + ["--rate", "%.0f" % sim_good]
-                    fixed.append(loadgen(a.build, d.port, one, a.verbose))
+                    # Ascending, so that the live planner only ever scales up.
+                    for i, r in enumerate(rates):
+                        args = ["--path", "/v2/models/resnet50/infer", "--tensor",
+                                "x".join(map(str, GOODPUT_INPUT)), "--slo-ms", "%g" % slo,
+                                "--duration", "%g" % a.duration, "--warmup", "%g" % a.warmup,
+                                "--seed", str(rnd + 1), "--rate", str(r)]
+                        runs[i].append(loadgen(a.build, d.port, args, a.verbose))
                 finally:
                     d.stop()
-            live = max(lives)
-            f = max(fixed, key=lambda x: x["goodput_rps"])
-            w("| %s | %s | %.0f | %s | **%.1f%%** | %d / %d / %d / %d of %d (%.1f%% good) | %.1f / %.1f | %.0f / %.0f, %.1f |" % (
-                label, policy, sim_good, " / ".join("%.0f" % x for x in lives), 100 * live / sim_good,
-                f["good"], f["dropped"], f["late"],
-                f["errors"] + f["timeouts"] + f["conn_errors"] + f["unsent"], f["requests"],
-                100 * (1 - f["bad_rate"]), f["latency_ms"]["p50"], f["latency_ms"]["p99"],
-                f["sent_rps"], f["offered_rps"], f["send_lag_ms"]["p99"]))
+            good = [max(1 - x["bad_rate"] for x in rr) for rr in runs]
+            passing = [r for r, g in zip(rates, good) if g >= 0.99]
+            live = max(passing) if passing else 0
+            at1 = max(runs[LADDER.index(1.0)], key=lambda x: 1 - x["bad_rate"])
+            nreq = max(at1["requests"], 1)
+            w("| %s | %s | %.0f | %s | %s | **%s** | %.1f%% / %.1f%% / %.1f%%, %.1f / %.1f, %.1f |" % (
+                label, policy, sim_good,
+                " / ".join("%.1f (%.1f)" % (100 * g, 100 * (1 - sa["bad_rate"])) for g, sa in zip(good, sim_at)),
+                "%d" % live if live else "< %d" % rates[0],
+                ("%.0f%%" % (100 * live / sim_good)) if live else "< %.0f%%" % (100 * LADDER[0]),
+                100 * at1["dropped"] / nreq, 100 * at1["late"] / nreq,
+                100 * (at1["errors"] + at1["timeouts"] + at1["conn_errors"] + at1["unsent"]) / nreq,
+                at1["latency_ms"]["p50"], at1["latency_ms"]["p99"], at1["send_lag_ms"]["p99"]))
             cmds.append((label, policy, scmd, squishd_cmd(a, n, policy), json.dumps(cfg),
-                         shown(a.build, "squish-loadgen", ["--port", "PORT"] + srch),
-                         shown(a.build, "squish-loadgen", ["--port", "PORT"] + one)))
+                         shown(a.build, "squish-loadgen", ["--port", "PORT", "--path",
+                               "/v2/models/resnet50/infer", "--tensor", "x".join(map(str, GOODPUT_INPUT)),
+                               "--slo-ms", "%g" % slo, "--duration", "%g" % a.duration,
+                               "--warmup", "%g" % a.warmup, "--seed", "1", "--rate", "R"]),
+                         ", ".join(str(r) for r in rates), wl_rate))
     w("")
-    w("\"Live / sim\": the best round's live goodput over the simulator's. \"Live at the sim's "
-      "goodput\": one fixed-rate run at the simulator's 99%% goodput (best round): where the "
-      "misses are. Live goodput at or above the simulator's is within noise of it (a live "
-      "search's trial is one %g s sample; the simulator searched %g s of arrivals)." % (
-          a.duration, a.duration))
+    w("Each live cell is the best of %d round(s) (a fresh squishd per round, the rates in "
+      "ascending order, %g s measured after %g s of warm-up at the same rate); the simulator's "
+      "cell in parentheses is the same workload at the same rate (`--scale rate / workload "
+      "rate`). Live goodput is read off this ladder rather than bisected: with the live "
+      "planner (below) the fraction of good requests is not monotone in the load, and a "
+      "bisection that steps down lands on a worse plan. 1.0x passing means live >= the "
+      "simulator's goodput within the ladder's resolution." % (a.rounds, a.duration, a.warmup))
     w("")
     w("Commands (`bench/live/run_live.py %s --only goodput` runs them all; PORT is squishd's "
-      "ephemeral port):" % a.build)
+      "ephemeral port, R each rate of the ladder):" % a.build)
     w("")
-    for label, policy, scmd, dcmd, cfg, lcmd, one in cmds:
-        w("- %s, %s: simulator `%s`; squishd `%s` + `POST /models` `%s`; live search `%s`; "
-          "fixed rate `%s`" % (label, policy, scmd, dcmd, cfg, lcmd, one))
+    for label, policy, scmd, dcmd, cfg, lcmd, rates, wl_rate in cmds:
+        w("- %s, %s: simulator `%s` (and `--scale R/%d` per rate); squishd `%s` + `POST /models` "
+          "`%s`; live, R in %s: `%s`" % (label, policy, scmd, wl_rate, dcmd, cfg, rates, lcmd))
     w("")
 
 
@@ -372,12 +395,12 @@ def overhead(a, out):
       "server). Commands (`bench/live/run_live.py %s --only overhead` runs them; PORT is the "
       "server's ephemeral port):" % a.build)
     w("")
-    w("- squishd: `./%s --listen 127.0.0.1:0 --workers emu:1 --policy early-drop --http-threads %d --prep-threads %d` + "
-      "`POST /models` `%s` (and `tiny_t`, input %s); bare: `./%s --listen 127.0.0.1:0 --threads %d`" % (
-          os.path.normpath(os.path.join(SERVER_BUILD or a.build, "gateway", "squishd")), threads,
+    w("- squishd: `%s --listen 127.0.0.1:0 --workers emu:1 --policy early-drop --http-threads %d --prep-threads %d` + "
+      "`POST /models` `%s` (and `tiny_t`, input %s); bare: `%s --listen 127.0.0.1:0 --threads %d`" % (
+          rel(os.path.join(SERVER_BUILD or a.build, "gateway", "squishd")), threads,
           a.prep_threads,
           json.dumps(model_cfg("tiny", TINY_ALPHA_MS, TINY_BETA_MS, [3, 224, 224], slo=1000)),
-          OVERHEAD_TENSOR, os.path.normpath(os.path.join(a.build, "bench", "squish-bare-h2o")), threads))
+          OVERHEAD_TENSOR, rel(os.path.join(a.build, "bench", "squish-bare-h2o")), threads))
     for label, c in cmds:
         w("- %s: `%s`" % (label.split(" `")[0], c))
     w("")
@@ -407,7 +430,7 @@ def main():
                    help="extra squishd argument for the goodput runs (repeatable; default "
                         "--dispatch-margin-us=3000)")
     p.add_argument("--duration", type=float, default=5.0)
-    p.add_argument("--warmup", type=float, default=1.0)
+    p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--http-threads", type=int, default=1)
     p.add_argument("--prep-threads", type=int, default=2)
@@ -417,10 +440,19 @@ def main():
     global SERVER_BUILD
     SERVER_BUILD = a.server_build
     a.configs = [(int(c.split(":")[0]), float(c.split(":")[1])) for c in (a.config or ["4:1", "8:4"])]
-    a.squishd_args = a.squishd_args or ["--dispatch-margin-us=3000"]
+    a.squishd_args = a.squishd_args or ["--dispatch-margin-us=3000", "--epoch-min-interval-ms=1000"]
     out = []
-    stamp = "Measured by `bench/live/run_live.py %s` on %s UTC; %s." % (
-        a.build, datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M"), machine())
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    server = "squishd of this tree (commit %s)" % commit
+    if SERVER_BUILD:
+        mark = os.path.join(SERVER_BUILD, "..", "COMMIT")
+        server = "squishd and squish-worker from `--server-build %s`%s" % (
+            SERVER_BUILD, " (a clean checkout of commit %s)" % open(mark).read().strip()
+            if os.path.exists(mark) else "")
+    stamp = "Measured by `bench/live/run_live.py %s%s` on %s UTC; %s; %s." % (
+        a.build, " --server-build " + SERVER_BUILD if SERVER_BUILD else "",
+        datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M"), server, machine())
     if a.only in (None, "goodput"):
         live_goodput(a, out)
         out.insert(out.index("## Live goodput") + 2, stamp)
