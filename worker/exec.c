@@ -78,6 +78,12 @@ int wk_plan_from_graph(wk_graph_t *g, const wk_plan_opts_t *opts, wk_plan_t **ou
     wk_plan_t *p = sq_xcalloc(1, sizeof(*p));
     p->opts = *opts;
     p->opts.max_batch = g->max_batch;
+    if (opts->emu_latency_us != NULL && opts->emu_n_latency > 0) {
+        p->emu_latency_us = sq_xmalloc(sizeof(int64_t) * (size_t)opts->emu_n_latency);
+        memcpy(p->emu_latency_us, opts->emu_latency_us,
+               sizeof(int64_t) * (size_t)opts->emu_n_latency);
+        p->opts.emu_latency_us = p->emu_latency_us;
+    }
     p->graph = g;
     p->ops = ops;
     int64_t t0 = sq_now_ns();
@@ -85,6 +91,7 @@ int wk_plan_from_graph(wk_graph_t *g, const wk_plan_opts_t *opts, wk_plan_t **ou
         snprintf(why, (size_t)why_size, "%s", p->why);
         ops->release(p);
         wk_graph_free(g);
+        free(p->emu_latency_us);
         free(p);
         return rc;
     }
@@ -138,6 +145,7 @@ void wk_plan_free(wk_plan_t *plan)
         return;
     plan->ops->release(plan);
     wk_graph_free(plan->graph);
+    free(plan->emu_latency_us);
     free(plan);
 }
 

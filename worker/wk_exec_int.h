@@ -174,6 +174,7 @@ size_t wk_arena_plan(const wk_buf_req_t *reqs, int n, size_t align, size_t *offs
 
 /* ---- backends ---- */
 struct wk_plan {
+    int64_t *emu_latency_us; /* owned copy of opts.emu_latency_us (the caller's may go away) */
     wk_plan_opts_t opts;
     wk_graph_t *graph;
     const struct wk_backend_ops *ops;

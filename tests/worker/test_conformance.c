@@ -87,10 +87,13 @@ static float *tensor_floats(const Onnx__TensorProto *t, size_t *count)
     for (size_t i = 0; i < t->n_dims; i++)
         n *= (size_t)t->dims[i];
     float *v = malloc(n * sizeof(float) + 1);
-    if (t->has_raw_data && t->raw_data.len == n * sizeof(float))
-        memcpy(v, t->raw_data.data, n * sizeof(float));
-    else if (t->n_float_data == n)
-        memcpy(v, t->float_data, n * sizeof(float));
+    if (t->has_raw_data && t->raw_data.len == n * sizeof(float)) {
+        if (n > 0) /* an empty tensor has no data pointer */
+            memcpy(v, t->raw_data.data, n * sizeof(float));
+    } else if (t->n_float_data == n) {
+        if (n > 0)
+            memcpy(v, t->float_data, n * sizeof(float));
+    }
     else {
         free(v);
         return NULL;
@@ -204,8 +207,10 @@ static outcome_t run_case(const char *dir, const char *name, char *why, size_t w
     Onnx__TensorProto **old_init = gp->initializer;
     size_t old_n = gp->n_initializer;
     Onnx__TensorProto **inits = calloc(old_n + n_bound + 1, sizeof(*inits));
-    memcpy(inits, old_init, old_n * sizeof(*inits));
-    memcpy(inits + old_n, bound, n_bound * sizeof(*inits));
+    if (old_n > 0)
+        memcpy(inits, old_init, old_n * sizeof(*inits));
+    if (n_bound > 0)
+        memcpy(inits + old_n, bound, n_bound * sizeof(*inits));
     gp->initializer = inits;
     gp->n_initializer = old_n + n_bound;
     size_t plen = onnx__model_proto__get_packed_size(m);
