@@ -91,6 +91,7 @@ typedef struct {
     char *wire;
     size_t wire_len;
     double slo_ms;
+    double late_ms; /* good vs late threshold: slo_ms unless --late-ms */
     int max_conns;
     int64_t timeout_ns;
     double duration_s, warmup_s;
@@ -398,7 +399,7 @@ static void conn_read(lg_run_t *r, int slot)
     int64_t latency_ns = now_ns() - r->t0 - r->reqs[i].sent_ns;
     c->rbuf[(body - c->rbuf) + (long)body_len] = '\0';
     if (status == 200)
-        out = latency_ns <= (int64_t)(r->o->slo_ms * 1e6) ? OUT_GOOD : OUT_LATE;
+        out = latency_ns <= (int64_t)(r->o->late_ms * 1e6) ? OUT_GOOD : OUT_LATE;
     else if (status == 503 && (memmem(body, body_len, "\"deadline\"", 10) != NULL ||
                                memmem(body, body_len, "\"overloaded\"", 12) != NULL))
         out = OUT_DROPPED; /* shed for the SLO: too late, or early-drop's window */
@@ -720,7 +721,7 @@ static void usage(FILE *f)
     fprintf(f, "usage: squish-loadgen --port P [--host 127.0.0.1] --path /v1/models/M/infer\n"
                "         (--body FILE [--content-type T] | --tensor CxHxW [--dtype FP32|UINT8])\n"
                "         (--rate RPS | --closed N) [--duration S] [--warmup S] [--seed N]\n"
-               "         [--slo-ms MS]\n"
+               "         [--slo-ms MS] [--late-ms MS (good/late threshold, default the SLO)]\n"
                "         [--connections N] [--timeout-ms MS] [--search-goodput [--target F]\n"
                "         [--precision F] [--pause-ms MS]]\n"
                "Open-loop Poisson load over HTTP/1.1 keep-alive (--closed N: closed loop, N\n"
@@ -753,6 +754,7 @@ int main(int argc, char **argv)
                                              {"precision", required_argument, 0, 'e'},
                                              {"pause-ms", required_argument, 0, 'z'},
                                              {"closed", required_argument, 0, 'C'},
+                                             {"late-ms", required_argument, 0, 'L'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     int ch;
@@ -815,6 +817,9 @@ int main(int argc, char **argv)
         case 'C':
             o.closed = atoi(optarg);
             break;
+        case 'L':
+            o.late_ms = atof(optarg);
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -833,6 +838,8 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
+    if (o.late_ms <= 0)
+        o.late_ms = o.slo_ms;
     o.timeout_ns = (int64_t)((timeout_ms > 0 ? timeout_ms : 10 * o.slo_ms + 1000) * 1e6);
     o.addr.sin_family = AF_INET;
     o.addr.sin_port = htons((uint16_t)port);
