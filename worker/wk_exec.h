@@ -51,7 +51,8 @@ typedef struct {
      * graphs whose batch does not stay the outermost dimension. */
     int64_t static_batch;
     wk_pixel_norm_t pixel_norm;
-    /* emulated: l(b) in microseconds for b = 1..n_latency (n_latency >= max_batch) */
+    /* emulated: l(b) in microseconds for b = 1..n_latency (n_latency >= max_batch);
+     * copied by the plan */
     const int64_t *emu_latency_us;
     int emu_n_latency;
 } wk_plan_opts_t;
