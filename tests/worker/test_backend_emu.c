@@ -1,0 +1,65 @@
+/* The emulated backend: holds each batch for exactly l(b) (sleeping to an
+ * absolute deadline), deterministic outputs of the right shape. Timing
+ * checks run alone (is_parallel: false): a wake-up on a core that other
+ * tests keep busy comes late. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <sq.h>
+#include <stdlib.h>
+#include <string.h>
+#include <wk_exec_int.h>
+
+Test(emu, emulated_device_holds_each_batch_for_its_profile)
+{
+    int64_t lat_us[4] = {100000, 130000, 160000, 190000};
+    wk_plan_opts_t o = wk_plan_opts_default();
+    o.backend = WK_BACKEND_EMU;
+    o.max_batch = 4;
+    o.emu_latency_us = lat_us;
+    o.emu_n_latency = 4;
+    wk_plan_t *p;
+    char why[256];
+    int64_t chw[3] = {3, 8, 8};
+    cr_assert_eq(wk_plan_create_emulated(chw, 10, &o, &p, why, sizeof(why)), 0, "%s", why);
+    uint8_t px[4 * 8 * 8 * 3];
+    for (size_t i = 0; i < sizeof(px); i++)
+        px[i] = (uint8_t)(i % 7 == 0 ? 200 : i);
+    memcpy(px + 3 * 192, px, 192); /* image 3 equals image 0 */
+    float a[40], b[40];
+    /* The median of three runs: a loaded 2-core machine may delay one
+     * wake-up, but a device that is systematically late fails. */
+    for (int batch = 1; batch <= 4; batch++) {
+        double ms[3], want = (double)lat_us[batch - 1] / 1e3;
+        for (int r = 0; r < 3; r++) {
+            int64_t t0 = sq_now_ns();
+            cr_assert_eq(wk_plan_run_pixels(p, batch, px, a), 0);
+            ms[r] = (double)(sq_now_ns() - t0) / 1e6;
+            cr_assert_geq(ms[r], want * 0.999, "b=%d returned early: %.2f ms", batch, ms[r]);
+        }
+        double med = ms[0] + ms[1] + ms[2] - fmin(ms[0], fmin(ms[1], ms[2])) -
+                     fmax(ms[0], fmax(ms[1], ms[2]));
+        cr_assert_leq(med, want * 1.05, "b=%d took %.2f ms (median) for l(b) %.2f ms", batch, med,
+                      want);
+    }
+    cr_assert_eq(wk_plan_run_pixels(p, 4, px, b), 0);
+    cr_assert_eq(memcmp(a, b, sizeof(a)), 0, "deterministic");
+    cr_assert_eq(memcmp(a, a + 30, 10 * sizeof(float)), 0, "equal images, equal outputs");
+    cr_assert_neq(memcmp(a, a + 10, 10 * sizeof(float)), 0, "distinct images differ");
+    cr_assert_eq(wk_plan_output_elems(p, 0), 10);
+    wk_plan_free(p);
+}
+
+Test(emu, emulated_plan_needs_a_profile_for_every_batch)
+{
+    int64_t lat_us[2] = {1000, 2000};
+    wk_plan_opts_t o = wk_plan_opts_default();
+    o.backend = WK_BACKEND_EMU;
+    o.max_batch = 4;
+    o.emu_latency_us = lat_us;
+    o.emu_n_latency = 2;
+    wk_plan_t *p;
+    char why[256];
+    int64_t chw[3] = {3, 8, 8};
+    cr_assert_eq(wk_plan_create_emulated(chw, 10, &o, &p, why, sizeof(why)), SQ_INVAL);
+    cr_assert(strstr(why, "l(b)") != NULL, "%s", why);
+}
