@@ -48,6 +48,8 @@ typedef struct {
     int timer_slack_us;     /* deferred: send at least this long before the last moment */
     int epoch_ms;           /* planner epoch period */
     int epoch_min_interval_ms;
+    int epoch_scale_up_ms;
+    double plan_headroom;
     int prep_threads;      /* JPEG decode threads */
     int prep_queue;        /* images waiting for a decode thread, at most */
     int max_images;        /* images (or tensor rows) per request */

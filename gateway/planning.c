@@ -163,8 +163,11 @@ int gw__plan_routes(gw_dispatch_t *ds, const ds_session_t *s, pl_route_t *routes
             const pl_device_t *dev = &K->plan.devices[i];
             const pl_alloc_t *a = alloc_of(dev, ps->id);
             int wid = dev->id < K->cap ? K->dev_worker[dev->id] : -1;
+            /* A session planned without traffic got the minimal batch: its
+             * window is the dispatcher's own choice until a plan sees load. */
+            int target = ps->planned_rps < 1 ? 0 : a->batch;
             if (a != NULL && usable(gw__ds_worker(ds, wid), dm->key))
-                routes[n++] = (pl_route_t){.worker = wid, .target_batch = a->batch};
+                routes[n++] = (pl_route_t){.worker = wid, .target_batch = target};
         }
     }
     if (n > 0)
@@ -367,7 +370,7 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
                                  .name = dm->m->name,
                                  .profile = &dm->m->profile[kind],
                                  .slo_us = ps->bucket_ms * 1000.0,
-                                 .rate_rps = ps->rate_rps};
+                                 .rate_rps = ps->rate_rps * ds->srv->cfg->plan_headroom};
         dm->m->profile[kind].memory_bytes =
             dm->m->profile[kind].memory_bytes > 0 ? dm->m->profile[kind].memory_bytes
                                                   : (double)dm->m->memory_bytes;
@@ -572,6 +575,15 @@ void gw__plan_tick(gw_dispatch_t *ds, int64_t now_us)
         }
         pl_epoch_reason_t why =
             pl_epoch_due(&p->ecfg, now_ms(), K->last_epoch_ms, rate, planned, n);
+        /* Scaling up is urgent (requests drop meanwhile), scaling down is
+         * not: a rate above what the plan serves re-plans after the short
+         * epoch_scale_up_ms, everything else waits for the usual interval. */
+        int up = 0;
+        for (int i = 0; i < n; i++)
+            up |= rate[i] >= 1 && rate[i] > p->ecfg.high * planned[i];
+        if (why == PL_EPOCH_NONE && up &&
+            now_ms() - K->last_epoch_ms >= ds->srv->cfg->epoch_scale_up_ms)
+            why = PL_EPOCH_RATE_CHANGE;
         if (why != PL_EPOCH_NONE)
             run_epoch(ds, k, why == PL_EPOCH_PERIODIC ? "periodic" : "rate change");
     }
