@@ -10,7 +10,7 @@
 
 #include <mdb_graph.h>
 
-#include <openssl/evp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,15 +37,6 @@ static model_job_t *job_new(gw_call_t *call)
     model_job_t *j = (model_job_t *)gw_async_new(call, sizeof(model_job_t));
     j->base.dispose = model_job_dispose;
     return j;
-}
-
-static void sha256_hex(const void *data, size_t len, char out[65])
-{
-    unsigned char md[32];
-    unsigned int mdlen = 0;
-    EVP_Digest(data, len, md, &mdlen, EVP_sha256(), NULL);
-    for (int i = 0; i < 32; i++)
-        snprintf(out + 2 * i, 3, "%02x", md[i]);
 }
 
 static const char *oip_datatype(mdb_dtype_t dt)
@@ -165,7 +156,7 @@ static void upload_emulated(mdb_t *db, model_job_t *j)
     for (int i = 0; i < nrows; i++)
         rows[i].peak_memory_bytes = mem;
     char sha[65];
-    sha256_hex(j->body, j->len, sha);
+    mdb_sha256_hex(j->body, j->len, sha);
     json_t *config = json_loadb((const char *)j->body, j->len, 0, NULL);
     json_t *labels = cfg->labels ? json_incref(cfg->labels) : default_labels(cfg->num_classes);
     mdb_new_model_t m = {
@@ -301,7 +292,7 @@ static void upload_onnx(mdb_t *db, model_job_t *j)
     json_t *pre = preprocess_json(cfg);
     config_json = json_loadb((const char *)config->data, config->len, 0, NULL);
     char sha[65];
-    sha256_hex(model->data, model->len, sha);
+    mdb_sha256_hex(model->data, model->len, sha);
     mdb_new_model_t m = {
         .name = cfg->name,
         .version = cfg->version,

@@ -32,6 +32,10 @@ int mdb_schema_version(mdb_t *db);
 /* Runs PRAGMA quick_check; returns 0 when the file is consistent. */
 int mdb_check(mdb_t *db);
 
+/* Lowercase hex SHA-256 of data into out (65 bytes): the identity of a
+ * model file, in the DB and on the worker protocol alike. */
+void mdb_sha256_hex(const void *data, size_t len, char out[65]);
+
 /* ---- models (models.c) ------------------------------------------------ */
 
 #define MDB_NAME_MAX 64

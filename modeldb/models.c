@@ -7,6 +7,8 @@
 
 #include <sq.h>
 
+#include <openssl/evp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -688,4 +690,13 @@ long long mdb_plan_last_epoch(mdb_t *db)
     if (st == NULL || sqlite3_step(st) != SQLITE_ROW)
         return 0;
     return sqlite3_column_int64(st, 0);
+}
+
+void mdb_sha256_hex(const void *data, size_t len, char out[65])
+{
+    unsigned char md[32];
+    unsigned int mdlen = 0;
+    EVP_Digest(data, len, md, &mdlen, EVP_sha256(), NULL);
+    for (int i = 0; i < 32; i++)
+        snprintf(out + 2 * i, 3, "%02x", md[i]);
 }

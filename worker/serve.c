@@ -1,12 +1,13 @@
 #include "wk_serve.h"
 #include "wk_exec.h"
 
+#include <mdb.h>
 #include <mdb_graph.h>
 
 #include <errno.h>
 #include <math.h>
-#include <openssl/evp.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -515,15 +516,6 @@ static cached_t *cache_find(server_t *s, const char *sha)
     return NULL;
 }
 
-static void sha256_hex(const void *data, size_t len, char out[65])
-{
-    unsigned char md[32];
-    unsigned int mdlen = 0;
-    EVP_Digest(data, len, md, &mdlen, EVP_sha256(), NULL);
-    for (int i = 0; i < 32; i++)
-        snprintf(out + 2 * i, 3, "%02x", md[i]);
-}
-
 static void queue_load(server_t *s, uint64_t key, sq_model_load_t *spec, cached_t *c)
 {
     job_t *j = sq_xcalloc(1, sizeof(*j));
@@ -541,7 +533,7 @@ static void queue_load(server_t *s, uint64_t key, sq_model_load_t *spec, cached_
 static void rx_complete(server_t *s)
 {
     char sha[65];
-    sha256_hex(s->rx.bytes, s->rx.have, sha);
+    mdb_sha256_hex(s->rx.bytes, s->rx.have, sha);
     sq_model_load_t *spec = s->rx.spec;
     uint64_t key = s->rx.key;
     if (strcmp(sha, spec->sha256) != 0) {
