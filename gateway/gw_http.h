@@ -60,6 +60,8 @@ h2o_iovec_t gw_header(h2o_req_t *req, const char *name);
 /* Whether the request carries the admin bearer token; if not, replies 401
  * and returns 0. */
 int gw_require_admin(gw_call_t *call);
+/* A {version} path segment: 1..1000000000, or -1. */
+int gw_parse_version(h2o_iovec_t v);
 /* The value of query parameter `name` in out (URL-decoded, terminated).
  * Returns 1 when present. */
 int gw_query_param(h2o_req_t *req, const char *name, char *out, size_t outlen);

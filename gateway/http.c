@@ -219,6 +219,19 @@ int gw_require_admin(gw_call_t *call)
     return 0;
 }
 
+int gw_parse_version(h2o_iovec_t v)
+{
+    if (v.len == 0 || v.len > 10)
+        return -1;
+    long long n = 0;
+    for (size_t i = 0; i < v.len; i++) {
+        if (v.base[i] < '0' || v.base[i] > '9')
+            return -1;
+        n = n * 10 + (v.base[i] - '0');
+    }
+    return n >= 1 && n <= 1000000000 ? (int)n : -1;
+}
+
 static int hexval(char c)
 {
     return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10

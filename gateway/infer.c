@@ -244,19 +244,6 @@ static void respond_v1(gw_async_t *a, h2o_req_t *hreq)
 
 /* ---- request setup shared by both APIs ----------------------------------- */
 
-static int parse_version(h2o_iovec_t v)
-{
-    if (v.len == 0 || v.len > 9)
-        return -1;
-    int n = 0;
-    for (size_t i = 0; i < v.len; i++) {
-        if (v.base[i] < '0' || v.base[i] > '9')
-            return -1;
-        n = n * 10 + (v.base[i] - '0');
-    }
-    return n >= 1 ? n : -1;
-}
-
 static int parse_positive(const char *s, double *out)
 {
     char *end;
@@ -278,7 +265,7 @@ static gw_infer_t *infer_new(gw_call_t *call, gw_api_t api)
         return NULL;
     }
     int version = 0;
-    if (call->nargs > 1 && (version = parse_version(call->args[1])) < 0) {
+    if (call->nargs > 1 && (version = gw_parse_version(call->args[1])) < 0) {
         gw_send_error(hreq, SQ_MODEL_NOT_FOUND, "no such model version");
         return NULL;
     }

@@ -59,19 +59,6 @@ static int by_name_version(const void *a, const void *b)
     return c != 0 ? c : x->version - y->version;
 }
 
-static int parse_version(h2o_iovec_t v)
-{
-    if (v.len == 0 || v.len > 9)
-        return -1;
-    int n = 0;
-    for (size_t i = 0; i < v.len; i++) {
-        if (v.base[i] < '0' || v.base[i] > '9')
-            return -1;
-        n = n * 10 + (v.base[i] - '0');
-    }
-    return n >= 1 ? n : -1;
-}
-
 /* GET /v2/models/stats, /v2/models/{m}/stats, /v2/models/{m}/versions/{v}/stats:
  * the models of the registry that match (a model, or one of its versions,
  * that does not exist is a 404). */
@@ -80,7 +67,7 @@ void gw_route_model_stats(gw_call_t *call)
     stats_query_t q = {0};
     if (call->nargs >= 1)
         q.name = call->args[0];
-    if (call->nargs >= 2 && (q.version = parse_version(call->args[1])) < 0) {
+    if (call->nargs >= 2 && (q.version = gw_parse_version(call->args[1])) < 0) {
         gw_send_error(call->req, SQ_MODEL_NOT_FOUND, "no such model version");
         return;
     }

@@ -369,22 +369,6 @@ void gw_route_models_post(gw_call_t *call)
     gw_db_post(call->srv, upload_job, j);
 }
 
-static int parse_version(h2o_iovec_t v, int *out)
-{
-    if (v.len == 0 || v.len > 10)
-        return -1;
-    long long n = 0;
-    for (size_t i = 0; i < v.len; i++) {
-        if (v.base[i] < '0' || v.base[i] > '9')
-            return -1;
-        n = n * 10 + (v.base[i] - '0');
-    }
-    if (n < 1 || n > 1000000000)
-        return -1;
-    *out = (int)n;
-    return 0;
-}
-
 /* Copies the {name} path segment (and {version}) into the job; replies 404
  * and returns NULL for an impossible name or version. */
 static model_job_t *named_job(gw_call_t *call, int with_version)
@@ -395,7 +379,7 @@ static model_job_t *named_job(gw_call_t *call, int with_version)
         gw_send_error(call->req, SQ_MODEL_NOT_FOUND, "no such model");
         return NULL;
     }
-    if (with_version && parse_version(call->args[1], &version) != 0) {
+    if (with_version && (version = gw_parse_version(call->args[1])) < 0) {
         gw_send_error(call->req, SQ_MODEL_NOT_FOUND, "no such model version");
         return NULL;
     }

@@ -31,7 +31,6 @@ typedef struct model {
     struct model *next;
     uint64_t key;
     wk_plan_t *plan;
-    int64_t *emu_latency_us; /* the plan reads it on every run: lives as long */
     int pixel_h, pixel_w;
     int64_t in_elems, out_elems;
 } model_t;
@@ -128,7 +127,6 @@ static void drop_model(server_t *s, uint64_t key)
             model_t *m = *pm;
             *pm = m->next;
             wk_plan_free(m->plan);
-            free(m->emu_latency_us);
             free(m);
             return;
         }
@@ -190,8 +188,8 @@ static void do_load(server_t *s, job_t *j)
             rc = wk_plan_create(g, &opts, &plan, why, sizeof(why));
         mdb_graph_free(g);
     }
+    free(lat); /* the plan keeps its own copy */
     if (rc != 0) {
-        free(lat);
         SQ_WARN("model load failed key=%llu reason=\"%s\"", (unsigned long long)j->id, why);
         reply_failed(s, j->id, rc, why);
         return;
@@ -200,7 +198,6 @@ static void do_load(server_t *s, job_t *j)
     model_t *m = sq_xcalloc(1, sizeof(*m));
     m->key = j->id;
     m->plan = plan;
-    m->emu_latency_us = lat;
     int64_t dims[8];
     int rank = wk_plan_input_shape(plan, 0, dims);
     m->pixel_h = rank == 3 ? (int)dims[1] : 0;
