@@ -111,6 +111,12 @@ int mdb_plan_store(mdb_t *db, long long epoch, const char *reason, const char *p
                    json_t *placements);
 /* The newest stored epoch, 0 when none. */
 long long mdb_plan_last_epoch(mdb_t *db);
+/* The newest stored plan, for squishd to reapply at start: its epoch, the
+ * plan JSON as stored and its placements (as given to mdb_plan_store, in
+ * that order), new references. With no plan stored: 0, *epoch 0, *plan
+ * NULL and an empty array. SQ_DB on a read error or a stored plan that is
+ * not a JSON object (nothing is returned then). */
+int mdb_plan_last(mdb_t *db, long long *epoch, json_t **plan, json_t **placements);
 
 /* Replaces the profile rows of a model for a device kind and sets its
  * status (one transaction). */

@@ -687,9 +687,70 @@ long long mdb_plan_last_epoch(mdb_t *db)
 {
     static const char sql[] = "SELECT coalesce(max(epoch), 0) FROM plans";
     sqlite3_stmt *st = mdb_stmt(db, sql);
-    if (st == NULL || sqlite3_step(st) != SQLITE_ROW)
+    if (st == NULL)
         return 0;
-    return sqlite3_column_int64(st, 0);
+    long long e = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int64(st, 0) : 0;
+    sqlite3_reset(st); /* a stepped statement would hold its read transaction open */
+    return e;
+}
+
+int mdb_plan_last(mdb_t *db, long long *epoch, json_t **plan, json_t **placements)
+{
+    static const char plan_sql[] = "SELECT epoch, plan FROM plans ORDER BY epoch DESC LIMIT 1";
+    static const char pl_sql[] = "SELECT device, model_id, slo_ms, batch, duty_cycle_us, rate_rps "
+                                 "FROM placements WHERE epoch = ? ORDER BY rowid";
+    *epoch = 0;
+    *plan = NULL;
+    *placements = NULL;
+    sqlite3_stmt *st = mdb_stmt(db, plan_sql);
+    if (st == NULL)
+        return SQ_DB;
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_DONE) {
+        sqlite3_reset(st);
+        *placements = json_array();
+        return 0;
+    }
+    if (rc != SQLITE_ROW) {
+        mdb_set_error(db, "select plan");
+        sqlite3_reset(st);
+        return SQ_DB;
+    }
+    long long e = sqlite3_column_int64(st, 0);
+    json_t *p = column_json(st, 1);
+    sqlite3_reset(st);
+    if (!json_is_object(p)) {
+        json_decref(p);
+        snprintf(db->errmsg, sizeof(db->errmsg), "plan of epoch %lld: not a JSON object", e);
+        return SQ_DB;
+    }
+    if ((st = mdb_stmt(db, pl_sql)) == NULL) {
+        json_decref(p);
+        return SQ_DB;
+    }
+    sqlite3_bind_int64(st, 1, e);
+    json_t *all = json_array();
+    while ((rc = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *dev = (const char *)sqlite3_column_text(st, 0);
+        json_array_append_new(
+            all, json_pack("{s:s, s:I, s:f, s:i, s:f, s:f}", "device", dev ? dev : "", "model_id",
+                           (json_int_t)sqlite3_column_int64(st, 1), "slo_ms",
+                           sqlite3_column_double(st, 2), "batch", sqlite3_column_int(st, 3),
+                           "duty_cycle_us", sqlite3_column_double(st, 4), "rate_rps",
+                           sqlite3_column_double(st, 5)));
+    }
+    if (rc != SQLITE_DONE) {
+        mdb_set_error(db, "select placements");
+        sqlite3_reset(st);
+        json_decref(p);
+        json_decref(all);
+        return SQ_DB;
+    }
+    sqlite3_reset(st);
+    *epoch = e;
+    *plan = p;
+    *placements = all;
+    return 0;
 }
 
 void mdb_sha256_hex(const void *data, size_t len, char out[65])

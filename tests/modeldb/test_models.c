@@ -1,0 +1,149 @@
+/* modeldb/models.c: plans stored per epoch and read back for squishd's
+ * restart (mdb_plan_store, mdb_plan_last_epoch, mdb_plan_last). */
+#include <criterion/criterion.h>
+#include <mdb.h>
+#include <sq.h>
+
+#include <sqlite3.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char dir[64];
+static char path[128];
+static mdb_t *db;
+
+static void setup(void)
+{
+    snprintf(dir, sizeof(dir), "/tmp/squish-mdb-XXXXXX");
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(path, sizeof(path), "%s/t.db", dir);
+    cr_assert_eq(mdb_open(path, &db), 0, "%s", mdb_errmsg(db));
+}
+
+static void teardown(void)
+{
+    mdb_close(db);
+    char cmd[160];
+    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
+TestSuite(plans, .init = setup, .fini = teardown);
+
+static json_t *placement(const char *device, long long model, double slo, int batch, double duty,
+                         double rate)
+{
+    return json_pack("{s:s, s:I, s:f, s:i, s:f, s:f}", "device", device, "model_id",
+                     (json_int_t)model, "slo_ms", slo, "batch", batch, "duty_cycle_us", duty,
+                     "rate_rps", rate);
+}
+
+Test(plans, an_empty_database_has_no_plan)
+{
+    long long epoch = -1;
+    json_t *plan = NULL, *pl = NULL;
+    cr_assert_eq(mdb_plan_last(db, &epoch, &plan, &pl), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(epoch, 0);
+    cr_assert_null(plan);
+    cr_assert(json_is_array(pl) && json_array_size(pl) == 0);
+    json_decref(pl);
+    cr_assert_eq(mdb_plan_last_epoch(db), 0);
+}
+
+Test(plans, the_newest_epoch_comes_back_with_its_placements_in_order)
+{
+    json_t *p1 = json_array();
+    json_array_append_new(p1, placement("emu:0", 1, 100, 4, 50000, 80));
+    cr_assert_eq(mdb_plan_store(db, 7, "new model", "{\"epoch\": 7}", p1), 0, "%s", mdb_errmsg(db));
+    json_t *p2 = json_array();
+    json_array_append_new(p2, placement("emu:1", 2, 200, 8, 90000, 120.5));
+    json_array_append_new(p2, placement("emu:0", 1, 100, 6, 45000, 133.25));
+    json_array_append_new(p2, placement("emu:3", 1, 100, 2, 45000, 10));
+    cr_assert_eq(mdb_plan_store(db, 8, "rate change", "{\"epoch\": 8, \"reason\": \"x\"}", p2), 0);
+    cr_assert_eq(mdb_plan_last_epoch(db), 8);
+
+    long long epoch;
+    json_t *plan, *pl;
+    cr_assert_eq(mdb_plan_last(db, &epoch, &plan, &pl), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(epoch, 8);
+    cr_assert_eq(json_integer_value(json_object_get(plan, "epoch")), 8);
+    cr_assert_str_eq(json_string_value(json_object_get(plan, "reason")), "x");
+    cr_assert_eq(json_array_size(pl), 3);
+    for (size_t i = 0; i < 3; i++) {
+        json_t *want = json_array_get(p2, i), *got = json_array_get(pl, i);
+        cr_assert(json_equal(want, got), "placement %zu: %s", i, json_dumps(got, 0));
+    }
+    json_decref(plan);
+    json_decref(pl);
+
+    /* Storing an epoch again replaces its placements (INSERT OR REPLACE). */
+    json_t *p3 = json_array();
+    json_array_append_new(p3, placement("emu:2", 2, 200, 1, 10000, 1));
+    cr_assert_eq(mdb_plan_store(db, 8, "again", "{\"epoch\": 8}", p3), 0);
+    cr_assert_eq(mdb_plan_last(db, &epoch, &plan, &pl), 0);
+    cr_assert_eq(json_array_size(pl), 1);
+    cr_assert(json_equal(json_array_get(pl, 0), json_array_get(p3, 0)));
+    json_decref(plan);
+    json_decref(pl);
+    json_decref(p1);
+    json_decref(p2);
+    json_decref(p3);
+}
+
+Test(plans, a_plan_with_no_placements_is_still_the_newest)
+{
+    json_t *p1 = json_array();
+    json_array_append_new(p1, placement("emu:0", 1, 100, 4, 50000, 80));
+    cr_assert_eq(mdb_plan_store(db, 1, "new model", "{}", p1), 0);
+    json_t *none = json_array();
+    cr_assert_eq(mdb_plan_store(db, 2, "worker up", "{}", none), 0);
+    long long epoch;
+    json_t *plan, *pl;
+    cr_assert_eq(mdb_plan_last(db, &epoch, &plan, &pl), 0);
+    cr_assert_eq(epoch, 2);
+    cr_assert_eq(json_array_size(pl), 0);
+    json_decref(plan);
+    json_decref(pl);
+    json_decref(p1);
+    json_decref(none);
+}
+
+Test(plans, a_corrupt_plan_row_is_an_error_not_a_crash)
+{
+    json_t *none = json_array();
+    cr_assert_eq(mdb_plan_store(db, 3, "x", "not json", none), 0);
+    json_decref(none);
+    long long epoch = -1;
+    json_t *plan = NULL, *pl = NULL;
+    cr_assert_eq(mdb_plan_last(db, &epoch, &plan, &pl), SQ_DB);
+    cr_assert_neq(mdb_errmsg(db)[0], '\0');
+    cr_assert_null(plan);
+    cr_assert_null(pl);
+    cr_assert_eq(epoch, 0);
+}
+
+Test(plans, the_read_leaves_no_transaction_open)
+{
+    json_t *p1 = json_array();
+    json_array_append_new(p1, placement("emu:0", 1, 100, 4, 50000, 80));
+    cr_assert_eq(mdb_plan_store(db, 1, "x", "{}", p1), 0);
+    long long epoch;
+    json_t *plan, *pl;
+    cr_assert_eq(mdb_plan_last(db, &epoch, &plan, &pl), 0);
+    cr_assert_eq(mdb_plan_last_epoch(db), 1);
+    json_decref(plan);
+    json_decref(pl);
+    /* Another connection can take the write lock and checkpoint the whole
+     * WAL: no statement of db still holds a read snapshot. */
+    sqlite3 *raw;
+    cr_assert_eq(sqlite3_open(path, &raw), SQLITE_OK);
+    cr_assert_eq(sqlite3_exec(raw, "INSERT INTO plans VALUES (2, 0, 'y', '{}')", NULL, NULL, NULL),
+                 SQLITE_OK);
+    int log = -1, ckpt = -1;
+    cr_assert_eq(sqlite3_wal_checkpoint_v2(raw, NULL, SQLITE_CHECKPOINT_TRUNCATE, &log, &ckpt),
+                 SQLITE_OK, "%s", sqlite3_errmsg(raw));
+    sqlite3_close(raw);
+    json_decref(p1);
+}
