@@ -165,7 +165,7 @@ int gw__plan_routes(gw_dispatch_t *ds, const ds_session_t *s, pl_route_t *routes
             int wid = dev->id < K->cap ? K->dev_worker[dev->id] : -1;
             /* A session planned without traffic got the minimal batch: its
              * window is the dispatcher's own choice until a plan sees load. */
-            int target = ps->planned_rps < 1 ? 0 : a->batch;
+            int target = a == NULL || ps->planned_rps < 1 ? 0 : a->batch;
             if (a != NULL && usable(gw__ds_worker(ds, wid), dm->key))
                 routes[n++] = (pl_route_t){.worker = wid, .target_batch = target};
         }
