@@ -201,8 +201,8 @@ typedef struct {
     gw_item_t **items;
 } act_copy_t;
 
-/* Takes the core's actions (those of its last call; a take does not clear
- * them, the next call into the core does) and acts on them. Actions are
+/* Takes the core's actions (those produced since the last take: a pump with
+ * no call into the core in between has nothing to do) and acts on them. Actions are
  * copied first: acting may call into the core again (a send that fails
  * frees the worker), which replaces the core's arrays; such a handler pumps
  * again itself. */

@@ -981,6 +981,9 @@ int pl_dispatch_batch_done(pl_dispatch_t *d, int64_t now_us, int worker, uint64_
 
 size_t pl_dispatch_take(pl_dispatch_t *d, const pl_action_t **out)
 {
+    *out = d->acts;
+    if (d->taken)
+        return 0; /* nothing new since the last take: acting twice would send twice */
     for (size_t i = 0; i < d->nacts; i++)
         if (d->acts[i].kind == PL_ACT_SEND)
             d->acts[i].ids = d->ids + d->act_ids_off[i];

@@ -201,8 +201,9 @@ void pl_dispatch_timer(pl_dispatch_t *d, int64_t now_us);
  * has no such batch in flight (a late answer after worker_lost). */
 int pl_dispatch_batch_done(pl_dispatch_t *d, int64_t now_us, int worker, uint64_t batch_id);
 
-/* Takes the actions produced since the previous take; *out is valid until
- * the next call into d. Returns their number. */
+/* Takes the actions produced since the previous take (none when nothing
+ * was called in between); *out is valid until the next call into d.
+ * Returns their number. */
 size_t pl_dispatch_take(pl_dispatch_t *d, const pl_action_t **out);
 
 /* When the core next needs pl_dispatch_timer (PL_NEVER: nothing pending). */

@@ -674,6 +674,9 @@ Test(dispatch, no_worker_and_bad_input)
     cr_assert_eq(a[0].reason, SQ_NO_WORKER);
     cr_assert_eq(a[1].kind, PL_ACT_TIMER);
     cr_assert_eq(a[1].at_us, PL_NEVER);
+    /* A second take with no call in between has nothing new: acting on
+     * the same drop twice would answer a request twice. */
+    cr_assert_eq(pl_dispatch_take(d, &a), 0);
     pl_profile_dispose(&p);
     pl_policy_t pol;
     cr_assert_eq(pl_policy_parse("early-drop", &pol), 0);
