@@ -75,6 +75,15 @@ int gw_db_start(gw_server_t *srv, char *err, size_t errlen)
         gw_registry_put(srv->registry, gw_model_from_record(r));
     SQ_INFO("models loaded count=%zu", json_array_size(recs));
     srv->last_epoch = mdb_plan_last_epoch(d->mdb);
+    /* The last plan is reapplied once workers are up (planning.c); one that
+     * cannot be read is not a reason to refuse to serve. */
+    long long epoch;
+    if (mdb_plan_last(d->mdb, &epoch, &srv->restore_plan, &srv->restore_placements) != 0)
+        SQ_WARN("cannot read the last plan; planning from scratch error=\"%s\"",
+                mdb_errmsg(d->mdb));
+    else if (epoch > 0)
+        SQ_INFO("last plan epoch=%lld placements=%zu", epoch,
+                json_array_size(srv->restore_placements));
     json_decref(recs);
     if (pthread_create(&d->thread, NULL, db_thread, d) != 0) {
         sq_loop_free(d->loop);

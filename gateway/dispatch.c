@@ -1045,3 +1045,8 @@ void gw__ds_pump(gw_dispatch_t *ds)
 {
     pump(ds);
 }
+
+ds_model_t *gw__ds_model(gw_dispatch_t *ds, gw_model_t *m)
+{
+    return model_get(ds, m);
+}

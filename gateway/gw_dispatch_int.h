@@ -105,6 +105,8 @@ ds_load_t *gw__ds_load_of(ds_worker_t *w, int64_t key, int create);
 void gw__ds_send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w);
 void gw__ds_update_routes(gw_dispatch_t *ds, ds_model_t *dm);
 void gw__ds_pump(gw_dispatch_t *ds);
+/* The dispatcher's record of a registry model (created when new). */
+ds_model_t *gw__ds_model(gw_dispatch_t *ds, gw_model_t *m);
 double gw_slo_bucket_ms(double slo_ms);
 
 #endif

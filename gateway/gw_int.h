@@ -34,6 +34,10 @@ typedef struct gw_server {
 
     atomic_int kind_up[3];  /* workers up per device kind (gw_kind_t) */
     long long last_epoch;   /* the newest plan stored in the DB at start */
+    /* That plan (its JSON and placements), read at start for the planner to
+     * reapply once workers are up; planning.c takes them (then NULL). */
+    json_t *restore_plan;
+    json_t *restore_placements;
 
     sq_shm_arena_t *arena;
     gw_registry_t *registry;

@@ -20,6 +20,9 @@
 #include <string.h>
 
 #define RATE_INTERVAL_US 1000000
+/* After a restart, the stored plan waits this long after the first worker
+ * up for the workers it names; then it is reapplied with those up. */
+#define RESTORE_WAIT_US 3000000
 
 typedef struct {
     int id;
@@ -41,6 +44,18 @@ typedef struct {
     char dirty_reason[48];
 } pkind_t;
 
+/* One placement of the plan stored before a restart. */
+typedef struct {
+    char device[64];
+    int kind;
+    int64_t key;
+    double slo_ms;
+    int batch;
+    double duty_cycle_us;
+    double rate_rps;
+    int saturated;
+} restore_row_t;
+
 struct gw_plan_state {
     psess_t *s;
     int n, cap, next_id;
@@ -55,7 +70,14 @@ struct gw_plan_state {
     /* /v1/plan snapshot, read by HTTP threads */
     pthread_mutex_t lock;
     char *json;
+    /* The plan stored before a restart, until it is reapplied. */
+    restore_row_t *restore;
+    int nrestore;
+    long long restored_from; /* its epoch */
+    int64_t restore_first_up_us;
 };
+
+static void restore_take(gw_plan_state_t *p, gw_server_t *srv);
 
 static double now_ms(void)
 {
@@ -72,6 +94,7 @@ gw_plan_state_t *gw__plan_new(gw_dispatch_t *ds)
     p->window_start_us = p->last_rate_us;
     p->epoch = ds->srv->last_epoch;
     pthread_mutex_init(&p->lock, NULL);
+    restore_take(p, ds->srv);
     return p;
 }
 
@@ -86,6 +109,7 @@ void gw__plan_free(gw_plan_state_t *p)
     }
     free(p->s);
     free(p->json);
+    free(p->restore);
     pthread_mutex_destroy(&p->lock);
     free(p);
 }
@@ -265,12 +289,17 @@ static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placeme
     double add = pl_advice_add(nworkers, bad_rate);
     double release = pl_advice_release(nworkers, idle);
     double delta = add >= 1 ? ceil(add) : -floor(release);
-    return json_pack("{s:I, s:f, s:s, s:o, s:i, s:f, s:o, s:[], s:{s:f, s:f, s:f, s:f, s:f}}",
-                     "epoch", (json_int_t)p->epoch, "created_at", sq_wall_s(), "reason", reason,
-                     "devices", devices, "devices_used", used, "lower_bound_devices", lower,
-                     "unplaced", unplaced, "pipelines", "advice", "devices_delta", delta,
-                     "bad_rate", bad_rate, "idle_fraction", idle, "add", add, "release",
-                     release);
+    json_t *snap =
+        json_pack("{s:I, s:f, s:s, s:o, s:i, s:f, s:o, s:[], s:{s:f, s:f, s:f, s:f, s:f}}", "epoch",
+                  (json_int_t)p->epoch, "created_at", sq_wall_s(), "reason", reason, "devices",
+                  devices, "devices_used", used, "lower_bound_devices", lower, "unplaced", unplaced,
+                  "pipelines", "advice", "devices_delta", delta, "bad_rate", bad_rate,
+                  "idle_fraction", idle, "add", add, "release", release);
+    if (strcmp(reason, "restored") == 0) {
+        json_object_set_new(snap, "restored", json_true());
+        json_object_set_new(snap, "restored_from_epoch", json_integer(p->restored_from));
+    }
+    return snap;
 }
 
 typedef struct {
@@ -339,10 +368,16 @@ static void publish_metrics(gw_dispatch_t *ds, json_t *snap, int moved)
 
 /* ---- epochs ------------------------------------------------------------ */
 
+static int restore_all(gw_dispatch_t *ds);
+
 static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
 {
     gw_plan_state_t *p = ds->plan;
     pkind_t *K = &p->kinds[kind];
+    /* An epoch before the stored plan was reapplied (a request for a new
+     * model): reapply it now, with the workers that are up. */
+    if (p->nrestore > 0 && (restore_all(ds) & (1 << kind)))
+        return;
     K->dirty = 0;
     /* The devices: up workers of this kind, not busy profiling. */
     int *workers = sq_xcalloc((size_t)ds->nworkers + 1, sizeof(int));
@@ -534,9 +569,17 @@ void gw__plan_invalidate(gw_dispatch_t *ds, int kind, const char *reason)
     K->dirty = 1;
 }
 
+static int restore_ready(gw_dispatch_t *ds, int64_t now);
+
 void gw__plan_tick(gw_dispatch_t *ds, int64_t now_us)
 {
     gw_plan_state_t *p = ds->plan;
+    /* After a restart, no epoch runs until the stored plan is reapplied. */
+    if (p->nrestore > 0) {
+        if (!restore_ready(ds, now_us))
+            return;
+        restore_all(ds);
+    }
     for (int k = 0; k < GW_KIND_COUNT; k++)
         if (p->kinds[k].dirty)
             run_epoch(ds, k, p->kinds[k].dirty_reason);
@@ -589,4 +632,203 @@ void gw__plan_tick(gw_dispatch_t *ds, int64_t now_us)
     }
     free(rate);
     free(planned);
+}
+
+/* ---- restart: the last stored plan, reapplied --------------------------- */
+
+/* Whether the stored plan's device ran one session back to back. */
+static int stored_saturated(json_t *plan, const char *device)
+{
+    size_t i;
+    json_t *d;
+    json_array_foreach(json_object_get(plan, "devices"), i, d)
+    {
+        const char *name = json_string_value(json_object_get(d, "device"));
+        if (name != NULL && strcmp(name, device) == 0)
+            return json_is_true(json_object_get(d, "saturated"));
+    }
+    return 0;
+}
+
+/* Takes the plan read at start (dbthread.c): its placements of models that
+ * still exist become restore rows. */
+static void restore_take(gw_plan_state_t *p, gw_server_t *srv)
+{
+    json_t *plan = srv->restore_plan, *rows = srv->restore_placements;
+    srv->restore_plan = srv->restore_placements = NULL;
+    size_t n = json_array_size(rows), i;
+    json_t *r;
+    p->restore = n > 0 ? sq_xcalloc(n, sizeof(*p->restore)) : NULL;
+    p->restored_from = srv->last_epoch;
+    int skipped = 0;
+    json_array_foreach(rows, i, r)
+    {
+        restore_row_t *x = &p->restore[p->nrestore];
+        const char *dev = json_string_value(json_object_get(r, "device"));
+        char kind[16];
+        x->key = json_integer_value(json_object_get(r, "model_id"));
+        x->slo_ms = json_number_value(json_object_get(r, "slo_ms"));
+        x->batch = (int)json_integer_value(json_object_get(r, "batch"));
+        x->duty_cycle_us = json_number_value(json_object_get(r, "duty_cycle_us"));
+        x->rate_rps = json_number_value(json_object_get(r, "rate_rps"));
+        if (dev == NULL || strlen(dev) >= sizeof(x->device) || sscanf(dev, "%15[a-z]", kind) != 1 ||
+            (x->kind = gw_kind_parse(kind)) < 0 || x->batch < 1 || !(x->slo_ms > 0) ||
+            !(x->rate_rps >= 0) || !(x->duty_cycle_us > 0)) {
+            skipped++;
+            continue;
+        }
+        gw_model_t *m = gw_registry_get(srv->registry, x->key);
+        if (m == NULL) {
+            skipped++; /* deleted since */
+            continue;
+        }
+        gw_model_unref(m);
+        snprintf(x->device, sizeof(x->device), "%s", dev);
+        x->saturated = stored_saturated(plan, dev);
+        p->nrestore++;
+    }
+    if (n > 0)
+        SQ_INFO("plan to reapply epoch=%lld placements=%d skipped=%d", p->restored_from,
+                p->nrestore, skipped);
+    json_decref(plan);
+    json_decref(rows);
+}
+
+/* The up worker (not profiling) that runs a stored device now, or NULL. */
+static ds_worker_t *restore_worker(gw_dispatch_t *ds, const restore_row_t *row)
+{
+    for (int i = 0; i < ds->nworkers; i++) {
+        ds_worker_t *w = ds->workers[i];
+        if (w != NULL && w->up && !w->profiling && w->kind == row->kind &&
+            strcmp(w->device, row->device) == 0)
+            return w;
+    }
+    return NULL;
+}
+
+/* Every stored device has its worker up, or the wait is over. */
+static int restore_ready(gw_dispatch_t *ds, int64_t now)
+{
+    gw_plan_state_t *p = ds->plan;
+    int any = 0;
+    for (int i = 0; i < ds->nworkers; i++)
+        any |= ds->workers[i] != NULL && ds->workers[i]->up;
+    if (!any)
+        return 0;
+    if (p->restore_first_up_us == 0)
+        p->restore_first_up_us = now;
+    if (now - p->restore_first_up_us >= RESTORE_WAIT_US)
+        return 1;
+    for (int r = 0; r < p->nrestore; r++)
+        if (restore_worker(ds, &p->restore[r]) == NULL)
+            return 0;
+    return 1;
+}
+
+/* The stored session of row, made active and planned again: NULL when its
+ * model is gone, not ready, or served by another kind now. */
+static psess_t *restore_session(gw_dispatch_t *ds, const restore_row_t *row, int create)
+{
+    gw_model_t *m = gw_registry_get(ds->srv->registry, row->key);
+    if (m == NULL)
+        return NULL;
+    int ok = strcmp(m->status, "ready") == 0 && m->has_profile[row->kind] &&
+             gw_dispatch_serving_kind(ds->srv, m) == row->kind;
+    ds_model_t *dm = ok ? gw__ds_model(ds, m) : NULL;
+    gw_model_unref(m);
+    if (dm == NULL || dm->removed || (dm->active && dm->kind != row->kind))
+        return NULL;
+    if (!dm->active) {
+        dm->kind = row->kind;
+        dm->active = 1;
+    }
+    return psess(ds->plan, dm, gw_slo_bucket_ms(row->slo_ms), create);
+}
+
+/* Reapplies the stored plan, kind by kind: its sessions become active at
+ * the stored rates, its devices that have their worker up become the
+ * previous plan, and an epoch ("restored") plans from there: the same
+ * placements when everything is as it was; what no longer fits (fewer
+ * devices, a model gone) is placed as the planner can, and the next epochs
+ * follow the traffic. Returns the kinds it planned (bits). */
+static int restore_all(gw_dispatch_t *ds)
+{
+    gw_plan_state_t *p = ds->plan;
+    restore_row_t *rows = p->restore;
+    int nrows = p->nrestore;
+    p->restore = NULL;
+    p->nrestore = 0;
+    int done = 0;
+    double headroom = ds->srv->cfg->plan_headroom;
+    for (int k = 0; k < GW_KIND_COUNT; k++) {
+        /* Sessions first (psess may move the array), then their rates. */
+        int nsess = 0;
+        for (int r = 0; r < nrows; r++)
+            if (rows[r].kind == k && restore_session(ds, &rows[r], 1) != NULL)
+                nsess++;
+        if (nsess == 0)
+            continue;
+        for (int r = 0; r < nrows; r++) {
+            psess_t *ps = rows[r].kind == k ? restore_session(ds, &rows[r], 0) : NULL;
+            if (ps != NULL)
+                ps->ewma_rps = ps->rate_rps = 0;
+        }
+        pl_plan_t prev = {0};
+        prev.devices = sq_xcalloc((size_t)nrows, sizeof(*prev.devices));
+        int *dev_worker = sq_xcalloc((size_t)nrows + 1, sizeof(int));
+        const char **names = sq_xcalloc((size_t)nrows, sizeof(*names));
+        int ndev = 0, placed = 0, dropped = 0;
+        for (int r = 0; r < nrows; r++) {
+            const restore_row_t *row = &rows[r];
+            psess_t *ps = row->kind == k ? restore_session(ds, row, 0) : NULL;
+            if (ps == NULL)
+                continue;
+            ps->rate_rps += row->rate_rps / headroom;
+            ps->ewma_rps = ps->rate_rps;
+            ds_worker_t *w = restore_worker(ds, row);
+            if (w == NULL) {
+                dropped++; /* its load is placed elsewhere, as it fits */
+                continue;
+            }
+            int d = 0;
+            while (d < ndev && strcmp(names[d], row->device) != 0)
+                d++;
+            pl_device_t *dev = &prev.devices[d];
+            if (d == ndev) {
+                names[ndev] = row->device;
+                dev_worker[ndev] = w->id;
+                *dev = (pl_device_t){.id = ndev,
+                                     .saturated = row->saturated,
+                                     .duty_cycle_us = row->duty_cycle_us,
+                                     .allocs = sq_xcalloc((size_t)nrows, sizeof(pl_alloc_t))};
+                ndev++;
+            }
+            const pl_profile_t *prof = &ps->dm->m->profile[k];
+            pl_alloc_t *a = &dev->allocs[dev->nallocs++];
+            *a = (pl_alloc_t){.session_id = ps->id,
+                              .model = (int)ps->dm->key,
+                              .batch = row->batch,
+                              .latency_us = pl_latency_us(prof, row->batch, ds->srv->cfg->k_std),
+                              .rate_rps = row->rate_rps};
+            dev->occupancy += a->latency_us / dev->duty_cycle_us;
+            placed++;
+        }
+        free(names);
+        prev.ndevices = ndev;
+        pkind_t *K = &p->kinds[k];
+        if (K->has)
+            pl_plan_dispose(&K->plan);
+        free(K->dev_worker);
+        K->plan = prev;
+        K->has = 1;
+        K->dev_worker = dev_worker;
+        K->cap = ndev;
+        SQ_INFO("plan restored from_epoch=%lld kind=%s rows=%d devices=%d placements=%d "
+                "without_worker=%d",
+                p->restored_from, gw_kind_name((gw_kind_t)k), nsess, ndev, placed, dropped);
+        run_epoch(ds, k, "restored");
+        done |= 1 << k;
+    }
+    free(rows);
+    return done;
 }

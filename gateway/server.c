@@ -140,6 +140,8 @@ out:
     gw_prep_pool_free(srv.prep);
     gw_db_stop(&srv);
     gw_registry_free(srv.registry);
+    json_decref(srv.restore_plan);
+    json_decref(srv.restore_placements);
     sq_shm_arena_free(srv.arena);
     gw_metrics_free(srv.metrics);
     if (rc == 0)
