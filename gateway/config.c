@@ -67,8 +67,7 @@ static const opt_t options[] = {
     {"k_std", DBL(k_std), 0, 10, "1", "latency margin: profile mean + k_std * std"},
     {"dispatch_margin_us", INT(dispatch_margin_us), 0, 1000000, "2000",
      "added to every batch's latency: the IPC round trip and the reply's way back"},
-    {"epoch_ms", INT(epoch_ms), 100, 86400000, "30000",
-     "the planner re-plans at least this often"},
+    {"epoch_ms", INT(epoch_ms), 100, 86400000, "30000", "the planner re-plans at least this often"},
     {"epoch_min_interval_ms", INT(epoch_min_interval_ms), 0, 86400000, "10000",
      "and never sooner than this after the last epoch for a rate change"},
     {"epoch_scale_up_ms", INT(epoch_scale_up_ms), 0, 86400000, "1000",
@@ -88,6 +87,14 @@ static const opt_t options[] = {
      "SLO of a request for a model that has no default_slo_ms"},
     {"access_log", INT(access_log), 0, 1, "0",
      "1: one info log line per HTTP request (method, path, route, status, bytes, duration)"},
+    {"max_inflight", INT(max_inflight), 1, 1 << 20, "4096",
+     "inference requests inside squishd at most, from arrival to answer; past it new ones are "
+     "answered 503 overloaded at once"},
+    {"max_connections", INT(max_connections), 1, 1 << 20, "4096",
+     "open client connections at most; past it new ones wait in the kernel's accept backlog"},
+    {"http_request_timeout_ms", INT(http_request_timeout_ms), 100, 3600000, "10000",
+     "a request's headers and body must arrive within this (also the keep-alive idle timeout): "
+     "slow clients are disconnected; raise it for large uploads over slow links"},
 };
 #define NOPTIONS (sizeof(options) / sizeof(options[0]))
 

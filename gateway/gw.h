@@ -56,6 +56,10 @@ typedef struct {
     int max_request_ms;    /* hard upper bound on any request's life (caps the SLO) */
     double default_slo_ms; /* when neither the request nor the model gives one */
     int access_log;        /* one info line per HTTP request */
+    /* admission and connection limits */
+    int max_inflight;            /* inference requests inside squishd at most (then 503) */
+    int max_connections;         /* open client connections at most (then the backlog) */
+    int http_request_timeout_ms; /* a request's headers and body arrive within this */
 } gw_config_t;
 
 /* What gw_config_parse did: run the server, or print and exit. */

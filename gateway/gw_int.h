@@ -31,6 +31,7 @@ typedef struct gw_server {
     atomic_int workers_up;  /* workers connected and past the handshake */
     atomic_int stopping;    /* SIGTERM seen: no new work */
     atomic_long inflight;   /* HTTP requests not yet answered */
+    atomic_long infer_inflight; /* inference requests inside squishd (max_inflight) */
 
     atomic_int kind_up[3];  /* workers up per device kind (gw_kind_t) */
     long long last_epoch;   /* the newest plan stored in the DB at start */
@@ -82,6 +83,8 @@ int gw_http_start(gw_server_t *srv, char *err, size_t errlen);
 void gw_http_drain(gw_server_t *srv, int timeout_ms);
 /* Stops the loops and joins the threads (after gw_http_drain). */
 void gw_http_stop(gw_server_t *srv);
+/* Open client connections (max_connections); any thread. */
+int gw_http_connections(gw_server_t *srv);
 
 /* Admin token: reads it, or creates a random one (mode 0600) on first
  * start. A token file readable by group or others is refused. */

@@ -36,6 +36,9 @@ typedef struct {
     h2o_multithread_queue_t *queue;
     h2o_multithread_receiver_t receiver;
     int exit;
+    /* accepting paused: max_connections reached, or no file descriptor left */
+    int paused;
+    h2o_timeout_entry_t resume_timer;
 } http_thread_t;
 
 struct gw_http {
@@ -45,6 +48,7 @@ struct gw_http {
     int listen_fd;
     int nthreads;
     http_thread_t *threads;
+    atomic_int nconns; /* open client connections, every thread */
 };
 
 /* Routes: see the functions below; more files add theirs as they land. */
@@ -382,14 +386,74 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
     return 0;
 }
 
+/* ---- connections ------------------------------------------------------- */
+
+/* Accepting pauses at max_connections (new connections wait in the kernel's
+ * backlog, bounded by SOMAXCONN) and when accept finds no file descriptor
+ * left (the listener would otherwise wake the loop at once, forever). It
+ * resumes when a connection of this thread closes, or on a 100 ms timer. */
+static void pause_accepting(http_thread_t *t)
+{
+    if (t->paused || t->listener == NULL)
+        return;
+    t->paused = 1;
+    h2o_socket_read_stop(t->listener);
+    h2o_timeout_link(t->ctx.loop, &t->ctx.hundred_ms_timeout, &t->resume_timer);
+}
+
+static void on_accept(h2o_socket_t *listener, const char *err);
+
+static void maybe_resume(http_thread_t *t)
+{
+    if (!t->paused)
+        return;
+    if (h2o_timeout_is_linked(&t->resume_timer))
+        h2o_timeout_unlink(&t->resume_timer);
+    if (t->listener == NULL) {
+        t->paused = 0;
+        return;
+    }
+    if (atomic_load(&t->http->nconns) >= t->http->srv->cfg->max_connections) {
+        h2o_timeout_link(t->ctx.loop, &t->ctx.hundred_ms_timeout, &t->resume_timer);
+        return;
+    }
+    t->paused = 0;
+    h2o_socket_read_start(t->listener, on_accept);
+}
+
+static void on_resume_timer(h2o_timeout_entry_t *entry)
+{
+    maybe_resume(H2O_STRUCT_FROM_MEMBER(http_thread_t, resume_timer, entry));
+}
+
+static void on_conn_close(void *data)
+{
+    http_thread_t *t = data;
+    atomic_fetch_sub(&t->http->nconns, 1);
+    maybe_resume(t);
+}
+
 static void on_accept(h2o_socket_t *listener, const char *err)
 {
     http_thread_t *t = listener->data;
     h2o_socket_t *sock;
     if (err != NULL)
         return;
-    if ((sock = h2o_evloop_socket_accept(listener)) == NULL)
+    if (atomic_load(&t->http->nconns) >= t->http->srv->cfg->max_connections) {
+        pause_accepting(t);
         return;
+    }
+    if ((sock = h2o_evloop_socket_accept(listener)) == NULL) {
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            SQ_WARN("accept failed, pausing for 100 ms error=\"%s\" connections=%d",
+                    strerror(errno), atomic_load(&t->http->nconns));
+            pause_accepting(t);
+        }
+        return;
+    }
+    atomic_fetch_add(&t->http->nconns, 1);
+    sock->on_close.cb = on_conn_close;
+    sock->on_close.data = t;
     h2o_accept(&t->accept_ctx, sock);
 }
 
@@ -400,7 +464,11 @@ static void on_message(h2o_multithread_receiver_t *receiver, h2o_linklist_t *mes
         http_msg_t *m = H2O_STRUCT_FROM_MEMBER(http_msg_t, super.link, messages->next);
         h2o_linklist_unlink(&m->super.link);
         if (m->kind == MSG_STOP_ACCEPTING && t->listener != NULL) {
-            h2o_socket_read_stop(t->listener);
+            if (!t->paused)
+                h2o_socket_read_stop(t->listener);
+            if (h2o_timeout_is_linked(&t->resume_timer))
+                h2o_timeout_unlink(&t->resume_timer);
+            t->paused = 0;
             h2o_socket_close(t->listener);
             t->listener = NULL;
         } else if (m->kind == MSG_EXIT) {
@@ -497,6 +565,10 @@ int gw_http_start(gw_server_t *srv, char *err, size_t errlen)
     }
     h2o_config_init(&http->globalconf);
     http->globalconf.max_request_entity_size = (size_t)srv->cfg->max_body_bytes;
+    /* h2o closes a connection whose request (headers and body) has not
+     * arrived this long after it began, and an idle keep-alive one. */
+    http->globalconf.http1.req_timeout = (uint64_t)srv->cfg->http_request_timeout_ms;
+    http->globalconf.http2.idle_timeout = (uint64_t)srv->cfg->http_request_timeout_ms;
     http->globalconf.server_name = h2o_iovec_init(H2O_STRLIT("squish/" SQUISH_VERSION));
     h2o_hostconf_t *host =
         h2o_config_register_host(&http->globalconf, h2o_iovec_init(H2O_STRLIT("default")), 65535);
@@ -513,6 +585,7 @@ int gw_http_start(gw_server_t *srv, char *err, size_t errlen)
         h2o_context_init(&t->ctx, h2o_evloop_create(), &http->globalconf);
         t->accept_ctx.ctx = &t->ctx;
         t->accept_ctx.hosts = http->globalconf.hosts;
+        t->resume_timer.cb = on_resume_timer;
         int fd = i == 0 ? http->listen_fd : dup(http->listen_fd);
         t->listener = h2o_evloop_socket_create(t->ctx.loop, fd, H2O_SOCKET_FLAG_DONT_READ);
         t->listener->data = t;
@@ -540,6 +613,11 @@ void gw_http_drain(gw_server_t *srv, int timeout_ms)
     int64_t deadline = sq_now_ms() + timeout_ms;
     while (atomic_load(&srv->inflight) > 0 && sq_now_ms() < deadline)
         usleep(5000);
+}
+
+int gw_http_connections(gw_server_t *srv)
+{
+    return srv->http != NULL ? atomic_load(&srv->http->nconns) : 0;
 }
 
 void gw_http_stop(gw_server_t *srv)

@@ -76,6 +76,13 @@ static void on_prep_done(gw_prep_job_t *job, int rc)
         item_fail_early(srv, item, rc, job->err[0] ? job->err : NULL);
         return;
     }
+    /* Another image of the request failed (shed, bad): it is answered with
+     * that error as soon as its items are done, so this one need not wait
+     * for a batch. */
+    if (atomic_load(&item->req->failed)) {
+        item_fail_early(srv, item, SQ_OVERLOAD, NULL);
+        return;
+    }
     gw_dispatch_submit(srv, item);
 }
 
@@ -110,7 +117,10 @@ static void start_jpeg(gw_server_t *srv, gw_item_t *item, const uint8_t *data, s
     job->done = on_prep_done;
     job->user = item;
     int rc = gw_prep_pool_submit(srv->prep, job);
-    if (rc != 0)
+    if (rc == SQ_DEADLINE)
+        item_fail_early(srv, item, rc,
+                        "the image decoders cannot start this image before its deadline");
+    else if (rc != 0)
         item_fail_early(srv, item, rc == SQ_SHUTTING_DOWN ? rc : SQ_OVERLOAD,
                         "the image decoders are saturated");
 }
@@ -134,6 +144,7 @@ static void start_tensor(gw_server_t *srv, gw_item_t *item, const uint8_t *data,
 static void infer_dispose(gw_async_t *a)
 {
     gw_infer_t *req = (gw_infer_t *)a;
+    atomic_fetch_sub(&a->srv->infer_inflight, 1);
     if (req->api_dispose != NULL)
         req->api_dispose(req);
     gw_model_unref(req->model);
@@ -286,6 +297,20 @@ static gw_infer_t *infer_new(gw_call_t *call, gw_api_t api)
     if (gw_dispatch_serving_kind(srv, m) < 0) {
         gw_metrics_infer_rejected(srv, m, SQ_NO_WORKER);
         gw_send_error(hreq, SQ_NO_WORKER, "no worker that can run this model is up");
+        gw_model_unref(m);
+        return NULL;
+    }
+    /* Admission: a request is inside squishd from here until its answer is
+     * sent and its items are done (infer_dispose); past max_inflight, new
+     * ones are shed at once, before any copy or decode. */
+    if (atomic_fetch_add(&srv->infer_inflight, 1) >= srv->cfg->max_inflight) {
+        atomic_fetch_sub(&srv->infer_inflight, 1);
+        gw_metrics_infer_rejected(srv, m, SQ_OVERLOAD);
+        char why[128];
+        snprintf(why, sizeof(why),
+                 "squishd has --max-inflight %d requests in flight; retry shortly",
+                 srv->cfg->max_inflight);
+        gw_send_error(hreq, SQ_OVERLOAD, why);
         gw_model_unref(m);
         return NULL;
     }

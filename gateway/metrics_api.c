@@ -16,6 +16,20 @@ void gw_route_metrics(gw_call_t *call)
     sq_buf_t out;
     sq_buf_init(&out);
     gw_metrics_write(call->srv->metrics, &out);
+    /* Admission: what max_inflight and max_connections bound. */
+    char adm[768];
+    int n = snprintf(
+        adm, sizeof(adm),
+        "# HELP squish_inflight_requests Inference requests inside squishd (admitted, not yet "
+        "answered and released).\n# TYPE squish_inflight_requests gauge\n"
+        "squish_inflight_requests %ld\n"
+        "# HELP squish_max_inflight_requests The admission limit (--max-inflight).\n"
+        "# TYPE squish_max_inflight_requests gauge\nsquish_max_inflight_requests %d\n"
+        "# HELP squish_http_connections Open client connections.\n"
+        "# TYPE squish_http_connections gauge\nsquish_http_connections %d\n",
+        atomic_load(&call->srv->infer_inflight), call->srv->cfg->max_inflight,
+        gw_http_connections(call->srv));
+    sq_buf_put(&out, adm, (size_t)n);
     char *body = h2o_mem_alloc_pool(&req->pool, out.len + 1);
     memcpy(body, out.data, out.len);
     size_t len = out.len;

@@ -613,6 +613,7 @@ struct gw_prep_pool {
     int nthreads;
     pthread_t *threads;
     gw_prep_ctx_t **ctxs;
+    double svc_ns; /* EWMA of a decode's duration; 0 before the first */
 };
 
 typedef struct {
@@ -620,9 +621,12 @@ typedef struct {
     gw_prep_ctx_t *ctx;
 } worker_arg_t;
 
-static void run_job(gw_prep_ctx_t *ctx, gw_prep_job_t *job, int cancelled)
+/* Runs a job and calls its callback; returns how long the decode took
+ * (0 when it was not decoded). */
+static int64_t run_job(gw_prep_ctx_t *ctx, gw_prep_job_t *job, int cancelled)
 {
     job->started_ns = sq_now_ns();
+    int64_t decode_ns = 0;
     int rc;
     if (cancelled) {
         rc = fail(job->err, sizeof(job->err), SQ_SHUTTING_DOWN,
@@ -634,9 +638,11 @@ static void run_job(gw_prep_ctx_t *ctx, gw_prep_job_t *job, int cancelled)
     } else {
         rc = gw_image_to_rgb(ctx, job->data, job->len, job->out_w, job->out_h, job->mode, job->dst,
                              &job->info, job->err, sizeof(job->err));
+        decode_ns = sq_now_ns() - job->started_ns;
     }
     job->finished_ns = sq_now_ns();
     job->done(job, rc);
+    return decode_ns;
 }
 
 static void *pool_thread(void *arg)
@@ -658,8 +664,11 @@ static void *pool_thread(void *arg)
         int cancelled = pool->cancel;
         pthread_mutex_unlock(&pool->mu);
         job->next_ = NULL;
-        run_job(ctx, job, cancelled);
+        int64_t decode_ns = run_job(ctx, job, cancelled);
         pthread_mutex_lock(&pool->mu);
+        if (decode_ns > 0)
+            pool->svc_ns =
+                pool->svc_ns > 0 ? 0.9 * pool->svc_ns + 0.1 * (double)decode_ns : (double)decode_ns;
     }
     pthread_mutex_unlock(&pool->mu);
     return NULL;
@@ -732,6 +741,12 @@ int gw_prep_pool_submit(gw_prep_pool_t *pool, gw_prep_job_t *job)
         rc = SQ_SHUTTING_DOWN;
     } else if (pool->queued >= pool->capacity) {
         rc = SQ_OVERLOAD;
+    } else if (job->deadline_ns != 0 && pool->queued > 0 &&
+               job->queued_ns + (int64_t)((double)pool->queued * pool->svc_ns / pool->nthreads) >=
+                   job->deadline_ns) {
+        /* The jobs ahead of it, at the recent decode time, leave it no
+         * chance to start in time: say so now rather than at the deadline. */
+        rc = SQ_DEADLINE;
     } else {
         if (pool->tail != NULL)
             pool->tail->next_ = job;

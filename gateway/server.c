@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -49,6 +50,29 @@ static int beside_db(const gw_config_t *cfg, const char *name, char *out, size_t
     return n < 0 || (size_t)n >= outlen ? -1 : 0;
 }
 
+/* Raises the soft limit on open files to the hard one: every client
+ * connection takes a descriptor, and max_connections should be the limit
+ * that bites, not EMFILE. */
+static void raise_fd_limit(const gw_config_t *cfg)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    if (rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        getrlimit(RLIMIT_NOFILE, &rl);
+    }
+    /* Workers, the DB, the arena and the loops need some more. */
+    rlim_t need = (rlim_t)cfg->max_connections + 64;
+    for (int i = 0; i < cfg->ngroups; i++)
+        need += (rlim_t)cfg->groups[i].count * 2;
+    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < need)
+        SQ_WARN("open files limit below what --max-connections needs limit=%llu "
+                "max_connections=%d: accept will pause when descriptors run out",
+                (unsigned long long)rl.rlim_cur, cfg->max_connections);
+}
+
 int gw_main(const gw_config_t *cfg)
 {
     gw_server_t srv = {.cfg = cfg, .start_wall_s = sq_wall_s(), .metrics = gw_metrics_new()};
@@ -58,6 +82,7 @@ int gw_main(const gw_config_t *cfg)
     sq_log_set_level(cfg->log_level);
     sq_log_set_tag("squishd");
     signal(SIGPIPE, SIG_IGN);
+    raise_fd_limit(cfg);
     /* Every thread inherits this mask; the main thread takes the signals
      * with sigwait. */
     sigset_t sigs;

@@ -29,6 +29,21 @@ Test(config, defaults_are_the_embedded_setup)
     cr_assert_eq(cfg.groups[0].count, 1);
     cr_assert_eq(cfg.max_body_bytes, 512ll << 20);
     cr_assert_eq(cfg.log_level, SQ_LOG_INFO);
+    cr_assert_eq(cfg.max_inflight, 4096);
+    cr_assert_eq(cfg.max_connections, 4096);
+    cr_assert_eq(cfg.http_request_timeout_ms, 10000);
+}
+
+Test(config, admission_limits_are_settings)
+{
+    gw_config_t cfg;
+    char err[512];
+    char *argv[] = {"squishd", "--max-inflight", "8", "--http-request-timeout-ms", "2500", NULL};
+    char *envp[] = {"SQUISH_MAX_CONNECTIONS=64", NULL};
+    cr_assert_eq(parse(&cfg, argv, envp, err), 0, "%s", err);
+    cr_assert_eq(cfg.max_inflight, 8);
+    cr_assert_eq(cfg.max_connections, 64);
+    cr_assert_eq(cfg.http_request_timeout_ms, 2500);
 }
 
 Test(config, flags_override_environment_which_overrides_the_file)
@@ -90,6 +105,10 @@ Test(config, bad_values_are_rejected_with_the_field_name)
     EXPECT_ERROR(a11, NULL, "heartbeat_timeout_ms");
     char *a12[] = {"squishd", "--workers", "emu:2,emu:1", NULL};
     EXPECT_ERROR(a12, NULL, "given twice");
+    char *a13[] = {"squishd", "--max-inflight", "0", NULL};
+    EXPECT_ERROR(a13, NULL, "--max-inflight");
+    char *a14[] = {"squishd", "--http-request-timeout-ms", "10", NULL};
+    EXPECT_ERROR(a14, NULL, "--http-request-timeout-ms");
 }
 
 Test(config, config_file_errors_name_the_file_and_the_key)

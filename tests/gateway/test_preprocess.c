@@ -1050,6 +1050,46 @@ Test(prep_pool, shutdown_cancel_answers_queued_jobs_with_shutting_down)
     blob_free(&b);
 }
 
+Test(prep_pool, a_job_that_cannot_start_in_time_is_refused_at_submit)
+{
+    atomic_store(&gate_entered, 0);
+    atomic_store(&gate_open, 0);
+    enum { N = 20 };
+    blob_t b = scene_jpeg(640, 480);
+    static uint8_t dst[N + 4][32 * 32 * 3];
+    tjob_t seed, gated, jobs[N], tight, loose;
+    gw_prep_pool_t *pool = pool_new(1, 64);
+    /* With no decode measured yet, nothing is predicted. */
+    tjob_init(&seed, b, 32, 32, dst[0], on_done);
+    cr_assert_eq(gw_prep_pool_submit(pool, &seed.job), 0);
+    wait_for(&seed.calls, 1);
+    cr_assert_eq(seed.rc, 0, "%s", seed.job.err);
+    /* The only thread is held; N jobs wait behind it. */
+    tjob_init(&gated, b, 32, 32, dst[1], on_done_gated);
+    cr_assert_eq(gw_prep_pool_submit(pool, &gated.job), 0);
+    wait_for(&gate_entered, 1);
+    for (int i = 0; i < N; i++) {
+        tjob_init(&jobs[i], b, 32, 32, dst[2], on_done);
+        cr_assert_eq(gw_prep_pool_submit(pool, &jobs[i].job), 0);
+    }
+    /* N decodes of a 640x480 JPEG take far more than 2 us: refused now,
+     * not answered at its deadline; one with a minute to spare waits. */
+    tjob_init(&tight, b, 32, 32, dst[3], on_done);
+    tight.job.deadline_ns = sq_now_ns() + 2000;
+    cr_assert_eq(gw_prep_pool_submit(pool, &tight.job), SQ_DEADLINE);
+    cr_assert_eq(sq_err_http_status(SQ_DEADLINE), 503);
+    tjob_init(&loose, b, 32, 32, dst[4], on_done);
+    loose.job.deadline_ns = sq_now_ns() + 60ll * 1000000000;
+    cr_assert_eq(gw_prep_pool_submit(pool, &loose.job), 0);
+    cr_assert_eq(gw_prep_pool_queued(pool), N + 1);
+    atomic_store(&gate_open, 1);
+    gw_prep_pool_free(pool);
+    cr_assert_eq(atomic_load(&tight.calls), 0, "a refused job is never called back");
+    cr_assert_eq(atomic_load(&loose.calls), 1);
+    cr_assert_eq(loose.rc, 0, "%s", loose.job.err);
+    blob_free(&b);
+}
+
 Test(prep_pool, a_job_past_its_deadline_is_not_decoded)
 {
     blob_t b = scene_jpeg(64, 64);
