@@ -17,7 +17,7 @@ struct sq_shm_arena {
     size_t nslots;
     uint32_t *run; /* run[i] = slots in the region starting at i, 0 if none starts there */
     uint8_t *busy; /* busy[i] = 1 when slot i is allocated */
-    size_t next;   /* next-fit hint */
+    size_t low;    /* every slot below it is busy (where first-fit starts) */
     size_t used_slots;
     pthread_mutex_t lock;
 };
@@ -115,9 +115,7 @@ int64_t sq_shm_alloc(sq_shm_arena_t *a, size_t bytes)
         return SQ_NOMEM;
     size_t need = (bytes + a->slot_bytes - 1) / a->slot_bytes;
     pthread_mutex_lock(&a->lock);
-    size_t at = find_run(a, a->next, a->nslots, need);
-    if (at == SIZE_MAX)
-        at = find_run(a, 0, a->nslots, need);
+    size_t at = find_run(a, a->low, a->nslots, need);
     if (at == SIZE_MAX) {
         pthread_mutex_unlock(&a->lock);
         return SQ_NOMEM;
@@ -126,7 +124,8 @@ int64_t sq_shm_alloc(sq_shm_arena_t *a, size_t bytes)
         a->busy[i] = 1;
     a->run[at] = (uint32_t)need;
     a->used_slots += need;
-    a->next = at + need < a->nslots ? at + need : 0;
+    if (at == a->low)
+        a->low = at + need;
     pthread_mutex_unlock(&a->lock);
     return (int64_t)(at * a->slot_bytes);
 }
@@ -142,6 +141,8 @@ void sq_shm_release(sq_shm_arena_t *a, int64_t offset)
         a->busy[i] = 0;
     a->run[at] = 0;
     a->used_slots -= n;
+    if (at < a->low)
+        a->low = at;
     pthread_mutex_unlock(&a->lock);
 }
 

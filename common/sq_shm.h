@@ -3,7 +3,9 @@
  * that batches travel as offsets, never as bytes on the socket.
  *
  * The arena is cut into fixed-size slots; an allocation takes the first run
- * of contiguous free slots that fits (next-fit from the last allocation).
+ * of contiguous free slots that fits, lowest first: the pages in use stay
+ * those of the busiest moment so far (a next-fit would sweep the whole
+ * arena and make all of it resident, in squishd and in every worker).
  * Allocation and release are thread-safe (a mutex): preprocess threads
  * allocate, the dispatcher releases. */
 #ifndef SQ_SHM_H

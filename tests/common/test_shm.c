@@ -46,6 +46,29 @@ Test(shm, exhaustion_returns_nomem_and_fragmentation_is_handled)
     sq_shm_arena_free(a);
 }
 
+Test(shm, the_lowest_free_slots_are_reused_so_the_touched_pages_stay_few)
+{
+    sq_shm_arena_t *a;
+    cr_assert_eq(sq_shm_arena_create(&a, 1024 * 4096, 4096), 0);
+    /* Three in flight at a time, ten thousand allocations: only the first
+     * slots are ever used. */
+    int64_t live[3] = {-1, -1, -1}, top = 0;
+    for (int i = 0; i < 10000; i++) {
+        int k = i % 3;
+        if (live[k] >= 0)
+            sq_shm_release(a, live[k]);
+        cr_assert_geq(live[k] = sq_shm_alloc(a, 100 + (i % 2) * 4096), 0);
+        top = live[k] > top ? live[k] : top;
+    }
+    cr_assert_lt(top, 6 * 4096, "highest offset used %lld", (long long)top);
+    /* A hole below is taken before anything above. */
+    int64_t x = sq_shm_alloc(a, 4096), y = sq_shm_alloc(a, 4096);
+    sq_shm_release(a, x);
+    cr_assert_eq(sq_shm_alloc(a, 4096), x);
+    cr_assert_gt(y, x);
+    sq_shm_arena_free(a);
+}
+
 Test(shm, bad_geometry_is_rejected)
 {
     sq_shm_arena_t *a = NULL;
