@@ -17,10 +17,14 @@
  * request waiting for a free connection is sent late and shows as lag.
  *
  * Outcomes: good (200 within the SLO), late (200 past it), dropped (503
- * with "code":"deadline" or "overloaded": shed by squishd to keep SLOs),
- * error (any other status), timeout (no complete answer within
- * --timeout-ms of the schedule), conn_error (connect, reset, close before
- * the answer), unsent (no connection free before the timeout).
+ * with "code":"deadline" or "overloaded" and a Retry-After header: shed by
+ * squishd to keep SLOs), error (any other status, or a 503 without
+ * Retry-After), timeout (no complete answer within --timeout-ms of the
+ * schedule), conn_error (connect, reset, close before the answer), unsent
+ * (no connection free before the timeout). Bytes the server sends on a
+ * connection with no request pending are counted apart (stray_answers:
+ * every request must get exactly one answer). --per-second adds each
+ * second's counts: offered by schedule, answers by the time they came.
  *
  * --closed N is the other mode, for throughput: N requests always in
  * flight (one per connection), a new one as soon as one is answered;
@@ -98,6 +102,7 @@ typedef struct {
     uint64_t seed;
     int closed; /* > 0: closed loop, this many requests always in flight */
     int verbose;
+    int per_second; /* add per-second counts to the summary */
 } lg_opts_t;
 
 typedef struct {
@@ -114,7 +119,12 @@ typedef struct {
     long inflight;
     int64_t t0;
     long opened, retries, errors_logged;
+    long stray, no_retry_after;
 } lg_run_t;
+
+/* Per second of the run (after the warmup): requests offered by their
+ * schedule, answers by the moment they came. */
+enum { SEC_OFFERED, SEC_GOOD, SEC_LATE, SEC_DROPPED, SEC_BAD, SEC_NCOLS };
 
 typedef struct {
     double rate_rps, offered_rps, sent_rps, goodput_rps, answered_rps;
@@ -123,7 +133,10 @@ typedef struct {
     double lat_p50, lat_p90, lat_p99, lat_max;
     double lag_p50, lag_p99, lag_max;
     long opened, retries;
+    long stray, no_retry_after;
     double cpu_fraction;
+    long nsec;
+    long (*sec)[SEC_NCOLS]; /* --per-second; owned */
 } lg_summary_t;
 
 static int64_t now_ns(void)
@@ -378,6 +391,7 @@ static void conn_read(lg_run_t *r, int slot)
     }
     if (c->req < 0) {
         /* bytes on an idle connection: the server is confused; drop it */
+        r->stray++;
         conn_close(r, slot);
         return;
     }
@@ -398,13 +412,18 @@ static void conn_read(lg_run_t *r, int slot)
      * see); the loadgen's own lag before it is reported apart. */
     int64_t latency_ns = now_ns() - r->t0 - r->reqs[i].sent_ns;
     c->rbuf[(body - c->rbuf) + (long)body_len] = '\0';
+    const char *hend = memmem(c->rbuf, c->rlen, "\r\n\r\n", 4);
+    int retry_after = find_header(c->rbuf, hend, "retry-after") != NULL;
     if (status == 200)
         out = latency_ns <= (int64_t)(r->o->late_ms * 1e6) ? OUT_GOOD : OUT_LATE;
-    else if (status == 503 && (memmem(body, body_len, "\"deadline\"", 10) != NULL ||
-                               memmem(body, body_len, "\"overloaded\"", 12) != NULL))
+    else if (status == 503 && retry_after &&
+             (memmem(body, body_len, "\"deadline\"", 10) != NULL ||
+              memmem(body, body_len, "\"overloaded\"", 12) != NULL))
         out = OUT_DROPPED; /* shed for the SLO: too late, or early-drop's window */
     else
         out = OUT_ERROR;
+    if (status == 503 && !retry_after)
+        r->no_retry_after++;
     if (out == OUT_ERROR && r->errors_logged++ < 5)
         fprintf(stderr, "squish-loadgen: status %d: %.*s\n", status,
                 (int)(body_len < 300 ? body_len : 300), body);
@@ -527,7 +546,27 @@ static void summarize(const lg_run_t *r, double rate, double cpu_s, double wall_
     s->lag_max = nlag ? lag[nlag - 1] : 0;
     s->opened = r->opened;
     s->retries = r->retries;
+    s->stray = r->stray;
+    s->no_retry_after = r->no_retry_after;
     s->cpu_fraction = wall_s > 0 ? cpu_s / wall_s : 0;
+    if (o->per_second) {
+        s->nsec = (long)ceil(o->duration_s + (double)o->timeout_ns / 1e9) + 1;
+        s->sec = sq_xcalloc((size_t)s->nsec, sizeof(*s->sec));
+        for (long i = 0; i < r->nreqs; i++) {
+            const lg_req_t *q = &r->reqs[i];
+            if (q->sched_ns < warm_ns)
+                continue;
+            long at = (long)((q->sched_ns - warm_ns) / 1000000000);
+            s->sec[at < s->nsec ? at : s->nsec - 1][SEC_OFFERED]++;
+            at = q->done_ns > warm_ns ? (long)((q->done_ns - warm_ns) / 1000000000) : 0;
+            at = at < s->nsec ? at : s->nsec - 1;
+            int col = q->outcome == OUT_GOOD      ? SEC_GOOD
+                      : q->outcome == OUT_LATE    ? SEC_LATE
+                      : q->outcome == OUT_DROPPED ? SEC_DROPPED
+                                                  : SEC_BAD;
+            s->sec[at][col]++;
+        }
+    }
     free(lat);
     free(lag);
 }
@@ -642,7 +681,8 @@ static void print_summary(FILE *f, const lg_summary_t *s, const lg_opts_t *o, co
             "\"dropped_rate\": %.5f, \"late_rate\": %.5f, \"error_rate\": %.5f, "
             "\"latency_ms\": {\"p50\": %.3f, \"p90\": %.3f, \"p99\": %.3f, \"max\": %.3f}, "
             "\"send_lag_ms\": {\"p50\": %.3f, \"p99\": %.3f, \"max\": %.3f}, "
-            "\"connections_opened\": %ld, \"retries\": %ld, \"loadgen_cpu_fraction\": %.3f}",
+            "\"connections_opened\": %ld, \"retries\": %ld, \"stray_answers\": %ld, "
+            "\"no_retry_after\": %ld, \"loadgen_cpu_fraction\": %.3f",
             indent, s->rate_rps, o->duration_s, o->warmup_s, o->slo_ms, s->n, s->offered_rps,
             s->sent_rps, s->goodput_rps, s->answered_rps, o->closed, s->bad_rate,
             s->counts[OUT_GOOD], s->counts[OUT_LATE], s->counts[OUT_DROPPED], s->counts[OUT_ERROR],
@@ -652,7 +692,15 @@ static void print_summary(FILE *f, const lg_summary_t *s, const lg_opts_t *o, co
                      s->counts[OUT_UNSENT]) /
                 n,
             s->lat_p50, s->lat_p90, s->lat_p99, s->lat_max, s->lag_p50, s->lag_p99, s->lag_max,
-            s->opened, s->retries, s->cpu_fraction);
+            s->opened, s->retries, s->stray, s->no_retry_after, s->cpu_fraction);
+    static const char *const cols[SEC_NCOLS] = {"offered", "good", "late", "dropped", "bad"};
+    for (int k = 0; s->sec != NULL && k < SEC_NCOLS; k++) {
+        fprintf(f, "%s\"%s\": [", k == 0 ? ", \"per_second\": {" : ", ", cols[k]);
+        for (long i = 0; i < s->nsec; i++)
+            fprintf(f, "%s%ld", i ? ", " : "", s->sec[i][k]);
+        fprintf(f, "]%s", k == SEC_NCOLS - 1 ? "}" : "");
+    }
+    fprintf(f, "}");
 }
 
 /* ---- request bytes ---------------------------------------------------- */
@@ -738,8 +786,8 @@ static void usage(FILE *f)
                "         (--body FILE [--content-type T] | --tensor CxHxW [--dtype FP32|UINT8])\n"
                "         (--rate RPS | --closed N) [--duration S] [--warmup S] [--seed N]\n"
                "         [--slo-ms MS] [--late-ms MS (good/late threshold, default the SLO)]\n"
-               "         [--connections N] [--timeout-ms MS] [--search-goodput [--target F]\n"
-               "         [--precision F] [--pause-ms MS]]\n"
+               "         [--connections N] [--timeout-ms MS] [--per-second]\n"
+               "         [--search-goodput [--target F] [--precision F] [--pause-ms MS]]\n"
                "Open-loop Poisson load over HTTP/1.1 keep-alive (--closed N: closed loop, N\n"
                "requests always in flight, for the highest throughput); JSON summary on stdout.\n");
 }
@@ -771,6 +819,7 @@ int main(int argc, char **argv)
                                              {"pause-ms", required_argument, 0, 'z'},
                                              {"closed", required_argument, 0, 'C'},
                                              {"late-ms", required_argument, 0, 'L'},
+                                             {"per-second", no_argument, 0, 'E'},
                                              {"help", no_argument, 0, 'h'},
                                              {0, 0, 0, 0}};
     int ch;
@@ -836,6 +885,9 @@ int main(int argc, char **argv)
         case 'L':
             o.late_ms = atof(optarg);
             break;
+        case 'E':
+            o.per_second = 1;
+            break;
         case 'h':
             usage(stdout);
             return 0;
@@ -847,9 +899,9 @@ int main(int argc, char **argv)
     if (o.closed > 0 && rate <= 0)
         rate = 1; /* unused: the closed loop sends as fast as answers come */
     if (port <= 0 || port > 65535 || path == NULL || rate <= 0 || o.duration_s <= 0 ||
-        o.closed < 0 || (o.closed > 0 && search) || o.warmup_s < 0 || o.slo_ms <= 0 ||
-        o.max_conns < 1 || o.max_conns > 60000 || (body_file == NULL) == (tensor == NULL) ||
-        target <= 0 || target > 1 || precision <= 0 ||
+        o.closed < 0 || (o.closed > 0 && search) || (o.per_second && search) || o.warmup_s < 0 ||
+        o.slo_ms <= 0 || o.max_conns < 1 || o.max_conns > 60000 ||
+        (body_file == NULL) == (tensor == NULL) || target <= 0 || target > 1 || precision <= 0 ||
         (strcmp(dtype, "FP32") != 0 && strcmp(dtype, "UINT8") != 0)) {
         usage(stderr);
         return 2;
@@ -933,6 +985,7 @@ int main(int argc, char **argv)
         run_at(&r, rate, o.seed, &s);
         print_summary(stdout, &s, &o, "");
         printf("\n");
+        free(s.sec);
         lg_free(&r);
         return 0;
     }
