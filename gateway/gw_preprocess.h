@@ -161,9 +161,9 @@ typedef enum {
 int gw_prep_pool_new(const gw_prep_pool_config_t *cfg, gw_prep_pool_t **out);
 /* Queues a job; thread-safe, never blocks on decoding. Returns 0 (done will
  * be called), SQ_OVERLOAD when queue_capacity jobs are already waiting,
- * SQ_DEADLINE when the jobs waiting ahead of it, at the pool's recent
- * decode time per job (an EWMA), would not let it start before its
- * deadline, SQ_SHUTTING_DOWN after shutdown began, SQ_INVAL for a malformed
+ * SQ_DEADLINE when the jobs waiting ahead of it and its own decode, at the
+ * pool's recent decode time per job (an EWMA), would not let it be done by
+ * its deadline, SQ_SHUTTING_DOWN after shutdown began, SQ_INVAL for a malformed
  * job (no callback, no dst, bad size). On an error done is not called. */
 int gw_prep_pool_submit(gw_prep_pool_t *pool, gw_prep_job_t *job);
 /* Jobs waiting in the queue now (for metrics and admission control). */

@@ -96,6 +96,19 @@ static int item_slot(gw_server_t *srv, gw_item_t *item, size_t bytes)
     return 0;
 }
 
+/* The latest moment a decoded image is still of use: its deadline less
+ * the least that must follow (a batch of one on the serving device, and
+ * the dispatch margin). Decoding it later is work for a certain drop. */
+static int64_t decode_deadline_ns(gw_server_t *srv, const gw_infer_t *req)
+{
+    const gw_model_t *m = req->model;
+    int64_t after_us = srv->cfg->dispatch_margin_us;
+    int kind = gw_dispatch_serving_kind(srv, m);
+    if (kind >= 0 && m->has_profile[kind])
+        after_us += (int64_t)pl_latency_us(&m->profile[kind], 1, srv->cfg->k_std);
+    return (req->deadline_us - after_us) * 1000;
+}
+
 /* Starts a JPEG item (any thread). */
 static void start_jpeg(gw_server_t *srv, gw_item_t *item, const uint8_t *data, size_t len)
 {
@@ -113,13 +126,13 @@ static void start_jpeg(gw_server_t *srv, gw_item_t *item, const uint8_t *data, s
     job->out_h = m->h;
     job->mode = m->nearest ? GW_RESIZE_NEAREST : GW_RESIZE_BILINEAR;
     job->dst = sq_shm_arena_base(srv->arena) + item->in_off;
-    job->deadline_ns = item->req->deadline_us * 1000;
+    job->deadline_ns = decode_deadline_ns(srv, item->req);
     job->done = on_prep_done;
     job->user = item;
     int rc = gw_prep_pool_submit(srv->prep, job);
     if (rc == SQ_DEADLINE)
         item_fail_early(srv, item, rc,
-                        "the image decoders cannot start this image before its deadline");
+                        "the image decoders cannot start this image in time for its deadline");
     else if (rc != 0)
         item_fail_early(srv, item, rc == SQ_SHUTTING_DOWN ? rc : SQ_OVERLOAD,
                         "the image decoders are saturated");

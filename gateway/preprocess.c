@@ -742,10 +742,12 @@ int gw_prep_pool_submit(gw_prep_pool_t *pool, gw_prep_job_t *job)
     } else if (pool->queued >= pool->capacity) {
         rc = SQ_OVERLOAD;
     } else if (job->deadline_ns != 0 && pool->queued > 0 &&
-               job->queued_ns + (int64_t)((double)pool->queued * pool->svc_ns / pool->nthreads) >=
+               job->queued_ns + (int64_t)((double)(pool->queued + pool->nthreads) * pool->svc_ns /
+                                          pool->nthreads) >=
                    job->deadline_ns) {
-        /* The jobs ahead of it, at the recent decode time, leave it no
-         * chance to start in time: say so now rather than at the deadline. */
+        /* The jobs ahead of it and its own decode, at the recent decode
+         * time, leave it no chance to be done by its deadline: say so now
+         * rather than at the deadline. */
         rc = SQ_DEADLINE;
     } else {
         if (pool->tail != NULL)
