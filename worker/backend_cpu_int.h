@@ -47,6 +47,9 @@ typedef struct {
     int bias;      /* buffer of the bias / scale constants, or -1 */
     int extra;     /* second constant (batchnorm shift), or -1 */
     bool inplace;  /* conv: sums into its residual's buffer, no copy */
+    int *wei_alt;  /* conv: [max_batch + 1], the weights buffer for batch sizes whose
+                      fast kernel wants another layout than the shared one (-1: shared);
+                      NULL when every size takes the shared one */
 } cpu_step_t;
 
 typedef struct {

@@ -10,6 +10,90 @@
 
 /* ---- steps ---- */
 
+static dnnl_status_t conv_pd(dnnl_primitive_desc_t *pd, const wk_step_t *s,
+                             const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *wei,
+                             const dnnl_memory_desc_t *bias, const dnnl_memory_desc_t *dst,
+                             const_dnnl_primitive_attr_t attr, dnnl_engine_t engine)
+{
+    dnnl_dims_t strides, dil, pl, pr;
+    for (int i = 0; i < s->p.conv.n_spatial; i++) {
+        strides[i] = s->p.conv.stride[i];
+        dil[i] = s->p.conv.dilation[i] - 1;
+        pl[i] = s->p.conv.pad_begin[i];
+        pr[i] = s->p.conv.pad_end[i];
+    }
+    dnnl_convolution_desc_t cd;
+    dnnl_status_t st = dnnl_dilated_convolution_forward_desc_init(&cd, dnnl_forward_inference,
+                                                                  dnnl_convolution_direct, src, wei,
+                                                                  bias, dst, strides, dil, pl, pr);
+    return st != dnnl_success ? st : dnnl_primitive_desc_create(pd, &cd, attr, engine, NULL);
+}
+
+/* Whether oneDNN fell back to its reference (unoptimized) kernel. */
+static bool impl_is_ref(const_dnnl_primitive_desc_t pd)
+{
+    const char *impl = NULL;
+    return dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success ||
+           impl == NULL || strncmp(impl, "ref", 3) == 0;
+}
+
+static dnnl_memory_desc_t md_with_batch(const dnnl_memory_desc_t *md, int b)
+{
+    dnnl_memory_desc_t r = *md;
+    r.dims[0] = b;
+    r.padded_dims[0] = b;
+    return r;
+}
+
+/* The layouts chosen at max batch are kept for every batch size, but for
+ * some shapes a batch size has no optimized kernel with those weights (a
+ * googlenet conv at batch 1 ran oneDNN's reference code: 120 ms instead of
+ * 0.1). For such a size, the weights are reordered once more into the
+ * layout its fast kernel wants (the activations keep their layouts). */
+static int conv_weights_per_batch(wk_plan_t *plan, int si, const dnnl_memory_desc_t *q_src,
+                                  const dnnl_memory_desc_t *q_wei, const dnnl_memory_desc_t *q_dst,
+                                  const dnnl_memory_desc_t *wei_any, const dnnl_memory_desc_t *bias,
+                                  const_dnnl_primitive_attr_t attr,
+                                  const dnnl_memory_desc_t *wplain, void *wdata)
+{
+    cpu_be_t *be = plan->be;
+    const wk_step_t *s = &plan->graph->steps[si];
+    cpu_step_t *cs = &be->steps[si];
+    int mb = plan->graph->max_batch;
+    for (int b = 1; b < mb; b++) {
+        dnnl_memory_desc_t sb = md_with_batch(q_src, b), db = md_with_batch(q_dst, b);
+        dnnl_primitive_desc_t p = NULL;
+        bool fast = conv_pd(&p, s, &sb, q_wei, bias, &db, attr, be->engine) == dnnl_success &&
+                    !impl_is_ref(p);
+        if (p != NULL)
+            dnnl_primitive_desc_destroy(p);
+        p = NULL;
+        if (fast || conv_pd(&p, s, &sb, wei_any, bias, &db, attr, be->engine) != dnnl_success)
+            continue;
+        if (!impl_is_ref(p)) {
+            const dnnl_memory_desc_t *w = dnnl_primitive_desc_query_md(p, dnnl_query_weights_md, 0);
+            if (cs->wei_alt == NULL) {
+                cs->wei_alt = sq_xmalloc(sizeof(int) * (size_t)(mb + 1));
+                for (int k = 0; k <= mb; k++)
+                    cs->wei_alt[k] = -1;
+            }
+            /* The same layout as an earlier size's: share its buffer. */
+            for (int k = 1; k < b && cs->wei_alt[b] < 0; k++)
+                if (cs->wei_alt[k] >= 0 && dnnl_memory_desc_equal(&be->bufs[cs->wei_alt[k]].md, w))
+                    cs->wei_alt[b] = cs->wei_alt[k];
+            if (cs->wei_alt[b] < 0)
+                cs->wei_alt[b] = wk__cpu_const_reorder(plan, wplain, wdata, w);
+            if (cs->wei_alt[b] < 0) {
+                int rc = cs->wei_alt[b];
+                dnnl_primitive_desc_destroy(p);
+                return rc;
+            }
+        }
+        dnnl_primitive_desc_destroy(p);
+    }
+    return 0;
+}
+
 int wk__cpu_do_conv(wk_plan_t *plan, int si, int batch)
 {
     cpu_be_t *be = plan->be;
@@ -36,7 +120,9 @@ int wk__cpu_do_conv(wk_plan_t *plan, int si, int batch)
         if (cs->tmp_src >= 0)
             srcb = be->bufs[cs->tmp_src];
         src_md = wk__cpu_md_at(&srcb, batch);
-        wei_md = be->bufs[cs->weights].md;
+        wei_md = be->bufs[cs->wei_alt != NULL && cs->wei_alt[batch] >= 0 ? cs->wei_alt[batch]
+                                                                         : cs->weights]
+                     .md;
         dst_md = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->out)], batch);
     } else {
         dnnl_dims_t d;
@@ -124,6 +210,10 @@ int wk__cpu_do_conv(wk_plan_t *plan, int si, int batch)
             rc = cs->weights;
             goto out;
         }
+        if (x->batched && g->max_batch > 1 &&
+            (rc = conv_weights_per_batch(plan, si, q_src, q_wei, q_dst, &wei_md,
+                                         has_bias ? &bias_md : NULL, attr, &wplain, w->data)) != 0)
+            goto out;
         dnnl_primitive_desc_destroy(pd);
         pd = NULL;
         goto out;
@@ -141,7 +231,8 @@ int wk__cpu_do_conv(wk_plan_t *plan, int si, int batch)
         goto out;
     }
     int kinds[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
-    int bufs[4] = {src, cs->weights, wk__cpu_vbuf(s->out), has_bias ? wk__cpu_vbuf(s->in[2]) : -1};
+    int wbuf = cs->wei_alt != NULL && cs->wei_alt[batch] >= 0 ? cs->wei_alt[batch] : cs->weights;
+    int bufs[4] = {src, wbuf, wk__cpu_vbuf(s->out), has_bias ? wk__cpu_vbuf(s->in[2]) : -1};
     rc = wk__cpu_emit(plan, pd, batch, si, kinds, bufs, has_bias ? 4 : 3);
     pd = NULL;
 out:
