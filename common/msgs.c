@@ -28,6 +28,12 @@ void sq_model_load_encode(sq_buf_t *b, const sq_model_load_t *m)
     sq_buf_put_u32(b, m->n_latency);
     for (uint32_t i = 0; i < m->n_latency && i < SQ_MAX_EMU_LATENCIES; i++)
         sq_buf_put_u64(b, m->latency_us[i]);
+    sq_buf_put_u8(b, m->cache_only);
+    sq_buf_put_u32(b, m->n_members);
+    for (uint32_t i = 0; i < m->n_members && i < SQ_MAX_GROUP_MEMBERS; i++) {
+        sq_buf_put_str(b, m->members[i].sha256);
+        sq_buf_put_str(b, m->members[i].cut);
+    }
 }
 
 int sq_model_load_decode(const sq_frame_t *f, sq_model_load_t *m)
@@ -47,11 +53,19 @@ int sq_model_load_decode(const sq_frame_t *f, sq_model_load_t *m)
     m->bgr = sq_get_u8(&r);
     m->out_classes = sq_get_u32(&r);
     m->n_latency = sq_get_u32(&r);
-    if (m->n_latency > SQ_MAX_EMU_LATENCIES || m->format > SQ_FORMAT_EMULATED ||
-        m->max_batch == 0 || m->max_batch > SQ_MAX_BATCH_ITEMS)
+    if (m->n_latency > SQ_MAX_EMU_LATENCIES || m->format > SQ_FORMAT_GROUP || m->max_batch == 0 ||
+        m->max_batch > SQ_MAX_BATCH_ITEMS)
         return SQ_PROTOCOL;
     for (uint32_t i = 0; i < m->n_latency; i++)
         m->latency_us[i] = sq_get_u64(&r);
+    m->cache_only = sq_get_u8(&r);
+    m->n_members = sq_get_u32(&r);
+    if (m->n_members > SQ_MAX_GROUP_MEMBERS || (m->format == SQ_FORMAT_GROUP) != (m->n_members > 0))
+        return SQ_PROTOCOL;
+    for (uint32_t i = 0; i < m->n_members; i++) {
+        sq_get_str(&r, m->members[i].sha256, sizeof(m->members[i].sha256));
+        sq_get_str(&r, m->members[i].cut, sizeof(m->members[i].cut));
+    }
     return finish(&r, f, SQ_MSG_MODEL_LOAD);
 }
 
@@ -87,6 +101,9 @@ void sq_batch_encode(sq_buf_t *b, const sq_batch_t *m)
     sq_buf_put_u64(b, m->out_stride);
     for (uint32_t i = 0; i < m->count && i < SQ_MAX_BATCH_ITEMS; i++)
         sq_buf_put_u64(b, m->in_off[i]);
+    sq_buf_put_u8(b, m->has_members);
+    for (uint32_t i = 0; m->has_members && i < m->count && i < SQ_MAX_BATCH_ITEMS; i++)
+        sq_buf_put_u16(b, m->member[i]);
 }
 
 int sq_batch_decode(const sq_frame_t *f, sq_batch_t *m)
@@ -102,6 +119,11 @@ int sq_batch_decode(const sq_frame_t *f, sq_batch_t *m)
         return SQ_PROTOCOL;
     for (uint32_t i = 0; i < m->count; i++)
         m->in_off[i] = sq_get_u64(&r);
+    m->has_members = sq_get_u8(&r);
+    if (m->has_members > 1)
+        return SQ_PROTOCOL;
+    for (uint32_t i = 0; m->has_members && i < m->count; i++)
+        m->member[i] = sq_get_u16(&r);
     return finish(&r, f, SQ_MSG_BATCH);
 }
 

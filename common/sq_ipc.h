@@ -19,7 +19,7 @@
 #include <stdint.h>
 
 #define SQ_IPC_MAGIC 0x48535153u /* "SQSH" */
-#define SQ_IPC_VERSION 1
+#define SQ_IPC_VERSION 2
 #define SQ_IPC_HEADER_SIZE 16
 #define SQ_IPC_MAX_PAYLOAD (16u << 20)
 #define SQ_IPC_MAX_FDS 4
@@ -104,8 +104,8 @@ int sq_conn_take_fd(sq_conn_t *c);
 typedef struct {
     uint32_t magic;
     uint16_t version;
-    char kind[16];  /* "cpu", "cuda", "emu" */
-    char name[64];  /* "cpu", "cuda:0", "emu:3", or a host-qualified name */
+    char kind[16]; /* "cpu", "cuda", "emu" */
+    char name[64]; /* "cpu", "cuda:0", "emu:3", or a host-qualified name */
     uint64_t memory_bytes;
     uint32_t pid;
 } sq_hello_t;
@@ -136,7 +136,17 @@ int sq_ipc_error_decode(const sq_frame_t *f, sq_ipc_error_t *m);
 #define SQ_MAX_BATCH_ITEMS 1024
 #define SQ_MAX_PROFILE_ROWS 128
 
-typedef enum { SQ_FORMAT_ONNX = 0, SQ_FORMAT_EMULATED = 1 } sq_model_format_t;
+#define SQ_MAX_GROUP_MEMBERS 64
+
+/* ONNX: one model file. GROUP: a prefix group of ONNX models whose files
+ * this connection already sent (members[]), run as one prefix-batched
+ * unit (worker/group.c). */
+typedef enum { SQ_FORMAT_ONNX = 0, SQ_FORMAT_EMULATED = 1, SQ_FORMAT_GROUP = 2 } sq_model_format_t;
+
+typedef struct {
+    char sha256[65];
+    char cut[256]; /* the cut tensor's name in this member's graph */
+} sq_group_member_t;
 
 /* MODEL_LOAD: squishd -> worker. For ONNX, total_bytes of the file follow
  * in MODEL_CHUNK frames unless `cached` says this connection already sent
@@ -149,10 +159,15 @@ typedef struct {
     uint32_t max_batch;
     double mean[3], std[3]; /* on the 0..255 pixel scale */
     uint8_t bgr;
-    uint32_t in_chw[3];     /* emulated: item shape */
-    uint32_t out_classes;   /* emulated: floats per item */
-    uint32_t n_latency;     /* emulated: l(b) for b = 1..n_latency */
+    uint32_t in_chw[3];   /* emulated: item shape */
+    uint32_t out_classes; /* emulated: floats per item */
+    uint32_t n_latency;   /* emulated: l(b) for b = 1..n_latency */
     uint64_t latency_us[SQ_MAX_EMU_LATENCIES];
+    /* ONNX: only keep the bytes for a later GROUP load (no plan, no reply
+     * unless it fails). */
+    uint8_t cache_only;
+    uint32_t n_members; /* GROUP */
+    sq_group_member_t members[SQ_MAX_GROUP_MEMBERS];
 } sq_model_load_t;
 
 /* MODEL_LOADED: worker -> squishd. */
@@ -168,7 +183,8 @@ typedef enum { SQ_INPUT_PIXELS = 0, SQ_INPUT_FP32 = 1, SQ_INPUT_UINT8 = 2 } sq_i
 
 /* BATCH: squishd -> worker. Item i's input is at arena offset in_off[i]
  * (uint8 HWC pixels, or the model's input tensor); outputs go to out_off +
- * i * out_stride. */
+ * i * out_stride. For a group, member[i] is item i's model (an index into
+ * the GROUP load's members); items of one member come together. */
 typedef struct {
     uint64_t model_key;
     uint8_t input_kind;
@@ -176,6 +192,8 @@ typedef struct {
     uint64_t out_off;
     uint64_t out_stride;
     uint64_t in_off[SQ_MAX_BATCH_ITEMS];
+    uint8_t has_members;
+    uint16_t member[SQ_MAX_BATCH_ITEMS];
 } sq_batch_t;
 
 /* BATCH_DONE: worker -> squishd. */

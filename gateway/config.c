@@ -85,6 +85,9 @@ static const opt_t options[] = {
      "hard upper bound on a request's life in squishd (caps every SLO)"},
     {"default_slo_ms", DBL(default_slo_ms), 1, 3600000, "1000",
      "SLO of a request for a model that has no default_slo_ms"},
+    {"prefix_batching", INT(prefix_batching), 0, 1, "1",
+     "1: models that share all but their last layers (found on upload) run as one group, "
+     "their common layers batched across their requests"},
     {"access_log", INT(access_log), 0, 1, "0",
      "1: one info log line per HTTP request (method, path, route, status, bytes, duration)"},
     {"max_inflight", INT(max_inflight), 1, 1 << 20, "4096",
@@ -196,8 +199,8 @@ static int parse_listen(gw_config_t *cfg, const char *v, char *err, size_t errle
 }
 
 /* Sets one option from its text form; on error writes "what: why". */
-static int set_option(gw_config_t *cfg, const opt_t *o, const char *v, const char *what,
-                      char *err, size_t errlen)
+static int set_option(gw_config_t *cfg, const opt_t *o, const char *v, const char *what, char *err,
+                      size_t errlen)
 {
     char why[256] = "";
     int rc = 0;
@@ -230,8 +233,8 @@ static int set_option(gw_config_t *cfg, const opt_t *o, const char *v, const cha
         char *end;
         double d = strtod(v, &end);
         if (end == v || *end != '\0' || !(d >= (double)o->min && d <= (double)o->max)) {
-            snprintf(why, sizeof(why), "expected a number in %lld..%lld, got '%s'", o->min,
-                     o->max, v);
+            snprintf(why, sizeof(why), "expected a number in %lld..%lld, got '%s'", o->min, o->max,
+                     v);
             rc = SQ_BAD_CONFIG;
             break;
         }

@@ -20,8 +20,8 @@
 /* SLO buckets (ms): a request joins the session of the largest bucket not
  * above its SLO, so that a session's batches fit every member's SLO and the
  * number of sessions (and metric label values) stays bounded. */
-static const double slo_buckets_ms[] = {5,   10,  15,  20,   25,   30,   40,   50,   60,
-                                        75,  100, 125, 150,  200,  250,  300,  400,  500,
+static const double slo_buckets_ms[] = {5,   10,   15,   20,   25,   30,   40,    50,    60,
+                                        75,  100,  125,  150,  200,  250,  300,   400,   500,
                                         750, 1000, 1500, 2000, 3000, 5000, 10000, 30000, 60000};
 #define NBUCKETS (sizeof(slo_buckets_ms) / sizeof(slo_buckets_ms[0]))
 
@@ -163,6 +163,19 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
         return;
     }
     sq_batch_t *b = sq_xmalloc(sizeof(*b));
+    b->has_members = (uint8_t)se->model->is_group;
+    if (b->has_members) {
+        /* Each member's rows together: one suffix run per member. */
+        for (int i = 1; i < count; i++) {
+            gw_item_t *x = items[i];
+            int j = i;
+            for (; j > 0 && items[j - 1]->member > x->member; j--)
+                items[j] = items[j - 1];
+            items[j] = x;
+        }
+        for (int i = 0; i < count; i++)
+            b->member[i] = (uint16_t)items[i]->member;
+    }
     b->model_key = (uint64_t)m->key;
     b->input_kind = se->input_kind;
     b->count = (uint32_t)count;
@@ -242,7 +255,7 @@ static void pump(gw_dispatch_t *ds)
             case PL_ACT_DROP: {
                 gw_item_t *it = (gw_item_t *)(uintptr_t)a->request_id;
                 gw__plan_outcome(ds, 0);
-                const char *why = a->reason == SQ_DEADLINE  ? "the deadline cannot be met"
+                const char *why = a->reason == SQ_DEADLINE   ? "the deadline cannot be met"
                                   : a->reason == SQ_OVERLOAD ? "dropped early to keep batches "
                                                                "within their deadlines"
                                   : a->reason == SQ_WORKER_LOST
@@ -303,8 +316,8 @@ static int ensure_session(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint
             ds->capsessions *= 2;
         ds->sessions = sq_xrealloc(ds->sessions, sizeof(*ds->sessions) * (size_t)ds->capsessions);
     }
-    ds->sessions[id] = (ds_session_t){
-        .id = id, .model = dm, .bucket_ms = bucket, .input_kind = input_kind};
+    ds->sessions[id] =
+        (ds_session_t){.id = id, .model = dm, .bucket_ms = bucket, .input_kind = input_kind};
     if (id >= ds->nsessions)
         ds->nsessions = id + 1;
     return id;
@@ -425,8 +438,32 @@ static void blob_job(mdb_t *db, void *arg)
     sq_loop_post(j->ds->loop, on_blob, j);
 }
 
+/* The file's bytes in MODEL_CHUNK frames after its MODEL_LOAD; the worker
+ * keeps them by sha256 for the life of the connection. */
+static int send_chunks(gw_dispatch_t *ds, ds_worker_t *w, int64_t key, const char *sha,
+                       const uint8_t *bytes, size_t len)
+{
+    int rc = 0;
+    for (size_t off = 0; off < len && rc == 0; off += SQ_MODEL_CHUNK_BYTES) {
+        size_t n = len - off < SQ_MODEL_CHUNK_BYTES ? len - off : SQ_MODEL_CHUNK_BYTES;
+        rc = gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_CHUNK, (uint64_t)key,
+                             bytes + off, (uint32_t)n);
+    }
+    if (rc == 0) {
+        w->shas = sq_xrealloc(w->shas, sizeof(*w->shas) * (size_t)(w->nshas + 1));
+        snprintf(w->shas[w->nshas++], 65, "%s", sha);
+    }
+    return rc;
+}
+
+static void send_group_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w);
+
 static void send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
 {
+    if (dm->is_group) {
+        send_group_load(ds, dm, w);
+        return;
+    }
     gw_model_t *m = dm->m;
     ds_load_t *l = load_of(w, dm->key, 1);
     int need_bytes = !m->emulated && w->kind != GW_KIND_EMU;
@@ -479,22 +516,11 @@ static void send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
                              buf.data, (uint32_t)buf.len);
     sq_buf_dispose(&buf);
     free(spec);
-    if (rc == 0 && need_bytes && !cached) {
-        for (size_t off = 0; off < dm->blob_len && rc == 0; off += SQ_MODEL_CHUNK_BYTES) {
-            size_t n = dm->blob_len - off < SQ_MODEL_CHUNK_BYTES ? dm->blob_len - off
-                                                                  : SQ_MODEL_CHUNK_BYTES;
-            rc = gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_CHUNK, (uint64_t)dm->key,
-                                 dm->blob + off, (uint32_t)n);
-        }
-        if (rc == 0) {
-            w->shas = sq_xrealloc(w->shas, sizeof(*w->shas) * (size_t)(w->nshas + 1));
-            snprintf(w->shas[w->nshas++], 65, "%s", m->sha256);
-        }
-    }
+    if (rc == 0 && need_bytes && !cached)
+        rc = send_chunks(ds, w, dm->key, m->sha256, dm->blob, dm->blob_len);
     l->state = rc == 0 ? LOAD_SENT : LOAD_FAILED;
-    SQ_INFO("model load sent worker=%d device=%s model=%s version=%d bytes=%zu cached=%d",
-            w->id, w->device, m->name, m->version, need_bytes && !cached ? dm->blob_len : 0,
-            cached);
+    SQ_INFO("model load sent worker=%d device=%s model=%s version=%d bytes=%zu cached=%d", w->id,
+            w->device, m->name, m->version, need_bytes && !cached ? dm->blob_len : 0, cached);
 }
 
 /* Makes sure every up worker of the model's kind holds it (or is loading). */
@@ -508,6 +534,353 @@ static void spread_loads(gw_dispatch_t *ds, ds_model_t *dm)
         if (l == NULL || l->state == LOAD_NONE)
             send_load(ds, dm, w);
     }
+}
+
+/* ---- prefix groups --------------------------------------------------------
+ * Models the model DB found to share all but their last layers run as one
+ * group (Nexus's prefix batching): a stand-in model whose sessions the core
+ * and the planner see like any other, whose batches mix the members'
+ * requests, and whose profile the worker measures on the group itself.
+ * A group forms once at least two of its models are ready with the same
+ * input; until it is loaded and measured, each member runs alone. */
+
+static void start_profile(gw_dispatch_t *ds, ds_model_t *dm);
+
+typedef struct {
+    int64_t gid;
+    int kind;
+    const gw_model_t *like;
+    gw_model_t *found[SQ_MAX_GROUP_MEMBERS];
+    int n;
+} group_scan_t;
+
+static int same_input(const gw_model_t *a, const gw_model_t *b)
+{
+    if (a->c != b->c || a->h != b->h || a->w != b->w || a->input_uint8 != b->input_uint8 ||
+        a->bgr != b->bgr || a->nearest != b->nearest)
+        return 0;
+    for (int c = 0; c < 3; c++)
+        if (a->mean[c] != b->mean[c] || a->std[c] != b->std[c])
+            return 0;
+    return 1;
+}
+
+static void group_scan_one(gw_model_t *m, void *arg)
+{
+    group_scan_t *g = arg;
+    if (m->group_id != g->gid || m->emulated || strcmp(m->status, "ready") != 0 ||
+        !m->has_profile[g->kind] || !same_input(m, g->like) || g->n == SQ_MAX_GROUP_MEMBERS)
+        return;
+    gw_model_ref(m);
+    int i = g->n++;
+    while (i > 0 && g->found[i - 1]->key > m->key) {
+        g->found[i] = g->found[i - 1];
+        i--;
+    }
+    g->found[i] = m;
+}
+
+static int group_member_index(const ds_model_t *g, const gw_model_t *m)
+{
+    for (int i = 0; i < g->nmembers; i++)
+        if (g->members[i]->key == m->key)
+            return i;
+    return -1;
+}
+
+static int group_usable(const ds_model_t *g)
+{
+    return g != NULL && !g->removed && !g->failed && g->kind >= 0 && g->m->has_profile[g->kind] &&
+           g->profile_worker < 0;
+}
+
+static ds_model_t *group_form(gw_dispatch_t *ds, const gw_model_t *m, int kind)
+{
+    for (int i = 0; i < ds->nmodels; i++) {
+        ds_model_t *g = ds->models[i];
+        if (g->is_group && !g->removed && g->group_id == m->group_id && g->kind == kind)
+            return group_member_index(g, m) >= 0 ? g : NULL;
+    }
+    group_scan_t scan = {.gid = m->group_id, .kind = kind, .like = m};
+    gw_registry_foreach(ds->srv->registry, group_scan_one, &scan);
+    int have_m = 0;
+    for (int i = 0; i < scan.n; i++)
+        have_m |= scan.found[i]->key == m->key;
+    if (scan.n < 2 || !have_m) {
+        for (int i = 0; i < scan.n; i++)
+            gw_model_unref(scan.found[i]);
+        return NULL;
+    }
+    gw_model_t *gm = sq_xcalloc(1, sizeof(*gm));
+    atomic_init(&gm->refs, 1);
+    gm->key = -(int64_t)(((uint64_t)m->group_id << 20) | (++ds->group_gen & 0xfffff));
+    snprintf(gm->name, sizeof(gm->name), "prefix-group-%lld", (long long)m->group_id);
+    snprintf(gm->status, sizeof(gm->status), "ready");
+    const gw_model_t *f = scan.found[0];
+    gm->input_uint8 = f->input_uint8;
+    gm->c = f->c;
+    gm->h = f->h;
+    gm->w = f->w;
+    gm->bgr = f->bgr;
+    gm->nearest = f->nearest;
+    memcpy(gm->mean, f->mean, sizeof(gm->mean));
+    memcpy(gm->std, f->std, sizeof(gm->std));
+    gm->max_batch = f->max_batch;
+    gm->memory_bytes = f->memory_bytes;
+    gm->group_id = m->group_id;
+    for (int i = 0; i < scan.n; i++) {
+        const gw_model_t *x = scan.found[i];
+        if (x->out_elems > gm->out_elems)
+            gm->out_elems = x->out_elems;
+        if (x->max_batch > 0 && (gm->max_batch <= 0 || x->max_batch < gm->max_batch))
+            gm->max_batch = x->max_batch;
+    }
+    ds_model_t *g = sq_xcalloc(1, sizeof(*g));
+    g->key = gm->key;
+    g->m = gm;
+    g->kind = kind;
+    g->profile_worker = -1;
+    g->profile_pending = 1;
+    g->is_group = 1;
+    g->group_id = m->group_id;
+    g->nmembers = scan.n;
+    g->members = sq_xcalloc((size_t)scan.n, sizeof(*g->members));
+    memcpy(g->members, scan.found, sizeof(*g->members) * (size_t)scan.n);
+    if (ds->nmodels == ds->capmodels) {
+        ds->capmodels = ds->capmodels ? 2 * ds->capmodels : 16;
+        ds->models = sq_xrealloc(ds->models, sizeof(*ds->models) * (size_t)ds->capmodels);
+    }
+    ds->models[ds->nmodels++] = g;
+    char names[512] = "";
+    for (int i = 0; i < scan.n; i++)
+        snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s:%d", i ? "," : "",
+                 scan.found[i]->name, scan.found[i]->version);
+    SQ_INFO("prefix group formed group=%s members=%d models=%s kind=%s", gm->name, scan.n, names,
+            gw_kind_name(kind));
+    start_profile(ds, g);
+    return g;
+}
+
+/* The group member model dm's requests can run in, if one is usable now
+ * (forming it, and starting its measurement, when its time has come). */
+static ds_model_t *group_of(gw_dispatch_t *ds, ds_model_t *dm)
+{
+    const gw_model_t *m = dm->m;
+    if (!ds->srv->cfg->prefix_batching || m->group_id <= 0 || m->emulated || dm->is_group)
+        return NULL;
+    if (dm->group != NULL && (dm->group->removed || dm->group->failed))
+        dm->group = NULL;
+    if (dm->group == NULL && dm->group_checked != ds->group_epoch) {
+        dm->group_checked = ds->group_epoch;
+        int kind = kind_of_model(ds->srv, m);
+        if (kind == GW_KIND_CPU || kind == GW_KIND_CUDA)
+            dm->group = group_form(ds, m, kind);
+    }
+    return group_usable(dm->group) ? dm->group : NULL;
+}
+
+static void group_free_blobs(ds_model_t *g)
+{
+    for (int i = 0; g->member_blobs != NULL && i < g->nmembers; i++)
+        free(g->member_blobs[i]);
+    free(g->member_blobs);
+    free(g->member_lens);
+    g->member_blobs = NULL;
+    g->member_lens = NULL;
+    g->blob_state = 0;
+}
+
+/* Stops routing to group g: unloads it, removes its sessions (their queued
+ * requests are answered by the core) and lets the next request form a new
+ * group from the models there are now. */
+static void group_retire(gw_dispatch_t *ds, ds_model_t *g, const char *why)
+{
+    if (g->removed)
+        return;
+    g->removed = 1;
+    SQ_INFO("prefix group retired group=%s reason=\"%s\"", g->m->name, why);
+    fail_pending(ds, g, SQ_MODEL_NOT_FOUND, why);
+    for (int s = 0; s < ds->nsessions; s++)
+        if (ds->sessions[s].model == g)
+            pl_dispatch_session_remove(ds->core, now_us(), s);
+    for (int i = 0; i < ds->nworkers; i++) {
+        ds_worker_t *w = ds->workers[i];
+        ds_load_t *l = w ? load_of(w, g->key, 0) : NULL;
+        if (l != NULL && w->up && l->state != LOAD_NONE) {
+            gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_UNLOAD, (uint64_t)g->key, NULL,
+                            0);
+            l->state = LOAD_NONE;
+        }
+    }
+    group_free_blobs(g);
+    for (int i = 0; i < ds->nmodels; i++)
+        if (ds->models[i]->group == g)
+            ds->models[i]->group = NULL;
+    if (g->kind >= 0 && g->active)
+        gw__plan_invalidate(ds, g->kind, "prefix group retired");
+}
+
+typedef struct {
+    gw_dispatch_t *ds;
+    int64_t key;
+    int n, rc;
+    int64_t keys[SQ_MAX_GROUP_MEMBERS];
+    void *bytes[SQ_MAX_GROUP_MEMBERS];
+    size_t lens[SQ_MAX_GROUP_MEMBERS];
+} group_blob_t;
+
+static void on_group_blob(sq_loop_t *loop, void *arg)
+{
+    group_blob_t *j = arg;
+    gw_dispatch_t *ds = j->ds;
+    (void)loop;
+    ds_model_t *g = model_find(ds, j->key);
+    if (g == NULL || g->removed || j->rc != 0) {
+        if (g != NULL && !g->removed) {
+            SQ_ERROR("cannot read the files of prefix group %s", g->m->name);
+            g->failed = 1;
+            g->blob_state = 3;
+        }
+        for (int i = 0; i < j->n; i++)
+            free(j->bytes[i]);
+        free(j);
+        return;
+    }
+    g->member_blobs = sq_xcalloc((size_t)j->n, sizeof(*g->member_blobs));
+    g->member_lens = sq_xcalloc((size_t)j->n, sizeof(*g->member_lens));
+    for (int i = 0; i < j->n; i++) {
+        g->member_blobs[i] = j->bytes[i];
+        g->member_lens[i] = j->lens[i];
+    }
+    g->blob_state = 2;
+    for (int i = 0; i < ds->nworkers; i++) {
+        ds_worker_t *w = ds->workers[i];
+        ds_load_t *l = w ? load_of(w, g->key, 0) : NULL;
+        if (l != NULL && l->state == LOAD_WAIT_BYTES)
+            send_group_load(ds, g, w);
+    }
+    /* Sent to everyone waiting: the files live in the DB, not here. */
+    group_free_blobs(g);
+    free(j);
+    pump(ds);
+}
+
+static void group_blob_job(mdb_t *db, void *arg)
+{
+    group_blob_t *j = arg;
+    for (int i = 0; i < j->n && j->rc == 0; i++)
+        j->rc = mdb_model_blob(db, j->keys[i], &j->bytes[i], &j->lens[i]);
+    sq_loop_post(j->ds->loop, on_group_blob, j);
+}
+
+/* Sends the members' files this worker lacks (kept there by sha256), then
+ * the group load naming them and where each is cut. */
+static void send_group_load(gw_dispatch_t *ds, ds_model_t *g, ds_worker_t *w)
+{
+    ds_load_t *l = load_of(w, g->key, 1);
+    int missing = 0;
+    for (int i = 0; i < g->nmembers; i++)
+        missing += !has_sha(w, g->members[i]->sha256);
+    if (missing > 0 && g->blob_state != 2) {
+        l->state = LOAD_WAIT_BYTES;
+        if (g->blob_state == 0) {
+            g->blob_state = 1;
+            group_blob_t *j = sq_xcalloc(1, sizeof(*j));
+            j->ds = ds;
+            j->key = g->key;
+            j->n = g->nmembers;
+            for (int i = 0; i < g->nmembers; i++)
+                j->keys[i] = g->members[i]->key;
+            gw_db_post(ds->srv, group_blob_job, j);
+        }
+        return;
+    }
+    int rc = 0;
+    size_t sent = 0;
+    sq_model_load_t *spec = sq_xcalloc(1, sizeof(*spec));
+    for (int i = 0; i < g->nmembers && rc == 0; i++) {
+        const gw_model_t *mm = g->members[i];
+        if (has_sha(w, mm->sha256))
+            continue;
+        memset(spec, 0, sizeof(*spec));
+        snprintf(spec->sha256, sizeof(spec->sha256), "%s", mm->sha256);
+        spec->format = SQ_FORMAT_ONNX;
+        spec->cache_only = 1;
+        spec->total_bytes = g->member_lens[i];
+        spec->max_batch = 1;
+        sq_buf_t buf;
+        sq_buf_init(&buf);
+        sq_model_load_encode(&buf, spec);
+        rc = gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_LOAD, (uint64_t)g->key, buf.data,
+                             (uint32_t)buf.len);
+        sq_buf_dispose(&buf);
+        if (rc == 0)
+            rc = send_chunks(ds, w, g->key, mm->sha256, g->member_blobs[i], g->member_lens[i]);
+        sent += g->member_lens[i];
+    }
+    const gw_model_t *gm = g->m;
+    memset(spec, 0, sizeof(*spec));
+    spec->format = SQ_FORMAT_GROUP;
+    spec->max_batch = (uint32_t)(gm->max_batch > 0 ? gm->max_batch : 1);
+    for (int c = 0; c < 3; c++) {
+        spec->mean[c] = gm->mean[c];
+        spec->std[c] = gm->std[c];
+    }
+    spec->bgr = (uint8_t)gm->bgr;
+    spec->in_chw[0] = (uint32_t)gm->c;
+    spec->in_chw[1] = (uint32_t)gm->h;
+    spec->in_chw[2] = (uint32_t)gm->w;
+    spec->out_classes = (uint32_t)gm->out_elems;
+    spec->n_members = (uint32_t)g->nmembers;
+    for (int i = 0; i < g->nmembers; i++) {
+        snprintf(spec->members[i].sha256, sizeof(spec->members[i].sha256), "%s",
+                 g->members[i]->sha256);
+        snprintf(spec->members[i].cut, sizeof(spec->members[i].cut), "%s",
+                 g->members[i]->cut_tensor);
+    }
+    if (rc == 0) {
+        sq_buf_t buf;
+        sq_buf_init(&buf);
+        sq_model_load_encode(&buf, spec);
+        rc = gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_LOAD, (uint64_t)g->key, buf.data,
+                             (uint32_t)buf.len);
+        sq_buf_dispose(&buf);
+    }
+    free(spec);
+    l->state = rc == 0 ? LOAD_SENT : LOAD_FAILED;
+    SQ_INFO("prefix group load sent worker=%d device=%s group=%s members=%d bytes=%zu", w->id,
+            w->device, gm->name, g->nmembers, sent);
+}
+
+/* The group's measured l(b) (its members sharing each batch evenly). */
+static void group_profiled(gw_dispatch_t *ds, ds_model_t *g, int kind,
+                           const sq_profile_done_t *done)
+{
+    (void)ds;
+    if (done->code != 0 || done->nrows == 0) {
+        g->failed = 1;
+        SQ_WARN("prefix group not used: its measurement failed group=%s code=%s message=\"%s\"",
+                g->m->name, sq_err_name(done->code), done->message);
+        return;
+    }
+    pl_profile_row_t *rows = sq_xcalloc(done->nrows, sizeof(*rows));
+    for (uint32_t i = 0; i < done->nrows; i++)
+        rows[i] = (pl_profile_row_t){.batch = (int)done->rows[i].batch,
+                                     .mean_us = done->rows[i].mean_us,
+                                     .std_us = done->rows[i].std_us};
+    gw_model_t *gm = g->m;
+    if (gm->has_profile[kind])
+        pl_profile_dispose(&gm->profile[kind]);
+    gm->has_profile[kind] = pl_profile_init_table(&gm->profile[kind], rows, (int)done->nrows) == 0;
+    free(rows);
+    if (!gm->has_profile[kind]) {
+        g->failed = 1;
+        return;
+    }
+    gm->profile[kind].memory_bytes = (double)done->rows[0].peak_memory_bytes;
+    SQ_INFO("prefix group ready group=%s members=%d l1_ms=%.2f lmax_ms=%.2f max_batch=%u", gm->name,
+            g->nmembers, done->rows[0].mean_us / 1000.0,
+            done->rows[done->nrows - 1].mean_us / 1000.0, done->rows[done->nrows - 1].batch);
 }
 
 /* ---- profiling ---------------------------------------------------------- */
@@ -564,6 +937,10 @@ static void end_profile(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
                     update_routes(ds, ds->models[i]);
         }
     }
+    /* Models that asked while every worker was busy measuring. */
+    for (int i = 0; i < ds->nmodels; i++)
+        if (!ds->models[i]->removed)
+            start_profile(ds, ds->models[i]);
 }
 
 typedef struct {
@@ -681,9 +1058,12 @@ int gw_dispatch_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
             if (sq_ipc_error_decode(f, &e) != 0)
                 return -1;
             l->state = LOAD_FAILED;
-            SQ_WARN("model load failed worker=%d model=%s version=%d code=%s reason=\"%s\"",
-                    w->id, dm->m->name, dm->m->version, sq_err_name(e.code), e.message);
-            if (dm->profile_worker == w->id) {
+            SQ_WARN("model load failed worker=%d model=%s version=%d code=%s reason=\"%s\"", w->id,
+                    dm->m->name, dm->m->version, sq_err_name(e.code), e.message);
+            if (dm->profile_worker == w->id && dm->is_group) {
+                end_profile(ds, dm, w);
+                dm->failed = 1;
+            } else if (dm->profile_worker == w->id) {
                 sq_profile_done_t failed = {.code = e.code};
                 profile_store_t *p = sq_xcalloc(1, sizeof(*p));
                 p->srv = ds->srv;
@@ -723,6 +1103,12 @@ int gw_dispatch_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
             end_profile(ds, dm, w);
         SQ_INFO("profiling done key=%lld worker=%d rows=%u code=%s", (long long)f->id, w->id,
                 p->done.nrows, sq_err_name(p->done.code));
+        if (dm != NULL && dm->is_group) {
+            group_profiled(ds, dm, w->kind, &p->done);
+            free(p);
+            pump(ds);
+            return 0;
+        }
         p->srv = ds->srv;
         p->key = (int64_t)f->id;
         snprintf(p->device_kind, sizeof(p->device_kind), "%s", gw_kind_name(w->kind));
@@ -738,8 +1124,24 @@ int gw_dispatch_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
 
 /* ---- workers come and go -------------------------------------------------- */
 
+typedef struct {
+    gw_model_t **m;
+    int n;
+} grouped_t;
+
+static void collect_grouped(gw_model_t *m, void *arg)
+{
+    grouped_t *g = arg;
+    if (m->group_id <= 0 || m->emulated || strcmp(m->status, "ready") != 0)
+        return;
+    gw_model_ref(m);
+    g->m = sq_xrealloc(g->m, sizeof(*g->m) * (size_t)(g->n + 1));
+    g->m[g->n++] = m;
+}
+
 void gw_dispatch_worker_up(gw_dispatch_t *ds, int worker, const char *device, uint64_t memory)
 {
+    grouped_t grouped = {0};
     wk_device_t dev;
     if (worker < 0 || wk_device_parse(device, &dev) != 0)
         return;
@@ -755,7 +1157,7 @@ void gw_dispatch_worker_up(gw_dispatch_t *ds, int worker, const char *device, ui
     w->id = worker;
     w->up = 1;
     w->profiling = 0;
-    w->kind = dev.kind == WK_DEV_CUDA ? GW_KIND_CUDA
+    w->kind = dev.kind == WK_DEV_CUDA  ? GW_KIND_CUDA
               : dev.kind == WK_DEV_EMU ? GW_KIND_EMU
                                        : GW_KIND_CPU;
     snprintf(w->device, sizeof(w->device), "%s", device);
@@ -767,6 +1169,14 @@ void gw_dispatch_worker_up(gw_dispatch_t *ds, int worker, const char *device, ui
     for (int i = 0; i < ds->nmodels; i++)
         if (!ds->models[i]->removed)
             start_profile(ds, ds->models[i]);
+    if (ds->srv->cfg->prefix_batching && (w->kind == GW_KIND_CPU || w->kind == GW_KIND_CUDA))
+        gw_registry_foreach(ds->srv->registry, collect_grouped, &grouped);
+    for (int i = 0; i < grouped.n; i++) {
+        ds->group_epoch++;
+        group_of(ds, model_get(ds, grouped.m[i]));
+        gw_model_unref(grouped.m[i]);
+    }
+    free(grouped.m);
     gw__plan_invalidate(ds, w->kind, "worker up");
     pump(ds);
 }
@@ -823,6 +1233,11 @@ static void on_submit(sq_loop_t *loop, void *arg)
         fail_item(ds, it, SQ_MODEL_NOT_FOUND, "the model was deleted");
         return;
     }
+    ds_model_t *g = group_of(ds, dm);
+    if (g != NULL) {
+        it->member = group_member_index(g, dm->m);
+        dm = g;
+    }
     if (!dm->active) {
         dm->kind = kind_of_model(ds->srv, dm->m);
         if (dm->kind < 0) {
@@ -870,6 +1285,22 @@ static void on_model_changed(sq_loop_t *loop, void *arg)
     (void)loop;
     gw_model_t *m = gw_registry_get(msg->srv->registry, msg->key);
     ds_model_t *dm = model_find(ds, msg->key);
+    /* Groups: a member gone, or a new model ready to join, makes the next
+     * request form the group anew. */
+    ds->group_epoch++;
+    for (int i = 0; i < ds->nmodels; i++) {
+        ds_model_t *g = ds->models[i];
+        if (!g->is_group || g->removed)
+            continue;
+        int member = 0;
+        for (int k = 0; k < g->nmembers; k++)
+            member |= g->members[k]->key == msg->key;
+        if (member && m == NULL)
+            group_retire(ds, g, "a member model was deleted");
+        else if (!member && m != NULL && m->group_id == g->group_id &&
+                 strcmp(m->status, "ready") == 0)
+            group_retire(ds, g, "a new model joins the group");
+    }
     if (m == NULL) {
         if (dm != NULL && !dm->removed) {
             dm->removed = 1;
@@ -881,8 +1312,8 @@ static void on_model_changed(sq_loop_t *loop, void *arg)
                 ds_worker_t *w = ds->workers[i];
                 ds_load_t *l = w ? load_of(w, dm->key, 0) : NULL;
                 if (l != NULL && w->up && l->state != LOAD_NONE) {
-                    gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_UNLOAD,
-                                    (uint64_t)dm->key, NULL, 0);
+                    gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_UNLOAD, (uint64_t)dm->key,
+                                    NULL, 0);
                     l->state = LOAD_NONE;
                 }
             }
@@ -902,6 +1333,9 @@ static void on_model_changed(sq_loop_t *loop, void *arg)
             dm->profile_pending = 1;
             start_profile(ds, dm);
         }
+        /* A model that became ready may complete a group: measure it now,
+         * before its traffic comes. */
+        group_of(ds, dm);
     }
     gw_model_unref(m);
     pump(ds);
@@ -960,6 +1394,7 @@ gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop)
                                .timer_slack_us = srv->cfg->timer_slack_us};
     ds->core = pl_dispatch_new(&opts);
     ds->plan = gw__plan_new(ds);
+    ds->group_epoch = 1;
     ds->tick = sq_loop_timer_at(loop, sq_now_ns() + (int64_t)TICK_MS * 1000000, on_tick, ds);
     return ds;
 }
@@ -982,8 +1417,7 @@ void gw_dispatch_abort_all(gw_dispatch_t *ds)
         ds_worker_t *w = ds->workers[i];
         if (w != NULL && w->inflight != NULL) {
             for (int k = 0; k < w->inflight->count; k++)
-                fail_item(ds, w->inflight->items[k], SQ_SHUTTING_DOWN,
-                          "squishd is shutting down");
+                fail_item(ds, w->inflight->items[k], SQ_SHUTTING_DOWN, "squishd is shutting down");
             sq_shm_release(ds->srv->arena, w->inflight->out_off);
             free(w->inflight->items);
             free(w->inflight);
@@ -1007,6 +1441,10 @@ void gw_dispatch_free(gw_dispatch_t *ds)
     for (int i = 0; i < ds->nmodels; i++) {
         ds_model_t *dm = ds->models[i];
         gw_model_unref(dm->m);
+        for (int k = 0; k < dm->nmembers; k++)
+            gw_model_unref(dm->members[k]);
+        free(dm->members);
+        group_free_blobs(dm);
         free(dm->blob);
         free(dm->pending);
         free(dm);

@@ -42,8 +42,8 @@ typedef struct {
     int drain_timeout_ms;
     int64_t max_body_bytes;
     /* data plane */
-    int policy;            /* pl_policy_t: deferred | early-drop */
-    double k_std;          /* profile margin: mean + k_std * std */
+    int policy;             /* pl_policy_t: deferred | early-drop */
+    double k_std;           /* profile margin: mean + k_std * std */
     int dispatch_margin_us; /* added to every batch's latency: IPC round trip, reply */
     int timer_slack_us;     /* deferred: send at least this long before the last moment */
     int epoch_ms;           /* planner epoch period */
@@ -56,6 +56,7 @@ typedef struct {
     int max_request_ms;    /* hard upper bound on any request's life (caps the SLO) */
     double default_slo_ms; /* when neither the request nor the model gives one */
     int access_log;        /* one info line per HTTP request */
+    int prefix_batching;   /* run shared-prefix groups as one (worker/group.c) */
     /* admission and connection limits */
     int max_inflight;            /* inference requests inside squishd at most (then 503) */
     int max_connections;         /* open client connections at most (then the backlog) */

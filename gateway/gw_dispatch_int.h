@@ -33,21 +33,21 @@ typedef struct {
     int up;
     int kind;
     char device[64];
-    int profiling;       /* out of the core while it measures a model */
+    int profiling; /* out of the core while it measures a model */
     uint64_t memory_bytes;
     ds_load_t *loads;
     int nloads, caploads;
-    char (*shas)[65];    /* model files this connection already received */
+    char (*shas)[65]; /* model files this connection already received */
     int nshas;
     ds_batch_t *inflight;
 } ds_worker_t;
 
-typedef struct {
+typedef struct ds_model {
     int64_t key;
     gw_model_t *m;
     int kind;
-    int active;          /* requested: loaded on every worker of its kind */
-    int blob_state;      /* 0 none, 1 fetching, 2 have, 3 failed */
+    int active;     /* requested: loaded on every worker of its kind */
+    int blob_state; /* 0 none, 1 fetching, 2 have, 3 failed */
     uint8_t *blob;
     size_t blob_len;
     int profile_pending; /* wants a profile on a cpu/cuda worker */
@@ -55,6 +55,20 @@ typedef struct {
     gw_item_t **pending; /* waiting for a first load */
     int npending, cappending;
     int removed;
+    /* A prefix group (key < 0): m is a stand-in entry owned here (name,
+     * input, the widest output, the group's own measured profile); the
+     * members run their shared layers as one batch (worker/group.c). */
+    int is_group;
+    int64_t group_id;
+    int nmembers;
+    gw_model_t **members;   /* references, ordered by key */
+    int failed;             /* could not load or measure: members run alone */
+    uint8_t **member_blobs; /* while sending member files to workers */
+    size_t *member_lens;
+    /* A model: its group, when one formed, and the group epoch it was
+     * last looked for in. */
+    struct ds_model *group;
+    uint64_t group_checked;
 } ds_model_t;
 
 typedef struct {
@@ -78,6 +92,8 @@ struct gw_dispatch {
     ds_session_t *sessions; /* by core session id */
     int nsessions, capsessions;
     gw_plan_state_t *plan; /* planning.c */
+    uint64_t group_epoch;  /* bumped on every model change: groups are looked for again */
+    uint32_t group_gen;    /* makes each formed group's key unique */
 };
 
 /* ---- planning.c -------------------------------------------------------- */

@@ -31,6 +31,7 @@ typedef struct {
     int64_t sent_us;    /* its batch went to a worker */
     int64_t done_us;
     int batch_size;
+    int member;         /* in a prefix group's batch: its model's index there */
     gw_prep_job_t prep; /* JPEG items */
 } gw_item_t;
 
@@ -47,14 +48,14 @@ struct gw_infer {
     char request_id[80];
     int n_items;
     gw_item_t *items;
-    float *outputs;        /* n_items * model->out_elems, written by the dispatch thread */
-    atomic_int pending;    /* items not finished */
-    atomic_int failed;     /* set once: the first error wins */
-    int err;               /* valid when failed */
+    float *outputs;     /* n_items * model->out_elems, written by the dispatch thread */
+    atomic_int pending; /* items not finished */
+    atomic_int failed;  /* set once: the first error wins */
+    int err;            /* valid when failed */
     char err_detail[256];
-    uint8_t *body;         /* a copy of the request body (JPEG bytes live here) */
+    uint8_t *body; /* a copy of the request body (JPEG bytes live here) */
     size_t body_len;
-    void *api_state;       /* v2: the parsed OIP request; freed by api_dispose */
+    void *api_state; /* v2: the parsed OIP request; freed by api_dispose */
     void (*api_dispose)(gw_infer_t *req);
 };
 

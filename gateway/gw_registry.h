@@ -28,23 +28,27 @@ typedef struct gw_model {
     char name[MDB_NAME_MAX + 1];
     int version;
     char sha256[65];
-    int emulated;            /* format "emulated": no ONNX file */
-    char status[16];         /* profiling | ready | failed */
+    int emulated;    /* format "emulated": no ONNX file */
+    char status[16]; /* profiling | ready | failed */
     char input_name[128];
-    int input_uint8;         /* the graph's input is UINT8 (else FP32) */
-    int c, h, w;             /* input item shape */
-    int64_t out_elems;       /* floats per item of output 0 */
+    int input_uint8;   /* the graph's input is UINT8 (else FP32) */
+    int c, h, w;       /* input item shape */
+    int64_t out_elems; /* floats per item of output 0 */
     char output_name[128];
-    double mean[3], std[3];  /* 0..255 pixel scale */
+    double mean[3], std[3]; /* 0..255 pixel scale */
     int bgr;
-    int nearest;             /* resize mode */
+    int nearest; /* resize mode */
     double default_slo_ms;
     int max_batch;
     uint64_t memory_bytes;
-    json_t *labels;          /* array of strings; owned */
+    json_t *labels; /* array of strings; owned */
     /* Profiles per device kind; has_profile[k] says whether one is stored. */
     int has_profile[GW_KIND_COUNT];
     pl_profile_t profile[GW_KIND_COUNT];
+    /* Its shared-prefix group in the model DB (0: none) and where its graph
+     * is cut for it (the tensor's name in this model). */
+    int64_t group_id;
+    char cut_tensor[256];
 } gw_model_t;
 
 void gw_model_ref(gw_model_t *m);

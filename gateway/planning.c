@@ -189,7 +189,7 @@ int gw__plan_routes(gw_dispatch_t *ds, const ds_session_t *s, pl_route_t *routes
             int wid = dev->id < K->cap ? K->dev_worker[dev->id] : -1;
             /* A session planned without traffic got the minimal batch: its
              * window is the dispatcher's own choice until a plan sees load. */
-            int target = a == NULL || ps->planned_rps < 1 ? 0 : a->batch;
+            int target = ps->planned_rps < 1 || a == NULL ? 0 : a->batch;
             if (a != NULL && usable(gw__ds_worker(ds, wid), dm->key))
                 routes[n++] = (pl_route_t){.worker = wid, .target_batch = target};
         }
@@ -243,35 +243,33 @@ static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placeme
                     continue;
                 json_array_append_new(
                     sessions,
-                    json_pack("{s:s, s:i, s:f, s:f, s:i, s:f}", "model", ps->dm->m->name,
-                              "version", ps->dm->m->version, "slo_ms", ps->bucket_ms, "rate_rps",
-                              al->rate_rps, "batch", al->batch, "latency_ms",
-                              al->latency_us / 1000.0));
-                json_array_append_new(
-                    *placements,
-                    json_pack("{s:s, s:I, s:f, s:i, s:f, s:f}", "device", w ? w->device : "?",
-                              "model_id", (json_int_t)ps->dm->key, "slo_ms", ps->bucket_ms,
-                              "batch", al->batch, "duty_cycle_us", d->duty_cycle_us, "rate_rps",
-                              al->rate_rps));
+                    json_pack("{s:s, s:i, s:f, s:f, s:i, s:f}", "model", ps->dm->m->name, "version",
+                              ps->dm->m->version, "slo_ms", ps->bucket_ms, "rate_rps", al->rate_rps,
+                              "batch", al->batch, "latency_ms", al->latency_us / 1000.0));
+                json_array_append_new(*placements,
+                                      json_pack("{s:s, s:I, s:f, s:i, s:f, s:f}", "device",
+                                                w ? w->device : "?", "model_id",
+                                                (json_int_t)ps->dm->key, "slo_ms", ps->bucket_ms,
+                                                "batch", al->batch, "duty_cycle_us",
+                                                d->duty_cycle_us, "rate_rps", al->rate_rps));
             }
             used++;
-            json_array_append_new(
-                devices,
-                json_pack("{s:i, s:s, s:i, s:s, s:f, s:f, s:f, s:b, s:o}", "id",
-                          (int)json_array_size(devices), "kind", gw_kind_name((gw_kind_t)k),
-                          "worker", wid, "device", w ? w->device : "?", "duty_cycle_ms",
-                          d->duty_cycle_us / 1000.0, "occupancy", d->occupancy, "memory_mb",
-                          d->memory_bytes / 1048576.0, "saturated", d->saturated, "sessions",
-                          sessions));
+            json_array_append_new(devices,
+                                  json_pack("{s:i, s:s, s:i, s:s, s:f, s:f, s:f, s:b, s:o}", "id",
+                                            (int)json_array_size(devices), "kind",
+                                            gw_kind_name((gw_kind_t)k), "worker", wid, "device",
+                                            w ? w->device : "?", "duty_cycle_ms",
+                                            d->duty_cycle_us / 1000.0, "occupancy", d->occupancy,
+                                            "memory_mb", d->memory_bytes / 1048576.0, "saturated",
+                                            d->saturated, "sessions", sessions));
         }
         for (int u = 0; u < K->plan.nunplaced; u++) {
             psess_t *ps = psess_by_id(p, K->plan.unplaced[u].session_id);
             if (ps != NULL)
                 json_array_append_new(
-                    unplaced, json_pack("{s:s, s:f, s:f, s:s}", "model", ps->dm->m->name,
-                                        "slo_ms", ps->bucket_ms, "rate_rps",
-                                        K->plan.unplaced[u].rate_rps, "reason",
-                                        unplaced_reason(K->plan.unplaced[u].reason)));
+                    unplaced, json_pack("{s:s, s:f, s:f, s:s}", "model", ps->dm->m->name, "slo_ms",
+                                        ps->bucket_ms, "rate_rps", K->plan.unplaced[u].rate_rps,
+                                        "reason", unplaced_reason(K->plan.unplaced[u].reason)));
         }
     }
     /* Advice (Symphony section 3.5): with bad rate r over N devices ask for
@@ -282,9 +280,7 @@ static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placeme
     int nworkers = 0;
     for (int i = 0; i < ds->nworkers; i++)
         nworkers += ds->workers[i] != NULL && ds->workers[i]->up;
-    double idle = nworkers > 0 && window_s > 0
-                      ? 1.0 - p->busy_us / 1e6 / (window_s * nworkers)
-                      : 0;
+    double idle = nworkers > 0 && window_s > 0 ? 1.0 - p->busy_us / 1e6 / (window_s * nworkers) : 0;
     idle = idle < 0 ? 0 : idle;
     double add = pl_advice_add(nworkers, bad_rate);
     double release = pl_advice_release(nworkers, idle);
@@ -356,11 +352,11 @@ static void publish_metrics(gw_dispatch_t *ds, json_t *snap, int moved)
         if (ps->dm->removed || !ps->dm->active || ps->dm->kind < 0)
             continue;
         pkind_t *K = &p->kinds[ps->dm->kind];
-        ms[n++] = (gw_metrics_session_t){
-            .model = ps->dm->m,
-            .slo_ms = ps->bucket_ms,
-            .rate_rps = ps->rate_rps,
-            .planned_rps = K->has ? pl_plan_capacity_rps(&K->plan, ps->id) : 0};
+        ms[n++] = (gw_metrics_session_t){.model = ps->dm->m,
+                                         .slo_ms = ps->bucket_ms,
+                                         .rate_rps = ps->rate_rps,
+                                         .planned_rps =
+                                             K->has ? pl_plan_capacity_rps(&K->plan, ps->id) : 0};
     }
     gw_metrics_sessions(ds->srv->metrics, ms, n);
     free(ms);
@@ -406,16 +402,17 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
                                  .profile = &dm->m->profile[kind],
                                  .slo_us = ps->bucket_ms * 1000.0,
                                  .rate_rps = ps->rate_rps * ds->srv->cfg->plan_headroom};
-        dm->m->profile[kind].memory_bytes =
-            dm->m->profile[kind].memory_bytes > 0 ? dm->m->profile[kind].memory_bytes
-                                                  : (double)dm->m->memory_bytes;
+        dm->m->profile[kind].memory_bytes = dm->m->profile[kind].memory_bytes > 0
+                                                ? dm->m->profile[kind].memory_bytes
+                                                : (double)dm->m->memory_bytes;
     }
     if (nw == 0 && n > 0) {
         free(workers);
         free(ss);
         return; /* nothing to place them on; the next worker up re-plans */
     }
-    pl_options_t opt = {.k_std = ds->srv->cfg->k_std, .device_memory_bytes = mem, .max_devices = nw};
+    pl_options_t opt = {
+        .k_std = ds->srv->cfg->k_std, .device_memory_bytes = mem, .max_devices = nw};
     /* The previous plan, without the devices whose worker is gone. */
     pl_plan_t prev = {0};
     pl_device_t *kept = NULL;

@@ -57,8 +57,7 @@ gw_model_t *gw_model_from_record(json_t *rec)
     m->key = json_integer_value(json_object_get(rec, "id"));
     snprintf(m->name, sizeof(m->name), "%s", json_string_value(json_object_get(rec, "name")));
     m->version = (int)json_integer_value(json_object_get(rec, "version"));
-    snprintf(m->sha256, sizeof(m->sha256), "%s",
-             json_string_value(json_object_get(rec, "sha256")));
+    snprintf(m->sha256, sizeof(m->sha256), "%s", json_string_value(json_object_get(rec, "sha256")));
     m->emulated = strcmp(json_string_value(json_object_get(rec, "format")), "emulated") == 0;
     snprintf(m->status, sizeof(m->status), "%s", json_string_value(json_object_get(rec, "status")));
     json_t *in = json_object_get(rec, "input");
@@ -92,6 +91,12 @@ gw_model_t *gw_model_from_record(json_t *rec)
     m->max_batch = (int)json_integer_value(json_object_get(rec, "max_batch"));
     m->memory_bytes = (uint64_t)json_integer_value(json_object_get(rec, "memory_bytes"));
     m->labels = json_incref(json_object_get(rec, "labels"));
+    json_t *grp = json_object_get(rec, "prefix_group");
+    if (json_is_object(grp)) {
+        m->group_id = json_integer_value(json_object_get(grp, "id"));
+        snprintf(m->cut_tensor, sizeof(m->cut_tensor), "%s",
+                 json_string_value(json_object_get(grp, "cut_tensor")));
+    }
     size_t i;
     json_t *p;
     json_array_foreach(json_object_get(rec, "profiles"), i, p)

@@ -27,10 +27,33 @@ import sys
 import torch
 import torchvision
 
-SCRIPT_VERSION = 1
+SCRIPT_VERSION = 2
 OPSET = 13
 IMAGE_HW = 224
 SEED = 1234
+
+
+def calibrate(model):
+    """Sets every BatchNorm's statistics to those of the activations it sees.
+
+    With random weights and BatchNorm's default statistics (mean 0, var 1)
+    activations grow or fade layer by layer until every image gives nearly
+    the same logits (googlenet, shufflenet), and agreeing with such outputs
+    proves little. A few batches in training mode with cumulative averages
+    give each BatchNorm the mean and variance of its real input, as trained
+    weights would. Deterministic: fixed inputs, fixed seed."""
+    bns = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not bns:
+        return model
+    for m in bns:
+        m.reset_running_stats()
+        m.momentum = None
+    gen = torch.Generator().manual_seed(SEED + 3)
+    model.train()
+    with torch.no_grad():
+        for _ in range(4):
+            model(torch.rand(8, 3, IMAGE_HW, IMAGE_HW, generator=gen))
+    return model.eval()
 
 
 def build(name):
@@ -38,10 +61,10 @@ def build(name):
     if name == "googlenet":
         # aux heads only exist in training mode; init_weights avoids the
         # scipy-based default warning path.
-        return models.googlenet(weights=None, aux_logits=False, init_weights=True)
+        return calibrate(models.googlenet(weights=None, aux_logits=False, init_weights=True))
     if name.startswith("resnet18_ft_"):
         torch.manual_seed(SEED)
-        model = models.resnet18(weights=None)
+        model = calibrate(models.resnet18(weights=None))
         # Same backbone for both variants; only the classifier differs.
         fc_seed = {"resnet18_ft_a": 101, "resnet18_ft_b": 202}[name]
         gen = torch.Generator().manual_seed(fc_seed)
@@ -49,7 +72,7 @@ def build(name):
             model.fc.weight.copy_(torch.randn(model.fc.weight.shape, generator=gen) * 0.01)
             model.fc.bias.copy_(torch.randn(model.fc.bias.shape, generator=gen) * 0.01)
         return model
-    return getattr(models, name)(weights=None)
+    return calibrate(getattr(models, name)(weights=None))
 
 
 MODELS = ["resnet18", "mobilenet_v2", "squeezenet1_1", "shufflenet_v2_x1_0", "googlenet",

@@ -375,6 +375,8 @@ static void cpu_release(wk_plan_t *plan)
     for (int i = 0; i < be->n_bufs; i++)
         free(be->bufs[i].own_data);
     free(be->bufs);
+    for (int i = 0; be->steps != NULL && i < plan->graph->n_steps; i++)
+        free(be->steps[i].wei_alt), free(be->steps[i].wino_at);
     free(be->steps);
     free(be->lists);
     free(be->mems);
@@ -579,10 +581,35 @@ out:
     return rc;
 }
 
+/* Points every memory object over input `index`'s bytes (the input and its
+ * views) at ptr for runs at `batch`, or back at the arena. The C kernels
+ * address the arena directly, so a plan that runs one at this batch copies
+ * instead. */
+static int cpu_bind_input(wk_plan_t *plan, int index, int batch, const float *ptr)
+{
+    cpu_be_t *be = plan->be;
+    int mb = plan->graph->max_batch, rc = 0;
+    const cpu_list_t *l = &be->lists[batch];
+    for (int i = 0; i < l->n; i++)
+        if (l->items[i].prim == NULL)
+            return SQ_UNSUPPORTED_MODEL;
+    int root = wk__cpu_vbuf(plan->graph->inputs[index]);
+    for (int id = 0; id < be->n_bufs; id++) {
+        dnnl_memory_t m = be->mems[(size_t)id * (size_t)(mb + 1) + (size_t)batch];
+        if (m == NULL || wk__cpu_root_buf(be, id) != root)
+            continue;
+        void *h = ptr != NULL ? (void *)ptr : wk__cpu_buf_ptr(be, id);
+        DN(dnnl_memory_set_data_handle_v2(m, h, be->stream));
+    }
+out:
+    return rc;
+}
+
 const wk_backend_ops_t wk_backend_cpu = {
     .name = "cpu",
     .prepare = cpu_prepare,
     .input_buffer = cpu_input_buffer,
     .run = cpu_run,
     .release = cpu_release,
+    .bind_input = cpu_bind_input,
 };

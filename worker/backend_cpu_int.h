@@ -41,12 +41,18 @@ typedef struct {
 
 /* What phase 1 decided for a step, for phase 2 to reuse. */
 typedef struct {
-    int tmp_src;   /* buffer the main input is reordered into first, or -1 */
-    int tmp_in[4]; /* plain copies of further inputs, or -1 */
-    int weights;   /* conv/gemm weights buffer (reordered constant), or -1 */
-    int bias;      /* buffer of the bias / scale constants, or -1 */
-    int extra;     /* second constant (batchnorm shift), or -1 */
-    bool inplace;  /* conv: sums into its residual's buffer, no copy */
+    int tmp_src;     /* buffer the main input is reordered into first, or -1 */
+    int tmp_in[4];   /* plain copies of further inputs, or -1 */
+    int weights;     /* conv/gemm weights buffer (reordered constant), or -1 */
+    int bias;        /* buffer of the bias / scale constants, or -1 */
+    int extra;       /* second constant (batchnorm shift), or -1 */
+    bool inplace;    /* conv: sums into its residual's buffer, no copy */
+    int *wei_alt;    /* conv: [max_batch + 1], the weights buffer for batch sizes whose
+                        fast kernel wants another layout than the shared one (-1: shared);
+                        NULL when every size takes the shared one */
+    bool wino;       /* conv: Winograd at max batch (layouts chosen for it) */
+    int8_t *wino_at; /* conv: [max_batch + 1], per batch size whether it runs Winograd
+                        (NULL: as `wino` says, for every size) */
 } cpu_step_t;
 
 typedef struct {

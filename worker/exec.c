@@ -240,6 +240,29 @@ int wk_plan_run(wk_plan_t *plan, int batch, const float *const *inputs, float *c
     return run_backend(plan, batch, outputs);
 }
 
+int wk__plan_run_inplace(wk_plan_t *plan, int batch, const float *const *inputs,
+                         float *const *outputs)
+{
+    int rc = check_batch(plan, batch);
+    if (rc != 0)
+        return rc;
+    const wk_graph_t *g = plan->graph;
+    int bound = 0;
+    if (plan->ops->bind_input != NULL) {
+        while (bound < g->n_inputs && plan->ops->bind_input(plan, bound, batch, inputs[bound]) == 0)
+            bound++;
+    }
+    for (int i = bound; i < g->n_inputs; i++) {
+        const wk_value_t *v = &g->values[g->inputs[i]];
+        memcpy(plan->ops->input_buffer(plan, i), inputs[i],
+               (size_t)wk_value_elems_at(v, batch) * sizeof(float));
+    }
+    rc = run_backend(plan, batch, outputs);
+    for (int i = 0; i < bound; i++)
+        plan->ops->bind_input(plan, i, batch, NULL);
+    return rc;
+}
+
 /* uint8 HWC (RGB) -> normalized FP32 CHW per image. */
 static void normalize_pixels(const wk_pixel_norm_t *norm, const uint8_t *pixels, int64_t h,
                              int64_t w, float *dst)

@@ -22,6 +22,8 @@ typedef struct job {
     sq_model_load_t *load;
     const uint8_t *bytes; /* LOAD: the model file (owned by the byte cache) */
     size_t nbytes;
+    const uint8_t *member_bytes[SQ_MAX_GROUP_MEMBERS]; /* GROUP load: each member's file */
+    size_t member_nbytes[SQ_MAX_GROUP_MEMBERS];
     sq_batch_t *batch;
     sq_profile_req_t profile;
     int64_t received_ns;
@@ -30,7 +32,8 @@ typedef struct job {
 typedef struct model {
     struct model *next;
     uint64_t key;
-    wk_plan_t *plan;
+    wk_plan_t *plan;   /* a model, or */
+    wk_group_t *group; /* a prefix group (plan NULL) */
     int pixel_h, pixel_w;
     int64_t in_elems, out_elems;
 } model_t;
@@ -127,15 +130,93 @@ static void drop_model(server_t *s, uint64_t key)
             model_t *m = *pm;
             *pm = m->next;
             wk_plan_free(m->plan);
+            wk_group_free(m->group);
             free(m);
             return;
         }
     }
 }
 
+static int model_max_batch(const model_t *m)
+{
+    return m->group != NULL ? wk_group_max_batch(m->group) : wk_plan_max_batch(m->plan);
+}
+
+static uint64_t model_memory(const model_t *m)
+{
+    return m->group != NULL ? wk_group_memory_bytes(m->group) : wk_plan_memory_bytes(m->plan);
+}
+
+/* Floats of output 0 per item: for a group, its widest member's. */
+static int64_t model_out_elems(const model_t *m)
+{
+    if (m->group == NULL)
+        return wk_plan_output_elems(m->plan, 0);
+    int64_t most = 0;
+    for (int i = 0; i < wk_group_n_members(m->group); i++)
+        if (wk_group_output_elems(m->group, i) > most)
+            most = wk_group_output_elems(m->group, i);
+    return most;
+}
+
+static const char *model_errmsg(const model_t *m)
+{
+    return m->group != NULL ? wk_group_errmsg(m->group) : wk_plan_errmsg(m->plan);
+}
+
+/* Runs `batch` items of a model or group: pixels or FP32 tensors in `in`,
+ * row i's output at out + i * out_stride floats (a plain model needs
+ * out_stride == its output size). */
+static int model_run(model_t *m, int batch, int pixels, const uint8_t *in, const int *member,
+                     float *out, size_t out_stride)
+{
+    if (m->group != NULL)
+        return pixels ? wk_group_run_pixels(m->group, batch, in, member, out, out_stride)
+                      : wk_group_run(m->group, batch, (const float *)in, member, out, out_stride);
+    if (pixels)
+        return wk_plan_run_pixels(m->plan, batch, in, out);
+    if (wk_plan_n_inputs(m->plan) != 1)
+        return SQ_INVAL;
+    const float *ins[1] = {(const float *)in};
+    float *outs[1] = {out};
+    return wk_plan_run(m->plan, batch, ins, outs);
+}
+
+static int64_t model_last_run_ns(const model_t *m)
+{
+    return m->group != NULL ? wk_group_last_run_ns(m->group) : wk_plan_last_run_ns(m->plan);
+}
+
+/* A prefix group: every member's file is in the byte cache (the job holds
+ * them); each is imported and cut where squishd says. */
+static int load_group(const job_t *j, const wk_plan_opts_t *opts, wk_group_t **out, char *why,
+                      int why_size)
+{
+    const sq_model_load_t *spec = j->load;
+    int n = (int)spec->n_members, rc = 0;
+    mdb_graph_t *graphs[SQ_MAX_GROUP_MEMBERS] = {0};
+    const char *cuts[SQ_MAX_GROUP_MEMBERS];
+    if (opts->backend == WK_BACKEND_EMU) {
+        snprintf(why, (size_t)why_size, "prefix groups run on cpu and cuda devices");
+        return SQ_INVAL;
+    }
+    for (int i = 0; i < n && rc == 0; i++) {
+        mdb_import_error_t ierr;
+        cuts[i] = spec->members[i].cut;
+        rc = mdb_onnx_import(j->member_bytes[i], j->member_nbytes[i], &graphs[i], &ierr);
+        if (rc != 0)
+            snprintf(why, (size_t)why_size, "member %d import: %s %s", i, ierr.detail, ierr.ops);
+    }
+    if (rc == 0)
+        rc = wk_group_create((const mdb_graph_t *const *)graphs, cuts, n, opts, out, why, why_size);
+    for (int i = 0; i < n; i++)
+        mdb_graph_free(graphs[i]);
+    return rc;
+}
+
 static wk_backend_kind_t backend_of(const wk_device_t *dev)
 {
-    return dev->kind == WK_DEV_CUDA ? WK_BACKEND_CUDA
+    return dev->kind == WK_DEV_CUDA  ? WK_BACKEND_CUDA
            : dev->kind == WK_DEV_EMU ? WK_BACKEND_EMU
                                      : WK_BACKEND_CPU;
 }
@@ -163,8 +244,11 @@ static void do_load(server_t *s, job_t *j)
         opts.emu_n_latency = (int)spec->n_latency;
     }
     wk_plan_t *plan = NULL;
+    wk_group_t *group = NULL;
     int rc;
-    if (opts.backend == WK_BACKEND_EMU) {
+    if (spec->format == SQ_FORMAT_GROUP) {
+        rc = load_group(j, &opts, &group, why, sizeof(why));
+    } else if (opts.backend == WK_BACKEND_EMU) {
         /* An emulated device holds any model, real or not, for its profiled
          * l(b): the item shape and output size come with the spec. */
         if (spec->n_latency < spec->max_batch) {
@@ -198,25 +282,29 @@ static void do_load(server_t *s, job_t *j)
     model_t *m = sq_xcalloc(1, sizeof(*m));
     m->key = j->id;
     m->plan = plan;
+    m->group = group;
+    /* A group's rows enter through its prefix. */
+    const wk_plan_t *front = group != NULL ? wk_group_prefix(group) : plan;
     int64_t dims[8];
-    int rank = wk_plan_input_shape(plan, 0, dims);
+    int rank = wk_plan_input_shape(front, 0, dims);
     m->pixel_h = rank == 3 ? (int)dims[1] : 0;
     m->pixel_w = rank == 3 ? (int)dims[2] : 0;
-    m->in_elems = wk_plan_input_elems(plan, 0);
-    m->out_elems = wk_plan_output_elems(plan, 0);
+    m->in_elems = wk_plan_input_elems(front, 0);
+    m->out_elems = model_out_elems(m);
     m->next = s->models;
     s->models = m;
     reply_t *r = reply_new(s, SQ_MSG_MODEL_LOADED, j->id);
-    sq_model_loaded_t loaded = {.memory_bytes = wk_plan_memory_bytes(plan),
-                                .max_batch = (uint32_t)wk_plan_max_batch(plan),
+    sq_model_loaded_t loaded = {.memory_bytes = model_memory(m),
+                                .max_batch = (uint32_t)model_max_batch(m),
                                 .in_elems = (uint64_t)m->in_elems,
                                 .out_elems = (uint64_t)m->out_elems,
                                 .in_hw = {(uint32_t)m->pixel_h, (uint32_t)m->pixel_w}};
     sq_model_loaded_encode(&r->payload, &loaded);
     reply_post(s, r);
-    SQ_INFO("model loaded key=%llu sha256=%.12s backend=%s max_batch=%d memory_mb=%llu",
+    SQ_INFO("model loaded key=%llu sha256=%.12s backend=%s max_batch=%d memory_mb=%llu "
+            "members=%u",
             (unsigned long long)j->id, spec->sha256, wk_backend_name(opts.backend),
-            wk_plan_max_batch(plan), (unsigned long long)(loaded.memory_bytes >> 20));
+            model_max_batch(m), (unsigned long long)(loaded.memory_bytes >> 20), spec->n_members);
 }
 
 static uint8_t *staging(server_t *s, size_t n)
@@ -235,8 +323,7 @@ static int in_arena(const server_t *s, uint64_t off, uint64_t n)
     return off <= s->o.shm_bytes && n <= s->o.shm_bytes - off;
 }
 
-static int run_batch(server_t *s, const sq_batch_t *b, char *msg, size_t msglen,
-                     int64_t *exec_ns)
+static int run_batch(server_t *s, const sq_batch_t *b, char *msg, size_t msglen, int64_t *exec_ns)
 {
     model_t *m = find_model(s, b->model_key);
     if (m == NULL) {
@@ -244,10 +331,22 @@ static int run_batch(server_t *s, const sq_batch_t *b, char *msg, size_t msglen,
         return SQ_NOT_FOUND;
     }
     int count = (int)b->count;
-    if (count > wk_plan_max_batch(m->plan)) {
-        snprintf(msg, msglen, "batch of %d over the plan's max %d", count,
-                 wk_plan_max_batch(m->plan));
+    if (count > model_max_batch(m)) {
+        snprintf(msg, msglen, "batch of %d over the plan's max %d", count, model_max_batch(m));
         return SQ_INVAL;
+    }
+    int member[SQ_MAX_BATCH_ITEMS];
+    if ((m->group != NULL) != (b->has_members != 0)) {
+        snprintf(msg, msglen, "a group's batch names each item's member, a model's does not");
+        return SQ_PROTOCOL;
+    }
+    for (int i = 0; m->group != NULL && i < count; i++) {
+        member[i] = b->member[i];
+        if (member[i] >= wk_group_n_members(m->group)) {
+            snprintf(msg, msglen, "item %d names member %d of %d", i, member[i],
+                     wk_group_n_members(m->group));
+            return SQ_PROTOCOL;
+        }
     }
     uint64_t out_bytes = (uint64_t)m->out_elems * sizeof(float);
     if (b->out_stride < out_bytes || !in_arena(s, b->out_off, b->out_stride * (uint64_t)count)) {
@@ -274,7 +373,8 @@ static int run_batch(server_t *s, const sq_batch_t *b, char *msg, size_t msglen,
      * the stride has padding. */
     int rc;
     float *out = (float *)(s->o.shm + b->out_off);
-    int direct_out = b->out_stride == out_bytes;
+    /* A group writes each row at its stride itself. */
+    int direct_out = b->out_stride == out_bytes || (m->group != NULL && b->out_stride % 4 == 0);
     size_t in_bytes = b->input_kind == SQ_INPUT_PIXELS ? item : (size_t)m->in_elems * sizeof(float);
     uint8_t *in = staging(s, in_bytes * (size_t)count + (direct_out ? 0 : out_bytes * count));
     float *out_tmp = direct_out ? out : (float *)(in + in_bytes * (size_t)count);
@@ -288,23 +388,17 @@ static int run_batch(server_t *s, const sq_batch_t *b, char *msg, size_t msglen,
             memcpy(dst, src, in_bytes);
         }
     }
-    if (b->input_kind == SQ_INPUT_PIXELS) {
-        rc = wk_plan_run_pixels(m->plan, count, in, out_tmp);
-    } else {
-        const float *inputs[1] = {(const float *)in};
-        float *outputs[1] = {out_tmp};
-        rc = wk_plan_n_inputs(m->plan) == 1 ? wk_plan_run(m->plan, count, inputs, outputs)
-                                            : SQ_INVAL;
-    }
+    size_t stride = direct_out ? (size_t)(b->out_stride / 4) : (size_t)m->out_elems;
+    rc = model_run(m, count, b->input_kind == SQ_INPUT_PIXELS, in, member, out_tmp, stride);
     if (rc != 0) {
-        snprintf(msg, msglen, "%s", wk_plan_errmsg(m->plan));
+        snprintf(msg, msglen, "%s", model_errmsg(m));
         return rc;
     }
     if (!direct_out)
         for (int i = 0; i < count; i++)
             memcpy(s->o.shm + b->out_off + b->out_stride * (uint64_t)i,
                    out_tmp + (size_t)m->out_elems * (size_t)i, out_bytes);
-    *exec_ns = wk_plan_last_run_ns(m->plan);
+    *exec_ns = model_last_run_ns(m);
     return 0;
 }
 
@@ -316,8 +410,8 @@ static void do_batch(server_t *s, job_t *j)
     done.exec_ns = (uint64_t)exec_ns;
     done.total_ns = (uint64_t)(sq_now_ns() - j->received_ns);
     SQ_DEBUG("batch done id=%llu model=%llu count=%u code=%s exec_us=%lld total_us=%lld",
-             (unsigned long long)j->id, (unsigned long long)j->batch->model_key,
-             j->batch->count, sq_err_name(done.code), (long long)(exec_ns / 1000),
+             (unsigned long long)j->id, (unsigned long long)j->batch->model_key, j->batch->count,
+             sq_err_name(done.code), (long long)(exec_ns / 1000),
              (long long)(done.total_ns / 1000));
     reply_t *r = reply_new(s, SQ_MSG_BATCH_DONE, j->id);
     sq_batch_done_encode(&r->payload, &done);
@@ -365,8 +459,10 @@ static void do_profile(server_t *s, job_t *j)
         snprintf(done->message, sizeof(done->message), "model not loaded");
         goto reply;
     }
-    int max_b = (int)req->max_batch < wk_plan_max_batch(m->plan) ? (int)req->max_batch
-                                                                   : wk_plan_max_batch(m->plan);
+    int max_b = (int)req->max_batch < model_max_batch(m) ? (int)req->max_batch : model_max_batch(m);
+    /* A group is measured with its members sharing each batch evenly. */
+    int *member = sq_xcalloc((size_t)max_b + 1, sizeof(int));
+    int nmem = m->group != NULL ? wk_group_n_members(m->group) : 1;
     int pixels = m->pixel_h > 0;
     size_t item = pixels ? (size_t)m->pixel_h * m->pixel_w * 3 : (size_t)m->in_elems * 4;
     uint8_t *in = sq_xmalloc(item * (size_t)max_b);
@@ -386,21 +482,16 @@ static void do_profile(server_t *s, job_t *j)
         double samples[1000];
         int nsamples = 0, rc = 0;
         for (uint32_t r = 0; r < req->warmup + req->repeats && rc == 0; r++) {
+            for (int i = 0; i < b; i++)
+                member[i] = (int)((int64_t)i * nmem / b);
             int64_t t0 = sq_now_ns();
-            if (pixels) {
-                rc = wk_plan_run_pixels(m->plan, b, in, out);
-            } else {
-                const float *ins[1] = {(const float *)in};
-                float *outs[1] = {out};
-                rc = wk_plan_run(m->plan, b, ins, outs);
-            }
+            rc = model_run(m, b, pixels, in, member, out, (size_t)m->out_elems);
             if (r >= req->warmup && nsamples < 1000)
                 samples[nsamples++] = (double)(sq_now_ns() - t0) / 1000.0;
         }
         if (rc != 0) {
             done->code = rc;
-            snprintf(done->message, sizeof(done->message), "batch %d: %s", b,
-                     wk_plan_errmsg(m->plan));
+            snprintf(done->message, sizeof(done->message), "batch %d: %s", b, model_errmsg(m));
             break;
         }
         double mean, sd;
@@ -409,7 +500,7 @@ static void do_profile(server_t *s, job_t *j)
         row->batch = (uint32_t)b;
         row->mean_us = mean;
         row->std_us = sd;
-        row->peak_memory_bytes = wk_plan_memory_bytes(m->plan);
+        row->peak_memory_bytes = model_memory(m);
         reply_t *p = reply_new(s, SQ_MSG_PROFILE_PROGRESS, j->id);
         sq_buf_put_u32(&p->payload, (uint32_t)b);
         sq_buf_put_u32(&p->payload, (uint32_t)max_b);
@@ -431,6 +522,7 @@ static void do_profile(server_t *s, job_t *j)
     }
     free(in);
     free(out);
+    free(member);
     /* A smaller batch can always run padded to a larger one, so l(b) is at
      * most any larger size's latency: the envelope removes the noise that a
      * busy host puts into small batches (and keeps l(b)/b meaningful). */
@@ -526,6 +618,31 @@ static void queue_load(server_t *s, uint64_t key, sq_model_load_t *spec, cached_
     enqueue(s, j);
 }
 
+/* A group load names its members' files, which earlier transfers on this
+ * connection cached. */
+static void queue_group_load(server_t *s, uint64_t key, sq_model_load_t *spec)
+{
+    job_t *j = sq_xcalloc(1, sizeof(*j));
+    for (uint32_t i = 0; i < spec->n_members; i++) {
+        cached_t *c = cache_find(s, spec->members[i].sha256);
+        if (c == NULL) {
+            char msg[160];
+            snprintf(msg, sizeof(msg), "group member %u: bytes %.12s not held", i,
+                     spec->members[i].sha256);
+            reply_failed(s, key, SQ_PROTOCOL, msg);
+            free(spec);
+            free(j);
+            return;
+        }
+        j->member_bytes[i] = c->bytes;
+        j->member_nbytes[i] = c->len;
+    }
+    j->kind = JOB_LOAD;
+    j->id = key;
+    j->load = spec;
+    enqueue(s, j);
+}
+
 /* The last chunk is in: check the digest, cache the bytes, queue the load. */
 static void rx_complete(server_t *s)
 {
@@ -544,7 +661,10 @@ static void rx_complete(server_t *s)
         c->len = s->rx.have;
         c->next = s->cache;
         s->cache = c;
-        queue_load(s, key, spec, c);
+        if (spec->cache_only)
+            free(spec);
+        else
+            queue_load(s, key, spec, c);
     }
     memset(&s->rx, 0, sizeof(s->rx));
 }
@@ -564,13 +684,26 @@ static int handle_frame(server_t *s, const sq_frame_t *f)
             free(spec);
             return -1;
         }
-        if (spec->format == SQ_FORMAT_EMULATED || spec->total_bytes == 0) {
+        if (spec->format == SQ_FORMAT_GROUP) {
+            queue_group_load(s, f->id, spec);
+            return 0;
+        }
+        if (spec->format == SQ_FORMAT_EMULATED) {
             queue_load(s, f->id, spec, NULL);
             return 0;
         }
+        /* Bytes this connection already sent (for this model or a group). */
         cached_t *c = cache_find(s, spec->sha256);
+        if (c == NULL && spec->total_bytes == 0) {
+            reply_failed(s, f->id, SQ_PROTOCOL, "model bytes neither sent nor held");
+            free(spec);
+            return 0;
+        }
         if (c != NULL) {
-            queue_load(s, f->id, spec, c);
+            if (spec->cache_only)
+                free(spec);
+            else
+                queue_load(s, f->id, spec, c);
             return 0;
         }
         if (spec->cached) {

@@ -106,4 +106,42 @@ int wk_plan_run(wk_plan_t *plan, int batch, const float *const *inputs, float *c
 /* Nanoseconds the last run spent in the backend (excluding normalization). */
 int64_t wk_plan_last_run_ns(const wk_plan_t *plan);
 
+/* ---- prefix groups ---------------------------------------------------------
+ * Models that share their first layers (the model DB finds them by content
+ * hashes) run as one group: the shared prefix once, on the mixed batch of
+ * every member's rows, then each member's suffix on its own rows, reading
+ * them in place from the prefix's output. Memory: one prefix and n
+ * suffixes. */
+typedef struct wk_group wk_group_t;
+
+/* Lowers each member graph, cuts it at the tensor cuts[i] (its name in that
+ * graph), checks that every member's part before the cut equals member 0's
+ * (same layers, same weights) and plans member 0's prefix once and every
+ * suffix, all at opts->max_batch. Returns 0 and sets *out, or a negative
+ * SQ_* code with the reason in why (SQ_BAD_MODEL: not a cut, or prefixes
+ * that differ). Not for the emu backend. */
+int wk_group_create(const struct mdb_graph *const *graphs, const char *const *cuts, int n,
+                    const wk_plan_opts_t *opts, wk_group_t **out, char *why, int why_size);
+/* Accepts NULL. */
+void wk_group_free(wk_group_t *grp);
+int wk_group_n_members(const wk_group_t *grp);
+int wk_group_max_batch(const wk_group_t *grp);
+/* The prefix plan: its input shape is every member's. */
+const wk_plan_t *wk_group_prefix(const wk_group_t *grp);
+/* Floats of output 0 per row of member's suffix; -1 for a bad member. */
+int64_t wk_group_output_elems(const wk_group_t *grp, int member);
+uint64_t wk_group_memory_bytes(const wk_group_t *grp);
+int64_t wk_group_last_run_ns(const wk_group_t *grp);
+const char *wk_group_errmsg(const wk_group_t *grp);
+
+/* Runs a mixed batch: row b belongs to member[b]. Rows of one member should
+ * be adjacent (each run of equal members is one suffix call; any order is
+ * correct). Row b's output goes to out + b * out_stride (floats; out_stride
+ * >= every member's output_elems). Pixels as for wk_plan_run_pixels, or the
+ * model's FP32 input tensors, batch * input_elems floats. */
+int wk_group_run_pixels(wk_group_t *grp, int batch, const uint8_t *pixels, const int *member,
+                        float *out, size_t out_stride);
+int wk_group_run(wk_group_t *grp, int batch, const float *input, const int *member, float *out,
+                 size_t out_stride);
+
 #endif

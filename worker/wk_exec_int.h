@@ -194,6 +194,10 @@ typedef struct wk_backend_ops {
     float *(*input_buffer)(wk_plan_t *plan, int index);
     int (*run)(wk_plan_t *plan, int batch, float *const *outputs);
     void (*release)(wk_plan_t *plan);
+    /* Optional: make the next run at `batch` read input `index` from ptr
+     * (plain FP32) instead of input_buffer(), or back again with NULL.
+     * Returns 0, or nonzero when the plan cannot read it in place. */
+    int (*bind_input)(wk_plan_t *plan, int index, int batch, const float *ptr);
 } wk_backend_ops_t;
 
 extern const wk_backend_ops_t wk_backend_cpu;
@@ -211,6 +215,12 @@ int wk_plan_from_graph(wk_graph_t *g, const wk_plan_opts_t *opts, wk_plan_t **ou
  * symbolic batch to that size and makes every tensor static (max batch 1). */
 int wk_lower(const struct mdb_graph *graph, int max_batch, int64_t static_batch, wk_graph_t **out,
              char *why, int why_size);
+
+/* wk_plan_run that reads the inputs where they lie when the backend can
+ * (bind_input), else copies them in as wk_plan_run does. For the suffixes of
+ * a prefix group, which read their rows of the prefix's output. */
+int wk__plan_run_inplace(wk_plan_t *plan, int batch, const float *const *inputs,
+                         float *const *outputs);
 
 /* printf into plan->why; returns err. */
 int wk_fail(wk_plan_t *plan, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -2,6 +2,8 @@
 #include <sq.h>
 
 #include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -66,8 +68,8 @@ Test(ipc, message_names)
 
 Test(ipc, hello_round_trip_and_bad_magic)
 {
-    sq_hello_t in = {.magic = SQ_IPC_MAGIC, .version = SQ_IPC_VERSION, .memory_bytes = 1ull << 34,
-                     .pid = 4242};
+    sq_hello_t in = {
+        .magic = SQ_IPC_MAGIC, .version = SQ_IPC_VERSION, .memory_bytes = 1ull << 34, .pid = 4242};
     strcpy(in.kind, "emu");
     strcpy(in.name, "emu:7");
     sq_buf_t b;
@@ -101,9 +103,8 @@ Test(ipc, frames_cross_a_real_socket_in_pieces_with_an_fd)
     int pipefd[2];
     cr_assert_eq(pipe(pipefd), 0);
     cr_assert_eq(sq_conn_send(&a, SQ_MSG_PING, 1, NULL, 0), 0);
-    cr_assert_eq(sq_conn_send_with_fd(&a, SQ_MSG_WELCOME, 2, pl.data, (uint32_t)pl.len,
-                                      pipefd[1], 1000),
-                 0);
+    cr_assert_eq(
+        sq_conn_send_with_fd(&a, SQ_MSG_WELCOME, 2, pl.data, (uint32_t)pl.len, pipefd[1], 1000), 0);
     close(pipefd[1]);
     cr_assert_gt(sq_conn_read(&b), 0);
     sq_frame_t f;
@@ -143,4 +144,56 @@ Test(ipc, a_garbage_stream_is_a_protocol_error)
     cr_assert_eq(sq_conn_next(&b, &f), SQ_PROTOCOL);
     close(sv[0]);
     sq_conn_dispose(&b);
+}
+
+Test(ipc, group_load_and_member_batches_round_trip)
+{
+    sq_model_load_t *in = calloc(1, sizeof(*in)), *out = calloc(1, sizeof(*out));
+    in->format = SQ_FORMAT_GROUP;
+    in->max_batch = 16;
+    in->n_members = 3;
+    for (int i = 0; i < 3; i++) {
+        snprintf(in->members[i].sha256, sizeof(in->members[i].sha256), "%064d", i);
+        snprintf(in->members[i].cut, sizeof(in->members[i].cut), "/Flatten_output_%d", i);
+    }
+    sq_buf_t b;
+    sq_buf_init(&b);
+    sq_model_load_encode(&b, in);
+    sq_frame_t f = {.type = SQ_MSG_MODEL_LOAD, .payload = b.data, .len = (uint32_t)b.len};
+    cr_assert_eq(sq_model_load_decode(&f, out), 0);
+    cr_assert_eq(out->n_members, 3);
+    cr_assert_str_eq(out->members[2].cut, "/Flatten_output_2");
+    cr_assert_str_eq(out->members[1].sha256, in->members[1].sha256);
+    /* A group without members, or members on a plain model, is refused. */
+    in->n_members = 0;
+    b.len = 0;
+    sq_model_load_encode(&b, in);
+    f = (sq_frame_t){.type = SQ_MSG_MODEL_LOAD, .payload = b.data, .len = (uint32_t)b.len};
+    cr_assert_eq(sq_model_load_decode(&f, out), SQ_PROTOCOL);
+    in->format = SQ_FORMAT_ONNX;
+    in->n_members = 1;
+    b.len = 0;
+    sq_model_load_encode(&b, in);
+    f = (sq_frame_t){.type = SQ_MSG_MODEL_LOAD, .payload = b.data, .len = (uint32_t)b.len};
+    cr_assert_eq(sq_model_load_decode(&f, out), SQ_PROTOCOL);
+
+    sq_batch_t *bi = calloc(1, sizeof(*bi)), *bo = calloc(1, sizeof(*bo));
+    bi->count = 4;
+    bi->has_members = 1;
+    for (int i = 0; i < 4; i++) {
+        bi->in_off[i] = 4096u * (unsigned)i;
+        bi->member[i] = (uint16_t)(i / 2);
+    }
+    b.len = 0;
+    sq_batch_encode(&b, bi);
+    f = (sq_frame_t){.type = SQ_MSG_BATCH, .payload = b.data, .len = (uint32_t)b.len};
+    cr_assert_eq(sq_batch_decode(&f, bo), 0);
+    cr_assert_eq(bo->has_members, 1);
+    cr_assert_eq(bo->member[3], 1);
+    cr_assert_eq(bo->in_off[3], 3 * 4096u);
+    sq_buf_dispose(&b);
+    free(in);
+    free(out);
+    free(bi);
+    free(bo);
 }

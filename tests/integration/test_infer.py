@@ -223,6 +223,93 @@ def a_real_onnx_model_is_profiled_on_the_cpu_worker_then_served():
         s.cleanup()
 
 
+def _upload_variant(s, name, onnx_bytes):
+    labels = ("\n".join("cls%d" % i for i in range(10)) + "\n").encode()
+    body, ctype = tm.multipart([("model", "m.onnx", None, onnx_bytes),
+                                ("config", None, None, json.dumps({"name": name, "max_batch": 8}).encode()),
+                                ("labels", "l.txt", None, labels)])
+    r = s.request("POST", "/models", body=body, headers=dict(auth(s), **{"Content-Type": ctype}))
+    assert r.status == 202, r
+
+
+def _scores(r):
+    return {p["label"]: p["score"] for p in r.json["predictions"][0]}
+
+
+@test
+def variants_sharing_a_backbone_run_as_one_prefix_group():
+    """Two fine-tuned variants (same backbone, own classifier) give the same
+    answers batched together as alone, and do batch together."""
+    img = jpeg(size=(64, 64))
+    alone = {}
+    s = Squishd(workers="cpu:1", extra=("--prefix-batching", "0"))
+    tmp = s.tmp
+    try:
+        s.wait_ready(workers=1)
+        _upload_variant(s, "va", tm.variant(11))
+        _upload_variant(s, "vb", tm.variant(22, names="b"))
+        for name in ("va", "vb"):
+            eventually(lambda: s.get("/models/" + name, headers=auth(s)).json["versions"][0]["status"]
+                       == "ready" or None, 60, name + " profiled")
+        rec = s.get("/models/va", headers=auth(s), schema_name="model").json["versions"][0]
+        assert rec["prefix_group"] is not None and len(rec["prefix_group"]["members"]) == 2, rec
+        for name in ("va", "vb"):
+            r = s.request("POST", "/v1/models/%s/infer?top_k=10" % name, body=img,
+                          headers={"X-SLO-Ms": "2000"}, schema_name="infer_v1_response")
+            assert r.status == 200, r
+            assert r.json["batch_size"] == 1, r
+            alone[name] = _scores(r)
+        assert alone["va"] != alone["vb"], "the variants differ"
+        assert "prefix group" not in s.read_log(), "prefix batching was off"
+        assert s.stop() == 0
+    finally:
+        s.log.close() if not s.log.closed else None
+
+    # The same DB with prefix batching on (the default).
+    s = Squishd(workers="cpu:1", tmp=tmp)
+    try:
+        s.wait_ready(workers=1)
+        eventually(lambda: "prefix group ready" in s.read_log() or None, 60,
+                   "the group to be loaded and measured")
+        mixed = 0
+        for attempt in range(5):
+            out = {}
+
+            def one(name):
+                out[name] = s.request("POST", "/v1/models/%s/infer?top_k=10" % name, body=img,
+                                      headers={"X-SLO-Ms": "1500"}, schema_name="infer_v1_response")
+
+            ts = [threading.Thread(target=one, args=(n,)) for n in ("va", "vb")]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join()
+            for name in ("va", "vb"):
+                r = out[name]
+                assert r.status == 200, r
+                got = _scores(r)
+                assert got.keys() == alone[name].keys(), (got, alone[name])
+                for k, v in got.items():
+                    assert abs(v - alone[name][k]) < 1e-5, (name, k, v, alone[name][k])
+            if out["va"].json["batch_size"] == 2 and out["vb"].json["batch_size"] == 2:
+                mixed += 1
+        assert mixed >= 1, "the variants never shared a batch"
+        log = s.read_log()
+        assert "prefix group formed" in log and "members=2" in log, log[-3000:]
+        # Deleting a member retires the group; the other still answers alone.
+        r = s.request("DELETE", "/models/vb", headers=auth(s))
+        assert r.status in (200, 204), r
+        eventually(lambda: "prefix group retired" in s.read_log() or None, 10, "the group retired")
+        r = s.request("POST", "/v1/models/va/infer?top_k=10", body=img, headers={"X-SLO-Ms": "2000"},
+                      schema_name="infer_v1_response")
+        assert r.status == 200 and r.json["batch_size"] == 1, r
+        for k, v in _scores(r).items():
+            assert abs(v - alone["va"][k]) < 1e-5
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
 @test
 def oip_json_and_binary_tensors_and_jpeg_bytes():
     s = Squishd(workers="emu:1")

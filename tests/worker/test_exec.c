@@ -162,6 +162,28 @@ Test(exec, conv_plain_strided_padded_on_every_batch_size)
                              .groups = 1});
 }
 
+/* A 3x3 stride-1 conv in a plan for 8: Winograd from batch 4 up, direct
+ * below (each size its own weights layout), the same answers at every size. */
+Test(exec, conv_3x3_winograd_and_direct_sizes_of_one_plan)
+{
+    check_conv((conv_geom_t){.n = 8,
+                             .c = 16,
+                             .h = 14,
+                             .w = 13,
+                             .oc = 32,
+                             .kh = 3,
+                             .kw = 3,
+                             .sh = 1,
+                             .sw = 1,
+                             .dh = 1,
+                             .dw = 1,
+                             .pt = 1,
+                             .pl = 1,
+                             .pb = 1,
+                             .pr = 1,
+                             .groups = 1});
+}
+
 Test(exec, conv_grouped_dilated_asymmetric_pads)
 {
     check_conv((conv_geom_t){.n = 2,
