@@ -116,7 +116,9 @@ typedef struct gw_prep_job gw_prep_job_t;
 
 /* Called exactly once per accepted job, on a pool thread, with 0 or an
  * SQ_* code: the codes of gw_image_to_rgb, SQ_DEADLINE (the job was still
- * queued at its deadline and was not decoded) or SQ_SHUTTING_DOWN (cancelled
+ * queued at its deadline, or so close to it that a decode of the pool's
+ * recent duration would end past it, and was not decoded) or
+ * SQ_SHUTTING_DOWN (cancelled
  * by gw_prep_pool_shutdown). The pool no longer touches the job once this
  * returns, so the callback may free or reuse it. It must not block for
  * long, and must not shut down or free the pool. */

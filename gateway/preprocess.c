@@ -622,8 +622,10 @@ typedef struct {
 } worker_arg_t;
 
 /* Runs a job and calls its callback; returns how long the decode took
- * (0 when it was not decoded). */
-static int64_t run_job(gw_prep_ctx_t *ctx, gw_prep_job_t *job, int cancelled)
+ * (0 when it was not decoded). A job that a decode of the usual duration
+ * (expect_ns, 0 when none measured yet) would finish past its deadline is
+ * not decoded. */
+static int64_t run_job(gw_prep_ctx_t *ctx, gw_prep_job_t *job, int cancelled, int64_t expect_ns)
 {
     job->started_ns = sq_now_ns();
     int64_t decode_ns = 0;
@@ -635,6 +637,12 @@ static int64_t run_job(gw_prep_ctx_t *ctx, gw_prep_job_t *job, int cancelled)
         rc = fail(job->err, sizeof(job->err), SQ_DEADLINE,
                   "deadline passed after %.3f ms in the preprocessing queue",
                   (double)(job->started_ns - job->queued_ns) / 1e6);
+    } else if (job->deadline_ns != 0 && job->started_ns + expect_ns >= job->deadline_ns) {
+        rc = fail(job->err, sizeof(job->err), SQ_DEADLINE,
+                  "too close to its deadline to decode (%.3f ms left after %.3f ms in the "
+                  "preprocessing queue, decodes take %.3f ms)",
+                  (double)(job->deadline_ns - job->started_ns) / 1e6,
+                  (double)(job->started_ns - job->queued_ns) / 1e6, (double)expect_ns / 1e6);
     } else {
         rc = gw_image_to_rgb(ctx, job->data, job->len, job->out_w, job->out_h, job->mode, job->dst,
                              &job->info, job->err, sizeof(job->err));
@@ -662,9 +670,10 @@ static void *pool_thread(void *arg)
             pool->tail = NULL;
         pool->queued--;
         int cancelled = pool->cancel;
+        int64_t expect_ns = (int64_t)pool->svc_ns;
         pthread_mutex_unlock(&pool->mu);
         job->next_ = NULL;
-        int64_t decode_ns = run_job(ctx, job, cancelled);
+        int64_t decode_ns = run_job(ctx, job, cancelled, expect_ns);
         pthread_mutex_lock(&pool->mu);
         if (decode_ns > 0)
             pool->svc_ns =
