@@ -1090,6 +1090,37 @@ Test(prep_pool, a_job_that_cannot_start_in_time_is_refused_at_submit)
     blob_free(&b);
 }
 
+Test(prep_pool, a_job_too_close_to_its_deadline_for_a_decode_is_not_decoded)
+{
+    atomic_store(&gate_entered, 0);
+    atomic_store(&gate_open, 0);
+    blob_t b = scene_jpeg(2000, 1500);
+    static uint8_t dst[3][224 * 224 * 3];
+    tjob_t seed, gated, close;
+    gw_prep_pool_t *pool = pool_new(1, 8);
+    tjob_init(&seed, b, 224, 224, dst[0], on_done);
+    cr_assert_eq(gw_prep_pool_submit(pool, &seed.job), 0);
+    wait_for(&seed.calls, 1);
+    int64_t decode_ns = seed.job.finished_ns - seed.job.started_ns;
+    cr_assert_gt(decode_ns, 2000000, "a 2000x1500 decode takes over 2 ms (%lld ns)",
+                 (long long)decode_ns);
+    tjob_init(&gated, b, 224, 224, dst[1], on_done_gated);
+    cr_assert_eq(gw_prep_pool_submit(pool, &gated.job), 0);
+    wait_for(&gate_entered, 1);
+    /* Nothing waits ahead of it, so it is accepted; when it reaches the
+     * thread, half a decode is left before its deadline. */
+    tjob_init(&close, b, 224, 224, dst[2], on_done);
+    close.job.deadline_ns = sq_now_ns() + decode_ns / 2;
+    cr_assert_eq(gw_prep_pool_submit(pool, &close.job), 0);
+    atomic_store(&gate_open, 1);
+    gw_prep_pool_free(pool);
+    cr_assert_eq(atomic_load(&close.calls), 1);
+    cr_assert_eq(close.rc, SQ_DEADLINE);
+    cr_assert(strstr(close.job.err, "too close to its deadline") != NULL, "%s", close.job.err);
+    cr_assert_lt(close.job.finished_ns - close.job.started_ns, decode_ns / 2, "not decoded");
+    blob_free(&b);
+}
+
 Test(prep_pool, a_job_past_its_deadline_is_not_decoded)
 {
     blob_t b = scene_jpeg(64, 64);
