@@ -139,6 +139,7 @@ static void fail_item(gw_dispatch_t *ds, gw_item_t *it, int rc, const char *deta
 
 static void on_timer(sq_loop_t *loop, uint64_t id, void *data);
 static void pump(gw_dispatch_t *ds);
+static void on_submit(sq_loop_t *loop, void *arg);
 
 static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batch_id,
                        gw_item_t **items, int count)
@@ -254,6 +255,13 @@ static void pump(gw_dispatch_t *ds)
                 break;
             case PL_ACT_DROP: {
                 gw_item_t *it = (gw_item_t *)(uintptr_t)a->request_id;
+                if (a->reason == SQ_NOT_FOUND && a->session >= 0 && a->session < ds->nsessions &&
+                    ds->sessions[a->session].model->is_group && !ds->aborted) {
+                    /* Its prefix group was retired: the request runs in
+                     * its own model's session instead. */
+                    sq_loop_post(ds->loop, on_submit, it);
+                    break;
+                }
                 gw__plan_outcome(ds, 0);
                 const char *why = a->reason == SQ_DEADLINE   ? "the deadline cannot be met"
                                   : a->reason == SQ_OVERLOAD ? "dropped early to keep batches "
@@ -350,6 +358,19 @@ static int loaded_anywhere(gw_dispatch_t *ds, ds_model_t *dm, int *loading)
         *loading += l->state == LOAD_WAIT_BYTES || l->state == LOAD_SENT;
     }
     return loaded;
+}
+
+/* Whether a worker that holds dm is only out of service while it measures
+ * a model (its requests can wait for it). */
+static int held_while_profiling(gw_dispatch_t *ds, ds_model_t *dm)
+{
+    for (int i = 0; i < ds->nworkers; i++) {
+        ds_worker_t *w = ds->workers[i];
+        ds_load_t *l = w && w->up && w->profiling ? load_of(w, dm->key, 0) : NULL;
+        if (l != NULL && l->state == LOAD_DONE)
+            return 1;
+    }
+    return 0;
 }
 
 static void enqueue_item(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t *it)
@@ -699,7 +720,11 @@ static void group_retire(gw_dispatch_t *ds, ds_model_t *g, const char *why)
         return;
     g->removed = 1;
     SQ_INFO("prefix group retired group=%s reason=\"%s\"", g->m->name, why);
-    fail_pending(ds, g, SQ_MODEL_NOT_FOUND, why);
+    /* Requests waiting in it run in their own models' sessions instead (the
+     * core hands back those queued in its sessions as drops, see pump). */
+    for (int i = 0; i < g->npending; i++)
+        sq_loop_post(ds->loop, on_submit, g->pending[i]);
+    g->npending = 0;
     for (int s = 0; s < ds->nsessions; s++)
         if (ds->sessions[s].model == g)
             pl_dispatch_session_remove(ds->core, now_us(), s);
@@ -941,6 +966,13 @@ static void end_profile(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
     for (int i = 0; i < ds->nmodels; i++)
         if (!ds->models[i]->removed)
             start_profile(ds, ds->models[i]);
+    /* Requests that waited for the worker to finish measuring. */
+    int loading;
+    for (int i = 0; i < ds->nmodels; i++) {
+        ds_model_t *m = ds->models[i];
+        if (!m->removed && m->npending > 0 && loaded_anywhere(ds, m, &loading) > 0)
+            flush_pending(ds, m);
+    }
 }
 
 typedef struct {
@@ -1256,10 +1288,12 @@ static void on_submit(sq_loop_t *loop, void *arg)
     if (loading == 0)
         spread_loads(ds, dm); /* the plan placed it nowhere yet: any worker will do */
     loaded_anywhere(ds, dm, &loading);
-    if (loading == 0) {
+    if (loading == 0 && !held_while_profiling(ds, dm)) {
         fail_item(ds, it, SQ_NO_WORKER, "no worker could load the model");
         return;
     }
+    /* Waits for the load, or for the worker holding it to finish measuring
+     * (bounded by its deadline, see on_tick). */
     if (dm->npending == dm->cappending) {
         dm->cappending = dm->cappending ? 2 * dm->cappending : 16;
         dm->pending = sq_xrealloc(dm->pending, sizeof(*dm->pending) * (size_t)dm->cappending);

@@ -47,15 +47,21 @@ static dnnl_memory_desc_t md_with_batch(const dnnl_memory_desc_t *md, int b)
 }
 
 /* Winograd (F(4x4, 3x3)) does 2.25x fewer multiplies on 3x3 stride-1
- * convs; it pays from this batch size up (resnet18 on 2 cores: 1.6x less
- * CPU at batch 8, 10% more at batch 1, even at 4). */
+ * convs; it pays from this batch size up (resnet18 on 2 cores: 1.4x less
+ * CPU at batch 8, 10% more at batch 1, even at 4). Its weights take 4x
+ * the memory, and on small maps its 6x6 tiles are mostly padding: only
+ * outputs of at least WINO_MIN_HW x WINO_MIN_HW get it (resnet18 at max
+ * batch 8: every eligible conv 364 MB and 225 ms of CPU at batch 8, from
+ * 14x14 up 148 MB and 240 ms, none 78 MB and 333 ms). */
 #define WINO_MIN_BATCH 4
+#define WINO_MIN_HW 14
 
-static bool wino_eligible(const wk_step_t *s)
+static bool wino_eligible(const wk_step_t *s, const wk_value_t *y)
 {
     return s->p.conv.n_spatial == 2 && s->p.conv.groups == 1 && s->p.conv.kernel[0] == 3 &&
            s->p.conv.kernel[1] == 3 && s->p.conv.stride[0] == 1 && s->p.conv.stride[1] == 1 &&
-           s->p.conv.dilation[0] == 1 && s->p.conv.dilation[1] == 1;
+           s->p.conv.dilation[0] == 1 && s->p.conv.dilation[1] == 1 && y->dims[2] >= WINO_MIN_HW &&
+           y->dims[3] >= WINO_MIN_HW;
 }
 
 /* Whether the pd just made (st, *p) exists and is not the reference
@@ -196,7 +202,7 @@ int wk__cpu_do_conv(wk_plan_t *plan, int si, int batch)
     DN(dnnl_primitive_attr_set_post_ops(attr, po));
     if (!decided) {
         /* Winograd where it can run and pays, else direct. */
-        cs->wino = x->batched && g->max_batch >= WINO_MIN_BATCH && wino_eligible(s) &&
+        cs->wino = x->batched && g->max_batch >= WINO_MIN_BATCH && wino_eligible(s, y) &&
                    pd_fast(conv_pd(&pd, s, true, &src_md, &wei_md, has_bias ? &bias_md : NULL,
                                    &dst_md, attr, be->engine),
                            &pd);

@@ -169,7 +169,7 @@ Test(exec, conv_3x3_winograd_and_direct_sizes_of_one_plan)
     check_conv((conv_geom_t){.n = 8,
                              .c = 16,
                              .h = 14,
-                             .w = 13,
+                             .w = 15,
                              .oc = 32,
                              .kh = 3,
                              .kw = 3,
