@@ -21,7 +21,8 @@
 
 #define RATE_INTERVAL_US 1000000
 /* After a restart, the stored plan waits this long after the first worker
- * up for the workers it names; then it is reapplied with those up. */
+ * up for the workers it names and the configured ones; then it is
+ * reapplied with those up. */
 #define RESTORE_WAIT_US 3000000
 
 typedef struct {
@@ -703,19 +704,24 @@ static ds_worker_t *restore_worker(gw_dispatch_t *ds, const restore_row_t *row)
     return NULL;
 }
 
-/* Every stored device has its worker up, or the wait is over. */
+/* Every stored device has its worker up and so has every configured
+ * worker (else each late one would re-plan at once), or the wait is over. */
 static int restore_ready(gw_dispatch_t *ds, int64_t now)
 {
     gw_plan_state_t *p = ds->plan;
-    int any = 0;
+    int up = 0, configured = 0;
     for (int i = 0; i < ds->nworkers; i++)
-        any |= ds->workers[i] != NULL && ds->workers[i]->up;
-    if (!any)
+        up += ds->workers[i] != NULL && ds->workers[i]->up;
+    if (up == 0)
         return 0;
+    for (int g = 0; g < ds->srv->cfg->ngroups; g++)
+        configured += ds->srv->cfg->groups[g].count;
     if (p->restore_first_up_us == 0)
         p->restore_first_up_us = now;
     if (now - p->restore_first_up_us >= RESTORE_WAIT_US)
         return 1;
+    if (up < configured)
+        return 0;
     for (int r = 0; r < p->nrestore; r++)
         if (restore_worker(ds, &p->restore[r]) == NULL)
             return 0;
