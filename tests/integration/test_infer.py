@@ -294,6 +294,15 @@ def variants_sharing_a_backbone_run_as_one_prefix_group():
             if out["va"].json["batch_size"] == 2 and out["vb"].json["batch_size"] == 2:
                 mixed += 1
         assert mixed >= 1, "the variants never shared a batch"
+        # The planner places the group like a model (a valid plan body).
+        def group_placed():
+            plan = s.get("/v1/plan", schema_name="plan").json
+            return plan if any(str(a.get("model", "")).startswith("prefix-group-")
+                               for d in plan["devices"] for a in d.get("sessions", [])) else None
+
+        eventually(group_placed, 10, "the group in the plan")
+        metrics = s.get("/metrics").raw.decode()
+        assert 'model="va"' in metrics and 'model="vb"' in metrics, "per-model metrics"
         log = s.read_log()
         assert "prefix group formed" in log and "members=2" in log, log[-3000:]
 
