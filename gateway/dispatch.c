@@ -1092,9 +1092,12 @@ int gw_dispatch_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
             l->state = LOAD_FAILED;
             SQ_WARN("model load failed worker=%d model=%s version=%d code=%s reason=\"%s\"", w->id,
                     dm->m->name, dm->m->version, sq_err_name(e.code), e.message);
-            if (dm->profile_worker == w->id && dm->is_group) {
-                end_profile(ds, dm, w);
+            if (dm->is_group) {
+                /* Its members run alone; what waited for it runs there. */
+                if (dm->profile_worker == w->id)
+                    end_profile(ds, dm, w);
                 dm->failed = 1;
+                group_retire(ds, dm, "the group could not be loaded");
             } else if (dm->profile_worker == w->id) {
                 sq_profile_done_t failed = {.code = e.code};
                 profile_store_t *p = sq_xcalloc(1, sizeof(*p));
