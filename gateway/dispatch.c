@@ -615,6 +615,76 @@ static int group_usable(const ds_model_t *g)
            g->profile_worker < 0;
 }
 
+/* The identity of what a group's profile measured: each member's file and
+ * cut, in order, and the largest batch. */
+static void group_key(ds_model_t *g)
+{
+    sq_buf_t b;
+    sq_buf_init(&b);
+    char line[512];
+    for (int i = 0; i < g->nmembers; i++) {
+        int n = snprintf(line, sizeof(line), "%s:%s\n", g->members[i]->sha256,
+                         g->members[i]->cut_tensor);
+        sq_buf_put(&b, line, (size_t)n);
+    }
+    int n = snprintf(line, sizeof(line), "max_batch=%d", g->m->max_batch);
+    sq_buf_put(&b, line, (size_t)n);
+    mdb_sha256_hex(b.data, b.len, g->members_key);
+    sq_buf_dispose(&b);
+}
+
+typedef struct {
+    gw_dispatch_t *ds;
+    int64_t key;
+    int kind;
+    char members[65];
+    char device[64];
+    int rc;
+    mdb_profile_row_t *rows;
+    int nrows;
+} group_profile_job_t;
+
+static void group_apply(ds_model_t *g, int kind, const mdb_profile_row_t *rows, int n,
+                        const char *how);
+
+static void on_group_profile(sq_loop_t *loop, void *arg)
+{
+    group_profile_job_t *j = arg;
+    gw_dispatch_t *ds = j->ds;
+    (void)loop;
+    ds_model_t *g = model_find(ds, j->key);
+    if (g != NULL && !g->removed && !g->failed) {
+        if (j->rc == 0) {
+            group_apply(g, j->kind, j->rows, j->nrows, "stored");
+        } else {
+            g->profile_pending = 1;
+            start_profile(ds, g);
+        }
+    }
+    free(j->rows);
+    free(j);
+    pump(ds);
+}
+
+static void group_profile_get_job(mdb_t *db, void *arg)
+{
+    group_profile_job_t *j = arg;
+    j->rc = mdb_group_profile_get(db, j->members, gw_kind_name(j->kind), &j->rows, &j->nrows);
+    if (j->rc == SQ_DB)
+        SQ_WARN("cannot read a stored group profile error=\"%s\"", mdb_errmsg(db));
+    sq_loop_post(j->ds->loop, on_group_profile, j);
+}
+
+static void group_profile_store_job(mdb_t *db, void *arg)
+{
+    group_profile_job_t *j = arg;
+    if (mdb_group_profile_store(db, j->members, gw_kind_name(j->kind), j->device, j->rows,
+                                j->nrows) != 0)
+        SQ_WARN("cannot store a group profile error=\"%s\"", mdb_errmsg(db));
+    free(j->rows);
+    free(j);
+}
+
 static ds_model_t *group_form(gw_dispatch_t *ds, const gw_model_t *m, int kind)
 {
     for (int i = 0; i < ds->nmodels; i++) {
@@ -678,7 +748,15 @@ static ds_model_t *group_form(gw_dispatch_t *ds, const gw_model_t *m, int kind)
                  scan.found[i]->name, scan.found[i]->version);
     SQ_INFO("prefix group formed group=%s members=%d models=%s kind=%s", gm->name, scan.n, names,
             gw_kind_name(kind));
-    start_profile(ds, g);
+    /* Measured before, with these very files and cuts? Else measure it. */
+    group_key(g);
+    g->profile_pending = 0;
+    group_profile_job_t *j = sq_xcalloc(1, sizeof(*j));
+    j->ds = ds;
+    j->key = g->key;
+    j->kind = kind;
+    snprintf(j->members, sizeof(j->members), "%s", g->members_key);
+    gw_db_post(ds->srv, group_profile_get_job, j);
     return g;
 }
 
@@ -877,35 +955,55 @@ static void send_group_load(gw_dispatch_t *ds, ds_model_t *g, ds_worker_t *w)
             w->device, gm->name, g->nmembers, sent);
 }
 
-/* The group's measured l(b) (its members sharing each batch evenly). */
-static void group_profiled(gw_dispatch_t *ds, ds_model_t *g, int kind,
+/* The group's l(b) (its members sharing each batch evenly): it is usable
+ * from now on. */
+static void group_apply(ds_model_t *g, int kind, const mdb_profile_row_t *rows, int n,
+                        const char *how)
+{
+    pl_profile_row_t *pr = sq_xcalloc((size_t)n, sizeof(*pr));
+    for (int i = 0; i < n; i++)
+        pr[i] = (pl_profile_row_t){
+            .batch = rows[i].batch, .mean_us = rows[i].mean_us, .std_us = rows[i].std_us};
+    gw_model_t *gm = g->m;
+    if (gm->has_profile[kind])
+        pl_profile_dispose(&gm->profile[kind]);
+    gm->has_profile[kind] = pl_profile_init_table(&gm->profile[kind], pr, n) == 0;
+    free(pr);
+    if (!gm->has_profile[kind]) {
+        g->failed = 1;
+        SQ_WARN("prefix group not used: its profile is unusable group=%s", gm->name);
+        return;
+    }
+    gm->profile[kind].memory_bytes = (double)rows[0].peak_memory_bytes;
+    SQ_INFO("prefix group ready group=%s members=%d profile=%s l1_ms=%.2f lmax_ms=%.2f "
+            "max_batch=%d",
+            gm->name, g->nmembers, how, rows[0].mean_us / 1000.0, rows[n - 1].mean_us / 1000.0,
+            rows[n - 1].batch);
+}
+
+static void group_profiled(gw_dispatch_t *ds, ds_model_t *g, ds_worker_t *w,
                            const sq_profile_done_t *done)
 {
-    (void)ds;
     if (done->code != 0 || done->nrows == 0) {
         g->failed = 1;
         SQ_WARN("prefix group not used: its measurement failed group=%s code=%s message=\"%s\"",
                 g->m->name, sq_err_name(done->code), done->message);
         return;
     }
-    pl_profile_row_t *rows = sq_xcalloc(done->nrows, sizeof(*rows));
+    group_profile_job_t *j = sq_xcalloc(1, sizeof(*j));
+    j->ds = ds;
+    j->kind = w->kind;
+    snprintf(j->members, sizeof(j->members), "%s", g->members_key);
+    snprintf(j->device, sizeof(j->device), "%s", w->device);
+    j->nrows = (int)done->nrows;
+    j->rows = sq_xcalloc(done->nrows, sizeof(*j->rows));
     for (uint32_t i = 0; i < done->nrows; i++)
-        rows[i] = (pl_profile_row_t){.batch = (int)done->rows[i].batch,
-                                     .mean_us = done->rows[i].mean_us,
-                                     .std_us = done->rows[i].std_us};
-    gw_model_t *gm = g->m;
-    if (gm->has_profile[kind])
-        pl_profile_dispose(&gm->profile[kind]);
-    gm->has_profile[kind] = pl_profile_init_table(&gm->profile[kind], rows, (int)done->nrows) == 0;
-    free(rows);
-    if (!gm->has_profile[kind]) {
-        g->failed = 1;
-        return;
-    }
-    gm->profile[kind].memory_bytes = (double)done->rows[0].peak_memory_bytes;
-    SQ_INFO("prefix group ready group=%s members=%d l1_ms=%.2f lmax_ms=%.2f max_batch=%u", gm->name,
-            g->nmembers, done->rows[0].mean_us / 1000.0,
-            done->rows[done->nrows - 1].mean_us / 1000.0, done->rows[done->nrows - 1].batch);
+        j->rows[i] = (mdb_profile_row_t){.batch = (int)done->rows[i].batch,
+                                         .mean_us = done->rows[i].mean_us,
+                                         .std_us = done->rows[i].std_us,
+                                         .peak_memory_bytes = done->rows[i].peak_memory_bytes};
+    group_apply(g, w->kind, j->rows, j->nrows, "measured");
+    gw_db_post(ds->srv, group_profile_store_job, j);
 }
 
 /* ---- profiling ---------------------------------------------------------- */
@@ -1139,7 +1237,7 @@ int gw_dispatch_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
         SQ_INFO("profiling done key=%lld worker=%d rows=%u code=%s", (long long)f->id, w->id,
                 p->done.nrows, sq_err_name(p->done.code));
         if (dm != NULL && dm->is_group) {
-            group_profiled(ds, dm, w->kind, &p->done);
+            group_profiled(ds, dm, w, &p->done);
             free(p);
             pump(ds);
             return 0;

@@ -65,6 +65,7 @@ typedef struct ds_model {
     int failed;             /* could not load or measure: members run alone */
     uint8_t **member_blobs; /* while sending member files to workers */
     size_t *member_lens;
+    char members_key[65]; /* its stored profile's key: digest of members' files and cuts */
     /* A model: its group, when one formed, and the group epoch it was
      * last looked for in. */
     struct ds_model *group;

@@ -85,6 +85,17 @@ static const char *const migrations[] = {
     "  rate_rps REAL NOT NULL"
     ");"
     "CREATE INDEX placements_epoch ON placements(epoch);",
+    /* 2: the measured profiles of prefix groups, by the identity of their
+     * members (their files and cuts), so that a restart need not measure
+     * them again. */
+    "CREATE TABLE group_profiles ("
+    "  members TEXT NOT NULL,"
+    "  device_kind TEXT NOT NULL,"
+    "  device_name TEXT NOT NULL,"
+    "  rows TEXT NOT NULL," /* [[batch, mean_us, std_us, peak_memory_bytes], ...] */
+    "  created_at REAL NOT NULL,"
+    "  PRIMARY KEY (members, device_kind)"
+    ");",
 };
 
 _Static_assert(sizeof(migrations) / sizeof(migrations[0]) == MDB_SCHEMA_VERSION,

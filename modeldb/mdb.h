@@ -16,7 +16,7 @@ typedef struct mdb mdb_t;
 struct mdb_graph;
 
 /* The schema version this build writes; older files are migrated on open. */
-#define MDB_SCHEMA_VERSION 1
+#define MDB_SCHEMA_VERSION 2
 
 /* Opens (creating if needed) the database at path, enables WAL and foreign
  * keys, and runs the migrations. Returns 0 and sets *out, or a negative SQ_*
@@ -52,20 +52,20 @@ typedef struct {
 typedef struct {
     const char *name;
     int version;
-    const char *format;   /* "onnx" or "emulated" */
-    const void *onnx;     /* the file's bytes (onnx format), else NULL */
+    const char *format; /* "onnx" or "emulated" */
+    const void *onnx;   /* the file's bytes (onnx format), else NULL */
     size_t onnx_len;
-    const char *sha256;   /* hex of the ONNX bytes, or of the config for emulated */
-    json_t *input;        /* {"name", "datatype", "shape"} with -1 for the batch */
-    json_t *outputs;      /* [{"name", "datatype", "shape"}] */
-    json_t *preprocess;   /* {"resize", "mean", "std", "channel_order"} */
-    json_t *labels;       /* array of strings */
-    json_t *config;       /* as given */
+    const char *sha256; /* hex of the ONNX bytes, or of the config for emulated */
+    json_t *input;      /* {"name", "datatype", "shape"} with -1 for the batch */
+    json_t *outputs;    /* [{"name", "datatype", "shape"}] */
+    json_t *preprocess; /* {"resize", "mean", "std", "channel_order"} */
+    json_t *labels;     /* array of strings */
+    json_t *config;     /* as given */
     double default_slo_ms;
     int max_batch;
     uint64_t param_bytes;
     uint64_t memory_bytes;
-    const char *status;   /* "profiling", "ready" or "failed" */
+    const char *status; /* "profiling", "ready" or "failed" */
     /* For ONNX models: the imported graph, whose node signatures are stored
      * and matched against stored models for shared prefixes. */
     const struct mdb_graph *graph;
@@ -118,10 +118,19 @@ long long mdb_plan_last_epoch(mdb_t *db);
  * not a JSON object (nothing is returned then). */
 int mdb_plan_last(mdb_t *db, long long *epoch, json_t **plan, json_t **placements);
 
+/* Prefix groups' measured profiles, keyed by `members` (a digest of the
+ * members' files and cuts that the caller computes) and device kind.
+ * store replaces; get returns 0 with *rows (malloc'd, caller frees) and
+ * *nrows, SQ_NOT_FOUND when none is stored, SQ_DB on errors. */
+int mdb_group_profile_store(mdb_t *db, const char *members, const char *device_kind,
+                            const char *device_name, const mdb_profile_row_t *rows, int nrows);
+int mdb_group_profile_get(mdb_t *db, const char *members, const char *device_kind,
+                          mdb_profile_row_t **rows, int *nrows);
+
 /* Replaces the profile rows of a model for a device kind and sets its
  * status (one transaction). */
-int mdb_profile_store(mdb_t *db, int64_t model_id, const char *device_kind,
-                      const char *device_name, const mdb_profile_row_t *rows, int nrows,
-                      const char *status, const char *error);
+int mdb_profile_store(mdb_t *db, int64_t model_id, const char *device_kind, const char *device_name,
+                      const mdb_profile_row_t *rows, int nrows, const char *status,
+                      const char *error);
 
 #endif

@@ -761,3 +761,74 @@ void mdb_sha256_hex(const void *data, size_t len, char out[65])
     for (int i = 0; i < 32; i++)
         snprintf(out + 2 * i, 3, "%02x", md[i]);
 }
+
+int mdb_group_profile_store(mdb_t *db, const char *members, const char *device_kind,
+                            const char *device_name, const mdb_profile_row_t *rows, int nrows)
+{
+    static const char sql[] = "INSERT OR REPLACE INTO group_profiles (members, device_kind, "
+                              "device_name, rows, created_at) VALUES (?, ?, ?, ?, "
+                              "(julianday('now') - 2440587.5) * 86400.0)";
+    if (nrows < 1)
+        return SQ_INVAL;
+    json_t *a = json_array();
+    for (int i = 0; i < nrows; i++)
+        json_array_append_new(a, json_pack("[i, f, f, I]", rows[i].batch, rows[i].mean_us,
+                                           rows[i].std_us, (json_int_t)rows[i].peak_memory_bytes));
+    char *txt = json_dumps(a, JSON_COMPACT);
+    json_decref(a);
+    sqlite3_stmt *st = mdb_stmt(db, sql);
+    int rc = SQ_DB;
+    if (st != NULL && txt != NULL) {
+        bind_text(st, 1, members);
+        bind_text(st, 2, device_kind);
+        bind_text(st, 3, device_name);
+        bind_text(st, 4, txt);
+        rc = step_done(db, st, "store group profile") != 0 ? SQ_DB : 0;
+    }
+    free(txt);
+    return rc;
+}
+
+int mdb_group_profile_get(mdb_t *db, const char *members, const char *device_kind,
+                          mdb_profile_row_t **rows, int *nrows)
+{
+    static const char sql[] =
+        "SELECT rows FROM group_profiles WHERE members = ? AND device_kind = ?";
+    *rows = NULL;
+    *nrows = 0;
+    sqlite3_stmt *st = mdb_stmt(db, sql);
+    if (st == NULL)
+        return SQ_DB;
+    bind_text(st, 1, members);
+    bind_text(st, 2, device_kind);
+    int step = sqlite3_step(st);
+    if (step == SQLITE_DONE) {
+        sqlite3_reset(st);
+        return SQ_NOT_FOUND;
+    }
+    if (step != SQLITE_ROW) {
+        mdb_set_error(db, "read group profile");
+        sqlite3_reset(st);
+        return SQ_DB;
+    }
+    json_t *a = json_loads((const char *)sqlite3_column_text(st, 0), 0, NULL);
+    sqlite3_reset(st);
+    size_t n = json_array_size(a);
+    if (n == 0) {
+        json_decref(a);
+        snprintf(db->errmsg, sizeof(db->errmsg), "a stored group profile is not a row list");
+        return SQ_DB;
+    }
+    *rows = sq_xcalloc(n, sizeof(**rows));
+    for (size_t i = 0; i < n; i++) {
+        json_t *r = json_array_get(a, i);
+        (*rows)[i] = (mdb_profile_row_t){.batch = (int)json_integer_value(json_array_get(r, 0)),
+                                         .mean_us = json_number_value(json_array_get(r, 1)),
+                                         .std_us = json_number_value(json_array_get(r, 2)),
+                                         .peak_memory_bytes =
+                                             (uint64_t)json_integer_value(json_array_get(r, 3))};
+    }
+    *nrows = (int)n;
+    json_decref(a);
+    return 0;
+}

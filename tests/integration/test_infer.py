@@ -340,6 +340,23 @@ def variants_sharing_a_backbone_run_as_one_prefix_group():
         assert r.status == 200, r
         for k, v in _scores(r).items():
             assert abs(v - alone["va"][k]) < 1e-5
+        eventually(lambda: "prefix group ready" in s.read_log().split("a member model was deleted")[-1]
+                   or None, 30, "the group of va and vc measured")
+        assert s.stop() == 0
+    finally:
+        s.log.close() if not s.log.closed else None
+
+    # A restart finds the group's measured profile in the DB: no new measurement.
+    s = Squishd(workers="cpu:1", tmp=tmp)
+    try:
+        s.wait_ready(workers=1)
+        start = len(s.read_log())
+        eventually(lambda: "profile=stored" in s.read_log()[start:] or None, 30,
+                   "the stored group profile")
+        assert "profiling model=prefix-group" not in s.read_log()[start:]
+        r = s.request("POST", "/v1/models/vc/infer?top_k=10", body=img, headers={"X-SLO-Ms": "2000"},
+                      schema_name="infer_v1_response")
+        assert r.status == 200, r
         assert s.stop() == 0
     finally:
         s.cleanup()

@@ -147,3 +147,44 @@ Test(plans, the_read_leaves_no_transaction_open)
     sqlite3_close(raw);
     json_decref(p1);
 }
+
+TestSuite(group_profiles, .init = setup, .fini = teardown);
+
+Test(group_profiles, stored_per_members_and_kind_and_replaced)
+{
+    mdb_profile_row_t rows[3] = {
+        {.batch = 1, .mean_us = 1500.5, .std_us = 20, .peak_memory_bytes = 1 << 20},
+        {.batch = 4, .mean_us = 4200, .std_us = 31.25, .peak_memory_bytes = 3u << 20},
+        {.batch = 8, .mean_us = 8000, .std_us = 40, .peak_memory_bytes = 5u << 20}};
+    mdb_profile_row_t *got = NULL;
+    int n = -1;
+    cr_assert_eq(mdb_group_profile_get(db, "abc", "cpu", &got, &n), SQ_NOT_FOUND);
+    cr_assert_null(got);
+    cr_assert_eq(n, 0);
+    cr_assert_eq(mdb_group_profile_store(db, "abc", "cpu", "cpu", rows, 3), 0, "%s",
+                 mdb_errmsg(db));
+    cr_assert_eq(mdb_group_profile_get(db, "abc", "cpu", &got, &n), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(n, 3);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(got[i].batch, rows[i].batch);
+        cr_assert_float_eq(got[i].mean_us, rows[i].mean_us, 1e-9);
+        cr_assert_float_eq(got[i].std_us, rows[i].std_us, 1e-9);
+        cr_assert_eq(got[i].peak_memory_bytes, rows[i].peak_memory_bytes);
+    }
+    free(got);
+    /* Another kind, other members: separate; a second store replaces. */
+    cr_assert_eq(mdb_group_profile_get(db, "abc", "cuda", &got, &n), SQ_NOT_FOUND);
+    cr_assert_eq(mdb_group_profile_get(db, "abd", "cpu", &got, &n), SQ_NOT_FOUND);
+    cr_assert_eq(mdb_group_profile_store(db, "abc", "cpu", "cpu", rows + 1, 1), 0);
+    cr_assert_eq(mdb_group_profile_get(db, "abc", "cpu", &got, &n), 0);
+    cr_assert_eq(n, 1);
+    cr_assert_eq(got[0].batch, 4);
+    free(got);
+    cr_assert_eq(mdb_group_profile_store(db, "abc", "cpu", "cpu", rows, 0), SQ_INVAL);
+    /* It survives a reopen, at the current schema version. */
+    mdb_close(db);
+    cr_assert_eq(mdb_open(path, &db), 0);
+    cr_assert_eq(mdb_schema_version(db), MDB_SCHEMA_VERSION);
+    cr_assert_eq(mdb_group_profile_get(db, "abc", "cpu", &got, &n), 0);
+    free(got);
+}
