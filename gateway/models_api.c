@@ -20,9 +20,9 @@ typedef struct {
     gw_async_t base;
     char name[MDB_NAME_MAX + 1];
     int version;
-    int emulated;              /* the body is a JSON config alone */
+    int emulated; /* the body is a JSON config alone */
     char boundary[GW_MULTIPART_MAX_BOUNDARY + 1];
-    uint8_t *body;             /* a copy: the request may go away meanwhile */
+    uint8_t *body; /* a copy: the request may go away meanwhile */
     size_t len;
 } model_job_t;
 
@@ -97,6 +97,34 @@ static void reply_created(mdb_t *db, model_job_t *j, const char *name, int versi
     j->base.body = rec;
 }
 
+/* An upload or a delete can move other models into or out of a shared-prefix
+ * group (the DB drops a group left with one member; a new model can bring
+ * an older one into a new group): republish those whose group changed. */
+static void refresh_groups(mdb_t *db, gw_server_t *srv, int64_t except)
+{
+    json_t *recs, *rec;
+    size_t i;
+    if (mdb_model_records(db, 0, &recs) != 0)
+        return;
+    json_array_foreach(recs, i, rec)
+    {
+        int64_t key = json_integer_value(json_object_get(rec, "id"));
+        gw_model_t *old = key == except ? NULL : gw_registry_get(srv->registry, key);
+        if (old == NULL)
+            continue;
+        gw_model_t *m = gw_model_from_record(rec);
+        int changed = m->group_id != old->group_id || strcmp(m->cut_tensor, old->cut_tensor) != 0;
+        gw_model_unref(old);
+        if (!changed) {
+            gw_model_unref(m);
+            continue;
+        }
+        gw_registry_put(srv->registry, m);
+        gw_dispatch_model_changed(srv, key);
+    }
+    json_decref(recs);
+}
+
 /* Publishes a stored model to the data plane. */
 static void publish(mdb_t *db, gw_server_t *srv, int64_t key, int profile)
 {
@@ -104,6 +132,7 @@ static void publish(mdb_t *db, gw_server_t *srv, int64_t key, int profile)
     if (mdb_model_records(db, key, &recs) == 0 && json_array_size(recs) == 1)
         gw_registry_put(srv->registry, gw_model_from_record(json_array_get(recs, 0)));
     json_decref(recs);
+    refresh_groups(db, srv, key);
     if (profile)
         gw_dispatch_profile(srv, key);
     else
@@ -164,11 +193,10 @@ static void upload_emulated(mdb_t *db, model_job_t *j)
         .version = cfg->version,
         .format = "emulated",
         .sha256 = sha,
-        .input = json_pack("{s:s, s:s, s:[i,i,i,i]}", "name", "input", "datatype", "FP32",
-                           "shape", -1, cfg->input_shape[0], cfg->input_shape[1],
-                           cfg->input_shape[2]),
-        .outputs = json_pack("[{s:s, s:s, s:[i,i]}]", "name", "output", "datatype", "FP32",
-                             "shape", -1, cfg->num_classes),
+        .input = json_pack("{s:s, s:s, s:[i,i,i,i]}", "name", "input", "datatype", "FP32", "shape",
+                           -1, cfg->input_shape[0], cfg->input_shape[1], cfg->input_shape[2]),
+        .outputs = json_pack("[{s:s, s:s, s:[i,i]}]", "name", "output", "datatype", "FP32", "shape",
+                             -1, cfg->num_classes),
         .preprocess = preprocess_json(cfg),
         .labels = labels,
         .config = config,
@@ -196,8 +224,8 @@ static void upload_onnx(mdb_t *db, model_job_t *j)
     gw_part_t parts[MAX_UPLOAD_PARTS];
     int nparts = 0;
     char err[512];
-    int rc = gw_multipart_parse(j->body, j->len, j->boundary, parts, MAX_UPLOAD_PARTS, &nparts,
-                                err, sizeof(err));
+    int rc = gw_multipart_parse(j->body, j->len, j->boundary, parts, MAX_UPLOAD_PARTS, &nparts, err,
+                                sizeof(err));
     if (rc != 0) {
         gw_async_fail(&j->base, rc, "%s", err);
         return;
@@ -258,8 +286,7 @@ static void upload_onnx(mdb_t *db, model_job_t *j)
     if (rc != 0) {
         if (rc == SQ_UNSUPPORTED_MODEL && ierr.ops[0] != '\0')
             gw_async_fail(&j->base, rc, "unsupported operators (opset %lld): %s%s%s",
-                          (long long)ierr.opset, ierr.ops, ierr.detail[0] ? "; " : "",
-                          ierr.detail);
+                          (long long)ierr.opset, ierr.ops, ierr.detail[0] ? "; " : "", ierr.detail);
         else
             gw_async_fail(&j->base, rc, "%s", ierr.detail[0] ? ierr.detail : sq_err_msg(rc));
         goto out;
@@ -283,12 +310,12 @@ static void upload_onnx(mdb_t *db, model_job_t *j)
         labels = default_labels(classes);
     json_t *outputs = json_array();
     for (int i = 0; i < info.n_outputs; i++)
-        json_array_append_new(outputs, json_pack("{s:s, s:s, s:o}", "name", info.output_names[i],
-                                                 "datatype", "FP32", "shape",
-                                                 shape_json(&info.output_shapes[i])));
-    json_t *input = json_pack("{s:s, s:s, s:o}", "name", info.input_name, "datatype",
-                              oip_datatype(info.input_dtype), "shape",
-                              shape_json(&info.input_shape));
+        json_array_append_new(outputs,
+                              json_pack("{s:s, s:s, s:o}", "name", info.output_names[i], "datatype",
+                                        "FP32", "shape", shape_json(&info.output_shapes[i])));
+    json_t *input =
+        json_pack("{s:s, s:s, s:o}", "name", info.input_name, "datatype",
+                  oip_datatype(info.input_dtype), "shape", shape_json(&info.input_shape));
     json_t *pre = preprocess_json(cfg);
     config_json = json_loadb((const char *)config->data, config->len, 0, NULL);
     char sha[65];
@@ -442,6 +469,7 @@ static void delete_job(mdb_t *db, void *arg)
         int n = gw_registry_remove(j->base.srv->registry, j->name, j->version, keys, 64);
         for (int i = 0; i < n && i < 64; i++)
             gw_dispatch_model_changed(j->base.srv, keys[i]);
+        refresh_groups(db, j->base.srv, 0);
         j->base.body = json_pack("{s:s, s:i}", "name", j->name, "deleted_versions", deleted);
     }
     gw_async_done(&j->base);
