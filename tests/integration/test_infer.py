@@ -468,5 +468,60 @@ def a_worker_killed_under_load_loses_no_request():
         s.cleanup()
 
 
+
+@test
+def a_prefix_group_loses_no_request_when_its_worker_is_killed():
+    s = Squishd(workers="cpu:1")
+    try:
+        s.wait_ready(workers=1)
+        _upload_variant(s, "va", tm.variant(11))
+        _upload_variant(s, "vb", tm.variant(22, names="b"))
+        eventually(lambda: "prefix group ready" in s.read_log() or None, 60, "the group")
+        img = jpeg(size=(64, 64))
+        ref = {}
+        for name in ("va", "vb"):
+            r = s.request("POST", "/v1/models/%s/infer?top_k=10" % name, body=img,
+                          headers={"X-SLO-Ms": "1500"})
+            assert r.status == 200, r
+            ref[name] = _scores(r)
+        results = []
+        lock = threading.Lock()
+
+        def client(k):
+            for i in range(6):
+                name = ("va", "vb")[(k + i) % 2]
+                r = s.request("POST", "/v1/models/%s/infer?top_k=10" % name, body=img,
+                              headers={"X-SLO-Ms": "1500"}, timeout=20)
+                with lock:
+                    results.append((name, r))
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(0.3)
+        os.kill(s.worker_pids()["cpu"], signal.SIGKILL)
+        for t in threads:
+            t.join(60)
+        assert len(results) == 24, len(results)
+        for name, r in results:
+            assert r.status in (200, 503), r
+            if r.status == 200:
+                for k, v in _scores(r).items():
+                    assert abs(v - ref[name][k]) < 1e-5, (name, k)
+        # The worker is back, the group is loaded on it again (its files
+        # sent anew) and both models answer right.
+        s.wait_ready(workers=1, timeout=20)
+        for name in ("va", "vb"):
+            r = eventually(lambda: (lambda r: r if r.status == 200 else None)(
+                s.request("POST", "/v1/models/%s/infer?top_k=10" % name, body=img,
+                          headers={"X-SLO-Ms": "1500"})), 30, name + " after the restart")
+            for k, v in _scores(r).items():
+                assert abs(v - ref[name][k]) < 1e-5, (name, k)
+        assert s.read_log().count("prefix group load sent") >= 2
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
 if __name__ == "__main__":
     run()
