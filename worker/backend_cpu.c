@@ -509,7 +509,7 @@ static int cpu_prepare(wk_plan_t *plan)
     be->mems = sq_xcalloc((size_t)be->n_bufs * (size_t)(mb + 1), sizeof(dnnl_memory_t));
     be->out_user = sq_xcalloc((size_t)g->n_outputs * (size_t)(mb + 1), sizeof(dnnl_memory_t));
     be->out_reorder = sq_xcalloc((size_t)g->n_outputs * (size_t)(mb + 1), sizeof(dnnl_primitive_t));
-    for (int b = 1; b <= mb; b++) {
+    for (int b = plan->min_batch > 1 ? plan->min_batch : 1; b <= mb; b++) {
         for (int si = 0; si < g->n_steps; si++)
             if ((rc = do_step(plan, si, b)) != 0)
                 goto out;

@@ -66,6 +66,19 @@ static bool wino_eligible(const wk_step_t *s, const wk_value_t *y)
 
 /* Whether the pd just made (st, *p) exists and is not the reference
  * kernel; p by address, since arguments are evaluated in no set order. */
+int wk__cpu_split_batch(const wk_graph_t *g)
+{
+    if (g->max_batch < WINO_MIN_BATCH)
+        return 0;
+    for (int i = 0; i < g->n_steps; i++) {
+        const wk_step_t *s = &g->steps[i];
+        if (s->kind == WK_K_CONV && g->values[s->in[0]].batched &&
+            wino_eligible(s, &g->values[s->out]))
+            return WINO_MIN_BATCH;
+    }
+    return 0;
+}
+
 static bool pd_fast(dnnl_status_t st, const dnnl_primitive_desc_t *p)
 {
     return st == dnnl_success && *p != NULL && !impl_is_ref(*p);
@@ -87,7 +100,7 @@ static int conv_per_batch(wk_plan_t *plan, int si, const dnnl_memory_desc_t *q_s
     const wk_step_t *s = &plan->graph->steps[si];
     cpu_step_t *cs = &be->steps[si];
     int mb = plan->graph->max_batch;
-    for (int b = 1; b < mb; b++) {
+    for (int b = plan->min_batch > 1 ? plan->min_batch : 1; b < mb; b++) {
         dnnl_memory_desc_t sb = md_with_batch(q_src, b), db = md_with_batch(q_dst, b);
         bool want_wino = cs->wino && b >= WINO_MIN_BATCH, wino = want_wino;
         dnnl_primitive_desc_t p = NULL;

@@ -75,7 +75,23 @@ int wk_plan_from_graph(wk_graph_t *g, const wk_plan_opts_t *opts, wk_plan_t **ou
         return rc;
     }
     wk_graph_fuse(g);
+    /* cpu with Winograd from some batch size up: the sizes below get a
+     * plan of their own, whose layouts suit them (googlenet at batch 1:
+     * 18 ms instead of 28 in the layouts Winograd wants). */
+    wk_plan_t *small = NULL;
+    int split = opts->backend == WK_BACKEND_CPU ? wk__cpu_split_batch(g) : 0;
+    if (split > 1) {
+        wk_plan_opts_t so = *opts;
+        so.max_batch = split - 1;
+        char sub[256];
+        if (wk_plan_from_graph(wk_graph_clone(g, split - 1), &so, &small, sub, sizeof(sub)) != 0) {
+            SQ_DEBUG("no separate plan for small batches: %s", sub);
+            small = NULL;
+        }
+    }
     wk_plan_t *p = sq_xcalloc(1, sizeof(*p));
+    p->min_batch = small != NULL ? split : 1;
+    p->small = small;
     p->opts = *opts;
     p->opts.max_batch = g->max_batch;
     if (opts->emu_latency_us != NULL && opts->emu_n_latency > 0) {
@@ -91,10 +107,13 @@ int wk_plan_from_graph(wk_graph_t *g, const wk_plan_opts_t *opts, wk_plan_t **ou
         snprintf(why, (size_t)why_size, "%s", p->why);
         ops->release(p);
         wk_graph_free(g);
+        wk_plan_free(p->small);
         free(p->emu_latency_us);
         free(p);
         return rc;
     }
+    if (p->small != NULL)
+        p->memory_bytes += p->small->memory_bytes;
     SQ_DEBUG("plan ready backend=%s steps=%d max_batch=%d memory_mb=%.1f prepare_ms=%.1f",
              ops->name, g->n_steps, g->max_batch, (double)p->memory_bytes / (1 << 20),
              (double)(sq_now_ns() - t0) / 1e6);
@@ -145,6 +164,7 @@ void wk_plan_free(wk_plan_t *plan)
         return;
     plan->ops->release(plan);
     wk_graph_free(plan->graph);
+    wk_plan_free(plan->small);
     free(plan->emu_latency_us);
     free(plan);
 }
@@ -212,6 +232,21 @@ int64_t wk_plan_last_run_ns(const wk_plan_t *plan)
     return plan->last_run_ns;
 }
 
+/* Whether batch runs in the plan for small batches; after the run, its
+ * time and error message are the plan's. */
+static bool runs_small(const wk_plan_t *plan, int batch)
+{
+    return plan->small != NULL && batch >= 1 && batch < plan->min_batch;
+}
+
+static int from_small(wk_plan_t *plan, int rc)
+{
+    plan->last_run_ns = plan->small->last_run_ns;
+    if (rc != 0)
+        snprintf(plan->why, sizeof(plan->why), "%s", plan->small->why);
+    return rc;
+}
+
 static int check_batch(wk_plan_t *plan, int batch)
 {
     if (batch < 1 || batch > plan->graph->max_batch)
@@ -229,6 +264,8 @@ static int run_backend(wk_plan_t *plan, int batch, float *const *outputs)
 
 int wk_plan_run(wk_plan_t *plan, int batch, const float *const *inputs, float *const *outputs)
 {
+    if (runs_small(plan, batch))
+        return from_small(plan, wk_plan_run(plan->small, batch, inputs, outputs));
     int rc = check_batch(plan, batch);
     if (rc != 0)
         return rc;
@@ -243,6 +280,8 @@ int wk_plan_run(wk_plan_t *plan, int batch, const float *const *inputs, float *c
 int wk__plan_run_inplace(wk_plan_t *plan, int batch, const float *const *inputs,
                          float *const *outputs)
 {
+    if (runs_small(plan, batch))
+        return from_small(plan, wk__plan_run_inplace(plan->small, batch, inputs, outputs));
     int rc = check_batch(plan, batch);
     if (rc != 0)
         return rc;
@@ -284,6 +323,8 @@ static void normalize_pixels(const wk_pixel_norm_t *norm, const uint8_t *pixels,
 
 int wk_plan_run_pixels(wk_plan_t *plan, int batch, const uint8_t *pixels, float *out)
 {
+    if (runs_small(plan, batch))
+        return from_small(plan, wk_plan_run_pixels(plan->small, batch, pixels, out));
     int rc = check_batch(plan, batch);
     if (rc != 0)
         return rc;

@@ -165,6 +165,31 @@ wk_step_t *wk_graph_step(wk_graph_t *g, wk_kernel_t kind, const int *in, int n_i
     return s;
 }
 
+wk_graph_t *wk_graph_clone(const wk_graph_t *g, int max_batch)
+{
+    wk_graph_t *c = wk_graph_new(max_batch);
+    for (int i = 0; i < g->n_values; i++) {
+        const wk_value_t *v = &g->values[i];
+        int id = wk_graph_value(c, v->name, v->ndim, v->dims, v->batched, v->data);
+        c->values[id].is_input = v->is_input;
+        c->values[id].alias_of = v->alias_of;
+    }
+    for (int i = 0; i < g->n_inputs; i++) {
+        c->inputs = sq_xrealloc(c->inputs, (size_t)(c->n_inputs + 1) * sizeof(int));
+        c->inputs[c->n_inputs++] = g->inputs[i];
+    }
+    for (int i = 0; i < g->n_steps; i++) {
+        const wk_step_t *s = &g->steps[i];
+        wk_step_t *d = wk_graph_step(c, s->kind, s->in, s->n_in, s->out);
+        int *in = d->in;
+        *d = *s;
+        d->in = in;
+    }
+    for (int i = 0; i < g->n_outputs; i++)
+        wk_graph_mark_output(c, g->outputs[i]);
+    return c;
+}
+
 static void note_use(wk_graph_t *g, int v, int step)
 {
     g->values[v].n_uses++;

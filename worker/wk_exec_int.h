@@ -175,6 +175,11 @@ size_t wk_arena_plan(const wk_buf_req_t *reqs, int n, size_t align, size_t *offs
 /* ---- backends ---- */
 struct wk_plan {
     int64_t *emu_latency_us; /* owned copy of opts.emu_latency_us (the caller's may go away) */
+    /* Batches below min_batch run in `small`, a plan of its own for them
+     * (cpu: the layouts that suit small batches differ from those Winograd
+     * wants at large ones); min_batch 1 and small NULL otherwise. */
+    int min_batch;
+    struct wk_plan *small;
     wk_plan_opts_t opts;
     wk_graph_t *graph;
     const struct wk_backend_ops *ops;
@@ -205,6 +210,14 @@ extern const wk_backend_ops_t wk_backend_emu;
 #if SQUISH_HAVE_CUDA
 extern const wk_backend_ops_t wk_backend_cuda;
 #endif
+
+/* A copy of g (after wk_graph_finish) for another max batch. */
+wk_graph_t *wk_graph_clone(const wk_graph_t *g, int max_batch);
+
+/* cpu: the batch size from which the plan of g would run Winograd convs,
+ * so that smaller batches are better off in a plan of their own; 0 when
+ * none would. */
+int wk__cpu_split_batch(const wk_graph_t *g);
 
 /* Makes a plan from an already lowered graph (taken over, freed on error).
  * Used by wk_plan_create and by tests that build graphs by hand. */
