@@ -71,8 +71,7 @@ int gw_db_start(gw_server_t *srv, char *err, size_t errlen)
     }
     size_t i;
     json_t *r;
-    json_array_foreach(recs, i, r)
-        gw_registry_put(srv->registry, gw_model_from_record(r));
+    json_array_foreach(recs, i, r) gw_registry_put(srv->registry, gw_model_from_record(r));
     SQ_INFO("models loaded count=%zu", json_array_size(recs));
     srv->last_epoch = mdb_plan_last_epoch(d->mdb);
     /* The last plan is reapplied once workers are up (planning.c); one that
@@ -94,8 +93,7 @@ int gw_db_start(gw_server_t *srv, char *err, size_t errlen)
     }
     srv->db = d;
     atomic_store(&srv->db_ready, 1);
-    SQ_INFO("model database open path=%s schema_version=%d", srv->cfg->db_path,
-            MDB_SCHEMA_VERSION);
+    SQ_INFO("model database open path=%s schema_version=%d", srv->cfg->db_path, MDB_SCHEMA_VERSION);
     return 0;
 }
 

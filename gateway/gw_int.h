@@ -27,14 +27,14 @@ typedef struct gw_server {
     char admin_token[65]; /* hex */
     double start_wall_s;
 
-    atomic_int db_ready;    /* the model DB is open */
-    atomic_int workers_up;  /* workers connected and past the handshake */
-    atomic_int stopping;    /* SIGTERM seen: no new work */
-    atomic_long inflight;   /* HTTP requests not yet answered */
+    atomic_int db_ready;        /* the model DB is open */
+    atomic_int workers_up;      /* workers connected and past the handshake */
+    atomic_int stopping;        /* SIGTERM seen: no new work */
+    atomic_long inflight;       /* HTTP requests not yet answered */
     atomic_long infer_inflight; /* inference requests inside squishd (max_inflight) */
 
-    atomic_int kind_up[3];  /* workers up per device kind (gw_kind_t) */
-    long long last_epoch;   /* the newest plan stored in the DB at start */
+    atomic_int kind_up[3]; /* workers up per device kind (gw_kind_t) */
+    long long last_epoch;  /* the newest plan stored in the DB at start */
     /* That plan (its JSON and placements), read at start for the planner to
      * reapply once workers are up; planning.c takes them (then NULL). */
     json_t *restore_plan;

@@ -238,8 +238,10 @@ int gw_parse_version(h2o_iovec_t v)
 
 static int hexval(char c)
 {
-    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                                          : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+    return c >= '0' && c <= '9'   ? c - '0'
+           : c >= 'a' && c <= 'f' ? c - 'a' + 10
+           : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                  : -1;
 }
 
 int gw_query_param(h2o_req_t *req, const char *name, char *out, size_t outlen)
@@ -273,9 +275,9 @@ int gw_query_param(h2o_req_t *req, const char *name, char *out, size_t outlen)
 
 static void route_server_metadata(gw_call_t *call)
 {
-    gw_send_json(call->req, 200,
-                 json_pack("{s:s, s:s, s:[]}", "name", "squish", "version", SQUISH_VERSION,
-                           "extensions"));
+    gw_send_json(
+        call->req, 200,
+        json_pack("{s:s, s:s, s:[]}", "name", "squish", "version", SQUISH_VERSION, "extensions"));
 }
 
 static void route_live(gw_call_t *call)

@@ -233,10 +233,10 @@ static json_t *top_k_json(const gw_model_t *m, const float *row, int k)
     json_t *a = json_array();
     for (int i = 0; i < nb; i++) {
         char buf[24];
-        json_array_append_new(
-            a, json_pack("{s:i, s:s, s:f}", "index", best[i].index, "label",
-                         gw_model_label(m, best[i].index, buf, sizeof(buf)), "score",
-                         sum > 0 ? exp((double)(best[i].score - mx)) / sum : 0.0));
+        json_array_append_new(a,
+                              json_pack("{s:i, s:s, s:f}", "index", best[i].index, "label",
+                                        gw_model_label(m, best[i].index, buf, sizeof(buf)), "score",
+                                        sum > 0 ? exp((double)(best[i].score - mx)) / sum : 0.0));
     }
     free(best);
     return a;
@@ -253,9 +253,8 @@ static void respond_v1(gw_async_t *a, h2o_req_t *hreq)
     gw_model_t *m = req->model;
     json_t *preds = json_array();
     for (int i = 0; i < req->n_items; i++)
-        json_array_append_new(preds,
-                              top_k_json(m, req->outputs + (size_t)i * (size_t)m->out_elems,
-                                         req->top_k));
+        json_array_append_new(
+            preds, top_k_json(m, req->outputs + (size_t)i * (size_t)m->out_elems, req->top_k));
     timing_t t = timing_of(req);
     gw_add_header(hreq, "x-request-id", req->request_id);
     gw_send_json(hreq, 200,
@@ -547,8 +546,8 @@ static void v2_start(gw_infer_t *req)
     gw_server_t *srv = req->base.srv;
     v2_state_t *st = req->api_state;
     char err[512];
-    int rc = gw_oip_request_parse(req->body, req->body_len, st->header_len, &st->desc,
-                                  &st->parsed, err, sizeof(err));
+    int rc = gw_oip_request_parse(req->body, req->body_len, st->header_len, &st->desc, &st->parsed,
+                                  err, sizeof(err));
     if (rc != 0) {
         reject(req, rc, "%s", err);
         return;
@@ -564,8 +563,7 @@ static void v2_start(gw_infer_t *req)
         if (in->datatype == GW_OIP_BYTES)
             start_jpeg(srv, &req->items[i], row->data, row->len);
         else
-            start_tensor(srv, &req->items[i], row->data, row->len,
-                         in->datatype == GW_OIP_UINT8);
+            start_tensor(srv, &req->items[i], row->data, row->len, in->datatype == GW_OIP_UINT8);
     }
 }
 
@@ -611,8 +609,8 @@ void gw_route_infer_v2(gw_call_t *call)
         char *end;
         long long v = strtoll(buf, &end, 10);
         if (*end != '\0' || v < 0 || (size_t)v > hreq->entity.len) {
-            reject(req, SQ_BAD_REQUEST,
-                   "Inference-Header-Content-Length: expected 0..%zu", hreq->entity.len);
+            reject(req, SQ_BAD_REQUEST, "Inference-Header-Content-Length: expected 0..%zu",
+                   hreq->entity.len);
             return;
         }
         st->header_len = v;
