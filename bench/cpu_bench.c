@@ -97,9 +97,9 @@ static int bench_model(const char *path, const int *batches, int n_batches, int 
             sum += ms[it];
         }
         clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
-        double cpu_ms = ((double)(c1.tv_sec - c0.tv_sec) * 1e3 +
-                         (double)(c1.tv_nsec - c0.tv_nsec) / 1e6) /
-                        iters;
+        double cpu_ms =
+            ((double)(c1.tv_sec - c0.tv_sec) * 1e3 + (double)(c1.tv_nsec - c0.tv_nsec) / 1e6) /
+            iters;
         qsort(ms, (size_t)iters, sizeof(double), cmp_double);
         double mean = sum / iters;
         printf("{\"engine\": \"squish\", \"model\": \"%.*s\", \"batch\": %d, \"threads\": %d, "

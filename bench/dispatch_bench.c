@@ -1,8 +1,8 @@
 /* squish-dispatch-bench [REQUESTS]: how many requests per second one core
  * pushes through the dispatcher core (planner/dispatch.c), timer, batch and
  * drop handling included, on a virtual clock (no sleeping: the clock jumps
- * to the next event), per second of this thread's CPU time. Scenarios: the Symphony table-2 workload (one model,
- * 8 workers, Poisson at ~95% of the staggered bound) and a mixed one (37
+ * to the next event), per second of this thread's CPU time. Scenarios: the Symphony table-2
+ * workload (one model, 8 workers, Poisson at ~95% of the staggered bound) and a mixed one (37
  * sessions on 64 workers), both policies. Prints one JSON object. */
 #include <pl_dispatch.h>
 #include <sq.h>

@@ -53,7 +53,8 @@ gw_async_t *gw_async_new(gw_call_t *call, size_t size);
 /* From any thread: the job is done; the loop thread replies. */
 void gw_async_done(gw_async_t *a);
 /* Sets the job's reply to an error (with optional detail). */
-void gw_async_fail(gw_async_t *a, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+void gw_async_fail(gw_async_t *a, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* The value of a request header (lower-case name), or an empty iovec. */
 h2o_iovec_t gw_header(h2o_req_t *req, const char *name);

@@ -7,8 +7,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define GW_MULTIPART_MAX_BOUNDARY 70   /* RFC 2046 */
-#define GW_MULTIPART_MAX_HEADERS 4096  /* bytes of headers per part */
+#define GW_MULTIPART_MAX_BOUNDARY 70  /* RFC 2046 */
+#define GW_MULTIPART_MAX_HEADERS 4096 /* bytes of headers per part */
 
 typedef struct {
     const char *name; /* form field name (not terminated; name_len) */

@@ -148,9 +148,8 @@ static int parse_profile(json_t *p, gw_model_config_t *cfg, char *err, size_t er
                 return bad(err, errlen, path, "batch size listed twice");
             }
         }
-        cfg->rows[i] = (mdb_profile_row_t){.batch = (int)json_integer_value(b),
-                                           .mean_us = l * 1000.0,
-                                           .std_us = sd * 1000.0};
+        cfg->rows[i] = (mdb_profile_row_t){
+            .batch = (int)json_integer_value(b), .mean_us = l * 1000.0, .std_us = sd * 1000.0};
     }
     return 0;
 }
@@ -185,9 +184,9 @@ int gw_model_config_parse(const char *text, size_t len, int emulated, gw_model_c
         snprintf(err, errlen, "config: expected a JSON object");
         goto out;
     }
-    static const char *known[] = {"name",      "version",   "labels", "preprocess",
-                                  "default_slo_ms", "max_batch", "profile", "memory_mb",
-                                  "input",     "num_classes"};
+    static const char *known[] = {"name",           "version",    "labels",  "preprocess",
+                                  "default_slo_ms", "max_batch",  "profile", "memory_mb",
+                                  "input",          "num_classes"};
     const char *key;
     json_t *v;
     json_object_foreach(root, key, v)
@@ -208,7 +207,8 @@ int gw_model_config_parse(const char *text, size_t len, int emulated, gw_model_c
     }
     snprintf(cfg->name, sizeof(cfg->name), "%s", json_string_value(v));
     if ((v = json_object_get(root, "version")) != NULL) {
-        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1000000000) {
+        if (!json_is_integer(v) || json_integer_value(v) < 1 ||
+            json_integer_value(v) > 1000000000) {
             rc = bad(err, errlen, "version", "expected an integer in 1..1000000000");
             goto out;
         }
@@ -255,14 +255,16 @@ int gw_model_config_parse(const char *text, size_t len, int emulated, gw_model_c
             } else if (strcmp(key, "resize") == 0) {
                 const char *s = json_string_value(f);
                 if (s == NULL || (strcmp(s, "bilinear") != 0 && strcmp(s, "nearest") != 0)) {
-                    rc = bad(err, errlen, "preprocess.resize", "expected \"bilinear\" or \"nearest\"");
+                    rc = bad(err, errlen, "preprocess.resize",
+                             "expected \"bilinear\" or \"nearest\"");
                     goto out;
                 }
                 snprintf(cfg->resize, sizeof(cfg->resize), "%s", s);
             } else if (strcmp(key, "channel_order") == 0) {
                 const char *s = json_string_value(f);
                 if (s == NULL || (strcmp(s, "RGB") != 0 && strcmp(s, "BGR") != 0)) {
-                    rc = bad(err, errlen, "preprocess.channel_order", "expected \"RGB\" or \"BGR\"");
+                    rc =
+                        bad(err, errlen, "preprocess.channel_order", "expected \"RGB\" or \"BGR\"");
                     goto out;
                 }
                 snprintf(cfg->channel_order, sizeof(cfg->channel_order), "%s", s);

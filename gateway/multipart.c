@@ -89,8 +89,7 @@ static int fail(char *err, size_t errlen, const char *why)
 }
 
 /* Parses the header block [p, end) of one part. */
-static int parse_headers(const char *p, const char *end, gw_part_t *part, char *err,
-                         size_t errlen)
+static int parse_headers(const char *p, const char *end, gw_part_t *part, char *err, size_t errlen)
 {
     int have_disposition = 0;
     while (p < end) {

@@ -184,8 +184,8 @@ static void schedule_restart(gw_workers_t *ws, slot_t *s)
     int64_t now = sq_now_ns();
     s->restarts++;
     gw_metrics_worker_restart(ws->srv->metrics, s->id, s->device);
-    s->restart_timer = sq_loop_timer_at(ws->loop, now + (int64_t)delay * 1000000,
-                                        on_restart_timer, s);
+    s->restart_timer =
+        sq_loop_timer_at(ws->loop, now + (int64_t)delay * 1000000, on_restart_timer, s);
     SQ_INFO("worker restart scheduled id=%d device=%s in_ms=%d restarts=%d", s->id, s->device,
             delay, s->restarts);
     int max = ws->srv->cfg->restart_backoff_max_ms;
@@ -206,8 +206,8 @@ static void peer_close(gw_workers_t *ws, peer_t *p, const char *reason)
         gw_metrics_worker_up(ws->srv->metrics, p->id, p->hello.name, 0);
     if (p->welcomed || p->slot != NULL)
         SQ_LOG(ws->stopping ? SQ_LOG_INFO : SQ_LOG_WARN,
-               "worker %s id=%d device=%s pid=%u reason=%s", ws->stopping ? "gone" : "lost",
-               p->id, p->hello.name[0] ? p->hello.name : "?", p->hello.pid, reason);
+               "worker %s id=%d device=%s pid=%u reason=%s", ws->stopping ? "gone" : "lost", p->id,
+               p->hello.name[0] ? p->hello.name : "?", p->hello.pid, reason);
     sq_loop_unwatch(ws->loop, p->conn.fd);
     sq_conn_dispose(&p->conn);
     slot_t *s = p->slot;
@@ -237,8 +237,8 @@ static void slot_exited(gw_workers_t *ws, slot_t *s, int status)
     if (code == WK_EXIT_DEVICE_UNAVAILABLE) {
         int have_cpu = 0;
         for (int i = 0; i < ws->nslots; i++)
-            have_cpu |= strcmp(ws->slots[i].device, "cpu") == 0 &&
-                        ws->slots[i].state != SLOT_DISABLED;
+            have_cpu |=
+                strcmp(ws->slots[i].device, "cpu") == 0 && ws->slots[i].state != SLOT_DISABLED;
         if (!have_cpu && strncmp(s->device, "cpu", 3) != 0) {
             SQ_WARN("device unavailable, falling back to cpu id=%d device=%s", s->id, s->device);
             snprintf(s->device, sizeof(s->device), "cpu");
@@ -329,8 +329,8 @@ static int on_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
         p->slot->state = SLOT_UP;
         p->slot->up_since_ns = sq_now_ns();
     }
-    SQ_INFO("worker up id=%d device=%s pid=%u memory_mb=%llu supervised=%s", p->id,
-            p->hello.name, p->hello.pid, (unsigned long long)(p->hello.memory_bytes >> 20),
+    SQ_INFO("worker up id=%d device=%s pid=%u memory_mb=%llu supervised=%s", p->id, p->hello.name,
+            p->hello.pid, (unsigned long long)(p->hello.memory_bytes >> 20),
             p->slot ? "yes" : "no");
     publish(ws);
     gw_metrics_worker_up(ws->srv->metrics, p->id, p->hello.name, 1);
@@ -592,8 +592,8 @@ int gw_workers_start(gw_server_t *srv, char *err, size_t errlen)
     srv->dispatch = gw_dispatch_new(srv, ws->loop);
     for (int i = 0; i < ws->nslots; i++)
         spawn(ws, &ws->slots[i]);
-    ws->tick_timer = sq_loop_timer_at(ws->loop, sq_now_ns() + (int64_t)cfg->heartbeat_ms * 1000000,
-                                      on_tick, ws);
+    ws->tick_timer =
+        sq_loop_timer_at(ws->loop, sq_now_ns() + (int64_t)cfg->heartbeat_ms * 1000000, on_tick, ws);
     if (pthread_create(&ws->thread, NULL, workers_thread, ws) != 0) {
         snprintf(err, errlen, "cannot start the dispatch thread");
         rc = SQ_NOMEM;

@@ -22,13 +22,13 @@ typedef struct {
 } pl_profile_row_t;
 
 typedef struct {
-    int linear;       /* 1: alpha/beta; 0: table */
-    double alpha_us;  /* per-item cost, linear form */
-    double beta_us;   /* fixed cost, linear form */
-    int max_batch;    /* largest usable batch */
-    int nrows;        /* table form */
-    pl_profile_row_t *rows; /* owned; sorted by batch, ascending */
-    double memory_bytes;         /* weights + workspace at batch 1 */
+    int linear;                   /* 1: alpha/beta; 0: table */
+    double alpha_us;              /* per-item cost, linear form */
+    double beta_us;               /* fixed cost, linear form */
+    int max_batch;                /* largest usable batch */
+    int nrows;                    /* table form */
+    pl_profile_row_t *rows;       /* owned; sorted by batch, ascending */
+    double memory_bytes;          /* weights + workspace at batch 1 */
     double memory_per_item_bytes; /* activations per extra item */
 } pl_profile_t;
 

@@ -119,7 +119,8 @@ static int handshake(worker_t *w)
     w->shm = sq_shm_map(shm_fd, wel.shm_bytes);
     close(shm_fd);
     if (w->shm == NULL) {
-        SQ_ERROR("cannot map the shared-memory arena bytes=%llu", (unsigned long long)wel.shm_bytes);
+        SQ_ERROR("cannot map the shared-memory arena bytes=%llu",
+                 (unsigned long long)wel.shm_bytes);
         return SQ_NOMEM;
     }
     w->shm_bytes = wel.shm_bytes;
@@ -133,14 +134,11 @@ int main(int argc, char **argv)
 {
     const char *sock_path = NULL, *device = NULL;
     long memory_mb = 0, threads = 0;
-    static const struct option opts[] = {{"connect", required_argument, NULL, 'c'},
-                                         {"device", required_argument, NULL, 'd'},
-                                         {"memory-mb", required_argument, NULL, 'm'},
-                                         {"threads", required_argument, NULL, 't'},
-                                         {"log-level", required_argument, NULL, 'l'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {"version", no_argument, NULL, 'V'},
-                                         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {
+        {"connect", required_argument, NULL, 'c'},   {"device", required_argument, NULL, 'd'},
+        {"memory-mb", required_argument, NULL, 'm'}, {"threads", required_argument, NULL, 't'},
+        {"log-level", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
+        {"version", no_argument, NULL, 'V'},         {NULL, 0, NULL, 0}};
     int opt;
     while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (opt) {

@@ -10,8 +10,8 @@ typedef enum { WK_DEV_CPU, WK_DEV_CUDA, WK_DEV_EMU } wk_dev_kind_t;
 
 typedef struct {
     wk_dev_kind_t kind;
-    int index;         /* N of cuda:N / emu:N; 0 for cpu */
-    char name[64];     /* canonical: "cpu", "cuda:0", "emu:3" */
+    int index;     /* N of cuda:N / emu:N; 0 for cpu */
+    char name[64]; /* canonical: "cpu", "cuda:0", "emu:3" */
     uint64_t memory_bytes;
 } wk_device_t;
 

@@ -11,9 +11,9 @@
 
 typedef struct {
     wk_device_t dev;
-    int threads;       /* cpu kernel threads; 0 = all cores */
-    int fd;            /* connected socket, past the handshake */
-    sq_conn_t *conn;   /* its connection (buffers may hold frames already) */
+    int threads;     /* cpu kernel threads; 0 = all cores */
+    int fd;          /* connected socket, past the handshake */
+    sq_conn_t *conn; /* its connection (buffers may hold frames already) */
     uint8_t *shm;
     size_t shm_bytes;
 } wk_serve_opts_t;

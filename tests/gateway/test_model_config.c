@@ -81,9 +81,10 @@ Test(model_config, emulated_models_need_a_valid_profile)
 {
     gw_model_config_t cfg;
     char err[512];
-    cr_assert_eq(parse("{\"name\": \"r50\", \"profile\": {\"alpha_ms\": 1.053, \"beta_ms\": 5.072}}",
-                       1, &cfg, err),
-                 0, "%s", err);
+    cr_assert_eq(
+        parse("{\"name\": \"r50\", \"profile\": {\"alpha_ms\": 1.053, \"beta_ms\": 5.072}}", 1,
+              &cfg, err),
+        0, "%s", err);
     cr_assert(cfg.linear);
     cr_assert_eq(cfg.max_batch, 64);
     cr_assert_float_eq(cfg.alpha_ms, 1.053, 1e-12);

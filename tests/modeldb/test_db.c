@@ -42,13 +42,12 @@ Test(mdb, open_creates_the_schema_in_wal_mode)
     cr_assert_eq(sqlite3_step(st), SQLITE_ROW);
     cr_assert_str_eq((const char *)sqlite3_column_text(st, 0), "wal");
     sqlite3_finalize(st);
-    const char *tables[] = {"models", "model_nodes", "profiles", "plans", "placements",
-                            "prefix_groups", "prefix_members"};
+    const char *tables[] = {"models",     "model_nodes",   "profiles",      "plans",
+                            "placements", "prefix_groups", "prefix_members"};
     for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]); i++) {
         char sql[128];
         snprintf(sql, sizeof(sql), "SELECT count(*) FROM %s", tables[i]);
-        cr_assert_eq(sqlite3_prepare_v2(raw, sql, -1, &st, NULL), SQLITE_OK, "table %s",
-                     tables[i]);
+        cr_assert_eq(sqlite3_prepare_v2(raw, sql, -1, &st, NULL), SQLITE_OK, "table %s", tables[i]);
         sqlite3_finalize(st);
     }
     sqlite3_close(raw);

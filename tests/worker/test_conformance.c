@@ -93,8 +93,7 @@ static float *tensor_floats(const Onnx__TensorProto *t, size_t *count)
     } else if (t->n_float_data == n) {
         if (n > 0)
             memcpy(v, t->float_data, n * sizeof(float));
-    }
-    else {
+    } else {
         free(v);
         return NULL;
     }

@@ -19,8 +19,8 @@ Test(device, specs_parse_to_canonical_names)
 Test(device, bad_specs_are_rejected)
 {
     wk_device_t d;
-    const char *bad[] = {"", "gpu:0", "emu", "emu:", "emu:-1", "emu:x", "emu:1x", "cuda:99999",
-                         "emu: 1"};
+    const char *bad[] = {"",      "gpu:0",  "emu",        "emu:",  "emu:-1",
+                         "emu:x", "emu:1x", "cuda:99999", "emu: 1"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         cr_assert_eq(wk_device_parse(bad[i], &d), SQ_INVAL, "'%s'", bad[i]);
 }
