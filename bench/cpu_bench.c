@@ -12,39 +12,17 @@
 #include <sq.h>
 #include <wk_exec.h>
 
+#include "bench_util.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static void *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *p = malloc((size_t)n + 1);
-    if (p != NULL && fread(p, 1, (size_t)n, f) != (size_t)n) {
-        free(p);
-        p = NULL;
-    }
-    fclose(f);
-    *len = (size_t)n;
-    return p;
-}
-
 static int bench_model(const char *path, const int *batches, int n_batches, int threads, int iters)
 {
     size_t len;
-    void *bytes = slurp(path, &len);
+    void *bytes = bench_slurp(path, &len);
     if (bytes == NULL) {
         fprintf(stderr, "cannot read %s\n", path);
         return 1;
@@ -100,7 +78,7 @@ static int bench_model(const char *path, const int *batches, int n_batches, int 
         double cpu_ms =
             ((double)(c1.tv_sec - c0.tv_sec) * 1e3 + (double)(c1.tv_nsec - c0.tv_nsec) / 1e6) /
             iters;
-        qsort(ms, (size_t)iters, sizeof(double), cmp_double);
+        qsort(ms, (size_t)iters, sizeof(double), bench_cmp_double);
         double mean = sum / iters;
         printf("{\"engine\": \"squish\", \"model\": \"%.*s\", \"batch\": %d, \"threads\": %d, "
                "\"mean_ms\": %.2f, \"median_ms\": %.2f, \"min_ms\": %.2f, \"images_per_s\": %.1f, "

@@ -19,6 +19,8 @@
 #include <sq.h>
 #include <wk_exec.h>
 
+#include "bench_util.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,30 +28,6 @@
 
 #define MAX_VARIANTS 64
 #define MAX_BATCHES 16
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static void *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *p = malloc((size_t)n + 1);
-    if (p != NULL && fread(p, 1, (size_t)n, f) != (size_t)n) {
-        free(p);
-        p = NULL;
-    }
-    fclose(f);
-    *len = (size_t)n;
-    return p;
-}
 
 static double now_ms(clockid_t c)
 {
@@ -110,7 +88,7 @@ int main(int argc, char **argv)
         max_batch = batches[i] > max_batch ? batches[i] : max_batch;
 
     size_t len;
-    void *bytes = slurp(path, &len);
+    void *bytes = bench_slurp(path, &len);
     if (bytes == NULL) {
         fprintf(stderr, "cannot read %s\n", path);
         return 1;
@@ -209,7 +187,7 @@ int main(int argc, char **argv)
             }
         }
         for (int mode = 0; mode < 2; mode++) {
-            qsort(t[mode], (size_t)iters, sizeof(double), cmp_double);
+            qsort(t[mode], (size_t)iters, sizeof(double), bench_cmp_double);
             double med = t[mode][iters / 2];
             printf("{\"mode\": \"%s\", \"variants\": %d, \"batch\": %d, \"median_ms\": %.2f, "
                    "\"min_ms\": %.2f, \"images_per_s\": %.1f, \"cpu_ms\": %.2f}\n",

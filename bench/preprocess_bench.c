@@ -11,6 +11,8 @@
  * 100 consecutive images, the least disturbed by neighbours) and wall time
  * (mean, p50, p99) over N runs after a warm-up. The goal of issue 5: 640x480 -> 224x224
  * in <= 1.2 ms per image per core. */
+#include "bench_util.h"
+
 #include <gw_preprocess.h>
 #include <sq.h>
 
@@ -76,12 +78,6 @@ static int64_t cpu_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 typedef struct {
     double mean_ms, p50_ms, p99_ms;
     double best_batch_ms; /* lowest mean over BATCH consecutive images */
@@ -102,7 +98,7 @@ static stats_t summarize(double *ms, int n)
         if (sum / BATCH < s.best_batch_ms)
             s.best_batch_ms = sum / BATCH;
     }
-    qsort(ms, (size_t)n, sizeof(double), cmp_double);
+    qsort(ms, (size_t)n, sizeof(double), bench_cmp_double);
     s.p50_ms = ms[n / 2];
     s.p99_ms = ms[(int)(n * 0.99)];
     return s;
