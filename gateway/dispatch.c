@@ -405,6 +405,24 @@ static void fail_pending(gw_dispatch_t *ds, ds_model_t *dm, int rc, const char *
     dm->npending = 0;
 }
 
+/* Takes dm out of service: its sessions leave the core (which answers
+ * what they queued) and every worker holding it unloads it. */
+static void withdraw(gw_dispatch_t *ds, ds_model_t *dm)
+{
+    for (int s = 0; s < ds->nsessions; s++)
+        if (ds->sessions[s].model == dm)
+            pl_dispatch_session_remove(ds->core, now_us(), s);
+    for (int i = 0; i < ds->nworkers; i++) {
+        ds_worker_t *w = ds->workers[i];
+        ds_load_t *l = w ? load_of(w, dm->key, 0) : NULL;
+        if (l != NULL && w->up && l->state != LOAD_NONE) {
+            gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_UNLOAD, (uint64_t)dm->key, NULL,
+                            0);
+            l->state = LOAD_NONE;
+        }
+    }
+}
+
 /* ---- loading models ---------------------------------------------------- */
 
 static void send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w);
@@ -459,6 +477,32 @@ static void blob_job(mdb_t *db, void *arg)
     sq_loop_post(j->ds->loop, on_blob, j);
 }
 
+/* What a MODEL_LOAD says of m's input, preprocessing, output and batch. */
+static void spec_from_model(sq_model_load_t *spec, const gw_model_t *m)
+{
+    spec->max_batch = (uint32_t)(m->max_batch > 0 ? m->max_batch : 1);
+    for (int c = 0; c < 3; c++) {
+        spec->mean[c] = m->mean[c];
+        spec->std[c] = m->std[c];
+    }
+    spec->bgr = (uint8_t)m->bgr;
+    spec->in_chw[0] = (uint32_t)m->c;
+    spec->in_chw[1] = (uint32_t)m->h;
+    spec->in_chw[2] = (uint32_t)m->w;
+    spec->out_classes = (uint32_t)m->out_elems;
+}
+
+static int send_spec(gw_dispatch_t *ds, ds_worker_t *w, int64_t key, const sq_model_load_t *spec)
+{
+    sq_buf_t buf;
+    sq_buf_init(&buf);
+    sq_model_load_encode(&buf, spec);
+    int rc = gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_LOAD, (uint64_t)key, buf.data,
+                             (uint32_t)buf.len);
+    sq_buf_dispose(&buf);
+    return rc;
+}
+
 /* The file's bytes in MODEL_CHUNK frames after its MODEL_LOAD; the worker
  * keeps them by sha256 for the life of the connection. */
 static int send_chunks(gw_dispatch_t *ds, ds_worker_t *w, int64_t key, const char *sha,
@@ -505,16 +549,7 @@ static void send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
     spec->format = m->emulated ? SQ_FORMAT_EMULATED : SQ_FORMAT_ONNX;
     spec->cached = (uint8_t)cached;
     spec->total_bytes = need_bytes ? dm->blob_len : 0;
-    spec->max_batch = (uint32_t)(m->max_batch > 0 ? m->max_batch : 1);
-    for (int c = 0; c < 3; c++) {
-        spec->mean[c] = m->mean[c];
-        spec->std[c] = m->std[c];
-    }
-    spec->bgr = (uint8_t)m->bgr;
-    spec->in_chw[0] = (uint32_t)m->c;
-    spec->in_chw[1] = (uint32_t)m->h;
-    spec->in_chw[2] = (uint32_t)m->w;
-    spec->out_classes = (uint32_t)m->out_elems;
+    spec_from_model(spec, m);
     if (w->kind == GW_KIND_EMU) {
         /* An emulated device holds the batch for l(b) of the model's emu
          * profile (or, for a real model, of its cpu or cuda profile). */
@@ -530,12 +565,7 @@ static void send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
         }
         spec->format = SQ_FORMAT_EMULATED;
     }
-    sq_buf_t buf;
-    sq_buf_init(&buf);
-    sq_model_load_encode(&buf, spec);
-    int rc = gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_LOAD, (uint64_t)dm->key,
-                             buf.data, (uint32_t)buf.len);
-    sq_buf_dispose(&buf);
+    int rc = send_spec(ds, w, dm->key, spec);
     free(spec);
     if (rc == 0 && need_bytes && !cached)
         rc = send_chunks(ds, w, dm->key, m->sha256, dm->blob, dm->blob_len);
@@ -803,18 +833,7 @@ static void group_retire(gw_dispatch_t *ds, ds_model_t *g, const char *why)
     for (int i = 0; i < g->npending; i++)
         sq_loop_post(ds->loop, on_submit, g->pending[i]);
     g->npending = 0;
-    for (int s = 0; s < ds->nsessions; s++)
-        if (ds->sessions[s].model == g)
-            pl_dispatch_session_remove(ds->core, now_us(), s);
-    for (int i = 0; i < ds->nworkers; i++) {
-        ds_worker_t *w = ds->workers[i];
-        ds_load_t *l = w ? load_of(w, g->key, 0) : NULL;
-        if (l != NULL && w->up && l->state != LOAD_NONE) {
-            gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_UNLOAD, (uint64_t)g->key, NULL,
-                            0);
-            l->state = LOAD_NONE;
-        }
-    }
+    withdraw(ds, g);
     group_free_blobs(g);
     for (int i = 0; i < ds->nmodels; i++)
         if (ds->models[i]->group == g)
@@ -911,29 +930,15 @@ static void send_group_load(gw_dispatch_t *ds, ds_model_t *g, ds_worker_t *w)
         spec->cache_only = 1;
         spec->total_bytes = g->member_lens[i];
         spec->max_batch = 1;
-        sq_buf_t buf;
-        sq_buf_init(&buf);
-        sq_model_load_encode(&buf, spec);
-        rc = gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_LOAD, (uint64_t)g->key, buf.data,
-                             (uint32_t)buf.len);
-        sq_buf_dispose(&buf);
+        rc = send_spec(ds, w, g->key, spec);
         if (rc == 0)
             rc = send_chunks(ds, w, g->key, mm->sha256, g->member_blobs[i], g->member_lens[i]);
         sent += g->member_lens[i];
     }
     const gw_model_t *gm = g->m;
     memset(spec, 0, sizeof(*spec));
+    spec_from_model(spec, gm);
     spec->format = SQ_FORMAT_GROUP;
-    spec->max_batch = (uint32_t)(gm->max_batch > 0 ? gm->max_batch : 1);
-    for (int c = 0; c < 3; c++) {
-        spec->mean[c] = gm->mean[c];
-        spec->std[c] = gm->std[c];
-    }
-    spec->bgr = (uint8_t)gm->bgr;
-    spec->in_chw[0] = (uint32_t)gm->c;
-    spec->in_chw[1] = (uint32_t)gm->h;
-    spec->in_chw[2] = (uint32_t)gm->w;
-    spec->out_classes = (uint32_t)gm->out_elems;
     spec->n_members = (uint32_t)g->nmembers;
     for (int i = 0; i < g->nmembers; i++) {
         snprintf(spec->members[i].sha256, sizeof(spec->members[i].sha256), "%s",
@@ -941,14 +946,8 @@ static void send_group_load(gw_dispatch_t *ds, ds_model_t *g, ds_worker_t *w)
         snprintf(spec->members[i].cut, sizeof(spec->members[i].cut), "%s",
                  g->members[i]->cut_tensor);
     }
-    if (rc == 0) {
-        sq_buf_t buf;
-        sq_buf_init(&buf);
-        sq_model_load_encode(&buf, spec);
-        rc = gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_LOAD, (uint64_t)g->key, buf.data,
-                             (uint32_t)buf.len);
-        sq_buf_dispose(&buf);
-    }
+    if (rc == 0)
+        rc = send_spec(ds, w, g->key, spec);
     free(spec);
     l->state = rc == 0 ? LOAD_SENT : LOAD_FAILED;
     SQ_INFO("prefix group load sent worker=%d device=%s group=%s members=%d bytes=%zu", w->id,
@@ -1440,18 +1439,7 @@ static void on_model_changed(sq_loop_t *loop, void *arg)
         if (dm != NULL && !dm->removed) {
             dm->removed = 1;
             fail_pending(ds, dm, SQ_MODEL_NOT_FOUND, "the model was deleted");
-            for (int s = 0; s < ds->nsessions; s++)
-                if (ds->sessions[s].model == dm)
-                    pl_dispatch_session_remove(ds->core, now_us(), s);
-            for (int i = 0; i < ds->nworkers; i++) {
-                ds_worker_t *w = ds->workers[i];
-                ds_load_t *l = w ? load_of(w, dm->key, 0) : NULL;
-                if (l != NULL && w->up && l->state != LOAD_NONE) {
-                    gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_UNLOAD, (uint64_t)dm->key,
-                                    NULL, 0);
-                    l->state = LOAD_NONE;
-                }
-            }
+            withdraw(ds, dm);
             free(dm->blob);
             dm->blob = NULL;
             dm->blob_state = 0;
