@@ -185,12 +185,7 @@ def a_real_onnx_model_is_profiled_on_the_cpu_worker_then_served():
     s = Squishd(workers="cpu:1")
     try:
         s.wait_ready(workers=1)
-        labels = ("\n".join("cls%d" % i for i in range(10)) + "\n").encode()
-        body, ctype = tm.multipart([("model", "m.onnx", None, tm.tiny()),
-                                    ("config", None, None, b'{"name": "tiny", "max_batch": 8}'),
-                                    ("labels", "l.txt", None, labels)])
-        r = s.request("POST", "/models", body=body, headers=dict(auth(s), **{"Content-Type": ctype}))
-        assert r.status == 202, r
+        _upload_onnx(s, "tiny", tm.tiny())
 
         def ready():
             rec = s.get("/models/tiny", headers=auth(s), schema_name="model").json["versions"][0]
@@ -223,7 +218,8 @@ def a_real_onnx_model_is_profiled_on_the_cpu_worker_then_served():
         s.cleanup()
 
 
-def _upload_variant(s, name, onnx_bytes):
+def _upload_onnx(s, name, onnx_bytes):
+    """Uploads an ONNX model with ten labels cls0..cls9 and max batch 8."""
     labels = ("\n".join("cls%d" % i for i in range(10)) + "\n").encode()
     body, ctype = tm.multipart([("model", "m.onnx", None, onnx_bytes),
                                 ("config", None, None, json.dumps({"name": name, "max_batch": 8}).encode()),
@@ -246,8 +242,8 @@ def variants_sharing_a_backbone_run_as_one_prefix_group():
     tmp = s.tmp
     try:
         s.wait_ready(workers=1)
-        _upload_variant(s, "va", tm.variant(11))
-        _upload_variant(s, "vb", tm.variant(22, names="b"))
+        _upload_onnx(s, "va", tm.variant(11))
+        _upload_onnx(s, "vb", tm.variant(22, names="b"))
         for name in ("va", "vb"):
             eventually(lambda: s.get("/models/" + name, headers=auth(s)).json["versions"][0]["status"]
                        == "ready" or None, 60, name + " profiled")
@@ -318,7 +314,7 @@ def variants_sharing_a_backbone_run_as_one_prefix_group():
         for t in ts:
             t.start()
         time.sleep(0.3)
-        _upload_variant(s, "vc", tm.variant(33, names="c"))
+        _upload_onnx(s, "vc", tm.variant(33, names="c"))
         for t in ts:
             t.join()
         for (name, i), r in got.items():
@@ -474,8 +470,8 @@ def a_prefix_group_loses_no_request_when_its_worker_is_killed():
     s = Squishd(workers="cpu:1")
     try:
         s.wait_ready(workers=1)
-        _upload_variant(s, "va", tm.variant(11))
-        _upload_variant(s, "vb", tm.variant(22, names="b"))
+        _upload_onnx(s, "va", tm.variant(11))
+        _upload_onnx(s, "vb", tm.variant(22, names="b"))
         eventually(lambda: "prefix group ready" in s.read_log() or None, 60, "the group")
         img = jpeg(size=(64, 64))
         ref = {}
