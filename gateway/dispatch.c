@@ -407,8 +407,15 @@ static void fail_pending(gw_dispatch_t *ds, ds_model_t *dm, int rc, const char *
 
 /* Takes dm out of service: its sessions leave the core (which answers
  * what they queued) and every worker holding it unloads it. */
+static void end_profile(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w);
+
 static void withdraw(gw_dispatch_t *ds, ds_model_t *dm)
 {
+    /* A measurement under way is abandoned: the worker is free for the next
+     * one (the unload below follows it on the same connection, and its late
+     * answers are ignored, see gw_dispatch_frame). */
+    if (dm->profile_worker >= 0)
+        end_profile(ds, dm, worker_get(ds, dm->profile_worker));
     for (int s = 0; s < ds->nsessions; s++)
         if (ds->sessions[s].model == dm)
             pl_dispatch_session_remove(ds->core, now_us(), s);
@@ -1163,6 +1170,10 @@ int gw_dispatch_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
         ds_load_t *l = load_of(w, (int64_t)f->id, 0);
         if (dm == NULL || l == NULL)
             return 0; /* a model deleted meanwhile */
+        if (dm->removed) {
+            l->state = LOAD_NONE; /* withdrawn: its unload is on the way */
+            return 0;
+        }
         if (f->type == SQ_MSG_MODEL_LOADED) {
             sq_model_loaded_t info;
             if (sq_model_loaded_decode(f, &info) != 0)
@@ -1231,10 +1242,15 @@ int gw_dispatch_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
             return -1;
         }
         ds_model_t *dm = model_find(ds, (int64_t)f->id);
-        if (dm != NULL)
-            end_profile(ds, dm, w);
         SQ_INFO("profiling done key=%lld worker=%d rows=%u code=%s", (long long)f->id, w->id,
                 p->done.nrows, sq_err_name(p->done.code));
+        if (dm == NULL || dm->removed || dm->profile_worker != w->id) {
+            /* Abandoned (the model deleted, the group retired): the worker
+             * was released then, and nothing is stored. */
+            free(p);
+            return 0;
+        }
+        end_profile(ds, dm, w);
         if (dm != NULL && dm->is_group) {
             group_profiled(ds, dm, w, &p->done);
             free(p);

@@ -96,6 +96,17 @@ static const char *const migrations[] = {
     "  created_at REAL NOT NULL,"
     "  PRIMARY KEY (members, device_kind)"
     ");",
+    /* 3: a model version's id is never handed out again after a delete (it
+     * is the key squishd and its workers name the model by; a reused one
+     * could meet answers, and stored placements, meant for the deleted
+     * model). The last id ever used; a trigger keeps it up to date whatever
+     * inserts a row. */
+    "CREATE TABLE model_id_seq (last INTEGER NOT NULL);"
+    "INSERT INTO model_id_seq SELECT MAX(COALESCE((SELECT MAX(id) FROM models), 0),"
+    "                                    COALESCE((SELECT MAX(model_id) FROM placements), 0));"
+    "CREATE TRIGGER models_id_seq AFTER INSERT ON models BEGIN"
+    "  UPDATE model_id_seq SET last = MAX(last, NEW.id);"
+    "END;",
 };
 
 _Static_assert(sizeof(migrations) / sizeof(migrations[0]) == MDB_SCHEMA_VERSION,

@@ -16,7 +16,7 @@ typedef struct mdb mdb_t;
 struct mdb_graph;
 
 /* The schema version this build writes; older files are migrated on open. */
-#define MDB_SCHEMA_VERSION 2
+#define MDB_SCHEMA_VERSION 3
 
 /* Opens (creating if needed) the database at path, enables WAL and foreign
  * keys, and runs the migrations. Returns 0 and sets *out, or a negative SQ_*

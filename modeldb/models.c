@@ -274,10 +274,11 @@ int mdb_model_insert(mdb_t *db, const mdb_new_model_t *m, int64_t *id_out)
 {
     static const char exists_sql[] = "SELECT 1 FROM models WHERE name = ? AND version = ?";
     static const char sql[] =
-        "INSERT INTO models (name, version, sha256, created_at, format, onnx, input_name, "
+        "INSERT INTO models (id, name, version, sha256, created_at, format, onnx, input_name, "
         "input, input_layout, preprocess, labels, default_slo_ms, max_batch, outputs, "
         "param_bytes, memory_bytes, input_spec, config, status) "
-        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'NCHW', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
+        "VALUES ((SELECT last + 1 FROM model_id_seq), "
+        "?, ?, ?, ?, ?, ?, ?, ?, 'NCHW', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)";
     db->errmsg[0] = '\0';
     int rc = mdb_exec(db, "BEGIN IMMEDIATE");
     if (rc != 0)

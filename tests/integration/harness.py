@@ -25,6 +25,9 @@ WORKER = os.path.join(BUILD, "worker", "squish-worker")
 SCHEMAS = os.path.join(SOURCE, "schemas")
 
 _schema_cache = {}
+# squishd instances of the running test; a failure shows the end of their logs.
+_started = []
+LOG_TAIL = 6000
 
 
 def schema(name):
@@ -84,6 +87,8 @@ class Squishd:
                 "--db", self.db, "--workers", workers, "--worker-bin", WORKER,
                 "--dispatch-margin-us", "10000", "--timer-slack-us", "30000"] + list(extra)
         self.log = open(self.log_path, "ab")
+        self.tail = None
+        _started.append(self)
         e = dict(os.environ)
         e.update(env or {})
         self.proc = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT, env=e)
@@ -179,7 +184,11 @@ class Squishd:
             self.proc.wait()
         if not self.log.closed:
             self.log.close()
-        if self.own_tmp:
+        try:
+            self.tail = self.read_log()[-LOG_TAIL:]
+        except OSError:
+            pass
+        if self.own_tmp and not os.environ.get("SQUISH_IT_KEEP"):
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
@@ -193,21 +202,38 @@ def test(fn):
 
 def run():
     """Runs every @test function; each is one TAP line. A failure prints the
-    traceback as TAP diagnostics."""
+    traceback as TAP diagnostics, and to stderr with the end of the logs of
+    the squishd processes the test started (meson and CI show stderr)."""
     only = sys.argv[1:]
     chosen = [t for t in _tests if not only or t.__name__ in only]
     print("1..%d" % len(chosen), flush=True)
     failed = 0
     for i, t in enumerate(chosen, 1):
         start = time.time()
+        del _started[:]
         try:
             t()
             print("ok %d - %s (%.2fs)" % (i, t.__name__, time.time() - start), flush=True)
         except Exception:  # noqa: BLE001 - report every failure as TAP
             failed += 1
             print("not ok %d - %s" % (i, t.__name__), flush=True)
-            for line in traceback.format_exc().splitlines():
+            tb = traceback.format_exc()
+            for line in tb.splitlines():
                 print("# " + line, flush=True)
+            sys.stderr.write("=== %s failed (%.2fs)\n%s" % (t.__name__, time.time() - start, tb))
+            shown = set()
+            for n, s in reversed(list(enumerate(_started))):
+                if s.log_path in shown:  # restarts on one directory share a log
+                    continue
+                shown.add(s.log_path)
+                tail = s.tail
+                if tail is None:
+                    try:
+                        tail = s.read_log()[-LOG_TAIL:]
+                    except OSError:
+                        tail = "(log gone)"
+                sys.stderr.write("--- squishd #%d log, last %d chars:\n%s\n" % (n, LOG_TAIL, tail))
+            sys.stderr.flush()
     sys.exit(1 if failed else 0)
 
 

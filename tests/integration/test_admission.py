@@ -16,9 +16,10 @@ from PIL import Image
 import tiny_models as tm
 from harness import Squishd, eventually, run, test
 
-# l(4) = 65 ms; requests with a 2 s SLO are held by deferred dispatch for
-# most of their SLO, so a burst overlaps inside squishd.
-HOLD = {"name": "hold", "profile": {"alpha_ms": 5.0, "beta_ms": 45.0}, "max_batch": 4,
+# l(b) = 5b + 45 ms; requests with a 2 s SLO are held by deferred dispatch
+# for most of their SLO (a batch never fills: 16 is more than --max-inflight
+# lets in), so a burst overlaps inside squishd.
+HOLD = {"name": "hold", "profile": {"alpha_ms": 5.0, "beta_ms": 45.0}, "max_batch": 16,
         "default_slo_ms": 2000, "input": {"shape": [3, 4, 4]}, "num_classes": 3}
 TENSOR = b"\0" * (3 * 4 * 4 * 4)
 OIP = {"Inference-Header-Content-Length": "0"}

@@ -12,7 +12,7 @@ import threading
 import time
 
 import tiny_models as tm
-from harness import Squishd, run, test, validate
+from harness import Squishd, eventually, run, test, validate
 
 
 def upload(s, model_bytes, config, token=None, labels=None, extra=()):
@@ -224,6 +224,37 @@ def models_survive_a_restart():
         finally:
             s2.stop()
             s2.cleanup()
+    finally:
+        s.cleanup()
+
+
+@test
+def a_model_deleted_while_it_loads_does_not_hold_up_the_next():
+    """The only worker is busy loading a large model to measure it when the
+    model is deleted: the worker is released at once, and a model uploaded
+    next is measured and served."""
+    s = Squishd(workers="cpu:1")
+    try:
+        s.wait_ready(workers=1)
+        for round_ in range(2):
+            big = "big%d" % round_
+            assert upload(s, tm.large(24), {"name": big}).status == 202
+            r = s.request("DELETE", "/models/" + big, headers=auth(s))
+            assert r.status in (200, 204), r
+            small = "small%d" % round_
+            assert upload(s, tm.tiny(round_ + 1), {"name": small}).status == 202
+
+            def ready():
+                v = s.get("/models/" + small, headers=auth(s)).json["versions"][0]
+                return v["status"] == "ready" or None
+
+            eventually(ready, 30, small + " measured")
+            r = s.request("POST", "/v2/models/%s/infer" % small,
+                          body=b"\0" * (3 * 32 * 32 * 4),
+                          headers={"Inference-Header-Content-Length": "0"})
+            assert r.status == 200, r
+        assert "big0" not in names(s) and "big1" not in names(s)
+        assert s.stop() == 0
     finally:
         s.cleanup()
 

@@ -188,3 +188,77 @@ Test(group_profiles, stored_per_members_and_kind_and_replaced)
     cr_assert_eq(mdb_group_profile_get(db, "abc", "cpu", &got, &n), 0);
     free(got);
 }
+
+TestSuite(model_ids, .init = setup, .fini = teardown);
+
+static int64_t insert_emulated(const char *name)
+{
+    json_t *input = json_pack("{s:s, s:s, s:[i,i,i,i]}", "name", "input", "datatype", "FP32",
+                              "shape", -1, 3, 4, 4);
+    json_t *outputs =
+        json_pack("[{s:s, s:s, s:[i,i]}]", "name", "logits", "datatype", "FP32", "shape", -1, 3);
+    json_t *pre = json_object();
+    json_t *labels = json_array();
+    json_t *config = json_pack("{s:s}", "name", name);
+    mdb_new_model_t m = {.name = name,
+                         .version = 1,
+                         .format = "emulated",
+                         .sha256 = "00",
+                         .input = input,
+                         .outputs = outputs,
+                         .preprocess = pre,
+                         .labels = labels,
+                         .config = config,
+                         .default_slo_ms = 100,
+                         .max_batch = 4,
+                         .status = "ready"};
+    int64_t id = -1;
+    cr_assert_eq(mdb_model_insert(db, &m, &id), 0, "%s", mdb_errmsg(db));
+    json_decref(input);
+    json_decref(outputs);
+    json_decref(pre);
+    json_decref(labels);
+    json_decref(config);
+    return id;
+}
+
+/* The id is the key squishd and the workers name a model by: a deleted
+ * model's id handed to the next upload met the deleted model's late load
+ * answer (the worker ran the wrong graph for the new model). */
+Test(model_ids, a_deleted_models_id_is_never_handed_out_again)
+{
+    int deleted = 0;
+    int64_t a = insert_emulated("a");
+    cr_assert_eq(mdb_model_delete(db, "a", 0, &deleted), 0);
+    int64_t b = insert_emulated("b");
+    cr_assert_gt(b, a, "b=%lld a=%lld", (long long)b, (long long)a);
+    cr_assert_eq(mdb_model_delete(db, "b", 0, &deleted), 0);
+    /* Nor after a reopen. */
+    mdb_close(db);
+    cr_assert_eq(mdb_open(path, &db), 0, "%s", mdb_errmsg(db));
+    int64_t c = insert_emulated("c");
+    cr_assert_gt(c, b, "c=%lld b=%lld", (long long)c, (long long)b);
+}
+
+/* A schema-2 file, whose highest models went with their deletes: the
+ * migration starts after every id its stored plans still name. */
+Test(model_ids, a_migrated_database_starts_after_every_id_it_knows)
+{
+    int64_t a = insert_emulated("a");
+    mdb_close(db);
+    sqlite3 *raw;
+    cr_assert_eq(sqlite3_open(path, &raw), SQLITE_OK);
+    char sql[512];
+    snprintf(sql, sizeof(sql),
+             "DROP TRIGGER models_id_seq; DROP TABLE model_id_seq;"
+             "UPDATE schema_version SET version = 2;"
+             "INSERT INTO plans VALUES (5, 0, 'x', '{}');"
+             "INSERT INTO placements VALUES (5, 'emu:0', %lld, 100, 4, 1000, 10);",
+             (long long)a + 7);
+    cr_assert_eq(sqlite3_exec(raw, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(raw));
+    sqlite3_close(raw);
+    cr_assert_eq(mdb_open(path, &db), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(mdb_schema_version(db), MDB_SCHEMA_VERSION);
+    int64_t b = insert_emulated("b");
+    cr_assert_eq(b, a + 8, "b=%lld a=%lld", (long long)b, (long long)a);
+}
