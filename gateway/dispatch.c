@@ -675,6 +675,7 @@ typedef struct {
     int64_t key;
     int kind;
     char members[65];
+    char member_shas[SQ_MAX_GROUP_MEMBERS * 65 + 1];
     char device[64];
     int rc;
     mdb_profile_row_t *rows;
@@ -715,8 +716,8 @@ static void group_profile_get_job(mdb_t *db, void *arg)
 static void group_profile_store_job(mdb_t *db, void *arg)
 {
     group_profile_job_t *j = arg;
-    if (mdb_group_profile_store(db, j->members, gw_kind_name(j->kind), j->device, j->rows,
-                                j->nrows) != 0)
+    if (mdb_group_profile_store(db, j->members, j->member_shas, gw_kind_name(j->kind), j->device,
+                                j->rows, j->nrows) != 0)
         SQ_WARN("cannot store a group profile error=\"%s\"", mdb_errmsg(db));
     free(j->rows);
     free(j);
@@ -1000,6 +1001,10 @@ static void group_profiled(gw_dispatch_t *ds, ds_model_t *g, ds_worker_t *w,
     j->ds = ds;
     j->kind = w->kind;
     snprintf(j->members, sizeof(j->members), "%s", g->members_key);
+    size_t at = 0;
+    for (int i = 0; i < g->nmembers; i++)
+        at += (size_t)snprintf(j->member_shas + at, sizeof(j->member_shas) - at, "%s%s",
+                               i ? " " : "", g->members[i]->sha256);
     snprintf(j->device, sizeof(j->device), "%s", w->device);
     j->nrows = (int)done->nrows;
     j->rows = sq_xcalloc(done->nrows, sizeof(*j->rows));

@@ -106,7 +106,11 @@ static const char *const migrations[] = {
     "                                    COALESCE((SELECT MAX(model_id) FROM placements), 0));"
     "CREATE TRIGGER models_id_seq AFTER INSERT ON models BEGIN"
     "  UPDATE model_id_seq SET last = MAX(last, NEW.id);"
-    "END;",
+    "END;"
+    /* and a group profile names its members' files, so that it goes when
+     * one of them does (rows stored before could not say: measured again). */
+    "DELETE FROM group_profiles;"
+    "ALTER TABLE group_profiles ADD COLUMN member_shas TEXT NOT NULL DEFAULT '';",
 };
 
 _Static_assert(sizeof(migrations) / sizeof(migrations[0]) == MDB_SCHEMA_VERSION,

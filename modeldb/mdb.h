@@ -120,10 +120,13 @@ int mdb_plan_last(mdb_t *db, long long *epoch, json_t **plan, json_t **placement
 
 /* Prefix groups' measured profiles, keyed by `members` (a digest of the
  * members' files and cuts that the caller computes) and device kind.
+ * member_shas lists the members' file sha256s, space-separated: a profile
+ * is removed with the last model holding any of them (mdb_model_delete).
  * store replaces; get returns 0 with *rows (malloc'd, caller frees) and
  * *nrows, SQ_NOT_FOUND when none is stored, SQ_DB on errors. */
-int mdb_group_profile_store(mdb_t *db, const char *members, const char *device_kind,
-                            const char *device_name, const mdb_profile_row_t *rows, int nrows);
+int mdb_group_profile_store(mdb_t *db, const char *members, const char *member_shas,
+                            const char *device_kind, const char *device_name,
+                            const mdb_profile_row_t *rows, int nrows);
 int mdb_group_profile_get(mdb_t *db, const char *members, const char *device_kind,
                           mdb_profile_row_t **rows, int *nrows);
 

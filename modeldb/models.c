@@ -540,6 +540,59 @@ int mdb_model_list(mdb_t *db, json_t **out)
     return 0;
 }
 
+/* Group profiles one of whose member files no model holds any more (inside
+ * the caller's transaction). */
+static int purge_group_profiles(mdb_t *db)
+{
+    static const char rows_sql[] = "SELECT rowid, member_shas FROM group_profiles";
+    static const char held_sql[] = "SELECT 1 FROM models WHERE sha256 = ?";
+    static const char del_sql[] = "DELETE FROM group_profiles WHERE rowid = ?";
+    int64_t *gone = NULL;
+    int ngone = 0, cap = 0, rc = 0;
+    sqlite3_stmt *st = mdb_stmt(db, rows_sql);
+    sqlite3_stmt *held = mdb_stmt(db, held_sql);
+    if (st == NULL || held == NULL)
+        return SQ_DB;
+    int step;
+    while ((step = sqlite3_step(st)) == SQLITE_ROW) {
+        const char *shas = (const char *)sqlite3_column_text(st, 1);
+        int stale = 0;
+        for (const char *p = shas ? shas : ""; *p != '\0' && !stale;) {
+            size_t n = strcspn(p, " ");
+            if (n > 0) {
+                sqlite3_bind_text(held, 1, p, (int)n, SQLITE_TRANSIENT);
+                stale = sqlite3_step(held) != SQLITE_ROW;
+                sqlite3_reset(held);
+            }
+            p += n + (p[n] == ' ');
+        }
+        if (stale) {
+            if (ngone == cap) {
+                cap = cap ? 2 * cap : 8;
+                gone = sq_xrealloc(gone, sizeof(*gone) * (size_t)cap);
+            }
+            gone[ngone++] = sqlite3_column_int64(st, 0);
+        }
+    }
+    sqlite3_reset(st);
+    if (step != SQLITE_DONE) {
+        mdb_set_error(db, "read group profiles");
+        rc = SQ_DB;
+    }
+    sqlite3_stmt *del = rc == 0 ? mdb_stmt(db, del_sql) : NULL;
+    for (int i = 0; i < ngone && rc == 0; i++) {
+        if (del == NULL) {
+            rc = SQ_DB;
+            break;
+        }
+        sqlite3_bind_int64(del, 1, gone[i]);
+        rc = step_done(db, del, "delete group profile") != 0 ? SQ_DB : 0;
+        sqlite3_reset(del);
+    }
+    free(gone);
+    return rc;
+}
+
 int mdb_model_delete(mdb_t *db, const char *name, int version, int *deleted)
 {
     static const char sql[] = "DELETE FROM models WHERE name = ? AND (version = ? OR ? = 0)";
@@ -556,6 +609,8 @@ int mdb_model_delete(mdb_t *db, const char *name, int version, int *deleted)
     if (step_done(db, st, "delete model") != 0)
         return rollback(db, SQ_DB);
     *deleted = sqlite3_changes(db->sql);
+    if (*deleted > 0 && (rc = purge_group_profiles(db)) != 0)
+        return rollback(db, rc);
     rc = mdb_exec(db, "DELETE FROM prefix_members WHERE group_id IN (SELECT group_id FROM "
                       "prefix_members GROUP BY group_id HAVING count(*) < 2);"
                       "DELETE FROM prefix_groups WHERE id NOT IN (SELECT group_id FROM "
@@ -763,12 +818,13 @@ void mdb_sha256_hex(const void *data, size_t len, char out[65])
         snprintf(out + 2 * i, 3, "%02x", md[i]);
 }
 
-int mdb_group_profile_store(mdb_t *db, const char *members, const char *device_kind,
-                            const char *device_name, const mdb_profile_row_t *rows, int nrows)
+int mdb_group_profile_store(mdb_t *db, const char *members, const char *member_shas,
+                            const char *device_kind, const char *device_name,
+                            const mdb_profile_row_t *rows, int nrows)
 {
     static const char sql[] = "INSERT OR REPLACE INTO group_profiles (members, device_kind, "
-                              "device_name, rows, created_at) VALUES (?, ?, ?, ?, "
-                              "(julianday('now') - 2440587.5) * 86400.0)";
+                              "device_name, rows, created_at, member_shas) VALUES (?, ?, ?, ?, "
+                              "(julianday('now') - 2440587.5) * 86400.0, ?)";
     if (nrows < 1)
         return SQ_INVAL;
     json_t *a = json_array();
@@ -784,6 +840,7 @@ int mdb_group_profile_store(mdb_t *db, const char *members, const char *device_k
         bind_text(st, 2, device_kind);
         bind_text(st, 3, device_name);
         bind_text(st, 4, txt);
+        bind_text(st, 5, member_shas);
         rc = step_done(db, st, "store group profile") != 0 ? SQ_DB : 0;
     }
     free(txt);

@@ -9,6 +9,7 @@ import json
 import os
 import signal
 import socket
+import sqlite3
 import struct
 import threading
 import time
@@ -356,6 +357,11 @@ def variants_sharing_a_backbone_run_as_one_prefix_group():
                       schema_name="infer_v1_response")
         assert r.status == 200, r
         assert s.stop() == 0
+        # The profile of va and vb went with vb: only va and vc's is kept.
+        db = sqlite3.connect(s.db)
+        kept = db.execute("SELECT member_shas FROM group_profiles").fetchall()
+        db.close()
+        assert len(kept) == 1 and len(kept[0][0].split()) == 2, kept
     finally:
         s.cleanup()
 

@@ -161,7 +161,7 @@ Test(group_profiles, stored_per_members_and_kind_and_replaced)
     cr_assert_eq(mdb_group_profile_get(db, "abc", "cpu", &got, &n), SQ_NOT_FOUND);
     cr_assert_null(got);
     cr_assert_eq(n, 0);
-    cr_assert_eq(mdb_group_profile_store(db, "abc", "cpu", "cpu", rows, 3), 0, "%s",
+    cr_assert_eq(mdb_group_profile_store(db, "abc", "", "cpu", "cpu", rows, 3), 0, "%s",
                  mdb_errmsg(db));
     cr_assert_eq(mdb_group_profile_get(db, "abc", "cpu", &got, &n), 0, "%s", mdb_errmsg(db));
     cr_assert_eq(n, 3);
@@ -175,12 +175,12 @@ Test(group_profiles, stored_per_members_and_kind_and_replaced)
     /* Another kind, other members: separate; a second store replaces. */
     cr_assert_eq(mdb_group_profile_get(db, "abc", "cuda", &got, &n), SQ_NOT_FOUND);
     cr_assert_eq(mdb_group_profile_get(db, "abd", "cpu", &got, &n), SQ_NOT_FOUND);
-    cr_assert_eq(mdb_group_profile_store(db, "abc", "cpu", "cpu", rows + 1, 1), 0);
+    cr_assert_eq(mdb_group_profile_store(db, "abc", "", "cpu", "cpu", rows + 1, 1), 0);
     cr_assert_eq(mdb_group_profile_get(db, "abc", "cpu", &got, &n), 0);
     cr_assert_eq(n, 1);
     cr_assert_eq(got[0].batch, 4);
     free(got);
-    cr_assert_eq(mdb_group_profile_store(db, "abc", "cpu", "cpu", rows, 0), SQ_INVAL);
+    cr_assert_eq(mdb_group_profile_store(db, "abc", "", "cpu", "cpu", rows, 0), SQ_INVAL);
     /* It survives a reopen, at the current schema version. */
     mdb_close(db);
     cr_assert_eq(mdb_open(path, &db), 0);
@@ -191,7 +191,7 @@ Test(group_profiles, stored_per_members_and_kind_and_replaced)
 
 TestSuite(model_ids, .init = setup, .fini = teardown);
 
-static int64_t insert_emulated(const char *name)
+static int64_t insert_emulated_sha(const char *name, const char *sha)
 {
     json_t *input = json_pack("{s:s, s:s, s:[i,i,i,i]}", "name", "input", "datatype", "FP32",
                               "shape", -1, 3, 4, 4);
@@ -203,7 +203,7 @@ static int64_t insert_emulated(const char *name)
     mdb_new_model_t m = {.name = name,
                          .version = 1,
                          .format = "emulated",
-                         .sha256 = "00",
+                         .sha256 = sha,
                          .input = input,
                          .outputs = outputs,
                          .preprocess = pre,
@@ -220,6 +220,37 @@ static int64_t insert_emulated(const char *name)
     json_decref(labels);
     json_decref(config);
     return id;
+}
+
+static int64_t insert_emulated(const char *name)
+{
+    return insert_emulated_sha(name, "00");
+}
+
+/* A group profile goes with the last model holding one of its members'
+ * files; the others stay. */
+Test(model_ids, group_profiles_go_with_their_members)
+{
+    mdb_profile_row_t row = {.batch = 1, .mean_us = 100, .std_us = 1, .peak_memory_bytes = 1};
+    insert_emulated_sha("a", "aa");
+    insert_emulated_sha("b", "bb");
+    insert_emulated_sha("c", "cc");
+    insert_emulated_sha("c2", "cc"); /* the same file under another name */
+    cr_assert_eq(mdb_group_profile_store(db, "ab", "aa bb", "cpu", "cpu", &row, 1), 0);
+    cr_assert_eq(mdb_group_profile_store(db, "bc", "bb cc", "cpu", "cpu", &row, 1), 0);
+    cr_assert_eq(mdb_group_profile_store(db, "ac", "aa cc", "cpu", "cpu", &row, 1), 0);
+    mdb_profile_row_t *got = NULL;
+    int n = 0, deleted = 0;
+    cr_assert_eq(mdb_model_delete(db, "c", 0, &deleted), 0);
+    cr_assert_eq(mdb_group_profile_get(db, "bc", "cpu", &got, &n), 0, "c2 still holds cc");
+    free(got);
+    cr_assert_eq(mdb_model_delete(db, "a", 0, &deleted), 0);
+    cr_assert_eq(mdb_group_profile_get(db, "ab", "cpu", &got, &n), SQ_NOT_FOUND);
+    cr_assert_eq(mdb_group_profile_get(db, "ac", "cpu", &got, &n), SQ_NOT_FOUND);
+    cr_assert_eq(mdb_group_profile_get(db, "bc", "cpu", &got, &n), 0);
+    free(got);
+    cr_assert_eq(mdb_model_delete(db, "c2", 0, &deleted), 0);
+    cr_assert_eq(mdb_group_profile_get(db, "bc", "cpu", &got, &n), SQ_NOT_FOUND);
 }
 
 /* The id is the key squishd and the workers name a model by: a deleted
@@ -251,6 +282,7 @@ Test(model_ids, a_migrated_database_starts_after_every_id_it_knows)
     char sql[512];
     snprintf(sql, sizeof(sql),
              "DROP TRIGGER models_id_seq; DROP TABLE model_id_seq;"
+             "ALTER TABLE group_profiles DROP COLUMN member_shas;"
              "UPDATE schema_version SET version = 2;"
              "INSERT INTO plans VALUES (5, 0, 'x', '{}');"
              "INSERT INTO placements VALUES (5, 'emu:0', %lld, 100, 4, 1000, 10);",
