@@ -1193,6 +1193,10 @@ int gw_dispatch_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
                 w->profiling = 0;
                 pl_dispatch_worker_add(ds->core, now_us(), w->id, 0);
                 start_profile(ds, dm);
+                /* Measured elsewhere after all: w is free for the others. */
+                for (int i = 0; i < ds->nmodels && !w->profiling; i++)
+                    if (!ds->models[i]->removed)
+                        start_profile(ds, ds->models[i]);
             }
             if (dm->active) {
                 update_routes(ds, dm);
