@@ -93,12 +93,17 @@ size_t sq_shm_arena_used(sq_shm_arena_t *a)
     return used;
 }
 
-/* Looks for `need` free slots in [from, to); returns the start or SIZE_MAX. */
+/* Looks for `need` free slots in [from, to); returns the start or SIZE_MAX.
+ * An allocation's slots are skipped in one step (run[] holds its length at
+ * its first slot): the scan costs the allocations it passes, not their
+ * slots. */
 static size_t find_run(const sq_shm_arena_t *a, size_t from, size_t to, size_t need)
 {
     size_t start = from, len = 0;
     for (size_t i = from; i < to; i++) {
         if (a->busy[i]) {
+            if (a->run[i] > 0)
+                i += a->run[i] - 1;
             len = 0;
             start = i + 1;
             continue;

@@ -97,3 +97,52 @@ Test(shm, a_second_mapping_of_the_fd_sees_the_same_bytes)
     cr_assert_str_eq((char *)sq_shm_arena_base(a) + off, "output");
     sq_shm_arena_free(a);
 }
+
+/* Random allocations and releases against a plain first-fit over a slot
+ * map: the same offsets, never an overlap, and the used count right. */
+Test(shm, random_traffic_matches_a_plain_first_fit)
+{
+    enum { SLOTS = 256, LIVE = 64 };
+    sq_shm_arena_t *a;
+    cr_assert_eq(sq_shm_arena_create(&a, SLOTS * 64, 64), 0);
+    unsigned char ref[SLOTS] = {0};
+    int64_t off[LIVE];
+    size_t len[LIVE];
+    for (int i = 0; i < LIVE; i++)
+        off[i] = -1;
+    unsigned seed = 12345;
+    size_t used = 0;
+    for (int step = 0; step < 20000; step++) {
+        seed = seed * 1103515245u + 12345u;
+        int k = (int)((seed >> 16) % LIVE);
+        if (off[k] >= 0) {
+            sq_shm_release(a, off[k]);
+            memset(ref + off[k] / 64, 0, len[k]);
+            used -= len[k];
+            off[k] = -1;
+            continue;
+        }
+        size_t need = 1 + (seed >> 8) % 9;
+        size_t at = SIZE_MAX;
+        for (size_t i = 0, run = 0; i < SLOTS; i++) {
+            run = ref[i] ? 0 : run + 1;
+            if (run == need) {
+                at = i + 1 - need;
+                break;
+            }
+        }
+        int64_t got = sq_shm_alloc(a, need * 64 - (seed >> 4) % 64);
+        if (at == SIZE_MAX) {
+            cr_assert_eq(got, SQ_NOMEM, "step %d", step);
+            continue;
+        }
+        cr_assert_eq(got, (int64_t)(at * 64), "step %d: got %lld, first fit %zu", step,
+                     (long long)got, at * 64);
+        memset(ref + at, 1, need);
+        off[k] = got;
+        len[k] = need;
+        used += need;
+        cr_assert_eq(sq_shm_arena_used(a), used * 64);
+    }
+    sq_shm_arena_free(a);
+}
