@@ -262,14 +262,19 @@ static void pump(gw_dispatch_t *ds)
                     sq_loop_post(ds->loop, on_submit, it);
                     break;
                 }
+                if (a->reason == SQ_NOT_FOUND) {
+                    /* Its session went with its model (a delete). */
+                    fail_item(ds, it, SQ_MODEL_NOT_FOUND, "the model was deleted");
+                    break;
+                }
                 gw__plan_outcome(ds, 0);
-                const char *why = a->reason == SQ_DEADLINE   ? "the deadline cannot be met"
-                                  : a->reason == SQ_OVERLOAD ? "dropped early to keep batches "
-                                                               "within their deadlines"
-                                  : a->reason == SQ_WORKER_LOST
-                                      ? "worker lost and no time left to retry"
-                                  : a->reason == SQ_NO_WORKER ? "no worker holds the model"
-                                                              : "session removed";
+                const char *why =
+                    a->reason == SQ_DEADLINE      ? "the deadline cannot be met"
+                    : a->reason == SQ_OVERLOAD    ? "dropped early to keep batches "
+                                                    "within their deadlines"
+                    : a->reason == SQ_WORKER_LOST ? "worker lost and no time left to retry"
+                    : a->reason == SQ_NO_WORKER   ? "no worker held the model before the deadline"
+                                                  : "dropped";
                 gw_metrics_drop(ds->srv->metrics, it->req->model, a->reason);
                 fail_item(ds, it, a->reason, why);
                 break;
@@ -422,11 +427,8 @@ static void withdraw(gw_dispatch_t *ds, ds_model_t *dm)
     for (int i = 0; i < ds->nworkers; i++) {
         ds_worker_t *w = ds->workers[i];
         ds_load_t *l = w ? load_of(w, dm->key, 0) : NULL;
-        if (l != NULL && w->up && l->state != LOAD_NONE) {
-            gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_UNLOAD, (uint64_t)dm->key, NULL,
-                            0);
-            l->state = LOAD_NONE;
-        }
+        if (l != NULL && w->up && l->state != LOAD_NONE)
+            gw__ds_unload(ds, w, l);
     }
 }
 
@@ -1173,6 +1175,10 @@ int gw_dispatch_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
     case SQ_MSG_MODEL_FAILED: {
         ds_model_t *dm = model_find(ds, (int64_t)f->id);
         ds_load_t *l = load_of(w, (int64_t)f->id, 0);
+        if (l != NULL && l->stale > 0) {
+            l->stale--; /* the answer to a load withdrawn since */
+            return 0;
+        }
         if (dm == NULL || l == NULL)
             return 0; /* a model deleted meanwhile */
         if (dm->removed) {
@@ -1610,6 +1616,16 @@ void gw_dispatch_free(gw_dispatch_t *ds)
 ds_worker_t *gw__ds_worker(gw_dispatch_t *ds, int id)
 {
     return worker_get(ds, id);
+}
+
+void gw__ds_unload(gw_dispatch_t *ds, ds_worker_t *w, ds_load_t *l)
+{
+    /* A load waiting for its bytes was never sent: nothing to unload. */
+    if (l->state != LOAD_WAIT_BYTES)
+        gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_UNLOAD, (uint64_t)l->key, NULL, 0);
+    if (l->state == LOAD_SENT)
+        l->stale++;
+    l->state = LOAD_NONE;
 }
 
 ds_load_t *gw__ds_load_of(ds_worker_t *w, int64_t key, int create)

@@ -16,6 +16,9 @@ typedef struct {
     int64_t key;
     int state;
     int max_batch;
+    /* Answers still to come for loads this worker was told to unload before
+     * it answered: they are not about the model as it is now. */
+    int stale;
 } ds_load_t;
 
 typedef struct ds_batch {
@@ -120,6 +123,8 @@ void gw__plan_busy(gw_dispatch_t *ds, int worker, int64_t busy_us);
 ds_worker_t *gw__ds_worker(gw_dispatch_t *ds, int id);
 ds_load_t *gw__ds_load_of(ds_worker_t *w, int64_t key, int create);
 void gw__ds_send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w);
+/* Tells w to unload l's model (its load state becomes LOAD_NONE). */
+void gw__ds_unload(gw_dispatch_t *ds, ds_worker_t *w, ds_load_t *l);
 void gw__ds_update_routes(gw_dispatch_t *ds, ds_model_t *dm);
 void gw__ds_pump(gw_dispatch_t *ds);
 /* The dispatcher's record of a registry model (created when new). */

@@ -515,9 +515,7 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
             for (int m = 0; m < ds->nmodels; m++)
                 profiling |= ds->models[m]->key == l->key && ds->models[m]->profile_worker == w->id;
             if (!here && elsewhere && !profiling) {
-                gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_UNLOAD, (uint64_t)l->key,
-                                NULL, 0);
-                l->state = LOAD_NONE;
+                gw__ds_unload(ds, w, l);
             }
         }
     }
