@@ -140,6 +140,7 @@ static void fail_item(gw_dispatch_t *ds, gw_item_t *it, int rc, const char *deta
 static void on_timer(sq_loop_t *loop, uint64_t id, void *data);
 static void pump(gw_dispatch_t *ds);
 static void on_submit(sq_loop_t *loop, void *arg);
+static void update_routes(gw_dispatch_t *ds, ds_model_t *dm);
 
 static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batch_id,
                        gw_item_t **items, int count)
@@ -160,6 +161,20 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
                                   : "worker gone");
         free(items);
         pl_dispatch_batch_done(ds->core, now_us(), worker, batch_id);
+        pump(ds);
+        return;
+    }
+    ds_load_t *l = load_of(w, m->key, 0);
+    if (l == NULL || l->state != LOAD_DONE) {
+        /* The worker was told to unload the model after the core chose it
+         * (a plan moving the model): the requests go back to their model. */
+        SQ_DEBUG("batch not sent: model=%s not loaded on worker=%d", m->name, w->id);
+        sq_shm_release(ds->srv->arena, out_off);
+        for (int i = 0; i < count; i++)
+            sq_loop_post(ds->loop, on_submit, items[i]);
+        free(items);
+        pl_dispatch_batch_done(ds->core, now_us(), worker, batch_id);
+        update_routes(ds, se->model);
         pump(ds);
         return;
     }
@@ -1625,7 +1640,13 @@ void gw__ds_unload(gw_dispatch_t *ds, ds_worker_t *w, ds_load_t *l)
         gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_UNLOAD, (uint64_t)l->key, NULL, 0);
     if (l->state == LOAD_SENT)
         l->stale++;
+    int was_done = l->state == LOAD_DONE;
     l->state = LOAD_NONE;
+    /* No batch of it may go to w from now on (the routes before a plan
+     * covers a model are every worker that holds it). */
+    ds_model_t *dm = was_done ? model_find(ds, l->key) : NULL;
+    if (dm != NULL && !dm->removed && dm->active)
+        update_routes(ds, dm);
 }
 
 ds_load_t *gw__ds_load_of(ds_worker_t *w, int64_t key, int create)

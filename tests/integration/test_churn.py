@@ -14,6 +14,7 @@ sent to a worker that had unloaded it: 500)."""
 import collections
 import io
 import json
+import os
 import random
 import threading
 import time
@@ -24,7 +25,7 @@ import tiny_models as tm
 from harness import Squishd, run, test
 
 SECONDS = 25
-SEED = 4
+SEED = int(os.environ.get("SQUISH_CHURN_SEED", "4"))
 NAMES = ["va", "vb", "vc", "lone", "emu"]
 EMU = {"name": "emu", "profile": {"alpha_ms": 1.0, "beta_ms": 4.0}, "max_batch": 8,
        "default_slo_ms": 300, "input": {"shape": [3, 32, 32]}, "num_classes": 10}
@@ -96,12 +97,13 @@ def random_uploads_and_deletes_under_traffic_lose_no_request():
                 seen[("delete", r.status)] += 1
                 if r.status not in (200, 204, 404):
                     bad.append(("delete", name, r.status, r.raw[:200]))
-            time.sleep(rng.choice([0.01, 0.05, 0.2, 0.5, 1.0]))
+            time.sleep(rng.choice([0.005, 0.02, 0.1, 0.3]))
         for t in clients:
             t.join(60)
+        print("# answers: %s" % sorted(seen.items(), key=str), flush=True)
         assert not bad, (bad[:10], dict(seen))
         # The churn did happen, and requests were served through it.
-        assert seen[(200, None)] >= 50 and seen[("delete", 200)] >= 5, dict(seen)
+        assert seen[(200, None)] >= 20 and seen[("delete", 200)] >= 5, dict(seen)
         assert s.proc.poll() is None, "squishd alive"
         assert s.stop() == 0
         noisy = [line for line in s.read_log().splitlines()
