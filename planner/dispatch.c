@@ -831,6 +831,7 @@ int pl_dispatch_worker_lost(pl_dispatch_t *d, int64_t now_us, int worker)
     int retry_sid = -1;
     if (w->busy) {
         session_t *s = session_get(d, w->batch_session);
+        d->stats.queued += (uint64_t)w->ninflight;
         if (s != NULL) {
             retry_sid = w->batch_session;
             for (int i = 0; i < w->ninflight; i++) {
@@ -839,7 +840,11 @@ int pl_dispatch_worker_lost(pl_dispatch_t *d, int64_t now_us, int worker)
                 pl__q_insert(&s->q, &e);
             }
             d->stats.retried += (uint64_t)w->ninflight;
-            d->stats.queued += (uint64_t)w->ninflight;
+        } else {
+            /* Its session was removed while the batch ran: no queue to go
+             * back to, and every request is still answered once. */
+            for (int i = 0; i < w->ninflight; i++)
+                drop(d, now_us, w->batch_session, &w->inflight[i], SQ_NOT_FOUND);
         }
     }
     w->busy = 0;

@@ -613,6 +613,42 @@ Test(dispatch, lost_worker_retries_batch_elsewhere_or_drops)
     free(r);
 }
 
+/* A batch in flight when its session is removed (the model deleted), then
+ * its worker lost: the requests come back as drops, not lost. */
+Test(dispatch, lost_worker_of_a_removed_sessions_batch_drops_it)
+{
+    rig_t *r = malloc(sizeof(*r));
+    rig_init(r, PL_POLICY_DEFERRED);
+    add_workers(r, 1);
+    int sid = add_linear_session(r->d, 1000, 5000, 64, 30000);
+    route_all(r, sid, 1, 0);
+    for (uint64_t i = 1; i <= 3; i++)
+        cr_assert_eq(pl_dispatch_request(r->d, 0, i, sid, 0, 30000), 0);
+    absorb(r);
+    cr_assert_eq(r->timer_us, 21000, "the frontrun moment 30 - l(4)");
+    r->timer_us = PL_NEVER;
+    pl_dispatch_timer(r->d, 21000);
+    absorb(r);
+    cr_assert_eq(r->nsent, 1);
+    cr_assert_eq(r->sent[0].count, 3);
+    cr_assert_eq(pl_dispatch_session_remove(r->d, 22000, sid), 0);
+    absorb(r);
+    cr_assert_eq(r->ndropped, 0, "nothing queued: the three are on the worker");
+    r->busy[0] = 0;
+    cr_assert_eq(pl_dispatch_worker_lost(r->d, 23000, 0), 0);
+    absorb(r);
+    cr_assert_eq(r->ndropped, 3);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(r->dropped[i].id, (uint64_t)i + 1);
+        cr_assert_eq(r->dropped[i].reason, SQ_NOT_FOUND);
+    }
+    pl_dispatch_stats_t st;
+    pl_dispatch_stats(r->d, &st);
+    cr_assert_eq(st.queued, 0);
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
 Test(dispatch, lost_worker_early_drop_retries_whole_batch)
 {
     rig_t *r = malloc(sizeof(*r));
