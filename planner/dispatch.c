@@ -781,8 +781,9 @@ int pl_dispatch_worker_add(pl_dispatch_t *d, int64_t now_us, int worker, int64_t
         d->nworkers = worker + 1;
     pl__heap_reserve(&d->worker_wake, d->nworkers);
     worker_t *w = &d->workers[worker];
-    if (w->draining)
-        return SQ_INVAL; /* its old batch must come back first */
+    /* Back while its last batch still runs (removed for a measurement that
+     * was called off): present again, free once that batch is done. */
+    w->draining = 0;
     w->present = 1;
     w->duty_cycle_us = duty_cycle_us;
     pump_worker(d, worker, now_us);

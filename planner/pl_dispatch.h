@@ -167,8 +167,9 @@ int pl_dispatch_session_remove(pl_dispatch_t *d, int64_t now_us, int session);
 /* Adds a worker (ids are the caller's, small non-negative ints) or updates
  * the duty cycle of an existing one. duty_cycle_us paces early-drop: a round
  * over the worker's sessions starts at most once per duty cycle (0 = run
- * back to back). A new worker may take batches at once. SQ_INVAL on a
- * negative id. */
+ * back to back). A new worker may take batches at once; one removed with a
+ * batch in flight is present again at once and takes the next batch when
+ * that one is done. SQ_INVAL on a negative id. */
 int pl_dispatch_worker_add(pl_dispatch_t *d, int64_t now_us, int worker, int64_t duty_cycle_us);
 /* Graceful removal: the worker leaves every route and gets no new batch; a
  * batch in flight still completes through pl_dispatch_batch_done. */

@@ -389,6 +389,13 @@ Test(dispatch, removal_reroute_and_late_arrivals)
     absorb(r);
     cr_assert_eq(r->nsent, 2);
     cr_assert_eq(r->sent[1].worker, 1);
+    /* Added back while its batch still runs: nothing new goes to it until
+     * the batch is done. */
+    cr_assert_eq(pl_dispatch_worker_add(r->d, 19000, 0, 0), 0);
+    absorb(r);
+    cr_assert_eq(r->nsent, 2);
+    cr_assert_eq(pl_dispatch_worker_remove(r->d, 19500, 0), 0, "and removed again");
+    absorb(r);
     cr_assert_eq(pl_dispatch_batch_done(r->d, 20000, 0, r->batch[0]), 0, "draining batch done");
     cr_assert_eq(pl_dispatch_worker_remove(r->d, 20000, 0), SQ_INVAL, "gone");
     cr_assert_eq(pl_dispatch_worker_add(r->d, 20000, 0, 0), 0, "can come back");
