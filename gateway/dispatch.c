@@ -1196,10 +1196,6 @@ int gw_dispatch_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
         }
         if (dm == NULL || l == NULL)
             return 0; /* a model deleted meanwhile */
-        if (dm->removed) {
-            l->state = LOAD_NONE; /* withdrawn: its unload is on the way */
-            return 0;
-        }
         if (f->type == SQ_MSG_MODEL_LOADED) {
             sq_model_loaded_t info;
             if (sq_model_loaded_decode(f, &info) != 0)
@@ -1281,7 +1277,7 @@ int gw_dispatch_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
             return 0;
         }
         end_profile(ds, dm, w);
-        if (dm != NULL && dm->is_group) {
+        if (dm->is_group) {
             group_profiled(ds, dm, w, &p->done);
             free(p);
             pump(ds);
