@@ -425,10 +425,10 @@ static void fail_pending(gw_dispatch_t *ds, ds_model_t *dm, int rc, const char *
     dm->npending = 0;
 }
 
-/* Takes dm out of service: its sessions leave the core (which answers
- * what they queued) and every worker holding it unloads it. */
 static void end_profile(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w);
 
+/* Takes dm out of service: its sessions leave the core (which answers
+ * what they queued) and every worker holding it unloads it. */
 static void withdraw(gw_dispatch_t *ds, ds_model_t *dm)
 {
     /* A measurement under way is abandoned: the worker is free for the next
@@ -1075,6 +1075,14 @@ static void start_profile(gw_dispatch_t *ds, ds_model_t *dm)
     }
 }
 
+/* Models that asked to be measured while every worker was busy measuring:
+ * each takes a free worker, if there is one. */
+static void start_profiles(gw_dispatch_t *ds)
+{
+    for (int i = 0; i < ds->nmodels; i++)
+        start_profile(ds, ds->models[i]); /* a no-op for removed ones */
+}
+
 static void end_profile(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
 {
     dm->profile_worker = -1;
@@ -1088,10 +1096,7 @@ static void end_profile(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
                     update_routes(ds, ds->models[i]);
         }
     }
-    /* Models that asked while every worker was busy measuring. */
-    for (int i = 0; i < ds->nmodels; i++)
-        if (!ds->models[i]->removed)
-            start_profile(ds, ds->models[i]);
+    start_profiles(ds);
     /* Requests that waited for the worker to finish measuring. */
     int loading;
     for (int i = 0; i < ds->nmodels; i++) {
@@ -1210,10 +1215,7 @@ int gw_dispatch_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
                 w->profiling = 0;
                 pl_dispatch_worker_add(ds->core, now_us(), w->id, 0);
                 start_profile(ds, dm);
-                /* Measured elsewhere after all: w is free for the others. */
-                for (int i = 0; i < ds->nmodels && !w->profiling; i++)
-                    if (!ds->models[i]->removed)
-                        start_profile(ds, ds->models[i]);
+                start_profiles(ds); /* measured elsewhere after all: w is free */
             }
             if (dm->active) {
                 update_routes(ds, dm);
@@ -1340,9 +1342,7 @@ void gw_dispatch_worker_up(gw_dispatch_t *ds, int worker, const char *device, ui
     w->memory_bytes = memory;
     atomic_fetch_add(&ds->srv->kind_up[w->kind], 1);
     pl_dispatch_worker_add(ds->core, now_us(), worker, 0);
-    for (int i = 0; i < ds->nmodels; i++)
-        if (!ds->models[i]->removed)
-            start_profile(ds, ds->models[i]);
+    start_profiles(ds);
     if (ds->srv->cfg->prefix_batching && (w->kind == GW_KIND_CPU || w->kind == GW_KIND_CUDA))
         gw_registry_foreach(ds->srv->registry, collect_grouped, &grouped);
     for (int i = 0; i < grouped.n; i++) {
