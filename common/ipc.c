@@ -280,5 +280,6 @@ int sq_ipc_error_decode(const sq_frame_t *f, sq_ipc_error_t *m)
     sq_reader_init(&r, f->payload, f->len);
     m->code = (int32_t)sq_get_u32(&r);
     sq_get_str(&r, m->message, sizeof(m->message));
-    return r.err || f->type != SQ_MSG_ERROR ? SQ_PROTOCOL : 0;
+    /* The same body says why a load failed (MODEL_FAILED). */
+    return r.err || (f->type != SQ_MSG_ERROR && f->type != SQ_MSG_MODEL_FAILED) ? SQ_PROTOCOL : 0;
 }

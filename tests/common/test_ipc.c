@@ -197,3 +197,26 @@ Test(ipc, group_load_and_member_batches_round_trip)
     free(bi);
     free(bo);
 }
+
+/* A worker's refusal of a model (MODEL_FAILED) carries the same body as an
+ * ERROR frame; squishd must read it as an answer, not as a protocol error
+ * (it used to kill the worker and retry the load forever). */
+Test(ipc, model_failed_carries_an_error_body)
+{
+    sq_ipc_error_t in = {.code = SQ_UNSUPPORTED_MODEL}, out;
+    snprintf(in.message, sizeof(in.message), "Concat node 'c': 9 inputs");
+    sq_buf_t b;
+    sq_buf_init(&b);
+    sq_ipc_error_encode(&b, &in);
+    uint16_t types[] = {SQ_MSG_ERROR, SQ_MSG_MODEL_FAILED};
+    for (size_t i = 0; i < 2; i++) {
+        memset(&out, 0, sizeof(out));
+        sq_frame_t f = {.type = types[i], .payload = b.data, .len = (uint32_t)b.len};
+        cr_assert_eq(sq_ipc_error_decode(&f, &out), 0, "type %s", sq_msg_name(types[i]));
+        cr_assert_eq(out.code, SQ_UNSUPPORTED_MODEL);
+        cr_assert_str_eq(out.message, in.message);
+    }
+    sq_frame_t other = {.type = SQ_MSG_BATCH_DONE, .payload = b.data, .len = (uint32_t)b.len};
+    cr_assert_eq(sq_ipc_error_decode(&other, &out), SQ_PROTOCOL);
+    sq_buf_dispose(&b);
+}
