@@ -1130,7 +1130,10 @@ static void profile_store_job(mdb_t *db, void *arg)
                                ok ? (int)p->done.nrows : 0, ok ? "ready" : "failed",
                                ok ? NULL : p->done.message);
     free(rows);
-    if (rc != 0)
+    if (rc == SQ_MODEL_NOT_FOUND)
+        SQ_INFO("profile not stored: the model was deleted while it was measured key=%lld",
+                (long long)p->key);
+    else if (rc != 0)
         SQ_ERROR("cannot store the profile key=%lld error=\"%s\"", (long long)p->key,
                  mdb_errmsg(db));
     json_t *recs;

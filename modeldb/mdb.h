@@ -131,7 +131,8 @@ int mdb_group_profile_get(mdb_t *db, const char *members, const char *device_kin
                           mdb_profile_row_t **rows, int *nrows);
 
 /* Replaces the profile rows of a model for a device kind and sets its
- * status (one transaction). */
+ * status (one transaction). SQ_MODEL_NOT_FOUND, storing nothing, when the
+ * model was deleted meanwhile. */
 int mdb_profile_store(mdb_t *db, int64_t model_id, const char *device_kind, const char *device_name,
                       const mdb_profile_row_t *rows, int nrows, const char *status,
                       const char *error);

@@ -626,9 +626,25 @@ int mdb_profile_store(mdb_t *db, int64_t model_id, const char *device_kind, cons
                       const char *error)
 {
     static const char sql[] = "UPDATE models SET status = ?, error = ? WHERE id = ?";
+    static const char exists_sql[] = "SELECT 1 FROM models WHERE id = ?";
     int rc = mdb_exec(db, "BEGIN IMMEDIATE");
     if (rc != 0)
         return rc;
+    /* A model deleted while it was measured (the worker's answer and the
+     * delete cross): nothing to store, and no foreign key to break. */
+    sqlite3_stmt *ex = mdb_stmt(db, exists_sql);
+    if (ex == NULL)
+        return rollback(db, SQ_DB);
+    sqlite3_bind_int64(ex, 1, model_id);
+    rc = sqlite3_step(ex);
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+        mdb_set_error(db, "find model");
+        return rollback(db, SQ_DB);
+    }
+    if (rc == SQLITE_DONE) {
+        snprintf(db->errmsg, sizeof(db->errmsg), "model %lld was deleted", (long long)model_id);
+        return rollback(db, SQ_MODEL_NOT_FOUND);
+    }
     if (insert_profile(db, model_id, device_kind, device_name, rows, nrows) != 0)
         return rollback(db, SQ_DB);
     sqlite3_stmt *st = mdb_stmt(db, sql);

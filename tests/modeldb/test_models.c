@@ -271,6 +271,25 @@ Test(model_ids, a_deleted_models_id_is_never_handed_out_again)
     cr_assert_gt(c, b, "c=%lld b=%lld", (long long)c, (long long)b);
 }
 
+/* A profile measured for a model deleted meanwhile (the worker's answer
+ * and the delete cross on the way to the DB thread) is not stored: no
+ * foreign-key failure, a code that says why, and no transaction left open. */
+Test(model_ids, a_profile_for_a_deleted_model_is_not_stored)
+{
+    mdb_profile_row_t row = {.batch = 1, .mean_us = 100, .std_us = 1, .peak_memory_bytes = 1};
+    int deleted = 0;
+    int64_t a = insert_emulated("a");
+    cr_assert_eq(mdb_profile_store(db, a, "cpu", "cpu", &row, 1, "ready", NULL), 0, "%s",
+                 mdb_errmsg(db));
+    cr_assert_eq(mdb_model_delete(db, "a", 0, &deleted), 0);
+    cr_assert_eq(mdb_profile_store(db, a, "cpu", "cpu", &row, 1, "ready", NULL), SQ_MODEL_NOT_FOUND,
+                 "%s", mdb_errmsg(db));
+    cr_assert(strstr(mdb_errmsg(db), "deleted") != NULL, "%s", mdb_errmsg(db));
+    int64_t b = insert_emulated("b");
+    cr_assert_eq(mdb_profile_store(db, b, "cpu", "cpu", &row, 1, "ready", NULL), 0, "%s",
+                 mdb_errmsg(db));
+}
+
 /* A schema-2 file, whose highest models went with their deletes: the
  * migration starts after every id its stored plans still name. */
 Test(model_ids, a_migrated_database_starts_after_every_id_it_knows)
