@@ -226,7 +226,9 @@ int mdb_graph_signature(const mdb_graph_t *g, mdb_node_sig_t *sigs)
         int outs = 0;
         for (int k = 0; k < n->n_outputs; k++)
             outs += n->outputs[k] >= 0;
-        sigs[p].cut_ok = outs == 1 && reach <= p && input_last <= p;
+        /* A graph output is no cut: nothing of the model would be left to
+         * run per member (two copies of one file share one load instead). */
+        sigs[p].cut_ok = outs == 1 && reach <= p && input_last <= p && last_use[p] != INT64_MAX;
         sigs[p].ancestors = sigs[p].cut_ok ? (uint32_t)(p + 1) : 0;
         if (last_use[p] > reach)
             reach = last_use[p];
