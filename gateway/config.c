@@ -56,6 +56,9 @@ static const opt_t options[] = {
      "first delay before restarting a dead worker (doubles per failure)"},
     {"restart_backoff_max_ms", INT(restart_backoff_max_ms), 0, 600000, "5000",
      "longest delay between restarts"},
+    {"model_retries", INT(model_retries), 0, 100, "2",
+     "a model whose worker crashes while loading, measuring or running it is retried this "
+     "many times on a fresh worker, then marked failed"},
     {"shm_mb", INT(shm_mb), 1, 65536, "256", "shared-memory arena for batches, MiB"},
     {"emu_memory_mb", INT(emu_memory_mb), 1, 1 << 24, "16384", "memory of an emulated device"},
     {"drain_timeout_ms", INT(drain_timeout_ms), 0, 600000, "10000",

@@ -14,8 +14,10 @@
 #include <pl_dispatch.h>
 #include <wk.h>
 
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 /* SLO buckets (ms): a request joins the session of the largest bucket not
  * above its SLO, so that a session's batches fit every member's SLO and the
@@ -214,7 +216,8 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
                         .items = items,
                         .out_off = out_off,
                         .out_stride = stride,
-                        .sent_us = t};
+                        .sent_us = t,
+                        .seq = ++w->job_seq};
     w->inflight = rec;
     if (gw_workers_send(ds->srv->workers, worker, SQ_MSG_BATCH, batch_id, buf.data,
                         (uint32_t)buf.len) != 0)
@@ -278,8 +281,15 @@ static void pump(gw_dispatch_t *ds)
                     break;
                 }
                 if (a->reason == SQ_NOT_FOUND) {
-                    /* Its session went with its model (a delete). */
-                    fail_item(ds, it, SQ_MODEL_NOT_FOUND, "the model was deleted");
+                    /* Its session went with its model: a delete, or the
+                     * model was marked failed. */
+                    const ds_model_t *sm = a->session >= 0 && a->session < ds->nsessions
+                                               ? ds->sessions[a->session].model
+                                               : NULL;
+                    if (sm != NULL && sm->poisoned)
+                        fail_item(ds, it, SQ_MODEL_FAILED, sm->failed_why);
+                    else
+                        fail_item(ds, it, SQ_MODEL_NOT_FOUND, "the model was deleted");
                     break;
                 }
                 gw__plan_outcome(ds, 0);
@@ -554,6 +564,8 @@ static void send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
         return;
     }
     gw_model_t *m = dm->m;
+    if (dm->poisoned)
+        return; /* it crashed its workers: never sent again */
     ds_load_t *l = load_of(w, dm->key, 1);
     int need_bytes = !m->emulated && w->kind != GW_KIND_EMU;
     int cached = need_bytes && has_sha(w, m->sha256);
@@ -594,6 +606,7 @@ static void send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
     if (rc == 0 && need_bytes && !cached)
         rc = send_chunks(ds, w, dm->key, m->sha256, dm->blob, dm->blob_len);
     l->state = rc == 0 ? LOAD_SENT : LOAD_FAILED;
+    l->sent_seq = ++w->job_seq;
     SQ_INFO("model load sent worker=%d device=%s model=%s version=%d bytes=%zu cached=%d", w->id,
             w->device, m->name, m->version, need_bytes && !cached ? dm->blob_len : 0, cached);
 }
@@ -646,6 +659,17 @@ static void group_scan_one(gw_model_t *m, void *arg)
     if (m->group_id != g->gid || m->emulated || strcmp(m->status, "ready") != 0 ||
         !m->has_profile[g->kind] || !same_input(m, g->like) || g->n == SQ_MAX_GROUP_MEMBERS)
         return;
+    for (int i = 0; i < g->n; i++) {
+        /* Twins: one member serves both (see twin_of), the oldest. */
+        if (strcmp(g->found[i]->sha256, m->sha256) != 0)
+            continue;
+        if (g->found[i]->key < m->key)
+            return;
+        gw_model_unref(g->found[i]);
+        memmove(&g->found[i], &g->found[i + 1], sizeof(g->found[0]) * (size_t)(g->n - i - 1));
+        g->n--;
+        break;
+    }
     gw_model_ref(m);
     int i = g->n++;
     while (i > 0 && g->found[i - 1]->key > m->key) {
@@ -815,6 +839,62 @@ static ds_model_t *group_form(gw_dispatch_t *ds, const gw_model_t *m, int kind)
     return g;
 }
 
+/* ---- twins ----------------------------------------------------------------
+ * The same file uploaded twice (another version, another name) with the
+ * same input and batch limit computes the same thing: the oldest ready copy
+ * serves the requests of all of them from its one load, and a newer copy
+ * takes the older one's profile instead of being measured. Each keeps its
+ * own labels, metrics and answers (they are the request's model's). */
+
+typedef struct {
+    const gw_model_t *like;
+    gw_model_t *oldest;
+} twin_scan_t;
+
+static void twin_scan_one(gw_model_t *m, void *arg)
+{
+    twin_scan_t *t = arg;
+    if (m->key == t->like->key || m->emulated || strcmp(m->status, "ready") != 0 ||
+        strcmp(m->sha256, t->like->sha256) != 0 || m->max_batch != t->like->max_batch ||
+        !same_input(m, t->like))
+        return;
+    if (t->oldest != NULL && t->oldest->key < m->key)
+        return;
+    gw_model_unref(t->oldest);
+    gw_model_ref(m);
+    t->oldest = m;
+}
+
+/* The oldest ready model with m's very file and input, if older than m. */
+static gw_model_t *twin_find(gw_dispatch_t *ds, const gw_model_t *m)
+{
+    twin_scan_t scan = {.like = m};
+    if (m->emulated)
+        return NULL;
+    gw_registry_foreach(ds->srv->registry, twin_scan_one, &scan);
+    if (scan.oldest != NULL && scan.oldest->key > m->key) {
+        gw_model_unref(scan.oldest);
+        scan.oldest = NULL;
+    }
+    return scan.oldest;
+}
+
+/* The model whose load serves dm's requests instead of its own, if any. */
+static ds_model_t *twin_of(gw_dispatch_t *ds, ds_model_t *dm)
+{
+    if (dm->is_group || dm->m->emulated)
+        return NULL;
+    if (dm->twin != NULL && (dm->twin->removed || dm->twin->poisoned))
+        dm->twin = NULL;
+    if (dm->twin_checked != ds->group_epoch) {
+        dm->twin_checked = ds->group_epoch;
+        gw_model_t *t = twin_find(ds, dm->m);
+        dm->twin = t != NULL ? model_get(ds, t) : NULL;
+        gw_model_unref(t);
+    }
+    return dm->twin;
+}
+
 /* The group member model dm's requests can run in, if one is usable now
  * (forming it, and starting its measurement, when its time has come). */
 static ds_model_t *group_of(gw_dispatch_t *ds, ds_model_t *dm)
@@ -975,6 +1055,7 @@ static void send_group_load(gw_dispatch_t *ds, ds_model_t *g, ds_worker_t *w)
         rc = send_spec(ds, w, g->key, spec);
     free(spec);
     l->state = rc == 0 ? LOAD_SENT : LOAD_FAILED;
+    l->sent_seq = ++w->job_seq;
     SQ_INFO("prefix group load sent worker=%d device=%s group=%s members=%d bytes=%zu", w->id,
             w->device, gm->name, g->nmembers, sent);
 }
@@ -1038,7 +1119,7 @@ static void group_profiled(gw_dispatch_t *ds, ds_model_t *g, ds_worker_t *w,
 
 static void start_profile(gw_dispatch_t *ds, ds_model_t *dm)
 {
-    if (!dm->profile_pending || dm->profile_worker >= 0 || dm->removed)
+    if (!dm->profile_pending || dm->profile_worker >= 0 || dm->removed || dm->poisoned)
         return;
     ds_worker_t *pick = NULL;
     for (int pass = 0; pass < 2 && pick == NULL; pass++) {
@@ -1068,6 +1149,8 @@ static void start_profile(gw_dispatch_t *ds, ds_model_t *dm)
         gw_workers_send(ds->srv->workers, pick->id, SQ_MSG_PROFILE, (uint64_t)dm->key, buf.data,
                         (uint32_t)buf.len);
         sq_buf_dispose(&buf);
+        pick->profile_key = dm->key;
+        pick->profile_seq = ++pick->job_seq;
     } else if (l == NULL || l->state == LOAD_NONE || l->state == LOAD_FAILED) {
         if (l != NULL)
             l->state = LOAD_NONE;
@@ -1106,6 +1189,39 @@ static void end_profile(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
     }
 }
 
+/* DB thread: publishes key's current record (none: it was deleted) and
+ * tells the dispatcher. */
+static void registry_refresh(mdb_t *db, gw_server_t *srv, int64_t key)
+{
+    json_t *recs;
+    if (mdb_model_records(db, key, &recs) == 0 && json_array_size(recs) == 1)
+        gw_registry_put(srv->registry, gw_model_from_record(json_array_get(recs, 0)));
+    json_decref(recs);
+    gw_dispatch_model_changed(srv, key);
+}
+
+static const char *sigabbrev(int sig)
+{
+    switch (sig) {
+    case SIGSEGV:
+        return "SIGSEGV";
+    case SIGABRT:
+        return "SIGABRT";
+    case SIGBUS:
+        return "SIGBUS";
+    case SIGFPE:
+        return "SIGFPE";
+    case SIGILL:
+        return "SIGILL";
+    case SIGTRAP:
+        return "SIGTRAP";
+    case SIGSYS:
+        return "SIGSYS";
+    default:
+        return "a signal";
+    }
+}
+
 typedef struct {
     gw_server_t *srv;
     int64_t key;
@@ -1136,12 +1252,147 @@ static void profile_store_job(mdb_t *db, void *arg)
     else if (rc != 0)
         SQ_ERROR("cannot store the profile key=%lld error=\"%s\"", (long long)p->key,
                  mdb_errmsg(db));
-    json_t *recs;
-    if (mdb_model_records(db, p->key, &recs) == 0 && json_array_size(recs) == 1)
-        gw_registry_put(p->srv->registry, gw_model_from_record(json_array_get(recs, 0)));
-    json_decref(recs);
-    gw_dispatch_model_changed(p->srv, p->key);
+    registry_refresh(db, p->srv, p->key);
     free(p);
+}
+
+typedef struct {
+    gw_server_t *srv;
+    int64_t from, to;
+} profile_copy_job_t;
+
+/* What a model message asks for: nothing but a refresh, a profile (taken
+ * from an identical model when there is one), or a measurement. */
+enum { PROFILE_NONE, PROFILE_WANTED, PROFILE_MEASURE };
+static void post_model_msg(gw_server_t *srv, int64_t key, int profile);
+
+/* DB thread: an identical model's profile becomes this one's; if that fails
+ * (the older copy deleted meanwhile), it is measured after all. */
+static void profile_copy_job(mdb_t *db, void *arg)
+{
+    profile_copy_job_t *j = arg;
+    int rc = mdb_profile_copy(db, j->from, j->to);
+    if (rc == 0) {
+        registry_refresh(db, j->srv, j->to);
+    } else {
+        SQ_INFO("profile not copied, measuring key=%lld reason=\"%s\"", (long long)j->to,
+                mdb_errmsg(db));
+        post_model_msg(j->srv, j->to, PROFILE_MEASURE);
+    }
+    free(j);
+}
+
+/* ---- models that crash their workers -------------------------------------
+ * A worker process that dies of a signal of its own (SIGSEGV, SIGABRT,
+ * SIGBUS, SIGFPE, SIGILL...) while it loads, measures or runs a model
+ * counts a crash against that model: the oldest job it had not answered
+ * (it runs them in order). SIGKILL and SIGTERM come from outside (squishd
+ * on a missed heartbeat, an operator, the kernel's OOM killer) and count
+ * nothing. Past --model-retries crashes the model is marked failed, in the
+ * model DB with the reason, and is never sent to a worker again; its
+ * waiting requests are answered 409 model_failed. A prefix group that
+ * crashes its worker is retired instead (its members run alone). */
+
+typedef struct {
+    gw_server_t *srv;
+    int64_t key;
+    char why[256];
+} fail_job_t;
+
+static void fail_job(mdb_t *db, void *arg)
+{
+    fail_job_t *j = arg;
+    int rc = mdb_model_set_status(db, j->key, "failed", j->why);
+    if (rc != 0 && rc != SQ_MODEL_NOT_FOUND)
+        SQ_ERROR("cannot mark a model failed key=%lld error=\"%s\"", (long long)j->key,
+                 mdb_errmsg(db));
+    registry_refresh(db, j->srv, j->key);
+    free(j);
+}
+
+static void poison(gw_dispatch_t *ds, ds_model_t *dm, const char *why)
+{
+    if (dm->is_group) {
+        dm->failed = 1;
+        group_retire(ds, dm, why);
+        return;
+    }
+    dm->poisoned = 1;
+    dm->profile_pending = 0;
+    snprintf(dm->failed_why, sizeof(dm->failed_why), "model %s version %d failed: %s", dm->m->name,
+             dm->m->version, why);
+    SQ_ERROR("model marked failed model=%s version=%d crashes=%d reason=\"%s\"", dm->m->name,
+             dm->m->version, dm->crashes, why);
+    fail_pending(ds, dm, SQ_MODEL_FAILED, dm->failed_why);
+    withdraw(ds, dm); /* what its sessions queued comes back as drops: see pump */
+    if (dm->active && dm->kind >= 0) {
+        dm->active = 0;
+        gw__plan_invalidate(ds, dm->kind, "model failed");
+    }
+    dm->active = 0;
+    free(dm->blob);
+    dm->blob = NULL;
+    dm->blob_state = 0;
+    fail_job_t *j = sq_xcalloc(1, sizeof(*j));
+    j->srv = ds->srv;
+    j->key = dm->key;
+    snprintf(j->why, sizeof(j->why), "%s", why);
+    gw_db_post(ds->srv, fail_job, j);
+}
+
+/* The job w was running when its connection ended: its oldest unanswered
+ * one. */
+static void note_suspect(ds_worker_t *w)
+{
+    uint64_t oldest = UINT64_MAX;
+    w->has_suspect = 0;
+    if (w->inflight != NULL) {
+        oldest = w->inflight->seq;
+        w->suspect_key = w->inflight->model_key;
+        snprintf(w->suspect_doing, sizeof(w->suspect_doing), "running");
+        w->has_suspect = 1;
+    }
+    for (int i = 0; i < w->nloads; i++) {
+        const ds_load_t *l = &w->loads[i];
+        if ((l->state == LOAD_SENT || l->stale > 0) && l->sent_seq != 0 && l->sent_seq < oldest) {
+            oldest = l->sent_seq;
+            w->suspect_key = l->key;
+            snprintf(w->suspect_doing, sizeof(w->suspect_doing), "loading");
+            w->has_suspect = 1;
+        }
+    }
+    if (w->profile_seq != 0 && w->profile_seq < oldest) {
+        w->suspect_key = w->profile_key;
+        snprintf(w->suspect_doing, sizeof(w->suspect_doing), "measuring");
+        w->has_suspect = 1;
+    }
+    w->profile_seq = 0;
+}
+
+void gw_dispatch_worker_exited(gw_dispatch_t *ds, int worker, int status)
+{
+    ds_worker_t *w = worker_get(ds, worker);
+    if (w == NULL || w->up || !w->has_suspect)
+        return;
+    w->has_suspect = 0;
+    int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    if (sig == 0 || sig == SIGKILL || sig == SIGTERM || sig == SIGINT || sig == SIGHUP)
+        return;
+    ds_model_t *dm = model_find(ds, w->suspect_key);
+    if (dm == NULL || dm->removed || dm->poisoned)
+        return;
+    dm->crashes++;
+    char why[192];
+    snprintf(why, sizeof(why), "its worker (%s) crashed with %s while %s it, %d time%s", w->device,
+             sigabbrev(sig), w->suspect_doing, dm->crashes, dm->crashes > 1 ? "s" : "");
+    if (dm->crashes > ds->srv->cfg->model_retries) {
+        poison(ds, dm, why);
+    } else {
+        SQ_WARN("worker crashed model=%s version=%d doing=%s signal=%s crashes=%d retries=%d",
+                dm->m->name, dm->m->version, w->suspect_doing, sigabbrev(sig), dm->crashes,
+                ds->srv->cfg->model_retries);
+    }
+    pump(ds);
 }
 
 /* ---- worker frames ------------------------------------------------------- */
@@ -1275,6 +1526,8 @@ int gw_dispatch_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
         ds_model_t *dm = model_find(ds, (int64_t)f->id);
         SQ_INFO("profiling done key=%lld worker=%d rows=%u code=%s", (long long)f->id, w->id,
                 p->done.nrows, sq_err_name(p->done.code));
+        if (w->profile_key == (int64_t)f->id)
+            w->profile_seq = 0;
         if (dm == NULL || dm->removed || dm->profile_worker != w->id) {
             /* Abandoned (the model deleted, the group retired): the worker
              * was released then, and nothing is stored. */
@@ -1342,6 +1595,8 @@ void gw_dispatch_worker_up(gw_dispatch_t *ds, int worker, const char *device, ui
     snprintf(w->device, sizeof(w->device), "%s", device);
     w->nloads = 0;
     w->nshas = 0;
+    w->has_suspect = 0;
+    w->profile_seq = 0;
     w->memory_bytes = memory;
     atomic_fetch_add(&ds->srv->kind_up[w->kind], 1);
     pl_dispatch_worker_add(ds->core, now_us(), worker, 0);
@@ -1365,6 +1620,7 @@ void gw_dispatch_worker_lost(gw_dispatch_t *ds, int worker)
         return;
     w->up = 0;
     atomic_fetch_sub(&ds->srv->kind_up[w->kind], 1);
+    note_suspect(w);
     if (w->inflight != NULL) {
         /* The core puts these requests back in their queues (or drops them
          * if their deadline no longer allows a retry). */
@@ -1410,6 +1666,13 @@ static void on_submit(sq_loop_t *loop, void *arg)
         fail_item(ds, it, SQ_MODEL_NOT_FOUND, "the model was deleted");
         return;
     }
+    if (dm->poisoned) {
+        fail_item(ds, it, SQ_MODEL_FAILED, dm->failed_why);
+        return;
+    }
+    ds_model_t *t = twin_of(ds, dm);
+    if (t != NULL)
+        dm = t;
     ds_model_t *g = group_of(ds, dm);
     if (g != NULL) {
         it->member = group_member_index(g, dm->m);
@@ -1497,9 +1760,22 @@ static void on_model_changed(sq_loop_t *loop, void *arg)
         gw_model_unref(dm->m);
         dm->m = m; /* the new entry (profile, status) */
         m = NULL;
-        if (msg->profile) {
-            dm->profile_pending = 1;
-            start_profile(ds, dm);
+        if (msg->profile != PROFILE_NONE) {
+            gw_model_t *twin = msg->profile == PROFILE_WANTED ? twin_find(ds, dm->m) : NULL;
+            if (twin != NULL) {
+                /* Measured already, as its older copy: nothing to measure. */
+                profile_copy_job_t *j = sq_xcalloc(1, sizeof(*j));
+                j->srv = ds->srv;
+                j->from = twin->key;
+                j->to = dm->key;
+                SQ_INFO("profile taken from an identical model model=%s version=%d from=%s:%d",
+                        dm->m->name, dm->m->version, twin->name, twin->version);
+                gw_model_unref(twin);
+                gw_db_post(ds->srv, profile_copy_job, j);
+            } else {
+                dm->profile_pending = 1;
+                start_profile(ds, dm);
+            }
         }
         /* A model that became ready may complete a group: measure it now,
          * before its traffic comes. */
@@ -1521,12 +1797,12 @@ static void post_model_msg(gw_server_t *srv, int64_t key, int profile)
 
 void gw_dispatch_model_changed(gw_server_t *srv, int64_t key)
 {
-    post_model_msg(srv, key, 0);
+    post_model_msg(srv, key, PROFILE_NONE);
 }
 
 void gw_dispatch_profile(gw_server_t *srv, int64_t key)
 {
-    post_model_msg(srv, key, 1);
+    post_model_msg(srv, key, PROFILE_WANTED);
 }
 
 /* Items waiting for a first load are bounded by their deadlines. */

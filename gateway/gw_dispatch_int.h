@@ -19,6 +19,7 @@ typedef struct {
     /* Answers still to come for loads this worker was told to unload before
      * it answered: they are not about the model as it is now. */
     int stale;
+    uint64_t sent_seq; /* its place in the worker's job order, while LOAD_SENT */
 } ds_load_t;
 
 typedef struct ds_batch {
@@ -29,6 +30,7 @@ typedef struct ds_batch {
     int64_t out_off;
     uint64_t out_stride;
     int64_t sent_us;
+    uint64_t seq; /* its place in the worker's job order */
 } ds_batch_t;
 
 typedef struct {
@@ -43,6 +45,16 @@ typedef struct {
     char (*shas)[65]; /* model files this connection already received */
     int nshas;
     ds_batch_t *inflight;
+    /* The worker runs its jobs (loads, batches, measurements) in the order
+     * sent: each outstanding one has a number from job_seq, and when the
+     * worker dies the oldest is the one it was running. That model is the
+     * suspect until the process's exit status says whether it crashed. */
+    uint64_t job_seq;
+    int64_t profile_key; /* the model it measures (profile_seq != 0) */
+    uint64_t profile_seq;
+    int has_suspect;
+    int64_t suspect_key;
+    char suspect_doing[16]; /* "loading", "measuring", "running" */
 } ds_worker_t;
 
 typedef struct ds_model {
@@ -73,6 +85,16 @@ typedef struct ds_model {
      * last looked for in. */
     struct ds_model *group;
     uint64_t group_checked;
+    /* Another model with the very same file and input that serves this
+     * one's requests from its own load (one loaded copy for both), and the
+     * group epoch it was last looked for in. */
+    struct ds_model *twin;
+    uint64_t twin_checked;
+    /* Worker crashes while it was loaded, measured or run; past
+     * --model-retries it is poisoned: marked failed, never sent again. */
+    int crashes;
+    int poisoned;
+    char failed_why[256];
 } ds_model_t;
 
 typedef struct {

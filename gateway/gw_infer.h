@@ -87,6 +87,10 @@ gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop);
 void gw_dispatch_free(gw_dispatch_t *ds);
 void gw_dispatch_worker_up(gw_dispatch_t *ds, int worker, const char *device, uint64_t memory);
 void gw_dispatch_worker_lost(gw_dispatch_t *ds, int worker);
+/* A supervised worker's process ended with waitpid status `status`
+ * (after gw_dispatch_worker_lost): a crash of its own counts against the
+ * model it was loading, measuring or running (see --model-retries). */
+void gw_dispatch_worker_exited(gw_dispatch_t *ds, int worker, int status);
 /* Frames for the dispatcher (model, batch, profile); returns -1 on a
  * protocol error (the worker is then dropped). */
 int gw_dispatch_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f);

@@ -30,6 +30,7 @@ typedef struct gw_model {
     char sha256[65];
     int emulated;    /* format "emulated": no ONNX file */
     char status[16]; /* profiling | ready | failed */
+    char error[256]; /* why it failed ("" otherwise) */
     char input_name[128];
     int input_uint8;   /* the graph's input is UINT8 (else FP32) */
     int c, h, w;       /* input item shape */

@@ -297,12 +297,19 @@ static gw_infer_t *infer_new(gw_call_t *call, gw_api_t api)
         gw_send_error(hreq, SQ_MODEL_NOT_FOUND, "no such model");
         return NULL;
     }
+    if (strcmp(m->status, "failed") == 0) {
+        /* No retry helps: the operator must upload it again. */
+        char why[sizeof(m->error) + MDB_NAME_MAX + 96];
+        snprintf(why, sizeof(why), "model %s version %d failed: %s; upload it again to retry",
+                 m->name, m->version, m->error[0] ? m->error : "it could not be measured");
+        gw_metrics_infer_rejected(srv, m, SQ_MODEL_FAILED);
+        gw_send_error(hreq, SQ_MODEL_FAILED, why);
+        gw_model_unref(m);
+        return NULL;
+    }
     if (strcmp(m->status, "ready") != 0) {
         gw_metrics_infer_rejected(srv, m, SQ_NOT_READY);
-        gw_send_error(hreq, SQ_NOT_READY,
-                      strcmp(m->status, "profiling") == 0
-                          ? "the model is being profiled; retry shortly"
-                          : "the model failed profiling and cannot be served");
+        gw_send_error(hreq, SQ_NOT_READY, "the model is being profiled; retry shortly");
         gw_model_unref(m);
         return NULL;
     }

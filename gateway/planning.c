@@ -737,7 +737,7 @@ static psess_t *restore_session(gw_dispatch_t *ds, const restore_row_t *row, int
              gw_dispatch_serving_kind(ds->srv, m) == row->kind;
     ds_model_t *dm = ok ? gw__ds_model(ds, m) : NULL;
     gw_model_unref(m);
-    if (dm == NULL || dm->removed || (dm->active && dm->kind != row->kind))
+    if (dm == NULL || dm->removed || dm->poisoned || (dm->active && dm->kind != row->kind))
         return NULL;
     if (!dm->active) {
         dm->kind = row->kind;

@@ -60,6 +60,8 @@ gw_model_t *gw_model_from_record(json_t *rec)
     snprintf(m->sha256, sizeof(m->sha256), "%s", json_string_value(json_object_get(rec, "sha256")));
     m->emulated = strcmp(json_string_value(json_object_get(rec, "format")), "emulated") == 0;
     snprintf(m->status, sizeof(m->status), "%s", json_string_value(json_object_get(rec, "status")));
+    const char *why = json_string_value(json_object_get(rec, "error"));
+    snprintf(m->error, sizeof(m->error), "%s", why != NULL ? why : "");
     json_t *in = json_object_get(rec, "input");
     snprintf(m->input_name, sizeof(m->input_name), "%s",
              json_string_value(json_object_get(in, "name")));

@@ -229,6 +229,8 @@ static void slot_exited(gw_workers_t *ws, slot_t *s, int status)
     if (s->peer != NULL)
         peer_close(ws, s->peer, "exited");
     s->pid = 0;
+    if (ws->srv->dispatch != NULL)
+        gw_dispatch_worker_exited(ws->srv->dispatch, s->id, status);
     if (ws->stopping) {
         s->state = SLOT_IDLE;
         return;

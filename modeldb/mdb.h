@@ -130,6 +130,16 @@ int mdb_group_profile_store(mdb_t *db, const char *members, const char *member_s
 int mdb_group_profile_get(mdb_t *db, const char *members, const char *device_kind,
                           mdb_profile_row_t **rows, int *nrows);
 
+/* Sets a model's status and error text (NULL: none), keeping its
+ * profiles: a model that crashed its workers is marked "failed".
+ * SQ_MODEL_NOT_FOUND when there is no such model. */
+int mdb_model_set_status(mdb_t *db, int64_t model_id, const char *status, const char *error);
+
+/* Gives model to_id the profiles of model from_id (the same file, measured
+ * already) and makes it "ready" (one transaction). SQ_NOT_FOUND when
+ * from_id has no profile; SQ_MODEL_NOT_FOUND when either model is gone. */
+int mdb_profile_copy(mdb_t *db, int64_t from_id, int64_t to_id);
+
 /* Replaces the profile rows of a model for a device kind and sets its
  * status (one transaction). SQ_MODEL_NOT_FOUND, storing nothing, when the
  * model was deleted meanwhile. */

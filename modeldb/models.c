@@ -621,6 +621,80 @@ int mdb_model_delete(mdb_t *db, const char *name, int version, int *deleted)
     return *deleted > 0 ? 0 : SQ_MODEL_NOT_FOUND;
 }
 
+int mdb_model_set_status(mdb_t *db, int64_t model_id, const char *status, const char *error)
+{
+    static const char sql[] = "UPDATE models SET status = ?, error = ? WHERE id = ?";
+    sqlite3_stmt *st = mdb_stmt(db, sql);
+    if (st == NULL)
+        return SQ_DB;
+    bind_text(st, 1, status);
+    if (error != NULL)
+        bind_text(st, 2, error);
+    else
+        sqlite3_bind_null(st, 2);
+    sqlite3_bind_int64(st, 3, model_id);
+    if (step_done(db, st, "set model status") != 0)
+        return SQ_DB;
+    if (sqlite3_changes(db->sql) == 0) {
+        snprintf(db->errmsg, sizeof(db->errmsg), "model %lld not found", (long long)model_id);
+        return SQ_MODEL_NOT_FOUND;
+    }
+    return 0;
+}
+
+int mdb_profile_copy(mdb_t *db, int64_t from_id, int64_t to_id)
+{
+    static const char exists_sql[] = "SELECT count(*) FROM models WHERE id IN (?, ?)";
+    static const char del_sql[] = "DELETE FROM profiles WHERE model_id = ?";
+    static const char copy_sql[] =
+        "INSERT INTO profiles (model_id, device_kind, device_name, batch, latency_mean_us, "
+        "latency_std_us, peak_memory_bytes, preprocess_us) "
+        "SELECT ?, device_kind, device_name, batch, latency_mean_us, latency_std_us, "
+        "peak_memory_bytes, preprocess_us FROM profiles WHERE model_id = ?";
+    static const char status_sql[] =
+        "UPDATE models SET status = 'ready', error = NULL WHERE id = ?";
+    int rc = mdb_exec(db, "BEGIN IMMEDIATE");
+    if (rc != 0)
+        return rc;
+    sqlite3_stmt *st = mdb_stmt(db, exists_sql);
+    if (st == NULL)
+        return rollback(db, SQ_DB);
+    sqlite3_bind_int64(st, 1, from_id);
+    sqlite3_bind_int64(st, 2, to_id);
+    if (sqlite3_step(st) != SQLITE_ROW) {
+        mdb_set_error(db, "find models");
+        return rollback(db, SQ_DB);
+    }
+    if (sqlite3_column_int64(st, 0) != 2) {
+        snprintf(db->errmsg, sizeof(db->errmsg), "model %lld or %lld was deleted",
+                 (long long)from_id, (long long)to_id);
+        return rollback(db, SQ_MODEL_NOT_FOUND);
+    }
+    if ((st = mdb_stmt(db, del_sql)) == NULL)
+        return rollback(db, SQ_DB);
+    sqlite3_bind_int64(st, 1, to_id);
+    if (step_done(db, st, "delete profile") != 0)
+        return rollback(db, SQ_DB);
+    if ((st = mdb_stmt(db, copy_sql)) == NULL)
+        return rollback(db, SQ_DB);
+    sqlite3_bind_int64(st, 1, to_id);
+    sqlite3_bind_int64(st, 2, from_id);
+    if (step_done(db, st, "copy profile") != 0)
+        return rollback(db, SQ_DB);
+    if (sqlite3_changes(db->sql) == 0) {
+        snprintf(db->errmsg, sizeof(db->errmsg), "model %lld has no profile", (long long)from_id);
+        return rollback(db, SQ_NOT_FOUND);
+    }
+    if ((st = mdb_stmt(db, status_sql)) == NULL)
+        return rollback(db, SQ_DB);
+    sqlite3_bind_int64(st, 1, to_id);
+    if (step_done(db, st, "update status") != 0)
+        return rollback(db, SQ_DB);
+    if ((rc = mdb_exec(db, "COMMIT")) != 0)
+        return rollback(db, rc);
+    return 0;
+}
+
 int mdb_profile_store(mdb_t *db, int64_t model_id, const char *device_kind, const char *device_name,
                       const mdb_profile_row_t *rows, int nrows, const char *status,
                       const char *error)

@@ -1,5 +1,6 @@
 #include "wk_serve.h"
 #include "wk_exec.h"
+#include "wk_fault.h"
 
 #include <mdb.h>
 #include <mdb_graph.h>
@@ -36,6 +37,7 @@ typedef struct model {
     wk_group_t *group; /* a prefix group (plan NULL) */
     int pixel_h, pixel_w;
     int64_t in_elems, out_elems;
+    char sha256[65]; /* its file's ("" for a group) */
 } model_t;
 
 /* Bytes of model files received on this connection, by sha256. Kept for the
@@ -225,6 +227,7 @@ static void do_load(server_t *s, job_t *j)
 {
     const sq_model_load_t *spec = j->load;
     char why[512] = "";
+    wk_fault_check(WK_FAULT_LOAD, spec->sha256);
     wk_plan_opts_t opts = wk_plan_opts_default();
     opts.backend = backend_of(&s->o.dev);
     opts.device_index = s->o.dev.index;
@@ -283,6 +286,7 @@ static void do_load(server_t *s, job_t *j)
     m->key = j->id;
     m->plan = plan;
     m->group = group;
+    snprintf(m->sha256, sizeof(m->sha256), "%s", spec->sha256);
     /* A group's rows enter through its prefix. */
     const wk_plan_t *front = group != NULL ? wk_group_prefix(group) : plan;
     int64_t dims[8];
@@ -326,6 +330,8 @@ static int in_arena(const server_t *s, uint64_t off, uint64_t n)
 static int run_batch(server_t *s, const sq_batch_t *b, char *msg, size_t msglen, int64_t *exec_ns)
 {
     model_t *m = find_model(s, b->model_key);
+    if (m != NULL)
+        wk_fault_check(WK_FAULT_RUN, m->sha256);
     if (m == NULL) {
         snprintf(msg, msglen, "model %llu is not loaded", (unsigned long long)b->model_key);
         return SQ_NOT_FOUND;
@@ -454,6 +460,8 @@ static void do_profile(server_t *s, job_t *j)
     sq_profile_done_t *done = sq_xcalloc(1, sizeof(*done));
     model_t *m = find_model(s, j->id);
     const sq_profile_req_t *req = &j->profile;
+    if (m != NULL)
+        wk_fault_check(WK_FAULT_PROFILE, m->sha256);
     if (m == NULL) {
         done->code = SQ_NOT_FOUND;
         snprintf(done->message, sizeof(done->message), "model not loaded");
