@@ -83,16 +83,27 @@ static ds_model_t *model_find(gw_dispatch_t *ds, int64_t key)
     return NULL;
 }
 
+static int kind_usable(gw_server_t *srv, const gw_model_t *m, int kind, int or_coming)
+{
+    return m->has_profile[kind] && (atomic_load(&srv->kind_up[kind]) > 0 ||
+                                    (or_coming && atomic_load(&srv->kind_coming[kind]) > 0));
+}
+
+/* The device kind that serves m: one with a worker up, cuda first; else
+ * one whose worker is being restarted (its requests wait for it). */
 static int kind_of_model(gw_server_t *srv, const gw_model_t *m)
 {
-    if (m->emulated)
-        return m->has_profile[GW_KIND_EMU] && atomic_load(&srv->kind_up[GW_KIND_EMU]) > 0
-                   ? GW_KIND_EMU
-                   : -1;
-    if (m->has_profile[GW_KIND_CUDA] && atomic_load(&srv->kind_up[GW_KIND_CUDA]) > 0)
-        return GW_KIND_CUDA;
-    if (m->has_profile[GW_KIND_CPU] && atomic_load(&srv->kind_up[GW_KIND_CPU]) > 0)
-        return GW_KIND_CPU;
+    for (int or_coming = 0; or_coming < 2; or_coming++) {
+        if (m->emulated) {
+            if (kind_usable(srv, m, GW_KIND_EMU, or_coming))
+                return GW_KIND_EMU;
+            continue;
+        }
+        if (kind_usable(srv, m, GW_KIND_CUDA, or_coming))
+            return GW_KIND_CUDA;
+        if (kind_usable(srv, m, GW_KIND_CPU, or_coming))
+            return GW_KIND_CPU;
+    }
     return -1;
 }
 
@@ -1430,6 +1441,10 @@ static void on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f
     if (done.code != 0)
         SQ_WARN("batch failed worker=%d code=%s message=\"%s\"", w->id, sq_err_name(done.code),
                 done.message);
+    ds_model_t *ran = done.code == 0 ? model_find(ds, b->model_key) : NULL;
+    if (ran != NULL)
+        ran->crashes = 0; /* counted are crashes in a row: a crash blamed on it by a
+                             worker that died before its answers left was not its */
     sq_shm_release(ds->srv->arena, b->out_off);
     free(b->items);
     free(b);
@@ -1535,6 +1550,8 @@ int gw_dispatch_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
             return 0;
         }
         end_profile(ds, dm, w);
+        if (p->done.code == 0)
+            dm->crashes = 0;
         if (dm->is_group) {
             group_profiled(ds, dm, w, &p->done);
             free(p);
@@ -1609,6 +1626,15 @@ void gw_dispatch_worker_up(gw_dispatch_t *ds, int worker, const char *device, ui
         gw_model_unref(grouped.m[i]);
     }
     free(grouped.m);
+    /* Requests that waited for a worker of this kind (restarted after a
+     * crash, say): it loads their models. */
+    for (int i = 0; i < ds->nmodels; i++) {
+        ds_model_t *dm = ds->models[i];
+        int loading;
+        if (dm->npending > 0 && !dm->removed && dm->kind == w->kind &&
+            loaded_anywhere(ds, dm, &loading) == 0 && loading == 0)
+            spread_loads(ds, dm);
+    }
     gw__plan_invalidate(ds, w->kind, "worker up");
     pump(ds);
 }
@@ -1696,12 +1722,14 @@ static void on_submit(sq_loop_t *loop, void *arg)
     if (loading == 0)
         spread_loads(ds, dm); /* the plan placed it nowhere yet: any worker will do */
     loaded_anywhere(ds, dm, &loading);
-    if (loading == 0 && !held_while_profiling(ds, dm)) {
+    if (loading == 0 && !held_while_profiling(ds, dm) &&
+        atomic_load(&ds->srv->kind_coming[dm->kind]) == 0) {
         fail_item(ds, it, SQ_NO_WORKER, "no worker could load the model");
         return;
     }
-    /* Waits for the load, or for the worker holding it to finish measuring
-     * (bounded by its deadline, see on_tick). */
+    /* Waits for the load, for the worker holding it to finish measuring,
+     * or for a worker being restarted (bounded by its deadline, see
+     * on_tick). */
     if (dm->npending == dm->cappending) {
         dm->cappending = dm->cappending ? 2 * dm->cappending : 16;
         dm->pending = sq_xrealloc(dm->pending, sizeof(*dm->pending) * (size_t)dm->cappending);

@@ -34,7 +34,11 @@ typedef struct gw_server {
     atomic_long infer_inflight; /* inference requests inside squishd (max_inflight) */
 
     atomic_int kind_up[3]; /* workers up per device kind (gw_kind_t) */
-    long long last_epoch;  /* the newest plan stored in the DB at start */
+    /* Supervised workers per kind being restarted (or not yet past their
+     * handshake): requests for their models wait for them (within their
+     * deadlines) instead of being refused no_worker. */
+    atomic_int kind_coming[3];
+    long long last_epoch; /* the newest plan stored in the DB at start */
     /* That plan (its JSON and placements), read at start for the planner to
      * reapply once workers are up; planning.c takes them (then NULL). */
     json_t *restore_plan;

@@ -97,6 +97,19 @@ static int count_up(gw_workers_t *ws)
 static void publish(gw_workers_t *ws)
 {
     atomic_store(&ws->srv->workers_up, count_up(ws));
+    int coming[GW_KIND_COUNT] = {0};
+    for (int i = 0; i < ws->nslots && !ws->stopping; i++) {
+        const slot_t *s = &ws->slots[i];
+        /* Up but its connection gone: it is being reaped and restarted. */
+        int lost = s->state == SLOT_UP && s->peer == NULL;
+        if (s->state != SLOT_IDLE && s->state != SLOT_SPAWNED && !lost)
+            continue;
+        coming[strncmp(s->device, "cuda", 4) == 0  ? GW_KIND_CUDA
+               : strncmp(s->device, "emu", 3) == 0 ? GW_KIND_EMU
+                                                   : GW_KIND_CPU]++;
+    }
+    for (int k = 0; k < GW_KIND_COUNT; k++)
+        atomic_store(&ws->srv->kind_coming[k], coming[k]);
 }
 
 /* Finds squish-worker: the configured path, beside squishd, or in the
@@ -160,6 +173,7 @@ static void spawn(gw_workers_t *ws, slot_t *s)
     }
     s->pid = pid;
     s->state = SLOT_SPAWNED;
+    publish(ws);
     SQ_INFO("worker spawned id=%d device=%s pid=%d", s->id, s->device, (int)pid);
 }
 
@@ -188,6 +202,7 @@ static void schedule_restart(gw_workers_t *ws, slot_t *s)
         sq_loop_timer_at(ws->loop, now + (int64_t)delay * 1000000, on_restart_timer, s);
     SQ_INFO("worker restart scheduled id=%d device=%s in_ms=%d restarts=%d", s->id, s->device,
             delay, s->restarts);
+    publish(ws);
     int max = ws->srv->cfg->restart_backoff_max_ms;
     s->backoff_ms = s->backoff_ms * 2 > max ? max : (s->backoff_ms == 0 ? 1 : s->backoff_ms * 2);
 }
@@ -212,9 +227,10 @@ static void peer_close(gw_workers_t *ws, peer_t *p, const char *reason)
     sq_conn_dispose(&p->conn);
     slot_t *s = p->slot;
     free(p);
+    if (s != NULL)
+        s->peer = NULL;
     publish(ws);
     if (s != NULL) {
-        s->peer = NULL;
         /* Make sure the process is gone; reaping restarts the slot. */
         if (s->pid > 0 && s->state != SLOT_IDLE)
             kill(s->pid, SIGKILL);
@@ -247,6 +263,7 @@ static void slot_exited(gw_workers_t *ws, slot_t *s, int status)
         } else {
             SQ_WARN("device unavailable, slot disabled id=%d device=%s", s->id, s->device);
             s->state = SLOT_DISABLED;
+            publish(ws);
             return;
         }
     }
@@ -624,6 +641,7 @@ static void begin_stop(sq_loop_t *loop, void *arg)
 {
     gw_workers_t *ws = arg;
     ws->stopping = 1;
+    publish(ws);
     ws->stop_deadline_ns = sq_now_ns() + (int64_t)SHUTDOWN_GRACE_MS * 1000000;
     sq_loop_unwatch(loop, ws->listen_fd);
     gw_dispatch_abort_all(ws->srv->dispatch);
