@@ -6,6 +6,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct gw_db {
     gw_server_t *srv;
@@ -115,6 +116,22 @@ void gw_db_post(gw_server_t *srv, void (*fn)(mdb_t *db, void *arg), void *arg)
     job->fn = fn;
     job->arg = arg;
     sq_loop_post(srv->db->loop, run_job, job);
+}
+
+static void barrier_job(mdb_t *db, void *arg)
+{
+    (void)db;
+    atomic_store((atomic_int *)arg, 1);
+}
+
+void gw_db_quiesce(gw_server_t *srv)
+{
+    if (srv->db == NULL)
+        return;
+    atomic_int done = 0;
+    gw_db_post(srv, barrier_job, &done);
+    while (!atomic_load(&done))
+        usleep(1000);
 }
 
 static void stop_loop(sq_loop_t *loop, void *arg)

@@ -14,6 +14,7 @@
 #include <pl_dispatch.h>
 #include <wk.h>
 
+#include <assert.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,6 +132,50 @@ static ds_model_t *model_get(gw_dispatch_t *ds, gw_model_t *m)
     return dm;
 }
 
+/* ---- handles: the core's names for items -------------------------------- */
+
+static uint64_t handle_new(gw_dispatch_t *ds, gw_item_t *it)
+{
+    uint32_t i;
+    if (ds->free_handle != 0) {
+        i = ds->free_handle - 1;
+        ds->free_handle = ds->handles[i].next_free;
+    } else {
+        if (ds->nhandles == ds->caphandles) {
+            ds->caphandles = ds->caphandles ? 2 * ds->caphandles : 64;
+            ds->handles = sq_xrealloc(ds->handles, sizeof(*ds->handles) * (size_t)ds->caphandles);
+        }
+        i = ds->nhandles++;
+        ds->handles[i] = (ds_handle_t){.gen = 1};
+    }
+    ds->handles[i].item = it;
+    ds->handles[i].next_free = 0;
+    it->core_id = (uint64_t)ds->handles[i].gen << 32 | i;
+    return it->core_id;
+}
+
+/* The item the core's id names, or NULL when it was answered since. */
+static gw_item_t *handle_get(const gw_dispatch_t *ds, uint64_t id)
+{
+    uint32_t i = (uint32_t)id, gen = (uint32_t)(id >> 32);
+    if (i >= ds->nhandles || ds->handles[i].gen != gen)
+        return NULL;
+    return ds->handles[i].item;
+}
+
+static void handle_release(gw_dispatch_t *ds, gw_item_t *it)
+{
+    if (it->core_id == 0)
+        return;
+    uint32_t i = (uint32_t)it->core_id;
+    assert(i < ds->nhandles && ds->handles[i].item == it);
+    ds->handles[i].item = NULL;
+    ds->handles[i].gen = ds->handles[i].gen + 1 ? ds->handles[i].gen + 1 : 1;
+    ds->handles[i].next_free = ds->free_handle;
+    ds->free_handle = i + 1;
+    it->core_id = 0;
+}
+
 /* ---- finishing items --------------------------------------------------- */
 
 static void release_input(gw_dispatch_t *ds, gw_item_t *it)
@@ -141,8 +186,11 @@ static void release_input(gw_dispatch_t *ds, gw_item_t *it)
     }
 }
 
+/* Answers it: the one place, with on_batch_done's success path, where an
+ * item leaves the dispatcher. */
 static void fail_item(gw_dispatch_t *ds, gw_item_t *it, int rc, const char *detail)
 {
+    handle_release(ds, it);
     release_input(ds, it);
     it->done_us = now_us();
     gw_item_finish(it, rc, detail);
@@ -183,8 +231,10 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
          * (a plan moving the model): the requests go back to their model. */
         SQ_DEBUG("batch not sent: model=%s not loaded on worker=%d", m->name, w->id);
         sq_shm_release(ds->srv->arena, out_off);
-        for (int i = 0; i < count; i++)
+        for (int i = 0; i < count; i++) {
+            handle_release(ds, items[i]); /* the core let go of it: it enters anew */
             sq_loop_post(ds->loop, on_submit, items[i]);
+        }
         free(items);
         pl_dispatch_batch_done(ds->core, now_us(), worker, batch_id);
         update_routes(ds, se->model);
@@ -244,11 +294,25 @@ typedef struct {
     gw_item_t **items;
 } act_copy_t;
 
+/* The core's wake-up time: the newest one it asked for. */
+static void arm_timer(gw_dispatch_t *ds, int64_t at_us)
+{
+    if (ds->timer)
+        sq_loop_timer_cancel(ds->loop, ds->timer);
+    ds->timer = 0;
+    if (at_us != PL_NEVER)
+        ds->timer = sq_loop_timer_at(ds->loop, at_us * 1000, on_timer, ds);
+}
+
 /* Takes the core's actions (those produced since the last take: a pump with
  * no call into the core in between has nothing to do) and acts on them. Actions are
  * copied first: acting may call into the core again (a send that fails
  * frees the worker), which replaces the core's arrays; such a handler pumps
- * again itself. */
+ * again itself. A timer is armed as it is taken, not in turn with the
+ * others: a nested pump takes (and arms) a newer wake-up, which the older
+ * one must not replace afterwards (the core says a wake-up time once).
+ * Items are named by handles (handle_get): one answered meanwhile, by a
+ * nested pump or a shutdown, is skipped, never answered twice. */
 static void pump(gw_dispatch_t *ds)
 {
     {
@@ -269,9 +333,16 @@ static void pump(gw_dispatch_t *ds)
                                    .at_us = a->at_us};
             if (a->kind == PL_ACT_SEND) {
                 copy[i].items = sq_xcalloc((size_t)a->count, sizeof(gw_item_t *));
-                for (int k = 0; k < a->count; k++)
-                    copy[i].items[k] = (gw_item_t *)(uintptr_t)a->ids[k];
+                int live = 0;
+                for (int k = 0; k < a->count; k++) {
+                    gw_item_t *it = handle_get(ds, a->ids[k]);
+                    if (it != NULL)
+                        copy[i].items[live++] = it;
+                }
+                copy[i].count = live;
             }
+            if (a->kind == PL_ACT_TIMER)
+                arm_timer(ds, a->at_us);
         }
         for (size_t i = 0; i < n; i++) {
             act_copy_t *a = &copy[i];
@@ -280,14 +351,28 @@ static void pump(gw_dispatch_t *ds)
                      a->kind == PL_ACT_DROP ? sq_err_name(a->reason) : "-");
             switch (a->kind) {
             case PL_ACT_SEND:
+                if (a->count == 0 || ds->aborted) {
+                    /* Every item answered already (a shutdown): the worker is free. */
+                    free(a->items);
+                    pl_dispatch_batch_done(ds->core, now_us(), a->worker, a->batch_id);
+                    pump(ds);
+                    break;
+                }
                 send_batch(ds, a->worker, a->session, a->batch_id, a->items, a->count);
                 break;
             case PL_ACT_DROP: {
-                gw_item_t *it = (gw_item_t *)(uintptr_t)a->request_id;
+                gw_item_t *it = handle_get(ds, a->request_id);
+                if (it == NULL)
+                    break; /* answered already */
+                if (ds->aborted) {
+                    fail_item(ds, it, SQ_SHUTTING_DOWN, "squishd is shutting down");
+                    break;
+                }
                 if (a->reason == SQ_NOT_FOUND && a->session >= 0 && a->session < ds->nsessions &&
                     ds->sessions[a->session].model->is_group && !ds->aborted) {
                     /* Its prefix group was retired: the request runs in
                      * its own model's session instead. */
+                    handle_release(ds, it);
                     sq_loop_post(ds->loop, on_submit, it);
                     break;
                 }
@@ -316,12 +401,7 @@ static void pump(gw_dispatch_t *ds)
                 break;
             }
             case PL_ACT_TIMER:
-                if (ds->timer)
-                    sq_loop_timer_cancel(ds->loop, ds->timer);
-                ds->timer = 0;
-                if (a->at_us != PL_NEVER)
-                    ds->timer = sq_loop_timer_at(ds->loop, a->at_us * 1000, on_timer, ds);
-                break;
+                break; /* armed when taken */
             }
         }
         free(copy);
@@ -424,7 +504,7 @@ static void enqueue_item(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t *it)
         return;
     }
     update_routes(ds, dm);
-    pl_dispatch_request(ds->core, now_us(), (uint64_t)(uintptr_t)it, s, req->arrival_us,
+    pl_dispatch_request(ds->core, now_us(), handle_new(ds, it), s, req->arrival_us,
                         req->deadline_us);
 }
 
@@ -486,7 +566,7 @@ static void on_blob(sq_loop_t *loop, void *arg)
     gw_dispatch_t *ds = j->ds;
     (void)loop;
     ds_model_t *dm = model_find(ds, j->key);
-    if (dm == NULL || dm->removed) {
+    if (dm == NULL || dm->removed || ds->aborted) {
         free(j->bytes);
         free(j);
         return;
@@ -743,7 +823,7 @@ static void on_group_profile(sq_loop_t *loop, void *arg)
     gw_dispatch_t *ds = j->ds;
     (void)loop;
     ds_model_t *g = model_find(ds, j->key);
-    if (g != NULL && !g->removed && !g->failed) {
+    if (g != NULL && !g->removed && !g->failed && !ds->aborted) {
         if (j->rc == 0) {
             group_apply(g, j->kind, j->rows, j->nrows, "stored");
         } else {
@@ -973,8 +1053,8 @@ static void on_group_blob(sq_loop_t *loop, void *arg)
     gw_dispatch_t *ds = j->ds;
     (void)loop;
     ds_model_t *g = model_find(ds, j->key);
-    if (g == NULL || g->removed || j->rc != 0) {
-        if (g != NULL && !g->removed) {
+    if (g == NULL || g->removed || j->rc != 0 || ds->aborted) {
+        if (g != NULL && !g->removed && !ds->aborted) {
             SQ_ERROR("cannot read the files of prefix group %s", g->m->name);
             g->failed = 1;
             g->blob_state = 3;
@@ -1412,7 +1492,8 @@ static void on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f
 {
     sq_batch_done_t done;
     if (sq_batch_done_decode(f, &done) != 0 || w->inflight == NULL || w->inflight->id != f->id) {
-        SQ_WARN("unexpected BATCH_DONE worker=%d batch=%llu", w->id, (unsigned long long)f->id);
+        SQ_LOG(ds->aborted ? SQ_LOG_DEBUG : SQ_LOG_WARN,
+               "unexpected BATCH_DONE worker=%d batch=%llu", w->id, (unsigned long long)f->id);
         return;
     }
     ds_batch_t *b = w->inflight;
@@ -1430,6 +1511,7 @@ static void on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f
             memcpy(it->req->outputs + (size_t)it->index * (size_t)m->out_elems,
                    base + b->out_off + b->out_stride * (uint64_t)i,
                    (size_t)m->out_elems * sizeof(float));
+            handle_release(ds, it);
             release_input(ds, it);
             it->done_us = t;
             gw__plan_outcome(ds, it->done_us <= it->req->deadline_us);
@@ -1753,6 +1835,10 @@ static void on_model_changed(sq_loop_t *loop, void *arg)
     model_msg_t *msg = arg;
     gw_dispatch_t *ds = msg->srv->dispatch;
     (void)loop;
+    if (ds->aborted) {
+        free(msg);
+        return;
+    }
     gw_model_t *m = gw_registry_get(msg->srv->registry, msg->key);
     ds_model_t *dm = model_find(ds, msg->key);
     /* Groups: a member gone, or a new model ready to join, makes the next
@@ -1871,31 +1957,42 @@ gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop)
     return ds;
 }
 
+/* Answers everything the dispatcher holds 503 shutting_down: requests
+ * waiting for a load, queued in the core, and in batches still running
+ * (whose late BATCH_DONE then finds nothing, and whose worker's loss later
+ * hands the core's ids back as stale handles). Idempotent. */
 void gw_dispatch_abort_all(gw_dispatch_t *ds)
 {
+    static const char why[] = "squishd is shutting down";
     ds->aborted = 1;
     for (int i = 0; i < ds->nmodels; i++)
-        fail_pending(ds, ds->models[i], SQ_SHUTTING_DOWN, "squishd is shutting down");
-    for (int s = 0; s < ds->nsessions; s++)
-        pl_dispatch_session_remove(ds->core, now_us(), s);
-    /* Queued requests come back as drops; answer them as a shutdown. */
-    const pl_action_t *acts;
-    size_t n = pl_dispatch_take(ds->core, &acts);
-    for (size_t i = 0; i < n; i++)
-        if (acts[i].kind == PL_ACT_DROP)
-            fail_item(ds, (gw_item_t *)(uintptr_t)acts[i].request_id, SQ_SHUTTING_DOWN,
-                      "squishd is shutting down");
+        fail_pending(ds, ds->models[i], SQ_SHUTTING_DOWN, why);
     for (int i = 0; i < ds->nworkers; i++) {
         ds_worker_t *w = ds->workers[i];
-        if (w != NULL && w->inflight != NULL) {
-            for (int k = 0; k < w->inflight->count; k++)
-                fail_item(ds, w->inflight->items[k], SQ_SHUTTING_DOWN, "squishd is shutting down");
-            sq_shm_release(ds->srv->arena, w->inflight->out_off);
-            free(w->inflight->items);
-            free(w->inflight);
-            w->inflight = NULL;
-        }
+        if (w == NULL || w->inflight == NULL)
+            continue;
+        ds_batch_t *b = w->inflight;
+        w->inflight = NULL;
+        for (int k = 0; k < b->count; k++)
+            fail_item(ds, b->items[k], SQ_SHUTTING_DOWN, why);
+        /* The worker may still write into the outputs: the region stays
+         * allocated until the arena goes (squishd is exiting). The core
+         * forgets the batch. */
+        pl_dispatch_batch_done(ds->core, now_us(), w->id, b->id);
+        free(b->items);
+        free(b);
     }
+    for (int s = 0; s < ds->nsessions; s++)
+        pl_dispatch_session_remove(ds->core, now_us(), s);
+    /* Queued requests come back as drops: pump answers them (aborted). */
+    pump(ds);
+    /* Whatever still has a handle (none should) is answered too. */
+    for (uint32_t i = 0; i < ds->nhandles; i++)
+        if (ds->handles[i].item != NULL)
+            fail_item(ds, ds->handles[i].item, SQ_SHUTTING_DOWN, why);
+    if (ds->timer)
+        sq_loop_timer_cancel(ds->loop, ds->timer);
+    ds->timer = 0;
 }
 
 void gw_dispatch_free(gw_dispatch_t *ds)
@@ -1924,6 +2021,7 @@ void gw_dispatch_free(gw_dispatch_t *ds)
     free(ds->workers);
     free(ds->models);
     free(ds->sessions);
+    free(ds->handles);
     gw__plan_free(ds->plan);
     pl_dispatch_free(ds->core);
     free(ds);

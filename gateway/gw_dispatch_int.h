@@ -104,6 +104,16 @@ typedef struct {
     uint8_t input_kind;
 } ds_session_t;
 
+/* The dispatcher core names requests by 64-bit ids: a slot index (low 32
+ * bits) and the slot's generation (high 32). A slot is freed, and its
+ * generation bumped, when its item is answered, so an id the core hands
+ * back late resolves to nothing instead of to freed memory. */
+typedef struct {
+    gw_item_t *item;
+    uint32_t gen;
+    uint32_t next_free; /* index + 1 of the next free slot; 0: none */
+} ds_handle_t;
+
 struct gw_dispatch {
     gw_server_t *srv;
     int aborted;
@@ -118,8 +128,10 @@ struct gw_dispatch {
     ds_session_t *sessions; /* by core session id */
     int nsessions, capsessions;
     gw_plan_state_t *plan; /* planning.c */
-    uint64_t group_epoch;  /* bumped on every model change: groups are looked for again */
-    uint32_t group_gen;    /* makes each formed group's key unique */
+    ds_handle_t *handles;
+    uint32_t nhandles, caphandles, free_handle; /* free_handle: index + 1, 0: none */
+    uint64_t group_epoch; /* bumped on every model change: groups are looked for again */
+    uint32_t group_gen;   /* makes each formed group's key unique */
 };
 
 /* ---- planning.c -------------------------------------------------------- */

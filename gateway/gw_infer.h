@@ -32,6 +32,7 @@ typedef struct {
     int64_t done_us;
     int batch_size;
     int member;         /* in a prefix group's batch: its model's index there */
+    uint64_t core_id;   /* its handle in the dispatcher core (0: none; dispatch thread) */
     gw_prep_job_t prep; /* JPEG items */
 } gw_item_t;
 

@@ -66,6 +66,9 @@ int gw_db_start(gw_server_t *srv, char *err, size_t errlen);
 /* Runs fn(db, arg) on the DB thread. */
 void gw_db_post(gw_server_t *srv, void (*fn)(mdb_t *db, void *arg), void *arg);
 void gw_db_stop(gw_server_t *srv);
+/* Waits until every job posted so far has run (their answers to HTTP
+ * requests are on their way before the HTTP loops stop). */
+void gw_db_quiesce(gw_server_t *srv);
 /* After the dispatcher started: profile again the models whose profiling a
  * restart interrupted. */
 void gw_db_resume_profiling(gw_server_t *srv);
@@ -78,8 +81,10 @@ int gw_workers_start(gw_server_t *srv, char *err, size_t errlen);
  * down) and waits until that is done. */
 void gw_workers_abort(gw_server_t *srv);
 /* Asks workers to exit, waits for them (SIGKILL after a grace period) and
- * joins the thread. */
+ * joins the thread. The dispatcher and its loop stay (the DB thread may
+ * still post to them) until gw_workers_free, after gw_db_stop. */
 void gw_workers_stop(gw_server_t *srv);
+void gw_workers_free(gw_server_t *srv);
 
 /* HTTP: binds, then runs cfg->http_threads h2o event loops. */
 int gw_http_start(gw_server_t *srv, char *err, size_t errlen);

@@ -160,10 +160,15 @@ out:
     gw_offload_stop(&srv);
     if (srv.workers != NULL)
         gw_workers_abort(&srv);
+    /* Uploads and deletes whose DB job is under way answer before the HTTP
+     * loops go; jobs of the dispatcher answer into its loop, which stays
+     * until the DB thread has stopped. */
+    gw_db_quiesce(&srv);
     gw_http_stop(&srv);
     gw_workers_stop(&srv);
     gw_prep_pool_free(srv.prep);
     gw_db_stop(&srv);
+    gw_workers_free(&srv);
     gw_registry_free(srv.registry);
     json_decref(srv.restore_plan);
     json_decref(srv.restore_placements);

@@ -692,14 +692,27 @@ void gw_workers_stop(gw_server_t *srv)
         peer_close(ws, ws->peers, "shutdown");
     sq_loop_run_posts(ws->loop);
     gw_dispatch_abort_all(srv->dispatch);
+    close(ws->listen_fd);
+    ws->listen_fd = -1;
+    unlink(srv->socket_path);
+    atomic_store(&srv->workers_up, 0);
+    SQ_INFO("workers stopped");
+}
+
+void gw_workers_free(gw_server_t *srv)
+{
+    gw_workers_t *ws = srv->workers;
+    if (ws == NULL)
+        return;
+    /* What the DB thread posted until it stopped (answers to the
+     * dispatcher's jobs) runs on a dispatcher that answers nothing more. */
+    sq_loop_run_posts(ws->loop);
+    gw_dispatch_abort_all(srv->dispatch);
     gw_dispatch_free(srv->dispatch);
     srv->dispatch = NULL;
-    close(ws->listen_fd);
-    unlink(srv->socket_path);
+    srv->dispatch_loop = NULL;
     sq_loop_free(ws->loop);
     free(ws->slots);
     free(ws);
     srv->workers = NULL;
-    atomic_store(&srv->workers_up, 0);
-    SQ_INFO("workers stopped");
 }

@@ -1,9 +1,12 @@
 """squishd's walking skeleton: health, metadata, errors, supervised workers,
 hand-started workers, cuda fallback, heartbeats, clean shutdown."""
 
+import http.client
+import json
 import os
 import signal
 import subprocess
+import threading
 import time
 
 from harness import (SQUISHD, WORKER, Squishd, eventually, run, test, validate)
@@ -182,6 +185,77 @@ def a_token_file_readable_by_others_is_refused():
         r = subprocess.run([SQUISHD, "--listen", "127.0.0.1:0", "--db", os.path.join(tmp, "squish.db"),
                             "--workers", "none"], capture_output=True, timeout=10)
         assert r.returncode == 1 and b"chmod 600" in r.stderr, r
+    finally:
+        s.cleanup()
+
+
+@test
+def sigterm_under_traffic_answers_every_request_exactly_once():
+    """Batches run longer than the drain timeout when SIGTERM comes: each
+    request sent gets one answer, 200 or 503 (squishd used to
+    answer a running batch's requests at the abort and again when the lost
+    worker's items came back from the core: a second answer and a use after
+    free, which the ASan build turns into a non-zero exit)."""
+    s = Squishd(workers="emu:2", extra=["--drain-timeout-ms", "100"])
+    try:
+        s.wait_ready(workers=2)
+        slow = {"name": "slow", "profile": {"alpha_ms": 100, "beta_ms": 400}, "max_batch": 4}
+        r = s.request("POST", "/models", body=json.dumps(slow),
+                      headers={"Authorization": "Bearer " + s.token,
+                               "Content-Type": "application/json"})
+        assert r.status == 201, r
+        import io
+        from PIL import Image
+        buf = io.BytesIO()
+        Image.new("RGB", (64, 48), (200, 30, 90)).save(buf, "JPEG")
+        photo = buf.getvalue()
+        outcomes, lock, stop = [], threading.Lock(), threading.Event()
+        running = threading.Event()
+
+        def client():
+            while not stop.is_set():
+                conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+                try:
+                    conn.connect()
+                except OSError:
+                    return  # squishd stopped listening: nothing was sent
+                try:
+                    conn.request("POST", "/v1/models/slow/infer", body=photo,
+                                 headers={"X-SLO-Ms": "1500", "Content-Type": "image/jpeg"})
+                except OSError:
+                    conn.close()
+                    return
+                try:
+                    resp = conn.getresponse()
+                    body = resp.read()
+                    code = json.loads(body).get("code", "") if resp.status != 200 else ""
+                    got = (resp.status, code)
+                except (OSError, http.client.HTTPException, ValueError) as e:
+                    got = ("lost", type(e).__name__)
+                conn.close()
+                with lock:
+                    outcomes.append(got)
+                if got[0] == 200:
+                    running.set()
+
+        threads = [threading.Thread(target=client) for _ in range(8)]
+        for t in threads:
+            t.start()
+        eventually(running.is_set, 20, "a first answer")
+        time.sleep(0.4)  # batches of 500-800 ms are running now
+        assert s.stop(timeout=30) == 0, s.read_log()[-4000:]
+        stop.set()
+        for t in threads:
+            t.join(30)
+        ok = sum(1 for o in outcomes if o[0] == 200)
+        shut = sum(1 for o in outcomes if o == (503, "shutting_down"))
+        # Eight clients on two emulated devices: some are dropped at once
+        # because their deadline cannot be met, which is an answer too.
+        answers = {(503, "shutting_down"), (503, "deadline")}
+        other = [o for o in outcomes if o[0] != 200 and o not in answers]
+        assert ok > 0 and shut > 0 and not other, (ok, shut, other)
+        log = s.read_log()
+        assert "ERROR: AddressSanitizer" not in log and "runtime error" not in log, log[-4000:]
     finally:
         s.cleanup()
 
