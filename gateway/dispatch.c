@@ -494,6 +494,17 @@ static int held_while_profiling(gw_dispatch_t *ds, ds_model_t *dm)
     return 0;
 }
 
+/* Whether a worker of dm's kind being restarted should be back, and run a
+ * batch of one, before the item's deadline. */
+static int back_in_time(gw_dispatch_t *ds, const ds_model_t *dm, const gw_item_t *it)
+{
+    if (dm->kind < 0 || atomic_load(&ds->srv->kind_coming[dm->kind]) == 0)
+        return 0;
+    double l1 = dm->m->has_profile[dm->kind] ? pl_latency_us(&dm->m->profile[dm->kind], 1, 0) : 0;
+    int64_t back = atomic_load(&ds->srv->kind_back_at_us[dm->kind]);
+    return back != INT64_MAX && back + (int64_t)l1 < it->req->deadline_us;
+}
+
 static void enqueue_item(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t *it)
 {
     gw_infer_t *req = it->req;
@@ -1804,9 +1815,11 @@ static void on_submit(sq_loop_t *loop, void *arg)
     if (loading == 0)
         spread_loads(ds, dm); /* the plan placed it nowhere yet: any worker will do */
     loaded_anywhere(ds, dm, &loading);
-    if (loading == 0 && !held_while_profiling(ds, dm) &&
-        atomic_load(&ds->srv->kind_coming[dm->kind]) == 0) {
-        fail_item(ds, it, SQ_NO_WORKER, "no worker could load the model");
+    if (loading == 0 && !held_while_profiling(ds, dm) && !back_in_time(ds, dm, it)) {
+        fail_item(ds, it, SQ_NO_WORKER,
+                  atomic_load(&ds->srv->kind_coming[dm->kind]) > 0
+                      ? "no worker is up, and none is back before the deadline"
+                      : "no worker could load the model");
         return;
     }
     /* Waits for the load, for the worker holding it to finish measuring,

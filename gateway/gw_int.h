@@ -38,7 +38,8 @@ typedef struct gw_server {
      * handshake): requests for their models wait for them (within their
      * deadlines) instead of being refused no_worker. */
     atomic_int kind_coming[3];
-    long long last_epoch; /* the newest plan stored in the DB at start */
+    _Atomic int64_t kind_back_at_us[3]; /* when the first of them should be up */
+    long long last_epoch;               /* the newest plan stored in the DB at start */
     /* That plan (its JSON and placements), read at start for the planner to
      * reapply once workers are up; planning.c takes them (then NULL). */
     json_t *restore_plan;

@@ -53,6 +53,9 @@ typedef struct {
     int backoff_ms;
     int restarts;
     uint64_t restart_timer;
+    int64_t restart_at_ns; /* when its restart timer fires */
+    int64_t spawned_ns;
+    int64_t startup_ns; /* spawn to handshake, last time (0: not seen yet) */
 } slot_t;
 
 /* A connection from a worker process. */
@@ -98,18 +101,31 @@ static void publish(gw_workers_t *ws)
 {
     atomic_store(&ws->srv->workers_up, count_up(ws));
     int coming[GW_KIND_COUNT] = {0};
+    int64_t back_at[GW_KIND_COUNT] = {INT64_MAX, INT64_MAX, INT64_MAX};
+    int64_t now = sq_now_ns();
     for (int i = 0; i < ws->nslots && !ws->stopping; i++) {
         const slot_t *s = &ws->slots[i];
         /* Up but its connection gone: it is being reaped and restarted. */
         int lost = s->state == SLOT_UP && s->peer == NULL;
         if (s->state != SLOT_IDLE && s->state != SLOT_SPAWNED && !lost)
             continue;
-        coming[strncmp(s->device, "cuda", 4) == 0  ? GW_KIND_CUDA
-               : strncmp(s->device, "emu", 3) == 0 ? GW_KIND_EMU
-                                                   : GW_KIND_CPU]++;
+        int k = strncmp(s->device, "cuda", 4) == 0  ? GW_KIND_CUDA
+                : strncmp(s->device, "emu", 3) == 0 ? GW_KIND_EMU
+                                                    : GW_KIND_CPU;
+        coming[k]++;
+        /* When it should be back: its restart, then its start-up as long as
+         * last time (a second before it was ever seen). */
+        int64_t start = s->state == SLOT_IDLE      ? s->restart_at_ns
+                        : s->state == SLOT_SPAWNED ? s->spawned_ns
+                                                   : now + (int64_t)s->backoff_ms * 1000000;
+        int64_t at = (start + (s->startup_ns > 0 ? s->startup_ns : 1000000000)) / 1000;
+        if (at < back_at[k])
+            back_at[k] = at;
     }
-    for (int k = 0; k < GW_KIND_COUNT; k++)
+    for (int k = 0; k < GW_KIND_COUNT; k++) {
+        atomic_store(&ws->srv->kind_back_at_us[k], back_at[k]);
         atomic_store(&ws->srv->kind_coming[k], coming[k]);
+    }
 }
 
 /* Finds squish-worker: the configured path, beside squishd, or in the
@@ -173,6 +189,7 @@ static void spawn(gw_workers_t *ws, slot_t *s)
     }
     s->pid = pid;
     s->state = SLOT_SPAWNED;
+    s->spawned_ns = sq_now_ns();
     publish(ws);
     SQ_INFO("worker spawned id=%d device=%s pid=%d", s->id, s->device, (int)pid);
 }
@@ -198,8 +215,8 @@ static void schedule_restart(gw_workers_t *ws, slot_t *s)
     int64_t now = sq_now_ns();
     s->restarts++;
     gw_metrics_worker_restart(ws->srv->metrics, s->id, s->device);
-    s->restart_timer =
-        sq_loop_timer_at(ws->loop, now + (int64_t)delay * 1000000, on_restart_timer, s);
+    s->restart_at_ns = now + (int64_t)delay * 1000000;
+    s->restart_timer = sq_loop_timer_at(ws->loop, s->restart_at_ns, on_restart_timer, s);
     SQ_INFO("worker restart scheduled id=%d device=%s in_ms=%d restarts=%d", s->id, s->device,
             delay, s->restarts);
     publish(ws);
@@ -347,6 +364,7 @@ static int on_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
         p->slot->peer = p;
         p->slot->state = SLOT_UP;
         p->slot->up_since_ns = sq_now_ns();
+        p->slot->startup_ns = p->slot->up_since_ns - p->slot->spawned_ns;
     }
     SQ_INFO("worker up id=%d device=%s pid=%u memory_mb=%llu supervised=%s", p->id, p->hello.name,
             p->hello.pid, (unsigned long long)(p->hello.memory_bytes >> 20),
