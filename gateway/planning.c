@@ -176,32 +176,45 @@ static int usable(ds_worker_t *w, int64_t key)
     return l != NULL && l->state == LOAD_DONE;
 }
 
+typedef struct {
+    gw_dispatch_t *ds;
+    const pkind_t *kind;
+    int64_t key;
+} route_ctx_t;
+
+static int planned_worker(void *arg, int index, const pl_device_t *dev)
+{
+    const route_ctx_t *c = arg;
+    (void)index;
+    int wid = dev->id < c->kind->cap ? c->kind->dev_worker[dev->id] : -1;
+    return usable(gw__ds_worker(c->ds, wid), c->key) ? wid : -1;
+}
+
 int gw__plan_routes(gw_dispatch_t *ds, const ds_session_t *s, pl_route_t *routes, int max)
 {
     gw_plan_state_t *p = ds->plan;
     ds_model_t *dm = s->model;
     psess_t *ps = psess(p, dm, s->bucket_ms, 0);
-    int n = 0;
-    if (ps != NULL && dm->kind >= 0) {
-        pkind_t *K = &p->kinds[dm->kind];
-        for (int i = 0; K->has && i < K->plan.ndevices && n < max; i++) {
-            const pl_device_t *dev = &K->plan.devices[i];
-            const pl_alloc_t *a = alloc_of(dev, ps->id);
-            int wid = dev->id < K->cap ? K->dev_worker[dev->id] : -1;
-            /* A session planned without traffic got the minimal batch: its
-             * window is the dispatcher's own choice until a plan sees load. */
-            int target = ps->planned_rps < 1 || a == NULL ? 0 : a->batch;
-            if (a != NULL && usable(gw__ds_worker(ds, wid), dm->key))
-                routes[n++] = (pl_route_t){.worker = wid, .target_batch = target};
-        }
-    }
-    if (n > 0)
-        return n;
+    const pkind_t *K =
+        ps != NULL && dm->kind >= 0 && p->kinds[dm->kind].has ? &p->kinds[dm->kind] : NULL;
     /* No plan covers the session yet, or its planned workers are still
      * loading the model: every worker that holds it serves meanwhile. */
-    for (int i = 0; i < ds->nworkers && n < max; i++)
+    int *holders = sq_xcalloc((size_t)ds->nworkers + 1, sizeof(*holders));
+    int nholders = 0;
+    for (int i = 0; i < ds->nworkers; i++)
         if (usable(ds->workers[i], dm->key))
-            routes[n++] = (pl_route_t){.worker = i};
+            holders[nholders++] = i;
+    route_ctx_t ctx = {.ds = ds, .kind = K, .key = dm->key};
+    /* A session planned without traffic got the minimal batch: its window
+     * is the dispatcher's own choice until a plan sees load. */
+    pl_route_rules_t rules = {.worker_of = planned_worker,
+                              .ctx = &ctx,
+                              .targets = ps != NULL && ps->planned_rps >= 1,
+                              .fallback = holders,
+                              .nfallback = nholders};
+    int n =
+        pl_plan_routes(K != NULL ? &K->plan : NULL, ps != NULL ? ps->id : -1, &rules, routes, max);
+    free(holders);
     return n;
 }
 

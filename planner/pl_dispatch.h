@@ -61,6 +61,7 @@
 #ifndef PL_DISPATCH_H
 #define PL_DISPATCH_H
 
+#include "pl.h"
 #include "pl_profile.h"
 
 #include <stddef.h>
@@ -117,6 +118,29 @@ typedef struct {
     int worker;
     int target_batch;
 } pl_route_t;
+
+/* How a plan's placement becomes routes (pl_plan_routes). */
+typedef struct {
+    /* The worker that runs plan device `index` and can serve the session
+     * now (it holds the model), or -1. */
+    int (*worker_of)(void *ctx, int index, const pl_device_t *dev);
+    void *ctx;
+    /* 1: each route's target batch is its allocation's; 0: the plan saw
+     * no traffic for the session, and the dispatcher picks (target 0). */
+    int targets;
+    /* The workers that serve when no planned device can: before a plan
+     * covers the session, while its devices still load the model, or when
+     * the planner could not place it (target 0 each). */
+    const int *fallback;
+    int nfallback;
+    int *used_fallback; /* out, optional: 1 when the fallback was used */
+} pl_route_rules_t;
+
+/* The routes of session `session_id` under `plan` (NULL: no plan yet): the
+ * planned devices whose worker can serve it, else the fallback workers.
+ * Writes at most max; returns how many. */
+int pl_plan_routes(const pl_plan_t *plan, int session_id, const pl_route_rules_t *rules,
+                   pl_route_t *routes, int max);
 
 typedef enum {
     PL_ACT_SEND = 1,

@@ -243,6 +243,13 @@ static int count_models(const wl_workload_t *w)
     return n;
 }
 
+/* Plan device k runs on simulated device k, if there is one (ctx: the count). */
+static int sim_device_worker(void *ctx, int index, const pl_device_t *dev)
+{
+    (void)dev;
+    return index < *(const int *)ctx ? index : -1;
+}
+
 /* Routes every session: on all devices, or as the placement plan says. */
 static int setup_routes(run_t *r, int *ndevices)
 {
@@ -300,29 +307,28 @@ static int setup_routes(run_t *r, int *ndevices)
         pl_dispatch_worker_add(r->d, 0, k, r->o->policy == PL_POLICY_EARLY_DROP ? duty : 0);
     }
     pl_route_t *routes = sq_xmalloc(sizeof(*routes) * (size_t)(plan.ndevices + n + 1));
+    /* Unplaced (Nexus's worst case 2 l(1) > SLO, or out of devices): best
+     * effort on every planned device rather than certain loss; the
+     * dispatcher still only sends batches that meet their deadline. */
+    int ndev = plan.ndevices < n ? plan.ndevices : n;
+    if (ndev == 0)
+        ndev = n;
+    int *all = sq_xcalloc((size_t)ndev, sizeof(*all));
+    for (int k = 0; k < ndev; k++)
+        all[k] = k;
     for (int s = 0; s < w->nsessions; s++) {
-        int nr = 0;
-        for (int k = 0; k < plan.ndevices && k < n; k++)
-            for (int a = 0; a < plan.devices[k].nallocs; a++)
-                if (plan.devices[k].allocs[a].session == s) {
-                    routes[nr++] =
-                        (pl_route_t){.worker = k, .target_batch = plan.devices[k].allocs[a].batch};
-                    break;
-                }
-        if (nr == 0) {
-            /* Unplaced (Nexus's worst case 2 l(1) > SLO, or out of
-             * devices): best effort on every planned device rather than
-             * certain loss; the dispatcher still only sends batches that
-             * meet their deadline. */
-            r->res->unplaced_sessions++;
-            int ndev = plan.ndevices < n ? plan.ndevices : n;
-            if (ndev == 0)
-                ndev = n;
-            for (int k = 0; k < ndev; k++)
-                routes[nr++] = (pl_route_t){.worker = k, .target_batch = 0};
-        }
+        int fell_back = 0;
+        pl_route_rules_t rules = {.worker_of = sim_device_worker,
+                                  .ctx = &n,
+                                  .targets = 1,
+                                  .fallback = all,
+                                  .nfallback = ndev,
+                                  .used_fallback = &fell_back};
+        int nr = pl_plan_routes(&plan, s, &rules, routes, plan.ndevices + n + 1);
+        r->res->unplaced_sessions += fell_back;
         pl_dispatch_route_set(r->d, 0, s, routes, nr);
     }
+    free(all);
     free(routes);
     pl_plan_dispose(&plan);
     return 0;

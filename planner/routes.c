@@ -1,0 +1,38 @@
+/* One rule turns a placement plan into a session's dispatcher routes, for
+ * the live gateway (gateway/planning.c) and the simulator (bench/sim) alike,
+ * so that what the simulator measures is what squishd does. */
+#include "pl.h"
+#include "pl_dispatch.h"
+
+#include <stddef.h>
+
+static const pl_alloc_t *alloc_of(const pl_device_t *dev, int session_id)
+{
+    for (int a = 0; a < dev->nallocs; a++)
+        if (dev->allocs[a].session_id == session_id)
+            return &dev->allocs[a];
+    return NULL;
+}
+
+int pl_plan_routes(const pl_plan_t *plan, int session_id, const pl_route_rules_t *rules,
+                   pl_route_t *routes, int max)
+{
+    int n = 0;
+    for (int i = 0; plan != NULL && i < plan->ndevices && n < max; i++) {
+        const pl_device_t *dev = &plan->devices[i];
+        const pl_alloc_t *a = alloc_of(dev, session_id);
+        if (a == NULL)
+            continue;
+        int worker = rules->worker_of(rules->ctx, i, dev);
+        if (worker < 0)
+            continue;
+        routes[n++] = (pl_route_t){.worker = worker, .target_batch = rules->targets ? a->batch : 0};
+    }
+    if (rules->used_fallback != NULL)
+        *rules->used_fallback = n == 0;
+    if (n > 0)
+        return n;
+    for (int i = 0; i < rules->nfallback && n < max; i++)
+        routes[n++] = (pl_route_t){.worker = rules->fallback[i]};
+    return n;
+}

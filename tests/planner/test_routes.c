@@ -1,0 +1,80 @@
+/* planner/routes.c: the rule both the gateway and the simulator use to turn
+ * a placement plan into a session's routes. */
+#include <criterion/criterion.h>
+#include <pl_dispatch.h>
+
+#include <string.h>
+
+/* Plan device i runs on worker 10 + i unless it is "not ready" (ctx). */
+static int worker_of(void *ctx, int index, const pl_device_t *dev)
+{
+    const int *not_ready = ctx;
+    (void)dev;
+    return not_ready[index] ? -1 : 10 + index;
+}
+
+static pl_plan_t two_devices(pl_device_t *dev, pl_alloc_t *a)
+{
+    /* Session 7 on both devices (batches 4 and 6), session 8 on the second. */
+    a[0] = (pl_alloc_t){.session_id = 7, .batch = 4};
+    a[1] = (pl_alloc_t){.session_id = 7, .batch = 6};
+    a[2] = (pl_alloc_t){.session_id = 8, .batch = 2};
+    dev[0] = (pl_device_t){.id = 0, .nallocs = 1, .allocs = &a[0]};
+    dev[1] = (pl_device_t){.id = 1, .nallocs = 2, .allocs = &a[1]};
+    return (pl_plan_t){.ndevices = 2, .devices = dev};
+}
+
+Test(routes, planned_devices_with_their_batches)
+{
+    pl_device_t dev[2];
+    pl_alloc_t a[3];
+    pl_plan_t plan = two_devices(dev, a);
+    int not_ready[2] = {0, 0}, fallback[] = {99}, fell = -1;
+    pl_route_rules_t r = {.worker_of = worker_of,
+                          .ctx = not_ready,
+                          .targets = 1,
+                          .fallback = fallback,
+                          .nfallback = 1,
+                          .used_fallback = &fell};
+    pl_route_t routes[4];
+    cr_assert_eq(pl_plan_routes(&plan, 7, &r, routes, 4), 2);
+    cr_assert_eq(fell, 0);
+    cr_assert(routes[0].worker == 10 && routes[0].target_batch == 4);
+    cr_assert(routes[1].worker == 11 && routes[1].target_batch == 6);
+    cr_assert_eq(pl_plan_routes(&plan, 8, &r, routes, 4), 1);
+    cr_assert(routes[0].worker == 11 && routes[0].target_batch == 2);
+    /* A plan that saw no traffic leaves the batch to the dispatcher. */
+    r.targets = 0;
+    cr_assert_eq(pl_plan_routes(&plan, 7, &r, routes, 4), 2);
+    cr_assert_eq(routes[1].target_batch, 0);
+    /* max bounds what is written. */
+    cr_assert_eq(pl_plan_routes(&plan, 7, &r, routes, 1), 1);
+}
+
+Test(routes, the_fallback_serves_when_no_planned_device_can)
+{
+    pl_device_t dev[2];
+    pl_alloc_t a[3];
+    pl_plan_t plan = two_devices(dev, a);
+    int not_ready[2] = {0, 1}, fallback[] = {3, 5}, fell = -1;
+    pl_route_rules_t r = {.worker_of = worker_of,
+                          .ctx = not_ready,
+                          .targets = 1,
+                          .fallback = fallback,
+                          .nfallback = 2,
+                          .used_fallback = &fell};
+    pl_route_t routes[4];
+    /* Session 8's only device still loads its model: every holder serves. */
+    cr_assert_eq(pl_plan_routes(&plan, 8, &r, routes, 4), 2);
+    cr_assert_eq(fell, 1);
+    cr_assert(routes[0].worker == 3 && routes[0].target_batch == 0 && routes[1].worker == 5);
+    /* Session 7 keeps its ready device only. */
+    cr_assert_eq(pl_plan_routes(&plan, 7, &r, routes, 4), 1);
+    cr_assert_eq(routes[0].worker, 10);
+    /* Unplaced, or no plan at all. */
+    cr_assert_eq(pl_plan_routes(&plan, 9, &r, routes, 4), 2);
+    cr_assert_eq(pl_plan_routes(NULL, 7, &r, routes, 4), 2);
+    cr_assert_eq(fell, 1);
+    r.nfallback = 0;
+    cr_assert_eq(pl_plan_routes(NULL, 7, &r, routes, 4), 0);
+}
