@@ -20,111 +20,17 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 #define OIP_MAX_ITEM_ELEMS (1ll << 30)      /* sanity bound on one row */
 #define OIP_MAX_SLO_MS (24.0 * 3600 * 1000) /* one day */
 
-static const char *const datatype_names[] = {
-    [GW_OIP_FP32] = "FP32",
-    [GW_OIP_UINT8] = "UINT8",
-    [GW_OIP_BYTES] = "BYTES",
-};
-_Static_assert(sizeof(datatype_names) / sizeof(datatype_names[0]) == GW_OIP_DATATYPE_COUNT_,
-               "one name per datatype");
-
 /* The other OIP datatypes: known (so the error says "not accepted" rather
  * than "unknown"), never accepted. */
 static const char *const other_datatypes[] = {"BOOL", "UINT16", "UINT32", "UINT64",
                                               "INT8", "INT16",  "INT32",  "INT64",
                                               "FP16", "FP64",   "BF16"};
 
-const char *gw_oip_datatype_name(gw_oip_datatype_t dt)
-{
-    return (unsigned)dt < GW_OIP_DATATYPE_COUNT_ ? datatype_names[dt] : "?";
-}
-
-size_t gw_oip_datatype_size(gw_oip_datatype_t dt)
-{
-    return dt == GW_OIP_FP32 ? 4 : dt == GW_OIP_UINT8 ? 1 : 0;
-}
-
 typedef struct {
     int present;
     int binary; /* -1: not given */
     int64_t classification;
 } out_spec_t;
-
-/* ---- error paths ---- */
-
-int oip_fail(oip_dec_t *d, int code, const char *fmt, ...)
-{
-    char msg[256];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof(msg), fmt, ap);
-    va_end(ap);
-    if (d->plen > 0)
-        snprintf(d->err, d->errlen, "%s: %s", d->path, msg);
-    else
-        snprintf(d->err, d->errlen, "%s", msg);
-    return code;
-}
-
-size_t oip_path_key(oip_dec_t *d, const char *key)
-{
-    size_t old = d->plen;
-    int n = snprintf(d->path + old, sizeof(d->path) - old, "%s%s", old ? "." : "", key);
-    if (n > 0)
-        d->plen = old + (size_t)n < sizeof(d->path) ? old + (size_t)n : sizeof(d->path) - 1;
-    return old;
-}
-
-size_t oip_path_index(oip_dec_t *d, size_t i)
-{
-    size_t old = d->plen;
-    int n = snprintf(d->path + old, sizeof(d->path) - old, "[%zu]", i);
-    if (n > 0)
-        d->plen = old + (size_t)n < sizeof(d->path) ? old + (size_t)n : sizeof(d->path) - 1;
-    return old;
-}
-
-void oip_path_pop(oip_dec_t *d, size_t old)
-{
-    d->plen = old;
-    d->path[old] = '\0';
-}
-
-/* The validated text disagrees with the lexer: cannot happen, but must not
- * crash either. */
-int oip_malformed(oip_dec_t *d)
-{
-    return oip_fail(d, SQ_BAD_JSON, "malformed JSON");
-}
-
-/* "[N,3,224,224]" (batch < 0) or "[2,3,224,224]". */
-void oip_shape_str(char *buf, size_t cap, long long batch, const int64_t *item, int ndim)
-{
-    size_t o = 0;
-    int n = batch < 0 ? snprintf(buf, cap, "[N") : snprintf(buf, cap, "[%lld", batch);
-    o = n > 0 ? (size_t)n : 0;
-    for (int i = 0; i < ndim && o < cap; i++) {
-        n = snprintf(buf + o, cap - o, ",%lld", (long long)item[i]);
-        o += n > 0 ? (size_t)n : 0;
-    }
-    if (o < cap)
-        snprintf(buf + o, cap - o, "]");
-}
-
-/* ---- memory the request owns ---- */
-
-void *oip_req_alloc(gw_oip_request_t *r, size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (p == NULL)
-        return NULL;
-    if (r->nowned_ == r->owned_cap_) {
-        r->owned_cap_ = r->owned_cap_ ? 2 * r->owned_cap_ : 8;
-        r->owned_ = sq_xrealloc(r->owned_, (size_t)r->owned_cap_ * sizeof(void *));
-    }
-    r->owned_[r->nowned_++] = p;
-    return p;
-}
 
 void gw_oip_request_set_id(gw_oip_request_t *req, const char *id, size_t len)
 {
@@ -189,20 +95,6 @@ static int next_key(oip_dec_t *d, oip_cur_t *c, int *first, char *key, size_t ke
     if (memchr(key, '\0', n) != NULL)
         key[0] = '\x01'; /* a key holding \u0000 matches nothing */
     return 1;
-}
-
-/* Next element of an array whose '[' was consumed: 1, 0 at the end. */
-int oip_next_elem(oip_dec_t *d, oip_cur_t *c, int *first)
-{
-    if (*first) {
-        *first = 0;
-        return oip_accept(c, ']') ? 0 : 1;
-    }
-    if (oip_accept(c, ','))
-        return 1;
-    if (oip_accept(c, ']'))
-        return 0;
-    return oip_malformed(d);
 }
 
 static int skip(oip_dec_t *d, oip_cur_t *c)
@@ -391,7 +283,8 @@ static int parse_input_parameters(oip_dec_t *d, oip_cur_t *c, oip_input_fields_t
 static int parse_datatype(const char *s, size_t n, gw_oip_datatype_t *dt)
 {
     for (int i = 0; i < GW_OIP_DATATYPE_COUNT_; i++)
-        if (strlen(datatype_names[i]) == n && memcmp(datatype_names[i], s, n) == 0) {
+        if (strlen(gw_oip_datatype_name((gw_oip_datatype_t)i)) == n &&
+            memcmp(gw_oip_datatype_name((gw_oip_datatype_t)i), s, n) == 0) {
             *dt = (gw_oip_datatype_t)i;
             return 0;
         }
@@ -417,7 +310,7 @@ static void accepted_str(char *buf, size_t cap, unsigned mask)
         if (!((mask >> i) & 1))
             continue;
         const char *sep = count == 0 ? "" : count == total - 1 ? " or " : ", ";
-        int n = snprintf(buf + o, cap - o, "%s%s", sep, datatype_names[i]);
+        int n = snprintf(buf + o, cap - o, "%s%s", sep, gw_oip_datatype_name((gw_oip_datatype_t)i));
         if (n < 0 || (size_t)n >= cap - o)
             return;
         o += (size_t)n;

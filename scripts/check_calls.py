@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Checks that the object files of one module call each other without a
+circle: file A "calls" file B when A's object refers to a global symbol B's
+defines (nm). Prints one TAP line; on a circle, the files in it and who calls
+what. Usage: check_calls.py DIR_WITH_OBJECTS [--allow A,B] ...
+
+A call circle between files means no file can be understood, tested or
+replaced alone (STYLE.md); callbacks and function pointers (a transport's
+vtable, an item's completion) cross such lines without a circle."""
+
+import os
+import subprocess
+import sys
+
+
+def symbols(obj):
+    out = subprocess.run(["nm", "--defined-only", "-g", obj], capture_output=True, text=True,
+                         check=True).stdout
+    defined = {ln.split()[-1] for ln in out.splitlines() if ln.strip()}
+    out = subprocess.run(["nm", "-u", obj], capture_output=True, text=True, check=True).stdout
+    used = {ln.split()[-1] for ln in out.splitlines() if ln.strip()}
+    return defined, used
+
+
+def sccs(nodes, edges):
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            out.append(sorted(comp))
+
+    sys.setrecursionlimit(10000)
+    for v in sorted(nodes):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def main():
+    if len(sys.argv) < 2:
+        print("usage: check_calls.py DIR", file=sys.stderr)
+        return 2
+    d = sys.argv[1]
+    objs = sorted(f for f in os.listdir(d) if f.endswith(".o"))
+    name = {f: f[:-len(".c.o")] if f.endswith(".c.o") else f for f in objs}
+    info = {f: symbols(os.path.join(d, f)) for f in objs}
+    owner = {}
+    for f, (defined, _) in info.items():
+        for s in defined:
+            owner[s] = f
+    edges = {f: set() for f in objs}
+    why = {}
+    for f, (_, used) in info.items():
+        for s in used:
+            g = owner.get(s)
+            if g is not None and g != f:
+                edges[f].add(g)
+                why.setdefault((f, g), []).append(s)
+    circles = [c for c in sccs(objs, edges) if len(c) > 1]
+    label = "no call circle between the files of %s" % d
+    if not circles:
+        print("ok 1 - %s (%d files)" % (label, len(objs)))
+        return 0
+    print("not ok 1 - %s" % label)
+    for c in circles:
+        print("# circle: " + " ".join(name[f] for f in c))
+        for f in c:
+            for g in sorted(edges[f] & set(c)):
+                print("#   %s -> %s: %s" % (name[f], name[g], ", ".join(sorted(why[(f, g)])[:6])))
+    return 1
+
+
+if __name__ == "__main__":
+    print("1..1")
+    sys.exit(main())
