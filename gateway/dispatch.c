@@ -10,6 +10,7 @@
  * sq_loop_post (gw_dispatch_submit and friends). */
 #include "gw_dispatch_int.h"
 #include "gw_infer.h"
+#include "gw_slo.h"
 
 #include <pl_dispatch.h>
 #include <wk.h>
@@ -20,26 +21,10 @@
 #include <string.h>
 #include <sys/wait.h>
 
-/* SLO buckets (ms): a request joins the session of the largest bucket not
- * above its SLO, so that a session's batches fit every member's SLO and the
- * number of sessions (and metric label values) stays bounded. */
-static const double slo_buckets_ms[] = {5,   10,   15,   20,   25,   30,   40,    50,    60,
-                                        75,  100,  125,  150,  200,  250,  300,   400,   500,
-                                        750, 1000, 1500, 2000, 3000, 5000, 10000, 30000, 60000};
-#define NBUCKETS (sizeof(slo_buckets_ms) / sizeof(slo_buckets_ms[0]))
-
 #define TICK_MS 50
 #define PROFILE_WARMUP 3
 #define PROFILE_REPEATS 8
 #define PROFILE_BUDGET_MS 30000
-
-double gw_slo_bucket_ms(double slo_ms)
-{
-    double b = slo_buckets_ms[0];
-    for (size_t i = 0; i < NBUCKETS && slo_buckets_ms[i] <= slo_ms; i++)
-        b = slo_buckets_ms[i];
-    return b;
-}
 
 static int64_t now_us(void)
 {
@@ -193,7 +178,7 @@ static void fail_item(gw_dispatch_t *ds, gw_item_t *it, int rc, const char *deta
     handle_release(ds, it);
     release_input(ds, it);
     it->done_us = now_us();
-    gw_item_finish(it, rc, detail);
+    it->finish(it, rc, detail);
 }
 
 /* ---- actions of the core ----------------------------------------------- */
@@ -396,7 +381,7 @@ static void pump(gw_dispatch_t *ds)
                     : a->reason == SQ_WORKER_LOST ? "worker lost and no time left to retry"
                     : a->reason == SQ_NO_WORKER   ? "no worker held the model before the deadline"
                                                   : "dropped";
-                gw_metrics_drop(ds->srv->metrics, it->req->model, a->reason);
+                gw_metrics_drop(ds->srv->metrics, it->model, a->reason);
                 fail_item(ds, it, a->reason, why);
                 break;
             }
@@ -502,21 +487,19 @@ static int back_in_time(gw_dispatch_t *ds, const ds_model_t *dm, const gw_item_t
         return 0;
     double l1 = dm->m->has_profile[dm->kind] ? pl_latency_us(&dm->m->profile[dm->kind], 1, 0) : 0;
     int64_t back = atomic_load(&ds->srv->kind_back_at_us[dm->kind]);
-    return back != INT64_MAX && back + (int64_t)l1 < it->req->deadline_us;
+    return back != INT64_MAX && back + (int64_t)l1 < it->deadline_us;
 }
 
 static void enqueue_item(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t *it)
 {
-    gw_infer_t *req = it->req;
-    gw__plan_arrival(ds, dm, gw_slo_bucket_ms(req->slo_ms));
-    int s = ensure_session(ds, dm, gw_slo_bucket_ms(req->slo_ms), it->input_kind);
+    gw__plan_arrival(ds, dm, gw_slo_bucket_ms(it->slo_ms));
+    int s = ensure_session(ds, dm, gw_slo_bucket_ms(it->slo_ms), it->input_kind);
     if (s < 0) {
         fail_item(ds, it, SQ_NOT_READY, "the model has no usable profile");
         return;
     }
     update_routes(ds, dm);
-    pl_dispatch_request(ds->core, now_us(), handle_new(ds, it), s, req->arrival_us,
-                        req->deadline_us);
+    pl_dispatch_request(ds->core, now_us(), handle_new(ds, it), s, it->arrival_us, it->deadline_us);
 }
 
 static void flush_pending(gw_dispatch_t *ds, ds_model_t *dm)
@@ -1511,22 +1494,21 @@ static void on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f
     w->inflight = NULL;
     int64_t t = now_us();
     gw__plan_busy(ds, w->id, t - b->sent_us);
-    gw_metrics_batch(ds->srv->metrics, b->items[0]->req->model, w->id, w->device, b->count,
+    gw_metrics_batch(ds->srv->metrics, b->items[0]->model, w->id, w->device, b->count,
                      t - b->sent_us, &done);
     pl_dispatch_batch_done(ds->core, t, w->id, b->id);
     const uint8_t *base = sq_shm_arena_base(ds->srv->arena);
     for (int i = 0; i < b->count; i++) {
         gw_item_t *it = b->items[i];
         if (done.code == 0) {
-            gw_model_t *m = it->req->model;
-            memcpy(it->req->outputs + (size_t)it->index * (size_t)m->out_elems,
-                   base + b->out_off + b->out_stride * (uint64_t)i,
+            gw_model_t *m = it->model;
+            memcpy(it->out, base + b->out_off + b->out_stride * (uint64_t)i,
                    (size_t)m->out_elems * sizeof(float));
             handle_release(ds, it);
             release_input(ds, it);
             it->done_us = t;
-            gw__plan_outcome(ds, it->done_us <= it->req->deadline_us);
-            gw_item_finish(it, 0, NULL);
+            gw__plan_outcome(ds, it->done_us <= it->deadline_us);
+            it->finish(it, 0, NULL);
         } else {
             fail_item(ds, it, SQ_DEVICE, done.message);
         }
@@ -1768,15 +1750,15 @@ void gw_dispatch_worker_lost(gw_dispatch_t *ds, int worker)
 static void on_submit(sq_loop_t *loop, void *arg)
 {
     gw_item_t *it = arg;
-    gw_dispatch_t *ds = it->req->base.srv->dispatch;
+    gw_dispatch_t *ds = it->srv->dispatch;
     (void)loop;
-    gw_model_t *m = it->req->model;
+    gw_model_t *m = it->model;
     it->ready_us = now_us();
     if (ds->aborted) {
         fail_item(ds, it, SQ_SHUTTING_DOWN, "squishd is shutting down");
         return;
     }
-    if (it->ready_us >= it->req->deadline_us) {
+    if (it->ready_us >= it->deadline_us) {
         fail_item(ds, it, SQ_DEADLINE, "the deadline passed during preprocessing");
         return;
     }
@@ -1804,7 +1786,7 @@ static void on_submit(sq_loop_t *loop, void *arg)
             return;
         }
         dm->active = 1;
-        gw__plan_activate(ds, dm, gw_slo_bucket_ms(it->req->slo_ms));
+        gw__plan_activate(ds, dm, gw_slo_bucket_ms(it->slo_ms));
     }
     int loading;
     if (loaded_anywhere(ds, dm, &loading) > 0) {
@@ -1943,7 +1925,7 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
         int k = 0;
         for (int j = 0; j < dm->npending; j++) {
             gw_item_t *it = dm->pending[j];
-            if (it->req->deadline_us <= t)
+            if (it->deadline_us <= t)
                 fail_item(ds, it, SQ_DEADLINE, "the model was still loading at the deadline");
             else
                 dm->pending[k++] = it;

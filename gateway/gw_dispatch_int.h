@@ -4,6 +4,7 @@
 #define GW_DISPATCH_INT_H
 
 #include "gw_infer.h"
+#include "gw_slo.h"
 
 #include <pl.h>
 #include <pl_dispatch.h>
@@ -163,6 +164,5 @@ void gw__ds_update_routes(gw_dispatch_t *ds, ds_model_t *dm);
 void gw__ds_pump(gw_dispatch_t *ds);
 /* The dispatcher's record of a registry model (created when new). */
 ds_model_t *gw__ds_model(gw_dispatch_t *ds, gw_model_t *m);
-double gw_slo_bucket_ms(double slo_ms);
 
 #endif

@@ -22,9 +22,21 @@
 
 typedef struct gw_infer gw_infer_t;
 
-typedef struct {
+typedef struct gw_item gw_item_t;
+
+/* One image or tensor row of a request. The fields from srv to finish are
+ * set before it is submitted, and are all the dispatcher knows of it: it
+ * never reaches into the request. */
+struct gw_item {
     gw_infer_t *req;
     int index;
+    gw_server_t *srv;
+    gw_model_t *model; /* the request's reference */
+    double slo_ms;
+    int64_t arrival_us, deadline_us;
+    float *out; /* its output row (model->out_elems floats) */
+    /* Called exactly once, on any thread, with the item's outcome. */
+    void (*finish)(gw_item_t *item, int rc, const char *detail);
     int64_t in_off;     /* arena offset of the item's input; -1 when none yet */
     uint8_t input_kind; /* SQ_INPUT_* */
     int64_t ready_us;   /* preprocessed and handed to the dispatcher */
@@ -34,7 +46,7 @@ typedef struct {
     int member;         /* in a prefix group's batch: its model's index there */
     uint64_t core_id;   /* its handle in the dispatcher core (0: none; dispatch thread) */
     gw_prep_job_t prep; /* JPEG items */
-} gw_item_t;
+};
 
 typedef enum { GW_API_V1, GW_API_V2 } gw_api_t;
 

@@ -58,6 +58,20 @@ void gw_item_finish(gw_item_t *item, int rc, const char *detail)
         gw_async_done(&req->base);
 }
 
+/* Hands item to the dispatcher with what it needs to know of it. */
+static void submit(gw_server_t *srv, gw_item_t *item)
+{
+    gw_infer_t *req = item->req;
+    item->srv = srv;
+    item->model = req->model;
+    item->slo_ms = req->slo_ms;
+    item->arrival_us = req->arrival_us;
+    item->deadline_us = req->deadline_us;
+    item->out = req->outputs + (size_t)item->index * (size_t)req->model->out_elems;
+    item->finish = gw_item_finish;
+    gw_dispatch_submit(srv, item);
+}
+
 /* Fails an item that never reached the dispatcher (any thread). */
 static void item_fail_early(gw_server_t *srv, gw_item_t *item, int rc, const char *detail)
 {
@@ -83,7 +97,7 @@ static void on_prep_done(gw_prep_job_t *job, int rc)
         item_fail_early(srv, item, SQ_OVERLOAD, NULL);
         return;
     }
-    gw_dispatch_submit(srv, item);
+    submit(srv, item);
 }
 
 /* Allocates the item's arena slot; 0 or SQ_OVERLOAD. */
@@ -149,7 +163,7 @@ static void start_tensor(gw_server_t *srv, gw_item_t *item, const uint8_t *data,
     }
     memcpy(sq_shm_arena_base(srv->arena) + item->in_off, data, len);
     item->ready_us = sq_now_us();
-    gw_dispatch_submit(srv, item);
+    submit(srv, item);
 }
 
 /* ---- replies ---------------------------------------------------------------- */

@@ -8,6 +8,7 @@
  * without any lock. Values are atomics (doubles as their bit patterns,
  * updated by compare-and-swap), so a scrape never stalls a request. */
 #include "gw_metrics.h"
+#include "gw_slo.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -21,8 +22,6 @@
 
 #define DEFAULT_MAX_SERIES 1024
 #define MAX_MODEL_STATS 4096
-
-double gw_slo_bucket_ms(double slo_ms); /* dispatch.c */
 
 struct gw_metric_series {
     gw_metric_family_t *family;
