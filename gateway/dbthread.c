@@ -98,17 +98,6 @@ int gw_db_start(gw_server_t *srv, char *err, size_t errlen)
     return 0;
 }
 
-static void resume_one(gw_model_t *m, void *arg)
-{
-    if (strcmp(m->status, "profiling") == 0)
-        gw_dispatch_profile(arg, m->key);
-}
-
-void gw_db_resume_profiling(gw_server_t *srv)
-{
-    gw_registry_foreach(srv->registry, resume_one, srv);
-}
-
 void gw_db_post(gw_server_t *srv, void (*fn)(mdb_t *db, void *arg), void *arg)
 {
     db_job_t *job = sq_xmalloc(sizeof(*job));

@@ -33,26 +33,6 @@ static int64_t now_us(void)
 
 /* ---- lookups ----------------------------------------------------------- */
 
-static ds_worker_t *worker_get(gw_dispatch_t *ds, int id)
-{
-    return id >= 0 && id < ds->nworkers ? ds->workers[id] : NULL;
-}
-
-static ds_load_t *load_of(ds_worker_t *w, int64_t key, int create)
-{
-    for (int i = 0; i < w->nloads; i++)
-        if (w->loads[i].key == key)
-            return &w->loads[i];
-    if (!create)
-        return NULL;
-    if (w->nloads == w->caploads) {
-        w->caploads = w->caploads ? 2 * w->caploads : 8;
-        w->loads = sq_xrealloc(w->loads, sizeof(*w->loads) * (size_t)w->caploads);
-    }
-    w->loads[w->nloads] = (ds_load_t){.key = key};
-    return &w->loads[w->nloads++];
-}
-
 static int has_sha(const ds_worker_t *w, const char *sha)
 {
     for (int i = 0; i < w->nshas; i++)
@@ -187,11 +167,12 @@ static void on_timer(sq_loop_t *loop, uint64_t id, void *data);
 static void pump(gw_dispatch_t *ds);
 static void on_submit(sq_loop_t *loop, void *arg);
 static void update_routes(gw_dispatch_t *ds, ds_model_t *dm);
+static void unload(gw_dispatch_t *ds, ds_worker_t *w, ds_load_t *l);
 
 static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batch_id,
                        gw_item_t **items, int count)
 {
-    ds_worker_t *w = worker_get(ds, worker);
+    ds_worker_t *w = ds_worker_at(ds, worker);
     ds_session_t *se = &ds->sessions[session];
     gw_model_t *m = se->model->m;
     uint64_t stride = ((uint64_t)m->out_elems * sizeof(float) + 63) & ~(uint64_t)63;
@@ -210,7 +191,7 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
         pump(ds);
         return;
     }
-    ds_load_t *l = load_of(w, m->key, 0);
+    ds_load_t *l = ds_load_find(w, m->key, 0);
     if (l == NULL || l->state != LOAD_DONE) {
         /* The worker was told to unload the model after the core chose it
          * (a plan moving the model): the requests go back to their model. */
@@ -414,7 +395,7 @@ static int ensure_session(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint
     }
     int max_batch = dm->m->max_batch;
     for (int w = 0; w < ds->nworkers; w++) {
-        ds_load_t *l = ds->workers[w] ? load_of(ds->workers[w], dm->key, 0) : NULL;
+        ds_load_t *l = ds->workers[w] ? ds_load_find(ds->workers[w], dm->key, 0) : NULL;
         if (l != NULL && l->state == LOAD_DONE && l->max_batch < max_batch)
             max_batch = l->max_batch;
     }
@@ -457,7 +438,7 @@ static int loaded_anywhere(gw_dispatch_t *ds, ds_model_t *dm, int *loading)
     *loading = 0;
     for (int i = 0; i < ds->nworkers; i++) {
         ds_worker_t *w = ds->workers[i];
-        ds_load_t *l = w && w->up ? load_of(w, dm->key, 0) : NULL;
+        ds_load_t *l = w && w->up ? ds_load_find(w, dm->key, 0) : NULL;
         if (l == NULL)
             continue;
         loaded += l->state == LOAD_DONE && !w->profiling;
@@ -472,7 +453,7 @@ static int held_while_profiling(gw_dispatch_t *ds, ds_model_t *dm)
 {
     for (int i = 0; i < ds->nworkers; i++) {
         ds_worker_t *w = ds->workers[i];
-        ds_load_t *l = w && w->up && w->profiling ? load_of(w, dm->key, 0) : NULL;
+        ds_load_t *l = w && w->up && w->profiling ? ds_load_find(w, dm->key, 0) : NULL;
         if (l != NULL && l->state == LOAD_DONE)
             return 1;
     }
@@ -530,15 +511,15 @@ static void withdraw(gw_dispatch_t *ds, ds_model_t *dm)
      * one (the unload below follows it on the same connection, and its late
      * answers are ignored, see gw_dispatch_frame). */
     if (dm->profile_worker >= 0)
-        end_profile(ds, dm, worker_get(ds, dm->profile_worker));
+        end_profile(ds, dm, ds_worker_at(ds, dm->profile_worker));
     for (int s = 0; s < ds->nsessions; s++)
         if (ds->sessions[s].model == dm)
             pl_dispatch_session_remove(ds->core, now_us(), s);
     for (int i = 0; i < ds->nworkers; i++) {
         ds_worker_t *w = ds->workers[i];
-        ds_load_t *l = w ? load_of(w, dm->key, 0) : NULL;
+        ds_load_t *l = w ? ds_load_find(w, dm->key, 0) : NULL;
         if (l != NULL && w->up && l->state != LOAD_NONE)
-            gw__ds_unload(ds, w, l);
+            unload(ds, w, l);
     }
 }
 
@@ -575,7 +556,7 @@ static void on_blob(sq_loop_t *loop, void *arg)
     }
     for (int i = 0; i < ds->nworkers; i++) {
         ds_worker_t *w = ds->workers[i];
-        ds_load_t *l = w ? load_of(w, dm->key, 0) : NULL;
+        ds_load_t *l = w ? ds_load_find(w, dm->key, 0) : NULL;
         if (l != NULL && l->state == LOAD_WAIT_BYTES) {
             if (dm->blob_state == 2) {
                 send_load(ds, dm, w);
@@ -651,7 +632,7 @@ static void send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
     gw_model_t *m = dm->m;
     if (dm->poisoned)
         return; /* it crashed its workers: never sent again */
-    ds_load_t *l = load_of(w, dm->key, 1);
+    ds_load_t *l = ds_load_find(w, dm->key, 1);
     int need_bytes = !m->emulated && w->kind != GW_KIND_EMU;
     int cached = need_bytes && has_sha(w, m->sha256);
     if (need_bytes && !cached && dm->blob_state != 2) {
@@ -703,7 +684,7 @@ static void spread_loads(gw_dispatch_t *ds, ds_model_t *dm)
         ds_worker_t *w = ds->workers[i];
         if (w == NULL || !w->up || w->kind != dm->kind)
             continue;
-        ds_load_t *l = load_of(w, dm->key, 0);
+        ds_load_t *l = ds_load_find(w, dm->key, 0);
         if (l == NULL || l->state == LOAD_NONE)
             send_load(ds, dm, w);
     }
@@ -1067,7 +1048,7 @@ static void on_group_blob(sq_loop_t *loop, void *arg)
     g->blob_state = 2;
     for (int i = 0; i < ds->nworkers; i++) {
         ds_worker_t *w = ds->workers[i];
-        ds_load_t *l = w ? load_of(w, g->key, 0) : NULL;
+        ds_load_t *l = w ? ds_load_find(w, g->key, 0) : NULL;
         if (l != NULL && l->state == LOAD_WAIT_BYTES)
             send_group_load(ds, g, w);
     }
@@ -1089,7 +1070,7 @@ static void group_blob_job(mdb_t *db, void *arg)
  * the group load naming them and where each is cut. */
 static void send_group_load(gw_dispatch_t *ds, ds_model_t *g, ds_worker_t *w)
 {
-    ds_load_t *l = load_of(w, g->key, 1);
+    ds_load_t *l = ds_load_find(w, g->key, 1);
     int missing = 0;
     for (int i = 0; i < g->nmembers; i++)
         missing += !has_sha(w, g->members[i]->sha256);
@@ -1222,7 +1203,7 @@ static void start_profile(gw_dispatch_t *ds, ds_model_t *dm)
     pl_dispatch_worker_remove(ds->core, now_us(), pick->id);
     SQ_INFO("profiling model=%s version=%d worker=%d device=%s", dm->m->name, dm->m->version,
             pick->id, pick->device);
-    ds_load_t *l = load_of(pick, dm->key, 0);
+    ds_load_t *l = ds_load_find(pick, dm->key, 0);
     if (l != NULL && l->state == LOAD_DONE) {
         sq_profile_req_t req = {.max_batch = (uint32_t)dm->m->max_batch,
                                 .warmup = PROFILE_WARMUP,
@@ -1456,7 +1437,7 @@ static void note_suspect(ds_worker_t *w)
 
 void gw_dispatch_worker_exited(gw_dispatch_t *ds, int worker, int status)
 {
-    ds_worker_t *w = worker_get(ds, worker);
+    ds_worker_t *w = ds_worker_at(ds, worker);
     if (w == NULL || w->up || !w->has_suspect)
         return;
     w->has_suspect = 0;
@@ -1528,7 +1509,7 @@ static void on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f
 
 int gw_dispatch_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
 {
-    ds_worker_t *w = worker_get(ds, worker);
+    ds_worker_t *w = ds_worker_at(ds, worker);
     if (w == NULL)
         return -1;
     switch (f->type) {
@@ -1538,7 +1519,7 @@ int gw_dispatch_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
     case SQ_MSG_MODEL_LOADED:
     case SQ_MSG_MODEL_FAILED: {
         ds_model_t *dm = model_find(ds, (int64_t)f->id);
-        ds_load_t *l = load_of(w, (int64_t)f->id, 0);
+        ds_load_t *l = ds_load_find(w, (int64_t)f->id, 0);
         if (l != NULL && l->stale > 0) {
             l->stale--; /* the answer to a load withdrawn since */
             return 0;
@@ -1716,7 +1697,7 @@ void gw_dispatch_worker_up(gw_dispatch_t *ds, int worker, const char *device, ui
 
 void gw_dispatch_worker_lost(gw_dispatch_t *ds, int worker)
 {
-    ds_worker_t *w = worker_get(ds, worker);
+    ds_worker_t *w = ds_worker_at(ds, worker);
     if (w == NULL || !w->up)
         return;
     w->up = 0;
@@ -1914,6 +1895,17 @@ void gw_dispatch_profile(gw_server_t *srv, int64_t key)
     post_model_msg(srv, key, PROFILE_WANTED);
 }
 
+static void resume_one(gw_model_t *m, void *arg)
+{
+    if (strcmp(m->status, "profiling") == 0)
+        gw_dispatch_profile(arg, m->key);
+}
+
+void gw_dispatch_resume_profiling(gw_server_t *srv)
+{
+    gw_registry_foreach(srv->registry, resume_one, srv);
+}
+
 /* Items waiting for a first load are bounded by their deadlines. */
 static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
 {
@@ -1936,10 +1928,37 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
     ds->tick = sq_loop_timer_at(loop, sq_now_ns() + (int64_t)TICK_MS * 1000000, on_tick, ds);
 }
 
+/* Tells w to unload l's model (see gw_dispatch_ops_t). */
+static void unload(gw_dispatch_t *ds, ds_worker_t *w, ds_load_t *l)
+{
+    /* A load waiting for its bytes was never sent: nothing to unload. */
+    if (l->state != LOAD_WAIT_BYTES)
+        gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_UNLOAD, (uint64_t)l->key, NULL, 0);
+    if (l->state == LOAD_SENT)
+        l->stale++;
+    int was_done = l->state == LOAD_DONE;
+    l->state = LOAD_NONE;
+    /* No batch of it may go to w from now on (the routes before a plan
+     * covers a model are every worker that holds it). */
+    ds_model_t *dm = was_done ? model_find(ds, l->key) : NULL;
+    if (dm != NULL && !dm->removed && dm->active)
+        update_routes(ds, dm);
+}
+
+static const gw_dispatch_ops_t dispatch_ops = {
+    .send_load = send_load,
+    .unload = unload,
+    .update_routes = update_routes,
+    .pump = pump,
+    .model = model_get,
+    .serving_kind = kind_of_model,
+};
+
 gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop)
 {
     gw_dispatch_t *ds = sq_xcalloc(1, sizeof(*ds));
     ds->srv = srv;
+    ds->ops = &dispatch_ops;
     ds->loop = loop;
     pl_dispatch_opts_t opts = {.policy = srv->cfg->policy,
                                .k_std = srv->cfg->k_std,
@@ -2020,52 +2039,4 @@ void gw_dispatch_free(gw_dispatch_t *ds)
     gw__plan_free(ds->plan);
     pl_dispatch_free(ds->core);
     free(ds);
-}
-
-/* ---- for planning.c ---------------------------------------------------- */
-
-ds_worker_t *gw__ds_worker(gw_dispatch_t *ds, int id)
-{
-    return worker_get(ds, id);
-}
-
-void gw__ds_unload(gw_dispatch_t *ds, ds_worker_t *w, ds_load_t *l)
-{
-    /* A load waiting for its bytes was never sent: nothing to unload. */
-    if (l->state != LOAD_WAIT_BYTES)
-        gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_UNLOAD, (uint64_t)l->key, NULL, 0);
-    if (l->state == LOAD_SENT)
-        l->stale++;
-    int was_done = l->state == LOAD_DONE;
-    l->state = LOAD_NONE;
-    /* No batch of it may go to w from now on (the routes before a plan
-     * covers a model are every worker that holds it). */
-    ds_model_t *dm = was_done ? model_find(ds, l->key) : NULL;
-    if (dm != NULL && !dm->removed && dm->active)
-        update_routes(ds, dm);
-}
-
-ds_load_t *gw__ds_load_of(ds_worker_t *w, int64_t key, int create)
-{
-    return load_of(w, key, create);
-}
-
-void gw__ds_send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
-{
-    send_load(ds, dm, w);
-}
-
-void gw__ds_update_routes(gw_dispatch_t *ds, ds_model_t *dm)
-{
-    update_routes(ds, dm);
-}
-
-void gw__ds_pump(gw_dispatch_t *ds)
-{
-    pump(ds);
-}
-
-ds_model_t *gw__ds_model(gw_dispatch_t *ds, gw_model_t *m)
-{
-    return model_get(ds, m);
 }

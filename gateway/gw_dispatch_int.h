@@ -115,8 +115,23 @@ typedef struct {
     uint32_t next_free; /* index + 1 of the next free slot; 0: none */
 } ds_handle_t;
 
+/* What planning.c may ask of the dispatcher: it calls back through these
+ * (set by dispatch.c) rather than into dispatch.c, which calls planning.c. */
+typedef struct {
+    void (*send_load)(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w);
+    /* Tells w to unload l's model (its load state becomes LOAD_NONE). */
+    void (*unload)(gw_dispatch_t *ds, ds_worker_t *w, ds_load_t *l);
+    void (*update_routes)(gw_dispatch_t *ds, ds_model_t *dm);
+    void (*pump)(gw_dispatch_t *ds);
+    /* The dispatcher's record of a registry model (created when new). */
+    ds_model_t *(*model)(gw_dispatch_t *ds, gw_model_t *m);
+    /* The device kind that serves m now (-1: none). */
+    int (*serving_kind)(gw_server_t *srv, const gw_model_t *m);
+} gw_dispatch_ops_t;
+
 struct gw_dispatch {
     gw_server_t *srv;
+    const gw_dispatch_ops_t *ops;
     int aborted;
     sq_loop_t *loop;
     pl_dispatch_t *core;
@@ -154,15 +169,27 @@ int gw__plan_routes(gw_dispatch_t *ds, const ds_session_t *s, pl_route_t *routes
 void gw__plan_outcome(gw_dispatch_t *ds, int ok);
 void gw__plan_busy(gw_dispatch_t *ds, int worker, int64_t busy_us);
 
-/* dispatch.c helpers for planning.c */
-ds_worker_t *gw__ds_worker(gw_dispatch_t *ds, int id);
-ds_load_t *gw__ds_load_of(ds_worker_t *w, int64_t key, int create);
-void gw__ds_send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w);
-/* Tells w to unload l's model (its load state becomes LOAD_NONE). */
-void gw__ds_unload(gw_dispatch_t *ds, ds_worker_t *w, ds_load_t *l);
-void gw__ds_update_routes(gw_dispatch_t *ds, ds_model_t *dm);
-void gw__ds_pump(gw_dispatch_t *ds);
-/* The dispatcher's record of a registry model (created when new). */
-ds_model_t *gw__ds_model(gw_dispatch_t *ds, gw_model_t *m);
+/* ---- lookups both sides use (data only) --------------------------------- */
+
+static inline ds_worker_t *ds_worker_at(const gw_dispatch_t *ds, int id)
+{
+    return id >= 0 && id < ds->nworkers ? ds->workers[id] : NULL;
+}
+
+/* w's record of the model `key` (made, LOAD_NONE, when create is set). */
+static inline ds_load_t *ds_load_find(ds_worker_t *w, int64_t key, int create)
+{
+    for (int i = 0; i < w->nloads; i++)
+        if (w->loads[i].key == key)
+            return &w->loads[i];
+    if (!create)
+        return NULL;
+    if (w->nloads == w->caploads) {
+        w->caploads = w->caploads ? 2 * w->caploads : 8;
+        w->loads = sq_xrealloc(w->loads, sizeof(*w->loads) * (size_t)w->caploads);
+    }
+    w->loads[w->nloads] = (ds_load_t){.key = key};
+    return &w->loads[w->nloads++];
+}
 
 #endif

@@ -86,6 +86,9 @@ void gw_dispatch_submit(gw_server_t *srv, gw_item_t *item);
 void gw_dispatch_model_changed(gw_server_t *srv, int64_t key);
 /* Any thread: profile model key on a worker that can serve it. */
 void gw_dispatch_profile(gw_server_t *srv, int64_t key);
+/* After the dispatcher started: profile again the models whose profiling a
+ * restart interrupted. */
+void gw_dispatch_resume_profiling(gw_server_t *srv);
 
 /* GET /v1/plan: the current plan (a new reference), or an empty one. */
 json_t *gw_dispatch_plan_json(gw_server_t *srv);

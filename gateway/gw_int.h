@@ -70,9 +70,6 @@ void gw_db_stop(gw_server_t *srv);
 /* Waits until every job posted so far has run (their answers to HTTP
  * requests are on their way before the HTTP loops stop). */
 void gw_db_quiesce(gw_server_t *srv);
-/* After the dispatcher started: profile again the models whose profiling a
- * restart interrupted. */
-void gw_db_resume_profiling(gw_server_t *srv);
 
 /* Dispatch thread: the worker socket, handshakes, heartbeats, supervision.
  * gw_workers_start binds the socket (refusing to steal a live one) and

@@ -172,7 +172,7 @@ static const pl_alloc_t *alloc_of(const pl_device_t *dev, int session_id)
 
 static int usable(ds_worker_t *w, int64_t key)
 {
-    ds_load_t *l = w != NULL && w->up && !w->profiling ? gw__ds_load_of(w, key, 0) : NULL;
+    ds_load_t *l = w != NULL && w->up && !w->profiling ? ds_load_find(w, key, 0) : NULL;
     return l != NULL && l->state == LOAD_DONE;
 }
 
@@ -187,7 +187,7 @@ static int planned_worker(void *arg, int index, const pl_device_t *dev)
     const route_ctx_t *c = arg;
     (void)index;
     int wid = dev->id < c->kind->cap ? c->kind->dev_worker[dev->id] : -1;
-    return usable(gw__ds_worker(c->ds, wid), c->key) ? wid : -1;
+    return usable(ds_worker_at(c->ds, wid), c->key) ? wid : -1;
 }
 
 int gw__plan_routes(gw_dispatch_t *ds, const ds_session_t *s, pl_route_t *routes, int max)
@@ -248,7 +248,7 @@ static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placeme
         for (int i = 0; i < K->plan.ndevices; i++) {
             const pl_device_t *d = &K->plan.devices[i];
             int wid = d->id < K->cap ? K->dev_worker[d->id] : -1;
-            ds_worker_t *w = gw__ds_worker(ds, wid);
+            ds_worker_t *w = ds_worker_at(ds, wid);
             json_t *sessions = json_array();
             for (int a = 0; a < d->nallocs; a++) {
                 const pl_alloc_t *al = &d->allocs[a];
@@ -499,14 +499,14 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
                                dev != NULL && !dev->saturated ? (int64_t)dev->duty_cycle_us : 0);
         for (int a = 0; dev != NULL && a < dev->nallocs; a++) {
             psess_t *ps = psess_by_id(p, dev->allocs[a].session_id);
-            ds_load_t *l = ps ? gw__ds_load_of(w, ps->dm->key, 0) : NULL;
+            ds_load_t *l = ps ? ds_load_find(w, ps->dm->key, 0) : NULL;
             if (ps != NULL && (l == NULL || l->state == LOAD_NONE || l->state == LOAD_FAILED))
-                gw__ds_send_load(ds, ps->dm, w);
+                ds->ops->send_load(ds, ps->dm, w);
         }
     }
     for (int i = 0; i < ds->nmodels; i++)
         if (ds->models[i]->kind == kind && ds->models[i]->active)
-            gw__ds_update_routes(ds, ds->models[i]);
+            ds->ops->update_routes(ds, ds->models[i]);
     for (int j = 0; j < nw; j++) {
         ds_worker_t *w = ds->workers[workers[j]];
         const pl_device_t *dev = device_of(K, w->id);
@@ -528,7 +528,7 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
             for (int m = 0; m < ds->nmodels; m++)
                 profiling |= ds->models[m]->key == l->key && ds->models[m]->profile_worker == w->id;
             if (!here && elsewhere && !profiling) {
-                gw__ds_unload(ds, w, l);
+                ds->ops->unload(ds, w, l);
             }
         }
     }
@@ -558,7 +558,7 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
     free(taken);
     free(workers);
     free(ss);
-    gw__ds_pump(ds);
+    ds->ops->pump(ds);
 }
 
 void gw__plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms)
@@ -747,8 +747,8 @@ static psess_t *restore_session(gw_dispatch_t *ds, const restore_row_t *row, int
     if (m == NULL)
         return NULL;
     int ok = strcmp(m->status, "ready") == 0 && m->has_profile[row->kind] &&
-             gw_dispatch_serving_kind(ds->srv, m) == row->kind;
-    ds_model_t *dm = ok ? gw__ds_model(ds, m) : NULL;
+             ds->ops->serving_kind(ds->srv, m) == row->kind;
+    ds_model_t *dm = ok ? ds->ops->model(ds, m) : NULL;
     gw_model_unref(m);
     if (dm == NULL || dm->removed || dm->poisoned || (dm->active && dm->kind != row->kind))
         return NULL;

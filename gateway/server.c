@@ -132,7 +132,7 @@ int gw_main(const gw_config_t *cfg)
     setenv("OMP_WAIT_POLICY", "passive", 0);
     if ((rc = gw_workers_start(&srv, err, sizeof(err))) != 0)
         goto fail;
-    gw_db_resume_profiling(&srv);
+    gw_dispatch_resume_profiling(&srv);
     if ((rc = gw_http_start(&srv, err, sizeof(err))) != 0)
         goto fail;
 
