@@ -161,6 +161,15 @@ static void fail_item(gw_dispatch_t *ds, gw_item_t *it, int rc, const char *deta
     it->finish(it, rc, detail);
 }
 
+/* ---- the link to the workers --------------------------------------------- */
+
+static int link_send(gw_dispatch_t *ds, int worker, uint16_t type, uint64_t id, const void *payload,
+                     uint32_t len, const gw_region_t *regions, int nregions)
+{
+    gw_transport_t *t = ds->srv->transport;
+    return t != NULL ? t->send(t, worker, type, id, payload, len, regions, nregions) : SQ_NO_WORKER;
+}
+
 /* ---- actions of the core ----------------------------------------------- */
 
 static void on_timer(sq_loop_t *loop, uint64_t id, void *data);
@@ -246,8 +255,19 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
                         .sent_us = t,
                         .seq = ++w->job_seq};
     w->inflight = rec;
-    if (gw_workers_send(ds->srv->workers, worker, SQ_MSG_BATCH, batch_id, buf.data,
-                        (uint32_t)buf.len) != 0)
+    /* The input slots it names: pixels at the model's input size, or a
+     * tensor row of its input type. */
+    uint64_t elems = (uint64_t)m->c * (uint64_t)m->h * (uint64_t)m->w;
+    uint64_t in_bytes = se->input_kind == SQ_INPUT_PIXELS ? (uint64_t)m->h * (uint64_t)m->w * 3
+                        : se->input_kind == SQ_INPUT_FP32 ? elems * sizeof(float)
+                                                          : elems;
+    gw_region_t *in = sq_xcalloc((size_t)count, sizeof(*in));
+    for (int i = 0; i < count; i++)
+        in[i] = (gw_region_t){.offset = (uint64_t)items[i]->in_off, .bytes = in_bytes};
+    int sent =
+        link_send(ds, worker, SQ_MSG_BATCH, batch_id, buf.data, (uint32_t)buf.len, in, count);
+    free(in);
+    if (sent != 0)
         SQ_WARN("batch send failed worker=%d batch=%llu", worker, (unsigned long long)batch_id);
     sq_buf_dispose(&buf);
 }
@@ -597,8 +617,8 @@ static int send_spec(gw_dispatch_t *ds, ds_worker_t *w, int64_t key, const sq_mo
     sq_buf_t buf;
     sq_buf_init(&buf);
     sq_model_load_encode(&buf, spec);
-    int rc = gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_LOAD, (uint64_t)key, buf.data,
-                             (uint32_t)buf.len);
+    int rc = link_send(ds, w->id, SQ_MSG_MODEL_LOAD, (uint64_t)key, buf.data, (uint32_t)buf.len,
+                       NULL, 0);
     sq_buf_dispose(&buf);
     return rc;
 }
@@ -611,8 +631,8 @@ static int send_chunks(gw_dispatch_t *ds, ds_worker_t *w, int64_t key, const cha
     int rc = 0;
     for (size_t off = 0; off < len && rc == 0; off += SQ_MODEL_CHUNK_BYTES) {
         size_t n = len - off < SQ_MODEL_CHUNK_BYTES ? len - off : SQ_MODEL_CHUNK_BYTES;
-        rc = gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_CHUNK, (uint64_t)key,
-                             bytes + off, (uint32_t)n);
+        rc = link_send(ds, w->id, SQ_MSG_MODEL_CHUNK, (uint64_t)key, bytes + off, (uint32_t)n, NULL,
+                       0);
     }
     if (rc == 0) {
         w->shas = sq_xrealloc(w->shas, sizeof(*w->shas) * (size_t)(w->nshas + 1));
@@ -1212,8 +1232,8 @@ static void start_profile(gw_dispatch_t *ds, ds_model_t *dm)
         sq_buf_t buf;
         sq_buf_init(&buf);
         sq_profile_req_encode(&buf, &req);
-        gw_workers_send(ds->srv->workers, pick->id, SQ_MSG_PROFILE, (uint64_t)dm->key, buf.data,
-                        (uint32_t)buf.len);
+        link_send(ds, pick->id, SQ_MSG_PROFILE, (uint64_t)dm->key, buf.data, (uint32_t)buf.len,
+                  NULL, 0);
         sq_buf_dispose(&buf);
         pick->profile_key = dm->key;
         pick->profile_seq = ++pick->job_seq;
@@ -1435,7 +1455,7 @@ static void note_suspect(ds_worker_t *w)
     w->profile_seq = 0;
 }
 
-void gw_dispatch_worker_exited(gw_dispatch_t *ds, int worker, int status)
+static void worker_exited(gw_dispatch_t *ds, int worker, int status)
 {
     ds_worker_t *w = ds_worker_at(ds, worker);
     if (w == NULL || w->up || !w->has_suspect)
@@ -1507,7 +1527,7 @@ static void on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f
     pump(ds);
 }
 
-int gw_dispatch_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
+static int on_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
 {
     ds_worker_t *w = ds_worker_at(ds, worker);
     if (w == NULL)
@@ -1644,7 +1664,7 @@ static void collect_grouped(gw_model_t *m, void *arg)
     g->m[g->n++] = m;
 }
 
-void gw_dispatch_worker_up(gw_dispatch_t *ds, int worker, const char *device, uint64_t memory)
+static void worker_up(gw_dispatch_t *ds, int worker, const char *device, uint64_t memory)
 {
     grouped_t grouped = {0};
     wk_device_t dev;
@@ -1695,7 +1715,7 @@ void gw_dispatch_worker_up(gw_dispatch_t *ds, int worker, const char *device, ui
     pump(ds);
 }
 
-void gw_dispatch_worker_lost(gw_dispatch_t *ds, int worker)
+static void worker_lost(gw_dispatch_t *ds, int worker)
 {
     ds_worker_t *w = ds_worker_at(ds, worker);
     if (w == NULL || !w->up)
@@ -1933,7 +1953,7 @@ static void unload(gw_dispatch_t *ds, ds_worker_t *w, ds_load_t *l)
 {
     /* A load waiting for its bytes was never sent: nothing to unload. */
     if (l->state != LOAD_WAIT_BYTES)
-        gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_UNLOAD, (uint64_t)l->key, NULL, 0);
+        link_send(ds, w->id, SQ_MSG_MODEL_UNLOAD, (uint64_t)l->key, NULL, 0, NULL, 0);
     if (l->state == LOAD_SENT)
         l->stale++;
     int was_done = l->state == LOAD_DONE;
@@ -1975,7 +1995,7 @@ gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop)
  * waiting for a load, queued in the core, and in batches still running
  * (whose late BATCH_DONE then finds nothing, and whose worker's loss later
  * hands the core's ids back as stale handles). Idempotent. */
-void gw_dispatch_abort_all(gw_dispatch_t *ds)
+static void abort_all(gw_dispatch_t *ds)
 {
     static const char why[] = "squishd is shutting down";
     ds->aborted = 1;
@@ -2040,3 +2060,33 @@ void gw_dispatch_free(gw_dispatch_t *ds)
     pl_dispatch_free(ds->core);
     free(ds);
 }
+
+/* ---- the link's events ------------------------------------------------------ */
+
+static void ev_up(void *ctx, int worker, const char *device, uint64_t memory_bytes)
+{
+    worker_up(ctx, worker, device, memory_bytes);
+}
+
+static int ev_frame(void *ctx, int worker, const sq_frame_t *f)
+{
+    return on_frame(ctx, worker, f);
+}
+
+static void ev_lost(void *ctx, int worker)
+{
+    worker_lost(ctx, worker);
+}
+
+static void ev_exited(void *ctx, int worker, int status)
+{
+    worker_exited(ctx, worker, status);
+}
+
+static void ev_abort(void *ctx)
+{
+    abort_all(ctx);
+}
+
+const gw_transport_events_t gw_dispatch_events = {
+    .up = ev_up, .frame = ev_frame, .lost = ev_lost, .exited = ev_exited, .abort = ev_abort};

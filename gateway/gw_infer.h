@@ -76,7 +76,7 @@ struct gw_infer {
  * last item triggers the reply. Thread-safe. */
 void gw_item_finish(gw_item_t *item, int rc, const char *detail);
 
-/* Dispatch thread: created with the workers (gw_workers_start). */
+/* The dispatch thread's state (dispatch.c), on the dispatch loop. */
 typedef struct gw_dispatch gw_dispatch_t;
 
 /* Any thread: the item's input is in the arena; hand it to the dispatcher. */
@@ -98,23 +98,12 @@ json_t *gw_dispatch_plan_json(gw_server_t *srv);
  * -1 when none. Thread-safe. */
 int gw_dispatch_serving_kind(gw_server_t *srv, const gw_model_t *m);
 
-/* Internal to the dispatch thread, called by workers.c. */
+/* Made before the worker link starts (server.c), freed after it stopped.
+ * The link's events for it (worker up, frame, lost, exited: a crash of its
+ * own counts against the model it was loading, measuring or running, see
+ * --model-retries; abort: answers everything held, 503 shutting_down). */
 gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop);
 void gw_dispatch_free(gw_dispatch_t *ds);
-void gw_dispatch_worker_up(gw_dispatch_t *ds, int worker, const char *device, uint64_t memory);
-void gw_dispatch_worker_lost(gw_dispatch_t *ds, int worker);
-/* A supervised worker's process ended with waitpid status `status`
- * (after gw_dispatch_worker_lost): a crash of its own counts against the
- * model it was loading, measuring or running (see --model-retries). */
-void gw_dispatch_worker_exited(gw_dispatch_t *ds, int worker, int status);
-/* Frames for the dispatcher (model, batch, profile); returns -1 on a
- * protocol error (the worker is then dropped). */
-int gw_dispatch_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f);
-/* Shutdown: answers everything still queued with SQ_SHUTTING_DOWN. */
-void gw_dispatch_abort_all(gw_dispatch_t *ds);
-
-/* workers.c: sends a frame to worker (dispatch thread only). */
-int gw_workers_send(gw_workers_t *ws, int worker, uint16_t type, uint64_t id, const void *payload,
-                    uint32_t len);
+extern const gw_transport_events_t gw_dispatch_events;
 
 #endif

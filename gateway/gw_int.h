@@ -2,6 +2,7 @@
 #ifndef GW_INT_H
 #define GW_INT_H
 
+#include "gw_transport.h"
 #include "gw.h"
 #include "gw_metrics.h"
 
@@ -50,7 +51,8 @@ typedef struct gw_server {
     gw_prep_pool_t *prep;
     gw_db_t *db;
     gw_workers_t *workers;
-    gw_dispatch_t *dispatch; /* lives on the workers' (dispatch) thread */
+    gw_transport_t *transport; /* the workers' link (workers.c); dispatch thread */
+    gw_dispatch_t *dispatch;   /* lives on the dispatch thread */
     sq_loop_t *dispatch_loop;
     gw_http_t *http;
     struct gw_offload_ctx *offload;
@@ -72,15 +74,17 @@ void gw_db_stop(gw_server_t *srv);
 void gw_db_quiesce(gw_server_t *srv);
 
 /* Dispatch thread: the worker socket, handshakes, heartbeats, supervision.
- * gw_workers_start binds the socket (refusing to steal a live one) and
- * spawns the configured workers. */
-int gw_workers_start(gw_server_t *srv, char *err, size_t errlen);
+ * gw_workers_start binds the socket (refusing to steal a live one), spawns
+ * the configured workers and runs `loop` (the dispatch loop) on a thread of
+ * its own; srv->transport is the link, and events go to ev with ctx. */
+int gw_workers_start(gw_server_t *srv, sq_loop_t *loop, const gw_transport_events_t *ev, void *ctx,
+                     char *err, size_t errlen);
 /* Answers every request still queued in the dispatcher (503 shutting
  * down) and waits until that is done. */
 void gw_workers_abort(gw_server_t *srv);
 /* Asks workers to exit, waits for them (SIGKILL after a grace period) and
- * joins the thread. The dispatcher and its loop stay (the DB thread may
- * still post to them) until gw_workers_free, after gw_db_stop. */
+ * joins the thread. The dispatch loop stays (the DB thread may still post
+ * to it): gw_workers_free, after gw_db_stop, runs what was posted. */
 void gw_workers_stop(gw_server_t *srv);
 void gw_workers_free(gw_server_t *srv);
 

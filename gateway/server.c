@@ -130,7 +130,15 @@ int gw_main(const gw_config_t *cfg)
      * squishd's own decode and HTTP threads (2-5x faster under load). The
      * variable is read when the worker loads libgomp, so it is set here. */
     setenv("OMP_WAIT_POLICY", "passive", 0);
-    if ((rc = gw_workers_start(&srv, err, sizeof(err))) != 0)
+    /* The dispatcher on its loop, then the worker link that runs it. */
+    if ((srv.dispatch_loop = sq_loop_new()) == NULL) {
+        snprintf(err, sizeof(err), "cannot create the dispatch loop");
+        rc = SQ_NOMEM;
+        goto fail;
+    }
+    srv.dispatch = gw_dispatch_new(&srv, srv.dispatch_loop);
+    if ((rc = gw_workers_start(&srv, srv.dispatch_loop, &gw_dispatch_events, srv.dispatch, err,
+                               sizeof(err))) != 0)
         goto fail;
     gw_dispatch_resume_profiling(&srv);
     if ((rc = gw_http_start(&srv, err, sizeof(err))) != 0)
@@ -169,6 +177,10 @@ out:
     gw_prep_pool_free(srv.prep);
     gw_db_stop(&srv);
     gw_workers_free(&srv);
+    gw_dispatch_free(srv.dispatch);
+    srv.dispatch = NULL;
+    sq_loop_free(srv.dispatch_loop);
+    srv.dispatch_loop = NULL;
     gw_registry_free(srv.registry);
     json_decref(srv.restore_plan);
     json_decref(srv.restore_placements);

@@ -72,6 +72,9 @@ struct peer {
 };
 
 struct gw_workers {
+    gw_transport_t base; /* first: the dispatcher sees the link as this */
+    const gw_transport_events_t *ev;
+    void *ev_ctx;
     gw_server_t *srv;
     sq_loop_t *loop;
     pthread_t thread;
@@ -232,8 +235,8 @@ static void peer_close(gw_workers_t *ws, peer_t *p, const char *reason)
             break;
         }
     }
-    if (p->welcomed && ws->srv->dispatch != NULL)
-        gw_dispatch_worker_lost(ws->srv->dispatch, p->id);
+    if (p->welcomed)
+        ws->ev->lost(ws->ev_ctx, p->id);
     if (p->welcomed)
         gw_metrics_worker_up(ws->srv->metrics, p->id, p->hello.name, 0);
     if (p->welcomed || p->slot != NULL)
@@ -262,8 +265,7 @@ static void slot_exited(gw_workers_t *ws, slot_t *s, int status)
     if (s->peer != NULL)
         peer_close(ws, s->peer, "exited");
     s->pid = 0;
-    if (ws->srv->dispatch != NULL)
-        gw_dispatch_worker_exited(ws->srv->dispatch, s->id, status);
+    ws->ev->exited(ws->ev_ctx, s->id, status);
     if (ws->stopping) {
         s->state = SLOT_IDLE;
         return;
@@ -371,7 +373,7 @@ static int on_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
             p->slot ? "yes" : "no");
     publish(ws);
     gw_metrics_worker_up(ws->srv->metrics, p->id, p->hello.name, 1);
-    gw_dispatch_worker_up(ws->srv->dispatch, p->id, p->hello.name, p->hello.memory_bytes);
+    ws->ev->up(ws->ev_ctx, p->id, p->hello.name, p->hello.memory_bytes);
     return 0;
 }
 
@@ -399,16 +401,21 @@ static int on_frame(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
     case SQ_MSG_BATCH_DONE:
     case SQ_MSG_PROFILE_PROGRESS:
     case SQ_MSG_PROFILE_DONE:
-        return gw_dispatch_frame(ws->srv->dispatch, p->id, f);
+        return ws->ev->frame(ws->ev_ctx, p->id, f);
     default:
         SQ_WARN("unexpected message from worker id=%d type=%s", p->id, sq_msg_name(f->type));
         return -1;
     }
 }
 
-int gw_workers_send(gw_workers_t *ws, int worker, uint16_t type, uint64_t id, const void *payload,
-                    uint32_t len)
+/* The UNIX link's send: the worker maps the arena, so the regions a frame
+ * names need no copy. */
+static int link_send(gw_transport_t *t, int worker, uint16_t type, uint64_t id, const void *payload,
+                     uint32_t len, const gw_region_t *regions, int nregions)
 {
+    gw_workers_t *ws = (gw_workers_t *)t;
+    (void)regions;
+    (void)nregions;
     for (peer_t *p = ws->peers; p != NULL; p = p->next) {
         if (!p->welcomed || p->id != worker)
             continue;
@@ -477,9 +484,14 @@ static void on_accept(sq_loop_t *loop, int fd, int events, void *data)
         p->ws = ws;
         sq_conn_init(&p->conn, cfd);
         p->accepted_ns = p->last_heard_ns = sq_now_ns();
+        if (sq_loop_watch(loop, cfd, SQ_EV_READ, on_peer_io, p) != 0) {
+            SQ_WARN("cannot watch a worker connection: dropped");
+            sq_conn_dispose(&p->conn);
+            free(p);
+            continue;
+        }
         p->next = ws->peers;
         ws->peers = p;
-        sq_loop_watch(loop, cfd, SQ_EV_READ, on_peer_io, p);
     }
 }
 
@@ -585,13 +597,18 @@ static int bind_socket(gw_workers_t *ws, char *err, size_t errlen)
     return 0;
 }
 
-int gw_workers_start(gw_server_t *srv, char *err, size_t errlen)
+int gw_workers_start(gw_server_t *srv, sq_loop_t *loop, const gw_transport_events_t *ev, void *ctx,
+                     char *err, size_t errlen)
 {
     const gw_config_t *cfg = srv->cfg;
     int nslots = 0;
     for (int g = 0; g < cfg->ngroups; g++)
         nslots += strcmp(cfg->groups[g].kind, "cpu") == 0 ? 1 : cfg->groups[g].count;
     gw_workers_t *ws = sq_xcalloc(1, sizeof(*ws));
+    ws->base.send = link_send;
+    ws->ev = ev;
+    ws->ev_ctx = ctx;
+    ws->loop = loop;
     ws->srv = srv;
     ws->slots = sq_xcalloc((size_t)nslots + 1, sizeof(slot_t));
     ws->listen_fd = -1;
@@ -617,16 +634,13 @@ int gw_workers_start(gw_server_t *srv, char *err, size_t errlen)
         }
     }
     ws->next_external_id = 1000;
-    ws->loop = sq_loop_new();
-    if (ws->loop == NULL) {
-        snprintf(err, errlen, "cannot create the dispatch loop");
-        rc = SQ_NOMEM;
+    if (sq_loop_watch(ws->loop, ws->listen_fd, SQ_EV_READ, on_accept, ws) != 0) {
+        snprintf(err, errlen, "cannot watch the worker socket");
+        rc = SQ_IO;
         goto fail;
     }
-    sq_loop_watch(ws->loop, ws->listen_fd, SQ_EV_READ, on_accept, ws);
     srv->workers = ws;
-    srv->dispatch_loop = ws->loop;
-    srv->dispatch = gw_dispatch_new(srv, ws->loop);
+    srv->transport = &ws->base;
     for (int i = 0; i < ws->nslots; i++)
         spawn(ws, &ws->slots[i]);
     ws->tick_timer =
@@ -635,8 +649,7 @@ int gw_workers_start(gw_server_t *srv, char *err, size_t errlen)
         snprintf(err, errlen, "cannot start the dispatch thread");
         rc = SQ_NOMEM;
         srv->workers = NULL;
-        gw_dispatch_free(srv->dispatch);
-        srv->dispatch = NULL;
+        srv->transport = NULL;
         goto fail;
     }
     SQ_INFO("worker socket ready path=%s workers=%d", srv->socket_path, ws->nslots);
@@ -649,7 +662,6 @@ fail:
         close(ws->listen_fd);
         unlink(srv->socket_path);
     }
-    sq_loop_free(ws->loop);
     free(ws->slots);
     free(ws);
     return rc;
@@ -662,7 +674,7 @@ static void begin_stop(sq_loop_t *loop, void *arg)
     publish(ws);
     ws->stop_deadline_ns = sq_now_ns() + (int64_t)SHUTDOWN_GRACE_MS * 1000000;
     sq_loop_unwatch(loop, ws->listen_fd);
-    gw_dispatch_abort_all(ws->srv->dispatch);
+    ws->ev->abort(ws->ev_ctx);
     atomic_store(&ws->aborted, 1);
     for (int i = 0; i < ws->nslots; i++) {
         slot_t *s = &ws->slots[i];
@@ -684,7 +696,7 @@ static void abort_on_loop(sq_loop_t *loop, void *arg)
 {
     gw_workers_t *ws = arg;
     (void)loop;
-    gw_dispatch_abort_all(ws->srv->dispatch);
+    ws->ev->abort(ws->ev_ctx);
     atomic_store(&ws->aborted, 1);
 }
 
@@ -709,7 +721,7 @@ void gw_workers_stop(gw_server_t *srv)
     while (ws->peers != NULL)
         peer_close(ws, ws->peers, "shutdown");
     sq_loop_run_posts(ws->loop);
-    gw_dispatch_abort_all(srv->dispatch);
+    ws->ev->abort(ws->ev_ctx);
     close(ws->listen_fd);
     ws->listen_fd = -1;
     unlink(srv->socket_path);
@@ -725,12 +737,9 @@ void gw_workers_free(gw_server_t *srv)
     /* What the DB thread posted until it stopped (answers to the
      * dispatcher's jobs) runs on a dispatcher that answers nothing more. */
     sq_loop_run_posts(ws->loop);
-    gw_dispatch_abort_all(srv->dispatch);
-    gw_dispatch_free(srv->dispatch);
-    srv->dispatch = NULL;
-    srv->dispatch_loop = NULL;
-    sq_loop_free(ws->loop);
+    ws->ev->abort(ws->ev_ctx);
     free(ws->slots);
     free(ws);
     srv->workers = NULL;
+    srv->transport = NULL;
 }
