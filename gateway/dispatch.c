@@ -355,6 +355,7 @@ static void pump(gw_dispatch_t *ds)
                     break;
                 }
                 if (a->reason == SQ_NOT_FOUND && a->session >= 0 && a->session < ds->nsessions &&
+                    ds->sessions[a->session].model != NULL &&
                     ds->sessions[a->session].model->is_group && !ds->aborted) {
                     /* Its prefix group was retired: the request runs in
                      * its own model's session instead. */
@@ -869,7 +870,7 @@ static ds_model_t *group_form(gw_dispatch_t *ds, const gw_model_t *m, int kind)
     }
     gw_model_t *gm = sq_xcalloc(1, sizeof(*gm));
     atomic_init(&gm->refs, 1);
-    gm->key = -(int64_t)(((uint64_t)m->group_id << 20) | (++ds->group_gen & 0xfffff));
+    gm->key = -(int64_t)++ds->group_gen; /* never reused: late answers name no other group */
     snprintf(gm->name, sizeof(gm->name), "prefix-group-%lld", (long long)m->group_id);
     snprintf(gm->status, sizeof(gm->status), "ready");
     const gw_model_t *f = scan.found[0];
@@ -1763,7 +1764,18 @@ static void on_submit(sq_loop_t *loop, void *arg)
         fail_item(ds, it, SQ_DEADLINE, "the deadline passed during preprocessing");
         return;
     }
-    ds_model_t *dm = model_get(ds, m);
+    ds_model_t *dm = model_find(ds, m->key);
+    if (dm == NULL) {
+        /* New here, or deleted and forgotten (see reclaim) while the item
+         * was decoded: only a model still published gets a record. */
+        gw_model_t *cur = gw_registry_get(ds->srv->registry, m->key);
+        gw_model_unref(cur);
+        if (cur == NULL) {
+            fail_item(ds, it, SQ_MODEL_NOT_FOUND, "the model was deleted");
+            return;
+        }
+        dm = model_get(ds, m);
+    }
     if (dm->removed) {
         fail_item(ds, it, SQ_MODEL_NOT_FOUND, "the model was deleted");
         return;
@@ -1926,6 +1938,57 @@ void gw_dispatch_resume_profiling(gw_server_t *srv)
     gw_registry_foreach(srv->registry, resume_one, srv);
 }
 
+/* Frees what a delete left: a removed model (or retired group) once nothing
+ * waits for it, no batch of it runs, and no other model points to it; and
+ * workers' records of loads that are gone with no answer to come. Keeps
+ * the tables (and their linear scans) as large as what is live. */
+static void reclaim(gw_dispatch_t *ds)
+{
+    for (int i = 0; i < ds->nworkers; i++) {
+        ds_worker_t *w = ds->workers[i];
+        if (w == NULL)
+            continue;
+        int k = 0;
+        for (int j = 0; j < w->nloads; j++) {
+            const ds_load_t *l = &w->loads[j];
+            if (l->state != LOAD_NONE || l->stale > 0 || model_find(ds, l->key) != NULL)
+                w->loads[k++] = *l;
+        }
+        w->nloads = k;
+    }
+    for (int i = 0; i < ds->nmodels; i++) {
+        ds_model_t *dm = ds->models[i];
+        if (!dm->removed || dm->npending > 0 || dm->profile_worker >= 0)
+            continue;
+        int busy = 0;
+        for (int w = 0; w < ds->nworkers && !busy; w++) {
+            const ds_worker_t *wk = ds->workers[w];
+            busy = wk != NULL && wk->inflight != NULL && wk->inflight->model_key == dm->key;
+        }
+        if (busy)
+            continue;
+        for (int j = 0; j < ds->nmodels; j++) {
+            if (ds->models[j]->group == dm)
+                ds->models[j]->group = NULL;
+            if (ds->models[j]->twin == dm)
+                ds->models[j]->twin = NULL;
+        }
+        for (int s = 0; s < ds->nsessions; s++)
+            if (ds->sessions[s].model == dm)
+                ds->sessions[s].model = NULL; /* its core session was removed */
+        gw__plan_forget(ds, dm);
+        gw_model_unref(dm->m);
+        for (int k = 0; k < dm->nmembers; k++)
+            gw_model_unref(dm->members[k]);
+        free(dm->members);
+        group_free_blobs(dm);
+        free(dm->blob);
+        free(dm->pending);
+        free(dm);
+        ds->models[i--] = ds->models[--ds->nmodels];
+    }
+}
+
 /* Items waiting for a first load are bounded by their deadlines. */
 static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
 {
@@ -1945,6 +2008,7 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
         dm->npending = k;
     }
     gw__plan_tick(ds, t);
+    reclaim(ds);
     ds->tick = sq_loop_timer_at(loop, sq_now_ns() + (int64_t)TICK_MS * 1000000, on_tick, ds);
 }
 

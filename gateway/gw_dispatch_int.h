@@ -147,13 +147,16 @@ struct gw_dispatch {
     ds_handle_t *handles;
     uint32_t nhandles, caphandles, free_handle; /* free_handle: index + 1, 0: none */
     uint64_t group_epoch; /* bumped on every model change: groups are looked for again */
-    uint32_t group_gen;   /* makes each formed group's key unique */
+    uint64_t group_gen;   /* makes each formed group's key unique */
 };
 
 /* ---- planning.c -------------------------------------------------------- */
 
 gw_plan_state_t *gw__plan_new(gw_dispatch_t *ds);
 void gw__plan_free(gw_plan_state_t *ps);
+/* dm is about to be freed (deleted, and nothing refers to it): its sessions
+ * go (a plan still naming their ids skips them). */
+void gw__plan_forget(gw_dispatch_t *ds, const ds_model_t *dm);
 /* A request arrived for (model, bucket). */
 void gw__plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms);
 /* A model became active (first request): place it now. */

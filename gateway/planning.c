@@ -130,6 +130,16 @@ static psess_t *psess(gw_plan_state_t *p, ds_model_t *dm, double bucket_ms, int 
     return &p->s[p->n++];
 }
 
+void gw__plan_forget(gw_dispatch_t *ds, const ds_model_t *dm)
+{
+    gw_plan_state_t *p = ds->plan;
+    int k = 0;
+    for (int i = 0; i < p->n; i++)
+        if (p->s[i].dm != dm)
+            p->s[k++] = p->s[i];
+    p->n = k;
+}
+
 void gw__plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms)
 {
     psess(ds->plan, dm, bucket_ms, 1)->arrivals += 1;
