@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -330,8 +331,12 @@ static void do_load(server_t *s, job_t *j)
     const wk_plan_t *front = group != NULL ? wk_group_prefix(group) : plan;
     int64_t dims[8];
     int rank = wk_plan_input_shape(front, 0, dims);
-    m->pixel_h = rank == 3 ? (int)dims[1] : 0;
-    m->pixel_w = rank == 3 ? (int)dims[2] : 0;
+    /* Images are what wk_plan_run_pixels takes: items of [3, H, W]. An
+     * item of another shape ([H, W, 3] behind a Transpose, features) comes
+     * as FP32 tensors, and is profiled with them. */
+    bool image = wk_plan_n_inputs(front) == 1 && rank == 3 && dims[0] == 3;
+    m->pixel_h = image ? (int)dims[1] : 0;
+    m->pixel_w = image ? (int)dims[2] : 0;
     m->in_elems = wk_plan_input_elems(front, 0);
     m->out_elems = model_out_elems(m);
     m->next = s->models;
