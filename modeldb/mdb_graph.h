@@ -345,6 +345,26 @@ typedef struct {
  * err. */
 int mdb_model_info(const mdb_graph_t *g, mdb_model_info_t *info, char *err, size_t errlen);
 
+/* ---- What the worker runs (runnable.c) ------------------------------- */
+
+/* One list of the limits of the worker's lowering and cpu backend, read by
+ * the importer (a model past them is refused at upload, naming the node
+ * and the reason) and by the worker's lowering (which refuses exactly
+ * that). The numbers that size the worker's arrays: */
+#define MDB_RUN_MAX_CONCAT_INPUTS 8 /* inputs of one Concat */
+#define MDB_RUN_MAX_SPATIAL 3       /* spatial dims of Conv and the pools (rank 3..5) */
+
+/* Checks node idx of a canonical graph against the list. batch_bound: the
+ * symbolic batch is bound to one size (the worker's static_batch), so that
+ * the rules that keep the batch outermost do not apply. Returns 0, or
+ * SQ_UNSUPPORTED_MODEL with "Op node 'name': reason" in err. */
+int mdb_node_runnable(const mdb_graph_t *g, int idx, bool batch_bound, char *err, size_t errlen);
+/* Every node, and the graph's inputs and outputs (float; the batch in dim
+ * 0). Returns 0, or SQ_UNSUPPORTED_MODEL with the reason in err and the
+ * failing node in *bad_node (-1 for an input or output; may be NULL). */
+int mdb_graph_runnable(const mdb_graph_t *g, bool batch_bound, int *bad_node, char *err,
+                       size_t errlen);
+
 /* ---- Shared-prefix detection (prefix.c) ------------------------------ */
 
 #define MDB_HASH_LEN 32

@@ -666,6 +666,17 @@ static int build(ectx_t *e, const Onnx__ModelProto *m, int64_t opset, bool symbo
         rc = fail(e, rc, "%s (opset %lld)", msg, (long long)opset);
         goto out;
     }
+    /* What the worker's lowering would refuse is refused here, with its
+     * reason (one list, runnable.c). A file that fixes its batch is tried
+     * again for that batch, where the batching rules do not apply. */
+    int bad_node;
+    rc = mdb_graph_runnable(g, false, &bad_node, msg, sizeof(msg));
+    if (rc) {
+        if (bad_node >= 0)
+            add_unsupported(e, mdb_op_name(g->nodes[bad_node].op));
+        rc = fail(e, rc, "%s", msg);
+        goto out;
+    }
 out:
     names_dispose(&names);
     if (rc) {

@@ -594,6 +594,14 @@ static int check_arity(lctx_t *c)
     return 0;
 }
 
+/* Appends an op type to the comma-separated list ops (once). */
+static void add_op(char *ops, size_t opslen, const char *name)
+{
+    size_t len = strlen(ops);
+    if (!strstr(ops, name) && len + strlen(name) + 2 < opslen)
+        snprintf(ops + len, opslen - len, "%s%s", len ? "," : "", name);
+}
+
 int mdb_onnx_lower(mdb_graph_t *g, int64_t opset, uint64_t fold_budget, char *err, size_t errlen,
                    char *ops, size_t opslen)
 {
@@ -658,8 +666,12 @@ int mdb_onnx_lower(mdb_graph_t *g, int64_t opset, uint64_t fold_budget, char *er
             continue;
         }
         rc = mdb_graph_infer_node(g, i, err, errlen);
-        if (rc)
+        if (rc) {
+            /* The uploader is told which op (a ConstantOfShape of the batch). */
+            if (rc == SQ_UNSUPPORTED_MODEL)
+                add_op(ops, opslen, mdb_op_name(n->op));
             goto out;
+        }
         for (int k = 0; k < n->n_outputs; k++) {
             if (n->outputs[k] < 0)
                 continue;
@@ -695,10 +707,7 @@ int mdb_onnx_lower(mdb_graph_t *g, int64_t opset, uint64_t fold_budget, char *er
             if (n->outputs[k] >= 0 && !g->tensors[n->outputs[k]].data)
                 folded = false;
         if (!folded && !mdb_op_is_runtime(n->op)) {
-            size_t len = strlen(ops);
-            const char *name = mdb_op_name(n->op);
-            if (!strstr(ops, name) && len + strlen(name) + 2 < opslen)
-                snprintf(ops + len, opslen - len, "%s%s", len ? "," : "", name);
+            add_op(ops, opslen, mdb_op_name(n->op));
             rc = SQ_UNSUPPORTED_MODEL;
         }
     }
@@ -717,10 +726,7 @@ int mdb_onnx_lower(mdb_graph_t *g, int64_t opset, uint64_t fold_budget, char *er
             if (n->inputs[k] >= 0 && g->tensors[n->inputs[k]].dtype != MDB_DT_FLOAT)
                 is_float = false;
         if (!is_float) {
-            size_t len = strlen(ops);
-            const char *name = mdb_op_name(n->op);
-            if (!strstr(ops, name) && len + strlen(name) + 2 < opslen)
-                snprintf(ops + len, opslen - len, "%s%s", len ? "," : "", name);
+            add_op(ops, opslen, mdb_op_name(n->op));
             rc = SQ_UNSUPPORTED_MODEL;
         }
     }

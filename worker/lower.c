@@ -2,17 +2,26 @@
  * kernels. Everything an op means is decided here, once, so that backends
  * see one form: BatchNormalization becomes a per-channel scale and shift
  * (folded into the conv by wk_graph_fuse), ceil_mode becomes extra end
- * padding, Split becomes Slices, Dropout and Identity disappear. */
+ * padding, Split becomes Slices, Dropout and Identity disappear.
+ *
+ * What the lowering and the cpu backend cannot run is one list in
+ * modeldb/runnable.c (mdb_node_runnable), which the importer reads too:
+ * each node passes it before it is lowered, so that the worker refuses
+ * exactly what the importer refuses, with the same reason. */
 #include "wk_exec_int.h"
 
 #include <mdb_graph.h>
 #include <sq.h>
 
+#include <assert.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+static_assert(WK_MAX_SPATIAL == MDB_RUN_MAX_SPATIAL, "one limit, modeldb/runnable.c");
+static_assert(WK_MAX_DIMS >= MDB_MAX_RANK, "every rank the importer takes");
 
 typedef struct {
     const mdb_graph_t *src;
@@ -118,9 +127,7 @@ static int ints_attr(const mdb_node_t *n, const char *name, int64_t *out, int wa
 static int window(lower_t *L, const mdb_node_t *n, wk_step_t *s, const wk_value_t *x,
                   const wk_value_t *y, const int64_t *kernel_from_w)
 {
-    int nsp = x->ndim - 2;
-    if (nsp < 1 || nsp > WK_MAX_SPATIAL)
-        return fail(L, SQ_UNSUPPORTED_MODEL, n, "%d spatial dims", nsp);
+    int nsp = x->ndim - 2; /* 1..WK_MAX_SPATIAL: mdb_node_runnable */
     s->p.conv.n_spatial = nsp;
     int64_t pads[2 * WK_MAX_SPATIAL];
     ints_attr(n, "kernel_shape", s->p.conv.kernel, nsp, 1);
@@ -149,9 +156,11 @@ static int window(lower_t *L, const mdb_node_t *n, wk_step_t *s, const wk_value_
 static int lower_node(lower_t *L, const mdb_node_t *n)
 {
     wk_graph_t *g = L->g;
-    int in[8], nin = n->n_inputs < 8 ? n->n_inputs : 8;
-    if (n->op == MDB_OP_CONCAT && n->n_inputs > 8)
+    /* Concat has the most inputs (mdb_node_runnable); the others have <= 5. */
+    int in[MDB_RUN_MAX_CONCAT_INPUTS];
+    if (n->n_inputs > MDB_RUN_MAX_CONCAT_INPUTS)
         return fail(L, SQ_UNSUPPORTED_MODEL, n, "%d inputs", n->n_inputs);
+    int nin = n->n_inputs;
     for (int i = 0; i < nin; i++) {
         in[i] = n->inputs[i] >= 0 ? value_of(L, n->inputs[i], n) : -1;
         if (n->inputs[i] >= 0 && in[i] < 0)
@@ -190,11 +199,7 @@ static int lower_node(lower_t *L, const mdb_node_t *n)
     wk_step_t *s;
     switch (n->op) {
     case MDB_OP_CONV: {
-        const wk_value_t *w = &g->values[in[1]];
-        if (w->data == NULL)
-            return fail(L, SQ_UNSUPPORTED_MODEL, n, "weights are computed, not constant");
-        if (nin > 2 && in[2] >= 0 && g->values[in[2]].data == NULL)
-            return fail(L, SQ_UNSUPPORTED_MODEL, n, "bias is computed, not constant");
+        const wk_value_t *w = &g->values[in[1]]; /* constant: mdb_node_runnable */
         s = wk_graph_step(g, WK_K_CONV, in, nin, out);
         return window(L, n, s, x, y, w->dims + 2);
     }
@@ -293,17 +298,12 @@ static int lower_node(lower_t *L, const mdb_node_t *n)
         for (int d = 0; d < x->ndim; d++) {
             s->p.pad.begin[d] = pads[d];
             s->p.pad.end[d] = pads[x->ndim + d];
-            if (pads[d] < 0 || pads[x->ndim + d] < 0)
-                return fail(L, SQ_UNSUPPORTED_MODEL, n, "negative pads (cropping)");
         }
-        if (x->batched && (s->p.pad.begin[0] || s->p.pad.end[0]))
-            return fail(L, SQ_UNSUPPORTED_MODEL, n, "pads the batch");
+        /* pads >= 0, never on the batch, a known mode: mdb_node_runnable */
         const char *mode = mdb_node_string(n, "mode", "constant");
         s->p.pad.mode = strcmp(mode, "reflect") == 0 ? WK_PAD_REFLECT
                         : strcmp(mode, "edge") == 0  ? WK_PAD_EDGE
                                                      : WK_PAD_CONSTANT;
-        if (strcmp(mode, "constant") != 0 && s->p.pad.mode == WK_PAD_CONSTANT)
-            return fail(L, SQ_UNSUPPORTED_MODEL, n, "pad mode '%s'", mode);
         s->p.pad.value = mdb_node_float(n, "value", 0.0f);
         return 0;
     }
@@ -320,8 +320,7 @@ static int lower_node(lower_t *L, const mdb_node_t *n)
     case MDB_OP_BATCH_NORM: {
         const wk_value_t *sc = &g->values[in[1]], *b = &g->values[in[2]];
         const wk_value_t *mean = &g->values[in[3]], *var = &g->values[in[4]];
-        if (!sc->data || !b->data || !mean->data || !var->data)
-            return fail(L, SQ_UNSUPPORTED_MODEL, n, "statistics are computed, not constant");
+        /* constants of one value per channel: mdb_node_runnable */
         int64_t c = x->ndim > 1 ? x->dims[1] : 1;
         if (wk_value_elems(sc) != c || wk_value_elems(b) != c || wk_value_elems(mean) != c ||
             wk_value_elems(var) != c)
@@ -412,10 +411,8 @@ int wk_lower(const mdb_graph_t *src, int max_batch, int64_t static_batch, wk_gra
     }
     for (int i = 0; i < src->n_nodes; i++) {
         const mdb_node_t *n = &src->nodes[i];
-        if (!mdb_op_is_runtime(n->op)) {
-            rc = fail(&L, SQ_UNSUPPORTED_MODEL, n, "import-time op left in the graph");
+        if ((rc = mdb_node_runnable(src, i, static_batch > 0, why, (size_t)why_size)) != 0)
             goto out;
-        }
         if ((rc = lower_node(&L, n)) < 0)
             goto out;
     }

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,12 @@ typedef struct model {
     int pixel_h, pixel_w;
     int64_t in_elems, out_elems;
     char sha256[65]; /* its file's ("" for a group) */
+    /* A plain model's output pointers for wk_plan_run: [0] is set per run
+     * to the caller's buffer; the outputs after the first, which nobody
+     * reads (squishd serves output 0), go to `spare`, sized for the max
+     * batch at load. */
+    float **outs;
+    float *spare;
 } model_t;
 
 /* Bytes of model files received on this connection, by sha256. Kept for the
@@ -125,15 +132,45 @@ static model_t *find_model(server_t *s, uint64_t key)
     return NULL;
 }
 
+static void model_free(model_t *m)
+{
+    if (m == NULL)
+        return;
+    wk_plan_free(m->plan);
+    wk_group_free(m->group);
+    free(m->outs);
+    free(m->spare);
+    free(m);
+}
+
+/* Gives a plain model an output pointer for every output of its plan: the
+ * plan writes them all, whatever the caller wants. Returns 0 or SQ_NOMEM. */
+static int model_bind_outputs(model_t *m)
+{
+    if (m->plan == NULL)
+        return 0;
+    int n = wk_plan_n_outputs(m->plan), max_batch = wk_plan_max_batch(m->plan);
+    int64_t spare = 0;
+    for (int i = 1; i < n; i++)
+        spare += wk_plan_output_elems(m->plan, i) * max_batch;
+    m->outs = sq_xcalloc((size_t)n, sizeof(*m->outs));
+    if (spare > 0 && (m->spare = malloc((size_t)spare * sizeof(float))) == NULL)
+        return SQ_NOMEM;
+    size_t at = 0;
+    for (int i = 1; i < n; i++) {
+        m->outs[i] = m->spare + at;
+        at += (size_t)(wk_plan_output_elems(m->plan, i) * max_batch);
+    }
+    return 0;
+}
+
 static void drop_model(server_t *s, uint64_t key)
 {
     for (model_t **pm = &s->models; *pm != NULL; pm = &(*pm)->next) {
         if ((*pm)->key == key) {
             model_t *m = *pm;
             *pm = m->next;
-            wk_plan_free(m->plan);
-            wk_group_free(m->group);
-            free(m);
+            model_free(m);
             return;
         }
     }
@@ -180,8 +217,8 @@ static int model_run(model_t *m, int batch, int pixels, const uint8_t *in, const
     if (wk_plan_n_inputs(m->plan) != 1)
         return SQ_INVAL;
     const float *ins[1] = {(const float *)in};
-    float *outs[1] = {out};
-    return wk_plan_run(m->plan, batch, ins, outs);
+    m->outs[0] = out;
+    return wk_plan_run(m->plan, batch, ins, m->outs);
 }
 
 static int64_t model_last_run_ns(const model_t *m)
@@ -281,18 +318,29 @@ static void do_load(server_t *s, job_t *j)
         reply_failed(s, j->id, rc, why);
         return;
     }
-    drop_model(s, j->id);
     model_t *m = sq_xcalloc(1, sizeof(*m));
     m->key = j->id;
     m->plan = plan;
     m->group = group;
     snprintf(m->sha256, sizeof(m->sha256), "%s", spec->sha256);
+    if ((rc = model_bind_outputs(m)) != 0) {
+        snprintf(why, sizeof(why), "no memory for the outputs after the first");
+        SQ_WARN("model load failed key=%llu reason=\"%s\"", (unsigned long long)j->id, why);
+        reply_failed(s, j->id, rc, why);
+        model_free(m);
+        return;
+    }
+    drop_model(s, j->id);
     /* A group's rows enter through its prefix. */
     const wk_plan_t *front = group != NULL ? wk_group_prefix(group) : plan;
     int64_t dims[8];
     int rank = wk_plan_input_shape(front, 0, dims);
-    m->pixel_h = rank == 3 ? (int)dims[1] : 0;
-    m->pixel_w = rank == 3 ? (int)dims[2] : 0;
+    /* Images are what wk_plan_run_pixels takes: items of [3, H, W]. An
+     * item of another shape ([H, W, 3] behind a Transpose, features) comes
+     * as FP32 tensors, and is profiled with them. */
+    bool image = wk_plan_n_inputs(front) == 1 && rank == 3 && dims[0] == 3;
+    m->pixel_h = image ? (int)dims[1] : 0;
+    m->pixel_w = image ? (int)dims[2] : 0;
     m->in_elems = wk_plan_input_elems(front, 0);
     m->out_elems = model_out_elems(m);
     m->next = s->models;

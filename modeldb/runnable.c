@@ -1,0 +1,458 @@
+/* What the worker runs: one list of the limits of its lowering (worker/
+ * lower.c) and of its cpu backend (worker/backend_cpu_ops.c), read by the
+ * importer at upload (onnx_import.c, so that a model the worker would
+ * refuse is a 422 naming the node and the reason) and by the worker's
+ * lowering at load (so that the two can never disagree). modeldb sits
+ * below worker/, so the list lives here and the worker includes it.
+ *
+ * Rules come in two kinds: limits of the kernels (a Concat of at most 8
+ * inputs, 1 to 3 spatial dims, constant conv weights), and limits of
+ * batching: while the batch is symbolic the worker runs every batch size
+ * with one plan whose batch is the outermost dimension of every batched
+ * tensor, so nothing may move, merge, reduce, pad, slice or mix the
+ * batch. Batching rules are skipped when the batch is bound to one size
+ * (batch_bound: a file that fixes its batch, or a static_batch plan).
+ *
+ * A new refusal in the lowering or the cpu backend gets its rule here. */
+#include "mdb_graph.h"
+#include "mdb_graph_int.h"
+
+#include <sq.h>
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+/* A reason, or NULL when node n passes. buf holds formatted reasons. */
+typedef const char *(*rule_fn)(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len);
+
+typedef struct {
+    int op;           /* the mdb_op_t it applies to, or -1 for every runtime op */
+    bool batching;    /* only while the batch is symbolic */
+    const char *what; /* for readers of the table; the reason says more */
+    rule_fn check;
+} rule_t;
+
+static const char *why(char *buf, size_t len, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+static const char *why(char *buf, size_t len, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, len, fmt, ap);
+    va_end(ap);
+    return buf;
+}
+
+static const mdb_tensor_t *in_t(const mdb_graph_t *g, const mdb_node_t *n, int k)
+{
+    return k < n->n_inputs && n->inputs[k] >= 0 ? &g->tensors[n->inputs[k]] : NULL;
+}
+
+static const mdb_tensor_t *out_t(const mdb_graph_t *g, const mdb_node_t *n, int k)
+{
+    return k < n->n_outputs && n->outputs[k] >= 0 ? &g->tensors[n->outputs[k]] : NULL;
+}
+
+static bool batched(const mdb_tensor_t *t)
+{
+    return t != NULL && t->shape_known && mdb_shape_has_batch(&t->shape);
+}
+
+/* ---- kernel limits ---- */
+
+static const char *float_only(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    for (int k = 0; k < n->n_inputs; k++) {
+        const mdb_tensor_t *t = in_t(g, n, k);
+        if (t != NULL && t->dtype != MDB_DT_FLOAT)
+            return why(buf, len, "input '%s' is %s; the worker computes in float", t->name,
+                       mdb_dtype_name(t->dtype));
+    }
+    for (int k = 0; k < n->n_outputs; k++) {
+        const mdb_tensor_t *t = out_t(g, n, k);
+        if (t != NULL && t->dtype != MDB_DT_FLOAT)
+            return why(buf, len, "output '%s' is %s; the worker computes in float", t->name,
+                       mdb_dtype_name(t->dtype));
+    }
+    return NULL;
+}
+
+static const char *known_shapes(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    if (n->n_inputs < 1 || in_t(g, n, 0) == NULL)
+        return why(buf, len, "no data input");
+    if (n->n_outputs < 1 || out_t(g, n, 0) == NULL)
+        return why(buf, len, "no output");
+    for (int k = 0; k < n->n_outputs; k++) {
+        const mdb_tensor_t *t = out_t(g, n, k);
+        if (t != NULL && !t->shape_known)
+            return why(buf, len, "output '%s' has no shape", t->name);
+        /* Split writes each of its outputs (the others write output 0). */
+        if (t == NULL && n->op == MDB_OP_SPLIT)
+            return why(buf, len, "output %d is left out", k);
+    }
+    return NULL;
+}
+
+static const char *concat_inputs(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    if (n->n_inputs > MDB_RUN_MAX_CONCAT_INPUTS)
+        return why(buf, len, "%d inputs; the worker concatenates at most %d", n->n_inputs,
+                   MDB_RUN_MAX_CONCAT_INPUTS);
+    for (int k = 0; k < n->n_inputs; k++)
+        if (in_t(g, n, k) == NULL)
+            return why(buf, len, "input %d is left out", k);
+    return NULL;
+}
+
+static const char *window_rank(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    int spatial = in_t(g, n, 0)->shape.rank - 2;
+    if (spatial < 1 || spatial > MDB_RUN_MAX_SPATIAL)
+        return why(buf, len, "%d spatial dims; the worker runs 1 to %d", spatial,
+                   MDB_RUN_MAX_SPATIAL);
+    size_t count = 0;
+    const int64_t *pads = mdb_node_ints(n, "pads", &count);
+    for (size_t i = 0; pads != NULL && i < count; i++)
+        if (pads[i] < 0)
+            return why(buf, len, "negative pads");
+    return NULL;
+}
+
+/* Pools: every pad smaller than the (dilated) kernel, the end pads as the
+ * lowering grows them for ceil_mode (oneDNN's pooling takes no more; ONNX
+ * asks the same). */
+static const char *pool_pads(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    const mdb_tensor_t *x = in_t(g, n, 0), *y = out_t(g, n, 0);
+    int spatial = x->shape.rank - 2;
+    size_t nk = 0, ns = 0, nd = 0, np = 0;
+    const int64_t *kernel = mdb_node_ints(n, "kernel_shape", &nk);
+    const int64_t *strides = mdb_node_ints(n, "strides", &ns);
+    const int64_t *dilations = mdb_node_ints(n, "dilations", &nd);
+    const int64_t *pads = mdb_node_ints(n, "pads", &np);
+    for (int i = 0; i < spatial; i++) {
+        int64_t k = kernel != NULL && (size_t)i < nk ? kernel[i] : 1;
+        int64_t st = strides != NULL && (size_t)i < ns ? strides[i] : 1;
+        int64_t dil = dilations != NULL && (size_t)i < nd ? dilations[i] : 1;
+        int64_t begin = pads != NULL && (size_t)(spatial + i) < np ? pads[i] : 0;
+        int64_t end = pads != NULL && (size_t)(spatial + i) < np ? pads[spatial + i] : 0;
+        int64_t reach = dil * (k - 1) + 1;
+        int64_t need = (y->shape.dims[2 + i] - 1) * st + reach - x->shape.dims[2 + i] - begin;
+        end = need > end ? need : end;
+        if (begin >= reach || end >= reach)
+            return why(buf, len, "pads %lld and %lld (with ceil_mode) for a kernel of %lld",
+                       (long long)begin, (long long)end, (long long)reach);
+    }
+    return NULL;
+}
+
+static const char *conv_constants(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    const mdb_tensor_t *w = in_t(g, n, 1), *b = in_t(g, n, 2);
+    if (w == NULL || w->data == NULL)
+        return why(buf, len, "the weights are computed, not constant");
+    if (w->shape.rank != in_t(g, n, 0)->shape.rank)
+        return why(buf, len, "weights of rank %d for an input of rank %d", w->shape.rank,
+                   in_t(g, n, 0)->shape.rank);
+    if (b != NULL && b->data == NULL)
+        return why(buf, len, "the bias is computed, not constant");
+    return NULL;
+}
+
+static const char *bn_constants(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    const mdb_tensor_t *x = in_t(g, n, 0);
+    int64_t c = x->shape.rank > 1 ? x->shape.dims[1] : 1;
+    for (int k = 1; k <= 4; k++) {
+        const mdb_tensor_t *t = in_t(g, n, k);
+        if (t == NULL || t->data == NULL)
+            return why(buf, len, "the statistics are computed, not constant");
+        if (mdb_shape_numel(&t->shape, 1) != c)
+            return why(buf, len, "'%s' does not hold one value per channel (%lld)", t->name,
+                       (long long)c);
+    }
+    return NULL;
+}
+
+static const char *pad_mode(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    const char *mode = mdb_node_string(n, "mode", "constant");
+    if (strcmp(mode, "constant") != 0 && strcmp(mode, "reflect") != 0 && strcmp(mode, "edge") != 0)
+        return why(buf, len, "pad mode '%s'; the worker pads constant, reflect or edge", mode);
+    size_t count = 0;
+    const int64_t *pads = mdb_node_ints(n, "pads", &count);
+    for (size_t i = 0; pads != NULL && i < count; i++)
+        if (pads[i] < 0)
+            return why(buf, len, "negative pads (cropping)");
+    return NULL;
+}
+
+/* One operand has the output's shape: oneDNN broadcasts only the second
+ * source, and a division's dividend cannot be the broadcast one. */
+static const char *binary_broadcast(const mdb_graph_t *g, const mdb_node_t *n, char *buf,
+                                    size_t len)
+{
+    const mdb_tensor_t *a = in_t(g, n, 0), *b = in_t(g, n, 1), *y = out_t(g, n, 0);
+    if (b == NULL)
+        return why(buf, len, "one operand");
+    bool a_full = mdb_shape_eq(&a->shape, &y->shape), b_full = mdb_shape_eq(&b->shape, &y->shape);
+    if (!a_full && !b_full)
+        return why(buf, len, "both operands broadcast (%s and %s); the worker broadcasts one",
+                   a->name, b->name);
+    if (!a_full && n->op == MDB_OP_DIV)
+        return why(buf, len, "the dividend '%s' broadcasts; the worker broadcasts the divisor",
+                   a->name);
+    return NULL;
+}
+
+static const char *gemm_operands(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    const mdb_tensor_t *a = in_t(g, n, 0), *b = in_t(g, n, 1), *c = in_t(g, n, 2);
+    if (b == NULL || a->shape.rank != 2 || b->shape.rank != 2)
+        return why(buf, len, "operands must be 2-D");
+    if (c != NULL && c->data == NULL && mdb_node_float(n, "beta", 1.0f) != 1.0f)
+        return why(buf, len, "beta with a computed C");
+    return NULL;
+}
+
+/* ---- batching limits (symbolic batch only) ---- */
+
+/* The batch stays the outermost dimension of every tensor. */
+static const char *batch_outermost(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    for (int k = 0; k < n->n_outputs; k++) {
+        const mdb_tensor_t *t = out_t(g, n, k);
+        for (int d = 1; t != NULL && d < t->shape.rank; d++)
+            if (t->shape.dims[d] == MDB_DIM_BATCH)
+                return why(buf, len, "output '%s' has the batch in dim %d", t->name, d);
+    }
+    for (int k = 0; k < n->n_inputs; k++) {
+        const mdb_tensor_t *t = in_t(g, n, k);
+        if (batched(t) && t->data != NULL)
+            return why(buf, len, "constant '%s' has a batch dimension", t->name);
+    }
+    return NULL;
+}
+
+static const char *axis_not_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    if (batched(out_t(g, n, 0)) && mdb_node_int(n, "axis", 1) == 0)
+        return why(buf, len, "along the batch");
+    return NULL;
+}
+
+static const char *softmax_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    const mdb_tensor_t *x = in_t(g, n, 0);
+    int64_t axis = mdb_node_int(n, "axis", x->shape.rank - 1);
+    if (batched(x) && (axis == 0 || axis == -x->shape.rank))
+        return why(buf, len, "over the batch");
+    return NULL;
+}
+
+static const char *reduce_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    size_t count = 0;
+    const int64_t *axes = mdb_node_ints(n, "axes", &count);
+    if (!batched(in_t(g, n, 0)))
+        return NULL;
+    if (axes == NULL || count == 0)
+        return why(buf, len, "over every axis, the batch too");
+    for (size_t i = 0; i < count; i++)
+        if (axes[i] == 0)
+            return why(buf, len, "over the batch");
+    return NULL;
+}
+
+/* Reshape, Flatten: each item keeps its elements. */
+static const char *reshape_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    const mdb_tensor_t *x = in_t(g, n, 0), *y = out_t(g, n, 0);
+    if (batched(x) != batched(y) ||
+        (batched(x) && mdb_shape_numel(&x->shape, 1) != mdb_shape_numel(&y->shape, 1)))
+        return why(buf, len, "moves the batch (%s to %s)", x->name, y->name);
+    return NULL;
+}
+
+static const char *transpose_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    size_t count = 0;
+    const int64_t *perm = mdb_node_ints(n, "perm", &count);
+    const mdb_tensor_t *x = in_t(g, n, 0);
+    int64_t first = count > 0 ? perm[0] : x->shape.rank - 1;
+    if (batched(x) && first != 0)
+        return why(buf, len, "moves the batch");
+    return NULL;
+}
+
+static const char *pad_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    const mdb_tensor_t *x = in_t(g, n, 0);
+    size_t count = 0;
+    const int64_t *pads = mdb_node_ints(n, "pads", &count);
+    if (batched(x) && pads != NULL && count == 2 * (size_t)x->shape.rank &&
+        (pads[0] != 0 || pads[x->shape.rank] != 0))
+        return why(buf, len, "pads the batch");
+    return NULL;
+}
+
+static const char *slice_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    const mdb_tensor_t *x = in_t(g, n, 0), *y = out_t(g, n, 0);
+    if (!batched(x))
+        return NULL;
+    size_t na = 0, ns = 0, nst = 0;
+    const int64_t *axes = mdb_node_ints(n, "axes", &na);
+    const int64_t *starts = mdb_node_ints(n, "starts", &ns);
+    const int64_t *steps = mdb_node_ints(n, "steps", &nst);
+    for (size_t i = 0; i < ns; i++) {
+        int64_t axis = axes != NULL && i < na ? axes[i] : (int64_t)i;
+        int64_t step = steps != NULL && i < nst ? steps[i] : 1;
+        if (axis == 0 && (starts[i] != 0 || step != 1 || y->shape.dims[0] != MDB_DIM_BATCH))
+            return why(buf, len, "slices the batch");
+    }
+    return NULL;
+}
+
+static const char *split_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    if (batched(in_t(g, n, 0)) && mdb_node_int(n, "axis", 0) == 0)
+        return why(buf, len, "splits the batch");
+    return NULL;
+}
+
+/* A batched operand must be A, not transposed; C only as a row. */
+static const char *gemm_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    const mdb_tensor_t *a = in_t(g, n, 0), *b = in_t(g, n, 1), *c = in_t(g, n, 2);
+    if (batched(a) && mdb_node_int(n, "transA", 0))
+        return why(buf, len, "the batch in a transposed A");
+    if (batched(b))
+        return why(buf, len, "the batch in B");
+    if (batched(c) && c->data == NULL)
+        return why(buf, len, "the batch in a computed C");
+    if (batched(a) && c != NULL && c->data != NULL && c->shape.rank == 2 && c->shape.dims[0] != 1)
+        return why(buf, len, "C has a row per batch item");
+    return NULL;
+}
+
+/* Batched operands and output have the full (broadcast) rank. */
+static const char *matmul_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    const mdb_tensor_t *a = in_t(g, n, 0), *b = in_t(g, n, 1), *y = out_t(g, n, 0);
+    int r = a->shape.rank > b->shape.rank ? a->shape.rank : b->shape.rank;
+    r = r < 2 ? 2 : r;
+    if ((batched(a) && a->shape.rank != r) || (batched(b) && b->shape.rank != r) ||
+        (batched(y) && y->shape.rank != r))
+        return why(buf, len, "the batch is not the leading dimension of the product");
+    return NULL;
+}
+
+/* Binary ops: the batched operand has the output's rank. */
+static const char *binary_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    const mdb_tensor_t *y = out_t(g, n, 0);
+    for (int k = 0; k < 2; k++) {
+        const mdb_tensor_t *t = in_t(g, n, k);
+        if (batched(t) && t->shape.rank != y->shape.rank)
+            return why(buf, len, "batched operand '%s' of lower rank", t->name);
+    }
+    return NULL;
+}
+
+#define ANY_OP -1
+
+/* The list. Rules run in order; the first reason stands. */
+static const rule_t rules[] = {
+    {ANY_OP, false, "outputs have shapes, a data input", known_shapes},
+    {ANY_OP, false, "float tensors only", float_only},
+    {MDB_OP_CONCAT, false, "at most MDB_RUN_MAX_CONCAT_INPUTS inputs", concat_inputs},
+    {MDB_OP_CONV, false, "1..MDB_RUN_MAX_SPATIAL spatial dims, pads >= 0", window_rank},
+    {MDB_OP_MAX_POOL, false, "1..MDB_RUN_MAX_SPATIAL spatial dims, pads >= 0", window_rank},
+    {MDB_OP_AVERAGE_POOL, false, "1..MDB_RUN_MAX_SPATIAL spatial dims, pads >= 0", window_rank},
+    {MDB_OP_GLOBAL_AVERAGE_POOL, false, "1..MDB_RUN_MAX_SPATIAL spatial dims", window_rank},
+    {MDB_OP_MAX_POOL, false, "pads smaller than the kernel", pool_pads},
+    {MDB_OP_AVERAGE_POOL, false, "pads smaller than the kernel", pool_pads},
+    {MDB_OP_CONV, false, "constant weights and bias", conv_constants},
+    {MDB_OP_BATCH_NORM, false, "constant per-channel statistics", bn_constants},
+    {MDB_OP_PAD, false, "constant, reflect or edge; pads >= 0", pad_mode},
+    {MDB_OP_ADD, false, "one operand of the output's shape", binary_broadcast},
+    {MDB_OP_SUB, false, "one operand of the output's shape", binary_broadcast},
+    {MDB_OP_MUL, false, "one operand of the output's shape", binary_broadcast},
+    {MDB_OP_DIV, false, "the dividend of the output's shape", binary_broadcast},
+    {MDB_OP_GEMM, false, "2-D operands; beta 1 with a computed C", gemm_operands},
+    {ANY_OP, true, "the batch stays outermost, never in a constant", batch_outermost},
+    {MDB_OP_CONCAT, true, "not along the batch", axis_not_batch},
+    {MDB_OP_SOFTMAX, true, "not over the batch", softmax_batch},
+    {MDB_OP_REDUCE_MEAN, true, "not over the batch", reduce_batch},
+    {MDB_OP_RESHAPE, true, "items keep their elements", reshape_batch},
+    {MDB_OP_FLATTEN, true, "items keep their elements", reshape_batch},
+    {MDB_OP_TRANSPOSE, true, "perm[0] == 0", transpose_batch},
+    {MDB_OP_PAD, true, "the batch is not padded", pad_batch},
+    {MDB_OP_SLICE, true, "the batch is not sliced", slice_batch},
+    {MDB_OP_SPLIT, true, "the batch is not split", split_batch},
+    {MDB_OP_GEMM, true, "the batch only in an untransposed A", gemm_batch},
+    {MDB_OP_MATMUL, true, "the batch leads the product", matmul_batch},
+    {MDB_OP_ADD, true, "batched operands of full rank", binary_batch},
+    {MDB_OP_SUB, true, "batched operands of full rank", binary_batch},
+    {MDB_OP_MUL, true, "batched operands of full rank", binary_batch},
+    {MDB_OP_DIV, true, "batched operands of full rank", binary_batch},
+};
+
+int mdb_node_runnable(const mdb_graph_t *g, int idx, bool batch_bound, char *err, size_t errlen)
+{
+    const mdb_node_t *n = &g->nodes[idx];
+    char buf[256];
+    const char *reason = NULL;
+    if (!mdb_op_is_runtime(n->op))
+        reason = "an import-time op left in the graph";
+    for (size_t i = 0; reason == NULL && i < sizeof(rules) / sizeof(rules[0]); i++) {
+        const rule_t *r = &rules[i];
+        if ((r->op == ANY_OP || r->op == (int)n->op) && (!r->batching || !batch_bound))
+            reason = r->check(g, n, buf, sizeof(buf));
+    }
+    if (reason == NULL)
+        return 0;
+    mdb_errf(err, errlen, "%s node '%s': %s", mdb_op_name(n->op), n->name ? n->name : "", reason);
+    return SQ_UNSUPPORTED_MODEL;
+}
+
+int mdb_graph_runnable(const mdb_graph_t *g, bool batch_bound, int *bad_node, char *err,
+                       size_t errlen)
+{
+    if (bad_node != NULL)
+        *bad_node = -1;
+    for (int i = 0; i < g->n_inputs; i++) {
+        const mdb_tensor_t *t = &g->tensors[g->inputs[i]];
+        if (t->dtype != MDB_DT_FLOAT) {
+            mdb_errf(err, errlen, "input '%s' is %s; the worker takes float inputs", t->name,
+                     mdb_dtype_name(t->dtype));
+            return SQ_UNSUPPORTED_MODEL;
+        }
+        for (int d = 1; !batch_bound && d < t->shape.rank; d++)
+            if (t->shape.dims[d] == MDB_DIM_BATCH) {
+                mdb_errf(err, errlen, "input '%s' has the batch in dim %d", t->name, d);
+                return SQ_UNSUPPORTED_MODEL;
+            }
+    }
+    for (int i = 0; i < g->n_nodes; i++) {
+        int rc = mdb_node_runnable(g, i, batch_bound, err, errlen);
+        if (rc != 0) {
+            if (bad_node != NULL)
+                *bad_node = i;
+            return rc;
+        }
+    }
+    for (int i = 0; i < g->n_outputs; i++) {
+        const mdb_tensor_t *t = &g->tensors[g->outputs[i]];
+        if (t->dtype != MDB_DT_FLOAT) {
+            mdb_errf(err, errlen, "output '%s' is %s; the worker writes float outputs", t->name,
+                     mdb_dtype_name(t->dtype));
+            return SQ_UNSUPPORTED_MODEL;
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,228 @@
+/* modeldb/runnable.c: the one list of what the worker runs. The importer
+ * refuses at upload, with the node and the reason, every graph past it;
+ * the batching rules hold only while the batch is symbolic. (That the
+ * worker's lowering refuses exactly the same graphs, with the same words,
+ * is tests/worker/test_lower.c.) */
+#include "onnx_util.h"
+
+static int import_builder(mb_t *b, mdb_graph_t **g, mdb_import_error_t *err)
+{
+    size_t len;
+    uint8_t *bytes = mb_pack(b, &len);
+    memset(err, 0, sizeof(*err));
+    int rc = mdb_onnx_import(bytes, len, g, err);
+    free(bytes);
+    return rc;
+}
+
+/* x[N or batch, 2, 4, 4] concatenated n times along the channels into y,
+ * by a node called "wide". */
+static void concat_model(mb_t *b, int n, int64_t batch)
+{
+    mb_init(b, 13);
+    int64_t x_dims[] = {batch, 2, 4, 4};
+    mb_input(b, "x", 4, x_dims);
+    const char *ins[16] = {0};
+    for (int i = 0; i < n; i++)
+        ins[i] = "x";
+    Onnx__NodeProto *c = mb_node(b, "Concat", ins, (const char *[]){"y", NULL});
+    c->name = mb_str(b, "wide");
+    mb_attr_int(b, c, "axis", 1);
+    mb_output(b, "y");
+}
+
+static void expect_refused(mb_t *b, const char *op, const char *node, const char *reason)
+{
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(import_builder(b, &g, &err), SQ_UNSUPPORTED_MODEL, "accepted; want '%s'", reason);
+    cr_assert_null(g);
+    cr_assert_eq(err.code, SQ_UNSUPPORTED_MODEL);
+    cr_assert_str_eq(err.ops, op);
+    /* "Op node 'name': reason" from the list; shape inference, which
+     * refuses some of the same graphs first, says "Op 'name' reason". */
+    char quoted[64];
+    snprintf(quoted, sizeof(quoted), "'%s'", node);
+    cr_assert(strncmp(err.detail, op, strlen(op)) == 0, "detail: %s", err.detail);
+    cr_assert_not_null(strstr(err.detail, quoted), "detail: %s", err.detail);
+    cr_assert_not_null(strstr(err.detail, reason), "detail: %s", err.detail);
+}
+
+static mdb_graph_t *expect_imported(mb_t *b)
+{
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(import_builder(b, &g, &err), 0, "%s %s", err.ops, err.detail);
+    cr_assert_eq(mdb_graph_runnable(g, false, NULL, NULL, 0), 0);
+    return g;
+}
+
+Test(runnable, a_concat_of_9_inputs_is_refused_at_import_naming_the_node_and_the_reason)
+{
+    mb_t b;
+    concat_model(&b, 9, -1);
+    expect_refused(&b, "Concat", "wide", "9 inputs; the worker concatenates at most 8");
+    mb_free(&b);
+    /* The same with a batch the file fixes: a kernel limit, not batching. */
+    concat_model(&b, 9, 1);
+    expect_refused(&b, "Concat", "wide", "9 inputs");
+    mb_free(&b);
+}
+
+Test(runnable, a_concat_of_8_inputs_is_accepted)
+{
+    mb_t b;
+    concat_model(&b, MDB_RUN_MAX_CONCAT_INPUTS, -1);
+    mdb_graph_t *g = expect_imported(&b);
+    cr_assert_eq(g->n_nodes, 1);
+    cr_assert_eq(g->nodes[0].n_inputs, 8);
+    int64_t y[] = {MDB_DIM_BATCH, 16, 4, 4};
+    expect_shape(&g->tensors[g->outputs[0]].shape, 4, y, "y");
+    mdb_graph_free(g);
+    mb_free(&b);
+}
+
+/* x[batch, 2, 4, 4] through one node op(x[, c]) named "n", c a constant of
+ * c_dims when c_rank > 0 (c first when c_first). */
+static Onnx__NodeProto *unary_model(mb_t *b, int64_t opset, const char *op, int64_t batch,
+                                    int c_rank, const int64_t *c_dims, bool c_first)
+{
+    mb_init(b, opset);
+    int64_t x_dims[] = {batch, 2, 4, 4};
+    mb_input(b, "x", 4, x_dims);
+    if (c_rank > 0)
+        mb_init_f(b, "c", c_rank, c_dims, 2.0f, 0.5f);
+    const char *ins[3] = {c_rank > 0 && c_first ? "c" : "x",
+                          c_rank > 0 ? (c_first ? "x" : "c") : NULL, NULL};
+    Onnx__NodeProto *n = mb_node(b, op, ins, (const char *[]){"y", NULL});
+    n->name = mb_str(b, "n");
+    mb_output(b, "y");
+    return n;
+}
+
+Test(runnable, a_division_of_a_broadcast_dividend_is_refused)
+{
+    mb_t b;
+    int64_t c[] = {1, 2, 1, 1};
+    unary_model(&b, 13, "Div", -1, 4, c, true);
+    expect_refused(&b, "Div", "n", "the dividend 'c' broadcasts");
+    mb_free(&b);
+    /* The divisor may broadcast; so may either side of a Sub (negated). */
+    unary_model(&b, 13, "Div", -1, 4, c, false);
+    mdb_graph_free(expect_imported(&b));
+    mb_free(&b);
+    unary_model(&b, 13, "Sub", -1, 4, c, true);
+    mdb_graph_free(expect_imported(&b));
+    mb_free(&b);
+}
+
+Test(runnable, an_add_where_both_operands_broadcast_is_refused)
+{
+    mb_t b;
+    mb_init(&b, 13);
+    int64_t x_dims[] = {-1, 2, 1, 4}, c_dims[] = {1, 1, 3, 1};
+    mb_input(&b, "x", 4, x_dims);
+    mb_init_f(&b, "c", 4, c_dims, 1.0f, 1.0f);
+    Onnx__NodeProto *n =
+        mb_node(&b, "Add", (const char *[]){"x", "c", NULL}, (const char *[]){"y", NULL});
+    n->name = mb_str(&b, "n");
+    mb_output(&b, "y");
+    expect_refused(&b, "Add", "n", "both operands broadcast");
+    mb_free(&b);
+}
+
+Test(runnable, reductions_and_softmax_over_the_symbolic_batch_are_refused)
+{
+    mb_t b;
+    int64_t axes[] = {0};
+    Onnx__NodeProto *n = unary_model(&b, 13, "ReduceMean", -1, 0, NULL, false);
+    mb_attr_ints(&b, n, "axes", 1, axes);
+    expect_refused(&b, "ReduceMean", "n", "over the batch");
+    mb_free(&b);
+    n = unary_model(&b, 13, "Softmax", -1, 0, NULL, false);
+    mb_attr_int(&b, n, "axis", 0);
+    expect_refused(&b, "Softmax", "n", "over the batch");
+    mb_free(&b);
+    /* Over the channels, both run. */
+    n = unary_model(&b, 13, "Softmax", -1, 0, NULL, false);
+    mb_attr_int(&b, n, "axis", 1);
+    mdb_graph_free(expect_imported(&b));
+    mb_free(&b);
+}
+
+Test(runnable, a_transpose_that_moves_the_batch_fixes_a_declared_batch_or_is_refused)
+{
+    mb_t b;
+    int64_t perm[] = {1, 0, 2, 3};
+    /* A symbolic batch cannot leave dim 0. */
+    Onnx__NodeProto *n = unary_model(&b, 13, "Transpose", -1, 0, NULL, false);
+    mb_attr_ints(&b, n, "perm", 4, perm);
+    expect_refused(&b, "Transpose", "n", "the batch");
+    mb_free(&b);
+    /* A file that declares batch 2 is imported for that batch only. */
+    n = unary_model(&b, 13, "Transpose", 2, 0, NULL, false);
+    mb_attr_ints(&b, n, "perm", 4, perm);
+    mdb_graph_t *g = expect_imported(&b);
+    cr_assert_eq(g->batch_fixed, 2);
+    int64_t y[] = {2, 2, 4, 4};
+    expect_shape(&g->tensors[g->outputs[0]].shape, 4, y, "y");
+    mdb_graph_free(g);
+    mb_free(&b);
+}
+
+Test(runnable, a_pad_of_the_batch_is_refused_and_other_pads_run)
+{
+    mb_t b;
+    int64_t batch_pads[] = {1, 0, 0, 0, 0, 0, 0, 0}, hw_pads[] = {0, 0, 1, 2, 0, 0, 3, 0};
+    Onnx__NodeProto *n = unary_model(&b, 10, "Pad", -1, 0, NULL, false);
+    mb_attr_ints(&b, n, "pads", 8, batch_pads);
+    expect_refused(&b, "Pad", "n", "pads the batch");
+    mb_free(&b);
+    n = unary_model(&b, 10, "Pad", -1, 0, NULL, false);
+    mb_attr_ints(&b, n, "pads", 8, hw_pads);
+    mdb_graph_t *g = expect_imported(&b);
+    int64_t y[] = {MDB_DIM_BATCH, 2, 8, 6};
+    expect_shape(&g->tensors[g->outputs[0]].shape, 4, y, "y");
+    mdb_graph_free(g);
+    mb_free(&b);
+}
+
+Test(runnable, batching_rules_apply_only_while_the_batch_is_symbolic)
+{
+    /* By hand, as no importer would leave it: x[N,2,4,4] -> Transpose
+     * (1, 0, 2, 3) -> y[2,N,4,4]. */
+    mdb_graph_t *g = mdb_graph_new();
+    mdb_shape_t xs = {.rank = 4, .dims = {MDB_DIM_BATCH, 2, 4, 4}};
+    int x = mdb_graph_add_tensor(g, "x", MDB_DT_FLOAT, &xs);
+    int y = mdb_graph_add_tensor(g, "y", MDB_DT_FLOAT, NULL);
+    mdb_graph_add_input(g, x);
+    mdb_graph_add_output(g, y);
+    int idx = mdb_graph_add_node(g, MDB_OP_TRANSPOSE, "t", &x, 1, &y, 1);
+    mdb_node_set_ints(&g->nodes[idx], "perm", (const int64_t[]){1, 0, 2, 3}, 4);
+    char err[256] = "";
+    cr_assert_eq(mdb_graph_toposort(g, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(mdb_graph_infer_shapes(g, err, sizeof(err)), 0, "%s", err);
+    int bad = 0;
+    cr_assert_eq(mdb_graph_runnable(g, false, &bad, err, sizeof(err)), SQ_UNSUPPORTED_MODEL);
+    cr_assert_eq(bad, 0);
+    cr_assert_str_eq(err, "Transpose node 't': output 'y' has the batch in dim 1");
+    cr_assert_eq(mdb_node_runnable(g, 0, true, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(mdb_graph_runnable(g, true, &bad, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(bad, -1);
+    mdb_graph_free(g);
+}
+
+Test(runnable, computed_conv_weights_are_refused)
+{
+    mb_t b;
+    mb_init(&b, 13);
+    int64_t x_dims[] = {-1, 2, 4, 4}, w_dims[] = {2, 2, 1, 1};
+    mb_input(&b, "x", 4, x_dims);
+    mb_input(&b, "w", 4, w_dims);
+    Onnx__NodeProto *n =
+        mb_node(&b, "Conv", (const char *[]){"x", "w", NULL}, (const char *[]){"y", NULL});
+    n->name = mb_str(&b, "n");
+    mb_output(&b, "y");
+    expect_refused(&b, "Conv", "n", "the weights are computed, not constant");
+    mb_free(&b);
+}

@@ -1,0 +1,277 @@
+/* worker/lower.c: the lowering reads modeldb's list of what the worker
+ * runs (modeldb/runnable.c), so that it refuses exactly what the importer
+ * refuses, with the same reason, and runs what the importer accepts. */
+#include "../modeldb/onnx_util.h"
+
+#include <wk_exec.h>
+
+/* x[N,2,3,3] concatenated n times along the channels, as an mdb graph
+ * built by hand (the importer would refuse n > 8 before the worker saw
+ * it). */
+static mdb_graph_t *concat_graph(int n)
+{
+    mdb_graph_t *g = mdb_graph_new();
+    mdb_shape_t xs = {.rank = 4, .dims = {MDB_DIM_BATCH, 2, 3, 3}};
+    int x = mdb_graph_add_tensor(g, "x", MDB_DT_FLOAT, &xs);
+    int y = mdb_graph_add_tensor(g, "y", MDB_DT_FLOAT, NULL);
+    mdb_graph_add_input(g, x);
+    mdb_graph_add_output(g, y);
+    int ins[16];
+    for (int i = 0; i < n; i++)
+        ins[i] = x;
+    int idx = mdb_graph_add_node(g, MDB_OP_CONCAT, "wide", ins, n, &y, 1);
+    mdb_node_set_int(&g->nodes[idx], "axis", 1);
+    char err[256] = "";
+    cr_assert_eq(mdb_graph_toposort(g, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(mdb_graph_infer_shapes(g, err, sizeof(err)), 0, "%s", err);
+    return g;
+}
+
+Test(lower, a_concat_of_9_is_refused_with_the_importers_reason)
+{
+    mdb_graph_t *g = concat_graph(9);
+    char want[256] = "", why[512] = "";
+    cr_assert_eq(mdb_graph_runnable(g, false, NULL, want, sizeof(want)), SQ_UNSUPPORTED_MODEL);
+    wk_plan_opts_t o = wk_plan_opts_default();
+    o.max_batch = 2;
+    wk_plan_t *p = NULL;
+    cr_assert_eq(wk_plan_create(g, &o, &p, why, sizeof(why)), SQ_UNSUPPORTED_MODEL);
+    cr_assert_null(p);
+    cr_assert_str_eq(why, want);
+    cr_assert_str_eq(why, "Concat node 'wide': 9 inputs; the worker concatenates at most 8");
+    mdb_graph_free(g);
+}
+
+/* Imported from ONNX bytes like an upload, planned, run at batch 2: y is
+ * x eight times over along the channels, exactly. */
+Test(lower, a_concat_of_8_imports_and_runs)
+{
+    mb_t b;
+    mb_init(&b, 13);
+    int64_t x_dims[] = {-1, 2, 3, 3};
+    mb_input(&b, "x", 4, x_dims);
+    const char *ins[9] = {0};
+    for (int i = 0; i < 8; i++)
+        ins[i] = "x";
+    Onnx__NodeProto *c = mb_node(&b, "Concat", ins, (const char *[]){"y", NULL});
+    mb_attr_int(&b, c, "axis", 1);
+    mb_output(&b, "y");
+    size_t len;
+    uint8_t *bytes = mb_pack(&b, &len);
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(mdb_onnx_import(bytes, len, &g, &err), 0, "%s", err.detail);
+    free(bytes);
+    mb_free(&b);
+    wk_plan_opts_t o = wk_plan_opts_default();
+    o.max_batch = 2;
+    wk_plan_t *p = NULL;
+    char why[512];
+    cr_assert_eq(wk_plan_create(g, &o, &p, why, sizeof(why)), 0, "%s", why);
+    mdb_graph_free(g);
+    cr_assert_eq(wk_plan_output_elems(p, 0), 8 * 18);
+    float x[2 * 18], y[2 * 8 * 18];
+    for (int i = 0; i < 2 * 18; i++)
+        x[i] = (float)i * 0.25f - 3.0f;
+    cr_assert_eq(wk_plan_run(p, 2, (const float *[]){x}, (float *[]){y}), 0, "%s",
+                 wk_plan_errmsg(p));
+    for (int n = 0; n < 2; n++)
+        for (int k = 0; k < 8; k++)
+            for (int i = 0; i < 18; i++)
+                cr_assert_eq(y[n * 144 + k * 18 + i], x[n * 18 + i], "item %d copy %d [%d]", n, k,
+                             i);
+    wk_plan_free(p);
+}
+
+/* A Transpose that moves the batch: refused, with the list's reason,
+ * while the batch is symbolic; run when the plan binds it (static_batch). */
+Test(lower, batching_rules_hold_until_the_batch_is_bound)
+{
+    mdb_graph_t *g = mdb_graph_new();
+    mdb_shape_t xs = {.rank = 3, .dims = {MDB_DIM_BATCH, 2, 3}};
+    int x = mdb_graph_add_tensor(g, "x", MDB_DT_FLOAT, &xs);
+    int y = mdb_graph_add_tensor(g, "y", MDB_DT_FLOAT, NULL);
+    mdb_graph_add_input(g, x);
+    mdb_graph_add_output(g, y);
+    int idx = mdb_graph_add_node(g, MDB_OP_TRANSPOSE, "t", &x, 1, &y, 1);
+    mdb_node_set_ints(&g->nodes[idx], "perm", (const int64_t[]){1, 0, 2}, 3);
+    char err[256] = "", why[512] = "";
+    cr_assert_eq(mdb_graph_toposort(g, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(mdb_graph_infer_shapes(g, err, sizeof(err)), 0, "%s", err);
+    wk_plan_opts_t o = wk_plan_opts_default();
+    o.max_batch = 4;
+    wk_plan_t *p = NULL;
+    cr_assert_eq(wk_plan_create(g, &o, &p, why, sizeof(why)), SQ_UNSUPPORTED_MODEL);
+    cr_assert_str_eq(why, "Transpose node 't': output 'y' has the batch in dim 1");
+    o.static_batch = 2;
+    cr_assert_eq(wk_plan_create(g, &o, &p, why, sizeof(why)), 0, "%s", why);
+    float in[12], out[12];
+    for (int i = 0; i < 12; i++)
+        in[i] = (float)i;
+    cr_assert_eq(wk_plan_run(p, 1, (const float *[]){in}, (float *[]){out}), 0, "%s",
+                 wk_plan_errmsg(p));
+    /* in[n][c][w] -> out[c][n][w] */
+    for (int n = 0; n < 2; n++)
+        for (int c = 0; c < 2; c++)
+            for (int w = 0; w < 3; w++)
+                cr_assert_eq(out[c * 6 + n * 3 + w], in[n * 6 + c * 3 + w]);
+    wk_plan_free(p);
+    mdb_graph_free(g);
+}
+
+/* ---- mutated detector and mobile graphs ---------------------------------
+ * The graphs of tests/worker/ort_graphs.py with their attributes, input
+ * dims, op types and wiring changed at random (protobuf-c on onnx.proto).
+ * Whatever the importer accepts, the worker must plan and run at every
+ * batch size: never crash, never refuse (the importer refuses first). */
+
+static uint64_t mut_seed = 99;
+
+static uint32_t mut_rand(uint32_t n)
+{
+    mut_seed = mut_seed * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(mut_seed >> 33) % n;
+}
+
+static int64_t mut_value(int64_t orig)
+{
+    static const int64_t interesting[] = {-3, -2, -1, 0, 1, 2, 3, 4, 5, 9, 16, 100};
+    uint32_t pick = mut_rand(16);
+    if (pick < 12)
+        return interesting[pick];
+    return orig + (pick < 14 ? 1 : -1);
+}
+
+/* Ops of one arity that stand in for each other. */
+static const char *const swap_groups[][5] = {
+    {"ReduceMean", "Softmax", "Flatten", "HardSigmoid", "LeakyRelu"},
+    {"Relu", "Sigmoid", "HardSwish", "Softmax", "Identity"},
+    {"Add", "Sub", "Mul", "Div", "Add"},
+    {"MaxPool", "AveragePool", "MaxPool", "AveragePool", "MaxPool"},
+};
+
+/* A string field pointed elsewhere, to point back before free_unpacked
+ * (which frees what unpack allocated, each string once). */
+typedef struct {
+    char **slot;
+    char *orig;
+} swapped_t;
+
+static void point(char **slot, char *to, swapped_t *undo, int *n_undo)
+{
+    undo[*n_undo] = (swapped_t){slot, *slot};
+    (*n_undo)++;
+    *slot = to;
+}
+
+static void mutate(Onnx__ModelProto *m, swapped_t *undo, int *n_undo)
+{
+    Onnx__GraphProto *gp = m->graph;
+    Onnx__NodeProto *nd = gp->node[mut_rand((uint32_t)gp->n_node)];
+    switch (mut_rand(5)) {
+    case 0:
+    case 1: { /* an int attribute */
+        if (nd->n_attribute == 0)
+            return;
+        Onnx__AttributeProto *a = nd->attribute[mut_rand((uint32_t)nd->n_attribute)];
+        if (a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT)
+            a->i = mut_value(a->i);
+        else if (a->type == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS && a->n_ints > 0) {
+            size_t at = mut_rand((uint32_t)a->n_ints);
+            a->ints[at] = mut_value(a->ints[at]);
+        }
+        return;
+    }
+    case 2: { /* an input dim (not the batch) */
+        Onnx__TensorShapeProto *sp = gp->input[0]->type->tensor_type->shape;
+        if (sp->n_dim < 2)
+            return;
+        Onnx__TensorShapeProto__Dimension *d = sp->dim[1 + mut_rand((uint32_t)sp->n_dim - 1)];
+        if (d->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE)
+            d->dim_value = 1 + mut_rand(20);
+        return;
+    }
+    case 3: /* another op of the same arity */
+        for (size_t g = 0; g < sizeof(swap_groups) / sizeof(swap_groups[0]); g++)
+            for (int k = 0; k < 5; k++)
+                if (strcmp(nd->op_type, swap_groups[g][k]) == 0) {
+                    point(&nd->op_type, (char *)swap_groups[g][mut_rand(5)], undo, n_undo);
+                    return;
+                }
+        return;
+    default: { /* rewire a data input to another node's output or the input */
+        if (nd->n_input == 0)
+            return;
+        Onnx__NodeProto *from = gp->node[mut_rand((uint32_t)gp->n_node)];
+        char *name = from->n_output > 0 && mut_rand(4) ? from->output[0] : gp->input[0]->name;
+        point(&nd->input[0], name, undo, n_undo);
+        return;
+    }
+    }
+}
+
+Test(lower, mutated_graphs_the_importer_accepts_run_at_every_batch, .timeout = 600)
+{
+    static const char *const seeds[] = {
+        "depthwise", "nhwc", "pads", "ssd_heads", "constant_of_shape_fixed", "concat8", "heads"};
+    const char *dir = getenv("SQUISH_ORT_GRAPHS");
+    cr_assert_not_null(dir, "SQUISH_ORT_GRAPHS is not set");
+    int accepted = 0, refused = 0;
+    for (int iter = 0; iter < 280; iter++) {
+        char path[1024];
+        size_t len;
+        snprintf(path, sizeof(path), "%s/%s.onnx", dir, seeds[iter % 7]);
+        uint8_t *bytes = read_file(path, &len);
+        cr_assert_not_null(bytes, "missing %s (made by tests/worker/ort_graphs.py)", path);
+        Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, bytes);
+        free(bytes);
+        cr_assert_not_null(m);
+        swapped_t undo[4];
+        int n_undo = 0;
+        for (int k = 1 + (int)mut_rand(3); k > 0; k--)
+            mutate(m, undo, &n_undo);
+        len = onnx__model_proto__get_packed_size(m);
+        bytes = malloc(len + 1);
+        onnx__model_proto__pack(m, bytes);
+        while (n_undo > 0) {
+            n_undo--;
+            *undo[n_undo].slot = undo[n_undo].orig;
+        }
+        onnx__model_proto__free_unpacked(m, NULL);
+        mdb_graph_t *g = NULL;
+        mdb_import_error_t err;
+        int rc = mdb_onnx_import(bytes, len, &g, &err);
+        free(bytes);
+        if (rc != 0) {
+            refused++;
+            cr_assert(rc == SQ_BAD_MODEL || rc == SQ_UNSUPPORTED_MODEL, "rc %d", rc);
+            continue;
+        }
+        accepted++;
+        wk_plan_opts_t o = wk_plan_opts_default();
+        o.max_batch = 3;
+        wk_plan_t *p = NULL;
+        char why[512] = "";
+        rc = wk_plan_create(g, &o, &p, why, sizeof(why));
+        cr_assert_eq(rc, 0, "iteration %d (%s): the importer accepted what the worker refuses: %s",
+                     iter, seeds[iter % 7], why);
+        int n_out = wk_plan_n_outputs(p), max_batch = wk_plan_max_batch(p);
+        int64_t in_elems = wk_plan_input_elems(p, 0) * max_batch;
+        float *in = malloc((size_t)in_elems * sizeof(float) + 4);
+        for (int64_t i = 0; i < in_elems; i++)
+            in[i] = (float)mut_rand(2000) / 1000.0f - 1.0f;
+        float *outs[16];
+        for (int i = 0; i < n_out; i++)
+            outs[i] = malloc((size_t)(wk_plan_output_elems(p, i) * max_batch) * sizeof(float) + 4);
+        for (int batch = 1; batch <= max_batch; batch++)
+            cr_assert_eq(wk_plan_run(p, batch, (const float *[]){in}, outs), 0,
+                         "iteration %d batch %d: %s", iter, batch, wk_plan_errmsg(p));
+        for (int i = 0; i < n_out; i++)
+            free(outs[i]);
+        free(in);
+        wk_plan_free(p);
+        mdb_graph_free(g);
+    }
+    cr_assert_gt(accepted, 20, "accepted %d, refused %d", accepted, refused);
+    cr_assert_gt(refused, 0);
+}
