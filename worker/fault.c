@@ -10,7 +10,7 @@
 
 #define MAX_FAULTS 8
 
-static const char *const point_names[] = {"load", "profile", "run"};
+static const char *const point_names[] = {"load", "profile", "run", "refuse"};
 
 static struct {
     int point;
@@ -33,7 +33,7 @@ static void parse(void)
         if (colon == NULL || strlen(colon + 1) < 8 || strlen(colon + 1) > 64)
             continue;
         *colon = '\0';
-        for (int p = 0; p < 3; p++) {
+        for (int p = 0; p < 4; p++) {
             if (strcmp(tok, point_names[p]) == 0) {
                 faults[nfaults].point = p;
                 snprintf(faults[nfaults].sha, sizeof(faults[nfaults].sha), "%s", colon + 1);
@@ -45,16 +45,21 @@ static void parse(void)
         SQ_WARN("fault injection armed faults=%d (SQUISH_WORKER_FAULT)", nfaults);
 }
 
-void wk_fault_check(wk_fault_point_t point, const char *sha256)
+int wk_fault_check(wk_fault_point_t point, const char *sha256)
 {
     pthread_once(&once, parse);
     if (sha256 == NULL)
-        return;
+        return 0;
     for (int i = 0; i < nfaults; i++) {
         if (faults[i].point == (int)point &&
             strncmp(sha256, faults[i].sha, strlen(faults[i].sha)) == 0) {
+            if (point == WK_FAULT_REFUSE) {
+                SQ_WARN("injected fault: refusing sha256=%.12s", sha256);
+                return 1;
+            }
             SQ_WARN("injected fault: crashing point=%s sha256=%.12s", point_names[point], sha256);
             raise(SIGSEGV);
         }
     }
+    return 0;
 }

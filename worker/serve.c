@@ -265,6 +265,10 @@ static void do_load(server_t *s, job_t *j)
     const sq_model_load_t *spec = j->load;
     char why[512] = "";
     wk_fault_check(WK_FAULT_LOAD, spec->sha256);
+    if (wk_fault_check(WK_FAULT_REFUSE, spec->sha256)) {
+        reply_failed(s, j->id, SQ_UNSUPPORTED_MODEL, "injected refusal (SQUISH_WORKER_FAULT)");
+        return;
+    }
     wk_plan_opts_t opts = wk_plan_opts_default();
     opts.backend = backend_of(&s->o.dev);
     opts.device_index = s->o.dev.index;

@@ -1,15 +1,18 @@
 /* Fault injection for tests of squishd's supervision: a worker started with
  *   SQUISH_WORKER_FAULT=POINT:SHA[,POINT:SHA...]
- * (POINT one of load, profile, run; SHA a prefix of a model file's sha256,
- * at least 8 hex digits) dies of SIGSEGV when it reaches that point for that
- * file, as a worker would on a model that crashes its backend. Unset (the
- * default, and in production) it does nothing. Read once, at the first call. */
+ * (POINT one of load, profile, run, refuse; SHA a prefix of a model file's
+ * sha256, at least 8 hex digits) dies of SIGSEGV when it reaches that point
+ * for that file, as a worker would on a model that crashes its backend;
+ * "refuse" makes its load answer MODEL_FAILED instead, as a backend that
+ * cannot run the graph would. Unset (the default, and in production) it
+ * does nothing. Read once, at the first call. */
 #ifndef WK_FAULT_H
 #define WK_FAULT_H
 
-typedef enum { WK_FAULT_LOAD, WK_FAULT_PROFILE, WK_FAULT_RUN } wk_fault_point_t;
+typedef enum { WK_FAULT_LOAD, WK_FAULT_PROFILE, WK_FAULT_RUN, WK_FAULT_REFUSE } wk_fault_point_t;
 
-/* Crashes the process if a fault is set for (point, sha256). */
-void wk_fault_check(wk_fault_point_t point, const char *sha256);
+/* Crashes the process if a fault is set for (point, sha256); for
+ * WK_FAULT_REFUSE returns 1 instead (0 when no fault is set). */
+int wk_fault_check(wk_fault_point_t point, const char *sha256);
 
 #endif

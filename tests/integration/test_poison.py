@@ -198,9 +198,32 @@ def a_model_that_crashes_its_worker_while_running_is_marked_failed():
 
 @test
 def a_model_the_worker_refuses_fails_at_once_and_the_worker_stays():
+    """A refusal (MODEL_FAILED) is an answer: squishd used to read it as a
+    protocol error, kill the worker and send the model again, forever."""
+    bad = tm.tiny(9)
+    sha = hashlib.sha256(bad).hexdigest()
+    s = Squishd(workers="cpu:1", env={"SQUISH_WORKER_FAULT": "refuse:" + sha[:16]})
+    try:
+        s.wait_ready(1, 20)
+        assert upload(s, "refused", bad).status == 202
+        wait_status(s, "refused", "failed", 30)
+        assert "injected refusal" in status(s, "refused")[1], status(s, "refused")
+        r = infer(s, "refused")
+        assert r.status == 409 and r.json["code"] == "model_failed", r
+        assert upload(s, "fine", tm.tiny(1)).status == 202
+        wait_status(s, "fine", "ready", 60)
+        assert infer(s, "fine").status == 200
+        no_endless_loop(s, 1.0)
+        assert restarts(s) == 0 and "protocol_error" not in s.read_log(), s.read_log()[-3000:]
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+@test
+def a_graph_the_worker_cannot_run_is_refused_at_upload():
     # Nine inputs to one Concat: more than the lowering takes. The importer
-    # should refuse it at upload (422); if it lets one through, the worker's
-    # refusal must fail it, not kill the worker.
+    # refuses it at upload (one list of limits with the worker's lowering).
     from onnx import TensorProto, helper
     nodes = [helper.make_node("Concat", ["input"] * 9, ["cat"], axis=1),
              helper.make_node("GlobalAveragePool", ["cat"], ["g"]),
@@ -213,12 +236,8 @@ def a_model_the_worker_refuses_fails_at_once_and_the_worker_stays():
     try:
         s.wait_ready(1, 20)
         r = upload(s, "c9", blob)
-        assert r.status in (202, 422), r
-        if r.status == 422:
-            assert r.json["code"] == "unsupported_model" and "Concat" in r.json["error"], r
-        else:
-            wait_status(s, "c9", "failed", 30)
-            assert "Concat" in status(s, "c9")[1]
+        assert r.status == 422, r
+        assert r.json["code"] == "unsupported_model" and "Concat" in r.json["error"], r
         no_endless_loop(s, 1.0)
         assert restarts(s) == 0, s.read_log()[-3000:]
         assert "protocol_error" not in s.read_log()
