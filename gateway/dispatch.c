@@ -475,7 +475,7 @@ static void on_blob(sq_loop_t *loop, void *arg)
         SQ_ERROR("cannot read model bytes key=%lld", (long long)j->key);
     } else {
         dm->blob_state = 2;
-        dm->blob = j->bytes;
+        dm->blob = sq_bytes_adopt(j->bytes, j->len);
         dm->blob_len = j->len;
     }
     for (int i = 0; i < ds->nworkers; i++) {
@@ -528,15 +528,17 @@ static int send_spec(gw_dispatch_t *ds, ds_worker_t *w, int64_t key, const sq_mo
 }
 
 /* The file's bytes in MODEL_CHUNK frames after its MODEL_LOAD; the worker
- * keeps them by sha256 for the life of the connection. */
+ * keeps them by sha256 for the life of the connection. The frames borrow
+ * the file (no copy): the loop goes on while the socket drains. */
 static int send_chunks(gw_dispatch_t *ds, ds_worker_t *w, int64_t key, const char *sha,
-                       const uint8_t *bytes, size_t len)
+                       sq_bytes_t *bytes)
 {
     int rc = 0;
+    size_t len = bytes->len;
     for (size_t off = 0; off < len && rc == 0; off += SQ_MODEL_CHUNK_BYTES) {
         size_t n = len - off < SQ_MODEL_CHUNK_BYTES ? len - off : SQ_MODEL_CHUNK_BYTES;
-        rc = gw_workers_send(ds->srv->workers, w->id, SQ_MSG_MODEL_CHUNK, (uint64_t)key,
-                             bytes + off, (uint32_t)n);
+        rc = gw_workers_send_ref(ds->srv->workers, w->id, SQ_MSG_MODEL_CHUNK, (uint64_t)key, bytes,
+                                 off, (uint32_t)n);
     }
     if (rc == 0) {
         w->shas = sq_xrealloc(w->shas, sizeof(*w->shas) * (size_t)(w->nshas + 1));
@@ -592,7 +594,7 @@ static void send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
     int rc = send_spec(ds, w, dm->key, spec);
     free(spec);
     if (rc == 0 && need_bytes && !cached)
-        rc = send_chunks(ds, w, dm->key, m->sha256, dm->blob, dm->blob_len);
+        rc = send_chunks(ds, w, dm->key, m->sha256, dm->blob);
     l->state = rc == 0 ? LOAD_SENT : LOAD_FAILED;
     SQ_INFO("model load sent worker=%d device=%s model=%s version=%d bytes=%zu cached=%d", w->id,
             w->device, m->name, m->version, need_bytes && !cached ? dm->blob_len : 0, cached);
@@ -836,7 +838,7 @@ static ds_model_t *group_of(gw_dispatch_t *ds, ds_model_t *dm)
 static void group_free_blobs(ds_model_t *g)
 {
     for (int i = 0; g->member_blobs != NULL && i < g->nmembers; i++)
-        free(g->member_blobs[i]);
+        sq_bytes_unref(g->member_blobs[i]);
     free(g->member_blobs);
     free(g->member_lens);
     g->member_blobs = NULL;
@@ -896,7 +898,7 @@ static void on_group_blob(sq_loop_t *loop, void *arg)
     g->member_blobs = sq_xcalloc((size_t)j->n, sizeof(*g->member_blobs));
     g->member_lens = sq_xcalloc((size_t)j->n, sizeof(*g->member_lens));
     for (int i = 0; i < j->n; i++) {
-        g->member_blobs[i] = j->bytes[i];
+        g->member_blobs[i] = sq_bytes_adopt(j->bytes[i], j->lens[i]);
         g->member_lens[i] = j->lens[i];
     }
     g->blob_state = 2;
@@ -957,7 +959,7 @@ static void send_group_load(gw_dispatch_t *ds, ds_model_t *g, ds_worker_t *w)
         spec->max_batch = 1;
         rc = send_spec(ds, w, g->key, spec);
         if (rc == 0)
-            rc = send_chunks(ds, w, g->key, mm->sha256, g->member_blobs[i], g->member_lens[i]);
+            rc = send_chunks(ds, w, g->key, mm->sha256, g->member_blobs[i]);
         sent += g->member_lens[i];
     }
     const gw_model_t *gm = g->m;
@@ -1482,7 +1484,7 @@ static void on_model_changed(sq_loop_t *loop, void *arg)
             dm->removed = 1;
             fail_pending(ds, dm, SQ_MODEL_NOT_FOUND, "the model was deleted");
             withdraw(ds, dm);
-            free(dm->blob);
+            sq_bytes_unref(dm->blob);
             dm->blob = NULL;
             dm->blob_state = 0;
             if (dm->kind >= 0)
@@ -1610,7 +1612,7 @@ void gw_dispatch_free(gw_dispatch_t *ds)
             gw_model_unref(dm->members[k]);
         free(dm->members);
         group_free_blobs(dm);
-        free(dm->blob);
+        sq_bytes_unref(dm->blob);
         free(dm->pending);
         free(dm);
     }

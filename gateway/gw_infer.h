@@ -96,5 +96,9 @@ void gw_dispatch_abort_all(gw_dispatch_t *ds);
 /* workers.c: sends a frame to worker (dispatch thread only). */
 int gw_workers_send(gw_workers_t *ws, int worker, uint16_t type, uint64_t id, const void *payload,
                     uint32_t len);
+/* workers.c: sends a frame whose payload is bytes[off, off + len) without
+ * copying it (the connection holds a reference until it is written). */
+int gw_workers_send_ref(gw_workers_t *ws, int worker, uint16_t type, uint64_t id, sq_bytes_t *bytes,
+                        size_t off, uint32_t len);
 
 #endif

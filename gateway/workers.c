@@ -369,20 +369,40 @@ static int on_frame(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
     }
 }
 
+static peer_t *peer_of(gw_workers_t *ws, int worker)
+{
+    for (peer_t *p = ws->peers; p != NULL; p = p->next)
+        if (p->welcomed && p->id == worker)
+            return p;
+    return NULL;
+}
+
+/* After queueing: what the socket did not take waits for EPOLLOUT. */
+static int sent(gw_workers_t *ws, peer_t *p, int rc)
+{
+    if (rc < 0)
+        return rc;
+    if (sq_conn_pending(&p->conn))
+        sq_loop_modify(ws->loop, p->conn.fd, SQ_EV_READ | SQ_EV_WRITE);
+    return 0;
+}
+
 int gw_workers_send(gw_workers_t *ws, int worker, uint16_t type, uint64_t id, const void *payload,
                     uint32_t len)
 {
-    for (peer_t *p = ws->peers; p != NULL; p = p->next) {
-        if (!p->welcomed || p->id != worker)
-            continue;
-        int rc = sq_conn_send(&p->conn, type, id, payload, len);
-        if (rc < 0)
-            return rc;
-        if (p->conn.out.len > 0)
-            sq_loop_modify(ws->loop, p->conn.fd, SQ_EV_READ | SQ_EV_WRITE);
-        return 0;
-    }
-    return SQ_NO_WORKER;
+    peer_t *p = peer_of(ws, worker);
+    if (p == NULL)
+        return SQ_NO_WORKER;
+    return sent(ws, p, sq_conn_send(&p->conn, type, id, payload, len));
+}
+
+int gw_workers_send_ref(gw_workers_t *ws, int worker, uint16_t type, uint64_t id, sq_bytes_t *bytes,
+                        size_t off, uint32_t len)
+{
+    peer_t *p = peer_of(ws, worker);
+    if (p == NULL)
+        return SQ_NO_WORKER;
+    return sent(ws, p, sq_conn_send_ref(&p->conn, type, id, bytes, off, len));
 }
 
 static void on_peer_io(sq_loop_t *loop, int fd, int events, void *data)
@@ -390,11 +410,17 @@ static void on_peer_io(sq_loop_t *loop, int fd, int events, void *data)
     peer_t *p = data;
     gw_workers_t *ws = p->ws;
     if (events & SQ_EV_WRITE) {
+        uint64_t before = p->conn.bytes_written;
         int rc = sq_conn_flush(&p->conn);
         if (rc < 0) {
             peer_close(ws, p, "write_error");
             return;
         }
+        /* A worker that takes our bytes is reading its socket: alive, even
+         * though the PINGs queued behind a model file reach it only after
+         * the file. */
+        if (p->conn.bytes_written != before)
+            p->last_heard_ns = sq_now_ns();
         sq_loop_modify(loop, fd, SQ_EV_READ | (rc == 1 ? SQ_EV_WRITE : 0));
     }
     if (!(events & SQ_EV_READ))
@@ -420,7 +446,7 @@ static void on_peer_io(sq_loop_t *loop, int fd, int events, void *data)
         peer_close(ws, p, "bad_frame");
         return;
     }
-    if (p->conn.out.len > 0)
+    if (sq_conn_pending(&p->conn))
         sq_loop_modify(loop, fd, SQ_EV_READ | SQ_EV_WRITE);
 }
 
@@ -469,7 +495,7 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
             peer_close(ws, p, "write_error");
             continue;
         }
-        if (p->conn.out.len > 0)
+        if (sq_conn_pending(&p->conn))
             sq_loop_modify(loop, p->conn.fd, SQ_EV_READ | SQ_EV_WRITE);
     }
     if (ws->stopping) {
