@@ -59,6 +59,8 @@ typedef struct {
         sq_model_load_t *spec;
         uint8_t *bytes;
         size_t have;
+        mdb_sha256_t *digest; /* of the chunks so far */
+        int64_t started_ns;
     } rx;
     cached_t *cache;
     /* execution thread */
@@ -84,7 +86,7 @@ static void send_reply(sq_loop_t *loop, void *arg)
     server_t *s = r->srv;
     if (s->exit_status < 0 &&
         sq_conn_send(s->conn, r->type, r->id, r->payload.data, (uint32_t)r->payload.len) == 0 &&
-        s->conn->out.len > 0)
+        sq_conn_pending(s->conn))
         sq_loop_modify(loop, s->conn->fd, SQ_EV_READ | SQ_EV_WRITE);
     sq_buf_dispose(&r->payload);
     free(r);
@@ -245,6 +247,7 @@ static void do_load(server_t *s, job_t *j)
     }
     wk_plan_t *plan = NULL;
     wk_group_t *group = NULL;
+    int64_t started_ns = sq_now_ns(), import_ms = 0;
     int rc;
     if (spec->format == SQ_FORMAT_GROUP) {
         rc = load_group(j, &opts, &group, why, sizeof(why));
@@ -266,6 +269,7 @@ static void do_load(server_t *s, job_t *j)
         mdb_graph_t *g = NULL;
         mdb_import_error_t ierr;
         rc = mdb_onnx_import(j->bytes, j->nbytes, &g, &ierr);
+        import_ms = (sq_now_ns() - started_ns) / 1000000;
         if (rc != 0)
             snprintf(why, sizeof(why), "import: %s %s", ierr.detail, ierr.ops);
         else
@@ -302,9 +306,10 @@ static void do_load(server_t *s, job_t *j)
     sq_model_loaded_encode(&r->payload, &loaded);
     reply_post(s, r);
     SQ_INFO("model loaded key=%llu sha256=%.12s backend=%s max_batch=%d memory_mb=%llu "
-            "members=%u",
+            "members=%u import_ms=%lld load_ms=%lld",
             (unsigned long long)j->id, spec->sha256, wk_backend_name(opts.backend),
-            model_max_batch(m), (unsigned long long)(loaded.memory_bytes >> 20), spec->n_members);
+            model_max_batch(m), (unsigned long long)(loaded.memory_bytes >> 20), spec->n_members,
+            (long long)import_ms, (long long)((sq_now_ns() - started_ns) / 1000000));
 }
 
 static uint8_t *staging(server_t *s, size_t n)
@@ -647,8 +652,12 @@ static void queue_group_load(server_t *s, uint64_t key, sq_model_load_t *spec)
 static void rx_complete(server_t *s)
 {
     char sha[65];
-    mdb_sha256_hex(s->rx.bytes, s->rx.have, sha);
+    mdb_sha256_end(s->rx.digest, sha);
+    s->rx.digest = NULL;
     sq_model_load_t *spec = s->rx.spec;
+    SQ_INFO("model file received key=%llu sha256=%.12s bytes=%zu receive_ms=%lld",
+            (unsigned long long)s->rx.key, sha, s->rx.have,
+            (long long)((sq_now_ns() - s->rx.started_ns) / 1000000));
     uint64_t key = s->rx.key;
     if (strcmp(sha, spec->sha256) != 0) {
         reply_failed(s, key, SQ_PROTOCOL, "model bytes do not match their sha256");
@@ -720,7 +729,10 @@ static int handle_frame(server_t *s, const sq_frame_t *f)
         s->rx.spec = spec;
         s->rx.bytes = malloc(spec->total_bytes);
         s->rx.have = 0;
+        s->rx.digest = mdb_sha256_begin();
+        s->rx.started_ns = sq_now_ns();
         if (s->rx.bytes == NULL) {
+            mdb_sha256_free(s->rx.digest);
             reply_failed(s, f->id, SQ_NOMEM, "cannot hold the model file");
             free(spec);
             memset(&s->rx, 0, sizeof(s->rx));
@@ -732,7 +744,11 @@ static int handle_frame(server_t *s, const sq_frame_t *f)
             return 0;
         if (f->id != s->rx.key || s->rx.have + f->len > s->rx.spec->total_bytes)
             return -1;
+        /* Hashed chunk by chunk: the digest of a whole 500 MB file at the
+         * end would hold this thread (and its PONGs) for a second or more
+         * on a CPU without SHA extensions. */
         memcpy(s->rx.bytes + s->rx.have, f->payload, f->len);
+        mdb_sha256_update(s->rx.digest, f->payload, f->len);
         s->rx.have += f->len;
         if (s->rx.have == s->rx.spec->total_bytes)
             rx_complete(s);
@@ -814,7 +830,7 @@ static void on_socket(sq_loop_t *loop, int fd, int events, void *data)
         finish(s, 1);
         return;
     }
-    if (s->conn->out.len > 0)
+    if (sq_conn_pending(s->conn))
         sq_loop_modify(loop, fd, SQ_EV_READ | SQ_EV_WRITE);
 }
 
@@ -860,6 +876,7 @@ int wk_serve(const wk_serve_opts_t *opts)
     }
     free(s.rx.bytes);
     free(s.rx.spec);
+    mdb_sha256_free(s.rx.digest);
     free(s.staging);
     sq_loop_run_posts(s.loop); /* replies still posted are dropped (exit_status set) */
     sq_loop_free(s.loop);
