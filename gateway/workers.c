@@ -66,6 +66,7 @@ struct peer {
     sq_hello_t hello;
     int64_t accepted_ns;
     int64_t last_heard_ns;
+    uint64_t written_at_tick; /* conn.bytes_written at the last heartbeat tick */
 };
 
 struct gw_workers {
@@ -410,17 +411,11 @@ static void on_peer_io(sq_loop_t *loop, int fd, int events, void *data)
     peer_t *p = data;
     gw_workers_t *ws = p->ws;
     if (events & SQ_EV_WRITE) {
-        uint64_t before = p->conn.bytes_written;
         int rc = sq_conn_flush(&p->conn);
         if (rc < 0) {
             peer_close(ws, p, "write_error");
             return;
         }
-        /* A worker that takes our bytes is reading its socket: alive, even
-         * though the PINGs queued behind a model file reach it only after
-         * the file. */
-        if (p->conn.bytes_written != before)
-            p->last_heard_ns = sq_now_ns();
         sq_loop_modify(loop, fd, SQ_EV_READ | (rc == 1 ? SQ_EV_WRITE : 0));
     }
     if (!(events & SQ_EV_READ))
@@ -486,6 +481,13 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
             if (now - p->accepted_ns > (int64_t)HANDSHAKE_TIMEOUT_MS * 1000000)
                 peer_close(ws, p, "handshake_timeout");
             continue;
+        }
+        /* A worker that took bytes from its socket since the last tick is
+         * reading it: alive, though the PINGs queued behind a model file
+         * reach it (and its PONGs come back) only after the file. */
+        if (p->conn.bytes_written != p->written_at_tick) {
+            p->written_at_tick = p->conn.bytes_written;
+            p->last_heard_ns = now;
         }
         if (now - p->last_heard_ns > (int64_t)cfg->heartbeat_timeout_ms * 1000000) {
             peer_close(ws, p, "heartbeat_timeout");
