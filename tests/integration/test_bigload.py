@@ -92,6 +92,14 @@ def expected_logits(x, w1, b1, big, fc_w, fc_b):
     return fc_w @ hidden + fc_b
 
 
+def peak_rss_mb(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) // 1024
+    return -1
+
+
 def restarts(s):
     total = 0.0
     for line in s.get("/metrics").raw.decode().splitlines():
@@ -165,6 +173,8 @@ def a_500_mb_model_loads_with_default_heartbeats_and_answers():
             assert restarts(s) == 0, "the worker was restarted"
             assert s.worker_pids().get("cpu") == pid
             assert log.count("model file received") == 1, "the file was sent more than once"
+            print("# peak RSS: squishd %d MB, worker %d MB"
+                  % (peak_rss_mb(s.proc.pid), peak_rss_mb(pid)), flush=True)
             assert s.stop() == 0
         finally:
             s.cleanup()
