@@ -1,6 +1,7 @@
 #include "sq_buf.h"
 #include "sq_alloc.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -121,6 +122,29 @@ void sq_buf_consume(sq_buf_t *b, size_t n)
     }
     memmove(b->data, b->data + n, b->len - n);
     b->len -= n;
+}
+
+sq_bytes_t *sq_bytes_adopt(void *data, size_t len)
+{
+    sq_bytes_t *b = sq_xmalloc(sizeof(*b));
+    atomic_init(&b->refs, 1);
+    b->len = len;
+    b->data = data;
+    return b;
+}
+
+sq_bytes_t *sq_bytes_ref(sq_bytes_t *b)
+{
+    atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);
+    return b;
+}
+
+void sq_bytes_unref(sq_bytes_t *b)
+{
+    if (b == NULL || atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    free(b->data);
+    free(b);
 }
 
 void sq_reader_init(sq_reader_t *r, const void *p, size_t n)

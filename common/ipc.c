@@ -1,8 +1,11 @@
 #include "sq_ipc.h"
+#include "sq_alloc.h"
 #include "sq_error.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <poll.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -19,13 +22,18 @@ const char *sq_msg_name(unsigned type)
     return NULL;
 }
 
-void sq_frame_encode(sq_buf_t *out, uint16_t type, uint64_t id, const void *payload, uint32_t len)
+static void frame_header(uint8_t h[SQ_IPC_HEADER_SIZE], uint16_t type, uint64_t id, uint32_t len)
 {
-    uint8_t h[SQ_IPC_HEADER_SIZE];
     sq_put_le32(h, len);
     sq_put_le16(h + 4, type);
     sq_put_le16(h + 6, 0);
     sq_put_le64(h + 8, id);
+}
+
+void sq_frame_encode(sq_buf_t *out, uint16_t type, uint64_t id, const void *payload, uint32_t len)
+{
+    uint8_t h[SQ_IPC_HEADER_SIZE];
+    frame_header(h, type, id, len);
     sq_buf_put(out, h, sizeof(h));
     sq_buf_put(out, payload, len);
 }
@@ -50,12 +58,30 @@ int sq_frame_decode(const uint8_t *data, size_t len, sq_frame_t *f, size_t *cons
     return 1;
 }
 
+/* Output past this size is given back once written, so that a connection
+ * that once queued a large frame does not hold its buffer for life. */
+#define OUT_KEEP_BYTES (1u << 20)
+/* Most buffer pieces one sendmsg takes. */
+#define FLUSH_IOVECS 64
+
 void sq_conn_init(sq_conn_t *c, int fd)
 {
     memset(c, 0, sizeof(*c));
     c->fd = fd;
     sq_buf_init(&c->in);
     sq_buf_init(&c->out);
+    c->refs_tail = &c->refs;
+}
+
+static void drop_refs(sq_conn_t *c)
+{
+    for (sq_conn_ref_t *r = c->refs, *next; r != NULL; r = next) {
+        next = r->next;
+        sq_bytes_unref(r->bytes);
+        free(r);
+    }
+    c->refs = NULL;
+    c->refs_tail = &c->refs;
 }
 
 void sq_conn_dispose(sq_conn_t *c)
@@ -66,12 +92,22 @@ void sq_conn_dispose(sq_conn_t *c)
     for (int i = 0; i < c->nfds; i++)
         close(c->fds[i]);
     c->nfds = 0;
+    drop_refs(c);
     sq_buf_dispose(&c->in);
     sq_buf_dispose(&c->out);
 }
 
 int sq_conn_read(sq_conn_t *c)
 {
+    /* Frames handed out are done with: move what is left (at most the
+     * frames not yet handed out) to the front, once per read. */
+    c->in_off += c->in_consumed;
+    c->in_consumed = 0;
+    if (c->in_off > 0) {
+        memmove(c->in.data, c->in.data + c->in_off, c->in.len - c->in_off);
+        c->in.len -= c->in_off;
+        c->in_off = 0;
+    }
     int total = 0;
     for (;;) {
         sq_buf_reserve(&c->in, 65536);
@@ -116,39 +152,124 @@ int sq_conn_read(sq_conn_t *c)
 
 int sq_conn_next(sq_conn_t *c, sq_frame_t *f)
 {
-    if (c->in_consumed > 0) {
-        sq_buf_consume(&c->in, c->in_consumed);
-        c->in_consumed = 0;
+    c->in_off += c->in_consumed;
+    c->in_consumed = 0;
+    if (c->in_off == c->in.len) {
+        c->in.len = c->in_off = 0;
+        return 0;
     }
     size_t used = 0;
-    int rc = sq_frame_decode(c->in.data, c->in.len, f, &used);
+    int rc = sq_frame_decode(c->in.data + c->in_off, c->in.len - c->in_off, f, &used);
     if (rc == 1)
         c->in_consumed = used;
     return rc;
 }
 
+int sq_conn_pending(const sq_conn_t *c)
+{
+    return c->out_off < c->out.len || c->refs != NULL;
+}
+
+/* Marks n written bytes as sent: the buffer's up to the next borrowed
+ * payload, then that payload, and so on. */
+static void advance(sq_conn_t *c, size_t n)
+{
+    c->bytes_written += n;
+    while (n > 0) {
+        sq_conn_ref_t *r = c->refs;
+        size_t owned_end = r != NULL ? r->at : c->out.len;
+        if (c->out_off < owned_end) {
+            size_t k = owned_end - c->out_off < n ? owned_end - c->out_off : n;
+            c->out_off += k;
+            n -= k;
+            continue;
+        }
+        size_t k = r->len < n ? r->len : n;
+        r->p += k;
+        r->len -= k;
+        n -= k;
+        if (r->len == 0) {
+            c->refs = r->next;
+            if (c->refs == NULL)
+                c->refs_tail = &c->refs;
+            sq_bytes_unref(r->bytes);
+            free(r);
+        }
+    }
+}
+
 int sq_conn_flush(sq_conn_t *c)
 {
-    size_t off = 0;
-    while (off < c->out.len) {
-        ssize_t n = send(c->fd, c->out.data + off, c->out.len - off, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n < 0) {
+    int rc = 0;
+    while (sq_conn_pending(c)) {
+        struct iovec iov[FLUSH_IOVECS];
+        int n = 0;
+        size_t pos = c->out_off;
+        const sq_conn_ref_t *r = c->refs;
+        for (; r != NULL && n < FLUSH_IOVECS - 1; r = r->next) {
+            if (r->at > pos) {
+                iov[n++] = (struct iovec){.iov_base = c->out.data + pos, .iov_len = r->at - pos};
+                pos = r->at;
+            }
+            iov[n++] = (struct iovec){.iov_base = (void *)r->p, .iov_len = r->len};
+        }
+        if (r == NULL && pos < c->out.len && n < FLUSH_IOVECS)
+            iov[n++] = (struct iovec){.iov_base = c->out.data + pos, .iov_len = c->out.len - pos};
+        struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
+        ssize_t w = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0) {
             if (errno == EINTR)
                 continue;
-            if (errno == EAGAIN || errno == EWOULDBLOCK)
-                break;
-            sq_buf_consume(&c->out, off);
-            return -errno;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                rc = -errno;
+            break;
         }
-        off += (size_t)n;
+        advance(c, (size_t)w);
     }
-    sq_buf_consume(&c->out, off);
-    return c->out.len > 0 ? 1 : 0;
+    if (!sq_conn_pending(c)) {
+        c->out.len = c->out_off = 0;
+        if (c->out.cap > OUT_KEEP_BYTES)
+            sq_buf_dispose(&c->out);
+    }
+    return rc < 0 ? rc : sq_conn_pending(c);
+}
+
+/* Before appending: once more than half of the buffer is written, move
+ * the rest to the front (amortized constant per byte). */
+static void out_compact(sq_conn_t *c)
+{
+    if (c->out_off == 0 || c->out_off < c->out.len / 2)
+        return;
+    memmove(c->out.data, c->out.data + c->out_off, c->out.len - c->out_off);
+    for (sq_conn_ref_t *r = c->refs; r != NULL; r = r->next)
+        r->at -= c->out_off;
+    c->out.len -= c->out_off;
+    c->out_off = 0;
 }
 
 int sq_conn_send(sq_conn_t *c, uint16_t type, uint64_t id, const void *payload, uint32_t len)
 {
+    out_compact(c);
     sq_frame_encode(&c->out, type, id, payload, len);
+    int rc = sq_conn_flush(c);
+    return rc < 0 ? rc : 0;
+}
+
+int sq_conn_send_ref(sq_conn_t *c, uint16_t type, uint64_t id, sq_bytes_t *bytes, size_t off,
+                     uint32_t len)
+{
+    assert(off <= bytes->len && len <= bytes->len - off);
+    out_compact(c);
+    uint8_t h[SQ_IPC_HEADER_SIZE];
+    frame_header(h, type, id, len);
+    sq_buf_put(&c->out, h, sizeof(h));
+    if (len > 0) {
+        sq_conn_ref_t *r = sq_xmalloc(sizeof(*r));
+        *r = (sq_conn_ref_t){
+            .at = c->out.len, .bytes = sq_bytes_ref(bytes), .p = bytes->data + off, .len = len};
+        *c->refs_tail = r;
+        c->refs_tail = &r->next;
+    }
     int rc = sq_conn_flush(c);
     return rc < 0 ? rc : 0;
 }

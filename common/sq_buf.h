@@ -28,6 +28,24 @@ void sq_buf_put_bytes(sq_buf_t *b, const void *p, uint32_t n);
 /* Drops the first n bytes. */
 void sq_buf_consume(sq_buf_t *b, size_t n);
 
+/* Immutable bytes shared by reference count: a model file that squishd's
+ * dispatcher keeps and that worker connections send without copying it
+ * (sq_conn_send_ref). Whoever holds a reference may read data[0..len);
+ * the last sq_bytes_unref frees it. References may be taken and dropped on
+ * any thread. */
+typedef struct {
+    _Atomic long refs;
+    size_t len;
+    uint8_t *data;
+} sq_bytes_t;
+
+/* Takes ownership of data (malloc'd, or NULL when len is 0); one reference. */
+sq_bytes_t *sq_bytes_adopt(void *data, size_t len);
+/* Another reference to b; returns b. */
+sq_bytes_t *sq_bytes_ref(sq_bytes_t *b);
+/* Drops a reference; accepts NULL. */
+void sq_bytes_unref(sq_bytes_t *b);
+
 typedef struct {
     const uint8_t *p;
     size_t left;

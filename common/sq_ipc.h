@@ -68,28 +68,55 @@ void sq_frame_encode(sq_buf_t *out, uint16_t type, uint64_t id, const void *payl
  * SQ_PROTOCOL for an oversized frame, an unknown type or reserved flags. */
 int sq_frame_decode(const uint8_t *data, size_t len, sq_frame_t *f, size_t *consumed);
 
+/* A frame payload borrowed from shared bytes (sq_conn_send_ref): it goes
+ * out after the first `at` bytes of the output buffer. */
+typedef struct sq_conn_ref {
+    struct sq_conn_ref *next;
+    size_t at;
+    sq_bytes_t *bytes; /* one reference, dropped once sent */
+    const uint8_t *p;  /* what is left to send */
+    size_t len;
+} sq_conn_ref_t;
+
 /* One end of a connection: non-blocking fd, input and output buffers, and
- * any file descriptors received with SCM_RIGHTS. */
+ * any file descriptors received with SCM_RIGHTS.
+ *
+ * Both buffers are consumed by offset, never by moving what is left: a
+ * 500 MB model file goes through them in 1 MB frames, and moving the rest
+ * after each frame (or each write) costs time quadratic in the file. */
 typedef struct {
     int fd;
     sq_buf_t in;
-    sq_buf_t out;
+    size_t in_off;      /* bytes of in handed out as frames and done with */
     size_t in_consumed; /* bytes of the last frame handed out by sq_conn_next */
+    sq_buf_t out;
+    size_t out_off;                   /* bytes of out already written */
+    sq_conn_ref_t *refs, **refs_tail; /* borrowed payloads, in order */
+    uint64_t bytes_written;           /* ever: a peer that takes bytes is reading */
     int fds[SQ_IPC_MAX_FDS];
     int nfds;
 } sq_conn_t;
 
 void sq_conn_init(sq_conn_t *c, int fd);
-/* Closes the fd and any received fds not taken. */
+/* Closes the fd and any received fds not taken; drops borrowed payloads. */
 void sq_conn_dispose(sq_conn_t *c);
 /* Reads what the socket has. Returns the bytes read (>0), 0 at EOF, or
- * -EAGAIN when nothing is there, or another negative errno. */
+ * -EAGAIN when nothing is there, or another negative errno. Frames handed
+ * out earlier are invalid afterwards. */
 int sq_conn_read(sq_conn_t *c);
 /* Hands out the next whole frame from the input buffer: 1, 0 (need more) or
  * SQ_PROTOCOL. The frame stays valid until the next call. */
 int sq_conn_next(sq_conn_t *c, sq_frame_t *f);
 /* Queues a frame and tries to flush. Returns 0 or a negative errno. */
 int sq_conn_send(sq_conn_t *c, uint16_t type, uint64_t id, const void *payload, uint32_t len);
+/* Queues a frame whose payload is bytes[off, off + len), without copying
+ * it: the connection holds a reference to bytes until the payload is
+ * written (or the connection disposed), then tries to flush. Returns 0 or
+ * a negative errno. */
+int sq_conn_send_ref(sq_conn_t *c, uint16_t type, uint64_t id, sq_bytes_t *bytes, size_t off,
+                     uint32_t len);
+/* Whether output is queued (then wait for EPOLLOUT and flush). */
+int sq_conn_pending(const sq_conn_t *c);
 /* Writes as much queued output as the socket takes: 0 when all is out,
  * 1 when some is left (wait for EPOLLOUT), or a negative errno. */
 int sq_conn_flush(sq_conn_t *c);

@@ -170,6 +170,13 @@ static int link_send(gw_dispatch_t *ds, int worker, uint16_t type, uint64_t id, 
     return t != NULL ? t->send(t, worker, type, id, payload, len, regions, nregions) : SQ_NO_WORKER;
 }
 
+static int link_send_ref(gw_dispatch_t *ds, int worker, uint16_t type, uint64_t id,
+                         sq_bytes_t *bytes, size_t off, uint32_t len)
+{
+    gw_transport_t *t = ds->srv->transport;
+    return t != NULL ? t->send_ref(t, worker, type, id, bytes, off, len) : SQ_NO_WORKER;
+}
+
 /* ---- actions of the core ----------------------------------------------- */
 
 static void on_timer(sq_loop_t *loop, uint64_t id, void *data);
@@ -572,7 +579,7 @@ static void on_blob(sq_loop_t *loop, void *arg)
         SQ_ERROR("cannot read model bytes key=%lld", (long long)j->key);
     } else {
         dm->blob_state = 2;
-        dm->blob = j->bytes;
+        dm->blob = sq_bytes_adopt(j->bytes, j->len);
         dm->blob_len = j->len;
     }
     for (int i = 0; i < ds->nworkers; i++) {
@@ -625,15 +632,16 @@ static int send_spec(gw_dispatch_t *ds, ds_worker_t *w, int64_t key, const sq_mo
 }
 
 /* The file's bytes in MODEL_CHUNK frames after its MODEL_LOAD; the worker
- * keeps them by sha256 for the life of the connection. */
+ * keeps them by sha256 for the life of the connection. The frames borrow
+ * the file (no copy): the loop goes on while the socket drains. */
 static int send_chunks(gw_dispatch_t *ds, ds_worker_t *w, int64_t key, const char *sha,
-                       const uint8_t *bytes, size_t len)
+                       sq_bytes_t *bytes)
 {
     int rc = 0;
+    size_t len = bytes->len;
     for (size_t off = 0; off < len && rc == 0; off += SQ_MODEL_CHUNK_BYTES) {
         size_t n = len - off < SQ_MODEL_CHUNK_BYTES ? len - off : SQ_MODEL_CHUNK_BYTES;
-        rc = link_send(ds, w->id, SQ_MSG_MODEL_CHUNK, (uint64_t)key, bytes + off, (uint32_t)n, NULL,
-                       0);
+        rc = link_send_ref(ds, w->id, SQ_MSG_MODEL_CHUNK, (uint64_t)key, bytes, off, (uint32_t)n);
     }
     if (rc == 0) {
         w->shas = sq_xrealloc(w->shas, sizeof(*w->shas) * (size_t)(w->nshas + 1));
@@ -691,7 +699,7 @@ static void send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
     int rc = send_spec(ds, w, dm->key, spec);
     free(spec);
     if (rc == 0 && need_bytes && !cached)
-        rc = send_chunks(ds, w, dm->key, m->sha256, dm->blob, dm->blob_len);
+        rc = send_chunks(ds, w, dm->key, m->sha256, dm->blob);
     l->state = rc == 0 ? LOAD_SENT : LOAD_FAILED;
     l->sent_seq = ++w->job_seq;
     SQ_INFO("model load sent worker=%d device=%s model=%s version=%d bytes=%zu cached=%d", w->id,
@@ -1003,7 +1011,7 @@ static ds_model_t *group_of(gw_dispatch_t *ds, ds_model_t *dm)
 static void group_free_blobs(ds_model_t *g)
 {
     for (int i = 0; g->member_blobs != NULL && i < g->nmembers; i++)
-        free(g->member_blobs[i]);
+        sq_bytes_unref(g->member_blobs[i]);
     free(g->member_blobs);
     free(g->member_lens);
     g->member_blobs = NULL;
@@ -1063,7 +1071,7 @@ static void on_group_blob(sq_loop_t *loop, void *arg)
     g->member_blobs = sq_xcalloc((size_t)j->n, sizeof(*g->member_blobs));
     g->member_lens = sq_xcalloc((size_t)j->n, sizeof(*g->member_lens));
     for (int i = 0; i < j->n; i++) {
-        g->member_blobs[i] = j->bytes[i];
+        g->member_blobs[i] = sq_bytes_adopt(j->bytes[i], j->lens[i]);
         g->member_lens[i] = j->lens[i];
     }
     g->blob_state = 2;
@@ -1124,7 +1132,7 @@ static void send_group_load(gw_dispatch_t *ds, ds_model_t *g, ds_worker_t *w)
         spec->max_batch = 1;
         rc = send_spec(ds, w, g->key, spec);
         if (rc == 0)
-            rc = send_chunks(ds, w, g->key, mm->sha256, g->member_blobs[i], g->member_lens[i]);
+            rc = send_chunks(ds, w, g->key, mm->sha256, g->member_blobs[i]);
         sent += g->member_lens[i];
     }
     const gw_model_t *gm = g->m;
@@ -1870,7 +1878,7 @@ static void on_model_changed(sq_loop_t *loop, void *arg)
             dm->removed = 1;
             fail_pending(ds, dm, SQ_MODEL_NOT_FOUND, "the model was deleted");
             withdraw(ds, dm);
-            free(dm->blob);
+            sq_bytes_unref(dm->blob);
             dm->blob = NULL;
             dm->blob_state = 0;
             if (dm->kind >= 0)
@@ -2112,7 +2120,7 @@ void gw_dispatch_free(gw_dispatch_t *ds)
             gw_model_unref(dm->members[k]);
         free(dm->members);
         group_free_blobs(dm);
-        free(dm->blob);
+        sq_bytes_unref(dm->blob);
         free(dm->pending);
         free(dm);
     }

@@ -62,9 +62,9 @@ typedef struct ds_model {
     int64_t key;
     gw_model_t *m;
     int kind;
-    int active;     /* requested: loaded on every worker of its kind */
-    int blob_state; /* 0 none, 1 fetching, 2 have, 3 failed */
-    uint8_t *blob;
+    int active;       /* requested: loaded on every worker of its kind */
+    int blob_state;   /* 0 none, 1 fetching, 2 have, 3 failed */
+    sq_bytes_t *blob; /* the file; connections sending it hold references */
     size_t blob_len;
     int profile_pending; /* wants a profile on a cpu/cuda worker */
     int profile_worker;  /* -1 or the worker measuring it */
@@ -77,9 +77,9 @@ typedef struct ds_model {
     int is_group;
     int64_t group_id;
     int nmembers;
-    gw_model_t **members;   /* references, ordered by key */
-    int failed;             /* could not load or measure: members run alone */
-    uint8_t **member_blobs; /* while sending member files to workers */
+    gw_model_t **members;      /* references, ordered by key */
+    int failed;                /* could not load or measure: members run alone */
+    sq_bytes_t **member_blobs; /* while sending member files to workers */
     size_t *member_lens;
     char members_key[65]; /* its stored profile's key: digest of members' files and cuts */
     /* A model: its group, when one formed, and the group epoch it was

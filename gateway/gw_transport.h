@@ -30,6 +30,11 @@ struct gw_transport {
      * then reports the worker lost). */
     int (*send)(gw_transport_t *t, int worker, uint16_t type, uint64_t id, const void *payload,
                 uint32_t len, const gw_region_t *regions, int nregions);
+    /* The same with a payload borrowed from shared bytes (a model file):
+     * bytes[off, off + len) goes out without a copy; the link holds a
+     * reference until it is written. */
+    int (*send_ref)(gw_transport_t *t, int worker, uint16_t type, uint64_t id, sq_bytes_t *bytes,
+                    size_t off, uint32_t len);
 };
 
 /* What the link tells the dispatcher (ctx: the dispatcher's). */

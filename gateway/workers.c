@@ -69,6 +69,7 @@ struct peer {
     sq_hello_t hello;
     int64_t accepted_ns;
     int64_t last_heard_ns;
+    uint64_t written_at_tick; /* conn.bytes_written at the last heartbeat tick */
 };
 
 struct gw_workers {
@@ -408,6 +409,24 @@ static int on_frame(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
     }
 }
 
+static peer_t *peer_of(gw_workers_t *ws, int worker)
+{
+    for (peer_t *p = ws->peers; p != NULL; p = p->next)
+        if (p->welcomed && p->id == worker)
+            return p;
+    return NULL;
+}
+
+/* After queueing: what the socket did not take waits for EPOLLOUT. */
+static int sent(gw_workers_t *ws, peer_t *p, int rc)
+{
+    if (rc < 0)
+        return rc;
+    if (sq_conn_pending(&p->conn))
+        sq_loop_modify(ws->loop, p->conn.fd, SQ_EV_READ | SQ_EV_WRITE);
+    return 0;
+}
+
 /* The UNIX link's send: the worker maps the arena, so the regions a frame
  * names need no copy. */
 static int link_send(gw_transport_t *t, int worker, uint16_t type, uint64_t id, const void *payload,
@@ -416,17 +435,20 @@ static int link_send(gw_transport_t *t, int worker, uint16_t type, uint64_t id, 
     gw_workers_t *ws = (gw_workers_t *)t;
     (void)regions;
     (void)nregions;
-    for (peer_t *p = ws->peers; p != NULL; p = p->next) {
-        if (!p->welcomed || p->id != worker)
-            continue;
-        int rc = sq_conn_send(&p->conn, type, id, payload, len);
-        if (rc < 0)
-            return rc;
-        if (p->conn.out.len > 0)
-            sq_loop_modify(ws->loop, p->conn.fd, SQ_EV_READ | SQ_EV_WRITE);
-        return 0;
-    }
-    return SQ_NO_WORKER;
+    peer_t *p = peer_of(ws, worker);
+    if (p == NULL)
+        return SQ_NO_WORKER;
+    return sent(ws, p, sq_conn_send(&p->conn, type, id, payload, len));
+}
+
+static int link_send_ref(gw_transport_t *t, int worker, uint16_t type, uint64_t id,
+                         sq_bytes_t *bytes, size_t off, uint32_t len)
+{
+    gw_workers_t *ws = (gw_workers_t *)t;
+    peer_t *p = peer_of(ws, worker);
+    if (p == NULL)
+        return SQ_NO_WORKER;
+    return sent(ws, p, sq_conn_send_ref(&p->conn, type, id, bytes, off, len));
 }
 
 static void on_peer_io(sq_loop_t *loop, int fd, int events, void *data)
@@ -464,7 +486,7 @@ static void on_peer_io(sq_loop_t *loop, int fd, int events, void *data)
         peer_close(ws, p, "bad_frame");
         return;
     }
-    if (p->conn.out.len > 0)
+    if (sq_conn_pending(&p->conn))
         sq_loop_modify(loop, fd, SQ_EV_READ | SQ_EV_WRITE);
 }
 
@@ -510,6 +532,13 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
                 peer_close(ws, p, "handshake_timeout");
             continue;
         }
+        /* A worker that took bytes from its socket since the last tick is
+         * reading it: alive, though the PINGs queued behind a model file
+         * reach it (and its PONGs come back) only after the file. */
+        if (p->conn.bytes_written != p->written_at_tick) {
+            p->written_at_tick = p->conn.bytes_written;
+            p->last_heard_ns = now;
+        }
         if (now - p->last_heard_ns > (int64_t)cfg->heartbeat_timeout_ms * 1000000) {
             peer_close(ws, p, "heartbeat_timeout");
             continue;
@@ -518,7 +547,7 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
             peer_close(ws, p, "write_error");
             continue;
         }
-        if (p->conn.out.len > 0)
+        if (sq_conn_pending(&p->conn))
             sq_loop_modify(loop, p->conn.fd, SQ_EV_READ | SQ_EV_WRITE);
     }
     if (ws->stopping) {
@@ -606,6 +635,7 @@ int gw_workers_start(gw_server_t *srv, sq_loop_t *loop, const gw_transport_event
         nslots += strcmp(cfg->groups[g].kind, "cpu") == 0 ? 1 : cfg->groups[g].count;
     gw_workers_t *ws = sq_xcalloc(1, sizeof(*ws));
     ws->base.send = link_send;
+    ws->base.send_ref = link_send_ref;
     ws->ev = ev;
     ws->ev_ctx = ctx;
     ws->loop = loop;

@@ -35,6 +35,15 @@ int mdb_check(mdb_t *db);
 /* Lowercase hex SHA-256 of data into out (65 bytes): the identity of a
  * model file, in the DB and on the worker protocol alike. */
 void mdb_sha256_hex(const void *data, size_t len, char out[65]);
+/* The same digest over bytes that arrive in pieces (a worker hashes each
+ * chunk of a model file as it comes in, instead of stalling on the whole
+ * file at the end). mdb_sha256_end writes the hex and frees the state;
+ * mdb_sha256_free drops an unfinished one (accepts NULL). */
+typedef struct mdb_sha256 mdb_sha256_t;
+mdb_sha256_t *mdb_sha256_begin(void);
+void mdb_sha256_update(mdb_sha256_t *h, const void *data, size_t len);
+void mdb_sha256_end(mdb_sha256_t *h, char out[65]);
+void mdb_sha256_free(mdb_sha256_t *h);
 
 /* ---- models (models.c) ------------------------------------------------ */
 

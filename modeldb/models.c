@@ -908,6 +908,44 @@ void mdb_sha256_hex(const void *data, size_t len, char out[65])
         snprintf(out + 2 * i, 3, "%02x", md[i]);
 }
 
+struct mdb_sha256 {
+    EVP_MD_CTX *ctx;
+};
+
+mdb_sha256_t *mdb_sha256_begin(void)
+{
+    mdb_sha256_t *h = sq_xmalloc(sizeof(*h));
+    h->ctx = EVP_MD_CTX_new();
+    if (h->ctx == NULL || EVP_DigestInit_ex(h->ctx, EVP_sha256(), NULL) != 1) {
+        SQ_ERROR("cannot start a sha256 digest (out of memory)");
+        abort(); /* bookkeeping, like sq_xmalloc */
+    }
+    return h;
+}
+
+void mdb_sha256_update(mdb_sha256_t *h, const void *data, size_t len)
+{
+    EVP_DigestUpdate(h->ctx, data, len);
+}
+
+void mdb_sha256_end(mdb_sha256_t *h, char out[65])
+{
+    unsigned char md[32];
+    unsigned int mdlen = 0;
+    EVP_DigestFinal_ex(h->ctx, md, &mdlen);
+    for (int i = 0; i < 32; i++)
+        snprintf(out + 2 * i, 3, "%02x", md[i]);
+    mdb_sha256_free(h);
+}
+
+void mdb_sha256_free(mdb_sha256_t *h)
+{
+    if (h == NULL)
+        return;
+    EVP_MD_CTX_free(h->ctx);
+    free(h);
+}
+
 int mdb_group_profile_store(mdb_t *db, const char *members, const char *member_shas,
                             const char *device_kind, const char *device_name,
                             const mdb_profile_row_t *rows, int nrows)

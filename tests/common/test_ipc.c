@@ -2,6 +2,7 @@
 #include <sq.h>
 
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,6 +130,128 @@ Test(ipc, frames_cross_a_real_socket_in_pieces_with_an_fd)
     cr_assert_eq(sq_conn_read(&b), 0, "EOF after the peer closes");
     sq_conn_dispose(&b);
     sq_buf_dispose(&pl);
+}
+
+/* Moves what a holds to b until a has nothing left; returns the frames b
+ * decoded, checking each against what was sent. */
+static int pump_frames(sq_conn_t *a, sq_conn_t *b, const uint16_t *types, const uint8_t *file,
+                       size_t chunk, int nframes)
+{
+    int got = 0, rc;
+    size_t file_off = 0;
+    do {
+        rc = sq_conn_flush(a);
+        cr_assert_geq(rc, 0);
+        int n = sq_conn_read(b);
+        cr_assert(n > 0 || n == -EAGAIN, "read: %d", n);
+        sq_frame_t f;
+        while (sq_conn_next(b, &f) == 1) {
+            cr_assert_lt(got, nframes);
+            cr_assert_eq(f.type, types[got], "frame %d: type %u", got, f.type);
+            cr_assert_eq(f.id, (uint64_t)got);
+            if (f.type == SQ_MSG_MODEL_CHUNK) {
+                cr_assert_eq(f.len, chunk);
+                cr_assert_eq(memcmp(f.payload, file + file_off, chunk), 0, "chunk at %zu",
+                             file_off);
+                file_off += chunk;
+            } else {
+                cr_assert_eq(f.len, 5);
+                cr_assert_eq(memcmp(f.payload, "owned", 5), 0);
+            }
+            got++;
+        }
+    } while (rc == 1 || got < nframes);
+    return got;
+}
+
+Test(ipc, borrowed_payloads_go_out_in_order_between_copied_frames_uncopied_and_released)
+{
+    int sv[2];
+    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+    sq_conn_t a, b;
+    sq_conn_init(&a, sv[0]);
+    sq_conn_init(&b, sv[1]);
+    enum { CHUNK = 1 << 20, CHUNKS = 8 };
+    uint8_t *data = malloc((size_t)CHUNK * CHUNKS);
+    for (size_t i = 0; i < (size_t)CHUNK * CHUNKS; i++)
+        data[i] = (uint8_t)(i * 7 + i / 4096);
+    sq_bytes_t *file = sq_bytes_adopt(data, (size_t)CHUNK * CHUNKS);
+    /* An owned frame, the file in chunks with an owned frame in the middle,
+     * and one after: the socket takes far less than 8 MB at once. */
+    uint16_t types[CHUNKS + 3];
+    int n = 0;
+    types[n] = SQ_MSG_PING;
+    cr_assert_eq(sq_conn_send(&a, SQ_MSG_PING, (uint64_t)n++, "owned", 5), 0);
+    for (int i = 0; i < CHUNKS; i++) {
+        if (i == CHUNKS / 2) {
+            types[n] = SQ_MSG_PONG;
+            cr_assert_eq(sq_conn_send(&a, SQ_MSG_PONG, (uint64_t)n++, "owned", 5), 0);
+        }
+        types[n] = SQ_MSG_MODEL_CHUNK;
+        cr_assert_eq(
+            sq_conn_send_ref(&a, SQ_MSG_MODEL_CHUNK, (uint64_t)n++, file, (size_t)i * CHUNK, CHUNK),
+            0);
+    }
+    types[n] = SQ_MSG_PING;
+    cr_assert_eq(sq_conn_send(&a, SQ_MSG_PING, (uint64_t)n++, "owned", 5), 0);
+    cr_assert(sq_conn_pending(&a));
+    cr_assert_lt(a.out.cap, (size_t)CHUNK, "the file is borrowed, not copied: out holds %zu",
+                 a.out.cap);
+    cr_assert_gt(atomic_load(&file->refs), 1, "queued chunks hold the file");
+    cr_assert_eq(pump_frames(&a, &b, types, data, CHUNK, n), n);
+    cr_assert_not(sq_conn_pending(&a));
+    cr_assert_eq(atomic_load(&file->refs), 1, "every chunk written dropped its reference");
+    cr_assert_eq(a.bytes_written, (uint64_t)n * SQ_IPC_HEADER_SIZE + (uint64_t)CHUNK * CHUNKS +
+                                      (uint64_t)(n - CHUNKS) * 5);
+    sq_bytes_unref(file);
+    sq_conn_dispose(&a);
+    sq_conn_dispose(&b);
+}
+
+Test(ipc, a_connection_disposed_with_borrowed_payloads_queued_releases_them)
+{
+    int sv[2];
+    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+    sq_conn_t a;
+    sq_conn_init(&a, sv[0]);
+    size_t len = 4u << 20;
+    sq_bytes_t *file = sq_bytes_adopt(calloc(1, len), len);
+    for (size_t off = 0; off < len; off += 1u << 20)
+        cr_assert_eq(sq_conn_send_ref(&a, SQ_MSG_MODEL_CHUNK, 1, file, off, 1u << 20), 0);
+    cr_assert(sq_conn_pending(&a), "nobody reads: the socket cannot take 4 MB");
+    sq_conn_dispose(&a);
+    cr_assert_eq(atomic_load(&file->refs), 1);
+    sq_bytes_unref(file);
+    close(sv[1]);
+}
+
+Test(ipc, a_large_copied_frame_is_given_back_once_written)
+{
+    int sv[2];
+    cr_assert_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+    sq_conn_t a, b;
+    sq_conn_init(&a, sv[0]);
+    sq_conn_init(&b, sv[1]);
+    size_t len = 3u << 20;
+    uint8_t *big = calloc(1, len);
+    cr_assert_eq(sq_conn_send(&a, SQ_MSG_MODEL_CHUNK, 5, big, (uint32_t)len), 0);
+    size_t frames = 0;
+    int rc;
+    do {
+        rc = sq_conn_flush(&a);
+        cr_assert_geq(rc, 0);
+        sq_conn_read(&b);
+        sq_frame_t f;
+        while (sq_conn_next(&b, &f) == 1) {
+            cr_assert_eq(f.len, len);
+            frames++;
+        }
+    } while (rc == 1 || frames == 0);
+    cr_assert_eq(frames, 1);
+    cr_assert_eq(a.out.cap, 0, "the 3 MB output buffer is freed once empty");
+    free(big);
+    sq_conn_dispose(&a);
+    sq_conn_dispose(&b);
 }
 
 Test(ipc, a_garbage_stream_is_a_protocol_error)

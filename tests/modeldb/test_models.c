@@ -313,3 +313,24 @@ Test(model_ids, a_migrated_database_starts_after_every_id_it_knows)
     int64_t b = insert_emulated("b");
     cr_assert_eq(b, a + 8, "b=%lld a=%lld", (long long)b, (long long)a);
 }
+
+Test(sha256, a_file_hashed_in_pieces_has_the_digest_of_the_whole)
+{
+    size_t len = 3 * 1000 * 1000 + 17;
+    uint8_t *data = malloc(len);
+    for (size_t i = 0; i < len; i++)
+        data[i] = (uint8_t)(i * 131 + (i >> 9));
+    char whole[65], pieces[65], empty[65];
+    mdb_sha256_hex(data, len, whole);
+    mdb_sha256_t *h = mdb_sha256_begin();
+    for (size_t off = 0, step = 1; off < len; off += step, step = step * 3 + 1)
+        mdb_sha256_update(h, data + off, step < len - off ? step : len - off);
+    mdb_sha256_end(h, pieces);
+    cr_assert_str_eq(pieces, whole);
+    h = mdb_sha256_begin();
+    mdb_sha256_end(h, empty);
+    cr_assert_str_eq(empty, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+    mdb_sha256_free(mdb_sha256_begin()); /* an unfinished digest is dropped */
+    mdb_sha256_free(NULL);
+    free(data);
+}
