@@ -70,6 +70,7 @@ struct peer {
     int64_t accepted_ns;
     int64_t last_heard_ns;
     uint64_t written_at_tick; /* conn.bytes_written at the last heartbeat tick */
+    int backlogged_at_tick;   /* more was queued then than the socket took */
 };
 
 struct gw_workers {
@@ -532,13 +533,15 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
                 peer_close(ws, p, "handshake_timeout");
             continue;
         }
-        /* A worker that took bytes from its socket since the last tick is
-         * reading it: alive, though the PINGs queued behind a model file
-         * reach it (and its PONGs come back) only after the file. */
-        if (p->conn.bytes_written != p->written_at_tick) {
-            p->written_at_tick = p->conn.bytes_written;
+        /* A worker that drained its socket since the last tick, while
+         * squishd had more queued than the socket held (a model file), is
+         * reading it: alive, though the PINGs queued behind the file reach
+         * it (and its PONGs come back) only after the file. Bytes the
+         * kernel merely buffered (a PING to a stopped worker) prove nothing. */
+        if (p->backlogged_at_tick && p->conn.bytes_written != p->written_at_tick)
             p->last_heard_ns = now;
-        }
+        p->written_at_tick = p->conn.bytes_written;
+        p->backlogged_at_tick = sq_conn_pending(&p->conn);
         if (now - p->last_heard_ns > (int64_t)cfg->heartbeat_timeout_ms * 1000000) {
             peer_close(ws, p, "heartbeat_timeout");
             continue;
