@@ -12,6 +12,7 @@
 #include "gw_oip.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <strings.h>
 #include <stdlib.h>
@@ -23,16 +24,22 @@
 #define INLINE_PARSE_BYTES (256u << 10)
 
 static atomic_uint_fast64_t request_counter;
+/* A random prefix per squishd run, so ids do not repeat across restarts;
+ * set once, before any HTTP thread reads it. */
 static uint64_t request_prefix;
+static pthread_once_t request_prefix_once = PTHREAD_ONCE_INIT;
+
+static void init_request_prefix(void)
+{
+    uint64_t r = 0;
+    if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != sizeof(r))
+        r = (uint64_t)sq_now_ns();
+    request_prefix = r | 1;
+}
 
 static void make_request_id(char *out, size_t len)
 {
-    if (request_prefix == 0) {
-        uint64_t r = 0;
-        if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != sizeof(r))
-            r = (uint64_t)sq_now_ns();
-        request_prefix = r | 1;
-    }
+    pthread_once(&request_prefix_once, init_request_prefix);
     snprintf(out, len, "%08llx-%llu", (unsigned long long)(request_prefix & 0xffffffffu),
              (unsigned long long)atomic_fetch_add(&request_counter, 1));
 }
