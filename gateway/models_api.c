@@ -539,8 +539,20 @@ static void kserve_ready_job(mdb_t *db, void *arg)
         gw_async_fail(&j->base, rc, rc == SQ_MODEL_NOT_FOUND ? "no such model" : "%s",
                       mdb_errmsg(db));
     } else {
-        int ready = strcmp(json_string_value(json_object_get(rec, "status")), "ready") == 0;
-        j->base.body = json_pack("{s:s, s:b}", "name", j->name, "ready", ready);
+        /* The Open Inference Protocol answers by status code: 200 ready, 4xx
+         * not (400, as Triton). The body says the same, with the error's
+         * reason and code for a client that reads only those. */
+        const char *status = json_string_value(json_object_get(rec, "status"));
+        if (status != NULL && strcmp(status, "ready") == 0) {
+            j->base.body = json_pack("{s:s, s:b}", "name", j->name, "ready", 1);
+        } else {
+            j->base.status = 400;
+            j->base.body = json_pack("{s:s, s:b, s:s, s:s}", "name", j->name, "ready", 0, "error",
+                                     status != NULL && strcmp(status, "profiling") == 0
+                                         ? "the model is being profiled; retry shortly"
+                                         : "the model failed profiling and cannot be served",
+                                     "code", sq_err_name(SQ_NOT_READY));
+        }
         json_decref(rec);
     }
     gw_async_done(&j->base);
