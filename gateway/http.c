@@ -204,6 +204,22 @@ static void on_async_done(h2o_multithread_receiver_t *receiver, h2o_linklist_t *
     }
 }
 
+int gw_request_body(h2o_req_t *req, const uint8_t **data, size_t *len, uint8_t **owned)
+{
+    *owned = NULL;
+    *len = req->entity.len;
+    if (req->version < 0x200 || req->entity.len == 0) {
+        *data = (const uint8_t *)req->entity.base;
+        return 0;
+    }
+    uint8_t *copy = malloc(req->entity.len);
+    if (copy == NULL)
+        return SQ_OVERLOAD;
+    memcpy(copy, req->entity.base, req->entity.len);
+    *data = *owned = copy;
+    return 0;
+}
+
 h2o_iovec_t gw_header(h2o_req_t *req, const char *name)
 {
     ssize_t i = h2o_find_header_by_str(&req->headers, name, strlen(name), -1);

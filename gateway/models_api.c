@@ -1,7 +1,7 @@
 /* Model management routes: POST/GET/DELETE /models (admin token), and the
  * KServe model metadata and readiness routes. Every route's work happens on
- * the DB thread; the loop thread only checks the request and copies the
- * body. */
+ * the DB thread; the loop thread only checks the request (the DB thread
+ * reads the body where h2o keeps it, see gw_request_body). */
 #include "gw_http.h"
 #include "gw_infer.h"
 #include "gw_registry.h"
@@ -22,14 +22,17 @@ typedef struct {
     int version;
     int emulated; /* the body is a JSON config alone */
     char boundary[GW_MULTIPART_MAX_BOUNDARY + 1];
-    uint8_t *body; /* a copy: the request may go away meanwhile */
+    /* The request body, read on the DB thread before the reply (see
+     * gw_request_body): h2o's buffer, or a copy in body_owned. */
+    const uint8_t *body;
     size_t len;
+    uint8_t *body_owned;
 } model_job_t;
 
 static void model_job_dispose(gw_async_t *a)
 {
     model_job_t *j = (model_job_t *)a;
-    free(j->body);
+    free(j->body_owned);
 }
 
 static model_job_t *job_new(gw_call_t *call)
@@ -389,10 +392,14 @@ void gw_route_models_post(gw_call_t *call)
         j = job_new(call);
         memcpy(j->boundary, boundary, sizeof(boundary));
     }
-    j->len = req->entity.len;
-    j->body = sq_xmalloc(j->len + 1);
-    if (j->len > 0)
-        memcpy(j->body, req->entity.base, j->len);
+    if (gw_request_body(req, &j->body, &j->len, &j->body_owned) != 0) {
+        gw_metrics_upload(call->srv->metrics, SQ_OVERLOAD);
+        gw_async_fail(&j->base, SQ_OVERLOAD,
+                      "not enough memory to hold an upload of %zu bytes; retry shortly",
+                      req->entity.len);
+        gw_async_done(&j->base);
+        return;
+    }
     gw_db_post(call->srv, upload_job, j);
 }
 
