@@ -368,6 +368,16 @@ static void on_req_done(void *p)
     atomic_fetch_sub(&d->srv->inflight, 1);
 }
 
+/* The request line and header fields as the client sent them, about: h2o
+ * has parsed them already (its own cap is H2O_MAX_REQLEN, 408 KiB). */
+static size_t header_bytes(const h2o_req_t *req)
+{
+    size_t n = req->input.method.len + req->input.path.len + req->input.authority.len + 16;
+    for (size_t i = 0; i < req->headers.size; i++)
+        n += req->headers.entries[i].name->len + req->headers.entries[i].value.len + 4;
+    return n;
+}
+
 static int on_req(h2o_handler_t *self, h2o_req_t *req)
 {
     gw_handler_t *h = (gw_handler_t *)self;
@@ -377,6 +387,14 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
     req_done_t *inflight = h2o_mem_alloc_shared(&req->pool, sizeof(*inflight), on_req_done);
     *inflight = (req_done_t){h->srv, req, "not_found", sq_now_ns()};
     atomic_fetch_add(&h->srv->inflight, 1);
+    if (header_bytes(req) > (size_t)h->srv->cfg->max_header_kb * 1024) {
+        inflight->route = "headers_too_large";
+        char why[128];
+        snprintf(why, sizeof(why), "request line and headers over --max-header-kb %d KiB",
+                 h->srv->cfg->max_header_kb);
+        gw_send_error(req, SQ_HEADERS_TOO_LARGE, why);
+        return 0;
+    }
     h2o_iovec_t path = req->path_normalized;
     /* Trailing slashes are not significant ("/v2/" is "/v2"). */
     while (path.len > 1 && path.base[path.len - 1] == '/')

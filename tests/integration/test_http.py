@@ -69,6 +69,33 @@ def two_http_threads_answer_every_request_exactly_once():
         s.cleanup()
 
 
+@test
+def request_headers_past_the_limit_are_431_with_the_error_body():
+    s = Squishd(workers="none", extra=["--max-header-kb", "16"])
+    try:
+        # One 70 KB field, and many small ones adding up past 16 KiB.
+        for headers in ({"X-Big": "a" * 70000},
+                        {"X-F%02d" % i: "b" * 200 for i in range(90)}):
+            r = s.get("/v2", headers=headers)
+            assert r.status == 431 and r.json["code"] == "headers_too_large", r
+            assert "16 KiB" in r.json["error"], r
+        r = s.get("/v2", headers={"X-Fine": "c" * 12000}, schema_name="server_metadata")
+        assert r.status == 200, r
+        r = s.get("/metrics")
+        assert 'route="headers_too_large",code="431"' in r.raw.decode(), r.raw[-2000:]
+    finally:
+        s.stop()
+        s.cleanup()
+    # The default: 32 KiB.
+    s = Squishd(workers="none")
+    try:
+        assert s.get("/v2", headers={"X-Big": "a" * 70000}).status == 431
+        assert s.get("/v2", headers={"X-Big": "a" * 30000}).status == 200
+    finally:
+        s.stop()
+        s.cleanup()
+
+
 def vm_size_kb(pid):
     with open("/proc/%d/status" % pid) as f:
         for line in f:
