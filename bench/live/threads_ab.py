@@ -4,7 +4,8 @@
 (run_live.py --only overhead): for each server, the open-loop ladder's
 highest rate with >= 99% answered 200 within 1 s, and a closed-loop run
 (N requests always in flight) for throughput; connection errors counted in
-both. Prints one JSON line per run and a markdown table.
+both (and what made the ladder stop: the first rate under 99%). Prints
+one JSON line per run and a markdown table.
 
     bench/live/threads_ab.py BUILD [--threads 1,2,4] [--rounds 2] [--closed 256]
 """
@@ -32,7 +33,11 @@ def one(a, threads):
         best, best_s, fail = R.ladder_max(a, d.port, common)
         closed = R.loadgen(a.build, d.port, TENSOR + ["--duration", "3", "--warmup", "1",
                                                       "--closed", str(a.closed)], a.verbose)
-        return {"threads": threads, "ladder_rps": best,
+        stop = None
+        if fail is not None:
+            stop = {k: fail[k] for k in ("rate_rps", "requests", "good", "late", "dropped",
+                                         "errors", "timeouts", "conn_errors", "unsent")}
+        return {"threads": threads, "ladder_rps": best, "ladder_stopped_at": stop,
                 "ladder_conn_errors": (best_s or {}).get("conn_errors", 0)
                 + (fail or {}).get("conn_errors", 0),
                 "closed_rps": closed["answered_rps"], "closed_conn_errors": closed["conn_errors"],
