@@ -22,6 +22,7 @@
     X(METHOD, "method_not_allowed", 405, "method not allowed")                                     \
     X(EXISTS, "already_exists", 409, "already exists")                                             \
     X(TOO_LARGE, "too_large", 413, "request too large")                                            \
+    X(HEADERS_TOO_LARGE, "headers_too_large", 431, "request header fields too large")              \
     X(MEDIA_TYPE, "unsupported_media_type", 415, "unsupported media type")                         \
     X(UNSUPPORTED_MODEL, "unsupported_model", 422, "model uses unsupported operators")             \
     X(BAD_MODEL, "bad_model", 400, "model could not be parsed")                                    \

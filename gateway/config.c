@@ -101,6 +101,10 @@ static const opt_t options[] = {
     {"http_request_timeout_ms", INT(http_request_timeout_ms), 100, 3600000, "10000",
      "a request's headers and body must arrive within this (also the keep-alive idle timeout): "
      "slow clients are disconnected; raise it for large uploads over slow links"},
+    /* h2o 2.2 itself refuses a request head past 408 KiB (400, or a closed
+     * connection), whatever this says. */
+    {"max_header_kb", INT(max_header_kb), 1, 400, "32",
+     "request line and header fields at most, in KiB; a larger request is answered 431"},
 };
 #define NOPTIONS (sizeof(options) / sizeof(options[0]))
 

@@ -62,6 +62,7 @@ typedef struct {
     int max_inflight;            /* inference requests inside squishd at most (then 503) */
     int max_connections;         /* open client connections at most (then the backlog) */
     int http_request_timeout_ms; /* a request's headers and body arrive within this */
+    int max_header_kb;           /* request line and headers at most (then 431) */
 } gw_config_t;
 
 /* What gw_config_parse did: run the server, or print and exit. */

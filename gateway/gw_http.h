@@ -56,6 +56,16 @@ void gw_async_done(gw_async_t *a);
 void gw_async_fail(gw_async_t *a, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* The request body for work that ends before the reply is sent (parsing,
+ * decoding, copying rows into the arena, on any thread). HTTP/1: read in
+ * place (*owned NULL): h2o stops reading a connection while its request is
+ * processed and keeps the input buffer, body included, until the response
+ * is written, so a client that leaves is noticed only then. HTTP/2: a
+ * stream reset frees its body at once, so it is copied into *owned (the
+ * caller frees it). Returns 0, or SQ_OVERLOAD when memory for the copy is
+ * short (never aborts: the size is the client's). */
+int gw_request_body(h2o_req_t *req, const uint8_t **data, size_t *len, uint8_t **owned);
+
 /* The value of a request header (lower-case name), or an empty iovec. */
 h2o_iovec_t gw_header(h2o_req_t *req, const char *name);
 /* Whether the request carries the admin bearer token; if not, replies 401

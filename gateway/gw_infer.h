@@ -66,8 +66,12 @@ struct gw_infer {
     atomic_int failed;  /* set once: the first error wins */
     int err;            /* valid when failed */
     char err_detail[256];
-    uint8_t *body; /* a copy of the request body (JPEG bytes live here) */
+    /* The request body (JPEG bytes, tensor rows): h2o's own buffer, or a
+     * copy in body_owned (gw_request_body); read only until the last item
+     * finishes, which is before the reply. */
+    const uint8_t *body;
     size_t body_len;
+    uint8_t *body_owned;
     void *api_state; /* v2: the parsed OIP request; freed by api_dispose */
     void (*api_dispose)(gw_infer_t *req);
 };

@@ -36,6 +36,7 @@ typedef struct {
     h2o_multithread_queue_t *queue;
     h2o_multithread_receiver_t receiver;
     int exit;
+    int started, start_rc; /* under gw_http.start_lock */
     /* accepting paused: max_connections reached, or no file descriptor left */
     int paused;
     h2o_timeout_entry_t resume_timer;
@@ -49,6 +50,8 @@ struct gw_http {
     int nthreads;
     http_thread_t *threads;
     atomic_int nconns; /* open client connections, every thread */
+    pthread_mutex_t start_lock;
+    pthread_cond_t start_cond;
 };
 
 /* Routes: see the functions below; more files add theirs as they land. */
@@ -201,6 +204,22 @@ static void on_async_done(h2o_multithread_receiver_t *receiver, h2o_linklist_t *
     }
 }
 
+int gw_request_body(h2o_req_t *req, const uint8_t **data, size_t *len, uint8_t **owned)
+{
+    *owned = NULL;
+    *len = req->entity.len;
+    if (req->version < 0x200 || req->entity.len == 0) {
+        *data = (const uint8_t *)req->entity.base;
+        return 0;
+    }
+    uint8_t *copy = malloc(req->entity.len);
+    if (copy == NULL)
+        return SQ_OVERLOAD;
+    memcpy(copy, req->entity.base, req->entity.len);
+    *data = *owned = copy;
+    return 0;
+}
+
 h2o_iovec_t gw_header(h2o_req_t *req, const char *name)
 {
     ssize_t i = h2o_find_header_by_str(&req->headers, name, strlen(name), -1);
@@ -349,6 +368,16 @@ static void on_req_done(void *p)
     atomic_fetch_sub(&d->srv->inflight, 1);
 }
 
+/* The request line and header fields as the client sent them, about: h2o
+ * has parsed them already (its own cap is H2O_MAX_REQLEN, 408 KiB). */
+static size_t header_bytes(const h2o_req_t *req)
+{
+    size_t n = req->input.method.len + req->input.path.len + req->input.authority.len + 16;
+    for (size_t i = 0; i < req->headers.size; i++)
+        n += req->headers.entries[i].name->len + req->headers.entries[i].value.len + 4;
+    return n;
+}
+
 static int on_req(h2o_handler_t *self, h2o_req_t *req)
 {
     gw_handler_t *h = (gw_handler_t *)self;
@@ -358,6 +387,14 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
     req_done_t *inflight = h2o_mem_alloc_shared(&req->pool, sizeof(*inflight), on_req_done);
     *inflight = (req_done_t){h->srv, req, "not_found", sq_now_ns()};
     atomic_fetch_add(&h->srv->inflight, 1);
+    if (header_bytes(req) > (size_t)h->srv->cfg->max_header_kb * 1024) {
+        inflight->route = "headers_too_large";
+        char why[128];
+        snprintf(why, sizeof(why), "request line and headers over --max-header-kb %d KiB",
+                 h->srv->cfg->max_header_kb);
+        gw_send_error(req, SQ_HEADERS_TOO_LARGE, why);
+        return 0;
+    }
     h2o_iovec_t path = req->path_normalized;
     /* Trailing slashes are not significant ("/v2/" is "/v2"). */
     while (path.len > 1 && path.base[path.len - 1] == '/')
@@ -435,28 +472,35 @@ static void on_conn_close(void *data)
     maybe_resume(t);
 }
 
+/* Accepts what is waiting, up to a few per wake-up (as h2o's own server
+ * does): connections opened in a burst do not each cost a loop turn, and
+ * the other threads, woken by the same socket, take their share. */
+#define ACCEPTS_PER_WAKEUP 16
+
 static void on_accept(h2o_socket_t *listener, const char *err)
 {
     http_thread_t *t = listener->data;
-    h2o_socket_t *sock;
     if (err != NULL)
         return;
-    if (atomic_load(&t->http->nconns) >= t->http->srv->cfg->max_connections) {
-        pause_accepting(t);
-        return;
-    }
-    if ((sock = h2o_evloop_socket_accept(listener)) == NULL) {
-        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-            SQ_WARN("accept failed, pausing for 100 ms error=\"%s\" connections=%d",
-                    strerror(errno), atomic_load(&t->http->nconns));
+    for (int n = 0; n < ACCEPTS_PER_WAKEUP; n++) {
+        if (atomic_load(&t->http->nconns) >= t->http->srv->cfg->max_connections) {
             pause_accepting(t);
+            return;
         }
-        return;
+        h2o_socket_t *sock = h2o_evloop_socket_accept(listener);
+        if (sock == NULL) {
+            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+                SQ_WARN("accept failed, pausing for 100 ms error=\"%s\" connections=%d",
+                        strerror(errno), atomic_load(&t->http->nconns));
+                pause_accepting(t);
+            }
+            return; /* EAGAIN: another thread took it, or none is left */
+        }
+        atomic_fetch_add(&t->http->nconns, 1);
+        sock->on_close.cb = on_conn_close;
+        sock->on_close.data = t;
+        h2o_accept(&t->accept_ctx, sock);
     }
-    atomic_fetch_add(&t->http->nconns, 1);
-    sock->on_close.cb = on_conn_close;
-    sock->on_close.data = t;
-    h2o_accept(&t->accept_ctx, sock);
 }
 
 static void on_message(h2o_multithread_receiver_t *receiver, h2o_linklist_t *messages)
@@ -480,11 +524,53 @@ static void on_message(h2o_multithread_receiver_t *receiver, h2o_linklist_t *mes
     }
 }
 
+/* Everything h2o a loop thread uses is created on that thread: libh2o keeps
+ * per-thread state (its socket buffers' recycling lists are __thread and a
+ * buffer returns to the list of the thread that created its socket), so a
+ * socket or context set up on the main thread and read on a loop thread
+ * shares one unlocked list with every other loop thread. With two threads
+ * that corrupted the heap under load (connections reset, then squishd
+ * aborted). The thread reports to gw_http_start once it is accepting. */
+static int thread_setup(http_thread_t *t)
+{
+    struct gw_http *http = t->http;
+    int fd = dup(http->listen_fd);
+    if (fd < 0)
+        return -errno;
+    h2o_context_init(&t->ctx, h2o_evloop_create(), &http->globalconf);
+    t->accept_ctx.ctx = &t->ctx;
+    t->accept_ctx.hosts = http->globalconf.hosts;
+    t->resume_timer.cb = on_resume_timer;
+    t->queue = h2o_multithread_create_queue(t->ctx.loop);
+    h2o_multithread_register_receiver(t->queue, &t->receiver, on_message);
+    h2o_multithread_register_receiver(t->queue, &t->async_receiver, on_async_done);
+    t->listener = h2o_evloop_socket_create(t->ctx.loop, fd, H2O_SOCKET_FLAG_DONT_READ);
+    t->listener->data = t;
+    h2o_socket_read_start(t->listener, on_accept);
+    return 0;
+}
+
 static void *http_thread(void *arg)
 {
     http_thread_t *t = arg;
+    struct gw_http *http = t->http;
+    int rc = thread_setup(t);
+    pthread_mutex_lock(&http->start_lock);
+    t->start_rc = rc;
+    t->started = 1;
+    pthread_cond_broadcast(&http->start_cond);
+    pthread_mutex_unlock(&http->start_lock);
+    if (rc != 0)
+        return NULL;
     while (!t->exit)
         h2o_evloop_run(t->ctx.loop, INT32_MAX);
+    /* The queue's socket goes back to this thread's buffer list: while the
+     * thread still exists. */
+    if (t->listener != NULL)
+        h2o_socket_close(t->listener);
+    h2o_multithread_unregister_receiver(t->queue, &t->receiver);
+    h2o_multithread_unregister_receiver(t->queue, &t->async_receiver);
+    h2o_multithread_destroy_queue(t->queue);
     return NULL;
 }
 
@@ -581,25 +667,47 @@ int gw_http_start(gw_server_t *srv, char *err, size_t errlen)
 
     http->nthreads = srv->cfg->http_threads;
     http->threads = sq_xcalloc((size_t)http->nthreads, sizeof(http_thread_t));
-    for (int i = 0; i < http->nthreads; i++) {
-        http_thread_t *t = &http->threads[i];
-        t->http = http;
-        h2o_context_init(&t->ctx, h2o_evloop_create(), &http->globalconf);
-        t->accept_ctx.ctx = &t->ctx;
-        t->accept_ctx.hosts = http->globalconf.hosts;
-        t->resume_timer.cb = on_resume_timer;
-        int fd = i == 0 ? http->listen_fd : dup(http->listen_fd);
-        t->listener = h2o_evloop_socket_create(t->ctx.loop, fd, H2O_SOCKET_FLAG_DONT_READ);
-        t->listener->data = t;
-        h2o_socket_read_start(t->listener, on_accept);
-        t->queue = h2o_multithread_create_queue(t->ctx.loop);
-        h2o_multithread_register_receiver(t->queue, &t->receiver, on_message);
-        h2o_multithread_register_receiver(t->queue, &t->async_receiver, on_async_done);
-    }
+    pthread_mutex_init(&http->start_lock, NULL);
+    pthread_cond_init(&http->start_cond, NULL);
     srv->http = http;
-    for (int i = 0; i < http->nthreads; i++)
-        pthread_create(&http->threads[i].thread, NULL, http_thread, &http->threads[i]);
-    return 0;
+    /* Each thread sets up its loop, context and listener itself (see
+     * thread_setup) and accepts on its own dup of the one listening socket:
+     * the kernel hands each connection to one of the threads that wait. */
+    int started = 0;
+    rc = 0;
+    for (; started < http->nthreads; started++) {
+        http_thread_t *t = &http->threads[started];
+        t->http = http;
+        int e = pthread_create(&t->thread, NULL, http_thread, t);
+        if (e != 0) {
+            snprintf(err, errlen, "--http-threads %d: cannot start thread %d: %s", http->nthreads,
+                     started, strerror(e));
+            rc = SQ_INTERNAL;
+            break;
+        }
+    }
+    pthread_mutex_lock(&http->start_lock);
+    for (int i = 0; i < started; i++) {
+        http_thread_t *t = &http->threads[i];
+        while (!t->started)
+            pthread_cond_wait(&http->start_cond, &http->start_lock);
+        if (t->start_rc != 0 && rc == 0) {
+            snprintf(err, errlen, "--http-threads: thread %d cannot listen: %s", i,
+                     strerror(-t->start_rc));
+            rc = SQ_IO;
+        }
+    }
+    pthread_mutex_unlock(&http->start_lock);
+    /* The threads hold their own descriptors: once they all close theirs
+     * (drain), the socket closes and new connections are refused. */
+    close(http->listen_fd);
+    http->listen_fd = -1;
+    if (rc != 0) {
+        /* Stop what did start; gw_http_stop joins the threads. */
+        http->nthreads = started;
+        gw_http_stop(srv);
+    }
+    return rc;
 }
 
 void gw_http_drain(gw_server_t *srv, int timeout_ms)
@@ -610,7 +718,8 @@ void gw_http_drain(gw_server_t *srv, int timeout_ms)
     if (!http->draining) {
         http->draining = 1;
         for (int i = 0; i < http->nthreads; i++)
-            send_msg(&http->threads[i], MSG_STOP_ACCEPTING);
+            if (http->threads[i].start_rc == 0)
+                send_msg(&http->threads[i], MSG_STOP_ACCEPTING);
     }
     int64_t deadline = sq_now_ms() + timeout_ms;
     while (atomic_load(&srv->inflight) > 0 && sq_now_ms() < deadline)
@@ -631,15 +740,12 @@ void gw_http_stop(gw_server_t *srv)
     if (atomic_load(&srv->inflight) > 0)
         SQ_WARN("drain timed out inflight=%ld", atomic_load(&srv->inflight));
     for (int i = 0; i < http->nthreads; i++)
-        send_msg(&http->threads[i], MSG_EXIT);
+        if (http->threads[i].start_rc == 0)
+            send_msg(&http->threads[i], MSG_EXIT);
     for (int i = 0; i < http->nthreads; i++)
         pthread_join(http->threads[i].thread, NULL);
-    for (int i = 0; i < http->nthreads; i++) {
-        http_thread_t *t = &http->threads[i];
-        h2o_multithread_unregister_receiver(t->queue, &t->receiver);
-        h2o_multithread_unregister_receiver(t->queue, &t->async_receiver);
-        h2o_multithread_destroy_queue(t->queue);
-    }
+    pthread_cond_destroy(&http->start_cond);
+    pthread_mutex_destroy(&http->start_lock);
     free(http->threads);
     free(http);
     srv->http = NULL;

@@ -12,6 +12,7 @@
 #include "gw_oip.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <strings.h>
 #include <stdlib.h>
@@ -23,16 +24,22 @@
 #define INLINE_PARSE_BYTES (256u << 10)
 
 static atomic_uint_fast64_t request_counter;
+/* A random prefix per squishd run, so ids do not repeat across restarts;
+ * set once, before any HTTP thread reads it. */
 static uint64_t request_prefix;
+static pthread_once_t request_prefix_once = PTHREAD_ONCE_INIT;
+
+static void init_request_prefix(void)
+{
+    uint64_t r = 0;
+    if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != sizeof(r))
+        r = (uint64_t)sq_now_ns();
+    request_prefix = r | 1;
+}
 
 static void make_request_id(char *out, size_t len)
 {
-    if (request_prefix == 0) {
-        uint64_t r = 0;
-        if (getrandom(&r, sizeof(r), GRND_NONBLOCK) != sizeof(r))
-            r = (uint64_t)sq_now_ns();
-        request_prefix = r | 1;
-    }
+    pthread_once(&request_prefix_once, init_request_prefix);
     snprintf(out, len, "%08llx-%llu", (unsigned long long)(request_prefix & 0xffffffffu),
              (unsigned long long)atomic_fetch_add(&request_counter, 1));
 }
@@ -177,7 +184,7 @@ static void infer_dispose(gw_async_t *a)
     gw_model_unref(req->model);
     free(req->items);
     free(req->outputs);
-    free(req->body);
+    free(req->body_owned);
 }
 
 typedef struct {
@@ -374,18 +381,22 @@ static void set_deadline(gw_infer_t *req, double slo_ms, const gw_config_t *cfg)
     req->deadline_us = req->arrival_us + (int64_t)(req->slo_ms * 1000.0);
 }
 
-/* Sizes the item and output arrays and marks every item pending. */
-static void alloc_items(gw_infer_t *req, int n)
+/* Sizes the item and output arrays and marks every item pending; 0, or
+ * SQ_OVERLOAD when memory is short (the sizes are the request's). */
+static int alloc_items(gw_infer_t *req, int n)
 {
+    req->items = calloc((size_t)n, sizeof(gw_item_t));
+    req->outputs = calloc((size_t)n * (size_t)req->model->out_elems, sizeof(float));
+    if (req->items == NULL || req->outputs == NULL)
+        return SQ_OVERLOAD;
     req->n_items = n;
-    req->items = sq_xcalloc((size_t)n, sizeof(gw_item_t));
-    req->outputs = sq_xcalloc((size_t)n * (size_t)req->model->out_elems, sizeof(float));
     atomic_store(&req->pending, n);
     for (int i = 0; i < n; i++) {
         req->items[i].req = req;
         req->items[i].index = i;
         req->items[i].in_off = -1;
     }
+    return 0;
 }
 
 /* Replies at once with err (the request never started). */
@@ -400,6 +411,18 @@ static void reject(gw_infer_t *req, int err, const char *fmt, ...)
     vsnprintf(req->err_detail, sizeof(req->err_detail), fmt, ap);
     va_end(ap);
     gw_async_done(&req->base);
+}
+
+/* Points the request at its body (gw_request_body: in place, or a copy
+ * for HTTP/2); replies 503 and returns -1 when a copy finds no memory. */
+static int take_body(gw_infer_t *req, h2o_req_t *hreq)
+{
+    if (gw_request_body(hreq, &req->body, &req->body_len, &req->body_owned) != 0) {
+        reject(req, SQ_OVERLOAD, "not enough memory to hold a body of %zu bytes; retry shortly",
+               hreq->entity.len);
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- /v1 ---------------------------------------------------------------- */
@@ -444,9 +467,8 @@ void gw_route_infer_v1(gw_call_t *call)
         return;
     }
     h2o_iovec_t ct = gw_header(hreq, "content-type");
-    req->body = sq_xmalloc(hreq->entity.len);
-    memcpy(req->body, hreq->entity.base, hreq->entity.len);
-    req->body_len = hreq->entity.len;
+    if (take_body(req, hreq) != 0)
+        return;
     char boundary[GW_MULTIPART_MAX_BOUNDARY + 1];
     if (ct.len >= 9 && strncasecmp(ct.base, "multipart", 9) == 0) {
         int rc = gw_multipart_boundary(ct.base, ct.len, boundary, sizeof(boundary));
@@ -472,7 +494,11 @@ void gw_route_infer_v1(gw_call_t *call)
                 reject(req, rc, "%s", err);
             return;
         }
-        alloc_items(req, n);
+        if (alloc_items(req, n) != 0) {
+            free(parts);
+            reject(req, SQ_OVERLOAD, "not enough memory for %d images; retry shortly", n);
+            return;
+        }
         for (int i = 0; i < n; i++)
             start_jpeg(srv, &req->items[i], parts[i].data, parts[i].len);
         free(parts);
@@ -480,7 +506,10 @@ void gw_route_infer_v1(gw_call_t *call)
     }
     /* Any other content type is one image: the decoder sniffs the format
      * (curl --data-binary sends application/x-www-form-urlencoded). */
-    alloc_items(req, 1);
+    if (alloc_items(req, 1) != 0) {
+        reject(req, SQ_OVERLOAD, "not enough memory for this request; retry shortly");
+        return;
+    }
     start_jpeg(srv, &req->items[0], req->body, req->body_len);
 }
 
@@ -577,7 +606,10 @@ static void v2_start(gw_infer_t *req)
         gw_oip_request_set_id(&st->parsed, req->request_id, strlen(req->request_id));
     set_deadline(req, st->parsed.slo_ms, srv->cfg);
     int n = st->parsed.batch;
-    alloc_items(req, n);
+    if (alloc_items(req, n) != 0) {
+        reject(req, SQ_OVERLOAD, "not enough memory for a batch of %d; retry shortly", n);
+        return;
+    }
     const gw_oip_input_t *in = &st->parsed.inputs[0];
     for (int i = 0; i < n; i++) {
         const gw_oip_row_t *row = &in->rows[i];
@@ -637,9 +669,8 @@ void gw_route_infer_v2(gw_call_t *call)
         st->header_len = v;
     }
     set_deadline(req, -1, srv->cfg);
-    req->body = sq_xmalloc(hreq->entity.len + 1);
-    memcpy(req->body, hreq->entity.base, hreq->entity.len);
-    req->body_len = hreq->entity.len;
+    if (take_body(req, hreq) != 0)
+        return;
     if (req->body_len > INLINE_PARSE_BYTES)
         gw_offload(srv, v2_start_offloaded, req);
     else

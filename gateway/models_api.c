@@ -1,7 +1,7 @@
 /* Model management routes: POST/GET/DELETE /models (admin token), and the
  * KServe model metadata and readiness routes. Every route's work happens on
- * the DB thread; the loop thread only checks the request and copies the
- * body. */
+ * the DB thread; the loop thread only checks the request (the DB thread
+ * reads the body where h2o keeps it, see gw_request_body). */
 #include "gw_http.h"
 #include "gw_infer.h"
 #include "gw_registry.h"
@@ -22,14 +22,17 @@ typedef struct {
     int version;
     int emulated; /* the body is a JSON config alone */
     char boundary[GW_MULTIPART_MAX_BOUNDARY + 1];
-    uint8_t *body; /* a copy: the request may go away meanwhile */
+    /* The request body, read on the DB thread before the reply (see
+     * gw_request_body): h2o's buffer, or a copy in body_owned. */
+    const uint8_t *body;
     size_t len;
+    uint8_t *body_owned;
 } model_job_t;
 
 static void model_job_dispose(gw_async_t *a)
 {
     model_job_t *j = (model_job_t *)a;
-    free(j->body);
+    free(j->body_owned);
 }
 
 static model_job_t *job_new(gw_call_t *call)
@@ -389,10 +392,14 @@ void gw_route_models_post(gw_call_t *call)
         j = job_new(call);
         memcpy(j->boundary, boundary, sizeof(boundary));
     }
-    j->len = req->entity.len;
-    j->body = sq_xmalloc(j->len + 1);
-    if (j->len > 0)
-        memcpy(j->body, req->entity.base, j->len);
+    if (gw_request_body(req, &j->body, &j->len, &j->body_owned) != 0) {
+        gw_metrics_upload(call->srv->metrics, SQ_OVERLOAD);
+        gw_async_fail(&j->base, SQ_OVERLOAD,
+                      "not enough memory to hold an upload of %zu bytes; retry shortly",
+                      req->entity.len);
+        gw_async_done(&j->base);
+        return;
+    }
     gw_db_post(call->srv, upload_job, j);
 }
 
@@ -539,8 +546,20 @@ static void kserve_ready_job(mdb_t *db, void *arg)
         gw_async_fail(&j->base, rc, rc == SQ_MODEL_NOT_FOUND ? "no such model" : "%s",
                       mdb_errmsg(db));
     } else {
-        int ready = strcmp(json_string_value(json_object_get(rec, "status")), "ready") == 0;
-        j->base.body = json_pack("{s:s, s:b}", "name", j->name, "ready", ready);
+        /* The Open Inference Protocol answers by status code: 200 ready, 4xx
+         * not (400, as Triton). The body says the same, with the error's
+         * reason and code for a client that reads only those. */
+        const char *status = json_string_value(json_object_get(rec, "status"));
+        if (status != NULL && strcmp(status, "ready") == 0) {
+            j->base.body = json_pack("{s:s, s:b}", "name", j->name, "ready", 1);
+        } else {
+            j->base.status = 400;
+            j->base.body = json_pack("{s:s, s:b, s:s, s:s}", "name", j->name, "ready", 0, "error",
+                                     status != NULL && strcmp(status, "profiling") == 0
+                                         ? "the model is being profiled; retry shortly"
+                                         : "the model failed profiling and cannot be served",
+                                     "code", sq_err_name(SQ_NOT_READY));
+        }
         json_decref(rec);
     }
     gw_async_done(&j->base);

@@ -6,7 +6,8 @@
  * left of it and respawns it after a backoff that doubles per consecutive
  * failure and resets once a worker stayed up for a while. A worker that
  * exits with WK_EXIT_DEVICE_UNAVAILABLE (a cuda worker on a machine without
- * a GPU) is not retried: its slot falls back to a cpu worker, once.
+ * a GPU) is not retried: its slot becomes the cpu worker when no slot is
+ * one yet, and is disabled otherwise (one cpu worker uses every core).
  * Workers started by hand join as unsupervised peers. */
 #include "gw_infer.h"
 #include "gw_int.h"
@@ -274,19 +275,28 @@ static void slot_exited(gw_workers_t *ws, slot_t *s, int status)
     }
     SQ_INFO("worker exited id=%d device=%s status=%d signal=%d", s->id, s->device, code, sig);
     if (code == WK_EXIT_DEVICE_UNAVAILABLE) {
-        int have_cpu = 0;
-        for (int i = 0; i < ws->nslots; i++)
-            have_cpu |=
-                strcmp(ws->slots[i].device, "cpu") == 0 && ws->slots[i].state != SLOT_DISABLED;
-        if (!have_cpu && strncmp(s->device, "cpu", 3) != 0) {
-            SQ_WARN("device unavailable, falling back to cpu id=%d device=%s", s->id, s->device);
-            snprintf(s->device, sizeof(s->device), "cpu");
-        } else {
+        /* The slot becomes the cpu worker, unless one is already there: one
+         * cpu worker uses every core, and a second on the same cores would
+         * only contend with it (as workers=cpu:N runs one). */
+        int cpu_slot = -1;
+        for (int i = 0; i < ws->nslots && cpu_slot < 0; i++)
+            if (strcmp(ws->slots[i].device, "cpu") == 0 && ws->slots[i].state != SLOT_DISABLED)
+                cpu_slot = i;
+        if (strncmp(s->device, "cpu", 3) == 0) {
             SQ_WARN("device unavailable, slot disabled id=%d device=%s", s->id, s->device);
             s->state = SLOT_DISABLED;
             publish(ws);
             return;
         }
+        if (cpu_slot >= 0) {
+            SQ_WARN("device unavailable, slot disabled (no fallback: the cpu worker of slot %d "
+                    "already uses every core) id=%d device=%s",
+                    cpu_slot, s->id, s->device);
+            s->state = SLOT_DISABLED;
+            return;
+        }
+        SQ_WARN("device unavailable, falling back to cpu id=%d device=%s", s->id, s->device);
+        snprintf(s->device, sizeof(s->device), "cpu");
     }
     if (s->up_since_ns > 0 && sq_now_ns() - s->up_since_ns > (int64_t)STABLE_AFTER_MS * 1000000)
         s->backoff_ms = ws->srv->cfg->restart_backoff_ms;

@@ -53,6 +53,20 @@ static int step_done(mdb_t *db, sqlite3_stmt *st, const char *what)
     return 0;
 }
 
+/* One step of a query: 1 a row, 0 no more rows, or SQ_DB (the error on
+ * the handle). A failed step is never "no such row": a busy, locked or
+ * damaged database is a 503/500 `db` error, not a 404. */
+static int step_row(mdb_t *db, sqlite3_stmt *st, const char *what)
+{
+    int rc = sqlite3_step(st);
+    if (rc == SQLITE_ROW)
+        return 1;
+    if (rc == SQLITE_DONE)
+        return 0;
+    mdb_set_error(db, what);
+    return SQ_DB;
+}
+
 static int hex_to_hash(const char *hex, mdb_hash_t *h)
 {
     if (hex == NULL || strlen(hex) != 2 * MDB_HASH_LEN)
@@ -77,6 +91,13 @@ static char *input_spec(const mdb_new_model_t *m)
     return txt;
 }
 
+static void free_names(char **names, int n)
+{
+    for (int i = 0; i < n; i++)
+        free(names[i]);
+    free(names);
+}
+
 /* Loads the stored signatures of a model. */
 static int load_sigs(mdb_t *db, int64_t model_id, mdb_node_sig_t **out, char ***outputs, int *n)
 {
@@ -87,7 +108,7 @@ static int load_sigs(mdb_t *db, int64_t model_id, mdb_node_sig_t **out, char ***
     if (st == NULL)
         return SQ_DB;
     sqlite3_bind_int64(st, 1, model_id);
-    if (sqlite3_step(st) != SQLITE_ROW)
+    if (step_row(db, st, "count model nodes") != 1)
         return SQ_DB;
     int count = sqlite3_column_int(st, 0);
     mdb_node_sig_t *sigs = sq_xcalloc((size_t)count + 1, sizeof(*sigs));
@@ -99,25 +120,23 @@ static int load_sigs(mdb_t *db, int64_t model_id, mdb_node_sig_t **out, char ***
         return SQ_DB;
     }
     sqlite3_bind_int64(st, 1, model_id);
-    int i = 0;
-    while (i < count && sqlite3_step(st) == SQLITE_ROW) {
+    int i = 0, step = 1;
+    while (i < count && (step = step_row(db, st, "read model nodes")) == 1) {
         hex_to_hash((const char *)sqlite3_column_text(st, 0), &sigs[i].hash);
         sigs[i].ancestors = (uint32_t)sqlite3_column_int64(st, 1);
         sigs[i].cut_ok = sqlite3_column_int(st, 2) != 0;
         names[i] = sq_xstrdup((const char *)sqlite3_column_text(st, 3));
         i++;
     }
+    if (step < 0) {
+        free(sigs);
+        free_names(names, i);
+        return SQ_DB;
+    }
     *out = sigs;
     *outputs = names;
     *n = i;
     return 0;
-}
-
-static void free_names(char **names, int n)
-{
-    for (int i = 0; i < n; i++)
-        free(names[i]);
-    free(names);
 }
 
 static int add_member(mdb_t *db, int64_t group_id, int64_t model_id, const char *cut_tensor,
@@ -148,9 +167,11 @@ static int find_prefix_group(mdb_t *db, int64_t id, const char *spec, const mdb_
     bind_text(st, 1, spec);
     sqlite3_bind_int64(st, 2, id);
     int64_t others[256];
-    int nothers = 0;
-    while (nothers < 256 && sqlite3_step(st) == SQLITE_ROW)
+    int nothers = 0, step = 1;
+    while (nothers < 256 && (step = step_row(db, st, "find prefix candidates")) == 1)
         others[nothers++] = sqlite3_column_int64(st, 0);
+    if (step < 0)
+        return step;
 
     mdb_prefix_t best = {0};
     int64_t best_model = 0;
@@ -288,7 +309,10 @@ int mdb_model_insert(mdb_t *db, const mdb_new_model_t *m, int64_t *id_out)
         return rollback(db, SQ_DB);
     bind_text(st, 1, m->name);
     sqlite3_bind_int(st, 2, m->version);
-    if (sqlite3_step(st) == SQLITE_ROW) {
+    int exists = step_row(db, st, "check model");
+    if (exists < 0)
+        return rollback(db, exists);
+    if (exists == 1) {
         snprintf(db->errmsg, sizeof(db->errmsg), "model %s version %d already exists", m->name,
                  m->version);
         return rollback(db, SQ_EXISTS);
@@ -463,11 +487,12 @@ int mdb_model_get(mdb_t *db, const char *name, json_t **out)
         return SQ_DB;
     bind_text(st, 1, name);
     json_t *versions = json_array();
-    while (sqlite3_step(st) == SQLITE_ROW)
+    int step;
+    while ((step = step_row(db, st, "read model")) == 1)
         json_array_append_new(versions, record_from_row(db, st));
-    if (json_array_size(versions) == 0) {
+    if (step != 0 || json_array_size(versions) == 0) {
         json_decref(versions);
-        return SQ_MODEL_NOT_FOUND;
+        return step != 0 ? step : SQ_MODEL_NOT_FOUND;
     }
     size_t i;
     json_t *r;
@@ -490,8 +515,9 @@ int mdb_model_version_get(mdb_t *db, const char *name, int version, json_t **out
     bind_text(st, 1, name);
     sqlite3_bind_int(st, 2, version);
     sqlite3_bind_int(st, 3, version);
-    if (sqlite3_step(st) != SQLITE_ROW)
-        return SQ_MODEL_NOT_FOUND;
+    int step = step_row(db, st, "read model version");
+    if (step != 1)
+        return step == 0 ? SQ_MODEL_NOT_FOUND : step;
     json_t *r = record_from_row(db, st);
     finish_record(db, r);
     *out = r;
@@ -508,8 +534,9 @@ int mdb_model_labels(mdb_t *db, const char *name, int version, json_t **out)
     bind_text(st, 1, name);
     sqlite3_bind_int(st, 2, version);
     sqlite3_bind_int(st, 3, version);
-    if (sqlite3_step(st) != SQLITE_ROW)
-        return SQ_MODEL_NOT_FOUND;
+    int step = step_row(db, st, "read labels");
+    if (step != 1)
+        return step == 0 ? SQ_MODEL_NOT_FOUND : step;
     *out = column_json(st, 0);
     return 0;
 }
@@ -523,7 +550,8 @@ int mdb_model_list(mdb_t *db, json_t **out)
         return SQ_DB;
     json_t *models = json_array();
     json_t *cur = NULL;
-    while (sqlite3_step(st) == SQLITE_ROW) {
+    int step;
+    while ((step = step_row(db, st, "list models")) == 1) {
         const char *name = (const char *)sqlite3_column_text(st, 0);
         if (cur == NULL || strcmp(json_string_value(json_object_get(cur, "name")), name) != 0) {
             cur = json_pack("{s:s, s:[]}", "name", name, "versions");
@@ -535,6 +563,10 @@ int mdb_model_list(mdb_t *db, json_t **out)
                             json_pack("{s:i, s:s, s:s}", "version", sqlite3_column_int(st, 1),
                                       "status", (const char *)sqlite3_column_text(st, 2), "format",
                                       (const char *)sqlite3_column_text(st, 3)));
+    }
+    if (step != 0) {
+        json_decref(models);
+        return step;
     }
     *out = json_pack("{s:o}", "models", models);
     return 0;
@@ -747,10 +779,15 @@ int mdb_model_records(mdb_t *db, int64_t key, json_t **out)
     sqlite3_bind_int64(st, 1, key);
     sqlite3_bind_int64(st, 2, key);
     json_t *all = json_array();
-    while (sqlite3_step(st) == SQLITE_ROW) {
+    int step;
+    while ((step = step_row(db, st, "read models")) == 1) {
         json_t *r = record_from_row(db, st);
         json_object_set_new(r, "labels", column_json(st, 17));
         json_array_append_new(all, r);
+    }
+    if (step != 0) {
+        json_decref(all);
+        return step;
     }
     size_t i;
     json_t *r;
@@ -766,8 +803,9 @@ int mdb_model_blob(mdb_t *db, int64_t key, void **bytes, size_t *len)
     if (st == NULL)
         return SQ_DB;
     sqlite3_bind_int64(st, 1, key);
-    if (sqlite3_step(st) != SQLITE_ROW)
-        return SQ_MODEL_NOT_FOUND;
+    int step = step_row(db, st, "read model file");
+    if (step != 1)
+        return step == 0 ? SQ_MODEL_NOT_FOUND : step;
     size_t n = (size_t)sqlite3_column_bytes(st, 0);
     const void *p = sqlite3_column_blob(st, 0);
     if (p == NULL || n == 0)

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Counts individual tests across meson test logs: each TAP line of a test
 program is one test; a test program that failed without reporting a failing
-TAP line (a crash, a timeout, a sanitizer abort) counts as one failure.
+TAP line (a crash, a timeout, a sanitizer abort) counts as one failure, and
+one without TAP lines that meson reports SKIP counts as one skipped.
 A file ending in .tap is read as TAP itself (scripts/fuzz writes one): each
 "ok"/"not ok" line is a test, and a plan ("1..N") that the lines fall short
 of counts the missing ones as failures.
@@ -63,7 +64,12 @@ for path in sys.argv[1:]:
                 nok += 1
         good = t["result"] in ("OK", "EXPECTEDFAIL", "SKIP")
         if ok + nok + sk == 0:
-            ok, nok = (1, 0) if good else (0, 1)
+            # No TAP: the program's own result is its one test (a SKIP, e.g.
+            # exit 77 where what it needs is missing, is skipped, not passed).
+            if t["result"] == "SKIP":
+                sk = 1
+            else:
+                ok, nok = (1, 0) if good else (0, 1)
         elif not good and nok == 0:
             nok = 1
         passed += ok

@@ -919,8 +919,18 @@ int wk_serve(const wk_serve_opts_t *opts)
         return 1;
     pthread_mutex_init(&s.lock, NULL);
     pthread_cond_init(&s.cond, NULL);
-    pthread_create(&s.exec, NULL, exec_thread, &s);
-    sq_loop_watch(s.loop, opts->fd, SQ_EV_READ, on_socket, &s);
+    int err = pthread_create(&s.exec, NULL, exec_thread, &s);
+    if (err != 0) {
+        SQ_ERROR("cannot start the execution thread error=\"%s\"", strerror(err));
+        pthread_cond_destroy(&s.cond);
+        pthread_mutex_destroy(&s.lock);
+        sq_loop_free(s.loop);
+        return 1;
+    }
+    if ((err = sq_loop_watch(s.loop, opts->fd, SQ_EV_READ, on_socket, &s)) != 0) {
+        SQ_ERROR("cannot watch the squishd socket error=\"%s\"", strerror(-err));
+        finish(&s, 1);
+    }
     /* Frames that arrived with WELCOME are handled before waiting. */
     sq_frame_t f;
     while (s.exit_status < 0 && sq_conn_next(s.conn, &f) == 1)

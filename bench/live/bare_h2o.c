@@ -25,6 +25,8 @@ typedef struct {
     h2o_accept_ctx_t accept_ctx;
     h2o_socket_t *listener;
     pthread_t thread;
+    h2o_globalconf_t *config;
+    int fd; /* its own dup of the listening socket */
 } bare_thread_t;
 
 static char *reply;
@@ -54,9 +56,17 @@ static void on_accept(h2o_socket_t *listener, const char *err)
     h2o_accept(&t->accept_ctx, sock);
 }
 
+/* As gateway/http.c: each thread creates its own loop, context and
+ * listener (libh2o's socket buffers recycle into per-thread lists). */
 static void *loop_thread(void *arg)
 {
     bare_thread_t *t = arg;
+    h2o_context_init(&t->ctx, h2o_evloop_create(), t->config);
+    t->accept_ctx.ctx = &t->ctx;
+    t->accept_ctx.hosts = t->config->hosts;
+    t->listener = h2o_evloop_socket_create(t->ctx.loop, t->fd, H2O_SOCKET_FLAG_DONT_READ);
+    t->listener->data = t;
+    h2o_socket_read_start(t->listener, on_accept);
     for (;;)
         h2o_evloop_run(t->ctx.loop, INT32_MAX);
     return NULL;
@@ -153,14 +163,8 @@ int main(int argc, char **argv)
     if (threads == NULL)
         return 1;
     for (int i = 0; i < nthreads; i++) {
-        bare_thread_t *t = &threads[i];
-        h2o_context_init(&t->ctx, h2o_evloop_create(), &config);
-        t->accept_ctx.ctx = &t->ctx;
-        t->accept_ctx.hosts = config.hosts;
-        t->listener =
-            h2o_evloop_socket_create(t->ctx.loop, i == 0 ? fd : dup(fd), H2O_SOCKET_FLAG_DONT_READ);
-        t->listener->data = t;
-        h2o_socket_read_start(t->listener, on_accept);
+        threads[i].config = &config;
+        threads[i].fd = i == 0 ? fd : dup(fd);
     }
     for (int i = 1; i < nthreads; i++)
         pthread_create(&threads[i].thread, NULL, loop_thread, &threads[i]);

@@ -32,18 +32,24 @@ Test(config, defaults_are_the_embedded_setup)
     cr_assert_eq(cfg.max_inflight, 4096);
     cr_assert_eq(cfg.max_connections, 4096);
     cr_assert_eq(cfg.http_request_timeout_ms, 10000);
+    cr_assert_eq(cfg.max_header_kb, 32);
 }
 
 Test(config, admission_limits_are_settings)
 {
     gw_config_t cfg;
     char err[512];
-    char *argv[] = {"squishd", "--max-inflight", "8", "--http-request-timeout-ms", "2500", NULL};
+    char *argv[] = {"squishd", "--max-inflight",  "8",  "--http-request-timeout-ms",
+                    "2500",    "--max-header-kb", "16", NULL};
     char *envp[] = {"SQUISH_MAX_CONNECTIONS=64", NULL};
     cr_assert_eq(parse(&cfg, argv, envp, err), 0, "%s", err);
     cr_assert_eq(cfg.max_inflight, 8);
     cr_assert_eq(cfg.max_connections, 64);
     cr_assert_eq(cfg.http_request_timeout_ms, 2500);
+    cr_assert_eq(cfg.max_header_kb, 16);
+    char *too_big[] = {"squishd", "--max-header-kb", "500", NULL};
+    cr_assert_neq(parse(&cfg, too_big, envp, err), 0);
+    cr_assert_not_null(strstr(err, "--max-header-kb"), "%s", err);
 }
 
 Test(config, flags_override_environment_which_overrides_the_file)

@@ -69,8 +69,14 @@ def upload_list_get_metadata_and_delete():
         assert r.status == 200, r
         r = s.get("/v2/models/tiny/versions/9", schema_name="kserve_model_metadata")
         assert r.status == 404, r
-        r = s.get("/v2/models/tiny/ready", schema_name="kserve_model_ready")
-        assert r.status == 200 and r.json["ready"] is False, "not ready while profiling"
+        # Readiness is the status code (Open Inference Protocol): 400 while
+        # profiling, the body saying the same.
+        for path in ("/v2/models/tiny/ready", "/v2/models/tiny/versions/2/ready"):
+            r = s.get(path)
+            assert r.status == 400 and r.json["ready"] is False, ("not ready while profiling", r)
+            assert r.json["code"] == "not_ready" and r.json["name"] == "tiny", r
+            validate(r.json, "kserve_model_ready")
+        assert s.get("/v2/models/tiny/versions/9/ready").status == 404
         assert s.get("/v2/models/nope/ready").status == 404
 
         r = s.request("DELETE", "/models/tiny/versions/1", headers=auth(s),
@@ -166,6 +172,10 @@ def emulated_models_carry_their_profile():
         prof = r.json["profiles"][0]
         assert prof["device_kind"] == "emu" and prof["batch"] == list(range(1, 33)), prof
         assert abs(prof["latency_ms"][15] - (1.053 * 16 + 5.072)) < 1e-9
+        # An emulated model is ready at once: 200 is the answer.
+        for path in ("/v2/models/resnet50/ready", "/v2/models/resnet50/versions/1/ready"):
+            r = s.get(path, schema_name="kserve_model_ready")
+            assert r.status == 200 and r.json == {"name": "resnet50", "ready": True}, r
         table = {"name": "A", "profile": {"batch": [4, 8, 16], "latency_ms": [50, 75, 100]}}
         r = s.request("POST", "/models", body=json.dumps(table),
                       headers=dict(auth(s), **{"Content-Type": "application/json"}),

@@ -4,12 +4,13 @@ hand-started workers, cuda fallback, heartbeats, clean shutdown."""
 import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
 import time
 
-from harness import (SQUISHD, WORKER, Squishd, eventually, run, test, validate)
+from harness import (SQUISHD, WORKER, Skip, Squishd, eventually, run, test, validate)
 
 
 @test
@@ -113,17 +114,54 @@ def a_stopped_worker_misses_heartbeats_and_is_replaced():
         s.cleanup()
 
 
+def workers_up(s):
+    """{device: up} from /metrics' squish_worker_up."""
+    r = s.get("/metrics")
+    assert r.status == 200, r
+    return {m.group(1): int(m.group(2)) for m in re.finditer(
+        r'^squish_worker_up\{worker="\d+",device="([^"]+)"\} (\d+)$', r.raw.decode(), re.M)}
+
+
+def no_gpu_here(s):
+    """Waits for the cuda slot's verdict; raises Skip where a GPU is up."""
+    eventually(lambda: "device unavailable" in s.read_log() or "cuda" in str(workers_up(s)), 20,
+               "the cuda worker to come up or report its device unavailable")
+    if "device unavailable" not in s.read_log():
+        raise Skip("a GPU is up here: no fallback to check")
+
+
 @test
 def a_cuda_worker_without_a_gpu_falls_back_to_cpu():
     s = Squishd(workers="cuda:1")
     try:
+        no_gpu_here(s)
         s.wait_ready(workers=1, timeout=15)
-        log = s.read_log()
-        if "falling back to cpu" in log:
-            assert "cpu" in s.worker_pids(), s.worker_pids()
+        assert "falling back to cpu" in s.read_log()
+        assert workers_up(s) == {"cpu": 1}, workers_up(s)
+        assert set(s.worker_pids()) == {"cpu"}, s.worker_pids()
         assert s.stop() == 0
     finally:
         s.cleanup()
+
+
+@test
+def without_a_gpu_cuda_slots_beside_a_cpu_worker_are_disabled_not_doubled():
+    # One cpu worker uses every core: a cuda slot does not become a second
+    # one beside it (README), for cpu:1,cuda:1 as for cuda:2.
+    for workers in ("cpu:1,cuda:1", "cuda:2"):
+        s = Squishd(workers=workers)
+        try:
+            no_gpu_here(s)
+            s.wait_ready(workers=1, timeout=15)
+            eventually(lambda: "slot disabled" in s.read_log(), 20, "a cuda slot disabled")
+            assert "already uses every core" in s.read_log(), s.read_log()[-3000:]
+            time.sleep(0.5)  # a respawned cuda worker would show by now
+            assert workers_up(s) == {"cpu": 1}, workers_up(s)
+            assert set(s.worker_pids()) == {"cpu"}, s.worker_pids()
+            assert s.get("/v2/health/ready").json["workers"] == 1
+            assert s.stop() == 0
+        finally:
+            s.cleanup()
 
 
 @test

@@ -2,6 +2,7 @@
  * restart (mdb_plan_store, mdb_plan_last_epoch, mdb_plan_last). */
 #include <criterion/criterion.h>
 #include <mdb.h>
+#include <mdb_int.h>
 #include <sq.h>
 
 #include <sqlite3.h>
@@ -333,4 +334,62 @@ Test(sha256, a_file_hashed_in_pieces_has_the_digest_of_the_whole)
     mdb_sha256_free(mdb_sha256_begin()); /* an unfinished digest is dropped */
     mdb_sha256_free(NULL);
     free(data);
+}
+
+/* ---- a failing database is not a missing model ---------------------------- */
+
+/* Every step of a query fails (SQLITE_INTERRUPT), as a busy, locked or
+ * damaged file would make it: the reads that used to treat any failed step
+ * as "no row" answered 404 for a model that exists. */
+static int interrupt_every_step(void *arg)
+{
+    (void)arg;
+    return 1;
+}
+
+static void fail_every_step(void)
+{
+    sqlite3_progress_handler(db->sql, 1, interrupt_every_step, NULL);
+}
+
+TestSuite(db_errors, .init = setup, .fini = teardown);
+
+Test(db_errors, a_missing_model_is_not_found_when_the_database_works)
+{
+    json_t *out = NULL;
+    cr_assert_eq(mdb_model_get(db, "nope", &out), SQ_MODEL_NOT_FOUND);
+    cr_assert_eq(mdb_model_version_get(db, "nope", 0, &out), SQ_MODEL_NOT_FOUND);
+    cr_assert_eq(mdb_model_labels(db, "nope", 0, &out), SQ_MODEL_NOT_FOUND);
+    void *bytes = NULL;
+    size_t len = 0;
+    cr_assert_eq(mdb_model_blob(db, 12345, &bytes, &len), SQ_MODEL_NOT_FOUND);
+}
+
+Test(db_errors, reads_of_an_existing_model_that_fail_are_db_errors_not_404)
+{
+    int64_t id = insert_emulated("here");
+    json_t *out = NULL;
+    cr_assert_eq(mdb_model_get(db, "here", &out), 0, "%s", mdb_errmsg(db));
+    json_decref(out);
+    out = NULL;
+    fail_every_step();
+    cr_assert_eq(mdb_model_get(db, "here", &out), SQ_DB);
+    cr_assert_not_null(strstr(mdb_errmsg(db), "interrupt"), "%s", mdb_errmsg(db));
+    cr_assert_eq(mdb_model_version_get(db, "here", 1, &out), SQ_DB);
+    cr_assert_eq(mdb_model_labels(db, "here", 0, &out), SQ_DB);
+    void *bytes = NULL;
+    size_t len = 0;
+    cr_assert_eq(mdb_model_blob(db, id, &bytes, &len), SQ_DB);
+    cr_assert_null(out);
+    cr_assert_eq(sq_err_http_status(SQ_DB) / 100, 5, "a db error is a 5xx");
+}
+
+Test(db_errors, a_list_or_records_read_that_fails_is_an_error_not_an_empty_list)
+{
+    insert_emulated("here");
+    json_t *out = NULL;
+    fail_every_step();
+    cr_assert_eq(mdb_model_list(db, &out), SQ_DB);
+    cr_assert_eq(mdb_model_records(db, 0, &out), SQ_DB);
+    cr_assert_null(out);
 }

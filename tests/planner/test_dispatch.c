@@ -580,6 +580,83 @@ Test(dispatch, no_batch_ever_misses_its_earliest_deadline_early_drop)
         property_run(PL_POLICY_EARLY_DROP, seed);
 }
 
+/* Goodput at a load the workers can serve: the properties above hold for a
+ * core that drops almost everything, this does not. One session, linear
+ * l(b) = alpha b + beta, SLO L, n workers, every worker routed. A request
+ * can wait for the batch running on its worker and then run in its own
+ * (plus the network delay each way), so a batch size b keeps every deadline
+ * when 2 l(b) + 2 net <= L; the n workers then serve n b / l(b) requests/s
+ * (b the largest such size). Poisson arrivals at half of that: more than
+ * twice the mean in one SLO window (about 20 requests where 40 would
+ * overflow) has a probability near 1e-4, so at least 99% of the requests
+ * must be served by their deadline, under either policy. */
+static void goodput_run(pl_policy_t policy, uint64_t seed, int nworkers, double alpha_us,
+                        double beta_us, int64_t slo_us)
+{
+    const int64_t net_us = 300;
+    rng_state = seed;
+    rig_t *r = malloc(sizeof(*r));
+    memset(r, 0, sizeof(*r));
+    pl_dispatch_opts_t o = {.policy = policy, .k_std = 2, .net_delay_us = net_us};
+    r->d = pl_dispatch_new(&o);
+    r->timer_us = PL_NEVER;
+    add_workers(r, nworkers);
+    int sid = add_linear_session(r->d, alpha_us, beta_us, 32, slo_us);
+    cr_assert_geq(sid, 0);
+    route_all(r, sid, nworkers, 0);
+    int best_b = 0;
+    for (int b = 1; b <= 32; b++)
+        if (2 * (alpha_us * b + beta_us) + 2 * (double)net_us <= (double)slo_us)
+            best_b = b;
+    cr_assert_gt(best_b, 0, "the SLO admits a batch of one");
+    double capacity_rps = nworkers * best_b / ((alpha_us * best_b + beta_us) / 1e6);
+    double rate_rps = capacity_rps / 2;
+    int narr = 3000;
+    arrival_t *arr = malloc(sizeof(*arr) * (size_t)narr);
+    int64_t *deadline = malloc(sizeof(int64_t) * (size_t)(narr + 1));
+    double t = 0;
+    for (int i = 0; i < narr; i++) {
+        t += -(1e6 / rate_rps) * log(1 - rng_unit());
+        arr[i] =
+            (arrival_t){.at_us = (int64_t)t, .session = sid, .deadline_us = (int64_t)t + slo_us};
+        deadline[i + 1] = arr[i].deadline_us;
+    }
+    rig_run(r, arr, narr, nworkers);
+    cr_assert_eq(r->overlap, 0);
+    int good = 0;
+    for (int k = 0; k < r->nsent; k++) {
+        const sent_t *b = &r->sent[k];
+        for (int j = 0; j < b->count; j++)
+            good += b->finish_us <= deadline[b->ids[j]];
+    }
+    cr_assert_eq(good + r->ndropped >= narr, 1, "every request has an outcome");
+    cr_assert_geq(good, narr * 99 / 100,
+                  "policy %d seed %llu: %d of %d served in time at %.0f of %.0f req/s "
+                  "(%d dropped)",
+                  (int)policy, (unsigned long long)seed, good, narr, rate_rps, capacity_rps,
+                  r->ndropped);
+    free(arr);
+    free(deadline);
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
+Test(dispatch, half_the_capacity_is_served_in_time_deferred)
+{
+    for (uint64_t seed = 1; seed <= 6; seed++) {
+        goodput_run(PL_POLICY_DEFERRED, seed, 2, 1000, 5000, 50000);
+        goodput_run(PL_POLICY_DEFERRED, seed, 4, 500, 8000, 30000);
+    }
+}
+
+Test(dispatch, half_the_capacity_is_served_in_time_early_drop)
+{
+    for (uint64_t seed = 1; seed <= 6; seed++) {
+        goodput_run(PL_POLICY_EARLY_DROP, seed, 2, 1000, 5000, 50000);
+        goodput_run(PL_POLICY_EARLY_DROP, seed, 4, 500, 8000, 30000);
+    }
+}
+
 Test(dispatch, lost_worker_retries_batch_elsewhere_or_drops)
 {
     rig_t *r = malloc(sizeof(*r));
