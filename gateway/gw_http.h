@@ -94,6 +94,18 @@ void gw_send_error(h2o_req_t *req, int err, const char *detail);
 /* Adds a response header (name is lower-case). */
 void gw_add_header(h2o_req_t *req, const char *name, const char *value);
 
+/* What the HTTP loops serve: the route table (first match of method and
+ * pattern wins; a pattern that matches with another method answers 405
+ * with Allow) and a hook called once per request when h2o frees it. */
+typedef struct gw_http_app {
+    const gw_route_t *routes;
+    size_t nroutes;
+    void (*done)(gw_server_t *srv, h2o_req_t *req, const char *route, int64_t start_ns);
+} gw_http_app_t;
+
+/* routes.c: squishd's API. */
+extern const gw_http_app_t gw_http_app;
+
 /* Routes (one file per area). */
 void gw_route_models_post(gw_call_t *call);
 void gw_route_models_list(gw_call_t *call);
@@ -103,7 +115,6 @@ void gw_route_models_delete_version(gw_call_t *call);
 void gw_route_kserve_model(gw_call_t *call);
 void gw_route_kserve_model_ready(gw_call_t *call);
 void gw_route_infer_v1(gw_call_t *call);
-void gw_route_plan(gw_call_t *call);
 void gw_route_infer_v2(gw_call_t *call);
 void gw_route_metrics(gw_call_t *call);
 void gw_route_model_stats(gw_call_t *call);

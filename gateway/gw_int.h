@@ -89,7 +89,8 @@ void gw_workers_stop(gw_server_t *srv);
 void gw_workers_free(gw_server_t *srv);
 
 /* HTTP: binds, then runs cfg->http_threads h2o event loops. */
-int gw_http_start(gw_server_t *srv, char *err, size_t errlen);
+struct gw_http_app; /* gw_http.h */
+int gw_http_start(gw_server_t *srv, const struct gw_http_app *app, char *err, size_t errlen);
 /* Stops accepting and waits up to timeout_ms for in-flight requests. */
 void gw_http_drain(gw_server_t *srv, int timeout_ms);
 /* Stops the loops and joins the threads (after gw_http_drain). */

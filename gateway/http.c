@@ -17,6 +17,7 @@
 typedef struct {
     h2o_handler_t super;
     gw_server_t *srv;
+    const gw_http_app_t *app;
 } gw_handler_t;
 
 typedef enum { MSG_STOP_ACCEPTING, MSG_EXIT, MSG_ASYNC_DONE } http_msg_kind_t;
@@ -44,6 +45,7 @@ typedef struct {
 
 struct gw_http {
     gw_server_t *srv;
+    const gw_http_app_t *app;
     int draining;
     h2o_globalconf_t globalconf;
     int listen_fd;
@@ -53,41 +55,6 @@ struct gw_http {
     pthread_mutex_t start_lock;
     pthread_cond_t start_cond;
 };
-
-/* Routes: see the functions below; more files add theirs as they land. */
-static void route_server_metadata(gw_call_t *call);
-void gw_route_plan(gw_call_t *call)
-{
-    gw_send_json(call->req, 200, gw_dispatch_plan_json(call->srv));
-}
-
-static void route_live(gw_call_t *call);
-static void route_ready(gw_call_t *call);
-
-static const gw_route_t routes[] = {
-    {"GET", "/v2", "server_metadata", route_server_metadata},
-    {"GET", "/v2/health/live", "health_live", route_live},
-    {"GET", "/v2/health/ready", "health_ready", route_ready},
-    {"POST", "/models", "models_upload", gw_route_models_post},
-    {"GET", "/models", "models_list", gw_route_models_list},
-    {"GET", "/models/*", "models_get", gw_route_models_get},
-    {"DELETE", "/models/*", "models_delete", gw_route_models_delete},
-    {"DELETE", "/models/*/versions/*", "models_delete_version", gw_route_models_delete_version},
-    {"GET", "/metrics", "metrics", gw_route_metrics},
-    {"GET", "/v2/models/stats", "model_stats", gw_route_model_stats}, /* before kserve_model */
-    {"GET", "/v2/models/*/stats", "model_stats", gw_route_model_stats},
-    {"GET", "/v2/models/*/versions/*/stats", "model_stats", gw_route_model_stats},
-    {"GET", "/v2/models/*", "kserve_model", gw_route_kserve_model},
-    {"GET", "/v2/models/*/versions/*", "kserve_model", gw_route_kserve_model},
-    {"GET", "/v2/models/*/ready", "kserve_model_ready", gw_route_kserve_model_ready},
-    {"GET", "/v2/models/*/versions/*/ready", "kserve_model_ready", gw_route_kserve_model_ready},
-    {"GET", "/v1/plan", "plan", gw_route_plan},
-    {"POST", "/v1/models/*/infer", "infer_v1", gw_route_infer_v1},
-    {"POST", "/v1/models/*/versions/*/infer", "infer_v1", gw_route_infer_v1},
-    {"POST", "/v2/models/*/infer", "infer_v2", gw_route_infer_v2},
-    {"POST", "/v2/models/*/versions/*/infer", "infer_v2", gw_route_infer_v2},
-};
-#define NROUTES (sizeof(routes) / sizeof(routes[0]))
 
 void gw_add_header(h2o_req_t *req, const char *name, const char *value)
 {
@@ -292,37 +259,6 @@ int gw_query_param(h2o_req_t *req, const char *name, char *out, size_t outlen)
     return 0;
 }
 
-static void route_server_metadata(gw_call_t *call)
-{
-    gw_send_json(
-        call->req, 200,
-        json_pack("{s:s, s:s, s:[]}", "name", "squish", "version", SQUISH_VERSION, "extensions"));
-}
-
-static void route_live(gw_call_t *call)
-{
-    gw_send_json(call->req, 200, json_pack("{s:b}", "live", 1));
-}
-
-static void route_ready(gw_call_t *call)
-{
-    gw_server_t *srv = call->srv;
-    if (atomic_load(&srv->stopping)) {
-        gw_send_error(call->req, SQ_SHUTTING_DOWN, "squishd is shutting down");
-        return;
-    }
-    if (!atomic_load(&srv->db_ready)) {
-        gw_send_error(call->req, SQ_NOT_READY, "the model database is not open");
-        return;
-    }
-    int up = atomic_load(&srv->workers_up);
-    if (up == 0) {
-        gw_send_error(call->req, SQ_NOT_READY, "no worker is connected");
-        return;
-    }
-    gw_send_json(call->req, 200, json_pack("{s:b, s:i}", "ready", 1, "workers", up));
-}
-
 /* Matches a path against a pattern segment by segment; '*' captures one
  * non-empty segment. */
 static int match(const char *pattern, const char *path, size_t len, gw_call_t *call)
@@ -359,12 +295,14 @@ typedef struct {
     h2o_req_t *req;
     const char *route; /* metrics label */
     int64_t start_ns;
+    const gw_http_app_t *app;
 } req_done_t;
 
 static void on_req_done(void *p)
 {
     req_done_t *d = p;
-    gw_metrics_http_done(d->srv, d->req, d->route, d->start_ns);
+    if (d->app->done != NULL)
+        d->app->done(d->srv, d->req, d->route, d->start_ns);
     atomic_fetch_sub(&d->srv->inflight, 1);
 }
 
@@ -385,7 +323,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
     gw_call_t call = {.req = req, .srv = h->srv, .reply_to = &t->async_receiver};
     /* In flight until h2o frees the request: what SIGTERM's drain waits for. */
     req_done_t *inflight = h2o_mem_alloc_shared(&req->pool, sizeof(*inflight), on_req_done);
-    *inflight = (req_done_t){h->srv, req, "not_found", sq_now_ns()};
+    *inflight = (req_done_t){h->srv, req, "not_found", sq_now_ns(), h->app};
     atomic_fetch_add(&h->srv->inflight, 1);
     if (header_bytes(req) > (size_t)h->srv->cfg->max_header_kb * 1024) {
         inflight->route = "headers_too_large";
@@ -400,7 +338,8 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
     while (path.len > 1 && path.base[path.len - 1] == '/')
         path.len--;
     char allow[64] = "";
-    for (size_t i = 0; i < NROUTES; i++) {
+    const gw_route_t *routes = h->app->routes;
+    for (size_t i = 0; i < h->app->nroutes; i++) {
         if (!match(routes[i].pattern, path.base, path.len, &call))
             continue;
         if (h2o_memis(req->method.base, req->method.len, routes[i].method,
@@ -639,10 +578,11 @@ static int bind_listener(struct gw_http *http, char *err, size_t errlen)
     return 0;
 }
 
-int gw_http_start(gw_server_t *srv, char *err, size_t errlen)
+int gw_http_start(gw_server_t *srv, const gw_http_app_t *app, char *err, size_t errlen)
 {
     struct gw_http *http = sq_xcalloc(1, sizeof(*http));
     http->srv = srv;
+    http->app = app;
     http->listen_fd = -1;
     int rc = bind_listener(http, err, errlen);
     if (rc != 0) {
@@ -664,6 +604,7 @@ int gw_http_start(gw_server_t *srv, char *err, size_t errlen)
     gw_handler_t *handler = (gw_handler_t *)h2o_create_handler(path, sizeof(*handler));
     handler->super.on_req = on_req;
     handler->srv = srv;
+    handler->app = app;
 
     http->nthreads = srv->cfg->http_threads;
     http->threads = sq_xcalloc((size_t)http->nthreads, sizeof(http_thread_t));

@@ -141,7 +141,7 @@ int gw_main(const gw_config_t *cfg)
                                sizeof(err))) != 0)
         goto fail;
     gw_dispatch_resume_profiling(&srv);
-    if ((rc = gw_http_start(&srv, err, sizeof(err))) != 0)
+    if ((rc = gw_http_start(&srv, &gw_http_app, err, sizeof(err))) != 0)
         goto fail;
 
     int sig = 0;

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Checks that the object files of one module call each other without a
+"""Checks that the object files of each module call each other without a
 circle: file A "calls" file B when A's object refers to a global symbol B's
-defines (nm). Prints one TAP line; on a circle, the files in it and who calls
-what. Usage: check_calls.py DIR_WITH_OBJECTS [--allow A,B] ...
+defines (nm). One TAP line per directory; on a circle, the files in it and
+who calls what. Usage: check_calls.py DIR_WITH_OBJECTS...
 
 A call circle between files means no file can be understood, tested or
 replaced alone (STYLE.md); callbacks and function pointers (a transport's
@@ -54,11 +54,7 @@ def sccs(nodes, edges):
     return out
 
 
-def main():
-    if len(sys.argv) < 2:
-        print("usage: check_calls.py DIR", file=sys.stderr)
-        return 2
-    d = sys.argv[1]
+def check(n, d):
     objs = sorted(f for f in os.listdir(d) if f.endswith(".o"))
     name = {f: f[:-len(".c.o")] if f.endswith(".c.o") else f for f in objs}
     info = {f: symbols(os.path.join(d, f)) for f in objs}
@@ -75,11 +71,11 @@ def main():
                 edges[f].add(g)
                 why.setdefault((f, g), []).append(s)
     circles = [c for c in sccs(objs, edges) if len(c) > 1]
-    label = "no call circle between the files of %s" % d
+    label = "no call circle between the files of %s" % os.path.basename(os.path.normpath(d))
     if not circles:
-        print("ok 1 - %s (%d files)" % (label, len(objs)))
+        print("ok %d - %s (%d files)" % (n, label, len(objs)))
         return 0
-    print("not ok 1 - %s" % label)
+    print("not ok %d - %s" % (n, label))
     for c in circles:
         print("# circle: " + " ".join(name[f] for f in c))
         for f in c:
@@ -88,6 +84,17 @@ def main():
     return 1
 
 
+def main():
+    dirs = sys.argv[1:]
+    if not dirs:
+        print("usage: check_calls.py DIR...", file=sys.stderr)
+        return 2
+    print("1..%d" % len(dirs))
+    failed = 0
+    for n, d in enumerate(dirs, 1):
+        failed += check(n, d)
+    return 1 if failed else 0
+
+
 if __name__ == "__main__":
-    print("1..1")
     sys.exit(main())

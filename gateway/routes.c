@@ -1,0 +1,73 @@
+/* The HTTP API's routes: the table gw_http_start serves (server.c passes
+ * it), and the handlers of the server's own state (metadata, health, plan).
+ * The other handlers live with their area (models_api.c, infer.c, oip.c,
+ * metrics_api.c); http.c calls them only through this table. */
+#include "gw_http.h"
+#include "gw_infer.h"
+#include "gw_int.h"
+
+#include <jansson.h>
+#include <stdatomic.h>
+
+static void route_server_metadata(gw_call_t *call)
+{
+    gw_send_json(
+        call->req, 200,
+        json_pack("{s:s, s:s, s:[]}", "name", "squish", "version", SQUISH_VERSION, "extensions"));
+}
+
+static void route_live(gw_call_t *call)
+{
+    gw_send_json(call->req, 200, json_pack("{s:b}", "live", 1));
+}
+
+static void route_ready(gw_call_t *call)
+{
+    gw_server_t *srv = call->srv;
+    if (atomic_load(&srv->stopping)) {
+        gw_send_error(call->req, SQ_SHUTTING_DOWN, "squishd is shutting down");
+        return;
+    }
+    if (!atomic_load(&srv->db_ready)) {
+        gw_send_error(call->req, SQ_NOT_READY, "the model database is not open");
+        return;
+    }
+    int up = atomic_load(&srv->workers_up);
+    if (up == 0) {
+        gw_send_error(call->req, SQ_NOT_READY, "no worker is connected");
+        return;
+    }
+    gw_send_json(call->req, 200, json_pack("{s:b, s:i}", "ready", 1, "workers", up));
+}
+
+static void route_plan(gw_call_t *call)
+{
+    gw_send_json(call->req, 200, gw_dispatch_plan_json(call->srv));
+}
+
+static const gw_route_t routes[] = {
+    {"GET", "/v2", "server_metadata", route_server_metadata},
+    {"GET", "/v2/health/live", "health_live", route_live},
+    {"GET", "/v2/health/ready", "health_ready", route_ready},
+    {"POST", "/models", "models_upload", gw_route_models_post},
+    {"GET", "/models", "models_list", gw_route_models_list},
+    {"GET", "/models/*", "models_get", gw_route_models_get},
+    {"DELETE", "/models/*", "models_delete", gw_route_models_delete},
+    {"DELETE", "/models/*/versions/*", "models_delete_version", gw_route_models_delete_version},
+    {"GET", "/metrics", "metrics", gw_route_metrics},
+    {"GET", "/v2/models/stats", "model_stats", gw_route_model_stats}, /* before kserve_model */
+    {"GET", "/v2/models/*/stats", "model_stats", gw_route_model_stats},
+    {"GET", "/v2/models/*/versions/*/stats", "model_stats", gw_route_model_stats},
+    {"GET", "/v2/models/*", "kserve_model", gw_route_kserve_model},
+    {"GET", "/v2/models/*/versions/*", "kserve_model", gw_route_kserve_model},
+    {"GET", "/v2/models/*/ready", "kserve_model_ready", gw_route_kserve_model_ready},
+    {"GET", "/v2/models/*/versions/*/ready", "kserve_model_ready", gw_route_kserve_model_ready},
+    {"GET", "/v1/plan", "plan", route_plan},
+    {"POST", "/v1/models/*/infer", "infer_v1", gw_route_infer_v1},
+    {"POST", "/v1/models/*/versions/*/infer", "infer_v1", gw_route_infer_v1},
+    {"POST", "/v2/models/*/infer", "infer_v2", gw_route_infer_v2},
+    {"POST", "/v2/models/*/versions/*/infer", "infer_v2", gw_route_infer_v2},
+};
+
+const gw_http_app_t gw_http_app = {
+    .routes = routes, .nroutes = sizeof(routes) / sizeof(routes[0]), .done = gw_metrics_http_done};
