@@ -1425,7 +1425,7 @@ static void poison(gw_dispatch_t *ds, ds_model_t *dm, const char *why)
         gw__plan_invalidate(ds, dm->kind, "model failed");
     }
     dm->active = 0;
-    free(dm->blob);
+    sq_bytes_unref(dm->blob);
     dm->blob = NULL;
     dm->blob_state = 0;
     fail_job_t *j = sq_xcalloc(1, sizeof(*j));
@@ -1946,6 +1946,18 @@ void gw_dispatch_resume_profiling(gw_server_t *srv)
     gw_registry_foreach(srv->registry, resume_one, srv);
 }
 
+static void model_free(ds_model_t *dm)
+{
+    gw_model_unref(dm->m);
+    for (int k = 0; k < dm->nmembers; k++)
+        gw_model_unref(dm->members[k]);
+    free(dm->members);
+    group_free_blobs(dm);
+    sq_bytes_unref(dm->blob);
+    free(dm->pending);
+    free(dm);
+}
+
 /* Frees what a delete left: a removed model (or retired group) once nothing
  * waits for it, no batch of it runs, and no other model points to it; and
  * workers' records of loads that are gone with no answer to come. Keeps
@@ -1985,14 +1997,7 @@ static void reclaim(gw_dispatch_t *ds)
             if (ds->sessions[s].model == dm)
                 ds->sessions[s].model = NULL; /* its core session was removed */
         gw__plan_forget(ds, dm);
-        gw_model_unref(dm->m);
-        for (int k = 0; k < dm->nmembers; k++)
-            gw_model_unref(dm->members[k]);
-        free(dm->members);
-        group_free_blobs(dm);
-        free(dm->blob);
-        free(dm->pending);
-        free(dm);
+        model_free(dm);
         ds->models[i--] = ds->models[--ds->nmodels];
     }
 }
@@ -2113,17 +2118,8 @@ void gw_dispatch_free(gw_dispatch_t *ds)
         free(w->shas);
         free(w);
     }
-    for (int i = 0; i < ds->nmodels; i++) {
-        ds_model_t *dm = ds->models[i];
-        gw_model_unref(dm->m);
-        for (int k = 0; k < dm->nmembers; k++)
-            gw_model_unref(dm->members[k]);
-        free(dm->members);
-        group_free_blobs(dm);
-        sq_bytes_unref(dm->blob);
-        free(dm->pending);
-        free(dm);
-    }
+    for (int i = 0; i < ds->nmodels; i++)
+        model_free(ds->models[i]);
     free(ds->workers);
     free(ds->models);
     free(ds->sessions);
