@@ -126,7 +126,9 @@ int sq_conn_read(sq_conn_t *c)
                 continue;
             if (errno == EAGAIN || errno == EWOULDBLOCK)
                 return total > 0 ? total : -EAGAIN;
-            return -errno;
+            /* What came before the error (a peer that died: its last
+             * frames) is handed out first; the next read reports it. */
+            return total > 0 ? total : -errno;
         }
         for (struct cmsghdr *cm = CMSG_FIRSTHDR(&msg); cm != NULL; cm = CMSG_NXTHDR(&msg, cm)) {
             if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)

@@ -78,6 +78,14 @@ typedef struct {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     job_t *head, *tail;
+    /* Replies the execution thread posted and the I/O thread wrote (or
+     * dropped): a job starts only once every earlier reply is on the wire,
+     * so that when a job crashes the process, squishd has the answers of
+     * all the jobs before it and knows which one it was. */
+    pthread_mutex_t reply_lock;
+    pthread_cond_t reply_cond;
+    uint64_t replies_posted, replies_written;
+    int io_done; /* the I/O loop has stopped: nothing waits for it */
     model_t *models;
     uint8_t *staging;
     size_t staging_len;
@@ -100,6 +108,21 @@ static void send_reply(sq_loop_t *loop, void *arg)
         sq_loop_modify(loop, s->conn->fd, SQ_EV_READ | SQ_EV_WRITE);
     sq_buf_dispose(&r->payload);
     free(r);
+    pthread_mutex_lock(&s->reply_lock);
+    s->replies_written++;
+    pthread_cond_broadcast(&s->reply_cond);
+    pthread_mutex_unlock(&s->reply_lock);
+}
+
+/* Execution thread, before a job: waits until the replies of the jobs
+ * before it are written to the socket (the kernel delivers them even if
+ * this process dies next). */
+static void replies_flushed(server_t *s)
+{
+    pthread_mutex_lock(&s->reply_lock);
+    while (s->replies_written < s->replies_posted && !s->io_done)
+        pthread_cond_wait(&s->reply_cond, &s->reply_lock);
+    pthread_mutex_unlock(&s->reply_lock);
 }
 
 /* From the execution thread: queue a frame for the I/O thread to send. */
@@ -115,6 +138,9 @@ static reply_t *reply_new(server_t *s, uint16_t type, uint64_t id)
 
 static void reply_post(server_t *s, reply_t *r)
 {
+    pthread_mutex_lock(&s->reply_lock);
+    s->replies_posted++;
+    pthread_mutex_unlock(&s->reply_lock);
     sq_loop_post(s->loop, send_reply, r);
 }
 
@@ -618,6 +644,8 @@ static void *exec_thread(void *arg)
             s->tail = NULL;
         pthread_mutex_unlock(&s->lock);
         job_kind_t kind = j->kind;
+        if (kind != JOB_STOP && kind != JOB_UNLOAD)
+            replies_flushed(s);
         switch (kind) {
         case JOB_LOAD:
             do_load(s, j);
@@ -919,9 +947,13 @@ int wk_serve(const wk_serve_opts_t *opts)
         return 1;
     pthread_mutex_init(&s.lock, NULL);
     pthread_cond_init(&s.cond, NULL);
+    pthread_mutex_init(&s.reply_lock, NULL);
+    pthread_cond_init(&s.reply_cond, NULL);
     int err = pthread_create(&s.exec, NULL, exec_thread, &s);
     if (err != 0) {
         SQ_ERROR("cannot start the execution thread error=\"%s\"", strerror(err));
+        pthread_cond_destroy(&s.reply_cond);
+        pthread_mutex_destroy(&s.reply_lock);
         pthread_cond_destroy(&s.cond);
         pthread_mutex_destroy(&s.lock);
         sq_loop_free(s.loop);
@@ -941,6 +973,10 @@ int wk_serve(const wk_serve_opts_t *opts)
 
     /* Stop the execution thread after the work it has (a batch in flight
      * finishes; its answer is dropped with the connection). */
+    pthread_mutex_lock(&s.reply_lock);
+    s.io_done = 1; /* the loop runs no more posts until after the join */
+    pthread_cond_broadcast(&s.reply_cond);
+    pthread_mutex_unlock(&s.reply_lock);
     job_t *stop = sq_xcalloc(1, sizeof(*stop));
     stop->kind = JOB_STOP;
     pthread_mutex_lock(&s.lock);
@@ -970,5 +1006,7 @@ int wk_serve(const wk_serve_opts_t *opts)
     sq_loop_free(s.loop);
     pthread_mutex_destroy(&s.lock);
     pthread_cond_destroy(&s.cond);
+    pthread_mutex_destroy(&s.reply_lock);
+    pthread_cond_destroy(&s.reply_cond);
     return s.exit_status < 0 ? 1 : s.exit_status;
 }

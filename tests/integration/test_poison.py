@@ -160,6 +160,9 @@ def poison_case(point, retries=2):
         assert ("%d times" % (retries + 1)) in why, why
         r = infer(s, "bad")
         assert r.status == 409 and r.json["code"] == "model_failed", r
+        # The crashes are the poison model's alone (a crash once blamed the
+        # healthy model, whose load answer had not left the dying worker).
+        assert status(s, "healthy")[0] == "ready", status(s, "healthy")
         assert "bad" in r.json["error"] and why in r.json["error"], r
         no_endless_loop(s)
         ok1, sent1 = load.snapshot()
