@@ -16,6 +16,7 @@
  *
  * Graphs the worker cannot run (Resize) must be refused at import, naming
  * the op, and never crash anything. */
+#include "../modeldb/onnx_util.h"
 #include <criterion/criterion.h>
 #include <errno.h>
 #include <math.h>
@@ -55,21 +56,6 @@ static void need_ort(void)
         cr_skip_test("node is not installed (scripts/bootstrap installs Debian's nodejs)");
     if (!file_exists(path))
         cr_skip_test("%s is missing: run scripts/bootstrap (npm package onnxruntime-node)", path);
-}
-
-static void *slurp(const char *path, size_t *len)
-{
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *p = malloc((size_t)n + 1);
-    cr_assert_eq(fread(p, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return p;
 }
 
 static void spill(const char *path, const void *data, size_t len)
@@ -122,7 +108,7 @@ static void ort_run(const char *model, const char *in_name, const int64_t *dims,
         char path[96];
         size_t len;
         snprintf(path, sizeof(path), "%s/output_%d.f32", dir, k);
-        float *data = slurp(path, &len);
+        float *data = (float *)read_file(path, &len);
         if (data == NULL)
             break;
         out->data[out->n] = data;
@@ -146,7 +132,7 @@ static float uniform(void) /* in [-1, 1) */
 static mdb_graph_t *import_file(const char *path)
 {
     size_t len;
-    void *bytes = slurp(path, &len);
+    void *bytes = read_file(path, &len);
     cr_assert_not_null(bytes, "missing %s", path);
     mdb_graph_t *g = NULL;
     mdb_import_error_t err;
@@ -238,8 +224,9 @@ static const int batches[] = {1, 3, 4};
 /* name's graph is refused at import as unsupported, naming op. */
 static void expect_refused(const char *name, const char *op)
 {
-    size_t len;
-    void *bytes = slurp(graph_path(name), &len);
+    size_t len = 0;
+    void *bytes = read_file(graph_path(name), &len);
+    cr_assert_not_null(bytes, "%s", graph_path(name));
     mdb_graph_t *g = NULL;
     mdb_import_error_t err;
     cr_assert_eq(mdb_onnx_import(bytes, len, &g, &err), SQ_UNSUPPORTED_MODEL, "%s", name);
