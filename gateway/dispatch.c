@@ -268,12 +268,11 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
     uint64_t in_bytes = se->input_kind == SQ_INPUT_PIXELS ? (uint64_t)m->h * (uint64_t)m->w * 3
                         : se->input_kind == SQ_INPUT_FP32 ? elems * sizeof(float)
                                                           : elems;
-    gw_region_t *in = sq_xcalloc((size_t)count, sizeof(*in));
+    gw_region_t *in = ds->regions;
     for (int i = 0; i < count; i++)
         in[i] = (gw_region_t){.offset = (uint64_t)items[i]->in_off, .bytes = in_bytes};
     int sent =
         link_send(ds, worker, SQ_MSG_BATCH, batch_id, buf.data, (uint32_t)buf.len, in, count);
-    free(in);
     if (sent != 0)
         SQ_WARN("batch send failed worker=%d batch=%llu", worker, (unsigned long long)batch_id);
     sq_buf_dispose(&buf);
@@ -1027,6 +1026,7 @@ static void group_retire(gw_dispatch_t *ds, ds_model_t *g, const char *why)
     if (g->removed)
         return;
     g->removed = 1;
+    ds->reclaim_due = 1;
     SQ_INFO("prefix group retired group=%s reason=\"%s\"", g->m->name, why);
     /* Requests waiting in it run in their own models' sessions instead (the
      * core hands back those queued in its sessions as drops, see pump). */
@@ -1420,11 +1420,10 @@ static void poison(gw_dispatch_t *ds, ds_model_t *dm, const char *why)
              dm->m->version, dm->crashes, why);
     fail_pending(ds, dm, SQ_MODEL_FAILED, dm->failed_why);
     withdraw(ds, dm); /* what its sessions queued comes back as drops: see pump */
-    if (dm->active && dm->kind >= 0) {
-        dm->active = 0;
-        gw__plan_invalidate(ds, dm->kind, "model failed");
-    }
+    int was_active = dm->active;
     dm->active = 0;
+    if (was_active && dm->kind >= 0)
+        gw__plan_invalidate(ds, dm->kind, "model failed");
     sq_bytes_unref(dm->blob);
     dm->blob = NULL;
     dm->blob_state = 0;
@@ -1876,6 +1875,7 @@ static void on_model_changed(sq_loop_t *loop, void *arg)
     if (m == NULL) {
         if (dm != NULL && !dm->removed) {
             dm->removed = 1;
+            ds->reclaim_due = 1;
             fail_pending(ds, dm, SQ_MODEL_NOT_FOUND, "the model was deleted");
             withdraw(ds, dm);
             sq_bytes_unref(dm->blob);
@@ -1964,6 +1964,9 @@ static void model_free(ds_model_t *dm)
  * the tables (and their linear scans) as large as what is live. */
 static void reclaim(gw_dispatch_t *ds)
 {
+    if (!ds->reclaim_due)
+        return;
+    ds->reclaim_due = 0;
     for (int i = 0; i < ds->nworkers; i++) {
         ds_worker_t *w = ds->workers[i];
         if (w == NULL)
@@ -1978,15 +1981,21 @@ static void reclaim(gw_dispatch_t *ds)
     }
     for (int i = 0; i < ds->nmodels; i++) {
         ds_model_t *dm = ds->models[i];
-        if (!dm->removed || dm->npending > 0 || dm->profile_worker >= 0)
+        if (!dm->removed)
             continue;
+        if (dm->npending > 0 || dm->profile_worker >= 0) {
+            ds->reclaim_due = 1;
+            continue;
+        }
         int busy = 0;
         for (int w = 0; w < ds->nworkers && !busy; w++) {
             const ds_worker_t *wk = ds->workers[w];
             busy = wk != NULL && wk->inflight != NULL && wk->inflight->model_key == dm->key;
         }
-        if (busy)
+        if (busy) {
+            ds->reclaim_due = 1; /* again when its batch is back */
             continue;
+        }
         for (int j = 0; j < ds->nmodels; j++) {
             if (ds->models[j]->group == dm)
                 ds->models[j]->group = NULL;

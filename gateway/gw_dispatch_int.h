@@ -143,9 +143,11 @@ struct gw_dispatch {
     int nmodels, capmodels;
     ds_session_t *sessions; /* by core session id */
     int nsessions, capsessions;
-    gw_plan_state_t *plan; /* planning.c */
+    gw_plan_state_t *plan;                   /* planning.c */
+    gw_region_t regions[SQ_MAX_BATCH_ITEMS]; /* a batch's input slots, for the link */
     ds_handle_t *handles;
     uint32_t nhandles, caphandles, free_handle; /* free_handle: index + 1, 0: none */
+    int reclaim_due;      /* a model was removed: reclaim() has work until it is freed */
     uint64_t group_epoch; /* bumped on every model change: groups are looked for again */
     uint64_t group_gen;   /* makes each formed group's key unique */
 };
