@@ -1,5 +1,7 @@
-/* Internals of the dispatch thread shared by dispatch.c (batches, loads,
- * workers) and planning.c (epochs, placement, routes). Dispatch thread only. */
+/* Internals of the dispatch thread, shared by its files: dispatch.c (entry
+ * points, worker events, models coming and going), batches.c, loads.c,
+ * profiling.c, groups.c, records.c, and planning.c (epochs, placement,
+ * routes). Dispatch thread only. */
 #ifndef GW_DISPATCH_INT_H
 #define GW_DISPATCH_INT_H
 
@@ -115,8 +117,9 @@ typedef struct {
     uint32_t next_free; /* index + 1 of the next free slot; 0: none */
 } ds_handle_t;
 
-/* What planning.c may ask of the dispatcher: it calls back through these
- * (set by dispatch.c) rather than into dispatch.c, which calls planning.c. */
+/* What planning.c and the dispatcher's lower files may ask of the files
+ * above them: they call back through these (set by dispatch.c) rather than
+ * into files that call them. */
 typedef struct {
     void (*send_load)(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w);
     /* Tells w to unload l's model (its load state becomes LOAD_NONE). */
@@ -127,6 +130,11 @@ typedef struct {
     ds_model_t *(*model)(gw_dispatch_t *ds, gw_model_t *m);
     /* The device kind that serves m now (-1: none). */
     int (*serving_kind)(gw_server_t *srv, const gw_model_t *m);
+    /* Up-calls of the dispatcher's lower files (batches.c, loads.c,
+     * groups.c) into its top (dispatch.c), which calls them: an item goes
+     * through submission again (its route changed: a prefix group retired,
+     * a batch could not be sent). */
+    void (*resubmit)(gw_dispatch_t *ds, gw_item_t *it);
 } gw_dispatch_ops_t;
 
 struct gw_dispatch {
@@ -136,6 +144,7 @@ struct gw_dispatch {
     sq_loop_t *loop;
     pl_dispatch_t *core;
     uint64_t timer;
+    int64_t timer_at_us; /* when it fires (the core's wake-up), while armed */
     uint64_t tick;
     ds_worker_t **workers; /* by worker id */
     int nworkers;
@@ -173,6 +182,91 @@ int gw__plan_routes(gw_dispatch_t *ds, const ds_session_t *s, pl_route_t *routes
 /* Counters for the advice (bad rate, busy time). */
 void gw__plan_outcome(gw_dispatch_t *ds, int ok);
 void gw__plan_busy(gw_dispatch_t *ds, int worker, int64_t busy_us);
+
+/* ---- the dispatcher's files ----------------------------------------------
+ * Each calls only the files listed before it (and planning.c); calls up go
+ * through ds->ops. scripts/check_calls.py (test style/call-circles) fails
+ * on a circle. */
+
+/* records.c: lookups, the core's handles for items, finishing, sending. */
+/* Whether w's connection has received the model file sha. */
+int ds_has_sha(const ds_worker_t *w, const char *sha);
+ds_model_t *ds_model_find(gw_dispatch_t *ds, int64_t key);
+/* The record of a registry model, created on first sight. */
+ds_model_t *ds_model_get(gw_dispatch_t *ds, gw_model_t *m);
+/* The device kind that serves m: one with a worker up, cuda first; else
+ * one whose worker is being restarted (its requests wait for it); -1. */
+int ds_kind_of_model(gw_server_t *srv, const gw_model_t *m);
+/* Workers that hold dm and serve (returned), and *loading that load it. */
+int ds_loaded_anywhere(gw_dispatch_t *ds, ds_model_t *dm, int *loading);
+/* A generation-checked id for it (also in it->core_id); the item it names,
+ * or NULL when that item was answered since; its release on answering. */
+uint64_t ds_handle_new(gw_dispatch_t *ds, gw_item_t *it);
+gw_item_t *ds_handle_get(const gw_dispatch_t *ds, uint64_t id);
+void ds_handle_release(gw_dispatch_t *ds, gw_item_t *it);
+/* Gives the item's input slot back to the arena. */
+void ds_release_input(gw_dispatch_t *ds, gw_item_t *it);
+/* Answers it with an error: the one place, with a batch's success path,
+ * where an item leaves the dispatcher. */
+void ds_fail_item(gw_dispatch_t *ds, gw_item_t *it, int rc, const char *detail);
+/* Through the workers' link (gw_transport.h); SQ_NO_WORKER without one. */
+int ds_link_send(gw_dispatch_t *ds, int worker, uint16_t type, uint64_t id, const void *payload,
+                 uint32_t len, const gw_region_t *regions, int nregions);
+int ds_link_send_ref(gw_dispatch_t *ds, int worker, uint16_t type, uint64_t id, sq_bytes_t *bytes,
+                     size_t off, uint32_t len);
+
+/* batches.c: the core's queues, its actions, and batches' answers. */
+/* Acts on the core's new actions (batches, drops, its wake-up). */
+void ds_pump(gw_dispatch_t *ds);
+/* Gives dm's sessions their routes (planning.c decides which workers). */
+void ds_update_routes(gw_dispatch_t *ds, ds_model_t *dm);
+/* Queues it in dm's session for its SLO bucket and input kind. */
+void ds_enqueue_item(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t *it);
+/* The requests that waited for dm's first load: queued, or failed. */
+void ds_flush_pending(gw_dispatch_t *ds, ds_model_t *dm);
+void ds_fail_pending(gw_dispatch_t *ds, ds_model_t *dm, int rc, const char *why);
+/* A BATCH_DONE from w: finishes the batch's items. */
+void ds_on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f);
+
+/* loads.c: model files to workers (through the DB thread once), unloads. */
+/* Loads dm (a model or a prefix group) on w. */
+void ds_send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w);
+/* Tells w to unload l's model (see gw_dispatch_ops_t). */
+void ds_unload(gw_dispatch_t *ds, ds_worker_t *w, ds_load_t *l);
+/* Drops a group's members' files held for sending. */
+void ds_group_free_blobs(ds_model_t *g);
+
+/* profiling.c: measuring models; where a model is loaded and how it
+ * leaves service. */
+/* Loads dm on every up worker of its kind that lacks it. */
+void ds_spread_loads(gw_dispatch_t *ds, ds_model_t *dm);
+/* Takes dm out of service: its sessions leave the core (which answers what
+ * they queued) and every worker holding it unloads it. */
+void ds_withdraw(gw_dispatch_t *ds, ds_model_t *dm);
+/* Measures dm on a free cpu/cuda worker (out of the core meanwhile), if it
+ * wants a profile and one is free; start_profiles tries every model. */
+void ds_start_profile(gw_dispatch_t *ds, ds_model_t *dm);
+void ds_start_profiles(gw_dispatch_t *ds);
+/* dm's measurement on w ended (done, failed or abandoned): w serves again,
+ * the next model is measured, waiting requests go on. */
+void ds_end_profile(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w);
+
+/* groups.c: prefix groups (Nexus's prefix batching) and twins. */
+/* The index of member m in group g, or -1. */
+int ds_group_member_index(const ds_model_t *g, const gw_model_t *m);
+/* The group dm's requests can run in, if one is usable now (forming it,
+ * and starting its measurement, when its time has come). */
+ds_model_t *ds_group_of(gw_dispatch_t *ds, ds_model_t *dm);
+/* Stops routing to group g: unloads it, removes its sessions (the core
+ * answers what they queued), resubmits what waited for it. */
+void ds_group_retire(gw_dispatch_t *ds, ds_model_t *g, const char *why);
+/* g's measurement on w came back: stores and applies it. */
+void ds_group_profiled(gw_dispatch_t *ds, ds_model_t *g, ds_worker_t *w,
+                       const sq_profile_done_t *done);
+/* The oldest ready model with m's very file and input, if older than m;
+ * and the model whose load serves dm's requests instead of its own. */
+gw_model_t *ds_twin_find(gw_dispatch_t *ds, const gw_model_t *m);
+ds_model_t *ds_twin_of(gw_dispatch_t *ds, ds_model_t *dm);
 
 /* ---- lookups both sides use (data only) --------------------------------- */
 
