@@ -1,7 +1,6 @@
 /* The DB thread: opens the model DB off the HTTP loop and runs DB jobs
  * posted to it, one at a time, in order. */
-#include "gw_infer.h"
-#include "gw_int.h"
+#include "gw_db.h"
 #include "gw_registry.h"
 
 #include <stdlib.h>

@@ -5,7 +5,10 @@
 #ifndef GW_DISPATCH_INT_H
 #define GW_DISPATCH_INT_H
 
-#include "gw_infer.h"
+#include "gw_db.h"
+#include "gw_dispatch.h"
+#include "gw_item.h"
+#include "gw_server.h"
 #include "gw_slo.h"
 
 #include <pl.h>

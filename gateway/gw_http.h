@@ -4,12 +4,22 @@
 #ifndef GW_HTTP_H
 #define GW_HTTP_H
 
-#include "gw_int.h"
+#include "gw_server.h"
 
 #include <h2o.h>
 #include <jansson.h>
 
 #define GW_MAX_ROUTE_ARGS 4
+
+/* Binds, then runs cfg->http_threads h2o event loops. */
+struct gw_http_app;
+int gw_http_start(gw_server_t *srv, const struct gw_http_app *app, char *err, size_t errlen);
+/* Stops accepting and waits up to timeout_ms for in-flight requests. */
+void gw_http_drain(gw_server_t *srv, int timeout_ms);
+/* Stops the loops and joins the threads (after gw_http_drain). */
+void gw_http_stop(gw_server_t *srv);
+/* Open client connections (max_connections); any thread. */
+int gw_http_connections(gw_server_t *srv);
 
 /* What a route handler gets: the request, the server, and the path segments
  * matched by '*' in the route's pattern (borrowed from the request). */

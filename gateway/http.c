@@ -1,7 +1,7 @@
 /* squishd's HTTP side: h2o event loops (one per http thread) sharing one
  * listening socket, a route table, and graceful drain on shutdown. */
 #include "gw_http.h"
-#include "gw_infer.h"
+#include "gw_token.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

@@ -7,8 +7,10 @@
  * tensor rows are copied into the arena here (or on the offload thread for
  * large bodies); every item then goes to the dispatch thread. The reply is
  * built back on the loop thread when the last item finishes. */
+#include "gw_dispatch.h"
 #include "gw_infer.h"
 #include "gw_multipart.h"
+#include "gw_offload.h"
 #include "gw_oip.h"
 
 #include <math.h>

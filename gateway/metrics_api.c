@@ -3,7 +3,6 @@
  * plus the glue that turns a finished HTTP or inference request into
  * metrics and log lines. Everything here runs on an HTTP loop thread and
  * reads atomics only (no I/O but /proc/self during a scrape). */
-#include "gw_http.h"
 #include "gw_infer.h"
 #include "gw_metrics.h"
 

@@ -2,11 +2,12 @@
  * KServe model metadata and readiness routes. Every route's work happens on
  * the DB thread; the loop thread only checks the request (the DB thread
  * reads the body where h2o keeps it, see gw_request_body). */
+#include "gw_db.h"
+#include "gw_dispatch.h"
 #include "gw_http.h"
-#include "gw_infer.h"
-#include "gw_registry.h"
 #include "gw_model.h"
 #include "gw_multipart.h"
+#include "gw_registry.h"
 
 #include <mdb_graph.h>
 

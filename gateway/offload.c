@@ -1,7 +1,7 @@
 /* The offload thread: CPU work that must not run on an HTTP loop (parsing
  * large OIP JSON bodies) and is not sqlite's (the DB thread). One thread,
  * jobs in order. */
-#include "gw_int.h"
+#include "gw_offload.h"
 
 #include <stdlib.h>
 

@@ -2,9 +2,8 @@
  * it), and the handlers of the server's own state (metadata, health, plan).
  * The other handlers live with their area (models_api.c, infer.c, oip.c,
  * metrics_api.c); http.c calls them only through this table. */
+#include "gw_dispatch.h"
 #include "gw_http.h"
-#include "gw_infer.h"
-#include "gw_int.h"
 
 #include <jansson.h>
 #include <stdatomic.h>

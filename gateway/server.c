@@ -1,10 +1,14 @@
 /* gw_main: brings squishd up in order (token, arena, DB thread, dispatch
  * thread and workers, HTTP), waits for SIGTERM/SIGINT, and takes it down in
  * reverse order: stop accepting and drain HTTP, stop workers, close the DB. */
-#include "gw_infer.h"
-#include "gw_int.h"
+#include "gw_db.h"
+#include "gw_dispatch.h"
+#include "gw_http.h"
+#include "gw_offload.h"
 #include "gw_preprocess.h"
 #include "gw_registry.h"
+#include "gw_token.h"
+#include "gw_workers.h"
 
 #include <errno.h>
 #include <libgen.h>

@@ -1,4 +1,4 @@
-#include "gw_int.h"
+#include "gw_token.h"
 
 #include <errno.h>
 #include <fcntl.h>

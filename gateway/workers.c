@@ -9,8 +9,7 @@
  * a GPU) is not retried: its slot becomes the cpu worker when no slot is
  * one yet, and is disabled otherwise (one cpu worker uses every core).
  * Workers started by hand join as unsupervised peers. */
-#include "gw_infer.h"
-#include "gw_int.h"
+#include "gw_workers.h"
 
 #include <wk.h>
 

@@ -1,0 +1,38 @@
+/* The dispatch thread's entry points (dispatch.c and the files below it,
+ * see gw_dispatch_int.h): other threads hand it items and model changes. */
+#ifndef GW_DISPATCH_H
+#define GW_DISPATCH_H
+
+#include "gw_item.h"
+#include "gw_transport.h"
+
+#include <jansson.h>
+
+/* Any thread: the item's input is in the arena; hand it to the dispatcher. */
+void gw_dispatch_submit(gw_server_t *srv, gw_item_t *item);
+/* Any thread: a model was published (uploaded, profiled) or removed
+ * (m == NULL, key given). */
+void gw_dispatch_model_changed(gw_server_t *srv, int64_t key);
+/* Any thread: profile model key on a worker that can serve it. */
+void gw_dispatch_profile(gw_server_t *srv, int64_t key);
+/* After the dispatcher started: profile again the models whose profiling a
+ * restart interrupted. */
+void gw_dispatch_resume_profiling(gw_server_t *srv);
+
+/* GET /v1/plan: the current plan (a new reference), or an empty one. */
+json_t *gw_dispatch_plan_json(gw_server_t *srv);
+
+/* The serving device kind of a model right now: the kind whose profile it
+ * has and that has a worker up (cuda before cpu), emu for emulated models;
+ * -1 when none. Thread-safe. */
+int gw_dispatch_serving_kind(gw_server_t *srv, const gw_model_t *m);
+
+/* Made before the worker link starts (server.c), freed after it stopped.
+ * The link's events for it (worker up, frame, lost, exited: a crash of its
+ * own counts against the model it was loading, measuring or running, see
+ * --model-retries; abort: answers everything held, 503 shutting_down). */
+gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop);
+void gw_dispatch_free(gw_dispatch_t *ds);
+extern const gw_transport_events_t gw_dispatch_events;
+
+#endif

@@ -1,0 +1,63 @@
+/* squishd's server record: one per process, created by gw_main (server.c),
+ * with the handles of its threads and subsystems. */
+#ifndef GW_SERVER_H
+#define GW_SERVER_H
+
+#include "gw.h"
+#include "gw_metrics.h"
+#include "gw_transport.h"
+
+#include <mdb.h>
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+typedef struct gw_http gw_http_t;
+typedef struct gw_workers gw_workers_t;
+typedef struct gw_db gw_db_t;
+typedef struct gw_dispatch gw_dispatch_t;
+typedef struct gw_registry gw_registry_t;
+typedef struct gw_prep_pool gw_prep_pool_t;
+
+/* The server: one per process, created by gw_main. Fields written by one
+ * thread and read by others are atomics; everything else is set before the
+ * threads start and then read-only. */
+typedef struct gw_server {
+    const gw_config_t *cfg;
+    char socket_path[108];
+    char token_path[256];
+    char admin_token[65]; /* hex */
+    double start_wall_s;
+
+    atomic_int db_ready;        /* the model DB is open */
+    atomic_int workers_up;      /* workers connected and past the handshake */
+    atomic_int stopping;        /* SIGTERM seen: no new work */
+    atomic_long inflight;       /* HTTP requests not yet answered */
+    atomic_long infer_inflight; /* inference requests inside squishd (max_inflight) */
+
+    atomic_int kind_up[3]; /* workers up per device kind (gw_kind_t) */
+    /* Supervised workers per kind being restarted (or not yet past their
+     * handshake): requests for their models wait for them (within their
+     * deadlines) instead of being refused no_worker. */
+    atomic_int kind_coming[3];
+    _Atomic int64_t kind_back_at_us[3]; /* when the first of them should be up */
+    long long last_epoch;               /* the newest plan stored in the DB at start */
+    /* That plan (its JSON and placements), read at start for the planner to
+     * reapply once workers are up; planning.c takes them (then NULL). */
+    json_t *restore_plan;
+    json_t *restore_placements;
+
+    sq_shm_arena_t *arena;
+    gw_registry_t *registry;
+    gw_prep_pool_t *prep;
+    gw_db_t *db;
+    gw_workers_t *workers;
+    gw_transport_t *transport; /* the workers' link (workers.c); dispatch thread */
+    gw_dispatch_t *dispatch;   /* lives on the dispatch thread */
+    sq_loop_t *dispatch_loop;
+    gw_http_t *http;
+    struct gw_offload_ctx *offload;
+    gw_metrics_t *metrics; /* thread-safe; created first, freed last */
+} gw_server_t;
+
+#endif
