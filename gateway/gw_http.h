@@ -14,6 +14,9 @@
 /* Binds, then runs cfg->http_threads h2o event loops. */
 struct gw_http_app;
 int gw_http_start(gw_server_t *srv, const struct gw_http_app *app, char *err, size_t errlen);
+/* Serves app from now on (a standby that came to lead), on the same
+ * listener; requests already under way finish with the old table. */
+void gw_http_set_app(gw_server_t *srv, const struct gw_http_app *app);
 /* Stops accepting and waits up to timeout_ms for in-flight requests. */
 void gw_http_drain(gw_server_t *srv, int timeout_ms);
 /* Stops the loops and joins the threads (after gw_http_drain). */
@@ -110,6 +113,9 @@ void gw_add_header(h2o_req_t *req, const char *name, const char *value);
 typedef struct gw_http_app {
     const gw_route_t *routes;
     size_t nroutes;
+    /* Optional: answers every request no route matches (else 404 or 405). */
+    void (*fallback)(gw_call_t *call);
+    const char *fallback_name;
     void (*done)(gw_server_t *srv, h2o_req_t *req, const char *route, int64_t start_ns);
 } gw_http_app_t;
 

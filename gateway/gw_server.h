@@ -18,6 +18,7 @@ typedef struct gw_db gw_db_t;
 typedef struct gw_dispatch gw_dispatch_t;
 typedef struct gw_registry gw_registry_t;
 typedef struct gw_prep_pool gw_prep_pool_t;
+typedef struct gw_leader gw_leader_t;
 
 /* The server: one per process, created by gw_main. Fields written by one
  * thread and read by others are atomics; everything else is set before the
@@ -32,6 +33,8 @@ typedef struct gw_server {
     atomic_int db_ready;        /* the model DB is open */
     atomic_int workers_up;      /* workers connected and past the handshake */
     atomic_int stopping;        /* SIGTERM seen: no new work */
+    atomic_int leading;         /* leads (always, with sqlite); else a standby */
+    atomic_int http_port;       /* the port HTTP listens on, once bound */
     atomic_long inflight;       /* HTTP requests not yet answered */
     atomic_long infer_inflight; /* inference requests inside squishd (max_inflight) */
 
@@ -56,6 +59,7 @@ typedef struct gw_server {
     gw_dispatch_t *dispatch;   /* lives on the dispatch thread */
     sq_loop_t *dispatch_loop;
     gw_http_t *http;
+    gw_leader_t *leader; /* leadership connection (PostgreSQL only; leader.c) */
     struct gw_offload_ctx *offload;
     gw_metrics_t *metrics; /* thread-safe; created first, freed last */
 } gw_server_t;

@@ -17,7 +17,9 @@
 typedef struct {
     h2o_handler_t super;
     gw_server_t *srv;
-    const gw_http_app_t *app;
+    /* Read per request: a standby's table becomes the leader's in place
+     * (gw_http_set_app), on the same listening socket. */
+    _Atomic(const gw_http_app_t *) app;
 } gw_handler_t;
 
 typedef enum { MSG_STOP_ACCEPTING, MSG_EXIT, MSG_ASYNC_DONE } http_msg_kind_t;
@@ -46,6 +48,7 @@ typedef struct {
 struct gw_http {
     gw_server_t *srv;
     const gw_http_app_t *app;
+    gw_handler_t *handler;
     int draining;
     h2o_globalconf_t globalconf;
     int listen_fd;
@@ -321,9 +324,10 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
     gw_handler_t *h = (gw_handler_t *)self;
     http_thread_t *t = H2O_STRUCT_FROM_MEMBER(http_thread_t, ctx, req->conn->ctx);
     gw_call_t call = {.req = req, .srv = h->srv, .reply_to = &t->async_receiver};
+    const gw_http_app_t *app = atomic_load(&h->app);
     /* In flight until h2o frees the request: what SIGTERM's drain waits for. */
     req_done_t *inflight = h2o_mem_alloc_shared(&req->pool, sizeof(*inflight), on_req_done);
-    *inflight = (req_done_t){h->srv, req, "not_found", sq_now_ns(), h->app};
+    *inflight = (req_done_t){h->srv, req, "not_found", sq_now_ns(), app};
     atomic_fetch_add(&h->srv->inflight, 1);
     if (header_bytes(req) > (size_t)h->srv->cfg->max_header_kb * 1024) {
         inflight->route = "headers_too_large";
@@ -338,8 +342,8 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
     while (path.len > 1 && path.base[path.len - 1] == '/')
         path.len--;
     char allow[64] = "";
-    const gw_route_t *routes = h->app->routes;
-    for (size_t i = 0; i < h->app->nroutes; i++) {
+    const gw_route_t *routes = app->routes;
+    for (size_t i = 0; i < app->nroutes; i++) {
         if (!match(routes[i].pattern, path.base, path.len, &call))
             continue;
         if (h2o_memis(req->method.base, req->method.len, routes[i].method,
@@ -353,6 +357,11 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
                 strcat(allow, ", ");
             strcat(allow, routes[i].method);
         }
+    }
+    if (app->fallback != NULL) {
+        inflight->route = app->fallback_name;
+        app->fallback(&call);
+        return 0;
     }
     if (allow[0] != '\0') {
         inflight->route = "method_not_allowed";
@@ -561,6 +570,7 @@ static int bind_listener(struct gw_http *http, char *err, size_t errlen)
     int bound_port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                                     : ((struct sockaddr_in *)&ss)->sin_port);
     http->listen_fd = fd;
+    atomic_store(&http->srv->http_port, bound_port);
     printf("listening on %s:%d\n", cfg->listen_host, bound_port);
     fflush(stdout);
     SQ_INFO("listening address=%s port=%d http_threads=%d", cfg->listen_host, bound_port,
@@ -604,7 +614,8 @@ int gw_http_start(gw_server_t *srv, const gw_http_app_t *app, char *err, size_t 
     gw_handler_t *handler = (gw_handler_t *)h2o_create_handler(path, sizeof(*handler));
     handler->super.on_req = on_req;
     handler->srv = srv;
-    handler->app = app;
+    atomic_init(&handler->app, app);
+    http->handler = handler;
 
     http->nthreads = srv->cfg->http_threads;
     http->threads = sq_xcalloc((size_t)http->nthreads, sizeof(http_thread_t));
@@ -670,6 +681,14 @@ void gw_http_drain(gw_server_t *srv, int timeout_ms)
 int gw_http_connections(gw_server_t *srv)
 {
     return srv->http != NULL ? atomic_load(&srv->http->nconns) : 0;
+}
+
+void gw_http_set_app(gw_server_t *srv, const gw_http_app_t *app)
+{
+    if (srv->http != NULL) {
+        srv->http->app = app;
+        atomic_store(&srv->http->handler->app, app);
+    }
 }
 
 void gw_http_stop(gw_server_t *srv)
