@@ -38,7 +38,9 @@ static const opt_t options[] = {
     {"listen", OPT_LISTEN, 0, 0, 0, 0, "127.0.0.1:8000",
      "ADDR:PORT to serve HTTP on; port 0 picks a free port"},
     {"port_file", STR(port_file), 0, 0, "", "write the chosen port to this file"},
-    {"db", STR(db_path), 0, 0, "var/squish.db", "sqlite model database (created if missing)"},
+    {"db", STR(db_path), 0, 0, "var/squish.db",
+     "model database: a sqlite file (created if missing) or PostgreSQL "
+     "(postgresql://... or a 'host=... dbname=...' conninfo)"},
     {"config", STR(config_path), 0, 0, "", "JSON config file (keys as the flags, with '_')"},
     {"admin_token_file", STR(admin_token_file), 0, 0, "",
      "admin bearer token file (default: admin.token next to the DB)"},

@@ -39,15 +39,18 @@ int gw_db_start(gw_server_t *srv, char *err, size_t errlen)
 {
     struct gw_db *d = sq_xcalloc(1, sizeof(*d));
     d->srv = srv;
+    /* For messages and logs: a PostgreSQL conninfo without its password. */
+    char target[512];
+    mdb_target_describe(srv->cfg->db_path, target, sizeof(target));
     int rc = mdb_open(srv->cfg->db_path, &d->mdb);
     if (rc != 0) {
-        snprintf(err, errlen, "--db %s: %s", srv->cfg->db_path, mdb_errmsg(d->mdb));
+        snprintf(err, errlen, "--db %s: %s", target, mdb_errmsg(d->mdb));
         mdb_close(d->mdb);
         free(d);
         return rc;
     }
     if ((rc = mdb_check(d->mdb)) != 0) {
-        snprintf(err, errlen, "--db %s: %s", srv->cfg->db_path, mdb_errmsg(d->mdb));
+        snprintf(err, errlen, "--db %s: %s", target, mdb_errmsg(d->mdb));
         mdb_close(d->mdb);
         free(d);
         return rc;
@@ -63,7 +66,7 @@ int gw_db_start(gw_server_t *srv, char *err, size_t errlen)
      * thread at start, not a loop). */
     json_t *recs;
     if ((rc = mdb_model_records(d->mdb, 0, &recs)) != 0) {
-        snprintf(err, errlen, "--db %s: %s", srv->cfg->db_path, mdb_errmsg(d->mdb));
+        snprintf(err, errlen, "--db %s: %s", target, mdb_errmsg(d->mdb));
         sq_loop_free(d->loop);
         mdb_close(d->mdb);
         free(d);
@@ -93,7 +96,8 @@ int gw_db_start(gw_server_t *srv, char *err, size_t errlen)
     }
     srv->db = d;
     atomic_store(&srv->db_ready, 1);
-    SQ_INFO("model database open path=%s schema_version=%d", srv->cfg->db_path, MDB_SCHEMA_VERSION);
+    SQ_INFO("model database open backend=%s target=\"%s\" schema_version=%d", mdb_backend(d->mdb),
+            target, MDB_SCHEMA_VERSION);
     return 0;
 }
 

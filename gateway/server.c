@@ -44,11 +44,22 @@ fail:
     return SQ_IO;
 }
 
+/* A PostgreSQL model DB has no directory: the files that live next to a
+ * sqlite one (the worker socket, the admin token) go where the default
+ * sqlite file would be. */
+#define GW_STATE_DIR_PG "var/squish.db"
+
+/* The path whose directory holds the DB's neighbours. */
+static const char *state_path(const gw_config_t *cfg)
+{
+    return mdb_is_postgres(cfg->db_path) ? GW_STATE_DIR_PG : cfg->db_path;
+}
+
 /* dir of the DB + "/" + name, for files that live next to it. */
 static int beside_db(const gw_config_t *cfg, const char *name, char *out, size_t outlen)
 {
     char dir[256];
-    snprintf(dir, sizeof(dir), "%s", cfg->db_path);
+    snprintf(dir, sizeof(dir), "%s", state_path(cfg));
     char *d = dirname(dir);
     int n = snprintf(out, outlen, "%s/%s", d, name);
     return n < 0 || (size_t)n >= outlen ? -1 : 0;
@@ -95,7 +106,7 @@ int gw_main(const gw_config_t *cfg)
     sigaddset(&sigs, SIGINT);
     pthread_sigmask(SIG_BLOCK, &sigs, NULL);
 
-    if ((rc = make_parent_dirs(cfg->db_path, err, sizeof(err))) != 0)
+    if ((rc = make_parent_dirs(state_path(cfg), err, sizeof(err))) != 0)
         goto fail;
     if (cfg->socket_path[0] != '\0')
         snprintf(srv.socket_path, sizeof(srv.socket_path), "%s", cfg->socket_path);

@@ -8,8 +8,10 @@
 #include <string.h>
 
 /* Migrations, in order; migration i brings the schema from version i to i+1.
- * Never edit a released one: append. */
-static const char *const migrations[] = {
+ * Never edit a released one: append, to both dialects' lists (the same
+ * tables and columns; sqlite's INTEGER is 64-bit, so PostgreSQL's is
+ * BIGINT). */
+static const char *const sqlite_migrations[] = {
     /* 0 -> 1: the first schema. */
     "CREATE TABLE models ("
     "  id INTEGER PRIMARY KEY,"
@@ -113,138 +115,218 @@ static const char *const migrations[] = {
     "ALTER TABLE group_profiles ADD COLUMN member_shas TEXT NOT NULL DEFAULT '';",
 };
 
-_Static_assert(sizeof(migrations) / sizeof(migrations[0]) == MDB_SCHEMA_VERSION,
-               "one migration per schema version");
+/* The same schema in PostgreSQL's dialect. Where sqlite has an implicit
+ * rowid that the SQL orders or deletes by (placements, group_profiles),
+ * PostgreSQL has a BIGSERIAL column of that name. Names and device kinds
+ * sort by bytes (COLLATE "C"), as sqlite's do, whatever the cluster's
+ * locale. */
+static const char *const pg_migrations[] = {
+    /* 0 -> 1 */
+    "CREATE TABLE models ("
+    "  id BIGSERIAL PRIMARY KEY,"
+    "  name TEXT COLLATE \"C\" NOT NULL,"
+    "  version BIGINT NOT NULL,"
+    "  sha256 TEXT NOT NULL,"
+    "  created_at DOUBLE PRECISION NOT NULL,"
+    "  format TEXT NOT NULL CHECK (format IN ('onnx', 'emulated')),"
+    "  onnx BYTEA,"
+    "  input_name TEXT,"
+    "  input TEXT,"
+    "  input_layout TEXT,"
+    "  preprocess TEXT NOT NULL,"
+    "  labels TEXT,"
+    "  default_slo_ms DOUBLE PRECISION NOT NULL,"
+    "  max_batch BIGINT NOT NULL,"
+    "  outputs TEXT NOT NULL,"
+    "  param_bytes BIGINT NOT NULL DEFAULT 0,"
+    "  memory_bytes BIGINT NOT NULL DEFAULT 0,"
+    "  input_spec TEXT NOT NULL DEFAULT '',"
+    "  config TEXT NOT NULL,"
+    "  status TEXT NOT NULL CHECK (status IN ('profiling', 'ready', 'failed')),"
+    "  error TEXT,"
+    "  UNIQUE (name, version)"
+    ");"
+    /* A model file is weights, which do not compress: stored out of line
+     * as it is, without a pglz attempt over hundreds of megabytes. */
+    "ALTER TABLE models ALTER COLUMN onnx SET STORAGE EXTERNAL;"
+    "CREATE TABLE model_nodes ("
+    "  model_id BIGINT NOT NULL REFERENCES models(id) ON DELETE CASCADE,"
+    "  idx BIGINT NOT NULL,"
+    "  op TEXT NOT NULL,"
+    "  output TEXT NOT NULL,"
+    "  prefix_hash TEXT NOT NULL,"
+    "  ancestors BIGINT NOT NULL,"
+    "  cut_ok BIGINT NOT NULL,"
+    "  PRIMARY KEY (model_id, idx)"
+    ");"
+    "CREATE INDEX model_nodes_hash ON model_nodes(prefix_hash);"
+    "CREATE TABLE prefix_groups ("
+    "  id BIGSERIAL PRIMARY KEY,"
+    "  prefix_hash TEXT NOT NULL UNIQUE,"
+    "  input_spec TEXT NOT NULL"
+    ");"
+    "CREATE TABLE prefix_members ("
+    "  group_id BIGINT NOT NULL REFERENCES prefix_groups(id) ON DELETE CASCADE,"
+    "  model_id BIGINT NOT NULL REFERENCES models(id) ON DELETE CASCADE,"
+    "  cut_tensor TEXT NOT NULL,"
+    "  cut_node BIGINT NOT NULL,"
+    "  PRIMARY KEY (group_id, model_id)"
+    ");"
+    "CREATE TABLE profiles ("
+    "  model_id BIGINT NOT NULL REFERENCES models(id) ON DELETE CASCADE,"
+    "  device_kind TEXT COLLATE \"C\" NOT NULL,"
+    "  device_name TEXT NOT NULL,"
+    "  batch BIGINT NOT NULL,"
+    "  latency_mean_us DOUBLE PRECISION NOT NULL,"
+    "  latency_std_us DOUBLE PRECISION NOT NULL,"
+    "  peak_memory_bytes BIGINT NOT NULL,"
+    "  preprocess_us DOUBLE PRECISION NOT NULL DEFAULT 0,"
+    "  PRIMARY KEY (model_id, device_kind, batch)"
+    ");"
+    "CREATE TABLE plans ("
+    "  epoch BIGINT PRIMARY KEY,"
+    "  created_at DOUBLE PRECISION NOT NULL,"
+    "  reason TEXT NOT NULL,"
+    "  plan TEXT NOT NULL"
+    ");"
+    "CREATE TABLE placements ("
+    "  epoch BIGINT NOT NULL REFERENCES plans(epoch) ON DELETE CASCADE,"
+    "  device TEXT NOT NULL,"
+    "  model_id BIGINT NOT NULL,"
+    "  slo_ms DOUBLE PRECISION NOT NULL,"
+    "  batch BIGINT NOT NULL,"
+    "  duty_cycle_us DOUBLE PRECISION NOT NULL,"
+    "  rate_rps DOUBLE PRECISION NOT NULL,"
+    "  rowid BIGSERIAL PRIMARY KEY"
+    ");"
+    "CREATE INDEX placements_epoch ON placements(epoch);",
+    /* 2 */
+    "CREATE TABLE group_profiles ("
+    "  members TEXT NOT NULL,"
+    "  device_kind TEXT NOT NULL,"
+    "  device_name TEXT NOT NULL,"
+    "  rows TEXT NOT NULL,"
+    "  created_at DOUBLE PRECISION NOT NULL,"
+    "  rowid BIGSERIAL UNIQUE,"
+    "  PRIMARY KEY (members, device_kind)"
+    ");",
+    /* 3: ids are never handed out again: models.id's sequence never goes
+     * back (and is safe for concurrent writers, unlike a MAX + 1); it starts
+     * after every id the stored plans still name. */
+    "SELECT setval(pg_get_serial_sequence('models', 'id'),"
+    "  GREATEST(COALESCE((SELECT MAX(id) FROM models), 0),"
+    "           COALESCE((SELECT MAX(model_id) FROM placements), 0),"
+    "           (SELECT last_value FROM models_id_seq WHERE is_called)) + 1, false);"
+    "DELETE FROM group_profiles;"
+    "ALTER TABLE group_profiles ADD COLUMN member_shas TEXT NOT NULL DEFAULT '';",
+};
 
-void mdb_set_error(mdb_t *db, const char *what)
-{
-    snprintf(db->errmsg, sizeof(db->errmsg), "%s: %s", what,
-             db->sql ? sqlite3_errmsg(db->sql) : "no database");
-}
+_Static_assert(sizeof(sqlite_migrations) / sizeof(sqlite_migrations[0]) == MDB_SCHEMA_VERSION,
+               "one migration per schema version");
+_Static_assert(sizeof(pg_migrations) / sizeof(pg_migrations[0]) == MDB_SCHEMA_VERSION,
+               "one migration per schema version, in both dialects");
 
 const char *mdb_errmsg(const mdb_t *db)
 {
     return db ? db->errmsg : "no database handle";
 }
 
-int mdb_exec(mdb_t *db, const char *sql)
-{
-    char *err = NULL;
-    if (sqlite3_exec(db->sql, sql, NULL, NULL, &err) != SQLITE_OK) {
-        snprintf(db->errmsg, sizeof(db->errmsg), "%s", err ? err : "sqlite3_exec failed");
-        sqlite3_free(err);
-        return SQ_DB;
-    }
-    return 0;
-}
-
 int mdb_schema_version(mdb_t *db)
 {
-    sqlite3_stmt *st;
-    int v = -1;
-    if (sqlite3_prepare_v2(db->sql, "SELECT version FROM schema_version", -1, &st, NULL) !=
-        SQLITE_OK)
-        return -1;
-    if (sqlite3_step(st) == SQLITE_ROW)
-        v = sqlite3_column_int(st, 0);
-    sqlite3_finalize(st);
+    static const char sql[] = "SELECT version FROM schema_version";
+    mdb_q_t *q = mdb_q(db, sql);
+    int v = mdb_q_step(q, "read schema version") == 1 ? mdb_q_int_at(q, 0) : -1;
+    mdb_q_reset(q);
     return v;
+}
+
+/* The schema_version table, in the migrations' transaction. On PostgreSQL
+ * several squishd may start at once on one database: a transaction-level
+ * advisory lock (a two-key one, apart from the one-key space that
+ * mdb_leader_try's callers use) makes them migrate one after the other. */
+static const char sqlite_migrate_begin[] =
+    "BEGIN IMMEDIATE;"
+    "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);"
+    "INSERT INTO schema_version SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM schema_version);";
+static const char pg_migrate_begin[] =
+    "BEGIN;"
+    "SELECT pg_advisory_xact_lock(1936684393, 1);" /* 'squi', migrations */
+    "CREATE TABLE IF NOT EXISTS schema_version (version BIGINT NOT NULL);"
+    "INSERT INTO schema_version SELECT 0 WHERE NOT EXISTS (SELECT 1 FROM schema_version);";
+
+static int rollback_keep(mdb_t *db, int rc)
+{
+    char keep[sizeof(db->errmsg)];
+    snprintf(keep, sizeof(keep), "%s", db->errmsg);
+    mdb_exec(db, "ROLLBACK");
+    snprintf(db->errmsg, sizeof(db->errmsg), "%s", keep);
+    return rc;
 }
 
 static int migrate(mdb_t *db)
 {
-    int rc = mdb_exec(db, "BEGIN IMMEDIATE;"
-                          "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL);"
-                          "INSERT INTO schema_version SELECT 0 WHERE NOT EXISTS "
-                          "(SELECT 1 FROM schema_version);");
+    const char *const *migrations = db->dialect == MDB_PG ? pg_migrations : sqlite_migrations;
+    int rc = mdb_exec(db, mdb_sql(db, sqlite_migrate_begin, pg_migrate_begin));
     if (rc < 0)
         return rc;
     int v = mdb_schema_version(db);
-    if (v < 0 || v > MDB_SCHEMA_VERSION) {
+    if (v < 0)
+        return rollback_keep(db, SQ_DB);
+    if (v > MDB_SCHEMA_VERSION) {
         snprintf(db->errmsg, sizeof(db->errmsg),
                  "database schema version %d is newer than this build's %d", v, MDB_SCHEMA_VERSION);
-        mdb_exec(db, "ROLLBACK");
-        return SQ_DB;
+        return rollback_keep(db, SQ_DB);
     }
     for (; v < MDB_SCHEMA_VERSION; v++) {
         if ((rc = mdb_exec(db, migrations[v])) < 0) {
             char keep[sizeof(db->errmsg)];
             snprintf(keep, sizeof(keep), "%s", db->errmsg);
             mdb_exec(db, "ROLLBACK");
-            snprintf(db->errmsg, sizeof(db->errmsg), "migration %d: %s", v + 1, keep);
-            return rc;
+            snprintf(db->errmsg, sizeof(db->errmsg), "migration %d: %.480s", v + 1, keep);
+            return SQ_DB;
         }
     }
     char sql[96];
     snprintf(sql, sizeof(sql), "UPDATE schema_version SET version = %d; COMMIT;",
              MDB_SCHEMA_VERSION);
     if ((rc = mdb_exec(db, sql)) < 0)
-        mdb_exec(db, "ROLLBACK");
-    return rc;
+        return rollback_keep(db, rc);
+    return 0;
 }
 
-int mdb_open(const char *path, mdb_t **out)
+int mdb_open(const char *target, mdb_t **out)
 {
     mdb_t *db = sq_xcalloc(1, sizeof(*db));
     *out = db;
-    int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX;
-    if (sqlite3_open_v2(path, &db->sql, flags, NULL) != SQLITE_OK) {
-        mdb_set_error(db, path);
-        return SQ_DB;
-    }
-    sqlite3_busy_timeout(db->sql, 5000);
-    int rc = mdb_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
-                          "PRAGMA foreign_keys=ON;");
+    int rc = mdb_sql_open(db, target);
     if (rc < 0)
         return rc;
     return migrate(db);
-}
-
-sqlite3_stmt *mdb_stmt(mdb_t *db, const char *sql)
-{
-    for (int i = 0; i < db->nstmts; i++) {
-        if (db->stmts[i].sql == sql) {
-            sqlite3_reset(db->stmts[i].st);
-            sqlite3_clear_bindings(db->stmts[i].st);
-            return db->stmts[i].st;
-        }
-    }
-    sqlite3_stmt *st;
-    if (sqlite3_prepare_v2(db->sql, sql, -1, &st, NULL) != SQLITE_OK) {
-        mdb_set_error(db, "prepare");
-        return NULL;
-    }
-    /* The SQL texts are the static strings of this module: a full cache
-     * is a bug (raise MDB_MAX_STMTS). */
-    assert(db->nstmts < MDB_MAX_STMTS);
-    db->stmts[db->nstmts++] = (struct mdb_stmt_cache){sql, st};
-    return st;
 }
 
 void mdb_close(mdb_t *db)
 {
     if (db == NULL)
         return;
-    for (int i = 0; i < db->nstmts; i++)
-        sqlite3_finalize(db->stmts[i].st);
-    sqlite3_close(db->sql);
+    if (db->ops != NULL)
+        mdb_sql_close(db);
     free(db);
 }
 
 int mdb_check(mdb_t *db)
 {
-    sqlite3_stmt *st;
-    int ok = 0;
-    if (sqlite3_prepare_v2(db->sql, "PRAGMA quick_check", -1, &st, NULL) != SQLITE_OK) {
-        mdb_set_error(db, "quick_check");
-        return SQ_DB;
-    }
-    if (sqlite3_step(st) == SQLITE_ROW) {
-        const unsigned char *t = sqlite3_column_text(st, 0);
-        ok = t != NULL && strcmp((const char *)t, "ok") == 0;
-        if (!ok)
-            snprintf(db->errmsg, sizeof(db->errmsg), "quick_check: %s", t ? (const char *)t : "?");
-    }
-    sqlite3_finalize(st);
+    /* sqlite checks the file; a PostgreSQL server keeps its own pages, and
+     * an answer is what there is to check. */
+    static const char sqlite_sql[] = "PRAGMA quick_check";
+    static const char pg_sql[] = "SELECT 'ok'";
+    mdb_q_t *q = mdb_q(db, mdb_sql(db, sqlite_sql, pg_sql));
+    int step = mdb_q_step(q, "quick_check");
+    if (step < 0)
+        return step;
+    const char *t = step == 1 ? mdb_q_text_at(q, 0) : NULL;
+    int ok = t != NULL && strcmp(t, "ok") == 0;
+    if (!ok)
+        snprintf(db->errmsg, sizeof(db->errmsg), "quick_check: %s", t ? t : "?");
+    mdb_q_reset(q);
     return ok ? 0 : SQ_DB;
 }

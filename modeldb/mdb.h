@@ -1,10 +1,14 @@
-/* modeldb: squish's persistent state on sqlite (WAL): models, their graph
- * facts and profiles, plans. Every write is one transaction, so that a crash
- * or a failed upload leaves nothing half-written.
+/* modeldb: squish's persistent state: models, their graph facts and
+ * profiles, plans. On sqlite (WAL, the embedded default: one file) or on
+ * PostgreSQL through libpq (a database that several squishd can share),
+ * with the same schema, migrations and behaviour. Every write is one
+ * transaction, so that a crash or a failed upload leaves nothing
+ * half-written; on PostgreSQL a write that a concurrent writer invalidated
+ * is run again (serializable isolation).
  *
- * A handle is used by one thread at a time (squishd owns it on its DB
- * thread; the HTTP loop never touches sqlite). Detail of the last error is
- * on the handle (mdb_errmsg), never in a global. */
+ * A handle is one connection, used by one thread at a time (squishd owns it
+ * on its DB thread; the HTTP loop never touches the database). Detail of
+ * the last error is on the handle (mdb_errmsg), never in a global. */
 #ifndef MDB_H
 #define MDB_H
 
@@ -18,19 +22,45 @@ struct mdb_graph;
 /* The schema version this build writes; older files are migrated on open. */
 #define MDB_SCHEMA_VERSION 3
 
-/* Opens (creating if needed) the database at path, enables WAL and foreign
- * keys, and runs the migrations. Returns 0 and sets *out, or a negative SQ_*
- * error; on error *out is still set (when memory allowed) so that the caller
- * can read mdb_errmsg, and must be closed. */
-int mdb_open(const char *path, mdb_t **out);
+/* Whether target names a PostgreSQL database: a URI (postgresql://...,
+ * postgres://...) or a key=value conninfo ("host=/run/pg dbname=squish");
+ * anything else is a sqlite file name. */
+int mdb_is_postgres(const char *target);
+/* target as logs may show it: a PostgreSQL conninfo without its password. */
+void mdb_target_describe(const char *target, char *out, size_t outlen);
+
+/* Opens the database target names (mdb_is_postgres): a sqlite file is
+ * created if needed and put in WAL mode with foreign keys on; a PostgreSQL
+ * database must exist (its tables are created). Runs the migrations.
+ * Returns 0 and sets *out, or a negative SQ_* error; on error *out is still
+ * set (when memory allowed) so that the caller can read mdb_errmsg, and
+ * must be closed. */
+int mdb_open(const char *target, mdb_t **out);
 /* Accepts NULL. */
 void mdb_close(mdb_t *db);
 /* The detail of the last failure on this handle ("" if none). */
 const char *mdb_errmsg(const mdb_t *db);
-/* The schema_version stored in the file. */
+/* "sqlite" or "postgresql". */
+const char *mdb_backend(const mdb_t *db);
+/* The schema_version stored in the database. */
 int mdb_schema_version(mdb_t *db);
-/* Runs PRAGMA quick_check; returns 0 when the file is consistent. */
+/* sqlite: PRAGMA quick_check; PostgreSQL: an answer. 0 when consistent. */
 int mdb_check(mdb_t *db);
+
+/* A cheap liveness check: 0 when the connection works; on PostgreSQL a
+ * broken one is reconnected (PQreset), which returns 1: a new session, in
+ * which session state such as mdb_leader_try's lock is gone. SQ_DB when
+ * the server cannot be reached. sqlite: always 0. */
+int mdb_ping(mdb_t *db);
+
+/* Leadership among squishd sharing one database: on PostgreSQL a
+ * session-level advisory lock on lock_key (pg_try_advisory_lock), held as
+ * long as this handle's connection lives, so the caller must keep a
+ * dedicated handle for it and call again from time to time: a broken
+ * connection is reconnected (mdb_ping) and the lock tried again, and
+ * *is_leader says whether it is held now. Closing the handle releases it.
+ * sqlite (one host): always the leader. 0, or SQ_DB with *is_leader 0. */
+int mdb_leader_try(mdb_t *db, int64_t lock_key, int *is_leader);
 
 /* Lowercase hex SHA-256 of data into out (65 bytes): the identity of a
  * model file, in the DB and on the worker protocol alike. */

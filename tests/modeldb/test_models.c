@@ -1,34 +1,34 @@
-/* modeldb/models.c: plans stored per epoch and read back for squishd's
- * restart (mdb_plan_store, mdb_plan_last_epoch, mdb_plan_last). */
+/* modeldb/models.c and plans.c: models, their ids and files, plans stored
+ * per epoch and read back for squishd's restart, group profiles; on sqlite
+ * and (the _pg test, SQUISH_TEST_PG) on PostgreSQL. */
+#include "mdb_test_db.h"
+
 #include <criterion/criterion.h>
 #include <mdb.h>
 #include <mdb_int.h>
 #include <sq.h>
 
+#include <pthread.h>
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-static char dir[64];
-static char path[128];
+static test_db_t t;
 static mdb_t *db;
 
 static void setup(void)
 {
-    snprintf(dir, sizeof(dir), "/tmp/squish-mdb-XXXXXX");
-    cr_assert_not_null(mkdtemp(dir));
-    snprintf(path, sizeof(path), "%s/t.db", dir);
-    cr_assert_eq(mdb_open(path, &db), 0, "%s", mdb_errmsg(db));
+    test_db_make(&t);
+    cr_assert_eq(mdb_open(t.target, &db), 0, "%s", mdb_errmsg(db));
 }
 
 static void teardown(void)
 {
     mdb_close(db);
-    char cmd[160];
-    snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
+    db = NULL;
+    test_db_drop(&t);
 }
 
 TestSuite(plans, .init = setup, .fini = teardown);
@@ -136,17 +136,35 @@ Test(plans, the_read_leaves_no_transaction_open)
     cr_assert_eq(mdb_plan_last_epoch(db), 1);
     json_decref(plan);
     json_decref(pl);
+    json_decref(p1);
+    if (t.pg) {
+        /* Another session can take an exclusive lock on the tables read:
+         * db's session holds no transaction (and so no lock) open. */
+        char err[512];
+        cr_assert_eq(test_db_exec(&t,
+                                  "SET lock_timeout = '2s';"
+                                  "ALTER TABLE plans ADD COLUMN x BIGINT;"
+                                  "ALTER TABLE placements ADD COLUMN x BIGINT;",
+                                  err, sizeof(err)),
+                     0, "%s", err);
+        char n[64];
+        test_db_query(&t,
+                      "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                      "AND state LIKE 'idle in transaction%'",
+                      n, sizeof(n));
+        cr_assert_str_eq(n, "0");
+        return;
+    }
     /* Another connection can take the write lock and checkpoint the whole
      * WAL: no statement of db still holds a read snapshot. */
     sqlite3 *raw;
-    cr_assert_eq(sqlite3_open(path, &raw), SQLITE_OK);
+    cr_assert_eq(sqlite3_open(t.target, &raw), SQLITE_OK);
     cr_assert_eq(sqlite3_exec(raw, "INSERT INTO plans VALUES (2, 0, 'y', '{}')", NULL, NULL, NULL),
                  SQLITE_OK);
     int log = -1, ckpt = -1;
     cr_assert_eq(sqlite3_wal_checkpoint_v2(raw, NULL, SQLITE_CHECKPOINT_TRUNCATE, &log, &ckpt),
                  SQLITE_OK, "%s", sqlite3_errmsg(raw));
     sqlite3_close(raw);
-    json_decref(p1);
 }
 
 TestSuite(group_profiles, .init = setup, .fini = teardown);
@@ -184,7 +202,7 @@ Test(group_profiles, stored_per_members_and_kind_and_replaced)
     cr_assert_eq(mdb_group_profile_store(db, "abc", "", "cpu", "cpu", rows, 0), SQ_INVAL);
     /* It survives a reopen, at the current schema version. */
     mdb_close(db);
-    cr_assert_eq(mdb_open(path, &db), 0);
+    cr_assert_eq(mdb_open(t.target, &db), 0);
     cr_assert_eq(mdb_schema_version(db), MDB_SCHEMA_VERSION);
     cr_assert_eq(mdb_group_profile_get(db, "abc", "cpu", &got, &n), 0);
     free(got);
@@ -267,7 +285,7 @@ Test(model_ids, a_deleted_models_id_is_never_handed_out_again)
     cr_assert_eq(mdb_model_delete(db, "b", 0, &deleted), 0);
     /* Nor after a reopen. */
     mdb_close(db);
-    cr_assert_eq(mdb_open(path, &db), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(mdb_open(t.target, &db), 0, "%s", mdb_errmsg(db));
     int64_t c = insert_emulated("c");
     cr_assert_gt(c, b, "c=%lld b=%lld", (long long)c, (long long)b);
 }
@@ -297,22 +315,149 @@ Test(model_ids, a_migrated_database_starts_after_every_id_it_knows)
 {
     int64_t a = insert_emulated("a");
     mdb_close(db);
-    sqlite3 *raw;
-    cr_assert_eq(sqlite3_open(path, &raw), SQLITE_OK);
-    char sql[512];
+    /* Back to schema 2; on PostgreSQL with the id sequence reset too. */
+    char sql[768], err[512];
     snprintf(sql, sizeof(sql),
-             "DROP TRIGGER models_id_seq; DROP TABLE model_id_seq;"
+             "%s"
              "ALTER TABLE group_profiles DROP COLUMN member_shas;"
              "UPDATE schema_version SET version = 2;"
              "INSERT INTO plans VALUES (5, 0, 'x', '{}');"
-             "INSERT INTO placements VALUES (5, 'emu:0', %lld, 100, 4, 1000, 10);",
+             "INSERT INTO placements (epoch, device, model_id, slo_ms, batch, duty_cycle_us, "
+             "rate_rps) VALUES (5, 'emu:0', %lld, 100, 4, 1000, 10);",
+             t.pg ? "SELECT setval('models_id_seq', 1, false);"
+                  : "DROP TRIGGER models_id_seq; DROP TABLE model_id_seq;",
              (long long)a + 7);
-    cr_assert_eq(sqlite3_exec(raw, sql, NULL, NULL, NULL), SQLITE_OK, "%s", sqlite3_errmsg(raw));
-    sqlite3_close(raw);
-    cr_assert_eq(mdb_open(path, &db), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(test_db_exec(&t, sql, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(mdb_open(t.target, &db), 0, "%s", mdb_errmsg(db));
     cr_assert_eq(mdb_schema_version(db), MDB_SCHEMA_VERSION);
     int64_t b = insert_emulated("b");
     cr_assert_eq(b, a + 8, "b=%lld a=%lld", (long long)b, (long long)a);
+}
+
+/* A model file comes back byte for byte: zeros, every byte value, a size
+ * that is no power of two (PostgreSQL: a binary parameter and a binary
+ * result, no text encoding on the way). */
+Test(model_ids, a_model_file_comes_back_byte_for_byte)
+{
+    size_t len = 24 * 1000 * 1000 + 3;
+    uint8_t *file = malloc(len);
+    cr_assert_not_null(file);
+    for (size_t i = 0; i < len; i++)
+        file[i] = i % 7 == 0 ? 0 : (uint8_t)(i * 2654435761u >> 13);
+    char sha[65];
+    mdb_sha256_hex(file, len, sha);
+    json_t *input =
+        json_pack("{s:s, s:s, s:[i,i,i,i]}", "name", "x", "datatype", "FP32", "shape", -1, 3, 4, 4);
+    json_t *outputs =
+        json_pack("[{s:s, s:s, s:[i,i]}]", "name", "y", "datatype", "FP32", "shape", -1, 3);
+    json_t *pre = json_object(), *labels = json_array(), *config = json_object();
+    mdb_new_model_t m = {.name = "file",
+                         .version = 1,
+                         .format = "onnx",
+                         .onnx = file,
+                         .onnx_len = len,
+                         .sha256 = sha,
+                         .input = input,
+                         .outputs = outputs,
+                         .preprocess = pre,
+                         .labels = labels,
+                         .config = config,
+                         .default_slo_ms = 100,
+                         .max_batch = 4,
+                         .status = "profiling"};
+    int64_t id = 0;
+    cr_assert_eq(mdb_model_insert(db, &m, &id), 0, "%s", mdb_errmsg(db));
+    void *back = NULL;
+    size_t back_len = 0;
+    cr_assert_eq(mdb_model_blob(db, id, &back, &back_len), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(back_len, len);
+    cr_assert(memcmp(back, file, len) == 0, "the bytes differ");
+    free(back);
+    /* An emulated model has no file. */
+    int64_t emu = insert_emulated("emu");
+    cr_assert_eq(mdb_model_blob(db, emu, &back, &back_len), SQ_NOT_FOUND);
+    json_decref(input);
+    json_decref(outputs);
+    json_decref(pre);
+    json_decref(labels);
+    json_decref(config);
+    free(file);
+}
+
+/* Several writers (squishd processes sharing one database) store the same
+ * (name, version) at once: one stores it, the others are told it exists;
+ * distinct versions all get distinct ids. */
+typedef struct {
+    const char *target;
+    int version;
+    int rc;
+    int64_t id;
+    char err[512];
+} racer_t;
+
+static void *race_insert(void *arg)
+{
+    racer_t *r = arg;
+    mdb_t *h;
+    r->rc = mdb_open(r->target, &h);
+    if (r->rc == 0) {
+        json_t *input =
+            json_pack("{s:s, s:s, s:[i,i]}", "name", "x", "datatype", "FP32", "shape", -1, 3);
+        json_t *outputs = json_array(), *pre = json_object(), *labels = json_array();
+        json_t *config = json_object();
+        mdb_new_model_t m = {.name = "raced",
+                             .version = r->version,
+                             .format = "emulated",
+                             .sha256 = "00",
+                             .input = input,
+                             .outputs = outputs,
+                             .preprocess = pre,
+                             .labels = labels,
+                             .config = config,
+                             .default_slo_ms = 100,
+                             .max_batch = 4,
+                             .status = "ready"};
+        r->rc = mdb_model_insert(h, &m, &r->id);
+        json_decref(input);
+        json_decref(outputs);
+        json_decref(pre);
+        json_decref(labels);
+        json_decref(config);
+    }
+    snprintf(r->err, sizeof(r->err), "%s", mdb_errmsg(h));
+    mdb_close(h);
+    return NULL;
+}
+
+Test(model_ids, concurrent_writers_store_a_version_once)
+{
+    enum { N = 6 };
+    racer_t r[N];
+    pthread_t th[N];
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < N; i++) {
+            /* round 0: all the same version; round 1: each its own. */
+            r[i] = (racer_t){.target = t.target, .version = round == 0 ? 1 : 10 + i};
+            cr_assert_eq(pthread_create(&th[i], NULL, race_insert, &r[i]), 0);
+        }
+        int stored = 0;
+        for (int i = 0; i < N; i++) {
+            pthread_join(th[i], NULL);
+            if (r[i].rc == 0)
+                stored++;
+            else
+                cr_assert_eq(r[i].rc, round == 0 ? SQ_EXISTS : 0, "racer %d: %d %s", i, r[i].rc,
+                             r[i].err);
+        }
+        cr_assert_eq(stored, round == 0 ? 1 : N);
+        for (int i = 0; i < N; i++)
+            for (int j = 0; j < i; j++)
+                cr_assert(r[i].rc != 0 || r[j].rc != 0 || r[i].id != r[j].id, "one id twice");
+    }
+    json_t *out;
+    cr_assert_eq(mdb_model_get(db, "raced", &out), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(json_array_size(json_object_get(out, "versions")), 1 + N);
+    json_decref(out);
 }
 
 Test(sha256, a_file_hashed_in_pieces_has_the_digest_of_the_whole)
@@ -338,18 +483,29 @@ Test(sha256, a_file_hashed_in_pieces_has_the_digest_of_the_whole)
 
 /* ---- a failing database is not a missing model ---------------------------- */
 
-/* Every step of a query fails (SQLITE_INTERRUPT), as a busy, locked or
- * damaged file would make it: the reads that used to treat any failed step
- * as "no row" answered 404 for a model that exists. */
+/* Every step of a query fails, as a busy, locked or damaged file would
+ * make it (sqlite: SQLITE_INTERRUPT), or a lost server (PostgreSQL: the
+ * session is terminated): the reads that used to treat any failed step as
+ * "no row" answered 404 for a model that exists. */
 static int interrupt_every_step(void *arg)
 {
     (void)arg;
     return 1;
 }
 
-static void fail_every_step(void)
+static const char *fail_every_step(void)
 {
-    sqlite3_progress_handler(db->sql, 1, interrupt_every_step, NULL);
+    if (t.pg) {
+        char sql[256];
+        snprintf(sql, sizeof(sql),
+                 "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
+                 "WHERE datname = '%s' AND pid <> pg_backend_pid()",
+                 t.dbname);
+        pg_admin_exec(t.admin, sql);
+        return "connection";
+    }
+    sqlite3_progress_handler(db->conn, 1, interrupt_every_step, NULL);
+    return "interrupt";
 }
 
 TestSuite(db_errors, .init = setup, .fini = teardown);
@@ -372,9 +528,9 @@ Test(db_errors, reads_of_an_existing_model_that_fail_are_db_errors_not_404)
     cr_assert_eq(mdb_model_get(db, "here", &out), 0, "%s", mdb_errmsg(db));
     json_decref(out);
     out = NULL;
-    fail_every_step();
+    const char *why = fail_every_step();
     cr_assert_eq(mdb_model_get(db, "here", &out), SQ_DB);
-    cr_assert_not_null(strstr(mdb_errmsg(db), "interrupt"), "%s", mdb_errmsg(db));
+    cr_assert_not_null(strstr(mdb_errmsg(db), why), "%s", mdb_errmsg(db));
     cr_assert_eq(mdb_model_version_get(db, "here", 1, &out), SQ_DB);
     cr_assert_eq(mdb_model_labels(db, "here", 0, &out), SQ_DB);
     void *bytes = NULL;
