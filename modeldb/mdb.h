@@ -61,6 +61,17 @@ int mdb_ping(mdb_t *db);
  * *is_leader says whether it is held now. Closing the handle releases it.
  * sqlite (one host): always the leader. 0, or SQ_DB with *is_leader 0. */
 int mdb_leader_try(mdb_t *db, int64_t lock_key, int *is_leader);
+/* The leader names itself on its leadership handle (PostgreSQL: the
+ * session's application_name, "squishd ADDRESS", at most 63 bytes), and
+ * anyone reads the name of the session that holds lock_key: standbys tell
+ * clients where the leader is. who: 0, or SQ_NOT_FOUND when nobody holds
+ * it (always on sqlite). Both survive reconnects of the handle. */
+int mdb_leader_announce(mdb_t *db, const char *address);
+int mdb_leader_who(mdb_t *db, int64_t lock_key, char *out, size_t outlen);
+/* PostgreSQL: the server ends this handle's session when its peer is
+ * silent for about dead_after_ms (TCP keepalives and user timeout; a
+ * leader's host cut off loses its lock within that). sqlite: nothing. */
+int mdb_session_timeouts(mdb_t *db, int dead_after_ms);
 
 /* Lowercase hex SHA-256 of data into out (65 bytes): the identity of a
  * model file, in the DB and on the worker protocol alike. */

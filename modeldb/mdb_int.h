@@ -77,6 +77,11 @@ struct mdb_sql_ops {
     int64_t (*changes)(mdb_q_t *q);
     int (*ping)(mdb_t *db);
     int (*leader_try)(mdb_t *db, int64_t key, int *is_leader);
+    /* The application name of the session holding lock key, into out. */
+    int (*leader_who)(mdb_t *db, int64_t key, char *out, size_t outlen);
+    /* A session setting (set_config), kept and set again on every
+     * reconnect. */
+    int (*session_set)(mdb_t *db, const char *name, const char *value);
 };
 
 extern const mdb_sql_ops_t mdb__sqlite_ops;

@@ -218,6 +218,46 @@ int mdb_leader_try(mdb_t *db, int64_t lock_key, int *is_leader)
     return db->ops->leader_try(db, lock_key, is_leader);
 }
 
+int mdb_leader_announce(mdb_t *db, const char *address)
+{
+    char name[64];
+    snprintf(name, sizeof(name), "squishd %s", address);
+    db->errmsg[0] = '\0';
+    return db->ops->session_set(db, "application_name", name);
+}
+
+int mdb_leader_who(mdb_t *db, int64_t lock_key, char *out, size_t outlen)
+{
+    char name[128] = "";
+    db->errmsg[0] = '\0';
+    int rc = db->ops->leader_who(db, lock_key, name, sizeof(name));
+    if (rc != 0)
+        return rc;
+    snprintf(out, outlen, "%s", strncmp(name, "squishd ", 8) == 0 ? name + 8 : name);
+    return 0;
+}
+
+int mdb_session_timeouts(mdb_t *db, int dead_after_ms)
+{
+    /* Keepalive probes from the server every idle/3 s, dead after three
+     * unanswered; data unacknowledged for dead_after_ms ends it too. */
+    int idle_s = dead_after_ms / 3000 > 0 ? dead_after_ms / 3000 : 1;
+    int interval_s = idle_s > 1 ? idle_s / 2 : 1;
+    char v[32];
+    db->errmsg[0] = '\0';
+    int rc;
+    snprintf(v, sizeof(v), "%d", idle_s);
+    if ((rc = db->ops->session_set(db, "tcp_keepalives_idle", v)) != 0)
+        return rc;
+    snprintf(v, sizeof(v), "%d", interval_s);
+    if ((rc = db->ops->session_set(db, "tcp_keepalives_interval", v)) != 0)
+        return rc;
+    if ((rc = db->ops->session_set(db, "tcp_keepalives_count", "3")) != 0)
+        return rc;
+    snprintf(v, sizeof(v), "%d", dead_after_ms);
+    return db->ops->session_set(db, "tcp_user_timeout", v);
+}
+
 const char *mdb_backend(const mdb_t *db)
 {
     return db != NULL && db->ops != NULL ? db->ops->name : "none";

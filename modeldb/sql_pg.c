@@ -50,6 +50,12 @@ typedef struct {
     int leading;     /* leader_key is held by session gen leader_gen */
     int64_t leader_key;
     unsigned leader_gen;
+    /* Session settings to set again after a reconnect (session_set). */
+    struct {
+        char name[32];
+        char value[64];
+    } settings[8];
+    int nsettings;
 } pg_conn_t;
 
 typedef struct {
@@ -454,6 +460,65 @@ static int64_t pg_changes(mdb_q_t *base)
     return *n ? strtoll(n, NULL, 10) : 0;
 }
 
+static int apply_setting(mdb_t *db, const char *name, const char *value)
+{
+    const char *params[2] = {name, value};
+    PGresult *res = PQexecParams(conn_of(db)->pg, "SELECT set_config($1, $2, false)", 2, NULL,
+                                 params, NULL, NULL, 0);
+    int rc = PQresultStatus(res) == PGRES_TUPLES_OK ? 0 : result_error(db, res);
+    PQclear(res);
+    return rc;
+}
+
+static int pg_session_set(mdb_t *db, const char *name, const char *value)
+{
+    pg_conn_t *c = conn_of(db);
+    int i = 0;
+    while (i < c->nsettings && strcmp(c->settings[i].name, name) != 0)
+        i++;
+    if (i == (int)(sizeof(c->settings) / sizeof(c->settings[0])) ||
+        strlen(name) >= sizeof(c->settings[i].name) ||
+        strlen(value) >= sizeof(c->settings[i].value)) {
+        snprintf(db->errmsg, sizeof(db->errmsg), "session setting %s: too many or too long", name);
+        return SQ_INVAL;
+    }
+    snprintf(c->settings[i].name, sizeof(c->settings[i].name), "%s", name);
+    snprintf(c->settings[i].value, sizeof(c->settings[i].value), "%s", value);
+    if (i == c->nsettings)
+        c->nsettings++;
+    return apply_setting(db, name, value);
+}
+
+/* The session holding advisory lock key (a bigint lock: classid the high
+ * 32 bits, objid the low, objsubid 1) in this database. */
+static int pg_leader_who(mdb_t *db, int64_t key, char *out, size_t outlen)
+{
+    char hi[24], lo[24];
+    snprintf(hi, sizeof(hi), "%lld", (long long)((uint64_t)key >> 32));
+    snprintf(lo, sizeof(lo), "%lld", (long long)((uint64_t)key & 0xffffffffu));
+    const char *params[2] = {hi, lo};
+    PGresult *res = PQexecParams(
+        conn_of(db)->pg,
+        "SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid"
+        " WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
+        " AND l.classid::bigint = $1::bigint AND l.objid::bigint = $2::bigint"
+        " AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        " LIMIT 1",
+        2, NULL, params, NULL, NULL, 0);
+    if (PQresultStatus(res) != PGRES_TUPLES_OK) {
+        int rc = result_error(db, res);
+        PQclear(res);
+        return rc;
+    }
+    int rc = SQ_NOT_FOUND;
+    if (PQntuples(res) == 1) {
+        snprintf(out, outlen, "%s", PQgetvalue(res, 0, 0));
+        rc = 0;
+    }
+    PQclear(res);
+    return rc;
+}
+
 static int pg_ping(mdb_t *db)
 {
     pg_conn_t *c = conn_of(db);
@@ -475,6 +540,9 @@ static int pg_ping(mdb_t *db)
         return SQ_DB;
     }
     PQsetNoticeProcessor(c->pg, ignore_notice, NULL);
+    for (int i = 0; i < c->nsettings; i++)
+        if (apply_setting(db, c->settings[i].name, c->settings[i].value) != 0)
+            return SQ_DB;
     return 1;
 }
 
@@ -537,6 +605,8 @@ const mdb_sql_ops_t mdb__pg_ops = {
     .changes = pg_changes,
     .ping = pg_ping,
     .leader_try = pg_leader_try,
+    .leader_who = pg_leader_who,
+    .session_set = pg_session_set,
 };
 
 int mdb_is_postgres(const char *target)

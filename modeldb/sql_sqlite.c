@@ -172,6 +172,16 @@ static int sqlite_leader_try(mdb_t *db, int64_t key, int *is_leader)
     return 0;
 }
 
+static int sqlite_leader_who(mdb_t *db, int64_t key, char *out, size_t outlen)
+{
+    return SQ_NOT_FOUND; /* no other squishd to name */
+}
+
+static int sqlite_session_set(mdb_t *db, const char *name, const char *value)
+{
+    return 0; /* no session */
+}
+
 const mdb_sql_ops_t mdb__sqlite_ops = {
     .name = "sqlite",
     .dialect = MDB_SQLITE,
@@ -198,4 +208,6 @@ const mdb_sql_ops_t mdb__sqlite_ops = {
     .changes = sqlite_changes,
     .ping = sqlite_ping,
     .leader_try = sqlite_leader_try,
+    .leader_who = sqlite_leader_who,
+    .session_set = sqlite_session_set,
 };

@@ -232,3 +232,48 @@ Test(leader, a_lost_session_is_reconnected_and_tried_again)
     cr_assert_eq(la, 1);
     mdb_close(a);
 }
+
+/* Standbys find the leader's address: the name its leadership session
+ * announced, also after that session was reconnected. */
+Test(leader, standbys_read_the_leaders_announced_address)
+{
+    mdb_t *a, *b;
+    cr_assert_eq(mdb_open(t.target, &a), 0, "%s", mdb_errmsg(a));
+    cr_assert_eq(mdb_open(t.target, &b), 0, "%s", mdb_errmsg(b));
+    char who[128] = "";
+    int la = -1, lb = -1;
+    cr_assert_eq(mdb_session_timeouts(a, 4000), 0, "%s", mdb_errmsg(a));
+    cr_assert_eq(mdb_leader_try(a, 99, &la), 0, "%s", mdb_errmsg(a));
+    cr_assert_eq(la, 1);
+    cr_assert_eq(mdb_leader_announce(a, "http://10.0.0.7:8000"), 0, "%s", mdb_errmsg(a));
+    if (!t.pg) {
+        cr_assert_eq(mdb_leader_who(b, 99, who, sizeof(who)), SQ_NOT_FOUND);
+        mdb_close(a);
+        mdb_close(b);
+        return;
+    }
+    cr_assert_eq(mdb_leader_who(b, 99, who, sizeof(who)), 0, "%s", mdb_errmsg(b));
+    cr_assert_str_eq(who, "http://10.0.0.7:8000");
+    cr_assert_eq(mdb_leader_who(b, 98, who, sizeof(who)), SQ_NOT_FOUND, "nobody holds key 98");
+    cr_assert_eq(mdb_leader_try(b, 99, &lb), 0);
+    cr_assert_eq(lb, 0);
+    /* a's session ends; its reconnect takes the lock again and names
+     * itself again. */
+    char sql[256];
+    snprintf(sql, sizeof(sql),
+             "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity "
+             "WHERE datname = '%s' AND application_name LIKE 'squishd %%'",
+             t.dbname);
+    pg_admin_exec(t.admin, sql);
+    for (int i = 0; i < 250; i++) {
+        cr_assert_eq(mdb_leader_try(a, 99, &la), 0, "%s", mdb_errmsg(a));
+        if (la == 1)
+            break;
+        usleep(20 * 1000);
+    }
+    cr_assert_eq(la, 1);
+    cr_assert_eq(mdb_leader_who(b, 99, who, sizeof(who)), 0, "%s", mdb_errmsg(b));
+    cr_assert_str_eq(who, "http://10.0.0.7:8000", "named again after the reconnect");
+    mdb_close(a);
+    mdb_close(b);
+}
