@@ -37,7 +37,8 @@
     X(PROTOCOL, "protocol_error", 500, "protocol error")                                           \
     X(DEVICE, "device_error", 500, "device error")                                                 \
     X(INTERNAL, "internal", 500, "internal error")                                                 \
-    X(MODEL_FAILED, "model_failed", 409, "the model failed and cannot be served")
+    X(MODEL_FAILED, "model_failed", 409, "the model failed and cannot be served")                  \
+    X(STANDBY, "standby", 503, "this squishd is a standby; ask the leader")
 
 enum {
 #define SQ_ERR_ENUM_(e, name, status, msg) SQ_ERR_##e##_IDX_,

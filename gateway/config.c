@@ -63,6 +63,12 @@ static const opt_t options[] = {
      "many times on a fresh worker, then marked failed"},
     {"shm_mb", INT(shm_mb), 1, 65536, "256", "shared-memory arena for batches, MiB"},
     {"emu_memory_mb", INT(emu_memory_mb), 1, 1 << 24, "16384", "memory of an emulated device"},
+    {"advertise", STR(advertise), 0, 0, "",
+     "the URL standbys give clients for this squishd when it leads (default: http://HOST:PORT of "
+     "--listen, the host name for a wildcard address)"},
+    {"leader_timeout_ms", INT(leader_timeout_ms), 500, 600000, "5000",
+     "with a PostgreSQL --db, a standby takes over this soon after the leader dies (it tries the "
+     "leader's lock every tenth of it)"},
     {"drain_timeout_ms", INT(drain_timeout_ms), 0, 600000, "10000",
      "on SIGTERM, how long in-flight requests may take to finish"},
     {"max_body_mb", OPT_MB, offsetof(gw_config_t, max_body_bytes), 0, 1, 1 << 20, "512",

@@ -41,6 +41,8 @@ typedef struct {
     int shm_mb;
     int emu_memory_mb;
     int drain_timeout_ms;
+    char advertise[128];   /* the leader's address given by standbys ("" = from --listen) */
+    int leader_timeout_ms; /* PostgreSQL DB: a standby takes over within this */
     int64_t max_body_bytes;
     /* data plane */
     int policy;             /* pl_policy_t: deferred | early-drop */

@@ -1,9 +1,10 @@
-/* gw_main: brings squishd up in order (token, arena, DB thread, dispatch
- * thread and workers, HTTP), waits for SIGTERM/SIGINT, and takes it down in
- * reverse order: stop accepting and drain HTTP, stop workers, close the DB. */
+/* gw_main: brings squishd up in order (token, arena, leadership when the
+ * model DB is shared, DB thread, dispatch thread and workers, HTTP), waits for SIGTERM/SIGINT, and
+ * takes it down in reverse order: stop accepting and drain HTTP, stop workers, close the DB. */
 #include "gw_db.h"
 #include "gw_dispatch.h"
 #include "gw_http.h"
+#include "gw_leader.h"
 #include "gw_offload.h"
 #include "gw_preprocess.h"
 #include "gw_registry.h"
@@ -138,6 +139,20 @@ int gw_main(const gw_config_t *cfg)
         snprintf(err, sizeof(err), "cannot start the offload thread");
         goto fail;
     }
+    /* With a shared (PostgreSQL) model DB, squishd may be a standby first:
+     * it answers HTTP as one until it holds the leader's lock. */
+    if ((rc = gw_leader_open(&srv, err, sizeof(err))) != 0)
+        goto fail;
+    rc = gw_leader_wait(&srv, &sigs, err, sizeof(err));
+    if (rc == 1) {
+        rc = 0; /* stopped while standby */
+        goto out;
+    }
+    if (rc != 0 || (rc = gw_leader_watch(&srv)) != 0) {
+        if (err[0] == '\0')
+            snprintf(err, sizeof(err), "cannot take the lead: %s", sq_err_msg(rc));
+        goto fail;
+    }
     if ((rc = gw_db_start(&srv, err, sizeof(err))) != 0)
         goto fail;
     /* cpu workers' OpenMP threads sleep instead of spinning between batches
@@ -156,8 +171,11 @@ int gw_main(const gw_config_t *cfg)
                                sizeof(err))) != 0)
         goto fail;
     gw_dispatch_resume_profiling(&srv);
-    if ((rc = gw_http_start(&srv, &gw_http_app, err, sizeof(err))) != 0)
+    if (srv.http != NULL) /* a standby that came to lead: same listener */
+        gw_http_set_app(&srv, &gw_http_app);
+    else if ((rc = gw_http_start(&srv, &gw_http_app, err, sizeof(err))) != 0)
         goto fail;
+    gw_leader_announce(&srv);
 
     int sig = 0;
     sigwait(&sigs, &sig);
@@ -191,6 +209,7 @@ out:
     gw_workers_stop(&srv);
     gw_prep_pool_free(srv.prep);
     gw_db_stop(&srv);
+    gw_leader_close(&srv); /* the lock goes when all else has stopped */
     gw_workers_free(&srv);
     gw_dispatch_free(srv.dispatch);
     srv.dispatch = NULL;
