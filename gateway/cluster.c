@@ -185,7 +185,7 @@ int gw_remote_before_hello(gw_remote_t *r, sq_conn_t *c, const sq_frame_t *f, ch
         if (f->type == SQ_MSG_ERROR) {
             sq_ipc_error_t e;
             if (sq_ipc_error_decode(f, &e) == 0)
-                snprintf(why, whylen, "%s", e.message);
+                snprintf(why, whylen, "the worker refused squishd: %s", e.message);
             else
                 snprintf(why, whylen, "refused by the worker");
             return SQ_UNAUTHORIZED;
