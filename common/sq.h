@@ -11,5 +11,6 @@
 #include "sq_log.h"
 #include "sq_loop.h"
 #include "sq_shm.h"
+#include "sq_tls.h"
 
 #endif

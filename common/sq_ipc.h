@@ -18,6 +18,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
+#include <sys/uio.h>
 
 #define SQ_IPC_MAGIC 0x48535153u /* "SQSH" */
 #define SQ_IPC_VERSION 3
@@ -85,6 +87,19 @@ typedef struct sq_conn_ref {
     size_t len;
 } sq_conn_ref_t;
 
+/* Another way to move a connection's bytes than the socket calls (TLS,
+ * sq_tls.h); ctx is the connection's io_ctx. read returns the bytes read
+ * (> 0), 0 at EOF, or -1 with errno (EAGAIN: nothing now); writev the
+ * bytes written (>= 0; it may take none of n == 0 pieces) or -1 with errno
+ * (EAGAIN: wait until writable). want_write says whether it must write
+ * before it can go on (a handshake): the connection is then pending. */
+typedef struct {
+    ssize_t (*read)(void *ctx, void *buf, size_t len);
+    ssize_t (*writev)(void *ctx, const struct iovec *iov, int n);
+    int (*want_write)(const void *ctx);
+    void (*free)(void *ctx);
+} sq_conn_io_t;
+
 /* One end of a connection: non-blocking fd, input and output buffers, and
  * any file descriptors received with SCM_RIGHTS.
  *
@@ -102,6 +117,8 @@ typedef struct {
     uint64_t bytes_written;           /* ever: a peer that takes bytes is reading */
     int fds[SQ_IPC_MAX_FDS];
     int nfds;
+    const sq_conn_io_t *io; /* NULL: the socket's own calls (UNIX, plain TCP) */
+    void *io_ctx;           /* freed with the connection */
 } sq_conn_t;
 
 void sq_conn_init(sq_conn_t *c, int fd);

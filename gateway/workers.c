@@ -89,6 +89,7 @@ struct gw_workers {
     pthread_t thread;
     int listen_fd;
     int cluster_fd; /* TCP listener for remote workers, or -1 */
+    sq_tls_t *tls;  /* TLS on it, or NULL */
     uint8_t token[SQ_AUTH_MAX_TOKEN];
     size_t token_len;
     char worker_bin[PATH_MAX];
@@ -405,6 +406,11 @@ static int on_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
         p->slot->up_since_ns = sq_now_ns();
         p->slot->startup_ns = p->slot->up_since_ns - p->slot->spawned_ns;
     }
+    if (p->remote != NULL && ws->tls != NULL) {
+        char subject[256];
+        sq_tls_peer(&p->conn, subject, sizeof(subject));
+        SQ_INFO("worker certificate id=%d subject=\"%s\"", p->id, subject);
+    }
     SQ_INFO("worker up id=%d device=%s pid=%u memory_mb=%llu supervised=%s%s%s", p->id,
             p->hello.name, p->hello.pid, (unsigned long long)(p->hello.memory_bytes >> 20),
             p->slot ? "yes" : "no", p->remote ? " remote=" : "",
@@ -603,6 +609,13 @@ static void on_accept_cluster(sq_loop_t *loop, int fd, int events, void *data)
         sq_conn_init(&p->conn, cfd);
         p->remote = gw_remote_new(ws->token, ws->token_len, addr);
         p->accepted_ns = p->last_heard_ns = sq_now_ns();
+        if (ws->tls != NULL && sq_tls_attach(ws->tls, &p->conn, NULL, addr) != 0) {
+            SQ_WARN("cannot start TLS on a worker connection addr=%s: dropped", addr);
+            sq_conn_dispose(&p->conn);
+            gw_remote_free(p->remote);
+            free(p);
+            continue;
+        }
         if (sq_loop_watch(loop, cfd, SQ_EV_READ, on_peer_io, p) != 0) {
             SQ_WARN("cannot watch a worker connection: dropped");
             sq_conn_dispose(&p->conn);
@@ -622,12 +635,13 @@ static int cluster_start(gw_workers_t *ws, char *err, size_t errlen)
     const gw_config_t *cfg = ws->srv->cfg;
     if (cfg->cluster_listen[0] == '\0')
         return 0;
-    if (cfg->cluster_tls_cert[0] != '\0') {
-        snprintf(err, errlen, "--cluster-tls-*: TLS on the cluster link is not implemented yet");
-        return SQ_BAD_CONFIG;
-    }
-    int rc = sq_auth_read_token(cfg->cluster_token_file, ws->token, sizeof(ws->token),
-                                &ws->token_len, err, errlen);
+    int rc;
+    if (cfg->cluster_tls_cert[0] != '\0' &&
+        (rc = sq_tls_new(&ws->tls, 1, cfg->cluster_tls_cert, cfg->cluster_tls_key,
+                         cfg->cluster_tls_ca, err, errlen)) != 0)
+        return rc;
+    rc = sq_auth_read_token(cfg->cluster_token_file, ws->token, sizeof(ws->token), &ws->token_len,
+                            err, errlen);
     if (rc != 0)
         return rc;
     char bound[96];
@@ -638,7 +652,7 @@ static int cluster_start(gw_workers_t *ws, char *err, size_t errlen)
         snprintf(err, errlen, "cannot watch the cluster listener");
         return SQ_IO;
     }
-    SQ_INFO("cluster listening addr=%s", bound);
+    SQ_INFO("cluster listening addr=%s tls=%s", bound, ws->tls != NULL ? "yes" : "no");
     return 0;
 }
 
@@ -824,6 +838,7 @@ fail:
     }
     if (ws->cluster_fd >= 0)
         close(ws->cluster_fd);
+    sq_tls_free(ws->tls);
     OPENSSL_cleanse(ws->token, sizeof(ws->token));
     free(ws->slots);
     free(ws);
@@ -906,6 +921,7 @@ void gw_workers_free(gw_server_t *srv)
      * dispatcher's jobs) runs on a dispatcher that answers nothing more. */
     sq_loop_run_posts(ws->loop);
     ws->ev->abort(ws->ev_ctx);
+    sq_tls_free(ws->tls);
     OPENSSL_cleanse(ws->token, sizeof(ws->token));
     free(ws->slots);
     free(ws);

@@ -49,7 +49,8 @@ typedef struct {
     uint8_t token[SQ_AUTH_MAX_TOKEN];
     size_t token_len;
     int backoff_max_ms;
-    int joined; /* ever: an authentication refused before is fatal */
+    sq_tls_t *tls; /* --cluster-tls-*, or NULL */
+    int joined;    /* ever: an authentication refused before is fatal */
     int connected;
     uint32_t heartbeat_ms;
 } worker_t;
@@ -66,6 +67,9 @@ static void usage(FILE *f)
                "                     the token squishd's --cluster-token-file holds (TCP)\n"
                "  --host-name NAME   this host's name in the device (cpu@NAME; default: the\n"
                "                     hostname)\n"
+               "  --cluster-tls-cert PEM --cluster-tls-key PEM --cluster-tls-ca PEM\n"
+               "                     TLS to squishd (its --cluster-tls-*): this worker's\n"
+               "                     certificate and key, and the CA squishd's must chain to\n"
                "  --reconnect-max-ms N\n"
                "                     longest wait between reconnection rounds (default 5000)\n"
                "  --device SPEC      the device this worker owns\n"
@@ -105,7 +109,11 @@ static int read_frame_blocking(sq_conn_t *c, sq_frame_t *f, int timeout_ms)
         int left = (int)(deadline - sq_now_ms());
         if (left <= 0)
             return -ETIMEDOUT;
-        struct pollfd p = {.fd = c->fd, .events = POLLIN};
+        /* What is queued goes first (over TLS: the handshake, then it). */
+        int fl = sq_conn_flush(c);
+        if (fl < 0)
+            return fl;
+        struct pollfd p = {.fd = c->fd, .events = (short)(POLLIN | (fl == 1 ? POLLOUT : 0))};
         if (poll(&p, 1, left) < 0 && errno != EINTR)
             return -errno;
         rc = sq_conn_read(c);
@@ -359,7 +367,14 @@ static int reconnect(void *ctx, const sq_buf_t *held, sq_conn_t **conn, uint32_t
                 continue;
             }
             sq_conn_init(&w->conn, fd);
-            int rc = authenticate(w);
+            int rc = 0;
+            if (w->tls != NULL) {
+                char host[256], port[16];
+                split_addr(w->addrs[i], host, sizeof(host), port, sizeof(port));
+                rc = sq_tls_attach(w->tls, &w->conn, host, w->addrs[i]);
+            }
+            if (rc == 0)
+                rc = authenticate(w);
             if (rc == 0)
                 rc = remote_hello(w, held);
             if (rc == 0) {
@@ -390,6 +405,7 @@ static int reconnect(void *ctx, const sq_buf_t *held, sq_conn_t **conn, uint32_t
 int main(int argc, char **argv)
 {
     const char *sock_path = NULL, *device = NULL, *token_file = NULL, *host_name = NULL;
+    const char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL;
     long memory_mb = 0, threads = 0;
     static const struct option opts[] = {{"connect", required_argument, NULL, 'c'},
                                          {"device", required_argument, NULL, 'd'},
@@ -399,6 +415,9 @@ int main(int argc, char **argv)
                                          {"cluster-token-file", required_argument, NULL, 'k'},
                                          {"host-name", required_argument, NULL, 'n'},
                                          {"reconnect-max-ms", required_argument, NULL, 'r'},
+                                         {"cluster-tls-cert", required_argument, NULL, 'C'},
+                                         {"cluster-tls-key", required_argument, NULL, 'K'},
+                                         {"cluster-tls-ca", required_argument, NULL, 'A'},
                                          {"help", no_argument, NULL, 'h'},
                                          {"version", no_argument, NULL, 'V'},
                                          {NULL, 0, NULL, 0}};
@@ -429,6 +448,15 @@ int main(int argc, char **argv)
             break;
         case 'k':
             token_file = optarg;
+            break;
+        case 'C':
+            tls_cert = optarg;
+            break;
+        case 'K':
+            tls_key = optarg;
+            break;
+        case 'A':
+            tls_ca = optarg;
             break;
         case 'n':
             host_name = optarg;
@@ -491,8 +519,15 @@ int main(int argc, char **argv)
         usage(stderr);
         return 2;
     }
-    if (w.naddrs == 0 && (token_file != NULL || host_name != NULL)) {
-        fprintf(stderr, "squish-worker: --cluster-token-file and --host-name are for tcp://\n");
+    int ntls = (tls_cert != NULL) + (tls_key != NULL) + (tls_ca != NULL);
+    if (w.naddrs == 0 && (token_file != NULL || host_name != NULL || ntls > 0)) {
+        fprintf(stderr, "squish-worker: --cluster-token-file, --cluster-tls-* and --host-name are "
+                        "for tcp://\n");
+        return 2;
+    }
+    if (ntls != 0 && ntls != 3) {
+        fprintf(stderr, "squish-worker: --cluster-tls-cert, --cluster-tls-key, --cluster-tls-ca: "
+                        "give all three or none\n");
         return 2;
     }
     if (wk_device_parse(device, &w.dev) != 0 || strchr(device, '@') != NULL) {
@@ -519,6 +554,13 @@ int main(int argc, char **argv)
                     "digits, '.', '-', '_', at most %d)\n",
                     host, WK_MAX_HOST_NAME);
             return 2;
+        }
+        if (ntls == 3) {
+            char err[400];
+            if (sq_tls_new(&w.tls, 0, tls_cert, tls_key, tls_ca, err, sizeof(err)) != 0) {
+                fprintf(stderr, "squish-worker: --cluster-tls-*: %s\n", err);
+                return 2;
+            }
         }
         if (token_file != NULL) {
             char err[300];
@@ -554,6 +596,7 @@ int main(int argc, char **argv)
         int status = wk_serve(&so);
         if (w.connected)
             sq_conn_dispose(&w.conn);
+        sq_tls_free(w.tls);
         OPENSSL_cleanse(w.token, sizeof(w.token));
         return status;
     }
