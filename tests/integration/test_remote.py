@@ -1,7 +1,8 @@
 """Remote workers over TCP, on 127.0.0.1: squishd --cluster-listen with a
 token file, squish-worker --connect tcp://... started by hand. A remote
 worker authenticates both ways without sending the token (a worker with no
-token or a wrong one is refused, and both logs say why), serves batches whose
+token or a wrong one is refused, and both logs say why; with TLS, so is one
+whose certificate another CA signed), serves batches whose
 inputs and outputs travel in frames (answers equal to a local worker's), and
 when squishd restarts it reconnects, keeping the model file it holds: squishd
 does not send it again."""
@@ -17,7 +18,7 @@ import time
 
 import numpy as np
 import tiny_models as tm
-from harness import SQUISHD, WORKER, Squishd, eventually, run, test
+from harness import SQUISHD, WORKER, Skip, Squishd, eventually, run, test
 
 PHOTO = "/usr/share/matplotlib/mpl-data/sample_data/grace_hopper.jpg"
 R50 = {"name": "r50", "profile": {"alpha_ms": 1.053, "beta_ms": 5.072}, "max_batch": 32,
@@ -256,6 +257,85 @@ def remote_cpu_answers_equal_local_and_a_reconnect_does_not_resend_the_model():
         for x in (s, s2):
             if x is not None:
                 x.cleanup()
+        c.cleanup()
+
+
+def make_certs(d):
+    """A CA, squishd's certificate for 127.0.0.1, a worker's; and a worker
+    certificate from another CA. openssl's command line."""
+    def run_ssl(*args):
+        subprocess.run(["openssl"] + list(args), cwd=d, check=True, capture_output=True)
+
+    for ca in ("ca", "other-ca"):
+        run_ssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                "-keyout", ca + ".key", "-out", ca + ".pem", "-days", "2", "-subj", "/CN=" + ca)
+    for name, ca, san in (("gw", "ca", "IP:127.0.0.1"), ("wk", "ca", "DNS:worker-a"),
+                          ("rogue", "other-ca", "DNS:worker-b")):
+        run_ssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                "-keyout", name + ".key", "-out", name + ".csr", "-subj", "/CN=" + name)
+        with open(os.path.join(d, name + ".ext"), "w") as f:
+            f.write("subjectAltName=%s\nbasicConstraints=CA:FALSE\n" % san)
+        run_ssl("x509", "-req", "-in", name + ".csr", "-CA", ca + ".pem", "-CAkey", ca + ".key",
+                "-CAcreateserial", "-out", name + ".pem", "-days", "2", "-extfile", name + ".ext")
+    for f in os.listdir(d):
+        if f.endswith(".key"):
+            os.chmod(os.path.join(d, f), 0o600)
+
+
+def tls_flags(d, name, ca="ca"):
+    return ["--cluster-tls-cert", os.path.join(d, name + ".pem"),
+            "--cluster-tls-key", os.path.join(d, name + ".key"),
+            "--cluster-tls-ca", os.path.join(d, ca + ".pem")]
+
+
+@test
+def tls_both_ways_serves_and_refuses_strangers():
+    if shutil.which("openssl") is None:
+        raise Skip("no openssl command to make test certificates")
+    c = Cluster()
+    s = None
+    try:
+        make_certs(c.tmp)
+        s = c.squishd(extra=tls_flags(c.tmp, "gw"))
+        addr = cluster_addr(s)
+        assert "tls=yes" in s.read_log()
+        good = c.worker(addr, "emu:0", "hosta", extra=tls_flags(c.tmp, "wk"))
+        s.wait_ready(workers=1)
+        assert 'worker certificate id=1000 subject="/CN=wk"' in s.read_log()
+        r = s.request("POST", "/models", body=json.dumps(R50),
+                      headers=dict(auth(s), **{"Content-Type": "application/json"}))
+        assert r.status == 201, r
+        with open(PHOTO, "rb") as f:
+            photo = f.read()
+        # 16 images: 2.4 MB of inputs through TLS records and partial writes.
+        body, ctype = tm.multipart([("i%d" % i, None, None, photo) for i in range(16)])
+        r = s.request("POST", "/v1/models/r50/infer", body=body,
+                      headers={"X-SLO-Ms": "5000", "Content-Type": ctype},
+                      schema_name="infer_v1_response")
+        assert r.status == 200 and len(r.json["predictions"]) == 16, r
+        assert len({json.dumps(p) for p in r.json["predictions"]}) == 1, "same photo, same answer"
+
+        # A certificate from another CA, and no TLS at all: refused by TLS,
+        # before the token is even asked for; both logs say why.
+        rogue = c.worker(addr, "emu:1", "hostb", extra=tls_flags(c.tmp, "rogue", ca="other-ca"))
+        plain = c.worker(addr, "emu:2", "hostc")
+        eventually(lambda: "unknown ca" in s.read_log() and "wrong version number"
+                   in s.read_log(), 20, "squishd to refuse both")
+        eventually(lambda: "certificate verify failed" in read(rogue.log_path), 10,
+                   "the rogue worker to distrust squishd")
+        log = s.read_log()
+        assert "emu:1@hostb" not in log and "emu:2@hostc" not in log
+        assert s.get("/v2/health/ready").json["workers"] == 1
+        assert good.poll() is None
+        # Half-configured TLS on a worker is refused at start.
+        p = subprocess.run([WORKER, "--connect", "tcp://" + addr, "--device", "emu:3",
+                            "--cluster-tls-cert", os.path.join(c.tmp, "wk.pem")],
+                           capture_output=True, text=True, timeout=20)
+        assert p.returncode == 2 and "all three or none" in p.stderr, p
+        assert s.stop() == 0
+    finally:
+        if s is not None:
+            s.cleanup()
         c.cleanup()
 
 
