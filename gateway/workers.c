@@ -97,6 +97,12 @@ struct gw_workers {
     int nslots;
     peer_t *peers;
     int next_external_id;
+    /* Remote workers seen, by device name ("cpu@host2"): one that comes
+     * back gets its id again (the dispatcher's record and the metrics'
+     * labels stay one per device, however often it reconnects). */
+    char (*remote_names)[64];
+    int *remote_ids;
+    int nremote;
     int stopping;
     atomic_int aborted;
     int64_t stop_deadline_ns;
@@ -344,6 +350,20 @@ static void send_error(peer_t *p, int code, const char *msg)
     sq_buf_dispose(&b);
 }
 
+static int remote_id(gw_workers_t *ws, const char *name)
+{
+    for (int i = 0; i < ws->nremote; i++)
+        if (strcmp(ws->remote_names[i], name) == 0)
+            return ws->remote_ids[i];
+    ws->remote_names =
+        sq_xrealloc(ws->remote_names, sizeof(*ws->remote_names) * (size_t)(ws->nremote + 1));
+    ws->remote_ids =
+        sq_xrealloc(ws->remote_ids, sizeof(*ws->remote_ids) * (size_t)(ws->nremote + 1));
+    snprintf(ws->remote_names[ws->nremote], sizeof(ws->remote_names[0]), "%s", name);
+    ws->remote_ids[ws->nremote] = ws->next_external_id++;
+    return ws->remote_ids[ws->nremote++];
+}
+
 static int on_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
 {
     if (sq_hello_decode(f, &p->hello) != 0) {
@@ -382,7 +402,9 @@ static int on_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
             return -1;
         }
     }
-    p->id = p->slot ? p->slot->id : ws->next_external_id++;
+    p->id = p->slot     ? p->slot->id
+            : p->remote ? remote_id(ws, p->hello.name)
+                        : ws->next_external_id++;
     sq_welcome_t wel = {.version = SQ_IPC_VERSION,
                         .worker_id = (uint32_t)p->id,
                         .heartbeat_ms = (uint32_t)ws->srv->cfg->heartbeat_ms,
@@ -923,6 +945,8 @@ void gw_workers_free(gw_server_t *srv)
     ws->ev->abort(ws->ev_ctx);
     sq_tls_free(ws->tls);
     OPENSSL_cleanse(ws->token, sizeof(ws->token));
+    free(ws->remote_names);
+    free(ws->remote_ids);
     free(ws->slots);
     free(ws);
     srv->workers = NULL;

@@ -217,6 +217,8 @@ def two_worker_hosts_serve_and_one_drops_off_and_rejoins():
         eventually(lambda: len(re.findall(r"worker up id=\d+ device=cpu@h1 ",
                                           s.read_log())) >= 2, 30, "cpu@h1 to rejoin")
         s.wait_ready(workers=3, timeout=30)
+        ids = re.findall(r"worker up id=(\d+) device=cpu@h1 ", s.read_log())
+        assert len(set(ids)) == 1, ("a worker that rejoins keeps its id", ids)
         r = s.request("POST", "/v1/models/tiny/infer", body=img[0],
                       headers={"X-SLO-Ms": "5000", "Content-Type": img[1]})
         assert r.status == 200, r
