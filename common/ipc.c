@@ -86,6 +86,10 @@ static void drop_refs(sq_conn_t *c)
 
 void sq_conn_dispose(sq_conn_t *c)
 {
+    if (c->io != NULL && c->io->free != NULL)
+        c->io->free(c->io_ctx);
+    c->io = NULL;
+    c->io_ctx = NULL;
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
@@ -112,6 +116,20 @@ int sq_conn_read(sq_conn_t *c)
     for (;;) {
         sq_buf_reserve(&c->in, 65536);
         struct iovec iov = {.iov_base = c->in.data + c->in.len, .iov_len = c->in.cap - c->in.len};
+        if (c->io != NULL) {
+            ssize_t n = c->io->read(c->io_ctx, iov.iov_base, iov.iov_len);
+            if (n < 0 && errno == EINTR)
+                continue;
+            if (n < 0)
+                return total > 0 ? total : (errno == EAGAIN ? -EAGAIN : -errno);
+            if (n == 0)
+                return total;
+            c->in.len += (size_t)n;
+            total += (int)n;
+            if ((size_t)n < iov.iov_len || total > (1 << 24))
+                return total;
+            continue;
+        }
         union {
             struct cmsghdr align;
             char buf[CMSG_SPACE(sizeof(int) * SQ_IPC_MAX_FDS)];
@@ -169,7 +187,8 @@ int sq_conn_next(sq_conn_t *c, sq_frame_t *f)
 
 int sq_conn_pending(const sq_conn_t *c)
 {
-    return c->out_off < c->out.len || c->refs != NULL;
+    return c->out_off < c->out.len || c->refs != NULL ||
+           (c->io != NULL && c->io->want_write(c->io_ctx));
 }
 
 /* Marks n written bytes as sent: the buffer's up to the next borrowed
@@ -218,7 +237,8 @@ int sq_conn_flush(sq_conn_t *c)
         if (r == NULL && pos < c->out.len && n < FLUSH_IOVECS)
             iov[n++] = (struct iovec){.iov_base = c->out.data + pos, .iov_len = c->out.len - pos};
         struct msghdr msg = {.msg_iov = iov, .msg_iovlen = (size_t)n};
-        ssize_t w = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+        ssize_t w = c->io != NULL ? c->io->writev(c->io_ctx, iov, n)
+                                  : sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
         if (w < 0) {
             if (errno == EINTR)
                 continue;

@@ -4,6 +4,7 @@
 #include "sq_error.h"
 #include "sq_ipc.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 static int finish(const sq_reader_t *r, const sq_frame_t *f, unsigned type)
@@ -197,4 +198,49 @@ int sq_profile_done_decode(const sq_frame_t *f, sq_profile_done_t *m)
         m->rows[i].peak_memory_bytes = sq_get_u64(&r);
     }
     return finish(&r, f, SQ_MSG_PROFILE_DONE);
+}
+
+void sq_models_held_encode(sq_buf_t *b, uint32_t n, const char (*sha256)[65])
+{
+    sq_buf_put_u32(b, n);
+    for (uint32_t i = 0; i < n; i++)
+        sq_buf_put_str(b, sha256[i]);
+}
+
+static int is_sha256_hex(const char *s)
+{
+    size_t n = 0;
+    for (; s[n] != '\0'; n++)
+        if (!((s[n] >= '0' && s[n] <= '9') || (s[n] >= 'a' && s[n] <= 'f')))
+            return 0;
+    return n == 64;
+}
+
+int sq_models_held_decode(const sq_frame_t *f, sq_models_held_t *m)
+{
+    sq_reader_t r;
+    sq_reader_init(&r, f->payload, f->len);
+    m->sha256 = NULL;
+    m->n = sq_get_u32(&r);
+    if (r.err || m->n > SQ_MAX_HELD || (uint64_t)m->n * 68 > r.left) {
+        m->n = 0;
+        return SQ_PROTOCOL;
+    }
+    m->sha256 = m->n > 0 ? calloc(m->n, sizeof(*m->sha256)) : NULL;
+    if (m->n > 0 && m->sha256 == NULL) {
+        m->n = 0;
+        return SQ_NOMEM;
+    }
+    for (uint32_t i = 0; i < m->n && !r.err; i++) {
+        sq_get_str(&r, m->sha256[i], sizeof(m->sha256[i]));
+        if (!r.err && !is_sha256_hex(m->sha256[i]))
+            r.err = 1;
+    }
+    if (finish(&r, f, SQ_MSG_MODELS_HELD) != 0) {
+        free(m->sha256);
+        m->sha256 = NULL;
+        m->n = 0;
+        return SQ_PROTOCOL;
+    }
+    return 0;
 }

@@ -3,6 +3,7 @@
 #define SQ_H
 
 #include "sq_alloc.h"
+#include "sq_auth.h"
 #include "sq_buf.h"
 #include "sq_clock.h"
 #include "sq_error.h"
@@ -10,5 +11,6 @@
 #include "sq_log.h"
 #include "sq_loop.h"
 #include "sq_shm.h"
+#include "sq_tls.h"
 
 #endif

@@ -1,4 +1,5 @@
-/* IPC between squishd and squish-worker over a UNIX stream socket.
+/* IPC between squishd and squish-worker over a UNIX stream socket, or TCP
+ * for a worker on another host (see "Remote workers" below).
  *
  * A frame is a 16-byte little-endian header followed by the payload:
  *   u32 payload length | u16 type | u16 flags (reserved, 0) | u64 id
@@ -17,9 +18,11 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
+#include <sys/uio.h>
 
 #define SQ_IPC_MAGIC 0x48535153u /* "SQSH" */
-#define SQ_IPC_VERSION 2
+#define SQ_IPC_VERSION 3
 #define SQ_IPC_HEADER_SIZE 16
 #define SQ_IPC_MAX_PAYLOAD (16u << 20)
 #define SQ_IPC_MAX_FDS 4
@@ -39,9 +42,15 @@
     X(MODEL_UNLOAD, 14)                                                                            \
     X(BATCH, 20)                                                                                   \
     X(BATCH_DONE, 21)                                                                              \
+    X(BATCH_INPUT, 22)                                                                             \
+    X(BATCH_OUTPUT, 23)                                                                            \
     X(PROFILE, 30)                                                                                 \
     X(PROFILE_PROGRESS, 31)                                                                        \
-    X(PROFILE_DONE, 32)
+    X(PROFILE_DONE, 32)                                                                            \
+    X(AUTH_CHALLENGE, 40)                                                                          \
+    X(AUTH_REPLY, 41)                                                                              \
+    X(AUTH_PROOF, 42)                                                                              \
+    X(MODELS_HELD, 43)
 
 typedef enum {
 #define SQ_IPC_ENUM_(n, v) SQ_MSG_##n = v,
@@ -78,6 +87,19 @@ typedef struct sq_conn_ref {
     size_t len;
 } sq_conn_ref_t;
 
+/* Another way to move a connection's bytes than the socket calls (TLS,
+ * sq_tls.h); ctx is the connection's io_ctx. read returns the bytes read
+ * (> 0), 0 at EOF, or -1 with errno (EAGAIN: nothing now); writev the
+ * bytes written (>= 0; it may take none of n == 0 pieces) or -1 with errno
+ * (EAGAIN: wait until writable). want_write says whether it must write
+ * before it can go on (a handshake): the connection is then pending. */
+typedef struct {
+    ssize_t (*read)(void *ctx, void *buf, size_t len);
+    ssize_t (*writev)(void *ctx, const struct iovec *iov, int n);
+    int (*want_write)(const void *ctx);
+    void (*free)(void *ctx);
+} sq_conn_io_t;
+
 /* One end of a connection: non-blocking fd, input and output buffers, and
  * any file descriptors received with SCM_RIGHTS.
  *
@@ -95,6 +117,8 @@ typedef struct {
     uint64_t bytes_written;           /* ever: a peer that takes bytes is reading */
     int fds[SQ_IPC_MAX_FDS];
     int nfds;
+    const sq_conn_io_t *io; /* NULL: the socket's own calls (UNIX, plain TCP) */
+    void *io_ctx;           /* freed with the connection */
 } sq_conn_t;
 
 void sq_conn_init(sq_conn_t *c, int fd);
@@ -252,6 +276,33 @@ typedef struct {
     uint32_t nrows;
     sq_profile_row_t rows[SQ_MAX_PROFILE_ROWS];
 } sq_profile_done_t;
+
+/* ---- remote workers (TCP) ----
+ *
+ * A worker on another host has no shared memory. The connection starts
+ * with the authentication of sq_auth.h (AUTH_CHALLENGE, AUTH_REPLY,
+ * AUTH_PROOF), then the worker sends MODELS_HELD (the sha256s of the model
+ * files it kept from earlier connections: squishd sends those as cached),
+ * then HELLO; WELCOME comes without a file descriptor (shm_bytes 0).
+ *
+ * A batch's inputs come before its BATCH in BATCH_INPUT frames (id: the
+ * batch id), whose payloads, concatenated, are the batch's input bytes;
+ * BATCH's in_off[i] are offsets into them and out_off is 0. The worker
+ * sends the output region (count * out_stride bytes) back in BATCH_OUTPUT
+ * frames before BATCH_DONE. Both in pieces of at most SQ_REMOTE_CHUNK_BYTES,
+ * so that no batch meets SQ_IPC_MAX_PAYLOAD. */
+#define SQ_REMOTE_CHUNK_BYTES (1u << 20)
+#define SQ_REMOTE_MAX_BATCH_BYTES ((uint64_t)1 << 30)
+#define SQ_MAX_HELD 4096
+
+typedef struct {
+    uint32_t n;
+    char (*sha256)[65]; /* n entries; the decoder allocates (free it) */
+} sq_models_held_t;
+
+void sq_models_held_encode(sq_buf_t *b, uint32_t n, const char (*sha256)[65]);
+/* Checks each entry is 64 hex digits. Returns 0 or SQ_PROTOCOL. */
+int sq_models_held_decode(const sq_frame_t *f, sq_models_held_t *m);
 
 void sq_model_load_encode(sq_buf_t *b, const sq_model_load_t *m);
 int sq_model_load_decode(const sq_frame_t *f, sq_model_load_t *m);

@@ -46,6 +46,16 @@ static const opt_t options[] = {
      "admin bearer token file (default: admin.token next to the DB)"},
     {"socket", STR(socket_path), 0, 0, "",
      "worker UNIX socket (default: squishd.sock next to the DB)"},
+    {"cluster_listen", STR(cluster_listen), 0, 0, "",
+     "ADDR:PORT where workers on other hosts connect over TCP (squish-worker --connect "
+     "tcp://HOST:PORT); port 0 picks one; needs --cluster-token-file"},
+    {"cluster_token_file", STR(cluster_token_file), 0, 0, "",
+     "file holding the token remote workers prove they know (it never crosses the network)"},
+    {"cluster_tls_cert", STR(cluster_tls_cert), 0, 0, "",
+     "PEM certificate for TLS on the cluster listener (with --cluster-tls-key and -ca)"},
+    {"cluster_tls_key", STR(cluster_tls_key), 0, 0, "", "PEM private key of --cluster-tls-cert"},
+    {"cluster_tls_ca", STR(cluster_tls_ca), 0, 0, "",
+     "PEM CA that remote workers' certificates must chain to"},
     {"worker_bin", STR(worker_bin), 0, 0, "", "squish-worker executable (default: beside squishd)"},
     {"log_level", OPT_LOGLEVEL, 0, 0, 0, 0, "info", "debug|info|warn|error|off"},
     {"http_threads", INT(http_threads), 1, 64, "1", "HTTP event-loop threads"},
@@ -457,6 +467,24 @@ int gw_config_parse(gw_config_t *cfg, int argc, char **argv, char **envp,
     }
     if (cfg->restart_backoff_max_ms < cfg->restart_backoff_ms) {
         snprintf(err, errlen, "restart_backoff_max_ms: must be >= restart_backoff_ms");
+        return SQ_BAD_CONFIG;
+    }
+    if (cfg->cluster_listen[0] != '\0' && cfg->cluster_token_file[0] == '\0') {
+        snprintf(err, errlen,
+                 "cluster_listen: needs cluster_token_file (remote workers must "
+                 "authenticate)");
+        return SQ_BAD_CONFIG;
+    }
+    int tls = (cfg->cluster_tls_cert[0] != '\0') + (cfg->cluster_tls_key[0] != '\0') +
+              (cfg->cluster_tls_ca[0] != '\0');
+    if (tls != 0 && tls != 3) {
+        snprintf(err, errlen,
+                 "cluster_tls_cert, cluster_tls_key, cluster_tls_ca: give all three "
+                 "or none");
+        return SQ_BAD_CONFIG;
+    }
+    if (tls != 0 && cfg->cluster_listen[0] == '\0') {
+        snprintf(err, errlen, "cluster_tls_*: only with cluster_listen");
         return SQ_BAD_CONFIG;
     }
     if (cfg->heartbeat_timeout_ms <= cfg->heartbeat_ms) {

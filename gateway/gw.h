@@ -29,6 +29,13 @@ typedef struct {
     char admin_token_file[256]; /* "" = next to the DB */
     char socket_path[108];      /* "" = next to the DB */
     char worker_bin[256];       /* "" = beside squishd, then the build tree */
+    /* workers on other hosts: TCP listener ("" = none), their shared token,
+     * optional TLS (all three or none) */
+    char cluster_listen[128];
+    char cluster_token_file[256];
+    char cluster_tls_cert[256];
+    char cluster_tls_key[256];
+    char cluster_tls_ca[256];
     sq_log_level_t log_level;
     int http_threads;
     int ngroups;

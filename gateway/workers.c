@@ -8,7 +8,11 @@
  * exits with WK_EXIT_DEVICE_UNAVAILABLE (a cuda worker on a machine without
  * a GPU) is not retried: its slot becomes the cpu worker when no slot is
  * one yet, and is disabled otherwise (one cpu worker uses every core).
- * Workers started by hand join as unsupervised peers. */
+ * Workers started by hand join as unsupervised peers, on the UNIX socket or,
+ * from other hosts, on the cluster listener (TCP, cluster.c: they
+ * authenticate before HELLO, and their batches carry inputs and outputs in
+ * frames). */
+#include "gw_cluster.h"
 #include "gw_workers.h"
 
 #include <wk.h>
@@ -16,6 +20,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <openssl/crypto.h>
 #include <signal.h>
 #include <spawn.h>
 #include <stdlib.h>
@@ -66,6 +71,7 @@ struct peer {
     int id;       /* worker id; slot id for supervised ones */
     slot_t *slot; /* NULL for a worker started by hand */
     int welcomed;
+    gw_remote_t *remote; /* a worker on TCP; NULL on the UNIX socket */
     sq_hello_t hello;
     int64_t accepted_ns;
     int64_t last_heard_ns;
@@ -81,11 +87,21 @@ struct gw_workers {
     sq_loop_t *loop;
     pthread_t thread;
     int listen_fd;
+    int cluster_fd; /* TCP listener for remote workers, or -1 */
+    sq_tls_t *tls;  /* TLS on it, or NULL */
+    uint8_t token[SQ_AUTH_MAX_TOKEN];
+    size_t token_len;
     char worker_bin[PATH_MAX];
     slot_t *slots;
     int nslots;
     peer_t *peers;
     int next_external_id;
+    /* Remote workers seen, by device name ("cpu@host2"): one that comes
+     * back gets its id again (the dispatcher's record and the metrics'
+     * labels stay one per device, however often it reconnects). */
+    char (*remote_names)[64];
+    int *remote_ids;
+    int nremote;
     int stopping;
     atomic_int aborted;
     int64_t stop_deadline_ns;
@@ -243,10 +259,15 @@ static void peer_close(gw_workers_t *ws, peer_t *p, const char *reason)
         gw_metrics_worker_up(ws->srv->metrics, p->id, p->hello.name, 0);
     if (p->welcomed || p->slot != NULL)
         SQ_LOG(ws->stopping ? SQ_LOG_INFO : SQ_LOG_WARN,
-               "worker %s id=%d device=%s pid=%u reason=%s", ws->stopping ? "gone" : "lost", p->id,
-               p->hello.name[0] ? p->hello.name : "?", p->hello.pid, reason);
+               "worker %s id=%d device=%s pid=%u reason=%s%s%s", ws->stopping ? "gone" : "lost",
+               p->id, p->hello.name[0] ? p->hello.name : "?", p->hello.pid, reason,
+               p->remote ? " addr=" : "", p->remote ? gw_remote_addr(p->remote) : "");
+    else if (p->remote != NULL && strcmp(reason, "protocol_error") != 0)
+        SQ_WARN("worker connection ended before its handshake addr=%s reason=%s",
+                gw_remote_addr(p->remote), reason);
     sq_loop_unwatch(ws->loop, p->conn.fd);
     sq_conn_dispose(&p->conn);
+    gw_remote_free(p->remote);
     slot_t *s = p->slot;
     free(p);
     if (s != NULL)
@@ -328,6 +349,20 @@ static void send_error(peer_t *p, int code, const char *msg)
     sq_buf_dispose(&b);
 }
 
+static int remote_id(gw_workers_t *ws, const char *name)
+{
+    for (int i = 0; i < ws->nremote; i++)
+        if (strcmp(ws->remote_names[i], name) == 0)
+            return ws->remote_ids[i];
+    ws->remote_names =
+        sq_xrealloc(ws->remote_names, sizeof(*ws->remote_names) * (size_t)(ws->nremote + 1));
+    ws->remote_ids =
+        sq_xrealloc(ws->remote_ids, sizeof(*ws->remote_ids) * (size_t)(ws->nremote + 1));
+    snprintf(ws->remote_names[ws->nremote], sizeof(ws->remote_names[0]), "%s", name);
+    ws->remote_ids[ws->nremote] = ws->next_external_id++;
+    return ws->remote_ids[ws->nremote++];
+}
+
 static int on_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
 {
     if (sq_hello_decode(f, &p->hello) != 0) {
@@ -346,7 +381,7 @@ static int on_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
         send_error(p, SQ_PROTOCOL, "unknown device name");
         return -1;
     }
-    for (int i = 0; i < ws->nslots; i++) {
+    for (int i = 0; i < ws->nslots && p->remote == NULL; i++) {
         slot_t *s = &ws->slots[i];
         if (s->pid > 0 && (uint32_t)s->pid == p->hello.pid && s->peer == NULL) {
             p->slot = s;
@@ -355,20 +390,33 @@ static int on_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
     }
     for (peer_t *o = ws->peers; o != NULL; o = o->next) {
         if (o != p && o->welcomed && strcmp(o->hello.name, p->hello.name) == 0) {
+            if (p->remote != NULL && o->remote != NULL) {
+                /* The same remote worker, back before its old connection
+                 * timed out here (a network that dropped it silently): the
+                 * authenticated new one replaces it. */
+                peer_close(ws, o, "replaced");
+                break;
+            }
             send_error(p, SQ_EXISTS, "a worker for this device is already connected");
             return -1;
         }
     }
-    p->id = p->slot ? p->slot->id : ws->next_external_id++;
+    p->id = p->slot     ? p->slot->id
+            : p->remote ? remote_id(ws, p->hello.name)
+                        : ws->next_external_id++;
     sq_welcome_t wel = {.version = SQ_IPC_VERSION,
                         .worker_id = (uint32_t)p->id,
                         .heartbeat_ms = (uint32_t)ws->srv->cfg->heartbeat_ms,
                         .shm_bytes = sq_shm_arena_size(ws->srv->arena)};
+    if (p->remote != NULL)
+        wel.shm_bytes = 0; /* no shared memory across hosts */
     sq_buf_t b;
     sq_buf_init(&b);
     sq_welcome_encode(&b, &wel);
-    int rc = sq_conn_send_with_fd(&p->conn, SQ_MSG_WELCOME, 0, b.data, (uint32_t)b.len,
-                                  sq_shm_arena_fd(ws->srv->arena), 1000);
+    int rc = p->remote != NULL
+                 ? sq_conn_send(&p->conn, SQ_MSG_WELCOME, 0, b.data, (uint32_t)b.len)
+                 : sq_conn_send_with_fd(&p->conn, SQ_MSG_WELCOME, 0, b.data, (uint32_t)b.len,
+                                        sq_shm_arena_fd(ws->srv->arena), 1000);
     sq_buf_dispose(&b);
     if (rc != 0)
         return -1;
@@ -379,9 +427,15 @@ static int on_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
         p->slot->up_since_ns = sq_now_ns();
         p->slot->startup_ns = p->slot->up_since_ns - p->slot->spawned_ns;
     }
-    SQ_INFO("worker up id=%d device=%s pid=%u memory_mb=%llu supervised=%s", p->id, p->hello.name,
-            p->hello.pid, (unsigned long long)(p->hello.memory_bytes >> 20),
-            p->slot ? "yes" : "no");
+    if (p->remote != NULL && ws->tls != NULL) {
+        char subject[256];
+        sq_tls_peer(&p->conn, subject, sizeof(subject));
+        SQ_INFO("worker certificate id=%d subject=\"%s\"", p->id, subject);
+    }
+    SQ_INFO("worker up id=%d device=%s pid=%u memory_mb=%llu supervised=%s%s%s", p->id,
+            p->hello.name, p->hello.pid, (unsigned long long)(p->hello.memory_bytes >> 20),
+            p->slot ? "yes" : "no", p->remote ? " remote=" : "",
+            p->remote ? gw_remote_addr(p->remote) : "");
     publish(ws);
     gw_metrics_worker_up(ws->srv->metrics, p->id, p->hello.name, 1);
     ws->ev->up(ws->ev_ctx, p->id, p->hello.name, p->hello.memory_bytes);
@@ -390,6 +444,32 @@ static int on_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
 
 static int on_frame(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
 {
+    if (!p->welcomed && p->remote != NULL) {
+        char why[300] = "";
+        int rc = gw_remote_before_hello(p->remote, &p->conn, f, why, sizeof(why));
+        if (rc < 0) {
+            SQ_WARN("worker refused addr=%s reason=%s", gw_remote_addr(p->remote), why);
+            char msg[sizeof(why) + 32];
+            snprintf(msg, sizeof(msg), "authentication failed: %s", why);
+            send_error(p, rc, msg);
+            return -1;
+        }
+        if (rc == 0)
+            return 0;
+    }
+    if (p->remote != NULL && p->welcomed) {
+        if (atomic_load(&ws->aborted) &&
+            (f->type == SQ_MSG_BATCH_OUTPUT || f->type == SQ_MSG_BATCH_DONE))
+            return 0; /* the dispatcher answered everything: the outputs go nowhere */
+        int rc = gw_remote_on_frame(p->remote, f, sq_shm_arena_base(ws->srv->arena),
+                                    sq_shm_arena_size(ws->srv->arena));
+        if (rc <= 0) {
+            if (rc < 0)
+                SQ_WARN("bad batch outputs from remote worker id=%d type=%s", p->id,
+                        sq_msg_name(f->type));
+            return rc;
+        }
+    }
     if (!p->welcomed) {
         if (f->type != SQ_MSG_HELLO) {
             send_error(p, SQ_PROTOCOL, "expected HELLO");
@@ -443,11 +523,14 @@ static int link_send(gw_transport_t *t, int worker, uint16_t type, uint64_t id, 
                      uint32_t len, const gw_region_t *regions, int nregions)
 {
     gw_workers_t *ws = (gw_workers_t *)t;
-    (void)regions;
-    (void)nregions;
     peer_t *p = peer_of(ws, worker);
     if (p == NULL)
         return SQ_NO_WORKER;
+    if (p->remote != NULL)
+        return sent(ws, p,
+                    gw_remote_send(p->remote, &p->conn, worker, sq_shm_arena_base(ws->srv->arena),
+                                   sq_shm_arena_size(ws->srv->arena), type, id, payload, len,
+                                   regions, nregions));
     return sent(ws, p, sq_conn_send(&p->conn, type, id, payload, len));
 }
 
@@ -458,6 +541,8 @@ static int link_send_ref(gw_transport_t *t, int worker, uint16_t type, uint64_t 
     peer_t *p = peer_of(ws, worker);
     if (p == NULL)
         return SQ_NO_WORKER;
+    if (p->remote != NULL)
+        return sent(ws, p, gw_remote_send_ref(p->remote, &p->conn, type, id, bytes, off, len));
     return sent(ws, p, sq_conn_send_ref(&p->conn, type, id, bytes, off, len));
 }
 
@@ -525,6 +610,71 @@ static void on_accept(sq_loop_t *loop, int fd, int events, void *data)
         p->next = ws->peers;
         ws->peers = p;
     }
+}
+
+static void on_accept_cluster(sq_loop_t *loop, int fd, int events, void *data)
+{
+    gw_workers_t *ws = data;
+    (void)events;
+    for (;;) {
+        char addr[64];
+        int cfd = gw_cluster_accept(fd, addr, sizeof(addr));
+        if (cfd < 0)
+            return;
+        if (ws->stopping) {
+            close(cfd);
+            continue;
+        }
+        peer_t *p = sq_xcalloc(1, sizeof(*p));
+        p->ws = ws;
+        sq_conn_init(&p->conn, cfd);
+        p->remote = gw_remote_new(ws->token, ws->token_len, addr);
+        p->accepted_ns = p->last_heard_ns = sq_now_ns();
+        if (ws->tls != NULL && sq_tls_attach(ws->tls, &p->conn, NULL, addr) != 0) {
+            SQ_WARN("cannot start TLS on a worker connection addr=%s: dropped", addr);
+            sq_conn_dispose(&p->conn);
+            gw_remote_free(p->remote);
+            free(p);
+            continue;
+        }
+        if (sq_loop_watch(loop, cfd, SQ_EV_READ, on_peer_io, p) != 0) {
+            SQ_WARN("cannot watch a worker connection: dropped");
+            sq_conn_dispose(&p->conn);
+            gw_remote_free(p->remote);
+            free(p);
+            continue;
+        }
+        SQ_DEBUG("remote worker connection addr=%s", addr);
+        p->next = ws->peers;
+        ws->peers = p;
+    }
+}
+
+/* squishd's side of the cluster: the token and the TCP listener. */
+static int cluster_start(gw_workers_t *ws, char *err, size_t errlen)
+{
+    const gw_config_t *cfg = ws->srv->cfg;
+    if (cfg->cluster_listen[0] == '\0')
+        return 0;
+    int rc;
+    if (cfg->cluster_tls_cert[0] != '\0' &&
+        (rc = sq_tls_new(&ws->tls, 1, cfg->cluster_tls_cert, cfg->cluster_tls_key,
+                         cfg->cluster_tls_ca, err, errlen)) != 0)
+        return rc;
+    rc = sq_auth_read_token(cfg->cluster_token_file, ws->token, sizeof(ws->token), &ws->token_len,
+                            err, errlen);
+    if (rc != 0)
+        return rc;
+    char bound[96];
+    if ((rc = gw_cluster_listen(cfg->cluster_listen, &ws->cluster_fd, bound, sizeof(bound), err,
+                                errlen)) != 0)
+        return rc;
+    if (sq_loop_watch(ws->loop, ws->cluster_fd, SQ_EV_READ, on_accept_cluster, ws) != 0) {
+        snprintf(err, errlen, "cannot watch the cluster listener");
+        return SQ_IO;
+    }
+    SQ_INFO("cluster listening addr=%s tls=%s", bound, ws->tls != NULL ? "yes" : "no");
+    return 0;
 }
 
 /* Heartbeats, handshake and heartbeat timeouts, reaping; every heartbeat_ms. */
@@ -654,6 +804,7 @@ int gw_workers_start(gw_server_t *srv, sq_loop_t *loop, const gw_transport_event
     ws->srv = srv;
     ws->slots = sq_xcalloc((size_t)nslots + 1, sizeof(slot_t));
     ws->listen_fd = -1;
+    ws->cluster_fd = -1;
     int rc;
     if (nslots > 0 && (rc = find_worker_bin(ws, err, errlen)) != 0)
         goto fail;
@@ -681,6 +832,8 @@ int gw_workers_start(gw_server_t *srv, sq_loop_t *loop, const gw_transport_event
         rc = SQ_IO;
         goto fail;
     }
+    if ((rc = cluster_start(ws, err, errlen)) != 0)
+        goto fail;
     srv->workers = ws;
     srv->transport = &ws->base;
     for (int i = 0; i < ws->nslots; i++)
@@ -704,6 +857,10 @@ fail:
         close(ws->listen_fd);
         unlink(srv->socket_path);
     }
+    if (ws->cluster_fd >= 0)
+        close(ws->cluster_fd);
+    sq_tls_free(ws->tls);
+    OPENSSL_cleanse(ws->token, sizeof(ws->token));
     free(ws->slots);
     free(ws);
     return rc;
@@ -716,6 +873,8 @@ static void begin_stop(sq_loop_t *loop, void *arg)
     publish(ws);
     ws->stop_deadline_ns = sq_now_ns() + (int64_t)SHUTDOWN_GRACE_MS * 1000000;
     sq_loop_unwatch(loop, ws->listen_fd);
+    if (ws->cluster_fd >= 0)
+        sq_loop_unwatch(loop, ws->cluster_fd);
     ws->ev->abort(ws->ev_ctx);
     atomic_store(&ws->aborted, 1);
     for (int i = 0; i < ws->nslots; i++) {
@@ -766,6 +925,9 @@ void gw_workers_stop(gw_server_t *srv)
     ws->ev->abort(ws->ev_ctx);
     close(ws->listen_fd);
     ws->listen_fd = -1;
+    if (ws->cluster_fd >= 0)
+        close(ws->cluster_fd);
+    ws->cluster_fd = -1;
     unlink(srv->socket_path);
     atomic_store(&srv->workers_up, 0);
     SQ_INFO("workers stopped");
@@ -780,6 +942,10 @@ void gw_workers_free(gw_server_t *srv)
      * dispatcher's jobs) runs on a dispatcher that answers nothing more. */
     sq_loop_run_posts(ws->loop);
     ws->ev->abort(ws->ev_ctx);
+    sq_tls_free(ws->tls);
+    OPENSSL_cleanse(ws->token, sizeof(ws->token));
+    free(ws->remote_names);
+    free(ws->remote_ids);
     free(ws->slots);
     free(ws);
     srv->workers = NULL;

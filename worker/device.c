@@ -21,7 +21,32 @@ const char *wk_dev_kind_name(wk_dev_kind_t kind)
     return "?";
 }
 
+static int device_parse(const char *spec, wk_device_t *out);
+
 int wk_device_parse(const char *spec, wk_device_t *out)
+{
+    const char *at = strchr(spec, '@');
+    if (at == NULL)
+        return device_parse(spec, out);
+    /* "cpu@host": a worker on another host, named after it. */
+    char dev[16];
+    size_t dlen = (size_t)(at - spec), hlen = strlen(at + 1);
+    if (dlen >= sizeof(dev) || hlen == 0 || hlen > WK_MAX_HOST_NAME)
+        return SQ_INVAL;
+    for (const char *h = at + 1; *h; h++)
+        if (!((*h >= 'a' && *h <= 'z') || (*h >= 'A' && *h <= 'Z') || (*h >= '0' && *h <= '9') ||
+              *h == '.' || *h == '-' || *h == '_'))
+            return SQ_INVAL;
+    memcpy(dev, spec, dlen);
+    dev[dlen] = '\0';
+    if (device_parse(dev, out) != 0)
+        return SQ_INVAL;
+    size_t n = strlen(out->name);
+    snprintf(out->name + n, sizeof(out->name) - n, "@%s", at + 1);
+    return 0;
+}
+
+static int device_parse(const char *spec, wk_device_t *out)
 {
     memset(out, 0, sizeof(*out));
     if (strcmp(spec, "cpu") == 0 || strcmp(spec, "cpu:0") == 0) {

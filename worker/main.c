@@ -1,6 +1,13 @@
-/* squish-worker: owns one device, talks to squishd over a UNIX socket.
+/* squish-worker: owns one device, talks to squishd over a UNIX socket, or
+ * over TCP from another host:
  *
  *   squish-worker --connect /path/to/squishd.sock --device emu:0
+ *   squish-worker --connect tcp://10.0.0.1:7100 [--connect tcp://...] \
+ *                 --cluster-token-file token --device cpu
+ *
+ * A TCP worker authenticates (sq_auth.h), tries its addresses in turn and,
+ * when the connection ends (squishd restarted, the network dropped), keeps
+ * its models and reconnects with exponential backoff, capped.
  *
  * Exit status: 0 after SHUTDOWN or when squishd goes away, 1 on a protocol
  * or I/O error, 2 on bad usage, WK_EXIT_DEVICE_UNAVAILABLE (3) when the
@@ -10,8 +17,14 @@
 
 #include <sq.h>
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <openssl/crypto.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -21,19 +34,44 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#define MAX_ADDRS 8
+#define CONNECT_TIMEOUT_MS 3000
+
 typedef struct {
     sq_conn_t conn;
     wk_device_t dev;
     uint32_t worker_id;
     uint8_t *shm;
     size_t shm_bytes;
+    /* TCP */
+    char addrs[MAX_ADDRS][256]; /* "HOST:PORT" */
+    int naddrs;
+    uint8_t token[SQ_AUTH_MAX_TOKEN];
+    size_t token_len;
+    int backoff_max_ms;
+    sq_tls_t *tls; /* --cluster-tls-*, or NULL */
+    int joined;    /* ever: an authentication refused before is fatal */
+    int connected;
+    uint32_t heartbeat_ms;
 } worker_t;
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: squish-worker --connect SOCKET --device cpu|cuda:N|emu:N\n"
+    fprintf(f, "usage: squish-worker --connect SOCKET|tcp://HOST:PORT --device cpu|cuda:N|emu:N\n"
                "                     [--memory-mb N] [--log-level LEVEL] [--help] [--version]\n"
                "  --connect SOCKET   squishd's worker socket\n"
+               "  --connect tcp://HOST:PORT\n"
+               "                     squishd's --cluster-listen on another host (repeatable:\n"
+               "                     tried in turn; the worker reconnects when it loses it)\n"
+               "  --cluster-token-file PATH\n"
+               "                     the token squishd's --cluster-token-file holds (TCP)\n"
+               "  --host-name NAME   this host's name in the device (cpu@NAME; default: the\n"
+               "                     hostname)\n"
+               "  --cluster-tls-cert PEM --cluster-tls-key PEM --cluster-tls-ca PEM\n"
+               "                     TLS to squishd (its --cluster-tls-*): this worker's\n"
+               "                     certificate and key, and the CA squishd's must chain to\n"
+               "  --reconnect-max-ms N\n"
+               "                     longest wait between reconnection rounds (default 5000)\n"
                "  --device SPEC      the device this worker owns\n"
                "  --memory-mb N      memory to report for an emulated device (default 16384)\n"
                "  --threads N        cpu kernel threads (default 0: every core)\n"
@@ -71,7 +109,11 @@ static int read_frame_blocking(sq_conn_t *c, sq_frame_t *f, int timeout_ms)
         int left = (int)(deadline - sq_now_ms());
         if (left <= 0)
             return -ETIMEDOUT;
-        struct pollfd p = {.fd = c->fd, .events = POLLIN};
+        /* What is queued goes first (over TLS: the handshake, then it). */
+        int fl = sq_conn_flush(c);
+        if (fl < 0)
+            return fl;
+        struct pollfd p = {.fd = c->fd, .events = (short)(POLLIN | (fl == 1 ? POLLOUT : 0))};
         if (poll(&p, 1, left) < 0 && errno != EINTR)
             return -errno;
         rc = sq_conn_read(c);
@@ -130,21 +172,305 @@ static int handshake(worker_t *w)
     return 0;
 }
 
+/* Splits "HOST:PORT" or "[V6]:PORT". */
+static int split_addr(const char *a, char *host, size_t hostlen, char *port, size_t portlen)
+{
+    const char *colon = strrchr(a, ':');
+    if (colon == NULL || colon == a || colon[1] == '\0')
+        return -1;
+    size_t hl = (size_t)(colon - a);
+    if (a[0] == '[' && hl >= 2 && a[hl - 1] == ']') {
+        a++;
+        hl -= 2;
+    }
+    if (hl == 0 || hl >= hostlen || strlen(colon + 1) >= portlen)
+        return -1;
+    memcpy(host, a, hl);
+    host[hl] = '\0';
+    snprintf(port, portlen, "%s", colon + 1);
+    return 0;
+}
+
+/* A TCP connection within CONNECT_TIMEOUT_MS; -1 with errno. */
+static int connect_tcp(const char *addr)
+{
+    char host[256], port[16];
+    if (split_addr(addr, host, sizeof(host), port, sizeof(port)) != 0) {
+        errno = EINVAL;
+        return -1;
+    }
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
+    struct addrinfo *ai = NULL;
+    if (getaddrinfo(host, port, &hints, &ai) != 0) {
+        errno = EHOSTUNREACH;
+        return -1;
+    }
+    int fd = -1, err = ECONNREFUSED;
+    for (struct addrinfo *p = ai; p != NULL && fd < 0; p = p->ai_next) {
+        fd = socket(p->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0) {
+            err = errno;
+            continue;
+        }
+        if (connect(fd, p->ai_addr, p->ai_addrlen) != 0 && errno != EINPROGRESS) {
+            err = errno;
+            close(fd);
+            fd = -1;
+            continue;
+        }
+        struct pollfd pf = {.fd = fd, .events = POLLOUT};
+        int so = 0;
+        socklen_t sl = sizeof(so);
+        int n = poll(&pf, 1, CONNECT_TIMEOUT_MS);
+        if (n <= 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl) != 0 || so != 0) {
+            err = n == 0 ? ETIMEDOUT : (so != 0 ? so : errno);
+            close(fd);
+            fd = -1;
+        }
+    }
+    freeaddrinfo(ai);
+    if (fd < 0) {
+        errno = err;
+        return -1;
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    return fd;
+}
+
+static void refuse(worker_t *w, const char *why)
+{
+    sq_ipc_error_t e = {.code = SQ_UNAUTHORIZED};
+    snprintf(e.message, sizeof(e.message), "%s", why);
+    sq_buf_t b;
+    sq_buf_init(&b);
+    sq_ipc_error_encode(&b, &e);
+    sq_conn_send(&w->conn, SQ_MSG_ERROR, 0, b.data, (uint32_t)b.len);
+    sq_buf_dispose(&b);
+}
+
+/* Reports squishd's ERROR, if f is one. */
+static int refused_by_squishd(const sq_frame_t *f, int *auth)
+{
+    if (f->type != SQ_MSG_ERROR)
+        return 0;
+    sq_ipc_error_t e;
+    if (sq_ipc_error_decode(f, &e) == 0) {
+        SQ_ERROR("squishd refused the handshake code=%s reason=\"%s\"", sq_err_name(e.code),
+                 e.message);
+        *auth = e.code == SQ_UNAUTHORIZED;
+    }
+    return 1;
+}
+
+/* Refused by squishd or refusing it (authentication). */
+#define REFUSED 1
+
+/* Authenticates on a fresh TCP connection: 0, REFUSED (either way) or a
+ * negative error. */
+static int authenticate(worker_t *w)
+{
+    sq_auth_t a;
+    int rc = sq_auth_init(&a, SQ_AUTH_WORKER, w->token, w->token_len, NULL);
+    sq_buf_t b;
+    sq_buf_init(&b);
+    if (rc == 0)
+        rc = sq_auth_challenge(&a, &b);
+    if (rc != 0) {
+        sq_auth_wipe(&a);
+        sq_buf_dispose(&b);
+        return SQ_INTERNAL;
+    }
+    rc = sq_conn_send(&w->conn, SQ_MSG_AUTH_CHALLENGE, 0, b.data, (uint32_t)b.len);
+    sq_frame_t f;
+    if (rc == 0)
+        rc = read_frame_blocking(&w->conn, &f, 10000);
+    int auth = 0;
+    if (rc == 1 && refused_by_squishd(&f, &auth)) {
+        rc = auth ? REFUSED : SQ_PROTOCOL;
+    } else if (rc == 1 && f.type != SQ_MSG_AUTH_REPLY) {
+        SQ_ERROR("handshake: expected AUTH_REPLY, got %s", sq_msg_name(f.type));
+        rc = SQ_PROTOCOL;
+    } else if (rc == 1) {
+        b.len = 0;
+        int arc = sq_auth_on_reply(&a, f.payload, f.len, &b);
+        if (arc != 0) {
+            char why[160];
+            snprintf(why, sizeof(why), "%s%s", sq_auth_reason(arc),
+                     arc == SQ_AUTH_BAD_PROOF
+                         ? " (squishd's proof does not verify: wrong token on one side)"
+                         : "");
+            SQ_ERROR("refusing squishd reason=\"%s\"", why);
+            refuse(w, why);
+            rc = REFUSED;
+        } else {
+            rc = sq_conn_send(&w->conn, SQ_MSG_AUTH_PROOF, 0, b.data, (uint32_t)b.len);
+        }
+    }
+    sq_auth_wipe(&a);
+    sq_buf_dispose(&b);
+    return rc;
+}
+
+/* HELLO (after MODELS_HELD) and WELCOME on an authenticated connection. */
+static int remote_hello(worker_t *w, const sq_buf_t *held)
+{
+    int rc = sq_conn_send(&w->conn, SQ_MSG_MODELS_HELD, 0, held->data, (uint32_t)held->len);
+    if (rc < 0)
+        return rc;
+    sq_hello_t hello = {.magic = SQ_IPC_MAGIC,
+                        .version = SQ_IPC_VERSION,
+                        .memory_bytes = w->dev.memory_bytes,
+                        .pid = (uint32_t)getpid()};
+    snprintf(hello.kind, sizeof(hello.kind), "%s", wk_dev_kind_name(w->dev.kind));
+    snprintf(hello.name, sizeof(hello.name), "%s", w->dev.name);
+    sq_buf_t b;
+    sq_buf_init(&b);
+    sq_hello_encode(&b, &hello);
+    rc = sq_conn_send(&w->conn, SQ_MSG_HELLO, 0, b.data, (uint32_t)b.len);
+    sq_buf_dispose(&b);
+    sq_frame_t f;
+    if (rc == 0)
+        rc = read_frame_blocking(&w->conn, &f, 10000);
+    if (rc < 0)
+        return rc;
+    int auth = 0;
+    if (refused_by_squishd(&f, &auth))
+        return auth ? REFUSED : SQ_PROTOCOL;
+    sq_welcome_t wel;
+    if (sq_welcome_decode(&f, &wel) < 0 || wel.version != SQ_IPC_VERSION)
+        return SQ_PROTOCOL;
+    w->worker_id = wel.worker_id;
+    w->heartbeat_ms = wel.heartbeat_ms;
+    return 0;
+}
+
+/* wk_serve's reconnect: each address in turn, rounds apart by a backoff
+ * that doubles up to backoff_max_ms. Gives up only when squishd refused
+ * the authentication before this worker ever joined (a wrong token does
+ * not fix itself); after that, it keeps trying. */
+static int reconnect(void *ctx, const sq_buf_t *held, sq_conn_t **conn, uint32_t *heartbeat_ms)
+{
+    worker_t *w = ctx;
+    if (w->connected) {
+        sq_conn_dispose(&w->conn);
+        w->connected = 0;
+    }
+    int backoff = 100;
+    for (;;) {
+        int refused = 0;
+        for (int i = 0; i < w->naddrs; i++) {
+            int fd = connect_tcp(w->addrs[i]);
+            if (fd < 0) {
+                SQ_WARN("cannot connect addr=%s error=\"%s\"", w->addrs[i], strerror(errno));
+                continue;
+            }
+            sq_conn_init(&w->conn, fd);
+            int rc = 0;
+            if (w->tls != NULL) {
+                char host[256], port[16];
+                split_addr(w->addrs[i], host, sizeof(host), port, sizeof(port));
+                rc = sq_tls_attach(w->tls, &w->conn, host, w->addrs[i]);
+            }
+            if (rc == 0)
+                rc = authenticate(w);
+            if (rc == 0)
+                rc = remote_hello(w, held);
+            if (rc == 0) {
+                w->connected = 1;
+                w->joined = 1;
+                *conn = &w->conn;
+                *heartbeat_ms = w->heartbeat_ms;
+                SQ_INFO("joined squishd addr=%s worker_id=%u device=%s memory_mb=%llu", w->addrs[i],
+                        w->worker_id, w->dev.name, (unsigned long long)(w->dev.memory_bytes >> 20));
+                return 0;
+            }
+            if (rc == REFUSED)
+                refused = 1;
+            else
+                SQ_WARN("handshake failed addr=%s error=%s", w->addrs[i],
+                        rc == SQ_PROTOCOL ? "protocol" : strerror(-rc));
+            sq_conn_dispose(&w->conn);
+        }
+        if (refused && !w->joined) {
+            SQ_ERROR("authentication refused; check --cluster-token-file on both sides");
+            return -1;
+        }
+        usleep((useconds_t)backoff * 1000);
+        backoff = backoff * 2 > w->backoff_max_ms ? w->backoff_max_ms : backoff * 2;
+    }
+}
+
 int main(int argc, char **argv)
 {
-    const char *sock_path = NULL, *device = NULL;
+    const char *sock_path = NULL, *device = NULL, *token_file = NULL, *host_name = NULL;
+    const char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL;
     long memory_mb = 0, threads = 0;
-    static const struct option opts[] = {
-        {"connect", required_argument, NULL, 'c'},   {"device", required_argument, NULL, 'd'},
-        {"memory-mb", required_argument, NULL, 'm'}, {"threads", required_argument, NULL, 't'},
-        {"log-level", required_argument, NULL, 'l'}, {"help", no_argument, NULL, 'h'},
-        {"version", no_argument, NULL, 'V'},         {NULL, 0, NULL, 0}};
+    static const struct option opts[] = {{"connect", required_argument, NULL, 'c'},
+                                         {"device", required_argument, NULL, 'd'},
+                                         {"memory-mb", required_argument, NULL, 'm'},
+                                         {"threads", required_argument, NULL, 't'},
+                                         {"log-level", required_argument, NULL, 'l'},
+                                         {"cluster-token-file", required_argument, NULL, 'k'},
+                                         {"host-name", required_argument, NULL, 'n'},
+                                         {"reconnect-max-ms", required_argument, NULL, 'r'},
+                                         {"cluster-tls-cert", required_argument, NULL, 'C'},
+                                         {"cluster-tls-key", required_argument, NULL, 'K'},
+                                         {"cluster-tls-ca", required_argument, NULL, 'A'},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {"version", no_argument, NULL, 'V'},
+                                         {NULL, 0, NULL, 0}};
+    worker_t w = {0};
+    w.backoff_max_ms = 5000;
     int opt;
     while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
         switch (opt) {
         case 'c':
-            sock_path = optarg;
+            if (strncmp(optarg, "tcp://", 6) == 0) {
+                if (w.naddrs == MAX_ADDRS || strlen(optarg + 6) >= sizeof(w.addrs[0])) {
+                    fprintf(stderr, "squish-worker: --connect: at most %d addresses\n", MAX_ADDRS);
+                    return 2;
+                }
+                char host[256], port[16];
+                if (split_addr(optarg + 6, host, sizeof(host), port, sizeof(port)) != 0) {
+                    fprintf(stderr, "squish-worker: --connect %s: expected tcp://HOST:PORT\n",
+                            optarg);
+                    return 2;
+                }
+                snprintf(w.addrs[w.naddrs++], sizeof(w.addrs[0]), "%s", optarg + 6);
+            } else if (sock_path != NULL) {
+                fprintf(stderr, "squish-worker: --connect: one UNIX socket at most\n");
+                return 2;
+            } else {
+                sock_path = optarg;
+            }
             break;
+        case 'k':
+            token_file = optarg;
+            break;
+        case 'C':
+            tls_cert = optarg;
+            break;
+        case 'K':
+            tls_key = optarg;
+            break;
+        case 'A':
+            tls_ca = optarg;
+            break;
+        case 'n':
+            host_name = optarg;
+            break;
+        case 'r': {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (*end != '\0' || v < 100 || v > 600000) {
+                fprintf(stderr, "squish-worker: --reconnect-max-ms: expected 100..600000\n");
+                return 2;
+            }
+            w.backoff_max_ms = (int)v;
+            break;
+        }
         case 'd':
             device = optarg;
             break;
@@ -186,15 +512,64 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    if (sock_path == NULL || device == NULL) {
+    if ((sock_path == NULL) == (w.naddrs == 0) || device == NULL) {
+        if (sock_path != NULL && w.naddrs > 0)
+            fprintf(stderr, "squish-worker: --connect: a UNIX socket or tcp:// addresses, not "
+                            "both\n");
         usage(stderr);
         return 2;
     }
-    worker_t w = {0};
-    if (wk_device_parse(device, &w.dev) != 0) {
+    int ntls = (tls_cert != NULL) + (tls_key != NULL) + (tls_ca != NULL);
+    if (w.naddrs == 0 && (token_file != NULL || host_name != NULL || ntls > 0)) {
+        fprintf(stderr, "squish-worker: --cluster-token-file, --cluster-tls-* and --host-name are "
+                        "for tcp://\n");
+        return 2;
+    }
+    if (ntls != 0 && ntls != 3) {
+        fprintf(stderr, "squish-worker: --cluster-tls-cert, --cluster-tls-key, --cluster-tls-ca: "
+                        "give all three or none\n");
+        return 2;
+    }
+    if (wk_device_parse(device, &w.dev) != 0 || strchr(device, '@') != NULL) {
         fprintf(stderr, "squish-worker: --device: expected cpu, cuda:N or emu:N, got '%s'\n",
                 device);
         return 2;
+    }
+    if (w.naddrs > 0) {
+        /* Named after its host: squishd tells apart cpu@a and cpu@b. */
+        char host[WK_MAX_HOST_NAME + 1] = "";
+        if (host_name != NULL)
+            snprintf(host, sizeof(host), "%s", host_name);
+        else if (gethostname(host, sizeof(host)) != 0)
+            snprintf(host, sizeof(host), "remote");
+        host[WK_MAX_HOST_NAME] = '\0';
+        char *dot = host_name == NULL ? strchr(host, '.') : NULL;
+        if (dot != NULL)
+            *dot = '\0';
+        char spec[128];
+        snprintf(spec, sizeof(spec), "%s@%s", w.dev.name, host);
+        if (wk_device_parse(spec, &w.dev) != 0) {
+            fprintf(stderr,
+                    "squish-worker: --host-name: '%s' is not a valid name (letters, "
+                    "digits, '.', '-', '_', at most %d)\n",
+                    host, WK_MAX_HOST_NAME);
+            return 2;
+        }
+        if (ntls == 3) {
+            char err[400];
+            if (sq_tls_new(&w.tls, 0, tls_cert, tls_key, tls_ca, err, sizeof(err)) != 0) {
+                fprintf(stderr, "squish-worker: --cluster-tls-*: %s\n", err);
+                return 2;
+            }
+        }
+        if (token_file != NULL) {
+            char err[300];
+            if (sq_auth_read_token(token_file, w.token, sizeof(w.token), &w.token_len, err,
+                                   sizeof(err)) != 0) {
+                fprintf(stderr, "squish-worker: --cluster-token-file: %s\n", err);
+                return 2;
+            }
+        }
     }
     char tag[80];
     snprintf(tag, sizeof(tag), "squish-worker[%s]", w.dev.name);
@@ -208,6 +583,23 @@ int main(int argc, char **argv)
         return WK_EXIT_DEVICE_UNAVAILABLE;
     }
     signal(SIGPIPE, SIG_IGN);
+
+    if (w.naddrs > 0) {
+        if (w.token_len == 0)
+            SQ_WARN("no --cluster-token-file: squishd will refuse this worker");
+        wk_serve_opts_t so = {.dev = w.dev,
+                              .threads = (int)threads,
+                              .fd = -1,
+                              .remote = 1,
+                              .reconnect = reconnect,
+                              .reconnect_ctx = &w};
+        int status = wk_serve(&so);
+        if (w.connected)
+            sq_conn_dispose(&w.conn);
+        sq_tls_free(w.tls);
+        OPENSSL_cleanse(w.token, sizeof(w.token));
+        return status;
+    }
 
     int fd = connect_unix(sock_path);
     if (fd < 0) {

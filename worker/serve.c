@@ -28,8 +28,11 @@ typedef struct job {
     const uint8_t *member_bytes[SQ_MAX_GROUP_MEMBERS]; /* GROUP load: each member's file */
     size_t member_nbytes[SQ_MAX_GROUP_MEMBERS];
     sq_batch_t *batch;
+    uint8_t *input; /* a remote batch's input bytes (BATCH_INPUT), owned */
+    size_t input_len;
     sq_profile_req_t profile;
     int64_t received_ns;
+    uint64_t gen; /* the connection it came on */
 } job_t;
 
 typedef struct model {
@@ -63,6 +66,20 @@ typedef struct {
     sq_loop_t *loop;
     sq_conn_t *conn;
     int exit_status;
+    /* I/O thread: the connection's number (replies to jobs of an earlier
+     * one are dropped), whether it is lost (a remote worker reconnects),
+     * when squishd was last heard */
+    uint64_t conn_gen;
+    int lost;
+    int64_t last_heard_ns;
+    uint32_t heartbeat_ms;
+    uint64_t silence_timer;
+    /* I/O thread: a remote batch's inputs being received */
+    struct {
+        uint64_t id;
+        sq_buf_t bytes;
+        int active;
+    } rin;
     /* I/O thread: an ONNX file being received */
     struct {
         uint64_t key;
@@ -75,6 +92,7 @@ typedef struct {
     cached_t *cache;
     /* execution thread */
     pthread_t exec;
+    uint64_t exec_gen; /* execution thread: the connection of the job it runs */
     pthread_mutex_t lock;
     pthread_cond_t cond;
     job_t *head, *tail;
@@ -95,6 +113,7 @@ typedef struct {
     server_t *srv;
     uint16_t type;
     uint64_t id;
+    uint64_t gen;
     sq_buf_t payload;
 } reply_t;
 
@@ -102,7 +121,7 @@ static void send_reply(sq_loop_t *loop, void *arg)
 {
     reply_t *r = arg;
     server_t *s = r->srv;
-    if (s->exit_status < 0 &&
+    if (s->exit_status < 0 && !s->lost && r->gen == s->conn_gen &&
         sq_conn_send(s->conn, r->type, r->id, r->payload.data, (uint32_t)r->payload.len) == 0 &&
         sq_conn_pending(s->conn))
         sq_loop_modify(loop, s->conn->fd, SQ_EV_READ | SQ_EV_WRITE);
@@ -132,6 +151,8 @@ static reply_t *reply_new(server_t *s, uint16_t type, uint64_t id)
     r->srv = s;
     r->type = type;
     r->id = id;
+    /* For the connection of the job running, or the I/O thread's. */
+    r->gen = pthread_equal(pthread_self(), s->exec) ? s->exec_gen : s->conn_gen;
     sq_buf_init(&r->payload);
     return r;
 }
@@ -405,13 +426,24 @@ static uint8_t *staging(server_t *s, size_t n)
     return s->staging;
 }
 
-/* Checks that [off, off + n) lies inside the arena. */
-static int in_arena(const server_t *s, uint64_t off, uint64_t n)
+/* Where a batch's offsets point: the arena for a local worker; for a remote
+ * one, inputs in the bytes that came with it and outputs in a buffer that
+ * goes back. */
+typedef struct {
+    const uint8_t *in;
+    size_t in_len;
+    uint8_t *out;
+    size_t out_len;
+} view_t;
+
+/* Checks that [off, off + n) lies inside a region of len bytes. */
+static int inside(size_t len, uint64_t off, uint64_t n)
 {
-    return off <= s->o.shm_bytes && n <= s->o.shm_bytes - off;
+    return off <= len && n <= len - off;
 }
 
-static int run_batch(server_t *s, const sq_batch_t *b, char *msg, size_t msglen, int64_t *exec_ns)
+static int run_batch(server_t *s, const sq_batch_t *b, const view_t *v, char *msg, size_t msglen,
+                     int64_t *exec_ns)
 {
     model_t *m = find_model(s, b->model_key);
     if (m != NULL)
@@ -439,7 +471,8 @@ static int run_batch(server_t *s, const sq_batch_t *b, char *msg, size_t msglen,
         }
     }
     uint64_t out_bytes = (uint64_t)m->out_elems * sizeof(float);
-    if (b->out_stride < out_bytes || !in_arena(s, b->out_off, b->out_stride * (uint64_t)count)) {
+    if (b->out_stride < out_bytes || b->out_stride > SQ_REMOTE_MAX_BATCH_BYTES ||
+        !inside(v->out_len, b->out_off, b->out_stride * (uint64_t)count)) {
         snprintf(msg, msglen, "output region outside the arena");
         return SQ_PROTOCOL;
     }
@@ -454,7 +487,7 @@ static int run_batch(server_t *s, const sq_batch_t *b, char *msg, size_t msglen,
         item = (size_t)m->in_elems * (b->input_kind == SQ_INPUT_FP32 ? sizeof(float) : 1);
     }
     for (int i = 0; i < count; i++) {
-        if (!in_arena(s, b->in_off[i], item)) {
+        if (!inside(v->in_len, b->in_off[i], item)) {
             snprintf(msg, msglen, "input %d outside the arena", i);
             return SQ_PROTOCOL;
         }
@@ -462,14 +495,14 @@ static int run_batch(server_t *s, const sq_batch_t *b, char *msg, size_t msglen,
     /* The outputs must be contiguous for the backend: run into staging when
      * the stride has padding. */
     int rc;
-    float *out = (float *)(s->o.shm + b->out_off);
+    float *out = (float *)(v->out + b->out_off);
     /* A group writes each row at its stride itself. */
     int direct_out = b->out_stride == out_bytes || (m->group != NULL && b->out_stride % 4 == 0);
     size_t in_bytes = b->input_kind == SQ_INPUT_PIXELS ? item : (size_t)m->in_elems * sizeof(float);
     uint8_t *in = staging(s, in_bytes * (size_t)count + (direct_out ? 0 : out_bytes * count));
     float *out_tmp = direct_out ? out : (float *)(in + in_bytes * (size_t)count);
     for (int i = 0; i < count; i++) {
-        const uint8_t *src = s->o.shm + b->in_off[i];
+        const uint8_t *src = v->in + b->in_off[i];
         uint8_t *dst = in + in_bytes * (size_t)i;
         if (b->input_kind == SQ_INPUT_UINT8) {
             for (int64_t e = 0; e < m->in_elems; e++)
@@ -486,7 +519,7 @@ static int run_batch(server_t *s, const sq_batch_t *b, char *msg, size_t msglen,
     }
     if (!direct_out)
         for (int i = 0; i < count; i++)
-            memcpy(s->o.shm + b->out_off + b->out_stride * (uint64_t)i,
+            memcpy(v->out + b->out_off + b->out_stride * (uint64_t)i,
                    out_tmp + (size_t)m->out_elems * (size_t)i, out_bytes);
     *exec_ns = model_last_run_ns(m);
     return 0;
@@ -496,7 +529,30 @@ static void do_batch(server_t *s, job_t *j)
 {
     sq_batch_done_t done = {0};
     int64_t exec_ns = 0;
-    done.code = run_batch(s, j->batch, done.message, sizeof(done.message), &exec_ns);
+    view_t v = {
+        .in = s->o.shm, .in_len = s->o.shm_bytes, .out = s->o.shm, .out_len = s->o.shm_bytes};
+    if (s->o.remote) {
+        /* The outputs go back in BATCH_OUTPUT frames: count * out_stride
+         * bytes from offset 0 (run_batch checks the batch against them). */
+        const sq_batch_t *b = j->batch;
+        uint64_t n = b->out_stride * (uint64_t)b->count;
+        v = (view_t){.in = j->input, .in_len = j->input_len};
+        if (b->out_off == 0 && b->out_stride <= SQ_REMOTE_MAX_BATCH_BYTES &&
+            n <= SQ_REMOTE_MAX_BATCH_BYTES && n > 0 && (v.out = malloc(n)) != NULL)
+            v.out_len = n;
+    }
+    done.code = run_batch(s, j->batch, &v, done.message, sizeof(done.message), &exec_ns);
+    if (s->o.remote && done.code == 0) {
+        for (size_t off = 0; off < v.out_len; off += SQ_REMOTE_CHUNK_BYTES) {
+            size_t n =
+                v.out_len - off < SQ_REMOTE_CHUNK_BYTES ? v.out_len - off : SQ_REMOTE_CHUNK_BYTES;
+            reply_t *o = reply_new(s, SQ_MSG_BATCH_OUTPUT, j->id);
+            sq_buf_put(&o->payload, v.out + off, n);
+            reply_post(s, o);
+        }
+    }
+    if (s->o.remote)
+        free(v.out);
     done.exec_ns = (uint64_t)exec_ns;
     done.total_ns = (uint64_t)(sq_now_ns() - j->received_ns);
     SQ_DEBUG("batch done id=%llu model=%llu count=%u code=%s exec_us=%lld total_us=%lld",
@@ -644,6 +700,7 @@ static void *exec_thread(void *arg)
             s->tail = NULL;
         pthread_mutex_unlock(&s->lock);
         job_kind_t kind = j->kind;
+        s->exec_gen = j->gen;
         if (kind != JOB_STOP && kind != JOB_UNLOAD)
             replies_flushed(s);
         switch (kind) {
@@ -664,6 +721,7 @@ static void *exec_thread(void *arg)
         }
         free(j->load);
         free(j->batch);
+        free(j->input);
         free(j);
         if (kind == JOB_STOP)
             return NULL;
@@ -673,6 +731,7 @@ static void *exec_thread(void *arg)
 static void enqueue(server_t *s, job_t *j)
 {
     j->received_ns = sq_now_ns();
+    j->gen = s->conn_gen;
     pthread_mutex_lock(&s->lock);
     if (s->tail)
         s->tail->next = j;
@@ -783,12 +842,20 @@ static void rx_complete(server_t *s)
     memset(&s->rx, 0, sizeof(s->rx));
 }
 
+static void connection_lost(server_t *s, const char *why);
+
 static int handle_frame(server_t *s, const sq_frame_t *f)
 {
     switch (f->type) {
     case SQ_MSG_PING:
         return sq_conn_send(s->conn, SQ_MSG_PONG, f->id, f->payload, f->len) < 0 ? -1 : 0;
     case SQ_MSG_SHUTDOWN:
+        if (s->o.remote) {
+            /* squishd stops (a restart, say): this host's worker stays, with
+             * its models, and joins it (or another) again. */
+            connection_lost(s, "squishd shut down");
+            return 0;
+        }
         SQ_INFO("shutdown requested");
         finish(s, 0);
         return 0;
@@ -865,7 +932,18 @@ static int handle_frame(server_t *s, const sq_frame_t *f)
         enqueue(s, j);
         return 0;
     }
+    case SQ_MSG_BATCH_INPUT:
+        /* A remote batch's inputs, before its BATCH. */
+        if (!s->o.remote || (s->rin.active && s->rin.id != f->id) ||
+            s->rin.bytes.len + f->len > SQ_REMOTE_MAX_BATCH_BYTES)
+            return -1;
+        s->rin.active = 1;
+        s->rin.id = f->id;
+        sq_buf_put(&s->rin.bytes, f->payload, f->len);
+        return 0;
     case SQ_MSG_BATCH: {
+        if (s->o.remote && (!s->rin.active || s->rin.id != f->id))
+            return -1;
         job_t *j = sq_xcalloc(1, sizeof(*j));
         j->kind = JOB_BATCH;
         j->id = f->id;
@@ -874,6 +952,13 @@ static int handle_frame(server_t *s, const sq_frame_t *f)
             free(j->batch);
             free(j);
             return -1;
+        }
+        if (s->o.remote) {
+            /* The job takes the bytes. */
+            j->input = s->rin.bytes.data;
+            j->input_len = s->rin.bytes.len;
+            sq_buf_init(&s->rin.bytes);
+            s->rin.active = 0;
         }
         SQ_DEBUG("batch received id=%llu count=%u", (unsigned long long)f->id, j->batch->count);
         enqueue(s, j);
@@ -902,6 +987,10 @@ static void on_socket(sq_loop_t *loop, int fd, int events, void *data)
     if (events & SQ_EV_WRITE) {
         int rc = sq_conn_flush(s->conn);
         if (rc < 0) {
+            if (s->o.remote) {
+                connection_lost(s, strerror(-rc));
+                return;
+            }
             finish(s, 1);
             return;
         }
@@ -911,32 +1000,162 @@ static void on_socket(sq_loop_t *loop, int fd, int events, void *data)
         return;
     int rc = sq_conn_read(s->conn);
     if (rc == 0) {
+        if (s->o.remote) {
+            connection_lost(s, "closed by squishd");
+            return;
+        }
         SQ_INFO("squishd closed the connection; exiting");
         finish(s, 0);
         return;
     }
     if (rc < 0 && rc != -EAGAIN) {
+        if (s->o.remote) {
+            connection_lost(s, strerror(-rc));
+            return;
+        }
         SQ_ERROR("read from squishd failed: %s", strerror(-rc));
         finish(s, 1);
         return;
     }
+    s->last_heard_ns = sq_now_ns();
     sq_frame_t f;
     while ((rc = sq_conn_next(s->conn, &f)) == 1) {
         if (handle_frame(s, &f) != 0) {
             SQ_ERROR("protocol error from squishd type=%s", sq_msg_name(f.type));
+            if (s->o.remote) {
+                connection_lost(s, "protocol error");
+                return;
+            }
             finish(s, 1);
             return;
         }
-        if (s->exit_status >= 0)
+        if (s->exit_status >= 0 || s->lost)
             return;
     }
     if (rc < 0) {
         SQ_ERROR("protocol error from squishd");
+        if (s->o.remote) {
+            connection_lost(s, "protocol error");
+            return;
+        }
         finish(s, 1);
         return;
     }
     if (sq_conn_pending(s->conn))
         sq_loop_modify(loop, fd, SQ_EV_READ | SQ_EV_WRITE);
+}
+
+/* ---- a remote worker's connections -------------------------------------- */
+
+/* Jobs still queued came on a connection that is gone: nobody waits for
+ * their answers (squishd re-sends what it still wants). */
+static void drop_queued(server_t *s)
+{
+    pthread_mutex_lock(&s->lock);
+    for (job_t *j = s->head, *n; j != NULL; j = n) {
+        n = j->next;
+        free(j->load);
+        free(j->batch);
+        free(j->input);
+        free(j);
+    }
+    s->head = s->tail = NULL;
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* What belonged to the connection: a file half received, a batch's inputs. */
+static void reset_connection_state(server_t *s)
+{
+    if (s->rx.spec != NULL)
+        file_free(s->rx.bytes, s->rx.spec->total_bytes);
+    free(s->rx.spec);
+    mdb_sha256_free(s->rx.digest);
+    memset(&s->rx, 0, sizeof(s->rx));
+    sq_buf_dispose(&s->rin.bytes);
+    s->rin.active = 0;
+}
+
+static void on_socket(sq_loop_t *loop, int fd, int events, void *data);
+
+/* Joins squishd (the opts' reconnect: tries its addresses with backoff and
+ * does the handshake), telling it which model files this worker holds.
+ * Returns 0, or -1 when the worker should give up. */
+static int join(server_t *s)
+{
+    sq_buf_t held;
+    sq_buf_init(&held);
+    uint32_t n = 0;
+    for (cached_t *c = s->cache; c != NULL && n < SQ_MAX_HELD; c = c->next)
+        n++;
+    char(*shas)[65] = n > 0 ? sq_xcalloc(n, sizeof(*shas)) : NULL;
+    uint32_t i = 0;
+    for (cached_t *c = s->cache; c != NULL && i < n; c = c->next)
+        memcpy(shas[i++], c->sha256, 65);
+    sq_models_held_encode(&held, n, (const char(*)[65])shas);
+    free(shas);
+    sq_conn_t *conn = NULL;
+    uint32_t hb = 0;
+    int rc = s->o.reconnect(s->o.reconnect_ctx, &held, &conn, &hb);
+    sq_buf_dispose(&held);
+    if (rc != 0)
+        return -1;
+    s->conn = conn;
+    s->conn_gen++;
+    s->lost = 0;
+    s->heartbeat_ms = hb > 0 ? hb : 200;
+    s->last_heard_ns = sq_now_ns();
+    int err = sq_loop_watch(s->loop, conn->fd, SQ_EV_READ, on_socket, s);
+    if (err != 0) {
+        SQ_ERROR("cannot watch the squishd socket error=\"%s\"", strerror(-err));
+        return -1;
+    }
+    if (n > 0)
+        SQ_INFO("rejoined with model files held=%u", n);
+    return 0;
+}
+
+static void on_rejoin(sq_loop_t *loop, uint64_t id, void *data)
+{
+    server_t *s = data;
+    (void)loop;
+    (void)id;
+    drop_queued(s);
+    reset_connection_state(s);
+    if (join(s) != 0) {
+        finish(s, 1);
+        return;
+    }
+    /* Frames that came with WELCOME. */
+    sq_frame_t f;
+    while (s->exit_status < 0 && !s->lost && sq_conn_next(s->conn, &f) == 1)
+        if (handle_frame(s, &f) != 0)
+            connection_lost(s, "protocol error");
+}
+
+static void connection_lost(server_t *s, const char *why)
+{
+    if (s->lost)
+        return;
+    SQ_WARN("connection to squishd lost reason=\"%s\"; reconnecting (models kept)", why);
+    s->lost = 1;
+    sq_loop_unwatch(s->loop, s->conn->fd);
+    sq_loop_timer_at(s->loop, sq_now_ns(), on_rejoin, s);
+}
+
+/* A remote link can die without a word (a cable, a firewall): squishd
+ * pings every heartbeat_ms, so silence for several of them means it is
+ * gone. */
+static void on_silence_tick(sq_loop_t *loop, uint64_t id, void *data)
+{
+    server_t *s = data;
+    (void)id;
+    int64_t now = sq_now_ns();
+    int64_t limit = (int64_t)s->heartbeat_ms * 5 * 1000000;
+    if (limit < (int64_t)2000 * 1000000)
+        limit = (int64_t)2000 * 1000000;
+    if (!s->lost && now - s->last_heard_ns > limit)
+        connection_lost(s, "squishd silent");
+    s->silence_timer = sq_loop_timer_at(loop, now + (int64_t)250 * 1000000, on_silence_tick, s);
 }
 
 int wk_serve(const wk_serve_opts_t *opts)
@@ -959,13 +1178,20 @@ int wk_serve(const wk_serve_opts_t *opts)
         sq_loop_free(s.loop);
         return 1;
     }
-    if ((err = sq_loop_watch(s.loop, opts->fd, SQ_EV_READ, on_socket, &s)) != 0) {
+    sq_buf_init(&s.rin.bytes);
+    if (opts->remote) {
+        if (join(&s) != 0)
+            finish(&s, 1);
+        else
+            s.silence_timer =
+                sq_loop_timer_at(s.loop, sq_now_ns() + (int64_t)250 * 1000000, on_silence_tick, &s);
+    } else if ((err = sq_loop_watch(s.loop, opts->fd, SQ_EV_READ, on_socket, &s)) != 0) {
         SQ_ERROR("cannot watch the squishd socket error=\"%s\"", strerror(-err));
         finish(&s, 1);
     }
     /* Frames that arrived with WELCOME are handled before waiting. */
     sq_frame_t f;
-    while (s.exit_status < 0 && sq_conn_next(s.conn, &f) == 1)
+    while (s.exit_status < 0 && !s.lost && sq_conn_next(s.conn, &f) == 1)
         if (handle_frame(&s, &f) != 0)
             finish(&s, 1);
     if (s.exit_status < 0)
@@ -979,15 +1205,7 @@ int wk_serve(const wk_serve_opts_t *opts)
     pthread_mutex_unlock(&s.reply_lock);
     job_t *stop = sq_xcalloc(1, sizeof(*stop));
     stop->kind = JOB_STOP;
-    pthread_mutex_lock(&s.lock);
-    for (job_t *j = s.head, *n; j != NULL; j = n) {
-        n = j->next;
-        free(j->load);
-        free(j->batch);
-        free(j);
-    }
-    s.head = s.tail = NULL;
-    pthread_mutex_unlock(&s.lock);
+    drop_queued(&s);
     enqueue(&s, stop);
     pthread_join(s.exec, NULL);
     while (s.models != NULL)
@@ -997,10 +1215,7 @@ int wk_serve(const wk_serve_opts_t *opts)
         file_free(c->bytes, c->len);
         free(c);
     }
-    if (s.rx.spec != NULL)
-        file_free(s.rx.bytes, s.rx.spec->total_bytes);
-    free(s.rx.spec);
-    mdb_sha256_free(s.rx.digest);
+    reset_connection_state(&s);
     free(s.staging);
     sq_loop_run_posts(s.loop); /* replies still posted are dropped (exit_status set) */
     sq_loop_free(s.loop);

@@ -11,7 +11,7 @@ typedef enum { WK_DEV_CPU, WK_DEV_CUDA, WK_DEV_EMU } wk_dev_kind_t;
 typedef struct {
     wk_dev_kind_t kind;
     int index;     /* N of cuda:N / emu:N; 0 for cpu */
-    char name[64]; /* canonical: "cpu", "cuda:0", "emu:3" */
+    char name[64]; /* canonical: "cpu", "cuda:0", "emu:3", "cpu@host2" */
     uint64_t memory_bytes;
 } wk_device_t;
 
@@ -19,7 +19,10 @@ typedef struct {
  * squishd's supervisor treats it as "fall back", not as a crash to retry. */
 #define WK_EXIT_DEVICE_UNAVAILABLE 3
 
-/* Parses "cpu", "cuda:N" or "emu:N" (N in 0..4095). Returns 0 or SQ_INVAL. */
+/* Parses "cpu", "cuda:N" or "emu:N" (N in 0..4095), optionally followed by
+ * "@HOST" (a worker on another host: letters, digits, '.', '-', '_', at
+ * most WK_MAX_HOST_NAME), kept in the name. Returns 0 or SQ_INVAL. */
+#define WK_MAX_HOST_NAME 40
 int wk_device_parse(const char *spec, wk_device_t *out);
 const char *wk_dev_kind_name(wk_dev_kind_t kind);
 

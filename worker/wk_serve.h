@@ -16,9 +16,19 @@ typedef struct {
     sq_conn_t *conn; /* its connection (buffers may hold frames already) */
     uint8_t *shm;
     size_t shm_bytes;
+    /* A remote worker (TCP, no shared memory; fd, conn and shm unused):
+     * wk_serve gets each connection from reconnect, which blocks until it
+     * has one past its handshake (having sent `held`, a MODELS_HELD
+     * payload, before HELLO) and sets *conn and the heartbeat period, or
+     * returns nonzero to give up. When a connection ends, the worker keeps
+     * its models and model files and calls it again. */
+    int remote;
+    int (*reconnect)(void *ctx, const sq_buf_t *held, sq_conn_t **conn, uint32_t *heartbeat_ms);
+    void *reconnect_ctx;
 } wk_serve_opts_t;
 
-/* Runs until SHUTDOWN or EOF; returns the exit status (0 or 1). */
+/* Runs until SHUTDOWN or EOF (a remote worker: until reconnect gives up);
+ * returns the exit status (0 or 1). */
 int wk_serve(const wk_serve_opts_t *opts);
 
 #endif

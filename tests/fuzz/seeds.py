@@ -7,6 +7,7 @@ large or too tied to a library version to check in) into OUT/<target>/:
   onnx_import  the tiny conv nets of tests/integration/tiny_models.py and
                the libonnx-testdata node models of the ops modeldb knows
   jpeg         small JPEGs: RGB, gray, CMYK, progressive, odd sizes
+  cluster      a remote worker's handshake and batch frames (fuzz_cluster.c)
 
 Usage: seeds.py OUT [target...]   (Debian's /usr/bin/python3: onnx, PIL)"""
 
@@ -22,8 +23,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 MSG = {"HELLO": 1, "WELCOME": 2, "PING": 3, "PONG": 4, "SHUTDOWN": 5, "ERROR": 6,
        "MODEL_LOAD": 10, "MODEL_CHUNK": 11, "MODEL_LOADED": 12, "MODEL_FAILED": 13,
-       "MODEL_UNLOAD": 14, "BATCH": 20, "BATCH_DONE": 21, "PROFILE": 30,
-       "PROFILE_PROGRESS": 31, "PROFILE_DONE": 32}
+       "MODEL_UNLOAD": 14, "BATCH": 20, "BATCH_DONE": 21, "BATCH_INPUT": 22,
+       "BATCH_OUTPUT": 23, "PROFILE": 30, "PROFILE_PROGRESS": 31, "PROFILE_DONE": 32,
+       "AUTH_CHALLENGE": 40, "AUTH_REPLY": 41, "AUTH_PROOF": 42, "MODELS_HELD": 43}
 
 
 def u8(v): return struct.pack("<B", v)
@@ -137,7 +139,28 @@ def jpeg_seeds():
     return out
 
 
-TARGETS = {"ipc": ipc_seeds, "onnx_import": onnx_seeds, "jpeg": jpeg_seeds}
+def cluster_seeds():
+    """Byte 0 picks fuzz_cluster.c's path (0 before HELLO, 1 batch frames,
+    2 the pure handshake)."""
+    challenge = u32(0x48535153) + u16(1) + u8(1) + bytes(range(32))
+    held = u32(2) + s("ab" * 32) + s("0123456789abcdef" * 4)
+    hello = u32(0x48535153) + u16(3) + s("cpu") + s("cpu@h1") + u64(8 << 30) + u32(4242)
+    done = u32(0) + u64(1000) + u64(2000) + s("")
+    return {
+        "before-hello": u8(0) + frame("AUTH_CHALLENGE", challenge) +
+        frame("AUTH_PROOF", bytes(32)) + frame("MODELS_HELD", held) + frame("HELLO", hello),
+        "no-token": u8(0) + frame("AUTH_CHALLENGE", challenge[:6] + u8(0) + challenge[7:]),
+        "hello-first": u8(0) + frame("HELLO", hello),
+        "outputs": u8(1) + frame("BATCH_OUTPUT", bytes(100), fid=7) +
+        frame("BATCH_OUTPUT", bytes(92), fid=7) + frame("BATCH_DONE", done, fid=7),
+        "short-outputs": u8(1) + frame("BATCH_OUTPUT", bytes(100), fid=7) +
+        frame("BATCH_DONE", done, fid=7),
+        "too-many-outputs": u8(1) + frame("BATCH_OUTPUT", bytes(300), fid=7),
+        "handshake": u8(2) + challenge + bytes(64) + bytes(32),
+    }
+
+
+TARGETS = {"cluster": cluster_seeds, "ipc": ipc_seeds, "onnx_import": onnx_seeds, "jpeg": jpeg_seeds}
 
 
 def main():
