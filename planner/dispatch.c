@@ -869,10 +869,17 @@ static void pump_worker_early_drop(pl_dispatch_t *d, int wid, int64_t now_us)
 static void pump_session_early_drop(pl_dispatch_t *d, int sid, int64_t now_us)
 {
     session_t *s = &d->sessions[sid];
-    for (int i = 0; i < s->nroutes && s->q.n > 0; i++) {
-        int wid = s->routes[i].worker;
-        if (!d->workers[wid].busy)
-            pump_worker_early_drop(d, wid, now_us);
+    if (!d->any_net) {
+        for (int i = 0; i < s->nroutes && s->q.n > 0; i++) {
+            int wid = s->routes[i].worker;
+            if (!d->workers[wid].busy)
+                pump_worker_early_drop(d, wid, now_us);
+        }
+    } else {
+        /* Cheapest link first: a local idle device before a remote one. */
+        int nfree = free_by_link(d, s);
+        for (int i = 0; i < nfree && s->q.n > 0; i++)
+            pump_worker_early_drop(d, d->order[i], now_us);
     }
     int free_worker;
     prune(d, sid, s, now_us, earliest_finish1(d, s, now_us, &free_worker));
