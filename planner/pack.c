@@ -688,13 +688,16 @@ static double transfer_us(const pl_session_t *s, pl_link_t l, int b)
 
 /* Node n's items (copied into it) on a device behind link l: a batch holds
  * the device for l(b) + net(b). A saturated node runs the batch with the
- * most throughput such that 2 (l(B) + net(B)) <= L and must still serve its
- * rate; a shared node keeps its rates and shortens its duty cycle until every
- * d + l(b) + net(b) <= L (the batches shrink with it), then must fit the
- * cycle. Returns the occupancy, with *duty, or -1 when the node cannot run
- * there. */
-static double eval_on_link(const ctx_t *c, const node_t *n, pl_link_t l, item_t *it, double *duty)
+ * most throughput such that 2 (l(B) + net(B)) <= L; it serves less than its
+ * rate when that throughput is lower (*partial set, it[0].rate_rps what it
+ * serves). A shared node keeps its rates and shortens its duty cycle until
+ * every d + l(b) + net(b) <= L (the batches shrink with it), then must fit
+ * the cycle. Returns the occupancy, with *duty, or -1 when the node cannot
+ * run there. */
+static double eval_on_link(const ctx_t *c, const node_t *n, pl_link_t l, item_t *it, double *duty,
+                           int *partial)
 {
+    *partial = 0;
     memcpy(it, n->items, sizeof(*it) * (size_t)n->nitems);
     if (link_is_local(l)) {
         for (int i = 0; i < n->nitems; i++)
@@ -720,8 +723,12 @@ static double eval_on_link(const ctx_t *c, const node_t *n, pl_link_t l, item_t 
                 best_l = lat;
             }
         }
-        if (best == 0 || best_thr * 1e6 < it[0].rate_rps * (1 - REL_EPS))
+        if (best == 0)
             return -1;
+        if (best_thr * 1e6 < it[0].rate_rps * (1 - REL_EPS)) {
+            *partial = 1;
+            it[0].rate_rps = best_thr * 1e6;
+        }
         it[0].batch = best;
         it[0].latency_us = best_l;
         it[0].transfer_us = transfer_us(s, l, best);
@@ -793,8 +800,9 @@ static void assign_links(ctx_t *c, int *order, int *keep, const char *used, int 
         if (n->id < 0)
             continue;
         double duty;
-        double occ = eval_on_link(c, n, link_of(&c->opt, n->id), tmp, &duty);
-        if (occ < 0) {
+        int partial;
+        double occ = eval_on_link(c, n, link_of(&c->opt, n->id), tmp, &duty, &partial);
+        if (occ < 0 || partial) {
             n->id = -1; /* moves */
             continue;
         }
@@ -842,16 +850,24 @@ static void assign_links(ctx_t *c, int *order, int *keep, const char *used, int 
         room[nnew] = 0;
         for (int q = 0; q < ncls; q++) {
             double duty;
-            double occ = eval_on_link(c, n, cls[q].link, tmp, &duty);
+            int partial;
+            double occ = eval_on_link(c, n, cls[q].link, tmp, &duty, &partial);
             if (occ < 0)
                 continue;
             fits[nnew * ncls + q] = 1;
-            cost[nnew * ncls + q] = occ;
-            room[nnew] += cls[q].nids;
+            /* Serving only part of the rate: the last resort, the most
+             * served first. */
+            cost[nnew * ncls + q] = partial ? 2 - tmp[0].rate_rps / n->items[0].rate_rps : occ;
+            if (!partial)
+                room[nnew] += 2 * cls[q].nids;
+            else
+                room[nnew] |= 1;
         }
         newn[nnew++] = order[k];
     }
-    /* Most constrained first (stable: insertion sort keeps the order's
+    /* Most constrained first: the fewest ids at full rate (room / 2), and
+     * among equals those with no partial way out (room & 1) before those
+     * with one (stable: insertion sort keeps the order's
      * saturated-then-fullest ranking among equals). */
     int *rank = sq_xmalloc(sizeof(int) * (size_t)(nnew ? nnew : 1));
     for (int i = 0; i < nnew; i++) {
@@ -865,15 +881,22 @@ static void assign_links(ctx_t *c, int *order, int *keep, const char *used, int 
     for (int r = 0; r < nnew; r++) {
         int i = rank[r];
         node_t *n = &c->nodes[newn[i]];
-        int pick = -1;
-        for (int q = 0; q < ncls; q++)
-            if (fits[i * ncls + q] && cls[q].next < cls[q].nids &&
-                (pick < 0 || cls[q].beyond < cls[pick].beyond ||
-                 (cls[q].beyond == cls[pick].beyond &&
-                  (cost[i * ncls + q] < cost[i * ncls + pick] ||
-                   (cost[i * ncls + q] == cost[i * ncls + pick] &&
-                    cls[q].ids[cls[q].next] < cls[pick].ids[cls[pick].next])))))
+        /* Full rate before part of it, listed devices before the ones past
+         * the links, then the lowest occupancy, then the smallest id. */
+        int pick = -1, pick_tier = 0;
+        for (int q = 0; q < ncls; q++) {
+            if (!fits[i * ncls + q] || cls[q].next >= cls[q].nids)
+                continue;
+            int tier = 2 * (cost[i * ncls + q] > 1 + REL_EPS) + cls[q].beyond;
+            if (pick < 0 || tier < pick_tier ||
+                (tier == pick_tier &&
+                 (cost[i * ncls + q] < cost[i * ncls + pick] ||
+                  (cost[i * ncls + q] == cost[i * ncls + pick] &&
+                   cls[q].ids[cls[q].next] < cls[pick].ids[cls[pick].next])))) {
                 pick = q;
+                pick_tier = tier;
+            }
+        }
         if (pick < 0) {
             for (int it = 0; it < n->nitems; it++)
                 add_unplaced(c, n->items[it].session, n->items[it].rate_rps, PL_UNPLACED_LINK);
@@ -882,7 +905,11 @@ static void assign_links(ctx_t *c, int *order, int *keep, const char *used, int 
         }
         n->id = cls[pick].ids[cls[pick].next++];
         double duty;
-        double occ = eval_on_link(c, n, cls[pick].link, tmp, &duty);
+        int partial;
+        double occ = eval_on_link(c, n, cls[pick].link, tmp, &duty, &partial);
+        if (partial)
+            add_unplaced(c, n->items[0].session, n->items[0].rate_rps - tmp[0].rate_rps,
+                         PL_UNPLACED_LINK);
         memcpy(n->items, tmp, sizeof(*tmp) * (size_t)n->nitems);
         n->duty_cycle_us = duty;
         n->occupancy = occ;
