@@ -3,7 +3,8 @@
  * drop handling included, on a virtual clock (no sleeping: the clock jumps
  * to the next event), per second of this thread's CPU time. Scenarios: the Symphony table-2
  * workload (one model, 8 workers, Poisson at ~95% of the staggered bound) and a mixed one (37
- * sessions on 64 workers), both policies. Prints one JSON object. */
+ * sessions on 64 workers), both policies; then both with half the workers behind a link
+ * (pl_dispatch_worker_net). Prints one JSON object. */
 #include <pl_dispatch.h>
 #include <sq.h>
 
@@ -29,8 +30,8 @@ typedef struct {
 } done_t;
 
 /* Runs n requests; returns the CPU seconds this thread spent in the loop. */
-static double run(pl_policy_t policy, int nsessions, int nworkers, double rate_rps, long n,
-                  uint64_t *batches_out, uint64_t *dropped_out)
+static double run(pl_policy_t policy, int nsessions, int nworkers, int nremote, double rate_rps,
+                  long n, uint64_t *batches_out, uint64_t *dropped_out)
 {
     pl_dispatch_opts_t o = {.policy = policy};
     pl_dispatch_t *d = pl_dispatch_new(&o);
@@ -38,13 +39,17 @@ static double run(pl_policy_t policy, int nsessions, int nworkers, double rate_r
     /* ResNet50 on a 1080Ti (Symphony table 2); SLO 25 ms. */
     pl_profile_init_linear(&p, 1053, 5072, 64);
     for (int s = 0; s < nsessions; s++) {
-        pl_session_cfg_t cfg = {.profile = &p, .slo_us = 25000};
+        /* 224x224x3 uint8 in, 1000 floats out. */
+        pl_session_cfg_t cfg = {.profile = &p, .slo_us = 25000, .item_bytes = 154528};
         pl_dispatch_session_add(d, &cfg);
     }
     pl_route_t *routes = malloc(sizeof(*routes) * (size_t)nworkers);
     for (int k = 0; k < nworkers; k++) {
         pl_dispatch_worker_add(d, 0, k, 0);
         routes[k] = (pl_route_t){.worker = k};
+        /* The last nremote behind 0.2 ms and 10 Gbit/s. */
+        if (k >= nworkers - nremote)
+            pl_dispatch_worker_net(d, 0, k, 200, 1250);
     }
     /* Each session on 8 workers (a sub-cluster), spread over the pool. */
     int per = nworkers < 8 ? nworkers : 8;
@@ -149,12 +154,16 @@ int main(int argc, char **argv)
     }
     struct {
         const char *name;
-        int nsessions, nworkers;
+        int nsessions, nworkers, nremote;
         double rate_rps;
     } cases[] = {
-        {"resnet50_8dev_5550rps", 1, 8, 5550},
-        {"resnet50_8dev_overload_11000rps", 1, 8, 11000},
-        {"37sessions_64dev_40000rps", 37, 64, 40000},
+        {"resnet50_8dev_5550rps", 1, 8, 0, 5550},
+        {"resnet50_8dev_overload_11000rps", 1, 8, 0, 11000},
+        {"37sessions_64dev_40000rps", 37, 64, 0, 40000},
+        /* Half the workers behind a link (0.2 ms, 10 Gbit/s, 154528 bytes
+         * a request): the links' cost in the core. */
+        {"resnet50_8dev_half_remote_5100rps", 1, 8, 4, 5100},
+        {"37sessions_64dev_half_remote_40000rps", 37, 64, 32, 40000},
     };
     printf("{\n  \"requests_per_case\": %ld,\n  \"cases\": [\n", n);
     int first = 1;
@@ -162,7 +171,7 @@ int main(int argc, char **argv)
         for (int pol = 0; pol < 2; pol++) {
             uint64_t batches, dropped;
             double secs = run((pl_policy_t)pol, cases[c].nsessions, cases[c].nworkers,
-                              cases[c].rate_rps, n, &batches, &dropped);
+                              cases[c].nremote, cases[c].rate_rps, n, &batches, &dropped);
             printf("%s    {\"case\": \"%s\", \"policy\": \"%s\", \"cpu_seconds\": %.3f, "
                    "\"requests_per_s\": %.0f, \"batches\": %llu, \"dropped\": %llu}",
                    first ? "" : ",\n", cases[c].name, pl_policy_name((pl_policy_t)pol), secs,

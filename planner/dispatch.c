@@ -9,7 +9,13 @@
  *     (margin and network delay included) so that "the largest batch that
  *     fits this slack" is a binary search over a small array;
  *   - sessions and workers that need a wake-up sit in two indexed min-heaps,
- *     so a timer costs O(log n) and the next wake is the smaller heap top. */
+ *     so a timer costs O(log n) and the next wake is the smaller heap top;
+ *   - a worker's link (pl_dispatch_worker_net) is not folded into the
+ *     arrays: the transfer of b items of session s on worker w is affine in
+ *     b, net_w(b) = rtt_w + b * item_bytes_s / bw_w, so it is computed on the
+ *     fly in fixed point (net_t: an offset and a slope in 1/65536 µs, one
+ *     multiply-add and a shift). While no worker has a link (any_net == 0)
+ *     every decision takes the path it took before links existed. */
 #include "pl_dispatch.h"
 
 #include "dispatch_int.h"
@@ -21,12 +27,29 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* net_w(b) for one (session, worker): off + ceil(b * slope / 2^NET_QBITS). */
+#define NET_QBITS 16
+#define NET_QMASK ((INT64_C(1) << NET_QBITS) - 1)
+/* Caps that keep b * slope and the sums of costs far from overflow: a
+ * transfer of 2^24 µs (16 s) per item or a 2^40 µs round trip is "never". */
+#define NET_SLOPE_MAX (INT64_C(1) << 40)
+#define NET_OFF_MAX (INT64_C(1) << 40)
+
+typedef struct {
+    int64_t off;   /* rtt, µs */
+    int64_t slope; /* µs per item, fixed point */
+} net_t;
+
 typedef struct {
     int alive;
     int cap;       /* largest batch ever formed */
     int64_t *cost; /* cost[b], b = 1..cap: l(b) with margin + net delay, µs; nondecreasing */
     int64_t timer_slack_us; /* opts.timer_slack_us, for the candidate's ready time */
     int64_t slo_us;
+    int64_t item_bytes;
+    /* The least net_w(1) over the session's routes (0 with a local one):
+     * its head expires at deadline - cost[1] - min_net1. */
+    int64_t min_net1;
     pl__queue_t q;
     pl_route_t *routes; /* sorted by worker id; target_batch resolved to 1..cap */
     int nroutes;
@@ -35,6 +58,7 @@ typedef struct {
 typedef struct {
     int session;
     int target_batch;
+    int dflt; /* target chosen by the core (route target 0): follows the link */
 } wsess_t;
 
 typedef struct {
@@ -54,12 +78,21 @@ typedef struct {
     int nsess, cap_sess;
 } worker_t;
 
+/* A worker's link, apart from worker_t so that a cluster without links
+ * touches none of it. */
+typedef struct {
+    int remote;         /* rtt_us or us_per_byte non-zero */
+    int64_t rtt_us;     /* round trip */
+    double us_per_byte; /* 1 / bandwidth; 0 = unlimited */
+} link_t;
+
 struct pl_dispatch {
     pl_dispatch_opts_t opts;
     session_t *sessions;
     int nsessions, cap_sessions;
     worker_t *workers;
     int nworkers, cap_workers; /* nworkers: highest id + 1 ever added */
+    link_t *links;             /* per worker id, cap_workers */
     pl__iheap_t session_wake, worker_wake;
     pl_action_t *acts;
     size_t *act_ids_off;
@@ -71,6 +104,9 @@ struct pl_dispatch {
     uint64_t next_batch_id;
     void *scratch; /* wcand_t[cap_scratch], worker_decide's */
     int cap_scratch;
+    int *order; /* free workers by link cost, matchmaking's (any_net only) */
+    int cap_order;
+    int any_net; /* workers with a link (remote), ever set and not cleared */
     pl_dispatch_stats_t stats;
 };
 
@@ -146,6 +182,35 @@ static void drop(pl_dispatch_t *d, int64_t now_us, int sid, const pl__entry_t *e
 
 /* ---- latency helpers ---- */
 
+static const net_t NET_LOCAL = {0, 0};
+
+/* The link of session s on worker wid. */
+static inline net_t net_of(const pl_dispatch_t *d, const session_t *s, int wid)
+{
+    const link_t *w = &d->links[wid];
+    if (!w->remote)
+        return NET_LOCAL;
+    double q = ceil((double)s->item_bytes * w->us_per_byte * (double)(NET_QMASK + 1));
+    net_t n = {.off = w->rtt_us, .slope = q < (double)NET_SLOPE_MAX ? (int64_t)q : NET_SLOPE_MAX};
+    return n;
+}
+
+static inline int64_t net_cost(net_t n, int b)
+{
+    return n.off + (((int64_t)b * n.slope + NET_QMASK) >> NET_QBITS);
+}
+
+/* The cost of a batch of b on a worker with link n. */
+static inline int64_t cost_on(const session_t *s, net_t n, int b)
+{
+    return s->cost[b] + net_cost(n, b);
+}
+
+static inline int net_is_local(net_t n)
+{
+    return n.off == 0 && n.slope == 0;
+}
+
 /* Largest b <= cap whose cost fits slack_us; 0 when not even one fits. */
 static int fit_batch(const session_t *s, int64_t slack_us)
 {
@@ -162,16 +227,37 @@ static int fit_batch(const session_t *s, int64_t slack_us)
     return lo;
 }
 
+/* The same on a worker with link n. */
+__attribute__((always_inline)) static inline int fit_batch_on(const session_t *s, net_t n,
+                                                              int64_t slack_us)
+{
+    if (net_is_local(n))
+        return fit_batch(s, slack_us);
+    if (slack_us < cost_on(s, n, 1))
+        return 0;
+    int lo = 1, hi = s->cap;
+    while (lo < hi) {
+        int mid = lo + (hi - lo + 1) / 2;
+        if (cost_on(s, n, mid) <= slack_us)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
 /* Nexus's saturated batch: the largest b with 2 l(b) <= SLO (a request that
- * just misses a batch waits one batch, then runs in the next). */
-static int default_target(const pl_dispatch_t *d, const session_t *s)
+ * just misses a batch waits one batch, then runs in the next). Behind a link
+ * the batch it waits for is l(b) and its own costs l(b) + net(b) (the link
+ * carries batch k+1 while batch k runs). */
+static int default_target(const pl_dispatch_t *d, const session_t *s, net_t n)
 {
     if (s->slo_us <= 0)
         return s->cap;
     int best = 1;
     for (int b = 1; b <= s->cap; b++) {
         int64_t l = s->cost[b] - d->opts.net_delay_us;
-        if (2 * l + d->opts.net_delay_us <= s->slo_us)
+        if (2 * l + d->opts.net_delay_us + net_cost(n, b) <= s->slo_us)
             best = b;
     }
     return best;
@@ -193,36 +279,83 @@ static session_t *session_get(pl_dispatch_t *d, int sid)
     return &d->sessions[sid];
 }
 
-/* The earliest moment any worker holding s can start a batch (PL_NEVER with
- * no worker) and, in *free_worker, the lowest-id worker free now (-1). */
-static int64_t earliest_start(const pl_dispatch_t *d, const session_t *s, int64_t now_us,
-                              int *free_worker)
+/* Matchmaking's order among workers holding s: the cheaper link for a full
+ * batch first (a local device before a remote one), then the lower id. */
+static inline int64_t link_key(const session_t *s, net_t n)
+{
+    return net_cost(n, s->cap);
+}
+
+/* The earliest finish of one request of s alone on a worker holding s,
+ * started when that worker can start it (PL_NEVER with no worker), and, in
+ * *free_worker, the free worker that s's batches go to first (-1: none):
+ * the lowest id, or with links the cheapest (link_key), then lowest id. */
+static int64_t earliest_finish1_net(const pl_dispatch_t *d, const session_t *s, int64_t now_us,
+                                    int *free_worker);
+
+static inline int64_t earliest_finish1(const pl_dispatch_t *d, const session_t *s, int64_t now_us,
+                                       int *free_worker)
 {
     int64_t best = PL_NEVER;
     *free_worker = -1;
+    if (!d->any_net) {
+        for (int i = 0; i < s->nroutes; i++) {
+            const worker_t *w = &d->workers[s->routes[i].worker];
+            if (!w->busy) {
+                if (*free_worker < 0)
+                    *free_worker = s->routes[i].worker;
+                return now_us + s->cost[1];
+            }
+            int64_t t = w->busy_until > now_us ? w->busy_until : now_us;
+            if (t < best)
+                best = t;
+        }
+        return best == PL_NEVER ? PL_NEVER : best + s->cost[1];
+    }
+    return earliest_finish1_net(d, s, now_us, free_worker);
+}
+
+static int64_t earliest_finish1_net(const pl_dispatch_t *d, const session_t *s, int64_t now_us,
+                                    int *free_worker)
+{
+    int64_t best = PL_NEVER, best_key = PL_NEVER;
+    *free_worker = -1;
     for (int i = 0; i < s->nroutes; i++) {
         const worker_t *w = &d->workers[s->routes[i].worker];
+        net_t n = net_of(d, s, s->routes[i].worker);
+        int64_t t = !w->busy || w->busy_until < now_us ? now_us : w->busy_until;
+        int64_t f = t + cost_on(s, n, 1);
+        if (f < best)
+            best = f;
         if (!w->busy) {
-            if (*free_worker < 0)
+            int64_t key = link_key(s, n);
+            if (*free_worker < 0 || key < best_key) {
                 *free_worker = s->routes[i].worker;
-            return now_us;
+                best_key = key;
+            }
         }
-        int64_t t = w->busy_until > now_us ? w->busy_until : now_us;
-        if (t < best)
-            best = t;
     }
     return best;
 }
 
-/* Drops head requests that cannot finish by their deadline even alone when
- * started at start_us: answered at once, never left to rot. */
-static void prune(pl_dispatch_t *d, int sid, session_t *s, int64_t now_us, int64_t start_us)
+/* earliest_finish1 when the caller knows a worker holding s is free now. */
+static int64_t finish1_now(const pl_dispatch_t *d, const session_t *s, int64_t now_us)
+{
+    if (!d->any_net)
+        return now_us + s->cost[1];
+    int fw;
+    return earliest_finish1(d, s, now_us, &fw);
+}
+
+/* Drops head requests that cannot finish by their deadline even alone by
+ * finish1_us (earliest_finish1): answered at once, never left to rot. */
+static void prune(pl_dispatch_t *d, int sid, session_t *s, int64_t now_us, int64_t finish1_us)
 {
     while (s->q.n > 0) {
         pl__entry_t *e = pl__q_at(&s->q, 0);
-        if (start_us != PL_NEVER && start_us + s->cost[1] <= e->deadline_us)
+        if (finish1_us != PL_NEVER && finish1_us <= e->deadline_us)
             return;
-        if (start_us == PL_NEVER && now_us + s->cost[1] <= e->deadline_us)
+        if (finish1_us == PL_NEVER && now_us + s->cost[1] <= e->deadline_us)
             return; /* no worker yet: keep it while a new one could still make it */
         int reason = (e->flags & PL__ENTRY_RETRIED) ? SQ_WORKER_LOST
                      : s->nroutes == 0              ? SQ_NO_WORKER
@@ -261,7 +394,7 @@ static void send_batch(pl_dispatch_t *d, int64_t now_us, int sid, int wid, int s
     s->q.head = (s->q.head + (uint32_t)b) & s->q.mask;
     s->q.n -= (uint32_t)b;
     w->ninflight = b;
-    int64_t finish_us = now_us + s->cost[b];
+    int64_t finish_us = now_us + cost_on(s, net_of(d, s, wid), b);
     /* The invariant both policies promise: the earliest deadline is met
      * under the profile. */
     assert(finish_us <= w->inflight[0].deadline_us);
@@ -304,17 +437,35 @@ static int64_t head_slack(const session_t *s, uint32_t i, int64_t now_us)
     return pl__q_at(&s->q, i)->deadline_us - now_us;
 }
 
-/* The session's candidate batch at now. Requires a non-empty queue whose
- * head can still finish alone when started now. */
-static void deferred_candidate(const session_t *s, int64_t now_us, double skip_ratio,
-                               candidate_t *c)
+/* The session's candidate batch at now on a worker with link `net`; 0 when
+ * no queued request can finish there even alone. Requires a non-empty queue.
+ * The heads that cannot make it on this worker (only behind a link: a
+ * cheaper worker may still serve them) are left queued in front of the
+ * candidate, like the heads a backed-up queue passes over. */
+__attribute__((always_inline)) static inline int
+candidate_on(const session_t *s, net_t net, int64_t now_us, double skip_ratio, candidate_t *c)
 {
-    int n = (int)s->q.n, cap = s->cap;
+    int base = 0;
+    int head_fit = fit_batch_on(s, net, head_slack(s, 0, now_us));
+    if (head_fit < 1) {
+        /* First request that fits alone here (deadlines only grow). */
+        int lo = 1, hi = (int)s->q.n;
+        while (lo < hi) {
+            int mid = lo + (hi - lo) / 2;
+            if (fit_batch_on(s, net, head_slack(s, (uint32_t)mid, now_us)) >= 1)
+                hi = mid;
+            else
+                lo = mid + 1;
+        }
+        if (lo >= (int)s->q.n)
+            return 0;
+        base = lo;
+        head_fit = fit_batch_on(s, net, head_slack(s, (uint32_t)base, now_us));
+    }
+    int n = (int)s->q.n - base, cap = s->cap;
     int fill = n < cap ? n : cap; /* the largest batch the queue could give */
-    int head_fit = fit_batch(s, head_slack(s, 0, now_us));
-    assert(head_fit >= 1);
     int b = head_fit < fill ? head_fit : fill;
-    c->skip = 0;
+    c->skip = base;
     c->b = b;
     /* Waiting can only help while one more request would still fit the
      * head's deadline and the queue has no more to give right now. */
@@ -324,10 +475,10 @@ static void deferred_candidate(const session_t *s, int64_t now_us, double skip_r
         /* The frontrun moment, but never later than timer_slack_us before
          * the last moment: a live timer that wakes a little late must still
          * find the batch sendable (when l(b+1) = l(b) the two coincide). */
-        int64_t d_head = pl__q_at(&s->q, 0)->deadline_us;
-        c->ready_at = d_head - s->cost[b + 1];
-        if (c->ready_at > d_head - s->cost[b] - s->timer_slack_us)
-            c->ready_at = d_head - s->cost[b] - s->timer_slack_us;
+        int64_t d_head = pl__q_at(&s->q, (uint32_t)base)->deadline_us;
+        c->ready_at = d_head - cost_on(s, net, b + 1);
+        if (c->ready_at > d_head - cost_on(s, net, b) - s->timer_slack_us)
+            c->ready_at = d_head - cost_on(s, net, b) - s->timer_slack_us;
     }
     if (b < fill) {
         /* Backed up: the head cannot fill a batch the queue could. Find the
@@ -338,7 +489,7 @@ static void deferred_candidate(const session_t *s, int64_t now_us, double skip_r
         while (lo < hi) {
             int mid = lo + (hi - lo) / 2;
             int room = n - mid < cap ? n - mid : cap;
-            if (fit_batch(s, head_slack(s, (uint32_t)mid, now_us)) >= room)
+            if (fit_batch_on(s, net, head_slack(s, (uint32_t)(base + mid), now_us)) >= room)
                 hi = mid;
             else
                 lo = mid + 1;
@@ -354,23 +505,34 @@ static void deferred_candidate(const session_t *s, int64_t now_us, double skip_r
             int l2 = 1, h2 = cross;
             while (l2 < h2) {
                 int mid = l2 + (h2 - l2) / 2;
-                if (fit_batch(s, head_slack(s, (uint32_t)mid, now_us)) >= best)
+                if (fit_batch_on(s, net, head_slack(s, (uint32_t)(base + mid), now_us)) >= best)
                     h2 = mid;
                 else
                     l2 = mid + 1;
             }
-            int fit = fit_batch(s, head_slack(s, (uint32_t)l2, now_us));
+            int fit = fit_batch_on(s, net, head_slack(s, (uint32_t)(base + l2), now_us));
             int can_grow = best < cap && best == n - l2 && fit > best;
             /* A window that is still growing is not a reason to pass the
              * heads over: that is low load, and the head window goes first. */
             if (!can_grow) {
-                c->skip = l2;
+                c->skip = base + l2;
                 c->b = best;
                 c->ready_at = now_us;
             }
         }
     }
-    c->valid_until = pl__q_at(&s->q, (uint32_t)c->skip)->deadline_us - s->cost[c->b];
+    c->valid_until = pl__q_at(&s->q, (uint32_t)c->skip)->deadline_us - cost_on(s, net, c->b);
+    return 1;
+}
+
+/* candidate_on compiled twice: for a local worker (the link folded away, the
+ * hot path of a cluster without links) and for any link. */
+static int deferred_candidate(const session_t *s, net_t net, int64_t now_us, double skip_ratio,
+                              candidate_t *c)
+{
+    if (net_is_local(net))
+        return candidate_on(s, NET_LOCAL, now_us, skip_ratio, c);
+    return candidate_on(s, net, now_us, skip_ratio, c);
 }
 
 /* When a worker other than `except` holding s can next start a batch. */
@@ -387,6 +549,55 @@ static int64_t next_start_except(const pl_dispatch_t *d, const session_t *s, int
             best = t;
     }
     return best;
+}
+
+/* Whether a worker other than `except` holding s can run candidate c (its
+ * window: the request at c->skip and c->b behind) by its deadline when it
+ * next can start: each on its own link. */
+static int others_can_make(const pl_dispatch_t *d, const session_t *s, int64_t now_us, int except,
+                           const candidate_t *c)
+{
+    int64_t deadline = pl__q_at(&s->q, (uint32_t)c->skip)->deadline_us;
+    for (int i = 0; i < s->nroutes; i++) {
+        const worker_t *w = &d->workers[s->routes[i].worker];
+        if (s->routes[i].worker == except)
+            continue;
+        int64_t t = !w->busy || w->busy_until < now_us ? now_us : w->busy_until;
+        if (t + cost_on(s, net_of(d, s, s->routes[i].worker), c->b) <= deadline)
+            return 1;
+    }
+    return 0;
+}
+
+/* Whether no worker but `wid` can run candidate c in time (it depends on
+ * wid). Without links: no other can start by c's valid_until. */
+static inline int depends_on(const pl_dispatch_t *d, const session_t *s, int64_t now_us, int wid,
+                             const candidate_t *c)
+{
+    if (!d->any_net)
+        return next_start_except(d, s, now_us, wid) > c->valid_until;
+    return !others_can_make(d, s, now_us, wid, c);
+}
+
+/* Whether a free worker other than wid, with a cheaper link for s (link_key,
+ * ties to the lower id), can run candidate c now and finish it in time: wid
+ * then leaves it to that one (a remote link loses to a local idle device). */
+static int cheaper_free_can_make(const pl_dispatch_t *d, const session_t *s, int64_t now_us,
+                                 int wid, net_t net, const candidate_t *c)
+{
+    int64_t key = link_key(s, net);
+    int64_t deadline = pl__q_at(&s->q, (uint32_t)c->skip)->deadline_us;
+    for (int i = 0; i < s->nroutes; i++) {
+        int ow = s->routes[i].worker;
+        const worker_t *w = &d->workers[ow];
+        if (ow == wid || w->busy)
+            continue;
+        net_t n = net_of(d, s, ow);
+        int64_t k = link_key(s, n);
+        if ((k < key || (k == key && ow < wid)) && now_us + cost_on(s, n, c->b) <= deadline)
+            return 1;
+    }
+    return 0;
 }
 
 /* Latest start of the first of chain[0..n) (sorted by valid_until) when all
@@ -428,15 +639,21 @@ static int worker_decide(pl_dispatch_t *d, int wid, int64_t now_us)
     for (int k = 0; k < w->nsess; k++) {
         int sid = w->sess[k].session;
         session_t *s = &d->sessions[sid];
-        prune(d, sid, s, now_us, now_us);
+        prune(d, sid, s, now_us, finish1_now(d, s, now_us));
         if (s->q.n == 0)
             continue;
-        wcand_t *x = &all[n++];
+        wcand_t *x = &all[n];
         x->sid = sid;
-        deferred_candidate(s, now_us, d->opts.skip_ratio, &x->c);
-        x->cost_us = s->cost[x->c.b];
+        net_t net = net_of(d, s, wid);
+        if (!deferred_candidate(s, net, now_us, d->opts.skip_ratio, &x->c))
+            continue; /* nothing left that this worker's link can make */
+        n++;
+        x->cost_us = cost_on(s, net, x->c.b);
         x->ready = now_us >= x->c.ready_at;
-        x->dependent = next_start_except(d, s, now_us, wid) > x->c.valid_until;
+        x->dependent = depends_on(d, s, now_us, wid, &x->c);
+        if (d->any_net && x->ready && !x->dependent &&
+            cheaper_free_can_make(d, s, now_us, wid, net, &x->c))
+            x->ready = 0;
     }
     /* Dependent ones first, each group by valid_until (insertion sort: a
      * worker holds a handful of sessions). */
@@ -477,34 +694,92 @@ static int worker_decide(pl_dispatch_t *d, int wid, int64_t now_us)
     return 0;
 }
 
+/* The free workers holding s into d->order, cheapest link first (link_key,
+ * then lowest id); returns how many. */
+static int free_by_link(pl_dispatch_t *d, const session_t *s)
+{
+    if (d->cap_order < s->nroutes) {
+        d->cap_order = s->nroutes;
+        d->order = sq_xrealloc(d->order, sizeof(int) * (size_t)s->nroutes);
+    }
+    int64_t keys[64];
+    int n = 0;
+    for (int i = 0; i < s->nroutes; i++) {
+        int wid = s->routes[i].worker;
+        const worker_t *w = &d->workers[wid];
+        if (w->busy)
+            continue;
+        int64_t key = link_key(s, net_of(d, s, wid));
+        /* Insertion by key; routes come by id, so ties keep the lower id
+         * first. Past 64 free workers the rest keep route order. */
+        int j = n < 64 ? n : 64;
+        if (n < 64) {
+            while (j > 0 && keys[j - 1] > key) {
+                keys[j] = keys[j - 1];
+                d->order[j] = d->order[j - 1];
+                j--;
+            }
+            keys[j] = key;
+            d->order[j] = wid;
+        } else {
+            d->order[n] = wid;
+        }
+        n++;
+    }
+    return n;
+}
+
+/* With links: the first free worker in link order on which s has a
+ * candidate, its candidate in *c; -1 when none. */
+static int first_candidate(pl_dispatch_t *d, const session_t *s, int64_t now_us, candidate_t *c)
+{
+    int nfree = free_by_link(d, s);
+    for (int i = 0; i < nfree; i++) {
+        int wid = d->order[i];
+        if (deferred_candidate(s, net_of(d, s, wid), now_us, d->opts.skip_ratio, c))
+            return wid;
+    }
+    return -1;
+}
+
 static void pump_session_deferred(pl_dispatch_t *d, int sid, int64_t now_us)
 {
     session_t *s = &d->sessions[sid];
     for (;;) {
         int free_worker;
-        int64_t start = earliest_start(d, s, now_us, &free_worker);
-        prune(d, sid, s, now_us, start);
+        int64_t finish1 = earliest_finish1(d, s, now_us, &free_worker);
+        prune(d, sid, s, now_us, finish1);
         if (s->q.n == 0) {
             pl__heap_set(&d->session_wake, sid, PL_NEVER);
             return;
         }
-        int64_t wake = pl__q_at(&s->q, 0)->deadline_us - s->cost[1] + 1;
+        int64_t wake = pl__q_at(&s->q, 0)->deadline_us - s->cost[1] - s->min_net1 + 1;
+        candidate_t c;
+        if (free_worker >= 0 && d->any_net)
+            free_worker = first_candidate(d, s, now_us, &c);
+        else if (free_worker >= 0)
+            deferred_candidate(s, NET_LOCAL, now_us, d->opts.skip_ratio, &c);
         if (free_worker >= 0) {
-            candidate_t c;
-            deferred_candidate(s, now_us, d->opts.skip_ratio, &c);
             if (now_us >= c.ready_at) {
                 /* Matchmaking: the free workers holding the model, lowest id
-                 * first, each choosing among its own sessions. */
+                 * first (with links: cheapest link first), each choosing
+                 * among its own sessions. */
                 int sent = 0;
-                for (int i = 0; i < s->nroutes && !sent; i++)
-                    if (!d->workers[s->routes[i].worker].busy)
-                        sent = worker_decide(d, s->routes[i].worker, now_us);
+                if (!d->any_net) {
+                    for (int i = 0; i < s->nroutes && !sent; i++)
+                        if (!d->workers[s->routes[i].worker].busy)
+                            sent = worker_decide(d, s->routes[i].worker, now_us);
+                } else {
+                    int nfree = free_by_link(d, s);
+                    for (int i = 0; i < nfree && !sent; i++)
+                        sent = worker_decide(d, d->order[i], now_us);
+                }
                 if (sent)
                     continue; /* more free workers may take more */
             } else {
                 /* Not ready, and only this one free worker can take it in
                  * time: the worker's chain may have to start before it. */
-                if (next_start_except(d, s, now_us, free_worker) > c.valid_until &&
+                if (depends_on(d, s, now_us, free_worker, &c) &&
                     worker_decide(d, free_worker, now_us))
                     continue;
                 if (c.ready_at < wake)
@@ -535,16 +810,21 @@ static int early_drop_try(pl_dispatch_t *d, int wid, int k, int64_t now_us)
     int sid = w->sess[k].session;
     session_t *s = &d->sessions[sid];
     int target = w->sess[k].target_batch;
-    prune(d, sid, s, now_us, now_us);
+    net_t net = net_of(d, s, wid);
+    prune(d, sid, s, now_us, finish1_now(d, s, now_us));
+    /* A head that this worker's link cannot make even alone, another
+     * worker (cheaper link) still can: leave the session to it. */
+    if (s->q.n > 0 && now_us + cost_on(s, net, 1) > pl__q_at(&s->q, 0)->deadline_us)
+        return 0;
     while (s->q.n > 0) {
         int window = (int)s->q.n < target ? (int)s->q.n : target;
         pl__entry_t *e = pl__q_at(&s->q, 0);
-        if (now_us + s->cost[window] <= e->deadline_us)
+        if (now_us + cost_on(s, net, window) <= e->deadline_us)
             break;
         pl__entry_t gone = pl__q_pop(&s->q);
-        int reason = (gone.flags & PL__ENTRY_RETRIED)         ? SQ_WORKER_LOST
-                     : now_us + s->cost[1] > gone.deadline_us ? SQ_DEADLINE
-                                                              : SQ_OVERLOAD;
+        int reason = (gone.flags & PL__ENTRY_RETRIED)                 ? SQ_WORKER_LOST
+                     : now_us + cost_on(s, net, 1) > gone.deadline_us ? SQ_DEADLINE
+                                                                      : SQ_OVERLOAD;
         drop(d, now_us, sid, &gone, reason);
     }
     if (s->q.n == 0)
@@ -589,16 +869,23 @@ static void pump_worker_early_drop(pl_dispatch_t *d, int wid, int64_t now_us)
 static void pump_session_early_drop(pl_dispatch_t *d, int sid, int64_t now_us)
 {
     session_t *s = &d->sessions[sid];
-    for (int i = 0; i < s->nroutes && s->q.n > 0; i++) {
-        int wid = s->routes[i].worker;
-        if (!d->workers[wid].busy)
-            pump_worker_early_drop(d, wid, now_us);
+    if (!d->any_net) {
+        for (int i = 0; i < s->nroutes && s->q.n > 0; i++) {
+            int wid = s->routes[i].worker;
+            if (!d->workers[wid].busy)
+                pump_worker_early_drop(d, wid, now_us);
+        }
+    } else {
+        /* Cheapest link first: a local idle device before a remote one. */
+        int nfree = free_by_link(d, s);
+        for (int i = 0; i < nfree && s->q.n > 0; i++)
+            pump_worker_early_drop(d, d->order[i], now_us);
     }
     int free_worker;
-    int64_t start = earliest_start(d, s, now_us, &free_worker);
-    prune(d, sid, s, now_us, start);
+    prune(d, sid, s, now_us, earliest_finish1(d, s, now_us, &free_worker));
     pl__heap_set(&d->session_wake, sid,
-                 s->q.n ? pl__q_at(&s->q, 0)->deadline_us - s->cost[1] + 1 : PL_NEVER);
+                 s->q.n ? pl__q_at(&s->q, 0)->deadline_us - s->cost[1] - s->min_net1 + 1
+                        : PL_NEVER);
 }
 
 static void pump_session(pl_dispatch_t *d, int sid, int64_t now_us)
@@ -622,7 +909,8 @@ static void pump_worker(pl_dispatch_t *d, int wid, int64_t now_us)
             int sid = w->sess[k].session;
             session_t *s = &d->sessions[sid];
             pl__heap_set(&d->session_wake, sid,
-                         s->q.n ? pl__q_at(&s->q, 0)->deadline_us - s->cost[1] + 1 : PL_NEVER);
+                         s->q.n ? pl__q_at(&s->q, 0)->deadline_us - s->cost[1] - s->min_net1 + 1
+                                : PL_NEVER);
         }
     }
 }
@@ -658,12 +946,14 @@ void pl_dispatch_free(pl_dispatch_t *d)
     }
     free(d->sessions);
     free(d->workers);
+    free(d->links);
     pl__heap_dispose(&d->session_wake);
     pl__heap_dispose(&d->worker_wake);
     free(d->acts);
     free(d->act_ids_off);
     free(d->ids);
     free(d->scratch);
+    free(d->order);
     free(d);
 }
 
@@ -708,6 +998,7 @@ int pl_dispatch_session_add(pl_dispatch_t *d, const pl_session_cfg_t *cfg)
     s->cost = cost;
     s->timer_slack_us = d->opts.timer_slack_us;
     s->slo_us = cfg->slo_us;
+    s->item_bytes = cfg->item_bytes > 0 ? cfg->item_bytes : 0;
     pl__heap_reserve(&d->session_wake, d->nsessions);
     return sid;
 }
@@ -726,6 +1017,18 @@ static void worker_forget_session(worker_t *w, int sid)
     }
 }
 
+/* Recomputes s->min_net1 from its routes. */
+static void session_net_refresh(const pl_dispatch_t *d, session_t *s)
+{
+    int64_t m = PL_NEVER;
+    for (int i = 0; i < s->nroutes; i++) {
+        int64_t c = net_cost(net_of(d, s, s->routes[i].worker), 1);
+        if (c < m)
+            m = c;
+    }
+    s->min_net1 = m == PL_NEVER ? 0 : m;
+}
+
 /* Takes worker wid out of every route. */
 static void worker_detach(pl_dispatch_t *d, int wid)
 {
@@ -740,6 +1043,7 @@ static void worker_detach(pl_dispatch_t *d, int wid)
                 break;
             }
         }
+        session_net_refresh(d, s);
     }
     pl__heap_set(&d->worker_wake, wid, PL_NEVER);
 }
@@ -775,6 +1079,8 @@ int pl_dispatch_worker_add(pl_dispatch_t *d, int64_t now_us, int worker, int64_t
         d->workers = sq_xrealloc(d->workers, sizeof(*d->workers) * (size_t)ncap);
         memset(&d->workers[d->cap_workers], 0,
                sizeof(*d->workers) * (size_t)(ncap - d->cap_workers));
+        d->links = sq_xrealloc(d->links, sizeof(*d->links) * (size_t)ncap);
+        memset(&d->links[d->cap_workers], 0, sizeof(*d->links) * (size_t)(ncap - d->cap_workers));
         d->cap_workers = ncap;
     }
     if (worker >= d->nworkers)
@@ -787,6 +1093,36 @@ int pl_dispatch_worker_add(pl_dispatch_t *d, int64_t now_us, int worker, int64_t
     w->present = 1;
     w->duty_cycle_us = duty_cycle_us;
     pump_worker(d, worker, now_us);
+    finish(d);
+    return 0;
+}
+
+int pl_dispatch_worker_net(pl_dispatch_t *d, int64_t now_us, int worker, int64_t rtt_us,
+                           double bytes_per_us)
+{
+    if (worker < 0 || worker >= d->nworkers || rtt_us < 0 || isnan(bytes_per_us))
+        return SQ_INVAL;
+    worker_t *w = &d->workers[worker];
+    begin(d);
+    link_t *l = &d->links[worker];
+    l->rtt_us = rtt_us < NET_OFF_MAX ? rtt_us : NET_OFF_MAX;
+    l->us_per_byte = bytes_per_us > 0 ? 1.0 / bytes_per_us : 0;
+    l->remote = l->rtt_us > 0 || l->us_per_byte > 0;
+    if (l->remote)
+        d->any_net = 1;
+    /* Its sessions' expiry and default window follow the link. */
+    for (int k = 0; k < w->nsess; k++) {
+        session_t *s = &d->sessions[w->sess[k].session];
+        session_net_refresh(d, s);
+        if (w->sess[k].dflt) {
+            int t = default_target(d, s, net_of(d, s, worker));
+            w->sess[k].target_batch = t > s->cap ? s->cap : t;
+        }
+    }
+    for (int k = 0; k < w->nsess; k++)
+        pump_session(d, w->sess[k].session, now_us);
+    if (!w->busy)
+        pump_worker(d, worker, now_us);
     finish(d);
     return 0;
 }
@@ -880,28 +1216,35 @@ int pl_dispatch_route_set(pl_dispatch_t *d, int64_t now_us, int session, const p
     if (nroutes > 0)
         memcpy(copy, routes, sizeof(*copy) * (size_t)nroutes);
     qsort(copy, (size_t)nroutes, sizeof(*copy), route_cmp);
+    int *dflt = sq_xmalloc(sizeof(int) * (size_t)(nroutes ? nroutes : 1));
     for (int i = 0; i < nroutes; i++) {
         worker_t *w = worker_get(d, copy[i].worker);
         if (w == NULL || w->draining || (i > 0 && copy[i].worker == copy[i - 1].worker)) {
             free(copy);
+            free(dflt);
             return SQ_INVAL;
         }
-        int t = copy[i].target_batch > 0 ? copy[i].target_batch : default_target(d, s);
+        dflt[i] = copy[i].target_batch <= 0;
+        int t = copy[i].target_batch > 0 ? copy[i].target_batch
+                                         : default_target(d, s, net_of(d, s, copy[i].worker));
         copy[i].target_batch = t > s->cap ? s->cap : t;
     }
     for (int i = 0; i < s->nroutes; i++)
         worker_forget_session(&d->workers[s->routes[i].worker], session);
-    free(s->routes);
-    s->routes = copy;
-    s->nroutes = nroutes;
     for (int i = 0; i < nroutes; i++) {
         worker_t *w = &d->workers[copy[i].worker];
         if (w->nsess == w->cap_sess) {
             w->cap_sess = w->cap_sess ? w->cap_sess * 2 : 4;
             w->sess = sq_xrealloc(w->sess, sizeof(*w->sess) * (size_t)w->cap_sess);
         }
-        w->sess[w->nsess++] = (wsess_t){.session = session, .target_batch = copy[i].target_batch};
+        w->sess[w->nsess++] =
+            (wsess_t){.session = session, .target_batch = copy[i].target_batch, .dflt = dflt[i]};
     }
+    free(dflt);
+    free(s->routes);
+    s->routes = copy;
+    s->nroutes = nroutes;
+    session_net_refresh(d, s);
     pump_session(d, session, now_us);
     for (int i = 0; i < nroutes; i++)
         if (!d->workers[copy[i].worker].busy)
@@ -1009,6 +1352,14 @@ int64_t pl_dispatch_batch_cost_us(const pl_dispatch_t *d, int session, int b)
         return -1;
     const session_t *s = &d->sessions[session];
     return b >= 1 && b <= s->cap ? s->cost[b] : -1;
+}
+
+int64_t pl_dispatch_worker_batch_cost_us(const pl_dispatch_t *d, int session, int worker, int b)
+{
+    if (pl_dispatch_batch_cost_us(d, session, b) < 0 || worker < 0 || worker >= d->nworkers)
+        return -1;
+    const session_t *s = &d->sessions[session];
+    return cost_on(s, net_of(d, s, worker), b);
 }
 
 int pl_dispatch_session_max_batch(const pl_dispatch_t *d, int session)

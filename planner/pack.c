@@ -23,6 +23,7 @@ typedef struct {
     double solo_occupancy;
     int batch; /* at the node's duty cycle, filled by eval */
     double latency_us;
+    double transfer_us; /* on the node's link, filled by eval_on_link */
 } item_t;
 
 typedef struct {
@@ -658,6 +659,278 @@ static int keep_previous(ctx_t *c, const pl_plan_t *prev, pool_t *pool)
     return evicted;
 }
 
+/* ---- links (pl.h: devices behind a link) ---------------------------------- */
+
+static pl_link_t link_of(const pl_options_t *o, int id)
+{
+    if (o->links && id >= 0 && id < o->nlinks)
+        return o->links[id];
+    return (pl_link_t){0, 0};
+}
+
+static int link_is_local(pl_link_t l)
+{
+    return !(l.rtt_us > 0) && !(l.bytes_per_us > 0);
+}
+
+static int link_eq(pl_link_t a, pl_link_t b)
+{
+    return a.rtt_us == b.rtt_us && a.bytes_per_us == b.bytes_per_us;
+}
+
+/* net(b) of session s on link l. */
+static double transfer_us(const pl_session_t *s, pl_link_t l, int b)
+{
+    if (link_is_local(l))
+        return 0;
+    return l.rtt_us + (l.bytes_per_us > 0 ? b * s->item_bytes / l.bytes_per_us : 0);
+}
+
+/* Node n's items (copied into it) on a device behind link l: a batch holds
+ * the device for l(b) + net(b). A saturated node runs the batch with the
+ * most throughput such that 2 (l(B) + net(B)) <= L; it serves less than its
+ * rate when that throughput is lower (*partial set, it[0].rate_rps what it
+ * serves). A shared node keeps its rates and shortens its duty cycle until
+ * every d + l(b) + net(b) <= L (the batches shrink with it), then must fit
+ * the cycle. Returns the occupancy, with *duty, or -1 when the node cannot
+ * run there. */
+static double eval_on_link(const ctx_t *c, const node_t *n, pl_link_t l, item_t *it, double *duty,
+                           int *partial)
+{
+    *partial = 0;
+    memcpy(it, n->items, sizeof(*it) * (size_t)n->nitems);
+    if (link_is_local(l)) {
+        for (int i = 0; i < n->nitems; i++)
+            it[i].transfer_us = 0;
+        *duty = n->duty_cycle_us;
+        return n->occupancy;
+    }
+    if (n->saturated) {
+        const pl_session_t *s = &c->sessions[it[0].session];
+        int best = 0;
+        double best_thr = 0, best_l = 0;
+        for (int b = 1; b <= s->profile->max_batch; b++) {
+            double lat = pl_latency_us(s->profile, b, c->opt.k_std);
+            if (lat <= 0)
+                continue;
+            double cost = lat + transfer_us(s, l, b);
+            if (2 * cost > s->slo_us + TIME_EPS_US ||
+                !fits_memory(&c->opt, pl_memory_bytes(s->profile, b)))
+                continue;
+            if (b / cost > best_thr) {
+                best_thr = b / cost;
+                best = b;
+                best_l = lat;
+            }
+        }
+        if (best == 0)
+            return -1;
+        if (best_thr * 1e6 < it[0].rate_rps * (1 - REL_EPS)) {
+            *partial = 1;
+            it[0].rate_rps = best_thr * 1e6;
+        }
+        it[0].batch = best;
+        it[0].latency_us = best_l;
+        it[0].transfer_us = transfer_us(s, l, best);
+        *duty = best_l + it[0].transfer_us;
+        return 1;
+    }
+    double d = n->duty_cycle_us;
+    for (int iter = 0; iter < 64 && d > 0; iter++) {
+        double need = d, sum = 0;
+        int ok = 1;
+        for (int i = 0; i < n->nitems; i++) {
+            const pl_session_t *s = &c->sessions[it[i].session];
+            int b = batch_for(d, it[i].rate_rps);
+            double lat = pl_latency_us(s->profile, b, c->opt.k_std);
+            if (lat <= 0)
+                return -1;
+            double x = transfer_us(s, l, b);
+            if (d + lat + x > s->slo_us + TIME_EPS_US) {
+                ok = 0;
+                if (s->slo_us - lat - x < need)
+                    need = s->slo_us - lat - x;
+            }
+            it[i].batch = b;
+            it[i].latency_us = lat;
+            it[i].transfer_us = x;
+            sum += lat + x;
+        }
+        if (ok) {
+            if (sum > d + TIME_EPS_US || !fits_memory(&c->opt, items_memory(c, it, n->nitems)))
+                return -1;
+            *duty = d;
+            return sum / d;
+        }
+        d = need;
+    }
+    return -1;
+}
+
+/* A class of device ids with one link, and the ids still free in it. */
+typedef struct {
+    pl_link_t link;
+    int *ids; /* ascending */
+    int nids, next;
+    int beyond; /* the local ids past the links: only when no listed device carries it */
+} link_class_t;
+
+/* Gives every new node (id -1) of order[0..*keep) an id, and so a link
+ * (pl.h): most constrained first (fewest free ids whose link carries it),
+ * each the link that carries it at the lowest occupancy (a local device
+ * first), its smallest free id there; the local ids past the listed links
+ * (an uncapped plan's extra devices) only when no listed one carries it. Feasibility is nested in
+ * practice (a node a worse link carries, a better one does too), and then serving the nodes by
+ * increasing room places all of them whenever any assignment does, whichever carrying id each
+ * takes. A kept node its link no longer carries is re-assigned too. Nodes take their evaluation on
+ * the chosen link; those no free id carries leave order (their sessions unplaced,
+ * PL_UNPLACED_LINK). ids_limit: ids run 0..ids_limit-1. */
+static void assign_links(ctx_t *c, int *order, int *keep, const char *used, int ids_limit)
+{
+    int nk = *keep;
+    int maxitems = 1;
+    for (int k = 0; k < nk; k++)
+        if (c->nodes[order[k]].nitems > maxitems)
+            maxitems = c->nodes[order[k]].nitems;
+    item_t *tmp = sq_xmalloc(sizeof(*tmp) * (size_t)maxitems);
+    /* Kept nodes first: each stays on its id when its link still carries it. */
+    char *taken = sq_xcalloc((size_t)ids_limit + 1, 1);
+    for (int k = 0; k < nk; k++) {
+        node_t *n = &c->nodes[order[k]];
+        if (n->id < 0)
+            continue;
+        double duty;
+        int partial;
+        double occ = eval_on_link(c, n, link_of(&c->opt, n->id), tmp, &duty, &partial);
+        if (occ < 0 || partial) {
+            n->id = -1; /* moves */
+            continue;
+        }
+        if (n->id < ids_limit)
+            taken[n->id] = 1;
+        memcpy(n->items, tmp, sizeof(*tmp) * (size_t)n->nitems);
+        n->duty_cycle_us = duty;
+        n->occupancy = occ;
+    }
+    /* Classes of the free ids. */
+    link_class_t *cls = sq_xcalloc((size_t)c->opt.nlinks + 2, sizeof(*cls));
+    int ncls = 0;
+    for (int id = 0; id < ids_limit; id++) {
+        if (taken[id] || used[id])
+            continue;
+        pl_link_t l = link_of(&c->opt, id);
+        int k = 0;
+        while (k < ncls && (!link_eq(cls[k].link, l) || cls[k].beyond != (id >= c->opt.nlinks)))
+            k++;
+        if (k == ncls) {
+            cls[ncls].link = l;
+            cls[ncls].ids = sq_xmalloc(sizeof(int) * (size_t)ids_limit);
+            cls[ncls].beyond = id >= c->opt.nlinks;
+            ncls++;
+        }
+        cls[k].ids[cls[k].nids++] = id;
+        if (id >= c->opt.nlinks && id + 1 < ids_limit) {
+            /* Every id from here on is local, in this same class. */
+            for (int j = id + 1; j < ids_limit; j++)
+                if (!taken[j] && !used[j])
+                    cls[k].ids[cls[k].nids++] = j;
+            break;
+        }
+    }
+    /* Which classes carry each new node, and how many ids that is. */
+    int *newn = sq_xmalloc(sizeof(int) * (size_t)(nk ? nk : 1));
+    int *room = sq_xmalloc(sizeof(int) * (size_t)(nk ? nk : 1));
+    char *fits = sq_xcalloc((size_t)(nk ? nk : 1) * (size_t)(ncls ? ncls : 1), 1);
+    double *cost = sq_xcalloc((size_t)(nk ? nk : 1) * (size_t)(ncls ? ncls : 1), sizeof(double));
+    int nnew = 0;
+    for (int k = 0; k < nk; k++) {
+        node_t *n = &c->nodes[order[k]];
+        if (n->id >= 0)
+            continue;
+        room[nnew] = 0;
+        for (int q = 0; q < ncls; q++) {
+            double duty;
+            int partial;
+            double occ = eval_on_link(c, n, cls[q].link, tmp, &duty, &partial);
+            if (occ < 0)
+                continue;
+            fits[nnew * ncls + q] = 1;
+            /* Serving only part of the rate: the last resort, the most
+             * served first. */
+            cost[nnew * ncls + q] = partial ? 2 - tmp[0].rate_rps / n->items[0].rate_rps : occ;
+            if (!partial)
+                room[nnew] += 2 * cls[q].nids;
+            else
+                room[nnew] |= 1;
+        }
+        newn[nnew++] = order[k];
+    }
+    /* Most constrained first: the fewest ids at full rate (room / 2), and
+     * among equals those with no partial way out (room & 1) before those
+     * with one (stable: insertion sort keeps the order's
+     * saturated-then-fullest ranking among equals). */
+    int *rank = sq_xmalloc(sizeof(int) * (size_t)(nnew ? nnew : 1));
+    for (int i = 0; i < nnew; i++) {
+        int j = i;
+        while (j > 0 && room[rank[j - 1]] > room[i]) {
+            rank[j] = rank[j - 1];
+            j--;
+        }
+        rank[j] = i;
+    }
+    for (int r = 0; r < nnew; r++) {
+        int i = rank[r];
+        node_t *n = &c->nodes[newn[i]];
+        /* Full rate before part of it, listed devices before the ones past
+         * the links, then the lowest occupancy, then the smallest id. */
+        int pick = -1, pick_tier = 0;
+        for (int q = 0; q < ncls; q++) {
+            if (!fits[i * ncls + q] || cls[q].next >= cls[q].nids)
+                continue;
+            int tier = 2 * (cost[i * ncls + q] > 1 + REL_EPS) + cls[q].beyond;
+            if (pick < 0 || tier < pick_tier ||
+                (tier == pick_tier &&
+                 (cost[i * ncls + q] < cost[i * ncls + pick] ||
+                  (cost[i * ncls + q] == cost[i * ncls + pick] &&
+                   cls[q].ids[cls[q].next] < cls[pick].ids[cls[pick].next])))) {
+                pick = q;
+                pick_tier = tier;
+            }
+        }
+        if (pick < 0) {
+            for (int it = 0; it < n->nitems; it++)
+                add_unplaced(c, n->items[it].session, n->items[it].rate_rps, PL_UNPLACED_LINK);
+            n->nitems = 0; /* leaves the plan below */
+            continue;
+        }
+        n->id = cls[pick].ids[cls[pick].next++];
+        double duty;
+        int partial;
+        double occ = eval_on_link(c, n, cls[pick].link, tmp, &duty, &partial);
+        if (partial)
+            add_unplaced(c, n->items[0].session, n->items[0].rate_rps - tmp[0].rate_rps,
+                         PL_UNPLACED_LINK);
+        memcpy(n->items, tmp, sizeof(*tmp) * (size_t)n->nitems);
+        n->duty_cycle_us = duty;
+        n->occupancy = occ;
+    }
+    int w = 0;
+    for (int k = 0; k < nk; k++)
+        if (c->nodes[order[k]].nitems > 0)
+            order[w++] = order[k];
+    *keep = w;
+    for (int q = 0; q < ncls; q++)
+        free(cls[q].ids);
+    free(cls);
+    free(newn);
+    free(room);
+    free(fits);
+    free(cost);
+    free(rank);
+    free(taken);
+    free(tmp);
+}
+
 /* ---- assembling the plan -------------------------------------------------- */
 
 typedef struct {
@@ -723,9 +996,15 @@ static void assemble(ctx_t *c, pl_plan_t *out, const pl_plan_t *prev)
         }
     }
 
-    /* New devices take the smallest ids nobody keeps. */
-    char *used = sq_xcalloc((size_t)(c->nnodes + (prev ? prev->ndevices : 0) + 1), 1);
+    /* New devices take the smallest ids nobody keeps; with links, the ids
+     * whose links carry them (assign_links). */
     int idcap = c->nnodes + (prev ? prev->ndevices : 0) + 1;
+    if (c->opt.nlinks > 0)
+        idcap = c->opt.max_devices > 0 ? c->opt.max_devices : idcap + c->opt.nlinks;
+    char *used = sq_xcalloc((size_t)idcap + 1, 1);
+    if (c->opt.nlinks > 0) {
+        assign_links(c, order, &keep, used, idcap);
+    }
     for (int k = 0; k < keep; k++) {
         int id = c->nodes[order[k]].id;
         if (id >= 0 && id < idcap)
@@ -747,6 +1026,9 @@ static void assemble(ctx_t *c, pl_plan_t *out, const pl_plan_t *prev)
         d->duty_cycle_us = n->duty_cycle_us;
         d->occupancy = n->occupancy;
         d->memory_bytes = n->memory_bytes;
+        pl_link_t link = link_of(&c->opt, n->id);
+        d->rtt_us = link.rtt_us;
+        d->bytes_per_us = link.bytes_per_us;
         d->nallocs = n->nitems;
         d->allocs = sq_xmalloc(sizeof(*d->allocs) * (size_t)n->nitems);
         for (int i = 0; i < n->nitems; i++) {
@@ -756,6 +1038,7 @@ static void assemble(ctx_t *c, pl_plan_t *out, const pl_plan_t *prev)
                                         .model = c->sessions[it->session].model,
                                         .batch = it->batch,
                                         .latency_us = it->latency_us,
+                                        .transfer_us = it->transfer_us,
                                         .rate_rps = it->rate_rps};
         }
     }
@@ -815,7 +1098,16 @@ int pl_plan(pl_plan_t *out, const pl_session_t *sessions, int nsessions, const p
         return SQ_INVAL;
     for (int i = 0; i < nsessions; i++) {
         const pl_session_t *s = &sessions[i];
-        if (!s->profile || !(s->slo_us > 0) || !(s->rate_rps >= 0) || !isfinite(s->rate_rps))
+        if (!s->profile || !(s->slo_us > 0) || !(s->rate_rps >= 0) || !isfinite(s->rate_rps) ||
+            !(s->item_bytes >= 0) || !isfinite(s->item_bytes))
+            return SQ_INVAL;
+    }
+    if (opt->nlinks < 0 || (opt->nlinks > 0 && !opt->links))
+        return SQ_INVAL;
+    for (int k = 0; k < opt->nlinks; k++) {
+        pl_link_t l = opt->links[k];
+        if (!(l.rtt_us >= 0) || !isfinite(l.rtt_us) || !(l.bytes_per_us >= 0) ||
+            !isfinite(l.bytes_per_us))
             return SQ_INVAL;
     }
     if (nsessions > 1) {

@@ -16,6 +16,26 @@
  *   - the models' memory (weights once per model, activations at the largest
  *     batch of that model there, pl_memory_bytes) fits the device.
  * A saturated device holds a single session running back to back (d = l(b)).
+ *
+ * Devices behind a link (pl_options_t.links, Symphony's d_data): a batch of
+ * b of session s on a device behind link k costs
+ *   net_k(b) = rtt_k + b * item_bytes(s) / bytes_per_us_k
+ * on top of l(b), in the SLO check (d + l(b) + net(b) <= L) and in the duty
+ * cycle (sum (l(b) + net(b)) <= d): the transfer is not taken as overlapped
+ * with compute. A link could carry batch k+1 while batch k runs (throughput
+ * bounded by max(l(b), transfer(b)), latency adding both), but the dispatcher
+ * core keeps one batch in flight per worker and holds the worker busy until
+ * the batch's answer is back (pl_dispatch.h: finish_us counts the transfer),
+ * so the device's time per batch is l(b) + net(b) and a plan that assumed the
+ * overlap would promise throughput the dispatcher does not deliver. Packing
+ * itself runs as for local devices; the devices then get ids (so links) most
+ * constrained first (fewest ids whose link carries them), each the id whose
+ * link carries it at the lowest occupancy (local first), all of its
+ * sessions still meeting their SLOs at the rates it serves, its duty cycle
+ * shortened (batches shrink) where the transfer needs it. A device that no
+ * id left can host is not in the plan: its sessions are unplaced
+ * (PL_UNPLACED_LINK). A kept device (incremental plan) that its own link no
+ * longer carries is re-assigned like a new one.
  */
 #ifndef PL_H
 #define PL_H
@@ -29,13 +49,25 @@ typedef struct pl_session {
     const char *name;            /* borrowed label, copied into nothing; for output */
     const pl_profile_t *profile; /* borrowed */
     double slo_us;
-    double rate_rps; /* 0: no traffic yet, still placed at the minimal batch */
+    double rate_rps;   /* 0: no traffic yet, still placed at the minimal batch */
+    double item_bytes; /* input + output bytes of one request: its share of a link */
 } pl_session_t;
+
+/* A device's link: rtt_us 0 and bytes_per_us 0 = local (the default);
+ * bytes_per_us 0 with a round trip: only the round trip counts. */
+typedef struct {
+    double rtt_us;
+    double bytes_per_us;
+} pl_link_t;
 
 typedef struct {
     double k_std;               /* latency margin: mean + k_std * std */
     double device_memory_bytes; /* per device; 0 = unlimited */
     int max_devices;            /* devices available; 0 = as many as needed */
+    /* Device id k < nlinks sits behind links[k] (borrowed); ids from nlinks
+     * on are local. NULL / 0: every device is local. */
+    const pl_link_t *links;
+    int nlinks;
 } pl_options_t;
 
 typedef struct {
@@ -43,16 +75,18 @@ typedef struct {
     int session_id;
     int model;
     int batch;
-    double latency_us; /* l(batch) with the k_std margin */
-    double rate_rps;   /* the share of the session's rate served here */
+    double latency_us;  /* l(batch) with the k_std margin */
+    double transfer_us; /* net(batch) on the device's link; 0 when local */
+    double rate_rps;    /* the share of the session's rate served here */
 } pl_alloc_t;
 
 typedef struct {
     int id;        /* stable across epochs: kept devices keep their id */
     int saturated; /* one session running back to back */
     double duty_cycle_us;
-    double occupancy; /* sum of batch latencies / duty cycle */
+    double occupancy; /* sum of batch latencies (transfers included) / duty cycle */
     double memory_bytes;
+    double rtt_us, bytes_per_us; /* its link (pl_options_t.links); 0, 0: local */
     int nallocs;
     pl_alloc_t *allocs; /* owned */
 } pl_device_t;
@@ -61,6 +95,7 @@ typedef enum {
     PL_UNPLACED_SLO = 1, /* no batch size meets the SLO even alone on a device */
     PL_UNPLACED_MEMORY,  /* the model does not fit a device's memory */
     PL_UNPLACED_DEVICES, /* feasible, but max_devices were all used */
+    PL_UNPLACED_LINK,    /* feasible locally, but no device left whose link meets the SLO */
 } pl_unplaced_reason_t;
 
 typedef struct {
@@ -88,7 +123,8 @@ typedef struct pl_plan {
  * are packed (into kept devices when they fit, else new ones), and empty
  * devices are released. Without prev: the full squishy bin packing.
  * Returns 0 (out filled; free with pl_plan_dispose) or SQ_INVAL (bad input:
- * duplicate ids, missing profile, negative rate or non-positive SLO). */
+ * duplicate ids, missing profile, negative rate or item bytes, non-positive
+ * SLO, a link with a negative or non-finite field). */
 int pl_plan(pl_plan_t *out, const pl_session_t *sessions, int nsessions, const pl_plan_t *prev,
             const pl_options_t *opt);
 void pl_plan_dispose(pl_plan_t *plan);

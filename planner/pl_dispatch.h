@@ -30,7 +30,15 @@
  * longer finish by its deadline even alone on the earliest-free worker, and
  * neither ever sends a batch that cannot finish by its earliest deadline
  * under the profile. Latencies are the profile's mean + k_std * std (rounded
- * up to whole µs) plus a fixed network/IPC delay per batch.
+ * up to whole µs) plus a fixed network/IPC delay per batch, plus, on a
+ * worker behind a link (pl_dispatch_worker_net), the batch's transfer
+ * (Symphony's d_data): net_w(b) = rtt_w + b * item_bytes / bandwidth_w,
+ * rounded up to whole µs. Every decision for a worker uses its own cost
+ * l(b) + net_w(b): the batch size that fits a deadline there, when a batch
+ * must leave, which requests can no longer make it, finish_us. A batch goes
+ * to the free worker with the cheapest link that can run it in time (a local
+ * idle device before a remote one), and a worker leaves a batch that a free
+ * worker with a cheaper link can also run in time to that one.
  *
  * Pure: no clock reads, no threads, no I/O, no globals. Every call takes the
  * current time `now_us` (any monotonic µs origin; it must never go
@@ -108,6 +116,11 @@ typedef struct {
     int64_t slo_us;
     /* Cap on the batch size below the profile's own max; 0 = profile max. */
     int max_batch;
+    /* Bytes one request moves over a worker's link: its input plus its
+     * output. A batch of b on a worker behind a link (pl_dispatch_worker_net)
+     * costs rtt + b * item_bytes / bandwidth on top of its latency. 0: only
+     * the round trip counts. */
+    int64_t item_bytes;
 } pl_session_cfg_t;
 
 /* One worker holding a session's model. target_batch is the batch size the
@@ -157,7 +170,8 @@ typedef struct {
     uint64_t batch_id;   /* SEND: echo it in pl_dispatch_batch_done */
     const uint64_t *ids; /* SEND: count request ids, earliest deadline first */
     int64_t deadline_us; /* SEND: earliest deadline in the batch; DROP: the request's */
-    int64_t finish_us;   /* SEND: expected finish, at_us + l(count) + net delay */
+    int64_t finish_us;   /* SEND: expected finish, at_us + l(count) + net delay + the
+                            worker's transfer net_w(count) */
     uint64_t request_id; /* DROP */
     int reason;          /* DROP: SQ_DEADLINE (cannot finish in time even alone),
                             SQ_OVERLOAD (early drop: would keep a fuller batch from
@@ -195,6 +209,15 @@ int pl_dispatch_session_remove(pl_dispatch_t *d, int64_t now_us, int session);
  * batch in flight is present again at once and takes the next batch when
  * that one is done. SQ_INVAL on a negative id. */
 int pl_dispatch_worker_add(pl_dispatch_t *d, int64_t now_us, int worker, int64_t duty_cycle_us);
+/* The worker's link (Symphony's d_data): a batch of b of session s costs
+ * rtt_us + b * item_bytes(s) / bytes_per_us on top of its latency there.
+ * rtt_us 0 and bytes_per_us 0 (or less): a local worker, the default;
+ * bytes_per_us <= 0 with rtt_us > 0: only the round trip counts. May be
+ * called at any time (the link's estimate changes); a batch in flight keeps
+ * its expected finish. The link stays with the worker id across
+ * remove/lost/add. SQ_INVAL on a worker id never added or a negative rtt. */
+int pl_dispatch_worker_net(pl_dispatch_t *d, int64_t now_us, int worker, int64_t rtt_us,
+                           double bytes_per_us);
 /* Graceful removal: the worker leaves every route and gets no new batch; a
  * batch in flight still completes through pl_dispatch_batch_done. */
 int pl_dispatch_worker_remove(pl_dispatch_t *d, int64_t now_us, int worker);
@@ -236,6 +259,9 @@ int64_t pl_dispatch_next_wake(const pl_dispatch_t *d);
 /* Latency the core assumes for a batch of b of session (margin and network
  * delay included), or -1. */
 int64_t pl_dispatch_batch_cost_us(const pl_dispatch_t *d, int session, int b);
+/* The same on worker (its link's transfer added), or -1 (also for a worker
+ * never added). */
+int64_t pl_dispatch_worker_batch_cost_us(const pl_dispatch_t *d, int session, int worker, int b);
 /* Largest batch the core forms for session (profile, cap and SLO), or -1. */
 int pl_dispatch_session_max_batch(const pl_dispatch_t *d, int session);
 /* Requests queued for session now, or -1. */

@@ -262,8 +262,15 @@ static int parse_models(parser_t *p, json_t *root)
                 rc = fail(p, "duplicate model name \"%s\"", name);
                 pop(p, k);
             } else if ((rc = parse_model_like(p, m, &model->profile)) == 0) {
-                model->name = sq_xstrdup(name);
-                w->nmodels++;
+                double in = 0, out = 0;
+                if ((rc = get_number(p, m, "input_bytes", 0, 0, 0, 0, 1e15, &in)) == 0 &&
+                    (rc = get_number(p, m, "output_bytes", 0, 0, 0, 0, 1e15, &out)) == 0) {
+                    model->item_bytes = in + out;
+                    model->name = sq_xstrdup(name);
+                    w->nmodels++;
+                } else {
+                    pl_profile_dispose(&model->profile);
+                }
             } else {
                 pl_profile_dispose(&model->profile);
             }
@@ -583,6 +590,50 @@ static int parse_pipelines(parser_t *p, json_t *root)
     return 0;
 }
 
+/* "devices"."hosts": device links in host order. *count: "count", or the
+ * hosts' devices added up when count is absent (0); they must agree. */
+static int parse_hosts(parser_t *p, json_t *dev, long long *count)
+{
+    wl_workload_t *w = p->w;
+    json_t *arr;
+    int rc = get_array(p, dev, "hosts", 0, &arr);
+    if (rc < 0 || !arr)
+        return rc;
+    long long total = 0;
+    size_t mark = push_key(p, "hosts");
+    for (size_t i = 0; i < json_array_size(arr) && rc == 0; i++) {
+        json_t *h = json_array_get(arr, i);
+        size_t m = push_index(p, (int)i);
+        long long n = 0;
+        double rtt = 0, mbps = 0;
+        if (!json_is_object(h))
+            rc = fail(p, "must be an object");
+        else if ((rc = get_int(p, h, "count", 1, 0, 1, 1000000, &n)) == 0 &&
+                 (rc = get_number(p, h, "rtt_ms", 0, 0, 0, 0, 1e6, &rtt)) == 0 &&
+                 (rc = get_number(p, h, "bandwidth_mbps", 0, 0, 0, 1, 1e12, &mbps)) == 0) {
+            if (total + n > 1000000) {
+                rc = fail(p, "too many devices");
+            } else {
+                w->device_links =
+                    sq_xrealloc(w->device_links, sizeof(*w->device_links) * (size_t)(total + n));
+                /* Mbit/s: 10^6 bits per s = 1/8 byte per µs. */
+                for (long long k = 0; k < n; k++)
+                    w->device_links[total + k] =
+                        (pl_link_t){.rtt_us = rtt * US_PER_MS, .bytes_per_us = mbps / 8};
+                total += n;
+                w->ndevice_links = (int)total;
+            }
+        }
+        pop(p, m);
+    }
+    if (rc == 0 && *count > 0 && *count != total)
+        rc = fail(p, "the hosts' counts add up to %lld, not devices.count %lld", total, *count);
+    pop(p, mark);
+    if (rc == 0)
+        *count = total;
+    return rc;
+}
+
 static int load(wl_workload_t *w, json_t *root)
 {
     parser_t p = {.w = w};
@@ -595,8 +646,10 @@ static int load(wl_workload_t *w, json_t *root)
         size_t k = push_key(&p, "devices");
         if (!json_is_object(dev))
             rc = fail(&p, "must be an object");
-        else if ((rc = get_int(&p, dev, "count", 0, 0, 0, 1000000, &count)) == 0)
-            rc = get_number(&p, dev, "memory_mb", 0, 0, 0, 0, INFINITY, &w->device_memory_mb);
+        else if ((rc = get_int(&p, dev, "count", 0, 0, 0, 1000000, &count)) == 0 &&
+                 (rc = get_number(&p, dev, "memory_mb", 0, 0, 0, 0, INFINITY,
+                                  &w->device_memory_mb)) == 0)
+            rc = parse_hosts(&p, dev, &count);
         pop(&p, k);
         if (rc < 0)
             return rc;
@@ -675,6 +728,7 @@ void wl_workload_dispose(wl_workload_t *w)
         pl_profile_dispose(&w->models[i].profile);
     }
     free(w->models);
+    free(w->device_links);
     for (int i = 0; i < w->nprefix_groups; i++) {
         free(w->prefix_groups[i].name);
         free(w->prefix_groups[i].models);
@@ -726,7 +780,9 @@ int wl_plan_input_build(wl_plan_input_t *in, wl_workload_t *w)
 {
     memset(in, 0, sizeof(*in));
     in->options = (pl_options_t){.k_std = w->k_std,
-                                 .device_memory_bytes = w->device_memory_mb * WL_BYTES_PER_MB};
+                                 .device_memory_bytes = w->device_memory_mb * WL_BYTES_PER_MB,
+                                 .links = w->device_links,
+                                 .nlinks = w->ndevice_links};
     int cap = 0;
     for (int i = 0; i < w->nsessions; i++) {
         const wl_session_t *s = &w->sessions[i];
@@ -738,7 +794,8 @@ int wl_plan_input_build(wl_plan_input_t *in, wl_workload_t *w)
                                   .name = m->name,
                                   .profile = &m->profile,
                                   .slo_us = s->slo_ms * US_PER_MS,
-                                  .rate_rps = s->rate_rps},
+                                  .rate_rps = s->rate_rps,
+                                  .item_bytes = m->item_bytes},
                    (wl_source_t){.kind = WL_SOURCE_SESSION, .name = m->name, .index = i});
     }
 
@@ -755,7 +812,7 @@ int wl_plan_input_build(wl_plan_input_t *in, wl_workload_t *w)
         src.members = sq_xcalloc((size_t)w->nsessions, sizeof(int));
         const pl_profile_t **suffixes = sq_xcalloc((size_t)w->nsessions, sizeof(*suffixes));
         double *rates = sq_xcalloc((size_t)w->nsessions, sizeof(double));
-        double total = 0;
+        double total = 0, item_bytes = 0;
         for (int j = i; j < w->nsessions; j++) {
             const wl_session_t *o = &w->sessions[j];
             if (taken[j] || w->models[o->model].prefix_group != g || o->slo_ms != s->slo_ms)
@@ -765,6 +822,9 @@ int wl_plan_input_build(wl_plan_input_t *in, wl_workload_t *w)
             rates[src.nmembers] = o->rate_rps;
             src.members[src.nmembers++] = j;
             total += o->rate_rps;
+            /* A batch mixes the members: count the largest item. */
+            if (w->models[o->model].item_bytes > item_bytes)
+                item_bytes = w->models[o->model].item_bytes;
         }
         pl_profile_t *prof = &in->profiles[in->nprofiles];
         rc = pl_prefix_profile(prof, &w->prefix_groups[g].prefix, suffixes, rates, src.nmembers);
@@ -782,7 +842,8 @@ int wl_plan_input_build(wl_plan_input_t *in, wl_workload_t *w)
                                   .name = w->prefix_groups[g].name,
                                   .profile = prof,
                                   .slo_us = s->slo_ms * US_PER_MS,
-                                  .rate_rps = total},
+                                  .rate_rps = total,
+                                  .item_bytes = item_bytes},
                    src);
     }
     free(taken);
@@ -811,7 +872,8 @@ int wl_plan_input_build(wl_plan_input_t *in, wl_workload_t *w)
                                .name = m->name,
                                .profile = &m->profile,
                                .slo_us = in->splits[i].budget_us[k],
-                               .rate_rps = in->splits[i].rate_rps[k]},
+                               .rate_rps = in->splits[i].rate_rps[k],
+                               .item_bytes = m->item_bytes},
                 (wl_source_t){.kind = WL_SOURCE_STAGE, .name = m->name, .index = i, .stage = k});
         }
     }
@@ -849,6 +911,8 @@ static const char *unplaced_reason_name(pl_unplaced_reason_t r)
         return "memory";
     case PL_UNPLACED_DEVICES:
         return "devices";
+    case PL_UNPLACED_LINK:
+        return "link";
     }
     return "unknown";
 }
@@ -894,6 +958,11 @@ char *wl_plan_to_json(const wl_workload_t *w, const wl_plan_input_t *in, const p
         json_object_set_new(dj, "occupancy", json_real(d->occupancy));
         json_object_set_new(dj, "memory_mb", json_real(d->memory_bytes / WL_BYTES_PER_MB));
         json_object_set_new(dj, "saturated", json_boolean(d->saturated));
+        int remote = d->rtt_us > 0 || d->bytes_per_us > 0;
+        if (remote) {
+            json_object_set_new(dj, "rtt_ms", json_real(d->rtt_us / US_PER_MS));
+            json_object_set_new(dj, "bandwidth_mbps", json_real(d->bytes_per_us * 8));
+        }
         json_t *ss = json_array();
         for (int a = 0; a < d->nallocs; a++) {
             const pl_alloc_t *al = &d->allocs[a];
@@ -901,6 +970,8 @@ char *wl_plan_to_json(const wl_workload_t *w, const wl_plan_input_t *in, const p
             json_object_set_new(sj, "rate_rps", json_real(al->rate_rps));
             json_object_set_new(sj, "batch", json_integer(al->batch));
             json_object_set_new(sj, "latency_ms", json_real(al->latency_us / US_PER_MS));
+            if (remote)
+                json_object_set_new(sj, "transfer_ms", json_real(al->transfer_us / US_PER_MS));
             json_array_append_new(ss, sj);
         }
         json_object_set_new(dj, "sessions", ss);

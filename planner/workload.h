@@ -55,6 +55,9 @@ typedef struct {
     char *name;           /* owned */
     pl_profile_t profile; /* µs and bytes; memory from "memory_mb" and "memory_per_item_mb" */
     int prefix_group;     /* index into wl_workload_t.prefix_groups, or -1 */
+    /* "input_bytes" + "output_bytes" of one request (default 0): what it
+     * moves over a device's link. */
+    double item_bytes;
 } wl_model_t;
 
 /* Models that share all but their last layers: each member model's profile
@@ -94,6 +97,12 @@ typedef struct {
 typedef struct {
     int device_count;        /* devices available; 0 = as many as the plan needs */
     double device_memory_mb; /* per device; 0 = unlimited */
+    /* "devices": {"hosts": [{"count", "rtt_ms", "bandwidth_mbps"}, ...]}:
+     * device ids in host order, each behind its host's link (µs and
+     * bytes/µs; absent fields 0: local). ndevice_links = the hosts' counts
+     * added up (= device_count); 0 without hosts. Owned. */
+    int ndevice_links;
+    pl_link_t *device_links;
     int nmodels;
     wl_model_t *models;
     int nprefix_groups;
@@ -157,7 +166,8 @@ typedef struct {
     int nsplits;               /* = w->npipelines */
     pl_query_result_t *splits; /* owned; nstages 0 where split_rc < 0 */
     int *split_rc;             /* owned; 0 or the pl_query_split error */
-    pl_options_t options;      /* k_std and device memory from the workload; no device cap */
+    pl_options_t options;      /* k_std, device memory and links (borrowed from the
+                                  workload) from the workload; no device cap */
 } wl_plan_input_t;
 
 /* Builds the planner input; returns 0 or SQ_INVAL (a prefix group whose

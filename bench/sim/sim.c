@@ -110,6 +110,7 @@ typedef struct {
     uint64_t *ids;
     int nids, cap_ids;
     int used;
+    pl_link_t link; /* the workload's devices.hosts; 0, 0: local */
 } device_t;
 
 typedef struct {
@@ -173,7 +174,8 @@ typedef struct {
     device_t *dev;
     cheap_t done;
     int64_t timer_us;
-    int64_t **exec_us; /* per session: the emulated device's l(b), b = 1..max */
+    int64_t **exec_us;  /* per session: the emulated device's l(b), b = 1..max */
+    double *item_bytes; /* per session: its model's input + output bytes */
     size_t cap_batches;
     int failed;
 } run_t;
@@ -198,7 +200,17 @@ static void absorb(run_t *r)
                 r->cap_batches = r->cap_batches ? r->cap_batches * 2 : 4096;
                 res->batches = sq_xrealloc(res->batches, sizeof(sim_batch_t) * r->cap_batches);
             }
+            /* Behind a link the batch goes over and its answer comes back:
+             * rtt + b * item_bytes / bandwidth (rounded up to whole µs, as
+             * the dispatcher assumes), then l(b). */
             int64_t exec = r->exec_us[a[i].session][a[i].count];
+            const pl_link_t *l = &dv->link;
+            if (l->rtt_us > 0 || l->bytes_per_us > 0)
+                exec +=
+                    llround(l->rtt_us) +
+                    (l->bytes_per_us > 0
+                         ? (int64_t)ceil(a[i].count * r->item_bytes[a[i].session] / l->bytes_per_us)
+                         : 0);
             sim_batch_t *b = &res->batches[res->nbatches];
             *b = (sim_batch_t){.device = a[i].worker,
                                .session = a[i].session,
@@ -243,11 +255,12 @@ static int count_models(const wl_workload_t *w)
     return n;
 }
 
-/* Plan device k runs on simulated device k, if there is one (ctx: the count). */
+/* Plan device id k runs on simulated device k, if there is one (ctx: the
+ * count): ids, not indices, since a device's id is its link. */
 static int sim_device_worker(void *ctx, int index, const pl_device_t *dev)
 {
-    (void)dev;
-    return index < *(const int *)ctx ? index : -1;
+    (void)index;
+    return dev->id < *(const int *)ctx ? dev->id : -1;
 }
 
 /* Routes every session: on all devices, or as the placement plan says. */
@@ -281,11 +294,14 @@ static int setup_routes(run_t *r, int *ndevices)
                                .name = w->models[ws->model].name,
                                .profile = &w->models[ws->model].profile,
                                .slo_us = ws->slo_ms * 1000,
-                               .rate_rps = ws->rate_rps * r->o->rate_scale * r->o->plan_headroom};
+                               .rate_rps = ws->rate_rps * r->o->rate_scale * r->o->plan_headroom,
+                               .item_bytes = w->models[ws->model].item_bytes};
     }
     pl_options_t po = {.k_std = w->k_std,
                        .device_memory_bytes = w->device_memory_mb * WL_BYTES_PER_MB,
-                       .max_devices = w->device_count};
+                       .max_devices = w->device_count,
+                       .links = w->device_links,
+                       .nlinks = w->ndevice_links};
     pl_plan_t plan;
     int rc = pl_plan(&plan, ps, w->nsessions, NULL, &po);
     free(ps);
@@ -300,9 +316,13 @@ static int setup_routes(run_t *r, int *ndevices)
     r->res->planned_devices = plan.ndevices;
     r->dev = sq_xcalloc((size_t)n, sizeof(*r->dev));
     for (int k = 0; k < n; k++) {
-        int64_t duty = k < plan.ndevices ? llround(plan.devices[k].duty_cycle_us) : 0;
+        const pl_device_t *pd = NULL;
+        for (int i = 0; i < plan.ndevices; i++)
+            if (plan.devices[i].id == k)
+                pd = &plan.devices[i];
+        int64_t duty = pd ? llround(pd->duty_cycle_us) : 0;
         /* A saturated device runs back to back: pacing adds nothing. */
-        if (k < plan.ndevices && plan.devices[k].saturated)
+        if (pd && pd->saturated)
             duty = 0;
         pl_dispatch_worker_add(r->d, 0, k, r->o->policy == PL_POLICY_EARLY_DROP ? duty : 0);
     }
@@ -370,9 +390,13 @@ int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
         .policy = o->policy, .k_std = w->k_std, .net_delay_us = o->net_delay_us};
     r.d = pl_dispatch_new(&dopts);
     r.exec_us = sq_xcalloc((size_t)w->nsessions + 1, sizeof(int64_t *));
+    r.item_bytes = sq_xcalloc((size_t)w->nsessions + 1, sizeof(double));
     for (int s = 0; s < w->nsessions; s++) {
         const pl_profile_t *p = &w->models[w->sessions[s].model].profile;
-        pl_session_cfg_t cfg = {.profile = p, .slo_us = llround(w->sessions[s].slo_ms * 1000)};
+        r.item_bytes[s] = w->models[w->sessions[s].model].item_bytes;
+        pl_session_cfg_t cfg = {.profile = p,
+                                .slo_us = llround(w->sessions[s].slo_ms * 1000),
+                                .item_bytes = llround(r.item_bytes[s])};
         if (pl_dispatch_session_add(r.d, &cfg) != s) {
             rc = SQ_INVAL;
             goto out;
@@ -383,6 +407,14 @@ int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
     }
     if ((rc = setup_routes(&r, &res->ndevices)) < 0)
         goto out;
+    /* Devices behind a link: the dispatcher counts it, the devices pay it. */
+    for (int k = 0; k < res->ndevices && k < w->ndevice_links; k++) {
+        pl_link_t l = w->device_links[k];
+        if (!(l.rtt_us > 0) && !(l.bytes_per_us > 0))
+            continue;
+        r.dev[k].link = l;
+        pl_dispatch_worker_net(r.d, 0, k, llround(l.rtt_us), l.bytes_per_us);
+    }
     r.done.v = sq_xmalloc(sizeof(completion_t) * (size_t)res->ndevices);
     absorb(&r);
 
@@ -433,6 +465,7 @@ out:
     for (int s = 0; s < w->nsessions; s++)
         free(r.exec_us[s]);
     free(r.exec_us);
+    free(r.item_bytes);
     if (r.dev)
         for (int k = 0; k < res->ndevices; k++)
             free(r.dev[k].ids);

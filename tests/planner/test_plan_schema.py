@@ -54,10 +54,12 @@ def plan_checks(name):
     if count:
         assert len(plan["devices"]) <= count
     for d in plan["devices"]:
-        busy = sum(s["latency_ms"] for s in d["sessions"])
+        # Behind a link a batch holds the device for latency + transfer.
+        busy = sum(s["latency_ms"] + s.get("transfer_ms", 0) for s in d["sessions"])
         assert busy <= d["duty_cycle_ms"] + 1e-6, d
         for s in d["sessions"]:
-            assert d["duty_cycle_ms"] + s["latency_ms"] <= s["slo_ms"] + 1e-6, s
+            total = d["duty_cycle_ms"] + s["latency_ms"] + s.get("transfer_ms", 0)
+            assert total <= s["slo_ms"] + 1e-6, s
         mem = workload.get("devices", {}).get("memory_mb", 0)
         if mem:
             assert d["memory_mb"] <= mem + 1e-6, d
@@ -82,6 +84,36 @@ def mixed():
     groups = [s for d in plan["devices"] for s in d["sessions"] if s.get("prefix_group") == "ft"]
     assert groups and len(groups[0]["members"]) == 2, groups
     assert plan["advice"]["devices_delta"] == plan["advice"]["devices_needed"] - 20
+
+
+def hosts():
+    # One local device and three behind an 8 ms round trip at 10 Gbit/s:
+    # the 20 ms session cannot pay 8 ms + its transfer on top of a 6 ms
+    # batch and a cycle, so it gets the local device; the 400 ms one goes
+    # behind the link, which the plan shows.
+    _, plan = plan_checks("hosts.json")
+    by_model = {s["model"]: d for d in plan["devices"] for s in d["sessions"]}
+    tight, loose = by_model["tight"], by_model["loose"]
+    assert tight["id"] == 0 and "rtt_ms" not in tight, tight
+    assert loose["id"] in (1, 2, 3), loose
+    assert loose["rtt_ms"] == 8 and loose["bandwidth_mbps"] == 10000, loose
+    s = loose["sessions"][0]
+    # 8 ms + batch * (150528 + 4000) bytes at 1250 bytes/us
+    assert abs(s["transfer_ms"] - (8 + s["batch"] * 154528 / 1250 / 1000)) < 1e-6, s
+    assert plan["unplaced"] == [], plan["unplaced"]
+
+
+def bad_hosts():
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump({"devices": {"count": 3, "hosts": [{"count": 1}, {"count": 1, "rtt_ms": 1}]},
+                   "models": [{"name": "A", "profile": {"alpha_ms": 1, "beta_ms": 1}}],
+                   "sessions": [{"model": "A", "slo_ms": 50, "rate_rps": 1}]}, f)
+    try:
+        p = subprocess.run([squish_plan, f.name], capture_output=True, text=True, timeout=60)
+    finally:
+        os.unlink(f.name)
+    assert p.returncode == 1, p.returncode
+    assert "devices.hosts" in p.stderr, p.stderr
 
 
 def bad_workload():
@@ -110,6 +142,8 @@ def schema_rejects_bad_plan():
 
 check("nexus low-load plan validates and A+B share a device", nexus_low)
 check("mixed workload: schema, SLOs, memory, unplaced, pipelines, prefix group", mixed)
+check("hosts: the tight session stays local, the link shows in the plan", hosts)
+check("hosts whose counts disagree with devices.count fail", bad_hosts)
 check("bad workload fails naming the JSON path", bad_workload)
 check("plan schema rejects an invalid plan", schema_rejects_bad_plan)
 
