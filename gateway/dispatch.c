@@ -867,10 +867,30 @@ static void ev_exited(void *ctx, int worker, int status)
     worker_exited(ctx, worker, status);
 }
 
+static void ev_link(void *ctx, int worker, const char *addr, int64_t rtt_us, double bytes_per_us)
+{
+    gw_dispatch_t *ds = ctx;
+    ds_worker_t *w = ds_worker_at(ds, worker);
+    if (w == NULL)
+        return;
+    snprintf(w->addr, sizeof(w->addr), "%s", addr);
+    w->rtt_us = rtt_us;
+    w->bytes_per_us = bytes_per_us;
+    /* The core keeps it for the worker id through its removals (while it
+     * measures a model) and additions. */
+    if (w->up)
+        pl_dispatch_worker_net(ds->core, sq_now_us(), worker, rtt_us, bytes_per_us);
+    gw_metrics_worker_link(ds->srv->metrics, worker, w->device, rtt_us, bytes_per_us);
+}
+
 static void ev_abort(void *ctx)
 {
     abort_all(ctx);
 }
 
-const gw_transport_events_t gw_dispatch_events = {
-    .up = ev_up, .frame = ev_frame, .lost = ev_lost, .exited = ev_exited, .abort = ev_abort};
+const gw_transport_events_t gw_dispatch_events = {.up = ev_up,
+                                                  .frame = ev_frame,
+                                                  .lost = ev_lost,
+                                                  .exited = ev_exited,
+                                                  .abort = ev_abort,
+                                                  .link = ev_link};

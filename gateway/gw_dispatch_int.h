@@ -61,6 +61,11 @@ typedef struct {
     int has_suspect;
     int64_t suspect_key;
     char suspect_doing[16]; /* "loading", "measuring", "running" */
+    /* A remote worker's link as its connection measured it (addr[0] == 0:
+     * local): the core adds rtt + bytes / bandwidth to its batches. */
+    char addr[64];
+    int64_t rtt_us;
+    double bytes_per_us;
 } ds_worker_t;
 
 typedef struct ds_model {

@@ -124,6 +124,9 @@ void gw_metrics_drop(gw_metrics_t *ms, const gw_model_t *m, int reason);
 /* Workers: up (1) or down (0); a restart scheduled for a supervised slot. */
 void gw_metrics_worker_up(gw_metrics_t *ms, int worker, const char *device, int up);
 void gw_metrics_worker_restart(gw_metrics_t *ms, int worker, const char *device);
+/* A remote worker's measured link: round trip and bandwidth. */
+void gw_metrics_worker_link(gw_metrics_t *ms, int worker, const char *device, int64_t rtt_us,
+                            double bytes_per_us);
 
 /* One model upload finished: 0 (created) or the SQ_* error that rejected it. */
 void gw_metrics_upload(gw_metrics_t *ms, int err);

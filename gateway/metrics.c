@@ -75,8 +75,8 @@ struct gw_metrics {
     double start_time_s;
     /* squishd's families (NULL in a bare store) */
     gw_metric_family_t *requests, *request_duration, *queue_duration, *preprocess_duration,
-        *execute_duration, *batch_size, *batches, *drops, *worker_busy, *worker_up,
-        *worker_restarts, *session_rate, *session_planned, *plan_epoch, *plan_devices,
+        *execute_duration, *batch_size, *batches, *drops, *worker_busy, *worker_up, *worker_rtt,
+        *worker_bw, *worker_restarts, *session_rate, *session_planned, *plan_epoch, *plan_devices,
         *plan_lower_bound, *advice, *models_moved, *http_requests, *uploads;
     /* per-model statistics: open addressing by key, under stats_lock */
     pthread_mutex_t stats_lock;
@@ -648,6 +648,14 @@ gw_metrics_t *gw_metrics_new(void)
     m->worker_up = gw_metrics_family(m, GW_METRIC_GAUGE, "squish_worker_up",
                                      "1 while a worker is connected and past its handshake.",
                                      worker_device, NULL, 0, 0);
+    m->worker_rtt = gw_metrics_family(
+        m, GW_METRIC_GAUGE, "squish_worker_rtt_seconds",
+        "A remote worker's network round trip (the least of its last heartbeats).", worker_device,
+        NULL, 0, 0);
+    m->worker_bw = gw_metrics_family(
+        m, GW_METRIC_GAUGE, "squish_worker_link_bytes_per_second",
+        "A remote worker's link bandwidth, measured by a probe at its handshake and every 30 s.",
+        worker_device, NULL, 0, 0);
     m->worker_restarts =
         gw_metrics_family(m, GW_METRIC_COUNTER, "squish_worker_restarts_total",
                           "Restarts of supervised workers after they died or stopped answering.",
@@ -897,6 +905,18 @@ void gw_metrics_worker_restart(gw_metrics_t *ms, int worker, const char *device)
     snprintf(w, sizeof(w), "%d", worker);
     const char *v[] = {w, device};
     gw_metrics_add(gw_metrics_series(ms->worker_restarts, v), 1);
+}
+
+void gw_metrics_worker_link(gw_metrics_t *ms, int worker, const char *device, int64_t rtt_us,
+                            double bytes_per_us)
+{
+    if (ms == NULL || ms->worker_rtt == NULL)
+        return;
+    char w[16];
+    snprintf(w, sizeof(w), "%d", worker);
+    const char *v[] = {w, device};
+    gw_metrics_set(gw_metrics_series(ms->worker_rtt, v), (double)rtt_us / 1e6);
+    gw_metrics_set(gw_metrics_series(ms->worker_bw, v), bytes_per_us * 1e6);
 }
 
 void gw_metrics_upload(gw_metrics_t *ms, int err)

@@ -315,6 +315,21 @@ static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placeme
                   devices, "devices_used", used, "lower_bound_devices", lower, "unplaced", unplaced,
                   "pipelines", "advice", "devices_delta", delta, "bad_rate", bad_rate,
                   "idle_fraction", idle, "add", add, "release", release);
+    /* Where each worker is: remote ones with their measured link. */
+    json_t *ws = json_array();
+    for (int i = 0; i < ds->nworkers; i++) {
+        const ds_worker_t *w = ds->workers[i];
+        if (w == NULL || !w->up)
+            continue;
+        json_t *o = json_pack("{s:i, s:s, s:s}", "worker", w->id, "device", w->device, "host",
+                              w->addr[0] ? w->addr : "local");
+        if (w->addr[0] && w->bytes_per_us > 0) {
+            json_object_set_new(o, "rtt_ms", json_real((double)w->rtt_us / 1000.0));
+            json_object_set_new(o, "bandwidth_mbps", json_real(w->bytes_per_us * 8.0));
+        }
+        json_array_append_new(ws, o);
+    }
+    json_object_set_new(snap, "workers", ws);
     if (strcmp(reason, "restored") == 0) {
         json_object_set_new(snap, "restored", json_true());
         json_object_set_new(snap, "restored_from_epoch", json_integer(p->restored_from));

@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <openssl/crypto.h>
 #include <signal.h>
 #include <spawn.h>
@@ -77,6 +78,17 @@ struct peer {
     int64_t last_heard_ns;
     uint64_t written_at_tick; /* conn.bytes_written at the last heartbeat tick */
     int backlogged_at_tick;   /* more was queued then than the socket took */
+    /* A remote worker's link, measured by PINGs (the worker echoes their
+     * payload in its PONG; the PING's id is its send time): the round trip
+     * is the least of the last RTT_SAMPLES small ones (a PONG that waited
+     * behind a batch says nothing about the network), the bandwidth comes
+     * from a PROBE_BYTES PING, at the handshake and every PROBE_EVERY_MS. */
+    int64_t rtt_ns[8];
+    int nrtt;
+    double bytes_per_us;
+    int64_t probed_ns;
+    int64_t told_rtt_us; /* what the dispatcher was last told */
+    double told_bw;
 };
 
 struct gw_workers {
@@ -363,6 +375,56 @@ static int remote_id(gw_workers_t *ws, const char *name)
     return ws->remote_ids[ws->nremote++];
 }
 
+#define RTT_SAMPLES 8
+#define PROBE_BYTES (256u << 10)
+#define PROBE_EVERY_MS 30000
+
+static int64_t min_rtt_ns(const peer_t *p)
+{
+    int64_t m = INT64_MAX;
+    for (int i = 0; i < p->nrtt && i < RTT_SAMPLES; i++)
+        if (p->rtt_ns[i] < m)
+            m = p->rtt_ns[i];
+    return p->nrtt > 0 ? m : 0;
+}
+
+/* A bandwidth probe: PROBE_BYTES there and back. */
+static int send_probe(peer_t *p, int64_t now)
+{
+    static const uint8_t zeros[PROBE_BYTES];
+    p->probed_ns = now;
+    return sq_conn_send(&p->conn, SQ_MSG_PING, (uint64_t)now, zeros, PROBE_BYTES);
+}
+
+/* A PONG from a remote worker: a round trip (or a probe's), and the
+ * dispatcher told when the link changed by a tenth or more. */
+static void on_pong(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
+{
+    int64_t rtt = sq_now_ns() - (int64_t)f->id;
+    if (p->remote == NULL || rtt <= 0)
+        return;
+    if (f->len == 0) {
+        p->rtt_ns[p->nrtt++ % RTT_SAMPLES] = rtt;
+    } else {
+        /* Twice the payload in the probe's time over an empty round trip. */
+        int64_t extra = rtt - min_rtt_ns(p);
+        double bw = extra > 0 ? 2.0 * f->len / ((double)extra / 1000.0) : 0;
+        if (bw > 0)
+            p->bytes_per_us = p->bytes_per_us > 0 ? 0.5 * (p->bytes_per_us + bw) : bw;
+    }
+    int64_t rtt_us = min_rtt_ns(p) / 1000;
+    if (p->nrtt == 0 || p->bytes_per_us <= 0 || ws->ev->link == NULL)
+        return;
+    if (llabs(rtt_us - p->told_rtt_us) * 10 > p->told_rtt_us + 10 ||
+        fabs(p->bytes_per_us - p->told_bw) * 10 > p->told_bw) {
+        p->told_rtt_us = rtt_us;
+        p->told_bw = p->bytes_per_us;
+        SQ_INFO("worker link id=%d addr=%s rtt_us=%lld mbit_s=%.0f", p->id,
+                gw_remote_addr(p->remote), (long long)rtt_us, p->bytes_per_us * 8.0);
+        ws->ev->link(ws->ev_ctx, p->id, gw_remote_addr(p->remote), rtt_us, p->bytes_per_us);
+    }
+}
+
 static int on_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
 {
     if (sq_hello_decode(f, &p->hello) != 0) {
@@ -479,6 +541,7 @@ static int on_frame(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
     }
     switch (f->type) {
     case SQ_MSG_PONG:
+        on_pong(ws, p, f);
         return 0;
     case SQ_MSG_ERROR: {
         sq_ipc_error_t e;
@@ -705,7 +768,10 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
             peer_close(ws, p, "heartbeat_timeout");
             continue;
         }
-        if (sq_conn_send(&p->conn, SQ_MSG_PING, (uint64_t)now, NULL, 0) < 0) {
+        if (sq_conn_send(&p->conn, SQ_MSG_PING, (uint64_t)now, NULL, 0) < 0 ||
+            (p->remote != NULL && p->nrtt >= 2 &&
+             (p->probed_ns == 0 || now - p->probed_ns > (int64_t)PROBE_EVERY_MS * 1000000) &&
+             send_probe(p, now) < 0)) {
             peer_close(ws, p, "write_error");
             continue;
         }

@@ -170,6 +170,20 @@ def a_remote_emu_worker_serves_and_bad_tokens_are_refused():
                       schema_name="infer_v1_response")
         assert r.status == 200 and len(r.json["predictions"]) == 5, r
         assert "worker up id=1000 device=emu:0@hosta" in s.read_log()
+        # Its link, measured (heartbeats for the round trip, a probe for the
+        # bandwidth), in /v1/plan and /metrics; the dispatcher charges it.
+        def link():
+            for w in s.get("/v1/plan", schema_name="plan").json.get("workers", []):
+                if w["device"] == "emu:0@hosta" and "rtt_ms" in w:
+                    return w
+            return None
+        w = eventually(link, 15, "the remote worker's link measured")
+        assert w["host"].startswith("127.0.0.1:") and 0 < w["rtt_ms"] < 100, w
+        assert w["bandwidth_mbps"] > 10, w
+        text = s.get("/metrics").raw.decode()
+        assert re.search(r'^squish_worker_rtt_seconds\{worker="1000",device="emu:0@hosta"\} ',
+                         text, re.M), text[-2000:]
+        assert "squish_worker_link_bytes_per_second{" in text
 
         # No token, a wrong token: refused, both sides say why, the worker
         # exits 1 (it never joined: a wrong token does not fix itself).
