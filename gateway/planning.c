@@ -232,7 +232,10 @@ int gw__plan_routes(gw_dispatch_t *ds, const ds_session_t *s, pl_route_t *routes
 
 static const char *unplaced_reason(pl_unplaced_reason_t r)
 {
-    return r == PL_UNPLACED_SLO ? "slo" : r == PL_UNPLACED_MEMORY ? "memory" : "devices";
+    return r == PL_UNPLACED_SLO      ? "slo"
+           : r == PL_UNPLACED_MEMORY ? "memory"
+           : r == PL_UNPLACED_LINK   ? "link"
+                                     : "devices";
 }
 
 static psess_t *psess_by_id(gw_plan_state_t *p, int id)
