@@ -12,6 +12,8 @@ struct gw_db {
     sq_loop_t *loop;
     pthread_t thread;
     mdb_t *mdb;
+    int64_t checked_us; /* the connection last proved alive (mdb_ping) */
+    int down;           /* the last check failed */
 };
 
 typedef struct {
@@ -20,10 +22,29 @@ typedef struct {
     void *arg;
 } db_job_t;
 
+/* A PostgreSQL connection the server dropped (a restart, a failover, a
+ * network cut) is reconnected before the next job rather than failing every
+ * job from then on: checked before a job when the last check is over a
+ * second old (a SELECT 1; sqlite: nothing). */
+static void check_connection(struct gw_db *d)
+{
+    int64_t now = sq_now_us();
+    if (now - d->checked_us < 1000000)
+        return;
+    d->checked_us = now;
+    int rc = mdb_ping(d->mdb);
+    if (rc == 1)
+        SQ_INFO("model database reconnected");
+    else if (rc < 0 && !d->down)
+        SQ_WARN("model database unreachable: %s", mdb_errmsg(d->mdb));
+    d->down = rc < 0;
+}
+
 static void run_job(sq_loop_t *loop, void *p)
 {
     db_job_t *job = p;
     (void)loop;
+    check_connection(job->d);
     job->fn(job->d->mdb, job->arg);
     free(job);
 }

@@ -224,5 +224,32 @@ def a_leader_whose_lock_was_taken_stops_serving():
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+@test
+def the_model_db_connection_comes_back_after_the_server_drops_it():
+    tmp = tempfile.mkdtemp(prefix="squish-standby-")
+    a = None
+    try:
+        da, _ = pair(tmp)
+        a = start(da)
+        a.wait_ready(workers=1)
+        assert upload(a, "before", 1).status == 201
+        # The server ends squishd's DB sessions (not the leadership one: that
+        # is the test above): the next job reconnects instead of failing.
+        psql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE pid <> "
+             "pg_backend_pid() AND datname = current_database() AND "
+             "application_name NOT LIKE 'squishd %'")
+        time.sleep(1.2)
+        r = upload(a, "after", 1)
+        assert r.status == 201, (r, a.read_log()[-2000:])
+        assert "model database reconnected" in a.read_log()
+        assert a.get("/models/after", headers={"Authorization": "Bearer " + a.token}).status == 200
+        assert a.stop() == 0
+    finally:
+        if a is not None:
+            a.cleanup()
+        if not os.environ.get("SQUISH_IT_KEEP"):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
 if __name__ == "__main__":
     run()
