@@ -18,6 +18,7 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -228,6 +229,9 @@ def two_worker_hosts_serve_and_one_drops_off_and_rejoins():
         h1cpu = read(os.path.join(tmp, "worker-h1-cpu.log"))
         assert len(re.findall(r"model file received", h1cpu)) == 1, h1cpu
         assert "rejoined with model files held=1" in h1cpu, h1cpu
+        for p in workers:  # SIGTERM stops a remote worker cleanly
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(20) == 0, read(p.log_path)
         assert s.stop() == 0
     finally:
         for p in workers:

@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -79,6 +80,15 @@ class Cluster:
                 p.wait()
         if not os.environ.get("SQUISH_IT_KEEP"):
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def stop_worker(p):
+    """SIGTERM stops a remote worker cleanly (exit 0; under the sanitizers,
+    with no leak), connected or waiting to reconnect."""
+    p.send_signal(signal.SIGTERM)
+    rc = p.wait(20)
+    assert rc == 0, (rc, read(p.log_path))
+    assert "stopping on a signal" in read(p.log_path)
 
 
 def read(path):
@@ -195,6 +205,10 @@ def a_remote_emu_worker_serves_and_bad_tokens_are_refused():
                 pass
         assert s.get("/v2/health/ready").json["workers"] == 1
         assert good.poll() is None
+        stop_worker(good)
+        eventually(lambda: re.search(r"worker lost id=1000 device=emu:0@hosta "
+                                     r".*reason=(eof|read_error)", s.read_log()), 10,
+                   "squishd to see it go")
         assert s.stop() == 0
     finally:
         if s is not None:
@@ -253,6 +267,10 @@ def remote_cpu_answers_equal_local_and_a_reconnect_does_not_resend_the_model():
         assert "rejoined with model files held=1" in wlog, wlog
         assert len(re.findall(r"model file received", wlog)) == 1, wlog
         assert s2.stop() == 0
+        # squishd gone: the worker waits to reconnect, and still stops cleanly.
+        eventually(lambda: read(w.log_path).count("connection to squishd lost") >= 2, 10,
+                   "the worker to see squishd go again")
+        stop_worker(w)
     finally:
         for x in (s, s2):
             if x is not None:
@@ -332,6 +350,7 @@ def tls_both_ways_serves_and_refuses_strangers():
                             "--cluster-tls-cert", os.path.join(c.tmp, "wk.pem")],
                            capture_output=True, text=True, timeout=20)
         assert p.returncode == 2 and "all three or none" in p.stderr, p
+        stop_worker(good)
         assert s.stop() == 0
     finally:
         if s is not None:
