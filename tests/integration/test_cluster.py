@@ -103,6 +103,17 @@ class Net:
             sh("netns", "del", n, check=False)  # takes its veth ends along
 
 
+def clean_exit(rc, log):
+    """Exit 0; or, under LeakSanitizer, a cpu worker's report of what oneDNN
+    never frees (as test_remote.only_onednn_leaks)."""
+    if rc == 0:
+        return True
+    if "LeakSanitizer" not in log or "AddressSanitizer: heap" in log or "runtime error" in log:
+        return False
+    frames = re.findall(r"^\s+#1 .*$", log, re.M)
+    return bool(frames) and all("libdnnl" in f for f in frames)
+
+
 def read(path):
     with open(path, "rb") as f:
         return f.read().decode(errors="replace")
@@ -231,7 +242,8 @@ def two_worker_hosts_serve_and_one_drops_off_and_rejoins():
         assert "rejoined with model files held=1" in h1cpu, h1cpu
         for p in workers:  # SIGTERM stops a remote worker cleanly
             p.send_signal(signal.SIGTERM)
-            assert p.wait(20) == 0, read(p.log_path)
+            rc = p.wait(20)
+            assert clean_exit(rc, read(p.log_path)), (rc, read(p.log_path))
         assert s.stop() == 0
     finally:
         for p in workers:

@@ -82,12 +82,27 @@ class Cluster:
             shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+def only_onednn_leaks(log):
+    """Under LeakSanitizer, a cpu worker's exit reports memory oneDNN
+    allocated and never frees (its process-wide state: the same with a
+    worker on the UNIX socket, before remote workers existed). Any other
+    leak, or any other sanitizer report, is ours."""
+    if "LeakSanitizer" not in log or "AddressSanitizer: heap" in log or "runtime error" in log:
+        return False
+    frames = re.findall(r"^\s+#1 .*$", log, re.M)
+    return bool(frames) and all("libdnnl" in f for f in frames)
+
+
+def clean_exit(rc, log):
+    return rc == 0 or only_onednn_leaks(log)
+
+
 def stop_worker(p):
     """SIGTERM stops a remote worker cleanly (exit 0; under the sanitizers,
     with no leak), connected or waiting to reconnect."""
     p.send_signal(signal.SIGTERM)
     rc = p.wait(20)
-    assert rc == 0, (rc, read(p.log_path))
+    assert clean_exit(rc, read(p.log_path)), (rc, read(p.log_path))
     assert "stopping on a signal" in read(p.log_path)
 
 
