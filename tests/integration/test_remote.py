@@ -177,8 +177,12 @@ def a_remote_emu_worker_serves_and_bad_tokens_are_refused():
     try:
         s = c.squishd()
         addr = cluster_addr(s)
-        good = c.worker(addr, "emu:0", "hosta")
+        # Its first address has nobody listening: it tries the next.
+        dead = "127.0.0.1:%d" % free_port()
+        good = c.worker(dead, "emu:0", "hosta", extra=["--connect", "tcp://" + addr])
         s.wait_ready(workers=1)
+        assert "cannot connect addr=%s" % dead in read(good.log_path)
+        assert "joined squishd addr=%s" % addr in read(good.log_path)
         r = s.request("POST", "/models", body=json.dumps(R50),
                       headers=dict(auth(s), **{"Content-Type": "application/json"}))
         assert r.status == 201, r
