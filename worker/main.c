@@ -30,6 +30,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -53,6 +55,7 @@ typedef struct {
     int joined;    /* ever: an authentication refused before is fatal */
     int connected;
     uint32_t heartbeat_ms;
+    int stop_fd; /* signalfd of SIGTERM and SIGINT */
 } worker_t;
 
 static void usage(FILE *f)
@@ -361,6 +364,11 @@ static int reconnect(void *ctx, const sq_buf_t *held, sq_conn_t **conn, uint32_t
     for (;;) {
         int refused = 0;
         for (int i = 0; i < w->naddrs; i++) {
+            struct pollfd stop = {.fd = w->stop_fd, .events = POLLIN};
+            if (w->stop_fd >= 0 && poll(&stop, 1, 0) > 0) {
+                SQ_INFO("stopping on a signal");
+                return 1;
+            }
             int fd = connect_tcp(w->addrs[i]);
             if (fd < 0) {
                 SQ_WARN("cannot connect addr=%s error=\"%s\"", w->addrs[i], strerror(errno));
@@ -397,7 +405,12 @@ static int reconnect(void *ctx, const sq_buf_t *held, sq_conn_t **conn, uint32_t
             SQ_ERROR("authentication refused; check --cluster-token-file on both sides");
             return -1;
         }
-        usleep((useconds_t)backoff * 1000);
+        /* The backoff, cut short by a signal to stop. */
+        struct pollfd stop = {.fd = w->stop_fd, .events = POLLIN};
+        if (poll(&stop, w->stop_fd >= 0 ? 1 : 0, backoff) > 0) {
+            SQ_INFO("stopping on a signal");
+            return 1;
+        }
         backoff = backoff * 2 > w->backoff_max_ms ? w->backoff_max_ms : backoff * 2;
     }
 }
@@ -587,13 +600,24 @@ int main(int argc, char **argv)
     if (w.naddrs > 0) {
         if (w.token_len == 0)
             SQ_WARN("no --cluster-token-file: squishd will refuse this worker");
+        /* SIGTERM and SIGINT stop a remote worker cleanly (its loop and
+         * its backoff watch a signalfd; every thread blocks them). */
+        sigset_t set;
+        sigemptyset(&set);
+        sigaddset(&set, SIGTERM);
+        sigaddset(&set, SIGINT);
+        pthread_sigmask(SIG_BLOCK, &set, NULL);
+        w.stop_fd = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
         wk_serve_opts_t so = {.dev = w.dev,
                               .threads = (int)threads,
                               .fd = -1,
                               .remote = 1,
                               .reconnect = reconnect,
-                              .reconnect_ctx = &w};
+                              .reconnect_ctx = &w,
+                              .stop_fd = w.stop_fd};
         int status = wk_serve(&so);
+        if (w.stop_fd >= 0)
+            close(w.stop_fd);
         if (w.connected)
             sq_conn_dispose(&w.conn);
         sq_tls_free(w.tls);
@@ -618,7 +642,8 @@ int main(int argc, char **argv)
                           .fd = fd,
                           .conn = &w.conn,
                           .shm = w.shm,
-                          .shm_bytes = w.shm_bytes};
+                          .shm_bytes = w.shm_bytes,
+                          .stop_fd = -1};
     int status = wk_serve(&so);
     sq_shm_unmap(w.shm, w.shm_bytes);
     sq_conn_dispose(&w.conn);

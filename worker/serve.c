@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 /* ---- the execution thread's work --------------------------------------- */
 
@@ -1079,7 +1080,7 @@ static void on_socket(sq_loop_t *loop, int fd, int events, void *data);
 
 /* Joins squishd (the opts' reconnect: tries its addresses with backoff and
  * does the handshake), telling it which model files this worker holds.
- * Returns 0, or -1 when the worker should give up. */
+ * Returns 0, 1 when the worker was told to stop, or -1 when it gives up. */
 static int join(server_t *s)
 {
     sq_buf_t held;
@@ -1098,7 +1099,7 @@ static int join(server_t *s)
     int rc = s->o.reconnect(s->o.reconnect_ctx, &held, &conn, &hb);
     sq_buf_dispose(&held);
     if (rc != 0)
-        return -1;
+        return rc > 0 ? 1 : -1;
     s->conn = conn;
     s->conn_gen++;
     s->lost = 0;
@@ -1121,8 +1122,9 @@ static void on_rejoin(sq_loop_t *loop, uint64_t id, void *data)
     (void)id;
     drop_queued(s);
     reset_connection_state(s);
-    if (join(s) != 0) {
-        finish(s, 1);
+    int rc = join(s);
+    if (rc != 0) {
+        finish(s, rc > 0 ? 0 : 1);
         return;
     }
     /* Frames that came with WELCOME. */
@@ -1158,6 +1160,19 @@ static void on_silence_tick(sq_loop_t *loop, uint64_t id, void *data)
     s->silence_timer = sq_loop_timer_at(loop, now + (int64_t)250 * 1000000, on_silence_tick, s);
 }
 
+/* A remote worker's stop_fd became readable (SIGTERM, SIGINT). */
+static void on_stop(sq_loop_t *loop, int fd, int events, void *data)
+{
+    server_t *s = data;
+    (void)loop;
+    (void)events;
+    char info[128]; /* a signalfd_siginfo: consumed, so that nothing else sees it */
+    ssize_t n = read(fd, info, sizeof(info));
+    (void)n;
+    SQ_INFO("stopping on a signal");
+    finish(s, 0);
+}
+
 int wk_serve(const wk_serve_opts_t *opts)
 {
     server_t s = {.o = *opts, .conn = opts->conn, .exit_status = -1};
@@ -1180,11 +1195,15 @@ int wk_serve(const wk_serve_opts_t *opts)
     }
     sq_buf_init(&s.rin.bytes);
     if (opts->remote) {
-        if (join(&s) != 0)
-            finish(&s, 1);
+        int rc = join(&s);
+        if (rc != 0)
+            finish(&s, rc > 0 ? 0 : 1);
         else
             s.silence_timer =
                 sq_loop_timer_at(s.loop, sq_now_ns() + (int64_t)250 * 1000000, on_silence_tick, &s);
+        if (opts->stop_fd >= 0 && s.exit_status < 0 &&
+            sq_loop_watch(s.loop, opts->stop_fd, SQ_EV_READ, on_stop, &s) != 0)
+            finish(&s, 1);
     } else if ((err = sq_loop_watch(s.loop, opts->fd, SQ_EV_READ, on_socket, &s)) != 0) {
         SQ_ERROR("cannot watch the squishd socket error=\"%s\"", strerror(-err));
         finish(&s, 1);

@@ -20,11 +20,14 @@ typedef struct {
      * wk_serve gets each connection from reconnect, which blocks until it
      * has one past its handshake (having sent `held`, a MODELS_HELD
      * payload, before HELLO) and sets *conn and the heartbeat period, or
-     * returns nonzero to give up. When a connection ends, the worker keeps
-     * its models and model files and calls it again. */
+     * returns 1 when the worker should stop (exit 0), -1 to give up (exit
+     * 1). When a connection ends, the worker keeps its models and model
+     * files and calls it again. stop_fd: readable when the worker should
+     * stop (a signalfd), or -1. */
     int remote;
     int (*reconnect)(void *ctx, const sq_buf_t *held, sq_conn_t **conn, uint32_t *heartbeat_ms);
     void *reconnect_ctx;
+    int stop_fd;
 } wk_serve_opts_t;
 
 /* Runs until SHUTDOWN or EOF (a remote worker: until reconnect gives up);

@@ -89,6 +89,22 @@ static void decode_all(const sq_frame_t *f)
     FUZZ_DECODE(profile_req, SQ_MSG_PROFILE, 1, &req);
     FUZZ_DECODE(profile_done, SQ_MSG_PROFILE_DONE, 1, prof);
 #undef FUZZ_DECODE
+    /* A remote worker's model files: a list, encoded from its entries. */
+    sq_models_held_t held;
+    int hrc = sq_models_held_decode(f, &held);
+    if (hrc != 0 && hrc != SQ_PROTOCOL && hrc != SQ_NOMEM)
+        abort();
+    if (hrc != 0 && held.sha256 != NULL)
+        abort(); /* nothing to free after a refusal */
+    if (hrc == 0) {
+        if (f->type != SQ_MSG_MODELS_HELD)
+            abort();
+        ok++;
+        enc.len = 0;
+        sq_models_held_encode(&enc, held.n, (const char(*)[65])held.sha256);
+        check_encoding(&enc, f, 1);
+        free(held.sha256);
+    }
     if (ok > 1)
         abort(); /* one frame, one message type */
     sq_buf_dispose(&enc);

@@ -70,6 +70,9 @@ def ipc_seeds():
         "batch_done": frame("BATCH_DONE", done, 99) + frame("BATCH_DONE", failed, 100),
         "profile": frame("PROFILE", req, 1) + frame("PROFILE_PROGRESS", u32(1) + u32(3), 1),
         "profile_done": frame("PROFILE_DONE", prof, 1),
+        "models_held": frame("MODELS_HELD", u32(2) + s("ab" * 32) + s("0123456789abcdef" * 4)),
+        "remote_batch": (frame("BATCH_INPUT", bytes(48), 9) + frame("BATCH", batch, 9) +
+                         frame("BATCH_OUTPUT", bytes(64), 9) + frame("BATCH_DONE", done, 9)),
         "mixed": (frame("PING", b"") + frame("PONG", b"", 5) + frame("BATCH", batch, 1) +
                   frame("BATCH_DONE", done, 1) + frame("MODEL_UNLOAD", b"", 3) +
                   frame("SHUTDOWN", b"")),
