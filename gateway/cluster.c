@@ -34,6 +34,23 @@ struct gw_remote {
     sq_buf_t buf;          /* scratch encoding */
 };
 
+/* "host:port", or "[host]:port" for IPv6 ("?:0" for another family). */
+static void format_addr(const struct sockaddr_storage *ss, char *out, size_t outlen)
+{
+    char name[INET6_ADDRSTRLEN] = "?";
+    int port = 0;
+    if (ss->ss_family == AF_INET) {
+        const struct sockaddr_in *s4 = (const struct sockaddr_in *)ss;
+        inet_ntop(AF_INET, &s4->sin_addr, name, sizeof(name));
+        port = ntohs(s4->sin_port);
+    } else if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *s6 = (const struct sockaddr_in6 *)ss;
+        inet_ntop(AF_INET6, &s6->sin6_addr, name, sizeof(name));
+        port = ntohs(s6->sin6_port);
+    }
+    snprintf(out, outlen, ss->ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", name, port);
+}
+
 int gw_cluster_listen(const char *spec, int *fd_out, char *bound, size_t boundlen, char *err,
                       size_t errlen)
 {
@@ -76,22 +93,10 @@ int gw_cluster_listen(const char *spec, int *fd_out, char *bound, size_t boundle
         return SQ_IO;
     }
     freeaddrinfo(ai);
-    struct sockaddr_storage ss;
+    struct sockaddr_storage ss = {0};
     socklen_t sl = sizeof(ss);
-    char name[INET6_ADDRSTRLEN] = "?";
-    int port = 0;
-    if (getsockname(fd, (struct sockaddr *)&ss, &sl) == 0) {
-        if (ss.ss_family == AF_INET) {
-            struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
-            inet_ntop(AF_INET, &s4->sin_addr, name, sizeof(name));
-            port = ntohs(s4->sin_port);
-        } else if (ss.ss_family == AF_INET6) {
-            struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
-            inet_ntop(AF_INET6, &s6->sin6_addr, name, sizeof(name));
-            port = ntohs(s6->sin6_port);
-        }
-    }
-    snprintf(bound, boundlen, ss.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", name, port);
+    getsockname(fd, (struct sockaddr *)&ss, &sl);
+    format_addr(&ss, bound, boundlen);
     *fd_out = fd;
     return 0;
 }
@@ -106,18 +111,7 @@ int gw_cluster_accept(int listen_fd, char *addr, size_t addrlen)
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-    char name[INET6_ADDRSTRLEN] = "?";
-    int port = 0;
-    if (ss.ss_family == AF_INET) {
-        struct sockaddr_in *s4 = (struct sockaddr_in *)&ss;
-        inet_ntop(AF_INET, &s4->sin_addr, name, sizeof(name));
-        port = ntohs(s4->sin_port);
-    } else if (ss.ss_family == AF_INET6) {
-        struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)&ss;
-        inet_ntop(AF_INET6, &s6->sin6_addr, name, sizeof(name));
-        port = ntohs(s6->sin6_port);
-    }
-    snprintf(addr, addrlen, ss.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", name, port);
+    format_addr(&ss, addr, addrlen);
     return fd;
 }
 

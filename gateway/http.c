@@ -47,7 +47,6 @@ typedef struct {
 
 struct gw_http {
     gw_server_t *srv;
-    const gw_http_app_t *app;
     gw_handler_t *handler;
     int draining;
     h2o_globalconf_t globalconf;
@@ -592,7 +591,6 @@ int gw_http_start(gw_server_t *srv, const gw_http_app_t *app, char *err, size_t 
 {
     struct gw_http *http = sq_xcalloc(1, sizeof(*http));
     http->srv = srv;
-    http->app = app;
     http->listen_fd = -1;
     int rc = bind_listener(http, err, errlen);
     if (rc != 0) {
@@ -685,10 +683,8 @@ int gw_http_connections(gw_server_t *srv)
 
 void gw_http_set_app(gw_server_t *srv, const gw_http_app_t *app)
 {
-    if (srv->http != NULL) {
-        srv->http->app = app;
+    if (srv->http != NULL)
         atomic_store(&srv->http->handler->app, app);
-    }
 }
 
 void gw_http_stop(gw_server_t *srv)

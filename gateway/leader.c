@@ -158,7 +158,7 @@ int gw_leader_wait(gw_server_t *srv, const sigset_t *sigs, char *err, size_t err
             return rc;
         SQ_INFO("standby: another squishd leads leader=%s; trying every %d ms",
                 l->leader[0] ? l->leader : "unknown", l->poll_ms);
-        int64_t db_down_since = 0;
+        int db_down = 0;
         for (;;) {
             struct timespec ts = {.tv_sec = l->poll_ms / 1000,
                                   .tv_nsec = (long)(l->poll_ms % 1000) * 1000000};
@@ -171,12 +171,9 @@ int gw_leader_wait(gw_server_t *srv, const sigset_t *sigs, char *err, size_t err
             rc = try_lead(srv);
             if (rc == 1)
                 break;
-            if (rc < 0 && db_down_since == 0) {
-                db_down_since = sq_now_us();
+            if (rc < 0 && !db_down)
                 SQ_WARN("standby: the model DB does not answer: %s", mdb_errmsg(l->db));
-            } else if (rc == 0) {
-                db_down_since = 0;
-            }
+            db_down = rc < 0;
         }
     }
     atomic_store(&srv->leading, 1);
@@ -191,6 +188,7 @@ static void *watch_main(void *arg)
     gw_server_t *srv = arg;
     gw_leader_t *l = srv->leader;
     sq_log_set_tag("squishd");
+    int db_down = 0;
     while (!atomic_load(&l->stop)) {
         struct timespec ts = {.tv_sec = l->poll_ms / 1000,
                               .tv_nsec = (long)(l->poll_ms % 1000) * 1000000};
@@ -206,8 +204,9 @@ static void *watch_main(void *arg)
             SQ_ERROR("lost leadership: another squishd holds the lock; exiting");
             _exit(GW_EXIT_LOST_LEADERSHIP);
         }
-        if (rc != 0)
+        if (rc != 0 && !db_down)
             SQ_WARN("leader: the model DB does not answer; serving on: %s", mdb_errmsg(l->db));
+        db_down = rc != 0;
     }
     return NULL;
 }

@@ -648,6 +648,35 @@ static void on_peer_io(sq_loop_t *loop, int fd, int events, void *data)
         sq_loop_modify(loop, fd, SQ_EV_READ | SQ_EV_WRITE);
 }
 
+/* Takes a new worker connection (remote: a TCP one with its address, then
+ * TLS when configured); 0, or -1 when it was dropped. */
+static int peer_add(gw_workers_t *ws, sq_loop_t *loop, int cfd, const char *addr)
+{
+    peer_t *p = sq_xcalloc(1, sizeof(*p));
+    p->ws = ws;
+    sq_conn_init(&p->conn, cfd);
+    if (addr != NULL)
+        p->remote = gw_remote_new(ws->token, ws->token_len, addr);
+    p->accepted_ns = p->last_heard_ns = sq_now_ns();
+    const char *why = NULL;
+    if (addr != NULL && ws->tls != NULL && sq_tls_attach(ws->tls, &p->conn, NULL, addr) != 0)
+        why = "cannot start TLS on a worker connection";
+    else if (sq_loop_watch(loop, cfd, SQ_EV_READ, on_peer_io, p) != 0)
+        why = "cannot watch a worker connection";
+    if (why != NULL) {
+        SQ_WARN("%s addr=%s: dropped", why, addr != NULL ? addr : "local");
+        sq_conn_dispose(&p->conn);
+        gw_remote_free(p->remote);
+        free(p);
+        return -1;
+    }
+    if (addr != NULL)
+        SQ_DEBUG("remote worker connection addr=%s", addr);
+    p->next = ws->peers;
+    ws->peers = p;
+    return 0;
+}
+
 static void on_accept(sq_loop_t *loop, int fd, int events, void *data)
 {
     gw_workers_t *ws = data;
@@ -656,22 +685,10 @@ static void on_accept(sq_loop_t *loop, int fd, int events, void *data)
         int cfd = accept4(fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (cfd < 0)
             return;
-        if (ws->stopping) {
+        if (ws->stopping)
             close(cfd);
-            continue;
-        }
-        peer_t *p = sq_xcalloc(1, sizeof(*p));
-        p->ws = ws;
-        sq_conn_init(&p->conn, cfd);
-        p->accepted_ns = p->last_heard_ns = sq_now_ns();
-        if (sq_loop_watch(loop, cfd, SQ_EV_READ, on_peer_io, p) != 0) {
-            SQ_WARN("cannot watch a worker connection: dropped");
-            sq_conn_dispose(&p->conn);
-            free(p);
-            continue;
-        }
-        p->next = ws->peers;
-        ws->peers = p;
+        else
+            peer_add(ws, loop, cfd, NULL);
     }
 }
 
@@ -684,32 +701,10 @@ static void on_accept_cluster(sq_loop_t *loop, int fd, int events, void *data)
         int cfd = gw_cluster_accept(fd, addr, sizeof(addr));
         if (cfd < 0)
             return;
-        if (ws->stopping) {
+        if (ws->stopping)
             close(cfd);
-            continue;
-        }
-        peer_t *p = sq_xcalloc(1, sizeof(*p));
-        p->ws = ws;
-        sq_conn_init(&p->conn, cfd);
-        p->remote = gw_remote_new(ws->token, ws->token_len, addr);
-        p->accepted_ns = p->last_heard_ns = sq_now_ns();
-        if (ws->tls != NULL && sq_tls_attach(ws->tls, &p->conn, NULL, addr) != 0) {
-            SQ_WARN("cannot start TLS on a worker connection addr=%s: dropped", addr);
-            sq_conn_dispose(&p->conn);
-            gw_remote_free(p->remote);
-            free(p);
-            continue;
-        }
-        if (sq_loop_watch(loop, cfd, SQ_EV_READ, on_peer_io, p) != 0) {
-            SQ_WARN("cannot watch a worker connection: dropped");
-            sq_conn_dispose(&p->conn);
-            gw_remote_free(p->remote);
-            free(p);
-            continue;
-        }
-        SQ_DEBUG("remote worker connection addr=%s", addr);
-        p->next = ws->peers;
-        ws->peers = p;
+        else
+            peer_add(ws, loop, cfd, addr);
     }
 }
 

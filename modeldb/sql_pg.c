@@ -142,6 +142,35 @@ static void ignore_notice(void *arg, const char *message)
     (void)message;
 }
 
+static int apply_setting(mdb_t *db, const char *name, const char *value)
+{
+    const char *params[2] = {name, value};
+    PGresult *res = PQexecParams(conn_of(db)->pg, "SELECT set_config($1, $2, false)", 2, NULL,
+                                 params, NULL, NULL, 0);
+    int rc = PQresultStatus(res) == PGRES_TUPLES_OK ? 0 : result_error(db, res);
+    PQclear(res);
+    return rc;
+}
+
+/* A session just (re)connected: an error prefixed with what was done, or
+ * its notices silenced and the session settings (session_set) in force. */
+static int session_ready(mdb_t *db, const char *what)
+{
+    pg_conn_t *c = conn_of(db);
+    if (PQstatus(c->pg) != CONNECTION_OK) {
+        char keep[sizeof(db->errmsg)];
+        set_message(db, PQerrorMessage(c->pg));
+        snprintf(keep, sizeof(keep), "%s", db->errmsg);
+        snprintf(db->errmsg, sizeof(db->errmsg), "%s: %.480s", what, keep);
+        return SQ_DB;
+    }
+    PQsetNoticeProcessor(c->pg, ignore_notice, NULL);
+    for (int i = 0; i < c->nsettings; i++)
+        if (apply_setting(db, c->settings[i].name, c->settings[i].value) != 0)
+            return SQ_DB;
+    return 0;
+}
+
 static int pg_open(mdb_t *db, const char *target)
 {
     pg_conn_t *c = sq_xcalloc(1, sizeof(*c));
@@ -156,15 +185,7 @@ static int pg_open(mdb_t *db, const char *target)
         set_message(db, "connect: out of memory");
         return SQ_NOMEM;
     }
-    if (PQstatus(c->pg) != CONNECTION_OK) {
-        char keep[sizeof(db->errmsg)];
-        set_message(db, PQerrorMessage(c->pg));
-        snprintf(keep, sizeof(keep), "%s", db->errmsg);
-        snprintf(db->errmsg, sizeof(db->errmsg), "connect: %.490s", keep);
-        return SQ_DB;
-    }
-    PQsetNoticeProcessor(c->pg, ignore_notice, NULL);
-    return 0;
+    return session_ready(db, "connect");
 }
 
 static void pg_close(mdb_t *db)
@@ -460,16 +481,6 @@ static int64_t pg_changes(mdb_q_t *base)
     return *n ? strtoll(n, NULL, 10) : 0;
 }
 
-static int apply_setting(mdb_t *db, const char *name, const char *value)
-{
-    const char *params[2] = {name, value};
-    PGresult *res = PQexecParams(conn_of(db)->pg, "SELECT set_config($1, $2, false)", 2, NULL,
-                                 params, NULL, NULL, 0);
-    int rc = PQresultStatus(res) == PGRES_TUPLES_OK ? 0 : result_error(db, res);
-    PQclear(res);
-    return rc;
-}
-
 static int pg_session_set(mdb_t *db, const char *name, const char *value)
 {
     pg_conn_t *c = conn_of(db);
@@ -532,18 +543,7 @@ static int pg_ping(mdb_t *db)
     PQreset(c->pg);
     c->gen++;
     c->leading = 0;
-    if (PQstatus(c->pg) != CONNECTION_OK) {
-        char keep[sizeof(db->errmsg)];
-        set_message(db, PQerrorMessage(c->pg));
-        snprintf(keep, sizeof(keep), "%s", db->errmsg);
-        snprintf(db->errmsg, sizeof(db->errmsg), "reconnect: %.480s", keep);
-        return SQ_DB;
-    }
-    PQsetNoticeProcessor(c->pg, ignore_notice, NULL);
-    for (int i = 0; i < c->nsettings; i++)
-        if (apply_setting(db, c->settings[i].name, c->settings[i].value) != 0)
-            return SQ_DB;
-    return 1;
+    return session_ready(db, "reconnect") == 0 ? 1 : SQ_DB;
 }
 
 static int pg_leader_try(mdb_t *db, int64_t key, int *is_leader)

@@ -48,6 +48,28 @@ def pair(tmp):
     return out
 
 
+class Pair:
+    """The temporary directory of a test and the squishd started in it
+    (a/ and b/, the same admin token), cleaned up on exit."""
+
+    def __enter__(self):
+        self.tmp = tempfile.mkdtemp(prefix="squish-standby-")
+        self.dirs = pair(self.tmp)
+        self.started = []
+        return self
+
+    def start(self, which):
+        s = start(self.dirs[which])
+        self.started.append(s)
+        return s
+
+    def __exit__(self, *exc):
+        for s in self.started:
+            s.cleanup()
+        if not os.environ.get("SQUISH_IT_KEEP"):
+            shutil.rmtree(self.tmp, ignore_errors=True)
+
+
 def start(d, leader_timeout_ms=2000):
     return Squishd(workers="emu:1", tmp=d, extra=[
         "--db", PG, "--admin-token-file", os.path.join(d, "admin.token"),
@@ -120,13 +142,10 @@ class Client(threading.Thread):
 
 @test
 def a_standby_answers_and_takes_over_after_a_sigkill_under_load():
-    tmp = tempfile.mkdtemp(prefix="squish-standby-")
-    a = b = None
-    try:
-        da, db = pair(tmp)
-        a = start(da)
+    with Pair() as P:
+        a = P.start(0)
         a.wait_ready(workers=1)
-        b = start(db)
+        b = P.start(1)
         r = eventually(lambda: b.get("/v2/health/ready").json.get("leader"), 10,
                        "the standby names the leader")
         r = b.get("/v2/health/ready")
@@ -182,21 +201,12 @@ def a_standby_answers_and_takes_over_after_a_sigkill_under_load():
         m = re.search(r"plan to reapply epoch=(\d+)", b.read_log())
         assert m and int(m.group(1)) >= epoch, (epoch, b.read_log()[-3000:])
         assert b.stop() == 0
-    finally:
-        for s in (a, b):
-            if s is not None:
-                s.cleanup()
-        if not os.environ.get("SQUISH_IT_KEEP"):
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 @test
 def a_leader_whose_lock_was_taken_stops_serving():
-    tmp = tempfile.mkdtemp(prefix="squish-standby-")
-    a = None
-    try:
-        da, _ = pair(tmp)
-        a = start(da)
+    with Pair() as P:
+        a = P.start(0)
         a.wait_ready(workers=1)
         # The leader's DB session ends (a DB failover, say) and another
         # session takes the lock before the leader's watchdog comes back for
@@ -217,20 +227,12 @@ def a_leader_whose_lock_was_taken_stops_serving():
         assert a.proc.returncode == 3, (a.proc.returncode, a.read_log()[-2000:])
         assert "lost leadership" in a.read_log()
         assert holder.wait(30) == 0, holder.stderr.read()
-    finally:
-        if a is not None:
-            a.cleanup()
-        if not os.environ.get("SQUISH_IT_KEEP"):
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 @test
 def the_model_db_connection_comes_back_after_the_server_drops_it():
-    tmp = tempfile.mkdtemp(prefix="squish-standby-")
-    a = None
-    try:
-        da, _ = pair(tmp)
-        a = start(da)
+    with Pair() as P:
+        a = P.start(0)
         a.wait_ready(workers=1)
         assert upload(a, "before", 1).status == 201
         # The server ends squishd's DB sessions (not the leadership one: that
@@ -244,11 +246,6 @@ def the_model_db_connection_comes_back_after_the_server_drops_it():
         assert "model database reconnected" in a.read_log()
         assert a.get("/models/after", headers={"Authorization": "Bearer " + a.token}).status == 200
         assert a.stop() == 0
-    finally:
-        if a is not None:
-            a.cleanup()
-        if not os.environ.get("SQUISH_IT_KEEP"):
-            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":
