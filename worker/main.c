@@ -127,7 +127,8 @@ static int read_frame_blocking(sq_conn_t *c, sq_frame_t *f, int timeout_ms)
     }
 }
 
-static int handshake(worker_t *w)
+/* HELLO: this worker's protocol, device and memory. */
+static int send_hello(worker_t *w)
 {
     sq_hello_t hello = {.magic = SQ_IPC_MAGIC,
                         .version = SQ_IPC_VERSION,
@@ -140,6 +141,12 @@ static int handshake(worker_t *w)
     sq_hello_encode(&b, &hello);
     int rc = sq_conn_send(&w->conn, SQ_MSG_HELLO, 0, b.data, (uint32_t)b.len);
     sq_buf_dispose(&b);
+    return rc;
+}
+
+static int handshake(worker_t *w)
+{
+    int rc = send_hello(w);
     if (rc < 0)
         return rc;
 
@@ -322,17 +329,7 @@ static int remote_hello(worker_t *w, const sq_buf_t *held)
     int rc = sq_conn_send(&w->conn, SQ_MSG_MODELS_HELD, 0, held->data, (uint32_t)held->len);
     if (rc < 0)
         return rc;
-    sq_hello_t hello = {.magic = SQ_IPC_MAGIC,
-                        .version = SQ_IPC_VERSION,
-                        .memory_bytes = w->dev.memory_bytes,
-                        .pid = (uint32_t)getpid()};
-    snprintf(hello.kind, sizeof(hello.kind), "%s", wk_dev_kind_name(w->dev.kind));
-    snprintf(hello.name, sizeof(hello.name), "%s", w->dev.name);
-    sq_buf_t b;
-    sq_buf_init(&b);
-    sq_hello_encode(&b, &hello);
-    rc = sq_conn_send(&w->conn, SQ_MSG_HELLO, 0, b.data, (uint32_t)b.len);
-    sq_buf_dispose(&b);
+    rc = send_hello(w);
     sq_frame_t f;
     if (rc == 0)
         rc = read_frame_blocking(&w->conn, &f, 10000);
