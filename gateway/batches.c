@@ -253,17 +253,10 @@ static int ensure_session(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint
         if (l != NULL && l->state == LOAD_DONE && l->max_batch < max_batch)
             max_batch = l->max_batch;
     }
-    /* What one request costs on a remote worker's link: its input (pixels
-     * as uint8, or its tensor row) there, its output row back. */
-    const gw_model_t *m = dm->m;
-    int64_t elems = (int64_t)m->c * m->h * m->w;
-    int64_t in_bytes = input_kind == SQ_INPUT_PIXELS ? (int64_t)m->h * m->w * 3
-                       : input_kind == SQ_INPUT_FP32 ? elems * (int64_t)sizeof(float)
-                                                     : elems;
     pl_session_cfg_t cfg = {.profile = &dm->m->profile[dm->kind],
                             .slo_us = (int64_t)(bucket * 1000.0),
                             .max_batch = max_batch,
-                            .item_bytes = in_bytes + m->out_elems * (int64_t)sizeof(float)};
+                            .item_bytes = (int64_t)ds_item_bytes(dm->m, input_kind)};
     int id = pl_dispatch_session_add(ds->core, &cfg);
     if (id < 0)
         return id;

@@ -874,6 +874,10 @@ static void ev_link(void *ctx, int worker, const char *addr, int64_t rtt_us, dou
     if (w == NULL)
         return;
     snprintf(w->addr, sizeof(w->addr), "%s", addr);
+    /* The first measure of a link re-plans at once (the worker came up as
+     * if local); later drifts wait for the next periodic epoch. */
+    if (w->up && w->rtt_us == 0 && w->bytes_per_us <= 0)
+        gw__plan_invalidate(ds, w->kind, "link measured");
     w->rtt_us = rtt_us;
     w->bytes_per_us = bytes_per_us;
     /* The core keeps it for the worker id through its removals (while it

@@ -283,6 +283,17 @@ static inline ds_worker_t *ds_worker_at(const gw_dispatch_t *ds, int id)
     return id >= 0 && id < ds->nworkers ? ds->workers[id] : NULL;
 }
 
+/* What one request of m costs on a remote worker's link: its input
+ * (pixels as uint8, or its tensor row) there, its output row back. */
+static inline double ds_item_bytes(const gw_model_t *m, int input_kind)
+{
+    int64_t elems = (int64_t)m->c * m->h * m->w;
+    int64_t in_bytes = input_kind == SQ_INPUT_PIXELS ? (int64_t)m->h * m->w * 3
+                       : input_kind == SQ_INPUT_FP32 ? elems * (int64_t)sizeof(float)
+                                                     : elems;
+    return (double)(in_bytes + m->out_elems * (int64_t)sizeof(float));
+}
+
 /* w's record of the model `key` (made, LOAD_NONE, when create is set). */
 static inline ds_load_t *ds_load_find(ds_worker_t *w, int64_t key, int create)
 {

@@ -238,6 +238,12 @@ static const char *unplaced_reason(pl_unplaced_reason_t r)
                                      : "devices";
 }
 
+static int device_id_cmp(const void *a, const void *b)
+{
+    const pl_device_t *x = a, *y = b;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
 static psess_t *psess_by_id(gw_plan_state_t *p, int id)
 {
     for (int i = 0; i < p->n; i++)
@@ -268,11 +274,13 @@ static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placeme
                 psess_t *ps = psess_by_id(p, al->session_id);
                 if (ps == NULL)
                     continue;
-                json_array_append_new(
-                    sessions,
+                json_t *so =
                     json_pack("{s:s, s:i, s:f, s:f, s:i, s:f}", "model", ps->dm->m->name, "version",
                               ps->dm->m->version, "slo_ms", ps->bucket_ms, "rate_rps", al->rate_rps,
-                              "batch", al->batch, "latency_ms", al->latency_us / 1000.0));
+                              "batch", al->batch, "latency_ms", al->latency_us / 1000.0);
+                if (al->transfer_us > 0) /* the batch's round trip and bytes on the link */
+                    json_object_set_new(so, "transfer_ms", json_real(al->transfer_us / 1000.0));
+                json_array_append_new(sessions, so);
                 json_array_append_new(*placements,
                                       json_pack("{s:s, s:I, s:f, s:i, s:f, s:f}", "device",
                                                 w ? w->device : "?", "model_id",
@@ -281,14 +289,17 @@ static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placeme
                                                 d->duty_cycle_us, "rate_rps", al->rate_rps));
             }
             used++;
-            json_array_append_new(devices,
-                                  json_pack("{s:i, s:s, s:i, s:s, s:f, s:f, s:f, s:b, s:o}", "id",
-                                            (int)json_array_size(devices), "kind",
-                                            gw_kind_name((gw_kind_t)k), "worker", wid, "device",
-                                            w ? w->device : "?", "duty_cycle_ms",
-                                            d->duty_cycle_us / 1000.0, "occupancy", d->occupancy,
-                                            "memory_mb", d->memory_bytes / 1048576.0, "saturated",
-                                            d->saturated, "sessions", sessions));
+            json_t *dj = json_pack(
+                "{s:i, s:s, s:i, s:s, s:f, s:f, s:f, s:b, s:o}", "id",
+                (int)json_array_size(devices), "kind", gw_kind_name((gw_kind_t)k), "worker", wid,
+                "device", w ? w->device : "?", "duty_cycle_ms", d->duty_cycle_us / 1000.0,
+                "occupancy", d->occupancy, "memory_mb", d->memory_bytes / 1048576.0, "saturated",
+                d->saturated, "sessions", sessions);
+            if (d->rtt_us > 0 || d->bytes_per_us > 0) { /* behind a link (pl.h) */
+                json_object_set_new(dj, "rtt_ms", json_real(d->rtt_us / 1000.0));
+                json_object_set_new(dj, "bandwidth_mbps", json_real(d->bytes_per_us * 8.0));
+            }
+            json_array_append_new(devices, dj);
         }
         for (int u = 0; u < K->plan.nunplaced; u++) {
             psess_t *ps = psess_by_id(p, K->plan.unplaced[u].session_id);
@@ -443,7 +454,8 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
                                  .name = dm->m->name,
                                  .profile = &dm->m->profile[kind],
                                  .slo_us = ps->bucket_ms * 1000.0,
-                                 .rate_rps = ps->rate_rps * ds->srv->cfg->plan_headroom};
+                                 .rate_rps = ps->rate_rps * ds->srv->cfg->plan_headroom,
+                                 .item_bytes = ds_item_bytes(dm->m, SQ_INPUT_PIXELS)};
         dm->m->profile[kind].memory_bytes = dm->m->profile[kind].memory_bytes > 0
                                                 ? dm->m->profile[kind].memory_bytes
                                                 : (double)dm->m->memory_bytes;
@@ -453,9 +465,24 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
         free(ss);
         return; /* nothing to place them on; the next worker up re-plans */
     }
-    pl_options_t opt = {
-        .k_std = ds->srv->cfg->k_std, .device_memory_bytes = mem, .max_devices = nw};
-    /* The previous plan, without the devices whose worker is gone. */
+    /* Plan device id j is the worker workers[j], behind its measured link
+     * (pl.h: Symphony's d_data); a plan without any remote worker packs as
+     * for local devices. The previous plan's devices are renamed to these
+     * ids (a device keeps its worker), and dropped when their worker is gone. */
+    pl_link_t *links = sq_xcalloc((size_t)nw + 1, sizeof(*links));
+    int remote = 0;
+    for (int j = 0; j < nw; j++) {
+        const ds_worker_t *w = ds->workers[workers[j]];
+        if (w->addr[0] && (w->rtt_us > 0 || w->bytes_per_us > 0)) {
+            links[j] = (pl_link_t){.rtt_us = (double)w->rtt_us, .bytes_per_us = w->bytes_per_us};
+            remote = 1;
+        }
+    }
+    pl_options_t opt = {.k_std = ds->srv->cfg->k_std,
+                        .device_memory_bytes = mem,
+                        .max_devices = nw,
+                        .links = remote ? links : NULL,
+                        .nlinks = remote ? nw : 0};
     pl_plan_t prev = {0};
     pl_device_t *kept = NULL;
     if (K->has) {
@@ -466,9 +493,12 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
             int id = K->plan.devices[i].id;
             int wid = id < K->cap ? K->dev_worker[id] : -1;
             for (int j = 0; j < nw; j++)
-                if (workers[j] == wid)
-                    kept[prev.ndevices++] = K->plan.devices[i];
+                if (workers[j] == wid) {
+                    kept[prev.ndevices] = K->plan.devices[i];
+                    kept[prev.ndevices++].id = j;
+                }
         }
+        qsort(kept, (size_t)prev.ndevices, sizeof(*kept), device_id_cmp);
         prev.devices = kept;
     }
     pl_plan_t plan;
@@ -476,44 +506,28 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
     int rc = pl_plan(&plan, ss, n, K->has ? &prev : NULL, &opt);
     double plan_ms = (double)(sq_now_ns() - t0) / 1e6;
     free(kept);
+    free(links);
     if (rc != 0) {
         SQ_WARN("planning failed kind=%s code=%s", gw_kind_name((gw_kind_t)kind), sq_err_name(rc));
         free(workers);
         free(ss);
         return;
     }
-    /* Devices keep their worker; new devices take the free workers in id order. */
-    int maxid = 0;
+    /* With at most nw devices, kept ones on their own ids below nw and new
+     * ones on the smallest free ids, every id names a worker. */
+    int *map = sq_xcalloc((size_t)nw + 1, sizeof(int));
+    for (int j = 0; j < nw; j++)
+        map[j] = workers[j];
     for (int i = 0; i < plan.ndevices; i++)
-        maxid = plan.devices[i].id + 1 > maxid ? plan.devices[i].id + 1 : maxid;
-    int *map = sq_xcalloc((size_t)maxid + 1, sizeof(int));
-    for (int i = 0; i <= maxid; i++)
-        map[i] = -1;
-    int *taken = sq_xcalloc((size_t)ds->nworkers + 1, sizeof(int));
-    for (int i = 0; i < plan.ndevices; i++) {
-        int id = plan.devices[i].id;
-        int wid = id < K->cap ? K->dev_worker[id] : -1;
-        for (int j = 0; j < nw; j++)
-            if (workers[j] == wid && !taken[wid]) {
-                map[id] = wid;
-                taken[wid] = 1;
-            }
-    }
-    for (int i = 0; i < plan.ndevices; i++) {
-        int id = plan.devices[i].id;
-        for (int j = 0; j < nw && map[id] < 0; j++)
-            if (!taken[workers[j]]) {
-                map[id] = workers[j];
-                taken[workers[j]] = 1;
-            }
-    }
+        if (plan.devices[i].id < 0 || plan.devices[i].id >= nw)
+            SQ_WARN("plan device id=%d has no worker (of=%d)", plan.devices[i].id, nw);
     if (K->has)
         pl_plan_dispose(&K->plan);
     free(K->dev_worker);
     K->plan = plan;
     K->has = 1;
     K->dev_worker = map;
-    K->cap = maxid + 1;
+    K->cap = nw;
     K->last_epoch_ms = now_ms();
     p->epoch++;
 
@@ -583,7 +597,6 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
     /* The advice window starts again. */
     p->ok = p->bad = p->busy_us = 0;
     p->window_start_us = now;
-    free(taken);
     free(workers);
     free(ss);
     ds->ops->pump(ds);

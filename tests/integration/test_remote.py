@@ -213,6 +213,16 @@ def a_remote_emu_worker_serves_and_bad_tokens_are_refused():
         assert re.search(r'^squish_worker_rtt_seconds\{worker="1000",device="emu:0@hosta"\} ',
                          text, re.M), text[-2000:]
         assert "squish_worker_link_bytes_per_second{" in text
+        # The planner packs with it: the device of the remote worker sits
+        # behind its link, and each of its batches is charged the transfer.
+        def planned():
+            for d in s.get("/v1/plan", schema_name="plan").json["devices"]:
+                if d["device"] == "emu:0@hosta" and "rtt_ms" in d:
+                    return d
+            return None
+        d = eventually(planned, 15, "a plan made with the remote worker's link")
+        assert 0 < d["rtt_ms"] < 100 and d["bandwidth_mbps"] > 10, d
+        assert all(x.get("transfer_ms", 0) > 0 for x in d["sessions"]), d
 
         # No token, a wrong token: refused, both sides say why, the worker
         # exits 1 (it never joined: a wrong token does not fix itself).
