@@ -25,13 +25,10 @@ struct gw_remote {
     char addr[64];
     char (*held)[65]; /* model files the worker kept (MODELS_HELD) */
     uint32_t nheld;
-    uint64_t skip_key; /* a cached load's MODEL_CHUNKs to drop: its id, bytes left */
-    uint64_t skip_left;
     pending_t *pending;
     int npending, cappending;
-    sq_batch_t *batch;     /* scratch: a batch rewritten for the wire */
-    sq_model_load_t *load; /* scratch: a load rewritten as cached */
-    sq_buf_t buf;          /* scratch encoding */
+    sq_batch_t *batch; /* scratch: a batch rewritten for the wire */
+    sq_buf_t buf;      /* scratch encoding */
 };
 
 /* "host:port", or "[host]:port" for IPv6 ("?:0" for another family). */
@@ -136,7 +133,6 @@ void gw_remote_free(gw_remote_t *r)
     free(r->held);
     free(r->pending);
     free(r->batch);
-    free(r->load);
     sq_buf_dispose(&r->buf);
     free(r);
 }
@@ -144,6 +140,12 @@ void gw_remote_free(gw_remote_t *r)
 const char *gw_remote_addr(const gw_remote_t *r)
 {
     return r->addr;
+}
+
+const char (*gw_remote_held(const gw_remote_t *r, int *n))[65]
+{
+    *n = (int)r->nheld;
+    return (const char(*)[65])r->held;
 }
 
 static int send_payload(sq_conn_t *c, uint16_t type, const sq_buf_t *b)
@@ -215,14 +217,6 @@ int gw_remote_before_hello(gw_remote_t *r, sq_conn_t *c, const sq_frame_t *f, ch
     }
 }
 
-static int holds(const gw_remote_t *r, const char *sha)
-{
-    for (uint32_t i = 0; i < r->nheld; i++)
-        if (strcmp(r->held[i], sha) == 0)
-            return 1;
-    return 0;
-}
-
 static pending_t *pending_find(gw_remote_t *r, uint64_t id)
 {
     for (int i = 0; i < r->npending; i++)
@@ -286,35 +280,7 @@ int gw_remote_send(gw_remote_t *r, sq_conn_t *c, int worker, const uint8_t *aren
 {
     if (type == SQ_MSG_BATCH)
         return send_batch(r, c, arena, arena_size, id, payload, len, regions, nregions);
-    if (type == SQ_MSG_MODEL_LOAD && r->nheld > 0) {
-        if (r->load == NULL)
-            r->load = sq_xmalloc(sizeof(*r->load));
-        sq_model_load_t *m = r->load;
-        sq_frame_t f = {.type = SQ_MSG_MODEL_LOAD, .payload = payload, .len = len};
-        if (sq_model_load_decode(&f, m) == 0 && m->format == SQ_FORMAT_ONNX && !m->cached &&
-            m->total_bytes > 0 && holds(r, m->sha256)) {
-            SQ_INFO("model file held by the remote worker, not sent again worker=%d addr=%s "
-                    "sha256=%.12s bytes_saved=%llu",
-                    worker, r->addr, m->sha256, (unsigned long long)m->total_bytes);
-            r->skip_key = id;
-            r->skip_left = m->total_bytes;
-            m->cached = 1;
-            r->buf.len = 0;
-            sq_model_load_encode(&r->buf, m);
-            return sq_conn_send(c, type, id, r->buf.data, (uint32_t)r->buf.len);
-        }
-    }
     return sq_conn_send(c, type, id, payload, len);
-}
-
-int gw_remote_send_ref(gw_remote_t *r, sq_conn_t *c, uint16_t type, uint64_t id, sq_bytes_t *bytes,
-                       size_t off, uint32_t len)
-{
-    if (type == SQ_MSG_MODEL_CHUNK && r->skip_left > 0 && id == r->skip_key) {
-        r->skip_left -= len < r->skip_left ? len : r->skip_left;
-        return 0;
-    }
-    return sq_conn_send_ref(c, type, id, bytes, off, len);
 }
 
 int gw_remote_on_frame(gw_remote_t *r, const sq_frame_t *f, uint8_t *arena, size_t arena_size)

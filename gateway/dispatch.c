@@ -887,6 +887,17 @@ static void ev_link(void *ctx, int worker, const char *addr, int64_t rtt_us, dou
     gw_metrics_worker_link(ds->srv->metrics, worker, w->device, rtt_us, bytes_per_us);
 }
 
+static void ev_held(void *ctx, int worker, const char (*sha256)[65], int n)
+{
+    gw_dispatch_t *ds = ctx;
+    ds_worker_t *w = ds_worker_at(ds, worker);
+    if (w == NULL || !w->up)
+        return;
+    for (int i = 0; i < n; i++)
+        ds_note_sha(w, sha256[i]);
+    SQ_INFO("worker holds model files id=%d device=%s files=%d", worker, w->device, n);
+}
+
 static void ev_abort(void *ctx)
 {
     abort_all(ctx);
@@ -897,4 +908,5 @@ const gw_transport_events_t gw_dispatch_events = {.up = ev_up,
                                                   .lost = ev_lost,
                                                   .exited = ev_exited,
                                                   .abort = ev_abort,
+                                                  .held = ev_held,
                                                   .link = ev_link};

@@ -30,6 +30,9 @@ int gw_cluster_accept(int listen_fd, char *addr, size_t addrlen);
 gw_remote_t *gw_remote_new(const uint8_t *token, size_t token_len, const char *addr);
 void gw_remote_free(gw_remote_t *r);
 const char *gw_remote_addr(const gw_remote_t *r);
+/* The model files (sha256 hex) the worker said it holds (MODELS_HELD at
+ * its handshake); *n of them, borrowed. */
+const char (*gw_remote_held(const gw_remote_t *r, int *n))[65];
 
 /* A frame before HELLO: the authentication and MODELS_HELD. Returns 0 when
  * handled (answers go out on c), 1 for the HELLO of an authenticated
@@ -39,14 +42,13 @@ int gw_remote_before_hello(gw_remote_t *r, sq_conn_t *c, const sq_frame_t *f, ch
                            size_t whylen);
 
 /* The link's send for a remote worker: a batch's regions go along in
- * BATCH_INPUT frames (read from arena), a model file the worker holds goes
- * as cached and its chunks are dropped. Returns 0 or a negative errno or
- * SQ_* error. */
+ * BATCH_INPUT frames (read from arena); other frames as they are (a model
+ * file the worker holds is sent as cached by the dispatcher, which knows it
+ * from the transport's held event). Returns 0 or a negative errno or SQ_*
+ * error. */
 int gw_remote_send(gw_remote_t *r, sq_conn_t *c, int worker, const uint8_t *arena,
                    size_t arena_size, uint16_t type, uint64_t id, const void *payload, uint32_t len,
                    const gw_region_t *regions, int nregions);
-int gw_remote_send_ref(gw_remote_t *r, sq_conn_t *c, uint16_t type, uint64_t id, sq_bytes_t *bytes,
-                       size_t off, uint32_t len);
 
 /* A frame from an authenticated remote worker: BATCH_OUTPUT is written
  * into the arena at the batch's output region (0: consumed); BATCH_DONE is

@@ -199,6 +199,8 @@ void gw__plan_busy(gw_dispatch_t *ds, int worker, int64_t busy_us);
 /* records.c: lookups, the core's handles for items, finishing, sending. */
 /* Whether w's connection has received the model file sha. */
 int ds_has_sha(const ds_worker_t *w, const char *sha);
+/* Records that w's connection holds the model file sha. */
+void ds_note_sha(ds_worker_t *w, const char *sha);
 ds_model_t *ds_model_find(gw_dispatch_t *ds, int64_t key);
 /* The record of a registry model, created on first sight. */
 ds_model_t *ds_model_get(gw_dispatch_t *ds, gw_model_t *m);

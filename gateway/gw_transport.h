@@ -50,6 +50,9 @@ typedef struct {
     void (*exited)(void *ctx, int worker, int status);
     /* squishd stops: answer everything still held (idempotent). */
     void (*abort)(void *ctx);
+    /* Optional: right after up, the model files (sha256 hex) a worker that
+     * reconnected still holds; loading one of them sends no bytes. */
+    void (*held)(void *ctx, int worker, const char (*sha256)[65], int n);
     /* Optional: a remote worker's link as measured (its address, round
      * trip, bandwidth), when first known and when it changes. */
     void (*link)(void *ctx, int worker, const char *addr, int64_t rtt_us, double bytes_per_us);

@@ -101,10 +101,8 @@ static int send_chunks(gw_dispatch_t *ds, ds_worker_t *w, int64_t key, const cha
         rc =
             ds_link_send_ref(ds, w->id, SQ_MSG_MODEL_CHUNK, (uint64_t)key, bytes, off, (uint32_t)n);
     }
-    if (rc == 0) {
-        w->shas = sq_xrealloc(w->shas, sizeof(*w->shas) * (size_t)(w->nshas + 1));
-        snprintf(w->shas[w->nshas++], 65, "%s", sha);
-    }
+    if (rc == 0)
+        ds_note_sha(w, sha);
     return rc;
 }
 

@@ -16,6 +16,14 @@ int ds_has_sha(const ds_worker_t *w, const char *sha)
     return 0;
 }
 
+void ds_note_sha(ds_worker_t *w, const char *sha)
+{
+    if (ds_has_sha(w, sha))
+        return;
+    w->shas = sq_xrealloc(w->shas, sizeof(*w->shas) * (size_t)(w->nshas + 1));
+    snprintf(w->shas[w->nshas++], 65, "%s", sha);
+}
+
 ds_model_t *ds_model_find(gw_dispatch_t *ds, int64_t key)
 {
     for (int i = 0; i < ds->nmodels; i++)

@@ -35,6 +35,13 @@
 extern char **environ;
 
 #define HANDSHAKE_TIMEOUT_MS 10000
+/* Remote connections still in their handshake: at most this many (a new
+ * one closes the oldest: a real worker's handshake takes a round trip or
+ * two, so whoever holds a slot for long is not one), each buffering at
+ * most this much before it authenticates (AUTH frames and MODELS_HELD are
+ * small). */
+#define MAX_HANDSHAKES 64
+#define HANDSHAKE_MAX_BYTES (1u << 20)
 #define STABLE_AFTER_MS 10000
 #define SHUTDOWN_GRACE_MS 3000
 
@@ -118,6 +125,8 @@ struct gw_workers {
     atomic_int aborted;
     int64_t stop_deadline_ns;
     uint64_t tick_timer;
+    uint64_t handshakes_evicted; /* remote connections closed for MAX_HANDSHAKES */
+    int64_t evicted_logged_ns;
 };
 
 static void schedule_restart(gw_workers_t *ws, slot_t *s);
@@ -274,7 +283,8 @@ static void peer_close(gw_workers_t *ws, peer_t *p, const char *reason)
                "worker %s id=%d device=%s pid=%u reason=%s%s%s", ws->stopping ? "gone" : "lost",
                p->id, p->hello.name[0] ? p->hello.name : "?", p->hello.pid, reason,
                p->remote ? " addr=" : "", p->remote ? gw_remote_addr(p->remote) : "");
-    else if (p->remote != NULL && strcmp(reason, "protocol_error") != 0)
+    else if (p->remote != NULL && strcmp(reason, "protocol_error") != 0 &&
+             strcmp(reason, "too_many_handshakes") != 0)
         SQ_WARN("worker connection ended before its handshake addr=%s reason=%s",
                 gw_remote_addr(p->remote), reason);
     sq_loop_unwatch(ws->loop, p->conn.fd);
@@ -501,6 +511,10 @@ static int on_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
     publish(ws);
     gw_metrics_worker_up(ws->srv->metrics, p->id, p->hello.name, 1);
     ws->ev->up(ws->ev_ctx, p->id, p->hello.name, p->hello.memory_bytes);
+    int nheld = 0;
+    const char(*held)[65] = p->remote ? gw_remote_held(p->remote, &nheld) : NULL;
+    if (nheld > 0 && ws->ev->held != NULL)
+        ws->ev->held(ws->ev_ctx, p->id, held, nheld);
     return 0;
 }
 
@@ -604,8 +618,6 @@ static int link_send_ref(gw_transport_t *t, int worker, uint16_t type, uint64_t 
     peer_t *p = peer_of(ws, worker);
     if (p == NULL)
         return SQ_NO_WORKER;
-    if (p->remote != NULL)
-        return sent(ws, p, gw_remote_send_ref(p->remote, &p->conn, type, id, bytes, off, len));
     return sent(ws, p, sq_conn_send_ref(&p->conn, type, id, bytes, off, len));
 }
 
@@ -633,6 +645,11 @@ static void on_peer_io(sq_loop_t *loop, int fd, int events, void *data)
         return;
     }
     p->last_heard_ns = sq_now_ns();
+    if (!p->welcomed && p->remote != NULL &&
+        p->conn.in.len - p->conn.in_off > HANDSHAKE_MAX_BYTES) {
+        peer_close(ws, p, "handshake_too_large");
+        return;
+    }
     sq_frame_t f;
     while ((rc = sq_conn_next(&p->conn, &f)) == 1) {
         if (on_frame(ws, p, &f) != 0) {
@@ -701,10 +718,32 @@ static void on_accept_cluster(sq_loop_t *loop, int fd, int events, void *data)
         int cfd = gw_cluster_accept(fd, addr, sizeof(addr));
         if (cfd < 0)
             return;
-        if (ws->stopping)
+        if (ws->stopping) {
             close(cfd);
-        else
-            peer_add(ws, loop, cfd, addr);
+            continue;
+        }
+        /* Too many in their handshake: the oldest goes. */
+        peer_t *oldest = NULL;
+        int n = 0;
+        for (peer_t *p = ws->peers; p != NULL; p = p->next)
+            if (!p->welcomed && p->remote != NULL) {
+                n++;
+                if (oldest == NULL || p->accepted_ns <= oldest->accepted_ns)
+                    oldest = p;
+            }
+        if (n >= MAX_HANDSHAKES) {
+            int64_t now = sq_now_ns();
+            ws->handshakes_evicted++;
+            if (now - ws->evicted_logged_ns > 1000000000) {
+                SQ_WARN("too many worker connections in their handshake (max=%d): closing the "
+                        "oldest addr=%s evicted=%llu",
+                        MAX_HANDSHAKES, gw_remote_addr(oldest->remote),
+                        (unsigned long long)ws->handshakes_evicted);
+                ws->evicted_logged_ns = now;
+            }
+            peer_close(ws, oldest, "too_many_handshakes");
+        }
+        peer_add(ws, loop, cfd, addr);
     }
 }
 

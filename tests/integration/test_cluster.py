@@ -234,9 +234,9 @@ def two_worker_hosts_serve_and_one_drops_off_and_rejoins():
         r = s.request("POST", "/v1/models/tiny/infer", body=img[0],
                       headers={"X-SLO-Ms": "5000", "Content-Type": img[1]})
         assert r.status == 200, r
-        eventually(lambda: re.search(r"model file held by the remote worker, not sent again "
-                                     r"worker=\d+ addr=10\.77\.1\.2:\d+ sha256=\w+ bytes_saved=%d"
-                                     % len(onnx), s.read_log()), 30, "tiny reloaded as cached")
+        eventually(lambda: re.search(r"model load sent worker=%s device=cpu@h1 model=tiny "
+                                     r"version=1 bytes=0 cached=1" % ids[0], s.read_log()), 30,
+                   "tiny reloaded as cached")
         h1cpu = read(os.path.join(tmp, "worker-h1-cpu.log"))
         assert len(re.findall(r"model file received", h1cpu)) == 1, h1cpu
         assert "rejoined with model files held=1" in h1cpu, h1cpu
