@@ -75,6 +75,8 @@ static void usage(FILE *f)
                "                     certificate and key, and the CA squishd's must chain to\n"
                "  --reconnect-max-ms N\n"
                "                     longest wait between reconnection rounds (default 5000)\n"
+               "  --kept-models-ms N after a reconnect, drop the models squishd has not loaded\n"
+               "                     again within N ms (default 60000)\n"
                "  --device SPEC      the device this worker owns\n"
                "  --memory-mb N      memory to report for an emulated device (default 16384)\n"
                "  --threads N        cpu kernel threads (default 0: every core)\n"
@@ -416,7 +418,7 @@ int main(int argc, char **argv)
 {
     const char *sock_path = NULL, *device = NULL, *token_file = NULL, *host_name = NULL;
     const char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL;
-    long memory_mb = 0, threads = 0;
+    long memory_mb = 0, threads = 0, kept_models_ms = 60000;
     static const struct option opts[] = {{"connect", required_argument, NULL, 'c'},
                                          {"device", required_argument, NULL, 'd'},
                                          {"memory-mb", required_argument, NULL, 'm'},
@@ -425,6 +427,7 @@ int main(int argc, char **argv)
                                          {"cluster-token-file", required_argument, NULL, 'k'},
                                          {"host-name", required_argument, NULL, 'n'},
                                          {"reconnect-max-ms", required_argument, NULL, 'r'},
+                                         {"kept-models-ms", required_argument, NULL, 'E'},
                                          {"cluster-tls-cert", required_argument, NULL, 'C'},
                                          {"cluster-tls-key", required_argument, NULL, 'K'},
                                          {"cluster-tls-ca", required_argument, NULL, 'A'},
@@ -479,6 +482,15 @@ int main(int argc, char **argv)
                 return 2;
             }
             w.backoff_max_ms = (int)v;
+            break;
+        }
+        case 'E': {
+            char *end;
+            kept_models_ms = strtol(optarg, &end, 10);
+            if (*end != '\0' || kept_models_ms < 100 || kept_models_ms > 86400000) {
+                fprintf(stderr, "squish-worker: --kept-models-ms: expected 100..86400000\n");
+                return 2;
+            }
             break;
         }
         case 'd':
@@ -611,6 +623,7 @@ int main(int argc, char **argv)
                               .remote = 1,
                               .reconnect = reconnect,
                               .reconnect_ctx = &w,
+                              .kept_models_ms = (int)kept_models_ms,
                               .stop_fd = w.stop_fd};
         int status = wk_serve(&so);
         if (w.stop_fd >= 0)

@@ -17,7 +17,12 @@
 
 /* ---- the execution thread's work --------------------------------------- */
 
-typedef enum { JOB_LOAD, JOB_UNLOAD, JOB_BATCH, JOB_PROFILE, JOB_STOP } job_kind_t;
+typedef enum { JOB_LOAD, JOB_UNLOAD, JOB_BATCH, JOB_PROFILE, JOB_SWEEP, JOB_STOP } job_kind_t;
+
+/* After a reconnect, the models squishd loads again are kept as they are
+ * (nothing imported or compiled again); those it has not asked for
+ * o.kept_models_ms after are dropped (deleted or moved away while the link
+ * was down, or a squishd on another database). */
 
 typedef struct job {
     struct job *next;
@@ -44,6 +49,12 @@ typedef struct model {
     int pixel_h, pixel_w;
     int64_t in_elems, out_elems;
     char sha256[65]; /* its file's ("" for a group) */
+    /* What its load asked for (a plain ONNX model): a load after a
+     * reconnect that asks the same keeps it. */
+    uint32_t asked_max_batch;
+    double mean[3], std[3];
+    uint8_t bgr;
+    uint64_t gen; /* the connection that last loaded it */
     /* A plain model's output pointers for wk_plan_run: [0] is set per run
      * to the caller's buffer; the outputs after the first, which nobody
      * reads (squishd serves output 0), go to `spare`, sized for the max
@@ -75,6 +86,7 @@ typedef struct {
     int64_t last_heard_ns;
     uint32_t heartbeat_ms;
     uint64_t silence_timer;
+    uint64_t sweep_timer; /* on_sweep after a rejoin */
     /* I/O thread: a remote batch's inputs being received */
     struct {
         uint64_t id;
@@ -311,10 +323,62 @@ static wk_backend_kind_t backend_of(const wk_device_t *dev)
                                      : WK_BACKEND_CPU;
 }
 
+static void reply_loaded(server_t *s, uint64_t key, const model_t *m)
+{
+    reply_t *r = reply_new(s, SQ_MSG_MODEL_LOADED, key);
+    sq_model_loaded_t loaded = {.memory_bytes = model_memory(m),
+                                .max_batch = (uint32_t)model_max_batch(m),
+                                .in_elems = (uint64_t)m->in_elems,
+                                .out_elems = (uint64_t)m->out_elems,
+                                .in_hw = {(uint32_t)m->pixel_h, (uint32_t)m->pixel_w}};
+    sq_model_loaded_encode(&r->payload, &loaded);
+    reply_post(s, r);
+}
+
+/* The model loaded before under key from the same file and options, or
+ * NULL. */
+static model_t *same_model(server_t *s, uint64_t key, const sq_model_load_t *spec)
+{
+    if (spec->format != SQ_FORMAT_ONNX)
+        return NULL;
+    for (model_t *m = s->models; m != NULL; m = m->next)
+        if (m->key == key && m->plan != NULL && strcmp(m->sha256, spec->sha256) == 0 &&
+            m->asked_max_batch == spec->max_batch && m->bgr == spec->bgr &&
+            memcmp(m->mean, spec->mean, sizeof(m->mean)) == 0 &&
+            memcmp(m->std, spec->std, sizeof(m->std)) == 0)
+            return m;
+    return NULL;
+}
+
+/* Models no load on the current connection asked for (JOB_SWEEP). */
+static void sweep_models(server_t *s, uint64_t gen)
+{
+    for (model_t **pm = &s->models; *pm != NULL;) {
+        model_t *m = *pm;
+        if (m->gen == gen) {
+            pm = &m->next;
+            continue;
+        }
+        SQ_INFO("model dropped key=%llu sha256=%.12s reason=\"not loaded again within %d ms of "
+                "the reconnect\"",
+                (unsigned long long)m->key, m->sha256, s->o.kept_models_ms);
+        *pm = m->next;
+        model_free(m);
+    }
+}
+
 static void do_load(server_t *s, job_t *j)
 {
     const sq_model_load_t *spec = j->load;
     char why[512] = "";
+    model_t *kept = same_model(s, j->id, spec);
+    if (kept != NULL && kept->gen != j->gen) {
+        kept->gen = j->gen;
+        reply_loaded(s, j->id, kept);
+        SQ_INFO("model kept key=%llu sha256=%.12s (loaded before the reconnect)",
+                (unsigned long long)j->id, spec->sha256);
+        return;
+    }
     wk_fault_check(WK_FAULT_LOAD, spec->sha256);
     if (wk_fault_check(WK_FAULT_REFUSE, spec->sha256)) {
         reply_failed(s, j->id, SQ_UNSUPPORTED_MODEL, "injected refusal (SQUISH_WORKER_FAULT)");
@@ -400,20 +464,18 @@ static void do_load(server_t *s, job_t *j)
     m->pixel_w = image ? (int)dims[2] : 0;
     m->in_elems = wk_plan_input_elems(front, 0);
     m->out_elems = model_out_elems(m);
+    m->asked_max_batch = spec->max_batch;
+    memcpy(m->mean, spec->mean, sizeof(m->mean));
+    memcpy(m->std, spec->std, sizeof(m->std));
+    m->bgr = spec->bgr;
+    m->gen = j->gen;
     m->next = s->models;
     s->models = m;
-    reply_t *r = reply_new(s, SQ_MSG_MODEL_LOADED, j->id);
-    sq_model_loaded_t loaded = {.memory_bytes = model_memory(m),
-                                .max_batch = (uint32_t)model_max_batch(m),
-                                .in_elems = (uint64_t)m->in_elems,
-                                .out_elems = (uint64_t)m->out_elems,
-                                .in_hw = {(uint32_t)m->pixel_h, (uint32_t)m->pixel_w}};
-    sq_model_loaded_encode(&r->payload, &loaded);
-    reply_post(s, r);
+    reply_loaded(s, j->id, m);
     SQ_INFO("model loaded key=%llu sha256=%.12s backend=%s max_batch=%d memory_mb=%llu "
             "members=%u import_ms=%lld load_ms=%lld",
             (unsigned long long)j->id, spec->sha256, wk_backend_name(opts.backend),
-            model_max_batch(m), (unsigned long long)(loaded.memory_bytes >> 20), spec->n_members,
+            model_max_batch(m), (unsigned long long)(model_memory(m) >> 20), spec->n_members,
             (long long)import_ms, (long long)((sq_now_ns() - started_ns) / 1000000));
 }
 
@@ -702,7 +764,7 @@ static void *exec_thread(void *arg)
         pthread_mutex_unlock(&s->lock);
         job_kind_t kind = j->kind;
         s->exec_gen = j->gen;
-        if (kind != JOB_STOP && kind != JOB_UNLOAD)
+        if (kind != JOB_STOP && kind != JOB_UNLOAD && kind != JOB_SWEEP)
             replies_flushed(s);
         switch (kind) {
         case JOB_LOAD:
@@ -716,6 +778,9 @@ static void *exec_thread(void *arg)
             break;
         case JOB_PROFILE:
             do_profile(s, j);
+            break;
+        case JOB_SWEEP:
+            sweep_models(s, j->gen);
             break;
         case JOB_STOP:
             break;
@@ -1115,6 +1180,21 @@ static int join(server_t *s)
     return 0;
 }
 
+/* o.kept_models_ms after a rejoin: the execution thread drops the
+ * models this connection did not load again. */
+static void on_sweep(sq_loop_t *loop, uint64_t id, void *data)
+{
+    server_t *s = data;
+    (void)loop;
+    (void)id;
+    s->sweep_timer = 0;
+    if (s->lost || s->exit_status >= 0)
+        return; /* the next rejoin arms it again */
+    job_t *j = sq_xcalloc(1, sizeof(*j));
+    j->kind = JOB_SWEEP;
+    enqueue(s, j);
+}
+
 static void on_rejoin(sq_loop_t *loop, uint64_t id, void *data)
 {
     server_t *s = data;
@@ -1127,6 +1207,10 @@ static void on_rejoin(sq_loop_t *loop, uint64_t id, void *data)
         finish(s, rc > 0 ? 0 : 1);
         return;
     }
+    if (s->sweep_timer != 0)
+        sq_loop_timer_cancel(s->loop, s->sweep_timer);
+    s->sweep_timer = sq_loop_timer_at(s->loop, sq_now_ns() + (int64_t)s->o.kept_models_ms * 1000000,
+                                      on_sweep, s);
     /* Frames that came with WELCOME. */
     sq_frame_t f;
     while (s->exit_status < 0 && !s->lost && sq_conn_next(s->conn, &f) == 1)
@@ -1176,6 +1260,8 @@ static void on_stop(sq_loop_t *loop, int fd, int events, void *data)
 int wk_serve(const wk_serve_opts_t *opts)
 {
     server_t s = {.o = *opts, .conn = opts->conn, .exit_status = -1};
+    if (s.o.kept_models_ms <= 0)
+        s.o.kept_models_ms = 60000;
     s.loop = sq_loop_new();
     if (s.loop == NULL)
         return 1;

@@ -27,6 +27,10 @@ typedef struct {
     int remote;
     int (*reconnect)(void *ctx, const sq_buf_t *held, sq_conn_t **conn, uint32_t *heartbeat_ms);
     void *reconnect_ctx;
+    /* After a reconnect, models squishd loads again (same file and options)
+     * are kept as they are; those it has not loaded within this many ms are
+     * dropped. 0: 60000. */
+    int kept_models_ms;
     int stop_fd;
 } wk_serve_opts_t;
 

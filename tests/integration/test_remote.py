@@ -302,12 +302,12 @@ def remote_cpu_answers_equal_local_and_a_reconnect_does_not_resend_the_model():
         local.cleanup()
 
     c = Cluster()
-    s = s2 = None
+    s = s2 = s3 = None
     try:
         port = free_port()
         s = c.squishd(port=port)
         addr = "127.0.0.1:%d" % port
-        w = c.worker(addr, "cpu", "hosta", extra=["--threads", "1"])
+        w = c.worker(addr, "cpu", "hosta", extra=["--threads", "1", "--kept-models-ms", "2000"])
         s.wait_ready(workers=1)
         upload_onnx(s, "tiny", onnx)
         wait_profiled(s, "tiny")  # measured on the remote worker
@@ -341,13 +341,28 @@ def remote_cpu_answers_equal_local_and_a_reconnect_does_not_resend_the_model():
         wlog = read(w.log_path)
         assert "rejoined with model files held=1" in wlog, wlog
         assert len(re.findall(r"model file received", wlog)) == 1, wlog
+        # ... and the model it had loaded serves as it was: not imported again.
+        assert re.search(r"model kept key=\d+ sha256=\w+ \(loaded before the reconnect\)", wlog)
+        assert len(re.findall(r"model loaded key=", wlog)) == 1, wlog
+        assert "model dropped" not in wlog, wlog
         assert s2.stop() == 0
         # squishd gone: the worker waits to reconnect, and still stops cleanly.
         eventually(lambda: read(w.log_path).count("connection to squishd lost") >= 2, 10,
                    "the worker to see squishd go again")
+        # A squishd on another database never loads tiny: the worker drops
+        # it --kept-models-ms after it rejoins.
+        other = os.path.join(c.tmp, "other")
+        os.mkdir(other)
+        s3 = Squishd(workers="none", tmp=other,
+                     extra=["--cluster-listen", addr, "--cluster-token-file", c.token])
+        s3.wait_ready(workers=1, timeout=20)
+        eventually(lambda: re.search(r"model dropped key=\d+ sha256=\w+ reason=\"not loaded again "
+                                     r"within 2000 ms of the reconnect\"", read(w.log_path)), 10,
+                   "the model nobody loads again dropped")
+        assert s3.stop() == 0
         stop_worker(w)
     finally:
-        for x in (s, s2):
+        for x in (s, s2, s3):
             if x is not None:
                 x.cleanup()
         c.cleanup()
