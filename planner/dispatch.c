@@ -53,6 +53,13 @@ typedef struct {
     pl__queue_t q;
     pl_route_t *routes; /* sorted by worker id; target_batch resolved to 1..cap */
     int nroutes;
+    /* Adaptive: what one worker serves of it batching greedily under the
+     * SLO (requests per µs), and its arrivals: the current window's start
+     * and count, the last full window's rate (per µs). */
+    double greedy_per_us;
+    int64_t win_start_us;
+    int64_t win_count;
+    double win_rate;
 } session_t;
 
 typedef struct {
@@ -114,7 +121,9 @@ struct pl_dispatch {
 
 const char *pl_policy_name(pl_policy_t policy)
 {
-    return policy == PL_POLICY_EARLY_DROP ? "early-drop" : "deferred";
+    return policy == PL_POLICY_EARLY_DROP ? "early-drop"
+           : policy == PL_POLICY_ADAPTIVE ? "adaptive"
+                                          : "deferred";
 }
 
 int pl_policy_parse(const char *name, pl_policy_t *out)
@@ -123,6 +132,8 @@ int pl_policy_parse(const char *name, pl_policy_t *out)
         *out = PL_POLICY_DEFERRED;
     else if (strcmp(name, "early-drop") == 0)
         *out = PL_POLICY_EARLY_DROP;
+    else if (strcmp(name, "adaptive") == 0)
+        *out = PL_POLICY_ADAPTIVE;
     else
         return SQ_INVAL;
     return 0;
@@ -442,8 +453,9 @@ static int64_t head_slack(const session_t *s, uint32_t i, int64_t now_us)
  * The heads that cannot make it on this worker (only behind a link: a
  * cheaper worker may still serve them) are left queued in front of the
  * candidate, like the heads a backed-up queue passes over. */
-__attribute__((always_inline)) static inline int
-candidate_on(const session_t *s, net_t net, int64_t now_us, double skip_ratio, candidate_t *c)
+__attribute__((always_inline)) static inline int candidate_on(const session_t *s, net_t net,
+                                                              int64_t now_us, double skip_ratio,
+                                                              int eager, candidate_t *c)
 {
     int base = 0;
     int head_fit = fit_batch_on(s, net, head_slack(s, 0, now_us));
@@ -469,7 +481,7 @@ candidate_on(const session_t *s, net_t net, int64_t now_us, double skip_ratio, c
     c->b = b;
     /* Waiting can only help while one more request would still fit the
      * head's deadline and the queue has no more to give right now. */
-    if (b == cap || b < n) {
+    if (b == cap || b < n || eager) {
         c->ready_at = now_us;
     } else {
         /* The frontrun moment, but never later than timer_slack_us before
@@ -528,11 +540,27 @@ candidate_on(const session_t *s, net_t net, int64_t now_us, double skip_ratio, c
 /* candidate_on compiled twice: for a local worker (the link folded away, the
  * hot path of a cluster without links) and for any link. */
 static int deferred_candidate(const session_t *s, net_t net, int64_t now_us, double skip_ratio,
-                              candidate_t *c)
+                              int eager, candidate_t *c)
 {
     if (net_is_local(net))
-        return candidate_on(s, NET_LOCAL, now_us, skip_ratio, c);
-    return candidate_on(s, net, now_us, skip_ratio, c);
+        return candidate_on(s, NET_LOCAL, now_us, skip_ratio, eager, c);
+    return candidate_on(s, net, now_us, skip_ratio, eager, c);
+}
+
+/* Adaptive: whether s's arrivals are sparse enough that its batches go at
+ * once (pl_dispatch.h). A window starts at an arrival, so the current one's
+ * rate is its gaps: (count - 1) / elapsed. The rate is the last full
+ * window's, or the current one's when that is longer (a lull) or already
+ * higher (a burst: two requests close together make deferral the choice
+ * at once, the safe side). */
+static int eager(const pl_dispatch_t *d, const session_t *s, int64_t now_us)
+{
+    if (d->opts.policy != PL_POLICY_ADAPTIVE || s->nroutes == 0)
+        return 0;
+    int64_t el = now_us - s->win_start_us;
+    double cur = el > 0 && s->win_count > 1 ? (double)(s->win_count - 1) / (double)el : 0;
+    double rate = el >= PL_RATE_WINDOW_US || cur > s->win_rate ? cur : s->win_rate;
+    return rate < d->opts.eager_load * s->nroutes * s->greedy_per_us;
 }
 
 /* When a worker other than `except` holding s can next start a batch. */
@@ -645,7 +673,7 @@ static int worker_decide(pl_dispatch_t *d, int wid, int64_t now_us)
         wcand_t *x = &all[n];
         x->sid = sid;
         net_t net = net_of(d, s, wid);
-        if (!deferred_candidate(s, net, now_us, d->opts.skip_ratio, &x->c))
+        if (!deferred_candidate(s, net, now_us, d->opts.skip_ratio, eager(d, s, now_us), &x->c))
             continue; /* nothing left that this worker's link can make */
         n++;
         x->cost_us = cost_on(s, net, x->c.b);
@@ -736,7 +764,8 @@ static int first_candidate(pl_dispatch_t *d, const session_t *s, int64_t now_us,
     int nfree = free_by_link(d, s);
     for (int i = 0; i < nfree; i++) {
         int wid = d->order[i];
-        if (deferred_candidate(s, net_of(d, s, wid), now_us, d->opts.skip_ratio, c))
+        if (deferred_candidate(s, net_of(d, s, wid), now_us, d->opts.skip_ratio,
+                               eager(d, s, now_us), c))
             return wid;
     }
     return -1;
@@ -758,7 +787,7 @@ static void pump_session_deferred(pl_dispatch_t *d, int sid, int64_t now_us)
         if (free_worker >= 0 && d->any_net)
             free_worker = first_candidate(d, s, now_us, &c);
         else if (free_worker >= 0)
-            deferred_candidate(s, NET_LOCAL, now_us, d->opts.skip_ratio, &c);
+            deferred_candidate(s, NET_LOCAL, now_us, d->opts.skip_ratio, eager(d, s, now_us), &c);
         if (free_worker >= 0) {
             if (now_us >= c.ready_at) {
                 /* Matchmaking: the free workers holding the model, lowest id
@@ -892,7 +921,7 @@ static void pump_session(pl_dispatch_t *d, int sid, int64_t now_us)
 {
     if (!d->sessions[sid].alive)
         return;
-    if (d->opts.policy == PL_POLICY_DEFERRED)
+    if (d->opts.policy != PL_POLICY_EARLY_DROP)
         pump_session_deferred(d, sid, now_us);
     else
         pump_session_early_drop(d, sid, now_us);
@@ -900,7 +929,7 @@ static void pump_session(pl_dispatch_t *d, int sid, int64_t now_us)
 
 static void pump_worker(pl_dispatch_t *d, int wid, int64_t now_us)
 {
-    if (d->opts.policy == PL_POLICY_DEFERRED) {
+    if (d->opts.policy != PL_POLICY_EARLY_DROP) {
         pump_worker_deferred(d, wid, now_us);
     } else {
         pump_worker_early_drop(d, wid, now_us);
@@ -927,6 +956,8 @@ pl_dispatch_t *pl_dispatch_new(const pl_dispatch_opts_t *opts)
         d->opts.timer_slack_us = 0;
     if (!(d->opts.skip_ratio > 0))
         d->opts.skip_ratio = PL_DEFAULT_SKIP_RATIO;
+    if (!(d->opts.eager_load > 0))
+        d->opts.eager_load = PL_DEFAULT_EAGER_LOAD;
     d->armed_us = PL_NEVER;
     return d;
 }
@@ -999,6 +1030,10 @@ int pl_dispatch_session_add(pl_dispatch_t *d, const pl_session_cfg_t *cfg)
     s->timer_slack_us = d->opts.timer_slack_us;
     s->slo_us = cfg->slo_us;
     s->item_bytes = cfg->item_bytes > 0 ? cfg->item_bytes : 0;
+    int g = usable;
+    while (g > 1 && cfg->slo_us > 0 && 2 * cost[g] > cfg->slo_us)
+        g--;
+    s->greedy_per_us = cost[g] > 0 ? (double)g / (double)cost[g] : 0;
     pl__heap_reserve(&d->session_wake, d->nsessions);
     return sid;
 }
@@ -1262,6 +1297,12 @@ int pl_dispatch_request(pl_dispatch_t *d, int64_t now_us, uint64_t id, int sessi
         return SQ_INVAL;
     pl__entry_t e = {.id = id, .deadline_us = deadline_us, .arrival_us = arrival_us, .flags = 0};
     pl__q_insert(&s->q, &e);
+    if (now_us - s->win_start_us >= PL_RATE_WINDOW_US) {
+        s->win_rate = (double)s->win_count / (double)(now_us - s->win_start_us);
+        s->win_start_us = now_us;
+        s->win_count = 0;
+    }
+    s->win_count++;
     d->stats.requests++;
     d->stats.queued++;
     pump_session(d, session, now_us);

@@ -82,12 +82,34 @@
  * goodput flat under overload. */
 #define PL_DEFAULT_SKIP_RATIO 0.8
 
+/* Adaptive: a session whose arrival rate is below this share of what its
+ * workers can serve batching greedily (pl_dispatch_opts_t.eager_load) is
+ * dispatched at once to an idle worker. Chosen on the Symphony table-2
+ * workload and a low-load latency sweep (bench/RESULTS.md, "Fast when
+ * there is nothing to wait for"). */
+#define PL_DEFAULT_EAGER_LOAD 0.5
+/* Adaptive: the arrival rate is counted over windows of this length. */
+#define PL_RATE_WINDOW_US 250000
+
 typedef enum {
     PL_POLICY_DEFERRED = 0,
     PL_POLICY_EARLY_DROP,
+    /* Deferred under load; at once when waiting cannot grow the batch. A
+     * deferred batch waits for its frontrun moment d - l(b+1) because a
+     * request arriving meanwhile would join it. When a session's arrivals
+     * are so sparse that its workers, running every batch as soon as they
+     * are free (greedy batching, each batch what queued during the last
+     * one), would stay below eager_load of their capacity under the SLO
+     * (the largest b with 2 l(b) <= SLO: a request waits at most one batch
+     * and runs in the next), the batch goes at once: the worker is idle and
+     * the time saved is the request's. Rates come from the arrivals the
+     * core sees (windows of PL_RATE_WINDOW_US), so the switch follows the
+     * load without the planner. */
+    PL_POLICY_ADAPTIVE,
 } pl_policy_t;
 
-/* "deferred" / "early-drop"; pl_policy_parse returns 0 or SQ_INVAL. */
+/* "deferred" / "early-drop" / "adaptive"; pl_policy_parse returns 0 or
+ * SQ_INVAL. */
 const char *pl_policy_name(pl_policy_t policy);
 int pl_policy_parse(const char *name, pl_policy_t *out);
 
@@ -106,6 +128,8 @@ typedef struct {
      * its last moment d - l(b), so that a timer waking late (a live thread
      * on a busy host) still sends it in time. 0 in a simulation. */
     int64_t timer_slack_us;
+    /* Adaptive only; 0 = PL_DEFAULT_EAGER_LOAD. */
+    double eager_load;
 } pl_dispatch_opts_t;
 
 typedef struct {

@@ -386,8 +386,10 @@ int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
                             .finish_us = -1};
     }
 
-    pl_dispatch_opts_t dopts = {
-        .policy = o->policy, .k_std = w->k_std, .net_delay_us = o->net_delay_us};
+    pl_dispatch_opts_t dopts = {.policy = o->policy,
+                                .k_std = w->k_std,
+                                .net_delay_us = o->net_delay_us,
+                                .eager_load = o->eager_load};
     r.d = pl_dispatch_new(&dopts);
     r.exec_us = sq_xcalloc((size_t)w->nsessions + 1, sizeof(int64_t *));
     r.item_bytes = sq_xcalloc((size_t)w->nsessions + 1, sizeof(double));
@@ -720,6 +722,17 @@ char *sim_summary_json(const wl_workload_t *w, const sim_opts_t *opts, const sim
                 qd[nq++] = (double)(res->requests[i].sent_us - res->requests[i].arrival_us) / 1000;
         qsort(qd, nq, sizeof(double), dbl_cmp);
         double p99 = nq ? qd[(size_t)ceil(0.99 * (double)nq) - 1] : 0;
+        /* Latency of the answered requests (in time or late): arrival to
+         * the end of their batch. */
+        size_t na = 0;
+        for (size_t i = 0; i < res->nrequests; i++)
+            if (w->sessions[res->requests[i].session].model == m &&
+                res->requests[i].outcome != SIM_DROPPED && res->requests[i].sent_us >= 0)
+                qd[na++] =
+                    (double)(res->requests[i].finish_us - res->requests[i].arrival_us) / 1000;
+        qsort(qd, na, sizeof(double), dbl_cmp);
+        double l50 = na ? qd[(size_t)ceil(0.50 * (double)na) - 1] : 0;
+        double l99 = na ? qd[(size_t)ceil(0.99 * (double)na) - 1] : 0;
         json_t *mo = json_object();
         json_object_set_new(mo, "name", json_string(w->models[m].name));
         json_object_set_new(mo, "requests", json_integer((json_int_t)req[m]));
@@ -733,6 +746,8 @@ char *sim_summary_json(const wl_workload_t *w, const sim_opts_t *opts, const sim
         json_object_set_new(mo, "batch_size_mean",
                             num(nb[m] ? (double)items[m] / (double)nb[m] : 0));
         json_object_set_new(mo, "queue_ms_p99", num(p99));
+        json_object_set_new(mo, "latency_ms_p50", num(l50));
+        json_object_set_new(mo, "latency_ms_p99", num(l99));
         json_array_append_new(models, mo);
     }
     free(qd);

@@ -36,6 +36,7 @@ typedef struct {
     /* pl_plan sees every rate times this: a fluid-rate plan packs devices
      * to ~100% of the mean rate and leaves nothing for Poisson bursts. */
     double plan_headroom;
+    double eager_load; /* adaptive policy's threshold; 0: PL_DEFAULT_EAGER_LOAD */
 } sim_opts_t;
 
 /* Defaults: deferred, workload seed, scale 1, 10 s, no network delay, auto

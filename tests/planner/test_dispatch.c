@@ -255,6 +255,60 @@ Test(dispatch, deferred_low_load_keeps_spare_workers_idle)
     free(r);
 }
 
+Test(dispatch, adaptive_low_load_sends_at_once)
+{
+    /* The deferred case above under the adaptive rule: 50 req/s against a
+     * greedy capacity of 4 x 1 / l(1) = 667 req/s: each request goes the
+     * moment it arrives, to the lowest-id worker, and finishes after l(1). */
+    rig_t *r = malloc(sizeof(*r));
+    rig_init(r, PL_POLICY_ADAPTIVE);
+    add_workers(r, 4);
+    int sid = add_linear_session(r->d, 1000, 5000, 64, 12000);
+    route_all(r, sid, 4, 0);
+    arrival_t arr[10];
+    for (int i = 0; i < 10; i++)
+        arr[i] = (arrival_t){.at_us = 20000 * i, .session = sid, .deadline_us = 20000 * i + 12000};
+    rig_run(r, arr, 10, 4);
+    cr_assert_eq(r->nsent, 10);
+    cr_assert_eq(r->ndropped, 0);
+    for (int k = 0; k < 10; k++) {
+        cr_assert_eq(r->sent[k].worker, 0);
+        cr_assert_eq(r->sent[k].count, 1);
+        cr_assert_eq(r->sent[k].at_us, 20000 * k, "request %d sent at %lld", k,
+                     (long long)r->sent[k].at_us);
+        cr_assert_eq(r->sent[k].finish_us, 20000 * k + 6000);
+    }
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
+Test(dispatch, adaptive_under_load_defers_like_symphony)
+{
+    /* Symphony's section 3.3 example (1333 req/s, far above half the greedy
+     * capacity of 3 / l(1) = 500 req/s): the first request, alone, goes at
+     * once; from the second on (two arrivals 0.75 ms apart) the session
+     * defers, and the batches are Symphony's batches of 4, staggered. */
+    rig_t *r = malloc(sizeof(*r));
+    rig_init(r, PL_POLICY_ADAPTIVE);
+    add_workers(r, 3);
+    int sid = add_linear_session(r->d, 1000, 5000, 64, 12000);
+    route_all(r, sid, 3, 0);
+    arrival_t arr[48];
+    for (int i = 0; i < 48; i++)
+        arr[i] = (arrival_t){.at_us = 750 * i, .session = sid, .deadline_us = 750 * i + 12000};
+    rig_run(r, arr, 48, 3);
+    cr_assert_eq(r->ndropped, 0);
+    cr_assert_eq(r->overlap, 0);
+    cr_assert_eq(r->sent[0].at_us, 0);
+    cr_assert_eq(r->sent[0].count, 1);
+    int fours = 0;
+    for (int k = 1; k < r->nsent; k++)
+        fours += r->sent[k].count >= 4;
+    cr_assert_geq(fours, r->nsent - 3, "%d of %d batches of 4 or more", fours, r->nsent - 1);
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
 Test(dispatch, early_drop_slides_window_past_heads_that_would_miss)
 {
     rig_t *r = malloc(sizeof(*r));
@@ -638,6 +692,14 @@ Test(dispatch, no_batch_ever_misses_its_earliest_deadline_deferred)
         property_run(PL_POLICY_DEFERRED, seed, 0);
 }
 
+Test(dispatch, no_batch_ever_misses_its_earliest_deadline_adaptive)
+{
+    for (uint64_t seed = 1; seed <= 12; seed++)
+        property_run(PL_POLICY_ADAPTIVE, seed, 0);
+    for (uint64_t seed = 1; seed <= 12; seed++)
+        property_run(PL_POLICY_ADAPTIVE, seed, 1);
+}
+
 Test(dispatch, no_batch_ever_misses_its_earliest_deadline_early_drop)
 {
     for (uint64_t seed = 1; seed <= 12; seed++)
@@ -722,6 +784,14 @@ Test(dispatch, half_the_capacity_is_served_in_time_deferred)
     for (uint64_t seed = 1; seed <= 6; seed++) {
         goodput_run(PL_POLICY_DEFERRED, seed, 2, 1000, 5000, 50000);
         goodput_run(PL_POLICY_DEFERRED, seed, 4, 500, 8000, 30000);
+    }
+}
+
+Test(dispatch, half_the_capacity_is_served_in_time_adaptive)
+{
+    for (uint64_t seed = 1; seed <= 6; seed++) {
+        goodput_run(PL_POLICY_ADAPTIVE, seed, 2, 1000, 5000, 50000);
+        goodput_run(PL_POLICY_ADAPTIVE, seed, 4, 500, 8000, 30000);
     }
 }
 
@@ -879,6 +949,9 @@ Test(dispatch, no_worker_and_bad_input)
     cr_assert_eq(pol, PL_POLICY_EARLY_DROP);
     cr_assert_eq(pl_policy_parse("lazy", &pol), SQ_INVAL);
     cr_assert_str_eq(pl_policy_name(PL_POLICY_DEFERRED), "deferred");
+    cr_assert_eq(pl_policy_parse("adaptive", &pol), 0);
+    cr_assert_eq(pol, PL_POLICY_ADAPTIVE);
+    cr_assert_str_eq(pl_policy_name(PL_POLICY_ADAPTIVE), "adaptive");
     pl_dispatch_free(d);
     pl_dispatch_free(NULL);
 }
