@@ -83,8 +83,9 @@ static const opt_t options[] = {
      "on SIGTERM, how long in-flight requests may take to finish"},
     {"max_body_mb", OPT_MB, offsetof(gw_config_t, max_body_bytes), 0, 1, 1 << 20, "512",
      "largest request body (uploads included), MiB"},
-    {"policy", OPT_POLICY, 0, 0, 0, 0, "deferred",
-     "batch dispatch: deferred (Symphony) or early-drop (Nexus)"},
+    {"policy", OPT_POLICY, 0, 0, 0, 0, "adaptive",
+     "batch dispatch: adaptive (deferred under load, at once while arrivals are sparse), "
+     "deferred (Symphony) or early-drop (Nexus)"},
     {"k_std", DBL(k_std), 0, 10, "1", "latency margin: profile mean + k_std * std"},
     {"dispatch_margin_us", INT(dispatch_margin_us), 0, 1000000, "2000",
      "added to every batch's latency: the IPC round trip and the reply's way back"},

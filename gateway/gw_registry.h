@@ -70,7 +70,9 @@ void gw_registry_put(gw_registry_t *r, gw_model_t *m);
 /* Removes every version of name (version 0) or one version; writes the
  * removed keys (up to max) and returns how many were removed. */
 int gw_registry_remove(gw_registry_t *r, const char *name, int version, int64_t *keys, int max);
-/* A new reference to name's version (0: the newest), or NULL. */
+/* A new reference to name's version, or NULL. Version 0: the newest ready
+ * one (a version still profiling, or failed, never takes the traffic of
+ * one that is ready), or the newest when none is ready. */
 gw_model_t *gw_registry_find(gw_registry_t *r, const char *name, size_t name_len, int version);
 /* A new reference by key, or NULL. */
 gw_model_t *gw_registry_get(gw_registry_t *r, int64_t key);

@@ -502,6 +502,20 @@ void gw_route_models_delete_version(gw_call_t *call)
 }
 
 /* KServe: {"name", "versions", "platform", "inputs", "outputs"}. */
+/* Whether version record v takes a request without a version rather than
+ * cur (NULL: none yet): the newest ready one, else the newest (as
+ * gw_registry_find). */
+static int version_serves(json_t *v, json_t *cur)
+{
+    if (cur == NULL)
+        return 1;
+    int ready = strcmp(json_string_value(json_object_get(v, "status")), "ready") == 0;
+    int cur_ready = strcmp(json_string_value(json_object_get(cur, "status")), "ready") == 0;
+    return ready > cur_ready ||
+           (ready == cur_ready && json_integer_value(json_object_get(v, "version")) >
+                                      json_integer_value(json_object_get(cur, "version")));
+}
+
 static void kserve_metadata_job(mdb_t *db, void *arg)
 {
     model_job_t *j = arg;
@@ -521,7 +535,7 @@ static void kserve_metadata_job(mdb_t *db, void *arg)
         int n = (int)json_integer_value(json_object_get(v, "version"));
         snprintf(s, sizeof(s), "%d", n);
         json_array_append_new(versions, json_string(s));
-        if (j->version == 0 || n == j->version)
+        if (j->version != 0 ? n == j->version : version_serves(v, chosen))
             chosen = v;
     }
     if (chosen == NULL) {
@@ -541,8 +555,23 @@ static void kserve_metadata_job(mdb_t *db, void *arg)
 static void kserve_ready_job(mdb_t *db, void *arg)
 {
     model_job_t *j = arg;
-    json_t *rec;
-    int rc = mdb_model_version_get(db, j->name, j->version, &rec);
+    json_t *rec = NULL, *all = NULL;
+    int rc;
+    if (j->version != 0) {
+        rc = mdb_model_version_get(db, j->name, j->version, &rec);
+    } else if ((rc = mdb_model_get(db, j->name, &all)) == 0) {
+        /* No version: the one a request without a version goes to. */
+        json_t *v, *chosen = NULL;
+        size_t i;
+        json_array_foreach(json_object_get(all, "versions"), i, v)
+        {
+            if (version_serves(v, chosen))
+                chosen = v;
+        }
+        rec = chosen != NULL ? json_incref(chosen) : NULL;
+        rc = rec != NULL ? 0 : SQ_MODEL_NOT_FOUND;
+        json_decref(all);
+    }
     if (rc != 0) {
         gw_async_fail(&j->base, rc, rc == SQ_MODEL_NOT_FOUND ? "no such model" : "%s",
                       mdb_errmsg(db));

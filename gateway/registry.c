@@ -192,13 +192,25 @@ int gw_registry_remove(gw_registry_t *r, const char *name, int version, int64_t 
 gw_model_t *gw_registry_find(gw_registry_t *r, const char *name, size_t name_len, int version)
 {
     gw_model_t *best = NULL;
+    int best_ready = 0;
     pthread_mutex_lock(&r->lock);
     for (size_t i = 0; i < r->n; i++) {
         gw_model_t *m = r->models[i];
         if (strlen(m->name) != name_len || memcmp(m->name, name, name_len) != 0)
             continue;
-        if (version != 0 ? m->version == version : (best == NULL || m->version > best->version))
+        if (version != 0) {
+            if (m->version == version)
+                best = m;
+            continue;
+        }
+        /* The newest ready version; the newest of all only while none is
+         * ready (its state is then the answer). */
+        int ready = strcmp(m->status, "ready") == 0;
+        if (best == NULL || ready > best_ready ||
+            (ready == best_ready && m->version > best->version)) {
             best = m;
+            best_ready = ready;
+        }
     }
     if (best != NULL)
         gw_model_ref(best);

@@ -29,6 +29,9 @@ def upload(s, model_bytes, config, token=None, labels=None, extra=()):
                      schema_name="model_record")
 
 
+PHOTO_BYTES = open("/usr/share/matplotlib/mpl-data/sample_data/grace_hopper.jpg", "rb").read()
+
+
 def auth(s):
     return {"Authorization": "Bearer " + s.token}
 
@@ -217,6 +220,63 @@ def shared_prefixes_are_detected_automatically_and_shown():
         assert r.json["versions"][0]["prefix_group"] is None, r.json
     finally:
         s.stop()
+        s.cleanup()
+
+
+@test
+def a_new_version_never_takes_traffic_from_a_ready_one():
+    """Requests without a version go to the newest ready version: while a
+    new one profiles, and after it failed, the old one answers every
+    request; once a newer one is ready, it takes over."""
+    v1, v2, v3 = tm.tiny(1), tm.tiny(2), tm.tiny(3)
+    bad = hashlib.sha256(v2).hexdigest()
+    s = Squishd(workers="cpu:1", env={"SQUISH_WORKER_FAULT": "refuse:%s" % bad[:16]})
+    try:
+        s.wait_ready(workers=1, timeout=20)
+
+        def state(v):
+            r = s.get("/models/roll", headers=auth(s), schema_name="model")
+            return {x["version"]: x for x in r.json["versions"]}.get(v, {}).get("status")
+
+        def infer():
+            r = s.request("POST", "/v1/models/roll/infer", body=PHOTO_BYTES,
+                          headers={"X-SLO-Ms": "5000", "Content-Type": "image/jpeg"})
+            return r.status, (r.json or {}).get("version")
+
+        assert upload(s, v1, {"name": "roll"}).status == 202
+        eventually(lambda: state(1) == "ready", 60, "version 1 ready")
+        answers, stop = [], threading.Event()
+
+        def traffic():
+            while not stop.is_set():
+                answers.append(infer())
+                time.sleep(0.01)
+
+        t = threading.Thread(target=traffic)
+        t.start()
+        try:
+            time.sleep(0.3)
+            r = upload(s, v2, {"name": "roll", "version": 2})
+            assert r.status == 202, r
+            eventually(lambda: state(2) == "failed", 60, "version 2 refused by the worker")
+            time.sleep(0.3)
+        finally:
+            stop.set()
+            t.join()
+        assert len(answers) > 10, answers
+        assert all(a == (200, 1) for a in answers), [a for a in answers if a != (200, 1)][:5]
+        # The model's readiness and metadata follow the version that serves.
+        r = s.get("/v2/models/roll/ready")
+        assert r.status == 200 and r.json["ready"] is True, r
+        assert s.get("/v2/models/roll/versions/2/ready").status == 400
+        # A newer version, once ready, takes the requests without a version.
+        assert upload(s, v3, {"name": "roll", "version": 3}).status == 202
+        eventually(lambda: state(3) == "ready", 60, "version 3 ready")
+        assert infer() == (200, 3)
+        assert s.request("POST", "/v1/models/roll/versions/1/infer", body=PHOTO_BYTES,
+                         headers={"X-SLO-Ms": "5000"}).status == 200
+        assert s.stop() == 0
+    finally:
         s.cleanup()
 
 
