@@ -8,11 +8,15 @@
 #include <jansson.h>
 #include <stdatomic.h>
 
+/* The Triton protocol extensions squish implements, by Triton's names:
+ * binary tensors in the body (oip.c), class labels instead of raw tensors
+ * (the classification parameter, oip_response.c), and per-model statistics
+ * (/v2/models[/{m}[/versions/{v}]]/stats, metrics_api.c). */
 static void route_server_metadata(gw_call_t *call)
 {
-    gw_send_json(
-        call->req, 200,
-        json_pack("{s:s, s:s, s:[]}", "name", "squish", "version", SQUISH_VERSION, "extensions"));
+    gw_send_json(call->req, 200,
+                 json_pack("{s:s, s:s, s:[s, s, s]}", "name", "squish", "version", SQUISH_VERSION,
+                           "extensions", "binary_tensor_data", "classification", "statistics"));
 }
 
 static void route_live(gw_call_t *call)
