@@ -69,9 +69,15 @@ void gw_add_header(h2o_req_t *req, const char *name, const char *value)
 
 void gw_send_json(h2o_req_t *req, int status, json_t *obj)
 {
-    /* 7 significant digits: timings to the µs, scores and profiles to
-     * more than their precision. */
-    const size_t flags = JSON_COMPACT | JSON_REAL_PRECISION(7);
+    /* 13 significant digits: a wall-clock time in seconds to the ms
+     * (1795424123.457, not 1.795424e9), and short of the 16th-17th digit
+     * where binary floats show their noise (60.37, not 60.369999999999997).
+     * ?pretty (any value but 0 or false) indents
+     * for a reader. */
+    char pretty[8];
+    int indent = gw_query_param(req, "pretty", pretty, sizeof(pretty)) &&
+                 strcmp(pretty, "0") != 0 && strcmp(pretty, "false") != 0;
+    const size_t flags = (indent ? JSON_INDENT(2) : JSON_COMPACT) | JSON_REAL_PRECISION(13);
     size_t len = json_dumpb(obj, NULL, 0, flags);
     char *body = h2o_mem_alloc_pool(&req->pool, len + 1);
     json_dumpb(obj, body, len, flags);

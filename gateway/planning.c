@@ -582,7 +582,7 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
     json_t *placements;
     json_t *snap = plan_json(ds, reason, &placements);
     publish_metrics(ds, snap, plan.moved);
-    char *txt = json_dumps(snap, JSON_COMPACT | JSON_REAL_PRECISION(7));
+    char *txt = json_dumps(snap, JSON_COMPACT | JSON_REAL_PRECISION(13));
     json_decref(snap);
     pthread_mutex_lock(&p->lock);
     free(p->json);

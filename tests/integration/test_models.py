@@ -243,8 +243,18 @@ def a_new_version_never_takes_traffic_from_a_ready_one():
                           headers={"X-SLO-Ms": "5000", "Content-Type": "image/jpeg"})
             return r.status, (r.json or {}).get("version")
 
-        assert upload(s, v1, {"name": "roll"}).status == 202
+        before = time.time()
+        r = upload(s, v1, {"name": "roll"})
+        assert r.status == 202, r
+        # Wall-clock times to the ms, not in 7 significant digits (which
+        # were 1.795424e9, up to 100 s off).
+        assert abs(r.json["created_at"] - before) < 5, r.json["created_at"]
+        assert "e+09" not in r.raw.decode(), r.raw
         eventually(lambda: state(1) == "ready", 60, "version 1 ready")
+        # ?pretty indents any JSON answer for a reader.
+        r = s.get("/models/roll?pretty", headers=auth(s))
+        assert r.status == 200 and r.raw.decode().startswith("{\n  "), r.raw[:40]
+        assert s.get("/models/roll", headers=auth(s)).raw.decode().startswith('{"'), "compact"
         answers, stop = [], threading.Event()
 
         def traffic():
