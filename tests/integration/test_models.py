@@ -227,7 +227,8 @@ def shared_prefixes_are_detected_automatically_and_shown():
 def a_new_version_never_takes_traffic_from_a_ready_one():
     """Requests without a version go to the newest ready version: while a
     new one profiles, and after it failed, the old one answers every
-    request; once a newer one is ready, it takes over."""
+    request; once a newer one is ready, it takes over. Triton's repository
+    index and model config show each version as it is."""
     v1, v2, v3 = tm.tiny(1), tm.tiny(2), tm.tiny(3)
     bad = hashlib.sha256(v2).hexdigest()
     s = Squishd(workers="cpu:1", env={"SQUISH_WORKER_FAULT": "refuse:%s" % bad[:16]})
@@ -283,6 +284,25 @@ def a_new_version_never_takes_traffic_from_a_ready_one():
         assert upload(s, v3, {"name": "roll", "version": 3}).status == 202
         eventually(lambda: state(3) == "ready", 60, "version 3 ready")
         assert infer() == (200, 3)
+        # Triton's repository index and model configuration.
+        r = s.request("POST", "/v2/repository/index", body=b"", schema_name="repository_index")
+        assert r.status == 200, r
+        assert [(x["name"], x["version"], x["state"]) for x in r.json] == [
+            ("roll", "1", "READY"), ("roll", "2", "UNAVAILABLE"), ("roll", "3", "READY")], r.json
+        assert "refus" in r.json[1]["reason"], r.json[1]
+        r = s.request("POST", "/v2/repository/index", body=b'{"ready": true}',
+                      schema_name="repository_index")
+        assert [x["version"] for x in r.json] == ["1", "3"], r.json
+        assert s.request("POST", "/v2/repository/index", body=b"[1]").status == 400
+        r = s.get("/v2/models/roll/config", schema_name="model_config")
+        assert r.status == 200 and r.json["version"] == 3, r
+        assert r.json["input"][0]["dims"] == [3, 32, 32] and r.json["max_batch_size"] >= 1, r.json
+        assert r.json["output"][0]["dims"] == [10] and r.json["profiled_on"] == ["cpu"], r.json
+        assert r.json["preprocessing"]["channel_order"] == "rgb", r.json
+        r = s.get("/v2/models/roll/versions/2/config", schema_name="model_config")
+        assert r.status == 200 and r.json["status"] == "failed" and r.json["error"], r.json
+        assert s.get("/v2/models/roll/versions/9/config").status == 404
+        assert s.get("/v2/models/nope/config").status == 404
         assert s.request("POST", "/v1/models/roll/versions/1/infer", body=PHOTO_BYTES,
                          headers={"X-SLO-Ms": "5000"}).status == 200
         assert s.stop() == 0

@@ -1,0 +1,141 @@
+/* What Triton clients ask of a model repository, from the registry (no DB
+ * round trip): GET /v2/models/{m}[/versions/{v}]/config (the model's
+ * configuration in Triton's field names, plus squish's own: preprocessing,
+ * SLO, status) and POST /v2/repository/index (Triton's model repository
+ * extension, read-only: every version with its state). */
+#include "gw_http.h"
+#include "gw_registry.h"
+#include "gw_server.h"
+
+#include <jansson.h>
+#include <sq.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static json_t *real3(const double v[3])
+{
+    return json_pack("[f, f, f]", v[0], v[1], v[2]);
+}
+
+static json_t *model_config(const gw_model_t *m)
+{
+    json_t *profiles = json_array();
+    for (int k = 0; k < GW_KIND_COUNT; k++)
+        if (m->has_profile[k])
+            json_array_append_new(profiles, json_string(gw_kind_name((gw_kind_t)k)));
+    json_t *in = json_pack("{s:s, s:s, s:[i, i, i]}", "name", m->input_name, "data_type",
+                           m->input_uint8 ? "TYPE_UINT8" : "TYPE_FP32", "dims", m->c, m->h, m->w);
+    json_t *out = json_pack("{s:s, s:s, s:[I], s:I}", "name", m->output_name, "data_type",
+                            "TYPE_FP32", "dims", (json_int_t)m->out_elems, "label_count",
+                            (json_int_t)json_array_size(m->labels));
+    json_t *pre = json_pack("{s:o, s:o, s:s, s:s, s:[i, i]}", "mean", real3(m->mean), "std",
+                            real3(m->std), "channel_order", m->bgr ? "bgr" : "rgb", "resize",
+                            m->nearest ? "nearest" : "bilinear", "size", m->h, m->w);
+    json_t *c = json_pack(
+        "{s:s, s:i, s:s, s:i, s:[o], s:[o], s:o, s:f, s:s, s:o}", "name", m->name, "version",
+        m->version, "platform", m->emulated ? "squish_emulated" : "onnxruntime_onnx",
+        "max_batch_size", m->max_batch, "input", in, "output", out, "preprocessing", pre,
+        "default_slo_ms", m->default_slo_ms, "status", m->status, "profiled_on", profiles);
+    if (m->error[0])
+        json_object_set_new(c, "error", json_string(m->error));
+    return c;
+}
+
+void gw_route_model_config(gw_call_t *call)
+{
+    int version = 0;
+    if (call->nargs > 1 && (version = gw_parse_version(call->args[1])) < 0) {
+        gw_send_error(call->req, SQ_MODEL_NOT_FOUND, "no such model version");
+        return;
+    }
+    gw_model_t *m =
+        gw_registry_find(call->srv->registry, call->args[0].base, call->args[0].len, version);
+    if (m == NULL) {
+        gw_send_error(call->req, SQ_MODEL_NOT_FOUND,
+                      version ? "no such model version" : "no such model");
+        return;
+    }
+    json_t *c = model_config(m);
+    gw_model_unref(m);
+    gw_send_json(call->req, 200, c);
+}
+
+typedef struct {
+    json_t *rows;
+    int ready_only;
+} index_t;
+
+static void index_one(gw_model_t *m, void *arg)
+{
+    index_t *x = arg;
+    int ready = strcmp(m->status, "ready") == 0;
+    if (x->ready_only && !ready)
+        return;
+    /* Triton's states: READY, LOADING (squish: being measured),
+     * UNAVAILABLE with the reason. */
+    json_t *row = json_pack("{s:s, s:s, s:s}", "name", m->name, "version", "", "state",
+                            ready                                 ? "READY"
+                            : strcmp(m->status, "profiling") == 0 ? "LOADING"
+                                                                  : "UNAVAILABLE");
+    char v[16];
+    snprintf(v, sizeof(v), "%d", m->version);
+    json_object_set_new(row, "version", json_string(v));
+    if (!ready)
+        json_object_set_new(row, "reason", json_string(m->error[0] ? m->error : "profiling"));
+    json_array_append_new(x->rows, row);
+}
+
+static int row_cmp(const void *a, const void *b)
+{
+    json_t *x = *(json_t *const *)a, *y = *(json_t *const *)b;
+    int c = strcmp(json_string_value(json_object_get(x, "name")),
+                   json_string_value(json_object_get(y, "name")));
+    if (c != 0)
+        return c;
+    int vx = atoi(json_string_value(json_object_get(x, "version")));
+    int vy = atoi(json_string_value(json_object_get(y, "version")));
+    return (vx > vy) - (vx < vy);
+}
+
+void gw_route_repository_index(gw_call_t *call)
+{
+    /* Body: optional {"ready": true} (only the versions that can serve). */
+    index_t x = {.rows = json_array()};
+    const uint8_t *body;
+    size_t len;
+    uint8_t *owned = NULL;
+    if (gw_request_body(call->req, &body, &len, &owned) != 0) {
+        json_decref(x.rows);
+        gw_send_error(call->req, SQ_OVERLOAD, "no memory for the request body");
+        return;
+    }
+    if (len > 0) {
+        json_error_t jerr;
+        json_t *req = json_loadb((const char *)body, len, 0, &jerr);
+        json_t *ready = req != NULL ? json_object_get(req, "ready") : NULL;
+        if (req == NULL || !json_is_object(req) || (ready != NULL && !json_is_boolean(ready))) {
+            json_decref(req);
+            json_decref(x.rows);
+            free(owned);
+            gw_send_error(call->req, SQ_BAD_JSON,
+                          "the body must be a JSON object, optionally {\"ready\": true}");
+            return;
+        }
+        x.ready_only = ready != NULL && json_is_true(ready);
+        json_decref(req);
+    }
+    free(owned);
+    gw_registry_foreach(call->srv->registry, index_one, &x);
+    size_t n = json_array_size(x.rows);
+    json_t **rows = sq_xmalloc(sizeof(*rows) * (n ? n : 1));
+    for (size_t i = 0; i < n; i++)
+        rows[i] = json_incref(json_array_get(x.rows, i));
+    qsort(rows, n, sizeof(*rows), row_cmp);
+    json_t *sorted = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(sorted, rows[i]);
+    free(rows);
+    json_decref(x.rows);
+    gw_send_json(call->req, 200, sorted);
+}
