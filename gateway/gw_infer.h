@@ -28,6 +28,7 @@ struct gw_infer {
     int64_t arrival_us;
     int64_t deadline_us;
     double slo_ms;
+    double slo_asked_ms; /* what the request asked for when the cap cut it; 0 otherwise */
     int top_k;
     char request_id[80];
     int n_items;

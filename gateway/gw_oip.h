@@ -108,8 +108,9 @@ typedef struct {
     int batch; /* N, the same for every input */
     char *id;  /* NULL when the request has none; NUL-terminated, id_len bytes (may hold NULs) */
     size_t id_len;
-    double slo_ms; /* parameters.slo_ms, or timeout µs / 1000, or -1 = the model's default */
-    int priority;  /* parameters.priority; 0 = default, 1 = highest */
+    double slo_ms;      /* parameters.slo_ms, or timeout µs / 1000, or -1 = the model's default */
+    int slo_is_timeout; /* slo_ms came from Triton's timeout (an X-SLO-Ms header wins) */
+    int priority;       /* parameters.priority; 0 = default, 1 = highest */
     int binary_data_output; /* parameters.binary_data_output */
     int header_len;         /* the JSON header length used (-1: none, whole body JSON) */
     gw_oip_input_t inputs[GW_OIP_MAX_INPUTS]; /* indexed like model->inputs */

@@ -212,9 +212,26 @@ static timing_t timing_of(const gw_infer_t *req)
     return t;
 }
 
+/* Headers of every inference answer: its id, the SLO it was served under,
+ * and a warning when --max-request-ms cut the one asked for. */
+static void answer_headers(gw_infer_t *req, h2o_req_t *hreq)
+{
+    char v[160];
+    gw_add_header(hreq, "x-request-id", req->request_id);
+    if (req->slo_ms > 0) {
+        snprintf(v, sizeof(v), "%g", req->slo_ms);
+        gw_add_header(hreq, "x-slo-ms", v);
+    }
+    if (req->slo_asked_ms > 0) {
+        snprintf(v, sizeof(v), "199 squish \"SLO of %g ms capped at %g ms (--max-request-ms)\"",
+                 req->slo_asked_ms, req->slo_ms);
+        gw_add_header(hreq, "warning", v);
+    }
+}
+
 static void send_failure(gw_infer_t *req, h2o_req_t *hreq)
 {
-    gw_add_header(hreq, "x-request-id", req->request_id);
+    answer_headers(req, hreq);
     gw_send_error(hreq, req->err, req->err_detail[0] ? req->err_detail : NULL);
 }
 
@@ -279,7 +296,7 @@ static void respond_v1(gw_async_t *a, h2o_req_t *hreq)
         json_array_append_new(
             preds, top_k_json(m, req->outputs + (size_t)i * (size_t)m->out_elems, req->top_k));
     timing_t t = timing_of(req);
-    gw_add_header(hreq, "x-request-id", req->request_id);
+    answer_headers(req, hreq);
     gw_send_json(hreq, 200,
                  json_pack("{s:s, s:i, s:s, s:o, s:i, s:{s:f, s:f, s:f, s:f}}", "model", m->name,
                            "version", m->version, "id", req->request_id, "predictions", preds,
@@ -378,8 +395,10 @@ static void set_deadline(gw_infer_t *req, double slo_ms, const gw_config_t *cfg)
 {
     if (slo_ms > 0)
         req->slo_ms = slo_ms;
-    if (req->slo_ms > cfg->max_request_ms)
+    if (req->slo_ms > cfg->max_request_ms) {
+        req->slo_asked_ms = req->slo_ms;
         req->slo_ms = cfg->max_request_ms;
+    }
     req->deadline_us = req->arrival_us + (int64_t)(req->slo_ms * 1000.0);
 }
 
@@ -427,6 +446,28 @@ static int take_body(gw_infer_t *req, h2o_req_t *hreq)
     return 0;
 }
 
+/* The SLO a request's header (X-SLO-Ms) or query (?slo_ms=) asks for, in
+ * *slo (-1: none); -1 after rejecting a malformed one. */
+static int request_slo(gw_infer_t *req, h2o_req_t *hreq, double *slo)
+{
+    char buf[64];
+    *slo = -1;
+    h2o_iovec_t hslo = gw_header(hreq, "x-slo-ms");
+    if (hslo.len > 0) {
+        snprintf(buf, sizeof(buf), "%.*s", (int)(hslo.len < 63 ? hslo.len : 63), hslo.base);
+        if (parse_positive(buf, slo) != 0) {
+            reject(req, SQ_BAD_REQUEST, "X-SLO-Ms: expected a positive number of ms");
+            return -1;
+        }
+    } else if (gw_query_param(hreq, "slo_ms", buf, sizeof(buf))) {
+        if (parse_positive(buf, slo) != 0) {
+            reject(req, SQ_BAD_REQUEST, "slo_ms: expected a positive number of ms");
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* ---- /v1 ---------------------------------------------------------------- */
 
 void gw_route_infer_v1(gw_call_t *call)
@@ -439,19 +480,8 @@ void gw_route_infer_v1(gw_call_t *call)
     req->base.respond = respond_v1;
     char buf[64];
     double slo = -1;
-    h2o_iovec_t hslo = gw_header(hreq, "x-slo-ms");
-    if (hslo.len > 0) {
-        snprintf(buf, sizeof(buf), "%.*s", (int)(hslo.len < 63 ? hslo.len : 63), hslo.base);
-        if (parse_positive(buf, &slo) != 0) {
-            reject(req, SQ_BAD_REQUEST, "X-SLO-Ms: expected a positive number of ms");
-            return;
-        }
-    } else if (gw_query_param(hreq, "slo_ms", buf, sizeof(buf))) {
-        if (parse_positive(buf, &slo) != 0) {
-            reject(req, SQ_BAD_REQUEST, "slo_ms: expected a positive number of ms");
-            return;
-        }
-    }
+    if (request_slo(req, hreq, &slo) != 0)
+        return;
     set_deadline(req, slo, srv->cfg);
     if (gw_query_param(hreq, "top_k", buf, sizeof(buf))) {
         double k;
@@ -521,6 +551,7 @@ typedef struct {
     gw_oip_model_t desc;
     gw_oip_request_t parsed;
     long long header_len;
+    double header_slo_ms; /* X-SLO-Ms or ?slo_ms=; -1 none */
     char version[16];
 } v2_state_t;
 
@@ -568,7 +599,7 @@ static void respond_v2(gw_async_t *a, h2o_req_t *hreq)
     long long header_len = -1;
     int rc = gw_oip_response_encode(&resp, &out, &header_len);
     free(labels);
-    gw_add_header(hreq, "x-request-id", req->request_id);
+    answer_headers(req, hreq);
     if (rc != 0) {
         sq_buf_dispose(&out);
         gw_send_error(hreq, SQ_INTERNAL, "cannot encode the response");
@@ -606,7 +637,12 @@ static void v2_start(gw_infer_t *req)
     }
     if (st->parsed.id == NULL)
         gw_oip_request_set_id(&st->parsed, req->request_id, strlen(req->request_id));
-    set_deadline(req, st->parsed.slo_ms, srv->cfg);
+    /* parameters.slo_ms, then X-SLO-Ms (or ?slo_ms=), then Triton's
+     * parameters.timeout, then the model's default. */
+    double slo = st->parsed.slo_ms;
+    if (st->header_slo_ms > 0 && (!(slo > 0) || st->parsed.slo_is_timeout))
+        slo = st->header_slo_ms;
+    set_deadline(req, slo, srv->cfg);
     int n = st->parsed.batch;
     if (alloc_items(req, n) != 0) {
         reject(req, SQ_OVERLOAD, "not enough memory for a batch of %d; retry shortly", n);
@@ -640,6 +676,8 @@ void gw_route_infer_v2(gw_call_t *call)
     req->api_state = st;
     req->api_dispose = v2_dispose;
     snprintf(st->version, sizeof(st->version), "%d", m->version);
+    if (request_slo(req, hreq, &st->header_slo_ms) != 0)
+        return;
     st->desc.ninputs = 1;
     gw_oip_input_desc_t *in = &st->desc.inputs[0];
     snprintf(in->name, sizeof(in->name), "%s", m->input_name);

@@ -234,6 +234,7 @@ static int parse_parameters(oip_dec_t *d, oip_cur_t *c)
         return rc;
     /* slo_ms is squish's own and wins over Triton's queue timeout. */
     d->req->slo_ms = slo_ms > 0 ? slo_ms : timeout_ms;
+    d->req->slo_is_timeout = !(slo_ms > 0) && timeout_ms > 0;
     return 0;
 }
 

@@ -680,10 +680,12 @@ Test(oip, id_and_scheduling_parameters)
     snprintf(json, sizeof(json), "{\"parameters\":{\"timeout\":250000}%s", tail);
     cr_assert_eq(parse_json(json, &m, &r), 0, "%s", err);
     cr_assert_eq(r.slo_ms, 250.0, "Triton's timeout is in microseconds");
+    cr_assert_eq(r.slo_is_timeout, 1, "an X-SLO-Ms header wins over it");
     gw_oip_request_dispose(&r);
     snprintf(json, sizeof(json), "{\"parameters\":{\"timeout\":250000,\"slo_ms\":30}%s", tail);
     cr_assert_eq(parse_json(json, &m, &r), 0, "%s", err);
     cr_assert_eq(r.slo_ms, 30.0, "slo_ms wins over timeout");
+    cr_assert_eq(r.slo_is_timeout, 0);
     gw_oip_request_dispose(&r);
     snprintf(json, sizeof(json), "{\"parameters\":{\"timeout\":0}%s", tail);
     cr_assert_eq(parse_json(json, &m, &r), 0, "%s", err);

@@ -406,6 +406,27 @@ def oip_json_and_binary_tensors_and_jpeg_bytes():
                "parameters": {"slo_ms": 1000}}
         r = s.request("POST", url, body=json.dumps(req), schema_name="oip_infer_response")
         assert r.status == 200 and r.json["outputs"][0]["shape"] == [1, 5], r
+        # The SLO: X-SLO-Ms on /v2 too (below parameters.slo_ms, above
+        # Triton's parameters.timeout); the answer says the one it was
+        # served under, and says so when --max-request-ms cut it.
+        one = {"inputs": [{"name": "input", "shape": [1, 3, 8, 8], "datatype": "FP32",
+                           "data": x[0].flatten().tolist()}]}
+        r = s.request("POST", url, body=json.dumps(one), headers={"X-SLO-Ms": "750"})
+        assert r.status == 200 and r.headers["x-slo-ms"] == "750", r.headers
+        assert "warning" not in r.headers, r.headers
+        timed = dict(one, parameters={"timeout": 300000})
+        r = s.request("POST", url, body=json.dumps(timed), headers={"X-SLO-Ms": "750"})
+        assert r.status == 200 and r.headers["x-slo-ms"] == "750", r.headers
+        r = s.request("POST", url, body=json.dumps(timed))
+        assert r.status == 200 and r.headers["x-slo-ms"] == "300", r.headers
+        own = dict(one, parameters={"slo_ms": 900})
+        r = s.request("POST", url, body=json.dumps(own), headers={"X-SLO-Ms": "750"})
+        assert r.status == 200 and r.headers["x-slo-ms"] == "900", r.headers
+        r = s.request("POST", url, body=json.dumps(one), headers={"X-SLO-Ms": "999999"})
+        assert r.status == 200 and r.headers["x-slo-ms"] == "60000", r.headers
+        assert "999999 ms capped at 60000 ms" in r.headers["warning"], r.headers
+        r = s.request("POST", url, body=json.dumps(one), headers={"X-SLO-Ms": "soon"})
+        assert r.status == 400 and "X-SLO-Ms" in r.json["error"], r
         # Errors name the JSON path.
         bad = {"inputs": [{"name": "input", "shape": [1, 3, 8, 7], "datatype": "FP32", "data": [0] * 168}]}
         r = s.request("POST", url, body=json.dumps(bad))
