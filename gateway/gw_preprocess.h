@@ -88,6 +88,12 @@ void gw_prep_ctx_free(gw_prep_ctx_t *ctx);
 /* The limits the context enforces. */
 const gw_prep_limits_t *gw_prep_ctx_limits(const gw_prep_ctx_t *ctx);
 
+/* The cheap part of gw_image_to_rgb's checks, on the first bytes only: 0
+ * for a JPEG, SQ_BAD_IMAGE when empty, SQ_MEDIA_TYPE (with the format it
+ * looks like in err) otherwise. Lets a caller answer a non-JPEG at once,
+ * whatever its size, before queueing it for a decoder. */
+int gw_image_type_check(const uint8_t *data, size_t len, char *err, size_t errlen);
+
 /* Decodes the image in data[0..len) and writes out_w x out_h pixels, uint8
  * RGB, row-major, no padding (out_w * out_h * 3 bytes) to dst. Grayscale
  * JPEGs come out with R = G = B; CMYK and YCCK JPEGs are taken as Adobe

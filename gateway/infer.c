@@ -137,6 +137,13 @@ static void start_jpeg(gw_server_t *srv, gw_item_t *item, const uint8_t *data, s
 {
     gw_model_t *m = item->req->model;
     item->input_kind = SQ_INPUT_PIXELS;
+    /* Not a JPEG: 415 at once, however large, not a wait for a decoder. */
+    char why[160];
+    int rc = gw_image_type_check(data, len, why, sizeof(why));
+    if (rc != 0) {
+        item_fail_early(srv, item, rc, why);
+        return;
+    }
     if (item_slot(srv, item, (size_t)m->h * (size_t)m->w * 3) != 0) {
         item_fail_early(srv, item, SQ_OVERLOAD, "no room in the shared-memory arena");
         return;
@@ -152,7 +159,7 @@ static void start_jpeg(gw_server_t *srv, gw_item_t *item, const uint8_t *data, s
     job->deadline_ns = decode_deadline_ns(srv, item->req);
     job->done = on_prep_done;
     job->user = item;
-    int rc = gw_prep_pool_submit(srv->prep, job);
+    rc = gw_prep_pool_submit(srv->prep, job);
     if (rc == SQ_DEADLINE)
         item_fail_early(srv, item, rc,
                         "the image decoders cannot start this image in time for its deadline");

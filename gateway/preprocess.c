@@ -519,15 +519,23 @@ static void cmyk_to_rgb(uint8_t *p, size_t pixels)
     }
 }
 
-static int image_to_rgb(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int out_w, int out_h,
-                        gw_resize_t mode, uint8_t *dst, gw_image_info_t *info, char *err,
-                        size_t errlen)
+int gw_image_type_check(const uint8_t *data, size_t len, char *err, size_t errlen)
 {
     if (len == 0)
         return fail(err, errlen, SQ_BAD_IMAGE, "empty image");
     if (len < 2 || data[0] != 0xFF || data[1] != 0xD8)
         return fail(err, errlen, SQ_MEDIA_TYPE, "unsupported image type: %s (expected jpeg)",
                     sniff_other(data, len));
+    return 0;
+}
+
+static int image_to_rgb(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int out_w, int out_h,
+                        gw_resize_t mode, uint8_t *dst, gw_image_info_t *info, char *err,
+                        size_t errlen)
+{
+    int type = gw_image_type_check(data, len, err, errlen);
+    if (type != 0)
+        return type;
     if (len > (size_t)0xFFFFFFFFu)
         return fail(err, errlen, SQ_TOO_LARGE, "jpeg of %zu bytes is too large", len);
     if (ctx->tj == NULL && (ctx->tj = tjInitDecompress()) == NULL)

@@ -144,6 +144,10 @@ def every_error_gets_one_clear_answer():
         Image.new("RGB", (8, 8)).save(png, "PNG")
         r = infer_v1(s, png.getvalue())
         assert r.status == 415 and r.json["code"] == "unsupported_media_type", r
+        # However large, and whatever its SLO: the type is checked before
+        # the body waits for a decoder (not a 503 for the deadline).
+        r = infer_v1(s, png.getvalue() + bytes(24 << 20), slo=1)
+        assert r.status == 415 and "png" in r.json["error"], r
         r = infer_v1(s, good[: len(good) // 3])
         assert r.status == 400 and r.json["code"] == "bad_image", r
         r = infer_v1(s, b"")
