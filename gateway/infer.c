@@ -475,6 +475,29 @@ static int request_slo(gw_infer_t *req, h2o_req_t *hreq, double *slo)
     return 0;
 }
 
+/* The smallest SLO the model can meet: one request alone on its serving
+ * kind, l(1) with the margin, plus the dispatch margin. A request asking
+ * for less is answered at once, saying so (a drop by the dispatcher would
+ * only say that the deadline cannot be met). Returns -1 after rejecting. */
+static int check_feasible(gw_infer_t *req)
+{
+    gw_server_t *srv = req->base.srv;
+    const gw_model_t *m = req->model;
+    int kind = gw_dispatch_serving_kind(srv, m);
+    if (kind < 0 || !m->has_profile[kind])
+        return 0;
+    double l1 = pl_latency_us(&m->profile[kind], 1, srv->cfg->k_std) / 1000.0;
+    double margin = srv->cfg->dispatch_margin_us / 1000.0;
+    if (req->slo_ms >= l1 + margin)
+        return 0;
+    reject(req, SQ_DEADLINE,
+           "an SLO of %g ms cannot be met: one request takes at least %.1f ms on %s (l(1) %.1f ms "
+           "+ dispatch margin %.1f ms); ask for %.0f ms or more",
+           req->slo_ms, l1 + margin, gw_kind_name((gw_kind_t)kind), l1, margin,
+           ceil(l1 + margin));
+    return -1;
+}
+
 /* ---- /v1 ---------------------------------------------------------------- */
 
 void gw_route_infer_v1(gw_call_t *call)
@@ -533,6 +556,10 @@ void gw_route_infer_v1(gw_call_t *call)
                 reject(req, rc, "%s", err);
             return;
         }
+        if (check_feasible(req) != 0) {
+            free(parts);
+            return;
+        }
         if (alloc_items(req, n) != 0) {
             free(parts);
             reject(req, SQ_OVERLOAD, "not enough memory for %d images; retry shortly", n);
@@ -544,7 +571,16 @@ void gw_route_infer_v1(gw_call_t *call)
         return;
     }
     /* Any other content type is one image: the decoder sniffs the format
-     * (curl --data-binary sends application/x-www-form-urlencoded). */
+     * (curl --data-binary sends application/x-www-form-urlencoded). Not a
+     * JPEG: 415 before anything else, however large. */
+    char why[160];
+    int rc = gw_image_type_check(req->body, req->body_len, why, sizeof(why));
+    if (rc != 0) {
+        reject(req, rc, "%s", why);
+        return;
+    }
+    if (check_feasible(req) != 0)
+        return;
     if (alloc_items(req, 1) != 0) {
         reject(req, SQ_OVERLOAD, "not enough memory for this request; retry shortly");
         return;
@@ -650,6 +686,8 @@ static void v2_start(gw_infer_t *req)
     if (st->header_slo_ms > 0 && (!(slo > 0) || st->parsed.slo_is_timeout))
         slo = st->header_slo_ms;
     set_deadline(req, slo, srv->cfg);
+    if (check_feasible(req) != 0)
+        return;
     int n = st->parsed.batch;
     if (alloc_items(req, n) != 0) {
         reject(req, SQ_OVERLOAD, "not enough memory for a batch of %d; retry shortly", n);

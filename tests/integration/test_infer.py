@@ -7,6 +7,7 @@ import base64
 import io
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -155,6 +156,11 @@ def every_error_gets_one_clear_answer():
         r = infer_v1(s, good, slo=3)
         assert r.status == 503 and r.json["code"] == "deadline", r
         assert r.headers.get("retry-after"), r.headers
+        # It names the smallest SLO the model can meet: l(1) = 6.125 ms
+        # here, plus the dispatch margin.
+        assert re.search(r"an SLO of 3 ms cannot be met: one request takes at least [\d.]+ ms on "
+                         r"emu \(l\(1\) 6\.1 ms \+ dispatch margin [\d.]+ ms\); ask for \d+ ms "
+                         r"or more", r.json["error"]), r
         r = infer_v1(s, good, headers={"X-SLO-Ms": "soon"})
         assert r.status == 400 and "X-SLO-Ms" in r.json["error"], r
         r = infer_v1(s, good, query="?top_k=0")
@@ -269,8 +275,10 @@ def variants_sharing_a_backbone_run_as_one_prefix_group():
     finally:
         s.log.close() if not s.log.closed else None
 
-    # The same DB with prefix batching on (the default).
-    s = Squishd(workers="cpu:1", tmp=tmp)
+    # The same DB with prefix batching on (the default). Deferred dispatch:
+    # two requests that arrive together wait for each other (the default
+    # adaptive policy would send the first at once on an idle worker).
+    s = Squishd(workers="cpu:1", tmp=tmp, extra=("--policy", "deferred"))
     try:
         s.wait_ready(workers=1)
         eventually(lambda: "prefix group ready" in s.read_log() or None, 60,
