@@ -6,6 +6,7 @@
 #include "gw_dispatch_int.h"
 
 #include <stdlib.h>
+#include <errno.h>
 #include <string.h>
 
 static void on_timer(sq_loop_t *loop, uint64_t id, void *data);
@@ -100,8 +101,17 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
         in[i] = (gw_region_t){.offset = (uint64_t)items[i]->in_off, .bytes = in_bytes};
     int sent =
         ds_link_send(ds, worker, SQ_MSG_BATCH, batch_id, buf.data, (uint32_t)buf.len, in, count);
-    if (sent != 0)
-        SQ_WARN("batch send failed worker=%d batch=%llu", worker, (unsigned long long)batch_id);
+    /* A worker that just died (its connection broken, not yet seen as
+     * lost) fails the send: expected when workers crash, and its requests
+     * are retried when the loss is seen. Anything else is worth a warning. */
+    if (sent == -EPIPE || sent == -ECONNRESET || sent == SQ_NO_WORKER)
+        SQ_INFO("batch send failed worker=%d batch=%llu reason=\"%s\" (its requests are retried "
+                "when the worker is seen lost)",
+                worker, (unsigned long long)batch_id,
+                sent == SQ_NO_WORKER ? "no such worker" : strerror(-sent));
+    else if (sent != 0)
+        SQ_WARN("batch send failed worker=%d batch=%llu code=%d", worker,
+                (unsigned long long)batch_id, sent);
     sq_buf_dispose(&buf);
 }
 
