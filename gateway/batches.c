@@ -5,8 +5,8 @@
  * input kind): one core queue each; their routes come from planning.c. */
 #include "gw_dispatch_int.h"
 
-#include <stdlib.h>
 #include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 static void on_timer(sq_loop_t *loop, uint64_t id, void *data);
