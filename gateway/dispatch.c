@@ -729,6 +729,150 @@ static void reclaim(gw_dispatch_t *ds)
     }
 }
 
+/* ---- readiness (gw_dispatch_ready) ----------------------------------------- */
+
+typedef struct {
+    gw_dispatch_t *ds;
+    char why[256];
+} ready_scan_t;
+
+/* A ready model no worker up can serve makes squishd not ready. */
+static void scan_servable(gw_model_t *m, void *arg)
+{
+    ready_scan_t *x = arg;
+    if (x->why[0] || strcmp(m->status, "ready") != 0)
+        return;
+    int kind = ds_kind_of_model(x->ds->srv, m);
+    if (kind < 0 || atomic_load(&x->ds->srv->kind_up[kind]) == 0)
+        snprintf(x->why, sizeof(x->why), "no worker that can serve model %s version %d is up%s",
+                 m->name, m->version,
+                 m->emulated ? " (an emulated model needs an emu worker)"
+                 : kind >= 0 ? " (one is being restarted)"
+                             : "");
+}
+
+static void held_add(gw_dispatch_t *ds, int64_t key)
+{
+    if (ds->nheld == ds->capheld) {
+        ds->capheld = ds->capheld ? 2 * ds->capheld : 16;
+        ds->held_keys = sq_xrealloc(ds->held_keys, sizeof(*ds->held_keys) * (size_t)ds->capheld);
+    }
+    ds->held_keys[ds->nheld++] = key;
+}
+
+/* Whether dm is a member of a prefix group (whose loads then serve it). */
+static int in_group(const gw_dispatch_t *ds, const ds_model_t *dm)
+{
+    for (int i = 0; i < ds->nmodels; i++) {
+        const ds_model_t *g = ds->models[i];
+        for (int k = 0; k < g->nmembers && !g->removed && !g->failed; k++)
+            if (g->members[k]->key == dm->key)
+                return 1;
+    }
+    return 0;
+}
+
+/* Recomputes what gw_dispatch_ready and gw_dispatch_model_held answer. */
+static void publish_ready(gw_dispatch_t *ds)
+{
+    ready_scan_t x = {.ds = ds};
+    if (gw__plan_restoring(ds))
+        snprintf(x.why, sizeof(x.why),
+                 "reapplying the plan stored before the restart: waiting for its workers");
+    if (!x.why[0])
+        gw_registry_foreach(ds->srv->registry, scan_servable, &x);
+    pthread_mutex_lock(&ds->ready_lock);
+    ds->nheld = 0;
+    for (int i = 0; i < ds->nmodels; i++) {
+        ds_model_t *dm = ds->models[i];
+        if (dm->removed || dm->poisoned)
+            continue;
+        int loading;
+        int held = ds_loaded_anywhere(ds, dm, &loading) > 0;
+        if (held) {
+            held_add(ds, dm->key);
+            for (int k = 0; k < dm->nmembers; k++)
+                held_add(ds, dm->members[k]->key);
+        } else if (dm->active && !x.why[0] && dm->nmembers == 0 &&
+                   strcmp(dm->m->status, "ready") == 0 && !in_group(ds, dm)) {
+            snprintf(x.why, sizeof(x.why), "model %s version %d is %s", dm->m->name, dm->m->version,
+                     loading > 0 ? "loading on its workers" : "placed but not loaded yet");
+        }
+    }
+    snprintf(ds->ready_why, sizeof(ds->ready_why), "%s", x.why);
+    pthread_mutex_unlock(&ds->ready_lock);
+}
+
+int gw_dispatch_ready(gw_server_t *srv, char *why, size_t len)
+{
+    gw_dispatch_t *ds = srv->dispatch;
+    if (ds == NULL) {
+        snprintf(why, len, "the dispatcher is starting");
+        return 0;
+    }
+    pthread_mutex_lock(&ds->ready_lock);
+    snprintf(why, len, "%s", ds->ready_why);
+    pthread_mutex_unlock(&ds->ready_lock);
+    return why[0] == '\0';
+}
+
+int gw_dispatch_model_held(gw_server_t *srv, int64_t key)
+{
+    gw_dispatch_t *ds = srv->dispatch;
+    int held = 0;
+    if (ds == NULL)
+        return 0;
+    pthread_mutex_lock(&ds->ready_lock);
+    for (int i = 0; i < ds->nheld && !held; i++)
+        held = ds->held_keys[i] == key;
+    pthread_mutex_unlock(&ds->ready_lock);
+    return held;
+}
+
+typedef struct {
+    gw_server_t *srv;
+    int64_t key;
+} warm_t;
+
+static void on_warm(sq_loop_t *loop, void *arg)
+{
+    warm_t *w = arg;
+    gw_dispatch_t *ds = w->srv->dispatch;
+    (void)loop;
+    gw_model_t *m = ds != NULL ? gw_registry_get(ds->srv->registry, w->key) : NULL;
+    free(w);
+    if (m == NULL)
+        return;
+    ds_model_t *dm = strcmp(m->status, "ready") == 0 ? ds_model_get(ds, m) : NULL;
+    double slo = m->default_slo_ms > 0 ? m->default_slo_ms : ds->srv->cfg->default_slo_ms;
+    gw_model_unref(m);
+    if (dm == NULL || dm->removed || dm->poisoned || ds->aborted)
+        return;
+    ds_model_t *t = ds_twin_of(ds, dm);
+    if (t != NULL)
+        dm = t;
+    ds_model_t *g = ds_group_of(ds, dm);
+    if (g != NULL)
+        dm = g;
+    if (!dm->active) {
+        dm->kind = ds_kind_of_model(ds->srv, dm->m);
+        if (dm->kind < 0)
+            return;
+        dm->active = 1;
+        gw__plan_activate(ds, dm, gw_slo_bucket_ms(slo));
+    }
+    int loading;
+    if (ds_loaded_anywhere(ds, dm, &loading) == 0 && loading == 0)
+        ds_spread_loads(ds, dm);
+}
+
+void gw_dispatch_warm(gw_server_t *srv, int64_t key)
+{
+    warm_t *w = sq_xmalloc(sizeof(*w));
+    *w = (warm_t){.srv = srv, .key = key};
+    sq_loop_post(srv->dispatch_loop, on_warm, w);
+}
+
 /* Items waiting for a first load are bounded by their deadlines. */
 static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
 {
@@ -749,6 +893,7 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
     }
     gw__plan_tick(ds, t);
     reclaim(ds);
+    publish_ready(ds);
     ds->tick = sq_loop_timer_at(loop, sq_now_ns() + (int64_t)TICK_MS * 1000000, on_tick, ds);
 }
 
@@ -780,6 +925,8 @@ gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop)
     ds->core = pl_dispatch_new(&opts);
     ds->plan = gw__plan_new(ds);
     ds->group_epoch = 1;
+    pthread_mutex_init(&ds->ready_lock, NULL);
+    snprintf(ds->ready_why, sizeof(ds->ready_why), "the dispatcher is starting");
     ds->tick = sq_loop_timer_at(loop, sq_now_ns() + (int64_t)TICK_MS * 1000000, on_tick, ds);
     return ds;
 }
@@ -842,6 +989,8 @@ void gw_dispatch_free(gw_dispatch_t *ds)
     free(ds->handles);
     gw__plan_free(ds->plan);
     pl_dispatch_free(ds->core);
+    pthread_mutex_destroy(&ds->ready_lock);
+    free(ds->held_keys);
     free(ds);
 }
 

@@ -27,6 +27,20 @@ json_t *gw_dispatch_plan_json(gw_server_t *srv);
  * -1 when none. Thread-safe. */
 int gw_dispatch_serving_kind(gw_server_t *srv, const gw_model_t *m);
 
+/* GET /v2/health/ready: 1 when squishd can serve every ready model now
+ * (the stored plan reapplied after a restart, a worker up for each ready
+ * model's device kind, every model in the plan loaded on a worker), else 0
+ * with the reason in why. As of the dispatch thread's last tick (50 ms).
+ * Thread-safe. */
+int gw_dispatch_ready(gw_server_t *srv, char *why, size_t len);
+/* Whether a worker that is up holds model key (loaded, or in a loaded
+ * prefix group) and can take a batch of it now. Thread-safe. */
+int gw_dispatch_model_held(gw_server_t *srv, int64_t key);
+/* Any thread: make model key servable without waiting for a request
+ * (place it at its default SLO and load it), for a client that polls its
+ * readiness before sending. */
+void gw_dispatch_warm(gw_server_t *srv, int64_t key);
+
 /* Made before the worker link starts (server.c), freed after it stopped.
  * The link's events for it (worker up, frame, lost, exited: a crash of its
  * own counts against the model it was loading, measuring or running, see

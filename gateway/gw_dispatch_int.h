@@ -167,6 +167,13 @@ struct gw_dispatch {
     int reclaim_due;      /* a model was removed: reclaim() has work until it is freed */
     uint64_t group_epoch; /* bumped on every model change: groups are looked for again */
     uint64_t group_gen;   /* makes each formed group's key unique */
+    /* Readiness, as the dispatch thread last saw it (every tick), for
+     * other threads under ready_lock: why squishd cannot serve every ready
+     * model now ("" when it can), and the models a worker up holds. */
+    pthread_mutex_t ready_lock;
+    char ready_why[256];
+    int64_t *held_keys;
+    int nheld, capheld;
 };
 
 /* ---- planning.c -------------------------------------------------------- */
@@ -182,6 +189,8 @@ void gw__plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms);
 void gw__plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms);
 /* Workers came or went, or a model was removed: re-plan that kind. */
 void gw__plan_invalidate(gw_dispatch_t *ds, int kind, const char *reason);
+/* Whether the plan stored before a restart still waits to be reapplied. */
+int gw__plan_restoring(const gw_dispatch_t *ds);
 /* Called every tick: rates, epoch triggers. */
 void gw__plan_tick(gw_dispatch_t *ds, int64_t now_us);
 /* The routes of dispatcher session s: the planned workers that hold the

@@ -580,7 +580,25 @@ static void kserve_ready_job(mdb_t *db, void *arg)
          * not (400, as Triton). The body says the same, with the error's
          * reason and code for a client that reads only those. */
         const char *status = json_string_value(json_object_get(rec, "status"));
-        if (status != NULL && strcmp(status, "ready") == 0) {
+        int version = (int)json_integer_value(json_object_get(rec, "version"));
+        gw_model_t *m = gw_registry_find(j->base.srv->registry, j->name, strlen(j->name), version);
+        int64_t key = m != NULL ? m->key : -1;
+        int kind = m != NULL ? gw_dispatch_serving_kind(j->base.srv, m) : -1;
+        gw_model_unref(m);
+        if (status != NULL && strcmp(status, "ready") == 0 &&
+            !gw_dispatch_model_held(j->base.srv, key)) {
+            /* Measured, but no worker up holds it: it could not take a
+             * batch now. Asking starts its load, so that a client polling
+             * readiness before it sends is not kept waiting forever. */
+            if (kind >= 0)
+                gw_dispatch_warm(j->base.srv, key);
+            j->base.status = 400;
+            j->base.body = json_pack(
+                "{s:s, s:b, s:s, s:s}", "name", j->name, "ready", 0, "error",
+                kind < 0 ? "no worker that can run the model is up"
+                         : "no worker holds the model now; it is being loaded, retry shortly",
+                "code", sq_err_name(SQ_NOT_READY));
+        } else if (status != NULL && strcmp(status, "ready") == 0) {
             j->base.body = json_pack("{s:s, s:b}", "name", j->name, "ready", 1);
         } else {
             j->base.status = 400;

@@ -621,6 +621,11 @@ void gw__plan_invalidate(gw_dispatch_t *ds, int kind, const char *reason)
 
 static int restore_ready(gw_dispatch_t *ds, int64_t now);
 
+int gw__plan_restoring(const gw_dispatch_t *ds)
+{
+    return ds->plan->nrestore > 0;
+}
+
 void gw__plan_tick(gw_dispatch_t *ds, int64_t now_us)
 {
     gw_plan_state_t *p = ds->plan;

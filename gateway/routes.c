@@ -40,6 +40,12 @@ static void route_ready(gw_call_t *call)
         gw_send_error(call->req, SQ_NOT_READY, "no worker is connected");
         return;
     }
+    /* Able to serve every ready model now, not merely up. */
+    char why[256];
+    if (!gw_dispatch_ready(srv, why, sizeof(why))) {
+        gw_send_error(call->req, SQ_NOT_READY, why);
+        return;
+    }
     gw_send_json(call->req, 200, json_pack("{s:b, s:i}", "ready", 1, "workers", up));
 }
 

@@ -1,0 +1,104 @@
+"""Readiness that tells the truth: the server is ready when it can serve
+every ready model now, a model when a worker up holds it (and asking starts
+its load); after a restart, ready means requests are served."""
+
+import json
+import time
+
+from harness import Squishd, eventually, run, test, validate
+
+R50 = {"name": "r50", "profile": {"alpha_ms": 1.053, "beta_ms": 5.072}, "max_batch": 32,
+       "default_slo_ms": 100}
+PHOTO = "/usr/share/matplotlib/mpl-data/sample_data/grace_hopper.jpg"
+
+
+def add(s, cfg):
+    r = s.request("POST", "/models", body=json.dumps(cfg),
+                  headers={"Authorization": "Bearer " + s.token,
+                           "Content-Type": "application/json"})
+    assert r.status == 201, r
+
+
+def infer(s, name, slo=100):
+    with open(PHOTO, "rb") as f:
+        return s.request("POST", "/v1/models/%s/infer" % name, body=f.read(),
+                         headers={"X-SLO-Ms": str(slo), "Content-Type": "image/jpeg"})
+
+
+@test
+def a_model_no_worker_can_serve_makes_the_server_not_ready():
+    s = Squishd(workers="cpu:1")
+    try:
+        s.wait_ready(workers=1)
+        add(s, R50)  # emulated: only an emu worker runs it
+        r = eventually(lambda: (lambda x: x if x.status == 503 else None)(
+            s.get("/v2/health/ready")), 5, "ready to turn 503")
+        validate(r.json, "error")
+        assert r.json["code"] == "not_ready", r
+        assert r.json["error"] == ("no worker that can serve model r50 version 1 is up (an "
+                                   "emulated model needs an emu worker)"), r
+        r = s.get("/v2/models/r50/ready", schema_name="kserve_model_ready")
+        assert r.status == 400 and "no worker that can run the model" in r.json["error"], r
+        # What the readiness said is what a request gets.
+        assert infer(s, "r50").status == 503
+        # Deleted, the server is ready again.
+        r = s.request("DELETE", "/models/r50", headers={"Authorization": "Bearer " + s.token})
+        assert r.status == 200, r
+        eventually(lambda: s.get("/v2/health/ready").status == 200, 5, "ready again")
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+@test
+def model_readiness_means_a_worker_holds_it_and_asking_loads_it():
+    s = Squishd(workers="emu:1")
+    try:
+        s.wait_ready(workers=1)
+        add(s, R50)
+        # Measured (its profile came with it), but no worker holds it yet:
+        # not ready, and asking starts its load; no inference request sent.
+        r = s.get("/v2/models/r50/ready", schema_name="kserve_model_ready")
+        assert r.status == 400 and "being loaded" in r.json["error"], r
+        eventually(lambda: s.get("/v2/models/r50/ready").status == 200, 5, "the model loaded")
+        assert "model loaded worker=0 device=emu:0 model=r50" in s.read_log()
+        r = infer(s, "r50", slo=50)
+        assert r.status == 200, r
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+@test
+def after_a_restart_ready_means_requests_are_served():
+    s = Squishd(workers="emu:2")
+    tmp = s.tmp
+    try:
+        s.wait_ready(workers=2)
+        add(s, R50)
+        for _ in range(20):
+            assert infer(s, "r50").status == 200
+        eventually(lambda: any(d["sessions"] for d in s.get("/v1/plan").json["devices"]), 10,
+                   "a plan placing r50")
+        assert s.stop() == 0
+    finally:
+        s.log.close() if not s.log.closed else None
+    s = Squishd(workers="emu:2", tmp=tmp)
+    try:
+        deadline = time.time() + 20
+        while s.get("/v2/health/ready").status != 200:
+            assert time.time() < deadline, "never ready"
+            time.sleep(0.01)
+        # The first moment it says ready, a request at the model's own SLO
+        # is served: the stored plan is back and its model loaded.
+        r = infer(s, "r50")
+        assert r.status == 200, r
+        log = s.read_log()
+        assert "plan restored" in log and "model loaded" in log, log[-2000:]
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+if __name__ == "__main__":
+    run()
