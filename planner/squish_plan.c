@@ -12,24 +12,23 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f,
-            "usage: squish-plan WORKLOAD.json\n"
-            "Plans a workload offline with squishd's planner (Nexus's squishy bin packing,\n"
-            "complex-query latency split, Symphony's links) and prints the plan as JSON on\n"
-            "stdout (schemas/plan.schema.json): devices with their sessions, batch sizes,\n"
-            "duty cycles, occupancy and memory; the lower bound on devices; sessions left\n"
-            "unplaced and why; each pipeline's SLO split; advice on devices to add or release.\n"
-            "\n"
-            "WORKLOAD.json (schemas/workload.schema.json; examples in bench/workloads/):\n"
-            "  \"devices\": count, or hosts (count, rtt_ms, bandwidth_mbps each: devices\n"
-            "             behind a link), and memory_mb per device;\n"
-            "  \"models\": name, max_batch, memory_mb, and a profile: alpha_ms/beta_ms\n"
-            "             (l(b) = alpha b + beta) or batch/latency_ms tables;\n"
-            "  \"prefix_groups\": models sharing a backbone, planned as one;\n"
-            "  \"sessions\": model, slo_ms and the rate (rate_rps, or arrival segments);\n"
-            "  \"pipelines\": stages with their models and gamma (fan-out), an end-to-end\n"
-            "             slo_ms and a rate; optional k_std (latency margin) and seed.\n"
-            "Options: --help (this text). Exit status: 0; 1 a bad workload; 2 usage.\n");
+    fprintf(f, "usage: squish-plan WORKLOAD.json\n"
+               "Plans a workload offline with squishd's planner (Nexus's squishy bin packing,\n"
+               "complex-query latency split, Symphony's links) and prints the plan as JSON on\n"
+               "stdout (schemas/plan.schema.json): devices with their sessions, batch sizes,\n"
+               "duty cycles, occupancy and memory; the lower bound on devices; sessions left\n"
+               "unplaced and why; each pipeline's SLO split; advice on devices to add or release.\n"
+               "\n"
+               "WORKLOAD.json (schemas/workload.schema.json; examples in bench/workloads/):\n"
+               "  \"devices\": count, or hosts (count, rtt_ms, bandwidth_mbps each: devices\n"
+               "             behind a link), and memory_mb per device;\n"
+               "  \"models\": name, max_batch, memory_mb, and a profile: alpha_ms/beta_ms\n"
+               "             (l(b) = alpha b + beta) or batch/latency_ms tables;\n"
+               "  \"prefix_groups\": models sharing a backbone, planned as one;\n"
+               "  \"sessions\": model, slo_ms and the rate (rate_rps, or arrival segments);\n"
+               "  \"pipelines\": stages with their models and gamma (fan-out), an end-to-end\n"
+               "             slo_ms and a rate; optional k_std (latency margin) and seed.\n"
+               "Options: --help (this text). Exit status: 0; 1 a bad workload; 2 usage.\n");
 }
 
 int main(int argc, char **argv)
