@@ -83,7 +83,7 @@ def main():
          os.cpu_count(), load_avg, n, rl.ALPHA_MS, rl.BETA_MS, rl.ALPHA_MS + rl.BETA_MS,
          rl.SLO_MS, ref_rps, a.rounds))
     w("")
-    w("| load | policy | offered req/s | live good %% | live p50 / p99 ms | sim good %% | sim p50 / p99 ms |")
+    w("| load | policy | offered req/s | live good % | live p50 / p99 ms | sim good % | sim p50 / p99 ms |")
     w("|---|---|---|---|---|---|---|")
     for x in loads:
         for pol in policies:
