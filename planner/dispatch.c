@@ -57,6 +57,7 @@ typedef struct {
      * SLO (requests per µs), and its arrivals: the current window's start
      * and count, the last full window's rate (per µs). */
     double greedy_per_us;
+    int max_batch_cfg; /* pl_session_cfg_t.max_batch, for a new profile */
     int64_t win_start_us;
     int64_t win_count;
     double win_rate;
@@ -988,19 +989,20 @@ void pl_dispatch_free(pl_dispatch_t *d)
     free(d);
 }
 
-int pl_dispatch_session_add(pl_dispatch_t *d, const pl_session_cfg_t *cfg)
+/* cost[1..cap] of a profile (*cost owned by the caller), the usable cap
+ * and the greedy rate (session_t); 0 or SQ_INVAL when no batch is usable. */
+static int build_costs(const pl_dispatch_t *d, const pl_profile_t *profile, int max_batch,
+                       int64_t slo_us, int64_t **cost_out, int *cap_out, double *greedy_per_us)
 {
-    if (cfg == NULL || cfg->profile == NULL || cfg->slo_us < 0)
-        return SQ_INVAL;
-    int cap = cfg->profile->max_batch;
-    if (cfg->max_batch > 0 && cfg->max_batch < cap)
-        cap = cfg->max_batch;
+    int cap = profile->max_batch;
+    if (max_batch > 0 && max_batch < cap)
+        cap = max_batch;
     if (cap < 1)
         return SQ_INVAL;
     int64_t *cost = sq_xcalloc((size_t)cap + 2, sizeof(int64_t));
     int usable = 0;
     for (int b = 1; b <= cap; b++) {
-        double l = pl_latency_us(cfg->profile, b, d->opts.k_std);
+        double l = pl_latency_us(profile, b, d->opts.k_std);
         if (l < 0)
             break;
         int64_t c = d->opts.net_delay_us + (int64_t)ceil(l);
@@ -1010,13 +1012,31 @@ int pl_dispatch_session_add(pl_dispatch_t *d, const pl_session_cfg_t *cfg)
         usable = b;
     }
     /* No batch larger than the SLO allows can ever be formed. */
-    if (cfg->slo_us > 0)
-        while (usable > 1 && cost[usable] > cfg->slo_us)
+    if (slo_us > 0)
+        while (usable > 1 && cost[usable] > slo_us)
             usable--;
     if (usable < 1) {
         free(cost);
         return SQ_INVAL;
     }
+    int g = usable;
+    while (g > 1 && slo_us > 0 && 2 * cost[g] > slo_us)
+        g--;
+    *greedy_per_us = cost[g] > 0 ? (double)g / (double)cost[g] : 0;
+    *cost_out = cost;
+    *cap_out = usable;
+    return 0;
+}
+
+int pl_dispatch_session_add(pl_dispatch_t *d, const pl_session_cfg_t *cfg)
+{
+    if (cfg == NULL || cfg->profile == NULL || cfg->slo_us < 0)
+        return SQ_INVAL;
+    int64_t *cost;
+    int usable;
+    double greedy;
+    if (build_costs(d, cfg->profile, cfg->max_batch, cfg->slo_us, &cost, &usable, &greedy) != 0)
+        return SQ_INVAL;
     if (d->nsessions == d->cap_sessions) {
         d->cap_sessions = d->cap_sessions ? d->cap_sessions * 2 : 8;
         d->sessions = sq_xrealloc(d->sessions, sizeof(*d->sessions) * (size_t)d->cap_sessions);
@@ -1030,10 +1050,8 @@ int pl_dispatch_session_add(pl_dispatch_t *d, const pl_session_cfg_t *cfg)
     s->timer_slack_us = d->opts.timer_slack_us;
     s->slo_us = cfg->slo_us;
     s->item_bytes = cfg->item_bytes > 0 ? cfg->item_bytes : 0;
-    int g = usable;
-    while (g > 1 && cfg->slo_us > 0 && 2 * cost[g] > cfg->slo_us)
-        g--;
-    s->greedy_per_us = cost[g] > 0 ? (double)g / (double)cost[g] : 0;
+    s->max_batch_cfg = cfg->max_batch;
+    s->greedy_per_us = greedy;
     pl__heap_reserve(&d->session_wake, d->nsessions);
     return sid;
 }
@@ -1098,6 +1116,42 @@ int pl_dispatch_session_remove(pl_dispatch_t *d, int64_t now_us, int session)
     s->nroutes = 0;
     s->alive = 0;
     pl__heap_set(&d->session_wake, session, PL_NEVER);
+    finish(d);
+    return 0;
+}
+
+int pl_dispatch_session_profile(pl_dispatch_t *d, int64_t now_us, int session,
+                                const pl_profile_t *profile)
+{
+    begin(d);
+    session_t *s = session_get(d, session);
+    if (s == NULL || profile == NULL)
+        return SQ_INVAL;
+    int64_t *cost;
+    int usable;
+    double greedy;
+    if (build_costs(d, profile, s->max_batch_cfg, s->slo_us, &cost, &usable, &greedy) != 0)
+        return SQ_INVAL;
+    free(s->cost);
+    s->cost = cost;
+    s->cap = usable;
+    s->greedy_per_us = greedy;
+    for (int i = 0; i < s->nroutes; i++) {
+        worker_t *w = &d->workers[s->routes[i].worker];
+        for (int k = 0; k < w->nsess; k++) {
+            wsess_t *ws = &w->sess[k];
+            if (ws->session != session)
+                continue;
+            if (ws->dflt)
+                ws->target_batch = default_target(d, s, net_of(d, s, s->routes[i].worker));
+            if (ws->target_batch > s->cap)
+                ws->target_batch = s->cap;
+        }
+        if (s->routes[i].target_batch > s->cap)
+            s->routes[i].target_batch = s->cap;
+    }
+    session_net_refresh(d, s);
+    pump_session(d, session, now_us);
     finish(d);
     return 0;
 }

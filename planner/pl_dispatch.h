@@ -225,6 +225,13 @@ int pl_dispatch_session_add(pl_dispatch_t *d, const pl_session_cfg_t *cfg);
 /* Removes a session: queued requests are dropped (SQ_NOT_FOUND); batches in
  * flight complete normally. Its id is not reused. */
 int pl_dispatch_session_remove(pl_dispatch_t *d, int64_t now_us, int session);
+/* Replaces a session's profile (read once; the costs of every batch size
+ * are recomputed, batches already sent keep their expected finish): the
+ * live runtime corrects a profile that drifted from what workers measure.
+ * Returns 0, or SQ_INVAL (unknown session, or a profile with no usable
+ * batch size: the old costs stay). */
+int pl_dispatch_session_profile(pl_dispatch_t *d, int64_t now_us, int session,
+                                const pl_profile_t *profile);
 
 /* Adds a worker (ids are the caller's, small non-negative ints) or updates
  * the duty cycle of an existing one. duty_cycle_us paces early-drop: a round

@@ -41,6 +41,8 @@ int pl_profile_init_table(pl_profile_t *p, const pl_profile_row_t *rows, int nro
 void pl_profile_dispose(pl_profile_t *p);
 /* Deep copy. */
 void pl_profile_copy(pl_profile_t *dst, const pl_profile_t *src);
+/* Multiplies every latency (mean and std, or alpha and beta) by factor > 0. */
+void pl_profile_scale(pl_profile_t *p, double factor);
 
 /* Latency of a batch of b in µs with the margin mean + k * std; for a table,
  * b is rounded up to the next listed batch. -1 when b < 1 or b exceeds the

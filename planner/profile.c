@@ -57,6 +57,16 @@ void pl_profile_copy(pl_profile_t *dst, const pl_profile_t *src)
     }
 }
 
+void pl_profile_scale(pl_profile_t *p, double factor)
+{
+    p->alpha_us *= factor;
+    p->beta_us *= factor;
+    for (int i = 0; i < p->nrows; i++) {
+        p->rows[i].mean_us *= factor;
+        p->rows[i].std_us *= factor;
+    }
+}
+
 double pl_latency_us(const pl_profile_t *p, int b, double k_std)
 {
     if (b < 1 || b > p->max_batch)

@@ -309,6 +309,36 @@ Test(dispatch, adaptive_under_load_defers_like_symphony)
     free(r);
 }
 
+Test(dispatch, a_new_profile_recomputes_every_cost)
+{
+    /* l(b) = b + 5 ms, SLO 12 ms: batches up to 7. Twice as slow: l(1) = 12
+     * ms, only batches of 1 fit, and a request must leave the moment it
+     * arrives. */
+    rig_t *r = malloc(sizeof(*r));
+    rig_init(r, PL_POLICY_DEFERRED);
+    add_workers(r, 1);
+    int sid = add_linear_session(r->d, 1000, 5000, 64, 12000);
+    route_all(r, sid, 1, 0);
+    cr_assert_eq(pl_dispatch_session_max_batch(r->d, sid), 7);
+    cr_assert_eq(pl_dispatch_batch_cost_us(r->d, sid, 1), 6000);
+    pl_profile_t p;
+    pl_profile_init_linear(&p, 1000, 5000, 64);
+    pl_profile_scale(&p, 2);
+    cr_assert_eq(pl_dispatch_session_profile(r->d, 0, sid, &p), 0);
+    absorb(r);
+    cr_assert_eq(pl_dispatch_session_max_batch(r->d, sid), 1);
+    cr_assert_eq(pl_dispatch_batch_cost_us(r->d, sid, 1), 12000);
+    pl_profile_dispose(&p);
+    cr_assert_eq(pl_dispatch_session_profile(r->d, 0, sid + 7, &p), SQ_INVAL);
+    arrival_t arr[1] = {{.at_us = 1000, .session = sid, .deadline_us = 1000 + 12000}};
+    rig_run(r, arr, 1, 1);
+    cr_assert_eq(r->nsent, 1);
+    cr_assert_eq(r->sent[0].at_us, 1000, "l(1) = 12 ms: it must leave at once");
+    cr_assert_eq(r->sent[0].finish_us, 13000);
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
 Test(dispatch, early_drop_slides_window_past_heads_that_would_miss)
 {
     rig_t *r = malloc(sizeof(*r));
