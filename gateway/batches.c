@@ -6,6 +6,7 @@
 #include "gw_dispatch_int.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -263,7 +264,7 @@ static int ensure_session(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint
         if (l != NULL && l->state == LOAD_DONE && l->max_batch < max_batch)
             max_batch = l->max_batch;
     }
-    pl_session_cfg_t cfg = {.profile = &dm->m->profile[dm->kind],
+    pl_session_cfg_t cfg = {.profile = ds_profile(dm, dm->kind),
                             .slo_us = (int64_t)(bucket * 1000.0),
                             .max_batch = max_batch,
                             .item_bytes = (int64_t)ds_item_bytes(dm->m, input_kind)};
@@ -328,6 +329,79 @@ void ds_fail_pending(gw_dispatch_t *ds, ds_model_t *dm, int rc, const char *why)
     dm->npending = 0;
 }
 
+/* ---- live profiles ------------------------------------------------------- */
+
+/* Ratios kept per model, how many new ones between two looks, and how far
+ * their median must move from the correction in use to replace it. */
+#define LIVE_SAMPLES 32
+#define LIVE_EVERY 8
+#define LIVE_DRIFT 0.25
+
+void ds_live_reset(ds_model_t *dm)
+{
+    if (dm->live_scale > 0)
+        pl_profile_dispose(&dm->live_profile);
+    dm->live_scale = 0;
+    dm->live_n = dm->live_next = dm->live_since = 0;
+}
+
+static int float_cmp(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* A batch of b of dm ran exec_us in its worker's backend. The median of the
+ * last LIVE_SAMPLES ratios to the profile's mean l(b) (robust: a batch held
+ * up by a page fault or a noisy neighbour moves it by one rank, not by its
+ * size) replaces the correction in use when it moved more than LIVE_DRIFT
+ * from it: the core's sessions of dm get the corrected profile, and the
+ * planner re-plans its kind. */
+static void live_sample(gw_dispatch_t *ds, ds_model_t *dm, int b, double exec_us)
+{
+    int kind = dm->kind;
+    if (kind < 0 || !dm->m->has_profile[kind] || exec_us <= 0)
+        return;
+    double l = pl_latency_us(&dm->m->profile[kind], b, 0);
+    if (!(l > 0))
+        return;
+    dm->live_ratios[dm->live_next] = (float)(exec_us / l);
+    dm->live_next = (dm->live_next + 1) % LIVE_SAMPLES;
+    if (dm->live_n < LIVE_SAMPLES)
+        dm->live_n++;
+    if (++dm->live_since < LIVE_EVERY || dm->live_n < LIVE_SAMPLES / 2)
+        return;
+    dm->live_since = 0;
+    float sorted[LIVE_SAMPLES];
+    memcpy(sorted, dm->live_ratios, sizeof(float) * (size_t)dm->live_n);
+    qsort(sorted, (size_t)dm->live_n, sizeof(float), float_cmp);
+    double med = sorted[dm->live_n / 2];
+    double cur = dm->live_scale > 0 && dm->live_kind == kind ? dm->live_scale : 1.0;
+    if (fabs(med / cur - 1) <= LIVE_DRIFT)
+        return;
+    double scale = med < 0.1 ? 0.1 : med > 20 ? 20 : med;
+    if (fabs(scale - 1) <= LIVE_DRIFT)
+        scale = 1; /* back within the margin of the profile: use it as is */
+    SQ_WARN("profile drift model=%s version=%d kind=%s measured/profiled=%.2f was=%.2f "
+            "samples=%d: re-planning with the measured latencies",
+            dm->m->name, dm->m->version, gw_kind_name((gw_kind_t)kind), med, cur, dm->live_n);
+    if (dm->live_scale > 0)
+        pl_profile_dispose(&dm->live_profile);
+    dm->live_scale = 0;
+    if (scale != 1) {
+        pl_profile_copy(&dm->live_profile, &dm->m->profile[kind]);
+        pl_profile_scale(&dm->live_profile, scale);
+        dm->live_scale = scale;
+        dm->live_kind = kind;
+    }
+    gw_metrics_profile_scale(ds->srv->metrics, dm->m, kind, scale);
+    int64_t now = sq_now_us();
+    for (int s = 0; s < ds->nsessions; s++)
+        if (ds->sessions[s].model == dm)
+            pl_dispatch_session_profile(ds->core, now, s, ds_profile(dm, kind));
+    gw__plan_invalidate(ds, kind, "profile drift");
+}
+
 /* ---- worker frames ------------------------------------------------------- */
 
 void ds_on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f)
@@ -365,9 +439,11 @@ void ds_on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f)
         SQ_WARN("batch failed worker=%d code=%s message=\"%s\"", w->id, sq_err_name(done.code),
                 done.message);
     ds_model_t *ran = done.code == 0 ? ds_model_find(ds, b->model_key) : NULL;
-    if (ran != NULL)
+    if (ran != NULL) {
         ran->crashes = 0; /* counted are crashes in a row: a crash blamed on it by a
                              worker that died before its answers left was not its */
+        live_sample(ds, ran, b->count, (double)done.exec_ns / 1000.0);
+    }
     sq_shm_release(ds->srv->arena, b->out_off);
     free(b->items);
     free(b);

@@ -607,6 +607,7 @@ static void on_model_changed(sq_loop_t *loop, void *arg)
             dm = ds_model_get(ds, m);
         gw_model_unref(dm->m);
         dm->m = m; /* the new entry (profile, status) */
+        ds_live_reset(dm);
         m = NULL;
         if (msg->profile != PROFILE_NONE) {
             gw_model_t *twin = msg->profile == PROFILE_WANTED ? ds_twin_find(ds, dm->m) : NULL;
@@ -666,6 +667,7 @@ void gw_dispatch_resume_profiling(gw_server_t *srv)
 
 static void model_free(ds_model_t *dm)
 {
+    ds_live_reset(dm);
     gw_model_unref(dm->m);
     for (int k = 0; k < dm->nmembers; k++)
         gw_model_unref(dm->members[k]);

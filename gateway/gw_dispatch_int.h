@@ -106,6 +106,15 @@ typedef struct ds_model {
     int crashes;
     int poisoned;
     char failed_why[256];
+    /* Live profile (batches.c): the last LIVE_SAMPLES ratios of a batch's
+     * measured run time to the profile's l(b), and the correction the
+     * dispatcher and planner use (0: none, as profiled; else live_profile
+     * holds the profile of live_kind times live_scale). */
+    float live_ratios[32];
+    int live_n, live_next, live_since;
+    double live_scale;
+    int live_kind;
+    pl_profile_t live_profile;
 } ds_model_t;
 
 typedef struct {
@@ -287,11 +296,21 @@ void ds_group_profiled(gw_dispatch_t *ds, ds_model_t *g, ds_worker_t *w,
 gw_model_t *ds_twin_find(gw_dispatch_t *ds, const gw_model_t *m);
 ds_model_t *ds_twin_of(gw_dispatch_t *ds, ds_model_t *dm);
 
+/* batches.c: forgets dm's live correction (its profile was measured anew). */
+void ds_live_reset(ds_model_t *dm);
+
 /* ---- lookups both sides use (data only) --------------------------------- */
 
 static inline ds_worker_t *ds_worker_at(const gw_dispatch_t *ds, int id)
 {
     return id >= 0 && id < ds->nworkers ? ds->workers[id] : NULL;
+}
+
+/* The profile the dispatcher and planner use for dm on kind: the measured
+ * one, corrected by what its workers report (live_scale), when it drifted. */
+static inline const pl_profile_t *ds_profile(const ds_model_t *dm, int kind)
+{
+    return dm->live_scale > 0 && dm->live_kind == kind ? &dm->live_profile : &dm->m->profile[kind];
 }
 
 /* What one request of m costs on a remote worker's link: its input

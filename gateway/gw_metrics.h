@@ -128,6 +128,9 @@ void gw_metrics_worker_restart(gw_metrics_t *ms, int worker, const char *device)
 void gw_metrics_worker_link(gw_metrics_t *ms, int worker, const char *device, int64_t rtt_us,
                             double bytes_per_us);
 
+/* A model's live profile correction (measured / profiled latency). */
+void gw_metrics_profile_scale(gw_metrics_t *ms, const gw_model_t *m, int kind, double scale);
+
 /* One model upload finished: 0 (created) or the SQ_* error that rejected it. */
 void gw_metrics_upload(gw_metrics_t *ms, int err);
 

@@ -76,8 +76,8 @@ struct gw_metrics {
     /* squishd's families (NULL in a bare store) */
     gw_metric_family_t *requests, *request_duration, *queue_duration, *preprocess_duration,
         *execute_duration, *batch_size, *batches, *drops, *worker_busy, *worker_up, *worker_rtt,
-        *worker_bw, *worker_restarts, *session_rate, *session_planned, *plan_epoch, *plan_devices,
-        *plan_lower_bound, *advice, *models_moved, *http_requests, *uploads;
+        *worker_bw, *profile_scale, *worker_restarts, *session_rate, *session_planned, *plan_epoch,
+        *plan_devices, *plan_lower_bound, *advice, *models_moved, *http_requests, *uploads;
     /* per-model statistics: open addressing by key, under stats_lock */
     pthread_mutex_t stats_lock;
     model_stats_t **stats;
@@ -604,6 +604,7 @@ gw_metrics_t *gw_metrics_new(void)
     const char *const model[] = {"model", NULL};
     const char *const model_worker[] = {"model", "worker", NULL};
     const char *const model_reason[] = {"model", "reason", NULL};
+    const char *const model_version_kind[] = {"model", "version", "kind", NULL};
     const char *const worker_device[] = {"worker", "device", NULL};
     const char *const model_slo[] = {"model", "slo_ms", NULL};
     const char *const route_code[] = {"route", "code", NULL};
@@ -656,6 +657,11 @@ gw_metrics_t *gw_metrics_new(void)
         m, GW_METRIC_GAUGE, "squish_worker_link_bytes_per_second",
         "A remote worker's link bandwidth, measured by a probe at its handshake and every 30 s.",
         worker_device, NULL, 0, 0);
+    m->profile_scale = gw_metrics_family(
+        m, GW_METRIC_GAUGE, "squish_profile_scale",
+        "Measured batch latencies over the stored profile, by model, once they drifted beyond "
+        "25% (1 when back within it): the dispatcher and planner use the profile times this.",
+        model_version_kind, NULL, 0, 0);
     m->worker_restarts =
         gw_metrics_family(m, GW_METRIC_COUNTER, "squish_worker_restarts_total",
                           "Restarts of supervised workers after they died or stopped answering.",
@@ -917,6 +923,16 @@ void gw_metrics_worker_link(gw_metrics_t *ms, int worker, const char *device, in
     const char *v[] = {w, device};
     gw_metrics_set(gw_metrics_series(ms->worker_rtt, v), (double)rtt_us / 1e6);
     gw_metrics_set(gw_metrics_series(ms->worker_bw, v), bytes_per_us * 1e6);
+}
+
+void gw_metrics_profile_scale(gw_metrics_t *ms, const gw_model_t *m, int kind, double scale)
+{
+    if (ms == NULL || ms->profile_scale == NULL)
+        return;
+    char ver[16];
+    snprintf(ver, sizeof(ver), "%d", m->version);
+    const char *v[] = {m->name, ver, gw_kind_name((gw_kind_t)kind)};
+    gw_metrics_set(gw_metrics_series(ms->profile_scale, v), scale);
 }
 
 void gw_metrics_upload(gw_metrics_t *ms, int err)

@@ -280,6 +280,8 @@ static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placeme
                               "batch", al->batch, "latency_ms", al->latency_us / 1000.0);
                 if (al->transfer_us > 0) /* the batch's round trip and bytes on the link */
                     json_object_set_new(so, "transfer_ms", json_real(al->transfer_us / 1000.0));
+                if (ps->dm->live_scale > 0) /* planned with the measured latencies */
+                    json_object_set_new(so, "profile_scale", json_real(ps->dm->live_scale));
                 json_array_append_new(sessions, so);
                 json_array_append_new(*placements,
                                       json_pack("{s:s, s:I, s:f, s:i, s:f, s:f}", "device",
@@ -452,7 +454,7 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
         ss[n++] = (pl_session_t){.id = ps->id,
                                  .model = (int)dm->key,
                                  .name = dm->m->name,
-                                 .profile = &dm->m->profile[kind],
+                                 .profile = ds_profile(dm, kind),
                                  .slo_us = ps->bucket_ms * 1000.0,
                                  .rate_rps = ps->rate_rps * ds->srv->cfg->plan_headroom,
                                  .item_bytes = ds_item_bytes(dm->m, SQ_INPUT_PIXELS)};

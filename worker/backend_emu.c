@@ -2,11 +2,18 @@
  * model's profiled l(b) and answers with deterministic outputs of the right
  * shape. It sleeps to an absolute deadline (never spins), so that many
  * emulated devices share two cores, as the papers' large-scale evaluations
- * emulated their GPUs. */
+ * emulated their GPUs.
+ *
+ * For tests and benchmarks of squishd's live profiles, an emulated device
+ * can be slowed down while it runs: SQUISH_EMU_SLOWDOWN_FILE names a file
+ * holding a factor (2 = every batch takes 2 l(b)), read again at most every
+ * 100 ms; absent or unreadable, the factor is 1. Unset (the default, and in
+ * production) it costs nothing. */
 #include "wk_exec_int.h"
 
 #include <sq.h>
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,11 +67,35 @@ static uint64_t mix(uint64_t x)
     return x ^ (x >> 31);
 }
 
+/* SQUISH_EMU_SLOWDOWN_FILE's factor (see the top of this file). */
+static double slowdown(int64_t now_ns)
+{
+    static _Thread_local int64_t read_ns = -1;
+    static _Thread_local double factor = 1;
+    const char *path = getenv("SQUISH_EMU_SLOWDOWN_FILE");
+    if (path == NULL || *path == '\0')
+        return 1;
+    if (read_ns >= 0 && now_ns - read_ns < 100000000)
+        return factor;
+    read_ns = now_ns;
+    factor = 1;
+    FILE *f = fopen(path, "r");
+    double v;
+    if (f != NULL) {
+        if (fscanf(f, "%lf", &v) == 1 && v > 0 && v < 1000)
+            factor = v;
+        fclose(f);
+    }
+    return factor;
+}
+
 static int emu_run(wk_plan_t *plan, int batch, float *const *outputs)
 {
     const wk_graph_t *g = plan->graph;
     emu_be_t *be = plan->be;
-    int64_t deadline_ns = sq_now_ns() + plan->opts.emu_latency_us[batch - 1] * 1000;
+    int64_t now = sq_now_ns();
+    int64_t deadline_ns =
+        now + (int64_t)((double)plan->opts.emu_latency_us[batch - 1] * 1000 * slowdown(now));
     /* Each item's outputs depend on its own input only (a hash of up to
      * 256 of its first values), so that equal images get equal answers. */
     const wk_value_t *in = g->n_inputs > 0 ? &g->values[g->inputs[0]] : NULL;

@@ -1,0 +1,97 @@
+"""Live profiles: a worker that becomes slower than its stored profile (an
+emulated device slowed 3x mid-run, as a CPU hog would) is noticed from the
+batch times workers report, the dispatcher and the planner switch to the
+measured latencies, and SLO attainment recovers within 10 s."""
+
+import json
+import os
+import subprocess
+import tempfile
+import threading
+import time
+
+from harness import Squishd, eventually, run, test
+
+BUILD = os.environ.get("SQUISH_BUILD_DIR", "build")
+LOADGEN = os.path.join(BUILD, "bench", "squish-loadgen")
+SLO_MS = 100
+MODEL = {"name": "slow", "profile": {"alpha_ms": 1.053, "beta_ms": 5.072}, "max_batch": 32,
+         "default_slo_ms": SLO_MS, "input": {"shape": [3, 4, 4]}, "num_classes": 4}
+
+
+@test
+def a_slowed_worker_is_replanned_from_measured_latencies_within_10_s():
+    """Without the correction the answers of the seconds after the slowdown
+    come late (0.94-0.98 good at commit time); with it, the seconds from
+    flip + 10 s on are >= 99% good."""
+    tmp = tempfile.mkdtemp(prefix="squish-slow-")
+    knob = os.path.join(tmp, "slowdown")
+    with open(knob, "w") as f:
+        f.write("1\n")
+    # Deferred dispatch sends each batch as late as its profile allows: with
+    # a stale profile, every batch of a slowed device answers late.
+    s = Squishd(workers="emu:1", extra=["--policy", "deferred"],
+                env={"SQUISH_EMU_SLOWDOWN_FILE": knob})
+    try:
+        s.wait_ready(workers=1)
+        r = s.request("POST", "/models", body=json.dumps(MODEL),
+                      headers={"Authorization": "Bearer " + s.token,
+                               "Content-Type": "application/json"})
+        assert r.status == 201, r
+        flip_at = 6
+
+        def slow_down():
+            time.sleep(flip_at)
+            with open(knob + ".new", "w") as f:
+                f.write("3\n")
+            os.rename(knob + ".new", knob)
+
+        t = threading.Thread(target=slow_down)
+        t.start()
+        out = subprocess.run(
+            [LOADGEN, "--port", str(s.port), "--path", "/v2/models/slow/infer", "--tensor",
+             "3x4x4", "--slo-ms", str(SLO_MS), "--timeout-ms", "5000", "--rate", "150",
+             "--duration", "24", "--warmup", "0", "--per-second", "--seed", "3"],
+            capture_output=True, text=True, timeout=120)
+        t.join()
+        assert out.returncode == 0, out.stderr[-2000:]
+        res = json.loads(out.stdout)
+        per = res["per_second"]
+        # Outcomes by the second they were answered in.
+        done = [g + l + d + b for g, l, d, b in
+                zip(per["good"], per["late"], per["dropped"], per["bad"])]
+        frac = [g / n if n else 1.0 for g, n in zip(per["good"], done)][:24]
+        print("# good fraction per second: %s" % ["%.2f" % x for x in frac], flush=True)
+        # Over a window, >= 99% good; no second below 95% (a shared 2-core
+        # box stalls now and then: one second is 150 answers).
+        lo, hi = flip_at + 10, 24
+        good_after = sum(per["good"][lo:hi])
+        done_after = sum(done[lo:hi])
+        assert min(frac[1:flip_at - 1]) >= 0.95, ("before the slowdown", frac)
+        assert done_after > 500 and good_after >= 0.99 * done_after, (
+            "10 s after the slowdown", good_after, done_after, frac)
+        assert min(frac[lo:hi]) >= 0.95, ("10 s after the slowdown", frac)
+        log = s.read_log()
+        assert "profile drift model=slow version=1 kind=emu" in log, log[-3000:]
+        # Shown: the metric and the plan carry the correction (about 3).
+        text = s.get("/metrics").raw.decode()
+        line = [x for x in text.splitlines()
+                if x.startswith('squish_profile_scale{model="slow",version="1",kind="emu"}')]
+        assert line and 2.5 < float(line[0].split()[-1]) < 3.6, line
+        plan = eventually(lambda: (lambda p: p if any(
+            "profile_scale" in x for d in p["devices"] for x in d["sessions"]) else None)(
+                s.get("/v1/plan", schema_name="plan").json), 10, "a plan with the correction")
+        scales = [x["profile_scale"] for d in plan["devices"] for x in d["sessions"]
+                  if "profile_scale" in x]
+        assert 2.5 < scales[0] < 3.6, plan
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+        for p in (knob,):
+            if os.path.exists(p):
+                os.unlink(p)
+        os.rmdir(tmp)
+
+
+if __name__ == "__main__":
+    run()
