@@ -329,9 +329,12 @@ static int on_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
         sq_reader_init(&r, f->payload, f->len);
         uint32_t b = sq_get_u32(&r), total = sq_get_u32(&r);
         ds_model_t *dm = ds_model_find(ds, (int64_t)f->id);
-        if (!r.err && dm != NULL)
+        if (!r.err && dm != NULL) {
             SQ_INFO("profiling progress model=%s version=%d batch=%u of=%u", dm->m->name,
                     dm->m->version, b, total);
+            if (dm->profile_worker == w->id)
+                ds_progress_set(ds, dm, w, (int)b, (int)total);
+        }
         return 0;
     }
     case SQ_MSG_PROFILE_DONE: {
@@ -993,6 +996,7 @@ void gw_dispatch_free(gw_dispatch_t *ds)
     pl_dispatch_free(ds->core);
     pthread_mutex_destroy(&ds->ready_lock);
     free(ds->held_keys);
+    free(ds->progress);
     free(ds);
 }
 

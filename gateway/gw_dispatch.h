@@ -41,6 +41,19 @@ int gw_dispatch_model_held(gw_server_t *srv, int64_t key);
  * readiness before sending. */
 void gw_dispatch_warm(gw_server_t *srv, int64_t key);
 
+/* How far the measuring of a model is (GET /models/{m}). */
+typedef struct {
+    int64_t key;
+    char device[64];
+    int done, total;    /* batch sizes measured, and planned */
+    int64_t started_us; /* when it started on that worker */
+    int64_t updated_us; /* the last progress */
+} gw_profile_progress_t;
+
+/* Any thread: model key's measuring progress into *out; 0 when it is not
+ * being measured now. */
+int gw_dispatch_profile_progress(gw_server_t *srv, int64_t key, gw_profile_progress_t *out);
+
 /* Made before the worker link starts (server.c), freed after it stopped.
  * The link's events for it (worker up, frame, lost, exited: a crash of its
  * own counts against the model it was loading, measuring or running, see

@@ -183,6 +183,9 @@ struct gw_dispatch {
     char ready_why[256];
     int64_t *held_keys;
     int nheld, capheld;
+    /* Models being measured, and how far (under ready_lock too). */
+    gw_profile_progress_t *progress;
+    int nprogress, capprogress;
 };
 
 /* ---- planning.c -------------------------------------------------------- */
@@ -217,6 +220,10 @@ void gw__plan_busy(gw_dispatch_t *ds, int worker, int64_t busy_us);
 /* records.c: lookups, the core's handles for items, finishing, sending. */
 /* Whether w's connection has received the model file sha. */
 int ds_has_sha(const ds_worker_t *w, const char *sha);
+/* dm's measuring on worker w: started (done 0), moved on, or ended (w
+ * NULL); what gw_dispatch_profile_progress answers. */
+void ds_progress_set(gw_dispatch_t *ds, const ds_model_t *dm, const ds_worker_t *w, int done,
+                     int total);
 /* Records that w's connection holds the model file sha. */
 void ds_note_sha(ds_worker_t *w, const char *sha);
 ds_model_t *ds_model_find(gw_dispatch_t *ds, int64_t key);

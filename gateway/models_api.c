@@ -28,6 +28,7 @@ typedef struct {
     const uint8_t *body;
     size_t len;
     uint8_t *body_owned;
+    char location[MDB_NAME_MAX + 16]; /* a 202's Location */
 } model_job_t;
 
 static void model_job_dispose(gw_async_t *a)
@@ -158,8 +159,12 @@ static void store(mdb_t *db, model_job_t *j, const mdb_new_model_t *m)
         reply_created(db, j, m->name, m->version);
         /* 202 while the worker measures the model's batching profile. */
         int profiling = strcmp(m->status, "profiling") == 0;
-        if (profiling)
+        if (profiling) {
+            /* Where to follow it: GET /models/{name} shows the measuring. */
             j->base.status = 202;
+            snprintf(j->location, sizeof(j->location), "/models/%s", m->name);
+            j->base.location = j->location;
+        }
         publish(db, j->base.srv, key, profiling);
     }
 }
@@ -440,10 +445,43 @@ void gw_route_models_list(gw_call_t *call)
     gw_db_post(call->srv, list_job, job_new(call));
 }
 
+/* A version being measured gets "profiling": where, how far, and about how
+ * long is left (the batch sizes left at the pace of those done; larger
+ * batches take longer, so it is a lower bound early on). */
+static void add_progress(gw_server_t *srv, const char *name, json_t *rec)
+{
+    const char *status = json_string_value(json_object_get(rec, "status"));
+    if (status == NULL || strcmp(status, "profiling") != 0)
+        return;
+    int version = (int)json_integer_value(json_object_get(rec, "version"));
+    gw_model_t *m = gw_registry_find(srv->registry, name, strlen(name), version);
+    gw_profile_progress_t p;
+    int have = m != NULL && gw_dispatch_profile_progress(srv, m->key, &p);
+    gw_model_unref(m);
+    if (!have) {
+        json_object_set_new(rec, "profiling",
+                            json_pack("{s:s}", "state", "waiting for a cpu or cuda worker"));
+        return;
+    }
+    double elapsed_ms = (double)(sq_now_us() - p.started_us) / 1000.0;
+    json_t *o = json_pack("{s:s, s:s, s:i, s:i, s:f}", "state", "measuring", "device", p.device,
+                          "batch_sizes_done", p.done, "batch_sizes_total", p.total, "elapsed_ms",
+                          elapsed_ms);
+    if (p.done > 0 && p.total > p.done)
+        json_object_set_new(o, "eta_ms", json_real(elapsed_ms / p.done * (p.total - p.done)));
+    json_object_set_new(rec, "profiling", o);
+}
+
 static void get_job(mdb_t *db, void *arg)
 {
     model_job_t *j = arg;
     int rc = mdb_model_get(db, j->name, &j->base.body);
+    if (rc == 0) {
+        json_t *v;
+        size_t i;
+        json_array_foreach(json_object_get(j->base.body, "versions"), i, v)
+            add_progress(j->base.srv, j->name, v);
+    }
     if (rc == SQ_MODEL_NOT_FOUND)
         gw_async_fail(&j->base, rc, "no model named %s", j->name);
     else if (rc != 0)

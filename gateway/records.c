@@ -174,3 +174,58 @@ int ds_loaded_anywhere(gw_dispatch_t *ds, ds_model_t *dm, int *loading)
     }
     return loaded;
 }
+
+/* ---- measuring progress (gw_dispatch_profile_progress) ------------------- */
+
+static gw_profile_progress_t *progress_find(gw_dispatch_t *ds, int64_t key)
+{
+    for (int i = 0; i < ds->nprogress; i++)
+        if (ds->progress[i].key == key)
+            return &ds->progress[i];
+    return NULL;
+}
+
+/* dm's measuring on worker w: started (done 0), moved on, or ended
+ * (w NULL). */
+void ds_progress_set(gw_dispatch_t *ds, const ds_model_t *dm, const ds_worker_t *w, int done,
+                     int total)
+{
+    pthread_mutex_lock(&ds->ready_lock);
+    gw_profile_progress_t *p = progress_find(ds, dm->key);
+    int64_t now = sq_now_us();
+    if (w == NULL) {
+        if (p != NULL)
+            *p = ds->progress[--ds->nprogress];
+    } else {
+        if (p == NULL) {
+            if (ds->nprogress == ds->capprogress) {
+                ds->capprogress = ds->capprogress ? 2 * ds->capprogress : 4;
+                ds->progress =
+                    sq_xrealloc(ds->progress, sizeof(*ds->progress) * (size_t)ds->capprogress);
+            }
+            p = &ds->progress[ds->nprogress++];
+            *p = (gw_profile_progress_t){.key = dm->key, .started_us = now};
+        }
+        if (strcmp(p->device, w->device) != 0) {
+            snprintf(p->device, sizeof(p->device), "%s", w->device);
+            p->started_us = now; /* on another worker: from the start */
+        }
+        p->done = done;
+        p->total = total;
+        p->updated_us = now;
+    }
+    pthread_mutex_unlock(&ds->ready_lock);
+}
+
+int gw_dispatch_profile_progress(gw_server_t *srv, int64_t key, gw_profile_progress_t *out)
+{
+    gw_dispatch_t *ds = srv->dispatch;
+    if (ds == NULL)
+        return 0;
+    pthread_mutex_lock(&ds->ready_lock);
+    gw_profile_progress_t *p = progress_find(ds, key);
+    if (p != NULL)
+        *out = *p;
+    pthread_mutex_unlock(&ds->ready_lock);
+    return p != NULL;
+}

@@ -314,6 +314,21 @@ def a_new_version_never_takes_traffic_from_a_ready_one():
 
 
 @test
+def an_upload_being_measured_says_where_to_follow_it():
+    s = Squishd(workers="none")
+    try:
+        r = upload(s, tm.tiny(), {"name": "wait"})
+        assert r.status == 202 and r.headers["location"] == "/models/wait", r.headers
+        r = s.get("/models/wait", headers=auth(s), schema_name="model")
+        v = r.json["versions"][0]
+        assert v["status"] == "profiling", v
+        assert v["profiling"] == {"state": "waiting for a cpu or cuda worker"}, v
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+@test
 def models_survive_a_restart():
     s = Squishd(workers="none")
     try:
