@@ -269,7 +269,9 @@ typedef struct {
     uint64_t peak_memory_bytes;
 } sq_profile_row_t;
 
-/* PROFILE_DONE: worker -> squishd (PROFILE_PROGRESS carries done/total only). */
+/* PROFILE_DONE: worker -> squishd (PROFILE_PROGRESS carries two u32: the
+ * batch sizes measured so far, and those expected in all, sizes up to the
+ * max that fit what is left of the time budget at the pace so far). */
 typedef struct {
     int32_t code;
     char message[200];

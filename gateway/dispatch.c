@@ -330,7 +330,7 @@ static int on_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
         uint32_t b = sq_get_u32(&r), total = sq_get_u32(&r);
         ds_model_t *dm = ds_model_find(ds, (int64_t)f->id);
         if (!r.err && dm != NULL) {
-            SQ_INFO("profiling progress model=%s version=%d batch=%u of=%u", dm->m->name,
+            SQ_INFO("profiling progress model=%s version=%d sizes=%u of=%u", dm->m->name,
                     dm->m->version, b, total);
             if (dm->profile_worker == w->id)
                 ds_progress_set(ds, dm, w, (int)b, (int)total);

@@ -64,7 +64,7 @@ void ds_start_profile(gw_dispatch_t *ds, ds_model_t *dm)
     pl_dispatch_worker_remove(ds->core, sq_now_us(), pick->id);
     SQ_INFO("profiling model=%s version=%d worker=%d device=%s", dm->m->name, dm->m->version,
             pick->id, pick->device);
-    ds_progress_set(ds, dm, pick, 0, dm->m->max_batch);
+    ds_progress_set(ds, dm, pick, 0, 0);
     ds_load_t *l = ds_load_find(pick, dm->key, 0);
     if (l != NULL && l->state == LOAD_DONE) {
         sq_profile_req_t req = {.max_batch = (uint32_t)dm->m->max_batch,

@@ -712,23 +712,40 @@ static void do_profile(server_t *s, job_t *j)
         row->mean_us = mean;
         row->std_us = sd;
         row->peak_memory_bytes = model_memory(m);
-        reply_t *p = reply_new(s, SQ_MSG_PROFILE_PROGRESS, j->id);
-        sq_buf_put_u32(&p->payload, (uint32_t)b);
-        sq_buf_put_u32(&p->payload, (uint32_t)max_b);
-        reply_post(s, p);
         /* Stop once throughput has not improved by 3% for three sizes, or
          * when the next size would run past the time budget. */
         double tput = b / mean;
+        int stop = 0;
         if (tput > best_tput * 1.03) {
             best_tput = tput;
             stale = 0;
         } else if (++stale >= 3) {
-            break;
+            stop = 1;
         }
         int64_t spent = sq_now_ms() - started_ms;
         int nb = next_profile_batch(b);
         double next_cost_ms = mean / 1000.0 * nb / b * (req->warmup + req->repeats);
         if (req->budget_ms > 0 && spent + next_cost_ms > req->budget_ms)
+            stop = 1;
+        /* Progress in sizes measured, of those still expected: the sizes up
+         * to max_b that fit what is left of the budget at this pace (a
+         * batch of n taking n / b times this one's). */
+        uint32_t expect = done->nrows;
+        if (!stop) {
+            double left = req->budget_ms > 0 ? (double)req->budget_ms - (double)spent : 1e300;
+            for (int n = nb; n <= max_b && expect < SQ_MAX_PROFILE_ROWS;
+                 n = next_profile_batch(n)) {
+                left -= mean / 1000.0 * n / b * (req->warmup + req->repeats);
+                if (left < 0)
+                    break;
+                expect++;
+            }
+        }
+        reply_t *p = reply_new(s, SQ_MSG_PROFILE_PROGRESS, j->id);
+        sq_buf_put_u32(&p->payload, done->nrows);
+        sq_buf_put_u32(&p->payload, expect);
+        reply_post(s, p);
+        if (stop)
             break;
     }
     free(in);
