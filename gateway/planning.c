@@ -325,6 +325,17 @@ static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placeme
     double add = pl_advice_add(nworkers, bad_rate);
     double release = pl_advice_release(nworkers, idle);
     double delta = add >= 1 ? ceil(add) : -floor(release);
+    /* The advice and the plan agree: load left without a device asks for
+     * devices, however idle the others look, and a device the plan uses is
+     * never one to release. */
+    int short_of_devices = 0;
+    for (int k = 0; k < GW_KIND_COUNT; k++)
+        for (int u = 0; p->kinds[k].has && u < p->kinds[k].plan.nunplaced; u++)
+            short_of_devices |= p->kinds[k].plan.unplaced[u].reason == PL_UNPLACED_DEVICES;
+    if (short_of_devices && delta < 1)
+        delta = lower - used >= 1 ? ceil(lower - used) : 1;
+    if (delta < 0 && -delta > nworkers - used)
+        delta = -(double)(nworkers - used > 0 ? nworkers - used : 0);
     json_t *snap =
         json_pack("{s:I, s:f, s:s, s:o, s:i, s:f, s:o, s:[], s:{s:f, s:f, s:f, s:f, s:f}}", "epoch",
                   (json_int_t)p->epoch, "created_at", sq_wall_s(), "reason", reason, "devices",

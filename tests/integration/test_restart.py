@@ -224,6 +224,10 @@ def a_restart_with_fewer_workers_and_a_model_gone_places_what_fits():
             assert p2["reason"] == "restored" and p2["restored"] is True, p2
             assert placed(p2) == {("emu:0", "slow")}, p2
             assert all(u["model"] == "slow" for u in p2["unplaced"]), p2
+            # Load left without a device: the advice asks for devices, though
+            # the one device looks idle (it said "release 1" before).
+            assert {u["reason"] for u in p2["unplaced"]} == {"devices"}, p2
+            assert p2["advice"]["devices_delta"] >= 1, p2
             r = s2.request("POST", "/v2/models/slow/infer", body=b"\0" * 192,
                            headers={"Inference-Header-Content-Length": "0"})
             assert r.status == 200, r
