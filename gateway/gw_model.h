@@ -16,6 +16,25 @@
 #include <stddef.h>
 
 #define GW_MAX_PROFILE_ROWS 1024
+#define GW_MAX_POLICY_VERSIONS 64
+
+/* Which versions of a model are served (Triton's version_policy): all
+ * (the default), the latest N ready ones, or the ones listed. The newest
+ * upload's policy applies to every version of its name. */
+typedef enum { GW_VP_ALL = 0, GW_VP_LATEST, GW_VP_SPECIFIC } gw_vp_kind_t;
+typedef struct {
+    gw_vp_kind_t kind;
+    int latest;                           /* GW_VP_LATEST: N >= 1 */
+    int versions[GW_MAX_POLICY_VERSIONS]; /* GW_VP_SPECIFIC */
+    int nversions;
+} gw_version_policy_t;
+
+/* Parses Triton's JSON form: {"latest": {"num_versions": N}}, {"specific":
+ * {"versions": [v, ...]}} or {"all": {}}. Returns 0, or SQ_BAD_CONFIG with
+ * "config.version_policy...: why" in err. */
+int gw_version_policy_parse(json_t *v, gw_version_policy_t *out, char *err, size_t errlen);
+/* "latest 2", "versions 1, 3" or "all", for messages. */
+void gw_version_policy_describe(const gw_version_policy_t *p, char *buf, size_t len);
 
 typedef struct {
     char name[MDB_NAME_MAX + 1];

@@ -9,6 +9,8 @@
 #ifndef GW_REGISTRY_H
 #define GW_REGISTRY_H
 
+#include "gw_model.h"
+
 #include <jansson.h>
 #include <mdb.h>
 #include <pl_profile.h>
@@ -50,6 +52,10 @@ typedef struct gw_model {
      * is cut for it (the tensor's name in this model). */
     int64_t group_id;
     char cut_tensor[256];
+    /* The version policy its upload gave (has_policy 0: none, i.e. all);
+     * the newest version's applies to every version of the name. */
+    int has_policy;
+    gw_version_policy_t policy;
 } gw_model_t;
 
 void gw_model_ref(gw_model_t *m);
@@ -71,9 +77,13 @@ void gw_registry_put(gw_registry_t *r, gw_model_t *m);
  * removed keys (up to max) and returns how many were removed. */
 int gw_registry_remove(gw_registry_t *r, const char *name, int version, int64_t *keys, int max);
 /* A new reference to name's version, or NULL. Version 0: the newest ready
- * one (a version still profiling, or failed, never takes the traffic of
- * one that is ready), or the newest when none is ready. */
+ * one that the name's version policy serves (a version still profiling, or
+ * failed, never takes the traffic of one that is ready), else the newest
+ * served, else the newest (gw_registry_served then says why not). */
 gw_model_t *gw_registry_find(gw_registry_t *r, const char *name, size_t name_len, int version);
+/* Whether the name's version policy serves m (the newest version's policy;
+ * latest N counts ready versions); if not, why, in why. */
+int gw_registry_served(gw_registry_t *r, const gw_model_t *m, char *why, size_t len);
 /* A new reference by key, or NULL. */
 gw_model_t *gw_registry_get(gw_registry_t *r, int64_t key);
 /* Calls fn for every entry (under the lock: keep it short). */

@@ -344,6 +344,12 @@ static gw_infer_t *infer_new(gw_call_t *call, gw_api_t api)
         gw_send_error(hreq, SQ_MODEL_NOT_FOUND, "no such model");
         return NULL;
     }
+    char unserved[MDB_NAME_MAX + 256];
+    if (!gw_registry_served(srv->registry, m, unserved, sizeof(unserved))) {
+        gw_send_error(hreq, SQ_MODEL_NOT_FOUND, unserved);
+        gw_model_unref(m);
+        return NULL;
+    }
     if (strcmp(m->status, "failed") == 0) {
         /* No retry helps: the operator must upload it again. */
         char why[sizeof(m->error) + MDB_NAME_MAX + 96];

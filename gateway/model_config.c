@@ -28,6 +28,65 @@ static int bad(char *err, size_t errlen, const char *path, const char *why)
     return SQ_BAD_CONFIG;
 }
 
+int gw_version_policy_parse(json_t *v, gw_version_policy_t *out, char *err, size_t errlen)
+{
+    memset(out, 0, sizeof(*out));
+    json_t *x;
+    if (!json_is_object(v) || json_object_size(v) != 1)
+        return bad(err, errlen, "version_policy",
+                   "expected one of {\"latest\": {\"num_versions\": N}}, {\"specific\": "
+                   "{\"versions\": [...]}} or {\"all\": {}}");
+    if ((x = json_object_get(v, "all")) != NULL) {
+        if (!json_is_object(x) || json_object_size(x) != 0)
+            return bad(err, errlen, "version_policy.all", "expected {}");
+        out->kind = GW_VP_ALL;
+        return 0;
+    }
+    if ((x = json_object_get(v, "latest")) != NULL) {
+        json_t *n = json_is_object(x) ? json_object_get(x, "num_versions") : NULL;
+        if (!json_is_object(x) || json_object_size(x) != 1 || !json_is_integer(n) ||
+            json_integer_value(n) < 1 || json_integer_value(n) > 1000)
+            return bad(err, errlen, "version_policy.latest.num_versions",
+                       "expected an integer in 1..1000");
+        out->kind = GW_VP_LATEST;
+        out->latest = (int)json_integer_value(n);
+        return 0;
+    }
+    if ((x = json_object_get(v, "specific")) != NULL) {
+        json_t *a = json_is_object(x) ? json_object_get(x, "versions") : NULL;
+        if (!json_is_object(x) || json_object_size(x) != 1 || !json_is_array(a) ||
+            json_array_size(a) < 1 || json_array_size(a) > GW_MAX_POLICY_VERSIONS)
+            return bad(err, errlen, "version_policy.specific.versions",
+                       "expected 1 to 64 version numbers");
+        size_t i;
+        json_t *e;
+        json_array_foreach(a, i, e)
+        {
+            if (!json_is_integer(e) || json_integer_value(e) < 1 ||
+                json_integer_value(e) > 1000000000)
+                return bad(err, errlen, "version_policy.specific.versions",
+                           "expected integers in 1..1000000000");
+            out->versions[out->nversions++] = (int)json_integer_value(e);
+        }
+        out->kind = GW_VP_SPECIFIC;
+        return 0;
+    }
+    return bad(err, errlen, "version_policy", "expected \"latest\", \"specific\" or \"all\"");
+}
+
+void gw_version_policy_describe(const gw_version_policy_t *p, char *buf, size_t len)
+{
+    if (p->kind == GW_VP_LATEST) {
+        snprintf(buf, len, "the latest %d ready", p->latest);
+    } else if (p->kind == GW_VP_SPECIFIC) {
+        size_t o = (size_t)snprintf(buf, len, "versions");
+        for (int i = 0; i < p->nversions && o < len; i++)
+            o += (size_t)snprintf(buf + o, len - o, "%s %d", i ? "," : "", p->versions[i]);
+    } else {
+        snprintf(buf, len, "all");
+    }
+}
+
 static int get_number(json_t *v, double *out)
 {
     if (!json_is_number(v))
@@ -184,9 +243,9 @@ int gw_model_config_parse(const char *text, size_t len, int emulated, gw_model_c
         snprintf(err, errlen, "config: expected a JSON object");
         goto out;
     }
-    static const char *known[] = {"name",           "version",    "labels",  "preprocess",
-                                  "default_slo_ms", "max_batch",  "profile", "memory_mb",
-                                  "input",          "num_classes"};
+    static const char *known[] = {"name",           "version",     "labels",        "preprocess",
+                                  "default_slo_ms", "max_batch",   "profile",       "memory_mb",
+                                  "input",          "num_classes", "version_policy"};
     const char *key;
     json_t *v;
     json_object_foreach(root, key, v)
@@ -213,6 +272,12 @@ int gw_model_config_parse(const char *text, size_t len, int emulated, gw_model_c
             goto out;
         }
         cfg->version = (int)json_integer_value(v);
+    }
+    if ((v = json_object_get(root, "version_policy")) != NULL) {
+        gw_version_policy_t vp;
+        if ((rc = gw_version_policy_parse(v, &vp, err, errlen)) != 0)
+            goto out;
+        rc = SQ_BAD_CONFIG;
     }
     if ((v = json_object_get(root, "default_slo_ms")) != NULL) {
         if (get_number(v, &cfg->default_slo_ms) != 0 || cfg->default_slo_ms <= 0 ||

@@ -622,9 +622,16 @@ static void kserve_ready_job(mdb_t *db, void *arg)
         gw_model_t *m = gw_registry_find(j->base.srv->registry, j->name, strlen(j->name), version);
         int64_t key = m != NULL ? m->key : -1;
         int kind = m != NULL ? gw_dispatch_serving_kind(j->base.srv, m) : -1;
+        char unserved[MDB_NAME_MAX + 256];
+        int served =
+            m == NULL || gw_registry_served(j->base.srv->registry, m, unserved, sizeof(unserved));
         gw_model_unref(m);
-        if (status != NULL && strcmp(status, "ready") == 0 &&
-            !gw_dispatch_model_held(j->base.srv, key)) {
+        if (status != NULL && strcmp(status, "ready") == 0 && !served) {
+            j->base.status = 400;
+            j->base.body = json_pack("{s:s, s:b, s:s, s:s}", "name", j->name, "ready", 0, "error",
+                                     unserved, "code", sq_err_name(SQ_NOT_READY));
+        } else if (status != NULL && strcmp(status, "ready") == 0 &&
+                   !gw_dispatch_model_held(j->base.srv, key)) {
             /* Measured, but no worker up holds it: it could not take a
              * batch now. Asking starts its load, so that a client polling
              * readiness before it sends is not kept waiting forever. */

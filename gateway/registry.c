@@ -60,6 +60,10 @@ gw_model_t *gw_model_from_record(json_t *rec)
     snprintf(m->sha256, sizeof(m->sha256), "%s", json_string_value(json_object_get(rec, "sha256")));
     m->emulated = strcmp(json_string_value(json_object_get(rec, "format")), "emulated") == 0;
     snprintf(m->status, sizeof(m->status), "%s", json_string_value(json_object_get(rec, "status")));
+    json_t *vp = json_object_get(rec, "version_policy");
+    char vperr[160];
+    m->has_policy =
+        vp != NULL && gw_version_policy_parse(vp, &m->policy, vperr, sizeof(vperr)) == 0;
     const char *why = json_string_value(json_object_get(rec, "error"));
     snprintf(m->error, sizeof(m->error), "%s", why != NULL ? why : "");
     json_t *in = json_object_get(rec, "input");
@@ -189,33 +193,92 @@ int gw_registry_remove(gw_registry_t *r, const char *name, int version, int64_t 
     return n;
 }
 
+static int same_name(const gw_model_t *m, const char *name, size_t name_len)
+{
+    return strlen(m->name) == name_len && memcmp(m->name, name, name_len) == 0;
+}
+
+/* The policy of a name: its newest version's (any status); all when that
+ * one gave none. Under the lock. */
+static const gw_version_policy_t *policy_locked(gw_registry_t *r, const char *name, size_t name_len)
+{
+    static const gw_version_policy_t all = {.kind = GW_VP_ALL};
+    const gw_model_t *newest = NULL;
+    for (size_t i = 0; i < r->n; i++)
+        if (same_name(r->models[i], name, name_len) &&
+            (newest == NULL || r->models[i]->version > newest->version))
+            newest = r->models[i];
+    return newest != NULL && newest->has_policy ? &newest->policy : &all;
+}
+
+/* Whether the policy serves m. Under the lock. */
+static int served_locked(gw_registry_t *r, const gw_version_policy_t *p, const gw_model_t *m)
+{
+    if (p->kind == GW_VP_SPECIFIC) {
+        for (int i = 0; i < p->nversions; i++)
+            if (p->versions[i] == m->version)
+                return 1;
+        return 0;
+    }
+    if (p->kind == GW_VP_LATEST) {
+        if (strcmp(m->status, "ready") != 0)
+            return 0;
+        int newer = 0; /* ready versions newer than m */
+        for (size_t i = 0; i < r->n; i++) {
+            const gw_model_t *o = r->models[i];
+            newer += same_name(o, m->name, strlen(m->name)) && o->version > m->version &&
+                     strcmp(o->status, "ready") == 0;
+        }
+        return newer < p->latest;
+    }
+    return 1;
+}
+
 gw_model_t *gw_registry_find(gw_registry_t *r, const char *name, size_t name_len, int version)
 {
     gw_model_t *best = NULL;
-    int best_ready = 0;
+    int best_rank = 0;
     pthread_mutex_lock(&r->lock);
+    const gw_version_policy_t *p = version == 0 ? policy_locked(r, name, name_len) : NULL;
     for (size_t i = 0; i < r->n; i++) {
         gw_model_t *m = r->models[i];
-        if (strlen(m->name) != name_len || memcmp(m->name, name, name_len) != 0)
+        if (!same_name(m, name, name_len))
             continue;
         if (version != 0) {
             if (m->version == version)
                 best = m;
             continue;
         }
-        /* The newest ready version; the newest of all only while none is
-         * ready (its state is then the answer). */
-        int ready = strcmp(m->status, "ready") == 0;
-        if (best == NULL || ready > best_ready ||
-            (ready == best_ready && m->version > best->version)) {
+        /* The newest ready served version; the newest served while none is
+         * ready; the newest of all while none is served (its state, or the
+         * policy, is then the answer). */
+        int served = served_locked(r, p, m);
+        int rank = 2 * served + (served && strcmp(m->status, "ready") == 0);
+        if (best == NULL || rank > best_rank || (rank == best_rank && m->version > best->version)) {
             best = m;
-            best_ready = ready;
+            best_rank = rank;
         }
     }
     if (best != NULL)
         gw_model_ref(best);
     pthread_mutex_unlock(&r->lock);
     return best;
+}
+
+int gw_registry_served(gw_registry_t *r, const gw_model_t *m, char *why, size_t len)
+{
+    pthread_mutex_lock(&r->lock);
+    const gw_version_policy_t *p = policy_locked(r, m->name, strlen(m->name));
+    int served = served_locked(r, p, m);
+    gw_version_policy_t copy = *p;
+    pthread_mutex_unlock(&r->lock);
+    if (!served && why != NULL) {
+        char d[160];
+        gw_version_policy_describe(&copy, d, sizeof(d));
+        snprintf(why, len, "version %d of model %s is not served: its version_policy serves %s",
+                 m->version, m->name, d);
+    }
+    return served;
 }
 
 gw_model_t *gw_registry_get(gw_registry_t *r, int64_t key)

@@ -64,25 +64,42 @@ void gw_route_model_config(gw_call_t *call)
 typedef struct {
     json_t *rows;
     int ready_only;
+    gw_model_t **models; /* collected under the registry's lock */
+    int n;
 } index_t;
 
 static void index_one(gw_model_t *m, void *arg)
 {
     index_t *x = arg;
-    int ready = strcmp(m->status, "ready") == 0;
-    if (x->ready_only && !ready)
+    x->models = sq_xrealloc(x->models, sizeof(*x->models) * (size_t)(x->n + 1));
+    gw_model_ref(m);
+    x->models[x->n++] = m;
+}
+
+/* One row (outside the registry's lock: gw_registry_served takes it). */
+static void index_row(gw_server_t *srv, index_t *x, gw_model_t *m)
+{
+    char unserved[MDB_NAME_MAX + 256];
+    int profiling = strcmp(m->status, "profiling") == 0;
+    int failed = strcmp(m->status, "failed") == 0;
+    int served =
+        !profiling && !failed && gw_registry_served(srv->registry, m, unserved, sizeof(unserved));
+    if (x->ready_only && !served)
         return;
     /* Triton's states: READY, LOADING (squish: being measured),
-     * UNAVAILABLE with the reason. */
+     * UNAVAILABLE with the reason (failed, or not in the version policy). */
     json_t *row = json_pack("{s:s, s:s, s:s}", "name", m->name, "version", "", "state",
-                            ready                                 ? "READY"
-                            : strcmp(m->status, "profiling") == 0 ? "LOADING"
-                                                                  : "UNAVAILABLE");
+                            served      ? "READY"
+                            : profiling ? "LOADING"
+                                        : "UNAVAILABLE");
     char v[16];
     snprintf(v, sizeof(v), "%d", m->version);
     json_object_set_new(row, "version", json_string(v));
-    if (!ready)
-        json_object_set_new(row, "reason", json_string(m->error[0] ? m->error : "profiling"));
+    if (!served)
+        json_object_set_new(row, "reason",
+                            json_string(profiling ? "profiling"
+                                        : failed  ? (m->error[0] ? m->error : "failed")
+                                                  : unserved));
     json_array_append_new(x->rows, row);
 }
 
@@ -127,6 +144,11 @@ void gw_route_repository_index(gw_call_t *call)
     }
     free(owned);
     gw_registry_foreach(call->srv->registry, index_one, &x);
+    for (int i = 0; i < x.n; i++) {
+        index_row(call->srv, &x, x.models[i]);
+        gw_model_unref(x.models[i]);
+    }
+    free(x.models);
     size_t n = json_array_size(x.rows);
     json_t **rows = sq_xmalloc(sizeof(*rows) * (n ? n : 1));
     for (size_t i = 0; i < n; i++)

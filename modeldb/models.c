@@ -381,7 +381,7 @@ static json_t *prefix_group_json(mdb_t *db, int64_t id)
 
 #define RECORD_COLUMNS                                                                             \
     "id, name, version, sha256, created_at, format, status, error, input_name, input, "            \
-    "outputs, preprocess, labels, default_slo_ms, max_batch, param_bytes, memory_bytes"
+    "outputs, preprocess, labels, default_slo_ms, max_batch, param_bytes, memory_bytes, config"
 
 static json_t *record_from_row(mdb_q_t *q)
 {
@@ -400,6 +400,12 @@ static json_t *record_from_row(mdb_q_t *q)
     json_decref(labels);
     if (err == NULL)
         json_object_del(r, "error");
+    /* The version policy the upload gave (Triton's form), as given. */
+    json_t *config = mdb_q_json_at(q, 17);
+    json_t *vp = json_is_object(config) ? json_object_get(config, "version_policy") : NULL;
+    if (vp != NULL)
+        json_object_set(r, "version_policy", vp);
+    json_decref(config);
     /* The statement is reused by the helpers below: copy what they need first. */
     json_object_set_new(r, "id", json_integer(id));
     return r;

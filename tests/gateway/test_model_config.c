@@ -2,6 +2,7 @@
 #include <gw_model.h>
 #include <sq.h>
 
+#include <stdlib.h>
 #include <string.h>
 
 static int parse(const char *json, int emulated, gw_model_config_t *cfg, char *err)
@@ -132,4 +133,40 @@ Test(model_config, labels_files_parse_one_per_line)
     json_decref(l);
     cr_assert_null(gw_labels_parse("", 0, err, sizeof(err)));
     cr_assert_null(gw_labels_parse("\xff\xfe\n", 3, err, sizeof(err)));
+}
+
+Test(model_config, version_policies_parse_in_tritons_form)
+{
+    gw_model_config_t *cfg = malloc(sizeof(*cfg));
+    char err[256];
+    cr_assert_eq(parse("{\"name\": \"m\", \"version_policy\": {\"latest\": {\"num_versions\": 2}}}",
+                       0, cfg, err),
+                 0, "%s", err);
+    gw_model_config_dispose(cfg);
+    const char *bad[][2] = {
+        {"{\"name\": \"m\", \"version_policy\": {\"latest\": {\"num_versions\": 0}}}",
+         "config.version_policy.latest.num_versions"},
+        {"{\"name\": \"m\", \"version_policy\": {\"specific\": {\"versions\": []}}}",
+         "config.version_policy.specific.versions"},
+        {"{\"name\": \"m\", \"version_policy\": {\"newest\": {}}}", "config.version_policy"},
+        {"{\"name\": \"m\", \"version_policy\": 3}", "config.version_policy"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        cr_assert_eq(parse(bad[i][0], 0, cfg, err), SQ_BAD_CONFIG, "%s", bad[i][0]);
+        cr_assert(strstr(err, bad[i][1]) == err, "%s: %s", bad[i][0], err);
+    }
+    gw_version_policy_t p;
+    json_t *v = json_loads("{\"specific\": {\"versions\": [1, 5]}}", 0, NULL);
+    cr_assert_eq(gw_version_policy_parse(v, &p, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(p.kind, GW_VP_SPECIFIC);
+    cr_assert_eq(p.nversions, 2);
+    char d[64];
+    gw_version_policy_describe(&p, d, sizeof(d));
+    cr_assert_str_eq(d, "versions 1, 5");
+    json_decref(v);
+    v = json_loads("{\"all\": {}}", 0, NULL);
+    cr_assert_eq(gw_version_policy_parse(v, &p, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(p.kind, GW_VP_ALL);
+    json_decref(v);
+    free(cfg);
 }

@@ -306,8 +306,38 @@ def a_new_version_never_takes_traffic_from_a_ready_one():
         assert r.status == 200 and r.json["status"] == "failed" and r.json["error"], r.json
         assert s.get("/v2/models/roll/versions/9/config").status == 404
         assert s.get("/v2/models/nope/config").status == 404
-        assert s.request("POST", "/v1/models/roll/versions/1/infer", body=PHOTO_BYTES,
-                         headers={"X-SLO-Ms": "5000"}).status == 200
+        # A version policy (Triton's): the newest upload's applies. Latest 1
+        # ready: version 4 once ready, and nothing else, is served.
+        bad = upload(s, tm.tiny(4), {"name": "roll", "version": 4,
+                                     "version_policy": {"latest": {"num_versions": 0}}})
+        assert bad.status == 400 and "config.version_policy.latest.num_versions" in bad.json[
+            "error"], bad
+        r = upload(s, tm.tiny(4), {"name": "roll", "version": 4,
+                                   "version_policy": {"latest": {"num_versions": 1}}})
+        assert r.status == 202 and r.json["version_policy"] == {"latest": {"num_versions": 1}}, r
+        assert infer() in ((200, 3), (200, 4)), "3 until 4 is ready"
+        eventually(lambda: state(4) == "ready", 60, "version 4 ready")
+        assert infer() == (200, 4)
+        r = s.request("POST", "/v1/models/roll/versions/3/infer", body=PHOTO_BYTES,
+                      headers={"X-SLO-Ms": "5000"})
+        assert r.status == 404 and "not served: its version_policy serves the latest 1" in r.json[
+            "error"], r
+        assert s.get("/v2/models/roll/versions/3/ready").status == 400
+        r = s.request("POST", "/v2/repository/index", body=b'{"ready": true}',
+                      schema_name="repository_index")
+        assert [x["version"] for x in r.json] == ["4"], r.json
+        # Specific versions, given by a newer upload, replace it.
+        r = upload(s, tm.tiny(5), {"name": "roll", "version": 5,
+                                   "version_policy": {"specific": {"versions": [1, 5]}}})
+        assert r.status == 202, r
+        eventually(lambda: state(5) == "ready", 60, "version 5 ready")
+        assert infer() == (200, 5)
+        r = s.request("POST", "/v1/models/roll/versions/1/infer", body=PHOTO_BYTES,
+                      headers={"X-SLO-Ms": "5000"})
+        assert r.status == 200 and r.json["version"] == 1, r
+        r = s.request("POST", "/v1/models/roll/versions/4/infer", body=PHOTO_BYTES,
+                      headers={"X-SLO-Ms": "5000"})
+        assert r.status == 404 and "versions 1, 5" in r.json["error"], r
         assert s.stop() == 0
     finally:
         s.cleanup()
