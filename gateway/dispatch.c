@@ -794,6 +794,13 @@ static void publish_ready(gw_dispatch_t *ds)
             continue;
         int loading;
         int held = ds_loaded_anywhere(ds, dm, &loading) > 0;
+        /* The same file under another name or version: its twin's loads
+         * serve it (the twin as last resolved, without looking again). */
+        ds_model_t *twin = dm->twin;
+        if (!held && twin != NULL && !twin->removed && !twin->poisoned) {
+            int tl;
+            held = ds_loaded_anywhere(ds, twin, &tl) > 0;
+        }
         if (held) {
             held_add(ds, dm->key);
             for (int k = 0; k < dm->nmembers; k++)

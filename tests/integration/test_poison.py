@@ -267,6 +267,10 @@ def the_same_file_twice_is_served_from_one_load():
             assert r.status == 200, (name, version, r)
             answers.append(r.json["predictions"])
         assert all(a == answers[0] for a in answers), answers
+        # The copy is ready: its twin's load serves it.
+        for name in ("copy", "orig"):
+            eventually(lambda: s.get("/v2/models/%s/ready" % name).status == 200, 5,
+                       name + " ready through the one load")
         log = s.read_log()
         assert "profile taken from an identical model" in log, log[-3000:]
         loads = [ln for ln in log.splitlines() if "model load sent" in ln]
