@@ -382,7 +382,9 @@ static void live_sample(gw_dispatch_t *ds, ds_model_t *dm, int b, double exec_us
     double scale = med < 0.1 ? 0.1 : med > 20 ? 20 : med;
     if (fabs(scale - 1) <= LIVE_DRIFT)
         scale = 1; /* back within the margin of the profile: use it as is */
-    SQ_WARN("profile drift model=%s version=%d kind=%s measured/profiled=%.2f was=%.2f "
+    /* Info, not a warning: it corrects itself (contention on a shared host
+     * moves a CPU model's latencies by tens of percent). */
+    SQ_INFO("profile drift model=%s version=%d kind=%s measured/profiled=%.2f was=%.2f "
             "samples=%d: re-planning with the measured latencies",
             dm->m->name, dm->m->version, gw_kind_name((gw_kind_t)kind), med, cur, dm->live_n);
     if (dm->live_scale > 0)
