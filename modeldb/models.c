@@ -379,6 +379,9 @@ static json_t *prefix_group_json(mdb_t *db, int64_t id)
     return g;
 }
 
+/* record_from_row reads these by index; a query that adds columns after
+ * them reads those from RECORD_NCOLUMNS on. */
+#define RECORD_NCOLUMNS 18
 #define RECORD_COLUMNS                                                                             \
     "id, name, version, sha256, created_at, format, status, error, input_name, input, "            \
     "outputs, preprocess, labels, default_slo_ms, max_batch, param_bytes, memory_bytes, config"
@@ -722,7 +725,7 @@ int mdb_model_records(mdb_t *db, int64_t key, json_t **out)
     int step;
     while ((step = mdb_q_step(q, "read models")) == 1) {
         json_t *r = record_from_row(q);
-        json_object_set_new(r, "labels", mdb_q_json_at(q, 17));
+        json_object_set_new(r, "labels", mdb_q_json_at(q, RECORD_NCOLUMNS));
         json_array_append_new(all, r);
     }
     mdb_q_reset(q);

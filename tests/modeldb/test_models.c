@@ -246,6 +246,51 @@ static int64_t insert_emulated(const char *name)
     return insert_emulated_sha(name, "00");
 }
 
+/* The records the gateway builds its registry from carry every label and
+ * the version policy the upload's config gave. */
+Test(model_ids, records_carry_the_labels_and_the_version_policy)
+{
+    json_t *input = json_pack("{s:s, s:s, s:[i,i,i,i]}", "name", "input", "datatype", "FP32",
+                              "shape", -1, 3, 4, 4);
+    json_t *outputs =
+        json_pack("[{s:s, s:s, s:[i,i]}]", "name", "logits", "datatype", "FP32", "shape", -1, 2);
+    json_t *pre = json_object();
+    json_t *labels = json_pack("[s, s]", "cat", "dog");
+    json_t *config = json_pack("{s:s, s:{s:{s:i}}}", "name", "vp", "version_policy", "latest",
+                               "num_versions", 2);
+    mdb_new_model_t m = {.name = "vp",
+                         .version = 1,
+                         .format = "emulated",
+                         .sha256 = "ab",
+                         .input = input,
+                         .outputs = outputs,
+                         .preprocess = pre,
+                         .labels = labels,
+                         .config = config,
+                         .default_slo_ms = 100,
+                         .max_batch = 4,
+                         .status = "ready"};
+    int64_t id = -1;
+    cr_assert_eq(mdb_model_insert(db, &m, &id), 0, "%s", mdb_errmsg(db));
+    json_t *out;
+    cr_assert_eq(mdb_model_records(db, id, &out), 0, "%s", mdb_errmsg(db));
+    json_t *r = json_array_get(out, 0);
+    cr_assert(json_equal(json_object_get(r, "labels"), labels), "the labels array");
+    cr_assert(json_equal(json_object_get(r, "version_policy"),
+                         json_object_get(config, "version_policy")));
+    json_decref(out);
+    cr_assert_eq(mdb_model_version_get(db, "vp", 1, &out), 0);
+    cr_assert(json_equal(json_object_get(out, "version_policy"),
+                         json_object_get(config, "version_policy")));
+    cr_assert_eq(json_integer_value(json_object_get(out, "labels_count")), 2);
+    json_decref(out);
+    json_decref(input);
+    json_decref(outputs);
+    json_decref(pre);
+    json_decref(labels);
+    json_decref(config);
+}
+
 /* A group profile goes with the last model holding one of its members'
  * files; the others stay. */
 Test(model_ids, group_profiles_go_with_their_members)
