@@ -278,6 +278,7 @@ static int on_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
                 return -1;
             l->state = LOAD_DONE;
             l->max_batch = (int)info.max_batch;
+            gw__plan_loaded(ds, w->kind);
             SQ_INFO("model loaded worker=%d device=%s model=%s version=%d memory_mb=%llu", w->id,
                     w->device, dm->m->name, dm->m->version,
                     (unsigned long long)(info.memory_bytes >> 20));

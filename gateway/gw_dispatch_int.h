@@ -201,6 +201,9 @@ void gw__plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms);
 void gw__plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms);
 /* Workers came or went, or a model was removed: re-plan that kind. */
 void gw__plan_invalidate(gw_dispatch_t *ds, int kind, const char *reason);
+/* A load finished on a worker of kind: models waiting to leave their old
+ * workers (make before break) can go now. */
+void gw__plan_loaded(gw_dispatch_t *ds, int kind);
 /* Whether the plan stored before a restart still waits to be reapplied. */
 int gw__plan_restoring(const gw_dispatch_t *ds);
 /* Called every tick: rates, epoch triggers. */
