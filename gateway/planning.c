@@ -431,6 +431,57 @@ static void publish_metrics(gw_dispatch_t *ds, json_t *snap, int moved)
 
 /* ---- epochs ------------------------------------------------------------ */
 
+/* Unloads what the plan of kind moved away from a worker, once it is
+ * loaded where it moved. */
+static void settle_moves(gw_dispatch_t *ds, int kind)
+{
+    gw_plan_state_t *p = ds->plan;
+    pkind_t *K = &p->kinds[kind];
+    if (!K->has)
+        return;
+    K->moves_pending = 0;
+    for (int i = 0; i < ds->nworkers; i++) {
+        ds_worker_t *w = ds->workers[i];
+        if (w == NULL || !w->up || w->kind != kind || w->profiling)
+            continue;
+        const pl_device_t *dev = device_of(K, w->id);
+        for (int li = 0; li < w->nloads; li++) {
+            ds_load_t *l = &w->loads[li];
+            if (l->state != LOAD_DONE && l->state != LOAD_SENT)
+                continue;
+            /* Only models the plan places somewhere else move away; a model
+             * it could not place stays where it is loaded. Make before
+             * break: it leaves here once a worker it moves to holds it
+             * (until then requests would find it loaded nowhere); the load
+             * finishing there runs this again (gw__plan_loaded). */
+            int here = 0, elsewhere = 0, arrived = 0;
+            for (int s = 0; s < p->n; s++) {
+                if (p->s[s].dm->key != l->key)
+                    continue;
+                here |= alloc_of(dev, p->s[s].id) != NULL;
+                for (int d = 0; d < K->plan.ndevices; d++) {
+                    if (alloc_of(&K->plan.devices[d], p->s[s].id) == NULL)
+                        continue;
+                    elsewhere = 1;
+                    int id = K->plan.devices[d].id;
+                    ds_worker_t *o = ds_worker_at(ds, id < K->cap ? K->dev_worker[id] : -1);
+                    ds_load_t *ol = o != NULL && o->up ? ds_load_find(o, l->key, 0) : NULL;
+                    arrived |= ol != NULL && ol->state == LOAD_DONE;
+                }
+            }
+            int profiling = 0;
+            for (int m = 0; m < ds->nmodels; m++)
+                profiling |= ds->models[m]->key == l->key && ds->models[m]->profile_worker == w->id;
+            if (!here && elsewhere && !profiling) {
+                if (arrived)
+                    ds->ops->unload(ds, w, l);
+                else
+                    K->moves_pending = 1;
+            }
+        }
+    }
+}
+
 static int restore_all(gw_dispatch_t *ds);
 
 static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
@@ -563,46 +614,7 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
     for (int i = 0; i < ds->nmodels; i++)
         if (ds->models[i]->kind == kind && ds->models[i]->active)
             ds->ops->update_routes(ds, ds->models[i]);
-    K->moves_pending = 0;
-    for (int j = 0; j < nw; j++) {
-        ds_worker_t *w = ds->workers[workers[j]];
-        const pl_device_t *dev = device_of(K, w->id);
-        for (int li = 0; li < w->nloads; li++) {
-            ds_load_t *l = &w->loads[li];
-            if (l->state != LOAD_DONE && l->state != LOAD_SENT)
-                continue;
-            /* Only models the plan places somewhere else move away; a model
-             * it could not place stays where it is loaded. Make before
-             * break: it leaves here once a worker it moves to holds it
-             * (until then requests would find it loaded nowhere); the load
-             * finishing there re-plans (gw__plan_loaded), and this runs
-             * again. */
-            int here = 0, elsewhere = 0, arrived = 0;
-            for (int s = 0; s < p->n; s++) {
-                if (p->s[s].dm->key != l->key)
-                    continue;
-                here |= alloc_of(dev, p->s[s].id) != NULL;
-                for (int d = 0; d < K->plan.ndevices; d++) {
-                    if (alloc_of(&K->plan.devices[d], p->s[s].id) == NULL)
-                        continue;
-                    elsewhere = 1;
-                    int id = K->plan.devices[d].id;
-                    ds_worker_t *o = ds_worker_at(ds, id < K->cap ? K->dev_worker[id] : -1);
-                    ds_load_t *ol = o != NULL && o->up ? ds_load_find(o, l->key, 0) : NULL;
-                    arrived |= ol != NULL && ol->state == LOAD_DONE;
-                }
-            }
-            int profiling = 0;
-            for (int m = 0; m < ds->nmodels; m++)
-                profiling |= ds->models[m]->key == l->key && ds->models[m]->profile_worker == w->id;
-            if (!here && elsewhere && !profiling) {
-                if (arrived)
-                    ds->ops->unload(ds, w, l);
-                else
-                    K->moves_pending = 1;
-            }
-        }
-    }
+    settle_moves(ds, kind);
     SQ_INFO("epoch=%lld kind=%s reason=\"%s\" sessions=%d devices=%d of=%d lower_bound=%.2f "
             "moved=%d unplaced=%d plan_ms=%.3f",
             p->epoch, gw_kind_name((gw_kind_t)kind), reason, n, plan.ndevices, nw,
@@ -654,8 +666,7 @@ void gw__plan_loaded(gw_dispatch_t *ds, int kind)
 {
     if (kind < 0 || kind >= GW_KIND_COUNT || !ds->plan->kinds[kind].moves_pending)
         return;
-    ds->plan->kinds[kind].moves_pending = 0;
-    gw__plan_invalidate(ds, kind, "moved model loaded");
+    settle_moves(ds, kind);
 }
 
 int gw__plan_restoring(const gw_dispatch_t *ds)
