@@ -539,21 +539,18 @@ void gw_route_models_delete_version(gw_call_t *call)
         gw_db_post(call->srv, delete_job, j);
 }
 
-/* KServe: {"name", "versions", "platform", "inputs", "outputs"}. */
-/* Whether version record v takes a request without a version rather than
- * cur (NULL: none yet): the newest ready one, else the newest (as
- * gw_registry_find). */
-static int version_serves(json_t *v, json_t *cur)
+/* The version a request without one goes to, as the registry decides it
+ * (the newest ready version the name's version policy serves); 0 when the
+ * registry has none of that name. */
+static int default_version(gw_server_t *srv, const char *name)
 {
-    if (cur == NULL)
-        return 1;
-    int ready = strcmp(json_string_value(json_object_get(v, "status")), "ready") == 0;
-    int cur_ready = strcmp(json_string_value(json_object_get(cur, "status")), "ready") == 0;
-    return ready > cur_ready ||
-           (ready == cur_ready && json_integer_value(json_object_get(v, "version")) >
-                                      json_integer_value(json_object_get(cur, "version")));
+    gw_model_t *m = gw_registry_find(srv->registry, name, strlen(name), 0);
+    int v = m != NULL ? m->version : 0;
+    gw_model_unref(m);
+    return v;
 }
 
+/* KServe: {"name", "versions", "platform", "inputs", "outputs"}. */
 static void kserve_metadata_job(mdb_t *db, void *arg)
 {
     model_job_t *j = arg;
@@ -565,6 +562,7 @@ static void kserve_metadata_job(mdb_t *db, void *arg)
         gw_async_done(&j->base);
         return;
     }
+    int want = j->version != 0 ? j->version : default_version(j->base.srv, j->name);
     json_t *versions = json_array(), *chosen = NULL, *v;
     size_t i;
     json_array_foreach(json_object_get(all, "versions"), i, v)
@@ -573,7 +571,7 @@ static void kserve_metadata_job(mdb_t *db, void *arg)
         int n = (int)json_integer_value(json_object_get(v, "version"));
         snprintf(s, sizeof(s), "%d", n);
         json_array_append_new(versions, json_string(s));
-        if (j->version != 0 ? n == j->version : version_serves(v, chosen))
+        if (want == 0 || n == want) /* want 0: the newest (records come newest last) */
             chosen = v;
     }
     if (chosen == NULL) {
@@ -590,26 +588,41 @@ static void kserve_metadata_job(mdb_t *db, void *arg)
     gw_async_done(&j->base);
 }
 
+/* Why the version of rec cannot take a batch now, or NULL when it can; a
+ * measured version no worker up holds is loaded on the way, so that a
+ * client polling readiness before it sends is not kept waiting. */
+static const char *not_ready_why(gw_server_t *srv, const char *name, json_t *rec, char *buf,
+                                 size_t len)
+{
+    const char *status = json_string_value(json_object_get(rec, "status"));
+    if (status == NULL || strcmp(status, "ready") != 0)
+        return status != NULL && strcmp(status, "profiling") == 0
+                   ? "the model is being profiled; retry shortly"
+                   : "the model failed profiling and cannot be served";
+    int version = (int)json_integer_value(json_object_get(rec, "version"));
+    gw_model_t *m = gw_registry_find(srv->registry, name, strlen(name), version);
+    if (m == NULL)
+        return NULL; /* stored, not yet published: the DB's word stands */
+    const char *why = NULL;
+    int kind = gw_dispatch_serving_kind(srv, m);
+    if (!gw_registry_served(srv->registry, m, buf, len)) {
+        why = buf;
+    } else if (!gw_dispatch_model_held(srv, m->key)) {
+        if (kind >= 0)
+            gw_dispatch_warm(srv, m->key);
+        why = kind < 0 ? "no worker that can run the model is up"
+                       : "no worker holds the model now; it is being loaded, retry shortly";
+    }
+    gw_model_unref(m);
+    return why;
+}
+
 static void kserve_ready_job(mdb_t *db, void *arg)
 {
     model_job_t *j = arg;
-    json_t *rec = NULL, *all = NULL;
-    int rc;
-    if (j->version != 0) {
-        rc = mdb_model_version_get(db, j->name, j->version, &rec);
-    } else if ((rc = mdb_model_get(db, j->name, &all)) == 0) {
-        /* No version: the one a request without a version goes to. */
-        json_t *v, *chosen = NULL;
-        size_t i;
-        json_array_foreach(json_object_get(all, "versions"), i, v)
-        {
-            if (version_serves(v, chosen))
-                chosen = v;
-        }
-        rec = chosen != NULL ? json_incref(chosen) : NULL;
-        rc = rec != NULL ? 0 : SQ_MODEL_NOT_FOUND;
-        json_decref(all);
-    }
+    json_t *rec;
+    int version = j->version != 0 ? j->version : default_version(j->base.srv, j->name);
+    int rc = mdb_model_version_get(db, j->name, version, &rec);
     if (rc != 0) {
         gw_async_fail(&j->base, rc, rc == SQ_MODEL_NOT_FOUND ? "no such model" : "%s",
                       mdb_errmsg(db));
@@ -617,41 +630,14 @@ static void kserve_ready_job(mdb_t *db, void *arg)
         /* The Open Inference Protocol answers by status code: 200 ready, 4xx
          * not (400, as Triton). The body says the same, with the error's
          * reason and code for a client that reads only those. */
-        const char *status = json_string_value(json_object_get(rec, "status"));
-        int version = (int)json_integer_value(json_object_get(rec, "version"));
-        gw_model_t *m = gw_registry_find(j->base.srv->registry, j->name, strlen(j->name), version);
-        int64_t key = m != NULL ? m->key : -1;
-        int kind = m != NULL ? gw_dispatch_serving_kind(j->base.srv, m) : -1;
-        char unserved[MDB_NAME_MAX + 256];
-        int served =
-            m == NULL || gw_registry_served(j->base.srv->registry, m, unserved, sizeof(unserved));
-        gw_model_unref(m);
-        if (status != NULL && strcmp(status, "ready") == 0 && !served) {
-            j->base.status = 400;
-            j->base.body = json_pack("{s:s, s:b, s:s, s:s}", "name", j->name, "ready", 0, "error",
-                                     unserved, "code", sq_err_name(SQ_NOT_READY));
-        } else if (status != NULL && strcmp(status, "ready") == 0 &&
-                   !gw_dispatch_model_held(j->base.srv, key)) {
-            /* Measured, but no worker up holds it: it could not take a
-             * batch now. Asking starts its load, so that a client polling
-             * readiness before it sends is not kept waiting forever. */
-            if (kind >= 0)
-                gw_dispatch_warm(j->base.srv, key);
-            j->base.status = 400;
-            j->base.body = json_pack(
-                "{s:s, s:b, s:s, s:s}", "name", j->name, "ready", 0, "error",
-                kind < 0 ? "no worker that can run the model is up"
-                         : "no worker holds the model now; it is being loaded, retry shortly",
-                "code", sq_err_name(SQ_NOT_READY));
-        } else if (status != NULL && strcmp(status, "ready") == 0) {
+        char buf[MDB_NAME_MAX + 256];
+        const char *why = not_ready_why(j->base.srv, j->name, rec, buf, sizeof(buf));
+        if (why == NULL) {
             j->base.body = json_pack("{s:s, s:b}", "name", j->name, "ready", 1);
         } else {
             j->base.status = 400;
             j->base.body = json_pack("{s:s, s:b, s:s, s:s}", "name", j->name, "ready", 0, "error",
-                                     status != NULL && strcmp(status, "profiling") == 0
-                                         ? "the model is being profiled; retry shortly"
-                                         : "the model failed profiling and cannot be served",
-                                     "code", sq_err_name(SQ_NOT_READY));
+                                     why, "code", sq_err_name(SQ_NOT_READY));
         }
         json_decref(rec);
     }

@@ -330,6 +330,9 @@ def a_new_version_never_takes_traffic_from_a_ready_one():
         r = upload(s, tm.tiny(5), {"name": "roll", "version": 5,
                                    "version_policy": {"specific": {"versions": [1, 5]}}})
         assert r.status == 202, r
+        # Readiness without a version follows the same choice as requests:
+        # version 1 while 5 measures (4 is out of the policy), then 5.
+        assert s.get("/v2/models/roll/ready").status == 200
         eventually(lambda: state(5) == "ready", 60, "version 5 ready")
         assert infer() == (200, 5)
         r = s.request("POST", "/v1/models/roll/versions/1/infer", body=PHOTO_BYTES,
