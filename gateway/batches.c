@@ -91,12 +91,7 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
                         .sent_us = t,
                         .seq = ++w->job_seq};
     w->inflight = rec;
-    /* The input slots it names: pixels at the model's input size, or a
-     * tensor row of its input type. */
-    uint64_t elems = (uint64_t)m->c * (uint64_t)m->h * (uint64_t)m->w;
-    uint64_t in_bytes = se->input_kind == SQ_INPUT_PIXELS ? (uint64_t)m->h * (uint64_t)m->w * 3
-                        : se->input_kind == SQ_INPUT_FP32 ? elems * sizeof(float)
-                                                          : elems;
+    uint64_t in_bytes = ds_input_bytes(m, se->input_kind); /* each input slot it names */
     gw_region_t *in = ds->regions;
     for (int i = 0; i < count; i++)
         in[i] = (gw_region_t){.offset = (uint64_t)items[i]->in_off, .bytes = in_bytes};
@@ -331,9 +326,8 @@ void ds_fail_pending(gw_dispatch_t *ds, ds_model_t *dm, int rc, const char *why)
 
 /* ---- live profiles ------------------------------------------------------- */
 
-/* Ratios kept per model, how many new ones between two looks, and how far
- * their median must move from the correction in use to replace it. */
-#define LIVE_SAMPLES 32
+/* How many new ratios between two looks (LIVE_SAMPLES are kept), and how
+ * far their median must move from the correction in use to replace it. */
 #define LIVE_EVERY 8
 #define LIVE_DRIFT 0.25
 

@@ -478,6 +478,29 @@ static void worker_lost(gw_dispatch_t *ds, int worker)
 
 /* ---- entry points from other threads --------------------------------------- */
 
+/* The record whose loads serve dm's requests (its twin, then the prefix
+ * group it runs in, with its index there in *member, -1 when none), made
+ * active at SLO bucket_ms the first time: placed by the planner. NULL
+ * when no worker that can run it is up. */
+static ds_model_t *serving_record(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, int *member)
+{
+    ds_model_t *t = ds_twin_of(ds, dm);
+    if (t != NULL)
+        dm = t;
+    ds_model_t *g = ds_group_of(ds, dm);
+    *member = g != NULL ? ds_group_member_index(g, dm->m) : -1;
+    if (g != NULL)
+        dm = g;
+    if (!dm->active) {
+        dm->kind = ds_kind_of_model(ds->srv, dm->m);
+        if (dm->kind < 0)
+            return NULL;
+        dm->active = 1;
+        gw__plan_activate(ds, dm, bucket_ms);
+    }
+    return dm;
+}
+
 static void on_submit(sq_loop_t *loop, void *arg)
 {
     gw_item_t *it = arg;
@@ -513,23 +536,14 @@ static void on_submit(sq_loop_t *loop, void *arg)
         ds_fail_item(ds, it, SQ_MODEL_FAILED, dm->failed_why);
         return;
     }
-    ds_model_t *t = ds_twin_of(ds, dm);
-    if (t != NULL)
-        dm = t;
-    ds_model_t *g = ds_group_of(ds, dm);
-    if (g != NULL) {
-        it->member = ds_group_member_index(g, dm->m);
-        dm = g;
+    int member;
+    dm = serving_record(ds, dm, gw_slo_bucket_ms(it->slo_ms), &member);
+    if (dm == NULL) {
+        ds_fail_item(ds, it, SQ_NO_WORKER, "no worker that can run this model is up");
+        return;
     }
-    if (!dm->active) {
-        dm->kind = ds_kind_of_model(ds->srv, dm->m);
-        if (dm->kind < 0) {
-            ds_fail_item(ds, it, SQ_NO_WORKER, "no worker that can run this model is up");
-            return;
-        }
-        dm->active = 1;
-        gw__plan_activate(ds, dm, gw_slo_bucket_ms(it->slo_ms));
-    }
+    if (member >= 0)
+        it->member = member;
     int loading;
     if (ds_loaded_anywhere(ds, dm, &loading) > 0) {
         ds_enqueue_item(ds, dm, it);
@@ -861,19 +875,9 @@ static void on_warm(sq_loop_t *loop, void *arg)
     gw_model_unref(m);
     if (dm == NULL || dm->removed || dm->poisoned || ds->aborted)
         return;
-    ds_model_t *t = ds_twin_of(ds, dm);
-    if (t != NULL)
-        dm = t;
-    ds_model_t *g = ds_group_of(ds, dm);
-    if (g != NULL)
-        dm = g;
-    if (!dm->active) {
-        dm->kind = ds_kind_of_model(ds->srv, dm->m);
-        if (dm->kind < 0)
-            return;
-        dm->active = 1;
-        gw__plan_activate(ds, dm, gw_slo_bucket_ms(slo));
-    }
+    int member;
+    if ((dm = serving_record(ds, dm, gw_slo_bucket_ms(slo), &member)) == NULL)
+        return;
     int loading;
     if (ds_loaded_anywhere(ds, dm, &loading) == 0 && loading == 0)
         ds_spread_loads(ds, dm);

@@ -68,6 +68,9 @@ typedef struct {
     double bytes_per_us;
 } ds_worker_t;
 
+/* Batch-time ratios a model's live profile keeps (batches.c). */
+#define LIVE_SAMPLES 32
+
 typedef struct ds_model {
     int64_t key;
     gw_model_t *m;
@@ -110,7 +113,7 @@ typedef struct ds_model {
      * measured run time to the profile's l(b), and the correction the
      * dispatcher and planner use (0: none, as profiled; else live_profile
      * holds the profile of live_kind times live_scale). */
-    float live_ratios[32];
+    float live_ratios[LIVE_SAMPLES];
     int live_n, live_next, live_since;
     double live_scale;
     int live_kind;
@@ -323,15 +326,21 @@ static inline const pl_profile_t *ds_profile(const ds_model_t *dm, int kind)
     return dm->live_scale > 0 && dm->live_kind == kind ? &dm->live_profile : &dm->m->profile[kind];
 }
 
-/* What one request of m costs on a remote worker's link: its input
- * (pixels as uint8, or its tensor row) there, its output row back. */
+/* The bytes of one request's input slot: pixels (uint8 RGB at the
+ * model's input size), or a tensor row of its input type. */
+static inline uint64_t ds_input_bytes(const gw_model_t *m, int input_kind)
+{
+    uint64_t elems = (uint64_t)m->c * (uint64_t)m->h * (uint64_t)m->w;
+    return input_kind == SQ_INPUT_PIXELS ? (uint64_t)m->h * (uint64_t)m->w * 3
+           : input_kind == SQ_INPUT_FP32 ? elems * sizeof(float)
+                                         : elems;
+}
+
+/* What one request of m costs on a remote worker's link: its input there,
+ * its output row back. */
 static inline double ds_item_bytes(const gw_model_t *m, int input_kind)
 {
-    int64_t elems = (int64_t)m->c * m->h * m->w;
-    int64_t in_bytes = input_kind == SQ_INPUT_PIXELS ? (int64_t)m->h * m->w * 3
-                       : input_kind == SQ_INPUT_FP32 ? elems * (int64_t)sizeof(float)
-                                                     : elems;
-    return (double)(in_bytes + m->out_elems * (int64_t)sizeof(float));
+    return (double)(ds_input_bytes(m, input_kind) + (uint64_t)m->out_elems * sizeof(float));
 }
 
 /* w's record of the model `key` (made, LOAD_NONE, when create is set). */

@@ -62,68 +62,63 @@ void gw_route_model_config(gw_call_t *call)
 }
 
 typedef struct {
-    json_t *rows;
-    int ready_only;
-    gw_model_t **models; /* collected under the registry's lock */
-    int n;
-} index_t;
+    gw_model_t **models; /* references, collected under the registry's lock */
+    int n, cap;
+} collect_t;
 
-static void index_one(gw_model_t *m, void *arg)
+static void collect(gw_model_t *m, void *arg)
 {
-    index_t *x = arg;
-    x->models = sq_xrealloc(x->models, sizeof(*x->models) * (size_t)(x->n + 1));
+    collect_t *x = arg;
+    if (x->n == x->cap) {
+        x->cap = x->cap ? 2 * x->cap : 16;
+        x->models = sq_xrealloc(x->models, sizeof(*x->models) * (size_t)x->cap);
+    }
     gw_model_ref(m);
     x->models[x->n++] = m;
 }
 
-/* One row (outside the registry's lock: gw_registry_served takes it). */
-static void index_row(gw_server_t *srv, index_t *x, gw_model_t *m)
+static int by_name_version(const void *a, const void *b)
+{
+    const gw_model_t *x = *(gw_model_t *const *)a, *y = *(gw_model_t *const *)b;
+    int c = strcmp(x->name, y->name);
+    return c != 0 ? c : (x->version > y->version) - (x->version < y->version);
+}
+
+/* m's row, or NULL when ready_only leaves it out (outside the registry's
+ * lock: gw_registry_served takes it). Triton's states: READY, LOADING
+ * (squish: being measured), UNAVAILABLE with the reason (failed, or not in
+ * the version policy). */
+static json_t *index_row(gw_server_t *srv, gw_model_t *m, int ready_only)
 {
     char unserved[MDB_NAME_MAX + 256];
     int profiling = strcmp(m->status, "profiling") == 0;
     int failed = strcmp(m->status, "failed") == 0;
     int served =
         !profiling && !failed && gw_registry_served(srv->registry, m, unserved, sizeof(unserved));
-    if (x->ready_only && !served)
-        return;
-    /* Triton's states: READY, LOADING (squish: being measured),
-     * UNAVAILABLE with the reason (failed, or not in the version policy). */
-    json_t *row = json_pack("{s:s, s:s, s:s}", "name", m->name, "version", "", "state",
+    if (ready_only && !served)
+        return NULL;
+    char v[16];
+    snprintf(v, sizeof(v), "%d", m->version);
+    json_t *row = json_pack("{s:s, s:s, s:s}", "name", m->name, "version", v, "state",
                             served      ? "READY"
                             : profiling ? "LOADING"
                                         : "UNAVAILABLE");
-    char v[16];
-    snprintf(v, sizeof(v), "%d", m->version);
-    json_object_set_new(row, "version", json_string(v));
     if (!served)
         json_object_set_new(row, "reason",
                             json_string(profiling ? "profiling"
                                         : failed  ? (m->error[0] ? m->error : "failed")
                                                   : unserved));
-    json_array_append_new(x->rows, row);
-}
-
-static int row_cmp(const void *a, const void *b)
-{
-    json_t *x = *(json_t *const *)a, *y = *(json_t *const *)b;
-    int c = strcmp(json_string_value(json_object_get(x, "name")),
-                   json_string_value(json_object_get(y, "name")));
-    if (c != 0)
-        return c;
-    int vx = atoi(json_string_value(json_object_get(x, "version")));
-    int vy = atoi(json_string_value(json_object_get(y, "version")));
-    return (vx > vy) - (vx < vy);
+    return row;
 }
 
 void gw_route_repository_index(gw_call_t *call)
 {
     /* Body: optional {"ready": true} (only the versions that can serve). */
-    index_t x = {.rows = json_array()};
     const uint8_t *body;
     size_t len;
     uint8_t *owned = NULL;
+    int ready_only = 0;
     if (gw_request_body(call->req, &body, &len, &owned) != 0) {
-        json_decref(x.rows);
         gw_send_error(call->req, SQ_OVERLOAD, "no memory for the request body");
         return;
     }
@@ -131,33 +126,28 @@ void gw_route_repository_index(gw_call_t *call)
         json_error_t jerr;
         json_t *req = json_loadb((const char *)body, len, 0, &jerr);
         json_t *ready = req != NULL ? json_object_get(req, "ready") : NULL;
-        if (req == NULL || !json_is_object(req) || (ready != NULL && !json_is_boolean(ready))) {
-            json_decref(req);
-            json_decref(x.rows);
+        int ok = req != NULL && json_is_object(req) && (ready == NULL || json_is_boolean(ready));
+        ready_only = ok && ready != NULL && json_is_true(ready);
+        json_decref(req);
+        if (!ok) {
             free(owned);
             gw_send_error(call->req, SQ_BAD_JSON,
                           "the body must be a JSON object, optionally {\"ready\": true}");
             return;
         }
-        x.ready_only = ready != NULL && json_is_true(ready);
-        json_decref(req);
     }
     free(owned);
-    gw_registry_foreach(call->srv->registry, index_one, &x);
+    collect_t x = {0};
+    gw_registry_foreach(call->srv->registry, collect, &x);
+    if (x.n > 1)
+        qsort(x.models, (size_t)x.n, sizeof(*x.models), by_name_version);
+    json_t *rows = json_array();
     for (int i = 0; i < x.n; i++) {
-        index_row(call->srv, &x, x.models[i]);
+        json_t *row = index_row(call->srv, x.models[i], ready_only);
+        if (row != NULL)
+            json_array_append_new(rows, row);
         gw_model_unref(x.models[i]);
     }
     free(x.models);
-    size_t n = json_array_size(x.rows);
-    json_t **rows = sq_xmalloc(sizeof(*rows) * (n ? n : 1));
-    for (size_t i = 0; i < n; i++)
-        rows[i] = json_incref(json_array_get(x.rows, i));
-    qsort(rows, n, sizeof(*rows), row_cmp);
-    json_t *sorted = json_array();
-    for (size_t i = 0; i < n; i++)
-        json_array_append_new(sorted, rows[i]);
-    free(rows);
-    json_decref(x.rows);
-    gw_send_json(call->req, 200, sorted);
+    gw_send_json(call->req, 200, rows);
 }

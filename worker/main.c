@@ -418,7 +418,7 @@ int main(int argc, char **argv)
 {
     const char *sock_path = NULL, *device = NULL, *token_file = NULL, *host_name = NULL;
     const char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL;
-    long memory_mb = 0, threads = 0, kept_models_ms = 60000;
+    long memory_mb = 0, threads = 0, kept_models_ms = WK_KEPT_MODELS_MS;
     static const struct option opts[] = {{"connect", required_argument, NULL, 'c'},
                                          {"device", required_argument, NULL, 'd'},
                                          {"memory-mb", required_argument, NULL, 'm'},

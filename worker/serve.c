@@ -17,12 +17,9 @@
 
 /* ---- the execution thread's work --------------------------------------- */
 
+/* JOB_SWEEP: drop the models no load on the current connection asked for
+ * (wk_serve_opts_t.kept_models_ms after a reconnect). */
 typedef enum { JOB_LOAD, JOB_UNLOAD, JOB_BATCH, JOB_PROFILE, JOB_SWEEP, JOB_STOP } job_kind_t;
-
-/* After a reconnect, the models squishd loads again are kept as they are
- * (nothing imported or compiled again); those it has not asked for
- * o.kept_models_ms after are dropped (deleted or moved away while the link
- * was down, or a squishd on another database). */
 
 typedef struct job {
     struct job *next;
@@ -1278,7 +1275,7 @@ int wk_serve(const wk_serve_opts_t *opts)
 {
     server_t s = {.o = *opts, .conn = opts->conn, .exit_status = -1};
     if (s.o.kept_models_ms <= 0)
-        s.o.kept_models_ms = 60000;
+        s.o.kept_models_ms = WK_KEPT_MODELS_MS;
     s.loop = sq_loop_new();
     if (s.loop == NULL)
         return 1;

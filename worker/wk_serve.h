@@ -9,6 +9,8 @@
 
 #include <sq.h>
 
+#define WK_KEPT_MODELS_MS 60000
+
 typedef struct {
     wk_device_t dev;
     int threads;     /* cpu kernel threads; 0 = all cores */
@@ -28,8 +30,10 @@ typedef struct {
     int (*reconnect)(void *ctx, const sq_buf_t *held, sq_conn_t **conn, uint32_t *heartbeat_ms);
     void *reconnect_ctx;
     /* After a reconnect, models squishd loads again (same file and options)
-     * are kept as they are; those it has not loaded within this many ms are
-     * dropped. 0: 60000. */
+     * are kept as they are (nothing imported or compiled again); those it
+     * has not loaded within this many ms are dropped (deleted or moved away
+     * while the link was down, or a squishd on another database). 0:
+     * WK_KEPT_MODELS_MS. */
     int kept_models_ms;
     int stop_fd;
 } wk_serve_opts_t;
