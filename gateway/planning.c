@@ -431,12 +431,39 @@ static void publish_metrics(gw_dispatch_t *ds, json_t *snap, int moved)
 
 /* ---- epochs ------------------------------------------------------------ */
 
-/* Unloads what the plan of kind moved away from a worker, once it is
- * loaded where it moved. */
-static void settle_moves(gw_dispatch_t *ds, int kind)
+/* Whether K's plan moved model key away from the worker running dev (it
+ * places key elsewhere, not there), and whether a worker it moved to holds
+ * it already (*arrived). A model the plan could not place is not moved. */
+static int moved_away(gw_dispatch_t *ds, const pkind_t *K, const pl_device_t *dev, int64_t key,
+                      int *arrived)
 {
     gw_plan_state_t *p = ds->plan;
-    pkind_t *K = &p->kinds[kind];
+    int here = 0, elsewhere = 0;
+    *arrived = 0;
+    for (int s = 0; s < p->n; s++) {
+        if (p->s[s].dm->key != key)
+            continue;
+        here |= alloc_of(dev, p->s[s].id) != NULL;
+        for (int d = 0; d < K->plan.ndevices; d++) {
+            if (alloc_of(&K->plan.devices[d], p->s[s].id) == NULL)
+                continue;
+            elsewhere = 1;
+            int id = K->plan.devices[d].id;
+            ds_worker_t *o = ds_worker_at(ds, id < K->cap ? K->dev_worker[id] : -1);
+            ds_load_t *ol = o != NULL && o->up ? ds_load_find(o, key, 0) : NULL;
+            *arrived |= ol != NULL && ol->state == LOAD_DONE;
+        }
+    }
+    return !here && elsewhere;
+}
+
+/* Unloads what the plan of kind moved away from a worker, make before
+ * break: once a worker it moved to holds it (until then requests would
+ * find it loaded nowhere); the load finishing there runs this again
+ * (gw__plan_loaded). */
+static void settle_moves(gw_dispatch_t *ds, int kind)
+{
+    pkind_t *K = &ds->plan->kinds[kind];
     if (!K->has)
         return;
     K->moves_pending = 0;
@@ -447,37 +474,19 @@ static void settle_moves(gw_dispatch_t *ds, int kind)
         const pl_device_t *dev = device_of(K, w->id);
         for (int li = 0; li < w->nloads; li++) {
             ds_load_t *l = &w->loads[li];
-            if (l->state != LOAD_DONE && l->state != LOAD_SENT)
+            int arrived;
+            if ((l->state != LOAD_DONE && l->state != LOAD_SENT) ||
+                !moved_away(ds, K, dev, l->key, &arrived))
                 continue;
-            /* Only models the plan places somewhere else move away; a model
-             * it could not place stays where it is loaded. Make before
-             * break: it leaves here once a worker it moves to holds it
-             * (until then requests would find it loaded nowhere); the load
-             * finishing there runs this again (gw__plan_loaded). */
-            int here = 0, elsewhere = 0, arrived = 0;
-            for (int s = 0; s < p->n; s++) {
-                if (p->s[s].dm->key != l->key)
-                    continue;
-                here |= alloc_of(dev, p->s[s].id) != NULL;
-                for (int d = 0; d < K->plan.ndevices; d++) {
-                    if (alloc_of(&K->plan.devices[d], p->s[s].id) == NULL)
-                        continue;
-                    elsewhere = 1;
-                    int id = K->plan.devices[d].id;
-                    ds_worker_t *o = ds_worker_at(ds, id < K->cap ? K->dev_worker[id] : -1);
-                    ds_load_t *ol = o != NULL && o->up ? ds_load_find(o, l->key, 0) : NULL;
-                    arrived |= ol != NULL && ol->state == LOAD_DONE;
-                }
-            }
             int profiling = 0;
             for (int m = 0; m < ds->nmodels; m++)
                 profiling |= ds->models[m]->key == l->key && ds->models[m]->profile_worker == w->id;
-            if (!here && elsewhere && !profiling) {
-                if (arrived)
-                    ds->ops->unload(ds, w, l);
-                else
-                    K->moves_pending = 1;
-            }
+            if (profiling)
+                continue;
+            if (arrived)
+                ds->ops->unload(ds, w, l);
+            else
+                K->moves_pending = 1;
         }
     }
 }

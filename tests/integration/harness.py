@@ -22,12 +22,33 @@ BUILD = os.environ.get("SQUISH_BUILD_DIR", os.path.join(os.path.dirname(__file__
 SOURCE = os.environ.get("SQUISH_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "../.."))
 SQUISHD = os.path.join(BUILD, "gateway", "squishd")
 WORKER = os.path.join(BUILD, "worker", "squish-worker")
+LOADGEN = os.path.join(BUILD, "bench", "squish-loadgen")
 SCHEMAS = os.path.join(SOURCE, "schemas")
 
 _schema_cache = {}
 # squishd instances of the running test; a failure shows the end of their logs.
 _started = []
 LOG_TAIL = 6000
+
+
+def loadgen(s, model, rate, seconds, slo_ms=100, warmup=0, timeout_ms=5000, seed=None,
+            per_second=False, wait=True):
+    """Open-loop Poisson load of binary OIP tensors ([3, 4, 4]) on model
+    through squish-loadgen: its JSON summary, or the process when wait is
+    False (communicate() gives the summary)."""
+    args = [LOADGEN, "--port", str(s.port), "--path", "/v2/models/%s/infer" % model,
+            "--tensor", "3x4x4", "--slo-ms", str(slo_ms), "--warmup", str(warmup), "--rate",
+            str(rate), "--duration", str(seconds), "--timeout-ms", str(timeout_ms)]
+    if seed is not None:
+        args += ["--seed", str(seed)]
+    if per_second:
+        args.append("--per-second")
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if not wait:
+        return p
+    out, err = p.communicate(timeout=seconds + warmup + 60)
+    assert p.returncode == 0, err[-2000:]
+    return json.loads(out)
 
 
 def schema(name):

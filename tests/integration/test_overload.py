@@ -7,14 +7,11 @@ Retry-After), and squishd's memory stays flat. About a minute; in the
 "slow" suite (not run under the sanitizers)."""
 
 import json
-import os
 import re
-import subprocess
 import threading
 
-from harness import BUILD, Squishd, run, test
-
-LOADGEN = os.path.join(BUILD, "bench", "squish-loadgen")
+import harness
+from harness import Squishd, run, test
 
 # l(b) = 4 b + 8 ms, max batch 8: l(8) = 40 ms, 2 l(8) <= 200 ms: one
 # device serves at most 8 / 40 ms = 200 requests/s within the SLO.
@@ -25,13 +22,8 @@ CAP = {"name": "cap", "profile": {"alpha_ms": 4.0, "beta_ms": 8.0}, "max_batch":
 
 
 def loadgen(s, rate, seconds, warmup=2):
-    out = subprocess.run(
-        [LOADGEN, "--port", str(s.port), "--path", "/v2/models/cap/infer", "--tensor", "3x4x4",
-         "--slo-ms", str(SLO_MS), "--timeout-ms", "5000", "--rate", str(rate), "--duration",
-         str(seconds), "--warmup", str(warmup), "--per-second", "--seed", "7"],
-        capture_output=True, text=True, timeout=seconds + warmup + 60)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
+    return harness.loadgen(s, "cap", rate, seconds, slo_ms=SLO_MS, warmup=warmup, seed=7,
+                           per_second=True)
 
 
 def vm_rss_kb(pid):

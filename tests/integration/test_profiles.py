@@ -5,15 +5,12 @@ measured latencies, and SLO attainment recovers within 10 s."""
 
 import json
 import os
-import subprocess
 import tempfile
 import threading
 import time
 
-from harness import Squishd, eventually, run, test
+from harness import Squishd, eventually, loadgen, run, test
 
-BUILD = os.environ.get("SQUISH_BUILD_DIR", "build")
-LOADGEN = os.path.join(BUILD, "bench", "squish-loadgen")
 SLO_MS = 100
 MODEL = {"name": "slow", "profile": {"alpha_ms": 1.053, "beta_ms": 5.072}, "max_batch": 32,
          "default_slo_ms": SLO_MS, "input": {"shape": [3, 4, 4]}, "num_classes": 4}
@@ -48,14 +45,8 @@ def a_slowed_worker_is_replanned_from_measured_latencies_within_10_s():
 
         t = threading.Thread(target=slow_down)
         t.start()
-        out = subprocess.run(
-            [LOADGEN, "--port", str(s.port), "--path", "/v2/models/slow/infer", "--tensor",
-             "3x4x4", "--slo-ms", str(SLO_MS), "--timeout-ms", "5000", "--rate", "100",
-             "--duration", "24", "--warmup", "0", "--per-second", "--seed", "3"],
-            capture_output=True, text=True, timeout=120)
+        res = loadgen(s, "slow", 100, 24, slo_ms=SLO_MS, seed=3, per_second=True)
         t.join()
-        assert out.returncode == 0, out.stderr[-2000:]
-        res = json.loads(out.stdout)
         per = res["per_second"]
         # Outcomes by the second they were answered in.
         done = [g + l + d + b for g, l, d, b in

@@ -7,14 +7,12 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
 import threading
 import time
 
 import tiny_models as tm
-from harness import BUILD, Squishd, eventually, run, test
-
-LOADGEN = os.path.join(BUILD, "bench", "squish-loadgen")
+import harness
+from harness import Squishd, eventually, run, test
 
 # 120 req/s per device at SLO 100 ms: batch 6 in 50 ms, 2 l(6) <= 100.
 SLOW = {"name": "slow", "profile": {"alpha_ms": 5.0, "beta_ms": 20.0}, "max_batch": 16,
@@ -33,15 +31,7 @@ def upload_json(s, cfg):
 
 
 def loadgen(s, model, rate, seconds, wait=True):
-    args = [LOADGEN, "--port", str(s.port), "--path", "/v2/models/%s/infer" % model,
-            "--tensor", "3x4x4", "--slo-ms", "100", "--warmup", "0", "--rate", str(rate),
-            "--duration", str(seconds), "--timeout-ms", "3000"]
-    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    if not wait:
-        return p
-    out, err = p.communicate(timeout=seconds + 30)
-    assert p.returncode == 0, err
-    return json.loads(out)
+    return harness.loadgen(s, model, rate, seconds, timeout_ms=3000, wait=wait)
 
 
 def plan(s):

@@ -210,15 +210,18 @@ Test(group_profiles, stored_per_members_and_kind_and_replaced)
 
 TestSuite(model_ids, .init = setup, .fini = teardown);
 
-static int64_t insert_emulated_sha(const char *name, const char *sha)
+/* An emulated model version with these labels and config (NULL: none, and
+ * {"name": name}), returning its id. */
+static int64_t insert_emulated_with(const char *name, const char *sha, json_t *labels,
+                                    json_t *config)
 {
     json_t *input = json_pack("{s:s, s:s, s:[i,i,i,i]}", "name", "input", "datatype", "FP32",
                               "shape", -1, 3, 4, 4);
     json_t *outputs =
         json_pack("[{s:s, s:s, s:[i,i]}]", "name", "logits", "datatype", "FP32", "shape", -1, 3);
     json_t *pre = json_object();
-    json_t *labels = json_array();
-    json_t *config = json_pack("{s:s}", "name", name);
+    json_t *no_labels = json_array();
+    json_t *own_config = json_pack("{s:s}", "name", name);
     mdb_new_model_t m = {.name = name,
                          .version = 1,
                          .format = "emulated",
@@ -226,8 +229,8 @@ static int64_t insert_emulated_sha(const char *name, const char *sha)
                          .input = input,
                          .outputs = outputs,
                          .preprocess = pre,
-                         .labels = labels,
-                         .config = config,
+                         .labels = labels != NULL ? labels : no_labels,
+                         .config = config != NULL ? config : own_config,
                          .default_slo_ms = 100,
                          .max_batch = 4,
                          .status = "ready"};
@@ -236,9 +239,14 @@ static int64_t insert_emulated_sha(const char *name, const char *sha)
     json_decref(input);
     json_decref(outputs);
     json_decref(pre);
-    json_decref(labels);
-    json_decref(config);
+    json_decref(no_labels);
+    json_decref(own_config);
     return id;
+}
+
+static int64_t insert_emulated_sha(const char *name, const char *sha)
+{
+    return insert_emulated_with(name, sha, NULL, NULL);
 }
 
 static int64_t insert_emulated(const char *name)
@@ -250,28 +258,10 @@ static int64_t insert_emulated(const char *name)
  * the version policy the upload's config gave. */
 Test(model_ids, records_carry_the_labels_and_the_version_policy)
 {
-    json_t *input = json_pack("{s:s, s:s, s:[i,i,i,i]}", "name", "input", "datatype", "FP32",
-                              "shape", -1, 3, 4, 4);
-    json_t *outputs =
-        json_pack("[{s:s, s:s, s:[i,i]}]", "name", "logits", "datatype", "FP32", "shape", -1, 2);
-    json_t *pre = json_object();
-    json_t *labels = json_pack("[s, s]", "cat", "dog");
+    json_t *labels = json_pack("[s, s, s]", "cat", "dog", "eel");
     json_t *config = json_pack("{s:s, s:{s:{s:i}}}", "name", "vp", "version_policy", "latest",
                                "num_versions", 2);
-    mdb_new_model_t m = {.name = "vp",
-                         .version = 1,
-                         .format = "emulated",
-                         .sha256 = "ab",
-                         .input = input,
-                         .outputs = outputs,
-                         .preprocess = pre,
-                         .labels = labels,
-                         .config = config,
-                         .default_slo_ms = 100,
-                         .max_batch = 4,
-                         .status = "ready"};
-    int64_t id = -1;
-    cr_assert_eq(mdb_model_insert(db, &m, &id), 0, "%s", mdb_errmsg(db));
+    int64_t id = insert_emulated_with("vp", "ab", labels, config);
     json_t *out;
     cr_assert_eq(mdb_model_records(db, id, &out), 0, "%s", mdb_errmsg(db));
     json_t *r = json_array_get(out, 0);
@@ -282,11 +272,8 @@ Test(model_ids, records_carry_the_labels_and_the_version_policy)
     cr_assert_eq(mdb_model_version_get(db, "vp", 1, &out), 0);
     cr_assert(json_equal(json_object_get(out, "version_policy"),
                          json_object_get(config, "version_policy")));
-    cr_assert_eq(json_integer_value(json_object_get(out, "labels_count")), 2);
+    cr_assert_eq(json_integer_value(json_object_get(out, "labels_count")), 3);
     json_decref(out);
-    json_decref(input);
-    json_decref(outputs);
-    json_decref(pre);
     json_decref(labels);
     json_decref(config);
 }

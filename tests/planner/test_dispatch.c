@@ -231,19 +231,37 @@ Test(dispatch, symphony_section_3_3_worked_example)
     free(r);
 }
 
-Test(dispatch, deferred_low_load_keeps_spare_workers_idle)
+/* A rig with n workers and one session of l(b) = b + 5 ms, SLO 12 ms (the
+ * Symphony section 3.3 profile), routed to every worker; its id in *sid. */
+static rig_t *linear_rig(pl_policy_t policy, int nworkers, int *sid)
 {
     rig_t *r = malloc(sizeof(*r));
-    rig_init(r, PL_POLICY_DEFERRED);
-    add_workers(r, 4);
-    int sid = add_linear_session(r->d, 1000, 5000, 64, 12000);
-    route_all(r, sid, 4, 0);
+    rig_init(r, policy);
+    add_workers(r, nworkers);
+    *sid = add_linear_session(r->d, 1000, 5000, 64, 12000);
+    route_all(r, *sid, nworkers, 0);
+    return r;
+}
+
+/* n requests of session sid, one every gap_us from 0, each with the 12 ms
+ * SLO of linear_rig. */
+static void run_every(rig_t *r, int sid, int64_t gap_us, int n, int nworkers)
+{
+    arrival_t *arr = malloc(sizeof(*arr) * (size_t)n);
+    for (int i = 0; i < n; i++)
+        arr[i] =
+            (arrival_t){.at_us = gap_us * i, .session = sid, .deadline_us = gap_us * i + 12000};
+    rig_run(r, arr, n, nworkers);
+    free(arr);
+}
+
+Test(dispatch, deferred_low_load_keeps_spare_workers_idle)
+{
+    int sid;
+    rig_t *r = linear_rig(PL_POLICY_DEFERRED, 4, &sid);
     /* One request every 20 ms: each waits until d - l(2) (nothing can join
      * it after that) and always goes to the lowest-id worker. */
-    arrival_t arr[10];
-    for (int i = 0; i < 10; i++)
-        arr[i] = (arrival_t){.at_us = 20000 * i, .session = sid, .deadline_us = 20000 * i + 12000};
-    rig_run(r, arr, 10, 4);
+    run_every(r, sid, 20000, 10, 4);
     cr_assert_eq(r->nsent, 10);
     cr_assert_eq(r->ndropped, 0);
     for (int k = 0; k < 10; k++) {
@@ -260,15 +278,9 @@ Test(dispatch, adaptive_low_load_sends_at_once)
     /* The deferred case above under the adaptive rule: 50 req/s against a
      * greedy capacity of 4 x 1 / l(1) = 667 req/s: each request goes the
      * moment it arrives, to the lowest-id worker, and finishes after l(1). */
-    rig_t *r = malloc(sizeof(*r));
-    rig_init(r, PL_POLICY_ADAPTIVE);
-    add_workers(r, 4);
-    int sid = add_linear_session(r->d, 1000, 5000, 64, 12000);
-    route_all(r, sid, 4, 0);
-    arrival_t arr[10];
-    for (int i = 0; i < 10; i++)
-        arr[i] = (arrival_t){.at_us = 20000 * i, .session = sid, .deadline_us = 20000 * i + 12000};
-    rig_run(r, arr, 10, 4);
+    int sid;
+    rig_t *r = linear_rig(PL_POLICY_ADAPTIVE, 4, &sid);
+    run_every(r, sid, 20000, 10, 4);
     cr_assert_eq(r->nsent, 10);
     cr_assert_eq(r->ndropped, 0);
     for (int k = 0; k < 10; k++) {
@@ -288,15 +300,9 @@ Test(dispatch, adaptive_under_load_defers_like_symphony)
      * capacity of 3 / l(1) = 500 req/s): the first request, alone, goes at
      * once; from the second on (two arrivals 0.75 ms apart) the session
      * defers, and the batches are Symphony's batches of 4, staggered. */
-    rig_t *r = malloc(sizeof(*r));
-    rig_init(r, PL_POLICY_ADAPTIVE);
-    add_workers(r, 3);
-    int sid = add_linear_session(r->d, 1000, 5000, 64, 12000);
-    route_all(r, sid, 3, 0);
-    arrival_t arr[48];
-    for (int i = 0; i < 48; i++)
-        arr[i] = (arrival_t){.at_us = 750 * i, .session = sid, .deadline_us = 750 * i + 12000};
-    rig_run(r, arr, 48, 3);
+    int sid;
+    rig_t *r = linear_rig(PL_POLICY_ADAPTIVE, 3, &sid);
+    run_every(r, sid, 750, 48, 3);
     cr_assert_eq(r->ndropped, 0);
     cr_assert_eq(r->overlap, 0);
     cr_assert_eq(r->sent[0].at_us, 0);
@@ -314,11 +320,8 @@ Test(dispatch, a_new_profile_recomputes_every_cost)
     /* l(b) = b + 5 ms, SLO 12 ms: batches up to 7. Twice as slow: l(1) = 12
      * ms, only batches of 1 fit, and a request must leave the moment it
      * arrives. */
-    rig_t *r = malloc(sizeof(*r));
-    rig_init(r, PL_POLICY_DEFERRED);
-    add_workers(r, 1);
-    int sid = add_linear_session(r->d, 1000, 5000, 64, 12000);
-    route_all(r, sid, 1, 0);
+    int sid;
+    rig_t *r = linear_rig(PL_POLICY_DEFERRED, 1, &sid);
     cr_assert_eq(pl_dispatch_session_max_batch(r->d, sid), 7);
     cr_assert_eq(pl_dispatch_batch_cost_us(r->d, sid, 1), 6000);
     pl_profile_t p;
