@@ -87,6 +87,9 @@ static const opt_t options[] = {
      "batch dispatch: adaptive (deferred under load, at once while arrivals are sparse), "
      "deferred (Symphony) or early-drop (Nexus)"},
     {"k_std", DBL(k_std), 0, 10, "1", "latency margin: profile mean + k_std * std"},
+    {"eager_load", DBL(eager_load), 0, 1, "0.5",
+     "adaptive policy: a model's batches go at once while its arrivals stay below this share of "
+     "what its workers serve batching greedily under the SLO"},
     {"dispatch_margin_us", INT(dispatch_margin_us), 0, 1000000, "2000",
      "added to every batch's latency: the IPC round trip and the reply's way back"},
     {"epoch_ms", INT(epoch_ms), 100, 86400000, "30000", "the planner re-plans at least this often"},
@@ -270,7 +273,7 @@ static int set_option(gw_config_t *cfg, const opt_t *o, const char *v, const cha
     case OPT_POLICY: {
         pl_policy_t policy;
         if (pl_policy_parse(v, &policy) != 0) {
-            snprintf(why, sizeof(why), "expected deferred or early-drop, got '%s'", v);
+            snprintf(why, sizeof(why), "expected adaptive, deferred or early-drop, got '%s'", v);
             rc = SQ_BAD_CONFIG;
             break;
         }

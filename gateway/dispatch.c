@@ -937,6 +937,7 @@ gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop)
     ds->loop = loop;
     pl_dispatch_opts_t opts = {.policy = srv->cfg->policy,
                                .k_std = srv->cfg->k_std,
+                               .eager_load = srv->cfg->eager_load,
                                .net_delay_us = srv->cfg->dispatch_margin_us,
                                .timer_slack_us = srv->cfg->timer_slack_us};
     ds->core = pl_dispatch_new(&opts);

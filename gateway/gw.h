@@ -54,6 +54,7 @@ typedef struct {
     /* data plane */
     int policy;             /* pl_policy_t: deferred | early-drop */
     double k_std;           /* profile margin: mean + k_std * std */
+    double eager_load;      /* adaptive policy: pl_dispatch_opts_t.eager_load */
     int dispatch_margin_us; /* added to every batch's latency: IPC round trip, reply */
     int timer_slack_us;     /* deferred: send at least this long before the last moment */
     int epoch_ms;           /* planner epoch period */
