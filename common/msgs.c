@@ -153,6 +153,8 @@ void sq_profile_req_encode(sq_buf_t *b, const sq_profile_req_t *m)
     sq_buf_put_u32(b, m->warmup);
     sq_buf_put_u32(b, m->repeats);
     sq_buf_put_u32(b, m->budget_ms);
+    sq_buf_put_u32(b, m->slice_us);
+    sq_buf_put_u32(b, m->flags);
 }
 
 int sq_profile_req_decode(const sq_frame_t *f, sq_profile_req_t *m)
@@ -163,6 +165,8 @@ int sq_profile_req_decode(const sq_frame_t *f, sq_profile_req_t *m)
     m->warmup = sq_get_u32(&r);
     m->repeats = sq_get_u32(&r);
     m->budget_ms = sq_get_u32(&r);
+    m->slice_us = sq_get_u32(&r);
+    m->flags = sq_get_u32(&r);
     if (m->max_batch == 0 || m->max_batch > SQ_MAX_BATCH_ITEMS || m->repeats == 0 ||
         m->repeats > 1000 || m->warmup > 1000)
         return SQ_PROTOCOL;

@@ -22,7 +22,7 @@
 #include <sys/uio.h>
 
 #define SQ_IPC_MAGIC 0x48535153u /* "SQSH" */
-#define SQ_IPC_VERSION 3
+#define SQ_IPC_VERSION 4
 #define SQ_IPC_HEADER_SIZE 16
 #define SQ_IPC_MAX_PAYLOAD (16u << 20)
 #define SQ_IPC_MAX_FDS 4
@@ -47,6 +47,7 @@
     X(PROFILE, 30)                                                                                 \
     X(PROFILE_PROGRESS, 31)                                                                        \
     X(PROFILE_DONE, 32)                                                                            \
+    X(PROFILE_SLICE, 33)                                                                           \
     X(AUTH_CHALLENGE, 40)                                                                          \
     X(AUTH_REPLY, 41)                                                                              \
     X(AUTH_PROOF, 42)                                                                              \
@@ -255,12 +256,24 @@ typedef struct {
     char message[200];
 } sq_batch_done_t;
 
-/* PROFILE: squishd -> worker: measure l(b) of a loaded model. */
+/* PROFILE: squishd -> worker: measure l(b) of a loaded model.
+ *
+ * With slice_us 0 the whole measurement runs at once. Else it runs in
+ * slices that squishd fits into the worker's idle gaps: each PROFILE runs
+ * measurement batches for at most slice_us (at least one; it does not
+ * start one its pace says would end past the slice) and answers
+ * PROFILE_SLICE (a u64: the expected µs of the next batch, which squishd
+ * needs a gap for), or PROFILE_DONE when the measurement is complete. The
+ * next PROFILE of the same model goes on where the last one stopped;
+ * SQ_PROFILE_FRESH starts over. budget_ms counts measuring time only. */
+#define SQ_PROFILE_FRESH 1u
 typedef struct {
     uint32_t max_batch;
     uint32_t warmup;
     uint32_t repeats;
     uint32_t budget_ms; /* stop growing b when the next size would exceed it */
+    uint32_t slice_us;
+    uint32_t flags;
 } sq_profile_req_t;
 
 typedef struct {

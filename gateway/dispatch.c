@@ -25,19 +25,6 @@
 
 static void post_model_msg(gw_server_t *srv, int64_t key, int profile);
 
-/* Whether a worker that holds dm is only out of service while it measures
- * a model (its requests can wait for it). */
-static int held_while_profiling(gw_dispatch_t *ds, ds_model_t *dm)
-{
-    for (int i = 0; i < ds->nworkers; i++) {
-        ds_worker_t *w = ds->workers[i];
-        ds_load_t *l = w && w->up && w->profiling ? ds_load_find(w, dm->key, 0) : NULL;
-        if (l != NULL && l->state == LOAD_DONE)
-            return 1;
-    }
-    return 0;
-}
-
 /* Whether a worker of dm's kind being restarted should be back, and run a
  * batch of one, before the item's deadline. */
 static int back_in_time(gw_dispatch_t *ds, const ds_model_t *dm, const gw_item_t *it)
@@ -261,6 +248,8 @@ static int on_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
     switch (f->type) {
     case SQ_MSG_BATCH_DONE:
         ds_on_batch_done(ds, w, f);
+        ds_profile_step(ds, w); /* a measurement waiting for the worker */
+        ds_pump(ds);
         return 0;
     case SQ_MSG_MODEL_LOADED:
     case SQ_MSG_MODEL_FAILED: {
@@ -282,13 +271,8 @@ static int on_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
             SQ_INFO("model loaded worker=%d device=%s model=%s version=%d memory_mb=%llu", w->id,
                     w->device, dm->m->name, dm->m->version,
                     (unsigned long long)(info.memory_bytes >> 20));
-            if (dm->profile_worker == w->id) {
-                dm->profile_worker = -1;
-                w->profiling = 0;
-                pl_dispatch_worker_add(ds->core, sq_now_us(), w->id, 0);
-                ds_start_profile(ds, dm);
-                ds_start_profiles(ds); /* measured elsewhere after all: w is free */
-            }
+            if (dm->profile_worker == w->id)
+                ds_profile_step(ds, w);
             if (dm->active) {
                 ds_update_routes(ds, dm);
                 ds_flush_pending(ds, dm);
@@ -338,21 +322,36 @@ static int on_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
         }
         return 0;
     }
+    case SQ_MSG_PROFILE_SLICE: {
+        sq_reader_t r;
+        sq_reader_init(&r, f->payload, f->len);
+        uint64_t next_us = sq_get_u64(&r);
+        if (r.err || r.left != 0)
+            return -1;
+        ds_slice_over(ds, w, next_us < INT32_MAX ? (int64_t)next_us : INT32_MAX);
+        ds_profile_step(ds, w);
+        ds_pump(ds);
+        return 0;
+    }
     case SQ_MSG_PROFILE_DONE: {
         profile_store_t *p = sq_xcalloc(1, sizeof(*p));
         if (sq_profile_done_decode(f, &p->done) != 0) {
             free(p);
             return -1;
         }
+        ds_slice_over(ds, w, 0);
         ds_model_t *dm = ds_model_find(ds, (int64_t)f->id);
         SQ_INFO("profiling done key=%lld worker=%d rows=%u code=%s", (long long)f->id, w->id,
                 p->done.nrows, sq_err_name(p->done.code));
         if (w->profile_key == (int64_t)f->id)
             w->profile_seq = 0;
         if (dm == NULL || dm->removed || dm->profile_worker != w->id) {
-            /* Abandoned (the model deleted, the group retired): the worker
-             * was released then, and nothing is stored. */
+            /* Abandoned (the model deleted, the group retired): nothing is
+             * stored; the worker measures the next one, if any. */
             free(p);
+            ds_start_profiles(ds);
+            ds_profile_step(ds, w);
+            ds_pump(ds);
             return 0;
         }
         ds_end_profile(ds, dm, w);
@@ -420,6 +419,7 @@ static void worker_up(gw_dispatch_t *ds, int worker, const char *device, uint64_
     w->nshas = 0;
     w->has_suspect = 0;
     w->profile_seq = 0;
+    w->slice_id = 0;
     w->memory_bytes = memory;
     atomic_fetch_add(&ds->srv->kind_up[w->kind], 1);
     pl_dispatch_worker_add(ds->core, sq_now_us(), worker, 0);
@@ -462,6 +462,8 @@ static void worker_lost(gw_dispatch_t *ds, int worker)
         w->inflight = NULL;
     }
     pl_dispatch_worker_lost(ds->core, sq_now_us(), worker);
+    w->slice_id = 0; /* ended with the worker, in the core too */
+    w->profiling = 0;
     for (int i = 0; i < ds->nmodels; i++) {
         ds_model_t *dm = ds->models[i];
         if (dm->profile_worker == worker) {
@@ -553,7 +555,7 @@ static void on_submit(sq_loop_t *loop, void *arg)
     if (loading == 0)
         ds_spread_loads(ds, dm); /* the plan placed it nowhere yet: any worker will do */
     ds_loaded_anywhere(ds, dm, &loading);
-    if (loading == 0 && !held_while_profiling(ds, dm) && !back_in_time(ds, dm, it)) {
+    if (loading == 0 && !back_in_time(ds, dm, it)) {
         ds_fail_item(ds, it, SQ_NO_WORKER,
                      atomic_load(&ds->srv->kind_coming[dm->kind]) > 0
                          ? "no worker is up, and none is back before the deadline"
@@ -909,6 +911,10 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
         dm->npending = k;
     }
     gw__plan_tick(ds, t);
+    /* Measurements waiting for a gap (or starved long enough). */
+    for (int i = 0; i < ds->nworkers; i++)
+        ds_profile_step(ds, ds->workers[i]);
+    ds_pump(ds);
     reclaim(ds);
     publish_ready(ds);
     ds->tick = sq_loop_timer_at(loop, sq_now_ns() + (int64_t)TICK_MS * 1000000, on_tick, ds);

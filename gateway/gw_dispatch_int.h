@@ -44,7 +44,14 @@ typedef struct {
     int up;
     int kind;
     char device[64];
-    int profiling; /* out of the core while it measures a model */
+    int profiling; /* measuring a model in its gaps (profiling.c) */
+    /* The measurement's slices: the core's id of the one the worker runs
+     * (0: none), the worker's estimate of its next measurement batch, since
+     * when it waits for a gap, whether the next one starts over. */
+    uint64_t slice_id;
+    int64_t slice_next_us;
+    int64_t slice_wait_since_us;
+    int slice_fresh;
     uint64_t memory_bytes;
     ds_load_t *loads;
     int nloads, caploads;
@@ -284,12 +291,19 @@ void ds_spread_loads(gw_dispatch_t *ds, ds_model_t *dm);
 /* Takes dm out of service: its sessions leave the core (which answers what
  * they queued) and every worker holding it unloads it. */
 void ds_withdraw(gw_dispatch_t *ds, ds_model_t *dm);
-/* Measures dm on a free cpu/cuda worker (out of the core meanwhile), if it
- * wants a profile and one is free; start_profiles tries every model. */
+/* Measures dm on a cpu/cuda worker that measures nothing else (it keeps
+ * serving), if it wants a profile and one is free; start_profiles tries
+ * every model. */
 void ds_start_profile(gw_dispatch_t *ds, ds_model_t *dm);
 void ds_start_profiles(gw_dispatch_t *ds);
-/* dm's measurement on w ended (done, failed or abandoned): w serves again,
- * the next model is measured, waiting requests go on. */
+/* Sends w's next measurement slice if a gap in its work allows one now
+ * (or it waited long enough); a no-op while a slice runs. */
+void ds_profile_step(gw_dispatch_t *ds, ds_worker_t *w);
+/* w answered its slice (PROFILE_SLICE, next_us: its next batch's expected
+ * µs; or PROFILE_DONE): the core has the worker back. */
+void ds_slice_over(gw_dispatch_t *ds, ds_worker_t *w, int64_t next_us);
+/* dm's measurement on w ended (done, failed or abandoned): the next model
+ * is measured. */
 void ds_end_profile(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w);
 
 /* groups.c: prefix groups (Nexus's prefix batching) and twins. */

@@ -183,7 +183,7 @@ static const pl_alloc_t *alloc_of(const pl_device_t *dev, int session_id)
 
 static int usable(ds_worker_t *w, int64_t key)
 {
-    ds_load_t *l = w != NULL && w->up && !w->profiling ? ds_load_find(w, key, 0) : NULL;
+    ds_load_t *l = w != NULL && w->up ? ds_load_find(w, key, 0) : NULL;
     return l != NULL && l->state == LOAD_DONE;
 }
 
@@ -469,7 +469,7 @@ static void settle_moves(gw_dispatch_t *ds, int kind)
     K->moves_pending = 0;
     for (int i = 0; i < ds->nworkers; i++) {
         ds_worker_t *w = ds->workers[i];
-        if (w == NULL || !w->up || w->kind != kind || w->profiling)
+        if (w == NULL || !w->up || w->kind != kind)
             continue;
         const pl_device_t *dev = device_of(K, w->id);
         for (int li = 0; li < w->nloads; li++) {
@@ -502,13 +502,14 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
     if (p->nrestore > 0 && (restore_all(ds) & (1 << kind)))
         return;
     K->dirty = 0;
-    /* The devices: up workers of this kind, not busy profiling. */
+    /* The devices: up workers of this kind (one measuring a model too: it
+     * measures in its gaps). */
     int *workers = sq_xcalloc((size_t)ds->nworkers + 1, sizeof(int));
     int nw = 0;
     double mem = 0;
     for (int i = 0; i < ds->nworkers; i++) {
         ds_worker_t *w = ds->workers[i];
-        if (w != NULL && w->up && w->kind == kind && !w->profiling) {
+        if (w != NULL && w->up && w->kind == kind) {
             workers[nw++] = i;
             if (mem == 0 || (double)w->memory_bytes < mem)
                 mem = (double)w->memory_bytes;
@@ -806,13 +807,12 @@ static void restore_take(gw_plan_state_t *p, gw_server_t *srv)
     json_decref(rows);
 }
 
-/* The up worker (not profiling) that runs a stored device now, or NULL. */
+/* The up worker that runs a stored device now, or NULL. */
 static ds_worker_t *restore_worker(gw_dispatch_t *ds, const restore_row_t *row)
 {
     for (int i = 0; i < ds->nworkers; i++) {
         ds_worker_t *w = ds->workers[i];
-        if (w != NULL && w->up && !w->profiling && w->kind == row->kind &&
-            strcmp(w->device, row->device) == 0)
+        if (w != NULL && w->up && w->kind == row->kind && strcmp(w->device, row->device) == 0)
             return w;
     }
     return NULL;

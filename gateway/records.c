@@ -169,7 +169,7 @@ int ds_loaded_anywhere(gw_dispatch_t *ds, ds_model_t *dm, int *loading)
         ds_load_t *l = w && w->up ? ds_load_find(w, dm->key, 0) : NULL;
         if (l == NULL)
             continue;
-        loaded += l->state == LOAD_DONE && !w->profiling;
+        loaded += l->state == LOAD_DONE;
         *loading += l->state == LOAD_WAIT_BYTES || l->state == LOAD_SENT;
     }
     return loaded;

@@ -569,6 +569,7 @@ static int on_frame(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
     case SQ_MSG_BATCH_DONE:
     case SQ_MSG_PROFILE_PROGRESS:
     case SQ_MSG_PROFILE_DONE:
+    case SQ_MSG_PROFILE_SLICE:
         return ws->ev->frame(ws->ev_ctx, p->id, f);
     default:
         SQ_WARN("unexpected message from worker id=%d type=%s", p->id, sq_msg_name(f->type));

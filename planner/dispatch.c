@@ -76,6 +76,11 @@ typedef struct {
     uint64_t batch_id;
     int batch_session;
     int64_t busy_until; /* expected, from the profile */
+    /* Foreign work (pl_dispatch_worker_foreign) to run after the batch in
+     * flight: its id (0: none) and length. Running, it is the busy batch
+     * with batch_session -1 and no requests. */
+    uint64_t foreign_next;
+    int64_t foreign_next_us;
     pl__entry_t *inflight;
     int ninflight, cap_inflight;
     int64_t duty_cycle_us;
@@ -1275,6 +1280,7 @@ int pl_dispatch_worker_lost(pl_dispatch_t *d, int64_t now_us, int worker)
     }
     w->busy = 0;
     w->ninflight = 0;
+    w->foreign_next = 0;
     w->present = 0;
     w->draining = 0;
     w->rr = 0;
@@ -1403,6 +1409,62 @@ void pl_dispatch_timer(pl_dispatch_t *d, int64_t now_us)
     finish(d);
 }
 
+int64_t pl_dispatch_worker_gap_us(const pl_dispatch_t *d, int64_t now_us, int worker)
+{
+    if (worker < 0 || worker >= d->nworkers)
+        return 0;
+    const worker_t *w = &d->workers[worker];
+    if (!w->present || w->draining || w->busy)
+        return 0;
+    int64_t gap = PL_NEVER;
+    for (int k = 0; k < w->nsess; k++) {
+        const session_t *s = &d->sessions[w->sess[k].session];
+        if (!s->alive)
+            continue;
+        net_t n = net_of(d, s, worker);
+        int64_t g = (s->slo_us - cost_on(s, n, 1)) / 2;
+        if (s->q.n > 0) {
+            int b = s->q.n < (uint32_t)s->cap ? (int)s->q.n : s->cap;
+            int64_t h = pl__q_at((pl__queue_t *)&s->q, 0)->deadline_us - now_us - cost_on(s, n, b);
+            if (h < g)
+                g = h;
+        }
+        if (g < gap)
+            gap = g;
+    }
+    return gap > 0 ? gap : 0;
+}
+
+uint64_t pl_dispatch_worker_foreign(pl_dispatch_t *d, int64_t now_us, int worker,
+                                    int64_t duration_us, int after_batch)
+{
+    begin(d);
+    if (worker < 0 || worker >= d->nworkers || duration_us < 1)
+        return 0;
+    worker_t *w = &d->workers[worker];
+    if (!w->present || w->draining || w->foreign_next != 0 ||
+        (w->busy && (!after_batch || w->batch_session < 0)))
+        return 0;
+    uint64_t id = ++d->next_batch_id;
+    if (w->busy) {
+        w->foreign_next = id;
+        w->foreign_next_us = duration_us;
+        w->busy_until += duration_us;
+    } else {
+        w->busy = 1;
+        w->batch_id = id;
+        w->batch_session = -1;
+        w->ninflight = 0;
+        w->busy_until = now_us + duration_us;
+        pl__heap_set(&d->worker_wake, worker, PL_NEVER);
+    }
+    /* Its sessions' candidates see the worker busy for longer. */
+    for (int k = 0; k < w->nsess; k++)
+        pump_session(d, w->sess[k].session, now_us);
+    finish(d);
+    return id;
+}
+
 int pl_dispatch_batch_done(pl_dispatch_t *d, int64_t now_us, int worker, uint64_t batch_id)
 {
     begin(d);
@@ -1411,8 +1473,17 @@ int pl_dispatch_batch_done(pl_dispatch_t *d, int64_t now_us, int worker, uint64_
     worker_t *w = &d->workers[worker];
     if (!(w->present || w->draining) || !w->busy || w->batch_id != batch_id)
         return SQ_INVAL;
-    w->busy = 0;
     w->ninflight = 0;
+    if (w->foreign_next != 0) {
+        /* Foreign work queued behind this batch runs now. */
+        w->batch_id = w->foreign_next;
+        w->batch_session = -1;
+        w->busy_until = now_us + w->foreign_next_us;
+        w->foreign_next = 0;
+        finish(d);
+        return 0;
+    }
+    w->busy = 0;
     if (w->draining) {
         w->draining = 0;
         w->present = 0;

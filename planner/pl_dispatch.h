@@ -258,6 +258,31 @@ int pl_dispatch_worker_remove(pl_dispatch_t *d, int64_t now_us, int worker);
  * batch_done for that batch then returns SQ_INVAL. */
 int pl_dispatch_worker_lost(pl_dispatch_t *d, int64_t now_us, int worker);
 
+/* Foreign work on a worker: a job that is not a batch of any session (a
+ * measurement of a model not yet served, run in the worker's idle gaps).
+ *
+ * pl_dispatch_worker_gap_us says how long the worker may be taken now
+ * without any request making it late: 0 when it is busy, absent or
+ * draining; else the least over its sessions of (a) the slack of the
+ * queued requests, run as one batch after the gap (head deadline - now -
+ * l(queued)), and (b) half of what a request arriving now could wait
+ * alone ((SLO - l(1)) / 2: the other half is left for the batch that the
+ * wait builds up). PL_NEVER when it serves no session.
+ *
+ * pl_dispatch_worker_foreign takes the worker for duration_us: a free
+ * worker at once; a busy one (after_batch) right after its batch in flight,
+ * as a worker runs its jobs in the order they are sent (its expected finish
+ * moves out by duration_us). Either way it is busy with no requests until
+ * pl_dispatch_batch_done(worker, id) with the id returned, and batches are
+ * formed around it as around any batch in flight. Returns that id, or 0
+ * when refused: absent, draining, already holding foreign work, busy
+ * without after_batch, or duration_us < 1. worker_lost ends it; a late
+ * batch_done is then SQ_INVAL, as for a batch. The caller decides when a
+ * gap is worth taking and when a starved job goes after a batch anyway. */
+int64_t pl_dispatch_worker_gap_us(const pl_dispatch_t *d, int64_t now_us, int worker);
+uint64_t pl_dispatch_worker_foreign(pl_dispatch_t *d, int64_t now_us, int worker,
+                                    int64_t duration_us, int after_batch);
+
 /* Replaces the set of workers that hold session's model (routing table row).
  * Workers must have been added. SQ_INVAL on an unknown session or worker or a
  * worker listed twice. */

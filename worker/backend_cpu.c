@@ -126,6 +126,34 @@ void wk__cpu_push_item(cpu_be_t *be, int batch, const cpu_item_t *it)
     l->items[l->n++] = *it;
 }
 
+/* The scratchpad memory object pd's primitive runs with (*out NULL: it
+ * needs none). Every primitive that runs with the plan takes its scratchpad
+ * from the caller (be->sp_attr): oneDNN's own is shared per thread and
+ * would tie a primitive to the thread that created it, and a worker builds
+ * models on its loader thread and runs them on its execution thread. The
+ * objects all point at one buffer, sized for the largest, allocated once
+ * the plan is complete (primitives of a plan run one at a time). */
+static dnnl_status_t scratch_of(cpu_be_t *be, const_dnnl_primitive_desc_t pd, dnnl_memory_t *out)
+{
+    *out = NULL;
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    size_t bytes = md != NULL ? dnnl_memory_desc_get_size(md) : 0;
+    if (bytes == 0)
+        return dnnl_success;
+    dnnl_status_t st = dnnl_memory_create(out, md, be->engine, DNNL_MEMORY_NONE);
+    if (st != dnnl_success)
+        return st;
+    if (be->n_scratch == be->cap_scratch) {
+        be->cap_scratch = be->cap_scratch ? 2 * be->cap_scratch : 16;
+        be->scratch_mems =
+            sq_xrealloc(be->scratch_mems, (size_t)be->cap_scratch * sizeof(*be->scratch_mems));
+    }
+    be->scratch_mems[be->n_scratch++] = *out;
+    if (bytes > be->scratch_bytes)
+        be->scratch_bytes = bytes;
+    return dnnl_success;
+}
+
 /* Creates the primitive of pd and queues it with args at batch (phase 2);
  * destroys pd in either phase. */
 int wk__cpu_emit(wk_plan_t *plan, dnnl_primitive_desc_t pd, int batch, int step,
@@ -135,7 +163,15 @@ int wk__cpu_emit(wk_plan_t *plan, dnnl_primitive_desc_t pd, int batch, int step,
     int rc = 0;
     if (be->phase == 2) {
         cpu_item_t it = {.step = step};
+        dnnl_memory_t sp = NULL;
         DN(dnnl_primitive_create(&it.prim, pd));
+        if (scratch_of(be, pd, &sp) != dnnl_success) {
+            dnnl_primitive_destroy(it.prim);
+            rc = wk_fail(plan, SQ_NOMEM, "oneDNN scratchpad for step %d", step);
+            goto out;
+        }
+        if (sp != NULL)
+            it.args[it.n_args++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, sp};
         for (int i = 0; i < n_args; i++) {
             dnnl_memory_t m = wk__cpu_mem_of(plan, arg_bufs[i], batch);
             if (m == NULL) {
@@ -162,7 +198,7 @@ int wk__cpu_emit_reorder(wk_plan_t *plan, int batch, int step, int src, int dst)
     dnnl_memory_desc_t smd = wk__cpu_md_at(&be->bufs[src], batch),
                        dmd = wk__cpu_md_at(&be->bufs[dst], batch);
     dnnl_primitive_desc_t pd;
-    DN(dnnl_reorder_primitive_desc_create(&pd, &smd, be->engine, &dmd, be->engine, NULL));
+    DN(dnnl_reorder_primitive_desc_create(&pd, &smd, be->engine, &dmd, be->engine, be->sp_attr));
     rc = wk__cpu_emit(plan, pd, batch, step, (int[]){DNNL_ARG_FROM, DNNL_ARG_TO}, (int[]){src, dst},
                       2);
 out:
@@ -372,6 +408,12 @@ static void cpu_release(wk_plan_t *plan)
             dnnl_memory_destroy(be->out_user[i]);
             dnnl_primitive_destroy(be->out_reorder[i]);
         }
+    for (int i = 0; i < be->n_scratch; i++)
+        dnnl_memory_destroy(be->scratch_mems[i]);
+    free(be->scratch_mems);
+    free(be->scratch);
+    free(be->out_scratch);
+    dnnl_primitive_attr_destroy(be->sp_attr);
     for (int i = 0; i < be->n_bufs; i++)
         free(be->bufs[i].own_data);
     free(be->bufs);
@@ -438,6 +480,8 @@ static int cpu_prepare(wk_plan_t *plan)
         omp_set_num_threads(plan->opts.threads);
     DN(dnnl_engine_create(&be->engine, dnnl_cpu, 0));
     DN(dnnl_stream_create(&be->stream, be->engine, dnnl_stream_default_flags));
+    DN(dnnl_primitive_attr_create(&be->sp_attr));
+    DN(dnnl_primitive_attr_set_scratchpad_mode(be->sp_attr, dnnl_scratchpad_mode_user));
     for (int i = 0; i < g->n_values; i++) {
         const wk_value_t *v = &g->values[i];
         int first = v->is_input ? 0 : v->producer;
@@ -509,6 +553,7 @@ static int cpu_prepare(wk_plan_t *plan)
     be->mems = sq_xcalloc((size_t)be->n_bufs * (size_t)(mb + 1), sizeof(dnnl_memory_t));
     be->out_user = sq_xcalloc((size_t)g->n_outputs * (size_t)(mb + 1), sizeof(dnnl_memory_t));
     be->out_reorder = sq_xcalloc((size_t)g->n_outputs * (size_t)(mb + 1), sizeof(dnnl_primitive_t));
+    be->out_scratch = sq_xcalloc((size_t)g->n_outputs * (size_t)(mb + 1), sizeof(dnnl_memory_t));
     for (int b = plan->min_batch > 1 ? plan->min_batch : 1; b <= mb; b++) {
         for (int si = 0; si < g->n_steps; si++)
             if ((rc = do_step(plan, si, b)) != 0)
@@ -522,8 +567,11 @@ static int cpu_prepare(wk_plan_t *plan)
             size_t k = (size_t)o * (size_t)(mb + 1) + (size_t)b;
             dnnl_primitive_desc_t pd;
             DN(dnnl_memory_create(&be->out_user[k], &umd, be->engine, DNNL_MEMORY_NONE));
-            DN(dnnl_reorder_primitive_desc_create(&pd, &smd, be->engine, &umd, be->engine, NULL));
+            DN(dnnl_reorder_primitive_desc_create(&pd, &smd, be->engine, &umd, be->engine,
+                                                  be->sp_attr));
             dnnl_status_t st = dnnl_primitive_create(&be->out_reorder[k], pd);
+            if (st == dnnl_success)
+                st = scratch_of(be, pd, &be->out_scratch[k]);
             dnnl_primitive_desc_destroy(pd);
             DN(st);
             if (wk__cpu_mem_of(plan, wk__cpu_vbuf(g->outputs[o]), b) == NULL) {
@@ -531,6 +579,16 @@ static int cpu_prepare(wk_plan_t *plan)
                 goto out;
             }
         }
+    }
+    if (be->scratch_bytes > 0) {
+        size_t n = (be->scratch_bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+        if ((be->scratch = aligned_alloc(ARENA_ALIGN, n)) == NULL) {
+            rc = wk_fail(plan, SQ_NOMEM, "scratchpad of %zu bytes", be->scratch_bytes);
+            goto out;
+        }
+        plan->memory_bytes += n;
+        for (int i = 0; i < be->n_scratch; i++)
+            DN(dnnl_memory_set_data_handle_v2(be->scratch_mems[i], be->scratch, be->stream));
     }
     release_unused_constants(plan);
 out:
@@ -571,10 +629,12 @@ static int cpu_run(wk_plan_t *plan, int batch, float *const *outputs)
     for (int o = 0; o < g->n_outputs; o++) {
         size_t k = (size_t)o * (size_t)(mb + 1) + (size_t)batch;
         DN(dnnl_memory_set_data_handle_v2(be->out_user[k], outputs[o], be->stream));
-        dnnl_exec_arg_t args[2] = {
+        dnnl_exec_arg_t args[3] = {
             {DNNL_ARG_FROM, wk__cpu_mem_of(plan, wk__cpu_vbuf(g->outputs[o]), batch)},
-            {DNNL_ARG_TO, be->out_user[k]}};
-        DN(dnnl_primitive_execute(be->out_reorder[k], be->stream, 2, args));
+            {DNNL_ARG_TO, be->out_user[k]},
+            {DNNL_ARG_SCRATCHPAD, be->out_scratch[k]}};
+        DN(dnnl_primitive_execute(be->out_reorder[k], be->stream, be->out_scratch[k] ? 3 : 2,
+                                  args));
     }
     DN(dnnl_stream_wait(be->stream));
 out:

@@ -65,6 +65,15 @@ typedef struct {
     dnnl_memory_t *mems;     /* [n_bufs * (max_batch + 1)], created lazily */
     dnnl_memory_t *out_user; /* [n_outputs * (max_batch + 1)]: user-pointer outputs */
     dnnl_primitive_t *out_reorder;
+    dnnl_memory_t *out_scratch; /* [n_outputs * (max_batch + 1)]: their scratchpads, or NULL */
+    /* Scratchpads are the plan's own (scratch_of in backend_cpu.c): every
+     * primitive is created with sp_attr, and its scratchpad object points
+     * into `scratch`, sized for the largest. */
+    dnnl_primitive_attr_t sp_attr;
+    dnnl_memory_t *scratch_mems;
+    int n_scratch, cap_scratch;
+    size_t scratch_bytes;
+    void *scratch;
     char *arena;
     size_t arena_bytes;
     int phase;

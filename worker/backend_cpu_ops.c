@@ -205,6 +205,7 @@ int wk__cpu_do_conv(wk_plan_t *plan, int si, int batch)
     bool has_bias = s->n_in > 2 && s->in[2] >= 0;
 
     DN(dnnl_primitive_attr_create(&attr));
+    DN(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
     DN(dnnl_post_ops_create(&po));
     for (int i = 0; i < s->n_post; i++) {
         if (s->post[i].kind == WK_POST_ADD)
@@ -350,7 +351,7 @@ int wk__cpu_do_pool(wk_plan_t *plan, int si, int batch)
     dnnl_pooling_v2_desc_t desc;
     DN(dnnl_pooling_v2_forward_desc_init(&desc, dnnl_forward_inference, alg, &src_md, &dst_md,
                                          strides, kernel, dil, pl, pr));
-    DN(dnnl_primitive_desc_create(&pd, &desc, NULL, be->engine, NULL));
+    DN(dnnl_primitive_desc_create(&pd, &desc, be->sp_attr, be->engine, NULL));
     if (be->phase == 1) {
         wk__cpu_set_out_md(plan, s->out, dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0));
         if (y->batched && !wk__cpu_batch_outermost(&be->bufs[wk__cpu_vbuf(s->out)].md))
@@ -383,7 +384,7 @@ int wk__cpu_do_eltwise(wk_plan_t *plan, int si, int batch)
     dnnl_eltwise_desc_t desc;
     DN(dnnl_eltwise_forward_desc_init(&desc, dnnl_forward_inference, wk__cpu_act_alg(a.kind), &md,
                                       alpha, beta));
-    DN(dnnl_primitive_desc_create(&pd, &desc, NULL, be->engine, NULL));
+    DN(dnnl_primitive_desc_create(&pd, &desc, be->sp_attr, be->engine, NULL));
     rc = wk__cpu_emit(plan, pd, batch, si, (int[]){DNNL_ARG_SRC, DNNL_ARG_DST},
                       (int[]){wk__cpu_vbuf(s->in[0]), wk__cpu_vbuf(s->out)}, 2);
     pd = NULL;
@@ -392,7 +393,7 @@ int wk__cpu_do_eltwise(wk_plan_t *plan, int si, int batch)
          * loses the values in oneDNN 2.6) */
         DN(dnnl_eltwise_forward_desc_init(&desc, dnnl_forward_inference, dnnl_eltwise_clip, &md,
                                           0.0f, 1.0f));
-        DN(dnnl_primitive_desc_create(&pd, &desc, NULL, be->engine, NULL));
+        DN(dnnl_primitive_desc_create(&pd, &desc, be->sp_attr, be->engine, NULL));
         rc = wk__cpu_emit(plan, pd, batch, si, (int[]){DNNL_ARG_SRC, DNNL_ARG_DST},
                           (int[]){wk__cpu_vbuf(s->out), wk__cpu_vbuf(s->out)}, 2);
         pd = NULL;
@@ -478,6 +479,7 @@ int wk__cpu_do_binary(wk_plan_t *plan, int si, int batch)
     dnnl_memory_desc_t md1 = wk__cpu_md_at(&be->bufs[cs->bias], batch);
     dnnl_memory_desc_t mdd = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->out)], batch);
     DN(dnnl_primitive_attr_create(&attr));
+    DN(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
     DN(dnnl_post_ops_create(&po));
     if (negate)
         DN(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_linear, -1.0f, 0.0f));
@@ -516,7 +518,8 @@ int wk__cpu_do_concat(wk_plan_t *plan, int si, int batch)
     for (int i = 0; i < s->n_in; i++)
         mds[i] = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->in[i])], batch);
     if (be->phase == 1) {
-        DN(dnnl_concat_primitive_desc_create(&pd, NULL, s->n_in, s->p.axis, mds, NULL, be->engine));
+        DN(dnnl_concat_primitive_desc_create(&pd, NULL, s->n_in, s->p.axis, mds, be->sp_attr,
+                                             be->engine));
         wk__cpu_set_out_md(plan, s->out, dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0));
         if (y->batched && !wk__cpu_batch_outermost(&be->bufs[wk__cpu_vbuf(s->out)].md)) {
             be->bufs[wk__cpu_vbuf(s->out)].decided = false;
@@ -526,7 +529,8 @@ int wk__cpu_do_concat(wk_plan_t *plan, int si, int batch)
         pd = NULL;
     }
     dst = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->out)], batch);
-    DN(dnnl_concat_primitive_desc_create(&pd, &dst, s->n_in, s->p.axis, mds, NULL, be->engine));
+    DN(dnnl_concat_primitive_desc_create(&pd, &dst, s->n_in, s->p.axis, mds, be->sp_attr,
+                                         be->engine));
     int kinds[11], bufs[11];
     for (int i = 0; i < s->n_in; i++) {
         kinds[i] = DNNL_ARG_MULTIPLE_SRC + i;
@@ -590,7 +594,7 @@ int wk__cpu_do_softmax(wk_plan_t *plan, int si, int batch)
     dnnl_softmax_v2_desc_t desc;
     DN(dnnl_softmax_v2_forward_desc_init(&desc, dnnl_forward_inference, dnnl_softmax_accurate,
                                          &src_md, &dst_md, s->legacy_softmax ? 1 : axis));
-    DN(dnnl_primitive_desc_create(&pd, &desc, NULL, be->engine, NULL));
+    DN(dnnl_primitive_desc_create(&pd, &desc, be->sp_attr, be->engine, NULL));
     rc = wk__cpu_emit(plan, pd, batch, si, (int[]){DNNL_ARG_SRC, DNNL_ARG_DST},
                       (int[]){cs->bias, cs->extra}, 2);
     pd = NULL;
@@ -636,6 +640,7 @@ int wk__cpu_do_gemm(wk_plan_t *plan, int si, int batch)
     if (!c_const && beta != 1.0f)
         return wk_fail(plan, SQ_UNSUPPORTED_MODEL, "gemm step %d: beta with a computed C", si);
     DN(dnnl_primitive_attr_create(&attr));
+    DN(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
     DN(dnnl_post_ops_create(&po));
     if (scale_out)
         DN(dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha));
@@ -822,7 +827,7 @@ int wk__cpu_do_matmul(wk_plan_t *plan, int si, int batch)
     dnnl_memory_desc_t dmd = wk__cpu_md_at(&be->bufs[cs->extra], batch);
     dnnl_matmul_desc_t md;
     DN(dnnl_matmul_desc_init(&md, &amd, &bmd, NULL, &dmd));
-    DN(dnnl_primitive_desc_create(&pd, &md, NULL, be->engine, NULL));
+    DN(dnnl_primitive_desc_create(&pd, &md, be->sp_attr, be->engine, NULL));
     rc = wk__cpu_emit(plan, pd, batch, si, (int[]){DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST},
                       (int[]){cs->tmp_src, cs->weights, cs->extra}, 3);
     pd = NULL;
@@ -863,7 +868,7 @@ int wk__cpu_do_reduce(wk_plan_t *plan, int si, int batch)
         return wk__cpu_emit_reorder(plan, batch, si, cs->bias, cs->extra); /* nothing reduced */
     dnnl_reduction_desc_t desc;
     DN(dnnl_reduction_desc_init(&desc, dnnl_reduction_mean, &smd, &dmd, 0.0f, 0.0f));
-    DN(dnnl_primitive_desc_create(&pd, &desc, NULL, be->engine, NULL));
+    DN(dnnl_primitive_desc_create(&pd, &desc, be->sp_attr, be->engine, NULL));
     rc = wk__cpu_emit(plan, pd, batch, si, (int[]){DNNL_ARG_SRC, DNNL_ARG_DST},
                       (int[]){cs->bias, cs->extra}, 2);
     pd = NULL;

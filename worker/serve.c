@@ -19,7 +19,17 @@
 
 /* JOB_SWEEP: drop the models no load on the current connection asked for
  * (wk_serve_opts_t.kept_models_ms after a reconnect). */
-typedef enum { JOB_LOAD, JOB_UNLOAD, JOB_BATCH, JOB_PROFILE, JOB_SWEEP, JOB_STOP } job_kind_t;
+/* JOB_INSTALL: a model the loader thread built, for the execution thread
+ * to put in service. */
+typedef enum {
+    JOB_LOAD,
+    JOB_UNLOAD,
+    JOB_BATCH,
+    JOB_PROFILE,
+    JOB_SWEEP,
+    JOB_INSTALL,
+    JOB_STOP
+} job_kind_t;
 
 typedef struct job {
     struct job *next;
@@ -36,6 +46,12 @@ typedef struct job {
     sq_profile_req_t profile;
     int64_t received_ns;
     uint64_t gen; /* the connection it came on */
+    /* INSTALL: what the loader built (NULL: it failed, build_rc and
+     * build_why say why) and how long it took. */
+    struct model *built;
+    int build_rc;
+    char *build_why;
+    int64_t import_ms, load_ms;
 } job_t;
 
 typedef struct model {
@@ -100,6 +116,15 @@ typedef struct {
         int64_t started_ns;
     } rx;
     cached_t *cache;
+    /* loader thread: builds models (import, compile, allocate) while the
+     * execution thread goes on running batches; its queue */
+    pthread_t loader;
+    pthread_mutex_t load_lock;
+    pthread_cond_t load_cond;
+    job_t *lhead, *ltail;
+    /* execution thread: loads handed to the loader and not yet installed,
+     * in order; an unload meanwhile cancels them */
+    struct building *building;
     /* execution thread */
     pthread_t exec;
     uint64_t exec_gen; /* execution thread: the connection of the job it runs */
@@ -115,6 +140,7 @@ typedef struct {
     uint64_t replies_posted, replies_written;
     int io_done; /* the I/O loop has stopped: nothing waits for it */
     model_t *models;
+    struct measure *meas; /* execution thread: a measurement under way */
     uint8_t *staging;
     size_t staging_len;
 } server_t;
@@ -364,23 +390,76 @@ static void sweep_models(server_t *s, uint64_t gen)
     }
 }
 
-static void do_load(server_t *s, job_t *j)
+/* A load handed to the loader thread (execution thread's list). */
+typedef struct building {
+    struct building *next;
+    uint64_t key;
+    int cancelled; /* unloaded before it was installed */
+} building_t;
+
+static void loader_push(server_t *s, job_t *j)
+{
+    pthread_mutex_lock(&s->load_lock);
+    j->next = NULL;
+    if (s->ltail)
+        s->ltail->next = j;
+    else
+        s->lhead = j;
+    s->ltail = j;
+    pthread_cond_signal(&s->load_cond);
+    pthread_mutex_unlock(&s->load_lock);
+}
+
+/* Appends j to the execution thread's queue as it is (its connection
+ * number kept). */
+static void exec_push(server_t *s, job_t *j)
+{
+    pthread_mutex_lock(&s->lock);
+    j->next = NULL;
+    if (s->tail)
+        s->tail->next = j;
+    else
+        s->head = j;
+    s->tail = j;
+    pthread_cond_signal(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* LOAD, execution thread: a model kept from before a reconnect answers at
+ * once; any other is built by the loader thread (the batches of the models
+ * held go on meanwhile) and installed when it is done (JOB_INSTALL).
+ * Returns 1 when j went to the loader. */
+static int do_load(server_t *s, job_t *j)
 {
     const sq_model_load_t *spec = j->load;
-    char why[512] = "";
     model_t *kept = same_model(s, j->id, spec);
     if (kept != NULL && kept->gen != j->gen) {
         kept->gen = j->gen;
         reply_loaded(s, j->id, kept);
         SQ_INFO("model kept key=%llu sha256=%.12s (loaded before the reconnect)",
                 (unsigned long long)j->id, spec->sha256);
-        return;
+        return 0;
     }
     wk_fault_check(WK_FAULT_LOAD, spec->sha256);
     if (wk_fault_check(WK_FAULT_REFUSE, spec->sha256)) {
         reply_failed(s, j->id, SQ_UNSUPPORTED_MODEL, "injected refusal (SQUISH_WORKER_FAULT)");
-        return;
+        return 0;
     }
+    building_t *b = sq_xcalloc(1, sizeof(*b)), **tail = &s->building;
+    b->key = j->id;
+    while (*tail != NULL)
+        tail = &(*tail)->next;
+    *tail = b;
+    loader_push(s, j);
+    return 1;
+}
+
+/* Loader thread: builds j's model into j->built (or says why not), then
+ * hands j back to the execution thread as INSTALL. */
+static void build_model(server_t *s, job_t *j)
+{
+    const sq_model_load_t *spec = j->load;
+    char why[512] = "";
     wk_plan_opts_t opts = wk_plan_opts_default();
     opts.backend = backend_of(&s->o.dev);
     opts.device_index = s->o.dev.index;
@@ -431,49 +510,141 @@ static void do_load(server_t *s, job_t *j)
         mdb_graph_free(g);
     }
     free(lat); /* the plan keeps its own copy */
-    if (rc != 0) {
-        SQ_WARN("model load failed key=%llu reason=\"%s\"", (unsigned long long)j->id, why);
-        reply_failed(s, j->id, rc, why);
+    model_t *m = NULL;
+    if (rc == 0) {
+        m = sq_xcalloc(1, sizeof(*m));
+        m->key = j->id;
+        m->plan = plan;
+        m->group = group;
+        snprintf(m->sha256, sizeof(m->sha256), "%s", spec->sha256);
+        if ((rc = model_bind_outputs(m)) != 0) {
+            snprintf(why, sizeof(why), "no memory for the outputs after the first");
+            model_free(m);
+            m = NULL;
+        }
+    }
+    if (m != NULL) {
+        /* A group's rows enter through its prefix. */
+        const wk_plan_t *front = group != NULL ? wk_group_prefix(group) : plan;
+        int64_t dims[8];
+        int rank = wk_plan_input_shape(front, 0, dims);
+        /* Images are what wk_plan_run_pixels takes: items of [3, H, W]. An
+         * item of another shape ([H, W, 3] behind a Transpose, features)
+         * comes as FP32 tensors, and is profiled with them. */
+        bool image = wk_plan_n_inputs(front) == 1 && rank == 3 && dims[0] == 3;
+        m->pixel_h = image ? (int)dims[1] : 0;
+        m->pixel_w = image ? (int)dims[2] : 0;
+        m->in_elems = wk_plan_input_elems(front, 0);
+        m->out_elems = model_out_elems(m);
+        m->asked_max_batch = spec->max_batch;
+        memcpy(m->mean, spec->mean, sizeof(m->mean));
+        memcpy(m->std, spec->std, sizeof(m->std));
+        m->bgr = spec->bgr;
+        m->gen = j->gen;
+    }
+    j->built = m;
+    j->build_rc = rc;
+    j->build_why = rc != 0 ? sq_xstrdup(why) : NULL;
+    j->import_ms = import_ms;
+    j->load_ms = (sq_now_ns() - started_ns) / 1000000;
+    j->kind = JOB_INSTALL;
+    exec_push(s, j);
+}
+
+/* INSTALL, execution thread: the built model replaces any held under its
+ * key, unless an unload came meanwhile (it is answered all the same: the
+ * unload's sender counts on an answer to every load). */
+static void do_install(server_t *s, job_t *j)
+{
+    building_t **pb = &s->building;
+    while (*pb != NULL && (*pb)->key != j->id)
+        pb = &(*pb)->next;
+    int cancelled = 0;
+    if (*pb != NULL) {
+        building_t *b = *pb;
+        cancelled = b->cancelled;
+        *pb = b->next;
+        free(b);
+    }
+    model_t *m = j->built;
+    j->built = NULL; /* freed or in service below */
+    const sq_model_load_t *spec = j->load;
+    if (m == NULL) {
+        SQ_WARN("model load failed key=%llu reason=\"%s\"", (unsigned long long)j->id,
+                j->build_why);
+        reply_failed(s, j->id, j->build_rc, j->build_why);
         return;
     }
-    model_t *m = sq_xcalloc(1, sizeof(*m));
-    m->key = j->id;
-    m->plan = plan;
-    m->group = group;
-    snprintf(m->sha256, sizeof(m->sha256), "%s", spec->sha256);
-    if ((rc = model_bind_outputs(m)) != 0) {
-        snprintf(why, sizeof(why), "no memory for the outputs after the first");
-        SQ_WARN("model load failed key=%llu reason=\"%s\"", (unsigned long long)j->id, why);
-        reply_failed(s, j->id, rc, why);
+    reply_loaded(s, j->id, m);
+    if (cancelled) {
         model_free(m);
         return;
     }
     drop_model(s, j->id);
-    /* A group's rows enter through its prefix. */
-    const wk_plan_t *front = group != NULL ? wk_group_prefix(group) : plan;
-    int64_t dims[8];
-    int rank = wk_plan_input_shape(front, 0, dims);
-    /* Images are what wk_plan_run_pixels takes: items of [3, H, W]. An
-     * item of another shape ([H, W, 3] behind a Transpose, features) comes
-     * as FP32 tensors, and is profiled with them. */
-    bool image = wk_plan_n_inputs(front) == 1 && rank == 3 && dims[0] == 3;
-    m->pixel_h = image ? (int)dims[1] : 0;
-    m->pixel_w = image ? (int)dims[2] : 0;
-    m->in_elems = wk_plan_input_elems(front, 0);
-    m->out_elems = model_out_elems(m);
-    m->asked_max_batch = spec->max_batch;
-    memcpy(m->mean, spec->mean, sizeof(m->mean));
-    memcpy(m->std, spec->std, sizeof(m->std));
-    m->bgr = spec->bgr;
-    m->gen = j->gen;
     m->next = s->models;
     s->models = m;
-    reply_loaded(s, j->id, m);
     SQ_INFO("model loaded key=%llu sha256=%.12s backend=%s max_batch=%d memory_mb=%llu "
             "members=%u import_ms=%lld load_ms=%lld",
-            (unsigned long long)j->id, spec->sha256, wk_backend_name(opts.backend),
+            (unsigned long long)j->id, spec->sha256, wk_backend_name(backend_of(&s->o.dev)),
             model_max_batch(m), (unsigned long long)(model_memory(m) >> 20), spec->n_members,
-            (long long)import_ms, (long long)((sq_now_ns() - started_ns) / 1000000));
+            (long long)j->import_ms, (long long)j->load_ms);
+}
+
+/* UNLOAD, execution thread: drops the model and cancels its loads still
+ * being built. */
+static void do_unload(server_t *s, uint64_t key)
+{
+    for (building_t *b = s->building; b != NULL; b = b->next)
+        if (b->key == key)
+            b->cancelled = 1;
+    drop_model(s, key);
+}
+
+static void job_free(job_t *j)
+{
+    free(j->load);
+    free(j->batch);
+    free(j->input);
+    model_free(j->built);
+    free(j->build_why);
+    free(j);
+}
+
+/* Stops the loader thread: loads it has not started are dropped, one it
+ * is building finishes (and lands in the execution queue). */
+static void loader_stop(server_t *s)
+{
+    job_t *stop = sq_xcalloc(1, sizeof(*stop));
+    stop->kind = JOB_STOP;
+    pthread_mutex_lock(&s->load_lock);
+    for (job_t *j = s->lhead, *n; j != NULL; j = n) {
+        n = j->next;
+        job_free(j);
+    }
+    s->lhead = s->ltail = stop;
+    pthread_cond_signal(&s->load_cond);
+    pthread_mutex_unlock(&s->load_lock);
+    pthread_join(s->loader, NULL);
+}
+
+static void *loader_thread(void *arg)
+{
+    server_t *s = arg;
+    for (;;) {
+        pthread_mutex_lock(&s->load_lock);
+        while (s->lhead == NULL)
+            pthread_cond_wait(&s->load_cond, &s->load_lock);
+        job_t *j = s->lhead;
+        s->lhead = j->next;
+        if (s->lhead == NULL)
+            s->ltail = NULL;
+        pthread_mutex_unlock(&s->load_lock);
+        if (j->kind == JOB_STOP) {
+            free(j);
+            return NULL;
+        }
+        build_model(s, j);
+    }
 }
 
 static uint8_t *staging(server_t *s, size_t n)
@@ -655,113 +826,190 @@ static int next_profile_batch(int b)
     return b < 8 ? b + 1 : b + b / 4;
 }
 
+/* A measurement under way (execution thread): it may run in several
+ * PROFILE slices (sq_profile_req_t.slice_us), each going on from here. */
+typedef struct measure {
+    uint64_t key;
+    sq_profile_req_t req;
+    sq_profile_done_t *done;
+    int max_b, nmem, pixels;
+    int *member;
+    uint8_t *in;
+    float *out;
+    int b;      /* the size being measured */
+    uint32_t r; /* its runs so far, warmup first */
+    double samples[1000];
+    int nsamples;
+    double best_tput;
+    int stale;
+    int64_t spent_ns; /* measuring time so far (the budget's) */
+    double next_us;   /* the expected time of the next run */
+} measure_t;
+
+static void measure_free(measure_t *M)
+{
+    if (M == NULL)
+        return;
+    free(M->in);
+    free(M->out);
+    free(M->member);
+    free(M->done);
+    free(M);
+}
+
+static measure_t *measure_new(uint64_t key, const model_t *m, const sq_profile_req_t *req)
+{
+    measure_t *M = sq_xcalloc(1, sizeof(*M));
+    M->key = key;
+    M->req = *req;
+    M->done = sq_xcalloc(1, sizeof(*M->done));
+    M->max_b = (int)req->max_batch < model_max_batch(m) ? (int)req->max_batch : model_max_batch(m);
+    /* A group is measured with its members sharing each batch evenly. */
+    M->member = sq_xcalloc((size_t)M->max_b + 1, sizeof(int));
+    M->nmem = m->group != NULL ? wk_group_n_members(m->group) : 1;
+    M->pixels = m->pixel_h > 0;
+    size_t item = M->pixels ? (size_t)m->pixel_h * m->pixel_w * 3 : (size_t)m->in_elems * 4;
+    M->in = sq_xmalloc(item * (size_t)M->max_b);
+    M->out = sq_xmalloc((size_t)m->out_elems * sizeof(float) * (size_t)M->max_b);
+    uint32_t seed = 12345;
+    for (size_t i = 0; i < item * (size_t)M->max_b; i++) {
+        seed = seed * 1103515245u + 12345u;
+        M->in[i] = M->pixels ? (uint8_t)(seed >> 24) : 0;
+    }
+    if (!M->pixels)
+        for (size_t i = 0; i < (size_t)m->in_elems * (size_t)M->max_b; i++)
+            ((float *)M->in)[i] = (float)((i * 2654435761u) % 1000) / 1000.0f;
+    M->b = 1;
+    return M;
+}
+
+/* Size M->b has all its runs: its row, the stop rule, progress. Returns 1
+ * when the measurement is complete. */
+static int measure_row(server_t *s, measure_t *M)
+{
+    sq_profile_done_t *done = M->done;
+    double mean, sd;
+    trimmed_stats(M->samples, M->nsamples, &mean, &sd);
+    sq_profile_row_t *row = &done->rows[done->nrows++];
+    row->batch = (uint32_t)M->b;
+    row->mean_us = mean;
+    row->std_us = sd;
+    model_t *m = find_model(s, M->key);
+    row->peak_memory_bytes = m != NULL ? model_memory(m) : 0;
+    /* Stop once throughput has not improved by 3% for three sizes, or
+     * when the next size would run past the time budget. */
+    const sq_profile_req_t *req = &M->req;
+    double tput = M->b / mean;
+    int stop = 0;
+    if (tput > M->best_tput * 1.03) {
+        M->best_tput = tput;
+        M->stale = 0;
+    } else if (++M->stale >= 3) {
+        stop = 1;
+    }
+    int64_t spent = M->spent_ns / 1000000;
+    int nb = next_profile_batch(M->b);
+    double next_cost_ms = mean / 1000.0 * nb / M->b * (req->warmup + req->repeats);
+    if (req->budget_ms > 0 && (double)spent + next_cost_ms > req->budget_ms)
+        stop = 1;
+    if (nb > M->max_b || done->nrows >= SQ_MAX_PROFILE_ROWS)
+        stop = 1;
+    /* Progress in sizes measured, of those still expected: the sizes up
+     * to max_b that fit what is left of the budget at this pace (a batch
+     * of n taking n / b times this one's). */
+    uint32_t expect = done->nrows;
+    if (!stop) {
+        double left = req->budget_ms > 0 ? (double)req->budget_ms - (double)spent : 1e300;
+        for (int n = nb; n <= M->max_b && expect < SQ_MAX_PROFILE_ROWS; n = next_profile_batch(n)) {
+            left -= mean / 1000.0 * n / M->b * (req->warmup + req->repeats);
+            if (left < 0)
+                break;
+            expect++;
+        }
+    }
+    reply_t *p = reply_new(s, SQ_MSG_PROFILE_PROGRESS, M->key);
+    sq_buf_put_u32(&p->payload, done->nrows);
+    sq_buf_put_u32(&p->payload, expect);
+    reply_post(s, p);
+    M->next_us = M->next_us * nb / M->b;
+    M->b = nb;
+    M->r = 0;
+    M->nsamples = 0;
+    return stop;
+}
+
+/* PROFILE: runs measurement batches of the model until the slice is used
+ * up (PROFILE_SLICE: the next batch's expected µs) or the measurement is
+ * complete (PROFILE_DONE with the rows). */
 static void do_profile(server_t *s, job_t *j)
 {
-    sq_profile_done_t *done = sq_xcalloc(1, sizeof(*done));
     model_t *m = find_model(s, j->id);
-    const sq_profile_req_t *req = &j->profile;
-    if (m != NULL)
-        wk_fault_check(WK_FAULT_PROFILE, m->sha256);
+    if (s->meas != NULL && (s->meas->key != j->id || (j->profile.flags & SQ_PROFILE_FRESH))) {
+        measure_free(s->meas);
+        s->meas = NULL;
+    }
     if (m == NULL) {
-        done->code = SQ_NOT_FOUND;
-        snprintf(done->message, sizeof(done->message), "model not loaded");
-        goto reply;
+        sq_profile_done_t *none = sq_xcalloc(1, sizeof(*none));
+        none->code = SQ_NOT_FOUND;
+        snprintf(none->message, sizeof(none->message), "model not loaded");
+        reply_t *r = reply_new(s, SQ_MSG_PROFILE_DONE, j->id);
+        sq_profile_done_encode(&r->payload, none);
+        reply_post(s, r);
+        free(none);
+        measure_free(s->meas);
+        s->meas = NULL;
+        return;
     }
-    int max_b = (int)req->max_batch < model_max_batch(m) ? (int)req->max_batch : model_max_batch(m);
-    /* A group is measured with its members sharing each batch evenly. */
-    int *member = sq_xcalloc((size_t)max_b + 1, sizeof(int));
-    int nmem = m->group != NULL ? wk_group_n_members(m->group) : 1;
-    int pixels = m->pixel_h > 0;
-    size_t item = pixels ? (size_t)m->pixel_h * m->pixel_w * 3 : (size_t)m->in_elems * 4;
-    uint8_t *in = sq_xmalloc(item * (size_t)max_b);
-    float *out = sq_xmalloc((size_t)m->out_elems * sizeof(float) * (size_t)max_b);
-    uint32_t seed = 12345;
-    for (size_t i = 0; i < item * (size_t)max_b; i++) {
-        seed = seed * 1103515245u + 12345u;
-        in[i] = pixels ? (uint8_t)(seed >> 24) : 0;
+    if (s->meas == NULL) {
+        wk_fault_check(WK_FAULT_PROFILE, m->sha256);
+        s->meas = measure_new(j->id, m, &j->profile);
     }
-    if (!pixels)
-        for (size_t i = 0; i < (size_t)m->in_elems * (size_t)max_b; i++)
-            ((float *)in)[i] = (float)((i * 2654435761u) % 1000) / 1000.0f;
-    double best_tput = 0;
-    int stale = 0;
-    int64_t started_ms = sq_now_ms();
-    for (int b = 1; b <= max_b && done->nrows < SQ_MAX_PROFILE_ROWS; b = next_profile_batch(b)) {
-        double samples[1000];
-        int nsamples = 0, rc = 0;
-        for (uint32_t r = 0; r < req->warmup + req->repeats && rc == 0; r++) {
-            for (int i = 0; i < b; i++)
-                member[i] = (int)((int64_t)i * nmem / b);
-            int64_t t0 = sq_now_ns();
-            rc = model_run(m, b, pixels, in, member, out, (size_t)m->out_elems);
-            if (r >= req->warmup && nsamples < 1000)
-                samples[nsamples++] = (double)(sq_now_ns() - t0) / 1000.0;
-        }
+    measure_t *M = s->meas;
+    int64_t slice_ns = (int64_t)j->profile.slice_us * 1000, t_start = sq_now_ns();
+    int complete = 0;
+    for (;;) {
+        for (int i = 0; i < M->b; i++)
+            M->member[i] = (int)((int64_t)i * M->nmem / M->b);
+        int64_t t0 = sq_now_ns();
+        int rc = model_run(m, M->b, M->pixels, M->in, M->member, M->out, (size_t)m->out_elems);
+        int64_t dt = sq_now_ns() - t0;
+        M->spent_ns += dt;
+        M->next_us = (double)dt / 1000.0;
+        if (M->r >= M->req.warmup && M->nsamples < 1000)
+            M->samples[M->nsamples++] = (double)dt / 1000.0;
+        M->r++;
         if (rc != 0) {
-            done->code = rc;
-            snprintf(done->message, sizeof(done->message), "batch %d: %s", b, model_errmsg(m));
+            M->done->code = rc;
+            snprintf(M->done->message, sizeof(M->done->message), "batch %d: %s", M->b,
+                     model_errmsg(m));
             break;
         }
-        double mean, sd;
-        trimmed_stats(samples, nsamples, &mean, &sd);
-        sq_profile_row_t *row = &done->rows[done->nrows++];
-        row->batch = (uint32_t)b;
-        row->mean_us = mean;
-        row->std_us = sd;
-        row->peak_memory_bytes = model_memory(m);
-        /* Stop once throughput has not improved by 3% for three sizes, or
-         * when the next size would run past the time budget. */
-        double tput = b / mean;
-        int stop = 0;
-        if (tput > best_tput * 1.03) {
-            best_tput = tput;
-            stale = 0;
-        } else if (++stale >= 3) {
-            stop = 1;
-        }
-        int64_t spent = sq_now_ms() - started_ms;
-        int nb = next_profile_batch(b);
-        double next_cost_ms = mean / 1000.0 * nb / b * (req->warmup + req->repeats);
-        if (req->budget_ms > 0 && spent + next_cost_ms > req->budget_ms)
-            stop = 1;
-        /* Progress in sizes measured, of those still expected: the sizes up
-         * to max_b that fit what is left of the budget at this pace (a
-         * batch of n taking n / b times this one's). */
-        uint32_t expect = done->nrows;
-        if (!stop) {
-            double left = req->budget_ms > 0 ? (double)req->budget_ms - (double)spent : 1e300;
-            for (int n = nb; n <= max_b && expect < SQ_MAX_PROFILE_ROWS;
-                 n = next_profile_batch(n)) {
-                left -= mean / 1000.0 * n / b * (req->warmup + req->repeats);
-                if (left < 0)
-                    break;
-                expect++;
-            }
-        }
-        reply_t *p = reply_new(s, SQ_MSG_PROFILE_PROGRESS, j->id);
-        sq_buf_put_u32(&p->payload, done->nrows);
-        sq_buf_put_u32(&p->payload, expect);
-        reply_post(s, p);
-        if (stop)
+        if (M->r >= M->req.warmup + M->req.repeats && measure_row(s, M)) {
+            complete = 1;
             break;
+        }
+        if (slice_ns > 0 && sq_now_ns() - t_start + (int64_t)(M->next_us * 1000) > slice_ns) {
+            reply_t *r = reply_new(s, SQ_MSG_PROFILE_SLICE, j->id);
+            sq_buf_put_u64(&r->payload, (uint64_t)ceil(M->next_us));
+            reply_post(s, r);
+            return;
+        }
     }
-    free(in);
-    free(out);
-    free(member);
+    sq_profile_done_t *done = M->done;
     /* A smaller batch can always run padded to a larger one, so l(b) is at
      * most any larger size's latency: the envelope removes the noise that a
      * busy host puts into small batches (and keeps l(b)/b meaningful). */
-    for (int i = (int)done->nrows - 2; i >= 0; i--) {
+    for (int i = (int)done->nrows - 2; complete && i >= 0; i--) {
         if (done->rows[i].mean_us > done->rows[i + 1].mean_us) {
             done->rows[i].mean_us = done->rows[i + 1].mean_us;
             done->rows[i].std_us = done->rows[i + 1].std_us;
         }
     }
-reply:;
     reply_t *r = reply_new(s, SQ_MSG_PROFILE_DONE, j->id);
     sq_profile_done_encode(&r->payload, done);
     reply_post(s, r);
-    free(done);
+    measure_free(M);
+    s->meas = NULL;
 }
 
 static void *exec_thread(void *arg)
@@ -782,10 +1030,14 @@ static void *exec_thread(void *arg)
             replies_flushed(s);
         switch (kind) {
         case JOB_LOAD:
-            do_load(s, j);
+            if (do_load(s, j))
+                continue; /* the loader's now */
+            break;
+        case JOB_INSTALL:
+            do_install(s, j);
             break;
         case JOB_UNLOAD:
-            drop_model(s, j->id);
+            do_unload(s, j->id);
             break;
         case JOB_BATCH:
             do_batch(s, j);
@@ -799,10 +1051,7 @@ static void *exec_thread(void *arg)
         case JOB_STOP:
             break;
         }
-        free(j->load);
-        free(j->batch);
-        free(j->input);
-        free(j);
+        job_free(j);
         if (kind == JOB_STOP)
             return NULL;
     }
@@ -1134,10 +1383,7 @@ static void drop_queued(server_t *s)
     pthread_mutex_lock(&s->lock);
     for (job_t *j = s->head, *n; j != NULL; j = n) {
         n = j->next;
-        free(j->load);
-        free(j->batch);
-        free(j->input);
-        free(j);
+        job_free(j);
     }
     s->head = s->tail = NULL;
     pthread_mutex_unlock(&s->lock);
@@ -1283,8 +1529,25 @@ int wk_serve(const wk_serve_opts_t *opts)
     pthread_cond_init(&s.cond, NULL);
     pthread_mutex_init(&s.reply_lock, NULL);
     pthread_cond_init(&s.reply_cond, NULL);
-    int err = pthread_create(&s.exec, NULL, exec_thread, &s);
+    pthread_mutex_init(&s.load_lock, NULL);
+    pthread_cond_init(&s.load_cond, NULL);
+    int err = pthread_create(&s.loader, NULL, loader_thread, &s);
     if (err != 0) {
+        SQ_ERROR("cannot start the loader thread error=\"%s\"", strerror(err));
+        pthread_cond_destroy(&s.load_cond);
+        pthread_mutex_destroy(&s.load_lock);
+        pthread_cond_destroy(&s.reply_cond);
+        pthread_mutex_destroy(&s.reply_lock);
+        pthread_cond_destroy(&s.cond);
+        pthread_mutex_destroy(&s.lock);
+        sq_loop_free(s.loop);
+        return 1;
+    }
+    err = pthread_create(&s.exec, NULL, exec_thread, &s);
+    if (err != 0) {
+        loader_stop(&s);
+        pthread_cond_destroy(&s.load_cond);
+        pthread_mutex_destroy(&s.load_lock);
         SQ_ERROR("cannot start the execution thread error=\"%s\"", strerror(err));
         pthread_cond_destroy(&s.reply_cond);
         pthread_mutex_destroy(&s.reply_lock);
@@ -1327,8 +1590,16 @@ int wk_serve(const wk_serve_opts_t *opts)
     drop_queued(&s);
     enqueue(&s, stop);
     pthread_join(s.exec, NULL);
+    loader_stop(&s);
+    drop_queued(&s); /* models the loader finished after the stop */
+    while (s.building != NULL) {
+        building_t *b = s.building;
+        s.building = b->next;
+        free(b);
+    }
     while (s.models != NULL)
         drop_model(&s, s.models->key);
+    measure_free(s.meas);
     for (cached_t *c = s.cache, *n; c != NULL; c = n) {
         n = c->next;
         file_free(c->bytes, c->len);
@@ -1342,5 +1613,7 @@ int wk_serve(const wk_serve_opts_t *opts)
     pthread_cond_destroy(&s.cond);
     pthread_mutex_destroy(&s.reply_lock);
     pthread_cond_destroy(&s.reply_cond);
+    pthread_mutex_destroy(&s.load_lock);
+    pthread_cond_destroy(&s.load_cond);
     return s.exit_status < 0 ? 1 : s.exit_status;
 }

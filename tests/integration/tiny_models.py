@@ -50,6 +50,12 @@ def variant(head_seed, names="a"):
     return _conv_net(1, head_seed, names=names)
 
 
+def heavy(seed=7, hw=160):
+    """The tiny net on hw x hw images: tens of ms a batch on a CPU, so that
+    measuring it takes seconds."""
+    return _conv_net(seed, seed, hw=hw)
+
+
 def unsupported():
     """Uses an op the worker cannot run (and an odd one in the middle)."""
     return _conv_net(1, 1, extra_op="Erf")

@@ -1174,3 +1174,67 @@ Test(dispatch, worker_net_bad_input)
     cr_assert_eq(pl_dispatch_worker_batch_cost_us(d, s, 5, 2), -1);
     pl_dispatch_free(d);
 }
+
+/* Foreign work (a measurement in a worker's idle gaps): how long a worker
+ * may be taken follows its sessions' slack; taken, it gets no batch until
+ * the work is done; taken after a batch, it stays busy from that batch's
+ * end to the work's. */
+Test(dispatch, foreign_work_takes_only_the_gap_and_holds_the_worker)
+{
+    rig_t *r = malloc(sizeof(*r));
+    rig_init(r, PL_POLICY_DEFERRED);
+    add_workers(r, 1);
+    cr_assert_eq(pl_dispatch_worker_gap_us(r->d, 0, 0), PL_NEVER, "no session: any length");
+    int sid = add_linear_session(r->d, 1000, 5000, 64, 30000);
+    route_all(r, sid, 1, 0);
+    /* Idle: half of what a request arriving now could wait, (30 - 6) / 2. */
+    cr_assert_eq(pl_dispatch_worker_gap_us(r->d, 0, 0), 12000);
+    /* Two queued (deadline 30, l(2) = 7): 23 ms of slack, still 12. At 15
+     * they have 8 left. */
+    cr_assert_eq(pl_dispatch_request(r->d, 0, 1, sid, 0, 30000), 0);
+    cr_assert_eq(pl_dispatch_request(r->d, 0, 2, sid, 0, 30000), 0);
+    absorb(r);
+    cr_assert_eq(pl_dispatch_worker_gap_us(r->d, 0, 0), 12000);
+    cr_assert_eq(pl_dispatch_worker_gap_us(r->d, 15000, 0), 8000);
+    /* Taken at 15 for 6 ms: the batch (due at 30 - l(3) = 22) waits for
+     * the work's end, 21, and leaves when the core is told. */
+    uint64_t f = pl_dispatch_worker_foreign(r->d, 15000, 0, 6000, 0);
+    cr_assert_neq(f, 0);
+    absorb(r);
+    cr_assert_eq(pl_dispatch_worker_gap_us(r->d, 15000, 0), 0, "busy");
+    cr_assert_eq(pl_dispatch_worker_foreign(r->d, 15000, 0, 1000, 1), 0, "one at a time");
+    pl_dispatch_timer(r->d, 22000);
+    absorb(r);
+    cr_assert_eq(r->nsent, 0, "no batch while the foreign work runs");
+    cr_assert_eq(pl_dispatch_batch_done(r->d, 22000, 0, f), 0);
+    absorb(r);
+    cr_assert_eq(r->nsent, 1);
+    cr_assert_eq(r->sent[0].count, 2);
+    cr_assert_eq(r->sent[0].at_us, 22000);
+    cr_assert_eq(r->ndropped, 0);
+    /* After a batch: refused without after_batch; with it, the worker
+     * stays busy when the batch ends, until the work is done. */
+    cr_assert_eq(pl_dispatch_worker_foreign(r->d, 23000, 0, 2000, 0), 0);
+    uint64_t g = pl_dispatch_worker_foreign(r->d, 23000, 0, 2000, 1);
+    cr_assert_neq(g, 0);
+    cr_assert_eq(pl_dispatch_request(r->d, 23000, 3, sid, 23000, 40000), 0);
+    absorb(r);
+    r->timer_us = PL_NEVER;
+    cr_assert_eq(pl_dispatch_batch_done(r->d, 29000, 0, r->batch[0]), 0);
+    absorb(r);
+    cr_assert_eq(r->nsent, 1, "the worker runs the foreign work next");
+    cr_assert_eq(pl_dispatch_batch_done(r->d, 31000, 0, g), 0);
+    pl_dispatch_timer(r->d, 34000); /* 40 - l(2) */
+    absorb(r);
+    cr_assert_eq(r->nsent, 2);
+    cr_assert_eq(r->sent[1].ids[0], 3);
+    cr_assert_eq(pl_dispatch_batch_done(r->d, 35000, 0, g), SQ_INVAL, "answered once");
+    /* A lost worker ends its foreign work. */
+    uint64_t h = pl_dispatch_worker_foreign(r->d, 35000, 0, 1000, 1);
+    cr_assert_neq(h, 0);
+    cr_assert_eq(pl_dispatch_worker_lost(r->d, 35500, 0), 0);
+    cr_assert_eq(pl_dispatch_batch_done(r->d, 36000, 0, h), SQ_INVAL);
+    cr_assert_eq(pl_dispatch_worker_foreign(r->d, 36000, 0, 1000, 0), 0, "absent");
+    pl_dispatch_free(r->d);
+    free(r);
+}
