@@ -58,9 +58,12 @@ typedef struct {
     char (*shas)[65]; /* model files this connection already received */
     int nshas;
     ds_batch_t *inflight;
-    /* The worker runs its jobs (loads, batches, measurements) in the order
-     * sent: each outstanding one has a number from job_seq, and when the
-     * worker dies the oldest is the one it was running. That model is the
+    /* The worker runs its jobs (batches, measurement slices) in the order
+     * sent, and builds the models it is sent on a loader thread beside
+     * them: each outstanding job has a number from job_seq, and when the
+     * worker dies the oldest is taken for the one it was running (a load
+     * still building when a batch sent after it crashed is blamed instead;
+     * its crash count is reset by its next good batch). That model is the
      * suspect until the process's exit status says whether it crashed. */
     uint64_t job_seq;
     int64_t profile_key; /* the model it measures (profile_seq != 0) */
