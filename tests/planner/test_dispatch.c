@@ -765,7 +765,7 @@ static double rng_unit(void)
  * random link (round trip up to 3 ms, 20 to 2000 bytes/µs; 1 to 50 kB per
  * item) that the rig's devices pay on top of the latency, and one link
  * changes halfway: the same holds with the transfer counted. */
-static void property_run(pl_policy_t policy, uint64_t seed, int links)
+static void property_run(pl_policy_t policy, uint64_t seed, int links, int prio)
 {
     rng_state = seed;
     rig_t *r = malloc(sizeof(*r));
@@ -786,6 +786,10 @@ static void property_run(pl_policy_t policy, uint64_t seed, int links)
             r->item_bytes[k] = 1000 + (int64_t)(rng_next() % 50000);
     pl_session_cfg_t c0 = {.profile = &lin, .slo_us = slo[0], .item_bytes = r->item_bytes[0]};
     pl_session_cfg_t c1 = {.profile = &tab, .slo_us = slo[1], .item_bytes = r->item_bytes[1]};
+    /* prio: the sessions at two priorities, either way round (the workers
+     * they share mix them). */
+    c0.priority = prio ? (int)(seed % 2) * 2 + 1 : 0;
+    c1.priority = prio ? 4 - c0.priority : 0;
     int s0 = pl_dispatch_session_add(r->d, &c0), s1 = pl_dispatch_session_add(r->d, &c1);
     cr_assert(s0 >= 0 && s1 >= 0);
     if (links) {
@@ -861,33 +865,43 @@ static void property_run(pl_policy_t policy, uint64_t seed, int links)
 Test(dispatch, no_batch_ever_misses_its_earliest_deadline_deferred)
 {
     for (uint64_t seed = 1; seed <= 12; seed++)
-        property_run(PL_POLICY_DEFERRED, seed, 0);
+        property_run(PL_POLICY_DEFERRED, seed, 0, 0);
 }
 
 Test(dispatch, no_batch_ever_misses_its_earliest_deadline_adaptive)
 {
     for (uint64_t seed = 1; seed <= 12; seed++)
-        property_run(PL_POLICY_ADAPTIVE, seed, 0);
+        property_run(PL_POLICY_ADAPTIVE, seed, 0, 0);
     for (uint64_t seed = 1; seed <= 12; seed++)
-        property_run(PL_POLICY_ADAPTIVE, seed, 1);
+        property_run(PL_POLICY_ADAPTIVE, seed, 1, 0);
 }
 
 Test(dispatch, no_batch_ever_misses_its_earliest_deadline_early_drop)
 {
     for (uint64_t seed = 1; seed <= 12; seed++)
-        property_run(PL_POLICY_EARLY_DROP, seed, 0);
+        property_run(PL_POLICY_EARLY_DROP, seed, 0, 0);
 }
 
 Test(dispatch, no_batch_ever_misses_its_earliest_deadline_with_links_deferred)
 {
     for (uint64_t seed = 1; seed <= 24; seed++)
-        property_run(PL_POLICY_DEFERRED, seed, 1);
+        property_run(PL_POLICY_DEFERRED, seed, 1, 0);
+}
+
+Test(dispatch, no_batch_ever_misses_its_earliest_deadline_with_priorities)
+{
+    for (uint64_t seed = 1; seed <= 12; seed++) {
+        property_run(PL_POLICY_DEFERRED, seed, 0, 1);
+        property_run(PL_POLICY_ADAPTIVE, seed, 0, 1);
+        property_run(PL_POLICY_DEFERRED, seed, 1, 1);
+        property_run(PL_POLICY_EARLY_DROP, seed, 0, 1);
+    }
 }
 
 Test(dispatch, no_batch_ever_misses_its_earliest_deadline_with_links_early_drop)
 {
     for (uint64_t seed = 1; seed <= 24; seed++)
-        property_run(PL_POLICY_EARLY_DROP, seed, 1);
+        property_run(PL_POLICY_EARLY_DROP, seed, 1, 0);
 }
 
 /* Goodput at a load the workers can serve: the properties above hold for a
