@@ -519,6 +519,15 @@ def oip_priority_is_validated_and_the_higher_one_keeps_its_goodput_under_overloa
             assert r["errors"] == 0 and r["conn_errors"] == 0, r
         assert high >= 0.9, res
         assert high >= low + 0.3, res
+        # The same by level in /metrics.
+        text = s.get("/metrics").raw.decode()
+        count = {}
+        for m in re.finditer(r'^squish_priority_requests_total\{priority="(\d)",outcome="(\w+)"\} '
+                             r'(\d+)', text, re.M):
+            count[(int(m.group(1)), m.group(2))] = int(m.group(3))
+        assert count.get((1, "ok"), 0) >= res[0]["good"], (count, res)
+        assert count.get((3, "dropped"), 0) >= res[1]["dropped"] > 0, (count, res)
+        assert count.get((1, "dropped"), 0) < count[(3, "dropped")], count
     finally:
         s.stop()
         s.cleanup()
