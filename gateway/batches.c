@@ -302,7 +302,8 @@ void ds_update_routes(gw_dispatch_t *ds, ds_model_t *dm)
 void ds_enqueue_item(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t *it)
 {
     gw__plan_arrival(ds, dm, gw_slo_bucket_ms(it->slo_ms));
-    int s = ensure_session(ds, dm, gw_slo_bucket_ms(it->slo_ms), it->input_kind, it->priority);
+    int s = ensure_session(ds, dm, gw_slo_bucket_ms(it->slo_ms), it->input_kind,
+                           (uint8_t)gw_priority_level(it->priority));
     if (s < 0) {
         ds_fail_item(ds, it, SQ_NOT_READY, "the model has no usable profile");
         return;

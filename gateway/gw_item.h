@@ -46,7 +46,7 @@ struct gw_item {
     void (*finish)(gw_item_t *item, int rc, const char *detail);
     int64_t in_off;     /* arena offset of the item's input; -1 when none yet */
     uint8_t input_kind; /* SQ_INPUT_* */
-    uint8_t priority;   /* 1..GW_PRIORITY_LEVELS */
+    uint8_t priority;   /* 1..GW_PRIORITY_LEVELS; 0 = the default level */
     int64_t ready_us;   /* preprocessed and handed to the dispatcher */
     int64_t sent_us;    /* its batch went to a worker */
     int64_t done_us;
