@@ -501,8 +501,9 @@ def oip_priority_is_validated_and_the_higher_one_keeps_its_goodput_under_overloa
 
         # Overload: 150 req/s at priority 1 and 150 at priority 3 against
         # 200: priority 1 alone fits, so it keeps (nearly) all of its
-        # requests and priority 3 takes the drops. With the priority ignored
-        # both would lose about a third.
+        # requests and priority 3 takes the drops (here: 1.00 and about
+        # 0.37). With the priority ignored both lose about a third (0.65 and
+        # 0.71): the margins below leave room for a loaded host.
         harness.loadgen(s, "cap", 100, 2, slo_ms=200)  # placed and loaded
         procs = [harness.loadgen(s, "cap", 150, 10, slo_ms=200, warmup=1, seed=seed,
                                  wait=False, query=q)
@@ -517,7 +518,7 @@ def oip_priority_is_validated_and_the_higher_one_keeps_its_goodput_under_overloa
               % (high, res[0]["requests"], low, res[1]["requests"]))
         for r in res:
             assert r["errors"] == 0 and r["conn_errors"] == 0, r
-        assert high >= 0.9, res
+        assert high >= 0.85, res
         assert high >= low + 0.3, res
         # The same by level in /metrics.
         text = s.get("/metrics").raw.decode()
