@@ -780,10 +780,12 @@ static int worker_decide(pl_dispatch_t *d, int wid, int64_t now_us)
         x->priority = s->priority;
         if (mixed) {
             int64_t budget = lower_budget(d, w, wid, s->priority, now_us);
-            if (budget != PL_NEVER && cost_on(s, net, x->c.b) > budget) {
+            int capped = budget != PL_NEVER ? fit_batch_on(s, net, budget) : x->c.b;
+            if (capped < 1)
+                capped = 1; /* no batch fits: one at a time still moves */
+            if (capped < x->c.b) {
                 /* Capped: full at that size, so nothing to wait for. */
-                int b = fit_batch_on(s, net, budget);
-                x->c.b = b > 1 ? b : 1;
+                x->c.b = capped;
                 x->c.ready_at = now_us;
                 x->c.valid_until =
                     pl__q_at(&s->q, (uint32_t)x->c.skip)->deadline_us - cost_on(s, net, x->c.b);

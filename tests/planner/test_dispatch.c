@@ -347,6 +347,62 @@ Test(dispatch, under_overload_the_lower_priority_session_absorbs_the_drops)
     }
 }
 
+/* A session of l(b) = b + 5 ms at priority prio, routed to worker 0. */
+static int add_prio_session(rig_t *r, int64_t slo_us, int prio)
+{
+    pl_profile_t p;
+    pl_profile_init_linear(&p, 1000, 5000, 64);
+    pl_session_cfg_t cfg = {.profile = &p, .slo_us = slo_us, .priority = prio};
+    int sid = pl_dispatch_session_add(r->d, &cfg);
+    pl_profile_dispose(&p);
+    cr_assert_geq(sid, 0);
+    route_all(r, sid, 1, 0);
+    return sid;
+}
+
+Test(dispatch, a_lower_priority_batch_leaves_an_active_higher_one_its_slo)
+{
+    /* One worker; h (priority 1, SLO 30 ms, target batch 10: l(10) = 15
+     * ms) and lo (priority 3, SLO 60 ms) with 40 requests at once. Alone,
+     * lo waits for its frontrun moment and runs all 40 in one batch (45
+     * ms). With h active (a request of it just came), a request of h
+     * arriving as a batch of lo starts must still make 30 ms after it in a
+     * batch of 10: lo runs batches of at most 10 (15 ms). */
+    for (int active = 0; active < 2; active++) {
+        rig_t *r = malloc(sizeof(*r));
+        rig_init(r, PL_POLICY_DEFERRED);
+        add_workers(r, 1);
+        int h = add_prio_session(r, 30000, 1), lo = add_prio_session(r, 60000, 3);
+        arrival_t arr[41];
+        int n = 0;
+        if (active)
+            arr[n++] = (arrival_t){.at_us = 0, .session = h, .deadline_us = 30000};
+        for (int i = 0; i < 40; i++)
+            arr[n++] = (arrival_t){.at_us = 0, .session = lo, .deadline_us = 60000};
+        rig_run(r, arr, n, 1);
+        cr_assert_eq(r->overlap, 0);
+        int lo_batches = 0, largest = 0, h_served = 0;
+        for (int k = 0; k < r->nsent; k++) {
+            if (r->sent[k].session == h) {
+                h_served += r->sent[k].count;
+                continue;
+            }
+            lo_batches++;
+            largest = r->sent[k].count > largest ? r->sent[k].count : largest;
+        }
+        if (!active) {
+            cr_assert_eq(lo_batches, 1);
+            cr_assert_eq(largest, 40);
+        } else {
+            cr_assert_eq(h_served, 1, "h's request is served");
+            cr_assert_leq(largest, 10, "a batch of lo of %d while h is active", largest);
+            cr_assert_geq(lo_batches, 2);
+        }
+        pl_dispatch_free(r->d);
+        free(r);
+    }
+}
+
 Test(dispatch, equal_priorities_change_nothing)
 {
     /* Every decision, batch by batch and drop by drop, is the one made
