@@ -494,9 +494,15 @@ def oip_priority_is_validated_and_the_higher_one_keeps_its_goodput_under_overloa
             assert "X-Priority" in r.json["error"], (bad, r.json)
         r = v2(query="?priority=x")
         assert r.status == 400 and "priority" in r.json["error"], r
-        # /v1 takes the header too.
-        r = s.request("POST", "/v1/models/cap/infer", body=json.dumps(one),
-                      headers={"Content-Type": "application/json", "X-Priority": "soon"})
+        # /v1 takes the header (or the query) too.
+        v1 = "/v1/models/cap/infer"
+        img = jpeg(size=(8, 8))
+        for h, q in (({"X-Priority": "1"}, ""), ({}, "?priority=4")):
+            r = s.request("POST", v1 + q, body=img,
+                          headers=dict({"Content-Type": "image/jpeg", "X-SLO-Ms": "3000"}, **h))
+            assert r.status == 200, (h, q, r)
+        r = s.request("POST", v1, body=img, headers={"Content-Type": "image/jpeg",
+                                                      "X-Priority": "soon"})
         assert r.status == 400 and "X-Priority" in r.json["error"], r
 
         # Overload: 150 req/s at priority 1 and 150 at priority 3 against
