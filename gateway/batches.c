@@ -246,11 +246,16 @@ static void on_timer(sq_loop_t *loop, uint64_t id, void *data)
 
 /* ---- sessions and routes ---------------------------------------------- */
 
-static int ensure_session(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint8_t input_kind)
+/* The dispatcher session of (model, SLO bucket, input kind, priority
+ * level): its requests batch together; the planner sees the model and the
+ * bucket only (every level of one bucket shares its routes). */
+static int ensure_session(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint8_t input_kind,
+                          uint8_t priority)
 {
     for (int i = 0; i < ds->nsessions; i++) {
         ds_session_t *s = &ds->sessions[i];
-        if (s->model == dm && s->bucket_ms == bucket && s->input_kind == input_kind)
+        if (s->model == dm && s->bucket_ms == bucket && s->input_kind == input_kind &&
+            s->priority == priority)
             return s->id;
     }
     int max_batch = dm->m->max_batch;
@@ -262,7 +267,8 @@ static int ensure_session(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint
     pl_session_cfg_t cfg = {.profile = ds_profile(dm, dm->kind),
                             .slo_us = (int64_t)(bucket * 1000.0),
                             .max_batch = max_batch,
-                            .item_bytes = (int64_t)ds_item_bytes(dm->m, input_kind)};
+                            .item_bytes = (int64_t)ds_item_bytes(dm->m, input_kind),
+                            .priority = priority};
     int id = pl_dispatch_session_add(ds->core, &cfg);
     if (id < 0)
         return id;
@@ -272,8 +278,8 @@ static int ensure_session(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint
             ds->capsessions *= 2;
         ds->sessions = sq_xrealloc(ds->sessions, sizeof(*ds->sessions) * (size_t)ds->capsessions);
     }
-    ds->sessions[id] =
-        (ds_session_t){.id = id, .model = dm, .bucket_ms = bucket, .input_kind = input_kind};
+    ds->sessions[id] = (ds_session_t){
+        .id = id, .model = dm, .bucket_ms = bucket, .input_kind = input_kind, .priority = priority};
     if (id >= ds->nsessions)
         ds->nsessions = id + 1;
     return id;
@@ -296,7 +302,8 @@ void ds_update_routes(gw_dispatch_t *ds, ds_model_t *dm)
 void ds_enqueue_item(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t *it)
 {
     gw__plan_arrival(ds, dm, gw_slo_bucket_ms(it->slo_ms));
-    int s = ensure_session(ds, dm, gw_slo_bucket_ms(it->slo_ms), it->input_kind);
+    int s = ensure_session(ds, dm, gw_slo_bucket_ms(it->slo_ms), it->input_kind,
+                           (uint8_t)gw_priority_level(it->priority));
     if (s < 0) {
         ds_fail_item(ds, it, SQ_NOT_READY, "the model has no usable profile");
         return;

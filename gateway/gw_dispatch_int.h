@@ -135,6 +135,7 @@ typedef struct {
     ds_model_t *model;
     double bucket_ms;
     uint8_t input_kind;
+    uint8_t priority; /* 1..GW_PRIORITY_LEVELS: the core's session priority */
 } ds_session_t;
 
 /* The dispatcher core names requests by 64-bit ids: a slot index (low 32

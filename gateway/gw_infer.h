@@ -29,6 +29,7 @@ struct gw_infer {
     int64_t deadline_us;
     double slo_ms;
     double slo_asked_ms; /* what the request asked for when the cap cut it; 0 otherwise */
+    int priority;        /* 1..GW_PRIORITY_LEVELS (gw_priority_level) */
     int top_k;
     char request_id[80];
     int n_items;

@@ -12,6 +12,23 @@
 
 typedef struct gw_infer gw_infer_t;
 
+/* Dispatch priority levels, 1 the highest (a dispatcher session per level:
+ * pl_session_cfg_t.priority). A request asks with Triton's numbers (OIP
+ * parameters.priority, or X-Priority): 0 = the default level, 1 the
+ * highest, a larger number lower; numbers past the last level count as the
+ * last. The default sits one below the top so that a request can be
+ * marked both above and below the traffic that does not say. */
+#define GW_PRIORITY_LEVELS 4
+#define GW_PRIORITY_DEFAULT 2
+
+/* The level of a requested priority (>= 0). */
+static inline int gw_priority_level(int64_t asked)
+{
+    return asked <= 0                   ? GW_PRIORITY_DEFAULT
+           : asked > GW_PRIORITY_LEVELS ? GW_PRIORITY_LEVELS
+                                        : (int)asked;
+}
+
 typedef struct gw_item gw_item_t;
 
 /* One image or tensor row of a request. The fields from srv to finish are
@@ -29,6 +46,7 @@ struct gw_item {
     void (*finish)(gw_item_t *item, int rc, const char *detail);
     int64_t in_off;     /* arena offset of the item's input; -1 when none yet */
     uint8_t input_kind; /* SQ_INPUT_* */
+    uint8_t priority;   /* 1..GW_PRIORITY_LEVELS; 0 = the default level */
     int64_t ready_us;   /* preprocessed and handed to the dispatcher */
     int64_t sent_us;    /* its batch went to a worker */
     int64_t done_us;

@@ -96,6 +96,7 @@ typedef struct {
     int status;     /* HTTP status of the answer */
     int err;        /* 0, or the SQ_* error it was answered with */
     double slo_ms;  /* the request's SLO (labelled by its dispatcher bucket) */
+    int priority;   /* its dispatch priority level; 0: none yet (not counted by level) */
     int items;      /* images or tensor rows */
     double total_s; /* arrival to answer */
     /* When err == 0: the slowest item's share of each stage. */

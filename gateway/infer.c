@@ -74,6 +74,7 @@ static void submit(gw_server_t *srv, gw_item_t *item)
     item->srv = srv;
     item->model = req->model;
     item->slo_ms = req->slo_ms;
+    item->priority = (uint8_t)req->priority;
     item->arrival_us = req->arrival_us;
     item->deadline_us = req->deadline_us;
     item->out = req->outputs + (size_t)item->index * (size_t)req->model->out_elems;
@@ -393,6 +394,7 @@ static gw_infer_t *infer_new(gw_call_t *call, gw_api_t api)
     req->arrival_us = sq_now_us();
     req->top_k = DEFAULT_TOP_K;
     req->slo_ms = m->default_slo_ms > 0 ? m->default_slo_ms : srv->cfg->default_slo_ms;
+    req->priority = GW_PRIORITY_DEFAULT;
     h2o_iovec_t rid = gw_header(hreq, "x-request-id");
     if (rid.len > 0 && rid.len < sizeof(req->request_id)) {
         memcpy(req->request_id, rid.base, rid.len);
@@ -481,6 +483,42 @@ static int request_slo(gw_infer_t *req, h2o_req_t *hreq, double *slo)
     return 0;
 }
 
+/* The priority a request's header (X-Priority) or query (?priority=) asks
+ * for, Triton's numbers (gw_priority_level), in *priority (-1: none); -1
+ * after rejecting a malformed one. */
+static int request_priority(gw_infer_t *req, h2o_req_t *hreq, int64_t *priority)
+{
+    char buf[64];
+    const char *what = "X-Priority";
+    *priority = -1;
+    h2o_iovec_t h = gw_header(hreq, "x-priority");
+    if (h.len > 0) {
+        snprintf(buf, sizeof(buf), "%.*s", (int)(h.len < 63 ? h.len : 63), h.base);
+    } else if (gw_query_param(hreq, "priority", buf, sizeof(buf))) {
+        what = "priority";
+    } else {
+        return 0;
+    }
+    /* Digits only: no sign, no space, no fraction; at most INT32_MAX, as
+     * OIP's parameters.priority. */
+    size_t n = strlen(buf);
+    int64_t v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (buf[i] < '0' || buf[i] > '9' || v > INT32_MAX) {
+            v = -1;
+            break;
+        }
+        v = v * 10 + (buf[i] - '0');
+    }
+    if (n == 0 || v < 0 || v > INT32_MAX) {
+        reject(req, SQ_BAD_REQUEST,
+               "%s: expected an integer >= 0 (0 = the default level, 1 the highest)", what);
+        return -1;
+    }
+    *priority = v;
+    return 0;
+}
+
 /* The smallest SLO the model can meet: one request alone on its serving
  * kind, l(1) with the margin, plus the dispatch margin. A request asking
  * for less is answered at once, saying so (a drop by the dispatcher would
@@ -518,6 +556,10 @@ void gw_route_infer_v1(gw_call_t *call)
     if (request_slo(req, hreq, &slo) != 0)
         return;
     set_deadline(req, slo, srv->cfg);
+    int64_t priority;
+    if (request_priority(req, hreq, &priority) != 0)
+        return;
+    req->priority = gw_priority_level(priority);
     if (gw_query_param(hreq, "top_k", buf, sizeof(buf))) {
         double k;
         if (parse_positive(buf, &k) != 0 || k != floor(k) || k > req->model->out_elems) {
@@ -599,7 +641,8 @@ typedef struct {
     gw_oip_model_t desc;
     gw_oip_request_t parsed;
     long long header_len;
-    double header_slo_ms; /* X-SLO-Ms or ?slo_ms=; -1 none */
+    double header_slo_ms;    /* X-SLO-Ms or ?slo_ms=; -1 none */
+    int64_t header_priority; /* X-Priority or ?priority=; -1 none */
     char version[16];
 } v2_state_t;
 
@@ -691,6 +734,9 @@ static void v2_start(gw_infer_t *req)
     if (st->header_slo_ms > 0 && (!(slo > 0) || st->parsed.slo_is_timeout))
         slo = st->header_slo_ms;
     set_deadline(req, slo, srv->cfg);
+    /* parameters.priority (0 is Triton's "the default"), then X-Priority. */
+    req->priority =
+        gw_priority_level(st->parsed.priority > 0 ? st->parsed.priority : st->header_priority);
     if (check_feasible(req) != 0)
         return;
     int n = st->parsed.batch;
@@ -726,7 +772,8 @@ void gw_route_infer_v2(gw_call_t *call)
     req->api_state = st;
     req->api_dispose = v2_dispose;
     snprintf(st->version, sizeof(st->version), "%d", m->version);
-    if (request_slo(req, hreq, &st->header_slo_ms) != 0)
+    if (request_slo(req, hreq, &st->header_slo_ms) != 0 ||
+        request_priority(req, hreq, &st->header_priority) != 0)
         return;
     st->desc.ninputs = 1;
     gw_oip_input_desc_t *in = &st->desc.inputs[0];

@@ -77,7 +77,8 @@ struct gw_metrics {
     gw_metric_family_t *requests, *request_duration, *queue_duration, *preprocess_duration,
         *execute_duration, *batch_size, *batches, *drops, *worker_busy, *worker_up, *worker_rtt,
         *worker_bw, *profile_scale, *worker_restarts, *session_rate, *session_planned, *plan_epoch,
-        *plan_devices, *plan_lower_bound, *advice, *models_moved, *http_requests, *uploads;
+        *plan_devices, *plan_lower_bound, *advice, *models_moved, *http_requests, *uploads,
+        *priority_requests;
     /* per-model statistics: open addressing by key, under stats_lock */
     pthread_mutex_t stats_lock;
     model_stats_t **stats;
@@ -615,6 +616,12 @@ gw_metrics_t *gw_metrics_new(void)
         "Inference requests answered, by model, version, SLO bucket (ms) and outcome: ok, late "
         "(answered after its deadline), dropped (503: deadline, overload, no worker) or error.",
         model_version_slo_outcome, NULL, 0, 8192);
+    const char *const priority_outcome[] = {"priority", "outcome", NULL};
+    m->priority_requests = gw_metrics_family(
+        m, GW_METRIC_COUNTER, "squish_priority_requests_total",
+        "Inference requests answered, by dispatch priority level (1 the highest) and outcome, as "
+        "in squish_requests_total.",
+        priority_outcome, NULL, 0, 0);
     m->request_duration =
         gw_metrics_family(m, GW_METRIC_HISTOGRAM, "squish_request_duration_seconds",
                           "End-to-end latency of successful inference requests, arrival to answer.",
@@ -831,6 +838,12 @@ void gw_metrics_request(gw_metrics_t *ms, const gw_model_t *m, const gw_metrics_
     const char *outcome = gw_metrics_outcome(r);
     const char *v[] = {m->name, version, slo, outcome};
     gw_metrics_add(gw_metrics_series(ms->requests, v), 1);
+    if (r->priority > 0) {
+        char level[16];
+        snprintf(level, sizeof(level), "%d", r->priority);
+        const char *pv[] = {level, outcome};
+        gw_metrics_add(gw_metrics_series(ms->priority_requests, pv), 1);
+    }
     model_stats_t *st = stats_of(ms, m->key, 1);
     if (r->err != 0) {
         if (st != NULL)

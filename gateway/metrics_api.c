@@ -129,6 +129,7 @@ void gw_metrics_infer_answered(struct gw_infer *req)
     gw_metrics_request_t r = {.status = failed ? sq_err_http_status(req->err) : 200,
                               .err = failed ? req->err : 0,
                               .slo_ms = req->slo_ms,
+                              .priority = req->priority,
                               .items = req->n_items,
                               .total_s = seconds_between(req->arrival_us, now)};
     int batch = 0;
@@ -149,9 +150,10 @@ void gw_metrics_infer_answered(struct gw_infer *req)
     }
     gw_metrics_request(srv->metrics, req->model, &r);
     SQ_DEBUG("request id=%s model=%s version=%d status=%d outcome=%s code=%s slo_ms=%g "
-             "total_ms=%.3f preprocess_ms=%.3f queue_ms=%.3f execute_ms=%.3f items=%d batch=%d",
+             "priority=%d total_ms=%.3f preprocess_ms=%.3f queue_ms=%.3f execute_ms=%.3f items=%d "
+             "batch=%d",
              req->request_id, req->model->name, req->model->version, r.status,
-             gw_metrics_outcome(&r), sq_err_name(r.err), r.slo_ms, r.total_s * 1e3,
+             gw_metrics_outcome(&r), sq_err_name(r.err), r.slo_ms, r.priority, r.total_s * 1e3,
              r.preprocess_s * 1e3, r.queue_s * 1e3, r.execute_s * 1e3, r.items, batch);
 }
 

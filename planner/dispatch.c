@@ -23,6 +23,7 @@
 #include <sq.h>
 
 #include <assert.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,8 @@ typedef struct {
     int64_t win_start_us;
     int64_t win_count;
     double win_rate;
+    int priority;            /* pl_session_cfg_t.priority: smaller first */
+    int64_t last_arrival_us; /* PL_NEVER: none yet */
 } session_t;
 
 typedef struct {
@@ -447,6 +450,11 @@ typedef struct {
     int64_t cost_us;
     int ready;     /* dispatchable now */
     int dependent; /* no other worker can start it by its valid_until */
+    int priority;  /* its session's */
+    /* What a lower priority leaves it (lower_room): the time of a batch of
+     * its target size, and the latest start of that batch. */
+    int64_t hold_cost_us;
+    int64_t hold_until;
 } wcand_t;
 
 static int64_t head_slack(const session_t *s, uint32_t i, int64_t now_us)
@@ -636,17 +644,101 @@ static int cheaper_free_can_make(const pl_dispatch_t *d, const session_t *s, int
 
 /* Latest start of the first of chain[0..n) (sorted by valid_until) when all
  * run back to back on one worker, each starting by its valid_until, the
- * entry `skip` left out (-1: none). PL_NEVER for an empty chain. */
-static int64_t chain_latest_start(const wcand_t *chain, int n, int skip)
+ * entry `skip` left out (-1: none), and so are those of a priority below
+ * `level` (a number above it); those above `hold_from` (a smaller number)
+ * count with their hold (wcand_t). PL_NEVER for an empty chain. */
+static int64_t chain_latest_start(const wcand_t *chain, int n, int skip, int level, int hold_from)
 {
     int64_t latest = PL_NEVER;
     for (int i = n - 1; i >= 0; i--) {
-        if (i == skip)
+        if (i == skip || chain[i].priority > level)
             continue;
-        int64_t by = latest == PL_NEVER ? PL_NEVER : latest - chain[i].cost_us;
-        latest = chain[i].c.valid_until < by ? chain[i].c.valid_until : by;
+        int hold = chain[i].priority < hold_from;
+        int64_t cost = hold ? chain[i].hold_cost_us : chain[i].cost_us;
+        int64_t until = hold ? chain[i].hold_until : chain[i].c.valid_until;
+        int64_t by = latest == PL_NEVER ? PL_NEVER : latest - cost;
+        latest = until < by ? until : by;
     }
     return latest;
+}
+
+/* Priorities: the batch that a higher-priority candidate c of s is held
+ * at: what its queue holds at its last moment, the arrivals expected by then
+ * at the session's recent rate included, at most its target (and never less
+ * than c). */
+static int hold_batch(const session_t *s, const candidate_t *c, int target, int64_t now_us)
+{
+    int64_t el = now_us - s->win_start_us;
+    double cur = el > 0 && s->win_count > 1 ? (double)(s->win_count - 1) / (double)el : 0;
+    double rate = cur > s->win_rate ? cur : s->win_rate;
+    int64_t ahead = c->valid_until > now_us ? c->valid_until - now_us : 0;
+    double expect = (double)(s->q.n - (uint32_t)c->skip) + ceil(rate * (double)ahead);
+    int b = expect < (double)target ? (int)expect : target;
+    return b > c->b ? b : c->b;
+}
+
+/* Priorities: the latest start of the chain of the levels above `prio`,
+ * each batch held at least at its target size: a lower-priority batch must
+ * end by then, so that the higher ones' queues, still growing, go in the
+ * batches they were planned for. PL_NEVER: nothing above. */
+static inline int64_t lower_room(const wcand_t *all, int nchain, int prio)
+{
+    return chain_latest_start(all, nchain, -1, prio - 1, INT_MAX);
+}
+
+/* Priorities: the longest a batch of a session of priority `prio` may run
+ * on worker wid (PL_NEVER: no limit). A batch is not preempted, so a request
+ * of a higher-priority session on the worker that arrives as it starts must
+ * still make its SLO after it, in a batch of its target size. Only sessions
+ * that had a request in the last PL_RATE_WINDOW_US count: one nobody uses
+ * any more does not keep the lower ones in small batches. */
+static int64_t lower_budget(const pl_dispatch_t *d, const worker_t *w, int wid, int prio,
+                            int64_t now_us)
+{
+    int64_t budget = PL_NEVER;
+    for (int k = 0; k < w->nsess; k++) {
+        const session_t *h = &d->sessions[w->sess[k].session];
+        if (h->priority >= prio || h->slo_us <= 0 || h->last_arrival_us == PL_NEVER ||
+            now_us - h->last_arrival_us > PL_RATE_WINDOW_US)
+            continue;
+        int64_t room = h->slo_us - cost_on(h, net_of(d, h, wid), w->sess[k].target_batch);
+        if (room < budget)
+            budget = room;
+    }
+    return budget;
+}
+
+/* worker_decide's choice among all[0..n) (the chain: the first nchain), -1
+ * for none. Without priorities (one level, hold_from INT_MIN) the rules of
+ * worker_decide. With them, one level at a time: the chain of `level` and
+ * those above, the above held (lower_room); its first batch when its moment
+ * has come, if it is of a level above or leaves room for those; else the
+ * ready batch of `level` that must leave first and leaves the chain room.
+ * In *wake, the earliest latest start of the chain still ahead. */
+static int decide_level(const wcand_t *all, int n, int nchain, int level, int hold_from,
+                        int64_t now_us, int64_t *wake)
+{
+    int first = 0;
+    while (first < nchain && all[first].priority > level)
+        first++;
+    int64_t latest = chain_latest_start(all, nchain, -1, level, hold_from);
+    if (latest > now_us && latest < *wake)
+        *wake = latest;
+    if (first < nchain && latest <= now_us &&
+        (hold_from == INT_MIN || all[first].priority < hold_from ||
+         now_us + all[first].cost_us <= lower_room(all, nchain, all[first].priority)))
+        return first;
+    int pick = -1;
+    for (int i = 0; i < n; i++) {
+        if (!all[i].ready || all[i].priority > level || all[i].priority < hold_from)
+            continue;
+        int64_t room = chain_latest_start(all, nchain, i < nchain ? i : -1, level, hold_from);
+        if (room != PL_NEVER && now_us + all[i].cost_us > room)
+            continue;
+        if (pick < 0 || all[i].c.valid_until < all[pick].c.valid_until)
+            pick = i;
+    }
+    return pick;
 }
 
 /* A free worker chooses what to run now. Candidates that only this worker
@@ -656,8 +748,10 @@ static int64_t chain_latest_start(const wcand_t *chain, int n, int skip)
  * own last moment would make batches of sessions sharing the worker collide,
  * so the chain goes first when its moment comes, and a ready batch only goes
  * when it leaves the chain room. Otherwise the ready batch that must leave
- * first (earliest valid_until) goes. Returns 1 if a batch was sent; arms the
- * worker's wake for the chain's latest start. */
+ * first (earliest valid_until) goes. With priorities, that choice stands
+ * unless it takes a higher level's room (lower_room); then one level at a
+ * time decides, highest first (pl_dispatch.h, "Priorities"). Returns 1 if a
+ * batch was sent; arms the worker's wake for the chain's latest start. */
 static int worker_decide(pl_dispatch_t *d, int wid, int64_t now_us)
 {
     worker_t *w = &d->workers[wid];
@@ -670,6 +764,12 @@ static int worker_decide(pl_dispatch_t *d, int wid, int64_t now_us)
     }
     wcand_t *all = d->scratch;
     int n = 0;
+    /* Sessions of more than one priority on this worker (pl_dispatch.h,
+     * "Priorities"); without, every decision is the one made before them. */
+    int mixed = 0;
+    for (int k = 1; k < w->nsess && !mixed; k++)
+        mixed =
+            d->sessions[w->sess[k].session].priority != d->sessions[w->sess[0].session].priority;
     for (int k = 0; k < w->nsess; k++) {
         int sid = w->sess[k].session;
         session_t *s = &d->sessions[sid];
@@ -682,6 +782,23 @@ static int worker_decide(pl_dispatch_t *d, int wid, int64_t now_us)
         if (!deferred_candidate(s, net, now_us, d->opts.skip_ratio, eager(d, s, now_us), &x->c))
             continue; /* nothing left that this worker's link can make */
         n++;
+        x->priority = s->priority;
+        if (mixed) {
+            int64_t budget = lower_budget(d, w, wid, s->priority, now_us);
+            int capped = budget != PL_NEVER ? fit_batch_on(s, net, budget) : x->c.b;
+            if (capped < 1)
+                capped = 1; /* no batch fits: one at a time still moves */
+            if (capped < x->c.b) {
+                /* Capped: full at that size, so nothing to wait for. */
+                x->c.b = capped;
+                x->c.ready_at = now_us;
+                x->c.valid_until =
+                    pl__q_at(&s->q, (uint32_t)x->c.skip)->deadline_us - cost_on(s, net, x->c.b);
+            }
+            int hold_b = hold_batch(s, &x->c, w->sess[k].target_batch, now_us);
+            x->hold_cost_us = cost_on(s, net, hold_b);
+            x->hold_until = pl__q_at(&s->q, (uint32_t)x->c.skip)->deadline_us - x->hold_cost_us;
+        }
         x->cost_us = cost_on(s, net, x->c.b);
         x->ready = now_us >= x->c.ready_at;
         x->dependent = depends_on(d, s, now_us, wid, &x->c);
@@ -705,26 +822,36 @@ static int worker_decide(pl_dispatch_t *d, int wid, int64_t now_us)
     int nchain = 0;
     while (nchain < n && all[nchain].dependent)
         nchain++;
-    int pick = -1;
-    if (nchain > 0 && chain_latest_start(all, nchain, -1) <= now_us) {
-        pick = 0;
-    } else {
-        for (int i = 0; i < n; i++) {
-            if (!all[i].ready)
-                continue;
-            int64_t room = chain_latest_start(all, nchain, i < nchain ? i : -1);
-            if (room != PL_NEVER && now_us + all[i].cost_us > room)
-                continue;
-            if (pick < 0 || all[i].c.valid_until < all[pick].c.valid_until)
-                pick = i;
+    int lowest = -1; /* the lowest priority level (largest number) */
+    for (int i = 0; i < n; i++)
+        if (all[i].priority > lowest)
+            lowest = all[i].priority;
+    int64_t wake = PL_NEVER;
+    int pick = decide_level(all, n, nchain, lowest, INT_MIN, now_us, &wake);
+    /* With priorities, that choice stands unless it takes the room of the
+     * levels above it; then decide one level at a time, highest first. */
+    if (mixed && pick >= 0 &&
+        now_us + all[pick].cost_us > lower_room(all, nchain, all[pick].priority)) {
+        pick = -1;
+        wake = PL_NEVER;
+        int above = -1;
+        while (pick < 0) {
+            int level = -1; /* the next level below `above` */
+            for (int i = 0; i < n; i++)
+                if (all[i].priority > above && (level < 0 || all[i].priority < level))
+                    level = all[i].priority;
+            if (level < 0)
+                break;
+            pick = decide_level(all, n, nchain, level, level, now_us, &wake);
+            above = level;
         }
     }
     if (pick >= 0) {
         send_batch(d, now_us, all[pick].sid, wid, all[pick].c.skip, all[pick].c.b);
         return 1;
     }
-    if (nchain > 0)
-        pl__heap_set(&d->worker_wake, wid, chain_latest_start(all, nchain, -1));
+    if (wake != PL_NEVER)
+        pl__heap_set(&d->worker_wake, wid, wake);
     return 0;
 }
 
@@ -1035,7 +1162,7 @@ static int build_costs(const pl_dispatch_t *d, const pl_profile_t *profile, int 
 
 int pl_dispatch_session_add(pl_dispatch_t *d, const pl_session_cfg_t *cfg)
 {
-    if (cfg == NULL || cfg->profile == NULL || cfg->slo_us < 0)
+    if (cfg == NULL || cfg->profile == NULL || cfg->slo_us < 0 || cfg->priority < 0)
         return SQ_INVAL;
     int64_t *cost;
     int usable;
@@ -1057,6 +1184,8 @@ int pl_dispatch_session_add(pl_dispatch_t *d, const pl_session_cfg_t *cfg)
     s->item_bytes = cfg->item_bytes > 0 ? cfg->item_bytes : 0;
     s->max_batch_cfg = cfg->max_batch;
     s->greedy_per_us = greedy;
+    s->priority = cfg->priority;
+    s->last_arrival_us = PL_NEVER;
     pl__heap_reserve(&d->session_wake, d->nsessions);
     return sid;
 }
@@ -1363,6 +1492,7 @@ int pl_dispatch_request(pl_dispatch_t *d, int64_t now_us, uint64_t id, int sessi
         s->win_count = 0;
     }
     s->win_count++;
+    s->last_arrival_us = now_us;
     d->stats.requests++;
     d->stats.queued++;
     pump_session(d, session, now_us);

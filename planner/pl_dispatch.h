@@ -26,6 +26,24 @@
  *     only it can serve them in time: those batches form a chain in deadline
  *     order that starts early enough for all of them to fit.
  *
+ * Priorities (pl_session_cfg_t.priority, a smaller number first; the
+ * gateway maps Triton's parameters.priority onto a few levels): deferred and
+ * adaptive only; early-drop (the Nexus baseline) keeps its round robin. A
+ * free worker first decides as above, over all its sessions; that choice
+ * stands unless its batch would take the room of a higher level: end after
+ * the latest start of the chain of the higher levels' batches, each held at
+ * the size its queue is expected to reach by its last moment (queued plus
+ * arrivals at its recent rate, at most its target batch). Then it decides
+ * one level at a time, highest first, a lower level's batch only where it
+ * leaves the levels above that room. And as a batch is not preempted, while
+ * a higher-level session on the worker had a request within the last
+ * PL_RATE_WINDOW_US, a lower level's batch runs at most SLO - l(target) of
+ * that session (a request arriving as it starts still makes its SLO in a
+ * batch of its target size after it). So under overload the lower levels'
+ * requests are the ones that miss their deadlines and are dropped, a higher
+ * level keeps what it would get alone, and the lower ones take what is
+ * left. Sessions of one level are served exactly as without priorities.
+ *
  * Both policies drop a request at once (never leave it to rot) when it can no
  * longer finish by its deadline even alone on the earliest-free worker, and
  * neither ever sends a batch that cannot finish by its earliest deadline
@@ -145,6 +163,9 @@ typedef struct {
      * costs rtt + b * item_bytes / bandwidth on top of its latency. 0: only
      * the round trip counts. */
     int64_t item_bytes;
+    /* Rank among the sessions that share a worker, >= 0: a smaller number
+     * is served first (see "Priorities" above); all equal (0): none. */
+    int priority;
 } pl_session_cfg_t;
 
 /* One worker holding a session's model. target_batch is the batch size the
@@ -220,7 +241,8 @@ pl_dispatch_t *pl_dispatch_new(const pl_dispatch_opts_t *opts);
 void pl_dispatch_free(pl_dispatch_t *d);
 
 /* Adds a session; returns its id (0, 1, ... in order) or SQ_INVAL when the
- * profile is missing or has no usable batch size. */
+ * profile is missing or has no usable batch size, or the priority is
+ * negative. */
 int pl_dispatch_session_add(pl_dispatch_t *d, const pl_session_cfg_t *cfg);
 /* Removes a session: queued requests are dropped (SQ_NOT_FOUND); batches in
  * flight complete normally. Its id is not reused. */

@@ -97,29 +97,58 @@ static void sleep_until_us(int64_t at_us)
         nanosleep(&(struct timespec){.tv_sec = d / 1000000, .tv_nsec = d % 1000000 * 1000}, NULL);
 }
 
-Test(dispatch, a_nested_pump_keeps_the_newest_wake_up_and_answers_each_item_once)
+/* A dispatcher with one emu worker that holds model_new()'s model. */
+typedef struct {
+    gw_config_t cfg;
+    gw_server_t srv;
+    rec_link_t link;
+    sq_loop_t *loop;
+    gw_dispatch_t *ds;
+    gw_model_t *m;
+    ds_model_t *dm;
+} rig_t;
+
+static void rig_init(rig_t *r)
 {
     char *argv[] = {"squishd", NULL}, *envp[] = {NULL}, err[256];
-    gw_config_t cfg;
     gw_config_action_t action;
-    cr_assert_eq(gw_config_parse(&cfg, 1, argv, envp, &action, err, sizeof(err)), 0, "%s", err);
-    gw_server_t srv = {.cfg = &cfg};
-    srv.metrics = gw_metrics_new();
-    cr_assert_eq(sq_shm_arena_create(&srv.arena, 1 << 20, 4096), 0);
-    rec_link_t link = {.base = {.send = rec_send, .send_ref = rec_send_ref}};
-    srv.transport = &link.base;
-    sq_loop_t *loop = sq_loop_new();
-    gw_dispatch_t *ds = gw_dispatch_new(&srv, loop);
-    srv.dispatch = ds;
-
-    gw_dispatch_events.up(ds, 0, "emu:0", 1ull << 30);
-    gw_model_t *m = model_new();
-    ds_model_t *dm = ds_model_get(ds, m);
-    dm->kind = GW_KIND_EMU;
-    dm->active = 1;
-    ds_load_t *l = ds_load_find(ds_worker_at(ds, 0), m->key, 1);
+    memset(r, 0, sizeof(*r));
+    cr_assert_eq(gw_config_parse(&r->cfg, 1, argv, envp, &action, err, sizeof(err)), 0, "%s", err);
+    r->srv.cfg = &r->cfg;
+    r->srv.metrics = gw_metrics_new();
+    cr_assert_eq(sq_shm_arena_create(&r->srv.arena, 1 << 20, 4096), 0);
+    r->link = (rec_link_t){.base = {.send = rec_send, .send_ref = rec_send_ref}};
+    r->srv.transport = &r->link.base;
+    r->loop = sq_loop_new();
+    r->ds = gw_dispatch_new(&r->srv, r->loop);
+    r->srv.dispatch = r->ds;
+    gw_dispatch_events.up(r->ds, 0, "emu:0", 1ull << 30);
+    r->m = model_new();
+    r->dm = ds_model_get(r->ds, r->m);
+    r->dm->kind = GW_KIND_EMU;
+    r->dm->active = 1;
+    ds_load_t *l = ds_load_find(ds_worker_at(r->ds, 0), r->m->key, 1);
     l->state = LOAD_DONE;
     l->max_batch = 8;
+}
+
+static void rig_dispose(rig_t *r)
+{
+    gw_dispatch_free(r->ds);
+    gw_model_unref(r->m);
+    sq_loop_free(r->loop);
+    sq_shm_arena_free(r->srv.arena);
+    gw_metrics_free(r->srv.metrics);
+}
+
+Test(dispatch, a_nested_pump_keeps_the_newest_wake_up_and_answers_each_item_once)
+{
+    static rig_t r;
+    rig_init(&r);
+    gw_server_t *srv = &r.srv;
+    gw_dispatch_t *ds = r.ds;
+    gw_model_t *m = r.m;
+    ds_model_t *dm = r.dm;
 
     /* Three waves of 32 requests, 10 ms apart, each wave handed to the
      * core before a pump (as on_submit does for requests that waited for a
@@ -134,7 +163,7 @@ Test(dispatch, a_nested_pump_keeps_the_newest_wake_up_and_answers_each_item_once
         for (int i = wave * 32; i < (wave + 1) * 32; i++) {
             int64_t now = sq_now_us();
             items[i] = (gw_item_t){.index = i,
-                                   .srv = &srv,
+                                   .srv = srv,
                                    .model = m,
                                    .slo_ms = 100,
                                    .arrival_us = now,
@@ -155,17 +184,57 @@ Test(dispatch, a_nested_pump_keeps_the_newest_wake_up_and_answers_each_item_once
         ds_pump(ds);
         check_timer(ds, "after a wake-up");
     }
-    cr_assert_eq(link.frames[SQ_MSG_BATCH], 0, "no batch fits the arena, none is sent");
+    cr_assert_eq(r.link.frames[SQ_MSG_BATCH], 0, "no batch fits the arena, none is sent");
     int overload = 0;
     for (int i = 0; i < NITEMS; i++) {
         cr_assert_eq(finished[i], 1, "item %d answered %d times", i, finished[i]);
         overload += finished_rc[i] == SQ_OVERLOAD;
     }
     cr_assert(overload > 0, "the failed sends answered some items");
+    rig_dispose(&r);
+}
 
-    gw_dispatch_free(ds);
-    gw_model_unref(m);
-    sq_loop_free(loop);
-    sq_shm_arena_free(srv.arena);
-    gw_metrics_free(srv.metrics);
+/* Each priority level is a core session of its own, with the level as the
+ * core's priority; an item that names none (0) is at the default level,
+ * one past the last level at the last. */
+Test(dispatch, each_priority_level_is_a_session_with_that_priority)
+{
+    static rig_t r;
+    rig_init(&r);
+    static gw_item_t items[6];
+    const uint8_t asked[6] = {0, 1, 3, 9, 1, GW_PRIORITY_DEFAULT};
+    const int level[6] = {GW_PRIORITY_DEFAULT, 1, 3, GW_PRIORITY_LEVELS, 1, GW_PRIORITY_DEFAULT};
+    int64_t now = sq_now_us();
+    for (int i = 0; i < 6; i++) {
+        items[i] = (gw_item_t){.index = i,
+                               .srv = &r.srv,
+                               .model = r.m,
+                               .slo_ms = 100,
+                               .priority = asked[i],
+                               .arrival_us = now,
+                               .deadline_us = now + 100000,
+                               .finish = on_finish,
+                               .in_off = -1,
+                               .input_kind = SQ_INPUT_FP32};
+        ds_enqueue_item(r.ds, r.dm, &items[i]);
+    }
+    cr_assert_eq(r.ds->nsessions, 4, "levels 2, 1, 3 and 4");
+    int queued = 0;
+    for (int i = 0; i < 6; i++) {
+        int found = 0;
+        for (int s = 0; s < r.ds->nsessions; s++) {
+            if (r.ds->sessions[s].priority != level[i])
+                continue;
+            found++;
+            cr_assert_eq(r.ds->sessions[s].model, r.dm);
+        }
+        cr_assert_eq(found, 1, "item %d: one session at level %d", i, level[i]);
+    }
+    for (int s = 0; s < r.ds->nsessions; s++)
+        queued += pl_dispatch_queued(r.ds->core, s);
+    pl_dispatch_stats_t st;
+    pl_dispatch_stats(r.ds->core, &st);
+    cr_assert_eq(st.requests, 6);
+    cr_assert_eq(queued + (int)st.sent_requests + (int)st.dropped, 6);
+    rig_dispose(&r);
 }

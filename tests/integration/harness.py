@@ -32,11 +32,12 @@ LOG_TAIL = 6000
 
 
 def loadgen(s, model, rate, seconds, slo_ms=100, warmup=0, timeout_ms=5000, seed=None,
-            per_second=False, wait=True, tensor="3x4x4"):
+            per_second=False, wait=True, tensor="3x4x4", query=""):
     """Open-loop Poisson load of binary OIP tensors (CxHxW) on model
     through squish-loadgen: its JSON summary, or the process when wait is
-    False (communicate() gives the summary)."""
-    args = [LOADGEN, "--port", str(s.port), "--path", "/v2/models/%s/infer" % model,
+    False (communicate() gives the summary). query: appended to the path
+    ("?priority=1")."""
+    args = [LOADGEN, "--port", str(s.port), "--path", "/v2/models/%s/infer%s" % (model, query),
             "--tensor", tensor, "--slo-ms", str(slo_ms), "--warmup", str(warmup), "--rate",
             str(rate), "--duration", str(seconds), "--timeout-ms", str(timeout_ms)]
     if seed is not None:

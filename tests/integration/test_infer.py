@@ -19,6 +19,7 @@ import numpy as np
 from PIL import Image
 
 import tiny_models as tm
+import harness
 from harness import Squishd, eventually, run, test, validate
 
 PHOTO = "/usr/share/matplotlib/mpl-data/sample_data/grace_hopper.jpg"
@@ -447,6 +448,93 @@ def oip_json_and_binary_tensors_and_jpeg_bytes():
         assert r.status == 400 and r.json["code"] == "bad_json", r
         r = s.request("POST", url, body=b"[" * 100000)
         assert r.status in (400, 413), r
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+# l(b) = 4 b + 8 ms, max batch 8, SLO 200 ms: one emulated device serves at
+# most 8 / 40 ms = 200 requests/s (tests/integration/test_overload.py).
+CAP = {"name": "cap", "profile": {"alpha_ms": 4.0, "beta_ms": 8.0}, "max_batch": 8,
+       "default_slo_ms": 200, "input": {"shape": [3, 4, 4]}, "num_classes": 3}
+
+
+@test
+def oip_priority_is_validated_and_the_higher_one_keeps_its_goodput_under_overload():
+    s = Squishd(workers="emu:1")
+    try:
+        s.wait_ready(workers=1)
+        add_emulated(s, CAP)
+        url = "/v2/models/cap/infer"
+        x = np.zeros((1, 3, 4, 4), dtype=np.float32)
+        one = {"inputs": [{"name": "input", "shape": [1, 3, 4, 4], "datatype": "FP32",
+                           "data": x.flatten().tolist()}]}
+
+        def v2(params=None, headers=None, query=""):
+            body = dict(one, parameters=params) if params is not None else one
+            return s.request("POST", url + query, body=json.dumps(body),
+                             headers=dict({"X-SLO-Ms": "3000"}, **(headers or {})))
+
+        # Triton's numbers: 0 = the default level, 1 the highest; past the
+        # last level (4) counts as the last; with Triton's timeout too.
+        for p in (0, 1, 2, 3, 4, 9, 2 ** 31 - 1):
+            validate(dict(one, parameters={"priority": p}), "oip_infer_request")
+            r = v2({"priority": p})
+            assert r.status == 200, (p, r)
+        assert v2({"priority": 1, "timeout": 3000000}).status == 200
+        assert v2(headers={"X-Priority": "1"}).status == 200
+        assert v2(query="?priority=3").status == 200
+        for bad in (-1, 1.5, "1", "high", None, True, 2 ** 31):
+            r = v2({"priority": bad})
+            assert r.status == 400 and r.json["code"] == "bad_request", (bad, r)
+            assert "parameters.priority" in r.json["error"], (bad, r.json)
+        for bad in ("-1", "high", "1.5", "1 2", "99999999999"):
+            r = v2(headers={"X-Priority": bad})
+            assert r.status == 400 and r.json["code"] == "bad_request", (bad, r)
+            assert "X-Priority" in r.json["error"], (bad, r.json)
+        r = v2(query="?priority=x")
+        assert r.status == 400 and "priority" in r.json["error"], r
+        # /v1 takes the header (or the query) too.
+        v1 = "/v1/models/cap/infer"
+        img = jpeg(size=(8, 8))
+        for h, q in (({"X-Priority": "1"}, ""), ({}, "?priority=4")):
+            r = s.request("POST", v1 + q, body=img,
+                          headers=dict({"Content-Type": "image/jpeg", "X-SLO-Ms": "3000"}, **h))
+            assert r.status == 200, (h, q, r)
+        r = s.request("POST", v1, body=img, headers={"Content-Type": "image/jpeg",
+                                                      "X-Priority": "soon"})
+        assert r.status == 400 and "X-Priority" in r.json["error"], r
+
+        # Overload: 150 req/s at priority 1 and 150 at priority 3 against
+        # 200: priority 1 alone fits, so it keeps (nearly) all of its
+        # requests and priority 3 takes the drops (here: 1.00 and about
+        # 0.37). With the priority ignored both lose about a third (0.65 and
+        # 0.71): the margins below leave room for a loaded host.
+        harness.loadgen(s, "cap", 100, 2, slo_ms=200)  # placed and loaded
+        procs = [harness.loadgen(s, "cap", 150, 10, slo_ms=200, warmup=1, seed=seed,
+                                 wait=False, query=q)
+                 for seed, q in ((3, "?priority=1"), (4, "?priority=3"))]
+        res = []
+        for p in procs:
+            out, err = p.communicate(timeout=90)
+            assert p.returncode == 0, err[-2000:]
+            res.append(json.loads(out))
+        high, low = [r["good"] / r["requests"] for r in res]
+        print("# priority 1: %.2f good (%s); priority 3: %.2f good (%s)"
+              % (high, res[0]["requests"], low, res[1]["requests"]))
+        for r in res:
+            assert r["errors"] == 0 and r["conn_errors"] == 0, r
+        assert high >= 0.85, res
+        assert high >= low + 0.3, res
+        # The same by level in /metrics.
+        text = s.get("/metrics").raw.decode()
+        count = {}
+        for m in re.finditer(r'^squish_priority_requests_total\{priority="(\d)",outcome="(\w+)"\} '
+                             r'(\d+)', text, re.M):
+            count[(int(m.group(1)), m.group(2))] = int(m.group(3))
+        assert count.get((1, "ok"), 0) >= res[0]["good"], (count, res)
+        assert count.get((3, "dropped"), 0) >= res[1]["dropped"] > 0, (count, res)
+        assert count.get((1, "dropped"), 0) < count[(3, "dropped")], count
     finally:
         s.stop()
         s.cleanup()

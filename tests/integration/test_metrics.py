@@ -156,6 +156,11 @@ def counters_move_by_exactly_the_traffic_sent():
     # No SLO given: the model's default, 100 ms.
     assert delta(req, model="r50", version="1", slo_ms="100", outcome="error") == N_BAD, text
     assert delta(req) == N_OK + N_DROPPED + N_BAD, text
+    # No priority asked: all at the default level, 2.
+    prio = "squish_priority_requests_total"
+    assert delta(prio, priority="2") == N_OK + N_DROPPED + N_BAD, text
+    assert delta(prio, priority="2", outcome="error") == N_BAD, text
+    assert delta(prio) == delta(prio, priority="2"), text
     assert "no-such-model" not in text
     http = "squish_http_requests_total"
     assert delta(http, route="infer_v1", code="200") == n_ok

@@ -255,6 +255,201 @@ static void run_every(rig_t *r, int sid, int64_t gap_us, int n, int nworkers)
     free(arr);
 }
 
+/* Priorities: one worker, two sessions of l(b) = b + 5 ms, SLO 30 ms, and
+ * priorities prio_a and prio_b; session a gets a request every gap_a_us from
+ * 0, session b every gap_b_us from 250 µs, for 2 s. Returns the rig (the
+ * caller frees it); in served[s] the requests of session s served by their
+ * deadline, in offered[s] those it got. */
+static rig_t *priority_run(pl_policy_t policy, int prio_a, int prio_b, int64_t gap_a_us,
+                           int64_t gap_b_us, int served[2], int offered[2])
+{
+    const int64_t slo_us = 30000, span_us = 2000000;
+    rig_t *r = malloc(sizeof(*r));
+    rig_init(r, policy);
+    add_workers(r, 1);
+    int prio[2] = {prio_a, prio_b};
+    for (int k = 0; k < 2; k++) {
+        pl_profile_t p;
+        pl_profile_init_linear(&p, 1000, 5000, 64);
+        pl_session_cfg_t cfg = {.profile = &p, .slo_us = slo_us, .priority = prio[k]};
+        cr_assert_eq(pl_dispatch_session_add(r->d, &cfg), k);
+        pl_profile_dispose(&p);
+        route_all(r, k, 1, 0);
+    }
+    int cap = (int)(span_us / gap_a_us + span_us / gap_b_us) + 2;
+    arrival_t *arr = malloc(sizeof(*arr) * (size_t)cap);
+    int64_t *deadline = malloc(sizeof(int64_t) * (size_t)(cap + 1));
+    int narr = 0;
+    int64_t next[2] = {0, 250};
+    const int64_t gap[2] = {gap_a_us, gap_b_us};
+    offered[0] = offered[1] = 0;
+    for (;;) {
+        int k = next[0] <= next[1] ? 0 : 1;
+        if (next[k] >= span_us)
+            break;
+        arr[narr] = (arrival_t){.at_us = next[k], .session = k, .deadline_us = next[k] + slo_us};
+        deadline[narr + 1] = arr[narr].deadline_us;
+        narr++;
+        offered[k]++;
+        next[k] += gap[k];
+    }
+    rig_run(r, arr, narr, 1);
+    cr_assert_eq(r->overlap, 0);
+    served[0] = served[1] = 0;
+    for (int i = 0; i < r->nsent; i++) {
+        const sent_t *b = &r->sent[i];
+        for (int j = 0; j < b->count; j++)
+            served[b->session] += b->finish_us <= deadline[b->ids[j]];
+    }
+    cr_assert_eq(served[0] + served[1] + r->ndropped, narr, "every request has an outcome");
+    free(arr);
+    free(deadline);
+    return r;
+}
+
+Test(dispatch, under_overload_the_lower_priority_session_absorbs_the_drops)
+{
+    /* 333 + 333 req/s against one worker: overloaded once both sessions
+     * batch under their own deadlines, while session a alone (batches of
+     * about 6 every 18 ms) fits. With equal priorities both sessions lose
+     * requests; with a first (1 before 3) a keeps every one of its own, and
+     * b loses what does not fit but still gets some of what a leaves. */
+    for (int pol = 0; pol < 2; pol++) {
+        pl_policy_t policy = pol ? PL_POLICY_ADAPTIVE : PL_POLICY_DEFERRED;
+        int served[2], offered[2];
+        rig_t *r = priority_run(policy, 0, 0, 3000, 3000, served, offered);
+        cr_assert_lt(served[0], offered[0] * 95 / 100, "policy %d: equal: a served %d of %d", pol,
+                     served[0], offered[0]);
+        cr_assert_lt(served[1], offered[1] * 95 / 100, "policy %d: equal: b served %d of %d", pol,
+                     served[1], offered[1]);
+        pl_dispatch_free(r->d);
+        free(r);
+
+        r = priority_run(policy, 1, 3, 3000, 3000, served, offered);
+        cr_assert_eq(served[0], offered[0], "policy %d: a first: a served %d of %d", pol, served[0],
+                     offered[0]);
+        cr_assert_lt(served[1], offered[1] * 80 / 100, "policy %d: a first: b served %d of %d", pol,
+                     served[1], offered[1]);
+        cr_assert_gt(served[1], offered[1] / 20, "policy %d: b still gets the gaps: %d of %d", pol,
+                     served[1], offered[1]);
+        pl_dispatch_free(r->d);
+        free(r);
+
+        /* The other way round: the order is the priority's, not the
+         * session id's. */
+        r = priority_run(policy, 4, 2, 3000, 3000, served, offered);
+        cr_assert_eq(served[1], offered[1], "policy %d: b first: b served %d of %d", pol, served[1],
+                     offered[1]);
+        cr_assert_lt(served[0], offered[0] * 80 / 100, "policy %d: b first: a served %d of %d", pol,
+                     served[0], offered[0]);
+        pl_dispatch_free(r->d);
+        free(r);
+    }
+}
+
+/* A session of l(b) = b + 5 ms at priority prio, routed to worker 0. */
+static int add_prio_session(rig_t *r, int64_t slo_us, int prio)
+{
+    pl_profile_t p;
+    pl_profile_init_linear(&p, 1000, 5000, 64);
+    pl_session_cfg_t cfg = {.profile = &p, .slo_us = slo_us, .priority = prio};
+    int sid = pl_dispatch_session_add(r->d, &cfg);
+    pl_profile_dispose(&p);
+    cr_assert_geq(sid, 0);
+    route_all(r, sid, 1, 0);
+    return sid;
+}
+
+Test(dispatch, a_lower_priority_batch_leaves_an_active_higher_one_its_slo)
+{
+    /* One worker; h (priority 1, SLO 30 ms, target batch 10: l(10) = 15
+     * ms) and lo (priority 3, SLO 60 ms) with 40 requests at once. Alone,
+     * lo waits for its frontrun moment and runs all 40 in one batch (45
+     * ms). With h active (a request of it just came), a request of h
+     * arriving as a batch of lo starts must still make 30 ms after it in a
+     * batch of 10: lo runs batches of at most 10 (15 ms). */
+    for (int active = 0; active < 2; active++) {
+        rig_t *r = malloc(sizeof(*r));
+        rig_init(r, PL_POLICY_DEFERRED);
+        add_workers(r, 1);
+        int h = add_prio_session(r, 30000, 1), lo = add_prio_session(r, 60000, 3);
+        arrival_t arr[41];
+        int n = 0;
+        if (active)
+            arr[n++] = (arrival_t){.at_us = 0, .session = h, .deadline_us = 30000};
+        for (int i = 0; i < 40; i++)
+            arr[n++] = (arrival_t){.at_us = 0, .session = lo, .deadline_us = 60000};
+        rig_run(r, arr, n, 1);
+        cr_assert_eq(r->overlap, 0);
+        int lo_batches = 0, largest = 0, h_served = 0;
+        for (int k = 0; k < r->nsent; k++) {
+            if (r->sent[k].session == h) {
+                h_served += r->sent[k].count;
+                continue;
+            }
+            lo_batches++;
+            largest = r->sent[k].count > largest ? r->sent[k].count : largest;
+        }
+        if (!active) {
+            cr_assert_eq(lo_batches, 1);
+            cr_assert_eq(largest, 40);
+        } else {
+            cr_assert_eq(h_served, 1, "h's request is served");
+            cr_assert_leq(largest, 10, "a batch of lo of %d while h is active", largest);
+            cr_assert_geq(lo_batches, 2);
+        }
+        pl_dispatch_free(r->d);
+        free(r);
+    }
+}
+
+Test(dispatch, equal_priorities_change_nothing)
+{
+    /* Every decision, batch by batch and drop by drop, is the one made
+     * without priorities, at low load and under overload. */
+    int64_t gaps[3][2] = {{9000, 7000}, {2000, 2000}, {1000, 3000}};
+    for (int pol = 0; pol < 3; pol++) {
+        for (int g = 0; g < 3; g++) {
+            int served[2], offered[2];
+            rig_t *none =
+                priority_run((pl_policy_t)pol, 0, 0, gaps[g][0], gaps[g][1], served, offered);
+            rig_t *same =
+                priority_run((pl_policy_t)pol, 3, 3, gaps[g][0], gaps[g][1], served, offered);
+            cr_assert_eq(none->nsent, same->nsent, "policy %d gaps %d", pol, g);
+            cr_assert_eq(none->ndropped, same->ndropped);
+            for (int i = 0; i < none->nsent; i++) {
+                const sent_t *x = &none->sent[i], *y = &same->sent[i];
+                cr_assert(x->at_us == y->at_us && x->session == y->session &&
+                              x->count == y->count &&
+                              memcmp(x->ids, y->ids, sizeof(uint64_t) * (size_t)x->count) == 0,
+                          "policy %d gaps %d: batch %d differs", pol, g, i);
+            }
+            for (int i = 0; i < none->ndropped; i++)
+                cr_assert(none->dropped[i].id == same->dropped[i].id &&
+                          none->dropped[i].at_us == same->dropped[i].at_us &&
+                          none->dropped[i].reason == same->dropped[i].reason);
+            pl_dispatch_free(none->d);
+            free(none);
+            pl_dispatch_free(same->d);
+            free(same);
+        }
+    }
+}
+
+Test(dispatch, negative_priority_is_refused)
+{
+    pl_dispatch_opts_t o = {.policy = PL_POLICY_DEFERRED};
+    pl_dispatch_t *d = pl_dispatch_new(&o);
+    pl_profile_t p;
+    pl_profile_init_linear(&p, 1000, 5000, 8);
+    pl_session_cfg_t cfg = {.profile = &p, .slo_us = 30000, .priority = -1};
+    cr_assert_eq(pl_dispatch_session_add(d, &cfg), SQ_INVAL);
+    cfg.priority = 7;
+    cr_assert_eq(pl_dispatch_session_add(d, &cfg), 0);
+    pl_profile_dispose(&p);
+    pl_dispatch_free(d);
+}
+
 Test(dispatch, deferred_low_load_keeps_spare_workers_idle)
 {
     int sid;
@@ -626,7 +821,7 @@ static double rng_unit(void)
  * random link (round trip up to 3 ms, 20 to 2000 bytes/µs; 1 to 50 kB per
  * item) that the rig's devices pay on top of the latency, and one link
  * changes halfway: the same holds with the transfer counted. */
-static void property_run(pl_policy_t policy, uint64_t seed, int links)
+static void property_run(pl_policy_t policy, uint64_t seed, int links, int prio)
 {
     rng_state = seed;
     rig_t *r = malloc(sizeof(*r));
@@ -647,6 +842,10 @@ static void property_run(pl_policy_t policy, uint64_t seed, int links)
             r->item_bytes[k] = 1000 + (int64_t)(rng_next() % 50000);
     pl_session_cfg_t c0 = {.profile = &lin, .slo_us = slo[0], .item_bytes = r->item_bytes[0]};
     pl_session_cfg_t c1 = {.profile = &tab, .slo_us = slo[1], .item_bytes = r->item_bytes[1]};
+    /* prio: the sessions at two priorities, either way round (the workers
+     * they share mix them). */
+    c0.priority = prio ? (int)(seed % 2) * 2 + 1 : 0;
+    c1.priority = prio ? 4 - c0.priority : 0;
     int s0 = pl_dispatch_session_add(r->d, &c0), s1 = pl_dispatch_session_add(r->d, &c1);
     cr_assert(s0 >= 0 && s1 >= 0);
     if (links) {
@@ -722,33 +921,43 @@ static void property_run(pl_policy_t policy, uint64_t seed, int links)
 Test(dispatch, no_batch_ever_misses_its_earliest_deadline_deferred)
 {
     for (uint64_t seed = 1; seed <= 12; seed++)
-        property_run(PL_POLICY_DEFERRED, seed, 0);
+        property_run(PL_POLICY_DEFERRED, seed, 0, 0);
 }
 
 Test(dispatch, no_batch_ever_misses_its_earliest_deadline_adaptive)
 {
     for (uint64_t seed = 1; seed <= 12; seed++)
-        property_run(PL_POLICY_ADAPTIVE, seed, 0);
+        property_run(PL_POLICY_ADAPTIVE, seed, 0, 0);
     for (uint64_t seed = 1; seed <= 12; seed++)
-        property_run(PL_POLICY_ADAPTIVE, seed, 1);
+        property_run(PL_POLICY_ADAPTIVE, seed, 1, 0);
 }
 
 Test(dispatch, no_batch_ever_misses_its_earliest_deadline_early_drop)
 {
     for (uint64_t seed = 1; seed <= 12; seed++)
-        property_run(PL_POLICY_EARLY_DROP, seed, 0);
+        property_run(PL_POLICY_EARLY_DROP, seed, 0, 0);
 }
 
 Test(dispatch, no_batch_ever_misses_its_earliest_deadline_with_links_deferred)
 {
     for (uint64_t seed = 1; seed <= 24; seed++)
-        property_run(PL_POLICY_DEFERRED, seed, 1);
+        property_run(PL_POLICY_DEFERRED, seed, 1, 0);
+}
+
+Test(dispatch, no_batch_ever_misses_its_earliest_deadline_with_priorities)
+{
+    for (uint64_t seed = 1; seed <= 12; seed++) {
+        property_run(PL_POLICY_DEFERRED, seed, 0, 1);
+        property_run(PL_POLICY_ADAPTIVE, seed, 0, 1);
+        property_run(PL_POLICY_DEFERRED, seed, 1, 1);
+        property_run(PL_POLICY_EARLY_DROP, seed, 0, 1);
+    }
 }
 
 Test(dispatch, no_batch_ever_misses_its_earliest_deadline_with_links_early_drop)
 {
     for (uint64_t seed = 1; seed <= 24; seed++)
-        property_run(PL_POLICY_EARLY_DROP, seed, 1);
+        property_run(PL_POLICY_EARLY_DROP, seed, 1, 0);
 }
 
 /* Goodput at a load the workers can serve: the properties above hold for a
