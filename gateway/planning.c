@@ -556,7 +556,8 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
                         .device_memory_bytes = mem,
                         .max_devices = nw,
                         .links = remote ? links : NULL,
-                        .nlinks = remote ? nw : 0};
+                        .nlinks = remote ? nw : 0,
+                        .burst_quantile = ds->srv->cfg->plan_burst_quantile};
     pl_plan_t prev = {0};
     pl_device_t *kept = NULL;
     if (K->has) {

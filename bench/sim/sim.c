@@ -20,6 +20,7 @@ void sim_opts_default(sim_opts_t *o)
     o->duration_s = 10;
     o->routing = SIM_ROUTE_AUTO;
     o->plan_headroom = 1;
+    o->plan_burst_quantile = PL_BURST_QUANTILE;
 }
 
 /* ---- arrivals ---- */
@@ -301,7 +302,8 @@ static int setup_routes(run_t *r, int *ndevices)
                        .device_memory_bytes = w->device_memory_mb * WL_BYTES_PER_MB,
                        .max_devices = w->device_count,
                        .links = w->device_links,
-                       .nlinks = w->ndevice_links};
+                       .nlinks = w->ndevice_links,
+                       .burst_quantile = r->o->plan_burst_quantile};
     pl_plan_t plan;
     int rc = pl_plan(&plan, ps, w->nsessions, NULL, &po);
     free(ps);

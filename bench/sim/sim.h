@@ -36,11 +36,14 @@ typedef struct {
     /* pl_plan sees every rate times this: a fluid-rate plan packs devices
      * to ~100% of the mean rate and leaves nothing for Poisson bursts. */
     double plan_headroom;
+    /* pl_options_t.burst_quantile: each planned batch covers this quantile
+     * of the Poisson count in its duty cycle (0: plan the mean rates). */
+    double plan_burst_quantile;
     double eager_load; /* adaptive policy's threshold; 0: PL_DEFAULT_EAGER_LOAD */
 } sim_opts_t;
 
 /* Defaults: deferred, workload seed, scale 1, 10 s, no network delay, auto
- * routing, plan headroom 1. */
+ * routing, plan headroom 1, burst quantile PL_BURST_QUANTILE (as squishd). */
 void sim_opts_default(sim_opts_t *o);
 
 typedef enum {

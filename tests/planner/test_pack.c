@@ -334,6 +334,60 @@ Test(pack, epoch_releases_devices_when_load_falls, .init = nexus_setup, .fini = 
     pl_plan_dispose(&p2);
 }
 
+/* P(N <= b), N ~ Poisson(lambda): the test's own sum, not pack.c's. */
+static double poisson_cdf_test(int b, double lambda)
+{
+    double term = exp(-lambda), sum = term;
+    for (int k = 1; k <= b; k++) {
+        term *= lambda / k;
+        sum += term;
+    }
+    return sum;
+}
+
+/* Burst headroom from the arrival variance (pl_options_t.burst_quantile):
+ * a small session's batch covers the 99% quantile of the Poisson count in
+ * its duty cycle, more than the fluid ceil(r d); a session that fills
+ * devices is sized pooled over them, q(r l(B)) / l(B), which costs less
+ * than a fixed 1.25 at high rates and more at low ones. */
+Test(pack, burst_quantile_sizes_batches_for_poisson_counts)
+{
+    pl_profile_t lin;
+    pl_profile_init_linear(&lin, 1 * MS, 5 * MS, 64);
+    pl_session_t s = {.id = 1, .model = 0, .name = "m", .profile = &lin, .slo_us = 50 * MS};
+    pl_options_t fluid = {0}, burst = {.burst_quantile = 0.99};
+    for (double rate = 20; rate <= 400; rate *= 1.5) {
+        s.rate_rps = rate;
+        pl_plan_t pf, pb;
+        cr_assert_eq(pl_plan(&pf, &s, 1, NULL, &fluid), 0);
+        cr_assert_eq(pl_plan(&pb, &s, 1, NULL, &burst), 0);
+        cr_assert_eq(pb.ndevices, 1, "rate %.0f", rate);
+        const pl_device_t *d = &pb.devices[0];
+        const pl_alloc_t *a = &d->allocs[0];
+        double lambda = rate * d->duty_cycle_us * 1e-6;
+        cr_assert_geq(poisson_cdf_test(a->batch, lambda), 0.99, "rate %.0f: batch %d, mean %.2f",
+                      rate, a->batch, lambda);
+        cr_assert_gt(a->batch, (int)ceil(lambda), "rate %.0f: more than the mean count", rate);
+        cr_assert_leq(d->duty_cycle_us + a->latency_us, s.slo_us + 1e-6);
+        cr_assert_gt(d->occupancy, pf.devices[0].occupancy, "rate %.0f", rate);
+        pl_plan_dispose(&pf);
+        pl_plan_dispose(&pb);
+    }
+    /* Saturation batch 20 (2 l(20) = 50 ms), 800 req/s a device. 4000
+     * req/s: fluid 5 devices; the pooled 99% quantile of a 25 ms count
+     * (mean 100) is 124, so 4960 req/s: 7 devices (6 saturated and a
+     * residue); a quantile per device (mean ~11.6 for 20) would need 9. */
+    s.rate_rps = 4000;
+    pl_plan_t pf, pb;
+    cr_assert_eq(pl_plan(&pf, &s, 1, NULL, &fluid), 0);
+    cr_assert_eq(pl_plan(&pb, &s, 1, NULL, &burst), 0);
+    cr_assert_eq(pf.ndevices, 5);
+    cr_assert_eq(pb.ndevices, 7);
+    pl_plan_dispose(&pf);
+    pl_plan_dispose(&pb);
+    pl_profile_dispose(&lin);
+}
+
 /* ---- property test ---------------------------------------------------------
  * A checker written from the validity rules in pl.h, not from pack.c: for
  * every device the batches fit the duty cycle, every share meets its SLO in
