@@ -1091,6 +1091,105 @@ static void assign_links(ctx_t *c, int *order, int *keep, const char *used, int 
     free(tmp);
 }
 
+/* ---- overflow routes on spare devices (pl_options_t.overflow) ------------ */
+
+typedef struct {
+    int session;
+    double load; /* sum of its shares' l(b) / d: devices' worth of planned work */
+} busy_t;
+
+static int busy_cmp(const void *a, const void *b)
+{
+    const busy_t *x = a, *y = b;
+    if (x->load != y->load)
+        return x->load < y->load ? 1 : -1;
+    return (x->session > y->session) - (x->session < y->session);
+}
+
+/* Whether session s can run on a device behind link l at all: some batch
+ * with 2 (l(b) + net(b)) <= L (a spare device serves it back to back), and
+ * that batch's memory fits. Returns the largest such batch, or 0. */
+static int overflow_batch(const ctx_t *c, int s, pl_link_t l)
+{
+    const pl_session_t *ss = &c->sessions[s];
+    int best = 0;
+    for (int b = 1; b <= ss->profile->max_batch; b++) {
+        double lat = pl_latency_us(ss->profile, b, c->opt.k_std);
+        if (lat <= 0 || 2 * (lat + transfer_us(ss, l, b)) > ss->slo_us + TIME_EPS_US)
+            continue;
+        if (!fits_memory(&c->opt, pl_memory_bytes(ss->profile, b)))
+            break;
+        best = b;
+    }
+    return best;
+}
+
+static void add_overflow(const ctx_t *c, pl_plan_t *out)
+{
+    int maxd = c->opt.max_devices;
+    if (!c->opt.overflow || maxd <= out->ndevices || c->nsessions == 0)
+        return;
+    busy_t *rank = sq_xcalloc((size_t)c->nsessions, sizeof(*rank));
+    for (int s = 0; s < c->nsessions; s++)
+        rank[s].session = s;
+    for (int i = 0; i < out->ndevices; i++) {
+        const pl_device_t *d = &out->devices[i];
+        for (int a = 0; a < d->nallocs; a++)
+            rank[d->allocs[a].session].load +=
+                (d->allocs[a].latency_us + d->allocs[a].transfer_us) / d->duty_cycle_us;
+    }
+    qsort(rank, (size_t)c->nsessions, sizeof(*rank), busy_cmp);
+    char *used = sq_xcalloc((size_t)maxd, 1);
+    for (int i = 0; i < out->ndevices; i++)
+        if (out->devices[i].id >= 0 && out->devices[i].id < maxd)
+            used[out->devices[i].id] = 1;
+    int cap = (maxd - out->ndevices) * c->nsessions;
+    out->overflow = sq_xcalloc((size_t)cap, sizeof(*out->overflow));
+    int *models = sq_xmalloc(sizeof(int) * (size_t)c->nsessions);
+    int *batches = sq_xmalloc(sizeof(int) * (size_t)c->nsessions);
+    for (int id = 0; id < maxd; id++) {
+        if (used[id])
+            continue;
+        pl_link_t l = link_of(&c->opt, id);
+        int nm = 0;
+        double mem = 0;
+        for (int k = 0; k < c->nsessions; k++) {
+            int s = rank[k].session;
+            if (!(rank[k].load > 0) || !(c->sessions[s].rate_rps > 0))
+                break; /* sorted: the rest has no planned load */
+            int b = overflow_batch(c, s, l);
+            if (b == 0)
+                continue;
+            /* Weights once per model, activations at its largest batch. */
+            const pl_profile_t *p = c->sessions[s].profile;
+            int m = 0;
+            while (m < nm && models[m] != c->sessions[s].model)
+                m++;
+            double more =
+                m < nm
+                    ? (b > batches[m] ? pl_memory_bytes(p, b) - pl_memory_bytes(p, batches[m]) : 0)
+                    : pl_memory_bytes(p, b);
+            if (!fits_memory(&c->opt, mem + more))
+                continue;
+            mem += more;
+            if (m == nm) {
+                models[nm] = c->sessions[s].model;
+                batches[nm++] = b;
+            } else if (b > batches[m]) {
+                batches[m] = b;
+            }
+            out->overflow[out->noverflow++] = (pl_overflow_t){.device_id = id,
+                                                              .session = s,
+                                                              .session_id = c->sessions[s].id,
+                                                              .model = c->sessions[s].model};
+        }
+    }
+    free(models);
+    free(batches);
+    free(used);
+    free(rank);
+}
+
 /* ---- assembling the plan -------------------------------------------------- */
 
 typedef struct {
@@ -1318,6 +1417,7 @@ int pl_plan(pl_plan_t *out, const pl_session_t *sessions, int nsessions, const p
     consolidate(&c, &bins);
 
     assemble(&c, out, prev);
+    add_overflow(&c, out);
     out->lower_bound_devices = pl_lower_bound(sessions, nsessions, opt);
 
     free(bins.idx);
@@ -1343,5 +1443,6 @@ void pl_plan_dispose(pl_plan_t *plan)
         free(plan->devices[i].allocs);
     free(plan->devices);
     free(plan->unplaced);
+    free(plan->overflow);
     memset(plan, 0, sizeof(*plan));
 }

@@ -77,6 +77,16 @@ typedef struct {
      * cycle; p >= 1 counts as 1 - 1e-9). PL_BURST_QUANTILE is the
      * default of squishd and squish-sim. */
     double burst_quantile;
+    /* 1: when the packing leaves devices of max_devices empty, each spare
+     * device also holds the sessions with the most planned load (the sum of
+     * their shares' occupancy), busiest first, as far as its memory (every
+     * model's weights and activations at its saturation batch) and its link
+     * (2 (l(b) + net(b)) <= SLO for some b) allow (pl_plan_t.overflow). An
+     * idle spare stays idle at low load (the matchmaker breaks ties to the
+     * lowest id, and spares take the ids after the packed ones when they
+     * can), and takes a busy session's batches when its devices are all
+     * busy. */
+    int overflow;
 } pl_options_t;
 
 /* 0.99: one duty cycle in a hundred brings more than its batch; the
@@ -121,6 +131,17 @@ typedef struct {
     pl_unplaced_reason_t reason;
 } pl_unplaced_t;
 
+/* A spare device (an id below max_devices that the packing left empty) that
+ * also holds a session's model, so that the dispatcher's matchmaking can
+ * give it the session's overflow batches (Symphony: any worker holding the
+ * model). Not part of the packing: the advice counts ndevices only. */
+typedef struct {
+    int device_id;
+    int session; /* index into the sessions given to pl_plan */
+    int session_id;
+    int model;
+} pl_overflow_t;
+
 typedef struct pl_plan {
     int ndevices;
     pl_device_t *devices; /* owned; ascending id */
@@ -130,6 +151,10 @@ typedef struct pl_plan {
     int moved;    /* (session, device) placements not in the previous plan: model loads */
     int evicted;  /* sessions evicted from overloaded kept devices */
     int released; /* previous devices left empty and given back */
+    /* Spare devices holding the busiest sessions too (pl_options_t.overflow),
+     * by device id, then busiest session first. */
+    int noverflow;
+    pl_overflow_t *overflow; /* owned */
 } pl_plan_t;
 
 /* Computes a plan for sessions (ids unique). With prev (a plan from an

@@ -1,7 +1,7 @@
 /* squish-sim WORKLOAD.json [--policy deferred|adaptive|early-drop] [--seed N]
  *           [--search-goodput] [--dump] [--scale X] [--duration S]
  *           [--routing auto|all|plan] [--plan-headroom X] [--net-delay-us N]
- *           [--eager-load X] [--plan-burst-quantile P]
+ *           [--eager-load X] [--plan-burst-quantile P] [--no-overflow]
  * Prints the simulation summary JSON (DESIGN.md) on stdout. Exit status: 0,
  * 1 (workload or simulation error), 2 (usage), 3 (the no-overlap checker
  * found a device running two batches at once). */
@@ -43,6 +43,8 @@ static void usage(FILE *f)
             "  --plan-burst-quantile P\n"
             "                     each planned batch covers the P-quantile of the Poisson count\n"
             "                     arriving in its duty cycle (0: mean rates; default 0.99)\n"
+            "  --no-overflow      spare devices (the plan needs fewer than there are) stay\n"
+            "                     unrouted; default: they also hold the busiest sessions\n"
             "  --net-delay-us N   fixed delay added to every batch (default 0)\n"
             "  --dump             also print every request and batch\n"
             "  --help             this text\n"
@@ -72,6 +74,8 @@ int main(int argc, char **argv)
             return 0;
         } else if (strcmp(a, "--search-goodput") == 0) {
             search = 1;
+        } else if (strcmp(a, "--no-overflow") == 0) {
+            opts.plan_overflow = 0;
         } else if (strcmp(a, "--dump") == 0) {
             dump = 1;
         } else if (strcmp(a, "--policy") == 0 && v) {

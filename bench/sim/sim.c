@@ -21,6 +21,7 @@ void sim_opts_default(sim_opts_t *o)
     o->routing = SIM_ROUTE_AUTO;
     o->plan_headroom = 1;
     o->plan_burst_quantile = PL_BURST_QUANTILE;
+    o->plan_overflow = 1;
 }
 
 /* ---- arrivals ---- */
@@ -303,7 +304,8 @@ static int setup_routes(run_t *r, int *ndevices)
                        .max_devices = w->device_count,
                        .links = w->device_links,
                        .nlinks = w->ndevice_links,
-                       .burst_quantile = r->o->plan_burst_quantile};
+                       .burst_quantile = r->o->plan_burst_quantile,
+                       .overflow = r->o->plan_overflow};
     pl_plan_t plan;
     int rc = pl_plan(&plan, ps, w->nsessions, NULL, &po);
     free(ps);
@@ -328,7 +330,8 @@ static int setup_routes(run_t *r, int *ndevices)
             duty = 0;
         pl_dispatch_worker_add(r->d, 0, k, r->o->policy == PL_POLICY_EARLY_DROP ? duty : 0);
     }
-    pl_route_t *routes = sq_xmalloc(sizeof(*routes) * (size_t)(plan.ndevices + n + 1));
+    int maxroutes = plan.ndevices + 2 * n + 1; /* planned, fallback, overflow */
+    pl_route_t *routes = sq_xmalloc(sizeof(*routes) * (size_t)maxroutes);
     /* Unplaced (Nexus's worst case 2 l(1) > SLO, or out of devices): best
      * effort on every planned device rather than certain loss; the
      * dispatcher still only sends batches that meet their deadline. */
@@ -346,7 +349,7 @@ static int setup_routes(run_t *r, int *ndevices)
                                   .fallback = all,
                                   .nfallback = ndev,
                                   .used_fallback = &fell_back};
-        int nr = pl_plan_routes(&plan, s, &rules, routes, plan.ndevices + n + 1);
+        int nr = pl_plan_routes(&plan, s, &rules, routes, maxroutes);
         r->res->unplaced_sessions += fell_back;
         pl_dispatch_route_set(r->d, 0, s, routes, nr);
     }

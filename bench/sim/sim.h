@@ -39,11 +39,15 @@ typedef struct {
     /* pl_options_t.burst_quantile: each planned batch covers this quantile
      * of the Poisson count in its duty cycle (0: plan the mean rates). */
     double plan_burst_quantile;
+    /* pl_options_t.overflow: spare devices also hold the busiest sessions
+     * (routes after the planned ones) and take their overflow. */
+    int plan_overflow;
     double eager_load; /* adaptive policy's threshold; 0: PL_DEFAULT_EAGER_LOAD */
 } sim_opts_t;
 
 /* Defaults: deferred, workload seed, scale 1, 10 s, no network delay, auto
- * routing, plan headroom 1, burst quantile PL_BURST_QUANTILE (as squishd). */
+ * routing, plan headroom 1, burst quantile PL_BURST_QUANTILE and overflow
+ * routes on spare devices (as squishd). */
 void sim_opts_default(sim_opts_t *o);
 
 typedef enum {

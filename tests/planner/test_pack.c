@@ -388,6 +388,68 @@ Test(pack, burst_quantile_sizes_batches_for_poisson_counts)
     pl_profile_dispose(&lin);
 }
 
+/* pl_options_t.overflow: the packing needs 2 of 4 devices; the two spares
+ * also hold the sessions, busiest (most planned occupancy) first, as far as
+ * memory allows, and the packing itself (what the advice counts) is the
+ * same as without. */
+Test(pack, spare_devices_hold_the_busiest_sessions_for_overflow, .init = nexus_setup,
+     .fini = nexus_teardown)
+{
+    pl_session_t s[3];
+    nexus_sessions(s, 64, 32, 32);
+    pl_options_t plain = {.max_devices = 4}, opt = {.max_devices = 4, .overflow = 1};
+    pl_plan_t p0, p;
+    cr_assert_eq(pl_plan(&p0, s, 3, NULL, &plain), 0);
+    cr_assert_eq(pl_plan(&p, s, 3, NULL, &opt), 0);
+    cr_assert_eq(p0.noverflow, 0);
+    cr_assert_eq(p.ndevices, p0.ndevices);
+    cr_assert_eq(p.ndevices, 2);
+    double load[3] = {0};
+    for (int i = 0; i < p.ndevices; i++)
+        for (int a = 0; a < p.devices[i].nallocs; a++)
+            load[p.devices[i].allocs[a].session] +=
+                p.devices[i].allocs[a].latency_us / p.devices[i].duty_cycle_us;
+    cr_assert_eq(p.noverflow, 6, "every session on both spares");
+    for (int i = 0; i < p.noverflow; i++) {
+        const pl_overflow_t *o = &p.overflow[i];
+        cr_assert(o->device_id == 2 || o->device_id == 3, "spare ids: %d", o->device_id);
+        cr_assert_eq(o->session_id, s[o->session].id);
+        if (i > 0 && p.overflow[i - 1].device_id == o->device_id)
+            cr_assert_geq(load[p.overflow[i - 1].session], load[o->session], "busiest first");
+    }
+    pl_plan_dispose(&p);
+    pl_plan_dispose(&p0);
+
+    /* 600 MB of weights for A and B, 100 for C, 1000 MB devices: a spare
+     * holds the busiest of A and B, and C. */
+    prof[0].memory_bytes = 600e6;
+    prof[1].memory_bytes = 600e6;
+    prof[2].memory_bytes = 100e6;
+    opt.device_memory_bytes = 1000e6;
+    cr_assert_eq(pl_plan(&p, s, 3, NULL, &opt), 0);
+    int spares = 4 - p.ndevices;
+    cr_assert_eq(p.noverflow, 2 * spares);
+    for (int id = 0; id < 4; id++) {
+        double mem = 0;
+        int big = 0;
+        for (int i = 0; i < p.noverflow; i++) {
+            if (p.overflow[i].device_id != id)
+                continue;
+            mem += s[p.overflow[i].session].profile->memory_bytes;
+            big += p.overflow[i].session_id != 12;
+        }
+        cr_assert_leq(mem, 1000e6, "spare %d", id);
+        cr_assert_leq(big, 1);
+    }
+    pl_plan_dispose(&p);
+    /* No spare: no overflow. */
+    opt.max_devices = p0.ndevices;
+    opt.device_memory_bytes = 0;
+    cr_assert_eq(pl_plan(&p, s, 3, NULL, &opt), 0);
+    cr_assert_eq(p.noverflow, 0);
+    pl_plan_dispose(&p);
+}
+
 /* ---- property test ---------------------------------------------------------
  * A checker written from the validity rules in pl.h, not from pack.c: for
  * every device the batches fit the duty cycle, every share meets its SLO in
