@@ -581,10 +581,13 @@ static int bins_find(const binlist_t *bl, int node)
 }
 
 /* Best-fit decreasing leaves a tail of lightly filled devices. Try to empty
- * each new one, least occupied first, by moving all its sessions into other
- * devices (best fit again); undo when one of them finds no room. Only new
- * devices are emptied, so an incremental epoch still moves no kept session;
- * kept devices may receive. */
+ * each device, least occupied first, by moving all its sessions into other
+ * devices (best fit again); undo when one of them finds no room. Kept
+ * devices (an incremental epoch) are emptied too: when load falls, sessions
+ * that each kept a device of their own consolidate onto fewer, and the
+ * device given back is worth the model loads (squishd moves make before
+ * break). At unchanged rates nothing moves: the plan that made them was
+ * consolidated already. */
 static void consolidate(ctx_t *c, binlist_t *bl)
 {
     int n = bl->n;
@@ -595,7 +598,7 @@ static void consolidate(ctx_t *c, binlist_t *bl)
     for (int k = 0; k < n; k++) {
         int src = order[k];
         node_t *sn = &c->nodes[src];
-        if (sn->id >= 0 || sn->nitems == 0)
+        if (sn->nitems == 0)
             continue;
         int pos = bins_find(bl, src);
         if (pos < 0)

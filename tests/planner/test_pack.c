@@ -450,6 +450,38 @@ Test(pack, spare_devices_hold_the_busiest_sessions_for_overflow, .init = nexus_s
     pl_plan_dispose(&p);
 }
 
+/* Issue 15: after the load stopped, the plan kept one model per device at
+ * near-zero rates. Each session fills most of a device of its own; when
+ * every rate falls to 1 req/s the incremental epoch empties kept devices
+ * too. At 1 req/s each runs b = 1 (the tables round up to the 4-row: 50,
+ * 50, 60 ms) at duty cycle L - l(1): 150, 200, 190 ms; all three would
+ * need 160 ms of a 150 ms cycle, two fit: two devices, one released. */
+Test(pack, epoch_consolidates_kept_devices_when_load_falls, .init = nexus_setup,
+     .fini = nexus_teardown)
+{
+    pl_session_t s[3];
+    nexus_sessions(s, 120, 80, 80);
+    pl_options_t opt = {.max_devices = 3};
+    pl_plan_t p1, p2, p3;
+    cr_assert_eq(pl_plan(&p1, s, 3, NULL, &opt), 0);
+    cr_assert_eq(p1.ndevices, 3);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(p1.devices[i].nallocs, 1, "one model per device");
+    for (int i = 0; i < 3; i++)
+        s[i].rate_rps = 1;
+    cr_assert_eq(pl_plan(&p2, s, 3, &p1, &opt), 0);
+    cr_assert_eq(p2.ndevices, 2);
+    cr_assert_eq(p2.released, 1);
+    cr_assert_eq(p2.moved, 1, "one session moves to a device kept");
+    /* And the next epoch at the same rates moves nothing. */
+    cr_assert_eq(pl_plan(&p3, s, 3, &p2, &opt), 0);
+    cr_assert_eq(p3.ndevices, 2);
+    cr_assert_eq(p3.moved, 0);
+    pl_plan_dispose(&p1);
+    pl_plan_dispose(&p2);
+    pl_plan_dispose(&p3);
+}
+
 /* ---- property test ---------------------------------------------------------
  * A checker written from the validity rules in pl.h, not from pack.c: for
  * every device the batches fit the duty cycle, every share meets its SLO in
