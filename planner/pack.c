@@ -456,13 +456,15 @@ static int pack_share(ctx_t *c, int s, double rate, item_t *res)
 
 /* The rate session s is packed at (c->rate[s]). Fluid: its rate. With
  * burst headroom, a session big enough to fill a device at its saturation
- * batch B (cycle l(B)) is sized for the p-quantile of its arrivals over one
- * l(B), pooled over all its devices (the dispatcher's matchmaking lets every
- * device of the session take any of its batches, so the bursts of its
- * shares do not add up): rate = q_p(r l(B)) / l(B), its shares then run
- * fluid batches. A smaller session keeps its rate and each of its shares
- * sizes its batch for the p-quantile of the count over its own duty cycle
- * (share_batch). */
+ * throughput is sized pooled over all its devices (the dispatcher's
+ * matchmaking lets any of them take any of its batches, so the bursts of
+ * its shares do not add up) and over its SLO L: a request may wait up to
+ * L - l(B) >= l(B) for a batch, so a burst is absorbed over L, not within
+ * one cycle. Its rate is then q_p(r L) / L (the p-quantile of the count
+ * arriving in one SLO, spread over it) and its shares run fluid batches.
+ * A smaller session keeps its rate, and each of its shares sizes its batch
+ * for the p-quantile of the count over its own duty cycle (share_batch):
+ * there the cycle is the window, since the batch is fixed per cycle. */
 static void packed_rate(ctx_t *c, int s)
 {
     const pl_session_t *ss = &c->sessions[s];
@@ -474,8 +476,7 @@ static void packed_rate(ctx_t *c, int s)
                                        c->opt.device_memory_bytes, &B);
     if (thr <= 0)
         return;
-    double lat = pl_latency_us(ss->profile, B, c->opt.k_std);
-    double sat = poisson_quantile(ss->rate_rps * lat * 1e-6, &c->burst) / lat * 1e6;
+    double sat = poisson_quantile(ss->rate_rps * ss->slo_us * 1e-6, &c->burst) / ss->slo_us * 1e6;
     if (sat >= thr * (1 - REL_EPS)) {
         c->rate[s] = sat;
         c->pooled[s] = 1;
@@ -1127,14 +1128,72 @@ static int overflow_batch(const ctx_t *c, int s, pl_link_t l)
     return best;
 }
 
+/* Devices short (load left unplaced for want of devices): the planned
+ * devices that do not hold such a session also take its overflow, least
+ * occupied first, as memory allows: Symphony's matchmaking over every
+ * worker that can hold the model, rather than certain loss. */
+static void overflow_onto_planned(const ctx_t *c, pl_plan_t *out, const busy_t *rank)
+{
+    int *order = sq_xmalloc(sizeof(int) * (size_t)(out->ndevices ? out->ndevices : 1));
+    for (int i = 0; i < out->ndevices; i++) {
+        int j = i;
+        while (j > 0 && out->devices[order[j - 1]].occupancy > out->devices[i].occupancy) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = i;
+    }
+    double *extra = sq_xcalloc((size_t)(out->ndevices ? out->ndevices : 1), sizeof(double));
+    for (int k = 0; k < c->nsessions; k++) {
+        int s = rank[k].session;
+        if (c->unplaced_reason[s] != PL_UNPLACED_DEVICES)
+            continue;
+        for (int oi = 0; oi < out->ndevices; oi++) {
+            int i = order[oi];
+            const pl_device_t *d = &out->devices[i];
+            int holds = 0, model_there = 0;
+            for (int a = 0; a < d->nallocs; a++) {
+                holds |= d->allocs[a].session == s;
+                model_there |= d->allocs[a].model == c->sessions[s].model;
+            }
+            for (int o = 0; o < out->noverflow; o++)
+                model_there |= out->overflow[o].device_id == d->id &&
+                               out->overflow[o].model == c->sessions[s].model;
+            if (holds)
+                continue;
+            int b = overflow_batch(c, s, link_of(&c->opt, d->id));
+            if (b == 0)
+                continue;
+            double more = model_there ? 0 : pl_memory_bytes(c->sessions[s].profile, b);
+            if (!fits_memory(&c->opt, d->memory_bytes + extra[i] + more))
+                continue;
+            extra[i] += more;
+            out->overflow[out->noverflow++] = (pl_overflow_t){.device_id = d->id,
+                                                              .session = s,
+                                                              .session_id = c->sessions[s].id,
+                                                              .model = c->sessions[s].model};
+        }
+    }
+    free(order);
+    free(extra);
+}
+
 static void add_overflow(const ctx_t *c, pl_plan_t *out)
 {
     int maxd = c->opt.max_devices;
-    if (!c->opt.overflow || maxd <= out->ndevices || c->nsessions == 0)
+    if (!c->opt.overflow || maxd <= 0 || c->nsessions == 0)
         return;
     busy_t *rank = sq_xcalloc((size_t)c->nsessions, sizeof(*rank));
-    for (int s = 0; s < c->nsessions; s++)
+    for (int s = 0; s < c->nsessions; s++) {
         rank[s].session = s;
+        /* Load the plan could not place counts first: a device's worth of
+         * its saturated throughput. */
+        int B;
+        double thr = pl_max_throughput_rps(c->sessions[s].profile, c->sessions[s].slo_us,
+                                           c->opt.k_std, c->opt.device_memory_bytes, &B);
+        if (c->unplaced_reason[s] == PL_UNPLACED_DEVICES && thr > 0)
+            rank[s].load += c->unplaced_rate[s] / thr;
+    }
     for (int i = 0; i < out->ndevices; i++) {
         const pl_device_t *d = &out->devices[i];
         for (int a = 0; a < d->nallocs; a++)
@@ -1142,12 +1201,12 @@ static void add_overflow(const ctx_t *c, pl_plan_t *out)
                 (d->allocs[a].latency_us + d->allocs[a].transfer_us) / d->duty_cycle_us;
     }
     qsort(rank, (size_t)c->nsessions, sizeof(*rank), busy_cmp);
+    int cap = (maxd > out->ndevices ? maxd : out->ndevices) * c->nsessions;
+    out->overflow = sq_xcalloc((size_t)(cap ? cap : 1), sizeof(*out->overflow));
     char *used = sq_xcalloc((size_t)maxd, 1);
     for (int i = 0; i < out->ndevices; i++)
         if (out->devices[i].id >= 0 && out->devices[i].id < maxd)
             used[out->devices[i].id] = 1;
-    int cap = (maxd - out->ndevices) * c->nsessions;
-    out->overflow = sq_xcalloc((size_t)cap, sizeof(*out->overflow));
     int *models = sq_xmalloc(sizeof(int) * (size_t)c->nsessions);
     int *batches = sq_xmalloc(sizeof(int) * (size_t)c->nsessions);
     for (int id = 0; id < maxd; id++) {
@@ -1187,6 +1246,7 @@ static void add_overflow(const ctx_t *c, pl_plan_t *out)
                                                               .model = c->sessions[s].model};
         }
     }
+    overflow_onto_planned(c, out, rank);
     free(models);
     free(batches);
     free(used);

@@ -73,8 +73,8 @@ typedef struct {
      * Poisson arrivals instead: a share runs the p-quantile of the count
      * arriving in its duty cycle, q_p(r d), about r d + z_p sqrt(r d), so
      * occupancy counts the bursts (pack.c, packed_rate: a session that
-     * fills whole devices is sized pooled over them, at its saturation
-     * cycle; p >= 1 counts as 1 - 1e-9). PL_BURST_QUANTILE is the
+     * fills whole devices is sized pooled over them and over its SLO,
+     * q_p(r L) / L; p >= 1 counts as 1 - 1e-9). PL_BURST_QUANTILE is the
      * default of squishd and squish-sim. */
     double burst_quantile;
     /* 1: when the packing leaves devices of max_devices empty, each spare
