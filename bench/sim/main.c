@@ -2,6 +2,7 @@
  *           [--search-goodput] [--dump] [--scale X] [--duration S]
  *           [--routing auto|all|plan] [--plan-headroom X] [--net-delay-us N]
  *           [--eager-load X] [--plan-burst-quantile P] [--no-overflow]
+ *           [--epoch-s S]
  * Prints the simulation summary JSON (DESIGN.md) on stdout. Exit status: 0,
  * 1 (workload or simulation error), 2 (usage), 3 (the no-overlap checker
  * found a device running two batches at once). */
@@ -45,6 +46,12 @@ static void usage(FILE *f)
             "                     arriving in its duty cycle (0: mean rates; default 0.99)\n"
             "  --no-overflow      spare devices (the plan needs fewer than there are) stay\n"
             "                     unrouted; default: they also hold the busiest sessions\n"
+            "  --epoch-s S        re-plan every S seconds of simulated time from the rates\n"
+            "                     measured in the last S (as squishd's planner); the first\n"
+            "                     plan takes the workload's rates at time 0 (default 0: one\n"
+            "                     plan at the mean rates). The summary then has \"steps\":\n"
+            "                     per rate step (segment boundaries), the share within SLO,\n"
+            "                     drops, late, planned devices and each device's busy share\n"
             "  --net-delay-us N   fixed delay added to every batch (default 0)\n"
             "  --dump             also print every request and batch\n"
             "  --help             this text\n"
@@ -74,6 +81,13 @@ int main(int argc, char **argv)
             return 0;
         } else if (strcmp(a, "--search-goodput") == 0) {
             search = 1;
+        } else if (strcmp(a, "--epoch-s") == 0 && v) {
+            if (parse_double(v, &x) < 0 || !(x >= 0)) {
+                fprintf(stderr, "squish-sim: --epoch-s: must be >= 0 seconds\n");
+                return 2;
+            }
+            opts.epoch_s = x;
+            i++;
         } else if (strcmp(a, "--no-overflow") == 0) {
             opts.plan_overflow = 0;
         } else if (strcmp(a, "--dump") == 0) {
