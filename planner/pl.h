@@ -85,7 +85,10 @@ typedef struct {
      * idle spare stays idle at low load (the matchmaker breaks ties to the
      * lowest id, and spares take the ids after the packed ones when they
      * can), and takes a busy session's batches when its devices are all
-     * busy. */
+     * busy. When the packing is short of devices (load unplaced,
+     * PL_UNPLACED_DEVICES), the planned devices that do not hold such a
+     * session also take its overflow, least occupied first, as memory
+     * allows. */
     int overflow;
 } pl_options_t;
 
@@ -103,7 +106,9 @@ typedef struct {
     int batch;
     double latency_us;  /* l(batch) with the k_std margin */
     double transfer_us; /* net(batch) on the device's link; 0 when local */
-    double rate_rps;    /* the share of the session's rate served here */
+    double rate_rps;    /* the share of the session's rate served here (of its packed
+                           rate: with burst_quantile, a session that fills devices is
+                           packed at q_p(r L) / L, more than its rate) */
 } pl_alloc_t;
 
 typedef struct {
@@ -131,10 +136,12 @@ typedef struct {
     pl_unplaced_reason_t reason;
 } pl_unplaced_t;
 
-/* A spare device (an id below max_devices that the packing left empty) that
- * also holds a session's model, so that the dispatcher's matchmaking can
- * give it the session's overflow batches (Symphony: any worker holding the
- * model). Not part of the packing: the advice counts ndevices only. */
+/* A device that also holds a session's model without a share of it, so
+ * that the dispatcher's matchmaking can give it the session's overflow
+ * batches (Symphony: any worker holding the model): a spare device (an id
+ * below max_devices that the packing left empty), or, when devices are
+ * short, a planned device of other sessions. Not part of the packing: the
+ * advice counts ndevices only. */
 typedef struct {
     int device_id;
     int session; /* index into the sessions given to pl_plan */
@@ -151,8 +158,9 @@ typedef struct pl_plan {
     int moved;    /* (session, device) placements not in the previous plan: model loads */
     int evicted;  /* sessions evicted from overloaded kept devices */
     int released; /* previous devices left empty and given back */
-    /* Spare devices holding the busiest sessions too (pl_options_t.overflow),
-     * by device id, then busiest session first. */
+    /* Devices holding sessions for their overflow (pl_options_t.overflow):
+     * spare devices by id, busiest session first, then planned devices
+     * taking unplaced sessions'. */
     int noverflow;
     pl_overflow_t *overflow; /* owned */
 } pl_plan_t;
