@@ -483,6 +483,58 @@ Test(pack, epoch_consolidates_kept_devices_when_load_falls, .init = nexus_setup,
     pl_plan_dispose(&p3);
 }
 
+/* Devices short: A needs 3 saturated devices and a residue, B and C share
+ * one; with 3 devices the cut leaves load unplaced (PL_UNPLACED_DEVICES),
+ * and the planned devices that do not hold an unplaced session take its
+ * overflow instead of losing it, within their memory. */
+Test(pack, short_of_devices_planned_devices_take_the_unplaced_overflow, .init = nexus_setup,
+     .fini = nexus_teardown)
+{
+    pl_session_t s[3];
+    nexus_sessions(s, 520, 32, 32);
+    pl_options_t opt = {.max_devices = 3, .overflow = 1};
+    pl_plan_t p;
+    cr_assert_eq(pl_plan(&p, s, 3, NULL, &opt), 0);
+    cr_assert_eq(p.ndevices, 3);
+    int short_sessions = 0;
+    for (int u = 0; u < p.nunplaced; u++) {
+        if (p.unplaced[u].reason != PL_UNPLACED_DEVICES)
+            continue;
+        short_sessions++;
+        int sid = p.unplaced[u].session_id, routed = 0;
+        for (int i = 0; i < p.noverflow; i++) {
+            if (p.overflow[i].session_id != sid)
+                continue;
+            const pl_device_t *d = NULL;
+            for (int k = 0; k < p.ndevices; k++)
+                if (p.devices[k].id == p.overflow[i].device_id)
+                    d = &p.devices[k];
+            cr_assert_not_null(d, "a planned device");
+            cr_assert_null(alloc_of(d, sid), "not one that holds it already");
+            routed++;
+        }
+        int holders = 0;
+        for (int k = 0; k < p.ndevices; k++)
+            holders += alloc_of(&p.devices[k], sid) != NULL;
+        cr_assert_eq(routed, p.ndevices - holders, "session %d: every other device", sid);
+    }
+    cr_assert_gt(short_sessions, 0, "the cut left load unplaced");
+    pl_plan_dispose(&p);
+    /* Memory: 600 MB models on 1000 MB devices: no device takes a second. */
+    for (int i = 0; i < 3; i++)
+        prof[i].memory_bytes = 600e6;
+    opt.device_memory_bytes = 1000e6;
+    cr_assert_eq(pl_plan(&p, s, 3, NULL, &opt), 0);
+    for (int i = 0; i < p.noverflow; i++) {
+        for (int k = 0; k < p.ndevices; k++)
+            if (p.devices[k].id == p.overflow[i].device_id)
+                for (int a = 0; a < p.devices[k].nallocs; a++)
+                    cr_assert_eq(p.devices[k].allocs[a].model, p.overflow[i].model,
+                                 "only where its model is already");
+    }
+    pl_plan_dispose(&p);
+}
+
 /* ---- property test ---------------------------------------------------------
  * A checker written from the validity rules in pl.h, not from pack.c: for
  * every device the batches fit the duty cycle, every share meets its SLO in
