@@ -173,8 +173,8 @@ static const pl_device_t *device_of(const pkind_t *K, int worker)
     return NULL;
 }
 
-/* Whether worker holds session_id as a spare device taking its overflow
- * (pl_plan_t.overflow). */
+/* Whether the plan has worker hold session_id for its overflow batches
+ * (pl_plan_t.overflow: a spare worker, or a planned one when short). */
 static int overflow_here(const pkind_t *K, int worker, int session_id)
 {
     for (int i = 0; K->has && i < K->plan.noverflow; i++) {
@@ -389,7 +389,7 @@ static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placeme
         json_array_append_new(ws, o);
     }
     json_object_set_new(snap, "workers", ws);
-    /* Spare workers that also hold the busiest sessions (pl_plan_t.overflow). */
+    /* Workers that also hold sessions for their overflow (pl_plan_t.overflow). */
     json_object_set_new(snap, "overflow", overflow);
     if (strcmp(reason, "restored") == 0) {
         json_object_set_new(snap, "restored", json_true());
@@ -464,9 +464,10 @@ static void publish_metrics(gw_dispatch_t *ds, json_t *snap, int moved)
 
 /* ---- epochs ------------------------------------------------------------ */
 
-/* Whether K's plan moved model key away from the worker running dev (it
- * places key elsewhere, not there), and whether a worker it moved to holds
- * it already (*arrived). A model the plan could not place is not moved. */
+/* Whether K's plan moved model key away from worker (it places key
+ * elsewhere, not there, nor there for overflow), and whether a worker it
+ * moved to holds it already (*arrived). A model the plan could not place
+ * is not moved. */
 static int moved_away(gw_dispatch_t *ds, const pkind_t *K, int worker, int64_t key, int *arrived)
 {
     gw_plan_state_t *p = ds->plan;
