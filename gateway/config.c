@@ -97,8 +97,11 @@ static const opt_t options[] = {
      "and never sooner than this after the last epoch for a rate change"},
     {"epoch_scale_up_ms", INT(epoch_scale_up_ms), 0, 86400000, "1000",
      "but a session whose rate rose above what its plan serves re-plans after only this"},
-    {"plan_headroom", DBL(plan_headroom), 1, 10, "1.25",
-     "the planner provisions rates times this (Poisson bursts above the mean)"},
+    {"plan_headroom", DBL(plan_headroom), 1, 10, "1",
+     "the planner provisions rates times this (a margin on top of plan_burst_quantile)"},
+    {"plan_burst_quantile", DBL(plan_burst_quantile), 0, 1, "0.99",
+     "each planned batch covers this quantile of the Poisson count arriving in its duty cycle "
+     "(headroom for bursts from the arrival variance; 0: plan mean rates)"},
     {"timer_slack_us", INT(timer_slack_us), 0, 1000000, "3000",
      "deferred dispatch sends a batch at least this long before its last safe moment, so that "
      "a dispatch thread waking late still makes it"},

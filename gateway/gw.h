@@ -61,6 +61,8 @@ typedef struct {
     int epoch_min_interval_ms;
     int epoch_scale_up_ms;
     double plan_headroom;
+    /* pl_options_t.burst_quantile: bursts from the arrival variance */
+    double plan_burst_quantile;
     int prep_threads;      /* JPEG decode threads */
     int prep_queue;        /* images waiting for a decode thread, at most */
     int max_images;        /* images (or tensor rows) per request */

@@ -173,6 +173,19 @@ static const pl_device_t *device_of(const pkind_t *K, int worker)
     return NULL;
 }
 
+/* Whether the plan has worker hold session_id for its overflow batches
+ * (pl_plan_t.overflow: a spare worker, or a planned one when short). */
+static int overflow_here(const pkind_t *K, int worker, int session_id)
+{
+    for (int i = 0; K->has && i < K->plan.noverflow; i++) {
+        const pl_overflow_t *o = &K->plan.overflow[i];
+        if (o->session_id == session_id && o->device_id < K->cap &&
+            K->dev_worker[o->device_id] == worker)
+            return 1;
+    }
+    return 0;
+}
+
 static const pl_alloc_t *alloc_of(const pl_device_t *dev, int session_id)
 {
     for (int a = 0; dev != NULL && a < dev->nallocs; a++)
@@ -253,10 +266,14 @@ static psess_t *psess_by_id(gw_plan_state_t *p, int id)
     return NULL;
 }
 
+/* The share of requests within their SLO below which the advice releases
+ * nothing (issue 15: >= 99.5% within SLO). */
+#define ADVICE_SLO_FLOOR 0.995
+
 static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placements)
 {
     gw_plan_state_t *p = ds->plan;
-    json_t *devices = json_array(), *unplaced = json_array();
+    json_t *devices = json_array(), *unplaced = json_array(), *overflow = json_array();
     *placements = json_array();
     double lower = 0;
     int used = 0;
@@ -304,6 +321,16 @@ static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placeme
             }
             json_array_append_new(devices, dj);
         }
+        for (int o = 0; o < K->plan.noverflow; o++) {
+            const pl_overflow_t *ov = &K->plan.overflow[o];
+            psess_t *ps = psess_by_id(p, ov->session_id);
+            int wid = ov->device_id < K->cap ? K->dev_worker[ov->device_id] : -1;
+            if (ps != NULL)
+                json_array_append_new(overflow,
+                                      json_pack("{s:s, s:i, s:f, s:i}", "model", ps->dm->m->name,
+                                                "version", ps->dm->m->version, "slo_ms",
+                                                ps->bucket_ms, "worker", wid));
+        }
         for (int u = 0; u < K->plan.nunplaced; u++) {
             psess_t *ps = psess_by_id(p, K->plan.unplaced[u].session_id);
             if (ps != NULL)
@@ -326,6 +353,10 @@ static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placeme
     double add = pl_advice_add(nworkers, bad_rate);
     double release = pl_advice_release(nworkers, idle);
     double delta = add >= 1 ? ceil(add) : -floor(release);
+    /* Requests missing their SLO beyond the floor: never advise a release,
+     * however idle the devices look on average. */
+    if (bad_rate > 1 - ADVICE_SLO_FLOOR && delta < 0)
+        delta = 0;
     /* The advice and the plan agree: load left without a device asks for
      * devices, however idle the others look, and a device the plan uses is
      * never one to release. */
@@ -358,6 +389,8 @@ static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placeme
         json_array_append_new(ws, o);
     }
     json_object_set_new(snap, "workers", ws);
+    /* Workers that also hold sessions for their overflow (pl_plan_t.overflow). */
+    json_object_set_new(snap, "overflow", overflow);
     if (strcmp(reason, "restored") == 0) {
         json_object_set_new(snap, "restored", json_true());
         json_object_set_new(snap, "restored_from_epoch", json_integer(p->restored_from));
@@ -431,19 +464,20 @@ static void publish_metrics(gw_dispatch_t *ds, json_t *snap, int moved)
 
 /* ---- epochs ------------------------------------------------------------ */
 
-/* Whether K's plan moved model key away from the worker running dev (it
- * places key elsewhere, not there), and whether a worker it moved to holds
- * it already (*arrived). A model the plan could not place is not moved. */
-static int moved_away(gw_dispatch_t *ds, const pkind_t *K, const pl_device_t *dev, int64_t key,
-                      int *arrived)
+/* Whether K's plan moved model key away from worker (it places key
+ * elsewhere, not there, nor there for overflow), and whether a worker it
+ * moved to holds it already (*arrived). A model the plan could not place
+ * is not moved. */
+static int moved_away(gw_dispatch_t *ds, const pkind_t *K, int worker, int64_t key, int *arrived)
 {
     gw_plan_state_t *p = ds->plan;
+    const pl_device_t *dev = device_of(K, worker);
     int here = 0, elsewhere = 0;
     *arrived = 0;
     for (int s = 0; s < p->n; s++) {
         if (p->s[s].dm->key != key)
             continue;
-        here |= alloc_of(dev, p->s[s].id) != NULL;
+        here |= alloc_of(dev, p->s[s].id) != NULL || overflow_here(K, worker, p->s[s].id);
         for (int d = 0; d < K->plan.ndevices; d++) {
             if (alloc_of(&K->plan.devices[d], p->s[s].id) == NULL)
                 continue;
@@ -471,12 +505,11 @@ static void settle_moves(gw_dispatch_t *ds, int kind)
         ds_worker_t *w = ds->workers[i];
         if (w == NULL || !w->up || w->kind != kind)
             continue;
-        const pl_device_t *dev = device_of(K, w->id);
         for (int li = 0; li < w->nloads; li++) {
             ds_load_t *l = &w->loads[li];
             int arrived;
             if ((l->state != LOAD_DONE && l->state != LOAD_SENT) ||
-                !moved_away(ds, K, dev, l->key, &arrived))
+                !moved_away(ds, K, w->id, l->key, &arrived))
                 continue;
             int profiling = 0;
             for (int m = 0; m < ds->nmodels; m++)
@@ -557,7 +590,9 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
                         .device_memory_bytes = mem,
                         .max_devices = nw,
                         .links = remote ? links : NULL,
-                        .nlinks = remote ? nw : 0};
+                        .nlinks = remote ? nw : 0,
+                        .burst_quantile = ds->srv->cfg->plan_burst_quantile,
+                        .overflow = 1};
     pl_plan_t prev = {0};
     pl_device_t *kept = NULL;
     if (K->has) {
@@ -616,6 +651,16 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
                                dev != NULL && !dev->saturated ? (int64_t)dev->duty_cycle_us : 0);
         for (int a = 0; dev != NULL && a < dev->nallocs; a++) {
             psess_t *ps = psess_by_id(p, dev->allocs[a].session_id);
+            ds_load_t *l = ps ? ds_load_find(w, ps->dm->key, 0) : NULL;
+            if (ps != NULL && (l == NULL || l->state == LOAD_NONE || l->state == LOAD_FAILED))
+                ds->ops->send_load(ds, ps->dm, w);
+        }
+        /* A spare device also loads the busiest sessions' models: it takes
+         * their overflow once it holds them (routes follow the loads). */
+        for (int o = 0; o < plan.noverflow; o++) {
+            if (plan.overflow[o].device_id != j)
+                continue;
+            psess_t *ps = psess_by_id(p, plan.overflow[o].session_id);
             ds_load_t *l = ps ? ds_load_find(w, ps->dm->key, 0) : NULL;
             if (ps != NULL && (l == NULL || l->state == LOAD_NONE || l->state == LOAD_FAILED))
                 ds->ops->send_load(ds, ps->dm, w);

@@ -16,6 +16,16 @@
 #define TIME_EPS_US 1e-6
 #define REL_EPS 1e-9
 
+/* Burst headroom (pl.h, pl_options_t.burst_quantile): the count arriving
+ * in a window is Poisson(lambda); a batch of b covers the window when
+ * P(N <= b) >= p. lam_max[b] caches the largest such lambda (NAN: not yet
+ * computed). p = 0: fluid, batch = ceil(lambda). */
+typedef struct {
+    double p, z; /* z: the standard normal quantile of p */
+    double *lam_max;
+    int cap;
+} burst_t;
+
 typedef struct {
     int session;
     double rate_rps;
@@ -46,6 +56,9 @@ typedef struct {
     int *unplaced_reason;  /* per session, 0 = none */
     item_t *scratch;       /* room for merged item lists */
     int capscratch;
+    burst_t burst;
+    double *rate; /* per session: the rate packed (pl.h, burst headroom) */
+    char *pooled; /* per session: 1 when rate already holds its bursts (batches fluid) */
 } ctx_t;
 
 static int batch_for(double duty_us, double rate_rps)
@@ -54,6 +67,105 @@ static int batch_for(double duty_us, double rate_rps)
      * keeps b / r * r from rounding up to b + 1. */
     double b = ceil(duty_us * rate_rps * 1e-6 - REL_EPS);
     return b < 1 ? 1 : (int)b;
+}
+
+/* Exact Poisson sums up to this mean; past it the normal approximation
+ * with continuity correction (its error there is far below the margin). */
+#define POISSON_EXACT_MAX 200.0
+#define BURST_QUANTILE_MAX (1 - 1e-9)
+
+static double poisson_cdf(int b, double lambda)
+{
+    double term = exp(-lambda), sum = term;
+    for (int k = 1; k <= b; k++) {
+        term *= lambda / k;
+        sum += term;
+    }
+    return sum;
+}
+
+/* The smallest q with P(N <= q) >= p, N ~ Poisson(lambda). */
+static int poisson_quantile(double lambda, const burst_t *bt)
+{
+    if (!(lambda > 0))
+        return 0;
+    if (lambda > POISSON_EXACT_MAX)
+        return (int)ceil(lambda + bt->z * sqrt(lambda) - 0.5 - REL_EPS);
+    double term = exp(-lambda), sum = term;
+    int q = 0;
+    while (sum < bt->p) {
+        q++;
+        term *= lambda / q;
+        sum += term;
+    }
+    return q;
+}
+
+/* The largest lambda whose p-quantile is at most b. */
+static double burst_lambda_max(burst_t *bt, int b)
+{
+    if (b < bt->cap && !isnan(bt->lam_max[b]))
+        return bt->lam_max[b];
+    double lam;
+    if (b + 0.5 > POISSON_EXACT_MAX) {
+        double root = (-bt->z + sqrt(bt->z * bt->z + 4 * (b + 0.5))) / 2;
+        lam = root * root;
+    } else {
+        double lo = 0, hi = b + 1; /* P(N <= b) falls as lambda grows */
+        for (int i = 0; i < 60; i++) {
+            double mid = (lo + hi) / 2;
+            if (poisson_cdf(b, mid) >= bt->p)
+                lo = mid;
+            else
+                hi = mid;
+        }
+        lam = lo;
+    }
+    if (b >= bt->cap) {
+        int cap = b + 64;
+        bt->lam_max = sq_xrealloc(bt->lam_max, sizeof(double) * (size_t)cap);
+        for (int i = bt->cap; i < cap; i++)
+            bt->lam_max[i] = NAN;
+        bt->cap = cap;
+    }
+    bt->lam_max[b] = lam;
+    return lam;
+}
+
+static void burst_init(burst_t *bt, double p)
+{
+    memset(bt, 0, sizeof(*bt));
+    if (!(p > 0))
+        return;
+    /* p = 1 would want unbounded batches: the closest finite quantile. */
+    bt->p = p < BURST_QUANTILE_MAX ? p : BURST_QUANTILE_MAX;
+    double lo = 0, hi = 10; /* Phi(z) = p, p in (0, 1) */
+    for (int i = 0; i < 80; i++) {
+        double mid = (lo + hi) / 2;
+        if (0.5 * erfc(-mid / sqrt(2)) < p)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    bt->z = hi;
+}
+
+/* The batch a share of rate_rps runs per duty cycle: fluid (batch_for), or
+ * the p-quantile of a Poisson count over the cycle. */
+static int burst_batch(const burst_t *bt, double duty_us, double rate_rps)
+{
+    if (bt == NULL || !(bt->p > 0))
+        return batch_for(duty_us, rate_rps);
+    int q = poisson_quantile(duty_us * rate_rps * 1e-6 * (1 - REL_EPS), bt);
+    return q < 1 ? 1 : q;
+}
+
+/* The longest duty cycle at which a share of rate_rps needs at most b. */
+static double burst_duty_us(burst_t *bt, int b, double rate_rps)
+{
+    if (bt == NULL || !(bt->p > 0))
+        return b / rate_rps * 1e6;
+    return burst_lambda_max(bt, b) / rate_rps * 1e6;
 }
 
 static int fits_memory(const pl_options_t *opt, double bytes)
@@ -84,8 +196,10 @@ double pl_max_throughput_rps(const pl_profile_t *p, double slo_us, double k_std,
     return best;
 }
 
-int pl_residue(const pl_profile_t *p, double slo_us, double rate_rps, double k_std,
-               double memory_bytes, int *batch, double *duty_cycle_us, double *occupancy)
+/* pl_residue with burst sizing (bt NULL: fluid): the duty cycle for b is
+ * the longest whose p-quantile count is at most b. */
+static int residue(burst_t *bt, const pl_profile_t *p, double slo_us, double rate_rps, double k_std,
+                   double memory_bytes, int *batch, double *duty_cycle_us, double *occupancy)
 {
     int best_b = 0;
     double best_d = 0, best_occ = INFINITY;
@@ -99,11 +213,11 @@ int pl_residue(const pl_profile_t *p, double slo_us, double rate_rps, double k_s
         if (l <= 0)
             continue;
         double d = slo_us - l;
-        if (rate_rps > 0 && b / rate_rps * 1e6 < d)
-            d = b / rate_rps * 1e6;
+        if (rate_rps > 0 && burst_duty_us(bt, b, rate_rps) < d)
+            d = burst_duty_us(bt, b, rate_rps);
         if (d <= 0)
             continue;
-        int eb = batch_for(d, rate_rps);
+        int eb = burst_batch(bt, d, rate_rps);
         double el = pl_latency_us(p, eb, k_std);
         if (el <= 0 || el > d + TIME_EPS_US || d + el > slo_us + TIME_EPS_US)
             continue;
@@ -122,6 +236,12 @@ int pl_residue(const pl_profile_t *p, double slo_us, double rate_rps, double k_s
     *duty_cycle_us = best_d;
     *occupancy = best_occ;
     return 0;
+}
+
+int pl_residue(const pl_profile_t *p, double slo_us, double rate_rps, double k_std,
+               double memory_bytes, int *batch, double *duty_cycle_us, double *occupancy)
+{
+    return residue(NULL, p, slo_us, rate_rps, k_std, memory_bytes, batch, duty_cycle_us, occupancy);
 }
 
 double pl_lower_bound(const pl_session_t *sessions, int nsessions, const pl_options_t *opt)
@@ -199,6 +319,18 @@ static double items_memory(const ctx_t *c, const item_t *it, int n)
     return mem;
 }
 
+/* The batch of session s's share at duty cycle d: fluid when its packed
+ * rate already holds its bursts (pooled), else the burst quantile. */
+static int share_batch(const ctx_t *c, int s, double duty_us, double rate_rps)
+{
+    return c->pooled[s] ? batch_for(duty_us, rate_rps) : burst_batch(&c->burst, duty_us, rate_rps);
+}
+
+static burst_t *share_burst(ctx_t *c, int s)
+{
+    return c->pooled[s] ? NULL : &c->burst;
+}
+
 /* Evaluates residual items sharing one device: duty cycle = the smallest
  * solo duty cycle, batches shrink to d * r. Fills batch and latency of each
  * item, returns the occupancy or -1 when the node is invalid. */
@@ -210,7 +342,7 @@ static double eval_items(const ctx_t *c, item_t *it, int n, double *duty_out, do
             d = it[i].solo_duty_us;
     for (int i = 0; i < n; i++) {
         const pl_session_t *s = &c->sessions[it[i].session];
-        int b = batch_for(d, it[i].rate_rps);
+        int b = share_batch(c, it[i].session, d, it[i].rate_rps);
         double l = pl_latency_us(s->profile, b, c->opt.k_std);
         if (l <= 0 || d + l > s->slo_us + TIME_EPS_US)
             return -1;
@@ -294,8 +426,8 @@ static int pack_share(ctx_t *c, int s, double rate, item_t *res)
         return 0;
     int b;
     double d, occ;
-    if (pl_residue(ss->profile, ss->slo_us, left, o->k_std, o->device_memory_bytes, &b, &d, &occ) <
-        0) {
+    if (residue(share_burst(c, s), ss->profile, ss->slo_us, left, o->k_std, o->device_memory_bytes,
+                &b, &d, &occ) < 0) {
         /* The residual rate is below a device's saturated throughput but no
          * cycle serves it within the SLO (a table with an odd shape): give
          * it a device of its own at the saturation batch. */
@@ -320,6 +452,35 @@ static int pack_share(ctx_t *c, int s, double rate, item_t *res)
                     .batch = b,
                     .latency_us = pl_latency_us(ss->profile, b, o->k_std)};
     return 1;
+}
+
+/* The rate session s is packed at (c->rate[s]). Fluid: its rate. With
+ * burst headroom, a session big enough to fill a device at its saturation
+ * throughput is sized pooled over all its devices (the dispatcher's
+ * matchmaking lets any of them take any of its batches, so the bursts of
+ * its shares do not add up) and over its SLO L: a request may wait up to
+ * L - l(B) >= l(B) for a batch, so a burst is absorbed over L, not within
+ * one cycle. Its rate is then q_p(r L) / L (the p-quantile of the count
+ * arriving in one SLO, spread over it) and its shares run fluid batches.
+ * A smaller session keeps its rate, and each of its shares sizes its batch
+ * for the p-quantile of the count over its own duty cycle (share_batch):
+ * there the cycle is the window, since the batch is fixed per cycle. */
+static void packed_rate(ctx_t *c, int s)
+{
+    const pl_session_t *ss = &c->sessions[s];
+    c->rate[s] = ss->rate_rps;
+    if (!(c->burst.p > 0) || !(ss->rate_rps > 0))
+        return;
+    int B;
+    double thr = pl_max_throughput_rps(ss->profile, ss->slo_us, c->opt.k_std,
+                                       c->opt.device_memory_bytes, &B);
+    if (thr <= 0)
+        return;
+    double sat = poisson_quantile(ss->rate_rps * ss->slo_us * 1e-6, &c->burst) / ss->slo_us * 1e6;
+    if (sat >= thr * (1 - REL_EPS)) {
+        c->rate[s] = sat;
+        c->pooled[s] = 1;
+    }
 }
 
 /* ---- merge: best-fit decreasing by occupancy ------------------------------ */
@@ -421,10 +582,13 @@ static int bins_find(const binlist_t *bl, int node)
 }
 
 /* Best-fit decreasing leaves a tail of lightly filled devices. Try to empty
- * each new one, least occupied first, by moving all its sessions into other
- * devices (best fit again); undo when one of them finds no room. Only new
- * devices are emptied, so an incremental epoch still moves no kept session;
- * kept devices may receive. */
+ * each device, least occupied first, by moving all its sessions into other
+ * devices (best fit again); undo when one of them finds no room. Kept
+ * devices (an incremental epoch) are emptied too: when load falls, sessions
+ * that each kept a device of their own consolidate onto fewer, and the
+ * device given back is worth the model loads (squishd moves make before
+ * break). At unchanged rates nothing moves: the plan that made them was
+ * consolidated already. */
 static void consolidate(ctx_t *c, binlist_t *bl)
 {
     int n = bl->n;
@@ -435,7 +599,7 @@ static void consolidate(ctx_t *c, binlist_t *bl)
     for (int k = 0; k < n; k++) {
         int src = order[k];
         node_t *sn = &c->nodes[src];
-        if (sn->id >= 0 || sn->nitems == 0)
+        if (sn->nitems == 0)
             continue;
         int pos = bins_find(bl, src);
         if (pos < 0)
@@ -576,7 +740,7 @@ static int keep_previous(ctx_t *c, const pl_plan_t *prev, pool_t *pool)
     double *left = sq_xmalloc(sizeof(*left) * (size_t)(ns ? ns : 1));
     char *has_residual = sq_xcalloc((size_t)(ns ? ns : 1), 1);
     for (int i = 0; i < ns; i++)
-        left[i] = c->sessions[i].rate_rps;
+        left[i] = c->rate[i];
 
     /* Saturated devices first, so that a residual share gets only the rate
      * they leave over. */
@@ -617,7 +781,7 @@ static int keep_previous(ctx_t *c, const pl_plan_t *prev, pool_t *pool)
                     node_push(n, &it);
                     continue;
                 }
-                if (has_residual[s] || (left[s] <= 0 && ss->rate_rps > 0))
+                if (has_residual[s] || (left[s] <= 0 && c->rate[s] > 0))
                     continue;
                 /* Whole devices' worth of new load goes to new saturated
                  * devices; the residual share stays here. */
@@ -629,13 +793,13 @@ static int keep_previous(ctx_t *c, const pl_plan_t *prev, pool_t *pool)
                     pool_add(pool, s, whole * thr);
                 left[s] = 0;
                 has_residual[s] = 1;
-                if (share == 0 && ss->rate_rps > 0)
+                if (share == 0 && c->rate[s] > 0)
                     continue;
                 item_t it = {.session = s, .rate_rps = share};
                 int b;
-                if (pl_residue(ss->profile, ss->slo_us, share, c->opt.k_std,
-                               c->opt.device_memory_bytes, &b, &it.solo_duty_us,
-                               &it.solo_occupancy) < 0) {
+                if (residue(share_burst(c, s), ss->profile, ss->slo_us, share, c->opt.k_std,
+                            c->opt.device_memory_bytes, &b, &it.solo_duty_us,
+                            &it.solo_occupancy) < 0) {
                     pool_add(pool, s, share);
                     continue;
                 }
@@ -650,7 +814,7 @@ static int keep_previous(ctx_t *c, const pl_plan_t *prev, pool_t *pool)
         if (!c->nodes[i].saturated)
             evicted += evict_until_valid(c, &c->nodes[i], pool);
     for (int s = 0; s < ns; s++) {
-        if (left[s] > 0 || (c->sessions[s].rate_rps == 0 && !has_residual[s]))
+        if (left[s] > 0 || (c->rate[s] == 0 && !has_residual[s]))
             pool_add(pool, s, left[s]);
     }
     free(map);
@@ -741,7 +905,7 @@ static double eval_on_link(const ctx_t *c, const node_t *n, pl_link_t l, item_t 
         int ok = 1;
         for (int i = 0; i < n->nitems; i++) {
             const pl_session_t *s = &c->sessions[it[i].session];
-            int b = batch_for(d, it[i].rate_rps);
+            int b = share_batch(c, it[i].session, d, it[i].rate_rps);
             double lat = pl_latency_us(s->profile, b, c->opt.k_std);
             if (lat <= 0)
                 return -1;
@@ -929,6 +1093,164 @@ static void assign_links(ctx_t *c, int *order, int *keep, const char *used, int 
     free(rank);
     free(taken);
     free(tmp);
+}
+
+/* ---- overflow routes on spare devices (pl_options_t.overflow) ------------ */
+
+typedef struct {
+    int session;
+    double load; /* sum of its shares' l(b) / d: devices' worth of planned work */
+} busy_t;
+
+static int busy_cmp(const void *a, const void *b)
+{
+    const busy_t *x = a, *y = b;
+    if (x->load != y->load)
+        return x->load < y->load ? 1 : -1;
+    return (x->session > y->session) - (x->session < y->session);
+}
+
+/* Whether session s can run on a device behind link l at all: some batch
+ * with 2 (l(b) + net(b)) <= L (a spare device serves it back to back), and
+ * that batch's memory fits. Returns the largest such batch, or 0. */
+static int overflow_batch(const ctx_t *c, int s, pl_link_t l)
+{
+    const pl_session_t *ss = &c->sessions[s];
+    int best = 0;
+    for (int b = 1; b <= ss->profile->max_batch; b++) {
+        double lat = pl_latency_us(ss->profile, b, c->opt.k_std);
+        if (lat <= 0 || 2 * (lat + transfer_us(ss, l, b)) > ss->slo_us + TIME_EPS_US)
+            continue;
+        if (!fits_memory(&c->opt, pl_memory_bytes(ss->profile, b)))
+            break;
+        best = b;
+    }
+    return best;
+}
+
+/* Devices short (load left unplaced for want of devices): the planned
+ * devices that do not hold such a session also take its overflow, least
+ * occupied first, as memory allows: Symphony's matchmaking over every
+ * worker that can hold the model, rather than certain loss. */
+static void overflow_onto_planned(const ctx_t *c, pl_plan_t *out, const busy_t *rank)
+{
+    int *order = sq_xmalloc(sizeof(int) * (size_t)(out->ndevices ? out->ndevices : 1));
+    for (int i = 0; i < out->ndevices; i++) {
+        int j = i;
+        while (j > 0 && out->devices[order[j - 1]].occupancy > out->devices[i].occupancy) {
+            order[j] = order[j - 1];
+            j--;
+        }
+        order[j] = i;
+    }
+    double *extra = sq_xcalloc((size_t)(out->ndevices ? out->ndevices : 1), sizeof(double));
+    for (int k = 0; k < c->nsessions; k++) {
+        int s = rank[k].session;
+        if (c->unplaced_reason[s] != PL_UNPLACED_DEVICES)
+            continue;
+        for (int oi = 0; oi < out->ndevices; oi++) {
+            int i = order[oi];
+            const pl_device_t *d = &out->devices[i];
+            int holds = 0, model_there = 0;
+            for (int a = 0; a < d->nallocs; a++) {
+                holds |= d->allocs[a].session == s;
+                model_there |= d->allocs[a].model == c->sessions[s].model;
+            }
+            for (int o = 0; o < out->noverflow; o++)
+                model_there |= out->overflow[o].device_id == d->id &&
+                               out->overflow[o].model == c->sessions[s].model;
+            if (holds)
+                continue;
+            int b = overflow_batch(c, s, link_of(&c->opt, d->id));
+            if (b == 0)
+                continue;
+            double more = model_there ? 0 : pl_memory_bytes(c->sessions[s].profile, b);
+            if (!fits_memory(&c->opt, d->memory_bytes + extra[i] + more))
+                continue;
+            extra[i] += more;
+            out->overflow[out->noverflow++] = (pl_overflow_t){.device_id = d->id,
+                                                              .session = s,
+                                                              .session_id = c->sessions[s].id,
+                                                              .model = c->sessions[s].model};
+        }
+    }
+    free(order);
+    free(extra);
+}
+
+static void add_overflow(const ctx_t *c, pl_plan_t *out)
+{
+    int maxd = c->opt.max_devices;
+    if (!c->opt.overflow || maxd <= 0 || c->nsessions == 0)
+        return;
+    busy_t *rank = sq_xcalloc((size_t)c->nsessions, sizeof(*rank));
+    for (int s = 0; s < c->nsessions; s++) {
+        rank[s].session = s;
+        /* Load the plan could not place counts first: a device's worth of
+         * its saturated throughput. */
+        int B;
+        double thr = pl_max_throughput_rps(c->sessions[s].profile, c->sessions[s].slo_us,
+                                           c->opt.k_std, c->opt.device_memory_bytes, &B);
+        if (c->unplaced_reason[s] == PL_UNPLACED_DEVICES && thr > 0)
+            rank[s].load += c->unplaced_rate[s] / thr;
+    }
+    for (int i = 0; i < out->ndevices; i++) {
+        const pl_device_t *d = &out->devices[i];
+        for (int a = 0; a < d->nallocs; a++)
+            rank[d->allocs[a].session].load +=
+                (d->allocs[a].latency_us + d->allocs[a].transfer_us) / d->duty_cycle_us;
+    }
+    qsort(rank, (size_t)c->nsessions, sizeof(*rank), busy_cmp);
+    int cap = (maxd > out->ndevices ? maxd : out->ndevices) * c->nsessions;
+    out->overflow = sq_xcalloc((size_t)(cap ? cap : 1), sizeof(*out->overflow));
+    char *used = sq_xcalloc((size_t)maxd, 1);
+    for (int i = 0; i < out->ndevices; i++)
+        if (out->devices[i].id >= 0 && out->devices[i].id < maxd)
+            used[out->devices[i].id] = 1;
+    int *models = sq_xmalloc(sizeof(int) * (size_t)c->nsessions);
+    int *batches = sq_xmalloc(sizeof(int) * (size_t)c->nsessions);
+    for (int id = 0; id < maxd; id++) {
+        if (used[id])
+            continue;
+        pl_link_t l = link_of(&c->opt, id);
+        int nm = 0;
+        double mem = 0;
+        for (int k = 0; k < c->nsessions; k++) {
+            int s = rank[k].session;
+            if (!(rank[k].load > 0) || !(c->sessions[s].rate_rps > 0))
+                break; /* sorted: the rest has no planned load */
+            int b = overflow_batch(c, s, l);
+            if (b == 0)
+                continue;
+            /* Weights once per model, activations at its largest batch. */
+            const pl_profile_t *p = c->sessions[s].profile;
+            int m = 0;
+            while (m < nm && models[m] != c->sessions[s].model)
+                m++;
+            double more =
+                m < nm
+                    ? (b > batches[m] ? pl_memory_bytes(p, b) - pl_memory_bytes(p, batches[m]) : 0)
+                    : pl_memory_bytes(p, b);
+            if (!fits_memory(&c->opt, mem + more))
+                continue;
+            mem += more;
+            if (m == nm) {
+                models[nm] = c->sessions[s].model;
+                batches[nm++] = b;
+            } else if (b > batches[m]) {
+                batches[m] = b;
+            }
+            out->overflow[out->noverflow++] = (pl_overflow_t){.device_id = id,
+                                                              .session = s,
+                                                              .session_id = c->sessions[s].id,
+                                                              .model = c->sessions[s].model};
+        }
+    }
+    overflow_onto_planned(c, out, rank);
+    free(models);
+    free(batches);
+    free(used);
+    free(rank);
 }
 
 /* ---- assembling the plan -------------------------------------------------- */
@@ -1127,13 +1449,18 @@ int pl_plan(pl_plan_t *out, const pl_session_t *sessions, int nsessions, const p
     size_t ns = (size_t)(nsessions ? nsessions : 1);
     c.unplaced_rate = sq_xcalloc(ns, sizeof(*c.unplaced_rate));
     c.unplaced_reason = sq_xcalloc(ns, sizeof(*c.unplaced_reason));
+    burst_init(&c.burst, opt->burst_quantile);
+    c.rate = sq_xcalloc(ns, sizeof(*c.rate));
+    c.pooled = sq_xcalloc(ns, 1);
+    for (int s = 0; s < nsessions; s++)
+        packed_rate(&c, s);
 
     pool_t pool = {0};
     if (prev)
         out->evicted = keep_previous(&c, prev, &pool);
     else
         for (int s = 0; s < nsessions; s++)
-            pool_add(&pool, s, sessions[s].rate_rps);
+            pool_add(&pool, s, c.rate[s]);
 
     int nkept = c.nnodes;
     item_t *residual = sq_xmalloc(sizeof(*residual) * (size_t)(pool.n ? pool.n : 1));
@@ -1153,6 +1480,7 @@ int pl_plan(pl_plan_t *out, const pl_session_t *sessions, int nsessions, const p
     consolidate(&c, &bins);
 
     assemble(&c, out, prev);
+    add_overflow(&c, out);
     out->lower_bound_devices = pl_lower_bound(sessions, nsessions, opt);
 
     free(bins.idx);
@@ -1164,6 +1492,9 @@ int pl_plan(pl_plan_t *out, const pl_session_t *sessions, int nsessions, const p
     free(c.scratch);
     free(c.unplaced_rate);
     free(c.unplaced_reason);
+    free(c.rate);
+    free(c.pooled);
+    free(c.burst.lam_max);
     return 0;
 }
 
@@ -1175,5 +1506,6 @@ void pl_plan_dispose(pl_plan_t *plan)
         free(plan->devices[i].allocs);
     free(plan->devices);
     free(plan->unplaced);
+    free(plan->overflow);
     memset(plan, 0, sizeof(*plan));
 }

@@ -180,7 +180,8 @@ typedef struct {
 /* How a plan's placement becomes routes (pl_plan_routes). */
 typedef struct {
     /* The worker that runs plan device `index` and can serve the session
-     * now (it holds the model), or -1. */
+     * now (it holds the model), or -1. For a spare device of
+     * plan->overflow: index -1 and a device with only its id set. */
     int (*worker_of)(void *ctx, int index, const pl_device_t *dev);
     void *ctx;
     /* 1: each route's target batch is its allocation's; 0: the plan saw
@@ -195,7 +196,8 @@ typedef struct {
 } pl_route_rules_t;
 
 /* The routes of session `session_id` under `plan` (NULL: no plan yet): the
- * planned devices whose worker can serve it, else the fallback workers.
+ * planned devices whose worker can serve it, else the fallback workers;
+ * then the spare devices of plan->overflow that hold it (target 0).
  * Writes at most max; returns how many. */
 int pl_plan_routes(const pl_plan_t *plan, int session_id, const pl_route_rules_t *rules,
                    pl_route_t *routes, int max);

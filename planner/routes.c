@@ -14,6 +14,14 @@ static const pl_alloc_t *alloc_of(const pl_device_t *dev, int session_id)
     return NULL;
 }
 
+static int listed(const pl_route_t *routes, int n, int worker)
+{
+    for (int i = 0; i < n; i++)
+        if (routes[i].worker == worker)
+            return 1;
+    return 0;
+}
+
 int pl_plan_routes(const pl_plan_t *plan, int session_id, const pl_route_rules_t *rules,
                    pl_route_t *routes, int max)
 {
@@ -28,11 +36,21 @@ int pl_plan_routes(const pl_plan_t *plan, int session_id, const pl_route_rules_t
             continue;
         routes[n++] = (pl_route_t){.worker = worker, .target_batch = rules->targets ? a->batch : 0};
     }
+    int planned = n;
     if (rules->used_fallback != NULL)
-        *rules->used_fallback = n == 0;
-    if (n > 0)
-        return n;
-    for (int i = 0; i < rules->nfallback && n < max; i++)
+        *rules->used_fallback = planned == 0;
+    for (int i = 0; planned == 0 && i < rules->nfallback && n < max; i++)
         routes[n++] = (pl_route_t){.worker = rules->fallback[i]};
+    /* Spare devices that also hold the session take its overflow: after
+     * the planned ones, with the dispatcher's own batch (target 0). */
+    for (int i = 0; plan != NULL && i < plan->noverflow && n < max; i++) {
+        const pl_overflow_t *o = &plan->overflow[i];
+        if (o->session_id != session_id)
+            continue;
+        pl_device_t spare = {.id = o->device_id};
+        int worker = rules->worker_of(rules->ctx, -1, &spare);
+        if (worker >= 0 && !listed(routes, n, worker))
+            routes[n++] = (pl_route_t){.worker = worker};
+    }
     return n;
 }

@@ -992,6 +992,15 @@ char *wl_plan_to_json(const wl_workload_t *w, const wl_plan_input_t *in, const p
         json_array_append_new(un, uj);
     }
     json_object_set_new(root, "unplaced", un);
+    if (plan->noverflow > 0) {
+        json_t *ov = json_array();
+        for (int i = 0; i < plan->noverflow; i++) {
+            json_t *oj = session_json(w, in, plan->overflow[i].session);
+            json_object_set_new(oj, "device", json_integer(plan->overflow[i].device_id));
+            json_array_append_new(ov, oj);
+        }
+        json_object_set_new(root, "overflow", ov);
+    }
     json_t *pls = json_array();
     for (int i = 0; i < in->nsplits; i++) {
         const wl_pipeline_t *pl = &w->pipelines[i];

@@ -1,7 +1,8 @@
 /* squish-sim WORKLOAD.json [--policy deferred|adaptive|early-drop] [--seed N]
  *           [--search-goodput] [--dump] [--scale X] [--duration S]
  *           [--routing auto|all|plan] [--plan-headroom X] [--net-delay-us N]
- *           [--eager-load X]
+ *           [--eager-load X] [--plan-burst-quantile P] [--no-overflow]
+ *           [--epoch-s S]
  * Prints the simulation summary JSON (DESIGN.md) on stdout. Exit status: 0,
  * 1 (workload or simulation error), 2 (usage), 3 (the no-overlap checker
  * found a device running two batches at once). */
@@ -15,35 +16,47 @@
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: squish-sim WORKLOAD.json [options]\n"
-               "Runs squish's dispatcher core (the code squishd runs) against simulated devices\n"
-               "that take exactly a profile's l(b) per batch, and prints a JSON summary (goodput,\n"
-               "drops, lateness, batch sizes, latency percentiles per model) on stdout.\n"
-               "\n"
-               "WORKLOAD.json (schemas/workload.schema.json; examples in bench/workloads/):\n"
-               "  devices (count, or hosts with rtt_ms and bandwidth_mbps), models with their\n"
-               "  profiles (alpha/beta ms, or a latency table), sessions (model, slo_ms, and\n"
-               "  rate_rps for Poisson arrivals or times_ms for a trace), k_std, seed.\n"
-               "\n"
-               "options:\n"
-               "  --policy P         deferred (Symphony), adaptive (deferred under load, at once\n"
-               "                     when arrivals are sparse; squishd's default) or early-drop\n"
-               "                     (Nexus); default deferred\n"
-               "  --eager-load X     adaptive: dispatch at once below this share of the greedy\n"
-               "                     capacity (default 0.5)\n"
-               "  --seed N           arrival seed (default: the workload's)\n"
-               "  --scale X          multiply every arrival rate by X (default 1)\n"
-               "  --duration S       seconds of Poisson arrivals (default 10)\n"
-               "  --search-goodput   find the largest scale at which >= 99%% of requests finish\n"
-               "                     within their SLO, and print that run\n"
-               "  --routing R        which devices hold which model: auto (the plan when the\n"
-               "                     workload has more than one model, else all), all, plan\n"
-               "  --plan-headroom X  the planner sees every rate times X (>= 1; default 1)\n"
-               "  --net-delay-us N   fixed delay added to every batch (default 0)\n"
-               "  --dump             also print every request and batch\n"
-               "  --help             this text\n"
-               "Exit status: 0; 1 workload or simulation error; 2 usage; 3 a device ran two\n"
-               "batches at once (the checker).\n");
+    fprintf(f,
+            "usage: squish-sim WORKLOAD.json [options]\n"
+            "Runs squish's dispatcher core (the code squishd runs) against simulated devices\n"
+            "that take exactly a profile's l(b) per batch, and prints a JSON summary (goodput,\n"
+            "drops, lateness, batch sizes, latency percentiles per model) on stdout.\n"
+            "\n"
+            "WORKLOAD.json (schemas/workload.schema.json; examples in bench/workloads/):\n"
+            "  devices (count, or hosts with rtt_ms and bandwidth_mbps), models with their\n"
+            "  profiles (alpha/beta ms, or a latency table), sessions (model, slo_ms, and\n"
+            "  rate_rps for Poisson arrivals or times_ms for a trace), k_std, seed.\n"
+            "\n"
+            "options:\n"
+            "  --policy P         deferred (Symphony), adaptive (deferred under load, at once\n"
+            "                     when arrivals are sparse; squishd's default) or early-drop\n"
+            "                     (Nexus); default deferred\n"
+            "  --eager-load X     adaptive: dispatch at once below this share of the greedy\n"
+            "                     capacity (default 0.5)\n"
+            "  --seed N           arrival seed (default: the workload's)\n"
+            "  --scale X          multiply every arrival rate by X (default 1)\n"
+            "  --duration S       seconds of Poisson arrivals (default 10)\n"
+            "  --search-goodput   find the largest scale at which >= 99%% of requests finish\n"
+            "                     within their SLO, and print that run\n"
+            "  --routing R        which devices hold which model: auto (the plan when the\n"
+            "                     workload has more than one model, else all), all, plan\n"
+            "  --plan-headroom X  the planner sees every rate times X (>= 1; default 1)\n"
+            "  --plan-burst-quantile P\n"
+            "                     each planned batch covers the P-quantile of the Poisson count\n"
+            "                     arriving in its duty cycle (0: mean rates; default 0.99)\n"
+            "  --no-overflow      spare devices (the plan needs fewer than there are) stay\n"
+            "                     unrouted; default: they also hold the busiest sessions\n"
+            "  --epoch-s S        re-plan every S seconds of simulated time from the rates\n"
+            "                     measured in the last S (as squishd's planner); the first\n"
+            "                     plan takes the workload's rates at time 0 (default 0: one\n"
+            "                     plan at the mean rates). The summary then has \"steps\":\n"
+            "                     per rate step (segment boundaries), the share within SLO,\n"
+            "                     drops, late, planned devices and each device's busy share\n"
+            "  --net-delay-us N   fixed delay added to every batch (default 0)\n"
+            "  --dump             also print every request and batch\n"
+            "  --help             this text\n"
+            "Exit status: 0; 1 workload or simulation error; 2 usage; 3 a device ran two\n"
+            "batches at once (the checker).\n");
 }
 
 static int parse_double(const char *s, double *out)
@@ -68,6 +81,15 @@ int main(int argc, char **argv)
             return 0;
         } else if (strcmp(a, "--search-goodput") == 0) {
             search = 1;
+        } else if (strcmp(a, "--epoch-s") == 0 && v) {
+            if (parse_double(v, &x) < 0 || !(x >= 0)) {
+                fprintf(stderr, "squish-sim: --epoch-s: must be >= 0 seconds\n");
+                return 2;
+            }
+            opts.epoch_s = x;
+            i++;
+        } else if (strcmp(a, "--no-overflow") == 0) {
+            opts.plan_overflow = 0;
         } else if (strcmp(a, "--dump") == 0) {
             dump = 1;
         } else if (strcmp(a, "--policy") == 0 && v) {
@@ -119,6 +141,13 @@ int main(int argc, char **argv)
                 return 2;
             }
             opts.plan_headroom = x;
+            i++;
+        } else if (strcmp(a, "--plan-burst-quantile") == 0 && v) {
+            if (parse_double(v, &x) < 0 || !(x >= 0) || !(x < 1)) {
+                fprintf(stderr, "squish-sim: --plan-burst-quantile: must be in [0, 1)\n");
+                return 2;
+            }
+            opts.plan_burst_quantile = x;
             i++;
         } else if (strcmp(a, "--routing") == 0 && v) {
             if (strcmp(v, "auto") == 0)

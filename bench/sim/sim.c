@@ -20,6 +20,8 @@ void sim_opts_default(sim_opts_t *o)
     o->duration_s = 10;
     o->routing = SIM_ROUTE_AUTO;
     o->plan_headroom = 1;
+    o->plan_burst_quantile = PL_BURST_QUANTILE;
+    o->plan_overflow = 1;
 }
 
 /* ---- arrivals ---- */
@@ -178,6 +180,16 @@ typedef struct {
     double *item_bytes; /* per session: its model's input + output bytes */
     size_t cap_batches;
     int failed;
+    /* Placement routing (SIM_ROUTE_PLAN): the plan in force, re-made every
+     * epoch from the rates measured in the one before (sim_opts_t.epoch_s). */
+    int planning;
+    int has_plan;
+    pl_plan_t plan;
+    double *epoch_count; /* per session: arrivals since the last epoch */
+    int64_t next_epoch_us, last_epoch_us;
+    int64_t *plan_at_us; /* when each plan was applied, and its devices */
+    int *plan_devices;
+    int nplans, capplans;
 } run_t;
 
 static void absorb(run_t *r)
@@ -263,7 +275,108 @@ static int sim_device_worker(void *ctx, int index, const pl_device_t *dev)
     return dev->id < *(const int *)ctx ? dev->id : -1;
 }
 
-/* Routes every session: on all devices, or as the placement plan says. */
+/* Session s's rate at t_s: its segment's for segment arrivals, else its
+ * mean (rate_rps). Times are not scaled, rates are. */
+static double rate_at(const wl_session_t *ws, double t_s)
+{
+    const wl_arrivals_t *a = &ws->arrivals;
+    if (a->process == WL_ARRIVALS_NONE || a->process == WL_ARRIVALS_TIMES)
+        return ws->rate_rps;
+    double start = 0;
+    for (int k = 0; k < a->nsegments; k++) {
+        start += a->segments[k].duration_s;
+        if (t_s < start)
+            return a->segments[k].rate_rps;
+    }
+    return 0;
+}
+
+/* Plans at rates (req/s, per session; incremental from the plan in force)
+ * and applies it at now: each device's duty cycle (early-drop's pacing),
+ * each session's routes (pl_plan_routes: planned devices, the planned ones
+ * as fallback for unplaced sessions, spare devices for overflow). */
+static int plan_and_route(run_t *r, const double *rates, int64_t now)
+{
+    const wl_workload_t *w = r->w;
+    int n = r->res->ndevices;
+    pl_session_t *ps = sq_xcalloc((size_t)w->nsessions + 1, sizeof(*ps));
+    for (int s = 0; s < w->nsessions; s++) {
+        const wl_session_t *ws = &w->sessions[s];
+        ps[s] = (pl_session_t){.id = s,
+                               .model = ws->model,
+                               .name = w->models[ws->model].name,
+                               .profile = &w->models[ws->model].profile,
+                               .slo_us = ws->slo_ms * 1000,
+                               .rate_rps = rates[s] * r->o->plan_headroom,
+                               .item_bytes = w->models[ws->model].item_bytes};
+    }
+    pl_options_t po = {.k_std = w->k_std,
+                       .device_memory_bytes = w->device_memory_mb * WL_BYTES_PER_MB,
+                       .max_devices = n,
+                       .links = w->device_links,
+                       .nlinks = w->ndevice_links,
+                       .burst_quantile = r->o->plan_burst_quantile,
+                       .overflow = r->o->plan_overflow};
+    pl_plan_t plan;
+    int rc = pl_plan(&plan, ps, w->nsessions, r->has_plan ? &r->plan : NULL, &po);
+    free(ps);
+    if (rc < 0)
+        return rc;
+    r->res->planned_devices = plan.ndevices;
+    if (r->nplans == r->capplans) {
+        r->capplans = r->capplans ? 2 * r->capplans : 16;
+        r->plan_at_us = sq_xrealloc(r->plan_at_us, sizeof(int64_t) * (size_t)r->capplans);
+        r->plan_devices = sq_xrealloc(r->plan_devices, sizeof(int) * (size_t)r->capplans);
+    }
+    r->plan_at_us[r->nplans] = now;
+    r->plan_devices[r->nplans++] = plan.ndevices;
+    for (int k = 0; k < n; k++) {
+        const pl_device_t *pd = NULL;
+        for (int i = 0; i < plan.ndevices; i++)
+            if (plan.devices[i].id == k)
+                pd = &plan.devices[i];
+        int64_t duty = pd ? llround(pd->duty_cycle_us) : 0;
+        /* A saturated device runs back to back: pacing adds nothing. */
+        if (pd && pd->saturated)
+            duty = 0;
+        pl_dispatch_worker_add(r->d, now, k, r->o->policy == PL_POLICY_EARLY_DROP ? duty : 0);
+    }
+    int maxroutes = plan.ndevices + 2 * n + 1; /* planned, fallback, overflow */
+    pl_route_t *routes = sq_xmalloc(sizeof(*routes) * (size_t)maxroutes);
+    /* Unplaced (Nexus's worst case 2 l(1) > SLO, or out of devices): best
+     * effort on every planned device rather than certain loss; the
+     * dispatcher still only sends batches that meet their deadline. */
+    int ndev = plan.ndevices < n ? plan.ndevices : n;
+    int *all = sq_xcalloc((size_t)(ndev ? ndev : n), sizeof(*all));
+    for (int k = 0; k < ndev; k++)
+        all[k] = plan.devices[k].id < n ? plan.devices[k].id : 0;
+    if (ndev == 0)
+        for (ndev = 0; ndev < n; ndev++)
+            all[ndev] = ndev;
+    r->res->unplaced_sessions = 0;
+    for (int s = 0; s < w->nsessions; s++) {
+        int fell_back = 0;
+        pl_route_rules_t rules = {.worker_of = sim_device_worker,
+                                  .ctx = &n,
+                                  .targets = 1,
+                                  .fallback = all,
+                                  .nfallback = ndev,
+                                  .used_fallback = &fell_back};
+        int nr = pl_plan_routes(&plan, s, &rules, routes, maxroutes);
+        r->res->unplaced_sessions += fell_back;
+        pl_dispatch_route_set(r->d, now, s, routes, nr);
+    }
+    free(all);
+    free(routes);
+    if (r->has_plan)
+        pl_plan_dispose(&r->plan);
+    r->plan = plan;
+    r->has_plan = 1;
+    return 0;
+}
+
+/* Routes every session: on all devices, or as the placement plan says (at
+ * the rates of the first moment: the workload's, as if declared). */
 static int setup_routes(run_t *r, int *ndevices)
 {
     const wl_workload_t *w = r->w;
@@ -286,72 +399,153 @@ static int setup_routes(run_t *r, int *ndevices)
         free(routes);
         return 0;
     }
-    pl_session_t *ps = sq_xcalloc((size_t)w->nsessions, sizeof(*ps));
-    for (int s = 0; s < w->nsessions; s++) {
-        const wl_session_t *ws = &w->sessions[s];
-        ps[s] = (pl_session_t){.id = s,
-                               .model = ws->model,
-                               .name = w->models[ws->model].name,
-                               .profile = &w->models[ws->model].profile,
-                               .slo_us = ws->slo_ms * 1000,
-                               .rate_rps = ws->rate_rps * r->o->rate_scale * r->o->plan_headroom,
-                               .item_bytes = w->models[ws->model].item_bytes};
-    }
-    pl_options_t po = {.k_std = w->k_std,
-                       .device_memory_bytes = w->device_memory_mb * WL_BYTES_PER_MB,
-                       .max_devices = w->device_count,
-                       .links = w->device_links,
-                       .nlinks = w->ndevice_links};
-    pl_plan_t plan;
-    int rc = pl_plan(&plan, ps, w->nsessions, NULL, &po);
-    free(ps);
-    if (rc < 0)
-        return rc;
-    int n = w->device_count > 0 ? w->device_count : plan.ndevices;
+    double *rates = sq_xcalloc((size_t)w->nsessions + 1, sizeof(*rates));
+    for (int s = 0; s < w->nsessions; s++)
+        rates[s] = (r->o->epoch_s > 0 ? rate_at(&w->sessions[s], 0) : w->sessions[s].rate_rps) *
+                   r->o->rate_scale;
+    int n = w->device_count;
     if (n < 1) {
+        /* Uncapped: as many devices as the plan at these rates asks for
+         * (re-planning needs a fixed count: the workload's). */
+        if (r->o->epoch_s > 0) {
+            free(rates);
+            return SQ_INVAL;
+        }
+        pl_session_t *ps = sq_xcalloc((size_t)w->nsessions + 1, sizeof(*ps));
+        for (int s = 0; s < w->nsessions; s++) {
+            const wl_session_t *ws = &w->sessions[s];
+            ps[s] = (pl_session_t){.id = s,
+                                   .model = ws->model,
+                                   .profile = &w->models[ws->model].profile,
+                                   .slo_us = ws->slo_ms * 1000,
+                                   .rate_rps = rates[s] * r->o->plan_headroom,
+                                   .item_bytes = w->models[ws->model].item_bytes};
+        }
+        pl_options_t po = {.k_std = w->k_std,
+                           .device_memory_bytes = w->device_memory_mb * WL_BYTES_PER_MB,
+                           .links = w->device_links,
+                           .nlinks = w->ndevice_links,
+                           .burst_quantile = r->o->plan_burst_quantile};
+        pl_plan_t plan;
+        int rc = pl_plan(&plan, ps, w->nsessions, NULL, &po);
+        free(ps);
+        if (rc < 0) {
+            free(rates);
+            return rc;
+        }
+        n = plan.ndevices;
         pl_plan_dispose(&plan);
-        return SQ_INVAL;
+        if (n < 1) {
+            free(rates);
+            return SQ_INVAL;
+        }
     }
     *ndevices = n;
-    r->res->planned_devices = plan.ndevices;
     r->dev = sq_xcalloc((size_t)n, sizeof(*r->dev));
-    for (int k = 0; k < n; k++) {
-        const pl_device_t *pd = NULL;
-        for (int i = 0; i < plan.ndevices; i++)
-            if (plan.devices[i].id == k)
-                pd = &plan.devices[i];
-        int64_t duty = pd ? llround(pd->duty_cycle_us) : 0;
-        /* A saturated device runs back to back: pacing adds nothing. */
-        if (pd && pd->saturated)
-            duty = 0;
-        pl_dispatch_worker_add(r->d, 0, k, r->o->policy == PL_POLICY_EARLY_DROP ? duty : 0);
-    }
-    pl_route_t *routes = sq_xmalloc(sizeof(*routes) * (size_t)(plan.ndevices + n + 1));
-    /* Unplaced (Nexus's worst case 2 l(1) > SLO, or out of devices): best
-     * effort on every planned device rather than certain loss; the
-     * dispatcher still only sends batches that meet their deadline. */
-    int ndev = plan.ndevices < n ? plan.ndevices : n;
-    if (ndev == 0)
-        ndev = n;
-    int *all = sq_xcalloc((size_t)ndev, sizeof(*all));
-    for (int k = 0; k < ndev; k++)
-        all[k] = k;
+    r->planning = 1;
+    int rc = plan_and_route(r, rates, 0);
+    free(rates);
+    return rc;
+}
+
+/* An epoch at now: the rates measured since the last one (arrivals over
+ * the time) make the next plan, as squishd's planner does. */
+static int run_epoch(run_t *r, int64_t now)
+{
+    const wl_workload_t *w = r->w;
+    double span_s = (double)(now - r->last_epoch_us) / 1e6;
+    double *rates = sq_xcalloc((size_t)w->nsessions + 1, sizeof(*rates));
     for (int s = 0; s < w->nsessions; s++) {
-        int fell_back = 0;
-        pl_route_rules_t rules = {.worker_of = sim_device_worker,
-                                  .ctx = &n,
-                                  .targets = 1,
-                                  .fallback = all,
-                                  .nfallback = ndev,
-                                  .used_fallback = &fell_back};
-        int nr = pl_plan_routes(&plan, s, &rules, routes, plan.ndevices + n + 1);
-        r->res->unplaced_sessions += fell_back;
-        pl_dispatch_route_set(r->d, 0, s, routes, nr);
+        rates[s] = span_s > 0 ? r->epoch_count[s] / span_s : 0;
+        r->epoch_count[s] = 0;
     }
-    free(all);
-    free(routes);
-    pl_plan_dispose(&plan);
-    return 0;
+    int rc = plan_and_route(r, rates, now);
+    free(rates);
+    r->last_epoch_us = now;
+    r->res->epochs++;
+    return rc;
+}
+
+static int dbl_less(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The steps (sim_step_t): cut [0, horizon] at every session's segment
+ * boundaries; count each step's requests by arrival, its devices' batch
+ * time, and the most devices a plan in force used. */
+static void fill_steps(const run_t *r, sim_result_t *res)
+{
+    const wl_workload_t *w = r->w;
+    int cap = 2;
+    for (int s = 0; s < w->nsessions; s++)
+        if (w->sessions[s].arrivals.process != WL_ARRIVALS_NONE &&
+            w->sessions[s].arrivals.process != WL_ARRIVALS_TIMES)
+            cap += w->sessions[s].arrivals.nsegments;
+    double *cut = sq_xmalloc(sizeof(double) * (size_t)cap);
+    int nc = 0;
+    cut[nc++] = 0;
+    cut[nc++] = res->horizon_s;
+    for (int s = 0; s < w->nsessions; s++) {
+        const wl_arrivals_t *a = &w->sessions[s].arrivals;
+        if (a->process == WL_ARRIVALS_NONE || a->process == WL_ARRIVALS_TIMES)
+            continue;
+        double t = 0;
+        for (int k = 0; k < a->nsegments; k++) {
+            t += a->segments[k].duration_s;
+            if (t < res->horizon_s)
+                cut[nc++] = t;
+        }
+    }
+    qsort(cut, (size_t)nc, sizeof(double), dbl_less);
+    res->steps = sq_xcalloc((size_t)nc, sizeof(*res->steps));
+    for (int i = 1; i < nc; i++) {
+        if (cut[i] <= cut[i - 1])
+            continue;
+        sim_step_t *st = &res->steps[res->nsteps++];
+        st->start_s = cut[i - 1];
+        st->end_s = cut[i];
+        st->busy_fraction = sq_xcalloc((size_t)(res->ndevices ? res->ndevices : 1), sizeof(double));
+    }
+    free(cut);
+    for (size_t i = 0; i < res->nrequests; i++) {
+        const sim_request_t *q = &res->requests[i];
+        double t = (double)q->arrival_us / 1e6;
+        for (int k = 0; k < res->nsteps; k++) {
+            sim_step_t *st = &res->steps[k];
+            if (t < st->start_s || (t >= st->end_s && k < res->nsteps - 1))
+                continue;
+            st->requests++;
+            st->ok += q->outcome == SIM_OK;
+            st->dropped += q->outcome == SIM_DROPPED;
+            st->late += q->outcome == SIM_LATE;
+            break;
+        }
+    }
+    for (int k = 0; k < res->nsteps; k++) {
+        sim_step_t *st = &res->steps[k];
+        int64_t a = llround(st->start_s * 1e6), b = llround(st->end_s * 1e6);
+        for (size_t i = 0; i < res->nbatches; i++) {
+            const sim_batch_t *bt = &res->batches[i];
+            int64_t lo = bt->start_us > a ? bt->start_us : a;
+            int64_t hi = bt->end_us < b ? bt->end_us : b;
+            if (hi > lo && bt->device >= 0 && bt->device < res->ndevices)
+                st->busy_fraction[bt->device] += (double)(hi - lo);
+        }
+        for (int d = 0; d < res->ndevices; d++)
+            st->busy_fraction[d] /= (double)(b - a);
+        for (int p = 0; p < r->nplans; p++) {
+            int in_force = r->plan_at_us[p] < b && (p + 1 == r->nplans || r->plan_at_us[p + 1] > a);
+            if (in_force && r->plan_devices[p] > st->planned_devices)
+                st->planned_devices = r->plan_devices[p];
+        }
+    }
+}
+
+double sim_step_ok_fraction(const sim_step_t *step)
+{
+    return step->requests ? (double)step->ok / (double)step->requests : 1;
 }
 
 int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
@@ -419,12 +613,18 @@ int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
     }
     r.done.v = sq_xmalloc(sizeof(completion_t) * (size_t)res->ndevices);
     absorb(&r);
+    r.epoch_count = sq_xcalloc((size_t)w->nsessions + 1, sizeof(double));
+    int64_t epoch_us = llround(o->epoch_s * 1e6);
+    int64_t horizon_us = llround(horizon * 1e6);
+    r.next_epoch_us = r.planning && epoch_us > 0 && epoch_us < horizon_us ? epoch_us : PL_NEVER;
 
     size_t next = 0;
     while (!r.failed) {
         int64_t t_done = r.done.n ? r.done.v[0].end_us : PL_NEVER;
         int64_t t_arr = next < arr.n ? res->requests[next].arrival_us : PL_NEVER;
         int64_t now = t_done < t_arr ? t_done : t_arr;
+        if (r.next_epoch_us < now)
+            now = r.next_epoch_us;
         if (r.timer_us < now)
             now = r.timer_us;
         if (now == PL_NEVER)
@@ -447,7 +647,16 @@ int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
         } else if (t_arr == now) {
             sim_request_t *q = &res->requests[next];
             pl_dispatch_request(r.d, now, next, q->session, q->arrival_us, q->deadline_us);
+            r.epoch_count[q->session]++;
             next++;
+        } else if (r.next_epoch_us == now) {
+            /* Epochs run while arrivals do (ties: after completions and
+             * arrivals, before the dispatcher's timer). */
+            if ((rc = run_epoch(&r, now)) < 0)
+                goto out;
+            r.next_epoch_us += epoch_us;
+            if (r.next_epoch_us >= horizon_us)
+                r.next_epoch_us = PL_NEVER;
         } else {
             r.timer_us = PL_NEVER;
             pl_dispatch_timer(r.d, now);
@@ -459,6 +668,7 @@ int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
     for (int k = 0; k < res->ndevices; k++)
         res->devices_used += r.dev[k].used;
     res->overlap_batch = sim_check_overlap(res->batches, res->nbatches, res->ndevices);
+    fill_steps(&r, res);
     if (r.failed && res->overlap_batch < 0)
         res->overlap_batch = (long)res->nbatches - 1;
     if (r.failed)
@@ -474,6 +684,11 @@ out:
     free(r.dev);
     free(r.done.v);
     free(arr.v);
+    free(r.epoch_count);
+    free(r.plan_at_us);
+    free(r.plan_devices);
+    if (r.has_plan)
+        pl_plan_dispose(&r.plan);
     pl_dispatch_free(r.d);
     return rc;
 }
@@ -484,8 +699,13 @@ void sim_result_dispose(sim_result_t *res)
         return;
     free(res->requests);
     free(res->batches);
+    for (int k = 0; k < res->nsteps; k++)
+        free(res->steps[k].busy_fraction);
+    free(res->steps);
     res->requests = NULL;
     res->batches = NULL;
+    res->steps = NULL;
+    res->nsteps = 0;
 }
 
 double sim_ok_fraction(const sim_result_t *res)
@@ -672,6 +892,27 @@ char *sim_summary_json(const wl_workload_t *w, const sim_opts_t *opts, const sim
         json_object_set_new(root, "planned_devices", json_integer(res->planned_devices));
     json_object_set_new(root, "unplaced_sessions", json_integer(res->unplaced_sessions));
     json_object_set_new(root, "batch_count", json_integer((json_int_t)res->nbatches));
+    if (opts->epoch_s > 0)
+        json_object_set_new(root, "epochs", json_integer(res->epochs));
+    if (res->nsteps > 1 || opts->epoch_s > 0) {
+        json_t *steps = json_array();
+        for (int k = 0; k < res->nsteps; k++) {
+            const sim_step_t *st = &res->steps[k];
+            json_t *busy = json_array();
+            for (int d = 0; d < res->ndevices; d++)
+                json_array_append_new(busy, num(st->busy_fraction[d]));
+            json_t *so =
+                json_pack("{s:o, s:o, s:I, s:o, s:I, s:I, s:o}", "start_s", num(st->start_s),
+                          "end_s", num(st->end_s), "requests", (json_int_t)st->requests,
+                          "ok_fraction", json_real(round(sim_step_ok_fraction(st) * 1e6) / 1e6),
+                          "dropped", (json_int_t)st->dropped, "late", (json_int_t)st->late,
+                          "device_busy_fraction", busy);
+            if (st->planned_devices > 0)
+                json_object_set_new(so, "planned_devices", json_integer(st->planned_devices));
+            json_array_append_new(steps, so);
+        }
+        json_object_set_new(root, "steps", steps);
+    }
     json_object_set_new(root, "overlap_batch", json_integer(res->overlap_batch));
     if (search_scale > 0)
         json_object_set_new(root, "search",

@@ -36,11 +36,24 @@ typedef struct {
     /* pl_plan sees every rate times this: a fluid-rate plan packs devices
      * to ~100% of the mean rate and leaves nothing for Poisson bursts. */
     double plan_headroom;
+    /* pl_options_t.burst_quantile: each planned batch covers this quantile
+     * of the Poisson count in its duty cycle (0: plan the mean rates). */
+    double plan_burst_quantile;
+    /* pl_options_t.overflow: spare devices also hold the busiest sessions
+     * (routes after the planned ones) and take their overflow. */
+    int plan_overflow;
+    /* Re-planning epochs (placement routing): every epoch_s seconds of
+     * simulated time, pl_plan again (incrementally) from the rates measured
+     * over the last epoch, and apply its routes; the first plan takes the
+     * rates of the workload's first moment. 0: one plan at the workload's
+     * mean rates. */
+    double epoch_s;
     double eager_load; /* adaptive policy's threshold; 0: PL_DEFAULT_EAGER_LOAD */
 } sim_opts_t;
 
 /* Defaults: deferred, workload seed, scale 1, 10 s, no network delay, auto
- * routing, plan headroom 1. */
+ * routing, plan headroom 1, burst quantile PL_BURST_QUANTILE and overflow
+ * routes on spare devices (as squishd). */
 void sim_opts_default(sim_opts_t *o);
 
 typedef enum {
@@ -66,6 +79,15 @@ typedef struct {
     int size;
 } sim_batch_t;
 
+/* One step of the workload's rates: the time between two consecutive
+ * segment boundaries of any session (a ramp's steps). */
+typedef struct {
+    double start_s, end_s;
+    size_t requests, ok, dropped, late; /* requests arriving in the step */
+    int planned_devices;                /* the most any plan in force in the step used */
+    double *busy_fraction;              /* owned, per device: batch time in the step / its length */
+} sim_step_t;
+
 typedef struct {
     int nsessions;
     int ndevices;
@@ -81,6 +103,9 @@ typedef struct {
     long overlap_batch;    /* first batch that overlapped another on its device, or -1 */
     int planned_devices;   /* devices the placement plan used (0 without a plan) */
     int unplaced_sessions; /* sessions the plan left without a device */
+    int epochs;            /* re-plans after the first (sim_opts_t.epoch_s) */
+    int nsteps;
+    sim_step_t *steps; /* owned */
 } sim_result_t;
 
 /* Runs one simulation. Returns 0, SQ_INVAL (a session's model has no usable
@@ -88,6 +113,10 @@ typedef struct {
  * either way enough for sim_result_dispose. */
 int sim_run(const wl_workload_t *w, const sim_opts_t *opts, sim_result_t *res);
 void sim_result_dispose(sim_result_t *res);
+
+/* Fraction of a step's requests that finished within their SLO (1 when
+ * none arrived in it). */
+double sim_step_ok_fraction(const sim_step_t *step);
 
 /* Fraction of requests that finished within their SLO (1 when none). */
 double sim_ok_fraction(const sim_result_t *res);

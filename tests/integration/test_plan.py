@@ -72,6 +72,11 @@ def the_plan_follows_the_load_and_is_stored_per_epoch():
         low = eventually(lambda: (lambda p: p if sessions_of(p, "slow") else None)(plan(s)), 5,
                          "a plan placing the model")
         assert low["devices_used"] == 1, low
+        # The three workers the packing does not need hold the model for its
+        # overflow (issue 15 item 6), and the advice does not count them.
+        spares = [o for o in low["overflow"] if o["model"] == "slow"]
+        assert len(spares) == 3, low
+        assert {o["worker"] for o in spares}.isdisjoint(d["worker"] for d in low["devices"]), low
         epoch_low = low["epoch"]
         codes = send_load(s, 200, 4.0)
         ok = codes.count(200) / max(1, len(codes))

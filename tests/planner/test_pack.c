@@ -334,6 +334,207 @@ Test(pack, epoch_releases_devices_when_load_falls, .init = nexus_setup, .fini = 
     pl_plan_dispose(&p2);
 }
 
+/* P(N <= b), N ~ Poisson(lambda): the test's own sum, not pack.c's. */
+static double poisson_cdf_test(int b, double lambda)
+{
+    double term = exp(-lambda), sum = term;
+    for (int k = 1; k <= b; k++) {
+        term *= lambda / k;
+        sum += term;
+    }
+    return sum;
+}
+
+/* Burst headroom from the arrival variance (pl_options_t.burst_quantile):
+ * a small session's batch covers the 99% quantile of the Poisson count in
+ * its duty cycle, more than the fluid ceil(r d); a session that fills
+ * devices is sized pooled over them and its SLO, q(r L) / L, which costs
+ * less than a fixed 1.25 at high rates and more at low ones. */
+Test(pack, burst_quantile_sizes_batches_for_poisson_counts)
+{
+    pl_profile_t lin;
+    pl_profile_init_linear(&lin, 1 * MS, 5 * MS, 64);
+    pl_session_t s = {.id = 1, .model = 0, .name = "m", .profile = &lin, .slo_us = 50 * MS};
+    pl_options_t fluid = {0}, burst = {.burst_quantile = 0.99};
+    for (double rate = 20; rate <= 400; rate *= 1.5) {
+        s.rate_rps = rate;
+        pl_plan_t pf, pb;
+        cr_assert_eq(pl_plan(&pf, &s, 1, NULL, &fluid), 0);
+        cr_assert_eq(pl_plan(&pb, &s, 1, NULL, &burst), 0);
+        cr_assert_eq(pb.ndevices, 1, "rate %.0f", rate);
+        const pl_device_t *d = &pb.devices[0];
+        const pl_alloc_t *a = &d->allocs[0];
+        double lambda = rate * d->duty_cycle_us * 1e-6;
+        cr_assert_geq(poisson_cdf_test(a->batch, lambda), 0.99, "rate %.0f: batch %d, mean %.2f",
+                      rate, a->batch, lambda);
+        cr_assert_gt(a->batch, (int)ceil(lambda), "rate %.0f: more than the mean count", rate);
+        cr_assert_leq(d->duty_cycle_us + a->latency_us, s.slo_us + 1e-6);
+        cr_assert_gt(d->occupancy, pf.devices[0].occupancy, "rate %.0f", rate);
+        pl_plan_dispose(&pf);
+        pl_plan_dispose(&pb);
+    }
+    /* Saturation batch 20 (2 l(20) = 50 ms), 800 req/s a device. 4000
+     * req/s: fluid 5 devices; pooled over the 50 ms SLO, the 99% quantile
+     * of the count (mean 200) is 234, so 4680 req/s: 6 devices (5
+     * saturated and a residue); a quantile per device and cycle (mean
+     * ~11.6 for a batch of 20 in 25 ms) would need 9. */
+    s.rate_rps = 4000;
+    pl_plan_t pf, pb;
+    cr_assert_eq(pl_plan(&pf, &s, 1, NULL, &fluid), 0);
+    cr_assert_eq(pl_plan(&pb, &s, 1, NULL, &burst), 0);
+    cr_assert_eq(pf.ndevices, 5);
+    cr_assert_eq(pb.ndevices, 6, "%d devices", pb.ndevices);
+    pl_plan_dispose(&pf);
+    pl_plan_dispose(&pb);
+    pl_profile_dispose(&lin);
+}
+
+/* pl_options_t.overflow: the packing needs 2 of 4 devices; the two spares
+ * also hold the sessions, busiest (most planned occupancy) first, as far as
+ * memory allows, and the packing itself (what the advice counts) is the
+ * same as without. */
+Test(pack, spare_devices_hold_the_busiest_sessions_for_overflow, .init = nexus_setup,
+     .fini = nexus_teardown)
+{
+    pl_session_t s[3];
+    nexus_sessions(s, 64, 32, 32);
+    pl_options_t plain = {.max_devices = 4}, opt = {.max_devices = 4, .overflow = 1};
+    pl_plan_t p0, p;
+    cr_assert_eq(pl_plan(&p0, s, 3, NULL, &plain), 0);
+    cr_assert_eq(pl_plan(&p, s, 3, NULL, &opt), 0);
+    cr_assert_eq(p0.noverflow, 0);
+    cr_assert_eq(p.ndevices, p0.ndevices);
+    cr_assert_eq(p.ndevices, 2);
+    double load[3] = {0};
+    for (int i = 0; i < p.ndevices; i++)
+        for (int a = 0; a < p.devices[i].nallocs; a++)
+            load[p.devices[i].allocs[a].session] +=
+                p.devices[i].allocs[a].latency_us / p.devices[i].duty_cycle_us;
+    cr_assert_eq(p.noverflow, 6, "every session on both spares");
+    for (int i = 0; i < p.noverflow; i++) {
+        const pl_overflow_t *o = &p.overflow[i];
+        cr_assert(o->device_id == 2 || o->device_id == 3, "spare ids: %d", o->device_id);
+        cr_assert_eq(o->session_id, s[o->session].id);
+        if (i > 0 && p.overflow[i - 1].device_id == o->device_id)
+            cr_assert_geq(load[p.overflow[i - 1].session], load[o->session], "busiest first");
+    }
+    pl_plan_dispose(&p);
+    pl_plan_dispose(&p0);
+
+    /* 600 MB of weights for A and B, 100 for C, 1000 MB devices: a spare
+     * holds the busiest of A and B, and C. */
+    prof[0].memory_bytes = 600e6;
+    prof[1].memory_bytes = 600e6;
+    prof[2].memory_bytes = 100e6;
+    opt.device_memory_bytes = 1000e6;
+    cr_assert_eq(pl_plan(&p, s, 3, NULL, &opt), 0);
+    int spares = 4 - p.ndevices;
+    cr_assert_eq(p.noverflow, 2 * spares);
+    for (int id = 0; id < 4; id++) {
+        double mem = 0;
+        int big = 0;
+        for (int i = 0; i < p.noverflow; i++) {
+            if (p.overflow[i].device_id != id)
+                continue;
+            mem += s[p.overflow[i].session].profile->memory_bytes;
+            big += p.overflow[i].session_id != 12;
+        }
+        cr_assert_leq(mem, 1000e6, "spare %d", id);
+        cr_assert_leq(big, 1);
+    }
+    pl_plan_dispose(&p);
+    /* No spare: no overflow. */
+    opt.max_devices = p0.ndevices;
+    opt.device_memory_bytes = 0;
+    cr_assert_eq(pl_plan(&p, s, 3, NULL, &opt), 0);
+    cr_assert_eq(p.noverflow, 0);
+    pl_plan_dispose(&p);
+}
+
+/* Issue 15: after the load stopped, the plan kept one model per device at
+ * near-zero rates. Each session fills most of a device of its own; when
+ * every rate falls to 1 req/s the incremental epoch empties kept devices
+ * too. At 1 req/s each runs b = 1 (the tables round up to the 4-row: 50,
+ * 50, 60 ms) at duty cycle L - l(1): 150, 200, 190 ms; all three would
+ * need 160 ms of a 150 ms cycle, two fit: two devices, one released. */
+Test(pack, epoch_consolidates_kept_devices_when_load_falls, .init = nexus_setup,
+     .fini = nexus_teardown)
+{
+    pl_session_t s[3];
+    nexus_sessions(s, 120, 80, 80);
+    pl_options_t opt = {.max_devices = 3};
+    pl_plan_t p1, p2, p3;
+    cr_assert_eq(pl_plan(&p1, s, 3, NULL, &opt), 0);
+    cr_assert_eq(p1.ndevices, 3);
+    for (int i = 0; i < 3; i++)
+        cr_assert_eq(p1.devices[i].nallocs, 1, "one model per device");
+    for (int i = 0; i < 3; i++)
+        s[i].rate_rps = 1;
+    cr_assert_eq(pl_plan(&p2, s, 3, &p1, &opt), 0);
+    cr_assert_eq(p2.ndevices, 2);
+    cr_assert_eq(p2.released, 1);
+    cr_assert_eq(p2.moved, 1, "one session moves to a device kept");
+    /* And the next epoch at the same rates moves nothing. */
+    cr_assert_eq(pl_plan(&p3, s, 3, &p2, &opt), 0);
+    cr_assert_eq(p3.ndevices, 2);
+    cr_assert_eq(p3.moved, 0);
+    pl_plan_dispose(&p1);
+    pl_plan_dispose(&p2);
+    pl_plan_dispose(&p3);
+}
+
+/* Devices short: A needs 3 saturated devices and a residue, B and C share
+ * one; with 3 devices the cut leaves load unplaced (PL_UNPLACED_DEVICES),
+ * and the planned devices that do not hold an unplaced session take its
+ * overflow instead of losing it, within their memory. */
+Test(pack, short_of_devices_planned_devices_take_the_unplaced_overflow, .init = nexus_setup,
+     .fini = nexus_teardown)
+{
+    pl_session_t s[3];
+    nexus_sessions(s, 520, 32, 32);
+    pl_options_t opt = {.max_devices = 3, .overflow = 1};
+    pl_plan_t p;
+    cr_assert_eq(pl_plan(&p, s, 3, NULL, &opt), 0);
+    cr_assert_eq(p.ndevices, 3);
+    int short_sessions = 0;
+    for (int u = 0; u < p.nunplaced; u++) {
+        if (p.unplaced[u].reason != PL_UNPLACED_DEVICES)
+            continue;
+        short_sessions++;
+        int sid = p.unplaced[u].session_id, routed = 0;
+        for (int i = 0; i < p.noverflow; i++) {
+            if (p.overflow[i].session_id != sid)
+                continue;
+            const pl_device_t *d = NULL;
+            for (int k = 0; k < p.ndevices; k++)
+                if (p.devices[k].id == p.overflow[i].device_id)
+                    d = &p.devices[k];
+            cr_assert_not_null(d, "a planned device");
+            cr_assert_null(alloc_of(d, sid), "not one that holds it already");
+            routed++;
+        }
+        int holders = 0;
+        for (int k = 0; k < p.ndevices; k++)
+            holders += alloc_of(&p.devices[k], sid) != NULL;
+        cr_assert_eq(routed, p.ndevices - holders, "session %d: every other device", sid);
+    }
+    cr_assert_gt(short_sessions, 0, "the cut left load unplaced");
+    pl_plan_dispose(&p);
+    /* Memory: 600 MB models on 1000 MB devices: no device takes a second. */
+    for (int i = 0; i < 3; i++)
+        prof[i].memory_bytes = 600e6;
+    opt.device_memory_bytes = 1000e6;
+    cr_assert_eq(pl_plan(&p, s, 3, NULL, &opt), 0);
+    for (int i = 0; i < p.noverflow; i++) {
+        for (int k = 0; k < p.ndevices; k++)
+            if (p.devices[k].id == p.overflow[i].device_id)
+                for (int a = 0; a < p.devices[k].nallocs; a++)
+                    cr_assert_eq(p.devices[k].allocs[a].model, p.overflow[i].model,
+                                 "only where its model is already");
+    }
+    pl_plan_dispose(&p);
+}
+
 /* ---- property test ---------------------------------------------------------
  * A checker written from the validity rules in pl.h, not from pack.c: for
  * every device the batches fit the duty cycle, every share meets its SLO in

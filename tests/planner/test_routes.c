@@ -78,3 +78,35 @@ Test(routes, the_fallback_serves_when_no_planned_device_can)
     r.nfallback = 0;
     cr_assert_eq(pl_plan_routes(NULL, 7, &r, routes, 4), 0);
 }
+
+/* Spare devices of plan->overflow: worker_of sees index -1 and the spare's
+ * id (here worker 20 + id); their routes come after the planned ones, with
+ * the dispatcher's own batch, once each. */
+static int spare_worker_of(void *ctx, int index, const pl_device_t *dev)
+{
+    (void)ctx;
+    return index < 0 ? 20 + dev->id : 10 + index;
+}
+
+Test(routes, spare_devices_take_overflow_after_the_planned_ones)
+{
+    pl_device_t dev[2];
+    pl_alloc_t a[3];
+    pl_plan_t plan = two_devices(dev, a);
+    pl_overflow_t ov[] = {{.device_id = 2, .session_id = 7},
+                          {.device_id = 2, .session_id = 8},
+                          {.device_id = 3, .session_id = 7},
+                          {.device_id = 3, .session_id = 7}};
+    plan.overflow = ov;
+    plan.noverflow = 4;
+    pl_route_rules_t r = {.worker_of = spare_worker_of, .targets = 1};
+    pl_route_t routes[8];
+    cr_assert_eq(pl_plan_routes(&plan, 7, &r, routes, 8), 4);
+    cr_assert(routes[0].worker == 10 && routes[0].target_batch == 4);
+    cr_assert(routes[1].worker == 11 && routes[1].target_batch == 6);
+    cr_assert(routes[2].worker == 22 && routes[2].target_batch == 0);
+    cr_assert(routes[3].worker == 23 && routes[3].target_batch == 0);
+    cr_assert_eq(pl_plan_routes(&plan, 8, &r, routes, 8), 2);
+    cr_assert_eq(routes[1].worker, 22);
+    cr_assert_eq(pl_plan_routes(&plan, 7, &r, routes, 3), 3, "max bounds what is written");
+}
