@@ -271,8 +271,7 @@ static int on_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
             SQ_INFO("model loaded worker=%d device=%s model=%s version=%d memory_mb=%llu", w->id,
                     w->device, dm->m->name, dm->m->version,
                     (unsigned long long)(info.memory_bytes >> 20));
-            if (dm->profile_worker == w->id)
-                ds_profile_step(ds, w);
+            ds_profile_step(ds, w); /* its measurement waited for the load */
             if (dm->active) {
                 ds_update_routes(ds, dm);
                 ds_flush_pending(ds, dm);

@@ -71,6 +71,11 @@ void ds_profile_step(gw_dispatch_t *ds, ds_worker_t *w)
     ds_load_t *l = dm != NULL ? ds_load_find(w, dm->key, 0) : NULL;
     if (l == NULL || l->state != LOAD_DONE)
         return; /* the load's answer steps again */
+    /* Nor while the worker builds another model (on its loader thread):
+     * should the worker crash, the measurement alone is the suspect. */
+    for (int i = 0; i < w->nloads; i++)
+        if (w->loads[i].state == LOAD_SENT || w->loads[i].stale > 0)
+            return;
     int64_t now = sq_now_us();
     int64_t need =
         w->slice_next_us > PROFILE_SLICE_MIN_US ? w->slice_next_us : PROFILE_SLICE_MIN_US;
