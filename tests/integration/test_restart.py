@@ -186,15 +186,21 @@ def a_restart_with_fewer_workers_and_a_model_gone_places_what_fits():
         s.wait_ready(workers=3)
         upload_json(s, SLOW)
         upload_json(s, dict(SLOW, name="gone"))
-        a = loadgen(s, "slow", 200, 3, wait=False)
-        b = loadgen(s, "gone", 60, 3, wait=False)
-        for p in (a, b):
-            p.communicate(timeout=40)
-        p = eventually(lambda: (lambda p: p if {m for _, m in placed(p)} == {"slow", "gone"}
-                                and len({d for d, _ in placed(p)}) >= 2 else None)(plan(s)),
-                       5, "a plan placing both models on two devices or more")
-        s.proc.send_signal(signal.SIGKILL)
-        s.proc.wait(5)
+        # The crash comes while the load runs: once it stops, an epoch at
+        # the falling rates would consolidate the plan before the crash.
+        a = loadgen(s, "slow", 200, 30, wait=False)
+        b = loadgen(s, "gone", 60, 30, wait=False)
+        try:
+            time.sleep(2)
+            p = eventually(lambda: (lambda p: p if {m for _, m in placed(p)} == {"slow", "gone"}
+                                    and len({d for d, _ in placed(p)}) >= 2 else None)(plan(s)),
+                           20, "a plan placing both models on two devices or more")
+            s.proc.send_signal(signal.SIGKILL)
+            s.proc.wait(5)
+        finally:
+            for g in (a, b):
+                g.kill()
+                g.communicate(timeout=10)
         s.log.close()
         # A delete committed just before the crash, whose epoch was never
         # stored: the stored plan still places the model.
