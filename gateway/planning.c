@@ -270,6 +270,26 @@ static psess_t *psess_by_id(gw_plan_state_t *p, int id)
  * nothing (issue 15: >= 99.5% within SLO). */
 #define ADVICE_SLO_FLOOR 0.995
 
+/* What a stored placement row says session ps gets at alloc al: its share
+ * of the rate the plan was made for (rate times plan_headroom), not of the
+ * packed rate, which holds the burst headroom too (pl_alloc_t.rate_rps)
+ * and would be inflated once more when a restart plans the restored rates
+ * again. */
+static double stored_rate(const gw_dispatch_t *ds, const pl_plan_t *plan, const psess_t *ps,
+                          const pl_alloc_t *al)
+{
+    double packed = 0;
+    for (int i = 0; i < plan->ndevices; i++)
+        for (int a = 0; a < plan->devices[i].nallocs; a++)
+            if (plan->devices[i].allocs[a].session_id == ps->id)
+                packed += plan->devices[i].allocs[a].rate_rps;
+    for (int u = 0; u < plan->nunplaced; u++)
+        if (plan->unplaced[u].session_id == ps->id)
+            packed += plan->unplaced[u].rate_rps;
+    double input = ps->planned_rps * ds->srv->cfg->plan_headroom;
+    return packed > input ? al->rate_rps * input / packed : al->rate_rps;
+}
+
 static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placements)
 {
     gw_plan_state_t *p = ds->plan;
@@ -301,12 +321,12 @@ static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placeme
                 if (ps->dm->live_scale > 0) /* planned with the measured latencies */
                     json_object_set_new(so, "profile_scale", json_real(ps->dm->live_scale));
                 json_array_append_new(sessions, so);
-                json_array_append_new(*placements,
-                                      json_pack("{s:s, s:I, s:f, s:i, s:f, s:f}", "device",
-                                                w ? w->device : "?", "model_id",
-                                                (json_int_t)ps->dm->key, "slo_ms", ps->bucket_ms,
-                                                "batch", al->batch, "duty_cycle_us",
-                                                d->duty_cycle_us, "rate_rps", al->rate_rps));
+                json_array_append_new(
+                    *placements,
+                    json_pack("{s:s, s:I, s:f, s:i, s:f, s:f}", "device", w ? w->device : "?",
+                              "model_id", (json_int_t)ps->dm->key, "slo_ms", ps->bucket_ms, "batch",
+                              al->batch, "duty_cycle_us", d->duty_cycle_us, "rate_rps",
+                              stored_rate(ds, &K->plan, ps, al)));
             }
             used++;
             json_t *dj = json_pack(
