@@ -188,8 +188,11 @@ def a_restart_with_fewer_workers_and_a_model_gone_places_what_fits():
         upload_json(s, dict(SLOW, name="gone"))
         # The crash comes while the load runs: once it stops, an epoch at
         # the falling rates would consolidate the plan before the crash.
-        a = loadgen(s, "slow", 200, 30, wait=False)
-        b = loadgen(s, "gone", 60, 30, wait=False)
+        # 160 req/s: two of the three devices (about 120 req/s each), none
+        # of it left unplaced, and more than the one device after the
+        # restart can serve.
+        a = loadgen(s, "slow", 120, 30, wait=False)
+        b = loadgen(s, "gone", 40, 30, wait=False)
         try:
             time.sleep(2)
             p = eventually(lambda: (lambda p: p if {m for _, m in placed(p)} == {"slow", "gone"}
