@@ -54,6 +54,70 @@ typedef struct job {
     int64_t import_ms, load_ms;
 } job_t;
 
+/* A job queue: any thread appends, one thread takes (blocking). */
+typedef struct {
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    job_t *head, *tail;
+} jobq_t;
+
+static void jobq_init(jobq_t *q)
+{
+    pthread_mutex_init(&q->lock, NULL);
+    pthread_cond_init(&q->cond, NULL);
+    q->head = q->tail = NULL;
+}
+
+static void jobq_destroy(jobq_t *q)
+{
+    pthread_cond_destroy(&q->cond);
+    pthread_mutex_destroy(&q->lock);
+}
+
+static void jobq_push(jobq_t *q, job_t *j)
+{
+    pthread_mutex_lock(&q->lock);
+    j->next = NULL;
+    if (q->tail)
+        q->tail->next = j;
+    else
+        q->head = j;
+    q->tail = j;
+    pthread_cond_signal(&q->cond);
+    pthread_mutex_unlock(&q->lock);
+}
+
+static job_t *jobq_pop(jobq_t *q)
+{
+    pthread_mutex_lock(&q->lock);
+    while (q->head == NULL)
+        pthread_cond_wait(&q->cond, &q->lock);
+    job_t *j = q->head;
+    q->head = j->next;
+    if (q->head == NULL)
+        q->tail = NULL;
+    pthread_mutex_unlock(&q->lock);
+    return j;
+}
+
+static void job_free(job_t *j);
+
+/* Drops every job queued, then queues `then` (or nothing). */
+static void jobq_replace(jobq_t *q, job_t *then)
+{
+    pthread_mutex_lock(&q->lock);
+    for (job_t *j = q->head, *n; j != NULL; j = n) {
+        n = j->next;
+        job_free(j);
+    }
+    q->head = q->tail = then;
+    if (then != NULL) {
+        then->next = NULL;
+        pthread_cond_signal(&q->cond);
+    }
+    pthread_mutex_unlock(&q->lock);
+}
+
 typedef struct model {
     struct model *next;
     uint64_t key;
@@ -119,18 +183,14 @@ typedef struct {
     /* loader thread: builds models (import, compile, allocate) while the
      * execution thread goes on running batches; its queue */
     pthread_t loader;
-    pthread_mutex_t load_lock;
-    pthread_cond_t load_cond;
-    job_t *lhead, *ltail;
+    jobq_t loadq;
     /* execution thread: loads handed to the loader and not yet installed,
      * in order; an unload meanwhile cancels them */
     struct building *building;
     /* execution thread */
     pthread_t exec;
     uint64_t exec_gen; /* execution thread: the connection of the job it runs */
-    pthread_mutex_t lock;
-    pthread_cond_t cond;
-    job_t *head, *tail;
+    jobq_t execq;
     /* Replies the execution thread posted and the I/O thread wrote (or
      * dropped): a job starts only once every earlier reply is on the wire,
      * so that when a job crashes the process, squishd has the answers of
@@ -397,34 +457,6 @@ typedef struct building {
     int cancelled; /* unloaded before it was installed */
 } building_t;
 
-static void loader_push(server_t *s, job_t *j)
-{
-    pthread_mutex_lock(&s->load_lock);
-    j->next = NULL;
-    if (s->ltail)
-        s->ltail->next = j;
-    else
-        s->lhead = j;
-    s->ltail = j;
-    pthread_cond_signal(&s->load_cond);
-    pthread_mutex_unlock(&s->load_lock);
-}
-
-/* Appends j to the execution thread's queue as it is (its connection
- * number kept). */
-static void exec_push(server_t *s, job_t *j)
-{
-    pthread_mutex_lock(&s->lock);
-    j->next = NULL;
-    if (s->tail)
-        s->tail->next = j;
-    else
-        s->head = j;
-    s->tail = j;
-    pthread_cond_signal(&s->cond);
-    pthread_mutex_unlock(&s->lock);
-}
-
 /* LOAD, execution thread: a model kept from before a reconnect answers at
  * once; any other is built by the loader thread (the batches of the models
  * held go on meanwhile) and installed when it is done (JOB_INSTALL).
@@ -450,7 +482,7 @@ static int do_load(server_t *s, job_t *j)
     while (*tail != NULL)
         tail = &(*tail)->next;
     *tail = b;
-    loader_push(s, j);
+    jobq_push(&s->loadq, j);
     return 1;
 }
 
@@ -548,7 +580,7 @@ static void build_model(server_t *s, job_t *j)
     j->import_ms = import_ms;
     j->load_ms = (sq_now_ns() - started_ns) / 1000000;
     j->kind = JOB_INSTALL;
-    exec_push(s, j);
+    jobq_push(&s->execq, j); /* its connection number kept */
 }
 
 /* INSTALL, execution thread: the built model replaces any held under its
@@ -616,14 +648,7 @@ static void loader_stop(server_t *s)
 {
     job_t *stop = sq_xcalloc(1, sizeof(*stop));
     stop->kind = JOB_STOP;
-    pthread_mutex_lock(&s->load_lock);
-    for (job_t *j = s->lhead, *n; j != NULL; j = n) {
-        n = j->next;
-        job_free(j);
-    }
-    s->lhead = s->ltail = stop;
-    pthread_cond_signal(&s->load_cond);
-    pthread_mutex_unlock(&s->load_lock);
+    jobq_replace(&s->loadq, stop);
     pthread_join(s->loader, NULL);
 }
 
@@ -631,14 +656,7 @@ static void *loader_thread(void *arg)
 {
     server_t *s = arg;
     for (;;) {
-        pthread_mutex_lock(&s->load_lock);
-        while (s->lhead == NULL)
-            pthread_cond_wait(&s->load_cond, &s->load_lock);
-        job_t *j = s->lhead;
-        s->lhead = j->next;
-        if (s->lhead == NULL)
-            s->ltail = NULL;
-        pthread_mutex_unlock(&s->load_lock);
+        job_t *j = jobq_pop(&s->loadq);
         if (j->kind == JOB_STOP) {
             free(j);
             return NULL;
@@ -1016,14 +1034,7 @@ static void *exec_thread(void *arg)
 {
     server_t *s = arg;
     for (;;) {
-        pthread_mutex_lock(&s->lock);
-        while (s->head == NULL)
-            pthread_cond_wait(&s->cond, &s->lock);
-        job_t *j = s->head;
-        s->head = j->next;
-        if (s->head == NULL)
-            s->tail = NULL;
-        pthread_mutex_unlock(&s->lock);
+        job_t *j = jobq_pop(&s->execq);
         job_kind_t kind = j->kind;
         s->exec_gen = j->gen;
         if (kind != JOB_STOP && kind != JOB_UNLOAD && kind != JOB_SWEEP)
@@ -1061,14 +1072,7 @@ static void enqueue(server_t *s, job_t *j)
 {
     j->received_ns = sq_now_ns();
     j->gen = s->conn_gen;
-    pthread_mutex_lock(&s->lock);
-    if (s->tail)
-        s->tail->next = j;
-    else
-        s->head = j;
-    s->tail = j;
-    pthread_cond_signal(&s->cond);
-    pthread_mutex_unlock(&s->lock);
+    jobq_push(&s->execq, j);
 }
 
 /* ---- the I/O thread ----------------------------------------------------- */
@@ -1380,13 +1384,7 @@ static void on_socket(sq_loop_t *loop, int fd, int events, void *data)
  * their answers (squishd re-sends what it still wants). */
 static void drop_queued(server_t *s)
 {
-    pthread_mutex_lock(&s->lock);
-    for (job_t *j = s->head, *n; j != NULL; j = n) {
-        n = j->next;
-        job_free(j);
-    }
-    s->head = s->tail = NULL;
-    pthread_mutex_unlock(&s->lock);
+    jobq_replace(&s->execq, NULL);
 }
 
 /* What belonged to the connection: a file half received, a batch's inputs. */
@@ -1525,34 +1523,28 @@ int wk_serve(const wk_serve_opts_t *opts)
     s.loop = sq_loop_new();
     if (s.loop == NULL)
         return 1;
-    pthread_mutex_init(&s.lock, NULL);
-    pthread_cond_init(&s.cond, NULL);
+    jobq_init(&s.execq);
     pthread_mutex_init(&s.reply_lock, NULL);
     pthread_cond_init(&s.reply_cond, NULL);
-    pthread_mutex_init(&s.load_lock, NULL);
-    pthread_cond_init(&s.load_cond, NULL);
+    jobq_init(&s.loadq);
     int err = pthread_create(&s.loader, NULL, loader_thread, &s);
     if (err != 0) {
         SQ_ERROR("cannot start the loader thread error=\"%s\"", strerror(err));
-        pthread_cond_destroy(&s.load_cond);
-        pthread_mutex_destroy(&s.load_lock);
+        jobq_destroy(&s.loadq);
         pthread_cond_destroy(&s.reply_cond);
         pthread_mutex_destroy(&s.reply_lock);
-        pthread_cond_destroy(&s.cond);
-        pthread_mutex_destroy(&s.lock);
+        jobq_destroy(&s.execq);
         sq_loop_free(s.loop);
         return 1;
     }
     err = pthread_create(&s.exec, NULL, exec_thread, &s);
     if (err != 0) {
         loader_stop(&s);
-        pthread_cond_destroy(&s.load_cond);
-        pthread_mutex_destroy(&s.load_lock);
+        jobq_destroy(&s.loadq);
         SQ_ERROR("cannot start the execution thread error=\"%s\"", strerror(err));
         pthread_cond_destroy(&s.reply_cond);
         pthread_mutex_destroy(&s.reply_lock);
-        pthread_cond_destroy(&s.cond);
-        pthread_mutex_destroy(&s.lock);
+        jobq_destroy(&s.execq);
         sq_loop_free(s.loop);
         return 1;
     }
@@ -1609,11 +1601,9 @@ int wk_serve(const wk_serve_opts_t *opts)
     free(s.staging);
     sq_loop_run_posts(s.loop); /* replies still posted are dropped (exit_status set) */
     sq_loop_free(s.loop);
-    pthread_mutex_destroy(&s.lock);
-    pthread_cond_destroy(&s.cond);
+    jobq_destroy(&s.execq);
     pthread_mutex_destroy(&s.reply_lock);
     pthread_cond_destroy(&s.reply_cond);
-    pthread_mutex_destroy(&s.load_lock);
-    pthread_cond_destroy(&s.load_cond);
+    jobq_destroy(&s.loadq);
     return s.exit_status < 0 ? 1 : s.exit_status;
 }
