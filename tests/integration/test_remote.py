@@ -183,7 +183,10 @@ def a_remote_emu_worker_serves_and_bad_tokens_are_refused():
         good = c.worker(dead, "emu:0", "hosta", extra=["--connect", "tcp://" + addr])
         s.wait_ready(workers=1)
         assert "cannot connect addr=%s" % dead in read(good.log_path)
-        assert "joined squishd addr=%s" % addr in read(good.log_path)
+        # squishd counts the worker up at the handshake, a moment before the
+        # worker logs the WELCOME it got.
+        eventually(lambda: "joined squishd addr=%s" % addr in read(good.log_path), 10,
+                   "the worker's log of joining")
         r = s.request("POST", "/models", body=json.dumps(R50),
                       headers=dict(auth(s), **{"Content-Type": "application/json"}))
         assert r.status == 201, r
