@@ -24,6 +24,16 @@ typedef enum { GW_KIND_CPU, GW_KIND_CUDA, GW_KIND_EMU, GW_KIND_COUNT } gw_kind_t
 const char *gw_kind_name(gw_kind_t k);
 int gw_kind_parse(const char *name);
 
+/* One output of a model's graph, as its record lists it. */
+#define GW_MAX_OUTPUTS 8
+#define GW_MAX_DIMS 8
+typedef struct {
+    char name[128];
+    int ndims;
+    int64_t dims[GW_MAX_DIMS]; /* dims[0] is the batch (-1 or N when symbolic) */
+    int64_t elems;             /* floats per item: the product of dims[1..] */
+} gw_output_t;
+
 typedef struct gw_model {
     atomic_int refs;
     int64_t key; /* the models row id: stable, unique per (name, version) */
@@ -38,6 +48,10 @@ typedef struct gw_model {
     int c, h, w;       /* input item shape */
     int64_t out_elems; /* floats per item of output 0 */
     char output_name[128];
+    /* Every output of the graph in its order (outputs[0] is output 0); at
+     * most GW_MAX_OUTPUTS are listed. */
+    int noutputs;
+    gw_output_t outputs[GW_MAX_OUTPUTS];
     double mean[3], std[3]; /* 0..255 pixel scale */
     int bgr;
     int nearest; /* resize mode */

@@ -84,6 +84,23 @@ gw_model_t *gw_model_from_record(json_t *rec)
     m->out_elems = 1;
     for (size_t i = 1; i < json_array_size(oshape); i++)
         m->out_elems *= json_integer_value(json_array_get(oshape, i));
+    size_t oi;
+    json_t *o;
+    json_array_foreach(json_object_get(rec, "outputs"), oi, o)
+    {
+        if (m->noutputs == GW_MAX_OUTPUTS)
+            break;
+        gw_output_t *g = &m->outputs[m->noutputs++];
+        snprintf(g->name, sizeof(g->name), "%s", json_string_value(json_object_get(o, "name")));
+        json_t *sh = json_object_get(o, "shape");
+        g->elems = 1;
+        for (size_t d = 0; d < json_array_size(sh) && d < GW_MAX_DIMS; d++) {
+            json_t *dim = json_array_get(sh, d);
+            g->dims[g->ndims++] = json_is_integer(dim) ? json_integer_value(dim) : -1;
+            if (d > 0)
+                g->elems *= g->dims[d];
+        }
+    }
     json_t *pre = json_object_get(rec, "preprocess");
     for (size_t c = 0; c < 3; c++) {
         m->mean[c] = num_at(json_object_get(pre, "mean"), c);
