@@ -113,6 +113,12 @@ static const char *const sqlite_migrations[] = {
      * one of them does (rows stored before could not say: measured again). */
     "DELETE FROM group_profiles;"
     "ALTER TABLE group_profiles ADD COLUMN member_shas TEXT NOT NULL DEFAULT '';",
+    /* 4: pipelines (complex queries), each its validated spec as JSON. */
+    "CREATE TABLE pipelines ("
+    "  name TEXT PRIMARY KEY,"
+    "  spec TEXT NOT NULL,"
+    "  created_at REAL NOT NULL"
+    ");",
 };
 
 /* The same schema in PostgreSQL's dialect. Where sqlite has an implicit
@@ -219,6 +225,12 @@ static const char *const pg_migrations[] = {
     "           (SELECT last_value FROM models_id_seq WHERE is_called)) + 1, false);"
     "DELETE FROM group_profiles;"
     "ALTER TABLE group_profiles ADD COLUMN member_shas TEXT NOT NULL DEFAULT '';",
+    /* 4 */
+    "CREATE TABLE pipelines ("
+    "  name TEXT COLLATE \"C\" PRIMARY KEY,"
+    "  spec TEXT NOT NULL,"
+    "  created_at DOUBLE PRECISION NOT NULL"
+    ");",
 };
 
 _Static_assert(sizeof(sqlite_migrations) / sizeof(sqlite_migrations[0]) == MDB_SCHEMA_VERSION,

@@ -20,7 +20,7 @@ typedef struct mdb mdb_t;
 struct mdb_graph;
 
 /* The schema version this build writes; older files are migrated on open. */
-#define MDB_SCHEMA_VERSION 3
+#define MDB_SCHEMA_VERSION 4
 
 /* Whether target names a PostgreSQL database: a URI (postgresql://...,
  * postgres://...) or a key=value conninfo ("host=/run/pg dbname=squish");
@@ -168,6 +168,17 @@ long long mdb_plan_last_epoch(mdb_t *db);
  * NULL and an empty array. SQ_DB on a read error or a stored plan that is
  * not a JSON object (nothing is returned then). */
 int mdb_plan_last(mdb_t *db, long long *epoch, json_t **plan, json_t **placements);
+
+/* ---- pipelines --------------------------------------------------------- */
+
+/* Stores a pipeline's spec (a JSON object the gateway validated) under its
+ * name; replace 0 refuses an existing name with SQ_EXISTS, 1 overwrites. */
+int mdb_pipeline_put(mdb_t *db, const char *name, json_t *spec, int replace);
+/* Every stored pipeline: [{"name", "spec", "created_at"}] by name, new
+ * reference. */
+int mdb_pipeline_list(mdb_t *db, json_t **out);
+/* Removes one; SQ_NOT_FOUND when there is none by that name. */
+int mdb_pipeline_delete(mdb_t *db, const char *name);
 
 /* Prefix groups' measured profiles, keyed by `members` (a digest of the
  * members' files and cuts that the caller computes) and device kind.

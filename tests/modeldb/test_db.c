@@ -72,14 +72,45 @@ Test(mdb, open_creates_the_schema)
         sqlite3_finalize(st);
         sqlite3_close(raw);
     }
-    const char *tables[] = {"models",         "model_nodes",    "profiles",
-                            "plans",          "placements",     "prefix_groups",
-                            "prefix_members", "group_profiles", "schema_version"};
+    const char *tables[] = {"models",     "model_nodes",   "profiles",       "plans",
+                            "placements", "prefix_groups", "prefix_members", "group_profiles",
+                            "pipelines",  "schema_version"};
     for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]); i++) {
         char sql[128], err[512];
         snprintf(sql, sizeof(sql), "SELECT count(*) FROM %s", tables[i]);
         cr_assert_eq(test_db_exec(&t, sql, err, sizeof(err)), 0, "table %s: %s", tables[i], err);
     }
+}
+
+Test(mdb, pipelines_are_stored_listed_replaced_and_deleted_by_name)
+{
+    mdb_t *db;
+    cr_assert_eq(mdb_open(t.target, &db), 0, "%s", mdb_errmsg(db));
+    json_t *a = json_pack("{s:s, s:i}", "name", "faces", "slo_ms", 300);
+    json_t *b = json_pack("{s:s, s:i}", "name", "cars", "slo_ms", 400);
+    cr_assert_eq(mdb_pipeline_put(db, "faces", a, 0), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(mdb_pipeline_put(db, "cars", b, 0), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(mdb_pipeline_put(db, "faces", b, 0), SQ_EXISTS);
+    json_t *list;
+    cr_assert_eq(mdb_pipeline_list(db, &list), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(json_array_size(list), 2);
+    cr_assert_str_eq(json_string_value(json_object_get(json_array_get(list, 0), "name")), "cars");
+    cr_assert(json_equal(json_object_get(json_array_get(list, 1), "spec"), a));
+    json_decref(list);
+    json_object_set_new(a, "slo_ms", json_integer(500));
+    cr_assert_eq(mdb_pipeline_put(db, "faces", a, 1), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(mdb_pipeline_delete(db, "cars"), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(mdb_pipeline_delete(db, "cars"), SQ_NOT_FOUND);
+    mdb_close(db);
+    /* What was acknowledged is there after a reopen. */
+    cr_assert_eq(mdb_open(t.target, &db), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(mdb_pipeline_list(db, &list), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(json_array_size(list), 1);
+    cr_assert(json_equal(json_object_get(json_array_get(list, 0), "spec"), a));
+    json_decref(list);
+    mdb_close(db);
+    json_decref(a);
+    json_decref(b);
 }
 
 Test(mdb, reopening_keeps_the_version_and_runs_no_migration_twice)

@@ -351,6 +351,7 @@ Test(model_ids, a_migrated_database_starts_after_every_id_it_knows)
     char sql[768], err[512];
     snprintf(sql, sizeof(sql),
              "%s"
+             "DROP TABLE pipelines;"
              "ALTER TABLE group_profiles DROP COLUMN member_shas;"
              "UPDATE schema_version SET version = 2;"
              "INSERT INTO plans VALUES (5, 0, 'x', '{}');"
