@@ -162,6 +162,12 @@ void ds_pump(gw_dispatch_t *ds)
             int live = 0;
             for (int k = 0; k < a->count; k++) {
                 gw_item_t *it = ds_handle_get(ds, a->ids[k]);
+                if (it != NULL && it->abandoned != NULL && atomic_load(it->abandoned)) {
+                    /* Its query was dropped (a pipeline's other item
+                     * failed): nothing is run for a query already lost. */
+                    ds_fail_item(ds, it, SQ_DEADLINE, "its query was dropped");
+                    continue;
+                }
                 if (it != NULL)
                     copy[i].items[live++] = it;
             }

@@ -1,6 +1,7 @@
 /* The DB thread: opens the model DB off the HTTP loop and runs DB jobs
  * posted to it, one at a time, in order. */
 #include "gw_db.h"
+#include "gw_pipeline.h"
 #include "gw_registry.h"
 
 #include <stdlib.h>
@@ -56,6 +57,33 @@ static void *db_thread(void *arg)
     return NULL;
 }
 
+/* The stored pipelines, published as they were stored (their models are
+ * looked at per query: one deleted since makes its queries fail, not the
+ * start). A spec that no longer parses is skipped with a warning. */
+static void load_pipelines(gw_server_t *srv, mdb_t *db)
+{
+    json_t *all;
+    if (mdb_pipeline_list(db, &all) != 0) {
+        SQ_WARN("cannot read the pipelines error=\"%s\"", mdb_errmsg(db));
+        return;
+    }
+    size_t i;
+    json_t *row;
+    json_array_foreach(all, i, row)
+    {
+        char err[512];
+        gw_pipeline_t *p;
+        if (gw_pipeline_parse(json_object_get(row, "spec"), NULL, &p, err, sizeof(err)) != 0) {
+            SQ_WARN("stored pipeline skipped name=%s error=\"%s\"",
+                    json_string_value(json_object_get(row, "name")), err);
+            continue;
+        }
+        gw_pipes_put(srv->pipelines, p);
+    }
+    SQ_INFO("pipelines loaded count=%zu", json_array_size(all));
+    json_decref(all);
+}
+
 int gw_db_start(gw_server_t *srv, char *err, size_t errlen)
 {
     struct gw_db *d = sq_xcalloc(1, sizeof(*d));
@@ -97,6 +125,7 @@ int gw_db_start(gw_server_t *srv, char *err, size_t errlen)
     json_t *r;
     json_array_foreach(recs, i, r) gw_registry_put(srv->registry, gw_model_from_record(r));
     SQ_INFO("models loaded count=%zu", json_array_size(recs));
+    load_pipelines(srv, d->mdb);
     srv->last_epoch = mdb_plan_last_epoch(d->mdb);
     /* The last plan is reapplied once workers are up (planning.c); one that
      * cannot be read is not a reason to refuse to serve. */

@@ -517,6 +517,10 @@ static void on_submit(sq_loop_t *loop, void *arg)
         ds_fail_item(ds, it, SQ_DEADLINE, "the deadline passed during preprocessing");
         return;
     }
+    if (it->abandoned != NULL && atomic_load(it->abandoned)) {
+        ds_fail_item(ds, it, SQ_DEADLINE, "its query was dropped");
+        return;
+    }
     ds_model_t *dm = ds_model_find(ds, m->key);
     if (dm == NULL) {
         /* New here, or deleted and forgotten (see reclaim) while the item

@@ -136,6 +136,11 @@ void gw_route_metrics(gw_call_t *call);
 void gw_route_model_stats(gw_call_t *call);
 void gw_route_model_config(gw_call_t *call);
 void gw_route_repository_index(gw_call_t *call);
+void gw_route_pipelines_post(gw_call_t *call);
+void gw_route_pipelines_list(gw_call_t *call);
+void gw_route_pipelines_get(gw_call_t *call);
+void gw_route_pipelines_delete(gw_call_t *call);
+void gw_route_pipeline_infer(gw_call_t *call);
 /* metrics_api.c: a request h2o is freeing (its status is final): counts it
  * by route and status, and writes the access log line when enabled. */
 void gw_metrics_http_done(gw_server_t *srv, h2o_req_t *req, const char *route, int64_t start_ns);

@@ -49,4 +49,13 @@ struct gw_infer {
     void (*api_dispose)(gw_infer_t *req);
 };
 
+/* Shared with other request kinds (query.c). */
+/* Top-k of output 0 in row with softmax scores: [{"index", "label", "score"}]. */
+json_t *gw_top_k_json(const gw_model_t *m, const float *row, int k);
+/* The request's X-Request-Id, or a new id. */
+void gw_request_id(h2o_req_t *hreq, char *out, size_t len);
+/* The SLO asked by X-SLO-Ms or ?slo_ms= in *slo (-1: none); 0, or
+ * SQ_BAD_REQUEST with why. */
+int gw_request_slo_ms(h2o_req_t *hreq, double *slo, char *why, size_t len);
+
 #endif

@@ -8,6 +8,7 @@
 #include "gw_registry.h"
 #include "gw_server.h"
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 typedef struct gw_infer gw_infer_t;
@@ -51,8 +52,11 @@ struct gw_item {
     int64_t sent_us;    /* its batch went to a worker */
     int64_t done_us;
     int batch_size;
-    int member;         /* in a prefix group's batch: its model's index there */
-    uint64_t core_id;   /* its handle in the dispatcher core (0: none; dispatch thread) */
+    int member;       /* in a prefix group's batch: its model's index there */
+    uint64_t core_id; /* its handle in the dispatcher core (0: none; dispatch thread) */
+    /* Not NULL: when it reads non-zero, the item is no longer wanted (its
+     * pipeline query was dropped): it is failed instead of being sent. */
+    const atomic_int *abandoned;
     gw_prep_job_t prep; /* JPEG items */
 };
 

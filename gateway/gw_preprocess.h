@@ -108,6 +108,15 @@ int gw_image_to_rgb(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int out
                     gw_resize_t mode, uint8_t *dst, gw_image_info_t *info, char *err,
                     size_t errlen);
 
+/* gw_image_to_rgb, decoding at full size (no DCT scaling) and handing the
+ * decoded image to the caller: *original (malloc'd, packed RGB,
+ * info->width x info->height; the caller frees it) on success, NULL after
+ * an error. For work on the original after the resize (a pipeline's
+ * crops). */
+int gw_image_to_rgb_keep(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int out_w, int out_h,
+                         gw_resize_t mode, uint8_t *dst, gw_image_info_t *info, uint8_t **original,
+                         char *err, size_t errlen);
+
 /* Resizes a packed RGB image (src_stride bytes per row, >= src_w * 3) to
  * dst_w x dst_h packed RGB with the arithmetic gw_image_to_rgb uses
  * (fixed point, 14-bit weights that sum exactly to one, so a flat image
@@ -144,8 +153,18 @@ struct gw_prep_job {
     int64_t deadline_ns; /* CLOCK_MONOTONIC (sq_now_ns); 0 = none */
     gw_prep_done_fn done;
     void *user; /* for the caller (the request) */
+    /* 1: decode at full size and keep the decoded image in original (see
+     * gw_image_to_rgb_keep); done owns it from then on. */
+    int keep_original;
+    /* Not NULL: the job is this work instead of a decode (data, dst and
+     * the sizes are the work's own business): it runs on a pool thread
+     * with that thread's context and returns 0 or an SQ_* code (with a
+     * reason in err), which done receives. The deadline applies as to a
+     * decode. */
+    int (*work)(gw_prep_ctx_t *ctx, gw_prep_job_t *job);
     /* out, valid in done */
     gw_image_info_t info;
+    uint8_t *original; /* keep_original: the decoded image (info->width x height) */
     int64_t queued_ns, started_ns, finished_ns; /* CLOCK_MONOTONIC */
     char err[GW_PREP_ERR_MAX];                  /* reason when rc != 0 */
     /* private to the pool */

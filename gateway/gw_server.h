@@ -17,6 +17,7 @@ typedef struct gw_workers gw_workers_t;
 typedef struct gw_db gw_db_t;
 typedef struct gw_dispatch gw_dispatch_t;
 typedef struct gw_registry gw_registry_t;
+typedef struct gw_pipes gw_pipes_t;
 typedef struct gw_prep_pool gw_prep_pool_t;
 typedef struct gw_leader gw_leader_t;
 
@@ -52,6 +53,7 @@ typedef struct gw_server {
 
     sq_shm_arena_t *arena;
     gw_registry_t *registry;
+    gw_pipes_t *pipelines; /* published pipelines (gw_pipeline.h) */
     gw_prep_pool_t *prep;
     gw_db_t *db;
     gw_workers_t *workers;

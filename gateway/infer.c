@@ -813,3 +813,41 @@ void gw_route_infer_v2(gw_call_t *call)
     else
         v2_start(req);
 }
+
+/* ---- for other request kinds (query.c) ---------------------------------- */
+
+json_t *gw_top_k_json(const gw_model_t *m, const float *row, int k)
+{
+    return top_k_json(m, row, k);
+}
+
+void gw_request_id(h2o_req_t *hreq, char *out, size_t len)
+{
+    h2o_iovec_t rid = gw_header(hreq, "x-request-id");
+    if (rid.len > 0 && rid.len < len) {
+        memcpy(out, rid.base, rid.len);
+        out[rid.len] = '\0';
+    } else {
+        make_request_id(out, len);
+    }
+}
+
+int gw_request_slo_ms(h2o_req_t *hreq, double *slo, char *why, size_t len)
+{
+    char buf[64];
+    *slo = -1;
+    h2o_iovec_t hslo = gw_header(hreq, "x-slo-ms");
+    if (hslo.len > 0) {
+        snprintf(buf, sizeof(buf), "%.*s", (int)(hslo.len < 63 ? hslo.len : 63), hslo.base);
+        if (parse_positive(buf, slo) != 0) {
+            snprintf(why, len, "X-SLO-Ms: expected a positive number of ms");
+            return SQ_BAD_REQUEST;
+        }
+    } else if (gw_query_param(hreq, "slo_ms", buf, sizeof(buf))) {
+        if (parse_positive(buf, slo) != 0) {
+            snprintf(why, len, "slo_ms: expected a positive number of ms");
+            return SQ_BAD_REQUEST;
+        }
+    }
+    return 0;
+}

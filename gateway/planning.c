@@ -12,6 +12,7 @@
  * thread of its own. Each plan is stored in the model DB (plans and
  * placements, one row set per epoch) and served by GET /v1/plan. */
 #include "gw_dispatch_int.h"
+#include "gw_pipeline.h"
 #include "gw_metrics.h"
 #include "gw_registry.h"
 
@@ -450,7 +451,60 @@ json_t *gw_dispatch_plan_json(gw_server_t *srv)
                         "created_at", "reason", "no plan yet", "devices", "devices_used", 0,
                         "lower_bound_devices", 0.0, "unplaced", "pipelines", "advice",
                         "devices_delta", 0.0);
+    /* Pipelines as of now: their split, measured gammas and rates. */
+    json_t *pipes = json_array();
+    int n = 0;
+    gw_pipeline_t **all = srv->pipelines ? gw_pipes_all(srv->pipelines, &n) : NULL;
+    for (int i = 0; i < n; i++) {
+        json_t *j = gw_pipeline_json(all[i]);
+        json_t *split = json_object_get(j, "split");
+        json_object_set(j, "budgets_ms", json_object_get(split, "budgets_ms"));
+        json_object_set(j, "rates_rps", json_object_get(split, "rates_rps"));
+        json_object_del(j, "spec");
+        json_array_append_new(pipes, j);
+        gw_pipeline_unref(all[i]);
+    }
+    free(all);
+    json_object_set_new(out, "pipelines", pipes);
     return out;
+}
+
+/* Splits each pipeline's SLO again (the query DP over its stages' current
+ * profiles, measured gammas and rate): at every epoch of any kind, when a
+ * gamma moved (gw_pipeline_fanout), and at least every
+ * PIPELINE_RESPLIT_US. */
+#define PIPELINE_RESPLIT_US 10000000
+#define PIPELINE_EPSILON_MS 1.0
+static void resplit_pipelines(gw_dispatch_t *ds, int64_t now_us, int force)
+{
+    gw_server_t *srv = ds->srv;
+    int n = 0;
+    gw_pipeline_t **all = gw_pipes_all(srv->pipelines, &n);
+    for (int i = 0; i < n; i++) {
+        gw_pipeline_t *pl = all[i];
+        if (force || gw_pipeline_resplit_due(pl, now_us, PIPELINE_RESPLIT_US)) {
+            gw_model_t *m[GW_PIPE_MAX_STAGES] = {0};
+            const pl_profile_t *prof[GW_PIPE_MAX_STAGES] = {0};
+            for (int s = 0; s < pl->nstages; s++) {
+                const gw_stage_spec_t *st = &pl->stages[s];
+                m[s] = gw_registry_find(srv->registry, st->model, strlen(st->model), st->version);
+                int kind = m[s] != NULL ? gw_dispatch_serving_kind(srv, m[s]) : -1;
+                if (kind >= 0 && m[s]->has_profile[kind])
+                    prof[s] = &m[s]->profile[kind];
+            }
+            if (gw_pipeline_resplit(pl, prof, srv->cfg->k_std, PIPELINE_EPSILON_MS, now_us)) {
+                json_t *j = gw_pipeline_json(pl);
+                char *txt = json_dumps(json_object_get(j, "split"), JSON_COMPACT);
+                SQ_INFO("pipeline split name=%s split=%s", pl->name, txt ? txt : "?");
+                free(txt);
+                json_decref(j);
+            }
+            for (int s = 0; s < pl->nstages; s++)
+                gw_model_unref(m[s]);
+        }
+        gw_pipeline_unref(pl);
+    }
+    free(all);
 }
 
 /* The plan's gauges and the sessions' rates for /metrics. */
@@ -758,9 +812,13 @@ void gw__plan_tick(gw_dispatch_t *ds, int64_t now_us)
             return;
         restore_all(ds);
     }
+    int epochs = 0;
     for (int k = 0; k < GW_KIND_COUNT; k++)
-        if (p->kinds[k].dirty)
+        if (p->kinds[k].dirty) {
             run_epoch(ds, k, p->kinds[k].dirty_reason);
+            epochs++;
+        }
+    resplit_pipelines(ds, now_us, epochs > 0);
     if (now_us - p->last_rate_us < RATE_INTERVAL_US)
         return;
     double interval_ms = (double)(now_us - p->last_rate_us) / 1000.0;

@@ -529,9 +529,15 @@ int gw_image_type_check(const uint8_t *data, size_t len, char *err, size_t errle
     return 0;
 }
 
+static int decode_resize(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, uint8_t *pix, int sw,
+                         int sh, size_t pitch, int pf, int cmyk, uint8_t *dst, int out_w, int out_h,
+                         gw_resize_t mode, char *err, size_t errlen);
+
+/* keep non-NULL: decode at full size into a buffer of its own, handed to
+ * the caller in *keep (packed RGB, info->width x info->height) on success. */
 static int image_to_rgb(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int out_w, int out_h,
                         gw_resize_t mode, uint8_t *dst, gw_image_info_t *info, char *err,
-                        size_t errlen)
+                        size_t errlen, uint8_t **keep)
 {
     int type = gw_image_type_check(data, len, err, errlen);
     if (type != 0)
@@ -561,7 +567,7 @@ static int image_to_rgb(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int
                     "image %dx%d exceeds the limits (%ux%u, %llu pixels)", w, h, lim->max_width,
                     lim->max_height, (unsigned long long)lim->max_pixels);
 
-    tjscalingfactor sf = pick_scale(w, h, out_w, out_h, lim->dct_scaling);
+    tjscalingfactor sf = pick_scale(w, h, out_w, out_h, lim->dct_scaling && keep == NULL);
     int sw = TJSCALED(w, sf), sh = TJSCALED(h, sf);
     info->scale_num = sf.num;
     info->scale_denom = sf.denom;
@@ -571,9 +577,25 @@ static int image_to_rgb(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int
     int cmyk = cs == TJCS_CMYK || cs == TJCS_YCCK;
     int pf = cmyk ? TJPF_CMYK : TJPF_RGB;
     size_t pitch = (size_t)sw * (size_t)tjPixelSize[pf];
-    uint8_t *pix = scratch_get(&ctx->pixels, pitch * (size_t)sh);
+    uint8_t *pix =
+        keep != NULL ? malloc(pitch * (size_t)sh) : scratch_get(&ctx->pixels, pitch * (size_t)sh);
     if (pix == NULL)
         return fail(err, errlen, SQ_NOMEM, "no memory to decode a %dx%d image", sw, sh);
+    int rc = decode_resize(ctx, data, len, pix, sw, sh, pitch, pf, cmyk, dst, out_w, out_h, mode,
+                           err, errlen);
+    if (keep == NULL)
+        return rc;
+    if (rc != 0)
+        free(pix);
+    else
+        *keep = pix;
+    return rc;
+}
+
+static int decode_resize(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, uint8_t *pix, int sw,
+                         int sh, size_t pitch, int pf, int cmyk, uint8_t *dst, int out_w, int out_h,
+                         gw_resize_t mode, char *err, size_t errlen)
+{
     /* Warnings are errors (a truncated file decodes to a gray bottom half
      * otherwise), and a progressive file gets at most 500 scans, the
      * guard against scan-count bombs. */
@@ -588,8 +610,9 @@ static int image_to_rgb(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int
     return 0;
 }
 
-int gw_image_to_rgb(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int out_w, int out_h,
-                    gw_resize_t mode, uint8_t *dst, gw_image_info_t *info, char *err, size_t errlen)
+static int to_rgb(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int out_w, int out_h,
+                  gw_resize_t mode, uint8_t *dst, gw_image_info_t *info, char *err, size_t errlen,
+                  uint8_t **keep)
 {
     gw_image_info_t scratch_info;
     if (info == NULL)
@@ -601,10 +624,24 @@ int gw_image_to_rgb(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int out
         out_w > MAX_TARGET_SIDE || out_h > MAX_TARGET_SIDE ||
         (mode != GW_RESIZE_BILINEAR && mode != GW_RESIZE_NEAREST))
         return fail(err, errlen, SQ_INVAL, "invalid preprocessing arguments");
-    int rc = image_to_rgb(ctx, data, len, out_w, out_h, mode, dst, info, err, errlen);
+    int rc = image_to_rgb(ctx, data, len, out_w, out_h, mode, dst, info, err, errlen, keep);
     scratch_trim(&ctx->pixels);
     scratch_trim(&ctx->row);
     return rc;
+}
+
+int gw_image_to_rgb(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int out_w, int out_h,
+                    gw_resize_t mode, uint8_t *dst, gw_image_info_t *info, char *err, size_t errlen)
+{
+    return to_rgb(ctx, data, len, out_w, out_h, mode, dst, info, err, errlen, NULL);
+}
+
+int gw_image_to_rgb_keep(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int out_w, int out_h,
+                         gw_resize_t mode, uint8_t *dst, gw_image_info_t *info, uint8_t **original,
+                         char *err, size_t errlen)
+{
+    *original = NULL;
+    return to_rgb(ctx, data, len, out_w, out_h, mode, dst, info, err, errlen, original);
 }
 
 /* ---- thread pool ---------------------------------------------------- */
@@ -651,9 +688,12 @@ static int64_t run_job(gw_prep_ctx_t *ctx, gw_prep_job_t *job, int cancelled, in
                   "preprocessing queue, decodes take %.3f ms)",
                   (double)(job->deadline_ns - job->started_ns) / 1e6,
                   (double)(job->started_ns - job->queued_ns) / 1e6, (double)expect_ns / 1e6);
+    } else if (job->work != NULL) {
+        rc = job->work(ctx, job);
     } else {
-        rc = gw_image_to_rgb(ctx, job->data, job->len, job->out_w, job->out_h, job->mode, job->dst,
-                             &job->info, job->err, sizeof(job->err));
+        rc = to_rgb(ctx, job->data, job->len, job->out_w, job->out_h, job->mode, job->dst,
+                    &job->info, job->err, sizeof(job->err),
+                    job->keep_original ? &job->original : NULL);
         decode_ns = sq_now_ns() - job->started_ns;
     }
     job->finished_ns = sq_now_ns();
@@ -744,10 +784,13 @@ int gw_prep_pool_new(const gw_prep_pool_config_t *cfg, gw_prep_pool_t **out)
 
 int gw_prep_pool_submit(gw_prep_pool_t *pool, gw_prep_job_t *job)
 {
-    if (pool == NULL || job == NULL || job->done == NULL || job->dst == NULL || job->out_w < 1 ||
-        job->out_h < 1 || job->out_w > MAX_TARGET_SIDE || job->out_h > MAX_TARGET_SIDE ||
-        (job->data == NULL && job->len > 0))
+    if (pool == NULL || job == NULL || job->done == NULL)
         return SQ_INVAL;
+    if (job->work == NULL &&
+        (job->dst == NULL || job->out_w < 1 || job->out_h < 1 || job->out_w > MAX_TARGET_SIDE ||
+         job->out_h > MAX_TARGET_SIDE || (job->data == NULL && job->len > 0)))
+        return SQ_INVAL;
+    job->original = NULL;
     job->next_ = NULL;
     job->err[0] = '\0';
     job->queued_ns = sq_now_ns();

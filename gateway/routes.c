@@ -63,6 +63,11 @@ static const gw_route_t routes[] = {
     {"GET", "/models/*", "models_get", gw_route_models_get},
     {"DELETE", "/models/*", "models_delete", gw_route_models_delete},
     {"DELETE", "/models/*/versions/*", "models_delete_version", gw_route_models_delete_version},
+    {"POST", "/pipelines", "pipelines_post", gw_route_pipelines_post},
+    {"GET", "/pipelines", "pipelines_list", gw_route_pipelines_list},
+    {"GET", "/pipelines/*", "pipelines_get", gw_route_pipelines_get},
+    {"DELETE", "/pipelines/*", "pipelines_delete", gw_route_pipelines_delete},
+    {"POST", "/v1/pipelines/*/infer", "pipeline_infer", gw_route_pipeline_infer},
     {"GET", "/metrics", "metrics", gw_route_metrics},
     {"GET", "/v2/models/stats", "model_stats", gw_route_model_stats}, /* before kserve_model */
     {"GET", "/v2/models/*/stats", "model_stats", gw_route_model_stats},

@@ -7,6 +7,7 @@
 #include "gw_leader.h"
 #include "gw_offload.h"
 #include "gw_preprocess.h"
+#include "gw_pipeline.h"
 #include "gw_registry.h"
 #include "gw_token.h"
 #include "gw_workers.h"
@@ -128,6 +129,7 @@ int gw_main(const gw_config_t *cfg)
         goto fail;
     }
     srv.registry = gw_registry_new();
+    srv.pipelines = gw_pipes_new();
     gw_prep_pool_config_t pcfg = {.threads = cfg->prep_threads,
                                   .queue_capacity = cfg->prep_queue,
                                   .limits = gw_prep_limits_default()};
@@ -216,6 +218,7 @@ out:
     sq_loop_free(srv.dispatch_loop);
     srv.dispatch_loop = NULL;
     gw_registry_free(srv.registry);
+    gw_pipes_free(srv.pipelines);
     json_decref(srv.restore_plan);
     json_decref(srv.restore_placements);
     sq_shm_arena_free(srv.arena);
