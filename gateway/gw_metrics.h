@@ -121,6 +121,10 @@ void gw_metrics_batch(gw_metrics_t *ms, const gw_model_t *m, int worker, const c
                       int size, int64_t roundtrip_us, const sq_batch_done_t *done);
 /* An item the dispatcher dropped (reason: SQ_DEADLINE, SQ_OVERLOAD...). */
 void gw_metrics_drop(gw_metrics_t *ms, const gw_model_t *m, int reason);
+/* A pipeline query answered: outcome "ok", "dropped" or "error"; seconds
+ * from arrival (observed for "ok"). */
+void gw_metrics_pipeline_query(gw_metrics_t *ms, const char *pipeline, const char *outcome,
+                               double seconds);
 
 /* Workers: up (1) or down (0); a restart scheduled for a supervised slot. */
 void gw_metrics_worker_up(gw_metrics_t *ms, int worker, const char *device, int up);

@@ -78,7 +78,7 @@ struct gw_metrics {
         *execute_duration, *batch_size, *batches, *drops, *worker_busy, *worker_up, *worker_rtt,
         *worker_bw, *profile_scale, *worker_restarts, *session_rate, *session_planned, *plan_epoch,
         *plan_devices, *plan_lower_bound, *advice, *models_moved, *http_requests, *uploads,
-        *priority_requests;
+        *priority_requests, *pipeline_queries, *pipeline_duration;
     /* per-model statistics: open addressing by key, under stats_lock */
     pthread_mutex_t stats_lock;
     model_stats_t **stats;
@@ -622,6 +622,17 @@ gw_metrics_t *gw_metrics_new(void)
         "Inference requests answered, by dispatch priority level (1 the highest) and outcome, as "
         "in squish_requests_total.",
         priority_outcome, NULL, 0, 0);
+    const char *const pipeline_outcome[] = {"pipeline", "outcome", NULL};
+    const char *const pipeline[] = {"pipeline", NULL};
+    m->pipeline_queries = gw_metrics_family(
+        m, GW_METRIC_COUNTER, "squish_pipeline_queries_total",
+        "Pipeline queries answered, by pipeline and outcome: ok, dropped (503: a stage could not "
+        "make its deadline, the whole query went) or error.",
+        pipeline_outcome, NULL, 0, 0);
+    m->pipeline_duration =
+        gw_metrics_family(m, GW_METRIC_HISTOGRAM, "squish_pipeline_query_duration_seconds",
+                          "End-to-end latency of successful pipeline queries, arrival to answer.",
+                          pipeline, latency_buckets_s, NLAT, 0);
     m->request_duration =
         gw_metrics_family(m, GW_METRIC_HISTOGRAM, "squish_request_duration_seconds",
                           "End-to-end latency of successful inference requests, arrival to answer.",
@@ -894,6 +905,17 @@ void gw_metrics_batch(gw_metrics_t *ms, const gw_model_t *m, int worker, const c
     atomic_fetch_add(&bs->input_ns, total_ns - done->exec_ns);
     atomic_fetch_add(&bs->infer_ns, done->exec_ns);
     atomic_fetch_add(&bs->output_ns, rt_ns > total_ns ? rt_ns - total_ns : 0);
+}
+
+void gw_metrics_pipeline_query(gw_metrics_t *ms, const char *pipeline, const char *outcome,
+                               double seconds)
+{
+    if (ms == NULL || ms->pipeline_queries == NULL)
+        return;
+    const char *v[] = {pipeline, outcome};
+    gw_metrics_add(gw_metrics_series(ms->pipeline_queries, v), 1);
+    if (strcmp(outcome, "ok") == 0)
+        gw_metrics_observe(gw_metrics_series(ms->pipeline_duration, v), seconds);
 }
 
 void gw_metrics_drop(gw_metrics_t *ms, const gw_model_t *m, int reason)

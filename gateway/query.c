@@ -431,9 +431,15 @@ static void query_respond(gw_async_t *a, h2o_req_t *hreq)
 {
     gw_query_t *q = (gw_query_t *)a;
     int64_t now = sq_now_us();
-    gw_pipeline_outcome(q->p, !atomic_load(&q->failed)            ? GW_Q_OK
-                              : sq_err_http_status(q->err) == 503 ? GW_Q_DROPPED
-                                                                  : GW_Q_FAILED);
+    gw_query_outcome_t o = !atomic_load(&q->failed)            ? GW_Q_OK
+                           : sq_err_http_status(q->err) == 503 ? GW_Q_DROPPED
+                                                               : GW_Q_FAILED;
+    gw_pipeline_outcome(q->p, o);
+    gw_metrics_pipeline_query(a->srv->metrics, q->p->name,
+                              o == GW_Q_OK        ? "ok"
+                              : o == GW_Q_DROPPED ? "dropped"
+                                                  : "error",
+                              (double)(now - q->arrival_us) / 1e6);
     gw_add_header(hreq, "x-request-id", q->request_id);
     char v[32];
     snprintf(v, sizeof(v), "%g", q->slo_ms);

@@ -97,3 +97,39 @@ def multipart(fields, boundary="squishboundary42"):
         out.append(b"\r\n" + data + b"\r\n")
     out.append(b"--" + boundary.encode() + b"--\r\n")
     return b"".join(out), "multipart/form-data; boundary=" + boundary
+
+
+def brightness_detector(boxes=8, hw=32):
+    """A detector whose detections are known from its input: `boxes` fixed,
+    disjoint boxes side by side (normalized xyxy, box k spans x in
+    [k/boxes, (k+1)/boxes - 0.01], y in [0.1, 0.6]), and box k scores
+    mean(pixels)/255 - (k + 0.5)/boxes (with preprocess mean 0, std 255:
+    inputs in [0, 1]). With score threshold 0, a flat gray frame of value v
+    has the boxes k < v/255 * boxes - 0.5: v = 32 gives 1, v = 250 gives 8.
+    Outputs "boxes" [N, boxes, 4] and "scores" [N, boxes]."""
+    box = np.array([[k / boxes, 0.1, (k + 1) / boxes - 0.01, 0.6] for k in range(boxes)],
+                   np.float32).reshape(-1)
+    inits = [
+        numpy_helper.from_array(np.zeros((4 * boxes, 3), np.float32), "bw"),
+        numpy_helper.from_array(box, "bb"),
+        numpy_helper.from_array(np.full((boxes, 3), 1 / 3, np.float32), "sw"),
+        numpy_helper.from_array(np.array([-(k + 0.5) / boxes for k in range(boxes)], np.float32),
+                                "sb"),
+        numpy_helper.from_array(np.array([0, boxes, 4], np.int64), "shape"),
+    ]
+    nodes = [
+        helper.make_node("GlobalAveragePool", ["input"], ["gap"]),
+        helper.make_node("Flatten", ["gap"], ["flat"], axis=1),
+        helper.make_node("Gemm", ["flat", "bw", "bb"], ["flat_boxes"], transB=1),
+        helper.make_node("Reshape", ["flat_boxes", "shape"], ["boxes"]),
+        helper.make_node("Gemm", ["flat", "sw", "sb"], ["scores"], transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "brightness_detector",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, hw, hw])],
+        [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, ["N", boxes, 4]),
+         helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["N", boxes])],
+        inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
+                              producer_name="squish-tests")
+    return model.SerializeToString()

@@ -1,0 +1,263 @@
+"""Pipelines end to end (complex queries): specs checked and stored, a
+detector feeding a classifier on a real cpu worker, fan-out measured and
+the SLO split by the query DP, a query dropped whole when a stage cannot
+make it, and a worker killed mid-query.
+
+The detector here is tiny_models.brightness_detector: its detections are
+known from the frame (a flat gray frame of value 32 has 1, of value 250
+has 8), so that the fan-out is exact."""
+
+import io
+import json
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+from PIL import Image
+
+import tiny_models as tm
+from harness import Squishd, eventually, run, test, validate
+
+PREP = {"mean": [0, 0, 0], "std": [255, 255, 255]}
+
+
+def auth(s):
+    return {"Authorization": "Bearer " + s.token}
+
+
+def gray(v, size=(64, 48)):
+    out = io.BytesIO()
+    Image.fromarray(np.full((size[1], size[0], 3), v, np.uint8)).save(out, "JPEG", quality=95)
+    return out.getvalue()
+
+
+def upload(s, name, model_bytes, max_batch=16, preprocess=None):
+    cfg = {"name": name, "max_batch": max_batch}
+    if preprocess:
+        cfg["preprocess"] = preprocess
+    body, ctype = tm.multipart([("model", "m.onnx", None, model_bytes),
+                                ("config", None, None, json.dumps(cfg).encode())])
+    r = s.request("POST", "/models", body=body, headers=dict(auth(s), **{"Content-Type": ctype}))
+    assert r.status == 202, r
+
+
+def wait_ready(s, name):
+    def done():
+        rec = s.get("/models/" + name, headers=auth(s)).json["versions"][0]
+        return rec if rec["status"] != "profiling" else None
+
+    rec = eventually(done, 180, name + " profiled")
+    assert rec["status"] == "ready", rec
+
+
+CROPS = {"stage": "det", "boxes": "boxes", "scores": "scores", "format": "xyxy",
+         "normalized": True, "score_threshold": 0.0, "nms_iou": 0.5, "max_crops": 16}
+
+
+def spec(name="faces", slo_ms=400, crops=None, det="det_m", cls="cls_m", **extra):
+    s = {"name": name, "slo_ms": slo_ms,
+         "stages": [{"id": "det", "model": det},
+                    {"id": "cls", "model": cls, "crops_of": dict(crops or CROPS), "top_k": 3}]}
+    s.update(extra)
+    return s
+
+
+def post(s, body, expect=None):
+    r = s.request("POST", "/pipelines", body=json.dumps(body),
+                  headers=dict(auth(s), **{"Content-Type": "application/json"}))
+    if expect is not None:
+        assert r.status == expect, r
+        if r.status >= 400:
+            validate(r.json, "error")
+    return r
+
+
+def query(s, body, name="faces", slo=None, ctype="image/jpeg", timeout=30):
+    h = {"Content-Type": ctype}
+    if slo is not None:
+        h["X-SLO-Ms"] = str(slo)
+    return s.request("POST", "/v1/pipelines/%s/infer" % name, body=body, headers=h,
+                     timeout=timeout)
+
+
+def started(workers="cpu:1"):
+    s = Squishd(workers=workers)
+    s.wait_ready(workers=1, timeout=60)
+    upload(s, "det_m", tm.brightness_detector(), preprocess=PREP)
+    upload(s, "cls_m", tm.tiny(3))
+    wait_ready(s, "det_m")
+    wait_ready(s, "cls_m")
+    return s
+
+
+def stats_count(s, model):
+    r = s.get("/v2/models/%s/stats" % model)
+    assert r.status == 200, r
+    return sum(m["execution_count"] for m in r.json["model_stats"])  # batches run
+
+
+@test
+def bad_specs_get_400_naming_the_field_and_good_ones_are_stored():
+    s = started()
+    try:
+        bad = [
+            (dict(spec(), stages=[{"id": "det", "model": "nope"}]), "stages[0].model"),
+            (spec(crops=dict(CROPS, stage="cls")), "stages[1].crops_of.stage"),  # a cycle
+            (spec(crops=dict(CROPS, stage="ghost")), "stages[1].crops_of.stage"),
+            (spec(crops=dict(CROPS, boxes="missing")), "stages[1].crops_of"),
+            (spec(crops=dict(CROPS, nms_iou=7)), "stages[1].crops_of"),
+            (dict(spec(), slo_ms=-1), "slo_ms"),
+            (dict(spec(), colour="red"), "colour"),
+            (dict(spec(), stages=[{"id": "det", "model": "det_m"},
+                                  {"id": "det", "model": "cls_m"}]), "stages[1].id"),
+        ]
+        for body, field in bad:
+            r = post(s, body, expect=400)
+            assert r.json["error"].startswith(field), (field, r.json)
+        r = s.request("POST", "/pipelines", body="{not json",
+                      headers=dict(auth(s), **{"Content-Type": "application/json"}))
+        assert r.status == 400 and r.json["code"] == "bad_json", r
+        # No token: 401.
+        r = s.request("POST", "/pipelines", body=json.dumps(spec()))
+        assert r.status == 401, r
+        # A pipeline is addressed like a model: it cannot take a model's name.
+        assert post(s, spec(name="cls_m"), expect=409).json["code"] == "already_exists"
+
+        r = post(s, spec(), expect=201)
+        assert r.json["name"] == "faces" and r.json["split"]["method"] in ("even", "dp"), r.json
+        post(s, spec(), expect=409)
+        r = s.get("/pipelines")
+        assert r.status == 200 and [p["name"] for p in r.json["pipelines"]] == ["faces"], r
+        r = s.get("/pipelines/faces")
+        assert r.status == 200 and r.json["spec"]["stages"][1]["crops_of"]["stage"] == "det", r
+        assert s.get("/pipelines/nope").status == 404
+        r = s.request("DELETE", "/pipelines/faces")
+        assert r.status == 401, r
+        r = s.request("DELETE", "/pipelines/faces", headers=auth(s))
+        assert r.status == 200, r
+        assert s.get("/pipelines/faces").status == 404
+        assert query(s, gray(32)).status == 404
+        post(s, spec(), expect=201)
+    finally:
+        s.stop()
+    # Stored in the model DB: a restarted squishd on the same DB has it.
+    s2 = Squishd(workers="cpu:1", tmp=s.tmp)
+    try:
+        r = s2.get("/pipelines/faces")
+        assert r.status == 200 and r.json["slo_ms"] == 400, r
+    finally:
+        s2.cleanup()
+
+
+@test
+def a_detector_feeds_a_classifier_and_gamma_moves_the_split():
+    s = started()
+    try:
+        post(s, spec(), expect=201)
+        # One detection per dark frame, eight per bright one.
+        for v, n in ((32, 1), (250, 8)):
+            r = query(s, gray(v), slo=3000)
+            assert r.status == 200, r
+            fr = r.json["frames"][0]
+            assert fr["width"] == 64 and fr["height"] == 48, fr
+            dets = fr["det"]["cls"]
+            assert len(dets) == n, (v, dets)
+            for k, d in enumerate(sorted(dets, key=lambda d: d["box"][0])):
+                x0, y0, x1, y1 = d["box"]
+                # Box k in frame pixels: x in [k/8, (k+1)/8 - 0.01] * 64.
+                assert abs(x0 - 64 * k / 8) < 1.01 and abs(x1 - 64 * ((k + 1) / 8 - 0.01)) < 1.01, d
+                assert abs(y0 - 4.8) < 1.01 and abs(y1 - 28.8) < 1.01, d
+                assert len(d["predictions"]) == 3, d
+            assert r.json["stages"]["cls"]["items"] == n, r.json
+        # Each crop is a flat gray patch: its classification equals the
+        # classifier's on that patch alone.
+        r = query(s, gray(250), slo=3000)
+        alone = s.request("POST", "/v1/models/cls_m/infer?top_k=3", body=gray(250, (32, 32)),
+                          headers={"Content-Type": "image/jpeg", "X-SLO-Ms": "3000"})
+        assert alone.status == 200, alone
+        want = alone.json["predictions"][0]
+        for d in r.json["frames"][0]["det"]["cls"]:
+            assert [p["index"] for p in d["predictions"]] == [p["index"] for p in want], (d, want)
+            for a, b in zip(d["predictions"], want):
+                assert abs(a["score"] - b["score"]) < 0.02, (d, want)
+
+        def measured():
+            p = s.get("/v1/plan", schema_name="plan").json["pipelines"]
+            return p[0] if p and p[0]["split"]["method"] == "dp" else None
+
+        # gamma 1: 60 dark frames.
+        for _ in range(60):
+            assert query(s, gray(32), slo=3000).status == 200
+        p1 = eventually(lambda: (lambda p: p if p and abs(p["split"]["gamma"]["cls"]["measured"]
+                                                          - 1) < 0.1 else None)(measured()),
+                        30, "gamma 1 measured and split")
+        # gamma 8: bright frames move the split.
+        for _ in range(60):
+            assert query(s, gray(250), slo=3000).status == 200
+        p8 = eventually(lambda: (lambda p: p if p and abs(p["split"]["gamma"]["cls"]["measured"]
+                                                          - 8) < 0.8 else None)(measured()),
+                        30, "gamma 8 measured and split")
+        b1, b8 = p1["split"]["budgets_ms"], p8["split"]["budgets_ms"]
+        assert abs(b1["det"] + b1["cls"] - 400) < 1 and abs(b8["det"] + b8["cls"] - 400) < 1
+        assert b1 != b8, (b1, b8)
+        validate(s.get("/v1/plan").json, "plan")
+    finally:
+        s.stop()
+
+
+@test
+def a_query_whose_first_stage_cannot_make_it_is_dropped_whole():
+    s = started()
+    try:
+        post(s, spec(), expect=201)
+        assert query(s, gray(250), slo=3000).status == 200
+        before = stats_count(s, "cls_m")
+        # A 2 ms SLO: the detector's share is gone before it could run.
+        for _ in range(5):
+            r = query(s, gray(250), slo=2)
+            assert r.status == 503, r
+            assert r.headers.get("retry-after"), r.headers
+            validate(r.json, "error")
+        time.sleep(0.5)
+        assert stats_count(s, "cls_m") == before
+        q = s.get("/pipelines/faces").json["queries"]
+        assert q["dropped"] >= 5, q
+    finally:
+        s.stop()
+
+
+@test
+def a_worker_killed_mid_query_leaves_every_query_answered_once():
+    s = started(workers="cpu:2")
+    try:
+        post(s, spec(), expect=201)
+        assert query(s, gray(250), slo=3000).status == 200
+        codes = []
+        lock = threading.Lock()
+
+        def client():
+            for _ in range(15):
+                r = query(s, gray(250), slo=1500, timeout=60)
+                with lock:
+                    codes.append(r.status)
+
+        threads = [threading.Thread(target=client) for _ in range(4)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        pids = s.worker_pids()
+        assert pids, "no worker pid"
+        os.kill(sorted(pids.values())[0], signal.SIGKILL)
+        for t in threads:
+            t.join(120)
+        assert len(codes) == 60, len(codes)
+        assert set(codes) <= {200, 503}, codes
+        assert codes.count(200) > 0, codes
+    finally:
+        s.stop()
+
+
+if __name__ == "__main__":
+    run()
