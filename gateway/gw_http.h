@@ -141,6 +141,9 @@ void gw_route_pipelines_list(gw_call_t *call);
 void gw_route_pipelines_get(gw_call_t *call);
 void gw_route_pipelines_delete(gw_call_t *call);
 void gw_route_pipeline_infer(gw_call_t *call);
+/* POST /v2/models/{pipeline}/infer (routes.c sends a name that is a
+ * pipeline's here). */
+void gw_route_pipeline_infer_v2(gw_call_t *call);
 /* metrics_api.c: a request h2o is freeing (its status is final): counts it
  * by route and status, and writes the access log line when enabled. */
 void gw_metrics_http_done(gw_server_t *srv, h2o_req_t *req, const char *route, int64_t start_ns);

@@ -115,6 +115,9 @@ int gw_pipeline_resplit_due(gw_pipeline_t *p, int64_t now_us, int64_t interval_u
 int gw_pipeline_resplit(gw_pipeline_t *p, const pl_profile_t *const *profile, double k_std,
                         double epsilon_ms, int64_t now_us);
 
+/* GET /v2/models/{pipeline}: what OIP sees of it (query.c). */
+json_t *gw_pipeline_oip_metadata(gw_pipeline_t *p);
+
 /* ---- the registry of published pipelines (thread-safe) ---- */
 
 typedef struct gw_pipes gw_pipes_t;

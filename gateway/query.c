@@ -22,6 +22,7 @@
 #include "gw_dispatch.h"
 #include "gw_infer.h"
 #include "gw_multipart.h"
+#include "gw_oip.h"
 #include "gw_pipeline.h"
 
 #include <pl_profile.h>
@@ -96,6 +97,8 @@ struct gw_query {
     const uint8_t *body;
     size_t body_len;
     uint8_t *body_owned;
+    gw_oip_request_t *oip; /* over OIP: the parsed request (its rows are the frames) */
+    void (*api_dispose)(gw_query_t *q);
 };
 
 /* ---- outcome --------------------------------------------------------------- */
@@ -427,49 +430,63 @@ static json_t *node_json(const gw_query_t *q, const qnode_t *n)
     return o;
 }
 
-static void query_respond(gw_async_t *a, h2o_req_t *hreq)
+static void query_count(gw_query_t *q, int64_t now)
 {
-    gw_query_t *q = (gw_query_t *)a;
-    int64_t now = sq_now_us();
     gw_query_outcome_t o = !atomic_load(&q->failed)            ? GW_Q_OK
                            : sq_err_http_status(q->err) == 503 ? GW_Q_DROPPED
                                                                : GW_Q_FAILED;
     gw_pipeline_outcome(q->p, o);
-    gw_metrics_pipeline_query(a->srv->metrics, q->p->name,
+    gw_metrics_pipeline_query(q->base.srv->metrics, q->p->name,
                               o == GW_Q_OK        ? "ok"
                               : o == GW_Q_DROPPED ? "dropped"
                                                   : "error",
                               (double)(now - q->arrival_us) / 1e6);
+}
+
+static void query_headers(gw_query_t *q, h2o_req_t *hreq)
+{
     gw_add_header(hreq, "x-request-id", q->request_id);
     char v[32];
     snprintf(v, sizeof(v), "%g", q->slo_ms);
     gw_add_header(hreq, "x-slo-ms", v);
+}
+
+/* Frame f: its size and each root stage's result. */
+static json_t *frame_json(const gw_query_t *q, int f)
+{
+    json_t *fr = json_pack("{s:i, s:i}", "width", q->frame_w[f], "height", q->frame_h[f]);
+    for (int r = 0; r < q->nroots; r++) {
+        const qnode_t *n = q->roots[f * q->nroots + r];
+        json_object_set_new(fr, q->p->stages[n->stage].id, node_json(q, n));
+    }
+    return fr;
+}
+
+static void query_respond(gw_async_t *a, h2o_req_t *hreq)
+{
+    gw_query_t *q = (gw_query_t *)a;
+    int64_t now = sq_now_us();
+    query_count(q, now);
+    query_headers(q, hreq);
     if (atomic_load(&q->failed)) {
         gw_send_error(hreq, q->err, q->err_detail);
         return;
     }
     json_t *frames = json_array();
-    for (int f = 0; f < q->nframes; f++) {
-        json_t *fr = json_pack("{s:i, s:i}", "width", q->frame_w[f], "height", q->frame_h[f]);
-        for (int r = 0; r < q->nroots; r++) {
-            const qnode_t *n = q->roots[f * q->nroots + r];
-            json_object_set_new(fr, q->p->stages[n->stage].id, node_json(q, n));
-        }
-        json_array_append_new(frames, fr);
-    }
+    for (int f = 0; f < q->nframes; f++)
+        json_array_append_new(frames, frame_json(q, f));
     json_t *timing = json_object(), *budgets = json_object(), *deadlines = json_object();
     for (int i = 0; i < q->p->nstages; i++) {
         const stage_timing_t *t = &q->timing[i];
         const char *id = q->p->stages[i].id;
         json_object_set_new(timing, id,
-                            json_pack("{s:i, s:f, s:f, s:f, s:i}", "items", t->items, "queue_ms",
-                                      t->queue_ms, "execute_ms", t->execute_ms, "done_ms",
-                                      t->done_ms, "batch_size", t->batch_size));
+                            json_pack("{s:s, s:i, s:i, s:f, s:f, s:f, s:i}", "model",
+                                      q->models[i]->name, "version", q->models[i]->version, "items",
+                                      t->items, "queue_ms", t->queue_ms, "execute_ms",
+                                      t->execute_ms, "done_ms", t->done_ms, "batch_size",
+                                      t->batch_size));
         json_object_set_new(budgets, id, json_real(q->budget_ms[i]));
         json_object_set_new(deadlines, id, json_real(q->cum_ms[i]));
-        json_t *mv =
-            json_pack("{s:s, s:i}", "model", q->models[i]->name, "version", q->models[i]->version);
-        json_object_set_new(json_object_get(timing, id), "model", mv);
     }
     gw_send_json(hreq, 200,
                  json_pack("{s:s, s:s, s:f, s:f, s:o, s:{s:o, s:o}, s:o}", "pipeline", q->p->name,
@@ -497,6 +514,8 @@ static void query_dispose(gw_async_t *a)
     free(q->frame_w);
     free(q->frame_h);
     free(q->body_owned);
+    if (q->api_dispose != NULL)
+        q->api_dispose(q);
     pthread_mutex_destroy(&q->mu);
 }
 
@@ -561,42 +580,109 @@ static int resolve_stages(gw_server_t *srv, gw_query_t *q, char *why, size_t len
     return 0;
 }
 
-void gw_route_pipeline_infer(gw_call_t *call)
+/* Starts the query on its frames (JPEG bytes that stay valid until it is
+ * answered). */
+static void query_start(gw_query_t *q, const gw_part_t *frames, int nframes)
+{
+    gw_server_t *srv = q->base.srv;
+    const gw_pipeline_t *p = q->p;
+    q->nframes = nframes;
+    for (int i = 0; i < p->nstages; i++)
+        if (p->stages[i].parent < 0)
+            q->root_stage[q->nroots++] = i;
+    q->frame_w = sq_xcalloc((size_t)nframes, sizeof(int));
+    q->frame_h = sq_xcalloc((size_t)nframes, sizeof(int));
+    q->roots = sq_xcalloc((size_t)(nframes * q->nroots), sizeof(qnode_t *));
+    /* Every root counts before any starts: one that fails at once must
+     * not answer while others are still to start. */
+    atomic_store(&q->pending, nframes * q->nroots + 1);
+    for (int f = 0; f < nframes; f++)
+        for (int r = 0; r < q->nroots; r++) {
+            qnode_t *n = node_new(q, f, q->root_stage[r], NULL);
+            n->jpeg = frames[f].data;
+            n->jpeg_len = frames[f].len;
+            q->roots[f * q->nroots + r] = n;
+        }
+    for (int i = 0; i < nframes * q->nroots; i++)
+        root_start(srv, q->roots[i]);
+    query_release(q);
+}
+
+/* A query of the pipeline named by the call's first argument, or NULL
+ * after replying 404 or 503. */
+static gw_query_t *query_new(gw_call_t *call)
 {
     gw_server_t *srv = call->srv;
     h2o_req_t *hreq = call->req;
     if (atomic_load(&srv->stopping)) {
         gw_send_error(hreq, SQ_SHUTTING_DOWN, "squishd is shutting down");
-        return;
+        return NULL;
     }
     char name[MDB_NAME_MAX + 1];
     h2o_iovec_t arg = call->args[0];
     if (!gw_model_name_ok(arg.base, arg.len)) {
         gw_send_error(hreq, SQ_NOT_FOUND, "no such pipeline");
-        return;
+        return NULL;
     }
     memcpy(name, arg.base, arg.len);
     name[arg.len] = '\0';
     gw_pipeline_t *p = gw_pipes_get(srv->pipelines, name);
     if (p == NULL) {
         gw_send_error(hreq, SQ_NOT_FOUND, "no such pipeline");
-        return;
+        return NULL;
     }
     if (atomic_fetch_add(&srv->infer_inflight, 1) >= srv->cfg->max_inflight) {
         atomic_fetch_sub(&srv->infer_inflight, 1);
         gw_pipeline_unref(p);
         gw_send_error(hreq, SQ_OVERLOAD, "squishd has --max-inflight requests in flight");
-        return;
+        return NULL;
     }
     gw_query_t *q = (gw_query_t *)gw_async_new(call, sizeof(gw_query_t));
     q->base.dispose = query_dispose;
-    q->base.respond = query_respond;
     q->p = p;
     pthread_mutex_init(&q->mu, NULL);
     q->arrival_us = sq_now_us();
     q->priority = GW_PRIORITY_DEFAULT;
     gw_request_id(hreq, q->request_id, sizeof(q->request_id));
     gw_pipeline_arrival(p);
+    return q;
+}
+
+/* The SLO (slo_ms <= 0: the pipeline's), the deadlines and the stages'
+ * models; 0, or -1 after rejecting. */
+static int query_setup(gw_query_t *q, double slo_ms)
+{
+    gw_server_t *srv = q->base.srv;
+    const gw_pipeline_t *p = q->p;
+    q->slo_ms = slo_ms > 0 ? slo_ms : p->slo_ms;
+    if (q->slo_ms > srv->cfg->max_request_ms)
+        q->slo_ms = srv->cfg->max_request_ms;
+    /* The split is the pipeline's; a query asking for another SLO gets the
+     * same shares of its own. */
+    gw_pipeline_deadlines(q->p, q->cum_ms);
+    double scale = q->slo_ms / p->slo_ms;
+    for (int i = 0; i < p->nstages; i++) {
+        q->cum_ms[i] *= scale;
+        int par = p->stages[i].parent;
+        q->budget_ms[i] = q->cum_ms[i] - (par >= 0 ? q->cum_ms[par] : 0);
+    }
+    char why[512];
+    int rc = resolve_stages(srv, q, why, sizeof(why));
+    if (rc != 0) {
+        query_reject(q, rc, "%s", why);
+        return -1;
+    }
+    return 0;
+}
+
+void gw_route_pipeline_infer(gw_call_t *call)
+{
+    gw_server_t *srv = call->srv;
+    h2o_req_t *hreq = call->req;
+    gw_query_t *q = query_new(call);
+    if (q == NULL)
+        return;
+    q->base.respond = query_respond;
     char why[512];
     double slo;
     int rc = gw_request_slo_ms(hreq, &slo, why, sizeof(why));
@@ -604,22 +690,8 @@ void gw_route_pipeline_infer(gw_call_t *call)
         query_reject(q, rc, "%s", why);
         return;
     }
-    q->slo_ms = slo > 0 ? slo : p->slo_ms;
-    if (q->slo_ms > srv->cfg->max_request_ms)
-        q->slo_ms = srv->cfg->max_request_ms;
-    /* The split is the pipeline's; a query asking for another SLO gets the
-     * same shares of its own. */
-    gw_pipeline_deadlines(p, q->cum_ms);
-    double scale = q->slo_ms / p->slo_ms;
-    for (int i = 0; i < p->nstages; i++) {
-        q->cum_ms[i] *= scale;
-        int par = p->stages[i].parent;
-        q->budget_ms[i] = q->cum_ms[i] - (par >= 0 ? q->cum_ms[par] : 0);
-    }
-    if ((rc = resolve_stages(srv, q, why, sizeof(why))) != 0) {
-        query_reject(q, rc, "%s", why);
+    if (query_setup(q, slo) != 0)
         return;
-    }
     if (hreq->entity.len == 0) {
         query_reject(q, SQ_BAD_IMAGE, "empty body: send a JPEG (image/jpeg) or multipart frames");
         return;
@@ -662,25 +734,140 @@ void gw_route_pipeline_infer(gw_call_t *call)
         query_reject(q, rc, "%s", why);
         return;
     }
-    q->nframes = nparts;
-    for (int i = 0; i < p->nstages; i++)
-        if (p->stages[i].parent < 0)
-            q->root_stage[q->nroots++] = i;
-    q->frame_w = sq_xcalloc((size_t)nparts, sizeof(int));
-    q->frame_h = sq_xcalloc((size_t)nparts, sizeof(int));
-    q->roots = sq_xcalloc((size_t)(nparts * q->nroots), sizeof(qnode_t *));
-    /* Every root counts before any starts: one that fails at once must
-     * not answer while others are still to start. */
-    atomic_store(&q->pending, nparts * q->nroots + 1);
-    for (int f = 0; f < nparts; f++)
-        for (int r = 0; r < q->nroots; r++) {
-            qnode_t *n = node_new(q, f, q->root_stage[r], NULL);
-            n->jpeg = parts[f].data;
-            n->jpeg_len = parts[f].len;
-            q->roots[f * q->nroots + r] = n;
-        }
+    query_start(q, parts, nparts);
     free(parts);
-    for (int i = 0; i < nparts * q->nroots; i++)
-        root_start(srv, q->roots[i]);
-    query_release(q);
+}
+
+/* ---- over OIP: the pipeline as a model ------------------------------------- */
+
+/* What OIP sees of a pipeline: input IMAGE (BYTES: one JPEG per frame),
+ * output RESULT (BYTES: per frame, the /v1 answer's frame as JSON text). */
+static void oip_desc(gw_server_t *srv, gw_oip_model_t *d)
+{
+    memset(d, 0, sizeof(*d));
+    d->ninputs = 1;
+    snprintf(d->inputs[0].name, sizeof(d->inputs[0].name), "IMAGE");
+    d->inputs[0].datatype = GW_OIP_UINT8;
+    d->inputs[0].accept = 1u << GW_OIP_BYTES;
+    d->inputs[0].item_ndim = 1;
+    d->inputs[0].item_shape[0] = 1;
+    d->noutputs = 1;
+    snprintf(d->outputs[0].name, sizeof(d->outputs[0].name), "RESULT");
+    d->outputs[0].item_ndim = 1;
+    d->outputs[0].item_shape[0] = 1;
+    d->max_batch = srv->cfg->max_images;
+    d->max_body_bytes = (size_t)srv->cfg->max_body_bytes;
+}
+
+json_t *gw_pipeline_oip_metadata(gw_pipeline_t *p)
+{
+    return json_pack("{s:s, s:[s], s:s, s:[{s:s, s:s, s:[i]}], s:[{s:s, s:s, s:[i]}]}", "name",
+                     p->name, "versions", "1", "platform", "squish_pipeline", "inputs", "name",
+                     "IMAGE", "datatype", "BYTES", "shape", -1, "outputs", "name", "RESULT",
+                     "datatype", "BYTES", "shape", -1);
+}
+
+static void query_respond_oip(gw_async_t *a, h2o_req_t *hreq)
+{
+    gw_query_t *q = (gw_query_t *)a;
+    int64_t now = sq_now_us();
+    query_count(q, now);
+    query_headers(q, hreq);
+    if (atomic_load(&q->failed)) {
+        gw_send_error(hreq, q->err, q->err_detail);
+        return;
+    }
+    json_t *data = json_array();
+    for (int f = 0; f < q->nframes; f++) {
+        json_t *fr = frame_json(q, f);
+        char *txt = json_dumps(fr, JSON_COMPACT);
+        json_array_append_new(data, json_string(txt != NULL ? txt : "{}"));
+        free(txt);
+        json_decref(fr);
+    }
+    json_t *params = json_pack("{s:f, s:f}", "slo_ms", q->slo_ms, "total_ms",
+                               (double)(now - q->arrival_us) / 1000.0);
+    for (int i = 0; i < q->p->nstages; i++) {
+        char key[GW_PIPE_ID_MAX + 16];
+        snprintf(key, sizeof(key), "%s_budget_ms", q->p->stages[i].id);
+        json_object_set_new(params, key, json_real(q->budget_ms[i]));
+    }
+    gw_send_json(hreq, 200,
+                 json_pack("{s:s, s:s, s:s, s:o, s:[{s:s, s:s, s:[i], s:o}]}", "model_name",
+                           q->p->name, "model_version", "1", "id", q->request_id, "parameters",
+                           params, "outputs", "name", "RESULT", "datatype", "BYTES", "shape",
+                           q->nframes, "data", data));
+}
+
+static void oip_dispose(gw_query_t *q)
+{
+    if (q->oip != NULL) {
+        gw_oip_request_dispose(q->oip);
+        free(q->oip);
+    }
+}
+
+void gw_route_pipeline_infer_v2(gw_call_t *call)
+{
+    gw_server_t *srv = call->srv;
+    h2o_req_t *hreq = call->req;
+    gw_query_t *q = query_new(call);
+    if (q == NULL)
+        return;
+    q->base.respond = query_respond_oip;
+    q->api_dispose = oip_dispose;
+    char why[512];
+    double slo;
+    int rc = gw_request_slo_ms(hreq, &slo, why, sizeof(why));
+    if (rc != 0) {
+        query_reject(q, rc, "%s", why);
+        return;
+    }
+    long long header_len = -1;
+    h2o_iovec_t hl = gw_header(hreq, "inference-header-content-length");
+    if (hl.len > 0) {
+        char buf[24];
+        snprintf(buf, sizeof(buf), "%.*s", (int)(hl.len < 23 ? hl.len : 23), hl.base);
+        char *end;
+        header_len = strtoll(buf, &end, 10);
+        if (*end != '\0' || header_len < 1 || (size_t)header_len > hreq->entity.len) {
+            query_reject(q, SQ_BAD_REQUEST, "Inference-Header-Content-Length: expected 1..%zu",
+                         hreq->entity.len);
+            return;
+        }
+    }
+    if (gw_request_body(hreq, &q->body, &q->body_len, &q->body_owned) != 0) {
+        query_reject(q, SQ_OVERLOAD, "not enough memory to hold the body; retry shortly");
+        return;
+    }
+    gw_oip_model_t desc;
+    oip_desc(srv, &desc);
+    q->oip = sq_xcalloc(1, sizeof(*q->oip));
+    rc = gw_oip_request_parse(q->body, q->body_len, header_len, &desc, q->oip, why, sizeof(why));
+    if (rc != 0) {
+        query_reject(q, rc, "%s", why);
+        return;
+    }
+    if (q->oip->id != NULL && q->oip->id_len < sizeof(q->request_id) &&
+        memchr(q->oip->id, '\0', q->oip->id_len) == NULL)
+        snprintf(q->request_id, sizeof(q->request_id), "%s", q->oip->id);
+    if (slo <= 0 && q->oip->slo_ms > 0)
+        slo = q->oip->slo_ms;
+    if (q->oip->priority > 0)
+        q->priority = gw_priority_level(q->oip->priority);
+    if (query_setup(q, slo) != 0)
+        return;
+    int n = q->oip->batch;
+    gw_part_t *parts = sq_xcalloc((size_t)n + 1, sizeof(*parts));
+    for (int i = 0; i < n; i++) {
+        parts[i] = (gw_part_t){.data = q->oip->inputs[0].rows[i].data,
+                               .len = q->oip->inputs[0].rows[i].len};
+        if ((rc = gw_image_type_check(parts[i].data, parts[i].len, why, sizeof(why))) != 0) {
+            free(parts);
+            query_reject(q, rc, "inputs[0] row %d: %s", i, why);
+            return;
+        }
+    }
+    query_start(q, parts, n);
+    free(parts);
 }
