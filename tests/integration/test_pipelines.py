@@ -65,8 +65,12 @@ def spec(name="faces", slo_ms=400, crops=None, det="det_m", cls="cls_m", **extra
 
 
 def post(s, body, expect=None):
+    if expect == 201:
+        validate(body, "pipeline_spec")
     r = s.request("POST", "/pipelines", body=json.dumps(body),
                   headers=dict(auth(s), **{"Content-Type": "application/json"}))
+    if r.status == 201:
+        validate(r.json, "pipeline")
     if expect is not None:
         assert r.status == expect, r
         if r.status >= 400:
@@ -78,8 +82,10 @@ def query(s, body, name="faces", slo=None, ctype="image/jpeg", timeout=30):
     h = {"Content-Type": ctype}
     if slo is not None:
         h["X-SLO-Ms"] = str(slo)
-    return s.request("POST", "/v1/pipelines/%s/infer" % name, body=body, headers=h,
-                     timeout=timeout)
+    r = s.request("POST", "/v1/pipelines/%s/infer" % name, body=body, headers=h,
+                  timeout=timeout)
+    validate(r.json, "pipeline_query_response" if r.status == 200 else "error")
+    return r
 
 
 def started(workers="cpu:1"):
@@ -128,9 +134,9 @@ def bad_specs_get_400_naming_the_field_and_good_ones_are_stored():
         r = post(s, spec(), expect=201)
         assert r.json["name"] == "faces" and r.json["split"]["method"] in ("even", "dp"), r.json
         post(s, spec(), expect=409)
-        r = s.get("/pipelines")
+        r = s.get("/pipelines", schema_name="pipelines_list")
         assert r.status == 200 and [p["name"] for p in r.json["pipelines"]] == ["faces"], r
-        r = s.get("/pipelines/faces")
+        r = s.get("/pipelines/faces", schema_name="pipeline")
         assert r.status == 200 and r.json["spec"]["stages"][1]["crops_of"]["stage"] == "det", r
         assert s.get("/pipelines/nope").status == 404
         r = s.request("DELETE", "/pipelines/faces")
