@@ -191,6 +191,10 @@ try:
             print("# %s: box (%.1f, %.1f, %.1f, %.1f) score %.4f crop %s" % (
                 label, *d["box"], d["score"], d["crop"]))
 
+        if c and len(c) == len(ref):
+            print("# %s: max |C - numpy| %.2g px" % (label, max(
+                min(np.abs(np.array(d["box"]) - box).max() for d in c) for box, _ in ref)))
+
         def same_as_numpy(c=c, ref=ref):
             assert len(c) == len(ref), (c, ref)
             for box, score in ref:  # in either order when scores are close
