@@ -37,7 +37,7 @@
 
 /* Detections per node and crop stage at most (a crops_of's max_crops is
  * capped by it). */
-#define MAX_DETS 256
+#define MAX_DETS GW_DETECT_MAX_CROPS
 
 typedef struct gw_query gw_query_t;
 typedef struct qnode qnode_t;
