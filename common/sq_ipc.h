@@ -22,7 +22,7 @@
 #include <sys/uio.h>
 
 #define SQ_IPC_MAGIC 0x48535153u /* "SQSH" */
-#define SQ_IPC_VERSION 4
+#define SQ_IPC_VERSION 5
 #define SQ_IPC_HEADER_SIZE 16
 #define SQ_IPC_MAX_PAYLOAD (16u << 20)
 #define SQ_IPC_MAX_FDS 4
@@ -211,8 +211,8 @@ typedef struct {
     uint32_t max_batch;
     double mean[3], std[3]; /* on the 0..255 pixel scale */
     uint8_t bgr;
-    uint32_t in_chw[3];   /* emulated: item shape */
-    uint32_t out_classes; /* emulated: floats per item */
+    uint32_t in_chw[3];   /* emulated: item shape ({C,H,W}, or {H,W,C} for NHWC) */
+    uint32_t out_classes; /* emulated: floats per item (its row: one output) */
     uint32_t n_latency;   /* emulated: l(b) for b = 1..n_latency */
     uint64_t latency_us[SQ_MAX_EMU_LATENCIES];
     /* ONNX: only keep the bytes for a later GROUP load (no plan, no reply
@@ -227,14 +227,15 @@ typedef struct {
     uint64_t memory_bytes;
     uint32_t max_batch;
     uint64_t in_elems;  /* floats (or pixels x3) per item */
-    uint64_t out_elems; /* floats per item of output 0 */
+    uint64_t out_elems; /* floats of an item's row: every output, in graph order */
     uint32_t in_hw[2];  /* pixel input: H, W */
 } sq_model_loaded_t;
 
 typedef enum { SQ_INPUT_PIXELS = 0, SQ_INPUT_FP32 = 1, SQ_INPUT_UINT8 = 2 } sq_input_kind_t;
 
 /* BATCH: squishd -> worker. Item i's input is at arena offset in_off[i]
- * (uint8 HWC pixels, or the model's input tensor); outputs go to out_off +
+ * (uint8 HWC pixels, or the model's input tensor); item i's row (every
+ * output of the model, in graph order, each flattened) goes to out_off +
  * i * out_stride. For a group, member[i] is item i's model (an index into
  * the GROUP load's members); items of one member come together. */
 typedef struct {

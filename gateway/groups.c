@@ -27,8 +27,8 @@ typedef struct {
 
 static int same_input(const gw_model_t *a, const gw_model_t *b)
 {
-    if (a->c != b->c || a->h != b->h || a->w != b->w || a->input_uint8 != b->input_uint8 ||
-        a->bgr != b->bgr || a->nearest != b->nearest)
+    if (a->c != b->c || a->h != b->h || a->w != b->w || a->nhwc != b->nhwc ||
+        a->input_uint8 != b->input_uint8 || a->bgr != b->bgr || a->nearest != b->nearest)
         return 0;
     for (int c = 0; c < 3; c++)
         if (a->mean[c] != b->mean[c] || a->std[c] != b->std[c])
@@ -39,8 +39,11 @@ static int same_input(const gw_model_t *a, const gw_model_t *b)
 static void group_scan_one(gw_model_t *m, void *arg)
 {
     group_scan_t *g = arg;
+    /* A member's row in a group's batch is its one output (the worker's
+     * suffixes have one each): a model with several outputs runs alone. */
     if (m->group_id != g->gid || m->emulated || strcmp(m->status, "ready") != 0 ||
-        !m->has_profile[g->kind] || !same_input(m, g->like) || g->n == SQ_MAX_GROUP_MEMBERS)
+        m->noutputs != 1 || !m->has_profile[g->kind] || !same_input(m, g->like) ||
+        g->n == SQ_MAX_GROUP_MEMBERS)
         return;
     for (int i = 0; i < g->n; i++) {
         /* Twins: one member serves both (see twin_of), the oldest. */
@@ -171,6 +174,7 @@ static ds_model_t *group_form(gw_dispatch_t *ds, const gw_model_t *m, int kind)
     gm->c = f->c;
     gm->h = f->h;
     gm->w = f->w;
+    gm->nhwc = f->nhwc;
     gm->bgr = f->bgr;
     gm->nearest = f->nearest;
     memcpy(gm->mean, f->mean, sizeof(gm->mean));

@@ -160,7 +160,7 @@ typedef struct {
     /* Per model output: batch x item floats, row-major; only the requested
      * outputs are read (others may be NULL). */
     const float *const *outputs;
-    const char *const *labels; /* classification labels (UTF-8) by index, or NULL */
+    const char *const *labels; /* output 0's classification labels (UTF-8) by index, or NULL */
     int nlabels;
     const gw_oip_param_t *params; /* NULL/0: no "parameters" */
     int nparams;

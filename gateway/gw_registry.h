@@ -44,10 +44,15 @@ typedef struct gw_model {
     char status[16]; /* profiling | ready | failed */
     char error[256]; /* why it failed ("" otherwise) */
     char input_name[128];
-    int input_uint8;   /* the graph's input is UINT8 (else FP32) */
-    int c, h, w;       /* input item shape */
-    int64_t out_elems; /* floats per item of output 0 */
-    char output_name[128];
+    int input_uint8; /* the graph's input is UINT8 (else FP32) */
+    int c, h, w;     /* input item: channels, height, width */
+    int nhwc;        /* the input is [N,H,W,3] (else [N,C,H,W]) */
+    /* Floats of an item's output row: every output of the graph, in its
+     * order, each flattened (output i starts after the elems of outputs
+     * 0..i-1). outputs[0].elems is output 0's alone (a classifier's
+     * classes). */
+    int64_t out_elems;
+    char output_name[128]; /* output 0's */
     /* Every output of the graph in its order (outputs[0] is output 0); at
      * most GW_MAX_OUTPUTS are listed. */
     int noutputs;

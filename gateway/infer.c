@@ -256,10 +256,11 @@ static int scored_cmp(const void *a, const void *b)
     return x->index - y->index;
 }
 
-/* Top-k of a logits row with softmax scores. */
+/* Top-k of output 0's logits (the head of an item's row) with softmax
+ * scores. */
 static json_t *top_k_json(const gw_model_t *m, const float *row, int k)
 {
-    int64_t n = m->out_elems;
+    int64_t n = m->outputs[0].elems;
     float mx = -INFINITY;
     for (int64_t i = 0; i < n; i++)
         mx = row[i] > mx ? row[i] : mx;
@@ -560,17 +561,19 @@ void gw_route_infer_v1(gw_call_t *call)
     if (request_priority(req, hreq, &priority) != 0)
         return;
     req->priority = gw_priority_level(priority);
+    /* top-k ranks output 0's values (a classifier's classes) */
+    int64_t classes = req->model->outputs[0].elems;
     if (gw_query_param(hreq, "top_k", buf, sizeof(buf))) {
         double k;
-        if (parse_positive(buf, &k) != 0 || k != floor(k) || k > req->model->out_elems) {
+        if (parse_positive(buf, &k) != 0 || k != floor(k) || k > classes) {
             reject(req, SQ_BAD_REQUEST, "top_k: expected an integer in 1..%lld",
-                   (long long)req->model->out_elems);
+                   (long long)classes);
             return;
         }
         req->top_k = (int)k;
     }
-    if (req->top_k > req->model->out_elems)
-        req->top_k = (int)req->model->out_elems;
+    if (req->top_k > classes)
+        req->top_k = (int)classes;
     if (hreq->entity.len == 0) {
         reject(req, SQ_BAD_IMAGE, "empty body: send a JPEG (image/jpeg) or multipart images");
         return;
@@ -675,7 +678,25 @@ static void respond_v2(gw_async_t *a, h2o_req_t *hreq)
     const char **labels = sq_xcalloc(nlabels + 1, sizeof(*labels));
     for (size_t i = 0; i < nlabels; i++)
         labels[i] = json_string_value(json_array_get(m->labels, i));
-    const float *outputs[1] = {req->outputs};
+    /* Each output's batch x item floats, gathered from the items' rows
+     * (output i's slice of a row starts after outputs 0..i-1). */
+    const float *outputs[GW_OIP_MAX_OUTPUTS] = {0};
+    float *gathered = NULL;
+    if (m->noutputs == 1) {
+        outputs[0] = req->outputs;
+    } else {
+        gathered = sq_xmalloc((size_t)req->n_items * (size_t)m->out_elems * sizeof(float) + 1);
+        size_t at = 0;
+        for (int o = 0; o < m->noutputs; o++) {
+            size_t per = (size_t)m->outputs[o].elems;
+            float *dst = gathered + at * (size_t)req->n_items;
+            for (int i = 0; i < req->n_items; i++)
+                memcpy(dst + (size_t)i * per, req->outputs + (size_t)i * (size_t)m->out_elems + at,
+                       per * sizeof(float));
+            outputs[o] = dst;
+            at += per;
+        }
+    }
     gw_oip_response_t resp = {.model_name = m->name,
                               .model_version = st->version,
                               .model = &st->desc,
@@ -690,6 +711,7 @@ static void respond_v2(gw_async_t *a, h2o_req_t *hreq)
     long long header_len = -1;
     int rc = gw_oip_response_encode(&resp, &out, &header_len);
     free(labels);
+    free(gathered);
     answer_headers(req, hreq);
     if (rc != 0) {
         sq_buf_dispose(&out);
@@ -782,13 +804,22 @@ void gw_route_infer_v2(gw_call_t *call)
     /* FP32 models also take UINT8 tensors (converted by the worker). */
     in->accept = (1u << GW_OIP_FP32) | (1u << GW_OIP_UINT8) | (1u << GW_OIP_BYTES);
     in->item_ndim = 3;
-    in->item_shape[0] = m->c;
-    in->item_shape[1] = m->h;
-    in->item_shape[2] = m->w;
-    st->desc.noutputs = 1;
-    snprintf(st->desc.outputs[0].name, sizeof(st->desc.outputs[0].name), "%s", m->output_name);
-    st->desc.outputs[0].item_ndim = 1;
-    st->desc.outputs[0].item_shape[0] = m->out_elems;
+    in->item_shape[0] = m->nhwc ? m->h : m->c;
+    in->item_shape[1] = m->nhwc ? m->w : m->h;
+    in->item_shape[2] = m->nhwc ? m->c : m->w;
+    /* Every output of the graph, in its order, with its dims after the
+     * batch (the items' rows hold them one after the other). */
+    st->desc.noutputs = m->noutputs;
+    for (int i = 0; i < m->noutputs; i++) {
+        const gw_output_t *o = &m->outputs[i];
+        gw_oip_output_desc_t *d = &st->desc.outputs[i];
+        snprintf(d->name, sizeof(d->name), "%s", o->name);
+        d->item_ndim = 0;
+        for (int k = 1; k < o->ndims && d->item_ndim < GW_OIP_MAX_DIMS; k++)
+            d->item_shape[d->item_ndim++] = o->dims[k];
+        if (d->item_ndim == 0) /* [N]: one value per item */
+            d->item_shape[d->item_ndim++] = 1;
+    }
     st->desc.max_batch = srv->cfg->max_images;
     st->desc.max_body_bytes = (size_t)srv->cfg->max_body_bytes;
     st->header_len = -1;

@@ -71,9 +71,11 @@ static void spec_from_model(sq_model_load_t *spec, const gw_model_t *m)
         spec->std[c] = m->std[c];
     }
     spec->bgr = (uint8_t)m->bgr;
-    spec->in_chw[0] = (uint32_t)m->c;
-    spec->in_chw[1] = (uint32_t)m->h;
-    spec->in_chw[2] = (uint32_t)m->w;
+    /* The item shape in the model's order: an emulated plan takes images
+     * in the same layout. Its one output is the model's whole row. */
+    spec->in_chw[0] = (uint32_t)(m->nhwc ? m->h : m->c);
+    spec->in_chw[1] = (uint32_t)(m->nhwc ? m->w : m->h);
+    spec->in_chw[2] = (uint32_t)(m->nhwc ? m->c : m->w);
     spec->out_classes = (uint32_t)m->out_elems;
 }
 

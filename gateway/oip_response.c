@@ -276,7 +276,12 @@ int gw_oip_response_encode(const gw_oip_response_t *resp, sq_buf_t *out, long lo
         const float *data = resp->outputs[o->model_output];
         if (o->classification > 0) {
             int k = o->classification < (long long)item ? o->classification : (int)item;
-            encode_classification(resp, req->batch, data, item, k, o->binary, out, &bin);
+            /* the labels name output 0's classes; other outputs get indexes */
+            gw_oip_response_t unlabelled = *resp;
+            unlabelled.labels = NULL;
+            unlabelled.nlabels = 0;
+            encode_classification(o->model_output == 0 ? resp : &unlabelled, req->batch, data, item,
+                                  k, o->binary, out, &bin);
         } else {
             encode_tensor(desc, req->batch, data, item, o->binary, out, &bin);
         }

@@ -73,17 +73,18 @@ gw_model_t *gw_model_from_record(json_t *rec)
     m->input_uint8 = dt != NULL && strcmp(dt, "UINT8") == 0;
     json_t *shape = json_object_get(in, "shape");
     if (json_array_size(shape) == 4) {
-        m->c = (int)json_integer_value(json_array_get(shape, 1));
-        m->h = (int)json_integer_value(json_array_get(shape, 2));
-        m->w = (int)json_integer_value(json_array_get(shape, 3));
+        int d[4];
+        for (size_t i = 0; i < 4; i++)
+            d[i] = (int)json_integer_value(json_array_get(shape, i));
+        /* [N,H,W,3] (NHWC) takes images too; anything else is read NCHW. */
+        m->nhwc = d[3] == 3 && d[1] != 3;
+        m->c = m->nhwc ? d[3] : d[1];
+        m->h = m->nhwc ? d[1] : d[2];
+        m->w = m->nhwc ? d[2] : d[3];
     }
     json_t *out0 = json_array_get(json_object_get(rec, "outputs"), 0);
     snprintf(m->output_name, sizeof(m->output_name), "%s",
              json_string_value(json_object_get(out0, "name")));
-    json_t *oshape = json_object_get(out0, "shape");
-    m->out_elems = 1;
-    for (size_t i = 1; i < json_array_size(oshape); i++)
-        m->out_elems *= json_integer_value(json_array_get(oshape, i));
     size_t oi;
     json_t *o;
     json_array_foreach(json_object_get(rec, "outputs"), oi, o)
@@ -100,6 +101,7 @@ gw_model_t *gw_model_from_record(json_t *rec)
             if (d > 0)
                 g->elems *= g->dims[d];
         }
+        m->out_elems += g->elems;
     }
     json_t *pre = json_object_get(rec, "preprocess");
     for (size_t c = 0; c < 3; c++) {

@@ -24,18 +24,32 @@ static json_t *model_config(const gw_model_t *m)
     for (int k = 0; k < GW_KIND_COUNT; k++)
         if (m->has_profile[k])
             json_array_append_new(profiles, json_string(gw_kind_name((gw_kind_t)k)));
-    json_t *in = json_pack("{s:s, s:s, s:[i, i, i]}", "name", m->input_name, "data_type",
-                           m->input_uint8 ? "TYPE_UINT8" : "TYPE_FP32", "dims", m->c, m->h, m->w);
-    json_t *out = json_pack("{s:s, s:s, s:[I], s:I}", "name", m->output_name, "data_type",
-                            "TYPE_FP32", "dims", (json_int_t)m->out_elems, "label_count",
-                            (json_int_t)json_array_size(m->labels));
+    json_t *in =
+        m->nhwc ? json_pack("{s:s, s:s, s:[i, i, i]}", "name", m->input_name, "data_type",
+                            m->input_uint8 ? "TYPE_UINT8" : "TYPE_FP32", "dims", m->h, m->w, m->c)
+                : json_pack("{s:s, s:s, s:[i, i, i]}", "name", m->input_name, "data_type",
+                            m->input_uint8 ? "TYPE_UINT8" : "TYPE_FP32", "dims", m->c, m->h, m->w);
+    /* Every output, its dims after the batch's; labels name output 0's. */
+    json_t *outs = json_array();
+    for (int i = 0; i < m->noutputs; i++) {
+        const gw_output_t *o = &m->outputs[i];
+        json_t *dims = json_array();
+        for (int d = 1; d < o->ndims; d++)
+            json_array_append_new(dims, json_integer(o->dims[d] > 0 ? o->dims[d] : 0));
+        json_t *out =
+            json_pack("{s:s, s:s, s:o}", "name", o->name, "data_type", "TYPE_FP32", "dims", dims);
+        if (i == 0)
+            json_object_set_new(out, "label_count",
+                                json_integer((json_int_t)json_array_size(m->labels)));
+        json_array_append_new(outs, out);
+    }
     json_t *pre = json_pack("{s:o, s:o, s:s, s:s, s:[i, i]}", "mean", real3(m->mean), "std",
                             real3(m->std), "channel_order", m->bgr ? "bgr" : "rgb", "resize",
                             m->nearest ? "nearest" : "bilinear", "size", m->h, m->w);
     json_t *c = json_pack(
-        "{s:s, s:i, s:s, s:i, s:[o], s:[o], s:o, s:f, s:s, s:o}", "name", m->name, "version",
+        "{s:s, s:i, s:s, s:i, s:[o], s:o, s:o, s:f, s:s, s:o}", "name", m->name, "version",
         m->version, "platform", m->emulated ? "squish_emulated" : "onnxruntime_onnx",
-        "max_batch_size", m->max_batch, "input", in, "output", out, "preprocessing", pre,
+        "max_batch_size", m->max_batch, "input", in, "output", outs, "preprocessing", pre,
         "default_slo_ms", m->default_slo_ms, "status", m->status, "profiled_on", profiles);
     if (m->error[0])
         json_object_set_new(c, "error", json_string(m->error));

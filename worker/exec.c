@@ -1,5 +1,5 @@
 /* The executor's public face: plans, runs, and the pixel path (uint8 HWC
- * to normalized FP32 NCHW), shared by every backend. */
+ * to normalized FP32 NCHW or NHWC), shared by every backend. */
 #include "wk_exec_int.h"
 
 #include <mdb_graph.h>
@@ -50,6 +50,25 @@ wk_plan_opts_t wk_plan_opts_default(void)
         .max_batch = 1,
         .pixel_norm = WK_PIXEL_NORM_IMAGENET,
     };
+}
+
+/* Every output's buffer at max batch, for the runs into rows. */
+static int alloc_row_scratch(wk_plan_t *p)
+{
+    const wk_graph_t *g = p->graph;
+    int64_t total = 0;
+    for (int i = 0; i < g->n_outputs; i++)
+        total += wk_value_elems(&g->values[g->outputs[i]]);
+    p->out_scratch = malloc((size_t)total * sizeof(float) + 1);
+    if (p->out_scratch == NULL)
+        return wk_fail(p, SQ_NOMEM, "output staging of %lld floats", (long long)total);
+    p->out_ptrs = sq_xcalloc((size_t)g->n_outputs, sizeof(*p->out_ptrs));
+    int64_t at = 0;
+    for (int i = 0; i < g->n_outputs; i++) {
+        p->out_ptrs[i] = p->out_scratch + at;
+        at += wk_value_elems(&g->values[g->outputs[i]]);
+    }
+    return 0;
 }
 
 int wk_plan_from_graph(wk_graph_t *g, const wk_plan_opts_t *opts, wk_plan_t **out, char *why,
@@ -114,6 +133,11 @@ int wk_plan_from_graph(wk_graph_t *g, const wk_plan_opts_t *opts, wk_plan_t **ou
     }
     if (p->small != NULL)
         p->memory_bytes += p->small->memory_bytes;
+    if (g->n_outputs > 1 && (rc = alloc_row_scratch(p)) != 0) {
+        snprintf(why, (size_t)why_size, "%s", p->why);
+        wk_plan_free(p);
+        return rc;
+    }
     SQ_DEBUG("plan ready backend=%s steps=%d max_batch=%d memory_mb=%.1f prepare_ms=%.1f",
              ops->name, g->n_steps, g->max_batch, (double)p->memory_bytes / (1 << 20),
              (double)(sq_now_ns() - t0) / 1e6);
@@ -166,6 +190,8 @@ void wk_plan_free(wk_plan_t *plan)
     wk_graph_free(plan->graph);
     wk_plan_free(plan->small);
     free(plan->emu_latency_us);
+    free(plan->out_scratch);
+    free(plan->out_ptrs);
     free(plan);
 }
 
@@ -225,6 +251,14 @@ int64_t wk_plan_input_elems(const wk_plan_t *plan, int index)
 int64_t wk_plan_output_elems(const wk_plan_t *plan, int index)
 {
     return wk_value_elems_at(&plan->graph->values[plan->graph->outputs[index]], 1);
+}
+
+int64_t wk_plan_row_elems(const wk_plan_t *plan)
+{
+    int64_t n = 0;
+    for (int i = 0; i < plan->graph->n_outputs; i++)
+        n += wk_plan_output_elems(plan, i);
+    return n;
 }
 
 int64_t wk_plan_last_run_ns(const wk_plan_t *plan)
@@ -302,9 +336,49 @@ int wk__plan_run_inplace(wk_plan_t *plan, int batch, const float *const *inputs,
     return rc;
 }
 
-/* uint8 HWC (RGB) -> normalized FP32 CHW per image. */
+/* Runs the backend with every output going to its item's row: out + b *
+ * row_elems holds item b's slice of output 0, then of output 1... A batched
+ * output is [batch, ...]; an output without the batch (a static plan's, or
+ * a constant) is the same for every item and copied whole into each row. */
+static int run_into_rows(wk_plan_t *plan, int batch, float *out)
+{
+    const wk_graph_t *g = plan->graph;
+    if (g->n_outputs == 1)
+        return run_backend(plan, batch, &out);
+    int rc = run_backend(plan, batch, plan->out_ptrs);
+    if (rc != 0)
+        return rc;
+    size_t row = (size_t)wk_plan_row_elems(plan), at = 0;
+    for (int i = 0; i < g->n_outputs; i++) {
+        const wk_value_t *v = &g->values[g->outputs[i]];
+        size_t per = (size_t)wk_value_elems_at(v, 1);
+        for (int b = 0; b < batch; b++)
+            memcpy(out + (size_t)b * row + at, plan->out_ptrs[i] + (v->batched ? b * per : 0),
+                   per * sizeof(float));
+        at += per;
+    }
+    return 0;
+}
+
+int wk_plan_run_rows(wk_plan_t *plan, int batch, const float *const *inputs, float *out)
+{
+    if (runs_small(plan, batch))
+        return from_small(plan, wk_plan_run_rows(plan->small, batch, inputs, out));
+    int rc = check_batch(plan, batch);
+    if (rc != 0)
+        return rc;
+    for (int i = 0; i < plan->graph->n_inputs; i++) {
+        const wk_value_t *v = &plan->graph->values[plan->graph->inputs[i]];
+        memcpy(plan->ops->input_buffer(plan, i), inputs[i],
+               (size_t)wk_value_elems_at(v, batch) * sizeof(float));
+    }
+    return run_into_rows(plan, batch, out);
+}
+
+/* uint8 HWC (RGB) -> normalized FP32 per image: planes (CHW) or, nhwc,
+ * interleaved (HWC) with the channels in the same order. */
 static void normalize_pixels(const wk_pixel_norm_t *norm, const uint8_t *pixels, int64_t h,
-                             int64_t w, float *dst)
+                             int64_t w, int nhwc, float *dst)
 {
     float scale[3], bias[3];
     for (int c = 0; c < 3; c++) {
@@ -314,11 +388,37 @@ static void normalize_pixels(const wk_pixel_norm_t *norm, const uint8_t *pixels,
     int64_t hw = h * w;
     for (int c = 0; c < 3; c++) {
         int from = norm->channels_bgr ? 2 - c : c;
-        float *plane = dst + c * hw;
         const uint8_t *src = pixels + from;
-        for (int64_t i = 0; i < hw; i++)
-            plane[i] = (float)src[3 * i] * scale[c] + bias[c];
+        if (nhwc) {
+            float *chan = dst + c;
+            for (int64_t i = 0; i < hw; i++)
+                chan[3 * i] = (float)src[3 * i] * scale[c] + bias[c];
+        } else {
+            float *plane = dst + c * hw;
+            for (int64_t i = 0; i < hw; i++)
+                plane[i] = (float)src[3 * i] * scale[c] + bias[c];
+        }
     }
+}
+
+int wk_plan_image_input(const wk_plan_t *plan, int *h, int *w, int *nhwc)
+{
+    const wk_graph_t *g = plan->graph;
+    if (g->n_inputs != 1)
+        return 0;
+    const wk_value_t *v = &g->values[g->inputs[0]];
+    if (v->ndim != 4)
+        return 0;
+    int is_nhwc = v->dims[1] != 3 && v->dims[3] == 3;
+    if (v->dims[1] != 3 && !is_nhwc)
+        return 0;
+    if (h != NULL)
+        *h = (int)(is_nhwc ? v->dims[1] : v->dims[2]);
+    if (w != NULL)
+        *w = (int)(is_nhwc ? v->dims[2] : v->dims[3]);
+    if (nhwc != NULL)
+        *nhwc = is_nhwc;
+    return 1;
 }
 
 int wk_plan_run_pixels(wk_plan_t *plan, int batch, const uint8_t *pixels, float *out)
@@ -331,37 +431,16 @@ int wk_plan_run_pixels(wk_plan_t *plan, int batch, const uint8_t *pixels, float 
     const wk_graph_t *g = plan->graph;
     if (g->n_inputs != 1 || g->n_outputs < 1)
         return wk_fail(plan, SQ_BAD_TENSOR, "pixels need a model with one input");
+    int h, w, nhwc;
+    if (!wk_plan_image_input(plan, &h, &w, &nhwc))
+        return wk_fail(plan, SQ_BAD_TENSOR, "pixels need a [N,3,H,W] or [N,H,W,3] input");
     const wk_value_t *v = &g->values[g->inputs[0]];
-    if (v->ndim != 4 || v->dims[1] != 3)
-        return wk_fail(plan, SQ_BAD_TENSOR, "pixels need a [N,3,H,W] input");
-    int64_t h = v->dims[2], w = v->dims[3];
     /* a static plan's one item holds all of its images */
     int64_t images = v->batched ? batch : v->dims[0];
+    size_t per = (size_t)h * (size_t)w * 3;
     float *dst = plan->ops->input_buffer(plan, 0);
     for (int64_t b = 0; b < images; b++)
-        normalize_pixels(&plan->opts.pixel_norm, pixels + (size_t)(b * h * w * 3), h, w,
-                         dst + (size_t)(b * 3 * h * w));
-    float *outs[8] = {out};
-    float *scratch = NULL;
-    if (g->n_outputs > 1) {
-        /* Only output 0 is wanted; the others go to a scratch buffer. */
-        int64_t total = 0;
-        for (int i = 1; i < g->n_outputs && i < 8; i++)
-            total += wk_value_elems_at(&g->values[g->outputs[i]], batch);
-        scratch = malloc((size_t)total * sizeof(float) + 1);
-        if (scratch == NULL)
-            return wk_fail(plan, SQ_NOMEM, "output scratch");
-        int64_t at = 0;
-        for (int i = 1; i < g->n_outputs && i < 8; i++) {
-            outs[i] = scratch + at;
-            at += wk_value_elems_at(&g->values[g->outputs[i]], batch);
-        }
-        if (g->n_outputs > 8) {
-            free(scratch);
-            return wk_fail(plan, SQ_BAD_TENSOR, "more than 8 outputs");
-        }
-    }
-    rc = run_backend(plan, batch, outs);
-    free(scratch);
-    return rc;
+        normalize_pixels(&plan->opts.pixel_norm, pixels + (size_t)b * per, h, w, nhwc,
+                         dst + (size_t)b * per);
+    return run_into_rows(plan, batch, out);
 }

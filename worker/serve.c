@@ -132,12 +132,6 @@ typedef struct model {
     double mean[3], std[3];
     uint8_t bgr;
     uint64_t gen; /* the connection that last loaded it */
-    /* A plain model's output pointers for wk_plan_run: [0] is set per run
-     * to the caller's buffer; the outputs after the first, which nobody
-     * reads (squishd serves output 0), go to `spare`, sized for the max
-     * batch at load. */
-    float **outs;
-    float *spare;
 } model_t;
 
 /* Bytes of model files received on this connection, by sha256. Kept for the
@@ -284,30 +278,7 @@ static void model_free(model_t *m)
         return;
     wk_plan_free(m->plan);
     wk_group_free(m->group);
-    free(m->outs);
-    free(m->spare);
     free(m);
-}
-
-/* Gives a plain model an output pointer for every output of its plan: the
- * plan writes them all, whatever the caller wants. Returns 0 or SQ_NOMEM. */
-static int model_bind_outputs(model_t *m)
-{
-    if (m->plan == NULL)
-        return 0;
-    int n = wk_plan_n_outputs(m->plan), max_batch = wk_plan_max_batch(m->plan);
-    int64_t spare = 0;
-    for (int i = 1; i < n; i++)
-        spare += wk_plan_output_elems(m->plan, i) * max_batch;
-    m->outs = sq_xcalloc((size_t)n, sizeof(*m->outs));
-    if (spare > 0 && (m->spare = malloc((size_t)spare * sizeof(float))) == NULL)
-        return SQ_NOMEM;
-    size_t at = 0;
-    for (int i = 1; i < n; i++) {
-        m->outs[i] = m->spare + at;
-        at += (size_t)(wk_plan_output_elems(m->plan, i) * max_batch);
-    }
-    return 0;
 }
 
 static void drop_model(server_t *s, uint64_t key)
@@ -332,11 +303,13 @@ static uint64_t model_memory(const model_t *m)
     return m->group != NULL ? wk_group_memory_bytes(m->group) : wk_plan_memory_bytes(m->plan);
 }
 
-/* Floats of output 0 per item: for a group, its widest member's. */
+/* Floats of an item's row: every output of a model, one after the other
+ * (wk_plan_row_elems); for a group (single-output members), its widest
+ * member's output. */
 static int64_t model_out_elems(const model_t *m)
 {
     if (m->group == NULL)
-        return wk_plan_output_elems(m->plan, 0);
+        return wk_plan_row_elems(m->plan);
     int64_t most = 0;
     for (int i = 0; i < wk_group_n_members(m->group); i++)
         if (wk_group_output_elems(m->group, i) > most)
@@ -350,8 +323,8 @@ static const char *model_errmsg(const model_t *m)
 }
 
 /* Runs `batch` items of a model or group: pixels or FP32 tensors in `in`,
- * row i's output at out + i * out_stride floats (a plain model needs
- * out_stride == its output size). */
+ * row i (every output of the item) at out + i * out_stride floats (a plain
+ * model needs out_stride == its row size). */
 static int model_run(model_t *m, int batch, int pixels, const uint8_t *in, const int *member,
                      float *out, size_t out_stride)
 {
@@ -363,8 +336,7 @@ static int model_run(model_t *m, int batch, int pixels, const uint8_t *in, const
     if (wk_plan_n_inputs(m->plan) != 1)
         return SQ_INVAL;
     const float *ins[1] = {(const float *)in};
-    m->outs[0] = out;
-    return wk_plan_run(m->plan, batch, ins, m->outs);
+    return wk_plan_run_rows(m->plan, batch, ins, out);
 }
 
 static int64_t model_last_run_ns(const model_t *m)
@@ -549,23 +521,20 @@ static void build_model(server_t *s, job_t *j)
         m->plan = plan;
         m->group = group;
         snprintf(m->sha256, sizeof(m->sha256), "%s", spec->sha256);
-        if ((rc = model_bind_outputs(m)) != 0) {
-            snprintf(why, sizeof(why), "no memory for the outputs after the first");
-            model_free(m);
-            m = NULL;
-        }
     }
     if (m != NULL) {
         /* A group's rows enter through its prefix. */
         const wk_plan_t *front = group != NULL ? wk_group_prefix(group) : plan;
+        /* Images are what wk_plan_run_pixels takes: one input of [N,3,H,W]
+         * or [N,H,W,3], batched, or static with one image (a file that
+         * fixes its batch at 1). Any other input comes as FP32 tensors, and
+         * is profiled with them. */
         int64_t dims[8];
+        int h = 0, w = 0;
         int rank = wk_plan_input_shape(front, 0, dims);
-        /* Images are what wk_plan_run_pixels takes: items of [3, H, W]. An
-         * item of another shape ([H, W, 3] behind a Transpose, features)
-         * comes as FP32 tensors, and is profiled with them. */
-        bool image = wk_plan_n_inputs(front) == 1 && rank == 3 && dims[0] == 3;
-        m->pixel_h = image ? (int)dims[1] : 0;
-        m->pixel_w = image ? (int)dims[2] : 0;
+        bool image = wk_plan_image_input(front, &h, &w, NULL) && (rank == 3 || dims[0] == 1);
+        m->pixel_h = image ? h : 0;
+        m->pixel_w = image ? w : 0;
         m->in_elems = wk_plan_input_elems(front, 0);
         m->out_elems = model_out_elems(m);
         m->asked_max_batch = spec->max_batch;

@@ -28,9 +28,10 @@ const char *wk_backend_name(wk_backend_kind_t kind);
 /* Whether this build has the backend (cuda only with the CUDA libraries). */
 int wk_backend_built(wk_backend_kind_t kind);
 
-/* How the uint8 HWC pixels of the JPEG path become the model's FP32 NCHW
- * input: x = (pixel / 255 - mean[c]) / std[c], channels taken in RGB order,
- * or BGR when channels_bgr is set (the pixels always arrive as RGB). */
+/* How the uint8 HWC pixels of the JPEG path become the model's FP32 input
+ * (NCHW planes, or interleaved for an NHWC input): x = (pixel / 255 -
+ * mean[c]) / std[c], channels taken in RGB order, or BGR when channels_bgr
+ * is set (the pixels always arrive as RGB). */
 typedef struct {
     float mean[3];
     float std[3];
@@ -93,15 +94,29 @@ int wk_plan_output_shape(const wk_plan_t *plan, int index, int64_t dims[8]);
 int64_t wk_plan_input_elems(const wk_plan_t *plan, int index);
 int64_t wk_plan_output_elems(const wk_plan_t *plan, int index);
 
+/* Floats of one item's row: every output's item elements, in the graph's
+ * output order (output i starts after the elements of outputs 0..i-1). */
+int64_t wk_plan_row_elems(const wk_plan_t *plan);
+
+/* Whether the plan takes images: one input of [N,3,H,W] (NCHW) or
+ * [N,H,W,3] (NHWC: dims[3] == 3 and dims[1] != 3); sets H, W and the layout
+ * (each may be NULL). */
+int wk_plan_image_input(const wk_plan_t *plan, int *h, int *w, int *nhwc);
+
 /* Runs a batch of uint8 HWC pixels (RGB, batch * H * W * 3 bytes, H and W
- * the model input's) through a single-input model: normalized per the
- * plan's pixel_norm, laid out, run; output 0 (batch * output_elems floats)
- * goes to out. 1 <= batch <= max_batch. */
+ * the model input's) through a model that takes images (above): normalized
+ * per the plan's pixel_norm, laid out, run; item b's row (every output,
+ * wk_plan_row_elems floats) goes to out + b * row_elems. 1 <= batch <=
+ * max_batch. */
 int wk_plan_run_pixels(wk_plan_t *plan, int batch, const uint8_t *pixels, float *out);
 
 /* Runs a batch of the model's own FP32 tensors: inputs[i] holds batch *
  * input_elems(i) floats, outputs[i] receives batch * output_elems(i). */
 int wk_plan_run(wk_plan_t *plan, int batch, const float *const *inputs, float *const *outputs);
+
+/* The same, with every output going to its item's row as for
+ * wk_plan_run_pixels: item b's row at out + b * wk_plan_row_elems. */
+int wk_plan_run_rows(wk_plan_t *plan, int batch, const float *const *inputs, float *out);
 
 /* Nanoseconds the last run spent in the backend (excluding normalization). */
 int64_t wk_plan_last_run_ns(const wk_plan_t *plan);

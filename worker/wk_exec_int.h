@@ -186,6 +186,11 @@ struct wk_plan {
     void *be;
     uint64_t memory_bytes;
     int64_t last_run_ns;
+    /* Rows (wk_plan_run_rows, wk_plan_run_pixels) of a plan with several
+     * outputs: the backend writes each output here (max batch), and each
+     * item's slices are copied to its row. NULL with one output. */
+    float *out_scratch;
+    float **out_ptrs;
     char why[512];
 };
 

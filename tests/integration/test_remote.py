@@ -290,6 +290,49 @@ def a_remote_emu_worker_serves_and_bad_tokens_are_refused():
 
 
 @test
+def a_remote_worker_returns_every_output_of_each_item():
+    """Over TCP the batch's rows come back in BATCH_OUTPUT frames: each row
+    holds every output of its item (here two of an NHWC model), at batch 1
+    and at a larger batch."""
+    model, reference = tm.two_output_nhwc()
+    c = Cluster()
+    s = None
+    try:
+        port = free_port()
+        s = c.squishd(port=port)
+        c.worker("127.0.0.1:%d" % port, "cpu", "hosta", extra=["--threads", "1"])
+        s.wait_ready(workers=1)
+        body, ctype = tm.multipart([("model", "m.onnx", None, model),
+                                    ("config", None, None,
+                                     json.dumps({"name": "two", "max_batch": 4}).encode())])
+        r = s.request("POST", "/models", body=body,
+                      headers=dict(auth(s), **{"Content-Type": ctype}))
+        assert r.status == 202, r
+        wait_profiled(s, "two")
+        x = np.random.default_rng(4).standard_normal((4, 12, 12, 3)).astype(np.float32)
+        logits, feats = reference(x)
+        for n in (1, 4):
+            req = {"inputs": [{"name": "x", "shape": [n, 12, 12, 3], "datatype": "FP32",
+                               "data": x[:n].flatten().tolist()}]}
+            r = s.request("POST", "/v2/models/two/infer", body=json.dumps(req),
+                          headers={"Content-Type": "application/json"},
+                          schema_name="oip_infer_response")
+            assert r.status == 200, r
+            outs = {o["name"]: o for o in r.json["outputs"]}
+            assert list(outs) == ["logits", "features"], r.json
+            assert outs["logits"]["shape"] == [n, 5] and outs["features"]["shape"] == [n, 4]
+            for name, want in (("logits", logits[:n]), ("features", feats[:n])):
+                got = np.asarray(outs[name]["data"], np.float32)
+                assert np.abs(got - want.flatten()).max() <= 1e-4 * max(
+                    1.0, np.abs(want).max()), (name, got, want)
+        assert s.stop() == 0
+    finally:
+        if s is not None:
+            s.cleanup()
+        c.cleanup()
+
+
+@test
 def remote_cpu_answers_equal_local_and_a_reconnect_does_not_resend_the_model():
     imgs = images()
     onnx = tm.tiny()

@@ -133,3 +133,41 @@ def brightness_detector(boxes=8, hw=32):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
                               producer_name="squish-tests")
     return model.SerializeToString()
+
+
+def two_output_nhwc():
+    """x[N,12,12,3] (NHWC) -> Transpose -> Conv 3x3 -> Relu -> GAP -> Flatten,
+    which is output "features" [N,4], -> Gemm -> output "logits" [N,5].
+    Returns the model bytes and a numpy function computing (logits, features)."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.3
+    b = rng.standard_normal(4).astype(np.float32) * 0.1
+    fw = rng.standard_normal((5, 4)).astype(np.float32)
+    fb = rng.standard_normal(5).astype(np.float32) * 0.1
+    nodes = [
+        helper.make_node("Transpose", ["x"], ["nchw"], perm=[0, 3, 1, 2]),
+        helper.make_node("Conv", ["nchw", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("GlobalAveragePool", ["r"], ["gap"]),
+        helper.make_node("Flatten", ["gap"], ["features"]),
+        helper.make_node("Gemm", ["features", "fw", "fb"], ["logits"], transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes, "two_outputs",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 12, 12, 3])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 5]),
+         helper.make_tensor_value_info("features", TensorProto.FLOAT, ["N", 4])],
+        [numpy_helper.from_array(a, n) for a, n in ((w, "w"), (b, "b"), (fw, "fw"), (fb, "fb"))])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+    def reference(x):
+        nchw = np.pad(x.transpose(0, 3, 1, 2), ((0, 0), (0, 0), (1, 1), (1, 1)))
+        out = np.zeros((x.shape[0], 4, 12, 12), np.float64)
+        for i in range(3):
+            for j in range(3):
+                patch = nchw[:, :, i:i + 12, j:j + 12]
+                out += np.einsum("nchw,oc->nohw", patch, w[:, :, i, j])
+        feats = np.maximum(out + b[None, :, None, None], 0).mean(axis=(2, 3))
+        return feats @ fw.T + fb, feats
+
+    return model.SerializeToString(), reference

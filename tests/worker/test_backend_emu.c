@@ -63,3 +63,30 @@ Test(emu, emulated_plan_needs_a_profile_for_every_batch)
     cr_assert_eq(wk_plan_create_emulated(chw, 10, &o, &p, why, sizeof(why)), SQ_INVAL);
     cr_assert(strstr(why, "l(b)") != NULL, "%s", why);
 }
+
+Test(emu, an_nhwc_emulated_model_takes_pixels)
+{
+    /* squishd sends an NHWC model's item shape as {H, W, 3}: its emulated
+     * plan takes images in that layout, one output of the whole row. */
+    int64_t lat_us[2] = {100, 100};
+    wk_plan_opts_t o = wk_plan_opts_default();
+    o.backend = WK_BACKEND_EMU;
+    o.max_batch = 2;
+    o.emu_latency_us = lat_us;
+    o.emu_n_latency = 2;
+    wk_plan_t *p;
+    char why[256];
+    int64_t hwc[3] = {4, 5, 3};
+    cr_assert_eq(wk_plan_create_emulated(hwc, 7, &o, &p, why, sizeof(why)), 0, "%s", why);
+    int h, w, nhwc;
+    cr_assert(wk_plan_image_input(p, &h, &w, &nhwc));
+    cr_assert(h == 4 && w == 5 && nhwc == 1);
+    cr_assert_eq(wk_plan_row_elems(p), 7);
+    uint8_t px[2 * 60];
+    for (size_t i = 0; i < 60; i++)
+        px[i] = px[60 + i] = (uint8_t)(i * 13);
+    float a[14];
+    cr_assert_eq(wk_plan_run_pixels(p, 2, px, a), 0, "%s", wk_plan_errmsg(p));
+    cr_assert_eq(memcmp(a, a + 7, 7 * sizeof(float)), 0, "equal images, equal rows");
+    wk_plan_free(p);
+}

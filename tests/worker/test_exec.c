@@ -537,3 +537,154 @@ Test(exec, unsupported_layouts_fail_with_a_reason)
     cr_assert(strstr(why, "batch") != NULL, "%s", why);
     cr_assert_null(p);
 }
+
+/* x[N,3,2,2] -> output 0 "gap" = GlobalAveragePool [N,3,1,1] (3 floats an
+ * item), output 1 "t" = Transpose(0,2,3,1) [N,2,2,3] (12 floats an item). */
+static wk_graph_t *two_output_graph(int max_batch)
+{
+    wk_graph_t *g = wk_graph_new(max_batch);
+    int64_t xd[4] = {max_batch, 3, 2, 2}, gd[4] = {max_batch, 3, 1, 1},
+            td[4] = {max_batch, 2, 2, 3};
+    int x = wk_graph_input(g, "x", 4, xd, true);
+    int gap = wk_graph_value(g, "gap", 4, gd, true, NULL);
+    int t = wk_graph_value(g, "t", 4, td, true, NULL);
+    wk_graph_step(g, WK_K_GLOBALAVG, &x, 1, gap);
+    wk_step_t *s = wk_graph_step(g, WK_K_TRANSPOSE, &x, 1, t);
+    s->p.perm[0] = 0;
+    s->p.perm[1] = 2;
+    s->p.perm[2] = 3;
+    s->p.perm[3] = 1;
+    wk_graph_mark_output(g, gap);
+    wk_graph_mark_output(g, t);
+    return g;
+}
+
+/* Item b's row of two_output_graph: its 3 channel means, then its pixels
+ * in HWC order. */
+static void two_output_row(const float *x, int b, float *row)
+{
+    const float *item = x + b * 12;
+    for (int c = 0; c < 3; c++)
+        row[c] = (item[c * 4] + item[c * 4 + 1] + item[c * 4 + 2] + item[c * 4 + 3]) / 4;
+    for (int i = 0; i < 4; i++)
+        for (int c = 0; c < 3; c++)
+            row[3 + i * 3 + c] = item[c * 4 + i];
+}
+
+Test(exec, rows_hold_every_output_of_each_item)
+{
+    wk_plan_t *p = make_plan(two_output_graph(4), WK_BACKEND_CPU);
+    cr_assert_eq(wk_plan_n_outputs(p), 2);
+    cr_assert_eq(wk_plan_row_elems(p), 15);
+    float *x = rand_buf(4 * 12);
+    uint8_t px[4 * 12];
+    for (int i = 0; i < 4 * 12; i++)
+        px[i] = (uint8_t)(i * 37 + 11);
+    /* the pixels as the plan normalizes them, NCHW */
+    float xn[4 * 12];
+    wk_pixel_norm_t n = WK_PIXEL_NORM_IMAGENET;
+    for (int b = 0; b < 4; b++)
+        for (int c = 0; c < 3; c++)
+            for (int i = 0; i < 4; i++)
+                xn[b * 12 + c * 4 + i] = (px[b * 12 + i * 3 + c] / 255.0f - n.mean[c]) / n.std[c];
+    int batches[2] = {1, 4};
+    for (int k = 0; k < 2; k++) {
+        int batch = batches[k];
+        float got[4 * 15], want[15];
+        memset(got, 0xff, sizeof(got));
+        cr_assert_eq(wk_plan_run_rows(p, batch, (const float *[]){x}, got), 0, "%s",
+                     wk_plan_errmsg(p));
+        for (int b = 0; b < batch; b++) {
+            two_output_row(x, b, want);
+            assert_close(got + b * 15, want, 15, 1e-5f, "tensor row");
+        }
+        memset(got, 0xff, sizeof(got));
+        cr_assert_eq(wk_plan_run_pixels(p, batch, px, got), 0, "%s", wk_plan_errmsg(p));
+        for (int b = 0; b < batch; b++) {
+            two_output_row(xn, b, want);
+            assert_close(got + b * 15, want, 15, 1e-5f, "pixel row");
+        }
+    }
+    wk_plan_free(p);
+    free(x);
+}
+
+Test(exec, rows_of_a_static_plan_hold_its_whole_outputs)
+{
+    /* A graph without a batch (a file that fixes N = 2): one "item" is the
+     * whole of every output. */
+    wk_graph_t *g = wk_graph_new(1);
+    int64_t xd[2] = {2, 3}, yd[2] = {2, 3}, md[2] = {2, 1};
+    int x = wk_graph_input(g, "x", 2, xd, false);
+    int y = wk_graph_value(g, "y", 2, yd, false, NULL);
+    int m = wk_graph_value(g, "m", 2, md, false, NULL);
+    wk_graph_step(g, WK_K_ELTWISE, &x, 1, y)->p.act.kind = WK_ACT_RELU;
+    wk_graph_step(g, WK_K_REDUCE_MEAN, &x, 1, m)->p.reduce.axes_mask = 2;
+    wk_graph_mark_output(g, m);
+    wk_graph_mark_output(g, y);
+    wk_plan_t *p = make_plan(g, WK_BACKEND_CPU);
+    cr_assert_eq(wk_plan_row_elems(p), 8);
+    float in[6] = {1, -2, 4, -3, 6, 0}, got[8];
+    cr_assert_eq(wk_plan_run_rows(p, 1, (const float *[]){in}, got), 0, "%s", wk_plan_errmsg(p));
+    float want[8] = {1, 1, 1, 0, 4, 0, 6, 0};
+    assert_close(got, want, 8, 1e-6f, "static row");
+    wk_plan_free(p);
+}
+
+Test(exec, nhwc_pixels_normalize_like_nchw_transposed)
+{
+    /* x[N,2,3,3] (NHWC: H 2, W 3) read back unchanged by a Transpose to
+     * NCHW, against the NCHW plan's identity conv on the same pixels. */
+    int64_t xd[4] = {2, 2, 3, 3}, yd[4] = {2, 3, 2, 3};
+    wk_graph_t *g = wk_graph_new(2);
+    int x = wk_graph_input(g, "x", 4, xd, true);
+    int y = wk_graph_value(g, "y", 4, yd, true, NULL);
+    wk_step_t *s = wk_graph_step(g, WK_K_TRANSPOSE, &x, 1, y);
+    s->p.perm[0] = 0;
+    s->p.perm[1] = 3;
+    s->p.perm[2] = 1;
+    s->p.perm[3] = 2;
+    wk_graph_mark_output(g, y);
+    conv_geom_t cg = {.n = 2,
+                      .c = 3,
+                      .h = 2,
+                      .w = 3,
+                      .oc = 3,
+                      .kh = 1,
+                      .kw = 1,
+                      .sh = 1,
+                      .sw = 1,
+                      .dh = 1,
+                      .dw = 1,
+                      .groups = 1};
+    float w[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1};
+    wk_plan_opts_t o = wk_plan_opts_default();
+    o.max_batch = 2;
+    o.pixel_norm = (wk_pixel_norm_t){
+        .mean = {0.5f, 0.25f, 0.75f}, .std = {0.5f, 0.2f, 0.1f}, .channels_bgr = 1};
+    char why[512];
+    wk_plan_t *nhwc = NULL, *nchw = NULL;
+    cr_assert_eq(wk_plan_from_graph(g, &o, &nhwc, why, sizeof(why)), 0, "%s", why);
+    cr_assert_eq(wk_plan_from_graph(conv_graph(&cg, w, NULL), &o, &nchw, why, sizeof(why)), 0, "%s",
+                 why);
+    int h = 0, wd = 0, is_nhwc = -1;
+    cr_assert(wk_plan_image_input(nhwc, &h, &wd, &is_nhwc));
+    cr_assert(h == 2 && wd == 3 && is_nhwc == 1, "h %d w %d nhwc %d", h, wd, is_nhwc);
+    cr_assert(wk_plan_image_input(nchw, &h, &wd, &is_nhwc));
+    cr_assert(h == 2 && wd == 3 && is_nhwc == 0, "h %d w %d nhwc %d", h, wd, is_nhwc);
+    uint8_t px[2 * 18];
+    for (int i = 0; i < 36; i++)
+        px[i] = (uint8_t)(i * 29 + 3);
+    float a[36], b[36];
+    cr_assert_eq(wk_plan_run_pixels(nhwc, 2, px, a), 0, "%s", wk_plan_errmsg(nhwc));
+    cr_assert_eq(wk_plan_run_pixels(nchw, 2, px, b), 0, "%s", wk_plan_errmsg(nchw));
+    assert_close(a, b, 36, 1e-6f, "nhwc transposed vs nchw");
+    /* and against the formula: BGR takes channel c from pixel channel 2 - c */
+    for (int c = 0; c < 3; c++) {
+        float want =
+            (px[18 + 4 * 3 + (2 - c)] / 255.0f - o.pixel_norm.mean[c]) / o.pixel_norm.std[c];
+        cr_assert_float_eq(a[18 + c * 6 + 4], want, 1e-5f);
+    }
+    wk_plan_free(nhwc);
+    wk_plan_free(nchw);
+}
