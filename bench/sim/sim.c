@@ -890,7 +890,7 @@ int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
     r.qrng = sq_xcalloc(qarr.n + 1, sizeof(sim_rng_t));
     size_t nstate = 0;
     for (size_t i = 0; i < qarr.n; i++) {
-        int p = qarr.v[i].session;
+        int p = qarr.v[i].session - w->nsessions; /* gen_arrivals' idx */
         res->queries[i] =
             (sim_query_t){.pipeline = p,
                           .arrival_us = qarr.v[i].at_us,

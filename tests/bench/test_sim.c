@@ -431,15 +431,18 @@ static size_t stage_items(const sim_result_t *res, int q, int stage, size_t *sen
 }
 
 /* 500 queries evenly spaced (uniform arrivals: an exact count) through
- * detect -> classify with 3 classify items per detection, well within
- * capacity: each query is counted once, its root item once, and every item
- * of it is a request of its own. */
+ * detect -> classify with 3 classify items per detection, beside a session
+ * of 250 requests, well within capacity: each query is counted once, its
+ * root item once, every item of it is a request of its own, and the
+ * session's requests are counted apart. */
 Test(sim, pipeline_queries_are_counted_once_each)
 {
     wl_workload_t w;
     load(&w, "{\"devices\": {\"count\": 2},"
              " \"models\": [{\"name\": \"X\", \"profile\": {\"alpha_ms\": 2, \"beta_ms\": 5}},"
              "              {\"name\": \"Y\", \"profile\": {\"alpha_ms\": 0.5, \"beta_ms\": 2}}],"
+             " \"sessions\": [{\"model\": \"Y\", \"slo_ms\": 50, \"arrivals\": {\"process\": "
+             "\"uniform\", \"segments\": [{\"duration_s\": 5, \"rate_rps\": 50}]}}],"
              " \"pipelines\": [{\"name\": \"p\", \"slo_ms\": 200,"
              "   \"arrivals\": {\"process\": \"uniform\","
              "                  \"segments\": [{\"duration_s\": 5, \"rate_rps\": 100}]},"
@@ -456,7 +459,9 @@ Test(sim, pipeline_queries_are_counted_once_each)
     cr_assert_eq(pr->queries, 500);
     cr_assert_eq(pr->ok + pr->dropped + pr->late + pr->pending, 500);
     cr_assert_eq(pr->ok, 500, "no query should miss at this load");
-    cr_assert_eq(res.nrequests, 500 * 4, "one detect item and three classify items each");
+    cr_assert_eq(res.nrequests, 250 + 500 * 4, "one detect item and three classify items each");
+    cr_assert_eq(res.session_requests, 250, "the session's requests are not items");
+    cr_assert_eq(res.session_ok, 250);
     for (int q = 0; q < 500; q++) {
         cr_assert_eq(stage_items(&res, q, 0, NULL), 1);
         cr_assert_eq(stage_items(&res, q, 1, NULL), 3);
