@@ -279,6 +279,15 @@ typedef struct pl_query_result {
  * or SQ_DEADLINE (no split meets the SLO). */
 int pl_query_split(pl_query_result_t *out, const pl_stage_t *stages, int nstages, double slo_us,
                    double rate_rps, double epsilon_us, double k_std);
+/* The even split, the baseline Nexus compares its DP with (figure 17):
+ * each stage gets slo_us divided by the number of stages on the longest
+ * root-to-leaf path through it (a chain of n stages: slo_us / n each), so
+ * that every path fits the SLO. Rates, batches and cost as pl_query_split.
+ * Any DAG whose parents come earlier. Returns 0, SQ_INVAL (a parent that is
+ * not earlier, a negative gamma, SLO not positive) or SQ_DEADLINE (a
+ * stage's share holds no batch). */
+int pl_query_split_even(pl_query_result_t *out, const pl_stage_t *stages, int nstages,
+                        double slo_us, double rate_rps, double k_std);
 void pl_query_result_dispose(pl_query_result_t *r);
 /* The DP's per-stage cost: rate_rps * l(b) / b in devices with b the
  * saturation batch within budget_us, or -1 when none fits. */

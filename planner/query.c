@@ -232,16 +232,11 @@ static void assign(const tnode_t *tree, int node, int t, int *budget_steps)
     }
 }
 
-int pl_query_split(pl_query_result_t *out, const pl_stage_t *stages, int nstages, double slo_us,
-                   double rate_rps, double epsilon_us, double k_std)
+/* Parents earlier (a topological order, hence no cycle), gammas >= 0. */
+static int stages_valid(const pl_stage_t *stages, int nstages)
 {
-    memset(out, 0, sizeof(*out));
-    if (nstages < 1 || !stages || !(slo_us > 0) || !(epsilon_us > 0) || !(rate_rps >= 0))
-        return SQ_INVAL;
-    double steps_f = floor(slo_us / epsilon_us + 1e-9);
-    if (steps_f > MAX_STEPS || steps_f < 1)
-        return SQ_INVAL;
-    int steps = (int)steps_f;
+    if (nstages < 1 || !stages)
+        return 0;
     for (int v = 0; v < nstages; v++) {
         if (!stages[v].profile || stages[v].nparents < 0 ||
             (stages[v].nparents > 0 && !stages[v].parents))
@@ -250,10 +245,16 @@ int pl_query_split(pl_query_result_t *out, const pl_stage_t *stages, int nstages
             int u = stages[v].parents[k];
             /* parents earlier: a topological order, hence no cycle */
             if (u < 0 || u >= v || (stages[v].gamma && !(stages[v].gamma[k] >= 0)))
-                return SQ_INVAL;
+                return 0;
         }
     }
+    return 1;
+}
 
+/* Stage v's rate: the pipeline rate at a root, else the largest parent
+ * rate times that edge's gamma. */
+static double *stage_rates(const pl_stage_t *stages, int nstages, double rate_rps)
+{
     double *rates = sq_xmalloc(sizeof(double) * (size_t)nstages);
     for (int v = 0; v < nstages; v++) {
         if (stages[v].nparents == 0) {
@@ -268,6 +269,81 @@ int pl_query_split(pl_query_result_t *out, const pl_stage_t *stages, int nstages
                 rates[v] = r;
         }
     }
+    return rates;
+}
+
+/* Fills out's arrays from the budgets; SQ_DEADLINE when a budget holds no
+ * batch at all. */
+static int fill_result(pl_query_result_t *out, const pl_stage_t *stages, int nstages,
+                       const double *budget_us, const double *rates, double k_std)
+{
+    out->nstages = nstages;
+    out->budget_us = sq_xmalloc(sizeof(double) * (size_t)nstages);
+    out->rate_rps = sq_xmalloc(sizeof(double) * (size_t)nstages);
+    out->batch = sq_xmalloc(sizeof(int) * (size_t)nstages);
+    out->cost_devices = 0;
+    for (int v = 0; v < nstages; v++) {
+        out->budget_us[v] = budget_us[v];
+        out->rate_rps[v] = rates[v];
+        pl_max_throughput_rps(stages[v].profile, budget_us[v], k_std, 0, &out->batch[v]);
+        double c = pl_stage_cost(stages[v].profile, budget_us[v], rates[v], k_std);
+        if (c < 0) {
+            pl_query_result_dispose(out);
+            return SQ_DEADLINE;
+        }
+        out->cost_devices += c;
+    }
+    return 0;
+}
+
+int pl_query_split_even(pl_query_result_t *out, const pl_stage_t *stages, int nstages,
+                        double slo_us, double rate_rps, double k_std)
+{
+    memset(out, 0, sizeof(*out));
+    if (!(slo_us > 0) || !(rate_rps >= 0) || !stages_valid(stages, nstages))
+        return SQ_INVAL;
+    /* up[v]: stages on the longest root-to-v path (v included); down[v]:
+     * on the longest v-to-leaf path. A stage's longest root-to-leaf path
+     * through it has up + down - 1 stages; any path through it has at most
+     * that many, so every path's budgets add up to at most the SLO. */
+    int *up = sq_xcalloc((size_t)nstages, sizeof(int));
+    int *down = sq_xcalloc((size_t)nstages, sizeof(int));
+    for (int v = 0; v < nstages; v++) {
+        up[v] = 1;
+        for (int k = 0; k < stages[v].nparents; k++)
+            if (up[stages[v].parents[k]] + 1 > up[v])
+                up[v] = up[stages[v].parents[k]] + 1;
+    }
+    for (int v = nstages - 1; v >= 0; v--) {
+        if (down[v] < 1)
+            down[v] = 1;
+        for (int k = 0; k < stages[v].nparents; k++)
+            if (down[v] + 1 > down[stages[v].parents[k]])
+                down[stages[v].parents[k]] = down[v] + 1;
+    }
+    double *budget = sq_xmalloc(sizeof(double) * (size_t)nstages);
+    for (int v = 0; v < nstages; v++)
+        budget[v] = slo_us / (up[v] + down[v] - 1);
+    double *rates = stage_rates(stages, nstages, rate_rps);
+    int rc = fill_result(out, stages, nstages, budget, rates, k_std);
+    free(rates);
+    free(budget);
+    free(up);
+    free(down);
+    return rc;
+}
+
+int pl_query_split(pl_query_result_t *out, const pl_stage_t *stages, int nstages, double slo_us,
+                   double rate_rps, double epsilon_us, double k_std)
+{
+    memset(out, 0, sizeof(*out));
+    if (!(slo_us > 0) || !(epsilon_us > 0) || !(rate_rps >= 0) || !stages_valid(stages, nstages))
+        return SQ_INVAL;
+    double steps_f = floor(slo_us / epsilon_us + 1e-9);
+    if (steps_f > MAX_STEPS || steps_f < 1)
+        return SQ_INVAL;
+    int steps = (int)steps_f;
+    double *rates = stage_rates(stages, nstages, rate_rps);
 
     int nedges = 3 * nstages + 2;
     for (int v = 0; v < nstages; v++)
@@ -288,17 +364,11 @@ int pl_query_split(pl_query_result_t *out, const pl_stage_t *stages, int nstages
     }
     int *budget_steps = sq_xcalloc((size_t)nstages, sizeof(int));
     assign(tree, root, steps, budget_steps);
-    out->nstages = nstages;
-    out->budget_us = sq_xmalloc(sizeof(double) * (size_t)nstages);
-    out->rate_rps = sq_xmalloc(sizeof(double) * (size_t)nstages);
-    out->batch = sq_xmalloc(sizeof(int) * (size_t)nstages);
-    out->cost_devices = 0;
-    for (int v = 0; v < nstages; v++) {
-        out->budget_us[v] = budget_steps[v] * epsilon_us;
-        out->rate_rps[v] = rates[v];
-        pl_max_throughput_rps(stages[v].profile, out->budget_us[v], k_std, 0, &out->batch[v]);
-        out->cost_devices += pl_stage_cost(stages[v].profile, out->budget_us[v], rates[v], k_std);
-    }
+    double *budget = sq_xmalloc(sizeof(double) * (size_t)nstages);
+    for (int v = 0; v < nstages; v++)
+        budget[v] = budget_steps[v] * epsilon_us;
+    rc = fill_result(out, stages, nstages, budget, rates, k_std);
+    free(budget);
     free(budget_steps);
 done:
     for (int i = 0; i < ntree; i++) {

@@ -545,7 +545,41 @@ static int parse_stage(parser_t *p, json_t *st, wl_pipeline_t *pl)
             return rc;
         }
     }
+    json_t *dist = json_object_get(st, "gamma_dist");
+    if (dist) {
+        const char *dn = json_is_string(dist) ? json_string_value(dist) : "";
+        if (strcmp(dn, "poisson") == 0) {
+            stage->gamma_dist = WL_GAMMA_POISSON;
+        } else if (strcmp(dn, "fixed") == 0) {
+            stage->gamma_dist = WL_GAMMA_FIXED;
+        } else {
+            size_t k = push_key(p, "gamma_dist");
+            rc = fail(p, "must be \"poisson\" or \"fixed\"");
+            pop(p, k);
+            return rc;
+        }
+    }
     return 0;
+}
+
+/* "rate_rps", or "arrivals" (as a session's) and its mean rate. */
+static int pipeline_rate(parser_t *p, json_t *pj, wl_pipeline_t *pl)
+{
+    json_t *arrivals = json_object_get(pj, "arrivals");
+    double arr_rate = 0;
+    int rc = 0;
+    if (arrivals)
+        rc = parse_arrivals(p, arrivals, &pl->arrivals, &arr_rate);
+    if (rc == 0 && !arrivals && !json_object_get(pj, "rate_rps"))
+        rc = fail(p, "needs rate_rps or arrivals");
+    if (rc == 0)
+        rc = get_number(p, pj, "rate_rps", 0, arr_rate, 0, 0, INFINITY, &pl->rate_rps);
+    if (rc < 0) { /* the pipeline is not counted yet: nothing else frees these */
+        free(pl->arrivals.segments);
+        free(pl->arrivals.times_ms);
+        memset(&pl->arrivals, 0, sizeof(pl->arrivals));
+    }
+    return rc;
 }
 
 static int parse_pipelines(parser_t *p, json_t *root)
@@ -566,7 +600,7 @@ static int parse_pipelines(parser_t *p, json_t *root)
             rc = fail(p, "must be an object");
         else if ((rc = get_string(p, pj, "name", &name)) == 0 &&
                  (rc = get_number(p, pj, "slo_ms", 1, 0, 0, 1, INFINITY, &pl->slo_ms)) == 0 &&
-                 (rc = get_number(p, pj, "rate_rps", 1, 0, 0, 0, INFINITY, &pl->rate_rps)) == 0 &&
+                 (rc = pipeline_rate(p, pj, pl)) == 0 &&
                  (rc = get_array(p, pj, "stages", 1, &stages)) == 0) {
             pl->name = sq_xstrdup(name);
             w->npipelines++;
@@ -748,6 +782,8 @@ void wl_workload_dispose(wl_workload_t *w)
         }
         free(w->pipelines[i].stages);
         free(w->pipelines[i].name);
+        free(w->pipelines[i].arrivals.segments);
+        free(w->pipelines[i].arrivals.times_ms);
     }
     free(w->pipelines);
     memset(w, 0, sizeof(*w));
@@ -778,7 +814,13 @@ static void input_push(wl_plan_input_t *in, int *cap, pl_session_t s, wl_source_
 
 int wl_plan_input_build(wl_plan_input_t *in, wl_workload_t *w)
 {
+    return wl_plan_input_build_split(in, w, WL_SPLIT_DP);
+}
+
+int wl_plan_input_build_split(wl_plan_input_t *in, wl_workload_t *w, wl_split_t split)
+{
     memset(in, 0, sizeof(*in));
+    in->split = split;
     in->options = (pl_options_t){.k_std = w->k_std,
                                  .device_memory_bytes = w->device_memory_mb * WL_BYTES_PER_MB,
                                  .links = w->device_links,
@@ -859,8 +901,13 @@ int wl_plan_input_build(wl_plan_input_t *in, wl_workload_t *w)
                                  .nparents = pl->stages[k].nafter,
                                  .parents = pl->stages[k].after,
                                  .gamma = pl->stages[k].gamma};
-        in->split_rc[i] = pl_query_split(&in->splits[i], st, pl->nstages, pl->slo_ms * US_PER_MS,
-                                         pl->rate_rps, w->query_epsilon_ms * US_PER_MS, w->k_std);
+        if (split == WL_SPLIT_EVEN)
+            in->split_rc[i] = pl_query_split_even(&in->splits[i], st, pl->nstages,
+                                                  pl->slo_ms * US_PER_MS, pl->rate_rps, w->k_std);
+        else
+            in->split_rc[i] =
+                pl_query_split(&in->splits[i], st, pl->nstages, pl->slo_ms * US_PER_MS,
+                               pl->rate_rps, w->query_epsilon_ms * US_PER_MS, w->k_std);
         free(st);
         if (in->split_rc[i] < 0)
             continue;

@@ -78,18 +78,31 @@ typedef struct {
     wl_arrivals_t arrivals; /* process WL_ARRIVALS_NONE when only rate_rps was given */
 } wl_session_t;
 
+/* How many items a stage gets per parent item ("gamma_dist"; the mean is
+ * "gamma" either way). Only the simulator draws them; the planner plans the
+ * mean. */
+typedef enum {
+    WL_GAMMA_POISSON = 0, /* "poisson" (default): Poisson with mean gamma */
+    WL_GAMMA_FIXED,       /* "fixed": gamma rounded stochastically (floor, plus 1 with
+                             probability frac(gamma)): exactly gamma when whole */
+} wl_gamma_dist_t;
+
 typedef struct {
     char *id;      /* owned */
     int model;     /* index into wl_workload_t.models */
     int nafter;    /* 0 for a root stage */
     int *after;    /* owned; indices of parent stages in the same pipeline */
     double *gamma; /* owned; fan-out per incoming edge (items per parent item), default 1 */
+    wl_gamma_dist_t gamma_dist;
 } wl_stage_t;
 
 typedef struct {
-    char *name;      /* owned */
-    double slo_ms;   /* end to end */
-    double rate_rps; /* of requests entering the pipeline's root stages */
+    char *name;    /* owned */
+    double slo_ms; /* end to end */
+    /* Of queries entering the pipeline's root stages: "rate_rps", or the
+     * mean rate of "arrivals" (as a session's). */
+    double rate_rps;
+    wl_arrivals_t arrivals; /* process WL_ARRIVALS_NONE when only rate_rps was given */
     int nstages;
     wl_stage_t *stages; /* owned; parents always listed before children */
 } wl_pipeline_t;
@@ -168,11 +181,20 @@ typedef struct {
     int *split_rc;             /* owned; 0 or the pl_query_split error */
     pl_options_t options;      /* k_std, device memory and links (borrowed from the
                                   workload) from the workload; no device cap */
+    int split;                 /* wl_split_t the stage budgets came from */
 } wl_plan_input_t;
 
+/* How a pipeline's SLO is split among its stages. */
+typedef enum {
+    WL_SPLIT_DP = 0, /* pl_query_split: Nexus's DP, the cheapest budgets */
+    WL_SPLIT_EVEN,   /* pl_query_split_even: equal shares of the longest path */
+} wl_split_t;
+
 /* Builds the planner input; returns 0 or SQ_INVAL (a prefix group whose
- * combined profile has no usable batch; w->error says which). */
+ * combined profile has no usable batch; w->error says which).
+ * wl_plan_input_build splits pipelines with WL_SPLIT_DP. */
 int wl_plan_input_build(wl_plan_input_t *in, wl_workload_t *w);
+int wl_plan_input_build_split(wl_plan_input_t *in, wl_workload_t *w, wl_split_t split);
 void wl_plan_input_dispose(wl_plan_input_t *in);
 
 /* The plan JSON of DESIGN.md: {"devices": [{"id", "duty_cycle_ms",

@@ -2,7 +2,7 @@
  *           [--search-goodput] [--dump] [--scale X] [--duration S]
  *           [--routing auto|all|plan] [--plan-headroom X] [--net-delay-us N]
  *           [--eager-load X] [--plan-burst-quantile P] [--no-overflow]
- *           [--epoch-s S]
+ *           [--epoch-s S] [--split dp|even]
  * Prints the simulation summary JSON (DESIGN.md) on stdout. Exit status: 0,
  * 1 (workload or simulation error), 2 (usage), 3 (the no-overlap checker
  * found a device running two batches at once). */
@@ -25,7 +25,9 @@ static void usage(FILE *f)
             "WORKLOAD.json (schemas/workload.schema.json; examples in bench/workloads/):\n"
             "  devices (count, or hosts with rtt_ms and bandwidth_mbps), models with their\n"
             "  profiles (alpha/beta ms, or a latency table), sessions (model, slo_ms, and\n"
-            "  rate_rps for Poisson arrivals or times_ms for a trace), k_std, seed.\n"
+            "  rate_rps for Poisson arrivals or times_ms for a trace), pipelines (stages of\n"
+            "  models under one end-to-end SLO, each item fanning out gamma items to the\n"
+            "  next stage), k_std, seed.\n"
             "\n"
             "options:\n"
             "  --policy P         deferred (Symphony), adaptive (deferred under load, at once\n"
@@ -37,7 +39,9 @@ static void usage(FILE *f)
             "  --scale X          multiply every arrival rate by X (default 1)\n"
             "  --duration S       seconds of Poisson arrivals (default 10)\n"
             "  --search-goodput   find the largest scale at which >= 99%% of requests finish\n"
-            "                     within their SLO, and print that run\n"
+            "                     within their SLO (with pipelines: >= 99%% of each\n"
+            "                     pipeline's queries are good, and of the sessions'\n"
+            "                     requests), and print that run\n"
             "  --routing R        which devices hold which model: auto (the plan when the\n"
             "                     workload has more than one model, else all), all, plan\n"
             "  --plan-headroom X  the planner sees every rate times X (>= 1; default 1)\n"
@@ -52,6 +56,9 @@ static void usage(FILE *f)
             "                     plan at the mean rates). The summary then has \"steps\":\n"
             "                     per rate step (segment boundaries), the share within SLO,\n"
             "                     drops, late, planned devices and each device's busy share\n"
+            "  --split S          how a pipeline's SLO is split among its stages: dp (Nexus's\n"
+            "                     dynamic programming, pl_query_split; default) or even (equal\n"
+            "                     shares of the longest root-to-leaf path)\n"
             "  --net-delay-us N   fixed delay added to every batch (default 0)\n"
             "  --dump             also print every request and batch\n"
             "  --help             this text\n"
@@ -149,6 +156,16 @@ int main(int argc, char **argv)
             }
             opts.plan_burst_quantile = x;
             i++;
+        } else if (strcmp(a, "--split") == 0 && v) {
+            if (strcmp(v, "dp") == 0)
+                opts.split = WL_SPLIT_DP;
+            else if (strcmp(v, "even") == 0)
+                opts.split = WL_SPLIT_EVEN;
+            else {
+                fprintf(stderr, "squish-sim: --split: dp or even\n");
+                return 2;
+            }
+            i++;
         } else if (strcmp(a, "--routing") == 0 && v) {
             if (strcmp(v, "auto") == 0)
                 opts.routing = SIM_ROUTE_AUTO;
@@ -179,8 +196,6 @@ int main(int argc, char **argv)
         wl_workload_dispose(&w);
         return 1;
     }
-    if (w.npipelines > 0)
-        fprintf(stderr, "squish-sim: note: pipelines are not simulated, only sessions\n");
     sim_result_t res;
     double scale = 0;
     int runs = 0;

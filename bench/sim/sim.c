@@ -56,23 +56,24 @@ static int arrival_cmp(const void *x, const void *y)
     return (a->seq > b->seq) - (a->seq < b->seq);
 }
 
-/* Appends the arrivals of session idx; returns its span in seconds. Gaps
- * are drawn with mean 1 and divided by the rate, so a higher scale replays
- * the same pattern compressed in time (the goodput search stays smooth). */
-static double gen_session(arrivals_t *out, const wl_session_t *s, int idx, unsigned long long seed,
-                          const sim_opts_t *o)
+/* Appends the arrivals of session idx (a pipeline's queries: idx past the
+ * sessions) with process a and mean rate rate_rps; returns its span in
+ * seconds. Gaps are drawn with mean 1 and divided by the rate, so a higher
+ * scale replays the same pattern compressed in time (the goodput search
+ * stays smooth). */
+static double gen_arrivals(arrivals_t *out, const wl_arrivals_t *a, double rate_rps, int idx,
+                           unsigned long long seed, const sim_opts_t *o)
 {
     sim_rng_t rng;
     uint64_t mix = seed ^ (0xd1b54a32d192ed03ULL * (uint64_t)(idx + 1));
     sim_rng_seed(&rng, sim_splitmix64(&mix));
     uint32_t seq = 0;
-    const wl_arrivals_t *a = &s->arrivals;
     if (a->process == WL_ARRIVALS_TIMES) {
         for (int i = 0; i < a->ntimes; i++)
             arrivals_push(out, llround(a->times_ms[i] * 1000 / o->rate_scale), idx, seq++);
         return a->ntimes ? a->times_ms[a->ntimes - 1] / 1000 / o->rate_scale : 0;
     }
-    wl_segment_t only = {.duration_s = o->duration_s, .rate_rps = s->rate_rps};
+    wl_segment_t only = {.duration_s = o->duration_s, .rate_rps = rate_rps};
     const wl_segment_t *segs = a->process == WL_ARRIVALS_NONE ? &only : a->segments;
     int nsegs = a->process == WL_ARRIVALS_NONE ? 1 : a->nsegments;
     wl_process_t proc = a->process == WL_ARRIVALS_NONE ? WL_ARRIVALS_POISSON : a->process;
@@ -168,6 +169,25 @@ static completion_t cheap_pop(cheap_t *h)
 
 /* ---- the run ---- */
 
+/* A dispatcher session: one of the workload's, or a pipeline's stage (its
+ * budget as its SLO, the pipeline's rate times the fan-outs as its rate). */
+typedef struct {
+    int model;
+    double slo_us;
+    double rate_rps;               /* planned (mean) rate, before rate_scale */
+    const wl_arrivals_t *arrivals; /* the session's, or the pipeline's queries' */
+    double arrivals_rate;          /* the mean rate of those arrivals */
+} sim_sess_t;
+
+/* A pipeline's stage in the run: its deadline offset from the query's
+ * arrival (the budgets along the longest path up to it, its own included)
+ * and its children. */
+typedef struct {
+    int64_t cum_us;
+    int nchildren;
+    int *children; /* owned */
+} sim_stage_t;
+
 typedef struct {
     const wl_workload_t *w;
     const sim_opts_t *o;
@@ -190,13 +210,32 @@ typedef struct {
     int64_t *plan_at_us; /* when each plan was applied, and its devices */
     int *plan_devices;
     int nplans, capplans;
+    int nss;
+    sim_sess_t *ss; /* the dispatcher sessions */
+    /* Pipelines: per pipeline its stages; per query its per-stage state at
+     * qoff[q] (stage k at qoff[q] + k): items pending (queued or running),
+     * items created, fired (every item it will get is created), complete
+     * (fired and none pending); its items as a list (qhead, inext). */
+    sim_stage_t **stages;
+    size_t cap_requests;
+    size_t *qoff;
+    int *pend;
+    size_t *created;
+    unsigned char *fired, *complete;
+    long *qhead, *inext;
+    sim_rng_t *qrng; /* per query: its fan-out draws */
+    int *kill;       /* queries to drop once the dispatcher's actions are read */
+    size_t nkill, capkill;
 } run_t;
+
+static void kill_query(run_t *r, int q, int outcome, int64_t now);
 
 static void absorb(run_t *r)
 {
     const pl_action_t *a;
     size_t n = pl_dispatch_take(r->d, &a);
     sim_result_t *res = r->res;
+    int64_t last_at = 0;
     for (size_t i = 0; i < n; i++) {
         if (a[i].kind == PL_ACT_TIMER) {
             r->timer_us = a[i].at_us;
@@ -206,6 +245,18 @@ static void absorb(run_t *r)
             q->reason = a[i].reason;
             q->finish_us = a[i].at_us;
             res->dropped++;
+            if (q->query >= 0) {
+                /* The whole query goes, once the actions are read (taking
+                 * its other items out of their queues is a call into the
+                 * dispatcher, which ends this list's life). */
+                r->pend[r->qoff[q->query] + (size_t)q->stage]--;
+                if (r->capkill == r->nkill) {
+                    r->capkill = r->capkill ? 2 * r->capkill : 64;
+                    r->kill = sq_xrealloc(r->kill, sizeof(int) * r->capkill);
+                }
+                r->kill[r->nkill++] = q->query;
+                last_at = a[i].at_us;
+            }
         } else {
             device_t *dv = &r->dev[a[i].worker];
             if (res->nbatches == r->cap_batches) {
@@ -253,18 +304,178 @@ static void absorb(run_t *r)
             cheap_push(&r->done, (completion_t){.end_us = b->end_us, .device = a[i].worker});
         }
     }
+    for (size_t k = 0; k < r->nkill; k++)
+        kill_query(r, r->kill[k], SIM_DROPPED, last_at);
+    r->nkill = 0;
 }
 
-static int count_models(const wl_workload_t *w)
+static int count_models(const run_t *r)
 {
     int n = 0;
-    for (int i = 0; i < w->nsessions; i++) {
+    for (int i = 0; i < r->nss; i++) {
         int seen = 0;
         for (int j = 0; j < i; j++)
-            seen |= w->sessions[j].model == w->sessions[i].model;
+            seen |= r->ss[j].model == r->ss[i].model;
         n += !seen;
     }
     return n;
+}
+
+/* ---- pipelines ---- */
+
+/* Items for one parent item: Poisson with mean `mean` (Knuth's product of
+ * uniforms, in parts of at most 30 so that exp(-part) stays well inside a
+ * double; a sum of Poissons is Poisson), or mean rounded stochastically. */
+static int draw_items(sim_rng_t *g, double mean, wl_gamma_dist_t dist)
+{
+    if (!(mean > 0))
+        return 0;
+    if (dist == WL_GAMMA_FIXED) {
+        double f = floor(mean);
+        return (int)f + (sim_rng_unit(g) < mean - f);
+    }
+    int n = 0;
+    while (mean > 0) {
+        double part = mean > 30 ? 30 : mean;
+        mean -= part;
+        double lim = exp(-part), prod = sim_rng_unit(g);
+        while (prod > lim) {
+            n++;
+            prod *= sim_rng_unit(g);
+        }
+    }
+    return n;
+}
+
+/* A new item of query q at stage, ready now: its deadline is the query's
+ * arrival plus the budgets up to its stage. */
+static void item_push(run_t *r, int q, int stage, int64_t now)
+{
+    sim_result_t *res = r->res;
+    sim_query_t *qq = &res->queries[q];
+    int sess = res->pipelines[qq->pipeline].first_session + stage;
+    if (res->nrequests == r->cap_requests) {
+        r->cap_requests = r->cap_requests ? 2 * r->cap_requests : 4096;
+        res->requests = sq_xrealloc(res->requests, sizeof(*res->requests) * r->cap_requests);
+        r->inext = sq_xrealloc(r->inext, sizeof(long) * r->cap_requests);
+    }
+    size_t id = res->nrequests++;
+    int64_t deadline = qq->arrival_us + r->stages[qq->pipeline][stage].cum_us;
+    res->requests[id] = (sim_request_t){.session = sess,
+                                        .arrival_us = now,
+                                        .deadline_us = deadline,
+                                        .sent_us = -1,
+                                        .finish_us = -1,
+                                        .query = q,
+                                        .stage = stage};
+    r->inext[id] = r->qhead[q];
+    r->qhead[q] = (long)id;
+    r->pend[r->qoff[q] + (size_t)stage]++;
+    r->created[r->qoff[q] + (size_t)stage]++;
+    qq->items++;
+    r->epoch_count[sess]++;
+    pl_dispatch_request(r->d, now, id, sess, now, deadline);
+}
+
+/* Drops query q at now (outcome SIM_DROPPED or SIM_LATE): its queued items
+ * leave their queues at once; those running finish, and start nothing. */
+static void kill_query(run_t *r, int q, int outcome, int64_t now)
+{
+    sim_query_t *qq = &r->res->queries[q];
+    if (qq->outcome != SIM_PENDING)
+        return;
+    qq->outcome = outcome;
+    qq->finish_us = now;
+    for (long id = r->qhead[q]; id >= 0; id = r->inext[id]) {
+        sim_request_t *it = &r->res->requests[id];
+        if (it->outcome != SIM_PENDING || it->sent_us >= 0)
+            continue;
+        if (pl_dispatch_cancel(r->d, now, it->session, (uint64_t)id) == 0) {
+            it->outcome = SIM_DROPPED;
+            it->reason = SIM_REASON_QUERY;
+            it->finish_us = now;
+            r->res->dropped++;
+            r->pend[r->qoff[q] + (size_t)it->stage]--;
+        }
+    }
+}
+
+/* Moves query q on at now: a stage fires (gets every item it will get)
+ * once its parents are complete (a join draws its items then, from its
+ * busiest input), and is complete once fired with nothing pending; the
+ * query is good when every stage is complete. */
+static void settle(run_t *r, int q, int64_t now)
+{
+    sim_result_t *res = r->res;
+    sim_query_t *qq = &res->queries[q];
+    if (qq->outcome != SIM_PENDING)
+        return;
+    const wl_pipeline_t *pl = &r->w->pipelines[qq->pipeline];
+    sim_pipeline_result_t *pr = &res->pipelines[qq->pipeline];
+    size_t off = r->qoff[q];
+    int all = 1;
+    for (int v = 0; v < pl->nstages; v++) {
+        const wl_stage_t *st = &pl->stages[v];
+        if (!r->fired[off + v]) {
+            int ready = 1;
+            for (int k = 0; k < st->nafter; k++)
+                ready &= r->complete[off + (size_t)st->after[k]];
+            if (ready) {
+                r->fired[off + v] = 1;
+                if (st->nafter > 1) {
+                    double mean = -1, base = 0;
+                    for (int k = 0; k < st->nafter; k++) {
+                        double n = (double)r->created[off + (size_t)st->after[k]];
+                        if (n * st->gamma[k] > mean) {
+                            mean = n * st->gamma[k];
+                            base = n;
+                        }
+                    }
+                    int n = draw_items(&r->qrng[q], mean, st->gamma_dist);
+                    pr->drawn[v] += n;
+                    pr->parents[v] += base;
+                    for (int i = 0; i < n; i++)
+                        item_push(r, q, v, now);
+                }
+            }
+        }
+        r->complete[off + v] = r->fired[off + v] && r->pend[off + v] == 0;
+        all &= r->complete[off + v];
+    }
+    if (all) {
+        qq->outcome = now <= qq->deadline_us ? SIM_OK : SIM_LATE;
+        qq->finish_us = now;
+    }
+}
+
+/* Item id (of a query) finished at now with its outcome set: a late one
+ * drops its query; an item on time draws its children's items. */
+static void item_done(run_t *r, size_t id, int64_t now)
+{
+    sim_result_t *res = r->res;
+    int q = res->requests[id].query, stage = res->requests[id].stage;
+    int ok = res->requests[id].outcome == SIM_OK;
+    r->pend[r->qoff[q] + (size_t)stage]--;
+    if (res->queries[q].outcome != SIM_PENDING)
+        return; /* its query is gone: it started before, it starts nothing */
+    if (!ok) {
+        kill_query(r, q, SIM_LATE, now);
+        return;
+    }
+    int p = res->queries[q].pipeline;
+    const wl_pipeline_t *pl = &r->w->pipelines[p];
+    const sim_stage_t *sv = &r->stages[p][stage];
+    for (int i = 0; i < sv->nchildren; i++) {
+        int c = sv->children[i];
+        if (pl->stages[c].nafter != 1)
+            continue; /* a join draws when all its inputs are in */
+        int n = draw_items(&r->qrng[q], pl->stages[c].gamma[0], pl->stages[c].gamma_dist);
+        res->pipelines[p].drawn[c] += n;
+        res->pipelines[p].parents[c] += 1;
+        for (int k = 0; k < n; k++)
+            item_push(r, q, c, now);
+    }
+    settle(r, q, now);
 }
 
 /* Plan device id k runs on simulated device k, if there is one (ctx: the
@@ -276,17 +487,19 @@ static int sim_device_worker(void *ctx, int index, const pl_device_t *dev)
 }
 
 /* Session s's rate at t_s: its segment's for segment arrivals, else its
- * mean (rate_rps). Times are not scaled, rates are. */
-static double rate_at(const wl_session_t *ws, double t_s)
+ * mean (rate_rps); a stage's, its pipeline's times the stage's fan-out.
+ * Times are not scaled, rates are. */
+static double rate_at(const sim_sess_t *ws, double t_s)
 {
-    const wl_arrivals_t *a = &ws->arrivals;
+    const wl_arrivals_t *a = ws->arrivals;
+    double f = ws->arrivals_rate > 0 ? ws->rate_rps / ws->arrivals_rate : 0;
     if (a->process == WL_ARRIVALS_NONE || a->process == WL_ARRIVALS_TIMES)
         return ws->rate_rps;
     double start = 0;
     for (int k = 0; k < a->nsegments; k++) {
         start += a->segments[k].duration_s;
         if (t_s < start)
-            return a->segments[k].rate_rps;
+            return a->segments[k].rate_rps * f;
     }
     return 0;
 }
@@ -299,14 +512,14 @@ static int plan_and_route(run_t *r, const double *rates, int64_t now)
 {
     const wl_workload_t *w = r->w;
     int n = r->res->ndevices;
-    pl_session_t *ps = sq_xcalloc((size_t)w->nsessions + 1, sizeof(*ps));
-    for (int s = 0; s < w->nsessions; s++) {
-        const wl_session_t *ws = &w->sessions[s];
+    pl_session_t *ps = sq_xcalloc((size_t)r->nss + 1, sizeof(*ps));
+    for (int s = 0; s < r->nss; s++) {
+        const sim_sess_t *ws = &r->ss[s];
         ps[s] = (pl_session_t){.id = s,
                                .model = ws->model,
                                .name = w->models[ws->model].name,
                                .profile = &w->models[ws->model].profile,
-                               .slo_us = ws->slo_ms * 1000,
+                               .slo_us = ws->slo_us,
                                .rate_rps = rates[s] * r->o->plan_headroom,
                                .item_bytes = w->models[ws->model].item_bytes};
     }
@@ -318,7 +531,7 @@ static int plan_and_route(run_t *r, const double *rates, int64_t now)
                        .burst_quantile = r->o->plan_burst_quantile,
                        .overflow = r->o->plan_overflow};
     pl_plan_t plan;
-    int rc = pl_plan(&plan, ps, w->nsessions, r->has_plan ? &r->plan : NULL, &po);
+    int rc = pl_plan(&plan, ps, r->nss, r->has_plan ? &r->plan : NULL, &po);
     free(ps);
     if (rc < 0)
         return rc;
@@ -354,7 +567,7 @@ static int plan_and_route(run_t *r, const double *rates, int64_t now)
         for (ndev = 0; ndev < n; ndev++)
             all[ndev] = ndev;
     r->res->unplaced_sessions = 0;
-    for (int s = 0; s < w->nsessions; s++) {
+    for (int s = 0; s < r->nss; s++) {
         int fell_back = 0;
         pl_route_rules_t rules = {.worker_of = sim_device_worker,
                                   .ctx = &n,
@@ -382,7 +595,7 @@ static int setup_routes(run_t *r, int *ndevices)
     const wl_workload_t *w = r->w;
     sim_routing_t mode = r->o->routing;
     if (mode == SIM_ROUTE_AUTO)
-        mode = count_models(w) > 1 ? SIM_ROUTE_PLAN : SIM_ROUTE_ALL;
+        mode = count_models(r) > 1 ? SIM_ROUTE_PLAN : SIM_ROUTE_ALL;
     if (mode == SIM_ROUTE_ALL) {
         int n = w->device_count;
         if (n < 1)
@@ -394,15 +607,15 @@ static int setup_routes(run_t *r, int *ndevices)
             pl_dispatch_worker_add(r->d, 0, k, 0);
             routes[k] = (pl_route_t){.worker = k, .target_batch = 0};
         }
-        for (int s = 0; s < w->nsessions; s++)
+        for (int s = 0; s < r->nss; s++)
             pl_dispatch_route_set(r->d, 0, s, routes, n);
         free(routes);
         return 0;
     }
-    double *rates = sq_xcalloc((size_t)w->nsessions + 1, sizeof(*rates));
-    for (int s = 0; s < w->nsessions; s++)
-        rates[s] = (r->o->epoch_s > 0 ? rate_at(&w->sessions[s], 0) : w->sessions[s].rate_rps) *
-                   r->o->rate_scale;
+    double *rates = sq_xcalloc((size_t)r->nss + 1, sizeof(*rates));
+    for (int s = 0; s < r->nss; s++)
+        rates[s] =
+            (r->o->epoch_s > 0 ? rate_at(&r->ss[s], 0) : r->ss[s].rate_rps) * r->o->rate_scale;
     int n = w->device_count;
     if (n < 1) {
         /* Uncapped: as many devices as the plan at these rates asks for
@@ -411,13 +624,13 @@ static int setup_routes(run_t *r, int *ndevices)
             free(rates);
             return SQ_INVAL;
         }
-        pl_session_t *ps = sq_xcalloc((size_t)w->nsessions + 1, sizeof(*ps));
-        for (int s = 0; s < w->nsessions; s++) {
-            const wl_session_t *ws = &w->sessions[s];
+        pl_session_t *ps = sq_xcalloc((size_t)r->nss + 1, sizeof(*ps));
+        for (int s = 0; s < r->nss; s++) {
+            const sim_sess_t *ws = &r->ss[s];
             ps[s] = (pl_session_t){.id = s,
                                    .model = ws->model,
                                    .profile = &w->models[ws->model].profile,
-                                   .slo_us = ws->slo_ms * 1000,
+                                   .slo_us = ws->slo_us,
                                    .rate_rps = rates[s] * r->o->plan_headroom,
                                    .item_bytes = w->models[ws->model].item_bytes};
         }
@@ -427,7 +640,7 @@ static int setup_routes(run_t *r, int *ndevices)
                            .nlinks = w->ndevice_links,
                            .burst_quantile = r->o->plan_burst_quantile};
         pl_plan_t plan;
-        int rc = pl_plan(&plan, ps, w->nsessions, NULL, &po);
+        int rc = pl_plan(&plan, ps, r->nss, NULL, &po);
         free(ps);
         if (rc < 0) {
             free(rates);
@@ -452,10 +665,9 @@ static int setup_routes(run_t *r, int *ndevices)
  * the time) make the next plan, as squishd's planner does. */
 static int run_epoch(run_t *r, int64_t now)
 {
-    const wl_workload_t *w = r->w;
     double span_s = (double)(now - r->last_epoch_us) / 1e6;
-    double *rates = sq_xcalloc((size_t)w->nsessions + 1, sizeof(*rates));
-    for (int s = 0; s < w->nsessions; s++) {
+    double *rates = sq_xcalloc((size_t)r->nss + 1, sizeof(*rates));
+    for (int s = 0; s < r->nss; s++) {
         rates[s] = span_s > 0 ? r->epoch_count[s] / span_s : 0;
         r->epoch_count[s] = 0;
     }
@@ -477,18 +689,17 @@ static int dbl_less(const void *a, const void *b)
  * time, and the most devices a plan in force used. */
 static void fill_steps(const run_t *r, sim_result_t *res)
 {
-    const wl_workload_t *w = r->w;
     int cap = 2;
-    for (int s = 0; s < w->nsessions; s++)
-        if (w->sessions[s].arrivals.process != WL_ARRIVALS_NONE &&
-            w->sessions[s].arrivals.process != WL_ARRIVALS_TIMES)
-            cap += w->sessions[s].arrivals.nsegments;
+    for (int s = 0; s < r->nss; s++)
+        if (r->ss[s].arrivals->process != WL_ARRIVALS_NONE &&
+            r->ss[s].arrivals->process != WL_ARRIVALS_TIMES)
+            cap += r->ss[s].arrivals->nsegments;
     double *cut = sq_xmalloc(sizeof(double) * (size_t)cap);
     int nc = 0;
     cut[nc++] = 0;
     cut[nc++] = res->horizon_s;
-    for (int s = 0; s < w->nsessions; s++) {
-        const wl_arrivals_t *a = &w->sessions[s].arrivals;
+    for (int s = 0; s < r->nss; s++) {
+        const wl_arrivals_t *a = r->ss[s].arrivals;
         if (a->process == WL_ARRIVALS_NONE || a->process == WL_ARRIVALS_TIMES)
             continue;
         double t = 0;
@@ -548,28 +759,119 @@ double sim_step_ok_fraction(const sim_step_t *step)
     return step->requests ? (double)step->ok / (double)step->requests : 1;
 }
 
+/* The dispatcher sessions (run_t.ss): the workload's sessions, then one
+ * per pipeline stage at the split's budget and rate, and the pipelines'
+ * stage tables. Returns 0 or the split's error. */
+static int setup_sessions(run_t *r)
+{
+    const wl_workload_t *w = r->w;
+    sim_result_t *res = r->res;
+    int nstages = 0;
+    for (int p = 0; p < w->npipelines; p++)
+        nstages += w->pipelines[p].nstages;
+    r->nss = w->nsessions + nstages;
+    r->ss = sq_xcalloc((size_t)r->nss + 1, sizeof(*r->ss));
+    for (int s = 0; s < w->nsessions; s++)
+        r->ss[s] = (sim_sess_t){.model = w->sessions[s].model,
+                                .slo_us = w->sessions[s].slo_ms * 1000,
+                                .rate_rps = w->sessions[s].rate_rps,
+                                .arrivals = &w->sessions[s].arrivals,
+                                .arrivals_rate = w->sessions[s].rate_rps};
+    if (w->npipelines == 0)
+        return 0;
+    /* The budgets as squish-plan gives them (wl_plan_input_build_split
+     * borrows the workload and writes only its error text: a shallow copy
+     * keeps this one const). */
+    wl_workload_t wc = *w;
+    wl_plan_input_t in;
+    int rc = wl_plan_input_build_split(&in, &wc, (wl_split_t)r->o->split);
+    if (rc < 0)
+        return rc;
+    res->npipelines = w->npipelines;
+    res->pipelines = sq_xcalloc((size_t)w->npipelines, sizeof(*res->pipelines));
+    r->stages = sq_xcalloc((size_t)w->npipelines, sizeof(*r->stages));
+    int next = w->nsessions;
+    for (int p = 0; p < w->npipelines && rc == 0; p++) {
+        const wl_pipeline_t *pl = &w->pipelines[p];
+        sim_pipeline_result_t *pr = &res->pipelines[p];
+        if ((rc = in.split_rc[p]) < 0)
+            break;
+        pr->nstages = pl->nstages;
+        pr->first_session = next;
+        pr->cost_devices = in.splits[p].cost_devices;
+        pr->budget_us = sq_xcalloc((size_t)pl->nstages, sizeof(double));
+        pr->rate_rps = sq_xcalloc((size_t)pl->nstages, sizeof(double));
+        pr->drawn = sq_xcalloc((size_t)pl->nstages, sizeof(double));
+        pr->parents = sq_xcalloc((size_t)pl->nstages, sizeof(double));
+        r->stages[p] = sq_xcalloc((size_t)pl->nstages, sizeof(sim_stage_t));
+        for (int k = 0; k < pl->nstages; k++) {
+            const wl_stage_t *st = &pl->stages[k];
+            sim_stage_t *sk = &r->stages[p][k];
+            pr->budget_us[k] = in.splits[p].budget_us[k];
+            pr->rate_rps[k] = in.splits[p].rate_rps[k];
+            int64_t up = 0;
+            for (int j = 0; j < st->nafter; j++) {
+                sim_stage_t *par = &r->stages[p][st->after[j]];
+                if (par->cum_us > up)
+                    up = par->cum_us;
+                par->children =
+                    sq_xrealloc(par->children, sizeof(int) * (size_t)(par->nchildren + 1));
+                par->children[par->nchildren++] = k;
+            }
+            /* Whole µs, rounded down: the path's deadlines stay within the SLO. */
+            sk->cum_us = up + (int64_t)floor(pr->budget_us[k] + 1e-6);
+            r->ss[next++] = (sim_sess_t){.model = st->model,
+                                         .slo_us = pr->budget_us[k],
+                                         .rate_rps = pr->rate_rps[k],
+                                         .arrivals = &pl->arrivals,
+                                         .arrivals_rate = pl->rate_rps};
+        }
+    }
+    wl_plan_input_dispose(&in);
+    return rc;
+}
+
 int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
 {
     memset(res, 0, sizeof(*res));
     res->overlap_batch = -1;
-    res->nsessions = w->nsessions;
     unsigned long long seed = o->seed_given ? o->seed : w->seed;
     run_t r = {.w = w, .o = o, .res = res, .timer_us = PL_NEVER};
     int rc = 0;
+    arrivals_t arr = {0}, qarr = {0};
 
-    arrivals_t arr = {0};
+    if ((rc = setup_sessions(&r)) < 0)
+        goto out;
+    res->nsessions = r.nss;
+    res->session_model = sq_xcalloc((size_t)r.nss + 1, sizeof(int));
+    for (int s = 0; s < r.nss; s++)
+        res->session_model[s] = r.ss[s].model;
+
     double horizon = 0;
     for (int s = 0; s < w->nsessions; s++) {
-        double span = gen_session(&arr, &w->sessions[s], s, seed, o);
+        double span =
+            gen_arrivals(&arr, &w->sessions[s].arrivals, w->sessions[s].rate_rps, s, seed, o);
         if (span > horizon)
             horizon = span;
     }
     if (arr.n)
         qsort(arr.v, arr.n, sizeof(*arr.v), arrival_cmp);
+    /* Pipeline queries: their own streams, seeded past the sessions'. */
+    for (int p = 0; p < w->npipelines; p++) {
+        double span = gen_arrivals(&qarr, &w->pipelines[p].arrivals, w->pipelines[p].rate_rps,
+                                   w->nsessions + p, seed, o);
+        if (span > horizon)
+            horizon = span;
+    }
+    if (qarr.n)
+        qsort(qarr.v, qarr.n, sizeof(*qarr.v), arrival_cmp);
     res->horizon_s = horizon;
     res->nrequests = arr.n;
-    res->offered_rps = horizon > 0 ? (double)arr.n / horizon : 0;
-    res->requests = sq_xcalloc(arr.n ? arr.n : 1, sizeof(*res->requests));
+    r.cap_requests = arr.n ? arr.n : 1;
+    if (qarr.n)
+        r.cap_requests += 4 * qarr.n;
+    res->requests = sq_xcalloc(r.cap_requests, sizeof(*res->requests));
+    r.inext = sq_xcalloc(r.cap_requests, sizeof(long));
     for (size_t i = 0; i < arr.n; i++) {
         const wl_session_t *ws = &w->sessions[arr.v[i].session];
         res->requests[i] =
@@ -577,21 +879,51 @@ int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
                             .arrival_us = arr.v[i].at_us,
                             .deadline_us = arr.v[i].at_us + llround(ws->slo_ms * 1000),
                             .sent_us = -1,
-                            .finish_us = -1};
+                            .finish_us = -1,
+                            .query = -1,
+                            .stage = -1};
     }
+    res->nqueries = qarr.n;
+    res->queries = sq_xcalloc(qarr.n + 1, sizeof(*res->queries));
+    r.qoff = sq_xcalloc(qarr.n + 1, sizeof(size_t));
+    r.qhead = sq_xcalloc(qarr.n + 1, sizeof(long));
+    r.qrng = sq_xcalloc(qarr.n + 1, sizeof(sim_rng_t));
+    size_t nstate = 0;
+    for (size_t i = 0; i < qarr.n; i++) {
+        int p = qarr.v[i].session - w->nsessions; /* gen_arrivals' idx */
+        res->queries[i] =
+            (sim_query_t){.pipeline = p,
+                          .arrival_us = qarr.v[i].at_us,
+                          .deadline_us = qarr.v[i].at_us + llround(w->pipelines[p].slo_ms * 1000),
+                          .finish_us = -1,
+                          .outcome = SIM_PENDING};
+        r.qoff[i] = nstate;
+        nstate += (size_t)w->pipelines[p].nstages;
+        r.qhead[i] = -1;
+        /* A query's fan-outs depend on the query (its pipeline and its
+         * place in the pipeline's stream), not on the order things finish:
+         * a higher scale replays the same queries. */
+        uint64_t mix = seed ^ (0x9e6c63d0676a9a99ULL * (uint64_t)(p + 1)) ^
+                       (0xd1b54a32d192ed03ULL * (uint64_t)(qarr.v[i].seq + 1));
+        sim_rng_seed(&r.qrng[i], sim_splitmix64(&mix));
+    }
+    r.pend = sq_xcalloc(nstate + 1, sizeof(int));
+    r.created = sq_xcalloc(nstate + 1, sizeof(size_t));
+    r.fired = sq_xcalloc(nstate + 1, 1);
+    r.complete = sq_xcalloc(nstate + 1, 1);
 
     pl_dispatch_opts_t dopts = {.policy = o->policy,
                                 .k_std = w->k_std,
                                 .net_delay_us = o->net_delay_us,
                                 .eager_load = o->eager_load};
     r.d = pl_dispatch_new(&dopts);
-    r.exec_us = sq_xcalloc((size_t)w->nsessions + 1, sizeof(int64_t *));
-    r.item_bytes = sq_xcalloc((size_t)w->nsessions + 1, sizeof(double));
-    for (int s = 0; s < w->nsessions; s++) {
-        const pl_profile_t *p = &w->models[w->sessions[s].model].profile;
-        r.item_bytes[s] = w->models[w->sessions[s].model].item_bytes;
+    r.exec_us = sq_xcalloc((size_t)r.nss + 1, sizeof(int64_t *));
+    r.item_bytes = sq_xcalloc((size_t)r.nss + 1, sizeof(double));
+    for (int s = 0; s < r.nss; s++) {
+        const pl_profile_t *p = &w->models[r.ss[s].model].profile;
+        r.item_bytes[s] = w->models[r.ss[s].model].item_bytes;
         pl_session_cfg_t cfg = {.profile = p,
-                                .slo_us = llround(w->sessions[s].slo_ms * 1000),
+                                .slo_us = llround(r.ss[s].slo_us),
                                 .item_bytes = llround(r.item_bytes[s])};
         if (pl_dispatch_session_add(r.d, &cfg) != s) {
             rc = SQ_INVAL;
@@ -601,6 +933,7 @@ int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
         for (int b = 1; b <= p->max_batch; b++)
             r.exec_us[s][b] = (int64_t)ceil(pl_latency_us(p, b, 0));
     }
+    r.epoch_count = sq_xcalloc((size_t)r.nss + 1, sizeof(double));
     if ((rc = setup_routes(&r, &res->ndevices)) < 0)
         goto out;
     /* Devices behind a link: the dispatcher counts it, the devices pay it. */
@@ -613,16 +946,18 @@ int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
     }
     r.done.v = sq_xmalloc(sizeof(completion_t) * (size_t)res->ndevices);
     absorb(&r);
-    r.epoch_count = sq_xcalloc((size_t)w->nsessions + 1, sizeof(double));
     int64_t epoch_us = llround(o->epoch_s * 1e6);
     int64_t horizon_us = llround(horizon * 1e6);
     r.next_epoch_us = r.planning && epoch_us > 0 && epoch_us < horizon_us ? epoch_us : PL_NEVER;
 
-    size_t next = 0;
+    size_t next = 0, nextq = 0, nsreq = arr.n;
     while (!r.failed) {
         int64_t t_done = r.done.n ? r.done.v[0].end_us : PL_NEVER;
-        int64_t t_arr = next < arr.n ? res->requests[next].arrival_us : PL_NEVER;
+        int64_t t_arr = next < nsreq ? res->requests[next].arrival_us : PL_NEVER;
+        int64_t t_q = nextq < res->nqueries ? res->queries[nextq].arrival_us : PL_NEVER;
         int64_t now = t_done < t_arr ? t_done : t_arr;
+        if (t_q < now)
+            now = t_q;
         if (r.next_epoch_us < now)
             now = r.next_epoch_us;
         if (r.timer_us < now)
@@ -642,13 +977,31 @@ int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
                     res->late++;
             }
             dv->busy = 0;
+            int nids = dv->nids;
             dv->nids = 0;
             pl_dispatch_batch_done(r.d, now, c.device, dv->batch_id);
+            /* The batch's pipeline items: their children are ready now
+             * (item_push may move res->requests). */
+            for (int k = 0; k < nids; k++)
+                if (res->requests[dv->ids[k]].query >= 0)
+                    item_done(&r, (size_t)dv->ids[k], now);
         } else if (t_arr == now) {
             sim_request_t *q = &res->requests[next];
             pl_dispatch_request(r.d, now, next, q->session, q->arrival_us, q->deadline_us);
             r.epoch_count[q->session]++;
             next++;
+        } else if (t_q == now) {
+            int q = (int)nextq++;
+            const wl_pipeline_t *pl = &w->pipelines[res->queries[q].pipeline];
+            sim_pipeline_result_t *pr = &res->pipelines[res->queries[q].pipeline];
+            for (int v = 0; v < pl->nstages; v++) {
+                if (pl->stages[v].nafter > 0)
+                    continue;
+                r.fired[r.qoff[q] + (size_t)v] = 1;
+                pr->drawn[v] += 1;
+                pr->parents[v] += 1;
+                item_push(&r, q, v, now);
+            }
         } else if (r.next_epoch_us == now) {
             /* Epochs run while arrivals do (ties: after completions and
              * arrivals, before the dispatcher's timer). */
@@ -663,8 +1016,24 @@ int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
         }
         absorb(&r);
     }
-    for (size_t i = 0; i < res->nrequests; i++)
-        res->pending += res->requests[i].outcome == SIM_PENDING;
+    res->offered_rps = horizon > 0 ? (double)res->nrequests / horizon : 0;
+    for (size_t i = 0; i < res->nrequests; i++) {
+        const sim_request_t *q = &res->requests[i];
+        res->pending += q->outcome == SIM_PENDING;
+        if (q->query < 0) {
+            res->session_requests++;
+            res->session_ok += q->outcome == SIM_OK;
+        }
+    }
+    for (size_t i = 0; i < res->nqueries; i++) {
+        const sim_query_t *q = &res->queries[i];
+        sim_pipeline_result_t *pr = &res->pipelines[q->pipeline];
+        pr->queries++;
+        pr->ok += q->outcome == SIM_OK;
+        pr->dropped += q->outcome == SIM_DROPPED;
+        pr->late += q->outcome == SIM_LATE;
+        pr->pending += q->outcome == SIM_PENDING;
+    }
     for (int k = 0; k < res->ndevices; k++)
         res->devices_used += r.dev[k].used;
     res->overlap_batch = sim_check_overlap(res->batches, res->nbatches, res->ndevices);
@@ -674,8 +1043,9 @@ int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
     if (r.failed)
         rc = SQ_INTERNAL;
 out:
-    for (int s = 0; s < w->nsessions; s++)
-        free(r.exec_us[s]);
+    if (r.exec_us)
+        for (int s = 0; s < r.nss; s++)
+            free(r.exec_us[s]);
     free(r.exec_us);
     free(r.item_bytes);
     if (r.dev)
@@ -684,9 +1054,28 @@ out:
     free(r.dev);
     free(r.done.v);
     free(arr.v);
+    free(qarr.v);
     free(r.epoch_count);
     free(r.plan_at_us);
     free(r.plan_devices);
+    if (r.stages)
+        for (int p = 0; p < w->npipelines; p++) {
+            if (r.stages[p])
+                for (int k = 0; k < w->pipelines[p].nstages; k++)
+                    free(r.stages[p][k].children);
+            free(r.stages[p]);
+        }
+    free(r.stages);
+    free(r.ss);
+    free(r.qoff);
+    free(r.pend);
+    free(r.created);
+    free(r.fired);
+    free(r.complete);
+    free(r.qhead);
+    free(r.inext);
+    free(r.qrng);
+    free(r.kill);
     if (r.has_plan)
         pl_plan_dispose(&r.plan);
     pl_dispatch_free(r.d);
@@ -702,15 +1091,37 @@ void sim_result_dispose(sim_result_t *res)
     for (int k = 0; k < res->nsteps; k++)
         free(res->steps[k].busy_fraction);
     free(res->steps);
+    free(res->session_model);
+    free(res->queries);
+    for (int p = 0; p < res->npipelines; p++) {
+        free(res->pipelines[p].budget_us);
+        free(res->pipelines[p].rate_rps);
+        free(res->pipelines[p].drawn);
+        free(res->pipelines[p].parents);
+    }
+    free(res->pipelines);
     res->requests = NULL;
     res->batches = NULL;
     res->steps = NULL;
     res->nsteps = 0;
+    res->session_model = NULL;
+    res->queries = NULL;
+    res->pipelines = NULL;
+    res->npipelines = 0;
 }
 
 double sim_ok_fraction(const sim_result_t *res)
 {
-    return res->nrequests ? (double)res->ok / (double)res->nrequests : 1;
+    if (res->npipelines == 0)
+        return res->nrequests ? (double)res->ok / (double)res->nrequests : 1;
+    double f = res->session_requests ? (double)res->session_ok / (double)res->session_requests : 1;
+    for (int p = 0; p < res->npipelines; p++) {
+        const sim_pipeline_result_t *pr = &res->pipelines[p];
+        double g = pr->queries ? (double)pr->ok / (double)pr->queries : 1;
+        if (g < f)
+            f = g;
+    }
+    return f;
 }
 
 int sim_search_goodput(const wl_workload_t *w, const sim_opts_t *opts, double target, double *scale,
@@ -843,6 +1254,11 @@ static int dbl_cmp(const void *a, const void *b)
     return (x > y) - (x < y);
 }
 
+static const char *reason_name(int reason)
+{
+    return reason == SIM_REASON_QUERY ? "query_dropped" : sq_err_name(reason);
+}
+
 static const char *outcome_name(int o)
 {
     switch (o) {
@@ -923,7 +1339,7 @@ char *sim_summary_json(const wl_workload_t *w, const sim_opts_t *opts, const sim
     for (size_t i = 0; i < res->nrequests; i++) {
         if (res->requests[i].outcome != SIM_DROPPED)
             continue;
-        const char *name = sq_err_name(res->requests[i].reason);
+        const char *name = reason_name(res->requests[i].reason);
         json_t *c = json_object_get(reasons, name);
         json_object_set_new(reasons, name, json_integer(c ? json_integer_value(c) + 1 : 1));
     }
@@ -939,27 +1355,27 @@ char *sim_summary_json(const wl_workload_t *w, const sim_opts_t *opts, const sim
     size_t *drp = sq_xcalloc((size_t)nm, sizeof(size_t)),
            *lat = sq_xcalloc((size_t)nm, sizeof(size_t));
     for (size_t i = 0; i < res->nrequests; i++) {
-        int m = w->sessions[res->requests[i].session].model;
+        int m = res->session_model[res->requests[i].session];
         req[m]++;
         okc[m] += res->requests[i].outcome == SIM_OK;
         drp[m] += res->requests[i].outcome == SIM_DROPPED;
         lat[m] += res->requests[i].outcome == SIM_LATE;
     }
     for (size_t i = 0; i < res->nbatches; i++) {
-        int m = w->sessions[res->batches[i].session].model;
+        int m = res->session_model[res->batches[i].session];
         nb[m]++;
         items[m] += (size_t)res->batches[i].size;
     }
     double *qd = sq_xmalloc(sizeof(double) * (res->nrequests ? res->nrequests : 1));
     for (int m = 0; m < nm; m++) {
         int has = 0;
-        for (int s = 0; s < w->nsessions; s++)
-            has |= w->sessions[s].model == m;
+        for (int s = 0; s < res->nsessions; s++)
+            has |= res->session_model[s] == m;
         if (!has)
             continue;
         size_t nq = 0;
         for (size_t i = 0; i < res->nrequests; i++)
-            if (w->sessions[res->requests[i].session].model == m && res->requests[i].sent_us >= 0)
+            if (res->session_model[res->requests[i].session] == m && res->requests[i].sent_us >= 0)
                 qd[nq++] = (double)(res->requests[i].sent_us - res->requests[i].arrival_us) / 1000;
         qsort(qd, nq, sizeof(double), dbl_cmp);
         double p99 = nq ? qd[(size_t)ceil(0.99 * (double)nq) - 1] : 0;
@@ -967,7 +1383,7 @@ char *sim_summary_json(const wl_workload_t *w, const sim_opts_t *opts, const sim
          * the end of their batch. */
         size_t na = 0;
         for (size_t i = 0; i < res->nrequests; i++)
-            if (w->sessions[res->requests[i].session].model == m &&
+            if (res->session_model[res->requests[i].session] == m &&
                 res->requests[i].outcome != SIM_DROPPED && res->requests[i].sent_us >= 0)
                 qd[na++] =
                     (double)(res->requests[i].finish_us - res->requests[i].arrival_us) / 1000;
@@ -1010,19 +1426,62 @@ char *sim_summary_json(const wl_workload_t *w, const sim_opts_t *opts, const sim
     }
     json_object_set_new(root, "batch_sizes", hist);
 
+    if (res->npipelines > 0) {
+        json_t *pls = json_array();
+        for (int p = 0; p < res->npipelines; p++) {
+            const wl_pipeline_t *pl = &w->pipelines[p];
+            const sim_pipeline_result_t *pr = &res->pipelines[p];
+            double offered = (double)pr->queries / horizon;
+            size_t qbad = pr->dropped + pr->late + pr->pending;
+            json_t *po = json_object();
+            json_object_set_new(po, "name", json_string(pl->name));
+            json_object_set_new(po, "split",
+                                json_string(opts->split == WL_SPLIT_EVEN ? "even" : "dp"));
+            json_object_set_new(po, "queries", json_integer((json_int_t)pr->queries));
+            json_object_set_new(po, "offered_qps", num(offered));
+            json_object_set_new(po, "goodput_qps",
+                                num(search_scale > 0 ? offered : (double)pr->ok / horizon));
+            json_object_set_new(po, "bad_rate",
+                                num(pr->queries ? (double)qbad / (double)pr->queries : 0));
+            json_object_set_new(po, "ok", json_integer((json_int_t)pr->ok));
+            json_object_set_new(po, "dropped", json_integer((json_int_t)pr->dropped));
+            json_object_set_new(po, "late", json_integer((json_int_t)pr->late));
+            json_object_set_new(po, "pending", json_integer((json_int_t)pr->pending));
+            json_t *gm = json_object(), *bm = json_object();
+            for (int k = 0; k < pl->nstages && k < pr->nstages; k++) {
+                if (pl->stages[k].nafter > 0)
+                    json_object_set_new(
+                        gm, pl->stages[k].id,
+                        num(pr->parents[k] > 0 ? pr->drawn[k] / pr->parents[k] : 0));
+                json_object_set_new(bm, pl->stages[k].id, num(pr->budget_us[k] / 1000));
+            }
+            json_object_set_new(po, "gamma_measured", gm);
+            json_object_set_new(po, "budgets_ms", bm);
+            json_object_set_new(po, "cost_devices", num(pr->cost_devices));
+            json_array_append_new(pls, po);
+        }
+        json_object_set_new(root, "pipelines", pls);
+    }
+
     if (dump) {
         json_t *rq = json_array();
         for (size_t i = 0; i < res->nrequests; i++) {
             const sim_request_t *q = &res->requests[i];
             json_t *o = json_object();
             json_object_set_new(o, "model",
-                                json_string(w->models[w->sessions[q->session].model].name));
+                                json_string(w->models[res->session_model[q->session]].name));
             json_object_set_new(o, "arrival_ms", num((double)q->arrival_us / 1000));
             json_object_set_new(o, "outcome", json_string(outcome_name(q->outcome)));
             json_object_set_new(o, "finish_ms",
                                 q->finish_us >= 0 ? num((double)q->finish_us / 1000) : json_null());
             if (q->outcome == SIM_DROPPED)
-                json_object_set_new(o, "reason", json_string(sq_err_name(q->reason)));
+                json_object_set_new(o, "reason", json_string(reason_name(q->reason)));
+            if (q->query >= 0) {
+                const wl_pipeline_t *pl = &w->pipelines[res->queries[q->query].pipeline];
+                json_object_set_new(o, "pipeline", json_string(pl->name));
+                json_object_set_new(o, "stage", json_string(pl->stages[q->stage].id));
+                json_object_set_new(o, "query", json_integer(q->query));
+            }
             json_array_append_new(rq, o);
         }
         json_object_set_new(root, "requests", rq);
@@ -1031,7 +1490,7 @@ char *sim_summary_json(const wl_workload_t *w, const sim_opts_t *opts, const sim
             const sim_batch_t *b = &res->batches[i];
             json_array_append_new(bs,
                                   json_pack("{s:i, s:s, s:o, s:o, s:i}", "device", b->device,
-                                            "model", w->models[w->sessions[b->session].model].name,
+                                            "model", w->models[res->session_model[b->session]].name,
                                             "start_ms", num((double)b->start_us / 1000), "end_ms",
                                             num((double)b->end_us / 1000), "size", b->size));
         }

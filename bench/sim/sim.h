@@ -49,6 +49,9 @@ typedef struct {
      * mean rates. */
     double epoch_s;
     double eager_load; /* adaptive policy's threshold; 0: PL_DEFAULT_EAGER_LOAD */
+    /* How pipelines split their SLO among stages (wl_split_t): the DP of
+     * pl_query_split (default) or the even split. */
+    int split;
 } sim_opts_t;
 
 /* Defaults: deferred, workload seed, scale 1, 10 s, no network delay, auto
@@ -63,14 +66,48 @@ typedef enum {
     SIM_DROPPED,
 } sim_outcome_t;
 
+/* The drop reason of a pipeline item taken out of its queue because its
+ * query was dropped (another item of it missed its deadline). */
+#define SIM_REASON_QUERY 1
+
+/* A dispatcher request: a session's request, or one item of a pipeline
+ * query at one stage (query >= 0). Dispatcher sessions: the workload's
+ * sessions, then one per stage of every pipeline (pipelines in order). */
 typedef struct {
     int session;
     int64_t arrival_us, deadline_us;
     int64_t sent_us;   /* -1 when never sent */
     int64_t finish_us; /* answer time: batch end or drop */
     int outcome;       /* sim_outcome_t */
-    int reason;        /* SQ_* drop reason */
+    int reason;        /* SQ_* drop reason, or SIM_REASON_QUERY */
+    int query;         /* index into sim_result_t.queries, or -1 for a session's request */
+    int stage;         /* the item's stage in its pipeline; -1 for a session's request */
 } sim_request_t;
+
+/* One pipeline query: good (SIM_OK) when every item of it finished by its
+ * stage's deadline (so the query by arrival + the pipeline's SLO). At the
+ * first item dropped or late, the whole query is dropped (SIM_DROPPED) or
+ * late (SIM_LATE): its queued items leave their queues and no later stage
+ * runs for it. */
+typedef struct {
+    int pipeline;
+    int64_t arrival_us, deadline_us; /* deadline: arrival + the end-to-end SLO */
+    int64_t finish_us;               /* last item done, or when it was dropped */
+    int outcome;                     /* sim_outcome_t */
+    size_t items;                    /* items created */
+} sim_query_t;
+
+typedef struct {
+    size_t queries, ok, dropped, late, pending;
+    int nstages;
+    int first_session;   /* dispatcher session of stage 0; stage k is first_session + k */
+    double *budget_us;   /* owned; per stage, from the split (sim_opts_t.split) */
+    double cost_devices; /* the split's planned cost (pl_query_result_t) at the workload's rate */
+    double *rate_rps;    /* owned; per stage, the planned rate (before rate_scale) */
+    /* owned; per stage: items drawn and parent items they were drawn for
+     * (a root: one per query; a join: its busiest input's items) */
+    double *drawn, *parents;
+} sim_pipeline_result_t;
 
 typedef struct {
     int device;
@@ -89,7 +126,8 @@ typedef struct {
 } sim_step_t;
 
 typedef struct {
-    int nsessions;
+    int nsessions;      /* dispatcher sessions: the workload's, then the pipelines' stages */
+    int *session_model; /* owned; per dispatcher session, its model */
     int ndevices;
     double horizon_s; /* the arrival window */
     double offered_rps;
@@ -106,6 +144,11 @@ typedef struct {
     int epochs;            /* re-plans after the first (sim_opts_t.epoch_s) */
     int nsteps;
     sim_step_t *steps; /* owned */
+    size_t nqueries;
+    sim_query_t *queries; /* owned; sorted by arrival */
+    int npipelines;
+    sim_pipeline_result_t *pipelines;    /* owned; one per workload pipeline */
+    size_t session_requests, session_ok; /* the sessions' requests (not pipeline items) */
 } sim_result_t;
 
 /* Runs one simulation. Returns 0, SQ_INVAL (a session's model has no usable
@@ -118,11 +161,14 @@ void sim_result_dispose(sim_result_t *res);
  * none arrived in it). */
 double sim_step_ok_fraction(const sim_step_t *step);
 
-/* Fraction of requests that finished within their SLO (1 when none). */
+/* Fraction of requests that finished within their SLO (1 when none). With
+ * pipelines: the least of the sessions' requests' fraction (when there are
+ * any) and each pipeline's fraction of good queries. */
 double sim_ok_fraction(const sim_result_t *res);
 
 /* Symphony's goodput: the highest offered load (scaling every rate of the
- * workload) at which at least `target` (0.99) of requests finish within SLO;
+ * workload, pipelines' too) at which at least `target` (0.99) of requests
+ * finish within SLO (sim_ok_fraction: with pipelines, of queries good);
  * exponential bracketing then bisection to 0.2%. Leaves in *res the run at
  * that load and in *scale its factor; *runs counts simulations. */
 int sim_search_goodput(const wl_workload_t *w, const sim_opts_t *opts, double target, double *scale,

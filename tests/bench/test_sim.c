@@ -411,3 +411,223 @@ Test(sim, ramp_keeps_the_slo_floor_at_every_step_and_no_device_idles_while_reque
     sim_result_dispose(&res);
     wl_workload_dispose(&w);
 }
+
+/* ---- pipelines ---- */
+
+/* Items of query q at stage, and how many of them were sent to a device. */
+static size_t stage_items(const sim_result_t *res, int q, int stage, size_t *sent)
+{
+    size_t n = 0, s = 0;
+    for (size_t i = 0; i < res->nrequests; i++) {
+        const sim_request_t *r = &res->requests[i];
+        if (r->query == q && r->stage == stage) {
+            n++;
+            s += r->sent_us >= 0;
+        }
+    }
+    if (sent)
+        *sent = s;
+    return n;
+}
+
+/* 500 queries evenly spaced (uniform arrivals: an exact count) through
+ * detect -> classify with 3 classify items per detection, beside a session
+ * of 250 requests, well within capacity: each query is counted once, its
+ * root item once, every item of it is a request of its own, and the
+ * session's requests are counted apart. */
+Test(sim, pipeline_queries_are_counted_once_each)
+{
+    wl_workload_t w;
+    load(&w, "{\"devices\": {\"count\": 2},"
+             " \"models\": [{\"name\": \"X\", \"profile\": {\"alpha_ms\": 2, \"beta_ms\": 5}},"
+             "              {\"name\": \"Y\", \"profile\": {\"alpha_ms\": 0.5, \"beta_ms\": 2}}],"
+             " \"sessions\": [{\"model\": \"Y\", \"slo_ms\": 50, \"arrivals\": {\"process\": "
+             "\"uniform\", \"segments\": [{\"duration_s\": 5, \"rate_rps\": 50}]}}],"
+             " \"pipelines\": [{\"name\": \"p\", \"slo_ms\": 200,"
+             "   \"arrivals\": {\"process\": \"uniform\","
+             "                  \"segments\": [{\"duration_s\": 5, \"rate_rps\": 100}]},"
+             "   \"stages\": [{\"id\": \"x\", \"model\": \"X\"},"
+             "              {\"id\": \"y\", \"model\": \"Y\", \"after\": \"x\", \"gamma\": 3,"
+             "               \"gamma_dist\": \"fixed\"}]}]}");
+    sim_opts_t o;
+    sim_opts_default(&o);
+    sim_result_t res;
+    cr_assert_eq(sim_run(&w, &o, &res), 0);
+    cr_assert_eq(res.nqueries, 500);
+    cr_assert_eq(res.npipelines, 1);
+    const sim_pipeline_result_t *pr = &res.pipelines[0];
+    cr_assert_eq(pr->queries, 500);
+    cr_assert_eq(pr->ok + pr->dropped + pr->late + pr->pending, 500);
+    cr_assert_eq(pr->ok, 500, "no query should miss at this load");
+    cr_assert_eq(res.nrequests, 250 + 500 * 4, "one detect item and three classify items each");
+    cr_assert_eq(res.session_requests, 250, "the session's requests are not items");
+    cr_assert_eq(res.session_ok, 250);
+    for (int q = 0; q < 500; q++) {
+        cr_assert_eq(stage_items(&res, q, 0, NULL), 1);
+        cr_assert_eq(stage_items(&res, q, 1, NULL), 3);
+        cr_assert_eq(res.queries[q].items, 4);
+    }
+    char *text = sim_summary_json(&w, &o, &res, 0, 0, 0);
+    json_t *j = json_loads(text, 0, NULL);
+    json_t *pj = json_array_get(json_object_get(j, "pipelines"), 0);
+    cr_assert_eq(json_integer_value(json_object_get(pj, "queries")), 500);
+    cr_assert_float_eq(json_real_value(json_object_get(pj, "offered_qps")), 100, 1e-9);
+    cr_assert_float_eq(json_real_value(json_object_get(json_object_get(pj, "gamma_measured"), "y")),
+                       3, 1e-9);
+    json_decref(j);
+    free(text);
+    sim_result_dispose(&res);
+    wl_workload_dispose(&w);
+}
+
+/* Over ~12000 detections the measured fan-out is within 3% of gamma, for
+ * both distributions; "fixed" gives 2 or 3 items for gamma 2.5 and nothing
+ * else, Poisson spreads (some 0, some 6 or more). */
+Test(sim, measured_gamma_matches_the_workload_mean)
+{
+    for (int fixed = 0; fixed < 2; fixed++) {
+        char json[1024];
+        snprintf(json, sizeof(json),
+                 "{\"devices\": {\"count\": 4},"
+                 " \"models\": [{\"name\": \"X\", \"profile\": {\"alpha_ms\": 1, \"beta_ms\": 4}},"
+                 "  {\"name\": \"Y\", \"profile\": {\"alpha_ms\": 0.2, \"beta_ms\": 2}}],"
+                 " \"pipelines\": [{\"name\": \"p\", \"slo_ms\": 300, \"rate_rps\": 400,"
+                 "   \"stages\": [{\"id\": \"x\", \"model\": \"X\"},"
+                 "   {\"id\": \"y\", \"model\": \"Y\", \"after\": \"x\", \"gamma\": 2.5,"
+                 "    \"gamma_dist\": \"%s\"}]}], \"seed\": 3}",
+                 fixed ? "fixed" : "poisson");
+        wl_workload_t w;
+        load(&w, json);
+        sim_opts_t o;
+        sim_opts_default(&o);
+        o.duration_s = 30;
+        sim_result_t res;
+        cr_assert_eq(sim_run(&w, &o, &res), 0);
+        const sim_pipeline_result_t *pr = &res.pipelines[0];
+        cr_assert_gt(pr->parents[1], 10000);
+        double g = pr->drawn[1] / pr->parents[1];
+        cr_assert(fabs(g - 2.5) < 0.03 * 2.5, "%s: measured gamma %.4f",
+                  fixed ? "fixed" : "poisson", g);
+        /* Items per detection, per query (one detection each). */
+        size_t *count = calloc(res.nqueries, sizeof(size_t));
+        for (size_t i = 0; i < res.nrequests; i++)
+            if (res.requests[i].stage == 1)
+                count[res.requests[i].query]++;
+        size_t zero = 0, six = 0, other = 0;
+        for (size_t q = 0; q < res.nqueries; q++) {
+            zero += count[q] == 0;
+            six += count[q] >= 6;
+            other += count[q] != 2 && count[q] != 3;
+        }
+        if (fixed) {
+            cr_assert_eq(other, 0, "fixed 2.5 gives 2 or 3 items");
+        } else {
+            cr_assert_gt(zero, 0);
+            cr_assert_gt(six, 0);
+        }
+        free(count);
+        sim_result_dispose(&res);
+        wl_workload_dispose(&w);
+    }
+}
+
+/* 300 queries within 3 ms on one device: x (10 ms an item plus 5) and w
+ * (1 ms plus 2) start each query side by side, y takes 6 items per x item,
+ * z joins y and w. x cannot serve the burst within its budget, so many x
+ * items are dropped. Such a query is dropped whole at once: its w item
+ * still queued leaves its queue (query_dropped, never sent), no y or z item
+ * is ever made for it, and nothing of a dropped query starts after its
+ * drop. */
+Test(sim, a_query_is_dropped_whole_when_its_first_stage_misses)
+{
+    char json[8192];
+    int n = snprintf(json, sizeof(json),
+                     "{\"devices\": {\"count\": 1},"
+                     " \"models\": [{\"name\": \"X\", \"profile\": {\"alpha_ms\": 10, "
+                     "\"beta_ms\": 5}},"
+                     "  {\"name\": \"Y\", \"profile\": {\"alpha_ms\": 1, \"beta_ms\": 2}}],"
+                     " \"pipelines\": [{\"name\": \"p\", \"slo_ms\": 900,"
+                     "   \"arrivals\": {\"times_ms\": [");
+    for (int i = 0; i < 300; i++)
+        n += snprintf(json + n, sizeof(json) - (size_t)n, "%s%d", i ? ", " : "", i % 3);
+    snprintf(json + n, sizeof(json) - (size_t)n,
+             "]},"
+             "   \"stages\": [{\"id\": \"x\", \"model\": \"X\"}, {\"id\": \"w\", \"model\": "
+             "\"Y\"},"
+             "   {\"id\": \"y\", \"model\": \"Y\", \"after\": \"x\", \"gamma\": 6, "
+             "\"gamma_dist\": \"fixed\"},"
+             "   {\"id\": \"z\", \"model\": \"X\", \"after\": [\"y\", \"w\"], "
+             "\"gamma_dist\": \"fixed\"}]}]}");
+    wl_workload_t w;
+    load(&w, json);
+    sim_opts_t o;
+    sim_opts_default(&o);
+    sim_result_t res;
+    cr_assert_eq(sim_run(&w, &o, &res), 0);
+    cr_assert_eq(res.nqueries, 300);
+    cr_assert_eq(res.overlap_batch, -1);
+    const sim_pipeline_result_t *pr = &res.pipelines[0];
+    cr_assert_gt(pr->dropped, 100, "the burst must overload detect (%zu dropped)", pr->dropped);
+    cr_assert_gt(pr->ok, 0);
+    size_t root_dropped = 0, cancelled = 0;
+    for (int q = 0; q < 300; q++) {
+        const sim_query_t *qq = &res.queries[q];
+        size_t sent;
+        stage_items(&res, q, 0, &sent);
+        if (sent == 0) {
+            root_dropped++;
+            cr_assert_eq(qq->outcome, SIM_DROPPED);
+            cr_assert_eq(stage_items(&res, q, 2, NULL), 0, "query %d: y ran", q);
+            cr_assert_eq(stage_items(&res, q, 3, NULL), 0, "query %d: z ran", q);
+        }
+        if (qq->outcome == SIM_OK) {
+            cr_assert_eq(stage_items(&res, q, 2, NULL), 6);
+            cr_assert_eq(stage_items(&res, q, 3, NULL), 6, "the join fires once per y item");
+        }
+    }
+    for (size_t i = 0; i < res.nrequests; i++) {
+        const sim_request_t *r = &res.requests[i];
+        const sim_query_t *qq = &res.queries[r->query];
+        if (r->outcome == SIM_DROPPED && r->reason == SIM_REASON_QUERY) {
+            cancelled++;
+            cr_assert_eq(r->sent_us, -1);
+        }
+        if (qq->outcome == SIM_DROPPED) {
+            cr_assert(r->sent_us < 0 || r->sent_us <= qq->finish_us,
+                      "an item of a dropped query started after the drop");
+            cr_assert(r->arrival_us <= qq->finish_us, "an item made after its query's drop");
+        }
+    }
+    cr_assert_gt(root_dropped, 0);
+    cr_assert_gt(cancelled, 0, "no queued sibling was taken out");
+    sim_result_dispose(&res);
+    wl_workload_dispose(&w);
+}
+
+/* Nexus figure 17, gamma 0.1 and SLO 300 ms: the DP's budgets serve at
+ * least the even split's query rate at 99% good queries. */
+Test(sim, dp_split_goodput_at_least_even_on_a_fig17_cell)
+{
+    wl_workload_t w;
+    int rc = wl_load_file(&w, SQ_SOURCE_ROOT "/bench/workloads/nexus_fig17_g0.1_slo300.json");
+    cr_assert_eq(rc, 0, "%s", w.error);
+    double qps[2];
+    for (int split = 0; split < 2; split++) {
+        sim_opts_t o;
+        sim_opts_default(&o);
+        o.split = split ? WL_SPLIT_EVEN : WL_SPLIT_DP;
+        double scale = 0;
+        int runs = 0;
+        sim_result_t res;
+        cr_assert_eq(sim_search_goodput(&w, &o, 0.99, &scale, &runs, &res), 0);
+        cr_assert_geq(sim_ok_fraction(&res), 0.99);
+        qps[split] = (double)res.pipelines[0].queries / res.horizon_s;
+        if (split)
+            cr_assert_float_eq(res.pipelines[0].budget_us[0], 150000, 1e-6);
+        else
+            cr_assert(res.pipelines[0].budget_us[0] > 150000, "the DP gives detect more");
+        sim_result_dispose(&res);
+    }
+    cr_assert_geq(qps[0], qps[1], "DP %.1f < even %.1f queries/s", qps[0], qps[1]);
+    wl_workload_dispose(&w);
+}

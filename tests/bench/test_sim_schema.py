@@ -81,6 +81,26 @@ def table2_both_policies_and_search():
         assert s["search"]["ok_fraction"] >= 0.99 and s["goodput_rps"] == s["offered_rps"], s
 
 
+def pipelines_validate():
+    path = os.path.join(workloads, "nexus_fig17_g1_slo400.json")
+    budgets = {}
+    for split in ("dp", "even"):
+        s = json.loads(sim(path, "--split", split, "--dump").stdout)
+        sim_schema.validate(s)
+        p = s["pipelines"][0]
+        assert p["split"] == split and p["queries"] > 0, p
+        assert abs(p["gamma_measured"]["classify"] - 1) < 0.05, p
+        assert {r.get("stage") for r in s["requests"]} == {"detect", "classify"}, "items"
+        budgets[split] = p["budgets_ms"]
+    assert budgets["even"] == {"detect": 200, "classify": 200}, budgets
+    assert budgets["dp"] != budgets["even"], budgets
+    s = json.loads(sim(path, "--search-goodput").stdout)
+    sim_schema.validate(s)
+    assert s["search"]["ok_fraction"] >= 0.99, s["search"]
+    assert s["pipelines"][0]["goodput_qps"] == s["pipelines"][0]["offered_qps"], s["pipelines"]
+    sim(path, "--split", "uneven", status=2)
+
+
 def bad_input():
     sim(status=2)
     path = os.path.join(workloads, "symphony_section33_example.json")
@@ -96,6 +116,7 @@ def bad_input():
 check("bench workloads validate against workload.schema.json", workloads_validate)
 check("Symphony example: schema, --dump, batches of 4, deterministic", example_dump)
 check("table-2 workload under both policies and a goodput search validate", table2_both_policies_and_search)
+check("pipelines: both splits, --dump and a goodput search validate", pipelines_validate)
 check("bad arguments exit 2, a bad workload exits 1 naming the JSON path", bad_input)
 
 print(f"1..{len(results)}")

@@ -130,3 +130,43 @@ Test(query, bad_pipelines_are_refused)
     pl_query_result_dispose(NULL);
     pl_profile_dispose(&p);
 }
+
+Test(query, even_split_gives_equal_shares_of_the_longest_path)
+{
+    /* a -> b -> d and a -> c (a leaf): the longest path through a, b and d
+     * has 3 stages (SLO / 3 each), through c 2 (SLO / 2). */
+    pl_profile_t p;
+    pl_profile_init_linear(&p, 1 * MS, 5 * MS, 32);
+    int pa[] = {0}, pb[] = {1};
+    double g4[] = {4};
+    pl_stage_t st[] = {{.profile = &p},
+                       {.profile = &p, .nparents = 1, .parents = pa},
+                       {.profile = &p, .nparents = 1, .parents = pa, .gamma = g4},
+                       {.profile = &p, .nparents = 1, .parents = pb}};
+    pl_query_result_t r;
+    cr_assert_eq(pl_query_split_even(&r, st, 4, 90 * MS, 10, 0), 0);
+    cr_assert_float_eq(r.budget_us[0], 30 * MS, 1e-6);
+    cr_assert_float_eq(r.budget_us[1], 30 * MS, 1e-6);
+    cr_assert_float_eq(r.budget_us[2], 45 * MS, 1e-6);
+    cr_assert_float_eq(r.budget_us[3], 30 * MS, 1e-6);
+    cr_assert_float_eq(r.rate_rps[2], 40, 1e-9);
+    double cost = 0;
+    for (int v = 0; v < 4; v++)
+        cost += pl_stage_cost(&p, r.budget_us[v], r.rate_rps[v], 0);
+    cr_assert_float_eq(r.cost_devices, cost, 1e-12);
+    pl_query_result_dispose(&r);
+    /* The DP never costs more than the even split (it may pick it). */
+    pl_query_result_t dp;
+    cr_assert_eq(pl_query_split(&dp, st, 4, 90 * MS, 10, 1 * MS, 0), 0);
+    cr_assert_eq(pl_query_split_even(&r, st, 4, 90 * MS, 10, 0), 0);
+    cr_assert_leq(dp.cost_devices, r.cost_devices + 1e-12);
+    pl_query_result_dispose(&dp);
+    pl_query_result_dispose(&r);
+    /* 2 l(1) = 12 ms: three stages in a row at 35 ms get 11.7 ms each. */
+    cr_assert_eq(pl_query_split_even(&r, st, 4, 35 * MS, 10, 0), SQ_DEADLINE);
+    cr_assert_eq(r.budget_us, NULL);
+    int self[] = {1};
+    pl_stage_t cyc[] = {{.profile = &p}, {.profile = &p, .nparents = 1, .parents = self}};
+    cr_assert_eq(pl_query_split_even(&r, cyc, 2, 100 * MS, 10, 0), SQ_INVAL);
+    pl_profile_dispose(&p);
+}

@@ -218,3 +218,59 @@ Test(workload, plan_input_and_plan_json)
     wl_plan_input_dispose(&in);
     wl_workload_dispose(&w);
 }
+
+Test(workload, pipeline_arrivals_gamma_dist_and_even_split)
+{
+    static const char *json =
+        "{\"models\": [{\"name\": \"X\", \"profile\": {\"alpha_ms\": 1, \"beta_ms\": 10}},"
+        "              {\"name\": \"Y\", \"profile\": {\"alpha_ms\": 0.5, \"beta_ms\": 5}}],"
+        " \"pipelines\": [{\"name\": \"q\", \"slo_ms\": 300,"
+        "   \"arrivals\": {\"process\": \"uniform\", \"segments\": [{\"duration_s\": 2, "
+        "\"rate_rps\": 10}, {\"duration_s\": 2, \"rate_rps\": 30}]},"
+        "   \"stages\": [{\"id\": \"x\", \"model\": \"X\"},"
+        "              {\"id\": \"y\", \"model\": \"Y\", \"after\": \"x\", \"gamma\": 2.5,"
+        "               \"gamma_dist\": \"fixed\"},"
+        "              {\"id\": \"z\", \"model\": \"Y\", \"after\": \"x\"}]}]}";
+    wl_workload_t w;
+    cr_assert_eq(wl_load_string(&w, json), 0, "%s", w.error);
+    const wl_pipeline_t *pl = &w.pipelines[0];
+    cr_assert_eq(pl->arrivals.process, WL_ARRIVALS_UNIFORM);
+    cr_assert_eq(pl->arrivals.nsegments, 2);
+    cr_assert_float_eq(pl->rate_rps, 20, 1e-12, "the arrivals' mean rate");
+    cr_assert_eq(pl->stages[1].gamma_dist, WL_GAMMA_FIXED);
+    cr_assert_eq(pl->stages[2].gamma_dist, WL_GAMMA_POISSON, "the default");
+
+    wl_plan_input_t even, dp;
+    cr_assert_eq(wl_plan_input_build_split(&even, &w, WL_SPLIT_EVEN), 0);
+    cr_assert_eq(even.split, WL_SPLIT_EVEN);
+    cr_assert_eq(even.nsessions, 3);
+    for (int k = 0; k < 3; k++)
+        cr_assert_float_eq(even.sessions[k].slo_us, 150000, 1e-6, "SLO / 2 each");
+    cr_assert_float_eq(even.sessions[1].rate_rps, 50, 1e-9);
+    cr_assert_eq(wl_plan_input_build(&dp, &w), 0);
+    cr_assert_eq(dp.split, WL_SPLIT_DP);
+    cr_assert_leq(dp.splits[0].cost_devices, even.splits[0].cost_devices + 1e-12);
+    cr_assert(dp.sessions[0].slo_us != 150000, "the DP gives x less than half here");
+    wl_plan_input_dispose(&even);
+    wl_plan_input_dispose(&dp);
+    wl_workload_dispose(&w);
+
+    char buf[1024];
+    snprintf(buf, sizeof(buf),
+             "{\"models\": [{\"name\": \"X\", \"profile\": {\"alpha_ms\": 1, \"beta_ms\": 1}}],"
+             " \"pipelines\": [{\"name\": \"q\", \"slo_ms\": 100, \"rate_rps\": 1,"
+             "   \"stages\": [{\"id\": \"x\", \"model\": \"X\"}, {\"id\": \"y\", \"model\": "
+             "\"X\", \"after\": \"x\", \"gamma_dist\": \"binomial\"}]}]}");
+    expect_error(buf, SQ_BAD_CONFIG, "pipelines[0].stages[1].gamma_dist");
+    snprintf(buf, sizeof(buf),
+             "{\"models\": [{\"name\": \"X\", \"profile\": {\"alpha_ms\": 1, \"beta_ms\": 1}}],"
+             " \"pipelines\": [{\"name\": \"q\", \"slo_ms\": 100,"
+             "   \"stages\": [{\"id\": \"x\", \"model\": \"X\"}]}]}");
+    expect_error(buf, SQ_BAD_CONFIG, "pipelines[0]");
+    snprintf(buf, sizeof(buf),
+             "{\"models\": [{\"name\": \"X\", \"profile\": {\"alpha_ms\": 1, \"beta_ms\": 1}}],"
+             " \"pipelines\": [{\"name\": \"q\", \"slo_ms\": 100, \"arrivals\": {\"segments\": "
+             "[{\"duration_s\": 1, \"rate_rps\": -1}]},"
+             "   \"stages\": [{\"id\": \"x\", \"model\": \"X\"}]}]}");
+    expect_error(buf, SQ_BAD_CONFIG, "pipelines[0].arrivals.segments[0].rate_rps");
+}
