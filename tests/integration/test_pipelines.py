@@ -189,25 +189,40 @@ def a_detector_feeds_a_classifier_and_gamma_moves_the_split():
             for a, b in zip(d["predictions"], want):
                 assert abs(a["score"] - b["score"]) < 0.02, (d, want)
 
-        def measured():
+        def measured(gamma, tol):
             p = s.get("/v1/plan", schema_name="plan").json["pipelines"]
-            return p[0] if p and p[0]["split"]["method"] == "dp" else None
+            if not p or p[0]["split"]["method"] != "dp":
+                return None
+            g = p[0]["split"]["gamma"]["cls"]
+            return p[0] if abs(g["measured"] - gamma) < tol and g["split_for"] == g["measured"] else None
 
-        # gamma 1: 60 dark frames.
-        for _ in range(60):
-            assert query(s, gray(32), slo=3000).status == 200
-        p1 = eventually(lambda: (lambda p: p if p and abs(p["split"]["gamma"]["cls"]["measured"]
-                                                          - 1) < 0.1 else None)(measured()),
-                        30, "gamma 1 measured and split")
-        # gamma 8: bright frames move the split.
-        for _ in range(60):
-            assert query(s, gray(250), slo=3000).status == 200
-        p8 = eventually(lambda: (lambda p: p if p and abs(p["split"]["gamma"]["cls"]["measured"]
-                                                          - 8) < 0.8 else None)(measured()),
-                        30, "gamma 8 measured and split")
+        def load(v, n=25, clients=4):
+            """n queries from each client at once: a rate the DP sees."""
+            codes = []
+
+            def client():
+                for _ in range(n):
+                    codes.append(query(s, gray(v), slo=300).status)
+
+            threads = [threading.Thread(target=client) for _ in range(clients)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(120)
+            assert codes.count(200) >= 0.9 * n * clients, codes
+
+        # gamma 1: dark frames; gamma 8: bright frames move the split.
+        load(32)
+        p1 = eventually(lambda: measured(1, 0.1), 30, "gamma 1 measured and split")
+        load(250)
+        p8 = eventually(lambda: measured(8, 0.8), 30, "gamma 8 measured and split")
         b1, b8 = p1["split"]["budgets_ms"], p8["split"]["budgets_ms"]
-        assert abs(b1["det"] + b1["cls"] - 400) < 1 and abs(b8["det"] + b8["cls"] - 400) < 1
-        assert b1 != b8, (b1, b8)
+        assert abs(b1["det"] + b1["cls"] - 400) < 1e-6, b1
+        assert abs(b8["det"] + b8["cls"] - 400) < 1e-6, b8
+        # Eight times the classifier's rate: it gets a bigger share of the
+        # SLO (these tiny models leave the DP slack, shared by load).
+        assert b8["cls"] > b1["cls"] * 1.2, (b1, b8)
+        print("# budgets at gamma 1: %s, at gamma 8: %s" % (b1, b8))
         validate(s.get("/v1/plan").json, "plan")
     finally:
         s.stop()

@@ -99,14 +99,17 @@ def multipart(fields, boundary="squishboundary42"):
     return b"".join(out), "multipart/form-data; boundary=" + boundary
 
 
-def brightness_detector(boxes=8, hw=32):
+def brightness_detector(boxes=8, hw=32, work=0):
     """A detector whose detections are known from its input: `boxes` fixed,
     disjoint boxes side by side (normalized xyxy, box k spans x in
     [k/boxes, (k+1)/boxes - 0.01], y in [0.1, 0.6]), and box k scores
     mean(pixels)/255 - (k + 0.5)/boxes (with preprocess mean 0, std 255:
     inputs in [0, 1]). With score threshold 0, a flat gray frame of value v
     has the boxes k < v/255 * boxes - 0.5: v = 32 gives 1, v = 250 gives 8.
-    Outputs "boxes" [N, boxes, 4] and "scores" [N, boxes]."""
+    Outputs "boxes" [N, boxes, 4] and "scores" [N, boxes]. work > 0 adds
+    that many 3x3 convolutions of 32 channels on the image whose result
+    enters the scores with weight 0: the same detections at a cost that
+    grows with the batch, as a real detector's."""
     box = np.array([[k / boxes, 0.1, (k + 1) / boxes - 0.01, 0.6] for k in range(boxes)],
                    np.float32).reshape(-1)
     inits = [
@@ -124,6 +127,22 @@ def brightness_detector(boxes=8, hw=32):
         helper.make_node("Reshape", ["flat_boxes", "shape"], ["boxes"]),
         helper.make_node("Gemm", ["flat", "sw", "sb"], ["scores"], transB=1),
     ]
+    if work > 0:
+        rw = np.random.default_rng(11)
+        prev, ch = "input", 3
+        for i in range(work):
+            inits.append(numpy_helper.from_array(
+                rw.standard_normal((32, ch, 3, 3)).astype(np.float32) * 0.1, "ww%d" % i))
+            nodes.append(helper.make_node("Conv", [prev, "ww%d" % i], ["wc%d" % i],
+                                          pads=[1, 1, 1, 1]))
+            nodes.append(helper.make_node("Relu", ["wc%d" % i], ["wr%d" % i]))
+            prev, ch = "wr%d" % i, 32
+        inits.append(numpy_helper.from_array(np.zeros((boxes, 32), np.float32), "wz"))
+        nodes += [helper.make_node("GlobalAveragePool", [prev], ["wgap"]),
+                  helper.make_node("Flatten", ["wgap"], ["wflat"], axis=1),
+                  helper.make_node("Gemm", ["wflat", "wz"], ["wzero"], transB=1)]
+        nodes[4] = helper.make_node("Gemm", ["flat", "sw", "sb"], ["scores0"], transB=1)
+        nodes.append(helper.make_node("Add", ["scores0", "wzero"], ["scores"]))
     graph = helper.make_graph(
         nodes, "brightness_detector",
         [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, hw, hw])],
