@@ -18,7 +18,7 @@ import numpy as np
 from PIL import Image
 
 import tiny_models as tm
-from harness import Squishd, eventually, run, test, validate
+from harness import SOURCE, Skip, Squishd, eventually, run, test, validate
 
 PREP = {"mean": [0, 0, 0], "std": [255, 255, 255]}
 
@@ -276,6 +276,102 @@ def a_worker_killed_mid_query_leaves_every_query_answered_once():
         assert len(codes) == 60, len(codes)
         assert set(codes) <= {200, 503}, codes
         assert codes.count(200) > 0, codes
+    finally:
+        s.stop()
+
+
+NPM = os.path.join(SOURCE, "third_party", "npm")
+BLAZEFACE = os.path.join(NPM, "blazeface", "face_detection_front_128x128_barracuda.onnx")
+PHOTO = "/usr/share/matplotlib/mpl-data/sample_data/grace_hopper.jpg"
+# BlazeFace's face on grace_hopper.jpg (512x600): decoded from ONNX
+# Runtime's outputs by tests/gateway/test_detect_reference.py's numpy
+# MediaPipe decode (and checked by eye), with PIL's resize to 128x128.
+FACE = (177.8, 142.6, 353.8, 348.9)
+FACE_CROPS = {"stage": "det", "boxes": ["Identity_2:0", "Identity_3:0"],
+              "scores": ["Identity:0", "Identity_1:0"], "anchors": "mediapipe_face_front_128",
+              "sigmoid": True, "score_clip": 100, "score_threshold": 0.75, "nms": "weighted",
+              "nms_iou": 0.3, "max_crops": 16}
+
+
+def tiled(k):
+    """grace_hopper.jpg tiled 2x1 (k=2) or 2x2 (k=4): k faces."""
+    img = Image.open(PHOTO).convert("RGB")
+    cols, rows = (2, 1) if k == 2 else (2, 2)
+    out = Image.new("RGB", (img.width * cols, img.height * rows))
+    for i in range(k):
+        out.paste(img, ((i % cols) * img.width, (i // cols) * img.height))
+    b = io.BytesIO()
+    out.save(b, "JPEG", quality=95)
+    return b.getvalue()
+
+
+@test
+def blazeface_finds_the_face_and_its_crop_is_classified_like_the_classifier_alone():
+    if not os.path.exists(BLAZEFACE):
+        raise Skip("BlazeFace is missing (scripts/bootstrap installs it into third_party/npm)")
+    s = Squishd(workers="cpu:1")
+    try:
+        s.wait_ready(workers=1, timeout=60)
+        with open(BLAZEFACE, "rb") as f:
+            upload(s, "blazeface", f.read(), max_batch=1,
+                   preprocess={"mean": [127.5, 127.5, 127.5], "std": [127.5, 127.5, 127.5]})
+        upload(s, "cls_m", tm.tiny(3))
+        wait_ready(s, "blazeface")
+        wait_ready(s, "cls_m")
+        post(s, spec(name="who", det="blazeface", crops=FACE_CROPS, slo_ms=2000), expect=201)
+        with open(PHOTO, "rb") as f:
+            photo = f.read()
+        r = query(s, photo, name="who", slo=5000)
+        assert r.status == 200, r
+        dets = r.json["frames"][0]["det"]["cls"]
+        assert len(dets) == 1, dets
+        box = dets[0]["box"]
+        # The gateway resizes with its own arithmetic, the reference with
+        # PIL's: a few pixels apart on a 176 px box.
+        assert all(abs(a - b) < 6 for a, b in zip(box, FACE)), (box, FACE)
+        assert dets[0]["score"] > 0.75, dets
+        # The classifier alone on that crop (cut and resized here, sent as
+        # a normalized tensor): the same classes and scores.
+        x0, y0 = int(np.floor(box[0])), int(np.floor(box[1]))
+        x1, y1 = int(np.ceil(box[2])), int(np.ceil(box[3]))
+        crop = Image.open(io.BytesIO(photo)).convert("RGB").crop((x0, y0, x1, y1))
+        pix = np.asarray(crop.resize((32, 32), Image.BILINEAR), np.float32)
+        mean = np.array([0.485, 0.456, 0.406], np.float32) * 255
+        std = np.array([0.229, 0.224, 0.225], np.float32) * 255
+        x = ((pix - mean) / std).transpose(2, 0, 1)[None]
+        req = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
+                           "data": x.flatten().tolist()}], "parameters": {"slo_ms": 5000}}
+        alone = s.request("POST", "/v2/models/cls_m/infer", body=json.dumps(req),
+                          headers={"Content-Type": "application/json"})
+        assert alone.status == 200, alone
+        logits = np.asarray(alone.json["outputs"][0]["data"], np.float64)
+        prob = np.exp(logits - logits.max())
+        prob /= prob.sum()
+        for p in dets[0]["predictions"]:
+            assert abs(p["score"] - prob[p["index"]]) < 0.03, (p, prob)
+        top = int(np.argmax(prob))
+        if prob[top] - np.sort(prob)[-2] > 0.03:
+            assert dets[0]["predictions"][0]["index"] == top, (dets[0], prob)
+        # Tiled frames: one face per tile; gamma is measured per frame.
+        for k in (2, 4):
+            r = query(s, tiled(k), name="who", slo=5000)
+            assert r.status == 200, r
+            assert len(r.json["frames"][0]["det"]["cls"]) == k, (k, r.json["frames"][0])
+        four = tiled(4)
+        codes = []
+
+        def client():
+            for _ in range(5):
+                codes.append(query(s, four, name="who", slo=1500).status)
+
+        threads = [threading.Thread(target=client) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert codes == [200] * 20, codes
+        g = s.get("/pipelines/who", schema_name="pipeline").json["split"]["gamma"]["cls"]
+        assert abs(g["measured"] - 4) < 0.4, g
     finally:
         s.stop()
 
