@@ -761,10 +761,10 @@ static void oip_desc(gw_server_t *srv, gw_oip_model_t *d)
 
 json_t *gw_pipeline_oip_metadata(gw_pipeline_t *p)
 {
-    return json_pack("{s:s, s:[s], s:s, s:[{s:s, s:s, s:[i]}], s:[{s:s, s:s, s:[i]}]}", "name",
+    return json_pack("{s:s, s:[s], s:s, s:[{s:s, s:s, s:[i]}], s:[{s:s, s:s, s:[i, i]}]}", "name",
                      p->name, "versions", "1", "platform", "squish_pipeline", "inputs", "name",
                      "IMAGE", "datatype", "BYTES", "shape", -1, "outputs", "name", "RESULT",
-                     "datatype", "BYTES", "shape", -1);
+                     "datatype", "BYTES", "shape", -1, 1);
 }
 
 static void query_respond_oip(gw_async_t *a, h2o_req_t *hreq)
@@ -793,10 +793,10 @@ static void query_respond_oip(gw_async_t *a, h2o_req_t *hreq)
         json_object_set_new(params, key, json_real(q->budget_ms[i]));
     }
     gw_send_json(hreq, 200,
-                 json_pack("{s:s, s:s, s:s, s:o, s:[{s:s, s:s, s:[i], s:o}]}", "model_name",
+                 json_pack("{s:s, s:s, s:s, s:o, s:[{s:s, s:s, s:[i, i], s:o}]}", "model_name",
                            q->p->name, "model_version", "1", "id", q->request_id, "parameters",
                            params, "outputs", "name", "RESULT", "datatype", "BYTES", "shape",
-                           q->nframes, "data", data));
+                           q->nframes, 1, "data", data));
 }
 
 static void oip_dispose(gw_query_t *q)

@@ -7,6 +7,7 @@ The detector here is tiny_models.brightness_detector: its detections are
 known from the frame (a flat gray frame of value 32 has 1, of value 250
 has 8), so that the fan-out is exact."""
 
+import base64
 import io
 import json
 import os
@@ -224,6 +225,38 @@ def a_detector_feeds_a_classifier_and_gamma_moves_the_split():
         assert b8["cls"] > b1["cls"] * 1.2, (b1, b8)
         print("# budgets at gamma 1: %s, at gamma 8: %s" % (b1, b8))
         validate(s.get("/v1/plan").json, "plan")
+    finally:
+        s.stop()
+
+
+@test
+def a_pipeline_is_a_model_over_oip():
+    """Triton users address an ensemble as a model: /v2/models/{pipeline}
+    (metadata, ready, infer with BYTES JPEGs in, the result as JSON text)."""
+    s = started()
+    try:
+        post(s, spec(), expect=201)
+        r = s.get("/v2/models/faces", schema_name="kserve_model_metadata")
+        assert r.status == 200 and r.json["inputs"][0]["datatype"] == "BYTES", r
+        eventually(lambda: s.get("/v2/models/faces/ready").status == 200, 30, "pipeline ready")
+        frames = [gray(32), gray(250)]
+        req = {"id": "q-7", "inputs": [{"name": "IMAGE", "datatype": "BYTES", "shape": [2],
+                                         "data": [base64.b64encode(f).decode() for f in frames]}],
+               "parameters": {"slo_ms": 3000}}
+        r = s.request("POST", "/v2/models/faces/infer", body=json.dumps(req),
+                      headers={"Content-Type": "application/json"},
+                      schema_name="oip_infer_response")
+        assert r.status == 200, r
+        out = r.json["outputs"][0]
+        assert r.json["id"] == "q-7" and out["name"] == "RESULT" and out["shape"] == [2, 1], r.json
+        got = [len(json.loads(t)["det"]["cls"]) for t in out["data"]]
+        assert got == [1, 8], got
+        # A malformed one: 400 naming the input, nothing run.
+        req["inputs"][0]["name"] = "PIXELS"
+        r = s.request("POST", "/v2/models/faces/infer", body=json.dumps(req),
+                      headers={"Content-Type": "application/json"})
+        assert r.status == 400 and "PIXELS" in r.json["error"], r.json
+        assert s.get("/pipelines/faces").json["queries"]["ok"] == 1
     finally:
         s.stop()
 
