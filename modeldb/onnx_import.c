@@ -789,6 +789,17 @@ int mdb_model_info(const mdb_graph_t *g, mdb_model_info_t *info, char *err, size
             mdb_errf(err, errlen, "input '%s' has an empty or symbolic dimension %d", in->name, d);
             return SQ_UNSUPPORTED_MODEL;
         }
+    /* squish gives a model one image per item and batches items; a file
+     * whose shapes hold for a batch of N > 1 only (its outputs need not
+     * even be per image: a Transpose may move the batch) has no per-item
+     * rows to answer with. Batch 1 is served (one item per run). */
+    if (g->batch_fixed > 1) {
+        mdb_errf(err, errlen,
+                 "the file fixes its batch at %lld (its shapes hold for that batch only); "
+                 "export it with a dynamic batch or batch 1",
+                 (long long)g->batch_fixed);
+        return SQ_UNSUPPORTED_MODEL;
+    }
     if (g->n_outputs < 1 || g->n_outputs > 8) {
         mdb_errf(err, errlen, "the model has %d outputs (1 to 8 supported)", g->n_outputs);
         return SQ_UNSUPPORTED_MODEL;

@@ -701,6 +701,36 @@ Test(onnx_import, model_info_wants_one_nchw_image_input)
     mb_free(&b);
 }
 
+Test(onnx_import, model_info_refuses_a_batch_fixed_above_one)
+{
+    /* x[2,3,8,8] -> Reshape([2,-1]) -> y: valid only for batch 2, and
+     * squish sends one image per item. Batch 1 is served. */
+    for (int64_t batch = 1; batch <= 2; batch++) {
+        mb_t b;
+        mb_init(&b, 13);
+        int64_t x_dims[] = {batch, 3, 8, 8}, target[] = {batch, -1};
+        mb_input(&b, "x", 4, x_dims);
+        mb_init_i64(&b, "shape", 2, target);
+        mb_node(&b, "Reshape", (const char *[]){"x", "shape", NULL}, (const char *[]){"y", NULL});
+        mb_output(&b, "y");
+        mdb_graph_t *g = NULL;
+        mdb_import_error_t err;
+        cr_assert_eq(import_builder(&b, &g, &err), 0, "%s", err.detail);
+        cr_assert_eq(g->batch_fixed, batch);
+        mdb_model_info_t info;
+        char msg[160];
+        int rc = mdb_model_info(g, &info, msg, sizeof(msg));
+        if (batch == 1) {
+            cr_assert_eq(rc, 0, "%s", msg);
+        } else {
+            cr_assert_eq(rc, SQ_UNSUPPORTED_MODEL);
+            cr_assert_not_null(strstr(msg, "fixes its batch at 2"), "%s", msg);
+        }
+        mdb_graph_free(g);
+        mb_free(&b);
+    }
+}
+
 Test(onnx_import, constant_subgraphs_fold_into_initializers)
 {
     /* x[N,4]; Shape(x) -> Slice[1:2] -> ConstantOfShape(2.0) -> Mul(x, .)
