@@ -26,6 +26,8 @@ void sq_model_load_encode(sq_buf_t *b, const sq_model_load_t *m)
     }
     sq_buf_put_u8(b, m->bgr);
     sq_buf_put_u32(b, m->out_classes);
+    sq_buf_put_u32(b, m->det_slots);
+    sq_buf_put_f64(b, m->det_mean);
     sq_buf_put_u32(b, m->n_latency);
     for (uint32_t i = 0; i < m->n_latency && i < SQ_MAX_EMU_LATENCIES; i++)
         sq_buf_put_u64(b, m->latency_us[i]);
@@ -53,9 +55,13 @@ int sq_model_load_decode(const sq_frame_t *f, sq_model_load_t *m)
     }
     m->bgr = sq_get_u8(&r);
     m->out_classes = sq_get_u32(&r);
+    m->det_slots = sq_get_u32(&r);
+    m->det_mean = sq_get_f64(&r);
     m->n_latency = sq_get_u32(&r);
     if (m->n_latency > SQ_MAX_EMU_LATENCIES || m->format > SQ_FORMAT_GROUP || m->max_batch == 0 ||
-        m->max_batch > SQ_MAX_BATCH_ITEMS)
+        m->max_batch > SQ_MAX_BATCH_ITEMS || m->det_slots > SQ_MAX_EMU_DET_SLOTS ||
+        (m->det_slots > 0 &&
+         (m->out_classes != 5 * m->det_slots || !(m->det_mean >= 0) || m->det_mean > m->det_slots)))
         return SQ_PROTOCOL;
     for (uint32_t i = 0; i < m->n_latency; i++)
         m->latency_us[i] = sq_get_u64(&r);

@@ -22,7 +22,7 @@
 #include <sys/uio.h>
 
 #define SQ_IPC_MAGIC 0x48535153u /* "SQSH" */
-#define SQ_IPC_VERSION 5
+#define SQ_IPC_VERSION 6
 #define SQ_IPC_HEADER_SIZE 16
 #define SQ_IPC_MAX_PAYLOAD (16u << 20)
 #define SQ_IPC_MAX_FDS 4
@@ -185,6 +185,7 @@ int sq_ipc_error_decode(const sq_frame_t *f, sq_ipc_error_t *m);
 
 #define SQ_MODEL_CHUNK_BYTES (1u << 20)
 #define SQ_MAX_EMU_LATENCIES 1024
+#define SQ_MAX_EMU_DET_SLOTS 1024
 #define SQ_MAX_BATCH_ITEMS 1024
 #define SQ_MAX_PROFILE_ROWS 128
 
@@ -213,7 +214,13 @@ typedef struct {
     uint8_t bgr;
     uint32_t in_chw[3];   /* emulated: item shape ({C,H,W}, or {H,W,C} for NHWC) */
     uint32_t out_classes; /* emulated: floats per item (its row: one output) */
-    uint32_t n_latency;   /* emulated: l(b) for b = 1..n_latency */
+    /* emulated detector (det_slots > 0): the row is det_slots boxes (4
+     * floats each, normalized x0 y0 x1 y1) then det_slots scores, so
+     * out_classes == 5 det_slots; each item has a Poisson(det_mean) count
+     * of detections. */
+    uint32_t det_slots;
+    double det_mean;
+    uint32_t n_latency; /* emulated: l(b) for b = 1..n_latency */
     uint64_t latency_us[SQ_MAX_EMU_LATENCIES];
     /* ONNX: only keep the bytes for a later GROUP load (no plan, no reply
      * unless it fails). */

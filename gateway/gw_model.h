@@ -7,7 +7,12 @@
  * An emulated model (no ONNX file) carries its profile instead:
  * {"name", "profile": {"alpha_ms", "beta_ms"} or {"batch": [...],
  * "latency_ms": [...], "latency_std_ms": [...]}, "max_batch", "memory_mb",
- * "input": {"shape": [3, 224, 224]}, "num_classes"}. */
+ * "input": {"shape": [3, 224, 224]}, "num_classes"}. An emulated detector
+ * (for pipelines) says "detections": {"mean": gamma, "slots": K} instead of
+ * num_classes: its outputs are "boxes" [N, K, 4] (normalized x0 y0 x1 y1,
+ * on a grid so that no two overlap) and "scores" [N, K], and each item gets
+ * a Poisson(gamma) count of slots scored 0.9 (the rest 0.05), drawn by the
+ * emu worker. */
 #ifndef GW_MODEL_H
 #define GW_MODEL_H
 
@@ -17,6 +22,9 @@
 
 #define GW_MAX_PROFILE_ROWS 1024
 #define GW_MAX_POLICY_VERSIONS 64
+/* An emulated detector's boxes per item (the IPC bound SQ_MAX_EMU_DET_SLOTS). */
+#define GW_EMU_DET_MAX_SLOTS 1024
+#define GW_EMU_DET_DEFAULT_SLOTS 32
 
 /* Which versions of a model are served (Triton's version_policy): all
  * (the default), the latest N ready ones, or the ones listed. The newest
@@ -55,6 +63,8 @@ typedef struct {
     double memory_mb;
     int input_shape[3]; /* C, H, W */
     int num_classes;
+    int det_slots;   /* emulated detector: K boxes per item; 0 = a classifier */
+    double det_mean; /* emulated detector: mean detections per item */
 } gw_model_config_t;
 
 /* Parses and validates a config (JSON text). emulated: the upload carries

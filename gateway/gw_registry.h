@@ -52,6 +52,8 @@ typedef struct gw_model {
      * 0..i-1). outputs[0].elems is output 0's alone (a classifier's
      * classes). */
     int64_t out_elems;
+    int det_slots;         /* an emulated detector's boxes per item (gw_model.h); 0 otherwise */
+    double det_mean;       /* its mean detections per item */
     char output_name[128]; /* output 0's */
     /* Every output of the graph in its order (outputs[0] is output 0); at
      * most GW_MAX_OUTPUTS are listed. */

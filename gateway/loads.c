@@ -77,6 +77,8 @@ static void spec_from_model(sq_model_load_t *spec, const gw_model_t *m)
     spec->in_chw[1] = (uint32_t)(m->nhwc ? m->w : m->h);
     spec->in_chw[2] = (uint32_t)(m->nhwc ? m->c : m->w);
     spec->out_classes = (uint32_t)m->out_elems;
+    spec->det_slots = (uint32_t)m->det_slots;
+    spec->det_mean = m->det_mean;
 }
 
 static int send_spec(gw_dispatch_t *ds, ds_worker_t *w, int64_t key, const sq_model_load_t *spec)

@@ -213,6 +213,42 @@ static int parse_profile(json_t *p, gw_model_config_t *cfg, char *err, size_t er
     return 0;
 }
 
+/* An emulated detector's "detections": {"mean": gamma, "slots": K}. K is
+ * at most GW_EMU_DET_MAX_SLOTS and gamma at most K (a row holds K); a
+ * detector has no classes, so num_classes and labels are refused. */
+static int parse_detections(json_t *v, json_t *root, gw_model_config_t *cfg, char *err,
+                            size_t errlen)
+{
+    if (!json_is_object(v))
+        return bad(err, errlen, "detections", "expected {\"mean\": gamma, \"slots\": K}");
+    if (json_object_get(root, "num_classes") != NULL || json_object_get(root, "labels") != NULL)
+        return bad(err, errlen, "detections",
+                   "a detector has no classes: num_classes and labels do not apply");
+    const char *key;
+    json_t *f;
+    json_object_foreach(v, key, f)
+    {
+        if (strcmp(key, "mean") != 0 && strcmp(key, "slots") != 0) {
+            char path[80];
+            snprintf(path, sizeof(path), "detections.%s", key);
+            return bad(err, errlen, path, "unknown field");
+        }
+    }
+    cfg->det_slots = GW_EMU_DET_DEFAULT_SLOTS;
+    if ((f = json_object_get(v, "slots")) != NULL) {
+        if (!json_is_integer(f) || json_integer_value(f) < 1 ||
+            json_integer_value(f) > GW_EMU_DET_MAX_SLOTS)
+            return bad(err, errlen, "detections.slots", "expected an integer in 1..1024");
+        cfg->det_slots = (int)json_integer_value(f);
+    }
+    f = json_object_get(v, "mean");
+    if (f == NULL || get_number(f, &cfg->det_mean) != 0 || !(cfg->det_mean >= 0) ||
+        cfg->det_mean > cfg->det_slots)
+        return bad(err, errlen, "detections.mean",
+                   "required: a number of detections per item in 0..slots");
+    return 0;
+}
+
 int gw_model_config_parse(const char *text, size_t len, int emulated, gw_model_config_t *cfg,
                           char *err, size_t errlen)
 {
@@ -243,9 +279,9 @@ int gw_model_config_parse(const char *text, size_t len, int emulated, gw_model_c
         snprintf(err, errlen, "config: expected a JSON object");
         goto out;
     }
-    static const char *known[] = {"name",           "version",     "labels",        "preprocess",
-                                  "default_slo_ms", "max_batch",   "profile",       "memory_mb",
-                                  "input",          "num_classes", "version_policy"};
+    static const char *known[] = {"name",           "version",     "labels",         "preprocess",
+                                  "default_slo_ms", "max_batch",   "profile",        "memory_mb",
+                                  "input",          "num_classes", "version_policy", "detections"};
     const char *key;
     json_t *v;
     json_object_foreach(root, key, v)
@@ -345,10 +381,11 @@ int gw_model_config_parse(const char *text, size_t len, int emulated, gw_model_c
     if (!emulated) {
         if (profile != NULL || json_object_get(root, "input") != NULL ||
             json_object_get(root, "num_classes") != NULL ||
-            json_object_get(root, "memory_mb") != NULL) {
+            json_object_get(root, "memory_mb") != NULL ||
+            json_object_get(root, "detections") != NULL) {
             rc = bad(err, errlen, "profile",
-                     "profile, input, num_classes and memory_mb are for emulated models only (an "
-                     "ONNX model is profiled by the worker)");
+                     "profile, input, num_classes, detections and memory_mb are for emulated "
+                     "models only (an ONNX model is profiled by the worker)");
             goto out;
         }
     } else {
@@ -372,6 +409,10 @@ int gw_model_config_parse(const char *text, size_t len, int emulated, gw_model_c
             }
             cfg->num_classes = (int)json_integer_value(v);
         }
+        if ((v = json_object_get(root, "detections")) != NULL &&
+            (rc = parse_detections(v, root, cfg, err, errlen)) != 0)
+            goto out;
+        rc = SQ_BAD_CONFIG;
         if ((v = json_object_get(root, "input")) != NULL) {
             json_t *shape = json_object_get(v, "shape");
             if (!json_is_object(v) || json_object_size(v) != 1 || !json_is_array(shape) ||

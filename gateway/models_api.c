@@ -196,7 +196,18 @@ static void upload_emulated(mdb_t *db, model_job_t *j)
     char sha[65];
     mdb_sha256_hex(j->body, j->len, sha);
     json_t *config = json_loadb((const char *)j->body, j->len, 0, NULL);
-    json_t *labels = cfg->labels ? json_incref(cfg->labels) : default_labels(cfg->num_classes);
+    /* A detector's rows are boxes and scores: its labels are output 0's
+     * (the boxes') last dimension, as for an ONNX detector. */
+    json_t *labels = cfg->labels      ? json_incref(cfg->labels)
+                     : cfg->det_slots ? default_labels(4)
+                                      : default_labels(cfg->num_classes);
+    json_t *outputs =
+        cfg->det_slots > 0
+            ? json_pack("[{s:s, s:s, s:[i,i,i]}, {s:s, s:s, s:[i,i]}]", "name", "boxes", "datatype",
+                        "FP32", "shape", -1, cfg->det_slots, 4, "name", "scores", "datatype",
+                        "FP32", "shape", -1, cfg->det_slots)
+            : json_pack("[{s:s, s:s, s:[i,i]}]", "name", "output", "datatype", "FP32", "shape", -1,
+                        cfg->num_classes);
     mdb_new_model_t m = {
         .name = cfg->name,
         .version = cfg->version,
@@ -204,8 +215,7 @@ static void upload_emulated(mdb_t *db, model_job_t *j)
         .sha256 = sha,
         .input = json_pack("{s:s, s:s, s:[i,i,i,i]}", "name", "input", "datatype", "FP32", "shape",
                            -1, cfg->input_shape[0], cfg->input_shape[1], cfg->input_shape[2]),
-        .outputs = json_pack("[{s:s, s:s, s:[i,i]}]", "name", "output", "datatype", "FP32", "shape",
-                             -1, cfg->num_classes),
+        .outputs = outputs,
         .preprocess = preprocess_json(cfg),
         .labels = labels,
         .config = config,

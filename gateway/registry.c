@@ -103,6 +103,12 @@ gw_model_t *gw_model_from_record(json_t *rec)
         }
         m->out_elems += g->elems;
     }
+    json_t *det = json_object_get(rec, "detections");
+    if (m->emulated && json_is_object(det)) {
+        json_t *slots = json_object_get(det, "slots");
+        m->det_slots = slots != NULL ? (int)json_integer_value(slots) : GW_EMU_DET_DEFAULT_SLOTS;
+        m->det_mean = json_number_value(json_object_get(det, "mean"));
+    }
     json_t *pre = json_object_get(rec, "preprocess");
     for (size_t c = 0; c < 3; c++) {
         m->mean[c] = num_at(json_object_get(pre, "mean"), c);

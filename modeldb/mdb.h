@@ -135,7 +135,8 @@ int mdb_model_insert(mdb_t *db, const mdb_new_model_t *m, int64_t *id_out);
  * {"version", "sha256", "created_at", "format", "status", "error",
  *  "input", "outputs", "preprocess", "labels_count", "default_slo_ms",
  *  "max_batch", "param_bytes", "memory_bytes", "profile", "prefix_group",
- *  "version_policy" (only when its upload's config gave one)}. */
+ *  "version_policy" (only when its upload's config gave one), "detections"
+ *  (an emulated detector's, likewise)}. */
 int mdb_model_get(mdb_t *db, const char *name, json_t **out);
 /* The record of one version (0: the newest). */
 int mdb_model_version_get(mdb_t *db, const char *name, int version, json_t **out);

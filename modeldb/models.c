@@ -408,6 +408,10 @@ static json_t *record_from_row(mdb_q_t *q)
     json_t *vp = json_is_object(config) ? json_object_get(config, "version_policy") : NULL;
     if (vp != NULL)
         json_object_set(r, "version_policy", vp);
+    /* An emulated detector's detections (gw_model.h), as given. */
+    json_t *det = json_is_object(config) ? json_object_get(config, "detections") : NULL;
+    if (det != NULL)
+        json_object_set(r, "detections", det);
     json_decref(config);
     /* The statement is reused by the helpers below: copy what they need first. */
     json_object_set_new(r, "id", json_integer(id));

@@ -171,14 +171,33 @@ int wk_plan_create_emulated(const int64_t in_chw[3], int64_t out_classes,
                  "and at least one class");
         return SQ_INVAL;
     }
+    int64_t slots = opts->emu_det_slots;
+    if (slots < 0 || (slots > 0 && (out_classes != 5 * slots || !(opts->emu_det_mean >= 0) ||
+                                    opts->emu_det_mean > (double)slots))) {
+        snprintf(why, (size_t)why_size,
+                 "an emulated detector of %lld slots needs 5 floats a slot (got %lld) and a "
+                 "mean of 0..%lld detections",
+                 (long long)slots, (long long)out_classes, (long long)slots);
+        return SQ_INVAL;
+    }
     wk_graph_t *g = wk_graph_new(opts->max_batch);
     int64_t in_dims[4] = {1, in_chw[0], in_chw[1], in_chw[2]};
-    int64_t out_dims[2] = {1, out_classes};
     int x = wk_graph_input(g, "input", 4, in_dims, true);
-    int y = wk_graph_value(g, "output", 2, out_dims, true, NULL);
     /* The graph of an emulated model is a stand-in: never computed. */
-    wk_graph_step(g, WK_K_GLOBALAVG, &x, 1, y);
-    wk_graph_mark_output(g, y);
+    if (slots == 0) {
+        int64_t out_dims[2] = {1, out_classes};
+        int y = wk_graph_value(g, "output", 2, out_dims, true, NULL);
+        wk_graph_step(g, WK_K_GLOBALAVG, &x, 1, y);
+        wk_graph_mark_output(g, y);
+    } else {
+        int64_t box_dims[3] = {1, slots, 4}, score_dims[2] = {1, slots};
+        int boxes = wk_graph_value(g, "boxes", 3, box_dims, true, NULL);
+        int scores = wk_graph_value(g, "scores", 2, score_dims, true, NULL);
+        wk_graph_step(g, WK_K_GLOBALAVG, &x, 1, boxes);
+        wk_graph_step(g, WK_K_GLOBALAVG, &x, 1, scores);
+        wk_graph_mark_output(g, boxes);
+        wk_graph_mark_output(g, scores);
+    }
     return wk_plan_from_graph(g, opts, out, why, why_size);
 }
 

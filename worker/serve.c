@@ -497,6 +497,8 @@ static void build_model(server_t *s, job_t *j)
                      spec->max_batch);
         } else {
             int64_t chw[3] = {spec->in_chw[0], spec->in_chw[1], spec->in_chw[2]};
+            opts.emu_det_slots = (int)spec->det_slots;
+            opts.emu_det_mean = spec->det_mean;
             rc = wk_plan_create_emulated(chw, spec->out_classes, &opts, &plan, why, sizeof(why));
         }
     } else if (spec->format != SQ_FORMAT_ONNX || j->bytes == NULL) {

@@ -56,6 +56,11 @@ typedef struct {
      * copied by the plan */
     const int64_t *emu_latency_us;
     int emu_n_latency;
+    /* emulated detector (wk_plan_create_emulated): emu_det_slots > 0 makes
+     * outputs "boxes" [N, K, 4] and "scores" [N, K] with K = emu_det_slots,
+     * and each item a Poisson(emu_det_mean) count of detections. */
+    int emu_det_slots;
+    double emu_det_mean;
 } wk_plan_opts_t;
 
 /* Defaults: cpu, max_batch 1, all threads, ImageNet normalization. */
@@ -72,7 +77,9 @@ int wk_plan_create(const struct mdb_graph *graph, const wk_plan_opts_t *opts, wk
                    char *why, int why_size);
 
 /* An emulated model without a graph (uploaded as a profile): one input of
- * in_shape and one output of out_classes floats per item. */
+ * in_shape and one output of out_classes floats per item; or, for an
+ * emulated detector (opts->emu_det_slots > 0), the outputs "boxes" and
+ * "scores" of K slots, where out_classes must be 5 K. */
 int wk_plan_create_emulated(const int64_t in_chw[3], int64_t out_classes,
                             const wk_plan_opts_t *opts, wk_plan_t **out, char *why, int why_size);
 

@@ -269,6 +269,42 @@ Test(ipc, a_garbage_stream_is_a_protocol_error)
     sq_conn_dispose(&b);
 }
 
+Test(ipc, an_emulated_detector_load_round_trips_and_its_row_must_be_five_floats_a_slot)
+{
+    sq_model_load_t *in = calloc(1, sizeof(*in)), *out = calloc(1, sizeof(*out));
+    in->format = SQ_FORMAT_EMULATED;
+    in->max_batch = 4;
+    in->in_chw[0] = 3;
+    in->in_chw[1] = in->in_chw[2] = 32;
+    in->det_slots = 16;
+    in->det_mean = 2.5;
+    in->out_classes = 80;
+    in->n_latency = 4;
+    sq_buf_t b;
+    sq_buf_init(&b);
+    sq_model_load_encode(&b, in);
+    sq_frame_t f = {.type = SQ_MSG_MODEL_LOAD, .payload = b.data, .len = (uint32_t)b.len};
+    cr_assert_eq(sq_model_load_decode(&f, out), 0);
+    cr_assert_eq(out->det_slots, 16);
+    cr_assert_float_eq(out->det_mean, 2.5, 1e-12);
+    cr_assert_eq(out->out_classes, 80);
+    /* A row that is not 4 box floats and a score per slot, or a mean past
+     * the slots, is a protocol error. */
+    double means[] = {2.5, 17, -1};
+    uint32_t outs[] = {81, 80, 80};
+    for (int i = 0; i < 3; i++) {
+        in->det_mean = means[i];
+        in->out_classes = outs[i];
+        b.len = 0;
+        sq_model_load_encode(&b, in);
+        f = (sq_frame_t){.type = SQ_MSG_MODEL_LOAD, .payload = b.data, .len = (uint32_t)b.len};
+        cr_assert_eq(sq_model_load_decode(&f, out), SQ_PROTOCOL, "case %d", i);
+    }
+    sq_buf_dispose(&b);
+    free(in);
+    free(out);
+}
+
 Test(ipc, group_load_and_member_batches_round_trip)
 {
     sq_model_load_t *in = calloc(1, sizeof(*in)), *out = calloc(1, sizeof(*out));

@@ -170,3 +170,40 @@ Test(model_config, version_policies_parse_in_tritons_form)
     json_decref(v);
     free(cfg);
 }
+
+Test(model_config, an_emulated_detector_gives_its_mean_and_slots)
+{
+    gw_model_config_t cfg;
+    char err[512];
+    cr_assert_eq(parse("{\"name\": \"ssd\", \"profile\": {\"alpha_ms\": 23.8, \"beta_ms\": 9.7}, "
+                       "\"detections\": {\"mean\": 2.5, \"slots\": 16}}",
+                       1, &cfg, err),
+                 0, "%s", err);
+    cr_assert_eq(cfg.det_slots, 16);
+    cr_assert_float_eq(cfg.det_mean, 2.5, 1e-12);
+    gw_model_config_dispose(&cfg);
+    cr_assert_eq(parse("{\"name\": \"ssd\", \"profile\": {\"alpha_ms\": 1, \"beta_ms\": 1}, "
+                       "\"detections\": {\"mean\": 0.1}}",
+                       1, &cfg, err),
+                 0, "%s", err);
+    cr_assert_eq(cfg.det_slots, GW_EMU_DET_DEFAULT_SLOTS);
+    gw_model_config_dispose(&cfg);
+
+#define DET(body) "{\"name\": \"d\", \"profile\": {\"alpha_ms\": 1, \"beta_ms\": 1}, " body "}"
+    EXPECT_BAD(DET("\"detections\": {\"mean\": 3, \"slots\": 2}"), 1, SQ_BAD_CONFIG,
+               "config.detections.mean");
+    EXPECT_BAD(DET("\"detections\": {\"mean\": -1}"), 1, SQ_BAD_CONFIG, "config.detections.mean");
+    EXPECT_BAD(DET("\"detections\": {\"slots\": 4}"), 1, SQ_BAD_CONFIG, "config.detections.mean");
+    EXPECT_BAD(DET("\"detections\": {\"mean\": 1, \"slots\": 0}"), 1, SQ_BAD_CONFIG,
+               "config.detections.slots");
+    EXPECT_BAD(DET("\"detections\": {\"mean\": 1, \"slots\": 2000}"), 1, SQ_BAD_CONFIG,
+               "config.detections.slots");
+    EXPECT_BAD(DET("\"detections\": {\"mean\": 1, \"k\": 2}"), 1, SQ_BAD_CONFIG,
+               "config.detections.k");
+    EXPECT_BAD(DET("\"detections\": 1"), 1, SQ_BAD_CONFIG, "config.detections");
+    EXPECT_BAD(DET("\"detections\": {\"mean\": 1}, \"num_classes\": 3"), 1, SQ_BAD_CONFIG,
+               "no classes");
+#undef DET
+    /* An ONNX model's outputs come from its file. */
+    EXPECT_BAD("{\"name\": \"a\", \"detections\": {\"mean\": 1}}", 0, SQ_BAD_CONFIG, "emulated");
+}

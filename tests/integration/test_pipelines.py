@@ -409,5 +409,67 @@ def blazeface_finds_the_face_and_its_crop_is_classified_like_the_classifier_alon
         s.stop()
 
 
+def upload_emulated(s, cfg):
+    r = s.request("POST", "/models", body=json.dumps(cfg),
+                  headers=dict(auth(s), **{"Content-Type": "application/json"}))
+    assert r.status in (200, 201, 202), r
+    return r
+
+
+@test
+def an_emulated_detector_fans_out_by_its_mean_into_an_emulated_classifier():
+    """The emulated pipeline that the live figure-17 benchmark runs: a
+    detector on emu devices whose detection count per frame is Poisson with
+    the mean its upload gives, feeding a classifier on its crops."""
+    s = Squishd(workers="emu:2")
+    try:
+        s.wait_ready(workers=2, timeout=60)
+        upload_emulated(s, {"name": "ssd", "profile": {"alpha_ms": 2, "beta_ms": 3},
+                            "max_batch": 16, "input": {"shape": [3, 32, 32]},
+                            "detections": {"mean": 2, "slots": 16}})
+        upload_emulated(s, {"name": "inc", "profile": {"alpha_ms": 0.5, "beta_ms": 2},
+                            "max_batch": 64, "input": {"shape": [3, 16, 16]}, "num_classes": 5})
+        rec = s.get("/models/ssd", headers=auth(s)).json["versions"][0]
+        assert rec["detections"] == {"mean": 2, "slots": 16}, rec
+        assert [(o["name"], o["shape"]) for o in rec["outputs"]] == \
+            [("boxes", [-1, 16, 4]), ("scores", [-1, 16])], rec["outputs"]
+        validate(rec, "model_record")
+        crops = dict(CROPS, score_threshold=0.5)
+        post(s, spec(name="emu", det="ssd", cls="inc", crops=crops), expect=201)
+        frame = gray(120, (64, 64))
+        frames = 20
+        body, ctype = tm.multipart([("f%d" % i, "f%d.jpg" % i, "image/jpeg", frame)
+                                    for i in range(frames)])
+        counts = []
+        for _ in range(10):
+            r = query(s, body, name="emu", slo=2000, ctype=ctype)
+            assert r.status == 200, r
+            assert len(r.json["frames"]) == frames, r.json
+            n = 0
+            for fr in r.json["frames"]:
+                dets = fr["det"]["cls"]
+                counts.append(len(dets))
+                n += len(dets)
+                for d in dets:
+                    # A box is the middle 70% of its cell of a 4x4 grid: 11.2 px of 64.
+                    x0, y0, x1, y1 = d["box"]
+                    assert abs((x1 - x0) - 11.2) < 1.01 and abs((y1 - y0) - 11.2) < 1.01, d
+                    assert abs(d["score"] - 0.9) < 1e-6, d
+                    assert len(d["predictions"]) == 3, d
+            assert r.json["stages"]["cls"]["items"] == n, r.json
+        # 200 frames of Poisson(2): the mean's standard error is 0.1.
+        mean = sum(counts) / len(counts)
+        var = sum((c - mean) ** 2 for c in counts) / len(counts)
+        assert abs(mean - 2) < 0.4, (mean, counts)
+        assert 1 < var < 3.5, (var, counts)
+        assert len(set(counts)) >= 4, counts  # equal frames, varying counts
+        g = s.get("/pipelines/emu", schema_name="pipeline").json["split"]["gamma"]["cls"]
+        assert 1 < g["measured"] < 3, g
+        print("# emulated detector: mean %.2f, variance %.2f over %d frames; gamma measured %.2f"
+              % (mean, var, len(counts), g["measured"]))
+    finally:
+        s.stop()
+
+
 if __name__ == "__main__":
     run()

@@ -90,3 +90,64 @@ Test(emu, an_nhwc_emulated_model_takes_pixels)
     cr_assert_eq(memcmp(a, a + 7, 7 * sizeof(float)), 0, "equal images, equal rows");
     wk_plan_free(p);
 }
+
+Test(emu, an_emulated_detector_draws_a_poisson_count_of_disjoint_boxes_per_item)
+{
+    enum { SLOTS = 16, BATCH = 8, RUNS = 500 };
+    int64_t lat_us[BATCH];
+    for (int b = 0; b < BATCH; b++)
+        lat_us[b] = 0;
+    wk_plan_opts_t o = wk_plan_opts_default();
+    o.backend = WK_BACKEND_EMU;
+    o.max_batch = BATCH;
+    o.emu_latency_us = lat_us;
+    o.emu_n_latency = BATCH;
+    o.emu_det_slots = SLOTS;
+    o.emu_det_mean = 2.5;
+    wk_plan_t *p;
+    char why[256];
+    int64_t chw[3] = {3, 8, 8};
+    cr_assert_eq(wk_plan_create_emulated(chw, 5 * SLOTS, &o, &p, why, sizeof(why)), 0, "%s", why);
+    cr_assert_eq(wk_plan_output_elems(p, 0), 4 * SLOTS);
+    cr_assert_eq(wk_plan_output_elems(p, 1), SLOTS);
+    /* Every item the same image: the count still varies, with the mean and
+     * the variance of a Poisson(2.5). */
+    uint8_t px[BATCH * 8 * 8 * 3];
+    memset(px, 90, sizeof(px));
+    static float rows[BATCH * 5 * SLOTS];
+    double sum = 0, sum2 = 0;
+    int counts[SLOTS + 1] = {0};
+    for (int r = 0; r < RUNS; r++) {
+        cr_assert_eq(wk_plan_run_pixels(p, BATCH, px, rows), 0);
+        for (int b = 0; b < BATCH; b++) {
+            const float *boxes = rows + b * 5 * SLOTS, *scores = boxes + 4 * SLOTS;
+            int n = 0;
+            for (int k = 0; k < SLOTS; k++) {
+                cr_assert(scores[k] == 0.9f || scores[k] == 0.05f, "score %g", scores[k]);
+                n += scores[k] == 0.9f;
+                const float *bx = boxes + 4 * k;
+                cr_assert(bx[0] >= 0 && bx[0] < bx[2] && bx[2] <= 1 && bx[1] >= 0 &&
+                          bx[1] < bx[3] && bx[3] <= 1);
+                for (int j = 0; j < k; j++) { /* no two boxes overlap */
+                    const float *by = boxes + 4 * j;
+                    cr_assert(bx[2] <= by[0] || by[2] <= bx[0] || bx[3] <= by[1] || by[3] <= bx[1]);
+                }
+            }
+            sum += n;
+            sum2 += (double)n * n;
+            counts[n]++;
+        }
+    }
+    double items = (double)RUNS * BATCH, mean = sum / items, var = sum2 / items - mean * mean;
+    /* 4000 draws: the mean's standard error is 0.025, the variance's about 0.07. */
+    cr_assert(fabs(mean - 2.5) < 0.1, "mean %.3f", mean);
+    cr_assert(fabs(var - 2.5) < 0.35, "variance %.3f", var);
+    /* P(0) = e^-2.5 = 8.2% */
+    cr_assert(fabs(counts[0] / items - 0.0821) < 0.02, "P(0) %.3f", counts[0] / items);
+    wk_plan_free(p);
+
+    /* The row must be 5 floats a slot, the mean within the slots. */
+    cr_assert_eq(wk_plan_create_emulated(chw, 5 * SLOTS + 1, &o, &p, why, sizeof(why)), SQ_INVAL);
+    o.emu_det_mean = SLOTS + 1;
+    cr_assert_eq(wk_plan_create_emulated(chw, 5 * SLOTS, &o, &p, why, sizeof(why)), SQ_INVAL);
+}
