@@ -46,6 +46,7 @@ typedef struct gw_pipeline {
     atomic_int refs;
     char name[MDB_NAME_MAX + 1];
     double slo_ms;
+    int split_even_asked; /* the spec's "split": "even" (the baseline of Nexus's figure 17) */
     int nstages;
     gw_stage_spec_t stages[GW_PIPE_MAX_STAGES];
     int order[GW_PIPE_MAX_STAGES]; /* every parent before its children */
@@ -75,7 +76,8 @@ typedef struct gw_pipeline {
 /* Weight of one frame's fan-out in the gamma EWMA. */
 #define GW_PIPE_GAMMA_ALPHA 0.05
 
-/* Parses and checks a spec body: {"name", "slo_ms", "stages": [{"id",
+/* Parses and checks a spec body: {"name", "slo_ms", "split"?: "dp" (the
+ * default) | "even", "stages": [{"id",
  * "model", "version"?, "crops_of"?: {"stage", ...gw_crops_spec_parse},
  * "top_k"?}]}. Models are looked up in reg (each must exist and take
  * images; a crops_of's outputs must exist in its stage's model; reg NULL:

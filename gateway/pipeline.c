@@ -247,7 +247,8 @@ static json_t *normalized_spec(const gw_pipeline_t *p)
         }
         json_array_append_new(stages, s);
     }
-    return json_pack("{s:s, s:f, s:o}", "name", p->name, "slo_ms", p->slo_ms, "stages", stages);
+    return json_pack("{s:s, s:f, s:s, s:o}", "name", p->name, "slo_ms", p->slo_ms, "split",
+                     p->split_even_asked ? "even" : "dp", "stages", stages);
 }
 
 int gw_pipeline_parse(const json_t *body, gw_registry_t *reg, gw_pipeline_t **out, char *err,
@@ -283,6 +284,13 @@ int gw_pipeline_parse(const json_t *body, gw_registry_t *reg, gw_pipeline_t **ou
                 goto out;
             }
             p->slo_ms = json_number_value(v);
+        } else if (strcmp(key, "split") == 0) {
+            const char *m = json_string_value(v);
+            if (m == NULL || (strcmp(m, "dp") != 0 && strcmp(m, "even") != 0)) {
+                rc = bad(err, errlen, "split: expected \"dp\" (the default) or \"even\"");
+                goto out;
+            }
+            p->split_even_asked = strcmp(m, "even") == 0;
         } else if (strcmp(key, "stages") == 0) {
             if (!json_is_array(v) || json_array_size(v) < 1 ||
                 json_array_size(v) > GW_PIPE_MAX_STAGES) {
@@ -394,7 +402,10 @@ int gw_pipeline_resplit(gw_pipeline_t *p, const pl_profile_t *const *profile, do
             missing = i;
     double before[GW_PIPE_MAX_STAGES];
     memcpy(before, p->budget_ms, sizeof(before));
-    if (missing >= 0) {
+    if (p->split_even_asked) {
+        snprintf(p->split_why, sizeof(p->split_why), "the spec asks for the even split");
+        even_split(p);
+    } else if (missing >= 0) {
         snprintf(p->split_why, sizeof(p->split_why), "stage %s: its model has no profile yet",
                  p->stages[missing].id);
         even_split(p);

@@ -148,6 +148,34 @@ Test(pipeline, the_dp_split_moves_with_gamma)
     gw_pipeline_unref(p);
 }
 
+Test(pipeline, a_spec_that_asks_for_the_even_split_keeps_it_with_profiles)
+{
+    gw_pipeline_t *p = parse_ok(
+        "{\"name\": \"f\", \"slo_ms\": 300, \"split\": \"even\", \"stages\": ["
+        "{\"id\": \"det\", \"model\": \"d\"},"
+        "{\"id\": \"cls\", \"model\": \"c\", \"crops_of\": {\"stage\": \"det\", " CROPS "}}]}");
+    cr_assert(p->split_even_asked);
+    pl_profile_t x, y;
+    pl_profile_init_linear(&x, 4000, 20000, 64);
+    pl_profile_init_linear(&y, 2000, 8000, 64);
+    const pl_profile_t *prof[2] = {&x, &y};
+    for (int i = 0; i < 400; i++)
+        gw_pipeline_fanout(p, 1, 8);
+    gw_pipeline_resplit(p, prof, 0, 1, 1);
+    cr_assert_not(p->split_dp);
+    cr_assert_float_eq(p->budget_ms[0], 150, 1e-9);
+    cr_assert_float_eq(p->budget_ms[1], 150, 1e-9);
+    cr_assert(strstr(p->split_why, "even") != NULL, "%s", p->split_why);
+    json_t *j = gw_pipeline_json(p);
+    cr_assert_str_eq(json_string_value(json_object_get(json_object_get(j, "spec"), "split")),
+                     "even");
+    json_decref(j);
+    gw_pipeline_unref(p);
+    parse_bad("{\"name\": \"f\", \"slo_ms\": 300, \"split\": \"half\", \"stages\": "
+              "[{\"id\": \"s\", \"model\": \"m\"}]}",
+              "split");
+}
+
 Test(pipeline, the_registry_finds_replaces_and_removes_by_name)
 {
     gw_pipes_t *ps = gw_pipes_new();
