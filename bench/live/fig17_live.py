@@ -20,7 +20,7 @@ live goodput is the highest rate of the ladder with >= 99% of queries good
 (200 within the SLO). Prints a markdown table and the commands.
 
     bench/live/fig17_live.py BUILD [--cells 1:300,0.1:400] [--splits dp,even]
-        [--policies deferred] [--ladder 0.8,0.9,1.0,1.1] [--duration 10]
+        [--policies deferred] [--ladder 0.85,0.9,0.95,1.0,1.05,1.1] [--duration 10]
         [--warmup 5] [--verbose]
 
 BUILD holds gateway/squishd, worker/squish-worker, bench/squish-loadgen and
@@ -99,7 +99,7 @@ def main():
                                         "0.1:500,1:500,10:500")
     ap.add_argument("--splits", default="dp,even")
     ap.add_argument("--policies", default="deferred")
-    ap.add_argument("--ladder", default="0.8,0.9,1.0,1.1")
+    ap.add_argument("--ladder", default="0.85,0.9,0.95,1.0,1.05,1.1")
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--verbose", action="store_true")
