@@ -61,6 +61,7 @@ typedef struct {
     int max_batch_cfg; /* pl_session_cfg_t.max_batch, for a new profile */
     int64_t win_start_us;
     int64_t win_count;
+    int64_t win_first; /* of win_count, the window's first clump (PL_DEFAULT_CLUMP_US) */
     double win_rate;
     int priority;            /* pl_session_cfg_t.priority: smaller first */
     int64_t last_arrival_us; /* PL_NEVER: none yet */
@@ -561,18 +562,28 @@ static int deferred_candidate(const session_t *s, net_t net, int64_t now_us, dou
     return candidate_on(s, net, now_us, skip_ratio, eager, c);
 }
 
+/* The current window's arrival rate (per µs). A window starts at an
+ * arrival, so its rate is that of its gaps: the requests after its first
+ * clump over the time elapsed ((count - 1) / elapsed without clumps). */
+static double window_rate(const session_t *s, int64_t now_us)
+{
+    int64_t el = now_us - s->win_start_us;
+    return el > 0 && s->win_count > s->win_first
+               ? (double)(s->win_count - s->win_first) / (double)el
+               : 0;
+}
+
 /* Adaptive: whether s's arrivals are sparse enough that its batches go at
- * once (pl_dispatch.h). A window starts at an arrival, so the current one's
- * rate is its gaps: (count - 1) / elapsed. The rate is the last full
- * window's, or the current one's when that is longer (a lull) or already
- * higher (a burst: two requests close together make deferral the choice
- * at once, the safe side). */
+ * once (pl_dispatch.h). The rate is the last full window's, or the
+ * current one's (window_rate) when that is longer (a lull) or already
+ * higher (a burst: two requests close together, but not of one clump,
+ * make deferral the choice at once, the safe side). */
 static int eager(const pl_dispatch_t *d, const session_t *s, int64_t now_us)
 {
     if (d->opts.policy != PL_POLICY_ADAPTIVE || s->nroutes == 0)
         return 0;
     int64_t el = now_us - s->win_start_us;
-    double cur = el > 0 && s->win_count > 1 ? (double)(s->win_count - 1) / (double)el : 0;
+    double cur = window_rate(s, now_us);
     double rate = el >= PL_RATE_WINDOW_US || cur > s->win_rate ? cur : s->win_rate;
     return rate < d->opts.eager_load * s->nroutes * s->greedy_per_us;
 }
@@ -668,8 +679,7 @@ static int64_t chain_latest_start(const wcand_t *chain, int n, int skip, int lev
  * than c). */
 static int hold_batch(const session_t *s, const candidate_t *c, int target, int64_t now_us)
 {
-    int64_t el = now_us - s->win_start_us;
-    double cur = el > 0 && s->win_count > 1 ? (double)(s->win_count - 1) / (double)el : 0;
+    double cur = window_rate(s, now_us);
     double rate = cur > s->win_rate ? cur : s->win_rate;
     int64_t ahead = c->valid_until > now_us ? c->valid_until - now_us : 0;
     double expect = (double)(s->q.n - (uint32_t)c->skip) + ceil(rate * (double)ahead);
@@ -1091,6 +1101,8 @@ pl_dispatch_t *pl_dispatch_new(const pl_dispatch_opts_t *opts)
         d->opts.skip_ratio = PL_DEFAULT_SKIP_RATIO;
     if (!(d->opts.eager_load > 0))
         d->opts.eager_load = PL_DEFAULT_EAGER_LOAD;
+    if (d->opts.clump_us == 0)
+        d->opts.clump_us = PL_DEFAULT_CLUMP_US;
     d->armed_us = PL_NEVER;
     return d;
 }
@@ -1490,7 +1502,14 @@ int pl_dispatch_request(pl_dispatch_t *d, int64_t now_us, uint64_t id, int sessi
         s->win_rate = (double)s->win_count / (double)(now_us - s->win_start_us);
         s->win_start_us = now_us;
         s->win_count = 0;
+        s->win_first = 0;
     }
+    /* The window's first clump: its first request and those within
+     * clump_us of it. Measured from the window's start, not from the
+     * request before: a steady stream whose gaps are all shorter would
+     * otherwise be one endless clump, with no rate at all. */
+    if (s->win_count == 0 || now_us - s->win_start_us < d->opts.clump_us)
+        s->win_first++;
     s->win_count++;
     s->last_arrival_us = now_us;
     d->stats.requests++;

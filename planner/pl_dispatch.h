@@ -108,6 +108,12 @@
 #define PL_DEFAULT_EAGER_LOAD 0.5
 /* Adaptive: the arrival rate is counted over windows of this length. */
 #define PL_RATE_WINDOW_US 250000
+/* Adaptive: the requests that arrive within this of a rate window's first
+ * are one clump (the images of one multipart request, the crops of one
+ * detector batch): the window's current rate is measured from after it, so
+ * that a clump after a lull is not read as a burst and sent at its
+ * frontrun moment. pl_dispatch_opts_t.clump_us; 0 = this. */
+#define PL_DEFAULT_CLUMP_US 1000
 
 typedef enum {
     PL_POLICY_DEFERRED = 0,
@@ -148,6 +154,9 @@ typedef struct {
     int64_t timer_slack_us;
     /* Adaptive only; 0 = PL_DEFAULT_EAGER_LOAD. */
     double eager_load;
+    /* Adaptive only; 0 = PL_DEFAULT_CLUMP_US, < 0: no clumps (every
+     * arrival counts in the current rate). */
+    int64_t clump_us;
 } pl_dispatch_opts_t;
 
 typedef struct {

@@ -409,6 +409,29 @@ def blazeface_finds_the_face_and_its_crop_is_classified_like_the_classifier_alon
         s.stop()
 
 
+@test
+def at_low_load_a_query_with_eight_crops_answers_long_before_its_slo():
+    """The eight crops of a bright frame reach the classifier's session
+    together: the adaptive dispatcher takes them as one arrival (a clump),
+    not as a burst to defer to its frontrun moment near the deadline."""
+    s = started()
+    try:
+        post(s, spec(), expect=201)
+        took = []
+        for _ in range(5):
+            t0 = time.monotonic()
+            r = query(s, gray(250), slo=600)
+            took.append((time.monotonic() - t0) * 1000)
+            assert r.status == 200, r
+            assert r.json["stages"]["cls"]["items"] == 8, r.json
+            time.sleep(0.3)  # a lull: each query alone
+        took.sort()
+        print("# 8-crop queries one at a time, SLO 600 ms: %s ms" % ", ".join("%.1f" % t for t in took))
+        assert took[2] < 200, took  # the median, well under a third of the SLO
+    finally:
+        s.stop()
+
+
 def upload_emulated(s, cfg):
     r = s.request("POST", "/models", body=json.dumps(cfg),
                   headers=dict(auth(s), **{"Content-Type": "application/json"}))

@@ -510,6 +510,71 @@ Test(dispatch, adaptive_under_load_defers_like_symphony)
     free(r);
 }
 
+/* Clumps of n requests (one instant each, as the crops of one detector
+ * batch or the images of one multipart request), every gap_us from 0, on
+ * a session of l(b) = b + 5 ms, max batch 32, SLO 200 ms, over 2 workers.
+ * Returns the rig; arrivals in *arr (the caller frees both). */
+static rig_t *clump_run(pl_policy_t policy, int n, int64_t gap_us, int nclumps, arrival_t **arr)
+{
+    rig_t *r = malloc(sizeof(*r));
+    rig_init(r, policy);
+    add_workers(r, 2);
+    int sid = add_linear_session(r->d, 1000, 5000, 32, 200000);
+    route_all(r, sid, 2, 0);
+    *arr = malloc(sizeof(**arr) * (size_t)(n * nclumps));
+    for (int c = 0; c < nclumps; c++)
+        for (int i = 0; i < n; i++)
+            (*arr)[c * n + i] = (arrival_t){
+                .at_us = gap_us * c, .session = sid, .deadline_us = gap_us * c + 200000};
+    rig_run(r, *arr, n * nclumps, 2);
+    return r;
+}
+
+Test(dispatch, adaptive_sends_a_clump_at_low_load_at_once)
+{
+    /* Clumps of 8 every 500 ms: 16 req/s against a greedy capacity of
+     * 2 x 32 / l(32) = 1730 req/s. Each clump is one arrival for the rate:
+     * its requests go as soon as a worker is free (the first two alone, the
+     * other six as one batch after l(1)), not at their frontrun moment
+     * near the 200 ms deadline. */
+    arrival_t *arr;
+    rig_t *r = clump_run(PL_POLICY_ADAPTIVE, 8, 500000, 4, &arr);
+    cr_assert_eq(r->ndropped, 0);
+    int64_t worst = 0;
+    for (int k = 0; k < r->nsent; k++) {
+        const sent_t *s = &r->sent[k];
+        for (int j = 0; j < s->count; j++) {
+            int64_t took = s->finish_us - arr[s->ids[j] - 1].at_us;
+            worst = took > worst ? took : worst;
+        }
+    }
+    cr_assert_leq(worst, 20000, "a request of a clump answered after %lld us", (long long)worst);
+    free(arr);
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
+Test(dispatch, adaptive_defers_clumps_under_load)
+{
+    /* Clumps of 8 every 5 ms: 1600 req/s, far above half the greedy
+     * capacity (865 req/s): the session defers, and requests wait for
+     * their batches to fill, as Symphony's do, instead of going out a
+     * clump at a time. */
+    arrival_t *arr;
+    rig_t *r = clump_run(PL_POLICY_ADAPTIVE, 8, 5000, 100, &arr);
+    int64_t items = 0, big = 0;
+    for (int k = 0; k < r->nsent; k++) {
+        items += r->sent[k].count;
+        big += r->sent[k].count > 8 ? r->sent[k].count : 0;
+    }
+    cr_assert_geq((double)big, 0.9 * (double)items,
+                  "%lld of %lld requests in batches larger than a clump", (long long)big,
+                  (long long)items);
+    free(arr);
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
 Test(dispatch, a_new_profile_recomputes_every_cost)
 {
     /* l(b) = b + 5 ms, SLO 12 ms: batches up to 7. Twice as slow: l(1) = 12
