@@ -70,6 +70,22 @@ typedef struct gw_pipeline {
     long long outcomes[GW_Q_NOUTCOMES];
 } gw_pipeline_t;
 
+/* A stage on another's crops, as the planner sees its arrivals: they come
+ * in clumps, the crops of one parent batch at once (pl_clump_dispersion). */
+typedef struct {
+    char model[MDB_NAME_MAX + 1];
+    int version;      /* 0: the served one */
+    double budget_ms; /* its session's SLO */
+    char parent_model[MDB_NAME_MAX + 1];
+    int parent_version;
+    double parent_budget_ms;
+    double gamma; /* measured */
+} gw_stage_clumps_t;
+
+/* Fills out (room for GW_PIPE_MAX_STAGES) with p's crop stages at the
+ * current split; returns how many. */
+int gw_pipeline_clumps(gw_pipeline_t *p, gw_stage_clumps_t *out);
+
 /* A split is made again when a measured gamma moves this far (relative)
  * from the one it was made for. */
 #define GW_PIPE_RESPLIT_FRACTION 0.25

@@ -376,6 +376,28 @@ int gw_pipeline_resplit_due(gw_pipeline_t *p, int64_t now_us, int64_t interval_u
     return due;
 }
 
+int gw_pipeline_clumps(gw_pipeline_t *p, gw_stage_clumps_t *out)
+{
+    int n = 0;
+    pthread_mutex_lock(&p->mu);
+    for (int i = 0; i < p->nstages; i++) {
+        const gw_stage_spec_t *st = &p->stages[i];
+        if (st->parent < 0)
+            continue;
+        const gw_stage_spec_t *par = &p->stages[st->parent];
+        gw_stage_clumps_t *c = &out[n++];
+        snprintf(c->model, sizeof(c->model), "%s", st->model);
+        snprintf(c->parent_model, sizeof(c->parent_model), "%s", par->model);
+        c->version = st->version;
+        c->parent_version = par->version;
+        c->budget_ms = p->budget_ms[i];
+        c->parent_budget_ms = p->budget_ms[st->parent];
+        c->gamma = p->gamma[i];
+    }
+    pthread_mutex_unlock(&p->mu);
+    return n;
+}
+
 void gw_pipeline_deadlines(gw_pipeline_t *p, double *cum_ms)
 {
     pthread_mutex_lock(&p->mu);

@@ -15,6 +15,7 @@
 #include "gw_pipeline.h"
 #include "gw_metrics.h"
 #include "gw_registry.h"
+#include "gw_slo.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -600,6 +601,53 @@ static void settle_moves(gw_dispatch_t *ds, int kind)
 
 static int restore_all(gw_dispatch_t *ds);
 
+static int same_model(const ds_model_t *dm, const char *name, int version)
+{
+    return strcmp(dm->m->name, name) == 0 && (version == 0 || dm->m->version == version);
+}
+
+/* The sessions of pipeline stages on another stage's crops get them in
+ * clumps, one parent batch's at once: their burst headroom plans for that
+ * (pl_session_t.dispersion), as squish-sim's planner does. The parent's
+ * batch is taken as its saturation batch at its budget (a bound), gamma's
+ * variance as a Poisson count's (only its mean is measured). sessions[k]
+ * is the plan session of p->s[index[k]]. */
+static void set_clump_dispersion(gw_dispatch_t *ds, pl_session_t *sessions, const int *index, int n)
+{
+    gw_server_t *srv = ds->srv;
+    gw_plan_state_t *p = ds->plan;
+    int np = 0;
+    gw_pipeline_t **all = srv->pipelines ? gw_pipes_all(srv->pipelines, &np) : NULL;
+    for (int i = 0; i < np; i++) {
+        gw_stage_clumps_t cl[GW_PIPE_MAX_STAGES];
+        int nc = gw_pipeline_clumps(all[i], cl);
+        for (int c = 0; c < nc; c++) {
+            const pl_profile_t *parent = NULL;
+            for (int j = 0; j < p->n && parent == NULL; j++) {
+                ds_model_t *dm = p->s[j].dm;
+                if (!dm->removed && same_model(dm, cl[c].parent_model, cl[c].parent_version) &&
+                    dm->m->has_profile[dm->kind])
+                    parent = ds_profile(dm, dm->kind);
+            }
+            if (parent == NULL)
+                continue;
+            int batch = 0;
+            pl_max_throughput_rps(parent, cl[c].parent_budget_ms * 1000.0, srv->cfg->k_std, 0,
+                                  &batch);
+            double disp = pl_clump_dispersion(cl[c].gamma, cl[c].gamma, batch);
+            double bucket = gw_slo_bucket_ms(cl[c].budget_ms);
+            for (int k = 0; k < n; k++) {
+                const psess_t *ps = &p->s[index[k]];
+                if (same_model(ps->dm, cl[c].model, cl[c].version) && ps->bucket_ms == bucket &&
+                    disp > sessions[k].dispersion)
+                    sessions[k].dispersion = disp;
+            }
+        }
+        gw_pipeline_unref(all[i]);
+    }
+    free(all);
+}
+
 static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
 {
     gw_plan_state_t *p = ds->plan;
@@ -624,6 +672,7 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
     }
     /* The sessions of active models served by this kind. */
     pl_session_t *ss = sq_xcalloc((size_t)p->n + 1, sizeof(*ss));
+    int *index = sq_xcalloc((size_t)p->n + 1, sizeof(int));
     int n = 0;
     for (int i = 0; i < p->n; i++) {
         psess_t *ps = &p->s[i];
@@ -631,6 +680,7 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
         if (dm->removed || !dm->active || dm->kind != kind || !dm->m->has_profile[kind])
             continue;
         ps->planned_rps = ps->rate_rps;
+        index[n] = i;
         ss[n++] = (pl_session_t){.id = ps->id,
                                  .model = (int)dm->key,
                                  .name = dm->m->name,
@@ -642,6 +692,8 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
                                                 ? dm->m->profile[kind].memory_bytes
                                                 : (double)dm->m->memory_bytes;
     }
+    set_clump_dispersion(ds, ss, index, n);
+    free(index);
     if (nw == 0 && n > 0) {
         free(workers);
         free(ss);

@@ -6,6 +6,7 @@
 #include <sq.h>
 
 #include <assert.h>
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,20 +152,31 @@ static void burst_init(burst_t *bt, double p)
 }
 
 /* The batch a share of rate_rps runs per duty cycle: fluid (batch_for), or
- * the p-quantile of a Poisson count over the cycle. */
-static int burst_batch(const burst_t *bt, double duty_us, double rate_rps)
+ * the p-quantile of the count over the cycle: Poisson, or with clumped
+ * arrivals (pl_session_t.dispersion D > 1) D times a Poisson count of mean
+ * lambda / D: clumps of D as a Poisson stream, the compound Poisson with
+ * one clump size that has the count's mean and variance. */
+static int burst_batch(const burst_t *bt, double duty_us, double rate_rps, double dispersion)
 {
     if (bt == NULL || !(bt->p > 0))
         return batch_for(duty_us, rate_rps);
+    if (dispersion > 1) {
+        int q = poisson_quantile(duty_us * rate_rps * 1e-6 * (1 - REL_EPS) / dispersion, bt);
+        double b = ceil(q * dispersion - REL_EPS);
+        return b < 1 ? 1 : b > INT_MAX / 2 ? INT_MAX / 2 : (int)b;
+    }
     int q = poisson_quantile(duty_us * rate_rps * 1e-6 * (1 - REL_EPS), bt);
     return q < 1 ? 1 : q;
 }
 
 /* The longest duty cycle at which a share of rate_rps needs at most b. */
-static double burst_duty_us(burst_t *bt, int b, double rate_rps)
+static double burst_duty_us(burst_t *bt, int b, double rate_rps, double dispersion)
 {
     if (bt == NULL || !(bt->p > 0))
         return b / rate_rps * 1e6;
+    if (dispersion > 1)
+        return dispersion * burst_lambda_max(bt, (int)floor(b / dispersion + REL_EPS)) / rate_rps *
+               1e6;
     return burst_lambda_max(bt, b) / rate_rps * 1e6;
 }
 
@@ -198,8 +210,9 @@ double pl_max_throughput_rps(const pl_profile_t *p, double slo_us, double k_std,
 
 /* pl_residue with burst sizing (bt NULL: fluid): the duty cycle for b is
  * the longest whose p-quantile count is at most b. */
-static int residue(burst_t *bt, const pl_profile_t *p, double slo_us, double rate_rps, double k_std,
-                   double memory_bytes, int *batch, double *duty_cycle_us, double *occupancy)
+static int residue(burst_t *bt, double dispersion, const pl_profile_t *p, double slo_us,
+                   double rate_rps, double k_std, double memory_bytes, int *batch,
+                   double *duty_cycle_us, double *occupancy)
 {
     int best_b = 0;
     double best_d = 0, best_occ = INFINITY;
@@ -213,11 +226,11 @@ static int residue(burst_t *bt, const pl_profile_t *p, double slo_us, double rat
         if (l <= 0)
             continue;
         double d = slo_us - l;
-        if (rate_rps > 0 && burst_duty_us(bt, b, rate_rps) < d)
-            d = burst_duty_us(bt, b, rate_rps);
+        if (rate_rps > 0 && burst_duty_us(bt, b, rate_rps, dispersion) < d)
+            d = burst_duty_us(bt, b, rate_rps, dispersion);
         if (d <= 0)
             continue;
-        int eb = burst_batch(bt, d, rate_rps);
+        int eb = burst_batch(bt, d, rate_rps, dispersion);
         double el = pl_latency_us(p, eb, k_std);
         if (el <= 0 || el > d + TIME_EPS_US || d + el > slo_us + TIME_EPS_US)
             continue;
@@ -241,7 +254,8 @@ static int residue(burst_t *bt, const pl_profile_t *p, double slo_us, double rat
 int pl_residue(const pl_profile_t *p, double slo_us, double rate_rps, double k_std,
                double memory_bytes, int *batch, double *duty_cycle_us, double *occupancy)
 {
-    return residue(NULL, p, slo_us, rate_rps, k_std, memory_bytes, batch, duty_cycle_us, occupancy);
+    return residue(NULL, 1, p, slo_us, rate_rps, k_std, memory_bytes, batch, duty_cycle_us,
+                   occupancy);
 }
 
 double pl_lower_bound(const pl_session_t *sessions, int nsessions, const pl_options_t *opt)
@@ -323,7 +337,8 @@ static double items_memory(const ctx_t *c, const item_t *it, int n)
  * rate already holds its bursts (pooled), else the burst quantile. */
 static int share_batch(const ctx_t *c, int s, double duty_us, double rate_rps)
 {
-    return c->pooled[s] ? batch_for(duty_us, rate_rps) : burst_batch(&c->burst, duty_us, rate_rps);
+    return c->pooled[s] ? batch_for(duty_us, rate_rps)
+                        : burst_batch(&c->burst, duty_us, rate_rps, c->sessions[s].dispersion);
 }
 
 static burst_t *share_burst(ctx_t *c, int s)
@@ -426,8 +441,8 @@ static int pack_share(ctx_t *c, int s, double rate, item_t *res)
         return 0;
     int b;
     double d, occ;
-    if (residue(share_burst(c, s), ss->profile, ss->slo_us, left, o->k_std, o->device_memory_bytes,
-                &b, &d, &occ) < 0) {
+    if (residue(share_burst(c, s), ss->dispersion, ss->profile, ss->slo_us, left, o->k_std,
+                o->device_memory_bytes, &b, &d, &occ) < 0) {
         /* The residual rate is below a device's saturated throughput but no
          * cycle serves it within the SLO (a table with an odd shape): give
          * it a device of its own at the saturation batch. */
@@ -476,7 +491,11 @@ static void packed_rate(ctx_t *c, int s)
                                        c->opt.device_memory_bytes, &B);
     if (thr <= 0)
         return;
-    double sat = poisson_quantile(ss->rate_rps * ss->slo_us * 1e-6, &c->burst) / ss->slo_us * 1e6;
+    double lambda = ss->rate_rps * ss->slo_us * 1e-6;
+    double sat = ss->dispersion > 1
+                     ? ss->dispersion * poisson_quantile(lambda / ss->dispersion, &c->burst) /
+                           ss->slo_us * 1e6
+                     : poisson_quantile(lambda, &c->burst) / ss->slo_us * 1e6;
     if (sat >= thr * (1 - REL_EPS)) {
         c->rate[s] = sat;
         c->pooled[s] = 1;
@@ -797,8 +816,8 @@ static int keep_previous(ctx_t *c, const pl_plan_t *prev, pool_t *pool)
                     continue;
                 item_t it = {.session = s, .rate_rps = share};
                 int b;
-                if (residue(share_burst(c, s), ss->profile, ss->slo_us, share, c->opt.k_std,
-                            c->opt.device_memory_bytes, &b, &it.solo_duty_us,
+                if (residue(share_burst(c, s), ss->dispersion, ss->profile, ss->slo_us, share,
+                            c->opt.k_std, c->opt.device_memory_bytes, &b, &it.solo_duty_us,
                             &it.solo_occupancy) < 0) {
                     pool_add(pool, s, share);
                     continue;

@@ -51,6 +51,14 @@ typedef struct pl_session {
     double slo_us;
     double rate_rps;   /* 0: no traffic yet, still placed at the minimal batch */
     double item_bytes; /* input + output bytes of one request: its share of a link */
+    /* The count of its requests arriving in a window: variance over mean
+     * (the index of dispersion). 0 or 1: Poisson. A pipeline stage on the
+     * crops of another gets them in clumps, all of a parent batch's at
+     * once: a compound Poisson whose dispersion is E[S^2] / E[S] for the
+     * clump size S (pl_clump_dispersion). The burst headroom
+     * (pl_options_t.burst_quantile) then covers D times a Poisson count of
+     * mean lambda / D instead of a Poisson count of mean lambda. */
+    double dispersion;
 } pl_session_t;
 
 /* A device's link: rtt_us 0 and bytes_per_us 0 = local (the default);
@@ -289,6 +297,12 @@ int pl_query_split(pl_query_result_t *out, const pl_stage_t *stages, int nstages
 int pl_query_split_even(pl_query_result_t *out, const pl_stage_t *stages, int nstages,
                         double slo_us, double rate_rps, double k_std);
 void pl_query_result_dispose(pl_query_result_t *r);
+/* The index of dispersion (pl_session_t.dispersion) of a stage fed by a
+ * parent stage's batches of parent_batch items, each item giving a count
+ * X of mean gamma and variance gamma_var: the clump is a batch's crops, S
+ * = X_1 + ... + X_b, so E[S^2] / E[S] = gamma_var / gamma + b gamma. 1
+ * (Poisson) when gamma is 0. */
+double pl_clump_dispersion(double gamma, double gamma_var, double parent_batch);
 /* The DP's per-stage cost: rate_rps * l(b) / b in devices with b the
  * saturation batch within budget_us, or -1 when none fits. */
 double pl_stage_cost(const pl_profile_t *p, double budget_us, double rate_rps, double k_std);

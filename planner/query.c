@@ -48,6 +48,14 @@ double pl_stage_cost(const pl_profile_t *p, double budget_us, double rate_rps, d
     return rate_rps / thr;
 }
 
+double pl_clump_dispersion(double gamma, double gamma_var, double parent_batch)
+{
+    if (!(gamma > 0) || !(parent_batch > 0))
+        return 1;
+    double d = gamma_var / gamma + parent_batch * gamma;
+    return d > 1 ? d : 1;
+}
+
 void pl_query_result_dispose(pl_query_result_t *r)
 {
     if (!r)

@@ -812,6 +812,16 @@ static void input_push(wl_plan_input_t *in, int *cap, pl_session_t s, wl_source_
     in->nsessions++;
 }
 
+double wl_stage_dispersion(const wl_pipeline_t *pl, int k, const pl_query_result_t *split)
+{
+    const wl_stage_t *st = &pl->stages[k];
+    if (st->nafter == 0)
+        return 1;
+    double g = st->gamma[0];
+    double var = st->gamma_dist == WL_GAMMA_POISSON ? g : (g - floor(g)) * (ceil(g) - g);
+    return pl_clump_dispersion(g, var, split->batch[st->after[0]]);
+}
+
 int wl_plan_input_build(wl_plan_input_t *in, wl_workload_t *w)
 {
     return wl_plan_input_build_split(in, w, WL_SPLIT_DP);
@@ -913,6 +923,7 @@ int wl_plan_input_build_split(wl_plan_input_t *in, wl_workload_t *w, wl_split_t 
             continue;
         for (int k = 0; k < pl->nstages; k++) {
             const wl_model_t *m = &w->models[pl->stages[k].model];
+            double disp = wl_stage_dispersion(pl, k, &in->splits[i]);
             input_push(
                 in, &cap,
                 (pl_session_t){.model = pl->stages[k].model,
@@ -920,7 +931,8 @@ int wl_plan_input_build_split(wl_plan_input_t *in, wl_workload_t *w, wl_split_t 
                                .profile = &m->profile,
                                .slo_us = in->splits[i].budget_us[k],
                                .rate_rps = in->splits[i].rate_rps[k],
-                               .item_bytes = m->item_bytes},
+                               .item_bytes = m->item_bytes,
+                               .dispersion = disp},
                 (wl_source_t){.kind = WL_SOURCE_STAGE, .name = m->name, .index = i, .stage = k});
         }
     }

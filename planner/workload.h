@@ -80,7 +80,9 @@ typedef struct {
 
 /* How many items a stage gets per parent item ("gamma_dist"; the mean is
  * "gamma" either way). Only the simulator draws them; the planner plans the
- * mean. */
+ * mean, and sizes the stage's burst headroom for the clumps of crops that
+ * one parent batch makes (pl_clump_dispersion, from this distribution's
+ * variance). */
 typedef enum {
     WL_GAMMA_POISSON = 0, /* "poisson" (default): Poisson with mean gamma */
     WL_GAMMA_FIXED,       /* "fixed": gamma rounded stochastically (floor, plus 1 with
@@ -189,6 +191,14 @@ typedef enum {
     WL_SPLIT_DP = 0, /* pl_query_split: Nexus's DP, the cheapest budgets */
     WL_SPLIT_EVEN,   /* pl_query_split_even: equal shares of the longest path */
 } wl_split_t;
+
+/* The index of dispersion of stage k's arrivals in pipeline pl split as
+ * split (pl_session_t.dispersion): 1 at a root; on a parent's items, the
+ * clumps one parent batch makes (pl_clump_dispersion), with the batch the
+ * parent's saturation batch at its budget (split->batch: a bound; lighter
+ * load runs smaller batches) and the variance of the stage's gamma_dist
+ * (a join: its first parent). */
+double wl_stage_dispersion(const wl_pipeline_t *pl, int k, const pl_query_result_t *split);
 
 /* Builds the planner input; returns 0 or SQ_INVAL (a prefix group whose
  * combined profile has no usable batch; w->error says which).

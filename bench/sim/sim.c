@@ -177,6 +177,7 @@ typedef struct {
     double rate_rps;               /* planned (mean) rate, before rate_scale */
     const wl_arrivals_t *arrivals; /* the session's, or the pipeline's queries' */
     double arrivals_rate;          /* the mean rate of those arrivals */
+    double dispersion;             /* pl_session_t.dispersion: a stage's clumps */
 } sim_sess_t;
 
 /* A pipeline's stage in the run: its deadline offset from the query's
@@ -521,7 +522,8 @@ static int plan_and_route(run_t *r, const double *rates, int64_t now)
                                .profile = &w->models[ws->model].profile,
                                .slo_us = ws->slo_us,
                                .rate_rps = rates[s] * r->o->plan_headroom,
-                               .item_bytes = w->models[ws->model].item_bytes};
+                               .item_bytes = w->models[ws->model].item_bytes,
+                               .dispersion = ws->dispersion};
     }
     pl_options_t po = {.k_std = w->k_std,
                        .device_memory_bytes = w->device_memory_mb * WL_BYTES_PER_MB,
@@ -632,7 +634,8 @@ static int setup_routes(run_t *r, int *ndevices)
                                    .profile = &w->models[ws->model].profile,
                                    .slo_us = ws->slo_us,
                                    .rate_rps = rates[s] * r->o->plan_headroom,
-                                   .item_bytes = w->models[ws->model].item_bytes};
+                                   .item_bytes = w->models[ws->model].item_bytes,
+                                   .dispersion = ws->dispersion};
         }
         pl_options_t po = {.k_std = w->k_std,
                            .device_memory_bytes = w->device_memory_mb * WL_BYTES_PER_MB,
@@ -824,7 +827,8 @@ static int setup_sessions(run_t *r)
                                          .slo_us = pr->budget_us[k],
                                          .rate_rps = pr->rate_rps[k],
                                          .arrivals = &pl->arrivals,
-                                         .arrivals_rate = pl->rate_rps};
+                                         .arrivals_rate = pl->rate_rps,
+                                         .dispersion = wl_stage_dispersion(pl, k, &in.splits[p])};
         }
     }
     wl_plan_input_dispose(&in);

@@ -170,3 +170,16 @@ Test(query, even_split_gives_equal_shares_of_the_longest_path)
     cr_assert_eq(pl_query_split_even(&r, cyc, 2, 100 * MS, 10, 0), SQ_INVAL);
     pl_profile_dispose(&p);
 }
+
+Test(query, a_stage_on_crops_gets_the_dispersion_of_a_parent_batch_of_crops)
+{
+    /* Poisson(gamma) crops per item, a parent batch of b: S ~ Poisson(b
+     * gamma), E[S^2] / E[S] = 1 + b gamma. */
+    cr_assert_float_eq(pl_clump_dispersion(1, 1, 8), 9, 1e-12);
+    cr_assert_float_eq(pl_clump_dispersion(10, 10, 3), 31, 1e-12);
+    /* Exactly 2 crops per item, batches of 1: clumps of exactly 2. */
+    cr_assert_float_eq(pl_clump_dispersion(2, 0, 1), 2, 1e-12);
+    /* No crops, or no batch: Poisson. */
+    cr_assert_float_eq(pl_clump_dispersion(0, 0, 8), 1, 1e-12);
+    cr_assert_float_eq(pl_clump_dispersion(0.1, 0.1, 0), 1, 1e-12);
+}
