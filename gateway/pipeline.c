@@ -458,9 +458,14 @@ int gw_pipeline_resplit(gw_pipeline_t *p, const pl_profile_t *const *profile, do
          * DP's series step is quadratic in the steps). */
         double eps_ms = fmin(epsilon_ms, p->slo_ms / 1000.0);
         int rc = pl_query_split(&res, st, n, p->slo_ms * 1000.0, rate, eps_ms * 1000.0, k_std);
+        /* The slack to where the load is (planner/query.c): the same
+         * split as squish-sim's. */
+        if (rc == 0)
+            rc = pl_query_share_slack(&res, st, n, p->slo_ms * 1000.0, k_std);
         if (rc != 0) {
             snprintf(p->split_why, sizeof(p->split_why), "the DP found no split (%s)",
                      sq_err_name(rc));
+            pl_query_result_dispose(&res);
             even_split(p);
         } else {
             for (int k = 0; k < n; k++)
@@ -468,36 +473,6 @@ int gw_pipeline_resplit(gw_pipeline_t *p, const pl_profile_t *const *profile, do
             for (int k = 0; k < n; k++) {
                 int i = p->order[k];
                 int par = p->stages[i].parent;
-                p->cum_ms[i] = (par >= 0 ? p->cum_ms[par] : 0) + p->budget_ms[i];
-            }
-            /* The DP gives each stage the least budget at its least cost.
-             * What is left of the SLO goes where the load is: to each
-             * stage in proportion to its rate times l(1) (a stage's cost
-             * never grows with its budget, and slack absorbs the bursts a
-             * fan-out makes), so that the busier stage of a higher gamma
-             * gets more of it. A stage on several root-to-leaf paths gets
-             * the least any of them allows, so every path fits the SLO. */
-            double w[GW_PIPE_MAX_STAGES], extra[GW_PIPE_MAX_STAGES];
-            for (int k = 0; k < n; k++) {
-                int i = p->order[k];
-                w[i] = res.rate_rps[k] * pl_latency_us(profile[i], 1, k_std);
-                extra[i] = INFINITY;
-            }
-            for (int leaf = 0; leaf < n; leaf++) {
-                if (p->stages[leaf].nchildren > 0)
-                    continue;
-                double wsum = 0, left = p->slo_ms - p->cum_ms[leaf];
-                for (int v = leaf; v >= 0; v = p->stages[v].parent)
-                    wsum += w[v];
-                for (int v = leaf; v >= 0; v = p->stages[v].parent) {
-                    double share = wsum > 0 ? w[v] / wsum : 1.0 / p->stages[leaf].depth;
-                    extra[v] = fmin(extra[v], left > 0 ? left * share : 0);
-                }
-            }
-            for (int k = 0; k < n; k++) {
-                int i = p->order[k];
-                int par = p->stages[i].parent;
-                p->budget_ms[i] += extra[i];
                 p->cum_ms[i] = (par >= 0 ? p->cum_ms[par] : 0) + p->budget_ms[i];
             }
             p->split_dp = 1;

@@ -297,6 +297,18 @@ int pl_query_split(pl_query_result_t *out, const pl_stage_t *stages, int nstages
 int pl_query_split_even(pl_query_result_t *out, const pl_stage_t *stages, int nstages,
                         double slo_us, double rate_rps, double k_std);
 void pl_query_result_dispose(pl_query_result_t *r);
+/* The DP (pl_query_split) gives each stage the least budget at its least
+ * cost. This gives what is left of the SLO to where the load is: along
+ * each root-to-leaf path, to each stage in proportion to its rate times
+ * l(1) (a stage's cost never grows with its budget, and slack absorbs the
+ * bursts a fan-out makes), so that the busier stage of a higher gamma gets
+ * more of it; a stage on several paths gets the least any of them allows,
+ * so every path still fits the SLO. Batches and cost are those of the new
+ * budgets. squishd and squish-sim both split this way. A pipeline with a
+ * join (a stage of several parents) is left as it is. Returns 0, SQ_INVAL
+ * (res not of these stages) or SQ_DEADLINE (as pl_query_split). */
+int pl_query_share_slack(pl_query_result_t *res, const pl_stage_t *stages, int nstages,
+                         double slo_us, double k_std);
 /* The index of dispersion (pl_session_t.dispersion) of a stage fed by a
  * parent stage's batches of parent_batch items, each item giving a count
  * X of mean gamma and variance gamma_var: the clump is a batch's crops, S

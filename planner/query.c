@@ -387,3 +387,62 @@ done:
     free(rates);
     return rc;
 }
+
+int pl_query_share_slack(pl_query_result_t *res, const pl_stage_t *stages, int nstages,
+                         double slo_us, double k_std)
+{
+    if (res->nstages != nstages || !stages_valid(stages, nstages) || !(slo_us > 0))
+        return SQ_INVAL;
+    for (int v = 0; v < nstages; v++)
+        if (stages[v].nparents > 1)
+            return 0; /* a join: its paths are not one chain per leaf */
+    double *cum = sq_xmalloc(sizeof(double) * (size_t)nstages);
+    double *weight = sq_xmalloc(sizeof(double) * (size_t)nstages);
+    double *extra = sq_xmalloc(sizeof(double) * (size_t)nstages);
+    int *leaf = sq_xcalloc((size_t)nstages, sizeof(int));
+    for (int v = 0; v < nstages; v++) {
+        int par = stages[v].nparents ? stages[v].parents[0] : -1;
+        cum[v] = (par >= 0 ? cum[par] : 0) + res->budget_us[v];
+        weight[v] = res->rate_rps[v] * pl_latency_us(stages[v].profile, 1, k_std);
+        extra[v] = INFINITY;
+        leaf[v] = 1;
+    }
+    for (int v = 0; v < nstages; v++)
+        if (stages[v].nparents)
+            leaf[stages[v].parents[0]] = 0;
+    for (int l = 0; l < nstages; l++) {
+        if (!leaf[l])
+            continue;
+        double wsum = 0, left = slo_us - cum[l];
+        int depth = 0;
+        for (int v = l; v >= 0; v = stages[v].nparents ? stages[v].parents[0] : -1) {
+            wsum += weight[v];
+            depth++;
+        }
+        for (int v = l; v >= 0; v = stages[v].nparents ? stages[v].parents[0] : -1) {
+            double share = wsum > 0 ? weight[v] / wsum : 1.0 / depth;
+            double e = left > 0 ? left * share : 0;
+            extra[v] = e < extra[v] ? e : extra[v];
+        }
+    }
+    double *budget = sq_xmalloc(sizeof(double) * (size_t)nstages);
+    double *rates = sq_xmalloc(sizeof(double) * (size_t)nstages);
+    for (int v = 0; v < nstages; v++) {
+        budget[v] = res->budget_us[v] + extra[v];
+        rates[v] = res->rate_rps[v];
+    }
+    pl_query_result_t shared;
+    memset(&shared, 0, sizeof(shared));
+    int rc = fill_result(&shared, stages, nstages, budget, rates, k_std);
+    if (rc == 0) {
+        pl_query_result_dispose(res);
+        *res = shared;
+    }
+    free(budget);
+    free(rates);
+    free(cum);
+    free(weight);
+    free(extra);
+    free(leaf);
+    return rc;
+}

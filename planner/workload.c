@@ -914,10 +914,15 @@ int wl_plan_input_build_split(wl_plan_input_t *in, wl_workload_t *w, wl_split_t 
         if (split == WL_SPLIT_EVEN)
             in->split_rc[i] = pl_query_split_even(&in->splits[i], st, pl->nstages,
                                                   pl->slo_ms * US_PER_MS, pl->rate_rps, w->k_std);
-        else
+        else {
             in->split_rc[i] =
                 pl_query_split(&in->splits[i], st, pl->nstages, pl->slo_ms * US_PER_MS,
                                pl->rate_rps, w->query_epsilon_ms * US_PER_MS, w->k_std);
+            /* The slack to where the load is, as squishd does. */
+            if (in->split_rc[i] == 0)
+                in->split_rc[i] = pl_query_share_slack(&in->splits[i], st, pl->nstages,
+                                                       pl->slo_ms * US_PER_MS, w->k_std);
+        }
         free(st);
         if (in->split_rc[i] < 0)
             continue;

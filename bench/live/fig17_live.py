@@ -15,13 +15,15 @@ dispatcher are what is measured, not two shared cores' JPEG throughput.
 
 For each cell the simulator's 99% goodput is found first (`squish-sim
 --search-goodput`), then live squishd gets a ladder of fractions of it in
-ascending order (each a warm-up at that rate, then the measured run);
+ascending order, after a run at the first rate that lets a cold squishd's
+plan settle (--settle s, not measured); each a warm-up at that rate, then
+the measured run;
 live goodput is the highest rate of the ladder with >= 99% of queries good
 (200 within the SLO). Prints a markdown table and the commands.
 
     bench/live/fig17_live.py BUILD [--cells 1:300,0.1:400] [--splits dp,even]
         [--policies deferred] [--ladder 0.85,0.9,0.95,1.0,1.05,1.1] [--duration 10]
-        [--warmup 5] [--verbose]
+        [--warmup 5] [--settle 10] [--verbose]
 
 BUILD holds gateway/squishd, worker/squish-worker, bench/squish-loadgen and
 bench/squish-sim. Debian's /usr/bin/python3 with python3-pil.
@@ -102,6 +104,7 @@ def main():
     ap.add_argument("--ladder", default="0.85,0.9,0.95,1.0,1.05,1.1")
     ap.add_argument("--duration", type=float, default=10.0)
     ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument("--settle", type=float, default=10.0)
     ap.add_argument("--verbose", action="store_true")
     a = ap.parse_args()
     ladder = [float(x) for x in a.ladder.split(",")]
@@ -125,6 +128,13 @@ def main():
                     for cfg in model_cfgs(gamma):
                         d.add_model(cfg)
                     add_pipeline(d, pipeline_spec(slo, split))
+                    # A cold squishd plans from nothing (a new model on one
+                    # device at rate 0): settle the plan at the first rate
+                    # first, not measured.
+                    rl.loadgen(a.build, d.port, [
+                        "--path", "/v1/pipelines/fig17/infer", "--body", frame, "--content-type",
+                        "image/jpeg", "--slo-ms", str(slo), "--duration", "%g" % a.settle,
+                        "--warmup", "1", "--seed", "99", "--rate", str(rates[0])], a.verbose)
                     for r in rates:
                         args = ["--path", "/v1/pipelines/fig17/infer", "--body", frame,
                                 "--content-type", "image/jpeg", "--slo-ms", str(slo),

@@ -65,7 +65,7 @@ for g in GAMMAS:
         dp0 = res[(g, slo, POLICIES[0], "dp")][0]
         ev0 = res[(g, slo, POLICIES[0], "even")][0]
         b = dp0["budgets_ms"]
-        row.append(f"{b['detect']:g} / {b['classify']:g}")
+        row.append(f"{b['detect']:.1f} / {b['classify']:.1f}")
         row.append(gain(ev0["cost_devices"], dp0["cost_devices"]))
         for pol in POLICIES:
             dp = res[(g, slo, pol, "dp")][0]["goodput_qps"]

@@ -183,3 +183,42 @@ Test(query, a_stage_on_crops_gets_the_dispersion_of_a_parent_batch_of_crops)
     cr_assert_float_eq(pl_clump_dispersion(0, 0, 8), 1, 1e-12);
     cr_assert_float_eq(pl_clump_dispersion(0.1, 0.1, 0), 1, 1e-12);
 }
+
+Test(query, slack_goes_where_the_load_is_and_every_path_fits)
+{
+    /* Two small models under a long SLO: the DP's least budgets leave most
+     * of it. A detector x feeding two stages y (gamma 8) and z (gamma 1). */
+    pl_profile_t x, y, z;
+    pl_profile_init_linear(&x, 1 * MS, 2 * MS, 64);
+    pl_profile_init_linear(&y, 0.5 * MS, 1 * MS, 64);
+    pl_profile_init_linear(&z, 0.5 * MS, 1 * MS, 64);
+    int parents[] = {0};
+    double g8[] = {8.0}, g1[] = {1.0};
+    pl_stage_t st[] = {{.profile = &x},
+                       {.profile = &y, .nparents = 1, .parents = parents, .gamma = g8},
+                       {.profile = &z, .nparents = 1, .parents = parents, .gamma = g1}};
+    pl_query_result_t r;
+    cr_assert_eq(pl_query_split(&r, st, 3, 400 * MS, 50, 1 * MS, 0), 0);
+    double dp[3] = {r.budget_us[0], r.budget_us[1], r.budget_us[2]};
+    cr_assert_lt(dp[0] + dp[1], 400 * MS - 10 * MS, "the DP leaves slack: %g + %g", dp[0], dp[1]);
+    cr_assert_eq(pl_query_share_slack(&r, st, 3, 400 * MS, 0), 0);
+    for (int v = 0; v < 3; v++)
+        cr_assert_geq(r.budget_us[v], dp[v], "stage %d only gains", v);
+    /* Path x-y (the busier) fills the SLO; x-z fits within it. */
+    cr_assert_float_eq(r.budget_us[0] + r.budget_us[1], 400 * MS, 1e-6);
+    cr_assert_leq(r.budget_us[0] + r.budget_us[2], 400 * MS + 1e-6);
+    /* y carries 8 times the rate of z at the same l(1): its share of the
+     * slack is larger, and larger than x's (rate 50 x l(1) 3 ms against
+     * 400 x 1.5 ms). */
+    cr_assert_gt(r.budget_us[1], r.budget_us[2]);
+    cr_assert_gt(r.budget_us[1] - dp[1], r.budget_us[0] - dp[0]);
+    /* Batches and cost are the new budgets'. */
+    double c = 0;
+    for (int v = 0; v < 3; v++)
+        c += pl_stage_cost(st[v].profile, r.budget_us[v], r.rate_rps[v], 0);
+    cr_assert_float_eq(r.cost_devices, c, 1e-9);
+    pl_query_result_dispose(&r);
+    pl_profile_dispose(&x);
+    pl_profile_dispose(&y);
+    pl_profile_dispose(&z);
+}
