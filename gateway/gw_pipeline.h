@@ -54,7 +54,8 @@ typedef struct gw_pipeline {
 
     /* Runtime state, under mu. */
     pthread_mutex_t mu;
-    double gamma[GW_PIPE_MAX_STAGES]; /* EWMA of items per parent item (1 before any) */
+    double gamma[GW_PIPE_MAX_STAGES];     /* EWMA of items per parent item (1 before any) */
+    double gamma_var[GW_PIPE_MAX_STAGES]; /* EWMA of (items - gamma)^2: gamma's noise */
     long long gamma_n[GW_PIPE_MAX_STAGES];
     double budget_ms[GW_PIPE_MAX_STAGES];   /* each stage's share of the SLO */
     double cum_ms[GW_PIPE_MAX_STAGES];      /* the query's arrival to the stage's deadline */
@@ -87,10 +88,15 @@ typedef struct {
 int gw_pipeline_clumps(gw_pipeline_t *p, gw_stage_clumps_t *out);
 
 /* A split is made again when a measured gamma moves this far (relative)
- * from the one it was made for. */
+ * from the one it was made for, and by more than GW_PIPE_GAMMA_NOISE_SE
+ * standard errors of the measure (gw_pipeline_fanout). */
 #define GW_PIPE_RESPLIT_FRACTION 0.25
-/* Weight of one frame's fan-out in the gamma EWMA. */
-#define GW_PIPE_GAMMA_ALPHA 0.05
+#define GW_PIPE_GAMMA_NOISE_SE 4.0
+/* Weight of one frame's fan-out in the gamma EWMA (the first 1 / alpha
+ * frames: their plain mean). About 100 frames: a Poisson gamma of 1 is
+ * known within 0.07 (one standard error), and at 100 frames a second a
+ * change shows within a second. */
+#define GW_PIPE_GAMMA_ALPHA 0.01
 
 /* Parses and checks a spec body: {"name", "slo_ms", "split"?: "dp" (the
  * default) | "even", "stages": [{"id",

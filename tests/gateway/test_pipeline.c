@@ -108,6 +108,50 @@ Test(pipeline, gamma_is_an_average_of_crops_per_parent_item)
     gw_pipeline_unref(p);
 }
 
+/* A gamma of 0.1 measured frame by frame wanders (an EWMA over about 100
+ * frames: by about a fifth of its value, further at times): that is noise,
+ * and the split stays; a real move to 0.5 is not. */
+Test(pipeline, a_split_does_not_follow_the_noise_of_a_small_gamma)
+{
+    gw_pipeline_t *p = parse_ok(
+        "{\"name\": \"f\", \"slo_ms\": 300, \"stages\": [{\"id\": \"det\", \"model\": \"d\"},"
+        "{\"id\": \"cls\", \"model\": \"c\", \"crops_of\": {\"stage\": \"det\", " CROPS "}}]}");
+    pl_profile_t x, y;
+    pl_profile_init_linear(&x, 4000, 20000, 64);
+    pl_profile_init_linear(&y, 2000, 8000, 64);
+    const pl_profile_t *prof[2] = {&x, &y};
+    /* One crop in every tenth frame, at random: Poisson-like 0.1. */
+    uint64_t h = 42;
+    for (int i = 0; i < 400; i++) {
+        h = h * 6364136223846793005ull + 1442695040888963407ull;
+        gw_pipeline_fanout(p, 1, (h >> 33) % 10 == 0);
+    }
+    gw_pipeline_resplit(p, prof, 0, 1, 1);
+    double split_for = p->split_gamma[1];
+    cr_assert(fabs(split_for - 0.1) < 0.1, "the split follows 1 -> 0.1: %f", split_for);
+    int resplits = 0, moved = 0;
+    double budget = p->budget_ms[1];
+    for (int i = 0; i < 20000; i++) {
+        h = h * 6364136223846793005ull + 1442695040888963407ull;
+        gw_pipeline_fanout(p, 1, (h >> 33) % 10 == 0);
+        if (p->resplit_wanted) {
+            resplits++;
+            gw_pipeline_resplit(p, prof, 0, 1, 2 + i);
+            moved += p->budget_ms[1] != budget;
+            budget = p->budget_ms[1];
+        }
+    }
+    cr_assert_leq(resplits, 10, "%d resplits on noise", resplits);
+    cr_assert_leq(moved, 10, "the budgets moved %d times", moved);
+    /* A real move: every other frame has a crop. */
+    for (int i = 0; i < 200; i++)
+        gw_pipeline_fanout(p, 1, i % 2);
+    cr_assert(p->resplit_wanted, "gamma %f, split for %f", p->gamma[1], p->split_gamma[1]);
+    gw_pipeline_resplit(p, prof, 0, 1, 100000000);
+    cr_assert(fabs(p->split_gamma[1] - 0.5) < 0.1, "split for %f", p->split_gamma[1]);
+    gw_pipeline_unref(p);
+}
+
 /* Nexus figure 17's shape: a detector X, a classifier Y on its gamma
  * crops. With gamma 8 the classifier carries 8 times the rate, and the DP
  * gives it a bigger share of the SLO than at gamma 1. */
