@@ -56,11 +56,14 @@ typedef struct {
     int nroutes;
     /* Adaptive: what one worker serves of it batching greedily under the
      * SLO (requests per µs), and its arrivals: the current window's start
-     * and count, the last full window's rate (per µs). */
+     * and count, how many of those came with the arrival that opened it
+     * (more than one: a clump, pl_dispatch_requests), the last full
+     * window's rate (per µs). */
     double greedy_per_us;
     int max_batch_cfg; /* pl_session_cfg_t.max_batch, for a new profile */
     int64_t win_start_us;
     int64_t win_count;
+    int64_t win_first;
     double win_rate;
     int priority;            /* pl_session_cfg_t.priority: smaller first */
     int64_t last_arrival_us; /* PL_NEVER: none yet */
@@ -561,18 +564,30 @@ static int deferred_candidate(const session_t *s, net_t net, int64_t now_us, dou
     return candidate_on(s, net, now_us, skip_ratio, eager, c);
 }
 
+/* The current window's arrival rate (per µs). A window starts at an
+ * arrival, so its rate is its gaps: the requests that came after the one
+ * that opened it, over the time since. The opening arrival may be a clump
+ * (pl_dispatch_requests): its requests came in no time, and counting them
+ * as gaps would read one arrival as a burst of the fastest kind. */
+static double window_rate_per_us(const session_t *s, int64_t now_us)
+{
+    int64_t el = now_us - s->win_start_us;
+    int64_t after = s->win_count - s->win_first;
+    return el > 0 && after > 0 ? (double)after / (double)el : 0;
+}
+
 /* Adaptive: whether s's arrivals are sparse enough that its batches go at
- * once (pl_dispatch.h). A window starts at an arrival, so the current one's
- * rate is its gaps: (count - 1) / elapsed. The rate is the last full
- * window's, or the current one's when that is longer (a lull) or already
- * higher (a burst: two requests close together make deferral the choice
- * at once, the safe side). */
+ * once (pl_dispatch.h). The rate is the last full window's, or the current
+ * one's when that is longer (a lull) or already higher (a burst: two
+ * arrivals close together make deferral the choice at once, the safe
+ * side). Both count requests, a clump's every one: what loads the workers
+ * is the requests, however they come. */
 static int eager(const pl_dispatch_t *d, const session_t *s, int64_t now_us)
 {
     if (d->opts.policy != PL_POLICY_ADAPTIVE || s->nroutes == 0)
         return 0;
     int64_t el = now_us - s->win_start_us;
-    double cur = el > 0 && s->win_count > 1 ? (double)(s->win_count - 1) / (double)el : 0;
+    double cur = window_rate_per_us(s, now_us);
     double rate = el >= PL_RATE_WINDOW_US || cur > s->win_rate ? cur : s->win_rate;
     return rate < d->opts.eager_load * s->nroutes * s->greedy_per_us;
 }
@@ -668,8 +683,7 @@ static int64_t chain_latest_start(const wcand_t *chain, int n, int skip, int lev
  * than c). */
 static int hold_batch(const session_t *s, const candidate_t *c, int target, int64_t now_us)
 {
-    int64_t el = now_us - s->win_start_us;
-    double cur = el > 0 && s->win_count > 1 ? (double)(s->win_count - 1) / (double)el : 0;
+    double cur = window_rate_per_us(s, now_us);
     double rate = cur > s->win_rate ? cur : s->win_rate;
     int64_t ahead = c->valid_until > now_us ? c->valid_until - now_us : 0;
     double expect = (double)(s->q.n - (uint32_t)c->skip) + ceil(rate * (double)ahead);
@@ -1477,27 +1491,43 @@ int pl_dispatch_route_set(pl_dispatch_t *d, int64_t now_us, int session, const p
     return 0;
 }
 
-int pl_dispatch_request(pl_dispatch_t *d, int64_t now_us, uint64_t id, int session,
-                        int64_t arrival_us, int64_t deadline_us)
+int pl_dispatch_requests(pl_dispatch_t *d, int64_t now_us, int session, const pl_request_t *reqs,
+                         int n)
 {
     begin(d);
     session_t *s = session_get(d, session);
-    if (s == NULL)
+    if (s == NULL || n < 1 || reqs == NULL)
         return SQ_INVAL;
-    pl__entry_t e = {.id = id, .deadline_us = deadline_us, .arrival_us = arrival_us, .flags = 0};
-    pl__q_insert(&s->q, &e);
+    /* All queued before the pump: deciding after the first would send it
+     * alone and leave the rest to wait for the next batch. */
+    for (int i = 0; i < n; i++) {
+        pl__entry_t e = {.id = reqs[i].id,
+                         .deadline_us = reqs[i].deadline_us,
+                         .arrival_us = reqs[i].arrival_us,
+                         .flags = 0};
+        pl__q_insert(&s->q, &e);
+    }
     if (now_us - s->win_start_us >= PL_RATE_WINDOW_US) {
         s->win_rate = (double)s->win_count / (double)(now_us - s->win_start_us);
         s->win_start_us = now_us;
         s->win_count = 0;
     }
-    s->win_count++;
+    if (s->win_count == 0)
+        s->win_first = n; /* it opens the window */
+    s->win_count += n;
     s->last_arrival_us = now_us;
-    d->stats.requests++;
-    d->stats.queued++;
+    d->stats.requests += (uint64_t)n;
+    d->stats.queued += (uint64_t)n;
     pump_session(d, session, now_us);
     finish(d);
     return 0;
+}
+
+int pl_dispatch_request(pl_dispatch_t *d, int64_t now_us, uint64_t id, int session,
+                        int64_t arrival_us, int64_t deadline_us)
+{
+    pl_request_t r = {.id = id, .arrival_us = arrival_us, .deadline_us = deadline_us};
+    return pl_dispatch_requests(d, now_us, session, &r, 1);
 }
 
 int pl_dispatch_cancel(pl_dispatch_t *d, int64_t now_us, int session, uint64_t id)

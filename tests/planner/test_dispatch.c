@@ -113,6 +113,9 @@ typedef struct {
     int64_t at_us;
     int session;
     int64_t deadline_us;
+    /* Not 0: consecutive arrivals with the same clump number (and time and
+     * session) are handed over together, pl_dispatch_requests. */
+    int clump;
 } arrival_t;
 
 /* Runs arrivals [first, narr) (sorted by time; request id = index + 1) and
@@ -143,6 +146,20 @@ static void rig_run_from(rig_t *r, const arrival_t *arr, int first, int narr, in
                     absorb(r);
                 }
             }
+        } else if (t_arr == now && arr[next].clump != 0) {
+            pl_request_t reqs[64];
+            int n = 0;
+            const arrival_t *a = &arr[next];
+            while (next < narr && arr[next].clump == a->clump && arr[next].at_us == now) {
+                cr_assert_lt(n, 64);
+                cr_assert_eq(arr[next].session, a->session);
+                reqs[n++] = (pl_request_t){.id = (uint64_t)next + 1,
+                                           .arrival_us = now,
+                                           .deadline_us = arr[next].deadline_us};
+                next++;
+            }
+            cr_assert_eq(pl_dispatch_requests(r->d, now, a->session, reqs, n), 0);
+            absorb(r);
         } else if (t_arr == now) {
             const arrival_t *a = &arr[next];
             cr_assert_eq(
@@ -506,6 +523,108 @@ Test(dispatch, adaptive_under_load_defers_like_symphony)
     for (int k = 1; k < r->nsent; k++)
         fours += r->sent[k].count >= 4;
     cr_assert_geq(fours, r->nsent - 3, "%d of %d batches of 4 or more", fours, r->nsent - 1);
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
+/* One worker, a session of l(b) = b + 5 ms and SLO 30 ms (greedy
+ * capacity: batches of 10 in 15 ms, 667 req/s; adaptive sends at once below
+ * half of it, 333 req/s), and nclumps clumps of 8 requests, one every
+ * gap_us from 0; together: handed over with pl_dispatch_requests, else one
+ * by one at the same moment. */
+static rig_t *clump_run(int64_t gap_us, int nclumps, int together)
+{
+    rig_t *r = malloc(sizeof(*r));
+    rig_init(r, PL_POLICY_ADAPTIVE);
+    add_workers(r, 1);
+    int sid = add_linear_session(r->d, 1000, 5000, 64, 30000);
+    route_all(r, sid, 1, 0);
+    arrival_t *arr = malloc(sizeof(*arr) * (size_t)nclumps * 8);
+    for (int i = 0; i < nclumps * 8; i++) {
+        int64_t at = gap_us * (i / 8);
+        arr[i] = (arrival_t){.at_us = at,
+                             .session = sid,
+                             .deadline_us = at + 30000,
+                             .clump = together ? i / 8 + 1 : 0};
+    }
+    rig_run(r, arr, nclumps * 8, 1);
+    free(arr);
+    return r;
+}
+
+Test(dispatch, adaptive_clump_at_low_load_goes_at_once_as_one_batch)
+{
+    /* A clump of 8 every 30 ms: 267 req/s, under half the greedy capacity.
+     * Each clump is one arrival: it leaves the moment it arrives, as one
+     * batch, and is answered after l(8) = 13 ms, not near its 30 ms SLO.
+     * (The rate still counts 8 requests per clump: the next test.) */
+    rig_t *r = clump_run(30000, 20, 1);
+    cr_assert_eq(r->ndropped, 0);
+    cr_assert_eq(r->nsent, 20);
+    for (int k = 0; k < 20; k++) {
+        cr_assert_eq(r->sent[k].count, 8, "clump %d went as %d", k, r->sent[k].count);
+        cr_assert_eq(r->sent[k].at_us, 30000 * k, "clump %d sent at %lld", k,
+                     (long long)r->sent[k].at_us);
+        cr_assert_eq(r->sent[k].finish_us, 30000 * k + 13000);
+    }
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
+Test(dispatch, adaptive_clump_handed_over_one_by_one_reads_as_a_burst)
+{
+    /* The same 8 requests, each its own arrival at the same moment: the
+     * first leaves alone at once; the seven behind it are seven arrivals in
+     * no time, a burst, so they wait for their frontrun moment
+     * d - l(8) = 17 ms. What pl_dispatch_requests is for. */
+    rig_t *r = clump_run(30000, 1, 0);
+    cr_assert_eq(r->ndropped, 0);
+    cr_assert_eq(r->nsent, 2);
+    cr_assert_eq(r->sent[0].count, 1);
+    cr_assert_eq(r->sent[0].at_us, 0);
+    cr_assert_eq(r->sent[1].count, 7);
+    cr_assert_eq(r->sent[1].at_us, 30000 - 13000);
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
+Test(dispatch, adaptive_sustained_clumps_still_defer)
+{
+    /* A clump of 8 every 20 ms: 400 req/s, above half the greedy capacity
+     * (50 clumps/s would be far below it: the rate counts requests, as
+     * they load the worker). The first clump goes at once; from the second
+     * on (two arrivals 20 ms apart) the session defers, and once settled
+     * each clump waits for its frontrun moment d - l(9) = 16 ms after it
+     * arrived, instead of leaving the moment it arrives. */
+    rig_t *r = clump_run(20000, 40, 1);
+    cr_assert_eq(r->ndropped, 0);
+    cr_assert_eq(r->overlap, 0);
+    cr_assert_eq(r->sent[0].count, 8, "the first clump, alone, goes at once");
+    cr_assert_eq(r->sent[0].at_us, 0);
+    int settled = 0;
+    for (int k = 1; k < r->nsent; k++) {
+        const sent_t *s = &r->sent[k];
+        int64_t arrived = 20000 * (int64_t)((s->ids[0] - 1) / 8);
+        if (s->at_us < 60000)
+            continue;
+        settled++;
+        cr_assert_eq(s->count, 8);
+        cr_assert_eq(s->at_us - arrived, 16000, "batch %d sent %lld us after its clump", k,
+                     (long long)(s->at_us - arrived));
+    }
+    cr_assert_geq(settled, 35);
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
+Test(dispatch, requests_refuses_an_empty_clump_and_an_unknown_session)
+{
+    int sid;
+    rig_t *r = linear_rig(PL_POLICY_ADAPTIVE, 1, &sid);
+    pl_request_t one = {.id = 1, .arrival_us = 0, .deadline_us = 12000};
+    cr_assert_eq(pl_dispatch_requests(r->d, 0, sid, &one, 0), SQ_INVAL);
+    cr_assert_eq(pl_dispatch_requests(r->d, 0, sid + 1, &one, 1), SQ_INVAL);
+    cr_assert_eq(pl_dispatch_queued(r->d, sid), 0);
     pl_dispatch_free(r->d);
     free(r);
 }
