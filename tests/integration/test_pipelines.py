@@ -230,6 +230,34 @@ def a_detector_feeds_a_classifier_and_gamma_moves_the_split():
 
 
 @test
+def at_low_load_a_query_with_eight_crops_answers_far_below_its_slo():
+    """One query at a time: the 8 crops of a bright frame reach the
+    classifier's session together (one arrival), so they run at once as one
+    batch and the query answers in a few ms, like a dark frame's single crop.
+    Handed over one by one, the first would run alone and the other seven,
+    read as a burst, would wait for their frontrun moment near the SLO."""
+    s = started()
+    try:
+        post(s, spec(slo_ms=400), expect=201)
+        assert query(s, gray(250)).status == 200  # first runs: nothing cold below
+        for v, n in ((32, 1), (250, 8)):
+            lat = []
+            for _ in range(5):
+                time.sleep(0.3)  # well apart: the rate the dispatcher sees is low
+                r = query(s, gray(v))
+                assert r.status == 200, r
+                cls = r.json["stages"]["cls"]
+                assert cls["items"] == n, r.json
+                assert cls["batch_size"] == n, ("the crops ran as one batch", r.json["stages"])
+                lat.append(r.json["latency_ms"])
+            lat.sort()
+            print("# %d crop(s): latency_ms %s (SLO 400)" % (n, lat))
+            assert lat[2] < 400 / 3, (n, lat)
+    finally:
+        s.stop()
+
+
+@test
 def a_pipeline_is_a_model_over_oip():
     """Triton users address an ensemble as a model: /v2/models/{pipeline}
     (metadata, ready, infer with BYTES JPEGs in, the result as JSON text)."""
