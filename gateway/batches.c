@@ -311,7 +311,7 @@ void ds_enqueue_items(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t **items, int 
     int one_sess;
     int *sess = n == 1 ? &one_sess : sq_xmalloc(sizeof(*sess) * (size_t)n);
     pl_request_t *reqs = n == 1 ? &one : sq_xmalloc(sizeof(*reqs) * (size_t)n);
-    int routed = 0;
+    int queued = 0;
     for (int i = 0; i < n; i++) {
         gw_item_t *it = items[i];
         /* The planner counts items: a clump of 8 is 8 requests' work. */
@@ -320,11 +320,12 @@ void ds_enqueue_items(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t **items, int 
                                  (uint8_t)gw_priority_level(it->priority));
         if (sess[i] < 0)
             ds_fail_item(ds, it, SQ_NOT_READY, "the model has no usable profile");
-        else if (!routed) {
-            ds_update_routes(ds, dm);
-            routed = 1;
-        }
+        else
+            queued++;
     }
+    /* Once every session the items need exists: it routes them all. */
+    if (queued > 0)
+        ds_update_routes(ds, dm);
     /* Per session (the items of one request or frame share one), together:
      * one arrival in the core. */
     int64_t now = sq_now_us();
