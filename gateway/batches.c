@@ -305,18 +305,54 @@ void ds_update_routes(gw_dispatch_t *ds, ds_model_t *dm)
     free(routes);
 }
 
+void ds_enqueue_items(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t **items, int n)
+{
+    pl_request_t one;
+    int one_sess;
+    int *sess = n == 1 ? &one_sess : sq_xmalloc(sizeof(*sess) * (size_t)n);
+    pl_request_t *reqs = n == 1 ? &one : sq_xmalloc(sizeof(*reqs) * (size_t)n);
+    int queued = 0;
+    for (int i = 0; i < n; i++) {
+        gw_item_t *it = items[i];
+        /* The planner counts items: a clump of 8 is 8 requests' work. */
+        gw__plan_arrival(ds, dm, gw_slo_bucket_ms(it->slo_ms));
+        sess[i] = ensure_session(ds, dm, gw_slo_bucket_ms(it->slo_ms), it->input_kind,
+                                 (uint8_t)gw_priority_level(it->priority));
+        if (sess[i] < 0)
+            ds_fail_item(ds, it, SQ_NOT_READY, "the model has no usable profile");
+        else
+            queued++;
+    }
+    /* Once every session the items need exists: it routes them all. */
+    if (queued > 0)
+        ds_update_routes(ds, dm);
+    /* Per session (the items of one request or frame share one), together:
+     * one arrival in the core. */
+    int64_t now = sq_now_us();
+    for (int i = 0; i < n; i++) {
+        int s = sess[i];
+        if (s < 0)
+            continue;
+        int k = 0;
+        for (int j = i; j < n; j++) {
+            if (sess[j] != s)
+                continue;
+            reqs[k++] = (pl_request_t){.id = ds_handle_new(ds, items[j]),
+                                       .arrival_us = items[j]->arrival_us,
+                                       .deadline_us = items[j]->deadline_us};
+            sess[j] = -1;
+        }
+        pl_dispatch_requests(ds->core, now, s, reqs, k);
+    }
+    if (n > 1) {
+        free(reqs);
+        free(sess);
+    }
+}
+
 void ds_enqueue_item(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t *it)
 {
-    gw__plan_arrival(ds, dm, gw_slo_bucket_ms(it->slo_ms));
-    int s = ensure_session(ds, dm, gw_slo_bucket_ms(it->slo_ms), it->input_kind,
-                           (uint8_t)gw_priority_level(it->priority));
-    if (s < 0) {
-        ds_fail_item(ds, it, SQ_NOT_READY, "the model has no usable profile");
-        return;
-    }
-    ds_update_routes(ds, dm);
-    pl_dispatch_request(ds->core, sq_now_us(), ds_handle_new(ds, it), s, it->arrival_us,
-                        it->deadline_us);
+    ds_enqueue_items(ds, dm, &it, 1);
 }
 
 void ds_flush_pending(gw_dispatch_t *ds, ds_model_t *dm)

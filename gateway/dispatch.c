@@ -502,24 +502,23 @@ static ds_model_t *serving_record(gw_dispatch_t *ds, ds_model_t *dm, double buck
     return dm;
 }
 
-static void on_submit(sq_loop_t *loop, void *arg)
+/* One submitted item on the dispatch thread: the record of the model that
+ * serves it when it is to be queued now; NULL when it was answered (failed)
+ * or waits for a load (pending). */
+static ds_model_t *admit(gw_dispatch_t *ds, gw_item_t *it)
 {
-    gw_item_t *it = arg;
-    gw_dispatch_t *ds = it->srv->dispatch;
-    (void)loop;
     gw_model_t *m = it->model;
-    it->ready_us = sq_now_us();
     if (ds->aborted) {
         ds_fail_item(ds, it, SQ_SHUTTING_DOWN, "squishd is shutting down");
-        return;
+        return NULL;
     }
     if (it->ready_us >= it->deadline_us) {
         ds_fail_item(ds, it, SQ_DEADLINE, "the deadline passed during preprocessing");
-        return;
+        return NULL;
     }
     if (it->abandoned != NULL && atomic_load(it->abandoned)) {
         ds_fail_item(ds, it, SQ_DEADLINE, "its query was dropped");
-        return;
+        return NULL;
     }
     ds_model_t *dm = ds_model_find(ds, m->key);
     if (dm == NULL) {
@@ -529,32 +528,29 @@ static void on_submit(sq_loop_t *loop, void *arg)
         gw_model_unref(cur);
         if (cur == NULL) {
             ds_fail_item(ds, it, SQ_MODEL_NOT_FOUND, "the model was deleted");
-            return;
+            return NULL;
         }
         dm = ds_model_get(ds, m);
     }
     if (dm->removed) {
         ds_fail_item(ds, it, SQ_MODEL_NOT_FOUND, "the model was deleted");
-        return;
+        return NULL;
     }
     if (dm->poisoned) {
         ds_fail_item(ds, it, SQ_MODEL_FAILED, dm->failed_why);
-        return;
+        return NULL;
     }
     int member;
     dm = serving_record(ds, dm, gw_slo_bucket_ms(it->slo_ms), &member);
     if (dm == NULL) {
         ds_fail_item(ds, it, SQ_NO_WORKER, "no worker that can run this model is up");
-        return;
+        return NULL;
     }
     if (member >= 0)
         it->member = member;
     int loading;
-    if (ds_loaded_anywhere(ds, dm, &loading) > 0) {
-        ds_enqueue_item(ds, dm, it);
-        ds_pump(ds);
-        return;
-    }
+    if (ds_loaded_anywhere(ds, dm, &loading) > 0)
+        return dm;
     if (loading == 0)
         ds_spread_loads(ds, dm); /* the plan placed it nowhere yet: any worker will do */
     ds_loaded_anywhere(ds, dm, &loading);
@@ -563,7 +559,7 @@ static void on_submit(sq_loop_t *loop, void *arg)
                      atomic_load(&ds->srv->kind_coming[dm->kind]) > 0
                          ? "no worker is up, and none is back before the deadline"
                          : "no worker could load the model");
-        return;
+        return NULL;
     }
     /* Waits for the load, for the worker holding it to finish measuring,
      * or for a worker being restarted (bounded by its deadline, see
@@ -573,6 +569,60 @@ static void on_submit(sq_loop_t *loop, void *arg)
         dm->pending = sq_xrealloc(dm->pending, sizeof(*dm->pending) * (size_t)dm->cappending);
     }
     dm->pending[dm->npending++] = it;
+    return NULL;
+}
+
+/* An item, or a clump (items linked through clump_next, ready together):
+ * each is admitted on its own, and those to queue now enter the core
+ * together per model (ds_enqueue_items), so that a clump is one arrival
+ * there. */
+static void on_submit(sq_loop_t *loop, void *arg)
+{
+    gw_item_t *first = arg;
+    gw_dispatch_t *ds = first->srv->dispatch;
+    (void)loop;
+    int n = 0;
+    for (const gw_item_t *it = first; it != NULL; it = it->clump_next)
+        n++;
+    gw_item_t *one_item, *one_group;
+    ds_model_t *one_dm;
+    gw_item_t **items = n == 1 ? &one_item : sq_xmalloc(sizeof(*items) * (size_t)n);
+    gw_item_t **group = n == 1 ? &one_group : sq_xmalloc(sizeof(*group) * (size_t)n);
+    ds_model_t **dms = n == 1 ? &one_dm : sq_xmalloc(sizeof(*dms) * (size_t)n);
+    int64_t now = sq_now_us();
+    int k = 0;
+    for (gw_item_t *it = first, *next; it != NULL; it = next) {
+        /* Read before admit: an item answered there may be freed. */
+        next = it->clump_next;
+        it->clump_next = NULL;
+        it->ready_us = now;
+        ds_model_t *dm = admit(ds, it);
+        if (dm != NULL) {
+            items[k] = it;
+            dms[k++] = dm;
+        }
+    }
+    /* Per model, in the order submitted (a clump is one model's, but a
+     * query's frames may go to several root stages). */
+    for (int i = 0; i < k; i++) {
+        ds_model_t *dm = dms[i];
+        if (dm == NULL)
+            continue;
+        int g = 0;
+        for (int j = i; j < k; j++) {
+            if (dms[j] == dm) {
+                group[g++] = items[j];
+                dms[j] = NULL;
+            }
+        }
+        ds_enqueue_items(ds, dm, group, g);
+    }
+    if (n > 1) {
+        free(items);
+        free(group);
+        free(dms);
+    }
+    ds_pump(ds);
 }
 
 void gw_dispatch_submit(gw_server_t *srv, gw_item_t *item)

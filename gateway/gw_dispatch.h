@@ -8,7 +8,10 @@
 
 #include <jansson.h>
 
-/* Any thread: the item's input is in the arena; hand it to the dispatcher. */
+/* Any thread: the item's input is in the arena; hand it to the dispatcher.
+ * With items linked from it through clump_next, they are a clump: ready
+ * together (a request's images, a detection run's crops), they enter their
+ * session as one arrival (pl_dispatch_requests). */
 void gw_dispatch_submit(gw_server_t *srv, gw_item_t *item);
 /* Any thread: a model was published (uploaded, profiled) or removed
  * (m == NULL, key given). */

@@ -274,6 +274,9 @@ void ds_pump(gw_dispatch_t *ds);
 void ds_update_routes(gw_dispatch_t *ds, ds_model_t *dm);
 /* Queues it in dm's session for its SLO bucket and input kind. */
 void ds_enqueue_item(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t *it);
+/* The same for n items ready together (a clump, gw_dispatch_submit): those
+ * of one session enter it as one arrival (pl_dispatch_requests). */
+void ds_enqueue_items(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t **items, int n);
 /* The requests that waited for dm's first load: queued, or failed. */
 void ds_flush_pending(gw_dispatch_t *ds, ds_model_t *dm);
 void ds_fail_pending(gw_dispatch_t *ds, ds_model_t *dm, int rc, const char *why);

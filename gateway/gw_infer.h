@@ -4,8 +4,10 @@
  *   HTTP loop:       parse, look the model up, stamp arrival and deadline,
  *                    split into items (one per image or tensor row)
  *   preprocess pool: decode + resize each JPEG item into a shared-memory slot
- *                    (tensor items are copied into a slot on the HTTP side)
- *   dispatch thread: queue the item in its session, batch, send to a worker,
+ *                    (tensor items are copied into a slot on the HTTP side);
+ *                    the request's items reach the dispatcher together, once
+ *                    the last is ready (one arrival, gw_clump_t)
+ *   dispatch thread: queue the items in their session, batch, send to a worker,
  *                    copy the output row back, release the slots
  *   HTTP loop:       when every item is done, answer (gw_async_t)
  *
@@ -36,6 +38,7 @@ struct gw_infer {
     gw_item_t *items;
     float *outputs;     /* n_items * model->out_elems, written by the dispatch thread */
     atomic_int pending; /* items not finished */
+    gw_clump_t clump;   /* its items, handed to the dispatcher together */
     atomic_int failed;  /* set once: the first error wins */
     int err;            /* valid when failed */
     char err_detail[256];

@@ -57,8 +57,57 @@ struct gw_item {
     /* Not NULL: when it reads non-zero, the item is no longer wanted (its
      * pipeline query was dropped): it is failed instead of being sent. */
     const atomic_int *abandoned;
+    /* The next item of its clump: items ready together (the images of one
+     * request, the crops of one detection run) are handed to the
+     * dispatcher as one chain (gw_dispatch_submit); NULL: the last, or
+     * alone. */
+    gw_item_t *clump_next;
     gw_prep_job_t prep; /* JPEG items */
 };
+
+/* Gathers the items of one request that become ready at different times,
+ * on any threads (each image's decode), into one clump: the dispatcher
+ * then sees them arrive together, as they did (one arrival: at low load
+ * one batch at once, not the first alone and the rest read as a burst and
+ * deferred). The request is answered when its last item is anyway, so the
+ * early ones lose nothing by waiting for it. */
+typedef struct {
+    atomic_int unsettled;       /* items neither ready nor failed yet */
+    _Atomic(gw_item_t *) ready; /* those ready, linked through clump_next */
+} gw_clump_t;
+
+static inline void gw_clump_init(gw_clump_t *c, int items)
+{
+    atomic_init(&c->unsettled, items);
+    atomic_init(&c->ready, NULL);
+}
+
+/* One item of c is settled: item ready, or NULL for one that failed before
+ * the dispatcher saw it. Returns the ready items as a chain, in the order
+ * of their index, to the caller that settled the last one (the chain may
+ * be NULL when none is ready); NULL to every other caller. Any thread. */
+static inline gw_item_t *gw_clump_settle(gw_clump_t *c, gw_item_t *item)
+{
+    if (item != NULL) {
+        gw_item_t *head = atomic_load(&c->ready);
+        do
+            item->clump_next = head;
+        while (!atomic_compare_exchange_weak(&c->ready, &head, item));
+    }
+    if (atomic_fetch_sub(&c->unsettled, 1) != 1)
+        return NULL;
+    /* Pushed in the order they settled: sorted back into request order. */
+    gw_item_t *chain = NULL, *it = atomic_exchange(&c->ready, NULL);
+    while (it != NULL) {
+        gw_item_t *next = it->clump_next, **at = &chain;
+        while (*at != NULL && (*at)->index < it->index)
+            at = &(*at)->clump_next;
+        it->clump_next = *at;
+        *at = it;
+        it = next;
+    }
+    return chain;
+}
 
 /* Marks item done with rc (0 or an SQ_* error and a detail); the request's
  * last item triggers the reply. Thread-safe. */

@@ -67,7 +67,38 @@ void gw_item_finish(gw_item_t *item, int rc, const char *detail)
         gw_async_done(&req->base);
 }
 
-/* Hands item to the dispatcher with what it needs to know of it. */
+/* Answers an item that never reached the dispatcher (any thread). */
+static void item_answer_early(gw_server_t *srv, gw_item_t *item, int rc, const char *detail)
+{
+    if (item->in_off >= 0) {
+        sq_shm_release(srv->arena, item->in_off);
+        item->in_off = -1;
+    }
+    gw_item_finish(item, rc, detail);
+}
+
+/* The request's ready items, once its last item settled (chain, linked
+ * through clump_next): to the dispatcher together, one arrival; or, when
+ * another item failed meanwhile, answered at once (the request fails
+ * anyway). Touches nothing of the request after the last answer. */
+static void hand_over(gw_server_t *srv, gw_item_t *chain)
+{
+    if (chain == NULL)
+        return;
+    if (!atomic_load(&chain->req->failed)) {
+        gw_dispatch_submit(srv, chain);
+        return;
+    }
+    for (gw_item_t *it = chain, *next; it != NULL; it = next) {
+        next = it->clump_next;
+        it->clump_next = NULL;
+        item_answer_early(srv, it, SQ_OVERLOAD, NULL);
+    }
+}
+
+/* Item is ready: it waits for the request's other items (gw_clump_t), and
+ * the last to settle hands them all over, with what the dispatcher needs
+ * to know of each. */
 static void submit(gw_server_t *srv, gw_item_t *item)
 {
     gw_infer_t *req = item->req;
@@ -79,17 +110,17 @@ static void submit(gw_server_t *srv, gw_item_t *item)
     item->deadline_us = req->deadline_us;
     item->out = req->outputs + (size_t)item->index * (size_t)req->model->out_elems;
     item->finish = gw_item_finish;
-    gw_dispatch_submit(srv, item);
+    hand_over(srv, gw_clump_settle(&req->clump, item));
 }
 
-/* Fails an item that never reached the dispatcher (any thread). */
+/* Fails an item that never reached the dispatcher (any thread). Settled
+ * first: while the items it completes the clump with are unanswered, the
+ * request stays alive for their hand-over. */
 static void item_fail_early(gw_server_t *srv, gw_item_t *item, int rc, const char *detail)
 {
-    if (item->in_off >= 0) {
-        sq_shm_release(srv->arena, item->in_off);
-        item->in_off = -1;
-    }
-    gw_item_finish(item, rc, detail);
+    gw_item_t *chain = gw_clump_settle(&item->req->clump, NULL);
+    item_answer_early(srv, item, rc, detail);
+    hand_over(srv, chain);
 }
 
 static void on_prep_done(gw_prep_job_t *job, int rc)
@@ -428,6 +459,7 @@ static int alloc_items(gw_infer_t *req, int n)
         return SQ_OVERLOAD;
     req->n_items = n;
     atomic_store(&req->pending, n);
+    gw_clump_init(&req->clump, n);
     for (int i = 0; i < n; i++) {
         req->items[i].req = req;
         req->items[i].index = i;

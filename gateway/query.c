@@ -86,7 +86,8 @@ struct gw_query {
     qnode_t **roots; /* nframes * nroots */
     int nroots;
     int root_stage[GW_PIPE_MAX_STAGES];
-    atomic_int pending; /* nodes and crop jobs not finished */
+    atomic_int pending;     /* nodes and crop jobs not finished */
+    gw_clump_t roots_clump; /* the frames' roots, handed over together */
     atomic_int abandoned;
     atomic_int failed;
     int err;
@@ -192,7 +193,8 @@ static void node_finish(gw_item_t *item, int rc, const char *detail)
     query_release(q);
 }
 
-static void node_submit(gw_server_t *srv, qnode_t *n)
+/* Fills in what the dispatcher needs to know of node n's item. */
+static void node_ready(gw_server_t *srv, qnode_t *n)
 {
     gw_query_t *q = n->q;
     gw_item_t *it = &n->item;
@@ -206,10 +208,28 @@ static void node_submit(gw_server_t *srv, qnode_t *n)
     it->finish = node_finish;
     it->abandoned = &q->abandoned;
     it->input_kind = SQ_INPUT_PIXELS;
-    gw_dispatch_submit(srv, it);
+    it->clump_next = NULL;
 }
 
 /* ---- roots: decode --------------------------------------------------------- */
+
+/* Root n settled: decoded (ready) or failed (NULL). The query's frames
+ * reach the dispatcher together, once the last is decoded (gw_clump_t):
+ * one arrival per root stage, like a multi-image request's images. Any
+ * thread; the caller fails its own root after this, not before (the roots
+ * handed over keep the query alive). */
+static gw_item_t *root_settle(gw_query_t *q, qnode_t *n)
+{
+    return gw_clump_settle(&q->roots_clump, n != NULL ? &n->item : NULL);
+}
+
+static void root_fail(gw_server_t *srv, qnode_t *n, int rc, const char *detail)
+{
+    gw_item_t *chain = root_settle(n->q, NULL);
+    node_fail_early(srv, n, rc, detail);
+    if (chain != NULL)
+        gw_dispatch_submit(srv, chain);
+}
 
 static void on_root_decoded(gw_prep_job_t *job, int rc)
 {
@@ -217,7 +237,7 @@ static void on_root_decoded(gw_prep_job_t *job, int rc)
     gw_query_t *q = n->q;
     gw_server_t *srv = q->base.srv;
     if (rc != 0) {
-        node_fail_early(srv, n, rc, job->err[0] ? job->err : sq_err_msg(rc));
+        root_fail(srv, n, rc, job->err[0] ? job->err : sq_err_msg(rc));
         return;
     }
     n->original = job->original;
@@ -226,11 +246,14 @@ static void on_root_decoded(gw_prep_job_t *job, int rc)
     q->frame_w[n->frame] = job->info.width;
     q->frame_h[n->frame] = job->info.height;
     if (atomic_load(&q->abandoned)) {
-        node_fail_early(srv, n, SQ_DEADLINE, "its query was dropped");
+        root_fail(srv, n, SQ_DEADLINE, "its query was dropped");
         return;
     }
     n->item.ready_us = sq_now_us();
-    node_submit(srv, n);
+    node_ready(srv, n);
+    gw_item_t *chain = root_settle(q, n);
+    if (chain != NULL)
+        gw_dispatch_submit(srv, chain);
 }
 
 static void root_start(gw_server_t *srv, qnode_t *n)
@@ -239,7 +262,7 @@ static void root_start(gw_server_t *srv, qnode_t *n)
     const gw_model_t *m = q->models[n->stage];
     int64_t off = sq_shm_alloc(srv->arena, (size_t)m->h * (size_t)m->w * 3);
     if (off < 0) {
-        node_fail_early(srv, n, SQ_OVERLOAD, "no room in the shared-memory arena");
+        root_fail(srv, n, SQ_OVERLOAD, "no room in the shared-memory arena");
         return;
     }
     n->item.in_off = off;
@@ -262,9 +285,9 @@ static void root_start(gw_server_t *srv, qnode_t *n)
     job->user = n;
     int rc = gw_prep_pool_submit(srv->prep, job);
     if (rc != 0)
-        node_fail_early(srv, n, rc == SQ_DEADLINE || rc == SQ_SHUTTING_DOWN ? rc : SQ_OVERLOAD,
-                        rc == SQ_DEADLINE ? "the image decoders cannot start this frame in time"
-                                          : "the image decoders are saturated");
+        root_fail(srv, n, rc == SQ_DEADLINE || rc == SQ_SHUTTING_DOWN ? rc : SQ_OVERLOAD,
+                  rc == SQ_DEADLINE ? "the image decoders cannot start this frame in time"
+                                    : "the image decoders are saturated");
 }
 
 /* ---- crops ----------------------------------------------------------------- */
@@ -274,8 +297,11 @@ typedef struct {
     qnode_t *n;
 } crop_job_t;
 
-/* Cuts child stage c's crops of node n into the arena and submits them.
- * Runs on a pool thread. */
+/* Cuts child stage c's crops of node n into the arena and submits them,
+ * together once all are cut: one arrival in the stage's session, so that at
+ * low load they run as one batch at once (handed over one by one, the
+ * first would go alone and the rest read as a burst, deferred towards the
+ * deadline). Runs on a pool thread. */
 static int cut_crops(gw_prep_ctx_t *ctx, gw_query_t *q, qnode_t *n, int k, char *err, size_t errlen)
 {
     gw_server_t *srv = q->base.srv;
@@ -308,6 +334,7 @@ static int cut_crops(gw_prep_ctx_t *ctx, gw_query_t *q, qnode_t *n, int k, char 
     }
     n->kids[k] = sq_xcalloc((size_t)nd, sizeof(qnode_t *));
     int keep = p->stages[c].nchildren > 0;
+    gw_item_t *clump = NULL, **tail = &clump;
     for (int i = 0; i < nd; i++) {
         qnode_t *kid = node_new(q, n->frame, c, n);
         n->kids[k][i] = kid;
@@ -327,7 +354,7 @@ static int cut_crops(gw_prep_ctx_t *ctx, gw_query_t *q, qnode_t *n, int k, char 
         int64_t off = sq_shm_alloc(srv->arena, (size_t)cm->h * (size_t)cm->w * 3);
         if (off < 0) {
             node_fail_early(srv, kid, SQ_OVERLOAD, "no room in the shared-memory arena");
-            return 0;
+            break;
         }
         kid->item.in_off = off;
         int rc = gw_crop_resize(ctx, n->original, n->orig_w, n->orig_h, r,
@@ -349,11 +376,16 @@ static int cut_crops(gw_prep_ctx_t *ctx, gw_query_t *q, qnode_t *n, int k, char 
         }
         if (rc != 0) {
             node_fail_early(srv, kid, rc, "cannot cut a crop");
-            return 0;
+            break;
         }
-        kid->item.ready_us = sq_now_us();
-        node_submit(srv, kid);
+        node_ready(srv, kid);
+        *tail = &kid->item;
+        tail = &kid->item.clump_next;
     }
+    /* Those cut, even when one failed: each is answered exactly once (the
+     * dispatcher fails them at once, their query being dropped). */
+    if (clump != NULL)
+        gw_dispatch_submit(srv, clump);
     return 0;
 }
 
@@ -596,11 +628,13 @@ static void query_start(gw_query_t *q, const gw_part_t *frames, int nframes)
     /* Every root counts before any starts: one that fails at once must
      * not answer while others are still to start. */
     atomic_store(&q->pending, nframes * q->nroots + 1);
+    gw_clump_init(&q->roots_clump, nframes * q->nroots);
     for (int f = 0; f < nframes; f++)
         for (int r = 0; r < q->nroots; r++) {
             qnode_t *n = node_new(q, f, q->root_stage[r], NULL);
             n->jpeg = frames[f].data;
             n->jpeg_len = frames[f].len;
+            n->item.index = f * q->nroots + r; /* the clump's order */
             q->roots[f * q->nroots + r] = n;
         }
     for (int i = 0; i < nframes * q->nroots; i++)

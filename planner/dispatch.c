@@ -56,12 +56,14 @@ typedef struct {
     int nroutes;
     /* Adaptive: what one worker serves of it batching greedily under the
      * SLO (requests per µs), and its arrivals: the current window's start
-     * and count, the last full window's rate (per µs). */
+     * and count, how many of those came with the arrival that opened it
+     * (more than one: a clump, pl_dispatch_requests), the last full
+     * window's rate (per µs). */
     double greedy_per_us;
     int max_batch_cfg; /* pl_session_cfg_t.max_batch, for a new profile */
     int64_t win_start_us;
     int64_t win_count;
-    int64_t win_first; /* of win_count, the window's first clump (PL_DEFAULT_CLUMP_US) */
+    int64_t win_first; /* of win_count, the opening clump's (pl_dispatch_requests) */
     double win_rate;
     int priority;            /* pl_session_cfg_t.priority: smaller first */
     int64_t last_arrival_us; /* PL_NEVER: none yet */
@@ -563,27 +565,29 @@ static int deferred_candidate(const session_t *s, net_t net, int64_t now_us, dou
 }
 
 /* The current window's arrival rate (per µs). A window starts at an
- * arrival, so its rate is that of its gaps: the requests after its first
- * clump over the time elapsed ((count - 1) / elapsed without clumps). */
-static double window_rate(const session_t *s, int64_t now_us)
+ * arrival, so its rate is its gaps: the requests that came after the one
+ * that opened it, over the time since. The opening arrival may be a clump
+ * (pl_dispatch_requests): its requests came in no time, and counting them
+ * as gaps would read one arrival as a burst of the fastest kind. */
+static double window_rate_per_us(const session_t *s, int64_t now_us)
 {
     int64_t el = now_us - s->win_start_us;
-    return el > 0 && s->win_count > s->win_first
-               ? (double)(s->win_count - s->win_first) / (double)el
-               : 0;
+    int64_t after = s->win_count - s->win_first;
+    return el > 0 && after > 0 ? (double)after / (double)el : 0;
 }
 
 /* Adaptive: whether s's arrivals are sparse enough that its batches go at
- * once (pl_dispatch.h). The rate is the last full window's, or the
- * current one's (window_rate) when that is longer (a lull) or already
- * higher (a burst: two requests close together, but not of one clump,
- * make deferral the choice at once, the safe side). */
+ * once (pl_dispatch.h). The rate is the last full window's, or the current
+ * one's when that is longer (a lull) or already higher (a burst: two
+ * arrivals close together make deferral the choice at once, the safe
+ * side). Both count requests, a clump's every one: what loads the workers
+ * is the requests, however they come. */
 static int eager(const pl_dispatch_t *d, const session_t *s, int64_t now_us)
 {
     if (d->opts.policy != PL_POLICY_ADAPTIVE || s->nroutes == 0)
         return 0;
     int64_t el = now_us - s->win_start_us;
-    double cur = window_rate(s, now_us);
+    double cur = window_rate_per_us(s, now_us);
     double rate = el >= PL_RATE_WINDOW_US || cur > s->win_rate ? cur : s->win_rate;
     return rate < d->opts.eager_load * s->nroutes * s->greedy_per_us;
 }
@@ -679,7 +683,7 @@ static int64_t chain_latest_start(const wcand_t *chain, int n, int skip, int lev
  * than c). */
 static int hold_batch(const session_t *s, const candidate_t *c, int target, int64_t now_us)
 {
-    double cur = window_rate(s, now_us);
+    double cur = window_rate_per_us(s, now_us);
     double rate = cur > s->win_rate ? cur : s->win_rate;
     int64_t ahead = c->valid_until > now_us ? c->valid_until - now_us : 0;
     double expect = (double)(s->q.n - (uint32_t)c->skip) + ceil(rate * (double)ahead);
@@ -1489,34 +1493,49 @@ int pl_dispatch_route_set(pl_dispatch_t *d, int64_t now_us, int session, const p
     return 0;
 }
 
-int pl_dispatch_request(pl_dispatch_t *d, int64_t now_us, uint64_t id, int session,
-                        int64_t arrival_us, int64_t deadline_us)
+int pl_dispatch_requests(pl_dispatch_t *d, int64_t now_us, int session, const pl_request_t *reqs,
+                         int n)
 {
     begin(d);
     session_t *s = session_get(d, session);
-    if (s == NULL)
+    if (s == NULL || n < 1 || reqs == NULL)
         return SQ_INVAL;
-    pl__entry_t e = {.id = id, .deadline_us = deadline_us, .arrival_us = arrival_us, .flags = 0};
-    pl__q_insert(&s->q, &e);
+    /* All queued before the pump: deciding after the first would send it
+     * alone and leave the rest to wait for the next batch. */
+    for (int i = 0; i < n; i++) {
+        pl__entry_t e = {.id = reqs[i].id,
+                         .deadline_us = reqs[i].deadline_us,
+                         .arrival_us = reqs[i].arrival_us,
+                         .flags = 0};
+        pl__q_insert(&s->q, &e);
+    }
     if (now_us - s->win_start_us >= PL_RATE_WINDOW_US) {
         s->win_rate = (double)s->win_count / (double)(now_us - s->win_start_us);
         s->win_start_us = now_us;
         s->win_count = 0;
         s->win_first = 0;
     }
-    /* The window's first clump: its first request and those within
-     * clump_us of it. Measured from the window's start, not from the
-     * request before: a steady stream whose gaps are all shorter would
-     * otherwise be one endless clump, with no rate at all. */
+    /* The window's opening clump: the requests that open it, and those
+     * within clump_us of it (items released one by one, e.g. after a
+     * model load). Measured from the window's start, not from the request
+     * before: a steady stream whose gaps are all shorter would otherwise
+     * be one endless clump, with no rate at all. */
     if (s->win_count == 0 || now_us - s->win_start_us < d->opts.clump_us)
-        s->win_first++;
-    s->win_count++;
+        s->win_first += n;
+    s->win_count += n;
     s->last_arrival_us = now_us;
-    d->stats.requests++;
-    d->stats.queued++;
+    d->stats.requests += (uint64_t)n;
+    d->stats.queued += (uint64_t)n;
     pump_session(d, session, now_us);
     finish(d);
     return 0;
+}
+
+int pl_dispatch_request(pl_dispatch_t *d, int64_t now_us, uint64_t id, int session,
+                        int64_t arrival_us, int64_t deadline_us)
+{
+    pl_request_t r = {.id = id, .arrival_us = arrival_us, .deadline_us = deadline_us};
+    return pl_dispatch_requests(d, now_us, session, &r, 1);
 }
 
 int pl_dispatch_cancel(pl_dispatch_t *d, int64_t now_us, int session, uint64_t id)

@@ -69,6 +69,8 @@
  *     pl_dispatch_worker_add(d, now, w, duty_cycle_us);   // per worker
  *     pl_dispatch_route_set(d, now, s, routes, nroutes);  // who holds s's model
  *     on request ready:   pl_dispatch_request(d, now, id, s, arrival, deadline);
+ *     on requests ready together (one arrival: a multi-image request, a
+ *       frame's crops):  pl_dispatch_requests(d, now, s, reqs, n);
  *     on timer:           pl_dispatch_timer(d, now);
  *     on batch result:    pl_dispatch_batch_done(d, now, w, batch_id);
  *     on worker death:    pl_dispatch_worker_lost(d, now, w);
@@ -128,7 +130,9 @@ typedef enum {
      * and runs in the next), the batch goes at once: the worker is idle and
      * the time saved is the request's. Rates come from the arrivals the
      * core sees (windows of PL_RATE_WINDOW_US), so the switch follows the
-     * load without the planner. */
+     * load without the planner. Requests handed over together
+     * (pl_dispatch_requests) are one arrival: they weigh on the rate as
+     * the items they are, but never read as a burst among themselves. */
     PL_POLICY_ADAPTIVE,
 } pl_policy_t;
 
@@ -326,6 +330,22 @@ int pl_dispatch_route_set(pl_dispatch_t *d, int64_t now_us, int session, const p
  * only echoed back. SQ_INVAL on an unknown session. */
 int pl_dispatch_request(pl_dispatch_t *d, int64_t now_us, uint64_t id, int session,
                         int64_t arrival_us, int64_t deadline_us);
+/* One request of pl_dispatch_requests. */
+typedef struct {
+    uint64_t id; /* the caller's, only echoed back */
+    int64_t arrival_us, deadline_us;
+} pl_request_t;
+
+/* n requests of session ready together: one arrival, such as the images
+ * of one multi-image request or the crops a detector found in one frame.
+ * They are queued before anything is decided, so that at low load they
+ * leave as one batch at once; and the adaptive policy counts them as the
+ * items they are in the session's rate, but the gaps between them (none)
+ * as no burst: a clump of n at low load is not n requests close together.
+ * Ids must be distinct. SQ_INVAL on an unknown session or n < 1 (nothing
+ * queued). */
+int pl_dispatch_requests(pl_dispatch_t *d, int64_t now_us, int session, const pl_request_t *reqs,
+                         int n);
 /* The client went away (or the caller answered the request itself): takes
  * request id out of session's queue so that it uses no batch slot. No
  * action is produced for it. Returns 0, or SQ_NOT_FOUND when it is not

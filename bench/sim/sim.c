@@ -227,6 +227,8 @@ typedef struct {
     sim_rng_t *qrng; /* per query: its fan-out draws */
     int *kill;       /* queries to drop once the dispatcher's actions are read */
     size_t nkill, capkill;
+    pl_request_t *clump; /* item_push's, handed to the dispatcher together */
+    int cap_clump;
 } run_t;
 
 static void kill_query(run_t *r, int q, int outcome, int64_t now);
@@ -348,34 +350,45 @@ static int draw_items(sim_rng_t *g, double mean, wl_gamma_dist_t dist)
     return n;
 }
 
-/* A new item of query q at stage, ready now: its deadline is the query's
- * arrival plus the budgets up to its stage. */
-static void item_push(run_t *r, int q, int stage, int64_t now)
+/* n new items of query q at stage, ready now (a root, or the items one
+ * parent fanned out to: squishd's crops of one detection, cut together and
+ * handed to the dispatcher as one clump, pl_dispatch_requests): their
+ * deadline is the query's arrival plus the budgets up to their stage. */
+static void item_push(run_t *r, int q, int stage, int64_t now, int n)
 {
     sim_result_t *res = r->res;
     sim_query_t *qq = &res->queries[q];
     int sess = res->pipelines[qq->pipeline].first_session + stage;
-    if (res->nrequests == r->cap_requests) {
-        r->cap_requests = r->cap_requests ? 2 * r->cap_requests : 4096;
-        res->requests = sq_xrealloc(res->requests, sizeof(*res->requests) * r->cap_requests);
-        r->inext = sq_xrealloc(r->inext, sizeof(long) * r->cap_requests);
-    }
-    size_t id = res->nrequests++;
     int64_t deadline = qq->arrival_us + r->stages[qq->pipeline][stage].cum_us;
-    res->requests[id] = (sim_request_t){.session = sess,
-                                        .arrival_us = now,
-                                        .deadline_us = deadline,
-                                        .sent_us = -1,
-                                        .finish_us = -1,
-                                        .query = q,
-                                        .stage = stage};
-    r->inext[id] = r->qhead[q];
-    r->qhead[q] = (long)id;
-    r->pend[r->qoff[q] + (size_t)stage]++;
-    r->created[r->qoff[q] + (size_t)stage]++;
-    qq->items++;
-    r->epoch_count[sess]++;
-    pl_dispatch_request(r->d, now, id, sess, now, deadline);
+    if (n < 1)
+        return;
+    if (n > r->cap_clump) {
+        r->cap_clump = n > 2 * r->cap_clump ? n : 2 * r->cap_clump;
+        r->clump = sq_xrealloc(r->clump, sizeof(*r->clump) * (size_t)r->cap_clump);
+    }
+    for (int k = 0; k < n; k++) {
+        if (res->nrequests == r->cap_requests) {
+            r->cap_requests = r->cap_requests ? 2 * r->cap_requests : 4096;
+            res->requests = sq_xrealloc(res->requests, sizeof(*res->requests) * r->cap_requests);
+            r->inext = sq_xrealloc(r->inext, sizeof(long) * r->cap_requests);
+        }
+        size_t id = res->nrequests++;
+        res->requests[id] = (sim_request_t){.session = sess,
+                                            .arrival_us = now,
+                                            .deadline_us = deadline,
+                                            .sent_us = -1,
+                                            .finish_us = -1,
+                                            .query = q,
+                                            .stage = stage};
+        r->inext[id] = r->qhead[q];
+        r->qhead[q] = (long)id;
+        r->clump[k] = (pl_request_t){.id = id, .arrival_us = now, .deadline_us = deadline};
+    }
+    r->pend[r->qoff[q] + (size_t)stage] += n;
+    r->created[r->qoff[q] + (size_t)stage] += (size_t)n;
+    qq->items += (size_t)n;
+    r->epoch_count[sess] += n;
+    pl_dispatch_requests(r->d, now, sess, r->clump, n);
 }
 
 /* Drops query q at now (outcome SIM_DROPPED or SIM_LATE): its queued items
@@ -435,8 +448,7 @@ static void settle(run_t *r, int q, int64_t now)
                     int n = draw_items(&r->qrng[q], mean, st->gamma_dist);
                     pr->drawn[v] += n;
                     pr->parents[v] += base;
-                    for (int i = 0; i < n; i++)
-                        item_push(r, q, v, now);
+                    item_push(r, q, v, now, n);
                 }
             }
         }
@@ -473,8 +485,7 @@ static void item_done(run_t *r, size_t id, int64_t now)
         int n = draw_items(&r->qrng[q], pl->stages[c].gamma[0], pl->stages[c].gamma_dist);
         res->pipelines[p].drawn[c] += n;
         res->pipelines[p].parents[c] += 1;
-        for (int k = 0; k < n; k++)
-            item_push(r, q, c, now);
+        item_push(r, q, c, now, n);
     }
     settle(r, q, now);
 }
@@ -1004,7 +1015,7 @@ int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
                 r.fired[r.qoff[q] + (size_t)v] = 1;
                 pr->drawn[v] += 1;
                 pr->parents[v] += 1;
-                item_push(&r, q, v, now);
+                item_push(&r, q, v, now, 1);
             }
         } else if (r.next_epoch_us == now) {
             /* Epochs run while arrivals do (ties: after completions and
@@ -1080,6 +1091,7 @@ out:
     free(r.inext);
     free(r.qrng);
     free(r.kill);
+    free(r.clump);
     if (r.has_plan)
         pl_plan_dispose(&r.plan);
     pl_dispatch_free(r.d);
@@ -1432,6 +1444,7 @@ char *sim_summary_json(const wl_workload_t *w, const sim_opts_t *opts, const sim
 
     if (res->npipelines > 0) {
         json_t *pls = json_array();
+        double *ql = sq_xmalloc(sizeof(double) * (res->nqueries ? res->nqueries : 1));
         for (int p = 0; p < res->npipelines; p++) {
             const wl_pipeline_t *pl = &w->pipelines[p];
             const sim_pipeline_result_t *pr = &res->pipelines[p];
@@ -1462,8 +1475,22 @@ char *sim_summary_json(const wl_workload_t *w, const sim_opts_t *opts, const sim
             json_object_set_new(po, "gamma_measured", gm);
             json_object_set_new(po, "budgets_ms", bm);
             json_object_set_new(po, "cost_devices", num(pr->cost_devices));
+            /* End-to-end latency of the good queries: arrival to their last
+             * item done (at low load, what a user waits; near the SLO when
+             * items wait to be batched). */
+            size_t nl = 0;
+            for (size_t i = 0; i < res->nqueries; i++)
+                if (res->queries[i].pipeline == p && res->queries[i].outcome == SIM_OK)
+                    ql[nl++] =
+                        (double)(res->queries[i].finish_us - res->queries[i].arrival_us) / 1000;
+            qsort(ql, nl, sizeof(double), dbl_cmp);
+            json_object_set_new(po, "latency_ms_p50",
+                                num(nl ? ql[(size_t)ceil(0.50 * (double)nl) - 1] : 0));
+            json_object_set_new(po, "latency_ms_p99",
+                                num(nl ? ql[(size_t)ceil(0.99 * (double)nl) - 1] : 0));
             json_array_append_new(pls, po);
         }
+        free(ql);
         json_object_set_new(root, "pipelines", pls);
     }
 

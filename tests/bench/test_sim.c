@@ -531,6 +531,51 @@ Test(sim, measured_gamma_matches_the_workload_mean)
     }
 }
 
+/* One query every 200 ms on one device, each detection fanning out to
+ * exactly 8 classify items, under adaptive: the 8 reach the dispatcher
+ * together, as squishd hands over the crops of one detection run, so each
+ * runs at once as one batch, and a query takes l_x(1) + l_y(8) = 5 + 6 =
+ * 11 ms, far below its 300 ms SLO (handed over one by one, the first ran
+ * alone and the rest after it). */
+Test(sim, a_detections_items_run_at_once_as_one_batch_at_low_load)
+{
+    wl_workload_t w;
+    load(&w, "{\"devices\": {\"count\": 1},"
+             " \"models\": [{\"name\": \"X\", \"profile\": {\"alpha_ms\": 1, \"beta_ms\": 4}},"
+             "  {\"name\": \"Y\", \"profile\": {\"alpha_ms\": 0.5, \"beta_ms\": 2}}],"
+             " \"pipelines\": [{\"name\": \"p\", \"slo_ms\": 300,"
+             "   \"arrivals\": {\"process\": \"uniform\","
+             "                  \"segments\": [{\"duration_s\": 4, \"rate_rps\": 5}]},"
+             "   \"stages\": [{\"id\": \"x\", \"model\": \"X\"},"
+             "   {\"id\": \"y\", \"model\": \"Y\", \"after\": \"x\", \"gamma\": 8,"
+             "    \"gamma_dist\": \"fixed\"}]}]}");
+    sim_opts_t o;
+    sim_opts_default(&o);
+    o.policy = PL_POLICY_ADAPTIVE;
+    sim_result_t res;
+    cr_assert_eq(sim_run(&w, &o, &res), 0);
+    cr_assert_geq(res.nqueries, 19, "%zu queries", res.nqueries);
+    cr_assert_eq(res.pipelines[0].ok, res.nqueries);
+    int y = res.pipelines[0].first_session + 1;
+    for (size_t i = 0; i < res.nbatches; i++)
+        if (res.batches[i].session == y)
+            cr_assert_eq(res.batches[i].size, 8, "batch %zu of y has %d items", i,
+                         res.batches[i].size);
+    for (size_t q = 0; q < res.nqueries; q++)
+        cr_assert_eq(res.queries[q].finish_us - res.queries[q].arrival_us, 11000,
+                     "query %zu took %lld us", q,
+                     (long long)(res.queries[q].finish_us - res.queries[q].arrival_us));
+    char *text = sim_summary_json(&w, &o, &res, 0, 0, 0);
+    json_t *j = json_loads(text, 0, NULL);
+    json_t *pj = json_array_get(json_object_get(j, "pipelines"), 0);
+    cr_assert_float_eq(json_real_value(json_object_get(pj, "latency_ms_p50")), 11, 1e-9);
+    cr_assert_float_eq(json_real_value(json_object_get(pj, "latency_ms_p99")), 11, 1e-9);
+    json_decref(j);
+    free(text);
+    sim_result_dispose(&res);
+    wl_workload_dispose(&w);
+}
+
 /* 300 queries within 3 ms on one device: x (10 ms an item plus 5) and w
  * (1 ms plus 2) start each query side by side, y takes 6 items per x item,
  * z joins y and w. x cannot serve the burst within its budget, so many x

@@ -113,6 +113,9 @@ typedef struct {
     int64_t at_us;
     int session;
     int64_t deadline_us;
+    /* Not 0: consecutive arrivals with the same clump number (and time and
+     * session) are handed over together, pl_dispatch_requests. */
+    int clump;
 } arrival_t;
 
 /* Runs arrivals [first, narr) (sorted by time; request id = index + 1) and
@@ -143,6 +146,20 @@ static void rig_run_from(rig_t *r, const arrival_t *arr, int first, int narr, in
                     absorb(r);
                 }
             }
+        } else if (t_arr == now && arr[next].clump != 0) {
+            pl_request_t reqs[64];
+            int n = 0;
+            const arrival_t *a = &arr[next];
+            while (next < narr && arr[next].clump == a->clump && arr[next].at_us == now) {
+                cr_assert_lt(n, 64);
+                cr_assert_eq(arr[next].session, a->session);
+                reqs[n++] = (pl_request_t){.id = (uint64_t)next + 1,
+                                           .arrival_us = now,
+                                           .deadline_us = arr[next].deadline_us};
+                next++;
+            }
+            cr_assert_eq(pl_dispatch_requests(r->d, now, a->session, reqs, n), 0);
+            absorb(r);
         } else if (t_arr == now) {
             const arrival_t *a = &arr[next];
             cr_assert_eq(
@@ -510,11 +527,12 @@ Test(dispatch, adaptive_under_load_defers_like_symphony)
     free(r);
 }
 
-/* Clumps of n requests (one instant each, as the crops of one detector
- * batch or the images of one multipart request), every gap_us from 0, on
+/* Clumps of n requests, each request its own arrival at the clump's
+ * instant (items released one by one), every gap_us from 0, on
  * a session of l(b) = b + 5 ms, max batch 32, SLO 200 ms, over 2 workers.
  * Returns the rig; arrivals in *arr (the caller frees both). */
-static rig_t *clump_run(pl_policy_t policy, int n, int64_t gap_us, int nclumps, arrival_t **arr)
+static rig_t *clump_run_each(pl_policy_t policy, int n, int64_t gap_us, int nclumps,
+                             arrival_t **arr)
 {
     rig_t *r = malloc(sizeof(*r));
     rig_init(r, policy);
@@ -538,7 +556,7 @@ Test(dispatch, adaptive_sends_a_clump_at_low_load_at_once)
      * other six as one batch after l(1)), not at their frontrun moment
      * near the 200 ms deadline. */
     arrival_t *arr;
-    rig_t *r = clump_run(PL_POLICY_ADAPTIVE, 8, 500000, 4, &arr);
+    rig_t *r = clump_run_each(PL_POLICY_ADAPTIVE, 8, 500000, 4, &arr);
     cr_assert_eq(r->ndropped, 0);
     int64_t worst = 0;
     for (int k = 0; k < r->nsent; k++) {
@@ -554,6 +572,50 @@ Test(dispatch, adaptive_sends_a_clump_at_low_load_at_once)
     free(r);
 }
 
+/* One worker, a session of l(b) = b + 5 ms and SLO 30 ms (greedy
+ * capacity: batches of 10 in 15 ms, 667 req/s; adaptive sends at once below
+ * half of it, 333 req/s), and nclumps clumps of 8 requests, one every
+ * gap_us from 0; together: handed over with pl_dispatch_requests, else one
+ * by one at the same moment. */
+static rig_t *clump_run(int64_t gap_us, int nclumps, int together)
+{
+    rig_t *r = malloc(sizeof(*r));
+    rig_init(r, PL_POLICY_ADAPTIVE);
+    add_workers(r, 1);
+    int sid = add_linear_session(r->d, 1000, 5000, 64, 30000);
+    route_all(r, sid, 1, 0);
+    arrival_t *arr = malloc(sizeof(*arr) * (size_t)nclumps * 8);
+    for (int i = 0; i < nclumps * 8; i++) {
+        int64_t at = gap_us * (i / 8);
+        arr[i] = (arrival_t){.at_us = at,
+                             .session = sid,
+                             .deadline_us = at + 30000,
+                             .clump = together ? i / 8 + 1 : 0};
+    }
+    rig_run(r, arr, nclumps * 8, 1);
+    free(arr);
+    return r;
+}
+
+Test(dispatch, adaptive_clump_at_low_load_goes_at_once_as_one_batch)
+{
+    /* A clump of 8 every 30 ms: 267 req/s, under half the greedy capacity.
+     * Each clump is one arrival: it leaves the moment it arrives, as one
+     * batch, and is answered after l(8) = 13 ms, not near its 30 ms SLO.
+     * (The rate still counts 8 requests per clump: the next test.) */
+    rig_t *r = clump_run(30000, 20, 1);
+    cr_assert_eq(r->ndropped, 0);
+    cr_assert_eq(r->nsent, 20);
+    for (int k = 0; k < 20; k++) {
+        cr_assert_eq(r->sent[k].count, 8, "clump %d went as %d", k, r->sent[k].count);
+        cr_assert_eq(r->sent[k].at_us, 30000 * k, "clump %d sent at %lld", k,
+                     (long long)r->sent[k].at_us);
+        cr_assert_eq(r->sent[k].finish_us, 30000 * k + 13000);
+    }
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
 Test(dispatch, adaptive_defers_clumps_under_load)
 {
     /* Clumps of 8 every 5 ms: 1600 req/s, far above half the greedy
@@ -561,7 +623,7 @@ Test(dispatch, adaptive_defers_clumps_under_load)
      * their batches to fill, as Symphony's do, instead of going out a
      * clump at a time. */
     arrival_t *arr;
-    rig_t *r = clump_run(PL_POLICY_ADAPTIVE, 8, 5000, 100, &arr);
+    rig_t *r = clump_run_each(PL_POLICY_ADAPTIVE, 8, 5000, 100, &arr);
     int64_t items = 0, big = 0;
     for (int k = 0; k < r->nsent; k++) {
         items += r->sent[k].count;
@@ -571,6 +633,66 @@ Test(dispatch, adaptive_defers_clumps_under_load)
                   "%lld of %lld requests in batches larger than a clump", (long long)big,
                   (long long)items);
     free(arr);
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
+Test(dispatch, adaptive_clump_handed_over_one_by_one_goes_as_the_worker_frees)
+{
+    /* The same 8 requests, each its own arrival at the same moment: the
+     * first leaves alone at once; the seven behind it are of the window's
+     * opening clump (within clump_us of its first), not a burst, so they
+     * go as one batch the moment the worker is free, after l(1) = 6 ms,
+     * not at their frontrun moment d - l(8) = 17 ms. pl_dispatch_requests
+     * does better still: one batch at once (the test above). */
+    rig_t *r = clump_run(30000, 1, 0);
+    cr_assert_eq(r->ndropped, 0);
+    cr_assert_eq(r->nsent, 2);
+    cr_assert_eq(r->sent[0].count, 1);
+    cr_assert_eq(r->sent[0].at_us, 0);
+    cr_assert_eq(r->sent[1].count, 7);
+    cr_assert_eq(r->sent[1].at_us, 6000);
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
+Test(dispatch, adaptive_sustained_clumps_still_defer)
+{
+    /* A clump of 8 every 20 ms: 400 req/s, above half the greedy capacity
+     * (50 clumps/s would be far below it: the rate counts requests, as
+     * they load the worker). The first clump goes at once; from the second
+     * on (two arrivals 20 ms apart) the session defers, and once settled
+     * each clump waits for its frontrun moment d - l(9) = 16 ms after it
+     * arrived, instead of leaving the moment it arrives. */
+    rig_t *r = clump_run(20000, 40, 1);
+    cr_assert_eq(r->ndropped, 0);
+    cr_assert_eq(r->overlap, 0);
+    cr_assert_eq(r->sent[0].count, 8, "the first clump, alone, goes at once");
+    cr_assert_eq(r->sent[0].at_us, 0);
+    int settled = 0;
+    for (int k = 1; k < r->nsent; k++) {
+        const sent_t *s = &r->sent[k];
+        int64_t arrived = 20000 * (int64_t)((s->ids[0] - 1) / 8);
+        if (s->at_us < 60000)
+            continue;
+        settled++;
+        cr_assert_eq(s->count, 8);
+        cr_assert_eq(s->at_us - arrived, 16000, "batch %d sent %lld us after its clump", k,
+                     (long long)(s->at_us - arrived));
+    }
+    cr_assert_geq(settled, 35);
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
+Test(dispatch, requests_refuses_an_empty_clump_and_an_unknown_session)
+{
+    int sid;
+    rig_t *r = linear_rig(PL_POLICY_ADAPTIVE, 1, &sid);
+    pl_request_t one = {.id = 1, .arrival_us = 0, .deadline_us = 12000};
+    cr_assert_eq(pl_dispatch_requests(r->d, 0, sid, &one, 0), SQ_INVAL);
+    cr_assert_eq(pl_dispatch_requests(r->d, 0, sid + 1, &one, 1), SQ_INVAL);
+    cr_assert_eq(pl_dispatch_queued(r->d, sid), 0);
     pl_dispatch_free(r->d);
     free(r);
 }
