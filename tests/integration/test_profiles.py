@@ -126,7 +126,9 @@ def a_ready_model_keeps_its_goodput_while_another_is_measured_on_its_worker():
         print("# measured from %.1f s to %.1f s: %d of %d good (%.3f), %.3f before" % (
             t_up, t_done, good, done, good / max(1, done), before), flush=True)
         assert before >= 0.95, base
-        assert done >= 40 and good >= 0.9 * before * done, (good, done, per)
+        # At least a second of the 40 req/s stream (whole seconds: a
+        # measurement within one second spans about 30-50 answers).
+        assert done >= 30 and good >= 0.9 * before * done, (good, done, per)
         log = s.read_log()
         assert "profiling done" in log and "worker lost" not in log, log[-3000:]
         assert s.stop() == 0
