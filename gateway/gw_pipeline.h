@@ -135,9 +135,12 @@ int gw_pipeline_resplit_due(gw_pipeline_t *p, int64_t now_us, int64_t interval_u
 /* Splits the SLO again with the DP (planner/query.c) from the measured
  * gammas and query rate, using profile[stage] (NULL when the stage's model
  * has no profile on its serving kind: then the even split stays). k_std
- * and epsilon_ms as the planner's. Returns 1 when the budgets changed. */
+ * and epsilon_ms as the planner's; overhead_ms: of each stage's budget,
+ * what its batches cannot use (pl_stage_t.overhead_us: the dispatch margin
+ * and the decode or crop before them). Returns 1 when the budgets
+ * changed. */
 int gw_pipeline_resplit(gw_pipeline_t *p, const pl_profile_t *const *profile, double k_std,
-                        double epsilon_ms, int64_t now_us);
+                        double epsilon_ms, double overhead_ms, int64_t now_us);
 
 /* GET /v2/models/{pipeline}: what OIP sees of it (query.c). */
 json_t *gw_pipeline_oip_metadata(gw_pipeline_t *p);

@@ -195,6 +195,9 @@ int gw_prep_pool_new(const gw_prep_pool_config_t *cfg, gw_prep_pool_t **out);
 int gw_prep_pool_submit(gw_prep_pool_t *pool, gw_prep_job_t *job);
 /* Jobs waiting in the queue now (for metrics and admission control). */
 int gw_prep_pool_queued(gw_prep_pool_t *pool);
+/* The pool's recent decode time per job (the EWMA submit uses), in µs; 0
+ * before the first decode. Thread-safe. */
+double gw_prep_pool_decode_us(gw_prep_pool_t *pool);
 /* Stops accepting jobs, drains or cancels the queue, and joins the
  * threads; on return no callback is running or will run. Call from one
  * thread, never from a callback. A second call does nothing. */

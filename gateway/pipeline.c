@@ -426,7 +426,7 @@ void gw_pipeline_deadlines(gw_pipeline_t *p, double *cum_ms)
 }
 
 int gw_pipeline_resplit(gw_pipeline_t *p, const pl_profile_t *const *profile, double k_std,
-                        double epsilon_ms, int64_t now_us)
+                        double epsilon_ms, double overhead_ms, int64_t now_us)
 {
     pthread_mutex_lock(&p->mu);
     /* The query rate since the last split (an EWMA over splits). */
@@ -475,7 +475,8 @@ int gw_pipeline_resplit(gw_pipeline_t *p, const pl_profile_t *const *profile, do
             st[k] = (pl_stage_t){.profile = profile[i],
                                  .nparents = par >= 0 ? 1 : 0,
                                  .parents = &parents[k],
-                                 .gamma = &gam[k]};
+                                 .gamma = &gam[k],
+                                 .overhead_us = overhead_ms * 1000.0};
         }
         pl_query_result_t res;
         /* The DP minimizes devices at the rate: a rate of 0 makes every

@@ -822,6 +822,14 @@ int gw_prep_pool_submit(gw_prep_pool_t *pool, gw_prep_job_t *job)
     return rc;
 }
 
+double gw_prep_pool_decode_us(gw_prep_pool_t *pool)
+{
+    pthread_mutex_lock(&pool->mu);
+    double us = pool->svc_ns / 1000.0;
+    pthread_mutex_unlock(&pool->mu);
+    return us;
+}
+
 int gw_prep_pool_queued(gw_prep_pool_t *pool)
 {
     pthread_mutex_lock(&pool->mu);

@@ -265,6 +265,11 @@ typedef struct {
     int nparents;                /* 0: root, fed by the pipeline's own requests */
     const int *parents;          /* borrowed; indices of earlier stages */
     const double *gamma;         /* borrowed; per parent edge, items per parent item; NULL = 1 */
+    /* Of the stage's budget, what its batches cannot use: the dispatcher's
+     * margin and the stage's own pre-processing (a frame's decode, a crop's
+     * cut). A budget of overhead_us + t plans the batches of budget t; 0
+     * (the simulator's devices) plans the whole budget. */
+    double overhead_us;
 } pl_stage_t;
 
 typedef struct pl_query_result {
@@ -318,5 +323,7 @@ double pl_clump_dispersion(double gamma, double gamma_var, double parent_batch);
 /* The DP's per-stage cost: rate_rps * l(b) / b in devices with b the
  * saturation batch within budget_us, or -1 when none fits. */
 double pl_stage_cost(const pl_profile_t *p, double budget_us, double rate_rps, double k_std);
+/* The same for a stage at budget_us, its overhead_us taken off first. */
+double pl_stage_cost_in(const pl_stage_t *st, double budget_us, double rate_rps, double k_std);
 
 #endif

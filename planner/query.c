@@ -48,6 +48,14 @@ double pl_stage_cost(const pl_profile_t *p, double budget_us, double rate_rps, d
     return rate_rps / thr;
 }
 
+double pl_stage_cost_in(const pl_stage_t *st, double budget_us, double rate_rps, double k_std)
+{
+    double usable = budget_us - (st->overhead_us > 0 ? st->overhead_us : 0);
+    if (!(usable > 0))
+        return -1;
+    return pl_stage_cost(st->profile, usable, rate_rps, k_std);
+}
+
 double pl_clump_dispersion(double gamma, double gamma_var, double parent_batch)
 {
     if (!(gamma > 0) || !(parent_batch > 0))
@@ -178,7 +186,7 @@ static void dp(tnode_t *tree, int node, int steps, double eps_us, const pl_stage
         double best = INFINITY;
         int best_i = 0;
         for (int i = 0; i <= steps; i++) {
-            double c = pl_stage_cost(st[t->stage].profile, i * eps_us, rates[t->stage], k_std);
+            double c = pl_stage_cost_in(&st[t->stage], i * eps_us, rates[t->stage], k_std);
             if (c >= 0 && c <= best) {
                 best = c;
                 best_i = i;
@@ -293,8 +301,11 @@ static int fill_result(pl_query_result_t *out, const pl_stage_t *stages, int nst
     for (int v = 0; v < nstages; v++) {
         out->budget_us[v] = budget_us[v];
         out->rate_rps[v] = rates[v];
-        pl_max_throughput_rps(stages[v].profile, budget_us[v], k_std, 0, &out->batch[v]);
-        double c = pl_stage_cost(stages[v].profile, budget_us[v], rates[v], k_std);
+        double usable = budget_us[v] - (stages[v].overhead_us > 0 ? stages[v].overhead_us : 0);
+        out->batch[v] = 0;
+        if (usable > 0)
+            pl_max_throughput_rps(stages[v].profile, usable, k_std, 0, &out->batch[v]);
+        double c = pl_stage_cost_in(&stages[v], budget_us[v], rates[v], k_std);
         if (c < 0) {
             pl_query_result_dispose(out);
             return SQ_DEADLINE;

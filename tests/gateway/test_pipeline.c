@@ -126,7 +126,7 @@ Test(pipeline, a_split_does_not_follow_the_noise_of_a_small_gamma)
         h = h * 6364136223846793005ull + 1442695040888963407ull;
         gw_pipeline_fanout(p, 1, (h >> 33) % 10 == 0);
     }
-    gw_pipeline_resplit(p, prof, 0, 1, 1);
+    gw_pipeline_resplit(p, prof, 0, 1, 0, 1);
     double split_for = p->split_gamma[1];
     cr_assert(fabs(split_for - 0.1) < 0.1, "the split follows 1 -> 0.1: %f", split_for);
     int resplits = 0, moved = 0;
@@ -136,7 +136,7 @@ Test(pipeline, a_split_does_not_follow_the_noise_of_a_small_gamma)
         gw_pipeline_fanout(p, 1, (h >> 33) % 10 == 0);
         if (p->resplit_wanted) {
             resplits++;
-            gw_pipeline_resplit(p, prof, 0, 1, 2 + i);
+            gw_pipeline_resplit(p, prof, 0, 1, 0, 2 + i);
             moved += p->budget_ms[1] != budget;
             budget = p->budget_ms[1];
         }
@@ -147,7 +147,7 @@ Test(pipeline, a_split_does_not_follow_the_noise_of_a_small_gamma)
     for (int i = 0; i < 200; i++)
         gw_pipeline_fanout(p, 1, i % 2);
     cr_assert(p->resplit_wanted, "gamma %f, split for %f", p->gamma[1], p->split_gamma[1]);
-    gw_pipeline_resplit(p, prof, 0, 1, 100000000);
+    gw_pipeline_resplit(p, prof, 0, 1, 0, 100000000);
     cr_assert(fabs(p->split_gamma[1] - 0.5) < 0.1, "split for %f", p->split_gamma[1]);
     gw_pipeline_unref(p);
 }
@@ -166,26 +166,26 @@ Test(pipeline, the_dp_split_moves_with_gamma)
     const pl_profile_t *prof[2] = {&x, &y};
     for (int i = 0; i < 50; i++)
         gw_pipeline_arrival(p);
-    gw_pipeline_resplit(p, prof, 0, 1, 1);
+    gw_pipeline_resplit(p, prof, 0, 1, 0, 1);
     /* 50 queries over a second: 50 qps. */
     for (int i = 0; i < 50; i++)
         gw_pipeline_arrival(p);
     for (int i = 0; i < 100; i++)
         gw_pipeline_fanout(p, 1, 1);
-    gw_pipeline_resplit(p, prof, 0, 1, 1000001);
+    gw_pipeline_resplit(p, prof, 0, 1, 0, 1000001);
     cr_assert(p->split_dp, "%s", p->split_why);
     double y1 = p->budget_ms[1];
     cr_assert_float_eq(p->budget_ms[0] + p->budget_ms[1], 300, 1e-6);
     for (int i = 0; i < 400; i++)
         gw_pipeline_fanout(p, 1, 8);
     cr_assert(fabs(p->gamma[1] - 8) < 0.5, "gamma %f", p->gamma[1]);
-    cr_assert(gw_pipeline_resplit(p, prof, 0, 1, 2000001) == 1, "the budgets changed");
+    cr_assert(gw_pipeline_resplit(p, prof, 0, 1, 0, 2000001) == 1, "the budgets changed");
     double y8 = p->budget_ms[1];
     cr_assert_gt(y8, y1, "gamma 8 gives the classifier more: %f vs %f", y8, y1);
     cr_assert_float_eq(p->cum_ms[1], 300, 1e-6);
     /* Without a profile for a stage, the even split stays, saying why. */
     const pl_profile_t *none[2] = {&x, NULL};
-    gw_pipeline_resplit(p, none, 0, 1, 3000001);
+    gw_pipeline_resplit(p, none, 0, 1, 0, 3000001);
     cr_assert_not(p->split_dp);
     cr_assert_float_eq(p->budget_ms[1], 150, 1e-9);
     cr_assert(strstr(p->split_why, "cls") != NULL, "%s", p->split_why);
@@ -205,7 +205,7 @@ Test(pipeline, a_spec_that_asks_for_the_even_split_keeps_it_with_profiles)
     const pl_profile_t *prof[2] = {&x, &y};
     for (int i = 0; i < 400; i++)
         gw_pipeline_fanout(p, 1, 8);
-    gw_pipeline_resplit(p, prof, 0, 1, 1);
+    gw_pipeline_resplit(p, prof, 0, 1, 0, 1);
     cr_assert_not(p->split_dp);
     cr_assert_float_eq(p->budget_ms[0], 150, 1e-9);
     cr_assert_float_eq(p->budget_ms[1], 150, 1e-9);

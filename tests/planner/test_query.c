@@ -222,3 +222,50 @@ Test(query, slack_goes_where_the_load_is_and_every_path_fits)
     pl_profile_dispose(&y);
     pl_profile_dispose(&z);
 }
+
+Test(query, every_budget_holds_its_overhead_and_a_batch)
+{
+    /* The live case that dropped every query: a light detector (l(1) 0.12
+     * ms, max batch 15) feeding a classifier 30 times slower at gamma 8.
+     * On paper the detector's cheapest budget is 2 l(15), a third of a ms,
+     * and its share of the slack (rate x l(1)) a few ms; live, every batch
+     * also pays the dispatch margin and the frame's decode first. */
+    pl_profile_t det, cls;
+    pl_profile_init_linear(&det, 0.003 * MS, 0.115 * MS, 15);
+    pl_profile_init_linear(&cls, 0.9 * MS, 1.5 * MS, 15);
+    int parents[] = {0};
+    double g8[] = {8.0};
+    pl_stage_t st[] = {{.profile = &det},
+                       {.profile = &cls, .nparents = 1, .parents = parents, .gamma = g8}};
+    pl_query_result_t r;
+    cr_assert_eq(pl_query_split(&r, st, 2, 400 * MS, 3, 0.4 * MS, 0), 0);
+    cr_assert_eq(pl_query_share_slack(&r, st, 2, 400 * MS, 0), 0);
+    cr_assert_lt(r.budget_us[0], 3 * MS, "without overheads the detector gets %g us",
+                 r.budget_us[0]);
+    pl_query_result_dispose(&r);
+
+    const double overhead = 3 * MS; /* a 2 ms margin and a 1 ms decode */
+    st[0].overhead_us = st[1].overhead_us = overhead;
+    cr_assert_eq(pl_query_split(&r, st, 2, 400 * MS, 3, 0.4 * MS, 0), 0);
+    cr_assert_eq(pl_query_share_slack(&r, st, 2, 400 * MS, 0), 0);
+    for (int v = 0; v < 2; v++) {
+        double l1 = pl_latency_us(st[v].profile, 1, 0);
+        cr_assert_geq(r.budget_us[v], overhead + 2 * l1, "stage %d: %g us", v, r.budget_us[v]);
+        cr_assert_geq(r.batch[v], 1);
+        cr_assert_float_eq(pl_stage_cost_in(&st[v], r.budget_us[v], r.rate_rps[v], 0),
+                           pl_stage_cost(st[v].profile, r.budget_us[v] - overhead,
+                                         r.rate_rps[v], 0),
+                           1e-12);
+    }
+    cr_assert_float_eq(r.budget_us[0] + r.budget_us[1], 400 * MS, 1e-6);
+    pl_query_result_dispose(&r);
+    /* A budget no larger than the overhead holds no batch. */
+    cr_assert_eq(pl_stage_cost_in(&st[0], overhead, 1, 0), -1);
+    /* The even split plans its shares less the overheads too. */
+    cr_assert_eq(pl_query_split_even(&r, st, 2, 400 * MS, 3, 0), 0);
+    cr_assert_eq(r.batch[1], 15);
+    pl_query_result_dispose(&r);
+    cr_assert_eq(pl_query_split_even(&r, st, 2, 2 * overhead, 3, 0), SQ_DEADLINE);
+    pl_profile_dispose(&det);
+    pl_profile_dispose(&cls);
+}
