@@ -485,10 +485,9 @@ static void resplit_pipelines(gw_dispatch_t *ds, int64_t now_us, int force)
      * the decode (or a crop's cut, cheaper) before them leave: a budget
      * the DP finds cheapest on paper but that holds no batch live would
      * drop every query. */
-    double overhead_ms = n > 0 ? ((double)srv->cfg->dispatch_margin_us +
-                                  gw_prep_pool_decode_us(srv->prep)) /
-                                     1000.0
-                               : 0;
+    double overhead_us = (double)srv->cfg->dispatch_margin_us;
+    if (n > 0)
+        overhead_us += gw_prep_pool_decode_us(srv->prep);
     for (int i = 0; i < n; i++) {
         gw_pipeline_t *pl = all[i];
         if (force || gw_pipeline_resplit_due(pl, now_us, PIPELINE_RESPLIT_US)) {
@@ -501,8 +500,8 @@ static void resplit_pipelines(gw_dispatch_t *ds, int64_t now_us, int force)
                 if (kind >= 0 && m[s]->has_profile[kind])
                     prof[s] = &m[s]->profile[kind];
             }
-            if (gw_pipeline_resplit(pl, prof, srv->cfg->k_std, PIPELINE_EPSILON_MS, overhead_ms,
-                                    now_us)) {
+            if (gw_pipeline_resplit(pl, prof, srv->cfg->k_std, PIPELINE_EPSILON_MS,
+                                    overhead_us / 1000.0, now_us)) {
                 json_t *j = gw_pipeline_json(pl);
                 char *txt = json_dumps(json_object_get(j, "split"), JSON_COMPACT);
                 SQ_INFO("pipeline split name=%s split=%s", pl->name, txt ? txt : "?");
