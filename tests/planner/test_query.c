@@ -252,10 +252,9 @@ Test(query, every_budget_holds_its_overhead_and_a_batch)
         double l1 = pl_latency_us(st[v].profile, 1, 0);
         cr_assert_geq(r.budget_us[v], overhead + 2 * l1, "stage %d: %g us", v, r.budget_us[v]);
         cr_assert_geq(r.batch[v], 1);
-        cr_assert_float_eq(pl_stage_cost_in(&st[v], r.budget_us[v], r.rate_rps[v], 0),
-                           pl_stage_cost(st[v].profile, r.budget_us[v] - overhead,
-                                         r.rate_rps[v], 0),
-                           1e-12);
+        cr_assert_float_eq(
+            pl_stage_cost_in(&st[v], r.budget_us[v], r.rate_rps[v], 0),
+            pl_stage_cost(st[v].profile, r.budget_us[v] - overhead, r.rate_rps[v], 0), 1e-12);
     }
     cr_assert_float_eq(r.budget_us[0] + r.budget_us[1], 400 * MS, 1e-6);
     pl_query_result_dispose(&r);
