@@ -315,7 +315,7 @@ void ds_enqueue_items(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t **items, int 
     for (int i = 0; i < n; i++) {
         gw_item_t *it = items[i];
         /* The planner counts items: a clump of 8 is 8 requests' work. */
-        gw__plan_arrival(ds, dm, gw_slo_bucket_ms(it->slo_ms));
+        gw__plan_arrival(ds, dm, gw_slo_bucket_ms(it->slo_ms), it);
         sess[i] = ensure_session(ds, dm, gw_slo_bucket_ms(it->slo_ms), it->input_kind,
                                  (uint8_t)gw_priority_level(it->priority));
         if (sess[i] < 0)

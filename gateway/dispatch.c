@@ -483,7 +483,8 @@ static void worker_lost(gw_dispatch_t *ds, int worker)
  * group it runs in, with its index there in *member, -1 when none), made
  * active at SLO bucket_ms the first time: placed by the planner. NULL
  * when no worker that can run it is up. */
-static ds_model_t *serving_record(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, int *member)
+static ds_model_t *serving_record(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms,
+                                  const gw_item_t *it, int *member)
 {
     ds_model_t *t = ds_twin_of(ds, dm);
     if (t != NULL)
@@ -497,7 +498,7 @@ static ds_model_t *serving_record(gw_dispatch_t *ds, ds_model_t *dm, double buck
         if (dm->kind < 0)
             return NULL;
         dm->active = 1;
-        gw__plan_activate(ds, dm, bucket_ms);
+        gw__plan_activate(ds, dm, bucket_ms, it);
     }
     return dm;
 }
@@ -541,7 +542,7 @@ static ds_model_t *admit(gw_dispatch_t *ds, gw_item_t *it)
         return NULL;
     }
     int member;
-    dm = serving_record(ds, dm, gw_slo_bucket_ms(it->slo_ms), &member);
+    dm = serving_record(ds, dm, gw_slo_bucket_ms(it->slo_ms), it, &member);
     if (dm == NULL) {
         ds_fail_item(ds, it, SQ_NO_WORKER, "no worker that can run this model is up");
         return NULL;
@@ -931,7 +932,7 @@ static void on_warm(sq_loop_t *loop, void *arg)
     if (dm == NULL || dm->removed || dm->poisoned || ds->aborted)
         return;
     int member;
-    if ((dm = serving_record(ds, dm, gw_slo_bucket_ms(slo), &member)) == NULL)
+    if ((dm = serving_record(ds, dm, gw_slo_bucket_ms(slo), NULL, &member)) == NULL)
         return;
     int loading;
     if (ds_loaded_anywhere(ds, dm, &loading) == 0 && loading == 0)

@@ -209,10 +209,12 @@ void gw__plan_free(gw_plan_state_t *ps);
 /* dm is about to be freed (deleted, and nothing refers to it): its sessions
  * go (a plan still naming their ids skips them). */
 void gw__plan_forget(gw_dispatch_t *ds, const ds_model_t *dm);
-/* A request arrived for (model, bucket). */
-void gw__plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms);
-/* A model became active (first request): place it now. */
-void gw__plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms);
+/* Item it, served by dm at bucket_ms, arrived: counted toward (model,
+ * bucket), or a pipeline item toward its stage (gw_item_t.pipeline), whose
+ * rate goes to the session of the stage's current budget. */
+void gw__plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it);
+/* A model became active (first request, it): place it now. */
+void gw__plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it);
 /* Workers came or went, or a model was removed: re-plan that kind. */
 void gw__plan_invalidate(gw_dispatch_t *ds, int kind, const char *reason);
 /* A load finished on a worker of kind: models waiting to leave their old

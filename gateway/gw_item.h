@@ -31,6 +31,7 @@ static inline int gw_priority_level(int64_t asked)
 }
 
 typedef struct gw_item gw_item_t;
+struct gw_pipeline;
 
 /* One image or tensor row of a request. The fields from srv to finish are
  * set before it is submitted, and are all the dispatcher knows of it: it
@@ -57,6 +58,13 @@ struct gw_item {
     /* Not NULL: when it reads non-zero, the item is no longer wanted (its
      * pipeline query was dropped): it is failed instead of being sent. */
     const atomic_int *abandoned;
+    /* A pipeline query's item: the pipeline (the query holds a reference
+     * while the item lives), the item's stage and the query's SLO; NULL
+     * otherwise. The planner counts it toward that stage, whose session
+     * follows the split when its budget moves (planning.c). */
+    struct gw_pipeline *pipeline;
+    int stage;
+    double query_slo_ms;
     /* The next item of its clump: items ready together (the images of one
      * request, the crops of one detection run) are handed to the
      * dispatcher as one chain (gw_dispatch_submit); NULL: the last, or

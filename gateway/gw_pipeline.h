@@ -128,6 +128,8 @@ void gw_pipeline_outcome(gw_pipeline_t *p, gw_query_outcome_t o);
 void gw_pipeline_fanout(gw_pipeline_t *p, int stage, int n);
 /* The deadlines of a query arriving now, from arrival (ms per stage). */
 void gw_pipeline_deadlines(gw_pipeline_t *p, double *cum_ms);
+/* A stage's budget at the current split (ms). */
+double gw_pipeline_budget_ms(gw_pipeline_t *p, int stage);
 
 /* Whether a split is due: a gamma moved, none was made yet, or the last
  * is interval_us old. */

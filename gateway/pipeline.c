@@ -425,6 +425,14 @@ void gw_pipeline_deadlines(gw_pipeline_t *p, double *cum_ms)
     pthread_mutex_unlock(&p->mu);
 }
 
+double gw_pipeline_budget_ms(gw_pipeline_t *p, int stage)
+{
+    pthread_mutex_lock(&p->mu);
+    double b = stage >= 0 && stage < p->nstages ? p->budget_ms[stage] : 0;
+    pthread_mutex_unlock(&p->mu);
+    return b;
+}
+
 int gw_pipeline_resplit(gw_pipeline_t *p, const pl_profile_t *const *profile, double k_std,
                         double epsilon_ms, double overhead_ms, int64_t now_us)
 {

@@ -31,11 +31,31 @@ typedef struct {
     int id;
     ds_model_t *dm;
     double bucket_ms;
-    double ewma_rps;    /* about ecfg.ewma_tau_ms of history */
-    double rate_rps;    /* what the planner uses: max(ewma, the last second) */
+    /* Its own requests (not a pipeline's items: pstage_t counts those). */
+    double ewma_rps; /* about ecfg.ewma_tau_ms of history */
+    double own_rps;  /* max(ewma, the last second) */
+    /* What the planner uses: own_rps plus the rates of the pipeline stages
+     * whose current budget falls in this bucket (compose_rates). */
+    double rate_rps;
     double planned_rps; /* the rate the last plan was made for */
     double arrivals;    /* since the last rate update */
 } psess_t;
+
+/* A pipeline stage's items, at one query SLO (a query asking for another
+ * SLO than the pipeline's gets the same shares of its own). Their rate is
+ * the stage's, not a bucket's: when the split moves the stage's budget to
+ * another SLO bucket, the whole rate moves to that bucket's session at
+ * once, and the session it left has none of it. Counted per bucket, the
+ * old bucket's rate would decay over the EWMA's tau (up fast, down slow)
+ * and hold a device meanwhile. */
+typedef struct {
+    gw_pipeline_t *pipe; /* a reference */
+    int stage;
+    double query_slo_ms;
+    ds_model_t *dm;   /* the record serving its items (as last seen) */
+    double bucket_ms; /* where its rate went at the last compose_rates; 0: nowhere yet */
+    double ewma_rps, rate_rps, arrivals;
+} pstage_t;
 
 typedef struct {
     int has;
@@ -63,6 +83,8 @@ typedef struct {
 struct gw_plan_state {
     psess_t *s;
     int n, cap, next_id;
+    pstage_t *st;
+    int nst, capst;
     pkind_t kinds[GW_KIND_COUNT];
     pl_epoch_config_t ecfg;
     int64_t last_rate_us;
@@ -112,6 +134,9 @@ void gw__plan_free(gw_plan_state_t *p)
         free(p->kinds[k].dev_worker);
     }
     free(p->s);
+    for (int i = 0; i < p->nst; i++)
+        gw_pipeline_unref(p->st[i].pipe);
+    free(p->st);
     free(p->json);
     free(p->restore);
     pthread_mutex_destroy(&p->lock);
@@ -133,6 +158,33 @@ static psess_t *psess(gw_plan_state_t *p, ds_model_t *dm, double bucket_ms, int 
     return &p->s[p->n++];
 }
 
+/* Drops stage entry i (its reference with it). */
+static void pstage_drop(gw_plan_state_t *p, int i)
+{
+    gw_pipeline_unref(p->st[i].pipe);
+    p->st[i] = p->st[--p->nst];
+}
+
+static pstage_t *pstage(gw_plan_state_t *p, ds_model_t *dm, const gw_item_t *it)
+{
+    for (int i = 0; i < p->nst; i++) {
+        pstage_t *x = &p->st[i];
+        if (x->pipe == it->pipeline && x->stage == it->stage &&
+            x->query_slo_ms == it->query_slo_ms) {
+            x->dm = dm;
+            return x;
+        }
+    }
+    if (p->nst == p->capst) {
+        p->capst = p->capst ? 2 * p->capst : 8;
+        p->st = sq_xrealloc(p->st, sizeof(*p->st) * (size_t)p->capst);
+    }
+    gw_pipeline_ref(it->pipeline);
+    p->st[p->nst] = (pstage_t){
+        .pipe = it->pipeline, .stage = it->stage, .query_slo_ms = it->query_slo_ms, .dm = dm};
+    return &p->st[p->nst++];
+}
+
 void gw__plan_forget(gw_dispatch_t *ds, const ds_model_t *dm)
 {
     gw_plan_state_t *p = ds->plan;
@@ -141,11 +193,63 @@ void gw__plan_forget(gw_dispatch_t *ds, const ds_model_t *dm)
         if (p->s[i].dm != dm)
             p->s[k++] = p->s[i];
     p->n = k;
+    for (int i = p->nst - 1; i >= 0; i--)
+        if (p->st[i].dm == dm)
+            pstage_drop(p, i);
 }
 
-void gw__plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms)
+void gw__plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it)
 {
-    psess(ds->plan, dm, bucket_ms, 1)->arrivals += 1;
+    if (it != NULL && it->pipeline != NULL)
+        pstage(ds->plan, dm, it)->arrivals += 1;
+    else
+        psess(ds->plan, dm, bucket_ms, 1)->arrivals += 1;
+}
+
+/* Below this rate (requests a second) a session has no traffic to speak
+ * of: it is planned only when its model has no session with traffic (so
+ * that a model's first requests find it loaded), not beside one that has
+ * (its requests are served by the workers holding the model). */
+#define IDLE_SESSION_RPS 0.05
+
+/* Each session's rate_rps: its own requests' rate plus the rates of the
+ * pipeline stages whose current budget falls in its bucket (a session is
+ * made for a bucket none had yet). Stage entries of a deleted pipeline, or
+ * with no traffic left, go. Returns the kinds (bits) where a stage's rate
+ * moved to another bucket since the last call: a split that moved. */
+static int compose_rates(gw_dispatch_t *ds)
+{
+    gw_plan_state_t *p = ds->plan;
+    for (int i = 0; i < p->n; i++)
+        p->s[i].rate_rps = p->s[i].own_rps;
+    if (p->nst == 0)
+        return 0;
+    int np = 0, moved = 0;
+    gw_pipeline_t **live = gw_pipes_all(ds->srv->pipelines, &np);
+    for (int i = p->nst - 1; i >= 0; i--) {
+        pstage_t *x = &p->st[i];
+        int found = 0;
+        for (int k = 0; k < np && !found; k++)
+            found = live[k] == x->pipe;
+        if (!found || x->dm->removed ||
+            (x->rate_rps < IDLE_SESSION_RPS / 100 && x->arrivals == 0)) {
+            pstage_drop(p, i);
+            continue;
+        }
+        double budget =
+            gw_pipeline_budget_ms(x->pipe, x->stage) * x->query_slo_ms / x->pipe->slo_ms;
+        double bucket = gw_slo_bucket_ms(budget);
+        if (x->bucket_ms != bucket) {
+            if (x->bucket_ms != 0 && x->dm->kind >= 0)
+                moved |= 1 << x->dm->kind;
+            x->bucket_ms = bucket;
+        }
+        psess(p, x->dm, bucket, 1)->rate_rps += x->rate_rps;
+    }
+    for (int k = 0; k < np; k++)
+        gw_pipeline_unref(live[k]);
+    free(live);
+    return moved;
 }
 
 void gw__plan_outcome(gw_dispatch_t *ds, int ok)
@@ -473,11 +577,12 @@ json_t *gw_dispatch_plan_json(gw_server_t *srv)
 /* Splits each pipeline's SLO again (the query DP over its stages' current
  * profiles, measured gammas and rate): at every epoch of any kind, when a
  * gamma moved (gw_pipeline_fanout), and at least every
- * PIPELINE_RESPLIT_US. */
+ * PIPELINE_RESPLIT_US. Returns 1 when a split changed. */
 #define PIPELINE_RESPLIT_US 10000000
 #define PIPELINE_EPSILON_MS 1.0
-static void resplit_pipelines(gw_dispatch_t *ds, int64_t now_us, int force)
+static int resplit_pipelines(gw_dispatch_t *ds, int64_t now_us, int force)
 {
+    int changed = 0;
     gw_server_t *srv = ds->srv;
     int n = 0;
     gw_pipeline_t **all = gw_pipes_all(srv->pipelines, &n);
@@ -502,6 +607,7 @@ static void resplit_pipelines(gw_dispatch_t *ds, int64_t now_us, int force)
             }
             if (gw_pipeline_resplit(pl, prof, srv->cfg->k_std, PIPELINE_EPSILON_MS,
                                     overhead_us / 1000.0, now_us)) {
+                changed = 1;
                 json_t *j = gw_pipeline_json(pl);
                 char *txt = json_dumps(json_object_get(j, "split"), JSON_COMPACT);
                 SQ_INFO("pipeline split name=%s split=%s", pl->name, txt ? txt : "?");
@@ -514,6 +620,7 @@ static void resplit_pipelines(gw_dispatch_t *ds, int64_t now_us, int force)
         gw_pipeline_unref(pl);
     }
     free(all);
+    return changed;
 }
 
 /* The plan's gauges and the sessions' rates for /metrics. */
@@ -678,7 +785,11 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
                 mem = (double)w->memory_bytes;
         }
     }
-    /* The sessions of active models served by this kind. */
+    /* The sessions of active models served by this kind, at the rates of
+     * now (a pipeline stage's at its current budget); one without traffic
+     * beside a session of its model with some is left out
+     * (IDLE_SESSION_RPS). */
+    compose_rates(ds);
     pl_session_t *ss = sq_xcalloc((size_t)p->n + 1, sizeof(*ss));
     int *index = sq_xcalloc((size_t)p->n + 1, sizeof(int));
     int n = 0;
@@ -688,6 +799,11 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
         if (dm->removed || !dm->active || dm->kind != kind || !dm->m->has_profile[kind])
             continue;
         ps->planned_rps = ps->rate_rps;
+        int busy_sibling = 0;
+        for (int j = 0; j < p->n && ps->rate_rps < IDLE_SESSION_RPS && !busy_sibling; j++)
+            busy_sibling = p->s[j].dm == dm && p->s[j].rate_rps >= IDLE_SESSION_RPS;
+        if (busy_sibling)
+            continue;
         index[n] = i;
         ss[n++] = (pl_session_t){.id = ps->id,
                                  .model = (int)dm->key,
@@ -832,9 +948,11 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
     ds->ops->pump(ds);
 }
 
-void gw__plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms)
+void gw__plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it)
 {
     psess(ds->plan, dm, bucket_ms, 1);
+    if (it != NULL && it->pipeline != NULL)
+        pstage(ds->plan, dm, it);
     if (dm->kind >= 0)
         run_epoch(ds, dm->kind, "new model");
 }
@@ -878,7 +996,14 @@ void gw__plan_tick(gw_dispatch_t *ds, int64_t now_us)
             run_epoch(ds, k, p->kinds[k].dirty_reason);
             epochs++;
         }
-    resplit_pipelines(ds, now_us, epochs > 0);
+    /* A split that moved a stage's budget to another bucket moves its
+     * rate there: planned at the next tick, not at the next rate change. */
+    if (resplit_pipelines(ds, now_us, epochs > 0)) {
+        int moved = compose_rates(ds);
+        for (int k = 0; k < GW_KIND_COUNT; k++)
+            if (moved & (1 << k))
+                gw__plan_invalidate(ds, k, "pipeline split moved");
+    }
     if (now_us - p->last_rate_us < RATE_INTERVAL_US)
         return;
     double interval_ms = (double)(now_us - p->last_rate_us) / 1000.0;
@@ -890,9 +1015,20 @@ void gw__plan_tick(gw_dispatch_t *ds, int64_t now_us)
         psess_t *ps = &p->s[i];
         ps->ewma_rps = pl_rate_ewma(ps->ewma_rps, ps->arrivals, interval_ms, p->ecfg.ewma_tau_ms);
         double last = ps->arrivals * 1000.0 / interval_ms;
-        ps->rate_rps = last > ps->ewma_rps ? last : ps->ewma_rps;
+        ps->own_rps = last > ps->ewma_rps ? last : ps->ewma_rps;
         ps->arrivals = 0;
     }
+    for (int i = 0; i < p->nst; i++) {
+        pstage_t *x = &p->st[i];
+        x->ewma_rps = pl_rate_ewma(x->ewma_rps, x->arrivals, interval_ms, p->ecfg.ewma_tau_ms);
+        double last = x->arrivals * 1000.0 / interval_ms;
+        x->rate_rps = last > x->ewma_rps ? last : x->ewma_rps;
+        x->arrivals = 0;
+    }
+    int moved = compose_rates(ds);
+    for (int k = 0; k < GW_KIND_COUNT; k++)
+        if (moved & (1 << k))
+            gw__plan_invalidate(ds, k, "pipeline split moved");
     /* Epochs: periodic, or early when a rate leaves [low, high] of the rate
      * the plan was made for (never sooner than min_interval_ms after the
      * last). Rates below one request a second are noise, not a reason. */
@@ -1071,7 +1207,7 @@ static int restore_all(gw_dispatch_t *ds)
         for (int r = 0; r < nrows; r++) {
             psess_t *ps = rows[r].kind == k ? restore_session(ds, &rows[r], 0) : NULL;
             if (ps != NULL)
-                ps->ewma_rps = ps->rate_rps = 0;
+                ps->ewma_rps = ps->own_rps = ps->rate_rps = 0;
         }
         pl_plan_t prev = {0};
         prev.devices = sq_xcalloc((size_t)nrows, sizeof(*prev.devices));
@@ -1083,8 +1219,8 @@ static int restore_all(gw_dispatch_t *ds)
             psess_t *ps = row->kind == k ? restore_session(ds, row, 0) : NULL;
             if (ps == NULL)
                 continue;
-            ps->rate_rps += row->rate_rps / headroom;
-            ps->ewma_rps = ps->rate_rps;
+            ps->own_rps += row->rate_rps / headroom;
+            ps->ewma_rps = ps->rate_rps = ps->own_rps;
             ds_worker_t *w = restore_worker(ds, row);
             if (w == NULL) {
                 dropped++; /* its load is placed elsewhere, as it fits */

@@ -207,6 +207,9 @@ static void node_ready(gw_server_t *srv, qnode_t *n)
     it->out = n->row;
     it->finish = node_finish;
     it->abandoned = &q->abandoned;
+    it->pipeline = q->p;
+    it->stage = n->stage;
+    it->query_slo_ms = q->slo_ms;
     it->input_kind = SQ_INPUT_PIXELS;
     it->clump_next = NULL;
 }

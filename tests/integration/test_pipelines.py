@@ -89,6 +89,15 @@ def query(s, body, name="faces", slo=None, ctype="image/jpeg", timeout=30):
     return r
 
 
+# The dispatcher's SLO buckets (gateway/slo.c): a session is a model at one.
+SLO_BUCKETS_MS = [5, 10, 15, 20, 25, 30, 40, 50, 60, 75, 100, 125, 150, 200, 250, 300, 400, 500,
+                  750, 1000, 1500, 2000, 3000, 5000, 10000, 30000, 60000]
+
+
+def slo_bucket(ms):
+    return max([b for b in SLO_BUCKETS_MS if b <= ms] or [SLO_BUCKETS_MS[0]])
+
+
 def started(workers="cpu:1"):
     s = Squishd(workers=workers)
     s.wait_ready(workers=1, timeout=60)
@@ -230,6 +239,27 @@ def a_detector_feeds_a_classifier_and_gamma_moves_the_split():
         assert b8["cls"] > b1["cls"] * 1.2, (b1, b8)
         print("# budgets at gamma 1: %s, at gamma 8: %s" % (b1, b8))
         validate(s.get("/v1/plan").json, "plan")
+
+        # A stage's rate follows its budget to its new SLO bucket at once:
+        # the plan holds each stage's model at the bucket of its budget now
+        # (the load's queries ask 2000 ms: the shares of 2000), and nothing
+        # is left planned with traffic at the buckets of gamma 1's split.
+        want = {"det_m": slo_bucket(b8["det"] * 2000 / 400),
+                "cls_m": slo_bucket(b8["cls"] * 2000 / 400)}
+        old = {"det_m": slo_bucket(b1["det"] * 2000 / 400),
+               "cls_m": slo_bucket(b1["cls"] * 2000 / 400)}
+        assert want != old, (want, old)
+
+        def planned():
+            busy = {}
+            for d in s.get("/v1/plan").json["devices"]:
+                for x in d["sessions"]:
+                    if x["rate_rps"] >= 1:
+                        busy.setdefault(x["model"], set()).add(x["slo_ms"])
+            return busy if all(busy.get(m) == {b} for m, b in want.items()) else None
+
+        busy = eventually(planned, 15, "each stage planned at its current bucket only")
+        print("# planned with traffic (model: SLO buckets): %s; gamma 1's were %s" % (busy, old))
     finally:
         s.stop()
 
