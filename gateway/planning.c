@@ -37,6 +37,10 @@ typedef struct {
     /* What the planner uses: own_rps plus the rates of the pipeline stages
      * whose current budget falls in this bucket (compose_rates). */
     double rate_rps;
+    /* The SLO the planner packs it for: the bucket, or, for a session
+     * whose only traffic is pipeline stages', the least of their budgets
+     * (at least the bucket: a budget of 355 ms is not planned as 300). */
+    double plan_slo_ms;
     double planned_rps; /* the rate the last plan was made for */
     double arrivals;    /* since the last rate update */
 } psess_t;
@@ -154,7 +158,8 @@ static psess_t *psess(gw_plan_state_t *p, ds_model_t *dm, double bucket_ms, int 
         p->cap = p->cap ? 2 * p->cap : 16;
         p->s = sq_xrealloc(p->s, sizeof(*p->s) * (size_t)p->cap);
     }
-    p->s[p->n] = (psess_t){.id = p->next_id++, .dm = dm, .bucket_ms = bucket_ms};
+    p->s[p->n] =
+        (psess_t){.id = p->next_id++, .dm = dm, .bucket_ms = bucket_ms, .plan_slo_ms = INFINITY};
     return &p->s[p->n++];
 }
 
@@ -212,6 +217,8 @@ void gw__plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const
  * (its requests are served by the workers holding the model). */
 #define IDLE_SESSION_RPS 0.05
 
+static int pipeline_rates(gw_dispatch_t *ds);
+
 /* Each session's rate_rps: its own requests' rate plus the rates of the
  * pipeline stages whose current budget falls in its bucket (a session is
  * made for a bucket none had yet). Stage entries of a deleted pipeline, or
@@ -220,8 +227,23 @@ void gw__plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const
 static int compose_rates(gw_dispatch_t *ds)
 {
     gw_plan_state_t *p = ds->plan;
+    for (int i = 0; i < p->n; i++) {
+        psess_t *ps = &p->s[i];
+        ps->rate_rps = ps->own_rps;
+        /* Its own requests' SLOs are known only by their bucket. */
+        ps->plan_slo_ms = ps->own_rps >= IDLE_SESSION_RPS ? ps->bucket_ms : INFINITY;
+    }
+    int moved = pipeline_rates(ds);
     for (int i = 0; i < p->n; i++)
-        p->s[i].rate_rps = p->s[i].own_rps;
+        if (!isfinite(p->s[i].plan_slo_ms))
+            p->s[i].plan_slo_ms = p->s[i].bucket_ms;
+    return moved;
+}
+
+/* compose_rates' pipeline stages (the rate and SLO of each's session). */
+static int pipeline_rates(gw_dispatch_t *ds)
+{
+    gw_plan_state_t *p = ds->plan;
     if (p->nst == 0)
         return 0;
     int np = 0, moved = 0;
@@ -244,7 +266,10 @@ static int compose_rates(gw_dispatch_t *ds)
                 moved |= 1 << x->dm->kind;
             x->bucket_ms = bucket;
         }
-        psess(p, x->dm, bucket, 1)->rate_rps += x->rate_rps;
+        psess_t *ps = psess(p, x->dm, bucket, 1);
+        ps->rate_rps += x->rate_rps;
+        if (budget < ps->plan_slo_ms)
+            ps->plan_slo_ms = budget;
     }
     for (int k = 0; k < np; k++)
         gw_pipeline_unref(live[k]);
@@ -809,7 +834,7 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
                                  .model = (int)dm->key,
                                  .name = dm->m->name,
                                  .profile = ds_profile(dm, kind),
-                                 .slo_us = ps->bucket_ms * 1000.0,
+                                 .slo_us = ps->plan_slo_ms * 1000.0,
                                  .rate_rps = ps->rate_rps * ds->srv->cfg->plan_headroom,
                                  .item_bytes = ds_item_bytes(dm->m, SQ_INPUT_PIXELS)};
         dm->m->profile[kind].memory_bytes = dm->m->profile[kind].memory_bytes > 0

@@ -538,5 +538,44 @@ def an_emulated_detector_fans_out_by_its_mean_into_an_emulated_classifier():
         s.stop()
 
 
+
+@test
+def a_stage_is_planned_for_its_budget_not_its_slo_bucket():
+    """A stage's session is keyed by the SLO bucket of its budget (355 ms
+    is bucket 300), but the planner packs it for the budget itself, as the
+    simulator does: Nexus's saturated batch of l(b) = 20 b + 5 ms is the
+    largest b with 2 l(b) <= 355, 8 (165 ms); planned for the bucket's 300
+    ms it would be 7, and the stage would need more devices than it does."""
+    s = Squishd(workers="emu:2")
+    try:
+        s.wait_ready(workers=2, timeout=60)
+        upload_emulated(s, {"name": "ssd", "profile": {"alpha_ms": 20, "beta_ms": 5},
+                            "max_batch": 32, "input": {"shape": [3, 32, 32]},
+                            "detections": {"mean": 0.5, "slots": 16}})
+        upload_emulated(s, {"name": "inc", "profile": {"alpha_ms": 0.5, "beta_ms": 2},
+                            "max_batch": 64, "input": {"shape": [3, 16, 16]}, "num_classes": 5})
+        crops = dict(CROPS, score_threshold=0.5)
+        post(s, spec(name="emu", det="ssd", cls="inc", crops=crops, slo_ms=710, split="even"),
+             expect=201)
+        body, ctype = tm.multipart([("f%d" % i, "f%d.jpg" % i, "image/jpeg", gray(120, (64, 64)))
+                                    for i in range(20)])
+
+        def ssd_batches():
+            # About 60 frames a second from one client (20-frame queries),
+            # more than one device serves at batch 8 (48 a second): one
+            # device saturated at the stage's budget.
+            for _ in range(8):
+                query(s, body, name="emu", ctype=ctype)
+            return sorted(x["batch"] for d in s.get("/v1/plan", schema_name="plan").json["devices"]
+                          for x in d["sessions"] if x["model"] == "ssd" and x["rate_rps"] >= 1)
+
+        batches = eventually(lambda: (lambda b: b if b and max(b) >= 8 else None)(ssd_batches()),
+                             30, "the detector saturated at its budget's batch")
+        assert max(batches) == 8, batches
+        print("# the detector's planned batches at budget 355 ms (bucket 300): %s" % batches)
+    finally:
+        s.stop()
+
+
 if __name__ == "__main__":
     run()
