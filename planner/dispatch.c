@@ -72,7 +72,8 @@ typedef struct {
 typedef struct {
     int session;
     int target_batch;
-    int dflt; /* target chosen by the core (route target 0): follows the link */
+    int dflt;     /* target chosen by the core (route target 0): follows the link */
+    int overflow; /* pl_route_t.overflow: planned elsewhere, only its overflow here */
 } wsess_t;
 
 typedef struct {
@@ -722,6 +723,28 @@ static int64_t lower_budget(const pl_dispatch_t *d, const worker_t *w, int wid, 
     return budget;
 }
 
+/* Overflow (pl_route_t.overflow): the longest a batch of a session the
+ * plan placed elsewhere may run on worker wid without taking the room of
+ * the sessions planned there (PL_NEVER: no limit). As lower_budget, with
+ * the sessions planned on the worker above the overflow: one that had a
+ * request in the last PL_RATE_WINDOW_US must still make its SLO, in a
+ * batch of its target size, after an overflow batch that starts as its
+ * request arrives. */
+static int64_t overflow_budget(const pl_dispatch_t *d, const worker_t *w, int wid, int64_t now_us)
+{
+    int64_t budget = PL_NEVER;
+    for (int k = 0; k < w->nsess; k++) {
+        const session_t *h = &d->sessions[w->sess[k].session];
+        if (w->sess[k].overflow || h->slo_us <= 0 || h->last_arrival_us == PL_NEVER ||
+            now_us - h->last_arrival_us > PL_RATE_WINDOW_US)
+            continue;
+        int64_t room = h->slo_us - cost_on(h, net_of(d, h, wid), w->sess[k].target_batch);
+        if (room < budget)
+            budget = room;
+    }
+    return budget;
+}
+
 /* worker_decide's choice among all[0..n) (the chain: the first nchain), -1
  * for none. Without priorities (one level, hold_from INT_MIN) the rules of
  * worker_decide. With them, one level at a time: the chain of `level` and
@@ -784,6 +807,8 @@ static int worker_decide(pl_dispatch_t *d, int wid, int64_t now_us)
     for (int k = 1; k < w->nsess && !mixed; k++)
         mixed =
             d->sessions[w->sess[k].session].priority != d->sessions[w->sess[0].session].priority;
+    int64_t spill = PL_NEVER; /* overflow_budget, once an overflow session has a queue */
+    int spill_known = 0;
     for (int k = 0; k < w->nsess; k++) {
         int sid = w->sess[k].session;
         session_t *s = &d->sessions[sid];
@@ -795,6 +820,18 @@ static int worker_decide(pl_dispatch_t *d, int wid, int64_t now_us)
         net_t net = net_of(d, s, wid);
         if (!deferred_candidate(s, net, now_us, d->opts.skip_ratio, eager(d, s, now_us), &x->c))
             continue; /* nothing left that this worker's link can make */
+        if (w->sess[k].overflow) {
+            /* Planned elsewhere: a batch too long for the room of the
+             * sessions planned here is left to the session's other workers
+             * while one of them can still run it in time. */
+            if (!spill_known) {
+                spill = overflow_budget(d, w, wid, now_us);
+                spill_known = 1;
+            }
+            if (spill != PL_NEVER && fit_batch_on(s, net, spill) < x->c.b &&
+                others_can_make(d, s, now_us, wid, &x->c))
+                continue;
+        }
         n++;
         x->priority = s->priority;
         if (mixed) {
@@ -1477,8 +1514,10 @@ int pl_dispatch_route_set(pl_dispatch_t *d, int64_t now_us, int session, const p
             w->cap_sess = w->cap_sess ? w->cap_sess * 2 : 4;
             w->sess = sq_xrealloc(w->sess, sizeof(*w->sess) * (size_t)w->cap_sess);
         }
-        w->sess[w->nsess++] =
-            (wsess_t){.session = session, .target_batch = copy[i].target_batch, .dflt = dflt[i]};
+        w->sess[w->nsess++] = (wsess_t){.session = session,
+                                        .target_batch = copy[i].target_batch,
+                                        .dflt = dflt[i],
+                                        .overflow = copy[i].overflow != 0};
     }
     free(dflt);
     free(s->routes);

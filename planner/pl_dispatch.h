@@ -184,10 +184,21 @@ typedef struct {
 /* One worker holding a session's model. target_batch is the batch size the
  * planner chose for the session on that worker (early-drop's window);
  * 0 = the largest b with 2 l(b) <= SLO (Nexus's saturated batch), or the
- * largest batch when the session has no SLO. Deferred ignores it. */
+ * largest batch when the session has no SLO. Deferred ignores it.
+ * overflow: 1 when the plan placed the session elsewhere and this worker
+ * only takes its overflow (pl_plan_t.overflow). Deferred and adaptive run
+ * such a batch there only where it leaves the sessions planned on the
+ * worker their room (while one of them had a request within the last
+ * PL_RATE_WINDOW_US, a batch of at most SLO - l(target) of that session:
+ * its request arriving as the batch starts still makes its SLO after it,
+ * as with a lower priority level above), or where no other worker holding
+ * the session can run the batch in time any more: overflow is for what its
+ * own workers cannot serve, not a reason to break a tight session that
+ * shares the device. Early-drop ignores it. */
 typedef struct {
     int worker;
     int target_batch;
+    int overflow;
 } pl_route_t;
 
 /* How a plan's placement becomes routes (pl_plan_routes). */

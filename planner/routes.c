@@ -50,7 +50,7 @@ int pl_plan_routes(const pl_plan_t *plan, int session_id, const pl_route_rules_t
         pl_device_t spare = {.id = o->device_id};
         int worker = rules->worker_of(rules->ctx, -1, &spare);
         if (worker >= 0 && !listed(routes, n, worker))
-            routes[n++] = (pl_route_t){.worker = worker};
+            routes[n++] = (pl_route_t){.worker = worker, .overflow = planned > 0};
     }
     return n;
 }

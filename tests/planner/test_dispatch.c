@@ -420,6 +420,85 @@ Test(dispatch, a_lower_priority_batch_leaves_an_active_higher_one_its_slo)
     }
 }
 
+/* Worker 0 is planned for `big` (l(b) = 20 b + 10 ms, SLO 300 ms), worker
+ * 1 for `tight` (l(b) = b + 5 ms, SLO 30 ms, target batch 3) and, unless
+ * `planned_on_1`, holds big only for its overflow. Runs arrivals and
+ * returns how many of big's requests ran on worker 1; *tight_ok: tight's
+ * requests served. */
+static int overflow_run(pl_policy_t policy, int planned_on_1, const arrival_t *arr, int narr,
+                        int *tight_ok)
+{
+    rig_t *r = malloc(sizeof(*r));
+    rig_init(r, policy);
+    add_workers(r, 2);
+    int big = add_linear_session(r->d, 20000, 10000, 64, 300000);
+    int tight = add_linear_session(r->d, 1000, 5000, 64, 30000);
+    cr_assert(big == 0 && tight == 1);
+    pl_route_t rb[] = {{.worker = 0, .target_batch = 14},
+                       {.worker = 1, .target_batch = 0, .overflow = !planned_on_1}};
+    cr_assert_eq(pl_dispatch_route_set(r->d, 0, big, rb, 2), 0);
+    pl_route_t rt[] = {{.worker = 1, .target_batch = 3}};
+    cr_assert_eq(pl_dispatch_route_set(r->d, 0, tight, rt, 1), 0);
+    absorb(r);
+    rig_run(r, arr, narr, 2);
+    cr_assert_eq(r->overlap, 0);
+    int big_on_1 = 0;
+    *tight_ok = 0;
+    for (int k = 0; k < r->nsent; k++) {
+        if (r->sent[k].session == tight)
+            *tight_ok += r->sent[k].count;
+        else if (r->sent[k].worker == 1)
+            big_on_1 += r->sent[k].count;
+    }
+    pl_dispatch_free(r->d);
+    free(r);
+    return big_on_1;
+}
+
+Test(dispatch, an_overflow_batch_leaves_a_tight_session_its_room_while_its_own_worker_can_run_it)
+{
+    /* Adaptive at low load: 10 of big at once go as one batch to worker 0
+     * (210 ms); tight is active (a request at 90 ms); one more of big at
+     * 100 ms would go at once to the free worker 1. A batch of big takes
+     * at least 30 ms there, and a request of tight arriving as it starts
+     * would miss its 30 ms: as overflow it waits for worker 0 (free at 211
+     * ms, done by 241, deadline 400); planned on worker 1 it runs there. */
+    arrival_t arr[12];
+    int n = 0;
+    for (int i = 0; i < 10; i++)
+        arr[n++] = (arrival_t){.at_us = 0, .session = 0, .deadline_us = 300000, .clump = 1};
+    arr[n++] = (arrival_t){.at_us = 90000, .session = 1, .deadline_us = 120000};
+    arr[n++] = (arrival_t){.at_us = 100000, .session = 0, .deadline_us = 400000};
+    int tight_ok;
+    cr_assert_eq(overflow_run(PL_POLICY_ADAPTIVE, 0, arr, n, &tight_ok), 0,
+                 "worker 0 can still run it: not on tight's worker");
+    cr_assert_eq(tight_ok, 1);
+    cr_assert_eq(overflow_run(PL_POLICY_ADAPTIVE, 1, arr, n, &tight_ok), 1,
+                 "planned there: at once on the free worker");
+    cr_assert_eq(tight_ok, 1);
+}
+
+Test(dispatch, an_overflow_batch_runs_where_its_own_workers_cannot_make_it)
+{
+    /* Overload: 40 of big at once, deadline 301 ms; worker 0 alone runs 14
+     * by then. Overflow is for that: worker 1 takes what worker 0 cannot
+     * make, batch for batch as when big is planned there (tight's queued
+     * request included: the batch that must leave first goes). */
+    for (int pol = 0; pol < 2; pol++) {
+        pl_policy_t policy = pol == 0 ? PL_POLICY_DEFERRED : PL_POLICY_ADAPTIVE;
+        arrival_t arr[41];
+        int n = 0;
+        arr[n++] = (arrival_t){.at_us = 0, .session = 1, .deadline_us = 30000};
+        for (int i = 0; i < 40; i++)
+            arr[n++] = (arrival_t){.at_us = 1000, .session = 0, .deadline_us = 301000};
+        int tight_as_overflow, tight_planned;
+        int as_overflow = overflow_run(policy, 0, arr, n, &tight_as_overflow);
+        cr_assert_gt(as_overflow, 0, "policy %d", pol);
+        cr_assert_eq(overflow_run(policy, 1, arr, n, &tight_planned), as_overflow);
+        cr_assert_eq(tight_as_overflow, tight_planned);
+    }
+}
+
 Test(dispatch, equal_priorities_change_nothing)
 {
     /* Every decision, batch by batch and drop by drop, is the one made

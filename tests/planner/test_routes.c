@@ -96,9 +96,10 @@ Test(routes, spare_devices_take_overflow_after_the_planned_ones)
     pl_overflow_t ov[] = {{.device_id = 2, .session_id = 7},
                           {.device_id = 2, .session_id = 8},
                           {.device_id = 3, .session_id = 7},
-                          {.device_id = 3, .session_id = 7}};
+                          {.device_id = 3, .session_id = 7},
+                          {.device_id = 2, .session_id = 9}};
     plan.overflow = ov;
-    plan.noverflow = 4;
+    plan.noverflow = 5;
     pl_route_rules_t r = {.worker_of = spare_worker_of, .targets = 1};
     pl_route_t routes[8];
     cr_assert_eq(pl_plan_routes(&plan, 7, &r, routes, 8), 4);
@@ -106,7 +107,14 @@ Test(routes, spare_devices_take_overflow_after_the_planned_ones)
     cr_assert(routes[1].worker == 11 && routes[1].target_batch == 6);
     cr_assert(routes[2].worker == 22 && routes[2].target_batch == 0);
     cr_assert(routes[3].worker == 23 && routes[3].target_batch == 0);
+    /* Planned elsewhere: the spares only take its overflow (the dispatcher
+     * keeps such batches short where other sessions are planned). */
+    cr_assert(!routes[0].overflow && !routes[1].overflow);
+    cr_assert(routes[2].overflow && routes[3].overflow);
     cr_assert_eq(pl_plan_routes(&plan, 8, &r, routes, 8), 2);
     cr_assert_eq(routes[1].worker, 22);
     cr_assert_eq(pl_plan_routes(&plan, 7, &r, routes, 3), 3, "max bounds what is written");
+    /* Placed nowhere (unplaced): the spare is all it has, not its overflow. */
+    cr_assert_eq(pl_plan_routes(&plan, 9, &r, routes, 8), 1);
+    cr_assert(routes[0].worker == 22 && !routes[0].overflow);
 }
