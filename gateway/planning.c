@@ -1006,6 +1006,17 @@ int gw__plan_restoring(const gw_dispatch_t *ds)
     return ds->plan->nrestore > 0;
 }
 
+/* One rate update: the EWMA takes the arrivals of the last interval_ms
+ * (then zeroed); returns the rate the planner uses, max(EWMA, the last
+ * interval's). */
+static double rate_step(double *ewma_rps, double *arrivals, double interval_ms, double tau_ms)
+{
+    *ewma_rps = pl_rate_ewma(*ewma_rps, *arrivals, interval_ms, tau_ms);
+    double last = *arrivals * 1000.0 / interval_ms;
+    *arrivals = 0;
+    return last > *ewma_rps ? last : *ewma_rps;
+}
+
 void gw__plan_tick(gw_dispatch_t *ds, int64_t now_us)
 {
     gw_plan_state_t *p = ds->plan;
@@ -1036,20 +1047,12 @@ void gw__plan_tick(gw_dispatch_t *ds, int64_t now_us)
     /* Up fast, down slow: a step up in load is planned for within a second
      * (the EWMA alone would take about tau to see it and drop meanwhile),
      * a dip is smoothed over tau so that devices are not released early. */
-    for (int i = 0; i < p->n; i++) {
-        psess_t *ps = &p->s[i];
-        ps->ewma_rps = pl_rate_ewma(ps->ewma_rps, ps->arrivals, interval_ms, p->ecfg.ewma_tau_ms);
-        double last = ps->arrivals * 1000.0 / interval_ms;
-        ps->own_rps = last > ps->ewma_rps ? last : ps->ewma_rps;
-        ps->arrivals = 0;
-    }
-    for (int i = 0; i < p->nst; i++) {
-        pstage_t *x = &p->st[i];
-        x->ewma_rps = pl_rate_ewma(x->ewma_rps, x->arrivals, interval_ms, p->ecfg.ewma_tau_ms);
-        double last = x->arrivals * 1000.0 / interval_ms;
-        x->rate_rps = last > x->ewma_rps ? last : x->ewma_rps;
-        x->arrivals = 0;
-    }
+    for (int i = 0; i < p->n; i++)
+        p->s[i].own_rps =
+            rate_step(&p->s[i].ewma_rps, &p->s[i].arrivals, interval_ms, p->ecfg.ewma_tau_ms);
+    for (int i = 0; i < p->nst; i++)
+        p->st[i].rate_rps =
+            rate_step(&p->st[i].ewma_rps, &p->st[i].arrivals, interval_ms, p->ecfg.ewma_tau_ms);
     int moved = compose_rates(ds);
     for (int k = 0; k < GW_KIND_COUNT; k++)
         if (moved & (1 << k))

@@ -701,41 +701,23 @@ static inline int64_t lower_room(const wcand_t *all, int nchain, int prio)
     return chain_latest_start(all, nchain, -1, prio - 1, INT_MAX);
 }
 
-/* Priorities: the longest a batch of a session of priority `prio` may run
- * on worker wid (PL_NEVER: no limit). A batch is not preempted, so a request
- * of a higher-priority session on the worker that arrives as it starts must
- * still make its SLO after it, in a batch of its target size. Only sessions
- * that had a request in the last PL_RATE_WINDOW_US count: one nobody uses
- * any more does not keep the lower ones in small batches. */
-static int64_t lower_budget(const pl_dispatch_t *d, const worker_t *w, int wid, int prio,
-                            int64_t now_us)
+/* The longest a batch may run on worker wid (PL_NEVER: no limit) so that
+ * the sessions it must leave room for still make their SLOs: a batch is
+ * not preempted, so a request of such a session that arrives as it starts
+ * must still make its SLO after it, in a batch of its target size. Only
+ * sessions that had a request in the last PL_RATE_WINDOW_US count: one
+ * nobody uses any more does not keep the others in small batches. Which
+ * sessions: with overflow 0, those of a priority above `prio` (a smaller
+ * number); with overflow 1, those planned on the worker, for a session
+ * that only takes its overflow there (pl_route_t.overflow). */
+static int64_t room_for(const pl_dispatch_t *d, const worker_t *w, int wid, int prio, int overflow,
+                        int64_t now_us)
 {
     int64_t budget = PL_NEVER;
     for (int k = 0; k < w->nsess; k++) {
         const session_t *h = &d->sessions[w->sess[k].session];
-        if (h->priority >= prio || h->slo_us <= 0 || h->last_arrival_us == PL_NEVER ||
-            now_us - h->last_arrival_us > PL_RATE_WINDOW_US)
-            continue;
-        int64_t room = h->slo_us - cost_on(h, net_of(d, h, wid), w->sess[k].target_batch);
-        if (room < budget)
-            budget = room;
-    }
-    return budget;
-}
-
-/* Overflow (pl_route_t.overflow): the longest a batch of a session the
- * plan placed elsewhere may run on worker wid without taking the room of
- * the sessions planned there (PL_NEVER: no limit). As lower_budget, with
- * the sessions planned on the worker above the overflow: one that had a
- * request in the last PL_RATE_WINDOW_US must still make its SLO, in a
- * batch of its target size, after an overflow batch that starts as its
- * request arrives. */
-static int64_t overflow_budget(const pl_dispatch_t *d, const worker_t *w, int wid, int64_t now_us)
-{
-    int64_t budget = PL_NEVER;
-    for (int k = 0; k < w->nsess; k++) {
-        const session_t *h = &d->sessions[w->sess[k].session];
-        if (w->sess[k].overflow || h->slo_us <= 0 || h->last_arrival_us == PL_NEVER ||
+        int counted = overflow ? !w->sess[k].overflow : h->priority < prio;
+        if (!counted || h->slo_us <= 0 || h->last_arrival_us == PL_NEVER ||
             now_us - h->last_arrival_us > PL_RATE_WINDOW_US)
             continue;
         int64_t room = h->slo_us - cost_on(h, net_of(d, h, wid), w->sess[k].target_batch);
@@ -807,7 +789,7 @@ static int worker_decide(pl_dispatch_t *d, int wid, int64_t now_us)
     for (int k = 1; k < w->nsess && !mixed; k++)
         mixed =
             d->sessions[w->sess[k].session].priority != d->sessions[w->sess[0].session].priority;
-    int64_t spill = PL_NEVER; /* overflow_budget, once an overflow session has a queue */
+    int64_t spill = PL_NEVER; /* room_for the planned, once an overflow session has a queue */
     int spill_known = 0;
     for (int k = 0; k < w->nsess; k++) {
         int sid = w->sess[k].session;
@@ -825,7 +807,7 @@ static int worker_decide(pl_dispatch_t *d, int wid, int64_t now_us)
              * sessions planned here is left to the session's other workers
              * while one of them can still run it in time. */
             if (!spill_known) {
-                spill = overflow_budget(d, w, wid, now_us);
+                spill = room_for(d, w, wid, 0, 1, now_us);
                 spill_known = 1;
             }
             if (spill != PL_NEVER && fit_batch_on(s, net, spill) < x->c.b &&
@@ -835,7 +817,7 @@ static int worker_decide(pl_dispatch_t *d, int wid, int64_t now_us)
         n++;
         x->priority = s->priority;
         if (mixed) {
-            int64_t budget = lower_budget(d, w, wid, s->priority, now_us);
+            int64_t budget = room_for(d, w, wid, s->priority, 0, now_us);
             int capped = budget != PL_NEVER ? fit_batch_on(s, net, budget) : x->c.b;
             if (capped < 1)
                 capped = 1; /* no batch fits: one at a time still moves */

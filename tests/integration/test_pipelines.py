@@ -483,19 +483,31 @@ def upload_emulated(s, cfg):
     return r
 
 
+def emulated_pipeline_models(det_profile, det_max_batch, mean):
+    """squishd on two emu devices with an emulated detector "ssd" (its
+    profile, max batch and mean detections per frame, 16 slots) and an
+    emulated classifier "inc"."""
+    s = Squishd(workers="emu:2")
+    try:
+        s.wait_ready(workers=2, timeout=60)
+        upload_emulated(s, {"name": "ssd", "profile": det_profile, "max_batch": det_max_batch,
+                            "input": {"shape": [3, 32, 32]},
+                            "detections": {"mean": mean, "slots": 16}})
+        upload_emulated(s, {"name": "inc", "profile": {"alpha_ms": 0.5, "beta_ms": 2},
+                            "max_batch": 64, "input": {"shape": [3, 16, 16]}, "num_classes": 5})
+    except BaseException:
+        s.stop()
+        raise
+    return s
+
+
 @test
 def an_emulated_detector_fans_out_by_its_mean_into_an_emulated_classifier():
     """The emulated pipeline that the live figure-17 benchmark runs: a
     detector on emu devices whose detection count per frame is Poisson with
     the mean its upload gives, feeding a classifier on its crops."""
-    s = Squishd(workers="emu:2")
+    s = emulated_pipeline_models({"alpha_ms": 2, "beta_ms": 3}, 16, 2)
     try:
-        s.wait_ready(workers=2, timeout=60)
-        upload_emulated(s, {"name": "ssd", "profile": {"alpha_ms": 2, "beta_ms": 3},
-                            "max_batch": 16, "input": {"shape": [3, 32, 32]},
-                            "detections": {"mean": 2, "slots": 16}})
-        upload_emulated(s, {"name": "inc", "profile": {"alpha_ms": 0.5, "beta_ms": 2},
-                            "max_batch": 64, "input": {"shape": [3, 16, 16]}, "num_classes": 5})
         rec = s.get("/models/ssd", headers=auth(s)).json["versions"][0]
         assert rec["detections"] == {"mean": 2, "slots": 16}, rec
         assert [(o["name"], o["shape"]) for o in rec["outputs"]] == \
@@ -546,14 +558,8 @@ def a_stage_is_planned_for_its_budget_not_its_slo_bucket():
     simulator does: Nexus's saturated batch of l(b) = 20 b + 5 ms is the
     largest b with 2 l(b) <= 355, 8 (165 ms); planned for the bucket's 300
     ms it would be 7, and the stage would need more devices than it does."""
-    s = Squishd(workers="emu:2")
+    s = emulated_pipeline_models({"alpha_ms": 20, "beta_ms": 5}, 32, 0.5)
     try:
-        s.wait_ready(workers=2, timeout=60)
-        upload_emulated(s, {"name": "ssd", "profile": {"alpha_ms": 20, "beta_ms": 5},
-                            "max_batch": 32, "input": {"shape": [3, 32, 32]},
-                            "detections": {"mean": 0.5, "slots": 16}})
-        upload_emulated(s, {"name": "inc", "profile": {"alpha_ms": 0.5, "beta_ms": 2},
-                            "max_batch": 64, "input": {"shape": [3, 16, 16]}, "num_classes": 5})
         crops = dict(CROPS, score_threshold=0.5)
         post(s, spec(name="emu", det="ssd", cls="inc", crops=crops, slo_ms=710, split="even"),
              expect=201)
