@@ -217,13 +217,13 @@ void gw__plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const
  * (its requests are served by the workers holding the model). */
 #define IDLE_SESSION_RPS 0.05
 
-static int pipeline_rates(gw_dispatch_t *ds);
-
 /* Each session's rate_rps: its own requests' rate plus the rates of the
  * pipeline stages whose current budget falls in its bucket (a session is
- * made for a bucket none had yet). Stage entries of a deleted pipeline, or
- * with no traffic left, go. Returns the kinds (bits) where a stage's rate
- * moved to another bucket since the last call: a split that moved. */
+ * made for a bucket none had yet); and its plan_slo_ms. Stage entries of a
+ * deleted pipeline, or without traffic (below IDLE_SESSION_RPS and no
+ * arrival since the last rate update), go. Returns the kinds (bits) where
+ * a stage's rate moved to another bucket since the last call: a split that
+ * moved. */
 static int compose_rates(gw_dispatch_t *ds)
 {
     gw_plan_state_t *p = ds->plan;
@@ -233,28 +233,14 @@ static int compose_rates(gw_dispatch_t *ds)
         /* Its own requests' SLOs are known only by their bucket. */
         ps->plan_slo_ms = ps->own_rps >= IDLE_SESSION_RPS ? ps->bucket_ms : INFINITY;
     }
-    int moved = pipeline_rates(ds);
-    for (int i = 0; i < p->n; i++)
-        if (!isfinite(p->s[i].plan_slo_ms))
-            p->s[i].plan_slo_ms = p->s[i].bucket_ms;
-    return moved;
-}
-
-/* compose_rates' pipeline stages (the rate and SLO of each's session). */
-static int pipeline_rates(gw_dispatch_t *ds)
-{
-    gw_plan_state_t *p = ds->plan;
-    if (p->nst == 0)
-        return 0;
     int np = 0, moved = 0;
-    gw_pipeline_t **live = gw_pipes_all(ds->srv->pipelines, &np);
+    gw_pipeline_t **live = p->nst > 0 ? gw_pipes_all(ds->srv->pipelines, &np) : NULL;
     for (int i = p->nst - 1; i >= 0; i--) {
         pstage_t *x = &p->st[i];
         int found = 0;
         for (int k = 0; k < np && !found; k++)
             found = live[k] == x->pipe;
-        if (!found || x->dm->removed ||
-            (x->rate_rps < IDLE_SESSION_RPS / 100 && x->arrivals == 0)) {
+        if (!found || x->dm->removed || (x->rate_rps < IDLE_SESSION_RPS && x->arrivals == 0)) {
             pstage_drop(p, i);
             continue;
         }
@@ -274,7 +260,20 @@ static int pipeline_rates(gw_dispatch_t *ds)
     for (int k = 0; k < np; k++)
         gw_pipeline_unref(live[k]);
     free(live);
+    for (int i = 0; i < p->n; i++)
+        if (!isfinite(p->s[i].plan_slo_ms))
+            p->s[i].plan_slo_ms = p->s[i].bucket_ms;
     return moved;
+}
+
+/* compose_rates, and a re-plan at the next tick of each kind where a
+ * stage's rate moved to another bucket (not at the next rate change). */
+static void follow_splits(gw_dispatch_t *ds)
+{
+    int moved = compose_rates(ds);
+    for (int k = 0; k < GW_KIND_COUNT; k++)
+        if (moved & (1 << k))
+            gw__plan_invalidate(ds, k, "pipeline split moved");
 }
 
 void gw__plan_outcome(gw_dispatch_t *ds, int ok)
@@ -1033,13 +1032,9 @@ void gw__plan_tick(gw_dispatch_t *ds, int64_t now_us)
             epochs++;
         }
     /* A split that moved a stage's budget to another bucket moves its
-     * rate there: planned at the next tick, not at the next rate change. */
-    if (resplit_pipelines(ds, now_us, epochs > 0)) {
-        int moved = compose_rates(ds);
-        for (int k = 0; k < GW_KIND_COUNT; k++)
-            if (moved & (1 << k))
-                gw__plan_invalidate(ds, k, "pipeline split moved");
-    }
+     * rate there at once. */
+    if (resplit_pipelines(ds, now_us, epochs > 0))
+        follow_splits(ds);
     if (now_us - p->last_rate_us < RATE_INTERVAL_US)
         return;
     double interval_ms = (double)(now_us - p->last_rate_us) / 1000.0;
@@ -1053,10 +1048,7 @@ void gw__plan_tick(gw_dispatch_t *ds, int64_t now_us)
     for (int i = 0; i < p->nst; i++)
         p->st[i].rate_rps =
             rate_step(&p->st[i].ewma_rps, &p->st[i].arrivals, interval_ms, p->ecfg.ewma_tau_ms);
-    int moved = compose_rates(ds);
-    for (int k = 0; k < GW_KIND_COUNT; k++)
-        if (moved & (1 << k))
-            gw__plan_invalidate(ds, k, "pipeline split moved");
+    follow_splits(ds);
     /* Epochs: periodic, or early when a rate leaves [low, high] of the rate
      * the plan was made for (never sooner than min_interval_ms after the
      * last). Rates below one request a second are noise, not a reason. */

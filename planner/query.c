@@ -48,9 +48,15 @@ double pl_stage_cost(const pl_profile_t *p, double budget_us, double rate_rps, d
     return rate_rps / thr;
 }
 
+/* Of a stage's budget, what its batches get (pl_stage_t.overhead_us). */
+static double batch_budget_us(const pl_stage_t *st, double budget_us)
+{
+    return budget_us - (st->overhead_us > 0 ? st->overhead_us : 0);
+}
+
 double pl_stage_cost_in(const pl_stage_t *st, double budget_us, double rate_rps, double k_std)
 {
-    double usable = budget_us - (st->overhead_us > 0 ? st->overhead_us : 0);
+    double usable = batch_budget_us(st, budget_us);
     if (!(usable > 0))
         return -1;
     return pl_stage_cost(st->profile, usable, rate_rps, k_std);
@@ -301,15 +307,13 @@ static int fill_result(pl_query_result_t *out, const pl_stage_t *stages, int nst
     for (int v = 0; v < nstages; v++) {
         out->budget_us[v] = budget_us[v];
         out->rate_rps[v] = rates[v];
-        double usable = budget_us[v] - (stages[v].overhead_us > 0 ? stages[v].overhead_us : 0);
-        out->batch[v] = 0;
-        if (usable > 0)
-            pl_max_throughput_rps(stages[v].profile, usable, k_std, 0, &out->batch[v]);
         double c = pl_stage_cost_in(&stages[v], budget_us[v], rates[v], k_std);
         if (c < 0) {
             pl_query_result_dispose(out);
             return SQ_DEADLINE;
         }
+        pl_max_throughput_rps(stages[v].profile, batch_budget_us(&stages[v], budget_us[v]), k_std,
+                              0, &out->batch[v]);
         out->cost_devices += c;
     }
     return 0;
