@@ -13,7 +13,7 @@
  * in <= 1.2 ms per image per core. */
 #include "bench_util.h"
 
-#include <gw_preprocess.h>
+#include <gw_image.h>
 #include <sq.h>
 
 #include <math.h>

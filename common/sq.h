@@ -11,6 +11,7 @@
 #include "sq_log.h"
 #include "sq_loop.h"
 #include "sq_shm.h"
+#include "sq_text.h"
 #include "sq_tls.h"
 
 #endif

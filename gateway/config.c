@@ -212,21 +212,13 @@ int gw_parse_workers(gw_config_t *cfg, const char *spec, char *err, size_t errle
 
 static int parse_listen(gw_config_t *cfg, const char *v, char *err, size_t errlen)
 {
-    const char *colon = strrchr(v, ':');
-    long long port;
-    if (colon == NULL || colon == v || parse_ll(colon + 1, &port) != 0 || port < 0 ||
-        port > 65535) {
-        snprintf(err, errlen, "expected ADDR:PORT with PORT in 0..65535, got '%s'", v);
+    if (sq_hostport_split(v, cfg->listen_host, sizeof(cfg->listen_host), &cfg->listen_port) != 0) {
+        snprintf(err, errlen,
+                 "expected ADDR:PORT or [IPV6]:PORT with PORT in 0..65535 (at most %zu "
+                 "characters of address), got '%s'",
+                 sizeof(cfg->listen_host) - 1, v);
         return SQ_BAD_CONFIG;
     }
-    size_t hlen = (size_t)(colon - v);
-    if (hlen >= sizeof(cfg->listen_host)) {
-        snprintf(err, errlen, "address too long");
-        return SQ_BAD_CONFIG;
-    }
-    memcpy(cfg->listen_host, v, hlen);
-    cfg->listen_host[hlen] = '\0';
-    cfg->listen_port = (int)port;
     return 0;
 }
 

@@ -1,11 +1,11 @@
 /* squishd's server record: one per process, created by gw_main (server.c),
- * with the handles of its threads and subsystems. */
+ * with the handles of its threads and subsystems. Every room may see the
+ * record (it names each room's object by an opaque pointer), so this header
+ * includes no room's header. */
 #ifndef GW_SERVER_H
 #define GW_SERVER_H
 
 #include "gw.h"
-#include "gw_metrics.h"
-#include "gw_transport.h"
 
 #include <mdb.h>
 
@@ -20,6 +20,8 @@ typedef struct gw_registry gw_registry_t;
 typedef struct gw_pipes gw_pipes_t;
 typedef struct gw_prep_pool gw_prep_pool_t;
 typedef struct gw_leader gw_leader_t;
+typedef struct gw_metrics gw_metrics_t;
+typedef struct gw_transport gw_transport_t;
 
 /* The server: one per process, created by gw_main. Fields written by one
  * thread and read by others are atomics; everything else is set before the
@@ -53,7 +55,7 @@ typedef struct gw_server {
 
     sq_shm_arena_t *arena;
     gw_registry_t *registry;
-    gw_pipes_t *pipelines; /* published pipelines (gw_pipeline.h) */
+    gw_pipes_t *pipelines; /* published pipelines (gw_catalog.h) */
     gw_prep_pool_t *prep;
     gw_db_t *db;
     gw_workers_t *workers;

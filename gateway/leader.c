@@ -43,7 +43,9 @@ static void advertise_address(const gw_server_t *srv, char *out, size_t outlen)
     if (strcmp(host, "0.0.0.0") == 0 || strcmp(host, "::") == 0 || host[0] == '\0')
         if (gethostname(host, sizeof(host)) != 0)
             snprintf(host, sizeof(host), "localhost");
-    snprintf(out, outlen, "http://%s:%d", host, atomic_load(&srv->http_port));
+    /* An IPv6 address is bracketed in a URL. */
+    snprintf(out, outlen, strchr(host, ':') != NULL ? "http://[%s]:%d" : "http://%s:%d", host,
+             atomic_load(&srv->http_port));
 }
 
 int gw_leader_open(gw_server_t *srv, char *err, size_t errlen)

@@ -1,16 +1,13 @@
 /* gw_main: brings squishd up in order (token, arena, leadership when the
  * model DB is shared, DB thread, dispatch thread and workers, HTTP), waits for SIGTERM/SIGINT, and
  * takes it down in reverse order: stop accepting and drain HTTP, stop workers, close the DB. */
-#include "gw_db.h"
+#include "gw_catalog.h"
 #include "gw_dispatch.h"
+#include "gw_api.h"
 #include "gw_http.h"
 #include "gw_leader.h"
-#include "gw_offload.h"
-#include "gw_preprocess.h"
-#include "gw_pipeline.h"
-#include "gw_registry.h"
-#include "gw_token.h"
-#include "gw_workers.h"
+#include "gw_image.h"
+#include "gw_link.h"
 
 #include <errno.h>
 #include <libgen.h>

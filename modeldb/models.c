@@ -19,15 +19,7 @@
 
 static int hex_to_hash(const char *hex, mdb_hash_t *h)
 {
-    if (hex == NULL || strlen(hex) != 2 * MDB_HASH_LEN)
-        return -1;
-    for (int i = 0; i < MDB_HASH_LEN; i++) {
-        unsigned v;
-        if (sscanf(hex + 2 * i, "%2x", &v) != 1)
-            return -1;
-        h->b[i] = (uint8_t)v;
-    }
-    return 0;
+    return sq_hex_decode(hex, h->b, MDB_HASH_LEN);
 }
 
 static char *input_spec(const mdb_new_model_t *m)
@@ -408,7 +400,7 @@ static json_t *record_from_row(mdb_q_t *q)
     json_t *vp = json_is_object(config) ? json_object_get(config, "version_policy") : NULL;
     if (vp != NULL)
         json_object_set(r, "version_policy", vp);
-    /* An emulated detector's detections (gw_model.h), as given. */
+    /* An emulated detector's detections (gw_codec.h), as given. */
     json_t *det = json_is_object(config) ? json_object_get(config, "detections") : NULL;
     if (det != NULL)
         json_object_set(r, "detections", det);
@@ -774,8 +766,7 @@ void mdb_sha256_hex(const void *data, size_t len, char out[65])
     unsigned char md[32];
     unsigned int mdlen = 0;
     EVP_Digest(data, len, md, &mdlen, EVP_sha256(), NULL);
-    for (int i = 0; i < 32; i++)
-        snprintf(out + 2 * i, 3, "%02x", md[i]);
+    sq_hex_encode(md, 32, out);
 }
 
 struct mdb_sha256 {
@@ -803,8 +794,7 @@ void mdb_sha256_end(mdb_sha256_t *h, char out[65])
     unsigned char md[32];
     unsigned int mdlen = 0;
     EVP_DigestFinal_ex(h->ctx, md, &mdlen);
-    for (int i = 0; i < 32; i++)
-        snprintf(out + 2 * i, 3, "%02x", md[i]);
+    sq_hex_encode(md, 32, out);
     mdb_sha256_free(h);
 }
 

@@ -69,12 +69,7 @@ static bool h_end(hasher_t *h, mdb_hash_t *out)
 
 void mdb_hash_hex(const mdb_hash_t *h, char *buf)
 {
-    static const char hex[] = "0123456789abcdef";
-    for (int i = 0; i < MDB_HASH_LEN; i++) {
-        buf[2 * i] = hex[h->b[i] >> 4];
-        buf[2 * i + 1] = hex[h->b[i] & 15];
-    }
-    buf[2 * MDB_HASH_LEN] = '\0';
+    sq_hex_encode(h->b, MDB_HASH_LEN, buf);
 }
 
 /* Hash of a constant tensor, computed once per tensor. */

@@ -4,6 +4,11 @@ circle: file A "calls" file B when A's object refers to a global symbol B's
 defines (nm). One TAP line per directory; on a circle, the files in it and
 who calls what. Usage: check_calls.py DIR_WITH_OBJECTS...
 
+With --layers NAME=DIR..., lowest first, it also checks that no object of a
+layer refers to a symbol defined in a layer above it (one TAP line more):
+the rooms of gateway/ stacked on common/, modeldb/ and planner/, where a
+call from a lower room into a higher one is what must never happen.
+
 A call circle between files means no file can be understood, tested or
 replaced alone (STYLE.md); callbacks and function pointers (a transport's
 vtable, an item's completion) cross such lines without a circle."""
@@ -54,7 +59,7 @@ def sccs(nodes, edges):
     return out
 
 
-def check(n, d):
+def check(n, d, label_name=None):
     objs = sorted(f for f in os.listdir(d) if f.endswith(".o"))
     name = {f: f[:-len(".c.o")] if f.endswith(".c.o") else f for f in objs}
     info = {f: symbols(os.path.join(d, f)) for f in objs}
@@ -71,7 +76,7 @@ def check(n, d):
                 edges[f].add(g)
                 why.setdefault((f, g), []).append(s)
     circles = [c for c in sccs(objs, edges) if len(c) > 1]
-    label = "no call circle between the files of %s" % os.path.basename(os.path.normpath(d))
+    label = "no call circle between the files of %s" % (label_name or os.path.basename(os.path.normpath(d)))
     if not circles:
         print("ok %d - %s (%d files)" % (n, label, len(objs)))
         return 0
@@ -84,15 +89,54 @@ def check(n, d):
     return 1
 
 
+def objects(d):
+    return [os.path.join(d, f) for f in sorted(os.listdir(d)) if f.endswith(".o")]
+
+
+def check_layers(n, layers):
+    """Layers as (name, dir), lowest first: a file may refer only to symbols
+    of its own layer or of the layers below it."""
+    rank, owner = {}, {}
+    info = {}
+    for i, (name, d) in enumerate(layers):
+        for o in objects(d):
+            info[o] = symbols(o)
+            rank[o] = i
+            for s in info[o][0]:
+                owner[s] = o
+    bad = {}
+    for o, (_, used) in info.items():
+        for s in used:
+            g = owner.get(s)
+            if g is not None and rank[g] > rank[o]:
+                bad.setdefault((o, g), []).append(s)
+    label = "no call from a lower layer to a higher one (%s)" % " < ".join(n_ for n_, _ in layers)
+    if not bad:
+        print("ok %d - %s" % (n, label))
+        return 0
+    print("not ok %d - %s" % (n, label))
+    short = lambda o: "%s/%s" % (layers[rank[o]][0], os.path.basename(o)[:-len(".c.o")])
+    for (o, g), syms in sorted(bad.items()):
+        print("#   %s -> %s: %s" % (short(o), short(g), ", ".join(sorted(syms)[:6])))
+    return 1
+
+
 def main():
-    dirs = sys.argv[1:]
-    if not dirs:
-        print("usage: check_calls.py DIR...", file=sys.stderr)
+    args = sys.argv[1:]
+    layered = bool(args) and args[0] == "--layers"
+    if layered:
+        args = args[1:]
+    if not args:
+        print("usage: check_calls.py [--layers] [NAME=]DIR...", file=sys.stderr)
         return 2
-    print("1..%d" % len(dirs))
+    layers = [(a.split("=", 1)[0], a.split("=", 1)[1]) if "=" in a else
+              (os.path.basename(os.path.normpath(a)), a) for a in args]
+    print("1..%d" % (len(layers) + (1 if layered else 0)))
     failed = 0
-    for n, d in enumerate(dirs, 1):
-        failed += check(n, d)
+    for n, (name, d) in enumerate(layers, 1):
+        failed += check(n, d, name)
+    if layered:
+        failed += check_layers(len(layers) + 1, layers)
     return 1 if failed else 0
 
 

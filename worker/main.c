@@ -184,33 +184,16 @@ static int handshake(worker_t *w)
     return 0;
 }
 
-/* Splits "HOST:PORT" or "[V6]:PORT". */
-static int split_addr(const char *a, char *host, size_t hostlen, char *port, size_t portlen)
-{
-    const char *colon = strrchr(a, ':');
-    if (colon == NULL || colon == a || colon[1] == '\0')
-        return -1;
-    size_t hl = (size_t)(colon - a);
-    if (a[0] == '[' && hl >= 2 && a[hl - 1] == ']') {
-        a++;
-        hl -= 2;
-    }
-    if (hl == 0 || hl >= hostlen || strlen(colon + 1) >= portlen)
-        return -1;
-    memcpy(host, a, hl);
-    host[hl] = '\0';
-    snprintf(port, portlen, "%s", colon + 1);
-    return 0;
-}
-
 /* A TCP connection within CONNECT_TIMEOUT_MS; -1 with errno. */
 static int connect_tcp(const char *addr)
 {
-    char host[256], port[16];
-    if (split_addr(addr, host, sizeof(host), port, sizeof(port)) != 0) {
+    char host[256], port[8];
+    int portnum;
+    if (sq_hostport_split(addr, host, sizeof(host), &portnum) != 0) {
         errno = EINVAL;
         return -1;
     }
+    snprintf(port, sizeof(port), "%d", portnum);
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
     struct addrinfo *ai = NULL;
     if (getaddrinfo(host, port, &hints, &ai) != 0) {
@@ -376,8 +359,9 @@ static int reconnect(void *ctx, const sq_buf_t *held, sq_conn_t **conn, uint32_t
             sq_conn_init(&w->conn, fd);
             int rc = 0;
             if (w->tls != NULL) {
-                char host[256], port[16];
-                split_addr(w->addrs[i], host, sizeof(host), port, sizeof(port));
+                char host[256];
+                int port;
+                sq_hostport_split(w->addrs[i], host, sizeof(host), &port);
                 rc = sq_tls_attach(w->tls, &w->conn, host, w->addrs[i]);
             }
             if (rc == 0)
@@ -445,9 +429,12 @@ int main(int argc, char **argv)
                     fprintf(stderr, "squish-worker: --connect: at most %d addresses\n", MAX_ADDRS);
                     return 2;
                 }
-                char host[256], port[16];
-                if (split_addr(optarg + 6, host, sizeof(host), port, sizeof(port)) != 0) {
-                    fprintf(stderr, "squish-worker: --connect %s: expected tcp://HOST:PORT\n",
+                char host[256];
+                int port;
+                if (sq_hostport_split(optarg + 6, host, sizeof(host), &port) != 0) {
+                    fprintf(stderr,
+                            "squish-worker: --connect %s: expected tcp://HOST:PORT or "
+                            "tcp://[IPV6]:PORT\n",
                             optarg);
                     return 2;
                 }

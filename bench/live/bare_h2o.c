@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <h2o.h>
+#include <sq_text.h>
 
 typedef struct {
     h2o_context_t ctx;
@@ -104,16 +105,14 @@ int main(int argc, char **argv)
         }
     }
     char host[64];
-    const char *colon = strrchr(listen_at, ':');
+    int port;
     struct sockaddr_in sin = {.sin_family = AF_INET};
-    if (colon == NULL || (size_t)(colon - listen_at) >= sizeof(host) || nthreads < 1 ||
+    if (sq_hostport_split(listen_at, host, sizeof(host), &port) != 0 || nthreads < 1 ||
         nthreads > 64 || reply_bytes < 16 || reply_bytes > 1 << 20) {
         fprintf(stderr, "squish-bare-h2o: bad arguments\n");
         return 2;
     }
-    memcpy(host, listen_at, (size_t)(colon - listen_at));
-    host[colon - listen_at] = '\0';
-    sin.sin_port = htons((uint16_t)atoi(colon + 1));
+    sin.sin_port = htons((uint16_t)port);
     if (inet_pton(AF_INET, host, &sin.sin_addr) != 1) {
         fprintf(stderr, "squish-bare-h2o: --listen %s: expected IPv4:PORT\n", listen_at);
         return 2;

@@ -16,7 +16,7 @@
  *   2: the pure handshake with fixed nonces: the stream's first 39 bytes as
  *      a challenge to squishd, the next 64 as a reply to a worker, the next
  *      32 as a proof. Only the genuine messages may pass. */
-#include "gw_cluster.h"
+#include "gw_link.h"
 
 #include <sq.h>
 

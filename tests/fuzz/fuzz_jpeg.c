@@ -12,7 +12,7 @@
  * context must still decode a good JPEG (TurboJPEG 2.1 can leave a handle
  * broken after a bad header). ASan checks every byte the decoder and the
  * resize kernels touch. */
-#include <gw_preprocess.h>
+#include <gw_image.h>
 #include <sq.h>
 
 #include <stdint.h>

@@ -11,7 +11,7 @@
  * SQ_BAD_CONFIG with a message that names the path ("config...") and own
  * nothing. Labels must come back as a non-empty array of short strings,
  * one per line, or NULL with a reason. */
-#include <gw_model.h>
+#include <gw_codec.h>
 #include <sq.h>
 
 #include <math.h>

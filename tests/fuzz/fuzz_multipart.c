@@ -8,7 +8,7 @@
  * one byte past either. A success must give parts that lie inside the body,
  * each with a non-empty field name inside its headers; a failure must be
  * one of the documented codes with a reason. */
-#include <gw_multipart.h>
+#include <gw_codec.h>
 #include <sq.h>
 
 #include <stdint.h>

@@ -6,7 +6,7 @@
  * checked (every row inside memory the request may read, tensor rows of the
  * exact size) and answered through the encoder with dummy outputs, whose
  * JSON must validate. */
-#include <gw_oip.h>
+#include <gw_codec.h>
 #include <oip_int.h>
 #include <sq.h>
 

@@ -84,6 +84,18 @@ Test(config, flags_override_environment_which_overrides_the_file)
         cr_assert(strstr(err_, needle) != NULL, "'%s' does not name '%s'", err_, needle);          \
     } while (0)
 
+Test(config, an_ipv6_listen_address_is_bracketed_and_stored_bare)
+{
+    gw_config_t cfg;
+    char err[512] = "";
+    char *argv[] = {"squishd", "--listen", "[::1]:8001", NULL};
+    cr_assert_eq(parse(&cfg, argv, NULL, err), 0, "%s", err);
+    cr_assert_str_eq(cfg.listen_host, "::1");
+    cr_assert_eq(cfg.listen_port, 8001);
+    char *bare[] = {"squishd", "--listen", "::1:8001", NULL};
+    EXPECT_ERROR(bare, NULL, "[IPV6]:PORT");
+}
+
 Test(config, bad_values_are_rejected_with_the_field_name)
 {
     char *a1[] = {"squishd", "--http-threads", "0", NULL};

@@ -89,7 +89,7 @@ def query(s, body, name="faces", slo=None, ctype="image/jpeg", timeout=30):
     return r
 
 
-# The dispatcher's SLO buckets (gateway/slo.c): a session is a model at one.
+# The dispatcher's SLO buckets (gateway/slo_buckets.c): a session is a model at one.
 SLO_BUCKETS_MS = [5, 10, 15, 20, 25, 30, 40, 50, 60, 75, 100, 125, 150, 200, 250, 300, 400, 500,
                   750, 1000, 1500, 2000, 3000, 5000, 10000, 30000, 60000]
 

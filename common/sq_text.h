@@ -1,0 +1,25 @@
+/* Small text forms written once for every module: hex digits and strings,
+ * and the HOST:PORT of a flag or a link address. */
+#ifndef SQ_TEXT_H
+#define SQ_TEXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The value of hex digit c (either case), or -1. */
+int sq_hexval(int c);
+
+/* n bytes as 2n lower-case hex digits and a NUL in out (2n + 1 bytes). */
+void sq_hex_encode(const uint8_t *in, size_t n, char *out);
+
+/* Exactly 2n hex digits (then the string's end) into n bytes: 0, or -1 on
+ * a wrong length or a non-hex character. */
+int sq_hex_decode(const char *hex, uint8_t *out, size_t n);
+
+/* Splits "HOST:PORT" or "[IPV6]:PORT" (the brackets dropped) into host and
+ * a port in 0..65535 (decimal digits only): 0, or -1 when the form is not
+ * that, the host is empty or does not fit hostlen. The host is not
+ * resolved. */
+int sq_hostport_split(const char *spec, char *host, size_t hostlen, int *port);
+
+#endif

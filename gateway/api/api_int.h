@@ -1,0 +1,94 @@
+/* api/: internal to the room: the handlers of the route table (one file per
+ * area) and what the inference handlers share. */
+#ifndef GW_API_INT_H
+#define GW_API_INT_H
+
+#include "gw_http.h"
+#include "gw_api.h"
+#include "gw_dispatch.h"
+
+#include <stdatomic.h>
+
+/* One inference request on its way through squishd (infer.c; the OIP
+ * side in oip.c):
+ *
+ *   HTTP loop:       parse, look the model up, stamp arrival and deadline,
+ *                    split into items (one per image or tensor row)
+ *   preprocess pool: decode + resize each JPEG item into a shared-memory slot
+ *                    (tensor items are copied into a slot on the HTTP side);
+ *                    the request's items reach the dispatcher together, once
+ *                    the last is ready (one arrival, gw_clump_t)
+ *   dispatch thread: queue the items in their session, batch, send to a worker,
+ *                    copy the output row back, release the slots
+ *   HTTP loop:       when every item is done, answer (gw_async_t)
+ *
+ * Every item finishes exactly once (result or error); the request is
+ * answered when its last item finishes. */
+
+typedef enum { GW_API_V1, GW_API_V2 } gw_api_t;
+
+struct gw_infer {
+    gw_async_t base; /* first: the HTTP side sees a gw_async_t */
+    gw_model_t *model;
+    gw_api_t api;
+    int64_t arrival_us;
+    int64_t deadline_us;
+    double slo_ms;
+    double slo_asked_ms; /* what the request asked for when the cap cut it; 0 otherwise */
+    int priority;        /* 1..GW_PRIORITY_LEVELS (gw_priority_level) */
+    int top_k;
+    char request_id[80];
+    int n_items;
+    gw_item_t *items;
+    float *outputs;     /* n_items * model->out_elems, written by the dispatch thread */
+    atomic_int pending; /* items not finished */
+    gw_clump_t clump;   /* its items, handed to the dispatcher together */
+    atomic_int failed;  /* set once: the first error wins */
+    int err;            /* valid when failed */
+    char err_detail[256];
+    /* The request body (JPEG bytes, tensor rows): h2o's own buffer, or a
+     * copy in body_owned (gw_request_body); read only until the last item
+     * finishes, which is before the reply. */
+    const uint8_t *body;
+    size_t body_len;
+    uint8_t *body_owned;
+    void *api_state; /* v2: the parsed OIP request; freed by api_dispose */
+    void (*api_dispose)(gw_infer_t *req);
+};
+
+/* Shared with other request kinds (query.c). */
+/* Top-k of output 0 in row with softmax scores: [{"index", "label", "score"}]. */
+json_t *gw_top_k_json(const gw_model_t *m, const float *row, int k);
+/* The request's X-Request-Id, or a new id. */
+void gw_request_id(h2o_req_t *hreq, char *out, size_t len);
+/* The SLO asked by X-SLO-Ms or ?slo_ms= in *slo (-1: none); 0, or
+ * SQ_BAD_REQUEST with why. */
+int gw_request_slo_ms(h2o_req_t *hreq, double *slo, char *why, size_t len);
+
+/* Routes (one file per area). */
+void gw_route_models_post(gw_call_t *call);
+void gw_route_models_list(gw_call_t *call);
+void gw_route_models_get(gw_call_t *call);
+void gw_route_models_delete(gw_call_t *call);
+void gw_route_models_delete_version(gw_call_t *call);
+void gw_route_kserve_model(gw_call_t *call);
+void gw_route_kserve_model_ready(gw_call_t *call);
+void gw_route_infer_v1(gw_call_t *call);
+void gw_route_infer_v2(gw_call_t *call);
+void gw_route_metrics(gw_call_t *call);
+void gw_route_model_stats(gw_call_t *call);
+void gw_route_model_config(gw_call_t *call);
+void gw_route_repository_index(gw_call_t *call);
+void gw_route_pipelines_post(gw_call_t *call);
+void gw_route_pipelines_list(gw_call_t *call);
+void gw_route_pipelines_get(gw_call_t *call);
+void gw_route_pipelines_delete(gw_call_t *call);
+void gw_route_pipeline_infer(gw_call_t *call);
+/* POST /v2/models/{pipeline}/infer (routes.c sends a name that is a
+ * pipeline's here). */
+void gw_route_pipeline_infer_v2(gw_call_t *call);
+/* metrics_api.c: a request h2o is freeing (its status is final): counts it
+ * by route and status, and writes the access log line when enabled. */
+void gw_metrics_http_done(gw_server_t *srv, h2o_req_t *req, const char *route, int64_t start_ns);
+
+#endif

@@ -1,0 +1,169 @@
+/* Observability routes: GET /metrics (Prometheus text exposition) and
+ * Triton's statistics extension (GET /v2/models[/{m}[/versions/{v}]]/stats),
+ * plus the glue that turns a finished HTTP or inference request into
+ * metrics and log lines. Everything here runs on an HTTP loop thread and
+ * reads atomics only (no I/O but /proc/self during a scrape). */
+#include "api_int.h"
+#include "gw_metrics.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void gw_route_metrics(gw_call_t *call)
+{
+    h2o_req_t *req = call->req;
+    sq_buf_t out;
+    sq_buf_init(&out);
+    gw_metrics_write(call->srv->metrics, &out);
+    /* Admission: what max_inflight and max_connections bound. */
+    char adm[768];
+    int n = snprintf(
+        adm, sizeof(adm),
+        "# HELP squish_inflight_requests Inference requests inside squishd (admitted, not yet "
+        "answered and released).\n# TYPE squish_inflight_requests gauge\n"
+        "squish_inflight_requests %ld\n"
+        "# HELP squish_max_inflight_requests The admission limit (--max-inflight).\n"
+        "# TYPE squish_max_inflight_requests gauge\nsquish_max_inflight_requests %d\n"
+        "# HELP squish_http_connections Open client connections.\n"
+        "# TYPE squish_http_connections gauge\nsquish_http_connections %d\n",
+        atomic_load(&call->srv->infer_inflight), call->srv->cfg->max_inflight,
+        gw_http_connections(call->srv));
+    sq_buf_put(&out, adm, (size_t)n);
+    char *body = h2o_mem_alloc_pool(&req->pool, out.len + 1);
+    memcpy(body, out.data, out.len);
+    size_t len = out.len;
+    sq_buf_dispose(&out);
+    req->res.status = 200;
+    req->res.reason = "OK";
+    req->res.content_length = len;
+    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL,
+                   H2O_STRLIT(GW_METRICS_CONTENT_TYPE));
+    h2o_send_inline(req, body, len);
+}
+
+/* ---- Triton statistics ----------------------------------------------------- */
+
+typedef struct {
+    h2o_iovec_t name; /* empty: every model */
+    int version;      /* 0: every version */
+    gw_model_t **found;
+    int n, cap;
+} stats_query_t;
+
+static void collect(gw_model_t *m, void *arg)
+{
+    stats_query_t *q = arg;
+    if (q->name.len > 0 && !h2o_memis(m->name, strlen(m->name), q->name.base, q->name.len))
+        return;
+    if (q->version > 0 && m->version != q->version)
+        return;
+    if (q->n == q->cap) {
+        q->cap = q->cap ? 2 * q->cap : 16;
+        q->found = sq_xrealloc(q->found, sizeof(*q->found) * (size_t)q->cap);
+    }
+    gw_model_ref(m);
+    q->found[q->n++] = m;
+}
+
+static int by_name_version(const void *a, const void *b)
+{
+    const gw_model_t *x = *(gw_model_t *const *)a, *y = *(gw_model_t *const *)b;
+    int c = strcmp(x->name, y->name);
+    return c != 0 ? c : x->version - y->version;
+}
+
+/* GET /v2/models/stats, /v2/models/{m}/stats, /v2/models/{m}/versions/{v}/stats:
+ * the models of the registry that match (a model, or one of its versions,
+ * that does not exist is a 404). */
+void gw_route_model_stats(gw_call_t *call)
+{
+    stats_query_t q = {0};
+    if (call->nargs >= 1)
+        q.name = call->args[0];
+    if (call->nargs >= 2 && (q.version = gw_parse_version(call->args[1])) < 0) {
+        gw_send_error(call->req, SQ_MODEL_NOT_FOUND, "no such model version");
+        return;
+    }
+    gw_registry_foreach(call->srv->registry, collect, &q);
+    if (call->nargs >= 1 && q.n == 0) {
+        gw_send_error(call->req, SQ_MODEL_NOT_FOUND,
+                      call->nargs >= 2 ? "no such model version" : "no such model");
+        return;
+    }
+    if (q.n > 1)
+        qsort(q.found, (size_t)q.n, sizeof(*q.found), by_name_version);
+    json_t *stats = json_array();
+    for (int i = 0; i < q.n; i++) {
+        json_array_append_new(stats, gw_metrics_model_stats(call->srv->metrics, q.found[i]));
+        gw_model_unref(q.found[i]);
+    }
+    free(q.found);
+    gw_send_json(call->req, 200, json_pack("{s:o}", "model_stats", stats));
+}
+
+/* ---- glue: finished requests -------------------------------------------------- */
+
+void gw_metrics_http_done(gw_server_t *srv, h2o_req_t *req, const char *route, int64_t start_ns)
+{
+    /* Status 0: the client went away before an answer; nothing was sent. */
+    if (req->res.status == 0)
+        return;
+    gw_metrics_http(srv->metrics, route, req->res.status);
+    if (srv->cfg->access_log)
+        SQ_INFO("access method=%.*s path=\"%.*s\" route=%s status=%d bytes=%zu duration_ms=%.3f",
+                (int)req->method.len, req->method.base,
+                (int)(req->path.len > 256 ? 256 : req->path.len), req->path.base, route,
+                req->res.status, req->bytes_sent, (double)(sq_now_ns() - start_ns) / 1e6);
+}
+
+static double seconds_between(int64_t from_us, int64_t to_us)
+{
+    return to_us > from_us ? (double)(to_us - from_us) / 1e6 : 0;
+}
+
+void gw_metrics_infer_answered(struct gw_infer *req)
+{
+    gw_server_t *srv = req->base.srv;
+    int64_t now = sq_now_us();
+    int failed = atomic_load(&req->failed);
+    gw_metrics_request_t r = {.status = failed ? sq_err_http_status(req->err) : 200,
+                              .err = failed ? req->err : 0,
+                              .slo_ms = req->slo_ms,
+                              .priority = req->priority,
+                              .items = req->n_items,
+                              .total_s = seconds_between(req->arrival_us, now)};
+    int batch = 0;
+    if (!failed) {
+        int64_t last_done = req->arrival_us;
+        for (int i = 0; i < req->n_items; i++) {
+            const gw_item_t *it = &req->items[i];
+            double pre = seconds_between(req->arrival_us, it->ready_us);
+            double queue = seconds_between(it->ready_us, it->sent_us);
+            double exec = seconds_between(it->sent_us, it->done_us);
+            r.preprocess_s = pre > r.preprocess_s ? pre : r.preprocess_s;
+            r.queue_s = queue > r.queue_s ? queue : r.queue_s;
+            r.execute_s = exec > r.execute_s ? exec : r.execute_s;
+            last_done = it->done_us > last_done ? it->done_us : last_done;
+            batch = it->batch_size > batch ? it->batch_size : batch;
+        }
+        r.output_s = seconds_between(last_done, now);
+    }
+    gw_metrics_request(srv->metrics, req->model, &r);
+    SQ_DEBUG("request id=%s model=%s version=%d status=%d outcome=%s code=%s slo_ms=%g "
+             "priority=%d total_ms=%.3f preprocess_ms=%.3f queue_ms=%.3f execute_ms=%.3f items=%d "
+             "batch=%d",
+             req->request_id, req->model->name, req->model->version, r.status,
+             gw_metrics_outcome(&r), sq_err_name(r.err), r.slo_ms, r.priority, r.total_s * 1e3,
+             r.preprocess_s * 1e3, r.queue_s * 1e3, r.execute_s * 1e3, r.items, batch);
+}
+
+void gw_metrics_infer_rejected(struct gw_server *srv, const gw_model_t *m, int err)
+{
+    gw_metrics_request_t r = {.status = sq_err_http_status(err),
+                              .err = err,
+                              .slo_ms = m->default_slo_ms > 0 ? m->default_slo_ms
+                                                              : srv->cfg->default_slo_ms};
+    gw_metrics_request(srv->metrics, m, &r);
+    SQ_DEBUG("request model=%s version=%d status=%d outcome=%s code=%s total_ms=0", m->name,
+             m->version, r.status, gw_metrics_outcome(&r), sq_err_name(err));
+}

@@ -1,0 +1,668 @@
+/* Model management routes: POST/GET/DELETE /models (admin token), and the
+ * KServe model metadata and readiness routes. Every route's work happens on
+ * the DB thread; the loop thread only checks the request (the DB thread
+ * reads the body where h2o keeps it, see gw_request_body). */
+#include "api_int.h"
+#include "gw_catalog.h"
+#include "gw_dispatch.h"
+#include "gw_http.h"
+#include "gw_codec.h"
+
+#include <mdb_graph.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_UPLOAD_PARTS 8
+
+typedef struct {
+    gw_async_t base;
+    char name[MDB_NAME_MAX + 1];
+    int version;
+    int emulated; /* the body is a JSON config alone */
+    char boundary[GW_MULTIPART_MAX_BOUNDARY + 1];
+    /* The request body, read on the DB thread before the reply (see
+     * gw_request_body): h2o's buffer, or a copy in body_owned. */
+    const uint8_t *body;
+    size_t len;
+    uint8_t *body_owned;
+    char location[MDB_NAME_MAX + 16]; /* a 202's Location */
+} model_job_t;
+
+static void model_job_dispose(gw_async_t *a)
+{
+    model_job_t *j = (model_job_t *)a;
+    free(j->body_owned);
+}
+
+static model_job_t *job_new(gw_call_t *call)
+{
+    model_job_t *j = (model_job_t *)gw_async_new(call, sizeof(model_job_t));
+    j->base.dispose = model_job_dispose;
+    return j;
+}
+
+static const char *oip_datatype(mdb_dtype_t dt)
+{
+    switch (dt) {
+    case MDB_DT_FLOAT:
+        return "FP32";
+    case MDB_DT_UINT8:
+        return "UINT8";
+    case MDB_DT_INT8:
+        return "INT8";
+    case MDB_DT_INT32:
+        return "INT32";
+    case MDB_DT_INT64:
+        return "INT64";
+    case MDB_DT_BOOL:
+        return "BOOL";
+    default:
+        return "BYTES";
+    }
+}
+
+static json_t *shape_json(const mdb_shape_t *s)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < s->rank; i++)
+        json_array_append_new(a, json_integer(s->dims[i] == MDB_DIM_BATCH ? -1 : s->dims[i]));
+    return a;
+}
+
+static json_t *preprocess_json(const gw_model_config_t *cfg)
+{
+    return json_pack("{s:s, s:s, s:[f,f,f], s:[f,f,f]}", "resize", cfg->resize, "channel_order",
+                     cfg->channel_order, "mean", cfg->mean[0], cfg->mean[1], cfg->mean[2], "std",
+                     cfg->std[0], cfg->std[1], cfg->std[2]);
+}
+
+static json_t *default_labels(int64_t k)
+{
+    json_t *a = json_array();
+    for (int64_t i = 0; i < k; i++) {
+        char s[24];
+        snprintf(s, sizeof(s), "%lld", (long long)i);
+        json_array_append_new(a, json_string(s));
+    }
+    return a;
+}
+
+/* The reply for a stored model: its record with the name, 201. */
+static void reply_created(mdb_t *db, model_job_t *j, const char *name, int version)
+{
+    json_t *rec;
+    if (mdb_model_version_get(db, name, version, &rec) != 0) {
+        gw_async_fail(&j->base, SQ_DB, "stored, but cannot read back: %s", mdb_errmsg(db));
+        return;
+    }
+    j->base.status = 201;
+    j->base.body = rec;
+}
+
+/* An upload or a delete can move other models into or out of a shared-prefix
+ * group (the DB drops a group left with one member; a new model can bring
+ * an older one into a new group): republish those whose group changed. */
+static void refresh_groups(mdb_t *db, gw_server_t *srv, int64_t except)
+{
+    json_t *recs, *rec;
+    size_t i;
+    if (mdb_model_records(db, 0, &recs) != 0)
+        return;
+    json_array_foreach(recs, i, rec)
+    {
+        int64_t key = json_integer_value(json_object_get(rec, "id"));
+        gw_model_t *old = key == except ? NULL : gw_registry_get(srv->registry, key);
+        if (old == NULL)
+            continue;
+        gw_model_t *m = gw_model_from_record(rec);
+        int changed = m->group_id != old->group_id || strcmp(m->cut_tensor, old->cut_tensor) != 0;
+        gw_model_unref(old);
+        if (!changed) {
+            gw_model_unref(m);
+            continue;
+        }
+        gw_registry_put(srv->registry, m);
+        gw_dispatch_model_changed(srv, key);
+    }
+    json_decref(recs);
+}
+
+/* Publishes a stored model to the data plane. */
+static void publish(mdb_t *db, gw_server_t *srv, int64_t key, int profile)
+{
+    json_t *recs;
+    if (mdb_model_records(db, key, &recs) == 0 && json_array_size(recs) == 1)
+        gw_registry_put(srv->registry, gw_model_from_record(json_array_get(recs, 0)));
+    json_decref(recs);
+    refresh_groups(db, srv, key);
+    if (profile)
+        gw_dispatch_profile(srv, key);
+    else
+        gw_dispatch_model_changed(srv, key);
+}
+
+static void store(mdb_t *db, model_job_t *j, const mdb_new_model_t *m)
+{
+    int64_t key = 0;
+    int rc = mdb_model_insert(db, m, &key);
+    if (rc == SQ_EXISTS)
+        gw_async_fail(&j->base, SQ_EXISTS, "model %s version %d already exists", m->name,
+                      m->version);
+    else if (rc != 0)
+        gw_async_fail(&j->base, rc, "cannot store the model: %s", mdb_errmsg(db));
+    else {
+        SQ_INFO("model stored name=%s version=%d format=%s sha256=%.12s status=%s", m->name,
+                m->version, m->format, m->sha256, m->status);
+        reply_created(db, j, m->name, m->version);
+        /* 202 while the worker measures the model's batching profile. */
+        int profiling = strcmp(m->status, "profiling") == 0;
+        if (profiling) {
+            /* Where to follow it: GET /models/{name} shows the measuring. */
+            j->base.status = 202;
+            snprintf(j->location, sizeof(j->location), "/models/%s", m->name);
+            j->base.location = j->location;
+        }
+        publish(db, j->base.srv, key, profiling);
+    }
+}
+
+static void upload_emulated(mdb_t *db, model_job_t *j)
+{
+    gw_model_config_t *cfg = sq_xmalloc(sizeof(*cfg));
+    char err[512];
+    int rc = gw_model_config_parse((const char *)j->body, j->len, 1, cfg, err, sizeof(err));
+    if (rc != 0) {
+        gw_async_fail(&j->base, rc, "%s", err);
+        free(cfg);
+        return;
+    }
+    mdb_profile_row_t *rows = cfg->rows;
+    int nrows = cfg->nrows;
+    mdb_profile_row_t *linear = NULL;
+    if (cfg->linear) {
+        nrows = cfg->max_batch;
+        linear = sq_xcalloc((size_t)nrows, sizeof(*linear));
+        for (int b = 1; b <= nrows; b++)
+            linear[b - 1] = (mdb_profile_row_t){
+                .batch = b, .mean_us = (cfg->alpha_ms * b + cfg->beta_ms) * 1000.0};
+        rows = linear;
+    }
+    uint64_t mem = (uint64_t)(cfg->memory_mb * 1048576.0);
+    for (int i = 0; i < nrows; i++)
+        rows[i].peak_memory_bytes = mem;
+    char sha[65];
+    mdb_sha256_hex(j->body, j->len, sha);
+    json_t *config = json_loadb((const char *)j->body, j->len, 0, NULL);
+    /* A detector's rows are boxes and scores: its labels are output 0's
+     * (the boxes') last dimension, as for an ONNX detector. */
+    json_t *labels = cfg->labels      ? json_incref(cfg->labels)
+                     : cfg->det_slots ? default_labels(4)
+                                      : default_labels(cfg->num_classes);
+    json_t *outputs =
+        cfg->det_slots > 0
+            ? json_pack("[{s:s, s:s, s:[i,i,i]}, {s:s, s:s, s:[i,i]}]", "name", "boxes", "datatype",
+                        "FP32", "shape", -1, cfg->det_slots, 4, "name", "scores", "datatype",
+                        "FP32", "shape", -1, cfg->det_slots)
+            : json_pack("[{s:s, s:s, s:[i,i]}]", "name", "output", "datatype", "FP32", "shape", -1,
+                        cfg->num_classes);
+    mdb_new_model_t m = {
+        .name = cfg->name,
+        .version = cfg->version,
+        .format = "emulated",
+        .sha256 = sha,
+        .input = json_pack("{s:s, s:s, s:[i,i,i,i]}", "name", "input", "datatype", "FP32", "shape",
+                           -1, cfg->input_shape[0], cfg->input_shape[1], cfg->input_shape[2]),
+        .outputs = outputs,
+        .preprocess = preprocess_json(cfg),
+        .labels = labels,
+        .config = config,
+        .default_slo_ms = cfg->default_slo_ms,
+        .max_batch = cfg->max_batch,
+        .memory_bytes = mem,
+        .status = "ready",
+        .profile = rows,
+        .nprofile = nrows,
+        .profile_device_kind = "emu",
+    };
+    store(db, j, &m);
+    json_decref(m.input);
+    json_decref(m.outputs);
+    json_decref(m.preprocess);
+    json_decref(labels);
+    json_decref(config);
+    free(linear);
+    gw_model_config_dispose(cfg);
+    free(cfg);
+}
+
+static void upload_onnx(mdb_t *db, model_job_t *j)
+{
+    gw_part_t parts[MAX_UPLOAD_PARTS];
+    int nparts = 0;
+    char err[512];
+    int rc = gw_multipart_parse(j->body, j->len, j->boundary, parts, MAX_UPLOAD_PARTS, &nparts, err,
+                                sizeof(err));
+    if (rc != 0) {
+        gw_async_fail(&j->base, rc, "%s", err);
+        return;
+    }
+    const gw_part_t *model = NULL, *config = NULL, *labels_part = NULL;
+    for (int i = 0; i < nparts; i++) {
+        const gw_part_t **slot = gw_part_is(&parts[i], "model")    ? &model
+                                 : gw_part_is(&parts[i], "config") ? &config
+                                 : gw_part_is(&parts[i], "labels") ? &labels_part
+                                                                   : NULL;
+        if (slot == NULL) {
+            gw_async_fail(&j->base, SQ_BAD_MULTIPART,
+                          "unknown part '%.*s' (expected model, config and optionally labels)",
+                          (int)(parts[i].name_len > 64 ? 64 : parts[i].name_len), parts[i].name);
+            return;
+        }
+        if (*slot != NULL) {
+            gw_async_fail(&j->base, SQ_BAD_MULTIPART, "part '%.*s' given twice",
+                          (int)parts[i].name_len, parts[i].name);
+            return;
+        }
+        *slot = &parts[i];
+    }
+    if (model == NULL || config == NULL) {
+        gw_async_fail(&j->base, SQ_BAD_MULTIPART,
+                      "an upload needs a 'model' part (the .onnx file) and a 'config' part (JSON)");
+        return;
+    }
+    if (model->len == 0) {
+        gw_async_fail(&j->base, SQ_BAD_MODEL, "the model part is empty");
+        return;
+    }
+    gw_model_config_t *cfg = sq_xmalloc(sizeof(*cfg));
+    rc = gw_model_config_parse((const char *)config->data, config->len, 0, cfg, err, sizeof(err));
+    if (rc != 0) {
+        gw_async_fail(&j->base, rc, "%s", err);
+        free(cfg);
+        return;
+    }
+    json_t *labels = NULL, *config_json = NULL;
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t ierr;
+    memset(&ierr, 0, sizeof(ierr));
+    if (labels_part != NULL) {
+        if (cfg->labels != NULL) {
+            gw_async_fail(&j->base, SQ_BAD_CONFIG, "labels given both in config and as a part");
+            goto out;
+        }
+        if ((labels = gw_labels_parse((const char *)labels_part->data, labels_part->len, err,
+                                      sizeof(err))) == NULL) {
+            gw_async_fail(&j->base, SQ_BAD_CONFIG, "%s", err);
+            goto out;
+        }
+    } else if (cfg->labels != NULL) {
+        labels = json_incref(cfg->labels);
+    }
+    rc = mdb_onnx_import(model->data, model->len, &g, &ierr);
+    if (rc != 0) {
+        if (rc == SQ_UNSUPPORTED_MODEL && ierr.ops[0] != '\0')
+            gw_async_fail(&j->base, rc, "unsupported operators (opset %lld): %s%s%s",
+                          (long long)ierr.opset, ierr.ops, ierr.detail[0] ? "; " : "", ierr.detail);
+        else
+            gw_async_fail(&j->base, rc, "%s", ierr.detail[0] ? ierr.detail : sq_err_msg(rc));
+        goto out;
+    }
+    mdb_model_info_t info;
+    if ((rc = mdb_model_info(g, &info, err, sizeof(err))) != 0) {
+        gw_async_fail(&j->base, rc, "%s", err);
+        goto out;
+    }
+    /* Classifier output: [N, K]; labels must match K. */
+    int64_t classes = info.output_shapes[0].rank >= 2
+                          ? info.output_shapes[0].dims[info.output_shapes[0].rank - 1]
+                          : 1;
+    if (labels != NULL && (int64_t)json_array_size(labels) != classes) {
+        gw_async_fail(&j->base, SQ_BAD_CONFIG,
+                      "config.labels: %zu labels for an output of %lld classes",
+                      json_array_size(labels), (long long)classes);
+        goto out;
+    }
+    if (labels == NULL)
+        labels = default_labels(classes);
+    json_t *outputs = json_array();
+    for (int i = 0; i < info.n_outputs; i++)
+        json_array_append_new(outputs,
+                              json_pack("{s:s, s:s, s:o}", "name", info.output_names[i], "datatype",
+                                        "FP32", "shape", shape_json(&info.output_shapes[i])));
+    json_t *input =
+        json_pack("{s:s, s:s, s:o}", "name", info.input_name, "datatype",
+                  oip_datatype(info.input_dtype), "shape", shape_json(&info.input_shape));
+    json_t *pre = preprocess_json(cfg);
+    config_json = json_loadb((const char *)config->data, config->len, 0, NULL);
+    char sha[65];
+    mdb_sha256_hex(model->data, model->len, sha);
+    mdb_new_model_t m = {
+        .name = cfg->name,
+        .version = cfg->version,
+        .format = "onnx",
+        .onnx = model->data,
+        .onnx_len = model->len,
+        .sha256 = sha,
+        .input = input,
+        .outputs = outputs,
+        .preprocess = pre,
+        .labels = labels,
+        .config = config_json,
+        .default_slo_ms = cfg->default_slo_ms,
+        .max_batch = cfg->max_batch ? cfg->max_batch : 64,
+        .param_bytes = info.param_bytes,
+        .memory_bytes = info.param_bytes,
+        .status = "profiling",
+        .graph = g,
+    };
+    store(db, j, &m);
+    json_decref(input);
+    json_decref(outputs);
+    json_decref(pre);
+out:
+    json_decref(labels);
+    json_decref(config_json);
+    mdb_graph_free(g);
+    gw_model_config_dispose(cfg);
+    free(cfg);
+}
+
+static void upload_job(mdb_t *db, void *arg)
+{
+    model_job_t *j = arg;
+    if (j->emulated)
+        upload_emulated(db, j);
+    else
+        upload_onnx(db, j);
+    gw_metrics_upload(j->base.srv->metrics, j->base.err);
+    gw_async_done(&j->base);
+}
+
+void gw_route_models_post(gw_call_t *call)
+{
+    if (!gw_require_admin(call)) {
+        gw_metrics_upload(call->srv->metrics, SQ_UNAUTHORIZED);
+        return;
+    }
+    h2o_req_t *req = call->req;
+    h2o_iovec_t ct = gw_header(req, "content-type");
+    model_job_t *j;
+    char boundary[GW_MULTIPART_MAX_BOUNDARY + 1] = "";
+    if (ct.len >= 16 && strncasecmp(ct.base, "application/json", 16) == 0) {
+        j = job_new(call);
+        j->emulated = 1;
+    } else {
+        int rc = gw_multipart_boundary(ct.base ? ct.base : "", ct.len, boundary, sizeof(boundary));
+        if (rc != 0) {
+            gw_metrics_upload(call->srv->metrics, rc);
+            gw_send_error(req, rc,
+                          rc == SQ_MEDIA_TYPE
+                              ? "POST /models takes multipart/form-data (model + config parts) "
+                                "or application/json (an emulated model)"
+                              : "multipart/form-data without a valid boundary");
+            return;
+        }
+        j = job_new(call);
+        memcpy(j->boundary, boundary, sizeof(boundary));
+    }
+    if (gw_request_body(req, &j->body, &j->len, &j->body_owned) != 0) {
+        gw_metrics_upload(call->srv->metrics, SQ_OVERLOAD);
+        gw_async_fail(&j->base, SQ_OVERLOAD,
+                      "not enough memory to hold an upload of %zu bytes; retry shortly",
+                      req->entity.len);
+        gw_async_done(&j->base);
+        return;
+    }
+    gw_db_post(call->srv, upload_job, j);
+}
+
+/* Copies the {name} path segment (and {version}) into the job; replies 404
+ * and returns NULL for an impossible name or version. */
+static model_job_t *named_job(gw_call_t *call, int with_version)
+{
+    h2o_iovec_t name = call->args[0];
+    int version = 0;
+    if (!gw_model_name_ok(name.base, name.len)) {
+        gw_send_error(call->req, SQ_MODEL_NOT_FOUND, "no such model");
+        return NULL;
+    }
+    if (with_version && (version = gw_parse_version(call->args[1])) < 0) {
+        gw_send_error(call->req, SQ_MODEL_NOT_FOUND, "no such model version");
+        return NULL;
+    }
+    model_job_t *j = job_new(call);
+    memcpy(j->name, name.base, name.len);
+    j->name[name.len] = '\0';
+    j->version = version;
+    return j;
+}
+
+static void list_job(mdb_t *db, void *arg)
+{
+    model_job_t *j = arg;
+    if (mdb_model_list(db, &j->base.body) != 0)
+        gw_async_fail(&j->base, SQ_DB, "%s", mdb_errmsg(db));
+    gw_async_done(&j->base);
+}
+
+void gw_route_models_list(gw_call_t *call)
+{
+    if (!gw_require_admin(call))
+        return;
+    gw_db_post(call->srv, list_job, job_new(call));
+}
+
+/* A version being measured gets "profiling": where, how far, and about how
+ * long is left (the batch sizes left at the pace of those done; larger
+ * batches take longer, so it is a lower bound early on). */
+static void add_progress(gw_server_t *srv, const char *name, json_t *rec)
+{
+    const char *status = json_string_value(json_object_get(rec, "status"));
+    if (status == NULL || strcmp(status, "profiling") != 0)
+        return;
+    int version = (int)json_integer_value(json_object_get(rec, "version"));
+    gw_model_t *m = gw_registry_find(srv->registry, name, strlen(name), version);
+    gw_profile_progress_t p;
+    int have = m != NULL && gw_dispatch_profile_progress(srv, m->key, &p);
+    gw_model_unref(m);
+    if (!have) {
+        json_object_set_new(rec, "profiling",
+                            json_pack("{s:s}", "state", "waiting for a cpu or cuda worker"));
+        return;
+    }
+    double elapsed_ms = (double)(sq_now_us() - p.started_us) / 1000.0;
+    json_t *o = json_pack("{s:s, s:s, s:i, s:i, s:f}", "state", "measuring", "device", p.device,
+                          "batch_sizes_done", p.done, "batch_sizes_total", p.total, "elapsed_ms",
+                          elapsed_ms);
+    if (p.done > 0 && p.total > p.done)
+        json_object_set_new(o, "eta_ms", json_real(elapsed_ms / p.done * (p.total - p.done)));
+    json_object_set_new(rec, "profiling", o);
+}
+
+static void get_job(mdb_t *db, void *arg)
+{
+    model_job_t *j = arg;
+    int rc = mdb_model_get(db, j->name, &j->base.body);
+    if (rc == 0) {
+        json_t *v;
+        size_t i;
+        json_array_foreach(json_object_get(j->base.body, "versions"), i, v)
+            add_progress(j->base.srv, j->name, v);
+    }
+    if (rc == SQ_MODEL_NOT_FOUND)
+        gw_async_fail(&j->base, rc, "no model named %s", j->name);
+    else if (rc != 0)
+        gw_async_fail(&j->base, rc, "%s", mdb_errmsg(db));
+    gw_async_done(&j->base);
+}
+
+void gw_route_models_get(gw_call_t *call)
+{
+    if (!gw_require_admin(call))
+        return;
+    model_job_t *j = named_job(call, 0);
+    if (j != NULL)
+        gw_db_post(call->srv, get_job, j);
+}
+
+static void delete_job(mdb_t *db, void *arg)
+{
+    model_job_t *j = arg;
+    int deleted = 0;
+    int rc = mdb_model_delete(db, j->name, j->version, &deleted);
+    if (rc == SQ_MODEL_NOT_FOUND)
+        gw_async_fail(&j->base, rc, "no model named %s%s", j->name,
+                      j->version ? " with that version" : "");
+    else if (rc != 0)
+        gw_async_fail(&j->base, rc, "%s", mdb_errmsg(db));
+    else {
+        SQ_INFO("model deleted name=%s version=%d versions_deleted=%d", j->name, j->version,
+                deleted);
+        int64_t keys[64];
+        int n = gw_registry_remove(j->base.srv->registry, j->name, j->version, keys, 64);
+        for (int i = 0; i < n && i < 64; i++)
+            gw_dispatch_model_changed(j->base.srv, keys[i]);
+        refresh_groups(db, j->base.srv, 0);
+        j->base.body = json_pack("{s:s, s:i}", "name", j->name, "deleted_versions", deleted);
+    }
+    gw_async_done(&j->base);
+}
+
+void gw_route_models_delete(gw_call_t *call)
+{
+    if (!gw_require_admin(call))
+        return;
+    model_job_t *j = named_job(call, 0);
+    if (j != NULL)
+        gw_db_post(call->srv, delete_job, j);
+}
+
+void gw_route_models_delete_version(gw_call_t *call)
+{
+    if (!gw_require_admin(call))
+        return;
+    model_job_t *j = named_job(call, 1);
+    if (j != NULL)
+        gw_db_post(call->srv, delete_job, j);
+}
+
+/* The version a request without one goes to, as the registry decides it
+ * (the newest ready version the name's version policy serves); 0 when the
+ * registry has none of that name. */
+static int default_version(gw_server_t *srv, const char *name)
+{
+    gw_model_t *m = gw_registry_find(srv->registry, name, strlen(name), 0);
+    int v = m != NULL ? m->version : 0;
+    gw_model_unref(m);
+    return v;
+}
+
+/* KServe: {"name", "versions", "platform", "inputs", "outputs"}. */
+static void kserve_metadata_job(mdb_t *db, void *arg)
+{
+    model_job_t *j = arg;
+    json_t *all;
+    int rc = mdb_model_get(db, j->name, &all);
+    if (rc != 0) {
+        gw_async_fail(&j->base, rc, rc == SQ_MODEL_NOT_FOUND ? "no such model" : "%s",
+                      mdb_errmsg(db));
+        gw_async_done(&j->base);
+        return;
+    }
+    int want = j->version != 0 ? j->version : default_version(j->base.srv, j->name);
+    json_t *versions = json_array(), *chosen = NULL, *v;
+    size_t i;
+    json_array_foreach(json_object_get(all, "versions"), i, v)
+    {
+        char s[16];
+        int n = (int)json_integer_value(json_object_get(v, "version"));
+        snprintf(s, sizeof(s), "%d", n);
+        json_array_append_new(versions, json_string(s));
+        if (want == 0 || n == want) /* want 0: the newest (records come newest last) */
+            chosen = v;
+    }
+    if (chosen == NULL) {
+        gw_async_fail(&j->base, SQ_MODEL_NOT_FOUND, "no such model version");
+        json_decref(versions);
+    } else {
+        const char *format = json_string_value(json_object_get(chosen, "format"));
+        j->base.body = json_pack(
+            "{s:s, s:o, s:s, s:[O], s:O}", "name", j->name, "versions", versions, "platform",
+            strcmp(format, "onnx") == 0 ? "onnx" : "squish_emulated", "inputs",
+            json_object_get(chosen, "input"), "outputs", json_object_get(chosen, "outputs"));
+    }
+    json_decref(all);
+    gw_async_done(&j->base);
+}
+
+/* Why the version of rec cannot take a batch now, or NULL when it can; a
+ * measured version no worker up holds is loaded on the way, so that a
+ * client polling readiness before it sends is not kept waiting. */
+static const char *not_ready_why(gw_server_t *srv, const char *name, json_t *rec, char *buf,
+                                 size_t len)
+{
+    const char *status = json_string_value(json_object_get(rec, "status"));
+    if (status == NULL || strcmp(status, "ready") != 0)
+        return status != NULL && strcmp(status, "profiling") == 0
+                   ? "the model is being profiled; retry shortly"
+                   : "the model failed profiling and cannot be served";
+    int version = (int)json_integer_value(json_object_get(rec, "version"));
+    gw_model_t *m = gw_registry_find(srv->registry, name, strlen(name), version);
+    if (m == NULL)
+        return NULL; /* stored, not yet published: the DB's word stands */
+    const char *why = NULL;
+    int kind = gw_dispatch_serving_kind(srv, m);
+    if (!gw_registry_served(srv->registry, m, buf, len)) {
+        why = buf;
+    } else if (!gw_dispatch_model_held(srv, m->key)) {
+        if (kind >= 0)
+            gw_dispatch_warm(srv, m->key);
+        why = kind < 0 ? "no worker that can run the model is up"
+                       : "no worker holds the model now; it is being loaded, retry shortly";
+    }
+    gw_model_unref(m);
+    return why;
+}
+
+static void kserve_ready_job(mdb_t *db, void *arg)
+{
+    model_job_t *j = arg;
+    json_t *rec;
+    int version = j->version != 0 ? j->version : default_version(j->base.srv, j->name);
+    int rc = mdb_model_version_get(db, j->name, version, &rec);
+    if (rc != 0) {
+        gw_async_fail(&j->base, rc, rc == SQ_MODEL_NOT_FOUND ? "no such model" : "%s",
+                      mdb_errmsg(db));
+    } else {
+        /* The Open Inference Protocol answers by status code: 200 ready, 4xx
+         * not (400, as Triton). The body says the same, with the error's
+         * reason and code for a client that reads only those. */
+        char buf[MDB_NAME_MAX + 256];
+        const char *why = not_ready_why(j->base.srv, j->name, rec, buf, sizeof(buf));
+        if (why == NULL) {
+            j->base.body = json_pack("{s:s, s:b}", "name", j->name, "ready", 1);
+        } else {
+            j->base.status = 400;
+            j->base.body = json_pack("{s:s, s:b, s:s, s:s}", "name", j->name, "ready", 0, "error",
+                                     why, "code", sq_err_name(SQ_NOT_READY));
+        }
+        json_decref(rec);
+    }
+    gw_async_done(&j->base);
+}
+
+void gw_route_kserve_model(gw_call_t *call)
+{
+    model_job_t *j = named_job(call, call->nargs > 1);
+    if (j != NULL)
+        gw_db_post(call->srv, kserve_metadata_job, j);
+}
+
+void gw_route_kserve_model_ready(gw_call_t *call)
+{
+    model_job_t *j = named_job(call, call->nargs > 1);
+    if (j != NULL)
+        gw_db_post(call->srv, kserve_ready_job, j);
+}

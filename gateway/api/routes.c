@@ -1,0 +1,154 @@
+/* The HTTP API's routes: the table gw_http_start serves (server.c passes
+ * it), and the handlers of the server's own state (metadata, health, plan).
+ * The other handlers live with their area (models_api.c, infer.c, oip.c,
+ * metrics_api.c); http.c calls them only through this table. */
+#include "api_int.h"
+#include "gw_dispatch.h"
+#include "gw_http.h"
+#include "gw_catalog.h"
+
+#include <jansson.h>
+#include <stdatomic.h>
+#include <string.h>
+
+/* The Triton protocol extensions squish implements, by Triton's names:
+ * binary tensors in the body (oip.c), class labels instead of raw tensors
+ * (the classification parameter, oip_response.c), and per-model statistics
+ * (/v2/models[/{m}[/versions/{v}]]/stats, metrics_api.c). */
+static void route_server_metadata(gw_call_t *call)
+{
+    gw_send_json(call->req, 200,
+                 json_pack("{s:s, s:s, s:[s, s, s]}", "name", "squish", "version", SQUISH_VERSION,
+                           "extensions", "binary_tensor_data", "classification", "statistics"));
+}
+
+static void route_live(gw_call_t *call)
+{
+    gw_send_json(call->req, 200, json_pack("{s:b}", "live", 1));
+}
+
+static void route_ready(gw_call_t *call)
+{
+    gw_server_t *srv = call->srv;
+    if (atomic_load(&srv->stopping)) {
+        gw_send_error(call->req, SQ_SHUTTING_DOWN, "squishd is shutting down");
+        return;
+    }
+    if (!atomic_load(&srv->db_ready)) {
+        gw_send_error(call->req, SQ_NOT_READY, "the model database is not open");
+        return;
+    }
+    int up = atomic_load(&srv->workers_up);
+    if (up == 0) {
+        gw_send_error(call->req, SQ_NOT_READY, "no worker is connected");
+        return;
+    }
+    /* Able to serve every ready model now, not merely up. */
+    char why[256];
+    if (!gw_dispatch_ready(srv, why, sizeof(why))) {
+        gw_send_error(call->req, SQ_NOT_READY, why);
+        return;
+    }
+    gw_send_json(call->req, 200, json_pack("{s:b, s:i}", "ready", 1, "workers", up));
+}
+
+static void route_plan(gw_call_t *call)
+{
+    gw_send_json(call->req, 200, gw_dispatch_plan_json(call->srv));
+}
+
+/* A pipeline is addressed like a model over OIP (its name can be no
+ * model's): these send a pipeline's name to its handler, any other to the
+ * model's. */
+static gw_pipeline_t *pipeline_of(gw_call_t *call)
+{
+    char name[MDB_NAME_MAX + 1];
+    h2o_iovec_t a = call->args[0];
+    if (call->nargs > 1 || a.len == 0 || a.len > MDB_NAME_MAX)
+        return NULL; /* /versions/{v}: models only */
+    memcpy(name, a.base, a.len);
+    name[a.len] = '\0';
+    return gw_pipes_get(call->srv->pipelines, name);
+}
+
+static void route_infer_v2(gw_call_t *call)
+{
+    gw_pipeline_t *p = pipeline_of(call);
+    if (p == NULL) {
+        gw_route_infer_v2(call);
+        return;
+    }
+    gw_pipeline_unref(p);
+    gw_route_pipeline_infer_v2(call);
+}
+
+static void route_kserve_model(gw_call_t *call)
+{
+    gw_pipeline_t *p = pipeline_of(call);
+    if (p == NULL) {
+        gw_route_kserve_model(call);
+        return;
+    }
+    gw_send_json(call->req, 200, gw_pipeline_oip_metadata(p));
+    gw_pipeline_unref(p);
+}
+
+/* A pipeline is ready when every stage's model is. */
+static void route_kserve_model_ready(gw_call_t *call)
+{
+    gw_pipeline_t *p = pipeline_of(call);
+    if (p == NULL) {
+        gw_route_kserve_model_ready(call);
+        return;
+    }
+    char why[MDB_NAME_MAX + 128] = "";
+    for (int i = 0; i < p->nstages && !why[0]; i++) {
+        const gw_stage_spec_t *st = &p->stages[i];
+        gw_model_t *m =
+            gw_registry_find(call->srv->registry, st->model, strlen(st->model), st->version);
+        if (m == NULL || strcmp(m->status, "ready") != 0 ||
+            !gw_dispatch_model_held(call->srv, m->key))
+            snprintf(why, sizeof(why), "stage %s: model %s is not ready", st->id, st->model);
+        gw_model_unref(m);
+    }
+    if (why[0])
+        gw_send_error(call->req, SQ_NOT_READY, why);
+    else
+        gw_send_json(call->req, 200, json_pack("{s:s, s:b}", "name", p->name, "ready", 1));
+    gw_pipeline_unref(p);
+}
+
+static const gw_route_t routes[] = {
+    {"GET", "/v2", "server_metadata", route_server_metadata},
+    {"GET", "/v2/health/live", "health_live", route_live},
+    {"GET", "/v2/health/ready", "health_ready", route_ready},
+    {"POST", "/models", "models_upload", gw_route_models_post},
+    {"GET", "/models", "models_list", gw_route_models_list},
+    {"GET", "/models/*", "models_get", gw_route_models_get},
+    {"DELETE", "/models/*", "models_delete", gw_route_models_delete},
+    {"DELETE", "/models/*/versions/*", "models_delete_version", gw_route_models_delete_version},
+    {"POST", "/pipelines", "pipelines_post", gw_route_pipelines_post},
+    {"GET", "/pipelines", "pipelines_list", gw_route_pipelines_list},
+    {"GET", "/pipelines/*", "pipelines_get", gw_route_pipelines_get},
+    {"DELETE", "/pipelines/*", "pipelines_delete", gw_route_pipelines_delete},
+    {"POST", "/v1/pipelines/*/infer", "pipeline_infer", gw_route_pipeline_infer},
+    {"GET", "/metrics", "metrics", gw_route_metrics},
+    {"GET", "/v2/models/stats", "model_stats", gw_route_model_stats}, /* before kserve_model */
+    {"GET", "/v2/models/*/stats", "model_stats", gw_route_model_stats},
+    {"GET", "/v2/models/*/versions/*/stats", "model_stats", gw_route_model_stats},
+    {"GET", "/v2/models/*", "kserve_model", route_kserve_model},
+    {"GET", "/v2/models/*/versions/*", "kserve_model", gw_route_kserve_model},
+    {"GET", "/v2/models/*/ready", "kserve_model_ready", route_kserve_model_ready},
+    {"GET", "/v2/models/*/config", "model_config", gw_route_model_config},
+    {"GET", "/v2/models/*/versions/*/config", "model_config", gw_route_model_config},
+    {"POST", "/v2/repository/index", "repository_index", gw_route_repository_index},
+    {"GET", "/v2/models/*/versions/*/ready", "kserve_model_ready", gw_route_kserve_model_ready},
+    {"GET", "/v1/plan", "plan", route_plan},
+    {"POST", "/v1/models/*/infer", "infer_v1", gw_route_infer_v1},
+    {"POST", "/v1/models/*/versions/*/infer", "infer_v1", gw_route_infer_v1},
+    {"POST", "/v2/models/*/infer", "infer_v2", route_infer_v2},
+    {"POST", "/v2/models/*/versions/*/infer", "infer_v2", gw_route_infer_v2},
+};
+
+const gw_http_app_t gw_http_app = {
+    .routes = routes, .nroutes = sizeof(routes) / sizeof(routes[0]), .done = gw_metrics_http_done};

@@ -1,0 +1,279 @@
+/* catalog/: what squishd serves: the model registry, published pipelines,
+ * SLO buckets, and the DB thread that stores them. */
+#ifndef GW_CATALOG_H
+#define GW_CATALOG_H
+
+#include "gw_codec.h"
+#include "gw_image.h"
+#include "gw_server.h"
+
+#include <jansson.h>
+#include <mdb.h>
+#include <pl_profile.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+/* SLO buckets: a request joins the dispatcher session of the largest bucket
+ * not above its SLO, so that a session's batches fit every member's SLO and
+ * the number of sessions (and of metric label values) stays bounded. */
+/* The bucket of slo_ms, in ms (the smallest bucket for anything below it). */
+double gw_slo_bucket_ms(double slo_ms);
+
+/* The in-memory model registry: what the data plane needs to know about
+ * every stored model version, readable from any thread without touching
+ * sqlite. The DB thread fills it at start and after each upload, profile or
+ * delete; HTTP threads look models up per request; the dispatch thread
+ * reads profiles and load specs.
+ *
+ * Entries are immutable once published and reference-counted: an update
+ * publishes a new entry, and a request keeps the one it started with. */
+
+typedef enum { GW_KIND_CPU, GW_KIND_CUDA, GW_KIND_EMU, GW_KIND_COUNT } gw_kind_t;
+
+/* "cpu" / "cuda" / "emu" <-> kind; -1 for an unknown name. */
+const char *gw_kind_name(gw_kind_t k);
+int gw_kind_parse(const char *name);
+
+typedef struct gw_model {
+    atomic_int refs;
+    int64_t key; /* the models row id: stable, unique per (name, version) */
+    char name[MDB_NAME_MAX + 1];
+    int version;
+    char sha256[65];
+    int emulated;    /* format "emulated": no ONNX file */
+    char status[16]; /* profiling | ready | failed */
+    char error[256]; /* why it failed ("" otherwise) */
+    char input_name[128];
+    int input_uint8; /* the graph's input is UINT8 (else FP32) */
+    int c, h, w;     /* input item: channels, height, width */
+    int nhwc;        /* the input is [N,H,W,3] (else [N,C,H,W]) */
+    /* Floats of an item's output row: every output of the graph, in its
+     * order, each flattened (output i starts after the elems of outputs
+     * 0..i-1). outputs[0].elems is output 0's alone (a classifier's
+     * classes). */
+    int64_t out_elems;
+    int det_slots;         /* an emulated detector's boxes per item (gw_codec.h); 0 otherwise */
+    double det_mean;       /* its mean detections per item */
+    char output_name[128]; /* output 0's */
+    /* Every output of the graph in its order (outputs[0] is output 0); at
+     * most GW_MAX_OUTPUTS are listed. */
+    int noutputs;
+    gw_output_t outputs[GW_MAX_OUTPUTS];
+    double mean[3], std[3]; /* 0..255 pixel scale */
+    int bgr;
+    int nearest; /* resize mode */
+    double default_slo_ms;
+    int max_batch;
+    uint64_t memory_bytes;
+    json_t *labels; /* array of strings; owned */
+    /* Profiles per device kind; has_profile[k] says whether one is stored. */
+    int has_profile[GW_KIND_COUNT];
+    pl_profile_t profile[GW_KIND_COUNT];
+    /* Its shared-prefix group in the model DB (0: none) and where its graph
+     * is cut for it (the tensor's name in this model). */
+    int64_t group_id;
+    char cut_tensor[256];
+    /* The version policy its upload gave (has_policy 0: none, i.e. all);
+     * the newest version's applies to every version of the name. */
+    int has_policy;
+    gw_version_policy_t policy;
+} gw_model_t;
+
+void gw_model_ref(gw_model_t *m);
+/* Accepts NULL. */
+void gw_model_unref(gw_model_t *m);
+/* Builds an entry from a record of mdb_model_records (see there). */
+gw_model_t *gw_model_from_record(json_t *rec);
+/* The label of class i ("i" when out of range) into buf. */
+const char *gw_model_label(const gw_model_t *m, int64_t i, char *buf, size_t len);
+
+typedef struct gw_registry gw_registry_t;
+
+gw_registry_t *gw_registry_new(void);
+void gw_registry_free(gw_registry_t *r);
+/* Publishes m (taking the caller's reference), replacing an entry with the
+ * same key. */
+void gw_registry_put(gw_registry_t *r, gw_model_t *m);
+/* Removes every version of name (version 0) or one version; writes the
+ * removed keys (up to max) and returns how many were removed. */
+int gw_registry_remove(gw_registry_t *r, const char *name, int version, int64_t *keys, int max);
+/* A new reference to name's version, or NULL. Version 0: the newest ready
+ * one that the name's version policy serves (a version still profiling, or
+ * failed, never takes the traffic of one that is ready), else the newest
+ * served, else the newest (gw_registry_served then says why not). */
+gw_model_t *gw_registry_find(gw_registry_t *r, const char *name, size_t name_len, int version);
+/* Whether the name's version policy serves m (the newest version's policy;
+ * latest N counts ready versions); if not, why, in why. */
+int gw_registry_served(gw_registry_t *r, const gw_model_t *m, char *why, size_t len);
+/* A new reference by key, or NULL. */
+gw_model_t *gw_registry_get(gw_registry_t *r, int64_t key);
+/* Calls fn for every entry (under the lock: keep it short). */
+void gw_registry_foreach(gw_registry_t *r, void (*fn)(gw_model_t *m, void *arg), void *arg);
+
+/* Pipelines (complex queries, Nexus section 4.2): a DAG of stages under one
+ * end-to-end SLO. A stage runs a model on the request's image, or on the
+ * crops of another stage's detections (crops_of). Each stage is a
+ * dispatcher session at its share of the SLO (its budget); the shares come
+ * from the query DP (planner/query.c) over measured fan-outs gamma.
+ *
+ *   pipelines.c       specs: parsing, validation, JSON, the registry of
+ *                    published pipelines, their measured state and split
+ *   pipelines_api.c  POST/GET/DELETE /pipelines
+ *   query.c          POST /v1/pipelines/{p}/infer: a query's items, stage
+ *                    by stage, and its answer
+ *
+ * A spec is immutable once published; its runtime state (measured gamma,
+ * query rate, budgets, counts) is guarded by its own mutex. */
+
+#define GW_PIPE_MAX_STAGES 8
+#define GW_PIPE_ID_MAX 63
+#define GW_PIPE_DEFAULT_TOP_K 5
+
+typedef struct {
+    char id[GW_PIPE_ID_MAX + 1];
+    char model[MDB_NAME_MAX + 1];
+    int version;           /* 0: the version the model's policy serves */
+    int parent;            /* -1: the request's image; else the stage whose detections it crops */
+    gw_crops_spec_t crops; /* parent >= 0 (its output names, bound per query) */
+    int top_k;             /* predictions per item in the answer (a stage without crop children) */
+    int nchildren;
+    int children[GW_PIPE_MAX_STAGES];
+    int depth; /* stages on the path from the image, itself included (1 for a root) */
+} gw_stage_spec_t;
+
+/* Query outcomes, as /metrics counts them. */
+typedef enum { GW_Q_OK, GW_Q_DROPPED, GW_Q_FAILED, GW_Q_NOUTCOMES } gw_query_outcome_t;
+
+typedef struct gw_pipeline {
+    atomic_int refs;
+    char name[MDB_NAME_MAX + 1];
+    double slo_ms;
+    int split_even_asked; /* the spec's "split": "even" (the baseline of Nexus's figure 17) */
+    int nstages;
+    gw_stage_spec_t stages[GW_PIPE_MAX_STAGES];
+    int order[GW_PIPE_MAX_STAGES]; /* every parent before its children */
+    json_t *spec;                  /* the normalized spec: stored, and shown by GET */
+
+    /* Runtime state, under mu. */
+    pthread_mutex_t mu;
+    double gamma[GW_PIPE_MAX_STAGES];     /* EWMA of items per parent item (1 before any) */
+    double gamma_var[GW_PIPE_MAX_STAGES]; /* EWMA of (items - gamma)^2: gamma's noise */
+    long long gamma_n[GW_PIPE_MAX_STAGES];
+    double budget_ms[GW_PIPE_MAX_STAGES];   /* each stage's share of the SLO */
+    double cum_ms[GW_PIPE_MAX_STAGES];      /* the query's arrival to the stage's deadline */
+    double split_gamma[GW_PIPE_MAX_STAGES]; /* the gammas the split was made for */
+    double split_rate_qps;
+    int split_dp;            /* 0: the even split (no profiles yet), 1: the DP's */
+    char split_why[96];      /* why the last DP attempt kept the even split */
+    int resplit_wanted;      /* gamma moved past GW_PIPE_RESPLIT_FRACTION */
+    long long arrivals;      /* queries that arrived, ever */
+    long long rate_arrivals; /* at the last rate measure */
+    int64_t rate_at_us;
+    double rate_qps; /* EWMA of the query rate */
+    long long outcomes[GW_Q_NOUTCOMES];
+} gw_pipeline_t;
+
+/* A stage on another's crops, as the planner sees its arrivals: they come
+ * in clumps, the crops of one parent batch at once (pl_clump_dispersion). */
+typedef struct {
+    char model[MDB_NAME_MAX + 1];
+    int version;      /* 0: the served one */
+    double budget_ms; /* its session's SLO */
+    char parent_model[MDB_NAME_MAX + 1];
+    int parent_version;
+    double parent_budget_ms;
+    double gamma; /* measured */
+} gw_stage_clumps_t;
+
+/* Fills out (room for GW_PIPE_MAX_STAGES) with p's crop stages at the
+ * current split; returns how many. */
+int gw_pipeline_clumps(gw_pipeline_t *p, gw_stage_clumps_t *out);
+
+/* A split is made again when a measured gamma moves this far (relative)
+ * from the one it was made for, and by more than GW_PIPE_GAMMA_NOISE_SE
+ * standard errors of the measure (gw_pipeline_fanout). */
+#define GW_PIPE_RESPLIT_FRACTION 0.25
+#define GW_PIPE_GAMMA_NOISE_SE 4.0
+/* Weight of one frame's fan-out in the gamma EWMA (the first 1 / alpha
+ * frames: their plain mean). About 100 frames: a Poisson gamma of 1 is
+ * known within 0.07 (one standard error), and at 100 frames a second a
+ * change shows within a second. */
+#define GW_PIPE_GAMMA_ALPHA 0.01
+
+/* Parses and checks a spec body: {"name", "slo_ms", "split"?: "dp" (the
+ * default) | "even", "stages": [{"id",
+ * "model", "version"?, "crops_of"?: {"stage", ...gw_crops_spec_parse},
+ * "top_k"?}]}. Models are looked up in reg (each must exist and take
+ * images; a crops_of's outputs must exist in its stage's model; reg NULL:
+ * no model is looked at, for a spec read back from the DB). Returns
+ * 0 and a new pipeline (one reference), or SQ_BAD_JSON / SQ_BAD_CONFIG with
+ * err naming the field ("stages[1].crops_of.stage: a cycle ..."). */
+int gw_pipeline_parse(const json_t *body, gw_registry_t *reg, gw_pipeline_t **out, char *err,
+                      size_t errlen);
+void gw_pipeline_ref(gw_pipeline_t *p);
+void gw_pipeline_unref(gw_pipeline_t *p); /* accepts NULL */
+/* Index of the stage called id, or -1. */
+int gw_pipeline_stage(const gw_pipeline_t *p, const char *id);
+
+/* The pipeline with its runtime state for GET and /v1/plan: {"name",
+ * "slo_ms", "spec", "split": {"method": "dp"|"even", "budgets_ms",
+ * "deadlines_ms", "gamma", "rates_rps"}, "rate_qps", "queries": {...}}. */
+json_t *gw_pipeline_json(gw_pipeline_t *p);
+
+/* ---- measuring and splitting (any thread) ---- */
+
+/* A query arrived (counts toward the rate). */
+void gw_pipeline_arrival(gw_pipeline_t *p);
+/* A query ended with this outcome. */
+void gw_pipeline_outcome(gw_pipeline_t *p, gw_query_outcome_t o);
+/* One parent item of stage's parent gave n items of stage. */
+void gw_pipeline_fanout(gw_pipeline_t *p, int stage, int n);
+/* The deadlines of a query arriving now, from arrival (ms per stage). */
+void gw_pipeline_deadlines(gw_pipeline_t *p, double *cum_ms);
+/* A stage's budget at the current split (ms). */
+double gw_pipeline_budget_ms(gw_pipeline_t *p, int stage);
+
+/* Whether a split is due: a gamma moved, none was made yet, or the last
+ * is interval_us old. */
+int gw_pipeline_resplit_due(gw_pipeline_t *p, int64_t now_us, int64_t interval_us);
+/* Splits the SLO again with the DP (planner/query.c) from the measured
+ * gammas and query rate, using profile[stage] (NULL when the stage's model
+ * has no profile on its serving kind: then the even split stays). k_std
+ * and epsilon_ms as the planner's; overhead_ms: of each stage's budget,
+ * what its batches cannot use (pl_stage_t.overhead_us: the dispatch margin
+ * and the decode or crop before them). Returns 1 when the budgets
+ * changed. */
+int gw_pipeline_resplit(gw_pipeline_t *p, const pl_profile_t *const *profile, double k_std,
+                        double epsilon_ms, double overhead_ms, int64_t now_us);
+
+/* GET /v2/models/{pipeline}: what OIP sees of it (query.c). */
+json_t *gw_pipeline_oip_metadata(gw_pipeline_t *p);
+
+/* ---- the registry of published pipelines (thread-safe) ---- */
+
+typedef struct gw_pipes gw_pipes_t;
+gw_pipes_t *gw_pipes_new(void);
+void gw_pipes_free(gw_pipes_t *ps); /* accepts NULL */
+/* Publishes p (taking the caller's reference); replaces one by that name. */
+void gw_pipes_put(gw_pipes_t *ps, gw_pipeline_t *p);
+/* A new reference, or NULL. */
+gw_pipeline_t *gw_pipes_get(gw_pipes_t *ps, const char *name);
+/* 1 when one was removed. */
+int gw_pipes_remove(gw_pipes_t *ps, const char *name);
+/* New references to every published pipeline, by name; *n set; free the
+ * array and unref each. */
+gw_pipeline_t **gw_pipes_all(gw_pipes_t *ps, int *n);
+
+/* The DB thread (store.c): owns the model DB handle; the HTTP loops and
+ * the dispatch thread post jobs to it and never touch the DB themselves. */
+
+int gw_db_start(gw_server_t *srv, char *err, size_t errlen);
+/* Runs fn(db, arg) on the DB thread. */
+void gw_db_post(gw_server_t *srv, void (*fn)(mdb_t *db, void *arg), void *arg);
+void gw_db_stop(gw_server_t *srv);
+/* Waits until every job posted so far has run (their answers to HTTP
+ * requests are on their way before the HTTP loops stop). */
+void gw_db_quiesce(gw_server_t *srv);
+
+#endif

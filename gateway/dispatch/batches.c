@@ -1,0 +1,496 @@
+/* Batches: drives the pure dispatcher core (planner/pl_dispatch.h) with
+ * real time. Items enter their session's queue, the core's actions become
+ * BATCH frames (arena offsets of the items' inputs) and timers, and a
+ * BATCH_DONE finishes the batch's items. Sessions are (model, SLO bucket,
+ * input kind): one core queue each; their routes come from planning.c. */
+#include "dispatch_int.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void on_timer(sq_loop_t *loop, uint64_t id, void *data);
+
+/* ---- actions of the core ----------------------------------------------- */
+
+static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batch_id,
+                       gw_item_t **items, int count)
+{
+    ds_worker_t *w = ds_worker_at(ds, worker);
+    ds_session_t *se = &ds->sessions[session];
+    gw_model_t *m = se->model->m;
+    uint64_t stride = ((uint64_t)m->out_elems * sizeof(float) + 63) & ~(uint64_t)63;
+    int64_t out_off = sq_shm_alloc(ds->srv->arena, stride * (uint64_t)count);
+    if (w == NULL || !w->up || out_off < 0) {
+        /* Never sent: the worker is free again and the items fail (no room in
+         * the arena means squishd is overloaded). */
+        if (out_off >= 0)
+            sq_shm_release(ds->srv->arena, out_off);
+        for (int i = 0; i < count; i++)
+            ds_fail_item(ds, items[i], out_off < 0 ? SQ_OVERLOAD : SQ_WORKER_LOST,
+                         out_off < 0 ? "no room for outputs in the shared-memory arena"
+                                     : "worker gone");
+        free(items);
+        pl_dispatch_batch_done(ds->core, sq_now_us(), worker, batch_id);
+        ds_pump(ds);
+        return;
+    }
+    ds_load_t *l = ds_load_find(w, m->key, 0);
+    if (l == NULL || l->state != LOAD_DONE) {
+        /* The worker was told to unload the model after the core chose it
+         * (a plan moving the model): the requests go back to their model. */
+        SQ_DEBUG("batch not sent: model=%s not loaded on worker=%d", m->name, w->id);
+        sq_shm_release(ds->srv->arena, out_off);
+        for (int i = 0; i < count; i++) {
+            ds_handle_release(ds, items[i]); /* the core let go of it: it enters anew */
+            ds->ops->resubmit(ds, items[i]);
+        }
+        free(items);
+        pl_dispatch_batch_done(ds->core, sq_now_us(), worker, batch_id);
+        ds_update_routes(ds, se->model);
+        ds_pump(ds);
+        return;
+    }
+    sq_batch_t *b = sq_xmalloc(sizeof(*b));
+    b->has_members = (uint8_t)se->model->is_group;
+    if (b->has_members) {
+        /* Each member's rows together: one suffix run per member. */
+        for (int i = 1; i < count; i++) {
+            gw_item_t *x = items[i];
+            int j = i;
+            for (; j > 0 && items[j - 1]->member > x->member; j--)
+                items[j] = items[j - 1];
+            items[j] = x;
+        }
+        for (int i = 0; i < count; i++)
+            b->member[i] = (uint16_t)items[i]->member;
+    }
+    b->model_key = (uint64_t)m->key;
+    b->input_kind = se->input_kind;
+    b->count = (uint32_t)count;
+    b->out_off = (uint64_t)out_off;
+    b->out_stride = stride;
+    int64_t t = sq_now_us();
+    for (int i = 0; i < count; i++) {
+        b->in_off[i] = (uint64_t)items[i]->in_off;
+        items[i]->sent_us = t;
+        items[i]->batch_size = count;
+    }
+    sq_buf_t buf;
+    sq_buf_init(&buf);
+    sq_batch_encode(&buf, b);
+    free(b);
+    ds_batch_t *rec = sq_xcalloc(1, sizeof(*rec));
+    *rec = (ds_batch_t){.id = batch_id,
+                        .model_key = m->key,
+                        .count = count,
+                        .items = items,
+                        .out_off = out_off,
+                        .out_stride = stride,
+                        .sent_us = t,
+                        .seq = ++w->job_seq};
+    w->inflight = rec;
+    uint64_t in_bytes = ds_input_bytes(m, se->input_kind); /* each input slot it names */
+    gw_region_t *in = ds->regions;
+    for (int i = 0; i < count; i++)
+        in[i] = (gw_region_t){.offset = (uint64_t)items[i]->in_off, .bytes = in_bytes};
+    int sent =
+        ds_link_send(ds, worker, SQ_MSG_BATCH, batch_id, buf.data, (uint32_t)buf.len, in, count);
+    /* A worker that just died (its connection broken, not yet seen as
+     * lost) fails the send: expected when workers crash, and its requests
+     * are retried when the loss is seen. Anything else is worth a warning. */
+    if (sent == -EPIPE || sent == -ECONNRESET || sent == SQ_NO_WORKER)
+        SQ_INFO("batch send failed worker=%d batch=%llu reason=\"%s\" (its requests are retried "
+                "when the worker is seen lost)",
+                worker, (unsigned long long)batch_id,
+                sent == SQ_NO_WORKER ? "no such worker" : strerror(-sent));
+    else if (sent != 0)
+        SQ_WARN("batch send failed worker=%d batch=%llu code=%d", worker,
+                (unsigned long long)batch_id, sent);
+    sq_buf_dispose(&buf);
+}
+
+typedef struct {
+    pl_action_kind_t kind;
+    int session, worker, count, reason;
+    uint64_t batch_id, request_id;
+    int64_t at_us;
+    gw_item_t **items;
+} act_copy_t;
+
+/* The core's wake-up time: the newest one it asked for. */
+static void arm_timer(gw_dispatch_t *ds, int64_t at_us)
+{
+    if (ds->timer)
+        sq_loop_timer_cancel(ds->loop, ds->timer);
+    ds->timer = 0;
+    if (at_us != PL_NEVER) {
+        ds->timer = sq_loop_timer_at(ds->loop, at_us * 1000, on_timer, ds);
+        ds->timer_at_us = at_us;
+    }
+}
+
+/* Takes the core's actions (those produced since the last take: a pump with
+ * no call into the core in between has nothing to do) and acts on them.
+ * Actions are copied first: acting may call into the core again (a send that fails
+ * frees the worker), which replaces the core's arrays; such a handler pumps
+ * again itself. A timer is armed as it is taken, not in turn with the
+ * others: a nested pump takes (and arms) a newer wake-up, which the older
+ * one must not replace afterwards (the core says a wake-up time once).
+ * Items are named by handles (handle_get): one answered meanwhile, by a
+ * nested pump or a shutdown, is skipped, never answered twice. */
+void ds_pump(gw_dispatch_t *ds)
+{
+    const pl_action_t *acts;
+    size_t n = pl_dispatch_take(ds->core, &acts);
+    if (n == 0)
+        return;
+    act_copy_t *copy = sq_xcalloc(n, sizeof(*copy));
+    for (size_t i = 0; i < n; i++) {
+        const pl_action_t *a = &acts[i];
+        copy[i] = (act_copy_t){.kind = a->kind,
+                               .session = a->session,
+                               .worker = a->worker,
+                               .count = a->count,
+                               .reason = a->reason,
+                               .batch_id = a->batch_id,
+                               .request_id = a->request_id,
+                               .at_us = a->at_us};
+        if (a->kind == PL_ACT_SEND) {
+            copy[i].items = sq_xcalloc((size_t)a->count, sizeof(gw_item_t *));
+            int live = 0;
+            for (int k = 0; k < a->count; k++) {
+                gw_item_t *it = ds_handle_get(ds, a->ids[k]);
+                if (it != NULL && it->abandoned != NULL && atomic_load(it->abandoned)) {
+                    /* Its query was dropped (a pipeline's other item
+                     * failed): nothing is run for a query already lost. */
+                    ds_fail_item(ds, it, SQ_DEADLINE, "its query was dropped");
+                    continue;
+                }
+                if (it != NULL)
+                    copy[i].items[live++] = it;
+            }
+            copy[i].count = live;
+        }
+        if (a->kind == PL_ACT_TIMER)
+            arm_timer(ds, a->at_us);
+    }
+    for (size_t i = 0; i < n; i++) {
+        act_copy_t *a = &copy[i];
+        SQ_DEBUG("dispatch action kind=%d session=%d worker=%d count=%d at_us=%lld reason=%s",
+                 a->kind, a->session, a->worker, a->count, (long long)a->at_us,
+                 a->kind == PL_ACT_DROP ? sq_err_name(a->reason) : "-");
+        switch (a->kind) {
+        case PL_ACT_SEND:
+            if (a->count == 0 || ds->aborted) {
+                /* Every item answered already (a shutdown): the worker is free. */
+                free(a->items);
+                pl_dispatch_batch_done(ds->core, sq_now_us(), a->worker, a->batch_id);
+                ds_pump(ds);
+                break;
+            }
+            send_batch(ds, a->worker, a->session, a->batch_id, a->items, a->count);
+            break;
+        case PL_ACT_DROP: {
+            gw_item_t *it = ds_handle_get(ds, a->request_id);
+            if (it == NULL)
+                break; /* answered already */
+            if (ds->aborted) {
+                ds_fail_item(ds, it, SQ_SHUTTING_DOWN, "squishd is shutting down");
+                break;
+            }
+            if (a->reason == SQ_NOT_FOUND && a->session >= 0 && a->session < ds->nsessions &&
+                ds->sessions[a->session].model != NULL &&
+                ds->sessions[a->session].model->is_group && !ds->aborted) {
+                /* Its prefix group was retired: the request runs in
+                 * its own model's session instead. */
+                ds_handle_release(ds, it);
+                ds->ops->resubmit(ds, it);
+                break;
+            }
+            if (a->reason == SQ_NOT_FOUND) {
+                /* Its session went with its model: a delete, or the
+                 * model was marked failed. */
+                const ds_model_t *sm = a->session >= 0 && a->session < ds->nsessions
+                                           ? ds->sessions[a->session].model
+                                           : NULL;
+                if (sm != NULL && sm->poisoned)
+                    ds_fail_item(ds, it, SQ_MODEL_FAILED, sm->failed_why);
+                else
+                    ds_fail_item(ds, it, SQ_MODEL_NOT_FOUND, "the model was deleted");
+                break;
+            }
+            gw__plan_outcome(ds, 0);
+            const char *why =
+                a->reason == SQ_DEADLINE      ? "the deadline cannot be met"
+                : a->reason == SQ_OVERLOAD    ? "dropped early to keep batches "
+                                                "within their deadlines"
+                : a->reason == SQ_WORKER_LOST ? "worker lost and no time left to retry"
+                : a->reason == SQ_NO_WORKER   ? "no worker held the model before the deadline"
+                                              : "dropped";
+            gw_metrics_drop(ds->srv->metrics, it->model, a->reason);
+            ds_fail_item(ds, it, a->reason, why);
+            break;
+        }
+        case PL_ACT_TIMER:
+            break; /* armed when taken */
+        }
+    }
+    free(copy);
+}
+
+static void on_timer(sq_loop_t *loop, uint64_t id, void *data)
+{
+    gw_dispatch_t *ds = data;
+    (void)loop;
+    if (id == ds->timer)
+        ds->timer = 0;
+    pl_dispatch_timer(ds->core, sq_now_us());
+    ds_pump(ds);
+}
+
+/* ---- sessions and routes ---------------------------------------------- */
+
+/* The dispatcher session of (model, SLO bucket, input kind, priority
+ * level): its requests batch together; the planner sees the model and the
+ * bucket only (every level of one bucket shares its routes). */
+static int ensure_session(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint8_t input_kind,
+                          uint8_t priority)
+{
+    for (int i = 0; i < ds->nsessions; i++) {
+        ds_session_t *s = &ds->sessions[i];
+        if (s->model == dm && s->bucket_ms == bucket && s->input_kind == input_kind &&
+            s->priority == priority)
+            return s->id;
+    }
+    int max_batch = dm->m->max_batch;
+    for (int w = 0; w < ds->nworkers; w++) {
+        ds_load_t *l = ds->workers[w] ? ds_load_find(ds->workers[w], dm->key, 0) : NULL;
+        if (l != NULL && l->state == LOAD_DONE && l->max_batch < max_batch)
+            max_batch = l->max_batch;
+    }
+    pl_session_cfg_t cfg = {.profile = ds_profile(dm, dm->kind),
+                            .slo_us = (int64_t)(bucket * 1000.0),
+                            .max_batch = max_batch,
+                            .item_bytes = (int64_t)ds_item_bytes(dm->m, input_kind),
+                            .priority = priority};
+    int id = pl_dispatch_session_add(ds->core, &cfg);
+    if (id < 0)
+        return id;
+    if (id >= ds->capsessions) {
+        ds->capsessions = ds->capsessions ? 2 * ds->capsessions : 16;
+        while (ds->capsessions <= id)
+            ds->capsessions *= 2;
+        ds->sessions = sq_xrealloc(ds->sessions, sizeof(*ds->sessions) * (size_t)ds->capsessions);
+    }
+    ds->sessions[id] = (ds_session_t){
+        .id = id, .model = dm, .bucket_ms = bucket, .input_kind = input_kind, .priority = priority};
+    if (id >= ds->nsessions)
+        ds->nsessions = id + 1;
+    return id;
+}
+
+/* The plan's workers that hold the model serve each of its sessions
+ * (planning.c decides; before a plan, every worker holding it). */
+void ds_update_routes(gw_dispatch_t *ds, ds_model_t *dm)
+{
+    pl_route_t *routes = sq_xcalloc((size_t)ds->nworkers + 1, sizeof(*routes));
+    for (int s = 0; s < ds->nsessions; s++) {
+        if (ds->sessions[s].model != dm)
+            continue;
+        int n = gw__plan_routes(ds, &ds->sessions[s], routes, ds->nworkers + 1);
+        pl_dispatch_route_set(ds->core, sq_now_us(), s, routes, n);
+    }
+    free(routes);
+}
+
+void ds_enqueue_items(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t **items, int n)
+{
+    pl_request_t one;
+    int one_sess;
+    int *sess = n == 1 ? &one_sess : sq_xmalloc(sizeof(*sess) * (size_t)n);
+    pl_request_t *reqs = n == 1 ? &one : sq_xmalloc(sizeof(*reqs) * (size_t)n);
+    int queued = 0;
+    for (int i = 0; i < n; i++) {
+        gw_item_t *it = items[i];
+        /* The planner counts items: a clump of 8 is 8 requests' work. */
+        gw__plan_arrival(ds, dm, gw_slo_bucket_ms(it->slo_ms), it);
+        sess[i] = ensure_session(ds, dm, gw_slo_bucket_ms(it->slo_ms), it->input_kind,
+                                 (uint8_t)gw_priority_level(it->priority));
+        if (sess[i] < 0)
+            ds_fail_item(ds, it, SQ_NOT_READY, "the model has no usable profile");
+        else
+            queued++;
+    }
+    /* Once every session the items need exists: it routes them all. */
+    if (queued > 0)
+        ds_update_routes(ds, dm);
+    /* Per session (the items of one request or frame share one), together:
+     * one arrival in the core. */
+    int64_t now = sq_now_us();
+    for (int i = 0; i < n; i++) {
+        int s = sess[i];
+        if (s < 0)
+            continue;
+        int k = 0;
+        for (int j = i; j < n; j++) {
+            if (sess[j] != s)
+                continue;
+            reqs[k++] = (pl_request_t){.id = ds_handle_new(ds, items[j]),
+                                       .arrival_us = items[j]->arrival_us,
+                                       .deadline_us = items[j]->deadline_us};
+            sess[j] = -1;
+        }
+        pl_dispatch_requests(ds->core, now, s, reqs, k);
+    }
+    if (n > 1) {
+        free(reqs);
+        free(sess);
+    }
+}
+
+void ds_enqueue_item(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t *it)
+{
+    ds_enqueue_items(ds, dm, &it, 1);
+}
+
+void ds_flush_pending(gw_dispatch_t *ds, ds_model_t *dm)
+{
+    gw_item_t **p = dm->pending;
+    int n = dm->npending;
+    dm->pending = NULL;
+    dm->npending = dm->cappending = 0;
+    for (int i = 0; i < n; i++)
+        ds_enqueue_item(ds, dm, p[i]);
+    free(p);
+}
+
+void ds_fail_pending(gw_dispatch_t *ds, ds_model_t *dm, int rc, const char *why)
+{
+    for (int i = 0; i < dm->npending; i++)
+        ds_fail_item(ds, dm->pending[i], rc, why);
+    dm->npending = 0;
+}
+
+/* ---- live profiles ------------------------------------------------------- */
+
+/* How many new ratios between two looks (LIVE_SAMPLES are kept), and how
+ * far their median must move from the correction in use to replace it. */
+#define LIVE_EVERY 8
+#define LIVE_DRIFT 0.25
+
+void ds_live_reset(ds_model_t *dm)
+{
+    if (dm->live_scale > 0)
+        pl_profile_dispose(&dm->live_profile);
+    dm->live_scale = 0;
+    dm->live_n = dm->live_next = dm->live_since = 0;
+}
+
+static int float_cmp(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* A batch of b of dm ran exec_us in its worker's backend. The median of the
+ * last LIVE_SAMPLES ratios to the profile's mean l(b) (robust: a batch held
+ * up by a page fault or a noisy neighbour moves it by one rank, not by its
+ * size) replaces the correction in use when it moved more than LIVE_DRIFT
+ * from it: the core's sessions of dm get the corrected profile, and the
+ * planner re-plans its kind. */
+static void live_sample(gw_dispatch_t *ds, ds_model_t *dm, int b, double exec_us)
+{
+    int kind = dm->kind;
+    if (kind < 0 || !dm->m->has_profile[kind] || exec_us <= 0)
+        return;
+    double l = pl_latency_us(&dm->m->profile[kind], b, 0);
+    if (!(l > 0))
+        return;
+    dm->live_ratios[dm->live_next] = (float)(exec_us / l);
+    dm->live_next = (dm->live_next + 1) % LIVE_SAMPLES;
+    if (dm->live_n < LIVE_SAMPLES)
+        dm->live_n++;
+    if (++dm->live_since < LIVE_EVERY || dm->live_n < LIVE_SAMPLES / 2)
+        return;
+    dm->live_since = 0;
+    float sorted[LIVE_SAMPLES];
+    memcpy(sorted, dm->live_ratios, sizeof(float) * (size_t)dm->live_n);
+    qsort(sorted, (size_t)dm->live_n, sizeof(float), float_cmp);
+    double med = sorted[dm->live_n / 2];
+    double cur = dm->live_scale > 0 && dm->live_kind == kind ? dm->live_scale : 1.0;
+    if (fabs(med / cur - 1) <= LIVE_DRIFT)
+        return;
+    double scale = med < 0.1 ? 0.1 : med > 20 ? 20 : med;
+    if (fabs(scale - 1) <= LIVE_DRIFT)
+        scale = 1; /* back within the margin of the profile: use it as is */
+    /* Info, not a warning: it corrects itself (contention on a shared host
+     * moves a CPU model's latencies by tens of percent). */
+    SQ_INFO("profile drift model=%s version=%d kind=%s measured/profiled=%.2f was=%.2f "
+            "samples=%d: re-planning with the measured latencies",
+            dm->m->name, dm->m->version, gw_kind_name((gw_kind_t)kind), med, cur, dm->live_n);
+    if (dm->live_scale > 0)
+        pl_profile_dispose(&dm->live_profile);
+    dm->live_scale = 0;
+    if (scale != 1) {
+        pl_profile_copy(&dm->live_profile, &dm->m->profile[kind]);
+        pl_profile_scale(&dm->live_profile, scale);
+        dm->live_scale = scale;
+        dm->live_kind = kind;
+    }
+    gw_metrics_profile_scale(ds->srv->metrics, dm->m, kind, scale);
+    int64_t now = sq_now_us();
+    for (int s = 0; s < ds->nsessions; s++)
+        if (ds->sessions[s].model == dm)
+            pl_dispatch_session_profile(ds->core, now, s, ds_profile(dm, kind));
+    gw__plan_invalidate(ds, kind, "profile drift");
+}
+
+/* ---- worker frames ------------------------------------------------------- */
+
+void ds_on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f)
+{
+    sq_batch_done_t done;
+    if (sq_batch_done_decode(f, &done) != 0 || w->inflight == NULL || w->inflight->id != f->id) {
+        SQ_LOG(ds->aborted ? SQ_LOG_DEBUG : SQ_LOG_WARN,
+               "unexpected BATCH_DONE worker=%d batch=%llu", w->id, (unsigned long long)f->id);
+        return;
+    }
+    ds_batch_t *b = w->inflight;
+    w->inflight = NULL;
+    int64_t t = sq_now_us();
+    gw__plan_busy(ds, w->id, t - b->sent_us);
+    gw_metrics_batch(ds->srv->metrics, b->items[0]->model, w->id, w->device, b->count,
+                     t - b->sent_us, &done);
+    pl_dispatch_batch_done(ds->core, t, w->id, b->id);
+    const uint8_t *base = sq_shm_arena_base(ds->srv->arena);
+    for (int i = 0; i < b->count; i++) {
+        gw_item_t *it = b->items[i];
+        if (done.code == 0) {
+            gw_model_t *m = it->model;
+            memcpy(it->out, base + b->out_off + b->out_stride * (uint64_t)i,
+                   (size_t)m->out_elems * sizeof(float));
+            ds_handle_release(ds, it);
+            ds_release_input(ds, it);
+            it->done_us = t;
+            gw__plan_outcome(ds, it->done_us <= it->deadline_us);
+            it->finish(it, 0, NULL);
+        } else {
+            ds_fail_item(ds, it, SQ_DEVICE, done.message);
+        }
+    }
+    if (done.code != 0)
+        SQ_WARN("batch failed worker=%d code=%s message=\"%s\"", w->id, sq_err_name(done.code),
+                done.message);
+    ds_model_t *ran = done.code == 0 ? ds_model_find(ds, b->model_key) : NULL;
+    if (ran != NULL) {
+        ran->crashes = 0; /* counted are crashes in a row: a crash blamed on it by a
+                             worker that died before its answers left was not its */
+        live_sample(ds, ran, b->count, (double)done.exec_ns / 1000.0);
+    }
+    sq_shm_release(ds->srv->arena, b->out_off);
+    free(b->items);
+    free(b);
+    ds_pump(ds);
+}

@@ -1,0 +1,383 @@
+/* Internals of the dispatch thread, shared by its files: dispatch.c (entry
+ * points, worker events, models coming and going), batches.c, model_loads.c,
+ * profiling.c, prefix_groups.c, records.c, and planning.c (epochs, placement,
+ * routes). Dispatch thread only. */
+#ifndef GW_DISPATCH_INT_H
+#define GW_DISPATCH_INT_H
+
+#include "gw_catalog.h"
+#include "gw_dispatch.h"
+#include "gw_server.h"
+
+#include <pl.h>
+#include <pl_dispatch.h>
+
+typedef struct gw_plan_state gw_plan_state_t;
+
+enum { LOAD_NONE, LOAD_WAIT_BYTES, LOAD_SENT, LOAD_DONE, LOAD_FAILED };
+
+typedef struct {
+    int64_t key;
+    int state;
+    int max_batch;
+    /* Answers still to come for loads this worker was told to unload before
+     * it answered: they are not about the model as it is now. */
+    int stale;
+    uint64_t sent_seq; /* its place in the worker's job order, while LOAD_SENT */
+} ds_load_t;
+
+typedef struct ds_batch {
+    uint64_t id;
+    int64_t model_key;
+    int count;
+    gw_item_t **items;
+    int64_t out_off;
+    uint64_t out_stride;
+    int64_t sent_us;
+    uint64_t seq; /* its place in the worker's job order */
+} ds_batch_t;
+
+typedef struct {
+    int id;
+    int up;
+    int kind;
+    char device[64];
+    int profiling; /* measuring a model in its gaps (profiling.c) */
+    /* The measurement's slices: the core's id of the one the worker runs
+     * (0: none), the worker's estimate of its next measurement batch, since
+     * when it waits for a gap, whether the next one starts over. */
+    uint64_t slice_id;
+    int64_t slice_next_us;
+    int64_t slice_wait_since_us;
+    int slice_fresh;
+    uint64_t memory_bytes;
+    ds_load_t *loads;
+    int nloads, caploads;
+    char (*shas)[65]; /* model files this connection already received */
+    int nshas;
+    ds_batch_t *inflight;
+    /* The worker runs its jobs (batches, measurement slices) in the order
+     * sent, and builds the models it is sent on a loader thread beside
+     * them: each outstanding job has a number from job_seq, and when the
+     * worker dies the oldest is taken for the one it was running (a load
+     * still building when a batch sent after it crashed is blamed instead;
+     * its crash count is reset by its next good batch). That model is the
+     * suspect until the process's exit status says whether it crashed. */
+    uint64_t job_seq;
+    int64_t profile_key; /* the model it measures (profile_seq != 0) */
+    uint64_t profile_seq;
+    int has_suspect;
+    int64_t suspect_key;
+    char suspect_doing[16]; /* "loading", "measuring", "running" */
+    /* A remote worker's link as its connection measured it (addr[0] == 0:
+     * local): the core adds rtt + bytes / bandwidth to its batches. */
+    char addr[64];
+    int64_t rtt_us;
+    double bytes_per_us;
+} ds_worker_t;
+
+/* Batch-time ratios a model's live profile keeps (batches.c). */
+#define LIVE_SAMPLES 32
+
+typedef struct ds_model {
+    int64_t key;
+    gw_model_t *m;
+    int kind;
+    int active;       /* requested: loaded on every worker of its kind */
+    int blob_state;   /* 0 none, 1 fetching, 2 have, 3 failed */
+    sq_bytes_t *blob; /* the file; connections sending it hold references */
+    size_t blob_len;
+    int profile_pending; /* wants a profile on a cpu/cuda worker */
+    int profile_worker;  /* -1 or the worker measuring it */
+    gw_item_t **pending; /* waiting for a first load */
+    int npending, cappending;
+    int removed;
+    /* A prefix group (key < 0): m is a stand-in entry owned here (name,
+     * input, the widest output, the group's own measured profile); the
+     * members run their shared layers as one batch (worker/group.c). */
+    int is_group;
+    int64_t group_id;
+    int nmembers;
+    gw_model_t **members;      /* references, ordered by key */
+    int failed;                /* could not load or measure: members run alone */
+    sq_bytes_t **member_blobs; /* while sending member files to workers */
+    size_t *member_lens;
+    char members_key[65]; /* its stored profile's key: digest of members' files and cuts */
+    /* A model: its group, when one formed, and the group epoch it was
+     * last looked for in. */
+    struct ds_model *group;
+    uint64_t group_checked;
+    /* Another model with the very same file and input that serves this
+     * one's requests from its own load (one loaded copy for both), and the
+     * group epoch it was last looked for in. */
+    struct ds_model *twin;
+    uint64_t twin_checked;
+    /* Worker crashes while it was loaded, measured or run; past
+     * --model-retries it is poisoned: marked failed, never sent again. */
+    int crashes;
+    int poisoned;
+    char failed_why[256];
+    /* Live profile (batches.c): the last LIVE_SAMPLES ratios of a batch's
+     * measured run time to the profile's l(b), and the correction the
+     * dispatcher and planner use (0: none, as profiled; else live_profile
+     * holds the profile of live_kind times live_scale). */
+    float live_ratios[LIVE_SAMPLES];
+    int live_n, live_next, live_since;
+    double live_scale;
+    int live_kind;
+    pl_profile_t live_profile;
+} ds_model_t;
+
+typedef struct {
+    int id;
+    ds_model_t *model;
+    double bucket_ms;
+    uint8_t input_kind;
+    uint8_t priority; /* 1..GW_PRIORITY_LEVELS: the core's session priority */
+} ds_session_t;
+
+/* The dispatcher core names requests by 64-bit ids: a slot index (low 32
+ * bits) and the slot's generation (high 32). A slot is freed, and its
+ * generation bumped, when its item is answered, so an id the core hands
+ * back late resolves to nothing instead of to freed memory. */
+typedef struct {
+    gw_item_t *item;
+    uint32_t gen;
+    uint32_t next_free; /* index + 1 of the next free slot; 0: none */
+} ds_handle_t;
+
+/* What planning.c and the dispatcher's lower files may ask of the files
+ * above them: they call back through these (set by dispatch.c) rather than
+ * into files that call them. */
+typedef struct {
+    void (*send_load)(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w);
+    /* Tells w to unload l's model (its load state becomes LOAD_NONE). */
+    void (*unload)(gw_dispatch_t *ds, ds_worker_t *w, ds_load_t *l);
+    void (*update_routes)(gw_dispatch_t *ds, ds_model_t *dm);
+    void (*pump)(gw_dispatch_t *ds);
+    /* The dispatcher's record of a registry model (created when new). */
+    ds_model_t *(*model)(gw_dispatch_t *ds, gw_model_t *m);
+    /* The device kind that serves m now (-1: none). */
+    int (*serving_kind)(gw_server_t *srv, const gw_model_t *m);
+    /* Up-calls of the dispatcher's lower files (batches.c, model_loads.c,
+     * prefix_groups.c) into its top (dispatch.c), which calls them: an item goes
+     * through submission again (its route changed: a prefix group retired,
+     * a batch could not be sent). */
+    void (*resubmit)(gw_dispatch_t *ds, gw_item_t *it);
+} gw_dispatch_ops_t;
+
+struct gw_dispatch {
+    gw_server_t *srv;
+    const gw_dispatch_ops_t *ops;
+    int aborted;
+    sq_loop_t *loop;
+    pl_dispatch_t *core;
+    uint64_t timer;
+    int64_t timer_at_us; /* when it fires (the core's wake-up), while armed */
+    uint64_t tick;
+    ds_worker_t **workers; /* by worker id */
+    int nworkers;
+    ds_model_t **models;
+    int nmodels, capmodels;
+    ds_session_t *sessions; /* by core session id */
+    int nsessions, capsessions;
+    gw_plan_state_t *plan;                   /* planning.c */
+    gw_region_t regions[SQ_MAX_BATCH_ITEMS]; /* a batch's input slots, for the link */
+    ds_handle_t *handles;
+    uint32_t nhandles, caphandles, free_handle; /* free_handle: index + 1, 0: none */
+    int reclaim_due;      /* a model was removed: reclaim() has work until it is freed */
+    uint64_t group_epoch; /* bumped on every model change: groups are looked for again */
+    uint64_t group_gen;   /* makes each formed group's key unique */
+    /* Readiness, as the dispatch thread last saw it (every tick), for
+     * other threads under ready_lock: why squishd cannot serve every ready
+     * model now ("" when it can), and the models a worker up holds. */
+    pthread_mutex_t ready_lock;
+    char ready_why[256];
+    int64_t *held_keys;
+    int nheld, capheld;
+    /* Models being measured, and how far (under ready_lock too). */
+    gw_profile_progress_t *progress;
+    int nprogress, capprogress;
+};
+
+/* ---- planning.c -------------------------------------------------------- */
+
+gw_plan_state_t *gw__plan_new(gw_dispatch_t *ds);
+void gw__plan_free(gw_plan_state_t *ps);
+/* dm is about to be freed (deleted, and nothing refers to it): its sessions
+ * go (a plan still naming their ids skips them). */
+void gw__plan_forget(gw_dispatch_t *ds, const ds_model_t *dm);
+/* Item it, served by dm at bucket_ms, arrived: counted toward (model,
+ * bucket), or a pipeline item toward its stage (gw_item_t.pipeline), whose
+ * rate goes to the session of the stage's current budget. */
+void gw__plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it);
+/* A model became active (first request, it): place it now. */
+void gw__plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it);
+/* Workers came or went, or a model was removed: re-plan that kind. */
+void gw__plan_invalidate(gw_dispatch_t *ds, int kind, const char *reason);
+/* A load finished on a worker of kind: models waiting to leave their old
+ * workers (make before break) can go now. */
+void gw__plan_loaded(gw_dispatch_t *ds, int kind);
+/* Whether the plan stored before a restart still waits to be reapplied. */
+int gw__plan_restoring(const gw_dispatch_t *ds);
+/* Called every tick: rates, epoch triggers. */
+void gw__plan_tick(gw_dispatch_t *ds, int64_t now_us);
+/* The routes of dispatcher session s: the planned workers that hold the
+ * model (or, before any plan covers it, every worker that does). */
+int gw__plan_routes(gw_dispatch_t *ds, const ds_session_t *s, pl_route_t *routes, int max);
+/* Counters for the advice (bad rate, busy time). */
+void gw__plan_outcome(gw_dispatch_t *ds, int ok);
+void gw__plan_busy(gw_dispatch_t *ds, int worker, int64_t busy_us);
+
+/* ---- the dispatcher's files ----------------------------------------------
+ * Each calls only the files listed before it (and planning.c); calls up go
+ * through ds->ops. scripts/check_calls.py (test style/call-circles) fails
+ * on a circle. */
+
+/* records.c: lookups, the core's handles for items, finishing, sending. */
+/* Whether w's connection has received the model file sha. */
+int ds_has_sha(const ds_worker_t *w, const char *sha);
+/* dm's measuring on worker w: started (done 0), moved on, or ended (w
+ * NULL); what gw_dispatch_profile_progress answers. */
+void ds_progress_set(gw_dispatch_t *ds, const ds_model_t *dm, const ds_worker_t *w, int done,
+                     int total);
+/* Records that w's connection holds the model file sha. */
+void ds_note_sha(ds_worker_t *w, const char *sha);
+ds_model_t *ds_model_find(gw_dispatch_t *ds, int64_t key);
+/* The record of a registry model, created on first sight. */
+ds_model_t *ds_model_get(gw_dispatch_t *ds, gw_model_t *m);
+/* The device kind that serves m: one with a worker up, cuda first; else
+ * one whose worker is being restarted (its requests wait for it); -1. */
+int ds_kind_of_model(gw_server_t *srv, const gw_model_t *m);
+/* Workers that hold dm and serve (returned), and *loading that load it. */
+int ds_loaded_anywhere(gw_dispatch_t *ds, ds_model_t *dm, int *loading);
+/* A generation-checked id for it (also in it->core_id); the item it names,
+ * or NULL when that item was answered since; its release on answering. */
+uint64_t ds_handle_new(gw_dispatch_t *ds, gw_item_t *it);
+gw_item_t *ds_handle_get(const gw_dispatch_t *ds, uint64_t id);
+void ds_handle_release(gw_dispatch_t *ds, gw_item_t *it);
+/* Gives the item's input slot back to the arena. */
+void ds_release_input(gw_dispatch_t *ds, gw_item_t *it);
+/* Answers it with an error: the one place, with a batch's success path,
+ * where an item leaves the dispatcher. */
+void ds_fail_item(gw_dispatch_t *ds, gw_item_t *it, int rc, const char *detail);
+/* Through the workers' link (gw_link.h); SQ_NO_WORKER without one. */
+int ds_link_send(gw_dispatch_t *ds, int worker, uint16_t type, uint64_t id, const void *payload,
+                 uint32_t len, const gw_region_t *regions, int nregions);
+int ds_link_send_ref(gw_dispatch_t *ds, int worker, uint16_t type, uint64_t id, sq_bytes_t *bytes,
+                     size_t off, uint32_t len);
+
+/* batches.c: the core's queues, its actions, and batches' answers. */
+/* Acts on the core's new actions (batches, drops, its wake-up). */
+void ds_pump(gw_dispatch_t *ds);
+/* Gives dm's sessions their routes (planning.c decides which workers). */
+void ds_update_routes(gw_dispatch_t *ds, ds_model_t *dm);
+/* Queues it in dm's session for its SLO bucket and input kind. */
+void ds_enqueue_item(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t *it);
+/* The same for n items ready together (a clump, gw_dispatch_submit): those
+ * of one session enter it as one arrival (pl_dispatch_requests). */
+void ds_enqueue_items(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t **items, int n);
+/* The requests that waited for dm's first load: queued, or failed. */
+void ds_flush_pending(gw_dispatch_t *ds, ds_model_t *dm);
+void ds_fail_pending(gw_dispatch_t *ds, ds_model_t *dm, int rc, const char *why);
+/* A BATCH_DONE from w: finishes the batch's items. */
+void ds_on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f);
+
+/* model_loads.c: model files to workers (through the DB thread once), unloads. */
+/* Loads dm (a model or a prefix group) on w. */
+void ds_send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w);
+/* Tells w to unload l's model (see gw_dispatch_ops_t). */
+void ds_unload(gw_dispatch_t *ds, ds_worker_t *w, ds_load_t *l);
+/* Drops a group's members' files held for sending. */
+void ds_group_free_blobs(ds_model_t *g);
+
+/* profiling.c: measuring models; where a model is loaded and how it
+ * leaves service. */
+/* Loads dm on every up worker of its kind that lacks it. */
+void ds_spread_loads(gw_dispatch_t *ds, ds_model_t *dm);
+/* Takes dm out of service: its sessions leave the core (which answers what
+ * they queued) and every worker holding it unloads it. */
+void ds_withdraw(gw_dispatch_t *ds, ds_model_t *dm);
+/* Measures dm on a cpu/cuda worker that measures nothing else (it keeps
+ * serving), if it wants a profile and one is free; start_profiles tries
+ * every model. */
+void ds_start_profile(gw_dispatch_t *ds, ds_model_t *dm);
+void ds_start_profiles(gw_dispatch_t *ds);
+/* Sends w's next measurement slice if a gap in its work allows one now
+ * (or it waited long enough); a no-op while a slice runs. */
+void ds_profile_step(gw_dispatch_t *ds, ds_worker_t *w);
+/* w answered its slice (PROFILE_SLICE, next_us: its next batch's expected
+ * µs; or PROFILE_DONE): the core has the worker back. */
+void ds_slice_over(gw_dispatch_t *ds, ds_worker_t *w, int64_t next_us);
+/* dm's measurement on w ended (done, failed or abandoned): the next model
+ * is measured. */
+void ds_end_profile(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w);
+
+/* prefix_groups.c: prefix groups (Nexus's prefix batching) and twins. */
+/* The index of member m in group g, or -1. */
+int ds_group_member_index(const ds_model_t *g, const gw_model_t *m);
+/* The group dm's requests can run in, if one is usable now (forming it,
+ * and starting its measurement, when its time has come). */
+ds_model_t *ds_group_of(gw_dispatch_t *ds, ds_model_t *dm);
+/* Stops routing to group g: unloads it, removes its sessions (the core
+ * answers what they queued), resubmits what waited for it. */
+void ds_group_retire(gw_dispatch_t *ds, ds_model_t *g, const char *why);
+/* g's measurement on w came back: stores and applies it. */
+void ds_group_profiled(gw_dispatch_t *ds, ds_model_t *g, ds_worker_t *w,
+                       const sq_profile_done_t *done);
+/* The oldest ready model with m's very file and input, if older than m;
+ * and the model whose load serves dm's requests instead of its own. */
+gw_model_t *ds_twin_find(gw_dispatch_t *ds, const gw_model_t *m);
+ds_model_t *ds_twin_of(gw_dispatch_t *ds, ds_model_t *dm);
+
+/* batches.c: forgets dm's live correction (its profile was measured anew). */
+void ds_live_reset(ds_model_t *dm);
+
+/* ---- lookups both sides use (data only) --------------------------------- */
+
+static inline ds_worker_t *ds_worker_at(const gw_dispatch_t *ds, int id)
+{
+    return id >= 0 && id < ds->nworkers ? ds->workers[id] : NULL;
+}
+
+/* The profile the dispatcher and planner use for dm on kind: the measured
+ * one, corrected by what its workers report (live_scale), when it drifted. */
+static inline const pl_profile_t *ds_profile(const ds_model_t *dm, int kind)
+{
+    return dm->live_scale > 0 && dm->live_kind == kind ? &dm->live_profile : &dm->m->profile[kind];
+}
+
+/* The bytes of one request's input slot: pixels (uint8 RGB at the
+ * model's input size), or a tensor row of its input type. */
+static inline uint64_t ds_input_bytes(const gw_model_t *m, int input_kind)
+{
+    uint64_t elems = (uint64_t)m->c * (uint64_t)m->h * (uint64_t)m->w;
+    return input_kind == SQ_INPUT_PIXELS ? (uint64_t)m->h * (uint64_t)m->w * 3
+           : input_kind == SQ_INPUT_FP32 ? elems * sizeof(float)
+                                         : elems;
+}
+
+/* What one request of m costs on a remote worker's link: its input there,
+ * its output row back. */
+static inline double ds_item_bytes(const gw_model_t *m, int input_kind)
+{
+    return (double)(ds_input_bytes(m, input_kind) + (uint64_t)m->out_elems * sizeof(float));
+}
+
+/* w's record of the model `key` (made, LOAD_NONE, when create is set). */
+static inline ds_load_t *ds_load_find(ds_worker_t *w, int64_t key, int create)
+{
+    for (int i = 0; i < w->nloads; i++)
+        if (w->loads[i].key == key)
+            return &w->loads[i];
+    if (!create)
+        return NULL;
+    if (w->nloads == w->caploads) {
+        w->caploads = w->caploads ? 2 * w->caploads : 8;
+        w->loads = sq_xrealloc(w->loads, sizeof(*w->loads) * (size_t)w->caploads);
+    }
+    w->loads[w->nloads] = (ds_load_t){.key = key};
+    return &w->loads[w->nloads++];
+}
+
+#endif

@@ -1,0 +1,231 @@
+/* The dispatch thread's records and its lowest layer: lookups of models
+ * and workers, the core's handles for items, finishing items, and sending
+ * frames through the workers' link. Calls nothing else of the dispatcher. */
+#include "dispatch_int.h"
+
+#include <assert.h>
+#include <string.h>
+
+/* ---- lookups ----------------------------------------------------------- */
+
+int ds_has_sha(const ds_worker_t *w, const char *sha)
+{
+    for (int i = 0; i < w->nshas; i++)
+        if (strcmp(w->shas[i], sha) == 0)
+            return 1;
+    return 0;
+}
+
+void ds_note_sha(ds_worker_t *w, const char *sha)
+{
+    if (ds_has_sha(w, sha))
+        return;
+    w->shas = sq_xrealloc(w->shas, sizeof(*w->shas) * (size_t)(w->nshas + 1));
+    snprintf(w->shas[w->nshas++], 65, "%s", sha);
+}
+
+ds_model_t *ds_model_find(gw_dispatch_t *ds, int64_t key)
+{
+    for (int i = 0; i < ds->nmodels; i++)
+        if (ds->models[i]->key == key)
+            return ds->models[i];
+    return NULL;
+}
+
+static int kind_usable(gw_server_t *srv, const gw_model_t *m, int kind, int or_coming)
+{
+    return m->has_profile[kind] && (atomic_load(&srv->kind_up[kind]) > 0 ||
+                                    (or_coming && atomic_load(&srv->kind_coming[kind]) > 0));
+}
+
+/* The device kind that serves m: one with a worker up, cuda first; else
+ * one whose worker is being restarted (its requests wait for it). */
+int ds_kind_of_model(gw_server_t *srv, const gw_model_t *m)
+{
+    for (int or_coming = 0; or_coming < 2; or_coming++) {
+        if (m->emulated) {
+            if (kind_usable(srv, m, GW_KIND_EMU, or_coming))
+                return GW_KIND_EMU;
+            continue;
+        }
+        if (kind_usable(srv, m, GW_KIND_CUDA, or_coming))
+            return GW_KIND_CUDA;
+        if (kind_usable(srv, m, GW_KIND_CPU, or_coming))
+            return GW_KIND_CPU;
+    }
+    return -1;
+}
+
+int gw_dispatch_serving_kind(gw_server_t *srv, const gw_model_t *m)
+{
+    return ds_kind_of_model(srv, m);
+}
+
+ds_model_t *ds_model_get(gw_dispatch_t *ds, gw_model_t *m)
+{
+    ds_model_t *dm = ds_model_find(ds, m->key);
+    if (dm != NULL)
+        return dm;
+    dm = sq_xcalloc(1, sizeof(*dm));
+    dm->key = m->key;
+    gw_model_ref(m);
+    dm->m = m;
+    dm->kind = -1;
+    dm->profile_worker = -1;
+    if (ds->nmodels == ds->capmodels) {
+        ds->capmodels = ds->capmodels ? 2 * ds->capmodels : 16;
+        ds->models = sq_xrealloc(ds->models, sizeof(*ds->models) * (size_t)ds->capmodels);
+    }
+    ds->models[ds->nmodels++] = dm;
+    return dm;
+}
+
+/* ---- handles: the core's names for items -------------------------------- */
+
+uint64_t ds_handle_new(gw_dispatch_t *ds, gw_item_t *it)
+{
+    uint32_t i;
+    if (ds->free_handle != 0) {
+        i = ds->free_handle - 1;
+        ds->free_handle = ds->handles[i].next_free;
+    } else {
+        if (ds->nhandles == ds->caphandles) {
+            ds->caphandles = ds->caphandles ? 2 * ds->caphandles : 64;
+            ds->handles = sq_xrealloc(ds->handles, sizeof(*ds->handles) * (size_t)ds->caphandles);
+        }
+        i = ds->nhandles++;
+        ds->handles[i] = (ds_handle_t){.gen = 1};
+    }
+    ds->handles[i].item = it;
+    ds->handles[i].next_free = 0;
+    it->core_id = (uint64_t)ds->handles[i].gen << 32 | i;
+    return it->core_id;
+}
+
+/* The item the core's id names, or NULL when it was answered since. */
+gw_item_t *ds_handle_get(const gw_dispatch_t *ds, uint64_t id)
+{
+    uint32_t i = (uint32_t)id, gen = (uint32_t)(id >> 32);
+    if (i >= ds->nhandles || ds->handles[i].gen != gen)
+        return NULL;
+    return ds->handles[i].item;
+}
+
+void ds_handle_release(gw_dispatch_t *ds, gw_item_t *it)
+{
+    if (it->core_id == 0)
+        return;
+    uint32_t i = (uint32_t)it->core_id;
+    assert(i < ds->nhandles && ds->handles[i].item == it);
+    ds->handles[i].item = NULL;
+    ds->handles[i].gen = ds->handles[i].gen + 1 ? ds->handles[i].gen + 1 : 1;
+    ds->handles[i].next_free = ds->free_handle;
+    ds->free_handle = i + 1;
+    it->core_id = 0;
+}
+
+/* ---- finishing items --------------------------------------------------- */
+
+void ds_release_input(gw_dispatch_t *ds, gw_item_t *it)
+{
+    if (it->in_off >= 0) {
+        sq_shm_release(ds->srv->arena, it->in_off);
+        it->in_off = -1;
+    }
+}
+
+/* Answers it: the one place, with on_batch_done's success path, where an
+ * item leaves the dispatcher. */
+void ds_fail_item(gw_dispatch_t *ds, gw_item_t *it, int rc, const char *detail)
+{
+    ds_handle_release(ds, it);
+    ds_release_input(ds, it);
+    it->done_us = sq_now_us();
+    it->finish(it, rc, detail);
+}
+
+/* ---- the link to the workers --------------------------------------------- */
+
+int ds_link_send(gw_dispatch_t *ds, int worker, uint16_t type, uint64_t id, const void *payload,
+                 uint32_t len, const gw_region_t *regions, int nregions)
+{
+    gw_transport_t *t = ds->srv->transport;
+    return t != NULL ? t->send(t, worker, type, id, payload, len, regions, nregions) : SQ_NO_WORKER;
+}
+
+int ds_link_send_ref(gw_dispatch_t *ds, int worker, uint16_t type, uint64_t id, sq_bytes_t *bytes,
+                     size_t off, uint32_t len)
+{
+    gw_transport_t *t = ds->srv->transport;
+    return t != NULL ? t->send_ref(t, worker, type, id, bytes, off, len) : SQ_NO_WORKER;
+}
+
+int ds_loaded_anywhere(gw_dispatch_t *ds, ds_model_t *dm, int *loading)
+{
+    int loaded = 0;
+    *loading = 0;
+    for (int i = 0; i < ds->nworkers; i++) {
+        ds_worker_t *w = ds->workers[i];
+        ds_load_t *l = w && w->up ? ds_load_find(w, dm->key, 0) : NULL;
+        if (l == NULL)
+            continue;
+        loaded += l->state == LOAD_DONE;
+        *loading += l->state == LOAD_WAIT_BYTES || l->state == LOAD_SENT;
+    }
+    return loaded;
+}
+
+/* ---- measuring progress (gw_dispatch_profile_progress) ------------------- */
+
+static gw_profile_progress_t *progress_find(gw_dispatch_t *ds, int64_t key)
+{
+    for (int i = 0; i < ds->nprogress; i++)
+        if (ds->progress[i].key == key)
+            return &ds->progress[i];
+    return NULL;
+}
+
+/* dm's measuring on worker w: started (done 0), moved on, or ended
+ * (w NULL). */
+void ds_progress_set(gw_dispatch_t *ds, const ds_model_t *dm, const ds_worker_t *w, int done,
+                     int total)
+{
+    pthread_mutex_lock(&ds->ready_lock);
+    gw_profile_progress_t *p = progress_find(ds, dm->key);
+    int64_t now = sq_now_us();
+    if (w == NULL) {
+        if (p != NULL)
+            *p = ds->progress[--ds->nprogress];
+    } else {
+        if (p == NULL) {
+            if (ds->nprogress == ds->capprogress) {
+                ds->capprogress = ds->capprogress ? 2 * ds->capprogress : 4;
+                ds->progress =
+                    sq_xrealloc(ds->progress, sizeof(*ds->progress) * (size_t)ds->capprogress);
+            }
+            p = &ds->progress[ds->nprogress++];
+            *p = (gw_profile_progress_t){.key = dm->key, .started_us = now};
+        }
+        if (strcmp(p->device, w->device) != 0) {
+            snprintf(p->device, sizeof(p->device), "%s", w->device);
+            p->started_us = now; /* on another worker: from the start */
+        }
+        p->done = done;
+        p->total = total;
+        p->updated_us = now;
+    }
+    pthread_mutex_unlock(&ds->ready_lock);
+}
+
+int gw_dispatch_profile_progress(gw_server_t *srv, int64_t key, gw_profile_progress_t *out)
+{
+    gw_dispatch_t *ds = srv->dispatch;
+    if (ds == NULL)
+        return 0;
+    pthread_mutex_lock(&ds->ready_lock);
+    gw_profile_progress_t *p = progress_find(ds, key);
+    if (p != NULL)
+        *out = *p;
+    pthread_mutex_unlock(&ds->ready_lock);
+    return p != NULL;
+}

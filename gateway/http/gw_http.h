@@ -1,0 +1,140 @@
+/* http/: the h2o plumbing: HTTP loops, the route table's type, requests
+ * answered from other threads, the admin token, the offload thread. */
+#ifndef GW_HTTP_H
+#define GW_HTTP_H
+
+#include "gw_server.h"
+
+#include <h2o.h>
+#include <jansson.h>
+#include <stddef.h>
+
+/* HTTP plumbing shared by squishd's route files: the request context, the
+ * route table and JSON/error response helpers. Everything here runs on an
+ * HTTP loop thread and must not block. */
+
+#define GW_MAX_ROUTE_ARGS 4
+
+/* Binds, then runs cfg->http_threads h2o event loops. */
+struct gw_http_app;
+int gw_http_start(gw_server_t *srv, const struct gw_http_app *app, char *err, size_t errlen);
+/* Serves app from now on (a standby that came to lead), on the same
+ * listener; requests already under way finish with the old table. */
+void gw_http_set_app(gw_server_t *srv, const struct gw_http_app *app);
+/* Stops accepting and waits up to timeout_ms for in-flight requests. */
+void gw_http_drain(gw_server_t *srv, int timeout_ms);
+/* Stops the loops and joins the threads (after gw_http_drain). */
+void gw_http_stop(gw_server_t *srv);
+/* Open client connections (max_connections); any thread. */
+int gw_http_connections(gw_server_t *srv);
+
+/* What a route handler gets: the request, the server, and the path segments
+ * matched by '*' in the route's pattern (borrowed from the request). */
+typedef struct {
+    h2o_req_t *req;
+    gw_server_t *srv;
+    h2o_iovec_t args[GW_MAX_ROUTE_ARGS];
+    int nargs;
+    h2o_multithread_receiver_t *reply_to; /* the loop thread serving req */
+} gw_call_t;
+
+/* A reply computed off the HTTP loop (on the DB thread, a worker...).
+ *
+ * gw_async_new ties a job to the request: when the job is done, any thread
+ * calls gw_async_done, and the loop thread that owns the request sends the
+ * reply. If the client went away meanwhile (h2o freed the request), the
+ * reply is dropped safely. The job is freed when both the request side and
+ * the completion side have let go; both happen on the loop thread. */
+typedef struct gw_async gw_async_t;
+struct gw_async {
+    h2o_multithread_message_t super;
+    h2o_multithread_receiver_t *reply_to;
+    h2o_req_t *req; /* NULL once the client is gone */
+    int refs;
+    gw_server_t *srv;
+    /* Filled by the job: an error (SQ_*) with detail, or a status and body. */
+    int err;
+    char detail[512];
+    int status;
+    json_t *body;
+    const char *location; /* optional Location header (static or owned by the job) */
+    /* Optional: sends a reply other than JSON; called on the loop thread. */
+    void (*respond)(gw_async_t *a, h2o_req_t *req);
+    /* Optional: frees what the job owns; called once, on the loop thread. */
+    void (*dispose)(gw_async_t *a);
+};
+
+/* Allocates a job of `size` bytes (>= sizeof(gw_async_t), zeroed) bound to
+ * the call's request. */
+gw_async_t *gw_async_new(gw_call_t *call, size_t size);
+/* From any thread: the job is done; the loop thread replies. */
+void gw_async_done(gw_async_t *a);
+/* Sets the job's reply to an error (with optional detail). */
+void gw_async_fail(gw_async_t *a, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* The request body for work that ends before the reply is sent (parsing,
+ * decoding, copying rows into the arena, on any thread). HTTP/1: read in
+ * place (*owned NULL): h2o stops reading a connection while its request is
+ * processed and keeps the input buffer, body included, until the response
+ * is written, so a client that leaves is noticed only then. HTTP/2: a
+ * stream reset frees its body at once, so it is copied into *owned (the
+ * caller frees it). Returns 0, or SQ_OVERLOAD when memory for the copy is
+ * short (never aborts: the size is the client's). */
+int gw_request_body(h2o_req_t *req, const uint8_t **data, size_t *len, uint8_t **owned);
+
+/* The value of a request header (lower-case name), or an empty iovec. */
+h2o_iovec_t gw_header(h2o_req_t *req, const char *name);
+/* Whether the request carries the admin bearer token; if not, replies 401
+ * and returns 0. */
+int gw_require_admin(gw_call_t *call);
+/* A {version} path segment: 1..1000000000, or -1. */
+int gw_parse_version(h2o_iovec_t v);
+/* The value of query parameter `name` in out (URL-decoded, terminated).
+ * Returns 1 when present. */
+int gw_query_param(h2o_req_t *req, const char *name, char *out, size_t outlen);
+
+typedef void (*gw_route_fn)(gw_call_t *call);
+
+typedef struct {
+    const char *method;  /* "GET", "POST", "DELETE" */
+    const char *pattern; /* "/v2/models/ * /ready" without spaces: '*' matches one segment */
+    const char *name;    /* route label for logs and metrics */
+    gw_route_fn fn;
+} gw_route_t;
+
+/* Sends obj (stolen) as JSON with the status. */
+void gw_send_json(h2o_req_t *req, int status, json_t *obj);
+/* Sends {"error": detail or the default message, "code": name} with the
+ * error's HTTP status; a 503 carries Retry-After. */
+void gw_send_error(h2o_req_t *req, int err, const char *detail);
+/* Adds a response header (name is lower-case). */
+void gw_add_header(h2o_req_t *req, const char *name, const char *value);
+
+/* What the HTTP loops serve: the route table (first match of method and
+ * pattern wins; a pattern that matches with another method answers 405
+ * with Allow) and a hook called once per request when h2o frees it. */
+typedef struct gw_http_app {
+    const gw_route_t *routes;
+    size_t nroutes;
+    /* Optional: answers every request no route matches (else 404 or 405). */
+    void (*fallback)(gw_call_t *call);
+    const char *fallback_name;
+    void (*done)(gw_server_t *srv, h2o_req_t *req, const char *route, int64_t start_ns);
+} gw_http_app_t;
+
+/* The admin token (token.c). */
+
+/* Reads it, or creates a random one (mode 0600) on first
+ * start. A token file readable by group or others is refused. */
+int gw_token_load(gw_server_t *srv, char *err, size_t errlen);
+/* Constant-time comparison of a presented bearer token with the admin one. */
+int gw_token_matches(const gw_server_t *srv, const char *presented, size_t len);
+
+/* The offload thread (offload.c): slow work off the HTTP loops. */
+int gw_offload_start(gw_server_t *srv);
+/* Runs fn(arg) on the offload thread. */
+void gw_offload(gw_server_t *srv, void (*fn)(void *arg), void *arg);
+void gw_offload_stop(gw_server_t *srv);
+
+#endif

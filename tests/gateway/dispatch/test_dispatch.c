@@ -1,0 +1,240 @@
+/* gateway/batches.c's pump against the real dispatcher core, a real event
+ * loop and a link that records what the dispatcher sends.
+ *
+ * The timer case (issue 13, finding 3): the pump copies the core's actions
+ * and then acts on them; acting on a batch that cannot be sent hands the
+ * worker back to the core and pumps again, and that nested pump takes a
+ * newer wake-up. The core names a wake-up time once, when it changes, so an
+ * outer pump that armed its own, older, TIMER action after the nested one
+ * lost the newer wake-up: requests then waited past their deadlines for a
+ * timer that never came. Here every batch fails to send (its outputs do not
+ * fit the shared-memory arena), so every SEND nests a pump; after each
+ * pump the armed timer must be the core's next wake-up (none, once the
+ * queue is empty), and every item is answered exactly once. */
+#include <criterion/criterion.h>
+
+#include "dispatch_int.h"
+#include "api_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define NITEMS 96
+
+typedef struct {
+    gw_transport_t base;
+    int frames[64]; /* by message type */
+} rec_link_t;
+
+static int rec_send(gw_transport_t *t, int worker, uint16_t type, uint64_t id, const void *payload,
+                    uint32_t len, const gw_region_t *regions, int nregions)
+{
+    rec_link_t *l = (rec_link_t *)t;
+    (void)worker, (void)id, (void)payload, (void)len, (void)regions, (void)nregions;
+    if (type < 64)
+        l->frames[type]++;
+    return 0;
+}
+
+static int rec_send_ref(gw_transport_t *t, int worker, uint16_t type, uint64_t id,
+                        sq_bytes_t *bytes, size_t off, uint32_t len)
+{
+    (void)bytes, (void)off, (void)len;
+    return rec_send(t, worker, type, id, NULL, 0, NULL, 0);
+}
+
+static int finished[NITEMS];
+static int finished_rc[NITEMS];
+
+static void on_finish(gw_item_t *it, int rc, const char *detail)
+{
+    (void)detail;
+    finished[it->index]++;
+    finished_rc[it->index] = rc;
+}
+
+/* An emulated model (l(b) = 1 ms + 1 ms per item, batches up to 8) whose
+ * output rows (1M floats each) never fit the test's 1 MiB arena. */
+static gw_model_t *model_new(void)
+{
+    json_t *rows = json_array(), *lat = json_array(), *sd = json_array();
+    for (int b = 1; b <= 8; b++) {
+        json_array_append_new(rows, json_integer(b));
+        json_array_append_new(lat, json_real(1.0 + b));
+        json_array_append_new(sd, json_real(0.0));
+    }
+    json_t *rec = json_pack(
+        "{s:I, s:s, s:i, s:s, s:s, s:s, s:{s:s, s:s, s:[i,i,i,i]}, s:[{s:s, s:s, s:[i,i]}],"
+        " s:f, s:i, s:[{s:s, s:o, s:o, s:o}]}",
+        "id", (json_int_t)1, "name", "cap", "version", 1, "sha256", "00", "format", "emulated",
+        "status", "ready", "input", "name", "x", "datatype", "FP32", "shape", -1, 3, 4, 4,
+        "outputs", "name", "y", "datatype", "FP32", "shape", -1, 1 << 20, "default_slo_ms", 100.0,
+        "max_batch", 8, "profiles", "device_kind", "emu", "batch", rows, "latency_ms", lat,
+        "latency_std_ms", sd);
+    cr_assert_not_null(rec);
+    gw_model_t *m = gw_model_from_record(rec);
+    json_decref(rec);
+    cr_assert(m->has_profile[GW_KIND_EMU]);
+    return m;
+}
+
+static void check_timer(gw_dispatch_t *ds, const char *when)
+{
+    int64_t wake = pl_dispatch_next_wake(ds->core);
+    if (wake == PL_NEVER)
+        cr_assert_eq(ds->timer, 0, "%s: a timer is armed but the core wants none", when);
+    else
+        cr_assert(ds->timer != 0 && ds->timer_at_us == wake,
+                  "%s: armed %lld, the core wakes at %lld", when, (long long)ds->timer_at_us,
+                  (long long)wake);
+}
+
+static void sleep_until_us(int64_t at_us)
+{
+    int64_t d = at_us - sq_now_us();
+    if (d > 0)
+        nanosleep(&(struct timespec){.tv_sec = d / 1000000, .tv_nsec = d % 1000000 * 1000}, NULL);
+}
+
+/* A dispatcher with one emu worker that holds model_new()'s model. */
+typedef struct {
+    gw_config_t cfg;
+    gw_server_t srv;
+    rec_link_t link;
+    sq_loop_t *loop;
+    gw_dispatch_t *ds;
+    gw_model_t *m;
+    ds_model_t *dm;
+} rig_t;
+
+static void rig_init(rig_t *r)
+{
+    char *argv[] = {"squishd", NULL}, *envp[] = {NULL}, err[256];
+    gw_config_action_t action;
+    memset(r, 0, sizeof(*r));
+    cr_assert_eq(gw_config_parse(&r->cfg, 1, argv, envp, &action, err, sizeof(err)), 0, "%s", err);
+    r->srv.cfg = &r->cfg;
+    r->srv.metrics = gw_metrics_new();
+    cr_assert_eq(sq_shm_arena_create(&r->srv.arena, 1 << 20, 4096), 0);
+    r->link = (rec_link_t){.base = {.send = rec_send, .send_ref = rec_send_ref}};
+    r->srv.transport = &r->link.base;
+    r->loop = sq_loop_new();
+    r->ds = gw_dispatch_new(&r->srv, r->loop);
+    r->srv.dispatch = r->ds;
+    gw_dispatch_events.up(r->ds, 0, "emu:0", 1ull << 30);
+    r->m = model_new();
+    r->dm = ds_model_get(r->ds, r->m);
+    r->dm->kind = GW_KIND_EMU;
+    r->dm->active = 1;
+    ds_load_t *l = ds_load_find(ds_worker_at(r->ds, 0), r->m->key, 1);
+    l->state = LOAD_DONE;
+    l->max_batch = 8;
+}
+
+static void rig_dispose(rig_t *r)
+{
+    gw_dispatch_free(r->ds);
+    gw_model_unref(r->m);
+    sq_loop_free(r->loop);
+    sq_shm_arena_free(r->srv.arena);
+    gw_metrics_free(r->srv.metrics);
+}
+
+Test(dispatch, a_nested_pump_keeps_the_newest_wake_up_and_answers_each_item_once)
+{
+    static rig_t r;
+    rig_init(&r);
+    gw_server_t *srv = &r.srv;
+    gw_dispatch_t *ds = r.ds;
+    gw_model_t *m = r.m;
+    ds_model_t *dm = r.dm;
+
+    /* Three waves of 32 requests, 10 ms apart, each wave handed to the
+     * core before a pump (as on_submit does for requests that waited for a
+     * load): the first goes to the idle worker at once and the core queues
+     * the rest behind it with a wake-up; the pump's failed send frees the
+     * worker, and the nested pumps send and fail the queue batch by batch,
+     * each with a wake-up of its own. */
+    static gw_item_t items[NITEMS];
+    int64_t t0 = sq_now_us();
+    for (int wave = 0; wave < NITEMS / 32; wave++) {
+        sleep_until_us(t0 + wave * 10000);
+        for (int i = wave * 32; i < (wave + 1) * 32; i++) {
+            int64_t now = sq_now_us();
+            items[i] = (gw_item_t){.index = i,
+                                   .srv = srv,
+                                   .model = m,
+                                   .slo_ms = 100,
+                                   .arrival_us = now,
+                                   .deadline_us = now + 20000 + (i % 32) * 1250,
+                                   .finish = on_finish,
+                                   .in_off = -1,
+                                   .input_kind = SQ_INPUT_FP32};
+            ds_enqueue_item(ds, dm, &items[i]);
+        }
+        ds_pump(ds);
+        check_timer(ds, "after a wave");
+    }
+    /* The loop's part, should the core still want to wake up: its timer
+     * and a pump. */
+    while (ds->timer != 0 && sq_now_us() < t0 + 2000000) {
+        sleep_until_us(ds->timer_at_us);
+        pl_dispatch_timer(ds->core, sq_now_us());
+        ds_pump(ds);
+        check_timer(ds, "after a wake-up");
+    }
+    cr_assert_eq(r.link.frames[SQ_MSG_BATCH], 0, "no batch fits the arena, none is sent");
+    int overload = 0;
+    for (int i = 0; i < NITEMS; i++) {
+        cr_assert_eq(finished[i], 1, "item %d answered %d times", i, finished[i]);
+        overload += finished_rc[i] == SQ_OVERLOAD;
+    }
+    cr_assert(overload > 0, "the failed sends answered some items");
+    rig_dispose(&r);
+}
+
+/* Each priority level is a core session of its own, with the level as the
+ * core's priority; an item that names none (0) is at the default level,
+ * one past the last level at the last. */
+Test(dispatch, each_priority_level_is_a_session_with_that_priority)
+{
+    static rig_t r;
+    rig_init(&r);
+    static gw_item_t items[6];
+    const uint8_t asked[6] = {0, 1, 3, 9, 1, GW_PRIORITY_DEFAULT};
+    const int level[6] = {GW_PRIORITY_DEFAULT, 1, 3, GW_PRIORITY_LEVELS, 1, GW_PRIORITY_DEFAULT};
+    int64_t now = sq_now_us();
+    for (int i = 0; i < 6; i++) {
+        items[i] = (gw_item_t){.index = i,
+                               .srv = &r.srv,
+                               .model = r.m,
+                               .slo_ms = 100,
+                               .priority = asked[i],
+                               .arrival_us = now,
+                               .deadline_us = now + 100000,
+                               .finish = on_finish,
+                               .in_off = -1,
+                               .input_kind = SQ_INPUT_FP32};
+        ds_enqueue_item(r.ds, r.dm, &items[i]);
+    }
+    cr_assert_eq(r.ds->nsessions, 4, "levels 2, 1, 3 and 4");
+    int queued = 0;
+    for (int i = 0; i < 6; i++) {
+        int found = 0;
+        for (int s = 0; s < r.ds->nsessions; s++) {
+            if (r.ds->sessions[s].priority != level[i])
+                continue;
+            found++;
+            cr_assert_eq(r.ds->sessions[s].model, r.dm);
+        }
+        cr_assert_eq(found, 1, "item %d: one session at level %d", i, level[i]);
+    }
+    for (int s = 0; s < r.ds->nsessions; s++)
+        queued += pl_dispatch_queued(r.ds->core, s);
+    pl_dispatch_stats_t st;
+    pl_dispatch_stats(r.ds->core, &st);
+    cr_assert_eq(st.requests, 6);
+    cr_assert_eq(queued + (int)st.sent_requests + (int)st.dropped, 6);
+    rig_dispose(&r);
+}
