@@ -1,6 +1,7 @@
 #include "sq_loop.h"
 #include "sq_alloc.h"
 #include "sq_clock.h"
+#include "sq_heap.h"
 
 #include <errno.h>
 #include <pthread.h>
@@ -19,9 +20,10 @@ typedef struct {
     int active;
 } watcher_t;
 
+/* A timer lives in a slot; its id is (arming sequence << 32 | slot), so a
+ * stale id (fired or cancelled, the slot since reused) matches nothing. */
 typedef struct {
-    int64_t when_ns;
-    uint64_t id;
+    uint64_t id; /* 0: the slot is free */
     sq_timer_fn fn;
     void *data;
 } timer_t_;
@@ -37,9 +39,12 @@ struct sq_loop {
     int wakefd;
     watcher_t *watchers; /* indexed by fd */
     int nwatchers;
-    timer_t_ *heap; /* min-heap on (when_ns, id) */
-    size_t nheap, capheap;
-    uint64_t next_timer_id;
+    timer_t_ *timers; /* slots */
+    int ntimers;      /* slots in use or on the free list */
+    int *free_slots;
+    int nfree;
+    sq_iheap_t due; /* slots by when_ns (equal times: the lower slot first) */
+    uint64_t next_seq;
     pthread_mutex_t post_lock;
     post_t *post_head, *post_tail;
     atomic_int stop;
@@ -61,7 +66,7 @@ sq_loop_t *sq_loop_new(void)
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = l->wakefd};
     epoll_ctl(l->epfd, EPOLL_CTL_ADD, l->wakefd, &ev);
     pthread_mutex_init(&l->post_lock, NULL);
-    l->next_timer_id = 1;
+    l->next_seq = 1;
     return l;
 }
 
@@ -76,7 +81,9 @@ void sq_loop_free(sq_loop_t *l)
         free(p);
     }
     free(l->watchers);
-    free(l->heap);
+    free(l->timers);
+    free(l->free_slots);
+    sq_iheap_dispose(&l->due);
     pthread_mutex_destroy(&l->post_lock);
     free(l);
 }
@@ -126,65 +133,36 @@ void sq_loop_unwatch(sq_loop_t *l, int fd)
     l->watchers[fd].active = 0;
 }
 
-static int timer_less(const timer_t_ *a, const timer_t_ *b)
-{
-    return a->when_ns < b->when_ns || (a->when_ns == b->when_ns && a->id < b->id);
-}
-
-static void heap_up(timer_t_ *h, size_t i)
-{
-    while (i > 0) {
-        size_t p = (i - 1) / 2;
-        if (!timer_less(&h[i], &h[p]))
-            break;
-        timer_t_ t = h[i];
-        h[i] = h[p];
-        h[p] = t;
-        i = p;
-    }
-}
-
-static void heap_down(timer_t_ *h, size_t n, size_t i)
-{
-    for (;;) {
-        size_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && timer_less(&h[l], &h[m]))
-            m = l;
-        if (r < n && timer_less(&h[r], &h[m]))
-            m = r;
-        if (m == i)
-            return;
-        timer_t_ t = h[i];
-        h[i] = h[m];
-        h[m] = t;
-        i = m;
-    }
-}
-
 uint64_t sq_loop_timer_at(sq_loop_t *l, int64_t when_ns, sq_timer_fn fn, void *data)
 {
-    if (l->nheap == l->capheap) {
-        l->capheap = l->capheap ? l->capheap * 2 : 32;
-        l->heap = sq_xrealloc(l->heap, sizeof(timer_t_) * l->capheap);
+    int slot;
+    if (l->nfree > 0) {
+        slot = l->free_slots[--l->nfree];
+    } else {
+        slot = l->ntimers++;
+        l->timers = sq_xrealloc(l->timers, sizeof(timer_t_) * (size_t)l->ntimers);
+        l->free_slots = sq_xrealloc(l->free_slots, sizeof(int) * (size_t)l->ntimers);
+        sq_iheap_reserve(&l->due, l->ntimers);
     }
-    uint64_t id = l->next_timer_id++;
-    l->heap[l->nheap] = (timer_t_){.when_ns = when_ns, .id = id, .fn = fn, .data = data};
-    heap_up(l->heap, l->nheap++);
+    uint64_t id = l->next_seq++ << 32 | (uint64_t)slot;
+    l->timers[slot] = (timer_t_){.id = id, .fn = fn, .data = data};
+    sq_iheap_set(&l->due, slot, when_ns);
     return id;
+}
+
+static void release_slot(sq_loop_t *l, int slot)
+{
+    sq_iheap_remove(&l->due, slot);
+    l->timers[slot].id = 0;
+    l->free_slots[l->nfree++] = slot;
 }
 
 void sq_loop_timer_cancel(sq_loop_t *l, uint64_t id)
 {
-    for (size_t i = 0; i < l->nheap; i++) {
-        if (l->heap[i].id != id)
-            continue;
-        l->heap[i] = l->heap[--l->nheap];
-        if (i < l->nheap) {
-            heap_down(l->heap, l->nheap, i);
-            heap_up(l->heap, i);
-        }
+    uint64_t slot = id & 0xffffffffu;
+    if (id == 0 || slot >= (uint64_t)l->ntimers || l->timers[slot].id != id)
         return;
-    }
+    release_slot(l, (int)slot);
 }
 
 void sq_loop_post(sq_loop_t *l, sq_post_fn fn, void *arg)
@@ -230,10 +208,10 @@ void sq_loop_run_posts(sq_loop_t *l)
 static void run_timers(sq_loop_t *l)
 {
     int64_t now = sq_now_ns();
-    while (l->nheap > 0 && l->heap[0].when_ns <= now) {
-        timer_t_ t = l->heap[0];
-        l->heap[0] = l->heap[--l->nheap];
-        heap_down(l->heap, l->nheap, 0);
+    while (sq_iheap_top_key(&l->due, INT64_MAX) <= now) {
+        int slot = sq_iheap_top(&l->due);
+        timer_t_ t = l->timers[slot];
+        release_slot(l, slot);
         t.fn(l, t.id, t.data);
     }
 }
@@ -251,8 +229,8 @@ void sq_loop_run(sq_loop_t *l)
     struct epoll_event evs[64];
     while (!atomic_load(&l->stop)) {
         int timeout_ms = -1;
-        if (l->nheap > 0) {
-            int64_t wait_ns = l->heap[0].when_ns - sq_now_ns();
+        if (l->due.n > 0) {
+            int64_t wait_ns = sq_iheap_top_key(&l->due, INT64_MAX) - sq_now_ns();
             timeout_ms = wait_ns <= 0 ? 0 : (int)((wait_ns + 999999) / 1000000);
         }
         int n = epoll_wait(l->epfd, evs, 64, timeout_ms);

@@ -7,6 +7,7 @@
 #include "sq_buf.h"
 #include "sq_clock.h"
 #include "sq_error.h"
+#include "sq_heap.h"
 #include "sq_ipc.h"
 #include "sq_log.h"
 #include "sq_loop.h"

@@ -113,7 +113,7 @@ struct pl_dispatch {
     worker_t *workers;
     int nworkers, cap_workers; /* nworkers: highest id + 1 ever added */
     link_t *links;             /* per worker id, cap_workers */
-    pl__iheap_t session_wake, worker_wake;
+    sq_iheap_t session_wake, worker_wake;
     pl_action_t *acts;
     size_t *act_ids_off;
     size_t nacts, cap_acts;
@@ -185,7 +185,8 @@ static pl_action_t *push_action(pl_dispatch_t *d, pl_action_kind_t kind, int64_t
  * wake of both heaps, and is only re-armed when that moment changes. */
 static void finish(pl_dispatch_t *d)
 {
-    int64_t a = pl__heap_top_key(&d->session_wake), b = pl__heap_top_key(&d->worker_wake);
+    int64_t a = sq_iheap_top_key(&d->session_wake, PL_NEVER),
+            b = sq_iheap_top_key(&d->worker_wake, PL_NEVER);
     int64_t wake = a < b ? a : b;
     if (wake != d->armed_us) {
         d->armed_us = wake;
@@ -774,7 +775,7 @@ static int decide_level(const wcand_t *all, int n, int nchain, int level, int ho
 static int worker_decide(pl_dispatch_t *d, int wid, int64_t now_us)
 {
     worker_t *w = &d->workers[wid];
-    pl__heap_set(&d->worker_wake, wid, PL_NEVER);
+    pl__wake_set(&d->worker_wake, wid, PL_NEVER);
     if (!w->present || w->busy || w->draining)
         return 0;
     if (d->cap_scratch < w->nsess) {
@@ -884,7 +885,7 @@ static int worker_decide(pl_dispatch_t *d, int wid, int64_t now_us)
         return 1;
     }
     if (wake != PL_NEVER)
-        pl__heap_set(&d->worker_wake, wid, wake);
+        pl__wake_set(&d->worker_wake, wid, wake);
     return 0;
 }
 
@@ -945,7 +946,7 @@ static void pump_session_deferred(pl_dispatch_t *d, int sid, int64_t now_us)
         int64_t finish1 = earliest_finish1(d, s, now_us, &free_worker);
         prune(d, sid, s, now_us, finish1);
         if (s->q.n == 0) {
-            pl__heap_set(&d->session_wake, sid, PL_NEVER);
+            pl__wake_set(&d->session_wake, sid, PL_NEVER);
             return;
         }
         int64_t wake = pl__q_at(&s->q, 0)->deadline_us - s->cost[1] - s->min_net1 + 1;
@@ -981,7 +982,7 @@ static void pump_session_deferred(pl_dispatch_t *d, int sid, int64_t now_us)
                     wake = c.ready_at;
             }
         }
-        pl__heap_set(&d->session_wake, sid, wake);
+        pl__wake_set(&d->session_wake, sid, wake);
         return;
     }
 }
@@ -1032,7 +1033,7 @@ static int early_drop_try(pl_dispatch_t *d, int wid, int k, int64_t now_us)
 static void pump_worker_early_drop(pl_dispatch_t *d, int wid, int64_t now_us)
 {
     worker_t *w = &d->workers[wid];
-    pl__heap_set(&d->worker_wake, wid, PL_NEVER);
+    pl__wake_set(&d->worker_wake, wid, PL_NEVER);
     if (!w->present || w->busy || w->draining || w->nsess == 0)
         return;
     for (int visited = 0; visited < w->nsess; visited++) {
@@ -1040,7 +1041,7 @@ static void pump_worker_early_drop(pl_dispatch_t *d, int wid, int64_t now_us)
             w->rr = 0;
         /* A round over the sessions starts at most once per duty cycle. */
         if (w->rr == 0 && !w->round_open && w->duty_cycle_us > 0 && now_us < w->round_next_us) {
-            pl__heap_set(&d->worker_wake, wid, w->round_next_us);
+            pl__wake_set(&d->worker_wake, wid, w->round_next_us);
             return;
         }
         int k = w->rr;
@@ -1078,7 +1079,7 @@ static void pump_session_early_drop(pl_dispatch_t *d, int sid, int64_t now_us)
     }
     int free_worker;
     prune(d, sid, s, now_us, earliest_finish1(d, s, now_us, &free_worker));
-    pl__heap_set(&d->session_wake, sid,
+    pl__wake_set(&d->session_wake, sid,
                  s->q.n ? pl__q_at(&s->q, 0)->deadline_us - s->cost[1] - s->min_net1 + 1
                         : PL_NEVER);
 }
@@ -1103,7 +1104,7 @@ static void pump_worker(pl_dispatch_t *d, int wid, int64_t now_us)
         for (int k = 0; k < w->nsess; k++) {
             int sid = w->sess[k].session;
             session_t *s = &d->sessions[sid];
-            pl__heap_set(&d->session_wake, sid,
+            pl__wake_set(&d->session_wake, sid,
                          s->q.n ? pl__q_at(&s->q, 0)->deadline_us - s->cost[1] - s->min_net1 + 1
                                 : PL_NEVER);
         }
@@ -1146,8 +1147,8 @@ void pl_dispatch_free(pl_dispatch_t *d)
     free(d->sessions);
     free(d->workers);
     free(d->links);
-    pl__heap_dispose(&d->session_wake);
-    pl__heap_dispose(&d->worker_wake);
+    sq_iheap_dispose(&d->session_wake);
+    sq_iheap_dispose(&d->worker_wake);
     free(d->acts);
     free(d->act_ids_off);
     free(d->ids);
@@ -1221,7 +1222,7 @@ int pl_dispatch_session_add(pl_dispatch_t *d, const pl_session_cfg_t *cfg)
     s->greedy_per_us = greedy;
     s->priority = cfg->priority;
     s->last_arrival_us = PL_NEVER;
-    pl__heap_reserve(&d->session_wake, d->nsessions);
+    sq_iheap_reserve(&d->session_wake, d->nsessions);
     return sid;
 }
 
@@ -1267,7 +1268,7 @@ static void worker_detach(pl_dispatch_t *d, int wid)
         }
         session_net_refresh(d, s);
     }
-    pl__heap_set(&d->worker_wake, wid, PL_NEVER);
+    pl__wake_set(&d->worker_wake, wid, PL_NEVER);
 }
 
 int pl_dispatch_session_remove(pl_dispatch_t *d, int64_t now_us, int session)
@@ -1284,7 +1285,7 @@ int pl_dispatch_session_remove(pl_dispatch_t *d, int64_t now_us, int session)
         worker_forget_session(&d->workers[s->routes[i].worker], session);
     s->nroutes = 0;
     s->alive = 0;
-    pl__heap_set(&d->session_wake, session, PL_NEVER);
+    pl__wake_set(&d->session_wake, session, PL_NEVER);
     finish(d);
     return 0;
 }
@@ -1343,7 +1344,7 @@ int pl_dispatch_worker_add(pl_dispatch_t *d, int64_t now_us, int worker, int64_t
     }
     if (worker >= d->nworkers)
         d->nworkers = worker + 1;
-    pl__heap_reserve(&d->worker_wake, d->nworkers);
+    sq_iheap_reserve(&d->worker_wake, d->nworkers);
     worker_t *w = &d->workers[worker];
     /* Back while its last batch still runs (removed for a measurement that
      * was called off): present again, free once that batch is done. */
@@ -1585,14 +1586,14 @@ int pl_dispatch_cancel(pl_dispatch_t *d, int64_t now_us, int session, uint64_t i
 void pl_dispatch_timer(pl_dispatch_t *d, int64_t now_us)
 {
     begin(d);
-    while (pl__heap_top_key(&d->session_wake) <= now_us) {
-        int sid = d->session_wake.heap[0];
-        pl__heap_set(&d->session_wake, sid, PL_NEVER);
+    while (sq_iheap_top_key(&d->session_wake, PL_NEVER) <= now_us) {
+        int sid = sq_iheap_top(&d->session_wake);
+        pl__wake_set(&d->session_wake, sid, PL_NEVER);
         pump_session(d, sid, now_us);
     }
-    while (pl__heap_top_key(&d->worker_wake) <= now_us) {
-        int wid = d->worker_wake.heap[0];
-        pl__heap_set(&d->worker_wake, wid, PL_NEVER);
+    while (sq_iheap_top_key(&d->worker_wake, PL_NEVER) <= now_us) {
+        int wid = sq_iheap_top(&d->worker_wake);
+        pl__wake_set(&d->worker_wake, wid, PL_NEVER);
         pump_worker(d, wid, now_us);
     }
     finish(d);
@@ -1645,7 +1646,7 @@ uint64_t pl_dispatch_worker_foreign(pl_dispatch_t *d, int64_t now_us, int worker
         w->batch_session = -1;
         w->ninflight = 0;
         w->busy_until = now_us + duration_us;
-        pl__heap_set(&d->worker_wake, worker, PL_NEVER);
+        pl__wake_set(&d->worker_wake, worker, PL_NEVER);
     }
     /* Its sessions' candidates see the worker busy for longer. */
     for (int k = 0; k < w->nsess; k++)

@@ -1,8 +1,12 @@
 /* Internals of the dispatcher core shared between its files: the deadline
- * queue (a ring buffer kept sorted by deadline) and the indexed min-heap of
- * wake-up times. Not part of the public API (pl_dispatch.h). */
+ * queue (a ring buffer kept sorted by deadline) and the wake-up times (on
+ * common's indexed heap). Not part of the public API (pl_dispatch.h). */
 #ifndef PL_DISPATCH_INT_H
 #define PL_DISPATCH_INT_H
+
+#include "pl_dispatch.h"
+
+#include <sq_heap.h>
 
 #include <stdint.h>
 
@@ -24,14 +28,6 @@ typedef struct {
     uint32_t n;
 } pl__queue_t;
 
-/* Indexed min-heap over ids 0..cap-1 keyed by key[id]. */
-typedef struct {
-    int *heap;
-    int *pos; /* -1 when absent */
-    int64_t *key;
-    int n, cap;
-} pl__iheap_t;
-
 /* The i-th request from the head (earliest deadline); i < q->n. */
 static inline pl__entry_t *pl__q_at(const pl__queue_t *q, uint32_t i)
 {
@@ -43,12 +39,14 @@ void pl__q_insert(pl__queue_t *q, const pl__entry_t *e);
 /* Removes and returns the head; q->n > 0. */
 pl__entry_t pl__q_pop(pl__queue_t *q);
 
-/* Makes room for ids 0..cap-1. */
-void pl__heap_reserve(pl__iheap_t *h, int cap);
-/* Sets id's wake time; PL_NEVER (INT64_MAX) removes it. */
-void pl__heap_set(pl__iheap_t *h, int id, int64_t key);
-/* The earliest wake time, INT64_MAX when empty. */
-int64_t pl__heap_top_key(const pl__iheap_t *h);
-void pl__heap_dispose(pl__iheap_t *h);
+/* Wake-ups are common/sq_heap.h's indexed heap: sets id's wake time, and
+ * PL_NEVER (INT64_MAX) takes it out. */
+static inline void pl__wake_set(sq_iheap_t *h, int id, int64_t when_us)
+{
+    if (when_us == PL_NEVER)
+        sq_iheap_remove(h, id);
+    else
+        sq_iheap_set(h, id, when_us);
+}
 
 #endif

@@ -5,7 +5,7 @@
 #include <unistd.h>
 
 typedef struct {
-    int order[8];
+    uint64_t order[8];
     int n;
     uint64_t cancel_me;
 } timers_t;
@@ -13,7 +13,7 @@ typedef struct {
 static void record(sq_loop_t *loop, uint64_t id, void *data)
 {
     timers_t *t = data;
-    t->order[t->n++] = (int)id;
+    t->order[t->n++] = id;
     if (t->n == 3)
         sq_loop_stop(loop);
 }
@@ -30,10 +30,50 @@ Test(loop, timers_fire_in_time_order_and_cancelled_ones_do_not)
     sq_loop_timer_cancel(l, d);
     sq_loop_run(l);
     cr_assert_eq(t.n, 3);
-    cr_assert_eq(t.order[0], (int)b);
-    cr_assert_eq(t.order[1], (int)c);
-    cr_assert_eq(t.order[2], (int)a);
+    cr_assert_eq(t.order[0], b);
+    cr_assert_eq(t.order[1], c);
+    cr_assert_eq(t.order[2], a);
     cr_assert_geq(sq_now_ns() - now, 30000000);
+    sq_loop_free(l);
+}
+
+typedef struct {
+    uint64_t first, second, fired_second, fired_guard;
+} reuse_t;
+
+static void second_fires(sq_loop_t *loop, uint64_t id, void *data)
+{
+    ((reuse_t *)data)->fired_second = id;
+    sq_loop_stop(loop);
+}
+
+static void guard_fires(sq_loop_t *loop, uint64_t id, void *data)
+{
+    ((reuse_t *)data)->fired_guard = id;
+    sq_loop_stop(loop);
+}
+
+/* The first timer has fired: its slot is free, the timer armed now takes
+ * it, and a caller that kept the first id cancels with it. */
+static void first_fires(sq_loop_t *loop, uint64_t id, void *data)
+{
+    reuse_t *r = data;
+    r->second = sq_loop_timer_at(loop, sq_now_ns() + 1000000, second_fires, r);
+    sq_loop_timer_cancel(loop, r->first);
+    sq_loop_timer_cancel(loop, 0);
+}
+
+Test(loop, a_stale_timer_id_cancels_nothing_once_its_slot_is_reused)
+{
+    sq_loop_t *l = sq_loop_new();
+    reuse_t r = {0};
+    r.first = sq_loop_timer_at(l, sq_now_ns(), first_fires, &r);
+    uint64_t guard = sq_loop_timer_at(l, sq_now_ns() + 2000000000, guard_fires, &r);
+    sq_loop_run(l);
+    cr_assert_neq(r.second, r.first);
+    cr_assert_eq(r.fired_second, r.second, "the stale id cancelled the timer that reused its slot");
+    cr_assert_eq(r.fired_guard, 0);
+    sq_loop_timer_cancel(l, guard);
     sq_loop_free(l);
 }
 
