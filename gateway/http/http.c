@@ -302,7 +302,9 @@ const gw_route_t *gw__route_find(const gw_http_app_t *app, h2o_iovec_t method, h
             continue;
         if (h2o_memis(method.base, method.len, routes[i].method, strlen(routes[i].method)))
             return &routes[i];
-        if (strstr(allow, routes[i].method) == NULL && strlen(allow) + 8 < allowlen) {
+        /* ", " and the method, and the NUL, if they fit. */
+        size_t used = strlen(allow), mlen = strlen(routes[i].method);
+        if (strstr(allow, routes[i].method) == NULL && used + 2 + mlen < allowlen) {
             if (allow[0] != '\0')
                 strcat(allow, ", ");
             strcat(allow, routes[i].method);

@@ -399,6 +399,26 @@ Test(http, allow_never_overflows_its_buffer)
     cr_assert_eq(strncmp(allow, "GET, POST", 9), 0, "got %s", allow);
 }
 
+/* allow's room is counted for the method at hand: "GET, PATCH, PUT" (15)
+ * and ", OPTIONS" (9) fill 24 bytes, and the NUL would be the 25th. */
+Test(http, a_long_method_is_left_out_of_allow_rather_than_overflow_it)
+{
+    static const gw_route_t r[] = {
+        {"GET", "/a", "1", route_fn},
+        {"PATCH", "/a", "2", route_fn},
+        {"PUT", "/a", "3", route_fn},
+        {"OPTIONS", "/a", "4", route_fn},
+    };
+    gw_http_app_t a = {.routes = r, .nroutes = 4};
+    gw_call_t call;
+    char buf[32];
+    memset(buf, 'Z', sizeof(buf));
+    cr_assert_null(gw__route_find(&a, h2o_iovec_init(H2O_STRLIT("HEAD")),
+                                  h2o_iovec_init(H2O_STRLIT("/a")), &call, buf, 24));
+    cr_assert_eq(buf[24], 'Z', "nothing written past allowlen");
+    cr_assert_str_eq(buf, "GET, PATCH, PUT");
+}
+
 Test(http, a_pattern_has_at_most_the_args_a_call_holds)
 {
     char pattern[64] = "", path[64] = "";
