@@ -129,8 +129,8 @@ typedef struct gw_http_app {
  * first route whose pattern matches path and whose method is method, with
  * the segments its '*'s matched in call->args; else NULL, and allow holds
  * the methods of the routes whose pattern matches ("GET, DELETE"; empty
- * when none does: then it is a 404, else a 405 with Allow). allowlen: room
- * for two or more methods. */
+ * when none does: then it is a 404, else a 405 with Allow); a method that
+ * does not fit in allowlen is left out. */
 const gw_route_t *gw__route_find(const gw_http_app_t *app, h2o_iovec_t method, h2o_iovec_t path,
                                  gw_call_t *call, char *allow, size_t allowlen);
 
