@@ -65,6 +65,72 @@ void gw_request_id(h2o_req_t *hreq, char *out, size_t len);
  * SQ_BAD_REQUEST with why. */
 int gw_request_slo_ms(h2o_req_t *hreq, double *slo, char *why, size_t len);
 
+/* Complex queries (query.c): the parts of a query's tree that need no
+ * server, split out for tests/gateway/api/test_query.c.
+ *
+ * A query is a tree of nodes: a node is one item (an image or a crop) at
+ * one stage. A frame of the request gives one node per root stage (frame
+ * f's root r at f * nroots + r); a node of a stage with crop children,
+ * once run, gives one node per detection per child stage. */
+typedef struct gw_query gw_query_t;
+typedef struct gw_qnode gw_qnode_t;
+struct gw_qnode {
+    gw_item_t item; /* first: what the dispatcher sees */
+    gw_query_t *q;
+    int frame, stage;
+    gw_qnode_t *parent;
+    gw_detection_t det; /* a crop: its detection, in frame pixels */
+    int rect_x, rect_y; /* where its image sits in the frame (0, 0 for a root) */
+    /* Its image at native size, kept while crops are to be cut from it
+     * (packed RGB); NULL otherwise. */
+    uint8_t *original;
+    int orig_w, orig_h;
+    float *row; /* its output row */
+    int ok;     /* ran */
+    /* Its children per child stage (in the stage's children order). */
+    int nkids[GW_PIPE_MAX_STAGES];
+    gw_qnode_t **kids[GW_PIPE_MAX_STAGES];
+    const uint8_t *jpeg; /* a root: its frame's JPEG */
+    size_t jpeg_len;
+    gw_qnode_t *next_all; /* the query's list of nodes */
+};
+
+/* The root stages (those on the request's image) in stage order into
+ * root_stage (room for GW_PIPE_MAX_STAGES); returns how many. */
+int gw_query_roots(const gw_pipeline_t *p, int *root_stage);
+/* A query's SLO: slo_ms (<= 0: the pipeline's), at most max_ms; and, at
+ * the pipeline's current split scaled to it, each stage's deadline from
+ * the query's arrival (cum_ms) and budget (its deadline less its
+ * parent's), in ms. Returns the SLO. */
+double gw_query_split(gw_pipeline_t *p, double slo_ms, double max_ms, double *cum_ms,
+                      double *budget_ms);
+/* Places kid, a crop of node n: its detection d (in pixels of n's image)
+ * in frame pixels, and where its image (r, in n's image) sits in the
+ * frame. */
+void gw_query_place_crop(const gw_qnode_t *n, const gw_detection_t *d, gw_rect_t r,
+                         gw_qnode_t *kid);
+/* Node n's part of the answer (models: per stage): a stage without crop
+ * children gives {"predictions": its top_k}; else, per child stage id,
+ * its nodes in detection order, each with its "box" (frame pixels) and
+ * "score". */
+json_t *gw_query_node_json(const gw_pipeline_t *p, gw_model_t *const *models, const gw_qnode_t *n);
+
+/* How a query ends. The first node that fails fails the whole query at
+ * once: abandoned is set, so that its items still queued are not run
+ * (batches.c) and no later stage starts for it. */
+typedef struct {
+    atomic_int abandoned;
+    atomic_int failed; /* set once: the first error wins */
+    int err;           /* valid when failed */
+    char detail[256];
+} gw_query_fate_t;
+/* Fails the query (the first call's error and detail are kept) and
+ * abandons it; any thread. */
+void gw_query_fate_fail(gw_query_fate_t *f, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Its outcome for /metrics: a failure with a 503 error is a drop. */
+gw_query_outcome_t gw_query_outcome(gw_query_fate_t *f);
+
 /* Routes (one file per area). */
 void gw_route_models_post(gw_call_t *call);
 void gw_route_models_list(gw_call_t *call);

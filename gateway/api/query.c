@@ -38,29 +38,7 @@
  * capped by it). */
 #define MAX_DETS GW_DETECT_MAX_CROPS
 
-typedef struct gw_query gw_query_t;
-typedef struct qnode qnode_t;
-
-struct qnode {
-    gw_item_t item; /* first: what the dispatcher sees */
-    gw_query_t *q;
-    int frame, stage;
-    qnode_t *parent;
-    gw_detection_t det; /* a crop: its detection, in frame pixels */
-    int rect_x, rect_y; /* where its image sits in the frame (0, 0 for a root) */
-    /* Its image at native size, kept while crops are to be cut from it
-     * (packed RGB); NULL otherwise. */
-    uint8_t *original;
-    int orig_w, orig_h;
-    float *row; /* its output row */
-    int ok;     /* ran */
-    /* Its children per child stage (in the stage's children order). */
-    int nkids[GW_PIPE_MAX_STAGES];
-    qnode_t **kids[GW_PIPE_MAX_STAGES];
-    const uint8_t *jpeg; /* a root: its frame's JPEG */
-    size_t jpeg_len;
-    qnode_t *next_all; /* the query's list of nodes */
-};
+typedef gw_qnode_t qnode_t;
 
 typedef struct {
     int items;
@@ -87,10 +65,7 @@ struct gw_query {
     int root_stage[GW_PIPE_MAX_STAGES];
     atomic_int pending;     /* nodes and crop jobs not finished */
     gw_clump_t roots_clump; /* the frames' roots, handed over together */
-    atomic_int abandoned;
-    atomic_int failed;
-    int err;
-    char err_detail[256];
+    gw_query_fate_t fate;
     pthread_mutex_t mu; /* nodes list, timings */
     qnode_t *all;
     stage_timing_t timing[GW_PIPE_MAX_STAGES];
@@ -103,19 +78,24 @@ struct gw_query {
 
 /* ---- outcome --------------------------------------------------------------- */
 
-static void query_fail(gw_query_t *q, int rc, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void query_fail(gw_query_t *q, int rc, const char *fmt, ...)
+void gw_query_fate_fail(gw_query_fate_t *f, int rc, const char *fmt, ...)
 {
     int expected = 0;
-    if (atomic_compare_exchange_strong(&q->failed, &expected, 1)) {
-        q->err = rc;
+    if (atomic_compare_exchange_strong(&f->failed, &expected, 1)) {
+        f->err = rc;
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(q->err_detail, sizeof(q->err_detail), fmt, ap);
+        vsnprintf(f->detail, sizeof(f->detail), fmt, ap);
         va_end(ap);
     }
-    atomic_store(&q->abandoned, 1);
+    atomic_store(&f->abandoned, 1);
+}
+
+gw_query_outcome_t gw_query_outcome(gw_query_fate_t *f)
+{
+    return !atomic_load(&f->failed)            ? GW_Q_OK
+           : sq_err_http_status(f->err) == 503 ? GW_Q_DROPPED
+                                               : GW_Q_FAILED;
 }
 
 /* One node or crop job less; the last answers. */
@@ -149,7 +129,7 @@ static void node_fail_early(gw_server_t *srv, qnode_t *n, int rc, const char *de
     }
     free(n->original);
     n->original = NULL;
-    query_fail(n->q, rc, "stage %s: %s", n->q->p->stages[n->stage].id, detail);
+    gw_query_fate_fail(&n->q->fate, rc, "stage %s: %s", n->q->p->stages[n->stage].id, detail);
     query_release(n->q);
 }
 
@@ -175,14 +155,14 @@ static void node_finish(gw_item_t *item, int rc, const char *detail)
     }
     pthread_mutex_unlock(&q->mu);
     if (rc != 0) {
-        query_fail(q, rc, "stage %s: %s", st->id, detail ? detail : sq_err_msg(rc));
+        gw_query_fate_fail(&q->fate, rc, "stage %s: %s", st->id, detail ? detail : sq_err_msg(rc));
         free(n->original);
         n->original = NULL;
         query_release(q);
         return;
     }
     n->ok = 1;
-    if (st->nchildren > 0 && !atomic_load(&q->abandoned)) {
+    if (st->nchildren > 0 && !atomic_load(&q->fate.abandoned)) {
         atomic_fetch_add(&q->pending, 1); /* the crop job */
         crop_job_start(q->base.srv, n);
     } else {
@@ -205,7 +185,7 @@ static void node_ready(gw_server_t *srv, qnode_t *n)
     it->deadline_us = q->arrival_us + (int64_t)(q->cum_ms[n->stage] * 1000.0);
     it->out = n->row;
     it->finish = node_finish;
-    it->abandoned = &q->abandoned;
+    it->abandoned = &q->fate.abandoned;
     it->pipeline = q->p;
     it->stage = n->stage;
     it->query_slo_ms = q->slo_ms;
@@ -247,7 +227,7 @@ static void on_root_decoded(gw_prep_job_t *job, int rc)
     n->orig_h = job->info.height;
     q->frame_w[n->frame] = job->info.width;
     q->frame_h[n->frame] = job->info.height;
-    if (atomic_load(&q->abandoned)) {
+    if (atomic_load(&q->fate.abandoned)) {
         root_fail(srv, n, SQ_DEADLINE, "its query was dropped");
         return;
     }
@@ -293,6 +273,19 @@ static void root_start(gw_server_t *srv, qnode_t *n)
 }
 
 /* ---- crops ----------------------------------------------------------------- */
+
+void gw_query_place_crop(const qnode_t *n, const gw_detection_t *d, gw_rect_t r, qnode_t *kid)
+{
+    /* The detection in frame pixels: the parent's image sits at its rect
+     * in the frame. */
+    kid->det = *d;
+    kid->det.x0 += (float)n->rect_x;
+    kid->det.x1 += (float)n->rect_x;
+    kid->det.y0 += (float)n->rect_y;
+    kid->det.y1 += (float)n->rect_y;
+    kid->rect_x = n->rect_x + r.x;
+    kid->rect_y = n->rect_y + r.y;
+}
 
 typedef struct {
     gw_prep_job_t job;
@@ -341,17 +334,8 @@ static int cut_crops(gw_prep_ctx_t *ctx, gw_query_t *q, qnode_t *n, int k, char 
         qnode_t *kid = node_new(q, n->frame, c, n);
         n->kids[k][i] = kid;
         n->nkids[k] = i + 1;
-        /* The detection in frame pixels: the parent's image sits at its
-         * rect in the frame. */
-        gw_detection_t d = dets[i];
-        d.x0 += (float)n->rect_x;
-        d.x1 += (float)n->rect_x;
-        d.y0 += (float)n->rect_y;
-        d.y1 += (float)n->rect_y;
-        kid->det = d;
         gw_rect_t r = gw_crop_rect(&q->crops[c], &dets[i], n->orig_w, n->orig_h);
-        kid->rect_x = n->rect_x + r.x;
-        kid->rect_y = n->rect_y + r.y;
+        gw_query_place_crop(n, &dets[i], r, kid);
         atomic_fetch_add(&q->pending, 1);
         int64_t off = sq_shm_alloc(srv->arena, (size_t)cm->h * (size_t)cm->w * 3);
         if (off < 0) {
@@ -398,7 +382,7 @@ static int crop_work(gw_prep_ctx_t *ctx, gw_prep_job_t *job)
     gw_query_t *q = n->q;
     int rc = 0;
     for (int k = 0; k < q->p->stages[n->stage].nchildren && rc == 0; k++) {
-        if (atomic_load(&q->abandoned))
+        if (atomic_load(&q->fate.abandoned))
             break;
         rc = cut_crops(ctx, q, n, k, job->err, sizeof(job->err));
     }
@@ -411,7 +395,7 @@ static void on_crops_done(gw_prep_job_t *job, int rc)
     qnode_t *n = cj->n;
     gw_query_t *q = n->q;
     if (rc != 0)
-        query_fail(q, rc, "%s", job->err[0] ? job->err : sq_err_msg(rc));
+        gw_query_fate_fail(&q->fate, rc, "%s", job->err[0] ? job->err : sq_err_msg(rc));
     free(n->original);
     n->original = NULL;
     free(cj);
@@ -427,9 +411,9 @@ static void crop_job_start(gw_server_t *srv, qnode_t *n)
     cj->job.user = cj;
     int rc = gw_prep_pool_submit(srv->prep, &cj->job);
     if (rc != 0) {
-        query_fail(n->q, rc == SQ_SHUTTING_DOWN ? rc : SQ_OVERLOAD,
-                   "stage %s: the preprocess pool cannot take its crops",
-                   n->q->p->stages[n->stage].id);
+        gw_query_fate_fail(&n->q->fate, rc == SQ_SHUTTING_DOWN ? rc : SQ_OVERLOAD,
+                           "stage %s: the preprocess pool cannot take its crops",
+                           n->q->p->stages[n->stage].id);
         free(n->original);
         n->original = NULL;
         free(cj);
@@ -439,36 +423,33 @@ static void crop_job_start(gw_server_t *srv, qnode_t *n)
 
 /* ---- the answer ------------------------------------------------------------ */
 
-static json_t *node_json(const gw_query_t *q, const qnode_t *n)
+json_t *gw_query_node_json(const gw_pipeline_t *p, gw_model_t *const *models, const qnode_t *n)
 {
-    const gw_stage_spec_t *st = &q->p->stages[n->stage];
+    const gw_stage_spec_t *st = &p->stages[n->stage];
     json_t *o = json_object();
     if (st->nchildren == 0) {
-        json_object_set_new(o, "predictions",
-                            gw_top_k_json(q->models[n->stage], n->row, st->top_k));
+        json_object_set_new(o, "predictions", gw_top_k_json(models[n->stage], n->row, st->top_k));
         return o;
     }
     for (int k = 0; k < st->nchildren; k++) {
         json_t *a = json_array();
         for (int i = 0; i < n->nkids[k]; i++) {
             const qnode_t *kid = n->kids[k][i];
-            json_t *d = node_json(q, kid);
+            json_t *d = gw_query_node_json(p, models, kid);
             json_object_set_new(
                 d, "box",
                 json_pack("[f, f, f, f]", kid->det.x0, kid->det.y0, kid->det.x1, kid->det.y1));
             json_object_set_new(d, "score", json_real(kid->det.score));
             json_array_append_new(a, d);
         }
-        json_object_set_new(o, q->p->stages[st->children[k]].id, a);
+        json_object_set_new(o, p->stages[st->children[k]].id, a);
     }
     return o;
 }
 
 static void query_count(gw_query_t *q, int64_t now)
 {
-    gw_query_outcome_t o = !atomic_load(&q->failed)            ? GW_Q_OK
-                           : sq_err_http_status(q->err) == 503 ? GW_Q_DROPPED
-                                                               : GW_Q_FAILED;
+    gw_query_outcome_t o = gw_query_outcome(&q->fate);
     gw_pipeline_outcome(q->p, o);
     gw_metrics_pipeline_query(q->base.srv->metrics, q->p->name,
                               o == GW_Q_OK        ? "ok"
@@ -491,7 +472,7 @@ static json_t *frame_json(const gw_query_t *q, int f)
     json_t *fr = json_pack("{s:i, s:i}", "width", q->frame_w[f], "height", q->frame_h[f]);
     for (int r = 0; r < q->nroots; r++) {
         const qnode_t *n = q->roots[f * q->nroots + r];
-        json_object_set_new(fr, q->p->stages[n->stage].id, node_json(q, n));
+        json_object_set_new(fr, q->p->stages[n->stage].id, gw_query_node_json(q->p, q->models, n));
     }
     return fr;
 }
@@ -502,8 +483,8 @@ static void query_respond(gw_async_t *a, h2o_req_t *hreq)
     int64_t now = sq_now_us();
     query_count(q, now);
     query_headers(q, hreq);
-    if (atomic_load(&q->failed)) {
-        gw_send_error(hreq, q->err, q->err_detail);
+    if (atomic_load(&q->fate.failed)) {
+        gw_send_error(hreq, q->fate.err, q->fate.detail);
         return;
     }
     json_t *frames = json_array();
@@ -560,11 +541,11 @@ static void query_reject(gw_query_t *q, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 static void query_reject(gw_query_t *q, int err, const char *fmt, ...)
 {
-    atomic_store(&q->failed, 1);
-    q->err = err;
+    atomic_store(&q->fate.failed, 1);
+    q->fate.err = err;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(q->err_detail, sizeof(q->err_detail), fmt, ap);
+    vsnprintf(q->fate.detail, sizeof(q->fate.detail), fmt, ap);
     va_end(ap);
     gw_async_done(&q->base);
 }
@@ -616,6 +597,15 @@ static int resolve_stages(gw_server_t *srv, gw_query_t *q, char *why, size_t len
     return 0;
 }
 
+int gw_query_roots(const gw_pipeline_t *p, int *root_stage)
+{
+    int n = 0;
+    for (int i = 0; i < p->nstages; i++)
+        if (p->stages[i].parent < 0)
+            root_stage[n++] = i;
+    return n;
+}
+
 /* Starts the query on its frames (JPEG bytes that stay valid until it is
  * answered). */
 static void query_start(gw_query_t *q, const gw_part_t *frames, int nframes)
@@ -623,9 +613,7 @@ static void query_start(gw_query_t *q, const gw_part_t *frames, int nframes)
     gw_server_t *srv = q->base.srv;
     const gw_pipeline_t *p = q->p;
     q->nframes = nframes;
-    for (int i = 0; i < p->nstages; i++)
-        if (p->stages[i].parent < 0)
-            q->root_stage[q->nroots++] = i;
+    q->nroots = gw_query_roots(p, q->root_stage);
     q->frame_w = sq_xcalloc((size_t)nframes, sizeof(int));
     q->frame_h = sq_xcalloc((size_t)nframes, sizeof(int));
     q->roots = sq_xcalloc((size_t)(nframes * q->nroots), sizeof(qnode_t *));
@@ -686,24 +674,30 @@ static gw_query_t *query_new(gw_call_t *call)
     return q;
 }
 
+double gw_query_split(gw_pipeline_t *p, double slo_ms, double max_ms, double *cum_ms,
+                      double *budget_ms)
+{
+    double slo = slo_ms > 0 ? slo_ms : p->slo_ms;
+    if (slo > max_ms)
+        slo = max_ms;
+    /* The split is the pipeline's; a query asking for another SLO gets the
+     * same shares of its own. */
+    gw_pipeline_deadlines(p, cum_ms);
+    double scale = slo / p->slo_ms;
+    for (int i = 0; i < p->nstages; i++) {
+        cum_ms[i] *= scale;
+        int par = p->stages[i].parent;
+        budget_ms[i] = cum_ms[i] - (par >= 0 ? cum_ms[par] : 0);
+    }
+    return slo;
+}
+
 /* The SLO (slo_ms <= 0: the pipeline's), the deadlines and the stages'
  * models; 0, or -1 after rejecting. */
 static int query_setup(gw_query_t *q, double slo_ms)
 {
     gw_server_t *srv = q->base.srv;
-    const gw_pipeline_t *p = q->p;
-    q->slo_ms = slo_ms > 0 ? slo_ms : p->slo_ms;
-    if (q->slo_ms > srv->cfg->max_request_ms)
-        q->slo_ms = srv->cfg->max_request_ms;
-    /* The split is the pipeline's; a query asking for another SLO gets the
-     * same shares of its own. */
-    gw_pipeline_deadlines(q->p, q->cum_ms);
-    double scale = q->slo_ms / p->slo_ms;
-    for (int i = 0; i < p->nstages; i++) {
-        q->cum_ms[i] *= scale;
-        int par = p->stages[i].parent;
-        q->budget_ms[i] = q->cum_ms[i] - (par >= 0 ? q->cum_ms[par] : 0);
-    }
+    q->slo_ms = gw_query_split(q->p, slo_ms, srv->cfg->max_request_ms, q->cum_ms, q->budget_ms);
     char why[512];
     int rc = resolve_stages(srv, q, why, sizeof(why));
     if (rc != 0) {
@@ -811,8 +805,8 @@ static void query_respond_oip(gw_async_t *a, h2o_req_t *hreq)
     int64_t now = sq_now_us();
     query_count(q, now);
     query_headers(q, hreq);
-    if (atomic_load(&q->failed)) {
-        gw_send_error(hreq, q->err, q->err_detail);
+    if (atomic_load(&q->fate.failed)) {
+        gw_send_error(hreq, q->fate.err, q->fate.detail);
         return;
     }
     json_t *data = json_array();

@@ -123,6 +123,17 @@ typedef struct gw_http_app {
     void (*done)(gw_server_t *srv, h2o_req_t *req, const char *route, int64_t start_ns);
 } gw_http_app_t;
 
+/* The route table's lookup, as the HTTP loops do it for every request
+ * (exposed for tests/gateway/http/test_http.c; the gw__ prefix: internal).
+ * path is the normalized path; trailing slashes are not significant. The
+ * first route whose pattern matches path and whose method is method, with
+ * the segments its '*'s matched in call->args; else NULL, and allow holds
+ * the methods of the routes whose pattern matches ("GET, DELETE"; empty
+ * when none does: then it is a 404, else a 405 with Allow); a method that
+ * does not fit in allowlen is left out. */
+const gw_route_t *gw__route_find(const gw_http_app_t *app, h2o_iovec_t method, h2o_iovec_t path,
+                                 gw_call_t *call, char *allow, size_t allowlen);
+
 /* The admin token (token.c). */
 
 /* Reads it, or creates a random one (mode 0600) on first

@@ -289,6 +289,30 @@ static int match(const char *pattern, const char *path, size_t len, gw_call_t *c
     return *p == '\0' && s == end;
 }
 
+const gw_route_t *gw__route_find(const gw_http_app_t *app, h2o_iovec_t method, h2o_iovec_t path,
+                                 gw_call_t *call, char *allow, size_t allowlen)
+{
+    /* Trailing slashes are not significant ("/v2/" is "/v2"). */
+    while (path.len > 1 && path.base[path.len - 1] == '/')
+        path.len--;
+    allow[0] = '\0';
+    const gw_route_t *routes = app->routes;
+    for (size_t i = 0; i < app->nroutes; i++) {
+        if (!match(routes[i].pattern, path.base, path.len, call))
+            continue;
+        if (h2o_memis(method.base, method.len, routes[i].method, strlen(routes[i].method)))
+            return &routes[i];
+        /* ", " and the method, and the NUL, if they fit. */
+        size_t used = strlen(allow), mlen = strlen(routes[i].method);
+        if (strstr(allow, routes[i].method) == NULL && used + 2 + mlen < allowlen) {
+            if (allow[0] != '\0')
+                strcat(allow, ", ");
+            strcat(allow, routes[i].method);
+        }
+    }
+    return NULL;
+}
+
 typedef struct {
     gw_server_t *srv;
     h2o_req_t *req;
@@ -333,26 +357,13 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
         gw_send_error(req, SQ_HEADERS_TOO_LARGE, why);
         return 0;
     }
-    h2o_iovec_t path = req->path_normalized;
-    /* Trailing slashes are not significant ("/v2/" is "/v2"). */
-    while (path.len > 1 && path.base[path.len - 1] == '/')
-        path.len--;
-    char allow[64] = "";
-    const gw_route_t *routes = app->routes;
-    for (size_t i = 0; i < app->nroutes; i++) {
-        if (!match(routes[i].pattern, path.base, path.len, &call))
-            continue;
-        if (h2o_memis(req->method.base, req->method.len, routes[i].method,
-                      strlen(routes[i].method))) {
-            inflight->route = routes[i].name;
-            routes[i].fn(&call);
-            return 0;
-        }
-        if (strstr(allow, routes[i].method) == NULL && strlen(allow) + 8 < sizeof(allow)) {
-            if (allow[0] != '\0')
-                strcat(allow, ", ");
-            strcat(allow, routes[i].method);
-        }
+    char allow[64];
+    const gw_route_t *route =
+        gw__route_find(app, req->method, req->path_normalized, &call, allow, sizeof(allow));
+    if (route != NULL) {
+        inflight->route = route->name;
+        route->fn(&call);
+        return 0;
     }
     if (app->fallback != NULL) {
         inflight->route = app->fallback_name;

@@ -1,0 +1,448 @@
+/* gateway/api/query.c: a complex query's tree without a server: its root
+ * nodes (one per frame per root stage), its deadlines and budgets from the
+ * pipeline's split, crops placed in frame pixels, the answer nesting one
+ * node per detection under its parent, and the whole-query drop (the first
+ * failure wins and abandons the query; a 503 is a drop). */
+#include <criterion/criterion.h>
+#include <api_int.h>
+#include <sq.h>
+
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+#define CROPS "\"boxes\": \"b\", \"scores\": \"s\""
+
+static gw_pipeline_t *parse_ok(const char *txt)
+{
+    json_error_t je;
+    json_t *j = json_loads(txt, 0, &je);
+    cr_assert_not_null(j, "%s", je.text);
+    gw_pipeline_t *p = NULL;
+    char err[512];
+    int rc = gw_pipeline_parse(j, NULL, &p, err, sizeof(err));
+    json_decref(j);
+    cr_assert_eq(rc, 0, "%s", err);
+    return p;
+}
+
+/* A classifier with these classes (labels), from a modeldb record. */
+static gw_model_t *classifier(const char *name, int nclasses)
+{
+    json_t *labels = json_array();
+    static const char *names[] = {"cat", "dog", "owl", "fox"};
+    for (int i = 0; i < nclasses && i < 4; i++)
+        json_array_append_new(labels, json_string(names[i]));
+    json_t *rec = json_pack(
+        "{s:I, s:s, s:i, s:s, s:s, s:s, s:{s:s, s:s, s:[i, i, i, i]}, s:[{s:s, s:s, s:[i, i]}],"
+        " s:f, s:i, s:o}",
+        "id", (json_int_t)1, "name", name, "version", 1, "sha256", "00", "format", "emulated",
+        "status", "ready", "input", "name", "x", "datatype", "FP32", "shape", -1, 3, 64, 64,
+        "outputs", "name", "y", "datatype", "FP32", "shape", -1, nclasses, "default_slo_ms", 100.0,
+        "max_batch", 8, "labels", labels);
+    cr_assert_not_null(rec);
+    gw_model_t *m = gw_model_from_record(rec);
+    json_decref(rec);
+    return m;
+}
+
+/* ---- roots ---------------------------------------------------------------- */
+
+Test(query, roots_are_the_stages_on_the_image_in_stage_order)
+{
+    gw_pipeline_t *p = parse_ok(
+        "{\"name\": \"f\", \"slo_ms\": 300, \"stages\": ["
+        "{\"id\": \"cls\", \"model\": \"c\", \"crops_of\": {\"stage\": \"det\", " CROPS "}},"
+        "{\"id\": \"det\", \"model\": \"d\"},"
+        "{\"id\": \"scene\", \"model\": \"s\"}]}");
+    int roots[GW_PIPE_MAX_STAGES];
+    cr_assert_eq(gw_query_roots(p, roots), 2);
+    cr_assert_eq(roots[0], 1, "det");
+    cr_assert_eq(roots[1], 2, "scene");
+    gw_pipeline_unref(p);
+
+    p = parse_ok("{\"name\": \"one\", \"slo_ms\": 50, \"stages\": [{\"id\": \"a\", \"model\": "
+                 "\"m\"}]}");
+    cr_assert_eq(gw_query_roots(p, roots), 1);
+    cr_assert_eq(roots[0], 0);
+    gw_pipeline_unref(p);
+}
+
+/* ---- deadlines from the split ---------------------------------------------- */
+
+Test(query, a_query_at_the_pipelines_slo_has_its_split)
+{
+    gw_pipeline_t *p = parse_ok(
+        "{\"name\": \"f\", \"slo_ms\": 300, \"stages\": [{\"id\": \"det\", \"model\": \"d\"},"
+        "{\"id\": \"cls\", \"model\": \"c\", \"crops_of\": {\"stage\": \"det\", " CROPS "}}]}");
+    double cum[GW_PIPE_MAX_STAGES], budget[GW_PIPE_MAX_STAGES];
+    cr_assert_float_eq(gw_query_split(p, -1, 60000, cum, budget), 300, 1e-9,
+                       "no SLO asked: the pipeline's");
+    /* The even split: the detector's deadline at 150 ms, the classifier's
+     * at 300; 150 ms each. */
+    cr_assert_float_eq(cum[0], 150, 1e-9);
+    cr_assert_float_eq(cum[1], 300, 1e-9);
+    cr_assert_float_eq(budget[0], 150, 1e-9);
+    cr_assert_float_eq(budget[1], 150, 1e-9);
+    cr_assert_float_eq(gw_query_split(p, 0, 60000, cum, budget), 300, 1e-9, "0: none asked");
+    gw_pipeline_unref(p);
+}
+
+Test(query, a_query_asking_another_slo_gets_the_same_shares_of_it)
+{
+    gw_pipeline_t *p = parse_ok(
+        "{\"name\": \"f\", \"slo_ms\": 300, \"stages\": [{\"id\": \"det\", \"model\": \"d\"},"
+        "{\"id\": \"cls\", \"model\": \"c\", \"crops_of\": {\"stage\": \"det\", " CROPS "}}]}");
+    /* A DP split that gave the detector a third. */
+    pthread_mutex_lock(&p->mu);
+    p->cum_ms[0] = 100;
+    p->cum_ms[1] = 300;
+    p->budget_ms[0] = 100;
+    p->budget_ms[1] = 200;
+    pthread_mutex_unlock(&p->mu);
+    double cum[GW_PIPE_MAX_STAGES], budget[GW_PIPE_MAX_STAGES];
+    cr_assert_float_eq(gw_query_split(p, 600, 60000, cum, budget), 600, 1e-9);
+    cr_assert_float_eq(cum[0], 200, 1e-9);
+    cr_assert_float_eq(cum[1], 600, 1e-9);
+    cr_assert_float_eq(budget[0], 200, 1e-9);
+    cr_assert_float_eq(budget[1], 400, 1e-9);
+    cr_assert_float_eq(gw_query_split(p, 30, 60000, cum, budget), 30, 1e-9);
+    cr_assert_float_eq(cum[0], 10, 1e-9);
+    cr_assert_float_eq(budget[1], 20, 1e-9);
+    /* The pipeline's own split is untouched. */
+    cr_assert_float_eq(p->cum_ms[0], 100, 1e-9);
+    cr_assert_float_eq(p->cum_ms[1], 300, 1e-9);
+    gw_pipeline_unref(p);
+}
+
+Test(query, the_slo_is_capped_at_the_longest_a_request_may_take)
+{
+    gw_pipeline_t *p = parse_ok(
+        "{\"name\": \"f\", \"slo_ms\": 300, \"stages\": [{\"id\": \"det\", \"model\": \"d\"},"
+        "{\"id\": \"cls\", \"model\": \"c\", \"crops_of\": {\"stage\": \"det\", " CROPS "}}]}");
+    double cum[GW_PIPE_MAX_STAGES], budget[GW_PIPE_MAX_STAGES];
+    cr_assert_float_eq(gw_query_split(p, 10000, 1000, cum, budget), 1000, 1e-9);
+    cr_assert_float_eq(cum[1], 1000, 1e-9, "the last deadline is the capped SLO");
+    cr_assert_float_eq(cum[0], 500, 1e-9);
+    /* The pipeline's own SLO is capped too. */
+    cr_assert_float_eq(gw_query_split(p, -1, 200, cum, budget), 200, 1e-9);
+    cr_assert_float_eq(cum[1], 200, 1e-9);
+    gw_pipeline_unref(p);
+}
+
+/* A deeper tree: det -> face -> eyes, det -> car, and a root scene
+ * classifier beside the detector. Every path fits the SLO, and a budget is
+ * its stage's deadline less its parent's. */
+Test(query, every_stage_budget_is_its_deadline_less_its_parents)
+{
+    gw_pipeline_t *p = parse_ok(
+        "{\"name\": \"f\", \"slo_ms\": 300, \"stages\": ["
+        "{\"id\": \"det\", \"model\": \"d\"},"
+        "{\"id\": \"face\", \"model\": \"c\", \"crops_of\": {\"stage\": \"det\", " CROPS "}},"
+        "{\"id\": \"eyes\", \"model\": \"c\", \"crops_of\": {\"stage\": \"face\", " CROPS "}},"
+        "{\"id\": \"car\", \"model\": \"c\", \"crops_of\": {\"stage\": \"det\", " CROPS "}},"
+        "{\"id\": \"scene\", \"model\": \"s\"}]}");
+    double cum[GW_PIPE_MAX_STAGES], budget[GW_PIPE_MAX_STAGES];
+    gw_query_split(p, 600, 60000, cum, budget);
+    /* The even split over three levels, scaled to 600: 200 ms a level. */
+    double want_cum[] = {200, 400, 600, 400, 200};
+    for (int i = 0; i < p->nstages; i++) {
+        cr_assert_float_eq(cum[i], want_cum[i], 1e-9, "stage %s", p->stages[i].id);
+        cr_assert_float_eq(budget[i], 200, 1e-9, "stage %s", p->stages[i].id);
+    }
+    /* An uneven split: each budget follows its own parent's deadline. */
+    pthread_mutex_lock(&p->mu);
+    double dp[] = {50, 200, 300, 250, 120};
+    memcpy(p->cum_ms, dp, sizeof(dp));
+    pthread_mutex_unlock(&p->mu);
+    gw_query_split(p, 300, 60000, cum, budget);
+    cr_assert_float_eq(budget[0], 50, 1e-9);
+    cr_assert_float_eq(budget[1], 150, 1e-9, "face: 200 - det's 50");
+    cr_assert_float_eq(budget[2], 100, 1e-9, "eyes: 300 - face's 200");
+    cr_assert_float_eq(budget[3], 200, 1e-9, "car: 250 - det's 50");
+    cr_assert_float_eq(budget[4], 120, 1e-9, "scene: a root, from arrival");
+    gw_pipeline_unref(p);
+}
+
+/* ---- crops in frame pixels -------------------------------------------------- */
+
+Test(query, a_crop_of_a_crop_is_placed_in_frame_pixels)
+{
+    gw_qnode_t root, face, eye;
+    memset(&root, 0, sizeof(root));
+    memset(&face, 0, sizeof(face));
+    memset(&eye, 0, sizeof(eye));
+    /* The detector saw a face at (10, 20)-(50, 80) of the frame; its crop,
+     * padded, is the frame's (5, 15) 50x70. */
+    gw_detection_t d = {.x0 = 10, .y0 = 20, .x1 = 50, .y1 = 80, .score = 0.9f, .index = 3};
+    gw_query_place_crop(&root, &d, (gw_rect_t){5, 15, 50, 70}, &face);
+    cr_assert_float_eq(face.det.x0, 10, 1e-6);
+    cr_assert_float_eq(face.det.y1, 80, 1e-6);
+    cr_assert_float_eq(face.det.score, 0.9f, 1e-6);
+    cr_assert_eq(face.det.index, 3);
+    cr_assert_eq(face.rect_x, 5);
+    cr_assert_eq(face.rect_y, 15);
+    /* In the face's crop, an eye at (3, 4)-(13, 24); its crop at (2, 3). */
+    gw_detection_t e = {.x0 = 3, .y0 = 4, .x1 = 13, .y1 = 24, .score = 0.5f, .index = 0};
+    gw_query_place_crop(&face, &e, (gw_rect_t){2, 3, 12, 22}, &eye);
+    cr_assert_float_eq(eye.det.x0, 8, 1e-6, "3 + the face crop's 5");
+    cr_assert_float_eq(eye.det.y0, 19, 1e-6, "4 + 15");
+    cr_assert_float_eq(eye.det.x1, 18, 1e-6);
+    cr_assert_float_eq(eye.det.y1, 39, 1e-6);
+    cr_assert_float_eq(eye.det.score, 0.5f, 1e-6);
+    cr_assert_eq(eye.rect_x, 7);
+    cr_assert_eq(eye.rect_y, 18);
+    /* The parent's detection is left as it was. */
+    cr_assert_float_eq(e.x0, 3, 1e-6);
+}
+
+/* ---- the answer ------------------------------------------------------------- */
+
+/* A node of stage with its output row (owned by the test). */
+static gw_qnode_t *node(int stage, const float *row)
+{
+    gw_qnode_t *n = sq_xcalloc(1, sizeof(*n));
+    n->stage = stage;
+    n->row = (float *)row;
+    return n;
+}
+
+static void adopt(gw_qnode_t *parent, int k, gw_qnode_t **kids, int n)
+{
+    parent->kids[k] = kids;
+    parent->nkids[k] = n;
+}
+
+static void assert_prediction(json_t *preds, size_t i, int index, const char *label)
+{
+    json_t *pr = json_array_get(preds, i);
+    cr_assert_not_null(pr, "prediction %zu", i);
+    cr_assert_eq(json_integer_value(json_object_get(pr, "index")), index, "prediction %zu", i);
+    cr_assert_str_eq(json_string_value(json_object_get(pr, "label")), label);
+}
+
+static void assert_box(json_t *d, double x0, double y0, double x1, double y1, double score)
+{
+    json_t *box = json_object_get(d, "box");
+    cr_assert_eq(json_array_size(box), 4);
+    double want[4] = {x0, y0, x1, y1};
+    for (size_t i = 0; i < 4; i++)
+        cr_assert_float_eq(json_number_value(json_array_get(box, i)), want[i], 1e-6, "box[%zu]", i);
+    cr_assert_float_eq(json_number_value(json_object_get(d, "score")), score, 1e-6);
+}
+
+Test(query, a_stage_without_crop_children_answers_its_top_k)
+{
+    gw_pipeline_t *p = parse_ok("{\"name\": \"one\", \"slo_ms\": 50, \"stages\": [{\"id\": "
+                                "\"cls\", \"model\": \"c\", \"top_k\": 2}]}");
+    gw_model_t *models[GW_PIPE_MAX_STAGES] = {classifier("c", 4)};
+    const float row[4] = {0.1f, 3.0f, 0.2f, 2.0f};
+    gw_qnode_t *n = node(0, row);
+    json_t *o = gw_query_node_json(p, models, n);
+    cr_assert_eq(json_object_size(o), 1);
+    json_t *preds = json_object_get(o, "predictions");
+    cr_assert_eq(json_array_size(preds), 2, "top_k 2");
+    assert_prediction(preds, 0, 1, "dog");
+    assert_prediction(preds, 1, 3, "fox");
+    json_decref(o);
+    free(n);
+    gw_model_unref(models[0]);
+    gw_pipeline_unref(p);
+}
+
+/* det -> cls (top_k 1) and det -> age: one node per detection per child
+ * stage, in detection order, each with its box and score. */
+Test(query, each_detection_answers_one_node_per_child_stage_under_its_parent)
+{
+    gw_pipeline_t *p = parse_ok(
+        "{\"name\": \"f\", \"slo_ms\": 300, \"stages\": [{\"id\": \"det\", \"model\": \"d\"},"
+        "{\"id\": \"cls\", \"model\": \"c\", \"top_k\": 1, \"crops_of\": {\"stage\": "
+        "\"det\", " CROPS "}},"
+        "{\"id\": \"age\", \"model\": \"a\", \"top_k\": 2, \"crops_of\": {\"stage\": "
+        "\"det\", " CROPS "}}]}");
+    gw_model_t *models[GW_PIPE_MAX_STAGES] = {classifier("d", 2), classifier("c", 3),
+                                              classifier("a", 2)};
+    const float det_row[2] = {0, 0}, cat[3] = {5, 0, 0}, owl[3] = {0, 0, 5}, young[2] = {1, 0};
+    gw_qnode_t *root = node(0, det_row);
+    gw_qnode_t *c0 = node(1, cat), *c1 = node(1, owl), *a0 = node(2, young), *a1 = node(2, young);
+    gw_detection_t d0 = {.x0 = 1, .y0 = 2, .x1 = 3, .y1 = 4, .score = 0.75f};
+    gw_detection_t d1 = {.x0 = 10, .y0 = 20, .x1 = 30, .y1 = 40, .score = 0.5f};
+    c0->det = a0->det = d0;
+    c1->det = a1->det = d1;
+    gw_qnode_t *cls_kids[] = {c0, c1}, *age_kids[] = {a0, a1};
+    adopt(root, 0, cls_kids, 2);
+    adopt(root, 1, age_kids, 2);
+
+    json_t *o = gw_query_node_json(p, models, root);
+    cr_assert_eq(json_object_size(o), 2, "one key per child stage, no predictions of its own");
+    cr_assert_null(json_object_get(o, "predictions"));
+    json_t *cls = json_object_get(o, "cls");
+    cr_assert_eq(json_array_size(cls), 2);
+    assert_box(json_array_get(cls, 0), 1, 2, 3, 4, 0.75);
+    assert_box(json_array_get(cls, 1), 10, 20, 30, 40, 0.5);
+    json_t *p0 = json_object_get(json_array_get(cls, 0), "predictions");
+    cr_assert_eq(json_array_size(p0), 1);
+    assert_prediction(p0, 0, 0, "cat");
+    assert_prediction(json_object_get(json_array_get(cls, 1), "predictions"), 0, 2, "owl");
+    json_t *age = json_object_get(o, "age");
+    cr_assert_eq(json_array_size(age), 2);
+    cr_assert_eq(json_array_size(json_object_get(json_array_get(age, 1), "predictions")), 2);
+    assert_box(json_array_get(age, 1), 10, 20, 30, 40, 0.5);
+    json_decref(o);
+    free(root);
+    free(c0);
+    free(c1);
+    free(a0);
+    free(a1);
+    for (int i = 0; i < 3; i++)
+        gw_model_unref(models[i]);
+    gw_pipeline_unref(p);
+}
+
+Test(query, a_node_without_detections_answers_an_empty_list_per_child_stage)
+{
+    gw_pipeline_t *p = parse_ok(
+        "{\"name\": \"f\", \"slo_ms\": 300, \"stages\": [{\"id\": \"det\", \"model\": \"d\"},"
+        "{\"id\": \"cls\", \"model\": \"c\", \"crops_of\": {\"stage\": \"det\", " CROPS "}}]}");
+    gw_model_t *models[GW_PIPE_MAX_STAGES] = {classifier("d", 2), classifier("c", 3)};
+    const float row[2] = {0, 0};
+    gw_qnode_t *root = node(0, row);
+    json_t *o = gw_query_node_json(p, models, root);
+    json_t *cls = json_object_get(o, "cls");
+    cr_assert(json_is_array(cls));
+    cr_assert_eq(json_array_size(cls), 0);
+    json_decref(o);
+    free(root);
+    gw_model_unref(models[0]);
+    gw_model_unref(models[1]);
+    gw_pipeline_unref(p);
+}
+
+/* det -> face -> eyes: a crop of a crop nests under its parent's node. */
+Test(query, a_crop_of_a_crop_nests_under_its_parents_node)
+{
+    gw_pipeline_t *p = parse_ok(
+        "{\"name\": \"f\", \"slo_ms\": 300, \"stages\": ["
+        "{\"id\": \"det\", \"model\": \"d\"},"
+        "{\"id\": \"face\", \"model\": \"f\", \"crops_of\": {\"stage\": \"det\", " CROPS "}},"
+        "{\"id\": \"eyes\", \"model\": \"e\", \"top_k\": 1, \"crops_of\": {\"stage\": "
+        "\"face\", " CROPS "}}]}");
+    gw_model_t *models[GW_PIPE_MAX_STAGES] = {classifier("d", 2), classifier("f", 2),
+                                              classifier("e", 2)};
+    const float row[2] = {0, 1};
+    gw_qnode_t *root = node(0, row), *face = node(1, row), *e0 = node(2, row), *e1 = node(2, row);
+    gw_qnode_t *faces[] = {face}, *eyes[] = {e0, e1};
+    adopt(root, 0, faces, 1);
+    adopt(face, 0, eyes, 2);
+    gw_query_place_crop(root, &(gw_detection_t){.x0 = 10, .y0 = 10, .x1 = 40, .y1 = 40},
+                        (gw_rect_t){10, 10, 30, 30}, face);
+    gw_query_place_crop(face, &(gw_detection_t){.x0 = 1, .y0 = 2, .x1 = 5, .y1 = 6},
+                        (gw_rect_t){1, 2, 4, 4}, e0);
+    gw_query_place_crop(face, &(gw_detection_t){.x0 = 20, .y0 = 2, .x1 = 25, .y1 = 6},
+                        (gw_rect_t){20, 2, 5, 4}, e1);
+    json_t *o = gw_query_node_json(p, models, root);
+    json_t *f0 = json_array_get(json_object_get(o, "face"), 0);
+    cr_assert_not_null(f0);
+    assert_box(f0, 10, 10, 40, 40, 0);
+    cr_assert_null(json_object_get(f0, "predictions"), "a face has crop children: no top-k");
+    json_t *es = json_object_get(f0, "eyes");
+    cr_assert_eq(json_array_size(es), 2);
+    assert_box(json_array_get(es, 0), 11, 12, 15, 16, 0);
+    assert_box(json_array_get(es, 1), 30, 12, 35, 16, 0);
+    assert_prediction(json_object_get(json_array_get(es, 1), "predictions"), 0, 1, "dog");
+    json_decref(o);
+    free(root);
+    free(face);
+    free(e0);
+    free(e1);
+    for (int i = 0; i < 3; i++)
+        gw_model_unref(models[i]);
+    gw_pipeline_unref(p);
+}
+
+/* ---- the whole-query drop ---------------------------------------------------- */
+
+Test(query, the_first_failure_is_the_answer_and_abandons_the_query)
+{
+    gw_query_fate_t f;
+    memset(&f, 0, sizeof(f));
+    cr_assert_eq(gw_query_outcome(&f), GW_Q_OK);
+    cr_assert_not(atomic_load(&f.abandoned));
+    gw_query_fate_fail(&f, SQ_DEADLINE, "stage %s: %s", "cls", "too late");
+    cr_assert(atomic_load(&f.abandoned), "its queued items are not run");
+    cr_assert(atomic_load(&f.failed));
+    cr_assert_eq(f.err, SQ_DEADLINE);
+    cr_assert_str_eq(f.detail, "stage cls: too late");
+    /* A later failure (another node of the same query) changes nothing. */
+    gw_query_fate_fail(&f, SQ_BAD_IMAGE, "stage det: %s", "not a JPEG");
+    cr_assert_eq(f.err, SQ_DEADLINE);
+    cr_assert_str_eq(f.detail, "stage cls: too late");
+    cr_assert(atomic_load(&f.abandoned));
+    cr_assert_eq(gw_query_outcome(&f), GW_Q_DROPPED);
+}
+
+Test(query, a_503_failure_is_a_drop_and_any_other_an_error)
+{
+    const int dropped[] = {SQ_DEADLINE, SQ_OVERLOAD, SQ_NO_WORKER, SQ_WORKER_LOST,
+                           SQ_SHUTTING_DOWN};
+    for (size_t i = 0; i < sizeof(dropped) / sizeof(dropped[0]); i++) {
+        gw_query_fate_t f;
+        memset(&f, 0, sizeof(f));
+        gw_query_fate_fail(&f, dropped[i], "x");
+        cr_assert_eq(gw_query_outcome(&f), GW_Q_DROPPED, "%s", sq_err_name(dropped[i]));
+    }
+    const int failed[] = {SQ_BAD_IMAGE, SQ_MODEL_FAILED, SQ_BAD_CONFIG, SQ_MODEL_NOT_FOUND};
+    for (size_t i = 0; i < sizeof(failed) / sizeof(failed[0]); i++) {
+        gw_query_fate_t f;
+        memset(&f, 0, sizeof(f));
+        gw_query_fate_fail(&f, failed[i], "x");
+        cr_assert_eq(gw_query_outcome(&f), GW_Q_FAILED, "%s", sq_err_name(failed[i]));
+    }
+}
+
+Test(query, a_long_failure_detail_is_cut_to_fit)
+{
+    gw_query_fate_t f;
+    memset(&f, 0, sizeof(f));
+    char longer[600];
+    memset(longer, 'x', sizeof(longer) - 1);
+    longer[sizeof(longer) - 1] = '\0';
+    gw_query_fate_fail(&f, SQ_BAD_IMAGE, "%s", longer);
+    cr_assert_eq(strlen(f.detail), sizeof(f.detail) - 1);
+}
+
+/* Nodes of one query fail on several threads at once: one failure wins,
+ * whole (its error with its own detail). */
+typedef struct {
+    gw_query_fate_t *f;
+    int rc;
+} racer_t;
+
+static void *race(void *arg)
+{
+    racer_t *r = arg;
+    for (int i = 0; i < 100; i++)
+        gw_query_fate_fail(r->f, r->rc, "error %d", r->rc);
+    return NULL;
+}
+
+Test(query, failures_racing_on_threads_keep_one_whole_answer)
+{
+    for (int round = 0; round < 20; round++) {
+        gw_query_fate_t f;
+        memset(&f, 0, sizeof(f));
+        const int codes[] = {SQ_DEADLINE, SQ_BAD_IMAGE, SQ_OVERLOAD, SQ_MODEL_FAILED};
+        pthread_t t[4];
+        racer_t r[4];
+        for (int i = 0; i < 4; i++) {
+            r[i] = (racer_t){&f, codes[i]};
+            cr_assert_eq(pthread_create(&t[i], NULL, race, &r[i]), 0);
+        }
+        for (int i = 0; i < 4; i++)
+            pthread_join(t[i], NULL);
+        char want[32];
+        snprintf(want, sizeof(want), "error %d", f.err);
+        cr_assert_str_eq(f.detail, want, "the detail is the winning error's");
+        cr_assert(atomic_load(&f.abandoned));
+    }
+}
