@@ -666,7 +666,7 @@ out:
 }
 
 const wk_backend_ops_t wk_backend_cpu = {
-    .name = "cpu",
+    .kind = SQ_DEV_CPU,
     .prepare = cpu_prepare,
     .input_buffer = cpu_input_buffer,
     .run = cpu_run,

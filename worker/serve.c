@@ -353,7 +353,7 @@ static int load_group(const job_t *j, const wk_plan_opts_t *opts, wk_group_t **o
     int n = (int)spec->n_members, rc = 0;
     mdb_graph_t *graphs[SQ_MAX_GROUP_MEMBERS] = {0};
     const char *cuts[SQ_MAX_GROUP_MEMBERS];
-    if (opts->backend == WK_BACKEND_EMU) {
+    if (opts->backend == SQ_DEV_EMU) {
         snprintf(why, (size_t)why_size, "prefix groups run on cpu and cuda devices");
         return SQ_INVAL;
     }
@@ -371,11 +371,11 @@ static int load_group(const job_t *j, const wk_plan_opts_t *opts, wk_group_t **o
     return rc;
 }
 
-static wk_backend_kind_t backend_of(const wk_device_t *dev)
+static sq_dev_kind_t backend_of(const wk_device_t *dev)
 {
-    return dev->kind == WK_DEV_CUDA  ? WK_BACKEND_CUDA
-           : dev->kind == WK_DEV_EMU ? WK_BACKEND_EMU
-                                     : WK_BACKEND_CPU;
+    return dev->kind == SQ_DEV_CUDA  ? SQ_DEV_CUDA
+           : dev->kind == SQ_DEV_EMU ? SQ_DEV_EMU
+                                     : SQ_DEV_CPU;
 }
 
 static void reply_loaded(server_t *s, uint64_t key, const model_t *m)
@@ -488,7 +488,7 @@ static void build_model(server_t *s, job_t *j)
     int rc;
     if (spec->format == SQ_FORMAT_GROUP) {
         rc = load_group(j, &opts, &group, why, sizeof(why));
-    } else if (opts.backend == WK_BACKEND_EMU) {
+    } else if (opts.backend == SQ_DEV_EMU) {
         /* An emulated device holds any model, real or not, for its profiled
          * l(b): the item shape and output size come with the spec. */
         if (spec->n_latency < spec->max_batch) {
@@ -588,7 +588,7 @@ static void do_install(server_t *s, job_t *j)
     s->models = m;
     SQ_INFO("model loaded key=%llu sha256=%.12s backend=%s max_batch=%d memory_mb=%llu "
             "members=%u import_ms=%lld load_ms=%lld",
-            (unsigned long long)j->id, spec->sha256, wk_backend_name(backend_of(&s->o.dev)),
+            (unsigned long long)j->id, spec->sha256, sq_dev_kind_name(backend_of(&s->o.dev)),
             model_max_batch(m), (unsigned long long)(model_memory(m) >> 20), spec->n_members,
             (long long)j->import_ms, (long long)j->load_ms);
 }

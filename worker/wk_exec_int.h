@@ -199,7 +199,7 @@ struct wk_plan {
  * `i` as plain FP32 for the next run; run() executes `batch` and writes each
  * output as plain FP32 to outputs[i]; release() frees the backend state. */
 typedef struct wk_backend_ops {
-    const char *name;
+    sq_dev_kind_t kind; /* the devices it runs on */
     int (*prepare)(wk_plan_t *plan);
     float *(*input_buffer)(wk_plan_t *plan, int index);
     int (*run)(wk_plan_t *plan, int batch, float *const *outputs);
