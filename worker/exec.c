@@ -83,11 +83,12 @@ int wk_plan_from_graph(wk_graph_t *g, const wk_plan_opts_t *opts, wk_plan_t **ou
         return rc;
     }
     wk_graph_fuse(g);
-    /* cpu with Winograd from some batch size up: the sizes below get a
-     * plan of their own, whose layouts suit them (googlenet at batch 1:
-     * 18 ms instead of 28 in the layouts Winograd wants). */
+    /* A backend that would run larger batches otherwise (cpu: Winograd
+     * from some batch size up) gives the sizes below a plan of their own,
+     * whose layouts suit them (googlenet at batch 1: 18 ms instead of 28 in
+     * the layouts Winograd wants). */
     wk_plan_t *small = NULL;
-    int split = opts->backend == SQ_DEV_CPU ? wk__cpu_split_batch(g) : 0;
+    int split = ops->split_batch != NULL ? ops->split_batch(g) : 0;
     if (split > 1) {
         wk_plan_opts_t so = *opts;
         so.max_batch = split - 1;
