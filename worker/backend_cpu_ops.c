@@ -1048,14 +1048,22 @@ static void run_slice(const wk_step_t *s, const wk_value_t *x, const wk_value_t 
 /* One entry per kernel kind (wk_kernel_t, names in wk_kernel_names). A new
  * kind fails the asserts until it has its entry here. */
 const wk_cpu_op_t wk__cpu_ops[] = {
-    [WK_K_CONV] = {build_conv, NULL},        [WK_K_MAXPOOL] = {build_pool, NULL},
-    [WK_K_AVGPOOL] = {build_pool, NULL},     [WK_K_GLOBALAVG] = {build_pool, NULL},
-    [WK_K_ELTWISE] = {build_eltwise, NULL},  [WK_K_BINARY] = {build_binary, NULL},
-    [WK_K_BATCHNORM] = {build_binary, NULL}, [WK_K_CONCAT] = {build_concat, NULL},
-    [WK_K_SOFTMAX] = {build_softmax, NULL},  [WK_K_GEMM] = {build_gemm, NULL},
-    [WK_K_MATMUL] = {build_matmul, NULL},    [WK_K_REDUCE_MEAN] = {build_reduce, NULL},
-    [WK_K_COPY] = {build_copy, NULL},        [WK_K_TRANSPOSE] = {build_transpose, NULL},
-    [WK_K_PAD] = {build_c_kernel, run_pad},  [WK_K_SLICE] = {build_c_kernel, run_slice},
+    [WK_K_CONV] = {.build = build_conv},
+    [WK_K_MAXPOOL] = {.build = build_pool},
+    [WK_K_AVGPOOL] = {.build = build_pool},
+    [WK_K_GLOBALAVG] = {.build = build_pool},
+    [WK_K_ELTWISE] = {.build = build_eltwise},
+    [WK_K_BINARY] = {.build = build_binary},
+    [WK_K_BATCHNORM] = {.build = build_binary},
+    [WK_K_CONCAT] = {.build = build_concat},
+    [WK_K_SOFTMAX] = {.build = build_softmax},
+    [WK_K_GEMM] = {.build = build_gemm},
+    [WK_K_MATMUL] = {.build = build_matmul},
+    [WK_K_REDUCE_MEAN] = {.build = build_reduce},
+    [WK_K_COPY] = {.build = build_copy},
+    [WK_K_TRANSPOSE] = {.build = build_transpose},
+    [WK_K_PAD] = {.build = build_c_kernel, .run_c = run_pad},
+    [WK_K_SLICE] = {.build = build_c_kernel, .run_c = run_slice},
 };
 _Static_assert(sizeof(wk__cpu_ops) / sizeof(wk__cpu_ops[0]) == WK_K_COUNT_,
                "a kernel kind without a cpu op");
