@@ -184,6 +184,40 @@ Test(exec, conv_3x3_winograd_and_direct_sizes_of_one_plan)
                              .groups = 1});
 }
 
+/* The backend vtable's optional split_batch: the cpu backend, which runs
+ * that conv with Winograd from batch 4 up, gives batches 1..3 a plan of
+ * their own; the emulated backend has no such hook. */
+Test(exec, a_backend_split_batch_gives_small_batches_a_plan_of_their_own)
+{
+    conv_geom_t g = {.n = 8,
+                     .c = 16,
+                     .h = 14,
+                     .w = 15,
+                     .oc = 32,
+                     .kh = 3,
+                     .kw = 3,
+                     .sh = 1,
+                     .sw = 1,
+                     .dh = 1,
+                     .dw = 1,
+                     .pt = 1,
+                     .pl = 1,
+                     .pb = 1,
+                     .pr = 1,
+                     .groups = 1};
+    cr_assert_null(wk_backend_emu.split_batch);
+    cr_assert_not_null(wk_backend_cpu.split_batch);
+    float *w = rand_buf(g.oc * g.c * g.kh * g.kw);
+    wk_graph_t *gr = conv_graph(&g, w, NULL);
+    cr_assert_eq(wk_backend_cpu.split_batch(gr), 4);
+    wk_plan_t *p = make_plan(gr, SQ_DEV_CPU);
+    cr_assert_not_null(p->small);
+    cr_assert_eq(p->min_batch, 4);
+    cr_assert_eq(p->small->opts.max_batch, 3);
+    wk_plan_free(p);
+    free(w);
+}
+
 Test(exec, conv_grouped_dilated_asymmetric_pads)
 {
     check_conv((conv_geom_t){.n = 2,
