@@ -15,6 +15,8 @@ typedef struct {
     uint64_t memory_bytes;
 } wk_device_t;
 
+/* Exit status of a worker whose device cannot be used: the one squishd's
+ * supervisor falls back on (common/sq_device.h). */
 #define WK_EXIT_DEVICE_UNAVAILABLE SQ_EXIT_DEVICE_UNAVAILABLE
 
 /* sq_device_parse into a device not probed yet (memory_bytes 0). Returns 0
