@@ -184,7 +184,7 @@ int gw_parse_workers(gw_config_t *cfg, const char *spec, char *err, size_t errle
                 return SQ_BAD_CONFIG;
             }
         }
-        if (strcmp(tok, "cpu") != 0 && strcmp(tok, "cuda") != 0 && strcmp(tok, "emu") != 0) {
+        if (sq_dev_kind_parse(tok) < 0) {
             snprintf(err, errlen, "unknown worker kind '%s' (expected cpu, cuda or emu)", tok);
             return SQ_BAD_CONFIG;
         }

@@ -41,13 +41,13 @@ typedef struct gw_server {
     atomic_long inflight;       /* HTTP requests not yet answered */
     atomic_long infer_inflight; /* inference requests inside squishd (max_inflight) */
 
-    atomic_int kind_up[3]; /* workers up per device kind (gw_kind_t) */
+    atomic_int kind_up[SQ_DEV_KIND_COUNT]; /* workers up per device kind (sq_dev_kind_t) */
     /* Supervised workers per kind being restarted (or not yet past their
      * handshake): requests for their models wait for them (within their
      * deadlines) instead of being refused no_worker. */
-    atomic_int kind_coming[3];
-    _Atomic int64_t kind_back_at_us[3]; /* when the first of them should be up */
-    long long last_epoch;               /* the newest plan stored in the DB at start */
+    atomic_int kind_coming[SQ_DEV_KIND_COUNT];
+    _Atomic int64_t kind_back_at_us[SQ_DEV_KIND_COUNT]; /* when the first of them should be up */
+    long long last_epoch; /* the newest plan stored in the DB at start */
     /* That plan (its JSON and placements), read at start for the planner to
      * reapply once workers are up; planning.c takes them (then NULL). */
     json_t *restore_plan;

@@ -1,6 +1,8 @@
-/* Internals of the cpu backend, shared by backend_cpu.c (buffers, the two
- * planning phases, running) and backend_cpu_ops.c (one builder per kernel).
- * See backend_cpu.c for the design. */
+/* Internals of the cpu backend, in three layers, each calling only those
+ * below it: backend_cpu_buf.c (buffers and layouts), backend_cpu_ops.c (one
+ * builder per kernel kind, in the table wk__cpu_ops) and backend_cpu.c (the
+ * backend's vtable: the two planning phases, running). See backend_cpu.c
+ * for the design. */
 #ifndef BACKEND_CPU_INT_H
 #define BACKEND_CPU_INT_H
 
@@ -66,7 +68,7 @@ typedef struct {
     dnnl_memory_t *out_user; /* [n_outputs * (max_batch + 1)]: user-pointer outputs */
     dnnl_primitive_t *out_reorder;
     dnnl_memory_t *out_scratch; /* [n_outputs * (max_batch + 1)]: their scratchpads, or NULL */
-    /* Scratchpads are the plan's own (scratch_of in backend_cpu.c): every
+    /* Scratchpads are the plan's own (wk__cpu_scratch_of): every
      * primitive is created with sp_attr, and its scratchpad object points
      * into `scratch`, sized for the largest. */
     dnnl_primitive_attr_t sp_attr;
@@ -89,6 +91,8 @@ typedef struct {
         }                                                                                          \
     } while (0)
 
+/* ---- backend_cpu_buf.c: buffers and layouts ------------------------------ */
+
 void wk__cpu_plain_md(dnnl_memory_desc_t *md, int ndim, const int64_t *dims);
 
 /* The layout at batch b: the batch is the outermost dimension, so only
@@ -109,6 +113,10 @@ void *wk__cpu_buf_ptr(cpu_be_t *be, int id);
 dnnl_memory_t wk__cpu_mem_of(wk_plan_t *plan, int id, int batch);
 
 void wk__cpu_push_item(cpu_be_t *be, int batch, const cpu_item_t *it);
+
+/* The scratchpad memory object pd's primitive runs with (*out NULL: it
+ * needs none), pointing into the plan's one scratchpad. */
+dnnl_status_t wk__cpu_scratch_of(cpu_be_t *be, const_dnnl_primitive_desc_t pd, dnnl_memory_t *out);
 
 /* Creates the primitive of pd and queues it with args at batch (phase 2);
  * destroys pd in either phase. */
@@ -148,39 +156,25 @@ void wk__cpu_append_act(dnnl_post_ops_t po, wk_act_t a);
 
 dnnl_alg_kind_t wk__cpu_bin_alg(wk_binop_t op);
 
-int wk__cpu_do_conv(wk_plan_t *plan, int si, int batch);
+/* ---- backend_cpu_ops.c: the op builders ---------------------------------- */
 
-int wk__cpu_do_pool(wk_plan_t *plan, int si, int batch);
+/* What the backend does for one kernel kind. build runs in both planning
+ * phases for step si: phase 1 (at max batch) decides layouts and
+ * temporaries, phase 2 creates the primitive for `batch` and queues it.
+ * run_c, for kernels done in plain C over plain buffers (Pad, Slice; their
+ * queued item has no primitive), runs the step; NULL for the others. */
+typedef struct {
+    int (*build)(wk_plan_t *plan, int si, int batch);
+    void (*run_c)(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
+                  const float *src, float *dst);
+} wk_cpu_op_t;
 
-int wk__cpu_do_eltwise(wk_plan_t *plan, int si, int batch);
+/* Indexed by wk_kernel_t, WK_K_COUNT_ entries. */
+extern const wk_cpu_op_t wk__cpu_ops[];
 
-int wk__cpu_do_binary(wk_plan_t *plan, int si, int batch);
-
-int wk__cpu_do_concat(wk_plan_t *plan, int si, int batch);
-
-int wk__cpu_do_softmax(wk_plan_t *plan, int si, int batch);
-
-/* Gemm: Y = alpha * A' B' + beta * C, A' = A or A^T, B' = B or B^T. */
-int wk__cpu_do_gemm(wk_plan_t *plan, int si, int batch);
-
-/* MatMul with numpy semantics: batched, broadcast, 1-D operands promoted. */
-int wk__cpu_do_matmul(wk_plan_t *plan, int si, int batch);
-
-int wk__cpu_do_reduce(wk_plan_t *plan, int si, int batch);
-
-/* Reshape and friends: the input in plain order, written to the output's
- * bytes (a view of the output with the input's dims). */
-int wk__cpu_do_copy(wk_plan_t *plan, int si, int batch);
-
-int wk__cpu_do_transpose(wk_plan_t *plan, int si, int batch);
-
-/* Pad and Slice run as plain C over plain buffers. */
-int wk__cpu_do_c_kernel(wk_plan_t *plan, int si, int batch);
-
-void wk__cpu_run_pad(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
-                     const float *src, float *dst);
-
-void wk__cpu_run_slice(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
-                       const float *src, float *dst);
+/* The batch size from which the plan of g would run Winograd convs, so
+ * that smaller batches are better off in a plan of their own; 0 when none
+ * would (the backend's split_batch). */
+int wk__cpu_split_batch(const wk_graph_t *g);
 
 #endif

@@ -1,7 +1,9 @@
 /* The cpu backend's kernels: one builder per kernel kind. Each runs in
  * both planning phases: phase 1 (at max batch) decides layouts and
  * temporaries, phase 2 creates the primitive for one batch size and queues
- * it. Pad and Slice are plain C over plain buffers. */
+ * it. Pad and Slice are plain C over plain buffers. The builders stand on
+ * the buffers and layouts of backend_cpu_buf.c; the backend's vtable
+ * (backend_cpu.c) reaches them through wk__cpu_ops, indexed by kind. */
 #include "backend_cpu_int.h"
 
 #include <stdio.h>
@@ -64,8 +66,9 @@ static bool wino_eligible(const wk_step_t *s, const wk_value_t *y)
            y->dims[3] >= WINO_MIN_HW;
 }
 
-/* Whether the pd just made (st, *p) exists and is not the reference
- * kernel; p by address, since arguments are evaluated in no set order. */
+/* The batch size from which the plan of g would run Winograd convs, so
+ * that smaller batches are better off in a plan of their own (the
+ * backend's split_batch); 0 when none would. */
 int wk__cpu_split_batch(const wk_graph_t *g)
 {
     if (g->max_batch < WINO_MIN_BATCH)
@@ -79,6 +82,8 @@ int wk__cpu_split_batch(const wk_graph_t *g)
     return 0;
 }
 
+/* Whether the pd just made (st, *p) exists and is not the reference
+ * kernel; p by address, since arguments are evaluated in no set order. */
 static bool pd_fast(dnnl_status_t st, const dnnl_primitive_desc_t *p)
 {
     return st == dnnl_success && *p != NULL && !impl_is_ref(*p);
@@ -156,7 +161,7 @@ static int conv_per_batch(wk_plan_t *plan, int si, const dnnl_memory_desc_t *q_s
     return 0;
 }
 
-int wk__cpu_do_conv(wk_plan_t *plan, int si, int batch)
+static int build_conv(wk_plan_t *plan, int si, int batch)
 {
     cpu_be_t *be = plan->be;
     const wk_graph_t *g = plan->graph;
@@ -310,7 +315,7 @@ out:
     return rc;
 }
 
-int wk__cpu_do_pool(wk_plan_t *plan, int si, int batch)
+static int build_pool(wk_plan_t *plan, int si, int batch)
 {
     cpu_be_t *be = plan->be;
     const wk_graph_t *g = plan->graph;
@@ -366,7 +371,7 @@ out:
     return rc;
 }
 
-int wk__cpu_do_eltwise(wk_plan_t *plan, int si, int batch)
+static int build_eltwise(wk_plan_t *plan, int si, int batch)
 {
     cpu_be_t *be = plan->be;
     const wk_step_t *s = &plan->graph->steps[si];
@@ -416,7 +421,7 @@ static dnnl_memory_desc_t plain_ranked(const wk_value_t *v, int batch, int ndim)
     return md;
 }
 
-int wk__cpu_do_binary(wk_plan_t *plan, int si, int batch)
+static int build_binary(wk_plan_t *plan, int si, int batch)
 {
     cpu_be_t *be = plan->be;
     const wk_graph_t *g = plan->graph;
@@ -502,7 +507,7 @@ out:
     return rc;
 }
 
-int wk__cpu_do_concat(wk_plan_t *plan, int si, int batch)
+static int build_concat(wk_plan_t *plan, int si, int batch)
 {
     cpu_be_t *be = plan->be;
     const wk_graph_t *g = plan->graph;
@@ -558,7 +563,7 @@ static int plain_view(cpu_be_t *be, int id, int ndim, const int64_t *dims_max, b
     return v;
 }
 
-int wk__cpu_do_softmax(wk_plan_t *plan, int si, int batch)
+static int build_softmax(wk_plan_t *plan, int si, int batch)
 {
     cpu_be_t *be = plan->be;
     const wk_graph_t *g = plan->graph;
@@ -612,7 +617,7 @@ static void strided_md(dnnl_memory_desc_t *md, int64_t rows, int64_t cols, bool 
 }
 
 /* Gemm: Y = alpha * A' B' + beta * C, A' = A or A^T, B' = B or B^T. */
-int wk__cpu_do_gemm(wk_plan_t *plan, int si, int batch)
+static int build_gemm(wk_plan_t *plan, int si, int batch)
 {
     cpu_be_t *be = plan->be;
     const wk_graph_t *g = plan->graph;
@@ -771,7 +776,7 @@ out:
 }
 
 /* MatMul with numpy semantics: batched, broadcast, 1-D operands promoted. */
-int wk__cpu_do_matmul(wk_plan_t *plan, int si, int batch)
+static int build_matmul(wk_plan_t *plan, int si, int batch)
 {
     cpu_be_t *be = plan->be;
     const wk_graph_t *g = plan->graph;
@@ -837,7 +842,7 @@ out:
     return rc;
 }
 
-int wk__cpu_do_reduce(wk_plan_t *plan, int si, int batch)
+static int build_reduce(wk_plan_t *plan, int si, int batch)
 {
     cpu_be_t *be = plan->be;
     const wk_graph_t *g = plan->graph;
@@ -880,7 +885,7 @@ out:
 
 /* Reshape and friends: the input in plain order, written to the output's
  * bytes (a view of the output with the input's dims). */
-int wk__cpu_do_copy(wk_plan_t *plan, int si, int batch)
+static int build_copy(wk_plan_t *plan, int si, int batch)
 {
     cpu_be_t *be = plan->be;
     const wk_graph_t *g = plan->graph;
@@ -898,7 +903,7 @@ int wk__cpu_do_copy(wk_plan_t *plan, int si, int batch)
     return wk__cpu_emit_reorder(plan, batch, si, wk__cpu_vbuf(s->in[0]), cs->extra);
 }
 
-int wk__cpu_do_transpose(wk_plan_t *plan, int si, int batch)
+static int build_transpose(wk_plan_t *plan, int si, int batch)
 {
     cpu_be_t *be = plan->be;
     const wk_graph_t *g = plan->graph;
@@ -936,7 +941,7 @@ int wk__cpu_do_transpose(wk_plan_t *plan, int si, int batch)
 }
 
 /* Pad and Slice run as plain C over plain buffers. */
-int wk__cpu_do_c_kernel(wk_plan_t *plan, int si, int batch)
+static int build_c_kernel(wk_plan_t *plan, int si, int batch)
 {
     cpu_be_t *be = plan->be;
     const wk_step_t *s = &plan->graph->steps[si];
@@ -956,8 +961,8 @@ int wk__cpu_do_c_kernel(wk_plan_t *plan, int si, int batch)
     return 0;
 }
 
-void wk__cpu_run_pad(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
-                     const float *src, float *dst)
+static void run_pad(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
+                    const float *src, float *dst)
 {
     int64_t xd[WK_MAX_DIMS], yd[WK_MAX_DIMS], idx[WK_MAX_DIMS] = {0}, xs[WK_MAX_DIMS];
     int n = wk_value_dims_at(x, batch, xd);
@@ -1002,8 +1007,8 @@ void wk__cpu_run_pad(const wk_step_t *s, const wk_value_t *x, const wk_value_t *
     }
 }
 
-void wk__cpu_run_slice(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
-                       const float *src, float *dst)
+static void run_slice(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
+                      const float *src, float *dst)
 {
     int64_t xd[WK_MAX_DIMS], yd[WK_MAX_DIMS], idx[WK_MAX_DIMS] = {0}, xs[WK_MAX_DIMS];
     int n = wk_value_dims_at(x, batch, xd);
@@ -1039,3 +1044,27 @@ void wk__cpu_run_slice(const wk_step_t *s, const wk_value_t *x, const wk_value_t
         }
     }
 }
+
+/* One entry per kernel kind (wk_kernel_t, names in wk_kernel_names). A new
+ * kind fails the asserts until it has its entry here. */
+const wk_cpu_op_t wk__cpu_ops[] = {
+    [WK_K_CONV] = {.build = build_conv},
+    [WK_K_MAXPOOL] = {.build = build_pool},
+    [WK_K_AVGPOOL] = {.build = build_pool},
+    [WK_K_GLOBALAVG] = {.build = build_pool},
+    [WK_K_ELTWISE] = {.build = build_eltwise},
+    [WK_K_BINARY] = {.build = build_binary},
+    [WK_K_BATCHNORM] = {.build = build_binary},
+    [WK_K_CONCAT] = {.build = build_concat},
+    [WK_K_SOFTMAX] = {.build = build_softmax},
+    [WK_K_GEMM] = {.build = build_gemm},
+    [WK_K_MATMUL] = {.build = build_matmul},
+    [WK_K_REDUCE_MEAN] = {.build = build_reduce},
+    [WK_K_COPY] = {.build = build_copy},
+    [WK_K_TRANSPOSE] = {.build = build_transpose},
+    [WK_K_PAD] = {.build = build_c_kernel, .run_c = run_pad},
+    [WK_K_SLICE] = {.build = build_c_kernel, .run_c = run_slice},
+};
+_Static_assert(sizeof(wk__cpu_ops) / sizeof(wk__cpu_ops[0]) == WK_K_COUNT_,
+               "a kernel kind without a cpu op");
+_Static_assert(WK_K_COUNT_ == 16, "a new kernel kind: give it its entry in wk__cpu_ops");

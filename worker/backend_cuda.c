@@ -988,7 +988,7 @@ out:
 }
 
 const wk_backend_ops_t wk_backend_cuda = {
-    .name = "cuda",
+    .kind = SQ_DEV_CUDA,
     .prepare = cuda_prepare,
     .input_buffer = cuda_input_buffer,
     .run = cuda_run,

@@ -200,7 +200,7 @@ static int emu_run(wk_plan_t *plan, int batch, float *const *outputs)
 }
 
 const wk_backend_ops_t wk_backend_emu = {
-    .name = "emu",
+    .kind = SQ_DEV_EMU,
     .prepare = emu_prepare,
     .input_buffer = emu_input_buffer,
     .run = emu_run,

@@ -9,25 +9,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const backend_names[WK_BACKEND_COUNT_] = {
-    [WK_BACKEND_CPU] = "cpu",
-    [WK_BACKEND_CUDA] = "cuda",
-    [WK_BACKEND_EMU] = "emu",
-};
-
-const char *wk_backend_name(wk_backend_kind_t kind)
-{
-    return kind >= 0 && kind < WK_BACKEND_COUNT_ ? backend_names[kind] : "?";
-}
-
-static const wk_backend_ops_t *backend_ops(wk_backend_kind_t kind)
+static const wk_backend_ops_t *backend_ops(sq_dev_kind_t kind)
 {
     switch (kind) {
-    case WK_BACKEND_CPU:
+    case SQ_DEV_CPU:
         return &wk_backend_cpu;
-    case WK_BACKEND_EMU:
+    case SQ_DEV_EMU:
         return &wk_backend_emu;
-    case WK_BACKEND_CUDA:
+    case SQ_DEV_CUDA:
 #if SQUISH_HAVE_CUDA
         return &wk_backend_cuda;
 #else
@@ -38,7 +27,7 @@ static const wk_backend_ops_t *backend_ops(wk_backend_kind_t kind)
     }
 }
 
-int wk_backend_built(wk_backend_kind_t kind)
+int wk_backend_built(sq_dev_kind_t kind)
 {
     return backend_ops(kind) != NULL;
 }
@@ -46,7 +35,7 @@ int wk_backend_built(wk_backend_kind_t kind)
 wk_plan_opts_t wk_plan_opts_default(void)
 {
     return (wk_plan_opts_t){
-        .backend = WK_BACKEND_CPU,
+        .backend = SQ_DEV_CPU,
         .max_batch = 1,
         .pixel_norm = WK_PIXEL_NORM_IMAGENET,
     };
@@ -78,11 +67,11 @@ int wk_plan_from_graph(wk_graph_t *g, const wk_plan_opts_t *opts, wk_plan_t **ou
     const wk_backend_ops_t *ops = backend_ops(opts->backend);
     if (ops == NULL) {
         snprintf(why, (size_t)why_size, "this build has no %s backend",
-                 wk_backend_name(opts->backend));
+                 sq_dev_kind_name(opts->backend));
         wk_graph_free(g);
         return SQ_DEVICE;
     }
-    if (opts->backend == WK_BACKEND_EMU &&
+    if (opts->backend == SQ_DEV_EMU &&
         (opts->emu_latency_us == NULL || opts->emu_n_latency < g->max_batch)) {
         snprintf(why, (size_t)why_size, "emulated plan needs l(b) for b = 1..%d", g->max_batch);
         wk_graph_free(g);
@@ -94,11 +83,12 @@ int wk_plan_from_graph(wk_graph_t *g, const wk_plan_opts_t *opts, wk_plan_t **ou
         return rc;
     }
     wk_graph_fuse(g);
-    /* cpu with Winograd from some batch size up: the sizes below get a
-     * plan of their own, whose layouts suit them (googlenet at batch 1:
-     * 18 ms instead of 28 in the layouts Winograd wants). */
+    /* A backend that would run larger batches otherwise (cpu: Winograd
+     * from some batch size up) gives the sizes below a plan of their own,
+     * whose layouts suit them (googlenet at batch 1: 18 ms instead of 28 in
+     * the layouts Winograd wants). */
     wk_plan_t *small = NULL;
-    int split = opts->backend == WK_BACKEND_CPU ? wk__cpu_split_batch(g) : 0;
+    int split = ops->split_batch != NULL ? ops->split_batch(g) : 0;
     if (split > 1) {
         wk_plan_opts_t so = *opts;
         so.max_batch = split - 1;
@@ -139,8 +129,8 @@ int wk_plan_from_graph(wk_graph_t *g, const wk_plan_opts_t *opts, wk_plan_t **ou
         return rc;
     }
     SQ_DEBUG("plan ready backend=%s steps=%d max_batch=%d memory_mb=%.1f prepare_ms=%.1f",
-             ops->name, g->n_steps, g->max_batch, (double)p->memory_bytes / (1 << 20),
-             (double)(sq_now_ns() - t0) / 1e6);
+             sq_dev_kind_name(ops->kind), g->n_steps, g->max_batch,
+             (double)p->memory_bytes / (1 << 20), (double)(sq_now_ns() - t0) / 1e6);
     *out = p;
     return 0;
 }
@@ -165,7 +155,7 @@ int wk_plan_create_emulated(const int64_t in_chw[3], int64_t out_classes,
                             const wk_plan_opts_t *opts, wk_plan_t **out, char *why, int why_size)
 {
     *out = NULL;
-    if (opts->backend != WK_BACKEND_EMU || opts->max_batch < 1 || out_classes < 1) {
+    if (opts->backend != SQ_DEV_EMU || opts->max_batch < 1 || out_classes < 1) {
         snprintf(why, (size_t)why_size,
                  "an emulated model needs the emu backend, max_batch >= 1 "
                  "and at least one class");
@@ -224,7 +214,7 @@ int wk_plan_max_batch(const wk_plan_t *plan)
     return plan->graph->max_batch;
 }
 
-wk_backend_kind_t wk_plan_backend(const wk_plan_t *plan)
+sq_dev_kind_t wk_plan_backend(const wk_plan_t *plan)
 {
     return plan->opts.backend;
 }

@@ -233,7 +233,7 @@ int wk_group_create(const struct mdb_graph *const *graphs, const char *const *cu
                     const wk_plan_opts_t *opts, wk_group_t **out, char *why, int why_size)
 {
     *out = NULL;
-    if (n < 1 || opts->max_batch < 1 || opts->backend == WK_BACKEND_EMU) {
+    if (n < 1 || opts->max_batch < 1 || opts->backend == SQ_DEV_EMU) {
         snprintf(why, (size_t)why_size,
                  "a prefix group needs members, max_batch >= 1 and a real backend");
         return SQ_INVAL;

@@ -136,7 +136,7 @@ static int send_hello(worker_t *w)
                         .version = SQ_IPC_VERSION,
                         .memory_bytes = w->dev.memory_bytes,
                         .pid = (uint32_t)getpid()};
-    snprintf(hello.kind, sizeof(hello.kind), "%s", wk_dev_kind_name(w->dev.kind));
+    snprintf(hello.kind, sizeof(hello.kind), "%s", sq_dev_kind_name(w->dev.kind));
     snprintf(hello.name, sizeof(hello.name), "%s", w->dev.name);
     sq_buf_t b;
     sq_buf_init(&b);
@@ -546,12 +546,12 @@ int main(int argc, char **argv)
     }
     if (w.naddrs > 0) {
         /* Named after its host: squishd tells apart cpu@a and cpu@b. */
-        char host[WK_MAX_HOST_NAME + 1] = "";
+        char host[SQ_DEVICE_MAX_HOST + 1] = "";
         if (host_name != NULL)
             snprintf(host, sizeof(host), "%s", host_name);
         else if (gethostname(host, sizeof(host)) != 0)
             snprintf(host, sizeof(host), "remote");
-        host[WK_MAX_HOST_NAME] = '\0';
+        host[SQ_DEVICE_MAX_HOST] = '\0';
         char *dot = host_name == NULL ? strchr(host, '.') : NULL;
         if (dot != NULL)
             *dot = '\0';
@@ -561,7 +561,7 @@ int main(int argc, char **argv)
             fprintf(stderr,
                     "squish-worker: --host-name: '%s' is not a valid name (letters, "
                     "digits, '.', '-', '_', at most %d)\n",
-                    host, WK_MAX_HOST_NAME);
+                    host, SQ_DEVICE_MAX_HOST);
             return 2;
         }
         if (ntls == 3) {

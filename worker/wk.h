@@ -4,27 +4,24 @@
 #ifndef WK_H
 #define WK_H
 
+#include <sq_device.h>
 #include <stdint.h>
 
-typedef enum { WK_DEV_CPU, WK_DEV_CUDA, WK_DEV_EMU } wk_dev_kind_t;
-
+/* A device spec (common/sq_device.h) and what probing found. */
 typedef struct {
-    wk_dev_kind_t kind;
-    int index;     /* N of cuda:N / emu:N; 0 for cpu */
-    char name[64]; /* canonical: "cpu", "cuda:0", "emu:3", "cpu@host2" */
+    sq_dev_kind_t kind;
+    int index;                     /* N of cuda:N / emu:N; 0 for cpu */
+    char name[SQ_DEVICE_NAME_MAX]; /* canonical: "cpu", "cuda:0", "emu:3", "cpu@host2" */
     uint64_t memory_bytes;
 } wk_device_t;
 
-/* Exit status of a worker whose device cannot be used (no GPU, no driver):
- * squishd's supervisor treats it as "fall back", not as a crash to retry. */
-#define WK_EXIT_DEVICE_UNAVAILABLE 3
+/* Exit status of a worker whose device cannot be used: the one squishd's
+ * supervisor falls back on (common/sq_device.h). */
+#define WK_EXIT_DEVICE_UNAVAILABLE SQ_EXIT_DEVICE_UNAVAILABLE
 
-/* Parses "cpu", "cuda:N" or "emu:N" (N in 0..4095), optionally followed by
- * "@HOST" (a worker on another host: letters, digits, '.', '-', '_', at
- * most WK_MAX_HOST_NAME), kept in the name. Returns 0 or SQ_INVAL. */
-#define WK_MAX_HOST_NAME 40
+/* sq_device_parse into a device not probed yet (memory_bytes 0). Returns 0
+ * or SQ_INVAL. */
 int wk_device_parse(const char *spec, wk_device_t *out);
-const char *wk_dev_kind_name(wk_dev_kind_t kind);
 
 /* Probes the device and fills memory_bytes (for emu: keeps a preset value,
  * default 16 GiB). Returns 0, or SQ_DEVICE with a reason in `why`. */

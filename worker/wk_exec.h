@@ -13,20 +13,12 @@
 #ifndef WK_EXEC_H
 #define WK_EXEC_H
 
+#include <sq_device.h>
 #include <stddef.h>
 #include <stdint.h>
 
-typedef enum {
-    WK_BACKEND_CPU,
-    WK_BACKEND_CUDA,
-    WK_BACKEND_EMU,
-    WK_BACKEND_COUNT_
-} wk_backend_kind_t;
-
-/* "cpu", "cuda", "emu". */
-const char *wk_backend_name(wk_backend_kind_t kind);
 /* Whether this build has the backend (cuda only with the CUDA libraries). */
-int wk_backend_built(wk_backend_kind_t kind);
+int wk_backend_built(sq_dev_kind_t kind);
 
 /* How the uint8 HWC pixels of the JPEG path become the model's FP32 input
  * (NCHW planes, or interleaved for an NHWC input): x = (pixel / 255 -
@@ -43,7 +35,7 @@ typedef struct {
     ((wk_pixel_norm_t){.mean = {0.485f, 0.456f, 0.406f}, .std = {0.229f, 0.224f, 0.225f}})
 
 typedef struct {
-    wk_backend_kind_t backend;
+    sq_dev_kind_t backend;
     int device_index; /* cuda:N */
     int max_batch;    /* >= 1; ignored (taken as 1) for graphs without a batch dimension */
     int threads;      /* cpu: worker threads for the kernels; 0 = every core */
@@ -87,7 +79,7 @@ int wk_plan_create_emulated(const int64_t in_chw[3], int64_t out_classes,
 void wk_plan_free(wk_plan_t *plan);
 const char *wk_plan_errmsg(const wk_plan_t *plan);
 int wk_plan_max_batch(const wk_plan_t *plan);
-wk_backend_kind_t wk_plan_backend(const wk_plan_t *plan);
+sq_dev_kind_t wk_plan_backend(const wk_plan_t *plan);
 /* Bytes of device memory the plan holds (weights + arena + workspace). */
 uint64_t wk_plan_memory_bytes(const wk_plan_t *plan);
 

@@ -199,7 +199,7 @@ struct wk_plan {
  * `i` as plain FP32 for the next run; run() executes `batch` and writes each
  * output as plain FP32 to outputs[i]; release() frees the backend state. */
 typedef struct wk_backend_ops {
-    const char *name;
+    sq_dev_kind_t kind; /* the devices it runs on */
     int (*prepare)(wk_plan_t *plan);
     float *(*input_buffer)(wk_plan_t *plan, int index);
     int (*run)(wk_plan_t *plan, int batch, float *const *outputs);
@@ -208,6 +208,10 @@ typedef struct wk_backend_ops {
      * (plain FP32) instead of input_buffer(), or back again with NULL.
      * Returns 0, or nonzero when the plan cannot read it in place. */
     int (*bind_input)(wk_plan_t *plan, int index, int batch, const float *ptr);
+    /* Optional: the batch size from which a plan of g would rather run in
+     * other layouts or algorithms than smaller batches do, which then get a
+     * plan of their own (wk_plan_t.small); 0 when none would. */
+    int (*split_batch)(const wk_graph_t *g);
 } wk_backend_ops_t;
 
 extern const wk_backend_ops_t wk_backend_cpu;
@@ -218,11 +222,6 @@ extern const wk_backend_ops_t wk_backend_cuda;
 
 /* A copy of g (after wk_graph_finish) for another max batch. */
 wk_graph_t *wk_graph_clone(const wk_graph_t *g, int max_batch);
-
-/* cpu: the batch size from which the plan of g would run Winograd convs,
- * so that smaller batches are better off in a plan of their own; 0 when
- * none would. */
-int wk__cpu_split_batch(const wk_graph_t *g);
 
 /* Makes a plan from an already lowered graph (taken over, freed on error).
  * Used by wk_plan_create and by tests that build graphs by hand. */

@@ -569,7 +569,8 @@ static int check_feasible(gw_infer_t *req)
     reject(req, SQ_DEADLINE,
            "an SLO of %g ms cannot be met: one request takes at least %.1f ms on %s (l(1) %.1f ms "
            "+ dispatch margin %.1f ms); ask for %.0f ms or more",
-           req->slo_ms, l1 + margin, gw_kind_name((gw_kind_t)kind), l1, margin, ceil(l1 + margin));
+           req->slo_ms, l1 + margin, sq_dev_kind_name((sq_dev_kind_t)kind), l1, margin,
+           ceil(l1 + margin));
     return -1;
 }
 

@@ -224,7 +224,7 @@ static void upload_emulated(mdb_t *db, model_job_t *j)
         .status = "ready",
         .profile = rows,
         .nprofile = nrows,
-        .profile_device_kind = "emu",
+        .profile_device_kind = sq_dev_kind_name(SQ_DEV_EMU),
     };
     store(db, j, &m);
     json_decref(m.input);

@@ -22,9 +22,9 @@ static json_t *real3(const double v[3])
 static json_t *model_config(const gw_model_t *m)
 {
     json_t *profiles = json_array();
-    for (int k = 0; k < GW_KIND_COUNT; k++)
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
         if (m->has_profile[k])
-            json_array_append_new(profiles, json_string(gw_kind_name((gw_kind_t)k)));
+            json_array_append_new(profiles, json_string(sq_dev_kind_name((sq_dev_kind_t)k)));
     json_t *in =
         m->nhwc ? json_pack("{s:s, s:s, s:[i, i, i]}", "name", m->input_name, "data_type",
                             m->input_uint8 ? "TYPE_UINT8" : "TYPE_FP32", "dims", m->h, m->w, m->c)

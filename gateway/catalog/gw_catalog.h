@@ -11,6 +11,7 @@
 #include <mdb.h>
 #include <pl_profile.h>
 #include <pthread.h>
+#include <sq_device.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -28,12 +29,6 @@ double gw_slo_bucket_ms(double slo_ms);
  *
  * Entries are immutable once published and reference-counted: an update
  * publishes a new entry, and a request keeps the one it started with. */
-
-typedef enum { GW_KIND_CPU, GW_KIND_CUDA, GW_KIND_EMU, GW_KIND_COUNT } gw_kind_t;
-
-/* "cpu" / "cuda" / "emu" <-> kind; -1 for an unknown name. */
-const char *gw_kind_name(gw_kind_t k);
-int gw_kind_parse(const char *name);
 
 typedef struct gw_model {
     atomic_int refs;
@@ -68,8 +63,8 @@ typedef struct gw_model {
     uint64_t memory_bytes;
     json_t *labels; /* array of strings; owned */
     /* Profiles per device kind; has_profile[k] says whether one is stored. */
-    int has_profile[GW_KIND_COUNT];
-    pl_profile_t profile[GW_KIND_COUNT];
+    int has_profile[SQ_DEV_KIND_COUNT];
+    pl_profile_t profile[SQ_DEV_KIND_COUNT];
     /* Its shared-prefix group in the model DB (0: none) and where its graph
      * is cut for it (the tensor's name in this model). */
     int64_t group_id;

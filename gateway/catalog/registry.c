@@ -5,21 +5,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *kind_names[GW_KIND_COUNT] = {"cpu", "cuda", "emu"};
-
-const char *gw_kind_name(gw_kind_t k)
-{
-    return k < GW_KIND_COUNT ? kind_names[k] : "?";
-}
-
-int gw_kind_parse(const char *name)
-{
-    for (int k = 0; k < GW_KIND_COUNT; k++)
-        if (strcmp(name, kind_names[k]) == 0)
-            return k;
-    return -1;
-}
-
 void gw_model_ref(gw_model_t *m)
 {
     atomic_fetch_add(&m->refs, 1);
@@ -29,7 +14,7 @@ void gw_model_unref(gw_model_t *m)
 {
     if (m == NULL || atomic_fetch_sub(&m->refs, 1) != 1)
         return;
-    for (int k = 0; k < GW_KIND_COUNT; k++)
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
         if (m->has_profile[k])
             pl_profile_dispose(&m->profile[k]);
     json_decref(m->labels);
@@ -132,7 +117,7 @@ gw_model_t *gw_model_from_record(json_t *rec)
     json_t *p;
     json_array_foreach(json_object_get(rec, "profiles"), i, p)
     {
-        int k = gw_kind_parse(json_string_value(json_object_get(p, "device_kind")));
+        int k = sq_dev_kind_parse(json_string_value(json_object_get(p, "device_kind")));
         json_t *b = json_object_get(p, "batch"), *l = json_object_get(p, "latency_ms"),
                *sd = json_object_get(p, "latency_std_ms"),
                *mem = json_object_get(p, "peak_memory_bytes");

@@ -429,7 +429,8 @@ static void live_sample(gw_dispatch_t *ds, ds_model_t *dm, int b, double exec_us
      * moves a CPU model's latencies by tens of percent). */
     SQ_INFO("profile drift model=%s version=%d kind=%s measured/profiled=%.2f was=%.2f "
             "samples=%d: re-planning with the measured latencies",
-            dm->m->name, dm->m->version, gw_kind_name((gw_kind_t)kind), med, cur, dm->live_n);
+            dm->m->name, dm->m->version, sq_dev_kind_name((sq_dev_kind_t)kind), med, cur,
+            dm->live_n);
     if (dm->live_scale > 0)
         pl_profile_dispose(&dm->live_profile);
     dm->live_scale = 0;

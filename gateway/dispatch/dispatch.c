@@ -14,8 +14,6 @@
  * sq_loop_post (gw_dispatch_submit and friends). */
 #include "dispatch_int.h"
 
-#include <wk.h>
-
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -294,7 +292,7 @@ static int on_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
                 profile_store_t *p = sq_xcalloc(1, sizeof(*p));
                 p->srv = ds->srv;
                 p->key = dm->key;
-                snprintf(p->device_kind, sizeof(p->device_kind), "%s", gw_kind_name(w->kind));
+                snprintf(p->device_kind, sizeof(p->device_kind), "%s", sq_dev_kind_name(w->kind));
                 snprintf(p->device_name, sizeof(p->device_name), "%s", w->device);
                 p->done = failed;
                 snprintf(p->done.message, sizeof(p->done.message), "load: %s", e.message);
@@ -364,7 +362,7 @@ static int on_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
         }
         p->srv = ds->srv;
         p->key = (int64_t)f->id;
-        snprintf(p->device_kind, sizeof(p->device_kind), "%s", gw_kind_name(w->kind));
+        snprintf(p->device_kind, sizeof(p->device_kind), "%s", sq_dev_kind_name(w->kind));
         snprintf(p->device_name, sizeof(p->device_name), "%s", w->device);
         gw_db_post(ds->srv, profile_store_job, p);
         ds_pump(ds);
@@ -395,8 +393,8 @@ static void collect_grouped(gw_model_t *m, void *arg)
 static void worker_up(gw_dispatch_t *ds, int worker, const char *device, uint64_t memory)
 {
     grouped_t grouped = {0};
-    wk_device_t dev;
-    if (worker < 0 || wk_device_parse(device, &dev) != 0)
+    sq_device_t dev;
+    if (worker < 0 || sq_device_parse(device, &dev) != 0)
         return;
     if (worker >= ds->nworkers) {
         ds->workers = sq_xrealloc(ds->workers, sizeof(*ds->workers) * (size_t)(worker + 1));
@@ -410,9 +408,7 @@ static void worker_up(gw_dispatch_t *ds, int worker, const char *device, uint64_
     w->id = worker;
     w->up = 1;
     w->profiling = 0;
-    w->kind = dev.kind == WK_DEV_CUDA  ? GW_KIND_CUDA
-              : dev.kind == WK_DEV_EMU ? GW_KIND_EMU
-                                       : GW_KIND_CPU;
+    w->kind = dev.kind;
     snprintf(w->device, sizeof(w->device), "%s", device);
     w->nloads = 0;
     w->nshas = 0;
@@ -423,7 +419,7 @@ static void worker_up(gw_dispatch_t *ds, int worker, const char *device, uint64_
     atomic_fetch_add(&ds->srv->kind_up[w->kind], 1);
     pl_dispatch_worker_add(ds->core, sq_now_us(), worker, 0);
     ds_start_profiles(ds);
-    if (ds->srv->cfg->prefix_batching && (w->kind == GW_KIND_CPU || w->kind == GW_KIND_CUDA))
+    if (ds->srv->cfg->prefix_batching && (w->kind == SQ_DEV_CPU || w->kind == SQ_DEV_CUDA))
         gw_registry_foreach(ds->srv->registry, collect_grouped, &grouped);
     for (int i = 0; i < grouped.n; i++) {
         ds->group_epoch++;

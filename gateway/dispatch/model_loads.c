@@ -120,7 +120,7 @@ void ds_send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
     if (dm->poisoned)
         return; /* it crashed its workers: never sent again */
     ds_load_t *l = ds_load_find(w, dm->key, 1);
-    int need_bytes = !m->emulated && w->kind != GW_KIND_EMU;
+    int need_bytes = !m->emulated && w->kind != SQ_DEV_EMU;
     int cached = need_bytes && ds_has_sha(w, m->sha256);
     if (need_bytes && !cached && dm->blob_state != 2) {
         l->state = LOAD_WAIT_BYTES;
@@ -139,12 +139,12 @@ void ds_send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
     spec->cached = (uint8_t)cached;
     spec->total_bytes = need_bytes ? dm->blob_len : 0;
     spec_from_model(spec, m);
-    if (w->kind == GW_KIND_EMU) {
+    if (w->kind == SQ_DEV_EMU) {
         /* An emulated device holds the batch for l(b) of the model's emu
          * profile (or, for a real model, of its cpu or cuda profile). */
-        int k = m->has_profile[GW_KIND_EMU]    ? GW_KIND_EMU
-                : m->has_profile[GW_KIND_CUDA] ? GW_KIND_CUDA
-                                               : GW_KIND_CPU;
+        int k = m->has_profile[SQ_DEV_EMU]    ? SQ_DEV_EMU
+                : m->has_profile[SQ_DEV_CUDA] ? SQ_DEV_CUDA
+                                              : SQ_DEV_CPU;
         int n = spec->max_batch > SQ_MAX_EMU_LATENCIES ? SQ_MAX_EMU_LATENCIES : spec->max_batch;
         spec->max_batch = (uint32_t)n;
         spec->n_latency = (uint32_t)n;

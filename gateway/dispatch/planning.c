@@ -87,7 +87,7 @@ struct gw_plan_state {
     int n, cap, next_id;
     pstage_t *st;
     int nst, capst;
-    pkind_t kinds[GW_KIND_COUNT];
+    pkind_t kinds[SQ_DEV_KIND_COUNT];
     pl_epoch_config_t ecfg;
     int64_t last_rate_us;
     long long epoch;
@@ -130,7 +130,7 @@ void gw__plan_free(gw_plan_state_t *p)
 {
     if (p == NULL)
         return;
-    for (int k = 0; k < GW_KIND_COUNT; k++) {
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
         if (p->kinds[k].has)
             pl_plan_dispose(&p->kinds[k].plan);
         free(p->kinds[k].dev_worker);
@@ -269,7 +269,7 @@ static int compose_rates(gw_dispatch_t *ds)
 static void follow_splits(gw_dispatch_t *ds)
 {
     int moved = compose_rates(ds);
-    for (int k = 0; k < GW_KIND_COUNT; k++)
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
         if (moved & (1 << k))
             gw__plan_invalidate(ds, k, "pipeline split moved");
 }
@@ -425,7 +425,7 @@ static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placeme
     *placements = json_array();
     double lower = 0;
     int used = 0;
-    for (int k = 0; k < GW_KIND_COUNT; k++) {
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
         pkind_t *K = &p->kinds[k];
         if (!K->has)
             continue;
@@ -459,8 +459,8 @@ static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placeme
             used++;
             json_t *dj = json_pack(
                 "{s:i, s:s, s:i, s:s, s:f, s:f, s:f, s:b, s:o}", "id",
-                (int)json_array_size(devices), "kind", gw_kind_name((gw_kind_t)k), "worker", wid,
-                "device", w ? w->device : "?", "duty_cycle_ms", d->duty_cycle_us / 1000.0,
+                (int)json_array_size(devices), "kind", sq_dev_kind_name((sq_dev_kind_t)k), "worker",
+                wid, "device", w ? w->device : "?", "duty_cycle_ms", d->duty_cycle_us / 1000.0,
                 "occupancy", d->occupancy, "memory_mb", d->memory_bytes / 1048576.0, "saturated",
                 d->saturated, "sessions", sessions);
             if (d->rtt_us > 0 || d->bytes_per_us > 0) { /* behind a link (pl.h) */
@@ -509,7 +509,7 @@ static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placeme
      * devices, however idle the others look, and a device the plan uses is
      * never one to release. */
     int short_of_devices = 0;
-    for (int k = 0; k < GW_KIND_COUNT; k++)
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
         for (int u = 0; p->kinds[k].has && u < p->kinds[k].plan.nunplaced; u++)
             short_of_devices |= p->kinds[k].plan.unplaced[u].reason == PL_UNPLACED_DEVICES;
     if (short_of_devices && delta < 1)
@@ -890,7 +890,8 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
     free(kept);
     free(links);
     if (rc != 0) {
-        SQ_WARN("planning failed kind=%s code=%s", gw_kind_name((gw_kind_t)kind), sq_err_name(rc));
+        SQ_WARN("planning failed kind=%s code=%s", sq_dev_kind_name((sq_dev_kind_t)kind),
+                sq_err_name(rc));
         free(workers);
         free(ss);
         return;
@@ -944,7 +945,7 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
     settle_moves(ds, kind);
     SQ_INFO("epoch=%lld kind=%s reason=\"%s\" sessions=%d devices=%d of=%d lower_bound=%.2f "
             "moved=%d unplaced=%d plan_ms=%.3f",
-            p->epoch, gw_kind_name((gw_kind_t)kind), reason, n, plan.ndevices, nw,
+            p->epoch, sq_dev_kind_name((sq_dev_kind_t)kind), reason, n, plan.ndevices, nw,
             plan.lower_bound_devices, plan.moved, plan.nunplaced, plan_ms);
 
     json_t *placements;
@@ -981,7 +982,7 @@ void gw__plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, cons
 
 void gw__plan_invalidate(gw_dispatch_t *ds, int kind, const char *reason)
 {
-    if (kind < 0 || kind >= GW_KIND_COUNT)
+    if (kind < 0 || kind >= SQ_DEV_KIND_COUNT)
         return;
     pkind_t *K = &ds->plan->kinds[kind];
     if (!K->dirty)
@@ -993,7 +994,7 @@ static int restore_ready(gw_dispatch_t *ds, int64_t now);
 
 void gw__plan_loaded(gw_dispatch_t *ds, int kind)
 {
-    if (kind < 0 || kind >= GW_KIND_COUNT || !ds->plan->kinds[kind].moves_pending)
+    if (kind < 0 || kind >= SQ_DEV_KIND_COUNT || !ds->plan->kinds[kind].moves_pending)
         return;
     settle_moves(ds, kind);
 }
@@ -1024,7 +1025,7 @@ void gw__plan_tick(gw_dispatch_t *ds, int64_t now_us)
         restore_all(ds);
     }
     int epochs = 0;
-    for (int k = 0; k < GW_KIND_COUNT; k++)
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
         if (p->kinds[k].dirty) {
             run_epoch(ds, k, p->kinds[k].dirty_reason);
             epochs++;
@@ -1052,7 +1053,7 @@ void gw__plan_tick(gw_dispatch_t *ds, int64_t now_us)
      * last). Rates below one request a second are noise, not a reason. */
     double *rate = sq_xcalloc((size_t)p->n + 1, sizeof(double));
     double *planned = sq_xcalloc((size_t)p->n + 1, sizeof(double));
-    for (int k = 0; k < GW_KIND_COUNT; k++) {
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
         pkind_t *K = &p->kinds[k];
         if (!K->has)
             continue;
@@ -1122,7 +1123,7 @@ static void restore_take(gw_plan_state_t *p, gw_server_t *srv)
         x->duty_cycle_us = json_number_value(json_object_get(r, "duty_cycle_us"));
         x->rate_rps = json_number_value(json_object_get(r, "rate_rps"));
         if (dev == NULL || strlen(dev) >= sizeof(x->device) || sscanf(dev, "%15[a-z]", kind) != 1 ||
-            (x->kind = gw_kind_parse(kind)) < 0 || x->batch < 1 || !(x->slo_ms > 0) ||
+            (x->kind = sq_dev_kind_parse(kind)) < 0 || x->batch < 1 || !(x->slo_ms > 0) ||
             !(x->rate_rps >= 0) || !(x->duty_cycle_us > 0)) {
             skipped++;
             continue;
@@ -1214,7 +1215,7 @@ static int restore_all(gw_dispatch_t *ds)
     p->nrestore = 0;
     int done = 0;
     double headroom = ds->srv->cfg->plan_headroom;
-    for (int k = 0; k < GW_KIND_COUNT; k++) {
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
         /* Sessions first (psess may move the array), then their rates. */
         int nsess = 0;
         for (int r = 0; r < nrows; r++)
@@ -1279,7 +1280,7 @@ static int restore_all(gw_dispatch_t *ds)
         K->cap = ndev;
         SQ_INFO("plan restored from_epoch=%lld kind=%s rows=%d devices=%d placements=%d "
                 "without_worker=%d",
-                p->restored_from, gw_kind_name((gw_kind_t)k), nsess, ndev, placed, dropped);
+                p->restored_from, sq_dev_kind_name((sq_dev_kind_t)k), nsess, ndev, placed, dropped);
         run_epoch(ds, k, "restored");
         done |= 1 << k;
     }

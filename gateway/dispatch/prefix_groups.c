@@ -131,7 +131,7 @@ static void on_group_profile(sq_loop_t *loop, void *arg)
 static void group_profile_get_job(mdb_t *db, void *arg)
 {
     group_profile_job_t *j = arg;
-    j->rc = mdb_group_profile_get(db, j->members, gw_kind_name(j->kind), &j->rows, &j->nrows);
+    j->rc = mdb_group_profile_get(db, j->members, sq_dev_kind_name(j->kind), &j->rows, &j->nrows);
     if (j->rc == SQ_DB)
         SQ_WARN("cannot read a stored group profile error=\"%s\"", mdb_errmsg(db));
     sq_loop_post(j->ds->loop, on_group_profile, j);
@@ -140,8 +140,8 @@ static void group_profile_get_job(mdb_t *db, void *arg)
 static void group_profile_store_job(mdb_t *db, void *arg)
 {
     group_profile_job_t *j = arg;
-    if (mdb_group_profile_store(db, j->members, j->member_shas, gw_kind_name(j->kind), j->device,
-                                j->rows, j->nrows) != 0)
+    if (mdb_group_profile_store(db, j->members, j->member_shas, sq_dev_kind_name(j->kind),
+                                j->device, j->rows, j->nrows) != 0)
         SQ_WARN("cannot store a group profile error=\"%s\"", mdb_errmsg(db));
     free(j->rows);
     free(j);
@@ -210,7 +210,7 @@ static ds_model_t *group_form(gw_dispatch_t *ds, const gw_model_t *m, int kind)
         snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s:%d", i ? "," : "",
                  scan.found[i]->name, scan.found[i]->version);
     SQ_INFO("prefix group formed group=%s members=%d models=%s kind=%s", gm->name, scan.n, names,
-            gw_kind_name(kind));
+            sq_dev_kind_name(kind));
     /* Measured before, with these very files and cuts? Else measure it. */
     group_key(g);
     g->profile_pending = 0;
@@ -291,7 +291,7 @@ ds_model_t *ds_group_of(gw_dispatch_t *ds, ds_model_t *dm)
     if (dm->group == NULL && dm->group_checked != ds->group_epoch) {
         dm->group_checked = ds->group_epoch;
         int kind = ds_kind_of_model(ds->srv, m);
-        if (kind == GW_KIND_CPU || kind == GW_KIND_CUDA)
+        if (kind == SQ_DEV_CPU || kind == SQ_DEV_CUDA)
             dm->group = group_form(ds, m, kind);
     }
     return group_usable(dm->group) ? dm->group : NULL;

@@ -131,7 +131,7 @@ void ds_start_profile(gw_dispatch_t *ds, ds_model_t *dm)
         return;
     ds_worker_t *pick = NULL;
     for (int pass = 0; pass < 2 && pick == NULL; pass++) {
-        int want = pass == 0 ? GW_KIND_CUDA : GW_KIND_CPU;
+        int want = pass == 0 ? SQ_DEV_CUDA : SQ_DEV_CPU;
         for (int i = 0; i < ds->nworkers && pick == NULL; i++) {
             ds_worker_t *w = ds->workers[i];
             if (w != NULL && w->up && !w->profiling && w->kind == want)

@@ -44,14 +44,14 @@ int ds_kind_of_model(gw_server_t *srv, const gw_model_t *m)
 {
     for (int or_coming = 0; or_coming < 2; or_coming++) {
         if (m->emulated) {
-            if (kind_usable(srv, m, GW_KIND_EMU, or_coming))
-                return GW_KIND_EMU;
+            if (kind_usable(srv, m, SQ_DEV_EMU, or_coming))
+                return SQ_DEV_EMU;
             continue;
         }
-        if (kind_usable(srv, m, GW_KIND_CUDA, or_coming))
-            return GW_KIND_CUDA;
-        if (kind_usable(srv, m, GW_KIND_CPU, or_coming))
-            return GW_KIND_CPU;
+        if (kind_usable(srv, m, SQ_DEV_CUDA, or_coming))
+            return SQ_DEV_CUDA;
+        if (kind_usable(srv, m, SQ_DEV_CPU, or_coming))
+            return SQ_DEV_CPU;
     }
     return -1;
 }

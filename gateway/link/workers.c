@@ -5,7 +5,7 @@
  * a protocol error, missed heartbeats or an exit), the slot kills what is
  * left of it and respawns it after a backoff that doubles per consecutive
  * failure and resets once a worker stayed up for a while. A worker that
- * exits with WK_EXIT_DEVICE_UNAVAILABLE (a cuda worker on a machine without
+ * exits with SQ_EXIT_DEVICE_UNAVAILABLE (a cuda worker on a machine without
  * a GPU) is not retried: its slot becomes the cpu worker when no slot is
  * one yet, and is disabled otherwise (one cpu worker uses every core).
  * Workers started by hand join as unsupervised peers, on the UNIX socket or,
@@ -13,8 +13,6 @@
  * authenticate before HELLO, and their batches carry inputs and outputs in
  * frames). */
 #include "gw_link.h"
-
-#include <wk.h>
 
 #include <errno.h>
 #include <fcntl.h>
@@ -138,11 +136,21 @@ static int count_up(gw_workers_t *ws)
     return n;
 }
 
+/* A slot's device names its kind ("cuda:1"); cpu for a name that does not
+ * parse (none should). */
+static sq_dev_kind_t slot_kind(const slot_t *s)
+{
+    sq_device_t dev;
+    return sq_device_parse(s->device, &dev) == 0 ? dev.kind : SQ_DEV_CPU;
+}
+
 static void publish(gw_workers_t *ws)
 {
     atomic_store(&ws->srv->workers_up, count_up(ws));
-    int coming[GW_KIND_COUNT] = {0};
-    int64_t back_at[GW_KIND_COUNT] = {INT64_MAX, INT64_MAX, INT64_MAX};
+    int coming[SQ_DEV_KIND_COUNT] = {0};
+    int64_t back_at[SQ_DEV_KIND_COUNT];
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
+        back_at[k] = INT64_MAX;
     int64_t now = sq_now_ns();
     for (int i = 0; i < ws->nslots && !ws->stopping; i++) {
         const slot_t *s = &ws->slots[i];
@@ -150,9 +158,7 @@ static void publish(gw_workers_t *ws)
         int lost = s->state == SLOT_UP && s->peer == NULL;
         if (s->state != SLOT_IDLE && s->state != SLOT_SPAWNED && !lost)
             continue;
-        int k = strncmp(s->device, "cuda", 4) == 0  ? GW_KIND_CUDA
-                : strncmp(s->device, "emu", 3) == 0 ? GW_KIND_EMU
-                                                    : GW_KIND_CPU;
+        int k = slot_kind(s);
         coming[k]++;
         /* When it should be back: its restart, then its start-up as long as
          * last time (a second before it was ever seen). */
@@ -163,7 +169,7 @@ static void publish(gw_workers_t *ws)
         if (at < back_at[k])
             back_at[k] = at;
     }
-    for (int k = 0; k < GW_KIND_COUNT; k++) {
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
         atomic_store(&ws->srv->kind_back_at_us[k], back_at[k]);
         atomic_store(&ws->srv->kind_coming[k], coming[k]);
     }
@@ -315,15 +321,15 @@ static void slot_exited(gw_workers_t *ws, slot_t *s, int status)
         return;
     }
     SQ_INFO("worker exited id=%d device=%s status=%d signal=%d", s->id, s->device, code, sig);
-    if (code == WK_EXIT_DEVICE_UNAVAILABLE) {
+    if (code == SQ_EXIT_DEVICE_UNAVAILABLE) {
         /* The slot becomes the cpu worker, unless one is already there: one
          * cpu worker uses every core, and a second on the same cores would
          * only contend with it (as workers=cpu:N runs one). */
         int cpu_slot = -1;
         for (int i = 0; i < ws->nslots && cpu_slot < 0; i++)
-            if (strcmp(ws->slots[i].device, "cpu") == 0 && ws->slots[i].state != SLOT_DISABLED)
+            if (slot_kind(&ws->slots[i]) == SQ_DEV_CPU && ws->slots[i].state != SLOT_DISABLED)
                 cpu_slot = i;
-        if (strncmp(s->device, "cpu", 3) == 0) {
+        if (slot_kind(s) == SQ_DEV_CPU) {
             SQ_WARN("device unavailable, slot disabled id=%d device=%s", s->id, s->device);
             s->state = SLOT_DISABLED;
             publish(ws);
@@ -337,7 +343,7 @@ static void slot_exited(gw_workers_t *ws, slot_t *s, int status)
             return;
         }
         SQ_WARN("device unavailable, falling back to cpu id=%d device=%s", s->id, s->device);
-        snprintf(s->device, sizeof(s->device), "cpu");
+        sq_device_format(s->device, sizeof(s->device), SQ_DEV_CPU, 0);
     }
     if (s->up_since_ns > 0 && sq_now_ns() - s->up_since_ns > (int64_t)STABLE_AFTER_MS * 1000000)
         s->backoff_ms = ws->srv->cfg->restart_backoff_ms;
@@ -447,8 +453,8 @@ static int on_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
         send_error(p, SQ_PROTOCOL, msg);
         return -1;
     }
-    wk_device_t dev;
-    if (wk_device_parse(p->hello.name, &dev) != 0) {
+    sq_device_t dev;
+    if (sq_device_parse(p->hello.name, &dev) != 0) {
         send_error(p, SQ_PROTOCOL, "unknown device name");
         return -1;
     }
@@ -894,7 +900,7 @@ int gw_workers_start(gw_server_t *srv, sq_loop_t *loop, const gw_transport_event
     const gw_config_t *cfg = srv->cfg;
     int nslots = 0;
     for (int g = 0; g < cfg->ngroups; g++)
-        nslots += strcmp(cfg->groups[g].kind, "cpu") == 0 ? 1 : cfg->groups[g].count;
+        nslots += sq_dev_kind_parse(cfg->groups[g].kind) == SQ_DEV_CPU ? 1 : cfg->groups[g].count;
     gw_workers_t *ws = sq_xcalloc(1, sizeof(*ws));
     ws->base.send = link_send;
     ws->base.send_ref = link_send_ref;
@@ -912,17 +918,15 @@ int gw_workers_start(gw_server_t *srv, sq_loop_t *loop, const gw_transport_event
         goto fail;
     for (int g = 0; g < cfg->ngroups; g++) {
         const gw_worker_group_t *gr = &cfg->groups[g];
-        int n = strcmp(gr->kind, "cpu") == 0 ? 1 : gr->count;
-        if (strcmp(gr->kind, "cpu") == 0 && gr->count > 1)
+        int kind = sq_dev_kind_parse(gr->kind);
+        int n = kind == SQ_DEV_CPU ? 1 : gr->count;
+        if (kind == SQ_DEV_CPU && gr->count > 1)
             SQ_WARN("one cpu worker uses every core; workers=cpu:%d runs one", gr->count);
         for (int i = 0; i < n; i++) {
             slot_t *s = &ws->slots[ws->nslots];
             s->ws = ws;
             s->id = ws->nslots++;
-            if (strcmp(gr->kind, "cpu") == 0)
-                snprintf(s->device, sizeof(s->device), "cpu");
-            else
-                snprintf(s->device, sizeof(s->device), "%s:%d", gr->kind, i);
+            sq_device_format(s->device, sizeof(s->device), (sq_dev_kind_t)kind, i);
             s->backoff_ms = cfg->restart_backoff_ms;
         }
     }

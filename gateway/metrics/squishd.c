@@ -392,7 +392,7 @@ void gw_metrics_profile_scale(gw_metrics_t *ms, const gw_model_t *m, int kind, d
         return;
     char ver[16];
     snprintf(ver, sizeof(ver), "%d", m->version);
-    const char *v[] = {m->name, ver, gw_kind_name((gw_kind_t)kind)};
+    const char *v[] = {m->name, ver, sq_dev_kind_name((sq_dev_kind_t)kind)};
     gw_metrics_set(gw_metrics_series(ms->profile_scale, v), scale);
 }
 

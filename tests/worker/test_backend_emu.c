@@ -13,7 +13,7 @@ Test(emu, emulated_device_holds_each_batch_for_its_profile)
 {
     int64_t lat_us[4] = {100000, 130000, 160000, 190000};
     wk_plan_opts_t o = wk_plan_opts_default();
-    o.backend = WK_BACKEND_EMU;
+    o.backend = SQ_DEV_EMU;
     o.max_batch = 4;
     o.emu_latency_us = lat_us;
     o.emu_n_latency = 4;
@@ -53,7 +53,7 @@ Test(emu, emulated_plan_needs_a_profile_for_every_batch)
 {
     int64_t lat_us[2] = {1000, 2000};
     wk_plan_opts_t o = wk_plan_opts_default();
-    o.backend = WK_BACKEND_EMU;
+    o.backend = SQ_DEV_EMU;
     o.max_batch = 4;
     o.emu_latency_us = lat_us;
     o.emu_n_latency = 2;
@@ -70,7 +70,7 @@ Test(emu, an_nhwc_emulated_model_takes_pixels)
      * plan takes images in that layout, one output of the whole row. */
     int64_t lat_us[2] = {100, 100};
     wk_plan_opts_t o = wk_plan_opts_default();
-    o.backend = WK_BACKEND_EMU;
+    o.backend = SQ_DEV_EMU;
     o.max_batch = 2;
     o.emu_latency_us = lat_us;
     o.emu_n_latency = 2;
@@ -98,7 +98,7 @@ Test(emu, an_emulated_detector_draws_a_poisson_count_of_disjoint_boxes_per_item)
     for (int b = 0; b < BATCH; b++)
         lat_us[b] = 0;
     wk_plan_opts_t o = wk_plan_opts_default();
-    o.backend = WK_BACKEND_EMU;
+    o.backend = SQ_DEV_EMU;
     o.max_batch = BATCH;
     o.emu_latency_us = lat_us;
     o.emu_n_latency = BATCH;

@@ -6,14 +6,14 @@ Test(device, specs_parse_to_canonical_names)
 {
     wk_device_t d;
     cr_assert_eq(wk_device_parse("cpu", &d), 0);
-    cr_assert_eq(d.kind, WK_DEV_CPU);
+    cr_assert_eq(d.kind, SQ_DEV_CPU);
     cr_assert_str_eq(d.name, "cpu");
     cr_assert_eq(wk_device_parse("emu:12", &d), 0);
-    cr_assert_eq(d.kind, WK_DEV_EMU);
+    cr_assert_eq(d.kind, SQ_DEV_EMU);
     cr_assert_eq(d.index, 12);
     cr_assert_str_eq(d.name, "emu:12");
     cr_assert_eq(wk_device_parse("cuda:0", &d), 0);
-    cr_assert_eq(d.kind, WK_DEV_CUDA);
+    cr_assert_eq(d.kind, SQ_DEV_CUDA);
 }
 
 Test(device, bad_specs_are_rejected)

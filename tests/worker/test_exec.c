@@ -102,7 +102,7 @@ static wk_graph_t *conv_graph(const conv_geom_t *g, const float *w, const float 
     return gr;
 }
 
-static wk_plan_t *make_plan(wk_graph_t *g, wk_backend_kind_t kind)
+static wk_plan_t *make_plan(wk_graph_t *g, sq_dev_kind_t kind)
 {
     wk_plan_opts_t o = wk_plan_opts_default();
     o.backend = kind;
@@ -123,7 +123,7 @@ static void check_conv(conv_geom_t g)
     float *b = rand_buf(g.oc);
     int64_t ny = g.n * g.oc * oh * ow;
     float *want = malloc((size_t)ny * sizeof(float)), *got = malloc((size_t)ny * sizeof(float));
-    wk_plan_t *p = make_plan(conv_graph(&g, w, b), WK_BACKEND_CPU);
+    wk_plan_t *p = make_plan(conv_graph(&g, w, b), SQ_DEV_CPU);
     /* every batch size, the same plan */
     for (int64_t batch = 1; batch <= g.n; batch++) {
         conv_geom_t gb = g;
@@ -182,6 +182,40 @@ Test(exec, conv_3x3_winograd_and_direct_sizes_of_one_plan)
                              .pb = 1,
                              .pr = 1,
                              .groups = 1});
+}
+
+/* The backend vtable's optional split_batch: the cpu backend, which runs
+ * that conv with Winograd from batch 4 up, gives batches 1..3 a plan of
+ * their own; the emulated backend has no such hook. */
+Test(exec, a_backend_split_batch_gives_small_batches_a_plan_of_their_own)
+{
+    conv_geom_t g = {.n = 8,
+                     .c = 16,
+                     .h = 14,
+                     .w = 15,
+                     .oc = 32,
+                     .kh = 3,
+                     .kw = 3,
+                     .sh = 1,
+                     .sw = 1,
+                     .dh = 1,
+                     .dw = 1,
+                     .pt = 1,
+                     .pl = 1,
+                     .pb = 1,
+                     .pr = 1,
+                     .groups = 1};
+    cr_assert_null(wk_backend_emu.split_batch);
+    cr_assert_not_null(wk_backend_cpu.split_batch);
+    float *w = rand_buf(g.oc * g.c * g.kh * g.kw);
+    wk_graph_t *gr = conv_graph(&g, w, NULL);
+    cr_assert_eq(wk_backend_cpu.split_batch(gr), 4);
+    wk_plan_t *p = make_plan(gr, SQ_DEV_CPU);
+    cr_assert_not_null(p->small);
+    cr_assert_eq(p->min_batch, 4);
+    cr_assert_eq(p->small->opts.max_batch, 3);
+    wk_plan_free(p);
+    free(w);
 }
 
 Test(exec, conv_grouped_dilated_asymmetric_pads)
@@ -286,7 +320,7 @@ Test(exec, batchnorm_residual_and_relu_fuse_into_the_conv)
     wk_graph_mark_output(gr, r1);
     char why[256];
     cr_assert_eq(wk_graph_finish(gr, why, sizeof(why)), 0, "%s", why);
-    wk_plan_t *p = make_plan(gr, WK_BACKEND_CPU);
+    wk_plan_t *p = make_plan(gr, SQ_DEV_CPU);
     cr_assert_eq(p->graph->n_steps, 1, "fused into %d steps", p->graph->n_steps);
     cr_assert_eq(p->graph->steps[0].n_post, 2);
 
@@ -408,7 +442,7 @@ Test(exec, plain_kernels_match_a_reference)
     wk_graph_step(g, WK_K_REDUCE_MEAN, &rv, 1, mv)->p.reduce.axes_mask = 2;
     wk_graph_mark_output(g, yv);
     wk_graph_mark_output(g, mv);
-    wk_plan_t *p = make_plan(g, WK_BACKEND_CPU);
+    wk_plan_t *p = make_plan(g, SQ_DEV_CPU);
 
     /* reference */
     float want_y[10], want_m[2];
@@ -481,7 +515,7 @@ Test(exec, batch_outside_the_plan_is_refused)
                      .dw = 1,
                      .groups = 1};
     float *w = rand_buf(12), x[150] = {0}, y[200];
-    wk_plan_t *p = make_plan(conv_graph(&g, w, NULL), WK_BACKEND_CPU);
+    wk_plan_t *p = make_plan(conv_graph(&g, w, NULL), SQ_DEV_CPU);
     cr_assert_eq(wk_plan_run(p, 3, (const float *[]){x}, (float *[]){y}), SQ_INVAL);
     cr_assert_eq(wk_plan_run(p, 0, (const float *[]){x}, (float *[]){y}), SQ_INVAL);
     cr_assert(strstr(wk_plan_errmsg(p), "outside") != NULL);
@@ -505,7 +539,7 @@ Test(exec, pixels_are_normalized_per_channel)
                      .dw = 1,
                      .groups = 1};
     float w[9] = {1, 0, 0, 0, 1, 0, 0, 0, 1};
-    wk_plan_t *p = make_plan(conv_graph(&g, w, NULL), WK_BACKEND_CPU);
+    wk_plan_t *p = make_plan(conv_graph(&g, w, NULL), SQ_DEV_CPU);
     uint8_t px[12];
     for (int i = 0; i < 12; i++)
         px[i] = (uint8_t)(i * 20);
@@ -573,7 +607,7 @@ static void two_output_row(const float *x, int b, float *row)
 
 Test(exec, rows_hold_every_output_of_each_item)
 {
-    wk_plan_t *p = make_plan(two_output_graph(4), WK_BACKEND_CPU);
+    wk_plan_t *p = make_plan(two_output_graph(4), SQ_DEV_CPU);
     cr_assert_eq(wk_plan_n_outputs(p), 2);
     cr_assert_eq(wk_plan_row_elems(p), 15);
     float *x = rand_buf(4 * 12);
@@ -622,7 +656,7 @@ Test(exec, rows_of_a_static_plan_hold_its_whole_outputs)
     wk_graph_step(g, WK_K_REDUCE_MEAN, &x, 1, m)->p.reduce.axes_mask = 2;
     wk_graph_mark_output(g, m);
     wk_graph_mark_output(g, y);
-    wk_plan_t *p = make_plan(g, WK_BACKEND_CPU);
+    wk_plan_t *p = make_plan(g, SQ_DEV_CPU);
     cr_assert_eq(wk_plan_row_elems(p), 8);
     float in[6] = {1, -2, 4, -3, 6, 0}, got[8];
     cr_assert_eq(wk_plan_run_rows(p, 1, (const float *[]){in}, got), 0, "%s", wk_plan_errmsg(p));

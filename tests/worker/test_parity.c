@@ -237,7 +237,7 @@ typedef struct {
     int n_out;
 } run_t;
 
-static int plan_on(build_fn build, wk_backend_kind_t kind, wk_plan_t **p, char *why, int n)
+static int plan_on(build_fn build, sq_dev_kind_t kind, wk_plan_t **p, char *why, int n)
 {
     seed = 7; /* the same constants for every backend */
     wk_graph_t *g = build();
@@ -282,7 +282,7 @@ static void check_cpu(build_fn build, const char *name)
 {
     wk_plan_t *p;
     char why[512];
-    cr_assert_eq(plan_on(build, WK_BACKEND_CPU, &p, why, sizeof(why)), 0, "%s: %s", name, why);
+    cr_assert_eq(plan_on(build, SQ_DEV_CPU, &p, why, sizeof(why)), 0, "%s: %s", name, why);
     float *in = input();
     run_t full, one;
     run_on(p, MAXB, in, &full);
@@ -298,17 +298,17 @@ static void check_cpu(build_fn build, const char *name)
     wk_plan_free(p);
 }
 
-static void check_backend(build_fn build, const char *name, wk_backend_kind_t kind)
+static void check_backend(build_fn build, const char *name, sq_dev_kind_t kind)
 {
     if (!wk_backend_built(kind))
-        cr_skip_test("%s: this build has no %s backend", name, wk_backend_name(kind));
+        cr_skip_test("%s: this build has no %s backend", name, sq_dev_kind_name(kind));
     wk_plan_t *ref, *p;
     char why[512];
     int rc = plan_on(build, kind, &p, why, sizeof(why));
     if (rc == SQ_DEVICE)
-        cr_skip_test("%s on %s: no device here (%s)", name, wk_backend_name(kind), why);
-    cr_assert_eq(rc, 0, "%s on %s: %s", name, wk_backend_name(kind), why);
-    cr_assert_eq(plan_on(build, WK_BACKEND_CPU, &ref, why, sizeof(why)), 0, "%s", why);
+        cr_skip_test("%s on %s: no device here (%s)", name, sq_dev_kind_name(kind), why);
+    cr_assert_eq(rc, 0, "%s on %s: %s", name, sq_dev_kind_name(kind), why);
+    cr_assert_eq(plan_on(build, SQ_DEV_CPU, &ref, why, sizeof(why)), 0, "%s", why);
     float *in = input();
     for (int batch = 1; batch <= MAXB; batch += MAXB - 1) {
         run_t want, got;
@@ -317,13 +317,13 @@ static void check_backend(build_fn build, const char *name, wk_backend_kind_t ki
         cr_assert_eq(got.n_out, want.n_out);
         for (int o = 0; o < want.n_out; o++) {
             cr_assert_eq(got.out_per[o], want.out_per[o]);
-            if (kind == WK_BACKEND_EMU)
+            if (kind == SQ_DEV_EMU)
                 continue; /* shapes only: the emulated device does no math */
             for (int64_t k = 0; k < batch * want.out_per[o]; k++)
                 cr_assert(fabsf(got.out[o][k] - want.out[o][k]) <=
                               1e-4f * (1 + fabsf(want.out[o][k])),
                           "%s on %s, batch %d, output %d [%lld]: %g vs cpu %g", name,
-                          wk_backend_name(kind), batch, o, (long long)k, (double)got.out[o][k],
+                          sq_dev_kind_name(kind), batch, o, (long long)k, (double)got.out[o][k],
                           (double)want.out[o][k]);
         }
         free_run(&want);
@@ -341,11 +341,11 @@ static void check_backend(build_fn build, const char *name, wk_backend_kind_t ki
     }                                                                                              \
     Test(parity_cuda, name)                                                                        \
     {                                                                                              \
-        check_backend(b_##name, #name, WK_BACKEND_CUDA);                                           \
+        check_backend(b_##name, #name, SQ_DEV_CUDA);                                               \
     }                                                                                              \
     Test(parity_emu, name)                                                                         \
     {                                                                                              \
-        check_backend(b_##name, #name, WK_BACKEND_EMU);                                            \
+        check_backend(b_##name, #name, SQ_DEV_EMU);                                                \
     }
 
 PARITY(conv_fused)
@@ -360,16 +360,16 @@ PARITY(head)
 
 Test(parity, cuda_without_a_device_fails_soft_with_a_reason)
 {
-    if (!wk_backend_built(WK_BACKEND_CUDA)) {
+    if (!wk_backend_built(SQ_DEV_CUDA)) {
         wk_plan_t *p;
         char why[256];
-        cr_assert_eq(plan_on(b_pools, WK_BACKEND_CUDA, &p, why, sizeof(why)), SQ_DEVICE);
+        cr_assert_eq(plan_on(b_pools, SQ_DEV_CUDA, &p, why, sizeof(why)), SQ_DEVICE);
         cr_assert(strstr(why, "no cuda backend") != NULL, "%s", why);
         return;
     }
     wk_plan_t *p = NULL;
     char why[256] = "";
-    int rc = plan_on(b_pools, WK_BACKEND_CUDA, &p, why, sizeof(why));
+    int rc = plan_on(b_pools, SQ_DEV_CUDA, &p, why, sizeof(why));
     if (rc == 0) {
         wk_plan_free(p);
         cr_skip_test("a GPU is present: nothing to fail");

@@ -105,7 +105,7 @@ Test(registry, a_record_gives_every_field_the_data_plane_reads)
     cr_assert_eq(m->max_batch, 32);
     cr_assert_eq(m->memory_bytes, 5000000);
     cr_assert_eq(json_array_size(m->labels), 4);
-    for (int k = 0; k < GW_KIND_COUNT; k++)
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
         cr_assert_not(m->has_profile[k]);
     cr_assert_eq(m->group_id, 0);
     cr_assert_str_eq(m->cut_tensor, "");
@@ -218,14 +218,14 @@ Test(registry, profiles_become_per_kind_tables_in_microseconds)
                   "latency_ms", 9.0, "latency_std_ms", 0.0, "peak_memory_bytes", (json_int_t)0));
     gw_model_t *m = gw_model_from_record(rec);
     json_decref(rec);
-    cr_assert(m->has_profile[GW_KIND_CPU]);
-    cr_assert_not(m->has_profile[GW_KIND_CUDA], "an unknown device kind is skipped");
-    cr_assert(m->has_profile[GW_KIND_EMU]);
-    cr_assert_float_eq(pl_latency_us(&m->profile[GW_KIND_CPU], 1, 0), 2000, 1e-6);
-    cr_assert_float_eq(pl_latency_us(&m->profile[GW_KIND_CPU], 4, 0), 5000, 1e-6);
-    cr_assert_float_eq(m->profile[GW_KIND_CPU].memory_bytes, 7000, 1e-9,
+    cr_assert(m->has_profile[SQ_DEV_CPU]);
+    cr_assert_not(m->has_profile[SQ_DEV_CUDA], "an unknown device kind is skipped");
+    cr_assert(m->has_profile[SQ_DEV_EMU]);
+    cr_assert_float_eq(pl_latency_us(&m->profile[SQ_DEV_CPU], 1, 0), 2000, 1e-6);
+    cr_assert_float_eq(pl_latency_us(&m->profile[SQ_DEV_CPU], 4, 0), 5000, 1e-6);
+    cr_assert_float_eq(m->profile[SQ_DEV_CPU].memory_bytes, 7000, 1e-9,
                        "the batch-1 row's peak memory");
-    cr_assert_float_eq(pl_latency_us(&m->profile[GW_KIND_EMU], 1, 0), 9000, 1e-6);
+    cr_assert_float_eq(pl_latency_us(&m->profile[SQ_DEV_EMU], 1, 0), 9000, 1e-6);
     gw_model_unref(m);
 }
 
@@ -296,20 +296,6 @@ Test(registry, a_class_outside_the_labels_is_named_by_its_index)
     cr_assert_null(m->labels);
     cr_assert_str_eq(gw_model_label(m, 2, buf, sizeof(buf)), "2");
     gw_model_unref(m);
-}
-
-Test(registry, kinds_round_trip_by_name_and_unknown_names_are_refused)
-{
-    for (int k = 0; k < GW_KIND_COUNT; k++)
-        cr_assert_eq(gw_kind_parse(gw_kind_name((gw_kind_t)k)), k);
-    cr_assert_str_eq(gw_kind_name(GW_KIND_CPU), "cpu");
-    cr_assert_str_eq(gw_kind_name(GW_KIND_CUDA), "cuda");
-    cr_assert_str_eq(gw_kind_name(GW_KIND_EMU), "emu");
-    cr_assert_str_eq(gw_kind_name(GW_KIND_COUNT), "?");
-    cr_assert_eq(gw_kind_parse("gpu"), -1);
-    cr_assert_eq(gw_kind_parse("CPU"), -1, "names are lower-case");
-    cr_assert_eq(gw_kind_parse(""), -1);
-    cr_assert_eq(gw_kind_parse("cpux"), -1);
 }
 
 /* ---- publishing and lookups ------------------------------------------------ */

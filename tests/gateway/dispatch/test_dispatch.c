@@ -75,7 +75,7 @@ static gw_model_t *model_new(void)
     cr_assert_not_null(rec);
     gw_model_t *m = gw_model_from_record(rec);
     json_decref(rec);
-    cr_assert(m->has_profile[GW_KIND_EMU]);
+    cr_assert(m->has_profile[SQ_DEV_EMU]);
     return m;
 }
 
@@ -125,7 +125,7 @@ static void rig_init(rig_t *r)
     gw_dispatch_events.up(r->ds, 0, "emu:0", 1ull << 30);
     r->m = model_new();
     r->dm = ds_model_get(r->ds, r->m);
-    r->dm->kind = GW_KIND_EMU;
+    r->dm->kind = SQ_DEV_EMU;
     r->dm->active = 1;
     ds_load_t *l = ds_load_find(ds_worker_at(r->ds, 0), r->m->key, 1);
     l->state = LOAD_DONE;

@@ -1,0 +1,271 @@
+/* The worker's serving state, shared by its threads (serve_int.h): the job
+ * queues, the replies the execution thread hands the I/O thread, the models
+ * held and the model files received. The lowest layer of the serving side:
+ * it calls nothing above it. */
+#include "serve_int.h"
+
+#include <mdb.h>
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+void wk__jobq_init(jobq_t *q)
+{
+    pthread_mutex_init(&q->lock, NULL);
+    pthread_cond_init(&q->cond, NULL);
+    q->head = q->tail = NULL;
+}
+
+void wk__jobq_destroy(jobq_t *q)
+{
+    pthread_cond_destroy(&q->cond);
+    pthread_mutex_destroy(&q->lock);
+}
+
+void wk__jobq_push(jobq_t *q, job_t *j)
+{
+    pthread_mutex_lock(&q->lock);
+    j->next = NULL;
+    if (q->tail)
+        q->tail->next = j;
+    else
+        q->head = j;
+    q->tail = j;
+    pthread_cond_signal(&q->cond);
+    pthread_mutex_unlock(&q->lock);
+}
+
+job_t *wk__jobq_pop(jobq_t *q)
+{
+    pthread_mutex_lock(&q->lock);
+    while (q->head == NULL)
+        pthread_cond_wait(&q->cond, &q->lock);
+    job_t *j = q->head;
+    q->head = j->next;
+    if (q->head == NULL)
+        q->tail = NULL;
+    pthread_mutex_unlock(&q->lock);
+    return j;
+}
+
+/* Drops every job queued, then queues `then` (or nothing). */
+void wk__jobq_replace(jobq_t *q, job_t *then)
+{
+    pthread_mutex_lock(&q->lock);
+    for (job_t *j = q->head, *n; j != NULL; j = n) {
+        n = j->next;
+        wk__job_free(j);
+    }
+    q->head = q->tail = then;
+    if (then != NULL) {
+        then->next = NULL;
+        pthread_cond_signal(&q->cond);
+    }
+    pthread_mutex_unlock(&q->lock);
+}
+
+void wk__job_free(job_t *j)
+{
+    free(j->load);
+    free(j->batch);
+    free(j->input);
+    wk__model_free(j->built);
+    free(j->build_why);
+    free(j);
+}
+
+static void send_reply(sq_loop_t *loop, void *arg)
+{
+    reply_t *r = arg;
+    server_t *s = r->srv;
+    if (s->exit_status < 0 && !s->lost && r->gen == s->conn_gen &&
+        sq_conn_send(s->conn, r->type, r->id, r->payload.data, (uint32_t)r->payload.len) == 0 &&
+        sq_conn_pending(s->conn))
+        sq_loop_modify(loop, s->conn->fd, SQ_EV_READ | SQ_EV_WRITE);
+    sq_buf_dispose(&r->payload);
+    free(r);
+    pthread_mutex_lock(&s->reply_lock);
+    s->replies_written++;
+    pthread_cond_broadcast(&s->reply_cond);
+    pthread_mutex_unlock(&s->reply_lock);
+}
+
+/* Execution thread, before a job: waits until the replies of the jobs
+ * before it are written to the socket (the kernel delivers them even if
+ * this process dies next). */
+void wk__replies_flushed(server_t *s)
+{
+    pthread_mutex_lock(&s->reply_lock);
+    while (s->replies_written < s->replies_posted && !s->io_done)
+        pthread_cond_wait(&s->reply_cond, &s->reply_lock);
+    pthread_mutex_unlock(&s->reply_lock);
+}
+
+/* From the execution thread: queue a frame for the I/O thread to send. */
+reply_t *wk__reply_new(server_t *s, uint16_t type, uint64_t id)
+{
+    reply_t *r = sq_xcalloc(1, sizeof(*r));
+    r->srv = s;
+    r->type = type;
+    r->id = id;
+    /* For the connection of the job running, or the I/O thread's. */
+    r->gen = pthread_equal(pthread_self(), s->exec) ? s->exec_gen : s->conn_gen;
+    sq_buf_init(&r->payload);
+    return r;
+}
+
+void wk__reply_post(server_t *s, reply_t *r)
+{
+    pthread_mutex_lock(&s->reply_lock);
+    s->replies_posted++;
+    pthread_mutex_unlock(&s->reply_lock);
+    sq_loop_post(s->loop, send_reply, r);
+}
+
+void wk__reply_failed(server_t *s, uint64_t key, int code, const char *msg)
+{
+    reply_t *r = wk__reply_new(s, SQ_MSG_MODEL_FAILED, key);
+    sq_ipc_error_t e = {.code = code};
+    snprintf(e.message, sizeof(e.message), "%s", msg);
+    sq_ipc_error_encode(&r->payload, &e);
+    wk__reply_post(s, r);
+}
+
+model_t *wk__model_find(server_t *s, uint64_t key)
+{
+    for (model_t *m = s->models; m != NULL; m = m->next)
+        if (m->key == key)
+            return m;
+    return NULL;
+}
+
+void wk__model_free(model_t *m)
+{
+    if (m == NULL)
+        return;
+    wk_plan_free(m->plan);
+    wk_group_free(m->group);
+    free(m);
+}
+
+void wk__model_drop(server_t *s, uint64_t key)
+{
+    for (model_t **pm = &s->models; *pm != NULL; pm = &(*pm)->next) {
+        if ((*pm)->key == key) {
+            model_t *m = *pm;
+            *pm = m->next;
+            wk__model_free(m);
+            return;
+        }
+    }
+}
+
+int wk__model_max_batch(const model_t *m)
+{
+    return m->group != NULL ? wk_group_max_batch(m->group) : wk_plan_max_batch(m->plan);
+}
+
+uint64_t wk__model_memory(const model_t *m)
+{
+    return m->group != NULL ? wk_group_memory_bytes(m->group) : wk_plan_memory_bytes(m->plan);
+}
+
+/* Floats of an item's row: every output of a model, one after the other
+ * (wk_plan_row_elems); for a group (single-output members), its widest
+ * member's output. */
+int64_t wk__model_out_elems(const model_t *m)
+{
+    if (m->group == NULL)
+        return wk_plan_row_elems(m->plan);
+    int64_t most = 0;
+    for (int i = 0; i < wk_group_n_members(m->group); i++)
+        if (wk_group_output_elems(m->group, i) > most)
+            most = wk_group_output_elems(m->group, i);
+    return most;
+}
+
+const char *wk__model_errmsg(const model_t *m)
+{
+    return m->group != NULL ? wk_group_errmsg(m->group) : wk_plan_errmsg(m->plan);
+}
+
+/* Runs `batch` items of a model or group: pixels or FP32 tensors in `in`,
+ * row i (every output of the item) at out + i * out_stride floats (a plain
+ * model needs out_stride == its row size). */
+int wk__model_run(model_t *m, int batch, int pixels, const uint8_t *in, const int *member,
+                  float *out, size_t out_stride)
+{
+    if (m->group != NULL)
+        return pixels ? wk_group_run_pixels(m->group, batch, in, member, out, out_stride)
+                      : wk_group_run(m->group, batch, (const float *)in, member, out, out_stride);
+    if (pixels)
+        return wk_plan_run_pixels(m->plan, batch, in, out);
+    if (wk_plan_n_inputs(m->plan) != 1)
+        return SQ_INVAL;
+    const float *ins[1] = {(const float *)in};
+    return wk_plan_run_rows(m->plan, batch, ins, out);
+}
+
+int64_t wk__model_last_run_ns(const model_t *m)
+{
+    return m->group != NULL ? wk_group_last_run_ns(m->group) : wk_plan_last_run_ns(m->plan);
+}
+
+void wk__enqueue(server_t *s, job_t *j)
+{
+    j->received_ns = sq_now_ns();
+    j->gen = s->conn_gen;
+    wk__jobq_push(&s->execq, j);
+}
+
+void wk__finish(server_t *s, int status)
+{
+    s->exit_status = status;
+    sq_loop_stop(s->loop);
+}
+
+/* A model file's bytes are mapped, not malloc'd: nothing touches their
+ * pages before the chunks do. An allocator that fills new memory
+ * (MALLOC_PERTURB_, as meson sets for tests) held this thread, and its
+ * PONGs, for over a second on a 500 MB file. */
+uint8_t *wk__file_alloc(size_t n)
+{
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+void wk__file_free(uint8_t *p, size_t n)
+{
+    if (p != NULL)
+        munmap(p, n);
+}
+
+cached_t *wk__cache_find(server_t *s, const char *sha)
+{
+    for (cached_t *c = s->cache; c != NULL; c = c->next)
+        if (strcmp(c->sha256, sha) == 0)
+            return c;
+    return NULL;
+}
+
+/* Jobs still queued came on a connection that is gone: nobody waits for
+ * their answers (squishd re-sends what it still wants). */
+void wk__drop_queued(server_t *s)
+{
+    wk__jobq_replace(&s->execq, NULL);
+}
+
+/* What belonged to the connection: a file half received, a batch's inputs. */
+void wk__reset_connection_state(server_t *s)
+{
+    if (s->rx.spec != NULL)
+        wk__file_free(s->rx.bytes, s->rx.spec->total_bytes);
+    free(s->rx.spec);
+    mdb_sha256_free(s->rx.digest);
+    memset(&s->rx, 0, sizeof(s->rx));
+    sq_buf_dispose(&s->rin.bytes);
+    s->rin.active = 0;
+}
