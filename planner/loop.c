@@ -521,6 +521,11 @@ static void set_clump_dispersion(const pl_loop_t *l, pl_session_t *ss, const int
     }
 }
 
+static int device_key(const pl_loop_devices_t *d, int j)
+{
+    return d->uncapped ? j : d->keys[j];
+}
+
 static int device_id_cmp(const void *a, const void *b)
 {
     const pl_device_t *x = a, *y = b;
@@ -562,17 +567,17 @@ int pl_loop_plan(pl_loop_t *l, int kind, const pl_loop_devices_t *devices, int64
     }
     set_clump_dispersion(l, ss, index, n);
     free(index);
-    if (devices->n == 0 && n > 0) {
+    if (devices->n == 0 && n > 0 && !devices->uncapped) {
         free(ss);
         return 1; /* nothing to place them on; the next device up re-plans */
     }
     pl_options_t opt = {.k_std = l->cfg.k_std,
                         .device_memory_bytes = devices->memory_bytes,
-                        .max_devices = devices->n,
+                        .max_devices = devices->uncapped ? 0 : devices->n,
                         .links = devices->links,
                         .nlinks = devices->links != NULL ? devices->nlinks : 0,
                         .burst_quantile = l->cfg.burst_quantile,
-                        .overflow = l->cfg.overflow};
+                        .overflow = devices->uncapped ? 0 : l->cfg.overflow};
     /* The previous plan's devices renamed to this epoch's ids (a device
      * keeps its key), dropped when their key is gone. */
     pl_plan_t prev = {0};
@@ -585,7 +590,7 @@ int pl_loop_plan(pl_loop_t *l, int kind, const pl_loop_devices_t *devices, int64
             int id = K->plan.devices[i].id;
             int key = id >= 0 && id < K->nkeys ? K->keys[id] : -1;
             for (int j = 0; j < devices->n && key >= 0; j++)
-                if (devices->keys[j] == key) {
+                if (device_key(devices, j) == key) {
                     kept[prev.ndevices] = K->plan.devices[i];
                     kept[prev.ndevices++].id = j;
                 }
@@ -606,9 +611,14 @@ int pl_loop_plan(pl_loop_t *l, int kind, const pl_loop_devices_t *devices, int64
     free(K->sessions);
     K->plan = plan;
     K->has = 1;
-    K->keys = sq_xcalloc((size_t)devices->n + 1, sizeof(int));
-    memcpy(K->keys, devices->keys, sizeof(int) * (size_t)devices->n);
-    K->nkeys = devices->n;
+    int nkeys = devices->n;
+    for (int i = 0; devices->uncapped && i < plan.ndevices; i++)
+        if (plan.devices[i].id + 1 > nkeys)
+            nkeys = plan.devices[i].id + 1;
+    K->keys = sq_xcalloc((size_t)nkeys + 1, sizeof(int));
+    for (int j = 0; j < nkeys; j++)
+        K->keys[j] = devices->uncapped ? j : devices->keys[j];
+    K->nkeys = nkeys;
     K->sessions = ss;
     K->nsessions = n;
     K->last_epoch_us = now_us;

@@ -168,6 +168,9 @@ typedef struct {
     double memory_bytes;    /* per device (the least of them); 0 = unlimited */
     const pl_link_t *links; /* borrowed; device j < nlinks behind links[j]; NULL: all local */
     int nlinks;
+    /* 1: as many devices as the plan needs (n and keys unused: a device's
+     * key is its id), no spare to take overflow. */
+    int uncapped;
 } pl_loop_devices_t;
 
 /* An epoch of kind at now_us: the sessions of its active models at the
