@@ -359,14 +359,17 @@ static int compose(pl_loop_t *l)
         s->plan_slo_ms = s->own_rps >= PL_LOOP_IDLE_RPS ? s->bucket_ms : INFINITY;
     }
     int moved = 0;
-    for (int i = l->nst - 1; i >= 0; i--) {
+    /* In order, the entries that go taken out in place: sessions a stage
+     * makes get their ids in stage order. */
+    int kept = 0;
+    for (int i = 0; i < l->nst; i++) {
         lstage_t *x = &l->st[i];
         const lpipe_t *p = pipe_of(l, x->pipe);
         if (p == NULL || x->stage < 0 || x->stage >= p->nstages ||
-            (x->rate_rps < PL_LOOP_IDLE_RPS && x->arrivals == 0)) {
-            l->st[i] = l->st[--l->nst];
+            (x->rate_rps < PL_LOOP_IDLE_RPS && x->arrivals == 0))
             continue;
-        }
+        l->st[kept] = *x;
+        x = &l->st[kept++];
         double budget = p->stages[x->stage].budget_ms * x->query_slo_ms / p->slo_ms;
         double bucket = bucket_of(l, budget);
         const pl_loop_model_t *m = model_of(l, x->model);
@@ -380,6 +383,7 @@ static int compose(pl_loop_t *l)
         if (budget < s->plan_slo_ms)
             s->plan_slo_ms = budget;
     }
+    l->nst = kept;
     for (int i = 0; i < l->n; i++)
         if (!isfinite(l->s[i].plan_slo_ms))
             l->s[i].plan_slo_ms = l->s[i].bucket_ms;
