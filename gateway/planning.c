@@ -218,6 +218,11 @@ static void pipeline_known(gw_dispatch_t *ds, gw_pipeline_t *pipe)
     pipeline_to_loop(ds, pipe);
 }
 
+pl_loop_t *gw__plan_loop(gw_dispatch_t *ds)
+{
+    return ds->plan->loop;
+}
+
 void gw__plan_forget(gw_dispatch_t *ds, const ds_model_t *dm)
 {
     pl_loop_model_forget(ds->plan->loop, dm->key);
@@ -543,7 +548,7 @@ static int resplit_pipelines(gw_dispatch_t *ds, int64_t now_us, int force)
      * the DP finds cheapest on paper but that holds no batch live would
      * drop every query. */
     double overhead_us = (double)srv->cfg->dispatch_margin_us;
-    if (n > 0)
+    if (n > 0 && srv->prep != NULL)
         overhead_us += gw_prep_pool_decode_us(srv->prep);
     for (int i = 0; i < n; i++) {
         gw_pipeline_t *pl = all[i];
@@ -675,7 +680,7 @@ static void settle_moves(gw_dispatch_t *ds, int kind)
 
 static int restore_all(gw_dispatch_t *ds);
 
-static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
+static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason, int64_t now_us)
 {
     gw_plan_state_t *p = ds->plan;
     /* An epoch before the stored plan was reapplied (a request for a new
@@ -710,7 +715,7 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason)
                               .links = remote ? links : NULL,
                               .nlinks = remote ? nw : 0};
     int64_t t0 = sq_now_ns();
-    int rc = pl_loop_plan(p->loop, kind, &devs, sq_now_us());
+    int rc = pl_loop_plan(p->loop, kind, &devs, now_us);
     double plan_ms = (double)(sq_now_ns() - t0) / 1e6;
     free(links);
     if (rc != 0) {
@@ -799,7 +804,7 @@ void gw__plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, cons
     }
     pl_loop_session(p->loop, dm->key, bucket_ms, 1);
     if (dm->kind >= 0)
-        run_epoch(ds, dm->kind, "new model");
+        run_epoch(ds, dm->kind, "new model", sq_now_us());
 }
 
 void gw__plan_invalidate(gw_dispatch_t *ds, int kind, const char *reason)
@@ -836,7 +841,7 @@ void gw__plan_tick(gw_dispatch_t *ds, int64_t now_us)
     unsigned dirty = pl_loop_dirty(p->loop);
     for (int k = 0; k < GW_KIND_COUNT; k++)
         if (dirty & (1u << k))
-            run_epoch(ds, k, pl_loop_reason(p->loop, k));
+            run_epoch(ds, k, pl_loop_reason(p->loop, k), now_us);
     /* A split made again (at every epoch, when a gamma moved, and at least
      * every PIPELINE_RESPLIT_US) goes to the loop: a stage whose budget
      * moved to another bucket moves its rate there at once. */
@@ -847,7 +852,7 @@ void gw__plan_tick(gw_dispatch_t *ds, int64_t now_us)
     unsigned due = pl_loop_advance(p->loop, now_us);
     for (int k = 0; k < GW_KIND_COUNT; k++)
         if (due & (1u << k))
-            run_epoch(ds, k, pl_loop_reason(p->loop, k));
+            run_epoch(ds, k, pl_loop_reason(p->loop, k), now_us);
 }
 
 /* ---- restart: the last stored plan, reapplied --------------------------- */
@@ -1039,7 +1044,7 @@ static int restore_all(gw_dispatch_t *ds)
         SQ_INFO("plan restored from_epoch=%lld kind=%s rows=%d devices=%d placements=%d "
                 "without_worker=%d",
                 p->restored_from, gw_kind_name((gw_kind_t)k), nsess, ndev, placed, dropped);
-        run_epoch(ds, k, "restored");
+        run_epoch(ds, k, "restored", sq_now_us());
         done |= 1 << k;
     }
     free(rows);

@@ -78,6 +78,19 @@ struct pl_loop {
     int64_t last_rate_us;
 };
 
+static const double slo_buckets_ms[] = {5,   10,   15,   20,   25,   30,   40,    50,    60,
+                                        75,  100,  125,  150,  200,  250,  300,   400,   500,
+                                        750, 1000, 1500, 2000, 3000, 5000, 10000, 30000, 60000};
+#define NBUCKETS (sizeof(slo_buckets_ms) / sizeof(slo_buckets_ms[0]))
+
+double pl_loop_slo_bucket_ms(double slo_ms)
+{
+    double b = slo_buckets_ms[0];
+    for (size_t i = 0; i < NBUCKETS && slo_buckets_ms[i] <= slo_ms; i++)
+        b = slo_buckets_ms[i];
+    return b;
+}
+
 void pl_loop_config_default(pl_loop_config_t *c)
 {
     memset(c, 0, sizeof(*c));
@@ -409,6 +422,11 @@ unsigned pl_loop_dirty(const pl_loop_t *l)
         if (l->kinds[k].dirty)
             d |= 1u << k;
     return d;
+}
+
+int64_t pl_loop_rates_at_us(const pl_loop_t *l)
+{
+    return l->last_rate_us;
 }
 
 const char *pl_loop_reason(const pl_loop_t *l, int kind)

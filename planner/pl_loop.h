@@ -73,6 +73,13 @@ typedef struct {
     double (*slo_bucket_ms)(double slo_ms);
 } pl_loop_config_t;
 
+/* squishd's SLO buckets: the largest of 5, 10, 15, 20, 25, 30, 40, 50, 60,
+ * 75, 100, 125, 150, 200, 250, 300, 400, 500, 750, 1000, 1500, 2000, 3000,
+ * 5000, 10000, 30000, 60000 ms not above slo_ms (the smallest for anything
+ * below it): a dispatcher session per bucket keeps the sessions (and
+ * metric label values) bounded, and its batches fit every member's SLO. */
+double pl_loop_slo_bucket_ms(double slo_ms);
+
 /* squishd's defaults (its configuration's: period 30 s, early epochs at
  * most every 10 s, scale up after 1 s, rates every second). */
 void pl_loop_config_default(pl_loop_config_t *c);
@@ -158,6 +165,8 @@ unsigned pl_loop_dirty(const pl_loop_t *l);
  * rates or period call for one. pl_loop_reason says why. */
 unsigned pl_loop_advance(pl_loop_t *l, int64_t now_us);
 const char *pl_loop_reason(const pl_loop_t *l, int kind);
+/* When rates were last taken (pl_loop_new's now_us before the first). */
+int64_t pl_loop_rates_at_us(const pl_loop_t *l);
 
 /* ---- plans -------------------------------------------------------------- */
 

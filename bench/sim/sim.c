@@ -568,9 +568,10 @@ static void apply_plan(run_t *r, int64_t now)
     free(routes);
 }
 
-/* The planning loop of a run: squishd's rules, the run's options; the
- * workload's models and pipelines, each session seeded at rates (per
- * dispatcher session, already scaled) as if measured. */
+/* The planning loop of a run: squishd's rules (its SLO buckets too), the
+ * run's options; the workload's models and pipelines, each session seeded
+ * at rates (per dispatcher session, already scaled) as if measured, or
+ * made without a rate (sim_opts_t.plan_cold). */
 static void loop_setup(run_t *r, const double *rates)
 {
     const wl_workload_t *w = r->w;
@@ -580,6 +581,7 @@ static void loop_setup(run_t *r, const double *rates)
     c.burst_quantile = r->o->plan_burst_quantile;
     c.k_std = w->k_std;
     c.overflow = r->o->plan_overflow;
+    c.slo_bucket_ms = pl_loop_slo_bucket_ms;
     if (r->o->epoch_s > 0) {
         /* squishd's epoch_ms; early epochs and rate steps no further apart
          * than the period. */
@@ -612,7 +614,9 @@ static void loop_setup(run_t *r, const double *rates)
     }
     for (int s = 0; s < r->nss; s++) {
         const sim_sess_t *ws = &r->ss[s];
-        if (ws->pipeline >= 0)
+        if (r->o->plan_cold) /* as squishd makes it at its first request */
+            pl_loop_session(r->loop, ws->model, ws->slo_us / 1000.0, 1);
+        else if (ws->pipeline >= 0)
             pl_loop_stage_seed(r->loop, ws->pipeline, ws->stage, w->pipelines[ws->pipeline].slo_ms,
                                ws->model, rates[s]);
         else

@@ -61,6 +61,11 @@ typedef struct {
      * above it; the first plan takes the rates of the workload's first
      * moment. 0: one plan at the workload's mean rates. */
     double epoch_s;
+    /* 1: the first plan sees no rate, as squishd's first epoch of a new
+     * model (its sessions are there, planned at the minimal batch), and
+     * the rates come from the arrivals; 0: the rates of the workload's
+     * first moment, as if measured. */
+    int plan_cold;
     double eager_load; /* adaptive policy's threshold; 0: PL_DEFAULT_EAGER_LOAD */
     /* How pipelines split their SLO among stages (wl_split_t): the DP of
      * pl_query_split (default) or the even split. */
