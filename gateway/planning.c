@@ -236,7 +236,9 @@ void gw__plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const
         pl_loop_stage_arrivals(p->loop, pipe_key(it->pipeline), it->stage, it->query_slo_ms,
                                dm->key, 1);
     } else {
-        pl_loop_arrivals(p->loop, dm->key, bucket_ms, 1);
+        /* Its SLO, not only its bucket: a session is planned at the least
+         * SLO of its requests (pl_loop.h). */
+        pl_loop_arrivals(p->loop, dm->key, it != NULL ? it->slo_ms : bucket_ms, 1);
     }
 }
 
@@ -802,7 +804,7 @@ void gw__plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, cons
         pl_loop_stage_arrivals(p->loop, pipe_key(it->pipeline), it->stage, it->query_slo_ms,
                                dm->key, 0);
     }
-    pl_loop_session(p->loop, dm->key, bucket_ms, 1);
+    pl_loop_session(p->loop, dm->key, it != NULL ? it->slo_ms : bucket_ms, 1);
     if (dm->kind >= 0)
         run_epoch(ds, dm->kind, "new model", sq_now_us());
 }

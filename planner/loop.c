@@ -28,6 +28,12 @@ typedef struct {
     double plan_slo_ms;
     double planned_rps;
     double arrivals; /* since the last rate step */
+    /* Its own requests' SLO: the least of the last rate interval with
+     * any (a bucket holds SLOs from the bucket up to the next one; planned
+     * at the bucket, a session of 27 ms requests in bucket 25 may find no
+     * batch at all), or the SLO it was made for. */
+    double own_slo_ms;
+    double least_slo_ms; /* of the arrivals since the last rate step */
 } lsess_t;
 
 /* A pipeline stage's items at one query SLO. Their rate is the stage's,
@@ -200,9 +206,10 @@ static double bucket_of(const pl_loop_t *l, double slo_ms)
     return l->cfg.slo_bucket_ms != NULL ? l->cfg.slo_bucket_ms(slo_ms) : slo_ms;
 }
 
-/* The session of model at bucket (already a bucket), made when create. */
-static lsess_t *sess(pl_loop_t *l, int64_t model, double bucket_ms, int create)
+/* The session of model at slo_ms's bucket, made (for slo_ms) when create. */
+static lsess_t *sess(pl_loop_t *l, int64_t model, double slo_ms, int create)
 {
+    double bucket_ms = bucket_of(l, slo_ms);
     for (int i = 0; i < l->n; i++)
         if (l->s[i].model == model && l->s[i].bucket_ms == bucket_ms)
             return &l->s[i];
@@ -212,8 +219,12 @@ static lsess_t *sess(pl_loop_t *l, int64_t model, double bucket_ms, int create)
         l->cap = l->cap ? 2 * l->cap : 16;
         l->s = sq_xrealloc(l->s, sizeof(*l->s) * (size_t)l->cap);
     }
-    l->s[l->n] = (lsess_t){
-        .id = l->next_id++, .model = model, .bucket_ms = bucket_ms, .plan_slo_ms = bucket_ms};
+    l->s[l->n] = (lsess_t){.id = l->next_id++,
+                           .model = model,
+                           .bucket_ms = bucket_ms,
+                           .plan_slo_ms = slo_ms,
+                           .own_slo_ms = slo_ms,
+                           .least_slo_ms = INFINITY};
     return &l->s[l->n++];
 }
 
@@ -227,18 +238,21 @@ static const lsess_t *sess_by_id(const pl_loop_t *l, int id)
 
 int pl_loop_session(pl_loop_t *l, int64_t model, double slo_ms, int create)
 {
-    lsess_t *s = sess(l, model, bucket_of(l, slo_ms), create);
+    lsess_t *s = sess(l, model, slo_ms, create);
     return s != NULL ? s->id : -1;
 }
 
 void pl_loop_arrivals(pl_loop_t *l, int64_t model, double slo_ms, double n)
 {
-    sess(l, model, bucket_of(l, slo_ms), 1)->arrivals += n;
+    lsess_t *s = sess(l, model, slo_ms, 1);
+    s->arrivals += n;
+    if (n > 0 && slo_ms < s->least_slo_ms)
+        s->least_slo_ms = slo_ms;
 }
 
 void pl_loop_seed(pl_loop_t *l, int64_t model, double slo_ms, double rate_rps, int add)
 {
-    lsess_t *s = sess(l, model, bucket_of(l, slo_ms), 1);
+    lsess_t *s = sess(l, model, slo_ms, 1);
     s->own_rps = (add ? s->own_rps : 0) + rate_rps;
     s->ewma_rps = s->rate_rps = s->own_rps;
 }
@@ -368,8 +382,7 @@ static int compose(pl_loop_t *l)
     for (int i = 0; i < l->n; i++) {
         lsess_t *s = &l->s[i];
         s->rate_rps = s->own_rps;
-        /* Its own requests' SLOs are known only by their bucket. */
-        s->plan_slo_ms = s->own_rps >= PL_LOOP_IDLE_RPS ? s->bucket_ms : INFINITY;
+        s->plan_slo_ms = s->own_rps >= PL_LOOP_IDLE_RPS ? s->own_slo_ms : INFINITY;
     }
     int moved = 0;
     /* In order, the entries that go taken out in place: sessions a stage
@@ -391,7 +404,7 @@ static int compose(pl_loop_t *l)
                 moved |= 1 << m->kind;
             x->bucket_ms = bucket;
         }
-        lsess_t *s = sess(l, x->model, bucket, 1);
+        lsess_t *s = sess(l, x->model, budget, 1);
         s->rate_rps += x->rate_rps;
         if (budget < s->plan_slo_ms)
             s->plan_slo_ms = budget;
@@ -399,7 +412,7 @@ static int compose(pl_loop_t *l)
     l->nst = kept;
     for (int i = 0; i < l->n; i++)
         if (!isfinite(l->s[i].plan_slo_ms))
-            l->s[i].plan_slo_ms = l->s[i].bucket_ms;
+            l->s[i].plan_slo_ms = l->s[i].own_slo_ms;
     return moved;
 }
 
@@ -454,9 +467,13 @@ unsigned pl_loop_advance(pl_loop_t *l, int64_t now_us)
         return due;
     double interval_ms = (double)(now_us - l->last_rate_us) / 1000.0;
     l->last_rate_us = now_us;
-    for (int i = 0; i < l->n; i++)
-        l->s[i].own_rps =
-            rate_step(&l->s[i].ewma_rps, &l->s[i].arrivals, interval_ms, l->cfg.epoch.ewma_tau_ms);
+    for (int i = 0; i < l->n; i++) {
+        lsess_t *s = &l->s[i];
+        s->own_rps = rate_step(&s->ewma_rps, &s->arrivals, interval_ms, l->cfg.epoch.ewma_tau_ms);
+        if (isfinite(s->least_slo_ms))
+            s->own_slo_ms = s->least_slo_ms;
+        s->least_slo_ms = INFINITY;
+    }
     for (int i = 0; i < l->nst; i++)
         l->st[i].rate_rps = rate_step(&l->st[i].ewma_rps, &l->st[i].arrivals, interval_ms,
                                       l->cfg.epoch.ewma_tau_ms);

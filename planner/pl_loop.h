@@ -105,10 +105,14 @@ void pl_loop_model_set(pl_loop_t *l, int64_t key, const pl_loop_model_t *m);
 /* The model is gone: its sessions and stage entries go with it. */
 void pl_loop_model_forget(pl_loop_t *l, int64_t key);
 
-/* The id of model's session at slo_ms (its bucket), made when create is
- * set; -1 when there is none. Ids are stable: plans refer to them. */
+/* The id of model's session at slo_ms's bucket, made when create is set
+ * (planned at slo_ms until its own requests say otherwise); -1 when there
+ * is none. Ids are stable: plans refer to them. */
 int pl_loop_session(pl_loop_t *l, int64_t model, double slo_ms, int create);
-/* n requests of model's session at slo_ms arrived (the session is made). */
+/* n requests of SLO slo_ms for model arrived (its bucket's session is
+ * made). A session is planned at the least SLO of its own requests in the
+ * last rate interval that had any (not at its bucket, below every one of
+ * them), or at a stage's budget when tighter. */
 void pl_loop_arrivals(pl_loop_t *l, int64_t model, double slo_ms, double n);
 /* Sets the session's rate estimate to rate_rps (add: adds it), as if
  * measured: a restart's stored rates, a simulation's declared ones. */
