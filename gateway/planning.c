@@ -493,7 +493,7 @@ typedef struct {
 static void store_job(mdb_t *db, void *arg)
 {
     store_job_t *j = arg;
-    if (mdb_plan_store(db, j->epoch, j->reason, j->plan, j->placements) != 0)
+    if (db != NULL && mdb_plan_store(db, j->epoch, j->reason, j->plan, j->placements) != 0)
         SQ_WARN("cannot store plan epoch=%lld error=\"%s\"", j->epoch, mdb_errmsg(db));
     free(j->plan);
     json_decref(j->placements);
@@ -788,7 +788,10 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason, int64_t n
     snprintf(sj->reason, sizeof(sj->reason), "%s", reason);
     sj->plan = txt;
     sj->placements = placements;
-    gw_db_post(ds->srv, store_job, sj);
+    if (ds->srv->db != NULL)
+        gw_db_post(ds->srv, store_job, sj);
+    else /* a dispatcher without storage (unit tests): nothing to keep */
+        store_job(NULL, sj);
     /* The advice window starts again. */
     p->ok = p->bad = p->busy_us = 0;
     p->window_start_us = now;

@@ -82,6 +82,7 @@ struct pl_loop {
     int npipes, cappipes;
     lkind_t kinds[PL_LOOP_MAX_KINDS];
     int64_t last_rate_us;
+    long long epochs;
 };
 
 static const double slo_buckets_ms[] = {5,   10,   15,   20,   25,   30,   40,    50,    60,
@@ -239,6 +240,8 @@ static const lsess_t *sess_by_id(const pl_loop_t *l, int id)
 int pl_loop_session(pl_loop_t *l, int64_t model, double slo_ms, int create)
 {
     lsess_t *s = sess(l, model, slo_ms, create);
+    if (s != NULL && create && slo_ms < s->own_slo_ms)
+        s->own_slo_ms = slo_ms;
     return s != NULL ? s->id : -1;
 }
 
@@ -253,6 +256,8 @@ void pl_loop_arrivals(pl_loop_t *l, int64_t model, double slo_ms, double n)
 void pl_loop_seed(pl_loop_t *l, int64_t model, double slo_ms, double rate_rps, int add)
 {
     lsess_t *s = sess(l, model, slo_ms, 1);
+    if (slo_ms < s->own_slo_ms)
+        s->own_slo_ms = slo_ms;
     s->own_rps = (add ? s->own_rps : 0) + rate_rps;
     s->ewma_rps = s->rate_rps = s->own_rps;
 }
@@ -661,7 +666,13 @@ int pl_loop_plan(pl_loop_t *l, int kind, const pl_loop_devices_t *devices, int64
     K->sessions = ss;
     K->nsessions = n;
     K->last_epoch_us = now_us;
+    l->epochs++;
     return 0;
+}
+
+long long pl_loop_epochs(const pl_loop_t *l)
+{
+    return l->epochs;
 }
 
 const pl_plan_t *pl_loop_current(const pl_loop_t *l, int kind)

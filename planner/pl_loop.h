@@ -115,7 +115,8 @@ int pl_loop_session(pl_loop_t *l, int64_t model, double slo_ms, int create);
  * them), or at a stage's budget when tighter. */
 void pl_loop_arrivals(pl_loop_t *l, int64_t model, double slo_ms, double n);
 /* Sets the session's rate estimate to rate_rps (add: adds it), as if
- * measured: a restart's stored rates, a simulation's declared ones. */
+ * measured (requests of slo_ms): a restart's stored rates, a
+ * simulation's declared ones. */
 void pl_loop_seed(pl_loop_t *l, int64_t model, double slo_ms, double rate_rps, int add);
 
 typedef struct {
@@ -196,6 +197,8 @@ int pl_loop_plan(pl_loop_t *l, int kind, const pl_loop_devices_t *devices, int64
  * (valid until the next pl_loop_plan of kind). */
 const pl_plan_t *pl_loop_current(const pl_loop_t *l, int kind);
 const pl_session_t *pl_loop_planned_sessions(const pl_loop_t *l, int kind, int *n);
+/* Epochs that made a plan so far (any kind). */
+long long pl_loop_epochs(const pl_loop_t *l);
 /* The caller's key of kind's plan device id, or -1. */
 int pl_loop_device_key(const pl_loop_t *l, int kind, int device_id);
 /* Installs plan (taken: the loop disposes of it) as kind's plan in force,
