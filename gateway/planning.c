@@ -1,16 +1,18 @@
-/* Live planning: the dispatch thread's epochs. Sessions are (model, SLO
- * bucket) with an EWMA of their arrival rate; per device kind, the pure
- * placement core (planner/pl.h) packs them onto the workers of that kind
- * (squishy bin packing, incremental from the previous plan); the plan
- * decides which worker loads which model, the dispatcher's routes and
- * target batches, and each worker's duty cycle. Models are loaded before
- * any route points at them and unloaded only after routes moved away.
+/* Live planning: the dispatch thread's epochs. What decides (rates and
+ * epoch triggers, the sessions given to the placement core, idle
+ * sessions, clump dispersion, routes and their fallbacks, stored rates,
+ * pipeline splits) is the planning loop of planner/pl_loop.h, the same
+ * code squish-sim runs; this file is its shell: it feeds the loop the
+ * models, pipelines, arrivals and workers, and applies each plan (loads
+ * before any route points at a model, unloads only after routes moved
+ * away, duty cycles), stores it in the model DB (plans and placements,
+ * one row set per epoch), serves it by GET /v1/plan and reapplies the
+ * stored one after a restart.
  *
- * The core runs here, on the dispatch thread: it takes well under a
- * millisecond for the sessions one squishd serves (bench: 0.3 ms for 100
- * sessions); a deployment with thousands of sessions would want it on a
- * thread of its own. Each plan is stored in the model DB (plans and
- * placements, one row set per epoch) and served by GET /v1/plan. */
+ * The loop runs here, on the dispatch thread: well under a millisecond
+ * for the sessions one squishd serves (bench: 0.3 ms for 100 sessions);
+ * a deployment with thousands of sessions would want it on a thread of
+ * its own. */
 #include "gw_dispatch_int.h"
 #include "gw_pipeline.h"
 #include "gw_metrics.h"
