@@ -1160,27 +1160,10 @@ static int overflow_batch(const ctx_t *c, int s, pl_link_t l)
     return best;
 }
 
-/* The batch of one that session s runs alone on a device behind link l
- * within its SLO (l(1) + net(1) <= L), memory allowing: 1, or 0. */
-static int alone_batch(const ctx_t *c, int s, pl_link_t l)
-{
-    const pl_session_t *ss = &c->sessions[s];
-    double lat = pl_latency_us(ss->profile, 1, c->opt.k_std);
-    return lat > 0 && lat + transfer_us(ss, l, 1) <= ss->slo_us + TIME_EPS_US &&
-                   fits_memory(&c->opt, pl_memory_bytes(ss->profile, 1))
-               ? 1
-               : 0;
-}
-
 /* Devices short (load left unplaced for want of devices): the planned
  * devices that do not hold such a session also take its overflow, least
  * occupied first, as memory allows: Symphony's matchmaking over every
- * worker that can hold the model, rather than certain loss. A session no
- * batch serves by the worst-case rule (PL_UNPLACED_SLO: 2 l(1) > L) but
- * whose batch of one fits its SLO alone gets the least occupied such
- * device: best effort there (the dispatcher sends only batches that can
- * make their deadlines), where its model would otherwise be loaded
- * nowhere and every request of it lost. */
+ * worker that can hold the model, rather than certain loss. */
 static void overflow_onto_planned(const ctx_t *c, pl_plan_t *out, const busy_t *rank)
 {
     int *order = sq_xmalloc(sizeof(int) * (size_t)(out->ndevices ? out->ndevices : 1));
@@ -1195,8 +1178,7 @@ static void overflow_onto_planned(const ctx_t *c, pl_plan_t *out, const busy_t *
     double *extra = sq_xcalloc((size_t)(out->ndevices ? out->ndevices : 1), sizeof(double));
     for (int k = 0; k < c->nsessions; k++) {
         int s = rank[k].session;
-        int best_effort = c->unplaced_reason[s] == PL_UNPLACED_SLO;
-        if (c->unplaced_reason[s] != PL_UNPLACED_DEVICES && !best_effort)
+        if (c->unplaced_reason[s] != PL_UNPLACED_DEVICES)
             continue;
         for (int oi = 0; oi < out->ndevices; oi++) {
             int i = order[oi];
@@ -1211,8 +1193,7 @@ static void overflow_onto_planned(const ctx_t *c, pl_plan_t *out, const busy_t *
                                out->overflow[o].model == c->sessions[s].model;
             if (holds)
                 continue;
-            pl_link_t l = link_of(&c->opt, d->id);
-            int b = best_effort ? alone_batch(c, s, l) : overflow_batch(c, s, l);
+            int b = overflow_batch(c, s, link_of(&c->opt, d->id));
             if (b == 0)
                 continue;
             double more = model_there ? 0 : pl_memory_bytes(c->sessions[s].profile, b);
@@ -1223,8 +1204,6 @@ static void overflow_onto_planned(const ctx_t *c, pl_plan_t *out, const busy_t *
                                                               .session = s,
                                                               .session_id = c->sessions[s].id,
                                                               .model = c->sessions[s].model};
-            if (best_effort)
-                break; /* one device */
         }
     }
     free(order);

@@ -590,43 +590,6 @@ Test(pack, short_of_devices_planned_devices_take_the_unplaced_overflow, .init = 
     pl_plan_dispose(&p);
 }
 
-/* A session whose batch of one meets its SLO alone but not by the
- * worst-case rule (2 l(1) > L) is unplaced for its SLO; without an
- * overflow device its model would be loaded nowhere and every request of
- * it lost. It gets one planned device, the least occupied, best effort. */
-Test(pack, a_session_too_tight_for_the_worst_case_gets_one_device_best_effort, .init = nexus_setup,
-     .fini = nexus_teardown)
-{
-    pl_session_t s[3];
-    nexus_sessions(s, 64, 64, 0);
-    s[2].slo_us = 70 * MS; /* C: l(4) = 60 ms, 2 l(4) = 120 > 70 >= l(4) */
-    s[2].rate_rps = 10;
-    pl_options_t opt = {.max_devices = 3, .overflow = 1};
-    pl_plan_t p;
-    cr_assert_eq(pl_plan(&p, s, 3, NULL, &opt), 0);
-    int unplaced = 0;
-    for (int u = 0; u < p.nunplaced; u++)
-        unplaced += p.unplaced[u].session_id == s[2].id && p.unplaced[u].reason == PL_UNPLACED_SLO;
-    cr_assert_eq(unplaced, 1);
-    int devices = 0;
-    for (int i = 0; i < p.noverflow; i++)
-        if (p.overflow[i].session_id == s[2].id) {
-            devices++;
-            int planned = 0;
-            for (int k = 0; k < p.ndevices; k++)
-                planned |= p.devices[k].id == p.overflow[i].device_id;
-            cr_assert(planned, "a planned device");
-        }
-    cr_assert_eq(devices, 1, "one device for it, %d", devices);
-    pl_plan_dispose(&p);
-    /* Not even alone in time (l(4) = 60 ms > 50): no device. */
-    s[2].slo_us = 50 * MS;
-    cr_assert_eq(pl_plan(&p, s, 3, NULL, &opt), 0);
-    for (int i = 0; i < p.noverflow; i++)
-        cr_assert_neq(p.overflow[i].session_id, s[2].id);
-    pl_plan_dispose(&p);
-}
-
 /* ---- property test ---------------------------------------------------------
  * A checker written from the validity rules in pl.h, not from pack.c: for
  * every device the batches fit the duty cycle, every share meets its SLO in
