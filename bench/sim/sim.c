@@ -515,7 +515,9 @@ static double rate_at(const sim_sess_t *ws, double t_s)
  * (early-drop's pacing), each dispatcher session's routes (pl_loop_routes:
  * planned devices, the devices holding its model as fallback, spare
  * devices for overflow). A simulated device holds what the plan puts on
- * it from the moment the plan is made (loads take no time here). */
+ * it from the moment the plan is made (loads take no time here), and a
+ * model the plan puts nowhere is held by every device, as squishd loads
+ * it. */
 static void apply_plan(run_t *r, int64_t now)
 {
     int n = r->res->ndevices;
@@ -549,6 +551,13 @@ static void apply_plan(run_t *r, int64_t now)
         int fell_back = 0;
         pl_loop_route_env_t env = {.holders = holders, .used_fallback = &fell_back};
         env.nholders = pl_loop_holders(r->loop, 0, r->ss[s].model, holders, n);
+        /* A model the plan puts on no device: squishd loads it on every
+         * worker of its kind at its first request (ds_spread_loads), and
+         * those serve it. */
+        for (int k = 0; env.nholders == 0 && k < n; k++)
+            holders[k] = k;
+        if (env.nholders == 0)
+            env.nholders = n;
         int nr = pl_loop_routes(r->loop, r->ss[s].model, r->ss[s].slo_us / 1000.0, &env, routes,
                                 maxroutes);
         r->res->unplaced_sessions += fell_back;
