@@ -301,6 +301,11 @@ int pl_query_split(pl_query_result_t *out, const pl_stage_t *stages, int nstages
  * stage's share holds no batch). */
 int pl_query_split_even(pl_query_result_t *out, const pl_stage_t *stages, int nstages,
                         double slo_us, double rate_rps, double k_std);
+/* The even split's budgets alone (no profile needed): stage v gets slo_us
+ * over the most stages on a root-to-leaf path through it. Only nparents
+ * and parents are read. Returns 0 or SQ_INVAL (a parent not earlier, SLO
+ * not positive). */
+int pl_query_even_budgets(const pl_stage_t *stages, int nstages, double slo_us, double *budget_us);
 void pl_query_result_dispose(pl_query_result_t *r);
 /* The DP (pl_query_split) gives each stage the least budget at its least
  * cost. This gives what is left of the SLO to where the load is: along

@@ -319,12 +319,17 @@ static int fill_result(pl_query_result_t *out, const pl_stage_t *stages, int nst
     return 0;
 }
 
-int pl_query_split_even(pl_query_result_t *out, const pl_stage_t *stages, int nstages,
-                        double slo_us, double rate_rps, double k_std)
+int pl_query_even_budgets(const pl_stage_t *stages, int nstages, double slo_us, double *budget_us)
 {
-    memset(out, 0, sizeof(*out));
-    if (!(slo_us > 0) || !(rate_rps >= 0) || !stages_valid(stages, nstages))
+    if (!(slo_us > 0) || nstages < 1 || !stages || !budget_us)
         return SQ_INVAL;
+    for (int v = 0; v < nstages; v++) {
+        if (stages[v].nparents < 0 || (stages[v].nparents > 0 && !stages[v].parents))
+            return SQ_INVAL;
+        for (int k = 0; k < stages[v].nparents; k++)
+            if (stages[v].parents[k] < 0 || stages[v].parents[k] >= v)
+                return SQ_INVAL;
+    }
     /* up[v]: stages on the longest root-to-v path (v included); down[v]:
      * on the longest v-to-leaf path. A stage's longest root-to-leaf path
      * through it has up + down - 1 stages; any path through it has at most
@@ -344,15 +349,27 @@ int pl_query_split_even(pl_query_result_t *out, const pl_stage_t *stages, int ns
             if (down[v] + 1 > down[stages[v].parents[k]])
                 down[stages[v].parents[k]] = down[v] + 1;
     }
-    double *budget = sq_xmalloc(sizeof(double) * (size_t)nstages);
     for (int v = 0; v < nstages; v++)
-        budget[v] = slo_us / (up[v] + down[v] - 1);
-    double *rates = stage_rates(stages, nstages, rate_rps);
-    int rc = fill_result(out, stages, nstages, budget, rates, k_std);
-    free(rates);
-    free(budget);
+        budget_us[v] = slo_us / (up[v] + down[v] - 1);
     free(up);
     free(down);
+    return 0;
+}
+
+int pl_query_split_even(pl_query_result_t *out, const pl_stage_t *stages, int nstages,
+                        double slo_us, double rate_rps, double k_std)
+{
+    memset(out, 0, sizeof(*out));
+    if (!(slo_us > 0) || !(rate_rps >= 0) || !stages_valid(stages, nstages))
+        return SQ_INVAL;
+    double *budget = sq_xmalloc(sizeof(double) * (size_t)nstages);
+    int rc = pl_query_even_budgets(stages, nstages, slo_us, budget);
+    if (rc == 0) {
+        double *rates = stage_rates(stages, nstages, rate_rps);
+        rc = fill_result(out, stages, nstages, budget, rates, k_std);
+        free(rates);
+    }
+    free(budget);
     return rc;
 }
 

@@ -1,5 +1,5 @@
 /* One rule turns a placement plan into a session's dispatcher routes, for
- * the live gateway (gateway/planning.c) and the simulator (bench/sim) alike,
+ * the live gateway (gateway/dispatch/planning.c) and the simulator (bench/sim) alike,
  * so that what the simulator measures is what squishd does. */
 #include "pl.h"
 #include "pl_dispatch.h"

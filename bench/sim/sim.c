@@ -5,6 +5,7 @@
 #include "sim_rng.h"
 
 #include <pl.h>
+#include <pl_loop.h>
 #include <sq.h>
 
 #include <jansson.h>
@@ -177,7 +178,7 @@ typedef struct {
     double rate_rps;               /* planned (mean) rate, before rate_scale */
     const wl_arrivals_t *arrivals; /* the session's, or the pipeline's queries' */
     double arrivals_rate;          /* the mean rate of those arrivals */
-    double dispersion;             /* pl_session_t.dispersion: a stage's clumps */
+    int pipeline, stage;           /* a stage's; -1, -1 for a workload session */
 } sim_sess_t;
 
 /* A pipeline's stage in the run: its deadline offset from the query's
@@ -201,13 +202,13 @@ typedef struct {
     double *item_bytes; /* per session: its model's input + output bytes */
     size_t cap_batches;
     int failed;
-    /* Placement routing (SIM_ROUTE_PLAN): the plan in force, re-made every
-     * epoch from the rates measured in the one before (sim_opts_t.epoch_s). */
+    /* Placement routing (SIM_ROUTE_PLAN): squishd's planning loop
+     * (pl_loop.h), fed the arrivals; with epochs (sim_opts_t.epoch_s) it
+     * takes rates and decides epochs at every tick, as on squishd's
+     * dispatch thread. */
     int planning;
-    int has_plan;
-    pl_plan_t plan;
-    double *epoch_count; /* per session: arrivals since the last epoch */
-    int64_t next_epoch_us, last_epoch_us;
+    pl_loop_t *loop;
+    int64_t next_tick_us, tick_us;
     int64_t *plan_at_us; /* when each plan was applied, and its devices */
     int *plan_devices;
     int nplans, capplans;
@@ -387,7 +388,9 @@ static void item_push(run_t *r, int q, int stage, int64_t now, int n)
     r->pend[r->qoff[q] + (size_t)stage] += n;
     r->created[r->qoff[q] + (size_t)stage] += (size_t)n;
     qq->items += (size_t)n;
-    r->epoch_count[sess] += n;
+    if (r->loop != NULL)
+        pl_loop_stage_arrivals(r->loop, qq->pipeline, stage, r->w->pipelines[qq->pipeline].slo_ms,
+                               r->ss[sess].model, n);
     pl_dispatch_requests(r->d, now, sess, r->clump, n);
 }
 
@@ -490,14 +493,6 @@ static void item_done(run_t *r, size_t id, int64_t now)
     settle(r, q, now);
 }
 
-/* Plan device id k runs on simulated device k, if there is one (ctx: the
- * count): ids, not indices, since a device's id is its link. */
-static int sim_device_worker(void *ctx, int index, const pl_device_t *dev)
-{
-    (void)index;
-    return dev->id < *(const int *)ctx ? dev->id : -1;
-}
-
 /* Session s's rate at t_s: its segment's for segment arrivals, else its
  * mean (rate_rps); a stage's, its pipeline's times the stage's fan-out.
  * Times are not scaled, rates are. */
@@ -516,88 +511,146 @@ static double rate_at(const sim_sess_t *ws, double t_s)
     return 0;
 }
 
-/* Plans at rates (req/s, per session; incremental from the plan in force)
- * and applies it at now: each device's duty cycle (early-drop's pacing),
- * each session's routes (pl_plan_routes: planned devices, the planned ones
- * as fallback for unplaced sessions, spare devices for overflow). */
-static int plan_and_route(run_t *r, const double *rates, int64_t now)
+/* The plan in force (the loop's) applied at now: each device's duty cycle
+ * (early-drop's pacing), each dispatcher session's routes (pl_loop_routes:
+ * planned devices, the devices holding its model as fallback, spare
+ * devices for overflow). A simulated device holds what the plan puts on
+ * it from the moment the plan is made (loads take no time here), and a
+ * model the plan puts nowhere is held by every device, as squishd loads
+ * it. */
+static void apply_plan(run_t *r, int64_t now)
 {
-    const wl_workload_t *w = r->w;
     int n = r->res->ndevices;
-    pl_session_t *ps = sq_xcalloc((size_t)r->nss + 1, sizeof(*ps));
-    for (int s = 0; s < r->nss; s++) {
-        const sim_sess_t *ws = &r->ss[s];
-        ps[s] = (pl_session_t){.id = s,
-                               .model = ws->model,
-                               .name = w->models[ws->model].name,
-                               .profile = &w->models[ws->model].profile,
-                               .slo_us = ws->slo_us,
-                               .rate_rps = rates[s] * r->o->plan_headroom,
-                               .item_bytes = w->models[ws->model].item_bytes,
-                               .dispersion = ws->dispersion};
-    }
-    pl_options_t po = {.k_std = w->k_std,
-                       .device_memory_bytes = w->device_memory_mb * WL_BYTES_PER_MB,
-                       .max_devices = n,
-                       .links = w->device_links,
-                       .nlinks = w->ndevice_links,
-                       .burst_quantile = r->o->plan_burst_quantile,
-                       .overflow = r->o->plan_overflow};
-    pl_plan_t plan;
-    int rc = pl_plan(&plan, ps, r->nss, r->has_plan ? &r->plan : NULL, &po);
-    free(ps);
-    if (rc < 0)
-        return rc;
-    r->res->planned_devices = plan.ndevices;
+    const pl_plan_t *plan = pl_loop_current(r->loop, 0);
+    r->res->planned_devices = plan->ndevices;
     if (r->nplans == r->capplans) {
         r->capplans = r->capplans ? 2 * r->capplans : 16;
         r->plan_at_us = sq_xrealloc(r->plan_at_us, sizeof(int64_t) * (size_t)r->capplans);
         r->plan_devices = sq_xrealloc(r->plan_devices, sizeof(int) * (size_t)r->capplans);
     }
     r->plan_at_us[r->nplans] = now;
-    r->plan_devices[r->nplans++] = plan.ndevices;
+    r->plan_devices[r->nplans++] = plan->ndevices;
     for (int k = 0; k < n; k++) {
         const pl_device_t *pd = NULL;
-        for (int i = 0; i < plan.ndevices; i++)
-            if (plan.devices[i].id == k)
-                pd = &plan.devices[i];
+        for (int i = 0; i < plan->ndevices; i++)
+            if (pl_loop_device_key(r->loop, 0, plan->devices[i].id) == k)
+                pd = &plan->devices[i];
         int64_t duty = pd ? llround(pd->duty_cycle_us) : 0;
         /* A saturated device runs back to back: pacing adds nothing. */
         if (pd && pd->saturated)
             duty = 0;
         pl_dispatch_worker_add(r->d, now, k, r->o->policy == PL_POLICY_EARLY_DROP ? duty : 0);
     }
-    int maxroutes = plan.ndevices + 2 * n + 1; /* planned, fallback, overflow */
+    int maxroutes = plan->ndevices + 2 * n + 1; /* planned, fallback, overflow */
     pl_route_t *routes = sq_xmalloc(sizeof(*routes) * (size_t)maxroutes);
-    /* Unplaced (Nexus's worst case 2 l(1) > SLO, or out of devices): best
-     * effort on every planned device rather than certain loss; the
-     * dispatcher still only sends batches that meet their deadline. */
-    int ndev = plan.ndevices < n ? plan.ndevices : n;
-    int *all = sq_xcalloc((size_t)(ndev ? ndev : n), sizeof(*all));
-    for (int k = 0; k < ndev; k++)
-        all[k] = plan.devices[k].id < n ? plan.devices[k].id : 0;
-    if (ndev == 0)
-        for (ndev = 0; ndev < n; ndev++)
-            all[ndev] = ndev;
+    int *holders = sq_xcalloc((size_t)n + 1, sizeof(*holders));
+    int *off = sq_xcalloc((size_t)r->nss + 1, sizeof(int));
+    pl_route_t *all = sq_xmalloc(sizeof(*all) * ((size_t)maxroutes * (size_t)r->nss + 1));
     r->res->unplaced_sessions = 0;
     for (int s = 0; s < r->nss; s++) {
         int fell_back = 0;
-        pl_route_rules_t rules = {.worker_of = sim_device_worker,
-                                  .ctx = &n,
-                                  .targets = 1,
-                                  .fallback = all,
-                                  .nfallback = ndev,
-                                  .used_fallback = &fell_back};
-        int nr = pl_plan_routes(&plan, s, &rules, routes, maxroutes);
+        pl_loop_route_env_t env = {.holders = holders, .used_fallback = &fell_back};
+        env.nholders = pl_loop_holders(r->loop, 0, r->ss[s].model, holders, n);
+        /* A model the plan puts on no device: squishd loads it on every
+         * worker of its kind at its first request (ds_spread_loads), and
+         * those serve it. */
+        for (int k = 0; env.nholders == 0 && k < n; k++)
+            holders[k] = k;
+        if (env.nholders == 0)
+            env.nholders = n;
+        int nr = pl_loop_routes(r->loop, r->ss[s].model, r->ss[s].slo_us / 1000.0, &env, routes,
+                                maxroutes);
         r->res->unplaced_sessions += fell_back;
         pl_dispatch_route_set(r->d, now, s, routes, nr);
+        memcpy(all + off[s], routes, sizeof(*routes) * (size_t)nr);
+        off[s + 1] = off[s] + nr;
     }
+    if (r->o->on_epoch != NULL)
+        r->o->on_epoch(r->o->on_epoch_ctx, &(sim_epoch_t){.at_us = now,
+                                                          .loop = r->loop,
+                                                          .nsessions = r->nss,
+                                                          .routes = all,
+                                                          .route_off = off});
     free(all);
+    free(off);
+    free(holders);
     free(routes);
-    if (r->has_plan)
-        pl_plan_dispose(&r->plan);
-    r->plan = plan;
-    r->has_plan = 1;
+}
+
+/* The planning loop of a run: squishd's rules (its SLO buckets too), the
+ * run's options; the workload's models and pipelines, each session seeded
+ * at rates (per dispatcher session, already scaled) as if measured, or
+ * made without a rate (sim_opts_t.plan_cold). */
+static void loop_setup(run_t *r, const double *rates)
+{
+    const wl_workload_t *w = r->w;
+    pl_loop_config_t c;
+    pl_loop_config_default(&c);
+    c.headroom = r->o->plan_headroom;
+    c.burst_quantile = r->o->plan_burst_quantile;
+    c.k_std = w->k_std;
+    c.overflow = r->o->plan_overflow;
+    c.slo_bucket_ms = pl_loop_slo_bucket_ms;
+    if (r->o->epoch_s > 0) {
+        /* squishd's epoch_ms; early epochs and rate steps no further apart
+         * than the period. */
+        c.epoch.period_ms = r->o->epoch_s * 1000.0;
+        c.epoch.min_interval_ms = fmin(c.epoch.min_interval_ms, c.epoch.period_ms);
+        c.scale_up_ms = fmin(c.scale_up_ms, c.epoch.period_ms);
+        c.rate_interval_ms = fmin(c.rate_interval_ms, c.epoch.period_ms);
+    }
+    r->loop = pl_loop_new(&c, 0);
+    r->tick_us = llround(c.rate_interval_ms * 1000.0);
+    for (int m = 0; m < w->nmodels; m++)
+        pl_loop_model_set(r->loop, m,
+                          &(pl_loop_model_t){.kind = 0,
+                                             .profile = &w->models[m].profile,
+                                             .name = w->models[m].name,
+                                             .item_bytes = w->models[m].item_bytes,
+                                             .active = 1});
+    const sim_result_t *res = r->res;
+    for (int p = 0; p < res->npipelines; p++) {
+        const wl_pipeline_t *pl = &w->pipelines[p];
+        pl_loop_stage_t *st = sq_xcalloc((size_t)pl->nstages, sizeof(*st));
+        for (int k = 0; k < pl->nstages; k++)
+            st[k] =
+                (pl_loop_stage_t){.model = pl->stages[k].model,
+                                  .parent = pl->stages[k].nafter > 0 ? pl->stages[k].after[0] : -1,
+                                  .gamma = pl->stages[k].nafter > 0 ? pl->stages[k].gamma[0] : 1,
+                                  .budget_ms = res->pipelines[p].budget_us[k] / 1000.0};
+        pl_loop_pipeline_set(r->loop, p, pl->slo_ms, st, pl->nstages);
+        free(st);
+    }
+    for (int s = 0; s < r->nss; s++) {
+        const sim_sess_t *ws = &r->ss[s];
+        if (r->o->plan_cold) /* as squishd makes it at its first request */
+            pl_loop_session(r->loop, ws->model, ws->slo_us / 1000.0, 1);
+        else if (ws->pipeline >= 0)
+            pl_loop_stage_seed(r->loop, ws->pipeline, ws->stage, w->pipelines[ws->pipeline].slo_ms,
+                               ws->model, rates[s]);
+        else
+            pl_loop_seed(r->loop, ws->model, ws->slo_us / 1000.0, rates[s], 1);
+    }
+}
+
+/* An epoch of the loop at now on the run's devices. */
+static int plan_at(run_t *r, int64_t now)
+{
+    int n = r->res->ndevices;
+    int *keys = sq_xcalloc((size_t)n + 1, sizeof(int));
+    for (int k = 0; k < n; k++)
+        keys[k] = k;
+    pl_loop_devices_t devs = {.n = n,
+                              .keys = keys,
+                              .memory_bytes = r->w->device_memory_mb * WL_BYTES_PER_MB,
+                              .links = r->w->device_links,
+                              .nlinks = r->w->ndevice_links};
+    int rc = pl_loop_plan(r->loop, 0, &devs, now);
+    free(keys);
+    if (rc < 0)
+        return rc;
+    if (rc == 0)
+        apply_plan(r, now);
     return 0;
 }
 
@@ -629,67 +682,29 @@ static int setup_routes(run_t *r, int *ndevices)
     for (int s = 0; s < r->nss; s++)
         rates[s] =
             (r->o->epoch_s > 0 ? rate_at(&r->ss[s], 0) : r->ss[s].rate_rps) * r->o->rate_scale;
+    loop_setup(r, rates);
+    free(rates);
     int n = w->device_count;
     if (n < 1) {
         /* Uncapped: as many devices as the plan at these rates asks for
          * (re-planning needs a fixed count: the workload's). */
-        if (r->o->epoch_s > 0) {
-            free(rates);
+        if (r->o->epoch_s > 0)
             return SQ_INVAL;
-        }
-        pl_session_t *ps = sq_xcalloc((size_t)r->nss + 1, sizeof(*ps));
-        for (int s = 0; s < r->nss; s++) {
-            const sim_sess_t *ws = &r->ss[s];
-            ps[s] = (pl_session_t){.id = s,
-                                   .model = ws->model,
-                                   .profile = &w->models[ws->model].profile,
-                                   .slo_us = ws->slo_us,
-                                   .rate_rps = rates[s] * r->o->plan_headroom,
-                                   .item_bytes = w->models[ws->model].item_bytes,
-                                   .dispersion = ws->dispersion};
-        }
-        pl_options_t po = {.k_std = w->k_std,
-                           .device_memory_bytes = w->device_memory_mb * WL_BYTES_PER_MB,
-                           .links = w->device_links,
-                           .nlinks = w->ndevice_links,
-                           .burst_quantile = r->o->plan_burst_quantile};
-        pl_plan_t plan;
-        int rc = pl_plan(&plan, ps, r->nss, NULL, &po);
-        free(ps);
-        if (rc < 0) {
-            free(rates);
+        pl_loop_devices_t devs = {.uncapped = 1,
+                                  .memory_bytes = w->device_memory_mb * WL_BYTES_PER_MB,
+                                  .links = w->device_links,
+                                  .nlinks = w->ndevice_links};
+        int rc = pl_loop_plan(r->loop, 0, &devs, 0);
+        if (rc < 0)
             return rc;
-        }
-        n = plan.ndevices;
-        pl_plan_dispose(&plan);
-        if (n < 1) {
-            free(rates);
+        n = rc == 0 ? pl_loop_current(r->loop, 0)->ndevices : 0;
+        if (n < 1)
             return SQ_INVAL;
-        }
     }
     *ndevices = n;
     r->dev = sq_xcalloc((size_t)n, sizeof(*r->dev));
     r->planning = 1;
-    int rc = plan_and_route(r, rates, 0);
-    free(rates);
-    return rc;
-}
-
-/* An epoch at now: the rates measured since the last one (arrivals over
- * the time) make the next plan, as squishd's planner does. */
-static int run_epoch(run_t *r, int64_t now)
-{
-    double span_s = (double)(now - r->last_epoch_us) / 1e6;
-    double *rates = sq_xcalloc((size_t)r->nss + 1, sizeof(*rates));
-    for (int s = 0; s < r->nss; s++) {
-        rates[s] = span_s > 0 ? r->epoch_count[s] / span_s : 0;
-        r->epoch_count[s] = 0;
-    }
-    int rc = plan_and_route(r, rates, now);
-    free(rates);
-    r->last_epoch_us = now;
-    r->res->epochs++;
-    return rc;
+    return plan_at(r, 0);
 }
 
 static int dbl_less(const void *a, const void *b)
@@ -790,17 +805,12 @@ static int setup_sessions(run_t *r)
                                 .slo_us = w->sessions[s].slo_ms * 1000,
                                 .rate_rps = w->sessions[s].rate_rps,
                                 .arrivals = &w->sessions[s].arrivals,
-                                .arrivals_rate = w->sessions[s].rate_rps};
+                                .arrivals_rate = w->sessions[s].rate_rps,
+                                .pipeline = -1,
+                                .stage = -1};
     if (w->npipelines == 0)
         return 0;
-    /* The budgets as squish-plan gives them (wl_plan_input_build_split
-     * borrows the workload and writes only its error text: a shallow copy
-     * keeps this one const). */
-    wl_workload_t wc = *w;
-    wl_plan_input_t in;
-    int rc = wl_plan_input_build_split(&in, &wc, (wl_split_t)r->o->split);
-    if (rc < 0)
-        return rc;
+    int rc = 0;
     res->npipelines = w->npipelines;
     res->pipelines = sq_xcalloc((size_t)w->npipelines, sizeof(*res->pipelines));
     r->stages = sq_xcalloc((size_t)w->npipelines, sizeof(*r->stages));
@@ -808,11 +818,36 @@ static int setup_sessions(run_t *r)
     for (int p = 0; p < w->npipelines && rc == 0; p++) {
         const wl_pipeline_t *pl = &w->pipelines[p];
         sim_pipeline_result_t *pr = &res->pipelines[p];
-        if ((rc = in.split_rc[p]) < 0)
+        /* squishd's split (pl_loop_split): the DP with its step and rate
+         * floor, the slack shared; the devices here have no overhead. The
+         * declared gammas and rate are what squishd would measure; the
+         * split does not move with the rate (every stage's cost scales
+         * with it), so one split serves the whole run. */
+        pl_stage_t *pst = sq_xcalloc((size_t)pl->nstages, sizeof(*pst));
+        for (int k = 0; k < pl->nstages; k++)
+            pst[k] = (pl_stage_t){.profile = &w->models[pl->stages[k].model].profile,
+                                  .nparents = pl->stages[k].nafter,
+                                  .parents = pl->stages[k].after,
+                                  .gamma = pl->stages[k].gamma};
+        pl_loop_split_in_t in = {.stages = pst,
+                                 .nstages = pl->nstages,
+                                 .slo_us = pl->slo_ms * 1000.0,
+                                 .rate_qps = pl->rate_rps,
+                                 .epsilon_us = w->query_epsilon_ms * 1000.0,
+                                 .k_std = w->k_std,
+                                 .even = r->o->split == WL_SPLIT_EVEN};
+        double *budget = sq_xcalloc((size_t)pl->nstages, sizeof(double));
+        pl_loop_split_why_t why;
+        int missing;
+        pl_query_result_t split;
+        rc = pl_loop_split(&in, budget, &why, &missing, &split);
+        free(budget);
+        free(pst);
+        if (rc < 0)
             break;
         pr->nstages = pl->nstages;
         pr->first_session = next;
-        pr->cost_devices = in.splits[p].cost_devices;
+        pr->cost_devices = split.cost_devices;
         pr->budget_us = sq_xcalloc((size_t)pl->nstages, sizeof(double));
         pr->rate_rps = sq_xcalloc((size_t)pl->nstages, sizeof(double));
         pr->drawn = sq_xcalloc((size_t)pl->nstages, sizeof(double));
@@ -821,8 +856,9 @@ static int setup_sessions(run_t *r)
         for (int k = 0; k < pl->nstages; k++) {
             const wl_stage_t *st = &pl->stages[k];
             sim_stage_t *sk = &r->stages[p][k];
-            pr->budget_us[k] = in.splits[p].budget_us[k];
-            pr->rate_rps[k] = in.splits[p].rate_rps[k];
+            pr->budget_us[k] = split.budget_us[k];
+            /* The split's rates are at the DP's floor of a query a second. */
+            pr->rate_rps[k] = split.rate_rps[k] * pl->rate_rps / fmax(pl->rate_rps, 1);
             int64_t up = 0;
             for (int j = 0; j < st->nafter; j++) {
                 sim_stage_t *par = &r->stages[p][st->after[j]];
@@ -839,10 +875,11 @@ static int setup_sessions(run_t *r)
                                          .rate_rps = pr->rate_rps[k],
                                          .arrivals = &pl->arrivals,
                                          .arrivals_rate = pl->rate_rps,
-                                         .dispersion = wl_stage_dispersion(pl, k, &in.splits[p])};
+                                         .pipeline = p,
+                                         .stage = k};
         }
+        pl_query_result_dispose(&split);
     }
-    wl_plan_input_dispose(&in);
     return rc;
 }
 
@@ -948,7 +985,6 @@ int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
         for (int b = 1; b <= p->max_batch; b++)
             r.exec_us[s][b] = (int64_t)ceil(pl_latency_us(p, b, 0));
     }
-    r.epoch_count = sq_xcalloc((size_t)r.nss + 1, sizeof(double));
     if ((rc = setup_routes(&r, &res->ndevices)) < 0)
         goto out;
     /* Devices behind a link: the dispatcher counts it, the devices pay it. */
@@ -961,9 +997,11 @@ int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
     }
     r.done.v = sq_xmalloc(sizeof(completion_t) * (size_t)res->ndevices);
     absorb(&r);
-    int64_t epoch_us = llround(o->epoch_s * 1e6);
+    /* Epochs: the loop's ticks (its rate steps) while arrivals run. */
     int64_t horizon_us = llround(horizon * 1e6);
-    r.next_epoch_us = r.planning && epoch_us > 0 && epoch_us < horizon_us ? epoch_us : PL_NEVER;
+    r.next_tick_us = r.planning && o->epoch_s > 0 && r.tick_us > 0 && r.tick_us < horizon_us
+                         ? r.tick_us
+                         : PL_NEVER;
 
     size_t next = 0, nextq = 0, nsreq = arr.n;
     while (!r.failed) {
@@ -973,8 +1011,8 @@ int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
         int64_t now = t_done < t_arr ? t_done : t_arr;
         if (t_q < now)
             now = t_q;
-        if (r.next_epoch_us < now)
-            now = r.next_epoch_us;
+        if (r.next_tick_us < now)
+            now = r.next_tick_us;
         if (r.timer_us < now)
             now = r.timer_us;
         if (now == PL_NEVER)
@@ -1003,7 +1041,9 @@ int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
         } else if (t_arr == now) {
             sim_request_t *q = &res->requests[next];
             pl_dispatch_request(r.d, now, next, q->session, q->arrival_us, q->deadline_us);
-            r.epoch_count[q->session]++;
+            if (r.loop != NULL)
+                pl_loop_arrivals(r.loop, r.ss[q->session].model, r.ss[q->session].slo_us / 1000.0,
+                                 1);
             next++;
         } else if (t_q == now) {
             int q = (int)nextq++;
@@ -1017,14 +1057,17 @@ int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
                 pr->parents[v] += 1;
                 item_push(&r, q, v, now, 1);
             }
-        } else if (r.next_epoch_us == now) {
-            /* Epochs run while arrivals do (ties: after completions and
-             * arrivals, before the dispatcher's timer). */
-            if ((rc = run_epoch(&r, now)) < 0)
-                goto out;
-            r.next_epoch_us += epoch_us;
-            if (r.next_epoch_us >= horizon_us)
-                r.next_epoch_us = PL_NEVER;
+        } else if (r.next_tick_us == now) {
+            /* The loop's ticks run while arrivals do (ties: after
+             * completions and arrivals, before the dispatcher's timer). */
+            if (pl_loop_advance(r.loop, now) & 1u) {
+                if ((rc = plan_at(&r, now)) < 0)
+                    goto out;
+                res->epochs++;
+            }
+            r.next_tick_us += r.tick_us;
+            if (r.next_tick_us >= horizon_us)
+                r.next_tick_us = PL_NEVER;
         } else {
             r.timer_us = PL_NEVER;
             pl_dispatch_timer(r.d, now);
@@ -1070,7 +1113,6 @@ out:
     free(r.done.v);
     free(arr.v);
     free(qarr.v);
-    free(r.epoch_count);
     free(r.plan_at_us);
     free(r.plan_devices);
     if (r.stages)
@@ -1092,8 +1134,7 @@ out:
     free(r.qrng);
     free(r.kill);
     free(r.clump);
-    if (r.has_plan)
-        pl_plan_dispose(&r.plan);
+    pl_loop_free(r.loop);
     pl_dispatch_free(r.d);
     return rc;
 }

@@ -25,6 +25,16 @@ typedef enum {
     SIM_ROUTE_PLAN,     /* pl_plan at the simulated rates decides */
 } sim_routing_t;
 
+/* An epoch of the planning loop in a run (sim_opts_t.on_epoch). */
+typedef struct {
+    int64_t at_us;
+    const struct pl_loop *loop; /* the plan in force: pl_loop_current(loop, 0) */
+    int nsessions;              /* dispatcher sessions */
+    /* Dispatcher session s's routes: routes[route_off[s] .. route_off[s + 1]). */
+    const pl_route_t *routes;
+    const int *route_off;
+} sim_epoch_t;
+
 typedef struct {
     pl_policy_t policy;
     int seed_given;
@@ -42,16 +52,27 @@ typedef struct {
     /* pl_options_t.overflow: spare devices also hold the busiest sessions
      * (routes after the planned ones) and take their overflow. */
     int plan_overflow;
-    /* Re-planning epochs (placement routing): every epoch_s seconds of
-     * simulated time, pl_plan again (incrementally) from the rates measured
-     * over the last epoch, and apply its routes; the first plan takes the
-     * rates of the workload's first moment. 0: one plan at the workload's
-     * mean rates. */
+    /* Re-planning epochs (placement routing): squishd's planning loop
+     * (pl_loop.h) with epoch_s as its period (squishd's epoch_ms): rates
+     * every second (EWMA, or the last second's when higher), an epoch
+     * every epoch_s seconds of simulated time, early when a rate leaves
+     * [0.8, 1.1] of what the plan serves (no sooner than min(10 s,
+     * epoch_s) after the last), after min(1 s, epoch_s) when a rate rose
+     * above it; the first plan takes the rates of the workload's first
+     * moment. 0: one plan at the workload's mean rates. */
     double epoch_s;
+    /* 1: the first plan sees no rate, as squishd's first epoch of a new
+     * model (its sessions are there, planned at the minimal batch), and
+     * the rates come from the arrivals; 0: the rates of the workload's
+     * first moment, as if measured. */
+    int plan_cold;
     double eager_load; /* adaptive policy's threshold; 0: PL_DEFAULT_EAGER_LOAD */
     /* How pipelines split their SLO among stages (wl_split_t): the DP of
      * pl_query_split (default) or the even split. */
     int split;
+    /* Called at every plan applied (the first included); NULL: none. */
+    void (*on_epoch)(void *ctx, const sim_epoch_t *epoch);
+    void *on_epoch_ctx;
 } sim_opts_t;
 
 /* Defaults: deferred, workload seed, scale 1, 10 s, no network delay, auto

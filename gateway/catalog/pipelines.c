@@ -4,6 +4,7 @@
 #include "gw_catalog.h"
 
 #include <pl.h>
+#include <pl_loop.h>
 #include <sq.h>
 
 #include <math.h>
@@ -72,18 +73,43 @@ void gw_pipeline_unref(gw_pipeline_t *p)
         pipeline_free(p);
 }
 
-/* The even split: every stage the same share, the SLO over the deepest
- * path's stage count (so every path fits). */
+/* planner/query.c wants parents before children: stage k of st is
+ * p->stages[p->order[k]], its parent numbered likewise (parents[k]). */
+static void order_stages(const gw_pipeline_t *p, pl_stage_t *st, int *parents)
+{
+    int at[GW_PIPE_MAX_STAGES];
+    for (int k = 0; k < p->nstages; k++)
+        at[p->order[k]] = k;
+    for (int k = 0; k < p->nstages; k++) {
+        int par = p->stages[p->order[k]].parent;
+        parents[k] = par >= 0 ? at[par] : 0;
+        st[k] = (pl_stage_t){.nparents = par >= 0 ? 1 : 0, .parents = &parents[k]};
+    }
+}
+
+/* Budgets (in p->order, µs) become the split: each stage's share and the
+ * deadline offsets along its path. */
+static void set_budgets(gw_pipeline_t *p, const double *budget_us)
+{
+    for (int k = 0; k < p->nstages; k++)
+        p->budget_ms[p->order[k]] = budget_us[k] / 1000.0;
+    for (int k = 0; k < p->nstages; k++) {
+        int i = p->order[k];
+        int par = p->stages[i].parent;
+        p->cum_ms[i] = (par >= 0 ? p->cum_ms[par] : 0) + p->budget_ms[i];
+    }
+}
+
+/* The even split of planner/query.c (pl_query_even_budgets): each stage
+ * the SLO over the most stages on a path through it, so every path fits. */
 static void even_split(gw_pipeline_t *p)
 {
-    int deepest = 1;
-    for (int i = 0; i < p->nstages; i++)
-        if (p->stages[i].depth > deepest)
-            deepest = p->stages[i].depth;
-    for (int i = 0; i < p->nstages; i++) {
-        p->budget_ms[i] = p->slo_ms / deepest;
-        p->cum_ms[i] = p->budget_ms[i] * p->stages[i].depth;
-    }
+    pl_stage_t st[GW_PIPE_MAX_STAGES];
+    int parents[GW_PIPE_MAX_STAGES];
+    double budget_us[GW_PIPE_MAX_STAGES];
+    order_stages(p, st, parents);
+    if (pl_query_even_budgets(st, p->nstages, p->slo_ms * 1000.0, budget_us) == 0)
+        set_budgets(p, budget_us);
     p->split_dp = 0;
 }
 
@@ -448,76 +474,54 @@ int gw_pipeline_resplit(gw_pipeline_t *p, const pl_profile_t *const *profile, do
     p->rate_arrivals = p->arrivals;
     p->rate_at_us = now_us;
     p->resplit_wanted = 0;
-    int n = p->nstages, missing = -1;
-    for (int i = 0; i < n; i++)
-        if (profile[i] == NULL)
-            missing = i;
+    int n = p->nstages;
     double before[GW_PIPE_MAX_STAGES];
     memcpy(before, p->budget_ms, sizeof(before));
-    if (p->split_even_asked) {
-        snprintf(p->split_why, sizeof(p->split_why), "the spec asks for the even split");
-        even_split(p);
-    } else if (missing >= 0) {
-        snprintf(p->split_why, sizeof(p->split_why), "stage %s: its model has no profile yet",
-                 p->stages[missing].id);
-        even_split(p);
-    } else {
-        /* planner/query.c wants parents before children: number the
-         * stages in p->order. */
-        int at[GW_PIPE_MAX_STAGES];
-        for (int k = 0; k < n; k++)
-            at[p->order[k]] = k;
-        pl_stage_t st[GW_PIPE_MAX_STAGES];
-        int parents[GW_PIPE_MAX_STAGES];
-        double gam[GW_PIPE_MAX_STAGES];
-        for (int k = 0; k < n; k++) {
-            int i = p->order[k];
-            int par = p->stages[i].parent;
-            parents[k] = par >= 0 ? at[par] : 0;
-            /* The gamma the last split was made for, unless the measure
-             * moved past its noise (gamma_moved; a move too small to ask
-             * for a split of its own is taken when one is made): a split
-             * does not follow noise, at an epoch or on the periodic
-             * resplit either. */
-            if (gamma_moved(p, i, p->split_gamma[i], 0))
-                p->split_gamma[i] = p->gamma[i];
-            gam[k] = p->split_gamma[i];
-            st[k] = (pl_stage_t){.profile = profile[i],
-                                 .nparents = par >= 0 ? 1 : 0,
-                                 .parents = &parents[k],
-                                 .gamma = &gam[k],
-                                 .overhead_us = overhead_ms * 1000.0};
-        }
-        pl_query_result_t res;
-        /* The DP minimizes devices at the rate: a rate of 0 makes every
-         * split free, so at least one query a second is assumed. */
-        double rate = p->rate_qps > 1 ? p->rate_qps : 1;
-        /* 1000 steps over the SLO, or epsilon_ms when that is finer (the
-         * DP's series step is quadratic in the steps). */
-        double eps_ms = fmin(epsilon_ms, p->slo_ms / 1000.0);
-        int rc = pl_query_split(&res, st, n, p->slo_ms * 1000.0, rate, eps_ms * 1000.0, k_std);
-        /* The slack to where the load is (planner/query.c): the same
-         * split as squish-sim's. */
-        if (rc == 0)
-            rc = pl_query_share_slack(&res, st, n, p->slo_ms * 1000.0, k_std);
-        if (rc != 0) {
-            snprintf(p->split_why, sizeof(p->split_why), "the DP found no split (%s)",
-                     sq_err_name(rc));
-            pl_query_result_dispose(&res);
-            even_split(p);
-        } else {
-            for (int k = 0; k < n; k++)
-                p->budget_ms[p->order[k]] = res.budget_us[k] / 1000.0;
-            for (int k = 0; k < n; k++) {
-                int i = p->order[k];
-                int par = p->stages[i].parent;
-                p->cum_ms[i] = (par >= 0 ? p->cum_ms[par] : 0) + p->budget_ms[i];
-            }
-            p->split_dp = 1;
-            p->split_why[0] = '\0';
-            pl_query_result_dispose(&res);
-        }
+    pl_stage_t st[GW_PIPE_MAX_STAGES];
+    int parents[GW_PIPE_MAX_STAGES];
+    double gam[GW_PIPE_MAX_STAGES];
+    order_stages(p, st, parents);
+    int all_profiles = 1;
+    for (int i = 0; i < n; i++)
+        all_profiles &= profile[i] != NULL;
+    for (int k = 0; k < n; k++) {
+        int i = p->order[k];
+        /* The gamma the last split was made for, unless the measure moved
+         * past its noise (gamma_moved; a move too small to ask for a split
+         * of its own is taken when one is made): a split does not follow
+         * noise, at an epoch or on the periodic resplit either. */
+        if (!p->split_even_asked && all_profiles && gamma_moved(p, i, p->split_gamma[i], 0))
+            p->split_gamma[i] = p->gamma[i];
+        gam[k] = p->split_gamma[i];
+        st[k].profile = profile[i];
+        st[k].gamma = &gam[k];
     }
+    /* The split's rules (DP with the overhead, rate floor and step, slack
+     * shared, even fallback) are the planning loop's, squish-sim's too. */
+    pl_loop_split_in_t in = {.stages = st,
+                             .nstages = n,
+                             .slo_us = p->slo_ms * 1000.0,
+                             .rate_qps = p->rate_qps,
+                             .epsilon_us = epsilon_ms * 1000.0,
+                             .overhead_us = overhead_ms * 1000.0,
+                             .k_std = k_std,
+                             .even = p->split_even_asked};
+    double budget_us[GW_PIPE_MAX_STAGES];
+    pl_loop_split_why_t why;
+    int missing;
+    int rc = pl_loop_split(&in, budget_us, &why, &missing, NULL);
+    if (rc == 0)
+        set_budgets(p, budget_us);
+    p->split_dp = rc == 0 && why == PL_LOOP_SPLIT_DP;
+    if (why == PL_LOOP_SPLIT_EVEN_ASKED)
+        snprintf(p->split_why, sizeof(p->split_why), "the spec asks for the even split");
+    else if (why == PL_LOOP_SPLIT_EVEN_NO_PROFILE)
+        snprintf(p->split_why, sizeof(p->split_why), "stage %s: its model has no profile yet",
+                 p->stages[p->order[missing]].id);
+    else if (why == PL_LOOP_SPLIT_EVEN_NO_DP || rc != 0)
+        snprintf(p->split_why, sizeof(p->split_why), "the DP found no split");
+    else
+        p->split_why[0] = '\0';
 
     p->split_rate_qps = p->rate_qps;
     int changed = memcmp(before, p->budget_ms, sizeof(before)) != 0;

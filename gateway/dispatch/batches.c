@@ -3,7 +3,7 @@
  * BATCH frames (arena offsets of the items' inputs) and timers, and a
  * BATCH_DONE finishes the batch's items. Sessions are (model, SLO bucket,
  * input kind): one core queue each; their routes come from planning.c. */
-#include "dispatch_int.h"
+#include "gw_dispatch_int.h"
 
 #include <errno.h>
 #include <math.h>

@@ -4,7 +4,7 @@
  * stop. The rest is below it: batches.c drives the pure dispatcher core
  * with real time, model_loads.c gets models onto workers, profiling.c measures
  * them, prefix_groups.c forms prefix groups and twins, records.c holds lookups
- * and finishes items (dispatch_int.h lists them).
+ * and finishes items (gw_dispatch_int.h lists them).
  *
  * Routing, until the planner places models: a model is served by every
  * worker of its serving kind, loaded there on its first request; requests
@@ -12,7 +12,7 @@
  * Sessions are (model, SLO bucket, input kind): one dispatcher queue each.
  * Runs on the workers' loop thread; other threads reach it with
  * sq_loop_post (gw_dispatch_submit and friends). */
-#include "dispatch_int.h"
+#include "gw_dispatch_int.h"
 
 #include <signal.h>
 #include <stdlib.h>

@@ -127,7 +127,7 @@ static inline gw_item_t *gw_clump_settle(gw_clump_t *c, gw_item_t *item)
 void gw_item_finish(gw_item_t *item, int rc, const char *detail);
 
 /* The dispatch thread's entry points (dispatch.c and the files below it,
- * see dispatch_int.h): other threads hand it items and model changes. */
+ * see gw_dispatch_int.h): other threads hand it items and model changes. */
 
 /* Any thread: the item's input is in the arena; hand it to the dispatcher.
  * With items linked from it through clump_next, they are a clump: ready

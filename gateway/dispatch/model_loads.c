@@ -3,7 +3,7 @@
  * the bytes; a worker that already received a file (same sha256 on this
  * connection) is sent only the spec. A prefix group's load sends its
  * members' files, then the group spec. Unloads too. */
-#include "dispatch_int.h"
+#include "gw_dispatch_int.h"
 
 #include <stdlib.h>
 #include <string.h>

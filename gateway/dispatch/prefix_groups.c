@@ -1,7 +1,7 @@
 /* Prefix groups and twins. Models the model DB found to share all but their
  * last layers run as one group (Nexus's prefix batching); identical files
  * (twins) share one loaded copy. */
-#include "dispatch_int.h"
+#include "gw_dispatch_int.h"
 
 #include <stdlib.h>
 #include <string.h>

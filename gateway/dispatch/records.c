@@ -1,7 +1,7 @@
 /* The dispatch thread's records and its lowest layer: lookups of models
  * and workers, the core's handles for items, finishing items, and sending
  * frames through the workers' link. Calls nothing else of the dispatcher. */
-#include "dispatch_int.h"
+#include "gw_dispatch_int.h"
 
 #include <assert.h>
 #include <string.h>

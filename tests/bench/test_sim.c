@@ -2,6 +2,7 @@
  * example end to end, a small workload's goodput as a regression guard, and
  * the no-overlap checker against a deliberately broken schedule. */
 #include <criterion/criterion.h>
+#include <pl_loop.h>
 #include <sim.h>
 #include <sq.h>
 
@@ -345,7 +346,7 @@ Test(sim, devices_behind_a_link_pay_the_transfer_and_stay_on_time)
 
 /* Issue 15 item 6, "No idle device while requests miss their deadlines":
  * three models on six devices, 8 s steps at 10, 30, 50, 75, 50, 25 and 2%
- * of the devices' capacity, re-planned every 2 s from the measured rates
+ * of the devices' capacity, planned by squishd's loop with a 2 s period
  * (bench/RESULTS.md, "No idle device while requests miss"). Every step keeps
  * >= 99.5% within SLO; a step that drops or is late anywhere has no idle
  * device; after the load falls the plan packs onto fewer devices than at
@@ -391,7 +392,9 @@ Test(sim, ramp_keeps_the_slo_floor_at_every_step_and_no_device_idles_while_reque
                 peak = st->planned_devices;
         }
         cr_assert_eq(peak, 6, "the peak uses every device");
-        cr_assert_leq(res.planned_devices, 2, "at 2%% load the plan consolidates: %d devices",
+        /* squishd's rates come down slowly (an EWMA of tau 10 s): 8 s
+         * into the 2% step the plan holds half the devices of the peak. */
+        cr_assert_leq(res.planned_devices, 3, "at 2%% load the plan consolidates: %d devices",
                       res.planned_devices);
         sim_result_dispose(&res);
     }
@@ -591,7 +594,7 @@ Test(sim, a_query_is_dropped_whole_when_its_first_stage_misses)
                      " \"models\": [{\"name\": \"X\", \"profile\": {\"alpha_ms\": 10, "
                      "\"beta_ms\": 5}},"
                      "  {\"name\": \"Y\", \"profile\": {\"alpha_ms\": 1, \"beta_ms\": 2}}],"
-                     " \"pipelines\": [{\"name\": \"p\", \"slo_ms\": 900,"
+                     " \"pipelines\": [{\"name\": \"p\", \"slo_ms\": 1000,"
                      "   \"arrivals\": {\"times_ms\": [");
     for (int i = 0; i < 300; i++)
         n += snprintf(json + n, sizeof(json) - (size_t)n, "%s%d", i ? ", " : "", i % 3);
@@ -674,5 +677,56 @@ Test(sim, dp_split_goodput_at_least_even_on_a_fig17_cell)
         sim_result_dispose(&res);
     }
     cr_assert_geq(qps[0], qps[1], "DP %.1f < even %.1f queries/s", qps[0], qps[1]);
+    wl_workload_dispose(&w);
+}
+
+/* ---- planning as squishd (planner/pl_loop.h) ---- */
+
+typedef struct {
+    int epochs;
+    int nsessions;
+    double slo_ms[8];
+} plan_seen_t;
+
+static void on_epoch(void *ctx, const sim_epoch_t *e)
+{
+    plan_seen_t *s = ctx;
+    int n;
+    const pl_session_t *ss = pl_loop_planned_sessions(e->loop, 0, &n);
+    s->epochs++;
+    s->nsessions = n;
+    for (int i = 0; i < n && i < 8; i++)
+        if (s->epochs == 1 || ss[i].slo_us / 1000 > s->slo_ms[i])
+            s->slo_ms[i] = ss[i].slo_us / 1000; /* the loosest any epoch planned */
+}
+
+/* Two sessions of one model at 27 and 29 ms are one session of squishd's
+ * bucket 25, planned at 27 ms (the least SLO of its requests): the
+ * simulator's plan has them as squishd's has. */
+Test(sim, sessions_of_one_slo_bucket_are_planned_as_one_at_their_least_slo)
+{
+    wl_workload_t w;
+    load(&w, "{\"devices\": {\"count\": 2},"
+             " \"models\": [{\"name\": \"A\", \"profile\": {\"alpha_ms\": 1, \"beta_ms\": 5}},"
+             "  {\"name\": \"B\", \"profile\": {\"alpha_ms\": 1, \"beta_ms\": 5}}],"
+             " \"sessions\": [{\"model\": \"A\", \"slo_ms\": 29, \"rate_rps\": 50},"
+             "  {\"model\": \"A\", \"slo_ms\": 27, \"rate_rps\": 50},"
+             "  {\"model\": \"B\", \"slo_ms\": 100, \"rate_rps\": 50}]}");
+    plan_seen_t seen = {0};
+    sim_opts_t o;
+    sim_opts_default(&o);
+    o.duration_s = 3;
+    o.epoch_s = 1;
+    o.on_epoch = on_epoch;
+    o.on_epoch_ctx = &seen;
+    sim_result_t res;
+    cr_assert_eq(sim_run(&w, &o, &res), 0);
+    cr_assert_gt(seen.epochs, 1, "the first plan and the loop's epochs");
+    cr_assert_eq(seen.nsessions, 2);
+    cr_assert_float_eq(seen.slo_ms[0], 27, 1e-9, "A at %f ms", seen.slo_ms[0]);
+    cr_assert_float_eq(seen.slo_ms[1], 100, 1e-9);
+    cr_assert_eq(res.pending, 0);
+    cr_assert_gt((double)res.ok, 0.99 * (double)res.nrequests);
+    sim_result_dispose(&res);
     wl_workload_dispose(&w);
 }

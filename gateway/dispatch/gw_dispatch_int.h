@@ -204,6 +204,8 @@ struct gw_dispatch {
 
 gw_plan_state_t *gw__plan_new(gw_dispatch_t *ds);
 void gw__plan_free(gw_plan_state_t *ps);
+/* The planning loop (planner/pl_loop.h) the epochs run. */
+struct pl_loop *gw__plan_loop(gw_dispatch_t *ds);
 /* dm is about to be freed (deleted, and nothing refers to it): its sessions
  * go (a plan still naming their ids skips them). */
 void gw__plan_forget(gw_dispatch_t *ds, const ds_model_t *dm);
