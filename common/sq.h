@@ -12,6 +12,7 @@
 #include "sq_ipc.h"
 #include "sq_log.h"
 #include "sq_loop.h"
+#include "sq_opts.h"
 #include "sq_shm.h"
 #include "sq_text.h"
 #include "sq_tls.h"

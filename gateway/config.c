@@ -1,42 +1,31 @@
 /* squishd configuration: one table (name, type, bounds, default, target
- * field, help), four sources, errors that name the field. */
+ * field, help) read by common's option parser (sq_opts.h) from four
+ * sources, errors that name the field. */
 #include "gw.h"
 
 #include <errno.h>
-#include <jansson.h>
 #include <pl_dispatch.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum {
-    OPT_STR,
-    OPT_INT,
-    OPT_DOUBLE,
-    OPT_LOGLEVEL,
-    OPT_LISTEN,
-    OPT_WORKERS,
-    OPT_MB,
-    OPT_POLICY
-} opt_type_t;
+#define STR(f) SQ_OPT_STR, offsetof(gw_config_t, f), sizeof(((gw_config_t *)0)->f)
+#define INT(f) SQ_OPT_INT, offsetof(gw_config_t, f), sizeof(int)
+#define DBL(f) SQ_OPT_DOUBLE, offsetof(gw_config_t, f), sizeof(double)
+/* A setting whose text a function of this file parses. */
+#define CUSTOM SQ_OPT_CUSTOM, 0, 0, 0, 0
 
-typedef struct {
-    const char *name; /* JSON key; the flag is --name with '-' for '_'; env SQUISH_NAME */
-    opt_type_t type;
-    size_t offset;
-    size_t size; /* for strings: the buffer size */
-    long long min, max;
-    const char *def;
-    const char *help;
-} opt_t;
+static int parse_listen(void *base, const sq_opt_t *o, const char *v, char *why, size_t len);
+static int parse_workers_opt(void *base, const sq_opt_t *o, const char *v, char *why, size_t len);
+static int parse_mb(void *base, const sq_opt_t *o, const char *v, char *why, size_t len);
+static int parse_policy(void *base, const sq_opt_t *o, const char *v, char *why, size_t len);
 
-#define STR(f) OPT_STR, offsetof(gw_config_t, f), sizeof(((gw_config_t *)0)->f)
-#define INT(f) OPT_INT, offsetof(gw_config_t, f), sizeof(int)
-#define DBL(f) OPT_DOUBLE, offsetof(gw_config_t, f), sizeof(double)
-
-static const opt_t options[] = {
-    {"listen", OPT_LISTEN, 0, 0, 0, 0, "127.0.0.1:8000",
-     "ADDR:PORT to serve HTTP on; port 0 picks a free port"},
+/* An option without a parser of its own leaves .parse out (NULL). */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+static const sq_opt_t options[] = {
+    {"listen", CUSTOM, "127.0.0.1:8000",
+     "ADDR:PORT (or [IPV6]:PORT) to serve HTTP on; port 0 picks a free port", parse_listen},
     {"port_file", STR(port_file), 0, 0, "", "write the chosen port to this file"},
     {"db", STR(db_path), 0, 0, "var/squish.db",
      "model database: a sqlite file (created if missing) or PostgreSQL "
@@ -57,10 +46,12 @@ static const opt_t options[] = {
     {"cluster_tls_ca", STR(cluster_tls_ca), 0, 0, "",
      "PEM CA that remote workers' certificates must chain to"},
     {"worker_bin", STR(worker_bin), 0, 0, "", "squish-worker executable (default: beside squishd)"},
-    {"log_level", OPT_LOGLEVEL, 0, 0, 0, 0, "info", "debug|info|warn|error|off"},
+    {"log_level", SQ_OPT_LOGLEVEL, offsetof(gw_config_t, log_level), 0, 0, 0, "info",
+     "debug|info|warn|error|off"},
     {"http_threads", INT(http_threads), 1, 64, "1", "HTTP event-loop threads"},
-    {"workers", OPT_WORKERS, 0, 0, 0, 0, "cpu:1",
-     "workers to spawn, KIND:COUNT[,...] with KIND cpu|cuda|emu; \"none\" for none"},
+    {"workers", CUSTOM, "cpu:1",
+     "workers to spawn, KIND:COUNT[,...] with KIND cpu|cuda|emu; \"none\" for none",
+     parse_workers_opt},
     {"heartbeat_ms", INT(heartbeat_ms), 10, 60000, "200", "worker heartbeat interval"},
     {"heartbeat_timeout_ms", INT(heartbeat_timeout_ms), 50, 600000, "1000",
      "a worker silent this long is declared dead and replaced"},
@@ -81,11 +72,12 @@ static const opt_t options[] = {
      "leader's lock every tenth of it)"},
     {"drain_timeout_ms", INT(drain_timeout_ms), 0, 600000, "10000",
      "on SIGTERM, how long in-flight requests may take to finish"},
-    {"max_body_mb", OPT_MB, offsetof(gw_config_t, max_body_bytes), 0, 1, 1 << 20, "512",
-     "largest request body (uploads included), MiB"},
-    {"policy", OPT_POLICY, 0, 0, 0, 0, "adaptive",
+    {"max_body_mb", SQ_OPT_CUSTOM, offsetof(gw_config_t, max_body_bytes), 0, 1, 1 << 20, "512",
+     "largest request body (uploads included), MiB", parse_mb},
+    {"policy", CUSTOM, "adaptive",
      "batch dispatch: adaptive (deferred under load, at once while arrivals are sparse), "
-     "deferred (Symphony) or early-drop (Nexus)"},
+     "deferred (Symphony) or early-drop (Nexus)",
+     parse_policy},
     {"k_std", DBL(k_std), 0, 10, "1", "latency margin: profile mean + k_std * std"},
     {"eager_load", DBL(eager_load), 0, 1, "0.5",
      "adaptive policy: a model's batches go at once while its arrivals stay below this share of "
@@ -131,23 +123,8 @@ static const opt_t options[] = {
     {"max_header_kb", INT(max_header_kb), 1, 400, "32",
      "request line and header fields at most, in KiB; a larger request is answered 431"},
 };
+#pragma GCC diagnostic pop
 #define NOPTIONS (sizeof(options) / sizeof(options[0]))
-
-static void flag_name(const opt_t *o, char *out, size_t n)
-{
-    snprintf(out, n, "--%s", o->name);
-    for (char *p = out; *p; p++)
-        if (*p == '_')
-            *p = '-';
-}
-
-static void env_name(const opt_t *o, char *out, size_t n)
-{
-    snprintf(out, n, "SQUISH_%s", o->name);
-    for (char *p = out; *p; p++)
-        if (*p >= 'a' && *p <= 'z')
-            *p = (char)(*p - 'a' + 'A');
-}
 
 static int parse_ll(const char *s, long long *out)
 {
@@ -210,10 +187,11 @@ int gw_parse_workers(gw_config_t *cfg, const char *spec, char *err, size_t errle
     return 0;
 }
 
-static int parse_listen(gw_config_t *cfg, const char *v, char *err, size_t errlen)
+static int parse_listen(void *base, const sq_opt_t *o, const char *v, char *why, size_t len)
 {
+    gw_config_t *cfg = base;
     if (sq_hostport_split(v, cfg->listen_host, sizeof(cfg->listen_host), &cfg->listen_port) != 0) {
-        snprintf(err, errlen,
+        snprintf(why, len,
                  "expected ADDR:PORT or [IPV6]:PORT with PORT in 0..65535 (at most %zu "
                  "characters of address), got '%s'",
                  sizeof(cfg->listen_host) - 1, v);
@@ -222,248 +200,61 @@ static int parse_listen(gw_config_t *cfg, const char *v, char *err, size_t errle
     return 0;
 }
 
-/* Sets one option from its text form; on error writes "what: why". */
-static int set_option(gw_config_t *cfg, const opt_t *o, const char *v, const char *what, char *err,
-                      size_t errlen)
+static int parse_workers_opt(void *base, const sq_opt_t *o, const char *v, char *why, size_t len)
 {
-    char why[256] = "";
-    int rc = 0;
-    switch (o->type) {
-    case OPT_STR: {
-        if (strlen(v) >= o->size) {
-            snprintf(why, sizeof(why), "longer than %zu characters", o->size - 1);
-            rc = SQ_BAD_CONFIG;
-            break;
-        }
-        strcpy((char *)cfg + o->offset, v);
-        break;
-    }
-    case OPT_INT:
-    case OPT_MB: {
-        long long n;
-        if (parse_ll(v, &n) != 0 || n < o->min || n > o->max) {
-            snprintf(why, sizeof(why), "expected an integer in %lld..%lld, got '%s'", o->min,
-                     o->max, v);
-            rc = SQ_BAD_CONFIG;
-            break;
-        }
-        if (o->type == OPT_MB)
-            *(int64_t *)((char *)cfg + o->offset) = (int64_t)n << 20;
-        else
-            *(int *)((char *)cfg + o->offset) = (int)n;
-        break;
-    }
-    case OPT_DOUBLE: {
-        char *end;
-        double d = strtod(v, &end);
-        if (end == v || *end != '\0' || !(d >= (double)o->min && d <= (double)o->max)) {
-            snprintf(why, sizeof(why), "expected a number in %lld..%lld, got '%s'", o->min, o->max,
-                     v);
-            rc = SQ_BAD_CONFIG;
-            break;
-        }
-        *(double *)((char *)cfg + o->offset) = d;
-        break;
-    }
-    case OPT_POLICY: {
-        pl_policy_t policy;
-        if (pl_policy_parse(v, &policy) != 0) {
-            snprintf(why, sizeof(why), "expected adaptive, deferred or early-drop, got '%s'", v);
-            rc = SQ_BAD_CONFIG;
-            break;
-        }
-        cfg->policy = (int)policy;
-        break;
-    }
-    case OPT_LOGLEVEL:
-        if (sq_log_level_parse(v, &cfg->log_level) != 0) {
-            snprintf(why, sizeof(why), "expected debug, info, warn, error or off, got '%s'", v);
-            rc = SQ_BAD_CONFIG;
-        }
-        break;
-    case OPT_LISTEN:
-        rc = parse_listen(cfg, v, why, sizeof(why));
-        break;
-    case OPT_WORKERS:
-        rc = gw_parse_workers(cfg, v, why, sizeof(why));
-        break;
-    }
-    if (rc != 0)
-        snprintf(err, errlen, "%s: %s", what, why);
-    return rc;
+    return gw_parse_workers(base, v, why, len);
 }
 
-static const opt_t *find_option(const char *name)
+/* MiB in the text, bytes (int64_t) in the configuration. */
+static int parse_mb(void *base, const sq_opt_t *o, const char *v, char *why, size_t len)
 {
-    for (size_t i = 0; i < NOPTIONS; i++)
-        if (strcmp(options[i].name, name) == 0)
-            return &options[i];
-    return NULL;
-}
-
-static int load_file(gw_config_t *cfg, const char *path, char *err, size_t errlen)
-{
-    json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (root == NULL) {
-        snprintf(err, errlen, "%s: line %d: %s", path, jerr.line, jerr.text);
+    long long n;
+    if (parse_ll(v, &n) != 0 || n < o->min || n > o->max) {
+        snprintf(why, len, "expected an integer in %lld..%lld, got '%s'", o->min, o->max, v);
         return SQ_BAD_CONFIG;
     }
-    int rc = 0;
-    if (!json_is_object(root)) {
-        snprintf(err, errlen, "%s: expected a JSON object", path);
-        rc = SQ_BAD_CONFIG;
-        goto out;
-    }
-    const char *key;
-    json_t *val;
-    json_object_foreach(root, key, val)
-    {
-        char what[300];
-        snprintf(what, sizeof(what), "%s: %s", path, key);
-        const opt_t *o = find_option(key);
-        if (o == NULL || strcmp(key, "config") == 0) {
-            snprintf(err, errlen, "%s: unknown setting", what);
-            rc = SQ_BAD_CONFIG;
-            goto out;
-        }
-        char text[512];
-        if (json_is_string(val))
-            snprintf(text, sizeof(text), "%s", json_string_value(val));
-        else if (json_is_integer(val))
-            snprintf(text, sizeof(text), "%lld", (long long)json_integer_value(val));
-        else if (json_is_real(val))
-            snprintf(text, sizeof(text), "%.17g", json_real_value(val));
-        else {
-            snprintf(err, errlen, "%s: expected a string or an integer", what);
-            rc = SQ_BAD_CONFIG;
-            goto out;
-        }
-        if ((rc = set_option(cfg, o, text, what, err, errlen)) != 0)
-            goto out;
-    }
-out:
-    json_decref(root);
-    return rc;
+    *(int64_t *)((char *)base + o->offset) = (int64_t)n << 20;
+    return 0;
 }
 
-static const char *env_get(char **envp, const char *name)
+static int parse_policy(void *base, const sq_opt_t *o, const char *v, char *why, size_t len)
 {
-    size_t n = strlen(name);
-    for (char **e = envp; e != NULL && *e != NULL; e++)
-        if (strncmp(*e, name, n) == 0 && (*e)[n] == '=')
-            return *e + n + 1;
-    return NULL;
+    pl_policy_t policy;
+    if (pl_policy_parse(v, &policy) != 0) {
+        snprintf(why, len, "expected adaptive, deferred or early-drop, got '%s'", v);
+        return SQ_BAD_CONFIG;
+    }
+    ((gw_config_t *)base)->policy = (int)policy;
+    return 0;
 }
+
+static const sq_opts_spec_t spec = {
+    .program = "squishd",
+    .opts = options,
+    .nopts = NOPTIONS,
+    .env_prefix = "SQUISH_",
+    .config_opt = "config",
+};
 
 void gw_config_usage(FILE *f)
 {
     fprintf(f, "usage: squishd [options]\n\n"
                "Options (also as SQUISH_NAME environment variables or keys of the --config "
                "file):\n");
-    for (size_t i = 0; i < NOPTIONS; i++) {
-        char flag[64];
-        flag_name(&options[i], flag, sizeof(flag));
-        fprintf(f, "  %-26s %s", flag, options[i].help);
-        if (options[i].def[0] != '\0')
-            fprintf(f, " [%s]", options[i].def);
-        fprintf(f, "\n");
-    }
-    fprintf(f, "  %-26s %s\n  %-26s %s\n", "--help", "print this and exit", "--version",
-            "print the version and exit");
+    sq_opts_usage(&spec, f);
 }
 
 int gw_config_parse(gw_config_t *cfg, int argc, char **argv, char **envp,
                     gw_config_action_t *action, char *err, size_t errlen)
 {
     memset(cfg, 0, sizeof(*cfg));
-    *action = GW_CONFIG_RUN;
-    for (size_t i = 0; i < NOPTIONS; i++) {
-        int rc = set_option(cfg, &options[i], options[i].def, options[i].name, err, errlen);
-        if (rc != 0)
-            return rc; /* a bad default is a bug, but say so */
-    }
-
-    /* Flags are collected first so that --config can be read before the
-     * environment and the flags override it. */
-    const opt_t *flag_opt[256];
-    const char *flag_val[256];
-    char flag_what[256][72];
-    int nflags = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            *action = GW_CONFIG_HELP;
-            return 0;
-        }
-        if (strcmp(a, "--version") == 0) {
-            *action = GW_CONFIG_VERSION;
-            return 0;
-        }
-        if (strncmp(a, "--", 2) != 0) {
-            snprintf(err, errlen, "%s: unexpected argument", a);
-            return SQ_BAD_CONFIG;
-        }
-        char name[64];
-        const char *eq = strchr(a, '=');
-        size_t nlen = eq ? (size_t)(eq - a - 2) : strlen(a + 2);
-        if (nlen >= sizeof(name)) {
-            snprintf(err, errlen, "%.64s: unknown flag", a);
-            return SQ_BAD_CONFIG;
-        }
-        memcpy(name, a + 2, nlen);
-        name[nlen] = '\0';
-        for (char *p = name; *p; p++)
-            if (*p == '-')
-                *p = '_';
-        const opt_t *o = find_option(name);
-        if (o == NULL) {
-            snprintf(err, errlen, "--%.*s: unknown flag (see --help)", (int)nlen, a + 2);
-            return SQ_BAD_CONFIG;
-        }
-        const char *v = eq ? eq + 1 : NULL;
-        if (v == NULL) {
-            if (i + 1 >= argc) {
-                flag_name(o, name, sizeof(name));
-                snprintf(err, errlen, "%s: missing value", name);
-                return SQ_BAD_CONFIG;
-            }
-            v = argv[++i];
-        }
-        if (nflags == 256) {
-            snprintf(err, errlen, "too many flags");
-            return SQ_BAD_CONFIG;
-        }
-        flag_opt[nflags] = o;
-        flag_val[nflags] = v;
-        flag_name(o, flag_what[nflags], sizeof(flag_what[nflags]));
-        nflags++;
-    }
-
-    const char *config_file = env_get(envp, "SQUISH_CONFIG");
-    for (int i = 0; i < nflags; i++)
-        if (strcmp(flag_opt[i]->name, "config") == 0)
-            config_file = flag_val[i];
-    if (config_file != NULL && *config_file != '\0') {
-        int rc = set_option(cfg, find_option("config"), config_file, "--config", err, errlen);
-        if (rc != 0 || (rc = load_file(cfg, config_file, err, errlen)) != 0)
-            return rc;
-    }
-    for (size_t i = 0; i < NOPTIONS; i++) {
-        char ename[64];
-        env_name(&options[i], ename, sizeof(ename));
-        const char *v = env_get(envp, ename);
-        if (v == NULL || strcmp(options[i].name, "config") == 0)
-            continue;
-        int rc = set_option(cfg, &options[i], v, ename, err, errlen);
-        if (rc != 0)
-            return rc;
-    }
-    for (int i = 0; i < nflags; i++) {
-        int rc = set_option(cfg, flag_opt[i], flag_val[i], flag_what[i], err, errlen);
-        if (rc != 0)
-            return rc;
-    }
+    sq_opts_action_t act;
+    int rc = sq_opts_parse(&spec, cfg, argc, argv, envp, &act, err, errlen);
+    *action = act == SQ_OPTS_HELP      ? GW_CONFIG_HELP
+              : act == SQ_OPTS_VERSION ? GW_CONFIG_VERSION
+                                       : GW_CONFIG_RUN;
+    if (rc != 0 || act != SQ_OPTS_RUN)
+        return rc;
     if (cfg->restart_backoff_max_ms < cfg->restart_backoff_ms) {
         snprintf(err, errlen, "restart_backoff_max_ms: must be >= restart_backoff_ms");
         return SQ_BAD_CONFIG;

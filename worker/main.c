@@ -20,7 +20,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
+#include <stddef.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -58,29 +58,97 @@ typedef struct {
     int stop_fd; /* signalfd of SIGTERM and SIGINT */
 } worker_t;
 
+/* The flags, as one table (common/sq_opts.h, as squishd's). */
+typedef struct {
+    char socket[256];           /* --connect PATH */
+    char addrs[MAX_ADDRS][256]; /* --connect tcp://HOST:PORT, as HOST:PORT */
+    int naddrs;
+    char device[64];
+    int memory_mb; /* 0: the device's own */
+    int threads;
+    sq_log_level_t log_level;
+    char token_file[4096];
+    char host_name[64];
+    int reconnect_max_ms;
+    int kept_models_ms;
+    char tls_cert[4096], tls_key[4096], tls_ca[4096];
+} flags_t;
+
+/* --connect: a UNIX socket path, or tcp://HOST:PORT (repeatable: tried in
+ * turn). */
+static int parse_connect(void *base, const sq_opt_t *o, const char *v, char *why, size_t len)
+{
+    flags_t *f = base;
+    if (strncmp(v, "tcp://", 6) != 0) {
+        if (f->socket[0] != '\0') {
+            snprintf(why, len, "one UNIX socket at most");
+            return -1;
+        }
+        if (strlen(v) >= sizeof(f->socket)) {
+            snprintf(why, len, "longer than %zu characters", sizeof(f->socket) - 1);
+            return -1;
+        }
+        snprintf(f->socket, sizeof(f->socket), "%s", v);
+        return 0;
+    }
+    char host[256];
+    int port;
+    if (f->naddrs == MAX_ADDRS || strlen(v + 6) >= sizeof(f->addrs[0])) {
+        snprintf(why, len, "at most %d addresses", MAX_ADDRS);
+        return -1;
+    }
+    if (sq_hostport_split(v + 6, host, sizeof(host), &port) != 0) {
+        snprintf(why, len, "expected tcp://HOST:PORT or tcp://[IPV6]:PORT, got '%s'", v);
+        return -1;
+    }
+    snprintf(f->addrs[f->naddrs++], sizeof(f->addrs[0]), "%s", v + 6);
+    return 0;
+}
+
+#define FSTR(f) SQ_OPT_STR, offsetof(flags_t, f), sizeof(((flags_t *)0)->f)
+#define FINT(f) SQ_OPT_INT, offsetof(flags_t, f), sizeof(int)
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+static const sq_opt_t flag_table[] = {
+    {"connect", SQ_OPT_CUSTOM, 0, 0, 0, 0, "",
+     "squishd's worker socket, or tcp://HOST:PORT of its --cluster-listen on another host "
+     "(repeatable: tried in turn; the worker reconnects when it loses it)",
+     parse_connect},
+    {"device", FSTR(device), 0, 0, "", "the device this worker owns: cpu, cuda:N or emu:N"},
+    {"memory_mb", FINT(memory_mb), 0, 1 << 30, "0",
+     "memory to report for an emulated device (0: 16384)"},
+    {"threads", FINT(threads), 0, 1024, "0", "cpu kernel threads (0: every core)"},
+    {"log_level", SQ_OPT_LOGLEVEL, offsetof(flags_t, log_level), 0, 0, 0, "info",
+     "debug|info|warn|error|off"},
+    {"cluster_token_file", FSTR(token_file), 0, 0, "",
+     "the token squishd's --cluster-token-file holds (tcp://)"},
+    {"host_name", FSTR(host_name), 0, 0, "",
+     "this host's name in the device (cpu@NAME; default: the hostname)"},
+    {"reconnect_max_ms", FINT(reconnect_max_ms), 100, 600000, "5000",
+     "longest wait between reconnection rounds (tcp://)"},
+    {"kept_models_ms", FINT(kept_models_ms), 100, 86400000, STR(WK_KEPT_MODELS_MS),
+     "after a reconnect, drop the models squishd has not loaded again within this"},
+    {"cluster_tls_cert", FSTR(tls_cert), 0, 0, "",
+     "TLS to squishd (its --cluster-tls-*): this worker's certificate (PEM)"},
+    {"cluster_tls_key", FSTR(tls_key), 0, 0, "", "its private key (PEM)"},
+    {"cluster_tls_ca", FSTR(tls_ca), 0, 0, "", "the CA squishd's certificate must chain to (PEM)"},
+};
+#pragma GCC diagnostic pop
+
+static const sq_opts_spec_t flag_spec = {
+    .program = "squish-worker",
+    .opts = flag_table,
+    .nopts = sizeof(flag_table) / sizeof(flag_table[0]),
+};
+
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: squish-worker --connect SOCKET|tcp://HOST:PORT --device cpu|cuda:N|emu:N\n"
-               "                     [--memory-mb N] [--log-level LEVEL] [--help] [--version]\n"
-               "  --connect SOCKET   squishd's worker socket\n"
-               "  --connect tcp://HOST:PORT\n"
-               "                     squishd's --cluster-listen on another host (repeatable:\n"
-               "                     tried in turn; the worker reconnects when it loses it)\n"
-               "  --cluster-token-file PATH\n"
-               "                     the token squishd's --cluster-token-file holds (TCP)\n"
-               "  --host-name NAME   this host's name in the device (cpu@NAME; default: the\n"
-               "                     hostname)\n"
-               "  --cluster-tls-cert PEM --cluster-tls-key PEM --cluster-tls-ca PEM\n"
-               "                     TLS to squishd (its --cluster-tls-*): this worker's\n"
-               "                     certificate and key, and the CA squishd's must chain to\n"
-               "  --reconnect-max-ms N\n"
-               "                     longest wait between reconnection rounds (default 5000)\n"
-               "  --kept-models-ms N after a reconnect, drop the models squishd has not loaded\n"
-               "                     again within N ms (default 60000)\n"
-               "  --device SPEC      the device this worker owns\n"
-               "  --memory-mb N      memory to report for an emulated device (default 16384)\n"
-               "  --threads N        cpu kernel threads (default 0: every core)\n"
-               "  --log-level LEVEL  debug|info|warn|error (default info)\n");
+    fprintf(f, "usage: squish-worker --connect SOCKET|tcp://HOST:PORT --device cpu|cuda:N|emu:N "
+               "[options]\n\n");
+    sq_opts_usage(&flag_spec, f);
 }
 
 static int connect_unix(const char *path)
@@ -400,127 +468,36 @@ static int reconnect(void *ctx, const sq_buf_t *held, sq_conn_t **conn, uint32_t
 
 int main(int argc, char **argv)
 {
-    const char *sock_path = NULL, *device = NULL, *token_file = NULL, *host_name = NULL;
-    const char *tls_cert = NULL, *tls_key = NULL, *tls_ca = NULL;
-    long memory_mb = 0, threads = 0, kept_models_ms = WK_KEPT_MODELS_MS;
-    static const struct option opts[] = {{"connect", required_argument, NULL, 'c'},
-                                         {"device", required_argument, NULL, 'd'},
-                                         {"memory-mb", required_argument, NULL, 'm'},
-                                         {"threads", required_argument, NULL, 't'},
-                                         {"log-level", required_argument, NULL, 'l'},
-                                         {"cluster-token-file", required_argument, NULL, 'k'},
-                                         {"host-name", required_argument, NULL, 'n'},
-                                         {"reconnect-max-ms", required_argument, NULL, 'r'},
-                                         {"kept-models-ms", required_argument, NULL, 'E'},
-                                         {"cluster-tls-cert", required_argument, NULL, 'C'},
-                                         {"cluster-tls-key", required_argument, NULL, 'K'},
-                                         {"cluster-tls-ca", required_argument, NULL, 'A'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {"version", no_argument, NULL, 'V'},
-                                         {NULL, 0, NULL, 0}};
-    worker_t w = {0};
-    w.backoff_max_ms = 5000;
-    int opt;
-    while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (opt) {
-        case 'c':
-            if (strncmp(optarg, "tcp://", 6) == 0) {
-                if (w.naddrs == MAX_ADDRS || strlen(optarg + 6) >= sizeof(w.addrs[0])) {
-                    fprintf(stderr, "squish-worker: --connect: at most %d addresses\n", MAX_ADDRS);
-                    return 2;
-                }
-                char host[256];
-                int port;
-                if (sq_hostport_split(optarg + 6, host, sizeof(host), &port) != 0) {
-                    fprintf(stderr,
-                            "squish-worker: --connect %s: expected tcp://HOST:PORT or "
-                            "tcp://[IPV6]:PORT\n",
-                            optarg);
-                    return 2;
-                }
-                snprintf(w.addrs[w.naddrs++], sizeof(w.addrs[0]), "%s", optarg + 6);
-            } else if (sock_path != NULL) {
-                fprintf(stderr, "squish-worker: --connect: one UNIX socket at most\n");
-                return 2;
-            } else {
-                sock_path = optarg;
-            }
-            break;
-        case 'k':
-            token_file = optarg;
-            break;
-        case 'C':
-            tls_cert = optarg;
-            break;
-        case 'K':
-            tls_key = optarg;
-            break;
-        case 'A':
-            tls_ca = optarg;
-            break;
-        case 'n':
-            host_name = optarg;
-            break;
-        case 'r': {
-            char *end;
-            long v = strtol(optarg, &end, 10);
-            if (*end != '\0' || v < 100 || v > 600000) {
-                fprintf(stderr, "squish-worker: --reconnect-max-ms: expected 100..600000\n");
-                return 2;
-            }
-            w.backoff_max_ms = (int)v;
-            break;
-        }
-        case 'E': {
-            char *end;
-            kept_models_ms = strtol(optarg, &end, 10);
-            if (*end != '\0' || kept_models_ms < 100 || kept_models_ms > 86400000) {
-                fprintf(stderr, "squish-worker: --kept-models-ms: expected 100..86400000\n");
-                return 2;
-            }
-            break;
-        }
-        case 'd':
-            device = optarg;
-            break;
-        case 'm': {
-            char *end;
-            memory_mb = strtol(optarg, &end, 10);
-            if (*end != '\0' || memory_mb <= 0 || memory_mb > (1L << 30)) {
-                fprintf(stderr, "squish-worker: --memory-mb: expected a positive integer\n");
-                return 2;
-            }
-            break;
-        }
-        case 't': {
-            char *end;
-            threads = strtol(optarg, &end, 10);
-            if (*end != '\0' || threads < 0 || threads > 1024) {
-                fprintf(stderr, "squish-worker: --threads: expected an integer in 0..1024\n");
-                return 2;
-            }
-            break;
-        }
-        case 'l': {
-            sq_log_level_t lvl;
-            if (sq_log_level_parse(optarg, &lvl) != 0) {
-                fprintf(stderr, "squish-worker: --log-level: unknown level '%s'\n", optarg);
-                return 2;
-            }
-            sq_log_set_level(lvl);
-            break;
-        }
-        case 'h':
-            usage(stdout);
-            return 0;
-        case 'V':
-            printf("squish-worker %s (protocol %d)\n", SQUISH_VERSION, SQ_IPC_VERSION);
-            return 0;
-        default:
-            usage(stderr);
-            return 2;
-        }
+    flags_t fl;
+    memset(&fl, 0, sizeof(fl));
+    sq_opts_action_t action;
+    char perr[600];
+    if (sq_opts_parse(&flag_spec, &fl, argc, argv, NULL, &action, perr, sizeof(perr)) != 0) {
+        fprintf(stderr, "squish-worker: %s\n", perr);
+        usage(stderr);
+        return 2;
     }
+    if (action == SQ_OPTS_HELP) {
+        usage(stdout);
+        return 0;
+    }
+    if (action == SQ_OPTS_VERSION) {
+        printf("squish-worker %s (protocol %d)\n", SQUISH_VERSION, SQ_IPC_VERSION);
+        return 0;
+    }
+    sq_log_set_level(fl.log_level);
+    const char *sock_path = fl.socket[0] ? fl.socket : NULL;
+    const char *device = fl.device[0] ? fl.device : NULL;
+    const char *token_file = fl.token_file[0] ? fl.token_file : NULL;
+    const char *host_name = fl.host_name[0] ? fl.host_name : NULL;
+    const char *tls_cert = fl.tls_cert[0] ? fl.tls_cert : NULL;
+    const char *tls_key = fl.tls_key[0] ? fl.tls_key : NULL;
+    const char *tls_ca = fl.tls_ca[0] ? fl.tls_ca : NULL;
+    long memory_mb = fl.memory_mb, threads = fl.threads, kept_models_ms = fl.kept_models_ms;
+    worker_t w = {0};
+    w.backoff_max_ms = fl.reconnect_max_ms;
+    memcpy(w.addrs, fl.addrs, sizeof(w.addrs));
+    w.naddrs = fl.naddrs;
     if ((sock_path == NULL) == (w.naddrs == 0) || device == NULL) {
         if (sock_path != NULL && w.naddrs > 0)
             fprintf(stderr, "squish-worker: --connect: a UNIX socket or tcp:// addresses, not "
