@@ -66,8 +66,13 @@ typedef struct {
     int64_t last_epoch_us;
     int dirty;
     char reason[48];
-    pl_session_t *sessions; /* what the last epoch gave pl_plan */
+    pl_session_t *sessions; /* what the last epoch gave pl_plan (its job's copies) */
     int nsessions;
+    pl_profile_t *profiles; /* owned: the sessions' profiles */
+    int nprofiles;
+    char **names; /* owned: the sessions' names */
+    int nnames;
+    const pl_loop_job_t *inflight; /* begun, not finished nor freed */
 } lkind_t;
 
 struct pl_loop {
@@ -126,15 +131,20 @@ pl_loop_t *pl_loop_new(const pl_loop_config_t *c, int64_t now_us)
     return l;
 }
 
+static void free_copies(pl_profile_t *profiles, int nprofiles, char **names, int nnames);
+
 static void kind_clear(lkind_t *K)
 {
     if (K->has)
         pl_plan_dispose(&K->plan);
     free(K->keys);
     free(K->sessions);
+    free_copies(K->profiles, K->nprofiles, K->names, K->nnames);
     K->keys = NULL;
     K->sessions = NULL;
-    K->nkeys = K->nsessions = K->has = 0;
+    K->profiles = NULL;
+    K->names = NULL;
+    K->nkeys = K->nsessions = K->has = K->nprofiles = K->nnames = 0;
 }
 
 void pl_loop_free(pl_loop_t *l)
@@ -576,11 +586,110 @@ static int device_id_cmp(const void *a, const void *b)
     return (x->id > y->id) - (x->id < y->id);
 }
 
-int pl_loop_plan(pl_loop_t *l, int kind, const pl_loop_devices_t *devices, int64_t now_us)
+/* An epoch's planning, owned whole: pl_plan reads nothing else. */
+struct pl_loop_job {
+    int kind;
+    int64_t now_us;
+    pl_session_t *ss; /* owned; their profiles and names point into profiles, names */
+    int n;
+    pl_profile_t *profiles; /* owned: one copy per distinct profile of the loop's */
+    int nprofiles;
+    char **names; /* owned: one copy per distinct name */
+    int nnames;
+    pl_link_t *links; /* owned; opt.links */
+    pl_options_t opt;
+    int has_prev;
+    pl_plan_t prev; /* owned: the previous plan's kept devices (renamed) and their allocs */
+    int *keys;      /* owned: plan device id j -> key (capped devices) */
+    int nkeys;
+    int uncapped;
+    int ran, rc;
+    pl_plan_t plan; /* pl_loop_job_run's, when ran and rc is 0 */
+};
+
+typedef struct {
+    uintptr_t p;
+    int i;
+} ref_t;
+
+static int ref_cmp(const void *a, const void *b)
 {
-    if (kind < 0 || kind >= l->cfg.nkinds)
-        return SQ_INVAL;
+    const ref_t *x = a, *y = b;
+    if (x->p != y->p)
+        return (x->p > y->p) - (x->p < y->p);
+    return (x->i > y->i) - (x->i < y->i);
+}
+
+/* The job's own copies of its sessions' profiles and names, one per
+ * distinct pointer (sorted by pointer: 10,000 sessions share a few dozen
+ * profiles). */
+static void job_own_inputs(pl_loop_job_t *j)
+{
+    ref_t *r = sq_xcalloc((size_t)j->n + 1, sizeof(*r));
+    j->profiles = sq_xcalloc((size_t)j->n + 1, sizeof(*j->profiles));
+    j->names = sq_xcalloc((size_t)j->n + 1, sizeof(*j->names));
+    for (int i = 0; i < j->n; i++)
+        r[i] = (ref_t){.p = (uintptr_t)j->ss[i].profile, .i = i};
+    qsort(r, (size_t)j->n, sizeof(*r), ref_cmp);
+    for (int k = 0; k < j->n; k++) {
+        pl_session_t *s = &j->ss[r[k].i];
+        if (s->profile == NULL)
+            continue;
+        if (k == 0 || r[k].p != r[k - 1].p)
+            pl_profile_copy(&j->profiles[j->nprofiles++], s->profile);
+        s->profile = &j->profiles[j->nprofiles - 1];
+    }
+    for (int i = 0; i < j->n; i++)
+        r[i] = (ref_t){.p = (uintptr_t)j->ss[i].name, .i = i};
+    qsort(r, (size_t)j->n, sizeof(*r), ref_cmp);
+    for (int k = 0; k < j->n; k++) {
+        pl_session_t *s = &j->ss[r[k].i];
+        if (s->name == NULL)
+            continue;
+        if (k == 0 || r[k].p != r[k - 1].p)
+            j->names[j->nnames++] = sq_xstrdup(s->name);
+        s->name = j->names[j->nnames - 1];
+    }
+    free(r);
+}
+
+static void free_copies(pl_profile_t *profiles, int nprofiles, char **names, int nnames)
+{
+    for (int i = 0; i < nprofiles; i++)
+        pl_profile_dispose(&profiles[i]);
+    free(profiles);
+    for (int i = 0; i < nnames; i++)
+        free(names[i]);
+    free(names);
+}
+
+static void job_dispose(pl_loop_job_t *j)
+{
+    free(j->ss);
+    free_copies(j->profiles, j->nprofiles, j->names, j->nnames);
+    free(j->links);
+    for (int i = 0; i < j->prev.ndevices; i++)
+        free(j->prev.devices[i].allocs);
+    free(j->prev.devices);
+    free(j->keys);
+    if (j->ran && j->rc == 0)
+        pl_plan_dispose(&j->plan);
+    free(j);
+}
+
+pl_loop_job_t *pl_loop_plan_begin(pl_loop_t *l, int kind, const pl_loop_devices_t *devices,
+                                  int64_t now_us, int *rc)
+{
+    *rc = 0;
+    if (kind < 0 || kind >= l->cfg.nkinds) {
+        *rc = SQ_INVAL;
+        return NULL;
+    }
     lkind_t *K = &l->kinds[kind];
+    if (K->inflight != NULL) {
+        *rc = SQ_EXISTS; /* one job per kind at a time */
+        return NULL;
+    }
     K->dirty = 0;
     compose(l);
     /* The sessions of active models served by this kind at the rates of
@@ -613,61 +722,135 @@ int pl_loop_plan(pl_loop_t *l, int kind, const pl_loop_devices_t *devices, int64
     free(index);
     if (devices->n == 0 && n > 0 && !devices->uncapped) {
         free(ss);
-        return 1; /* nothing to place them on; the next device up re-plans */
+        *rc = 1; /* nothing to place them on; the next device up re-plans */
+        return NULL;
     }
-    pl_options_t opt = {.k_std = l->cfg.k_std,
-                        .device_memory_bytes = devices->memory_bytes,
-                        .max_devices = devices->uncapped ? 0 : devices->n,
-                        .links = devices->links,
-                        .nlinks = devices->links != NULL ? devices->nlinks : 0,
-                        .burst_quantile = l->cfg.burst_quantile,
-                        .overflow = devices->uncapped ? 0 : l->cfg.overflow};
+    pl_loop_job_t *j = sq_xcalloc(1, sizeof(*j));
+    j->kind = kind;
+    j->now_us = now_us;
+    j->ss = ss;
+    j->n = n;
+    job_own_inputs(j);
+    int nlinks = devices->links != NULL ? devices->nlinks : 0;
+    if (nlinks > 0) {
+        j->links = sq_xcalloc((size_t)nlinks, sizeof(*j->links));
+        memcpy(j->links, devices->links, sizeof(*j->links) * (size_t)nlinks);
+    }
+    j->opt = (pl_options_t){.k_std = l->cfg.k_std,
+                            .device_memory_bytes = devices->memory_bytes,
+                            .max_devices = devices->uncapped ? 0 : devices->n,
+                            .links = j->links,
+                            .nlinks = nlinks,
+                            .burst_quantile = l->cfg.burst_quantile,
+                            .overflow = devices->uncapped ? 0 : l->cfg.overflow};
+    j->uncapped = devices->uncapped;
+    if (!devices->uncapped) {
+        j->nkeys = devices->n;
+        j->keys = sq_xcalloc((size_t)devices->n + 1, sizeof(int));
+        for (int i = 0; i < devices->n; i++)
+            j->keys[i] = devices->keys[i];
+    }
     /* The previous plan's devices renamed to this epoch's ids (a device
      * keeps its key), dropped when their key is gone. */
-    pl_plan_t prev = {0};
-    pl_device_t *kept = NULL;
     if (K->has) {
-        prev = K->plan;
-        kept = sq_xcalloc((size_t)K->plan.ndevices + 1, sizeof(*kept));
-        prev.ndevices = 0;
+        j->has_prev = 1;
+        pl_device_t *kept = sq_xcalloc((size_t)K->plan.ndevices + 1, sizeof(*kept));
+        int nkept = 0;
         for (int i = 0; i < K->plan.ndevices; i++) {
             int id = K->plan.devices[i].id;
             int key = id >= 0 && id < K->nkeys ? K->keys[id] : -1;
-            for (int j = 0; j < devices->n && key >= 0; j++)
-                if (device_key(devices, j) == key) {
-                    kept[prev.ndevices] = K->plan.devices[i];
-                    kept[prev.ndevices++].id = j;
+            for (int d = 0; d < devices->n && key >= 0; d++)
+                if (device_key(devices, d) == key) {
+                    kept[nkept] = K->plan.devices[i];
+                    kept[nkept++].id = d;
                 }
         }
-        qsort(kept, (size_t)prev.ndevices, sizeof(*kept), device_id_cmp);
-        prev.devices = kept;
+        qsort(kept, (size_t)nkept, sizeof(*kept), device_id_cmp);
+        for (int i = 0; i < nkept; i++) {
+            const pl_alloc_t *a = kept[i].allocs;
+            kept[i].allocs = sq_xcalloc((size_t)kept[i].nallocs + 1, sizeof(*a));
+            memcpy(kept[i].allocs, a, sizeof(*a) * (size_t)kept[i].nallocs);
+        }
+        j->prev.devices = kept;
+        j->prev.ndevices = nkept;
     }
-    pl_plan_t plan;
-    int rc = pl_plan(&plan, ss, n, K->has ? &prev : NULL, &opt);
-    free(kept);
+    K->inflight = j;
+    return j;
+}
+
+void pl_loop_job_run(pl_loop_job_t *j)
+{
+    if (j->ran)
+        return;
+    j->rc = pl_plan(&j->plan, j->ss, j->n, j->has_prev ? &j->prev : NULL, &j->opt);
+    j->ran = 1;
+}
+
+int pl_loop_plan_finish(pl_loop_t *l, pl_loop_job_t *j)
+{
+    lkind_t *K = &l->kinds[j->kind];
+    if (K->inflight != j) {
+        job_dispose(j);
+        return SQ_INVAL; /* not this loop's job in flight */
+    }
+    K->inflight = NULL;
+    pl_loop_job_run(j);
+    int rc = j->rc;
     if (rc != 0) {
-        free(ss);
+        job_dispose(j);
         return rc;
     }
     if (K->has)
         pl_plan_dispose(&K->plan);
     free(K->keys);
     free(K->sessions);
-    K->plan = plan;
+    free_copies(K->profiles, K->nprofiles, K->names, K->nnames);
+    K->plan = j->plan;
     K->has = 1;
-    int nkeys = devices->n;
-    for (int i = 0; devices->uncapped && i < plan.ndevices; i++)
-        if (plan.devices[i].id + 1 > nkeys)
-            nkeys = plan.devices[i].id + 1;
+    j->ran = 0; /* the plan is the kind's now */
+    int nkeys = j->uncapped ? 0 : j->nkeys;
+    for (int i = 0; j->uncapped && i < K->plan.ndevices; i++)
+        if (K->plan.devices[i].id + 1 > nkeys)
+            nkeys = K->plan.devices[i].id + 1;
     K->keys = sq_xcalloc((size_t)nkeys + 1, sizeof(int));
-    for (int j = 0; j < nkeys; j++)
-        K->keys[j] = devices->uncapped ? j : devices->keys[j];
+    for (int d = 0; d < nkeys; d++)
+        K->keys[d] = j->uncapped ? d : j->keys[d];
     K->nkeys = nkeys;
-    K->sessions = ss;
-    K->nsessions = n;
-    K->last_epoch_us = now_us;
+    K->sessions = j->ss;
+    K->nsessions = j->n;
+    K->profiles = j->profiles;
+    K->nprofiles = j->nprofiles;
+    K->names = j->names;
+    K->nnames = j->nnames;
+    j->ss = NULL;
+    j->profiles = NULL;
+    j->names = NULL;
+    j->nprofiles = j->nnames = 0;
+    K->last_epoch_us = j->now_us;
     l->epochs++;
+    job_dispose(j);
     return 0;
+}
+
+void pl_loop_job_free(pl_loop_t *l, pl_loop_job_t *j)
+{
+    if (j == NULL)
+        return;
+    if (l != NULL && l->kinds[j->kind].inflight == j) {
+        l->kinds[j->kind].inflight = NULL;
+        pl_loop_invalidate(l, j->kind, "plan abandoned");
+    }
+    job_dispose(j);
+}
+
+int pl_loop_plan(pl_loop_t *l, int kind, const pl_loop_devices_t *devices, int64_t now_us)
+{
+    int rc;
+    pl_loop_job_t *j = pl_loop_plan_begin(l, kind, devices, now_us, &rc);
+    if (j == NULL)
+        return rc;
+    pl_loop_job_run(j);
+    return pl_loop_plan_finish(l, j);
 }
 
 long long pl_loop_epochs(const pl_loop_t *l)

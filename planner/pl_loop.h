@@ -22,8 +22,9 @@
  *   - pipeline splits: the DP with the stages' overhead, a rate floor and
  *     the step, the slack shared, the even split as fallback.
  *
- * Pure, like the other planner cores: no I/O, no clock, no threads; time is
- * an argument (now_us, any monotonic origin, never going backwards).
+ * Pure, like the other planner cores: no I/O, no clock, no threads of its
+ * own (pl_loop_job_run may run on another: pl_loop_plan_begin); time is an
+ * argument (now_us, any monotonic origin, never going backwards).
  * Devices are named by the caller's keys (a worker id, a simulated device
  * index); plan device ids are indices into the keys of the epoch that made
  * the plan.
@@ -193,8 +194,65 @@ typedef struct {
  * gone). Returns 0 (the plan is in force: pl_loop_current), 1 (no device
  * to place sessions on: nothing changes) or pl_plan's error. */
 int pl_loop_plan(pl_loop_t *l, int kind, const pl_loop_devices_t *devices, int64_t now_us);
-/* Kind's plan in force, or NULL; the sessions given to pl_plan for it
- * (valid until the next pl_loop_plan of kind). */
+
+/* pl_loop_plan in three steps, so that pl_plan (66-190 ms at 10,000
+ * sessions) can run on another thread than the loop's:
+ *
+ *     j = pl_loop_plan_begin(l, kind, &devices, now, &rc);  // loop's thread
+ *     pl_loop_job_run(j);                                   // any thread
+ *     rc = pl_loop_plan_finish(l, j);                       // loop's thread
+ *
+ * pl_loop_plan is exactly that on one thread.
+ *
+ * begin does all pl_loop_plan does before pl_plan (the kind no longer
+ * dirty, the sessions' planned rates set, the sessions given to pl_plan,
+ * their clump dispersion, the options, the previous plan's devices renamed
+ * to this epoch's ids) and copies everything pl_plan reads into the job:
+ * the sessions, one deep copy (pl_profile_copy) per distinct profile and
+ * one per distinct name, the links, the devices' keys, the kept devices of
+ * the previous plan with their allocs. Nothing of the loop, of the models'
+ * profiles and names or of devices is borrowed after it returns: the loop
+ * may take arrivals, models set or forgotten, pipelines, other kinds'
+ * epochs, even pl_loop_free, while the job runs. Returns the job, or NULL
+ * with *rc: 1 where pl_loop_plan returns 1 (no device to place sessions
+ * on: nothing to run, the kind's plan unchanged), SQ_INVAL (no such kind),
+ * SQ_EXISTS (kind has a job begun and neither finished nor freed: at most
+ * one job per kind is in flight; other kinds' may be).
+ *
+ * run calls pl_plan on the job's own data only: it touches nothing shared
+ * and may run on any thread (one at a time per job).
+ *
+ * finish (on the loop's thread, run or not: it runs a job not run yet)
+ * adopts the job's plan as kind's plan in force as pl_loop_plan does (the
+ * devices' keys of begin, the planned sessions, the epoch's time now_us of
+ * begin, pl_loop_epochs), frees the job and returns 0 or pl_plan's error
+ * (then the kind's plan in force is unchanged). What changed meanwhile is
+ * not in that plan: it is planned at the next epoch, as what changes
+ * between epochs is today. Sessions of a model forgotten meanwhile (their
+ * ids never come back: ids are not reused) stay in the adopted plan,
+ * stale, as in a plan in force when their model is forgotten:
+ * pl_loop_routes finds no session for them, pl_loop_stored_rate gives
+ * al->rate_rps, and pl_loop_holders still lists devices for their model
+ * key until the next epoch; squishd's planning.c skips allocs whose
+ * session id it no longer knows. A device whose key went meanwhile is
+ * still named by the plan until the next epoch renames devices again.
+ * pl_loop_restore meanwhile is overwritten by the finished plan.
+ *
+ * pl_loop_job_free: a job never finished (shutdown, or abandoned): frees
+ * it, run or not (not while it runs). l (NULL once the loop is freed) gets
+ * the kind free for a next begin, and dirty ("plan abandoned"). */
+typedef struct pl_loop_job pl_loop_job_t;
+pl_loop_job_t *pl_loop_plan_begin(pl_loop_t *l, int kind, const pl_loop_devices_t *devices,
+                                  int64_t now_us, int *rc);
+void pl_loop_job_run(pl_loop_job_t *j);
+int pl_loop_plan_finish(pl_loop_t *l, pl_loop_job_t *j);
+void pl_loop_job_free(pl_loop_t *l, pl_loop_job_t *j);
+
+/* Kind's plan in force, or NULL; the sessions given to pl_plan for it:
+ * the job's copies, adopted with the plan (their names and profiles are
+ * the loop's own copies, not the models' pointers), valid until the next
+ * plan of kind is adopted (pl_loop_plan, pl_loop_plan_finish) or
+ * pl_loop_restore. */
 const pl_plan_t *pl_loop_current(const pl_loop_t *l, int kind);
 const pl_session_t *pl_loop_planned_sessions(const pl_loop_t *l, int kind, int *n);
 /* Epochs that made a plan so far (any kind). */
