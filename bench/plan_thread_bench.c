@@ -122,8 +122,7 @@ static void timing(const wl_workload_t *w, int n, int reps, double mean_rps)
     double *buf = calloc((size_t)reps * 6, sizeof(double));
     fresh = (times_t){buf, buf + reps, buf + 2 * reps};
     incr = (times_t){buf + 3 * reps, buf + 4 * reps, buf + 5 * reps};
-    pl_loop_devices_t d = {.uncapped = 1,
-                           .memory_bytes = w->device_memory_mb * WL_BYTES_PER_MB};
+    pl_loop_devices_t d = {.uncapped = 1, .memory_bytes = w->device_memory_mb * WL_BYTES_PER_MB};
     for (int r = 0; r < reps; r++) {
         uint64_t keep = rng;
         pl_loop_t *l = synth_loop(w, n, mean_rps);
@@ -153,7 +152,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "squish-plan-thread-bench: %s: %s\n", path, w.error);
         return 1;
     }
-    printf("| sessions | total req/s | epoch | devices | begin ms (median) | begin ms (max) | finish ms "
+    printf("| sessions | total req/s | epoch | devices | begin ms (median) | begin ms (max) | "
+           "finish ms "
            "(median) | finish ms (max) | run ms (median) | run ms (max) |\n"
            "|---|---|---|---|---|---|---|---|---|---|\n");
     timing(&w, 100, 101, 50);
