@@ -1,7 +1,8 @@
-/* Internals of the dispatch thread, shared by its files: dispatch.c (entry
- * points, worker events, models coming and going), batches.c, model_loads.c,
- * profiling.c, prefix_groups.c, records.c, and planning.c (epochs, placement,
- * routes). Dispatch thread only. */
+/* Internals of the dispatch thread, shared by its files: records.c,
+ * batches.c, model_loads.c, profiling.c, prefix_groups.c, planning.c
+ * (epochs, placement, routes), readiness.c, dispatch.c (entry points, the
+ * tick, start and stop, models coming and going) and worker_events.c (the
+ * workers' link's events, poisoned models). Dispatch thread only. */
 #ifndef GW_DISPATCH_INT_H
 #define GW_DISPATCH_INT_H
 
@@ -334,6 +335,18 @@ ds_model_t *ds_twin_of(gw_dispatch_t *ds, ds_model_t *dm);
 
 /* batches.c: forgets dm's live correction (its profile was measured anew). */
 void ds_live_reset(ds_model_t *dm);
+
+/* readiness.c: recomputes what gw_dispatch_ready and gw_dispatch_model_held
+ * answer (every tick). */
+void ds_publish_ready(gw_dispatch_t *ds);
+
+/* dispatch.c, what worker_events.c (above it) calls. */
+/* DB thread: publishes key's current record (none: it was deleted) and
+ * tells the dispatcher. */
+void ds_registry_refresh(mdb_t *db, gw_server_t *srv, int64_t key);
+/* Answers everything the dispatcher holds 503 shutting_down (the link's
+ * abort). Idempotent. */
+void ds_abort_all(gw_dispatch_t *ds);
 
 /* ---- lookups both sides use (data only) --------------------------------- */
 
