@@ -89,7 +89,7 @@ static ds_model_t *serving_record(gw_dispatch_t *ds, ds_model_t *dm, double buck
         if (dm->kind < 0)
             return NULL;
         dm->active = 1;
-        gw__plan_activate(ds, dm, bucket_ms, it);
+        ds_plan_activate(ds, dm, bucket_ms, it);
     }
     return dm;
 }
@@ -265,7 +265,7 @@ static void on_model_changed(sq_loop_t *loop, void *arg)
             dm->blob = NULL;
             dm->blob_state = 0;
             if (dm->kind >= 0)
-                gw__plan_invalidate(ds, dm->kind, "model removed");
+                ds_plan_invalidate(ds, dm->kind, "model removed");
         }
     } else {
         if (dm == NULL)
@@ -390,7 +390,7 @@ static void reclaim(gw_dispatch_t *ds)
         for (int s = 0; s < ds->nsessions; s++)
             if (ds->sessions[s].model == dm)
                 ds->sessions[s].model = NULL; /* its core session was removed */
-        gw__plan_forget(ds, dm);
+        ds_plan_forget(ds, dm);
         model_free(dm);
         ds->models[i--] = ds->models[--ds->nmodels];
     }
@@ -448,7 +448,7 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
         }
         dm->npending = k;
     }
-    gw__plan_tick(ds, t);
+    ds_plan_tick(ds, t);
     /* Measurements waiting for a gap (or starved long enough). */
     for (int i = 0; i < ds->nworkers; i++)
         ds_profile_step(ds, ds->workers[i]);
@@ -485,7 +485,7 @@ gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop)
                                .net_delay_us = srv->cfg->dispatch_margin_us,
                                .timer_slack_us = srv->cfg->timer_slack_us};
     ds->core = pl_dispatch_new(&opts);
-    ds->plan = gw__plan_new(ds);
+    ds->plan = ds_plan_new(ds);
     ds->group_epoch = 1;
     pthread_mutex_init(&ds->ready_lock, NULL);
     snprintf(ds->ready_why, sizeof(ds->ready_why), "the dispatcher is starting");
@@ -549,7 +549,7 @@ void gw_dispatch_free(gw_dispatch_t *ds)
     free(ds->models);
     free(ds->sessions);
     free(ds->handles);
-    gw__plan_free(ds->plan);
+    ds_plan_free(ds->plan);
     pl_dispatch_free(ds->core);
     pthread_mutex_destroy(&ds->ready_lock);
     free(ds->held_keys);

@@ -13,7 +13,7 @@
 #include <pl.h>
 #include <pl_dispatch.h>
 
-typedef struct gw_plan_state gw_plan_state_t;
+typedef struct ds_plan_state ds_plan_state_t;
 
 enum { LOAD_NONE, LOAD_WAIT_BYTES, LOAD_SENT, LOAD_DONE, LOAD_FAILED };
 
@@ -182,7 +182,7 @@ struct gw_dispatch {
     int nmodels, capmodels;
     ds_session_t *sessions; /* by core session id */
     int nsessions, capsessions;
-    gw_plan_state_t *plan;                   /* planning.c */
+    ds_plan_state_t *plan;                   /* planning.c */
     gw_region_t regions[SQ_MAX_BATCH_ITEMS]; /* a batch's input slots, for the link */
     ds_handle_t *handles;
     uint32_t nhandles, caphandles, free_handle; /* free_handle: index + 1, 0: none */
@@ -203,34 +203,34 @@ struct gw_dispatch {
 
 /* ---- planning.c -------------------------------------------------------- */
 
-gw_plan_state_t *gw__plan_new(gw_dispatch_t *ds);
-void gw__plan_free(gw_plan_state_t *ps);
+ds_plan_state_t *ds_plan_new(gw_dispatch_t *ds);
+void ds_plan_free(ds_plan_state_t *ps);
 /* The planning loop (planner/pl_loop.h) the epochs run. */
-struct pl_loop *gw__plan_loop(gw_dispatch_t *ds);
+struct pl_loop *ds_plan_loop(gw_dispatch_t *ds);
 /* dm is about to be freed (deleted, and nothing refers to it): its sessions
  * go (a plan still naming their ids skips them). */
-void gw__plan_forget(gw_dispatch_t *ds, const ds_model_t *dm);
+void ds_plan_forget(gw_dispatch_t *ds, const ds_model_t *dm);
 /* Item it, served by dm at bucket_ms, arrived: counted toward (model,
  * bucket), or a pipeline item toward its stage (gw_item_t.pipeline), whose
  * rate goes to the session of the stage's current budget. */
-void gw__plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it);
+void ds_plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it);
 /* A model became active (first request, it): place it now. */
-void gw__plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it);
+void ds_plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it);
 /* Workers came or went, or a model was removed: re-plan that kind. */
-void gw__plan_invalidate(gw_dispatch_t *ds, int kind, const char *reason);
+void ds_plan_invalidate(gw_dispatch_t *ds, int kind, const char *reason);
 /* A load finished on a worker of kind: models waiting to leave their old
  * workers (make before break) can go now. */
-void gw__plan_loaded(gw_dispatch_t *ds, int kind);
+void ds_plan_loaded(gw_dispatch_t *ds, int kind);
 /* Whether the plan stored before a restart still waits to be reapplied. */
-int gw__plan_restoring(const gw_dispatch_t *ds);
+int ds_plan_restoring(const gw_dispatch_t *ds);
 /* Called every tick: rates, epoch triggers. */
-void gw__plan_tick(gw_dispatch_t *ds, int64_t now_us);
+void ds_plan_tick(gw_dispatch_t *ds, int64_t now_us);
 /* The routes of dispatcher session s: the planned workers that hold the
  * model (or, before any plan covers it, every worker that does). */
-int gw__plan_routes(gw_dispatch_t *ds, const ds_session_t *s, pl_route_t *routes, int max);
+int ds_plan_routes(gw_dispatch_t *ds, const ds_session_t *s, pl_route_t *routes, int max);
 /* Counters for the advice (bad rate, busy time). */
-void gw__plan_outcome(gw_dispatch_t *ds, int ok);
-void gw__plan_busy(gw_dispatch_t *ds, int worker, int64_t busy_us);
+void ds_plan_outcome(gw_dispatch_t *ds, int ok);
+void ds_plan_busy(gw_dispatch_t *ds, int worker, int64_t busy_us);
 
 /* ---- the dispatcher's files ----------------------------------------------
  * Each calls only the files listed before it (and planning.c); calls up go

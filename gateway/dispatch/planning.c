@@ -44,7 +44,7 @@ typedef struct {
     int saturated;
 } restore_row_t;
 
-struct gw_plan_state {
+struct ds_plan_state {
     /* Rates, epochs, sessions, plans and routes (planner/pl_loop.h): the
      * same loop squish-sim runs. Devices are named by worker id. */
     pl_loop_t *loop;
@@ -68,11 +68,11 @@ struct gw_plan_state {
     int64_t restore_first_up_us;
 };
 
-static void restore_take(gw_plan_state_t *p, gw_server_t *srv);
+static void restore_take(ds_plan_state_t *p, gw_server_t *srv);
 
-gw_plan_state_t *gw__plan_new(gw_dispatch_t *ds)
+ds_plan_state_t *ds_plan_new(gw_dispatch_t *ds)
 {
-    gw_plan_state_t *p = sq_xcalloc(1, sizeof(*p));
+    ds_plan_state_t *p = sq_xcalloc(1, sizeof(*p));
     const gw_config_t *cfg = ds->srv->cfg;
     pl_loop_config_t lc;
     pl_loop_config_default(&lc);
@@ -93,7 +93,7 @@ gw_plan_state_t *gw__plan_new(gw_dispatch_t *ds)
     return p;
 }
 
-void gw__plan_free(gw_plan_state_t *p)
+void ds_plan_free(ds_plan_state_t *p)
 {
     if (p == NULL)
         return;
@@ -179,7 +179,7 @@ static void pipeline_to_loop(gw_dispatch_t *ds, gw_pipeline_t *pipe)
  * live one it knows gets its current split and gammas. */
 static void sync_pipelines(gw_dispatch_t *ds)
 {
-    gw_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->plan;
     if (p->npipes == 0)
         return;
     int np = 0;
@@ -204,7 +204,7 @@ static void sync_pipelines(gw_dispatch_t *ds)
 /* The loop knows pipe (a reference is taken the first time). */
 static void pipeline_known(gw_dispatch_t *ds, gw_pipeline_t *pipe)
 {
-    gw_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->plan;
     for (int i = 0; i < p->npipes; i++)
         if (p->pipes[i] == pipe)
             return;
@@ -218,19 +218,19 @@ static void pipeline_known(gw_dispatch_t *ds, gw_pipeline_t *pipe)
     pipeline_to_loop(ds, pipe);
 }
 
-pl_loop_t *gw__plan_loop(gw_dispatch_t *ds)
+pl_loop_t *ds_plan_loop(gw_dispatch_t *ds)
 {
     return ds->plan->loop;
 }
 
-void gw__plan_forget(gw_dispatch_t *ds, const ds_model_t *dm)
+void ds_plan_forget(gw_dispatch_t *ds, const ds_model_t *dm)
 {
     pl_loop_model_forget(ds->plan->loop, dm->key);
 }
 
-void gw__plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it)
+void ds_plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it)
 {
-    gw_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->plan;
     if (it != NULL && it->pipeline != NULL) {
         pipeline_known(ds, it->pipeline);
         pl_loop_stage_arrivals(p->loop, pipe_key(it->pipeline), it->stage, it->query_slo_ms,
@@ -242,7 +242,7 @@ void gw__plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const
     }
 }
 
-void gw__plan_outcome(gw_dispatch_t *ds, int ok)
+void ds_plan_outcome(gw_dispatch_t *ds, int ok)
 {
     if (ok)
         ds->plan->ok += 1;
@@ -250,14 +250,14 @@ void gw__plan_outcome(gw_dispatch_t *ds, int ok)
         ds->plan->bad += 1;
 }
 
-void gw__plan_busy(gw_dispatch_t *ds, int worker, int64_t busy_us)
+void ds_plan_busy(gw_dispatch_t *ds, int worker, int64_t busy_us)
 {
     (void)worker;
     ds->plan->busy_us += (double)busy_us;
 }
 
 /* The device a worker runs in kind's plan, or NULL. */
-static const pl_device_t *device_of(const gw_plan_state_t *p, int kind, int worker)
+static const pl_device_t *device_of(const ds_plan_state_t *p, int kind, int worker)
 {
     const pl_plan_t *plan = pl_loop_current(p->loop, kind);
     for (int i = 0; plan != NULL && i < plan->ndevices; i++)
@@ -268,7 +268,7 @@ static const pl_device_t *device_of(const gw_plan_state_t *p, int kind, int work
 
 /* Whether the plan has worker hold session_id for its overflow batches
  * (pl_plan_t.overflow: a spare worker, or a planned one when short). */
-static int overflow_here(const gw_plan_state_t *p, int kind, int worker, int session_id)
+static int overflow_here(const ds_plan_state_t *p, int kind, int worker, int session_id)
 {
     const pl_plan_t *plan = pl_loop_current(p->loop, kind);
     for (int i = 0; plan != NULL && i < plan->noverflow; i++) {
@@ -299,7 +299,7 @@ static int usable_worker(void *ctx, int worker, int64_t model)
     return usable(ds_worker_at(ctx, worker), model);
 }
 
-int gw__plan_routes(gw_dispatch_t *ds, const ds_session_t *s, pl_route_t *routes, int max)
+int ds_plan_routes(gw_dispatch_t *ds, const ds_session_t *s, pl_route_t *routes, int max)
 {
     ds_model_t *dm = s->model;
     /* No plan covers the session yet, or its planned workers are still
@@ -348,7 +348,7 @@ static const session_view_t *session_view(gw_dispatch_t *ds, int id, session_vie
 
 static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placements)
 {
-    gw_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->plan;
     json_t *devices = json_array(), *unplaced = json_array(), *overflow = json_array();
     *placements = json_array();
     double lower = 0;
@@ -502,7 +502,7 @@ static void store_job(mdb_t *db, void *arg)
 
 json_t *gw_dispatch_plan_json(gw_server_t *srv)
 {
-    gw_plan_state_t *p = srv->dispatch ? srv->dispatch->plan : NULL;
+    ds_plan_state_t *p = srv->dispatch ? srv->dispatch->plan : NULL;
     json_t *out = NULL;
     if (p != NULL) {
         pthread_mutex_lock(&p->lock);
@@ -585,7 +585,7 @@ static int resplit_pipelines(gw_dispatch_t *ds, int64_t now_us, int force)
 /* The plan's gauges and the sessions' rates for /metrics. */
 static void publish_metrics(gw_dispatch_t *ds, json_t *snap, int moved)
 {
-    gw_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->plan;
     gw_metrics_plan_t mp = {
         .epoch = p->epoch,
         .devices = (int)json_integer_value(json_object_get(snap, "devices_used")),
@@ -622,7 +622,7 @@ static void publish_metrics(gw_dispatch_t *ds, json_t *snap, int moved)
  * is not moved. */
 static int moved_away(gw_dispatch_t *ds, int kind, int worker, int64_t key, int *arrived)
 {
-    gw_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->plan;
     const pl_plan_t *plan = pl_loop_current(p->loop, kind);
     const pl_device_t *dev = device_of(p, kind, worker);
     int here = 0, elsewhere = 0;
@@ -650,7 +650,7 @@ static int moved_away(gw_dispatch_t *ds, int kind, int worker, int64_t key, int 
 /* Unloads what the plan of kind moved away from a worker, make before
  * break: once a worker it moved to holds it (until then requests would
  * find it loaded nowhere); the load finishing there runs this again
- * (gw__plan_loaded). */
+ * (ds_plan_loaded). */
 static void settle_moves(gw_dispatch_t *ds, int kind)
 {
     pkind_t *K = &ds->plan->kinds[kind];
@@ -684,7 +684,7 @@ static int restore_all(gw_dispatch_t *ds);
 
 static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason, int64_t now_us)
 {
-    gw_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->plan;
     /* An epoch before the stored plan was reapplied (a request for a new
      * model): reapply it now, with the workers that are up. */
     if (p->nrestore > 0 && (restore_all(ds) & (1 << kind)))
@@ -799,9 +799,9 @@ static void run_epoch(gw_dispatch_t *ds, int kind, const char *reason, int64_t n
     ds->ops->pump(ds);
 }
 
-void gw__plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it)
+void ds_plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it)
 {
-    gw_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->plan;
     if (it != NULL && it->pipeline != NULL) {
         pipeline_known(ds, it->pipeline);
         pl_loop_stage_arrivals(p->loop, pipe_key(it->pipeline), it->stage, it->query_slo_ms,
@@ -812,7 +812,7 @@ void gw__plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, cons
         run_epoch(ds, dm->kind, "new model", sq_now_us());
 }
 
-void gw__plan_invalidate(gw_dispatch_t *ds, int kind, const char *reason)
+void ds_plan_invalidate(gw_dispatch_t *ds, int kind, const char *reason)
 {
     if (kind < 0 || kind >= SQ_DEV_KIND_COUNT)
         return;
@@ -821,21 +821,21 @@ void gw__plan_invalidate(gw_dispatch_t *ds, int kind, const char *reason)
 
 static int restore_ready(gw_dispatch_t *ds, int64_t now);
 
-void gw__plan_loaded(gw_dispatch_t *ds, int kind)
+void ds_plan_loaded(gw_dispatch_t *ds, int kind)
 {
     if (kind < 0 || kind >= SQ_DEV_KIND_COUNT || !ds->plan->kinds[kind].moves_pending)
         return;
     settle_moves(ds, kind);
 }
 
-int gw__plan_restoring(const gw_dispatch_t *ds)
+int ds_plan_restoring(const gw_dispatch_t *ds)
 {
     return ds->plan->nrestore > 0;
 }
 
-void gw__plan_tick(gw_dispatch_t *ds, int64_t now_us)
+void ds_plan_tick(gw_dispatch_t *ds, int64_t now_us)
 {
-    gw_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->plan;
     /* After a restart, no epoch runs until the stored plan is reapplied. */
     if (p->nrestore > 0) {
         if (!restore_ready(ds, now_us))
@@ -878,7 +878,7 @@ static int stored_saturated(json_t *plan, const char *device)
 
 /* Takes the plan read at start (store.c): its placements of models that
  * still exist become restore rows. */
-static void restore_take(gw_plan_state_t *p, gw_server_t *srv)
+static void restore_take(ds_plan_state_t *p, gw_server_t *srv)
 {
     json_t *plan = srv->restore_plan, *rows = srv->restore_placements;
     srv->restore_plan = srv->restore_placements = NULL;
@@ -935,7 +935,7 @@ static ds_worker_t *restore_worker(gw_dispatch_t *ds, const restore_row_t *row)
  * worker (else each late one would re-plan at once), or the wait is over. */
 static int restore_ready(gw_dispatch_t *ds, int64_t now)
 {
-    gw_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->plan;
     int up = 0, configured = 0;
     for (int i = 0; i < ds->nworkers; i++)
         up += ds->workers[i] != NULL && ds->workers[i]->up;
@@ -984,7 +984,7 @@ static ds_model_t *restore_session(gw_dispatch_t *ds, const restore_row_t *row)
  * follow the traffic. Returns the kinds it planned (bits). */
 static int restore_all(gw_dispatch_t *ds)
 {
-    gw_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->plan;
     restore_row_t *rows = p->restore;
     int nrows = p->nrestore;
     p->restore = NULL;

@@ -50,7 +50,7 @@ static int in_group(const gw_dispatch_t *ds, const ds_model_t *dm)
 void ds_publish_ready(gw_dispatch_t *ds)
 {
     ready_scan_t x = {.ds = ds};
-    if (gw__plan_restoring(ds))
+    if (ds_plan_restoring(ds))
         snprintf(x.why, sizeof(x.why),
                  "reapplying the plan stored before the restart: waiting for its workers");
     if (!x.why[0])

@@ -115,7 +115,7 @@ static void poison(gw_dispatch_t *ds, ds_model_t *dm, const char *why)
     int was_active = dm->active;
     dm->active = 0;
     if (was_active && dm->kind >= 0)
-        gw__plan_invalidate(ds, dm->kind, "model failed");
+        ds_plan_invalidate(ds, dm->kind, "model failed");
     sq_bytes_unref(dm->blob);
     dm->blob = NULL;
     dm->blob_state = 0;
@@ -208,7 +208,7 @@ static int on_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
                 return -1;
             l->state = LOAD_DONE;
             l->max_batch = (int)info.max_batch;
-            gw__plan_loaded(ds, w->kind);
+            ds_plan_loaded(ds, w->kind);
             SQ_INFO("model loaded worker=%d device=%s model=%s version=%d memory_mb=%llu", w->id,
                     w->device, dm->m->name, dm->m->version,
                     (unsigned long long)(info.memory_bytes >> 20));
@@ -379,7 +379,7 @@ static void worker_up(gw_dispatch_t *ds, int worker, const char *device, uint64_
             ds_loaded_anywhere(ds, dm, &loading) == 0 && loading == 0)
             ds_spread_loads(ds, dm);
     }
-    gw__plan_invalidate(ds, w->kind, "worker up");
+    ds_plan_invalidate(ds, w->kind, "worker up");
     ds_pump(ds);
 }
 
@@ -412,7 +412,7 @@ static void worker_lost(gw_dispatch_t *ds, int worker)
     }
     w->nloads = 0;
     w->nshas = 0;
-    gw__plan_invalidate(ds, w->kind, "worker lost");
+    ds_plan_invalidate(ds, w->kind, "worker lost");
     ds_pump(ds);
 }
 
@@ -448,7 +448,7 @@ static void ev_link(void *ctx, int worker, const char *addr, int64_t rtt_us, dou
     /* The first measure of a link re-plans at once (the worker came up as
      * if local); later drifts wait for the next periodic epoch. */
     if (w->up && w->rtt_us == 0 && w->bytes_per_us <= 0)
-        gw__plan_invalidate(ds, w->kind, "link measured");
+        ds_plan_invalidate(ds, w->kind, "link measured");
     w->rtt_us = rtt_us;
     w->bytes_per_us = bytes_per_us;
     /* The core keeps it for the worker id through its removals (while it
