@@ -221,7 +221,7 @@ void ds_pump(gw_dispatch_t *ds)
                     ds_fail_item(ds, it, SQ_MODEL_NOT_FOUND, "the model was deleted");
                 break;
             }
-            gw__plan_outcome(ds, 0);
+            ds_plan_outcome(ds, 0);
             const char *why =
                 a->reason == SQ_DEADLINE      ? "the deadline cannot be met"
                 : a->reason == SQ_OVERLOAD    ? "dropped early to keep batches "
@@ -299,7 +299,7 @@ void ds_update_routes(gw_dispatch_t *ds, ds_model_t *dm)
     for (int s = 0; s < ds->nsessions; s++) {
         if (ds->sessions[s].model != dm)
             continue;
-        int n = gw__plan_routes(ds, &ds->sessions[s], routes, ds->nworkers + 1);
+        int n = ds_plan_routes(ds, &ds->sessions[s], routes, ds->nworkers + 1);
         pl_dispatch_route_set(ds->core, sq_now_us(), s, routes, n);
     }
     free(routes);
@@ -315,7 +315,7 @@ void ds_enqueue_items(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t **items, int 
     for (int i = 0; i < n; i++) {
         gw_item_t *it = items[i];
         /* The planner counts items: a clump of 8 is 8 requests' work. */
-        gw__plan_arrival(ds, dm, gw_slo_bucket_ms(it->slo_ms), it);
+        ds_plan_arrival(ds, dm, gw_slo_bucket_ms(it->slo_ms), it);
         sess[i] = ensure_session(ds, dm, gw_slo_bucket_ms(it->slo_ms), it->input_kind,
                                  (uint8_t)gw_priority_level(it->priority));
         if (sess[i] < 0)
@@ -445,7 +445,7 @@ static void live_sample(gw_dispatch_t *ds, ds_model_t *dm, int b, double exec_us
     for (int s = 0; s < ds->nsessions; s++)
         if (ds->sessions[s].model == dm)
             pl_dispatch_session_profile(ds->core, now, s, ds_profile(dm, kind));
-    gw__plan_invalidate(ds, kind, "profile drift");
+    ds_plan_invalidate(ds, kind, "profile drift");
 }
 
 /* ---- worker frames ------------------------------------------------------- */
@@ -461,7 +461,7 @@ void ds_on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f)
     ds_batch_t *b = w->inflight;
     w->inflight = NULL;
     int64_t t = sq_now_us();
-    gw__plan_busy(ds, w->id, t - b->sent_us);
+    ds_plan_busy(ds, w->id, t - b->sent_us);
     gw_metrics_batch(ds->srv->metrics, b->items[0]->model, w->id, w->device, b->count,
                      t - b->sent_us, &done);
     pl_dispatch_batch_done(ds->core, t, w->id, b->id);
@@ -475,7 +475,7 @@ void ds_on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f)
             ds_handle_release(ds, it);
             ds_release_input(ds, it);
             it->done_us = t;
-            gw__plan_outcome(ds, it->done_us <= it->deadline_us);
+            ds_plan_outcome(ds, it->done_us <= it->deadline_us);
             it->finish(it, 0, NULL);
         } else {
             ds_fail_item(ds, it, SQ_DEVICE, done.message);

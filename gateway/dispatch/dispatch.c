@@ -1,10 +1,12 @@
-/* The dispatch thread's data plane, its top: entry points from other
- * threads (submit, model changes), the workers' link events (up, frames,
- * lost, exited: crashes that poison a model), the tick, and start and
- * stop. The rest is below it: batches.c drives the pure dispatcher core
- * with real time, model_loads.c gets models onto workers, profiling.c measures
- * them, prefix_groups.c forms prefix groups and twins, records.c holds lookups
- * and finishes items (gw_dispatch_int.h lists them).
+/* The dispatch thread's data plane, its entry points: from other threads
+ * (submit, model changes, warm, resume profiling), the tick, and start,
+ * stop and abort; freeing what a delete left. Below it: readiness.c
+ * publishes what gw_dispatch_ready answers, planning.c places models,
+ * batches.c drives the pure dispatcher core with real time, model_loads.c
+ * gets models onto workers, profiling.c measures them, prefix_groups.c
+ * forms prefix groups and twins, records.c holds lookups and finishes items
+ * (gw_dispatch_int.h lists them). Above it, worker_events.c answers the
+ * workers' link.
  *
  * Routing, until the planner places models: a model is served by every
  * worker of its serving kind, loaded there on its first request; requests
@@ -14,10 +16,8 @@
  * sq_loop_post (gw_dispatch_submit and friends). */
 #include "gw_dispatch_int.h"
 
-#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 
 #define TICK_MS 50
 
@@ -34,71 +34,13 @@ static int back_in_time(gw_dispatch_t *ds, const ds_model_t *dm, const gw_item_t
     return back != INT64_MAX && back + (int64_t)l1 < it->deadline_us;
 }
 
-/* DB thread: publishes key's current record (none: it was deleted) and
- * tells the dispatcher. */
-static void registry_refresh(mdb_t *db, gw_server_t *srv, int64_t key)
+void ds_registry_refresh(mdb_t *db, gw_server_t *srv, int64_t key)
 {
     json_t *recs;
     if (mdb_model_records(db, key, &recs) == 0 && json_array_size(recs) == 1)
         gw_registry_put(srv->registry, gw_model_from_record(json_array_get(recs, 0)));
     json_decref(recs);
     gw_dispatch_model_changed(srv, key);
-}
-
-static const char *sigabbrev(int sig)
-{
-    switch (sig) {
-    case SIGSEGV:
-        return "SIGSEGV";
-    case SIGABRT:
-        return "SIGABRT";
-    case SIGBUS:
-        return "SIGBUS";
-    case SIGFPE:
-        return "SIGFPE";
-    case SIGILL:
-        return "SIGILL";
-    case SIGTRAP:
-        return "SIGTRAP";
-    case SIGSYS:
-        return "SIGSYS";
-    default:
-        return "a signal";
-    }
-}
-
-typedef struct {
-    gw_server_t *srv;
-    int64_t key;
-    char device_kind[8];
-    char device_name[64];
-    sq_profile_done_t done;
-} profile_store_t;
-
-/* DB thread: stores the profile, refreshes the registry entry, and tells
- * the dispatcher. */
-static void profile_store_job(mdb_t *db, void *arg)
-{
-    profile_store_t *p = arg;
-    mdb_profile_row_t *rows = sq_xcalloc(p->done.nrows + 1, sizeof(*rows));
-    for (uint32_t i = 0; i < p->done.nrows; i++)
-        rows[i] = (mdb_profile_row_t){.batch = (int)p->done.rows[i].batch,
-                                      .mean_us = p->done.rows[i].mean_us,
-                                      .std_us = p->done.rows[i].std_us,
-                                      .peak_memory_bytes = p->done.rows[i].peak_memory_bytes};
-    int ok = p->done.code == 0 && p->done.nrows > 0;
-    int rc = mdb_profile_store(db, p->key, p->device_kind, p->device_name, rows,
-                               ok ? (int)p->done.nrows : 0, ok ? "ready" : "failed",
-                               ok ? NULL : p->done.message);
-    free(rows);
-    if (rc == SQ_MODEL_NOT_FOUND)
-        SQ_INFO("profile not stored: the model was deleted while it was measured key=%lld",
-                (long long)p->key);
-    else if (rc != 0)
-        SQ_ERROR("cannot store the profile key=%lld error=\"%s\"", (long long)p->key,
-                 mdb_errmsg(db));
-    registry_refresh(db, p->srv, p->key);
-    free(p);
 }
 
 typedef struct {
@@ -117,360 +59,13 @@ static void profile_copy_job(mdb_t *db, void *arg)
     profile_copy_job_t *j = arg;
     int rc = mdb_profile_copy(db, j->from, j->to);
     if (rc == 0) {
-        registry_refresh(db, j->srv, j->to);
+        ds_registry_refresh(db, j->srv, j->to);
     } else {
         SQ_INFO("profile not copied, measuring key=%lld reason=\"%s\"", (long long)j->to,
                 mdb_errmsg(db));
         post_model_msg(j->srv, j->to, PROFILE_MEASURE);
     }
     free(j);
-}
-
-/* ---- models that crash their workers -------------------------------------
- * A worker process that dies of a signal of its own (SIGSEGV, SIGABRT,
- * SIGBUS, SIGFPE, SIGILL...) while it loads, measures or runs a model
- * counts a crash against that model: the oldest job it had not answered
- * (it runs them in order). SIGKILL and SIGTERM come from outside (squishd
- * on a missed heartbeat, an operator, the kernel's OOM killer) and count
- * nothing. Past --model-retries crashes the model is marked failed, in the
- * model DB with the reason, and is never sent to a worker again; its
- * waiting requests are answered 409 model_failed. A prefix group that
- * crashes its worker is retired instead (its members run alone). */
-
-typedef struct {
-    gw_server_t *srv;
-    int64_t key;
-    char why[256];
-} fail_job_t;
-
-static void fail_job(mdb_t *db, void *arg)
-{
-    fail_job_t *j = arg;
-    int rc = mdb_model_set_status(db, j->key, "failed", j->why);
-    if (rc != 0 && rc != SQ_MODEL_NOT_FOUND)
-        SQ_ERROR("cannot mark a model failed key=%lld error=\"%s\"", (long long)j->key,
-                 mdb_errmsg(db));
-    registry_refresh(db, j->srv, j->key);
-    free(j);
-}
-
-static void poison(gw_dispatch_t *ds, ds_model_t *dm, const char *why)
-{
-    if (dm->is_group) {
-        dm->failed = 1;
-        ds_group_retire(ds, dm, why);
-        return;
-    }
-    dm->poisoned = 1;
-    dm->profile_pending = 0;
-    snprintf(dm->failed_why, sizeof(dm->failed_why), "model %s version %d failed: %s", dm->m->name,
-             dm->m->version, why);
-    SQ_ERROR("model marked failed model=%s version=%d crashes=%d reason=\"%s\"", dm->m->name,
-             dm->m->version, dm->crashes, why);
-    ds_fail_pending(ds, dm, SQ_MODEL_FAILED, dm->failed_why);
-    ds_withdraw(ds, dm); /* what its sessions queued comes back as drops: see ds_pump */
-    int was_active = dm->active;
-    dm->active = 0;
-    if (was_active && dm->kind >= 0)
-        gw__plan_invalidate(ds, dm->kind, "model failed");
-    sq_bytes_unref(dm->blob);
-    dm->blob = NULL;
-    dm->blob_state = 0;
-    fail_job_t *j = sq_xcalloc(1, sizeof(*j));
-    j->srv = ds->srv;
-    j->key = dm->key;
-    snprintf(j->why, sizeof(j->why), "%s", why);
-    gw_db_post(ds->srv, fail_job, j);
-}
-
-/* The job w was running when its connection ended: its oldest unanswered
- * one. */
-static void note_suspect(ds_worker_t *w)
-{
-    uint64_t oldest = UINT64_MAX;
-    w->has_suspect = 0;
-    if (w->inflight != NULL) {
-        oldest = w->inflight->seq;
-        w->suspect_key = w->inflight->model_key;
-        snprintf(w->suspect_doing, sizeof(w->suspect_doing), "running");
-        w->has_suspect = 1;
-    }
-    for (int i = 0; i < w->nloads; i++) {
-        const ds_load_t *l = &w->loads[i];
-        if ((l->state == LOAD_SENT || l->stale > 0) && l->sent_seq != 0 && l->sent_seq < oldest) {
-            oldest = l->sent_seq;
-            w->suspect_key = l->key;
-            snprintf(w->suspect_doing, sizeof(w->suspect_doing), "loading");
-            w->has_suspect = 1;
-        }
-    }
-    if (w->profile_seq != 0 && w->profile_seq < oldest) {
-        w->suspect_key = w->profile_key;
-        snprintf(w->suspect_doing, sizeof(w->suspect_doing), "measuring");
-        w->has_suspect = 1;
-    }
-    w->profile_seq = 0;
-}
-
-static void worker_exited(gw_dispatch_t *ds, int worker, int status)
-{
-    ds_worker_t *w = ds_worker_at(ds, worker);
-    if (w == NULL || w->up || !w->has_suspect)
-        return;
-    w->has_suspect = 0;
-    int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-    if (sig == 0 || sig == SIGKILL || sig == SIGTERM || sig == SIGINT || sig == SIGHUP)
-        return;
-    ds_model_t *dm = ds_model_find(ds, w->suspect_key);
-    if (dm == NULL || dm->removed || dm->poisoned)
-        return;
-    dm->crashes++;
-    char why[192];
-    snprintf(why, sizeof(why), "its worker (%s) crashed with %s while %s it, %d time%s", w->device,
-             sigabbrev(sig), w->suspect_doing, dm->crashes, dm->crashes > 1 ? "s" : "");
-    if (dm->crashes > ds->srv->cfg->model_retries) {
-        poison(ds, dm, why);
-    } else {
-        SQ_WARN("worker crashed model=%s version=%d doing=%s signal=%s crashes=%d retries=%d",
-                dm->m->name, dm->m->version, w->suspect_doing, sigabbrev(sig), dm->crashes,
-                ds->srv->cfg->model_retries);
-    }
-    ds_pump(ds);
-}
-
-static int on_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
-{
-    ds_worker_t *w = ds_worker_at(ds, worker);
-    if (w == NULL)
-        return -1;
-    switch (f->type) {
-    case SQ_MSG_BATCH_DONE:
-        ds_on_batch_done(ds, w, f);
-        ds_profile_step(ds, w); /* a measurement waiting for the worker */
-        ds_pump(ds);
-        return 0;
-    case SQ_MSG_MODEL_LOADED:
-    case SQ_MSG_MODEL_FAILED: {
-        ds_model_t *dm = ds_model_find(ds, (int64_t)f->id);
-        ds_load_t *l = ds_load_find(w, (int64_t)f->id, 0);
-        if (l != NULL && l->stale > 0) {
-            l->stale--; /* the answer to a load withdrawn since */
-            return 0;
-        }
-        if (dm == NULL || l == NULL)
-            return 0; /* a model deleted meanwhile */
-        if (f->type == SQ_MSG_MODEL_LOADED) {
-            sq_model_loaded_t info;
-            if (sq_model_loaded_decode(f, &info) != 0)
-                return -1;
-            l->state = LOAD_DONE;
-            l->max_batch = (int)info.max_batch;
-            gw__plan_loaded(ds, w->kind);
-            SQ_INFO("model loaded worker=%d device=%s model=%s version=%d memory_mb=%llu", w->id,
-                    w->device, dm->m->name, dm->m->version,
-                    (unsigned long long)(info.memory_bytes >> 20));
-            ds_profile_step(ds, w); /* its measurement waited for the load */
-            if (dm->active) {
-                ds_update_routes(ds, dm);
-                ds_flush_pending(ds, dm);
-            }
-        } else {
-            sq_ipc_error_t e;
-            if (sq_ipc_error_decode(f, &e) != 0)
-                return -1;
-            l->state = LOAD_FAILED;
-            SQ_WARN("model load failed worker=%d model=%s version=%d code=%s reason=\"%s\"", w->id,
-                    dm->m->name, dm->m->version, sq_err_name(e.code), e.message);
-            if (dm->is_group) {
-                /* Its members run alone; what waited for it runs there. */
-                if (dm->profile_worker == w->id)
-                    ds_end_profile(ds, dm, w);
-                dm->failed = 1;
-                ds_group_retire(ds, dm, "the group could not be loaded");
-            } else if (dm->profile_worker == w->id) {
-                sq_profile_done_t failed = {.code = e.code};
-                profile_store_t *p = sq_xcalloc(1, sizeof(*p));
-                p->srv = ds->srv;
-                p->key = dm->key;
-                snprintf(p->device_kind, sizeof(p->device_kind), "%s", sq_dev_kind_name(w->kind));
-                snprintf(p->device_name, sizeof(p->device_name), "%s", w->device);
-                p->done = failed;
-                snprintf(p->done.message, sizeof(p->done.message), "load: %s", e.message);
-                ds_end_profile(ds, dm, w);
-                gw_db_post(ds->srv, profile_store_job, p);
-            }
-            int loading;
-            if (ds_loaded_anywhere(ds, dm, &loading) == 0 && loading == 0)
-                ds_fail_pending(ds, dm, SQ_NO_WORKER, e.message);
-        }
-        ds_pump(ds);
-        return 0;
-    }
-    case SQ_MSG_PROFILE_PROGRESS: {
-        sq_reader_t r;
-        sq_reader_init(&r, f->payload, f->len);
-        uint32_t b = sq_get_u32(&r), total = sq_get_u32(&r);
-        ds_model_t *dm = ds_model_find(ds, (int64_t)f->id);
-        if (!r.err && dm != NULL) {
-            SQ_INFO("profiling progress model=%s version=%d sizes=%u of=%u", dm->m->name,
-                    dm->m->version, b, total);
-            if (dm->profile_worker == w->id)
-                ds_progress_set(ds, dm, w, (int)b, (int)total);
-        }
-        return 0;
-    }
-    case SQ_MSG_PROFILE_SLICE: {
-        sq_reader_t r;
-        sq_reader_init(&r, f->payload, f->len);
-        uint64_t next_us = sq_get_u64(&r);
-        if (r.err || r.left != 0)
-            return -1;
-        ds_slice_over(ds, w, next_us < INT32_MAX ? (int64_t)next_us : INT32_MAX);
-        ds_profile_step(ds, w);
-        ds_pump(ds);
-        return 0;
-    }
-    case SQ_MSG_PROFILE_DONE: {
-        profile_store_t *p = sq_xcalloc(1, sizeof(*p));
-        if (sq_profile_done_decode(f, &p->done) != 0) {
-            free(p);
-            return -1;
-        }
-        ds_slice_over(ds, w, 0);
-        ds_model_t *dm = ds_model_find(ds, (int64_t)f->id);
-        SQ_INFO("profiling done key=%lld worker=%d rows=%u code=%s", (long long)f->id, w->id,
-                p->done.nrows, sq_err_name(p->done.code));
-        if (w->profile_key == (int64_t)f->id)
-            w->profile_seq = 0;
-        if (dm == NULL || dm->removed || dm->profile_worker != w->id) {
-            /* Abandoned (the model deleted, the group retired): nothing is
-             * stored; the worker measures the next one, if any. */
-            free(p);
-            ds_start_profiles(ds);
-            ds_profile_step(ds, w);
-            ds_pump(ds);
-            return 0;
-        }
-        ds_end_profile(ds, dm, w);
-        if (p->done.code == 0)
-            dm->crashes = 0;
-        if (dm->is_group) {
-            ds_group_profiled(ds, dm, w, &p->done);
-            free(p);
-            ds_pump(ds);
-            return 0;
-        }
-        p->srv = ds->srv;
-        p->key = (int64_t)f->id;
-        snprintf(p->device_kind, sizeof(p->device_kind), "%s", sq_dev_kind_name(w->kind));
-        snprintf(p->device_name, sizeof(p->device_name), "%s", w->device);
-        gw_db_post(ds->srv, profile_store_job, p);
-        ds_pump(ds);
-        return 0;
-    }
-    default:
-        return -1;
-    }
-}
-
-/* ---- workers come and go -------------------------------------------------- */
-
-typedef struct {
-    gw_model_t **m;
-    int n;
-} grouped_t;
-
-static void collect_grouped(gw_model_t *m, void *arg)
-{
-    grouped_t *g = arg;
-    if (m->group_id <= 0 || m->emulated || strcmp(m->status, "ready") != 0)
-        return;
-    gw_model_ref(m);
-    g->m = sq_xrealloc(g->m, sizeof(*g->m) * (size_t)(g->n + 1));
-    g->m[g->n++] = m;
-}
-
-static void worker_up(gw_dispatch_t *ds, int worker, const char *device, uint64_t memory)
-{
-    grouped_t grouped = {0};
-    sq_device_t dev;
-    if (worker < 0 || sq_device_parse(device, &dev) != 0)
-        return;
-    if (worker >= ds->nworkers) {
-        ds->workers = sq_xrealloc(ds->workers, sizeof(*ds->workers) * (size_t)(worker + 1));
-        memset(ds->workers + ds->nworkers, 0,
-               sizeof(*ds->workers) * (size_t)(worker + 1 - ds->nworkers));
-        ds->nworkers = worker + 1;
-    }
-    ds_worker_t *w = ds->workers[worker];
-    if (w == NULL)
-        w = ds->workers[worker] = sq_xcalloc(1, sizeof(*w));
-    w->id = worker;
-    w->up = 1;
-    w->profiling = 0;
-    w->kind = dev.kind;
-    snprintf(w->device, sizeof(w->device), "%s", device);
-    w->nloads = 0;
-    w->nshas = 0;
-    w->has_suspect = 0;
-    w->profile_seq = 0;
-    w->slice_id = 0;
-    w->memory_bytes = memory;
-    atomic_fetch_add(&ds->srv->kind_up[w->kind], 1);
-    pl_dispatch_worker_add(ds->core, sq_now_us(), worker, 0);
-    ds_start_profiles(ds);
-    if (ds->srv->cfg->prefix_batching && (w->kind == SQ_DEV_CPU || w->kind == SQ_DEV_CUDA))
-        gw_registry_foreach(ds->srv->registry, collect_grouped, &grouped);
-    for (int i = 0; i < grouped.n; i++) {
-        ds->group_epoch++;
-        ds_group_of(ds, ds_model_get(ds, grouped.m[i]));
-        gw_model_unref(grouped.m[i]);
-    }
-    free(grouped.m);
-    /* Requests that waited for a worker of this kind (restarted after a
-     * crash, say): it loads their models. */
-    for (int i = 0; i < ds->nmodels; i++) {
-        ds_model_t *dm = ds->models[i];
-        int loading;
-        if (dm->npending > 0 && !dm->removed && dm->kind == w->kind &&
-            ds_loaded_anywhere(ds, dm, &loading) == 0 && loading == 0)
-            ds_spread_loads(ds, dm);
-    }
-    gw__plan_invalidate(ds, w->kind, "worker up");
-    ds_pump(ds);
-}
-
-static void worker_lost(gw_dispatch_t *ds, int worker)
-{
-    ds_worker_t *w = ds_worker_at(ds, worker);
-    if (w == NULL || !w->up)
-        return;
-    w->up = 0;
-    atomic_fetch_sub(&ds->srv->kind_up[w->kind], 1);
-    note_suspect(w);
-    if (w->inflight != NULL) {
-        /* The core puts these requests back in their queues (or drops them
-         * if their deadline no longer allows a retry). */
-        sq_shm_release(ds->srv->arena, w->inflight->out_off);
-        free(w->inflight->items);
-        free(w->inflight);
-        w->inflight = NULL;
-    }
-    pl_dispatch_worker_lost(ds->core, sq_now_us(), worker);
-    w->slice_id = 0; /* ended with the worker, in the core too */
-    w->profiling = 0;
-    for (int i = 0; i < ds->nmodels; i++) {
-        ds_model_t *dm = ds->models[i];
-        if (dm->profile_worker == worker) {
-            dm->profile_worker = -1;
-            w->profiling = 0;
-            ds_start_profile(ds, dm); /* on another worker, if any */
-        }
-    }
-    w->nloads = 0;
-    w->nshas = 0;
-    gw__plan_invalidate(ds, w->kind, "worker lost");
-    ds_pump(ds);
 }
 
 /* ---- entry points from other threads --------------------------------------- */
@@ -494,7 +89,7 @@ static ds_model_t *serving_record(gw_dispatch_t *ds, ds_model_t *dm, double buck
         if (dm->kind < 0)
             return NULL;
         dm->active = 1;
-        gw__plan_activate(ds, dm, bucket_ms, it);
+        ds_plan_activate(ds, dm, bucket_ms, it);
     }
     return dm;
 }
@@ -670,7 +265,7 @@ static void on_model_changed(sq_loop_t *loop, void *arg)
             dm->blob = NULL;
             dm->blob_state = 0;
             if (dm->kind >= 0)
-                gw__plan_invalidate(ds, dm->kind, "model removed");
+                ds_plan_invalidate(ds, dm->kind, "model removed");
         }
     } else {
         if (dm == NULL)
@@ -795,117 +390,10 @@ static void reclaim(gw_dispatch_t *ds)
         for (int s = 0; s < ds->nsessions; s++)
             if (ds->sessions[s].model == dm)
                 ds->sessions[s].model = NULL; /* its core session was removed */
-        gw__plan_forget(ds, dm);
+        ds_plan_forget(ds, dm);
         model_free(dm);
         ds->models[i--] = ds->models[--ds->nmodels];
     }
-}
-
-/* ---- readiness (gw_dispatch_ready) ----------------------------------------- */
-
-typedef struct {
-    gw_dispatch_t *ds;
-    char why[256];
-} ready_scan_t;
-
-/* A ready model no worker up can serve makes squishd not ready. */
-static void scan_servable(gw_model_t *m, void *arg)
-{
-    ready_scan_t *x = arg;
-    if (x->why[0] || strcmp(m->status, "ready") != 0)
-        return;
-    int kind = ds_kind_of_model(x->ds->srv, m);
-    if (kind < 0 || atomic_load(&x->ds->srv->kind_up[kind]) == 0)
-        snprintf(x->why, sizeof(x->why), "no worker that can serve model %s version %d is up%s",
-                 m->name, m->version,
-                 m->emulated ? " (an emulated model needs an emu worker)"
-                 : kind >= 0 ? " (one is being restarted)"
-                             : "");
-}
-
-static void held_add(gw_dispatch_t *ds, int64_t key)
-{
-    if (ds->nheld == ds->capheld) {
-        ds->capheld = ds->capheld ? 2 * ds->capheld : 16;
-        ds->held_keys = sq_xrealloc(ds->held_keys, sizeof(*ds->held_keys) * (size_t)ds->capheld);
-    }
-    ds->held_keys[ds->nheld++] = key;
-}
-
-/* Whether dm is a member of a prefix group (whose loads then serve it). */
-static int in_group(const gw_dispatch_t *ds, const ds_model_t *dm)
-{
-    for (int i = 0; i < ds->nmodels; i++) {
-        const ds_model_t *g = ds->models[i];
-        for (int k = 0; k < g->nmembers && !g->removed && !g->failed; k++)
-            if (g->members[k]->key == dm->key)
-                return 1;
-    }
-    return 0;
-}
-
-/* Recomputes what gw_dispatch_ready and gw_dispatch_model_held answer. */
-static void publish_ready(gw_dispatch_t *ds)
-{
-    ready_scan_t x = {.ds = ds};
-    if (gw__plan_restoring(ds))
-        snprintf(x.why, sizeof(x.why),
-                 "reapplying the plan stored before the restart: waiting for its workers");
-    if (!x.why[0])
-        gw_registry_foreach(ds->srv->registry, scan_servable, &x);
-    pthread_mutex_lock(&ds->ready_lock);
-    ds->nheld = 0;
-    for (int i = 0; i < ds->nmodels; i++) {
-        ds_model_t *dm = ds->models[i];
-        if (dm->removed || dm->poisoned)
-            continue;
-        int loading;
-        int held = ds_loaded_anywhere(ds, dm, &loading) > 0;
-        /* The same file under another name or version: its twin's loads
-         * serve it (the twin as last resolved, without looking again). */
-        ds_model_t *twin = dm->twin;
-        if (!held && twin != NULL && !twin->removed && !twin->poisoned) {
-            int tl;
-            held = ds_loaded_anywhere(ds, twin, &tl) > 0;
-        }
-        if (held) {
-            held_add(ds, dm->key);
-            for (int k = 0; k < dm->nmembers; k++)
-                held_add(ds, dm->members[k]->key);
-        } else if (dm->active && !x.why[0] && dm->nmembers == 0 &&
-                   strcmp(dm->m->status, "ready") == 0 && !in_group(ds, dm)) {
-            snprintf(x.why, sizeof(x.why), "model %s version %d is %s", dm->m->name, dm->m->version,
-                     loading > 0 ? "loading on its workers" : "placed but not loaded yet");
-        }
-    }
-    snprintf(ds->ready_why, sizeof(ds->ready_why), "%s", x.why);
-    pthread_mutex_unlock(&ds->ready_lock);
-}
-
-int gw_dispatch_ready(gw_server_t *srv, char *why, size_t len)
-{
-    gw_dispatch_t *ds = srv->dispatch;
-    if (ds == NULL) {
-        snprintf(why, len, "the dispatcher is starting");
-        return 0;
-    }
-    pthread_mutex_lock(&ds->ready_lock);
-    snprintf(why, len, "%s", ds->ready_why);
-    pthread_mutex_unlock(&ds->ready_lock);
-    return why[0] == '\0';
-}
-
-int gw_dispatch_model_held(gw_server_t *srv, int64_t key)
-{
-    gw_dispatch_t *ds = srv->dispatch;
-    int held = 0;
-    if (ds == NULL)
-        return 0;
-    pthread_mutex_lock(&ds->ready_lock);
-    for (int i = 0; i < ds->nheld && !held; i++)
-        held = ds->held_keys[i] == key;
-    pthread_mutex_unlock(&ds->ready_lock);
-    return held;
 }
 
 typedef struct {
@@ -960,13 +448,13 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
         }
         dm->npending = k;
     }
-    gw__plan_tick(ds, t);
+    ds_plan_tick(ds, t);
     /* Measurements waiting for a gap (or starved long enough). */
     for (int i = 0; i < ds->nworkers; i++)
         ds_profile_step(ds, ds->workers[i]);
     ds_pump(ds);
     reclaim(ds);
-    publish_ready(ds);
+    ds_publish_ready(ds);
     ds->tick = sq_loop_timer_at(loop, sq_now_ns() + (int64_t)TICK_MS * 1000000, on_tick, ds);
 }
 
@@ -997,7 +485,7 @@ gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop)
                                .net_delay_us = srv->cfg->dispatch_margin_us,
                                .timer_slack_us = srv->cfg->timer_slack_us};
     ds->core = pl_dispatch_new(&opts);
-    ds->plan = gw__plan_new(ds);
+    ds->plan = ds_plan_new(ds);
     ds->group_epoch = 1;
     pthread_mutex_init(&ds->ready_lock, NULL);
     snprintf(ds->ready_why, sizeof(ds->ready_why), "the dispatcher is starting");
@@ -1009,7 +497,7 @@ gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop)
  * waiting for a load, queued in the core, and in batches still running
  * (whose late BATCH_DONE then finds nothing, and whose worker's loss later
  * hands the core's ids back as stale handles). Idempotent. */
-static void abort_all(gw_dispatch_t *ds)
+void ds_abort_all(gw_dispatch_t *ds)
 {
     static const char why[] = "squishd is shutting down";
     ds->aborted = 1;
@@ -1061,76 +549,10 @@ void gw_dispatch_free(gw_dispatch_t *ds)
     free(ds->models);
     free(ds->sessions);
     free(ds->handles);
-    gw__plan_free(ds->plan);
+    ds_plan_free(ds->plan);
     pl_dispatch_free(ds->core);
     pthread_mutex_destroy(&ds->ready_lock);
     free(ds->held_keys);
     free(ds->progress);
     free(ds);
 }
-
-/* ---- the link's events ------------------------------------------------------ */
-
-static void ev_up(void *ctx, int worker, const char *device, uint64_t memory_bytes)
-{
-    worker_up(ctx, worker, device, memory_bytes);
-}
-
-static int ev_frame(void *ctx, int worker, const sq_frame_t *f)
-{
-    return on_frame(ctx, worker, f);
-}
-
-static void ev_lost(void *ctx, int worker)
-{
-    worker_lost(ctx, worker);
-}
-
-static void ev_exited(void *ctx, int worker, int status)
-{
-    worker_exited(ctx, worker, status);
-}
-
-static void ev_link(void *ctx, int worker, const char *addr, int64_t rtt_us, double bytes_per_us)
-{
-    gw_dispatch_t *ds = ctx;
-    ds_worker_t *w = ds_worker_at(ds, worker);
-    if (w == NULL)
-        return;
-    snprintf(w->addr, sizeof(w->addr), "%s", addr);
-    /* The first measure of a link re-plans at once (the worker came up as
-     * if local); later drifts wait for the next periodic epoch. */
-    if (w->up && w->rtt_us == 0 && w->bytes_per_us <= 0)
-        gw__plan_invalidate(ds, w->kind, "link measured");
-    w->rtt_us = rtt_us;
-    w->bytes_per_us = bytes_per_us;
-    /* The core keeps it for the worker id through its removals (while it
-     * measures a model) and additions. */
-    if (w->up)
-        pl_dispatch_worker_net(ds->core, sq_now_us(), worker, rtt_us, bytes_per_us);
-    gw_metrics_worker_link(ds->srv->metrics, worker, w->device, rtt_us, bytes_per_us);
-}
-
-static void ev_held(void *ctx, int worker, const char (*sha256)[65], int n)
-{
-    gw_dispatch_t *ds = ctx;
-    ds_worker_t *w = ds_worker_at(ds, worker);
-    if (w == NULL || !w->up)
-        return;
-    for (int i = 0; i < n; i++)
-        ds_note_sha(w, sha256[i]);
-    SQ_INFO("worker holds model files id=%d device=%s files=%d", worker, w->device, n);
-}
-
-static void ev_abort(void *ctx)
-{
-    abort_all(ctx);
-}
-
-const gw_transport_events_t gw_dispatch_events = {.up = ev_up,
-                                                  .frame = ev_frame,
-                                                  .lost = ev_lost,
-                                                  .exited = ev_exited,
-                                                  .abort = ev_abort,
-                                                  .held = ev_held,
-                                                  .link = ev_link};

@@ -126,8 +126,9 @@ static inline gw_item_t *gw_clump_settle(gw_clump_t *c, gw_item_t *item)
  * last item triggers the reply. Thread-safe. */
 void gw_item_finish(gw_item_t *item, int rc, const char *detail);
 
-/* The dispatch thread's entry points (dispatch.c and the files below it,
- * see gw_dispatch_int.h): other threads hand it items and model changes. */
+/* The dispatch thread's entry points (dispatch.c, worker_events.c and the
+ * files below them, see gw_dispatch_int.h): other threads hand it items and
+ * model changes. */
 
 /* Any thread: the item's input is in the arena; hand it to the dispatcher.
  * With items linked from it through clump_next, they are a clump: ready

@@ -1,7 +1,9 @@
-/* Internals of the dispatch thread, shared by its files: dispatch.c (entry
- * points, worker events, models coming and going), batches.c, model_loads.c,
- * profiling.c, prefix_groups.c, records.c, and planning.c (epochs, placement,
- * routes). Dispatch thread only. */
+/* Internals of the dispatch thread, shared by its files: records.c,
+ * batches.c, model_loads.c, profiling.c, prefix_groups.c, plan_report.c,
+ * epochs.c and planning.c (the planning loop's shell), readiness.c,
+ * dispatch.c (entry points, the tick, start and stop, models coming and
+ * going) and worker_events.c (the workers' link's events, poisoned
+ * models). Dispatch thread only. */
 #ifndef GW_DISPATCH_INT_H
 #define GW_DISPATCH_INT_H
 
@@ -12,7 +14,7 @@
 #include <pl.h>
 #include <pl_dispatch.h>
 
-typedef struct gw_plan_state gw_plan_state_t;
+typedef struct ds_plan_state ds_plan_state_t;
 
 enum { LOAD_NONE, LOAD_WAIT_BYTES, LOAD_SENT, LOAD_DONE, LOAD_FAILED };
 
@@ -181,7 +183,7 @@ struct gw_dispatch {
     int nmodels, capmodels;
     ds_session_t *sessions; /* by core session id */
     int nsessions, capsessions;
-    gw_plan_state_t *plan;                   /* planning.c */
+    ds_plan_state_t *plan;                   /* planning.c */
     gw_region_t regions[SQ_MAX_BATCH_ITEMS]; /* a batch's input slots, for the link */
     ds_handle_t *handles;
     uint32_t nhandles, caphandles, free_handle; /* free_handle: index + 1, 0: none */
@@ -200,39 +202,117 @@ struct gw_dispatch {
     int nprogress, capprogress;
 };
 
-/* ---- planning.c -------------------------------------------------------- */
+/* ---- planning: plan_report.c < epochs.c < planning.c ------------------- */
 
-gw_plan_state_t *gw__plan_new(gw_dispatch_t *ds);
-void gw__plan_free(gw_plan_state_t *ps);
+/* What planning.c (the shell around the planning loop, planner/pl_loop.h)
+ * keeps, and epochs.c and plan_report.c read. */
+typedef struct {
+    int moves_pending; /* a model waits to leave a worker until it arrives elsewhere */
+} ds_plan_kind_t;
+
+/* One placement of the plan stored before a restart. */
+typedef struct {
+    char device[64];
+    int kind;
+    int64_t key;
+    double slo_ms;
+    int batch;
+    double duty_cycle_us;
+    double rate_rps;
+    int saturated;
+} ds_plan_restore_t;
+
+struct ds_plan_state {
+    /* Rates, epochs, sessions, plans and routes (planner/pl_loop.h): the
+     * same loop squish-sim runs. Devices are named by worker id. */
+    struct pl_loop *loop;
+    /* The pipelines the loop knows (a reference each): key = the pointer,
+     * which the reference keeps from being reused. */
+    gw_pipeline_t **pipes;
+    int npipes, cappipes;
+    ds_plan_kind_t kinds[SQ_DEV_KIND_COUNT];
+    long long epoch;
+    /* advice inputs since the last epoch */
+    double ok, bad;
+    double busy_us;
+    int64_t window_start_us;
+    /* /v1/plan snapshot, read by HTTP threads */
+    pthread_mutex_t lock;
+    char *json;
+    /* The plan stored before a restart, until it is reapplied. */
+    ds_plan_restore_t *restore;
+    int nrestore;
+    long long restored_from; /* its epoch */
+    int64_t restore_first_up_us;
+};
+
+/* The loop's key of a pipeline: the pointer, which the loop's reference
+ * (ds_plan_state_t.pipes) keeps from being reused. */
+static inline int64_t ds_plan_pipe_key(const gw_pipeline_t *pipe)
+{
+    return (int64_t)(intptr_t)pipe;
+}
+
+/* plan_report.c: the plan as /v1/plan, the model DB and /metrics see it. */
+/* A loop session as the snapshot names it: its model record and bucket;
+ * NULL when the loop has no session id or its model is gone. */
+typedef struct {
+    ds_model_t *dm;
+    double bucket_ms;
+} ds_plan_view_t;
+const ds_plan_view_t *ds_plan_view(gw_dispatch_t *ds, int id, ds_plan_view_t *out);
+/* After an epoch (the plan's epoch counted): its snapshot for /v1/plan
+ * and the model DB, and its metrics; moved: models it moved. */
+void ds_plan_publish(gw_dispatch_t *ds, const char *reason, int moved);
+
+/* epochs.c: the loop fed, and its plans applied. */
+/* What the loop knows of each model: its kind, profile (measured when it
+ * drifted), and whether it is planned. */
+void ds_plan_sync_models(gw_dispatch_t *ds);
+/* The loop's pipelines follow the live ones: a deleted one goes, and each
+ * live one it knows gets its current split and gammas. */
+void ds_plan_sync_pipelines(gw_dispatch_t *ds);
+/* The loop knows pipe (a reference is taken the first time). */
+void ds_plan_pipeline_known(gw_dispatch_t *ds, gw_pipeline_t *pipe);
+/* Plans kind from the workers up now and applies the plan: loads, duty
+ * cycles, routes, then unloads of what moved away (make before break). */
+void ds_plan_epoch(gw_dispatch_t *ds, int kind, const char *reason, int64_t now_us);
+
+/* planning.c: the shell's entry points, and the plan stored before a
+ * restart reapplied. */
+
+ds_plan_state_t *ds_plan_new(gw_dispatch_t *ds);
+void ds_plan_free(ds_plan_state_t *ps);
 /* The planning loop (planner/pl_loop.h) the epochs run. */
-struct pl_loop *gw__plan_loop(gw_dispatch_t *ds);
+struct pl_loop *ds_plan_loop(gw_dispatch_t *ds);
 /* dm is about to be freed (deleted, and nothing refers to it): its sessions
  * go (a plan still naming their ids skips them). */
-void gw__plan_forget(gw_dispatch_t *ds, const ds_model_t *dm);
+void ds_plan_forget(gw_dispatch_t *ds, const ds_model_t *dm);
 /* Item it, served by dm at bucket_ms, arrived: counted toward (model,
  * bucket), or a pipeline item toward its stage (gw_item_t.pipeline), whose
  * rate goes to the session of the stage's current budget. */
-void gw__plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it);
+void ds_plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it);
 /* A model became active (first request, it): place it now. */
-void gw__plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it);
+void ds_plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it);
 /* Workers came or went, or a model was removed: re-plan that kind. */
-void gw__plan_invalidate(gw_dispatch_t *ds, int kind, const char *reason);
-/* A load finished on a worker of kind: models waiting to leave their old
- * workers (make before break) can go now. */
-void gw__plan_loaded(gw_dispatch_t *ds, int kind);
+void ds_plan_invalidate(gw_dispatch_t *ds, int kind, const char *reason);
+/* epochs.c: a load finished on a worker of kind: models waiting to leave
+ * their old workers (make before break) can go now. */
+void ds_plan_loaded(gw_dispatch_t *ds, int kind);
 /* Whether the plan stored before a restart still waits to be reapplied. */
-int gw__plan_restoring(const gw_dispatch_t *ds);
+int ds_plan_restoring(const gw_dispatch_t *ds);
 /* Called every tick: rates, epoch triggers. */
-void gw__plan_tick(gw_dispatch_t *ds, int64_t now_us);
-/* The routes of dispatcher session s: the planned workers that hold the
- * model (or, before any plan covers it, every worker that does). */
-int gw__plan_routes(gw_dispatch_t *ds, const ds_session_t *s, pl_route_t *routes, int max);
+void ds_plan_tick(gw_dispatch_t *ds, int64_t now_us);
+/* epochs.c: the routes of dispatcher session s: the planned workers that
+ * hold the model (or, before any plan covers it, every worker that does). */
+int ds_plan_routes(gw_dispatch_t *ds, const ds_session_t *s, pl_route_t *routes, int max);
 /* Counters for the advice (bad rate, busy time). */
-void gw__plan_outcome(gw_dispatch_t *ds, int ok);
-void gw__plan_busy(gw_dispatch_t *ds, int worker, int64_t busy_us);
+void ds_plan_outcome(gw_dispatch_t *ds, int ok);
+void ds_plan_busy(gw_dispatch_t *ds, int worker, int64_t busy_us);
 
 /* ---- the dispatcher's files ----------------------------------------------
- * Each calls only the files listed before it (and planning.c); calls up go
+ * Each calls only the files listed before it (and the planning files:
+ * plan_report.c, epochs.c, planning.c); calls up, from those too, go
  * through ds->ops. scripts/check_calls.py (test style/call-circles) fails
  * on a circle. */
 
@@ -334,6 +414,18 @@ ds_model_t *ds_twin_of(gw_dispatch_t *ds, ds_model_t *dm);
 
 /* batches.c: forgets dm's live correction (its profile was measured anew). */
 void ds_live_reset(ds_model_t *dm);
+
+/* readiness.c: recomputes what gw_dispatch_ready and gw_dispatch_model_held
+ * answer (every tick). */
+void ds_publish_ready(gw_dispatch_t *ds);
+
+/* dispatch.c, what worker_events.c (above it) calls. */
+/* DB thread: publishes key's current record (none: it was deleted) and
+ * tells the dispatcher. */
+void ds_registry_refresh(mdb_t *db, gw_server_t *srv, int64_t key);
+/* Answers everything the dispatcher holds 503 shutting_down (the link's
+ * abort). Idempotent. */
+void ds_abort_all(gw_dispatch_t *ds);
 
 /* ---- lookups both sides use (data only) --------------------------------- */
 

@@ -318,7 +318,7 @@ void ds_group_retire(gw_dispatch_t *ds, ds_model_t *g, const char *why)
         if (ds->models[i]->group == g)
             ds->models[i]->group = NULL;
     if (g->kind >= 0 && g->active)
-        gw__plan_invalidate(ds, g->kind, "prefix group retired");
+        ds_plan_invalidate(ds, g->kind, "prefix group retired");
 }
 
 /* The group's l(b) (its members sharing each batch evenly): it is usable

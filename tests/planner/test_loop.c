@@ -417,7 +417,7 @@ static void loads_done(gw_dispatch_t *ds)
                 w->loads[k].max_batch = MAX_BATCH;
             }
     }
-    gw__plan_loaded(ds, SQ_DEV_EMU);
+    ds_plan_loaded(ds, SQ_DEV_EMU);
     for (int i = 0; i < ds->nmodels; i++)
         if (ds->models[i]->active)
             ds_update_routes(ds, ds->models[i]);
@@ -509,11 +509,11 @@ Test(loop, squish_sim_and_squishd_plan_route_and_split_alike_epoch_by_epoch)
     gw_pipes_put(srv.pipelines, pipe);
     for (int i = 0; i < 8; i++)
         gw_pipeline_fanout(pipe, 1, 2);
-    pl_loop_t *loop = gw__plan_loop(ds);
+    pl_loop_t *loop = ds_plan_loop(ds);
     int64_t t0 = pl_loop_rates_at_us(loop);
     /* The first tick splits the pipeline; then each session's first
      * request activates its model, in the simulator's order. */
-    gw__plan_tick(ds, t0);
+    ds_plan_tick(ds, t0);
     double budget_ms[2] = {gw_pipeline_budget_ms(pipe, 0), gw_pipeline_budget_ms(pipe, 1)};
     for (int k = 0; k < 2; k++)
         cr_assert_float_eq(budget_ms[k], sim.budget_ms[k], 1e-9, "stage %d's budget", k);
@@ -527,7 +527,7 @@ Test(loop, squish_sim_and_squishd_plan_route_and_split_alike_epoch_by_epoch)
         if (!m->active) { /* as serving_record does */
             m->kind = SQ_DEV_EMU;
             m->active = 1;
-            gw__plan_activate(ds, m, gw_slo_bucket_ms(first[s].slo_ms), &first[s]);
+            ds_plan_activate(ds, m, gw_slo_bucket_ms(first[s].slo_ms), &first[s]);
         }
     }
     for (int i = 0; i < NDEVICES; i++) {
@@ -551,7 +551,7 @@ Test(loop, squish_sim_and_squishd_plan_route_and_split_alike_epoch_by_epoch)
             const sim_request_t *q = &res.requests[arr[next].index];
             if (q->query < 0) {
                 gw_item_t it = {.slo_ms = q->session == 0 ? 100 : 50};
-                gw__plan_arrival(ds, dm[q->session + 1], gw_slo_bucket_ms(it.slo_ms), &it);
+                ds_plan_arrival(ds, dm[q->session + 1], gw_slo_bucket_ms(it.slo_ms), &it);
                 continue;
             }
             gw_item_t it = {.slo_ms = budget_ms[q->stage],
@@ -562,9 +562,9 @@ Test(loop, squish_sim_and_squishd_plan_route_and_split_alike_epoch_by_epoch)
                 gw_pipeline_arrival(pipe);
             else
                 gw_pipeline_fanout(pipe, 1, 2);
-            gw__plan_arrival(ds, dm[q->stage == 0 ? 3 : 4], gw_slo_bucket_ms(it.slo_ms), &it);
+            ds_plan_arrival(ds, dm[q->stage == 0 ? 3 : 4], gw_slo_bucket_ms(it.slo_ms), &it);
         }
-        gw__plan_tick(ds, t0 + t);
+        ds_plan_tick(ds, t0 + t);
         loads_done(ds);
         if (pl_loop_epochs(loop) == epochs)
             continue;
@@ -576,7 +576,7 @@ Test(loop, squish_sim_and_squishd_plan_route_and_split_alike_epoch_by_epoch)
         for (int s = 0; s < 4; s++) {
             ds_session_t dsess = {.model = dm[s + 1],
                                   .bucket_ms = gw_slo_bucket_ms(sim.keys[s].slo_ms)};
-            nroutes[s] = gw__plan_routes(ds, &dsess, routes[s], 16);
+            nroutes[s] = ds_plan_routes(ds, &dsess, routes[s], 16);
             rp[s] = routes[s];
         }
         double now_budget[2] = {gw_pipeline_budget_ms(pipe, 0), gw_pipeline_budget_ms(pipe, 1)};

@@ -1,0 +1,327 @@
+/* Epochs: what the planning loop (planner/pl_loop.h) is fed (the models,
+ * with their profiles, and the pipelines' splits), and each plan applied to
+ * the workers: loads before any route points at a model, duty cycles,
+ * routes (and their fallbacks while the planned workers load), and
+ * unloads only after routes moved away (make before break). */
+#include "gw_dispatch_int.h"
+#include "gw_catalog.h"
+
+#include <pl_loop.h>
+
+#include <stdlib.h>
+#include <string.h>
+
+static int same_model(const ds_model_t *dm, const char *name, int version)
+{
+    return strcmp(dm->m->name, name) == 0 && (version == 0 || dm->m->version == version);
+}
+
+void ds_plan_sync_models(gw_dispatch_t *ds)
+{
+    for (int i = 0; i < ds->nmodels; i++) {
+        ds_model_t *dm = ds->models[i];
+        int kind = dm->kind;
+        int has = kind >= 0 && kind < SQ_DEV_KIND_COUNT && dm->m->has_profile[kind];
+        if (has)
+            dm->m->profile[kind].memory_bytes = dm->m->profile[kind].memory_bytes > 0
+                                                    ? dm->m->profile[kind].memory_bytes
+                                                    : (double)dm->m->memory_bytes;
+        pl_loop_model_t lm = {.kind = kind,
+                              .profile = has ? ds_profile(dm, kind) : NULL,
+                              .name = dm->m->name,
+                              .item_bytes = ds_item_bytes(dm->m, SQ_INPUT_PIXELS),
+                              .active = dm->active && !dm->removed};
+        pl_loop_model_set(ds->plan->loop, dm->key, &lm);
+    }
+}
+
+/* Hands the loop pipe's split: each stage's model, parent, measured gamma
+ * and budget. */
+static void pipeline_to_loop(gw_dispatch_t *ds, gw_pipeline_t *pipe)
+{
+    pl_loop_stage_t st[GW_PIPE_MAX_STAGES];
+    gw_stage_clumps_t cl[GW_PIPE_MAX_STAGES];
+    int nc = gw_pipeline_clumps(pipe, cl);
+    int c = 0;
+    for (int i = 0; i < pipe->nstages; i++) {
+        const gw_stage_spec_t *spec = &pipe->stages[i];
+        st[i] = (pl_loop_stage_t){.model = -1,
+                                  .parent = spec->parent,
+                                  .gamma = 1,
+                                  .budget_ms = gw_pipeline_budget_ms(pipe, i)};
+        for (int m = 0; m < ds->nmodels && st[i].model < 0; m++)
+            if (!ds->models[m]->removed && same_model(ds->models[m], spec->model, spec->version))
+                st[i].model = ds->models[m]->key;
+        /* gw_pipeline_clumps lists the crop stages in stage order. */
+        if (spec->parent >= 0 && c < nc)
+            st[i].gamma = cl[c++].gamma;
+    }
+    pl_loop_pipeline_set(ds->plan->loop, ds_plan_pipe_key(pipe), pipe->slo_ms, st, pipe->nstages);
+}
+
+void ds_plan_sync_pipelines(gw_dispatch_t *ds)
+{
+    ds_plan_state_t *p = ds->plan;
+    if (p->npipes == 0)
+        return;
+    int np = 0;
+    gw_pipeline_t **live = gw_pipes_all(ds->srv->pipelines, &np);
+    for (int i = p->npipes - 1; i >= 0; i--) {
+        int found = 0;
+        for (int k = 0; k < np && !found; k++)
+            found = live[k] == p->pipes[i];
+        if (found) {
+            pipeline_to_loop(ds, p->pipes[i]);
+            continue;
+        }
+        pl_loop_pipeline_drop(p->loop, ds_plan_pipe_key(p->pipes[i]));
+        gw_pipeline_unref(p->pipes[i]);
+        p->pipes[i] = p->pipes[--p->npipes];
+    }
+    for (int k = 0; k < np; k++)
+        gw_pipeline_unref(live[k]);
+    free(live);
+}
+
+void ds_plan_pipeline_known(gw_dispatch_t *ds, gw_pipeline_t *pipe)
+{
+    ds_plan_state_t *p = ds->plan;
+    for (int i = 0; i < p->npipes; i++)
+        if (p->pipes[i] == pipe)
+            return;
+    if (p->npipes == p->cappipes) {
+        p->cappipes = p->cappipes ? 2 * p->cappipes : 4;
+        p->pipes = sq_xrealloc(p->pipes, sizeof(*p->pipes) * (size_t)p->cappipes);
+    }
+    gw_pipeline_ref(pipe);
+    p->pipes[p->npipes++] = pipe;
+    ds_plan_sync_models(ds);
+    pipeline_to_loop(ds, pipe);
+}
+
+/* The device a worker runs in kind's plan, or NULL. */
+static const pl_device_t *device_of(const ds_plan_state_t *p, int kind, int worker)
+{
+    const pl_plan_t *plan = pl_loop_current(p->loop, kind);
+    for (int i = 0; plan != NULL && i < plan->ndevices; i++)
+        if (pl_loop_device_key(p->loop, kind, plan->devices[i].id) == worker)
+            return &plan->devices[i];
+    return NULL;
+}
+
+/* Whether the plan has worker hold session_id for its overflow batches
+ * (pl_plan_t.overflow: a spare worker, or a planned one when short). */
+static int overflow_here(const ds_plan_state_t *p, int kind, int worker, int session_id)
+{
+    const pl_plan_t *plan = pl_loop_current(p->loop, kind);
+    for (int i = 0; plan != NULL && i < plan->noverflow; i++) {
+        const pl_overflow_t *o = &plan->overflow[i];
+        if (o->session_id == session_id &&
+            pl_loop_device_key(p->loop, kind, o->device_id) == worker)
+            return 1;
+    }
+    return 0;
+}
+
+static const pl_alloc_t *alloc_of(const pl_device_t *dev, int session_id)
+{
+    for (int a = 0; dev != NULL && a < dev->nallocs; a++)
+        if (dev->allocs[a].session_id == session_id)
+            return &dev->allocs[a];
+    return NULL;
+}
+
+static int usable(ds_worker_t *w, int64_t key)
+{
+    ds_load_t *l = w != NULL && w->up ? ds_load_find(w, key, 0) : NULL;
+    return l != NULL && l->state == LOAD_DONE;
+}
+
+static int usable_worker(void *ctx, int worker, int64_t model)
+{
+    return usable(ds_worker_at(ctx, worker), model);
+}
+
+int ds_plan_routes(gw_dispatch_t *ds, const ds_session_t *s, pl_route_t *routes, int max)
+{
+    ds_model_t *dm = s->model;
+    /* No plan covers the session yet, or its planned workers are still
+     * loading the model: every worker that holds it serves meanwhile. */
+    int *holders = sq_xcalloc((size_t)ds->nworkers + 1, sizeof(*holders));
+    int nholders = 0;
+    for (int i = 0; i < ds->nworkers; i++)
+        if (usable(ds->workers[i], dm->key))
+            holders[nholders++] = i;
+    pl_loop_route_env_t env = {
+        .usable = usable_worker, .ctx = ds, .holders = holders, .nholders = nholders};
+    int n = pl_loop_routes(ds->plan->loop, dm->key, s->bucket_ms, &env, routes, max);
+    free(holders);
+    return n;
+}
+
+/* Whether kind's plan moved model key away from worker (it places key
+ * elsewhere, not there, nor there for overflow), and whether a worker it
+ * moved to holds it already (*arrived). A model the plan could not place
+ * is not moved. */
+static int moved_away(gw_dispatch_t *ds, int kind, int worker, int64_t key, int *arrived)
+{
+    ds_plan_state_t *p = ds->plan;
+    const pl_plan_t *plan = pl_loop_current(p->loop, kind);
+    const pl_device_t *dev = device_of(p, kind, worker);
+    int here = 0, elsewhere = 0;
+    *arrived = 0;
+    int nsess = pl_loop_nsessions(p->loop);
+    for (int s = 0; s < nsess; s++) {
+        pl_loop_session_info_t si;
+        pl_loop_session_at(p->loop, s, &si);
+        if (si.model != key)
+            continue;
+        here |= alloc_of(dev, si.id) != NULL || overflow_here(p, kind, worker, si.id);
+        for (int d = 0; d < plan->ndevices; d++) {
+            if (alloc_of(&plan->devices[d], si.id) == NULL)
+                continue;
+            elsewhere = 1;
+            ds_worker_t *o =
+                ds_worker_at(ds, pl_loop_device_key(p->loop, kind, plan->devices[d].id));
+            ds_load_t *ol = o != NULL && o->up ? ds_load_find(o, key, 0) : NULL;
+            *arrived |= ol != NULL && ol->state == LOAD_DONE;
+        }
+    }
+    return !here && elsewhere;
+}
+
+/* Unloads what the plan of kind moved away from a worker, make before
+ * break: once a worker it moved to holds it (until then requests would
+ * find it loaded nowhere); the load finishing there runs this again
+ * (ds_plan_loaded). */
+static void settle_moves(gw_dispatch_t *ds, int kind)
+{
+    ds_plan_kind_t *K = &ds->plan->kinds[kind];
+    if (pl_loop_current(ds->plan->loop, kind) == NULL)
+        return;
+    K->moves_pending = 0;
+    for (int i = 0; i < ds->nworkers; i++) {
+        ds_worker_t *w = ds->workers[i];
+        if (w == NULL || !w->up || w->kind != kind)
+            continue;
+        for (int li = 0; li < w->nloads; li++) {
+            ds_load_t *l = &w->loads[li];
+            int arrived;
+            if ((l->state != LOAD_DONE && l->state != LOAD_SENT) ||
+                !moved_away(ds, kind, w->id, l->key, &arrived))
+                continue;
+            int profiling = 0;
+            for (int m = 0; m < ds->nmodels; m++)
+                profiling |= ds->models[m]->key == l->key && ds->models[m]->profile_worker == w->id;
+            if (profiling)
+                continue;
+            if (arrived)
+                ds->ops->unload(ds, w, l);
+            else
+                K->moves_pending = 1;
+        }
+    }
+}
+
+void ds_plan_epoch(gw_dispatch_t *ds, int kind, const char *reason, int64_t now_us)
+{
+    ds_plan_state_t *p = ds->plan;
+    /* The devices: up workers of this kind (one measuring a model too: it
+     * measures in its gaps), each behind its measured link (pl.h:
+     * Symphony's d_data); a plan without any remote worker packs as for
+     * local devices. */
+    int *workers = sq_xcalloc((size_t)ds->nworkers + 1, sizeof(int));
+    pl_link_t *links = sq_xcalloc((size_t)ds->nworkers + 1, sizeof(*links));
+    int nw = 0, remote = 0;
+    double mem = 0;
+    for (int i = 0; i < ds->nworkers; i++) {
+        ds_worker_t *w = ds->workers[i];
+        if (w == NULL || !w->up || w->kind != kind)
+            continue;
+        if (mem == 0 || (double)w->memory_bytes < mem)
+            mem = (double)w->memory_bytes;
+        if (w->addr[0] && (w->rtt_us > 0 || w->bytes_per_us > 0)) {
+            links[nw] = (pl_link_t){.rtt_us = (double)w->rtt_us, .bytes_per_us = w->bytes_per_us};
+            remote = 1;
+        }
+        workers[nw++] = i;
+    }
+    ds_plan_sync_models(ds);
+    ds_plan_sync_pipelines(ds);
+    pl_loop_devices_t devs = {.n = nw,
+                              .keys = workers,
+                              .memory_bytes = mem,
+                              .links = remote ? links : NULL,
+                              .nlinks = remote ? nw : 0};
+    int64_t t0 = sq_now_ns();
+    int rc = pl_loop_plan(p->loop, kind, &devs, now_us);
+    double plan_ms = (double)(sq_now_ns() - t0) / 1e6;
+    free(links);
+    if (rc != 0) {
+        /* 1: nothing to place them on; the next worker up re-plans. */
+        if (rc < 0)
+            SQ_WARN("planning failed kind=%s code=%s", sq_dev_kind_name((sq_dev_kind_t)kind),
+                    sq_err_name(rc));
+        free(workers);
+        return;
+    }
+    const pl_plan_t plan = *pl_loop_current(p->loop, kind);
+    int n = 0;
+    pl_loop_planned_sessions(p->loop, kind, &n);
+    /* With at most nw devices, kept ones on their own ids below nw and new
+     * ones on the smallest free ids, every id names a worker. */
+    for (int i = 0; i < plan.ndevices; i++)
+        if (plan.devices[i].id < 0 || plan.devices[i].id >= nw)
+            SQ_WARN("plan device id=%d has no worker (of=%d)", plan.devices[i].id, nw);
+    p->epoch++;
+
+    /* Apply: load what each worker's device holds, pace it by its duty
+     * cycle, route, then unload what moved away. */
+    int64_t now = sq_now_us();
+    for (int j = 0; j < nw; j++) {
+        ds_worker_t *w = ds->workers[workers[j]];
+        const pl_device_t *dev = device_of(p, kind, w->id);
+        pl_dispatch_worker_add(ds->core, now, w->id,
+                               dev != NULL && !dev->saturated ? (int64_t)dev->duty_cycle_us : 0);
+        for (int a = 0; dev != NULL && a < dev->nallocs; a++) {
+            ds_plan_view_t view;
+            const ds_plan_view_t *ps = ds_plan_view(ds, dev->allocs[a].session_id, &view);
+            ds_load_t *l = ps ? ds_load_find(w, ps->dm->key, 0) : NULL;
+            if (ps != NULL && (l == NULL || l->state == LOAD_NONE || l->state == LOAD_FAILED))
+                ds->ops->send_load(ds, ps->dm, w);
+        }
+        /* A spare device also loads the busiest sessions' models: it takes
+         * their overflow once it holds them (routes follow the loads). */
+        for (int o = 0; o < plan.noverflow; o++) {
+            if (plan.overflow[o].device_id != j)
+                continue;
+            ds_plan_view_t view;
+            const ds_plan_view_t *ps = ds_plan_view(ds, plan.overflow[o].session_id, &view);
+            ds_load_t *l = ps ? ds_load_find(w, ps->dm->key, 0) : NULL;
+            if (ps != NULL && (l == NULL || l->state == LOAD_NONE || l->state == LOAD_FAILED))
+                ds->ops->send_load(ds, ps->dm, w);
+        }
+    }
+    for (int i = 0; i < ds->nmodels; i++)
+        if (ds->models[i]->kind == kind && ds->models[i]->active)
+            ds->ops->update_routes(ds, ds->models[i]);
+    settle_moves(ds, kind);
+    SQ_INFO("epoch=%lld kind=%s reason=\"%s\" sessions=%d devices=%d of=%d lower_bound=%.2f "
+            "moved=%d unplaced=%d plan_ms=%.3f",
+            p->epoch, sq_dev_kind_name((sq_dev_kind_t)kind), reason, n, plan.ndevices, nw,
+            plan.lower_bound_devices, plan.moved, plan.nunplaced, plan_ms);
+
+    ds_plan_publish(ds, reason, plan.moved);
+    /* The advice window starts again. */
+    p->ok = p->bad = p->busy_us = 0;
+    p->window_start_us = now;
+    free(workers);
+    ds->ops->pump(ds);
+}
+
+void ds_plan_loaded(gw_dispatch_t *ds, int kind)
+{
+    if (kind < 0 || kind >= SQ_DEV_KIND_COUNT || !ds->plan->kinds[kind].moves_pending)
+        return;
+    settle_moves(ds, kind);
+}
