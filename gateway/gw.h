@@ -60,6 +60,7 @@ typedef struct {
     int epoch_ms;           /* planner epoch period */
     int epoch_min_interval_ms;
     int epoch_scale_up_ms;
+    int plan_thread; /* 1: plans are computed on the planner thread */
     double plan_headroom;
     /* pl_options_t.burst_quantile: bursts from the arrival variance */
     double plan_burst_quantile;

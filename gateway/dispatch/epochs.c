@@ -8,6 +8,9 @@
 
 #include <pl_loop.h>
 
+#include <assert.h>
+#include <pthread.h>
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -223,45 +226,86 @@ static void settle_moves(gw_dispatch_t *ds, int kind)
     }
 }
 
-void ds_plan_epoch(gw_dispatch_t *ds, int kind, const char *reason, int64_t now_us)
+/* ---- the planner thread ------------------------------------------------- */
+
+static void *planner_thread(void *arg)
+{
+    ds_plan_state_t *p = arg;
+    pthread_mutex_lock(&p->job_lock);
+    for (;;) {
+        pl_loop_job_t *job = NULL;
+        int kind = -1;
+        for (int k = 0; k < SQ_DEV_KIND_COUNT && job == NULL; k++)
+            if (p->todo[k] != NULL) {
+                job = p->todo[k];
+                kind = k;
+                p->todo[k] = NULL;
+            }
+        if (job == NULL) {
+            if (p->stopping)
+                break;
+            pthread_cond_wait(&p->job_cond, &p->job_lock);
+            continue;
+        }
+        pthread_mutex_unlock(&p->job_lock);
+        pl_loop_job_run(job); /* the job owns all it reads (pl_loop.h) */
+        pthread_mutex_lock(&p->job_lock);
+        p->done[kind] = job;
+    }
+    pthread_mutex_unlock(&p->job_lock);
+    return NULL;
+}
+
+int ds_plan_thread_start(ds_plan_state_t *p)
+{
+    pthread_mutex_init(&p->job_lock, NULL);
+    pthread_cond_init(&p->job_cond, NULL);
+    if (pthread_create(&p->thread, NULL, planner_thread, p) != 0) {
+        SQ_WARN("cannot start the planner thread: plans are computed on the dispatch thread");
+        return -1;
+    }
+    p->threaded = 1;
+    return 0;
+}
+
+void ds_plan_thread_stop(ds_plan_state_t *p)
+{
+    if (!p->threaded)
+        return;
+    pthread_mutex_lock(&p->job_lock);
+    p->stopping = 1;
+    pthread_cond_signal(&p->job_cond);
+    pthread_mutex_unlock(&p->job_lock);
+    pthread_join(p->thread, NULL);
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
+        /* Jobs never applied: each is todo, done or (none) in flight. */
+        pl_loop_job_free(p->loop, p->inflight[k].job);
+        free(p->inflight[k].workers);
+        p->inflight[k] = (ds_plan_inflight_t){0};
+        p->todo[k] = p->done[k] = NULL;
+    }
+    pthread_mutex_destroy(&p->job_lock);
+    pthread_cond_destroy(&p->job_cond);
+    p->threaded = 0;
+}
+
+/* ---- epochs --------------------------------------------------------------- */
+
+/* The plan of kind's epoch is computed: adopt it (pl_loop_plan_finish) and
+ * apply it. Workers are those up when the epoch began; one gone since is
+ * passed over (its loss invalidated the kind: the next epoch plans without
+ * it). */
+static void apply_epoch(gw_dispatch_t *ds, int kind, ds_plan_inflight_t *in)
 {
     ds_plan_state_t *p = ds->plan;
-    /* The devices: up workers of this kind (one measuring a model too: it
-     * measures in its gaps), each behind its measured link (pl.h:
-     * Symphony's d_data); a plan without any remote worker packs as for
-     * local devices. */
-    int *workers = sq_xcalloc((size_t)ds->nworkers + 1, sizeof(int));
-    pl_link_t *links = sq_xcalloc((size_t)ds->nworkers + 1, sizeof(*links));
-    int nw = 0, remote = 0;
-    double mem = 0;
-    for (int i = 0; i < ds->nworkers; i++) {
-        ds_worker_t *w = ds->workers[i];
-        if (w == NULL || !w->up || w->kind != kind)
-            continue;
-        if (mem == 0 || (double)w->memory_bytes < mem)
-            mem = (double)w->memory_bytes;
-        if (w->addr[0] && (w->rtt_us > 0 || w->bytes_per_us > 0)) {
-            links[nw] = (pl_link_t){.rtt_us = (double)w->rtt_us, .bytes_per_us = w->bytes_per_us};
-            remote = 1;
-        }
-        workers[nw++] = i;
-    }
-    ds_plan_sync_models(ds);
-    ds_plan_sync_pipelines(ds);
-    pl_loop_devices_t devs = {.n = nw,
-                              .keys = workers,
-                              .memory_bytes = mem,
-                              .links = remote ? links : NULL,
-                              .nlinks = remote ? nw : 0};
-    int64_t t0 = sq_now_ns();
-    int rc = pl_loop_plan(p->loop, kind, &devs, now_us);
-    double plan_ms = (double)(sq_now_ns() - t0) / 1e6;
-    free(links);
+    int rc = pl_loop_plan_finish(p->loop, in->job);
+    in->job = NULL;
+    double plan_ms = (double)(sq_now_ns() - in->begin_ns) / 1e6;
+    int *workers = in->workers, nw = in->nworkers;
+    in->workers = NULL;
     if (rc != 0) {
-        /* 1: nothing to place them on; the next worker up re-plans. */
-        if (rc < 0)
-            SQ_WARN("planning failed kind=%s code=%s", sq_dev_kind_name((sq_dev_kind_t)kind),
-                    sq_err_name(rc));
+        SQ_WARN("planning failed kind=%s code=%s", sq_dev_kind_name((sq_dev_kind_t)kind),
+                sq_err_name(rc));
         free(workers);
         return;
     }
@@ -279,7 +323,9 @@ void ds_plan_epoch(gw_dispatch_t *ds, int kind, const char *reason, int64_t now_
      * cycle, route, then unload what moved away. */
     int64_t now = sq_now_us();
     for (int j = 0; j < nw; j++) {
-        ds_worker_t *w = ds->workers[workers[j]];
+        ds_worker_t *w = ds_worker_at(ds, workers[j]);
+        if (w == NULL || !w->up || w->kind != kind)
+            continue;
         const pl_device_t *dev = device_of(p, kind, w->id);
         pl_dispatch_worker_add(ds->core, now, w->id,
                                dev != NULL && !dev->saturated ? (int64_t)dev->duty_cycle_us : 0);
@@ -308,15 +354,104 @@ void ds_plan_epoch(gw_dispatch_t *ds, int kind, const char *reason, int64_t now_
     settle_moves(ds, kind);
     SQ_INFO("epoch=%lld kind=%s reason=\"%s\" sessions=%d devices=%d of=%d lower_bound=%.2f "
             "moved=%d unplaced=%d plan_ms=%.3f",
-            p->epoch, sq_dev_kind_name((sq_dev_kind_t)kind), reason, n, plan.ndevices, nw,
+            p->epoch, sq_dev_kind_name((sq_dev_kind_t)kind), in->reason, n, plan.ndevices, nw,
             plan.lower_bound_devices, plan.moved, plan.nunplaced, plan_ms);
 
-    ds_plan_publish(ds, reason, plan.moved);
+    ds_plan_publish(ds, in->reason, plan.moved);
     /* The advice window starts again. */
     p->ok = p->bad = p->busy_us = 0;
     p->window_start_us = now;
     free(workers);
     ds->ops->pump(ds);
+}
+
+void ds_plan_epoch(gw_dispatch_t *ds, int kind, const char *reason, int64_t now_us)
+{
+    ds_plan_state_t *p = ds->plan;
+    ds_plan_inflight_t *in = &p->inflight[kind];
+    if (in->job != NULL) {
+        /* One plan of a kind at a time: this one is planned after it. */
+        pl_loop_invalidate(p->loop, kind, reason);
+        return;
+    }
+    /* The devices: up workers of this kind (one measuring a model too: it
+     * measures in its gaps), each behind its measured link (pl.h:
+     * Symphony's d_data); a plan without any remote worker packs as for
+     * local devices. */
+    int *workers = sq_xcalloc((size_t)ds->nworkers + 1, sizeof(int));
+    pl_link_t *links = sq_xcalloc((size_t)ds->nworkers + 1, sizeof(*links));
+    int nw = 0, remote = 0;
+    double mem = 0;
+    for (int i = 0; i < ds->nworkers; i++) {
+        ds_worker_t *w = ds->workers[i];
+        if (w == NULL || !w->up || w->kind != kind)
+            continue;
+        if (mem == 0 || (double)w->memory_bytes < mem)
+            mem = (double)w->memory_bytes;
+        if (w->addr[0] && (w->rtt_us > 0 || w->bytes_per_us > 0)) {
+            links[nw] = (pl_link_t){.rtt_us = (double)w->rtt_us, .bytes_per_us = w->bytes_per_us};
+            remote = 1;
+        }
+        workers[nw++] = i;
+    }
+    ds_plan_sync_models(ds);
+    ds_plan_sync_pipelines(ds);
+    pl_loop_devices_t devs = {.n = nw,
+                              .keys = workers,
+                              .memory_bytes = mem,
+                              .links = remote ? links : NULL,
+                              .nlinks = remote ? nw : 0};
+    int64_t begin_ns = sq_now_ns();
+    int rc = 0;
+    pl_loop_job_t *job = pl_loop_plan_begin(p->loop, kind, &devs, now_us, &rc);
+    free(links); /* the job holds copies */
+    if (job == NULL) {
+        /* 1: nothing to place them on; the next worker up re-plans. */
+        if (rc < 0)
+            SQ_WARN("planning failed kind=%s code=%s", sq_dev_kind_name((sq_dev_kind_t)kind),
+                    sq_err_name(rc));
+        free(workers);
+        return;
+    }
+    *in =
+        (ds_plan_inflight_t){.job = job, .workers = workers, .nworkers = nw, .begin_ns = begin_ns};
+    snprintf(in->reason, sizeof(in->reason), "%s", reason);
+    if (!p->threaded) {
+        pl_loop_job_run(job);
+        apply_epoch(ds, kind, in);
+        return;
+    }
+    pthread_mutex_lock(&p->job_lock);
+    p->todo[kind] = job;
+    pthread_cond_signal(&p->job_cond);
+    pthread_mutex_unlock(&p->job_lock);
+}
+
+void ds_plan_collect(gw_dispatch_t *ds)
+{
+    ds_plan_state_t *p = ds->plan;
+    if (!p->threaded)
+        return;
+    pl_loop_job_t *done[SQ_DEV_KIND_COUNT];
+    pthread_mutex_lock(&p->job_lock);
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
+        done[k] = p->done[k];
+        p->done[k] = NULL;
+    }
+    pthread_mutex_unlock(&p->job_lock);
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
+        if (done[k] != NULL) {
+            assert(done[k] == p->inflight[k].job);
+            apply_epoch(ds, k, &p->inflight[k]);
+        }
+}
+
+int ds_plan_pending(gw_dispatch_t *ds)
+{
+    int n = 0;
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
+        n += ds->plan->inflight[k].job != NULL;
+    return n;
 }
 
 void ds_plan_loaded(gw_dispatch_t *ds, int kind)

@@ -210,6 +210,16 @@ typedef struct {
     int moves_pending; /* a model waits to leave a worker until it arrives elsewhere */
 } ds_plan_kind_t;
 
+/* An epoch whose plan is being computed (planner thread): what applying it
+ * needs, kept by the dispatch thread. */
+typedef struct {
+    struct pl_loop_job *job; /* NULL: none in flight */
+    int *workers;            /* plan device j is ds->workers[workers[j]] at begin */
+    int nworkers;
+    char reason[64];
+    int64_t begin_ns;
+} ds_plan_inflight_t;
+
 /* One placement of the plan stored before a restart. */
 typedef struct {
     char device[64];
@@ -244,6 +254,18 @@ struct ds_plan_state {
     int nrestore;
     long long restored_from; /* its epoch */
     int64_t restore_first_up_us;
+    /* The planner thread (cfg->plan_thread): it runs pl_loop_job_run on the
+     * jobs the dispatch thread hands it (todo) and hands them back (done);
+     * the dispatch thread finishes and applies them at its next tick. Both
+     * arrays are indexed by kind, under job_lock. */
+    int threaded;
+    pthread_t thread;
+    pthread_mutex_t job_lock;
+    pthread_cond_t job_cond;
+    struct pl_loop_job *todo[SQ_DEV_KIND_COUNT];
+    struct pl_loop_job *done[SQ_DEV_KIND_COUNT];
+    int stopping;
+    ds_plan_inflight_t inflight[SQ_DEV_KIND_COUNT]; /* dispatch thread only */
 };
 
 /* The loop's key of a pipeline: the pointer, which the loop's reference
@@ -275,8 +297,20 @@ void ds_plan_sync_pipelines(gw_dispatch_t *ds);
 /* The loop knows pipe (a reference is taken the first time). */
 void ds_plan_pipeline_known(gw_dispatch_t *ds, gw_pipeline_t *pipe);
 /* Plans kind from the workers up now and applies the plan: loads, duty
- * cycles, routes, then unloads of what moved away (make before break). */
+ * cycles, routes, then unloads of what moved away (make before break).
+ * With the planner thread, the plan is computed there and applied by
+ * ds_plan_collect at a later tick; one plan of a kind at a time (a second
+ * epoch asked for meanwhile runs after it). */
 void ds_plan_epoch(gw_dispatch_t *ds, int kind, const char *reason, int64_t now_us);
+/* Applies the plans the planner thread has computed (every tick). */
+void ds_plan_collect(gw_dispatch_t *ds);
+/* Epochs begun whose plan is not applied yet. */
+int ds_plan_pending(gw_dispatch_t *ds);
+/* The planner thread: started by ds_plan_new when cfg->plan_thread (-1 if
+ * it cannot be: then plans are computed on the dispatch thread); stopped,
+ * and plans never applied dropped, by ds_plan_free. */
+int ds_plan_thread_start(ds_plan_state_t *p);
+void ds_plan_thread_stop(ds_plan_state_t *p);
 
 /* planning.c: the shell's entry points, and the plan stored before a
  * restart reapplied. */

@@ -51,6 +51,8 @@ ds_plan_state_t *ds_plan_new(gw_dispatch_t *ds)
     p->epoch = ds->srv->last_epoch;
     pthread_mutex_init(&p->lock, NULL);
     restore_take(p, ds->srv);
+    if (cfg->plan_thread)
+        ds_plan_thread_start(p);
     return p;
 }
 
@@ -58,6 +60,7 @@ void ds_plan_free(ds_plan_state_t *p)
 {
     if (p == NULL)
         return;
+    ds_plan_thread_stop(p);
     pl_loop_free(p->loop);
     for (int i = 0; i < p->npipes; i++)
         gw_pipeline_unref(p->pipes[i]);
@@ -186,6 +189,7 @@ int ds_plan_restoring(const gw_dispatch_t *ds)
 void ds_plan_tick(gw_dispatch_t *ds, int64_t now_us)
 {
     ds_plan_state_t *p = ds->plan;
+    ds_plan_collect(ds);
     /* After a restart, no epoch runs until the stored plan is reapplied. */
     if (p->nrestore > 0) {
         if (!restore_ready(ds, now_us))
@@ -193,7 +197,12 @@ void ds_plan_tick(gw_dispatch_t *ds, int64_t now_us)
         restore_all(ds);
     }
     ds_plan_sync_models(ds);
-    unsigned dirty = pl_loop_dirty(p->loop);
+    /* A kind whose plan is still being computed (the planner thread) keeps
+     * what calls for an epoch (dirty, due) until it is applied. */
+    unsigned busy = 0;
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
+        busy |= (p->inflight[k].job != NULL) << k;
+    unsigned dirty = pl_loop_dirty(p->loop) & ~busy;
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
         if (dirty & (1u << k))
             ds_plan_epoch(ds, k, pl_loop_reason(p->loop, k), now_us);
@@ -204,7 +213,9 @@ void ds_plan_tick(gw_dispatch_t *ds, int64_t now_us)
     ds_plan_sync_pipelines(ds);
     /* Rates every second; epochs where they, the period or an
      * invalidation call for one (pl_loop.h). */
-    unsigned due = pl_loop_advance(p->loop, now_us);
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) /* and those begun just above */
+        busy |= (p->inflight[k].job != NULL) << k;
+    unsigned due = pl_loop_advance(p->loop, now_us) & ~busy;
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
         if (due & (1u << k))
             ds_plan_epoch(ds, k, pl_loop_reason(p->loop, k), now_us);

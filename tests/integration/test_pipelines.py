@@ -279,6 +279,14 @@ def at_low_load_a_query_with_eight_crops_answers_far_below_its_slo():
     try:
         post(s, spec(slo_ms=400, split="even"), expect=201)
         assert query(s, gray(250)).status == 200  # first runs: nothing cold below
+        # The largest batch the classifier's profile measured is the largest
+        # it runs (sizes past the profile are not assumed): the worker's
+        # profiling stops at its time budget, and on a loaded box that was
+        # seen below 8 (crops then ran 6 + 2 or 4 + 4, which is right for
+        # that profile).
+        rec = s.get("/models/cls_m", headers=auth(s)).json["versions"][0]
+        largest = max(max(p["batch"]) for p in rec["profiles"] if p["device_kind"] == "cpu")
+        print("# the classifier's profile measured batches up to %d" % largest)
         for v, n in ((32, 1), (250, 8)):
             lat = []
             for _ in range(5):
@@ -287,7 +295,8 @@ def at_low_load_a_query_with_eight_crops_answers_far_below_its_slo():
                 assert r.status == 200, r
                 cls = r.json["stages"]["cls"]
                 assert cls["items"] == n, r.json
-                assert cls["batch_size"] == n, ("the crops ran as one batch", r.json["stages"])
+                assert cls["batch_size"] == min(n, largest), ("the crops ran as one batch",
+                                                              largest, r.json["stages"])
                 lat.append(r.json["latency_ms"])
             lat.sort()
             print("# %d crop(s): latency_ms %s (SLO 400)" % (n, lat))

@@ -10,6 +10,7 @@
 #include "sim.h"
 
 #include <pl_loop.h>
+#include <unistd.h>
 #include <workload.h>
 
 #include <sq.h>
@@ -436,7 +437,9 @@ static int arrival_cmp(const void *a, const void *b)
     return (x->index > y->index) - (x->index < y->index);
 }
 
-Test(loop, squish_sim_and_squishd_plan_route_and_split_alike_epoch_by_epoch)
+/* threaded: squishd's planner thread computes each plan (cfg.plan_thread);
+ * the test waits for it within the tick, so epochs land on the same ticks. */
+static void trace_alike(int threaded)
 {
     /* The simulator: squishd's default epochs (30 s, early at most every
      * 10 s, a scale-up after 1 s), starting cold as squishd does. */
@@ -481,6 +484,7 @@ Test(loop, squish_sim_and_squishd_plan_route_and_split_alike_epoch_by_epoch)
     memset(&srv, 0, sizeof(srv));
     cr_assert_eq(gw_config_parse(&cfg, 1, argv, envp, &action, err, sizeof(err)), 0, "%s", err);
     cfg.dispatch_margin_us = 0; /* the simulator's devices have no overhead */
+    cfg.plan_thread = threaded;
     srv.cfg = &cfg;
     srv.metrics = gw_metrics_new();
     srv.registry = gw_registry_new();
@@ -535,6 +539,11 @@ Test(loop, squish_sim_and_squishd_plan_route_and_split_alike_epoch_by_epoch)
         snprintf(dev, sizeof(dev), "emu:%d", i);
         gw_dispatch_events.up(ds, i, dev, 1ull << 30);
     }
+    for (int waited_ms = 0; ds_plan_pending(ds) > 0; waited_ms++) {
+        cr_assert_lt(waited_ms, 20000, "the planner thread answers");
+        usleep(1000);
+        ds_plan_collect(ds);
+    }
 
     /* The trace: every request and item the simulation saw, in time order;
      * squishd's dispatch thread ticks every 50 ms. */
@@ -565,6 +574,11 @@ Test(loop, squish_sim_and_squishd_plan_route_and_split_alike_epoch_by_epoch)
             ds_plan_arrival(ds, dm[q->stage == 0 ? 3 : 4], gw_slo_bucket_ms(it.slo_ms), &it);
         }
         ds_plan_tick(ds, t0 + t);
+        for (int waited_ms = 0; ds_plan_pending(ds) > 0; waited_ms++) {
+            cr_assert_lt(waited_ms, 20000, "the planner thread answers");
+            usleep(1000);
+            ds_plan_collect(ds);
+        }
         loads_done(ds);
         if (pl_loop_epochs(loop) == epochs)
             continue;
@@ -601,6 +615,16 @@ Test(loop, squish_sim_and_squishd_plan_route_and_split_alike_epoch_by_epoch)
     gw_metrics_free(srv.metrics);
     sim_result_dispose(&res);
     wl_workload_dispose(&w);
+}
+
+Test(loop, squish_sim_and_squishd_plan_route_and_split_alike_epoch_by_epoch)
+{
+    trace_alike(0);
+}
+
+Test(loop, squishd_plans_alike_on_its_planner_thread)
+{
+    trace_alike(1);
 }
 
 /* ---- an epoch's plan on another thread ---------------------------------- */
