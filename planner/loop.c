@@ -239,12 +239,19 @@ static lsess_t *sess(pl_loop_t *l, int64_t model, double slo_ms, int create)
     return &l->s[l->n++];
 }
 
+/* Sessions are appended with rising ids and removed in place, so l->s is
+ * sorted by id: a binary search. */
 static const lsess_t *sess_by_id(const pl_loop_t *l, int id)
 {
-    for (int i = 0; i < l->n; i++)
-        if (l->s[i].id == id)
-            return &l->s[i];
-    return NULL;
+    int lo = 0, hi = l->n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (l->s[mid].id < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < l->n && l->s[lo].id == id ? &l->s[lo] : NULL;
 }
 
 int pl_loop_session(pl_loop_t *l, int64_t model, double slo_ms, int create)

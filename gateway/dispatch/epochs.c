@@ -112,28 +112,6 @@ static const pl_device_t *device_of(const ds_plan_state_t *p, int kind, int work
     return NULL;
 }
 
-/* Whether the plan has worker hold session_id for its overflow batches
- * (pl_plan_t.overflow: a spare worker, or a planned one when short). */
-static int overflow_here(const ds_plan_state_t *p, int kind, int worker, int session_id)
-{
-    const pl_plan_t *plan = pl_loop_current(p->loop, kind);
-    for (int i = 0; plan != NULL && i < plan->noverflow; i++) {
-        const pl_overflow_t *o = &plan->overflow[i];
-        if (o->session_id == session_id &&
-            pl_loop_device_key(p->loop, kind, o->device_id) == worker)
-            return 1;
-    }
-    return 0;
-}
-
-static const pl_alloc_t *alloc_of(const pl_device_t *dev, int session_id)
-{
-    for (int a = 0; dev != NULL && a < dev->nallocs; a++)
-        if (dev->allocs[a].session_id == session_id)
-            return &dev->allocs[a];
-    return NULL;
-}
-
 static int usable(ds_worker_t *w, int64_t key)
 {
     ds_load_t *l = w != NULL && w->up ? ds_load_find(w, key, 0) : NULL;
@@ -162,57 +140,100 @@ int ds_plan_routes(gw_dispatch_t *ds, const ds_session_t *s, pl_route_t *routes,
     return n;
 }
 
-/* Whether kind's plan moved model key away from worker (it places key
- * elsewhere, not there, nor there for overflow), and whether a worker it
- * moved to holds it already (*arrived). A model the plan could not place
- * is not moved. */
-static int moved_away(gw_dispatch_t *ds, int kind, int worker, int64_t key, int *arrived)
+/* Who holds what in kind's plan: (model key, worker) of every allocation,
+ * or of every overflow route, sorted by key then worker. */
+typedef struct {
+    int64_t key;
+    int worker;
+} holding_t;
+
+static int holding_cmp(const void *a, const void *b)
 {
-    ds_plan_state_t *p = ds->plan;
-    const pl_plan_t *plan = pl_loop_current(p->loop, kind);
-    const pl_device_t *dev = device_of(p, kind, worker);
-    int here = 0, elsewhere = 0;
-    *arrived = 0;
-    int nsess = pl_loop_nsessions(p->loop);
-    for (int s = 0; s < nsess; s++) {
-        pl_loop_session_info_t si;
-        pl_loop_session_at(p->loop, s, &si);
-        if (si.model != key)
-            continue;
-        here |= alloc_of(dev, si.id) != NULL || overflow_here(p, kind, worker, si.id);
-        for (int d = 0; d < plan->ndevices; d++) {
-            if (alloc_of(&plan->devices[d], si.id) == NULL)
-                continue;
-            elsewhere = 1;
-            ds_worker_t *o =
-                ds_worker_at(ds, pl_loop_device_key(p->loop, kind, plan->devices[d].id));
-            ds_load_t *ol = o != NULL && o->up ? ds_load_find(o, key, 0) : NULL;
-            *arrived |= ol != NULL && ol->state == LOAD_DONE;
-        }
-    }
-    return !here && elsewhere;
+    const holding_t *x = a, *y = b;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
+    return (x->worker > y->worker) - (x->worker < y->worker);
 }
 
-/* Unloads what the plan of kind moved away from a worker, make before
- * break: once a worker it moved to holds it (until then requests would
- * find it loaded nowhere); the load finishing there runs this again
- * (ds_plan_loaded). */
+/* The first holding of key in h[0..n), or n. */
+static int holding_first(const holding_t *h, int n, int64_t key)
+{
+    int lo = 0, hi = n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (h[mid].key < key)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
+static int holds(const holding_t *h, int n, int64_t key, int worker)
+{
+    for (int i = holding_first(h, n, key); i < n && h[i].key == key; i++)
+        if (h[i].worker == worker)
+            return 1;
+    return 0;
+}
+
+/* Unloads what the plan moved away from a worker once it arrived where the
+ * plan put it (make before break); until then the kind has moves pending.
+ * A load has moved away when the worker holds none of the model's sessions
+ * (nor their overflow) and another worker holds one; it has arrived when
+ * one of those finished loading it. Indexed once a call: the plan's
+ * holdings sorted by model (a scan per load was O(loads x sessions x
+ * devices), seconds at a thousand sessions). */
 static void settle_moves(gw_dispatch_t *ds, int kind)
 {
     ds_plan_kind_t *K = &ds->plan->kinds[kind];
-    if (pl_loop_current(ds->plan->loop, kind) == NULL)
+    pl_loop_t *loop = ds->plan->loop;
+    const pl_plan_t *plan = pl_loop_current(loop, kind);
+    if (plan == NULL)
         return;
     K->moves_pending = 0;
+    int nallocs = 0;
+    for (int d = 0; d < plan->ndevices; d++)
+        nallocs += plan->devices[d].nallocs;
+    holding_t *alloc = sq_xcalloc((size_t)nallocs + 1, sizeof(*alloc));
+    holding_t *over = sq_xcalloc((size_t)plan->noverflow + 1, sizeof(*over));
+    int na = 0;
+    for (int d = 0; d < plan->ndevices; d++) {
+        int worker = pl_loop_device_key(loop, kind, plan->devices[d].id);
+        for (int a = 0; a < plan->devices[d].nallocs; a++) {
+            pl_loop_session_info_t si;
+            if (pl_loop_session_by_id(loop, plan->devices[d].allocs[a].session_id, &si) == 0)
+                alloc[na++] = (holding_t){si.model, worker};
+        }
+    }
+    int no = 0;
+    for (int o = 0; o < plan->noverflow; o++) {
+        pl_loop_session_info_t si;
+        if (pl_loop_session_by_id(loop, plan->overflow[o].session_id, &si) == 0)
+            over[no++] =
+                (holding_t){si.model, pl_loop_device_key(loop, kind, plan->overflow[o].device_id)};
+    }
+    qsort(alloc, (size_t)na, sizeof(*alloc), holding_cmp);
+    qsort(over, (size_t)no, sizeof(*over), holding_cmp);
     for (int i = 0; i < ds->nworkers; i++) {
         ds_worker_t *w = ds->workers[i];
         if (w == NULL || !w->up || w->kind != kind)
             continue;
         for (int li = 0; li < w->nloads; li++) {
             ds_load_t *l = &w->loads[li];
-            int arrived;
-            if ((l->state != LOAD_DONE && l->state != LOAD_SENT) ||
-                !moved_away(ds, kind, w->id, l->key, &arrived))
+            if (l->state != LOAD_DONE && l->state != LOAD_SENT)
                 continue;
+            if (holds(alloc, na, l->key, w->id) || holds(over, no, l->key, w->id))
+                continue; /* still planned here */
+            int first = holding_first(alloc, na, l->key);
+            if (first == na || alloc[first].key != l->key)
+                continue; /* planned nowhere: it stays where it is */
+            int arrived = 0;
+            for (int h = first; h < na && alloc[h].key == l->key && !arrived; h++) {
+                ds_worker_t *o = ds_worker_at(ds, alloc[h].worker);
+                ds_load_t *ol = o != NULL && o->up ? ds_load_find(o, l->key, 0) : NULL;
+                arrived = ol != NULL && ol->state == LOAD_DONE;
+            }
             int profiling = 0;
             for (int m = 0; m < ds->nmodels; m++)
                 profiling |= ds->models[m]->key == l->key && ds->models[m]->profile_worker == w->id;
@@ -224,6 +245,8 @@ static void settle_moves(gw_dispatch_t *ds, int kind)
                 K->moves_pending = 1;
         }
     }
+    free(alloc);
+    free(over);
 }
 
 /* ---- the planner thread ------------------------------------------------- */
