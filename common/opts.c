@@ -3,8 +3,8 @@
 
 #include "sq_error.h"
 #include "sq_log.h"
+#include "sq_text.h"
 
-#include <errno.h>
 #include <jansson.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -28,17 +28,6 @@ static void env_name(const sq_opts_spec_t *spec, const sq_opt_t *o, char *out, s
             *p = (char)(*p - 'a' + 'A');
 }
 
-static int parse_ll(const char *s, long long *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0')
-        return -1;
-    *out = v;
-    return 0;
-}
-
 /* Sets one option from its text form; on error writes "what: why". */
 static int set_option(void *base, const sq_opt_t *o, const char *v, const char *what, char *err,
                       size_t errlen)
@@ -58,7 +47,7 @@ static int set_option(void *base, const sq_opt_t *o, const char *v, const char *
     case SQ_OPT_INT:
     case SQ_OPT_LONG: {
         long long n;
-        if (parse_ll(v, &n) != 0 || n < o->min || n > o->max) {
+        if (sq_parse_ll(v, &n) != 0 || n < o->min || n > o->max) {
             snprintf(why, sizeof(why), "expected an integer in %lld..%lld, got '%s'", o->min,
                      o->max, v);
             rc = SQ_BAD_CONFIG;

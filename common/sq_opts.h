@@ -39,7 +39,6 @@ struct sq_opt {
  * unless a custom parse() collects them (squish-worker's --connect). */
 
 typedef struct {
-    const char *program; /* for usage */
     const sq_opt_t *opts;
     size_t nopts;
     /* Environment variables as env_prefix + NAME ("SQUISH_"); NULL: none. */

@@ -16,6 +16,10 @@ void sq_hex_encode(const uint8_t *in, size_t n, char *out);
  * a wrong length or a non-hex character. */
 int sq_hex_decode(const char *hex, uint8_t *out, size_t n);
 
+/* A whole string as a decimal integer (sign allowed, no trailing text, no
+ * overflow): 0 with *out set, or -1. */
+int sq_parse_ll(const char *s, long long *out);
+
 /* Splits "HOST:PORT" or "[IPV6]:PORT" (the brackets dropped) into host and
  * a port in 0..65535 (decimal digits only): 0, or -1 when the form is not
  * that, the host is empty or does not fit hostlen. The host is not

@@ -1,6 +1,8 @@
 /* Hex and HOST:PORT (sq_text.h). */
 #include "sq_text.h"
 
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 int sq_hexval(int c)
@@ -34,6 +36,17 @@ int sq_hex_decode(const char *hex, uint8_t *out, size_t n)
             return -1;
         out[i] = (uint8_t)(hi << 4 | lo);
     }
+    return 0;
+}
+
+int sq_parse_ll(const char *s, long long *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0')
+        return -1;
+    *out = v;
     return 0;
 }
 

@@ -3,7 +3,6 @@
  * sources, errors that name the field. */
 #include "gw.h"
 
-#include <errno.h>
 #include <pl_dispatch.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -130,17 +129,6 @@ static const sq_opt_t options[] = {
 #pragma GCC diagnostic pop
 #define NOPTIONS (sizeof(options) / sizeof(options[0]))
 
-static int parse_ll(const char *s, long long *out)
-{
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno != 0 || end == s || *end != '\0')
-        return -1;
-    *out = v;
-    return 0;
-}
-
 int gw_parse_workers(gw_config_t *cfg, const char *spec, char *err, size_t errlen)
 {
     cfg->ngroups = 0;
@@ -159,7 +147,7 @@ int gw_parse_workers(gw_config_t *cfg, const char *spec, char *err, size_t errle
         long long count = 1;
         if (colon != NULL) {
             *colon = '\0';
-            if (parse_ll(colon + 1, &count) != 0 || count < 1 || count > GW_MAX_WORKERS) {
+            if (sq_parse_ll(colon + 1, &count) != 0 || count < 1 || count > GW_MAX_WORKERS) {
                 snprintf(err, errlen, "'%s': count must be an integer in 1..%d", colon + 1,
                          GW_MAX_WORKERS);
                 return SQ_BAD_CONFIG;
@@ -213,7 +201,7 @@ static int parse_workers_opt(void *base, const sq_opt_t *o, const char *v, char 
 static int parse_mb(void *base, const sq_opt_t *o, const char *v, char *why, size_t len)
 {
     long long n;
-    if (parse_ll(v, &n) != 0 || n < o->min || n > o->max) {
+    if (sq_parse_ll(v, &n) != 0 || n < o->min || n > o->max) {
         snprintf(why, len, "expected an integer in %lld..%lld, got '%s'", o->min, o->max, v);
         return SQ_BAD_CONFIG;
     }
@@ -233,7 +221,6 @@ static int parse_policy(void *base, const sq_opt_t *o, const char *v, char *why,
 }
 
 static const sq_opts_spec_t spec = {
-    .program = "squishd",
     .opts = options,
     .nopts = NOPTIONS,
     .env_prefix = "SQUISH_",

@@ -139,7 +139,6 @@ static const sq_opt_t flag_table[] = {
 #pragma GCC diagnostic pop
 
 static const sq_opts_spec_t flag_spec = {
-    .program = "squish-worker",
     .opts = flag_table,
     .nopts = sizeof(flag_table) / sizeof(flag_table[0]),
 };

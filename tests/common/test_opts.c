@@ -41,7 +41,7 @@ static const sq_opt_t opts[] = {
 };
 #pragma GCC diagnostic pop
 
-static const sq_opts_spec_t spec = {"test", opts, sizeof(opts) / sizeof(opts[0]), "T_", "config"};
+static const sq_opts_spec_t spec = {opts, sizeof(opts) / sizeof(opts[0]), "T_", "config"};
 
 static int parse(conf_t *c, char **argv, char **envp, char *err)
 {

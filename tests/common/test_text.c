@@ -57,3 +57,16 @@ Test(text, hostport_refuses_what_is_not_host_and_port)
         cr_assert_eq(sq_hostport_split(bad[i], host, sizeof(host), &port), -1, "%s", bad[i]);
     cr_assert_eq(port, 7, "a refused spec leaves the port alone");
 }
+
+Test(text, parse_ll_takes_a_whole_decimal_and_nothing_else)
+{
+    long long v = 7;
+    cr_assert_eq(sq_parse_ll("-42", &v), 0);
+    cr_assert_eq(v, -42);
+    cr_assert_eq(sq_parse_ll("9223372036854775807", &v), 0);
+    cr_assert_eq(v, 9223372036854775807LL);
+    cr_assert_eq(sq_parse_ll("9223372036854775808", &v), -1, "overflow");
+    cr_assert_eq(sq_parse_ll("12x", &v), -1);
+    cr_assert_eq(sq_parse_ll("", &v), -1);
+    cr_assert_eq(v, 9223372036854775807LL, "a refused text leaves *out alone");
+}
