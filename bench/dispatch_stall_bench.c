@@ -11,6 +11,7 @@
  * thread is what the dispatch thread could not spend on batches. Prints one
  * JSON object per mode. Usage: squish-dispatch-stall-bench [MODELS [SLOS
  * [WORKERS [SECONDS]]]] */
+#include "bench_util.h"
 #include "gw_catalog.h"
 #include "gw_dispatch_int.h"
 #include "gw_metrics.h"
@@ -83,12 +84,6 @@ static double now_ms(void)
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static void run(int threaded, int nmodels, int nslos, int nworkers, int seconds)
 {
     char *argv[] = {"squishd", NULL}, *envp[] = {NULL}, err[256];
@@ -150,7 +145,7 @@ static void run(int threaded, int nmodels, int nslos, int nworkers, int seconds)
     long long epochs = pl_loop_epochs(loop) - epochs0;
     double *sorted = malloc(sizeof(double) * (size_t)nticks);
     memcpy(sorted, tick_ms, sizeof(double) * (size_t)nticks);
-    qsort(sorted, (size_t)nticks, sizeof(double), cmp_double);
+    qsort(sorted, (size_t)nticks, sizeof(double), bench_cmp_double);
     int nplan = 0;
     const pl_plan_t *plan = pl_loop_current(loop, SQ_DEV_EMU);
     if (plan != NULL)

@@ -7,6 +7,8 @@
  *   root). Quality is measured on the workload at several total loads (its
  *   rates scaled); timing on synthetic sessions built from its models:
  *   100 and 10,000 sessions, Zipf-0.9 rates, SLOs 1x-2x the paper's. */
+#include "bench_util.h"
+
 #include "pl.h"
 #include "workload.h"
 
@@ -24,12 +26,6 @@ static double now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static int dbl_cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
 }
 
 /* What the residual shares would cost packed perfectly at their solo
@@ -97,11 +93,6 @@ static void quality(wl_workload_t *w, const char *path)
 }
 
 static uint64_t rng = 0x853c49e6748fea9bULL;
-static double rnd(void)
-{
-    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (double)(rng >> 11) / 9007199254740992.0;
-}
 
 /* n sessions over the workload's models: model i mod M, SLO the paper's
  * (the workload's first session of that model) times 1 + (i / M mod 5) / 4,
@@ -109,18 +100,8 @@ static double rnd(void)
 static pl_session_t *synth(const wl_workload_t *w, int n, double mean_rps)
 {
     pl_session_t *s = calloc((size_t)n, sizeof(*s));
-    int *rank = malloc(sizeof(int) * (size_t)n);
-    for (int i = 0; i < n; i++)
-        rank[i] = i + 1;
-    for (int i = n - 1; i > 0; i--) {
-        int j = (int)(rnd() * (i + 1));
-        int t = rank[i];
-        rank[i] = rank[j];
-        rank[j] = t;
-    }
-    double zsum = 0;
-    for (int i = 0; i < n; i++)
-        zsum += pow(rank[i], -0.9);
+    double *share = malloc(sizeof(double) * (size_t)n);
+    bench_zipf_shares(n, 0.9, &rng, share);
     for (int i = 0; i < n; i++) {
         int m = i % w->nmodels;
         double slo_ms = 0;
@@ -132,9 +113,9 @@ static pl_session_t *synth(const wl_workload_t *w, int n, double mean_rps)
                               .name = w->models[m].name,
                               .profile = &w->models[m].profile,
                               .slo_us = slo_ms * 1000 * (1 + ((i / w->nmodels) % 5) / 4.0),
-                              .rate_rps = mean_rps * n * pow(rank[i], -0.9) / zsum};
+                              .rate_rps = mean_rps * share[i]};
     }
-    free(rank);
+    free(share);
     return s;
 }
 
@@ -155,7 +136,7 @@ static void timing(const wl_workload_t *w, int n, int reps, double mean_rps)
         /* the next epoch: every rate drifts by up to +-10% */
         uint64_t keep = rng;
         for (int i = 0; i < n; i++)
-            s[i].rate_rps *= 0.9 + 0.2 * rnd();
+            s[i].rate_rps *= 0.9 + 0.2 * bench_rnd(&rng);
         t0 = now_ms();
         pl_plan(&q, s, n, &p, &opt);
         ti[r] = now_ms() - t0;
@@ -168,8 +149,8 @@ static void timing(const wl_workload_t *w, int n, int reps, double mean_rps)
         pl_plan_dispose(&p);
         pl_plan_dispose(&q);
     }
-    qsort(t, (size_t)reps, sizeof(double), dbl_cmp);
-    qsort(ti, (size_t)reps, sizeof(double), dbl_cmp);
+    qsort(t, (size_t)reps, sizeof(double), bench_cmp_double);
+    qsort(ti, (size_t)reps, sizeof(double), bench_cmp_double);
     printf("| %d | %.0f | %d | %.1f | %.1f%% | %.3f | %.3f | %.3f | %d |\n", n, mean_rps * n, ndev,
            lb, 100 * lb / ndev, t[reps / 2], t[reps - 1], ti[reps / 2], moved);
     free(t);

@@ -12,6 +12,8 @@
  *   1 + (i / M mod 5) / 4, Zipf-0.9 rates over shuffled ranks), seeded into
  *   a pl_loop (every SLO its own session: no buckets; no burst headroom, as
  *   squish-plan-bench's pl_plan), planned on as many devices as needed. */
+#include "bench_util.h"
+
 #include "pl_loop.h"
 #include "workload.h"
 
@@ -30,18 +32,7 @@ static double now_ms(void)
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
-static int dbl_cmp(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static uint64_t rng = 0x853c49e6748fea9bULL;
-static double rnd(void)
-{
-    rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
-    return (double)(rng >> 11) / 9007199254740992.0;
-}
 
 /* squish-plan-bench's synth(), as a loop: session i is model i mod M's at
  * its SLO (plus i ns, so that every session is its own). */
@@ -57,18 +48,8 @@ static pl_loop_t *synth_loop(const wl_workload_t *w, int n, double mean_rps)
                                              .profile = &w->models[m].profile,
                                              .name = w->models[m].name,
                                              .active = 1});
-    int *rank = malloc(sizeof(int) * (size_t)n);
-    for (int i = 0; i < n; i++)
-        rank[i] = i + 1;
-    for (int i = n - 1; i > 0; i--) {
-        int j = (int)(rnd() * (i + 1));
-        int t = rank[i];
-        rank[i] = rank[j];
-        rank[j] = t;
-    }
-    double zsum = 0;
-    for (int i = 0; i < n; i++)
-        zsum += pow(rank[i], -0.9);
+    double *share = malloc(sizeof(double) * (size_t)n);
+    bench_zipf_shares(n, 0.9, &rng, share);
     for (int i = 0; i < n; i++) {
         int m = i % w->nmodels;
         double slo_ms = 0;
@@ -76,9 +57,9 @@ static pl_loop_t *synth_loop(const wl_workload_t *w, int n, double mean_rps)
             if (w->sessions[k].model == m)
                 slo_ms = w->sessions[k].slo_ms;
         slo_ms = slo_ms * (1 + ((i / w->nmodels) % 5) / 4.0) + i * 1e-6;
-        pl_loop_seed(l, m, slo_ms, mean_rps * n * pow(rank[i], -0.9) / zsum, 0);
+        pl_loop_seed(l, m, slo_ms, mean_rps * share[i], 0);
     }
-    free(rank);
+    free(share);
     return l;
 }
 
@@ -107,9 +88,9 @@ static void epoch(pl_loop_t *l, const pl_loop_devices_t *d, int64_t now, times_t
 
 static void row(int n, double total, const char *what, int ndev, times_t *t, int reps)
 {
-    qsort(t->begin, (size_t)reps, sizeof(double), dbl_cmp);
-    qsort(t->run, (size_t)reps, sizeof(double), dbl_cmp);
-    qsort(t->finish, (size_t)reps, sizeof(double), dbl_cmp);
+    qsort(t->begin, (size_t)reps, sizeof(double), bench_cmp_double);
+    qsort(t->run, (size_t)reps, sizeof(double), bench_cmp_double);
+    qsort(t->finish, (size_t)reps, sizeof(double), bench_cmp_double);
     printf("| %d | %.0f | %s | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", n, total, what,
            ndev, t->begin[reps / 2], t->begin[reps - 1], t->finish[reps / 2], t->finish[reps - 1],
            t->run[reps / 2], t->run[reps - 1]);
@@ -132,7 +113,8 @@ static void timing(const wl_workload_t *w, int n, int reps, double mean_rps)
         for (int i = 0; i < pl_loop_nsessions(l); i++) {
             pl_loop_session_info_t si;
             pl_loop_session_at(l, i, &si);
-            pl_loop_seed(l, si.model, si.plan_slo_ms, si.rate_rps * (0.9 + 0.2 * rnd()), 0);
+            pl_loop_seed(l, si.model, si.plan_slo_ms, si.rate_rps * (0.9 + 0.2 * bench_rnd(&rng)),
+                         0);
         }
         epoch(l, &d, 2000000, &incr, r);
         ndev[1] = pl_loop_current(l, 0)->ndevices;
