@@ -9,6 +9,7 @@
 #include "sq_device.h"
 #include "sq_error.h"
 #include "sq_heap.h"
+#include "sq_map.h"
 #include "sq_ipc.h"
 #include "sq_log.h"
 #include "sq_loop.h"

@@ -73,6 +73,7 @@ typedef struct {
     char **names; /* owned: the sessions' names */
     int nnames;
     const pl_loop_job_t *inflight; /* begun, not finished nor freed */
+    pl_plan_index_t index;         /* plan read by session */
 } lkind_t;
 
 struct pl_loop {
@@ -86,6 +87,8 @@ struct pl_loop {
     lpipe_t *pipes;
     int npipes, cappipes;
     lkind_t kinds[PL_LOOP_MAX_KINDS];
+    sq_map_t model_ix; /* key -> index into models */
+    sq_map_t sess_ix;  /* (model, bucket's bits) -> index into s */
     int64_t last_rate_us;
     long long epochs;
 };
@@ -137,6 +140,7 @@ static void kind_clear(lkind_t *K)
 {
     if (K->has)
         pl_plan_dispose(&K->plan);
+    pl_plan_index_dispose(&K->index);
     free(K->keys);
     free(K->sessions);
     free_copies(K->profiles, K->nprofiles, K->names, K->nnames);
@@ -158,6 +162,8 @@ void pl_loop_free(pl_loop_t *l)
     free(l->pipes);
     free(l->models);
     free(l->s);
+    sq_map_dispose(&l->model_ix);
+    sq_map_dispose(&l->sess_ix);
     free(l->st);
     free(l);
 }
@@ -166,10 +172,26 @@ void pl_loop_free(pl_loop_t *l)
 
 static const pl_loop_model_t *model_of(const pl_loop_t *l, int64_t key)
 {
+    int i = sq_map_get(&l->model_ix, (uint64_t)key, 0);
+    return i >= 0 ? &l->models[i].m : NULL;
+}
+
+static uint64_t bits_of(double x)
+{
+    uint64_t u;
+    memcpy(&u, &x, sizeof(u));
+    return u;
+}
+
+/* The maps again, after the arrays were compacted. */
+static void reindex(pl_loop_t *l)
+{
+    sq_map_clear(&l->model_ix);
     for (int i = 0; i < l->nmodels; i++)
-        if (l->models[i].key == key)
-            return &l->models[i].m;
-    return NULL;
+        sq_map_put(&l->model_ix, (uint64_t)l->models[i].key, 0, i);
+    sq_map_clear(&l->sess_ix);
+    for (int i = 0; i < l->n; i++)
+        sq_map_put(&l->sess_ix, (uint64_t)l->s[i].model, bits_of(l->s[i].bucket_ms), i);
 }
 
 /* Whether model key is planned on kind (active, with a profile there). */
@@ -181,15 +203,16 @@ static int plannable(const pl_loop_t *l, int64_t key, int kind)
 
 void pl_loop_model_set(pl_loop_t *l, int64_t key, const pl_loop_model_t *m)
 {
-    for (int i = 0; i < l->nmodels; i++)
-        if (l->models[i].key == key) {
-            l->models[i].m = *m;
-            return;
-        }
+    int i = sq_map_get(&l->model_ix, (uint64_t)key, 0);
+    if (i >= 0) {
+        l->models[i].m = *m;
+        return;
+    }
     if (l->nmodels == l->capmodels) {
         l->capmodels = l->capmodels ? 2 * l->capmodels : 16;
         l->models = sq_xrealloc(l->models, sizeof(*l->models) * (size_t)l->capmodels);
     }
+    sq_map_put(&l->model_ix, (uint64_t)key, 0, l->nmodels);
     l->models[l->nmodels++] = (lmodel_t){.key = key, .m = *m};
 }
 
@@ -210,6 +233,7 @@ void pl_loop_model_forget(pl_loop_t *l, int64_t key)
             l->models[i] = l->models[--l->nmodels];
             break;
         }
+    reindex(l);
 }
 
 static double bucket_of(const pl_loop_t *l, double slo_ms)
@@ -221,15 +245,16 @@ static double bucket_of(const pl_loop_t *l, double slo_ms)
 static lsess_t *sess(pl_loop_t *l, int64_t model, double slo_ms, int create)
 {
     double bucket_ms = bucket_of(l, slo_ms);
-    for (int i = 0; i < l->n; i++)
-        if (l->s[i].model == model && l->s[i].bucket_ms == bucket_ms)
-            return &l->s[i];
+    int i = sq_map_get(&l->sess_ix, (uint64_t)model, bits_of(bucket_ms));
+    if (i >= 0)
+        return &l->s[i];
     if (!create)
         return NULL;
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 16;
         l->s = sq_xrealloc(l->s, sizeof(*l->s) * (size_t)l->cap);
     }
+    sq_map_put(&l->sess_ix, (uint64_t)model, bits_of(bucket_ms), l->n);
     l->s[l->n] = (lsess_t){.id = l->next_id++,
                            .model = model,
                            .bucket_ms = bucket_ms,
@@ -704,17 +729,22 @@ pl_loop_job_t *pl_loop_plan_begin(pl_loop_t *l, int kind, const pl_loop_devices_
      * session of its model with some is left out (PL_LOOP_IDLE_RPS). */
     pl_session_t *ss = sq_xcalloc((size_t)l->n + 1, sizeof(*ss));
     int *index = sq_xcalloc((size_t)l->n + 1, sizeof(int));
+    /* Models with a session at PL_LOOP_IDLE_RPS or more. */
+    char *busy = sq_xcalloc((size_t)l->nmodels + 1, 1);
+    for (int i = 0; i < l->n; i++) {
+        int mi = sq_map_get(&l->model_ix, (uint64_t)l->s[i].model, 0);
+        if (mi >= 0 && l->s[i].rate_rps >= PL_LOOP_IDLE_RPS)
+            busy[mi] = 1;
+    }
     int n = 0;
     for (int i = 0; i < l->n; i++) {
         lsess_t *s = &l->s[i];
         if (!plannable(l, s->model, kind))
             continue;
         s->planned_rps = s->rate_rps;
-        int busy_sibling = 0;
-        for (int j = 0; j < l->n && s->rate_rps < PL_LOOP_IDLE_RPS && !busy_sibling; j++)
-            busy_sibling = l->s[j].model == s->model && l->s[j].rate_rps >= PL_LOOP_IDLE_RPS;
-        if (busy_sibling)
-            continue;
+        int mi = sq_map_get(&l->model_ix, (uint64_t)s->model, 0);
+        if (s->rate_rps < PL_LOOP_IDLE_RPS && mi >= 0 && busy[mi])
+            continue; /* a busy sibling */
         const pl_loop_model_t *m = model_of(l, s->model);
         index[n] = i;
         ss[n++] = (pl_session_t){.id = s->id,
@@ -727,6 +757,7 @@ pl_loop_job_t *pl_loop_plan_begin(pl_loop_t *l, int kind, const pl_loop_devices_
     }
     set_clump_dispersion(l, ss, index, n);
     free(index);
+    free(busy);
     if (devices->n == 0 && n > 0 && !devices->uncapped) {
         free(ss);
         *rc = 1; /* nothing to place them on; the next device up re-plans */
@@ -809,11 +840,13 @@ int pl_loop_plan_finish(pl_loop_t *l, pl_loop_job_t *j)
     }
     if (K->has)
         pl_plan_dispose(&K->plan);
+    pl_plan_index_dispose(&K->index);
     free(K->keys);
     free(K->sessions);
     free_copies(K->profiles, K->nprofiles, K->names, K->nnames);
     K->plan = j->plan;
     K->has = 1;
+    pl_plan_index_build(&K->index, &K->plan);
     j->ran = 0; /* the plan is the kind's now */
     int nkeys = j->uncapped ? 0 : j->nkeys;
     for (int i = 0; j->uncapped && i < K->plan.ndevices; i++)
@@ -897,18 +930,11 @@ void pl_loop_restore(pl_loop_t *l, int kind, pl_plan_t *plan, const int *keys, i
     kind_clear(K);
     K->plan = *plan;
     K->has = 1;
+    pl_plan_index_build(&K->index, &K->plan);
     K->keys = sq_xcalloc((size_t)nkeys + 1, sizeof(int));
     memcpy(K->keys, keys, sizeof(int) * (size_t)nkeys);
     K->nkeys = nkeys;
     memset(plan, 0, sizeof(*plan));
-}
-
-static const pl_alloc_t *alloc_of(const pl_device_t *dev, int session_id)
-{
-    for (int a = 0; a < dev->nallocs; a++)
-        if (dev->allocs[a].session_id == session_id)
-            return &dev->allocs[a];
-    return NULL;
 }
 
 int pl_loop_holders(const pl_loop_t *l, int kind, int64_t model, int *keys, int max)
@@ -948,11 +974,7 @@ static int planned_worker(void *arg, int index, const pl_device_t *dev)
 int pl_loop_routes(const pl_loop_t *l, int64_t model, double slo_ms, const pl_loop_route_env_t *env,
                    pl_route_t *routes, int max)
 {
-    const lsess_t *s = NULL;
-    double bucket = bucket_of(l, slo_ms);
-    for (int i = 0; i < l->n && s == NULL; i++)
-        if (l->s[i].model == model && l->s[i].bucket_ms == bucket)
-            s = &l->s[i];
+    const lsess_t *s = sess((pl_loop_t *)l, model, slo_ms, 0);
     const pl_loop_model_t *m = model_of(l, model);
     const lkind_t *K =
         s != NULL && m != NULL && m->kind >= 0 && m->kind < l->cfg.nkinds && l->kinds[m->kind].has
@@ -966,8 +988,17 @@ int pl_loop_routes(const pl_loop_t *l, int64_t model, double slo_ms, const pl_lo
                               .targets = s != NULL && s->planned_rps >= 1,
                               .fallback = (int *)env->holders,
                               .nfallback = env->nholders,
-                              .used_fallback = env->used_fallback};
+                              .used_fallback = env->used_fallback,
+                              .index = K != NULL ? &K->index : NULL};
     return pl_plan_routes(K != NULL ? &K->plan : NULL, s != NULL ? s->id : -1, &rules, routes, max);
+}
+
+double pl_loop_capacity_rps(const pl_loop_t *l, int kind, int session_id)
+{
+    if (pl_loop_current(l, kind) == NULL)
+        return 0;
+    const pl_plan_entry_t *e = pl_plan_index_get(&l->kinds[kind].index, session_id);
+    return e != NULL ? e->capacity_rps : 0;
 }
 
 double pl_loop_stored_rate(const pl_loop_t *l, int kind, int session_id, const pl_alloc_t *al)
@@ -976,15 +1007,8 @@ double pl_loop_stored_rate(const pl_loop_t *l, int kind, int session_id, const p
     const lsess_t *s = sess_by_id(l, session_id);
     if (plan == NULL || s == NULL)
         return al->rate_rps;
-    double packed = 0;
-    for (int i = 0; i < plan->ndevices; i++) {
-        const pl_alloc_t *a = alloc_of(&plan->devices[i], session_id);
-        if (a != NULL)
-            packed += a->rate_rps;
-    }
-    for (int u = 0; u < plan->nunplaced; u++)
-        if (plan->unplaced[u].session_id == session_id)
-            packed += plan->unplaced[u].rate_rps;
+    const pl_plan_entry_t *e = pl_plan_index_get(&l->kinds[kind].index, session_id);
+    double packed = e != NULL ? e->packed_rps + e->unplaced_rps : 0;
     double input = s->planned_rps * l->cfg.headroom;
     return packed > input ? al->rate_rps * input / packed : al->rate_rps;
 }

@@ -317,54 +317,176 @@ static int overflow_batch(const ctx_t *c, int s, pl_link_t l)
     return best;
 }
 
-/* Devices short (load left unplaced for want of devices): the planned
- * devices that do not hold such a session also take its overflow, least
- * occupied first, as memory allows: Symphony's matchmaking over every
- * worker that can hold the model, rather than certain loss. */
-static void overflow_onto_planned(const ctx_t *c, pl_plan_t *out, const busy_t *rank)
+/* What the overflow passes know of each session: overflow_batch on the last
+ * link asked (devices mostly share one link, so it is computed once a
+ * session, not once a session and device) and its model as a dense index
+ * (model ids are any ints). At 10,000 sessions and 2,000 devices these
+ * passes were the whole plan's time. */
+typedef struct {
+    int *model_ix; /* session -> 0..nmodels-1 */
+    int nmodels;
+    pl_link_t *link; /* session -> link of its cached batch */
+    int *batch;      /* session -> overflow_batch on link[s], -1 none yet */
+} ovf_cache_t;
+
+static int int_cmp(const void *a, const void *b)
 {
-    int *order = sq_xmalloc(sizeof(int) * (size_t)(out->ndevices ? out->ndevices : 1));
-    for (int i = 0; i < out->ndevices; i++) {
-        int j = i;
-        while (j > 0 && out->devices[order[j - 1]].occupancy > out->devices[i].occupancy) {
-            order[j] = order[j - 1];
-            j--;
-        }
-        order[j] = i;
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+static void ovf_cache_init(ovf_cache_t *oc, const ctx_t *c)
+{
+    int n = c->nsessions;
+    int *ids = sq_xmalloc(sizeof(int) * (size_t)(n ? n : 1));
+    for (int s = 0; s < n; s++)
+        ids[s] = c->sessions[s].model;
+    qsort(ids, (size_t)n, sizeof(int), int_cmp);
+    int nm = 0;
+    for (int s = 0; s < n; s++)
+        if (nm == 0 || ids[nm - 1] != ids[s])
+            ids[nm++] = ids[s];
+    oc->nmodels = nm;
+    oc->model_ix = sq_xmalloc(sizeof(int) * (size_t)(n ? n : 1));
+    for (int s = 0; s < n; s++) {
+        const int *hit = bsearch(&c->sessions[s].model, ids, (size_t)nm, sizeof(int), int_cmp);
+        oc->model_ix[s] = (int)(hit - ids);
     }
-    double *extra = sq_xcalloc((size_t)(out->ndevices ? out->ndevices : 1), sizeof(double));
+    free(ids);
+    oc->link = sq_xcalloc((size_t)(n ? n : 1), sizeof(*oc->link));
+    oc->batch = sq_xmalloc(sizeof(int) * (size_t)(n ? n : 1));
+    for (int s = 0; s < n; s++)
+        oc->batch[s] = -1;
+}
+
+static void ovf_cache_free(ovf_cache_t *oc)
+{
+    free(oc->model_ix);
+    free(oc->link);
+    free(oc->batch);
+}
+
+static int ovf_batch(ovf_cache_t *oc, const ctx_t *c, int s, pl_link_t l)
+{
+    if (oc->batch[s] < 0 || !link_eq(oc->link[s], l)) {
+        oc->batch[s] = overflow_batch(c, s, l);
+        oc->link[s] = l;
+    }
+    return oc->batch[s];
+}
+
+/* At most this many devices take one session's overflow: spares are
+ * dealt round, so that each session has some and a spare holds a share of
+ * the sessions, not all of them (at 10,000 sessions on 2,000 devices every
+ * spare holding every session made plans of tens of millions of routes). */
+static int overflow_fanout(const ctx_t *c)
+{
+    return c->opt.overflow_devices > 0 ? c->opt.overflow_devices : PL_OVERFLOW_DEVICES;
+}
+
+/* Where session k of the rank starts among n devices: 0 while each session
+ * takes them all, else dealt round by fan-out. */
+static int deal_start(int k, int n, int fanout)
+{
+    return n <= fanout ? 0 : (int)(((long long)k * fanout) % n);
+}
+
+typedef struct {
+    int occ_ix;
+    double occupancy;
+} by_occ_t;
+
+static int by_occ_cmp(const void *a, const void *b)
+{
+    const by_occ_t *x = a, *y = b;
+    if (x->occupancy != y->occupancy)
+        return x->occupancy < y->occupancy ? -1 : 1;
+    return (x->occ_ix > y->occ_ix) - (x->occ_ix < y->occ_ix);
+}
+
+/* Devices short (load left unplaced for want of devices): planned devices
+ * that do not hold such a session also take its overflow, least occupied
+ * first, as memory allows, at most the fan-out of them a session:
+ * Symphony's matchmaking over workers that can hold the model, rather than
+ * certain loss. */
+static void overflow_onto_planned(const ctx_t *c, pl_plan_t *out, const busy_t *rank,
+                                  ovf_cache_t *oc)
+{
+    int nd = out->ndevices ? out->ndevices : 1;
+    by_occ_t *occ = sq_xmalloc(sizeof(*occ) * (size_t)nd);
+    for (int i = 0; i < out->ndevices; i++)
+        occ[i] = (by_occ_t){.occ_ix = i, .occupancy = out->devices[i].occupancy};
+    qsort(occ, (size_t)out->ndevices, sizeof(*occ), by_occ_cmp);
+    double *extra = sq_xcalloc((size_t)nd, sizeof(double));
+    /* Which models each planned device holds, by its allocations and by the
+     * overflow given to it so far (one bit per device and model). */
+    size_t words = ((size_t)oc->nmodels + 63) / 64;
+    uint64_t *there = NULL;
+    int fanout = overflow_fanout(c), nshort = 0;
     for (int k = 0; k < c->nsessions; k++) {
         int s = rank[k].session;
         if (c->unplaced_reason[s] != PL_UNPLACED_DEVICES)
             continue;
-        for (int oi = 0; oi < out->ndevices; oi++) {
-            int i = order[oi];
+        if (there == NULL) {
+            there = sq_xcalloc((size_t)nd * (words ? words : 1), sizeof(uint64_t));
+            for (int i = 0; i < out->ndevices; i++)
+                for (int a = 0; a < out->devices[i].nallocs; a++) {
+                    int mi = oc->model_ix[out->devices[i].allocs[a].session];
+                    there[(size_t)i * words + (size_t)mi / 64] |= 1ull << (mi % 64);
+                }
+        }
+        int mi = oc->model_ix[s], taken = 0;
+        int start = deal_start(nshort++, out->ndevices, fanout);
+        for (int t = 0; t < out->ndevices && taken < fanout; t++) {
+            int i = occ[(start + t) % out->ndevices].occ_ix;
             const pl_device_t *d = &out->devices[i];
-            int holds = 0, model_there = 0;
-            for (int a = 0; a < d->nallocs; a++) {
+            int holds = 0;
+            for (int a = 0; a < d->nallocs; a++)
                 holds |= d->allocs[a].session == s;
-                model_there |= d->allocs[a].model == c->sessions[s].model;
-            }
-            for (int o = 0; o < out->noverflow; o++)
-                model_there |= out->overflow[o].device_id == d->id &&
-                               out->overflow[o].model == c->sessions[s].model;
             if (holds)
                 continue;
-            int b = overflow_batch(c, s, pl__link_of(&c->opt, d->id));
+            uint64_t *bits = &there[(size_t)i * words + (size_t)mi / 64];
+            int model_there = (*bits >> (mi % 64)) & 1;
+            int b = ovf_batch(oc, c, s, pl__link_of(&c->opt, d->id));
             if (b == 0)
                 continue;
             double more = model_there ? 0 : pl_memory_bytes(c->sessions[s].profile, b);
             if (!pl__fits_memory(&c->opt, d->memory_bytes + extra[i] + more))
                 continue;
             extra[i] += more;
+            *bits |= 1ull << (mi % 64);
+            taken++;
             out->overflow[out->noverflow++] = (pl_overflow_t){.device_id = d->id,
                                                               .session = s,
                                                               .session_id = c->sessions[s].id,
                                                               .model = c->sessions[s].model};
         }
     }
-    free(order);
+    free(there);
+    free(occ);
     free(extra);
+}
+
+/* A spare device's memory as sessions are dealt to it: weights once per
+ * model, activations at its largest batch. */
+typedef struct {
+    double mem;
+    int n, cap;
+    int *model_ix, *batch;
+} spare_t;
+
+typedef struct {
+    int device_id;
+    int k; /* rank position */
+    int s;
+} spare_pick_t;
+
+static int spare_pick_cmp(const void *a, const void *b)
+{
+    const spare_pick_t *x = a, *y = b;
+    if (x->device_id != y->device_id)
+        return (x->device_id > y->device_id) - (x->device_id < y->device_id);
+    return (x->k > y->k) - (x->k < y->k);
 }
 
 void pl__add_overflow(const ctx_t *c, pl_plan_t *out)
@@ -390,54 +512,84 @@ void pl__add_overflow(const ctx_t *c, pl_plan_t *out)
                 (d->allocs[a].latency_us + d->allocs[a].transfer_us) / d->duty_cycle_us;
     }
     qsort(rank, (size_t)c->nsessions, sizeof(*rank), busy_cmp);
-    int cap = (maxd > out->ndevices ? maxd : out->ndevices) * c->nsessions;
-    out->overflow = sq_xcalloc((size_t)(cap ? cap : 1), sizeof(*out->overflow));
+    ovf_cache_t oc;
+    ovf_cache_init(&oc, c);
+    /* The sessions with planned load, in rank order (sorted: the rest has
+     * none). */
+    int nloaded = 0;
+    while (nloaded < c->nsessions && rank[nloaded].load > 0 &&
+           c->sessions[rank[nloaded].session].rate_rps > 0)
+        nloaded++;
     char *used = sq_xcalloc((size_t)maxd, 1);
     for (int i = 0; i < out->ndevices; i++)
         if (out->devices[i].id >= 0 && out->devices[i].id < maxd)
             used[out->devices[i].id] = 1;
-    int *models = sq_xmalloc(sizeof(int) * (size_t)c->nsessions);
-    int *batches = sq_xmalloc(sizeof(int) * (size_t)c->nsessions);
-    for (int id = 0; id < maxd; id++) {
-        if (used[id])
-            continue;
-        pl_link_t l = pl__link_of(&c->opt, id);
-        int nm = 0;
-        double mem = 0;
-        for (int k = 0; k < c->nsessions; k++) {
-            int s = rank[k].session;
-            if (!(rank[k].load > 0) || !(c->sessions[s].rate_rps > 0))
-                break; /* sorted: the rest has no planned load */
-            int b = overflow_batch(c, s, l);
+    int *spare_id = sq_xmalloc(sizeof(int) * (size_t)maxd);
+    int nspare = 0;
+    for (int id = 0; id < maxd; id++)
+        if (!used[id])
+            spare_id[nspare++] = id;
+    int fanout = overflow_fanout(c);
+    size_t per = (size_t)(nspare < fanout ? nspare : fanout);
+    size_t cap = per * (size_t)nloaded +
+                 (size_t)(out->ndevices < fanout ? out->ndevices : fanout) * (size_t)c->nsessions;
+    out->overflow = sq_xcalloc(cap ? cap : 1, sizeof(*out->overflow));
+    /* The loaded sessions, busiest first, each dealt up to fan-out spares
+     * as their memory allows; then listed by spare id, busiest first. */
+    spare_t *sp = sq_xcalloc((size_t)(nspare ? nspare : 1), sizeof(*sp));
+    spare_pick_t *pick = sq_xmalloc(sizeof(*pick) * (per * (size_t)nloaded + 1));
+    size_t npick = 0;
+    for (int k = 0; k < nloaded && nspare > 0; k++) {
+        int s = rank[k].session, taken = 0;
+        const pl_profile_t *p = c->sessions[s].profile;
+        int mi = oc.model_ix[s];
+        int start = deal_start(k, nspare, fanout);
+        for (int t = 0; t < nspare && taken < fanout; t++) {
+            int j = (start + t) % nspare;
+            spare_t *d = &sp[j];
+            int b = ovf_batch(&oc, c, s, pl__link_of(&c->opt, spare_id[j]));
             if (b == 0)
                 continue;
-            /* Weights once per model, activations at its largest batch. */
-            const pl_profile_t *p = c->sessions[s].profile;
             int m = 0;
-            while (m < nm && models[m] != c->sessions[s].model)
+            while (m < d->n && d->model_ix[m] != mi)
                 m++;
-            double more =
-                m < nm
-                    ? (b > batches[m] ? pl_memory_bytes(p, b) - pl_memory_bytes(p, batches[m]) : 0)
-                    : pl_memory_bytes(p, b);
-            if (!pl__fits_memory(&c->opt, mem + more))
+            double more = m < d->n ? (b > d->batch[m]
+                                          ? pl_memory_bytes(p, b) - pl_memory_bytes(p, d->batch[m])
+                                          : 0)
+                                   : pl_memory_bytes(p, b);
+            if (!pl__fits_memory(&c->opt, d->mem + more))
                 continue;
-            mem += more;
-            if (m == nm) {
-                models[nm] = c->sessions[s].model;
-                batches[nm++] = b;
-            } else if (b > batches[m]) {
-                batches[m] = b;
+            d->mem += more;
+            if (m == d->n) {
+                if (d->n == d->cap) {
+                    d->cap = d->cap ? 2 * d->cap : 8;
+                    d->model_ix = sq_xrealloc(d->model_ix, sizeof(int) * (size_t)d->cap);
+                    d->batch = sq_xrealloc(d->batch, sizeof(int) * (size_t)d->cap);
+                }
+                d->model_ix[d->n] = mi;
+                d->batch[d->n++] = b;
+            } else if (b > d->batch[m]) {
+                d->batch[m] = b;
             }
-            out->overflow[out->noverflow++] = (pl_overflow_t){.device_id = id,
-                                                              .session = s,
-                                                              .session_id = c->sessions[s].id,
-                                                              .model = c->sessions[s].model};
+            pick[npick++] = (spare_pick_t){.device_id = spare_id[j], .k = k, .s = s};
+            taken++;
         }
     }
-    overflow_onto_planned(c, out, rank);
-    free(models);
-    free(batches);
+    qsort(pick, npick, sizeof(*pick), spare_pick_cmp);
+    for (size_t i = 0; i < npick; i++)
+        out->overflow[out->noverflow++] = (pl_overflow_t){.device_id = pick[i].device_id,
+                                                          .session = pick[i].s,
+                                                          .session_id = c->sessions[pick[i].s].id,
+                                                          .model = c->sessions[pick[i].s].model};
+    for (int j = 0; j < nspare; j++) {
+        free(sp[j].model_ix);
+        free(sp[j].batch);
+    }
+    free(sp);
+    free(pick);
+    free(spare_id);
+    overflow_onto_planned(c, out, rank, &oc);
+    ovf_cache_free(&oc);
     free(used);
     free(rank);
 }

@@ -98,7 +98,17 @@ typedef struct {
      * session also take its overflow, least occupied first, as memory
      * allows. */
     int overflow;
+    /* At most this many devices take one session's overflow (0:
+     * PL_OVERFLOW_DEVICES). With more spares than that, session k of the
+     * rank starts at spare k * overflow_devices (mod the spares): they are
+     * dealt round, each spare holds a share of the sessions; with fewer,
+     * every session is offered every spare as above. The same holds for
+     * planned devices taking short sessions' overflow. */
+    int overflow_devices;
 } pl_options_t;
+
+/* 16: burst capacity for a session, a bounded plan for a large cluster. */
+#define PL_OVERFLOW_DEVICES 16
 
 /* 0.99: one duty cycle in a hundred brings more than its batch; the
  * excess, E[(N - q)+] / (r d) of the requests, is at most 0.44% (at
@@ -185,6 +195,8 @@ typedef struct pl_plan {
 int pl_plan(pl_plan_t *out, const pl_session_t *sessions, int nsessions, const pl_plan_t *prev,
             const pl_options_t *opt);
 void pl_plan_dispose(pl_plan_t *plan);
+/* A deep copy of src (dispose it with pl_plan_dispose). */
+void pl_plan_copy(pl_plan_t *dst, const pl_plan_t *src);
 
 /* Saturation: the largest throughput one device can give a session alone,
  * batch B with 2 l(B) <= L and memory(B) fitting (memory_bytes 0 =
@@ -241,6 +253,34 @@ double pl_rate_ewma(double prev_rps, double count, double interval_ms, double ta
 /* What plan serves of a session at most: sum over its shares of
  * batch / duty cycle (req/s); 0 when it has no device. */
 double pl_plan_capacity_rps(const pl_plan_t *plan, int session_id);
+
+/* A plan read by session: what each session has in it, found by its id in
+ * O(1), so that routing, stored rates and reports cost the session's own
+ * entries, not a scan of the whole plan (at 10,000 sessions on 2,000
+ * devices, a scan per session was seconds an epoch). Built from a plan;
+ * read-only after; the plan must outlive it. */
+typedef struct {
+    double capacity_rps; /* pl_plan_capacity_rps */
+    double packed_rps;   /* sum of its allocations' rate_rps */
+    double unplaced_rps; /* sum of its plan->unplaced rate_rps */
+    int nallocs;
+    int nover;
+    int first_alloc; /* into pl_plan_index_t.alloc_device/alloc_ix */
+    int first_over;  /* into pl_plan_index_t.over */
+} pl_plan_entry_t;
+
+typedef struct {
+    int min_id, nids; /* entries for ids min_id .. min_id + nids - 1 */
+    pl_plan_entry_t *entry;
+    int *alloc_device; /* plan->devices index, ascending within a session */
+    int *alloc_ix;     /* index into that device's allocs */
+    int *over;         /* plan->overflow index, ascending within a session */
+} pl_plan_index_t;
+
+void pl_plan_index_build(pl_plan_index_t *ix, const pl_plan_t *plan);
+void pl_plan_index_dispose(pl_plan_index_t *ix);
+/* The session's entry, or NULL when the plan has nothing of it. */
+const pl_plan_entry_t *pl_plan_index_get(const pl_plan_index_t *ix, int session_id);
 /* Whether an epoch is due at now_ms. rate_rps and planned_rps are per
  * session (planned 0 and rate > 0: a session the plan does not serve yet). */
 pl_epoch_reason_t pl_epoch_due(const pl_epoch_config_t *c, double now_ms, double last_epoch_ms,

@@ -217,6 +217,9 @@ typedef struct {
     const int *fallback;
     int nfallback;
     int *used_fallback; /* out, optional: 1 when the fallback was used */
+    /* Optional: plan read by session (pl_plan_index_build of this plan),
+     * so that routing costs the session's entries, not the plan's. */
+    const pl_plan_index_t *index;
 } pl_route_rules_t;
 
 /* The routes of session `session_id` under `plan` (NULL: no plan yet): the

@@ -287,6 +287,10 @@ typedef struct {
 int pl_loop_routes(const pl_loop_t *l, int64_t model, double slo_ms, const pl_loop_route_env_t *env,
                    pl_route_t *routes, int max);
 
+/* What kind's current plan serves of session_id at most
+ * (pl_plan_capacity_rps), from its index: O(1). */
+double pl_loop_capacity_rps(const pl_loop_t *l, int kind, int session_id);
+
 /* What a stored placement says session_id gets at alloc al of kind's plan:
  * its share of the rate the plan was made for (times headroom), not of the
  * packed rate, which holds the burst headroom too and would be inflated

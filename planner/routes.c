@@ -25,16 +25,31 @@ static int listed(const pl_route_t *routes, int n, int worker)
 int pl_plan_routes(const pl_plan_t *plan, int session_id, const pl_route_rules_t *rules,
                    pl_route_t *routes, int max)
 {
+    const pl_plan_entry_t *e =
+        plan != NULL && rules->index != NULL ? pl_plan_index_get(rules->index, session_id) : NULL;
     int n = 0;
-    for (int i = 0; plan != NULL && i < plan->ndevices && n < max; i++) {
-        const pl_device_t *dev = &plan->devices[i];
-        const pl_alloc_t *a = alloc_of(dev, session_id);
-        if (a == NULL)
-            continue;
-        int worker = rules->worker_of(rules->ctx, i, dev);
-        if (worker < 0)
-            continue;
-        routes[n++] = (pl_route_t){.worker = worker, .target_batch = rules->targets ? a->batch : 0};
+    if (plan != NULL && rules->index != NULL) {
+        for (int k = 0; e != NULL && k < e->nallocs && n < max; k++) {
+            int i = rules->index->alloc_device[e->first_alloc + k];
+            const pl_device_t *dev = &plan->devices[i];
+            const pl_alloc_t *a = &dev->allocs[rules->index->alloc_ix[e->first_alloc + k]];
+            int worker = rules->worker_of(rules->ctx, i, dev);
+            if (worker >= 0)
+                routes[n++] =
+                    (pl_route_t){.worker = worker, .target_batch = rules->targets ? a->batch : 0};
+        }
+    } else {
+        for (int i = 0; plan != NULL && i < plan->ndevices && n < max; i++) {
+            const pl_device_t *dev = &plan->devices[i];
+            const pl_alloc_t *a = alloc_of(dev, session_id);
+            if (a == NULL)
+                continue;
+            int worker = rules->worker_of(rules->ctx, i, dev);
+            if (worker < 0)
+                continue;
+            routes[n++] =
+                (pl_route_t){.worker = worker, .target_batch = rules->targets ? a->batch : 0};
+        }
     }
     int planned = n;
     if (rules->used_fallback != NULL)
@@ -43,8 +58,12 @@ int pl_plan_routes(const pl_plan_t *plan, int session_id, const pl_route_rules_t
         routes[n++] = (pl_route_t){.worker = rules->fallback[i]};
     /* Spare devices that also hold the session take its overflow: after
      * the planned ones, with the dispatcher's own batch (target 0). */
-    for (int i = 0; plan != NULL && i < plan->noverflow && n < max; i++) {
-        const pl_overflow_t *o = &plan->overflow[i];
+    int nover = plan == NULL           ? 0
+                : rules->index != NULL ? (e != NULL ? e->nover : 0)
+                                       : plan->noverflow;
+    for (int k = 0; k < nover && n < max; k++) {
+        const pl_overflow_t *o =
+            &plan->overflow[rules->index != NULL ? rules->index->over[e->first_over + k] : k];
         if (o->session_id != session_id)
             continue;
         pl_device_t spare = {.id = o->device_id};
