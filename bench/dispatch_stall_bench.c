@@ -3,14 +3,18 @@
  * thread (--plan-thread 0) and on the planner thread (--plan-thread 1).
  *
  * It runs squishd's own dispatch-thread code (gateway/dispatch: the planning
- * loop's shell, its epochs, loads and routes) on a dispatcher with no worker
- * processes (a link that drops what it is sent, workers announced up), no
- * DB: MODELS emulated models, each with sessions at SLOS SLO buckets
+ * loop's shell, its epochs, loads, routes and reports) on a dispatcher with
+ * no worker processes (a link that drops what it is sent, workers announced
+ * up) and a real model DB (a temporary SQLite file, its own thread, as in
+ * squishd: the plan reports are rendered and stored there): MODELS emulated
+ * models, each with dispatcher and planner sessions at SLOS SLO buckets
  * (10,000 sessions at 400 x 25), WORKERS emu workers, steady arrivals. The
- * ticks come every 50 ms as in squishd; each tick's time on the calling
- * thread is what the dispatch thread could not spend on batches. Prints one
- * JSON object per mode. Usage: squish-dispatch-stall-bench [MODELS [SLOS
- * [WORKERS [SECONDS]]]] */
+ * ticks come every 50 ms as in squishd; with the planner thread, the slices
+ * of an apply run between them as squishd's loop runs them between its
+ * events. Each tick's and each slice's time on the calling thread is a time
+ * the dispatch thread could not spend on batches: the longest is the stall.
+ * Prints one JSON object per mode. Usage: squish-dispatch-stall-bench [MODELS [SLOS
+ * [WORKERS [SECONDS [MODE]]]]], MODE 0 or 1 for one mode only (profiling). */
 #include "bench_util.h"
 #include "gw_catalog.h"
 #include "gw_dispatch_int.h"
@@ -97,6 +101,12 @@ static void run(int threaded, int nmodels, int nslos, int nworkers, int seconds)
     }
     cfg.plan_thread = threaded;
     cfg.log_level = SQ_LOG_WARN;
+    char db_path[] = "/tmp/squish-stall-XXXXXX";
+    int fd = mkstemp(db_path);
+    if (fd < 0)
+        exit(1);
+    close(fd);
+    snprintf(cfg.db_path, sizeof(cfg.db_path), "%s", db_path);
     sq_log_set_level(SQ_LOG_WARN);
     srv.cfg = &cfg;
     srv.metrics = gw_metrics_new();
@@ -104,6 +114,10 @@ static void run(int threaded, int nmodels, int nslos, int nworkers, int seconds)
     srv.pipelines = gw_pipes_new();
     if (sq_shm_arena_create(&srv.arena, 1 << 20, 4096) != 0)
         exit(1);
+    if (gw_db_start(&srv, err, sizeof(err)) != 0) {
+        fprintf(stderr, "%s\n", err);
+        exit(1);
+    }
     null_link_t link = {.base = {.send = null_send, .send_ref = null_send_ref}};
     srv.transport = &link.base;
     sq_loop_t *evloop = sq_loop_new();
@@ -117,8 +131,11 @@ static void run(int threaded, int nmodels, int nslos, int nworkers, int seconds)
         dm[m] = ds_model_get(ds, gm);
         dm[m]->kind = SQ_DEV_EMU;
         dm[m]->active = 1;
-        for (int s = 0; s < nslos; s++)
+        for (int s = 0; s < nslos; s++) {
+            int made;
             pl_loop_session(loop, dm[m]->key, buckets_ms[s], 1);
+            ds_session_ensure(ds, dm[m], buckets_ms[s], SQ_INPUT_PIXELS, 0, &made);
+        }
     }
     for (int i = 0; i < nworkers; i++) {
         char dev[16];
@@ -128,6 +145,8 @@ static void run(int threaded, int nmodels, int nslos, int nworkers, int seconds)
     int64_t t0 = pl_loop_rates_at_us(loop);
     int nticks = seconds * 1000000 / TICK_US;
     double *tick_ms = calloc((size_t)nticks, sizeof(double));
+    double slice_max_ms = 0;
+    long long nslices = 0;
     long long epochs0 = pl_loop_epochs(loop);
     for (int k = 0; k < nticks; k++) {
         int64_t t = t0 + (int64_t)k * TICK_US;
@@ -138,9 +157,23 @@ static void run(int threaded, int nmodels, int nslos, int nworkers, int seconds)
         double a = now_ms();
         ds_plan_tick(ds, t);
         tick_ms[k] = now_ms() - a;
-        if (threaded)
-            usleep(TICK_US); /* the planner thread works between ticks, as in squishd */
+        if (!threaded)
+            continue;
+        /* The planner thread works between ticks, as in squishd; what it
+         * handed over is applied in slices meanwhile. */
+        double next = a + TICK_US / 1000.0;
+        while (now_ms() < next) {
+            if (ds_plan_pending(ds) > 0) {
+                double b = now_ms();
+                ds_plan_continue(ds);
+                double d = now_ms() - b;
+                nslices++;
+                slice_max_ms = d > slice_max_ms ? d : slice_max_ms;
+            }
+            usleep(500);
+        }
     }
+    gw_db_quiesce(&srv); /* the reports rendered and stored */
     int pending = ds_plan_pending(ds);
     long long epochs = pl_loop_epochs(loop) - epochs0;
     double *sorted = malloc(sizeof(double) * (size_t)nticks);
@@ -150,16 +183,22 @@ static void run(int threaded, int nmodels, int nslos, int nworkers, int seconds)
     const pl_plan_t *plan = pl_loop_current(loop, SQ_DEV_EMU);
     if (plan != NULL)
         nplan = plan->ndevices;
+    double stall = sorted[nticks - 1] > slice_max_ms ? sorted[nticks - 1] : slice_max_ms;
     printf("{\"plan_thread\": %d, \"sessions\": %d, \"workers\": %d, \"ticks\": %d, "
            "\"epochs_applied\": %lld, \"pending_at_end\": %d, \"devices_planned\": %d, "
-           "\"tick_ms_median\": %.3f, \"tick_ms_p99\": %.3f, \"tick_ms_max\": %.3f}\n",
+           "\"overflow_routes\": %d, \"tick_ms_median\": %.3f, \"tick_ms_p99\": %.3f, "
+           "\"tick_ms_max\": %.3f, \"apply_slices\": %lld, \"slice_ms_max\": %.3f, "
+           "\"stall_ms\": %.3f}\n",
            threaded, pl_loop_nsessions(loop), nworkers, nticks, epochs, pending, nplan,
-           sorted[nticks / 2], sorted[(int)(nticks * 0.99)], sorted[nticks - 1]);
+           plan != NULL ? plan->noverflow : 0, sorted[nticks / 2], sorted[(int)(nticks * 0.99)],
+           sorted[nticks - 1], nslices, slice_max_ms, stall);
     fflush(stdout);
     free(sorted);
     free(tick_ms);
     free(dm);
+    gw_db_stop(&srv);
     gw_dispatch_free(ds);
+    unlink(db_path);
     gw_pipes_free(srv.pipelines);
     gw_registry_free(srv.registry);
     sq_loop_free(evloop);
@@ -173,12 +212,15 @@ int main(int argc, char **argv)
     int nslos = argc > 2 ? atoi(argv[2]) : 25;
     int nworkers = argc > 3 ? atoi(argv[3]) : 2000;
     int seconds = argc > 4 ? atoi(argv[4]) : 5;
+    int mode = argc > 5 ? atoi(argv[5]) : -1;
     if (nmodels < 1 || nslos < 1 || nslos > (int)(sizeof(buckets_ms) / sizeof(buckets_ms[0])) ||
-        nworkers < 1 || seconds < 1) {
-        fprintf(stderr, "usage: squish-dispatch-stall-bench [MODELS [SLOS [WORKERS [SECONDS]]]]\n");
+        nworkers < 1 || seconds < 1 || mode < -1 || mode > 1) {
+        fprintf(stderr,
+                "usage: squish-dispatch-stall-bench [MODELS [SLOS [WORKERS [SECONDS [MODE]]]]]\n");
         return 2;
     }
     for (int threaded = 0; threaded <= 1; threaded++)
-        run(threaded, nmodels, nslos, nworkers, seconds);
+        if (mode < 0 || mode == threaded)
+            run(threaded, nmodels, nslos, nworkers, seconds);
     return 0;
 }

@@ -255,9 +255,10 @@ static void on_timer(sq_loop_t *loop, uint64_t id, void *data)
 /* The dispatcher session of (model, SLO bucket, input kind, priority
  * level): its requests batch together; the planner sees the model and the
  * bucket only (every level of one bucket shares its routes). */
-static int ensure_session(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint8_t input_kind,
-                          uint8_t priority)
+int ds_session_ensure(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint8_t input_kind,
+                      uint8_t priority, int *created)
 {
+    *created = 0;
     for (int i = 0; i < ds->nsessions; i++) {
         ds_session_t *s = &ds->sessions[i];
         if (s->model == dm && s->bucket_ms == bucket && s->input_kind == input_kind &&
@@ -288,6 +289,7 @@ static int ensure_session(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint
         .id = id, .model = dm, .bucket_ms = bucket, .input_kind = input_kind, .priority = priority};
     if (id >= ds->nsessions)
         ds->nsessions = id + 1;
+    *created = 1;
     return id;
 }
 
@@ -295,13 +297,20 @@ static int ensure_session(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint
  * (planning.c decides; before a plan, every worker holding it). */
 void ds_update_routes(gw_dispatch_t *ds, ds_model_t *dm)
 {
+    dm->routes_stale = 0;
     pl_route_t *routes = sq_xcalloc((size_t)ds->nworkers + 1, sizeof(*routes));
+    int *holders = sq_xcalloc((size_t)ds->nworkers + 1, sizeof(*holders));
+    int nholders = -1; /* counted at the first session of dm */
+    int64_t now = sq_now_us();
     for (int s = 0; s < ds->nsessions; s++) {
         if (ds->sessions[s].model != dm)
             continue;
-        int n = ds_plan_routes(ds, &ds->sessions[s], routes, ds->nworkers + 1);
-        pl_dispatch_route_set(ds->core, sq_now_us(), s, routes, n);
+        if (nholders < 0)
+            nholders = ds_plan_holders(ds, dm, holders);
+        int n = ds_plan_routes(ds, &ds->sessions[s], holders, nholders, routes, ds->nworkers + 1);
+        pl_dispatch_route_set(ds->core, now, s, routes, n);
     }
+    free(holders);
     free(routes);
 }
 
@@ -311,20 +320,24 @@ void ds_enqueue_items(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t **items, int 
     int one_sess;
     int *sess = n == 1 ? &one_sess : sq_xmalloc(sizeof(*sess) * (size_t)n);
     pl_request_t *reqs = n == 1 ? &one : sq_xmalloc(sizeof(*reqs) * (size_t)n);
-    int queued = 0;
+    int queued = 0, created = 0;
     for (int i = 0; i < n; i++) {
         gw_item_t *it = items[i];
         /* The planner counts items: a clump of 8 is 8 requests' work. */
         ds_plan_arrival(ds, dm, gw_slo_bucket_ms(it->slo_ms), it);
-        sess[i] = ensure_session(ds, dm, gw_slo_bucket_ms(it->slo_ms), it->input_kind,
-                                 (uint8_t)gw_priority_level(it->priority));
+        int made;
+        sess[i] = ds_session_ensure(ds, dm, gw_slo_bucket_ms(it->slo_ms), it->input_kind,
+                                    (uint8_t)gw_priority_level(it->priority), &made);
+        created |= made;
         if (sess[i] < 0)
             ds_fail_item(ds, it, SQ_NOT_READY, "the model has no usable profile");
         else
             queued++;
     }
-    /* Once every session the items need exists: it routes them all. */
-    if (queued > 0)
+    /* A session made for them is routed once all exist (the routes of
+     * the others change only with loads, unloads and plans, which route
+     * the model themselves). */
+    if (queued > 0 && (created || dm->routes_stale))
         ds_update_routes(ds, dm);
     /* Per session (the items of one request or frame share one), together:
      * one arrival in the core. */

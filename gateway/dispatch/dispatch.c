@@ -89,6 +89,7 @@ static ds_model_t *serving_record(gw_dispatch_t *ds, ds_model_t *dm, double buck
         if (dm->kind < 0)
             return NULL;
         dm->active = 1;
+        dm->routes_stale = 1;
         ds_plan_activate(ds, dm, bucket_ms, it);
     }
     return dm;
@@ -393,6 +394,7 @@ static void reclaim(gw_dispatch_t *ds)
         ds_plan_forget(ds, dm);
         model_free(dm);
         ds->models[i--] = ds->models[--ds->nmodels];
+        ds_models_reindex(ds);
     }
 }
 
@@ -547,8 +549,10 @@ void gw_dispatch_free(gw_dispatch_t *ds)
         model_free(ds->models[i]);
     free(ds->workers);
     free(ds->models);
+    sq_map_dispose(&ds->model_ix);
     free(ds->sessions);
     free(ds->handles);
+    ds_plan_apply_stop(ds);
     ds_plan_free(ds->plan);
     pl_dispatch_free(ds->core);
     pthread_mutex_destroy(&ds->ready_lock);

@@ -94,6 +94,9 @@ typedef struct ds_model {
     gw_item_t **pending; /* waiting for a first load */
     int npending, cappending;
     int removed;
+    /* Its routes may have changed without being made again (a load or
+     * unload while inactive, a worker lost): the next enqueue routes it. */
+    int routes_stale;
     /* A prefix group (key < 0): m is a stand-in entry owned here (name,
      * input, the widest output, the group's own measured profile); the
      * members run their shared layers as one batch (worker/group.c). */
@@ -181,6 +184,11 @@ struct gw_dispatch {
     int nworkers;
     ds_model_t **models;
     int nmodels, capmodels;
+    sq_map_t model_ix; /* key -> index into models (ds_model_find) */
+    /* 1 while many unloads are made at once (epochs.c: settle_moves): each
+     * marks its model's routes stale, and the maker routes each model once
+     * before it returns (no batch is sent meanwhile). */
+    int routes_deferred;
     ds_session_t *sessions; /* by core session id */
     int nsessions, capsessions;
     ds_plan_state_t *plan;                   /* planning.c */
@@ -206,8 +214,22 @@ struct gw_dispatch {
 
 /* What planning.c (the shell around the planning loop, planner/pl_loop.h)
  * keeps, and epochs.c and plan_report.c read. */
+/* A settle of moves under way (epochs.c): the plan's holdings indexed,
+ * and the next worker to look at. */
 typedef struct {
+    int active;
+    struct ds_holding *alloc; /* (model key, worker) of each allocation, sorted */
+    int na;
+    sq_map_t over;       /* (model key, worker) of the overflow */
+    char *arrived_at;    /* per model (at its first holding): 0 ?, 1 no, 2 yes */
+    int cursor;          /* the next worker id */
+    const void *devices; /* the plan it indexed: it was not replaced */
+} ds_settle_t;
+
+typedef struct {
+    ds_settle_t settle;
     int moves_pending; /* a model waits to leave a worker until it arrives elsewhere */
+    int settle_due;    /* a load finished while moves were pending: settle at the tick */
 } ds_plan_kind_t;
 
 /* An epoch whose plan is being computed (planner thread): what applying it
@@ -218,7 +240,22 @@ typedef struct {
     int nworkers;
     char reason[64];
     int64_t begin_ns;
+    double plan_ms;
+    /* Its plan adopted and being applied (epochs.c: in slices, the
+     * planner thread's plans): phase 0 loads worker by worker, phase 1
+     * routes model by model; cursor is where the next slice starts. */
+    int applying, phase, cursor;
+    const void *devices; /* the adopted plan's devices: it was not replaced */
+    int *dev_of;         /* workers[j]'s plan device index, -1 none */
+    int *ov_first, *ov;  /* overflow entries of device id j: ov[ov_first[j] ..] */
+    int64_t *keys;       /* models to route */
+    int nkeys;
+    int64_t now_us;
 } ds_plan_inflight_t;
+
+/* How long one slice of an apply holds the dispatch thread at most (one
+ * worker's loads or one model's routes may run over). */
+#define DS_APPLY_SLICE_US 2000
 
 /* One placement of the plan stored before a restart. */
 typedef struct {
@@ -266,6 +303,7 @@ struct ds_plan_state {
     struct pl_loop_job *done[SQ_DEV_KIND_COUNT];
     int stopping;
     ds_plan_inflight_t inflight[SQ_DEV_KIND_COUNT]; /* dispatch thread only */
+    uint64_t apply_timer;                           /* the next slice's, 0: none */
 };
 
 /* The loop's key of a pipeline: the pointer, which the loop's reference
@@ -304,8 +342,13 @@ void ds_plan_pipeline_known(gw_dispatch_t *ds, gw_pipeline_t *pipe);
 void ds_plan_epoch(gw_dispatch_t *ds, int kind, const char *reason, int64_t now_us);
 /* Applies the plans the planner thread has computed (every tick). */
 void ds_plan_collect(gw_dispatch_t *ds);
-/* Epochs begun whose plan is not applied yet. */
+/* Epochs begun whose plan is not applied yet (computed or being applied). */
 int ds_plan_pending(gw_dispatch_t *ds);
+/* The next slice of the plans being applied (a timer calls it between
+ * the loop's events; benches call it themselves). */
+void ds_plan_continue(gw_dispatch_t *ds);
+/* Stops applying (the dispatcher is freed): the slices' timer cancelled. */
+void ds_plan_apply_stop(gw_dispatch_t *ds);
 /* The planner thread: started by ds_plan_new when cfg->plan_thread (-1 if
  * it cannot be: then plans are computed on the dispatch thread); stopped,
  * and plans never applied dropped, by ds_plan_free. */
@@ -331,15 +374,21 @@ void ds_plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const
 /* Workers came or went, or a model was removed: re-plan that kind. */
 void ds_plan_invalidate(gw_dispatch_t *ds, int kind, const char *reason);
 /* epochs.c: a load finished on a worker of kind: models waiting to leave
- * their old workers (make before break) can go now. */
+ * their old workers (make before break) can go at the next tick
+ * (ds_plan_settle_due, once for all the loads finished meanwhile). */
 void ds_plan_loaded(gw_dispatch_t *ds, int kind);
+void ds_plan_settle_due(gw_dispatch_t *ds);
 /* Whether the plan stored before a restart still waits to be reapplied. */
 int ds_plan_restoring(const gw_dispatch_t *ds);
 /* Called every tick: rates, epoch triggers. */
 void ds_plan_tick(gw_dispatch_t *ds, int64_t now_us);
 /* epochs.c: the routes of dispatcher session s: the planned workers that
  * hold the model (or, before any plan covers it, every worker that does). */
-int ds_plan_routes(gw_dispatch_t *ds, const ds_session_t *s, pl_route_t *routes, int max);
+int ds_plan_routes(gw_dispatch_t *ds, const ds_session_t *s, const int *holders, int nholders,
+                   pl_route_t *routes, int max);
+/* The workers that hold dm loaded now (the fallback of ds_plan_routes),
+ * into holders (room for ds->nworkers); returns how many. */
+int ds_plan_holders(gw_dispatch_t *ds, const ds_model_t *dm, int *holders);
 /* Counters for the advice (bad rate, busy time). */
 void ds_plan_outcome(gw_dispatch_t *ds, int ok);
 void ds_plan_busy(gw_dispatch_t *ds, int worker, int64_t busy_us);
@@ -360,6 +409,10 @@ void ds_progress_set(gw_dispatch_t *ds, const ds_model_t *dm, const ds_worker_t 
 /* Records that w's connection holds the model file sha. */
 void ds_note_sha(ds_worker_t *w, const char *sha);
 ds_model_t *ds_model_find(gw_dispatch_t *ds, int64_t key);
+/* Appends a record to ds->models (indexed for ds_model_find); after ds->models
+ * was compacted, ds_models_reindex. */
+void ds_model_append(gw_dispatch_t *ds, ds_model_t *dm);
+void ds_models_reindex(gw_dispatch_t *ds);
 /* The record of a registry model, created on first sight. */
 ds_model_t *ds_model_get(gw_dispatch_t *ds, gw_model_t *m);
 /* The device kind that serves m: one with a worker up, cuda first; else
@@ -388,6 +441,10 @@ int ds_link_send_ref(gw_dispatch_t *ds, int worker, uint16_t type, uint64_t id, 
 void ds_pump(gw_dispatch_t *ds);
 /* Gives dm's sessions their routes (planning.c decides which workers). */
 void ds_update_routes(gw_dispatch_t *ds, ds_model_t *dm);
+/* The dispatcher session of (model, SLO bucket, input kind, priority
+ * level), made (and *created set) the first time; its core id, or < 0. */
+int ds_session_ensure(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint8_t input_kind,
+                      uint8_t priority, int *created);
 /* Queues it in dm's session for its SLO bucket and input kind. */
 void ds_enqueue_item(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t *it);
 /* The same for n items ready together (a clump, gw_dispatch_submit): those

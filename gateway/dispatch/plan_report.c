@@ -16,7 +16,9 @@
 /* The model record of key (a live one first), or NULL. */
 static ds_model_t *model_of_key(gw_dispatch_t *ds, int64_t key)
 {
-    ds_model_t *any = NULL;
+    ds_model_t *any = ds_model_find(ds, key);
+    if (any == NULL || !any->removed)
+        return any;
     for (int i = 0; i < ds->nmodels; i++)
         if (ds->models[i]->key == key) {
             if (!ds->models[i]->removed)
@@ -48,48 +50,239 @@ const ds_plan_view_t *ds_plan_view(gw_dispatch_t *ds, int id, ds_plan_view_t *ou
     return out->dm != NULL ? out : NULL;
 }
 
-static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placements)
+/* ---- the report, copied on the dispatch thread ----------------------------
+ *
+ * What an epoch's report needs of the dispatch thread's state is copied
+ * there (the plans, the sessions' names, the workers: memcpy's worth, a few
+ * ms at 10,000 sessions); the JSON is built, dumped and stored on the DB
+ * thread (about 150 ms and 3 MB at 10,000 sessions, a stall that would
+ * break every tight SLO on the dispatch thread). /v1/plan shows an epoch
+ * once it is stored, so what a client saw there survives a crash. */
+
+typedef struct {
+    char name[MDB_NAME_MAX + 1];
+    int version;
+    int64_t key;
+    double live_scale;
+    int live; /* active, not removed, with a kind: in /metrics */
+    int kind;
+} rep_model_t;
+
+typedef struct {
+    int id;
+    int model; /* into report_t.models, -1: gone */
+    double bucket_ms;
+    double rate_rps;
+    double capacity_rps;  /* pl_loop_capacity_rps at its model's kind */
+    double stored_factor; /* pl_loop_stored_rate of a rate of 1 */
+} rep_sess_t;
+
+typedef struct {
+    int present, up;
+    char device[64];
+    char addr[64];
+    int64_t rtt_us;
+    double bytes_per_us;
+} rep_worker_t;
+
+typedef struct {
+    int has;
+    pl_plan_t plan;
+    int *keys;
+    int nkeys;
+} rep_kind_t;
+
+typedef struct {
+    ds_plan_state_t *p;
+    gw_metrics_t *metrics;
+    long long epoch, restored_from;
+    char reason[48];
+    double created_at;
+    int moved;
+    double ok, bad, busy_us, window_s;
+    rep_kind_t kinds[SQ_DEV_KIND_COUNT];
+    rep_model_t *models;
+    int nmodels;
+    rep_sess_t *sess; /* by id, ascending */
+    int nsess;
+    rep_worker_t *workers; /* by worker id */
+    int nworkers;
+} report_t;
+
+static int key_cmp(const void *a, const void *b)
+{
+    const ds_model_t *x = *(ds_model_t *const *)a, *y = *(ds_model_t *const *)b;
+    if (x->key != y->key)
+        return x->key < y->key ? -1 : 1;
+    /* A live record before a removed one of the same key. */
+    return x->removed - y->removed;
+}
+
+static report_t *report_take(gw_dispatch_t *ds, const char *reason, int moved)
 {
     ds_plan_state_t *p = ds->plan;
+    report_t *r = sq_xcalloc(1, sizeof(*r));
+    r->p = p;
+    r->metrics = ds->srv->metrics;
+    r->epoch = p->epoch;
+    r->restored_from = p->restored_from;
+    snprintf(r->reason, sizeof(r->reason), "%s", reason);
+    r->created_at = sq_wall_s();
+    r->moved = moved;
+    r->ok = p->ok;
+    r->bad = p->bad;
+    r->busy_us = p->busy_us;
+    r->window_s = (double)(sq_now_us() - p->window_start_us) / 1e6;
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
+        const pl_plan_t *plan = pl_loop_current(p->loop, k);
+        if (plan == NULL)
+            continue;
+        rep_kind_t *K = &r->kinds[k];
+        K->has = 1;
+        pl_plan_copy(&K->plan, plan);
+        int nkeys = 0;
+        for (int i = 0; i < plan->ndevices; i++)
+            if (plan->devices[i].id + 1 > nkeys)
+                nkeys = plan->devices[i].id + 1;
+        for (int o = 0; o < plan->noverflow; o++)
+            if (plan->overflow[o].device_id + 1 > nkeys)
+                nkeys = plan->overflow[o].device_id + 1;
+        K->keys = sq_xmalloc(sizeof(int) * (size_t)(nkeys + 1));
+        for (int d = 0; d < nkeys; d++)
+            K->keys[d] = pl_loop_device_key(p->loop, k, d);
+        K->nkeys = nkeys;
+    }
+    /* The models by key (a live record first), for the sessions. */
+    ds_model_t **by_key = sq_xmalloc(sizeof(*by_key) * (size_t)(ds->nmodels + 1));
+    memcpy(by_key, ds->models, sizeof(*by_key) * (size_t)ds->nmodels);
+    qsort(by_key, (size_t)ds->nmodels, sizeof(*by_key), key_cmp);
+    r->models = sq_xcalloc((size_t)ds->nmodels + 1, sizeof(*r->models));
+    r->nmodels = ds->nmodels;
+    for (int i = 0; i < ds->nmodels; i++) {
+        const ds_model_t *dm = by_key[i];
+        rep_model_t *m = &r->models[i];
+        snprintf(m->name, sizeof(m->name), "%s", dm->m->name);
+        m->version = dm->m->version;
+        m->key = dm->key;
+        m->live_scale = dm->live_scale;
+        m->live = !dm->removed && dm->active && dm->kind >= 0;
+        m->kind = dm->kind;
+    }
+    int nsess = pl_loop_nsessions(p->loop);
+    r->sess = sq_xcalloc((size_t)nsess + 1, sizeof(*r->sess));
+    for (int i = 0; i < nsess; i++) {
+        pl_loop_session_info_t si;
+        if (pl_loop_session_at(p->loop, i, &si) != 0)
+            continue;
+        int lo = 0, hi = ds->nmodels;
+        while (lo < hi) {
+            int mid = lo + (hi - lo) / 2;
+            if (by_key[mid]->key < si.model)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        int mi = lo < ds->nmodels && by_key[lo]->key == si.model ? lo : -1;
+        rep_sess_t *rs = &r->sess[r->nsess++];
+        *rs = (rep_sess_t){
+            .id = si.id, .model = mi, .bucket_ms = si.bucket_ms, .rate_rps = si.rate_rps};
+        const pl_alloc_t one = {.rate_rps = 1};
+        rs->stored_factor =
+            mi >= 0 ? pl_loop_stored_rate(p->loop, by_key[mi]->kind, si.id, &one) : 1;
+        rs->capacity_rps = mi >= 0 ? pl_loop_capacity_rps(p->loop, by_key[mi]->kind, si.id) : 0;
+    }
+    free(by_key);
+    r->workers = sq_xcalloc((size_t)ds->nworkers + 1, sizeof(*r->workers));
+    r->nworkers = ds->nworkers;
+    for (int i = 0; i < ds->nworkers; i++) {
+        const ds_worker_t *w = ds->workers[i];
+        if (w == NULL)
+            continue;
+        rep_worker_t *rw = &r->workers[i];
+        rw->present = 1;
+        rw->up = w->up;
+        snprintf(rw->device, sizeof(rw->device), "%s", w->device);
+        snprintf(rw->addr, sizeof(rw->addr), "%s", w->addr);
+        rw->rtt_us = w->rtt_us;
+        rw->bytes_per_us = w->bytes_per_us;
+    }
+    return r;
+}
+
+static void report_free(report_t *r)
+{
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
+        pl_plan_dispose(&r->kinds[k].plan);
+        free(r->kinds[k].keys);
+    }
+    free(r->models);
+    free(r->sess);
+    free(r->workers);
+    free(r);
+}
+
+static int sess_cmp(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = ((const rep_sess_t *)b)->id;
+    return (x > y) - (x < y);
+}
+
+/* The session id's model record, or NULL (the loop forgot it, or its model
+ * is gone); *s its session. */
+static const rep_model_t *sess_model(const report_t *r, int id, const rep_sess_t **s)
+{
+    *s = bsearch(&id, r->sess, (size_t)r->nsess, sizeof(*r->sess), sess_cmp);
+    return *s != NULL && (*s)->model >= 0 ? &r->models[(*s)->model] : NULL;
+}
+
+static int key_at(const rep_kind_t *K, int device_id)
+{
+    return device_id >= 0 && device_id < K->nkeys ? K->keys[device_id] : -1;
+}
+
+static const rep_worker_t *worker_at(const report_t *r, int id)
+{
+    return id >= 0 && id < r->nworkers && r->workers[id].present ? &r->workers[id] : NULL;
+}
+
+static json_t *plan_json(const report_t *r, json_t **placements)
+{
     json_t *devices = json_array(), *unplaced = json_array(), *overflow = json_array();
     *placements = json_array();
     double lower = 0;
     int used = 0;
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
-        const pl_plan_t *plan = pl_loop_current(p->loop, k);
-        if (plan == NULL)
+        const rep_kind_t *K = &r->kinds[k];
+        if (!K->has)
             continue;
+        const pl_plan_t *plan = &K->plan;
         lower += plan->lower_bound_devices;
         for (int i = 0; i < plan->ndevices; i++) {
             const pl_device_t *d = &plan->devices[i];
-            int wid = pl_loop_device_key(p->loop, k, d->id);
-            ds_worker_t *w = ds_worker_at(ds, wid);
+            int wid = key_at(K, d->id);
+            const rep_worker_t *w = worker_at(r, wid);
             json_t *sessions = json_array();
             for (int a = 0; a < d->nallocs; a++) {
                 const pl_alloc_t *al = &d->allocs[a];
-                pl_loop_session_info_t si;
-                ds_model_t *dm = pl_loop_session_by_id(p->loop, al->session_id, &si) == 0
-                                     ? model_of_key(ds, si.model)
-                                     : NULL;
-                if (dm == NULL)
+                const rep_sess_t *rs;
+                const rep_model_t *m = sess_model(r, al->session_id, &rs);
+                if (m == NULL)
                     continue;
-                const ds_plan_view_t view = {.dm = dm, .bucket_ms = si.bucket_ms};
-                const ds_plan_view_t *ps = &view;
                 json_t *so =
-                    json_pack("{s:s, s:i, s:f, s:f, s:i, s:f}", "model", ps->dm->m->name, "version",
-                              ps->dm->m->version, "slo_ms", ps->bucket_ms, "rate_rps", al->rate_rps,
+                    json_pack("{s:s, s:i, s:f, s:f, s:i, s:f}", "model", m->name, "version",
+                              m->version, "slo_ms", rs->bucket_ms, "rate_rps", al->rate_rps,
                               "batch", al->batch, "latency_ms", al->latency_us / 1000.0);
                 if (al->transfer_us > 0) /* the batch's round trip and bytes on the link */
                     json_object_set_new(so, "transfer_ms", json_real(al->transfer_us / 1000.0));
-                if (ps->dm->live_scale > 0) /* planned with the measured latencies */
-                    json_object_set_new(so, "profile_scale", json_real(ps->dm->live_scale));
+                if (m->live_scale > 0) /* planned with the measured latencies */
+                    json_object_set_new(so, "profile_scale", json_real(m->live_scale));
                 json_array_append_new(sessions, so);
-                json_array_append_new(
-                    *placements,
-                    json_pack("{s:s, s:I, s:f, s:i, s:f, s:f}", "device", w ? w->device : "?",
-                              "model_id", (json_int_t)ps->dm->key, "slo_ms", ps->bucket_ms, "batch",
-                              al->batch, "duty_cycle_us", d->duty_cycle_us, "rate_rps",
-                              pl_loop_stored_rate(p->loop, k, al->session_id, al)));
+                json_array_append_new(*placements,
+                                      json_pack("{s:s, s:I, s:f, s:i, s:f, s:f}", "device",
+                                                w ? w->device : "?", "model_id", (json_int_t)m->key,
+                                                "slo_ms", rs->bucket_ms, "batch", al->batch,
+                                                "duty_cycle_us", d->duty_cycle_us, "rate_rps",
+                                                al->rate_rps * rs->stored_factor));
             }
             used++;
             json_t *dj = json_pack(
@@ -106,34 +299,33 @@ static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placeme
         }
         for (int o = 0; o < plan->noverflow; o++) {
             const pl_overflow_t *ov = &plan->overflow[o];
-            ds_plan_view_t view;
-            const ds_plan_view_t *ps = ds_plan_view(ds, ov->session_id, &view);
-            int wid = pl_loop_device_key(p->loop, k, ov->device_id);
-            if (ps != NULL)
+            const rep_sess_t *rs;
+            const rep_model_t *m = sess_model(r, ov->session_id, &rs);
+            if (m != NULL)
                 json_array_append_new(overflow,
-                                      json_pack("{s:s, s:i, s:f, s:i}", "model", ps->dm->m->name,
-                                                "version", ps->dm->m->version, "slo_ms",
-                                                ps->bucket_ms, "worker", wid));
+                                      json_pack("{s:s, s:i, s:f, s:i}", "model", m->name, "version",
+                                                m->version, "slo_ms", rs->bucket_ms, "worker",
+                                                key_at(K, ov->device_id)));
         }
         for (int u = 0; u < plan->nunplaced; u++) {
-            ds_plan_view_t view;
-            const ds_plan_view_t *ps = ds_plan_view(ds, plan->unplaced[u].session_id, &view);
-            if (ps != NULL)
+            const rep_sess_t *rs;
+            const rep_model_t *m = sess_model(r, plan->unplaced[u].session_id, &rs);
+            if (m != NULL)
                 json_array_append_new(
-                    unplaced, json_pack("{s:s, s:f, s:f, s:s}", "model", ps->dm->m->name, "slo_ms",
-                                        ps->bucket_ms, "rate_rps", plan->unplaced[u].rate_rps,
+                    unplaced, json_pack("{s:s, s:f, s:f, s:s}", "model", m->name, "slo_ms",
+                                        rs->bucket_ms, "rate_rps", plan->unplaced[u].rate_rps,
                                         "reason", unplaced_reason(plan->unplaced[u].reason)));
         }
     }
     /* Advice (Symphony section 3.5): with bad rate r over N devices ask for
      * N r / (1 - r) more; with idle fraction f release N f. */
-    double window_s = (double)(sq_now_us() - p->window_start_us) / 1e6;
-    double total = p->ok + p->bad;
-    double bad_rate = total > 0 ? p->bad / total : 0;
+    double total = r->ok + r->bad;
+    double bad_rate = total > 0 ? r->bad / total : 0;
     int nworkers = 0;
-    for (int i = 0; i < ds->nworkers; i++)
-        nworkers += ds->workers[i] != NULL && ds->workers[i]->up;
-    double idle = nworkers > 0 && window_s > 0 ? 1.0 - p->busy_us / 1e6 / (window_s * nworkers) : 0;
+    for (int i = 0; i < r->nworkers; i++)
+        nworkers += r->workers[i].present && r->workers[i].up;
+    double idle =
+        nworkers > 0 && r->window_s > 0 ? 1.0 - r->busy_us / 1e6 / (r->window_s * nworkers) : 0;
     idle = idle < 0 ? 0 : idle;
     double add = pl_advice_add(nworkers, bad_rate);
     double release = pl_advice_release(nworkers, idle);
@@ -147,7 +339,7 @@ static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placeme
      * never one to release. */
     int short_of_devices = 0;
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
-        const pl_plan_t *plan = pl_loop_current(p->loop, k);
+        const pl_plan_t *plan = r->kinds[k].has ? &r->kinds[k].plan : NULL;
         for (int u = 0; plan != NULL && u < plan->nunplaced; u++)
             short_of_devices |= plan->unplaced[u].reason == PL_UNPLACED_DEVICES;
     }
@@ -157,17 +349,17 @@ static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placeme
         delta = -(double)(nworkers - used > 0 ? nworkers - used : 0);
     json_t *snap =
         json_pack("{s:I, s:f, s:s, s:o, s:i, s:f, s:o, s:[], s:{s:f, s:f, s:f, s:f, s:f}}", "epoch",
-                  (json_int_t)p->epoch, "created_at", sq_wall_s(), "reason", reason, "devices",
+                  (json_int_t)r->epoch, "created_at", r->created_at, "reason", r->reason, "devices",
                   devices, "devices_used", used, "lower_bound_devices", lower, "unplaced", unplaced,
                   "pipelines", "advice", "devices_delta", delta, "bad_rate", bad_rate,
                   "idle_fraction", idle, "add", add, "release", release);
     /* Where each worker is: remote ones with their measured link. */
     json_t *ws = json_array();
-    for (int i = 0; i < ds->nworkers; i++) {
-        const ds_worker_t *w = ds->workers[i];
-        if (w == NULL || !w->up)
+    for (int i = 0; i < r->nworkers; i++) {
+        const rep_worker_t *w = &r->workers[i];
+        if (!w->present || !w->up)
             continue;
-        json_t *o = json_pack("{s:i, s:s, s:s}", "worker", w->id, "device", w->device, "host",
+        json_t *o = json_pack("{s:i, s:s, s:s}", "worker", i, "device", w->device, "host",
                               w->addr[0] ? w->addr : "local");
         if (w->addr[0] && w->bytes_per_us > 0) {
             json_object_set_new(o, "rtt_ms", json_real((double)w->rtt_us / 1000.0));
@@ -178,28 +370,58 @@ static json_t *plan_json(gw_dispatch_t *ds, const char *reason, json_t **placeme
     json_object_set_new(snap, "workers", ws);
     /* Workers that also hold sessions for their overflow (pl_plan_t.overflow). */
     json_object_set_new(snap, "overflow", overflow);
-    if (strcmp(reason, "restored") == 0) {
+    if (strcmp(r->reason, "restored") == 0) {
         json_object_set_new(snap, "restored", json_true());
-        json_object_set_new(snap, "restored_from_epoch", json_integer(p->restored_from));
+        json_object_set_new(snap, "restored_from_epoch", json_integer(r->restored_from));
     }
     return snap;
 }
 
-typedef struct {
-    long long epoch;
-    char reason[48];
-    char *plan;
-    json_t *placements;
-} store_job_t;
-
-static void store_job(mdb_t *db, void *arg)
+/* The plan's gauges and the sessions' rates for /metrics. */
+static void publish_metrics(const report_t *r, json_t *snap)
 {
-    store_job_t *j = arg;
-    if (db != NULL && mdb_plan_store(db, j->epoch, j->reason, j->plan, j->placements) != 0)
-        SQ_WARN("cannot store plan epoch=%lld error=\"%s\"", j->epoch, mdb_errmsg(db));
-    free(j->plan);
-    json_decref(j->placements);
-    free(j);
+    gw_metrics_plan_t mp = {
+        .epoch = r->epoch,
+        .devices = (int)json_integer_value(json_object_get(snap, "devices_used")),
+        .lower_bound_devices = json_number_value(json_object_get(snap, "lower_bound_devices")),
+        .advice_devices =
+            json_number_value(json_object_get(json_object_get(snap, "advice"), "devices_delta")),
+        .models_moved = r->moved};
+    gw_metrics_plan(r->metrics, &mp);
+    gw_metrics_session_t *ms = sq_xcalloc((size_t)r->nsess + 1, sizeof(*ms));
+    int n = 0;
+    for (int i = 0; i < r->nsess; i++) {
+        const rep_sess_t *rs = &r->sess[i];
+        const rep_model_t *m = rs->model >= 0 ? &r->models[rs->model] : NULL;
+        if (m == NULL || !m->live)
+            continue;
+        ms[n++] = (gw_metrics_session_t){.model = m->name,
+                                         .slo_ms = rs->bucket_ms,
+                                         .rate_rps = rs->rate_rps,
+                                         .planned_rps = rs->capacity_rps};
+    }
+    gw_metrics_sessions(r->metrics, ms, n);
+    free(ms);
+}
+
+/* On the DB thread (or the caller's without a DB): renders, stores, then
+ * shows the report. */
+static void report_job(mdb_t *db, void *arg)
+{
+    report_t *r = arg;
+    json_t *placements;
+    json_t *snap = plan_json(r, &placements);
+    publish_metrics(r, snap);
+    char *txt = json_dumps(snap, JSON_COMPACT | JSON_REAL_PRECISION(13));
+    json_decref(snap);
+    if (db != NULL && mdb_plan_store(db, r->epoch, r->reason, txt, placements) != 0)
+        SQ_WARN("cannot store plan epoch=%lld error=\"%s\"", r->epoch, mdb_errmsg(db));
+    json_decref(placements);
+    pthread_mutex_lock(&r->p->lock);
+    free(r->p->json);
+    r->p->json = txt;
+    pthread_mutex_unlock(&r->p->lock);
+    report_free(r);
 }
 
 json_t *gw_dispatch_plan_json(gw_server_t *srv)
@@ -235,57 +457,11 @@ json_t *gw_dispatch_plan_json(gw_server_t *srv)
     return out;
 }
 
-/* The plan's gauges and the sessions' rates for /metrics. */
-static void publish_metrics(gw_dispatch_t *ds, json_t *snap, int moved)
-{
-    ds_plan_state_t *p = ds->plan;
-    gw_metrics_plan_t mp = {
-        .epoch = p->epoch,
-        .devices = (int)json_integer_value(json_object_get(snap, "devices_used")),
-        .lower_bound_devices = json_number_value(json_object_get(snap, "lower_bound_devices")),
-        .advice_devices =
-            json_number_value(json_object_get(json_object_get(snap, "advice"), "devices_delta")),
-        .models_moved = moved};
-    gw_metrics_plan(ds->srv->metrics, &mp);
-    int nsess = pl_loop_nsessions(p->loop);
-    gw_metrics_session_t *ms = sq_xcalloc((size_t)nsess + 1, sizeof(*ms));
-    int n = 0;
-    for (int i = 0; i < nsess; i++) {
-        pl_loop_session_info_t si;
-        pl_loop_session_at(p->loop, i, &si);
-        ds_model_t *dm = model_of_key(ds, si.model);
-        if (dm == NULL || dm->removed || !dm->active || dm->kind < 0)
-            continue;
-        const pl_plan_t *plan = pl_loop_current(p->loop, dm->kind);
-        ms[n++] = (gw_metrics_session_t){.model = dm->m,
-                                         .slo_ms = si.bucket_ms,
-                                         .rate_rps = si.rate_rps,
-                                         .planned_rps =
-                                             plan != NULL ? pl_plan_capacity_rps(plan, si.id) : 0};
-    }
-    gw_metrics_sessions(ds->srv->metrics, ms, n);
-    free(ms);
-}
-
 void ds_plan_publish(gw_dispatch_t *ds, const char *reason, int moved)
 {
-    ds_plan_state_t *p = ds->plan;
-    json_t *placements;
-    json_t *snap = plan_json(ds, reason, &placements);
-    publish_metrics(ds, snap, moved);
-    char *txt = json_dumps(snap, JSON_COMPACT | JSON_REAL_PRECISION(13));
-    json_decref(snap);
-    pthread_mutex_lock(&p->lock);
-    free(p->json);
-    p->json = sq_xstrdup(txt);
-    pthread_mutex_unlock(&p->lock);
-    store_job_t *sj = sq_xcalloc(1, sizeof(*sj));
-    sj->epoch = p->epoch;
-    snprintf(sj->reason, sizeof(sj->reason), "%s", reason);
-    sj->plan = txt;
-    sj->placements = placements;
+    report_t *r = report_take(ds, reason, moved);
     if (ds->srv->db != NULL)
-        gw_db_post(ds->srv, store_job, sj);
-    else /* a dispatcher without storage (unit tests): nothing to keep */
-        store_job(NULL, sj);
+        gw_db_post(ds->srv, report_job, r);
+    else /* a dispatcher without storage (unit tests, benches) */
+        report_job(NULL, r);
 }

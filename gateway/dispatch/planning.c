@@ -190,6 +190,7 @@ void ds_plan_tick(gw_dispatch_t *ds, int64_t now_us)
 {
     ds_plan_state_t *p = ds->plan;
     ds_plan_collect(ds);
+    ds_plan_settle_due(ds);
     /* After a restart, no epoch runs until the stored plan is reapplied. */
     if (p->nrestore > 0) {
         if (!restore_ready(ds, now_us))

@@ -200,11 +200,7 @@ static ds_model_t *group_form(gw_dispatch_t *ds, const gw_model_t *m, int kind)
     g->nmembers = scan.n;
     g->members = sq_xcalloc((size_t)scan.n, sizeof(*g->members));
     memcpy(g->members, scan.found, sizeof(*g->members) * (size_t)scan.n);
-    if (ds->nmodels == ds->capmodels) {
-        ds->capmodels = ds->capmodels ? 2 * ds->capmodels : 16;
-        ds->models = sq_xrealloc(ds->models, sizeof(*ds->models) * (size_t)ds->capmodels);
-    }
-    ds->models[ds->nmodels++] = g;
+    ds_model_append(ds, g);
     char names[512] = "";
     for (int i = 0; i < scan.n; i++)
         snprintf(names + strlen(names), sizeof(names) - strlen(names), "%s%s:%d", i ? "," : "",

@@ -26,10 +26,27 @@ void ds_note_sha(ds_worker_t *w, const char *sha)
 
 ds_model_t *ds_model_find(gw_dispatch_t *ds, int64_t key)
 {
-    for (int i = 0; i < ds->nmodels; i++)
-        if (ds->models[i]->key == key)
-            return ds->models[i];
-    return NULL;
+    int i = sq_map_get(&ds->model_ix, (uint64_t)key, 0);
+    return i >= 0 && i < ds->nmodels && ds->models[i]->key == key ? ds->models[i] : NULL;
+}
+
+void ds_model_append(gw_dispatch_t *ds, ds_model_t *dm)
+{
+    if (ds->nmodels == ds->capmodels) {
+        ds->capmodels = ds->capmodels ? 2 * ds->capmodels : 16;
+        ds->models = sq_xrealloc(ds->models, sizeof(*ds->models) * (size_t)ds->capmodels);
+    }
+    /* The first record of a key stays the one found. */
+    if (ds_model_find(ds, dm->key) == NULL)
+        sq_map_put(&ds->model_ix, (uint64_t)dm->key, 0, ds->nmodels);
+    ds->models[ds->nmodels++] = dm;
+}
+
+void ds_models_reindex(gw_dispatch_t *ds)
+{
+    sq_map_clear(&ds->model_ix);
+    for (int i = ds->nmodels - 1; i >= 0; i--) /* the first of a key last: it stays */
+        sq_map_put(&ds->model_ix, (uint64_t)ds->models[i]->key, 0, i);
 }
 
 static int kind_usable(gw_server_t *srv, const gw_model_t *m, int kind, int or_coming)
@@ -72,11 +89,7 @@ ds_model_t *ds_model_get(gw_dispatch_t *ds, gw_model_t *m)
     dm->m = m;
     dm->kind = -1;
     dm->profile_worker = -1;
-    if (ds->nmodels == ds->capmodels) {
-        ds->capmodels = ds->capmodels ? 2 * ds->capmodels : 16;
-        ds->models = sq_xrealloc(ds->models, sizeof(*ds->models) * (size_t)ds->capmodels);
-    }
-    ds->models[ds->nmodels++] = dm;
+    ds_model_append(ds, dm);
     return dm;
 }
 

@@ -216,6 +216,8 @@ static int on_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
             if (dm->active) {
                 ds_update_routes(ds, dm);
                 ds_flush_pending(ds, dm);
+            } else {
+                dm->routes_stale = 1;
             }
         } else {
             sq_ipc_error_t e;
@@ -404,6 +406,8 @@ static void worker_lost(gw_dispatch_t *ds, int worker)
     w->profiling = 0;
     for (int i = 0; i < ds->nmodels; i++) {
         ds_model_t *dm = ds->models[i];
+        if (dm->kind == w->kind)
+            dm->routes_stale = 1; /* its fallback holders may be fewer */
         if (dm->profile_worker == worker) {
             dm->profile_worker = -1;
             w->profiling = 0;

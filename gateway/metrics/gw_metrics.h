@@ -149,7 +149,7 @@ typedef struct {
 } gw_metrics_plan_t;
 
 typedef struct {
-    const gw_model_t *model;
+    const char *model; /* its name */
     double slo_ms;
     double rate_rps;    /* the planner's estimate */
     double planned_rps; /* what the plan serves */

@@ -425,7 +425,7 @@ void gw_metrics_sessions(gw_metrics_t *ms, const gw_metrics_session_t *s, int n)
     for (int i = 0; i < n; i++) {
         char slo[40];
         gw__metrics_fmt_double(slo, sizeof(slo), gw_slo_bucket_ms(s[i].slo_ms));
-        const char *v[] = {s[i].model->name, slo};
+        const char *v[] = {s[i].model, slo};
         gw_metrics_set(gw_metrics_series(ms->session_rate, v), s[i].rate_rps);
         gw_metrics_set(gw_metrics_series(ms->session_planned, v), s[i].planned_rps);
     }

@@ -590,7 +590,9 @@ static void trace_alike(int threaded)
         for (int s = 0; s < 4; s++) {
             ds_session_t dsess = {.model = dm[s + 1],
                                   .bucket_ms = gw_slo_bucket_ms(sim.keys[s].slo_ms)};
-            nroutes[s] = ds_plan_routes(ds, &dsess, routes[s], 16);
+            int holders[64];
+            int nholders = ds_plan_holders(ds, dm[s + 1], holders);
+            nroutes[s] = ds_plan_routes(ds, &dsess, holders, nholders, routes[s], 16);
             rp[s] = routes[s];
         }
         double now_budget[2] = {gw_pipeline_budget_ms(pipe, 0), gw_pipeline_budget_ms(pipe, 1)};

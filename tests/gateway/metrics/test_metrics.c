@@ -374,9 +374,9 @@ Test(metrics, plan_gauges_and_sessions_replace_each_other)
                            .models_moved = 2};
     gw_metrics_plan(ms, &p);
     gw_metrics_plan(ms, &p);
-    gw_metrics_session_t s1[] = {{&a, 100, 50, 60}, {&b, 25, 10, 12}};
+    gw_metrics_session_t s1[] = {{a.name, 100, 50, 60}, {b.name, 25, 10, 12}};
     gw_metrics_sessions(ms, s1, 2);
-    gw_metrics_session_t s2[] = {{&b, 25, 11, 12}};
+    gw_metrics_session_t s2[] = {{b.name, 25, 11, 12}};
     gw_metrics_sessions(ms, s2, 1);
     char *text = expose(ms);
     cr_assert_eq(sample(text, "squish_plan_epoch"), 3);
