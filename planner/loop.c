@@ -780,7 +780,8 @@ pl_loop_job_t *pl_loop_plan_begin(pl_loop_t *l, int kind, const pl_loop_devices_
                             .links = j->links,
                             .nlinks = nlinks,
                             .burst_quantile = l->cfg.burst_quantile,
-                            .overflow = devices->uncapped ? 0 : l->cfg.overflow};
+                            .overflow = devices->uncapped ? 0 : l->cfg.overflow,
+                            .overflow_devices = l->cfg.overflow_devices};
     j->uncapped = devices->uncapped;
     if (!devices->uncapped) {
         j->nkeys = devices->n;

@@ -375,13 +375,17 @@ static int ovf_batch(ovf_cache_t *oc, const ctx_t *c, int s, pl_link_t l)
     return oc->batch[s];
 }
 
-/* At most this many devices take one session's overflow: spares are
- * dealt round, so that each session has some and a spare holds a share of
- * the sessions, not all of them (at 10,000 sessions on 2,000 devices every
- * spare holding every session made plans of tens of millions of routes). */
-static int overflow_fanout(const ctx_t *c)
+/* At most this many devices take the overflow of each of n sessions (pl.h:
+ * pl_options_t.overflow_devices): every device while n x devices stays
+ * within PL_OVERFLOW_ROUTES, else dealt round, at least PL_OVERFLOW_DEVICES
+ * a session (at 10,000 sessions on 2,000 devices every spare holding every
+ * session made plans of tens of millions of routes). */
+static int overflow_fanout(const ctx_t *c, int n)
 {
-    return c->opt.overflow_devices > 0 ? c->opt.overflow_devices : PL_OVERFLOW_DEVICES;
+    if (c->opt.overflow_devices > 0)
+        return c->opt.overflow_devices;
+    int f = n > 0 ? PL_OVERFLOW_ROUTES / n : PL_OVERFLOW_ROUTES;
+    return f > PL_OVERFLOW_DEVICES ? f : PL_OVERFLOW_DEVICES;
 }
 
 /* Where session k of the rank starts among n devices: 0 while each session
@@ -422,7 +426,10 @@ static void overflow_onto_planned(const ctx_t *c, pl_plan_t *out, const busy_t *
      * overflow given to it so far (one bit per device and model). */
     size_t words = ((size_t)oc->nmodels + 63) / 64;
     uint64_t *there = NULL;
-    int fanout = overflow_fanout(c), nshort = 0;
+    int nshort = 0, nall = 0;
+    for (int k = 0; k < c->nsessions; k++)
+        nall += c->unplaced_reason[k] == PL_UNPLACED_DEVICES;
+    int fanout = overflow_fanout(c, nall);
     for (int k = 0; k < c->nsessions; k++) {
         int s = rank[k].session;
         if (c->unplaced_reason[s] != PL_UNPLACED_DEVICES)
@@ -529,10 +536,14 @@ void pl__add_overflow(const ctx_t *c, pl_plan_t *out)
     for (int id = 0; id < maxd; id++)
         if (!used[id])
             spare_id[nspare++] = id;
-    int fanout = overflow_fanout(c);
+    int fanout = overflow_fanout(c, nloaded);
     size_t per = (size_t)(nspare < fanout ? nspare : fanout);
+    int nshort = 0;
+    for (int s = 0; s < c->nsessions; s++)
+        nshort += c->unplaced_reason[s] == PL_UNPLACED_DEVICES;
+    int fshort = overflow_fanout(c, nshort);
     size_t cap = per * (size_t)nloaded +
-                 (size_t)(out->ndevices < fanout ? out->ndevices : fanout) * (size_t)c->nsessions;
+                 (size_t)(out->ndevices < fshort ? out->ndevices : fshort) * (size_t)nshort;
     out->overflow = sq_xcalloc(cap ? cap : 1, sizeof(*out->overflow));
     /* The loaded sessions, busiest first, each dealt up to fan-out spares
      * as their memory allows; then listed by spare id, busiest first. */

@@ -98,8 +98,10 @@ typedef struct {
      * session also take its overflow, least occupied first, as memory
      * allows. */
     int overflow;
-    /* At most this many devices take one session's overflow (0:
-     * PL_OVERFLOW_DEVICES). With more spares than that, session k of the
+    /* At most this many devices take one session's overflow. 0: as many
+     * as keep sessions x devices within PL_OVERFLOW_ROUTES (every device
+     * for the clusters of the benches and tests), at least
+     * PL_OVERFLOW_DEVICES. With more spares than that, session k of the
      * rank starts at spare k * overflow_devices (mod the spares): they are
      * dealt round, each spare holds a share of the sessions; with fewer,
      * every session is offered every spare as above. The same holds for
@@ -107,7 +109,10 @@ typedef struct {
     int overflow_devices;
 } pl_options_t;
 
-/* 16: burst capacity for a session, a bounded plan for a large cluster. */
+/* A bounded plan for a large cluster: up to 4,096 sessions, every device
+ * up to 65,536 / sessions of them; at 10,000 sessions, 16 each (160,000
+ * overflow routes). */
+#define PL_OVERFLOW_ROUTES 65536
 #define PL_OVERFLOW_DEVICES 16
 
 /* 0.99: one duty cycle in a hundred brings more than its batch; the

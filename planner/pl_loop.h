@@ -68,6 +68,7 @@ typedef struct {
     double burst_quantile;   /* pl_options_t.burst_quantile: PL_BURST_QUANTILE */
     double k_std;            /* latency margin: 0 */
     int overflow;            /* pl_options_t.overflow: 1 */
+    int overflow_devices;    /* pl_options_t.overflow_devices: 0 */
     int nkinds;              /* 1 .. PL_LOOP_MAX_KINDS: 1 */
     /* A session's SLO bucket (squishd's dispatcher sessions are per
      * bucket); NULL: every SLO is its own. */

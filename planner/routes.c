@@ -29,8 +29,11 @@ int pl_plan_routes(const pl_plan_t *plan, int session_id, const pl_route_rules_t
         plan != NULL && rules->index != NULL ? pl_plan_index_get(rules->index, session_id) : NULL;
     int n = 0;
     if (plan != NULL && rules->index != NULL) {
-        for (int k = 0; e != NULL && k < e->nallocs && n < max; k++) {
+        for (int k = 0, last = -1; e != NULL && k < e->nallocs && n < max; k++) {
             int i = rules->index->alloc_device[e->first_alloc + k];
+            if (i == last)
+                continue; /* one route a device: its first allocation's */
+            last = i;
             const pl_device_t *dev = &plan->devices[i];
             const pl_alloc_t *a = &dev->allocs[rules->index->alloc_ix[e->first_alloc + k]];
             int worker = rules->worker_of(rules->ctx, i, dev);

@@ -2,6 +2,7 @@
  *           [--search-goodput] [--dump] [--scale X] [--duration S]
  *           [--routing auto|all|plan] [--plan-headroom X] [--net-delay-us N]
  *           [--eager-load X] [--plan-burst-quantile P] [--no-overflow]
+ *           [--overflow-devices N]
  *           [--epoch-s S] [--split dp|even]
  * Prints the simulation summary JSON (DESIGN.md) on stdout. Exit status: 0,
  * 1 (workload or simulation error), 2 (usage), 3 (the no-overlap checker
@@ -50,6 +51,9 @@ static void usage(FILE *f)
             "                     arriving in its duty cycle (0: mean rates; default 0.99)\n"
             "  --no-overflow      spare devices (the plan needs fewer than there are) stay\n"
             "                     unrouted; default: they also hold the busiest sessions\n"
+            "  --overflow-devices N\n"
+            "                     at most N devices take one session's overflow (default 0:\n"
+            "                     every device while sessions x devices <= 65536, else 16)\n"
             "  --epoch-s S        re-plan by squishd's planning loop with an epoch period of\n"
             "                     S seconds of simulated time (rates every second, early\n"
             "                     epochs on rate changes); the first plan takes the\n"
@@ -98,6 +102,13 @@ int main(int argc, char **argv)
             i++;
         } else if (strcmp(a, "--no-overflow") == 0) {
             opts.plan_overflow = 0;
+        } else if (strcmp(a, "--overflow-devices") == 0 && v) {
+            opts.plan_overflow_devices = atoi(v);
+            if (opts.plan_overflow_devices < 0) {
+                fprintf(stderr, "squish-sim: --overflow-devices wants N >= 0\n");
+                return 2;
+            }
+            i++;
         } else if (strcmp(a, "--dump") == 0) {
             dump = 1;
         } else if (strcmp(a, "--policy") == 0 && v) {

@@ -52,6 +52,7 @@ typedef struct {
     /* pl_options_t.overflow: spare devices also hold the busiest sessions
      * (routes after the planned ones) and take their overflow. */
     int plan_overflow;
+    int plan_overflow_devices; /* pl_options_t.overflow_devices; 0: the planner's rule */
     /* Re-planning epochs (placement routing): squishd's planning loop
      * (pl_loop.h) with epoch_s as its period (squishd's epoch_ms): rates
      * every second (EWMA, or the last second's when higher), an epoch

@@ -118,6 +118,7 @@ static void loop_setup(run_t *r, const double *rates)
     c.burst_quantile = r->o->plan_burst_quantile;
     c.k_std = w->k_std;
     c.overflow = r->o->plan_overflow;
+    c.overflow_devices = r->o->plan_overflow_devices;
     c.slo_bucket_ms = pl_loop_slo_bucket_ms;
     if (r->o->epoch_s > 0) {
         /* squishd's epoch_ms; early epochs and rate steps no further apart

@@ -506,6 +506,48 @@ Test(pack, spare_devices_hold_the_busiest_sessions_for_overflow, .init = nexus_s
     pl_plan_dispose(&p);
 }
 
+/* pl_options_t.overflow_devices: with more spares than the fan-out, each
+ * session takes that many, dealt round (session k of the rank from spare
+ * k x fan-out), so the spares share the sessions out; with at least as many
+ * as spares, every session is on every spare, as with no fan-out given. */
+Test(pack, spares_are_dealt_round_when_the_fanout_caps_them, .init = nexus_setup,
+     .fini = nexus_teardown)
+{
+    pl_session_t s[3];
+    nexus_sessions(s, 64, 32, 32);
+    pl_options_t opt = {.max_devices = 8, .overflow = 1, .overflow_devices = 2};
+    pl_plan_t p;
+    cr_assert_eq(pl_plan(&p, s, 3, NULL, &opt), 0);
+    int spares = 8 - p.ndevices;
+    cr_assert_geq(spares, 6, "%d spares", spares);
+    cr_assert_eq(p.noverflow, 3 * 2, "two spares a session");
+    int on[8] = {0};
+    for (int i = 0; i < p.noverflow; i++) {
+        const pl_overflow_t *o = &p.overflow[i];
+        for (int k = 0; k < p.ndevices; k++)
+            cr_assert_neq(p.devices[k].id, o->device_id, "a spare");
+        for (int j = 0; j < i; j++)
+            cr_assert(!(p.overflow[j].device_id == o->device_id &&
+                        p.overflow[j].session_id == o->session_id),
+                      "two distinct spares");
+        if (i > 0)
+            cr_assert_geq(o->device_id, p.overflow[i - 1].device_id, "listed by spare id");
+        on[o->device_id]++;
+    }
+    for (int id = 0; id < 8; id++)
+        cr_assert_leq(on[id], 1, "dealt round: spare %d holds %d sessions", id, on[id]);
+    pl_plan_dispose(&p);
+    /* A fan-out of the spares or more: every session on every spare. */
+    opt.overflow_devices = spares;
+    cr_assert_eq(pl_plan(&p, s, 3, NULL, &opt), 0);
+    cr_assert_eq(p.noverflow, 3 * spares);
+    pl_plan_dispose(&p);
+    opt.overflow_devices = 0;
+    cr_assert_eq(pl_plan(&p, s, 3, NULL, &opt), 0);
+    cr_assert_eq(p.noverflow, 3 * spares, "the default for a small cluster: all");
+    pl_plan_dispose(&p);
+}
+
 /* Issue 15: after the load stopped, the plan kept one model per device at
  * near-zero rates. Each session fills most of a device of its own; when
  * every rate falls to 1 req/s the incremental epoch empties kept devices

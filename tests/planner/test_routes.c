@@ -118,3 +118,78 @@ Test(routes, spare_devices_take_overflow_after_the_planned_ones)
     cr_assert_eq(pl_plan_routes(&plan, 9, &r, routes, 8), 1);
     cr_assert(routes[0].worker == 22 && !routes[0].overflow);
 }
+
+/* A plan read by session (pl_plan_index_t) lists what a scan of the plan
+ * finds, in plan order, and routes by it exactly as without it. */
+Test(routes, the_plan_index_lists_what_a_scan_finds)
+{
+    enum { ND = 9, NS = 40 };
+    pl_device_t dev[ND];
+    pl_alloc_t a[ND][6];
+    pl_overflow_t ov[64];
+    pl_unplaced_t un[3] = {{.session_id = 103, .rate_rps = 5},
+                           {.session_id = 139, .rate_rps = 2},
+                           {.session_id = 103, .rate_rps = 1}};
+    unsigned x = 12345;
+    for (int i = 0; i < ND; i++) {
+        int n = 1 + i % 6;
+        for (int k = 0; k < n; k++) {
+            x = x * 1103515245u + 12345u;
+            a[i][k] = (pl_alloc_t){
+                .session_id = 100 + (int)(x >> 16) % NS, .batch = 1 + k, .rate_rps = 1.5 * k};
+        }
+        dev[i] =
+            (pl_device_t){.id = i, .duty_cycle_us = 1000 * (i + 1), .nallocs = n, .allocs = a[i]};
+    }
+    for (int o = 0; o < 64; o++) {
+        x = x * 1103515245u + 12345u;
+        ov[o] = (pl_overflow_t){.device_id = ND + o % 5, .session_id = 100 + (int)(x >> 16) % NS};
+    }
+    pl_plan_t plan = {.ndevices = ND,
+                      .devices = dev,
+                      .noverflow = 64,
+                      .overflow = ov,
+                      .nunplaced = 3,
+                      .unplaced = un};
+    pl_plan_index_t ix;
+    pl_plan_index_build(&ix, &plan);
+    cr_assert_null(pl_plan_index_get(&ix, 99));
+    cr_assert_null(pl_plan_index_get(&ix, 100 + NS));
+    for (int sid = 100; sid < 100 + NS; sid++) {
+        const pl_plan_entry_t *e = pl_plan_index_get(&ix, sid);
+        double packed = 0, unplaced = 0;
+        int na = 0, no = 0;
+        for (int i = 0; i < ND; i++)
+            for (int k = 0; k < dev[i].nallocs; k++)
+                if (dev[i].allocs[k].session_id == sid) {
+                    cr_assert_not_null(e);
+                    cr_assert_eq(ix.alloc_device[e->first_alloc + na], i, "plan order");
+                    cr_assert_eq(ix.alloc_ix[e->first_alloc + na], k);
+                    packed += dev[i].allocs[k].rate_rps;
+                    na++;
+                }
+        for (int o = 0; o < 64; o++)
+            if (ov[o].session_id == sid) {
+                cr_assert_not_null(e);
+                cr_assert_eq(ix.over[e->first_over + no], o, "plan order");
+                no++;
+            }
+        for (int u = 0; u < 3; u++)
+            unplaced += un[u].session_id == sid ? un[u].rate_rps : 0;
+        if (e == NULL)
+            continue;
+        cr_assert_eq(e->nallocs, na, "session %d", sid);
+        cr_assert_eq(e->nover, no, "session %d", sid);
+        cr_assert_float_eq(e->packed_rps, packed, 1e-9);
+        cr_assert_float_eq(e->unplaced_rps, unplaced, 1e-9);
+        cr_assert_float_eq(e->capacity_rps, pl_plan_capacity_rps(&plan, sid), 1e-9);
+        pl_route_rules_t r = {.worker_of = spare_worker_of, .targets = 1};
+        pl_route_t scan[32], fast[32];
+        int n1 = pl_plan_routes(&plan, sid, &r, scan, 32);
+        r.index = &ix;
+        int n2 = pl_plan_routes(&plan, sid, &r, fast, 32);
+        cr_assert_eq(n1, n2, "session %d", sid);
+        cr_assert_arr_eq(scan, fast, sizeof(pl_route_t) * (size_t)n1, "session %d", sid);
+    }
+    pl_plan_index_dispose(&ix);
+}
