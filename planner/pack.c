@@ -258,21 +258,24 @@ int pl_plan(pl_plan_t *out, const pl_session_t *sessions, int nsessions, const p
     return 0;
 }
 
+/* memcpy of n items, none from NULL (an empty plan's arrays may be). */
+static void *dup_items(const void *src, int n, size_t size)
+{
+    void *out = sq_xmalloc(size * (size_t)(n + 1));
+    if (n > 0)
+        memcpy(out, src, size * (size_t)n);
+    return out;
+}
+
 void pl_plan_copy(pl_plan_t *dst, const pl_plan_t *src)
 {
     *dst = *src;
-    dst->devices = sq_xmalloc(sizeof(*dst->devices) * (size_t)(src->ndevices + 1));
-    for (int i = 0; i < src->ndevices; i++) {
-        dst->devices[i] = src->devices[i];
+    dst->devices = dup_items(src->devices, src->ndevices, sizeof(*src->devices));
+    for (int i = 0; i < src->ndevices; i++)
         dst->devices[i].allocs =
-            sq_xmalloc(sizeof(pl_alloc_t) * (size_t)(src->devices[i].nallocs + 1));
-        memcpy(dst->devices[i].allocs, src->devices[i].allocs,
-               sizeof(pl_alloc_t) * (size_t)src->devices[i].nallocs);
-    }
-    dst->unplaced = sq_xmalloc(sizeof(*dst->unplaced) * (size_t)(src->nunplaced + 1));
-    memcpy(dst->unplaced, src->unplaced, sizeof(*dst->unplaced) * (size_t)src->nunplaced);
-    dst->overflow = sq_xmalloc(sizeof(*dst->overflow) * (size_t)(src->noverflow + 1));
-    memcpy(dst->overflow, src->overflow, sizeof(*dst->overflow) * (size_t)src->noverflow);
+            dup_items(src->devices[i].allocs, src->devices[i].nallocs, sizeof(pl_alloc_t));
+    dst->unplaced = dup_items(src->unplaced, src->nunplaced, sizeof(*src->unplaced));
+    dst->overflow = dup_items(src->overflow, src->noverflow, sizeof(*src->overflow));
 }
 
 void pl_plan_dispose(pl_plan_t *plan)

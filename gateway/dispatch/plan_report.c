@@ -154,7 +154,8 @@ static report_t *report_take(gw_dispatch_t *ds, const char *reason, int moved)
     }
     /* The models by key (a live record first), for the sessions. */
     ds_model_t **by_key = sq_xmalloc(sizeof(*by_key) * (size_t)(ds->nmodels + 1));
-    memcpy(by_key, ds->models, sizeof(*by_key) * (size_t)ds->nmodels);
+    if (ds->nmodels > 0)
+        memcpy(by_key, ds->models, sizeof(*by_key) * (size_t)ds->nmodels);
     qsort(by_key, (size_t)ds->nmodels, sizeof(*by_key), key_cmp);
     r->models = sq_xcalloc((size_t)ds->nmodels + 1, sizeof(*r->models));
     r->nmodels = ds->nmodels;

@@ -875,3 +875,32 @@ Test(pack, link_shortens_the_duty_cycle)
     pl_plan_dispose(&remote);
     pl_profile_dispose(&p);
 }
+
+/* pl_plan_copy: a deep copy (the epoch report keeps one while the loop
+ * moves on), an empty plan's included (NULL arrays: UBSan caught a memcpy
+ * from NULL there at the first epoch of every squishd). */
+Test(pack, a_plan_copy_is_deep_and_an_empty_one_copies, .init = nexus_setup, .fini = nexus_teardown)
+{
+    pl_plan_t empty = {0}, e2;
+    pl_plan_copy(&e2, &empty);
+    cr_assert_eq(e2.ndevices + e2.noverflow + e2.nunplaced, 0);
+    pl_plan_dispose(&e2);
+    pl_session_t s[3];
+    nexus_sessions(s, 64, 32, 32);
+    pl_options_t opt = {.max_devices = 4, .overflow = 1};
+    pl_plan_t p, c;
+    cr_assert_eq(pl_plan(&p, s, 3, NULL, &opt), 0);
+    pl_plan_copy(&c, &p);
+    cr_assert_eq(c.ndevices, p.ndevices);
+    cr_assert_eq(c.noverflow, p.noverflow);
+    for (int i = 0; i < p.ndevices; i++) {
+        cr_assert_neq(c.devices[i].allocs, p.devices[i].allocs, "its own allocations");
+        cr_assert_arr_eq(c.devices[i].allocs, p.devices[i].allocs,
+                         sizeof(pl_alloc_t) * (size_t)p.devices[i].nallocs);
+    }
+    cr_assert_arr_eq(c.overflow, p.overflow, sizeof(pl_overflow_t) * (size_t)p.noverflow);
+    pl_plan_dispose(&p);
+    cr_assert_eq(c.devices[0].allocs[0].session_id, s[c.devices[0].allocs[0].session].id,
+                 "readable after the original went");
+    pl_plan_dispose(&c);
+}
