@@ -86,10 +86,10 @@ static const sq_opt_t options[] = {
     {"epoch_ms", INT(epoch_ms), 100, 86400000, "30000", "the planner re-plans at least this often"},
     {"epoch_min_interval_ms", INT(epoch_min_interval_ms), 0, 86400000, "10000",
      "and never sooner than this after the last epoch for a rate change"},
-    {"plan_thread", INT(plan_thread), 0, 1, "0",
+    {"plan_thread", INT(plan_thread), 0, 1, "1",
      "1: an epoch's plan is computed on a planner thread of its own, so the dispatch thread "
-     "never waits for one (it applies the plan at its next tick); 0: on the dispatch thread, as "
-     "squish-sim plans"},
+     "never waits for one (it applies the plan in 2 ms slices from its next tick); 0: computed "
+     "and applied at once on the dispatch thread"},
     {"epoch_scale_up_ms", INT(epoch_scale_up_ms), 0, 86400000, "1000",
      "but a session whose rate rose above what its plan serves re-plans after only this"},
     {"plan_headroom", DBL(plan_headroom), 1, 10, "1",

@@ -8,7 +8,7 @@ import resource
 import socket
 import subprocess
 
-from harness import BUILD, Skip, Squishd, run, test
+from harness import BUILD, Skip, Squishd, eventually, run, test
 
 LOADGEN = os.path.join(BUILD, "bench", "squish-loadgen")
 
@@ -148,6 +148,10 @@ def a_body_squishd_cannot_copy_is_answered_not_fatal():
         junk = b"\x00not an image" * 16
         r = s.request("POST", "/v1/models/fast/infer", body=junk)
         assert r.status == 415 and r.json["code"] == "unsupported_media_type", r
+        # At rest first: the first epoch planned (on the planner thread,
+        # whose first allocation maps a malloc arena: 64 MB and more of
+        # address space) and its report stored, before the cap is measured.
+        eventually(lambda: s.get("/v1/plan").json.get("epoch", 0) >= 1, 10, "the first plan")
         base = vm_size_kb(s.proc.pid) * 1024
         if base > (1 << 40):
             raise Skip("an ASan build reserves terabytes of address space")
