@@ -150,16 +150,23 @@ static double window_rate_per_us(const session_t *s, int64_t now_us)
 
 /* Adaptive: whether s's arrivals are sparse enough that its batches go at
  * once (pl_dispatch.h). The rate is the last full window's, or the current
- * one's when that is longer (a lull) or already higher (a burst: two
- * arrivals close together make deferral the choice at once, the safe
- * side). Both count requests, a clump's every one: what loads the workers
- * is the requests, however they come. */
+ * window's when that is higher or already a window long: the requests
+ * after its opening clump (a clump's every one: what loads the workers is
+ * the requests) over the time since, but at least a span of min(window,
+ * SLO). A burst of k requests from k clients
+ * is k arrivals in that span, not a rate of k per microsecond (issue 23:
+ * 8 concurrent requests to an idle device waited for their 2 s SLO): it
+ * defers only when k requests an SLO (or a window) are more than the
+ * workers serve greedily at eager_load, which is also how soon a load that
+ * rose shows. */
 static int eager(const pl_dispatch_t *d, const session_t *s, int64_t now_us)
 {
     if (d->opts.policy != PL_POLICY_ADAPTIVE || s->nroutes == 0)
         return 0;
     int64_t el = now_us - s->win_start_us;
-    double cur = window_rate_per_us(s, now_us);
+    int64_t span = s->slo_us > 0 && s->slo_us < PL_RATE_WINDOW_US ? s->slo_us : PL_RATE_WINDOW_US;
+    int64_t after = s->win_count - s->win_first; /* window_rate_per_us's gaps */
+    double cur = after > 0 ? (double)after / (double)(el > span ? el : span) : 0;
     double rate = el >= PL_RATE_WINDOW_US || cur > s->win_rate ? cur : s->win_rate;
     return rate < d->opts.eager_load * s->nroutes * s->greedy_per_us;
 }

@@ -25,6 +25,20 @@ WORKER = os.path.join(BUILD, "worker", "squish-worker")
 LOADGEN = os.path.join(BUILD, "bench", "squish-loadgen")
 SCHEMAS = os.path.join(SOURCE, "schemas")
 
+
+
+def sanitized():
+    """Whether the build under test runs with sanitizers (ASan, UBSan): its
+    throughput is a fraction of a release build's."""
+    try:
+        with open(os.path.join(BUILD, "meson-info", "intro-buildoptions.json")) as f:
+            opts = json.load(f)
+    except OSError:
+        return False
+    return any(o["name"] == "b_sanitize" and o["value"] not in ("none", "", [])
+               for o in opts)
+
+
 _schema_cache = {}
 # squishd instances of the running test; a failure shows the end of their logs.
 _started = []
