@@ -89,6 +89,34 @@ static json_t *default_labels(int64_t k)
     return a;
 }
 
+/* Whether labels are default_labels' ("0", "1", ...): names nobody gave. */
+static int labels_are_default(json_t *labels)
+{
+    size_t i;
+    json_t *l;
+    json_array_foreach(labels, i, l)
+    {
+        char s[24];
+        snprintf(s, sizeof(s), "%zu", i);
+        if (!json_is_string(l) || strcmp(json_string_value(l), s) != 0)
+            return 0;
+    }
+    return 1;
+}
+
+/* The labels of a new version that brings none: the newest stored
+ * version's, when it has k named ones (a version 2 of the same classifier
+ * answers "tabby", as version 1 did, not "281"), else default_labels(k). */
+static json_t *labels_carried(mdb_t *db, const char *name, int64_t k)
+{
+    json_t *prev = NULL;
+    if (db != NULL && mdb_model_labels(db, name, 0, &prev) == 0 && json_is_array(prev) &&
+        (int64_t)json_array_size(prev) == k && !labels_are_default(prev))
+        return prev;
+    json_decref(prev);
+    return default_labels(k);
+}
+
 /* The reply for a stored model: its record with the name, 201. */
 static void reply_created(mdb_t *db, model_job_t *j, const char *name, int version)
 {
@@ -199,7 +227,7 @@ static void upload_emulated(mdb_t *db, model_job_t *j)
      * (the boxes') last dimension, as for an ONNX detector. */
     json_t *labels = cfg->labels      ? json_incref(cfg->labels)
                      : cfg->det_slots ? default_labels(4)
-                                      : default_labels(cfg->num_classes);
+                                      : labels_carried(db, cfg->name, cfg->num_classes);
     json_t *outputs =
         cfg->det_slots > 0
             ? json_pack("[{s:s, s:s, s:[i,i,i]}, {s:s, s:s, s:[i,i]}]", "name", "boxes", "datatype",
@@ -325,7 +353,7 @@ static void upload_onnx(mdb_t *db, model_job_t *j)
         goto out;
     }
     if (labels == NULL)
-        labels = default_labels(classes);
+        labels = labels_carried(db, cfg->name, classes);
     json_t *outputs = json_array();
     for (int i = 0; i < info.n_outputs; i++)
         json_array_append_new(outputs,

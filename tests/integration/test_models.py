@@ -98,6 +98,43 @@ def upload_list_get_metadata_and_delete():
 
 
 @test
+def a_new_version_without_labels_keeps_the_names_of_the_last():
+    # Issue 23: version 2 of a classifier uploaded without labels answered
+    # "353" where version 1 had names. Now it keeps the newest version's
+    # named labels when they fit its classes; its own labels win; a model
+    # never named, or named for another number of classes, gets indices.
+    s = Squishd(workers="none")
+    try:
+        named = "\n".join("class_%d" % i for i in range(10)).encode() + b"\n"
+        own = "\n".join("own_%d" % i for i in range(10)).encode() + b"\n"
+        assert upload(s, tm.tiny(), {"name": "tiny"}, labels=named).status == 202
+        assert upload(s, tm.tiny(), {"name": "tiny", "version": 2}).status == 202
+        assert upload(s, tm.tiny(), {"name": "tiny", "version": 3}, labels=own).status == 202
+        assert upload(s, tm.tiny(), {"name": "tiny", "version": 4}).status == 202
+        assert upload(s, tm.tiny(), {"name": "bare"}).status == 202
+        emu = {"name": "emu", "profile": {"alpha_ms": 1, "beta_ms": 1}, "num_classes": 3,
+               "input": {"shape": [3, 4, 4]}}
+        for cfg in (dict(emu, labels=["cat", "dog", "cow"]), dict(emu, version=2),
+                    dict(emu, name="emu5", num_classes=5)):
+            r = s.request("POST", "/models", body=json.dumps(cfg),
+                          headers=dict(auth(s), **{"Content-Type": "application/json"}))
+            assert r.status == 201, r
+        db = sqlite3.connect(s.db)
+        stored = {(n, v): json.loads(l) for n, v, l in
+                  db.execute("SELECT name, version, labels FROM models")}
+        db.close()
+        assert stored["tiny", 2] == ["class_%d" % i for i in range(10)], stored["tiny", 2]
+        assert stored["tiny", 3] == ["own_%d" % i for i in range(10)]
+        assert stored["tiny", 4] == ["own_%d" % i for i in range(10)], "the newest's"
+        assert stored["bare", 1] == [str(i) for i in range(10)]
+        assert stored["emu", 2] == ["cat", "dog", "cow"]
+        assert stored["emu5", 1] == [str(i) for i in range(5)]
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+@test
 def management_routes_need_the_admin_token():
     s = Squishd(workers="none")
     try:
