@@ -584,6 +584,22 @@ void gw_route_infer_v1(gw_call_t *call)
     if (req == NULL)
         return;
     req->base.respond = respond_v1;
+    /* /v1 answers a classifier's top-k labels: output 0 is [N, K] class
+     * scores. A detector's boxes ranked as classes would be meaningless
+     * "predictions": it is sent to /v2 for its outputs instead. */
+    const gw_model_t *cm = req->model;
+    if (cm->det_slots > 0 || cm->noutputs < 1 || cm->outputs[0].ndims != 2) {
+        char shape[96] = "";
+        for (int d = 0; cm->noutputs > 0 && d < cm->outputs[0].ndims; d++)
+            snprintf(shape + strlen(shape), sizeof(shape) - strlen(shape), "%s%lld", d ? ", " : "",
+                     (long long)cm->outputs[0].dims[d]);
+        reject(req, SQ_BAD_REQUEST,
+               "model %s has no class scores (output 0 '%s' is [%s]%s): /v1 answers a "
+               "classifier's top-k labels; POST /v2/models/%s/infer for its outputs",
+               cm->name, cm->output_name, shape, cm->det_slots > 0 ? ", a detector's boxes" : "",
+               cm->name);
+        return;
+    }
     char buf[64];
     double slo = -1;
     if (request_slo(req, hreq, &slo) != 0)
