@@ -342,6 +342,16 @@ static void upload_onnx(mdb_t *db, model_job_t *j)
         gw_async_fail(&j->base, rc, "%s", err);
         goto out;
     }
+    /* A file that fixes its batch (BlazeFace's input is [1, 128, 128, 3]
+     * and its shapes hold for 1 only) runs that batch and no other: it is
+     * the model's max batch for the planner and the workers alike. */
+    if (g->batch_fixed > 0 && cfg->max_batch > 0 && cfg->max_batch != g->batch_fixed) {
+        gw_async_fail(&j->base, SQ_BAD_CONFIG,
+                      "config.max_batch: %d, but the file fixes its batch at %lld; leave "
+                      "max_batch out (or set %lld), or export the model with a dynamic batch",
+                      cfg->max_batch, (long long)g->batch_fixed, (long long)g->batch_fixed);
+        goto out;
+    }
     /* Classifier output: [N, K]; labels must match K. */
     int64_t classes = info.output_shapes[0].rank >= 2
                           ? info.output_shapes[0].dims[info.output_shapes[0].rank - 1]
@@ -379,7 +389,9 @@ static void upload_onnx(mdb_t *db, model_job_t *j)
         .labels = labels,
         .config = config_json,
         .default_slo_ms = cfg->default_slo_ms,
-        .max_batch = cfg->max_batch ? cfg->max_batch : 64,
+        .max_batch = g->batch_fixed > 0 ? (int)g->batch_fixed
+                     : cfg->max_batch   ? cfg->max_batch
+                                        : 64,
         .param_bytes = info.param_bytes,
         .memory_bytes = info.param_bytes,
         .status = "profiling",

@@ -29,7 +29,9 @@ def auth(s):
 
 
 def upload(s, name, model_bytes, max_batch, preprocess=None):
-    config = {"name": name, "max_batch": max_batch}
+    config = {"name": name}
+    if max_batch is not None:
+        config["max_batch"] = max_batch
     if preprocess is not None:
         config["preprocess"] = preprocess
     body, ctype = tm.multipart([
@@ -180,8 +182,18 @@ def blazeface_is_profiled_and_served_like_onnx_runtime():
     tmp = tempfile.mkdtemp(prefix="squish-bf-")
     try:
         s.wait_ready(workers=1)
-        upload(s, "blazeface", model, 8)
-        wait_ready(s, "blazeface")
+        # Its file fixes the batch at 1: a max_batch of 8 is refused (it
+        # would plan batches the model cannot run), none gives 1.
+        body, ctype = tm.multipart([
+            ("model", "m.onnx", None, model),
+            ("config", None, None, json.dumps({"name": "blazeface", "max_batch": 8}).encode())])
+        r = s.request("POST", "/models", body=body,
+                      headers=dict(auth(s), **{"Content-Type": ctype}), schema_name="error")
+        assert r.status == 400 and r.json["code"] == "bad_config", r
+        assert "fixes its batch at 1" in r.json["error"], r
+        assert upload(s, "blazeface", model, None)["max_batch"] == 1
+        rec = wait_ready(s, "blazeface")
+        assert rec["max_batch"] == 1 and rec["profiles"][0]["batch"] == [1], rec
         x = np.random.default_rng(3).uniform(-1, 1, (1, 128, 128, 3)).astype(np.float32)
         got = infer(s, "blazeface", x)
         want = ort(tmp, x)
@@ -208,7 +220,7 @@ def blazeface_takes_a_jpeg_into_its_nhwc_input():
     tmp = tempfile.mkdtemp(prefix="squish-bf-")
     try:
         s.wait_ready(workers=1)
-        upload(s, "blazeface", model, 8,
+        upload(s, "blazeface", model, None,
                preprocess={"mean": [127.5, 127.5, 127.5], "std": [127.5, 127.5, 127.5]})
         wait_ready(s, "blazeface")
         # smooth gradients with a bright disc: a face-ish blob, little JPEG noise
