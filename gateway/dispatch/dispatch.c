@@ -68,6 +68,41 @@ static void profile_copy_job(mdb_t *db, void *arg)
     free(j);
 }
 
+/* The profile of twin (an older ready model with dm's very file) becomes
+ * dm's: nothing to measure. */
+static void copy_twin_profile(gw_dispatch_t *ds, ds_model_t *dm, gw_model_t *twin)
+{
+    profile_copy_job_t *j = sq_xcalloc(1, sizeof(*j));
+    j->srv = ds->srv;
+    j->from = twin->key;
+    j->to = dm->key;
+    SQ_INFO("profile taken from an identical model model=%s version=%d from=%s:%d", dm->m->name,
+            dm->m->version, twin->name, twin->version);
+    gw_model_unref(twin);
+    gw_db_post(ds->srv, profile_copy_job, j);
+}
+
+/* Models waiting for a twin's measurement: the profile once it is stored;
+ * measured after all when no twin is being measured any more (it failed
+ * or was deleted). */
+static void twins_waiting(gw_dispatch_t *ds)
+{
+    for (int i = 0; i < ds->nmodels; i++) {
+        ds_model_t *dm = ds->models[i];
+        if (!dm->twin_wait || dm->removed)
+            continue;
+        gw_model_t *twin = ds_twin_find(ds, dm->m);
+        if (twin != NULL) {
+            dm->twin_wait = 0;
+            copy_twin_profile(ds, dm, twin);
+        } else if (ds_twin_measuring(ds, dm->m) == 0) {
+            dm->twin_wait = 0;
+            dm->profile_pending = 1;
+            ds_start_profile(ds, dm);
+        }
+    }
+}
+
 /* ---- entry points from other threads --------------------------------------- */
 
 /* The record whose loads serve dm's requests (its twin, then the prefix
@@ -277,16 +312,17 @@ static void on_model_changed(sq_loop_t *loop, void *arg)
         m = NULL;
         if (msg->profile != PROFILE_NONE) {
             gw_model_t *twin = msg->profile == PROFILE_WANTED ? ds_twin_find(ds, dm->m) : NULL;
+            int64_t measuring =
+                msg->profile == PROFILE_WANTED && twin == NULL ? ds_twin_measuring(ds, dm->m) : 0;
             if (twin != NULL) {
-                /* Measured already, as its older copy: nothing to measure. */
-                profile_copy_job_t *j = sq_xcalloc(1, sizeof(*j));
-                j->srv = ds->srv;
-                j->from = twin->key;
-                j->to = dm->key;
-                SQ_INFO("profile taken from an identical model model=%s version=%d from=%s:%d",
-                        dm->m->name, dm->m->version, twin->name, twin->version);
-                gw_model_unref(twin);
-                gw_db_post(ds->srv, profile_copy_job, j);
+                copy_twin_profile(ds, dm, twin);
+            } else if (measuring != 0) {
+                /* Being measured as an older upload: its profile is this
+                 * one's once stored (twins_waiting), not a second run. */
+                dm->twin_wait = 1;
+                SQ_INFO("profile awaited from an identical model being measured model=%s "
+                        "version=%d from_key=%lld",
+                        dm->m->name, dm->m->version, (long long)measuring);
             } else {
                 dm->profile_pending = 1;
                 ds_start_profile(ds, dm);
@@ -297,6 +333,7 @@ static void on_model_changed(sq_loop_t *loop, void *arg)
         ds_group_of(ds, dm);
     }
     gw_model_unref(m);
+    twins_waiting(ds);
     ds_pump(ds);
     free(msg);
 }

@@ -90,6 +90,10 @@ typedef struct ds_model {
     sq_bytes_t *blob; /* the file; connections sending it hold references */
     size_t blob_len;
     int profile_pending; /* wants a profile on a cpu/cuda worker */
+    /* Its very file is being measured as another model (an older upload
+     * still profiling): it takes that profile when it is stored, rather
+     * than being measured a second time (ds_twin_measuring). */
+    int twin_wait;
     int profile_worker;  /* -1 or the worker measuring it */
     gw_item_t **pending; /* waiting for a first load */
     int npending, cappending;
@@ -501,6 +505,9 @@ void ds_group_profiled(gw_dispatch_t *ds, ds_model_t *g, ds_worker_t *w,
 /* The oldest ready model with m's very file and input, if older than m;
  * and the model whose load serves dm's requests instead of its own. */
 gw_model_t *ds_twin_find(gw_dispatch_t *ds, const gw_model_t *m);
+/* The key of an older model with m's very file that is being measured now
+ * (status profiling), or 0. */
+int64_t ds_twin_measuring(gw_dispatch_t *ds, const gw_model_t *m);
 ds_model_t *ds_twin_of(gw_dispatch_t *ds, ds_model_t *dm);
 
 /* batches.c: forgets dm's live correction (its profile was measured anew). */

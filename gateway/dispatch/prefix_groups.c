@@ -259,6 +259,31 @@ gw_model_t *ds_twin_find(gw_dispatch_t *ds, const gw_model_t *m)
     return scan.oldest;
 }
 
+typedef struct {
+    const gw_model_t *like;
+    int64_t key; /* the oldest match's, 0: none */
+} measuring_scan_t;
+
+static void measuring_scan_one(gw_model_t *m, void *arg)
+{
+    measuring_scan_t *t = arg;
+    if (m->key >= t->like->key || m->emulated || strcmp(m->status, "profiling") != 0 ||
+        strcmp(m->sha256, t->like->sha256) != 0 || m->max_batch != t->like->max_batch ||
+        !same_input(m, t->like))
+        return;
+    if (t->key == 0 || m->key < t->key)
+        t->key = m->key;
+}
+
+int64_t ds_twin_measuring(gw_dispatch_t *ds, const gw_model_t *m)
+{
+    measuring_scan_t scan = {.like = m};
+    if (m->emulated)
+        return 0;
+    gw_registry_foreach(ds->srv->registry, measuring_scan_one, &scan);
+    return scan.key;
+}
+
 /* The model whose load serves dm's requests instead of its own, if any. */
 ds_model_t *ds_twin_of(gw_dispatch_t *ds, ds_model_t *dm)
 {

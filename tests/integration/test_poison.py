@@ -286,5 +286,34 @@ def the_same_file_twice_is_served_from_one_load():
         s.cleanup()
 
 
+
+@test
+def a_copy_uploaded_while_its_file_is_measured_waits_for_that_profile():
+    # Issue 23: the same file uploaded again under a second name was
+    # measured a second time (35 s on a busy box) when its first upload was
+    # still being measured. Now the copy takes that measurement: measured
+    # once, the copy ready within 2 s of the original.
+    blob = tm.tiny(4)
+    s = Squishd(workers="cpu:1")
+    try:
+        s.wait_ready(1, 20)
+        assert upload(s, "orig", blob).status == 202
+        assert upload(s, "copy", blob).status == 202
+        wait_status(s, "orig", "ready", 60)
+        t0 = time.time()
+        wait_status(s, "copy", "ready", 10)
+        assert time.time() - t0 < 2, time.time() - t0
+        log = s.read_log()
+        assert "profile awaited from an identical model being measured model=copy" in log, (
+            log[-3000:])
+        assert "profile taken from an identical model model=copy" in log, log[-3000:]
+        measured = [ln for ln in log.splitlines() if "squishd level=info profiling model=" in ln]
+        assert len(measured) == 1 and "model=orig" in measured[0], measured
+        r = infer(s, "copy", slo=2000)
+        assert r.status == 200, r
+        assert restarts(s) == 0
+    finally:
+        s.cleanup()
+
 if __name__ == "__main__":
     run()
