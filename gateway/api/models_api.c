@@ -508,8 +508,13 @@ static void add_progress(gw_server_t *srv, const char *name, json_t *rec)
     int have = m != NULL && gw_dispatch_profile_progress(srv, m->key, &p);
     gw_model_unref(m);
     if (!have) {
-        json_object_set_new(rec, "profiling",
-                            json_pack("{s:s}", "state", "waiting for a cpu or cuda worker"));
+        /* Not measured yet: for want of a worker only while none is up;
+         * else it waits its turn (a worker measures one model at a time,
+         * between batches) or for an identical file's measurement. */
+        int up = atomic_load(&srv->kind_up[SQ_DEV_CPU]) + atomic_load(&srv->kind_up[SQ_DEV_CUDA]);
+        json_object_set_new(
+            rec, "profiling",
+            json_pack("{s:s}", "state", up > 0 ? "queued" : "waiting for a cpu or cuda worker"));
         return;
     }
     double elapsed_ms = (double)(sq_now_us() - p.started_us) / 1000.0;
