@@ -109,6 +109,10 @@ static void submit(gw_server_t *srv, gw_item_t *item)
     item->deadline_us = req->deadline_us;
     item->out = req->outputs + (size_t)item->index * (size_t)req->model->out_elems;
     item->finish = gw_item_finish;
+    /* Refused means withdrawn: once one of its items failed (the request
+     * answers that error), the others still queued run no batch. */
+    if (item->abandoned == NULL && req->n_items > 1)
+        item->abandoned = &req->failed;
     hand_over(srv, gw_clump_settle(&req->clump, item));
 }
 

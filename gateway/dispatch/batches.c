@@ -131,6 +131,49 @@ static void arm_timer(gw_dispatch_t *ds, int64_t at_us)
     }
 }
 
+/* A drop the core decided: the item answered with its reason (unless it was
+ * answered meanwhile, or its prefix group was retired: then it runs in its
+ * own model's session). */
+static void act_drop(gw_dispatch_t *ds, const act_copy_t *a)
+{
+    gw_item_t *it = ds_handle_get(ds, a->request_id);
+    if (it == NULL)
+        return; /* answered already */
+    if (ds->aborted) {
+        ds_fail_item(ds, it, SQ_SHUTTING_DOWN, "squishd is shutting down");
+        return;
+    }
+    if (a->reason == SQ_NOT_FOUND && a->session >= 0 && a->session < ds->nsessions &&
+        ds->sessions[a->session].model != NULL && ds->sessions[a->session].model->is_group &&
+        !ds->aborted) {
+        /* Its prefix group was retired: the request runs in its own
+         * model's session instead. */
+        ds_handle_release(ds, it);
+        ds->ops->resubmit(ds, it);
+        return;
+    }
+    if (a->reason == SQ_NOT_FOUND) {
+        /* Its session went with its model: a delete, or the model was
+         * marked failed. */
+        const ds_model_t *sm =
+            a->session >= 0 && a->session < ds->nsessions ? ds->sessions[a->session].model : NULL;
+        if (sm != NULL && sm->poisoned)
+            ds_fail_item(ds, it, SQ_MODEL_FAILED, sm->failed_why);
+        else
+            ds_fail_item(ds, it, SQ_MODEL_NOT_FOUND, "the model was deleted");
+        return;
+    }
+    ds_plan_outcome(ds, 0);
+    const char *why = a->reason == SQ_DEADLINE      ? "the deadline cannot be met"
+                      : a->reason == SQ_OVERLOAD    ? "dropped early to keep batches "
+                                                      "within their deadlines"
+                      : a->reason == SQ_WORKER_LOST ? "worker lost and no time left to retry"
+                      : a->reason == SQ_NO_WORKER   ? "no worker held the model before the deadline"
+                                                    : "dropped";
+    gw_metrics_drop(ds->srv->metrics, it->model, a->reason);
+    ds_fail_item(ds, it, a->reason, why);
+}
+
 /* Takes the core's actions (those produced since the last take: a pump with
  * no call into the core in between has nothing to do) and acts on them.
  * Actions are copied first: acting may call into the core again (a send that fails
@@ -139,7 +182,10 @@ static void arm_timer(gw_dispatch_t *ds, int64_t at_us)
  * others: a nested pump takes (and arms) a newer wake-up, which the older
  * one must not replace afterwards (the core says a wake-up time once).
  * Items are named by handles (handle_get): one answered meanwhile, by a
- * nested pump or a shutdown, is skipped, never answered twice. */
+ * nested pump or a shutdown, is skipped, never answered twice. Drops are
+ * answered first: an item dropped fails its request, whose other items in
+ * a batch of the same take are then withdrawn, not run (issue 23: a
+ * request refused for its 8th image ran a batch of the other 7). */
 void ds_pump(gw_dispatch_t *ds)
 {
     const pl_action_t *acts;
@@ -147,6 +193,7 @@ void ds_pump(gw_dispatch_t *ds)
     if (n == 0)
         return;
     act_copy_t *copy = sq_xcalloc(n, sizeof(*copy));
+    uint64_t **ids = sq_xcalloc(n, sizeof(*ids));
     for (size_t i = 0; i < n; i++) {
         const pl_action_t *a = &acts[i];
         copy[i] = (act_copy_t){.kind = a->kind,
@@ -158,24 +205,37 @@ void ds_pump(gw_dispatch_t *ds)
                                .request_id = a->request_id,
                                .at_us = a->at_us};
         if (a->kind == PL_ACT_SEND) {
-            copy[i].items = sq_xcalloc((size_t)a->count, sizeof(gw_item_t *));
-            int live = 0;
-            for (int k = 0; k < a->count; k++) {
-                gw_item_t *it = ds_handle_get(ds, a->ids[k]);
-                if (it != NULL && it->abandoned != NULL && atomic_load(it->abandoned)) {
-                    /* Its query was dropped (a pipeline's other item
-                     * failed): nothing is run for a query already lost. */
-                    ds_fail_item(ds, it, SQ_DEADLINE, "its query was dropped");
-                    continue;
-                }
-                if (it != NULL)
-                    copy[i].items[live++] = it;
-            }
-            copy[i].count = live;
+            ids[i] = sq_xmalloc(sizeof(uint64_t) * (size_t)(a->count ? a->count : 1));
+            memcpy(ids[i], a->ids, sizeof(uint64_t) * (size_t)a->count);
         }
         if (a->kind == PL_ACT_TIMER)
             arm_timer(ds, a->at_us);
     }
+    for (size_t i = 0; i < n; i++)
+        if (copy[i].kind == PL_ACT_DROP)
+            act_drop(ds, &copy[i]);
+    for (size_t i = 0; i < n; i++) {
+        act_copy_t *a = &copy[i];
+        if (a->kind != PL_ACT_SEND)
+            continue;
+        a->items = sq_xcalloc((size_t)(a->count ? a->count : 1), sizeof(gw_item_t *));
+        int live = 0;
+        for (int k = 0; k < a->count; k++) {
+            gw_item_t *it = ds_handle_get(ds, ids[i][k]);
+            if (it != NULL && it->abandoned != NULL && atomic_load(it->abandoned)) {
+                /* Its request or query failed for another item: nothing
+                 * is run for an answer already lost. */
+                gw_metrics_withdrawn(ds->srv->metrics, it->model, "request_failed");
+                ds_fail_item(ds, it, SQ_DEADLINE, "withdrawn: another item of its request failed");
+                continue;
+            }
+            if (it != NULL)
+                a->items[live++] = it;
+        }
+        a->count = live;
+        free(ids[i]);
+    }
+    free(ids);
     for (size_t i = 0; i < n; i++) {
         act_copy_t *a = &copy[i];
         SQ_DEBUG("dispatch action kind=%d session=%d worker=%d count=%d at_us=%lld reason=%s",
@@ -184,7 +244,8 @@ void ds_pump(gw_dispatch_t *ds)
         switch (a->kind) {
         case PL_ACT_SEND:
             if (a->count == 0 || ds->aborted) {
-                /* Every item answered already (a shutdown): the worker is free. */
+                /* Every item answered already (a shutdown, or withdrawn):
+                 * the worker is free. */
                 free(a->items);
                 pl_dispatch_batch_done(ds->core, sq_now_us(), a->worker, a->batch_id);
                 ds_pump(ds);
@@ -192,47 +253,8 @@ void ds_pump(gw_dispatch_t *ds)
             }
             send_batch(ds, a->worker, a->session, a->batch_id, a->items, a->count);
             break;
-        case PL_ACT_DROP: {
-            gw_item_t *it = ds_handle_get(ds, a->request_id);
-            if (it == NULL)
-                break; /* answered already */
-            if (ds->aborted) {
-                ds_fail_item(ds, it, SQ_SHUTTING_DOWN, "squishd is shutting down");
-                break;
-            }
-            if (a->reason == SQ_NOT_FOUND && a->session >= 0 && a->session < ds->nsessions &&
-                ds->sessions[a->session].model != NULL &&
-                ds->sessions[a->session].model->is_group && !ds->aborted) {
-                /* Its prefix group was retired: the request runs in
-                 * its own model's session instead. */
-                ds_handle_release(ds, it);
-                ds->ops->resubmit(ds, it);
-                break;
-            }
-            if (a->reason == SQ_NOT_FOUND) {
-                /* Its session went with its model: a delete, or the
-                 * model was marked failed. */
-                const ds_model_t *sm = a->session >= 0 && a->session < ds->nsessions
-                                           ? ds->sessions[a->session].model
-                                           : NULL;
-                if (sm != NULL && sm->poisoned)
-                    ds_fail_item(ds, it, SQ_MODEL_FAILED, sm->failed_why);
-                else
-                    ds_fail_item(ds, it, SQ_MODEL_NOT_FOUND, "the model was deleted");
-                break;
-            }
-            ds_plan_outcome(ds, 0);
-            const char *why =
-                a->reason == SQ_DEADLINE      ? "the deadline cannot be met"
-                : a->reason == SQ_OVERLOAD    ? "dropped early to keep batches "
-                                                "within their deadlines"
-                : a->reason == SQ_WORKER_LOST ? "worker lost and no time left to retry"
-                : a->reason == SQ_NO_WORKER   ? "no worker held the model before the deadline"
-                                              : "dropped";
-            gw_metrics_drop(ds->srv->metrics, it->model, a->reason);
-            ds_fail_item(ds, it, a->reason, why);
-            break;
-        }
+        case PL_ACT_DROP:
+            break; /* answered above */
         case PL_ACT_TIMER:
             break; /* armed when taken */
         }

@@ -145,7 +145,8 @@ static ds_model_t *admit(gw_dispatch_t *ds, gw_item_t *it)
         return NULL;
     }
     if (it->abandoned != NULL && atomic_load(it->abandoned)) {
-        ds_fail_item(ds, it, SQ_DEADLINE, "its query was dropped");
+        gw_metrics_withdrawn(ds->srv->metrics, it->model, "request_failed");
+        ds_fail_item(ds, it, SQ_DEADLINE, "withdrawn: another item of its request failed");
         return NULL;
     }
     ds_model_t *dm = ds_model_find(ds, m->key);

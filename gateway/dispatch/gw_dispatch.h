@@ -61,7 +61,8 @@ struct gw_item {
     int member;       /* in a prefix group's batch: its model's index there */
     uint64_t core_id; /* its handle in the dispatcher core (0: none; dispatch thread) */
     /* Not NULL: when it reads non-zero, the item is no longer wanted (its
-     * pipeline query was dropped): it is failed instead of being sent. */
+     * request or pipeline query failed for another item): it is failed
+     * instead of being sent, and counted as withdrawn. */
     const atomic_int *abandoned;
     /* A pipeline query's item: the pipeline (the query holds a reference
      * while the item lives), the item's stage and the query's SLO; NULL

@@ -121,6 +121,9 @@ void gw_metrics_batch(gw_metrics_t *ms, const gw_model_t *m, int worker, const c
                       int size, int64_t roundtrip_us, const sq_batch_done_t *done);
 /* An item the dispatcher dropped (reason: SQ_DEADLINE, SQ_OVERLOAD...). */
 void gw_metrics_drop(gw_metrics_t *ms, const gw_model_t *m, int reason);
+/* An item withdrawn before it ran: its request (or pipeline query) failed
+ * for another item; why: "request_failed". */
+void gw_metrics_withdrawn(gw_metrics_t *ms, const gw_model_t *m, const char *why);
 /* A pipeline query answered: outcome "ok", "dropped" or "error"; seconds
  * from arrival (observed for "ok"). */
 void gw_metrics_pipeline_query(gw_metrics_t *ms, const char *pipeline, const char *outcome,

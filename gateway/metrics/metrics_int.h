@@ -67,7 +67,7 @@ struct gw_metrics {
         *execute_duration, *batch_size, *batches, *drops, *worker_busy, *worker_up, *worker_rtt,
         *worker_bw, *profile_scale, *worker_restarts, *session_rate, *session_planned, *plan_epoch,
         *plan_devices, *plan_lower_bound, *advice, *models_moved, *http_requests, *uploads,
-        *priority_requests, *pipeline_queries, *pipeline_duration;
+        *priority_requests, *pipeline_queries, *pipeline_duration, *withdrawn;
     /* per-model statistics: open addressing by key, under stats_lock */
     pthread_mutex_t stats_lock;
     model_stats_t **stats;

@@ -86,6 +86,11 @@ gw_metrics_t *gw_metrics_new(void)
         "Items (images, tensor rows) the dispatcher dropped because they could not meet their "
         "deadline, by model and reason.",
         model_reason, NULL, 0, 0);
+    m->withdrawn = gw_metrics_family(
+        m, GW_METRIC_COUNTER, "squish_items_withdrawn_total",
+        "Items (images, tensor rows) withdrawn before they ran, by model and reason "
+        "(request_failed: another item of the request or pipeline query failed).",
+        model_reason, NULL, 0, 0);
     m->worker_busy =
         gw_metrics_family(m, GW_METRIC_COUNTER, "squish_worker_busy_seconds_total",
                           "Time workers spent running batches; its rate is the busy fraction.",
@@ -350,6 +355,14 @@ void gw_metrics_drop(gw_metrics_t *ms, const gw_model_t *m, int reason)
         return;
     const char *v[] = {m->name, sq_err_name(reason)};
     gw_metrics_add(gw_metrics_series(ms->drops, v), 1);
+}
+
+void gw_metrics_withdrawn(gw_metrics_t *ms, const gw_model_t *m, const char *why)
+{
+    if (ms == NULL || ms->withdrawn == NULL)
+        return;
+    const char *v[] = {m->name, why};
+    gw_metrics_add(gw_metrics_series(ms->withdrawn, v), 1);
 }
 
 void gw_metrics_worker_up(gw_metrics_t *ms, int worker, const char *device, int up)

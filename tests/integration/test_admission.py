@@ -247,5 +247,49 @@ def max_connections_bounds_what_slow_clients_can_hold():
         s.cleanup()
 
 
+
+def batches_of(s, model):
+    text = s.get("/metrics").raw.decode()
+    return sum(float(v) for v in re.findall(
+        r'^squish_batches_total\{[^}]*model="%s"[^}]*\} (\S+)' % model, text, re.M))
+
+
+def withdrawn_of(s, model):
+    text = s.get("/metrics").raw.decode()
+    m = re.search(r'^squish_items_withdrawn_total\{model="%s",reason="request_failed"\} (\S+)'
+                  % model, text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+@test
+def a_request_refused_for_one_item_runs_no_batch_for_the_others():
+    # Issue 23: an 8-image request refused for its 8th image ("the deadline
+    # cannot be met") ran a batch of the other 7 anyway. l(b) = 10 b + 10 ms
+    # and an SLO of 60 ms: 8 rows cannot all make it (two batches), so the
+    # request fails; the rows of the batch that could run are withdrawn.
+    SLOW8 = {"name": "slow8", "profile": {"alpha_ms": 10.0, "beta_ms": 10.0}, "max_batch": 8,
+             "input": {"shape": [3, 4, 4]}, "num_classes": 3}
+    s = Squishd(workers="emu:1")
+    try:
+        s.wait_ready(workers=1)
+        upload(s, SLOW8)
+        one = s.request("POST", "/v2/models/slow8/infer", body=TENSOR,
+                        headers=dict(OIP, **{"X-SLO-Ms": "2000"}))
+        assert one.status == 200, one
+        before = batches_of(s, "slow8")
+        assert before >= 1, before
+        rows = json.dumps({"inputs": [{"name": "input", "shape": [8, 3, 4, 4], "datatype": "FP32",
+                                       "data": [0.0] * (8 * 48)}]})
+        for _ in range(4):
+            r = s.request("POST", "/v2/models/slow8/infer", body=rows,
+                          headers={"Content-Type": "application/json", "X-SLO-Ms": "60"})
+            assert r.status == 503 and r.json["code"] == "deadline", r
+        time.sleep(0.3)  # any batch sent would have answered by now
+        assert batches_of(s, "slow8") == before, (before, batches_of(s, "slow8"))
+        assert withdrawn_of(s, "slow8") > 0
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
 if __name__ == "__main__":
     run()
