@@ -90,6 +90,10 @@ void gw_registry_free(gw_registry_t *r);
 /* Publishes m (taking the caller's reference), replacing an entry with the
  * same key. */
 void gw_registry_put(gw_registry_t *r, gw_model_t *m);
+/* A counter every put and remove bumps: a reader that saw generation g
+ * has seen every change before it (readiness: a model just added is not
+ * ready before the dispatcher has looked at it). Thread-safe. */
+unsigned long gw_registry_generation(gw_registry_t *r);
 /* Removes every version of name (version 0) or one version; writes the
  * removed keys (up to max) and returns how many were removed. */
 int gw_registry_remove(gw_registry_t *r, const char *name, int version, int64_t *keys, int max);

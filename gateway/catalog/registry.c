@@ -142,7 +142,13 @@ struct gw_registry {
     pthread_mutex_t lock;
     gw_model_t **models;
     size_t n, cap;
+    atomic_ulong generation; /* bumped by every put and remove */
 };
+
+unsigned long gw_registry_generation(gw_registry_t *r)
+{
+    return atomic_load(&r->generation);
+}
 
 gw_registry_t *gw_registry_new(void)
 {
@@ -179,6 +185,7 @@ void gw_registry_put(gw_registry_t *r, gw_model_t *m)
         }
         r->models[r->n++] = m;
     }
+    atomic_fetch_add(&r->generation, 1);
     pthread_mutex_unlock(&r->lock);
     gw_model_unref(old);
 }
@@ -194,6 +201,7 @@ int gw_registry_remove(gw_registry_t *r, const char *name, int version, int64_t 
                 keys[n] = m->key;
             n++;
             r->models[i] = r->models[--r->n];
+            atomic_fetch_add(&r->generation, 1);
             gw_model_unref(m);
         } else {
             i++;

@@ -20,6 +20,8 @@
 #include <string.h>
 
 #define TICK_MS 50
+/* Ready models nothing holds are warmed every this many ticks (250 ms). */
+#define WARM_EVERY_TICKS 5
 
 static void post_model_msg(gw_server_t *srv, int64_t key, int profile);
 
@@ -441,13 +443,11 @@ typedef struct {
     int64_t key;
 } warm_t;
 
-static void on_warm(sq_loop_t *loop, void *arg)
+/* Makes model key servable: placed at its default SLO and loaded where
+ * nothing holds or loads it yet. */
+static void warm_key(gw_dispatch_t *ds, int64_t key)
 {
-    warm_t *w = arg;
-    gw_dispatch_t *ds = w->srv->dispatch;
-    (void)loop;
-    gw_model_t *m = ds != NULL ? gw_registry_get(ds->srv->registry, w->key) : NULL;
-    free(w);
+    gw_model_t *m = gw_registry_get(ds->srv->registry, key);
     if (m == NULL)
         return;
     ds_model_t *dm = strcmp(m->status, "ready") == 0 ? ds_model_get(ds, m) : NULL;
@@ -461,6 +461,86 @@ static void on_warm(sq_loop_t *loop, void *arg)
     int loading;
     if (ds_loaded_anywhere(ds, dm, &loading) == 0 && loading == 0)
         ds_spread_loads(ds, dm);
+}
+
+static void on_warm(sq_loop_t *loop, void *arg)
+{
+    warm_t *w = arg;
+    gw_dispatch_t *ds = w->srv->dispatch;
+    (void)loop;
+    int64_t key = w->key;
+    free(w);
+    if (ds != NULL)
+        warm_key(ds, key);
+}
+
+typedef struct {
+    int64_t *keys;
+    int n, cap;
+} key_list_t;
+
+static void collect_ready(gw_model_t *m, void *arg)
+{
+    key_list_t *k = arg;
+    if (strcmp(m->status, "ready") != 0)
+        return;
+    if (k->n == k->cap) {
+        k->cap = k->cap ? 2 * k->cap : 16;
+        k->keys = sq_xrealloc(k->keys, sizeof(*k->keys) * (size_t)k->cap);
+    }
+    k->keys[k->n++] = m->key;
+}
+
+/* Ready means ready (issue 23): every ready model that a worker up could
+ * serve is loaded on one (the least loaded of its kind), whether a request
+ * came for it or not, so that /v2/health/ready says 200 only once each
+ * answers now. It is not placed: the plan takes it up with its first
+ * request (served meanwhile by the worker that holds it). A copy of a
+ * file is held through its twin. A restart's stored plan places and loads
+ * its own first (ds_plan_restoring). */
+static void warm_all(gw_dispatch_t *ds)
+{
+    if (ds->aborted || ds_plan_restoring(ds))
+        return;
+    key_list_t k = {0};
+    gw_registry_foreach(ds->srv->registry, collect_ready, &k);
+    for (int i = 0; i < k.n; i++) {
+        gw_model_t *m = gw_registry_get(ds->srv->registry, k.keys[i]);
+        int kind = m != NULL ? ds_kind_of_model(ds->srv, m) : -1;
+        if (kind < 0 || atomic_load(&ds->srv->kind_up[kind]) == 0) {
+            gw_model_unref(m);
+            continue;
+        }
+        ds_model_t *dm = ds_model_get(ds, m);
+        gw_model_unref(m);
+        if (dm->removed || dm->poisoned)
+            continue;
+        ds_model_t *t = ds_twin_of(ds, dm);
+        if (t != NULL)
+            dm = t;
+        int loading = 0;
+        if (ds_loaded_anywhere(ds, dm, &loading) > 0 || loading > 0)
+            continue;
+        if (dm->kind < 0)
+            dm->kind = kind;
+        ds_worker_t *best = NULL;
+        int best_n = 0;
+        for (int w = 0; w < ds->nworkers; w++) {
+            ds_worker_t *wk = ds->workers[w];
+            if (wk == NULL || !wk->up || wk->kind != dm->kind)
+                continue;
+            int n = 0;
+            for (int l = 0; l < wk->nloads; l++)
+                n += wk->loads[l].state == LOAD_DONE || wk->loads[l].state == LOAD_SENT;
+            if (best == NULL || n < best_n) {
+                best = wk;
+                best_n = n;
+            }
+        }
+        if (best != NULL)
+            ds_send_load(ds, dm, best);
+    }
+    free(k.keys);
 }
 
 void gw_dispatch_warm(gw_server_t *srv, int64_t key)
@@ -489,6 +569,8 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
         dm->npending = k;
     }
     ds_plan_tick(ds, t);
+    if (++ds->warm_ticks % WARM_EVERY_TICKS == 0)
+        warm_all(ds);
     /* Measurements waiting for a gap (or starved long enough). */
     for (int i = 0; i < ds->nworkers; i++)
         ds_profile_step(ds, ds->workers[i]);

@@ -193,7 +193,9 @@ struct gw_dispatch {
      * marks its model's routes stale, and the maker routes each model once
      * before it returns (no batch is sent meanwhile). */
     int routes_deferred;
-    ds_session_t *sessions; /* by core session id */
+    unsigned warm_ticks;     /* dispatch.c: ticks, for warm_all's pace */
+    unsigned long ready_gen; /* the registry generation ready_why was made at */
+    ds_session_t *sessions;  /* by core session id */
     int nsessions, capsessions;
     ds_plan_state_t *plan;                   /* planning.c */
     gw_region_t regions[SQ_MAX_BATCH_ITEMS]; /* a batch's input slots, for the link */

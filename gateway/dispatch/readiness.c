@@ -11,19 +11,42 @@ typedef struct {
     char why[256];
 } ready_scan_t;
 
-/* A ready model no worker up can serve makes squishd not ready. */
+static int held_has(const gw_dispatch_t *ds, int64_t key)
+{
+    for (int i = 0; i < ds->nheld; i++)
+        if (ds->held_keys[i] == key)
+            return 1;
+    return 0;
+}
+
+/* Every ready model must answer now (issue 23: ready was said while models
+ * loaded): a worker that can serve it is up, and one holds it loaded (or
+ * its twin, or its prefix group); one that is not is being loaded (the
+ * dispatch thread warms it every tick: gw_dispatch.c's warm_all). */
 static void scan_servable(gw_model_t *m, void *arg)
 {
     ready_scan_t *x = arg;
     if (x->why[0] || strcmp(m->status, "ready") != 0)
         return;
     int kind = ds_kind_of_model(x->ds->srv, m);
-    if (kind < 0 || atomic_load(&x->ds->srv->kind_up[kind]) == 0)
+    if (kind < 0 || atomic_load(&x->ds->srv->kind_up[kind]) == 0) {
         snprintf(x->why, sizeof(x->why), "no worker that can serve model %s version %d is up%s",
                  m->name, m->version,
                  m->emulated ? " (an emulated model needs an emu worker)"
                  : kind >= 0 ? " (one is being restarted)"
                              : "");
+        return;
+    }
+    if (held_has(x->ds, m->key))
+        return;
+    ds_model_t *dm = ds_model_find(x->ds, m->key);
+    if (dm != NULL && dm->poisoned)
+        return; /* failed: not a ready model any more */
+    int loading = 0;
+    if (dm != NULL)
+        ds_loaded_anywhere(x->ds, dm, &loading);
+    snprintf(x->why, sizeof(x->why), "model %s version %d is %s", m->name, m->version,
+             loading > 0 ? "loading on its workers" : "not loaded on a worker yet");
 }
 
 static void held_add(gw_dispatch_t *ds, int64_t key)
@@ -35,26 +58,14 @@ static void held_add(gw_dispatch_t *ds, int64_t key)
     ds->held_keys[ds->nheld++] = key;
 }
 
-/* Whether dm is a member of a prefix group (whose loads then serve it). */
-static int in_group(const gw_dispatch_t *ds, const ds_model_t *dm)
-{
-    for (int i = 0; i < ds->nmodels; i++) {
-        const ds_model_t *g = ds->models[i];
-        for (int k = 0; k < g->nmembers && !g->removed && !g->failed; k++)
-            if (g->members[k]->key == dm->key)
-                return 1;
-    }
-    return 0;
-}
-
 void ds_publish_ready(gw_dispatch_t *ds)
 {
     ready_scan_t x = {.ds = ds};
+    /* Read first: a change during the scan makes the next ask wait. */
+    unsigned long gen = gw_registry_generation(ds->srv->registry);
     if (ds_plan_restoring(ds))
         snprintf(x.why, sizeof(x.why),
                  "reapplying the plan stored before the restart: waiting for its workers");
-    if (!x.why[0])
-        gw_registry_foreach(ds->srv->registry, scan_servable, &x);
     pthread_mutex_lock(&ds->ready_lock);
     ds->nheld = 0;
     for (int i = 0; i < ds->nmodels; i++) {
@@ -74,13 +85,12 @@ void ds_publish_ready(gw_dispatch_t *ds)
             held_add(ds, dm->key);
             for (int k = 0; k < dm->nmembers; k++)
                 held_add(ds, dm->members[k]->key);
-        } else if (dm->active && !x.why[0] && dm->nmembers == 0 &&
-                   strcmp(dm->m->status, "ready") == 0 && !in_group(ds, dm)) {
-            snprintf(x.why, sizeof(x.why), "model %s version %d is %s", dm->m->name, dm->m->version,
-                     loading > 0 ? "loading on its workers" : "placed but not loaded yet");
         }
     }
+    if (!x.why[0])
+        gw_registry_foreach(ds->srv->registry, scan_servable, &x);
     snprintf(ds->ready_why, sizeof(ds->ready_why), "%s", x.why);
+    ds->ready_gen = gen;
     pthread_mutex_unlock(&ds->ready_lock);
 }
 
@@ -93,6 +103,10 @@ int gw_dispatch_ready(gw_server_t *srv, char *why, size_t len)
     }
     pthread_mutex_lock(&ds->ready_lock);
     snprintf(why, len, "%s", ds->ready_why);
+    /* A model added, measured or deleted since the last look: not ready
+     * until the dispatch thread has looked (within a tick, 50 ms). */
+    if (why[0] == '\0' && ds->ready_gen != gw_registry_generation(srv->registry))
+        snprintf(why, len, "a model changed since the last check; retry shortly");
     pthread_mutex_unlock(&ds->ready_lock);
     return why[0] == '\0';
 }
