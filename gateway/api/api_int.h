@@ -35,7 +35,11 @@ struct gw_infer {
     int64_t deadline_us;
     double slo_ms;
     double slo_asked_ms; /* what the request asked for when the cap cut it; 0 otherwise */
-    int priority;        /* 1..GW_PRIORITY_LEVELS (gw_priority_level) */
+    /* Who set slo_ms: "request" (X-SLO-Ms, ?slo_ms=, parameters.slo_ms or
+     * Triton's timeout), "model" (its default_slo_ms) or "server"
+     * (--default-slo-ms). Every answer says it (x-slo-source). */
+    const char *slo_source;
+    int priority; /* 1..GW_PRIORITY_LEVELS (gw_priority_level) */
     int top_k;
     char request_id[80];
     int n_items;

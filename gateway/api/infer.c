@@ -263,6 +263,13 @@ static void answer_headers(gw_infer_t *req, h2o_req_t *hreq)
     if (req->slo_ms > 0) {
         snprintf(v, sizeof(v), "%g", req->slo_ms);
         gw_add_header(hreq, "x-slo-ms", v);
+        gw_add_header(hreq, "x-slo-source", req->slo_source ? req->slo_source : "server");
+        /* Late: by how much, on the answer itself (not only in /metrics). */
+        double late = (double)(sq_now_us() - req->arrival_us) / 1000.0 - req->slo_ms;
+        if (late > 0) {
+            snprintf(v, sizeof(v), "%.1f", late);
+            gw_add_header(hreq, "x-slo-late-ms", v);
+        }
     }
     if (req->slo_asked_ms > 0) {
         snprintf(v, sizeof(v), "199 squish \"SLO of %g ms capped at %g ms (--max-request-ms)\"",
@@ -429,6 +436,7 @@ static gw_infer_t *infer_new(gw_call_t *call, gw_api_t api)
     req->arrival_us = sq_now_us();
     req->top_k = DEFAULT_TOP_K;
     req->slo_ms = m->default_slo_ms > 0 ? m->default_slo_ms : srv->cfg->default_slo_ms;
+    req->slo_source = m->default_slo_ms > 0 ? "model" : "server";
     req->priority = GW_PRIORITY_DEFAULT;
     h2o_iovec_t rid = gw_header(hreq, "x-request-id");
     if (rid.len > 0 && rid.len < sizeof(req->request_id)) {
@@ -443,8 +451,10 @@ static gw_infer_t *infer_new(gw_call_t *call, gw_api_t api)
 /* Applies an SLO (ms; <= 0 keeps the current one), caps it and sets the deadline. */
 static void set_deadline(gw_infer_t *req, double slo_ms, const gw_config_t *cfg)
 {
-    if (slo_ms > 0)
+    if (slo_ms > 0) {
         req->slo_ms = slo_ms;
+        req->slo_source = "request";
+    }
     if (req->slo_ms > cfg->max_request_ms) {
         req->slo_asked_ms = req->slo_ms;
         req->slo_ms = cfg->max_request_ms;
@@ -721,11 +731,13 @@ static void respond_v2(gw_async_t *a, h2o_req_t *hreq)
     v2_state_t *st = req->api_state;
     gw_model_t *m = req->model;
     timing_t t = timing_of(req);
-    gw_oip_param_t params[5] = {{"queue_ms", t.queue_ms},
-                                {"preprocess_ms", t.preprocess_ms},
-                                {"execute_ms", t.execute_ms},
-                                {"total_ms", t.total_ms},
-                                {"batch_size", t.batch_size}};
+    /* The SLO it was served under, and how late it is (0: in time); its
+     * source is the x-slo-source header. */
+    double late_ms = t.total_ms > req->slo_ms ? t.total_ms - req->slo_ms : 0;
+    gw_oip_param_t params[7] = {{"queue_ms", t.queue_ms},     {"preprocess_ms", t.preprocess_ms},
+                                {"execute_ms", t.execute_ms}, {"total_ms", t.total_ms},
+                                {"batch_size", t.batch_size}, {"slo_ms", req->slo_ms},
+                                {"late_ms", late_ms}};
     size_t nlabels = json_array_size(m->labels);
     const char **labels = sq_xcalloc(nlabels + 1, sizeof(*labels));
     for (size_t i = 0; i < nlabels; i++)
@@ -757,7 +769,7 @@ static void respond_v2(gw_async_t *a, h2o_req_t *hreq)
                               .labels = labels,
                               .nlabels = (int)nlabels,
                               .params = params,
-                              .nparams = 5};
+                              .nparams = 7};
     sq_buf_t out;
     sq_buf_init(&out);
     long long header_len = -1;
