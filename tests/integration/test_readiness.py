@@ -3,7 +3,10 @@ every ready model now (each is loaded without waiting for a request), a
 model when a worker up holds it; after a restart, ready means requests are
 served."""
 
+import http.client
 import json
+import signal
+import threading
 import time
 
 from harness import Squishd, eventually, run, test, validate
@@ -117,6 +120,70 @@ def after_a_restart_ready_means_requests_are_served():
     finally:
         s.cleanup()
 
+
+
+@test
+def restarted_under_load_ready_means_every_model_answers():
+    # Issue 23: after a restart ready was said while models still loaded,
+    # and the first requests got 503 "the model was still loading". Four
+    # models, clients sending to all of them through the restart: from the
+    # moment ready says 200, every request is answered 200.
+    names = ["m%d" % i for i in range(4)]
+    s = Squishd(workers="emu:2")
+    tmp = s.tmp
+    try:
+        s.wait_ready(workers=2)
+        for i, name in enumerate(names):
+            add(s, dict(R50, name=name, profile={"alpha_ms": 1.0 + i, "beta_ms": 5.0}))
+        eventually(lambda: s.get("/v2/health/ready").status == 200, 10, "ready")
+        for name in names:
+            assert infer(s, name, slo=1000).status == 200
+        eventually(lambda: len({x["model"] for d in s.get("/v1/plan").json["devices"]
+                                for x in d["sessions"]}) == 4, 10, "a plan placing all four")
+        s.proc.send_signal(signal.SIGTERM)
+        assert s.proc.wait(20) == 0
+    finally:
+        s.log.close() if not s.log.closed else None
+    s = Squishd(workers="emu:2", tmp=tmp)
+    stop = threading.Event()
+    seen = []  # (sent at, model, status, error)
+
+    def client(name):
+        with open(PHOTO, "rb") as f:
+            photo = f.read()
+        while not stop.is_set():
+            t = time.time()
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=10)
+                conn.request("POST", "/v1/models/%s/infer" % name, body=photo,
+                             headers={"X-SLO-Ms": "1000", "Content-Type": "image/jpeg"})
+                r = conn.getresponse()
+                body = r.read()
+                conn.close()
+                seen.append((t, name, r.status, body[:200]))
+            except OSError:
+                time.sleep(0.01)  # not listening yet
+    threads = [threading.Thread(target=client, args=(n,)) for n in names]
+    try:
+        for t in threads:
+            t.start()
+        deadline = time.time() + 20
+        while s.get("/v2/health/ready").status != 200:
+            assert time.time() < deadline, "never ready"
+            time.sleep(0.01)
+        ready_at = time.time()
+        time.sleep(2)
+        stop.set()
+        for t in threads:
+            t.join(15)
+        after = [x for x in seen if x[0] >= ready_at]
+        assert {x[1] for x in after} == set(names), after[:4]
+        bad = [x for x in after if x[2] != 200]
+        assert not bad, bad[:4]
+        assert s.stop() == 0
+    finally:
+        stop.set()
+        s.cleanup()
 
 if __name__ == "__main__":
     run()
