@@ -78,7 +78,7 @@ static const sq_opt_t options[] = {
      "deferred (Symphony) or early-drop (Nexus)",
      parse_policy},
     {"k_std", DBL(k_std), 0, 10, "1", "latency margin: profile mean + k_std * std"},
-    {"eager_load", DBL(eager_load), 0, 1, "0.5",
+    {"eager_load", DBL(eager_load), 0, 1, "0.9",
      "adaptive policy: a model's batches go at once while its arrivals stay below this share of "
      "what its workers serve batching greedily under the SLO"},
     {"dispatch_margin_us", INT(dispatch_margin_us), 0, 1000000, "2000",

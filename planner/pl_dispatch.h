@@ -107,7 +107,7 @@
  * dispatched at once to an idle worker. Chosen on the Symphony table-2
  * workload and a low-load latency sweep (bench/RESULTS.md, "Fast when
  * there is nothing to wait for"). */
-#define PL_DEFAULT_EAGER_LOAD 0.5
+#define PL_DEFAULT_EAGER_LOAD 0.9
 /* Adaptive: the arrival rate is counted over windows of this length. */
 #define PL_RATE_WINDOW_US 250000
 /* Adaptive: the requests that arrive within this of a rate window's first

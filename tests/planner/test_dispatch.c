@@ -101,10 +101,14 @@ static void absorb(rig_t *r)
     }
 }
 
+/* pl_dispatch_opts_t.eager_load of the rigs made next (0: the default). */
+static double rig_eager_load;
+
 static void rig_init(rig_t *r, pl_policy_t policy)
 {
     memset(r, 0, sizeof(*r));
-    pl_dispatch_opts_t o = {.policy = policy, .k_std = 0, .net_delay_us = 0};
+    pl_dispatch_opts_t o = {
+        .policy = policy, .k_std = 0, .net_delay_us = 0, .eager_load = rig_eager_load};
     r->d = pl_dispatch_new(&o);
     r->timer_us = PL_NEVER;
 }
@@ -786,13 +790,16 @@ Test(dispatch, adaptive_clump_handed_over_one_by_one_goes_as_the_worker_frees)
 
 Test(dispatch, adaptive_sustained_clumps_still_defer)
 {
-    /* A clump of 8 every 20 ms: 400 req/s, above half the greedy capacity
+    /* A clump of 8 every 20 ms: 400 req/s, 60% of the greedy capacity
      * (50 clumps/s would be far below it: the rate counts requests, as
-     * they load the worker). The first clump goes at once; from the second
-     * on (two arrivals 20 ms apart) the session defers, and once settled
-     * each clump waits for its frontrun moment d - l(9) = 16 ms after it
-     * arrived, instead of leaving the moment it arrives. */
+     * they load the worker). With eager_load 0.5 (the default before
+     * issue 23) that is above it: the first clump goes at once; from the
+     * second on (two arrivals 20 ms apart) the session defers, and once
+     * settled each clump waits for its frontrun moment d - l(9) = 16 ms
+     * after it arrived, instead of leaving the moment it arrives. */
+    rig_eager_load = 0.5;
     rig_t *r = clump_run(20000, 40, 1);
+    rig_eager_load = 0;
     cr_assert_eq(r->ndropped, 0);
     cr_assert_eq(r->overlap, 0);
     cr_assert_eq(r->sent[0].count, 8, "the first clump, alone, goes at once");
@@ -809,6 +816,15 @@ Test(dispatch, adaptive_sustained_clumps_still_defer)
                      (long long)(s->at_us - arrived));
     }
     cr_assert_geq(settled, 35);
+    pl_dispatch_free(r->d);
+    free(r);
+    /* The default (0.9): greedy batching keeps up with 60% of its capacity
+     * within the SLO, so every clump leaves the moment it arrives. */
+    r = clump_run(20000, 40, 1);
+    cr_assert_eq(r->ndropped, 0);
+    for (int k = 0; k < r->nsent; k++)
+        cr_assert_eq(r->sent[k].at_us, 20000 * (int64_t)((r->sent[k].ids[0] - 1) / 8),
+                     "batch %d at once", k);
     pl_dispatch_free(r->d);
     free(r);
 }
