@@ -6,6 +6,7 @@
 #include <sqlite3.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 typedef struct {
     mdb_q_t base;
@@ -59,8 +60,22 @@ static int sqlite_open(mdb_t *db, const char *path)
         return SQ_DB;
     }
     sqlite3_busy_timeout(conn, 5000);
-    return sqlite_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
-                           "PRAGMA foreign_keys=ON;");
+    /* Turning a new file to WAL takes an exclusive lock, and sqlite answers
+     * "database is locked" (or, while another connection builds the
+     * wal-index, "disk I/O error") at once, without its busy handler: the
+     * first opens of several processes or threads race for it (1 in 30
+     * runs of modeldb/test_db failed so). Tried again for up to 5 s. */
+    int erc = 0;
+    for (int tries = 0; tries < 250; tries++) {
+        erc = sqlite_exec(db, "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
+                              "PRAGMA foreign_keys=ON;");
+        int ext = sqlite3_extended_errcode(conn) & 0xff;
+        if (erc == 0 || (ext != SQLITE_BUSY && ext != SQLITE_LOCKED && ext != SQLITE_IOERR))
+            break;
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    return erc;
 }
 
 static void sqlite_close(mdb_t *db)
