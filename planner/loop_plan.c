@@ -270,12 +270,7 @@ int pl_loop_plan_finish(pl_loop_t *l, pl_loop_job_t *j)
         job_dispose(j);
         return rc;
     }
-    if (K->has)
-        pl_plan_dispose(&K->plan);
-    pl_plan_index_dispose(&K->index);
-    free(K->keys);
-    free(K->sessions);
-    pl__loop_free_copies(K->profiles, K->nprofiles, K->names, K->nnames);
+    pl__loop_kind_clear(K); /* the plan it replaces */
     K->plan = j->plan;
     K->has = 1;
     pl_plan_index_build(&K->index, &K->plan);

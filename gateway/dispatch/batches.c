@@ -193,7 +193,6 @@ void ds_pump(gw_dispatch_t *ds)
     if (n == 0)
         return;
     act_copy_t *copy = sq_xcalloc(n, sizeof(*copy));
-    uint64_t **ids = sq_xcalloc(n, sizeof(*ids));
     for (size_t i = 0; i < n; i++) {
         const pl_action_t *a = &acts[i];
         copy[i] = (act_copy_t){.kind = a->kind,
@@ -205,12 +204,16 @@ void ds_pump(gw_dispatch_t *ds)
                                .request_id = a->request_id,
                                .at_us = a->at_us};
         if (a->kind == PL_ACT_SEND) {
-            ids[i] = sq_xmalloc(sizeof(uint64_t) * (size_t)(a->count ? a->count : 1));
-            memcpy(ids[i], a->ids, sizeof(uint64_t) * (size_t)a->count);
+            copy[i].items = sq_xcalloc((size_t)(a->count ? a->count : 1), sizeof(gw_item_t *));
+            for (int k = 0; k < a->count; k++)
+                copy[i].items[k] = ds_handle_get(ds, a->ids[k]);
         }
         if (a->kind == PL_ACT_TIMER)
             arm_timer(ds, a->at_us);
     }
+    /* An item is in one action at most, and a request lives until its
+     * last item is answered: the items of the sends stay valid across the
+     * drops answered here. */
     for (size_t i = 0; i < n; i++)
         if (copy[i].kind == PL_ACT_DROP)
             act_drop(ds, &copy[i]);
@@ -218,10 +221,9 @@ void ds_pump(gw_dispatch_t *ds)
         act_copy_t *a = &copy[i];
         if (a->kind != PL_ACT_SEND)
             continue;
-        a->items = sq_xcalloc((size_t)(a->count ? a->count : 1), sizeof(gw_item_t *));
         int live = 0;
         for (int k = 0; k < a->count; k++) {
-            gw_item_t *it = ds_handle_get(ds, ids[i][k]);
+            gw_item_t *it = a->items[k];
             if (it != NULL && it->abandoned != NULL && atomic_load(it->abandoned)) {
                 /* Its request or query failed for another item: nothing
                  * is run for an answer already lost. */
@@ -233,9 +235,7 @@ void ds_pump(gw_dispatch_t *ds)
                 a->items[live++] = it;
         }
         a->count = live;
-        free(ids[i]);
     }
-    free(ids);
     for (size_t i = 0; i < n; i++) {
         act_copy_t *a = &copy[i];
         SQ_DEBUG("dispatch action kind=%d session=%d worker=%d count=%d at_us=%lld reason=%s",
