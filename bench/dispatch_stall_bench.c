@@ -134,7 +134,7 @@ static void run(int threaded, int nmodels, int nslos, int nworkers, int seconds)
         for (int s = 0; s < nslos; s++) {
             int made;
             pl_loop_session(loop, dm[m]->key, buckets_ms[s], 1);
-            ds_session_ensure(ds, dm[m], buckets_ms[s], SQ_INPUT_PIXELS, 0, &made);
+            ds_session_ensure(ds, dm[m], buckets_ms[s], SQ_INPUT_PIXELS, 0, 0, &made);
         }
     }
     for (int i = 0; i < nworkers; i++) {

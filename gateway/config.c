@@ -106,8 +106,10 @@ static const sq_opt_t options[] = {
     {"max_images", INT(max_images), 1, 1024, "64", "images or tensor rows per request"},
     {"max_request_ms", INT(max_request_ms), 1, 3600000, "60000",
      "hard upper bound on a request's life in squishd (caps every SLO)"},
-    {"default_slo_ms", DBL(default_slo_ms), 1, 3600000, "1000",
-     "SLO of a request for a model that has no default_slo_ms"},
+    {"default_slo_ms", DBL(default_slo_ms), 0, 3600000, "0",
+     "SLO of a request that names none, for a model uploaded without default_slo_ms; 0: none, "
+     "such requests are best effort (sent as soon as a worker is free, below SLO traffic, never "
+     "refused for a deadline; only --max-request-ms bounds them)"},
     {"prefix_batching", INT(prefix_batching), 0, 1, "1",
      "1: models that share all but their last layers (found on upload) run as one group, "
      "their common layers batched across their requests"},

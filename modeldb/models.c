@@ -384,14 +384,17 @@ static json_t *record_from_row(mdb_q_t *q)
     json_t *labels = mdb_q_json_at(q, 12);
     json_t *input = mdb_q_json_at(q, 9);
     const char *err = mdb_q_text_at(q, 7);
+    double slo_ms = mdb_q_double_at(q, 13);
     json_t *r = json_pack(
-        "{s:s, s:i, s:s, s:f, s:s, s:s, s:s?, s:o, s:o, s:o, s:i, s:f, s:i, s:I, s:I}", "name",
+        "{s:s, s:i, s:s, s:f, s:s, s:s, s:s?, s:o, s:o, s:o, s:i, s:o, s:i, s:I, s:I}", "name",
         mdb_q_text_at(q, 1), "version", mdb_q_int_at(q, 2), "sha256", mdb_q_text_at(q, 3),
         "created_at", mdb_q_double_at(q, 4), "format", mdb_q_text_at(q, 5), "status",
         mdb_q_text_at(q, 6), "error", err, "input", input, "outputs", mdb_q_json_at(q, 10),
         "preprocess", mdb_q_json_at(q, 11), "labels_count", (int)json_array_size(labels),
-        "default_slo_ms", mdb_q_double_at(q, 13), "max_batch", mdb_q_int_at(q, 14), "param_bytes",
-        (json_int_t)mdb_q_int64_at(q, 15), "memory_bytes", (json_int_t)mdb_q_int64_at(q, 16));
+        /* 0 is stored for none (best effort): null */
+        "default_slo_ms", slo_ms > 0 ? json_real(slo_ms) : json_null(), "max_batch",
+        mdb_q_int_at(q, 14), "param_bytes", (json_int_t)mdb_q_int64_at(q, 15), "memory_bytes",
+        (json_int_t)mdb_q_int64_at(q, 16));
     json_decref(labels);
     if (err == NULL)
         json_object_del(r, "error");

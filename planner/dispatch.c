@@ -166,7 +166,8 @@ static int build_costs(const pl_dispatch_t *d, const pl_profile_t *profile, int 
 
 int pl_dispatch_session_add(pl_dispatch_t *d, const pl_session_cfg_t *cfg)
 {
-    if (cfg == NULL || cfg->profile == NULL || cfg->slo_us < 0 || cfg->priority < 0)
+    if (cfg == NULL || cfg->profile == NULL || cfg->slo_us < 0 || cfg->priority < 0 ||
+        cfg->priority >= PL_PRIORITY_BEST_EFFORT)
         return SQ_INVAL;
     int64_t *cost;
     int usable;
@@ -188,7 +189,8 @@ int pl_dispatch_session_add(pl_dispatch_t *d, const pl_session_cfg_t *cfg)
     s->item_bytes = cfg->item_bytes > 0 ? cfg->item_bytes : 0;
     s->max_batch_cfg = cfg->max_batch;
     s->greedy_per_us = greedy;
-    s->priority = cfg->priority;
+    s->best_effort = cfg->best_effort != 0;
+    s->priority = s->best_effort ? PL_PRIORITY_BEST_EFFORT + cfg->priority : cfg->priority;
     s->last_arrival_us = PL_NEVER;
     sq_iheap_reserve(&d->session_wake, d->nsessions);
     return sid;
@@ -580,7 +582,8 @@ int64_t pl_dispatch_worker_gap_us(const pl_dispatch_t *d, int64_t now_us, int wo
         if (!s->alive)
             continue;
         net_t n = net_of(d, s, worker);
-        int64_t g = (s->slo_us - cost_on(s, n, 1)) / 2;
+        /* Without an SLO, only its queue's deadlines bound the gap. */
+        int64_t g = s->slo_us > 0 ? (s->slo_us - cost_on(s, n, 1)) / 2 : PL_NEVER;
         if (s->q.n > 0) {
             int b = s->q.n < (uint32_t)s->cap ? (int)s->q.n : s->cap;
             int64_t h = pl__q_at((pl__queue_t *)&s->q, 0)->deadline_us - now_us - cost_on(s, n, b);

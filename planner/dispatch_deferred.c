@@ -161,6 +161,8 @@ static double window_rate_per_us(const session_t *s, int64_t now_us)
  * rose shows. */
 static int eager(const pl_dispatch_t *d, const session_t *s, int64_t now_us)
 {
+    if (s->best_effort)
+        return 1; /* no SLO: nothing to wait for (pl_session_cfg_t.best_effort) */
     if (d->opts.policy != PL_POLICY_ADAPTIVE || s->nroutes == 0)
         return 0;
     int64_t el = now_us - s->win_start_us;

@@ -95,6 +95,7 @@ typedef struct {
     int64_t win_first; /* of win_count, the opening clump's (pl_dispatch_requests) */
     double win_rate;
     int priority;            /* pl_session_cfg_t.priority: smaller first */
+    int best_effort;         /* pl_session_cfg_t.best_effort */
     int64_t last_arrival_us; /* PL_NEVER: none yet */
 } session_t;
 

@@ -179,7 +179,19 @@ typedef struct {
     /* Rank among the sessions that share a worker, >= 0: a smaller number
      * is served first (see "Priorities" above); all equal (0): none. */
     int priority;
+    /* 1: nobody asked for an SLO (issue 23). Its requests' deadlines are
+     * only the server's bound on a request's life; deferred and adaptive
+     * send its batches as soon as a worker is free (waiting for a frontrun
+     * moment buys nothing without an SLO to fill), greedily (what queued
+     * while the worker was busy, up to max_batch), and rank it below every
+     * session with an SLO (priority PL_PRIORITY_BEST_EFFORT + priority), so
+     * that SLO traffic keeps its room when the two compete. Set slo_us 0.
+     * Early-drop (the Nexus baseline) only drops it at its deadline. */
+    int best_effort;
 } pl_session_cfg_t;
+
+/* The priority rank of best-effort sessions: below any a caller gives. */
+#define PL_PRIORITY_BEST_EFFORT (1 << 20)
 
 /* One worker holding a session's model. target_batch is the batch size the
  * planner chose for the session on that worker (early-drop's window);

@@ -57,6 +57,13 @@
  * goes. */
 #define PL_LOOP_IDLE_RPS 0.05
 
+/* A best-effort request (nobody asked for an SLO, issue 23) is planned as
+ * if its SLO were this: the plan gives its load devices and batches large
+ * enough to keep up with it, while the dispatcher sends it as soon as a
+ * worker is free, below every SLO, and drops it only at the server's bound
+ * on a request's life (pl_session_cfg_t.best_effort). */
+#define PL_LOOP_BEST_EFFORT_MS 1000.0
+
 typedef struct {
     pl_epoch_config_t epoch;
     /* A rate above high times what the plan serves re-plans after this

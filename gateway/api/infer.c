@@ -12,6 +12,8 @@
 #include "gw_codec.h"
 #include "gw_http.h"
 
+#include <pl_loop.h>
+
 #include <math.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -103,7 +105,9 @@ static void submit(gw_server_t *srv, gw_item_t *item)
     gw_infer_t *req = item->req;
     item->srv = srv;
     item->model = req->model;
-    item->slo_ms = req->slo_ms;
+    /* Best effort is planned at PL_LOOP_BEST_EFFORT_MS (gw_item_t). */
+    item->best_effort = !(req->slo_ms > 0);
+    item->slo_ms = item->best_effort ? PL_LOOP_BEST_EFFORT_MS : req->slo_ms;
     item->priority = (uint8_t)req->priority;
     item->arrival_us = req->arrival_us;
     item->deadline_us = req->deadline_us;
@@ -260,10 +264,12 @@ static void answer_headers(gw_infer_t *req, h2o_req_t *hreq)
 {
     char v[160];
     gw_add_header(hreq, "x-request-id", req->request_id);
-    if (req->slo_ms > 0) {
+    gw_add_header(hreq, "x-slo-source", req->slo_source ? req->slo_source : "none");
+    if (!(req->slo_ms > 0)) {
+        gw_add_header(hreq, "x-slo-ms", "none"); /* best effort */
+    } else {
         snprintf(v, sizeof(v), "%g", req->slo_ms);
         gw_add_header(hreq, "x-slo-ms", v);
-        gw_add_header(hreq, "x-slo-source", req->slo_source ? req->slo_source : "server");
         /* Late: by how much, on the answer itself (not only in /metrics). */
         double late = (double)(sq_now_us() - req->arrival_us) / 1000.0 - req->slo_ms;
         if (late > 0) {
@@ -278,10 +284,60 @@ static void answer_headers(gw_infer_t *req, h2o_req_t *hreq)
     }
 }
 
+/* The least SLO the request can meet, in ms: its items alone on one idle
+ * worker of the model's serving kind, in batches of at most max_batch (the
+ * profile's latencies with the margin), plus the dispatch margin; 0 when
+ * unknown (no profile, or no worker of its kind up). */
+static double least_slo_ms(const gw_infer_t *req)
+{
+    gw_server_t *srv = req->base.srv;
+    const gw_model_t *m = req->model;
+    int kind = gw_dispatch_serving_kind(srv, m);
+    if (kind < 0 || !m->has_profile[kind])
+        return 0;
+    int n = req->n_items > 0 ? req->n_items : 1; /* refused before its items were made */
+    const pl_profile_t *p = &m->profile[kind];
+    int cap = m->max_batch > 0 && m->max_batch < p->max_batch ? m->max_batch : p->max_batch;
+    if (cap < 1)
+        return 0;
+    int full = n / cap, rest = n % cap;
+    double us = full * pl_latency_us(p, cap, srv->cfg->k_std) +
+                (rest > 0 ? pl_latency_us(p, rest, srv->cfg->k_std) : 0);
+    return us < 0 ? 0 : (us + (double)srv->cfg->dispatch_margin_us) / 1000.0;
+}
+
+/* A failed request's answer. A request refused or dropped for its deadline
+ * says the SLO it had and the least one it can meet; a 503 carries
+ * Retry-After only where a retry can succeed: not when its SLO is below
+ * what its items take alone on an idle worker (issue 23: "Retry-After: 1"
+ * on a request no retry could ever serve). */
 static void send_failure(gw_infer_t *req, h2o_req_t *hreq)
 {
     answer_headers(req, hreq);
-    gw_send_error(hreq, req->err, req->err_detail[0] ? req->err_detail : NULL);
+    const char *detail = req->err_detail[0] ? req->err_detail : NULL;
+    double least = req->err == SQ_DEADLINE && req->slo_ms > 0 ? least_slo_ms(req) : 0;
+    if (least <= 0) {
+        gw_send_error(hreq, req->err, detail);
+        return;
+    }
+    char why[sizeof(req->err_detail) + 320];
+    const char *what = detail != NULL ? detail : sq_err_msg(req->err);
+    int hopeless = req->slo_ms < least;
+    if (strstr(what, "ask for") != NULL) /* check_feasible said it all */
+        snprintf(why, sizeof(why), "%s", what);
+    else if (hopeless)
+        snprintf(why, sizeof(why),
+                 "%s: an SLO of %g ms (%s) cannot be met for %d item%s, which take at least "
+                 "%.1f ms alone on an idle worker; ask for %.0f ms or more, or for none (best "
+                 "effort)",
+                 what, req->slo_ms, req->slo_source ? req->slo_source : "server", req->n_items,
+                 req->n_items == 1 ? "" : "s", least, ceil(least));
+    else
+        snprintf(why, sizeof(why),
+                 "%s under the current load: SLO %g ms (%s); alone on an idle worker it takes "
+                 "%.1f ms, so a retry can make it, or a larger SLO, or none (best effort)",
+                 what, req->slo_ms, req->slo_source ? req->slo_source : "server", least);
+    gw_send_error_retry(hreq, req->err, why, !hopeless);
 }
 
 typedef struct {
@@ -435,8 +491,11 @@ static gw_infer_t *infer_new(gw_call_t *call, gw_api_t api)
     req->api = api;
     req->arrival_us = sq_now_us();
     req->top_k = DEFAULT_TOP_K;
+    /* An SLO only where someone asked for one (issue 23): the model's
+     * default_slo_ms, else squishd's --default-slo-ms, else none (0: best
+     * effort); the request's own replaces either (set_deadline). */
     req->slo_ms = m->default_slo_ms > 0 ? m->default_slo_ms : srv->cfg->default_slo_ms;
-    req->slo_source = m->default_slo_ms > 0 ? "model" : "server";
+    req->slo_source = m->default_slo_ms > 0 ? "model" : req->slo_ms > 0 ? "server" : "none";
     req->priority = GW_PRIORITY_DEFAULT;
     h2o_iovec_t rid = gw_header(hreq, "x-request-id");
     if (rid.len > 0 && rid.len < sizeof(req->request_id)) {
@@ -448,7 +507,8 @@ static gw_infer_t *infer_new(gw_call_t *call, gw_api_t api)
     return req;
 }
 
-/* Applies an SLO (ms; <= 0 keeps the current one), caps it and sets the deadline. */
+/* Applies an SLO (ms; <= 0 keeps the current one), caps it and sets the
+ * deadline: without an SLO (best effort), --max-request-ms's. */
 static void set_deadline(gw_infer_t *req, double slo_ms, const gw_config_t *cfg)
 {
     if (slo_ms > 0) {
@@ -459,7 +519,8 @@ static void set_deadline(gw_infer_t *req, double slo_ms, const gw_config_t *cfg)
         req->slo_asked_ms = req->slo_ms;
         req->slo_ms = cfg->max_request_ms;
     }
-    req->deadline_us = req->arrival_us + (int64_t)(req->slo_ms * 1000.0);
+    double life_ms = req->slo_ms > 0 ? req->slo_ms : cfg->max_request_ms;
+    req->deadline_us = req->arrival_us + (int64_t)(life_ms * 1000.0);
 }
 
 /* Sizes the item and output arrays and marks every item pending; 0, or
@@ -578,8 +639,8 @@ static int check_feasible(gw_infer_t *req)
         return 0;
     double l1 = pl_latency_us(&m->profile[kind], 1, srv->cfg->k_std) / 1000.0;
     double margin = srv->cfg->dispatch_margin_us / 1000.0;
-    if (req->slo_ms >= l1 + margin)
-        return 0;
+    if (!(req->slo_ms > 0) || req->slo_ms >= l1 + margin)
+        return 0; /* best effort, or feasible */
     reject(req, SQ_DEADLINE,
            "an SLO of %g ms cannot be met: one request takes at least %.1f ms on %s (l(1) %.1f ms "
            "+ dispatch margin %.1f ms); ask for %.0f ms or more",
@@ -733,11 +794,14 @@ static void respond_v2(gw_async_t *a, h2o_req_t *hreq)
     timing_t t = timing_of(req);
     /* The SLO it was served under, and how late it is (0: in time); its
      * source is the x-slo-source header. */
-    double late_ms = t.total_ms > req->slo_ms ? t.total_ms - req->slo_ms : 0;
-    gw_oip_param_t params[7] = {{"queue_ms", t.queue_ms},     {"preprocess_ms", t.preprocess_ms},
-                                {"execute_ms", t.execute_ms}, {"total_ms", t.total_ms},
-                                {"batch_size", t.batch_size}, {"slo_ms", req->slo_ms},
-                                {"late_ms", late_ms}};
+    double late_ms = req->slo_ms > 0 && t.total_ms > req->slo_ms ? t.total_ms - req->slo_ms : 0;
+    const char *source = req->slo_source ? req->slo_source : "none";
+    gw_oip_param_t params[8] = {
+        {"queue_ms", t.queue_ms, NULL},     {"preprocess_ms", t.preprocess_ms, NULL},
+        {"execute_ms", t.execute_ms, NULL}, {"total_ms", t.total_ms, NULL},
+        {"batch_size", t.batch_size, NULL}, {"slo_source", 0, source},
+        {"slo_ms", req->slo_ms, NULL},      {"late_ms", late_ms, NULL}};
+    int nparams = req->slo_ms > 0 ? 8 : 6; /* best effort: no SLO to be late for */
     size_t nlabels = json_array_size(m->labels);
     const char **labels = sq_xcalloc(nlabels + 1, sizeof(*labels));
     for (size_t i = 0; i < nlabels; i++)
@@ -769,7 +833,7 @@ static void respond_v2(gw_async_t *a, h2o_req_t *hreq)
                               .labels = labels,
                               .nlabels = (int)nlabels,
                               .params = params,
-                              .nparams = 7};
+                              .nparams = nparams};
     sq_buf_t out;
     sq_buf_init(&out);
     long long header_len = -1;

@@ -48,10 +48,11 @@ static json_t *model_config(const gw_model_t *m)
                             real3(m->std), "channel_order", m->bgr ? "bgr" : "rgb", "resize",
                             m->nearest ? "nearest" : "bilinear", "size", m->h, m->w);
     json_t *c = json_pack(
-        "{s:s, s:i, s:s, s:i, s:[o], s:o, s:o, s:f, s:s, s:o}", "name", m->name, "version",
+        "{s:s, s:i, s:s, s:i, s:[o], s:o, s:o, s:o, s:s, s:o}", "name", m->name, "version",
         m->version, "platform", m->emulated ? "squish_emulated" : "onnxruntime_onnx",
         "max_batch_size", m->max_batch, "input", in, "output", outs, "preprocessing", pre,
-        "default_slo_ms", m->default_slo_ms, "status", m->status, "profiled_on", profiles);
+        "default_slo_ms", m->default_slo_ms > 0 ? json_real(m->default_slo_ms) : json_null(),
+        "status", m->status, "profiled_on", profiles);
     if (m->error[0])
         json_object_set_new(c, "error", json_string(m->error));
     return c;

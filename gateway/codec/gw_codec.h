@@ -151,10 +151,12 @@ void gw_oip_request_set_id(gw_oip_request_t *req, const char *id, size_t len);
 /* Releases what the request owns; accepts NULL and a zeroed or failed request. */
 void gw_oip_request_dispose(gw_oip_request_t *req);
 
-/* A named number for the response's top-level "parameters" (timings...). */
+/* A named number for the response's top-level "parameters" (timings...),
+ * or a string when text is not NULL. */
 typedef struct {
     const char *name;
     double value;
+    const char *text;
 } gw_oip_param_t;
 
 typedef struct {

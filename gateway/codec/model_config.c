@@ -254,7 +254,7 @@ int gw_model_config_parse(const char *text, size_t len, int emulated, gw_model_c
 {
     memset(cfg, 0, sizeof(*cfg));
     cfg->version = 1;
-    cfg->default_slo_ms = 100;
+    cfg->default_slo_ms = 0; /* none: best effort unless the request or squishd names one */
     snprintf(cfg->resize, sizeof(cfg->resize), "bilinear");
     snprintf(cfg->channel_order, sizeof(cfg->channel_order), "RGB");
     const double mean[3] = {0.485 * 255, 0.456 * 255, 0.406 * 255};
@@ -315,10 +315,12 @@ int gw_model_config_parse(const char *text, size_t len, int emulated, gw_model_c
             goto out;
         rc = SQ_BAD_CONFIG;
     }
-    if ((v = json_object_get(root, "default_slo_ms")) != NULL) {
+    if ((v = json_object_get(root, "default_slo_ms")) != NULL && !json_is_null(v)) {
         if (get_number(v, &cfg->default_slo_ms) != 0 || cfg->default_slo_ms <= 0 ||
             cfg->default_slo_ms > 3600000) {
-            rc = bad(err, errlen, "default_slo_ms", "expected a number of ms in (0, 3600000]");
+            rc = bad(err, errlen, "default_slo_ms",
+                     "expected a number of ms in (0, 3600000], or null (none: "
+                     "best effort)");
             goto out;
         }
     }

@@ -257,7 +257,10 @@ int gw_oip_response_encode(const gw_oip_response_t *resp, sq_buf_t *out, long lo
                 sq_buf_put_u8(out, ',');
             put_json_string(out, resp->params[i].name, strlen(resp->params[i].name));
             sq_buf_put_u8(out, ':');
-            put_f64(out, resp->params[i].value);
+            if (resp->params[i].text != NULL)
+                put_json_string(out, resp->params[i].text, strlen(resp->params[i].text));
+            else
+                put_f64(out, resp->params[i].value);
         }
         sq_buf_put_u8(out, '}');
     }

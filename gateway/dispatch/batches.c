@@ -275,16 +275,17 @@ static void on_timer(sq_loop_t *loop, uint64_t id, void *data)
 /* ---- sessions and routes ---------------------------------------------- */
 
 /* The dispatcher session of (model, SLO bucket, input kind, priority
- * level): its requests batch together; the planner sees the model and the
- * bucket only (every level of one bucket shares its routes). */
+ * level, best effort): its requests batch together; the planner sees the
+ * model and the bucket only (every level of one bucket shares its routes,
+ * and best effort is planned at the bucket of PL_LOOP_BEST_EFFORT_MS). */
 int ds_session_ensure(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint8_t input_kind,
-                      uint8_t priority, int *created)
+                      uint8_t priority, uint8_t best_effort, int *created)
 {
     *created = 0;
     for (int i = 0; i < ds->nsessions; i++) {
         ds_session_t *s = &ds->sessions[i];
         if (s->model == dm && s->bucket_ms == bucket && s->input_kind == input_kind &&
-            s->priority == priority)
+            s->priority == priority && s->best_effort == best_effort)
             return s->id;
     }
     int max_batch = dm->m->max_batch;
@@ -294,7 +295,8 @@ int ds_session_ensure(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint8_t 
             max_batch = l->max_batch;
     }
     pl_session_cfg_t cfg = {.profile = ds_profile(dm, dm->kind),
-                            .slo_us = (int64_t)(bucket * 1000.0),
+                            .slo_us = best_effort ? 0 : (int64_t)(bucket * 1000.0),
+                            .best_effort = best_effort,
                             .max_batch = max_batch,
                             .item_bytes = (int64_t)ds_item_bytes(dm->m, input_kind),
                             .priority = priority};
@@ -307,8 +309,12 @@ int ds_session_ensure(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint8_t 
             ds->capsessions *= 2;
         ds->sessions = sq_xrealloc(ds->sessions, sizeof(*ds->sessions) * (size_t)ds->capsessions);
     }
-    ds->sessions[id] = (ds_session_t){
-        .id = id, .model = dm, .bucket_ms = bucket, .input_kind = input_kind, .priority = priority};
+    ds->sessions[id] = (ds_session_t){.id = id,
+                                      .model = dm,
+                                      .bucket_ms = bucket,
+                                      .input_kind = input_kind,
+                                      .priority = priority,
+                                      .best_effort = best_effort};
     if (id >= ds->nsessions)
         ds->nsessions = id + 1;
     *created = 1;
@@ -348,8 +354,9 @@ void ds_enqueue_items(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t **items, int 
         /* The planner counts items: a clump of 8 is 8 requests' work. */
         ds_plan_arrival(ds, dm, gw_slo_bucket_ms(it->slo_ms), it);
         int made;
-        sess[i] = ds_session_ensure(ds, dm, gw_slo_bucket_ms(it->slo_ms), it->input_kind,
-                                    (uint8_t)gw_priority_level(it->priority), &made);
+        sess[i] =
+            ds_session_ensure(ds, dm, gw_slo_bucket_ms(it->slo_ms), it->input_kind,
+                              (uint8_t)gw_priority_level(it->priority), it->best_effort, &made);
         created |= made;
         if (sess[i] < 0)
             ds_fail_item(ds, it, SQ_NOT_READY, "the model has no usable profile");

@@ -16,6 +16,8 @@
  * sq_loop_post (gw_dispatch_submit and friends). */
 #include "gw_dispatch_int.h"
 
+#include <pl_loop.h>
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -452,6 +454,8 @@ static void warm_key(gw_dispatch_t *ds, int64_t key)
         return;
     ds_model_t *dm = strcmp(m->status, "ready") == 0 ? ds_model_get(ds, m) : NULL;
     double slo = m->default_slo_ms > 0 ? m->default_slo_ms : ds->srv->cfg->default_slo_ms;
+    if (!(slo > 0))
+        slo = PL_LOOP_BEST_EFFORT_MS; /* what its best-effort requests are planned at */
     gw_model_unref(m);
     if (dm == NULL || dm->removed || dm->poisoned || ds->aborted)
         return;

@@ -54,8 +54,12 @@ struct gw_item {
     int64_t in_off;     /* arena offset of the item's input; -1 when none yet */
     uint8_t input_kind; /* SQ_INPUT_* */
     uint8_t priority;   /* 1..GW_PRIORITY_LEVELS; 0 = the default level */
-    int64_t ready_us;   /* preprocessed and handed to the dispatcher */
-    int64_t sent_us;    /* its batch went to a worker */
+    /* 1: nobody asked for an SLO: slo_ms is only what it is planned at
+     * (PL_LOOP_BEST_EFFORT_MS) and deadline_us the server's bound
+     * (--max-request-ms); its session is best effort (pl_session_cfg_t). */
+    uint8_t best_effort;
+    int64_t ready_us; /* preprocessed and handed to the dispatcher */
+    int64_t sent_us;  /* its batch went to a worker */
     int64_t done_us;
     int batch_size;
     int member;       /* in a prefix group's batch: its model's index there */

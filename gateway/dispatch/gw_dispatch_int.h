@@ -142,7 +142,8 @@ typedef struct {
     ds_model_t *model;
     double bucket_ms;
     uint8_t input_kind;
-    uint8_t priority; /* 1..GW_PRIORITY_LEVELS: the core's session priority */
+    uint8_t priority;    /* 1..GW_PRIORITY_LEVELS: the core's session priority */
+    uint8_t best_effort; /* gw_item_t.best_effort */
 } ds_session_t;
 
 /* The dispatcher core names requests by 64-bit ids: a slot index (low 32
@@ -448,9 +449,10 @@ void ds_pump(gw_dispatch_t *ds);
 /* Gives dm's sessions their routes (planning.c decides which workers). */
 void ds_update_routes(gw_dispatch_t *ds, ds_model_t *dm);
 /* The dispatcher session of (model, SLO bucket, input kind, priority
- * level), made (and *created set) the first time; its core id, or < 0. */
+ * level, best effort), made (and *created set) the first time; its core
+ * id, or < 0. */
 int ds_session_ensure(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint8_t input_kind,
-                      uint8_t priority, int *created);
+                      uint8_t priority, uint8_t best_effort, int *created);
 /* Queues it in dm's session for its SLO bucket and input kind. */
 void ds_enqueue_item(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t *it);
 /* The same for n items ready together (a clump, gw_dispatch_submit): those

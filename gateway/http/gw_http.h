@@ -108,6 +108,9 @@ void gw_send_json(h2o_req_t *req, int status, json_t *obj);
 /* Sends {"error": detail or the default message, "code": name} with the
  * error's HTTP status; a 503 carries Retry-After. */
 void gw_send_error(h2o_req_t *req, int err, const char *detail);
+/* The same; a 503 carries Retry-After: 1 only when retry is not 0 (a retry
+ * can succeed). */
+void gw_send_error_retry(h2o_req_t *req, int err, const char *detail, int retry);
 /* Adds a response header (name is lower-case). */
 void gw_add_header(h2o_req_t *req, const char *name, const char *value);
 

@@ -92,8 +92,13 @@ void gw_send_json(h2o_req_t *req, int status, json_t *obj)
 
 void gw_send_error(h2o_req_t *req, int err, const char *detail)
 {
+    gw_send_error_retry(req, err, detail, 1);
+}
+
+void gw_send_error_retry(h2o_req_t *req, int err, const char *detail, int retry)
+{
     int status = sq_err_http_status(err);
-    if (status == 503)
+    if (status == 503 && retry)
         gw_add_header(req, "retry-after", "1");
     gw_send_json(req, status,
                  json_pack("{s:s, s:s}", "error", detail ? detail : sq_err_msg(err), "code",

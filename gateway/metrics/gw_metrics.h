@@ -95,7 +95,7 @@ void gw_metrics_http(gw_metrics_t *ms, const char *route, int status);
 typedef struct {
     int status;     /* HTTP status of the answer */
     int err;        /* 0, or the SQ_* error it was answered with */
-    double slo_ms;  /* the request's SLO (labelled by its dispatcher bucket) */
+    double slo_ms;  /* the request's SLO (labelled by its dispatcher bucket; 0: "none") */
     int priority;   /* its dispatch priority level; 0: none yet (not counted by level) */
     int items;      /* images or tensor rows */
     double total_s; /* arrival to answer */

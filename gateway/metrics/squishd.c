@@ -39,8 +39,9 @@ gw_metrics_t *gw_metrics_new(void)
     gw_metrics_t *m = ms;
     m->requests = gw_metrics_family(
         m, GW_METRIC_COUNTER, "squish_requests_total",
-        "Inference requests answered, by model, version, SLO bucket (ms) and outcome: ok, late "
-        "(answered after its deadline), dropped (503: deadline, overload, no worker) or error.",
+        "Inference requests answered, by model, version, SLO bucket (ms; none: best effort) and "
+        "outcome: ok, late (answered after its deadline), dropped (503: deadline, overload, no "
+        "worker) or error.",
         model_version_slo_outcome, NULL, 0, 8192);
     const char *const priority_outcome[] = {"priority", "outcome", NULL};
     m->priority_requests = gw_metrics_family(
@@ -261,7 +262,8 @@ const char *gw_metrics_outcome(const gw_metrics_request_t *r)
 {
     if (r->err != 0)
         return r->status == 503 ? "dropped" : "error";
-    return r->total_s * 1000.0 > r->slo_ms ? "late" : "ok";
+    /* Best effort (no SLO) is never late. */
+    return r->slo_ms > 0 && r->total_s * 1000.0 > r->slo_ms ? "late" : "ok";
 }
 
 static void observe_model(gw_metric_family_t *f, const char *model, double v)
@@ -276,7 +278,10 @@ void gw_metrics_request(gw_metrics_t *ms, const gw_model_t *m, const gw_metrics_
         return;
     char version[16], slo[40];
     snprintf(version, sizeof(version), "%d", m->version);
-    gw__metrics_fmt_double(slo, sizeof(slo), gw_slo_bucket_ms(r->slo_ms));
+    if (r->slo_ms > 0)
+        gw__metrics_fmt_double(slo, sizeof(slo), gw_slo_bucket_ms(r->slo_ms));
+    else
+        snprintf(slo, sizeof(slo), "none"); /* best effort */
     const char *outcome = gw_metrics_outcome(r);
     const char *v[] = {m->name, version, slo, outcome};
     gw_metrics_add(gw_metrics_series(ms->requests, v), 1);

@@ -103,19 +103,18 @@ def half_the_device_capacity_stays_within_the_slo():
 @test
 def every_answer_says_the_slo_it_was_served_under():
     # Issue 23: a 200 carried nothing that said which SLO applied, nor
-    # whether it was late. Headers x-slo-ms and x-slo-source (request, model
-    # or server), OIP parameters slo_ms and late_ms (0: in time); a late
+    # whether it was late. Headers x-slo-ms and x-slo-source (request, model,
+    # server or none), OIP parameters slo_source, slo_ms and late_ms (0: in
+    # time); a late
     # answer also gets x-slo-late-ms.
     s = Squishd(workers="emu:1")
     try:
         s.wait_ready(workers=1)
         upload(s, EMU)
         upload(s, dict(EMU, name="emu_d", default_slo_ms=700))
-        # (An upload without default_slo_ms still gets 100 ms, so "server"
-        # does not occur yet: issue 23 item 2.)
+        # Without default_slo_ms or an SLO asked: best effort (test_slo.py).
         for model, hdrs, slo, source in (("emu", {"X-SLO-Ms": "300"}, 300, "request"),
-                                         ("emu_d", {}, 700, "model"),
-                                         ("emu", {}, 100, "model")):
+                                         ("emu_d", {}, 700, "model")):
             r = s.request("POST", "/v2/models/%s/infer" % model, body=TENSOR,
                           headers=dict({"Inference-Header-Content-Length": "0"}, **hdrs))
             assert r.status == 200, r
@@ -126,6 +125,7 @@ def every_answer_says_the_slo_it_was_served_under():
                 assert float(r.headers["x-slo-ms"]) == slo, r.headers
             assert body["parameters"]["slo_ms"] == float(r.headers["x-slo-ms"]), body
             assert body["parameters"]["late_ms"] == 0, body
+            assert body["parameters"]["slo_source"] == source, body
             assert "x-slo-late-ms" not in r.headers, r.headers
         assert s.stop() == 0
     finally:

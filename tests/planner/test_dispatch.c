@@ -659,6 +659,130 @@ Test(dispatch, adaptive_bursts_at_low_load_are_answered_at_once)
         }
 }
 
+/* A best-effort session (no SLO: deadlines 60 s out) of l(b) = b + 5 ms on
+ * one worker. */
+static int add_best_effort_session(rig_t *r)
+{
+    pl_profile_t p;
+    pl_profile_init_linear(&p, 1000, 5000, 64);
+    pl_session_cfg_t cfg = {.profile = &p, .best_effort = 1};
+    int sid = pl_dispatch_session_add(r->d, &cfg);
+    pl_profile_dispose(&p);
+    cr_assert_geq(sid, 0);
+    route_all(r, sid, 1, 0);
+    return sid;
+}
+
+Test(dispatch, best_effort_goes_as_soon_as_the_worker_is_free_under_every_deferring_policy)
+{
+    /* Bursts of k with no SLO: nothing to fill by waiting, so no policy
+     * defers them toward a deadline a minute out (issue 23: a request with
+     * no SLO got one imposed). Each burst goes at once, its first request
+     * alone and the rest as one batch after it at the latest. */
+    pl_policy_t policies[] = {PL_POLICY_DEFERRED, PL_POLICY_ADAPTIVE};
+    int ks[] = {1, 4, 16};
+    for (int pi = 0; pi < 2; pi++)
+        for (int ki = 0; ki < 3; ki++) {
+            int k = ks[ki];
+            rig_t *r = malloc(sizeof(*r));
+            rig_init(r, policies[pi]);
+            add_workers(r, 1);
+            int sid = add_best_effort_session(r);
+            enum { BURSTS = 6 };
+            arrival_t arr[16 * BURSTS];
+            for (int i = 0; i < k * BURSTS; i++) {
+                int64_t at = 500000 * (i / k) + 300 * (i % k);
+                arr[i] = (arrival_t){.at_us = at, .session = sid, .deadline_us = at + 60000000};
+            }
+            rig_run(r, arr, k * BURSTS, 1);
+            cr_assert_eq(r->ndropped, 0);
+            int64_t bound = 3 * (1000 * k + 5000) + 10000, worst = 0;
+            for (int b = 0; b < r->nsent; b++)
+                for (int j = 0; j < r->sent[b].count; j++) {
+                    int64_t took = r->sent[b].finish_us - arr[r->sent[b].ids[j] - 1].at_us;
+                    worst = took > worst ? took : worst;
+                }
+            cr_assert_leq(worst, bound, "%s, bursts of %d: %lld us, bound %lld",
+                          pl_policy_name(policies[pi]), k, (long long)worst, (long long)bound);
+            pl_dispatch_free(r->d);
+            free(r);
+        }
+}
+
+Test(dispatch, best_effort_yields_to_slo_traffic_and_is_never_dropped_below_its_bound)
+{
+    /* One worker: a session with an SLO of 30 ms (a request every 20 ms,
+     * so its queue is often empty when the worker comes free), and a flood
+     * of best-effort work (300 requests at once, then 50 every 100 ms) for
+     * 2 s. SLO traffic keeps its deadlines: while it is active, a
+     * best-effort batch is cut to what leaves its next request its SLO
+     * (alike, a batch of 64, 69 ms, would make it miss). Best effort is
+     * served in full, late but never dropped: its deadline is the server's
+     * bound on a request's life, not an SLO. */
+    pl_policy_t policies[] = {PL_POLICY_DEFERRED, PL_POLICY_ADAPTIVE};
+    for (int pi = 0; pi < 2; pi++) {
+        rig_t *r = malloc(sizeof(*r));
+        rig_init(r, policies[pi]);
+        add_workers(r, 1);
+        int tight = add_prio_session(r, 30000, 0);
+        int be = add_best_effort_session(r);
+        enum { N = 2000 };
+        arrival_t *arr = malloc(sizeof(*arr) * N);
+        int n = 0, tight_n = 0, be_n = 0;
+        int64_t t_tight = 0, t_be = 0;
+        int be_left = 300;
+        while (t_tight < 2000000 || t_be < 2000000) {
+            cr_assert_lt(n, N);
+            if (t_be < 2000000 && t_be <= t_tight) {
+                arr[n++] =
+                    (arrival_t){.at_us = t_be, .session = be, .deadline_us = t_be + 60000000};
+                be_n++;
+                if (--be_left == 0) {
+                    t_be += 100000;
+                    be_left = 50;
+                }
+            } else {
+                arr[n++] =
+                    (arrival_t){.at_us = t_tight, .session = tight, .deadline_us = t_tight + 30000};
+                tight_n++;
+                t_tight += 20000;
+            }
+        }
+        rig_run(r, arr, n, 1);
+        cr_assert_eq(r->overlap, 0);
+        int tight_ok = 0, be_ok = 0;
+        for (int b = 0; b < r->nsent; b++) {
+            for (int j = 0; j < r->sent[b].count; j++) {
+                const arrival_t *a = &arr[r->sent[b].ids[j] - 1];
+                cr_assert_leq(r->sent[b].finish_us, a->deadline_us);
+            }
+            if (r->sent[b].session == tight)
+                tight_ok += r->sent[b].count;
+            else
+                be_ok += r->sent[b].count;
+        }
+        cr_assert_eq(r->ndropped, 0, "%s: %d dropped", pl_policy_name(policies[pi]), r->ndropped);
+        cr_assert_eq(tight_ok, tight_n);
+        cr_assert_eq(be_ok, be_n);
+        pl_dispatch_free(r->d);
+        free(arr);
+        free(r);
+    }
+}
+
+Test(dispatch, a_caller_priority_at_the_best_effort_rank_is_refused)
+{
+    rig_t *r = malloc(sizeof(*r));
+    rig_init(r, PL_POLICY_ADAPTIVE);
+    pl_profile_t p;
+    pl_profile_init_linear(&p, 1000, 5000, 64);
+    pl_session_cfg_t cfg = {.profile = &p, .slo_us = 30000, .priority = PL_PRIORITY_BEST_EFFORT};
+    cr_assert_eq(pl_dispatch_session_add(r->d, &cfg), SQ_INVAL);
+    pl_profile_dispose(&p);
+    pl_dispatch_free(r->d);
+    free(r);
+}
+
 /* Clumps of n requests, each request its own arrival at the clump's
  * instant (items released one by one), every gap_us from 0, on
  * a session of l(b) = b + 5 ms, max batch 32, SLO 200 ms, over 2 workers.

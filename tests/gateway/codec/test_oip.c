@@ -1081,7 +1081,8 @@ Test(oip, json_response_parses_back_exactly)
     const float *outs[2] = {logits, features};
     const char *labels[10] = {"zero", "one", "two",   "three", "four",
                               "five", "six", "seven", "eight", NULL};
-    gw_oip_param_t params[2] = {{"queue_ms", 1.25}, {"batch_size", 2}};
+    gw_oip_param_t params[3] = {
+        {"queue_ms", 1.25, NULL}, {"batch_size", 2, NULL}, {"slo_source", 0, "no\"ne"}};
     gw_oip_response_t resp = {.model_name = "tiny",
                               .model_version = "3",
                               .model = &m,
@@ -1090,7 +1091,7 @@ Test(oip, json_response_parses_back_exactly)
                               .labels = labels,
                               .nlabels = 10,
                               .params = params,
-                              .nparams = 2};
+                              .nparams = 3};
     sq_buf_t b;
     sq_buf_init(&b);
     long long hl = 99;
@@ -1105,6 +1106,7 @@ Test(oip, json_response_parses_back_exactly)
     cr_assert_eq(memcmp(json_string_value(json_object_get(j, "id")), "a\"b\x01", 4), 0);
     json_t *p = json_object_get(j, "parameters");
     cr_assert_eq(json_real_value(json_object_get(p, "queue_ms")), 1.25);
+    cr_assert_str_eq(json_string_value(json_object_get(p, "slo_source")), "no\"ne");
     json_t *outputs = json_object_get(j, "outputs");
     cr_assert_eq(json_array_size(outputs), 2);
     json_t *f = json_array_get(outputs, 0);
