@@ -123,10 +123,13 @@ json_t *gw_query_node_json(const gw_pipeline_t *p, gw_model_t *const *models, co
  * once: abandoned is set, so that its items still queued are not run
  * (batches.c) and no later stage starts for it. */
 typedef struct {
-    atomic_int abandoned;
-    atomic_int failed; /* set once: the first error wins */
-    int err;           /* valid when failed */
+    atomic_int abandoned; /* GW_ABANDONED_FAILED or _GONE (gw_item_t) */
+    atomic_int failed;    /* set once: the first error wins */
+    int err;              /* valid when failed */
     char detail[256];
+    /* Set: the first failure takes the query's items still queued out of
+     * the dispatcher (gw_dispatch_withdraw). */
+    struct gw_server *srv;
 } gw_query_fate_t;
 /* Fails the query (the first call's error and detail are kept) and
  * abandons it; any thread. */

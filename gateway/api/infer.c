@@ -54,7 +54,7 @@ void gw_item_finish(gw_item_t *item, int rc, const char *detail)
     gw_infer_t *req = item->req;
     if (rc != 0) {
         int expected = 0;
-        if (atomic_compare_exchange_strong(&req->failed, &expected, 1)) {
+        if (atomic_compare_exchange_strong(&req->failed, &expected, GW_ABANDONED_FAILED)) {
             req->err = rc;
             if (req->n_items > 1)
                 snprintf(req->err_detail, sizeof(req->err_detail), "image %d: %s", item->index,
@@ -62,6 +62,10 @@ void gw_item_finish(gw_item_t *item, int rc, const char *detail)
             else
                 snprintf(req->err_detail, sizeof(req->err_detail), "%s",
                          detail ? detail : sq_err_msg(rc));
+            /* Its other items still queued are taken out (refused means
+             * withdrawn); the last one pending need not be looked for. */
+            if (req->n_items > 1 && atomic_load(&req->pending) > 1)
+                gw_dispatch_withdraw(item->srv != NULL ? item->srv : req->base.srv);
         }
     }
     if (atomic_fetch_sub(&req->pending, 1) == 1)
@@ -113,9 +117,10 @@ static void submit(gw_server_t *srv, gw_item_t *item)
     item->deadline_us = req->deadline_us;
     item->out = req->outputs + (size_t)item->index * (size_t)req->model->out_elems;
     item->finish = gw_item_finish;
-    /* Refused means withdrawn: once one of its items failed (the request
-     * answers that error), the others still queued run no batch. */
-    if (item->abandoned == NULL && req->n_items > 1)
+    /* Refused or abandoned means withdrawn: once one of its items failed
+     * (the request answers that error) or its client went away
+     * (infer_gone), the others still queued run no batch. */
+    if (item->abandoned == NULL)
         item->abandoned = &req->failed;
     hand_over(srv, gw_clump_settle(&req->clump, item));
 }
@@ -425,6 +430,20 @@ static int parse_positive(const char *s, double *out)
 
 /* Looks the model up and builds the request; replies and returns NULL on
  * an error. */
+/* The client went away while the request was in squishd: its items not
+ * yet in a batch are withdrawn (gw_dispatch_withdraw), never run. */
+static void infer_gone(gw_async_t *a)
+{
+    gw_infer_t *req = (gw_infer_t *)a;
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&req->failed, &expected, GW_ABANDONED_GONE)) {
+        req->err = SQ_DEADLINE;
+        snprintf(req->err_detail, sizeof(req->err_detail), "the client went away");
+    }
+    if (atomic_load(&req->pending) > 0)
+        gw_dispatch_withdraw(a->srv);
+}
+
 static gw_infer_t *infer_new(gw_call_t *call, gw_api_t api)
 {
     h2o_req_t *hreq = call->req;
@@ -487,6 +506,8 @@ static gw_infer_t *infer_new(gw_call_t *call, gw_api_t api)
     }
     gw_infer_t *req = (gw_infer_t *)gw_async_new(call, sizeof(gw_infer_t));
     req->base.dispose = infer_dispose;
+    req->base.gone = infer_gone;
+    gw_async_watch(&req->base);
     req->model = m;
     req->api = api;
     req->arrival_us = sq_now_us();

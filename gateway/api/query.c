@@ -87,8 +87,14 @@ void gw_query_fate_fail(gw_query_fate_t *f, int rc, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(f->detail, sizeof(f->detail), fmt, ap);
         va_end(ap);
+        int was = 0;
+        atomic_compare_exchange_strong(&f->abandoned, &was, GW_ABANDONED_FAILED);
+        if (f->srv != NULL)
+            gw_dispatch_withdraw(f->srv);
+        return;
     }
-    atomic_store(&f->abandoned, 1);
+    int was = 0;
+    atomic_compare_exchange_strong(&f->abandoned, &was, GW_ABANDONED_FAILED);
 }
 
 gw_query_outcome_t gw_query_outcome(gw_query_fate_t *f)
@@ -636,6 +642,16 @@ static void query_start(gw_query_t *q, const gw_part_t *frames, int nframes)
 
 /* A query of the pipeline named by the call's first argument, or NULL
  * after replying 404 or 503. */
+/* The client went away: nothing more runs for the query (its items still
+ * queued are withdrawn, no later stage starts). */
+static void query_gone(gw_async_t *a)
+{
+    gw_query_t *q = (gw_query_t *)a;
+    int was = 0;
+    atomic_compare_exchange_strong(&q->fate.abandoned, &was, GW_ABANDONED_GONE);
+    gw_query_fate_fail(&q->fate, SQ_DEADLINE, "the client went away");
+}
+
 static gw_query_t *query_new(gw_call_t *call)
 {
     gw_server_t *srv = call->srv;
@@ -665,6 +681,9 @@ static gw_query_t *query_new(gw_call_t *call)
     }
     gw_query_t *q = (gw_query_t *)gw_async_new(call, sizeof(gw_query_t));
     q->base.dispose = query_dispose;
+    q->base.gone = query_gone;
+    gw_async_watch(&q->base);
+    q->fate.srv = srv;
     q->p = p;
     pthread_mutex_init(&q->mu, NULL);
     q->arrival_us = sq_now_us();

@@ -224,13 +224,8 @@ void ds_pump(gw_dispatch_t *ds)
         int live = 0;
         for (int k = 0; k < a->count; k++) {
             gw_item_t *it = a->items[k];
-            if (it != NULL && it->abandoned != NULL && atomic_load(it->abandoned)) {
-                /* Its request or query failed for another item: nothing
-                 * is run for an answer already lost. */
-                gw_metrics_withdrawn(ds->srv->metrics, it->model, "request_failed");
-                ds_fail_item(ds, it, SQ_DEADLINE, "withdrawn: another item of its request failed");
-                continue;
-            }
+            if (it != NULL && ds_withdrawn(ds, it))
+                continue; /* nothing is run for an answer already lost */
             if (it != NULL)
                 a->items[live++] = it;
         }
@@ -342,6 +337,48 @@ void ds_update_routes(gw_dispatch_t *ds, ds_model_t *dm)
     free(routes);
 }
 
+/* Fails it as withdrawn when it is abandoned; 1 if so. */
+int ds_withdrawn(gw_dispatch_t *ds, gw_item_t *it)
+{
+    int why = it->abandoned != NULL ? atomic_load(it->abandoned) : 0;
+    if (why == 0)
+        return 0;
+    int gone = why == GW_ABANDONED_GONE;
+    gw_metrics_withdrawn(ds->srv->metrics, it->model, gone ? "client_gone" : "request_failed");
+    ds_fail_item(ds, it, SQ_DEADLINE,
+                 gone ? "withdrawn: its client went away"
+                      : "withdrawn: another item of its request failed");
+    return 1;
+}
+
+void ds_withdraw_abandoned(gw_dispatch_t *ds)
+{
+    int64_t now = sq_now_us();
+    int any = 0;
+    for (uint32_t i = 0; i < ds->nhandles; i++) {
+        gw_item_t *it = ds->handles[i].item;
+        if (it == NULL || it->abandoned == NULL || atomic_load(it->abandoned) == 0)
+            continue;
+        /* Queued, not in a batch already (those are answered as they end). */
+        if (pl_dispatch_cancel(ds->core, now, it->core_session, it->core_id) != 0)
+            continue;
+        ds_withdrawn(ds, it);
+        any = 1;
+    }
+    for (int m = 0; m < ds->nmodels; m++) {
+        ds_model_t *dm = ds->models[m];
+        int kept = 0;
+        for (int k = 0; k < dm->npending; k++) {
+            gw_item_t *it = dm->pending[k];
+            if (!ds_withdrawn(ds, it))
+                dm->pending[kept++] = it;
+        }
+        dm->npending = kept;
+    }
+    if (any)
+        ds_pump(ds);
+}
+
 void ds_enqueue_items(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t **items, int n)
 {
     pl_request_t one;
@@ -379,6 +416,7 @@ void ds_enqueue_items(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t **items, int 
         for (int j = i; j < n; j++) {
             if (sess[j] != s)
                 continue;
+            items[j]->core_session = s;
             reqs[k++] = (pl_request_t){.id = ds_handle_new(ds, items[j]),
                                        .arrival_us = items[j]->arrival_us,
                                        .deadline_us = items[j]->deadline_us};

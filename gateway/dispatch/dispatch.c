@@ -148,11 +148,8 @@ static ds_model_t *admit(gw_dispatch_t *ds, gw_item_t *it)
         ds_fail_item(ds, it, SQ_DEADLINE, "the deadline passed during preprocessing");
         return NULL;
     }
-    if (it->abandoned != NULL && atomic_load(it->abandoned)) {
-        gw_metrics_withdrawn(ds->srv->metrics, it->model, "request_failed");
-        ds_fail_item(ds, it, SQ_DEADLINE, "withdrawn: another item of its request failed");
+    if (ds_withdrawn(ds, it))
         return NULL;
-    }
     ds_model_t *dm = ds_model_find(ds, m->key);
     if (dm == NULL) {
         /* New here, or deleted and forgotten (see reclaim) while the item
@@ -261,6 +258,22 @@ static void on_submit(sq_loop_t *loop, void *arg)
 void gw_dispatch_submit(gw_server_t *srv, gw_item_t *item)
 {
     sq_loop_post(srv->dispatch_loop, on_submit, item);
+}
+
+static void on_withdraw(sq_loop_t *loop, void *arg)
+{
+    gw_dispatch_t *ds = arg;
+    (void)loop;
+    atomic_store(&ds->withdraw_posted, 0);
+    if (!ds->aborted)
+        ds_withdraw_abandoned(ds);
+}
+
+void gw_dispatch_withdraw(gw_server_t *srv)
+{
+    gw_dispatch_t *ds = srv->dispatch;
+    if (ds != NULL && atomic_exchange(&ds->withdraw_posted, 1) == 0)
+        sq_loop_post(srv->dispatch_loop, on_withdraw, ds);
 }
 
 typedef struct {

@@ -64,10 +64,13 @@ struct gw_item {
     int batch_size;
     int member;       /* in a prefix group's batch: its model's index there */
     uint64_t core_id; /* its handle in the dispatcher core (0: none; dispatch thread) */
-    /* Not NULL: when it reads non-zero, the item is no longer wanted (its
-     * request or pipeline query failed for another item): it is failed
-     * instead of being sent, and counted as withdrawn. */
+    /* Not NULL: when it reads non-zero, the item is no longer wanted: its
+     * request or pipeline query failed for another item
+     * (GW_ABANDONED_FAILED) or its client went away (GW_ABANDONED_GONE).
+     * It is taken out of the dispatcher's queues (gw_dispatch_withdraw) or
+     * failed instead of being sent, and counted as withdrawn. */
     const atomic_int *abandoned;
+    int core_session; /* its dispatcher session while queued (dispatch thread) */
     /* A pipeline query's item: the pipeline (the query holds a reference
      * while the item lives), the item's stage and the query's SLO; NULL
      * otherwise. The planner counts it toward that stage, whose session
@@ -140,6 +143,14 @@ void gw_item_finish(gw_item_t *item, int rc, const char *detail);
  * together (a request's images, a detection run's crops), they enter their
  * session as one arrival (pl_dispatch_requests). */
 void gw_dispatch_submit(gw_server_t *srv, gw_item_t *item);
+/* Why an item is abandoned (gw_item_t.abandoned's values). */
+#define GW_ABANDONED_FAILED 1
+#define GW_ABANDONED_GONE 2
+/* Any thread: some items were abandoned. The dispatcher takes those still
+ * queued out of its queues, so that no batch is sized for them, and fails
+ * them as withdrawn (issue 23: refused or abandoned means withdrawn).
+ * Calls that come before it looks are one look. */
+void gw_dispatch_withdraw(gw_server_t *srv);
 /* Any thread: a model was published (uploaded, profiled) or removed
  * (m == NULL, key given). */
 void gw_dispatch_model_changed(gw_server_t *srv, int64_t key);

@@ -180,6 +180,7 @@ struct gw_dispatch {
     gw_server_t *srv;
     const gw_dispatch_ops_t *ops;
     int aborted;
+    atomic_int withdraw_posted; /* a gw_dispatch_withdraw look is on its way */
     sq_loop_t *loop;
     pl_dispatch_t *core;
     uint64_t timer;
@@ -457,6 +458,11 @@ int ds_session_ensure(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint8_t 
 void ds_enqueue_item(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t *it);
 /* The same for n items ready together (a clump, gw_dispatch_submit): those
  * of one session enter it as one arrival (pl_dispatch_requests). */
+/* Takes every abandoned item still queued (in the core or waiting for its
+ * model's load) out and fails it as withdrawn. */
+void ds_withdraw_abandoned(gw_dispatch_t *ds);
+/* Fails it as withdrawn (counted by reason) when it is abandoned; 1 if so. */
+int ds_withdrawn(gw_dispatch_t *ds, gw_item_t *it);
 void ds_enqueue_items(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t **items, int n);
 /* The requests that waited for dm's first load: queued, or failed. */
 void ds_flush_pending(gw_dispatch_t *ds, ds_model_t *dm);

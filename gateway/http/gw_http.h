@@ -62,6 +62,19 @@ struct gw_async {
     void (*respond)(gw_async_t *a, h2o_req_t *req);
     /* Optional: frees what the job owns; called once, on the loop thread. */
     void (*dispose)(gw_async_t *a);
+    /* Optional: the client went away before the reply was sent (h2o freed
+     * the request: the connection closed or reset); called at most once,
+     * on the loop thread, while the job is still alive. The job still ends
+     * with gw_async_done as usual; its reply goes nowhere. */
+    void (*gone)(gw_async_t *a);
+    int answered; /* its reply was sent (loop thread) */
+    int gone_told;
+    /* HTTP/1 only (gw_async_watch): h2o reads nothing more from the
+     * connection until the reply, so a client that closes is found by
+     * peeking at its socket every 100 ms. */
+    h2o_linklist_t watch_link;
+    int watch_fd;
+    void *watch_thread;
 };
 
 /* Allocates a job of `size` bytes (>= sizeof(gw_async_t), zeroed) bound to
@@ -69,6 +82,10 @@ struct gw_async {
 gw_async_t *gw_async_new(gw_call_t *call, size_t size);
 /* From any thread: the job is done; the loop thread replies. */
 void gw_async_done(gw_async_t *a);
+/* Loop thread, once its gone hook is set: tells the job when its client
+ * goes away before the reply (HTTP/2: a reset stream or a closed
+ * connection; HTTP/1: a connection closed, found within about 100 ms). */
+void gw_async_watch(gw_async_t *a);
 /* Sets the job's reply to an error (with optional detail). */
 void gw_async_fail(gw_async_t *a, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));

@@ -42,6 +42,10 @@ typedef struct {
     /* accepting paused: max_connections reached, or no file descriptor left */
     int paused;
     h2o_timeout_entry_t resume_timer;
+    /* HTTP/1 jobs whose client may go away (gw_async_watch), looked at
+     * every 100 ms while any. */
+    h2o_linklist_t watched;
+    h2o_timeout_entry_t watch_timer;
 } http_thread_t;
 
 struct gw_http {
@@ -121,12 +125,63 @@ static void async_release(gw_async_t *a)
     free(a);
 }
 
+static void unwatch(gw_async_t *a)
+{
+    if (h2o_linklist_is_linked(&a->watch_link))
+        h2o_linklist_unlink(&a->watch_link);
+}
+
+/* Tells the job its client went away, once, before its reply. */
+static void tell_gone(gw_async_t *a)
+{
+    unwatch(a);
+    if (!a->answered && !a->gone_told && a->gone != NULL) {
+        a->gone_told = 1;
+        a->gone(a);
+    }
+}
+
 /* Runs when h2o frees the request (reply sent or client gone). */
 static void on_anchor_dispose(void *p)
 {
     async_anchor_t *anchor = p;
-    anchor->job->req = NULL;
-    async_release(anchor->job);
+    gw_async_t *a = anchor->job;
+    a->req = NULL;
+    tell_gone(a);
+    async_release(a);
+}
+
+/* A watched client whose socket reads end of stream or an error has gone:
+ * h2o would only find out when it writes the reply. */
+static void on_watch_timer(h2o_timeout_entry_t *entry)
+{
+    http_thread_t *t = H2O_STRUCT_FROM_MEMBER(http_thread_t, watch_timer, entry);
+    h2o_linklist_t *node = t->watched.next;
+    while (node != &t->watched) {
+        gw_async_t *a = H2O_STRUCT_FROM_MEMBER(gw_async_t, watch_link, node);
+        node = node->next;
+        char c;
+        ssize_t n = recv(a->watch_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+        if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            tell_gone(a);
+    }
+    if (!h2o_linklist_is_empty(&t->watched))
+        h2o_timeout_link(t->ctx.loop, &t->ctx.hundred_ms_timeout, &t->watch_timer);
+}
+
+void gw_async_watch(gw_async_t *a)
+{
+    h2o_req_t *req = a->req;
+    if (req == NULL || req->version >= 0x200 || req->conn->callbacks->get_socket == NULL)
+        return; /* HTTP/2: h2o keeps reading, and disposes a stream that goes */
+    h2o_socket_t *sock = req->conn->callbacks->get_socket(req->conn);
+    if (sock == NULL)
+        return;
+    http_thread_t *t = H2O_STRUCT_FROM_MEMBER(http_thread_t, ctx, req->conn->ctx);
+    a->watch_fd = h2o_socket_get_fd(sock);
+    h2o_linklist_insert(&t->watched, &a->watch_link);
+    if (!h2o_timeout_is_linked(&t->watch_timer))
+        h2o_timeout_link(t->ctx.loop, &t->ctx.hundred_ms_timeout, &t->watch_timer);
 }
 
 gw_async_t *gw_async_new(gw_call_t *call, size_t size)
@@ -166,6 +221,8 @@ static void on_async_done(h2o_multithread_receiver_t *receiver, h2o_linklist_t *
         gw_async_t *a = H2O_STRUCT_FROM_MEMBER(gw_async_t, super.link, messages->next);
         h2o_linklist_unlink(&a->super.link);
         h2o_req_t *req = a->req;
+        a->answered = 1;
+        unwatch(a);
         if (req != NULL) {
             if (a->respond != NULL) {
                 a->respond(a, req);
@@ -501,6 +558,8 @@ static int thread_setup(http_thread_t *t)
     t->accept_ctx.ctx = &t->ctx;
     t->accept_ctx.hosts = http->globalconf.hosts;
     t->resume_timer.cb = on_resume_timer;
+    t->watch_timer.cb = on_watch_timer;
+    h2o_linklist_init_anchor(&t->watched);
     t->queue = h2o_multithread_create_queue(t->ctx.loop);
     h2o_multithread_register_receiver(t->queue, &t->receiver, on_message);
     h2o_multithread_register_receiver(t->queue, &t->async_receiver, on_async_done);
@@ -524,6 +583,8 @@ static void *http_thread(void *arg)
         return NULL;
     while (!t->exit)
         h2o_evloop_run(t->ctx.loop, INT32_MAX);
+    if (h2o_timeout_is_linked(&t->watch_timer))
+        h2o_timeout_unlink(&t->watch_timer);
     /* The queue's socket goes back to this thread's buffer list: while the
      * thread still exists. */
     if (t->listener != NULL)

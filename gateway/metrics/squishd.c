@@ -90,7 +90,8 @@ gw_metrics_t *gw_metrics_new(void)
     m->withdrawn = gw_metrics_family(
         m, GW_METRIC_COUNTER, "squish_items_withdrawn_total",
         "Items (images, tensor rows) withdrawn before they ran, by model and reason "
-        "(request_failed: another item of the request or pipeline query failed).",
+        "(request_failed: another item of the request or pipeline query failed; client_gone: its "
+        "client closed the connection).",
         model_reason, NULL, 0, 0);
     m->worker_busy =
         gw_metrics_family(m, GW_METRIC_COUNTER, "squish_worker_busy_seconds_total",

@@ -254,10 +254,10 @@ def batches_of(s, model):
         r'^squish_batches_total\{[^}]*model="%s"[^}]*\} (\S+)' % model, text, re.M))
 
 
-def withdrawn_of(s, model):
+def withdrawn_of(s, model, reason="request_failed"):
     text = s.get("/metrics").raw.decode()
-    m = re.search(r'^squish_items_withdrawn_total\{model="%s",reason="request_failed"\} (\S+)'
-                  % model, text, re.M)
+    m = re.search(r'^squish_items_withdrawn_total\{model="%s",reason="%s"\} (\S+)'
+                  % (model, reason), text, re.M)
     return float(m.group(1)) if m else 0.0
 
 
@@ -287,6 +287,60 @@ def a_request_refused_for_one_item_runs_no_batch_for_the_others():
         time.sleep(0.3)  # any batch sent would have answered by now
         assert batches_of(s, "slow8") == before, (before, batches_of(s, "slow8"))
         assert withdrawn_of(s, "slow8") > 0
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+@test
+def clients_that_go_away_while_queued_leave_nothing_to_run():
+    # Issue 23: 12 clients that gave up after 0.5 s on a slow emulated model;
+    # all 12 of their items ran. Here a device that runs one row at a time
+    # (l(1) = 105 ms, max batch 1) and 12 clients at once, best effort, each
+    # closing its connection after 0.35 s: about 4 rows have started by
+    # then; the others are withdrawn, never run. Over HTTP/1.1 and for
+    # multi-row requests alike (4 clients of 3 rows).
+    ONE = {"name": "one", "profile": {"alpha_ms": 100.0, "beta_ms": 5.0}, "max_batch": 1,
+           "input": {"shape": [3, 4, 4]}, "num_classes": 3}
+    s = Squishd(workers="emu:1")
+    try:
+        s.wait_ready(workers=1)
+        upload(s, ONE)
+        assert s.request("POST", "/v2/models/one/infer", body=TENSOR, headers=OIP).status == 200
+        for rows, clients in ((1, 12), (3, 4)):
+            time.sleep(0.3)
+            before = batches_of(s, "one")
+            gone_before = withdrawn_of(s, "one", "client_gone")
+            body = json.dumps({"inputs": [{"name": "input", "shape": [rows, 3, 4, 4],
+                                           "datatype": "FP32", "data": [0.0] * (rows * 48)}]})
+            go = threading.Barrier(clients)
+
+            def one():
+                c = socket.create_connection(("127.0.0.1", s.port))
+                go.wait()
+                c.sendall(("POST /v2/models/one/infer HTTP/1.1\r\nHost: x\r\n"
+                           "Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                           % (len(body), body)).encode())
+                time.sleep(0.35)
+                c.close()
+
+            threads = [threading.Thread(target=one) for _ in range(clients)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(10)
+            total = rows * clients
+            # What started before the clients left, at most: 0.35 s of one
+            # row per 105 ms, and one more being sent as they close.
+            eventually(lambda: withdrawn_of(s, "one", "client_gone") - gone_before >= total - 6,
+                       5, "the rows of the gone clients withdrawn")
+            time.sleep(0.5)  # any row sent would have answered by now
+            ran = batches_of(s, "one") - before
+            gone = withdrawn_of(s, "one", "client_gone") - gone_before
+            print("# %d clients of %d rows: %d rows ran, %d withdrawn" % (clients, rows, ran, gone))
+            assert ran <= 6, ran
+            assert ran + gone == total, (ran, gone, total)
+        assert s.request("POST", "/v2/models/one/infer", body=TENSOR, headers=OIP).status == 200
         assert s.stop() == 0
     finally:
         s.cleanup()

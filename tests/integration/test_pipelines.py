@@ -12,6 +12,7 @@ import io
 import json
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -558,6 +559,57 @@ def an_emulated_detector_fans_out_by_its_mean_into_an_emulated_classifier():
     finally:
         s.stop()
 
+
+
+def withdrawn_gone(s, model):
+    text = s.get("/metrics").raw.decode()
+    for line in text.splitlines():
+        if line.startswith('squish_items_withdrawn_total{model="%s",reason="client_gone"}' % model):
+            return float(line.split()[-1])
+    return 0.0
+
+
+@test
+def a_query_whose_client_goes_away_runs_nothing_more():
+    """Issue 23, the pipeline sibling of test_admission's clients that go
+    away: 16 clients send a frame each to a pipeline whose detector runs one
+    frame at a time (l(1) = 105 ms, on two devices) and close after 0.35 s.
+    The frames not yet in a batch then are withdrawn, never run."""
+    s = emulated_pipeline_models({"alpha_ms": 100, "beta_ms": 5}, 1, 2)
+    try:
+        post(s, spec(name="slowdet", det="ssd", cls="inc", crops=dict(CROPS, score_threshold=0.5)),
+             expect=201)
+        frame = gray(120, (64, 64))
+        assert query(s, frame, name="slowdet", slo=5000).status == 200  # loaded
+        time.sleep(0.3)
+        before = stats_count(s, "ssd")
+        clients = 16
+        go = threading.Barrier(clients)
+
+        def one():
+            c = socket.create_connection(("127.0.0.1", s.port))
+            go.wait()
+            c.sendall(("POST /v1/pipelines/slowdet/infer HTTP/1.1\r\nHost: x\r\n"
+                       "Content-Type: image/jpeg\r\nX-SLO-Ms: 5000\r\n"
+                       "Content-Length: %d\r\n\r\n" % len(frame)).encode() + frame)
+            time.sleep(0.35)
+            c.close()
+
+        threads = [threading.Thread(target=one) for _ in range(clients)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        eventually(lambda: withdrawn_gone(s, "ssd") >= 4, 5, "frames of gone clients withdrawn")
+        time.sleep(0.6)  # any frame sent would have answered by now
+        ran = stats_count(s, "ssd") - before
+        gone = withdrawn_gone(s, "ssd")
+        print("# %d clients: %d frames ran, %d withdrawn" % (clients, ran, gone))
+        assert ran + gone == clients, (ran, gone)
+        assert ran <= 12, ran
+        assert query(s, frame, name="slowdet", slo=5000).status == 200
+    finally:
+        s.stop()
 
 
 @test
