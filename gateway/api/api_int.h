@@ -89,6 +89,12 @@ struct gw_qnode {
      * (packed RGB); NULL otherwise. */
     uint8_t *original;
     int orig_w, orig_h;
+    /* Frame pixels per pixel of its image (0: 1): a root kept at a DCT
+     * scale (gw_prep_job_t.keep_cover) and the crops cut from it. */
+    float sx, sy;
+    /* A root: what its stage's deadline was moved by for this frame's own
+     * decode (root_start), from its children's share. */
+    int64_t extra_us;
     float *row; /* its output row */
     int ok;     /* ran */
     /* Its children per child stage (in the stage's children order). */

@@ -188,7 +188,7 @@ static void node_ready(gw_server_t *srv, qnode_t *n)
     it->slo_ms = q->budget_ms[n->stage];
     it->priority = (uint8_t)q->priority;
     it->arrival_us = q->arrival_us;
-    it->deadline_us = q->arrival_us + (int64_t)(q->cum_ms[n->stage] * 1000.0);
+    it->deadline_us = q->arrival_us + (int64_t)(q->cum_ms[n->stage] * 1000.0) + n->extra_us;
     it->out = n->row;
     it->finish = node_finish;
     it->abandoned = &q->fate.abandoned;
@@ -229,8 +229,10 @@ static void on_root_decoded(gw_prep_job_t *job, int rc)
         return;
     }
     n->original = job->original;
-    n->orig_w = job->info.width;
-    n->orig_h = job->info.height;
+    n->orig_w = job->original != NULL ? job->info.decoded_width : job->info.width;
+    n->orig_h = job->original != NULL ? job->info.decoded_height : job->info.height;
+    n->sx = (float)job->info.width / (float)n->orig_w;
+    n->sy = (float)job->info.height / (float)n->orig_h;
     q->frame_w[n->frame] = job->info.width;
     q->frame_h[n->frame] = job->info.height;
     if (atomic_load(&q->fate.abandoned)) {
@@ -242,6 +244,32 @@ static void on_root_decoded(gw_prep_job_t *job, int rc)
     gw_item_t *chain = root_settle(q, n);
     if (chain != NULL)
         gw_dispatch_submit(srv, chain);
+}
+
+/* A frame's decode is planned from its own size (issue 23: a 12 MP photo
+ * got a budget sized by the decode pool's mean): what it is expected to
+ * take beyond the mean the split reserved moves its stage's deadline
+ * later, taken from its children's share while each still fits a batch of
+ * one after it. */
+static int64_t frame_extra_us(gw_server_t *srv, const gw_query_t *q, const qnode_t *n)
+{
+    double mean_us = gw_prep_pool_decode_us(srv->prep);
+    double mine_us = gw_prep_pool_decode_us_for(srv->prep, n->jpeg_len);
+    if (!(mine_us > mean_us))
+        return 0;
+    double extra = mine_us - mean_us;
+    const gw_stage_spec_t *st = &q->p->stages[n->stage];
+    for (int k = 0; k < st->nchildren; k++) {
+        int c = st->children[k];
+        const gw_model_t *cm = q->models[c];
+        double least = (double)srv->cfg->dispatch_margin_us;
+        if (q->kind[c] >= 0 && cm->has_profile[q->kind[c]])
+            least += pl_latency_us(&cm->profile[q->kind[c]], 1, srv->cfg->k_std);
+        double room = (q->cum_ms[c] - q->cum_ms[n->stage]) * 1000.0 - least;
+        if (extra > room)
+            extra = room;
+    }
+    return extra > 0 ? (int64_t)extra : 0;
 }
 
 static void root_start(gw_server_t *srv, qnode_t *n)
@@ -267,8 +295,16 @@ static void root_start(gw_server_t *srv, qnode_t *n)
     int kind = q->kind[n->stage];
     if (kind >= 0 && m->has_profile[kind])
         after_us += (int64_t)pl_latency_us(&m->profile[kind], 1, srv->cfg->k_std);
-    job->deadline_ns = (q->arrival_us + (int64_t)(q->cum_ms[n->stage] * 1000.0) - after_us) * 1000;
+    n->extra_us = frame_extra_us(srv, q, n);
+    job->deadline_ns =
+        (q->arrival_us + (int64_t)(q->cum_ms[n->stage] * 1000.0) + n->extra_us - after_us) * 1000;
     job->keep_original = q->p->stages[n->stage].nchildren > 0;
+    /* Crops need no more pixels than the largest input of a stage. */
+    for (int s = 0; s < q->p->nstages && job->keep_original; s++) {
+        const gw_model_t *sm = q->models[s];
+        int side = sm->w > sm->h ? sm->w : sm->h;
+        job->keep_cover = side > job->keep_cover ? side : job->keep_cover;
+    }
     job->done = on_root_decoded;
     job->user = n;
     int rc = gw_prep_pool_submit(srv->prep, job);
@@ -283,14 +319,17 @@ static void root_start(gw_server_t *srv, qnode_t *n)
 void gw_query_place_crop(const qnode_t *n, const gw_detection_t *d, gw_rect_t r, qnode_t *kid)
 {
     /* The detection in frame pixels: the parent's image sits at its rect
-     * in the frame. */
+     * in the frame's decoded image, which is sx x sy frame pixels a pixel. */
+    float sx = n->sx > 0 ? n->sx : 1, sy = n->sy > 0 ? n->sy : 1;
     kid->det = *d;
-    kid->det.x0 += (float)n->rect_x;
-    kid->det.x1 += (float)n->rect_x;
-    kid->det.y0 += (float)n->rect_y;
-    kid->det.y1 += (float)n->rect_y;
+    kid->det.x0 = (d->x0 + (float)n->rect_x) * sx;
+    kid->det.x1 = (d->x1 + (float)n->rect_x) * sx;
+    kid->det.y0 = (d->y0 + (float)n->rect_y) * sy;
+    kid->det.y1 = (d->y1 + (float)n->rect_y) * sy;
     kid->rect_x = n->rect_x + r.x;
     kid->rect_y = n->rect_y + r.y;
+    kid->sx = n->sx;
+    kid->sy = n->sy;
 }
 
 typedef struct {

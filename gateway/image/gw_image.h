@@ -162,6 +162,11 @@ struct gw_prep_job {
     /* 1: decode at full size and keep the decoded image in original (see
      * gw_image_to_rgb_keep); done owns it from then on. */
     int keep_original;
+    /* With keep_original, > 0: keep it at the smallest DCT scale whose
+     * output still covers this many pixels (and out_w x out_h) on both
+     * sides, not at full size (a 12 MP frame kept for crops of 224 px is
+     * decoded at 1/4 or 1/8); info.decoded_width x decoded_height. */
+    int keep_cover;
     /* Not NULL: the job is this work instead of a decode (data, dst and
      * the sizes are the work's own business): it runs on a pool thread
      * with that thread's context and returns 0 or an SQ_* code (with a
@@ -170,7 +175,8 @@ struct gw_prep_job {
     int (*work)(gw_prep_ctx_t *ctx, gw_prep_job_t *job);
     /* out, valid in done */
     gw_image_info_t info;
-    uint8_t *original; /* keep_original: the decoded image (info->width x height) */
+    /* keep_original: the decoded image (info.decoded_width x decoded_height) */
+    uint8_t *original;
     int64_t queued_ns, started_ns, finished_ns; /* CLOCK_MONOTONIC */
     char err[GW_PREP_ERR_MAX];                  /* reason when rc != 0 */
     /* private to the pool */
@@ -204,6 +210,11 @@ int gw_prep_pool_queued(gw_prep_pool_t *pool);
 /* The pool's recent decode time per job (the EWMA submit uses), in µs; 0
  * before the first decode. Thread-safe. */
 double gw_prep_pool_decode_us(gw_prep_pool_t *pool);
+/* What decoding a JPEG of len bytes is expected to take, in µs: the
+ * pool's recent decode time per byte times len (decode time follows the
+ * file's size: entropy decoding is most of it at any DCT scale), or the
+ * mean per decode before the first. Thread-safe. */
+double gw_prep_pool_decode_us_for(gw_prep_pool_t *pool, size_t len);
 /* Stops accepting jobs, drains or cancels the queue, and joins the
  * threads; on return no callback is running or will run. Call from one
  * thread, never from a callback. A second call does nothing. */

@@ -533,11 +533,13 @@ static int decode_resize(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, ui
                          int sh, size_t pitch, int pf, int cmyk, uint8_t *dst, int out_w, int out_h,
                          gw_resize_t mode, char *err, size_t errlen);
 
-/* keep non-NULL: decode at full size into a buffer of its own, handed to
- * the caller in *keep (packed RGB, info->width x info->height) on success. */
+/* keep non-NULL: decode into a buffer of its own, handed to the caller in
+ * *keep (packed RGB, info->decoded_width x decoded_height) on success: at
+ * full size, or with keep_cover > 0 at the smallest DCT scale whose output
+ * still covers keep_cover pixels (and the target) on both sides. */
 static int image_to_rgb(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int out_w, int out_h,
                         gw_resize_t mode, uint8_t *dst, gw_image_info_t *info, char *err,
-                        size_t errlen, uint8_t **keep)
+                        size_t errlen, uint8_t **keep, int keep_cover)
 {
     int type = gw_image_type_check(data, len, err, errlen);
     if (type != 0)
@@ -567,7 +569,10 @@ static int image_to_rgb(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int
                     "image %dx%d exceeds the limits (%ux%u, %llu pixels)", w, h, lim->max_width,
                     lim->max_height, (unsigned long long)lim->max_pixels);
 
-    tjscalingfactor sf = pick_scale(w, h, out_w, out_h, lim->dct_scaling && keep == NULL);
+    int cover_w = keep != NULL && keep_cover > out_w ? keep_cover : out_w;
+    int cover_h = keep != NULL && keep_cover > out_h ? keep_cover : out_h;
+    tjscalingfactor sf = pick_scale(w, h, cover_w, cover_h,
+                                    lim->dct_scaling && (keep == NULL || keep_cover > 0));
     int sw = TJSCALED(w, sf), sh = TJSCALED(h, sf);
     info->scale_num = sf.num;
     info->scale_denom = sf.denom;
@@ -612,7 +617,7 @@ static int decode_resize(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, ui
 
 static int to_rgb(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int out_w, int out_h,
                   gw_resize_t mode, uint8_t *dst, gw_image_info_t *info, char *err, size_t errlen,
-                  uint8_t **keep)
+                  uint8_t **keep, int keep_cover)
 {
     gw_image_info_t scratch_info;
     if (info == NULL)
@@ -624,7 +629,8 @@ static int to_rgb(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int out_w
         out_w > MAX_TARGET_SIDE || out_h > MAX_TARGET_SIDE ||
         (mode != GW_RESIZE_BILINEAR && mode != GW_RESIZE_NEAREST))
         return fail(err, errlen, SQ_INVAL, "invalid preprocessing arguments");
-    int rc = image_to_rgb(ctx, data, len, out_w, out_h, mode, dst, info, err, errlen, keep);
+    int rc =
+        image_to_rgb(ctx, data, len, out_w, out_h, mode, dst, info, err, errlen, keep, keep_cover);
     scratch_trim(&ctx->pixels);
     scratch_trim(&ctx->row);
     return rc;
@@ -633,7 +639,7 @@ static int to_rgb(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int out_w
 int gw_image_to_rgb(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int out_w, int out_h,
                     gw_resize_t mode, uint8_t *dst, gw_image_info_t *info, char *err, size_t errlen)
 {
-    return to_rgb(ctx, data, len, out_w, out_h, mode, dst, info, err, errlen, NULL);
+    return to_rgb(ctx, data, len, out_w, out_h, mode, dst, info, err, errlen, NULL, 0);
 }
 
 int gw_image_to_rgb_keep(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int out_w, int out_h,
@@ -641,7 +647,7 @@ int gw_image_to_rgb_keep(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, in
                          char *err, size_t errlen)
 {
     *original = NULL;
-    return to_rgb(ctx, data, len, out_w, out_h, mode, dst, info, err, errlen, original);
+    return to_rgb(ctx, data, len, out_w, out_h, mode, dst, info, err, errlen, original, 0);
 }
 
 /* ---- thread pool ---------------------------------------------------- */
@@ -658,7 +664,8 @@ struct gw_prep_pool {
     int nthreads;
     pthread_t *threads;
     gw_prep_ctx_t **ctxs;
-    double svc_ns; /* EWMA of a decode's duration; 0 before the first */
+    double svc_ns;  /* EWMA of a decode's duration; 0 before the first */
+    double byte_ns; /* EWMA of a decode's duration per byte of its JPEG; 0: none yet */
 };
 
 typedef struct {
@@ -693,7 +700,7 @@ static int64_t run_job(gw_prep_ctx_t *ctx, gw_prep_job_t *job, int cancelled, in
     } else {
         rc = to_rgb(ctx, job->data, job->len, job->out_w, job->out_h, job->mode, job->dst,
                     &job->info, job->err, sizeof(job->err),
-                    job->keep_original ? &job->original : NULL);
+                    job->keep_original ? &job->original : NULL, job->keep_cover);
         decode_ns = sq_now_ns() - job->started_ns;
     }
     job->finished_ns = sq_now_ns();
@@ -718,14 +725,23 @@ static void *pool_thread(void *arg)
             pool->tail = NULL;
         pool->queued--;
         int cancelled = pool->cancel;
-        int64_t expect_ns = (int64_t)pool->svc_ns;
+        /* A decode's time is planned from its own size (issue 23: a 12 MP
+         * photo judged by the mean of small frames); other work by the mean. */
+        size_t len = job->work == NULL ? job->len : 0;
+        int64_t expect_ns = len > 0 && pool->byte_ns > 0 ? (int64_t)(pool->byte_ns * (double)len)
+                                                         : (int64_t)pool->svc_ns;
         pthread_mutex_unlock(&pool->mu);
         job->next_ = NULL;
-        int64_t decode_ns = run_job(ctx, job, cancelled, expect_ns);
+        int64_t decode_ns = run_job(ctx, job, cancelled, expect_ns); /* job is gone after */
         pthread_mutex_lock(&pool->mu);
-        if (decode_ns > 0)
+        if (decode_ns > 0) {
             pool->svc_ns =
                 pool->svc_ns > 0 ? 0.9 * pool->svc_ns + 0.1 * (double)decode_ns : (double)decode_ns;
+            if (len > 0) {
+                double per = (double)decode_ns / (double)len;
+                pool->byte_ns = pool->byte_ns > 0 ? 0.9 * pool->byte_ns + 0.1 * per : per;
+            }
+        }
     }
     pthread_mutex_unlock(&pool->mu);
     return NULL;
@@ -826,6 +842,14 @@ double gw_prep_pool_decode_us(gw_prep_pool_t *pool)
 {
     pthread_mutex_lock(&pool->mu);
     double us = pool->svc_ns / 1000.0;
+    pthread_mutex_unlock(&pool->mu);
+    return us;
+}
+
+double gw_prep_pool_decode_us_for(gw_prep_pool_t *pool, size_t len)
+{
+    pthread_mutex_lock(&pool->mu);
+    double us = pool->byte_ns > 0 ? pool->byte_ns * (double)len / 1000.0 : pool->svc_ns / 1000.0;
     pthread_mutex_unlock(&pool->mu);
     return us;
 }

@@ -169,6 +169,27 @@ Test(query, every_stage_budget_is_its_deadline_less_its_parents)
 
 /* ---- crops in frame pixels -------------------------------------------------- */
 
+Test(query, crops_of_a_frame_decoded_at_a_dct_scale_are_placed_in_the_frames_own_pixels)
+{
+    /* A 4000 x 3000 frame kept at 1/8 (500 x 375): a face the detector
+     * found at (10, 20)-(50, 80) of that image is at 8x that in the frame;
+     * a crop of its crop at 8x its place too. */
+    gw_qnode_t root, face, eye;
+    memset(&root, 0, sizeof(root));
+    memset(&face, 0, sizeof(face));
+    memset(&eye, 0, sizeof(eye));
+    root.sx = root.sy = 8;
+    gw_detection_t d = {.x0 = 10, .y0 = 20, .x1 = 50, .y1 = 80, .score = 0.9f};
+    gw_query_place_crop(&root, &d, (gw_rect_t){5, 15, 50, 70}, &face);
+    cr_assert_float_eq(face.det.x0, 80, 1e-4);
+    cr_assert_float_eq(face.det.y1, 640, 1e-4);
+    cr_assert_eq(face.rect_x, 5, "cut in the decoded image's pixels");
+    gw_detection_t e = {.x0 = 3, .y0 = 4, .x1 = 13, .y1 = 24, .score = 0.5f};
+    gw_query_place_crop(&face, &e, (gw_rect_t){2, 3, 12, 22}, &eye);
+    cr_assert_float_eq(eye.det.x0, 64, 1e-4, "(3 + 5) x 8");
+    cr_assert_float_eq(eye.det.y0, 152, 1e-4, "(4 + 15) x 8");
+}
+
 Test(query, a_crop_of_a_crop_is_placed_in_frame_pixels)
 {
     gw_qnode_t root, face, eye;

@@ -1167,3 +1167,51 @@ Test(prep_pool, bad_configs_and_jobs_are_inval)
     gw_prep_pool_free(pool);
     gw_prep_pool_free(NULL);
 }
+
+Test(prep_pool, a_kept_frame_is_decoded_at_the_smallest_scale_that_covers_keep_cover)
+{
+    /* Issue 23: a 12 MP frame kept for a pipeline's crops was decoded at
+     * full size. 2048 x 1536 kept to cover 224 px: 1/4 (512 x 384; 1/8
+     * gives 192 rows); without keep_cover, at full size. Its pixels are
+     * what the same DCT scale gives without keeping it. */
+    blob_t img = scene_jpeg(2048, 1536);
+    gw_prep_pool_t *pool = pool_new(1, 4);
+    uint8_t *dst = malloc(128 * 128 * 3 * 2);
+    tjob_t jobs[2];
+    for (int i = 0; i < 2; i++) {
+        tjob_init(&jobs[i], img, 128, 128, dst + i * 128 * 128 * 3, on_done);
+        jobs[i].job.keep_original = 1;
+        jobs[i].job.keep_cover = i == 0 ? 224 : 0;
+        cr_assert_eq(gw_prep_pool_submit(pool, &jobs[i].job), 0);
+    }
+    gw_prep_pool_shutdown(pool, GW_PREP_DRAIN);
+    cr_assert_eq(jobs[0].rc, 0, "%s", jobs[0].job.err);
+    cr_assert_eq(jobs[1].rc, 0, "%s", jobs[1].job.err);
+    const gw_image_info_t *a = &jobs[0].job.info, *b = &jobs[1].job.info;
+    cr_assert_eq(a->width, 2048);
+    cr_assert_eq(a->decoded_width, 512);
+    cr_assert_eq(a->decoded_height, 384);
+    cr_assert_eq(b->decoded_width, 2048);
+    cr_assert_eq(b->decoded_height, 1536);
+    cr_assert_not_null(jobs[0].job.original);
+    /* The target is the kept image resized. */
+    gw_prep_ctx_t *ctx = ctx_with(1);
+    uint8_t *want = malloc(128 * 128 * 3);
+    cr_assert_eq(gw_resize_rgb(ctx, jobs[0].job.original, 512, 384, 512 * 3, want, 128, 128,
+                               GW_RESIZE_BILINEAR),
+                 0);
+    cr_assert_eq(memcmp(want, dst, 128 * 128 * 3), 0);
+    /* The pool plans a decode from its size: a JPEG twice as large is
+     * expected to take about twice as long. */
+    double one = gw_prep_pool_decode_us_for(pool, img.len);
+    double two = gw_prep_pool_decode_us_for(pool, 2 * img.len);
+    cr_assert_gt(one, 0);
+    cr_assert_float_eq(two, 2 * one, 1e-6 * one);
+    gw_prep_ctx_free(ctx);
+    free(want);
+    free(jobs[0].job.original);
+    free(jobs[1].job.original);
+    gw_prep_pool_free(pool);
+    free(dst);
+    blob_free(&img);
+}
