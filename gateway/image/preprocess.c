@@ -571,8 +571,8 @@ static int image_to_rgb(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, int
 
     int cover_w = keep != NULL && keep_cover > out_w ? keep_cover : out_w;
     int cover_h = keep != NULL && keep_cover > out_h ? keep_cover : out_h;
-    tjscalingfactor sf = pick_scale(w, h, cover_w, cover_h,
-                                    lim->dct_scaling && (keep == NULL || keep_cover > 0));
+    tjscalingfactor sf =
+        pick_scale(w, h, cover_w, cover_h, lim->dct_scaling && (keep == NULL || keep_cover > 0));
     int sw = TJSCALED(w, sf), sh = TJSCALED(h, sf);
     info->scale_num = sf.num;
     info->scale_denom = sf.denom;
