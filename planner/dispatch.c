@@ -582,8 +582,9 @@ int64_t pl_dispatch_worker_gap_us(const pl_dispatch_t *d, int64_t now_us, int wo
         if (!s->alive)
             continue;
         net_t n = net_of(d, s, worker);
-        /* Without an SLO, only its queue's deadlines bound the gap. */
-        int64_t g = s->slo_us > 0 ? (s->slo_us - cost_on(s, n, 1)) / 2 : PL_NEVER;
+        /* Without an SLO, or idle, only its queue's deadlines bound the gap. */
+        int idle = s->last_arrival_us == PL_NEVER || now_us - s->last_arrival_us > PL_GAP_IDLE_US;
+        int64_t g = s->slo_us > 0 && !idle ? (s->slo_us - cost_on(s, n, 1)) / 2 : PL_NEVER;
         if (s->q.n > 0) {
             int b = s->q.n < (uint32_t)s->cap ? (int)s->q.n : s->cap;
             int64_t h = pl__q_at((pl__queue_t *)&s->q, 0)->deadline_us - now_us - cost_on(s, n, b);

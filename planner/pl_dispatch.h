@@ -110,6 +110,9 @@
 #define PL_DEFAULT_EAGER_LOAD 0.9
 /* Adaptive: the arrival rate is counted over windows of this length. */
 #define PL_RATE_WINDOW_US 250000
+/* pl_dispatch_worker_gap_us: a session without a request for this long is
+ * idle, and leaves a gap unbounded by its SLO. */
+#define PL_GAP_IDLE_US 1000000
 /* Adaptive: the requests that arrive within this of a rate window's first
  * are one clump (the images of one multipart request, the crops of one
  * detector batch): the window's current rate is measured from after it, so
@@ -330,7 +333,11 @@ int pl_dispatch_worker_lost(pl_dispatch_t *d, int64_t now_us, int worker);
  * queued requests, run as one batch after the gap (head deadline - now -
  * l(queued)), and (b) half of what a request arriving now could wait
  * alone ((SLO - l(1)) / 2: the other half is left for the batch that the
- * wait builds up). PL_NEVER when it serves no session.
+ * wait builds up), (b) only for a session with a request within the last
+ * PL_GAP_IDLE_US: an idle model does not hold up a measurement (issue 23:
+ * a new version was measured in 26 s instead of 6 beside an idle one at a
+ * 100 ms SLO); its next request may wait out the slice in flight. PL_NEVER
+ * when it serves no session.
  *
  * pl_dispatch_worker_foreign takes the worker for duration_us: a free
  * worker at once; a busy one (after_batch) right after its batch in flight,

@@ -11,7 +11,7 @@ import threading
 import time
 
 import tiny_models as tm
-from harness import Squishd, eventually, loadgen, run, test
+from harness import Skip, Squishd, eventually, loadgen, run, test
 from test_models import auth, upload
 
 SLO_MS = 100
@@ -141,6 +141,66 @@ def a_ready_model_keeps_its_goodput_while_another_is_measured_on_its_worker():
     finally:
         s.cleanup()
 
+
+
+MODELS = os.environ.get("SQUISH_TEST_MODELS", "")
+PHOTO = open("/usr/share/matplotlib/mpl-data/sample_data/grace_hopper.jpg", "rb").read()
+# What README states: resnet18 on an idle worker of the CI machine in about
+# 10-20 s at most (6-7 s measured); any model within the 30 s measuring
+# budget plus its load. Under the sanitizers the worker runs several times
+# slower, and only the budget's bound holds.
+MEASURE_BOUND_S = 20
+
+
+@test
+def measuring_on_an_idle_worker_is_bounded_and_shows_its_progress():
+    """Issue 23: resnet18 version 1 was measured in 7 s, version 2 (another
+    file, same architecture) in 2 min 18 s on a near-idle box: its idle
+    version 1 (SLO 100 ms) reserved half its SLO in every gap, so each
+    measurement batch waited for a starved slot. An idle model now holds
+    up nothing: each version of resnet18 is ready within the stated bound
+    (the 30 s measuring budget plus its load; 6-7 s on the CI machine), and
+    its status shows the measurement's progress meanwhile."""
+    r18 = os.path.join(MODELS, "resnet18.onnx")
+    r18b = os.path.join(MODELS, "resnet18_ft_a.onnx")
+    if not (os.path.exists(r18) and os.path.exists(r18b)):
+        raise Skip("the torchvision exports are missing (meson builds them into tests/models)")
+    s = Squishd(workers="cpu:1")
+    try:
+        s.wait_ready(workers=1, timeout=60)
+        took = {}
+        seen = []
+        for version, path in ((1, r18), (2, r18b)):
+            with open(path, "rb") as f:
+                data = f.read()
+            t0 = time.time()
+            r = upload(s, data, {"name": "r18", "version": version, "default_slo_ms": 100})
+            assert r.status == 202, r
+            while True:
+                v = [x for x in s.get("/models/r18", headers=auth(s)).json["versions"]
+                     if x["version"] == version][0]
+                if v["status"] != "profiling":
+                    break
+                if "profiling" in v:
+                    seen.append(v["profiling"])
+                assert time.time() - t0 < MEASURE_BOUND_S * 3, v
+                time.sleep(0.2)
+            took[version] = time.time() - t0
+            assert v["status"] == "ready", v
+            if version == 1:  # served, then idle while version 2 is measured
+                for _ in range(3):
+                    a = s.request("POST", "/v1/models/r18/versions/1/infer", body=PHOTO)
+                    assert a.status == 200, a
+        print("# resnet18 measured: version 1 in %.1f s, version 2 in %.1f s" % (took[1], took[2]))
+        bound = 30 + 15 if "ASAN_OPTIONS" in os.environ else MEASURE_BOUND_S
+        assert max(took.values()) <= bound, took
+        # A progress figure: sizes done of those expected, elapsed, an eta.
+        figs = [p for p in seen if p.get("batch_sizes_total", 0) > 0]
+        assert figs and all(0 <= p["batch_sizes_done"] <= p["batch_sizes_total"] for p in figs), seen
+        assert any("eta_ms" in p for p in figs), seen
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
 
 if __name__ == "__main__":
     run()
