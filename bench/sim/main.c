@@ -35,7 +35,7 @@ static void usage(FILE *f)
             "                     when arrivals are sparse; squishd's default) or early-drop\n"
             "                     (Nexus); default deferred\n"
             "  --eager-load X     adaptive: dispatch at once below this share of the greedy\n"
-            "                     capacity (default 0.5)\n"
+            "                     capacity (default 0.9, PL_DEFAULT_EAGER_LOAD, as squishd)\n"
             "  --seed N           arrival seed (default: the workload's)\n"
             "  --scale X          multiply every arrival rate by X (default 1)\n"
             "  --duration S       seconds of Poisson arrivals (default 10)\n"
