@@ -66,6 +66,7 @@ struct gw_query {
     atomic_int pending;     /* nodes and crop jobs not finished */
     gw_clump_t roots_clump; /* the frames' roots, handed over together */
     gw_query_fate_t fate;
+    int hopeless; /* refused for an SLO below its least: no retry can help */
     pthread_mutex_t mu; /* nodes list, timings */
     qnode_t *all;
     stage_timing_t timing[GW_PIPE_MAX_STAGES];
@@ -529,7 +530,7 @@ static void query_respond(gw_async_t *a, h2o_req_t *hreq)
     query_count(q, now);
     query_headers(q, hreq);
     if (atomic_load(&q->fate.failed)) {
-        gw_send_error(hreq, q->fate.err, q->fate.detail);
+        gw_send_error_retry(hreq, q->fate.err, q->fate.detail, !q->hopeless);
         return;
     }
     json_t *frames = json_array();
@@ -762,6 +763,30 @@ static int query_setup(gw_query_t *q, double slo_ms)
         query_reject(q, rc, "%s", why);
         return -1;
     }
+    /* The least SLO the pipeline can meet: a frame's decode, then on the
+     * longest chain of stages a batch of one each (with the dispatch
+     * margin). A query asking for less is answered at once, saying so,
+     * without Retry-After (issue 23: no retry can help it). */
+    const gw_pipeline_t *p = q->p;
+    double least_us[GW_PIPE_MAX_STAGES], least = 0;
+    for (int k = 0; k < p->nstages; k++) {
+        int i = p->order[k]; /* parents before children */
+        const gw_model_t *m = q->models[i];
+        double l = (double)srv->cfg->dispatch_margin_us;
+        if (q->kind[i] >= 0 && m->has_profile[q->kind[i]])
+            l += pl_latency_us(&m->profile[q->kind[i]], 1, srv->cfg->k_std);
+        int par = p->stages[i].parent;
+        least_us[i] = (par >= 0 ? least_us[par] : gw_prep_pool_decode_us(srv->prep)) + l;
+        least = least_us[i] > least ? least_us[i] : least;
+    }
+    if (q->slo_ms * 1000.0 < least) {
+        q->hopeless = 1;
+        query_reject(q, SQ_DEADLINE,
+                     "an SLO of %g ms cannot be met: a frame's decode and a batch of one of each "
+                     "stage after the other take at least %.1f ms; ask for %.0f ms or more",
+                     q->slo_ms, least / 1000.0, ceil(least / 1000.0));
+        return -1;
+    }
     return 0;
 }
 
@@ -864,7 +889,7 @@ static void query_respond_oip(gw_async_t *a, h2o_req_t *hreq)
     query_count(q, now);
     query_headers(q, hreq);
     if (atomic_load(&q->fate.failed)) {
-        gw_send_error(hreq, q->fate.err, q->fate.detail);
+        gw_send_error_retry(hreq, q->fate.err, q->fate.detail, !q->hopeless);
         return;
     }
     json_t *data = json_array();
