@@ -66,7 +66,7 @@ struct gw_query {
     atomic_int pending;     /* nodes and crop jobs not finished */
     gw_clump_t roots_clump; /* the frames' roots, handed over together */
     gw_query_fate_t fate;
-    int hopeless; /* refused for an SLO below its least: no retry can help */
+    int hopeless;       /* refused for an SLO below its least: no retry can help */
     pthread_mutex_t mu; /* nodes list, timings */
     qnode_t *all;
     stage_timing_t timing[GW_PIPE_MAX_STAGES];
