@@ -6,15 +6,17 @@ without starving the others (--http-request-timeout-ms, --max-connections)."""
 import http.client
 import io
 import json
+import os
 import re
 import socket
+import subprocess
 import threading
 import time
 
 from PIL import Image
 
 import tiny_models as tm
-from harness import Squishd, eventually, run, test
+from harness import Skip, Squishd, eventually, run, test
 
 # l(b) = 5b + 45 ms; requests with a 2 s SLO are held by deferred dispatch
 # for most of their SLO (a batch never fills: 16 is more than --max-inflight
@@ -341,6 +343,44 @@ def clients_that_go_away_while_queued_leave_nothing_to_run():
             assert ran <= 6, ran
             assert ran + gone == total, (ran, gone, total)
         assert s.request("POST", "/v2/models/one/infer", body=TENSOR, headers=OIP).status == 200
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+@test
+def clients_that_go_away_over_http2_leave_nothing_to_run():
+    # The HTTP/2 sibling (h2c with prior knowledge, curl giving up after
+    # 0.35 s): h2o reads the connection throughout and disposes its streams
+    # when it closes, and the rows not yet in a batch are withdrawn.
+    if subprocess.run(["curl", "--version"], capture_output=True).returncode != 0:
+        raise Skip("no curl")
+    ONE = {"name": "one", "profile": {"alpha_ms": 100.0, "beta_ms": 5.0}, "max_batch": 1,
+           "input": {"shape": [3, 4, 4]}, "num_classes": 3}
+    s = Squishd(workers="emu:1")
+    try:
+        s.wait_ready(workers=1)
+        upload(s, ONE)
+        assert s.request("POST", "/v2/models/one/infer", body=TENSOR, headers=OIP).status == 200
+        time.sleep(0.3)
+        before = batches_of(s, "one")
+        body = os.path.join(s.tmp, "row.bin")
+        with open(body, "wb") as f:
+            f.write(TENSOR)
+        url = "http://127.0.0.1:%d/v2/models/one/infer" % s.port
+        procs = [subprocess.Popen(["curl", "-s", "-o", "/dev/null", "-m", "0.35",
+                                   "--http2-prior-knowledge", "-H",
+                                   "Inference-Header-Content-Length: 0", "--data-binary",
+                                   "@" + body, url]) for _ in range(12)]
+        for p in procs:
+            p.wait(10)
+        eventually(lambda: withdrawn_of(s, "one", "client_gone") >= 6, 5,
+                   "the rows of the gone clients withdrawn")
+        time.sleep(0.5)
+        ran = batches_of(s, "one") - before
+        gone = withdrawn_of(s, "one", "client_gone")
+        print("# 12 HTTP/2 clients: %d rows ran, %d withdrawn" % (ran, gone))
+        assert ran + gone == 12 and ran <= 6, (ran, gone)
         assert s.stop() == 0
     finally:
         s.cleanup()
