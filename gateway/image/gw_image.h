@@ -210,11 +210,13 @@ int gw_prep_pool_queued(gw_prep_pool_t *pool);
 /* The pool's recent decode time per job (the EWMA submit uses), in µs; 0
  * before the first decode. Thread-safe. */
 double gw_prep_pool_decode_us(gw_prep_pool_t *pool);
-/* What decoding a JPEG of len bytes is expected to take, in µs: the
- * pool's recent decode time per byte times len (decode time follows the
- * file's size: entropy decoding is most of it at any DCT scale), or the
- * mean per decode before the first. Thread-safe. */
+/* What decoding a JPEG of len bytes is expected to take, in µs: for a
+ * file of at least GW_PREP_BYTE_RATE_MIN bytes, the pool's recent time per
+ * byte of such files times len (a large file's decode follows its size:
+ * entropy decoding is most of it at any DCT scale) when that is more than
+ * the mean decode; else the mean. Thread-safe. */
 double gw_prep_pool_decode_us_for(gw_prep_pool_t *pool, size_t len);
+#define GW_PREP_BYTE_RATE_MIN (256 * 1024)
 /* Stops accepting jobs, drains or cancels the queue, and joins the
  * threads; on return no callback is running or will run. Call from one
  * thread, never from a callback. A second call does nothing. */

@@ -665,7 +665,7 @@ struct gw_prep_pool {
     pthread_t *threads;
     gw_prep_ctx_t **ctxs;
     double svc_ns;  /* EWMA of a decode's duration; 0 before the first */
-    double byte_ns; /* EWMA of a decode's duration per byte of its JPEG; 0: none yet */
+    double byte_ns; /* EWMA of the time per JPEG byte of large files; 0: none yet */
 };
 
 typedef struct {
@@ -708,6 +708,17 @@ static int64_t run_job(gw_prep_ctx_t *ctx, gw_prep_job_t *job, int cancelled, in
     return decode_ns;
 }
 
+/* What a decode of len bytes is expected to take (pool->mu held): the mean
+ * decode, or for a large file (where the time per byte outweighs a
+ * decode's fixed cost) the time per byte of large files times len when
+ * that is more. Small files' time per byte is mostly their fixed cost: it
+ * would make a large file's estimate several times too long. */
+static double expect_decode_ns(const gw_prep_pool_t *pool, size_t len)
+{
+    double by_size = len >= GW_PREP_BYTE_RATE_MIN ? pool->byte_ns * (double)len : 0;
+    return by_size > pool->svc_ns ? by_size : pool->svc_ns;
+}
+
 static void *pool_thread(void *arg)
 {
     gw_prep_pool_t *pool = ((worker_arg_t *)arg)->pool;
@@ -728,8 +739,7 @@ static void *pool_thread(void *arg)
         /* A decode's time is planned from its own size (issue 23: a 12 MP
          * photo judged by the mean of small frames); other work by the mean. */
         size_t len = job->work == NULL ? job->len : 0;
-        int64_t expect_ns = len > 0 && pool->byte_ns > 0 ? (int64_t)(pool->byte_ns * (double)len)
-                                                         : (int64_t)pool->svc_ns;
+        int64_t expect_ns = (int64_t)expect_decode_ns(pool, len);
         pthread_mutex_unlock(&pool->mu);
         job->next_ = NULL;
         int64_t decode_ns = run_job(ctx, job, cancelled, expect_ns); /* job is gone after */
@@ -737,7 +747,7 @@ static void *pool_thread(void *arg)
         if (decode_ns > 0) {
             pool->svc_ns =
                 pool->svc_ns > 0 ? 0.9 * pool->svc_ns + 0.1 * (double)decode_ns : (double)decode_ns;
-            if (len > 0) {
+            if (len >= GW_PREP_BYTE_RATE_MIN) {
                 double per = (double)decode_ns / (double)len;
                 pool->byte_ns = pool->byte_ns > 0 ? 0.9 * pool->byte_ns + 0.1 * per : per;
             }
@@ -849,7 +859,7 @@ double gw_prep_pool_decode_us(gw_prep_pool_t *pool)
 double gw_prep_pool_decode_us_for(gw_prep_pool_t *pool, size_t len)
 {
     pthread_mutex_lock(&pool->mu);
-    double us = pool->byte_ns > 0 ? pool->byte_ns * (double)len / 1000.0 : pool->svc_ns / 1000.0;
+    double us = expect_decode_ns(pool, len) / 1000.0;
     pthread_mutex_unlock(&pool->mu);
     return us;
 }

@@ -82,7 +82,7 @@ static void answer(const gw_oip_request_t *r, const gw_oip_model_t *m)
     features[2] = 3.4028235e38f;
     const float *outs[2] = {logits, features};
     const char *labels[3] = {"cat", "d\"og\n", NULL};
-    gw_oip_param_t params[1] = {{"queue_ms", 0.5}};
+    gw_oip_param_t params[2] = {{"queue_ms", 0.5, NULL}, {"slo_source", 0, "none"}};
     gw_oip_response_t resp = {.model_name = "m",
                               .model_version = "1",
                               .model = m,
@@ -91,7 +91,7 @@ static void answer(const gw_oip_request_t *r, const gw_oip_model_t *m)
                               .labels = labels,
                               .nlabels = 3,
                               .params = params,
-                              .nparams = 1};
+                              .nparams = 2};
     sq_buf_t b;
     sq_buf_init(&b);
     long long hl;
