@@ -24,8 +24,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static void check_config(const gw_model_config_t *c, int emulated)
 {
     if (!gw_model_name_ok(c->name, strlen(c->name)) || c->version < 1 ||
-        !(c->default_slo_ms > 0 && c->default_slo_ms <= 3600000) || c->max_batch < 0 ||
-        c->max_batch > 1024 || c->emulated != emulated)
+        !(c->default_slo_ms == 0 || (c->default_slo_ms > 0 && c->default_slo_ms <= 3600000)) ||
+        c->max_batch < 0 || c->max_batch > 1024 || c->emulated != emulated)
         abort();
     if (strcmp(c->resize, "bilinear") != 0 && strcmp(c->resize, "nearest") != 0)
         abort();
