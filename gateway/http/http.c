@@ -12,6 +12,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <zlib.h>
 
 typedef struct {
     h2o_handler_t super;
@@ -401,6 +402,87 @@ static size_t header_bytes(const h2o_req_t *req)
     return n;
 }
 
+/* A body sent with Content-Encoding gzip or deflate (Triton's clients'
+ * request_compression_algorithm) is inflated in place of the entity
+ * before any route reads it; the body limit applies to what it inflates
+ * to (a zip bomb is 413, not memory). 0, or an SQ_* code with why. */
+static int inflate_body(h2o_req_t *req, int64_t limit, char *why, size_t len)
+{
+    h2o_iovec_t ce = gw_header(req, "content-encoding");
+    if (ce.len == 0 || (ce.len == 8 && strncasecmp(ce.base, "identity", 8) == 0))
+        return 0;
+    int gzip = ce.len == 4 && strncasecmp(ce.base, "gzip", 4) == 0;
+    int deflate = ce.len == 7 && strncasecmp(ce.base, "deflate", 7) == 0;
+    if (!gzip && !deflate) {
+        snprintf(why, len, "Content-Encoding: %.*s is not supported; send gzip, deflate or none",
+                 (int)(ce.len < 32 ? ce.len : 32), ce.base);
+        return SQ_MEDIA_TYPE;
+    }
+    if (req->entity.len > UINT32_MAX) {
+        snprintf(why, len, "a compressed body of more than 4 GiB");
+        return SQ_TOO_LARGE;
+    }
+    /* gzip or zlib (auto-detected), and raw deflate, which some clients
+     * send as "deflate", on a second try. */
+    for (int attempt = 0; attempt < 2; attempt++) {
+        z_stream z;
+        memset(&z, 0, sizeof(z));
+        if (inflateInit2(&z, attempt == 0 ? 15 + 32 : -15) != Z_OK)
+            return SQ_NOMEM;
+        size_t cap = req->entity.len * 4 + 4096, n = 0;
+        if ((int64_t)cap > limit + 1)
+            cap = (size_t)limit + 1;
+        uint8_t *out = malloc(cap);
+        int rc = out != NULL ? Z_OK : Z_MEM_ERROR;
+        z.next_in = (Bytef *)req->entity.base;
+        z.avail_in = (uInt)req->entity.len;
+        while (rc == Z_OK) {
+            if (n == cap) {
+                if ((int64_t)n > limit)
+                    break;
+                size_t grow = cap * 2 > (size_t)limit + 1 ? (size_t)limit + 1 : cap * 2;
+                uint8_t *bigger = realloc(out, grow);
+                if (bigger == NULL) {
+                    rc = Z_MEM_ERROR;
+                    break;
+                }
+                out = bigger;
+                cap = grow;
+            }
+            z.next_out = out + n;
+            z.avail_out = (uInt)(cap - n);
+            rc = inflate(&z, Z_NO_FLUSH);
+            n = cap - z.avail_out;
+        }
+        const char *msg = z.msg;
+        inflateEnd(&z);
+        if ((int64_t)n > limit) {
+            free(out);
+            snprintf(why, len, "the %s body inflates past --max-body-mb (%lld MiB)",
+                     gzip ? "gzip" : "deflate", (long long)(limit >> 20));
+            return SQ_TOO_LARGE;
+        }
+        if (rc == Z_STREAM_END && z.avail_in == 0) {
+            char *body = h2o_mem_alloc_pool(&req->pool, n + 1);
+            memcpy(body, out, n);
+            free(out);
+            req->entity = h2o_iovec_init(body, n);
+            return 0;
+        }
+        free(out);
+        if (rc == Z_MEM_ERROR)
+            return SQ_NOMEM;
+        if (attempt == 1 || gzip) {
+            snprintf(why, len, "the %s body could not be inflated: %s", gzip ? "gzip" : "deflate",
+                     rc == Z_STREAM_END ? "data after its end"
+                     : msg != NULL      ? msg
+                                        : "truncated");
+            return SQ_BAD_REQUEST;
+        }
+    }
+    return SQ_BAD_REQUEST;
+}
+
 static int on_req(h2o_handler_t *self, h2o_req_t *req)
 {
     gw_handler_t *h = (gw_handler_t *)self;
@@ -417,6 +499,13 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
         snprintf(why, sizeof(why), "request line and headers over --max-header-kb %d KiB",
                  h->srv->cfg->max_header_kb);
         gw_send_error(req, SQ_HEADERS_TOO_LARGE, why);
+        return 0;
+    }
+    char why[160];
+    int zrc = inflate_body(req, h->srv->cfg->max_body_bytes, why, sizeof(why));
+    if (zrc != 0) {
+        inflight->route = "bad_encoding";
+        gw_send_error(req, zrc, zrc == SQ_NOMEM ? "not enough memory to inflate the body" : why);
         return 0;
     }
     char allow[64];

@@ -174,5 +174,51 @@ def a_body_squishd_cannot_copy_is_answered_not_fatal():
         s.cleanup()
 
 
+
+@test
+def compressed_bodies_are_inflated_within_the_body_limit():
+    # Issue 24: Triton's client sends request_compression_algorithm bodies
+    # (Content-Encoding gzip or deflate); squishd answered 400 "invalid JSON
+    # at byte 0". Inflated before any route reads them, with --max-body-mb
+    # applied to what they inflate to: a zip bomb is 413, not memory.
+    import gzip
+    import zlib
+    s = Squishd(workers="emu:1", extra=["--max-body-mb", "2"])
+    try:
+        s.wait_ready(workers=1)
+        add_model(s, FAST)
+        row = [0.5] * (3 * 16 * 16)
+        body = json.dumps({"inputs": [{"name": "input", "shape": [1, 3, 16, 16],
+                                       "datatype": "FP32", "data": row}]}).encode()
+        header = json.dumps({"inputs": [{"name": "input", "shape": [1, 3, 16, 16],
+                                         "datatype": "FP32",
+                                         "parameters": {"binary_data_size": 3 * 16 * 16 * 4}}]})
+        binary = header.encode() + b"\0" * (3 * 16 * 16 * 4)
+        url = "/v2/models/fast/infer"
+        for name, enc, data, extra in (
+                ("gzip", "gzip", gzip.compress(body), {}),
+                ("zlib", "deflate", zlib.compress(body), {}),
+                ("raw deflate", "deflate", zlib.compress(body)[2:-4], {}),
+                ("binary gzip", "gzip", gzip.compress(binary),
+                 {"Inference-Header-Content-Length": str(len(header))})):
+            r = s.request("POST", url, body=data,
+                          headers=dict({"Content-Encoding": enc}, **extra))
+            assert r.status == 200, (name, r)
+        # 64 MiB of zeros is 64 KiB of gzip: past the 2 MiB limit once inflated.
+        bomb = gzip.compress(b"\0" * (64 << 20))
+        r = s.request("POST", url, body=bomb, headers={"Content-Encoding": "gzip"})
+        assert r.status == 413 and "--max-body-mb" in r.json["error"], r
+        r = s.request("POST", url, body=b"not gzip", headers={"Content-Encoding": "gzip"})
+        assert r.status == 400 and "inflated" in r.json["error"], r
+        r = s.request("POST", url, body=gzip.compress(body)[:-20],
+                      headers={"Content-Encoding": "gzip"})
+        assert r.status == 400, r
+        r = s.request("POST", url, body=body, headers={"Content-Encoding": "br"})
+        assert r.status == 415 and "gzip" in r.json["error"], r
+        assert s.request("POST", url, body=body).status == 200  # and plain still works
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
 if __name__ == "__main__":
     run()
