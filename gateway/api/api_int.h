@@ -35,6 +35,7 @@ struct gw_infer {
     int64_t deadline_us;
     double slo_ms;
     double slo_asked_ms; /* what the request asked for when the cap cut it; 0 otherwise */
+    int slo_refused;     /* check_feasible refused its SLO, saying why and what works */
     /* Who set slo_ms: "request" (X-SLO-Ms, ?slo_ms=, parameters.slo_ms or
      * Triton's timeout), "model" (its default_slo_ms) or "server"
      * (--default-slo-ms). Every answer says it (x-slo-source). */

@@ -292,15 +292,15 @@ static void answer_headers(gw_infer_t *req, h2o_req_t *hreq)
 /* The least SLO the request can meet, in ms: its items alone on one idle
  * worker of the model's serving kind, in batches of at most max_batch (the
  * profile's latencies with the margin), plus the dispatch margin; 0 when
- * unknown (no profile, or no worker of its kind up). */
+ * unknown (no profile, no worker of its kind up, no items yet). */
 static double least_slo_ms(const gw_infer_t *req)
 {
     gw_server_t *srv = req->base.srv;
     const gw_model_t *m = req->model;
     int kind = gw_dispatch_serving_kind(srv, m);
-    if (kind < 0 || !m->has_profile[kind])
+    int n = req->n_items;
+    if (kind < 0 || !m->has_profile[kind] || n < 1)
         return 0;
-    int n = req->n_items > 0 ? req->n_items : 1; /* refused before its items were made */
     const pl_profile_t *p = &m->profile[kind];
     int cap = m->max_batch > 0 && m->max_batch < p->max_batch ? m->max_batch : p->max_batch;
     if (cap < 1)
@@ -320,6 +320,10 @@ static void send_failure(gw_infer_t *req, h2o_req_t *hreq)
 {
     answer_headers(req, hreq);
     const char *detail = req->err_detail[0] ? req->err_detail : NULL;
+    if (req->slo_refused) { /* check_feasible said it all; no retry helps */
+        gw_send_error_retry(hreq, req->err, detail, 0);
+        return;
+    }
     double least = req->err == SQ_DEADLINE && req->slo_ms > 0 ? least_slo_ms(req) : 0;
     if (least <= 0) {
         gw_send_error(hreq, req->err, detail);
@@ -328,9 +332,7 @@ static void send_failure(gw_infer_t *req, h2o_req_t *hreq)
     char why[sizeof(req->err_detail) + 320];
     const char *what = detail != NULL ? detail : sq_err_msg(req->err);
     int hopeless = req->slo_ms < least;
-    if (strstr(what, "ask for") != NULL) /* check_feasible said it all */
-        snprintf(why, sizeof(why), "%s", what);
-    else if (hopeless)
+    if (hopeless)
         snprintf(why, sizeof(why),
                  "%s: an SLO of %g ms (%s) cannot be met for %d item%s, which take at least "
                  "%.1f ms alone on an idle worker; ask for %.0f ms or more, or for none (best "
@@ -428,8 +430,6 @@ static int parse_positive(const char *s, double *out)
     return 0;
 }
 
-/* Looks the model up and builds the request; replies and returns NULL on
- * an error. */
 /* The client went away while the request was in squishd: its items not
  * yet in a batch are withdrawn (gw_dispatch_withdraw), never run. */
 static void infer_gone(gw_async_t *a)
@@ -444,6 +444,8 @@ static void infer_gone(gw_async_t *a)
         gw_dispatch_withdraw(a->srv);
 }
 
+/* Looks the model up and builds the request; replies and returns NULL on
+ * an error. */
 static gw_infer_t *infer_new(gw_call_t *call, gw_api_t api)
 {
     h2o_req_t *hreq = call->req;
@@ -662,6 +664,7 @@ static int check_feasible(gw_infer_t *req)
     double margin = srv->cfg->dispatch_margin_us / 1000.0;
     if (!(req->slo_ms > 0) || req->slo_ms >= l1 + margin)
         return 0; /* best effort, or feasible */
+    req->slo_refused = 1;
     reject(req, SQ_DEADLINE,
            "an SLO of %g ms cannot be met: one request takes at least %.1f ms on %s (l(1) %.1f ms "
            "+ dispatch margin %.1f ms); ask for %.0f ms or more",

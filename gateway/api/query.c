@@ -88,14 +88,11 @@ void gw_query_fate_fail(gw_query_fate_t *f, int rc, const char *fmt, ...)
         va_start(ap, fmt);
         vsnprintf(f->detail, sizeof(f->detail), fmt, ap);
         va_end(ap);
-        int was = 0;
-        atomic_compare_exchange_strong(&f->abandoned, &was, GW_ABANDONED_FAILED);
-        if (f->srv != NULL)
-            gw_dispatch_withdraw(f->srv);
-        return;
     }
-    int was = 0;
+    int was = 0; /* a gone client's query stays GW_ABANDONED_GONE */
     atomic_compare_exchange_strong(&f->abandoned, &was, GW_ABANDONED_FAILED);
+    if (expected == 0 && f->srv != NULL)
+        gw_dispatch_withdraw(f->srv); /* the first failure */
 }
 
 gw_query_outcome_t gw_query_outcome(gw_query_fate_t *f)
@@ -252,6 +249,17 @@ static void on_root_decoded(gw_prep_job_t *job, int rc)
  * take beyond the mean the split reserved moves its stage's deadline
  * later, taken from its children's share while each still fits a batch of
  * one after it. */
+/* The least a stage's items take once ready: a batch of one on its
+ * serving kind (the profile with the margin), plus the dispatch margin. */
+static int64_t stage_least_us(const gw_server_t *srv, const gw_query_t *q, int stage)
+{
+    const gw_model_t *m = q->models[stage];
+    int64_t us = srv->cfg->dispatch_margin_us;
+    if (q->kind[stage] >= 0 && m->has_profile[q->kind[stage]])
+        us += (int64_t)pl_latency_us(&m->profile[q->kind[stage]], 1, srv->cfg->k_std);
+    return us;
+}
+
 static int64_t frame_extra_us(gw_server_t *srv, const gw_query_t *q, const qnode_t *n)
 {
     double mean_us = gw_prep_pool_decode_us(srv->prep);
@@ -262,11 +270,8 @@ static int64_t frame_extra_us(gw_server_t *srv, const gw_query_t *q, const qnode
     const gw_stage_spec_t *st = &q->p->stages[n->stage];
     for (int k = 0; k < st->nchildren; k++) {
         int c = st->children[k];
-        const gw_model_t *cm = q->models[c];
-        double least = (double)srv->cfg->dispatch_margin_us;
-        if (q->kind[c] >= 0 && cm->has_profile[q->kind[c]])
-            least += pl_latency_us(&cm->profile[q->kind[c]], 1, srv->cfg->k_std);
-        double room = (q->cum_ms[c] - q->cum_ms[n->stage]) * 1000.0 - least;
+        double room =
+            (q->cum_ms[c] - q->cum_ms[n->stage]) * 1000.0 - (double)stage_least_us(srv, q, c);
         if (extra > room)
             extra = room;
     }
@@ -292,10 +297,7 @@ static void root_start(gw_server_t *srv, qnode_t *n)
     job->mode = m->nearest ? GW_RESIZE_NEAREST : GW_RESIZE_BILINEAR;
     job->dst = sq_shm_arena_base(srv->arena) + off;
     /* The stage's deadline less the least a batch of one takes. */
-    int64_t after_us = srv->cfg->dispatch_margin_us;
-    int kind = q->kind[n->stage];
-    if (kind >= 0 && m->has_profile[kind])
-        after_us += (int64_t)pl_latency_us(&m->profile[kind], 1, srv->cfg->k_std);
+    int64_t after_us = stage_least_us(srv, q, n->stage);
     n->extra_us = frame_extra_us(srv, q, n);
     job->deadline_ns =
         (q->arrival_us + (int64_t)(q->cum_ms[n->stage] * 1000.0) + n->extra_us - after_us) * 1000;
@@ -361,10 +363,7 @@ static int cut_crops(gw_prep_ctx_t *ctx, gw_query_t *q, qnode_t *n, int k, char 
         return 0;
     /* Too late for even one batch of the child stage: the query is lost. */
     int64_t deadline = q->arrival_us + (int64_t)(q->cum_ms[c] * 1000.0);
-    int kind = q->kind[c];
-    int64_t least = srv->cfg->dispatch_margin_us;
-    if (kind >= 0 && cm->has_profile[kind])
-        least += (int64_t)pl_latency_us(&cm->profile[kind], 1, srv->cfg->k_std);
+    int64_t least = stage_least_us(srv, q, c);
     if (sq_now_us() + least > deadline) {
         snprintf(err, errlen,
                  "stage %s cannot finish in time: %.1f ms of its deadline left, a batch takes "
@@ -771,12 +770,9 @@ static int query_setup(gw_query_t *q, double slo_ms)
     double least_us[GW_PIPE_MAX_STAGES], least = 0;
     for (int k = 0; k < p->nstages; k++) {
         int i = p->order[k]; /* parents before children */
-        const gw_model_t *m = q->models[i];
-        double l = (double)srv->cfg->dispatch_margin_us;
-        if (q->kind[i] >= 0 && m->has_profile[q->kind[i]])
-            l += pl_latency_us(&m->profile[q->kind[i]], 1, srv->cfg->k_std);
         int par = p->stages[i].parent;
-        least_us[i] = (par >= 0 ? least_us[par] : gw_prep_pool_decode_us(srv->prep)) + l;
+        least_us[i] = (par >= 0 ? least_us[par] : gw_prep_pool_decode_us(srv->prep)) +
+                      (double)stage_least_us(srv, q, i);
         least = least_us[i] > least ? least_us[i] : least;
     }
     if (q->slo_ms * 1000.0 < least) {
