@@ -294,6 +294,24 @@ def a_request_refused_for_one_item_runs_no_batch_for_the_others():
         s.cleanup()
 
 
+# A device that runs one row at a time: l(1) = 105 ms, max batch 1.
+ONE = {"name": "one", "profile": {"alpha_ms": 100.0, "beta_ms": 5.0}, "max_batch": 1,
+       "input": {"shape": [3, 4, 4]}, "num_classes": 3}
+
+
+def one_row_server():
+    """squishd on one emulated device holding ONE, loaded and idle."""
+    s = Squishd(workers="emu:1")
+    try:
+        s.wait_ready(workers=1)
+        upload(s, ONE)
+        assert s.request("POST", "/v2/models/one/infer", body=TENSOR, headers=OIP).status == 200
+    except BaseException:
+        s.cleanup()
+        raise
+    return s
+
+
 @test
 def clients_that_go_away_while_queued_leave_nothing_to_run():
     # Issue 23: 12 clients that gave up after 0.5 s on a slow emulated model;
@@ -302,13 +320,8 @@ def clients_that_go_away_while_queued_leave_nothing_to_run():
     # closing its connection after 0.35 s: about 4 rows have started by
     # then; the others are withdrawn, never run. Over HTTP/1.1 and for
     # multi-row requests alike (4 clients of 3 rows).
-    ONE = {"name": "one", "profile": {"alpha_ms": 100.0, "beta_ms": 5.0}, "max_batch": 1,
-           "input": {"shape": [3, 4, 4]}, "num_classes": 3}
-    s = Squishd(workers="emu:1")
+    s = one_row_server()
     try:
-        s.wait_ready(workers=1)
-        upload(s, ONE)
-        assert s.request("POST", "/v2/models/one/infer", body=TENSOR, headers=OIP).status == 200
         for rows, clients in ((1, 12), (3, 4)):
             time.sleep(0.3)
             before = batches_of(s, "one")
@@ -355,13 +368,8 @@ def clients_that_go_away_over_http2_leave_nothing_to_run():
     # when it closes, and the rows not yet in a batch are withdrawn.
     if subprocess.run(["curl", "--version"], capture_output=True).returncode != 0:
         raise Skip("no curl")
-    ONE = {"name": "one", "profile": {"alpha_ms": 100.0, "beta_ms": 5.0}, "max_batch": 1,
-           "input": {"shape": [3, 4, 4]}, "num_classes": 3}
-    s = Squishd(workers="emu:1")
+    s = one_row_server()
     try:
-        s.wait_ready(workers=1)
-        upload(s, ONE)
-        assert s.request("POST", "/v2/models/one/infer", body=TENSOR, headers=OIP).status == 200
         time.sleep(0.3)
         before = batches_of(s, "one")
         body = os.path.join(s.tmp, "row.bin")
