@@ -38,6 +38,8 @@
     X(DEVICE, "device_error", 500, "device error")                                                 \
     X(INTERNAL, "internal", 500, "internal error")                                                 \
     X(MODEL_FAILED, "model_failed", 409, "the model failed and cannot be served")                  \
+    X(MODEL_UNLOADED, "model_unloaded", 409,                                                       \
+      "the model is unloaded; POST /v2/repository/models/{name}/load serves it again")             \
     X(STANDBY, "standby", 503, "this squishd is a standby; ask the leader")
 
 enum {

@@ -20,7 +20,7 @@ typedef struct mdb mdb_t;
 struct mdb_graph;
 
 /* The schema version this build writes; older files are migrated on open. */
-#define MDB_SCHEMA_VERSION 4
+#define MDB_SCHEMA_VERSION 5
 
 /* Whether target names a PostgreSQL database: a URI (postgresql://...,
  * postgres://...) or a key=value conninfo ("host=/run/pg dbname=squish");
@@ -136,7 +136,8 @@ int mdb_model_insert(mdb_t *db, const mdb_new_model_t *m, int64_t *id_out);
  *  "input", "outputs", "preprocess", "labels_count", "default_slo_ms",
  *  "max_batch", "param_bytes", "memory_bytes", "profile", "prefix_group",
  *  "version_policy" (only when its upload's config gave one), "detections"
- *  (an emulated detector's, likewise)}. */
+ *  (an emulated detector's, likewise), "unloaded": true (only when it is,
+ *  mdb_model_set_unloaded)}. */
 int mdb_model_get(mdb_t *db, const char *name, json_t **out);
 /* The record of one version (0: the newest). */
 int mdb_model_version_get(mdb_t *db, const char *name, int version, json_t **out);
@@ -173,10 +174,11 @@ int mdb_plan_last(mdb_t *db, long long *epoch, json_t **plan, json_t **placement
 /* ---- pipelines --------------------------------------------------------- */
 
 /* Stores a pipeline's spec (a JSON object the gateway validated) under its
- * name; replace 0 refuses an existing name with SQ_EXISTS, 1 overwrites. */
+ * name; replace 0 refuses an existing name with SQ_EXISTS, 1 overwrites
+ * (and loads it: a spec published again is served). */
 int mdb_pipeline_put(mdb_t *db, const char *name, json_t *spec, int replace);
-/* Every stored pipeline: [{"name", "spec", "created_at"}] by name, new
- * reference. */
+/* Every stored pipeline: [{"name", "spec", "created_at", "unloaded"}] by
+ * name, new reference. */
 int mdb_pipeline_list(mdb_t *db, json_t **out);
 /* Removes one; SQ_NOT_FOUND when there is none by that name. */
 int mdb_pipeline_delete(mdb_t *db, const char *name);
@@ -197,6 +199,13 @@ int mdb_group_profile_get(mdb_t *db, const char *members, const char *device_kin
  * profiles: a model that crashed its workers is marked "failed".
  * SQ_MODEL_NOT_FOUND when there is no such model. */
 int mdb_model_set_status(mdb_t *db, int64_t model_id, const char *status, const char *error);
+/* Unloads (1) or loads (0) every version of name: an unloaded version is
+ * kept, with its profiles, but served by no worker (records say
+ * "unloaded": true). *versions (may be NULL) counts them;
+ * SQ_MODEL_NOT_FOUND when there is none. */
+int mdb_model_set_unloaded(mdb_t *db, const char *name, int unloaded, int *versions);
+/* The same for a pipeline; SQ_NOT_FOUND when there is none by that name. */
+int mdb_pipeline_set_unloaded(mdb_t *db, const char *name, int unloaded);
 
 /* Gives model to_id the profiles of model from_id (the same file, measured
  * already) and makes it "ready" (one transaction). SQ_NOT_FOUND when

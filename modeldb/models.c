@@ -373,10 +373,11 @@ static json_t *prefix_group_json(mdb_t *db, int64_t id)
 
 /* record_from_row reads these by index; a query that adds columns after
  * them reads those from RECORD_NCOLUMNS on. */
-#define RECORD_NCOLUMNS 18
+#define RECORD_NCOLUMNS 19
 #define RECORD_COLUMNS                                                                             \
     "id, name, version, sha256, created_at, format, status, error, input_name, input, "            \
-    "outputs, preprocess, labels, default_slo_ms, max_batch, param_bytes, memory_bytes, config"
+    "outputs, preprocess, labels, default_slo_ms, max_batch, param_bytes, memory_bytes, config, "  \
+    "unloaded"
 
 static json_t *record_from_row(mdb_q_t *q)
 {
@@ -408,6 +409,9 @@ static json_t *record_from_row(mdb_q_t *q)
     if (det != NULL)
         json_object_set(r, "detections", det);
     json_decref(config);
+    /* Unloaded (model control): only when it is, as Triton's index says. */
+    if (mdb_q_int64_at(q, 18) != 0)
+        json_object_set_new(r, "unloaded", json_true());
     /* The statement is reused by the helpers below: copy what they need first. */
     json_object_set_new(r, "id", json_integer(id));
     return r;
@@ -598,6 +602,39 @@ int mdb_model_delete(mdb_t *db, const char *name, int version, int *deleted)
         return rc;
     *deleted = del.deleted;
     return *deleted > 0 ? 0 : SQ_MODEL_NOT_FOUND;
+}
+
+typedef struct {
+    const char *name;
+    int unloaded;
+    int n;
+} set_unloaded_t;
+
+static int set_unloaded_tx(mdb_t *db, void *arg)
+{
+    static const char sql[] = "UPDATE models SET unloaded = ? WHERE name = ?";
+    set_unloaded_t *u = arg;
+    mdb_q_t *q = mdb_q(db, sql);
+    mdb_q_int64(q, 1, u->unloaded);
+    mdb_q_text(q, 2, u->name);
+    int rc = mdb_q_run(q, "set model unloaded");
+    if (rc != 0)
+        return rc;
+    u->n = (int)mdb_q_changes(q);
+    if (u->n == 0) {
+        snprintf(db->errmsg, sizeof(db->errmsg), "no model %s", u->name);
+        return SQ_MODEL_NOT_FOUND;
+    }
+    return 0;
+}
+
+int mdb_model_set_unloaded(mdb_t *db, const char *name, int unloaded, int *versions)
+{
+    set_unloaded_t u = {name, unloaded != 0, 0};
+    int rc = mdb_write(db, set_unloaded_tx, &u);
+    if (versions != NULL)
+        *versions = u.n;
+    return rc;
 }
 
 int mdb_model_set_status(mdb_t *db, int64_t model_id, const char *status, const char *error)

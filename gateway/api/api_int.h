@@ -145,8 +145,24 @@ void gw_query_fate_fail(gw_query_fate_t *f, int rc, const char *fmt, ...)
 /* Its outcome for /metrics: a failure with a 503 error is a drop. */
 gw_query_outcome_t gw_query_outcome(gw_query_fate_t *f);
 
+/* 404s that say what was not found and what would work (not_found.c).
+ * The reason for name (version 0: any) not being found at path (the
+ * request's, which decides the hint: a pipeline asked for on a model's
+ * route gets the pipeline's route) into out; returns the error code.
+ * Any thread. */
+int gw_not_found_why(gw_server_t *srv, const char *path, const char *name, int version, char *out,
+                     size_t len);
+/* The same, sent as the call's answer (a malformed name says so). */
+void gw_send_not_found(gw_call_t *call, h2o_iovec_t name, int version);
+/* A {version} segment that is no version (gw_parse_version < 0). */
+void gw_send_bad_version(gw_call_t *call, h2o_iovec_t v);
+/* The call's normalized path, terminated (cut at len - 1). */
+void gw_call_path(const gw_call_t *call, char *out, size_t len);
+
 /* Routes (one file per area). */
 void gw_route_models_post(gw_call_t *call);
+void gw_route_repository_load(gw_call_t *call);
+void gw_route_repository_unload(gw_call_t *call);
 void gw_route_models_list(gw_call_t *call);
 void gw_route_models_get(gw_call_t *call);
 void gw_route_models_delete(gw_call_t *call);
@@ -159,6 +175,7 @@ void gw_route_metrics(gw_call_t *call);
 void gw_route_model_stats(gw_call_t *call);
 void gw_route_model_config(gw_call_t *call);
 void gw_route_repository_index(gw_call_t *call);
+void gw_route_repository_index_get(gw_call_t *call);
 void gw_route_pipelines_post(gw_call_t *call);
 void gw_route_pipelines_list(gw_call_t *call);
 void gw_route_pipelines_get(gw_call_t *call);

@@ -456,12 +456,12 @@ static gw_infer_t *infer_new(gw_call_t *call, gw_api_t api)
     }
     int version = 0;
     if (call->nargs > 1 && (version = gw_parse_version(call->args[1])) < 0) {
-        gw_send_error(hreq, SQ_MODEL_NOT_FOUND, "no such model version");
+        gw_send_bad_version(call, call->args[1]);
         return NULL;
     }
     gw_model_t *m = gw_registry_find(srv->registry, call->args[0].base, call->args[0].len, version);
     if (m == NULL) {
-        gw_send_error(hreq, SQ_MODEL_NOT_FOUND, "no such model");
+        gw_send_not_found(call, call->args[0], version);
         return NULL;
     }
     char unserved[MDB_NAME_MAX + 256];
@@ -477,6 +477,16 @@ static gw_infer_t *infer_new(gw_call_t *call, gw_api_t api)
                  m->name, m->version, m->error[0] ? m->error : "it could not be measured");
         gw_metrics_infer_rejected(srv, m, SQ_MODEL_FAILED);
         gw_send_error(hreq, SQ_MODEL_FAILED, why);
+        gw_model_unref(m);
+        return NULL;
+    }
+    if (strcmp(m->status, "unloaded") == 0) {
+        char why[MDB_NAME_MAX * 2 + 128];
+        snprintf(why, sizeof(why),
+                 "model %s is unloaded; POST /v2/repository/models/%s/load serves it again",
+                 m->name, m->name);
+        gw_metrics_infer_rejected(srv, m, SQ_MODEL_UNLOADED);
+        gw_send_error(hreq, SQ_MODEL_UNLOADED, why);
         gw_model_unref(m);
         return NULL;
     }

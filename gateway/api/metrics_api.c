@@ -72,6 +72,31 @@ static int by_name_version(const void *a, const void *b)
     return c != 0 ? c : x->version - y->version;
 }
 
+static json_t *duration(json_int_t count, json_int_t ns)
+{
+    return json_pack("{s:I, s:I}", "count", count, "ns", ns);
+}
+
+/* A pipeline's row, as Triton gives an ensemble's: its queries (success
+ * and fail, arrival to answer); its queueing and compute are its stages',
+ * in their models' rows, so they are 0 here, as are its batches. */
+static json_t *pipeline_stats(gw_pipeline_t *p)
+{
+    pthread_mutex_lock(&p->mu);
+    json_int_t ok = p->outcomes[GW_Q_OK];
+    json_int_t bad = p->outcomes[GW_Q_DROPPED] + p->outcomes[GW_Q_FAILED];
+    json_int_t ok_ns = p->outcome_us[GW_Q_OK] * 1000;
+    json_int_t bad_ns = (p->outcome_us[GW_Q_DROPPED] + p->outcome_us[GW_Q_FAILED]) * 1000;
+    json_int_t last = p->last_ok_ms;
+    pthread_mutex_unlock(&p->mu);
+    return json_pack("{s:s, s:s, s:I, s:I, s:I, s:{s:o, s:o, s:o, s:o, s:o, s:o}, s:[]}", "name",
+                     p->name, "version", "1", "last_inference", last, "inference_count", ok,
+                     "execution_count", (json_int_t)0, "inference_stats", "success",
+                     duration(ok, ok_ns), "fail", duration(bad, bad_ns), "queue", duration(0, 0),
+                     "compute_input", duration(0, 0), "compute_infer", duration(0, 0),
+                     "compute_output", duration(0, 0), "batch_stats");
+}
+
 /* GET /v2/models/stats, /v2/models/{m}/stats, /v2/models/{m}/versions/{v}/stats:
  * the models of the registry that match (a model, or one of its versions,
  * that does not exist is a 404). */
@@ -81,13 +106,28 @@ void gw_route_model_stats(gw_call_t *call)
     if (call->nargs >= 1)
         q.name = call->args[0];
     if (call->nargs >= 2 && (q.version = gw_parse_version(call->args[1])) < 0) {
-        gw_send_error(call->req, SQ_MODEL_NOT_FOUND, "no such model version");
+        gw_send_bad_version(call, call->args[1]);
         return;
     }
     gw_registry_foreach(call->srv->registry, collect, &q);
-    if (call->nargs >= 1 && q.n == 0) {
-        gw_send_error(call->req, SQ_MODEL_NOT_FOUND,
-                      call->nargs >= 2 ? "no such model version" : "no such model");
+    /* Pipelines are models here too (version 1, as their metadata says):
+     * every one with every model, or the one asked for by name. */
+    int np = 0;
+    gw_pipeline_t **ps = NULL;
+    if (call->nargs == 0) {
+        ps = gw_pipes_all(call->srv->pipelines, &np);
+    } else if (q.n == 0 && q.version <= 1 && gw_model_name_ok(q.name.base, q.name.len)) {
+        char name[MDB_NAME_MAX + 1];
+        memcpy(name, q.name.base, q.name.len);
+        name[q.name.len] = '\0';
+        gw_pipeline_t *p = gw_pipes_get(call->srv->pipelines, name);
+        if (p != NULL) {
+            ps = sq_xcalloc(1, sizeof(*ps));
+            ps[np++] = p;
+        }
+    }
+    if (call->nargs >= 1 && q.n == 0 && np == 0) {
+        gw_send_not_found(call, q.name, q.version);
         return;
     }
     if (q.n > 1)
@@ -97,7 +137,12 @@ void gw_route_model_stats(gw_call_t *call)
         json_array_append_new(stats, gw_metrics_model_stats(call->srv->metrics, q.found[i]));
         gw_model_unref(q.found[i]);
     }
+    for (int i = 0; i < np; i++) {
+        json_array_append_new(stats, pipeline_stats(ps[i]));
+        gw_pipeline_unref(ps[i]);
+    }
     free(q.found);
+    free(ps);
     gw_send_json(call->req, 200, json_pack("{s:o}", "model_stats", stats));
 }
 

@@ -28,7 +28,16 @@ typedef struct {
     size_t len;
     uint8_t *body_owned;
     char location[MDB_NAME_MAX + 16]; /* a 202's Location */
+    char path[128];                   /* the request's, for a 404's hint */
 } model_job_t;
+
+/* A 404 for the job's name and version, with what would work. */
+static void job_not_found(model_job_t *j)
+{
+    char why[512];
+    int err = gw_not_found_why(j->base.srv, j->path, j->name, j->version, why, sizeof(why));
+    gw_async_fail(&j->base, err, "%s", why);
+}
 
 static void model_job_dispose(gw_async_t *a)
 {
@@ -465,14 +474,15 @@ static model_job_t *named_job(gw_call_t *call, int with_version)
     h2o_iovec_t name = call->args[0];
     int version = 0;
     if (!gw_model_name_ok(name.base, name.len)) {
-        gw_send_error(call->req, SQ_MODEL_NOT_FOUND, "no such model");
+        gw_send_not_found(call, name, 0);
         return NULL;
     }
     if (with_version && (version = gw_parse_version(call->args[1])) < 0) {
-        gw_send_error(call->req, SQ_MODEL_NOT_FOUND, "no such model version");
+        gw_send_bad_version(call, call->args[1]);
         return NULL;
     }
     model_job_t *j = job_new(call);
+    gw_call_path(call, j->path, sizeof(j->path));
     memcpy(j->name, name.base, name.len);
     j->name[name.len] = '\0';
     j->version = version;
@@ -537,7 +547,7 @@ static void get_job(mdb_t *db, void *arg)
             add_progress(j->base.srv, j->name, v);
     }
     if (rc == SQ_MODEL_NOT_FOUND)
-        gw_async_fail(&j->base, rc, "no model named %s", j->name);
+        job_not_found(j);
     else if (rc != 0)
         gw_async_fail(&j->base, rc, "%s", mdb_errmsg(db));
     gw_async_done(&j->base);
@@ -558,8 +568,7 @@ static void delete_job(mdb_t *db, void *arg)
     int deleted = 0;
     int rc = mdb_model_delete(db, j->name, j->version, &deleted);
     if (rc == SQ_MODEL_NOT_FOUND)
-        gw_async_fail(&j->base, rc, "no model named %s%s", j->name,
-                      j->version ? " with that version" : "");
+        job_not_found(j);
     else if (rc != 0)
         gw_async_fail(&j->base, rc, "%s", mdb_errmsg(db));
     else {
@@ -611,8 +620,10 @@ static void kserve_metadata_job(mdb_t *db, void *arg)
     json_t *all;
     int rc = mdb_model_get(db, j->name, &all);
     if (rc != 0) {
-        gw_async_fail(&j->base, rc, rc == SQ_MODEL_NOT_FOUND ? "no such model" : "%s",
-                      mdb_errmsg(db));
+        if (rc == SQ_MODEL_NOT_FOUND)
+            job_not_found(j);
+        else
+            gw_async_fail(&j->base, rc, "%s", mdb_errmsg(db));
         gw_async_done(&j->base);
         return;
     }
@@ -629,13 +640,13 @@ static void kserve_metadata_job(mdb_t *db, void *arg)
             chosen = v;
     }
     if (chosen == NULL) {
-        gw_async_fail(&j->base, SQ_MODEL_NOT_FOUND, "no such model version");
+        job_not_found(j);
         json_decref(versions);
     } else {
         const char *format = json_string_value(json_object_get(chosen, "format"));
         j->base.body = json_pack(
             "{s:s, s:o, s:s, s:[O], s:O}", "name", j->name, "versions", versions, "platform",
-            strcmp(format, "onnx") == 0 ? "onnx" : "squish_emulated", "inputs",
+            strcmp(format, "onnx") == 0 ? "onnxruntime_onnx" : "squish_emulated", "inputs",
             json_object_get(chosen, "input"), "outputs", json_object_get(chosen, "outputs"));
     }
     json_decref(all);
@@ -649,6 +660,11 @@ static const char *not_ready_why(gw_server_t *srv, const char *name, json_t *rec
                                  size_t len)
 {
     const char *status = json_string_value(json_object_get(rec, "status"));
+    if (json_is_true(json_object_get(rec, "unloaded"))) {
+        snprintf(buf, len,
+                 "the model is unloaded; POST /v2/repository/models/%s/load serves it again", name);
+        return buf;
+    }
     if (status == NULL || strcmp(status, "ready") != 0)
         return status != NULL && strcmp(status, "profiling") == 0
                    ? "the model is being profiled; retry shortly"
@@ -678,8 +694,10 @@ static void kserve_ready_job(mdb_t *db, void *arg)
     int version = j->version != 0 ? j->version : default_version(j->base.srv, j->name);
     int rc = mdb_model_version_get(db, j->name, version, &rec);
     if (rc != 0) {
-        gw_async_fail(&j->base, rc, rc == SQ_MODEL_NOT_FOUND ? "no such model" : "%s",
-                      mdb_errmsg(db));
+        if (rc == SQ_MODEL_NOT_FOUND)
+            job_not_found(j);
+        else
+            gw_async_fail(&j->base, rc, "%s", mdb_errmsg(db));
     } else {
         /* The Open Inference Protocol answers by status code: 200 ready, 4xx
          * not (400, as Triton). The body says the same, with the error's

@@ -111,7 +111,7 @@ static int name_arg(gw_call_t *call, char *out)
 {
     h2o_iovec_t name = call->args[0];
     if (!gw_model_name_ok(name.base, name.len)) {
-        gw_send_error(call->req, SQ_NOT_FOUND, "no such pipeline");
+        gw_send_not_found(call, name, 0);
         return 0;
     }
     memcpy(out, name.base, name.len);
@@ -126,7 +126,7 @@ void gw_route_pipelines_get(gw_call_t *call)
         return;
     gw_pipeline_t *p = gw_pipes_get(call->srv->pipelines, name);
     if (p == NULL) {
-        gw_send_error(call->req, SQ_NOT_FOUND, "no such pipeline");
+        gw_send_not_found(call, call->args[0], 0);
         return;
     }
     gw_send_json(call->req, 200, gw_pipeline_json(p));
@@ -138,7 +138,10 @@ static void delete_job(mdb_t *db, void *arg)
     pipe_job_t *j = arg;
     int rc = mdb_pipeline_delete(db, j->name);
     if (rc == SQ_NOT_FOUND) {
-        gw_async_fail(&j->base, rc, "no pipeline named %s", j->name);
+        char why[512];
+        gw_async_fail(&j->base,
+                      gw_not_found_why(j->base.srv, "/pipelines/", j->name, 0, why, sizeof(why)),
+                      "%s", why);
     } else if (rc != 0) {
         gw_async_fail(&j->base, rc, "%s", mdb_errmsg(db));
     } else {

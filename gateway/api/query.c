@@ -495,7 +495,7 @@ json_t *gw_query_node_json(const gw_pipeline_t *p, gw_model_t *const *models, co
 static void query_count(gw_query_t *q, int64_t now)
 {
     gw_query_outcome_t o = gw_query_outcome(&q->fate);
-    gw_pipeline_outcome(q->p, o);
+    gw_pipeline_outcome(q->p, o, now - q->arrival_us);
     gw_metrics_pipeline_query(q->base.srv->metrics, q->p->name,
                               o == GW_Q_OK        ? "ok"
                               : o == GW_Q_DROPPED ? "dropped"
@@ -612,6 +612,13 @@ static int resolve_stages(gw_server_t *srv, gw_query_t *q, char *why, size_t len
                      m->version, m->error);
             return SQ_MODEL_FAILED;
         }
+        if (strcmp(m->status, "unloaded") == 0) {
+            snprintf(why, len,
+                     "stage %s: model %s is unloaded; POST /v2/repository/models/%s/load "
+                     "serves it again",
+                     st->id, m->name, m->name);
+            return SQ_MODEL_UNLOADED;
+        }
         if (strcmp(m->status, "ready") != 0) {
             snprintf(why, len, "stage %s: model %s is being profiled; retry shortly", st->id,
                      m->name);
@@ -702,14 +709,23 @@ static gw_query_t *query_new(gw_call_t *call)
     char name[MDB_NAME_MAX + 1];
     h2o_iovec_t arg = call->args[0];
     if (!gw_model_name_ok(arg.base, arg.len)) {
-        gw_send_error(hreq, SQ_NOT_FOUND, "no such pipeline");
+        gw_send_not_found(call, arg, 0);
         return NULL;
     }
     memcpy(name, arg.base, arg.len);
     name[arg.len] = '\0';
     gw_pipeline_t *p = gw_pipes_get(srv->pipelines, name);
     if (p == NULL) {
-        gw_send_error(hreq, SQ_NOT_FOUND, "no such pipeline");
+        gw_send_not_found(call, arg, 0);
+        return NULL;
+    }
+    if (atomic_load(&p->unloaded)) {
+        char why[2 * MDB_NAME_MAX + 96];
+        snprintf(why, sizeof(why),
+                 "pipeline %s is unloaded; POST /v2/repository/models/%s/load serves it again",
+                 name, name);
+        gw_pipeline_unref(p);
+        gw_send_error(hreq, SQ_MODEL_UNLOADED, why);
         return NULL;
     }
     if (atomic_fetch_add(&srv->infer_inflight, 1) >= srv->cfg->max_inflight) {

@@ -1,12 +1,14 @@
 /* What Triton clients ask of a model repository, from the registry (no DB
  * round trip): GET /v2/models/{m}[/versions/{v}]/config (the model's
  * configuration in Triton's field names, plus squish's own: preprocessing,
- * SLO, status) and POST /v2/repository/index (Triton's model repository
- * extension, read-only: every version with its state). */
+ * SLO, status), GET and POST /v2/repository/index (Triton's model
+ * repository extension: every version and pipeline with its state) and
+ * model control (POST /v2/repository/models/{m}/load and /unload). */
 #include "api_int.h"
 #include "gw_http.h"
 #include "gw_catalog.h"
 #include "gw_server.h"
+#include "gw_dispatch.h"
 
 #include <jansson.h>
 #include <sq.h>
@@ -58,18 +60,53 @@ static json_t *model_config(const gw_model_t *m)
     return c;
 }
 
+/* A pipeline's configuration, as Triton shows an ensemble's: its one
+ * input and output (as its metadata names them) and a step per stage. */
+static json_t *pipeline_config(gw_pipeline_t *p)
+{
+    json_t *steps = json_array();
+    for (int i = 0; i < p->nstages; i++) {
+        const gw_stage_spec_t *st = &p->stages[i];
+        json_t *step = json_pack("{s:s, s:i, s:s}", "model_name", st->model, "model_version",
+                                 st->version > 0 ? st->version : -1, "stage", st->id);
+        if (st->parent >= 0)
+            json_object_set_new(step, "crops_of", json_string(p->stages[st->parent].id));
+        json_array_append_new(steps, step);
+    }
+    return json_pack("{s:s, s:i, s:s, s:i, s:[{s:s, s:s, s:[i]}], s:[{s:s, s:s, s:[i]}], "
+                     "s:{s:o}, s:f, s:b, s:O}",
+                     "name", p->name, "version", 1, "platform", "squish_pipeline", "max_batch_size",
+                     0, "input", "name", "IMAGE", "data_type", "TYPE_STRING", "dims", -1, "output",
+                     "name", "RESULT", "data_type", "TYPE_STRING", "dims", -1,
+                     "ensemble_scheduling", "step", steps, "slo_ms", p->slo_ms, "unloaded",
+                     atomic_load(&p->unloaded) != 0, "spec", p->spec);
+}
+
 void gw_route_model_config(gw_call_t *call)
 {
     int version = 0;
     if (call->nargs > 1 && (version = gw_parse_version(call->args[1])) < 0) {
-        gw_send_error(call->req, SQ_MODEL_NOT_FOUND, "no such model version");
+        gw_send_bad_version(call, call->args[1]);
         return;
     }
     gw_model_t *m =
         gw_registry_find(call->srv->registry, call->args[0].base, call->args[0].len, version);
     if (m == NULL) {
-        gw_send_error(call->req, SQ_MODEL_NOT_FOUND,
-                      version ? "no such model version" : "no such model");
+        /* A pipeline is a model here too (version 1, as its metadata). */
+        char name[MDB_NAME_MAX + 1];
+        h2o_iovec_t a = call->args[0];
+        gw_pipeline_t *p = NULL;
+        if ((version == 0 || version == 1) && gw_model_name_ok(a.base, a.len)) {
+            memcpy(name, a.base, a.len);
+            name[a.len] = '\0';
+            p = gw_pipes_get(call->srv->pipelines, name);
+        }
+        if (p != NULL) {
+            gw_send_json(call->req, 200, pipeline_config(p));
+            gw_pipeline_unref(p);
+        } else {
+            gw_send_not_found(call, call->args[0], version);
+        }
         return;
     }
     json_t *c = model_config(m);
@@ -100,31 +137,133 @@ static int by_name_version(const void *a, const void *b)
     return c != 0 ? c : (x->version > y->version) - (x->version < y->version);
 }
 
-/* m's row, or NULL when ready_only leaves it out (outside the registry's
- * lock: gw_registry_served takes it). Triton's states: READY, LOADING
- * (squish: being measured), UNAVAILABLE with the reason (failed, or not in
- * the version policy). */
+/* Triton's state of m and why it is not READY (reason NULL when it is):
+ * READY (served, and a worker up holds it), LOADING (being measured, or
+ * loading on a worker), UNLOADING (unloaded, with a batch still on its
+ * way out), UNAVAILABLE (failed, unloaded, or not in its version
+ * policy). Outside the registry's lock. */
+static const char *model_state(gw_server_t *srv, const gw_model_t *m, char *why, size_t len,
+                               const char **reason)
+{
+    *reason = NULL;
+    if (strcmp(m->status, "unloaded") == 0) {
+        *reason = "unloaded";
+        if (gw_dispatch_model_unloading(srv, m->key)) {
+            *reason = "unloading: its last batches are finishing";
+            return "UNLOADING";
+        }
+        return "UNAVAILABLE";
+    }
+    if (strcmp(m->status, "failed") == 0) {
+        *reason = m->error[0] ? m->error : "failed";
+        return "UNAVAILABLE";
+    }
+    if (!gw_registry_served(srv->registry, m, why, len)) {
+        *reason = why;
+        return "UNAVAILABLE";
+    }
+    if (strcmp(m->status, "profiling") == 0) {
+        *reason = "profiling: its batch sizes are being measured";
+        return "LOADING";
+    }
+    if (!gw_dispatch_model_held(srv, m->key)) {
+        *reason = gw_dispatch_serving_kind(srv, m) < 0 ? "no worker that can serve it is up"
+                                                       : "loading on a worker";
+        return "LOADING";
+    }
+    return "READY";
+}
+
+static json_t *state_row(const char *name, int version, const char *state, const char *reason)
+{
+    char v[16];
+    snprintf(v, sizeof(v), "%d", version);
+    json_t *row = json_pack("{s:s, s:s, s:s}", "name", name, "version", v, "state", state);
+    if (reason != NULL)
+        json_object_set_new(row, "reason", json_string(reason));
+    return row;
+}
+
+/* m's row, or NULL when ready_only leaves it out. */
 static json_t *index_row(gw_server_t *srv, gw_model_t *m, int ready_only)
 {
-    char unserved[MDB_NAME_MAX + 256];
-    int profiling = strcmp(m->status, "profiling") == 0;
-    int failed = strcmp(m->status, "failed") == 0;
-    int served =
-        !profiling && !failed && gw_registry_served(srv->registry, m, unserved, sizeof(unserved));
-    if (ready_only && !served)
+    char why[MDB_NAME_MAX + 256];
+    const char *reason;
+    const char *state = model_state(srv, m, why, sizeof(why), &reason);
+    if (ready_only && strcmp(state, "READY") != 0)
         return NULL;
-    char v[16];
-    snprintf(v, sizeof(v), "%d", m->version);
-    json_t *row = json_pack("{s:s, s:s, s:s}", "name", m->name, "version", v, "state",
-                            served      ? "READY"
-                            : profiling ? "LOADING"
-                                        : "UNAVAILABLE");
-    if (!served)
-        json_object_set_new(row, "reason",
-                            json_string(profiling ? "profiling"
-                                        : failed  ? (m->error[0] ? m->error : "failed")
-                                                  : unserved));
-    return row;
+    return state_row(m->name, m->version, state, reason);
+}
+
+/* A pipeline's state: unloaded, or the least of its stages' models'
+ * (UNAVAILABLE < UNLOADING < LOADING < READY), with that stage's reason. */
+static const char *pipeline_state(gw_server_t *srv, gw_pipeline_t *p, char *why, size_t len)
+{
+    static const char *const order[] = {"UNAVAILABLE", "UNLOADING", "LOADING", "READY"};
+    if (atomic_load(&p->unloaded)) {
+        snprintf(why, len, "unloaded");
+        return "UNAVAILABLE";
+    }
+    int least = 3;
+    why[0] = '\0';
+    for (int i = 0; i < p->nstages; i++) {
+        const gw_stage_spec_t *st = &p->stages[i];
+        gw_model_t *m = gw_registry_find(srv->registry, st->model, strlen(st->model), st->version);
+        char mwhy[MDB_NAME_MAX + 256];
+        const char *reason = "no such model";
+        int rank = 0;
+        if (m != NULL) {
+            const char *state = model_state(srv, m, mwhy, sizeof(mwhy), &reason);
+            while (rank < 3 && strcmp(order[rank], state) != 0)
+                rank++;
+        }
+        if (rank < least) {
+            least = rank;
+            snprintf(why, len, "stage %s: model %s: %s", st->id, st->model, reason);
+        }
+        gw_model_unref(m);
+    }
+    return order[least];
+}
+
+/* The index: every model version and pipeline (a pipeline as version 1,
+ * as its metadata says), by name. */
+static void send_index(gw_call_t *call, int ready_only)
+{
+    collect_t x = {0};
+    gw_registry_foreach(call->srv->registry, collect, &x);
+    if (x.n > 1)
+        qsort(x.models, (size_t)x.n, sizeof(*x.models), by_name_version);
+    int np = 0;
+    gw_pipeline_t **ps = gw_pipes_all(call->srv->pipelines, &np);
+    json_t *rows = json_array();
+    int i = 0, k = 0;
+    while (i < x.n || k < np) {
+        if (k >= np || (i < x.n && strcmp(x.models[i]->name, ps[k]->name) < 0)) {
+            json_t *row = index_row(call->srv, x.models[i], ready_only);
+            if (row != NULL)
+                json_array_append_new(rows, row);
+            gw_model_unref(x.models[i++]);
+        } else {
+            char why[2 * MDB_NAME_MAX + 320];
+            const char *state = pipeline_state(call->srv, ps[k], why, sizeof(why));
+            int ready = strcmp(state, "READY") == 0;
+            if (!ready_only || ready)
+                json_array_append_new(rows, state_row(ps[k]->name, 1, state, ready ? NULL : why));
+            gw_pipeline_unref(ps[k++]);
+        }
+    }
+    free(x.models);
+    free(ps);
+    gw_send_json(call->req, 200, rows);
+}
+
+void gw_route_repository_index_get(gw_call_t *call)
+{
+    char ready[8];
+    int ready_only = gw_query_param(call->req, "ready", ready, sizeof(ready)) &&
+                     (strcmp(ready, "true") == 0 || strcmp(ready, "1") == 0);
+    send_index(call, ready_only);
 }
 
 void gw_route_repository_index(gw_call_t *call)
@@ -153,17 +292,255 @@ void gw_route_repository_index(gw_call_t *call)
         }
     }
     free(owned);
-    collect_t x = {0};
-    gw_registry_foreach(call->srv->registry, collect, &x);
-    if (x.n > 1)
-        qsort(x.models, (size_t)x.n, sizeof(*x.models), by_name_version);
-    json_t *rows = json_array();
-    for (int i = 0; i < x.n; i++) {
-        json_t *row = index_row(call->srv, x.models[i], ready_only);
-        if (row != NULL)
-            json_array_append_new(rows, row);
-        gw_model_unref(x.models[i]);
+    send_index(call, ready_only);
+}
+
+/* ---- model control: POST /v2/repository/models/{m}/load | unload -------- */
+
+/* A load waits this long for its versions to be ready (measuring a new
+ * model on a cpu worker takes up to its 30 s budget, plus the load); past
+ * it the answer says what is still under way. */
+#define GW_LOAD_WAIT_MS 120000
+
+typedef struct {
+    gw_async_t base;
+    char name[MDB_NAME_MAX + 1];
+    int load;       /* 1: load, 0: unload */
+    int pipeline;   /* name is a pipeline's */
+    int dependents; /* unload_dependents: a pipeline's stage models too */
+} control_job_t;
+
+typedef struct {
+    const char *name;
+    int64_t keys[64];
+    int n;
+} name_keys_t;
+
+static void collect_keys(gw_model_t *m, void *arg)
+{
+    name_keys_t *k = arg;
+    if (strcmp(m->name, k->name) == 0 && k->n < (int)(sizeof(k->keys) / sizeof(k->keys[0])))
+        k->keys[k->n++] = m->key;
+}
+
+/* DB thread: every version of name (un)loaded in the DB, then in the
+ * registry and the dispatcher (a version unloaded while it was being
+ * measured is measured again). Fills *k with its keys. */
+static int set_model_unloaded(mdb_t *db, gw_server_t *srv, const char *name, int unloaded,
+                              name_keys_t *k)
+{
+    int rc = mdb_model_set_unloaded(db, name, unloaded, NULL);
+    k->name = name;
+    k->n = 0;
+    if (rc != 0)
+        return rc;
+    gw_registry_foreach(srv->registry, collect_keys, k);
+    for (int i = 0; i < k->n; i++) {
+        json_t *recs;
+        if (mdb_model_records(db, k->keys[i], &recs) != 0)
+            continue;
+        if (json_array_size(recs) == 1) {
+            gw_model_t *m = gw_model_from_record(json_array_get(recs, 0));
+            int measure = strcmp(m->status, "profiling") == 0;
+            gw_registry_put(srv->registry, m);
+            if (measure)
+                gw_dispatch_profile(srv, k->keys[i]);
+            else
+                gw_dispatch_model_changed(srv, k->keys[i]);
+        }
+        json_decref(recs);
     }
-    free(x.models);
-    gw_send_json(call->req, 200, rows);
+    SQ_INFO("model %s name=%s versions=%d", unloaded ? "unloaded" : "loaded", name, k->n);
+    return 0;
+}
+
+static void settle_load(gw_async_t *a, const gw_await_result_t *r)
+{
+    control_job_t *j = (control_job_t *)a;
+    if (r->aborted)
+        gw_async_fail(a, SQ_SHUTTING_DOWN, "squishd is shutting down");
+    else if (r->failed > 0 && (j->pipeline || r->ready == 0))
+        gw_async_fail(a, SQ_MODEL_FAILED, "%s %s cannot be served: %s",
+                      j->pipeline ? "pipeline" : "model", j->name, r->why);
+    else if (r->waiting > 0 && (j->pipeline || r->ready == 0))
+        gw_async_fail(a, SQ_NOT_READY,
+                      "%s %s is loaded but not ready after %d s: %s; GET /v2/models/%s/ready "
+                      "says when it is",
+                      j->pipeline ? "pipeline" : "model", j->name, GW_LOAD_WAIT_MS / 1000, r->why,
+                      j->name);
+    else
+        a->body = json_object(); /* Triton's: an empty object */
+    gw_async_done(a);
+}
+
+/* The keys a load of model name waits for: its versions that are ready or
+ * being measured and that its version policy serves (a failed one has
+ * nothing to wait for). */
+static int load_waits(gw_server_t *srv, const name_keys_t *k, int64_t *wait, int max, char *failed,
+                      size_t len)
+{
+    int n = 0;
+    for (int i = 0; i < k->n; i++) {
+        gw_model_t *m = gw_registry_get(srv->registry, k->keys[i]);
+        if (m == NULL)
+            continue;
+        if (strcmp(m->status, "failed") == 0) {
+            if (!failed[0])
+                snprintf(failed, len, "version %d failed: %s", m->version,
+                         m->error[0] ? m->error : "it could not be measured");
+        } else if (gw_registry_served(srv->registry, m, NULL, 0) && n < max) {
+            wait[n++] = m->key;
+        }
+        gw_model_unref(m);
+    }
+    return n;
+}
+
+static void control_job(mdb_t *db, void *arg)
+{
+    control_job_t *j = arg;
+    gw_server_t *srv = j->base.srv;
+    name_keys_t k;
+    int64_t wait[64];
+    int nwait = 0, rc = 0;
+    char failed[320] = "";
+    if (!j->pipeline) {
+        rc = set_model_unloaded(db, srv, j->name, !j->load, &k);
+        if (rc == 0 && j->load)
+            nwait = load_waits(srv, &k, wait, 64, failed, sizeof(failed));
+    } else {
+        gw_pipeline_t *p = gw_pipes_get(srv->pipelines, j->name);
+        rc = p == NULL ? SQ_NOT_FOUND : mdb_pipeline_set_unloaded(db, j->name, !j->load);
+        if (rc == 0) {
+            atomic_store(&p->unloaded, !j->load);
+            SQ_INFO("pipeline %s name=%s", j->load ? "loaded" : "unloaded", j->name);
+            /* A load serves its stages' models too (Triton's ensemble);
+             * an unload with unload_dependents unloads them. */
+            for (int i = 0; i < p->nstages && (j->load || j->dependents); i++) {
+                const gw_stage_spec_t *st = &p->stages[i];
+                gw_model_t *m =
+                    gw_registry_find(srv->registry, st->model, strlen(st->model), st->version);
+                int flip = m != NULL && (strcmp(m->status, "unloaded") == 0) == j->load;
+                gw_model_unref(m);
+                if (flip)
+                    set_model_unloaded(db, srv, st->model, !j->load, &k);
+                if (!j->load)
+                    continue;
+                m = gw_registry_find(srv->registry, st->model, strlen(st->model), st->version);
+                if (m == NULL && !failed[0])
+                    snprintf(failed, sizeof(failed), "stage %s: no model %s", st->id, st->model);
+                else if (m != NULL && nwait < 64)
+                    wait[nwait++] = m->key;
+                gw_model_unref(m);
+            }
+        }
+        gw_pipeline_unref(p);
+    }
+    if (rc != 0) {
+        gw_async_fail(&j->base, rc, "%s", mdb_errmsg(db));
+    } else if (j->load && failed[0] && (j->pipeline || nwait == 0)) {
+        gw_async_fail(&j->base, j->pipeline ? SQ_MODEL_NOT_FOUND : SQ_MODEL_FAILED,
+                      "%s %s cannot be served: %s", j->pipeline ? "pipeline" : "model", j->name,
+                      failed);
+    } else if (j->load && nwait > 0) {
+        gw_dispatch_await_loaded(srv, &j->base, wait, nwait,
+                                 sq_now_us() + (int64_t)GW_LOAD_WAIT_MS * 1000, settle_load);
+        return;
+    } else {
+        j->base.body = json_object();
+    }
+    gw_async_done(&j->base);
+}
+
+/* The body's parameters: Triton's unload_dependents (a bool); "config"
+ * and "file:..." (a load that brings its own configuration or files) are
+ * refused, since squish's models come from its DB. */
+static int control_params(gw_call_t *call, int load, int *dependents)
+{
+    const uint8_t *body;
+    size_t len;
+    uint8_t *owned = NULL;
+    *dependents = 0;
+    if (gw_request_body(call->req, &body, &len, &owned) != 0) {
+        gw_send_error(call->req, SQ_OVERLOAD, "no memory for the request body");
+        return -1;
+    }
+    json_error_t jerr;
+    json_t *req = len > 0 ? json_loadb((const char *)body, len, 0, &jerr) : json_object();
+    free(owned);
+    json_t *params = json_is_object(req) ? json_object_get(req, "parameters") : NULL;
+    const char *err = NULL;
+    char buf[256];
+    if (!json_is_object(req) || (params != NULL && !json_is_object(params))) {
+        err = "the body must be a JSON object, optionally {\"parameters\": {...}}";
+    } else {
+        const char *key;
+        json_t *v;
+        json_object_foreach(params, key, v)
+        {
+            if (!load && strcmp(key, "unload_dependents") == 0 && json_is_boolean(v)) {
+                *dependents = json_is_true(v);
+            } else if (load && (strcmp(key, "config") == 0 || strncmp(key, "file:", 5) == 0)) {
+                snprintf(buf, sizeof(buf),
+                         "parameter %s: squish serves the models stored in its DB; to change a "
+                         "model's configuration or files, upload a new version with POST /models",
+                         key);
+                err = buf;
+                break;
+            } else {
+                snprintf(buf, sizeof(buf), "unknown parameter %s; %s takes %s", key,
+                         load ? "load" : "unload",
+                         load ? "none" : "only unload_dependents (a boolean)");
+                err = buf;
+                break;
+            }
+        }
+    }
+    json_decref(req);
+    if (err != NULL) {
+        gw_send_error(call->req, SQ_BAD_REQUEST, err);
+        return -1;
+    }
+    return 0;
+}
+
+static void control(gw_call_t *call, int load)
+{
+    if (!gw_require_admin(call))
+        return;
+    h2o_iovec_t name = call->args[0];
+    int dependents;
+    if (control_params(call, load, &dependents) != 0)
+        return;
+    gw_model_t *m = NULL;
+    gw_pipeline_t *p = NULL;
+    char cname[MDB_NAME_MAX + 1] = "";
+    if (gw_model_name_ok(name.base, name.len)) {
+        memcpy(cname, name.base, name.len);
+        cname[name.len] = '\0';
+        m = gw_registry_find(call->srv->registry, name.base, name.len, 0);
+        p = m == NULL ? gw_pipes_get(call->srv->pipelines, cname) : NULL;
+    }
+    if (m == NULL && p == NULL) {
+        gw_send_not_found(call, name, 0);
+        return;
+    }
+    control_job_t *j = (control_job_t *)gw_async_new(call, sizeof(control_job_t));
+    snprintf(j->name, sizeof(j->name), "%s", cname);
+    j->load = load;
+    j->pipeline = p != NULL;
+    j->dependents = dependents;
+    gw_model_unref(m);
+    gw_pipeline_unref(p);
+    gw_db_post(call->srv, control_job, j);
+}
+
+void gw_route_repository_load(gw_call_t *call)
+{
+    control(call, 1);
+}
+
+void gw_route_repository_unload(gw_call_t *call)
+{
+    control(call, 0);
 }

@@ -64,8 +64,10 @@ static gw_pipeline_t *pipeline_of(gw_call_t *call)
 {
     char name[MDB_NAME_MAX + 1];
     h2o_iovec_t a = call->args[0];
-    if (call->nargs > 1 || a.len == 0 || a.len > MDB_NAME_MAX)
-        return NULL; /* /versions/{v}: models only */
+    if (call->nargs > 1 && gw_parse_version(call->args[1]) != 1)
+        return NULL; /* a pipeline's one version is 1 (as its metadata says) */
+    if (a.len == 0 || a.len > MDB_NAME_MAX)
+        return NULL;
     memcpy(name, a.base, a.len);
     name[a.len] = '\0';
     return gw_pipes_get(call->srv->pipelines, name);
@@ -137,17 +139,20 @@ static const gw_route_t routes[] = {
     {"GET", "/v2/models/*/stats", "model_stats", gw_route_model_stats},
     {"GET", "/v2/models/*/versions/*/stats", "model_stats", gw_route_model_stats},
     {"GET", "/v2/models/*", "kserve_model", route_kserve_model},
-    {"GET", "/v2/models/*/versions/*", "kserve_model", gw_route_kserve_model},
+    {"GET", "/v2/models/*/versions/*", "kserve_model", route_kserve_model},
     {"GET", "/v2/models/*/ready", "kserve_model_ready", route_kserve_model_ready},
     {"GET", "/v2/models/*/config", "model_config", gw_route_model_config},
     {"GET", "/v2/models/*/versions/*/config", "model_config", gw_route_model_config},
     {"POST", "/v2/repository/index", "repository_index", gw_route_repository_index},
-    {"GET", "/v2/models/*/versions/*/ready", "kserve_model_ready", gw_route_kserve_model_ready},
+    {"GET", "/v2/repository/index", "repository_index", gw_route_repository_index_get},
+    {"POST", "/v2/repository/models/*/load", "repository_load", gw_route_repository_load},
+    {"POST", "/v2/repository/models/*/unload", "repository_unload", gw_route_repository_unload},
+    {"GET", "/v2/models/*/versions/*/ready", "kserve_model_ready", route_kserve_model_ready},
     {"GET", "/v1/plan", "plan", route_plan},
     {"POST", "/v1/models/*/infer", "infer_v1", gw_route_infer_v1},
     {"POST", "/v1/models/*/versions/*/infer", "infer_v1", gw_route_infer_v1},
     {"POST", "/v2/models/*/infer", "infer_v2", route_infer_v2},
-    {"POST", "/v2/models/*/versions/*/infer", "infer_v2", gw_route_infer_v2},
+    {"POST", "/v2/models/*/versions/*/infer", "infer_v2", route_infer_v2},
 };
 
 const gw_http_app_t gw_http_app = {

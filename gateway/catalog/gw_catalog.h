@@ -36,8 +36,11 @@ typedef struct gw_model {
     char name[MDB_NAME_MAX + 1];
     int version;
     char sha256[65];
-    int emulated;    /* format "emulated": no ONNX file */
-    char status[16]; /* profiling | ready | failed */
+    int emulated; /* format "emulated": no ONNX file */
+    /* profiling | ready | failed, as measured; "unloaded" while an
+     * operator keeps it out of service (model control: the DB keeps its
+     * measured status, which comes back with a load). */
+    char status[16];
     char error[256]; /* why it failed ("" otherwise) */
     char input_name[128];
     int input_uint8; /* the graph's input is UINT8 (else FP32) */
@@ -154,6 +157,9 @@ typedef struct gw_pipeline {
     int order[GW_PIPE_MAX_STAGES]; /* every parent before its children */
     json_t *spec;                  /* the normalized spec: stored, and shown by GET */
 
+    /* Unloaded (model control): its queries are refused until a load;
+     * stored in the DB, set at start from there. */
+    atomic_int unloaded;
     /* Runtime state, under mu. */
     pthread_mutex_t mu;
     double gamma[GW_PIPE_MAX_STAGES];     /* EWMA of items per parent item (1 before any) */
@@ -171,6 +177,8 @@ typedef struct gw_pipeline {
     int64_t rate_at_us;
     double rate_qps; /* EWMA of the query rate */
     long long outcomes[GW_Q_NOUTCOMES];
+    int64_t outcome_us[GW_Q_NOUTCOMES]; /* their times, summed */
+    int64_t last_ok_ms;                 /* wall clock of the last ok query; 0: none */
 } gw_pipeline_t;
 
 /* A stage on another's crops, as the planner sees its arrivals: they come
@@ -225,7 +233,8 @@ json_t *gw_pipeline_json(gw_pipeline_t *p);
 /* A query arrived (counts toward the rate). */
 void gw_pipeline_arrival(gw_pipeline_t *p);
 /* A query ended with this outcome. */
-void gw_pipeline_outcome(gw_pipeline_t *p, gw_query_outcome_t o);
+/* A query ended with o after took_us (arrival to answer). */
+void gw_pipeline_outcome(gw_pipeline_t *p, gw_query_outcome_t o, int64_t took_us);
 /* One parent item of stage's parent gave n items of stage. */
 void gw_pipeline_fanout(gw_pipeline_t *p, int stage, int n);
 /* The deadlines of a query arriving now, from arrival (ms per stage). */

@@ -289,6 +289,7 @@ int gw_pipeline_parse(const json_t *body, gw_registry_t *reg, gw_pipeline_t **ou
     }
     gw_pipeline_t *p = sq_xcalloc(1, sizeof(*p));
     atomic_init(&p->refs, 1);
+    atomic_init(&p->unloaded, 0);
     pthread_mutex_init(&p->mu, NULL);
     int rc = 0;
     const char *key;
@@ -374,10 +375,13 @@ void gw_pipeline_arrival(gw_pipeline_t *p)
     pthread_mutex_unlock(&p->mu);
 }
 
-void gw_pipeline_outcome(gw_pipeline_t *p, gw_query_outcome_t o)
+void gw_pipeline_outcome(gw_pipeline_t *p, gw_query_outcome_t o, int64_t took_us)
 {
     pthread_mutex_lock(&p->mu);
     p->outcomes[o]++;
+    p->outcome_us[o] += took_us > 0 ? took_us : 0;
+    if (o == GW_Q_OK)
+        p->last_ok_ms = (int64_t)(sq_wall_s() * 1e3);
     pthread_mutex_unlock(&p->mu);
 }
 

@@ -44,7 +44,10 @@ gw_model_t *gw_model_from_record(json_t *rec)
     m->version = (int)json_integer_value(json_object_get(rec, "version"));
     snprintf(m->sha256, sizeof(m->sha256), "%s", json_string_value(json_object_get(rec, "sha256")));
     m->emulated = strcmp(json_string_value(json_object_get(rec, "format")), "emulated") == 0;
-    snprintf(m->status, sizeof(m->status), "%s", json_string_value(json_object_get(rec, "status")));
+    snprintf(m->status, sizeof(m->status), "%s",
+             json_is_true(json_object_get(rec, "unloaded"))
+                 ? "unloaded"
+                 : json_string_value(json_object_get(rec, "status")));
     json_t *vp = json_object_get(rec, "version_policy");
     char vperr[160];
     m->has_policy =

@@ -76,6 +76,7 @@ static void load_pipelines(gw_server_t *srv, mdb_t *db)
                     json_string_value(json_object_get(row, "name")), err);
             continue;
         }
+        atomic_store(&p->unloaded, json_is_true(json_object_get(row, "unloaded")));
         gw_pipes_put(srv->pipelines, p);
     }
     SQ_INFO("pipelines loaded count=%zu", json_array_size(all));

@@ -137,6 +137,22 @@ static ds_model_t *serving_record(gw_dispatch_t *ds, ds_model_t *dm, double buck
 /* One submitted item on the dispatch thread: the record of the model that
  * serves it when it is to be queued now; NULL when it was answered (failed)
  * or waits for a load (pending). */
+/* Fails it, whose model has no live record here: deleted, unloaded, or
+ * loaded again and not yet back (model control). Returns whether it did. */
+static int fail_if_out(gw_dispatch_t *ds, gw_item_t *it, int removed)
+{
+    gw_model_t *cur = gw_registry_get(ds->srv->registry, it->model->key);
+    int gone = cur == NULL, unloaded = !gone && strcmp(cur->status, "unloaded") == 0;
+    gw_model_unref(cur);
+    if (gone)
+        ds_fail_item(ds, it, SQ_MODEL_NOT_FOUND, "the model was deleted");
+    else if (unloaded)
+        ds_fail_item(ds, it, SQ_MODEL_UNLOADED, "the model was unloaded");
+    else if (removed)
+        ds_fail_item(ds, it, SQ_NOT_READY, "the model is being loaded again; retry shortly");
+    return gone || unloaded || removed;
+}
+
 static ds_model_t *admit(gw_dispatch_t *ds, gw_item_t *it)
 {
     gw_model_t *m = it->model;
@@ -152,20 +168,15 @@ static ds_model_t *admit(gw_dispatch_t *ds, gw_item_t *it)
         return NULL;
     ds_model_t *dm = ds_model_find(ds, m->key);
     if (dm == NULL) {
-        /* New here, or deleted and forgotten (see reclaim) while the item
-         * was decoded: only a model still published gets a record. */
-        gw_model_t *cur = gw_registry_get(ds->srv->registry, m->key);
-        gw_model_unref(cur);
-        if (cur == NULL) {
-            ds_fail_item(ds, it, SQ_MODEL_NOT_FOUND, "the model was deleted");
+        /* New here, or deleted (or unloaded) and forgotten (see reclaim)
+         * while the item was decoded: only a model still in service gets a
+         * record. */
+        if (fail_if_out(ds, it, 0))
             return NULL;
-        }
         dm = ds_model_get(ds, m);
     }
-    if (dm->removed) {
-        ds_fail_item(ds, it, SQ_MODEL_NOT_FOUND, "the model was deleted");
+    if (dm->removed && fail_if_out(ds, it, 1))
         return NULL;
-    }
     if (dm->poisoned) {
         ds_fail_item(ds, it, SQ_MODEL_FAILED, dm->failed_why);
         return NULL;
@@ -293,6 +304,9 @@ static void on_model_changed(sq_loop_t *loop, void *arg)
     }
     gw_model_t *m = gw_registry_get(msg->srv->registry, msg->key);
     ds_model_t *dm = ds_model_find(ds, msg->key);
+    /* Unloaded (model control): out of service as if deleted; its record
+     * stays in the registry, and a load brings it back. */
+    int unloaded = m != NULL && strcmp(m->status, "unloaded") == 0;
     /* Groups: a member gone, or a new model ready to join, makes the next
      * request form the group anew. */
     ds->group_epoch++;
@@ -303,17 +317,23 @@ static void on_model_changed(sq_loop_t *loop, void *arg)
         int member = 0;
         for (int k = 0; k < g->nmembers; k++)
             member |= g->members[k]->key == msg->key;
-        if (member && m == NULL)
-            ds_group_retire(ds, g, "a member model was deleted");
+        if (member && (m == NULL || unloaded))
+            ds_group_retire(
+                ds, g, unloaded ? "a member model was unloaded" : "a member model was deleted");
         else if (!member && m != NULL && m->group_id == g->group_id &&
                  strcmp(m->status, "ready") == 0)
             ds_group_retire(ds, g, "a new model joins the group");
     }
-    if (m == NULL) {
+    if (m == NULL || unloaded) {
+        if (dm != NULL)
+            dm->revive = 0;
         if (dm != NULL && !dm->removed) {
             dm->removed = 1;
             ds->reclaim_due = 1;
-            ds_fail_pending(ds, dm, SQ_MODEL_NOT_FOUND, "the model was deleted");
+            if (unloaded)
+                ds_fail_pending(ds, dm, SQ_MODEL_UNLOADED, "the model was unloaded");
+            else
+                ds_fail_pending(ds, dm, SQ_MODEL_NOT_FOUND, "the model was deleted");
             ds_withdraw(ds, dm);
             sq_bytes_unref(dm->blob);
             dm->blob = NULL;
@@ -321,6 +341,10 @@ static void on_model_changed(sq_loop_t *loop, void *arg)
             if (dm->kind >= 0)
                 ds_plan_invalidate(ds, dm->kind, "model removed");
         }
+    } else if (dm != NULL && dm->removed) {
+        /* Loaded again while its unload's record waits to be freed. */
+        dm->revive = 1 + msg->profile;
+        ds->reclaim_due = 1;
     } else {
         if (dm == NULL)
             dm = ds_model_get(ds, m);
@@ -447,9 +471,13 @@ static void reclaim(gw_dispatch_t *ds)
             if (ds->sessions[s].model == dm)
                 ds->sessions[s].model = NULL; /* its core session was removed */
         ds_plan_forget(ds, dm);
+        int64_t key = dm->key;
+        int revive = dm->revive;
         model_free(dm);
         ds->models[i--] = ds->models[--ds->nmodels];
         ds_models_reindex(ds);
+        if (revive > 0)
+            post_model_msg(ds->srv, key, revive - 1);
     }
 }
 
@@ -594,6 +622,7 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
     ds_pump(ds);
     reclaim(ds);
     ds_publish_ready(ds);
+    ds_await_tick(ds);
     ds->tick = sq_loop_timer_at(loop, sq_now_ns() + (int64_t)TICK_MS * 1000000, on_tick, ds);
 }
 
@@ -668,6 +697,7 @@ void ds_abort_all(gw_dispatch_t *ds)
     if (ds->timer)
         sq_loop_timer_cancel(ds->loop, ds->timer);
     ds->timer = 0;
+    ds_await_tick(ds); /* loads waiting: answered, shutting down */
 }
 
 void gw_dispatch_free(gw_dispatch_t *ds)
@@ -693,7 +723,9 @@ void gw_dispatch_free(gw_dispatch_t *ds)
     ds_plan_free(ds->plan);
     pl_dispatch_free(ds->core);
     pthread_mutex_destroy(&ds->ready_lock);
+    ds_await_free(ds);
     free(ds->held_keys);
+    free(ds->gone_keys);
     free(ds->progress);
     free(ds);
 }

@@ -177,6 +177,26 @@ int gw_dispatch_ready(gw_server_t *srv, char *why, size_t len);
 /* Whether a worker that is up holds model key (loaded, or in a loaded
  * prefix group) and can take a batch of it now. Thread-safe. */
 int gw_dispatch_model_held(gw_server_t *srv, int64_t key);
+/* Whether model key was taken out of service (unloaded or deleted) and a
+ * batch or item of it is still on its way out. Thread-safe. */
+int gw_dispatch_model_unloading(gw_server_t *srv, int64_t key);
+
+/* Model control's load (POST /v2/repository/models/{m}/load): waits until
+ * each of keys is ready to take a batch (a worker up holds it), or cannot
+ * be (failed, deleted, unloaded again), or until deadline_us, then calls
+ * settle once on the dispatch thread with what it found; settle ends the
+ * job (gw_async_done). On shutdown it is called with aborted set. Any
+ * thread; keys is copied. */
+typedef struct {
+    int ready, failed, waiting; /* keys in each state */
+    int aborted;
+    char why[256]; /* the first failed key's reason, else the first waiting one's */
+} gw_await_result_t;
+struct gw_async;
+void gw_dispatch_await_loaded(gw_server_t *srv, struct gw_async *a, const int64_t *keys, int n,
+                              int64_t deadline_us,
+                              void (*settle)(struct gw_async *a, const gw_await_result_t *r));
+
 /* Any thread: make model key servable without waiting for a request
  * (place it at its default SLO and load it), for a client that polls its
  * readiness before sending. */

@@ -98,6 +98,10 @@ typedef struct ds_model {
     gw_item_t **pending; /* waiting for a first load */
     int npending, cappending;
     int removed;
+    /* Removed by an unload, then loaded again before it was freed: once
+     * reclaim() frees it, a new record takes its key (1 + the profile
+     * message its load asked for). */
+    int revive;
     /* Its routes may have changed without being made again (a load or
      * unload while inactive, a worker lost): the next enqueue routes it. */
     int routes_stale;
@@ -213,10 +217,23 @@ struct gw_dispatch {
     char ready_why[256];
     int64_t *held_keys;
     int nheld, capheld;
+    /* Models unloaded or deleted whose record is not freed yet (a batch
+     * of theirs still runs, or items wait): Triton's UNLOADING. */
+    int64_t *gone_keys;
+    int ngone, capgone;
+    /* Loads that wait for their models (model control), looked at every
+     * tick (dispatch thread only). */
+    struct ds_await *awaits;
     /* Models being measured, and how far (under ready_lock too). */
     gw_profile_progress_t *progress;
     int nprogress, capprogress;
 };
+
+/* Model control's waits (readiness.c): each tick answers those whose
+ * models are settled, past their deadline, or (aborted) all; free drops
+ * what is left unanswered (none after ds_abort_all). */
+void ds_await_tick(gw_dispatch_t *ds);
+void ds_await_free(gw_dispatch_t *ds);
 
 /* ---- planning: plan_report.c < epochs.c < planning.c ------------------- */
 

@@ -117,8 +117,8 @@ void ds_send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
         return;
     }
     gw_model_t *m = dm->m;
-    if (dm->poisoned)
-        return; /* it crashed its workers: never sent again */
+    if (dm->poisoned || dm->removed)
+        return; /* it crashed its workers, or left service: never sent again */
     ds_load_t *l = ds_load_find(w, dm->key, 1);
     int need_bytes = !m->emulated && w->kind != SQ_DEV_EMU;
     int cached = need_bytes && ds_has_sha(w, m->sha256);

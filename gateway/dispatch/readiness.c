@@ -58,6 +58,15 @@ static void held_add(gw_dispatch_t *ds, int64_t key)
     ds->held_keys[ds->nheld++] = key;
 }
 
+static void gone_add(gw_dispatch_t *ds, int64_t key)
+{
+    if (ds->ngone == ds->capgone) {
+        ds->capgone = ds->capgone ? 2 * ds->capgone : 16;
+        ds->gone_keys = sq_xrealloc(ds->gone_keys, sizeof(*ds->gone_keys) * (size_t)ds->capgone);
+    }
+    ds->gone_keys[ds->ngone++] = key;
+}
+
 void ds_publish_ready(gw_dispatch_t *ds)
 {
     ready_scan_t x = {.ds = ds};
@@ -68,8 +77,11 @@ void ds_publish_ready(gw_dispatch_t *ds)
                  "reapplying the plan stored before the restart: waiting for its workers");
     pthread_mutex_lock(&ds->ready_lock);
     ds->nheld = 0;
+    ds->ngone = 0;
     for (int i = 0; i < ds->nmodels; i++) {
         ds_model_t *dm = ds->models[i];
+        if (dm->removed && !dm->is_group && dm->revive == 0)
+            gone_add(ds, dm->key);
         if (dm->removed || dm->poisoned)
             continue;
         int loading;
@@ -122,4 +134,133 @@ int gw_dispatch_model_held(gw_server_t *srv, int64_t key)
         held = ds->held_keys[i] == key;
     pthread_mutex_unlock(&ds->ready_lock);
     return held;
+}
+
+int gw_dispatch_model_unloading(gw_server_t *srv, int64_t key)
+{
+    gw_dispatch_t *ds = srv->dispatch;
+    int gone = 0;
+    if (ds == NULL)
+        return 0;
+    pthread_mutex_lock(&ds->ready_lock);
+    for (int i = 0; i < ds->ngone && !gone; i++)
+        gone = ds->gone_keys[i] == key;
+    pthread_mutex_unlock(&ds->ready_lock);
+    return gone;
+}
+
+/* ---- model control: loads that wait ------------------------------------ */
+
+typedef struct ds_await {
+    gw_server_t *srv;
+    struct gw_async *a;
+    int64_t *keys;
+    int n;
+    int64_t deadline_us;
+    void (*settle)(struct gw_async *a, const gw_await_result_t *r);
+    struct ds_await *next;
+} ds_await_t;
+
+/* Where each key stands now (as of this tick's ds_publish_ready). */
+static void await_look(gw_dispatch_t *ds, const ds_await_t *w, gw_await_result_t *r)
+{
+    char waiting_why[256] = "";
+    memset(r, 0, sizeof(*r));
+    for (int i = 0; i < w->n; i++) {
+        gw_model_t *m = gw_registry_get(ds->srv->registry, w->keys[i]);
+        ds_model_t *dm = m != NULL ? ds_model_find(ds, m->key) : NULL;
+        const char *failed = NULL;
+        char buf[sizeof(m->error) + MDB_NAME_MAX + 64];
+        if (m == NULL) {
+            failed = "a version was deleted";
+        } else if (strcmp(m->status, "failed") == 0 || (dm != NULL && dm->poisoned)) {
+            snprintf(buf, sizeof(buf), "model %s version %d failed: %s", m->name, m->version,
+                     dm != NULL && dm->poisoned ? dm->failed_why
+                     : m->error[0]              ? m->error
+                                                : "it could not be measured");
+            failed = buf;
+        } else if (strcmp(m->status, "unloaded") == 0) {
+            snprintf(buf, sizeof(buf), "model %s was unloaded again", m->name);
+            failed = buf;
+        }
+        if (failed != NULL) {
+            if (r->failed++ == 0)
+                snprintf(r->why, sizeof(r->why), "%s", failed);
+        } else if (strcmp(m->status, "ready") == 0 && held_has(ds, m->key)) {
+            r->ready++;
+        } else {
+            r->waiting++;
+            if (!waiting_why[0]) {
+                int kind = ds_kind_of_model(ds->srv, m);
+                snprintf(waiting_why, sizeof(waiting_why), "model %s version %d is %s", m->name,
+                         m->version,
+                         strcmp(m->status, "profiling") == 0 ? "still being measured"
+                         : kind < 0 || atomic_load(&ds->srv->kind_up[kind]) == 0
+                             ? "waiting for a worker that can serve it"
+                             : "still loading on a worker");
+            }
+        }
+        gw_model_unref(m);
+    }
+    if (r->failed == 0)
+        snprintf(r->why, sizeof(r->why), "%s", waiting_why);
+}
+
+void ds_await_tick(gw_dispatch_t *ds)
+{
+    int64_t now = sq_now_us();
+    ds_await_t **pp = &ds->awaits;
+    while (*pp != NULL) {
+        ds_await_t *w = *pp;
+        gw_await_result_t r;
+        await_look(ds, w, &r);
+        r.aborted = ds->aborted;
+        if (r.waiting > 0 && now < w->deadline_us && !ds->aborted) {
+            pp = &w->next;
+            continue;
+        }
+        *pp = w->next;
+        w->settle(w->a, &r);
+        free(w->keys);
+        free(w);
+    }
+}
+
+void ds_await_free(gw_dispatch_t *ds)
+{
+    while (ds->awaits != NULL) {
+        ds_await_t *w = ds->awaits;
+        ds->awaits = w->next;
+        free(w->keys);
+        free(w);
+    }
+}
+
+static void on_await(sq_loop_t *loop, void *arg)
+{
+    ds_await_t *w = arg;
+    gw_dispatch_t *ds = w->srv->dispatch;
+    (void)loop;
+    w->next = ds->awaits;
+    ds->awaits = w;
+    if (ds->aborted)
+        ds_await_tick(ds); /* answered at once: shutting down */
+    /* Looked at from the next tick, once the models' changes posted
+     * before this are seen (the same loop, in order). */
+}
+
+void gw_dispatch_await_loaded(gw_server_t *srv, struct gw_async *a, const int64_t *keys, int n,
+                              int64_t deadline_us,
+                              void (*settle)(struct gw_async *a, const gw_await_result_t *r))
+{
+    ds_await_t *w = sq_xcalloc(1, sizeof(*w));
+    w->srv = srv;
+    w->a = a;
+    w->n = n;
+    w->keys = sq_xcalloc((size_t)(n > 0 ? n : 1), sizeof(*w->keys));
+    if (n > 0)
+        memcpy(w->keys, keys, sizeof(*keys) * (size_t)n);
+    w->deadline_us = deadline_us;
+    w->settle = settle;
+    sq_loop_post(srv->dispatch_loop, on_await, w);
 }

@@ -200,8 +200,18 @@ static int on_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
             l->stale--; /* the answer to a load withdrawn since */
             return 0;
         }
-        if (dm == NULL || l == NULL)
-            return 0; /* a model deleted meanwhile */
+        if (l == NULL)
+            return 0;
+        if (dm == NULL || dm->removed) {
+            /* Deleted or unloaded meanwhile: a copy that loaded is dropped
+             * at once (else it would stay on the worker, and a record
+             * loading forever would keep a model loaded again from being
+             * sent there). */
+            l->state = f->type == SQ_MSG_MODEL_LOADED ? LOAD_DONE : LOAD_NONE;
+            if (l->state == LOAD_DONE)
+                ds_unload(ds, w, l);
+            return 0;
+        }
         if (f->type == SQ_MSG_MODEL_LOADED) {
             sq_model_loaded_t info;
             if (sq_model_loaded_decode(f, &info) != 0)

@@ -67,7 +67,7 @@ def upload_list_get_metadata_and_delete():
 
         r = s.get("/v2/models/tiny", schema_name="kserve_model_metadata")
         assert r.status == 200 and r.json["versions"] == ["1", "2"], r
-        assert r.json["inputs"][0]["datatype"] == "FP32" and r.json["platform"] == "onnx"
+        assert r.json["inputs"][0]["datatype"] == "FP32" and r.json["platform"] == "onnxruntime_onnx"
         r = s.get("/v2/models/tiny/versions/1", schema_name="kserve_model_metadata")
         assert r.status == 200, r
         r = s.get("/v2/models/tiny/versions/9", schema_name="kserve_model_metadata")

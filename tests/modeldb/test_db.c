@@ -113,6 +113,42 @@ Test(mdb, pipelines_are_stored_listed_replaced_and_deleted_by_name)
     json_decref(b);
 }
 
+static int pipeline_unloaded(mdb_t *db, const char *name)
+{
+    json_t *list, *p;
+    size_t i;
+    int unloaded = -1;
+    cr_assert_eq(mdb_pipeline_list(db, &list), 0, "%s", mdb_errmsg(db));
+    json_array_foreach(list, i,
+                       p) if (strcmp(json_string_value(json_object_get(p, "name")), name) == 0)
+        unloaded = json_is_true(json_object_get(p, "unloaded"));
+    json_decref(list);
+    return unloaded;
+}
+
+/* Model control: a pipeline unloaded stays so across a reopen, is loaded
+ * again by a load or by publishing its spec anew. */
+Test(mdb, a_pipeline_unloaded_stays_unloaded_until_loaded_or_replaced)
+{
+    mdb_t *db;
+    cr_assert_eq(mdb_open(t.target, &db), 0, "%s", mdb_errmsg(db));
+    json_t *a = json_pack("{s:s, s:i}", "name", "faces", "slo_ms", 300);
+    cr_assert_eq(mdb_pipeline_put(db, "faces", a, 0), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(pipeline_unloaded(db, "faces"), 0);
+    cr_assert_eq(mdb_pipeline_set_unloaded(db, "faces", 1), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(mdb_pipeline_set_unloaded(db, "cars", 1), SQ_NOT_FOUND);
+    mdb_close(db);
+    cr_assert_eq(mdb_open(t.target, &db), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(pipeline_unloaded(db, "faces"), 1);
+    cr_assert_eq(mdb_pipeline_set_unloaded(db, "faces", 0), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(pipeline_unloaded(db, "faces"), 0);
+    cr_assert_eq(mdb_pipeline_set_unloaded(db, "faces", 1), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(mdb_pipeline_put(db, "faces", a, 1), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(pipeline_unloaded(db, "faces"), 0);
+    mdb_close(db);
+    json_decref(a);
+}
+
 Test(mdb, reopening_keeps_the_version_and_runs_no_migration_twice)
 {
     mdb_t *db;

@@ -341,6 +341,36 @@ Test(model_ids, a_profile_for_a_deleted_model_is_not_stored)
                  mdb_errmsg(db));
 }
 
+/* Model control: a name's versions unloaded (and its records say
+ * so) and loaded again; the measured status stays what it was. */
+Test(model_ids, every_version_of_a_name_is_unloaded_and_loaded_again)
+{
+    insert_emulated("a");
+    int64_t b1 = insert_emulated("b");
+    int n = -1;
+    cr_assert_eq(mdb_model_set_unloaded(db, "b", 1, &n), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(n, 1);
+    cr_assert_eq(mdb_model_set_unloaded(db, "zz", 1, NULL), SQ_MODEL_NOT_FOUND);
+    json_t *recs;
+    cr_assert_eq(mdb_model_records(db, 0, &recs), 0, "%s", mdb_errmsg(db));
+    size_t i;
+    json_t *r;
+    int seen = 0;
+    json_array_foreach(recs, i, r)
+    {
+        int is_b = strcmp(json_string_value(json_object_get(r, "name")), "b") == 0;
+        cr_assert_eq(json_is_true(json_object_get(r, "unloaded")), is_b);
+        cr_assert_str_eq(json_string_value(json_object_get(r, "status")), "ready");
+        seen += is_b && json_integer_value(json_object_get(r, "id")) == b1;
+    }
+    cr_assert_eq(seen, 1);
+    json_decref(recs);
+    cr_assert_eq(mdb_model_set_unloaded(db, "b", 0, &n), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(mdb_model_records(db, b1, &recs), 0, "%s", mdb_errmsg(db));
+    cr_assert_null(json_object_get(json_array_get(recs, 0), "unloaded"));
+    json_decref(recs);
+}
+
 /* A schema-2 file, whose highest models went with their deletes: the
  * migration starts after every id its stored plans still name. */
 Test(model_ids, a_migrated_database_starts_after_every_id_it_knows)
@@ -352,6 +382,7 @@ Test(model_ids, a_migrated_database_starts_after_every_id_it_knows)
     snprintf(sql, sizeof(sql),
              "%s"
              "DROP TABLE pipelines;"
+             "ALTER TABLE models DROP COLUMN unloaded;"
              "ALTER TABLE group_profiles DROP COLUMN member_shas;"
              "UPDATE schema_version SET version = 2;"
              "INSERT INTO plans VALUES (5, 0, 'x', '{}');"
