@@ -147,9 +147,9 @@ MODELS = os.environ.get("SQUISH_TEST_MODELS", "")
 PHOTO = open("/usr/share/matplotlib/mpl-data/sample_data/grace_hopper.jpg", "rb").read()
 # What README states: resnet18 on an idle worker of the CI machine in about
 # 10-20 s at most (6-7 s measured); any model within the 30 s measuring
-# budget plus its load. Under the sanitizers the worker loads several times
-# slower, beside other tests: the test then checks only that measuring ends
-# and shows its progress.
+# budget plus its load. A test cannot hold the clock to that on a shared
+# box (or under the sanitizers): it holds version 2, measured beside an
+# idle version 1, to version 1's own time, with this much slack.
 MEASURE_BOUND_S = 20
 
 
@@ -172,7 +172,7 @@ def measuring_on_an_idle_worker_is_bounded_and_shows_its_progress():
         # Under the sanitizers the worker loads resnet18 several times
         # slower, beside the other tests' processes: only that it ends.
         slow = "ASAN_OPTIONS" in os.environ
-        limit = 300 if slow else MEASURE_BOUND_S * 3
+        limit = 300
         took = {}
         seen = []
         for version, path in ((1, r18), (2, r18b)):
@@ -197,8 +197,10 @@ def measuring_on_an_idle_worker_is_bounded_and_shows_its_progress():
                     a = s.request("POST", "/v1/models/r18/versions/1/infer", body=PHOTO)
                     assert a.status == 200, a
         print("# resnet18 measured: version 1 in %.1f s, version 2 in %.1f s" % (took[1], took[2]))
-        if not slow:
-            assert max(took.values()) <= MEASURE_BOUND_S, took
+        # The bug made version 2 wait 20 times longer than version 1; on a
+        # loaded box both are slower alike (one took 60 s on a CI run beside
+        # three builds), so the bound is version 1's time, not the clock's.
+        assert took[2] <= 2 * took[1] + MEASURE_BOUND_S, took
         # A progress figure: sizes done of those expected, elapsed, an eta.
         figs = [p for p in seen if p.get("batch_sizes_total", 0) > 0]
         assert figs and all(0 <= p["batch_sizes_done"] <= p["batch_sizes_total"] for p in figs), seen
