@@ -11,6 +11,7 @@
 #include "sq_heap.h"
 #include "sq_map.h"
 #include "sq_ipc.h"
+#include "sq_json.h"
 #include "sq_log.h"
 #include "sq_loop.h"
 #include "sq_opts.h"
