@@ -313,9 +313,9 @@ char *wl_plan_to_json(const wl_workload_t *w, const wl_plan_input_t *in, const p
     json_object_set_new(adv, "devices_needed", json_integer(devices_needed));
     json_object_set_new(adv, "devices_available", json_integer(w->device_count));
     json_object_set_new(root, "advice", adv);
-    char *s = json_dumps(root, JSON_INDENT(2) | JSON_REAL_PRECISION(10));
+    char *s = sq_json_dumps(root, JSON_INDENT(2));
     json_decref(root);
     if (!s)
-        abort(); /* json_dumps fails only on allocation */
+        abort(); /* a plan nests a few levels: a bug */
     return s;
 }

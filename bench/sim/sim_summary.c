@@ -281,7 +281,7 @@ char *sim_summary_json(const wl_workload_t *w, const sim_opts_t *opts, const sim
         }
         json_object_set_new(root, "batches", bs);
     }
-    char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+    char *text = sq_json_dumps(root, JSON_INDENT(2));
     json_decref(root);
     return text;
 }

@@ -907,7 +907,7 @@ static void query_respond_oip(gw_async_t *a, h2o_req_t *hreq)
     json_t *data = json_array();
     for (int f = 0; f < q->nframes; f++) {
         json_t *fr = frame_json(q, f);
-        char *txt = json_dumps(fr, JSON_COMPACT);
+        char *txt = sq_json_dumps(fr, JSON_COMPACT);
         json_array_append_new(data, json_string(txt != NULL ? txt : "{}"));
         free(txt);
         json_decref(fr);

@@ -69,15 +69,17 @@ static void put_i64(sq_buf_t *b, long long v)
     sq_buf_put(b, tmp, (size_t)n);
 }
 
+/* A parameter's number: a whole one (batch_size) as an integer, as
+ * before; the rest as the shortest text that reads back (0.025, not
+ * 0.025000000000000001). */
 static void put_f64(sq_buf_t *b, double v)
 {
-    if (!isfinite(v)) {
-        put_lit(b, "null");
+    if (isfinite(v) && v == floor(v) && fabs(v) < 9007199254740992.0) {
+        put_i64(b, (long long)v);
         return;
     }
-    char tmp[32];
-    int n = snprintf(tmp, sizeof(tmp), "%.17g", v);
-    sq_buf_put(b, tmp, (size_t)n);
+    char tmp[SQ_JSON_REAL_MAX];
+    sq_buf_put(b, tmp, sq_json_real(v, tmp));
 }
 
 /* Whether (a, ia) ranks above (b, ib): higher score, ties to the lower

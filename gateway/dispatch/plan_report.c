@@ -413,7 +413,7 @@ static void report_job(mdb_t *db, void *arg)
     json_t *placements;
     json_t *snap = plan_json(r, &placements);
     publish_metrics(r, snap);
-    char *txt = json_dumps(snap, JSON_COMPACT | JSON_REAL_PRECISION(13));
+    char *txt = sq_json_dumps(snap, JSON_COMPACT);
     json_decref(snap);
     if (db != NULL && mdb_plan_store(db, r->epoch, r->reason, txt, placements) != 0)
         SQ_WARN("cannot store plan epoch=%lld error=\"%s\"", r->epoch, mdb_errmsg(db));

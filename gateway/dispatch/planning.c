@@ -144,7 +144,7 @@ static int resplit_pipelines(gw_dispatch_t *ds, int64_t now_us, int force)
                                     overhead_us / 1000.0, now_us)) {
                 changed = 1;
                 json_t *j = gw_pipeline_json(pl);
-                char *txt = json_dumps(json_object_get(j, "split"), JSON_COMPACT);
+                char *txt = sq_json_dumps(json_object_get(j, "split"), JSON_COMPACT);
                 SQ_INFO("pipeline split name=%s split=%s", pl->name, txt ? txt : "?");
                 free(txt);
                 json_decref(j);

@@ -73,26 +73,28 @@ void gw_add_header(h2o_req_t *req, const char *name, const char *value)
 
 void gw_send_json(h2o_req_t *req, int status, json_t *obj)
 {
-    /* 13 significant digits: a wall-clock time in seconds to the ms
-     * (1795424123.457, not 1.795424e9), and short of the 16th-17th digit
-     * where binary floats show their noise (60.37, not 60.369999999999997).
-     * ?pretty (any value but 0 or false) indents
-     * for a reader. */
+    /* Reals as the shortest text that reads back (sq_json.h): 0.025, not
+     * 0.025000000000000001. ?pretty (any value but 0 or false) indents for
+     * a reader. */
     char pretty[8];
     int indent = gw_query_param(req, "pretty", pretty, sizeof(pretty)) &&
                  strcmp(pretty, "0") != 0 && strcmp(pretty, "false") != 0;
-    const size_t flags = (indent ? JSON_INDENT(2) : JSON_COMPACT) | JSON_REAL_PRECISION(13);
-    size_t len = json_dumpb(obj, NULL, 0, flags);
-    char *body = h2o_mem_alloc_pool(&req->pool, len + 1);
-    json_dumpb(obj, body, len, flags);
-    body[len] = '\n';
+    sq_buf_t text;
+    sq_buf_init(&text);
+    if (sq_json_dump_buf(obj, indent ? JSON_INDENT(2) : JSON_COMPACT, &text) != 0)
+        sq_buf_put(&text, "{}", 2); /* a reply tree nests a few levels: a bug */
+    sq_buf_put_u8(&text, '\n');
+    size_t len = text.len;
+    char *body = h2o_mem_alloc_pool(&req->pool, len);
+    memcpy(body, text.data, len);
+    sq_buf_dispose(&text);
     json_decref(obj);
     req->res.status = status;
     req->res.reason = status < 400 ? "OK" : "Error";
-    req->res.content_length = len + 1;
+    req->res.content_length = len;
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL,
                    H2O_STRLIT("application/json"));
-    h2o_send_inline(req, body, len + 1);
+    h2o_send_inline(req, body, len);
 }
 
 void gw_send_error(h2o_req_t *req, int err, const char *detail)
