@@ -107,7 +107,7 @@ static void standby_metrics(gw_call_t *call)
                                "# TYPE squish_leader gauge\n"
                                "squish_leader 0\n";
     call->req->res.status = 200;
-    call->req->res.reason = "OK";
+    call->req->res.reason = gw_http_reason(200);
     gw_add_header(call->req, "content-type", "text/plain; version=0.0.4");
     h2o_send_inline(call->req, text, sizeof(text) - 1);
 }

@@ -883,7 +883,7 @@ static void respond_v2(gw_async_t *a, h2o_req_t *hreq)
     char *body = h2o_mem_alloc_pool(&hreq->pool, out.len + 1);
     memcpy(body, out.data, out.len);
     hreq->res.status = 200;
-    hreq->res.reason = "OK";
+    hreq->res.reason = gw_http_reason(200);
     hreq->res.content_length = out.len;
     if (header_len >= 0) {
         char hl[24];

@@ -34,7 +34,7 @@ void gw_route_metrics(gw_call_t *call)
     size_t len = out.len;
     sq_buf_dispose(&out);
     req->res.status = 200;
-    req->res.reason = "OK";
+    req->res.reason = gw_http_reason(200);
     req->res.content_length = len;
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL,
                    H2O_STRLIT(GW_METRICS_CONTENT_TYPE));

@@ -120,6 +120,9 @@ typedef struct {
     gw_route_fn fn;
 } gw_route_t;
 
+/* The standard reason phrase of an HTTP status ("Accepted" for 202, "Not
+ * Found" for 404); every response squishd sends carries its status's. */
+const char *gw_http_reason(int status);
 /* Sends obj (stolen) as JSON with the status. */
 void gw_send_json(h2o_req_t *req, int status, json_t *obj);
 /* Sends {"error": detail or the default message, "code": name} with the

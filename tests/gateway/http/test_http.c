@@ -492,3 +492,33 @@ Test(http, the_admin_check_takes_a_bearer_token_in_any_case)
         fake_dispose(&f);
     }
 }
+
+Test(http, every_status_has_its_standard_reason_phrase)
+{
+    cr_assert_str_eq(gw_http_reason(200), "OK");
+    cr_assert_str_eq(gw_http_reason(201), "Created");
+    cr_assert_str_eq(gw_http_reason(202), "Accepted");
+    cr_assert_str_eq(gw_http_reason(400), "Bad Request");
+    cr_assert_str_eq(gw_http_reason(401), "Unauthorized");
+    cr_assert_str_eq(gw_http_reason(404), "Not Found");
+    cr_assert_str_eq(gw_http_reason(405), "Method Not Allowed");
+    cr_assert_str_eq(gw_http_reason(409), "Conflict");
+    cr_assert_str_eq(gw_http_reason(413), "Request Entity Too Large"); /* as h2o says it */
+    cr_assert_str_eq(gw_http_reason(415), "Unsupported Media Type");
+    cr_assert_str_eq(gw_http_reason(422), "Unprocessable Entity");
+    cr_assert_str_eq(gw_http_reason(431), "Request Header Fields Too Large");
+    cr_assert_str_eq(gw_http_reason(500), "Internal Server Error");
+    cr_assert_str_eq(gw_http_reason(503), "Service Unavailable");
+    /* A status outside the table gets its class's name, never "OK". */
+    cr_assert_str_eq(gw_http_reason(299), "Success");
+    cr_assert_str_eq(gw_http_reason(499), "Client Error");
+    cr_assert_str_eq(gw_http_reason(42), "Unknown");
+    /* Every status an error maps to is in the table. */
+    static const char *const classes[] = {"Success", "Client Error", "Server Error"};
+    for (int e = 0; e < SQ_ERR_COUNT_; e++) {
+        const char *reason = gw_http_reason(sq_err_http_status(-e));
+        for (size_t k = 0; k < sizeof(classes) / sizeof(classes[0]); k++)
+            cr_assert_str_neq(reason, classes[k], "%s: status %d has no phrase", sq_err_name(-e),
+                              sq_err_http_status(-e));
+    }
+}
