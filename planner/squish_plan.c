@@ -28,11 +28,16 @@ static void usage(FILE *f)
                "  \"sessions\": model, slo_ms and the rate (rate_rps, or arrival segments);\n"
                "  \"pipelines\": stages with their models and gamma (fan-out), an end-to-end\n"
                "             slo_ms and a rate; optional k_std (latency margin) and seed.\n"
-               "Options: --help (this text). Exit status: 0; 1 a bad workload; 2 usage.\n");
+               "Options: --help (this text), --version. Exit status: 0; 1 a bad workload; 2\n"
+               "usage.\n");
 }
 
 int main(int argc, char **argv)
 {
+    if (argc == 2 && strcmp(argv[1], "--version") == 0) {
+        printf("squish-plan %s\n", SQUISH_VERSION);
+        return 0;
+    }
     if (argc != 2 || strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
         usage(argc == 2 ? stdout : stderr);
         return argc == 2 ? 0 : 2;

@@ -67,6 +67,7 @@ static void usage(FILE *f)
             "  --net-delay-us N   fixed delay added to every batch (default 0)\n"
             "  --dump             also print every request and batch\n"
             "  --help             this text\n"
+            "  --version          print the version and exit\n"
             "Exit status: 0; 1 workload or simulation error; 2 usage; 3 a device ran two\n"
             "batches at once (the checker).\n");
 }
@@ -90,6 +91,9 @@ int main(int argc, char **argv)
         double x;
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             usage(stdout);
+            return 0;
+        } else if (strcmp(a, "--version") == 0) {
+            printf("squish-sim %s\n", SQUISH_VERSION);
             return 0;
         } else if (strcmp(a, "--search-goodput") == 0) {
             search = 1;
