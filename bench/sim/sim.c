@@ -16,7 +16,6 @@ void sim_opts_default(sim_opts_t *o)
     memset(o, 0, sizeof(*o));
     o->policy = PL_POLICY_DEFERRED;
     o->rate_scale = 1;
-    o->duration_s = 10;
     o->routing = SIM_ROUTE_AUTO;
     o->plan_headroom = 1;
     o->plan_burst_quantile = PL_BURST_QUANTILE;

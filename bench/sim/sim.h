@@ -40,8 +40,14 @@ typedef struct {
     int seed_given;
     unsigned long long seed; /* overrides the workload's when seed_given */
     double rate_scale;       /* multiplies every arrival rate (times_ms are compressed) */
-    double duration_s;       /* for sessions given only "rate_rps" (Poisson) */
-    int64_t net_delay_us;    /* per batch, as in pl_dispatch_opts_t */
+    /* Seconds of arrivals. 0: the workload's own (its arrival segments;
+     * SIM_DEFAULT_DURATION_S of Poisson arrivals for a session given only
+     * "rate_rps"). > 0: every stream lasts this long: its segments are
+     * stretched or shrunk in proportion (the rates and the shape of a ramp
+     * kept), a times_ms trace ends there (no later arrival), a session
+     * given only "rate_rps" runs this long. */
+    double duration_s;
+    int64_t net_delay_us; /* per batch, as in pl_dispatch_opts_t */
     sim_routing_t routing;
     /* pl_plan sees every rate times this: a fluid-rate plan packs devices
      * to ~100% of the mean rate and leaves nothing for Poisson bursts. */
@@ -76,7 +82,10 @@ typedef struct {
     void *on_epoch_ctx;
 } sim_opts_t;
 
-/* Defaults: deferred, workload seed, scale 1, 10 s, no network delay, auto
+#define SIM_DEFAULT_DURATION_S 10.0
+
+/* Defaults: deferred, workload seed, scale 1, the workload's durations, no
+ * network delay, auto
  * routing, plan headroom 1, burst quantile PL_BURST_QUANTILE and overflow
  * routes on spare devices (as squishd). */
 void sim_opts_default(sim_opts_t *o);

@@ -38,6 +38,16 @@ static int arrival_cmp(const void *x, const void *y)
     return (a->seq > b->seq) - (a->seq < b->seq);
 }
 
+double sim__segments_stretch(const wl_arrivals_t *a, const sim_opts_t *o)
+{
+    if (o->duration_s <= 0 || a->process == WL_ARRIVALS_NONE || a->process == WL_ARRIVALS_TIMES)
+        return 1;
+    double total_s = 0;
+    for (int k = 0; k < a->nsegments; k++)
+        total_s += a->segments[k].duration_s;
+    return total_s > 0 ? o->duration_s / total_s : 1;
+}
+
 /* Appends the arrivals of session idx (a pipeline's queries: idx past the
  * sessions) with process a and mean rate rate_rps; returns its span in
  * seconds. Gaps are drawn with mean 1 and divided by the rate, so a higher
@@ -51,17 +61,24 @@ static double gen_arrivals(arrivals_t *out, const wl_arrivals_t *a, double rate_
     sim_rng_seed(&rng, sim_splitmix64(&mix));
     uint32_t seq = 0;
     if (a->process == WL_ARRIVALS_TIMES) {
-        for (int i = 0; i < a->ntimes; i++)
-            arrivals_push(out, llround(a->times_ms[i] * 1000 / o->rate_scale), idx, seq++);
-        return a->ntimes ? a->times_ms[a->ntimes - 1] / 1000 / o->rate_scale : 0;
+        int n = 0;
+        for (; n < a->ntimes; n++) {
+            double at_us = a->times_ms[n] * 1000 / o->rate_scale;
+            if (o->duration_s > 0 && at_us >= o->duration_s * 1e6)
+                break;
+            arrivals_push(out, llround(at_us), idx, seq++);
+        }
+        return n ? a->times_ms[n - 1] / 1000 / o->rate_scale : 0;
     }
-    wl_segment_t only = {.duration_s = o->duration_s, .rate_rps = rate_rps};
+    wl_segment_t only = {.duration_s = o->duration_s > 0 ? o->duration_s : SIM_DEFAULT_DURATION_S,
+                         .rate_rps = rate_rps};
+    double stretch = sim__segments_stretch(a, o);
     const wl_segment_t *segs = a->process == WL_ARRIVALS_NONE ? &only : a->segments;
     int nsegs = a->process == WL_ARRIVALS_NONE ? 1 : a->nsegments;
     wl_process_t proc = a->process == WL_ARRIVALS_NONE ? WL_ARRIVALS_POISSON : a->process;
     double start_us = 0;
     for (int k = 0; k < nsegs; k++) {
-        double end_us = start_us + segs[k].duration_s * 1e6;
+        double end_us = start_us + segs[k].duration_s * stretch * 1e6;
         double rate_per_us = segs[k].rate_rps * o->rate_scale / 1e6;
         if (rate_per_us > 0) {
             double t = start_us;

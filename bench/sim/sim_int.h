@@ -103,6 +103,9 @@ typedef struct {
  * cap_requests). Returns the horizon in seconds; *nsession_requests: how
  * many requests are the sessions'. */
 double sim__arrivals_build(run_t *r, unsigned long long seed, size_t *nsession_requests);
+/* What a stream's arrival segments' durations are multiplied by in this
+ * run (sim_opts_t.duration_s): 1, or the run's duration over their total. */
+double sim__segments_stretch(const wl_arrivals_t *a, const sim_opts_t *o);
 
 /* sim_pipeline.c */
 int sim__sessions_setup(run_t *r);

@@ -24,15 +24,15 @@ static int count_models(const run_t *r)
 /* Session s's rate at t_s: its segment's for segment arrivals, else its
  * mean (rate_rps); a stage's, its pipeline's times the stage's fan-out.
  * Times are not scaled, rates are. */
-static double rate_at(const sim_sess_t *ws, double t_s)
+static double rate_at(const run_t *r, const sim_sess_t *ws, double t_s)
 {
     const wl_arrivals_t *a = ws->arrivals;
     double f = ws->arrivals_rate > 0 ? ws->rate_rps / ws->arrivals_rate : 0;
     if (a->process == WL_ARRIVALS_NONE || a->process == WL_ARRIVALS_TIMES)
         return ws->rate_rps;
-    double start = 0;
+    double start = 0, stretch = sim__segments_stretch(a, r->o);
     for (int k = 0; k < a->nsegments; k++) {
-        start += a->segments[k].duration_s;
+        start += a->segments[k].duration_s * stretch;
         if (t_s < start)
             return a->segments[k].rate_rps * f;
     }
@@ -210,7 +210,7 @@ int sim__routes_setup(run_t *r, int *ndevices)
     double *rates = sq_xcalloc((size_t)r->nss + 1, sizeof(*rates));
     for (int s = 0; s < r->nss; s++)
         rates[s] =
-            (r->o->epoch_s > 0 ? rate_at(&r->ss[s], 0) : r->ss[s].rate_rps) * r->o->rate_scale;
+            (r->o->epoch_s > 0 ? rate_at(r, &r->ss[s], 0) : r->ss[s].rate_rps) * r->o->rate_scale;
     loop_setup(r, rates);
     free(rates);
     int n = w->device_count;

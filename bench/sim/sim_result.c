@@ -33,9 +33,9 @@ void sim__steps_fill(const run_t *r, sim_result_t *res)
         const wl_arrivals_t *a = r->ss[s].arrivals;
         if (a->process == WL_ARRIVALS_NONE || a->process == WL_ARRIVALS_TIMES)
             continue;
-        double t = 0;
+        double t = 0, stretch = sim__segments_stretch(a, r->o);
         for (int k = 0; k < a->nsegments; k++) {
-            t += a->segments[k].duration_s;
+            t += a->segments[k].duration_s * stretch;
             if (t < res->horizon_s)
                 cut[nc++] = t;
         }

@@ -213,23 +213,29 @@ Test(sim, overlap_checker_catches_a_broken_schedule)
     wl_workload_dispose(&w);
 }
 
+/* Four sessions: uniform segments (1 s at 1000/s, 1 s idle, 1 s at 500/s),
+ * gamma (3 s at 2000/s), a trace (1, 3 and 5 ms) and rate_rps only (100/s). */
+static void load_processes(wl_workload_t *w)
+{
+    load(w, "{\"devices\": {\"count\": 64},"
+            " \"models\": [{\"name\": \"m\", \"profile\": {\"alpha_ms\": 0.01, \"beta_ms\": 1}}],"
+            " \"sessions\": ["
+            "  {\"model\": \"m\", \"slo_ms\": 50, \"arrivals\": {\"process\": \"uniform\","
+            "     \"segments\": [{\"duration_s\": 1, \"rate_rps\": 1000},"
+            "                    {\"duration_s\": 1, \"rate_rps\": 0},"
+            "                    {\"duration_s\": 1, \"rate_rps\": 500}]}},"
+            "  {\"model\": \"m\", \"slo_ms\": 50, \"arrivals\": {\"process\": \"gamma\","
+            "     \"shape\": 0.25, \"segments\": [{\"duration_s\": 3, \"rate_rps\": 2000}]}},"
+            "  {\"model\": \"m\", \"slo_ms\": 50, \"arrivals\": {\"times_ms\": [5, 1, 3]}},"
+            "  {\"model\": \"m\", \"slo_ms\": 50, \"rate_rps\": 100}]}");
+}
+
 Test(sim, arrival_processes)
 {
     wl_workload_t w;
-    load(&w, "{\"devices\": {\"count\": 64},"
-             " \"models\": [{\"name\": \"m\", \"profile\": {\"alpha_ms\": 0.01, \"beta_ms\": 1}}],"
-             " \"sessions\": ["
-             "  {\"model\": \"m\", \"slo_ms\": 50, \"arrivals\": {\"process\": \"uniform\","
-             "     \"segments\": [{\"duration_s\": 1, \"rate_rps\": 1000},"
-             "                    {\"duration_s\": 1, \"rate_rps\": 0},"
-             "                    {\"duration_s\": 1, \"rate_rps\": 500}]}},"
-             "  {\"model\": \"m\", \"slo_ms\": 50, \"arrivals\": {\"process\": \"gamma\","
-             "     \"shape\": 0.25, \"segments\": [{\"duration_s\": 3, \"rate_rps\": 2000}]}},"
-             "  {\"model\": \"m\", \"slo_ms\": 50, \"arrivals\": {\"times_ms\": [5, 1, 3]}},"
-             "  {\"model\": \"m\", \"slo_ms\": 50, \"rate_rps\": 100}]}");
+    load_processes(&w);
     sim_opts_t o;
-    sim_opts_default(&o);
-    o.duration_s = 2;
+    sim_opts_default(&o); /* the workload's durations */
     sim_result_t res;
     cr_assert_eq(sim_run(&w, &o, &res), 0);
     size_t per[4] = {0};
@@ -244,8 +250,8 @@ Test(sim, arrival_processes)
     cr_assert_eq(per[0], 1500, "uniform: exactly rate x duration");
     cr_assert(per[1] > 5000 && per[1] < 7000, "gamma keeps the mean rate: %zu", per[1]);
     cr_assert_eq(per[2], 3);
-    cr_assert(per[3] > 150 && per[3] < 250, "rate_rps only: Poisson over --duration: %zu", per[3]);
-    cr_assert_eq(res.horizon_s, 3);
+    cr_assert(per[3] > 800 && per[3] < 1200, "rate_rps only: Poisson for 10 s: %zu", per[3]);
+    cr_assert_eq(res.horizon_s, SIM_DEFAULT_DURATION_S);
     cr_assert_eq(res.ok + res.dropped + res.late, res.nrequests);
     cr_assert_eq(res.pending, 0);
     /* Bursty gamma arrivals: coefficient of variation of gaps near 2. */
@@ -264,6 +270,44 @@ Test(sim, arrival_processes)
     }
     double mean = sum / (double)n, cv = sqrt(sum2 / (double)n - mean * mean) / mean;
     cr_assert(cv > 1.6 && cv < 2.4, "gamma shape 0.25: cv %.2f", cv);
+    sim_result_dispose(&res);
+    wl_workload_dispose(&w);
+}
+
+/* sim_opts_t.duration_s (squish-sim --duration) wins over the workload's
+ * own durations, whatever the process. */
+Test(sim, duration_stretches_segments_and_cuts_a_trace)
+{
+    wl_workload_t w;
+    load_processes(&w);
+    sim_opts_t o;
+    sim_opts_default(&o);
+    o.duration_s = 6; /* twice the segments' 3 s */
+    sim_result_t res;
+    cr_assert_eq(sim_run(&w, &o, &res), 0);
+    size_t per[4] = {0};
+    for (size_t i = 0; i < res.nrequests; i++) {
+        per[res.requests[i].session]++;
+        if (res.requests[i].session == 0)
+            cr_assert(res.requests[i].arrival_us < 2000000 || res.requests[i].arrival_us >= 4000000,
+                      "the idle segment is stretched too: %lld",
+                      (long long)res.requests[i].arrival_us);
+    }
+    cr_assert_eq(per[0], 3000, "uniform: the same rates for twice as long");
+    cr_assert(per[1] > 10000 && per[1] < 14000, "gamma: 2000/s for 6 s: %zu", per[1]);
+    cr_assert_eq(per[2], 3, "the trace ends before 6 s");
+    cr_assert(per[3] > 450 && per[3] < 750, "rate_rps only: Poisson for 6 s: %zu", per[3]);
+    cr_assert_eq(res.horizon_s, 6);
+    cr_assert(res.nsteps > 0 && res.steps[res.nsteps - 1].end_s == 6);
+    sim_result_dispose(&res);
+
+    o.duration_s = 0.004; /* 4 ms: the trace's arrival at 5 ms is cut */
+    cr_assert_eq(sim_run(&w, &o, &res), 0);
+    memset(per, 0, sizeof(per));
+    for (size_t i = 0; i < res.nrequests; i++)
+        per[res.requests[i].session]++;
+    cr_assert_eq(per[2], 2);
+    cr_assert_leq(res.horizon_s, 0.004);
     sim_result_dispose(&res);
     wl_workload_dispose(&w);
 }

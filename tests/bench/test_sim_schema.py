@@ -6,6 +6,7 @@ for the same seed, and bad input fails with the right status.
 Prints TAP. Usage: test_sim_schema.py SQUISH_SIM SOURCE_DIR"""
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -101,11 +102,49 @@ def pipelines_validate():
     sim(path, "--split", "uneven", status=2)
 
 
+def duration_wins_over_the_workloads():
+    # A bundled workload with one 30 s segment, and the ramp of seven
+    # segments (56 s): --duration sets how long arrivals last.
+    path = os.path.join(workloads, "symphony_table2_resnet50.json")
+    full = json.loads(sim(path, "--scale", "0.2").stdout)
+    assert full["horizon_s"] > 29, full["horizon_s"]
+    short = json.loads(sim(path, "--scale", "0.2", "--duration", "2").stdout)
+    sim_schema.validate(short)
+    assert short["horizon_s"] <= 2, short["horizon_s"]
+    # The same rate for 2 s of the 30: about a fifteenth of the requests.
+    ratio = short["request_count"] / full["request_count"]
+    assert 0.05 < ratio < 0.085, (short["request_count"], full["request_count"])
+    assert abs(short["offered_rps"] - full["offered_rps"]) < 0.1 * full["offered_rps"], \
+        (short["offered_rps"], full["offered_rps"])
+    ramp = os.path.join(workloads, "ramp_3models_6devices.json")
+    longer = json.loads(sim(ramp, "--duration", "70", "--epoch-s", "5").stdout)
+    sim_schema.validate(longer)
+    assert 69 < longer["horizon_s"] <= 70, longer["horizon_s"]
+    # The ramp's steps are stretched with it: seven, the last ending at 70 s.
+    assert len(longer["steps"]) == 7 and longer["steps"][-1]["end_s"] == 70, longer["steps"]
+    # A trace is cut at --duration.
+    trace = {"devices": {"count": 1},
+             "models": [{"name": "m", "profile": {"alpha_ms": 1, "beta_ms": 1}}],
+             "sessions": [{"model": "m", "slo_ms": 50,
+                           "arrivals": {"times_ms": [0, 500, 1000, 1500, 2500, 4000]}}]}
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(trace, f)
+        f.flush()
+        assert json.loads(sim(f.name).stdout)["request_count"] == 6
+        assert json.loads(sim(f.name, "--duration", "1.5").stdout)["request_count"] == 3
+
+
+def version():
+    out = sim("--version").stdout
+    assert re.fullmatch(r"squish-sim \d+\.\d+\.\d+\n", out), out
+
+
 def bad_input():
     sim(status=2)
     path = os.path.join(workloads, "symphony_section33_example.json")
     sim(path, "--policy", "lazy", status=2)
     sim(path, "--scale", "0", status=2)
+    sim(path, "--duration", "0", status=2)
     with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
         f.write('{"devices": {"count": 1}, "models": [], "sessions": [{"model": "x", "slo_ms": 5}]}')
         f.flush()
@@ -117,6 +156,8 @@ check("bench workloads validate against workload.schema.json", workloads_validat
 check("Symphony example: schema, --dump, batches of 4, deterministic", example_dump)
 check("table-2 workload under both policies and a goodput search validate", table2_both_policies_and_search)
 check("pipelines: both splits, --dump and a goodput search validate", pipelines_validate)
+check("--duration wins over a bundled workload's segments and a trace", duration_wins_over_the_workloads)
+check("--version prints one line and exits 0", version)
 check("bad arguments exit 2, a bad workload exits 1 naming the JSON path", bad_input)
 
 print(f"1..{len(results)}")
