@@ -22,6 +22,7 @@ typedef struct gw_prep_pool gw_prep_pool_t;
 typedef struct gw_leader gw_leader_t;
 typedef struct gw_metrics gw_metrics_t;
 typedef struct gw_transport gw_transport_t;
+typedef struct gw_trace gw_trace_t;
 
 /* The server: one per process, created by gw_main. Fields written by one
  * thread and read by others are atomics; everything else is set before the
@@ -66,6 +67,7 @@ typedef struct gw_server {
     gw_leader_t *leader; /* leadership connection (PostgreSQL only; leader.c) */
     struct gw_offload_ctx *offload;
     gw_metrics_t *metrics; /* thread-safe; created first, freed last */
+    gw_trace_t *trace;     /* request traces (api/trace.c); thread-safe */
 } gw_server_t;
 
 #endif
