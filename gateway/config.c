@@ -115,6 +115,9 @@ static const sq_opt_t options[] = {
      "their common layers batched across their requests"},
     {"access_log", INT(access_log), 0, 1, "0",
      "1: one info log line per HTTP request (method, path, route, status, bytes, duration)"},
+    {"trace_file", STR(trace_file), 0, 0, "",
+     "file the request traces of Triton's trace extension go to, as JSON lines (appended; "
+     "POST /v2/trace/setting turns tracing on); \"\": none, tracing cannot be turned on"},
     {"max_inflight", INT(max_inflight), 1, 1 << 20, "4096",
      "inference requests inside squishd at most, from arrival to answer; past it new ones are "
      "answered 503 overloaded at once"},

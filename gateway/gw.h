@@ -70,6 +70,7 @@ typedef struct {
     int max_request_ms;    /* hard upper bound on any request's life (caps the SLO) */
     double default_slo_ms; /* when neither the request nor the model gives one */
     int access_log;        /* one info line per HTTP request */
+    char trace_file[256];  /* request traces as JSON lines ("" = none) */
     int prefix_batching;   /* run shared-prefix groups as one (worker/group.c) */
     /* admission and connection limits */
     int max_inflight;            /* inference requests inside squishd at most (then 503) */

@@ -127,6 +127,9 @@ int gw_main(const gw_config_t *cfg)
     }
     srv.registry = gw_registry_new();
     srv.pipelines = gw_pipes_new();
+    srv.trace = gw_trace_new(cfg->trace_file);
+    if ((rc = gw_trace_open(srv.trace, err, sizeof(err))) != 0)
+        goto fail;
     gw_prep_pool_config_t pcfg = {.threads = cfg->prep_threads,
                                   .queue_capacity = cfg->prep_queue,
                                   .limits = gw_prep_limits_default()};
@@ -219,6 +222,8 @@ out:
     json_decref(srv.restore_plan);
     json_decref(srv.restore_placements);
     sq_shm_arena_free(srv.arena);
+    /* Its last lines are written: every request is done by now. */
+    gw_trace_free(srv.trace);
     gw_metrics_free(srv.metrics);
     if (rc == 0)
         SQ_INFO("stopped");

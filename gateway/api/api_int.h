@@ -59,6 +59,13 @@ struct gw_infer {
     uint8_t *body_owned;
     void *api_state; /* v2: the parsed OIP request; freed by api_dispose */
     void (*api_dispose)(gw_infer_t *req);
+    /* Traced (Triton's trace extension): its trace id, else 0; its line is
+     * written when it is disposed, with the moment and status of its
+     * answer (0: none, the client went away). */
+    uint64_t trace_id;
+    int64_t reply_us;
+    int reply_status;
+    const char *oip_id; /* v2: the body's "id" when it gave one (its line names it) */
 };
 
 /* Shared with other request kinds (query.c). */
@@ -176,6 +183,11 @@ void gw_route_model_stats(gw_call_t *call);
 void gw_route_model_config(gw_call_t *call);
 void gw_route_repository_index(gw_call_t *call);
 void gw_route_repository_index_get(gw_call_t *call);
+void gw_route_logging_get(gw_call_t *call);
+void gw_route_logging_post(gw_call_t *call);
+/* /v2/trace/setting, and /v2/models/{m}/trace/setting with m in args[0]. */
+void gw_route_trace_get(gw_call_t *call);
+void gw_route_trace_post(gw_call_t *call);
 void gw_route_pipelines_post(gw_call_t *call);
 void gw_route_pipelines_list(gw_call_t *call);
 void gw_route_pipelines_get(gw_call_t *call);

@@ -9,6 +9,7 @@
  * built back on the loop thread when the last item finishes. */
 #include "gw_dispatch.h"
 #include "api_int.h"
+#include "trace_int.h"
 #include "gw_codec.h"
 #include "gw_http.h"
 
@@ -228,10 +229,48 @@ static void start_tensor(gw_server_t *srv, gw_item_t *item, const uint8_t *data,
 
 /* ---- replies ---------------------------------------------------------------- */
 
+/* A traced request's line: its moments, the first and last of its items'
+ * where they differ (trace_int.h). */
+static void trace_write(gw_infer_t *req)
+{
+    gw_trace_record_t r = {.id = req->trace_id,
+                           .request_id = req->oip_id != NULL ? req->oip_id : req->request_id,
+                           .model = req->model->name,
+                           .version = req->model->version,
+                           .status = req->reply_status,
+                           .items = req->n_items};
+    int64_t *at = r.at_us;
+    at[GW_TRACE_RECEIVE] = req->arrival_us;
+    for (int i = 0; i < req->n_items; i++) {
+        const gw_item_t *it = &req->items[i];
+        int64_t decode_start = it->prep.started_ns / 1000, decode_end = it->prep.finished_ns / 1000;
+        if (decode_start > 0 && decode_end >= decode_start) {
+            if (at[GW_TRACE_DECODE_START] == 0 || decode_start < at[GW_TRACE_DECODE_START])
+                at[GW_TRACE_DECODE_START] = decode_start;
+            if (decode_end > at[GW_TRACE_DECODE_END])
+                at[GW_TRACE_DECODE_END] = decode_end;
+        }
+        if (it->ready_us > 0 && (at[GW_TRACE_QUEUE] == 0 || it->ready_us < at[GW_TRACE_QUEUE]))
+            at[GW_TRACE_QUEUE] = it->ready_us;
+        if (it->sent_us > 0 && (at[GW_TRACE_BATCH] == 0 || it->sent_us < at[GW_TRACE_BATCH]))
+            at[GW_TRACE_BATCH] = it->sent_us;
+        if (it->exec_start_us > 0 &&
+            (at[GW_TRACE_EXECUTE_START] == 0 || it->exec_start_us < at[GW_TRACE_EXECUTE_START]))
+            at[GW_TRACE_EXECUTE_START] = it->exec_start_us;
+        if (it->exec_end_us > at[GW_TRACE_EXECUTE_END])
+            at[GW_TRACE_EXECUTE_END] = it->exec_end_us;
+        r.batch_size = it->batch_size > r.batch_size ? it->batch_size : r.batch_size;
+    }
+    at[GW_TRACE_REPLY] = req->reply_us;
+    gw_trace_emit(req->base.srv->trace, &r);
+}
+
 static void infer_dispose(gw_async_t *a)
 {
     gw_infer_t *req = (gw_infer_t *)a;
     atomic_fetch_sub(&a->srv->infer_inflight, 1);
+    if (req->trace_id != 0)
+        trace_write(req);
     if (req->api_dispose != NULL)
         req->api_dispose(req);
     gw_model_unref(req->model);
@@ -395,9 +434,25 @@ static json_t *top_k_json(const gw_model_t *m, const float *row, int k)
     return a;
 }
 
+/* The status of the answer about to be sent, for its trace (answer_v2
+ * sets a failure to encode); hreq is not read once the answer is sent. */
+static void status_for_trace(gw_infer_t *req)
+{
+    req->reply_status = atomic_load(&req->failed) ? sq_err_http_status(req->err) : 200;
+}
+
+static void answer_v1(gw_infer_t *req, h2o_req_t *hreq);
+
 static void respond_v1(gw_async_t *a, h2o_req_t *hreq)
 {
     gw_infer_t *req = (gw_infer_t *)a;
+    status_for_trace(req);
+    answer_v1(req, hreq);
+    req->reply_us = sq_now_us();
+}
+
+static void answer_v1(gw_infer_t *req, h2o_req_t *hreq)
+{
     gw_metrics_infer_answered(req);
     if (atomic_load(&req->failed)) {
         send_failure(req, hreq);
@@ -537,6 +592,7 @@ static gw_infer_t *infer_new(gw_call_t *call, gw_api_t api)
     } else {
         make_request_id(req->request_id, sizeof(req->request_id));
     }
+    req->trace_id = gw_trace_sample(srv->trace, m->name);
     return req;
 }
 
@@ -815,9 +871,18 @@ static void v2_dispose(gw_infer_t *req)
     }
 }
 
+static void answer_v2(gw_infer_t *req, h2o_req_t *hreq);
+
 static void respond_v2(gw_async_t *a, h2o_req_t *hreq)
 {
     gw_infer_t *req = (gw_infer_t *)a;
+    status_for_trace(req);
+    answer_v2(req, hreq);
+    req->reply_us = sq_now_us();
+}
+
+static void answer_v2(gw_infer_t *req, h2o_req_t *hreq)
+{
     gw_metrics_infer_answered(req);
     if (atomic_load(&req->failed)) {
         send_failure(req, hreq);
@@ -877,6 +942,7 @@ static void respond_v2(gw_async_t *a, h2o_req_t *hreq)
     answer_headers(req, hreq);
     if (rc != 0) {
         sq_buf_dispose(&out);
+        req->reply_status = sq_err_http_status(SQ_INTERNAL);
         gw_send_error(hreq, SQ_INTERNAL, "cannot encode the response");
         return;
     }
@@ -912,6 +978,8 @@ static void v2_start(gw_infer_t *req)
     }
     if (st->parsed.id == NULL)
         gw_oip_request_set_id(&st->parsed, req->request_id, strlen(req->request_id));
+    else
+        req->oip_id = st->parsed.id;
     /* parameters.slo_ms, then X-SLO-Ms (or ?slo_ms=), then Triton's
      * parameters.timeout, then the model's default. */
     double slo = st->parsed.slo_ms;

@@ -13,13 +13,15 @@
 
 /* The Triton protocol extensions squish implements, by Triton's names:
  * binary tensors in the body (oip.c), class labels instead of raw tensors
- * (the classification parameter, oip_response.c), and per-model statistics
- * (/v2/models[/{m}[/versions/{v}]]/stats, metrics_api.c). */
+ * (the classification parameter, oip_response.c), per-model statistics
+ * (/v2/models[/{m}[/versions/{v}]]/stats, metrics_api.c), and the logging
+ * and trace settings (logging_api.c). */
 static void route_server_metadata(gw_call_t *call)
 {
     gw_send_json(call->req, 200,
-                 json_pack("{s:s, s:s, s:[s, s, s]}", "name", "squish", "version", SQUISH_VERSION,
-                           "extensions", "binary_tensor_data", "classification", "statistics"));
+                 json_pack("{s:s, s:s, s:[s, s, s, s, s]}", "name", "squish", "version",
+                           SQUISH_VERSION, "extensions", "binary_tensor_data", "classification",
+                           "statistics", "logging", "trace"));
 }
 
 static void route_live(gw_call_t *call)
@@ -135,6 +137,12 @@ static const gw_route_t routes[] = {
     {"DELETE", "/pipelines/*", "pipelines_delete", gw_route_pipelines_delete},
     {"POST", "/v1/pipelines/*/infer", "pipeline_infer", gw_route_pipeline_infer},
     {"GET", "/metrics", "metrics", gw_route_metrics},
+    {"GET", "/v2/logging", "logging", gw_route_logging_get},
+    {"POST", "/v2/logging", "logging", gw_route_logging_post},
+    {"GET", "/v2/trace/setting", "trace_setting", gw_route_trace_get},
+    {"POST", "/v2/trace/setting", "trace_setting", gw_route_trace_post},
+    {"GET", "/v2/models/*/trace/setting", "trace_setting", gw_route_trace_get},
+    {"POST", "/v2/models/*/trace/setting", "trace_setting", gw_route_trace_post},
     {"GET", "/v2/models/stats", "model_stats", gw_route_model_stats}, /* before kserve_model */
     {"GET", "/v2/models/*/stats", "model_stats", gw_route_model_stats},
     {"GET", "/v2/models/*/versions/*/stats", "model_stats", gw_route_model_stats},

@@ -546,9 +546,17 @@ void ds_on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f)
                      t - b->sent_us, &done);
     pl_dispatch_batch_done(ds->core, t, w->id, b->id);
     const uint8_t *base = sq_shm_arena_base(ds->srv->arena);
+    /* Where the worker's run falls on this clock (gw_item_t.exec_*_us). */
+    int64_t round_us = t - b->sent_us, worker_us = (int64_t)(done.total_ns / 1000);
+    int64_t exec_end_us = t - (round_us > worker_us ? (round_us - worker_us) / 2 : 0);
+    int64_t exec_start_us = exec_end_us - (int64_t)(done.exec_ns / 1000);
+    if (exec_start_us < b->sent_us)
+        exec_start_us = b->sent_us;
     for (int i = 0; i < b->count; i++) {
         gw_item_t *it = b->items[i];
         if (done.code == 0) {
+            it->exec_start_us = exec_start_us;
+            it->exec_end_us = exec_end_us;
             gw_model_t *m = it->model;
             memcpy(it->out, base + b->out_off + b->out_stride * (uint64_t)i,
                    (size_t)m->out_elems * sizeof(float));

@@ -61,6 +61,11 @@ struct gw_item {
     int64_t ready_us; /* preprocessed and handed to the dispatcher */
     int64_t sent_us;  /* its batch went to a worker */
     int64_t done_us;
+    /* Its batch's run on the worker, placed on squishd's clock (done, from
+     * BATCH_DONE's exec_ns and total_ns): it ends as the worker's reply
+     * leaves, half the round trip outside the worker before done_us, and
+     * lasts exec_ns. 0 when it did not run. */
+    int64_t exec_start_us, exec_end_us;
     int batch_size;
     int member;       /* in a prefix group's batch: its model's index there */
     uint64_t core_id; /* its handle in the dispatcher core (0: none; dispatch thread) */
