@@ -10,27 +10,39 @@
     X(OK, "ok", 200, "success")                                                                    \
     X(NOMEM, "out_of_memory", 503, "out of memory")                                                \
     X(INVAL, "invalid_argument", 400, "invalid argument")                                          \
-    X(BAD_REQUEST, "bad_request", 400, "malformed request")                                        \
+    X(BAD_REQUEST, "bad_request", 400,                                                             \
+      "malformed request: the message says which field and what it takes")                         \
     X(BAD_JSON, "bad_json", 400, "malformed JSON")                                                 \
     X(BAD_CONFIG, "bad_config", 400, "invalid configuration")                                      \
     X(BAD_MULTIPART, "bad_multipart", 400, "malformed multipart body")                             \
-    X(BAD_IMAGE, "bad_image", 400, "image could not be decoded")                                   \
-    X(BAD_TENSOR, "bad_tensor", 400, "input tensor does not match the model")                      \
+    X(BAD_IMAGE, "bad_image", 400, "the image could not be decoded: send a JPEG (image/jpeg)")     \
+    X(BAD_TENSOR, "bad_tensor", 400,                                                               \
+      "the input tensor does not match the model: GET /v2/models/{name} shows its inputs")         \
     X(UNAUTHORIZED, "unauthorized", 401, "missing or invalid bearer token")                        \
     X(NOT_FOUND, "not_found", 404, "not found")                                                    \
-    X(MODEL_NOT_FOUND, "model_not_found", 404, "no such model")                                    \
+    X(MODEL_NOT_FOUND, "model_not_found", 404,                                                     \
+      "no such model or version: GET /v2/repository/index lists them")                             \
     X(METHOD, "method_not_allowed", 405, "method not allowed")                                     \
     X(EXISTS, "already_exists", 409, "already exists")                                             \
-    X(TOO_LARGE, "too_large", 413, "request too large")                                            \
+    X(TOO_LARGE, "too_large", 413,                                                                 \
+      "the request is too large (--max-body-mb, applied to inflated bodies too)")                  \
     X(HEADERS_TOO_LARGE, "headers_too_large", 431, "request header fields too large")              \
-    X(MEDIA_TYPE, "unsupported_media_type", 415, "unsupported media type")                         \
-    X(UNSUPPORTED_MODEL, "unsupported_model", 422, "model uses unsupported operators")             \
-    X(BAD_MODEL, "bad_model", 400, "model could not be parsed")                                    \
-    X(DEADLINE, "deadline", 503, "the deadline cannot be met")                                     \
-    X(OVERLOAD, "overloaded", 503, "server overloaded")                                            \
-    X(NO_WORKER, "no_worker", 503, "no worker available")                                          \
+    X(MEDIA_TYPE, "unsupported_media_type", 415,                                                   \
+      "unsupported media type: the message says what to send")                                     \
+    X(UNSUPPORTED_MODEL, "unsupported_model", 422,                                                 \
+      "the model uses operators the workers cannot run (the message names them and their nodes)")  \
+    X(BAD_MODEL, "bad_model", 400,                                                                 \
+      "the model file could not be parsed: send an ONNX file (a ModelProto)")                      \
+    X(DEADLINE, "deadline", 503,                                                                   \
+      "the deadline cannot be met: the message says the least SLO that can be; Retry-After only "  \
+      "when a retry can succeed")                                                                  \
+    X(OVERLOAD, "overloaded", 503,                                                                 \
+      "server overloaded (--max-inflight requests in flight); retry after Retry-After")            \
+    X(NO_WORKER, "no_worker", 503,                                                                 \
+      "no worker that can run the model is up, or none holds it before the deadline")              \
     X(WORKER_LOST, "worker_lost", 503, "worker lost while running the request")                    \
-    X(NOT_READY, "not_ready", 503, "not ready")                                                    \
+    X(NOT_READY, "not_ready", 503,                                                                 \
+      "not ready: still being measured, or loading on a worker; retry shortly")                    \
     X(SHUTTING_DOWN, "shutting_down", 503, "server is shutting down")                              \
     X(IO, "io_error", 500, "I/O error")                                                            \
     X(DB, "database_error", 500, "database error")                                                 \

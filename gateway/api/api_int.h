@@ -34,8 +34,9 @@ struct gw_infer {
     int64_t arrival_us;
     int64_t deadline_us;
     double slo_ms;
-    double slo_asked_ms; /* what the request asked for when the cap cut it; 0 otherwise */
-    int slo_refused;     /* check_feasible refused its SLO, saying why and what works */
+    double slo_asked_ms;  /* what the request asked for when the cap cut it; 0 otherwise */
+    int slo_refused;      /* check_feasible refused its SLO, saying why and what works */
+    int slo_from_timeout; /* slo_ms is Triton's parameters.timeout (given in us) */
     /* Who set slo_ms: "request" (X-SLO-Ms, ?slo_ms=, parameters.slo_ms or
      * Triton's timeout), "model" (its default_slo_ms) or "server"
      * (--default-slo-ms). Every answer says it (x-slo-source). */

@@ -731,15 +731,73 @@ static int check_feasible(gw_infer_t *req)
     if (!(req->slo_ms > 0) || req->slo_ms >= l1 + margin)
         return 0; /* best effort, or feasible */
     req->slo_refused = 1;
+    double least = ceil(l1 + margin);
+    char from[192] = "";
+    /* Triton's timeout is in microseconds: a client that meant ms asked
+     * for a thousandth of it. */
+    if (req->slo_from_timeout)
+        snprintf(from, sizeof(from),
+                 " (from parameters.timeout %.0f, which is in microseconds, as Triton's: "
+                 "send timeout %.0f or more, or parameters.slo_ms in ms)",
+                 req->slo_ms * 1000.0, least * 1000.0);
     reject(req, SQ_DEADLINE,
-           "an SLO of %g ms cannot be met: one request takes at least %.1f ms on %s (l(1) %.1f ms "
-           "+ dispatch margin %.1f ms); ask for %.0f ms or more",
-           req->slo_ms, l1 + margin, sq_dev_kind_name((sq_dev_kind_t)kind), l1, margin,
-           ceil(l1 + margin));
+           "an SLO of %g ms%s cannot be met: one request takes at least %.1f ms on %s (l(1) %.1f "
+           "ms + dispatch margin %.1f ms); ask for %.0f ms or more",
+           req->slo_ms, from, l1 + margin, sq_dev_kind_name((sq_dev_kind_t)kind), l1, margin,
+           least);
     return -1;
 }
 
 /* ---- /v1 ---------------------------------------------------------------- */
+
+static int is_jpeg(const uint8_t *p, size_t n)
+{
+    return n >= 3 && p[0] == 0xFF && p[1] == 0xD8 && p[2] == 0xFF;
+}
+
+static int ct_is(h2o_iovec_t ct, const char *type)
+{
+    size_t n = strlen(type);
+    return ct.len >= n && strncasecmp(ct.base, type, n) == 0 &&
+           (ct.len == n || ct.base[n] == ';' || ct.base[n] == ' ');
+}
+
+/* A body sent the way a common slip sends it, refused with what to send
+ * instead (issue 24): a JPEG labelled as JSON, JSON sent to the image
+ * route, and a file that `curl -d @photo.jpg` sent (form-encoded, with
+ * every CR and LF byte taken out: a JPEG of a few KB without one is all
+ * but impossible, about 1 in 10^14). 0, or -1 after rejecting. */
+static int v1_body_slip(gw_infer_t *req, h2o_iovec_t ct)
+{
+    const uint8_t *b = req->body;
+    size_t n = req->body_len, i = 0;
+    while (i < n && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n'))
+        i++;
+    if (ct_is(ct, "application/json") && is_jpeg(b, n)) {
+        reject(req, SQ_MEDIA_TYPE,
+               "the body is a JPEG but Content-Type says application/json: send "
+               "Content-Type: image/jpeg");
+        return -1;
+    }
+    if (i < n && (b[i] == '{' || b[i] == '[') &&
+        (ct_is(ct, "application/json") || !is_jpeg(b, n))) {
+        reject(req, SQ_MEDIA_TYPE,
+               "this route takes images (image/jpeg, or multipart/form-data of JPEGs); JSON "
+               "inference requests (the Open Inference Protocol) go to POST "
+               "/v2/models/%s/infer",
+               req->model->name);
+        return -1;
+    }
+    if (ct_is(ct, "application/x-www-form-urlencoded") && n >= 4096 && memchr(b, '\n', n) == NULL &&
+        memchr(b, '\r', n) == NULL) {
+        reject(req, SQ_MEDIA_TYPE,
+               "the body has no CR or LF byte, as `curl -d @file` leaves a file (it strips them "
+               "and sends the rest form-encoded): send the image unchanged with `curl "
+               "--data-binary @photo.jpg -H 'Content-Type: image/jpeg'`");
+        return -1;
+    }
+    return 0;
+}
 
 void gw_route_infer_v1(gw_call_t *call)
 {
@@ -836,6 +894,8 @@ void gw_route_infer_v1(gw_call_t *call)
     /* Any other content type is one image: the decoder sniffs the format
      * (curl --data-binary sends application/x-www-form-urlencoded). Not a
      * JPEG: 415 before anything else, however large. */
+    if (v1_body_slip(req, ct) != 0)
+        return;
     char why[160];
     int rc = gw_image_type_check(req->body, req->body_len, why, sizeof(why));
     if (rc != 0) {
@@ -985,6 +1045,8 @@ static void v2_start(gw_infer_t *req)
     double slo = st->parsed.slo_ms;
     if (st->header_slo_ms > 0 && (!(slo > 0) || st->parsed.slo_is_timeout))
         slo = st->header_slo_ms;
+    else
+        req->slo_from_timeout = st->parsed.slo_is_timeout;
     set_deadline(req, slo, srv->cfg);
     /* parameters.priority (0 is Triton's "the default"), then X-Priority. */
     req->priority =
@@ -1069,6 +1131,14 @@ void gw_route_infer_v2(gw_call_t *call)
     set_deadline(req, -1, srv->cfg);
     if (take_body(req, hreq) != 0)
         return;
+    if (st->header_len < 0 && is_jpeg(req->body, req->body_len)) {
+        reject(req, SQ_MEDIA_TYPE,
+               "the body is a JPEG image, not an inference request: POST it to "
+               "/v1/models/%s/infer (Content-Type: image/jpeg), or send it here as a BYTES input "
+               "with the binary data extension (Inference-Header-Content-Length)",
+               m->name);
+        return;
+    }
     if (req->body_len > INLINE_PARSE_BYTES)
         gw_offload(srv, v2_start_offloaded, req);
     else

@@ -244,11 +244,18 @@ int oip_read_binary_data(oip_dec_t *d, gw_oip_input_t *in, const oip_input_field
         if (end - p < 4)
             return oip_fail(d, SQ_BAD_TENSOR, "element %d: missing its 4-byte length", b);
         uint32_t n = sq_le32(p);
+        if (p[0] == 0xFF && p[1] == 0xD8 && p[2] == 0xFF)
+            return oip_fail(d, SQ_BAD_TENSOR,
+                            "element %d starts with a JPEG's first bytes (FF D8 FF), not its "
+                            "length: in the binary data extension each BYTES element is a 4-byte "
+                            "little-endian length, then that many bytes",
+                            b);
         p += 4;
         if (n > (size_t)(end - p))
             return oip_fail(d, SQ_BAD_TENSOR,
-                            "element %d: %u bytes declared, %zu left in the tensor", b, n,
-                            (size_t)(end - p));
+                            "element %d: %u bytes declared by its 4-byte little-endian length "
+                            "prefix, %zu left in the tensor",
+                            b, n, (size_t)(end - p));
         if (n == 0)
             return oip_fail(d, SQ_BAD_TENSOR, "element %d: empty image", b);
         if (n > max_image)

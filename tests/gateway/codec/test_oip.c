@@ -539,8 +539,8 @@ Test(oip, binary_bytes_elements_are_length_prefixed)
     body = binary_body(h, tail, sizeof(tail), &len);
     cr_assert_eq(gw_oip_request_parse(body, len, (long long)strlen(h), &m, &r, err, sizeof(err)),
                  SQ_BAD_TENSOR);
-    cr_assert_str_eq(err, "inputs[0].parameters.binary_data_size: element 1: 6 bytes declared, 5 "
-                          "left in the tensor");
+    cr_assert_str_eq(err, "inputs[0].parameters.binary_data_size: element 1: 6 bytes declared by "
+                          "its 4-byte little-endian length prefix, 5 left in the tensor");
     free(body);
     sq_put_le32(tail + 7, 0xFFFFFFFFu);
     body = binary_body(h, tail, sizeof(tail), &len);
