@@ -89,7 +89,9 @@ def add_pipeline(d, spec):
 
 
 def split_now(d):
-    status, body = rl.request(d.port, "GET", "/pipelines/fig17")
+    token = open(os.path.join(d.tmp, "admin.token")).read().strip()
+    status, body = rl.request(d.port, "GET", "/pipelines/fig17", None,
+                              {"Authorization": "Bearer " + token})
     p = json.loads(body)
     return p.get("split", {})
 

@@ -95,6 +95,8 @@ void gw_route_pipelines_post(gw_call_t *call)
 
 void gw_route_pipelines_list(gw_call_t *call)
 {
+    if (!gw_require_admin(call)) /* as every management read (GET /models) */
+        return;
     int n;
     gw_pipeline_t **all = gw_pipes_all(call->srv->pipelines, &n);
     json_t *list = json_array();
@@ -121,6 +123,8 @@ static int name_arg(gw_call_t *call, char *out)
 
 void gw_route_pipelines_get(gw_call_t *call)
 {
+    if (!gw_require_admin(call))
+        return;
     char name[MDB_NAME_MAX + 1];
     if (!name_arg(call, name))
         return;

@@ -145,16 +145,19 @@ def bad_specs_get_400_naming_the_field_and_good_ones_are_stored():
         r = post(s, spec(), expect=201)
         assert r.json["name"] == "faces" and r.json["split"]["method"] in ("even", "dp"), r.json
         post(s, spec(), expect=409)
-        r = s.get("/pipelines", schema_name="pipelines_list")
+        # Management reads take the admin token, as GET /models does.
+        assert s.get("/pipelines").status == 401
+        assert s.get("/pipelines/faces").status == 401
+        r = s.get("/pipelines", headers=auth(s), schema_name="pipelines_list")
         assert r.status == 200 and [p["name"] for p in r.json["pipelines"]] == ["faces"], r
-        r = s.get("/pipelines/faces", schema_name="pipeline")
+        r = s.get("/pipelines/faces", headers=auth(s), schema_name="pipeline")
         assert r.status == 200 and r.json["spec"]["stages"][1]["crops_of"]["stage"] == "det", r
-        assert s.get("/pipelines/nope").status == 404
+        assert s.get("/pipelines/nope", headers=auth(s)).status == 404
         r = s.request("DELETE", "/pipelines/faces")
         assert r.status == 401, r
         r = s.request("DELETE", "/pipelines/faces", headers=auth(s))
         assert r.status == 200, r
-        assert s.get("/pipelines/faces").status == 404
+        assert s.get("/pipelines/faces", headers=auth(s)).status == 404
         assert query(s, gray(32)).status == 404
         post(s, spec(), expect=201)
     finally:
@@ -162,7 +165,7 @@ def bad_specs_get_400_naming_the_field_and_good_ones_are_stored():
     # Stored in the model DB: a restarted squishd on the same DB has it.
     s2 = Squishd(workers="cpu:1", tmp=s.tmp)
     try:
-        r = s2.get("/pipelines/faces")
+        r = s2.get("/pipelines/faces", headers=auth(s2))
         assert r.status == 200 and r.json["slo_ms"] == 400, r
     finally:
         s2.cleanup()
@@ -333,7 +336,7 @@ def a_pipeline_is_a_model_over_oip():
         r = s.request("POST", "/v2/models/faces/infer", body=json.dumps(req),
                       headers={"Content-Type": "application/json"})
         assert r.status == 400 and "PIXELS" in r.json["error"], r.json
-        assert s.get("/pipelines/faces").json["queries"]["ok"] == 1
+        assert s.get("/pipelines/faces", headers=auth(s)).json["queries"]["ok"] == 1
     finally:
         s.stop()
 
@@ -356,7 +359,7 @@ def a_query_whose_first_stage_cannot_make_it_is_dropped_whole():
             validate(r.json, "error")
         time.sleep(0.5)
         assert stats_count(s, "cls_m") == before
-        q = s.get("/pipelines/faces").json["queries"]
+        q = s.get("/pipelines/faces", headers=auth(s)).json["queries"]
         assert q["dropped"] >= 5, q
     finally:
         s.stop()
@@ -483,7 +486,8 @@ def blazeface_finds_the_face_and_its_crop_is_classified_like_the_classifier_alon
         for t in threads:
             t.join(120)
         assert codes == [200] * 20, codes
-        g = s.get("/pipelines/who", schema_name="pipeline").json["split"]["gamma"]["cls"]
+        g = s.get("/pipelines/who", headers=auth(s),
+                  schema_name="pipeline").json["split"]["gamma"]["cls"]
         assert abs(g["measured"] - 4) < 0.4, g
     finally:
         s.stop()
@@ -555,7 +559,8 @@ def an_emulated_detector_fans_out_by_its_mean_into_an_emulated_classifier():
         assert abs(mean - 2) < 0.4, (mean, counts)
         assert 1 < var < 3.5, (var, counts)
         assert len(set(counts)) >= 4, counts  # equal frames, varying counts
-        g = s.get("/pipelines/emu", schema_name="pipeline").json["split"]["gamma"]["cls"]
+        g = s.get("/pipelines/emu", headers=auth(s),
+                  schema_name="pipeline").json["split"]["gamma"]["cls"]
         assert 1 < g["measured"] < 3, g
         print("# emulated detector: mean %.2f, variance %.2f over %d frames; gamma measured %.2f"
               % (mean, var, len(counts), g["measured"]))
