@@ -26,10 +26,20 @@
  * levels deep; protobuf-c recursion must not follow a hostile file further. */
 #define MAX_PROTO_DEPTH 24
 
+/* Unsupported op types named with their first node, at most this many. */
+#define MAX_NAMED_OPS 8
+
 typedef struct {
     mdb_import_error_t *err;
     char ops[512]; /* unsupported op types, comma separated */
     size_t ops_len;
+    /* Per unsupported op type (in ops' order): its first node's name and
+     * how many nodes use it, for the uploader's message. */
+    struct {
+        char node[96]; /* "node 'up1'", or "the node writing 'x'" */
+        int count;
+    } named[MAX_NAMED_OPS];
+    int nnamed;
 } ectx_t;
 
 /* ---- wire-format pre-check ------------------------------------------- */
@@ -133,16 +143,23 @@ static int fail(ectx_t *e, int code, const char *fmt, ...)
     return code;
 }
 
-static void add_unsupported(ectx_t *e, const char *what)
+/* Notes an unsupported op (node: the first node using it, or NULL). */
+static void add_unsupported_at(ectx_t *e, const char *what, const char *node)
 {
     size_t wl = strlen(what);
     /* Each op once: look for ",what," in ",ops,". */
     const char *p = e->ops;
+    int k = 0;
     while ((p = strstr(p, what)) != NULL) {
         bool starts = p == e->ops || p[-1] == ',';
         bool ends = p[wl] == '\0' || p[wl] == ',';
-        if (starts && ends)
+        if (starts && ends) {
+            for (const char *q = e->ops; q < p; q++)
+                k += *q == ',';
+            if (k < e->nnamed)
+                e->named[k].count++;
             return;
+        }
         p += wl;
     }
     if (e->ops_len + wl + 2 >= sizeof(e->ops))
@@ -152,6 +169,62 @@ static void add_unsupported(ectx_t *e, const char *what)
     memcpy(e->ops + e->ops_len, what, wl);
     e->ops_len += wl;
     e->ops[e->ops_len] = '\0';
+    if (node != NULL && e->nnamed < MAX_NAMED_OPS) {
+        for (const char *q = e->ops; *q; q++)
+            k += *q == ',';
+        if (k == e->nnamed) { /* in step with ops (no unnamed one before it) */
+            snprintf(e->named[k].node, sizeof(e->named[k].node), "%s", node);
+            e->named[k].count = 1;
+            e->nnamed++;
+        }
+    }
+}
+
+static void add_unsupported(ectx_t *e, const char *what)
+{
+    add_unsupported_at(e, what, NULL);
+}
+
+/* How the uploader finds node np in its graph: its name, or (unnamed, as
+ * exporters often leave them) the tensor it writes. */
+static const char *node_label(const Onnx__NodeProto *np, char *buf, size_t len)
+{
+    if (np->name != NULL && np->name[0] != '\0')
+        snprintf(buf, len, "node '%.60s'", np->name);
+    else if (np->n_output > 0 && np->output[0] != NULL && np->output[0][0] != '\0')
+        snprintf(buf, len, "the node writing '%.60s'", np->output[0]);
+    else
+        return NULL;
+    return buf;
+}
+
+/* "Resize (node 'up1', 3 nodes), Foo (node 'f')": the ops with their
+ * first node, as far as they were named. */
+static void describe_unsupported(const ectx_t *e, char *out, size_t len)
+{
+    size_t used = 0;
+    const char *p = e->ops;
+    out[0] = '\0';
+    for (int k = 0; *p && used + 1 < len; k++) {
+        const char *comma = strchr(p, ',');
+        size_t n = comma ? (size_t)(comma - p) : strlen(p);
+        int w;
+        if (k < e->nnamed && e->named[k].node[0])
+            w = snprintf(out + used, len - used, "%s%.*s (%s%s", k ? ", " : "", (int)n, p,
+                         e->named[k].node, e->named[k].count > 1 ? "" : ")");
+        else
+            w = snprintf(out + used, len - used, "%s%.*s", k ? ", " : "", (int)n, p);
+        if (w < 0 || (size_t)w >= len - used)
+            break;
+        used += (size_t)w;
+        if (k < e->nnamed && e->named[k].node[0] && e->named[k].count > 1) {
+            w = snprintf(out + used, len - used, ", %d nodes)", e->named[k].count);
+            if (w < 0 || (size_t)w >= len - used)
+                break;
+            used += (size_t)w;
+        }
+        p += n + (comma != NULL);
+    }
 }
 
 /* ---- names ------------------------------------------------------------- */
@@ -567,16 +640,17 @@ static int build(ectx_t *e, const Onnx__ModelProto *m, int64_t opset, bool symbo
             goto out;
         }
         int op = mdb_op_from_name(op_type);
+        char label[96];
         if (*domain && strcmp(domain, "ai.onnx") != 0) {
             char what[160];
             snprintf(what, sizeof(what), "%.60s:%.60s", domain, op_type);
-            add_unsupported(e, what);
+            add_unsupported_at(e, what, node_label(np, label, sizeof(label)));
             continue;
         }
         if (op < 0) {
             char what[64];
             snprintf(what, sizeof(what), "%.60s", *op_type ? op_type : "(empty)");
-            add_unsupported(e, what);
+            add_unsupported_at(e, what, node_label(np, label, sizeof(label)));
             continue;
         }
         int outs[MDB_MAX_NODE_IO];
@@ -609,8 +683,10 @@ static int build(ectx_t *e, const Onnx__ModelProto *m, int64_t opset, bool symbo
             goto out;
     }
     if (e->ops_len) {
-        rc = fail(e, SQ_UNSUPPORTED_MODEL, "unsupported ops: %s (opset %lld)", e->ops,
-                  (long long)opset);
+        char named[768];
+        describe_unsupported(e, named, sizeof(named));
+        rc = fail(e, SQ_UNSUPPORTED_MODEL, "unsupported operators (opset %lld): %s",
+                  (long long)opset, named);
         goto out;
     }
     for (size_t i = 0, idx = 0; i < gp->n_node; i++, idx++) {
@@ -750,6 +826,7 @@ int mdb_onnx_import_bound(const void *bytes, size_t len, const mdb_onnx_const_t 
          * to [1, -1], say): import it for that batch only. */
         e.ops_len = 0;
         e.ops[0] = '\0';
+        e.nnamed = 0;
         bool again;
         rc = build(&e, m, opset, false, consts, n_consts, fold_budget, out, &again, &declared);
         /* On failure the fixed-batch attempt's reason stands: the symbolic

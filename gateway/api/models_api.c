@@ -339,9 +339,11 @@ static void upload_onnx(mdb_t *db, model_job_t *j)
     }
     rc = mdb_onnx_import(model->data, model->len, &g, &ierr);
     if (rc != 0) {
-        if (rc == SQ_UNSUPPORTED_MODEL && ierr.ops[0] != '\0')
-            gw_async_fail(&j->base, rc, "unsupported operators (opset %lld): %s%s%s",
-                          (long long)ierr.opset, ierr.ops, ierr.detail[0] ? "; " : "", ierr.detail);
+        /* The importer's detail names the ops (and their nodes where it
+         * knows them) and the opset, once. */
+        if (ierr.detail[0] == '\0' && rc == SQ_UNSUPPORTED_MODEL && ierr.ops[0] != '\0')
+            gw_async_fail(&j->base, rc, "unsupported operators (opset %lld): %s",
+                          (long long)ierr.opset, ierr.ops);
         else
             gw_async_fail(&j->base, rc, "%s", ierr.detail[0] ? ierr.detail : sq_err_msg(rc));
         goto out;

@@ -174,6 +174,10 @@ def bad_uploads_get_the_right_status_and_leave_nothing_behind():
         ]
         for what, r, status, code in cases:
             assert r.status == status and r.json["code"] == code, (what, r)
+        # The refused op named once, with the node that uses it.
+        err = cases[2][1].json["error"]
+        assert err.count("Erf") == 1 and "the node writing 'a_odd'" in err, err
+        assert err.startswith("unsupported operators (opset "), err
         r = s.request("POST", "/models", body=b"hello", headers=dict(auth(s), **{"Content-Type": "text/plain"}))
         assert r.status == 415 and r.json["code"] == "unsupported_media_type", r
         body, ctype = tm.multipart([("config", None, None, b'{"name": "x"}')])
