@@ -290,7 +290,22 @@ int gw_model_config_parse(const char *text, size_t len, int emulated, gw_model_c
         while (k < sizeof(known) / sizeof(known[0]) && strcmp(known[k], key) != 0)
             k++;
         if (k == sizeof(known) / sizeof(known[0])) {
-            rc = bad(err, errlen, key, "unknown field");
+            /* What was likely meant, then every field (the upload config's
+             * schema: schemas/model_upload_config.schema.json). */
+            char why[512];
+            int slo = strcmp(key, "slo_ms") == 0 || strcmp(key, "slo") == 0 ||
+                      strcmp(key, "timeout") == 0 || strcmp(key, "latency_slo_ms") == 0;
+            int batch = strcmp(key, "max_batch_size") == 0 || strcmp(key, "batch") == 0;
+            size_t used = (size_t)snprintf(
+                why, sizeof(why), "unknown field%s; the fields are",
+                slo ? " (did you mean default_slo_ms: the SLO, in ms, of the requests that name "
+                      "none?)"
+                : batch ? " (did you mean max_batch?)"
+                        : "");
+            for (size_t f = 0; f < sizeof(known) / sizeof(known[0]) && used < sizeof(why); f++)
+                used += (size_t)snprintf(why + used, sizeof(why) - used, "%s %s", f ? "," : "",
+                                         known[f]);
+            rc = bad(err, errlen, key, why);
             goto out;
         }
     }

@@ -12,7 +12,7 @@ import threading
 import time
 
 import tiny_models as tm
-from harness import Squishd, eventually, run, test, validate
+from harness import Squishd, eventually, run, schema, test, validate
 
 
 def upload(s, model_bytes, config, token=None, labels=None, extra=()):
@@ -528,6 +528,46 @@ def bodies_over_the_limit_are_413():
         s.cleanup()
 
 
+
+
+@test
+def the_upload_config_schema_is_what_squishd_takes():
+    """schemas/model_upload_config.schema.json lists every field squishd
+    takes, no more: a field of the schema is never "unknown", one outside
+    it always is (the refusal lists the same fields), and configs the
+    schema accepts are stored."""
+    sch = schema("model_upload_config")
+    fields = set(sch["properties"])
+    s = Squishd(workers="none")
+    try:
+        def post(cfg):
+            return s.request("POST", "/models", body=json.dumps(cfg),
+                             headers=dict(auth(s), **{"Content-Type": "application/json"}))
+
+        for f in sorted(fields - {"name"}):
+            r = post({"name": "x", f: "not this"})
+            assert r.status == 400 and "unknown field" not in r.json["error"], (f, r)
+        r = post({"name": "x", "slo_ms": 100})
+        assert r.status == 400 and "did you mean default_slo_ms" in r.json["error"], r
+        listed = r.json["error"].split("the fields are ")[1]
+        assert {x.strip() for x in listed.split(",")} == fields, (listed, fields)
+        good = [
+            {"name": "a", "profile": {"alpha_ms": 1, "beta_ms": 2}, "default_slo_ms": 50,
+             "max_batch": 8, "input": {"shape": [3, 16, 16]}, "num_classes": 2,
+             "labels": ["cat", "dog"], "memory_mb": 10, "version": 2,
+             "version_policy": {"latest": {"num_versions": 1}},
+             "preprocess": {"mean": [1, 2, 3], "std": [4, 5, 6], "resize": "nearest",
+                            "channel_order": "BGR"}},
+            {"name": "d", "profile": {"batch": [1, 2], "latency_ms": [3, 4],
+                                      "latency_std_ms": [0.1, 0.1]},
+             "detections": {"mean": 2, "slots": 16}, "default_slo_ms": None},
+        ]
+        for cfg in good:
+            validate(cfg, "model_upload_config")
+            r = post(cfg)
+            assert r.status == 201, r
+    finally:
+        s.stop()
 
 
 if __name__ == "__main__":
