@@ -14,14 +14,16 @@
 /* The Triton protocol extensions squish implements, by Triton's names:
  * binary tensors in the body (oip.c), class labels instead of raw tensors
  * (the classification parameter, oip_response.c), per-model statistics
- * (/v2/models[/{m}[/versions/{v}]]/stats, metrics_api.c), and the logging
- * and trace settings (logging_api.c). */
+ * (/v2/models[/{m}[/versions/{v}]]/stats, metrics_api.c), the logging
+ * and trace settings (logging_api.c), the model repository with model
+ * control (repository_api.c) and model configuration (read-only). */
 static void route_server_metadata(gw_call_t *call)
 {
     gw_send_json(call->req, 200,
-                 json_pack("{s:s, s:s, s:[s, s, s, s, s]}", "name", "squish", "version",
+                 json_pack("{s:s, s:s, s:[s, s, s, s, s, s, s, s]}", "name", "squish", "version",
                            SQUISH_VERSION, "extensions", "binary_tensor_data", "classification",
-                           "statistics", "logging", "trace"));
+                           "statistics", "logging", "trace", "model_repository",
+                           "model_repository(unload_dependents)", "model_configuration"));
 }
 
 static void route_live(gw_call_t *call)

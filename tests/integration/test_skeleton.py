@@ -24,8 +24,10 @@ def live_ready_and_metadata_with_two_emulated_workers():
         r = s.get("/v2", schema_name="server_metadata")
         assert r.status == 200 and r.json["name"] == "squish", r
         # The Triton extensions it implements (each has its own test).
-        assert set(r.json["extensions"]) == {"binary_tensor_data", "classification",
-                                             "statistics", "logging", "trace"}, r
+        assert set(r.json["extensions"]) == {
+            "binary_tensor_data", "classification", "statistics", "logging", "trace",
+            "model_repository", "model_repository(unload_dependents)",
+            "model_configuration"}, r
         r = s.get("/v2/", schema_name="server_metadata")
         assert r.status == 200, "a trailing slash is the same route"
         assert s.stop() == 0
