@@ -107,7 +107,11 @@ static void route_kserve_model_ready(gw_call_t *call)
         gw_route_kserve_model_ready(call);
         return;
     }
-    char why[MDB_NAME_MAX + 128] = "";
+    char why[2 * MDB_NAME_MAX + 128] = "";
+    if (atomic_load(&p->unloaded))
+        snprintf(why, sizeof(why),
+                 "pipeline %s is unloaded; POST /v2/repository/models/%s/load serves it again",
+                 p->name, p->name);
     for (int i = 0; i < p->nstages && !why[0]; i++) {
         const gw_stage_spec_t *st = &p->stages[i];
         gw_model_t *m =

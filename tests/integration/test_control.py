@@ -201,6 +201,8 @@ def a_pipeline_is_a_model_on_every_route():
         r = query(s, "emu")
         assert r.status == 409 and r.json["code"] == "model_unloaded", r
         assert index(s)[("emu", "1")] == ("UNAVAILABLE", "unloaded"), index(s)
+        r = s.get("/v2/models/emu/ready")
+        assert r.status != 200 and "unloaded" in r.json["error"], r
         assert infer(s, "inc").status == 200
         r = s.get("/v2/models/emu/config", schema_name="pipeline_config")
         assert r.json["unloaded"] is True, r.json
