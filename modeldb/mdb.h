@@ -141,7 +141,8 @@ int mdb_model_insert(mdb_t *db, const mdb_new_model_t *m, int64_t *id_out);
 int mdb_model_get(mdb_t *db, const char *name, json_t **out);
 /* The record of one version (0: the newest). */
 int mdb_model_version_get(mdb_t *db, const char *name, int version, json_t **out);
-/* {"models": [{"name", "versions": [n...], "latest": {status, format}}]}. */
+/* {"models": [{"name", "versions": [n...], "latest": {status, format},
+ * "unloaded": true (only when it is)}]}. */
 int mdb_model_list(mdb_t *db, json_t **out);
 /* The labels array of a version (new reference). */
 int mdb_model_labels(mdb_t *db, const char *name, int version, json_t **out);

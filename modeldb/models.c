@@ -494,7 +494,7 @@ int mdb_model_labels(mdb_t *db, const char *name, int version, json_t **out)
 
 int mdb_model_list(mdb_t *db, json_t **out)
 {
-    static const char sql[] = "SELECT name, version, status, format FROM models "
+    static const char sql[] = "SELECT name, version, status, format, unloaded FROM models "
                               "ORDER BY name, version";
     mdb_q_t *q = mdb_q(db, sql);
     json_t *models = json_array();
@@ -507,9 +507,11 @@ int mdb_model_list(mdb_t *db, json_t **out)
             json_array_append_new(models, cur);
         }
         json_array_append_new(json_object_get(cur, "versions"), json_integer(mdb_q_int_at(q, 1)));
-        json_object_set_new(cur, "latest",
-                            json_pack("{s:i, s:s, s:s}", "version", mdb_q_int_at(q, 1), "status",
-                                      mdb_q_text_at(q, 2), "format", mdb_q_text_at(q, 3)));
+        json_t *latest = json_pack("{s:i, s:s, s:s}", "version", mdb_q_int_at(q, 1), "status",
+                                   mdb_q_text_at(q, 2), "format", mdb_q_text_at(q, 3));
+        if (mdb_q_int64_at(q, 4) != 0) /* model control: a name's versions go together */
+            json_object_set_new(cur, "unloaded", json_true());
+        json_object_set_new(cur, "latest", latest);
     }
     mdb_q_reset(q);
     if (step != 0) {

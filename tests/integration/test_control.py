@@ -121,6 +121,9 @@ def unload_takes_a_model_out_of_service_and_load_brings_it_back():
         validate(rec, "model_record")
         assert rec["unloaded"] is True and rec["status"] == "ready", rec
         assert rec["profiles"], rec
+        listed = {m["name"]: m for m in s.get("/models", headers=auth(s),
+                                              schema_name="models_list").json["models"]}
+        assert listed["inc"].get("unloaded") is True and "unloaded" not in listed["ssd"], listed
         eventually(lambda: s.get("/v2/health/ready").status == 200, 10, "ready without inc")
         r = s.request("POST", "/v2/repository/index", body=b'{"ready": true}',
                       schema_name="repository_index")
