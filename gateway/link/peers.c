@@ -56,6 +56,15 @@ void gw__workers_publish(gw_workers_t *ws)
  * build tree (squishd in build/gateway, the worker in build/worker). */
 void gw__workers_peer_close(gw_workers_t *ws, peer_t *p, const char *reason)
 {
+    /* A worker told to stop closes its end, and whatever reading or writing
+     * then finds (the end of the stream, a reset) is the exit squishd asked
+     * for: logged as such, at info. Anything else (a worker lost while
+     * serving, a protocol error, one killed at the stop's deadline) is a
+     * warning, while stopping too. */
+    if (p->stop_asked && (strcmp(reason, "eof") == 0 || strcmp(reason, "read_error") == 0 ||
+                          strcmp(reason, "write_error") == 0))
+        reason = "shutdown";
+    int clean = strcmp(reason, "shutdown") == 0;
     for (peer_t **pp = &ws->peers; *pp != NULL; pp = &(*pp)->next) {
         if (*pp == p) {
             *pp = p->next;
@@ -67,10 +76,10 @@ void gw__workers_peer_close(gw_workers_t *ws, peer_t *p, const char *reason)
     if (p->welcomed)
         gw_metrics_worker_up(ws->srv->metrics, p->id, p->hello.name, 0);
     if (p->welcomed || p->slot != NULL)
-        SQ_LOG(ws->stopping ? SQ_LOG_INFO : SQ_LOG_WARN,
-               "worker %s id=%d device=%s pid=%u reason=%s%s%s", ws->stopping ? "gone" : "lost",
-               p->id, p->hello.name[0] ? p->hello.name : "?", p->hello.pid, reason,
-               p->remote ? " addr=" : "", p->remote ? gw_remote_addr(p->remote) : "");
+        SQ_LOG(clean ? SQ_LOG_INFO : SQ_LOG_WARN, "worker %s id=%d device=%s pid=%u reason=%s%s%s",
+               ws->stopping ? "gone" : "lost", p->id, p->hello.name[0] ? p->hello.name : "?",
+               p->hello.pid, reason, p->remote ? " addr=" : "",
+               p->remote ? gw_remote_addr(p->remote) : "");
     else if (p->remote != NULL && strcmp(reason, "protocol_error") != 0 &&
              strcmp(reason, "too_many_handshakes") != 0)
         SQ_WARN("worker connection ended before its handshake addr=%s reason=%s",
@@ -84,8 +93,10 @@ void gw__workers_peer_close(gw_workers_t *ws, peer_t *p, const char *reason)
         s->peer = NULL;
     gw__workers_publish(ws);
     if (s != NULL) {
-        /* Make sure the process is gone; reaping restarts the slot. */
-        if (s->pid > 0 && s->state != SLOT_IDLE)
+        /* Make sure the process is gone; reaping restarts the slot. One
+         * that closed its end as told is on its way out: killing it would
+         * cut its exit short (the stop's deadline kills one that hangs). */
+        if (s->pid > 0 && s->state != SLOT_IDLE && !clean)
             kill(s->pid, SIGKILL);
     }
 }

@@ -108,11 +108,18 @@ static void slot_exited(gw_workers_t *ws, slot_t *s, int status)
 {
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    /* While stopping, status 0 (after SHUTDOWN) or SIGTERM (sent to a
+     * worker not yet up) is the exit asked for; anything else, a crash on
+     * the way out or the SIGKILL at the deadline, is worth a warning. */
+    int clean_stop = ws->stopping && (code == 0 || sig == SIGTERM);
     if (s->peer != NULL)
-        gw__workers_peer_close(ws, s->peer, "exited");
+        gw__workers_peer_close(ws, s->peer, clean_stop ? "shutdown" : "exited");
     s->pid = 0;
     ws->ev->exited(ws->ev_ctx, s->id, status);
     if (ws->stopping) {
+        if (!clean_stop)
+            SQ_WARN("worker exited while stopping id=%d device=%s status=%d signal=%d", s->id,
+                    s->device, code, sig);
         s->state = SLOT_IDLE;
         return;
     }

@@ -20,6 +20,12 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
                 gw__workers_peer_close(ws, p, "handshake_timeout");
             continue;
         }
+        /* A worker told to stop is not pinged: it reads nothing more, and a
+         * frame left unread when it closes its socket turns its clean exit
+         * into a reset here (read_error). It answers no PING either: the
+         * stop's deadline, not the heartbeat, bounds its way out. */
+        if (p->stop_asked)
+            continue;
         /* A worker that drained its socket since the last tick, while
          * squishd had more queued than the socket held (a model file), is
          * reading it: alive, though the PINGs queued behind the file reach
@@ -57,7 +63,7 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
                     kill(ws->slots[i].pid, SIGKILL);
             for (peer_t *p = ws->peers, *next; p != NULL; p = next) {
                 next = p->next;
-                gw__workers_peer_close(ws, p, "shutdown");
+                gw__workers_peer_close(ws, p, "shutdown_timeout");
             }
         }
     }
@@ -211,12 +217,19 @@ static void begin_stop(sq_loop_t *loop, void *arg)
         if (s->restart_timer)
             sq_loop_timer_cancel(loop, s->restart_timer);
         s->restart_timer = 0;
-        if (s->state == SLOT_SPAWNED && s->pid > 0)
+        if (s->state == SLOT_SPAWNED && s->pid > 0) {
             kill(s->pid, SIGTERM);
+            if (s->peer != NULL)
+                s->peer->stop_asked = 1;
+        }
     }
     for (peer_t *p = ws->peers; p != NULL; p = p->next) {
-        if (p->welcomed)
-            sq_conn_send(&p->conn, SQ_MSG_SHUTDOWN, 0, NULL, 0);
+        if (p->welcomed) {
+            if (sq_conn_send(&p->conn, SQ_MSG_SHUTDOWN, 0, NULL, 0) >= 0 &&
+                sq_conn_pending(&p->conn))
+                sq_loop_modify(loop, p->conn.fd, SQ_EV_READ | SQ_EV_WRITE);
+            p->stop_asked = 1;
+        }
     }
     sq_loop_timer_cancel(loop, ws->tick_timer);
     ws->tick_timer = sq_loop_timer_at(loop, sq_now_ns() + 20000000, on_tick, ws);

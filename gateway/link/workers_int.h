@@ -78,6 +78,9 @@ struct peer {
     int id;       /* worker id; slot id for supervised ones */
     slot_t *slot; /* NULL for a worker started by hand */
     int welcomed;
+    /* Told to stop (SHUTDOWN, or SIGTERM before its handshake): the end of
+     * its connection is then the exit squishd asked for, not a loss. */
+    int stop_asked;
     gw_remote_t *remote; /* a worker on TCP; NULL on the UNIX socket */
     sq_hello_t hello;
     int64_t accepted_ns;

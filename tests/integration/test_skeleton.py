@@ -303,5 +303,32 @@ def sigterm_under_traffic_answers_every_request_exactly_once():
         s.cleanup()
 
 
+@test
+def a_clean_shutdown_logs_each_worker_gone_as_asked_not_as_an_error():
+    # Issue 24: every clean stop logged "worker gone ... reason=read_error":
+    # squishd kept pinging the workers it had told to stop, a PING left
+    # unread when a worker closed its socket made the close a reset, and
+    # squishd then SIGKILLed the worker on its way out. The asked-for exit
+    # is "reason=shutdown" at info, and nothing from the stop on is a
+    # warning or an error.
+    s = Squishd(workers="cpu:1,emu:1")
+    try:
+        s.wait_ready(workers=2, timeout=30)
+        assert s.get("/v2/health/live").status == 200
+        assert s.stop() == 0
+        log = s.read_log()
+        assert "signal received" in log, log[-3000:]
+        stop = log[log.index("signal received"):]
+        for device in ("cpu", "emu:0"):
+            gone = r"squishd level=info worker gone id=\d+ device=%s pid=\d+ reason=shutdown\n" % (
+                re.escape(device))
+            assert re.search(gone, stop), (device, stop)
+        bad = [ln for ln in stop.splitlines()
+               if "read_error" in ln or "level=warn" in ln or "level=error" in ln]
+        assert not bad, bad
+    finally:
+        s.cleanup()
+
+
 if __name__ == "__main__":
     run()
