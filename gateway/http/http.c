@@ -1,6 +1,6 @@
 /* squishd's HTTP side: h2o event loops (one per http thread) sharing one
  * listening socket, a route table, and graceful drain on shutdown. */
-#include "gw_http.h"
+#include "http_int.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -12,7 +12,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include <zlib.h>
 
 typedef struct {
     h2o_handler_t super;
@@ -470,92 +469,146 @@ static size_t header_bytes(const h2o_req_t *req)
     return n;
 }
 
+/* Runs the route for req (on its loop thread), or answers 404 or 405. */
+static void route_request(gw_server_t *srv, req_done_t *inflight, h2o_req_t *req)
+{
+    http_thread_t *t = H2O_STRUCT_FROM_MEMBER(http_thread_t, ctx, req->conn->ctx);
+    gw_call_t call = {.req = req, .srv = srv, .reply_to = &t->async_receiver};
+    const gw_http_app_t *app = inflight->app;
+    char allow[64];
+    const gw_route_t *route =
+        gw__route_find(app, req->method, req->path_normalized, &call, allow, sizeof(allow));
+    if (route != NULL) {
+        inflight->route = route->name;
+        route->fn(&call);
+        return;
+    }
+    if (app->fallback != NULL) {
+        inflight->route = app->fallback_name;
+        app->fallback(&call);
+        return;
+    }
+    if (allow[0] != '\0') {
+        inflight->route = "method_not_allowed";
+        gw_add_header(req, "allow", allow);
+        gw_send_error(req, SQ_METHOD, "method not allowed for this route");
+        return;
+    }
+    gw_send_error(req, SQ_NOT_FOUND, "no such route");
+}
+
+/* ---- compressed request bodies ------------------------------------------ */
+
 /* A body sent with Content-Encoding gzip or deflate (Triton's clients'
  * request_compression_algorithm) is inflated in place of the entity
  * before any route reads it; the body limit applies to what it inflates
- * to (a zip bomb is 413, not memory). 0, or an SQ_* code with why. */
-static int inflate_body(h2o_req_t *req, int64_t limit, char *why, size_t len)
+ * to (a zip bomb is 413, not memory). The HTTP loop inflates the first
+ * INLINE_INFLATE_BYTES (about 3 ms): a body that inflates to more goes on
+ * on the offload thread, and its route runs when it comes back, so that
+ * one large body does not hold every other connection of its thread. */
+#define INLINE_INFLATE_BYTES ((size_t)1 << 20)
+
+typedef struct {
+    gw_async_t base;
+    gw_inflate_t *z;
+    uint8_t *in_copy; /* HTTP/2: the compressed body, which a reset would free */
+    req_done_t *inflight;
+    int rc;
+    char why[160];
+} inflate_job_t;
+
+static void free_held(void *p)
 {
-    h2o_iovec_t ce = gw_header(req, "content-encoding");
-    if (ce.len == 0 || (ce.len == 8 && strncasecmp(ce.base, "identity", 8) == 0))
+    free(*(void **)p);
+}
+
+/* The inflated body becomes the request's entity, freed with the request. */
+static void set_entity(h2o_req_t *req, gw_inflate_t *z)
+{
+    size_t len;
+    void **held = h2o_mem_alloc_shared(&req->pool, sizeof(*held), free_held);
+    *held = gw__inflate_take(z, &len);
+    req->entity = h2o_iovec_init(*held, len);
+}
+
+static void inflate_failed(req_done_t *inflight, h2o_req_t *req, int rc, const char *why)
+{
+    inflight->route = "bad_encoding";
+    gw_send_error(req, rc, rc == SQ_NOMEM ? "not enough memory to inflate the body" : why);
+}
+
+/* Offload thread. */
+static void inflate_rest(void *arg)
+{
+    inflate_job_t *job = arg;
+    job->rc = gw__inflate_run(job->z, SIZE_MAX, job->why, sizeof(job->why));
+    gw_async_done(&job->base);
+}
+
+/* Loop thread, the client still there. */
+static void inflate_back(gw_async_t *a, h2o_req_t *req)
+{
+    inflate_job_t *job = (inflate_job_t *)a;
+    if (job->rc != 0) {
+        inflate_failed(job->inflight, req, job->rc, job->why);
+        return;
+    }
+    set_entity(req, job->z);
+    route_request(a->srv, job->inflight, req);
+}
+
+static void inflate_dispose(gw_async_t *a)
+{
+    inflate_job_t *job = (inflate_job_t *)a;
+    gw__inflate_free(job->z);
+    free(job->in_copy);
+}
+
+/* 1 when the route runs later (the rest of the body inflates on the
+ * offload thread), else 0: the body is whole, or an error was answered. */
+static int inflate_body(gw_server_t *srv, req_done_t *inflight, h2o_req_t *req)
+{
+    char why[160];
+    gw_inflate_t *z = NULL;
+    int rc = gw__inflate_new(gw_header(req, "content-encoding"), req->entity.base, req->entity.len,
+                             srv->cfg->max_body_bytes, &z, why, sizeof(why));
+    if (rc == 0 && z == NULL)
         return 0;
-    int gzip = ce.len == 4 && strncasecmp(ce.base, "gzip", 4) == 0;
-    int deflate = ce.len == 7 && strncasecmp(ce.base, "deflate", 7) == 0;
-    if (!gzip && !deflate) {
-        snprintf(why, len, "Content-Encoding: %.*s is not supported; send gzip, deflate or none",
-                 (int)(ce.len < 32 ? ce.len : 32), ce.base);
-        return SQ_MEDIA_TYPE;
+    if (rc == 0)
+        rc = gw__inflate_run(z, INLINE_INFLATE_BYTES, why, sizeof(why));
+    /* While stopping, the offload thread may be gone: the loop finishes. */
+    if (rc == 1 && atomic_load(&srv->stopping))
+        rc = gw__inflate_run(z, SIZE_MAX, why, sizeof(why));
+    if (rc == 1) {
+        http_thread_t *t = H2O_STRUCT_FROM_MEMBER(http_thread_t, ctx, req->conn->ctx);
+        gw_call_t call = {.req = req, .srv = srv, .reply_to = &t->async_receiver};
+        inflate_job_t *job = (inflate_job_t *)gw_async_new(&call, sizeof(*job));
+        job->z = z;
+        job->inflight = inflight;
+        job->base.respond = inflate_back;
+        job->base.dispose = inflate_dispose;
+        const uint8_t *data;
+        size_t len;
+        if (gw_request_body(req, &data, &len, &job->in_copy) != 0) {
+            job->rc = SQ_NOMEM;
+            gw_async_done(&job->base);
+            return 1;
+        }
+        gw__inflate_rebase(z, data);
+        gw_offload(srv, inflate_rest, job);
+        return 1;
     }
-    if (req->entity.len > UINT32_MAX) {
-        snprintf(why, len, "a compressed body of more than 4 GiB");
-        return SQ_TOO_LARGE;
-    }
-    /* gzip or zlib (auto-detected), and raw deflate, which some clients
-     * send as "deflate", on a second try. */
-    for (int attempt = 0; attempt < 2; attempt++) {
-        z_stream z;
-        memset(&z, 0, sizeof(z));
-        if (inflateInit2(&z, attempt == 0 ? 15 + 32 : -15) != Z_OK)
-            return SQ_NOMEM;
-        size_t cap = req->entity.len * 4 + 4096, n = 0;
-        if ((int64_t)cap > limit + 1)
-            cap = (size_t)limit + 1;
-        uint8_t *out = malloc(cap);
-        int rc = out != NULL ? Z_OK : Z_MEM_ERROR;
-        z.next_in = (Bytef *)req->entity.base;
-        z.avail_in = (uInt)req->entity.len;
-        while (rc == Z_OK) {
-            if (n == cap) {
-                if ((int64_t)n > limit)
-                    break;
-                size_t grow = cap * 2 > (size_t)limit + 1 ? (size_t)limit + 1 : cap * 2;
-                uint8_t *bigger = realloc(out, grow);
-                if (bigger == NULL) {
-                    rc = Z_MEM_ERROR;
-                    break;
-                }
-                out = bigger;
-                cap = grow;
-            }
-            z.next_out = out + n;
-            z.avail_out = (uInt)(cap - n);
-            rc = inflate(&z, Z_NO_FLUSH);
-            n = cap - z.avail_out;
-        }
-        const char *msg = z.msg;
-        inflateEnd(&z);
-        if ((int64_t)n > limit) {
-            free(out);
-            snprintf(why, len, "the %s body inflates past --max-body-mb (%lld MiB)",
-                     gzip ? "gzip" : "deflate", (long long)(limit >> 20));
-            return SQ_TOO_LARGE;
-        }
-        if (rc == Z_STREAM_END && z.avail_in == 0) {
-            char *body = h2o_mem_alloc_pool(&req->pool, n + 1);
-            memcpy(body, out, n);
-            free(out);
-            req->entity = h2o_iovec_init(body, n);
-            return 0;
-        }
-        free(out);
-        if (rc == Z_MEM_ERROR)
-            return SQ_NOMEM;
-        if (attempt == 1 || gzip) {
-            snprintf(why, len, "the %s body could not be inflated: %s", gzip ? "gzip" : "deflate",
-                     rc == Z_STREAM_END ? "data after its end"
-                     : msg != NULL      ? msg
-                                        : "truncated");
-            return SQ_BAD_REQUEST;
-        }
-    }
-    return SQ_BAD_REQUEST;
+    if (rc == 0)
+        set_entity(req, z);
+    else
+        inflate_failed(inflight, req, rc, why);
+    gw__inflate_free(z);
+    return rc == 0 ? 0 : 1;
 }
 
 static int on_req(h2o_handler_t *self, h2o_req_t *req)
 {
     gw_handler_t *h = (gw_handler_t *)self;
-    http_thread_t *t = H2O_STRUCT_FROM_MEMBER(http_thread_t, ctx, req->conn->ctx);
-    gw_call_t call = {.req = req, .srv = h->srv, .reply_to = &t->async_receiver};
     const gw_http_app_t *app = atomic_load(&h->app);
     /* In flight until h2o frees the request: what SIGTERM's drain waits for. */
     req_done_t *inflight = h2o_mem_alloc_shared(&req->pool, sizeof(*inflight), on_req_done);
@@ -569,33 +622,8 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
         gw_send_error(req, SQ_HEADERS_TOO_LARGE, why);
         return 0;
     }
-    char why[160];
-    int zrc = inflate_body(req, h->srv->cfg->max_body_bytes, why, sizeof(why));
-    if (zrc != 0) {
-        inflight->route = "bad_encoding";
-        gw_send_error(req, zrc, zrc == SQ_NOMEM ? "not enough memory to inflate the body" : why);
-        return 0;
-    }
-    char allow[64];
-    const gw_route_t *route =
-        gw__route_find(app, req->method, req->path_normalized, &call, allow, sizeof(allow));
-    if (route != NULL) {
-        inflight->route = route->name;
-        route->fn(&call);
-        return 0;
-    }
-    if (app->fallback != NULL) {
-        inflight->route = app->fallback_name;
-        app->fallback(&call);
-        return 0;
-    }
-    if (allow[0] != '\0') {
-        inflight->route = "method_not_allowed";
-        gw_add_header(req, "allow", allow);
-        gw_send_error(req, SQ_METHOD, "method not allowed for this route");
-        return 0;
-    }
-    gw_send_error(req, SQ_NOT_FOUND, "no such route");
+    if (inflate_body(h->srv, inflight, req) == 0)
+        route_request(h->srv, inflight, req);
     return 0;
 }
 

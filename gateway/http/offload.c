@@ -1,6 +1,6 @@
 /* The offload thread: CPU work that must not run on an HTTP loop (parsing
- * large OIP JSON bodies) and is not sqlite's (the DB thread). One thread,
- * jobs in order. */
+ * large OIP JSON bodies, inflating large compressed ones) and is not
+ * sqlite's (the DB thread). One thread, jobs in order. */
 #include "gw_http.h"
 
 #include <stdlib.h>
