@@ -109,7 +109,7 @@ static void standby_metrics(gw_call_t *call)
     call->req->res.status = 200;
     call->req->res.reason = gw_http_reason(200);
     gw_add_header(call->req, "content-type", "text/plain; version=0.0.4");
-    h2o_send_inline(call->req, text, sizeof(text) - 1);
+    gw_send_body(call->req, text, sizeof(text) - 1);
 }
 
 static const gw_route_t standby_routes[] = {

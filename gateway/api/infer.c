@@ -1006,11 +1006,8 @@ static void answer_v2(gw_infer_t *req, h2o_req_t *hreq)
         gw_send_error(hreq, SQ_INTERNAL, "cannot encode the response");
         return;
     }
-    char *body = h2o_mem_alloc_pool(&hreq->pool, out.len + 1);
-    memcpy(body, out.data, out.len);
     hreq->res.status = 200;
     hreq->res.reason = gw_http_reason(200);
-    hreq->res.content_length = out.len;
     if (header_len >= 0) {
         char hl[24];
         snprintf(hl, sizeof(hl), "%lld", header_len);
@@ -1019,9 +1016,8 @@ static void answer_v2(gw_infer_t *req, h2o_req_t *hreq)
     } else {
         gw_add_header(hreq, "content-type", "application/json");
     }
-    size_t len = out.len;
+    gw_send_body(hreq, out.data, out.len);
     sq_buf_dispose(&out);
-    h2o_send_inline(hreq, body, len);
 }
 
 /* Parses the body and starts the items; on the loop or the offload thread. */

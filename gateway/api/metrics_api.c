@@ -29,16 +29,12 @@ void gw_route_metrics(gw_call_t *call)
         atomic_load(&call->srv->infer_inflight), call->srv->cfg->max_inflight,
         gw_http_connections(call->srv));
     sq_buf_put(&out, adm, (size_t)n);
-    char *body = h2o_mem_alloc_pool(&req->pool, out.len + 1);
-    memcpy(body, out.data, out.len);
-    size_t len = out.len;
-    sq_buf_dispose(&out);
     req->res.status = 200;
     req->res.reason = gw_http_reason(200);
-    req->res.content_length = len;
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL,
                    H2O_STRLIT(GW_METRICS_CONTENT_TYPE));
-    h2o_send_inline(req, body, len);
+    gw_send_body(req, out.data, out.len);
+    sq_buf_dispose(&out);
 }
 
 /* ---- Triton statistics ----------------------------------------------------- */

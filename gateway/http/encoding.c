@@ -1,6 +1,8 @@
 /* Content codings: request bodies sent with Content-Encoding gzip or
- * deflate are inflated, in steps, so that http.c can move a long one off
- * the HTTP loop. */
+ * deflate are inflated (in steps, so that http.c can move a long one off
+ * the HTTP loop), and response bodies go gzip- or deflate-compressed when
+ * the client's Accept-Encoding asks for it (gw_send_body, the one place
+ * every body squishd sends leaves through). */
 #include "http_int.h"
 
 #include <limits.h>
@@ -170,4 +172,154 @@ void gw__inflate_free(gw_inflate_t *z)
         inflateEnd(&z->z);
     free(z->out);
     free(z);
+}
+
+/* ---- response bodies ------------------------------------------------------- */
+
+/* A q-value ("1", "0.5", "0.125", "1.000") in thousandths; a malformed one
+ * is 0: that coding is not taken. */
+static int parse_q(const char *s, size_t len)
+{
+    if (len == 0 || (s[0] != '0' && s[0] != '1'))
+        return 0;
+    int q = (s[0] - '0') * 1000, scale = 100;
+    if (len > 1) {
+        if (s[1] != '.' || len > 5)
+            return 0;
+        for (size_t i = 2; i < len; i++, scale /= 10) {
+            if (s[i] < '0' || s[i] > '9')
+                return 0;
+            q += (s[i] - '0') * scale;
+        }
+    }
+    return q > 1000 ? 0 : q;
+}
+
+static int is_ows(char c)
+{
+    return c == ' ' || c == '\t';
+}
+
+static h2o_iovec_t trim(const char *b, const char *e)
+{
+    while (b < e && is_ows(*b))
+        b++;
+    while (e > b && is_ows(e[-1]))
+        e--;
+    return h2o_iovec_init(b, (size_t)(e - b));
+}
+
+enum { Q_GZIP, Q_DEFLATE, Q_IDENTITY, Q_ANY, Q_COUNT };
+
+/* One Accept-Encoding value: "gzip;q=0.8, deflate, identity;q=0". Each
+ * coding's q (thousandths) in q[], where it names one of ours. */
+static void parse_accept(const char *s, size_t len, int q[Q_COUNT])
+{
+    const char *end = s + len;
+    while (s < end) {
+        const char *comma = memchr(s, ',', (size_t)(end - s));
+        const char *ee = comma != NULL ? comma : end;
+        const char *semi = memchr(s, ';', (size_t)(ee - s));
+        h2o_iovec_t name = trim(s, semi != NULL ? semi : ee);
+        int value = 1000;
+        /* Parameters: only q counts ("q=0.5"; spaces around ';' and '='
+         * are tolerated). */
+        for (const char *p = semi; p != NULL && p < ee;) {
+            const char *next = memchr(p + 1, ';', (size_t)(ee - p - 1));
+            h2o_iovec_t param = trim(p + 1, next != NULL ? next : ee);
+            const char *eq = memchr(param.base, '=', param.len);
+            if (eq != NULL) {
+                h2o_iovec_t key = trim(param.base, eq);
+                h2o_iovec_t val = trim(eq + 1, param.base + param.len);
+                if (key.len == 1 && (key.base[0] == 'q' || key.base[0] == 'Q'))
+                    value = parse_q(val.base, val.len);
+            }
+            p = next;
+        }
+        int which = coding_is(name, "gzip") || coding_is(name, "x-gzip") ? Q_GZIP
+                    : coding_is(name, "deflate")                         ? Q_DEFLATE
+                    : coding_is(name, "identity")                        ? Q_IDENTITY
+                    : coding_is(name, "*")                               ? Q_ANY
+                                                                         : -1;
+        if (which >= 0 && value > q[which])
+            q[which] = value;
+        s = comma != NULL ? comma + 1 : end;
+    }
+}
+
+gw_coding_t gw__accept_coding(h2o_req_t *req)
+{
+    if (h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD")))
+        return GW_CODING_IDENTITY;
+    int q[Q_COUNT] = {-1, -1, -1, -1}; /* -1: not named */
+    static const char name[] = "accept-encoding";
+    for (ssize_t i = -1;
+         (i = h2o_find_header_by_str(&req->headers, name, sizeof(name) - 1, i)) != -1;)
+        parse_accept(req->headers.entries[i].value.base, req->headers.entries[i].value.len, q);
+    /* "*" stands for every coding not named; identity not named (nor
+     * covered by "*") is acceptable but stands in no coding's way. */
+    int any = q[Q_ANY];
+    int gzip = q[Q_GZIP] >= 0 ? q[Q_GZIP] : any > 0 ? any : 0;
+    int deflate = q[Q_DEFLATE] >= 0 ? q[Q_DEFLATE] : any > 0 ? any : 0;
+    int identity = q[Q_IDENTITY] >= 0 ? q[Q_IDENTITY] : any > 0 ? any : 0;
+    int best = gzip >= deflate ? gzip : deflate;
+    if (best == 0 || identity > best)
+        return GW_CODING_IDENTITY;
+    return gzip >= deflate ? GW_CODING_GZIP : GW_CODING_DEFLATE;
+}
+
+void *gw__compress(h2o_req_t *req, gw_coding_t coding, const void *body, size_t len,
+                   size_t *out_len)
+{
+    if (coding == GW_CODING_IDENTITY || len < 2 || len > UINT_MAX)
+        return NULL;
+    z_stream z;
+    memset(&z, 0, sizeof(z));
+    /* The fastest level: on the HTTP thread, time matters more than the
+     * last few percent. */
+    if (deflateInit2(&z, Z_BEST_SPEED, Z_DEFLATED, coding == GW_CODING_GZIP ? 15 + 16 : 15, 8,
+                     Z_DEFAULT_STRATEGY) != Z_OK)
+        return NULL;
+    /* A result that would not be smaller does not fit: it is not sent. */
+    uint8_t *out = h2o_mem_alloc_pool(&req->pool, len - 1);
+    z.next_in = (Bytef *)body;
+    z.avail_in = (uInt)len;
+    z.next_out = out;
+    z.avail_out = (uInt)(len - 1);
+    int rc = deflate(&z, Z_FINISH);
+    *out_len = z.total_out;
+    deflateEnd(&z);
+    return rc == Z_STREAM_END ? out : NULL;
+}
+
+void gw_send_body(h2o_req_t *req, const void *body, size_t len)
+{
+    static h2o_generator_t generator = {NULL, NULL};
+    h2o_iovec_t buf = {NULL, 0};
+    if (len >= GW_COMPRESS_MIN_BYTES && len <= GW_COMPRESS_MAX_BYTES) {
+        /* From this size on, what is sent depends on Accept-Encoding:
+         * caches must keep the answers apart. */
+        h2o_set_header_token(&req->pool, &req->res.headers, H2O_TOKEN_VARY,
+                             H2O_STRLIT("accept-encoding"));
+        gw_coding_t coding = gw__accept_coding(req);
+        size_t zlen = 0;
+        void *z = gw__compress(req, coding, body, len, &zlen);
+        if (z != NULL) {
+            buf = h2o_iovec_init(z, zlen);
+            if (coding == GW_CODING_GZIP)
+                h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_ENCODING, NULL,
+                               H2O_STRLIT("gzip"));
+            else
+                h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_ENCODING, NULL,
+                               H2O_STRLIT("deflate"));
+        }
+    }
+    if (buf.base == NULL)
+        buf = len > 0 ? h2o_strdup(&req->pool, body, len) : h2o_iovec_init(H2O_STRLIT(""));
+    req->res.content_length = buf.len;
+    h2o_start_response(req, &generator);
+    if (h2o_memis(req->method.base, req->method.len, H2O_STRLIT("HEAD")))
+        h2o_send(req, NULL, 0, H2O_SEND_STATE_FINAL);
+    else
+        h2o_send(req, &buf, 1, H2O_SEND_STATE_FINAL);
 }

@@ -1,5 +1,6 @@
 /* http/: the h2o plumbing: HTTP loops, the route table's type, requests
- * answered from other threads, the admin token, the offload thread. */
+ * answered from other threads, gzip and deflate bodies both ways, the
+ * admin token, the offload thread. */
 #ifndef GW_HTTP_H
 #define GW_HTTP_H
 
@@ -123,6 +124,13 @@ typedef struct {
 /* The standard reason phrase of an HTTP status ("Accepted" for 202, "Not
  * Found" for 404); every response squishd sends carries its status's. */
 const char *gw_http_reason(int status);
+/* Sends len bytes of body (copied) as the response, with the status,
+ * reason and headers the caller has set: every body squishd sends goes
+ * out through here. Between 1 KiB and 1 MiB (GW_COMPRESS_*_BYTES), gzip-
+ * or deflate-compressed when the request's Accept-Encoding asks for it
+ * (q-values and identity honoured) and it comes out smaller, with
+ * Content-Encoding; those sizes carry Vary: Accept-Encoding. */
+void gw_send_body(h2o_req_t *req, const void *body, size_t len);
 /* Sends obj (stolen) as JSON with the status. */
 void gw_send_json(h2o_req_t *req, int status, json_t *obj);
 /* Sends {"error": detail or the default message, "code": name} with the

@@ -149,17 +149,13 @@ void gw_send_json(h2o_req_t *req, int status, json_t *obj)
     if (sq_json_dump_buf(obj, indent ? JSON_INDENT(2) : JSON_COMPACT, &text) != 0)
         sq_buf_put(&text, "{}", 2); /* a reply tree nests a few levels: a bug */
     sq_buf_put_u8(&text, '\n');
-    size_t len = text.len;
-    char *body = h2o_mem_alloc_pool(&req->pool, len);
-    memcpy(body, text.data, len);
-    sq_buf_dispose(&text);
     json_decref(obj);
     req->res.status = status;
     req->res.reason = gw_http_reason(status);
-    req->res.content_length = len;
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL,
                    H2O_STRLIT("application/json"));
-    h2o_send_inline(req, body, len);
+    gw_send_body(req, text.data, text.len);
+    sq_buf_dispose(&text);
 }
 
 void gw_send_error(h2o_req_t *req, int err, const char *detail)

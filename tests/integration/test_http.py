@@ -222,6 +222,95 @@ def compressed_bodies_are_inflated_within_the_body_limit():
         s.cleanup()
 
 
+# Many classes: answers of a few KiB, above the size from which squishd
+# compresses (1 KiB), JSON and binary alike.
+WIDE = {"name": "wide", "profile": {"alpha_ms": 0.001, "beta_ms": 0.01}, "max_batch": 8,
+        "default_slo_ms": 1000, "input": {"shape": [3, 4, 4]}, "num_classes": 300}
+
+
+def fetch(s, method, path, body=None, headers=None):
+    """(status, lower-case headers, raw body): the body as it came, not
+    decoded (the harness reads JSON bodies as text)."""
+    conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=30)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, r.read()
+    finally:
+        conn.close()
+
+
+@test
+def answers_are_compressed_as_accept_encoding_asks():
+    # Issue 24: Triton's client asks for compressed answers with
+    # response_compression_algorithm (Accept-Encoding: gzip or deflate) and
+    # decodes them by Content-Encoding (gzip; deflate as zlib); squishd
+    # ignored the header. Bodies from 1 KiB on are compressed when the
+    # client accepts it (q-values and identity honoured), with Vary.
+    import gzip
+    import zlib
+    s = Squishd(workers="emu:1")
+    try:
+        s.wait_ready(workers=1)
+        add_model(s, WIDE)
+        url = "/v2/models/wide/infer"
+        body = json.dumps({"inputs": [{"name": "input", "shape": [1, 3, 4, 4],
+                                       "datatype": "FP32", "data": [0.25] * 48}]})
+        status, h, plain = fetch(s, "POST", url, body)
+        assert status == 200 and "content-encoding" not in h, (status, h)
+        assert len(plain) > 1024 and h["vary"] == "accept-encoding", (len(plain), h)
+        want = json.loads(plain)["outputs"]
+        for accept, coding, decode in (("gzip", "gzip", gzip.decompress),
+                                       ("deflate", "deflate", zlib.decompress),
+                                       ("gzip;q=0.5, deflate;q=0.9", "deflate", zlib.decompress),
+                                       ("identity;q=0.1, *", "gzip", gzip.decompress)):
+            status, h, raw = fetch(s, "POST", url, body, {"Accept-Encoding": accept})
+            assert status == 200 and h.get("content-encoding") == coding, (accept, h)
+            assert h["vary"] == "accept-encoding" and int(h["content-length"]) == len(raw), h
+            assert len(raw) < len(plain), (accept, len(raw), len(plain))
+            answer = json.loads(decode(raw))
+            assert answer["outputs"] == want, accept
+        for accept in ("gzip;q=0", "identity", "br", "gzip;q=0.5, identity"):
+            status, h, raw = fetch(s, "POST", url, body, {"Accept-Encoding": accept})
+            assert status == 200 and "content-encoding" not in h, (accept, h)
+            assert json.loads(raw)["outputs"] == want, accept
+        # Triton's binary extension: the header's length is that of the
+        # inflated body's JSON part.
+        header = json.dumps({"inputs": [{"name": "input", "shape": [1, 3, 4, 4],
+                                         "datatype": "FP32",
+                                         "parameters": {"binary_data_size": 48 * 4}}],
+                             "parameters": {"binary_data_output": True}}).encode()
+        status, h, raw = fetch(s, "POST", url, header + b"\0" * (48 * 4),
+                               {"Inference-Header-Content-Length": str(len(header)),
+                                "Accept-Encoding": "gzip"})
+        assert status == 200 and h.get("content-encoding") == "gzip", h
+        assert h["content-type"] == "application/octet-stream", h
+        inflated = gzip.decompress(raw)
+        hl = int(h["inference-header-content-length"])
+        head = json.loads(inflated[:hl])
+        assert head["outputs"][0]["parameters"]["binary_data_size"] == 300 * 4, head
+        assert len(inflated) == hl + 300 * 4, (len(inflated), hl)
+        # Tiny answers go as they are, whatever was asked.
+        status, h, raw = fetch(s, "GET", "/v2/health/live", None, {"Accept-Encoding": "gzip"})
+        assert status == 200 and "content-encoding" not in h and "vary" not in h, h
+        assert json.loads(raw) == {"live": True}
+        # /metrics: plain text for a scraper that does not ask, gzip for
+        # one that does (Prometheus does).
+        status, h, text = fetch(s, "GET", "/metrics")
+        assert status == 200 and "content-encoding" not in h and b"# HELP" in text, h
+        status, h, raw = fetch(s, "GET", "/metrics", None, {"Accept-Encoding": "gzip"})
+        assert status == 200 and h.get("content-encoding") == "gzip", h
+        assert gzip.decompress(raw).startswith(b"# HELP"), raw[:40]
+        # Compressed both ways, as Triton's client sends with both options.
+        status, h, raw = fetch(s, "POST", url, gzip.compress(body.encode()),
+                               {"Content-Encoding": "gzip", "Accept-Encoding": "gzip"})
+        assert status == 200 and h.get("content-encoding") == "gzip", h
+        assert json.loads(gzip.decompress(raw))["outputs"] == want
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
 def gzip_of_spaces(prefix, mib):
     """prefix, then mib MiB of spaces, gzipped (about 1 KiB per MiB)."""
     import zlib

@@ -1,6 +1,7 @@
 /* gateway/http/encoding.c: request bodies inflated in steps within the body
  * limit (gzip, zlib and raw deflate, and the errors a client's bytes can
- * cause). */
+ * cause), and the coding a response gets from Accept-Encoding, compressed
+ * so that zlib reads it back. */
 #include <criterion/criterion.h>
 #include <http_int.h>
 #include <sq.h>
@@ -10,6 +11,91 @@
 #include <string.h>
 #include <zlib.h>
 
+/* A request with a pool and headers, as far as encoding.c reads it. */
+static void req_init(h2o_req_t *req, const char *method)
+{
+    memset(req, 0, sizeof(*req));
+    h2o_mem_init_pool(&req->pool);
+    req->method = h2o_iovec_init(method, strlen(method));
+    req->input.method = req->method;
+    req->version = 0x101;
+}
+
+static void req_header(h2o_req_t *req, const char *name, const char *value)
+{
+    h2o_add_header_by_str(&req->pool, &req->headers, name, strlen(name), 1, NULL, value,
+                          strlen(value));
+}
+
+/* The coding for a GET with one Accept-Encoding header (NULL: none). */
+static gw_coding_t coding_for(const char *accept)
+{
+    h2o_req_t req;
+    req_init(&req, "GET");
+    if (accept != NULL)
+        req_header(&req, "accept-encoding", accept);
+    gw_coding_t c = gw__accept_coding(&req);
+    h2o_mem_clear_pool(&req.pool);
+    return c;
+}
+
+/* ---- Accept-Encoding ------------------------------------------------------ */
+
+Test(encoding, gzip_or_deflate_is_chosen_when_asked_for)
+{
+    cr_assert_eq(coding_for("gzip"), GW_CODING_GZIP, "what Triton's client sends");
+    cr_assert_eq(coding_for("deflate"), GW_CODING_DEFLATE, "its other choice");
+    cr_assert_eq(coding_for("GZip"), GW_CODING_GZIP, "names are case-insensitive");
+    cr_assert_eq(coding_for("x-gzip"), GW_CODING_GZIP);
+    cr_assert_eq(coding_for("gzip, deflate, br"), GW_CODING_GZIP, "gzip first on a tie");
+    cr_assert_eq(coding_for("deflate, gzip"), GW_CODING_GZIP, "whatever the order");
+    cr_assert_eq(coding_for("br, deflate"), GW_CODING_DEFLATE, "codings unknown here are skipped");
+    cr_assert_eq(coding_for(" gzip ; q=1.0 "), GW_CODING_GZIP, "spaces and an explicit q");
+}
+
+Test(encoding, identity_unless_a_coding_is_acceptable)
+{
+    cr_assert_eq(coding_for(NULL), GW_CODING_IDENTITY, "no header: as it is");
+    cr_assert_eq(coding_for(""), GW_CODING_IDENTITY);
+    cr_assert_eq(coding_for("identity"), GW_CODING_IDENTITY);
+    cr_assert_eq(coding_for("br"), GW_CODING_IDENTITY, "nothing squishd makes");
+    cr_assert_eq(coding_for("gzip;q=0"), GW_CODING_IDENTITY, "q=0 means not acceptable");
+    cr_assert_eq(coding_for("gzip;q=0.000, deflate;q=0"), GW_CODING_IDENTITY);
+    cr_assert_eq(coding_for("gzip;q=2"), GW_CODING_IDENTITY, "a malformed q takes nothing");
+    cr_assert_eq(coding_for("gzip;q=abc"), GW_CODING_IDENTITY);
+    cr_assert_eq(coding_for("*;q=0"), GW_CODING_IDENTITY);
+}
+
+Test(encoding, q_values_rank_the_codings_and_identity)
+{
+    cr_assert_eq(coding_for("gzip;q=0.5, deflate;q=0.8"), GW_CODING_DEFLATE);
+    cr_assert_eq(coding_for("gzip;q=0.9, deflate;q=0.8"), GW_CODING_GZIP);
+    cr_assert_eq(coding_for("gzip;q=0, deflate"), GW_CODING_DEFLATE, "gzip refused, deflate not");
+    cr_assert_eq(coding_for("gzip;q=0.5, identity"), GW_CODING_IDENTITY,
+                 "identity preferred (q=1) over gzip (0.5)");
+    cr_assert_eq(coding_for("gzip;q=0.5, identity;q=0.5"), GW_CODING_GZIP, "a tie compresses");
+    cr_assert_eq(coding_for("gzip;q=0.5"), GW_CODING_GZIP, "identity not named stands in no way");
+    cr_assert_eq(coding_for("*"), GW_CODING_GZIP, "any coding");
+    cr_assert_eq(coding_for("*;q=0.5, gzip;q=0"), GW_CODING_DEFLATE, "* covers those not named");
+    cr_assert_eq(coding_for("gzip;level=9;q=0"), GW_CODING_IDENTITY, "q among other parameters");
+}
+
+Test(encoding, several_headers_count_together_and_head_gets_identity)
+{
+    h2o_req_t req;
+    req_init(&req, "GET");
+    req_header(&req, "accept-encoding", "identity;q=0.1");
+    req_header(&req, "accept-encoding", "deflate");
+    cr_assert_eq(gw__accept_coding(&req), GW_CODING_DEFLATE);
+    h2o_mem_clear_pool(&req.pool);
+    req_init(&req, "HEAD");
+    req_header(&req, "accept-encoding", "gzip");
+    cr_assert_eq(gw__accept_coding(&req), GW_CODING_IDENTITY, "HEAD sends no body to compress");
+    h2o_mem_clear_pool(&req.pool);
+}
+
+/* ---- compressing ------------------------------------------------------------ */
+
 static size_t make_json(char *buf, size_t cap)
 {
     size_t n = 0;
@@ -18,6 +104,55 @@ static size_t make_json(char *buf, size_t cap)
                               i * 7);
     return n;
 }
+
+Test(encoding, compressed_bodies_inflate_back_to_the_same_bytes)
+{
+    static char body[64 << 10];
+    size_t len = make_json(body, sizeof(body));
+    for (int c = GW_CODING_GZIP; c <= GW_CODING_DEFLATE; c++) {
+        h2o_req_t req;
+        req_init(&req, "GET");
+        size_t zlen = 0;
+        uint8_t *z = gw__compress(&req, (gw_coding_t)c, body, len, &zlen);
+        cr_assert_not_null(z);
+        cr_assert_lt(zlen, len / 3, "JSON shrinks");
+        if (c == GW_CODING_GZIP)
+            cr_assert(z[0] == 0x1f && z[1] == 0x8b, "a gzip member");
+        else
+            cr_assert((z[0] & 0x0f) == 8 && ((z[0] << 8) | z[1]) % 31 == 0, "a zlib stream");
+        z_stream s;
+        memset(&s, 0, sizeof(s));
+        cr_assert_eq(inflateInit2(&s, 15 + 32), Z_OK);
+        static char back[64 << 10];
+        s.next_in = z;
+        s.avail_in = (uInt)zlen;
+        s.next_out = (Bytef *)back;
+        s.avail_out = sizeof(back);
+        cr_assert_eq(inflate(&s, Z_FINISH), Z_STREAM_END);
+        cr_assert_eq(s.total_out, len);
+        cr_assert_eq(memcmp(back, body, len), 0);
+        inflateEnd(&s);
+        h2o_mem_clear_pool(&req.pool);
+    }
+}
+
+Test(encoding, a_body_that_would_not_shrink_is_not_compressed)
+{
+    static uint8_t noise[4096];
+    uint32_t x = 12345;
+    for (size_t i = 0; i < sizeof(noise); i++) {
+        x = x * 1103515245u + 12345u;
+        noise[i] = (uint8_t)(x >> 24);
+    }
+    h2o_req_t req;
+    req_init(&req, "GET");
+    size_t zlen = 0;
+    cr_assert_null(gw__compress(&req, GW_CODING_GZIP, noise, sizeof(noise), &zlen));
+    cr_assert_null(gw__compress(&req, GW_CODING_IDENTITY, "{}", 2, &zlen));
+    h2o_mem_clear_pool(&req.pool);
+}
+
+/* ---- inflating ---------------------------------------------------------------- */
 
 /* body deflated with zlib's windowBits (31 gzip, 15 zlib, -15 raw). */
 static uint8_t *deflated(const void *body, size_t len, int window_bits, size_t *zlen)
