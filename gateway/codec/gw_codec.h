@@ -23,8 +23,11 @@
  *
  * Request: {"id"?, "parameters"?: {"slo_ms"?, "timeout"? (µs), "priority"?,
  * "binary_data_output"?}, "inputs": [{"name", "shape", "datatype",
- * "parameters"?: {"binary_data_size"?}, "data"?}], "outputs"?: [{"name",
- * "parameters"?: {"binary_data"?, "classification"?}}]}
+ * "parameters"?: {"binary_data_size"? | "shared_memory_region"?,
+ * "shared_memory_offset"?, "shared_memory_byte_size"?}, "data"?}],
+ * "outputs"?: [{"name", "parameters"?: {"binary_data"?, "classification"?,
+ * "shared_memory_region"?, "shared_memory_offset"?,
+ * "shared_memory_byte_size"?}}]}
  * (schemas/oip_infer_request.schema.json). Tensor inputs are FP32 or UINT8
  * [N, item...] with data flat, fully nested, or nested down to any level with
  * the trailing dims flattened; JPEG inputs are BYTES [N] or [N,1], base64 in
@@ -32,7 +35,9 @@
  *
  * Response: {"model_name", "model_version"?, "id"?, "parameters"?,
  * "outputs": [{"name", "datatype", "shape", "data" | "parameters":
- * {"binary_data_size"}}]} (schemas/oip_infer_response.schema.json). */
+ * {"binary_data_size"} | "parameters": {"shared_memory_region",
+ * "shared_memory_offset", "shared_memory_byte_size"}}]}
+ * (schemas/oip_infer_response.schema.json). */
 
 #define GW_OIP_MAX_INPUTS 4
 #define GW_OIP_MAX_OUTPUTS 8
@@ -42,6 +47,7 @@
 #define GW_OIP_DEFAULT_DEPTH 32
 #define GW_OIP_MAX_DEPTH 256
 #define GW_OIP_DEFAULT_IMAGE_BYTES (64u << 20)
+#define GW_OIP_REGION_MAX 127 /* bytes of a shared-memory region's name */
 
 typedef enum {
     GW_OIP_FP32 = 0,
@@ -84,7 +90,23 @@ typedef struct {
     int max_depth; /* JSON nesting limit; 0 = GW_OIP_DEFAULT_DEPTH, at most GW_OIP_MAX_DEPTH */
     size_t max_body_bytes;  /* 0 = no limit here (the HTTP layer has one) */
     size_t max_image_bytes; /* per JPEG element; 0 = GW_OIP_DEFAULT_IMAGE_BYTES */
+    /* 1: inputs and outputs may name shared-memory regions (the caller
+     * resolves them, gw_oip_shm_t); 0: such a request is SQ_BAD_REQUEST. */
+    int shared_memory;
 } gw_oip_model_t;
+
+/* A tensor in a registered shared-memory region instead of the body
+ * (Triton's shared-memory extension): parameters.shared_memory_region,
+ * shared_memory_offset (default 0) and shared_memory_byte_size. The codec
+ * checks the byte size against the tensor (an input's exactly, as the
+ * binary extension; an output's at least); the caller looks the region up,
+ * checks offset and byte size against it, hands an input's bytes over with
+ * gw_oip_input_set_bytes and writes an output's tensor there. */
+typedef struct {
+    char region[GW_OIP_REGION_MAX + 1]; /* "": the tensor is not in shared memory */
+    uint64_t offset;
+    uint64_t byte_size;
+} gw_oip_shm_t;
 
 /* One batch row of an input: JPEG bytes (datatype BYTES) or one tensor row of
  * item elements, little-endian and possibly unaligned (FP32/UINT8), to be
@@ -99,12 +121,19 @@ typedef struct {
     gw_oip_datatype_t datatype; /* as sent */
     int binary;                 /* came through the binary extension (points into the body) */
     gw_oip_row_t *rows;         /* batch rows, owned by the request */
+    int position;               /* its index in the request's "inputs" */
+    /* In shared memory: its rows are empty (NULL) until the caller hands
+     * the region's bytes over (gw_oip_input_set_bytes). */
+    gw_oip_shm_t shm;
 } gw_oip_input_t;
 
 typedef struct {
     int model_output;   /* index in model->outputs */
     int binary;         /* return as raw bytes after the JSON header */
     int classification; /* k > 0: top-k "score:index[:label]" BYTES instead of the tensor */
+    /* Written into a shared-memory region by the caller: its byte_size holds
+     * the tensor (checked), and the response names the region, no data. */
+    gw_oip_shm_t shm;
 } gw_oip_output_req_t;
 
 /* A decoded request. Rows may point into the body: keep the body alive as
@@ -142,10 +171,22 @@ typedef struct {
  *   SQ_NOMEM        a tensor buffer could not be allocated,
  *   SQ_INVAL        the model description itself is invalid (a caller bug).
  * A malformed body is SQ_BAD_JSON whatever else is wrong with it: the text is
- * validated before anything in it is read. */
+ * validated before anything in it is read. An input in shared memory comes
+ * back with its shm set and its rows empty (see gw_oip_input_set_bytes). */
 int gw_oip_request_parse(const uint8_t *body, size_t len, long long header_len,
                          const gw_oip_model_t *model, gw_oip_request_t *out, char *err,
                          size_t errlen);
+/* Hands over the bytes of input `input` (model index) that is in shared
+ * memory: len is its shm.byte_size, data the region's bytes at its offset.
+ * FP32/UINT8 rows are cut from them; BYTES elements are read as in the
+ * binary extension (each a 4-byte little-endian length, then its bytes),
+ * filling len exactly. The rows point into data, which must stay mapped
+ * while they are used. Returns 0, or SQ_BAD_TENSOR / SQ_TOO_LARGE (an
+ * image over the limit) / SQ_INVAL (not an input in shared memory, or len
+ * not its byte size: a caller bug) with "inputs[i] (region "r"): why" in
+ * err. */
+int gw_oip_input_set_bytes(gw_oip_request_t *req, const gw_oip_model_t *model, int input,
+                           const uint8_t *data, size_t len, char *err, size_t errlen);
 /* Sets (replaces) the id echoed in the response, e.g. a generated one. */
 void gw_oip_request_set_id(gw_oip_request_t *req, const char *id, size_t len);
 /* Releases what the request owns; accepts NULL and a zeroed or failed request. */
@@ -176,7 +217,9 @@ typedef struct {
 /* Appends the response body to out. *header_len is -1 when the body is all
  * JSON, else the length of the JSON header for Inference-Header-Content-Length
  * (binary outputs follow it in order: FP32 little-endian, classification
- * strings as 4-byte length + bytes). Floats are printed with 9 significant
+ * strings as 4-byte length + bytes). An output in shared memory (its shm
+ * set; the caller wrote it there) has no data, and parameters naming its
+ * region, offset and the bytes the tensor takes there. Floats are printed with 9 significant
  * digits (they round-trip exactly); NaN and infinities as null. Returns 0, or
  * SQ_INVAL for a requested output without data. */
 int gw_oip_response_encode(const gw_oip_response_t *resp, sq_buf_t *out, long long *header_len);

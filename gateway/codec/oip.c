@@ -30,6 +30,8 @@ typedef struct {
     int present;
     int binary; /* -1: not given */
     int64_t classification;
+    gw_oip_shm_t shm;
+    int64_t shm_offset, shm_size; /* -1: not given */
 } out_spec_t;
 
 void gw_oip_request_set_id(gw_oip_request_t *req, const char *id, size_t len)
@@ -160,6 +162,28 @@ static int read_string(oip_dec_t *d, oip_cur_t *c, char *out, size_t cap, size_t
     return 0;
 }
 
+/* parameters.shared_memory_region: the name of a region, 1..GW_OIP_REGION_MAX
+ * bytes without NUL (whether it is registered is the caller's to say). A
+ * route whose model description does not take shared memory refuses it. */
+static int read_region(oip_dec_t *d, oip_cur_t *c, char *out)
+{
+    if (!d->model->shared_memory)
+        return oip_fail(d, SQ_BAD_REQUEST,
+                        "shared-memory tensors are not taken on this route: send the data in the "
+                        "body");
+    char tmp[GW_OIP_REGION_MAX + 2];
+    size_t len;
+    int rc = read_string(d, c, tmp, sizeof(tmp), &len);
+    if (rc != 0)
+        return rc;
+    if (len == 0 || len > GW_OIP_REGION_MAX || strlen(tmp) != len)
+        return oip_fail(d, SQ_BAD_REQUEST,
+                        "expected the name of a registered shared-memory region (1..%d bytes)",
+                        GW_OIP_REGION_MAX);
+    memcpy(out, tmp, len + 1);
+    return 0;
+}
+
 /* ---- top-level fields ---- */
 
 static int parse_id(oip_dec_t *d, oip_cur_t *c)
@@ -272,6 +296,16 @@ static int parse_input_parameters(oip_dec_t *d, oip_cur_t *c, oip_input_fields_t
         size_t old = oip_path_key(d, key);
         if (strcmp(key, "binary_data_size") == 0) {
             if ((rc = read_int(d, c, 0, INT64_MAX, &f->binary_size, "an integer >= 0")) != 0)
+                return rc;
+        } else if (strcmp(key, "shared_memory_region") == 0) {
+            if ((rc = read_region(d, c, f->shm_region)) != 0)
+                return rc;
+            f->have_shm_region = 1;
+        } else if (strcmp(key, "shared_memory_offset") == 0) {
+            if ((rc = read_int(d, c, 0, INT64_MAX, &f->shm_offset, "an integer >= 0")) != 0)
+                return rc;
+        } else if (strcmp(key, "shared_memory_byte_size") == 0) {
+            if ((rc = read_int(d, c, 0, INT64_MAX, &f->shm_size, "an integer >= 0")) != 0)
                 return rc;
         } else if ((rc = skip(d, c)) != 0) {
             return rc;
@@ -413,10 +447,35 @@ static int resolve_input(oip_dec_t *d, const oip_input_fields_t *f, unsigned *se
     return 0;
 }
 
-static int parse_input(oip_dec_t *d, oip_cur_t *c, unsigned *seen)
+/* An input whose parameters name a shared-memory region: its byte size
+ * must be given, and be the tensor's (FP32/UINT8; a BYTES tensor's
+ * elements are checked when its bytes come, gw_oip_input_set_bytes). */
+static int shm_input(oip_dec_t *d, const oip_input_fields_t *f, gw_oip_input_t *in, size_t item)
+{
+    size_t old = oip_path_key(d, "parameters.shared_memory_byte_size");
+    if (f->shm_size < 0)
+        return oip_fail(d, SQ_BAD_REQUEST, "missing (parameters.shared_memory_region needs it)");
+    if (in->datatype != GW_OIP_BYTES) {
+        int batch = d->req->batch;
+        size_t want = (size_t)batch * item * gw_oip_datatype_size(in->datatype);
+        if ((uint64_t)f->shm_size != want) {
+            char sh[160];
+            oip_shape_str(sh, sizeof(sh), batch, f->shape + 1, f->ndim - 1);
+            return oip_fail(d, SQ_BAD_TENSOR, "%lld bytes, but %s %s takes %zu",
+                            (long long)f->shm_size, gw_oip_datatype_name(in->datatype), sh, want);
+        }
+    }
+    oip_path_pop(d, old);
+    memcpy(in->shm.region, f->shm_region, sizeof(in->shm.region));
+    in->shm.offset = f->shm_offset > 0 ? (uint64_t)f->shm_offset : 0;
+    in->shm.byte_size = (uint64_t)f->shm_size;
+    return 0;
+}
+
+static int parse_input(oip_dec_t *d, oip_cur_t *c, unsigned *seen, int position)
 {
     const gw_oip_model_t *m = d->model;
-    oip_input_fields_t f = {.ndim = -1, .binary_size = -1};
+    oip_input_fields_t f = {.ndim = -1, .binary_size = -1, .shm_offset = -1, .shm_size = -1};
     if (!oip_accept(c, '{'))
         return oip_fail(d, SQ_BAD_REQUEST, "expected an object");
     int first = 1, rc, mi = -1, data_done = 0;
@@ -443,7 +502,8 @@ static int parse_input(oip_dec_t *d, oip_cur_t *c, unsigned *seen)
             f.have_data = 1;
             /* Usual order (name, shape, datatype, then data): read the
              * tensor in place, in one pass; otherwise come back to it. */
-            if (f.have_name && f.have_datatype && f.ndim >= 0 && f.binary_size < 0) {
+            if (f.have_name && f.have_datatype && f.ndim >= 0 && f.binary_size < 0 &&
+                !f.have_shm_region && f.shm_size < 0 && f.shm_offset < 0) {
                 if ((rc = resolve_input(d, &f, seen, &mi)) != 0)
                     return rc;
                 size_t item = (size_t)item_elems(&m->inputs[mi]);
@@ -481,18 +541,32 @@ static int parse_input(oip_dec_t *d, oip_cur_t *c, unsigned *seen)
         return rc;
     if (mi < 0 && (rc = resolve_input(d, &f, seen, &mi)) != 0)
         return rc;
+    gw_oip_input_t *in = &d->req->inputs[mi];
+    in->position = position;
 
-    /* Data: JSON or binary, exactly one of them. */
-    if (f.have_data && f.binary_size >= 0)
+    /* Data: JSON, binary or in shared memory, exactly one of them. */
+    int sources = f.have_data + (f.binary_size >= 0) + f.have_shm_region;
+    if (f.have_data && f.binary_size >= 0 && !f.have_shm_region)
         return oip_fail(d, SQ_BAD_REQUEST, "both data and parameters.binary_data_size given");
-    if (!f.have_data && f.binary_size < 0) {
+    if (sources > 1)
+        return oip_fail(d, SQ_BAD_REQUEST,
+                        "set only one of data, parameters.binary_data_size and "
+                        "parameters.shared_memory_region");
+    if (!f.have_shm_region && (f.shm_size >= 0 || f.shm_offset >= 0)) {
+        oip_path_key(d, f.shm_size >= 0 ? "parameters.shared_memory_byte_size"
+                                        : "parameters.shared_memory_offset");
+        return oip_fail(d, SQ_BAD_REQUEST, "given without parameters.shared_memory_region");
+    }
+    if (sources == 0) {
         oip_path_key(d, "data");
-        return oip_fail(d, SQ_BAD_REQUEST, "missing (and no parameters.binary_data_size)");
+        return oip_fail(d, SQ_BAD_REQUEST,
+                        "missing (and no parameters.binary_data_size or shared_memory_region)");
     }
     if (data_done)
         return 0;
     size_t item = (size_t)item_elems(&m->inputs[mi]);
-    gw_oip_input_t *in = &d->req->inputs[mi];
+    if (f.have_shm_region)
+        return shm_input(d, &f, in, item);
     if (f.have_data) {
         oip_cur_t dc = f.data;
         return oip_read_json_data(d, &dc, in, &f, item, d->req->batch);
@@ -511,7 +585,7 @@ static int parse_inputs(oip_dec_t *d, oip_cur_t *c)
         if (i == d->model->ninputs)
             return oip_fail(d, SQ_BAD_TENSOR, "the model takes %d input%s", d->model->ninputs,
                             d->model->ninputs == 1 ? "" : "s");
-        if ((rc = parse_input(d, c, &seen)) != 0)
+        if ((rc = parse_input(d, c, &seen, i)) != 0)
             return rc;
         oip_path_pop(d, old);
         i++;
@@ -534,7 +608,8 @@ static int parse_output(oip_dec_t *d, oip_cur_t *c, out_spec_t *specs, int *orde
     char name[GW_OIP_NAME_MAX + 2];
     size_t name_len = 0;
     int have_name = 0, binary = -1, first = 1, rc;
-    int64_t classification = 0;
+    int64_t classification = 0, shm_offset = -1, shm_size = -1;
+    char region[GW_OIP_REGION_MAX + 1] = "";
     char key[40];
     while ((rc = next_key(d, c, &first, key, sizeof(key))) == 1) {
         size_t old = oip_path_key(d, key);
@@ -553,6 +628,12 @@ static int parse_output(oip_dec_t *d, oip_cur_t *c, out_spec_t *specs, int *orde
                     rc = read_bool(d, c, &binary);
                 else if (strcmp(pkey, "classification") == 0)
                     rc = read_int(d, c, 0, INT32_MAX, &classification, "an integer >= 0");
+                else if (strcmp(pkey, "shared_memory_region") == 0)
+                    rc = read_region(d, c, region);
+                else if (strcmp(pkey, "shared_memory_offset") == 0)
+                    rc = read_int(d, c, 0, INT64_MAX, &shm_offset, "an integer >= 0");
+                else if (strcmp(pkey, "shared_memory_byte_size") == 0)
+                    rc = read_int(d, c, 0, INT64_MAX, &shm_size, "an integer >= 0");
                 else
                     rc = skip(d, c);
                 if (rc != 0)
@@ -581,9 +662,33 @@ static int parse_output(oip_dec_t *d, oip_cur_t *c, out_spec_t *specs, int *orde
     if (specs[mo].present)
         return oip_fail(d, SQ_BAD_REQUEST, "output \"%s\" requested twice", m->outputs[mo].name);
     oip_path_pop(d, old);
+    /* As Triton: a tensor in shared memory is neither classes nor binary. */
+    if (region[0] != '\0') {
+        old = oip_path_key(d, "parameters.shared_memory_region");
+        if (classification > 0)
+            return oip_fail(d, SQ_BAD_REQUEST,
+                            "an output cannot set both shared_memory_region and classification");
+        if (binary == 1)
+            return oip_fail(d, SQ_BAD_REQUEST,
+                            "an output cannot set both shared_memory_region and binary_data");
+        if (shm_size < 0) {
+            oip_path_pop(d, old);
+            oip_path_key(d, "parameters.shared_memory_byte_size");
+            return oip_fail(d, SQ_BAD_REQUEST,
+                            "missing (parameters.shared_memory_region needs it)");
+        }
+        oip_path_pop(d, old);
+    } else if (shm_size >= 0 || shm_offset >= 0) {
+        oip_path_key(d, shm_size >= 0 ? "parameters.shared_memory_byte_size"
+                                      : "parameters.shared_memory_offset");
+        return oip_fail(d, SQ_BAD_REQUEST, "given without parameters.shared_memory_region");
+    }
     specs[mo].present = 1;
     specs[mo].binary = binary;
     specs[mo].classification = classification;
+    memcpy(specs[mo].shm.region, region, sizeof(region));
+    specs[mo].shm.offset = shm_offset > 0 ? (uint64_t)shm_offset : 0;
+    specs[mo].shm.byte_size = shm_size > 0 ? (uint64_t)shm_size : 0;
     order[(*norder)++] = mo;
     return 0;
 }
@@ -769,8 +874,44 @@ static int parse_body(oip_dec_t *d)
         r->outputs[i].model_output = order[i];
         r->outputs[i].binary = s->binary >= 0 ? s->binary : r->binary_data_output;
         r->outputs[i].classification = (int)s->classification;
+        if (s->shm.region[0] == '\0')
+            continue;
+        /* Its region must hold the whole tensor, known once the batch is. */
+        r->outputs[i].binary = 0;
+        r->outputs[i].shm = s->shm;
+        const gw_oip_output_desc_t *desc = &m->outputs[order[i]];
+        size_t want = (size_t)r->batch * sizeof(float);
+        for (int k = 0; k < desc->item_ndim; k++)
+            want *= (size_t)desc->item_shape[k];
+        if (s->shm.byte_size < want) {
+            char sh[160];
+            oip_shape_str(sh, sizeof(sh), r->batch, desc->item_shape, desc->item_ndim);
+            oip_path_key(d, "outputs");
+            oip_path_index(d, (size_t)i);
+            oip_path_key(d, "parameters.shared_memory_byte_size");
+            return oip_fail(d, SQ_BAD_TENSOR, "%llu bytes cannot hold FP32 %s (%zu bytes)",
+                            (unsigned long long)s->shm.byte_size, sh, want);
+        }
     }
     return 0;
+}
+
+int gw_oip_input_set_bytes(gw_oip_request_t *req, const gw_oip_model_t *model, int input,
+                           const uint8_t *data, size_t len, char *err, size_t errlen)
+{
+    if (errlen > 0)
+        err[0] = '\0';
+    if (input < 0 || input >= model->ninputs || req->inputs[input].shm.region[0] == '\0' ||
+        req->inputs[input].rows == NULL || len != req->inputs[input].shm.byte_size) {
+        snprintf(err, errlen, "input %d: not in shared memory, or not %zu bytes", input, len);
+        return SQ_INVAL;
+    }
+    gw_oip_input_t *in = &req->inputs[input];
+    oip_dec_t d = {.model = model, .req = req, .err = err, .errlen = errlen};
+    int n = snprintf(d.path, sizeof(d.path), "inputs[%d] (region \"%s\")", in->position,
+                     in->shm.region);
+    d.plen = n > 0 && (size_t)n < sizeof(d.path) ? (size_t)n : sizeof(d.path) - 1;
+    return oip_split_rows(&d, in, data, len, (size_t)item_elems(&model->inputs[input]), req->batch);
 }
 
 int gw_oip_request_parse(const uint8_t *body, size_t len, long long header_len,

@@ -218,7 +218,7 @@ int oip_read_binary_data(oip_dec_t *d, gw_oip_input_t *in, const oip_input_field
     if ((uint64_t)f->binary_size > left)
         return oip_fail(d, SQ_BAD_REQUEST, "%lld bytes declared but only %zu left in the body",
                         (long long)f->binary_size, left);
-    const uint8_t *p = d->body + d->bin_off, *end = p + f->binary_size;
+    const uint8_t *p = d->body + d->bin_off;
     d->bin_off += (size_t)f->binary_size;
     in->binary = 1;
     if (in->datatype != GW_OIP_BYTES) {
@@ -230,12 +230,23 @@ int oip_read_binary_data(oip_dec_t *d, gw_oip_input_t *in, const oip_input_field
                             (long long)f->binary_size, gw_oip_datatype_name(in->datatype), sh,
                             want);
         }
+    }
+    int rc = oip_split_rows(d, in, p, (size_t)f->binary_size, item, batch);
+    if (rc == 0)
+        oip_path_pop(d, old);
+    return rc;
+}
+
+int oip_split_rows(oip_dec_t *d, gw_oip_input_t *in, const uint8_t *p, size_t n, size_t item,
+                   int batch)
+{
+    const uint8_t *end = p + n;
+    if (in->datatype != GW_OIP_BYTES) {
         size_t row = item * gw_oip_datatype_size(in->datatype);
         for (int b = 0; b < batch; b++) {
             in->rows[b].data = p + (size_t)b * row;
             in->rows[b].len = row;
         }
-        oip_path_pop(d, old);
         return 0;
     }
     size_t max_image =
@@ -243,7 +254,7 @@ int oip_read_binary_data(oip_dec_t *d, gw_oip_input_t *in, const oip_input_field
     for (int b = 0; b < batch; b++) {
         if (end - p < 4)
             return oip_fail(d, SQ_BAD_TENSOR, "element %d: missing its 4-byte length", b);
-        uint32_t n = sq_le32(p);
+        uint32_t elen = sq_le32(p);
         if (p[0] == 0xFF && p[1] == 0xD8 && p[2] == 0xFF)
             return oip_fail(d, SQ_BAD_TENSOR,
                             "element %d starts with a JPEG's first bytes (FF D8 FF), not its "
@@ -251,23 +262,22 @@ int oip_read_binary_data(oip_dec_t *d, gw_oip_input_t *in, const oip_input_field
                             "little-endian length, then that many bytes",
                             b);
         p += 4;
-        if (n > (size_t)(end - p))
+        if (elen > (size_t)(end - p))
             return oip_fail(d, SQ_BAD_TENSOR,
                             "element %d: %u bytes declared by its 4-byte little-endian length "
                             "prefix, %zu left in the tensor",
-                            b, n, (size_t)(end - p));
-        if (n == 0)
+                            b, elen, (size_t)(end - p));
+        if (elen == 0)
             return oip_fail(d, SQ_BAD_TENSOR, "element %d: empty image", b);
-        if (n > max_image)
+        if (elen > max_image)
             return oip_fail(d, SQ_TOO_LARGE, "element %d: image larger than %zu bytes", b,
                             max_image);
         in->rows[b].data = p;
-        in->rows[b].len = n;
-        p += n;
+        in->rows[b].len = elen;
+        p += elen;
     }
     if (p != end)
         return oip_fail(d, SQ_BAD_TENSOR, "%zu bytes after the %d elements of shape [%d]",
                         (size_t)(end - p), batch, batch);
-    oip_path_pop(d, old);
     return 0;
 }

@@ -92,6 +92,11 @@ typedef struct {
     int64_t binary_size; /* -1: absent */
     oip_cur_t data;      /* where "data" starts */
     int have_data;
+    /* parameters.shared_memory_*: region "" absent; offset, size -1 absent */
+    char shm_region[GW_OIP_REGION_MAX + 1];
+    int have_shm_region;
+    int64_t shm_offset;
+    int64_t shm_size;
 } oip_input_fields_t;
 
 /* Fails with code and "<path>: <message>" in d->err. */
@@ -114,5 +119,11 @@ int oip_read_json_data(oip_dec_t *d, oip_cur_t *cur, gw_oip_input_t *in,
 /* Takes the input's tensor from the binary part at d->bin_off. */
 int oip_read_binary_data(oip_dec_t *d, gw_oip_input_t *in, const oip_input_fields_t *f, size_t item,
                          int batch);
+/* Points the input's rows into the n bytes at p, which hold its whole
+ * tensor in the binary extension's form: FP32/UINT8 rows one after the
+ * other (n already checked), or BYTES elements each a 4-byte little-endian
+ * length then its bytes, filling n exactly. */
+int oip_split_rows(oip_dec_t *d, gw_oip_input_t *in, const uint8_t *p, size_t n, size_t item,
+                   int batch);
 
 #endif
