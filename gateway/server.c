@@ -128,6 +128,7 @@ int gw_main(const gw_config_t *cfg)
     srv.registry = gw_registry_new();
     srv.pipelines = gw_pipes_new();
     srv.trace = gw_trace_new(cfg->trace_file);
+    srv.shm = gw_shm_table_new();
     if ((rc = gw_trace_open(srv.trace, err, sizeof(err))) != 0)
         goto fail;
     gw_prep_pool_config_t pcfg = {.threads = cfg->prep_threads,
@@ -224,6 +225,7 @@ out:
     sq_shm_arena_free(srv.arena);
     /* Its last lines are written: every request is done by now. */
     gw_trace_free(srv.trace);
+    gw_shm_table_free(srv.shm);
     gw_metrics_free(srv.metrics);
     if (rc == 0)
         SQ_INFO("stopped");

@@ -189,6 +189,15 @@ void gw_route_logging_post(gw_call_t *call);
 /* /v2/trace/setting, and /v2/models/{m}/trace/setting with m in args[0]. */
 void gw_route_trace_get(gw_call_t *call);
 void gw_route_trace_post(gw_call_t *call);
+/* Triton's shared-memory extension (shm_api.c): /v2/systemsharedmemory
+ * [/region/{r}]/status|register|unregister with r in args[0] when given,
+ * and the same under /v2/cudasharedmemory (no CUDA IPC: never a region). */
+void gw_route_shm_status(gw_call_t *call);
+void gw_route_shm_register(gw_call_t *call);
+void gw_route_shm_unregister(gw_call_t *call);
+void gw_route_cudashm_status(gw_call_t *call);
+void gw_route_cudashm_register(gw_call_t *call);
+void gw_route_cudashm_unregister(gw_call_t *call);
 void gw_route_pipelines_post(gw_call_t *call);
 void gw_route_pipelines_list(gw_call_t *call);
 void gw_route_pipelines_get(gw_call_t *call);

@@ -23,4 +23,13 @@ int gw_trace_open(gw_trace_t *t, char *why, size_t len);
  * After the HTTP loops stopped (no more lines come). */
 void gw_trace_free(gw_trace_t *t);
 
+/* Registered system shared-memory regions, Triton's shared-memory extension
+ * (shm_regions.c; the rest of it is internal to the room, shm_int.h).
+ * server.c makes the table before HTTP serves (gw_server_t.shm) and frees
+ * it after HTTP stopped. */
+gw_shm_table_t *gw_shm_table_new(void);
+/* Unregisters and unmaps every region; accepts NULL. After the HTTP loops
+ * stopped (no request uses a region any more). */
+void gw_shm_table_free(gw_shm_table_t *t);
+
 #endif

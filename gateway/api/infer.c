@@ -6,9 +6,13 @@
  * and splits the request into items: JPEG items go to the preprocess pool,
  * tensor rows are copied into the arena here (or on the offload thread for
  * large bodies); every item then goes to the dispatch thread. The reply is
- * built back on the loop thread when the last item finishes. */
+ * built back on the loop thread when the last item finishes. A /v2 tensor
+ * in a registered shared-memory region (Triton's extension, shm_int.h) is
+ * copied from the region into the arena the same way, with no body to
+ * read, and an output asked for in one is written there by the reply. */
 #include "gw_dispatch.h"
 #include "api_int.h"
+#include "shm_int.h"
 #include "trace_int.h"
 #include "gw_codec.h"
 #include "gw_http.h"
@@ -26,6 +30,10 @@
 #define DEFAULT_TOP_K 5
 /* Bodies above this are parsed on the offload thread, not the loop. */
 #define INLINE_PARSE_BYTES (256u << 10)
+/* Shared-memory inputs above this are copied into the arena on the offload
+ * thread, not the loop: memcpy moves some GB/s, so 4 MiB take about what
+ * parsing INLINE_PARSE_BYTES of JSON does. */
+#define INLINE_COPY_BYTES (4u << 20)
 
 static atomic_uint_fast64_t request_counter;
 /* A random prefix per squishd run, so ids do not repeat across restarts;
@@ -920,6 +928,12 @@ typedef struct {
     double header_slo_ms;    /* X-SLO-Ms or ?slo_ms=; -1 none */
     int64_t header_priority; /* X-Priority or ?priority=; -1 none */
     char version[16];
+    /* The shared-memory regions its inputs and outputs name, held until it
+     * is disposed (its items are done by then, and its answer written), so
+     * that an unregister meanwhile unmaps nothing under it. */
+    gw_shm_region_t *regions[GW_OIP_MAX_INPUTS + GW_OIP_MAX_OUTPUTS];
+    int nregions;
+    gw_shm_region_t *out_region[GW_OIP_MAX_OUTPUTS]; /* per requested output; NULL: not in one */
 } v2_state_t;
 
 static void v2_dispose(gw_infer_t *req)
@@ -927,8 +941,37 @@ static void v2_dispose(gw_infer_t *req)
     v2_state_t *st = req->api_state;
     if (st != NULL) {
         gw_oip_request_dispose(&st->parsed);
+        for (int i = 0; i < st->nregions; i++)
+            gw_shm_release(st->regions[i]);
         free(st);
     }
+}
+
+/* Writes the outputs asked for in shared memory into their regions (each
+ * output's batch x item floats); 0, or -1 after answering an error. */
+static int write_shm_outputs(gw_infer_t *req, h2o_req_t *hreq, const float *const *outputs)
+{
+    v2_state_t *st = req->api_state;
+    const gw_oip_request_t *p = &st->parsed;
+    for (int i = 0; i < p->noutputs; i++) {
+        const gw_oip_output_req_t *o = &p->outputs[i];
+        if (st->out_region[i] == NULL)
+            continue;
+        size_t bytes = (size_t)req->n_items * (size_t)req->model->outputs[o->model_output].elems *
+                       sizeof(float);
+        char why[512];
+        uint8_t *dst = gw_shm_span(st->out_region[i], o->shm.offset, bytes, why, sizeof(why));
+        if (dst == NULL) {
+            char msg[600];
+            snprintf(msg, sizeof(msg), "outputs[%d].parameters.shared_memory_region: %s", i, why);
+            req->reply_status = sq_err_http_status(SQ_BAD_REQUEST);
+            answer_headers(req, hreq);
+            gw_send_error(hreq, SQ_BAD_REQUEST, msg);
+            return -1;
+        }
+        memcpy(dst, outputs[o->model_output], bytes);
+    }
+    return 0;
 }
 
 static void answer_v2(gw_infer_t *req, h2o_req_t *hreq);
@@ -984,6 +1027,11 @@ static void answer_v2(gw_infer_t *req, h2o_req_t *hreq)
             at += per;
         }
     }
+    if (write_shm_outputs(req, hreq, outputs) != 0) {
+        free(labels);
+        free(gathered);
+        return;
+    }
     gw_oip_response_t resp = {.model_name = m->name,
                               .model_version = st->version,
                               .model = &st->desc,
@@ -1020,8 +1068,99 @@ static void answer_v2(gw_infer_t *req, h2o_req_t *hreq)
     sq_buf_dispose(&out);
 }
 
-/* Parses the body and starts the items; on the loop or the offload thread. */
-static void v2_start(gw_infer_t *req)
+/* A reference to the region a tensor names (held by the request), or NULL
+ * after rejecting: path is the tensor's parameter, for the message. */
+static gw_shm_region_t *v2_region(gw_infer_t *req, v2_state_t *st, const char *name,
+                                  const char *path)
+{
+    gw_shm_region_t *r = gw_shm_acquire(req->base.srv->shm, name);
+    if (r == NULL) {
+        reject(req, SQ_BAD_REQUEST,
+               "%s: Unable to find shared memory region: '%s' (register it with POST "
+               "/v2/systemsharedmemory/region/%s/register; GET /v2/systemsharedmemory/status "
+               "lists those registered)",
+               path, name, name);
+        return NULL;
+    }
+    st->regions[st->nregions++] = r;
+    return r;
+}
+
+/* The regions the request's tensors name: each input's window is checked
+ * against its region and its rows pointed into it; each output's window is
+ * checked (and again when it is written). *copy_bytes gets the bytes the
+ * inputs will copy into the arena. 0, or -1 after rejecting. */
+static int v2_shm_resolve(gw_infer_t *req, v2_state_t *st, size_t *copy_bytes)
+{
+    gw_oip_request_t *p = &st->parsed;
+    char path[64], why[512];
+    *copy_bytes = 0;
+    for (int i = 0; i < st->desc.ninputs; i++) {
+        gw_oip_input_t *in = &p->inputs[i];
+        if (in->shm.region[0] == '\0')
+            continue;
+        snprintf(path, sizeof(path), "inputs[%d].parameters.shared_memory_region", in->position);
+        gw_shm_region_t *r = v2_region(req, st, in->shm.region, path);
+        if (r == NULL)
+            return -1;
+        const uint8_t *data = gw_shm_span(r, in->shm.offset, in->shm.byte_size, why, sizeof(why));
+        if (data == NULL) {
+            reject(req, SQ_BAD_REQUEST, "%s: %s", path, why);
+            return -1;
+        }
+        int rc = gw_oip_input_set_bytes(p, &st->desc, i, data, (size_t)in->shm.byte_size, why,
+                                        sizeof(why));
+        if (rc != 0) {
+            reject(req, rc, "%s", why);
+            return -1;
+        }
+        *copy_bytes += (size_t)in->shm.byte_size;
+    }
+    for (int i = 0; i < p->noutputs; i++) {
+        const gw_oip_output_req_t *o = &p->outputs[i];
+        if (o->shm.region[0] == '\0')
+            continue;
+        snprintf(path, sizeof(path), "outputs[%d].parameters.shared_memory_region", i);
+        gw_shm_region_t *r = v2_region(req, st, o->shm.region, path);
+        if (r == NULL)
+            return -1;
+        if (gw_shm_span(r, o->shm.offset, o->shm.byte_size, why, sizeof(why)) == NULL) {
+            reject(req, SQ_BAD_REQUEST, "%s: %s", path, why);
+            return -1;
+        }
+        st->out_region[i] = r;
+    }
+    return 0;
+}
+
+/* Splits the parsed request into its items and starts them. */
+static void v2_items(gw_infer_t *req)
+{
+    gw_server_t *srv = req->base.srv;
+    v2_state_t *st = req->api_state;
+    int n = st->parsed.batch;
+    if (alloc_items(req, n) != 0) {
+        reject(req, SQ_OVERLOAD, "not enough memory for a batch of %d; retry shortly", n);
+        return;
+    }
+    const gw_oip_input_t *in = &st->parsed.inputs[0];
+    for (int i = 0; i < n; i++) {
+        const gw_oip_row_t *row = &in->rows[i];
+        if (in->datatype == GW_OIP_BYTES)
+            start_jpeg(srv, &req->items[i], row->data, row->len);
+        else
+            start_tensor(srv, &req->items[i], row->data, row->len, in->datatype == GW_OIP_UINT8);
+    }
+}
+
+static void v2_items_offloaded(void *arg)
+{
+    v2_items(arg);
+}
+
+/* Parses the body and starts the items; on the loop (on_loop) or the
+ * offload thread. */
+static void v2_start(gw_infer_t *req, int on_loop)
 {
     gw_server_t *srv = req->base.srv;
     v2_state_t *st = req->api_state;
@@ -1049,24 +1188,18 @@ static void v2_start(gw_infer_t *req)
         gw_priority_level(st->parsed.priority > 0 ? st->parsed.priority : st->header_priority);
     if (check_feasible(req) != 0)
         return;
-    int n = st->parsed.batch;
-    if (alloc_items(req, n) != 0) {
-        reject(req, SQ_OVERLOAD, "not enough memory for a batch of %d; retry shortly", n);
+    size_t copy_bytes;
+    if (v2_shm_resolve(req, st, &copy_bytes) != 0)
         return;
-    }
-    const gw_oip_input_t *in = &st->parsed.inputs[0];
-    for (int i = 0; i < n; i++) {
-        const gw_oip_row_t *row = &in->rows[i];
-        if (in->datatype == GW_OIP_BYTES)
-            start_jpeg(srv, &req->items[i], row->data, row->len);
-        else
-            start_tensor(srv, &req->items[i], row->data, row->len, in->datatype == GW_OIP_UINT8);
-    }
+    if (on_loop && copy_bytes > INLINE_COPY_BYTES)
+        gw_offload(srv, v2_items_offloaded, req);
+    else
+        v2_items(req);
 }
 
 static void v2_start_offloaded(void *arg)
 {
-    v2_start(arg);
+    v2_start(arg, 0);
 }
 
 void gw_route_infer_v2(gw_call_t *call)
@@ -1110,6 +1243,7 @@ void gw_route_infer_v2(gw_call_t *call)
     }
     st->desc.max_batch = srv->cfg->max_images;
     st->desc.max_body_bytes = (size_t)srv->cfg->max_body_bytes;
+    st->desc.shared_memory = 1;
     st->header_len = -1;
     h2o_iovec_t hl = gw_header(hreq, "inference-header-content-length");
     if (hl.len > 0) {
@@ -1138,7 +1272,7 @@ void gw_route_infer_v2(gw_call_t *call)
     if (req->body_len > INLINE_PARSE_BYTES)
         gw_offload(srv, v2_start_offloaded, req);
     else
-        v2_start(req);
+        v2_start(req, 1);
 }
 
 /* ---- for other request kinds (query.c) ---------------------------------- */

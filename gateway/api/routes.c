@@ -16,14 +16,16 @@
  * (the classification parameter, oip_response.c), per-model statistics
  * (/v2/models[/{m}[/versions/{v}]]/stats, metrics_api.c), the logging
  * and trace settings (logging_api.c), the model repository with model
- * control (repository_api.c) and model configuration (read-only). */
+ * control (repository_api.c), model configuration (read-only), and
+ * tensors in system shared memory (shm_api.c; not CUDA shared memory). */
 static void route_server_metadata(gw_call_t *call)
 {
     gw_send_json(call->req, 200,
-                 json_pack("{s:s, s:s, s:[s, s, s, s, s, s, s, s]}", "name", "squish", "version",
+                 json_pack("{s:s, s:s, s:[s, s, s, s, s, s, s, s, s]}", "name", "squish", "version",
                            SQUISH_VERSION, "extensions", "binary_tensor_data", "classification",
                            "statistics", "logging", "trace", "model_repository",
-                           "model_repository(unload_dependents)", "model_configuration"));
+                           "model_repository(unload_dependents)", "model_configuration",
+                           "system_shared_memory"));
 }
 
 static void route_live(gw_call_t *call)
@@ -149,6 +151,19 @@ static const gw_route_t routes[] = {
     {"POST", "/v2/trace/setting", "trace_setting", gw_route_trace_post},
     {"GET", "/v2/models/*/trace/setting", "trace_setting", gw_route_trace_get},
     {"POST", "/v2/models/*/trace/setting", "trace_setting", gw_route_trace_post},
+    {"GET", "/v2/systemsharedmemory/status", "shm_status", gw_route_shm_status},
+    {"GET", "/v2/systemsharedmemory/region/*/status", "shm_status", gw_route_shm_status},
+    {"POST", "/v2/systemsharedmemory/region/*/register", "shm_register", gw_route_shm_register},
+    {"POST", "/v2/systemsharedmemory/unregister", "shm_unregister", gw_route_shm_unregister},
+    {"POST", "/v2/systemsharedmemory/region/*/unregister", "shm_unregister",
+     gw_route_shm_unregister},
+    {"GET", "/v2/cudasharedmemory/status", "cudashm_status", gw_route_cudashm_status},
+    {"GET", "/v2/cudasharedmemory/region/*/status", "cudashm_status", gw_route_cudashm_status},
+    {"POST", "/v2/cudasharedmemory/region/*/register", "cudashm_register",
+     gw_route_cudashm_register},
+    {"POST", "/v2/cudasharedmemory/unregister", "cudashm_unregister", gw_route_cudashm_unregister},
+    {"POST", "/v2/cudasharedmemory/region/*/unregister", "cudashm_unregister",
+     gw_route_cudashm_unregister},
     {"GET", "/v2/models/stats", "model_stats", gw_route_model_stats}, /* before kserve_model */
     {"GET", "/v2/models/*/stats", "model_stats", gw_route_model_stats},
     {"GET", "/v2/models/*/versions/*/stats", "model_stats", gw_route_model_stats},

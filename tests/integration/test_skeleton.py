@@ -27,7 +27,7 @@ def live_ready_and_metadata_with_two_emulated_workers():
         assert set(r.json["extensions"]) == {
             "binary_tensor_data", "classification", "statistics", "logging", "trace",
             "model_repository", "model_repository(unload_dependents)",
-            "model_configuration"}, r
+            "model_configuration", "system_shared_memory"}, r
         r = s.get("/v2/", schema_name="server_metadata")
         assert r.status == 200, "a trailing slash is the same route"
         assert s.stop() == 0
