@@ -4,7 +4,11 @@
  * wall time. What a front door that decodes every photo can at best reach
  * on the same cores (issue 25 item 6: squishd's JPEG path >= 90% of this).
  *
- *   squish-decode-ceiling --jpeg FILE [--threads N] [--duration S]
+ *   squish-decode-ceiling --jpeg FILE [--threads N] [--duration S] [--scale N/D]
+ *
+ * --scale N/D decodes with libjpeg-turbo's DCT scaling at N/D (as squishd
+ * does when the image is at least twice the model's input: 1/2 for 512x600
+ * to 224x224), still to RGB and with no resize after it.
  *
  * Prints one JSON line: images decoded, images per second, per thread. */
 #include <pthread.h>
@@ -19,6 +23,7 @@ typedef struct {
     const unsigned char *jpeg;
     unsigned long len;
     double duration_s;
+    tjscalingfactor sf;
     long done;
     int failed;
     pthread_t thread;
@@ -42,6 +47,8 @@ static void *decode_loop(void *arg)
         j->failed = 1;
         return NULL;
     }
+    w = TJSCALED(w, j->sf);
+    h = TJSCALED(h, j->sf);
     unsigned char *pix = malloc((size_t)w * (size_t)h * 3);
     if (pix == NULL) {
         j->failed = 1;
@@ -67,6 +74,7 @@ int main(int argc, char **argv)
     const char *path = NULL;
     int threads = 1;
     double duration = 5;
+    tjscalingfactor sf = {1, 1};
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--jpeg") == 0 && i + 1 < argc) {
             path = argv[++i];
@@ -74,13 +82,18 @@ int main(int argc, char **argv)
             threads = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--duration") == 0 && i + 1 < argc) {
             duration = atof(argv[++i]);
+        } else if (strcmp(argv[i], "--scale") == 0 && i + 1 < argc &&
+                   sscanf(argv[++i], "%d/%d", &sf.num, &sf.denom) == 2 && sf.num > 0 &&
+                   sf.denom > 0) {
+            continue;
         } else {
             path = NULL;
             break;
         }
     }
     if (path == NULL || threads < 1 || threads > 256 || duration <= 0) {
-        fprintf(stderr, "usage: %s --jpeg FILE [--threads N] [--duration S]\n", argv[0]);
+        fprintf(stderr, "usage: %s --jpeg FILE [--threads N] [--duration S] [--scale N/D]\n",
+                argv[0]);
         return 2;
     }
     FILE *f = fopen(path, "rb");
@@ -101,7 +114,8 @@ int main(int argc, char **argv)
     if (jobs == NULL)
         return 1;
     for (int i = 0; i < threads; i++) {
-        jobs[i] = (job_t){.jpeg = data, .len = (unsigned long)len, .duration_s = duration};
+        jobs[i] =
+            (job_t){.jpeg = data, .len = (unsigned long)len, .duration_s = duration, .sf = sf};
         if (pthread_create(&jobs[i].thread, NULL, decode_loop, &jobs[i]) != 0)
             return 1;
     }
@@ -119,9 +133,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "%s: decode failed\n", path);
         return 1;
     }
-    printf("{\"threads\": %d, \"duration_s\": %.3f, \"images\": %ld, \"images_per_s\": %.1f, "
-           "\"per_thread\": [",
-           threads, wall, total, (double)total / wall);
+    printf("{\"threads\": %d, \"scale\": \"%d/%d\", \"duration_s\": %.3f, \"images\": %ld, "
+           "\"images_per_s\": %.1f, \"per_thread\": [",
+           threads, sf.num, sf.denom, wall, total, (double)total / wall);
     for (int i = 0; i < threads; i++)
         printf("%s%ld", i ? ", " : "", jobs[i].done);
     printf("]}\n");
