@@ -19,10 +19,12 @@ their answered_rps. squishd's CPU is utime + stime of /proc/<pid>/stat over
 the run. Every figure is one line of JSON on stdout, then the tables.
 
     bench/live/front_door.py BUILD [--threads 1] [--rounds 2] [--duration 5]
-        [--clients 4] [--conns 16] [--perf-out FILE]
+        [--clients 4] [--conns 16] [--perf-out FILE [--perf-call-graph dwarf]]
 
---perf-out FILE: after the rounds, one more binary [1, 3, 224, 224] run on
-squishd under `perf record -g` (FILE is perf's data file).
+--perf-out FILE: after the rounds, one more binary tensor run (--perf-shape:
+3x224x224, or 3x32x32) on
+squishd under `perf record --call-graph dwarf -F 499` (FILE is perf's data
+file; --perf-call-graph fp for frame pointers, which a release build lacks).
 """
 
 import argparse
@@ -93,6 +95,8 @@ def main():
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--conns", type=int, default=16)
     p.add_argument("--perf-out")
+    p.add_argument("--perf-call-graph", default="dwarf", help="perf record --call-graph")
+    p.add_argument("--perf-shape", default="3x224x224", help="the tensor of the perf run")
     a = p.parse_args()
     cores = os.cpu_count()
     print("# %s; %s" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), R.machine()),
@@ -142,14 +146,17 @@ def main():
                 print(json.dumps(r), flush=True)
                 runs.append(r)
         if a.perf_out:
-            perf = subprocess.Popen(["perf", "record", "-g", "-F", "999", "-o", a.perf_out,
+            perf = subprocess.Popen(["perf", "record", "--call-graph", a.perf_call_graph, "-F", "499",
+                                     "-o", a.perf_out,
                                      "-p", str(d.proc.pid), "--", "sleep",
                                      str(a.duration + a.warmup)],
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             time.sleep(0.3)
+            model = "m32" if a.perf_shape == "3x32x32" else "m"
             r = on(a, "squishd", d.port, d.proc.pid,
-                   ["--tensor", "3x224x224", "--dtype", "FP32", "--path", "/v2/models/m/infer"])
-            r.update(case="tensor 3x224x224 under perf", round=0)
+                   ["--tensor", a.perf_shape, "--dtype", "FP32",
+                    "--path", "/v2/models/%s/infer" % model])
+            r.update(case="tensor %s under perf" % a.perf_shape, round=0)
             print(json.dumps(r), flush=True)
             _, err = perf.communicate()
             if perf.returncode != 0:
@@ -158,6 +165,8 @@ def main():
         d.stop()
         bare.stop()
     print("\nJPEG: %s, %d bytes" % (os.path.basename(jpeg), os.path.getsize(jpeg)))
+    if a.rounds < 1:
+        return
 
     def rates(case, server):
         return [r["req_s"] for r in runs if r["case"] == case and r["server"] == server]
