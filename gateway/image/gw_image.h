@@ -58,6 +58,20 @@ typedef struct {
      * 1/2, ...) that keeps both dimensions >= the target. 0: always decode
      * at full size (for comparison in the benchmark). */
     int dct_scaling;
+    /* 1: decode 4:4:4, 4:2:2, 4:2:0 and grayscale JPEGs to their Y, Cb, Cr
+     * planes (no colour conversion or chroma upsampling in the decoder),
+     * resize them to the target (chroma upsampled as libjpeg's fancy
+     * upsampling does, folded into the resize) and convert YCbCr to RGB
+     * (JFIF full range, libjpeg's integer arithmetic) per output pixel.
+     * Other colour spaces and samplings, and the decodes that keep the
+     * original, take the RGB path. Outputs are within 4 levels of the RGB
+     * path's, except 4:2:0 under DCT scaling, where libjpeg makes full-size
+     * chroma by IDCT scaling and colour edges differ by tens of levels
+     * (tests/gateway/image/test_preprocess.c). 0, the default: always
+     * decode to RGB. Off because it is slower: with DCT scaling, libjpeg's
+     * colour conversion and upsampling are a few percent of the decode,
+     * entropy decoding most of it (bench/RESULTS.md, issue 25 item 6). */
+    int yuv_planes;
 } gw_prep_limits_t;
 
 /* 16384 x 16384 and 64 Mpixel: the most one request may cost is a 64
@@ -67,7 +81,7 @@ typedef struct {
 #define GW_PREP_DEFAULT_MAX_SIDE 16384u
 #define GW_PREP_DEFAULT_MAX_PIXELS (64ull * 1024 * 1024)
 
-/* The defaults above, with DCT scaling on. */
+/* The defaults above, with DCT scaling on and the YUV planes path off. */
 gw_prep_limits_t gw_prep_limits_default(void);
 
 /* What gw_image_to_rgb found and did. */
