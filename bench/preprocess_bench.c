@@ -4,13 +4,17 @@
  *
  * Inputs: a 640x480 photo-like frame generated in-process (tjCompress2,
  * quality 90, 4:2:0), Debian's grace_hopper.jpg when present, and any
- * --jpeg files. Each is run through gw_image_to_rgb to S x S (224) with
- * DCT scaling on and off, and its two stages (decode, resize) are timed
- * apart. Prints one markdown table row per case: CPU time per image (the
- * per-core cost, robust on a shared machine: mean, and the best mean of
- * 100 consecutive images, the least disturbed by neighbours) and wall time
- * (mean, p50, p99) over N runs after a warm-up. The goal of issue 5: 640x480 -> 224x224
- * in <= 1.2 ms per image per core. */
+ * --jpeg files. Each is run through gw_image_to_rgb to S x S (224) three
+ * ways, A/B in one run: DCT scaling with the YUV planes path (decode to
+ * Y/Cb/Cr planes, colour conversion folded into the resize: the default),
+ * DCT scaling with the RGB path (decode to packed RGB, then resize), and no
+ * DCT scaling (RGB path); its two stages (decode, resize) are timed apart.
+ * The reference row is a plain full-size tjDecompress2 to RGB of the same
+ * file, and the ratio of each path to it is printed after the table. Prints one markdown table row
+ * per case: CPU time per image (the per-core cost, robust on a shared machine: mean, and the best
+ * mean of 100 consecutive images, the least disturbed by neighbours) and wall time (mean, p50, p99)
+ * over N runs after a warm-up. The goal of issue 5: 640x480 -> 224x224 in <= 1.2 ms per image per
+ * core. */
 #include "bench_util.h"
 
 #include <gw_image.h>
@@ -85,6 +89,9 @@ typedef struct {
 
 #define BATCH 100
 
+/* The decoder flags gw_image_to_rgb uses, for the stage timings. */
+#define PIPELINE_FLAGS (TJFLAG_STOPONWARNING | TJFLAG_LIMITSCANS)
+
 static stats_t summarize(double *ms, int n)
 {
     stats_t s = {.best_batch_ms = 1e9};
@@ -135,16 +142,27 @@ static void time_pipeline(gw_prep_ctx_t *ctx, const input_t *in, int size, int i
 /* Times the two stages apart (CPU ms per image): TurboJPEG decode at the
  * scale the pipeline chose, and the resize of that decoded image. */
 static void time_stages(gw_prep_ctx_t *ctx, const input_t *in, const gw_image_info_t *info,
-                        int size, int iters, uint8_t *dst, double *decode_ms, double *resize_ms)
+                        int size, int iters, uint8_t *dst, int planes, double *decode_ms,
+                        double *resize_ms)
 {
     tjhandle tj = tjInitDecompress();
     int w = info->decoded_width, h = info->decoded_height;
-    uint8_t *pix = sq_xmalloc((size_t)w * h * 4);
+    uint8_t *pix = sq_xmalloc((size_t)w * h * 4 + 4096);
     int pf = info->colorspace == TJCS_CMYK || info->colorspace == TJCS_YCCK ? TJPF_CMYK : TJPF_RGB;
+    /* the planes path's decode: Y, Cb, Cr planes packed one after another */
+    unsigned char *yuv[3] = {pix, NULL, NULL};
+    int nplanes = info->subsamp == TJSAMP_GRAY ? 1 : 3;
+    for (int c = 1; c < nplanes; c++)
+        yuv[c] = yuv[c - 1] + (size_t)tjPlaneWidth(c - 1, w, info->subsamp) *
+                                  (size_t)tjPlaneHeight(c - 1, h, info->subsamp);
     int64_t total = 0;
     for (int i = -iters / 10; i < iters; i++) {
         int64_t c0 = cpu_ns();
-        if (tjDecompress2(tj, in->data, (unsigned long)in->len, pix, w, 0, h, pf, 0) != 0) {
+        int rc = planes ? tjDecompressToYUVPlanes(tj, in->data, (unsigned long)in->len, yuv, w,
+                                                  NULL, h, PIPELINE_FLAGS)
+                        : tjDecompress2(tj, in->data, (unsigned long)in->len, pix, w, 0, h, pf,
+                                        PIPELINE_FLAGS);
+        if (rc != 0) {
             fprintf(stderr, "%s: %s\n", in->name, tjGetErrorStr2(tj));
             exit(1);
         }
@@ -152,6 +170,12 @@ static void time_stages(gw_prep_ctx_t *ctx, const input_t *in, const gw_image_in
             total += cpu_ns() - c0;
     }
     *decode_ms = (double)total / iters / 1e6;
+    if (planes) {
+        *resize_ms = -1; /* fused with the colour conversion: the rest of the pipeline */
+        free(pix);
+        tjDestroy(tj);
+        return;
+    }
     total = 0;
     for (int i = -iters / 10; i < iters; i++) {
         int64_t c0 = cpu_ns();
@@ -163,6 +187,37 @@ static void time_stages(gw_prep_ctx_t *ctx, const input_t *in, const gw_image_in
     *resize_ms = (double)total / iters / 1e6;
     free(pix);
     tjDestroy(tj);
+}
+
+/* The reference: a plain full-size decode to packed RGB (no scaling, no
+ * resize), CPU ms per image. */
+static stats_t time_plain_decode(const input_t *in, int iters, int *w_out, int *h_out)
+{
+    tjhandle tj = tjInitDecompress();
+    int w = 0, h = 0, ss = 0, cs = 0;
+    if (tjDecompressHeader3(tj, in->data, (unsigned long)in->len, &w, &h, &ss, &cs) != 0) {
+        fprintf(stderr, "%s: %s\n", in->name, tjGetErrorStr2(tj));
+        exit(1);
+    }
+    int pf = cs == TJCS_CMYK || cs == TJCS_YCCK ? TJPF_CMYK : TJPF_RGB;
+    uint8_t *pix = sq_xmalloc((size_t)w * h * 4);
+    double *ms = sq_xmalloc(sizeof(double) * (size_t)iters);
+    for (int i = -iters / 10; i < iters; i++) {
+        int64_t c0 = cpu_ns();
+        if (tjDecompress2(tj, in->data, (unsigned long)in->len, pix, w, 0, h, pf, 0) != 0) {
+            fprintf(stderr, "%s: %s\n", in->name, tjGetErrorStr2(tj));
+            exit(1);
+        }
+        if (i >= 0)
+            ms[i] = (double)(cpu_ns() - c0) / 1e6;
+    }
+    stats_t st = summarize(ms, iters);
+    free(ms);
+    free(pix);
+    tjDestroy(tj);
+    *w_out = w;
+    *h_out = h;
+    return st;
 }
 
 int main(int argc, char **argv)
@@ -218,37 +273,60 @@ int main(int argc, char **argv)
     }
 
     gw_prep_limits_t lim = gw_prep_limits_default();
-    gw_prep_ctx_t *with_dct = gw_prep_ctx_new(&lim);
+    lim.yuv_planes = 1;
+    gw_prep_ctx_t *planes_dct = gw_prep_ctx_new(&lim);
+    lim.yuv_planes = 0;
+    gw_prep_ctx_t *rgb_dct = gw_prep_ctx_new(&lim);
     lim.dct_scaling = 0;
-    gw_prep_ctx_t *without_dct = gw_prep_ctx_new(&lim);
+    gw_prep_ctx_t *rgb_full = gw_prep_ctx_new(&lim);
+    gw_prep_ctx_t *ctxs[3] = {planes_dct, rgb_dct, rgb_full};
+    const char *paths[3] = {"YUV planes", "RGB", "RGB"};
     uint8_t *dst = sq_xmalloc((size_t)size * size * 3);
-    printf(
-        "| input | bytes | DCT scaling | decoded | CPU ms/image | best %d | wall mean | wall p50 "
-        "| wall p99 | decode CPU ms | resize CPU ms |\n",
-        BATCH);
-    printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+    double ratio[MAX_INPUTS][3];
+    printf("| input | bytes | path | DCT scaling | decoded | CPU ms/image | best %d | wall mean | "
+           "wall p50 | wall p99 | decode CPU ms | resize CPU ms |\n",
+           BATCH);
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int i = 0; i < ninputs; i++) {
-        for (int dct = 1; dct >= 0; dct--) {
-            gw_prep_ctx_t *ctx = dct ? with_dct : without_dct;
+        int pw, ph;
+        stats_t plain = time_plain_decode(&inputs[i], iters, &pw, &ph);
+        printf("| %s (%dx%d) | %zu | plain full decode to RGB (reference) | - | %dx%d | %.3f | "
+               "%.3f | - | - | - | %.3f | - |\n",
+               inputs[i].name, pw, ph, inputs[i].len, pw, ph, plain.mean_ms, plain.best_batch_ms,
+               plain.mean_ms);
+        for (int k = 0; k < 3; k++) {
+            gw_prep_ctx_t *ctx = ctxs[k];
+            int dct = k < 2;
             gw_image_info_t info;
             stats_t wall, cpu;
             time_pipeline(ctx, &inputs[i], size, iters, dst, &info, &wall, &cpu);
+            int planes = k == 0 && (info.colorspace == TJCS_YCbCr || info.colorspace == TJCS_GRAY);
             double dec_ms, res_ms;
-            time_stages(ctx, &inputs[i], &info, size, iters, dst, &dec_ms, &res_ms);
-            printf("| %s (%dx%d) | %zu | %s | %dx%d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | "
-                   "%.3f |\n",
+            time_stages(ctx, &inputs[i], &info, size, iters, dst, planes, &dec_ms, &res_ms);
+            if (res_ms < 0)
+                res_ms = cpu.mean_ms - dec_ms;
+            ratio[i][k] = cpu.mean_ms / plain.mean_ms;
+            printf("| %s (%dx%d) | %zu | %s | %s | %dx%d | %.3f | %.3f | %.3f | %.3f | %.3f | "
+                   "%.3f | %.3f%s |\n",
                    inputs[i].name, info.width, info.height, inputs[i].len,
+                   planes ? paths[0] : paths[k == 0 ? 1 : k],
                    dct ? (info.scale_denom > 1 ? "on" : "on (not used)") : "off",
                    info.decoded_width, info.decoded_height, cpu.mean_ms, cpu.best_batch_ms,
-                   wall.mean_ms, wall.p50_ms, wall.p99_ms, dec_ms, res_ms);
+                   wall.mean_ms, wall.p50_ms, wall.p99_ms, dec_ms, res_ms,
+                   planes ? " (resize + convert)" : "");
             fflush(stdout);
         }
     }
     printf("\n%d images per case after %d warm-up, %dx%d bilinear, one thread\n", iters, iters / 10,
            size, size);
+    printf("\nCPU time per image / plain full decode to RGB of the same file:\n\n");
+    printf("| input | YUV planes + DCT | RGB + DCT | RGB, no DCT |\n|---|---|---|---|\n");
+    for (int i = 0; i < ninputs; i++)
+        printf("| %s | %.2fx | %.2fx | %.2fx |\n", inputs[i].name, ratio[i][0], ratio[i][1],
+               ratio[i][2]);
     free(dst);
-    gw_prep_ctx_free(with_dct);
-    gw_prep_ctx_free(without_dct);
+    for (int k = 0; k < 3; k++)
+        gw_prep_ctx_free(ctxs[k]);
     for (int i = 0; i < ninputs; i++)
         free(inputs[i].data);
     return 0;
