@@ -123,8 +123,8 @@ static const char *const sqlite_migrations[] = {
      * /v2/repository/models/{m}/unload): kept, but served by no worker and
      * in no plan until loaded again; an operator's word, so it outlives a
      * restart and a takeover. */
-    "ALTER TABLE models ADD COLUMN unloaded INTEGER NOT NULL DEFAULT 0;"
-    "ALTER TABLE pipelines ADD COLUMN unloaded INTEGER NOT NULL DEFAULT 0;",
+    ("ALTER TABLE models ADD COLUMN unloaded INTEGER NOT NULL DEFAULT 0;"
+     "ALTER TABLE pipelines ADD COLUMN unloaded INTEGER NOT NULL DEFAULT 0;"),
 };
 
 /* The same schema in PostgreSQL's dialect. Where sqlite has an implicit
@@ -238,8 +238,8 @@ static const char *const pg_migrations[] = {
     "  created_at DOUBLE PRECISION NOT NULL"
     ");",
     /* 5 */
-    "ALTER TABLE models ADD COLUMN unloaded BIGINT NOT NULL DEFAULT 0;"
-    "ALTER TABLE pipelines ADD COLUMN unloaded BIGINT NOT NULL DEFAULT 0;",
+    ("ALTER TABLE models ADD COLUMN unloaded BIGINT NOT NULL DEFAULT 0;"
+     "ALTER TABLE pipelines ADD COLUMN unloaded BIGINT NOT NULL DEFAULT 0;"),
 };
 
 _Static_assert(sizeof(sqlite_migrations) / sizeof(sqlite_migrations[0]) == MDB_SCHEMA_VERSION,

@@ -760,7 +760,7 @@ static int planes_resize(gw_prep_ctx_t *ctx, const uint8_t *data, size_t len, in
      * composed with the vertical fancy upsampling. */
     int hsub = nplanes == 3 && subsamp != TJSAMP_444;
     int vsub = nplanes == 3 && subsamp == TJSAMP_420;
-    axis_t xa, ya, cya;
+    axis_t xa = {0}, ya = {0}, cya = {0};
     int rc = axis_prepare(&ctx->xcoef, sw, out_w, mode, &xa);
     if (rc == 0)
         rc = axis_prepare(&ctx->ycoef, sh, out_h, mode, &ya);
