@@ -164,6 +164,10 @@ int gw_not_found_why(gw_server_t *srv, const char *path, const char *name, int v
 void gw_send_not_found(gw_call_t *call, h2o_iovec_t name, int version);
 /* A {version} segment that is no version (gw_parse_version < 0). */
 void gw_send_bad_version(gw_call_t *call, h2o_iovec_t v);
+/* The request's body as a JSON object into *out (an empty body: {}); on
+ * anything else replies 400 bad_json naming what the object holds
+ * ("settings") and returns -1. */
+int gw_body_object(gw_call_t *call, const char *what, json_t **out);
 /* The call's normalized path, terminated (cut at len - 1). */
 void gw_call_path(const gw_call_t *call, char *out, size_t len);
 

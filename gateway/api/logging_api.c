@@ -23,34 +23,6 @@
  * level >= 1 turns them on, and GET gives back the number set. */
 static atomic_int verbose_level = -1;
 
-/* The request's body as JSON into *out (an empty body: {}); replies 400
- * and returns -1 when it is not a JSON object. */
-static int body_object(gw_call_t *call, json_t **out)
-{
-    const uint8_t *body;
-    size_t len;
-    uint8_t *owned = NULL;
-    if (gw_request_body(call->req, &body, &len, &owned) != 0) {
-        gw_send_error(call->req, SQ_OVERLOAD, "no memory for the request body");
-        return -1;
-    }
-    json_error_t jerr;
-    json_t *j = len == 0 ? json_object() : json_loadb((const char *)body, len, 0, &jerr);
-    free(owned);
-    if (j == NULL || !json_is_object(j)) {
-        char why[256];
-        if (j == NULL)
-            snprintf(why, sizeof(why), "invalid JSON at byte %d: %s", jerr.position, jerr.text);
-        else
-            snprintf(why, sizeof(why), "the body must be a JSON object of settings");
-        json_decref(j);
-        gw_send_error(call->req, SQ_BAD_JSON, why);
-        return -1;
-    }
-    *out = j;
-    return 0;
-}
-
 /* ---- /v2/logging ----------------------------------------------------------- */
 
 static json_t *log_settings_json(void)
@@ -139,7 +111,7 @@ static void route_logging(gw_call_t *call, int post)
         return;
     if (post) {
         json_t *body;
-        if (body_object(call, &body) != 0)
+        if (gw_body_object(call, "settings", &body) != 0)
             return;
         log_change_t c;
         char why[512];
@@ -203,7 +175,7 @@ static void route_trace(gw_call_t *call, int post)
     const char *name = model[0] ? model : NULL;
     if (post) {
         json_t *body;
-        if (body_object(call, &body) != 0)
+        if (gw_body_object(call, "settings", &body) != 0)
             return;
         char why[512];
         int rc = gw_trace_update(t, name, body, why, sizeof(why));

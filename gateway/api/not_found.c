@@ -136,6 +136,32 @@ int gw_not_found_why(gw_server_t *srv, const char *path, const char *name, int v
     return pipeline_route ? SQ_NOT_FOUND : SQ_MODEL_NOT_FOUND;
 }
 
+int gw_body_object(gw_call_t *call, const char *what, json_t **out)
+{
+    const uint8_t *body;
+    size_t len;
+    uint8_t *owned = NULL;
+    if (gw_request_body(call->req, &body, &len, &owned) != 0) {
+        gw_send_error(call->req, SQ_OVERLOAD, "no memory for the request body");
+        return -1;
+    }
+    json_error_t jerr;
+    json_t *j = len == 0 ? json_object() : json_loadb((const char *)body, len, 0, &jerr);
+    free(owned);
+    if (j == NULL || !json_is_object(j)) {
+        char why[256];
+        if (j == NULL)
+            snprintf(why, sizeof(why), "invalid JSON at byte %d: %s", jerr.position, jerr.text);
+        else
+            snprintf(why, sizeof(why), "the body must be a JSON object of %s", what);
+        json_decref(j);
+        gw_send_error(call->req, SQ_BAD_JSON, why);
+        return -1;
+    }
+    *out = j;
+    return 0;
+}
+
 void gw_call_path(const gw_call_t *call, char *out, size_t len)
 {
     h2o_iovec_t p = call->req->path_normalized;

@@ -269,29 +269,17 @@ void gw_route_repository_index_get(gw_call_t *call)
 void gw_route_repository_index(gw_call_t *call)
 {
     /* Body: optional {"ready": true} (only the versions that can serve). */
-    const uint8_t *body;
-    size_t len;
-    uint8_t *owned = NULL;
-    int ready_only = 0;
-    if (gw_request_body(call->req, &body, &len, &owned) != 0) {
-        gw_send_error(call->req, SQ_OVERLOAD, "no memory for the request body");
+    json_t *req;
+    if (gw_body_object(call, "{\"ready\": true or false}", &req) != 0)
+        return;
+    json_t *ready = json_object_get(req, "ready");
+    int ok = ready == NULL || json_is_boolean(ready);
+    int ready_only = ok && ready != NULL && json_is_true(ready);
+    json_decref(req);
+    if (!ok) {
+        gw_send_error(call->req, SQ_BAD_JSON, "ready: expected true or false");
         return;
     }
-    if (len > 0) {
-        json_error_t jerr;
-        json_t *req = json_loadb((const char *)body, len, 0, &jerr);
-        json_t *ready = req != NULL ? json_object_get(req, "ready") : NULL;
-        int ok = req != NULL && json_is_object(req) && (ready == NULL || json_is_boolean(ready));
-        ready_only = ok && ready != NULL && json_is_true(ready);
-        json_decref(req);
-        if (!ok) {
-            free(owned);
-            gw_send_error(call->req, SQ_BAD_JSON,
-                          "the body must be a JSON object, optionally {\"ready\": true}");
-            return;
-        }
-    }
-    free(owned);
     send_index(call, ready_only);
 }
 
@@ -457,22 +445,15 @@ static void control_job(mdb_t *db, void *arg)
  * refused, since squish's models come from its DB. */
 static int control_params(gw_call_t *call, int load, int *dependents)
 {
-    const uint8_t *body;
-    size_t len;
-    uint8_t *owned = NULL;
+    json_t *req;
     *dependents = 0;
-    if (gw_request_body(call->req, &body, &len, &owned) != 0) {
-        gw_send_error(call->req, SQ_OVERLOAD, "no memory for the request body");
+    if (gw_body_object(call, "{\"parameters\": {...}}", &req) != 0)
         return -1;
-    }
-    json_error_t jerr;
-    json_t *req = len > 0 ? json_loadb((const char *)body, len, 0, &jerr) : json_object();
-    free(owned);
     json_t *params = json_is_object(req) ? json_object_get(req, "parameters") : NULL;
     const char *err = NULL;
     char buf[256];
-    if (!json_is_object(req) || (params != NULL && !json_is_object(params))) {
-        err = "the body must be a JSON object, optionally {\"parameters\": {...}}";
+    if (params != NULL && !json_is_object(params)) {
+        err = "parameters: expected an object";
     } else {
         const char *key;
         json_t *v;
