@@ -153,14 +153,14 @@ static void act_drop(gw_dispatch_t *ds, const act_copy_t *a)
         return;
     }
     if (a->reason == SQ_NOT_FOUND) {
-        /* Its session went with its model: a delete, or the model was
-         * marked failed. */
+        /* Its session went with its model: a delete, an unload, or the
+         * model was marked failed. */
         const ds_model_t *sm =
             a->session >= 0 && a->session < ds->nsessions ? ds->sessions[a->session].model : NULL;
         if (sm != NULL && sm->poisoned)
             ds_fail_item(ds, it, SQ_MODEL_FAILED, sm->failed_why);
         else
-            ds_fail_item(ds, it, SQ_MODEL_NOT_FOUND, "the model was deleted");
+            ds_fail_out_of_service(ds, it, 1); /* deleted, unloaded, or coming back */
         return;
     }
     ds_plan_outcome(ds, 0);

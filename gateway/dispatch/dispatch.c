@@ -137,22 +137,6 @@ static ds_model_t *serving_record(gw_dispatch_t *ds, ds_model_t *dm, double buck
 /* One submitted item on the dispatch thread: the record of the model that
  * serves it when it is to be queued now; NULL when it was answered (failed)
  * or waits for a load (pending). */
-/* Fails it, whose model has no live record here: deleted, unloaded, or
- * loaded again and not yet back (model control). Returns whether it did. */
-static int fail_if_out(gw_dispatch_t *ds, gw_item_t *it, int removed)
-{
-    gw_model_t *cur = gw_registry_get(ds->srv->registry, it->model->key);
-    int gone = cur == NULL, unloaded = !gone && strcmp(cur->status, "unloaded") == 0;
-    gw_model_unref(cur);
-    if (gone)
-        ds_fail_item(ds, it, SQ_MODEL_NOT_FOUND, "the model was deleted");
-    else if (unloaded)
-        ds_fail_item(ds, it, SQ_MODEL_UNLOADED, "the model was unloaded");
-    else if (removed)
-        ds_fail_item(ds, it, SQ_NOT_READY, "the model is being loaded again; retry shortly");
-    return gone || unloaded || removed;
-}
-
 static ds_model_t *admit(gw_dispatch_t *ds, gw_item_t *it)
 {
     gw_model_t *m = it->model;
@@ -171,11 +155,11 @@ static ds_model_t *admit(gw_dispatch_t *ds, gw_item_t *it)
         /* New here, or deleted (or unloaded) and forgotten (see reclaim)
          * while the item was decoded: only a model still in service gets a
          * record. */
-        if (fail_if_out(ds, it, 0))
+        if (ds_fail_out_of_service(ds, it, 0))
             return NULL;
         dm = ds_model_get(ds, m);
     }
-    if (dm->removed && fail_if_out(ds, it, 1))
+    if (dm->removed && ds_fail_out_of_service(ds, it, 1))
         return NULL;
     if (dm->poisoned) {
         ds_fail_item(ds, it, SQ_MODEL_FAILED, dm->failed_why);

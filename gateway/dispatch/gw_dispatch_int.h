@@ -229,6 +229,12 @@ struct gw_dispatch {
     int nprogress, capprogress;
 };
 
+/* Fails it, whose model has no live record here, with what the registry
+ * says now: deleted (404), unloaded (409), or (removed set) loaded again
+ * and not yet back (503 not_ready). Returns whether it failed it; 0 only
+ * when removed is 0 and the model is in service. */
+int ds_fail_out_of_service(gw_dispatch_t *ds, gw_item_t *it, int removed);
+
 /* Model control's waits (readiness.c): each tick answers those whose
  * models are settled, past their deadline, or (aborted) all; free drops
  * what is left unanswered (none after ds_abort_all). */

@@ -242,3 +242,17 @@ int gw_dispatch_profile_progress(gw_server_t *srv, int64_t key, gw_profile_progr
     pthread_mutex_unlock(&ds->ready_lock);
     return p != NULL;
 }
+
+int ds_fail_out_of_service(gw_dispatch_t *ds, gw_item_t *it, int removed)
+{
+    gw_model_t *cur = gw_registry_get(ds->srv->registry, it->model->key);
+    int gone = cur == NULL, unloaded = !gone && strcmp(cur->status, "unloaded") == 0;
+    gw_model_unref(cur);
+    if (gone)
+        ds_fail_item(ds, it, SQ_MODEL_NOT_FOUND, "the model was deleted");
+    else if (unloaded)
+        ds_fail_item(ds, it, SQ_MODEL_UNLOADED, "the model was unloaded");
+    else if (removed)
+        ds_fail_item(ds, it, SQ_NOT_READY, "the model is being loaded again; retry shortly");
+    return gone || unloaded || removed;
+}

@@ -7,6 +7,8 @@ would work."""
 
 import io
 import json
+import threading
+import time
 
 import numpy as np
 from PIL import Image
@@ -258,6 +260,43 @@ def a_404_names_what_was_not_found_and_what_would_work():
                           headers=dict(auth(s), **{"Content-Type": "image/jpeg"}))
             assert r.status == 404, (path, r)
             assert want in r.json["error"], (path, r.json)
+    finally:
+        s.stop()
+
+
+@test
+def unload_and_load_under_traffic_answer_every_request_once():
+    """Several clients send while the model is unloaded and loaded again:
+    every request gets one answer, 200 or 409 model_unloaded (one caught
+    between the two may get 503 not_ready, "being loaded again"), and
+    once the load has answered, 200 again."""
+    s = emu_server()
+    try:
+        answers, stop = [], threading.Event()
+
+        def client():
+            while not stop.is_set():
+                r = infer(s, "inc")
+                answers.append((r.status, (r.json or {}).get("code")))
+
+        threads = [threading.Thread(target=client) for _ in range(4)]
+        for t in threads:
+            t.start()
+        try:
+            for _ in range(3):
+                time.sleep(0.2)
+                assert control(s, "inc", "unload").status == 200
+                time.sleep(0.2)
+                assert control(s, "inc", "load").status == 200
+            time.sleep(0.2)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(30)
+        kinds = set(answers)
+        assert kinds <= {(200, None), (409, "model_unloaded"), (503, "not_ready")}, kinds
+        assert (200, None) in kinds and (409, "model_unloaded") in kinds, kinds
+        assert infer(s, "inc").status == 200
     finally:
         s.stop()
 
