@@ -111,6 +111,9 @@ void sq_batch_encode(sq_buf_t *b, const sq_batch_t *m)
     sq_buf_put_u8(b, m->has_members);
     for (uint32_t i = 0; m->has_members && i < m->count && i < SQ_MAX_BATCH_ITEMS; i++)
         sq_buf_put_u16(b, m->member[i]);
+    sq_buf_put_u8(b, m->has_sources);
+    for (uint32_t i = 0; m->has_sources && i < m->count && i < SQ_MAX_BATCH_ITEMS; i++)
+        sq_buf_put_u32(b, m->src[i]);
 }
 
 int sq_batch_decode(const sq_frame_t *f, sq_batch_t *m)
@@ -131,6 +134,11 @@ int sq_batch_decode(const sq_frame_t *f, sq_batch_t *m)
         return SQ_PROTOCOL;
     for (uint32_t i = 0; m->has_members && i < m->count; i++)
         m->member[i] = sq_get_u16(&r);
+    m->has_sources = sq_get_u8(&r);
+    if (m->has_sources > 1)
+        return SQ_PROTOCOL;
+    for (uint32_t i = 0; m->has_sources && i < m->count; i++)
+        m->src[i] = sq_get_u32(&r);
     return finish(&r, f, SQ_MSG_BATCH);
 }
 
@@ -252,5 +260,261 @@ int sq_models_held_decode(const sq_frame_t *f, sq_models_held_t *m)
         m->n = 0;
         return SQ_PROTOCOL;
     }
+    return 0;
+}
+
+/* ---- frontends ------------------------------------------------------------ */
+
+void sq_fe_items_encode(sq_buf_t *b, const sq_fe_item_t *items, uint32_t n)
+{
+    sq_buf_put_u32(b, n);
+    for (uint32_t i = 0; i < n; i++) {
+        const sq_fe_item_t *it = &items[i];
+        sq_buf_put_u64(b, it->slot);
+        sq_buf_put_u64(b, (uint64_t)it->model_key);
+        sq_buf_put_f64(b, it->slo_ms);
+        sq_buf_put_u64(b, (uint64_t)it->budget_us);
+        sq_buf_put_u64(b, (uint64_t)it->age_us);
+        sq_buf_put_u8(b, it->input_kind);
+        sq_buf_put_u8(b, it->priority);
+        sq_buf_put_u8(b, it->best_effort);
+        sq_buf_put_u8(b, it->clump_next);
+        sq_buf_put_u32(b, (uint32_t)it->stage);
+        if (it->stage >= 0) {
+            sq_buf_put_f64(b, it->query_slo_ms);
+            sq_buf_put_str(b, it->pipeline);
+        }
+    }
+}
+
+int sq_fe_items_decode(const sq_frame_t *f, sq_fe_item_t *items, uint32_t *n)
+{
+    sq_reader_t r;
+    sq_reader_init(&r, f->payload, f->len);
+    *n = sq_get_u32(&r);
+    if (r.err || *n == 0 || *n > SQ_MAX_FE_ITEMS) {
+        *n = 0;
+        return SQ_PROTOCOL;
+    }
+    for (uint32_t i = 0; i < *n && !r.err; i++) {
+        sq_fe_item_t *it = &items[i];
+        it->slot = sq_get_u64(&r);
+        it->model_key = (int64_t)sq_get_u64(&r);
+        it->slo_ms = sq_get_f64(&r);
+        it->budget_us = (int64_t)sq_get_u64(&r);
+        it->age_us = (int64_t)sq_get_u64(&r);
+        it->input_kind = sq_get_u8(&r);
+        it->priority = sq_get_u8(&r);
+        it->best_effort = sq_get_u8(&r);
+        it->clump_next = sq_get_u8(&r);
+        it->stage = (int32_t)sq_get_u32(&r);
+        it->query_slo_ms = 0;
+        it->pipeline[0] = '\0';
+        if (it->stage >= 0) {
+            it->query_slo_ms = sq_get_f64(&r);
+            sq_get_str(&r, it->pipeline, sizeof(it->pipeline));
+        }
+        if (it->input_kind > SQ_INPUT_UINT8 || it->best_effort > 1 || it->clump_next > 1 ||
+            it->stage < -1 || !(it->slo_ms >= 0 && it->slo_ms < 1e9) || it->age_us < 0)
+            r.err = 1;
+    }
+    if (finish(&r, f, SQ_MSG_FE_ITEMS) != 0) {
+        *n = 0;
+        return SQ_PROTOCOL;
+    }
+    return 0;
+}
+
+void sq_fe_hello_encode(sq_buf_t *b, const sq_fe_hello_t *m)
+{
+    sq_buf_put_u32(b, m->version);
+    sq_buf_put_str(b, m->name);
+}
+
+int sq_fe_hello_decode(const sq_frame_t *f, sq_fe_hello_t *m)
+{
+    sq_reader_t r;
+    sq_reader_init(&r, f->payload, f->len);
+    m->version = sq_get_u32(&r);
+    sq_get_str(&r, m->name, sizeof(m->name));
+    return finish(&r, f, SQ_MSG_FE_HELLO);
+}
+
+void sq_fe_welcome_encode(sq_buf_t *b, const sq_fe_welcome_t *m)
+{
+    sq_buf_put_u32(b, m->frontend);
+    sq_buf_put_u32(b, m->heartbeat_ms);
+    sq_buf_put_str(b, m->admin);
+}
+
+int sq_fe_welcome_decode(const sq_frame_t *f, sq_fe_welcome_t *m)
+{
+    sq_reader_t r;
+    sq_reader_init(&r, f->payload, f->len);
+    m->frontend = sq_get_u32(&r);
+    m->heartbeat_ms = sq_get_u32(&r);
+    sq_get_str(&r, m->admin, sizeof(m->admin));
+    return finish(&r, f, SQ_MSG_FE_WELCOME);
+}
+
+void sq_fe_assign_encode(sq_buf_t *b, const sq_fe_assign_t *m)
+{
+    sq_buf_put_u32(b, m->worker);
+    sq_buf_put_str(b, m->addr);
+    sq_buf_put_u64(b, (uint64_t)m->model_key);
+    sq_buf_put_u8(b, m->input_kind);
+    sq_buf_put_u32(b, m->count);
+    sq_buf_put_u64(b, m->row_bytes);
+    sq_buf_put_u64(b, m->out_stride);
+    sq_buf_put_u32(b, m->n);
+    for (uint32_t i = 0; i < m->n && i < SQ_MAX_BATCH_ITEMS; i++) {
+        sq_buf_put_u64(b, m->slot[i]);
+        sq_buf_put_u32(b, m->row[i]);
+    }
+}
+
+int sq_fe_assign_decode(const sq_frame_t *f, sq_fe_assign_t *m)
+{
+    sq_reader_t r;
+    sq_reader_init(&r, f->payload, f->len);
+    m->worker = sq_get_u32(&r);
+    sq_get_str(&r, m->addr, sizeof(m->addr));
+    m->model_key = (int64_t)sq_get_u64(&r);
+    m->input_kind = sq_get_u8(&r);
+    m->count = sq_get_u32(&r);
+    m->row_bytes = sq_get_u64(&r);
+    m->out_stride = sq_get_u64(&r);
+    m->n = sq_get_u32(&r);
+    if (r.err || m->input_kind > SQ_INPUT_UINT8 || m->count == 0 || m->count > SQ_MAX_BATCH_ITEMS ||
+        m->n == 0 || m->n > m->count || m->row_bytes == 0 ||
+        m->row_bytes > SQ_IPC_MAX_PAYLOAD - 4096 || m->out_stride == 0 ||
+        m->out_stride > SQ_IPC_MAX_PAYLOAD - 4096)
+        return SQ_PROTOCOL;
+    for (uint32_t i = 0; i < m->n; i++) {
+        m->slot[i] = sq_get_u64(&r);
+        m->row[i] = sq_get_u32(&r);
+        if (m->row[i] >= m->count)
+            r.err = 1;
+    }
+    return finish(&r, f, SQ_MSG_FE_ASSIGN);
+}
+
+void sq_fe_fail_encode(sq_buf_t *b, const sq_fe_fail_t *m)
+{
+    sq_buf_put_u32(b, (uint32_t)m->code);
+    sq_buf_put_str(b, m->detail);
+}
+
+int sq_fe_fail_decode(const sq_frame_t *f, sq_fe_fail_t *m)
+{
+    sq_reader_t r;
+    sq_reader_init(&r, f->payload, f->len);
+    m->code = (int32_t)sq_get_u32(&r);
+    sq_get_str(&r, m->detail, sizeof(m->detail));
+    if (m->code >= 0)
+        return SQ_PROTOCOL;
+    return finish(&r, f, SQ_MSG_FE_FAIL);
+}
+
+void sq_fe_withdraw_encode(sq_buf_t *b, const uint64_t *slots, uint32_t n)
+{
+    sq_buf_put_u32(b, n);
+    for (uint32_t i = 0; i < n; i++)
+        sq_buf_put_u64(b, slots[i]);
+}
+
+int sq_fe_withdraw_decode(const sq_frame_t *f, uint64_t *slots, uint32_t cap, uint32_t *n)
+{
+    sq_reader_t r;
+    sq_reader_init(&r, f->payload, f->len);
+    *n = sq_get_u32(&r);
+    if (r.err || *n == 0 || *n > cap) {
+        *n = 0;
+        return SQ_PROTOCOL;
+    }
+    for (uint32_t i = 0; i < *n; i++)
+        slots[i] = sq_get_u64(&r);
+    if (finish(&r, f, SQ_MSG_FE_WITHDRAW) != 0) {
+        *n = 0;
+        return SQ_PROTOCOL;
+    }
+    return 0;
+}
+
+void sq_data_rows_encode(sq_buf_t *b, const sq_data_rows_t *m)
+{
+    sq_buf_put_u32(b, m->count);
+    sq_buf_put_u8(b, m->input_kind);
+    sq_buf_put_u64(b, m->row_bytes);
+    sq_buf_put_u32(b, m->n);
+    for (uint32_t i = 0; i < m->n && i < SQ_MAX_BATCH_ITEMS; i++) {
+        sq_buf_put_u32(b, m->row[i]);
+        sq_buf_put_u8(b, m->present[i]);
+    }
+}
+
+int sq_data_rows_decode(const sq_frame_t *f, sq_data_rows_t *m)
+{
+    sq_reader_t r;
+    sq_reader_init(&r, f->payload, f->len);
+    m->count = sq_get_u32(&r);
+    m->input_kind = sq_get_u8(&r);
+    m->row_bytes = sq_get_u64(&r);
+    m->n = sq_get_u32(&r);
+    if (r.err || m->count == 0 || m->count > SQ_MAX_BATCH_ITEMS || m->input_kind > SQ_INPUT_UINT8 ||
+        m->row_bytes == 0 || m->row_bytes > SQ_IPC_MAX_PAYLOAD || m->n == 0 || m->n > m->count)
+        return SQ_PROTOCOL;
+    uint64_t present = 0;
+    for (uint32_t i = 0; i < m->n; i++) {
+        m->row[i] = sq_get_u32(&r);
+        m->present[i] = sq_get_u8(&r);
+        if (m->row[i] >= m->count || m->present[i] > 1)
+            r.err = 1;
+        present += m->present[i];
+    }
+    if (r.err || r.left != present * m->row_bytes || f->type != SQ_MSG_DATA_ROWS)
+        return SQ_PROTOCOL;
+    m->bytes = r.p;
+    m->nbytes = r.left;
+    return 0;
+}
+
+void sq_data_output_encode(sq_buf_t *b, const sq_data_output_t *m)
+{
+    sq_buf_put_u32(b, (uint32_t)m->code);
+    sq_buf_put_u64(b, m->exec_ns);
+    sq_buf_put_u64(b, m->total_ns);
+    sq_buf_put_u32(b, m->count);
+    sq_buf_put_str(b, m->message);
+    sq_buf_put_u64(b, m->out_stride);
+    sq_buf_put_u32(b, m->n);
+    for (uint32_t i = 0; i < m->n && i < SQ_MAX_BATCH_ITEMS; i++)
+        sq_buf_put_u32(b, m->row[i]);
+}
+
+int sq_data_output_decode(const sq_frame_t *f, sq_data_output_t *m)
+{
+    sq_reader_t r;
+    sq_reader_init(&r, f->payload, f->len);
+    m->code = (int32_t)sq_get_u32(&r);
+    m->exec_ns = sq_get_u64(&r);
+    m->total_ns = sq_get_u64(&r);
+    m->count = sq_get_u32(&r);
+    sq_get_str(&r, m->message, sizeof(m->message));
+    m->out_stride = sq_get_u64(&r);
+    m->n = sq_get_u32(&r);
+    if (r.err || m->count == 0 || m->count > SQ_MAX_BATCH_ITEMS || m->n == 0 || m->n > m->count ||
+        m->out_stride == 0 || m->out_stride > SQ_IPC_MAX_PAYLOAD)
+        return SQ_PROTOCOL;
+    for (uint32_t i = 0; i < m->n; i++) {
+        m->row[i] = sq_get_u32(&r);
+        if (m->row[i] >= m->count)
+            r.err = 1;
+    }
+    uint64_t want = m->code == 0 ? (uint64_t)m->n * m->out_stride : 0;
+    if (r.err || r.left != want || f->type != SQ_MSG_DATA_OUTPUT)
+        return SQ_PROTOCOL;
+    m->bytes = r.p;
+    m->nbytes = r.left;
     return 0;
 }

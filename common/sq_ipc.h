@@ -22,7 +22,7 @@
 #include <sys/uio.h>
 
 #define SQ_IPC_MAGIC 0x48535153u /* "SQSH" */
-#define SQ_IPC_VERSION 6
+#define SQ_IPC_VERSION 7
 #define SQ_IPC_HEADER_SIZE 16
 #define SQ_IPC_MAX_PAYLOAD (16u << 20)
 #define SQ_IPC_MAX_FDS 4
@@ -51,7 +51,20 @@
     X(AUTH_CHALLENGE, 40)                                                                          \
     X(AUTH_REPLY, 41)                                                                              \
     X(AUTH_PROOF, 42)                                                                              \
-    X(MODELS_HELD, 43)
+    X(MODELS_HELD, 43)                                                                             \
+    X(FE_HELLO, 50)                                                                                \
+    X(FE_WELCOME, 51)                                                                              \
+    X(FE_CATALOG, 52)                                                                              \
+    X(FE_STATE, 53)                                                                                \
+    X(FE_ITEMS, 54)                                                                                \
+    X(FE_WITHDRAW, 55)                                                                             \
+    X(FE_ASSIGN, 56)                                                                               \
+    X(FE_FAIL, 57)                                                                                 \
+    X(FE_GONE, 58)                                                                                 \
+    X(WORKER_DATA, 59)                                                                             \
+    X(DATA_HELLO, 60)                                                                              \
+    X(DATA_ROWS, 61)                                                                               \
+    X(DATA_OUTPUT, 62)
 
 typedef enum {
 #define SQ_IPC_ENUM_(n, v) SQ_MSG_##n = v,
@@ -244,7 +257,13 @@ typedef enum { SQ_INPUT_PIXELS = 0, SQ_INPUT_FP32 = 1, SQ_INPUT_UINT8 = 2 } sq_i
  * (uint8 HWC pixels, or the model's input tensor); item i's row (every
  * output of the model, in graph order, each flattened) goes to out_off +
  * i * out_stride. For a group, member[i] is item i's model (an index into
- * the GROUP load's members); items of one member come together. */
+ * the GROUP load's members); items of one member come together.
+ *
+ * With has_sources, src[i] says where item i's input is: 0 at in_off[i]
+ * as above, else with frontend src[i] - 1, which sends it to the worker in
+ * DATA_ROWS and takes its row back in DATA_OUTPUT (see "Frontends"). The
+ * region at out_off is written (and, for a remote worker, sent back in
+ * BATCH_OUTPUT) only when some item has src 0. */
 typedef struct {
     uint64_t model_key;
     uint8_t input_kind;
@@ -254,6 +273,8 @@ typedef struct {
     uint64_t in_off[SQ_MAX_BATCH_ITEMS];
     uint8_t has_members;
     uint16_t member[SQ_MAX_BATCH_ITEMS];
+    uint8_t has_sources;
+    uint32_t src[SQ_MAX_BATCH_ITEMS];
 } sq_batch_t;
 
 /* BATCH_DONE: worker -> squishd. */
@@ -322,6 +343,130 @@ typedef struct {
     uint32_t n;
     char (*sha256)[65]; /* n entries; the decoder allocates (free it) */
 } sq_models_held_t;
+
+/* ---- frontends (squishd --role frontend) ----
+ *
+ * A frontend takes clients' requests (HTTP, decode) and holds their inputs;
+ * the dispatcher decides batches by metadata only. A frontend connects to
+ * the dispatcher's cluster listener and authenticates as a worker does,
+ * then sends FE_HELLO (instead of HELLO); the dispatcher answers
+ * FE_WELCOME, then FE_CATALOG (the models and pipelines, as JSON) and
+ * FE_STATE (readiness and the workers' data addresses, as JSON) whenever
+ * they change.
+ *
+ *   frontend -> dispatcher  FE_ITEMS     items it holds (metadata only)
+ *   frontend -> dispatcher  FE_WITHDRAW  items no longer wanted
+ *   dispatcher -> frontend  FE_ASSIGN    rows of a batch it is to send to a worker
+ *   dispatcher -> frontend  FE_FAIL      an item failed (dropped, no worker...)
+ *   dispatcher -> worker    FE_GONE      id: a frontend gone; its rows never come
+ *   worker -> dispatcher    WORKER_DATA  the worker's data address (after WELCOME)
+ *
+ * The inputs go from the frontend straight to the worker: a frontend opens
+ * a connection to a worker's data address, authenticates (the frontend as
+ * the dialing side), sends DATA_HELLO (its frontend id), then DATA_ROWS
+ * for each assignment, and the worker answers DATA_OUTPUT with the rows'
+ * outputs once the batch ran. An item the frontend no longer holds (its
+ * client went away) is sent as absent: the batch runs without waiting for
+ * it. */
+#define SQ_MAX_PIPELINE_NAME 64
+
+typedef struct {
+    uint64_t slot; /* the frontend's handle of the item */
+    int64_t model_key;
+    double slo_ms;
+    int64_t budget_us; /* time left to its deadline when sent */
+    int64_t age_us;    /* since it arrived at the frontend */
+    uint8_t input_kind;
+    uint8_t priority;
+    uint8_t best_effort;
+    uint8_t clump_next; /* the next item of the frame is of its clump */
+    int32_t stage;      /* a pipeline query's stage, -1 none */
+    double query_slo_ms;
+    char pipeline[SQ_MAX_PIPELINE_NAME];
+} sq_fe_item_t;
+
+typedef struct {
+    uint32_t version;
+    char name[64];
+} sq_fe_hello_t;
+
+typedef struct {
+    uint32_t frontend; /* its id */
+    uint32_t heartbeat_ms;
+    char admin[128]; /* the dispatcher's HTTP address (management routes) */
+} sq_fe_welcome_t;
+
+/* FE_ASSIGN (id: the batch id): rows row[k] of the batch, whose inputs the
+ * frontend holds as slot[k], go to worker (at addr) in DATA_ROWS. */
+typedef struct {
+    uint32_t worker;
+    char addr[64];
+    int64_t model_key;
+    uint8_t input_kind;
+    uint32_t count;      /* rows in the whole batch */
+    uint64_t row_bytes;  /* input bytes per row */
+    uint64_t out_stride; /* output bytes per row */
+    uint32_t n;
+    uint64_t slot[SQ_MAX_BATCH_ITEMS];
+    uint32_t row[SQ_MAX_BATCH_ITEMS];
+} sq_fe_assign_t;
+
+/* FE_FAIL (id: the slot). */
+typedef struct {
+    int32_t code;
+    char detail[200];
+} sq_fe_fail_t;
+
+/* DATA_ROWS (id: the batch id): rows row[k]; those present follow, in
+ * order, row_bytes each. */
+typedef struct {
+    uint32_t count;
+    uint8_t input_kind;
+    uint64_t row_bytes;
+    uint32_t n;
+    uint32_t row[SQ_MAX_BATCH_ITEMS];
+    uint8_t present[SQ_MAX_BATCH_ITEMS];
+    const uint8_t *bytes; /* decode: borrowed from the frame */
+    uint64_t nbytes;
+} sq_data_rows_t;
+
+/* DATA_OUTPUT (id: the batch id): the outputs of rows row[k] (out_stride
+ * bytes each, in order) when code is 0. */
+typedef struct {
+    int32_t code;
+    uint64_t exec_ns, total_ns;
+    uint32_t count;
+    char message[200];
+    uint64_t out_stride;
+    uint32_t n;
+    uint32_t row[SQ_MAX_BATCH_ITEMS];
+    const uint8_t *bytes; /* decode: borrowed from the frame */
+    uint64_t nbytes;
+} sq_data_output_t;
+
+/* FE_ITEMS holds at most this many items. */
+#define SQ_MAX_FE_ITEMS 256
+void sq_fe_items_encode(sq_buf_t *b, const sq_fe_item_t *items, uint32_t n);
+/* Into items (room for SQ_MAX_FE_ITEMS); *n of them. */
+int sq_fe_items_decode(const sq_frame_t *f, sq_fe_item_t *items, uint32_t *n);
+void sq_fe_hello_encode(sq_buf_t *b, const sq_fe_hello_t *m);
+int sq_fe_hello_decode(const sq_frame_t *f, sq_fe_hello_t *m);
+void sq_fe_welcome_encode(sq_buf_t *b, const sq_fe_welcome_t *m);
+int sq_fe_welcome_decode(const sq_frame_t *f, sq_fe_welcome_t *m);
+void sq_fe_assign_encode(sq_buf_t *b, const sq_fe_assign_t *m);
+int sq_fe_assign_decode(const sq_frame_t *f, sq_fe_assign_t *m);
+void sq_fe_fail_encode(sq_buf_t *b, const sq_fe_fail_t *m);
+int sq_fe_fail_decode(const sq_frame_t *f, sq_fe_fail_t *m);
+/* FE_WITHDRAW: n slots. */
+void sq_fe_withdraw_encode(sq_buf_t *b, const uint64_t *slots, uint32_t n);
+int sq_fe_withdraw_decode(const sq_frame_t *f, uint64_t *slots, uint32_t cap, uint32_t *n);
+/* The header of DATA_ROWS; the present rows' bytes are appended by the
+ * caller (n_present * row_bytes). */
+void sq_data_rows_encode(sq_buf_t *b, const sq_data_rows_t *m);
+int sq_data_rows_decode(const sq_frame_t *f, sq_data_rows_t *m);
+/* The header of DATA_OUTPUT; the outputs are appended by the caller. */
+void sq_data_output_encode(sq_buf_t *b, const sq_data_output_t *m);
+int sq_data_output_decode(const sq_frame_t *f, sq_data_output_t *m);
 
 void sq_models_held_encode(sq_buf_t *b, uint32_t n, const char (*sha256)[65]);
 /* Checks each entry is 64 hex digits. Returns 0 or SQ_PROTOCOL. */

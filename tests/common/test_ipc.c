@@ -379,3 +379,132 @@ Test(ipc, model_failed_carries_an_error_body)
     cr_assert_eq(sq_ipc_error_decode(&other, &out), SQ_PROTOCOL);
     sq_buf_dispose(&b);
 }
+
+/* A frontend's frames (issue 25): what the dispatcher learns of an item is
+ * metadata only, and each decoder refuses what would point outside a
+ * batch or carry bytes it did not announce. */
+Test(ipc, frontend_items_assignments_rows_and_outputs_round_trip_and_refuse_lies)
+{
+    sq_fe_item_t in[3] = {
+        {.slot = 7,
+         .model_key = 42,
+         .slo_ms = 25,
+         .budget_us = 24000,
+         .age_us = 900,
+         .input_kind = SQ_INPUT_PIXELS,
+         .priority = 2,
+         .stage = -1,
+         .clump_next = 1},
+        {.slot = 8, .model_key = 42, .slo_ms = 25, .budget_us = 23000, .stage = -1},
+        {.slot = 9,
+         .model_key = 5,
+         .slo_ms = 100,
+         .best_effort = 1,
+         .stage = 1,
+         .query_slo_ms = 300,
+         .pipeline = "emu"}};
+    sq_fe_item_t out[SQ_MAX_FE_ITEMS];
+    uint32_t n = 0;
+    sq_buf_t b;
+    sq_buf_init(&b);
+    sq_fe_items_encode(&b, in, 3);
+    sq_frame_t f = {.type = SQ_MSG_FE_ITEMS, .payload = b.data, .len = (uint32_t)b.len};
+    cr_assert_eq(sq_fe_items_decode(&f, out, &n), 0);
+    cr_assert_eq(n, 3);
+    cr_assert_eq(out[0].slot, 7);
+    cr_assert_eq(out[0].clump_next, 1);
+    cr_assert_eq(out[1].budget_us, 23000);
+    cr_assert_str_eq(out[2].pipeline, "emu");
+    cr_assert_eq(out[2].stage, 1);
+    /* Metadata only: a few dozen bytes an item. */
+    cr_assert_lt(b.len, 3 * 64);
+    f.len--;
+    cr_assert_eq(sq_fe_items_decode(&f, out, &n), SQ_PROTOCOL);
+    cr_assert_eq(n, 0);
+
+    sq_fe_assign_t *a = calloc(1, sizeof(*a)), *ao = calloc(1, sizeof(*ao));
+    *a = (sq_fe_assign_t){.worker = 3,
+                          .addr = "10.0.0.2:7070",
+                          .model_key = 42,
+                          .count = 4,
+                          .row_bytes = 150528,
+                          .out_stride = 4032,
+                          .n = 2};
+    a->slot[0] = 7, a->row[0] = 0, a->slot[1] = 8, a->row[1] = 3;
+    b.len = 0;
+    sq_fe_assign_encode(&b, a);
+    f = (sq_frame_t){.type = SQ_MSG_FE_ASSIGN, .payload = b.data, .len = (uint32_t)b.len};
+    cr_assert_eq(sq_fe_assign_decode(&f, ao), 0);
+    cr_assert_str_eq(ao->addr, "10.0.0.2:7070");
+    cr_assert_eq(ao->row[1], 3);
+    a->row[1] = 4; /* past the batch */
+    b.len = 0;
+    sq_fe_assign_encode(&b, a);
+    f = (sq_frame_t){.type = SQ_MSG_FE_ASSIGN, .payload = b.data, .len = (uint32_t)b.len};
+    cr_assert_eq(sq_fe_assign_decode(&f, ao), SQ_PROTOCOL);
+
+    sq_data_rows_t *r = calloc(1, sizeof(*r)), *ro = calloc(1, sizeof(*ro));
+    *r = (sq_data_rows_t){.count = 4, .row_bytes = 3, .n = 2};
+    r->row[0] = 1, r->present[0] = 1, r->row[1] = 2, r->present[1] = 0;
+    b.len = 0;
+    sq_data_rows_encode(&b, r);
+    sq_buf_put(&b, "abc", 3);
+    f = (sq_frame_t){.type = SQ_MSG_DATA_ROWS, .payload = b.data, .len = (uint32_t)b.len};
+    cr_assert_eq(sq_data_rows_decode(&f, ro), 0);
+    cr_assert_eq(ro->nbytes, 3);
+    cr_assert_eq(memcmp(ro->bytes, "abc", 3), 0);
+    cr_assert_eq(ro->present[1], 0);
+    /* An absent row brings no bytes: one more byte is a lie. */
+    sq_buf_put(&b, "d", 1);
+    f.len++;
+    cr_assert_eq(sq_data_rows_decode(&f, ro), SQ_PROTOCOL);
+
+    sq_data_output_t *o = calloc(1, sizeof(*o)), *oo = calloc(1, sizeof(*oo));
+    *o = (sq_data_output_t){.code = 0, .exec_ns = 5000, .count = 4, .out_stride = 8, .n = 1};
+    o->row[0] = 2;
+    b.len = 0;
+    sq_data_output_encode(&b, o);
+    sq_buf_put(&b, "12345678", 8);
+    f = (sq_frame_t){.type = SQ_MSG_DATA_OUTPUT, .payload = b.data, .len = (uint32_t)b.len};
+    cr_assert_eq(sq_data_output_decode(&f, oo), 0);
+    cr_assert_eq(oo->row[0], 2);
+    cr_assert_eq(oo->nbytes, 8);
+    /* A failed batch carries no outputs. */
+    o->code = SQ_DEVICE;
+    b.len = 0;
+    sq_data_output_encode(&b, o);
+    f = (sq_frame_t){.type = SQ_MSG_DATA_OUTPUT, .payload = b.data, .len = (uint32_t)b.len};
+    cr_assert_eq(sq_data_output_decode(&f, oo), 0);
+    sq_buf_put(&b, "1", 1);
+    f.len++;
+    cr_assert_eq(sq_data_output_decode(&f, oo), SQ_PROTOCOL);
+
+    uint64_t slots[4] = {7, 8}, so[4];
+    b.len = 0;
+    sq_fe_withdraw_encode(&b, slots, 2);
+    f = (sq_frame_t){.type = SQ_MSG_FE_WITHDRAW, .payload = b.data, .len = (uint32_t)b.len};
+    cr_assert_eq(sq_fe_withdraw_decode(&f, so, 4, &n), 0);
+    cr_assert_eq(so[1], 8);
+    cr_assert_eq(sq_fe_withdraw_decode(&f, so, 1, &n), SQ_PROTOCOL);
+
+    sq_batch_t *bi = calloc(1, sizeof(*bi)), *bo = calloc(1, sizeof(*bo));
+    bi->count = 2;
+    bi->has_sources = 1;
+    bi->src[1] = 3;
+    b.len = 0;
+    sq_batch_encode(&b, bi);
+    f = (sq_frame_t){.type = SQ_MSG_BATCH, .payload = b.data, .len = (uint32_t)b.len};
+    cr_assert_eq(sq_batch_decode(&f, bo), 0);
+    cr_assert_eq(bo->has_sources, 1);
+    cr_assert_eq(bo->src[0], 0);
+    cr_assert_eq(bo->src[1], 3);
+    sq_buf_dispose(&b);
+    free(a);
+    free(ao);
+    free(r);
+    free(ro);
+    free(o);
+    free(oo);
+    free(bi);
+    free(bo);
+}
