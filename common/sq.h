@@ -7,6 +7,7 @@
 #include "sq_buf.h"
 #include "sq_clock.h"
 #include "sq_device.h"
+#include "sq_dial.h"
 #include "sq_error.h"
 #include "sq_heap.h"
 #include "sq_map.h"

@@ -18,6 +18,7 @@ static int parse_listen(void *base, const sq_opt_t *o, const char *v, char *why,
 static int parse_workers_opt(void *base, const sq_opt_t *o, const char *v, char *why, size_t len);
 static int parse_mb(void *base, const sq_opt_t *o, const char *v, char *why, size_t len);
 static int parse_policy(void *base, const sq_opt_t *o, const char *v, char *why, size_t len);
+static int parse_role(void *base, const sq_opt_t *o, const char *v, char *why, size_t len);
 
 /* An option without a parser of its own leaves .parse out (NULL). */
 #pragma GCC diagnostic push
@@ -44,6 +45,16 @@ static const sq_opt_t options[] = {
     {"cluster_tls_key", STR(cluster_tls_key), 0, 0, "", "PEM private key of --cluster-tls-cert"},
     {"cluster_tls_ca", STR(cluster_tls_ca), 0, 0, "",
      "PEM CA that remote workers' certificates must chain to"},
+    {"role", CUSTOM, "all",
+     "all (one process does everything), dispatcher (planner, dispatcher, model DB; frontends "
+     "and workers join its --cluster-listen) or frontend (HTTP and decode; joins --dispatcher)",
+     parse_role},
+    {"dispatcher", STR(dispatcher), 0, 0, "",
+     "frontend: HOST:PORT[,HOST:PORT...] of the dispatcher's --cluster-listen (its standbys "
+     "too: tried in turn)"},
+    {"worker_data_listen", STR(worker_data_listen), 0, 0, "",
+     "HOST the workers squishd spawns listen on for frontends' rows (default: the host of "
+     "--cluster-listen when frontends may join)"},
     {"worker_bin", STR(worker_bin), 0, 0, "", "squish-worker executable (default: beside squishd)"},
     {"log_level", SQ_OPT_LOGLEVEL, offsetof(gw_config_t, log_level), 0, 0, 0, "info",
      "debug|info|warn|error|off"},
@@ -225,6 +236,23 @@ static int parse_policy(void *base, const sq_opt_t *o, const char *v, char *why,
     return 0;
 }
 
+static int parse_role(void *base, const sq_opt_t *o, const char *v, char *why, size_t len)
+{
+    (void)o;
+    gw_config_t *cfg = base;
+    if (strcmp(v, "all") == 0)
+        cfg->role = GW_ROLE_ALL;
+    else if (strcmp(v, "dispatcher") == 0)
+        cfg->role = GW_ROLE_DISPATCHER;
+    else if (strcmp(v, "frontend") == 0)
+        cfg->role = GW_ROLE_FRONTEND;
+    else {
+        snprintf(why, len, "expected all, dispatcher or frontend, got '%s'", v);
+        return SQ_BAD_CONFIG;
+    }
+    return 0;
+}
+
 static const sq_opts_spec_t spec = {
     .opts = options,
     .nopts = NOPTIONS,
@@ -261,6 +289,39 @@ int gw_config_parse(gw_config_t *cfg, int argc, char **argv, char **envp,
                  "authenticate)");
         return SQ_BAD_CONFIG;
     }
+    if (cfg->role == GW_ROLE_FRONTEND) {
+        if (cfg->dispatcher[0] == '\0') {
+            snprintf(err, errlen,
+                     "role: frontend needs dispatcher (HOST:PORT of the "
+                     "dispatcher's cluster_listen)");
+            return SQ_BAD_CONFIG;
+        }
+        if (cfg->cluster_token_file[0] == '\0') {
+            snprintf(err, errlen, "role: frontend needs cluster_token_file (the dispatcher's)");
+            return SQ_BAD_CONFIG;
+        }
+        if (cfg->cluster_listen[0] != '\0') {
+            snprintf(err, errlen,
+                     "cluster_listen: a frontend listens for no one (workers and "
+                     "frontends join the dispatcher)");
+            return SQ_BAD_CONFIG;
+        }
+        cfg->ngroups = 0; /* a frontend spawns no workers */
+    } else if (cfg->dispatcher[0] != '\0') {
+        snprintf(err, errlen, "dispatcher: only with role frontend");
+        return SQ_BAD_CONFIG;
+    }
+    if (cfg->role == GW_ROLE_DISPATCHER && cfg->cluster_listen[0] == '\0') {
+        snprintf(err, errlen,
+                 "role: dispatcher needs cluster_listen (where frontends and workers join)");
+        return SQ_BAD_CONFIG;
+    }
+    if (cfg->worker_data_listen[0] == '\0' && cfg->cluster_listen[0] != '\0') {
+        char host[128];
+        int port;
+        if (sq_hostport_split(cfg->cluster_listen, host, sizeof(host), &port) == 0)
+            snprintf(cfg->worker_data_listen, sizeof(cfg->worker_data_listen), "%s", host);
+    }
     int tls = (cfg->cluster_tls_cert[0] != '\0') + (cfg->cluster_tls_key[0] != '\0') +
               (cfg->cluster_tls_ca[0] != '\0');
     if (tls != 0 && tls != 3) {
@@ -269,7 +330,7 @@ int gw_config_parse(gw_config_t *cfg, int argc, char **argv, char **envp,
                  "or none");
         return SQ_BAD_CONFIG;
     }
-    if (tls != 0 && cfg->cluster_listen[0] == '\0') {
+    if (tls != 0 && cfg->cluster_listen[0] == '\0' && cfg->role != GW_ROLE_FRONTEND) {
         snprintf(err, errlen, "cluster_tls_*: only with cluster_listen");
         return SQ_BAD_CONFIG;
     }

@@ -12,6 +12,13 @@
 #define GW_MAX_WORKER_GROUPS 16
 #define GW_MAX_WORKERS 1024
 
+/* What one squishd process does (--role): everything (the embedded
+ * default), or one side of a cluster that grows by frontends (issue 25):
+ * the dispatcher (planner, dispatcher core, model DB, leadership, the
+ * workers' link) or a frontend (HTTP, decode, its own input arena; it
+ * joins a dispatcher and sends the rows of its requests to the workers). */
+typedef enum { GW_ROLE_ALL = 0, GW_ROLE_DISPATCHER, GW_ROLE_FRONTEND } gw_role_t;
+
 typedef struct {
     char kind[8]; /* "cpu", "cuda", "emu" */
     int count;
@@ -36,6 +43,9 @@ typedef struct {
     char cluster_tls_cert[256];
     char cluster_tls_key[256];
     char cluster_tls_ca[256];
+    int role;             /* gw_role_t */
+    char dispatcher[512]; /* frontend: the dispatchers' cluster addresses, comma-separated */
+    char worker_data_listen[128]; /* HOST the workers squishd spawns take frontends' rows on */
     sq_log_level_t log_level;
     int http_threads;
     int ngroups;

@@ -24,6 +24,7 @@ typedef struct gw_metrics gw_metrics_t;
 typedef struct gw_transport gw_transport_t;
 typedef struct gw_trace gw_trace_t;
 typedef struct gw_shm_table gw_shm_table_t;
+typedef struct gw_front gw_front_t;
 
 /* The server: one per process, created by gw_main. Fields written by one
  * thread and read by others are atomics; everything else is set before the
@@ -70,6 +71,7 @@ typedef struct gw_server {
     gw_metrics_t *metrics; /* thread-safe; created first, freed last */
     gw_trace_t *trace;     /* request traces (api/trace.c); thread-safe */
     gw_shm_table_t *shm;   /* registered shared-memory regions (api/shm_regions.c); thread-safe */
+    gw_front_t *front; /* --role frontend: the link to the dispatcher (front/); NULL otherwise */
 } gw_server_t;
 
 #endif

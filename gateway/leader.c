@@ -113,8 +113,8 @@ static void standby_metrics(gw_call_t *call)
 }
 
 static const gw_route_t standby_routes[] = {
-    {"GET", "/v2/health/live", "health_live", standby_live},
-    {"GET", "/metrics", "metrics", standby_metrics},
+    {"GET", "/v2/health/live", "health_live", standby_live, GW_ON_FRONTEND},
+    {"GET", "/metrics", "metrics", standby_metrics, GW_ON_FRONTEND},
 };
 
 static const gw_http_app_t standby_app = {.routes = standby_routes,

@@ -3,6 +3,7 @@
  * takes it down in reverse order: stop accepting and drain HTTP, stop workers, close the DB. */
 #include "gw_catalog.h"
 #include "gw_dispatch.h"
+#include "gw_front.h"
 #include "gw_api.h"
 #include "gw_http.h"
 #include "gw_leader.h"
@@ -142,6 +143,15 @@ int gw_main(const gw_config_t *cfg)
         snprintf(err, sizeof(err), "cannot start the offload thread");
         goto fail;
     }
+    if (cfg->role == GW_ROLE_FRONTEND) {
+        /* A frontend: no DB, no workers, no dispatcher of its own; it joins
+         * the cluster's (front/) and serves HTTP meanwhile, not ready until
+         * it has joined. */
+        if ((rc = gw_front_start(&srv, err, sizeof(err))) != 0 ||
+            (rc = gw_http_start(&srv, &gw_http_app, err, sizeof(err))) != 0)
+            goto fail;
+        goto serve;
+    }
     /* With a shared (PostgreSQL) model DB, squishd may be a standby first:
      * it answers HTTP as one until it holds the leader's lock. */
     if ((rc = gw_leader_open(&srv, err, sizeof(err))) != 0)
@@ -180,6 +190,7 @@ int gw_main(const gw_config_t *cfg)
         goto fail;
     gw_leader_announce(&srv);
 
+serve:;
     int sig = 0;
     sigwait(&sigs, &sig);
     SQ_INFO("signal received signal=%s; draining", sig == SIGTERM ? "SIGTERM" : "SIGINT");
@@ -190,6 +201,7 @@ int gw_main(const gw_config_t *cfg)
     gw_prep_pool_shutdown(srv.prep, GW_PREP_CANCEL);
     gw_offload_stop(&srv);
     gw_workers_abort(&srv);
+    gw_front_stop(&srv);
     gw_http_drain(&srv, 1000);
     rc = 0;
     goto out;
@@ -204,6 +216,7 @@ out:
     gw_offload_stop(&srv);
     if (srv.workers != NULL)
         gw_workers_abort(&srv);
+    gw_front_stop(&srv);
     /* Uploads and deletes whose DB job is under way answer before the HTTP
      * loops go; jobs of the dispatcher answer into its loop, which stays
      * until the DB thread has stopped. */
@@ -214,6 +227,7 @@ out:
     gw_db_stop(&srv);
     gw_leader_close(&srv); /* the lock goes when all else has stopped */
     gw_workers_free(&srv);
+    gw_front_free(&srv);
     gw_dispatch_free(srv.dispatch);
     srv.dispatch = NULL;
     sq_loop_free(srv.dispatch_loop);

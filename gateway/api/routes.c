@@ -40,6 +40,11 @@ static void route_ready(gw_call_t *call)
         gw_send_error(call->req, SQ_SHUTTING_DOWN, "squishd is shutting down");
         return;
     }
+    char why[256];
+    if (srv->front != NULL && !gw_dispatch_ready(srv, why, sizeof(why))) {
+        gw_send_error(call->req, SQ_NOT_READY, why); /* a frontend: its dispatcher's word */
+        return;
+    }
     if (!atomic_load(&srv->db_ready)) {
         gw_send_error(call->req, SQ_NOT_READY, "the model database is not open");
         return;
@@ -50,7 +55,6 @@ static void route_ready(gw_call_t *call)
         return;
     }
     /* Able to serve every ready model now, not merely up. */
-    char why[256];
     if (!gw_dispatch_ready(srv, why, sizeof(why))) {
         gw_send_error(call->req, SQ_NOT_READY, why);
         return;
@@ -131,58 +135,74 @@ static void route_kserve_model_ready(gw_call_t *call)
 }
 
 static const gw_route_t routes[] = {
-    {"GET", "/v2", "server_metadata", route_server_metadata},
-    {"GET", "/v2/health/live", "health_live", route_live},
-    {"GET", "/v2/health/ready", "health_ready", route_ready},
-    {"POST", "/models", "models_upload", gw_route_models_post},
-    {"GET", "/models", "models_list", gw_route_models_list},
-    {"GET", "/models/*", "models_get", gw_route_models_get},
-    {"DELETE", "/models/*", "models_delete", gw_route_models_delete},
-    {"DELETE", "/models/*/versions/*", "models_delete_version", gw_route_models_delete_version},
-    {"POST", "/pipelines", "pipelines_post", gw_route_pipelines_post},
-    {"GET", "/pipelines", "pipelines_list", gw_route_pipelines_list},
-    {"GET", "/pipelines/*", "pipelines_get", gw_route_pipelines_get},
-    {"DELETE", "/pipelines/*", "pipelines_delete", gw_route_pipelines_delete},
-    {"POST", "/v1/pipelines/*/infer", "pipeline_infer", gw_route_pipeline_infer},
-    {"GET", "/metrics", "metrics", gw_route_metrics},
-    {"GET", "/v2/logging", "logging", gw_route_logging_get},
-    {"POST", "/v2/logging", "logging", gw_route_logging_post},
-    {"GET", "/v2/trace/setting", "trace_setting", gw_route_trace_get},
-    {"POST", "/v2/trace/setting", "trace_setting", gw_route_trace_post},
-    {"GET", "/v2/models/*/trace/setting", "trace_setting", gw_route_trace_get},
-    {"POST", "/v2/models/*/trace/setting", "trace_setting", gw_route_trace_post},
-    {"GET", "/v2/systemsharedmemory/status", "shm_status", gw_route_shm_status},
-    {"GET", "/v2/systemsharedmemory/region/*/status", "shm_status", gw_route_shm_status},
-    {"POST", "/v2/systemsharedmemory/region/*/register", "shm_register", gw_route_shm_register},
-    {"POST", "/v2/systemsharedmemory/unregister", "shm_unregister", gw_route_shm_unregister},
+    {"GET", "/v2", "server_metadata", route_server_metadata, GW_ON_FRONTEND},
+    {"GET", "/v2/health/live", "health_live", route_live, GW_ON_FRONTEND},
+    {"GET", "/v2/health/ready", "health_ready", route_ready, GW_ON_FRONTEND},
+    {"POST", "/models", "models_upload", gw_route_models_post, GW_TO_DISPATCHER},
+    {"GET", "/models", "models_list", gw_route_models_list, GW_TO_DISPATCHER},
+    {"GET", "/models/*", "models_get", gw_route_models_get, GW_TO_DISPATCHER},
+    {"DELETE", "/models/*", "models_delete", gw_route_models_delete, GW_TO_DISPATCHER},
+    {"DELETE", "/models/*/versions/*", "models_delete_version", gw_route_models_delete_version,
+     GW_TO_DISPATCHER},
+    {"POST", "/pipelines", "pipelines_post", gw_route_pipelines_post, GW_TO_DISPATCHER},
+    {"GET", "/pipelines", "pipelines_list", gw_route_pipelines_list, GW_TO_DISPATCHER},
+    {"GET", "/pipelines/*", "pipelines_get", gw_route_pipelines_get, GW_TO_DISPATCHER},
+    {"DELETE", "/pipelines/*", "pipelines_delete", gw_route_pipelines_delete, GW_TO_DISPATCHER},
+    {"POST", "/v1/pipelines/*/infer", "pipeline_infer", gw_route_pipeline_infer, GW_TO_DISPATCHER},
+    {"GET", "/metrics", "metrics", gw_route_metrics, GW_ON_FRONTEND},
+    {"GET", "/v2/logging", "logging", gw_route_logging_get, GW_ON_FRONTEND},
+    {"POST", "/v2/logging", "logging", gw_route_logging_post, GW_ON_FRONTEND},
+    {"GET", "/v2/trace/setting", "trace_setting", gw_route_trace_get, GW_ON_FRONTEND},
+    {"POST", "/v2/trace/setting", "trace_setting", gw_route_trace_post, GW_ON_FRONTEND},
+    {"GET", "/v2/models/*/trace/setting", "trace_setting", gw_route_trace_get, GW_ON_FRONTEND},
+    {"POST", "/v2/models/*/trace/setting", "trace_setting", gw_route_trace_post, GW_ON_FRONTEND},
+    {"GET", "/v2/systemsharedmemory/status", "shm_status", gw_route_shm_status, GW_ON_FRONTEND},
+    {"GET", "/v2/systemsharedmemory/region/*/status", "shm_status", gw_route_shm_status,
+     GW_ON_FRONTEND},
+    {"POST", "/v2/systemsharedmemory/region/*/register", "shm_register", gw_route_shm_register,
+     GW_ON_FRONTEND},
+    {"POST", "/v2/systemsharedmemory/unregister", "shm_unregister", gw_route_shm_unregister,
+     GW_ON_FRONTEND},
     {"POST", "/v2/systemsharedmemory/region/*/unregister", "shm_unregister",
-     gw_route_shm_unregister},
-    {"GET", "/v2/cudasharedmemory/status", "cudashm_status", gw_route_cudashm_status},
-    {"GET", "/v2/cudasharedmemory/region/*/status", "cudashm_status", gw_route_cudashm_status},
+     gw_route_shm_unregister, GW_ON_FRONTEND},
+    {"GET", "/v2/cudasharedmemory/status", "cudashm_status", gw_route_cudashm_status,
+     GW_ON_FRONTEND},
+    {"GET", "/v2/cudasharedmemory/region/*/status", "cudashm_status", gw_route_cudashm_status,
+     GW_ON_FRONTEND},
     {"POST", "/v2/cudasharedmemory/region/*/register", "cudashm_register",
-     gw_route_cudashm_register},
-    {"POST", "/v2/cudasharedmemory/unregister", "cudashm_unregister", gw_route_cudashm_unregister},
+     gw_route_cudashm_register, GW_ON_FRONTEND},
+    {"POST", "/v2/cudasharedmemory/unregister", "cudashm_unregister", gw_route_cudashm_unregister,
+     GW_ON_FRONTEND},
     {"POST", "/v2/cudasharedmemory/region/*/unregister", "cudashm_unregister",
-     gw_route_cudashm_unregister},
-    {"GET", "/v2/models/stats", "model_stats", gw_route_model_stats}, /* before kserve_model */
-    {"GET", "/v2/models/*/stats", "model_stats", gw_route_model_stats},
-    {"GET", "/v2/models/*/versions/*/stats", "model_stats", gw_route_model_stats},
-    {"GET", "/v2/models/*", "kserve_model", route_kserve_model},
-    {"GET", "/v2/models/*/versions/*", "kserve_model", route_kserve_model},
-    {"GET", "/v2/models/*/ready", "kserve_model_ready", route_kserve_model_ready},
-    {"GET", "/v2/models/*/config", "model_config", gw_route_model_config},
-    {"GET", "/v2/models/*/versions/*/config", "model_config", gw_route_model_config},
-    {"POST", "/v2/repository/index", "repository_index", gw_route_repository_index},
-    {"GET", "/v2/repository/index", "repository_index", gw_route_repository_index_get},
-    {"POST", "/v2/repository/models/*/load", "repository_load", gw_route_repository_load},
-    {"POST", "/v2/repository/models/*/unload", "repository_unload", gw_route_repository_unload},
-    {"GET", "/v2/models/*/versions/*/ready", "kserve_model_ready", route_kserve_model_ready},
-    {"GET", "/v1/plan", "plan", route_plan},
-    {"POST", "/v1/models/*/infer", "infer_v1", gw_route_infer_v1},
-    {"POST", "/v1/models/*/versions/*/infer", "infer_v1", gw_route_infer_v1},
-    {"POST", "/v2/models/*/infer", "infer_v2", route_infer_v2},
-    {"POST", "/v2/models/*/versions/*/infer", "infer_v2", route_infer_v2},
+     gw_route_cudashm_unregister, GW_ON_FRONTEND},
+    {"GET", "/v2/models/stats", "model_stats", gw_route_model_stats,
+     GW_TO_DISPATCHER}, /* before kserve_model */
+    {"GET", "/v2/models/*/stats", "model_stats", gw_route_model_stats, GW_TO_DISPATCHER},
+    {"GET", "/v2/models/*/versions/*/stats", "model_stats", gw_route_model_stats, GW_TO_DISPATCHER},
+    {"GET", "/v2/models/*", "kserve_model", route_kserve_model, GW_TO_DISPATCHER},
+    {"GET", "/v2/models/*/versions/*", "kserve_model", route_kserve_model, GW_TO_DISPATCHER},
+    {"GET", "/v2/models/*/ready", "kserve_model_ready", route_kserve_model_ready, GW_TO_DISPATCHER},
+    {"GET", "/v2/models/*/config", "model_config", gw_route_model_config, GW_TO_DISPATCHER},
+    {"GET", "/v2/models/*/versions/*/config", "model_config", gw_route_model_config,
+     GW_TO_DISPATCHER},
+    {"POST", "/v2/repository/index", "repository_index", gw_route_repository_index,
+     GW_TO_DISPATCHER},
+    {"GET", "/v2/repository/index", "repository_index", gw_route_repository_index_get,
+     GW_TO_DISPATCHER},
+    {"POST", "/v2/repository/models/*/load", "repository_load", gw_route_repository_load,
+     GW_TO_DISPATCHER},
+    {"POST", "/v2/repository/models/*/unload", "repository_unload", gw_route_repository_unload,
+     GW_TO_DISPATCHER},
+    {"GET", "/v2/models/*/versions/*/ready", "kserve_model_ready", route_kserve_model_ready,
+     GW_ON_FRONTEND},
+    {"GET", "/v1/plan", "plan", route_plan, GW_TO_DISPATCHER},
+    {"POST", "/v1/models/*/infer", "infer_v1", gw_route_infer_v1, GW_ON_FRONTEND},
+    {"POST", "/v1/models/*/versions/*/infer", "infer_v1", gw_route_infer_v1, GW_ON_FRONTEND},
+    {"POST", "/v2/models/*/infer", "infer_v2", route_infer_v2, GW_ON_FRONTEND},
+    {"POST", "/v2/models/*/versions/*/infer", "infer_v2", route_infer_v2, GW_ON_FRONTEND},
 };
 
-const gw_http_app_t gw_http_app = {
-    .routes = routes, .nroutes = sizeof(routes) / sizeof(routes[0]), .done = gw_metrics_http_done};
+const gw_http_app_t gw_http_app = {.routes = routes,
+                                   .nroutes = sizeof(routes) / sizeof(routes[0]),
+                                   .done = gw_metrics_http_done,
+                                   .forward = gw_proxy_to_dispatcher};

@@ -76,6 +76,10 @@ typedef struct gw_model {
      * the newest version's applies to every version of the name. */
     int has_policy;
     gw_version_policy_t policy;
+    /* The record it was built from (gw_model_from_record; NULL for an
+     * entry made otherwise): what a dispatcher sends its frontends, who
+     * build their entries from it the same way. */
+    json_t *record;
 } gw_model_t;
 
 void gw_model_ref(gw_model_t *m);

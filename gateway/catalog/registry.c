@@ -18,6 +18,7 @@ void gw_model_unref(gw_model_t *m)
         if (m->has_profile[k])
             pl_profile_dispose(&m->profile[k]);
     json_decref(m->labels);
+    json_decref(m->record);
     free(m);
 }
 
@@ -110,6 +111,7 @@ gw_model_t *gw_model_from_record(json_t *rec)
     m->max_batch = (int)json_integer_value(json_object_get(rec, "max_batch"));
     m->memory_bytes = (uint64_t)json_integer_value(json_object_get(rec, "memory_bytes"));
     m->labels = json_incref(json_object_get(rec, "labels"));
+    m->record = json_incref(rec);
     json_t *grp = json_object_get(rec, "prefix_group");
     if (json_is_object(grp)) {
         m->group_id = json_integer_value(json_object_get(grp, "id"));

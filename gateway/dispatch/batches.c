@@ -14,6 +14,50 @@ static void on_timer(sq_loop_t *loop, uint64_t id, void *data);
 
 /* ---- actions of the core ----------------------------------------------- */
 
+/* A batch's rows held by frontends: each frontend is told which of its
+ * items are which rows and where the worker takes them (FE_ASSIGN), and
+ * sends them there itself. Metadata only: a dozen bytes a row. */
+static void send_assignments(gw_dispatch_t *ds, const ds_worker_t *w, uint64_t batch_id,
+                             const gw_model_t *m, uint8_t input_kind, uint64_t row_bytes,
+                             uint64_t stride, gw_item_t **items, int count)
+{
+    sq_fe_assign_t *a = sq_xmalloc(sizeof(*a));
+    sq_buf_t buf;
+    sq_buf_init(&buf);
+    uint32_t done_src[SQ_MAX_BATCH_ITEMS];
+    int ndone = 0;
+    for (int i = 0; i < count; i++) {
+        uint32_t src = items[i]->src;
+        int seen = src == 0;
+        for (int k = 0; k < ndone && !seen; k++)
+            seen = done_src[k] == src;
+        if (seen)
+            continue;
+        done_src[ndone++] = src;
+        a->worker = (uint32_t)w->id;
+        snprintf(a->addr, sizeof(a->addr), "%s", w->data_addr);
+        a->model_key = m->key;
+        a->input_kind = input_kind;
+        a->count = (uint32_t)count;
+        a->row_bytes = row_bytes;
+        a->out_stride = stride;
+        a->n = 0;
+        for (int j = i; j < count; j++) {
+            if (items[j]->src != src)
+                continue;
+            a->slot[a->n] = items[j]->fe_slot;
+            a->row[a->n++] = (uint32_t)j;
+        }
+        buf.len = 0;
+        sq_fe_assign_encode(&buf, a);
+        /* A frontend gone meanwhile: its rows count as absent at the
+         * worker (FE_GONE), and its items were failed when it left. */
+        ds_fe_send(ds, (int)src - 1, SQ_MSG_FE_ASSIGN, batch_id, buf.data, (uint32_t)buf.len);
+    }
+    sq_buf_dispose(&buf);
+    free(a);
+}
+
 static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batch_id,
                        gw_item_t **items, int count)
 {
@@ -21,16 +65,31 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
     ds_session_t *se = &ds->sessions[session];
     gw_model_t *m = se->model->m;
     uint64_t stride = ((uint64_t)m->out_elems * sizeof(float) + 63) & ~(uint64_t)63;
-    int64_t out_off = sq_shm_alloc(ds->srv->arena, stride * (uint64_t)count);
-    if (w == NULL || !w->up || out_off < 0) {
+    /* Rows a frontend holds go from it to the worker, and their outputs
+     * back to it: the arena holds outputs only for rows of this process. */
+    int own = 0, held = 0;
+    for (int i = 0; i < count; i++) {
+        if (items[i]->src != 0)
+            held++;
+        else
+            own++;
+    }
+    int64_t out_off = own > 0 ? sq_shm_alloc(ds->srv->arena, stride * (uint64_t)count) : -1;
+    int no_data = w != NULL && held > 0 && w->data_addr[0] == '\0';
+    if (w == NULL || !w->up || (own > 0 && out_off < 0) || no_data) {
         /* Never sent: the worker is free again and the items fail (no room in
          * the arena means squishd is overloaded). */
         if (out_off >= 0)
             sq_shm_release(ds->srv->arena, out_off);
         for (int i = 0; i < count; i++)
-            ds_fail_item(ds, items[i], out_off < 0 ? SQ_OVERLOAD : SQ_WORKER_LOST,
-                         out_off < 0 ? "no room for outputs in the shared-memory arena"
-                                     : "worker gone");
+            ds_fail_item(ds, items[i],
+                         no_data                  ? SQ_NO_WORKER
+                         : own > 0 && out_off < 0 ? SQ_OVERLOAD
+                                                  : SQ_WORKER_LOST,
+                         no_data ? "the worker takes no rows from frontends (start it with "
+                                   "--data-listen)"
+                         : own > 0 && out_off < 0 ? "no room for outputs in the shared-memory arena"
+                                                  : "worker gone");
         free(items);
         pl_dispatch_batch_done(ds->core, sq_now_us(), worker, batch_id);
         ds_pump(ds);
@@ -41,7 +100,8 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
         /* The worker was told to unload the model after the core chose it
          * (a plan moving the model): the requests go back to their model. */
         SQ_DEBUG("batch not sent: model=%s not loaded on worker=%d", m->name, w->id);
-        sq_shm_release(ds->srv->arena, out_off);
+        if (out_off >= 0)
+            sq_shm_release(ds->srv->arena, out_off);
         for (int i = 0; i < count; i++) {
             ds_handle_release(ds, items[i]); /* the core let go of it: it enters anew */
             ds->ops->resubmit(ds, items[i]);
@@ -69,14 +129,19 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
     b->model_key = (uint64_t)m->key;
     b->input_kind = se->input_kind;
     b->count = (uint32_t)count;
-    b->out_off = (uint64_t)out_off;
+    b->out_off = out_off >= 0 ? (uint64_t)out_off : 0;
     b->out_stride = stride;
+    b->has_sources = held > 0;
     int64_t t = sq_now_us();
     for (int i = 0; i < count; i++) {
-        b->in_off[i] = (uint64_t)items[i]->in_off;
+        b->in_off[i] = items[i]->src == 0 ? (uint64_t)items[i]->in_off : 0;
+        b->src[i] = items[i]->src;
         items[i]->sent_us = t;
         items[i]->batch_size = count;
     }
+    uint64_t in_bytes = ds_input_bytes(m, se->input_kind); /* each input slot it names */
+    if (held > 0)
+        send_assignments(ds, w, batch_id, m, se->input_kind, in_bytes, stride, items, count);
     sq_buf_t buf;
     sq_buf_init(&buf);
     sq_batch_encode(&buf, b);
@@ -91,10 +156,11 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
                         .sent_us = t,
                         .seq = ++w->job_seq};
     w->inflight = rec;
-    uint64_t in_bytes = ds_input_bytes(m, se->input_kind); /* each input slot it names */
     gw_region_t *in = ds->regions;
     for (int i = 0; i < count; i++)
-        in[i] = (gw_region_t){.offset = (uint64_t)items[i]->in_off, .bytes = in_bytes};
+        in[i] = items[i]->src == 0
+                    ? (gw_region_t){.offset = (uint64_t)items[i]->in_off, .bytes = in_bytes}
+                    : (gw_region_t){.offset = 0, .bytes = 0};
     int sent =
         ds_link_send(ds, worker, SQ_MSG_BATCH, batch_id, buf.data, (uint32_t)buf.len, in, count);
     /* A worker that just died (its connection broken, not yet seen as
@@ -558,8 +624,9 @@ void ds_on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f)
             it->exec_start_us = exec_start_us;
             it->exec_end_us = exec_end_us;
             gw_model_t *m = it->model;
-            memcpy(it->out, base + b->out_off + b->out_stride * (uint64_t)i,
-                   (size_t)m->out_elems * sizeof(float));
+            if (it->src == 0) /* a frontend's row went back to it from the worker */
+                memcpy(it->out, base + b->out_off + b->out_stride * (uint64_t)i,
+                       (size_t)m->out_elems * sizeof(float));
             ds_handle_release(ds, it);
             ds_release_input(ds, it);
             it->done_us = t;
@@ -578,7 +645,8 @@ void ds_on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f)
                              worker that died before its answers left was not its */
         live_sample(ds, ran, b->count, (double)done.exec_ns / 1000.0);
     }
-    sq_shm_release(ds->srv->arena, b->out_off);
+    if (b->out_off >= 0)
+        sq_shm_release(ds->srv->arena, b->out_off);
     free(b->items);
     free(b);
     ds_pump(ds);

@@ -15,6 +15,7 @@
  * Runs on the workers' loop thread; other threads reach it with
  * sq_loop_post (gw_dispatch_submit and friends). */
 #include "gw_dispatch_int.h"
+#include "gw_front.h"
 
 #include <pl_loop.h>
 
@@ -201,11 +202,8 @@ static ds_model_t *admit(gw_dispatch_t *ds, gw_item_t *it)
  * each is admitted on its own, and those to queue now enter the core
  * together per model (ds_enqueue_items), so that a clump is one arrival
  * there. */
-static void on_submit(sq_loop_t *loop, void *arg)
+void ds_submit_chain(gw_dispatch_t *ds, gw_item_t *first)
 {
-    gw_item_t *first = arg;
-    gw_dispatch_t *ds = first->srv->dispatch;
-    (void)loop;
     int n = 0;
     for (const gw_item_t *it = first; it != NULL; it = it->clump_next)
         n++;
@@ -250,9 +248,19 @@ static void on_submit(sq_loop_t *loop, void *arg)
     ds_pump(ds);
 }
 
+static void on_submit(sq_loop_t *loop, void *arg)
+{
+    gw_item_t *first = arg;
+    (void)loop;
+    ds_submit_chain(first->srv->dispatch, first);
+}
+
 void gw_dispatch_submit(gw_server_t *srv, gw_item_t *item)
 {
-    sq_loop_post(srv->dispatch_loop, on_submit, item);
+    if (srv->front != NULL)
+        gw_front_submit(srv, item); /* a frontend: the cluster's dispatcher decides */
+    else
+        sq_loop_post(srv->dispatch_loop, on_submit, item);
 }
 
 static void on_withdraw(sq_loop_t *loop, void *arg)
@@ -266,6 +274,10 @@ static void on_withdraw(sq_loop_t *loop, void *arg)
 
 void gw_dispatch_withdraw(gw_server_t *srv)
 {
+    if (srv->front != NULL) {
+        gw_front_withdraw(srv);
+        return;
+    }
     gw_dispatch_t *ds = srv->dispatch;
     if (ds != NULL && atomic_exchange(&ds->withdraw_posted, 1) == 0)
         sq_loop_post(srv->dispatch_loop, on_withdraw, ds);
@@ -574,6 +586,8 @@ static void warm_all(gw_dispatch_t *ds)
 
 void gw_dispatch_warm(gw_server_t *srv, int64_t key)
 {
+    if (srv->dispatch == NULL)
+        return; /* a frontend: its dispatcher warms what its clients ask for */
     warm_t *w = sq_xmalloc(sizeof(*w));
     *w = (warm_t){.srv = srv, .key = key};
     sq_loop_post(srv->dispatch_loop, on_warm, w);
@@ -623,6 +637,7 @@ static const gw_dispatch_ops_t dispatch_ops = {
     .model = ds_model_get,
     .serving_kind = ds_kind_of_model,
     .resubmit = resubmit,
+    .submit_chain = ds_submit_chain,
 };
 
 gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop)
@@ -688,6 +703,7 @@ void gw_dispatch_free(gw_dispatch_t *ds)
 {
     if (ds == NULL)
         return;
+    ds_frontends_free(ds);
     for (int i = 0; i < ds->nworkers; i++) {
         ds_worker_t *w = ds->workers[i];
         if (w == NULL)

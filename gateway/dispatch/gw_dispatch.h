@@ -88,6 +88,12 @@ struct gw_item {
      * dispatcher as one chain (gw_dispatch_submit); NULL: the last, or
      * alone. */
     gw_item_t *clump_next;
+    /* Where its input is: 0 in this process's arena (in_off); k > 0 with
+     * frontend k - 1, which holds it as fe_slot (a dispatcher's record of
+     * a frontend's item: req and out are NULL, and the frontend answers
+     * the client). */
+    uint32_t src;
+    uint64_t fe_slot;
     gw_prep_job_t prep; /* JPEG items */
 };
 
@@ -227,5 +233,14 @@ int gw_dispatch_profile_progress(gw_server_t *srv, int64_t key, gw_profile_progr
 gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop);
 void gw_dispatch_free(gw_dispatch_t *ds);
 extern const gw_transport_events_t gw_dispatch_events;
+
+/* Frontends' traffic on the dispatcher's link, counted here (both ways,
+ * frame headers included): for /metrics and the link's budget per item. */
+typedef struct {
+    uint64_t bytes_in, bytes_out;
+    uint64_t items; /* items offered by frontends */
+    int connected;  /* frontends connected now */
+} gw_frontend_traffic_t;
+void gw_dispatch_frontend_traffic(gw_server_t *srv, gw_frontend_traffic_t *out);
 
 #endif

@@ -76,6 +76,9 @@ typedef struct {
     char addr[64];
     int64_t rtt_us;
     double bytes_per_us;
+    /* Where frontends send it their rows (WORKER_DATA; "" none: it takes
+     * no frontend's items). */
+    char data_addr[64];
 } ds_worker_t;
 
 /* Batch-time ratios a model's live profile keeps (batches.c). */
@@ -141,6 +144,19 @@ typedef struct ds_model {
     pl_profile_t live_profile;
 } ds_model_t;
 
+/* A frontend joined on the cluster listener (frontends.c): its items by
+ * slot index (the low 32 bits of the frontend's slot ids). */
+typedef struct ds_frontend {
+    int id;
+    int up;
+    char name[64];
+    char addr[64];
+    struct ds_fe_item **items;
+    uint32_t capitems;
+    unsigned long catalog_gen; /* the registry generation last sent (0: none) */
+    char *state_sent;          /* the FE_STATE last sent */
+} ds_frontend_t;
+
 typedef struct {
     int id;
     ds_model_t *model;
@@ -178,6 +194,8 @@ typedef struct {
      * through submission again (its route changed: a prefix group retired,
      * a batch could not be sent). */
     void (*resubmit)(gw_dispatch_t *ds, gw_item_t *it);
+    /* ds_submit_chain, for frontends.c. */
+    void (*submit_chain)(gw_dispatch_t *ds, gw_item_t *first);
 } gw_dispatch_ops_t;
 
 struct gw_dispatch {
@@ -227,6 +245,13 @@ struct gw_dispatch {
     /* Models being measured, and how far (under ready_lock too). */
     gw_profile_progress_t *progress;
     int nprogress, capprogress;
+    /* Frontends (frontends.c), by id; their traffic (read by other
+     * threads), and the timer that sends them the catalog and state. */
+    ds_frontend_t **frontends;
+    int nfrontends;
+    _Atomic uint64_t fe_bytes_in, fe_bytes_out, fe_items;
+    atomic_int fe_connected;
+    uint64_t fe_timer;
 };
 
 /* Fails it, whose model has no live record here, with what the registry
@@ -461,6 +486,17 @@ void ds_release_input(gw_dispatch_t *ds, gw_item_t *it);
 /* Answers it with an error: the one place, with a batch's success path,
  * where an item leaves the dispatcher. */
 void ds_fail_item(gw_dispatch_t *ds, gw_item_t *it, int rc, const char *detail);
+/* Frontend fe's record while it is connected, else NULL. */
+static inline ds_frontend_t *ds_frontend_at(const gw_dispatch_t *ds, int fe)
+{
+    return fe >= 0 && fe < ds->nfrontends && ds->frontends[fe] != NULL && ds->frontends[fe]->up
+               ? ds->frontends[fe]
+               : NULL;
+}
+/* A frame to frontend fe (counted in its traffic); SQ_NO_WORKER when it is
+ * gone. */
+int ds_fe_send(gw_dispatch_t *ds, int fe, uint16_t type, uint64_t id, const void *payload,
+               uint32_t len);
 /* Through the workers' link (gw_link.h); SQ_NO_WORKER without one. */
 int ds_link_send(gw_dispatch_t *ds, int worker, uint16_t type, uint64_t id, const void *payload,
                  uint32_t len, const gw_region_t *regions, int nregions);
@@ -557,6 +593,18 @@ void ds_registry_refresh(mdb_t *db, gw_server_t *srv, int64_t key);
 /* Answers everything the dispatcher holds 503 shutting_down (the link's
  * abort). Idempotent. */
 void ds_abort_all(gw_dispatch_t *ds);
+/* Items handed over on the dispatch thread (a frontend's, linked through
+ * clump_next as gw_dispatch_submit's): admitted and queued. */
+void ds_submit_chain(gw_dispatch_t *ds, gw_item_t *first);
+
+/* frontends.c (below dispatch.c, which frees them; it submits items
+ * through ds->ops->submit_chain): the frontends' events, which
+ * worker_events.c hands over. */
+void ds_fe_up(gw_dispatch_t *ds, int fe, const char *name, const char *addr);
+int ds_fe_frame(gw_dispatch_t *ds, int fe, const sq_frame_t *f);
+void ds_fe_lost(gw_dispatch_t *ds, int fe);
+/* Frees the records (the dispatcher is freed). */
+void ds_frontends_free(gw_dispatch_t *ds);
 
 /* ---- lookups both sides use (data only) --------------------------------- */
 

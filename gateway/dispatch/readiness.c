@@ -3,6 +3,7 @@
  * every ready model now, and the models a worker up holds, published under
  * ready_lock. */
 #include "gw_dispatch_int.h"
+#include "gw_front.h"
 
 #include <string.h>
 
@@ -108,6 +109,8 @@ void ds_publish_ready(gw_dispatch_t *ds)
 
 int gw_dispatch_ready(gw_server_t *srv, char *why, size_t len)
 {
+    if (srv->front != NULL)
+        return gw_front_ready(srv, why, len);
     gw_dispatch_t *ds = srv->dispatch;
     if (ds == NULL) {
         snprintf(why, len, "the dispatcher is starting");
@@ -125,6 +128,8 @@ int gw_dispatch_ready(gw_server_t *srv, char *why, size_t len)
 
 int gw_dispatch_model_held(gw_server_t *srv, int64_t key)
 {
+    if (srv->front != NULL)
+        return gw_front_model_held(srv, key);
     gw_dispatch_t *ds = srv->dispatch;
     int held = 0;
     if (ds == NULL)
@@ -138,6 +143,8 @@ int gw_dispatch_model_held(gw_server_t *srv, int64_t key)
 
 int gw_dispatch_model_unloading(gw_server_t *srv, int64_t key)
 {
+    if (srv->front != NULL)
+        return gw_front_model_unloading(srv, key);
     gw_dispatch_t *ds = srv->dispatch;
     int gone = 0;
     if (ds == NULL)

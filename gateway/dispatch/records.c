@@ -173,6 +173,18 @@ int ds_link_send_ref(gw_dispatch_t *ds, int worker, uint16_t type, uint64_t id, 
     return t != NULL ? t->send_ref(t, worker, type, id, bytes, off, len) : SQ_NO_WORKER;
 }
 
+int ds_fe_send(gw_dispatch_t *ds, int fe, uint16_t type, uint64_t id, const void *payload,
+               uint32_t len)
+{
+    gw_transport_t *t = ds->srv->transport;
+    if (t == NULL || t->send_fe == NULL || ds_frontend_at(ds, fe) == NULL)
+        return SQ_NO_WORKER;
+    int rc = t->send_fe(t, fe, type, id, payload, len);
+    if (rc == 0)
+        atomic_fetch_add(&ds->fe_bytes_out, (uint64_t)len + SQ_IPC_HEADER_SIZE);
+    return rc;
+}
+
 int ds_loaded_anywhere(gw_dispatch_t *ds, ds_model_t *dm, int *loading)
 {
     int loaded = 0;

@@ -187,6 +187,18 @@ static int on_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
     if (w == NULL)
         return -1;
     switch (f->type) {
+    case SQ_MSG_WORKER_DATA: {
+        sq_reader_t r;
+        sq_reader_init(&r, f->payload, f->len);
+        char addr[sizeof(w->data_addr)];
+        sq_get_str(&r, addr, sizeof(addr));
+        if (r.err || r.left != 0 || addr[0] == '\0')
+            return -1;
+        if (strcmp(addr, w->data_addr) != 0)
+            SQ_INFO("worker data address id=%d addr=%s", w->id, addr);
+        snprintf(w->data_addr, sizeof(w->data_addr), "%s", addr);
+        return 0;
+    }
     case SQ_MSG_BATCH_DONE:
         ds_on_batch_done(ds, w, f);
         ds_profile_step(ds, w); /* a measurement waiting for the worker */
@@ -401,12 +413,14 @@ static void worker_lost(gw_dispatch_t *ds, int worker)
     if (w == NULL || !w->up)
         return;
     w->up = 0;
+    w->data_addr[0] = '\0'; /* it says again when it is back */
     atomic_fetch_sub(&ds->srv->kind_up[w->kind], 1);
     note_suspect(w);
     if (w->inflight != NULL) {
         /* The core puts these requests back in their queues (or drops them
          * if their deadline no longer allows a retry). */
-        sq_shm_release(ds->srv->arena, w->inflight->out_off);
+        if (w->inflight->out_off >= 0)
+            sq_shm_release(ds->srv->arena, w->inflight->out_off);
         free(w->inflight->items);
         free(w->inflight);
         w->inflight = NULL;
@@ -483,6 +497,21 @@ static void ev_held(void *ctx, int worker, const char (*sha256)[65], int n)
     SQ_INFO("worker holds model files id=%d device=%s files=%d", worker, w->device, n);
 }
 
+static void ev_fe_up(void *ctx, int fe, const char *name, const char *addr)
+{
+    ds_fe_up(ctx, fe, name, addr);
+}
+
+static int ev_fe_frame(void *ctx, int fe, const sq_frame_t *f)
+{
+    return ds_fe_frame(ctx, fe, f);
+}
+
+static void ev_fe_lost(void *ctx, int fe)
+{
+    ds_fe_lost(ctx, fe);
+}
+
 static void ev_abort(void *ctx)
 {
     ds_abort_all(ctx);
@@ -494,4 +523,7 @@ const gw_transport_events_t gw_dispatch_events = {.up = ev_up,
                                                   .exited = ev_exited,
                                                   .abort = ev_abort,
                                                   .held = ev_held,
-                                                  .link = ev_link};
+                                                  .link = ev_link,
+                                                  .fe_up = ev_fe_up,
+                                                  .fe_frame = ev_fe_frame,
+                                                  .fe_lost = ev_fe_lost};

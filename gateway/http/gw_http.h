@@ -119,7 +119,18 @@ typedef struct {
     const char *pattern; /* "/v2/models/ * /ready" without spaces: '*' matches one segment */
     const char *name;    /* route label for logs and metrics */
     gw_route_fn fn;
+    /* GW_ON_FRONTEND: a frontend (--role frontend) serves it itself
+     * (inference, health, its own settings); GW_TO_DISPATCHER: a frontend
+     * forwards it to the dispatcher, whose model DB and plan it is about. */
+    int on_frontend;
 } gw_route_t;
+
+#define GW_ON_FRONTEND 1
+#define GW_TO_DISPATCHER 0
+
+/* A frontend's forward of a management route to its dispatcher's HTTP
+ * (proxy.c): the dispatcher's answer goes back as it is. */
+void gw_proxy_to_dispatcher(gw_call_t *call);
 
 /* The standard reason phrase of an HTTP status ("Accepted" for 202, "Not
  * Found" for 404); every response squishd sends carries its status's. */
@@ -151,6 +162,9 @@ typedef struct gw_http_app {
     /* Optional: answers every request no route matches (else 404 or 405). */
     void (*fallback)(gw_call_t *call);
     const char *fallback_name;
+    /* Optional: on a frontend, answers the routes it does not serve itself
+     * (GW_TO_DISPATCHER; gw_proxy_to_dispatcher). */
+    void (*forward)(gw_call_t *call);
     void (*done)(gw_server_t *srv, h2o_req_t *req, const char *route, int64_t start_ns);
 } gw_http_app_t;
 

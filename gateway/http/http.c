@@ -476,7 +476,10 @@ static void route_request(gw_server_t *srv, req_done_t *inflight, h2o_req_t *req
         gw__route_find(app, req->method, req->path_normalized, &call, allow, sizeof(allow));
     if (route != NULL) {
         inflight->route = route->name;
-        route->fn(&call);
+        if (srv->front != NULL && !route->on_frontend && app->forward != NULL)
+            app->forward(&call);
+        else
+            route->fn(&call);
         return;
     }
     if (app->fallback != NULL) {

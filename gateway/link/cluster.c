@@ -201,6 +201,8 @@ int gw_remote_before_hello(gw_remote_t *r, sq_conn_t *c, const sq_frame_t *f, ch
         }
         if (f->type == SQ_MSG_HELLO)
             return 1;
+        if (f->type == SQ_MSG_FE_HELLO && r->held == NULL)
+            return 2;
         snprintf(why, whylen, "expected HELLO, got %s", sq_msg_name(f->type));
         return SQ_PROTOCOL;
     }
@@ -242,7 +244,12 @@ static int send_batch(gw_remote_t *r, sq_conn_t *c, const uint8_t *arena, size_t
         }
         at += g->bytes;
     }
-    uint64_t out_off = b->out_off, out_len = b->out_stride * b->count;
+    /* Rows from frontends go to the worker from them, and their outputs
+     * back to them: the region comes back only for rows of squishd's own. */
+    int own = !b->has_sources;
+    for (uint32_t i = 0; i < b->count && !own; i++)
+        own = b->src[i] == 0;
+    uint64_t out_off = b->out_off, out_len = own ? b->out_stride * b->count : 0;
     if (out_off > arena_size || out_len > arena_size - out_off)
         return SQ_INTERNAL;
     b->out_off = 0;

@@ -42,6 +42,10 @@ struct gw_transport {
      * reference until it is written. */
     int (*send_ref)(gw_transport_t *t, int worker, uint16_t type, uint64_t id, sq_bytes_t *bytes,
                     size_t off, uint32_t len);
+    /* Queues one frame to frontend fe (squishd --role frontend, joined on
+     * the cluster listener): 0, or SQ_NO_WORKER when it is not connected. */
+    int (*send_fe)(gw_transport_t *t, int fe, uint16_t type, uint64_t id, const void *payload,
+                   uint32_t len);
 };
 
 /* What the link tells the dispatcher (ctx: the dispatcher's). */
@@ -63,6 +67,12 @@ typedef struct {
     /* Optional: a remote worker's link as measured (its address, round
      * trip, bandwidth), when first known and when it changes. */
     void (*link)(void *ctx, int worker, const char *addr, int64_t rtt_us, double bytes_per_us);
+    /* Frontends (optional): one passed its handshake (FE_WELCOME sent,
+     * with its id), a frame from it (nonzero: it breaks the protocol and
+     * is dropped), its connection ended. */
+    void (*fe_up)(void *ctx, int fe, const char *name, const char *addr);
+    int (*fe_frame)(void *ctx, int fe, const sq_frame_t *f);
+    void (*fe_lost)(void *ctx, int fe);
 } gw_transport_events_t;
 
 /* The TCP side of the workers' link (workers.c): squishd's cluster
@@ -94,8 +104,9 @@ const char (*gw_remote_held(const gw_remote_t *r, int *n))[65];
 
 /* A frame before HELLO: the authentication and MODELS_HELD. Returns 0 when
  * handled (answers go out on c), 1 for the HELLO of an authenticated
- * worker, or a negative SQ_* error when the worker is refused (reason in
- * why: the caller sends ERROR, logs and closes). */
+ * worker, 2 for the FE_HELLO of an authenticated frontend, or a negative
+ * SQ_* error when the peer is refused (reason in why: the caller sends
+ * ERROR, logs and closes). */
 int gw_remote_before_hello(gw_remote_t *r, sq_conn_t *c, const sq_frame_t *f, char *why,
                            size_t whylen);
 

@@ -9,7 +9,7 @@ static int count_up(gw_workers_t *ws)
 {
     int n = 0;
     for (peer_t *p = ws->peers; p != NULL; p = p->next)
-        n += p->welcomed;
+        n += p->welcomed && !p->frontend;
     return n;
 }
 
@@ -71,19 +71,27 @@ void gw__workers_peer_close(gw_workers_t *ws, peer_t *p, const char *reason)
             break;
         }
     }
-    if (p->welcomed)
-        ws->ev->lost(ws->ev_ctx, p->id);
-    if (p->welcomed)
-        gw_metrics_worker_up(ws->srv->metrics, p->id, p->hello.name, 0);
-    if (p->welcomed || p->slot != NULL)
-        SQ_LOG(clean ? SQ_LOG_INFO : SQ_LOG_WARN, "worker %s id=%d device=%s pid=%u reason=%s%s%s",
-               ws->stopping ? "gone" : "lost", p->id, p->hello.name[0] ? p->hello.name : "?",
-               p->hello.pid, reason, p->remote ? " addr=" : "",
-               p->remote ? gw_remote_addr(p->remote) : "");
-    else if (p->remote != NULL && strcmp(reason, "protocol_error") != 0 &&
-             strcmp(reason, "too_many_handshakes") != 0)
-        SQ_WARN("worker connection ended before its handshake addr=%s reason=%s",
-                gw_remote_addr(p->remote), reason);
+    if (p->frontend) {
+        if (p->welcomed && ws->ev->fe_lost != NULL)
+            ws->ev->fe_lost(ws->ev_ctx, p->id);
+        SQ_LOG(clean || ws->stopping ? SQ_LOG_INFO : SQ_LOG_WARN,
+               "frontend %s id=%d name=%s addr=%s reason=%s", ws->stopping ? "gone" : "lost", p->id,
+               p->fe_name, gw_remote_addr(p->remote), reason);
+    } else {
+        if (p->welcomed) {
+            ws->ev->lost(ws->ev_ctx, p->id);
+            gw_metrics_worker_up(ws->srv->metrics, p->id, p->hello.name, 0);
+        }
+        if (p->welcomed || p->slot != NULL)
+            SQ_LOG(clean ? SQ_LOG_INFO : SQ_LOG_WARN,
+                   "worker %s id=%d device=%s pid=%u reason=%s%s%s", ws->stopping ? "gone" : "lost",
+                   p->id, p->hello.name[0] ? p->hello.name : "?", p->hello.pid, reason,
+                   p->remote ? " addr=" : "", p->remote ? gw_remote_addr(p->remote) : "");
+        else if (p->remote != NULL && strcmp(reason, "protocol_error") != 0 &&
+                 strcmp(reason, "too_many_handshakes") != 0)
+            SQ_WARN("worker connection ended before its handshake addr=%s reason=%s",
+                    gw_remote_addr(p->remote), reason);
+    }
     sq_loop_unwatch(ws->loop, p->conn.fd);
     sq_conn_dispose(&p->conn);
     gw_remote_free(p->remote);
@@ -256,8 +264,74 @@ static int on_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
     return 0;
 }
 
+/* An authenticated frontend's FE_HELLO: its id (never reused while
+ * squishd runs: a frontend that reconnects is a new one, whose old items
+ * were failed when it left), FE_WELCOME, and the dispatcher told. */
+static int on_fe_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
+{
+    sq_fe_hello_t h;
+    if (sq_fe_hello_decode(f, &h) != 0) {
+        send_error(p, SQ_PROTOCOL, "malformed FE_HELLO");
+        return -1;
+    }
+    if (h.version != SQ_IPC_VERSION) {
+        char msg[96];
+        snprintf(msg, sizeof(msg), "protocol version %u not supported (squishd speaks %d)",
+                 h.version, SQ_IPC_VERSION);
+        send_error(p, SQ_PROTOCOL, msg);
+        return -1;
+    }
+    if (ws->ev->fe_up == NULL) {
+        send_error(p, SQ_PROTOCOL, "this squishd takes no frontends");
+        return -1;
+    }
+    p->frontend = 1;
+    p->id = ws->next_frontend_id++;
+    snprintf(p->fe_name, sizeof(p->fe_name), "%s", h.name);
+    const gw_config_t *cfg = ws->srv->cfg;
+    sq_fe_welcome_t wel = {.frontend = (uint32_t)p->id,
+                           .heartbeat_ms = (uint32_t)cfg->heartbeat_ms};
+    snprintf(wel.admin, sizeof(wel.admin), "%s:%d",
+             cfg->advertise[0] != '\0' ? cfg->advertise : cfg->listen_host,
+             atomic_load(&ws->srv->http_port));
+    sq_buf_t b;
+    sq_buf_init(&b);
+    sq_fe_welcome_encode(&b, &wel);
+    int rc = sq_conn_send(&p->conn, SQ_MSG_FE_WELCOME, 0, b.data, (uint32_t)b.len);
+    sq_buf_dispose(&b);
+    if (rc != 0)
+        return -1;
+    p->welcomed = 1;
+    SQ_INFO("frontend up id=%d name=%s addr=%s", p->id, p->fe_name, gw_remote_addr(p->remote));
+    ws->ev->fe_up(ws->ev_ctx, p->id, p->fe_name, gw_remote_addr(p->remote));
+    return 0;
+}
+
+static int on_frontend_frame(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
+{
+    switch (f->type) {
+    case SQ_MSG_PONG:
+        return 0;
+    case SQ_MSG_ERROR: {
+        sq_ipc_error_t e;
+        if (sq_ipc_error_decode(f, &e) == 0)
+            SQ_WARN("frontend error id=%d code=%s message=\"%s\"", p->id, sq_err_name(e.code),
+                    e.message);
+        return 0;
+    }
+    case SQ_MSG_FE_ITEMS:
+    case SQ_MSG_FE_WITHDRAW:
+        return ws->ev->fe_frame(ws->ev_ctx, p->id, f);
+    default:
+        SQ_WARN("unexpected message from frontend id=%d type=%s", p->id, sq_msg_name(f->type));
+        return -1;
+    }
+}
+
 static int on_frame(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
 {
+    if (p->frontend)
+        return on_frontend_frame(ws, p, f);
     if (!p->welcomed && p->remote != NULL) {
         char why[300] = "";
         int rc = gw_remote_before_hello(p->remote, &p->conn, f, why, sizeof(why));
@@ -270,6 +344,8 @@ static int on_frame(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
         }
         if (rc == 0)
             return 0;
+        if (rc == 2)
+            return on_fe_hello(ws, p, f);
     }
     if (p->remote != NULL && p->welcomed) {
         if (atomic_load(&ws->aborted) &&
@@ -308,6 +384,7 @@ static int on_frame(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
     case SQ_MSG_PROFILE_PROGRESS:
     case SQ_MSG_PROFILE_DONE:
     case SQ_MSG_PROFILE_SLICE:
+    case SQ_MSG_WORKER_DATA:
         return ws->ev->frame(ws->ev_ctx, p->id, f);
     default:
         SQ_WARN("unexpected message from worker id=%d type=%s", p->id, sq_msg_name(f->type));
@@ -318,7 +395,15 @@ static int on_frame(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
 static peer_t *peer_of(gw_workers_t *ws, int worker)
 {
     for (peer_t *p = ws->peers; p != NULL; p = p->next)
-        if (p->welcomed && p->id == worker)
+        if (p->welcomed && !p->frontend && p->id == worker)
+            return p;
+    return NULL;
+}
+
+static peer_t *frontend_of(gw_workers_t *ws, int fe)
+{
+    for (peer_t *p = ws->peers; p != NULL; p = p->next)
+        if (p->welcomed && p->frontend && p->id == fe)
             return p;
     return NULL;
 }
@@ -359,6 +444,16 @@ int gw__workers_link_send_ref(gw_transport_t *t, int worker, uint16_t type, uint
     if (p == NULL)
         return SQ_NO_WORKER;
     return sent(ws, p, sq_conn_send_ref(&p->conn, type, id, bytes, off, len));
+}
+
+int gw__workers_link_send_fe(gw_transport_t *t, int fe, uint16_t type, uint64_t id,
+                             const void *payload, uint32_t len)
+{
+    gw_workers_t *ws = (gw_workers_t *)t;
+    peer_t *p = frontend_of(ws, fe);
+    if (p == NULL)
+        return SQ_NO_WORKER;
+    return sent(ws, p, sq_conn_send(&p->conn, type, id, payload, len));
 }
 
 static void on_peer_io(sq_loop_t *loop, int fd, int events, void *data)

@@ -135,6 +135,7 @@ int gw_workers_start(gw_server_t *srv, sq_loop_t *loop, const gw_transport_event
     gw_workers_t *ws = sq_xcalloc(1, sizeof(*ws));
     ws->base.send = gw__workers_link_send;
     ws->base.send_ref = gw__workers_link_send_ref;
+    ws->base.send_fe = gw__workers_link_send_fe;
     ws->ev = ev;
     ws->ev_ctx = ctx;
     ws->loop = loop;

@@ -82,6 +82,10 @@ struct peer {
      * its connection is then the exit squishd asked for, not a loss. */
     int stop_asked;
     gw_remote_t *remote; /* a worker on TCP; NULL on the UNIX socket */
+    /* A frontend (squishd --role frontend) rather than a worker: its id
+     * (a space of its own) and name; welcomed once FE_WELCOME went. */
+    int frontend;
+    char fe_name[64];
     sq_hello_t hello;
     int64_t accepted_ns;
     int64_t last_heard_ns;
@@ -117,6 +121,7 @@ struct gw_workers {
     int nslots;
     peer_t *peers;
     int next_external_id;
+    int next_frontend_id;
     /* Remote workers seen, by device name ("cpu@host2"): one that comes
      * back gets its id again (the dispatcher's record and the metrics'
      * labels stay one per device, however often it reconnects). */
@@ -152,6 +157,10 @@ int gw__workers_link_send(gw_transport_t *t, int worker, uint16_t type, uint64_t
 
 int gw__workers_link_send_ref(gw_transport_t *t, int worker, uint16_t type, uint64_t id,
                               sq_bytes_t *bytes, size_t off, uint32_t len);
+
+/* The link's send to a frontend. */
+int gw__workers_link_send_fe(gw_transport_t *t, int fe, uint16_t type, uint64_t id,
+                             const void *payload, uint32_t len);
 
 void gw__workers_on_accept(sq_loop_t *loop, int fd, int events, void *data);
 

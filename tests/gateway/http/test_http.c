@@ -260,15 +260,16 @@ static void route_fn(gw_call_t *call)
 }
 
 static const gw_route_t routes[] = {
-    {"GET", "/v2/health/live", "live", route_fn},
-    {"GET", "/v2/models/*", "model", route_fn},
-    {"DELETE", "/v2/models/*", "model_delete", route_fn},
-    {"GET", "/v2/models/*/ready", "model_ready", route_fn},
-    {"POST", "/v2/models/*/versions/*/infer", "infer_version", route_fn},
-    {"POST", "/v2/models/*/infer", "infer", route_fn},
-    {"GET", "/v2/models/stats", "never_reached", route_fn}, /* after "/v2/models/ *" */
-    {"GET", "/v2", "server", route_fn},
-    {"GET", "/", "root", route_fn},
+    {"GET", "/v2/health/live", "live", route_fn, GW_ON_FRONTEND},
+    {"GET", "/v2/models/*", "model", route_fn, GW_ON_FRONTEND},
+    {"DELETE", "/v2/models/*", "model_delete", route_fn, GW_ON_FRONTEND},
+    {"GET", "/v2/models/*/ready", "model_ready", route_fn, GW_ON_FRONTEND},
+    {"POST", "/v2/models/*/versions/*/infer", "infer_version", route_fn, GW_ON_FRONTEND},
+    {"POST", "/v2/models/*/infer", "infer", route_fn, GW_ON_FRONTEND},
+    {"GET", "/v2/models/stats", "never_reached", route_fn,
+     GW_ON_FRONTEND}, /* after "/v2/models/ *" */
+    {"GET", "/v2", "server", route_fn, GW_ON_FRONTEND},
+    {"GET", "/", "root", route_fn, GW_ON_FRONTEND},
 };
 
 static const gw_http_app_t app = {.routes = routes, .nroutes = sizeof(routes) / sizeof(routes[0])};
@@ -383,11 +384,15 @@ Test(http, no_matching_pattern_leaves_allow_empty)
 Test(http, allow_never_overflows_its_buffer)
 {
     static const gw_route_t many[] = {
-        {"GET", "/a", "1", route_fn},      {"POST", "/a", "2", route_fn},
-        {"DELETE", "/a", "3", route_fn},   {"PUT", "/a", "4", route_fn},
-        {"PATCH", "/a", "5", route_fn},    {"OPTIONS", "/a", "6", route_fn},
-        {"TRACE", "/a", "7", route_fn},    {"CONNECT", "/a", "8", route_fn},
-        {"PROPFIND", "/a", "9", route_fn},
+        {"GET", "/a", "1", route_fn, GW_ON_FRONTEND},
+        {"POST", "/a", "2", route_fn, GW_ON_FRONTEND},
+        {"DELETE", "/a", "3", route_fn, GW_ON_FRONTEND},
+        {"PUT", "/a", "4", route_fn, GW_ON_FRONTEND},
+        {"PATCH", "/a", "5", route_fn, GW_ON_FRONTEND},
+        {"OPTIONS", "/a", "6", route_fn, GW_ON_FRONTEND},
+        {"TRACE", "/a", "7", route_fn, GW_ON_FRONTEND},
+        {"CONNECT", "/a", "8", route_fn, GW_ON_FRONTEND},
+        {"PROPFIND", "/a", "9", route_fn, GW_ON_FRONTEND},
     };
     gw_http_app_t a = {.routes = many, .nroutes = sizeof(many) / sizeof(many[0])};
     gw_call_t call;
@@ -404,10 +409,10 @@ Test(http, allow_never_overflows_its_buffer)
 Test(http, a_long_method_is_left_out_of_allow_rather_than_overflow_it)
 {
     static const gw_route_t r[] = {
-        {"GET", "/a", "1", route_fn},
-        {"PATCH", "/a", "2", route_fn},
-        {"PUT", "/a", "3", route_fn},
-        {"OPTIONS", "/a", "4", route_fn},
+        {"GET", "/a", "1", route_fn, GW_ON_FRONTEND},
+        {"PATCH", "/a", "2", route_fn, GW_ON_FRONTEND},
+        {"PUT", "/a", "3", route_fn, GW_ON_FRONTEND},
+        {"OPTIONS", "/a", "4", route_fn, GW_ON_FRONTEND},
     };
     gw_http_app_t a = {.routes = r, .nroutes = 4};
     gw_call_t call;
@@ -426,7 +431,7 @@ Test(http, a_pattern_has_at_most_the_args_a_call_holds)
         strcat(pattern, "/*");
         strcat(path, "/s");
     }
-    gw_route_t r[] = {{"GET", pattern, "deep", route_fn}};
+    gw_route_t r[] = {{"GET", pattern, "deep", route_fn, GW_ON_FRONTEND}};
     gw_http_app_t a = {.routes = r, .nroutes = 1};
     gw_call_t call;
     char allow[64];

@@ -1,0 +1,360 @@
+/* The dispatcher's frontends (squishd --role frontend, issue 25): processes
+ * that take the clients' requests and hold their inputs, joined on the
+ * cluster listener. Their items enter the core as this process's own do,
+ * by metadata alone (FE_ITEMS); a batch's rows held by frontends are
+ * assigned to them (batches.c: FE_ASSIGN), each sends its rows straight to
+ * the worker and takes the outputs back from it. What goes back from here
+ * is small: a failure (FE_FAIL), and what a frontend needs to serve, the
+ * catalog (the registry's records, when its generation moves) and the
+ * state (readiness and the workers up per kind, when it changes). */
+#include "gw_dispatch_int.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* A frontend's item here: the dispatcher's record of it (gw_item_t with
+ * src and fe_slot), and the flag its withdrawal sets. */
+typedef struct ds_fe_item {
+    gw_item_t item; /* first */
+    atomic_int abandoned;
+} ds_fe_item_t;
+
+/* Slot indexes a frontend may use (the low 32 bits of its slot ids): its
+ * handle table's size, bounded so that a frontend cannot make this one
+ * allocate without limit. */
+#define FE_MAX_SLOTS (1u << 22)
+#define FE_TICK_MS 50
+
+void gw_dispatch_frontend_traffic(gw_server_t *srv, gw_frontend_traffic_t *out)
+{
+    gw_dispatch_t *ds = srv->dispatch;
+    *out = (gw_frontend_traffic_t){0};
+    if (ds == NULL)
+        return;
+    out->bytes_in = atomic_load(&ds->fe_bytes_in);
+    out->bytes_out = atomic_load(&ds->fe_bytes_out);
+    out->items = atomic_load(&ds->fe_items);
+    out->connected = atomic_load(&ds->fe_connected);
+}
+
+/* Its answer here: nothing to send for a success (the frontend has the
+ * outputs from the worker), nor for an item the frontend withdrew. */
+static void fe_finish(gw_item_t *it, int rc, const char *detail)
+{
+    ds_fe_item_t *x = (ds_fe_item_t *)it;
+    gw_dispatch_t *ds = it->srv->dispatch;
+    int fe = (int)it->src - 1;
+    ds_frontend_t *f = ds_frontend_at(ds, fe);
+    if (f != NULL) {
+        uint32_t idx = (uint32_t)it->fe_slot;
+        if (idx < f->capitems && f->items[idx] == x)
+            f->items[idx] = NULL;
+        if (rc != 0 && atomic_load(&x->abandoned) == 0) {
+            sq_fe_fail_t fail = {.code = rc};
+            snprintf(fail.detail, sizeof(fail.detail), "%s", detail != NULL ? detail : "");
+            sq_buf_t b;
+            sq_buf_init(&b);
+            sq_fe_fail_encode(&b, &fail);
+            ds_fe_send(ds, fe, SQ_MSG_FE_FAIL, it->fe_slot, b.data, (uint32_t)b.len);
+            sq_buf_dispose(&b);
+        }
+    }
+    gw_model_unref(it->model);
+    free(x);
+}
+
+static void fail_slot(gw_dispatch_t *ds, int fe, uint64_t slot, int rc, const char *detail)
+{
+    sq_fe_fail_t fail = {.code = rc};
+    snprintf(fail.detail, sizeof(fail.detail), "%s", detail);
+    sq_buf_t b;
+    sq_buf_init(&b);
+    sq_fe_fail_encode(&b, &fail);
+    ds_fe_send(ds, fe, SQ_MSG_FE_FAIL, slot, b.data, (uint32_t)b.len);
+    sq_buf_dispose(&b);
+}
+
+/* ---- the catalog and the state -------------------------------------------- */
+
+static void collect_record(gw_model_t *m, void *arg)
+{
+    if (m->record != NULL)
+        json_array_append(arg, m->record);
+}
+
+static char *catalog_json(gw_dispatch_t *ds)
+{
+    json_t *models = json_array();
+    gw_registry_foreach(ds->srv->registry, collect_record, models);
+    json_t *cat = json_pack("{s:o}", "models", models);
+    char *s = json_dumps(cat, JSON_COMPACT);
+    json_decref(cat);
+    return s;
+}
+
+/* What a frontend's readiness and admission read (the server record's
+ * atomics here, and the dispatcher's last look at readiness). */
+static char *state_json(gw_dispatch_t *ds)
+{
+    gw_server_t *srv = ds->srv;
+    int64_t now = sq_now_us();
+    json_t *up = json_array(), *coming = json_array(), *back = json_array(), *held = json_array(),
+           *gone = json_array();
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
+        json_array_append_new(up, json_integer(atomic_load(&srv->kind_up[k])));
+        json_array_append_new(coming, json_integer(atomic_load(&srv->kind_coming[k])));
+        int64_t at = atomic_load(&srv->kind_back_at_us[k]);
+        json_array_append_new(back, json_integer(at == INT64_MAX ? -1 : at > now ? at - now : 0));
+    }
+    for (int i = 0; i < ds->nheld; i++)
+        json_array_append_new(held, json_integer(ds->held_keys[i]));
+    for (int i = 0; i < ds->ngone; i++)
+        json_array_append_new(gone, json_integer(ds->gone_keys[i]));
+    json_t *st =
+        json_pack("{s:s, s:i, s:b, s:b, s:o, s:o, s:o, s:o, s:o}", "why", ds->ready_why,
+                  "workers_up", atomic_load(&srv->workers_up), "db_ready",
+                  atomic_load(&srv->db_ready), "stopping", ds->aborted, "kind_up", up,
+                  "kind_coming", coming, "kind_back_in_us", back, "held", held, "gone", gone);
+    char *s = json_dumps(st, JSON_COMPACT);
+    json_decref(st);
+    return s;
+}
+
+static void send_text(gw_dispatch_t *ds, int fe, uint16_t type, const char *text)
+{
+    size_t n = strlen(text);
+    if (n > SQ_IPC_MAX_PAYLOAD) {
+        SQ_ERROR("frontend frame too large type=%s bytes=%zu", sq_msg_name(type), n);
+        return;
+    }
+    ds_fe_send(ds, fe, type, 0, text, (uint32_t)n);
+}
+
+static void on_fe_tick(sq_loop_t *loop, uint64_t id, void *data);
+
+/* Sends each frontend what changed: the catalog when the registry moved,
+ * the state when it differs from what it was sent last. */
+static void push_changes(gw_dispatch_t *ds)
+{
+    unsigned long gen = gw_registry_generation(ds->srv->registry);
+    char *catalog = NULL, *state = NULL;
+    for (int i = 0; i < ds->nfrontends; i++) {
+        ds_frontend_t *f = ds_frontend_at(ds, i);
+        if (f == NULL)
+            continue;
+        if (f->catalog_gen != gen + 1) {
+            if (catalog == NULL)
+                catalog = catalog_json(ds);
+            send_text(ds, f->id, SQ_MSG_FE_CATALOG, catalog);
+            f->catalog_gen = gen + 1;
+        }
+        if (state == NULL)
+            state = state_json(ds);
+        if (f->state_sent == NULL || strcmp(f->state_sent, state) != 0) {
+            send_text(ds, f->id, SQ_MSG_FE_STATE, state);
+            free(f->state_sent);
+            f->state_sent = strdup(state);
+        }
+    }
+    free(catalog);
+    free(state);
+}
+
+static void on_fe_tick(sq_loop_t *loop, uint64_t id, void *data)
+{
+    gw_dispatch_t *ds = data;
+    (void)id;
+    ds->fe_timer = 0;
+    push_changes(ds);
+    if (atomic_load(&ds->fe_connected) > 0)
+        ds->fe_timer =
+            sq_loop_timer_at(loop, sq_now_ns() + (int64_t)FE_TICK_MS * 1000000, on_fe_tick, ds);
+}
+
+/* ---- the link's events ------------------------------------------------------- */
+
+void ds_fe_up(gw_dispatch_t *ds, int fe, const char *name, const char *addr)
+{
+    if (fe < 0)
+        return;
+    if (fe >= ds->nfrontends) {
+        ds->frontends = sq_xrealloc(ds->frontends, sizeof(*ds->frontends) * (size_t)(fe + 1));
+        for (int i = ds->nfrontends; i <= fe; i++)
+            ds->frontends[i] = NULL;
+        ds->nfrontends = fe + 1;
+    }
+    ds_frontend_t *f = ds->frontends[fe];
+    if (f == NULL)
+        f = ds->frontends[fe] = sq_xcalloc(1, sizeof(*f));
+    f->id = fe;
+    f->up = 1;
+    snprintf(f->name, sizeof(f->name), "%s", name);
+    snprintf(f->addr, sizeof(f->addr), "%s", addr);
+    atomic_fetch_add(&ds->fe_connected, 1);
+    push_changes(ds);
+    if (ds->fe_timer == 0)
+        ds->fe_timer =
+            sq_loop_timer_at(ds->loop, sq_now_ns() + (int64_t)FE_TICK_MS * 1000000, on_fe_tick, ds);
+}
+
+/* FE_ITEMS: each item becomes the dispatcher's record of it and enters its
+ * session; a clump (clump_next) enters as one arrival. */
+static int on_items(gw_dispatch_t *ds, ds_frontend_t *f, const sq_frame_t *fr)
+{
+    static _Thread_local sq_fe_item_t in[SQ_MAX_FE_ITEMS];
+    uint32_t n = 0;
+    if (sq_fe_items_decode(fr, in, &n) != 0)
+        return -1;
+    int64_t now = sq_now_us();
+    gw_item_t *head = NULL, **tail = &head;
+    for (uint32_t i = 0; i < n; i++) {
+        const sq_fe_item_t *e = &in[i];
+        uint32_t idx = (uint32_t)e->slot;
+        if (idx >= FE_MAX_SLOTS)
+            return -1;
+        if (idx >= f->capitems) {
+            uint32_t cap = f->capitems ? f->capitems : 256;
+            while (cap <= idx)
+                cap *= 2;
+            f->items = sq_xrealloc(f->items, sizeof(*f->items) * cap);
+            memset(f->items + f->capitems, 0, sizeof(*f->items) * (cap - f->capitems));
+            f->capitems = cap;
+        }
+        if (f->items[idx] != NULL) {
+            SQ_WARN("frontend id=%d offered slot %llu while its item is held", f->id,
+                    (unsigned long long)e->slot);
+            return -1;
+        }
+        gw_model_t *m = gw_registry_get(ds->srv->registry, e->model_key);
+        if (m == NULL) {
+            fail_slot(ds, f->id, e->slot, SQ_MODEL_NOT_FOUND,
+                      "the model was deleted while the request was on its way");
+            continue;
+        }
+        ds_fe_item_t *x = sq_xcalloc(1, sizeof(*x));
+        gw_item_t *it = &x->item;
+        it->srv = ds->srv;
+        it->model = m;
+        it->slo_ms = e->slo_ms;
+        it->arrival_us = now - e->age_us;
+        it->deadline_us = now + e->budget_us;
+        it->finish = fe_finish;
+        it->in_off = -1;
+        it->input_kind = e->input_kind;
+        it->priority = e->priority;
+        it->best_effort = e->best_effort;
+        it->abandoned = &x->abandoned;
+        it->stage = e->stage;
+        it->query_slo_ms = e->query_slo_ms;
+        it->src = (uint32_t)f->id + 1;
+        it->fe_slot = e->slot;
+        f->items[idx] = x;
+        *tail = it;
+        tail = &it->clump_next;
+        if (!e->clump_next) {
+            ds->ops->submit_chain(ds, head);
+            head = NULL;
+            tail = &head;
+        }
+    }
+    if (head != NULL)
+        ds->ops->submit_chain(ds, head);
+    atomic_fetch_add(&ds->fe_items, n);
+    return 0;
+}
+
+static int on_withdraw(gw_dispatch_t *ds, ds_frontend_t *f, const sq_frame_t *fr)
+{
+    uint64_t slots[SQ_MAX_FE_ITEMS];
+    uint32_t n = 0;
+    if (sq_fe_withdraw_decode(fr, slots, SQ_MAX_FE_ITEMS, &n) != 0)
+        return -1;
+    int any = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t idx = (uint32_t)slots[i];
+        ds_fe_item_t *x = idx < f->capitems ? f->items[idx] : NULL;
+        if (x == NULL || x->item.fe_slot != slots[i])
+            continue; /* answered meanwhile */
+        atomic_store(&x->abandoned, GW_ABANDONED_GONE);
+        any = 1;
+    }
+    if (any)
+        ds_withdraw_abandoned(ds);
+    return 0;
+}
+
+int ds_fe_frame(gw_dispatch_t *ds, int fe, const sq_frame_t *f)
+{
+    ds_frontend_t *r = ds_frontend_at(ds, fe);
+    if (r == NULL)
+        return -1;
+    atomic_fetch_add(&ds->fe_bytes_in, (uint64_t)f->len + SQ_IPC_HEADER_SIZE);
+    if (ds->aborted) {
+        /* Stopping: what it offers now is failed at once (it answers
+         * 503, and its clients retry elsewhere). */
+        if (f->type != SQ_MSG_FE_ITEMS)
+            return 0;
+        static _Thread_local sq_fe_item_t in[SQ_MAX_FE_ITEMS];
+        uint32_t n = 0;
+        if (sq_fe_items_decode(f, in, &n) != 0)
+            return -1;
+        for (uint32_t i = 0; i < n; i++)
+            fail_slot(ds, fe, in[i].slot, SQ_SHUTTING_DOWN, "the dispatcher is shutting down");
+        return 0;
+    }
+    switch (f->type) {
+    case SQ_MSG_FE_ITEMS:
+        return on_items(ds, r, f);
+    case SQ_MSG_FE_WITHDRAW:
+        return on_withdraw(ds, r, f);
+    default:
+        return -1;
+    }
+}
+
+/* A frontend gone: its items leave the queues at once (no batch is sized
+ * for rows that will not come), and the workers stop waiting for rows of
+ * batches already sent (FE_GONE: they count as absent). */
+void ds_fe_lost(gw_dispatch_t *ds, int fe)
+{
+    ds_frontend_t *f = ds_frontend_at(ds, fe);
+    if (f == NULL)
+        return;
+    f->up = 0;
+    atomic_fetch_sub(&ds->fe_connected, 1);
+    int any = 0;
+    for (uint32_t i = 0; i < f->capitems; i++) {
+        if (f->items[i] != NULL) {
+            atomic_store(&f->items[i]->abandoned, GW_ABANDONED_GONE);
+            any = 1;
+        }
+    }
+    if (any && !ds->aborted)
+        ds_withdraw_abandoned(ds);
+    for (int w = 0; w < ds->nworkers; w++)
+        if (ds->workers[w] != NULL && ds->workers[w]->up && ds->workers[w]->data_addr[0] != '\0')
+            ds_link_send(ds, w, SQ_MSG_FE_GONE, (uint64_t)fe, NULL, 0, NULL, 0);
+    free(f->items);
+    f->items = NULL;
+    f->capitems = 0;
+    free(f->state_sent);
+    f->state_sent = NULL;
+}
+
+void ds_frontends_free(gw_dispatch_t *ds)
+{
+    if (ds->fe_timer != 0)
+        sq_loop_timer_cancel(ds->loop, ds->fe_timer);
+    ds->fe_timer = 0;
+    for (int i = 0; i < ds->nfrontends; i++) {
+        ds_frontend_t *f = ds->frontends[i];
+        if (f == NULL)
+            continue;
+        free(f->items);
+        free(f->state_sent);
+        free(f);
+    }
+    free(ds->frontends);
+    ds->frontends = NULL;
+    ds->nfrontends = 0;
+}

@@ -1,0 +1,1051 @@
+/* A frontend's link to the dispatcher and to the workers (gw_front.h).
+ *
+ * Items: each item offered gets a slot (a generation-checked id, as the
+ * dispatcher's handles), named in FE_ITEMS; the slot holds the item until
+ * it is answered, by the worker's DATA_OUTPUT (its row), the dispatcher's
+ * FE_FAIL, or the loss of the connection its answer would come on. An
+ * item is answered exactly once: its slot is freed as it is, and whatever
+ * names the slot later (a late assignment, a late failure) finds nothing.
+ *
+ * Everything below runs on the frontend's thread. */
+#include "gw_front.h"
+#include "gw_dispatch.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <openssl/crypto.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define DIAL_TIMEOUT_MS 1000
+#define HANDSHAKE_TIMEOUT_MS 5000
+#define TICK_MS 100
+#define REJOIN_MIN_MS 100
+#define REJOIN_MAX_MS 2000
+/* Slot indexes: the dispatcher refuses more (FE_MAX_SLOTS there). */
+#define MAX_SLOTS (1u << 22)
+/* DATA_ROWS frames stay below this (a batch's rows go in several). */
+#define ROWS_FRAME_BYTES (SQ_IPC_MAX_PAYLOAD - (64u << 10))
+
+enum { SLOT_FREE, SLOT_OFFERED, SLOT_ASSIGNED };
+
+typedef struct {
+    gw_item_t *item;
+    uint32_t gen;
+    uint32_t next_free; /* index + 1 of the next free slot; 0 none */
+    uint8_t state;
+} slot_t;
+
+/* Rows of a batch sent to a worker, whose outputs are to come. */
+typedef struct assign {
+    struct assign *next;
+    uint64_t batch_id;
+    uint32_t n;
+    uint64_t *slot;
+    uint32_t *row;
+} assign_t;
+
+/* A connection to a worker's data address. */
+typedef struct data_conn {
+    struct data_conn *next;
+    struct gw_front *fr;
+    char addr[64];
+    sq_conn_t conn;
+    assign_t *assigns;
+} data_conn_t;
+
+struct gw_front {
+    gw_server_t *srv;
+    sq_loop_t *loop;
+    pthread_t thread;
+    int started;
+    char addrs[8][128];
+    int naddrs, next_addr;
+    uint8_t token[SQ_AUTH_MAX_TOKEN];
+    size_t token_len;
+    sq_tls_t *tls;
+    /* the dispatcher */
+    sq_conn_t conn;
+    int joined;
+    int fe_id;
+    char admin[128];
+    uint32_t heartbeat_ms;
+    int64_t last_heard_ns;
+    int rejoin_ms;
+    int64_t rejoin_at_ns;
+    int stopping;
+    uint64_t tick;
+    /* items */
+    slot_t *slots;
+    uint32_t nslots, free_slot;
+    data_conn_t *data;
+    atomic_int withdraw_posted;
+    sq_buf_t scratch;
+    /* what the dispatcher last said, for other threads */
+    pthread_mutex_t lock;
+    int ready;
+    char why[256];
+    int64_t *held, *gone;
+    int nheld, ngone;
+};
+
+/* ---- answering items -------------------------------------------------------- */
+
+static void release_slot(gw_front_t *fr, uint32_t idx)
+{
+    slot_t *s = &fr->slots[idx];
+    s->item = NULL;
+    s->state = SLOT_FREE;
+    s->gen++;
+    s->next_free = fr->free_slot;
+    fr->free_slot = idx + 1;
+}
+
+/* The item's answer: its input slot back to the arena, then its finish. */
+static void finish(gw_front_t *fr, gw_item_t *it, int rc, const char *detail)
+{
+    if (it->in_off >= 0) {
+        sq_shm_release(fr->srv->arena, it->in_off);
+        it->in_off = -1;
+    }
+    it->done_us = sq_now_us();
+    it->finish(it, rc, detail);
+}
+
+/* The item slot id names, if it still holds one. */
+static gw_item_t *slot_item(gw_front_t *fr, uint64_t id, uint32_t *idx)
+{
+    uint32_t i = (uint32_t)id;
+    if (i >= fr->nslots || fr->slots[i].item == NULL || fr->slots[i].gen != (uint32_t)(id >> 32))
+        return NULL;
+    *idx = i;
+    return fr->slots[i].item;
+}
+
+static void answer_slot(gw_front_t *fr, uint32_t idx, int rc, const char *detail)
+{
+    gw_item_t *it = fr->slots[idx].item;
+    release_slot(fr, idx);
+    finish(fr, it, rc, detail);
+}
+
+/* ---- the workers' data connections ------------------------------------------ */
+
+/* The bytes of an item's input slot (as the dispatcher reckons them). */
+static uint64_t input_bytes(const gw_model_t *m, int input_kind)
+{
+    uint64_t elems = (uint64_t)m->c * (uint64_t)m->h * (uint64_t)m->w;
+    return input_kind == SQ_INPUT_PIXELS ? (uint64_t)m->h * (uint64_t)m->w * 3
+           : input_kind == SQ_INPUT_FP32 ? elems * sizeof(float)
+                                         : elems;
+}
+
+static void assign_free(assign_t *a)
+{
+    free(a->slot);
+    free(a->row);
+    free(a);
+}
+
+/* A data connection closed: the items whose rows went on it are answered
+ * 503 (retryable: the dispatcher runs them again only if it saw the worker
+ * lost, and a retry from the client is as good). */
+static void data_close(gw_front_t *fr, data_conn_t *d, const char *why)
+{
+    for (data_conn_t **pp = &fr->data; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == d) {
+            *pp = d->next;
+            break;
+        }
+    char detail[160];
+    snprintf(detail, sizeof(detail), "lost the connection to the worker at %s (%s)", d->addr, why);
+    int n = 0;
+    for (assign_t *a = d->assigns, *next; a != NULL; a = next) {
+        next = a->next;
+        for (uint32_t k = 0; k < a->n; k++) {
+            uint32_t idx;
+            if (slot_item(fr, a->slot[k], &idx) != NULL) {
+                answer_slot(fr, idx, SQ_WORKER_LOST, detail);
+                n++;
+            }
+        }
+        assign_free(a);
+    }
+    if (d->conn.fd >= 0)
+        sq_loop_unwatch(fr->loop, d->conn.fd);
+    sq_conn_dispose(&d->conn);
+    SQ_LOG(fr->stopping ? SQ_LOG_INFO : SQ_LOG_WARN,
+           "worker data connection closed addr=%s "
+           "reason=%s items_failed=%d",
+           d->addr, why, n);
+    free(d);
+}
+
+static void on_output(gw_front_t *fr, data_conn_t *d, const sq_frame_t *f)
+{
+    sq_data_output_t *o = sq_xmalloc(sizeof(*o));
+    if (sq_data_output_decode(f, o) != 0) {
+        free(o);
+        data_close(fr, d, "bad DATA_OUTPUT");
+        return;
+    }
+    assign_t **pa = &d->assigns;
+    while (*pa != NULL && (*pa)->batch_id != f->id)
+        pa = &(*pa)->next;
+    assign_t *a = *pa;
+    if (a == NULL) {
+        free(o);
+        return; /* answered meanwhile (its items failed) */
+    }
+    int64_t now = sq_now_us();
+    for (uint32_t k = 0; k < o->n; k++) {
+        uint64_t slot = 0;
+        int found = 0;
+        for (uint32_t j = 0; j < a->n && !found; j++)
+            if (a->row[j] == o->row[k]) {
+                slot = a->slot[j];
+                found = 1;
+            }
+        uint32_t idx;
+        gw_item_t *it = found ? slot_item(fr, slot, &idx) : NULL;
+        if (it == NULL)
+            continue;
+        if (o->code != 0) {
+            answer_slot(fr, idx, o->code, o->message);
+            continue;
+        }
+        uint64_t row_bytes = (uint64_t)it->model->out_elems * sizeof(float);
+        if (row_bytes > o->out_stride) {
+            answer_slot(fr, idx, SQ_PROTOCOL,
+                        "the worker's output row is shorter than the model's");
+            continue;
+        }
+        memcpy(it->out, o->bytes + (uint64_t)k * o->out_stride, row_bytes);
+        it->batch_size = (int)o->count;
+        it->exec_end_us = now;
+        it->exec_start_us = now - (int64_t)(o->exec_ns / 1000);
+        release_slot(fr, idx);
+        finish(fr, it, 0, NULL);
+    }
+    /* A batch's outputs for this frontend come in one or more frames: the
+     * assignment goes when each of its rows has been answered. */
+    int left = 0;
+    for (uint32_t j = 0; j < a->n && !left; j++) {
+        uint32_t idx;
+        left = slot_item(fr, a->slot[j], &idx) != NULL;
+    }
+    if (!left) {
+        *pa = a->next;
+        assign_free(a);
+    }
+    free(o);
+}
+
+static void on_data_io(sq_loop_t *loop, int fd, int events, void *data)
+{
+    data_conn_t *d = data;
+    gw_front_t *fr = d->fr;
+    if (events & SQ_EV_WRITE) {
+        int rc = sq_conn_flush(&d->conn);
+        if (rc < 0) {
+            data_close(fr, d, "write_error");
+            return;
+        }
+        sq_loop_modify(loop, fd, SQ_EV_READ | (rc == 1 ? SQ_EV_WRITE : 0));
+    }
+    if (!(events & SQ_EV_READ))
+        return;
+    int rc = sq_conn_read(&d->conn);
+    if (rc == 0 || (rc < 0 && rc != -EAGAIN)) {
+        data_close(fr, d, rc == 0 ? "eof" : "read_error");
+        return;
+    }
+    sq_frame_t f;
+    while ((rc = sq_conn_next(&d->conn, &f)) == 1) {
+        if (f.type == SQ_MSG_DATA_OUTPUT) {
+            on_output(fr, d, &f);
+            /* on_output may have closed d */
+            data_conn_t *x = fr->data;
+            while (x != NULL && x != d)
+                x = x->next;
+            if (x == NULL)
+                return;
+        } else if (f.type == SQ_MSG_PING) {
+            sq_conn_send(&d->conn, SQ_MSG_PONG, f.id, f.payload, f.len);
+        } else if (f.type != SQ_MSG_PONG) {
+            data_close(fr, d, "protocol_error");
+            return;
+        }
+    }
+    if (rc < 0) {
+        data_close(fr, d, "bad_frame");
+        return;
+    }
+    if (sq_conn_pending(&d->conn))
+        sq_loop_modify(loop, fd, SQ_EV_READ | SQ_EV_WRITE);
+}
+
+/* The connection to the worker at addr, opened (and authenticated) the
+ * first time; NULL with why when it cannot be. */
+static data_conn_t *data_conn(gw_front_t *fr, const char *addr, char *why, size_t whylen)
+{
+    for (data_conn_t *d = fr->data; d != NULL; d = d->next)
+        if (strcmp(d->addr, addr) == 0)
+            return d;
+    int fd = sq_dial_tcp(addr, DIAL_TIMEOUT_MS);
+    if (fd < 0) {
+        snprintf(why, whylen, "cannot connect: %s", strerror(-fd));
+        return NULL;
+    }
+    data_conn_t *d = sq_xcalloc(1, sizeof(*d));
+    d->fr = fr;
+    snprintf(d->addr, sizeof(d->addr), "%s", addr);
+    sq_conn_init(&d->conn, fd);
+    int rc = sq_dial_auth(&d->conn, fr->token, fr->token_len, HANDSHAKE_TIMEOUT_MS, why, whylen);
+    if (rc == 0) {
+        sq_buf_t b;
+        sq_buf_init(&b);
+        sq_buf_put_u32(&b, (uint32_t)fr->fe_id);
+        rc = sq_conn_send(&d->conn, SQ_MSG_DATA_HELLO, 0, b.data, (uint32_t)b.len);
+        sq_buf_dispose(&b);
+        if (rc != 0)
+            snprintf(why, whylen, "cannot send DATA_HELLO: %s", strerror(-rc));
+    }
+    if (rc == 0 && sq_loop_watch(fr->loop, fd, SQ_EV_READ | SQ_EV_WRITE, on_data_io, d) != 0) {
+        snprintf(why, whylen, "cannot watch the connection");
+        rc = SQ_IO;
+    }
+    if (rc != 0) {
+        sq_conn_dispose(&d->conn);
+        free(d);
+        return NULL;
+    }
+    SQ_INFO("worker data connection addr=%s frontend=%d", addr, fr->fe_id);
+    d->next = fr->data;
+    fr->data = d;
+    return d;
+}
+
+/* FE_ASSIGN: the rows go to the worker, each present while this frontend
+ * still holds its item (absent otherwise: the batch does not wait for it). */
+static void on_assign(gw_front_t *fr, const sq_frame_t *f)
+{
+    sq_fe_assign_t *a = sq_xmalloc(sizeof(*a));
+    if (sq_fe_assign_decode(f, a) != 0) {
+        SQ_WARN("malformed FE_ASSIGN from the dispatcher");
+        free(a);
+        return;
+    }
+    char why[256] = "";
+    data_conn_t *d = data_conn(fr, a->addr, why, sizeof(why));
+    if (d == NULL) {
+        char detail[400];
+        snprintf(detail, sizeof(detail), "cannot reach the worker at %s: %s", a->addr, why);
+        SQ_WARN("%s", detail);
+        for (uint32_t k = 0; k < a->n; k++) {
+            uint32_t idx;
+            if (slot_item(fr, a->slot[k], &idx) != NULL)
+                answer_slot(fr, idx, SQ_WORKER_LOST, detail);
+        }
+        free(a);
+        return;
+    }
+    const uint8_t *base = sq_shm_arena_base(fr->srv->arena);
+    sq_data_rows_t *r = sq_xmalloc(sizeof(*r));
+    assign_t *rec = sq_xcalloc(1, sizeof(*rec));
+    rec->batch_id = f->id;
+    rec->slot = sq_xmalloc(sizeof(*rec->slot) * a->n);
+    rec->row = sq_xmalloc(sizeof(*rec->row) * a->n);
+    int rc = 0;
+    uint32_t k = 0;
+    while (k < a->n && rc == 0) {
+        /* As many rows as fit one frame (at least one). */
+        r->count = a->count;
+        r->input_kind = a->input_kind;
+        r->row_bytes = a->row_bytes;
+        r->n = 0;
+        uint64_t bytes = 0;
+        uint32_t first = k;
+        for (; k < a->n; k++) {
+            uint32_t idx;
+            gw_item_t *it = slot_item(fr, a->slot[k], &idx);
+            int present = it != NULL && it->in_off >= 0 &&
+                          input_bytes(it->model, it->input_kind) == a->row_bytes;
+            if (present && bytes + a->row_bytes > ROWS_FRAME_BYTES && r->n > 0)
+                break;
+            r->row[r->n] = a->row[k];
+            r->present[r->n++] = (uint8_t)present;
+            bytes += present ? a->row_bytes : 0;
+            if (present) {
+                fr->slots[idx].state = SLOT_ASSIGNED;
+                rec->slot[rec->n] = a->slot[k];
+                rec->row[rec->n++] = a->row[k];
+            }
+        }
+        fr->scratch.len = 0;
+        sq_data_rows_encode(&fr->scratch, r);
+        for (uint32_t j = 0; j < r->n; j++) {
+            if (!r->present[j])
+                continue;
+            uint32_t idx;
+            gw_item_t *it = slot_item(fr, a->slot[first + j], &idx);
+            sq_buf_put(&fr->scratch, base + it->in_off, a->row_bytes);
+        }
+        rc = sq_conn_send(&d->conn, SQ_MSG_DATA_ROWS, f->id, fr->scratch.data,
+                          (uint32_t)fr->scratch.len);
+    }
+    free(r);
+    free(a);
+    if (rec->n > 0) {
+        rec->next = d->assigns;
+        d->assigns = rec;
+    } else {
+        assign_free(rec);
+    }
+    if (rc < 0)
+        data_close(fr, d, "write_error");
+    else if (sq_conn_pending(&d->conn))
+        sq_loop_modify(fr->loop, d->conn.fd, SQ_EV_READ | SQ_EV_WRITE);
+}
+
+/* ---- what the dispatcher says ----------------------------------------------- */
+
+typedef struct {
+    char name[MDB_NAME_MAX + 1];
+    int version;
+    int64_t key;
+} model_id_t;
+
+typedef struct {
+    model_id_t *ids;
+    int n, cap;
+} model_ids_t;
+
+static void collect_id(gw_model_t *m, void *arg)
+{
+    model_ids_t *ids = arg;
+    if (ids->n == ids->cap) {
+        ids->cap = ids->cap ? 2 * ids->cap : 16;
+        ids->ids = sq_xrealloc(ids->ids, sizeof(*ids->ids) * (size_t)ids->cap);
+    }
+    model_id_t *x = &ids->ids[ids->n++];
+    snprintf(x->name, sizeof(x->name), "%s", m->name);
+    x->version = m->version;
+    x->key = m->key;
+}
+
+/* FE_CATALOG: the registry becomes the dispatcher's (entries built from
+ * its records, as its DB thread builds them; those it no longer has go). */
+static void on_catalog(gw_front_t *fr, const sq_frame_t *f)
+{
+    json_error_t jerr;
+    json_t *cat = json_loadb((const char *)f->payload, f->len, 0, &jerr);
+    json_t *models = json_object_get(cat, "models");
+    if (!json_is_array(models)) {
+        SQ_WARN("malformed FE_CATALOG from the dispatcher: %s", jerr.text);
+        json_decref(cat);
+        return;
+    }
+    gw_registry_t *reg = fr->srv->registry;
+    model_ids_t have = {0};
+    gw_registry_foreach(reg, collect_id, &have);
+    size_t i;
+    json_t *rec;
+    json_array_foreach(models, i, rec)
+    {
+        if (!json_is_object(rec) || !json_is_integer(json_object_get(rec, "id")))
+            continue;
+        gw_model_t *m = gw_model_from_record(rec);
+        for (int k = 0; k < have.n; k++)
+            if (have.ids[k].key == m->key)
+                have.ids[k].key = 0; /* kept */
+        gw_registry_put(reg, m);
+    }
+    for (int k = 0; k < have.n; k++) {
+        int64_t removed[4];
+        if (have.ids[k].key != 0)
+            gw_registry_remove(reg, have.ids[k].name, have.ids[k].version, removed, 4);
+    }
+    free(have.ids);
+    json_decref(cat);
+    atomic_store(&fr->srv->db_ready, 1);
+}
+
+static int keys_of(json_t *a, int64_t **out)
+{
+    size_t n = json_array_size(a);
+    *out = n > 0 ? sq_xmalloc(sizeof(**out) * n) : NULL;
+    for (size_t i = 0; i < n; i++)
+        (*out)[i] = json_integer_value(json_array_get(a, i));
+    return (int)n;
+}
+
+/* FE_STATE: readiness, and the workers up and coming per kind (what this
+ * frontend's admission reads from the server record, as a dispatcher's
+ * own HTTP side does). */
+static void on_state(gw_front_t *fr, const sq_frame_t *f)
+{
+    json_t *st = json_loadb((const char *)f->payload, f->len, 0, NULL);
+    if (!json_is_object(st)) {
+        SQ_WARN("malformed FE_STATE from the dispatcher");
+        json_decref(st);
+        return;
+    }
+    gw_server_t *srv = fr->srv;
+    int64_t now = sq_now_us();
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
+        atomic_store(&srv->kind_up[k],
+                     (int)json_integer_value(json_array_get(json_object_get(st, "kind_up"), k)));
+        atomic_store(&srv->kind_coming[k], (int)json_integer_value(json_array_get(
+                                               json_object_get(st, "kind_coming"), k)));
+        int64_t back =
+            json_integer_value(json_array_get(json_object_get(st, "kind_back_in_us"), k));
+        atomic_store(&srv->kind_back_at_us[k], back < 0 ? INT64_MAX : now + back);
+    }
+    atomic_store(&srv->workers_up, (int)json_integer_value(json_object_get(st, "workers_up")));
+    int64_t *held, *gone;
+    int nheld = keys_of(json_object_get(st, "held"), &held);
+    int ngone = keys_of(json_object_get(st, "gone"), &gone);
+    const char *why = json_string_value(json_object_get(st, "why"));
+    pthread_mutex_lock(&fr->lock);
+    free(fr->held);
+    free(fr->gone);
+    fr->held = held;
+    fr->nheld = nheld;
+    fr->gone = gone;
+    fr->ngone = ngone;
+    snprintf(fr->why, sizeof(fr->why), "%s", why != NULL ? why : "");
+    fr->ready = why != NULL && why[0] == '\0';
+    pthread_mutex_unlock(&fr->lock);
+    json_decref(st);
+}
+
+static void on_fail(gw_front_t *fr, const sq_frame_t *f)
+{
+    sq_fe_fail_t fail;
+    uint32_t idx;
+    if (sq_fe_fail_decode(f, &fail) != 0) {
+        SQ_WARN("malformed FE_FAIL from the dispatcher");
+        return;
+    }
+    if (slot_item(fr, f->id, &idx) != NULL)
+        answer_slot(fr, idx, fail.code, fail.detail);
+}
+
+static void leave(gw_front_t *fr, const char *why);
+
+static void send_dispatcher(gw_front_t *fr, uint16_t type, uint64_t id, const void *p, uint32_t len)
+{
+    if (!fr->joined)
+        return;
+    if (sq_conn_send(&fr->conn, type, id, p, len) < 0) {
+        leave(fr, "write_error");
+        return;
+    }
+    if (sq_conn_pending(&fr->conn))
+        sq_loop_modify(fr->loop, fr->conn.fd, SQ_EV_READ | SQ_EV_WRITE);
+}
+
+/* Handles the frames buffered on the dispatcher's connection; 0, or -1
+ * when it was left. */
+static int dispatcher_frames(gw_front_t *fr)
+{
+    sq_frame_t f;
+    int rc;
+    while (fr->joined && (rc = sq_conn_next(&fr->conn, &f)) == 1) {
+        switch (f.type) {
+        case SQ_MSG_FE_CATALOG:
+            on_catalog(fr, &f);
+            break;
+        case SQ_MSG_FE_STATE:
+            on_state(fr, &f);
+            break;
+        case SQ_MSG_FE_ASSIGN:
+            on_assign(fr, &f);
+            break;
+        case SQ_MSG_FE_FAIL:
+            on_fail(fr, &f);
+            break;
+        case SQ_MSG_PING:
+            send_dispatcher(fr, SQ_MSG_PONG, f.id, f.payload, f.len);
+            break;
+        case SQ_MSG_SHUTDOWN:
+            leave(fr, "the dispatcher is stopping");
+            return -1;
+        case SQ_MSG_ERROR: {
+            sq_ipc_error_t e;
+            if (sq_ipc_error_decode(&f, &e) == 0)
+                SQ_WARN("dispatcher error code=%s message=\"%s\"", sq_err_name(e.code), e.message);
+            break;
+        }
+        default:
+            SQ_WARN("unexpected message from the dispatcher type=%s", sq_msg_name(f.type));
+            leave(fr, "protocol_error");
+            return -1;
+        }
+    }
+    if (!fr->joined)
+        return -1;
+    if (rc < 0) {
+        leave(fr, "bad_frame");
+        return -1;
+    }
+    return 0;
+}
+
+static void on_dispatcher_io(sq_loop_t *loop, int fd, int events, void *data)
+{
+    gw_front_t *fr = data;
+    if (events & SQ_EV_WRITE) {
+        int rc = sq_conn_flush(&fr->conn);
+        if (rc < 0) {
+            leave(fr, "write_error");
+            return;
+        }
+        sq_loop_modify(loop, fd, SQ_EV_READ | (rc == 1 ? SQ_EV_WRITE : 0));
+    }
+    if (!(events & SQ_EV_READ))
+        return;
+    int rc = sq_conn_read(&fr->conn);
+    if (rc == 0 || (rc < 0 && rc != -EAGAIN)) {
+        leave(fr, rc == 0 ? "eof" : "read_error");
+        return;
+    }
+    fr->last_heard_ns = sq_now_ns();
+    if (dispatcher_frames(fr) == 0 && sq_conn_pending(&fr->conn))
+        sq_loop_modify(loop, fd, SQ_EV_READ | SQ_EV_WRITE);
+}
+
+/* ---- joining and leaving ----------------------------------------------------- */
+
+/* One try at the next dispatcher address: connect, authenticate, FE_HELLO,
+ * FE_WELCOME. 0 when joined. */
+static int join(gw_front_t *fr)
+{
+    const char *addr = fr->addrs[fr->next_addr];
+    fr->next_addr = (fr->next_addr + 1) % fr->naddrs;
+    int fd = sq_dial_tcp(addr, DIAL_TIMEOUT_MS);
+    if (fd < 0) {
+        SQ_DEBUG("cannot reach the dispatcher addr=%s error=\"%s\"", addr, strerror(-fd));
+        return -1;
+    }
+    sq_conn_init(&fr->conn, fd);
+    char why[256] = "";
+    int rc = 0;
+    if (fr->tls != NULL) {
+        char host[128];
+        int port;
+        sq_hostport_split(addr, host, sizeof(host), &port);
+        if (sq_tls_attach(fr->tls, &fr->conn, host, addr) != 0) {
+            snprintf(why, sizeof(why), "cannot start TLS");
+            rc = SQ_IO;
+        }
+    }
+    if (rc == 0)
+        rc = sq_dial_auth(&fr->conn, fr->token, fr->token_len, HANDSHAKE_TIMEOUT_MS, why,
+                          sizeof(why));
+    sq_frame_t f;
+    if (rc == 0) {
+        sq_fe_hello_t h = {.version = SQ_IPC_VERSION};
+        char host[48] = "";
+        gethostname(host, sizeof(host));
+        host[sizeof(host) - 1] = '\0';
+        snprintf(h.name, sizeof(h.name), "%s:%d", host, atomic_load(&fr->srv->http_port));
+        fr->scratch.len = 0;
+        sq_fe_hello_encode(&fr->scratch, &h);
+        rc = sq_conn_send(&fr->conn, SQ_MSG_FE_HELLO, 0, fr->scratch.data,
+                          (uint32_t)fr->scratch.len);
+        if (rc == 0)
+            rc = sq_conn_read_frame(&fr->conn, &f, HANDSHAKE_TIMEOUT_MS);
+        if (rc < 0)
+            snprintf(why, sizeof(why), "no FE_WELCOME: %s", sq_err_msg(rc));
+    }
+    sq_fe_welcome_t wel;
+    if (rc == 1 && f.type == SQ_MSG_ERROR) {
+        sq_ipc_error_t e;
+        snprintf(why, sizeof(why), "refused: %s",
+                 sq_ipc_error_decode(&f, &e) == 0 ? e.message : "?");
+        rc = SQ_UNAUTHORIZED;
+    } else if (rc == 1 && sq_fe_welcome_decode(&f, &wel) != 0) {
+        snprintf(why, sizeof(why), "expected FE_WELCOME, got %s", sq_msg_name(f.type));
+        rc = SQ_PROTOCOL;
+    }
+    if (rc == 1 &&
+        sq_loop_watch(fr->loop, fd, SQ_EV_READ | SQ_EV_WRITE, on_dispatcher_io, fr) != 0) {
+        snprintf(why, sizeof(why), "cannot watch the connection");
+        rc = SQ_IO;
+    }
+    if (rc != 1) {
+        SQ_WARN("cannot join the dispatcher addr=%s reason=\"%s\"", addr, why);
+        sq_conn_dispose(&fr->conn);
+        return -1;
+    }
+    fr->joined = 1;
+    fr->fe_id = (int)wel.frontend;
+    fr->heartbeat_ms = wel.heartbeat_ms > 0 ? wel.heartbeat_ms : 200;
+    pthread_mutex_lock(&fr->lock);
+    snprintf(fr->admin, sizeof(fr->admin), "%s", wel.admin);
+    pthread_mutex_unlock(&fr->lock);
+    fr->last_heard_ns = sq_now_ns();
+    fr->rejoin_ms = REJOIN_MIN_MS;
+    SQ_INFO("joined the dispatcher addr=%s frontend=%d dispatcher_http=%s", addr, fr->fe_id,
+            fr->admin);
+    dispatcher_frames(fr); /* what came with FE_WELCOME */
+    return 0;
+}
+
+/* The dispatcher is gone (or stopping): every item held is answered 503
+ * now (its client retries; a standby that takes over gets it), the data
+ * connections close (they carry this frontend id, which goes with the
+ * dispatcher), and readiness says why until it is joined again. */
+static void leave(gw_front_t *fr, const char *why)
+{
+    if (!fr->joined)
+        return;
+    fr->joined = 0;
+    sq_loop_unwatch(fr->loop, fr->conn.fd);
+    sq_conn_dispose(&fr->conn);
+    char detail[200];
+    snprintf(detail, sizeof(detail), "this frontend lost its dispatcher (%s); retry", why);
+    int n = 0;
+    for (uint32_t i = 0; i < fr->nslots; i++)
+        if (fr->slots[i].item != NULL) {
+            answer_slot(fr, i, SQ_NOT_READY, detail);
+            n++;
+        }
+    while (fr->data != NULL)
+        data_close(fr, fr->data, "left the dispatcher");
+    gw_server_t *srv = fr->srv;
+    atomic_store(&srv->workers_up, 0);
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
+        atomic_store(&srv->kind_up[k], 0);
+        atomic_store(&srv->kind_coming[k], 0);
+    }
+    pthread_mutex_lock(&fr->lock);
+    fr->ready = 0;
+    fr->admin[0] = '\0';
+    snprintf(fr->why, sizeof(fr->why), "this frontend has no dispatcher (%s)", why);
+    pthread_mutex_unlock(&fr->lock);
+    SQ_LOG(fr->stopping ? SQ_LOG_INFO : SQ_LOG_WARN,
+           "left the dispatcher reason=\"%s\" items_failed=%d", why, n);
+    fr->rejoin_at_ns = sq_now_ns();
+}
+
+/* ---- items in ------------------------------------------------------------------ */
+
+static int slot_new(gw_front_t *fr, gw_item_t *it, uint64_t *id)
+{
+    if (fr->free_slot == 0) {
+        if (fr->nslots == MAX_SLOTS)
+            return -1;
+        uint32_t cap = fr->nslots ? 2 * fr->nslots : 256;
+        if (cap > MAX_SLOTS)
+            cap = MAX_SLOTS;
+        fr->slots = sq_xrealloc(fr->slots, sizeof(*fr->slots) * cap);
+        for (uint32_t i = cap; i > fr->nslots; i--) {
+            fr->slots[i - 1] = (slot_t){.next_free = fr->free_slot};
+            fr->free_slot = i;
+        }
+        fr->nslots = cap;
+    }
+    uint32_t idx = fr->free_slot - 1;
+    slot_t *s = &fr->slots[idx];
+    fr->free_slot = s->next_free;
+    s->item = it;
+    s->state = SLOT_OFFERED;
+    *id = ((uint64_t)s->gen << 32) | idx;
+    return 0;
+}
+
+static void withdrawn(gw_front_t *fr, gw_item_t *it)
+{
+    int gone = atomic_load(it->abandoned) == GW_ABANDONED_GONE;
+    gw_metrics_withdrawn(fr->srv->metrics, it->model, gone ? "client_gone" : "request_failed");
+    finish(fr, it, SQ_DEADLINE,
+           gone ? "withdrawn: its client went away"
+                : "withdrawn: another item of its request failed");
+}
+
+static void on_submit(sq_loop_t *loop, void *arg)
+{
+    gw_item_t *it = arg;
+    gw_front_t *fr = it->srv->front;
+    (void)loop;
+    static _Thread_local sq_fe_item_t out[SQ_MAX_FE_ITEMS];
+    uint32_t n = 0;
+    int64_t now = sq_now_us();
+    for (gw_item_t *next; it != NULL; it = next) {
+        next = it->clump_next;
+        it->clump_next = NULL;
+        it->ready_us = now;
+        if (!fr->joined || fr->stopping) {
+            finish(fr, it, fr->stopping ? SQ_SHUTTING_DOWN : SQ_NOT_READY,
+                   fr->stopping ? "squishd is shutting down"
+                                : "this frontend has no dispatcher now; retry");
+            continue;
+        }
+        if (it->abandoned != NULL && atomic_load(it->abandoned) != 0) {
+            withdrawn(fr, it);
+            continue;
+        }
+        if (it->deadline_us <= now) {
+            finish(fr, it, SQ_DEADLINE, "the deadline passed during preprocessing");
+            continue;
+        }
+        uint64_t slot;
+        if (slot_new(fr, it, &slot) != 0) {
+            finish(fr, it, SQ_OVERLOAD, "this frontend holds as many items as it can");
+            continue;
+        }
+        sq_fe_item_t *e = &out[n++];
+        *e = (sq_fe_item_t){.slot = slot,
+                            .model_key = it->model->key,
+                            .slo_ms = it->slo_ms,
+                            .budget_us = it->deadline_us - now,
+                            .age_us = now > it->arrival_us ? now - it->arrival_us : 0,
+                            .input_kind = it->input_kind,
+                            .priority = it->priority,
+                            .best_effort = it->best_effort,
+                            .clump_next = next != NULL,
+                            .stage = -1};
+        if (n == SQ_MAX_FE_ITEMS || next == NULL) {
+            out[n - 1].clump_next = 0;
+            fr->scratch.len = 0;
+            sq_fe_items_encode(&fr->scratch, out, n);
+            send_dispatcher(fr, SQ_MSG_FE_ITEMS, 0, fr->scratch.data, (uint32_t)fr->scratch.len);
+            n = 0;
+        }
+    }
+    if (n > 0) {
+        out[n - 1].clump_next = 0;
+        fr->scratch.len = 0;
+        sq_fe_items_encode(&fr->scratch, out, n);
+        send_dispatcher(fr, SQ_MSG_FE_ITEMS, 0, fr->scratch.data, (uint32_t)fr->scratch.len);
+    }
+}
+
+void gw_front_submit(gw_server_t *srv, gw_item_t *first)
+{
+    sq_loop_post(srv->front->loop, on_submit, first);
+}
+
+/* Items abandoned while the dispatcher queues them are answered here and
+ * withdrawn there; those whose rows went to a worker are answered as it
+ * answers them. */
+static void on_withdraw(sq_loop_t *loop, void *arg)
+{
+    gw_front_t *fr = arg;
+    (void)loop;
+    atomic_store(&fr->withdraw_posted, 0);
+    uint64_t ids[SQ_MAX_FE_ITEMS];
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < fr->nslots; i++) {
+        slot_t *s = &fr->slots[i];
+        gw_item_t *it = s->item;
+        if (it == NULL || s->state != SLOT_OFFERED || it->abandoned == NULL ||
+            atomic_load(it->abandoned) == 0)
+            continue;
+        ids[n++] = ((uint64_t)s->gen << 32) | i;
+        release_slot(fr, i);
+        withdrawn(fr, it);
+        if (n == SQ_MAX_FE_ITEMS) {
+            fr->scratch.len = 0;
+            sq_fe_withdraw_encode(&fr->scratch, ids, n);
+            send_dispatcher(fr, SQ_MSG_FE_WITHDRAW, 0, fr->scratch.data, (uint32_t)fr->scratch.len);
+            n = 0;
+        }
+    }
+    if (n > 0) {
+        fr->scratch.len = 0;
+        sq_fe_withdraw_encode(&fr->scratch, ids, n);
+        send_dispatcher(fr, SQ_MSG_FE_WITHDRAW, 0, fr->scratch.data, (uint32_t)fr->scratch.len);
+    }
+}
+
+void gw_front_withdraw(gw_server_t *srv)
+{
+    gw_front_t *fr = srv->front;
+    if (fr != NULL && atomic_exchange(&fr->withdraw_posted, 1) == 0)
+        sq_loop_post(fr->loop, on_withdraw, fr);
+}
+
+/* ---- the tick, start and stop --------------------------------------------------- */
+
+/* Items held this long past their deadline get no answer from the
+ * cluster any more: answered here (none should be). */
+#define STUCK_US 10000000
+
+static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
+{
+    gw_front_t *fr = data;
+    (void)id;
+    int64_t now = sq_now_ns();
+    if (fr->stopping)
+        return;
+    if (fr->joined) {
+        int64_t limit = (int64_t)fr->heartbeat_ms * 5 * 1000000;
+        if (limit < (int64_t)2000 * 1000000)
+            limit = (int64_t)2000 * 1000000;
+        if (now - fr->last_heard_ns > limit)
+            leave(fr, "the dispatcher is silent");
+    }
+    if (!fr->joined && now >= fr->rejoin_at_ns && join(fr) != 0) {
+        fr->rejoin_at_ns = now + (int64_t)fr->rejoin_ms * 1000000;
+        fr->rejoin_ms = fr->rejoin_ms * 2 > REJOIN_MAX_MS ? REJOIN_MAX_MS : fr->rejoin_ms * 2;
+    }
+    int64_t now_us = now / 1000;
+    for (uint32_t i = 0; i < fr->nslots; i++) {
+        gw_item_t *it = fr->slots[i].item;
+        if (it != NULL && now_us - it->deadline_us > STUCK_US) {
+            SQ_WARN("item held past its deadline with no answer from the cluster slot=%u", i);
+            answer_slot(fr, i, SQ_DEADLINE, "no answer from the cluster by the deadline");
+        }
+    }
+    fr->tick = sq_loop_timer_at(loop, sq_now_ns() + (int64_t)TICK_MS * 1000000, on_tick, fr);
+}
+
+static void *front_thread(void *arg)
+{
+    gw_front_t *fr = arg;
+    sq_loop_run(fr->loop);
+    return NULL;
+}
+
+int gw_front_start(gw_server_t *srv, char *err, size_t errlen)
+{
+    const gw_config_t *cfg = srv->cfg;
+    gw_front_t *fr = sq_xcalloc(1, sizeof(*fr));
+    fr->srv = srv;
+    pthread_mutex_init(&fr->lock, NULL);
+    snprintf(fr->why, sizeof(fr->why), "this frontend has not joined its dispatcher yet");
+    sq_buf_init(&fr->scratch);
+    fr->rejoin_ms = REJOIN_MIN_MS;
+    char list[sizeof(cfg->dispatcher)];
+    snprintf(list, sizeof(list), "%s", cfg->dispatcher);
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok != NULL && fr->naddrs < 8;
+         tok = strtok_r(NULL, ",", &save)) {
+        while (*tok == ' ')
+            tok++;
+        if (*tok != '\0')
+            snprintf(fr->addrs[fr->naddrs++], sizeof(fr->addrs[0]), "%s", tok);
+    }
+    int rc = 0;
+    if (fr->naddrs == 0) {
+        snprintf(err, errlen, "--dispatcher: no address");
+        rc = SQ_BAD_CONFIG;
+    }
+    if (rc == 0)
+        rc = sq_auth_read_token(cfg->cluster_token_file, fr->token, sizeof(fr->token),
+                                &fr->token_len, err, errlen);
+    if (rc == 0 && cfg->cluster_tls_cert[0] != '\0')
+        rc = sq_tls_new(&fr->tls, 0, cfg->cluster_tls_cert, cfg->cluster_tls_key,
+                        cfg->cluster_tls_ca, err, errlen);
+    if (rc == 0 && (fr->loop = sq_loop_new()) == NULL) {
+        snprintf(err, errlen, "cannot create the frontend's loop");
+        rc = SQ_NOMEM;
+    }
+    if (rc != 0) {
+        sq_tls_free(fr->tls);
+        sq_buf_dispose(&fr->scratch);
+        free(fr);
+        return rc;
+    }
+    srv->front = fr;
+    fr->tick = sq_loop_timer_at(fr->loop, sq_now_ns(), on_tick, fr);
+    if (pthread_create(&fr->thread, NULL, front_thread, fr) != 0) {
+        snprintf(err, errlen, "cannot start the frontend's thread");
+        return SQ_NOMEM;
+    }
+    fr->started = 1;
+    SQ_INFO("frontend started dispatcher=%s", cfg->dispatcher);
+    return 0;
+}
+
+static void on_stop(sq_loop_t *loop, void *arg)
+{
+    gw_front_t *fr = arg;
+    fr->stopping = 1;
+    if (fr->joined)
+        leave(fr, "squishd is stopping");
+    for (uint32_t i = 0; i < fr->nslots; i++)
+        if (fr->slots[i].item != NULL)
+            answer_slot(fr, i, SQ_SHUTTING_DOWN, "squishd is shutting down");
+    if (fr->tick != 0)
+        sq_loop_timer_cancel(loop, fr->tick);
+    fr->tick = 0;
+    sq_loop_stop(loop);
+}
+
+void gw_front_stop(gw_server_t *srv)
+{
+    gw_front_t *fr = srv->front;
+    if (fr == NULL || !fr->started)
+        return;
+    sq_loop_post(fr->loop, on_stop, fr);
+    pthread_join(fr->thread, NULL);
+    fr->started = 0;
+    /* Items submitted after the loop stopped are answered here. */
+    sq_loop_run_posts(fr->loop);
+}
+
+void gw_front_free(gw_server_t *srv)
+{
+    gw_front_t *fr = srv->front;
+    if (fr == NULL)
+        return;
+    sq_loop_run_posts(fr->loop);
+    sq_loop_free(fr->loop);
+    sq_tls_free(fr->tls);
+    OPENSSL_cleanse(fr->token, sizeof(fr->token));
+    sq_buf_dispose(&fr->scratch);
+    free(fr->slots);
+    free(fr->held);
+    free(fr->gone);
+    pthread_mutex_destroy(&fr->lock);
+    free(fr);
+    srv->front = NULL;
+}
+
+/* ---- for other threads ------------------------------------------------------------ */
+
+int gw_front_ready(gw_server_t *srv, char *why, size_t len)
+{
+    gw_front_t *fr = srv->front;
+    pthread_mutex_lock(&fr->lock);
+    int ready = fr->ready;
+    snprintf(why, len, "%s", fr->why);
+    pthread_mutex_unlock(&fr->lock);
+    return ready;
+}
+
+int gw_front_model_held(gw_server_t *srv, int64_t key)
+{
+    gw_front_t *fr = srv->front;
+    pthread_mutex_lock(&fr->lock);
+    int found = 0;
+    for (int i = 0; i < fr->nheld && !found; i++)
+        found = fr->held[i] == key;
+    pthread_mutex_unlock(&fr->lock);
+    return found;
+}
+
+int gw_front_model_unloading(gw_server_t *srv, int64_t key)
+{
+    gw_front_t *fr = srv->front;
+    pthread_mutex_lock(&fr->lock);
+    int found = 0;
+    for (int i = 0; i < fr->ngone && !found; i++)
+        found = fr->gone[i] == key;
+    pthread_mutex_unlock(&fr->lock);
+    return found;
+}
+
+void gw_front_dispatcher_http(gw_server_t *srv, char *out, size_t len)
+{
+    gw_front_t *fr = srv->front;
+    pthread_mutex_lock(&fr->lock);
+    snprintf(out, len, "%s", fr->admin);
+    pthread_mutex_unlock(&fr->lock);
+}

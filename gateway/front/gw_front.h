@@ -1,0 +1,45 @@
+/* front/: a frontend's side of the cluster (squishd --role frontend,
+ * issue 25). The frontend takes requests, decodes them and holds their
+ * inputs in its own arena; instead of a dispatcher of its own it offers
+ * each item's metadata to the cluster's dispatcher (FE_ITEMS), sends the
+ * rows the dispatcher assigns straight to the workers (DATA_ROWS on a
+ * connection of its own to each), and answers the items with the outputs
+ * they send back. It learns the models (FE_CATALOG) and the cluster's
+ * readiness (FE_STATE) from the dispatcher. All of it runs on one thread
+ * of its own; the entry points below are for any thread. */
+#ifndef GW_FRONT_H
+#define GW_FRONT_H
+
+#include "gw_catalog.h"
+#include "gw_server.h"
+
+#include <stdint.h>
+
+typedef struct gw_front gw_front_t;
+struct gw_item;
+
+/* Starts the frontend's thread, which joins the dispatcher (cfg->dispatcher,
+ * each address in turn, with the cluster token and TLS settings) and keeps
+ * rejoining while squishd runs; srv->front is set. Returns 0 or an SQ_*
+ * error with a reason in err (the token file). */
+int gw_front_start(gw_server_t *srv, char *err, size_t errlen);
+/* Answers every item still held 503 (squishd stops), then stops the thread. */
+void gw_front_stop(gw_server_t *srv);
+void gw_front_free(gw_server_t *srv);
+
+/* gw_dispatch_submit's and gw_dispatch_withdraw's counterparts: items (a
+ * clump through clump_next) offered to the dispatcher; abandoned items
+ * withdrawn. */
+void gw_front_submit(gw_server_t *srv, struct gw_item *first);
+void gw_front_withdraw(gw_server_t *srv);
+
+/* Readiness as the dispatcher last said it (and whether this frontend is
+ * joined to one): 1 ready, else 0 with why. */
+int gw_front_ready(gw_server_t *srv, char *why, size_t len);
+/* Whether a worker up holds model key; whether it is on its way out. */
+int gw_front_model_held(gw_server_t *srv, int64_t key);
+int gw_front_model_unloading(gw_server_t *srv, int64_t key);
+/* The dispatcher's HTTP address ("host:port"; "" before it is joined). */
+void gw_front_dispatcher_http(gw_server_t *srv, char *out, size_t len);
+
+#endif

@@ -1,0 +1,231 @@
+/* A frontend's management routes (gw_http.h: gw_proxy_to_dispatcher):
+ * uploads, deletes, model lists and metadata, model control, the plan.
+ * They belong to the cluster's one model DB and dispatcher, so a frontend
+ * forwards them to the dispatcher's HTTP address as they came (method,
+ * path and query, the headers that carry meaning, the body) and answers
+ * with the dispatcher's answer: the same view from every frontend.
+ *
+ * Each forward runs on a thread of its own, blocking: a model load may
+ * take two minutes to answer, and nothing on the data path (the HTTP
+ * loops, the offload thread) may wait for it. Management traffic is rare;
+ * a thread per request is its whole cost. */
+#include "http_int.h"
+#include "gw_front.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* How long the dispatcher may take to answer (model control's load waits
+ * up to 120 s), and the most of its answer this takes. */
+#define PROXY_TIMEOUT_MS 150000
+#define PROXY_MAX_ANSWER (64u << 20)
+
+/* The request headers forwarded: what the dispatcher's routes read. The
+ * body is the one h2o gave the route (inflated when it came compressed),
+ * so Content-Encoding is not among them. */
+static const char *const forwarded[] = {"authorization", "content-type", "x-slo-ms", "x-priority",
+                                        "inference-header-content-length"};
+
+/* Answer headers passed back to the client. */
+static const char *const returned[] = {"content-type",     "retry-after",
+                                       "location",         "allow",
+                                       "www-authenticate", "inference-header-content-length"};
+#define NRETURNED (sizeof(returned) / sizeof(returned[0]))
+
+typedef struct {
+    gw_async_t a; /* first */
+    char addr[128];
+    sq_buf_t request;
+    /* the answer */
+    int status;
+    char *headers[NRETURNED];
+    uint8_t *answer;
+    size_t answer_len;
+    size_t body_off;
+} proxy_job_t;
+
+static void proxy_dispose(gw_async_t *a)
+{
+    proxy_job_t *j = (proxy_job_t *)a;
+    sq_buf_dispose(&j->request);
+    for (size_t i = 0; i < NRETURNED; i++)
+        free(j->headers[i]);
+    free(j->answer);
+}
+
+static void proxy_respond(gw_async_t *a, h2o_req_t *req)
+{
+    proxy_job_t *j = (proxy_job_t *)a;
+    req->res.status = j->status;
+    req->res.reason = gw_http_reason(j->status);
+    for (size_t i = 0; i < NRETURNED; i++)
+        if (j->headers[i] != NULL)
+            gw_add_header(req, returned[i], j->headers[i]);
+    gw_send_body(req, j->answer + j->body_off, j->answer_len - j->body_off);
+}
+
+/* Blocking I/O with one deadline. */
+static int write_all(int fd, const uint8_t *p, size_t n, int64_t deadline_ms)
+{
+    while (n > 0) {
+        ssize_t w = write(fd, p, n);
+        if (w > 0) {
+            p += w;
+            n -= (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno != EAGAIN && errno != EINTR)
+            return -errno;
+        int left = (int)(deadline_ms - sq_now_ms());
+        struct pollfd pf = {.fd = fd, .events = POLLOUT};
+        if (left <= 0 || poll(&pf, 1, left) == 0)
+            return -ETIMEDOUT;
+    }
+    return 0;
+}
+
+/* Reads until the dispatcher closes (the request was HTTP/1.0). */
+static int read_all(int fd, proxy_job_t *j, int64_t deadline_ms)
+{
+    size_t cap = 64 << 10;
+    j->answer = sq_xmalloc(cap);
+    for (;;) {
+        if (j->answer_len == cap) {
+            if (cap >= PROXY_MAX_ANSWER)
+                return -EFBIG;
+            cap *= 2;
+            j->answer = sq_xrealloc(j->answer, cap);
+        }
+        ssize_t r = read(fd, j->answer + j->answer_len, cap - j->answer_len);
+        if (r > 0) {
+            j->answer_len += (size_t)r;
+            continue;
+        }
+        if (r == 0)
+            return 0;
+        if (errno != EAGAIN && errno != EINTR)
+            return -errno;
+        int left = (int)(deadline_ms - sq_now_ms());
+        struct pollfd pf = {.fd = fd, .events = POLLIN};
+        if (left <= 0 || poll(&pf, 1, left) == 0)
+            return -ETIMEDOUT;
+    }
+}
+
+/* The status line and the returned headers of the answer; 0, or -1 when
+ * it is not HTTP. */
+static int parse_answer(proxy_job_t *j)
+{
+    char *p = (char *)j->answer;
+    size_t n = j->answer_len;
+    char *end = memmem(p, n, "\r\n\r\n", 4);
+    if (end == NULL || n < 12 || strncmp(p, "HTTP/1.", 7) != 0)
+        return -1;
+    j->body_off = (size_t)(end - p) + 4;
+    *end = '\0';
+    j->status = atoi(p + 9);
+    if (j->status < 100 || j->status > 599)
+        return -1;
+    for (char *line = strstr(p, "\r\n"); line != NULL && line < end;) {
+        line += 2;
+        char *next = strstr(line, "\r\n");
+        if (next != NULL)
+            *next = '\0';
+        char *colon = strchr(line, ':');
+        if (colon != NULL) {
+            *colon = '\0';
+            const char *v = colon + 1;
+            while (*v == ' ')
+                v++;
+            for (size_t i = 0; i < NRETURNED; i++)
+                if (strcasecmp(line, returned[i]) == 0 && j->headers[i] == NULL)
+                    j->headers[i] = strdup(v);
+        }
+        line = next;
+    }
+    return 0;
+}
+
+static void *proxy_thread(void *arg)
+{
+    proxy_job_t *j = arg;
+    int64_t deadline = sq_now_ms() + PROXY_TIMEOUT_MS;
+    int fd = sq_dial_tcp(j->addr, 2000);
+    int rc = fd < 0 ? fd : 0;
+    if (rc == 0)
+        rc = write_all(fd, j->request.data, j->request.len, deadline);
+    if (rc == 0)
+        rc = read_all(fd, j, deadline);
+    if (fd >= 0)
+        close(fd);
+    if (rc != 0)
+        gw_async_fail(&j->a, SQ_NOT_READY,
+                      "this frontend could not reach its dispatcher's HTTP at %s (%s); retry",
+                      j->addr, strerror(-rc));
+    else if (parse_answer(j) != 0)
+        gw_async_fail(&j->a, SQ_PROTOCOL, "the dispatcher at %s answered something not HTTP",
+                      j->addr);
+    else
+        j->a.respond = proxy_respond;
+    gw_async_done(&j->a);
+    return NULL;
+}
+
+void gw_proxy_to_dispatcher(gw_call_t *call)
+{
+    h2o_req_t *req = call->req;
+    char addr[128];
+    gw_front_dispatcher_http(call->srv, addr, sizeof(addr));
+    if (addr[0] == '\0') {
+        gw_send_error(req, SQ_NOT_READY,
+                      "this frontend has not joined its dispatcher yet, which answers this "
+                      "route; retry");
+        return;
+    }
+    const uint8_t *body = NULL;
+    size_t body_len = 0;
+    uint8_t *owned = NULL;
+    if (req->entity.base != NULL && gw_request_body(req, &body, &body_len, &owned) != 0) {
+        gw_send_error(req, SQ_OVERLOAD, "no memory to forward the body");
+        return;
+    }
+    proxy_job_t *j = (proxy_job_t *)gw_async_new(call, sizeof(*j));
+    j->a.dispose = proxy_dispose;
+    snprintf(j->addr, sizeof(j->addr), "%s", addr);
+    sq_buf_init(&j->request);
+    sq_buf_t *b = &j->request;
+    sq_buf_put(b, req->method.base, req->method.len);
+    sq_buf_put(b, " ", 1);
+    sq_buf_put(b, req->path.base, req->path.len);
+    char line[160];
+    int n = snprintf(line, sizeof(line), " HTTP/1.0\r\nhost: %s\r\nconnection: close\r\n", addr);
+    sq_buf_put(b, line, (size_t)n);
+    for (size_t i = 0; i < sizeof(forwarded) / sizeof(forwarded[0]); i++) {
+        h2o_iovec_t v = gw_header(req, forwarded[i]);
+        if (v.base == NULL)
+            continue;
+        sq_buf_put(b, forwarded[i], strlen(forwarded[i]));
+        sq_buf_put(b, ": ", 2);
+        sq_buf_put(b, v.base, v.len);
+        sq_buf_put(b, "\r\n", 2);
+    }
+    n = snprintf(line, sizeof(line), "content-length: %zu\r\n\r\n", body_len);
+    sq_buf_put(b, line, (size_t)n);
+    if (body_len > 0)
+        sq_buf_put(b, body, body_len);
+    free(owned);
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, proxy_thread, j) != 0) {
+        gw_async_fail(&j->a, SQ_OVERLOAD, "no thread to forward the request; retry");
+        gw_async_done(&j->a);
+    }
+    pthread_attr_destroy(&attr);
+}
