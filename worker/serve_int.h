@@ -4,8 +4,9 @@
  * execution thread (serve.c) takes jobs one at a time, in arrival order, and
  * runs them (serve_load.c, serve_batch.c, serve_profile.c); the loader
  * thread (serve_load.c) builds models meanwhile. serve_state.c holds what
- * they share. Each file calls only those before it in this list:
- * serve_state.c, serve_load.c, serve_batch.c, serve_profile.c,
+ * they share; serve_rows.c holds frontends' rows for their batches. Each
+ * file calls only those before it in this list: serve_state.c,
+ * serve_rows.c, serve_load.c, serve_batch.c, serve_profile.c,
  * serve_link.c, serve_io.c, serve.c. */
 #ifndef SERVE_INT_H
 #define SERVE_INT_H
@@ -87,6 +88,19 @@ typedef struct cached {
     uint8_t *bytes;
     size_t len;
 } cached_t;
+
+/* Frontends' rows by batch (serve_rows.c); thread-safe. */
+typedef struct rows rows_t;
+
+/* How long a batch waits for its frontends' rows, from its BATCH's
+ * arrival: rows still missing then count as absent (the batch runs
+ * without them, and their frontend hears they failed). */
+#define WK_ROWS_WAIT_MS 2000
+/* Rows no BATCH claimed are dropped after this long. */
+#define WK_ROWS_KEEP_MS 5000
+/* Most bytes of frontends' rows held at once: a data connection whose rows
+ * would go past it is dropped. */
+#define WK_ROWS_MAX_BYTES ((uint64_t)1 << 30)
 
 typedef struct server {
     wk_serve_opts_t o;
@@ -214,6 +228,52 @@ cached_t *wk__cache_find(server_t *s, const char *sha);
 void wk__finish(server_t *s, int status);
 /* What belonged to the connection: a file half received, a batch's inputs. */
 void wk__reset_connection_state(server_t *s);
+
+/* ---- serve_rows.c: frontends' rows, by batch ----------------------------- */
+
+/* A row of a claimed batch: from squishd (in_off, as without frontends),
+ * or from a frontend: its bytes; absent (the frontend no longer holds it);
+ * lost (its frontend's connection closed, or squishd said it is gone);
+ * late (not there by the deadline); bad (sent by another frontend than
+ * the batch names, or of another size or kind than the batch's). */
+enum { ROW_LOCAL, ROW_PRESENT, ROW_ABSENT, ROW_LOST, ROW_LATE, ROW_BAD, ROWS_PENDING };
+
+typedef struct {
+    uint32_t count;
+    uint64_t row_bytes; /* as the frontends sent them (0: none came) */
+    uint8_t input_kind;
+    uint8_t state[SQ_MAX_BATCH_ITEMS];
+    uint8_t *bytes[SQ_MAX_BATCH_ITEMS]; /* ROW_PRESENT: row_bytes, owned */
+} rows_claim_t;
+
+typedef enum { ROWS_FE_UP, ROWS_FE_CLOSED, ROWS_FE_GONE } rows_fe_event_t;
+
+rows_t *wk__rows_new(uint64_t max_bytes);
+void wk__rows_free(rows_t *t);
+/* I/O thread: a DATA_ROWS frame of `frontend` for `batch`. Returns 0 (also
+ * when the batch already ran: the rows are dropped), SQ_PROTOCOL (a row
+ * twice, or the batch's shape unlike its other rows') or SQ_TOO_LARGE (past
+ * max_bytes): the caller drops the connection. */
+int wk__rows_put(rows_t *t, uint32_t frontend, uint64_t batch, const sq_data_rows_t *m,
+                 int64_t now_ns);
+/* A frontend's data connection is up (again) or closed, or squishd said
+ * it is gone (FE_GONE: its rows never come, even if it connects again). */
+void wk__rows_frontend(rows_t *t, uint32_t frontend, rows_fe_event_t ev);
+int wk__rows_frontend_gone(rows_t *t, uint32_t frontend);
+/* Drops rows unclaimed for WK_ROWS_KEEP_MS. */
+void wk__rows_expire(rows_t *t, int64_t now_ns);
+/* A new connection to squishd: batch ids and frontend ids start over. */
+void wk__rows_reset(rows_t *t);
+/* The worker stops: claims wait no more. */
+void wk__rows_stop(rows_t *t);
+/* Execution thread: the rows of `batch` (src[i] - 1: row i's frontend, 0:
+ * not from one), waiting until each is there or cannot come, at most until
+ * deadline_ns (CLOCK_MONOTONIC); fills c. Rows that come later are
+ * dropped. */
+void wk__rows_claim(rows_t *t, uint64_t batch, uint32_t count, const uint32_t *src,
+                    int64_t deadline_ns, rows_claim_t *c);
+void wk__rows_claim_dispose(rows_claim_t *c);
+uint64_t wk__rows_held_bytes(rows_t *t);
 
 /* ---- serve_load.c: loading models --------------------------------------- */
 
