@@ -9,6 +9,11 @@
  * when the connection ends (squishd restarted, the network dropped), keeps
  * its models and reconnects with exponential backoff, capped.
  *
+ * With --data-listen HOST:PORT (either kind of worker), frontends dial the
+ * worker there with the batches' rows they hold (serve_data.c); they prove
+ * --cluster-token-file's token, and with --cluster-tls-* the listener
+ * speaks TLS with the same certificate.
+ *
  * Exit status: 0 after SHUTDOWN or when squishd goes away, 1 on a protocol
  * or I/O error, 2 on bad usage, WK_EXIT_DEVICE_UNAVAILABLE (3) when the
  * device cannot be used. */
@@ -72,6 +77,7 @@ typedef struct {
     int reconnect_max_ms;
     int kept_models_ms;
     char tls_cert[4096], tls_key[4096], tls_ca[4096];
+    char data_listen[80], data_advertise[80];
 } flags_t;
 
 /* --connect: a UNIX socket path, or tcp://HOST:PORT (repeatable: tried in
@@ -135,6 +141,12 @@ static const sq_opt_t flag_table[] = {
      "TLS to squishd (its --cluster-tls-*): this worker's certificate (PEM)"},
     {"cluster_tls_key", FSTR(tls_key), 0, 0, "", "its private key (PEM)"},
     {"cluster_tls_ca", FSTR(tls_ca), 0, 0, "", "the CA squishd's certificate must chain to (PEM)"},
+    {"data_listen", FSTR(data_listen), 0, 0, "",
+     "ADDR:PORT or [IPV6]:PORT where frontends send batches' rows (port 0: any; needs "
+     "--cluster-token-file)"},
+    {"data_advertise", FSTR(data_advertise), 0, 0, "",
+     "HOST:PORT squishd tells frontends to dial (default: the bound address, a wildcard host "
+     "replaced by this end of the link to squishd)"},
 };
 #pragma GCC diagnostic pop
 
@@ -148,6 +160,54 @@ static void usage(FILE *f)
     fprintf(f, "usage: squish-worker --connect SOCKET|tcp://HOST:PORT --device cpu|cuda:N|emu:N "
                "[options]\n\n");
     sq_opts_usage(&flag_spec, f);
+}
+
+/* The data listener (--data-listen): a non-blocking TCP socket bound to
+ * spec (numeric, IPv4 or [IPv6]) and the address it got ("[::]:4711").
+ * Returns the fd, or -1 with err. */
+static int data_listen(const char *spec, char *bound, size_t boundlen, char *err, size_t errlen)
+{
+    char host[128], port[8];
+    int portnum;
+    if (sq_hostport_split(spec, host, sizeof(host), &portnum) != 0) {
+        snprintf(err, errlen, "expected ADDR:PORT or [IPV6]:PORT, got '%s'", spec);
+        return -1;
+    }
+    snprintf(port, sizeof(port), "%d", portnum);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICHOST | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    int g = getaddrinfo(host, port, &hints, &ai);
+    if (g != 0) {
+        snprintf(err, errlen, "%s: %s (a numeric address and port)", spec, gai_strerror(g));
+        return -1;
+    }
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int one = 1;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+        bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+        snprintf(err, errlen, "%s: %s", spec, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        freeaddrinfo(ai);
+        return -1;
+    }
+    freeaddrinfo(ai);
+    struct sockaddr_storage ss = {0};
+    socklen_t sl = sizeof(ss);
+    getsockname(fd, (struct sockaddr *)&ss, &sl);
+    char name[INET6_ADDRSTRLEN] = "?";
+    int bport = 0;
+    if (ss.ss_family == AF_INET) {
+        inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, name, sizeof(name));
+        bport = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    } else if (ss.ss_family == AF_INET6) {
+        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, name, sizeof(name));
+        bport = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    }
+    snprintf(bound, boundlen, ss.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", name, bport);
+    return fd;
 }
 
 static int connect_unix(const char *path)
@@ -505,9 +565,30 @@ int main(int argc, char **argv)
         return 2;
     }
     int ntls = (tls_cert != NULL) + (tls_key != NULL) + (tls_ca != NULL);
-    if (w.naddrs == 0 && (token_file != NULL || host_name != NULL || ntls > 0)) {
+    int data = fl.data_listen[0] != '\0';
+    if (w.naddrs == 0 && (host_name != NULL || (!data && (token_file != NULL || ntls > 0)))) {
         fprintf(stderr, "squish-worker: --cluster-token-file, --cluster-tls-* and --host-name are "
-                        "for tcp://\n");
+                        "for tcp:// (the first two also for --data-listen)\n");
+        return 2;
+    }
+    if (data && token_file == NULL) {
+        fprintf(stderr, "squish-worker: --data-listen needs --cluster-token-file (frontends "
+                        "prove that token)\n");
+        return 2;
+    }
+    if (!data && fl.data_advertise[0] != '\0') {
+        fprintf(stderr, "squish-worker: --data-advertise is for --data-listen\n");
+        return 2;
+    }
+    int adv_port;
+    char adv_host[128];
+    if (fl.data_advertise[0] != '\0' &&
+        (sq_hostport_split(fl.data_advertise, adv_host, sizeof(adv_host), &adv_port) != 0 ||
+         adv_port == 0)) {
+        fprintf(stderr,
+                "squish-worker: --data-advertise: expected HOST:PORT or [IPV6]:PORT, "
+                "got '%s'\n",
+                fl.data_advertise);
         return 2;
     }
     if (ntls != 0 && ntls != 3) {
@@ -547,13 +628,35 @@ int main(int argc, char **argv)
                 return 2;
             }
         }
-        if (token_file != NULL) {
-            char err[300];
-            if (sq_auth_read_token(token_file, w.token, sizeof(w.token), &w.token_len, err,
-                                   sizeof(err)) != 0) {
-                fprintf(stderr, "squish-worker: --cluster-token-file: %s\n", err);
-                return 2;
-            }
+    }
+    if (token_file != NULL) {
+        char err[300];
+        if (sq_auth_read_token(token_file, w.token, sizeof(w.token), &w.token_len, err,
+                               sizeof(err)) != 0) {
+            fprintf(stderr, "squish-worker: --cluster-token-file: %s\n", err);
+            sq_tls_free(w.tls);
+            return 2;
+        }
+    }
+    /* The data listener: bound before joining squishd, so that a port in
+     * use is an error at start. */
+    sq_tls_t *data_tls = NULL;
+    char data_bound[80] = "";
+    int data_fd = -1;
+    if (data) {
+        char err[400];
+        if (ntls == 3 &&
+            sq_tls_new(&data_tls, 1, tls_cert, tls_key, tls_ca, err, sizeof(err)) != 0) {
+            fprintf(stderr, "squish-worker: --cluster-tls-* (data listener): %s\n", err);
+            sq_tls_free(w.tls);
+            return 2;
+        }
+        data_fd = data_listen(fl.data_listen, data_bound, sizeof(data_bound), err, sizeof(err));
+        if (data_fd < 0) {
+            fprintf(stderr, "squish-worker: --data-listen: %s\n", err);
+            sq_tls_free(data_tls);
+            sq_tls_free(w.tls);
+            return 2;
         }
     }
     char tag[80];
@@ -587,8 +690,17 @@ int main(int argc, char **argv)
                               .reconnect = reconnect,
                               .reconnect_ctx = &w,
                               .kept_models_ms = (int)kept_models_ms,
-                              .stop_fd = w.stop_fd};
+                              .stop_fd = w.stop_fd,
+                              .data_fd = data_fd,
+                              .token = w.token,
+                              .token_len = w.token_len,
+                              .data_tls = data_tls};
+        snprintf(so.data_bound, sizeof(so.data_bound), "%s", data_bound);
+        snprintf(so.data_advertise, sizeof(so.data_advertise), "%s", fl.data_advertise);
         int status = wk_serve(&so);
+        if (data_fd >= 0)
+            close(data_fd);
+        sq_tls_free(data_tls);
         if (w.stop_fd >= 0)
             close(w.stop_fd);
         if (w.connected)
@@ -616,8 +728,18 @@ int main(int argc, char **argv)
                           .conn = &w.conn,
                           .shm = w.shm,
                           .shm_bytes = w.shm_bytes,
-                          .stop_fd = -1};
+                          .stop_fd = -1,
+                          .data_fd = data_fd,
+                          .token = w.token,
+                          .token_len = w.token_len,
+                          .data_tls = data_tls};
+    snprintf(so.data_bound, sizeof(so.data_bound), "%s", data_bound);
+    snprintf(so.data_advertise, sizeof(so.data_advertise), "%s", fl.data_advertise);
     int status = wk_serve(&so);
+    if (data_fd >= 0)
+        close(data_fd);
+    sq_tls_free(data_tls);
+    OPENSSL_cleanse(w.token, sizeof(w.token));
     sq_shm_unmap(w.shm, w.shm_bytes);
     sq_conn_dispose(&w.conn);
     return status;

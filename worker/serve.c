@@ -3,8 +3,8 @@
  * stops everything in order. The execution thread's loop is here: one job
  * at a time, in arrival order, each after the replies of those before it
  * are on the wire. The files of the serving side, each calling only those
- * before it: serve_state.c, serve_load.c, serve_batch.c, serve_profile.c,
- * serve_link.c, serve_io.c, serve.c. */
+ * before it: serve_state.c, serve_rows.c, serve_load.c, serve_batch.c,
+ * serve_profile.c, serve_data.c, serve_link.c, serve_io.c, serve.c. */
 #include "serve_int.h"
 
 #include <pthread.h>
@@ -61,6 +61,7 @@ int wk_serve(const wk_serve_opts_t *opts)
     s.loop = sq_loop_new();
     if (s.loop == NULL)
         return 1;
+    s.rows = wk__rows_new(WK_ROWS_MAX_BYTES);
     wk__jobq_init(&s.execq);
     pthread_mutex_init(&s.reply_lock, NULL);
     pthread_cond_init(&s.reply_cond, NULL);
@@ -72,6 +73,7 @@ int wk_serve(const wk_serve_opts_t *opts)
         pthread_cond_destroy(&s.reply_cond);
         pthread_mutex_destroy(&s.reply_lock);
         wk__jobq_destroy(&s.execq);
+        wk__rows_free(s.rows);
         sq_loop_free(s.loop);
         return 1;
     }
@@ -83,11 +85,14 @@ int wk_serve(const wk_serve_opts_t *opts)
         pthread_cond_destroy(&s.reply_cond);
         pthread_mutex_destroy(&s.reply_lock);
         wk__jobq_destroy(&s.execq);
+        wk__rows_free(s.rows);
         sq_loop_free(s.loop);
         return 1;
     }
     sq_buf_init(&s.rin.bytes);
-    if (opts->remote) {
+    if (wk__data_start(&s) != 0) {
+        wk__finish(&s, 1);
+    } else if (opts->remote) {
         int rc = wk__link_join(&s);
         if (rc != 0)
             wk__finish(&s, rc > 0 ? 0 : 1);
@@ -100,6 +105,8 @@ int wk_serve(const wk_serve_opts_t *opts)
     } else if ((err = sq_loop_watch(s.loop, opts->fd, SQ_EV_READ, wk__on_socket, &s)) != 0) {
         SQ_ERROR("cannot watch the squishd socket error=\"%s\"", strerror(-err));
         wk__finish(&s, 1);
+    } else {
+        wk__data_announce(&s);
     }
     /* Frames that arrived with WELCOME are handled before waiting. */
     sq_frame_t f;
@@ -115,6 +122,7 @@ int wk_serve(const wk_serve_opts_t *opts)
     s.io_done = 1; /* the loop runs no more posts until after the join */
     pthread_cond_broadcast(&s.reply_cond);
     pthread_mutex_unlock(&s.reply_lock);
+    wk__rows_stop(s.rows); /* a batch waiting for rows runs without them */
     job_t *stop = sq_xcalloc(1, sizeof(*stop));
     stop->kind = JOB_STOP;
     wk__drop_queued(&s);
@@ -138,6 +146,8 @@ int wk_serve(const wk_serve_opts_t *opts)
     wk__reset_connection_state(&s);
     free(s.staging);
     sq_loop_run_posts(s.loop); /* replies still posted are dropped (exit_status set) */
+    wk__data_stop(&s);
+    wk__rows_free(s.rows);
     sq_loop_free(s.loop);
     wk__jobq_destroy(&s.execq);
     pthread_mutex_destroy(&s.reply_lock);

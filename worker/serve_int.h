@@ -4,10 +4,12 @@
  * execution thread (serve.c) takes jobs one at a time, in arrival order, and
  * runs them (serve_load.c, serve_batch.c, serve_profile.c); the loader
  * thread (serve_load.c) builds models meanwhile. serve_state.c holds what
- * they share; serve_rows.c holds frontends' rows for their batches. Each
- * file calls only those before it in this list: serve_state.c,
- * serve_rows.c, serve_load.c, serve_batch.c, serve_profile.c,
- * serve_link.c, serve_io.c, serve.c. */
+ * they share. With a data listener (--data-listen), the I/O thread also
+ * takes frontends' data connections (serve_data.c), whose rows wait in a
+ * table (serve_rows.c) for their batches. Each file calls only those
+ * before it in this list: serve_state.c, serve_rows.c, serve_load.c,
+ * serve_batch.c, serve_profile.c, serve_data.c, serve_link.c, serve_io.c,
+ * serve.c. */
 #ifndef SERVE_INT_H
 #define SERVE_INT_H
 
@@ -159,6 +161,14 @@ typedef struct server {
      * (serve_link.c, below it) hands the I/O thread a new connection. */
     sq_io_fn on_socket;
     int (*handle_frame)(struct server *s, const sq_frame_t *f);
+    /* Frontends' rows (always there; filled only with a data listener) and
+     * the data listener's connections (serve_data.c; NULL without one).
+     * send_data: how the lowest layer (a reply's post) reaches a
+     * frontend's data connection, on the I/O thread. */
+    rows_t *rows;
+    struct data_plane *data;
+    void (*send_data)(struct server *s, uint32_t frontend, uint16_t type, uint64_t id,
+                      const sq_buf_t *payload);
 } server_t;
 
 typedef struct {
@@ -166,6 +176,7 @@ typedef struct {
     uint16_t type;
     uint64_t id;
     uint64_t gen;
+    int64_t frontend; /* -1: to squishd; else to this frontend's data connection */
     sq_buf_t payload;
 } reply_t;
 
@@ -200,6 +211,8 @@ void wk__replies_flushed(server_t *s);
  * (from the execution thread) or the current one: fill its payload, then
  * post it. */
 reply_t *wk__reply_new(server_t *s, uint16_t type, uint64_t id);
+/* The same, for frontend's data connection (dropped when it has none). */
+reply_t *wk__reply_new_data(server_t *s, uint16_t type, uint64_t id, uint32_t frontend);
 void wk__reply_post(server_t *s, reply_t *r);
 void wk__reply_failed(server_t *s, uint64_t key, int code, const char *msg);
 
@@ -295,6 +308,16 @@ void wk__do_batch(server_t *s, job_t *j);
 /* PROFILE: one slice of the model's measurement. */
 void wk__do_profile(server_t *s, job_t *j);
 void wk__measure_free(struct measure *M);
+
+/* ---- serve_data.c: frontends' data connections (I/O thread) -------------- */
+
+/* Starts the data listener of o.data_fd, if any (s->data, s->send_data);
+ * returns 0 or a negative error. */
+int wk__data_start(server_t *s);
+/* Closes the data connections (not the listener's fd: the caller's). */
+void wk__data_stop(server_t *s);
+/* After WELCOME: tells squishd the data address (WORKER_DATA). */
+void wk__data_announce(server_t *s);
 
 /* ---- serve_link.c: a remote worker's connections ------------------------- */
 

@@ -1,7 +1,7 @@
 /* The I/O thread (serve_int.h): reads squishd's frames, answers PING at
  * once, receives model files chunk by chunk and turns every other request
  * into a job for the execution thread. A remote worker's lost connection
- * goes to the link (serve_link.c). */
+ * goes to the link (serve_link.c). FE_GONE goes to the rows table. */
 #include "serve_int.h"
 
 #include <mdb.h>
@@ -77,6 +77,15 @@ static void rx_complete(server_t *s)
             queue_load(s, key, spec, c);
     }
     memset(&s->rx, 0, sizeof(s->rx));
+}
+
+/* A remote batch whose rows all come from frontends has no BATCH_INPUT. */
+static int all_from_frontends(const sq_batch_t *b)
+{
+    for (uint32_t i = 0; i < b->count; i++)
+        if (!b->has_sources || b->src[i] == 0)
+            return 0;
+    return 1;
 }
 
 int wk__handle_frame(server_t *s, const sq_frame_t *f)
@@ -177,18 +186,19 @@ int wk__handle_frame(server_t *s, const sq_frame_t *f)
         sq_buf_put(&s->rin.bytes, f->payload, f->len);
         return 0;
     case SQ_MSG_BATCH: {
-        if (s->o.remote && (!s->rin.active || s->rin.id != f->id))
+        if (s->o.remote && s->rin.active && s->rin.id != f->id)
             return -1;
         job_t *j = sq_xcalloc(1, sizeof(*j));
         j->kind = JOB_BATCH;
         j->id = f->id;
         j->batch = sq_xmalloc(sizeof(*j->batch));
-        if (sq_batch_decode(f, j->batch) != 0) {
+        if (sq_batch_decode(f, j->batch) != 0 ||
+            (s->o.remote && !s->rin.active && !all_from_frontends(j->batch))) {
             free(j->batch);
             free(j);
             return -1;
         }
-        if (s->o.remote) {
+        if (s->o.remote && s->rin.active) {
             /* The job takes the bytes. */
             j->input = s->rin.bytes.data;
             j->input_len = s->rin.bytes.len;
@@ -199,6 +209,14 @@ int wk__handle_frame(server_t *s, const sq_frame_t *f)
         wk__enqueue(s, j);
         return 0;
     }
+    case SQ_MSG_FE_GONE:
+        /* A frontend left: its rows never come (batches waiting for them
+         * run now). */
+        if (f->len != 0 || f->id > UINT32_MAX)
+            return -1;
+        SQ_INFO("frontend gone frontend=%llu", (unsigned long long)f->id);
+        wk__rows_frontend(s->rows, (uint32_t)f->id, ROWS_FE_GONE);
+        return 0;
     case SQ_MSG_PROFILE: {
         job_t *j = sq_xcalloc(1, sizeof(*j));
         j->kind = JOB_PROFILE;

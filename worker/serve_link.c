@@ -3,7 +3,8 @@
  * lost connection (models and files kept; those not loaded again within
  * kept_models_ms are swept) and stopping on a signal. A new connection is
  * handed to the I/O thread's handlers through the server's on_socket and
- * handle_frame, so that this file calls nothing of the I/O thread's. */
+ * handle_frame, so that this file calls nothing of the I/O thread's. After
+ * each WELCOME, squishd hears the data address (serve_data.c). */
 #include "serve_int.h"
 
 #include <stdlib.h>
@@ -42,6 +43,10 @@ int wk__link_join(server_t *s)
         SQ_ERROR("cannot watch the squishd socket error=\"%s\"", strerror(-err));
         return -1;
     }
+    /* Rows of the last connection's batches are no use; this squishd (or
+     * the same one, again) numbers batches and frontends afresh. */
+    wk__rows_reset(s->rows);
+    wk__data_announce(s);
     if (n > 0)
         SQ_INFO("rejoined with model files held=%u", n);
     return 0;

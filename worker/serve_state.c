@@ -81,9 +81,15 @@ static void send_reply(sq_loop_t *loop, void *arg)
 {
     reply_t *r = arg;
     server_t *s = r->srv;
-    if (s->exit_status < 0 && !s->lost && r->gen == s->conn_gen &&
-        sq_conn_send(s->conn, r->type, r->id, r->payload.data, (uint32_t)r->payload.len) == 0 &&
-        sq_conn_pending(s->conn))
+    /* A frontend's outputs go to its data connection whatever became of
+     * squishd's (the frontend holds the request). */
+    if (r->frontend >= 0) {
+        if (s->exit_status < 0 && s->send_data != NULL)
+            s->send_data(s, (uint32_t)r->frontend, r->type, r->id, &r->payload);
+    } else if (s->exit_status < 0 && !s->lost && r->gen == s->conn_gen &&
+               sq_conn_send(s->conn, r->type, r->id, r->payload.data, (uint32_t)r->payload.len) ==
+                   0 &&
+               sq_conn_pending(s->conn))
         sq_loop_modify(loop, s->conn->fd, SQ_EV_READ | SQ_EV_WRITE);
     sq_buf_dispose(&r->payload);
     free(r);
@@ -113,7 +119,15 @@ reply_t *wk__reply_new(server_t *s, uint16_t type, uint64_t id)
     r->id = id;
     /* For the connection of the job running, or the I/O thread's. */
     r->gen = pthread_equal(pthread_self(), s->exec) ? s->exec_gen : s->conn_gen;
+    r->frontend = -1;
     sq_buf_init(&r->payload);
+    return r;
+}
+
+reply_t *wk__reply_new_data(server_t *s, uint16_t type, uint64_t id, uint32_t frontend)
+{
+    reply_t *r = wk__reply_new(s, type, id);
+    r->frontend = frontend;
     return r;
 }
 

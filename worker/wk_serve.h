@@ -36,6 +36,19 @@ typedef struct {
      * WK_KEPT_MODELS_MS. */
     int kept_models_ms;
     int stop_fd;
+    /* Frontends' data connections (--data-listen; data_bound "": none):
+     * data_fd, a listening non-blocking TCP socket bound to data_bound
+     * ("HOST:PORT"); data_advertise, the address squishd is told instead
+     * ("": data_bound, a wildcard host replaced by this end's address of
+     * the connection to squishd); the token frontends must prove (as a
+     * remote worker does to squishd); data_tls, a server TLS context or
+     * NULL. The caller keeps these, and closes data_fd. */
+    int data_fd;
+    char data_bound[80];
+    char data_advertise[80];
+    const uint8_t *token;
+    size_t token_len;
+    sq_tls_t *data_tls;
 } wk_serve_opts_t;
 
 /* Runs until SHUTDOWN or EOF (a remote worker: until reconnect gives up);
