@@ -1,0 +1,488 @@
+"""A worker's data listener (squish-worker --data-listen): frontends send it
+the rows of batches they hold and take their outputs back, while squishd
+(the dispatcher) only decides the batches. A real squish-worker joins a
+fake squishd written here (TCP, the token handshake of common/auth.c, the
+frames of common/sq_ipc.h) as a remote worker and tells it its data
+address; a fake frontend dials that address. An emulated model's outputs
+are a hash of each row's input (worker/backend_emu.c, computed here too),
+so every row's output is checked: a frontend gets exactly its rows', and
+squishd only those of the rows it sent itself. Rows sent absent, rows that
+never come (the batch waits 2 s, then the frontend hears they failed) and
+a frontend squishd says is gone (FE_GONE: the batch runs at once)."""
+
+import hashlib
+import hmac
+import os
+import queue
+import shutil
+import socket
+import struct
+import subprocess
+import tempfile
+import threading
+import time
+
+from harness import WORKER, eventually, run, test
+
+MAGIC = 0x48535153
+VERSION = 7
+T = {"HELLO": 1, "WELCOME": 2, "PING": 3, "PONG": 4, "SHUTDOWN": 5, "ERROR": 6,
+     "MODEL_LOAD": 10, "MODEL_LOADED": 12, "MODEL_FAILED": 13, "BATCH": 20, "BATCH_DONE": 21,
+     "BATCH_INPUT": 22, "BATCH_OUTPUT": 23, "AUTH_CHALLENGE": 40, "AUTH_REPLY": 41,
+     "AUTH_PROOF": 42, "MODELS_HELD": 43, "FE_GONE": 58, "WORKER_DATA": 59, "DATA_HELLO": 60,
+     "DATA_ROWS": 61, "DATA_OUTPUT": 62}
+NAME = {v: k for k, v in T.items()}
+INPUT_FP32 = 1
+IN_CHW = (3, 4, 4)
+IN_ELEMS = 48
+ROW_BYTES = IN_ELEMS * 4
+CLASSES = 5
+OUT_STRIDE = CLASSES * 4
+MODEL = 77
+M64 = (1 << 64) - 1
+
+
+# ---- the emulated model's outputs (worker/backend_emu.c) ----------------------
+
+def mix(x):
+    x &= M64
+    x ^= x >> 30
+    x = (x * 0xbf58476d1ce4e5b9) & M64
+    x ^= x >> 27
+    x = (x * 0x94d049bb133111eb) & M64
+    return x ^ (x >> 31)
+
+
+def emu_row(row_bytes):
+    """The emulated model's output row (CLASSES floats, as bytes) for an FP32
+    input row: a hash of the input's float bits."""
+    h = 0x5157495348
+    for k in range(min(IN_ELEMS, 256)):
+        (bits,) = struct.unpack_from("<I", row_bytes, 4 * k)
+        h = mix(h ^ bits)
+    return b"".join(struct.pack("<f", (mix(h + j) >> 40) / float(1 << 24) * 8.0 - 4.0)
+                    for j in range(CLASSES))
+
+
+def input_row(seed):
+    return struct.pack("<%df" % IN_ELEMS, *[float((seed * 31 + k) % 97) for k in range(IN_ELEMS)])
+
+
+# ---- frames and encodings (common/sq_ipc.h, common/msgs.c) --------------------
+
+def frame(t, ident, payload=b""):
+    return struct.pack("<IHHQ", len(payload), T[t], 0, ident) + payload
+
+
+def s_str(s):
+    b = s.encode()
+    return struct.pack("<I", len(b)) + b
+
+
+def read_str(p, off):
+    (n,) = struct.unpack_from("<I", p, off)
+    return p[off + 4:off + 4 + n].decode(), off + 4 + n
+
+
+def model_load():
+    p = s_str("0" * 64) + struct.pack("<BBQI", 1, 0, 0, 8)
+    for i in range(3):
+        p += struct.pack("<ddI", 0.0, 1.0, IN_CHW[i])
+    p += struct.pack("<BIIdI", 0, CLASSES, 0, 0.0, 8) + struct.pack("<8Q", *([2000] * 8))
+    return p + struct.pack("<BI", 0, 0)
+
+
+def batch(count, in_off, src):
+    p = struct.pack("<QBIQQ", MODEL, INPUT_FP32, count, 0, OUT_STRIDE)
+    p += struct.pack("<%dQ" % count, *in_off) + struct.pack("<B", 0)
+    p += struct.pack("<B", 1) + struct.pack("<%dI" % count, *src)
+    return p
+
+
+def data_rows(count, rows):
+    """rows: [(row, bytes or None for absent)]."""
+    p = struct.pack("<IBQI", count, INPUT_FP32, ROW_BYTES, len(rows))
+    for r, b in rows:
+        p += struct.pack("<IB", r, 0 if b is None else 1)
+    return p + b"".join(b for _, b in rows if b is not None)
+
+
+def data_output(p):
+    code, exec_ns, total_ns, count = struct.unpack_from("<iQQI", p, 0)
+    msg, off = read_str(p, 24)
+    stride, n = struct.unpack_from("<QI", p, off)
+    off += 12
+    rows = list(struct.unpack_from("<%dI" % n, p, off))
+    off += 4 * n
+    return {"code": code, "count": count, "message": msg, "stride": stride, "rows": rows,
+            "bytes": p[off:]}
+
+
+def batch_done(p):
+    code, exec_ns, total_ns = struct.unpack_from("<iQQ", p, 0)
+    msg, _ = read_str(p, 20)
+    return code, msg
+
+
+# ---- the token handshake (common/auth.c) --------------------------------------
+
+LABEL = b"squish-cluster-auth-v1\0"
+
+
+def mac(token, role, nonce_w, nonce_g):
+    return hmac.new(token, LABEL + role + b"\0" + struct.pack("<H", 1) + nonce_w + nonce_g,
+                    hashlib.sha256).digest()
+
+
+class Conn:
+    """A framed connection: a reader thread queues frames (PONGs dropped)."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.frames = queue.Queue()
+        self.lock = threading.Lock()
+        self.closed = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        buf = b""
+        try:
+            while True:
+                data = self.sock.recv(1 << 16)
+                if not data:
+                    break
+                buf += data
+                while len(buf) >= 16:
+                    n, t, _, ident = struct.unpack_from("<IHHQ", buf, 0)
+                    if len(buf) < 16 + n:
+                        break
+                    if t != T["PONG"]:
+                        self.frames.put((NAME.get(t, t), ident, buf[16:16 + n]))
+                    buf = buf[16 + n:]
+        except OSError:
+            pass
+        self.closed.set()
+
+    def send(self, t, ident=0, payload=b""):
+        with self.lock:
+            self.sock.sendall(frame(t, ident, payload))
+
+    def expect(self, t, timeout=10):
+        name, ident, p = self.frames.get(timeout=timeout)
+        assert name == t, "expected %s, got %s id=%d %r" % (t, name, ident, p[:80])
+        return ident, p
+
+    def nothing(self, seconds):
+        try:
+            f = self.frames.get(timeout=seconds)
+        except queue.Empty:
+            return
+        raise AssertionError("unexpected frame %s id=%d" % (f[0], f[1]))
+
+    def close(self):
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # the reader's recv holds the fd open
+            self.sock.close()
+        except OSError:
+            pass
+
+
+class FakeSquishd:
+    """squishd's side of a remote worker's link: listens, authenticates the
+    worker, welcomes it and pings it (the worker drops a silent squishd)."""
+
+    def __init__(self, token):
+        self.token = token
+        self.lsock = socket.socket()
+        self.lsock.bind(("127.0.0.1", 0))
+        self.lsock.listen(4)
+        self.port = self.lsock.getsockname()[1]
+        self.conn = None
+
+    def accept(self):
+        self.lsock.settimeout(20)
+        sock, _ = self.lsock.accept()
+        c = Conn(sock)
+        _, p = c.expect("AUTH_CHALLENGE")
+        magic, version, has_token = struct.unpack_from("<IHB", p, 0)
+        assert magic == MAGIC and version == 1 and has_token == 1
+        nonce_w, nonce_g = p[7:39], os.urandom(32)
+        c.send("AUTH_REPLY", 0, nonce_g + mac(self.token, b"gateway", nonce_w, nonce_g))
+        _, proof = c.expect("AUTH_PROOF")
+        assert hmac.compare_digest(proof, mac(self.token, b"worker", nonce_w, nonce_g))
+        c.expect("MODELS_HELD")
+        c.expect("HELLO")
+        c.send("WELCOME", 0, struct.pack("<HIIQ", VERSION, 1, 1000, 0))
+        self.conn = c
+        threading.Thread(target=self._ping, args=(c,), daemon=True).start()
+        return c
+
+    def _ping(self, c):
+        while not c.closed.is_set():
+            try:
+                c.send("PING", 0, b"")
+            except OSError:
+                return
+            time.sleep(0.3)
+
+    def close(self):
+        if self.conn is not None:
+            self.conn.close()
+        self.lsock.close()
+
+
+def frontend(addr, token, fe_id, verify=True):
+    """A frontend's data connection: dials, proves the token, DATA_HELLO.
+    Returns it and None, or the type of the frame that refused it."""
+    host, port = addr.rsplit(":", 1)
+    c = Conn(socket.create_connection((host, int(port)), timeout=10))
+    nonce_w = os.urandom(32)
+    c.send("AUTH_CHALLENGE", 0, struct.pack("<IHB", MAGIC, 1, 1) + nonce_w)
+    name, _, p = c.frames.get(timeout=10)
+    if name != "AUTH_REPLY":
+        return c, name
+    nonce_g, mac_g = p[:32], p[32:]
+    if verify:
+        assert hmac.compare_digest(mac_g, mac(token, b"gateway", nonce_w, nonce_g)), "its proof"
+    c.send("AUTH_PROOF", 0, mac(token, b"worker", nonce_w, nonce_g))
+    c.send("DATA_HELLO", 0, struct.pack("<I", fe_id))
+    return c, None
+
+
+class Setup:
+    def __init__(self, listen="127.0.0.1:0"):
+        self.tmp = tempfile.mkdtemp(prefix="squish-wdata-")
+        self.token = os.urandom(24).hex().encode()
+        self.token_path = os.path.join(self.tmp, "cluster.token")
+        with open(self.token_path, "wb") as f:
+            f.write(self.token + b"\n")
+        os.chmod(self.token_path, 0o600)
+        self.squishd = FakeSquishd(self.token)
+        self.log = os.path.join(self.tmp, "worker.log")
+        with open(self.log, "ab") as f:
+            self.worker = subprocess.Popen(
+                [WORKER, "--connect", "tcp://127.0.0.1:%d" % self.squishd.port, "--device",
+                 "emu:0", "--cluster-token-file", self.token_path, "--data-listen", listen,
+                 "--log-level", "debug"], stdout=f, stderr=subprocess.STDOUT)
+        self.fes = []
+        try:
+            self.link = self.squishd.accept()
+            _, p = self.link.expect("WORKER_DATA")
+            self.addr, _ = read_str(p, 0)
+        except Exception:
+            self.dump()
+            raise
+
+    def load(self):
+        self.link.send("MODEL_LOAD", MODEL, model_load())
+        _, p = self.link.expect("MODEL_LOADED")
+        mem, max_batch, in_elems, out_elems = struct.unpack_from("<QIQQ", p, 0)
+        assert (in_elems, out_elems) == (IN_ELEMS, CLASSES), (in_elems, out_elems)
+
+    def frontend(self, fe_id, token=None):
+        c, refused = frontend(self.addr, token or self.token, fe_id)
+        self.fes.append(c)
+        assert refused is None, refused
+        return c
+
+    def outputs(self, bid, count):
+        """BATCH_OUTPUT frames until BATCH_DONE: (bytes, code, message)."""
+        out = b""
+        while True:
+            name, ident, p = self.link.frames.get(timeout=10)
+            assert ident == bid, (name, ident)
+            if name == "BATCH_DONE":
+                code, msg = batch_done(p)
+                return out, code, msg
+            assert name == "BATCH_OUTPUT", name
+            out += p
+
+    def dump(self):
+        try:
+            with open(self.log) as f:
+                print("# worker log:\n" + "".join("# " + ln for ln in f.readlines()[-40:]))
+        except OSError:
+            pass
+
+    def close(self):
+        for c in self.fes:
+            c.close()
+        if self.worker.poll() is None:
+            self.worker.terminate()
+            try:
+                self.worker.wait(10)
+            except subprocess.TimeoutExpired:
+                self.worker.kill()
+        self.squishd.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def with_setup(fn, **kw):
+    s = Setup(**kw)
+    try:
+        fn(s)
+    except Exception:
+        s.dump()
+        raise
+    finally:
+        s.close()
+
+
+@test
+def worker_tells_squishd_its_data_address():
+    def body(s):
+        host, port = s.addr.rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) > 0, s.addr
+
+    def wildcard(s):
+        # A wildcard host is told as this end of the link to squishd.
+        host, port = s.addr.rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) > 0, s.addr
+
+    with_setup(body)
+    with_setup(wildcard, listen="0.0.0.0:0")
+
+
+@test
+def frontend_rows_run_and_come_back_to_their_frontend():
+    def body(s):
+        s.load()
+        fe = s.frontend(0)
+        ins = [input_row(i) for i in range(4)]
+        want = [emu_row(b) for b in ins]
+        # Batch 100: rows 1 and 3 from frontend 0 (src 1), sent BEFORE the
+        # BATCH; rows 0 and 2 from squishd's BATCH_INPUT.
+        fe.send("DATA_ROWS", 100, data_rows(4, [(1, ins[1]), (3, ins[3])]))
+        time.sleep(0.1)
+        s.link.send("BATCH_INPUT", 100, ins[0] + ins[2])
+        s.link.send("BATCH", 100, batch(4, [0, 0, ROW_BYTES, 0], [0, 1, 0, 1]))
+        out, code, msg = s.outputs(100, 4)
+        assert code == 0, msg
+        assert len(out) == 4 * OUT_STRIDE, len(out)
+        rows = [out[i * OUT_STRIDE:(i + 1) * OUT_STRIDE] for i in range(4)]
+        assert rows[0] == want[0] and rows[2] == want[2], "squishd's rows"
+        assert rows[1] == bytes(OUT_STRIDE) and rows[3] == bytes(OUT_STRIDE), \
+            "a frontend's outputs are not squishd's to see"
+        ident, p = fe.expect("DATA_OUTPUT")
+        o = data_output(p)
+        assert ident == 100 and o["code"] == 0 and o["count"] == 4, o
+        assert o["rows"] == [1, 3] and o["stride"] == OUT_STRIDE, o
+        assert o["bytes"] == want[1] + want[3], "the frontend's rows' outputs"
+
+        # Batch 101: the BATCH first, the rows later; row 3 absent.
+        s.link.send("BATCH_INPUT", 101, ins[0] + ins[2])
+        s.link.send("BATCH", 101, batch(4, [0, 0, ROW_BYTES, 0], [0, 1, 0, 1]))
+        time.sleep(0.2)
+        fe.send("DATA_ROWS", 101, data_rows(4, [(1, ins[1]), (3, None)]))
+        out, code, msg = s.outputs(101, 4)
+        assert code == 0, msg
+        assert out[:OUT_STRIDE] == want[0]
+        ident, p = fe.expect("DATA_OUTPUT")
+        o = data_output(p)
+        assert ident == 101 and o["rows"] == [1] and o["bytes"] == want[1], o
+        fe.nothing(0.3)
+
+        # Batch 102: every row the frontend's: no BATCH_INPUT, no BATCH_OUTPUT.
+        fe.send("DATA_ROWS", 102, data_rows(2, [(0, ins[3]), (1, ins[2])]))
+        s.link.send("BATCH", 102, batch(2, [0, 0], [1, 1]))
+        out, code, msg = s.outputs(102, 2)
+        assert code == 0 and out == b"", (code, msg, len(out))
+        ident, p = fe.expect("DATA_OUTPUT")
+        o = data_output(p)
+        assert ident == 102 and o["rows"] == [0, 1] and o["bytes"] == want[3] + want[2], o
+
+    with_setup(body)
+
+
+@test
+def rows_that_never_come_fail_after_the_wait():
+    def body(s):
+        s.load()
+        fe = s.frontend(4)
+        ins = [input_row(10 + i) for i in range(2)]
+        s.link.send("BATCH_INPUT", 200, ins[0])
+        start = time.time()
+        s.link.send("BATCH", 200, batch(2, [0, 0], [0, 5]))
+        out, code, msg = s.outputs(200, 2)
+        waited = time.time() - start
+        assert code == 0, msg
+        assert 1.8 <= waited < 4, waited
+        assert out[:OUT_STRIDE] == emu_row(ins[0])
+        ident, p = fe.expect("DATA_OUTPUT")
+        o = data_output(p)
+        assert ident == 200 and o["code"] != 0 and o["rows"] == [1] and o["bytes"] == b"", o
+        assert "did not reach" in o["message"], o
+        # Rows that come after their batch ran are dropped, not answered.
+        fe.send("DATA_ROWS", 200, data_rows(2, [(1, ins[1])]))
+        fe.nothing(0.3)
+
+    with_setup(body)
+
+
+@test
+def a_frontend_gone_lets_its_batch_run():
+    def body(s):
+        s.load()
+        fe = s.frontend(2)
+        ins = [input_row(20 + i) for i in range(2)]
+        s.link.send("BATCH_INPUT", 300, ins[0])
+        start = time.time()
+        s.link.send("BATCH", 300, batch(2, [0, 0], [0, 3]))
+        time.sleep(0.3)
+        s.link.send("FE_GONE", 2)
+        out, code, msg = s.outputs(300, 2)
+        waited = time.time() - start
+        assert code == 0, msg
+        assert waited < 1.5, "ran at FE_GONE, not at the 2 s wait: %.2f" % waited
+        assert out[:OUT_STRIDE] == emu_row(ins[0])
+        fe.nothing(0.3)
+        # A frontend squishd said is gone may not come back.
+        c, refused = frontend(s.addr, s.token, 2)
+        s.fes.append(c)
+        if refused is None:
+            eventually(lambda: c.closed.is_set(), 5, "the gone frontend's connection closed")
+        # A frontend whose connection closes: its rows count as absent at once.
+        fe3 = s.frontend(7)
+        time.sleep(0.1)
+        fe3.close()
+        time.sleep(0.2)
+        start = time.time()
+        s.link.send("BATCH", 301, batch(1, [0], [8]))
+        out, code, msg = s.outputs(301, 1)
+        assert code == 0 and out == b"" and time.time() - start < 1.5, (code, msg)
+
+    with_setup(body)
+
+
+@test
+def a_frontend_without_the_token_is_refused():
+    def body(s):
+        c, refused = frontend(s.addr, b"not-the-token", 1, verify=False)
+        s.fes.append(c)
+        assert refused is None, refused
+        name, _, p = c.frames.get(timeout=10)
+        assert name == "ERROR" and b"bad_proof" in p, (name, p)
+        eventually(lambda: c.closed.is_set(), 5, "the connection closed")
+        # Frames before the handshake are refused too.
+        raw = socket.create_connection(tuple([s.addr.rsplit(":", 1)[0],
+                                              int(s.addr.rsplit(":", 1)[1])]))
+        bad = Conn(raw)
+        s.fes.append(bad)
+        bad.send("DATA_HELLO", 0, struct.pack("<I", 1))
+        eventually(lambda: bad.closed.is_set(), 5, "the connection closed")
+        # The worker still serves.
+        s.load()
+
+    with_setup(body)
+
+
+@test
+def data_listen_needs_a_token():
+    p = subprocess.run([WORKER, "--connect", "tcp://127.0.0.1:9", "--device", "emu:0",
+                        "--data-listen", "127.0.0.1:0"], capture_output=True, text=True,
+                       timeout=20)
+    assert p.returncode == 2 and "--cluster-token-file" in p.stderr, p
+
+
+if __name__ == "__main__":
+    run()
