@@ -12,6 +12,7 @@ a frontend squishd says is gone (FE_GONE: the batch runs at once)."""
 
 import hashlib
 import hmac
+import mmap
 import os
 import queue
 import shutil
@@ -92,8 +93,8 @@ def model_load():
     return p + struct.pack("<BI", 0, 0)
 
 
-def batch(count, in_off, src):
-    p = struct.pack("<QBIQQ", MODEL, INPUT_FP32, count, 0, OUT_STRIDE)
+def batch(count, in_off, src, out_off=0):
+    p = struct.pack("<QBIQQ", MODEL, INPUT_FP32, count, out_off, OUT_STRIDE)
     p += struct.pack("<%dQ" % count, *in_off) + struct.pack("<B", 0)
     p += struct.pack("<B", 1) + struct.pack("<%dI" % count, *src)
     return p
@@ -231,6 +232,49 @@ class FakeSquishd:
         self.lsock.close()
 
 
+ARENA_BYTES = 1 << 20
+
+
+class FakeLocalSquishd:
+    """squishd's side of a local worker's link: a UNIX socket, HELLO, and
+    WELCOME with the shared-memory arena's fd (a memfd mapped here too)."""
+
+    def __init__(self, tmp):
+        self.path = os.path.join(tmp, "workers.sock")
+        self.lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.lsock.bind(self.path)
+        self.lsock.listen(4)
+        self.arena_fd = os.memfd_create("squish-test-arena")
+        os.ftruncate(self.arena_fd, ARENA_BYTES)
+        self.arena = mmap.mmap(self.arena_fd, ARENA_BYTES)
+        self.conn = None
+
+    def accept(self):
+        self.lsock.settimeout(20)
+        sock, _ = self.lsock.accept()
+        sock.settimeout(None)
+        # HELLO, read before the reader thread starts (WELCOME carries an fd).
+        head = b""
+        while len(head) < 16:
+            head += sock.recv(16 - len(head))
+        n, t, _, _ = struct.unpack("<IHHQ", head)
+        body = b""
+        while len(body) < n:
+            body += sock.recv(n - len(body))
+        assert t == T["HELLO"], t
+        socket.send_fds(sock, [frame("WELCOME", 0, struct.pack("<HIIQ", VERSION, 1, 1000,
+                                                                ARENA_BYTES))], [self.arena_fd])
+        self.conn = Conn(sock)
+        return self.conn
+
+    def close(self):
+        if self.conn is not None:
+            self.conn.close()
+        self.lsock.close()
+        self.arena.close()
+        os.close(self.arena_fd)
+
+
 def frontend(addr, token, fe_id, verify=True):
     """A frontend's data connection: dials, proves the token, DATA_HELLO.
     Returns it and None, or the type of the frame that refused it."""
@@ -250,20 +294,28 @@ def frontend(addr, token, fe_id, verify=True):
 
 
 class Setup:
-    def __init__(self, listen="127.0.0.1:0"):
+    """A worker (remote, or local: a UNIX socket and an arena) joined to a
+    fake squishd, with a data listener."""
+
+    def __init__(self, listen="127.0.0.1:0", local=False):
         self.tmp = tempfile.mkdtemp(prefix="squish-wdata-")
         self.token = os.urandom(24).hex().encode()
         self.token_path = os.path.join(self.tmp, "cluster.token")
         with open(self.token_path, "wb") as f:
             f.write(self.token + b"\n")
         os.chmod(self.token_path, 0o600)
-        self.squishd = FakeSquishd(self.token)
+        if local:
+            self.squishd = FakeLocalSquishd(self.tmp)
+            connect = self.squishd.path
+        else:
+            self.squishd = FakeSquishd(self.token)
+            connect = "tcp://127.0.0.1:%d" % self.squishd.port
         self.log = os.path.join(self.tmp, "worker.log")
         with open(self.log, "ab") as f:
             self.worker = subprocess.Popen(
-                [WORKER, "--connect", "tcp://127.0.0.1:%d" % self.squishd.port, "--device",
-                 "emu:0", "--cluster-token-file", self.token_path, "--data-listen", listen,
-                 "--log-level", "debug"], stdout=f, stderr=subprocess.STDOUT)
+                [WORKER, "--connect", connect, "--device", "emu:0", "--cluster-token-file",
+                 self.token_path, "--data-listen", listen, "--log-level", "debug"],
+                stdout=f, stderr=subprocess.STDOUT)
         self.fes = []
         try:
             self.link = self.squishd.accept()
@@ -392,6 +444,43 @@ def frontend_rows_run_and_come_back_to_their_frontend():
         assert ident == 102 and o["rows"] == [0, 1] and o["bytes"] == want[3] + want[2], o
 
     with_setup(body)
+
+
+@test
+def a_local_worker_takes_frontend_rows_beside_the_arena():
+    def body(s):
+        host, port = s.addr.rsplit(":", 1)
+        assert host == "127.0.0.1" and int(port) > 0, "a wildcard over a UNIX socket: " + s.addr
+        s.load()
+        fe = s.frontend(1)
+        arena = s.squishd.arena
+        ins = [input_row(40 + i) for i in range(4)]
+        want = [emu_row(b) for b in ins]
+        out_off = 65536
+        arena[0:ROW_BYTES] = ins[0]
+        arena[4096:4096 + ROW_BYTES] = ins[2]
+        arena[out_off:out_off + 4 * OUT_STRIDE] = b"\xab" * (4 * OUT_STRIDE)
+        fe.send("DATA_ROWS", 400, data_rows(4, [(1, ins[1]), (3, ins[3])]))
+        s.link.send("BATCH", 400, batch(4, [0, 0, 4096, 0], [0, 2, 0, 2], out_off=out_off))
+        out, code, msg = s.outputs(400, 4)
+        assert code == 0 and out == b"", (code, msg, out)
+        rows = [bytes(arena[out_off + i * OUT_STRIDE:out_off + (i + 1) * OUT_STRIDE])
+                for i in range(4)]
+        assert rows[0] == want[0] and rows[2] == want[2], "squishd's rows in the arena"
+        assert rows[1] == rows[3] == b"\xab" * OUT_STRIDE, "the frontend's rows left alone"
+        ident, p = fe.expect("DATA_OUTPUT")
+        o = data_output(p)
+        assert ident == 400 and o["rows"] == [1, 3] and o["bytes"] == want[1] + want[3], o
+        # Only frontend rows: the output region (here outside the arena) is
+        # not touched.
+        fe.send("DATA_ROWS", 401, data_rows(1, [(0, ins[2])]))
+        s.link.send("BATCH", 401, batch(1, [0], [2], out_off=1 << 40))
+        out, code, msg = s.outputs(401, 1)
+        assert code == 0, msg
+        ident, p = fe.expect("DATA_OUTPUT")
+        assert data_output(p)["bytes"] == want[2]
+
+    with_setup(body, local=True, listen="0.0.0.0:0")
 
 
 @test
