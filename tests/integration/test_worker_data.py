@@ -54,15 +54,15 @@ def mix(x):
     return x ^ (x >> 31)
 
 
-def emu_row(row_bytes):
-    """The emulated model's output row (CLASSES floats, as bytes) for an FP32
-    input row: a hash of the input's float bits."""
+def emu_row(row_bytes, classes=CLASSES):
+    """The emulated model's output row (its first `classes` floats, as
+    bytes) for an FP32 input row: a hash of the input's float bits."""
     h = 0x5157495348
     for k in range(min(IN_ELEMS, 256)):
         (bits,) = struct.unpack_from("<I", row_bytes, 4 * k)
         h = mix(h ^ bits)
     return b"".join(struct.pack("<f", (mix(h + j) >> 40) / float(1 << 24) * 8.0 - 4.0)
-                    for j in range(CLASSES))
+                    for j in range(classes))
 
 
 def input_row(seed):
@@ -85,16 +85,16 @@ def read_str(p, off):
     return p[off + 4:off + 4 + n].decode(), off + 4 + n
 
 
-def model_load():
+def model_load(classes=CLASSES):
     p = s_str("0" * 64) + struct.pack("<BBQI", 1, 0, 0, 8)
     for i in range(3):
         p += struct.pack("<ddI", 0.0, 1.0, IN_CHW[i])
-    p += struct.pack("<BIIdI", 0, CLASSES, 0, 0.0, 8) + struct.pack("<8Q", *([2000] * 8))
+    p += struct.pack("<BIIdI", 0, classes, 0, 0.0, 8) + struct.pack("<8Q", *([2000] * 8))
     return p + struct.pack("<BI", 0, 0)
 
 
-def batch(count, in_off, src, out_off=0):
-    p = struct.pack("<QBIQQ", MODEL, INPUT_FP32, count, out_off, OUT_STRIDE)
+def batch(count, in_off, src, out_off=0, model=MODEL, out_stride=OUT_STRIDE):
+    p = struct.pack("<QBIQQ", model, INPUT_FP32, count, out_off, out_stride)
     p += struct.pack("<%dQ" % count, *in_off) + struct.pack("<B", 0)
     p += struct.pack("<B", 1) + struct.pack("<%dI" % count, *src)
     return p
@@ -481,6 +481,36 @@ def a_local_worker_takes_frontend_rows_beside_the_arena():
         assert data_output(p)["bytes"] == want[2]
 
     with_setup(body, local=True, listen="0.0.0.0:0")
+
+
+@test
+def outputs_past_a_frame_come_in_several():
+    # Rows of 6 MiB: two fit a frame (16 MiB at most), the third needs another.
+    wide, classes = 78, 3 << 19
+    stride = 4 * classes
+
+    def body(s):
+        s.link.send("MODEL_LOAD", wide, model_load(classes))
+        s.link.expect("MODEL_LOADED")
+        fe = s.frontend(3)
+        ins = [input_row(60 + i) for i in range(3)]
+        fe.send("DATA_ROWS", 500, data_rows(3, [(i, ins[i]) for i in range(3)]))
+        s.link.send("BATCH", 500, batch(3, [0, 0, 0], [4, 4, 4], model=wide, out_stride=stride))
+        out, code, msg = s.outputs(500, 3)
+        assert code == 0 and out == b"", (code, msg)
+        got = []
+        for _ in range(2):
+            ident, p = fe.expect("DATA_OUTPUT", timeout=20)
+            o = data_output(p)
+            assert ident == 500 and o["code"] == 0 and o["stride"] == stride, o["message"]
+            assert len(p) <= 16 << 20 and len(o["bytes"]) == stride * len(o["rows"])
+            for k, r in enumerate(o["rows"]):
+                got.append(r)
+                assert o["bytes"][k * stride:k * stride + 40] == emu_row(ins[r], 10), r
+        assert got == [0, 1, 2], got
+        fe.nothing(0.3)
+
+    with_setup(body)
 
 
 @test
