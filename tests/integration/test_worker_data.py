@@ -17,13 +17,14 @@ import os
 import queue
 import shutil
 import socket
+import ssl
 import struct
 import subprocess
 import tempfile
 import threading
 import time
 
-from harness import WORKER, eventually, run, test
+from harness import WORKER, Skip, eventually, run, test
 
 MAGIC = 0x48535153
 VERSION = 7
@@ -168,14 +169,17 @@ class Conn:
         with self.lock:
             self.sock.sendall(frame(t, ident, payload))
 
+    def next(self, timeout=10):
+        return self.frames.get(timeout=timeout)
+
     def expect(self, t, timeout=10):
-        name, ident, p = self.frames.get(timeout=timeout)
+        name, ident, p = self.next(timeout)
         assert name == t, "expected %s, got %s id=%d %r" % (t, name, ident, p[:80])
         return ident, p
 
     def nothing(self, seconds):
         try:
-            f = self.frames.get(timeout=seconds)
+            f = self.next(seconds)
         except queue.Empty:
             return
         raise AssertionError("unexpected frame %s id=%d" % (f[0], f[1]))
@@ -188,12 +192,47 @@ class Conn:
             pass
 
 
+class SyncConn(Conn):
+    """A framed connection read on the caller's thread (a TLS socket is not
+    to be read and written from two threads at once)."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.buf = b""
+        self.lock = threading.Lock()
+        self.closed = threading.Event()
+
+    def next(self, timeout=10):
+        deadline = time.time() + timeout
+        while True:
+            if len(self.buf) >= 16:
+                n, t, _, ident = struct.unpack_from("<IHHQ", self.buf, 0)
+                if len(self.buf) >= 16 + n:
+                    p, self.buf = self.buf[16:16 + n], self.buf[16 + n:]
+                    if t == T["PONG"]:
+                        continue
+                    return NAME.get(t, t), ident, p
+            left = deadline - time.time()
+            if left <= 0:
+                raise queue.Empty()
+            self.sock.settimeout(left)
+            try:
+                data = self.sock.recv(1 << 16)
+            except socket.timeout:
+                raise queue.Empty()
+            if not data:
+                self.closed.set()
+                raise EOFError("connection closed")
+            self.buf += data
+
+
 class FakeSquishd:
     """squishd's side of a remote worker's link: listens, authenticates the
     worker, welcomes it and pings it (the worker drops a silent squishd)."""
 
-    def __init__(self, token):
+    def __init__(self, token, tls=None):
         self.token = token
+        self.tls = tls
         self.lsock = socket.socket()
         self.lsock.bind(("127.0.0.1", 0))
         self.lsock.listen(4)
@@ -203,7 +242,11 @@ class FakeSquishd:
     def accept(self):
         self.lsock.settimeout(20)
         sock, _ = self.lsock.accept()
-        c = Conn(sock)
+        if self.tls is not None:
+            sock.settimeout(20)
+            c = SyncConn(self.tls.wrap_socket(sock, server_side=True))
+        else:
+            c = Conn(sock)
         _, p = c.expect("AUTH_CHALLENGE")
         magic, version, has_token = struct.unpack_from("<IHB", p, 0)
         assert magic == MAGIC and version == 1 and has_token == 1
@@ -215,7 +258,8 @@ class FakeSquishd:
         c.expect("HELLO")
         c.send("WELCOME", 0, struct.pack("<HIIQ", VERSION, 1, 1000, 0))
         self.conn = c
-        threading.Thread(target=self._ping, args=(c,), daemon=True).start()
+        if self.tls is None:  # a TLS test ends before the worker misses PINGs (5 s)
+            threading.Thread(target=self._ping, args=(c,), daemon=True).start()
         return c
 
     def _ping(self, c):
@@ -275,14 +319,20 @@ class FakeLocalSquishd:
         os.close(self.arena_fd)
 
 
-def frontend(addr, token, fe_id, verify=True):
+def frontend(addr, token, fe_id, verify=True, tls=None):
     """A frontend's data connection: dials, proves the token, DATA_HELLO.
-    Returns it and None, or the type of the frame that refused it."""
+    Returns it and None, or the type of the frame that refused it. tls: a
+    client context (the worker's certificate names worker-a)."""
     host, port = addr.rsplit(":", 1)
-    c = Conn(socket.create_connection((host, int(port)), timeout=10))
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    if tls is not None:
+        c = SyncConn(tls.wrap_socket(sock, server_hostname="worker-a"))
+    else:
+        sock.settimeout(None)
+        c = Conn(sock)
     nonce_w = os.urandom(32)
     c.send("AUTH_CHALLENGE", 0, struct.pack("<IHB", MAGIC, 1, 1) + nonce_w)
-    name, _, p = c.frames.get(timeout=10)
+    name, _, p = c.next()
     if name != "AUTH_REPLY":
         return c, name
     nonce_g, mac_g = p[:32], p[32:]
@@ -297,8 +347,17 @@ class Setup:
     """A worker (remote, or local: a UNIX socket and an arena) joined to a
     fake squishd, with a data listener."""
 
-    def __init__(self, listen="127.0.0.1:0", local=False):
+    def __init__(self, listen="127.0.0.1:0", local=False, tls=False):
         self.tmp = tempfile.mkdtemp(prefix="squish-wdata-")
+        extra, self.fe_tls = [], None
+        gw_tls = None
+        if tls:
+            make_certs(self.tmp)
+            gw_tls = tls_context(self.tmp, "gw", server=True)
+            self.fe_tls = tls_context(self.tmp, "fe", server=False)
+            extra = ["--cluster-tls-cert", os.path.join(self.tmp, "wk.pem"),
+                     "--cluster-tls-key", os.path.join(self.tmp, "wk.key"),
+                     "--cluster-tls-ca", os.path.join(self.tmp, "ca.pem")]
         self.token = os.urandom(24).hex().encode()
         self.token_path = os.path.join(self.tmp, "cluster.token")
         with open(self.token_path, "wb") as f:
@@ -308,13 +367,13 @@ class Setup:
             self.squishd = FakeLocalSquishd(self.tmp)
             connect = self.squishd.path
         else:
-            self.squishd = FakeSquishd(self.token)
+            self.squishd = FakeSquishd(self.token, gw_tls)
             connect = "tcp://127.0.0.1:%d" % self.squishd.port
         self.log = os.path.join(self.tmp, "worker.log")
         with open(self.log, "ab") as f:
             self.worker = subprocess.Popen(
                 [WORKER, "--connect", connect, "--device", "emu:0", "--cluster-token-file",
-                 self.token_path, "--data-listen", listen, "--log-level", "debug"],
+                 self.token_path, "--data-listen", listen, "--log-level", "debug"] + extra,
                 stdout=f, stderr=subprocess.STDOUT)
         self.fes = []
         try:
@@ -332,7 +391,7 @@ class Setup:
         assert (in_elems, out_elems) == (IN_ELEMS, CLASSES), (in_elems, out_elems)
 
     def frontend(self, fe_id, token=None):
-        c, refused = frontend(self.addr, token or self.token, fe_id)
+        c, refused = frontend(self.addr, token or self.token, fe_id, tls=self.fe_tls)
         self.fes.append(c)
         assert refused is None, refused
         return c
@@ -341,7 +400,7 @@ class Setup:
         """BATCH_OUTPUT frames until BATCH_DONE: (bytes, code, message)."""
         out = b""
         while True:
-            name, ident, p = self.link.frames.get(timeout=10)
+            name, ident, p = self.link.next(10)
             assert ident == bid, (name, ident)
             if name == "BATCH_DONE":
                 code, msg = batch_done(p)
@@ -579,7 +638,7 @@ def a_frontend_without_the_token_is_refused():
         c, refused = frontend(s.addr, b"not-the-token", 1, verify=False)
         s.fes.append(c)
         assert refused is None, refused
-        name, _, p = c.frames.get(timeout=10)
+        name, _, p = c.next()
         assert name == "ERROR" and b"bad_proof" in p, (name, p)
         eventually(lambda: c.closed.is_set(), 5, "the connection closed")
         # Frames before the handshake are refused too.
@@ -593,6 +652,73 @@ def a_frontend_without_the_token_is_refused():
         s.load()
 
     with_setup(body)
+
+
+def make_certs(d):
+    """A CA; squishd's certificate for 127.0.0.1, the worker's (worker-a), a
+    frontend's; and a frontend certificate from another CA."""
+    def run_ssl(*args):
+        subprocess.run(["openssl"] + list(args), cwd=d, check=True, capture_output=True)
+
+    for ca in ("ca", "other-ca"):
+        run_ssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                "-keyout", ca + ".key", "-out", ca + ".pem", "-days", "2", "-subj", "/CN=" + ca)
+    for name, ca, san in (("gw", "ca", "IP:127.0.0.1"), ("wk", "ca", "DNS:worker-a"),
+                          ("fe", "ca", "DNS:frontend-a"), ("rogue", "other-ca", "DNS:rogue")):
+        run_ssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+                "-keyout", name + ".key", "-out", name + ".csr", "-subj", "/CN=" + name)
+        with open(os.path.join(d, name + ".ext"), "w") as f:
+            f.write("subjectAltName=%s\nbasicConstraints=CA:FALSE\n" % san)
+        run_ssl("x509", "-req", "-in", name + ".csr", "-CA", ca + ".pem", "-CAkey", ca + ".key",
+                "-CAcreateserial", "-out", name + ".pem", "-days", "2", "-extfile", name + ".ext")
+
+
+def tls_context(d, name, server):
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER if server else ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_cert_chain(os.path.join(d, name + ".pem"), os.path.join(d, name + ".key"))
+    ctx.load_verify_locations(os.path.join(d, "ca.pem"))
+    ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+@test
+def the_data_listener_speaks_tls_with_the_workers_certificate():
+    if shutil.which("openssl") is None:
+        raise Skip("no openssl command to make test certificates")
+
+    def body(s):
+        s.load()
+        fe = s.frontend(6)
+        ins = [input_row(80 + i) for i in range(2)]
+        fe.send("DATA_ROWS", 600, data_rows(2, [(1, ins[1])]))
+        s.link.send("BATCH_INPUT", 600, ins[0])
+        s.link.send("BATCH", 600, batch(2, [0, 0], [0, 7]))
+        out, code, msg = s.outputs(600, 2)
+        assert code == 0 and out[:OUT_STRIDE] == emu_row(ins[0]), (code, msg)
+        ident, p = fe.expect("DATA_OUTPUT")
+        o = data_output(p)
+        assert ident == 600 and o["rows"] == [1] and o["bytes"] == emu_row(ins[1]), o
+        # A frontend whose certificate another CA signed does not get in.
+        rogue = tls_context(s.tmp, "rogue", server=False)
+        try:
+            c, refused = frontend(s.addr, s.token, 8, tls=rogue)
+            s.fes.append(c)
+            c.next(5)
+            raise AssertionError("a stranger's certificate was taken")
+        except (ssl.SSLError, OSError, EOFError):
+            pass
+        # Plain TCP does not get in either.
+        raw = SyncConn(socket.create_connection(tuple([s.addr.rsplit(":", 1)[0],
+                                                       int(s.addr.rsplit(":", 1)[1])])))
+        s.fes.append(raw)
+        raw.send("AUTH_CHALLENGE", 0, struct.pack("<IHB", MAGIC, 1, 1) + os.urandom(32))
+        try:
+            f = raw.next(5)
+            raise AssertionError("plain TCP answered: %s" % (f[0],))
+        except (EOFError, OSError):
+            pass
+
+    with_setup(body, tls=True)
 
 
 @test
