@@ -4,6 +4,8 @@
  * metrics and log lines. Everything here runs on an HTTP loop thread and
  * reads atomics only (no I/O but /proc/self during a scrape). */
 #include "api_int.h"
+#include "gw_dispatch.h"
+#include "gw_front.h"
 #include "gw_metrics.h"
 
 #include <stdlib.h>
@@ -16,7 +18,7 @@ void gw_route_metrics(gw_call_t *call)
     sq_buf_init(&out);
     gw_metrics_write(call->srv->metrics, &out);
     /* Admission: what max_inflight and max_connections bound. */
-    char adm[768];
+    char adm[1024];
     int n = snprintf(
         adm, sizeof(adm),
         "# HELP squish_inflight_requests Inference requests inside squishd (admitted, not yet "
@@ -29,6 +31,50 @@ void gw_route_metrics(gw_call_t *call)
         atomic_load(&call->srv->infer_inflight), call->srv->cfg->max_inflight,
         gw_http_connections(call->srv));
     sq_buf_put(&out, adm, (size_t)n);
+    if (call->srv->dispatch != NULL) {
+        /* Frontends' traffic on this dispatcher's link (metadata only: a
+         * few dozen bytes an item each way). */
+        gw_frontend_traffic_t t;
+        gw_dispatch_frontend_traffic(call->srv, &t);
+        n = snprintf(adm, sizeof(adm),
+                     "# HELP squish_frontends Frontends joined to this dispatcher.\n"
+                     "# TYPE squish_frontends gauge\nsquish_frontends %d\n"
+                     "# HELP squish_frontend_items_total Items frontends offered.\n"
+                     "# TYPE squish_frontend_items_total counter\n"
+                     "squish_frontend_items_total %llu\n"
+                     "# HELP squish_frontend_link_bytes_total Bytes on the frontends' links "
+                     "(frame headers included).\n"
+                     "# TYPE squish_frontend_link_bytes_total counter\n"
+                     "squish_frontend_link_bytes_total{direction=\"in\"} %llu\n"
+                     "squish_frontend_link_bytes_total{direction=\"out\"} %llu\n",
+                     t.connected, (unsigned long long)t.items, (unsigned long long)t.bytes_in,
+                     (unsigned long long)t.bytes_out);
+        sq_buf_put(&out, adm, (size_t)n);
+    }
+    if (call->srv->front != NULL) {
+        /* A frontend's links: metadata to its dispatcher, rows to workers. */
+        gw_front_traffic_t t;
+        gw_front_traffic(call->srv, &t);
+        n = snprintf(adm, sizeof(adm),
+                     "# HELP squish_frontend_joined Whether this frontend is joined to a "
+                     "dispatcher.\n# TYPE squish_frontend_joined gauge\n"
+                     "squish_frontend_joined %d\n"
+                     "# HELP squish_frontend_offered_items_total Items this frontend offered "
+                     "its dispatcher.\n# TYPE squish_frontend_offered_items_total counter\n"
+                     "squish_frontend_offered_items_total %llu\n"
+                     "# HELP squish_frontend_bytes_total Bytes on this frontend's links "
+                     "(frame headers included): link=dispatcher carries metadata, "
+                     "link=workers the rows and outputs.\n"
+                     "# TYPE squish_frontend_bytes_total counter\n"
+                     "squish_frontend_bytes_total{link=\"dispatcher\",direction=\"in\"} %llu\n"
+                     "squish_frontend_bytes_total{link=\"dispatcher\",direction=\"out\"} %llu\n"
+                     "squish_frontend_bytes_total{link=\"workers\",direction=\"in\"} %llu\n"
+                     "squish_frontend_bytes_total{link=\"workers\",direction=\"out\"} %llu\n",
+                     t.joined, (unsigned long long)t.items, (unsigned long long)t.link_in,
+                     (unsigned long long)t.link_out, (unsigned long long)t.data_in,
+                     (unsigned long long)t.data_out);
+        sq_buf_put(&out, adm, (size_t)n);
+    }
     req->res.status = 200;
     req->res.reason = gw_http_reason(200);
     h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL,

@@ -17,7 +17,24 @@
 typedef struct ds_fe_item {
     gw_item_t item; /* first */
     atomic_int abandoned;
+    /* The frontend frees a slot when the worker's outputs reach it, which
+     * may be before the batch's end reaches this side: a slot index can
+     * name an item here and, under a newer generation, the frontend's next
+     * one. Those of one index are chained. */
+    struct ds_fe_item *next_in_slot;
 } ds_fe_item_t;
+
+/* The link to x in its index's chain, or NULL. */
+static ds_fe_item_t **chain_link(ds_frontend_t *f, uint64_t slot, const ds_fe_item_t *x)
+{
+    uint32_t idx = (uint32_t)slot;
+    if (idx >= f->capitems)
+        return NULL;
+    for (ds_fe_item_t **pp = &f->items[idx]; *pp != NULL; pp = &(*pp)->next_in_slot)
+        if (x != NULL ? *pp == x : (*pp)->item.fe_slot == slot)
+            return pp;
+    return NULL;
+}
 
 /* Slot indexes a frontend may use (the low 32 bits of its slot ids): its
  * handle table's size, bounded so that a frontend cannot make this one
@@ -46,9 +63,9 @@ static void fe_finish(gw_item_t *it, int rc, const char *detail)
     int fe = (int)it->src - 1;
     ds_frontend_t *f = ds_frontend_at(ds, fe);
     if (f != NULL) {
-        uint32_t idx = (uint32_t)it->fe_slot;
-        if (idx < f->capitems && f->items[idx] == x)
-            f->items[idx] = NULL;
+        ds_fe_item_t **pp = chain_link(f, it->fe_slot, x);
+        if (pp != NULL)
+            *pp = x->next_in_slot;
         if (rc != 0 && atomic_load(&x->abandoned) == 0) {
             sq_fe_fail_t fail = {.code = rc};
             snprintf(fail.detail, sizeof(fail.detail), "%s", detail != NULL ? detail : "");
@@ -220,7 +237,7 @@ static int on_items(gw_dispatch_t *ds, ds_frontend_t *f, const sq_frame_t *fr)
             memset(f->items + f->capitems, 0, sizeof(*f->items) * (cap - f->capitems));
             f->capitems = cap;
         }
-        if (f->items[idx] != NULL) {
+        if (chain_link(f, e->slot, NULL) != NULL) {
             SQ_WARN("frontend id=%d offered slot %llu while its item is held", f->id,
                     (unsigned long long)e->slot);
             return -1;
@@ -248,6 +265,7 @@ static int on_items(gw_dispatch_t *ds, ds_frontend_t *f, const sq_frame_t *fr)
         it->query_slo_ms = e->query_slo_ms;
         it->src = (uint32_t)f->id + 1;
         it->fe_slot = e->slot;
+        x->next_in_slot = f->items[idx];
         f->items[idx] = x;
         *tail = it;
         tail = &it->clump_next;
@@ -271,11 +289,10 @@ static int on_withdraw(gw_dispatch_t *ds, ds_frontend_t *f, const sq_frame_t *fr
         return -1;
     int any = 0;
     for (uint32_t i = 0; i < n; i++) {
-        uint32_t idx = (uint32_t)slots[i];
-        ds_fe_item_t *x = idx < f->capitems ? f->items[idx] : NULL;
-        if (x == NULL || x->item.fe_slot != slots[i])
+        ds_fe_item_t **pp = chain_link(f, slots[i], NULL);
+        if (pp == NULL)
             continue; /* answered meanwhile */
-        atomic_store(&x->abandoned, GW_ABANDONED_GONE);
+        atomic_store(&(*pp)->abandoned, GW_ABANDONED_GONE);
         any = 1;
     }
     if (any)
@@ -324,8 +341,8 @@ void ds_fe_lost(gw_dispatch_t *ds, int fe)
     atomic_fetch_sub(&ds->fe_connected, 1);
     int any = 0;
     for (uint32_t i = 0; i < f->capitems; i++) {
-        if (f->items[i] != NULL) {
-            atomic_store(&f->items[i]->abandoned, GW_ABANDONED_GONE);
+        for (ds_fe_item_t *x = f->items[i]; x != NULL; x = x->next_in_slot) {
+            atomic_store(&x->abandoned, GW_ABANDONED_GONE);
             any = 1;
         }
     }

@@ -83,6 +83,9 @@ struct gw_front {
     data_conn_t *data;
     atomic_int withdraw_posted;
     sq_buf_t scratch;
+    /* bytes on the dispatcher's link and on the workers' (frame headers
+     * included), items offered: for /metrics */
+    _Atomic uint64_t link_in, link_out, data_in, data_out, offered;
     /* what the dispatcher last said, for other threads */
     pthread_mutex_t lock;
     int ready;
@@ -264,6 +267,7 @@ static void on_data_io(sq_loop_t *loop, int fd, int events, void *data)
     }
     sq_frame_t f;
     while ((rc = sq_conn_next(&d->conn, &f)) == 1) {
+        atomic_fetch_add(&fr->data_in, (uint64_t)f.len + SQ_IPC_HEADER_SIZE);
         if (f.type == SQ_MSG_DATA_OUTPUT) {
             on_output(fr, d, &f);
             /* on_output may have closed d */
@@ -303,7 +307,19 @@ static data_conn_t *data_conn(gw_front_t *fr, const char *addr, char *why, size_
     d->fr = fr;
     snprintf(d->addr, sizeof(d->addr), "%s", addr);
     sq_conn_init(&d->conn, fd);
-    int rc = sq_dial_auth(&d->conn, fr->token, fr->token_len, HANDSHAKE_TIMEOUT_MS, why, whylen);
+    int rc = 0;
+    if (fr->tls != NULL) {
+        /* Workers with the cluster's TLS speak it on their data listener too. */
+        char host[128];
+        int port;
+        sq_hostport_split(addr, host, sizeof(host), &port);
+        if (sq_tls_attach(fr->tls, &d->conn, host, addr) != 0) {
+            snprintf(why, whylen, "cannot start TLS");
+            rc = SQ_IO;
+        }
+    }
+    if (rc == 0)
+        rc = sq_dial_auth(&d->conn, fr->token, fr->token_len, HANDSHAKE_TIMEOUT_MS, why, whylen);
     if (rc == 0) {
         sq_buf_t b;
         sq_buf_init(&b);
@@ -395,6 +411,7 @@ static void on_assign(gw_front_t *fr, const sq_frame_t *f)
         }
         rc = sq_conn_send(&d->conn, SQ_MSG_DATA_ROWS, f->id, fr->scratch.data,
                           (uint32_t)fr->scratch.len);
+        atomic_fetch_add(&fr->data_out, fr->scratch.len + SQ_IPC_HEADER_SIZE);
     }
     free(r);
     free(a);
@@ -544,6 +561,7 @@ static void send_dispatcher(gw_front_t *fr, uint16_t type, uint64_t id, const vo
         leave(fr, "write_error");
         return;
     }
+    atomic_fetch_add(&fr->link_out, (uint64_t)len + SQ_IPC_HEADER_SIZE);
     if (sq_conn_pending(&fr->conn))
         sq_loop_modify(fr->loop, fr->conn.fd, SQ_EV_READ | SQ_EV_WRITE);
 }
@@ -555,6 +573,7 @@ static int dispatcher_frames(gw_front_t *fr)
     sq_frame_t f;
     int rc;
     while (fr->joined && (rc = sq_conn_next(&fr->conn, &f)) == 1) {
+        atomic_fetch_add(&fr->link_in, (uint64_t)f.len + SQ_IPC_HEADER_SIZE);
         switch (f.type) {
         case SQ_MSG_FE_CATALOG:
             on_catalog(fr, &f);
@@ -815,6 +834,7 @@ static void on_submit(sq_loop_t *loop, void *arg)
             fr->scratch.len = 0;
             sq_fe_items_encode(&fr->scratch, out, n);
             send_dispatcher(fr, SQ_MSG_FE_ITEMS, 0, fr->scratch.data, (uint32_t)fr->scratch.len);
+            atomic_fetch_add(&fr->offered, n);
             n = 0;
         }
     }
@@ -823,6 +843,7 @@ static void on_submit(sq_loop_t *loop, void *arg)
         fr->scratch.len = 0;
         sq_fe_items_encode(&fr->scratch, out, n);
         send_dispatcher(fr, SQ_MSG_FE_ITEMS, 0, fr->scratch.data, (uint32_t)fr->scratch.len);
+        atomic_fetch_add(&fr->offered, n);
     }
 }
 
@@ -1047,5 +1068,18 @@ void gw_front_dispatcher_http(gw_server_t *srv, char *out, size_t len)
     gw_front_t *fr = srv->front;
     pthread_mutex_lock(&fr->lock);
     snprintf(out, len, "%s", fr->admin);
+    pthread_mutex_unlock(&fr->lock);
+}
+
+void gw_front_traffic(gw_server_t *srv, gw_front_traffic_t *out)
+{
+    gw_front_t *fr = srv->front;
+    out->link_in = atomic_load(&fr->link_in);
+    out->link_out = atomic_load(&fr->link_out);
+    out->data_in = atomic_load(&fr->data_in);
+    out->data_out = atomic_load(&fr->data_out);
+    out->items = atomic_load(&fr->offered);
+    pthread_mutex_lock(&fr->lock);
+    out->joined = fr->admin[0] != '\0';
     pthread_mutex_unlock(&fr->lock);
 }

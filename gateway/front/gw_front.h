@@ -42,4 +42,13 @@ int gw_front_model_unloading(gw_server_t *srv, int64_t key);
 /* The dispatcher's HTTP address ("host:port"; "" before it is joined). */
 void gw_front_dispatcher_http(gw_server_t *srv, char *out, size_t len);
 
+/* What this frontend's links carried (bytes, frame headers included):
+ * the dispatcher's (metadata) and the workers' (rows and outputs). */
+typedef struct {
+    uint64_t link_in, link_out, data_in, data_out;
+    uint64_t items; /* items offered */
+    int joined;
+} gw_front_traffic_t;
+void gw_front_traffic(gw_server_t *srv, gw_front_traffic_t *out);
+
 #endif

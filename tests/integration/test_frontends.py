@@ -1,0 +1,256 @@
+"""Frontends around one dispatcher (issue 25), on 127.0.0.1: squishd
+--role dispatcher (planner, dispatcher, model DB; no inference traffic of
+its own here), two squishd --role frontend joined to its cluster listener,
+and two remote emulated workers with data listeners. Clients talk to the
+frontends only. Every request is answered once, with the output of its own
+input (the emulated device's output is a hash of the input: a row sent to
+the wrong request would show); the dispatcher's link carries metadata only
+(its own count of bytes per item stays small) while the frontends' links
+to the workers carry the tensors; a frontend SIGKILLed under load, or a
+worker, loses nothing elsewhere, and management routes on a frontend answer
+as the dispatcher does."""
+
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import struct
+import threading
+import time
+
+import harness
+from harness import Squishd, eventually, run, test
+from test_remote import Cluster, auth, cluster_addr
+
+del harness._tests[:]  # test_remote's own tests run in their file, not here
+
+SHAPE = [1, 3, 16, 16]
+ELEMS = 3 * 16 * 16
+MODEL = {"name": "m", "profile": {"alpha_ms": 0.5, "beta_ms": 2.0}, "max_batch": 16,
+         "input": {"shape": SHAPE[1:]}, "num_classes": 10, "default_slo_ms": 500}
+
+
+def tensor_body(seed):
+    """A /v2 request with Triton's binary tensor extension: a header, then
+    the FP32 input (distinct per seed)."""
+    data = struct.pack("<%df" % ELEMS, *[((seed * 7919 + i) % 1000) / 1000.0
+                                         for i in range(ELEMS)])
+    header = json.dumps({"inputs": [{"name": "input", "shape": SHAPE, "datatype": "FP32",
+                                     "parameters": {"binary_data_size": len(data)}}],
+                         "outputs": [{"name": "output", "parameters": {"binary_data": False}}]
+                         }).encode()
+    return header + data, len(header)
+
+
+def infer(conn, seed):
+    body, hlen = tensor_body(seed)
+    conn.request("POST", "/v2/models/m/infer", body=body,
+                 headers={"Content-Type": "application/octet-stream",
+                          "Inference-Header-Content-Length": str(hlen)})
+    r = conn.getresponse()
+    raw = r.read()
+    return r.status, dict(r.getheaders()), raw
+
+
+def output_of(raw):
+    return json.loads(raw)["outputs"][0]["data"]
+
+
+def metric(port, name, labels=""):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    c.request("GET", "/metrics")
+    text = c.getresponse().read().decode()
+    c.close()
+    m = re.search(r"^%s%s (\S+)$" % (re.escape(name), re.escape(labels)), text, re.M)
+    return float(m.group(1)) if m else None
+
+
+class Fleet:
+    """The dispatcher, its workers and frontends."""
+
+    def __init__(self, nworkers=2, nfrontends=2):
+        self.c = Cluster()
+        self.d = self.c.squishd(extra=["--role", "dispatcher"])
+        addr = cluster_addr(self.d)
+        self.addr = addr
+        for i in range(nworkers):
+            self.c.worker(addr, "emu:%d" % i, "host%d" % i,
+                          extra=["--data-listen", "127.0.0.1:0"])
+        self.d.wait_ready(workers=nworkers, timeout=20)
+        self.fronts = [self.frontend() for _ in range(nfrontends)]
+
+    def frontend(self):
+        return Squishd(workers="none", tmp=None,
+                       extra=["--role", "frontend", "--dispatcher", self.addr,
+                              "--cluster-token-file", self.c.token,
+                              "--heartbeat-ms", "100", "--heartbeat-timeout-ms", "1000"])
+
+    def upload_through(self, front):
+        r = front.request("POST", "/models", body=json.dumps(MODEL).encode(),
+                          headers=dict(auth(self.d), **{"Content-Type": "application/json"}))
+        assert r.status in (200, 201, 202), r
+        for f in self.fronts:
+            eventually(lambda f=f: f.get("/v2/models/m/ready").status == 200, 20,
+                       "model m ready through a frontend")
+
+    def cleanup(self):
+        for f in self.fronts:
+            f.cleanup()
+        self.d.cleanup()
+        self.c.cleanup()
+
+
+def reference(fleet, seeds):
+    """Each input's output as the dispatcher itself serves it (its own HTTP
+    and arena, the same workers)."""
+    conn = http.client.HTTPConnection("127.0.0.1", fleet.d.port, timeout=30)
+    out = {}
+    for s in seeds:
+        status, _, raw = infer(conn, s)
+        assert status == 200, raw
+        out[s] = output_of(raw)
+    conn.close()
+    return out
+
+
+def clients(ports, seeds, per_client, results, stop=None):
+    """Threads, each on one keep-alive connection to one frontend, sending
+    per_client requests: (port, seed, status, headers, raw) each, or the
+    exception that ended the connection."""
+    def one(port, k):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        for i in range(per_client):
+            if stop is not None and stop.is_set():
+                break
+            seed = seeds[(k * 31 + i) % len(seeds)]
+            try:
+                status, headers, raw = infer(conn, seed)
+                results.append((port, seed, status, headers, raw))
+            except (OSError, http.client.HTTPException) as e:
+                results.append((port, seed, None, None, repr(e)))
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.close()
+    threads = [threading.Thread(target=one, args=(p, k)) for k, p in enumerate(ports)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+@test
+def two_frontends_serve_every_request_once_with_its_own_output_and_bytes_bypass_the_dispatcher():
+    fleet = Fleet()
+    try:
+        fleet.upload_through(fleet.fronts[0])
+        seeds = list(range(1, 25))
+        ref = reference(fleet, seeds)
+        items0 = metric(fleet.d.port, "squish_frontend_items_total") or 0
+        in0 = metric(fleet.d.port, "squish_frontend_link_bytes_total", '{direction="in"}') or 0
+        out0 = metric(fleet.d.port, "squish_frontend_link_bytes_total", '{direction="out"}') or 0
+        results = []
+        ports = [f.port for f in fleet.fronts] * 3
+        for t in clients(ports, seeds, 40, results):
+            t.join(120)
+        assert len(results) == 6 * 40, len(results)
+        bad = [r for r in results if r[2] != 200]
+        assert not bad, bad[:3]
+        for port, seed, status, headers, raw in results:
+            assert output_of(raw) == ref[seed], (port, seed)
+        # The dispatcher's own count: metadata only, both ways.
+        items = metric(fleet.d.port, "squish_frontend_items_total") - items0
+        link = (metric(fleet.d.port, "squish_frontend_link_bytes_total", '{direction="in"}') - in0
+                + metric(fleet.d.port, "squish_frontend_link_bytes_total",
+                         '{direction="out"}') - out0)
+        assert items == len(results), items
+        per_item = link / items
+        # A 3 KB tensor a request went around it: what it carried is the
+        # items' offers and assignments.
+        assert per_item < 300, per_item
+        # The frontends' links to the workers carried the tensors.
+        data_out = sum(metric(f.port, "squish_frontend_bytes_total",
+                              '{link="workers",direction="out"}') for f in fleet.fronts)
+        assert data_out >= len(results) * ELEMS * 4, data_out
+        print("# dispatcher link bytes per item: %.1f; rows to workers: %d bytes"
+              % (per_item, data_out))
+        # Management through a frontend answers as the dispatcher does.
+        a = fleet.fronts[1].get("/v2/models/m")
+        b = fleet.d.get("/v2/models/m")
+        assert a.status == 200 and a.json == b.json, (a, b)
+        plan_a = fleet.fronts[0].get("/v1/plan")
+        assert plan_a.status == 200, plan_a
+    finally:
+        fleet.cleanup()
+
+
+@test
+def a_frontend_killed_under_load_leaves_the_other_and_the_dispatcher_whole():
+    fleet = Fleet()
+    try:
+        fleet.upload_through(fleet.fronts[0])
+        seeds = list(range(1, 13))
+        ref = reference(fleet, seeds)
+        survivor, victim = fleet.fronts
+        results, doomed = [], []
+        stop = threading.Event()
+        ts = clients([survivor.port] * 3, seeds, 10 ** 6, results, stop)
+        tv = clients([victim.port] * 3, seeds, 10 ** 6, doomed, stop)
+        time.sleep(1.5)
+        victim.proc.send_signal(signal.SIGKILL)
+        victim.proc.wait()
+        eventually(lambda: re.search(r"frontend lost id=\d+", fleet.d.read_log()), 10,
+                   "the dispatcher to see the frontend lost")
+        time.sleep(1.5)
+        stop.set()
+        for t in ts + tv:
+            t.join(60)
+        assert len(results) > 20, len(results)
+        for port, seed, status, headers, raw in results:
+            assert status == 200, (status, raw)
+            assert output_of(raw) == ref[seed]
+        # The dispatcher queues nothing of the dead one: a burst on the
+        # survivor is served at once.
+        more = []
+        for t in clients([survivor.port] * 4, seeds, 5, more):
+            t.join(60)
+        assert [r[2] for r in more] == [200] * 20, more[:2]
+    finally:
+        fleet.cleanup()
+
+
+@test
+def a_worker_killed_under_load_answers_each_request_once():
+    fleet = Fleet()
+    try:
+        fleet.upload_through(fleet.fronts[0])
+        seeds = list(range(1, 13))
+        ref = reference(fleet, seeds)
+        results = []
+        stop = threading.Event()
+        ts = clients([f.port for f in fleet.fronts] * 2, seeds, 10 ** 6, results, stop)
+        time.sleep(1.0)
+        fleet.c.workers[0].send_signal(signal.SIGKILL)
+        fleet.c.workers[0].wait()
+        time.sleep(2.0)
+        stop.set()
+        for t in ts:
+            t.join(60)
+        assert len(results) > 20
+        for port, seed, status, headers, raw in results:
+            assert status in (200, 503), (status, raw)
+            if status == 200:
+                assert output_of(raw) == ref[seed]
+            else:
+                assert "retry-after" in {k.lower() for k in headers}, headers
+        # One worker left: everything is served again.
+        more = []
+        for t in clients([f.port for f in fleet.fronts] * 2, seeds, 5, more):
+            t.join(60)
+        assert [r[2] for r in more] == [200] * 20, [r[4] for r in more if r[2] != 200][:2]
+    finally:
+        fleet.cleanup()
+
+
+if __name__ == "__main__":
+    run()
