@@ -60,8 +60,37 @@ void gw__workers_spawn(gw_workers_t *ws, slot_t *s)
                     NULL};
     if (strncmp(s->device, "emu:", 4) != 0)
         argv[5] = NULL; /* --memory-mb is for emulated devices only */
+    /* Frontends may join (--cluster-listen): the worker takes their rows on
+     * a data listener of its own, proving the cluster token as they do. */
+    char data[160];
+    char *with_data[sizeof(argv) / sizeof(argv[0]) + 10];
+    if (cfg->worker_data_listen[0] != '\0' && cfg->cluster_token_file[0] != '\0') {
+        int n = 0;
+        while (argv[n] != NULL) {
+            with_data[n] = argv[n];
+            n++;
+        }
+        snprintf(data, sizeof(data),
+                 strchr(cfg->worker_data_listen, ':') != NULL ? "[%s]:0" : "%s:0",
+                 cfg->worker_data_listen);
+        with_data[n++] = "--data-listen";
+        with_data[n++] = data;
+        with_data[n++] = "--cluster-token-file";
+        with_data[n++] = (char *)cfg->cluster_token_file;
+        if (cfg->cluster_tls_cert[0] != '\0') { /* frontends speak TLS to it too */
+            with_data[n++] = "--cluster-tls-cert";
+            with_data[n++] = (char *)cfg->cluster_tls_cert;
+            with_data[n++] = "--cluster-tls-key";
+            with_data[n++] = (char *)cfg->cluster_tls_key;
+            with_data[n++] = "--cluster-tls-ca";
+            with_data[n++] = (char *)cfg->cluster_tls_ca;
+        }
+        with_data[n] = NULL;
+    }
+    char **args =
+        cfg->worker_data_listen[0] != '\0' && cfg->cluster_token_file[0] != '\0' ? with_data : argv;
     pid_t pid;
-    int rc = posix_spawn(&pid, ws->worker_bin, NULL, NULL, argv, environ);
+    int rc = posix_spawn(&pid, ws->worker_bin, NULL, NULL, args, environ);
     if (rc != 0) {
         SQ_ERROR("cannot spawn worker device=%s error=\"%s\"", s->device, strerror(rc));
         schedule_restart(ws, s);

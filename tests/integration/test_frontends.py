@@ -252,5 +252,43 @@ def a_worker_killed_under_load_answers_each_request_once():
         fleet.cleanup()
 
 
+@test
+def the_workers_a_dispatcher_spawns_take_frontends_rows_and_role_all_mixes_both():
+    """--role dispatcher (and all) with workers of its own: it starts them
+    with data listeners (the host of --cluster-listen), so a frontend's
+    rows reach them; with role all, the process's own HTTP clients share
+    batches with the frontend's (rows from the arena and from the frontend
+    in one batch), each answered with its own output."""
+    for role in ("dispatcher", "all"):
+        c = Cluster()
+        d = c.squishd(workers="emu:2", extra=["--role", role])
+        f = None
+        try:
+            d.wait_ready(workers=2, timeout=20)
+            f = Squishd(workers="none",
+                        extra=["--role", "frontend", "--dispatcher", cluster_addr(d),
+                               "--cluster-token-file", c.token])
+            r = d.request("POST", "/models", body=json.dumps(MODEL).encode(),
+                          headers=dict(auth(d), **{"Content-Type": "application/json"}))
+            assert r.status in (200, 201, 202), r
+            eventually(lambda: f.get("/v2/models/m/ready").status == 200, 20, "m ready")
+            seeds = list(range(1, 9))
+            fleet = type("F", (), {"d": d})
+            ref = reference(fleet, seeds)
+            results = []
+            for t in clients([f.port, f.port, d.port, d.port], seeds, 25, results):
+                t.join(120)
+            assert len(results) == 100
+            for port, seed, status, headers, raw in results:
+                assert status == 200, (role, port, raw)
+                assert output_of(raw) == ref[seed], (role, port, seed)
+            assert re.search(r"worker data address id=\d+ addr=127\.0\.0\.1:\d+", d.read_log())
+        finally:
+            if f is not None:
+                f.cleanup()
+            d.cleanup()
+            c.cleanup()
+
+
 if __name__ == "__main__":
     run()
