@@ -704,6 +704,15 @@ static int join(gw_front_t *fr)
     fr->joined = 1;
     fr->fe_id = (int)wel.frontend;
     fr->heartbeat_ms = wel.heartbeat_ms > 0 ? wel.heartbeat_ms : 200;
+    /* The dispatcher's HTTP: on a wildcard address, at the host it was
+     * reached at here. */
+    char ahost[128], dhost[128];
+    int aport = 0, dport = 0;
+    if (sq_hostport_split(wel.admin, ahost, sizeof(ahost), &aport) == 0 &&
+        (strcmp(ahost, "0.0.0.0") == 0 || strcmp(ahost, "::") == 0 || ahost[0] == '\0') &&
+        sq_hostport_split(addr, dhost, sizeof(dhost), &dport) == 0)
+        snprintf(wel.admin, sizeof(wel.admin), strchr(dhost, ':') != NULL ? "[%s]:%d" : "%s:%d",
+                 dhost, aport);
     pthread_mutex_lock(&fr->lock);
     snprintf(fr->admin, sizeof(fr->admin), "%s", wel.admin);
     pthread_mutex_unlock(&fr->lock);

@@ -291,8 +291,10 @@ static int on_fe_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
     const gw_config_t *cfg = ws->srv->cfg;
     sq_fe_welcome_t wel = {.frontend = (uint32_t)p->id,
                            .heartbeat_ms = (uint32_t)cfg->heartbeat_ms};
-    snprintf(wel.admin, sizeof(wel.admin), "%s:%d",
-             cfg->advertise[0] != '\0' ? cfg->advertise : cfg->listen_host,
+    /* Its HTTP listener as bound; a wildcard host the frontend replaces by
+     * the host it reached this one at. */
+    snprintf(wel.admin, sizeof(wel.admin),
+             strchr(cfg->listen_host, ':') != NULL ? "[%s]:%d" : "%s:%d", cfg->listen_host,
              atomic_load(&ws->srv->http_port));
     sq_buf_t b;
     sq_buf_init(&b);

@@ -109,7 +109,11 @@ class Response:
 class Squishd:
     """One squishd process with its own temporary directory."""
 
-    def __init__(self, workers="emu:2", extra=(), env=None, tmp=None):
+    def __init__(self, workers="emu:2", extra=(), env=None, tmp=None, prefix=(),
+                 host="127.0.0.1"):
+        """prefix: a command that runs squishd elsewhere (ip netns exec NS),
+        where requests reach it at host (give --listen HOST:0 in extra)."""
+        self.host = host
         self.own_tmp = tmp is None
         self.tmp = tmp or tempfile.mkdtemp(prefix="squish-it-")
         self.port_file = os.path.join(self.tmp, "port")
@@ -122,6 +126,7 @@ class Squishd:
         args = [SQUISHD, "--listen", "127.0.0.1:0", "--port-file", self.port_file,
                 "--db", self.db, "--workers", workers, "--worker-bin", WORKER,
                 "--dispatch-margin-us", "10000", "--timer-slack-us", "30000"] + list(extra)
+        args = list(prefix) + args
         self.log = open(self.log_path, "ab")
         self.tail = None
         _started.append(self)
@@ -153,7 +158,7 @@ class Squishd:
             return f.read().decode(errors="replace")
 
     def request(self, method, path, body=None, headers=None, schema_name=None, timeout=30):
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
         try:
             conn.request(method, path, body=body, headers=headers or {})
             r = conn.getresponse()
