@@ -988,6 +988,7 @@ int gw_front_start(gw_server_t *srv, char *err, size_t errlen)
         snprintf(err, errlen, "cannot start the frontend's thread");
         return SQ_NOMEM;
     }
+    pthread_setname_np(fr->thread, "sq-front");
     fr->started = 1;
     SQ_INFO("frontend started dispatcher=%s", cfg->dispatcher);
     return 0;

@@ -183,6 +183,7 @@ int gw_workers_start(gw_server_t *srv, sq_loop_t *loop, const gw_transport_event
         srv->transport = NULL;
         goto fail;
     }
+    pthread_setname_np(ws->thread, "sq-dispatch"); /* top -H, /proc/PID/task/TID/comm */
     SQ_INFO("worker socket ready path=%s workers=%d", srv->socket_path, ws->nslots);
     return 0;
 fail:
