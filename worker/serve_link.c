@@ -72,6 +72,11 @@ static void on_rejoin(sq_loop_t *loop, uint64_t id, void *data)
     server_t *s = data;
     (void)loop;
     (void)id;
+    /* Told to stop meanwhile (a signal read in the same turn of the loop as
+     * the connection's end): the signal is consumed, so a rejoin would try
+     * squishd for ever. */
+    if (s->exit_status >= 0)
+        return;
     wk__drop_queued(s);
     wk__reset_connection_state(s);
     int rc = wk__link_join(s);
