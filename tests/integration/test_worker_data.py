@@ -349,6 +349,7 @@ class Setup:
 
     def __init__(self, listen="127.0.0.1:0", local=False, tls=False):
         self.tmp = tempfile.mkdtemp(prefix="squish-wdata-")
+        self.local = local
         extra, self.fe_tls = [], None
         gw_tls = None
         if tls:
@@ -416,16 +417,23 @@ class Setup:
             pass
 
     def close(self):
+        """Stops the worker; a sanitizer's report in its log fails the test."""
         for c in self.fes:
             c.close()
-        if self.worker.poll() is None:
-            self.worker.terminate()
-            try:
-                self.worker.wait(10)
-            except subprocess.TimeoutExpired:
-                self.worker.kill()
-        self.squishd.close()
+        self.squishd.close()  # a local worker exits (cleanly) when squishd goes
+        if not self.local and self.worker.poll() is None:
+            self.worker.terminate()  # a remote one reconnects: SIGTERM stops it cleanly
+        try:
+            self.worker.wait(20)
+        except subprocess.TimeoutExpired:
+            self.worker.kill()
+            self.worker.wait()
+        with open(self.log, errors="replace") as f:
+            text = f.read()
         shutil.rmtree(self.tmp, ignore_errors=True)
+        for mark in ("ERROR: AddressSanitizer", "ERROR: LeakSanitizer", "runtime error:"):
+            at = text.find(mark)
+            assert at < 0, "the worker's log:\n" + text[max(0, at - 200):at + 3000]
 
 
 def with_setup(fn, **kw):
