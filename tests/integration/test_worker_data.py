@@ -319,12 +319,17 @@ class FakeLocalSquishd:
         os.close(self.arena_fd)
 
 
+def hostport(addr):
+    """("host", port) of "host:port" or "[v6]:port"."""
+    host, port = addr.rsplit(":", 1)
+    return host.strip("[]"), int(port)
+
+
 def frontend(addr, token, fe_id, verify=True, tls=None):
     """A frontend's data connection: dials, proves the token, DATA_HELLO.
     Returns it and None, or the type of the frame that refused it. tls: a
     client context (the worker's certificate names worker-a)."""
-    host, port = addr.rsplit(":", 1)
-    sock = socket.create_connection((host, int(port)), timeout=10)
+    sock = socket.create_connection(hostport(addr), timeout=10)
     if tls is not None:
         c = SyncConn(tls.wrap_socket(sock, server_hostname="worker-a"))
     else:
@@ -458,8 +463,16 @@ def worker_tells_squishd_its_data_address():
         host, port = s.addr.rsplit(":", 1)
         assert host == "127.0.0.1" and int(port) > 0, s.addr
 
+    def ipv6(s):
+        assert s.addr.startswith("[::1]:"), s.addr
+        s.frontend(1)
+        s.load()
+
     with_setup(body)
     with_setup(wildcard, listen="0.0.0.0:0")
+    with_setup(wildcard, listen="[::]:0")
+    if socket.has_ipv6 and os.path.exists("/proc/net/if_inet6"):
+        with_setup(ipv6, listen="[::1]:0")
 
 
 @test
@@ -509,6 +522,16 @@ def frontend_rows_run_and_come_back_to_their_frontend():
         ident, p = fe.expect("DATA_OUTPUT")
         o = data_output(p)
         assert ident == 102 and o["rows"] == [0, 1] and o["bytes"] == want[3] + want[2], o
+
+        # Batch 103 fails (its model is not loaded): the frontend hears why.
+        fe.send("DATA_ROWS", 103, data_rows(1, [(0, ins[0])]))
+        s.link.send("BATCH", 103, batch(1, [0], [1], model=999))
+        out, code, msg = s.outputs(103, 1)
+        assert code != 0 and "not loaded" in msg, (code, msg)
+        ident, p = fe.expect("DATA_OUTPUT")
+        o = data_output(p)
+        assert ident == 103 and o["code"] == code and o["rows"] == [0], o
+        assert o["bytes"] == b"" and "not loaded" in o["message"], o
 
     with_setup(body)
 
@@ -650,8 +673,7 @@ def a_frontend_without_the_token_is_refused():
         assert name == "ERROR" and b"bad_proof" in p, (name, p)
         eventually(lambda: c.closed.is_set(), 5, "the connection closed")
         # Frames before the handshake are refused too.
-        raw = socket.create_connection(tuple([s.addr.rsplit(":", 1)[0],
-                                              int(s.addr.rsplit(":", 1)[1])]))
+        raw = socket.create_connection(hostport(s.addr))
         bad = Conn(raw)
         s.fes.append(bad)
         bad.send("DATA_HELLO", 0, struct.pack("<I", 1))
@@ -716,8 +738,7 @@ def the_data_listener_speaks_tls_with_the_workers_certificate():
         except (ssl.SSLError, OSError, EOFError):
             pass
         # Plain TCP does not get in either.
-        raw = SyncConn(socket.create_connection(tuple([s.addr.rsplit(":", 1)[0],
-                                                       int(s.addr.rsplit(":", 1)[1])])))
+        raw = SyncConn(socket.create_connection(hostport(s.addr)))
         s.fes.append(raw)
         raw.send("AUTH_CHALLENGE", 0, struct.pack("<IHB", MAGIC, 1, 1) + os.urandom(32))
         try:
