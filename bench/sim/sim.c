@@ -7,6 +7,8 @@
  * says who calls whom). */
 #include "sim_int.h"
 
+#include <time.h>
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,6 +122,8 @@ int sim_run(const wl_workload_t *w, const sim_opts_t *o, sim_result_t *res)
         res->session_model[s] = r.ss[s].model;
 
     double horizon = sim__arrivals_build(&r, seed, &nsreq);
+    struct timespec cpu0, cpu1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu0);
 
     pl_dispatch_opts_t dopts = {.policy = o->policy,
                                 .k_std = w->k_std,
@@ -285,5 +289,7 @@ out:
     free(r.clump);
     pl_loop_free(r.loop);
     pl_dispatch_free(r.d);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &cpu1);
+    res->cpu_s = (double)(cpu1.tv_sec - cpu0.tv_sec) + (double)(cpu1.tv_nsec - cpu0.tv_nsec) / 1e9;
     return rc;
 }

@@ -180,6 +180,10 @@ typedef struct {
     int npipelines;
     sim_pipeline_result_t *pipelines;    /* owned; one per workload pipeline */
     size_t session_requests, session_ok; /* the sessions' requests (not pipeline items) */
+    /* CPU time of the run on its thread: the dispatcher core's work with
+     * the simulation's bookkeeping and plans around it (an upper bound on
+     * the core's own cost; arrivals are drawn before it starts). */
+    double cpu_s;
 } sim_result_t;
 
 /* Runs one simulation. Returns 0, SQ_INVAL (a session's model has no usable

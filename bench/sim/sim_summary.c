@@ -58,6 +58,9 @@ char *sim_summary_json(const wl_workload_t *w, const sim_opts_t *opts, const sim
     json_object_set_new(root, "horizon_s", num(res->horizon_s));
     json_object_set_new(root, "request_count", json_integer((json_int_t)res->nrequests));
     json_object_set_new(root, "offered_rps", num(res->offered_rps));
+    json_object_set_new(root, "cpu_s", num(res->cpu_s));
+    json_object_set_new(root, "cpu_us_per_request",
+                        num(res->nrequests ? res->cpu_s * 1e6 / (double)res->nrequests : 0));
     double goodput = search_scale > 0 ? res->offered_rps : (double)res->ok / horizon;
     json_object_set_new(root, "goodput_rps", num(goodput));
     json_object_set_new(root, "bad_rate",
