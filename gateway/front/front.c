@@ -216,7 +216,10 @@ static void on_output(gw_front_t *fr, data_conn_t *d, const sq_frame_t *f)
         if (it == NULL)
             continue;
         if (o->code != 0) {
-            answer_slot(fr, idx, o->code, o->message);
+            /* Rows that never reached the worker: a retry can succeed (503);
+             * a run that failed is a device error, as on a dispatcher's own
+             * batches. */
+            answer_slot(fr, idx, o->code == SQ_IO ? SQ_WORKER_LOST : SQ_DEVICE, o->message);
             continue;
         }
         uint64_t row_bytes = (uint64_t)it->model->out_elems * sizeof(float);
