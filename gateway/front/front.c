@@ -86,6 +86,10 @@ struct gw_front {
     /* bytes on the dispatcher's link and on the workers' (frame headers
      * included), items offered: for /metrics */
     _Atomic uint64_t link_in, link_out, data_in, data_out, offered;
+    /* items to offer at the end of this loop turn (flush_items) */
+    sq_fe_item_t pend[SQ_MAX_FE_ITEMS];
+    uint32_t npend;
+    int flush_posted;
     /* what the dispatcher last said, for other threads */
     pthread_mutex_t lock;
     int ready;
@@ -736,6 +740,7 @@ static void leave(gw_front_t *fr, const char *why)
     if (!fr->joined)
         return;
     fr->joined = 0;
+    fr->npend = 0;
     sq_loop_unwatch(fr->loop, fr->conn.fd);
     sq_conn_dispose(&fr->conn);
     char detail[200];
@@ -799,13 +804,41 @@ static void withdrawn(gw_front_t *fr, gw_item_t *it)
                 : "withdrawn: another item of its request failed");
 }
 
+/* Items offered go out together: those submitted in one turn of the
+ * frontend's loop (every post queued by then) share FE_ITEMS frames, so
+ * that the dispatcher reads many items a wake-up at high rates. */
+static void flush_items(gw_front_t *fr)
+{
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < fr->npend; i++) {
+        uint32_t idx;
+        if (slot_item(fr, fr->pend[i].slot, &idx) != NULL) /* not answered meanwhile */
+            fr->pend[n++] = fr->pend[i];
+        else if (n > 0)
+            fr->pend[n - 1].clump_next = fr->pend[i].clump_next;
+    }
+    fr->npend = 0;
+    if (n == 0 || !fr->joined)
+        return;
+    fr->pend[n - 1].clump_next = 0;
+    fr->scratch.len = 0;
+    sq_fe_items_encode(&fr->scratch, fr->pend, n);
+    send_dispatcher(fr, SQ_MSG_FE_ITEMS, 0, fr->scratch.data, (uint32_t)fr->scratch.len);
+    atomic_fetch_add(&fr->offered, n);
+}
+
+static void on_flush(sq_loop_t *loop, void *arg)
+{
+    gw_front_t *fr = arg;
+    (void)loop;
+    fr->flush_posted = 0;
+    flush_items(fr);
+}
+
 static void on_submit(sq_loop_t *loop, void *arg)
 {
     gw_item_t *it = arg;
     gw_front_t *fr = it->srv->front;
-    (void)loop;
-    static _Thread_local sq_fe_item_t out[SQ_MAX_FE_ITEMS];
-    uint32_t n = 0;
     int64_t now = sq_now_us();
     for (gw_item_t *next; it != NULL; it = next) {
         next = it->clump_next;
@@ -830,32 +863,26 @@ static void on_submit(sq_loop_t *loop, void *arg)
             finish(fr, it, SQ_OVERLOAD, "this frontend holds as many items as it can");
             continue;
         }
-        sq_fe_item_t *e = &out[n++];
-        *e = (sq_fe_item_t){.slot = slot,
-                            .model_key = it->model->key,
-                            .slo_ms = it->slo_ms,
-                            .budget_us = it->deadline_us - now,
-                            .age_us = now > it->arrival_us ? now - it->arrival_us : 0,
-                            .input_kind = it->input_kind,
-                            .priority = it->priority,
-                            .best_effort = it->best_effort,
-                            .clump_next = next != NULL,
-                            .stage = -1};
-        if (n == SQ_MAX_FE_ITEMS || next == NULL) {
-            out[n - 1].clump_next = 0;
-            fr->scratch.len = 0;
-            sq_fe_items_encode(&fr->scratch, out, n);
-            send_dispatcher(fr, SQ_MSG_FE_ITEMS, 0, fr->scratch.data, (uint32_t)fr->scratch.len);
-            atomic_fetch_add(&fr->offered, n);
-            n = 0;
-        }
+        if (fr->npend == SQ_MAX_FE_ITEMS)
+            flush_items(fr);
+        fr->pend[fr->npend++] =
+            (sq_fe_item_t){.slot = slot,
+                           .model_key = it->model->key,
+                           .slo_ms = it->slo_ms,
+                           .budget_us = it->deadline_us - now,
+                           .age_us = now > it->arrival_us ? now - it->arrival_us : 0,
+                           .input_kind = it->input_kind,
+                           .priority = it->priority,
+                           .best_effort = it->best_effort,
+                           .clump_next = next != NULL,
+                           .stage = -1};
     }
-    if (n > 0) {
-        out[n - 1].clump_next = 0;
-        fr->scratch.len = 0;
-        sq_fe_items_encode(&fr->scratch, out, n);
-        send_dispatcher(fr, SQ_MSG_FE_ITEMS, 0, fr->scratch.data, (uint32_t)fr->scratch.len);
-        atomic_fetch_add(&fr->offered, n);
+    if (fr->npend > 0) {
+        fr->pend[fr->npend - 1].clump_next = 0; /* a clump ends with its request */
+        if (!fr->flush_posted) {
+            fr->flush_posted = 1;
+            sq_loop_post(loop, on_flush, fr);
+        }
     }
 }
 
