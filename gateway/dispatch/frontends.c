@@ -153,6 +153,10 @@ static void on_fe_tick(sq_loop_t *loop, uint64_t id, void *data);
  * the state when it differs from what it was sent last. */
 static void push_changes(gw_dispatch_t *ds)
 {
+    /* Not before the registry holds the DB's models (a standby that just
+     * took over): an empty catalog would make frontends answer 404. */
+    if (!atomic_load(&ds->srv->db_ready))
+        return;
     unsigned long gen = gw_registry_generation(ds->srv->registry);
     char *catalog = NULL, *state = NULL;
     for (int i = 0; i < ds->nfrontends; i++) {

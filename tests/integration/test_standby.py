@@ -203,6 +203,75 @@ def a_standby_answers_and_takes_over_after_a_sigkill_under_load():
         assert b.stop() == 0
 
 
+def free_port():
+    with socket.socket() as so:
+        so.bind(("127.0.0.1", 0))
+        return so.getsockname()[1]
+
+
+@test
+def a_frontend_rejoins_the_standby_that_takes_over_and_answers_each_request_once():
+    """Issue 25: dispatchers as leader and standby (--role dispatcher), a
+    frontend given both cluster addresses. The leader SIGKILLed under load
+    through the frontend: each request is answered once, 200 or 503 with
+    Retry-After (the frontend answers what it held when its dispatcher went);
+    the frontend joins the standby once it leads, and serves again."""
+    with Pair() as P:
+        ctoken = os.path.join(P.tmp, "cluster.token")
+        with open(ctoken, "w") as f:
+            f.write(secrets.token_hex(24))
+        os.chmod(ctoken, 0o600)
+        ports = [free_port(), free_port()]
+        ds = []
+        for i in range(2):
+            d = Squishd(workers="emu:1", tmp=P.dirs[i], extra=[
+                "--db", PG, "--admin-token-file", os.path.join(P.dirs[i], "admin.token"),
+                "--socket", os.path.join(P.dirs[i], "squishd.sock"), "--leader-timeout-ms",
+                "2000", "--role", "dispatcher", "--cluster-listen", "127.0.0.1:%d" % ports[i],
+                "--cluster-token-file", ctoken])
+            P.started.append(d)
+            ds.append(d)
+            if i == 0:
+                d.wait_ready(workers=1)
+        a, b = ds
+        os.makedirs(os.path.join(P.tmp, "f"))
+        f = Squishd(workers="none", tmp=os.path.join(P.tmp, "f"), extra=[
+            "--role", "frontend", "--cluster-token-file", ctoken, "--dispatcher",
+            "127.0.0.1:%d,127.0.0.1:%d" % tuple(ports)])
+        P.started.append(f)
+        eventually(lambda: re.search(r"joined the dispatcher", f.read_log()), 15, "joined")
+        body = dict(MODEL, name="fm", version=1)
+        r = f.request("POST", "/models", body=json.dumps(body),  # forwarded to the leader
+                      headers={"Authorization": "Bearer " + a.token,
+                               "Content-Type": "application/json"})
+        assert r.status == 201, r
+        eventually(lambda: f.get("/v2/models/fm/ready").status == 200, 15, "fm ready")
+        clients = [Client([f.port, f.port], "fm") for _ in range(3)]
+        for c in clients:
+            c.start()
+        time.sleep(1.5)
+        a.proc.send_signal(signal.SIGKILL)
+        a.proc.wait()
+        t0 = time.time()
+        eventually(lambda: re.search(r"joined the dispatcher addr=127\.0\.0\.1:%d" % ports[1],
+                                     f.read_log()), 15, "the frontend joined the new leader")
+        eventually(lambda: f.get("/v2/health/ready").status == 200, 15,
+                   "the frontend ready on the new leader")
+        took = time.time() - t0
+        time.sleep(2.0)
+        for c in clients:
+            c.stop.set()
+        for c in clients:
+            c.join(30)
+        answers = [x for c in clients for x in c.answers]
+        print("# frontend back in %.2f s; %d requests, %d answered 503 (with Retry-After)"
+              % (took, len(answers), sum(1 for x in answers if x[0] == 503)))
+        bad = [x for x in answers if not (x[0] == 200 or (x[0] == 503 and x[1] is not None))]
+        assert not bad, bad[:10]
+        assert all(c.answers and c.answers[-1][0] == 200 for c in clients), \
+            [c.answers[-3:] for c in clients]
+
+
 @test
 def a_leader_whose_lock_was_taken_stops_serving():
     with Pair() as P:
