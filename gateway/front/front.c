@@ -11,12 +11,14 @@
 #include "gw_front.h"
 #include "gw_dispatch.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <jansson.h>
 #include <openssl/crypto.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #define DIAL_TIMEOUT_MS 1000
@@ -403,6 +405,7 @@ static void on_assign(gw_front_t *fr, const sq_frame_t *f)
             bytes += present ? a->row_bytes : 0;
             if (present) {
                 fr->slots[idx].state = SLOT_ASSIGNED;
+                it->sent_us = sq_now_us(); /* its rows leave for the worker */
                 rec->slot[rec->n] = a->slot[k];
                 rec->row[rec->n++] = a->row[k];
             }
@@ -711,13 +714,21 @@ static int join(gw_front_t *fr)
     fr->joined = 1;
     fr->fe_id = (int)wel.frontend;
     fr->heartbeat_ms = wel.heartbeat_ms > 0 ? wel.heartbeat_ms : 200;
-    /* The dispatcher's HTTP: on a wildcard address, at the host it was
-     * reached at here. */
-    char ahost[128], dhost[128];
-    int aport = 0, dport = 0;
+    /* The dispatcher's HTTP: on a wildcard address, at the address this
+     * connection reached (not the name dialed: a name that resolves to the
+     * leader and its standbys would reach a standby as often). */
+    char ahost[128], dhost[INET6_ADDRSTRLEN] = "";
+    int aport = 0;
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    if (getpeername(fd, (struct sockaddr *)&ss, &sl) == 0)
+        inet_ntop(ss.ss_family,
+                  ss.ss_family == AF_INET6 ? (void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
+                                           : (void *)&((struct sockaddr_in *)&ss)->sin_addr,
+                  dhost, sizeof(dhost));
     if (sq_hostport_split(wel.admin, ahost, sizeof(ahost), &aport) == 0 &&
         (strcmp(ahost, "0.0.0.0") == 0 || strcmp(ahost, "::") == 0 || ahost[0] == '\0') &&
-        sq_hostport_split(addr, dhost, sizeof(dhost), &dport) == 0)
+        dhost[0] != '\0')
         snprintf(wel.admin, sizeof(wel.admin), strchr(dhost, ':') != NULL ? "[%s]:%d" : "%s:%d",
                  dhost, aport);
     pthread_mutex_lock(&fr->lock);

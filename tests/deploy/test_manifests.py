@@ -150,11 +150,13 @@ dargs = c.get("command", []) + c.get("args", [])
 check(values_of(dargs, "--role") == ["dispatcher"], "squishd: --role dispatcher")
 check(len(values_of(dargs, "--cluster-listen")) == 1, "squishd: one --cluster-listen")
 cluster_listen_port = port_of((values_of(dargs, "--cluster-listen") or [""])[0])
-# The dispatcher tells frontends "<advertise>:<HTTP port>" as the address
-# to forward management to: a URL there could not be dialed.
+# --advertise is the URL a standby gives clients for the leader: this pod's
+# own address and the port of --listen (frontends need none: they use the
+# address their link reached).
 adv = values_of(dargs, "--advertise")
-check(len(adv) == 1 and "://" not in adv[0] and ":" not in adv[0].replace("$(POD_IP)", ""),
-      "squishd: --advertise is a bare host (frontends dial <advertise>:<port>) %s" % adv)
+listen_port = port_of((values_of(dargs, "--listen") or [""])[0])
+check(len(adv) == 1 and adv[0] == "http://$(POD_IP):%s" % listen_port,
+      "squishd: --advertise is http://$(POD_IP):<port of --listen> %s" % adv)
 token_files_from_secrets("squishd", pod["spec"], dargs)
 
 services = {d["metadata"]["name"]: d for d in by_kind.get("Service", [])}

@@ -158,6 +158,10 @@ def two_frontends_serve_every_request_once_with_its_own_output_and_bytes_bypass_
         assert not bad, bad[:3]
         for port, seed, status, headers, raw in results:
             assert output_of(raw) == ref[seed], (port, seed)
+            # Times measured where the request was answered: from its rows
+            # leaving for the worker (a frontend's clock), not from 0.
+            params = json.loads(raw).get("parameters", {})
+            assert 0 <= params.get("execute_ms", 0) < 10000, params
         # The dispatcher's own count: metadata only, both ways.
         items = metric(fleet.d.port, "squish_frontend_items_total") - items0
         link = (metric(fleet.d.port, "squish_frontend_link_bytes_total", '{direction="in"}') - in0
