@@ -725,8 +725,47 @@ void gw_route_kserve_model(gw_call_t *call)
         gw_db_post(call->srv, kserve_metadata_job, j);
 }
 
+/* A frontend's answer (--role frontend: no DB here): from the registry the
+ * dispatcher sent it, whose entries carry the very records the DB holds,
+ * and from the dispatcher's word on which models a worker holds. Ready
+ * here means this frontend can serve the model now. */
+static void frontend_ready(gw_call_t *call)
+{
+    h2o_iovec_t name = call->args[0];
+    int version = 0;
+    if (!gw_model_name_ok(name.base, name.len)) {
+        gw_send_not_found(call, name, 0);
+        return;
+    }
+    if (call->nargs > 1 && (version = gw_parse_version(call->args[1])) < 0) {
+        gw_send_bad_version(call, call->args[1]);
+        return;
+    }
+    gw_model_t *m = gw_registry_find(call->srv->registry, name.base, name.len, version);
+    if (m == NULL || m->record == NULL || (version != 0 && m->version != version)) {
+        /* Not a model this frontend serves: a pipeline (they run at the
+         * dispatcher), or nothing, which the dispatcher says best. */
+        gw_model_unref(m);
+        gw_proxy_to_dispatcher(call);
+        return;
+    }
+    char buf[MDB_NAME_MAX + 256];
+    const char *why = not_ready_why(call->srv, m->name, m->record, buf, sizeof(buf));
+    if (why == NULL)
+        gw_send_json(call->req, 200, json_pack("{s:s, s:b}", "name", m->name, "ready", 1));
+    else
+        gw_send_json(call->req, 400,
+                     json_pack("{s:s, s:b, s:s, s:s}", "name", m->name, "ready", 0, "error", why,
+                               "code", sq_err_name(SQ_NOT_READY)));
+    gw_model_unref(m);
+}
+
 void gw_route_kserve_model_ready(gw_call_t *call)
 {
+    if (call->srv->front != NULL) {
+        frontend_ready(call);
+        return;
+    }
     model_job_t *j = named_job(call, call->nargs > 1);
     if (j != NULL)
         gw_db_post(call->srv, kserve_ready_job, j);

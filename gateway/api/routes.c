@@ -181,7 +181,7 @@ static const gw_route_t routes[] = {
     {"GET", "/v2/models/*/versions/*/stats", "model_stats", gw_route_model_stats, GW_TO_DISPATCHER},
     {"GET", "/v2/models/*", "kserve_model", route_kserve_model, GW_TO_DISPATCHER},
     {"GET", "/v2/models/*/versions/*", "kserve_model", route_kserve_model, GW_TO_DISPATCHER},
-    {"GET", "/v2/models/*/ready", "kserve_model_ready", route_kserve_model_ready, GW_TO_DISPATCHER},
+    {"GET", "/v2/models/*/ready", "kserve_model_ready", route_kserve_model_ready, GW_ON_FRONTEND},
     {"GET", "/v2/models/*/config", "model_config", gw_route_model_config, GW_TO_DISPATCHER},
     {"GET", "/v2/models/*/versions/*/config", "model_config", gw_route_model_config,
      GW_TO_DISPATCHER},
