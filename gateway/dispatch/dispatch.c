@@ -130,7 +130,7 @@ static ds_model_t *serving_record(gw_dispatch_t *ds, ds_model_t *dm, double buck
             return NULL;
         dm->active = 1;
         dm->routes_stale = 1;
-        ds_plan_activate(ds, dm, bucket_ms, it);
+        ds_plan_activate(ds, dm, bucket_ms, it, sq_now_us());
     }
     return dm;
 }

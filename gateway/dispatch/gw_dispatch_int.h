@@ -426,7 +426,9 @@ void ds_plan_forget(gw_dispatch_t *ds, const ds_model_t *dm);
  * rate goes to the session of the stage's current budget. */
 void ds_plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it);
 /* A model became active (first request, it): place it now. */
-void ds_plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it);
+/* now_us: the dispatcher's clock (sq_now_us; a test's virtual one). */
+void ds_plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it,
+                      int64_t now_us);
 /* Workers came or went, or a model was removed: re-plan that kind. */
 void ds_plan_invalidate(gw_dispatch_t *ds, int kind, const char *reason);
 /* epochs.c: a load finished on a worker of kind: models waiting to leave

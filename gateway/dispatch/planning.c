@@ -158,7 +158,8 @@ static int resplit_pipelines(gw_dispatch_t *ds, int64_t now_us, int force)
     return changed;
 }
 
-void ds_plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it)
+void ds_plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it,
+                      int64_t now_us)
 {
     ds_plan_state_t *p = ds->plan;
     if (it != NULL && it->pipeline != NULL) {
@@ -171,7 +172,7 @@ void ds_plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const
      * the workers that are up (when that planned dm's kind, no other epoch
      * runs). */
     if (dm->kind >= 0 && !(p->nrestore > 0 && (restore_all(ds) & (1 << dm->kind))))
-        ds_plan_epoch(ds, dm->kind, "new model", sq_now_us());
+        ds_plan_epoch(ds, dm->kind, "new model", now_us);
 }
 
 void ds_plan_invalidate(gw_dispatch_t *ds, int kind, const char *reason)

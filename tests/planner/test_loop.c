@@ -531,7 +531,10 @@ static void trace_alike(int threaded)
         if (!m->active) { /* as serving_record does */
             m->kind = SQ_DEV_EMU;
             m->active = 1;
-            ds_plan_activate(ds, m, gw_slo_bucket_ms(first[s].slo_ms), &first[s]);
+            /* On the test's clock, as every tick below: an epoch begun on
+             * the real one came a few ms after t0, and on a loaded box a
+             * whole tick later than the simulator's. */
+            ds_plan_activate(ds, m, gw_slo_bucket_ms(first[s].slo_ms), &first[s], t0);
         }
     }
     for (int i = 0; i < NDEVICES; i++) {
