@@ -64,7 +64,8 @@
     X(WORKER_DATA, 59)                                                                             \
     X(DATA_HELLO, 60)                                                                              \
     X(DATA_ROWS, 61)                                                                               \
-    X(DATA_OUTPUT, 62)
+    X(DATA_OUTPUT, 62)                                                                             \
+    X(FE_METRICS, 63)
 
 typedef enum {
 #define SQ_IPC_ENUM_(n, v) SQ_MSG_##n = v,
@@ -358,6 +359,8 @@ typedef struct {
  *   frontend -> dispatcher  FE_WITHDRAW  items no longer wanted
  *   dispatcher -> frontend  FE_ASSIGN    rows of a batch it is to send to a worker
  *   dispatcher -> frontend  FE_FAIL      an item failed (dropped, no worker...)
+ *   frontend -> dispatcher  FE_METRICS   its metrics and model statistics (JSON),
+ *                                        every few seconds: the cluster's one view
  *   dispatcher -> worker    FE_GONE      id: a frontend gone; its rows never come
  *   worker -> dispatcher    WORKER_DATA  the worker's data address (after WELCOME)
  *

@@ -51,29 +51,18 @@ void gw_route_metrics(gw_call_t *call)
                      (unsigned long long)t.bytes_out);
         sq_buf_put(&out, adm, (size_t)n);
     }
-    if (call->srv->front != NULL) {
-        /* A frontend's links: metadata to its dispatcher, rows to workers. */
-        gw_front_traffic_t t;
-        gw_front_traffic(call->srv, &t);
-        n = snprintf(adm, sizeof(adm),
-                     "# HELP squish_frontend_joined Whether this frontend is joined to a "
-                     "dispatcher.\n# TYPE squish_frontend_joined gauge\n"
-                     "squish_frontend_joined %d\n"
-                     "# HELP squish_frontend_offered_items_total Items this frontend offered "
-                     "its dispatcher.\n# TYPE squish_frontend_offered_items_total counter\n"
-                     "squish_frontend_offered_items_total %llu\n"
-                     "# HELP squish_frontend_bytes_total Bytes on this frontend's links "
-                     "(frame headers included): link=dispatcher carries metadata, "
-                     "link=workers the rows and outputs.\n"
-                     "# TYPE squish_frontend_bytes_total counter\n"
-                     "squish_frontend_bytes_total{link=\"dispatcher\",direction=\"in\"} %llu\n"
-                     "squish_frontend_bytes_total{link=\"dispatcher\",direction=\"out\"} %llu\n"
-                     "squish_frontend_bytes_total{link=\"workers\",direction=\"in\"} %llu\n"
-                     "squish_frontend_bytes_total{link=\"workers\",direction=\"out\"} %llu\n",
-                     t.joined, (unsigned long long)t.items, (unsigned long long)t.link_in,
-                     (unsigned long long)t.link_out, (unsigned long long)t.data_in,
-                     (unsigned long long)t.data_out);
-        sq_buf_put(&out, adm, (size_t)n);
+    if (call->srv->front != NULL) /* a frontend's links (not joined: it answers itself) */
+        gw_front_metrics_text(call->srv, &out);
+    gw_frontend_traffic_t fet;
+    gw_dispatch_frontend_traffic(call->srv, &fet);
+    if (fet.connected > 0) {
+        /* The cluster's one view: every frontend's series, labelled. */
+        sq_buf_t all;
+        sq_buf_init(&all);
+        sq_buf_put(&out, "", 1);
+        gw_dispatch_frontends_metrics(call->srv, (const char *)out.data, &all);
+        sq_buf_dispose(&out);
+        out = all;
     }
     req->res.status = 200;
     req->res.reason = gw_http_reason(200);
@@ -176,7 +165,9 @@ void gw_route_model_stats(gw_call_t *call)
         qsort(q.found, (size_t)q.n, sizeof(*q.found), by_name_version);
     json_t *stats = json_array();
     for (int i = 0; i < q.n; i++) {
-        json_array_append_new(stats, gw_metrics_model_stats(call->srv->metrics, q.found[i]));
+        json_t *one = gw_metrics_model_stats(call->srv->metrics, q.found[i]);
+        gw_dispatch_frontends_stats(call->srv, one); /* the requests frontends answered */
+        json_array_append_new(stats, one);
         gw_model_unref(q.found[i]);
     }
     for (int i = 0; i < np; i++) {

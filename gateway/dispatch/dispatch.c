@@ -655,6 +655,7 @@ gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop)
     ds->plan = ds_plan_new(ds);
     ds->group_epoch = 1;
     pthread_mutex_init(&ds->ready_lock, NULL);
+    pthread_mutex_init(&ds->fe_lock, NULL);
     snprintf(ds->ready_why, sizeof(ds->ready_why), "the dispatcher is starting");
     ds->tick = sq_loop_timer_at(loop, sq_now_ns() + (int64_t)TICK_MS * 1000000, on_tick, ds);
     return ds;
@@ -723,6 +724,7 @@ void gw_dispatch_free(gw_dispatch_t *ds)
     ds_plan_free(ds->plan);
     pl_dispatch_free(ds->core);
     pthread_mutex_destroy(&ds->ready_lock);
+    pthread_mutex_destroy(&ds->fe_lock);
     ds_await_free(ds);
     free(ds->held_keys);
     free(ds->gone_keys);

@@ -198,6 +198,7 @@ void ds_fe_up(gw_dispatch_t *ds, int fe, const char *name, const char *addr)
 {
     if (fe < 0)
         return;
+    pthread_mutex_lock(&ds->fe_lock);
     if (fe >= ds->nfrontends) {
         ds->frontends = sq_xrealloc(ds->frontends, sizeof(*ds->frontends) * (size_t)(fe + 1));
         for (int i = ds->nfrontends; i <= fe; i++)
@@ -211,6 +212,7 @@ void ds_fe_up(gw_dispatch_t *ds, int fe, const char *name, const char *addr)
     f->up = 1;
     snprintf(f->name, sizeof(f->name), "%s", name);
     snprintf(f->addr, sizeof(f->addr), "%s", addr);
+    pthread_mutex_unlock(&ds->fe_lock);
     atomic_fetch_add(&ds->fe_connected, 1);
     push_changes(ds);
     if (ds->fe_timer == 0)
@@ -304,6 +306,79 @@ static int on_withdraw(gw_dispatch_t *ds, ds_frontend_t *f, const sq_frame_t *fr
     return 0;
 }
 
+/* FE_METRICS: what the frontend last said of itself, kept for /metrics and
+ * the statistics routes (HTTP threads read it under fe_lock). */
+static int on_metrics(gw_dispatch_t *ds, ds_frontend_t *f, const sq_frame_t *fr)
+{
+    json_t *m = json_loadb((const char *)fr->payload, fr->len, 0, NULL);
+    const char *text = json_string_value(json_object_get(m, "metrics"));
+    json_t *stats = json_object_get(m, "stats");
+    if (text == NULL || !json_is_array(stats)) {
+        json_decref(m);
+        return -1;
+    }
+    char *copy = strdup(text);
+    pthread_mutex_lock(&ds->fe_lock);
+    free(f->metrics);
+    json_decref(f->stats);
+    f->metrics = copy;
+    f->stats = json_incref(stats);
+    pthread_mutex_unlock(&ds->fe_lock);
+    json_decref(m);
+    return 0;
+}
+
+void gw_dispatch_frontends_metrics(gw_server_t *srv, const char *own, sq_buf_t *out)
+{
+    gw_dispatch_t *ds = srv->dispatch;
+    if (ds == NULL) {
+        sq_buf_put(out, own, strlen(own));
+        return;
+    }
+    pthread_mutex_lock(&ds->fe_lock);
+    int n = ds->nfrontends;
+    const char **texts = sq_xcalloc((size_t)n + 1, sizeof(*texts));
+    const char **names = sq_xcalloc((size_t)n + 1, sizeof(*names));
+    for (int i = 0; i < n; i++) {
+        ds_frontend_t *f = ds->frontends[i];
+        if (f != NULL && f->up && f->metrics != NULL) {
+            texts[i] = f->metrics;
+            names[i] = f->name;
+        }
+    }
+    gw_metrics_merge(out, own, texts, names, n);
+    pthread_mutex_unlock(&ds->fe_lock);
+    free(texts);
+    free(names);
+}
+
+void gw_dispatch_frontends_stats(gw_server_t *srv, json_t *model_stats)
+{
+    gw_dispatch_t *ds = srv->dispatch;
+    if (ds == NULL)
+        return;
+    const char *name = json_string_value(json_object_get(model_stats, "name"));
+    const char *version = json_string_value(json_object_get(model_stats, "version"));
+    if (name == NULL || version == NULL)
+        return;
+    pthread_mutex_lock(&ds->fe_lock);
+    for (int i = 0; i < ds->nfrontends; i++) {
+        ds_frontend_t *f = ds->frontends[i];
+        if (f == NULL || !f->up || f->stats == NULL)
+            continue;
+        size_t k;
+        json_t *e;
+        json_array_foreach(f->stats, k, e)
+        {
+            const char *n = json_string_value(json_object_get(e, "name"));
+            const char *v = json_string_value(json_object_get(e, "version"));
+            if (n != NULL && v != NULL && strcmp(n, name) == 0 && strcmp(v, version) == 0)
+                gw_metrics_stats_add(model_stats, e);
+        }
+    }
+    pthread_mutex_unlock(&ds->fe_lock);
+}
+
 int ds_fe_frame(gw_dispatch_t *ds, int fe, const sq_frame_t *f)
 {
     ds_frontend_t *r = ds_frontend_at(ds, fe);
@@ -328,6 +403,8 @@ int ds_fe_frame(gw_dispatch_t *ds, int fe, const sq_frame_t *f)
         return on_items(ds, r, f);
     case SQ_MSG_FE_WITHDRAW:
         return on_withdraw(ds, r, f);
+    case SQ_MSG_FE_METRICS:
+        return on_metrics(ds, r, f);
     default:
         return -1;
     }
@@ -341,7 +418,9 @@ void ds_fe_lost(gw_dispatch_t *ds, int fe)
     ds_frontend_t *f = ds_frontend_at(ds, fe);
     if (f == NULL)
         return;
+    pthread_mutex_lock(&ds->fe_lock);
     f->up = 0;
+    pthread_mutex_unlock(&ds->fe_lock);
     atomic_fetch_sub(&ds->fe_connected, 1);
     int any = 0;
     for (uint32_t i = 0; i < f->capitems; i++) {
@@ -360,6 +439,12 @@ void ds_fe_lost(gw_dispatch_t *ds, int fe)
     f->capitems = 0;
     free(f->state_sent);
     f->state_sent = NULL;
+    pthread_mutex_lock(&ds->fe_lock);
+    free(f->metrics);
+    json_decref(f->stats);
+    f->metrics = NULL;
+    f->stats = NULL;
+    pthread_mutex_unlock(&ds->fe_lock);
 }
 
 void ds_frontends_free(gw_dispatch_t *ds)
@@ -373,6 +458,8 @@ void ds_frontends_free(gw_dispatch_t *ds)
             continue;
         free(f->items);
         free(f->state_sent);
+        free(f->metrics);
+        json_decref(f->stats);
         free(f);
     }
     free(ds->frontends);

@@ -242,5 +242,11 @@ typedef struct {
     int connected;  /* frontends connected now */
 } gw_frontend_traffic_t;
 void gw_dispatch_frontend_traffic(gw_server_t *srv, gw_frontend_traffic_t *out);
+/* The cluster's one view, any thread: the exposition own with every
+ * joined frontend's last one folded in, labelled by frontend
+ * (gw_metrics_merge); and a model's statistics (gw_metrics_model_stats's
+ * object) with every frontend's of the same name and version added. */
+void gw_dispatch_frontends_metrics(gw_server_t *srv, const char *own, sq_buf_t *out);
+void gw_dispatch_frontends_stats(gw_server_t *srv, json_t *model_stats);
 
 #endif

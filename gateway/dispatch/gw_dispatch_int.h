@@ -155,6 +155,10 @@ typedef struct ds_frontend {
     uint32_t capitems;
     unsigned long catalog_gen; /* the registry generation last sent (0: none) */
     char *state_sent;          /* the FE_STATE last sent */
+    /* What it last said of itself (FE_METRICS), under the dispatcher's
+     * fe_lock: read by HTTP threads for the cluster's one view. */
+    char *metrics;
+    json_t *stats;
 } ds_frontend_t;
 
 typedef struct {
@@ -252,6 +256,7 @@ struct gw_dispatch {
     _Atomic uint64_t fe_bytes_in, fe_bytes_out, fe_items;
     atomic_int fe_connected;
     uint64_t fe_timer;
+    pthread_mutex_t fe_lock; /* frontends' metrics and stats; the array's growth */
 };
 
 /* Fails it, whose model has no live record here, with what the registry

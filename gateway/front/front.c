@@ -92,6 +92,7 @@ struct gw_front {
     sq_fe_item_t pend[SQ_MAX_FE_ITEMS];
     uint32_t npend;
     int flush_posted;
+    int64_t metrics_at_ns; /* the last FE_METRICS */
     /* what the dispatcher last said, for other threads */
     pthread_mutex_t lock;
     int ready;
@@ -942,6 +943,63 @@ void gw_front_withdraw(gw_server_t *srv)
         sq_loop_post(fr->loop, on_withdraw, fr);
 }
 
+/* ---- what this frontend says of itself -------------------------------------------- */
+
+void gw_front_metrics_text(gw_server_t *srv, sq_buf_t *out)
+{
+    gw_front_traffic_t t;
+    gw_front_traffic(srv, &t);
+    char buf[1024];
+    int n =
+        snprintf(buf, sizeof(buf),
+                 "# HELP squish_frontend_joined Whether this frontend is joined to a dispatcher.\n"
+                 "# TYPE squish_frontend_joined gauge\nsquish_frontend_joined %d\n"
+                 "# HELP squish_frontend_offered_items_total Items this frontend offered its "
+                 "dispatcher.\n# TYPE squish_frontend_offered_items_total counter\n"
+                 "squish_frontend_offered_items_total %llu\n"
+                 "# HELP squish_frontend_bytes_total Bytes on this frontend's links (frame headers "
+                 "included): link=dispatcher carries metadata, link=workers the rows and outputs.\n"
+                 "# TYPE squish_frontend_bytes_total counter\n"
+                 "squish_frontend_bytes_total{link=\"dispatcher\",direction=\"in\"} %llu\n"
+                 "squish_frontend_bytes_total{link=\"dispatcher\",direction=\"out\"} %llu\n"
+                 "squish_frontend_bytes_total{link=\"workers\",direction=\"in\"} %llu\n"
+                 "squish_frontend_bytes_total{link=\"workers\",direction=\"out\"} %llu\n",
+                 t.joined, (unsigned long long)t.items, (unsigned long long)t.link_in,
+                 (unsigned long long)t.link_out, (unsigned long long)t.data_in,
+                 (unsigned long long)t.data_out);
+    sq_buf_put(out, buf, (size_t)n);
+}
+
+static void collect_stats(gw_model_t *m, void *arg)
+{
+    void **a = arg;
+    json_array_append_new(a[0], gw_metrics_model_stats(((gw_server_t *)a[1])->metrics, m));
+}
+
+/* FE_METRICS: this frontend's exposition and model statistics, for the
+ * dispatcher's one view of the cluster (every METRICS_EVERY_NS). */
+#define METRICS_EVERY_NS 2000000000LL
+
+static void push_metrics(gw_front_t *fr)
+{
+    gw_server_t *srv = fr->srv;
+    sq_buf_t text;
+    sq_buf_init(&text);
+    gw_metrics_write(srv->metrics, &text);
+    gw_front_metrics_text(srv, &text);
+    json_t *stats = json_array();
+    void *arg[2] = {stats, srv};
+    gw_registry_foreach(srv->registry, collect_stats, arg);
+    json_t *m = json_pack("{s:s%, s:o}", "metrics", text.len ? (const char *)text.data : "",
+                          text.len, "stats", stats);
+    char *payload = json_dumps(m, JSON_COMPACT);
+    json_decref(m);
+    sq_buf_dispose(&text);
+    if (payload != NULL && strlen(payload) < SQ_IPC_MAX_PAYLOAD)
+        send_dispatcher(fr, SQ_MSG_FE_METRICS, 0, payload, (uint32_t)strlen(payload));
+    free(payload);
+}
+
 /* ---- the tick, start and stop --------------------------------------------------- */
 
 /* Items held this long past their deadline get no answer from the
@@ -965,6 +1023,10 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
     if (!fr->joined && now >= fr->rejoin_at_ns && join(fr) != 0) {
         fr->rejoin_at_ns = now + (int64_t)fr->rejoin_ms * 1000000;
         fr->rejoin_ms = fr->rejoin_ms * 2 > REJOIN_MAX_MS ? REJOIN_MAX_MS : fr->rejoin_ms * 2;
+    }
+    if (fr->joined && now - fr->metrics_at_ns >= METRICS_EVERY_NS) {
+        fr->metrics_at_ns = now;
+        push_metrics(fr);
     }
     int64_t now_us = now / 1000;
     for (uint32_t i = 0; i < fr->nslots; i++) {

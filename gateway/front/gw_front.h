@@ -50,5 +50,7 @@ typedef struct {
     int joined;
 } gw_front_traffic_t;
 void gw_front_traffic(gw_server_t *srv, gw_front_traffic_t *out);
+/* Those figures as exposition text (squish_frontend_*), appended to out. */
+void gw_front_metrics_text(gw_server_t *srv, sq_buf_t *out);
 
 #endif

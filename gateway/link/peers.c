@@ -323,6 +323,7 @@ static int on_frontend_frame(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
     }
     case SQ_MSG_FE_ITEMS:
     case SQ_MSG_FE_WITHDRAW:
+    case SQ_MSG_FE_METRICS:
         return ws->ev->fe_frame(ws->ev_ctx, p->id, f);
     default:
         SQ_WARN("unexpected message from frontend id=%d type=%s", p->id, sq_msg_name(f->type));

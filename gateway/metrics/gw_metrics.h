@@ -85,6 +85,18 @@ uint64_t gw_metrics_overflows(const gw_metrics_t *ms);
 void gw_metrics_write(gw_metrics_t *ms, sq_buf_t *out);
 #define GW_METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 
+/* A cluster's one view (merge.c): the exposition `own` with n others (each
+ * frontend's, as it last sent it) folded in, every sample of others[i]
+ * labelled frontend="names[i]" (NULL texts are skipped). Each family comes
+ * once, its HELP and TYPE from the first text that has it, its samples
+ * from every text together, as the format wants. */
+void gw_metrics_merge(sq_buf_t *out, const char *own, const char *const *others,
+                      const char *const *names, int n);
+/* Adds a frontend's statistics of a model (gw_metrics_model_stats's shape)
+ * into `into`: counts and times summed, batch_stats by batch size, the
+ * later last_inference. */
+void gw_metrics_stats_add(json_t *into, const json_t *more);
+
 /* ---- squishd's recorders ---------------------------------------------------- */
 
 /* One HTTP response: the route's name (static string from the route table,

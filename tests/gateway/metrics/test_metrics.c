@@ -446,3 +446,75 @@ Test(metrics, model_stats_count_requests_executions_and_batch_sizes)
     json_decref(st);
     gw_metrics_free(ms);
 }
+
+/* Issue 25's one view: each family once, its samples from the dispatcher
+ * and every frontend (labelled) together, HELP and TYPE from the first. */
+Test(metrics, a_frontends_exposition_folds_into_the_dispatchers_family_by_family)
+{
+    const char *own = "# HELP squish_requests_total Requests.\n"
+                      "# TYPE squish_requests_total counter\n"
+                      "squish_requests_total{model=\"m\"} 3\n"
+                      "# HELP squish_up Up.\n# TYPE squish_up gauge\nsquish_up 1\n";
+    const char *fe = "# HELP squish_requests_total Requests.\n"
+                     "# TYPE squish_requests_total counter\n"
+                     "squish_requests_total{model=\"m\"} 5\n"
+                     "# HELP squish_latency_seconds Latency.\n"
+                     "# TYPE squish_latency_seconds histogram\n"
+                     "squish_latency_seconds_bucket{le=\"+Inf\"} 5\n"
+                     "squish_latency_seconds_sum 0.5\nsquish_latency_seconds_count 5\n"
+                     "squish_frontend_joined 1\n";
+    const char *texts[] = {fe, NULL, fe};
+    const char *names[] = {"fe-a:8000", "gone", "fe\"b"};
+    sq_buf_t out;
+    sq_buf_init(&out);
+    gw_metrics_merge(&out, own, texts, names, 3);
+    sq_buf_put(&out, "", 1);
+    const char *t = (const char *)out.data;
+    cr_assert(strstr(t, "# TYPE squish_requests_total counter\n"
+                        "squish_requests_total{model=\"m\"} 3\n"
+                        "squish_requests_total{frontend=\"fe-a:8000\",model=\"m\"} 5\n"
+                        "squish_requests_total{frontend=\"fe\\\"b\",model=\"m\"} 5\n") != NULL,
+              "%s", t);
+    /* One HELP and one TYPE a family, whoever brought it. */
+    const char *first = strstr(t, "# TYPE squish_requests_total");
+    cr_assert_null(strstr(first + 1, "# TYPE squish_requests_total"), "%s", t);
+    cr_assert(strstr(t, "squish_latency_seconds_sum{frontend=\"fe-a:8000\"} 0.5\n") != NULL, "%s",
+              t);
+    cr_assert(strstr(t, "squish_latency_seconds_bucket{frontend=\"fe-a:8000\",le=\"+Inf\"} 5\n") !=
+                  NULL,
+              "%s", t);
+    cr_assert(strstr(t, "squish_frontend_joined{frontend=\"fe-a:8000\"} 1\n") != NULL, "%s", t);
+    cr_assert(strstr(t, "squish_up 1\n") != NULL);
+    cr_assert_null(strstr(t, "gone"));
+    sq_buf_dispose(&out);
+}
+
+Test(metrics, a_frontends_model_statistics_add_to_the_dispatchers)
+{
+    json_t *a = json_loads("{\"name\":\"m\",\"version\":\"1\",\"last_inference\":5,"
+                           "\"inference_count\":2,\"execution_count\":1,"
+                           "\"inference_stats\":{\"success\":{\"count\":2,\"ns\":100}},"
+                           "\"batch_stats\":[{\"batch_size\":2,\"compute_infer\":"
+                           "{\"count\":1,\"ns\":50}}]}",
+                           0, NULL);
+    json_t *b = json_loads("{\"name\":\"m\",\"version\":\"1\",\"last_inference\":9,"
+                           "\"inference_count\":3,\"execution_count\":2,"
+                           "\"inference_stats\":{\"success\":{\"count\":3,\"ns\":30}},"
+                           "\"batch_stats\":[{\"batch_size\":2,\"compute_infer\":"
+                           "{\"count\":1,\"ns\":10}},{\"batch_size\":1,\"compute_infer\":"
+                           "{\"count\":1,\"ns\":7}}]}",
+                           0, NULL);
+    gw_metrics_stats_add(a, b);
+    cr_assert_eq(json_integer_value(json_object_get(a, "inference_count")), 5);
+    cr_assert_eq(json_integer_value(json_object_get(a, "last_inference")), 9);
+    cr_assert_str_eq(json_string_value(json_object_get(a, "version")), "1");
+    json_t *succ = json_object_get(json_object_get(a, "inference_stats"), "success");
+    cr_assert_eq(json_integer_value(json_object_get(succ, "ns")), 130);
+    json_t *bs = json_object_get(a, "batch_stats");
+    cr_assert_eq(json_array_size(bs), 2);
+    cr_assert_eq(json_integer_value(json_object_get(
+                     json_object_get(json_array_get(bs, 0), "compute_infer"), "ns")),
+                 60);
+    json_decref(a);
+    json_decref(b);
+}
