@@ -148,7 +148,7 @@ static const gw_route_t routes[] = {
     {"GET", "/pipelines", "pipelines_list", gw_route_pipelines_list, GW_TO_DISPATCHER},
     {"GET", "/pipelines/*", "pipelines_get", gw_route_pipelines_get, GW_TO_DISPATCHER},
     {"DELETE", "/pipelines/*", "pipelines_delete", gw_route_pipelines_delete, GW_TO_DISPATCHER},
-    {"POST", "/v1/pipelines/*/infer", "pipeline_infer", gw_route_pipeline_infer, GW_TO_DISPATCHER},
+    {"POST", "/v1/pipelines/*/infer", "pipeline_infer", gw_route_pipeline_infer, GW_ON_FRONTEND},
     {"GET", "/metrics", "metrics", gw_route_metrics, GW_TO_DISPATCHER},
     {"GET", "/v2/logging", "logging", gw_route_logging_get, GW_ON_FRONTEND},
     {"POST", "/v2/logging", "logging", gw_route_logging_post, GW_ON_FRONTEND},

@@ -183,7 +183,31 @@ typedef struct gw_pipeline {
     long long outcomes[GW_Q_NOUTCOMES];
     int64_t outcome_us[GW_Q_NOUTCOMES]; /* their times, summed */
     int64_t last_ok_ms;                 /* wall clock of the last ok query; 0: none */
+    /* A frontend copy (gw_pipeline_report): what it measured since it last
+     * told its dispatcher, which splits for every frontend. */
+    int reporting;
+    long long unreported_arrivals;
+    int *unreported[GW_PIPE_MAX_STAGES]; /* fan-outs, GW_PIPE_REPORT_MAX at most */
+    int nunreported[GW_PIPE_MAX_STAGES];
 } gw_pipeline_t;
+
+/* ---- pipelines on frontends (issue 25) ---- */
+
+/* Fan-outs a frontend keeps for its next report, per stage. */
+#define GW_PIPE_REPORT_MAX 4096
+/* Starts keeping what p measures for gw_pipeline_report. */
+void gw_pipeline_reporting(gw_pipeline_t *p);
+/* What p measured since the last report, as {"arrivals": n, "fanout":
+ * {"<stage index>": [n, ...]}} (a new reference), then forgotten; NULL
+ * when nothing. */
+json_t *gw_pipeline_report(gw_pipeline_t *p);
+/* The dispatcher side: a frontend report counted as if its queries had
+ * arrived here (arrivals, then each fan-out in order). 0, or -1 when the
+ * report is malformed. */
+int gw_pipeline_take_report(gw_pipeline_t *p, const json_t *report);
+/* The split the dispatcher made (a frontend copy follows it): budgets and
+ * deadlines per stage, ms. */
+void gw_pipeline_set_split(gw_pipeline_t *p, const double *budget_ms, const double *cum_ms);
 
 /* A stage on another's crops, as the planner sees its arrivals: they come
  * in clumps, the crops of one parent batch at once (pl_clump_dispersion). */

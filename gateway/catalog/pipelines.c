@@ -57,6 +57,8 @@ static int takes_images(const gw_model_t *m)
 
 static void pipeline_free(gw_pipeline_t *p)
 {
+    for (int i = 0; i < GW_PIPE_MAX_STAGES; i++)
+        free(p->unreported[i]);
     json_decref(p->spec);
     pthread_mutex_destroy(&p->mu);
     free(p);
@@ -372,6 +374,82 @@ void gw_pipeline_arrival(gw_pipeline_t *p)
 {
     pthread_mutex_lock(&p->mu);
     p->arrivals++;
+    p->unreported_arrivals += p->reporting;
+    pthread_mutex_unlock(&p->mu);
+}
+
+void gw_pipeline_reporting(gw_pipeline_t *p)
+{
+    pthread_mutex_lock(&p->mu);
+    p->reporting = 1;
+    pthread_mutex_unlock(&p->mu);
+}
+
+json_t *gw_pipeline_report(gw_pipeline_t *p)
+{
+    pthread_mutex_lock(&p->mu);
+    json_t *fan = json_object();
+    int any = p->unreported_arrivals > 0;
+    for (int i = 0; i < p->nstages; i++) {
+        if (p->nunreported[i] == 0)
+            continue;
+        json_t *a = json_array();
+        for (int k = 0; k < p->nunreported[i]; k++)
+            json_array_append_new(a, json_integer(p->unreported[i][k]));
+        char key[12];
+        snprintf(key, sizeof(key), "%d", i);
+        json_object_set_new(fan, key, a);
+        p->nunreported[i] = 0;
+        any = 1;
+    }
+    json_t *r = NULL;
+    if (any)
+        r = json_pack("{s:I, s:o}", "arrivals", (json_int_t)p->unreported_arrivals, "fanout", fan);
+    else
+        json_decref(fan);
+    p->unreported_arrivals = 0;
+    pthread_mutex_unlock(&p->mu);
+    return r;
+}
+
+int gw_pipeline_take_report(gw_pipeline_t *p, const json_t *report)
+{
+    json_t *arr = json_object_get(report, "arrivals");
+    json_t *fan = json_object_get(report, "fanout");
+    if (!json_is_integer(arr) || json_integer_value(arr) < 0 || !json_is_object(fan))
+        return -1;
+    pthread_mutex_lock(&p->mu);
+    p->arrivals += json_integer_value(arr);
+    pthread_mutex_unlock(&p->mu);
+    const char *key;
+    json_t *list;
+    json_object_foreach(fan, key, list)
+    {
+        char *end;
+        long stage = strtol(key, &end, 10);
+        if (*end != '\0' || stage < 0 || stage >= p->nstages || !json_is_array(list) ||
+            json_array_size(list) > GW_PIPE_REPORT_MAX)
+            return -1;
+        size_t i;
+        json_t *n;
+        json_array_foreach(list, i, n)
+        {
+            if (!json_is_integer(n) || json_integer_value(n) < 0 ||
+                json_integer_value(n) > (1 << 20))
+                return -1;
+            gw_pipeline_fanout(p, (int)stage, (int)json_integer_value(n));
+        }
+    }
+    return 0;
+}
+
+void gw_pipeline_set_split(gw_pipeline_t *p, const double *budget_ms, const double *cum_ms)
+{
+    pthread_mutex_lock(&p->mu);
+    for (int i = 0; i < p->nstages; i++) {
+        p->budget_ms[i] = budget_ms[i];
+        p->cum_ms[i] = cum_ms[i];
+    }
     pthread_mutex_unlock(&p->mu);
 }
 
@@ -417,6 +495,11 @@ void gw_pipeline_fanout(gw_pipeline_t *p, int stage, int n)
     p->gamma_n[stage]++;
     if (gamma_moved(p, stage, p->split_gamma[stage], 1))
         p->resplit_wanted = 1;
+    if (p->reporting && p->nunreported[stage] < GW_PIPE_REPORT_MAX) {
+        if (p->unreported[stage] == NULL)
+            p->unreported[stage] = sq_xmalloc(sizeof(int) * GW_PIPE_REPORT_MAX);
+        p->unreported[stage][p->nunreported[stage]++] = n;
+    }
     pthread_mutex_unlock(&p->mu);
 }
 

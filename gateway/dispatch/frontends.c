@@ -77,6 +77,7 @@ static void fe_finish(gw_item_t *it, int rc, const char *detail)
         }
     }
     gw_model_unref(it->model);
+    gw_pipeline_unref(it->pipeline);
     free(x);
 }
 
@@ -127,11 +128,30 @@ static char *state_json(gw_dispatch_t *ds)
         json_array_append_new(held, json_integer(ds->held_keys[i]));
     for (int i = 0; i < ds->ngone; i++)
         json_array_append_new(gone, json_integer(ds->gone_keys[i]));
-    json_t *st =
-        json_pack("{s:s, s:i, s:b, s:b, s:o, s:o, s:o, s:o, s:o}", "why", ds->ready_why,
-                  "workers_up", atomic_load(&srv->workers_up), "db_ready",
-                  atomic_load(&srv->db_ready), "stopping", ds->aborted, "kind_up", up,
-                  "kind_coming", coming, "kind_back_in_us", back, "held", held, "gone", gone);
+    /* The pipelines, with the split this dispatcher made for them: a
+     * frontend runs their queries at these budgets. */
+    json_t *pipes = json_array();
+    int np = 0;
+    gw_pipeline_t **ps = gw_pipes_all(srv->pipelines, &np);
+    for (int i = 0; i < np; i++) {
+        json_t *b = json_array(), *c = json_array();
+        double cum[GW_PIPE_MAX_STAGES];
+        gw_pipeline_deadlines(ps[i], cum);
+        for (int k = 0; k < ps[i]->nstages; k++) {
+            json_array_append_new(b, json_real(gw_pipeline_budget_ms(ps[i], k)));
+            json_array_append_new(c, json_real(cum[k]));
+        }
+        json_array_append_new(pipes, json_pack("{s:O, s:b, s:o, s:o}", "spec", ps[i]->spec,
+                                               "unloaded", atomic_load(&ps[i]->unloaded),
+                                               "budget_ms", b, "cum_ms", c));
+        gw_pipeline_unref(ps[i]);
+    }
+    free(ps);
+    json_t *st = json_pack("{s:s, s:i, s:b, s:b, s:o, s:o, s:o, s:o, s:o, s:o}", "why",
+                           ds->ready_why, "workers_up", atomic_load(&srv->workers_up), "db_ready",
+                           atomic_load(&srv->db_ready), "stopping", ds->aborted, "kind_up", up,
+                           "kind_coming", coming, "kind_back_in_us", back, "held", held, "gone",
+                           gone, "pipelines", pipes);
     char *s = json_dumps(st, JSON_COMPACT);
     json_decref(st);
     return s;
@@ -269,6 +289,14 @@ static int on_items(gw_dispatch_t *ds, ds_frontend_t *f, const sq_frame_t *fr)
         it->abandoned = &x->abandoned;
         it->stage = e->stage;
         it->query_slo_ms = e->query_slo_ms;
+        /* A pipeline query's item: counted toward its stage (the record
+         * holds a reference, as a query does). */
+        if (e->stage >= 0 &&
+            (it->pipeline = gw_pipes_get(ds->srv->pipelines, e->pipeline)) != NULL &&
+            e->stage >= it->pipeline->nstages) {
+            gw_pipeline_unref(it->pipeline);
+            it->pipeline = NULL;
+        }
         it->src = (uint32_t)f->id + 1;
         it->fe_slot = e->slot;
         x->next_in_slot = f->items[idx];
@@ -316,6 +344,16 @@ static int on_metrics(gw_dispatch_t *ds, ds_frontend_t *f, const sq_frame_t *fr)
     if (text == NULL || !json_is_array(stats)) {
         json_decref(m);
         return -1;
+    }
+    /* What it measured of its pipelines' queries: this side splits them. */
+    const char *pname;
+    json_t *report;
+    json_object_foreach(json_object_get(m, "pipelines"), pname, report)
+    {
+        gw_pipeline_t *p = gw_pipes_get(ds->srv->pipelines, pname);
+        if (p != NULL && gw_pipeline_take_report(p, report) != 0)
+            SQ_WARN("frontend id=%d: malformed pipeline report name=%s", f->id, pname);
+        gw_pipeline_unref(p);
     }
     char *copy = strdup(text);
     pthread_mutex_lock(&ds->fe_lock);

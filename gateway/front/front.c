@@ -501,6 +501,57 @@ static void on_catalog(gw_front_t *fr, const sq_frame_t *f)
     atomic_store(&fr->srv->db_ready, 1);
 }
 
+/* The dispatcher's pipelines: each spec parsed as its DB thread parses a
+ * stored one (a new copy when the spec changed), its split taken as made
+ * there, and what this frontend measures of them kept for its reports. */
+static void sync_pipelines(gw_front_t *fr, json_t *list)
+{
+    gw_pipes_t *pipes = fr->srv->pipelines;
+    int nhave = 0;
+    gw_pipeline_t **have = gw_pipes_all(pipes, &nhave);
+    size_t i;
+    json_t *e;
+    json_array_foreach(list, i, e)
+    {
+        json_t *spec = json_object_get(e, "spec");
+        const char *name = json_string_value(json_object_get(spec, "name"));
+        if (name == NULL)
+            continue;
+        gw_pipeline_t *p = gw_pipes_get(pipes, name);
+        if (p == NULL || !json_equal(p->spec, spec)) {
+            gw_pipeline_unref(p);
+            char err[256];
+            if (gw_pipeline_parse(spec, NULL, &p, err, sizeof(err)) != 0) {
+                SQ_WARN("the dispatcher's pipeline %s does not parse here: %s", name, err);
+                continue;
+            }
+            gw_pipeline_reporting(p);
+            gw_pipeline_ref(p);
+            gw_pipes_put(pipes, p); /* takes one reference */
+        }
+        atomic_store(&p->unloaded, json_is_true(json_object_get(e, "unloaded")));
+        double b[GW_PIPE_MAX_STAGES] = {0}, c[GW_PIPE_MAX_STAGES] = {0};
+        for (int k = 0; k < p->nstages; k++) {
+            b[k] = json_number_value(json_array_get(json_object_get(e, "budget_ms"), (size_t)k));
+            c[k] = json_number_value(json_array_get(json_object_get(e, "cum_ms"), (size_t)k));
+        }
+        if (b[0] > 0)
+            gw_pipeline_set_split(p, b, c);
+        for (int k = 0; k < nhave; k++)
+            if (have[k] != NULL && strcmp(have[k]->name, name) == 0) {
+                gw_pipeline_unref(have[k]);
+                have[k] = NULL; /* kept */
+            }
+        gw_pipeline_unref(p);
+    }
+    for (int k = 0; k < nhave; k++)
+        if (have[k] != NULL) {
+            gw_pipes_remove(pipes, have[k]->name);
+            gw_pipeline_unref(have[k]);
+        }
+    free(have);
+}
+
 static int keys_of(json_t *a, int64_t **out)
 {
     size_t n = json_array_size(a);
@@ -533,6 +584,7 @@ static void on_state(gw_front_t *fr, const sq_frame_t *f)
         atomic_store(&srv->kind_back_at_us[k], back < 0 ? INT64_MAX : now + back);
     }
     atomic_store(&srv->workers_up, (int)json_integer_value(json_object_get(st, "workers_up")));
+    sync_pipelines(fr, json_object_get(st, "pipelines"));
     int64_t *held, *gone;
     int nheld = keys_of(json_object_get(st, "held"), &held);
     int ngone = keys_of(json_object_get(st, "gone"), &gone);
@@ -888,6 +940,12 @@ static void on_submit(sq_loop_t *loop, void *arg)
                            .best_effort = it->best_effort,
                            .clump_next = next != NULL,
                            .stage = -1};
+        if (it->pipeline != NULL) { /* a query's stage: the dispatcher counts it there */
+            sq_fe_item_t *e = &fr->pend[fr->npend - 1];
+            e->stage = it->stage;
+            e->query_slo_ms = it->query_slo_ms;
+            snprintf(e->pipeline, sizeof(e->pipeline), "%s", it->pipeline->name);
+        }
     }
     if (fr->npend > 0) {
         fr->pend[fr->npend - 1].clump_next = 0; /* a clump ends with its request */
@@ -990,8 +1048,18 @@ static void push_metrics(gw_front_t *fr)
     json_t *stats = json_array();
     void *arg[2] = {stats, srv};
     gw_registry_foreach(srv->registry, collect_stats, arg);
-    json_t *m = json_pack("{s:s%, s:o}", "metrics", text.len ? (const char *)text.data : "",
-                          text.len, "stats", stats);
+    json_t *reports = json_object();
+    int np = 0;
+    gw_pipeline_t **ps = gw_pipes_all(srv->pipelines, &np);
+    for (int i = 0; i < np; i++) {
+        json_t *r = gw_pipeline_report(ps[i]);
+        if (r != NULL)
+            json_object_set_new(reports, ps[i]->name, r);
+        gw_pipeline_unref(ps[i]);
+    }
+    free(ps);
+    json_t *m = json_pack("{s:s%, s:o, s:o}", "metrics", text.len ? (const char *)text.data : "",
+                          text.len, "stats", stats, "pipelines", reports);
     char *payload = json_dumps(m, JSON_COMPACT);
     json_decref(m);
     sq_buf_dispose(&text);

@@ -311,5 +311,61 @@ def the_workers_a_dispatcher_spawns_take_frontends_rows_and_role_all_mixes_both(
             c.cleanup()
 
 
+@test
+def a_pipeline_query_runs_on_the_frontend_and_its_fanout_reaches_the_dispatchers_split():
+    """A detector feeding a classifier on its crops, queried through a
+    frontend: the frontend decodes, crops and answers (its rows go to the
+    workers), the dispatcher counts the stages' items toward their
+    sessions, and the fan-out the frontend measures reaches the
+    dispatcher's split (gamma measured from the frontend's reports)."""
+    import io
+    import tiny_models as tm
+    from PIL import Image
+    fleet = Fleet(nfrontends=1)
+    try:
+        front, d = fleet.fronts[0], fleet.d
+        h = dict(auth(d), **{"Content-Type": "application/json"})
+        for cfg in ({"name": "ssd", "profile": {"alpha_ms": 2, "beta_ms": 3}, "max_batch": 16,
+                     "input": {"shape": [3, 32, 32]}, "detections": {"mean": 2, "slots": 16}},
+                    {"name": "inc", "profile": {"alpha_ms": 0.5, "beta_ms": 2}, "max_batch": 64,
+                     "input": {"shape": [3, 16, 16]}, "num_classes": 5}):
+            r = front.request("POST", "/models", body=json.dumps(cfg).encode(), headers=h)
+            assert r.status in (200, 201, 202), r
+        crops = {"stage": "det", "boxes": "boxes", "scores": "scores", "format": "xyxy",
+                 "normalized": True, "score_threshold": 0.5, "nms_iou": 0.5, "max_crops": 16}
+        spec = {"name": "emu", "slo_ms": 2000,
+                "stages": [{"id": "det", "model": "ssd"},
+                           {"id": "cls", "model": "inc", "crops_of": crops, "top_k": 3}]}
+        r = front.request("POST", "/pipelines", body=json.dumps(spec).encode(), headers=h)
+        assert r.status == 201, r
+        eventually(lambda: front.get("/v2/models/emu/ready").status == 200, 20,
+                   "the pipeline ready on the frontend")
+        out = io.BytesIO()
+        Image.new("RGB", (64, 64), (120, 120, 120)).save(out, "JPEG", quality=95)
+        frames = 10
+        body, ctype = tm.multipart([("f%d" % i, "f%d.jpg" % i, "image/jpeg", out.getvalue())
+                                    for i in range(frames)])
+        items0 = metric(d.port, "squish_frontend_items_total")
+        n_crops = 0
+        for _ in range(8):
+            r = front.request("POST", "/v1/pipelines/emu/infer", body=body,
+                              headers={"Content-Type": ctype})
+            assert r.status == 200, r
+            assert len(r.json["frames"]) == frames, r.json
+            n = sum(len(fr["det"]["cls"]) for fr in r.json["frames"])
+            assert r.json["stages"]["cls"]["items"] == n, r.json
+            n_crops += n
+        # Every frame and crop went through the frontend's link, as items.
+        items = metric(d.port, "squish_frontend_items_total") - items0
+        assert items == 8 * frames + n_crops, (items, n_crops)
+        # The split the dispatcher makes is fed by what the frontend measured.
+        g = eventually(lambda: (lambda x: x if x.get("frames", 0) >= 8 * frames else None)(
+            d.get("/pipelines/emu", headers=auth(d)).json["split"]["gamma"]["cls"]), 10,
+            "the frontend's fan-outs at the dispatcher")
+        assert 1 < g["measured"] < 3, g
+    finally:
+        fleet.cleanup()
+
+
 if __name__ == "__main__":
     run()
