@@ -451,6 +451,10 @@ void sq_data_rows_encode(sq_buf_t *b, const sq_data_rows_t *m)
         sq_buf_put_u32(b, m->row[i]);
         sq_buf_put_u8(b, m->present[i]);
     }
+    sq_buf_put_u8(b, m->shm);
+    for (uint32_t i = 0; m->shm && i < m->n && i < SQ_MAX_BATCH_ITEMS; i++)
+        if (m->present[i])
+            sq_buf_put_u64(b, m->off[i]);
 }
 
 int sq_data_rows_decode(const sq_frame_t *f, sq_data_rows_t *m)
@@ -472,9 +476,13 @@ int sq_data_rows_decode(const sq_frame_t *f, sq_data_rows_t *m)
             r.err = 1;
         present += m->present[i];
     }
-    if (r.err || r.left != present * m->row_bytes || f->type != SQ_MSG_DATA_ROWS)
+    m->shm = sq_get_u8(&r);
+    for (uint32_t i = 0; m->shm == 1 && i < m->n; i++)
+        m->off[i] = m->present[i] ? sq_get_u64(&r) : 0;
+    if (r.err || m->shm > 1 || r.left != (m->shm ? 0 : present * m->row_bytes) ||
+        f->type != SQ_MSG_DATA_ROWS)
         return SQ_PROTOCOL;
-    m->bytes = r.p;
+    m->bytes = m->shm ? NULL : r.p;
     m->nbytes = r.left;
     return 0;
 }

@@ -368,10 +368,13 @@ typedef struct {
  * a connection to a worker's data address, authenticates (the frontend as
  * the dialing side), sends DATA_HELLO (its frontend id), then DATA_ROWS
  * for each assignment, and the worker answers DATA_OUTPUT with the rows'
- * outputs once the batch ran. An item the frontend no longer holds (its
- * client went away) is sent as absent: the batch runs without waiting for
- * it. */
+ * outputs once the batch ran. A frontend on the worker's host connects to
+ * the worker's local data socket instead (the abstract UNIX socket
+ * SQ_DATA_LOCAL_PREFIX + its data address) and attaches its arena's file
+ * descriptor to DATA_HELLO: its rows then name offsets in that arena. An item the frontend no
+ * longer holds (its client went away) is sent as absent: the batch runs without waiting for it. */
 #define SQ_MAX_PIPELINE_NAME 64
+#define SQ_DATA_LOCAL_PREFIX "squish-data/"
 
 typedef struct {
     uint64_t slot; /* the frontend's handle of the item */
@@ -421,7 +424,9 @@ typedef struct {
 } sq_fe_fail_t;
 
 /* DATA_ROWS (id: the batch id): rows row[k]; those present follow, in
- * order, row_bytes each. */
+ * order, row_bytes each. With shm (a frontend on the worker's host, whose
+ * arena the worker mapped at DATA_HELLO), no bytes follow: a present row is
+ * at offset off[k] of that arena. */
 typedef struct {
     uint32_t count;
     uint8_t input_kind;
@@ -429,6 +434,8 @@ typedef struct {
     uint32_t n;
     uint32_t row[SQ_MAX_BATCH_ITEMS];
     uint8_t present[SQ_MAX_BATCH_ITEMS];
+    uint8_t shm;
+    uint64_t off[SQ_MAX_BATCH_ITEMS];
     const uint8_t *bytes; /* decode: borrowed from the frame */
     uint64_t nbytes;
 } sq_data_rows_t;

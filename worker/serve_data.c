@@ -14,10 +14,14 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #define DATA_HANDSHAKE_MAX_BYTES (1u << 20)
@@ -37,6 +41,11 @@ typedef struct dconn {
     uint32_t frontend; /* D_READY */
     int64_t accepted_ns;
     char addr[64];
+    /* On the local data socket: a frontend of this host, whose arena
+     * (attached to its DATA_HELLO) is mapped here; its rows name offsets. */
+    int local;
+    const uint8_t *shm;
+    size_t shm_len;
 } dconn_t;
 
 struct data_plane {
@@ -45,6 +54,11 @@ struct data_plane {
     uint64_t tick_timer;
     uint64_t evicted; /* connections closed for DATA_MAX_HANDSHAKES */
     int64_t evicted_logged_ns;
+    /* The local data socket: abstract, named SQ_DATA_LOCAL_PREFIX + the
+     * advertised address, so that only a frontend that could reach this
+     * worker at that address on this host (its network namespace) finds it. */
+    int local_fd;
+    char local_name[108];
 };
 
 /* "host:port", "[host]:port" for IPv6 (an IPv4-mapped one as IPv4). */
@@ -93,6 +107,8 @@ static void conn_close(dconn_t *d, const char *why)
     sq_loop_unwatch(s->loop, d->conn.fd);
     sq_conn_dispose(&d->conn);
     sq_auth_wipe(&d->auth);
+    if (d->shm != NULL)
+        munmap((void *)d->shm, d->shm_len);
     free(d);
 }
 
@@ -180,10 +196,28 @@ static int on_handshake_frame(dconn_t *d, const sq_frame_t *f, char *why, size_t
             old->replaced = 1; /* the frontend is not closed: it is here */
             conn_close(old, "replaced");
         }
+        /* A frontend of this host attaches its arena: mapped read-only, its
+         * rows are read from there. */
+        int afd = d->local ? sq_conn_take_fd(&d->conn) : -1;
+        if (afd >= 0) {
+            struct stat st;
+            void *map = fstat(afd, &st) == 0 && st.st_size > 0
+                            ? mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, afd, 0)
+                            : MAP_FAILED;
+            close(afd);
+            if (map == MAP_FAILED) {
+                snprintf(why, whylen, "cannot map the frontend's arena: %s", strerror(errno));
+                send_error(d, SQ_IO, why);
+                return -1;
+            }
+            d->shm = map;
+            d->shm_len = (size_t)st.st_size;
+        }
         d->state = D_READY;
         d->frontend = fe;
         wk__rows_frontend(dp->s->rows, fe, ROWS_FE_UP);
-        SQ_INFO("frontend data connection up frontend=%u addr=%s", fe, d->addr);
+        SQ_INFO("frontend data connection up frontend=%u addr=%s shared_memory=%s", fe, d->addr,
+                d->shm != NULL ? "yes" : "no");
         return 0;
     }
     }
@@ -200,8 +234,33 @@ static int on_frame(dconn_t *d, const sq_frame_t *f, char *why, size_t whylen)
     case SQ_MSG_DATA_ROWS: {
         sq_data_rows_t *m = sq_xmalloc(sizeof(*m));
         int rc = sq_data_rows_decode(f, m);
+        uint8_t *copy = NULL;
+        if (rc == 0 && m->shm) {
+            /* Offsets in the frontend's arena: its rows, gathered here. */
+            uint64_t present = 0;
+            for (uint32_t k = 0; k < m->n; k++)
+                present += m->present[k];
+            if (d->shm == NULL || present * m->row_bytes > (uint64_t)1 << 32)
+                rc = SQ_PROTOCOL;
+            else if (present > 0)
+                copy = sq_xmalloc(present * m->row_bytes);
+            uint64_t at = 0;
+            for (uint32_t k = 0; k < m->n && rc == 0; k++) {
+                if (!m->present[k])
+                    continue;
+                if (m->off[k] > d->shm_len || m->row_bytes > d->shm_len - m->off[k]) {
+                    rc = SQ_PROTOCOL;
+                    break;
+                }
+                memcpy(copy + at, d->shm + m->off[k], m->row_bytes);
+                at += m->row_bytes;
+            }
+            m->bytes = copy;
+            m->nbytes = at;
+        }
         if (rc == 0)
             rc = wk__rows_put(d->dp->s->rows, d->frontend, f->id, m, sq_now_ns());
+        free(copy);
         if (rc != 0)
             snprintf(why, whylen, "%s DATA_ROWS batch=%llu",
                      rc == SQ_TOO_LARGE ? "too many rows held for" : "bad",
@@ -272,9 +331,12 @@ static void on_accept(sq_loop_t *loop, int fd, int events, void *data)
         int cfd = accept4(fd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (cfd < 0)
             return;
+        int local = fd == dp->local_fd;
         int one = 1;
-        setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-        setsockopt(cfd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+        if (!local) {
+            setsockopt(cfd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+            setsockopt(cfd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+        }
         /* Too many in their handshake: the oldest goes. */
         dconn_t *oldest = NULL;
         int n = 0;
@@ -298,12 +360,16 @@ static void on_accept(sq_loop_t *loop, int fd, int events, void *data)
         dconn_t *d = sq_xcalloc(1, sizeof(*d));
         d->dp = dp;
         d->accepted_ns = sq_now_ns();
-        format_addr(&ss, 1, 0, d->addr, sizeof(d->addr));
+        d->local = local;
+        if (local)
+            snprintf(d->addr, sizeof(d->addr), "local");
+        else
+            format_addr(&ss, 1, 0, d->addr, sizeof(d->addr));
         sq_conn_init(&d->conn, cfd);
         const char *why = NULL;
         if (sq_auth_init(&d->auth, SQ_AUTH_GATEWAY, s->o.token, s->o.token_len, NULL) != 0)
             why = "cannot start its authentication";
-        else if (s->o.data_tls != NULL &&
+        else if (!local && s->o.data_tls != NULL &&
                  sq_tls_attach(s->o.data_tls, &d->conn, NULL, d->addr) != 0)
             why = "cannot start TLS";
         else if (sq_loop_watch(loop, cfd, SQ_EV_READ, on_conn_io, d) != 0)
@@ -360,6 +426,7 @@ int wk__data_start(server_t *s)
         return 0;
     struct data_plane *dp = sq_xcalloc(1, sizeof(*dp));
     dp->s = s;
+    dp->local_fd = -1;
     int rc = sq_loop_watch(s->loop, s->o.data_fd, SQ_EV_READ, on_accept, dp);
     if (rc != 0) {
         SQ_ERROR("cannot watch the data listener error=\"%s\"", strerror(-rc));
@@ -382,6 +449,10 @@ void wk__data_stop(server_t *s)
     while (dp->conns != NULL)
         conn_close(dp->conns, "stopping");
     sq_loop_unwatch(s->loop, s->o.data_fd);
+    if (dp->local_fd >= 0) {
+        sq_loop_unwatch(s->loop, dp->local_fd);
+        close(dp->local_fd);
+    }
     sq_loop_timer_cancel(s->loop, dp->tick_timer);
     s->send_data = NULL;
     s->data = NULL;
@@ -409,12 +480,45 @@ static void advertised(server_t *s, char *out, size_t outlen)
     format_addr(&ss, 0, port, out, outlen);
 }
 
+/* The local data socket for the address told (made again when it changes):
+ * a frontend on this host dials SQ_DATA_LOCAL_PREFIX + that address in the
+ * abstract namespace before TCP. */
+static void local_listen(struct data_plane *dp, const char *addr)
+{
+    char name[108];
+    int n = snprintf(name, sizeof(name), "%s%s", SQ_DATA_LOCAL_PREFIX, addr);
+    if (n <= 0 || (size_t)n >= sizeof(name) - 1 ||
+        (dp->local_fd >= 0 && strcmp(name, dp->local_name) == 0))
+        return;
+    if (dp->local_fd >= 0) {
+        sq_loop_unwatch(dp->s->loop, dp->local_fd);
+        close(dp->local_fd);
+        dp->local_fd = -1;
+    }
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    memcpy(sa.sun_path + 1, name, (size_t)n); /* sun_path[0] == 0: abstract */
+    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0 || bind(fd, (struct sockaddr *)&sa, len) != 0 || listen(fd, 64) != 0 ||
+        sq_loop_watch(dp->s->loop, fd, SQ_EV_READ, on_accept, dp) != 0) {
+        SQ_WARN("no local data socket name=%s error=\"%s\": frontends on this host use TCP", name,
+                strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    dp->local_fd = fd;
+    snprintf(dp->local_name, sizeof(dp->local_name), "%s", name);
+    SQ_INFO("local data socket name=@%s", name);
+}
+
 void wk__data_announce(server_t *s)
 {
     if (s->data == NULL || s->conn == NULL)
         return;
     char addr[128];
     advertised(s, addr, sizeof(addr));
+    local_listen(s->data, addr);
     sq_buf_t b;
     sq_buf_init(&b);
     sq_buf_put_str(&b, addr);

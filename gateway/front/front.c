@@ -18,7 +18,10 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <stddef.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #define DIAL_TIMEOUT_MS 1000
@@ -56,6 +59,9 @@ typedef struct data_conn {
     char addr[64];
     sq_conn_t conn;
     assign_t *assigns;
+    /* On the worker's local data socket: the worker mapped this frontend's
+     * arena, and rows go as offsets in it. */
+    int shm;
 } data_conn_t;
 
 struct gw_front {
@@ -88,6 +94,7 @@ struct gw_front {
     /* bytes on the dispatcher's link and on the workers' (frame headers
      * included), items offered: for /metrics */
     _Atomic uint64_t link_in, link_out, data_in, data_out, offered;
+    _Atomic uint64_t data_shm; /* rows' bytes a worker on this host read from the arena */
     /* items to offer at the end of this loop turn (flush_items) */
     sq_fe_item_t pend[SQ_MAX_FE_ITEMS];
     uint32_t npend;
@@ -301,6 +308,28 @@ static void on_data_io(sq_loop_t *loop, int fd, int events, void *data)
         sq_loop_modify(loop, fd, SQ_EV_READ | SQ_EV_WRITE);
 }
 
+/* The worker's local data socket (SQ_DATA_LOCAL_PREFIX + its address, in
+ * the abstract namespace): there only when the worker runs on this host. A
+ * connected fd, or -1. */
+static int local_dial(const char *addr)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int n = snprintf(sa.sun_path + 1, sizeof(sa.sun_path) - 1, "%s%s", SQ_DATA_LOCAL_PREFIX, addr);
+    if (n <= 0 || (size_t)n >= sizeof(sa.sun_path) - 2)
+        return -1;
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    socklen_t len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+    if (connect(fd, (struct sockaddr *)&sa, len) != 0) {
+        close(fd);
+        return -1;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    fcntl(fd, F_SETFL, fl | O_NONBLOCK);
+    return fd;
+}
+
 /* The connection to the worker at addr, opened (and authenticated) the
  * first time; NULL with why when it cannot be. */
 static data_conn_t *data_conn(gw_front_t *fr, const char *addr, char *why, size_t whylen)
@@ -308,17 +337,24 @@ static data_conn_t *data_conn(gw_front_t *fr, const char *addr, char *why, size_
     for (data_conn_t *d = fr->data; d != NULL; d = d->next)
         if (strcmp(d->addr, addr) == 0)
             return d;
-    int fd = sq_dial_tcp(addr, DIAL_TIMEOUT_MS);
+    /* A worker on this host: its local data socket, and shared memory. */
+    int shm = 1;
+    int fd = local_dial(addr);
+    if (fd < 0) {
+        shm = 0;
+        fd = sq_dial_tcp(addr, DIAL_TIMEOUT_MS);
+    }
     if (fd < 0) {
         snprintf(why, whylen, "cannot connect: %s", strerror(-fd));
         return NULL;
     }
     data_conn_t *d = sq_xcalloc(1, sizeof(*d));
     d->fr = fr;
+    d->shm = shm;
     snprintf(d->addr, sizeof(d->addr), "%s", addr);
     sq_conn_init(&d->conn, fd);
     int rc = 0;
-    if (fr->tls != NULL) {
+    if (fr->tls != NULL && !shm) {
         /* Workers with the cluster's TLS speak it on their data listener too. */
         char host[128];
         int port;
@@ -334,7 +370,9 @@ static data_conn_t *data_conn(gw_front_t *fr, const char *addr, char *why, size_
         sq_buf_t b;
         sq_buf_init(&b);
         sq_buf_put_u32(&b, (uint32_t)fr->fe_id);
-        rc = sq_conn_send(&d->conn, SQ_MSG_DATA_HELLO, 0, b.data, (uint32_t)b.len);
+        rc = shm ? sq_conn_send_with_fd(&d->conn, SQ_MSG_DATA_HELLO, 0, b.data, (uint32_t)b.len,
+                                        sq_shm_arena_fd(fr->srv->arena), HANDSHAKE_TIMEOUT_MS)
+                 : sq_conn_send(&d->conn, SQ_MSG_DATA_HELLO, 0, b.data, (uint32_t)b.len);
         sq_buf_dispose(&b);
         if (rc != 0)
             snprintf(why, whylen, "cannot send DATA_HELLO: %s", strerror(-rc));
@@ -348,7 +386,8 @@ static data_conn_t *data_conn(gw_front_t *fr, const char *addr, char *why, size_
         free(d);
         return NULL;
     }
-    SQ_INFO("worker data connection addr=%s frontend=%d", addr, fr->fe_id);
+    SQ_INFO("worker data connection addr=%s frontend=%d shared_memory=%s", addr, fr->fe_id,
+            shm ? "yes" : "no");
     d->next = fr->data;
     fr->data = d;
     return d;
@@ -391,6 +430,7 @@ static void on_assign(gw_front_t *fr, const sq_frame_t *f)
         r->count = a->count;
         r->input_kind = a->input_kind;
         r->row_bytes = a->row_bytes;
+        r->shm = (uint8_t)d->shm;
         r->n = 0;
         uint64_t bytes = 0;
         uint32_t first = k;
@@ -399,11 +439,14 @@ static void on_assign(gw_front_t *fr, const sq_frame_t *f)
             gw_item_t *it = slot_item(fr, a->slot[k], &idx);
             int present = it != NULL && it->in_off >= 0 &&
                           input_bytes(it->model, it->input_kind) == a->row_bytes;
-            if (present && bytes + a->row_bytes > ROWS_FRAME_BYTES && r->n > 0)
+            if (present && !d->shm && bytes + a->row_bytes > ROWS_FRAME_BYTES && r->n > 0)
                 break;
             r->row[r->n] = a->row[k];
+            r->off[r->n] = present ? (uint64_t)it->in_off : 0;
             r->present[r->n++] = (uint8_t)present;
-            bytes += present ? a->row_bytes : 0;
+            bytes += present && !d->shm ? a->row_bytes : 0;
+            if (present && d->shm)
+                atomic_fetch_add(&fr->data_shm, a->row_bytes);
             if (present) {
                 fr->slots[idx].state = SLOT_ASSIGNED;
                 it->sent_us = sq_now_us(); /* its rows leave for the worker */
@@ -413,7 +456,7 @@ static void on_assign(gw_front_t *fr, const sq_frame_t *f)
         }
         fr->scratch.len = 0;
         sq_data_rows_encode(&fr->scratch, r);
-        for (uint32_t j = 0; j < r->n; j++) {
+        for (uint32_t j = 0; j < r->n && !d->shm; j++) {
             if (!r->present[j])
                 continue;
             uint32_t idx;
@@ -1016,15 +1059,17 @@ void gw_front_metrics_text(gw_server_t *srv, sq_buf_t *out)
                  "dispatcher.\n# TYPE squish_frontend_offered_items_total counter\n"
                  "squish_frontend_offered_items_total %llu\n"
                  "# HELP squish_frontend_bytes_total Bytes on this frontend's links (frame headers "
-                 "included): link=dispatcher carries metadata, link=workers the rows and outputs.\n"
+                 "included): link=dispatcher carries metadata, link=workers the rows and outputs, "
+                 "link=shared_memory the rows workers on this host read from its arena.\n"
                  "# TYPE squish_frontend_bytes_total counter\n"
                  "squish_frontend_bytes_total{link=\"dispatcher\",direction=\"in\"} %llu\n"
                  "squish_frontend_bytes_total{link=\"dispatcher\",direction=\"out\"} %llu\n"
                  "squish_frontend_bytes_total{link=\"workers\",direction=\"in\"} %llu\n"
-                 "squish_frontend_bytes_total{link=\"workers\",direction=\"out\"} %llu\n",
+                 "squish_frontend_bytes_total{link=\"workers\",direction=\"out\"} %llu\n"
+                 "squish_frontend_bytes_total{link=\"shared_memory\",direction=\"out\"} %llu\n",
                  t.joined, (unsigned long long)t.items, (unsigned long long)t.link_in,
                  (unsigned long long)t.link_out, (unsigned long long)t.data_in,
-                 (unsigned long long)t.data_out);
+                 (unsigned long long)t.data_out, (unsigned long long)t.data_shm);
     sq_buf_put(out, buf, (size_t)n);
 }
 
@@ -1259,6 +1304,7 @@ void gw_front_traffic(gw_server_t *srv, gw_front_traffic_t *out)
     out->link_out = atomic_load(&fr->link_out);
     out->data_in = atomic_load(&fr->data_in);
     out->data_out = atomic_load(&fr->data_out);
+    out->data_shm = atomic_load(&fr->data_shm);
     out->items = atomic_load(&fr->offered);
     pthread_mutex_lock(&fr->lock);
     out->joined = fr->admin[0] != '\0';

@@ -46,6 +46,7 @@ void gw_front_dispatcher_http(gw_server_t *srv, char *out, size_t len);
  * the dispatcher's (metadata) and the workers' (rows and outputs). */
 typedef struct {
     uint64_t link_in, link_out, data_in, data_out;
+    uint64_t data_shm; /* rows' bytes workers on this host read from the arena */
     uint64_t items; /* items offered */
     int joined;
 } gw_front_traffic_t;

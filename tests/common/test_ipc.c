@@ -458,6 +458,19 @@ Test(ipc, frontend_items_assignments_rows_and_outputs_round_trip_and_refuse_lies
     sq_buf_put(&b, "d", 1);
     f.len++;
     cr_assert_eq(sq_data_rows_decode(&f, ro), SQ_PROTOCOL);
+    /* From a frontend on the worker's host: offsets in its arena, no bytes. */
+    r->shm = 1;
+    r->off[0] = 8192;
+    b.len = 0;
+    sq_data_rows_encode(&b, r);
+    f = (sq_frame_t){.type = SQ_MSG_DATA_ROWS, .payload = b.data, .len = (uint32_t)b.len};
+    cr_assert_eq(sq_data_rows_decode(&f, ro), 0);
+    cr_assert_eq(ro->shm, 1);
+    cr_assert_eq(ro->off[0], 8192);
+    cr_assert_null(ro->bytes);
+    sq_buf_put(&b, "abc", 3);
+    f.len += 3;
+    cr_assert_eq(sq_data_rows_decode(&f, ro), SQ_PROTOCOL);
 
     sq_data_output_t *o = calloc(1, sizeof(*o)), *oo = calloc(1, sizeof(*oo));
     *o = (sq_data_output_t){.code = 0, .exec_ns = 5000, .count = 4, .out_stride = 8, .n = 1};

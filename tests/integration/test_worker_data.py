@@ -106,6 +106,7 @@ def data_rows(count, rows):
     p = struct.pack("<IBQI", count, INPUT_FP32, ROW_BYTES, len(rows))
     for r, b in rows:
         p += struct.pack("<IB", r, 0 if b is None else 1)
+    p += struct.pack("<B", 0)  # not from the worker's host's shared memory
     return p + b"".join(b for _, b in rows if b is not None)
 
 

@@ -38,8 +38,8 @@ Test(emu, emulated_device_holds_each_batch_for_its_profile)
             cr_assert_geq(ms[r], want * 0.999, "b=%d returned early: %.2f ms", batch, ms[r]);
         }
         double best = fmin(ms[0], fmin(ms[1], ms[2]));
-        cr_assert_leq(best, want * 1.05, "b=%d took %.2f ms (fastest of 3) for l(b) %.2f ms",
-                      batch, best, want);
+        cr_assert_leq(best, want * 1.05, "b=%d took %.2f ms (fastest of 3) for l(b) %.2f ms", batch,
+                      best, want);
     }
     cr_assert_eq(wk_plan_run_pixels(p, 4, px, b), 0);
     cr_assert_eq(memcmp(a, b, sizeof(a)), 0, "deterministic");
