@@ -47,7 +47,7 @@ void gw_front_dispatcher_http(gw_server_t *srv, char *out, size_t len);
 typedef struct {
     uint64_t link_in, link_out, data_in, data_out;
     uint64_t data_shm; /* rows' bytes workers on this host read from the arena */
-    uint64_t items; /* items offered */
+    uint64_t items;    /* items offered */
     int joined;
 } gw_front_traffic_t;
 void gw_front_traffic(gw_server_t *srv, gw_front_traffic_t *out);
