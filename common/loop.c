@@ -172,15 +172,24 @@ void sq_loop_post(sq_loop_t *l, sq_post_fn fn, void *arg)
     p->fn = fn;
     p->arg = arg;
     pthread_mutex_lock(&l->post_lock);
+    int was_empty = l->post_head == NULL;
     if (l->post_tail)
         l->post_tail->next = p;
     else
         l->post_head = p;
     l->post_tail = p;
     pthread_mutex_unlock(&l->post_lock);
-    uint64_t one = 1;
-    ssize_t rc = write(l->wakefd, &one, sizeof(one));
-    (void)rc;
+    /* Only the post that finds the queue empty wakes the loop. A later one
+     * joins a queue that run_posts has not taken yet, and run_posts reads
+     * the eventfd before it takes the queue, so that wake-up is still to
+     * come or is being served now. Under load (one loop fed by several
+     * threads, or one busy thread) this saves a write(2) and a wake-up per
+     * post. */
+    if (was_empty) {
+        uint64_t one = 1;
+        ssize_t rc = write(l->wakefd, &one, sizeof(one));
+        (void)rc;
+    }
 }
 
 static void run_posts(sq_loop_t *l)

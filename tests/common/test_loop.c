@@ -2,6 +2,7 @@
 #include <sq.h>
 
 #include <pthread.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 typedef struct {
@@ -102,6 +103,98 @@ Test(loop, posts_from_another_thread_all_run_on_the_loop)
     sq_loop_run(l);
     pthread_join(th, NULL);
     cr_assert_eq(count, 100);
+    sq_loop_free(l);
+}
+
+/* Several threads post at once while the loop runs the posts: every post
+ * runs once, each thread's in its order, though most of them find the
+ * queue not empty and write no wake-up of their own. */
+#define BURST_THREADS 4
+#define BURST_POSTS 20000
+
+typedef struct {
+    sq_loop_t *loop;
+    int next[BURST_THREADS]; /* the next sequence number expected per thread */
+    int ran;
+    int out_of_order;
+} burst_t;
+
+typedef struct {
+    burst_t *burst;
+    int thread;
+    int seq;
+} burst_post_t;
+
+static void on_burst_post(sq_loop_t *loop, void *arg)
+{
+    burst_post_t *p = arg;
+    burst_t *b = p->burst;
+    if (b->next[p->thread] != p->seq)
+        b->out_of_order++;
+    b->next[p->thread] = p->seq + 1;
+    if (++b->ran == BURST_THREADS * BURST_POSTS)
+        sq_loop_stop(loop);
+}
+
+typedef struct {
+    burst_t *burst;
+    int thread;
+    burst_post_t *posts;
+} burst_arg_t;
+
+static void *burst_poster(void *arg)
+{
+    burst_arg_t *a = arg;
+    for (int i = 0; i < BURST_POSTS; i++) {
+        a->posts[i] = (burst_post_t){a->burst, a->thread, i};
+        sq_loop_post(a->burst->loop, on_burst_post, &a->posts[i]);
+    }
+    return NULL;
+}
+
+Test(loop, concurrent_posts_each_run_once_in_order_per_thread)
+{
+    burst_t b = {.loop = sq_loop_new()};
+    pthread_t th[BURST_THREADS];
+    burst_arg_t args[BURST_THREADS];
+    for (int t = 0; t < BURST_THREADS; t++) {
+        args[t] = (burst_arg_t){&b, t, calloc(BURST_POSTS, sizeof(burst_post_t))};
+        pthread_create(&th[t], NULL, burst_poster, &args[t]);
+    }
+    sq_loop_run(b.loop);
+    for (int t = 0; t < BURST_THREADS; t++) {
+        pthread_join(th[t], NULL);
+        free(args[t].posts);
+    }
+    cr_assert_eq(b.ran, BURST_THREADS * BURST_POSTS);
+    cr_assert_eq(b.out_of_order, 0);
+    for (int t = 0; t < BURST_THREADS; t++)
+        cr_assert_eq(b.next[t], BURST_POSTS);
+    sq_loop_free(b.loop);
+}
+
+/* A function posted by a posted function runs too (it finds the queue
+ * just taken, so it writes the wake-up), as do posts queued before the
+ * loop starts. */
+static void on_second(sq_loop_t *loop, void *arg)
+{
+    (*(int *)arg) += 10;
+    sq_loop_stop(loop);
+}
+
+static void on_first(sq_loop_t *loop, void *arg)
+{
+    (*(int *)arg)++;
+    sq_loop_post(loop, on_second, arg);
+}
+
+Test(loop, a_post_from_a_posted_function_runs)
+{
+    sq_loop_t *l = sq_loop_new();
+    int count = 0;
+    sq_loop_post(l, on_first, &count);
+    sq_loop_run(l);
+    cr_assert_eq(count, 11);
     sq_loop_free(l);
 }
 
