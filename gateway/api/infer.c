@@ -5,7 +5,7 @@
  * The loop thread validates, stamps arrival and deadline, copies the body,
  * and splits the request into items: JPEG items go to the preprocess pool,
  * tensor rows are copied into the arena here (or on the offload thread for
- * large bodies); every item then goes to the dispatch thread. The reply is
+ * large JSON or large tensors); every item then goes to the dispatch thread. The reply is
  * built back on the loop thread when the last item finishes. A /v2 tensor
  * in a registered shared-memory region (Triton's extension, shm_int.h) is
  * copied from the region into the arena the same way, with no body to
@@ -28,11 +28,14 @@
 #include <sys/random.h>
 
 #define DEFAULT_TOP_K 5
-/* Bodies above this are parsed on the offload thread, not the loop. */
+/* JSON above this (a whole JSON body, or the JSON header of a binary
+ * one) is parsed on the offload thread, not the loop. */
 #define INLINE_PARSE_BYTES (256u << 10)
-/* Shared-memory inputs above this are copied into the arena on the offload
- * thread, not the loop: memcpy moves some GB/s, so 4 MiB take about what
- * parsing INLINE_PARSE_BYTES of JSON does. */
+/* Tensors above this (in the body or in shared memory) are copied into the
+ * arena on the offload thread, not the loop: memcpy moves some GB/s, so 4
+ * MiB take about what parsing INLINE_PARSE_BYTES of JSON does. Below it,
+ * the hop to the offload thread (a wake-up there, and its own wake-up of
+ * the dispatcher) costs more than the copy. */
 #define INLINE_COPY_BYTES (4u << 20)
 
 static atomic_uint_fast64_t request_counter;
@@ -1191,6 +1194,10 @@ static void v2_start(gw_infer_t *req, int on_loop)
     size_t copy_bytes;
     if (v2_shm_resolve(req, st, &copy_bytes) != 0)
         return;
+    const gw_oip_input_t *in = &st->parsed.inputs[0];
+    if (in->shm.region[0] == '\0' && in->datatype != GW_OIP_BYTES)
+        for (int i = 0; i < st->parsed.batch; i++)
+            copy_bytes += in->rows[i].len;
     if (on_loop && copy_bytes > INLINE_COPY_BYTES)
         gw_offload(srv, v2_items_offloaded, req);
     else
@@ -1269,7 +1276,11 @@ void gw_route_infer_v2(gw_call_t *call)
                m->name);
         return;
     }
-    if (req->body_len > INLINE_PARSE_BYTES)
+    /* What the parse reads is the JSON: the binary tensors after it are
+     * only pointed at (and copied by v2_items, on the loop up to
+     * INLINE_COPY_BYTES). */
+    size_t json_bytes = st->header_len >= 0 ? (size_t)st->header_len : req->body_len;
+    if (json_bytes > INLINE_PARSE_BYTES)
         gw_offload(srv, v2_start_offloaded, req);
     else
         v2_start(req, 1);
