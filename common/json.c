@@ -2,6 +2,7 @@
 #include "sq_json.h"
 
 #include "sq_alloc.h"
+#include "sq_text.h"
 
 #include <assert.h>
 #include <math.h>
@@ -13,43 +14,17 @@
 /* jansson's parser refuses deeper nesting (JSON_PARSER_MAX_DEPTH). */
 #define SQ_JSON_MAX_DEPTH 2048
 
-/* Whether v printed with `digits` significant digits reads back as v. */
-static int reads_back(double v, int digits)
-{
-    char text[SQ_JSON_REAL_MAX];
-    snprintf(text, sizeof(text), "%.*e", digits - 1, v);
-    return strtod(text, NULL) == v;
-}
-
 size_t sq_json_real(double v, char *out)
 {
     if (!isfinite(v)) {
         memcpy(out, "null", 5);
         return 4;
     }
-    /* The fewest digits whose correctly rounded decimal reads back (17
-     * always does). If n digits read back, n + 1 do too but for a rare
-     * value next to a power of two, where the search may answer one digit
-     * more than needed: the text still reads back as v. */
-    int lo = 1, hi = 17;
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (reads_back(v, mid))
-            hi = mid;
-        else
-            lo = mid + 1;
-    }
-    char sci[SQ_JSON_REAL_MAX]; /* "d.ddde+XX" */
-    snprintf(sci, sizeof(sci), "%.*e", lo - 1, fabs(v));
+    sq_decimal_t d;
+    sq_shortest_double(v, &d);
     char digits[20];
-    int ndigits = 0;
-    const char *p = sci;
-    for (; *p != 'e'; p++)
-        if (*p != '.')
-            digits[ndigits++] = *p;
-    int exp10 = atoi(p + 1);
-    while (ndigits > 1 && digits[ndigits - 1] == '0')
-        ndigits--;
+    int ndigits = sq_decimal_digits(&d, digits);
+    int exp10 = d.exp10;
 
     char *o = out;
     if (signbit(v))

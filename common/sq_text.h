@@ -26,4 +26,26 @@ int sq_parse_ll(const char *s, long long *out);
  * resolved. */
 int sq_hostport_split(const char *spec, char *host, size_t hostlen, int *port);
 
+/* A nonnegative number in decimal: digits (ndigits of them, no trailing
+ * zeros; 0 for zero) times 10^(exp10 - ndigits + 1), so exp10 is the power
+ * of ten of the first digit (scientific notation's exponent). */
+typedef struct {
+    uint64_t digits;
+    int ndigits;
+    int exp10;
+} sq_decimal_t;
+
+/* |v| as the decimal with the fewest significant digits that strtod (for
+ * a double) or strtof (for a float) reads back as |v|, and of those the
+ * nearest to it: 0.1f is 0.1, not 0.100000001; 0.025 is 0.025, not
+ * 0.025000000000000001. Zero, NaN and the infinities give 0; the sign is
+ * the caller's to write. Exact 128-bit integer arithmetic for most
+ * numbers, the C library's printf and strtod for the others. */
+void sq_shortest_double(double v, sq_decimal_t *out);
+void sq_shortest_float(float v, sq_decimal_t *out);
+
+/* Writes d's digits (d->ndigits characters, no NUL) into out; returns
+ * their count. */
+int sq_decimal_digits(const sq_decimal_t *d, char *out);
+
 #endif

@@ -219,15 +219,16 @@ typedef struct {
  * (binary outputs follow it in order: FP32 little-endian, classification
  * strings as 4-byte length + bytes). An output in shared memory (its shm
  * set; the caller wrote it there) has no data, and parameters naming its
- * region, offset and the bytes the tensor takes there. Floats are printed with 9 significant
- * digits (they round-trip exactly); NaN and infinities as null. Returns 0, or
+ * region, offset and the bytes the tensor takes there. Floats are printed with the
+ * fewest digits that read back as the same float (gw_oip_format_float); NaN and
+ * infinities as null. Returns 0, or
  * SQ_INVAL for a requested output without data. */
 int gw_oip_response_encode(const gw_oip_response_t *resp, sq_buf_t *out, long long *header_len);
 
-/* Writes f as JSON with at most 9 significant digits, enough to read back
- * the same float, trailing zeros dropped ("0.100000001", "-2.5", "1e-7",
- * "1.00000002e30": fixed notation for exponents -4..8 as %g does).
- * buf needs 24 bytes; returns the length. Non-finite: "null". */
+/* Writes f as JSON with the fewest significant digits that read back as
+ * the same float (sq_shortest_float: "0.1", "-2.5", "1e-7", "0.33333334",
+ * "3.4028235e38": fixed notation for exponents -4..8 as %g does). buf
+ * needs 24 bytes; returns the length. Non-finite: "null". */
 int gw_oip_format_float(float f, char *buf);
 
 /* Strict base64 (RFC 4648 section 4): standard alphabet, padding required,

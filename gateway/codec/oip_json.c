@@ -761,26 +761,11 @@ size_t gw_oip_base64_encode(const uint8_t *in, size_t len, char *out)
 
 /* ---- float printing ---- */
 
-/* 10^k for k in [-31, 54], as the compiler rounds the literals (one
- * rounding error in the scaled value, far below the half digit that
- * printing can afford). */
-static const double pow10_approx[86] = {
-    1e-31, 1e-30, 1e-29, 1e-28, 1e-27, 1e-26, 1e-25, 1e-24, 1e-23, 1e-22, 1e-21, 1e-20, 1e-19,
-    1e-18, 1e-17, 1e-16, 1e-15, 1e-14, 1e-13, 1e-12, 1e-11, 1e-10, 1e-9,  1e-8,  1e-7,  1e-6,
-    1e-5,  1e-4,  1e-3,  1e-2,  1e-1,  1e0,   1e1,   1e2,   1e3,   1e4,   1e5,   1e6,   1e7,
-    1e8,   1e9,   1e10,  1e11,  1e12,  1e13,  1e14,  1e15,  1e16,  1e17,  1e18,  1e19,  1e20,
-    1e21,  1e22,  1e23,  1e24,  1e25,  1e26,  1e27,  1e28,  1e29,  1e30,  1e31,  1e32,  1e33,
-    1e34,  1e35,  1e36,  1e37,  1e38,  1e39,  1e40,  1e41,  1e42,  1e43,  1e44,  1e45,  1e46,
-    1e47,  1e48,  1e49,  1e50,  1e51,  1e52,  1e53,  1e54,
-};
-
 int gw_oip_format_float(float f, char *buf)
 {
-    /* 9 significant digits always read back as the same float; the digits
-     * come from one scaled double (relative error ~2^-52, so they are the
-     * correctly rounded ones or off by one ulp of the 9th digit next to a
-     * tie, which still reads back exactly: half a 9-digit unit is < 5e-9
-     * relative, a float's half ulp >= 2.9e-8). */
+    /* The fewest digits that read back as the same float (0.1f is "0.1",
+     * not %.9g's "0.100000001"): what a client that reads the number and
+     * rounds it to FP32 gets back is f, and the text is short. */
     if (!isfinite(f)) {
         memcpy(buf, "null", 5);
         return 4;
@@ -788,35 +773,16 @@ int gw_oip_format_float(float f, char *buf)
     char *o = buf;
     if (signbit(f))
         *o++ = '-';
-    double v = fabs((double)f);
-    if (v == 0) {
+    if (f == 0) {
         *o++ = '0';
         *o = '\0';
         return (int)(o - buf);
     }
-    int e2;
-    frexp(v, &e2);                                        /* v in [2^(e2-1), 2^e2) */
-    int e10 = (int)floor((e2 - 1) * 0.30102999566398120); /* <= floor(log10 v) */
-    double scaled = v * pow10_approx[8 - e10 + 31];
-    if (scaled >= 999999999.5) {
-        e10++;
-        scaled = v * pow10_approx[8 - e10 + 31];
-    }
-    uint64_t digits = (uint64_t)(scaled + 0.5);
-    if (digits >= 1000000000ull) {
-        digits /= 10;
-        e10++;
-    }
-    char d[10];
-    int nd = 9;
-    while (nd > 1 && digits % 10 == 0) {
-        digits /= 10;
-        nd--;
-    }
-    for (int i = nd - 1; i >= 0; i--) {
-        d[i] = (char)('0' + digits % 10);
-        digits /= 10;
-    }
+    sq_decimal_t dec;
+    sq_shortest_float(f, &dec);
+    char d[20];
+    int nd = sq_decimal_digits(&dec, d);
+    int e10 = dec.exp10;
     if (e10 >= -4 && e10 < 9) {
         if (e10 >= 0) {
             for (int i = 0; i <= e10; i++)
