@@ -20,6 +20,12 @@ the run. Every figure is one line of JSON on stdout, then the tables.
 
     bench/live/front_door.py BUILD [--threads 1] [--rounds 2] [--duration 5]
         [--clients 4] [--conns 16] [--perf-out FILE [--perf-call-graph dwarf]]
+        [--before OTHER_BUILD]
+
+--before OTHER_BUILD: a second squishd, OTHER_BUILD/gateway/squishd (say, a
+build of an older commit), served the same models and loaded in the same
+rounds: bare, before, squishd in odd rounds and bare, squishd, before in even
+ones, so that before and after are measured side by side.
 
 --perf-out FILE: after the rounds, one more binary tensor run (--perf-shape:
 3x224x224, or 3x32x32) on
@@ -97,6 +103,7 @@ def main():
     p.add_argument("--perf-out")
     p.add_argument("--perf-call-graph", default="dwarf", help="perf record --call-graph")
     p.add_argument("--perf-shape", default="3x224x224", help="the tensor of the perf run")
+    p.add_argument("--before", help="another build whose squishd is measured beside this one")
     a = p.parse_args()
     cores = os.cpu_count()
     print("# %s; %s" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), R.machine()),
@@ -106,35 +113,46 @@ def main():
     make_jpeg(jpeg)
     bare = R.Bare(a.build, a.threads)
     d = R.Squishd(a.build, "emu:1", "adaptive", ["--http-threads", str(a.threads)])
+    servers = {"bare": bare, "squishd": d}
     runs = []
     try:
-        for name, shape in MODELS.items():
-            d.add_model({"name": name, "profile": {"alpha_ms": R.TINY_ALPHA_MS,
-                                                   "beta_ms": R.TINY_BETA_MS},
-                         "max_batch": 64, "input": {"shape": shape}, "num_classes": 10})
+        if a.before:
+            servers["before"] = R.Squishd(a.before, "emu:1", "adaptive",
+                                          ["--http-threads", str(a.threads)])
+        gateways = [s for s in ("before", "squishd") if s in servers]
+        for server in gateways:
+            for name, shape in MODELS.items():
+                servers[server].add_model(
+                    {"name": name, "profile": {"alpha_ms": R.TINY_ALPHA_MS,
+                                               "beta_ms": R.TINY_BETA_MS},
+                     "max_batch": 64, "input": {"shape": shape}, "num_classes": 10})
         deadline = time.time() + 30
-        for name in MODELS:
-            while R.request(d.port, "GET", "/v2/models/%s/ready" % name)[0] != 200:
-                if time.time() > deadline:
-                    raise RuntimeError("model %s not ready" % name)
-                time.sleep(0.05)
+        for server in gateways:
+            for name in MODELS:
+                while R.request(servers[server].port, "GET",
+                                "/v2/models/%s/ready" % name)[0] != 200:
+                    if time.time() > deadline:
+                        raise RuntimeError("model %s not ready" % name)
+                    time.sleep(0.05)
         for rnd in range(1, a.rounds + 1):
+            order = gateways if rnd % 2 == 1 else gateways[::-1]
             for name, shape in (("m32", "3x32x32"), ("m", "3x224x224")):
                 args = ["--tensor", shape, "--dtype", "FP32"]
-                for server in ("bare", "squishd"):
-                    port, pid = ((bare.port, bare.proc.pid) if server == "bare"
-                                 else (d.port, d.proc.pid))
-                    r = on(a, server, port, pid,
+                for server in ["bare"] + order:
+                    srv = servers[server]
+                    r = on(a, server, srv.port, srv.proc.pid,
                            args + ["--path", "/v2/models/%s/infer" % name])
                     r.update(case="tensor " + shape, round=rnd)
                     print(json.dumps(r), flush=True)
                     runs.append(r)
-            r = on(a, "squishd", d.port, d.proc.pid,
-                   ["--path", "/v1/models/m/infer", "--body", jpeg,
-                    "--content-type", "image/jpeg"])
-            r.update(case="jpeg", round=rnd)
-            print(json.dumps(r), flush=True)
-            runs.append(r)
+            for server in order:
+                srv = servers[server]
+                r = on(a, server, srv.port, srv.proc.pid,
+                       ["--path", "/v1/models/m/infer", "--body", jpeg,
+                        "--content-type", "image/jpeg"])
+                r.update(case="jpeg", round=rnd)
+                print(json.dumps(r), flush=True)
+                runs.append(r)
             for scale, server in (("1/1", "ceiling"), ("1/2", "ceiling_dct_half")):
                 out = subprocess.run([os.path.join(a.build, "bench", "squish-decode-ceiling"),
                                       "--jpeg", jpeg, "--threads", str(cores),
@@ -162,8 +180,8 @@ def main():
             if perf.returncode != 0:
                 print("# perf failed: %s" % err.strip()[-500:], flush=True)
     finally:
-        d.stop()
-        bare.stop()
+        for srv in servers.values():
+            srv.stop()
     print("\nJPEG: %s, %d bytes" % (os.path.basename(jpeg), os.path.getsize(jpeg)))
     if a.rounds < 1:
         return
@@ -171,37 +189,42 @@ def main():
     def rates(case, server):
         return [r["req_s"] for r in runs if r["case"] == case and r["server"] == server]
 
-    print("\n| request | bare h2o req/s (per round) | squishd req/s (per round) | "
-          "squishd / bare (per round) | squishd cores busy | not 200 | goal >= 50% |")
-    print("|---|---|---|---|---|---|---|")
+    gateways = [g for g in ("before", "squishd") if rates("jpeg", g)]
+    print("\n| request | server | bare h2o req/s (per round) | server req/s (per round) | "
+          "server / bare (per round) | server cores busy | not 200 | goal >= 50% |")
+    print("|---|---|---|---|---|---|---|---|")
     for case in ("tensor 3x32x32", "tensor 3x224x224"):
-        b, s = rates(case, "bare"), rates(case, "squishd")
-        ratios = [x / y for x, y in zip(s, b)]
-        print("| FP32 %s | %s | %s | %s | %s | %d | %s |" % (
-            case.split()[1], ", ".join("%.0f" % x for x in b), ", ".join("%.0f" % x for x in s),
-            ", ".join("%.0f%%" % (100 * x) for x in ratios),
-            ", ".join("%.2f" % r["server_cores"] for r in runs
-                      if r["case"] == case and r["server"] == "squishd"),
-            sum(r["not_200"] for r in runs if r["case"] == case),
-            "met" if min(ratios) >= 0.5 else "not met"))
-    c, s = rates("jpeg", "ceiling"), rates("jpeg", "squishd")
+        b = rates(case, "bare")
+        for g in gateways:
+            s = rates(case, g)
+            ratios = [x / y for x, y in zip(s, b)]
+            print("| FP32 %s | %s | %s | %s | %s | %s | %d | %s |" % (
+                case.split()[1], g, ", ".join("%.0f" % x for x in b),
+                ", ".join("%.0f" % x for x in s),
+                ", ".join("%.0f%%" % (100 * x) for x in ratios),
+                ", ".join("%.2f" % r["server_cores"] for r in runs
+                          if r["case"] == case and r["server"] == g),
+                sum(r["not_200"] for r in runs if r["case"] == case and r["server"] in ("bare", g)),
+                "met" if min(ratios) >= 0.5 else "not met"))
+    c = rates("jpeg", "ceiling")
     h = rates("jpeg", "ceiling_dct_half")
-    ratios = [x / y for x, y in zip(s, c)]
-    print("\n| JPEG 512x600 | decode ceiling images/s, %d threads, full (per round) | "
-          "the same at DCT scale 1/2, as squishd decodes | squishd images/s (per round) | "
-          "squishd / full ceiling | squishd / 1/2 ceiling | squishd cores busy | not 200 | "
+    print("\n| JPEG 512x600 | server | decode ceiling images/s, %d threads, full (per round) | "
+          "the same at DCT scale 1/2, as squishd decodes | server images/s (per round) | "
+          "server / full ceiling | server / 1/2 ceiling | server cores busy | not 200 | "
           "goal >= 90%% |" % cores)
-    print("|---|---|---|---|---|---|---|---|---|")
-    print("| /v1/models/m/infer | %s | %s | %s | %s | %s | %s | %d | %s |" % (
-        ", ".join("%.0f" % x for x in c), ", ".join("%.0f" % x for x in h),
-        ", ".join("%.0f" % x for x in s),
-        ", ".join("%.0f%%" % (100 * x) for x in ratios),
-        ", ".join("%.0f%%" % (100 * x / y) for x, y in zip(s, h)),
-        ", ".join("%.2f" % r["server_cores"] for r in runs
-                  if r["case"] == "jpeg" and r["server"] == "squishd"),
-        sum(r["not_200"] for r in runs if r["case"] == "jpeg" and r["server"] == "squishd"),
-        "met" if min(ratios) >= 0.9 else "not met"))
-
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for g in gateways:
+        s = rates("jpeg", g)
+        ratios = [x / y for x, y in zip(s, c)]
+        print("| /v1/models/m/infer | %s | %s | %s | %s | %s | %s | %s | %d | %s |" % (
+            g, ", ".join("%.0f" % x for x in c), ", ".join("%.0f" % x for x in h),
+            ", ".join("%.0f" % x for x in s),
+            ", ".join("%.0f%%" % (100 * x) for x in ratios),
+            ", ".join("%.0f%%" % (100 * x / y) for x, y in zip(s, h)),
+            ", ".join("%.2f" % r["server_cores"] for r in runs
+                      if r["case"] == "jpeg" and r["server"] == g),
+            sum(r["not_200"] for r in runs if r["case"] == "jpeg" and r["server"] == g),
+            "met" if min(ratios) >= 0.9 else "not met"))
 
 if __name__ == "__main__":
     main()
