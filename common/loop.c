@@ -165,6 +165,45 @@ void sq_loop_timer_cancel(sq_loop_t *l, uint64_t id)
     release_slot(l, (int)slot);
 }
 
+/* The loops this thread posted to while deferring, not woken yet. */
+#define DEFERRED_MAX 8
+static _Thread_local int deferring;
+static _Thread_local sq_loop_t *deferred[DEFERRED_MAX];
+static _Thread_local int ndeferred;
+
+static void wake(sq_loop_t *l)
+{
+    uint64_t one = 1;
+    ssize_t rc = write(l->wakefd, &one, sizeof(one));
+    (void)rc;
+}
+
+/* Remembers l for sq_loop_flush_wakes; 0 when it cannot (the list is
+ * full: the caller wakes it now). */
+static int defer_wake(sq_loop_t *l)
+{
+    for (int i = 0; i < ndeferred; i++)
+        if (deferred[i] == l)
+            return 1;
+    if (ndeferred == DEFERRED_MAX)
+        return 0;
+    deferred[ndeferred++] = l;
+    return 1;
+}
+
+void sq_loop_defer_wakes(void)
+{
+    deferring = 1;
+}
+
+void sq_loop_flush_wakes(void)
+{
+    deferring = 0;
+    for (int i = 0; i < ndeferred; i++)
+        wake(deferred[i]);
+    ndeferred = 0;
+}
+
 void sq_loop_post(sq_loop_t *l, sq_post_fn fn, void *arg)
 {
     post_t *p = sq_xmalloc(sizeof(*p));
@@ -185,11 +224,8 @@ void sq_loop_post(sq_loop_t *l, sq_post_fn fn, void *arg)
      * come or is being served now. Under load (one loop fed by several
      * threads, or one busy thread) this saves a write(2) and a wake-up per
      * post. */
-    if (was_empty) {
-        uint64_t one = 1;
-        ssize_t rc = write(l->wakefd, &one, sizeof(one));
-        (void)rc;
-    }
+    if (was_empty && !(deferring && defer_wake(l)))
+        wake(l);
 }
 
 static void run_posts(sq_loop_t *l)
@@ -228,9 +264,7 @@ static void run_timers(sq_loop_t *l)
 void sq_loop_stop(sq_loop_t *l)
 {
     atomic_store(&l->stop, 1);
-    uint64_t one = 1;
-    ssize_t rc = write(l->wakefd, &one, sizeof(one));
-    (void)rc;
+    wake(l);
 }
 
 void sq_loop_run(sq_loop_t *l)

@@ -39,6 +39,16 @@ void sq_loop_timer_cancel(sq_loop_t *loop, uint64_t timer_id);
 /* Thread-safe: runs fn(loop, arg) on the loop thread soon. */
 void sq_loop_post(sq_loop_t *loop, sq_post_fn fn, void *arg);
 
+/* For a thread that posts many times in one turn of its own event loop
+ * (an HTTP thread: a request per ready connection): after
+ * sq_loop_defer_wakes, its posts queue their function but write no
+ * wake-up, and sq_loop_flush_wakes wakes each loop posted to once. A loop
+ * fed that way wakes once per turn of the poster, not once per post. The
+ * poster must flush before it blocks (its posts, and other threads'
+ * behind them, wait for the flush). Thread-local; not nested. */
+void sq_loop_defer_wakes(void);
+void sq_loop_flush_wakes(void);
+
 /* Runs the functions posted so far, on the calling thread (the owner's,
  * after the loop stopped: so that posted work is not leaked at exit). */
 void sq_loop_run_posts(sq_loop_t *loop);

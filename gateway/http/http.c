@@ -765,8 +765,15 @@ static void *http_thread(void *arg)
     pthread_mutex_unlock(&http->start_lock);
     if (rc != 0)
         return NULL;
-    while (!t->exit)
+    /* The items a turn of the loop submits (one per request that arrived,
+     * ready connections are served in a row) wake the dispatch thread
+     * once, after the turn, not once each: h2o_evloop_run waits first,
+     * then serves what is ready, and returns without waiting again. */
+    while (!t->exit) {
+        sq_loop_defer_wakes();
         h2o_evloop_run(t->ctx.loop, INT32_MAX);
+        sq_loop_flush_wakes();
+    }
     if (h2o_timeout_is_linked(&t->watch_timer))
         h2o_timeout_unlink(&t->watch_timer);
     /* The queue's socket goes back to this thread's buffer list: while the

@@ -198,6 +198,51 @@ Test(loop, a_post_from_a_posted_function_runs)
     sq_loop_free(l);
 }
 
+/* A thread that defers its wake-ups: its post runs only after it flushes
+ * them, though the loop waits meanwhile (a guard timer fails the test if
+ * the flush never wakes it). */
+typedef struct {
+    sq_loop_t *loop;
+    int64_t flushed_ns, ran_ns;
+} deferred_t;
+
+static void on_deferred_post(sq_loop_t *loop, void *arg)
+{
+    ((deferred_t *)arg)->ran_ns = sq_now_ns();
+    sq_loop_stop(loop);
+}
+
+static void *deferring_poster(void *arg)
+{
+    deferred_t *d = arg;
+    sq_loop_defer_wakes();
+    sq_loop_post(d->loop, on_deferred_post, d);
+    usleep(50 * 1000);
+    d->flushed_ns = sq_now_ns();
+    sq_loop_flush_wakes();
+    return NULL;
+}
+
+static void on_guard(sq_loop_t *loop, uint64_t id, void *data)
+{
+    (void)id;
+    (void)data;
+    sq_loop_stop(loop);
+}
+
+Test(loop, deferred_wake_ups_wait_for_the_flush)
+{
+    deferred_t d = {.loop = sq_loop_new()};
+    sq_loop_timer_at(d.loop, sq_now_ns() + 2000000000ll, on_guard, NULL);
+    pthread_t th;
+    pthread_create(&th, NULL, deferring_poster, &d);
+    sq_loop_run(d.loop);
+    pthread_join(th, NULL);
+    cr_assert_gt(d.ran_ns, 0, "the flush did not wake the loop");
+    cr_assert_geq(d.ran_ns, d.flushed_ns, "the post ran before its wake-up was flushed");
+    sq_loop_free(d.loop);
+}
+
 static void on_readable(sq_loop_t *loop, int fd, int events, void *data)
 {
     char buf[8];
