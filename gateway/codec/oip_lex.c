@@ -45,21 +45,39 @@ int oip_fail(oip_dec_t *d, int code, const char *fmt, ...)
     return code;
 }
 
+/* Appends text to the path, cut where the path is full, as snprintf
+ * would: every key and index of every request pushes onto it, so without
+ * printf's cost. */
+static void path_put(oip_dec_t *d, const char *text, size_t n)
+{
+    size_t room = sizeof(d->path) - 1 - d->plen;
+    if (n > room)
+        n = room;
+    memcpy(d->path + d->plen, text, n);
+    d->plen += n;
+    d->path[d->plen] = '\0';
+}
+
 size_t oip_path_key(oip_dec_t *d, const char *key)
 {
     size_t old = d->plen;
-    int n = snprintf(d->path + old, sizeof(d->path) - old, "%s%s", old ? "." : "", key);
-    if (n > 0)
-        d->plen = old + (size_t)n < sizeof(d->path) ? old + (size_t)n : sizeof(d->path) - 1;
+    if (old > 0)
+        path_put(d, ".", 1);
+    path_put(d, key, strlen(key));
     return old;
 }
 
 size_t oip_path_index(oip_dec_t *d, size_t i)
 {
     size_t old = d->plen;
-    int n = snprintf(d->path + old, sizeof(d->path) - old, "[%zu]", i);
-    if (n > 0)
-        d->plen = old + (size_t)n < sizeof(d->path) ? old + (size_t)n : sizeof(d->path) - 1;
+    char text[24];
+    size_t at = sizeof(text);
+    text[--at] = ']';
+    do
+        text[--at] = (char)('0' + i % 10);
+    while ((i /= 10) != 0);
+    text[--at] = '[';
+    path_put(d, text + at, sizeof(text) - at);
     return old;
 }
 

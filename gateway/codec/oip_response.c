@@ -62,11 +62,19 @@ static void put_json_string(sq_buf_t *b, const char *s, size_t n)
     sq_buf_put_u8(b, '"');
 }
 
+/* Decimal, without printf: shapes, sizes and whole parameters, several
+ * in every reply. */
 static void put_i64(sq_buf_t *b, long long v)
 {
     char tmp[24];
-    int n = snprintf(tmp, sizeof(tmp), "%lld", v);
-    sq_buf_put(b, tmp, (size_t)n);
+    size_t at = sizeof(tmp);
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do
+        tmp[--at] = (char)('0' + u % 10);
+    while ((u /= 10) != 0);
+    if (v < 0)
+        tmp[--at] = '-';
+    sq_buf_put(b, tmp + at, sizeof(tmp) - at);
 }
 
 /* A parameter's number: a whole one (batch_size) as an integer, as
