@@ -181,17 +181,25 @@ static int shortest_exact(uint64_t m, int e, int lower_closer, int max_digits, s
      * k_some, where candidates have max_digits or more, which always read
      * back. */
     int k_none = -e10 - 2, k_some = max_digits - 1 - e10;
-    u128 n_lo, n_hi, near;
-    while (k_some - k_none > 1) {
-        int k = k_none + (k_some - k_none) / 2;
-        if (candidates(&iv, k, &n_lo, &n_hi, NULL) != 0)
+    /* The first probe is at two digits fewer than max_digits: most values
+     * that are not short decimals (a model's scores) need 7 to 9 digits as
+     * floats, and 15 to 17 as doubles, so they end in two or three
+     * probes, the short ones in about five. The probe that settles k_some
+     * keeps its candidates. */
+    u128 n_lo = 0, n_hi = 0, near = 0;
+    int have = 0;
+    for (int k = k_some - 2; k_some - k_none > 1; k = k_none + (k_some - k_none) / 2) {
+        u128 lo, hi, nr;
+        if (candidates(&iv, k, &lo, &hi, &nr) != 0)
             return -1;
-        if (n_lo <= n_hi)
+        if (lo <= hi) {
             k_some = k;
-        else
+            n_lo = lo, n_hi = hi, near = nr, have = 1;
+        } else {
             k_none = k;
+        }
     }
-    if (candidates(&iv, k_some, &n_lo, &n_hi, &near) != 0 || n_lo > n_hi)
+    if (!have && (candidates(&iv, k_some, &n_lo, &n_hi, &near) != 0 || n_lo > n_hi))
         return -1;
     u128 n = near < n_lo ? n_lo : near > n_hi ? n_hi : near;
     if (n == 0 || n > (u128)UINT64_MAX)
@@ -203,7 +211,7 @@ static int shortest_exact(uint64_t m, int e, int lower_closer, int max_digits, s
         k--;
     }
     int nd = 1;
-    for (uint64_t t = digits; t >= 10; t /= 10)
+    while (nd < 20 && digits >= (uint64_t)pow10_u128[nd])
         nd++;
     out->digits = digits;
     out->ndigits = nd;
@@ -292,10 +300,18 @@ void sq_shortest_float(float v, sq_decimal_t *out)
 
 int sq_decimal_digits(const sq_decimal_t *d, char *out)
 {
+    static const char pairs[] =
+        "00010203040506070809101112131415161718192021222324252627282930313233"
+        "34353637383940414243444546474849505152535455565758596061626364656667"
+        "6869707172737475767778798081828384858687888990919293949596979899";
     uint64_t x = d->digits;
-    for (int i = d->ndigits - 1; i >= 0; i--) {
-        out[i] = (char)('0' + x % 10);
-        x /= 10;
+    int i = d->ndigits;
+    while (i >= 2) { /* two digits a division */
+        memcpy(out + i - 2, pairs + 2 * (x % 100), 2);
+        x /= 100;
+        i -= 2;
     }
+    if (i == 1)
+        out[0] = (char)('0' + x);
     return d->ndigits;
 }
