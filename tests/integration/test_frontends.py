@@ -208,6 +208,10 @@ def two_frontends_serve_every_request_once_with_its_own_output_and_bytes_bypass_
         assert a.status == 200 and a.json == b.json, (a, b)
         plan_a = fleet.fronts[0].get("/v1/plan")
         assert plan_a.status == 200, plan_a
+        # Clean stops (under the sanitizers: nothing leaked), frontends first.
+        for f in fleet.fronts:
+            assert f.stop() == 0, f.read_log()[-3000:]
+        assert fleet.d.stop() == 0, fleet.d.read_log()[-3000:]
     finally:
         fleet.cleanup()
 
@@ -370,6 +374,8 @@ def a_pipeline_query_runs_on_the_frontend_and_its_fanout_reaches_the_dispatchers
             d.get("/pipelines/emu", headers=auth(d)).json["split"]["gamma"]["cls"]), 10,
             "the frontend's fan-outs at the dispatcher")
         assert 1 < g["measured"] < 3, g
+        assert front.stop() == 0, front.read_log()[-3000:]
+        assert d.stop() == 0, d.read_log()[-3000:]
     finally:
         fleet.cleanup()
 
