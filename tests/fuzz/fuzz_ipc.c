@@ -44,13 +44,28 @@ static void decode_all(const sq_frame_t *f)
     static sq_model_load_t *load;
     static sq_batch_t *batch;
     static sq_profile_done_t *prof;
+    static sq_fe_assign_t *assign;
+    static sq_data_rows_t *rows;
+    static sq_data_output_t *output;
+    static sq_fe_item_t *items;
+    static uint64_t *slots;
     if (load == NULL) {
         load = malloc(sizeof(*load));
         batch = malloc(sizeof(*batch));
         prof = malloc(sizeof(*prof));
-        if (load == NULL || batch == NULL || prof == NULL)
+        assign = malloc(sizeof(*assign));
+        rows = malloc(sizeof(*rows));
+        output = malloc(sizeof(*output));
+        items = malloc(sizeof(*items) * SQ_MAX_FE_ITEMS);
+        slots = malloc(sizeof(*slots) * SQ_MAX_FE_ITEMS);
+        if (load == NULL || batch == NULL || prof == NULL || assign == NULL || rows == NULL ||
+            output == NULL || items == NULL || slots == NULL)
             abort();
     }
+    sq_fe_hello_t fe_hello;
+    sq_fe_welcome_t fe_welcome;
+    sq_fe_fail_t fe_fail;
+    uint32_t nitems = 0, nslots = 0;
     sq_hello_t hello;
     sq_welcome_t welcome;
     sq_ipc_error_t error;
@@ -88,7 +103,37 @@ static void decode_all(const sq_frame_t *f)
     FUZZ_DECODE(batch_done, SQ_MSG_BATCH_DONE, 1, &done);
     FUZZ_DECODE(profile_req, SQ_MSG_PROFILE, 1, &req);
     FUZZ_DECODE(profile_done, SQ_MSG_PROFILE_DONE, 1, prof);
+    /* Frontends' messages (issue 25); rows and outputs carry bytes after
+     * their header. */
+    FUZZ_DECODE(fe_hello, SQ_MSG_FE_HELLO, 1, &fe_hello);
+    FUZZ_DECODE(fe_welcome, SQ_MSG_FE_WELCOME, 1, &fe_welcome);
+    FUZZ_DECODE(fe_assign, SQ_MSG_FE_ASSIGN, 1, assign);
+    FUZZ_DECODE(fe_fail, SQ_MSG_FE_FAIL, 1, &fe_fail);
+    FUZZ_DECODE(data_rows, SQ_MSG_DATA_ROWS, 0, rows);
+    FUZZ_DECODE(data_output, SQ_MSG_DATA_OUTPUT, 0, output);
 #undef FUZZ_DECODE
+    int irc = sq_fe_items_decode(f, items, &nitems);
+    if (irc != 0 && irc != SQ_PROTOCOL)
+        abort();
+    if (irc == 0) {
+        if (f->type != SQ_MSG_FE_ITEMS)
+            abort();
+        ok++;
+        enc.len = 0;
+        sq_fe_items_encode(&enc, items, nitems);
+        check_encoding(&enc, f, 1);
+    }
+    int wrc = sq_fe_withdraw_decode(f, slots, SQ_MAX_FE_ITEMS, &nslots);
+    if (wrc != 0 && wrc != SQ_PROTOCOL)
+        abort();
+    if (wrc == 0) {
+        if (f->type != SQ_MSG_FE_WITHDRAW)
+            abort();
+        ok++;
+        enc.len = 0;
+        sq_fe_withdraw_encode(&enc, slots, nslots);
+        check_encoding(&enc, f, 1);
+    }
     /* A remote worker's model files: a list, encoded from its entries. */
     sq_models_held_t held;
     int hrc = sq_models_held_decode(f, &held);
