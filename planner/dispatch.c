@@ -107,6 +107,8 @@ void pl_dispatch_free(pl_dispatch_t *d)
         free(d->sessions[i].cost);
         free(d->sessions[i].q.buf);
         free(d->sessions[i].routes);
+        free(d->sessions[i].route_bits);
+        sq_iheap_dispose(&d->sessions[i].busy_heap);
     }
     for (int i = 0; i < d->nworkers; i++) {
         free(d->workers[i].inflight);
@@ -115,6 +117,7 @@ void pl_dispatch_free(pl_dispatch_t *d)
     free(d->sessions);
     free(d->workers);
     free(d->links);
+    free(d->busy_bits);
     sq_iheap_dispose(&d->session_wake);
     sq_iheap_dispose(&d->worker_wake);
     free(d->acts);
@@ -236,6 +239,7 @@ static void worker_detach(pl_dispatch_t *d, int wid)
                 break;
             }
         }
+        pl__routes_index(d, s);
         session_net_refresh(d, s);
     }
     pl__wake_set(&d->worker_wake, wid, PL_NEVER);
@@ -254,6 +258,7 @@ int pl_dispatch_session_remove(pl_dispatch_t *d, int64_t now_us, int session)
     for (int i = 0; i < s->nroutes; i++)
         worker_forget_session(&d->workers[s->routes[i].worker], session);
     s->nroutes = 0;
+    pl__routes_index(d, s);
     s->alive = 0;
     pl__wake_set(&d->session_wake, session, PL_NEVER);
     pl__finish(d);
@@ -310,6 +315,10 @@ int pl_dispatch_worker_add(pl_dispatch_t *d, int64_t now_us, int worker, int64_t
                sizeof(*d->workers) * (size_t)(ncap - d->cap_workers));
         d->links = sq_xrealloc(d->links, sizeof(*d->links) * (size_t)ncap);
         memset(&d->links[d->cap_workers], 0, sizeof(*d->links) * (size_t)(ncap - d->cap_workers));
+        /* ncap is a power of two >= 8: whole words from 64 workers on. */
+        size_t oldw = ((size_t)d->cap_workers + 63) / 64, neww = ((size_t)ncap + 63) / 64;
+        d->busy_bits = sq_xrealloc(d->busy_bits, sizeof(uint64_t) * neww);
+        memset(&d->busy_bits[oldw], 0, sizeof(uint64_t) * (neww - oldw));
         d->cap_workers = ncap;
     }
     if (worker >= d->nworkers)
@@ -413,7 +422,7 @@ int pl_dispatch_worker_lost(pl_dispatch_t *d, int64_t now_us, int worker)
                 pl__drop(d, now_us, w->batch_session, &w->inflight[i], SQ_NOT_FOUND);
         }
     }
-    w->busy = 0;
+    pl__worker_set_free(d, worker);
     w->ninflight = 0;
     w->foreign_next = 0;
     w->present = 0;
@@ -476,6 +485,7 @@ int pl_dispatch_route_set(pl_dispatch_t *d, int64_t now_us, int session, const p
     free(s->routes);
     s->routes = copy;
     s->nroutes = nroutes;
+    pl__routes_index(d, s);
     session_net_refresh(d, s);
     pump_session(d, session, now_us);
     for (int i = 0; i < nroutes; i++)
@@ -611,13 +621,12 @@ uint64_t pl_dispatch_worker_foreign(pl_dispatch_t *d, int64_t now_us, int worker
     if (w->busy) {
         w->foreign_next = id;
         w->foreign_next_us = duration_us;
-        w->busy_until += duration_us;
+        pl__worker_set_busy(d, worker, w->busy_until + duration_us);
     } else {
-        w->busy = 1;
+        pl__worker_set_busy(d, worker, now_us + duration_us);
         w->batch_id = id;
         w->batch_session = -1;
         w->ninflight = 0;
-        w->busy_until = now_us + duration_us;
         pl__wake_set(&d->worker_wake, worker, PL_NEVER);
     }
     /* Its sessions' candidates see the worker busy for longer. */
@@ -640,12 +649,12 @@ int pl_dispatch_batch_done(pl_dispatch_t *d, int64_t now_us, int worker, uint64_
         /* Foreign work queued behind this batch runs now. */
         w->batch_id = w->foreign_next;
         w->batch_session = -1;
-        w->busy_until = now_us + w->foreign_next_us;
+        pl__worker_set_busy(d, worker, now_us + w->foreign_next_us);
         w->foreign_next = 0;
         pl__finish(d);
         return 0;
     }
-    w->busy = 0;
+    pl__worker_set_free(d, worker);
     if (w->draining) {
         w->draining = 0;
         w->present = 0;

@@ -86,6 +86,71 @@ int pl__default_target(const pl_dispatch_t *d, const session_t *s, net_t n)
 
 /* ---- workers and sessions ---- */
 
+void pl__worker_set_busy(pl_dispatch_t *d, int wid, int64_t until_us)
+{
+    worker_t *w = &d->workers[wid];
+    w->busy = 1;
+    w->busy_until = until_us;
+    d->busy_bits[wid >> 6] |= UINT64_C(1) << (wid & 63);
+    for (int k = 0; k < w->nsess; k++)
+        sq_iheap_set(&d->sessions[w->sess[k].session].busy_heap, wid, until_us);
+}
+
+void pl__worker_set_free(pl_dispatch_t *d, int wid)
+{
+    worker_t *w = &d->workers[wid];
+    w->busy = 0;
+    d->busy_bits[wid >> 6] &= ~(UINT64_C(1) << (wid & 63));
+    for (int k = 0; k < w->nsess; k++)
+        sq_iheap_remove(&d->sessions[w->sess[k].session].busy_heap, wid);
+}
+
+void pl__routes_index(pl_dispatch_t *d, session_t *s)
+{
+    while (s->busy_heap.n > 0)
+        sq_iheap_remove(&s->busy_heap, sq_iheap_top(&s->busy_heap));
+    int words = s->nroutes > 0 ? (s->routes[s->nroutes - 1].worker >> 6) + 1 : 0;
+    if (words > s->nroute_words)
+        s->route_bits = sq_xrealloc(s->route_bits, sizeof(uint64_t) * (size_t)words);
+    s->nroute_words = words;
+    if (words > 0)
+        memset(s->route_bits, 0, sizeof(uint64_t) * (size_t)words);
+    sq_iheap_reserve(&s->busy_heap, d->nworkers);
+    for (int i = 0; i < s->nroutes; i++) {
+        int wid = s->routes[i].worker;
+        s->route_bits[wid >> 6] |= UINT64_C(1) << (wid & 63);
+        if (d->workers[wid].busy)
+            sq_iheap_set(&s->busy_heap, wid, d->workers[wid].busy_until);
+    }
+}
+
+int pl__index_ok(const pl_dispatch_t *d)
+{
+    for (int wid = 0; wid < d->nworkers; wid++)
+        if (((d->busy_bits[wid >> 6] >> (wid & 63)) & 1) != (uint64_t)(d->workers[wid].busy != 0))
+            return 0;
+    for (int sid = 0; sid < d->nsessions; sid++) {
+        const session_t *s = &d->sessions[sid];
+        int nbusy = 0, nbits = 0;
+        for (int i = 0; i < s->nroutes; i++) {
+            int wid = s->routes[i].worker;
+            const worker_t *w = &d->workers[wid];
+            if ((wid >> 6) >= s->nroute_words || !((s->route_bits[wid >> 6] >> (wid & 63)) & 1))
+                return 0;
+            if (w->busy != sq_iheap_has(&s->busy_heap, wid))
+                return 0;
+            if (w->busy && s->busy_heap.key[wid] != w->busy_until)
+                return 0;
+            nbusy += w->busy != 0;
+        }
+        for (int wd = 0; wd < s->nroute_words; wd++)
+            nbits += __builtin_popcountll(s->route_bits[wd]);
+        if (nbits != s->nroutes || nbusy != s->busy_heap.n)
+            return 0;
+    }
+    return 1;
+}
+
 worker_t *pl__worker_get(pl_dispatch_t *d, int wid)
 {
     if (wid < 0 || wid >= d->nworkers || !d->workers[wid].present)
@@ -183,8 +248,7 @@ void pl__send_batch(pl_dispatch_t *d, int64_t now_us, int sid, int wid, int skip
     /* The invariant both policies promise: the earliest deadline is met
      * under the profile. */
     assert(finish_us <= w->inflight[0].deadline_us);
-    w->busy = 1;
-    w->busy_until = finish_us;
+    pl__worker_set_busy(d, wid, finish_us);
     w->batch_id = ++d->next_batch_id;
     w->batch_session = sid;
     pl_action_t *a = push_action(d, PL_ACT_SEND, now_us);

@@ -173,20 +173,19 @@ static int eager(const pl_dispatch_t *d, const session_t *s, int64_t now_us)
     return rate < d->opts.eager_load * s->nroutes * s->greedy_per_us;
 }
 
-/* When a worker other than `except` holding s can next start a batch. */
+/* When a worker other than `except` holding s can next start a batch: now
+ * if one is free, else when the first busy one comes free (an overdue one
+ * now); PL_NEVER with no other. On the routes' index (dispatch_int.h). */
 static int64_t next_start_except(const pl_dispatch_t *d, const session_t *s, int64_t now_us,
                                  int except)
 {
-    int64_t best = PL_NEVER;
-    for (int i = 0; i < s->nroutes; i++) {
-        const worker_t *w = &d->workers[s->routes[i].worker];
-        if (s->routes[i].worker == except)
-            continue;
-        int64_t t = !w->busy || w->busy_until < now_us ? now_us : w->busy_until;
-        if (t < best)
-            best = t;
-    }
-    return best;
+    int f = pl__free_route_from(d, s, 0);
+    if (f == except && f >= 0)
+        f = pl__free_route_from(d, s, except + 1);
+    if (f >= 0)
+        return now_us;
+    int64_t best = pl__busy_min_except(s, except);
+    return best == PL_NEVER || best > now_us ? best : now_us;
 }
 
 /* Whether a worker other than `except` holding s can run candidate c (its
@@ -506,9 +505,11 @@ void pl__pump_session_deferred(pl_dispatch_t *d, int sid, int64_t now_us)
                  * among its own sessions. */
                 int sent = 0;
                 if (!d->any_net) {
-                    for (int i = 0; i < s->nroutes && !sent; i++)
-                        if (!d->workers[s->routes[i].worker].busy)
-                            sent = worker_decide(d, s->routes[i].worker, now_us);
+                    /* Deciding changes no other worker's state: the next
+                     * free one after wid is the next in route order. */
+                    for (int wid = free_worker; wid >= 0 && !sent;
+                         wid = pl__free_route_from(d, s, wid + 1))
+                        sent = worker_decide(d, wid, now_us);
                 } else {
                     int nfree = pl__free_by_link(d, s);
                     for (int i = 0; i < nfree && !sent; i++)

@@ -79,11 +79,11 @@ void pl__pump_session_early_drop(pl_dispatch_t *d, int sid, int64_t now_us)
 {
     session_t *s = &d->sessions[sid];
     if (!d->any_net) {
-        for (int i = 0; i < s->nroutes && s->q.n > 0; i++) {
-            int wid = s->routes[i].worker;
-            if (!d->workers[wid].busy)
-                pl__pump_worker_early_drop(d, wid, now_us);
-        }
+        /* The free workers holding s in route order (the routes' index);
+         * a pump changes no other worker's state. */
+        for (int wid = pl__free_route_from(d, s, 0); wid >= 0 && s->q.n > 0;
+             wid = pl__free_route_from(d, s, wid + 1))
+            pl__pump_worker_early_drop(d, wid, now_us);
     } else {
         /* Cheapest link first: a local idle device before a remote one. */
         int nfree = pl__free_by_link(d, s);

@@ -97,6 +97,13 @@ typedef struct {
     int priority;            /* pl_session_cfg_t.priority: smaller first */
     int best_effort;         /* pl_session_cfg_t.best_effort */
     int64_t last_arrival_us; /* PL_NEVER: none yet */
+    /* The routes as an index (pl__routes_index), so that matchmaking
+     * without links costs no scan of the routes: bit wid of route_bits[]
+     * (nroute_words words) is set iff wid is one of them, and busy_heap
+     * holds those of them that are busy, keyed by busy_until. */
+    uint64_t *route_bits;
+    int nroute_words;
+    sq_iheap_t busy_heap;
 } session_t;
 
 typedef struct {
@@ -154,7 +161,8 @@ struct pl_dispatch {
     uint64_t next_batch_id;
     void *scratch; /* wcand_t[cap_scratch], worker_decide's */
     int cap_scratch;
-    int *order; /* free workers by link cost, matchmaking's (any_net only) */
+    uint64_t *busy_bits; /* bit wid: workers[wid].busy; cap_workers bits */
+    int *order;          /* free workers by link cost, matchmaking's (any_net only) */
     int cap_order;
     int any_net; /* workers with a link (remote), ever set and not cleared */
     pl_dispatch_stats_t stats;
@@ -231,6 +239,58 @@ __attribute__((always_inline)) static inline int fit_batch_on(const session_t *s
     return lo;
 }
 
+/* ---- the routes' index ------------------------------------------------
+ * Without links, matchmaking asks for the lowest-id free worker holding s
+ * and for the earliest moment a busy one comes free. Scanning s->routes for
+ * them made every event cost O(devices) (issue 25: 1000 devices at 100k
+ * req/s); d->busy_bits, s->route_bits and s->busy_heap answer them in a word
+ * per 64 workers and a heap top. Every change of a worker's busy state goes
+ * through pl__worker_set_busy / pl__worker_set_free, every change of a
+ * session's routes ends with pl__routes_index. */
+
+/* The lowest worker id >= from that holds s and is free (not busy); -1:
+ * none. In route order, as the routes are sorted by worker id. */
+static inline int pl__free_route_from(const pl_dispatch_t *d, const session_t *s, int from)
+{
+    int wd = from >> 6;
+    if (wd >= s->nroute_words)
+        return -1;
+    uint64_t m = s->route_bits[wd] & ~d->busy_bits[wd] & (~UINT64_C(0) << (from & 63));
+    while (m == 0) {
+        if (++wd >= s->nroute_words)
+            return -1;
+        m = s->route_bits[wd] & ~d->busy_bits[wd];
+    }
+    return (wd << 6) + __builtin_ctzll(m);
+}
+
+/* The least busy_until of the busy workers holding s, `except` left out
+ * (-1: none); PL_NEVER when there is no other. */
+static inline int64_t pl__busy_min_except(const session_t *s, int except)
+{
+    const sq_iheap_t *h = &s->busy_heap;
+    if (h->n == 0)
+        return PL_NEVER;
+    if (h->heap[0] != except)
+        return h->key[h->heap[0]];
+    /* The top is left out: the next is one of its two children. */
+    int64_t best = PL_NEVER;
+    for (int i = 1; i <= 2 && i < h->n; i++)
+        if (h->key[h->heap[i]] < best)
+            best = h->key[h->heap[i]];
+    return best;
+}
+
+/* Worker wid starts work that ends at until_us (or runs longer: until_us
+ * replaces its busy_until). */
+void pl__worker_set_busy(pl_dispatch_t *d, int wid, int64_t until_us);
+/* Worker wid is no longer busy. */
+void pl__worker_set_free(pl_dispatch_t *d, int wid);
+/* Rebuilds s's route_bits and busy_heap from s->routes. */
+void pl__routes_index(pl_dispatch_t *d, session_t *s);
+/* Whether the index agrees with the workers and routes (tests). */
+int pl__index_ok(const pl_dispatch_t *d);
+
 /* The earliest finish of one request of s alone on a worker holding s,
  * started when that worker can start it (PL_NEVER with no worker), and, in
  * *free_worker, the free worker that s's batches go to first (-1: none):
@@ -241,21 +301,15 @@ int64_t pl__earliest_finish1_net(const pl_dispatch_t *d, const session_t *s, int
 static inline int64_t earliest_finish1(const pl_dispatch_t *d, const session_t *s, int64_t now_us,
                                        int *free_worker)
 {
-    int64_t best = PL_NEVER;
-    *free_worker = -1;
     if (!d->any_net) {
-        for (int i = 0; i < s->nroutes; i++) {
-            const worker_t *w = &d->workers[s->routes[i].worker];
-            if (!w->busy) {
-                if (*free_worker < 0)
-                    *free_worker = s->routes[i].worker;
-                return now_us + s->cost[1];
-            }
-            int64_t t = w->busy_until > now_us ? w->busy_until : now_us;
-            if (t < best)
-                best = t;
-        }
-        return best == PL_NEVER ? PL_NEVER : best + s->cost[1];
+        *free_worker = pl__free_route_from(d, s, 0);
+        if (*free_worker >= 0)
+            return now_us + s->cost[1];
+        /* All busy: the first to come free (one overdue starts now). */
+        int64_t best = pl__busy_min_except(s, -1);
+        if (best == PL_NEVER)
+            return PL_NEVER;
+        return (best > now_us ? best : now_us) + s->cost[1];
     }
     return pl__earliest_finish1_net(d, s, now_us, free_worker);
 }
