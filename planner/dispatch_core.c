@@ -92,8 +92,13 @@ void pl__worker_set_busy(pl_dispatch_t *d, int wid, int64_t until_us)
     w->busy = 1;
     w->busy_until = until_us;
     d->busy_bits[wid >> 6] |= UINT64_C(1) << (wid & 63);
-    for (int k = 0; k < w->nsess; k++)
-        sq_iheap_set(&d->sessions[w->sess[k].session].busy_heap, wid, until_us);
+    if (d->any_net)
+        return; /* the heaps serve only a cluster without links */
+    for (int k = 0; k < w->nsess; k++) {
+        session_t *s = &d->sessions[w->sess[k].session];
+        if (s->busy_kept)
+            sq_iheap_set(&s->busy_heap, wid, until_us);
+    }
 }
 
 void pl__worker_set_free(pl_dispatch_t *d, int wid)
@@ -101,8 +106,13 @@ void pl__worker_set_free(pl_dispatch_t *d, int wid)
     worker_t *w = &d->workers[wid];
     w->busy = 0;
     d->busy_bits[wid >> 6] &= ~(UINT64_C(1) << (wid & 63));
-    for (int k = 0; k < w->nsess; k++)
-        sq_iheap_remove(&d->sessions[w->sess[k].session].busy_heap, wid);
+    if (d->any_net)
+        return;
+    for (int k = 0; k < w->nsess; k++) {
+        session_t *s = &d->sessions[w->sess[k].session];
+        if (s->busy_kept)
+            sq_iheap_remove(&s->busy_heap, wid);
+    }
 }
 
 void pl__routes_index(pl_dispatch_t *d, session_t *s)
@@ -115,11 +125,13 @@ void pl__routes_index(pl_dispatch_t *d, session_t *s)
     s->nroute_words = words;
     if (words > 0)
         memset(s->route_bits, 0, sizeof(uint64_t) * (size_t)words);
-    sq_iheap_reserve(&s->busy_heap, d->nworkers);
+    s->busy_kept = s->nroutes >= PL__HEAP_MIN_ROUTES;
+    if (s->busy_kept)
+        sq_iheap_reserve(&s->busy_heap, d->nworkers);
     for (int i = 0; i < s->nroutes; i++) {
         int wid = s->routes[i].worker;
         s->route_bits[wid >> 6] |= UINT64_C(1) << (wid & 63);
-        if (d->workers[wid].busy)
+        if (d->workers[wid].busy && s->busy_kept && !d->any_net)
             sq_iheap_set(&s->busy_heap, wid, d->workers[wid].busy_until);
     }
 }
@@ -137,6 +149,8 @@ int pl__index_ok(const pl_dispatch_t *d)
             const worker_t *w = &d->workers[wid];
             if ((wid >> 6) >= s->nroute_words || !((s->route_bits[wid >> 6] >> (wid & 63)) & 1))
                 return 0;
+            if (d->any_net || !s->busy_kept)
+                continue;
             if (w->busy != sq_iheap_has(&s->busy_heap, wid))
                 return 0;
             if (w->busy && s->busy_heap.key[wid] != w->busy_until)
@@ -145,7 +159,7 @@ int pl__index_ok(const pl_dispatch_t *d)
         }
         for (int wd = 0; wd < s->nroute_words; wd++)
             nbits += __builtin_popcountll(s->route_bits[wd]);
-        if (nbits != s->nroutes || nbusy != s->busy_heap.n)
+        if (nbits != s->nroutes || (!d->any_net && s->busy_kept && nbusy != s->busy_heap.n))
             return 0;
     }
     return 1;

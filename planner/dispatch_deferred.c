@@ -184,7 +184,7 @@ static int64_t next_start_except(const pl_dispatch_t *d, const session_t *s, int
         f = pl__free_route_from(d, s, except + 1);
     if (f >= 0)
         return now_us;
-    int64_t best = pl__busy_min_except(s, except);
+    int64_t best = pl__busy_min_except(d, s, except);
     return best == PL_NEVER || best > now_us ? best : now_us;
 }
 

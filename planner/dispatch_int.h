@@ -100,9 +100,11 @@ typedef struct {
     /* The routes as an index (pl__routes_index), so that matchmaking
      * without links costs no scan of the routes: bit wid of route_bits[]
      * (nroute_words words) is set iff wid is one of them, and busy_heap
-     * holds those of them that are busy, keyed by busy_until. */
+     * holds those of them that are busy, keyed by busy_until (kept only
+     * with busy_kept: without links and on many routes, dispatch_int.h). */
     uint64_t *route_bits;
     int nroute_words;
+    int busy_kept;
     sq_iheap_t busy_heap;
 } session_t;
 
@@ -246,7 +248,14 @@ __attribute__((always_inline)) static inline int fit_batch_on(const session_t *s
  * req/s); d->busy_bits, s->route_bits and s->busy_heap answer them in a word
  * per 64 workers and a heap top. Every change of a worker's busy state goes
  * through pl__worker_set_busy / pl__worker_set_free, every change of a
- * session's routes ends with pl__routes_index. */
+ * session's routes ends with pl__routes_index. With links (any_net, never
+ * cleared) matchmaking orders workers by link instead: the heaps are left
+ * as they were and no longer kept (a worker holds many sessions, and each
+ * busy change would pay a heap update per session for nothing). Nor is
+ * the heap of a session on fewer than PL__HEAP_MIN_ROUTES routes: there a
+ * scan of the routes costs less than a heap update per session at every
+ * busy change (a dispatch_bench case: 37 sessions on 8 of 64 workers each). */
+#define PL__HEAP_MIN_ROUTES 32
 
 /* The lowest worker id >= from that holds s and is free (not busy); -1:
  * none. In route order, as the routes are sorted by worker id. */
@@ -266,8 +275,17 @@ static inline int pl__free_route_from(const pl_dispatch_t *d, const session_t *s
 
 /* The least busy_until of the busy workers holding s, `except` left out
  * (-1: none); PL_NEVER when there is no other. */
-static inline int64_t pl__busy_min_except(const session_t *s, int except)
+static inline int64_t pl__busy_min_except(const pl_dispatch_t *d, const session_t *s, int except)
 {
+    if (!s->busy_kept) {
+        int64_t best = PL_NEVER;
+        for (int i = 0; i < s->nroutes; i++) {
+            const worker_t *w = &d->workers[s->routes[i].worker];
+            if (w->busy && s->routes[i].worker != except && w->busy_until < best)
+                best = w->busy_until;
+        }
+        return best;
+    }
     const sq_iheap_t *h = &s->busy_heap;
     if (h->n == 0)
         return PL_NEVER;
@@ -306,7 +324,7 @@ static inline int64_t earliest_finish1(const pl_dispatch_t *d, const session_t *
         if (*free_worker >= 0)
             return now_us + s->cost[1];
         /* All busy: the first to come free (one overdue starts now). */
-        int64_t best = pl__busy_min_except(s, -1);
+        int64_t best = pl__busy_min_except(d, s, -1);
         if (best == PL_NEVER)
             return PL_NEVER;
         return (best > now_us ? best : now_us) + s->cost[1];
