@@ -743,10 +743,10 @@ static void frontend_ready(gw_call_t *call)
     }
     gw_model_t *m = gw_registry_find(call->srv->registry, name.base, name.len, version);
     if (m == NULL || m->record == NULL || (version != 0 && m->version != version)) {
-        /* Not a model this frontend serves: a pipeline (they run at the
-         * dispatcher), or nothing, which the dispatcher says best. */
+        /* Not in the catalog this frontend has (yet): not ready here, even
+         * when its dispatcher would say so (pipelines were looked at first). */
         gw_model_unref(m);
-        gw_proxy_to_dispatcher(call);
+        gw_send_not_found(call, name, version);
         return;
     }
     char buf[MDB_NAME_MAX + 256];
