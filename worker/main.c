@@ -230,32 +230,6 @@ static int connect_unix(const char *path)
     return fd;
 }
 
-/* Blocks (poll) until one whole frame is in, up to timeout_ms. */
-static int read_frame_blocking(sq_conn_t *c, sq_frame_t *f, int timeout_ms)
-{
-    int64_t deadline = sq_now_ms() + timeout_ms;
-    for (;;) {
-        int rc = sq_conn_next(c, f);
-        if (rc != 0)
-            return rc;
-        int left = (int)(deadline - sq_now_ms());
-        if (left <= 0)
-            return -ETIMEDOUT;
-        /* What is queued goes first (over TLS: the handshake, then it). */
-        int fl = sq_conn_flush(c);
-        if (fl < 0)
-            return fl;
-        struct pollfd p = {.fd = c->fd, .events = (short)(POLLIN | (fl == 1 ? POLLOUT : 0))};
-        if (poll(&p, 1, left) < 0 && errno != EINTR)
-            return -errno;
-        rc = sq_conn_read(c);
-        if (rc == 0)
-            return -ECONNRESET;
-        if (rc < 0 && rc != -EAGAIN)
-            return rc;
-    }
-}
-
 /* HELLO: this worker's protocol, device and memory. */
 static int send_hello(worker_t *w)
 {
@@ -280,7 +254,7 @@ static int handshake(worker_t *w)
         return rc;
 
     sq_frame_t f;
-    if ((rc = read_frame_blocking(&w->conn, &f, 10000)) < 0)
+    if ((rc = sq_conn_read_frame(&w->conn, &f, 10000)) < 0)
         return rc;
     if (f.type == SQ_MSG_ERROR) {
         sq_ipc_error_t e;
@@ -309,56 +283,6 @@ static int handshake(worker_t *w)
     SQ_INFO("joined squishd worker_id=%u device=%s memory_mb=%llu heartbeat_ms=%u", wel.worker_id,
             w->dev.name, (unsigned long long)(w->dev.memory_bytes >> 20), wel.heartbeat_ms);
     return 0;
-}
-
-/* A TCP connection within CONNECT_TIMEOUT_MS; -1 with errno. */
-static int connect_tcp(const char *addr)
-{
-    char host[256], port[8];
-    int portnum;
-    if (sq_hostport_split(addr, host, sizeof(host), &portnum) != 0) {
-        errno = EINVAL;
-        return -1;
-    }
-    snprintf(port, sizeof(port), "%d", portnum);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM};
-    struct addrinfo *ai = NULL;
-    if (getaddrinfo(host, port, &hints, &ai) != 0) {
-        errno = EHOSTUNREACH;
-        return -1;
-    }
-    int fd = -1, err = ECONNREFUSED;
-    for (struct addrinfo *p = ai; p != NULL && fd < 0; p = p->ai_next) {
-        fd = socket(p->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-        if (fd < 0) {
-            err = errno;
-            continue;
-        }
-        if (connect(fd, p->ai_addr, p->ai_addrlen) != 0 && errno != EINPROGRESS) {
-            err = errno;
-            close(fd);
-            fd = -1;
-            continue;
-        }
-        struct pollfd pf = {.fd = fd, .events = POLLOUT};
-        int so = 0;
-        socklen_t sl = sizeof(so);
-        int n = poll(&pf, 1, CONNECT_TIMEOUT_MS);
-        if (n <= 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &so, &sl) != 0 || so != 0) {
-            err = n == 0 ? ETIMEDOUT : (so != 0 ? so : errno);
-            close(fd);
-            fd = -1;
-        }
-    }
-    freeaddrinfo(ai);
-    if (fd < 0) {
-        errno = err;
-        return -1;
-    }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-    return fd;
 }
 
 static void refuse(worker_t *w, const char *why)
@@ -407,7 +331,7 @@ static int authenticate(worker_t *w)
     rc = sq_conn_send(&w->conn, SQ_MSG_AUTH_CHALLENGE, 0, b.data, (uint32_t)b.len);
     sq_frame_t f;
     if (rc == 0)
-        rc = read_frame_blocking(&w->conn, &f, 10000);
+        rc = sq_conn_read_frame(&w->conn, &f, 10000);
     int auth = 0;
     if (rc == 1 && refused_by_squishd(&f, &auth)) {
         rc = auth ? REFUSED : SQ_PROTOCOL;
@@ -444,7 +368,7 @@ static int remote_hello(worker_t *w, const sq_buf_t *held)
     rc = send_hello(w);
     sq_frame_t f;
     if (rc == 0)
-        rc = read_frame_blocking(&w->conn, &f, 10000);
+        rc = sq_conn_read_frame(&w->conn, &f, 10000);
     if (rc < 0)
         return rc;
     int auth = 0;
@@ -478,9 +402,9 @@ static int reconnect(void *ctx, const sq_buf_t *held, sq_conn_t **conn, uint32_t
                 SQ_INFO("stopping on a signal");
                 return 1;
             }
-            int fd = connect_tcp(w->addrs[i]);
+            int fd = sq_dial_tcp(w->addrs[i], CONNECT_TIMEOUT_MS);
             if (fd < 0) {
-                SQ_WARN("cannot connect addr=%s error=\"%s\"", w->addrs[i], strerror(errno));
+                SQ_WARN("cannot connect addr=%s error=\"%s\"", w->addrs[i], strerror(-fd));
                 continue;
             }
             sq_conn_init(&w->conn, fd);
