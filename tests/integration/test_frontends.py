@@ -82,10 +82,13 @@ class Fleet:
         self.fronts = [self.frontend() for _ in range(nfrontends)]
 
     def frontend(self):
-        return Squishd(workers="none", tmp=None,
-                       extra=["--role", "frontend", "--dispatcher", self.addr,
-                              "--cluster-token-file", self.c.token,
-                              "--heartbeat-ms", "100", "--heartbeat-timeout-ms", "1000"])
+        f = Squishd(workers="none", tmp=None,
+                    extra=["--role", "frontend", "--dispatcher", self.addr,
+                           "--cluster-token-file", self.c.token,
+                           "--heartbeat-ms", "100", "--heartbeat-timeout-ms", "1000"])
+        # Joined before anything is sent through it (it forwards uploads).
+        eventually(lambda: "joined the dispatcher" in f.read_log(), 20, "the frontend joined")
+        return f
 
     def upload_through(self, front):
         r = front.request("POST", "/models", body=json.dumps(MODEL).encode(),
