@@ -129,6 +129,8 @@ def five_hosts_every_request_answered_once_through_a_frontend_and_a_worker_host_
                 host="10.78.0.%d" % HOSTS[h],
                 extra=["--role", "frontend", "--listen", "0.0.0.0:0", "--dispatcher",
                        "10.78.0.1:%d" % PORT, "--cluster-token-file", token]))
+        for f in fronts:
+            eventually(lambda f=f: "joined the dispatcher" in f.read_log(), 20, "joined")
         # The workers tell their addresses on their own hosts, not a wildcard.
         log = d.read_log()
         for h in ("h1", "h2"):
