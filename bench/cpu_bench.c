@@ -7,7 +7,14 @@
  * runs, then --iters timed runs; prints one JSON line per (model, batch)
  * with mean/median/min latency in ms, images/s, and the process CPU time
  * per run (cpu_ms: on a loaded machine the work done, apart from the waits
- * for a core). bench/cpu_bench.sh runs it side by side with torch. */
+ * for a core). bench/cpu_bench.sh runs it side by side with torch.
+ *
+ *   squish-cpu-bench --input IN.f32 --output OUT.f32 [--batch B] MODEL.onnx
+ *
+ * also checks the model as an upload does (import and mdb_model_info),
+ * runs IN.f32 (raw float32, B images, B the first --batch) once and writes
+ * the outputs, concatenated, to OUT.f32 before timing: what
+ * bench/torchvision_all.py compares with torch. */
 #include <mdb_graph.h>
 #include <sq.h>
 #include <wk_exec.h>
@@ -19,7 +26,44 @@
 #include <string.h>
 #include <time.h>
 
-static int bench_model(const char *path, const int *batches, int n_batches, int threads, int iters)
+/* Runs the raw float32 images of in_path at batch and writes every
+ * output, one after the other, to out_path. */
+static int run_io(wk_plan_t *p, const char *path, int batch, const char *in_path,
+                  const char *out_path)
+{
+    size_t len = 0;
+    float *in = bench_slurp(in_path, &len);
+    int64_t want = wk_plan_input_elems(p, 0) * batch * (int64_t)sizeof(float);
+    if (in == NULL || (int64_t)len != want) {
+        fprintf(stderr, "%s: %s holds %zu bytes, not %lld\n", path, in_path, len, (long long)want);
+        free(in);
+        return 1;
+    }
+    int n_out = wk_plan_n_outputs(p);
+    float *outs[8];
+    for (int o = 0; o < n_out; o++)
+        outs[o] = malloc((size_t)(wk_plan_output_elems(p, o) * batch) * sizeof(float));
+    int rc = wk_plan_run(p, batch, (const float *[]){in}, outs);
+    if (rc != 0)
+        fprintf(stderr, "%s: run: %s\n", path, wk_plan_errmsg(p));
+    FILE *f = rc == 0 ? fopen(out_path, "wb") : NULL;
+    for (int o = 0; f != NULL && o < n_out; o++) {
+        size_t n = (size_t)(wk_plan_output_elems(p, o) * batch);
+        if (fwrite(outs[o], sizeof(float), n, f) != n)
+            rc = 1;
+    }
+    if (rc == 0 && (f == NULL || fclose(f) != 0)) {
+        fprintf(stderr, "%s: cannot write %s\n", path, out_path);
+        rc = 1;
+    }
+    for (int o = 0; o < n_out; o++)
+        free(outs[o]);
+    free(in);
+    return rc;
+}
+
+static int bench_model(const char *path, const int *batches, int n_batches, int threads, int iters,
+                       int warmup, const char *in_path, const char *out_path)
 {
     size_t len;
     void *bytes = bench_slurp(path, &len);
@@ -35,6 +79,13 @@ static int bench_model(const char *path, const int *batches, int n_batches, int 
         return 1;
     }
     free(bytes);
+    mdb_model_info_t info;
+    char why[512];
+    if (in_path != NULL && mdb_model_info(g, &info, why, sizeof(why)) != 0) {
+        fprintf(stderr, "%s: upload: %s\n", path, why);
+        mdb_graph_free(g);
+        return 1;
+    }
     int max_batch = 1;
     for (int i = 0; i < n_batches; i++)
         max_batch = batches[i] > max_batch ? batches[i] : max_batch;
@@ -42,13 +93,16 @@ static int bench_model(const char *path, const int *batches, int n_batches, int 
     o.max_batch = max_batch;
     o.threads = threads;
     wk_plan_t *p = NULL;
-    char why[512];
     int64_t t0 = sq_now_ns();
     int rc = wk_plan_create(g, &o, &p, why, sizeof(why));
     double plan_ms = (double)(sq_now_ns() - t0) / 1e6;
     mdb_graph_free(g);
     if (rc != 0) {
         fprintf(stderr, "%s: plan: %s\n", path, why);
+        return 1;
+    }
+    if (in_path != NULL && run_io(p, path, batches[0], in_path, out_path) != 0) {
+        wk_plan_free(p);
         return 1;
     }
     int64_t in_per = wk_plan_input_elems(p, 0), out_per = wk_plan_output_elems(p, 0);
@@ -60,7 +114,7 @@ static int bench_model(const char *path, const int *batches, int n_batches, int 
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     for (int bi = 0; bi < n_batches; bi++) {
         int b = batches[bi];
-        for (int w = 0; w < 3; w++)
+        for (int w = 0; w < warmup; w++)
             wk_plan_run(p, b, (const float *[]){in}, (float *[]){out});
         double sum = 0;
         struct timespec c0, c1;
@@ -97,17 +151,26 @@ static int bench_model(const char *path, const int *batches, int n_batches, int 
 
 int main(int argc, char **argv)
 {
-    int batches[16], n_batches = 0, threads = 0, iters = 20, rc = 0;
+    int batches[16], n_batches = 0, threads = 0, iters = 20, warmup = 3, rc = 0;
+    const char *in_path = NULL, *out_path = NULL;
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
             threads = atoi(argv[++i]);
         else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
             iters = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--warmup") == 0 && i + 1 < argc)
+            warmup = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--input") == 0 && i + 1 < argc)
+            in_path = argv[++i];
+        else if (strcmp(argv[i], "--output") == 0 && i + 1 < argc)
+            out_path = argv[++i];
         else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc && n_batches < 16)
             batches[n_batches++] = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--threads N] [--iters N] [--batch B]... MODEL.onnx...\n",
+            fprintf(stderr,
+                    "usage: %s [--threads N] [--iters N] [--warmup N] [--batch B]... "
+                    "[--input IN.f32 --output OUT.f32] MODEL.onnx...\n",
                     argv[0]);
             return 2;
         }
@@ -116,12 +179,13 @@ int main(int argc, char **argv)
         batches[n_batches++] = 1;
         batches[n_batches++] = 8;
     }
-    if (iters < 1 || i == argc) {
+    if (iters < 1 || i == argc || (in_path == NULL) != (out_path == NULL) ||
+        (in_path != NULL && argc - i != 1)) {
         fprintf(stderr, "usage: %s [--threads N] [--iters N] [--batch B]... MODEL.onnx...\n",
                 argv[0]);
         return 2;
     }
     for (; i < argc; i++)
-        rc |= bench_model(argv[i], batches, n_batches, threads, iters);
+        rc |= bench_model(argv[i], batches, n_batches, threads, iters, warmup, in_path, out_path);
     return rc;
 }

@@ -35,6 +35,13 @@ bool mdb_op_is_foldable(mdb_op_t op)
     case MDB_OP_SUB:
     case MDB_OP_MUL:
     case MDB_OP_DIV:
+    case MDB_OP_EQUAL:
+    case MDB_OP_WHERE:
+    case MDB_OP_EXPAND:
+    case MDB_OP_MOD:
+    case MDB_OP_RANGE:
+    case MDB_OP_NOT:
+    case MDB_OP_SCATTER_ND:
         return true;
     default:
         return false;
@@ -181,6 +188,9 @@ static int fold_binary(mdb_graph_t *g, mdb_node_t *node, mdb_tensor_t *out, void
             case MDB_OP_MUL:
                 r = (float)x * (float)y;
                 break;
+            case MDB_OP_MOD:
+                r = fmodf((float)x, (float)y); /* floats: fmod=1 (ONNX) */
+                break;
             default:
                 r = (float)x / (float)y;
                 break;
@@ -199,6 +209,14 @@ static int fold_binary(mdb_graph_t *g, mdb_node_t *node, mdb_tensor_t *out, void
             case MDB_OP_MUL:
                 ovf = __builtin_mul_overflow(x, y, &r);
                 break;
+            case MDB_OP_MOD:
+                if (y == 0 || (x == INT64_MIN && y == -1))
+                    return CANNOT;
+                r = x % y;
+                /* fmod=0: the sign of the divisor (Python's %) */
+                if (!mdb_node_int(node, "fmod", 0) && r != 0 && (r < 0) != (y < 0))
+                    r += y;
+                break;
             default:
                 if (y == 0 || (x == INT64_MIN && y == -1))
                     return CANNOT;
@@ -216,6 +234,143 @@ static int fold_binary(mdb_graph_t *g, mdb_node_t *node, mdb_tensor_t *out, void
                 break;
             ia -= sa[d] * idx[d];
             ib -= sb[d] * idx[d];
+            idx[d] = 0;
+        }
+    }
+    return 0;
+}
+
+/* Range(start, limit, delta): its length is in its values, so it is
+ * built here, before any shape rule (Swin's window index arithmetic). */
+static int fold_range(mdb_graph_t *g, mdb_node_t *node, char *err, size_t errlen)
+{
+    if (node->n_inputs != 3)
+        return CANNOT;
+    const mdb_tensor_t *t[3];
+    for (int k = 0; k < 3; k++) {
+        if (node->inputs[k] < 0)
+            return CANNOT;
+        t[k] = &g->tensors[node->inputs[k]];
+        if (mdb_const_count(t[k]) != 1 || has_sym(t[k]))
+            return CANNOT;
+    }
+    mdb_tensor_t *out = &g->tensors[node->outputs[0]];
+    double start = const_f(t[0], 0), limit = const_f(t[1], 0), delta = const_f(t[2], 0);
+    if (delta == 0 || !isfinite(start) || !isfinite(limit) || !isfinite(delta)) {
+        mdb_errf(err, errlen, "Range '%s': bad start, limit or delta", node->name);
+        return SQ_BAD_MODEL;
+    }
+    double count = ceil((limit - start) / delta);
+    count = count < 0 ? 0 : count;
+    if (count > MDB_MAX_FOLD_ELEMENTS)
+        return CANNOT;
+    out->dtype = t[0]->dtype;
+    out->shape = (mdb_shape_t){.rank = 1, .dims = {(int64_t)count}};
+    out->shape_known = true;
+    void *data;
+    size_t nbytes;
+    int rc = alloc_out(out, &data, &nbytes);
+    if (rc)
+        return rc;
+    for (int64_t i = 0; i < (int64_t)count; i++) {
+        if (out->dtype == MDB_DT_FLOAT)
+            store(out->dtype, data, i, start + (double)i * delta, 0);
+        else
+            store(out->dtype, data, i, 0, mdb_const_int(t[0], 0) + i * mdb_const_int(t[2], 0));
+    }
+    mdb_graph_set_data(g, node->outputs[0], data, nbytes);
+    return 0;
+}
+
+/* ScatterND(data, indices, updates), reduction none: data with the slices
+ * that indices name replaced (Swin's attention mask, filled window by
+ * window). */
+static int fold_scatter_nd(mdb_graph_t *g, mdb_node_t *node, mdb_tensor_t *out, void *data,
+                           char *err, size_t errlen)
+{
+    if (node->n_inputs != 3 || node->inputs[1] < 0 || node->inputs[2] < 0)
+        return CANNOT;
+    const mdb_tensor_t *x = &g->tensors[node->inputs[0]], *ind = &g->tensors[node->inputs[1]];
+    const mdb_tensor_t *upd = &g->tensors[node->inputs[2]];
+    if (strcmp(mdb_node_string(node, "reduction", "none"), "none") != 0 || has_sym(ind) ||
+        ind->dtype == MDB_DT_FLOAT || upd->dtype != x->dtype || ind->shape.rank < 1)
+        return CANNOT;
+    int k = (int)ind->shape.dims[ind->shape.rank - 1];
+    if (k < 1 || k > x->shape.rank) {
+        mdb_errf(err, errlen, "ScatterND '%s': indices of depth %d", node->name, k);
+        return SQ_BAD_MODEL;
+    }
+    size_t es = mdb_dtype_size(x->dtype);
+    int64_t slice = 1, n_ind = mdb_const_count(ind) / k;
+    for (int d = k; d < x->shape.rank; d++)
+        slice *= x->shape.dims[d];
+    if (mdb_const_count(upd) != n_ind * slice) {
+        mdb_errf(err, errlen, "ScatterND '%s': updates do not match the indices", node->name);
+        return SQ_BAD_MODEL;
+    }
+    memcpy(data, x->data, x->nbytes);
+    for (int64_t i = 0; i < n_ind; i++) {
+        int64_t off = 0;
+        for (int d = 0; d < k; d++) {
+            int64_t dim = x->shape.dims[d], at = mdb_const_int(ind, i * k + d);
+            at = at < 0 ? at + dim : at;
+            if (at < 0 || at >= dim) {
+                mdb_errf(err, errlen, "ScatterND '%s': index out of range", node->name);
+                return SQ_BAD_MODEL;
+            }
+            off = off * dim + at;
+        }
+        memcpy((uint8_t *)data + (size_t)(off * slice) * es,
+               (const uint8_t *)upd->data + (size_t)(i * slice) * es, (size_t)slice * es);
+    }
+    return 0;
+}
+
+/* Equal and Where, with broadcasting: what torch exports for expand(-1)
+ * (Where(Equal(shape, -1), 1, shape)). The symbolic batch equals itself and
+ * never a size below 1; anything else about it is unknown. */
+static int fold_select(mdb_graph_t *g, mdb_node_t *node, mdb_tensor_t *out, void *data)
+{
+    int n_in = node->op == MDB_OP_WHERE ? 3 : 2;
+    if (node->n_inputs != n_in)
+        return CANNOT;
+    const mdb_tensor_t *t[3];
+    int rank = out->shape.rank;
+    int64_t st[3][MDB_MAX_RANK], off[3] = {0}, idx[MDB_MAX_RANK] = {0};
+    for (int k = 0; k < n_in; k++) {
+        if (node->inputs[k] < 0)
+            return CANNOT;
+        t[k] = &g->tensors[node->inputs[k]];
+        bcast_strides(&t[k]->shape, rank, st[k]);
+    }
+    if (node->op == MDB_OP_WHERE &&
+        (t[1]->dtype != out->dtype || t[2]->dtype != out->dtype || has_sym(t[0])))
+        return CANNOT;
+    size_t es = mdb_dtype_size(out->dtype);
+    int64_t n = mdb_shape_numel(&out->shape, 1);
+    for (int64_t i = 0; i < n; i++) {
+        if (node->op == MDB_OP_WHERE) {
+            const mdb_tensor_t *pick = mdb_const_int(t[0], off[0]) ? t[1] : t[2];
+            int64_t at = off[pick == t[1] ? 1 : 2];
+            memcpy((uint8_t *)data + (size_t)i * es, (const uint8_t *)pick->data + (size_t)at * es,
+                   es);
+        } else if (t[0]->dtype == MDB_DT_FLOAT || t[1]->dtype == MDB_DT_FLOAT) {
+            store(MDB_DT_BOOL, data, i, 0, const_f(t[0], off[0]) == const_f(t[1], off[1]));
+        } else {
+            int64_t a = mdb_const_int(t[0], off[0]), b = mdb_const_int(t[1], off[1]);
+            bool sa = t[0]->dtype == MDB_DT_INT64 && a == MDB_SYM_BATCH;
+            bool sb = t[1]->dtype == MDB_DT_INT64 && b == MDB_SYM_BATCH;
+            if (sa != sb && (sa ? b : a) >= 1)
+                return CANNOT;
+            store(MDB_DT_BOOL, data, i, 0, a == b);
+        }
+        for (int d = rank - 1; d >= 0; d--) {
+            for (int k = 0; k < n_in; k++)
+                off[k] += st[k][d];
+            if (++idx[d] < out->shape.dims[d])
+                break;
+            for (int k = 0; k < n_in; k++)
+                off[k] -= st[k][d] * idx[d];
             idx[d] = 0;
         }
     }
@@ -353,6 +508,8 @@ int mdb_fold_node(mdb_graph_t *g, int idx, char *err, size_t errlen)
         return CANNOT;
     if (node->op == MDB_OP_CONSTANT_OF_SHAPE)
         return fold_source(g, node, err, errlen);
+    if (node->op == MDB_OP_RANGE)
+        return fold_range(g, node, err, errlen);
 
     int rc = mdb_graph_infer_node(g, idx, err, errlen);
     if (rc)
@@ -400,12 +557,30 @@ int mdb_fold_node(mdb_graph_t *g, int idx, char *err, size_t errlen)
     case MDB_OP_SUB:
     case MDB_OP_MUL:
     case MDB_OP_DIV:
+    case MDB_OP_MOD:
         if (node->n_inputs != 2 || node->inputs[1] < 0) {
             rc = CANNOT;
             break;
         }
         rc = fold_binary(g, node, out, data);
         break;
+    case MDB_OP_EQUAL:
+    case MDB_OP_WHERE:
+        rc = fold_select(g, node, out, data);
+        break;
+    case MDB_OP_NOT:
+        for (int64_t i = 0; i < (int64_t)nbytes; i++)
+            ((uint8_t *)data)[i] = !((const uint8_t *)in->data)[i];
+        break;
+    case MDB_OP_SCATTER_ND:
+        rc = fold_scatter_nd(g, node, out, data, err, errlen);
+        break;
+    case MDB_OP_EXPAND: {
+        int64_t st[MDB_MAX_RANK];
+        bcast_strides(&in->shape, out->shape.rank, st);
+        gather_copy(in->data, 0, st, &out->shape, es, data);
+        break;
+    }
     case MDB_OP_TRANSPOSE: {
         size_t np;
         const int64_t *perm = mdb_node_ints(node, "perm", &np);

@@ -42,6 +42,19 @@
  *   Split               axis, split (one size per output)
  *   Slice               axes, starts, ends, steps (clamped to the axis, same
  *                       length; on the batch axis only 0, INT64_MAX, 1)
+ *   Pow                 exponent (float; ONNX's second input, a constant
+ *                       scalar: LayerNorm's x^2 as torch exports it)
+ *   Sqrt Erf            -
+ *   Expand              shape (= the output shape, batch as MDB_DIM_BATCH;
+ *                       ViT's class token expanded over the batch)
+ *   Equal Where Mod Range Not ScatterND   import-time only (folded: Swin's
+ *                       window padding, shifts and attention mask)
+ *   Gather              axis; on runtime data only one constant scalar index,
+ *                       as the attribute index (>= 0; the axis is dropped:
+ *                       ViT's x[:, 0]); otherwise folded
+ *   LayerNormalization  X[, scale, B]; axis, epsilon (also what modeldb/fuse.c
+ *                       makes of torch's decomposed LayerNorm)
+ *   Gelu                - (approximate "none"; also fuse.c's of torch's Erf GELU)
  *
  * Ownership: a graph owns every tensor, its name and its data, every node
  * and attribute. Strings passed in are copied. mdb_graph_free releases all.
@@ -101,13 +114,25 @@
     X(BATCH_NORM, "BatchNormalization", true)                                                      \
     X(SPLIT, "Split", true)                                                                        \
     X(SLICE, "Slice", true)                                                                        \
+    X(POW, "Pow", true)                                                                            \
+    X(SQRT, "Sqrt", true)                                                                          \
+    X(ERF, "Erf", true)                                                                            \
+    X(EXPAND, "Expand", true)                                                                      \
+    X(LAYER_NORM, "LayerNormalization", true)                                                      \
+    X(GELU, "Gelu", true)                                                                          \
     X(CONSTANT, "Constant", false)                                                                 \
     X(SHAPE, "Shape", false)                                                                       \
-    X(GATHER, "Gather", false)                                                                     \
+    X(GATHER, "Gather", true)                                                                      \
     X(UNSQUEEZE, "Unsqueeze", false)                                                               \
     X(SQUEEZE, "Squeeze", false)                                                                   \
     X(CAST, "Cast", false)                                                                         \
-    X(CONSTANT_OF_SHAPE, "ConstantOfShape", false)
+    X(CONSTANT_OF_SHAPE, "ConstantOfShape", false)                                                 \
+    X(EQUAL, "Equal", false)                                                                       \
+    X(WHERE, "Where", false)                                                                       \
+    X(MOD, "Mod", false)                                                                           \
+    X(RANGE, "Range", false)                                                                       \
+    X(NOT, "Not", false)                                                                           \
+    X(SCATTER_ND, "ScatterND", false)
 
 typedef enum {
 #define MDB_OP_ENUM_(e, name, runtime) MDB_OP_##e,
@@ -117,7 +142,7 @@ typedef enum {
 } mdb_op_t;
 
 /* Keep in step with MDB_OPS: the name table in graph.c is checked too. */
-static_assert(MDB_OP_COUNT == 35, "update the op count when adding ops");
+static_assert(MDB_OP_COUNT == 47, "update the op count when adding ops");
 
 /* The ONNX op_type of op ("?" outside the enum). */
 const char *mdb_op_name(mdb_op_t op);
@@ -351,8 +376,7 @@ int mdb_model_info(const mdb_graph_t *g, mdb_model_info_t *info, char *err, size
  * the importer (a model past them is refused at upload, naming the node
  * and the reason) and by the worker's lowering (which refuses exactly
  * that). The numbers that size the worker's arrays: */
-#define MDB_RUN_MAX_CONCAT_INPUTS 8 /* inputs of one Concat */
-#define MDB_RUN_MAX_SPATIAL 3       /* spatial dims of Conv and the pools (rank 3..5) */
+#define MDB_RUN_MAX_SPATIAL 3 /* spatial dims of Conv and the pools (rank 3..5) */
 
 /* Checks node idx of a canonical graph against the list. batch_bound: the
  * symbolic batch is bound to one size (the worker's static_batch), so that

@@ -38,6 +38,11 @@ int mdb_fold_node(mdb_graph_t *g, int idx, char *err, size_t errlen);
 int mdb_onnx_lower(mdb_graph_t *g, int64_t opset, uint64_t fold_budget, char *err, size_t errlen,
                    char *ops, size_t opslen);
 
+/* Rewrites torch's decomposed LayerNorms and GELUs of a lowered, compacted
+ * graph into LayerNormalization and Gelu nodes, and compacts it again
+ * (fuse.c). Returns how many it rewrote. */
+int mdb_graph_fuse(mdb_graph_t *g);
+
 /* Whether op can be evaluated by mdb_fold_node at all. */
 bool mdb_op_is_foldable(mdb_op_t op);
 

@@ -193,6 +193,45 @@ static int canon_reshape(lctx_t *c)
     return 0;
 }
 
+/* Expand: the output shape (x broadcast against the requested one, the
+ * batch as MDB_DIM_BATCH) as the attribute "shape". */
+static int canon_expand(lctx_t *c)
+{
+    mdb_node_t *n = c->node;
+    const mdb_tensor_t *x = input(c, 0);
+    int64_t target[MDB_MAX_RANK];
+    size_t count = 0;
+    int rc = const_ints(c, 1, target, MDB_MAX_RANK, &count);
+    if (rc == 1) {
+        if (mdb_node_attr(n, "shape"))
+            return 0; /* canonical already */
+        FAIL(SQ_BAD_MODEL, "Expand '%s' has no shape", n->name);
+    }
+    if (rc)
+        return rc;
+    int rank = (int)count > x->shape.rank ? (int)count : x->shape.rank;
+    int64_t out[MDB_MAX_RANK];
+    for (int i = 0; i < rank; i++) {
+        int xi = i - (rank - x->shape.rank), ti = i - (rank - (int)count);
+        int64_t a = xi >= 0 ? x->shape.dims[xi] : 1;
+        int64_t b = ti >= 0 ? target[ti] : 1;
+        if (b == MDB_SYM_BATCH)
+            b = MDB_DIM_BATCH;
+        else if (b < 0 || b > MDB_MAX_DIM)
+            FAIL(SQ_BAD_MODEL, "Expand '%s': bad dimension %lld", n->name, (long long)b);
+        if (a == b || b == 1)
+            out[i] = a;
+        else if (a == 1)
+            out[i] = b;
+        else
+            FAIL(a == MDB_DIM_BATCH || b == MDB_DIM_BATCH ? SQ_UNSUPPORTED_MODEL : SQ_BAD_MODEL,
+                 "Expand '%s': shapes do not broadcast at axis %d", n->name, i);
+    }
+    mdb_node_set_ints(n, "shape", out, (size_t)rank);
+    keep_inputs(n, 1);
+    return 0;
+}
+
 static int canon_axes_list(lctx_t *c, const char *attr, int input_k, int rank, bool sort)
 {
     mdb_node_t *n = c->node;
@@ -284,6 +323,31 @@ static int canon_node(lctx_t *c)
     case MDB_OP_MAX_POOL:
     case MDB_OP_AVERAGE_POOL:
         return canon_window(c);
+    case MDB_OP_POW: {
+        float exponent = 0.0f;
+        if ((rc = const_float(c, 1, &exponent)) < 0)
+            return rc;
+        if (rc == 1 && !mdb_node_attr(n, "exponent"))
+            FAIL(SQ_BAD_MODEL, "Pow '%s' has no exponent", n->name);
+        if (rc == 0)
+            mdb_node_set_float(n, "exponent", exponent);
+        keep_inputs(n, 1);
+        return 0;
+    }
+    case MDB_OP_EXPAND:
+        return canon_expand(c);
+    case MDB_OP_LAYER_NORM:
+        if ((rc = norm_axis_attr(c, "axis", -1, rank)) != 0)
+            return rc;
+        if (!mdb_node_attr(n, "epsilon"))
+            mdb_node_set_float(n, "epsilon", 1e-5f);
+        mdb_node_del_attr(n, "stash_type");
+        return 0;
+    case MDB_OP_GELU:
+        if (strcmp(mdb_node_string(n, "approximate", "none"), "none") != 0)
+            FAIL(SQ_UNSUPPORTED_MODEL, "Gelu '%s': only approximate=\"none\"", n->name);
+        mdb_node_del_attr(n, "approximate");
+        return 0;
     case MDB_OP_CLIP: {
         float lo = -INFINITY, hi = INFINITY;
         if (c->opset < 11) {
@@ -320,8 +384,23 @@ static int canon_node(lctx_t *c)
     case MDB_OP_CONCAT:
         /* axis was optional (default 1) before opset 4 */
         return norm_axis_attr(c, "axis", c->opset < 4 ? 1 : 0, rank);
-    case MDB_OP_GATHER:
-        return norm_axis_attr(c, "axis", 0, rank);
+    case MDB_OP_GATHER: {
+        if ((rc = norm_axis_attr(c, "axis", 0, rank)) != 0)
+            return rc;
+        const mdb_tensor_t *x = input(c, 0), *ind = input(c, 1);
+        if (x->data != NULL || ind == NULL || ind->data == NULL || ind->dtype == MDB_DT_FLOAT ||
+            ind->shape.rank != 0)
+            return 0; /* folded, or refused as import-time */
+        int64_t axis = mdb_node_int(n, "axis", 0), dim = x->shape.dims[axis];
+        int64_t index = mdb_const_int(ind, 0);
+        if (dim == MDB_DIM_BATCH)
+            FAIL(SQ_UNSUPPORTED_MODEL, "Gather '%s' picks one item of the batch", n->name);
+        if (index < -dim || index >= dim)
+            FAIL(SQ_BAD_MODEL, "Gather '%s': index out of range", n->name);
+        mdb_node_set_int(n, "index", index < 0 ? index + dim : index);
+        keep_inputs(n, 1);
+        return 0;
+    }
     case MDB_OP_FLATTEN: {
         int64_t a = mdb_node_int(n, "axis", 1);
         if (a < -rank || a > rank)
@@ -430,7 +509,10 @@ static int canon_node(lctx_t *c)
             size_t cnt = 0;
             if ((rc = const_ints(c, 2, tm, 1, &cnt)) < 0)
                 return rc;
-            if (cnt == 1 && tm[0])
+            /* A ratio of 0 drops nothing even in training mode (torch
+             * exports Swin's F.dropout(attn, p=0.0) so). */
+            float ratio = 0.5f;
+            if (cnt == 1 && tm[0] && (const_float(c, 1, &ratio) != 0 || ratio != 0.0f))
                 FAIL(SQ_UNSUPPORTED_MODEL, "Dropout '%s' in training mode", n->name);
         }
         mdb_node_del_attr(n, "ratio");
@@ -574,6 +656,12 @@ static int check_arity(lctx_t *c)
     case MDB_OP_BATCH_NORM:
         lo = hi = 5;
         break;
+    case MDB_OP_LAYER_NORM:
+        hi = 3;
+        break;
+    case MDB_OP_GATHER: /* 1 once canonical (on runtime data), else folded */
+        hi = 2;
+        break;
     case MDB_OP_CONCAT:
         hi = MDB_MAX_NODE_IO;
         break;
@@ -592,6 +680,19 @@ static int check_arity(lctx_t *c)
         if (n->inputs[k] < 0)
             FAIL(SQ_BAD_MODEL, "%s '%s' lacks input %d", mdb_op_name(n->op), n->name, k);
     return 0;
+}
+
+/* Whether tensor t is a graph output or read by a node after node i (a
+ * Dropout's mask that torch declares and nothing reads). */
+static bool tensor_read(const mdb_graph_t *g, int i, int t)
+{
+    if (g->tensors[t].is_output)
+        return true;
+    for (int j = i + 1; j < g->n_nodes; j++)
+        for (int k = 0; k < g->nodes[j].n_inputs; k++)
+            if (g->nodes[j].inputs[k] == t)
+                return true;
+    return false;
 }
 
 /* Appends an op type to the comma-separated list ops (once). */
@@ -640,8 +741,9 @@ int mdb_onnx_lower(mdb_graph_t *g, int64_t opset, uint64_t fold_budget, char *er
         bool passthrough = n->op == MDB_OP_IDENTITY || n->op == MDB_OP_DROPOUT;
         int out0 = n->n_outputs > 0 ? n->outputs[0] : -1;
         bool mask_used = false;
-        for (int k = 1; k < n->n_outputs; k++)
-            mask_used |= n->outputs[k] >= 0;
+        for (int k = 1; passthrough && k < n->n_outputs; k++)
+            mask_used |=
+                n->outputs[k] >= 0 && (n->op != MDB_OP_DROPOUT || tensor_read(g, i, n->outputs[k]));
         if (passthrough && out0 >= 0 && !g->tensors[out0].is_output && !mask_used) {
             /* Readers read the input; the node dies in compaction. It
              * still gets a shape so that the graph stays consistent. */
@@ -732,6 +834,8 @@ int mdb_onnx_lower(mdb_graph_t *g, int64_t opset, uint64_t fold_budget, char *er
     }
     if (rc)
         mdb_errf(err, errlen, "ops on non-float tensors, which the worker does not run: %s", ops);
+    else
+        mdb_graph_fuse(g);
 out:
     free(alias);
     return rc;

@@ -5,13 +5,12 @@
  * lowering at load (so that the two can never disagree). modeldb sits
  * below worker/, so the list lives here and the worker includes it.
  *
- * Rules come in two kinds: limits of the kernels (a Concat of at most 8
- * inputs, 1 to 3 spatial dims, constant conv weights), and limits of
- * batching: while the batch is symbolic the worker runs every batch size
- * with one plan whose batch is the outermost dimension of every batched
- * tensor, so nothing may move, merge, reduce, pad, slice or mix the
- * batch. Batching rules are skipped when the batch is bound to one size
- * (batch_bound: a file that fixes its batch, or a static_batch plan).
+ * Rules come in two kinds: limits of the kernels (1 to 3 spatial dims,
+ * constant conv weights), and limits of batching: while the batch is
+ * symbolic the worker runs every batch size with one plan whose batch is
+ * the outermost dimension of every batched tensor, so nothing may move, merge, reduce, pad, slice
+ * or mix the batch. Batching rules are skipped when the batch is bound to one size (batch_bound: a
+ * file that fixes its batch, or a static_batch plan).
  *
  * A new refusal in the lowering or the cpu backend gets its rule here. */
 #include "mdb_graph.h"
@@ -96,11 +95,10 @@ static const char *known_shapes(const mdb_graph_t *g, const mdb_node_t *n, char 
     return NULL;
 }
 
+/* Any number of inputs (the importer caps them at MDB_MAX_NODE_IO), none
+ * left out. */
 static const char *concat_inputs(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
-    if (n->n_inputs > MDB_RUN_MAX_CONCAT_INPUTS)
-        return why(buf, len, "%d inputs; the worker concatenates at most %d", n->n_inputs,
-                   MDB_RUN_MAX_CONCAT_INPUTS);
     for (int k = 0; k < n->n_inputs; k++)
         if (in_t(g, n, k) == NULL)
             return why(buf, len, "input %d is left out", k);
@@ -205,6 +203,36 @@ static const char *binary_broadcast(const mdb_graph_t *g, const mdb_node_t *n, c
     if (!a_full && n->op == MDB_OP_DIV)
         return why(buf, len, "the dividend '%s' broadcasts; the worker broadcasts the divisor",
                    a->name);
+    return NULL;
+}
+
+/* Over the last axis (oneDNN's layer normalization), with constant
+ * per-channel scale and bias. */
+static const char *layer_norm_operands(const mdb_graph_t *g, const mdb_node_t *n, char *buf,
+                                       size_t len)
+{
+    const mdb_tensor_t *x = in_t(g, n, 0);
+    int64_t c = x->shape.rank > 0 ? x->shape.dims[x->shape.rank - 1] : 1;
+    if (mdb_node_int(n, "axis", -1) != x->shape.rank - 1)
+        return why(buf, len, "normalizes from axis %lld; the worker normalizes the last axis only",
+                   (long long)mdb_node_int(n, "axis", -1));
+    for (int k = 1; k < n->n_inputs; k++) {
+        const mdb_tensor_t *t = in_t(g, n, k);
+        if (t == NULL)
+            continue;
+        if (t->data == NULL)
+            return why(buf, len, "the scale and bias are computed, not constant");
+        if (mdb_shape_numel(&t->shape, 1) != c)
+            return why(buf, len, "'%s' does not hold one value per channel (%lld)", t->name,
+                       (long long)c);
+    }
+    return NULL;
+}
+
+static const char *gather_index(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    if (!mdb_node_attr(n, "index"))
+        return why(buf, len, "indices other than one constant scalar");
     return NULL;
 }
 
@@ -369,7 +397,7 @@ static const char *binary_batch(const mdb_graph_t *g, const mdb_node_t *n, char 
 static const rule_t rules[] = {
     {ANY_OP, false, "outputs have shapes, a data input", known_shapes},
     {ANY_OP, false, "float tensors only", float_only},
-    {MDB_OP_CONCAT, false, "at most MDB_RUN_MAX_CONCAT_INPUTS inputs", concat_inputs},
+    {MDB_OP_CONCAT, false, "no input left out", concat_inputs},
     {MDB_OP_CONV, false, "1..MDB_RUN_MAX_SPATIAL spatial dims, pads >= 0", window_rank},
     {MDB_OP_MAX_POOL, false, "1..MDB_RUN_MAX_SPATIAL spatial dims, pads >= 0", window_rank},
     {MDB_OP_AVERAGE_POOL, false, "1..MDB_RUN_MAX_SPATIAL spatial dims, pads >= 0", window_rank},
@@ -384,6 +412,9 @@ static const rule_t rules[] = {
     {MDB_OP_MUL, false, "one operand of the output's shape", binary_broadcast},
     {MDB_OP_DIV, false, "the dividend of the output's shape", binary_broadcast},
     {MDB_OP_GEMM, false, "2-D operands; beta 1 with a computed C", gemm_operands},
+    {MDB_OP_GATHER, false, "one constant scalar index", gather_index},
+    {MDB_OP_LAYER_NORM, false, "the last axis; constant per-channel scale, bias",
+     layer_norm_operands},
     {ANY_OP, true, "the batch stays outermost, never in a constant", batch_outermost},
     {MDB_OP_CONCAT, true, "not along the batch", axis_not_batch},
     {MDB_OP_SOFTMAX, true, "not over the batch", softmax_batch},

@@ -574,7 +574,10 @@ static int64_t slice_len(int64_t dim, int64_t *start, int64_t *end, int64_t step
         e = e < -1 ? -1 : e > dim - 1 ? dim - 1 : e;
     }
     *start = s;
-    *end = e;
+    /* Before the first element (a reversed slice to the start) is stored
+     * as INT64_MIN: -1 would read back as the last element when canonical
+     * attributes are resolved again (Swin's F.pad reverses its pads). */
+    *end = step < 0 && e == -1 ? INT64_MIN : e;
     if (step > 0)
         return e > s ? (e - s + step - 1) / step : 0;
     return s > e ? (s - e + (-step) - 1) / (-step) : 0;
@@ -686,6 +689,9 @@ static int infer_squeeze(ictx_t *c)
 static int infer_gather(ictx_t *c)
 {
     const mdb_tensor_t *x = in_t(c, 0), *idx = in_t(c, 1);
+    mdb_tensor_t scalar_index = {.shape = {.rank = 0}}; /* canonical: the attribute */
+    if (!idx && mdb_node_attr(c->node, "index"))
+        idx = &scalar_index;
     if (!idx)
         FAIL(SQ_BAD_MODEL, "Gather '%s' has no indices", c->node->name);
     int rank = x->shape.rank;
@@ -748,6 +754,11 @@ int mdb_graph_infer_node(mdb_graph_t *g, int idx, char *err, size_t errlen)
     case MDB_OP_HARD_SWISH:
     case MDB_OP_IDENTITY:
     case MDB_OP_SOFTMAX:
+    case MDB_OP_POW:
+    case MDB_OP_SQRT:
+    case MDB_OP_ERF:
+    case MDB_OP_GELU:
+    case MDB_OP_LAYER_NORM:
         if (node->op == MDB_OP_SOFTMAX) {
             int rc = check_axis(c, mdb_node_int(node, "axis", -1), x->shape.rank);
             if (rc)
@@ -789,6 +800,40 @@ int mdb_graph_infer_node(mdb_graph_t *g, int idx, char *err, size_t errlen)
         if (node->n_inputs != 2)
             FAIL(SQ_BAD_MODEL, "%s '%s' needs two inputs", mdb_op_name(node->op), node->name);
         return infer_broadcast(c);
+    case MDB_OP_MOD:
+        return infer_broadcast(c);
+    case MDB_OP_NOT:
+        if (x->dtype != MDB_DT_BOOL)
+            FAIL(SQ_BAD_MODEL, "Not '%s' of a %s tensor", node->name, mdb_dtype_name(x->dtype));
+        set_out(c, 0, x->dtype, &x->shape);
+        return 0;
+    case MDB_OP_SCATTER_ND:
+        set_out(c, 0, x->dtype, &x->shape);
+        return 0;
+    case MDB_OP_EQUAL:
+    case MDB_OP_WHERE: {
+        int rc = infer_broadcast(c);
+        if (rc == 0)
+            c->g->tensors[node->outputs[0]].dtype =
+                node->op == MDB_OP_EQUAL ? MDB_DT_BOOL : in_t(c, 1)->dtype;
+        return rc;
+    }
+    case MDB_OP_EXPAND: {
+        size_t count = 0;
+        const int64_t *dims = mdb_node_ints(node, "shape", &count);
+        if (dims == NULL || count > MDB_MAX_RANK || (int)count < x->shape.rank)
+            FAIL(SQ_BAD_MODEL, "Expand '%s' has no output shape", node->name);
+        mdb_shape_t out = {.rank = (int)count};
+        for (size_t i = 0; i < count; i++) {
+            out.dims[i] = dims[i];
+            int xi = (int)i - ((int)count - x->shape.rank);
+            if (xi >= 0 && x->shape.dims[xi] != 1 && x->shape.dims[xi] != dims[i])
+                FAIL(SQ_BAD_MODEL, "Expand '%s': shapes do not broadcast at axis %d", node->name,
+                     (int)i);
+        }
+        set_out(c, 0, x->dtype, &out);
+        return 0;
+    }
     case MDB_OP_CONCAT:
         return infer_concat(c);
     case MDB_OP_FLATTEN:
@@ -821,6 +866,7 @@ int mdb_graph_infer_node(mdb_graph_t *g, int idx, char *err, size_t errlen)
     }
     case MDB_OP_CONSTANT:
     case MDB_OP_CONSTANT_OF_SHAPE:
+    case MDB_OP_RANGE:
         /* Their shapes come from their data: only folding knows them. */
         FAIL(SQ_UNSUPPORTED_MODEL, "%s '%s' could not be folded", mdb_op_name(node->op),
              node->name);

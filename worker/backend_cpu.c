@@ -43,9 +43,11 @@ static void cpu_release(wk_plan_t *plan)
     int mb = plan->graph->max_batch;
     if (be->lists != NULL) {
         for (int b = 0; b <= mb; b++) {
-            for (int i = 0; i < be->lists[b].n; i++)
+            for (int i = 0; i < be->lists[b].n; i++) {
                 if (be->lists[b].items[i].prim)
                     dnnl_primitive_destroy(be->lists[b].items[i].prim);
+                free(be->lists[b].items[i].args);
+            }
             free(be->lists[b].items);
         }
     }
@@ -91,8 +93,15 @@ static void release_unused_constants(wk_plan_t *plan)
     wk_graph_t *g = plan->graph;
     int mb = g->max_batch;
     bool *used = sq_xcalloc((size_t)g->n_values + 1, sizeof(bool));
+    /* The C kernels read their source by pointer, without a memory object
+     * (Expand's source is a constant: ViT's class token). */
+    bool *c_src = sq_xcalloc((size_t)be->n_bufs + 1, sizeof(bool));
+    for (int si = 0; si < g->n_steps; si++)
+        if (g->steps[si].kind < WK_K_COUNT_ && wk__cpu_ops[g->steps[si].kind].run_c != NULL &&
+            be->steps[si].bias >= 0)
+            c_src[be->steps[si].bias] = true;
     for (int b = 0; b < be->n_bufs; b++) {
-        bool has_mem = false;
+        bool has_mem = c_src[b];
         for (int k = 0; k <= mb && !has_mem; k++)
             has_mem = be->mems[(size_t)b * (size_t)(mb + 1) + (size_t)k] != NULL;
         if (!has_mem)
@@ -116,6 +125,7 @@ static void release_unused_constants(wk_plan_t *plan)
         val->data = NULL;
         be->bufs[v].data = NULL;
     }
+    free(c_src);
     free(used);
 }
 

@@ -157,12 +157,14 @@ int wk__cpu_emit(wk_plan_t *plan, dnnl_primitive_desc_t pd, int batch, int step,
             rc = wk_fail(plan, SQ_NOMEM, "oneDNN scratchpad for step %d", step);
             goto out;
         }
+        it.args = sq_xmalloc((size_t)(n_args + 1) * sizeof(*it.args));
         if (sp != NULL)
             it.args[it.n_args++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, sp};
         for (int i = 0; i < n_args; i++) {
             dnnl_memory_t m = wk__cpu_mem_of(plan, arg_bufs[i], batch);
             if (m == NULL) {
                 dnnl_primitive_destroy(it.prim);
+                free(it.args);
                 rc = wk_fail(plan, SQ_NOMEM, "oneDNN memory object for step %d", step);
                 goto out;
             }
@@ -303,18 +305,43 @@ dnnl_alg_kind_t wk__cpu_act_alg(wk_act_kind_t k)
         return dnnl_eltwise_linear; /* followed by clip(0, 1) */
     case WK_ACT_HARDSWISH:
         return dnnl_eltwise_hardswish;
+    case WK_ACT_POW:
+        return dnnl_eltwise_pow; /* alpha * x^beta */
+    case WK_ACT_SQRT:
+        return dnnl_eltwise_sqrt;
+    case WK_ACT_GELU:
+        return dnnl_eltwise_gelu_erf;
     default:
         return dnnl_alg_kind_undef;
     }
 }
 
+void wk__cpu_act_params(wk_act_t a, float *alpha, float *beta)
+{
+    *alpha = 0.0f;
+    *beta = 0.0f;
+    switch (a.kind) {
+    case WK_ACT_LEAKY_RELU:
+        *alpha = a.alpha;
+        break;
+    case WK_ACT_CLIP:
+    case WK_ACT_HARDSIGMOID:
+        *alpha = a.alpha;
+        *beta = a.beta;
+        break;
+    case WK_ACT_POW:
+        *alpha = 1.0f;
+        *beta = a.alpha;
+        break;
+    default:
+        break;
+    }
+}
+
 void wk__cpu_append_act(dnnl_post_ops_t po, wk_act_t a)
 {
-    float alpha =
-        a.kind == WK_ACT_LEAKY_RELU || a.kind == WK_ACT_CLIP || a.kind == WK_ACT_HARDSIGMOID
-            ? a.alpha
-            : 0.0f;
-    float beta = a.kind == WK_ACT_CLIP || a.kind == WK_ACT_HARDSIGMOID ? a.beta : 0.0f;
+    float alpha, beta;
+    wk__cpu_act_params(a, &alpha, &beta);
     dnnl_post_ops_append_eltwise(po, 1.0f, wk__cpu_act_alg(a.kind), alpha, beta);
     if (a.kind == WK_ACT_HARDSIGMOID)
         dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_clip, 0.0f, 1.0f);

@@ -31,7 +31,7 @@ typedef struct {
 
 typedef struct {
     dnnl_primitive_t prim; /* NULL: a C kernel (pad, slice) for step */
-    dnnl_exec_arg_t args[12];
+    dnnl_exec_arg_t *args; /* owned; a concat has one per input */
     int n_args;
     int step;
 } cpu_item_t;
@@ -152,6 +152,8 @@ void wk__cpu_set_out_plain(wk_plan_t *plan, int v);
 
 dnnl_alg_kind_t wk__cpu_act_alg(wk_act_kind_t k);
 
+/* oneDNN's alpha and beta for activation a (pow: 1 and the exponent). */
+void wk__cpu_act_params(wk_act_t a, float *alpha, float *beta);
 void wk__cpu_append_act(dnnl_post_ops_t po, wk_act_t a);
 
 dnnl_alg_kind_t wk__cpu_bin_alg(wk_binop_t op);
@@ -161,7 +163,7 @@ dnnl_alg_kind_t wk__cpu_bin_alg(wk_binop_t op);
 /* What the backend does for one kernel kind. build runs in both planning
  * phases for step si: phase 1 (at max batch) decides layouts and
  * temporaries, phase 2 creates the primitive for `batch` and queues it.
- * run_c, for kernels done in plain C over plain buffers (Pad, Slice; their
+ * run_c, for kernels done in plain C over plain buffers (Pad, Slice, Erf, Expand; their
  * queued item has no primitive), runs the step; NULL for the others. */
 typedef struct {
     int (*build)(wk_plan_t *plan, int si, int batch);

@@ -1,11 +1,12 @@
 /* The cpu backend's kernels: one builder per kernel kind. Each runs in
  * both planning phases: phase 1 (at max batch) decides layouts and
  * temporaries, phase 2 creates the primitive for one batch size and queues
- * it. Pad and Slice are plain C over plain buffers. The builders stand on
+ * it. Pad, Slice, Erf and Expand are plain C over plain buffers. The builders stand on
  * the buffers and layouts of backend_cpu_buf.c; the backend's vtable
  * (backend_cpu.c) reaches them through wk__cpu_ops, indexed by kind. */
 #include "backend_cpu_int.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -381,11 +382,8 @@ static int build_eltwise(wk_plan_t *plan, int si, int batch)
         wk__cpu_set_out_md(plan, s->out, &be->bufs[wk__cpu_vbuf(s->in[0])].md);
     dnnl_memory_desc_t md = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->in[0])], batch);
     wk_act_t a = s->p.act;
-    float alpha =
-        a.kind == WK_ACT_LEAKY_RELU || a.kind == WK_ACT_CLIP || a.kind == WK_ACT_HARDSIGMOID
-            ? a.alpha
-            : 0.0f;
-    float beta = a.kind == WK_ACT_CLIP || a.kind == WK_ACT_HARDSIGMOID ? a.beta : 0.0f;
+    float alpha, beta;
+    wk__cpu_act_params(a, &alpha, &beta);
     dnnl_eltwise_desc_t desc;
     DN(dnnl_eltwise_forward_desc_init(&desc, dnnl_forward_inference, wk__cpu_act_alg(a.kind), &md,
                                       alpha, beta));
@@ -421,6 +419,19 @@ static dnnl_memory_desc_t plain_ranked(const wk_value_t *v, int batch, int ndim)
     return md;
 }
 
+/* A plain layout with its dims in another order (what a Transpose leaves
+ * as a view): oneDNN's jit binary wants both sources alike and runs this
+ * one against a row-major operand with its reference kernel, 40 ms for
+ * one of ViT-B's residual adds. */
+static bool permuted_plain(const dnnl_memory_desc_t *md, const wk_value_t *v)
+{
+    if (md->format_kind != dnnl_blocked || md->format_desc.blocking.inner_nblks != 0)
+        return false;
+    dnnl_memory_desc_t p;
+    wk__cpu_plain_md(&p, v->ndim, v->dims);
+    return !dnnl_memory_desc_equal(md, &p);
+}
+
 static int build_binary(wk_plan_t *plan, int si, int batch)
 {
     cpu_be_t *be = plan->be;
@@ -448,14 +459,21 @@ static int build_binary(wk_plan_t *plan, int si, int batch)
     }
     const wk_value_t *bv = &g->values[b];
     if (be->phase == 1) {
-        /* The output takes the full operand's layout; the broadcast one is
-         * read plain with the output's rank, unless it has the same shape
-         * and layout (a residual add). */
-        wk__cpu_set_out_md(plan, s->out, &be->bufs[wk__cpu_vbuf(a)].md);
+        /* The output takes the full operand's layout (made row-major when
+         * it is a permuted view); the broadcast one is read plain with the
+         * output's rank, unless it has the same shape and layout (a
+         * residual add). */
+        int src0 = wk__cpu_vbuf(a);
+        if (permuted_plain(&be->bufs[src0].md, &g->values[a])) {
+            src0 = wk__cpu_as_plain(plan, si, batch, a, &cs->tmp_src);
+            if (src0 < 0)
+                return src0;
+        }
+        wk__cpu_set_out_md(plan, s->out, &be->bufs[src0].md);
         bool same =
             bv->data == NULL && wk_value_elems(bv) == wk_value_elems(y) && bv->ndim == y->ndim;
         if (same) {
-            wk__cpu_as_layout(plan, si, batch, b, &be->bufs[wk__cpu_vbuf(a)].md, &cs->tmp_in[0]);
+            wk__cpu_as_layout(plan, si, batch, b, &be->bufs[src0].md, &cs->tmp_in[0]);
             cs->bias = cs->tmp_in[0] >= 0 ? cs->tmp_in[0] : wk__cpu_vbuf(b);
         } else {
             if (bv->batched && bv->ndim != y->ndim)
@@ -476,11 +494,14 @@ static int build_binary(wk_plan_t *plan, int si, int batch)
             cs->extra = wk__cpu_add_buf(be, &r, false, -2, -2);
             be->bufs[cs->extra].data = g->values[s->in[2]].data;
         }
-    } else if (cs->tmp_in[0] >= 0 &&
-               wk__cpu_as_layout(plan, si, batch, b, NULL, &cs->tmp_in[0]) < 0) {
+    } else if ((cs->tmp_in[0] >= 0 &&
+                wk__cpu_as_layout(plan, si, batch, b, NULL, &cs->tmp_in[0]) < 0) ||
+               (cs->tmp_src >= 0 &&
+                wk__cpu_as_layout(plan, si, batch, a, NULL, &cs->tmp_src) < 0)) {
         return SQ_UNSUPPORTED_MODEL;
     }
-    dnnl_memory_desc_t md0 = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(a)], batch);
+    int src0 = cs->tmp_src >= 0 ? cs->tmp_src : wk__cpu_vbuf(a);
+    dnnl_memory_desc_t md0 = wk__cpu_md_at(&be->bufs[src0], batch);
     dnnl_memory_desc_t md1 = wk__cpu_md_at(&be->bufs[cs->bias], batch);
     dnnl_memory_desc_t mdd = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->out)], batch);
     DN(dnnl_primitive_attr_create(&attr));
@@ -496,7 +517,7 @@ static int build_binary(wk_plan_t *plan, int si, int batch)
     DN(dnnl_primitive_desc_create(&pd, &desc, attr, be->engine, NULL));
     int kinds[4] = {DNNL_ARG_SRC_0, DNNL_ARG_SRC_1, DNNL_ARG_DST,
                     DNNL_ARG_ATTR_MULTIPLE_POST_OP(negate ? 1 : 0) | DNNL_ARG_SRC_1};
-    int bufs[4] = {wk__cpu_vbuf(a), cs->bias, wk__cpu_vbuf(s->out), cs->extra};
+    int bufs[4] = {src0, cs->bias, wk__cpu_vbuf(s->out), cs->extra};
     rc = wk__cpu_emit(plan, pd, batch, si, kinds, bufs, s->kind == WK_K_BATCHNORM ? 4 : 3);
     pd = NULL;
 out:
@@ -517,9 +538,11 @@ static int build_concat(wk_plan_t *plan, int si, int batch)
     dnnl_primitive_desc_t pd = NULL;
     if (y->batched && s->p.axis == 0)
         return wk_fail(plan, SQ_UNSUPPORTED_MODEL, "concat step %d along the batch", si);
-    if (s->n_in > 10)
-        return wk_fail(plan, SQ_UNSUPPORTED_MODEL, "concat step %d of %d inputs", si, s->n_in);
-    dnnl_memory_desc_t mds[10], dst;
+    /* Any number of inputs: oneDNN's concat takes N sources (DenseNet's
+     * last blocks concatenate up to 49). */
+    dnnl_memory_desc_t *mds = sq_xmalloc((size_t)s->n_in * sizeof(*mds)), dst;
+    int *kinds = sq_xmalloc((size_t)(s->n_in + 1) * sizeof(*kinds));
+    int *bufs = sq_xmalloc((size_t)(s->n_in + 1) * sizeof(*bufs));
     for (int i = 0; i < s->n_in; i++)
         mds[i] = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->in[i])], batch);
     if (be->phase == 1) {
@@ -536,7 +559,6 @@ static int build_concat(wk_plan_t *plan, int si, int batch)
     dst = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->out)], batch);
     DN(dnnl_concat_primitive_desc_create(&pd, &dst, s->n_in, s->p.axis, mds, be->sp_attr,
                                          be->engine));
-    int kinds[11], bufs[11];
     for (int i = 0; i < s->n_in; i++) {
         kinds[i] = DNNL_ARG_MULTIPLE_SRC + i;
         bufs[i] = wk__cpu_vbuf(s->in[i]);
@@ -548,6 +570,9 @@ static int build_concat(wk_plan_t *plan, int si, int batch)
 out:
     if (pd)
         dnnl_primitive_desc_destroy(pd);
+    free(mds);
+    free(kinds);
+    free(bufs);
     return rc;
 }
 
@@ -816,9 +841,27 @@ static int build_matmul(wk_plan_t *plan, int si, int batch)
         int sb = wk__cpu_as_plain(plan, si, batch, s->in[1], &cs->tmp_in[1]);
         if (sa < 0 || sb < 0)
             return sa < 0 ? sa : sb;
-        cs->tmp_src = plain_view(be, sa, r, ad, a_b, 1);
-        cs->weights = plain_view(be, sb, r, bd, b_b, 1);
-        cs->extra = plain_view(be, wk__cpu_vbuf(s->out), r, yd, y_b, 1);
+        bool shared_b = !b_b && r > 2;
+        for (int i = 0; i < r - 2; i++)
+            shared_b = shared_b && bd[i] == 1;
+        if (shared_b) {
+            /* One [K, N] weight for every leading index (a Linear on a
+             * [L, N, E] or [N, H, W, C] tensor): the leading dims join M,
+             * or oneDNN runs ViT's [197, 1, 768] x [768, 2304] as 197
+             * products of one row. */
+            int64_t rows = 1;
+            for (int i = 0; i < r - 1; i++)
+                rows *= ad[i];
+            int64_t a2[2] = {rows, ad[r - 1]}, b2[2] = {bd[r - 2], bd[r - 1]};
+            int64_t y2[2] = {rows, bd[r - 1]}, mult = a_b ? rows / ad[0] : 1;
+            cs->tmp_src = plain_view(be, sa, 2, a2, a_b, mult);
+            cs->weights = plain_view(be, sb, 2, b2, false, 1);
+            cs->extra = plain_view(be, wk__cpu_vbuf(s->out), 2, y2, y_b, mult);
+        } else {
+            cs->tmp_src = plain_view(be, sa, r, ad, a_b, 1);
+            cs->weights = plain_view(be, sb, r, bd, b_b, 1);
+            cs->extra = plain_view(be, wk__cpu_vbuf(s->out), r, yd, y_b, 1);
+        }
     } else {
         if (cs->tmp_in[0] >= 0 &&
             wk__cpu_as_layout(plan, si, batch, s->in[0], NULL, &cs->tmp_in[0]) < 0)
@@ -940,7 +983,7 @@ static int build_transpose(wk_plan_t *plan, int si, int batch)
     return wk__cpu_emit_reorder(plan, batch, si, cs->bias, wk__cpu_vbuf(s->out));
 }
 
-/* Pad and Slice run as plain C over plain buffers. */
+/* Pad, Slice, Erf and Expand run as plain C over plain buffers. */
 static int build_c_kernel(wk_plan_t *plan, int si, int batch)
 {
     cpu_be_t *be = plan->be;
@@ -1045,6 +1088,96 @@ static void run_slice(const wk_step_t *s, const wk_value_t *x, const wk_value_t 
     }
 }
 
+/* Layer normalization over the last axis on plain memory, with the scale
+ * and shift (when the model has them) as oneDNN's separate [C] arguments. */
+static int build_layernorm(wk_plan_t *plan, int si, int batch)
+{
+    cpu_be_t *be = plan->be;
+    const wk_graph_t *g = plan->graph;
+    const wk_step_t *s = &g->steps[si];
+    cpu_step_t *cs = &be->steps[si];
+    int rc = 0;
+    dnnl_primitive_desc_t pd = NULL;
+    bool affine = s->n_in == 3 && s->in[1] >= 0 && s->in[2] >= 0;
+    if (be->phase == 1) {
+        wk__cpu_set_out_plain(plan, s->out);
+        int src = wk__cpu_as_plain(plan, si, batch, s->in[0], &cs->tmp_src);
+        if (src < 0)
+            return src;
+        cs->bias = src;
+    } else if (cs->tmp_src >= 0 &&
+               wk__cpu_as_layout(plan, si, batch, s->in[0], NULL, &cs->tmp_src) < 0) {
+        return SQ_UNSUPPORTED_MODEL;
+    }
+    dnnl_memory_desc_t md = wk__cpu_md_at(&be->bufs[cs->bias], batch);
+    dnnl_layer_normalization_desc_t desc;
+    DN(dnnl_layer_normalization_forward_desc_init(&desc, dnnl_forward_inference, &md, NULL,
+                                                  s->p.epsilon,
+                                                  affine ? dnnl_use_scale | dnnl_use_shift : 0));
+    DN(dnnl_primitive_desc_create(&pd, &desc, be->sp_attr, be->engine, NULL));
+    int kinds[4] = {DNNL_ARG_SRC, DNNL_ARG_DST, DNNL_ARG_SCALE, DNNL_ARG_SHIFT};
+    int bufs[4] = {cs->bias, wk__cpu_vbuf(s->out), affine ? wk__cpu_vbuf(s->in[1]) : -1,
+                   affine ? wk__cpu_vbuf(s->in[2]) : -1};
+    rc = wk__cpu_emit(plan, pd, batch, si, kinds, bufs, affine ? 4 : 2);
+    pd = NULL;
+out:
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    return rc;
+}
+
+/* erf(x): oneDNN has no erf eltwise (only gelu_erf, the whole GELU), and
+ * an exported model may use Erf on its own. */
+static void run_erf(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
+                    const float *src, float *dst)
+{
+    (void)s;
+    (void)x;
+    int64_t n = wk_value_elems_at(y, batch);
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = erff(src[i]);
+}
+
+/* Numpy broadcasting of x to y's shape (ViT's class token over the batch):
+ * oneDNN broadcasts only a binary op's second source, so this is a copy by
+ * hand, one innermost row at a time. */
+static void run_expand(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
+                       const float *src, float *dst)
+{
+    (void)s;
+    int64_t xd[WK_MAX_DIMS], yd[WK_MAX_DIMS], xs[WK_MAX_DIMS], idx[WK_MAX_DIMS] = {0};
+    int n = wk_value_dims_at(y, batch, yd), shift = n - x->ndim;
+    wk_value_dims_at(x, batch, xd);
+    int64_t acc = 1;
+    for (int i = n - 1; i >= 0; i--) {
+        int xi = i - shift;
+        int64_t d = xi >= 0 ? xd[xi] : 1;
+        xs[i] = d == 1 ? 0 : acc;
+        acc *= d;
+    }
+    if (n == 0) {
+        dst[0] = src[0];
+        return;
+    }
+    int64_t inner = yd[n - 1];
+    if (inner == 0)
+        return;
+    int64_t rows = wk_value_elems_at(y, batch) / inner;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t off = 0;
+        for (int i = 0; i < n - 1; i++)
+            off += idx[i] * xs[i];
+        for (int64_t k = 0; k < inner; k++)
+            dst[k] = src[off + k * xs[n - 1]];
+        dst += inner;
+        for (int i = n - 2; i >= 0; i--) {
+            if (++idx[i] < yd[i])
+                break;
+            idx[i] = 0;
+        }
+    }
+}
+
 /* One entry per kernel kind (wk_kernel_t, names in wk_kernel_names). A new
  * kind fails the asserts until it has its entry here. */
 const wk_cpu_op_t wk__cpu_ops[] = {
@@ -1064,7 +1197,10 @@ const wk_cpu_op_t wk__cpu_ops[] = {
     [WK_K_TRANSPOSE] = {.build = build_transpose},
     [WK_K_PAD] = {.build = build_c_kernel, .run_c = run_pad},
     [WK_K_SLICE] = {.build = build_c_kernel, .run_c = run_slice},
+    [WK_K_ERF] = {.build = build_c_kernel, .run_c = run_erf},
+    [WK_K_EXPAND] = {.build = build_c_kernel, .run_c = run_expand},
+    [WK_K_LAYERNORM] = {.build = build_layernorm},
 };
 _Static_assert(sizeof(wk__cpu_ops) / sizeof(wk__cpu_ops[0]) == WK_K_COUNT_,
                "a kernel kind without a cpu op");
-_Static_assert(WK_K_COUNT_ == 16, "a new kernel kind: give it its entry in wk__cpu_ops");
+_Static_assert(WK_K_COUNT_ == 19, "a new kernel kind: give it its entry in wk__cpu_ops");

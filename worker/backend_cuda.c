@@ -550,6 +550,11 @@ static int run_step(wk_plan_t *plan, int si, int batch)
     case WK_K_SLICE:
     case WK_K_PAD:
         return run_layout(plan, si, batch);
+    case WK_K_ERF:
+    case WK_K_EXPAND:
+    case WK_K_LAYERNORM:
+        /* refused by check_supported before any device work */
+        return wk_fail(plan, SQ_UNSUPPORTED_MODEL, "cuda backend: %s", wk_kernel_names[s->kind]);
     case WK_K_COUNT_:
         break;
     }
@@ -566,7 +571,26 @@ static int check_supported(wk_plan_t *plan)
     for (int si = 0; si < g->n_steps; si++) {
         const wk_step_t *s = &g->steps[si];
         const char *why = NULL;
+        for (int i = 0; i < s->n_post; i++)
+            if (s->post[i].kind == WK_POST_ACT &&
+                (s->post[i].act.kind == WK_ACT_POW || s->post[i].act.kind == WK_ACT_SQRT ||
+                 s->post[i].act.kind == WK_ACT_GELU))
+                why = "Pow, Sqrt and Gelu (not written for cuDNN yet)";
         switch (s->kind) {
+        case WK_K_ELTWISE:
+            if (s->p.act.kind == WK_ACT_POW || s->p.act.kind == WK_ACT_SQRT ||
+                s->p.act.kind == WK_ACT_GELU)
+                why = "Pow, Sqrt and Gelu (not written for cuDNN yet)";
+            break;
+        case WK_K_LAYERNORM:
+            why = "LayerNormalization (not written for cuDNN yet)";
+            break;
+        case WK_K_ERF:
+            why = "Erf (cuDNN has no erf)";
+            break;
+        case WK_K_EXPAND:
+            why = "Expand (not written for cuDNN yet)";
+            break;
         case WK_K_BINARY:
             if (s->p.binop == WK_BIN_DIV)
                 why = "Div (cuDNN has no division)";

@@ -153,13 +153,57 @@ static int window(lower_t *L, const mdb_node_t *n, wk_step_t *s, const wk_value_
     return 0;
 }
 
-static int lower_node(lower_t *L, const mdb_node_t *n)
+/* Concat of any number of inputs: a backend's step takes at most
+ * WK_MAX_CONCAT_SOURCES, so a longer list is concatenated in runs of that
+ * many into temporaries first (in practice DenseNet's 49 fit one step). */
+static int lower_concat(lower_t *L, const mdb_node_t *n, const int *in, int nin, int out)
 {
     wk_graph_t *g = L->g;
-    /* Concat has the most inputs (mdb_node_runnable); the others have <= 5. */
-    int in[MDB_RUN_MAX_CONCAT_INPUTS];
-    if (n->n_inputs > MDB_RUN_MAX_CONCAT_INPUTS)
-        return fail(L, SQ_UNSUPPORTED_MODEL, n, "%d inputs", n->n_inputs);
+    int axis = (int)mdb_node_int(n, "axis", 1);
+    if (nin <= WK_MAX_CONCAT_SOURCES) {
+        wk_step_t *s = wk_graph_step(g, WK_K_CONCAT, in, nin, out);
+        s->p.axis = axis;
+        return 0;
+    }
+    int n_parts = (nin + WK_MAX_CONCAT_SOURCES - 1) / WK_MAX_CONCAT_SOURCES;
+    int *parts = sq_xmalloc((size_t)n_parts * sizeof(*parts));
+    for (int p = 0; p < n_parts; p++) {
+        int first = p * WK_MAX_CONCAT_SOURCES;
+        int count = nin - first < WK_MAX_CONCAT_SOURCES ? nin - first : WK_MAX_CONCAT_SOURCES;
+        const wk_value_t *x = &g->values[in[first]];
+        int64_t dims[WK_MAX_DIMS];
+        for (int d = 0; d < x->ndim; d++)
+            dims[d] = x->dims[d];
+        dims[axis] = 0;
+        for (int i = first; i < first + count; i++)
+            dims[axis] += g->values[in[i]].dims[axis];
+        parts[p] = wk_graph_value(g, NULL, x->ndim, dims, g->values[out].batched, NULL);
+        wk_step_t *s = wk_graph_step(g, WK_K_CONCAT, in + first, count, parts[p]);
+        s->p.axis = axis;
+    }
+    int rc = lower_concat(L, n, parts, n_parts, out);
+    free(parts);
+    return rc;
+}
+
+static int lower_node_inputs(lower_t *L, const mdb_node_t *n, int *in);
+
+static int lower_node(lower_t *L, const mdb_node_t *n)
+{
+    /* Concat has any number of inputs; the other ops at most 5, and some
+     * read optional ones past n_inputs as -1. */
+    int slots = n->n_inputs > 8 ? n->n_inputs : 8;
+    int *in = sq_xmalloc((size_t)slots * sizeof(*in));
+    for (int i = 0; i < slots; i++)
+        in[i] = -1;
+    int rc = lower_node_inputs(L, n, in);
+    free(in);
+    return rc;
+}
+
+static int lower_node_inputs(lower_t *L, const mdb_node_t *n, int *in)
+{
+    wk_graph_t *g = L->g;
     int nin = n->n_inputs;
     for (int i = 0; i < nin; i++) {
         in[i] = n->inputs[i] >= 0 ? value_of(L, n->inputs[i], n) : -1;
@@ -215,7 +259,10 @@ static int lower_node(lower_t *L, const mdb_node_t *n)
     case MDB_OP_LEAKY_RELU:
     case MDB_OP_SIGMOID:
     case MDB_OP_HARD_SIGMOID:
-    case MDB_OP_HARD_SWISH: {
+    case MDB_OP_HARD_SWISH:
+    case MDB_OP_POW:
+    case MDB_OP_SQRT:
+    case MDB_OP_GELU: {
         s = wk_graph_step(g, WK_K_ELTWISE, in, 1, out);
         wk_act_t *a = &s->p.act;
         switch (n->op) {
@@ -239,10 +286,57 @@ static int lower_node(lower_t *L, const mdb_node_t *n)
             a->alpha = mdb_node_float(n, "alpha", 0.2f);
             a->beta = mdb_node_float(n, "beta", 0.5f);
             break;
+        case MDB_OP_POW:
+            a->kind = WK_ACT_POW;
+            a->alpha = mdb_node_float(n, "exponent", 1.0f);
+            break;
+        case MDB_OP_SQRT:
+            a->kind = WK_ACT_SQRT;
+            break;
+        case MDB_OP_GELU:
+            a->kind = WK_ACT_GELU;
+            break;
         default:
             a->kind = WK_ACT_HARDSWISH;
             break;
         }
+        return 0;
+    }
+    case MDB_OP_ERF:
+        wk_graph_step(g, WK_K_ERF, in, 1, out);
+        return 0;
+    case MDB_OP_EXPAND:
+        wk_graph_step(g, WK_K_EXPAND, in, 1, out);
+        return 0;
+    case MDB_OP_GATHER: {
+        /* one index (mdb_node_runnable): a slice of one along the axis,
+         * then the output's shape without it */
+        int axis = (int)mdb_node_int(n, "axis", 0);
+        int64_t dims[WK_MAX_DIMS];
+        for (int d = 0; d < x->ndim; d++)
+            dims[d] = x->dims[d];
+        dims[axis] = 1;
+        int picked = wk_graph_value(g, NULL, x->ndim, dims, y->batched, NULL);
+        s = wk_graph_step(g, WK_K_SLICE, in, 1, picked);
+        for (int d = 0; d < WK_MAX_DIMS; d++)
+            s->p.slice.step[d] = 1;
+        s->p.slice.start[axis] = mdb_node_int(n, "index", 0);
+        wk_graph_step(g, WK_K_COPY, &picked, 1, out);
+        return 0;
+    }
+    case MDB_OP_LAYER_NORM: {
+        /* scale and bias as [C] constants, whatever rank the file gave
+         * them (mdb_node_runnable: one value per channel) */
+        int ln_in[3] = {in[0], -1, -1};
+        int64_t cdim = x->dims[x->ndim - 1]; /* x moves as values are added */
+        for (int k = 1; k < nin && k < 3; k++) {
+            if (in[k] < 0)
+                continue;
+            const float *data = g->values[in[k]].data;
+            ln_in[k] = wk_graph_value(g, NULL, 1, &cdim, false, data);
+        }
+        s = wk_graph_step(g, WK_K_LAYERNORM, ln_in, nin < 3 ? 1 : 3, out);
+        s->p.epsilon = mdb_node_float(n, "epsilon", 1e-5f);
         return 0;
     }
     case MDB_OP_GEMM:
@@ -266,9 +360,7 @@ static int lower_node(lower_t *L, const mdb_node_t *n)
                                            : WK_BIN_DIV;
         return 0;
     case MDB_OP_CONCAT:
-        s = wk_graph_step(g, WK_K_CONCAT, in, nin, out);
-        s->p.axis = (int)mdb_node_int(n, "axis", 1);
-        return 0;
+        return lower_concat(L, n, in, nin, out);
     case MDB_OP_FLATTEN:
     case MDB_OP_RESHAPE:
     case MDB_OP_IDENTITY:

@@ -28,6 +28,9 @@ const char *const wk_kernel_names[WK_K_COUNT_] = {
     [WK_K_TRANSPOSE] = "transpose",
     [WK_K_PAD] = "pad",
     [WK_K_SLICE] = "slice",
+    [WK_K_ERF] = "erf",
+    [WK_K_EXPAND] = "expand",
+    [WK_K_LAYERNORM] = "layernorm",
 };
 _Static_assert(sizeof(wk_kernel_names) / sizeof(wk_kernel_names[0]) == WK_K_COUNT_,
                "one name per kernel");
@@ -40,6 +43,9 @@ const char *const wk_act_names[WK_ACT_COUNT_] = {
     [WK_ACT_SIGMOID] = "sigmoid",
     [WK_ACT_HARDSIGMOID] = "hardsigmoid",
     [WK_ACT_HARDSWISH] = "hardswish",
+    [WK_ACT_POW] = "pow",
+    [WK_ACT_SQRT] = "sqrt",
+    [WK_ACT_GELU] = "gelu",
 };
 _Static_assert(sizeof(wk_act_names) / sizeof(wk_act_names[0]) == WK_ACT_COUNT_,
                "one name per activation");

@@ -37,6 +37,9 @@ typedef enum {
     WK_K_TRANSPOSE,   /* in: X; perm */
     WK_K_PAD,         /* in: X; pads, mode, value */
     WK_K_SLICE,       /* in: X; starts, steps per dim (output shape gives the count) */
+    WK_K_ERF,         /* in: X; erf(x) elementwise */
+    WK_K_EXPAND,      /* in: X; broadcast to the output's shape (numpy rules) */
+    WK_K_LAYERNORM,   /* in: X, [scale[C] (const), shift[C] (const)]; over the last axis */
     WK_K_COUNT_
 } wk_kernel_t;
 
@@ -50,6 +53,9 @@ typedef enum {
     WK_ACT_SIGMOID,
     WK_ACT_HARDSIGMOID, /* max(0, min(1, alpha x + beta)) */
     WK_ACT_HARDSWISH,   /* x * max(0, min(1, x / 6 + 1/2)) */
+    WK_ACT_POW,         /* x^alpha */
+    WK_ACT_SQRT,
+    WK_ACT_GELU, /* x * (1 + erf(x / sqrt 2)) / 2 */
     WK_ACT_COUNT_
 } wk_act_kind_t;
 
@@ -59,6 +65,11 @@ typedef struct {
     wk_act_kind_t kind;
     float alpha, beta;
 } wk_act_t;
+
+/* Inputs of one concat step: oneDNN numbers a concat's sources from
+ * DNNL_ARG_MULTIPLE_SRC, 1024 ids below DNNL_ARG_MULTIPLE_DST. The lowering
+ * splits a longer Concat into steps of this many. */
+#define WK_MAX_CONCAT_SOURCES 1024
 
 typedef enum { WK_BIN_ADD, WK_BIN_SUB, WK_BIN_MUL, WK_BIN_DIV, WK_BIN_COUNT_ } wk_binop_t;
 
@@ -87,7 +98,8 @@ typedef struct {
         } conv; /* conv and pools; pads already account for ceil_mode and auto_pad */
         wk_act_t act;
         wk_binop_t binop;
-        int axis; /* concat, softmax */
+        int axis;      /* concat, softmax */
+        float epsilon; /* layernorm */
         struct {
             int trans_a, trans_b;
             float alpha, beta;

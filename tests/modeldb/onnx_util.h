@@ -244,7 +244,10 @@ static inline Onnx__NodeProto *mb_node(mb_t *b, const char *op, const char *cons
     onnx__node_proto__init(n);
     n->op_type = mb_str(b, op);
     n->name = mb_str(b, op);
-    n->input = mb_alloc(b, sizeof(char *) * 16);
+    size_t n_ins = 0;
+    while (ins && ins[n_ins])
+        n_ins++;
+    n->input = mb_alloc(b, sizeof(char *) * (n_ins > 16 ? n_ins : 16));
     n->output = mb_alloc(b, sizeof(char *) * 16);
     for (; ins && ins[n->n_input]; n->n_input++)
         n->input[n->n_input] = mb_str(b, ins[n->n_input]);
@@ -279,6 +282,41 @@ static inline void mb_attr_int(mb_t *b, Onnx__NodeProto *n, const char *name, in
     a->has_i = 1;
     a->i = v;
     n->attribute[n->n_attribute++] = a;
+}
+
+/* x[N,4,6] -> LayerNorm over the last axis (gamma, beta) -> GELU -> z,
+ * node for node as torch exports them; eps and the GELU's sqrt 2 as given. */
+static inline void mb_ln_gelu(mb_t *b, float eps, float sqrt2, int64_t axis)
+{
+    mb_init(b, 13);
+    int64_t x_dims[] = {-1, 4, 6}, c_dims[] = {6};
+    mb_input(b, "x", 3, x_dims);
+    mb_init_f(b, "two", 0, NULL, 2.0f, 0.0f);
+    mb_init_f(b, "eps", 0, NULL, eps, 0.0f);
+    mb_init_f(b, "gamma", 1, c_dims, 0.5f, 0.25f);
+    mb_init_f(b, "beta", 1, c_dims, -0.5f, 0.125f);
+    mb_init_f(b, "sqrt2", 0, NULL, sqrt2, 0.0f);
+    mb_init_f(b, "one", 0, NULL, 1.0f, 0.0f);
+    mb_init_f(b, "half", 0, NULL, 0.5f, 0.0f);
+    Onnx__NodeProto *m =
+        mb_node(b, "ReduceMean", (const char *[]){"x", NULL}, (const char *[]){"m", NULL});
+    mb_attr_ints(b, m, "axes", 1, &axis);
+    mb_node(b, "Sub", (const char *[]){"x", "m", NULL}, (const char *[]){"d", NULL});
+    mb_node(b, "Pow", (const char *[]){"d", "two", NULL}, (const char *[]){"p", NULL});
+    Onnx__NodeProto *v =
+        mb_node(b, "ReduceMean", (const char *[]){"p", NULL}, (const char *[]){"v", NULL});
+    mb_attr_ints(b, v, "axes", 1, &axis);
+    mb_node(b, "Add", (const char *[]){"v", "eps", NULL}, (const char *[]){"e", NULL});
+    mb_node(b, "Sqrt", (const char *[]){"e", NULL}, (const char *[]){"s", NULL});
+    mb_node(b, "Div", (const char *[]){"d", "s", NULL}, (const char *[]){"n", NULL});
+    mb_node(b, "Mul", (const char *[]){"n", "gamma", NULL}, (const char *[]){"g", NULL});
+    mb_node(b, "Add", (const char *[]){"g", "beta", NULL}, (const char *[]){"y", NULL});
+    mb_node(b, "Div", (const char *[]){"y", "sqrt2", NULL}, (const char *[]){"a", NULL});
+    mb_node(b, "Erf", (const char *[]){"a", NULL}, (const char *[]){"er", NULL});
+    mb_node(b, "Add", (const char *[]){"er", "one", NULL}, (const char *[]){"c", NULL});
+    mb_node(b, "Mul", (const char *[]){"y", "c", NULL}, (const char *[]){"u", NULL});
+    mb_node(b, "Mul", (const char *[]){"u", "half", NULL}, (const char *[]){"z", NULL});
+    mb_output(b, "z");
 }
 
 /* Packs the model; caller frees. */

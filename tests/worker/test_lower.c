@@ -5,9 +5,10 @@
 
 #include <wk_exec.h>
 
+#include <math.h>
+
 /* x[N,2,3,3] concatenated n times along the channels, as an mdb graph
- * built by hand (the importer would refuse n > 8 before the worker saw
- * it). */
+ * built by hand (the importer caps a node at MDB_MAX_NODE_IO inputs). */
 static mdb_graph_t *concat_graph(int n)
 {
     mdb_graph_t *g = mdb_graph_new();
@@ -16,10 +17,11 @@ static mdb_graph_t *concat_graph(int n)
     int y = mdb_graph_add_tensor(g, "y", MDB_DT_FLOAT, NULL);
     mdb_graph_add_input(g, x);
     mdb_graph_add_output(g, y);
-    int ins[16];
+    int *ins = malloc((size_t)n * sizeof(*ins));
     for (int i = 0; i < n; i++)
         ins[i] = x;
     int idx = mdb_graph_add_node(g, MDB_OP_CONCAT, "wide", ins, n, &y, 1);
+    free(ins);
     mdb_node_set_int(&g->nodes[idx], "axis", 1);
     char err[256] = "";
     cr_assert_eq(mdb_graph_toposort(g, err, sizeof(err)), 0, "%s", err);
@@ -27,32 +29,55 @@ static mdb_graph_t *concat_graph(int n)
     return g;
 }
 
-Test(lower, a_concat_of_9_is_refused_with_the_importers_reason)
+/* Past the 1024 sources of one oneDNN concat the lowering concatenates in
+ * runs: 1100 copies of x, each in its place. */
+Test(lower, a_concat_of_1100_inputs_runs_in_runs_of_1024)
 {
-    mdb_graph_t *g = concat_graph(9);
-    char want[256] = "", why[512] = "";
-    cr_assert_eq(mdb_graph_runnable(g, false, NULL, want, sizeof(want)), SQ_UNSUPPORTED_MODEL);
+    mdb_graph_t *g = concat_graph(1100);
+    char why[512] = "";
+    cr_assert_eq(mdb_graph_runnable(g, false, NULL, why, sizeof(why)), 0, "%s", why);
     wk_plan_opts_t o = wk_plan_opts_default();
     o.max_batch = 2;
     wk_plan_t *p = NULL;
-    cr_assert_eq(wk_plan_create(g, &o, &p, why, sizeof(why)), SQ_UNSUPPORTED_MODEL);
-    cr_assert_null(p);
-    cr_assert_str_eq(why, want);
-    cr_assert_str_eq(why, "Concat node 'wide': 9 inputs; the worker concatenates at most 8");
+    cr_assert_eq(wk_plan_create(g, &o, &p, why, sizeof(why)), 0, "%s", why);
     mdb_graph_free(g);
+    cr_assert_eq(wk_plan_output_elems(p, 0), 1100 * 18);
+    float x[2 * 18];
+    float *y = malloc(2 * 1100 * 18 * sizeof(float));
+    for (int i = 0; i < 2 * 18; i++)
+        x[i] = (float)i * 0.25f - 3.0f;
+    cr_assert_eq(wk_plan_run(p, 2, (const float *[]){x}, (float *[]){y}), 0, "%s",
+                 wk_plan_errmsg(p));
+    for (int n = 0; n < 2; n++)
+        for (int k = 0; k < 1100; k++)
+            for (int i = 0; i < 18; i++)
+                cr_assert_eq(y[(n * 1100 + k) * 18 + i], x[n * 18 + i], "item %d copy %d [%d]", n,
+                             k, i);
+    free(y);
+    wk_plan_free(p);
 }
 
-/* Imported from ONNX bytes like an upload, planned, run at batch 2: y is
- * x eight times over along the channels, exactly. */
-Test(lower, a_concat_of_8_imports_and_runs)
+/* Imported from ONNX bytes like an upload, planned, run at batch 2: twelve
+ * distinct inputs (x times 1..12) concatenated along the channels, each in
+ * its place. DenseNet's blocks concatenate up to 49; the worker once
+ * refused more than 8. */
+Test(lower, a_concat_of_12_distinct_inputs_imports_and_runs)
 {
+    enum { K = 12 };
     mb_t b;
     mb_init(&b, 13);
     int64_t x_dims[] = {-1, 2, 3, 3};
     mb_input(&b, "x", 4, x_dims);
-    const char *ins[9] = {0};
-    for (int i = 0; i < 8; i++)
-        ins[i] = "x";
+    char names[K][2][16];
+    const char *ins[K + 1] = {0};
+    for (int k = 0; k < K; k++) {
+        snprintf(names[k][0], sizeof(names[k][0]), "c%d", k);
+        snprintf(names[k][1], sizeof(names[k][1]), "m%d", k);
+        mb_init_f(&b, names[k][0], 0, NULL, (float)(k + 1), 0.0f);
+        mb_node(&b, "Mul", (const char *[]){"x", names[k][0], NULL},
+                (const char *[]){names[k][1], NULL});
+        ins[k] = names[k][1];
+    }
     Onnx__NodeProto *c = mb_node(&b, "Concat", ins, (const char *[]){"y", NULL});
     mb_attr_int(&b, c, "axis", 1);
     mb_output(&b, "y");
@@ -69,17 +94,17 @@ Test(lower, a_concat_of_8_imports_and_runs)
     char why[512];
     cr_assert_eq(wk_plan_create(g, &o, &p, why, sizeof(why)), 0, "%s", why);
     mdb_graph_free(g);
-    cr_assert_eq(wk_plan_output_elems(p, 0), 8 * 18);
-    float x[2 * 18], y[2 * 8 * 18];
+    cr_assert_eq(wk_plan_output_elems(p, 0), K * 18);
+    float x[2 * 18], y[2 * K * 18];
     for (int i = 0; i < 2 * 18; i++)
         x[i] = (float)i * 0.25f - 3.0f;
     cr_assert_eq(wk_plan_run(p, 2, (const float *[]){x}, (float *[]){y}), 0, "%s",
                  wk_plan_errmsg(p));
     for (int n = 0; n < 2; n++)
-        for (int k = 0; k < 8; k++)
+        for (int k = 0; k < K; k++)
             for (int i = 0; i < 18; i++)
-                cr_assert_eq(y[n * 144 + k * 18 + i], x[n * 18 + i], "item %d copy %d [%d]", n, k,
-                             i);
+                cr_assert_eq(y[(n * K + k) * 18 + i], x[n * 18 + i] * (float)(k + 1),
+                             "item %d input %d [%d]", n, k, i);
     wk_plan_free(p);
 }
 
@@ -274,4 +299,114 @@ Test(lower, mutated_graphs_the_importer_accepts_run_at_every_batch, .timeout = 6
     }
     cr_assert_gt(accepted, 20, "accepted %d, refused %d", accepted, refused);
     cr_assert_gt(refused, 0);
+}
+
+/* What torch's chain computes for x[n][4][6], the means over axis 1 or 2. */
+static void ln_gelu_reference(const float *x, int n, int axis, float eps, float sqrt2, float *z)
+{
+    int len = axis == 2 ? 6 : 4;
+    for (int item = 0; item < n; item++) {
+        const float *xi = x + item * 24;
+        float d[24], var[24], mean[24];
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 6; j++) {
+                double sum = 0;
+                for (int k = 0; k < len; k++)
+                    sum += axis == 2 ? xi[i * 6 + k] : xi[k * 6 + j];
+                mean[i * 6 + j] = (float)(sum / len);
+            }
+        for (int e = 0; e < 24; e++)
+            d[e] = xi[e] - mean[e];
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 6; j++) {
+                double sum = 0;
+                for (int k = 0; k < len; k++) {
+                    float dk = axis == 2 ? d[i * 6 + k] : d[k * 6 + j];
+                    sum += (double)dk * dk;
+                }
+                var[i * 6 + j] = (float)(sum / len);
+            }
+        for (int e = 0; e < 24; e++) {
+            int j = e % 6;
+            float y = d[e] / sqrtf(var[e] + eps) * (0.5f + 0.25f * (float)j) +
+                      (-0.5f + 0.125f * (float)j);
+            z[item * 24 + e] = y * (erff(y / sqrt2) + 1.0f) * 0.5f;
+        }
+    }
+}
+
+static wk_plan_t *import_and_plan(mb_t *b, int max_batch)
+{
+    size_t len;
+    uint8_t *bytes = mb_pack(b, &len);
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(mdb_onnx_import(bytes, len, &g, &err), 0, "%s", err.detail);
+    free(bytes);
+    wk_plan_opts_t o = wk_plan_opts_default();
+    o.max_batch = max_batch;
+    wk_plan_t *p = NULL;
+    char why[512];
+    cr_assert_eq(wk_plan_create(g, &o, &p, why, sizeof(why)), 0, "%s", why);
+    mdb_graph_free(g);
+    return p;
+}
+
+/* The fused LayerNormalization and Gelu (oneDNN's layer normalization and
+ * gelu_erf), and the same chain left unfused (Pow, Sqrt, Erf one by one),
+ * each against a plain C reference at batch 2. */
+Test(lower, torch_layer_norm_and_gelu_match_a_reference_fused_or_not)
+{
+    struct {
+        float sqrt2;
+        int64_t axis;
+    } cases[] = {{1.4142135381698608f, -1}, {1.5f, 1}};
+    for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
+        mb_t b;
+        mb_ln_gelu(&b, 1e-5f, cases[c].sqrt2, cases[c].axis);
+        wk_plan_t *p = import_and_plan(&b, 2);
+        mb_free(&b);
+        float x[48], z[48], want[48];
+        for (int i = 0; i < 48; i++)
+            x[i] = sinf((float)i * 0.7f) * 2.0f + (float)(i % 5) * 0.3f;
+        cr_assert_eq(wk_plan_run(p, 2, (const float *[]){x}, (float *[]){z}), 0, "%s",
+                     wk_plan_errmsg(p));
+        ln_gelu_reference(x, 2, cases[c].axis < 0 ? 2 : 1, 1e-5f, cases[c].sqrt2, want);
+        for (int i = 0; i < 48; i++)
+            cr_assert_float_eq(z[i], want[i], 1e-4f, "case %zu [%d]: %g, want %g", c, i, z[i],
+                               want[i]);
+        wk_plan_free(p);
+    }
+}
+
+/* ViT's class token: a constant expanded over the batch (the shape from
+ * Shape(x), N symbolic), and x[:, 1] picked by a scalar Gather. */
+Test(lower, expand_over_the_batch_and_a_scalar_gather_run)
+{
+    mb_t b;
+    mb_init(&b, 13);
+    int64_t x_dims[] = {-1, 2, 3}, c_dims[] = {1, 1, 3}, one = 1;
+    mb_input(&b, "x", 3, x_dims);
+    mb_init_f(&b, "c", 3, c_dims, 10.0f, 1.0f);
+    mb_init_i64(&b, "idx", 1, &one)->n_dims = 0;
+    mb_node(&b, "Shape", (const char *[]){"x", NULL}, (const char *[]){"sx", NULL});
+    mb_node(&b, "Expand", (const char *[]){"c", "sx", NULL}, (const char *[]){"t", NULL});
+    mb_node(&b, "Add", (const char *[]){"x", "t", NULL}, (const char *[]){"y", NULL});
+    Onnx__NodeProto *gn =
+        mb_node(&b, "Gather", (const char *[]){"y", "idx", NULL}, (const char *[]){"g", NULL});
+    mb_attr_int(&b, gn, "axis", 1);
+    mb_output(&b, "g");
+    wk_plan_t *p = import_and_plan(&b, 3);
+    mb_free(&b);
+    cr_assert_eq(wk_plan_output_elems(p, 0), 3);
+    float x[18], g[9];
+    for (int i = 0; i < 18; i++)
+        x[i] = (float)i;
+    cr_assert_eq(wk_plan_run(p, 3, (const float *[]){x}, (float *[]){g}), 0, "%s",
+                 wk_plan_errmsg(p));
+    for (int n = 0; n < 3; n++)
+        for (int k = 0; k < 3; k++)
+            cr_assert_eq(g[n * 3 + k], x[n * 6 + 3 + k] + 10.0f + (float)k, "item %d [%d]: %g", n,
+                         k, g[n * 3 + k]);
+    wk_plan_free(p);
 }
