@@ -186,6 +186,64 @@ static int lower_concat(lower_t *L, const mdb_node_t *n, const int *in, int nin,
     return rc;
 }
 
+/* A constant operand of a binary op as oneDNN's jit binary takes it: it
+ * broadcasts a scalar, one value per channel ([1, C, 1, 1]) or a
+ * contiguous innermost block ([1, 1, H, W]), and runs any other pattern
+ * with its reference kernel (Swin's attention mask [1, 64, 1, 49, 49]
+ * over [1, 64, 3, 49, 49]: a third of the model's time). Such a constant
+ * is expanded to the output's shape here, once (dim 0 stays as it is: the
+ * batch); it must stay below 4M values. Returns v or the new value. */
+static int jit_broadcast(lower_t *L, int v, int out)
+{
+    wk_graph_t *g = L->g;
+    const wk_value_t *c = &g->values[v], *y = &g->values[out];
+    if (c->data == NULL || c->batched || c->ndim > y->ndim || y->ndim < 2)
+        return v;
+    int shift = y->ndim - c->ndim;
+    int64_t cd[WK_MAX_DIMS], full[WK_MAX_DIMS];
+    for (int d = 0; d < y->ndim; d++)
+        cd[d] = d < shift ? 1 : c->dims[d - shift];
+    /* The dims past 0 that the constant does not broadcast: none, {1}, or a
+     * suffix are what the jit kernel takes. */
+    int first_kept = -1, n_kept = 0;
+    for (int d = 1; d < y->ndim; d++)
+        if (cd[d] != 1 || y->dims[d] == 1) {
+            first_kept = first_kept < 0 ? d : first_kept;
+            n_kept++;
+        }
+    if (n_kept == 0 || (n_kept == 1 && first_kept == 1) || first_kept + n_kept == y->ndim)
+        return v;
+    int64_t elems = cd[0];
+    for (int d = 1; d < y->ndim; d++) {
+        full[d] = y->dims[d];
+        elems *= full[d];
+    }
+    full[0] = cd[0];
+    if (elems > ((int64_t)4 << 20))
+        return v;
+    int64_t cs[WK_MAX_DIMS], acc = 1;
+    for (int d = y->ndim - 1; d >= 0; d--) {
+        cs[d] = cd[d] == 1 ? 0 : acc;
+        acc *= cd[d];
+    }
+    float *data = sq_xmalloc((size_t)elems * sizeof(float));
+    int64_t idx[WK_MAX_DIMS] = {0};
+    for (int64_t i = 0; i < elems; i++) {
+        int64_t off = 0;
+        for (int d = 0; d < y->ndim; d++)
+            off += idx[d] * cs[d];
+        data[i] = c->data[off];
+        for (int d = y->ndim - 1; d >= 0; d--) {
+            if (++idx[d] < full[d])
+                break;
+            idx[d] = 0;
+        }
+    }
+    int nv = wk_graph_value(g, NULL, y->ndim, full, false, data);
+    free(data);
+    return nv;
+}
+
 static int lower_node_inputs(lower_t *L, const mdb_node_t *n, int *in);
 
 static int lower_node(lower_t *L, const mdb_node_t *n)
@@ -353,6 +411,8 @@ static int lower_node_inputs(lower_t *L, const mdb_node_t *n, int *in)
     case MDB_OP_SUB:
     case MDB_OP_MUL:
     case MDB_OP_DIV:
+        for (int k = 0; k < 2; k++)
+            in[k] = jit_broadcast(L, in[k], out);
         s = wk_graph_step(g, WK_K_BINARY, in, 2, out);
         s->p.binop = n->op == MDB_OP_ADD   ? WK_BIN_ADD
                      : n->op == MDB_OP_SUB ? WK_BIN_SUB

@@ -410,3 +410,33 @@ Test(lower, expand_over_the_batch_and_a_scalar_gather_run)
                          k, g[n * 3 + k]);
     wk_plan_free(p);
 }
+
+/* A constant that broadcasts in a middle axis (Swin's attention mask,
+ * [1, 64, 1, 49, 49] over [1, 64, 3, 49, 49]) is expanded at lowering
+ * for oneDNN's jit binary; the sum is the same. */
+Test(lower, a_constant_broadcast_in_a_middle_axis_adds_right)
+{
+    mb_t b;
+    mb_init(&b, 13);
+    int64_t x_dims[] = {-1, 4, 3, 5}, c_dims[] = {1, 4, 1, 5};
+    mb_input(&b, "x", 4, x_dims);
+    mb_init_f(&b, "c", 4, c_dims, -2.0f, 0.5f);
+    mb_node(&b, "Add", (const char *[]){"x", "c", NULL}, (const char *[]){"y", NULL});
+    mb_output(&b, "y");
+    wk_plan_t *p = import_and_plan(&b, 2);
+    mb_free(&b);
+    float x[120], y[120];
+    for (int i = 0; i < 120; i++)
+        x[i] = (float)i * 0.1f;
+    cr_assert_eq(wk_plan_run(p, 2, (const float *[]){x}, (float *[]){y}), 0, "%s",
+                 wk_plan_errmsg(p));
+    for (int n = 0; n < 2; n++)
+        for (int ch = 0; ch < 4; ch++)
+            for (int h = 0; h < 3; h++)
+                for (int w = 0; w < 5; w++) {
+                    int i = ((n * 4 + ch) * 3 + h) * 5 + w;
+                    float want = x[i] - 2.0f + 0.5f * (float)(ch * 5 + w);
+                    cr_assert_float_eq(y[i], want, 1e-6f, "[%d]: %g, want %g", i, y[i], want);
+                }
+    wk_plan_free(p);
+}
