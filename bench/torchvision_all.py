@@ -77,9 +77,10 @@ def run_one(name, build_dir, work):
     image = torch.rand(1, 3, hw, hw, generator=gen)
     with torch.no_grad():
         want = model(image)
-        t = time.time()
+        t, c = time.time(), time.process_time()
         model(image)  # the first call above warmed up
         entry["torch_ms"] = (time.time() - t) * 1000
+        entry["torch_cpu_ms"] = (time.process_time() - c) * 1000
     in_path = os.path.join(work, name + ".in.f32")
     out_path = os.path.join(work, name + ".out.f32")
     export_models.write_f32(in_path, image)
@@ -111,6 +112,7 @@ def run_one(name, build_dir, work):
     entry["accepted"] = True
     bench = json.loads(proc.stdout.strip().splitlines()[-1])
     entry["ms_b1"] = bench["median_ms"]
+    entry["cpu_ms_b1"] = bench["cpu_ms"]
     got = torch.from_numpy(numpy.fromfile(out_path, dtype="<f4"))
     ref = want.detach().flatten()
     if got.numel() != ref.numel():
@@ -126,16 +128,18 @@ def run_one(name, build_dir, work):
 
 def table(results):
     rows = ["| model | params (M) | accepted | max rel. error | same top-1 | squish ms (b1) "
-            "| torch ms (b1) | note |",
-            "|---|---:|---|---:|---|---:|---:|---|"]
+            "| squish CPU ms | torch ms (b1) | torch CPU ms | note |",
+            "|---|---:|---|---:|---|---:|---:|---:|---:|---|"]
     for name in sorted(results):
         e = results[name]
         err = "%.1e" % e["max_rel_err"] if "max_rel_err" in e else "-"
-        rows.append("| %s | %.1f | %s | %s | %s | %s | %s | %s |" % (
+        rows.append("| %s | %.1f | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             name, e.get("params", 0) / 1e6, "yes" if e.get("accepted") else "no", err,
             {True: "yes", False: "no"}.get(e.get("same_top1"), "-"),
             "%.1f" % e["ms_b1"] if "ms_b1" in e else "-",
+            "%.1f" % e["cpu_ms_b1"] if "cpu_ms_b1" in e else "-",
             "%.1f" % e["torch_ms"] if "torch_ms" in e else "-",
+            "%.1f" % e["torch_cpu_ms"] if "torch_cpu_ms" in e else "-",
             e.get("why", "").replace("|", "/")))
     return "\n".join(rows)
 
