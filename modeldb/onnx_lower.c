@@ -193,6 +193,50 @@ static int canon_reshape(lctx_t *c)
     return 0;
 }
 
+/* Einsum: a batched matrix product, B as it is or transposed, recognized
+ * from the equation (spaces ignored); anything else is refused. */
+static int canon_einsum(lctx_t *c)
+{
+    mdb_node_t *n = c->node;
+    if (mdb_node_attr(n, "transB") && !mdb_node_attr(n, "equation"))
+        return 0; /* canonical already */
+    const char *eq = mdb_node_string(n, "equation", "");
+    char t[3][MDB_MAX_RANK + 1];
+    int len[3] = {0, 0, 0}, part = 0;
+    bool ok = true;
+    for (const char *p = eq; *p && ok; p++) {
+        if (*p == ' ')
+            continue;
+        if (*p == ',' && part == 0)
+            part = 1;
+        else if (*p == '-' && p[1] == '>' && part == 1) {
+            part = 2;
+            p++;
+        } else if (((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z')) &&
+                   len[part] < MDB_MAX_RANK)
+            t[part][len[part]++] = *p;
+        else
+            ok = false;
+    }
+    int r = len[0];
+    ok = ok && part == 2 && r >= 2 && len[1] == r && len[2] == r &&
+         memcmp(t[0], t[1], (size_t)(r - 2)) == 0 && memcmp(t[0], t[2], (size_t)(r - 2)) == 0;
+    char i = ok ? t[0][r - 2] : 0, k = ok ? t[0][r - 1] : 0;
+    int trans_b = -1;
+    if (ok && t[2][r - 2] == i && t[1][r - 2] == k && t[2][r - 1] == t[1][r - 1])
+        trans_b = 0;
+    else if (ok && t[2][r - 2] == i && t[1][r - 1] == k && t[2][r - 1] == t[1][r - 2])
+        trans_b = 1;
+    if (trans_b < 0 || t[2][r - 1] == i || t[2][r - 1] == k || i == k)
+        FAIL(SQ_UNSUPPORTED_MODEL,
+             "Einsum '%s': '%s' is not a batched matrix product (the worker runs "
+             "...ik,...kj->...ij and ...ik,...jk->...ij)",
+             n->name, eq);
+    mdb_node_del_attr(n, "equation");
+    mdb_node_set_int(n, "transB", trans_b);
+    return 0;
+}
+
 /* Expand: the output shape (x broadcast against the requested one, the
  * batch as MDB_DIM_BATCH) as the attribute "shape". */
 static int canon_expand(lctx_t *c)
@@ -336,6 +380,8 @@ static int canon_node(lctx_t *c)
     }
     case MDB_OP_EXPAND:
         return canon_expand(c);
+    case MDB_OP_EINSUM:
+        return canon_einsum(c);
     case MDB_OP_LAYER_NORM:
         if ((rc = norm_axis_attr(c, "axis", -1, rank)) != 0)
             return rc;
@@ -647,6 +693,7 @@ static int check_arity(lctx_t *c)
         hi = 3;
         break;
     case MDB_OP_MATMUL:
+    case MDB_OP_EINSUM:
     case MDB_OP_ADD:
     case MDB_OP_MUL:
     case MDB_OP_SUB:

@@ -427,6 +427,7 @@ static const rule_t rules[] = {
     {MDB_OP_SPLIT, true, "the batch is not split", split_batch},
     {MDB_OP_GEMM, true, "the batch only in an untransposed A", gemm_batch},
     {MDB_OP_MATMUL, true, "the batch leads the product", matmul_batch},
+    {MDB_OP_EINSUM, true, "the batch leads the product", matmul_batch},
     {MDB_OP_ADD, true, "batched operands of full rank", binary_batch},
     {MDB_OP_SUB, true, "batched operands of full rank", binary_batch},
     {MDB_OP_MUL, true, "batched operands of full rank", binary_batch},

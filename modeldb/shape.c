@@ -757,6 +757,7 @@ int mdb_graph_infer_node(mdb_graph_t *g, int idx, char *err, size_t errlen)
     case MDB_OP_POW:
     case MDB_OP_SQRT:
     case MDB_OP_ERF:
+    case MDB_OP_TANH:
     case MDB_OP_GELU:
     case MDB_OP_LAYER_NORM:
         if (node->op == MDB_OP_SOFTMAX) {
@@ -793,6 +794,23 @@ int mdb_graph_infer_node(mdb_graph_t *g, int idx, char *err, size_t errlen)
         return infer_gemm(c);
     case MDB_OP_MATMUL:
         return infer_matmul(c);
+    case MDB_OP_EINSUM: {
+        /* canonical: same ranks, same leading dims (onnx_lower.c) */
+        const mdb_tensor_t *a = in_t(c, 0), *b = in_t(c, 1);
+        int r = a->shape.rank;
+        bool tb = mdb_node_int(node, "transB", 0) != 0;
+        if (b == NULL || b->shape.rank != r || r < 2)
+            FAIL(SQ_BAD_MODEL, "Einsum '%s': operands of ranks that differ", node->name);
+        mdb_shape_t out = a->shape;
+        for (int i = 0; i < r - 2; i++)
+            if (a->shape.dims[i] != b->shape.dims[i])
+                FAIL(SQ_BAD_MODEL, "Einsum '%s': leading dims differ", node->name);
+        if (a->shape.dims[r - 1] != b->shape.dims[tb ? r - 1 : r - 2])
+            FAIL(SQ_BAD_MODEL, "Einsum '%s': inner dimensions differ", node->name);
+        out.dims[r - 1] = b->shape.dims[tb ? r - 2 : r - 1];
+        set_out(c, 0, a->dtype, &out);
+        return 0;
+    }
     case MDB_OP_ADD:
     case MDB_OP_MUL:
     case MDB_OP_SUB:

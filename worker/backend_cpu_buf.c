@@ -311,6 +311,8 @@ dnnl_alg_kind_t wk__cpu_act_alg(wk_act_kind_t k)
         return dnnl_eltwise_sqrt;
     case WK_ACT_GELU:
         return dnnl_eltwise_gelu_erf;
+    case WK_ACT_TANH:
+        return dnnl_eltwise_tanh;
     default:
         return dnnl_alg_kind_undef;
     }

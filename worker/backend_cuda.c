@@ -574,13 +574,13 @@ static int check_supported(wk_plan_t *plan)
         for (int i = 0; i < s->n_post; i++)
             if (s->post[i].kind == WK_POST_ACT &&
                 (s->post[i].act.kind == WK_ACT_POW || s->post[i].act.kind == WK_ACT_SQRT ||
-                 s->post[i].act.kind == WK_ACT_GELU))
-                why = "Pow, Sqrt and Gelu (not written for cuDNN yet)";
+                 s->post[i].act.kind == WK_ACT_GELU || s->post[i].act.kind == WK_ACT_TANH))
+                why = "Pow, Sqrt, Gelu and Tanh (not written for cuDNN yet)";
         switch (s->kind) {
         case WK_K_ELTWISE:
             if (s->p.act.kind == WK_ACT_POW || s->p.act.kind == WK_ACT_SQRT ||
-                s->p.act.kind == WK_ACT_GELU)
-                why = "Pow, Sqrt and Gelu (not written for cuDNN yet)";
+                s->p.act.kind == WK_ACT_GELU || s->p.act.kind == WK_ACT_TANH)
+                why = "Pow, Sqrt, Gelu and Tanh (not written for cuDNN yet)";
             break;
         case WK_K_LAYERNORM:
             why = "LayerNormalization (not written for cuDNN yet)";

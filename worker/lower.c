@@ -320,6 +320,7 @@ static int lower_node_inputs(lower_t *L, const mdb_node_t *n, int *in)
     case MDB_OP_HARD_SWISH:
     case MDB_OP_POW:
     case MDB_OP_SQRT:
+    case MDB_OP_TANH:
     case MDB_OP_GELU: {
         s = wk_graph_step(g, WK_K_ELTWISE, in, 1, out);
         wk_act_t *a = &s->p.act;
@@ -353,6 +354,9 @@ static int lower_node_inputs(lower_t *L, const mdb_node_t *n, int *in)
             break;
         case MDB_OP_GELU:
             a->kind = WK_ACT_GELU;
+            break;
+        case MDB_OP_TANH:
+            a->kind = WK_ACT_TANH;
             break;
         default:
             a->kind = WK_ACT_HARDSWISH;
@@ -407,6 +411,28 @@ static int lower_node_inputs(lower_t *L, const mdb_node_t *n, int *in)
     case MDB_OP_MATMUL:
         wk_graph_step(g, WK_K_MATMUL, in, 2, out);
         return 0;
+    case MDB_OP_EINSUM: {
+        /* a batched product; B transposed first into a temporary when the
+         * equation reads it so (mdb canonical transB) */
+        int b = in[1];
+        if (mdb_node_int(n, "transB", 0)) {
+            const wk_value_t *bv = &g->values[in[1]];
+            int nd = bv->ndim;
+            int64_t dims[WK_MAX_DIMS];
+            for (int d = 0; d < nd; d++)
+                dims[d] = bv->dims[d];
+            dims[nd - 2] = bv->dims[nd - 1];
+            dims[nd - 1] = bv->dims[nd - 2];
+            b = wk_graph_value(g, NULL, nd, dims, bv->batched, NULL);
+            s = wk_graph_step(g, WK_K_TRANSPOSE, &in[1], 1, b);
+            for (int d = 0; d < nd; d++)
+                s->p.perm[d] = d;
+            s->p.perm[nd - 2] = nd - 1;
+            s->p.perm[nd - 1] = nd - 2;
+        }
+        wk_graph_step(g, WK_K_MATMUL, (int[]){in[0], b}, 2, out);
+        return 0;
+    }
     case MDB_OP_ADD:
     case MDB_OP_SUB:
     case MDB_OP_MUL:

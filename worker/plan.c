@@ -46,6 +46,7 @@ const char *const wk_act_names[WK_ACT_COUNT_] = {
     [WK_ACT_POW] = "pow",
     [WK_ACT_SQRT] = "sqrt",
     [WK_ACT_GELU] = "gelu",
+    [WK_ACT_TANH] = "tanh",
 };
 _Static_assert(sizeof(wk_act_names) / sizeof(wk_act_names[0]) == WK_ACT_COUNT_,
                "one name per activation");

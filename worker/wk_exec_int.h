@@ -56,6 +56,7 @@ typedef enum {
     WK_ACT_POW,         /* x^alpha */
     WK_ACT_SQRT,
     WK_ACT_GELU, /* x * (1 + erf(x / sqrt 2)) / 2 */
+    WK_ACT_TANH,
     WK_ACT_COUNT_
 } wk_act_kind_t;
 

@@ -440,3 +440,72 @@ Test(lower, a_constant_broadcast_in_a_middle_axis_adds_right)
                 }
     wk_plan_free(p);
 }
+
+/* MaxViT's attention as Einsum: q k^T ("BHID,BHJD->BHIJ", B transposed
+ * first) then attn v ("BHIJ,BHJD->BHID"), a Tanh between, against loops;
+ * another equation is refused at import, naming it. */
+Test(lower, einsum_batched_products_and_tanh_match_loops)
+{
+    mb_t b;
+    mb_init(&b, 13);
+    int64_t q_dims[] = {-1, 2, 3, 4}, k_dims[] = {1, 2, 5, 4}, v_dims[] = {1, 2, 5, 4};
+    mb_input(&b, "q", 4, q_dims);
+    mb_init_f(&b, "k", 4, k_dims, -1.0f, 0.05f);
+    mb_init_f(&b, "v", 4, v_dims, 0.5f, -0.03f);
+    Onnx__NodeProto *e1 =
+        mb_node(&b, "Einsum", (const char *[]){"q", "k", NULL}, (const char *[]){"s", NULL});
+    Onnx__NodeProto *e2 =
+        mb_node(&b, "Einsum", (const char *[]){"t", "v", NULL}, (const char *[]){"o", NULL});
+    mb_node(&b, "Tanh", (const char *[]){"s", NULL}, (const char *[]){"t", NULL});
+    Onnx__NodeProto *es[2] = {e1, e2};
+    const char *eqs[2] = {"B H I D, B H J D -> B H I J", "BHIJ,BHJD->BHID"};
+    for (int i = 0; i < 2; i++) {
+        Onnx__AttributeProto *a = mb_alloc(&b, sizeof(*a));
+        onnx__attribute_proto__init(a);
+        a->name = mb_str(&b, "equation");
+        a->has_type = 1;
+        a->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING;
+        a->has_s = 1;
+        a->s.data = (uint8_t *)mb_str(&b, eqs[i]);
+        a->s.len = strlen(eqs[i]);
+        es[i]->attribute[es[i]->n_attribute++] = a;
+    }
+    mb_output(&b, "o");
+    /* Batch 1: the constants' leading dim is 1, as the file fixes it. */
+    b.inputs[0]->type->tensor_type->shape->dim[0]->value_case =
+        ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
+    b.inputs[0]->type->tensor_type->shape->dim[0]->dim_value = 1;
+    wk_plan_t *p = import_and_plan(&b, 1);
+    float q[24], o[24], want[24];
+    for (int i = 0; i < 24; i++)
+        q[i] = cosf((float)i) * 0.8f;
+    cr_assert_eq(wk_plan_run(p, 1, (const float *[]){q}, (float *[]){o}), 0, "%s",
+                 wk_plan_errmsg(p));
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 3; i++)
+            for (int d = 0; d < 4; d++) {
+                double acc = 0;
+                for (int j = 0; j < 5; j++) {
+                    double sc = 0;
+                    for (int e = 0; e < 4; e++)
+                        sc += (double)q[(h * 3 + i) * 4 + e] *
+                              (-1.0 + 0.05 * (double)((h * 5 + j) * 4 + e));
+                    acc += tanh(sc) * (0.5 - 0.03 * (double)((h * 5 + j) * 4 + d));
+                }
+                want[(h * 3 + i) * 4 + d] = (float)acc;
+            }
+    for (int i = 0; i < 24; i++)
+        cr_assert_float_eq(o[i], want[i], 1e-4f, "[%d]: %g, want %g", i, o[i], want[i]);
+    wk_plan_free(p);
+    /* A contraction over two labels is not a matrix product. */
+    es[0]->attribute[0]->s.data = (uint8_t *)mb_str(&b, "BHID,BHJD->BHI");
+    es[0]->attribute[0]->s.len = strlen("BHID,BHJD->BHI");
+    size_t len;
+    uint8_t *bytes = mb_pack(&b, &len);
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(mdb_onnx_import(bytes, len, &g, &err), SQ_UNSUPPORTED_MODEL);
+    cr_assert_not_null(strstr(err.detail, "BHID,BHJD->BHI"), "%s", err.detail);
+    free(bytes);
+    mb_free(&b);
+}
