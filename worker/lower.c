@@ -2,7 +2,10 @@
  * kernels. Everything an op means is decided here, once, so that backends
  * see one form: BatchNormalization becomes a per-channel scale and shift
  * (folded into the conv by wk_graph_fuse), ceil_mode becomes extra end
- * padding, Split becomes Slices, Dropout and Identity disappear.
+ * padding, Split becomes Slices, a one-index Gather a Slice and a copy, an
+ * Einsum with a transposed B a transpose and a matmul, a Concat past
+ * WK_MAX_CONCAT_SOURCES inputs concats of concats, Dropout and Identity
+ * disappear.
  *
  * What the lowering and the cpu backend cannot run is one list in
  * modeldb/runnable.c (mdb_node_runnable), which the importer reads too:
