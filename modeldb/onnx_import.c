@@ -495,8 +495,6 @@ static int canon_constant_attrs(ectx_t *e, mdb_graph_t *g, mdb_node_t *node)
     return 0;
 }
 
-/* Builds the graph once; symbolic makes dim 0 of every runtime input the
- * batch N even when the file gives a number. */
 /* Finds a binding for input name; NULL if none. */
 static const mdb_onnx_const_t *find_binding(const mdb_onnx_const_t *consts, int n, const char *name)
 {
@@ -523,7 +521,15 @@ static int add_binding(ectx_t *e, mdb_graph_t *g, const mdb_onnx_const_t *b, con
     return t;
 }
 
-static int build(ectx_t *e, const Onnx__ModelProto *m, int64_t opset, bool symbolic,
+/* How build() reads dim 0 of the runtime inputs. */
+typedef enum {
+    BATCH_SYMBOLIC, /* the batch N, even when the file gives a number */
+    BATCH_DECLARED, /* the file's number; N where it gives none */
+    BATCH_ONE,      /* the file's number; 1 where it gives none */
+} batch_mode_t;
+
+/* Builds the graph once, reading the batch as mode says. */
+static int build(ectx_t *e, const Onnx__ModelProto *m, int64_t opset, batch_mode_t mode,
                  const mdb_onnx_const_t *consts, int n_consts, uint64_t fold_budget,
                  mdb_graph_t **out, bool *forced_symbolic, int64_t *declared_batch)
 {
@@ -599,7 +605,11 @@ static int build(ectx_t *e, const Onnx__ModelProto *m, int64_t opset, bool symbo
         for (int d = 0; d < shape.rank; d++) {
             const Onnx__TensorShapeProto__Dimension *dim = tt->shape->dim[d];
             bool known = dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
-            if (d == 0 && (!known || symbolic)) {
+            if (d == 0 && !known && mode == BATCH_ONE) {
+                shape.dims[d] = 1;
+                continue;
+            }
+            if (d == 0 && (!known || mode == BATCH_SYMBOLIC)) {
                 if (known) {
                     *forced_symbolic = true;
                     *declared_batch = dim->dim_value;
@@ -820,7 +830,8 @@ int mdb_onnx_import_bound(const void *bytes, size_t len, const mdb_onnx_const_t 
     /* Folding may turn a small file into big constants (ConstantOfShape);
      * real models fold at most what they already hold. */
     uint64_t fold_budget = (uint64_t)len * 2 + ((uint64_t)64 << 20);
-    rc = build(&e, m, opset, true, consts, n_consts, fold_budget, out, &forced, &declared);
+    rc =
+        build(&e, m, opset, BATCH_SYMBOLIC, consts, n_consts, fold_budget, out, &forced, &declared);
     if (rc && forced && rc != SQ_NOMEM) {
         /* The file fixes the batch and its shapes depend on it (a Reshape
          * to [1, -1], say): import it for that batch only. */
@@ -828,7 +839,8 @@ int mdb_onnx_import_bound(const void *bytes, size_t len, const mdb_onnx_const_t 
         e.ops[0] = '\0';
         e.nnamed = 0;
         bool again;
-        rc = build(&e, m, opset, false, consts, n_consts, fold_budget, out, &again, &declared);
+        rc = build(&e, m, opset, BATCH_DECLARED, consts, n_consts, fold_budget, out, &again,
+                   &declared);
         /* On failure the fixed-batch attempt's reason stands: the symbolic
          * one failed for a batch the file never promised. */
         if (rc == 0) {
@@ -838,6 +850,23 @@ int mdb_onnx_import_bound(const void *bytes, size_t len, const mdb_onnx_const_t 
                 err->opset = opset;
             }
         }
+    } else if (rc == SQ_UNSUPPORTED_MODEL && err) {
+        /* A dynamic batch that the graph computes with (ViT's and Swin's
+         * attention reshape to N * heads) has no one plan for every N; if
+         * the file holds for N = 1, the uploader learns how to serve it. */
+        ectx_t probe = e;
+        probe.err = NULL;
+        mdb_graph_t *one = NULL;
+        bool again;
+        int64_t none = 0;
+        if (build(&probe, m, opset, BATCH_ONE, consts, n_consts, fold_budget, &one, &again,
+                  &none) == 0) {
+            size_t at = strlen(err->detail);
+            snprintf(err->detail + at, sizeof(err->detail) - at,
+                     " (with a dynamic batch; the graph computes with the batch size: export "
+                     "it with a batch of 1 to serve it one item per run)");
+        }
+        mdb_graph_free(one);
     }
 out:
     if (err && rc) {

@@ -629,6 +629,8 @@ Test(onnx_import, a_batch_baked_into_a_reshape_fixes_the_batch)
     b.inputs[0]->type->tensor_type->shape->dim[0]->dim_param = mb_str(&b, "N");
     cr_assert_eq(import_builder(&b, &g, &err), SQ_UNSUPPORTED_MODEL);
     cr_assert_not_null(strstr(err.detail, "batch"), "%s", err.detail);
+    /* It holds for batch 1: the uploader is told how to serve it. */
+    cr_assert_not_null(strstr(err.detail, "export it with a batch of 1"), "%s", err.detail);
     mb_free(&b);
 }
 
