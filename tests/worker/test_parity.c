@@ -201,6 +201,24 @@ static wk_graph_t *b_layout_ops(void)
     return g;
 }
 
+/* DenseNet's concat of many inputs (the cpu backend once stopped at 8):
+ * twelve sources, x and relu(x) in turn. */
+static wk_graph_t *b_concat_many(void)
+{
+    int x;
+    wk_graph_t *g = start(&x);
+    int64_t d[4] = {MAXB, 8, 10, 10}, cd[4] = {MAXB, 96, 10, 10};
+    int r = wk_graph_value(g, NULL, 4, d, true, NULL);
+    wk_graph_step(g, WK_K_ELTWISE, &x, 1, r)->p.act.kind = WK_ACT_RELU;
+    int ins[12];
+    for (int i = 0; i < 12; i++)
+        ins[i] = i % 2 ? r : x;
+    int c = wk_graph_value(g, NULL, 4, cd, true, NULL);
+    wk_graph_step(g, WK_K_CONCAT, ins, 12, c)->p.axis = 1;
+    wk_graph_mark_output(g, c);
+    return g;
+}
+
 static wk_graph_t *b_head(void)
 {
     /* global pool -> reshape -> gemm -> softmax, and reduce-mean, matmul */
@@ -357,6 +375,7 @@ PARITY(activations)
 PARITY(binary_broadcast)
 PARITY(layout_ops)
 PARITY(head)
+PARITY(concat_many)
 
 Test(parity, cuda_without_a_device_fails_soft_with_a_reason)
 {
