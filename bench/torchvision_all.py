@@ -59,12 +59,15 @@ def build(name):
     finally:
         export_models.IMAGE_HW = old
     # ViT zero-initializes its head: every logit 0, in torch and squish
-    # alike, proves nothing. Weight matrices left all zero get seeded noise.
+    # alike, proves nothing. Weight matrices left all zero get seeded noise;
+    # ConvNeXt's layer scales (1e-6, so that its blocks hardly count) 0.1.
     gen = torch.Generator().manual_seed(export_models.SEED + 11)
     with torch.no_grad():
-        for p in model.parameters():
+        for pname, p in model.named_parameters():
             if p.dim() >= 2 and not p.any():
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+            if pname.endswith("layer_scale"):
+                p.fill_(0.1)
     return model
 
 
