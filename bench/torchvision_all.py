@@ -153,8 +153,18 @@ def table(results):
             "%.1f" % e["cpu_ms_b1"] if "cpu_ms_b1" in e else "-",
             "%.1f" % e["torch_ms"] if "torch_ms" in e else "-",
             "%.1f" % e["torch_cpu_ms"] if "torch_cpu_ms" in e else "-",
-            e.get("why", "").replace("|", "/")))
+            note(e)))
     return "\n".join(rows)
+
+
+def note(e):
+    """The table's note: short, the full reason stays in results.json."""
+    why = e.get("why", "")
+    if why.startswith("batch-1 export"):
+        return "batch-1 export (the dynamic-batch one is refused: the graph computes with N)"
+    if why.startswith("export: ") and "aten::zero" in why:
+        return "torch 1.13 cannot export it at opset 13 (aten::zero)"
+    return why.replace("|", "/")[:160]
 
 
 def main():
@@ -181,6 +191,8 @@ def main():
             results[name] = run_one(name, build_dir, work)
         except Exception as e:  # an export failure is a row too
             results[name] = {"model": name, "accepted": False,
+                             "params": torchvision.models.get_model_weights(name).DEFAULT.meta[
+                                 "num_params"],
                              "why": "export: %s" % str(e).splitlines()[0][:200]}
         print(json.dumps(results[name]), flush=True)
         with open(path + ".tmp", "w") as f:
