@@ -1,0 +1,111 @@
+#!/usr/bin/python3
+"""squish's cpu backend against ONNX Runtime, side by side (issue 26).
+
+    /usr/bin/python3 bench/ort_ab.py BUILD_DIR WORK_DIR [--models a,b] [--batches 1,8]
+        [--rounds 2] [--iters 10] [--threads 2]
+
+The same ONNX files (torchvision classifiers with seeded weights, exported
+at opset 13 with a dynamic batch by bench/torchvision_all.py's builder, kept
+in WORK_DIR), the same batch and threads, interleaved A/B/A/B: per round and
+model and batch, squish-cpu-bench (OMP_WAIT_POLICY=passive, as squishd sets
+it for its workers) and ONNX Runtime 1.30 (npm onnxruntime-node,
+bench/ort_bench.js, every graph optimization on), their order swapped every
+round. Reports the median over rounds of each run's median ms per batch and
+CPU ms per batch, and squish's speed relative to ONNX Runtime (ORT ms /
+squish ms: above 1 is faster). Needs node and third_party/npm's
+onnxruntime-node (scripts/bootstrap --test installs it).
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+DEFAULT = "resnet18,resnet50,mobilenet_v2,mobilenet_v3_large,efficientnet_b0,googlenet"
+
+
+def export(name, path):
+    import torch
+    sys.path.insert(0, HERE)
+    import torchvision_all as tv
+    model = tv.build(name)
+    hw = tv.image_hw(name)
+    torch.onnx.export(model, torch.zeros(1, 3, hw, hw), path, opset_version=13,
+                      input_names=["input"], output_names=["output"],
+                      dynamic_axes={"input": {0: "N"}, "output": {0: "N"}},
+                      do_constant_folding=True)
+
+
+def squish(a, path, batch):
+    env = dict(os.environ, OMP_WAIT_POLICY="passive")
+    out = subprocess.run([os.path.join(a.build, "bench", "squish-cpu-bench"), "--threads",
+                          str(a.threads), "--iters", str(a.iters), "--warmup", "3", "--batch",
+                          str(batch), path], capture_output=True, text=True, env=env, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError("squish-cpu-bench %s: %s" % (path, out.stderr[-500:]))
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def ort(a, path, batch, hw):
+    env = dict(os.environ, NODE_PATH=os.path.join(ROOT, "third_party", "npm", "node_modules"))
+    out = subprocess.run(["node", os.path.join(HERE, "ort_bench.js"), path, str(batch),
+                          str(a.threads), str(a.iters), "3", str(hw)], capture_output=True,
+                         text=True, env=env, timeout=1800)
+    if out.returncode != 0:
+        raise RuntimeError("ort_bench %s: %s" % (path, out.stderr[-500:]))
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build")
+    ap.add_argument("work")
+    ap.add_argument("--models", default=DEFAULT)
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    os.makedirs(a.work, exist_ok=True)
+    models = a.models.split(",")
+    batches = [int(b) for b in a.batches.split(",")]
+    for m in models:
+        path = os.path.join(a.work, m + ".onnx")
+        if not os.path.exists(path):
+            print("# exporting %s" % m, file=sys.stderr, flush=True)
+            export(m, path)
+    rows = []
+    for r in range(a.rounds):
+        for m in models:
+            path = os.path.join(a.work, m + ".onnx")
+            hw = 299 if m == "inception_v3" else 224
+            for b in batches:
+                order = ("squish", "ort") if r % 2 == 0 else ("ort", "squish")
+                for engine in order:
+                    res = squish(a, path, b) if engine == "squish" else ort(a, path, b, hw)
+                    row = {"round": r + 1, "model": m, "batch": b, "engine": engine,
+                           "median_ms": res["median_ms"], "cpu_ms": res["cpu_ms"]}
+                    print(json.dumps(row), flush=True)
+                    rows.append(row)
+    print("\n| model | batch | squish ms | ORT ms | squish / ORT speed | squish CPU ms | ORT CPU ms |"
+          " squish / ORT (CPU) |")
+    print("|---|---|---|---|---|---|---|---|")
+    speeds = []
+    for m in models:
+        for b in batches:
+            def med(engine, key):
+                return statistics.median(x[key] for x in rows if x["model"] == m and
+                                         x["batch"] == b and x["engine"] == engine)
+            s, o = med("squish", "median_ms"), med("ort", "median_ms")
+            sc, oc = med("squish", "cpu_ms"), med("ort", "cpu_ms")
+            speeds.append(o / s)
+            print("| %s | %d | %.1f | %.1f | **%.2fx** | %.1f | %.1f | %.2fx |"
+                  % (m, b, s, o, o / s, sc, oc, oc / sc))
+    print("\nmedian speed: %.2fx ONNX Runtime" % statistics.median(speeds))
+
+
+if __name__ == "__main__":
+    main()
