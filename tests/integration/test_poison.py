@@ -225,22 +225,24 @@ def a_model_the_worker_refuses_fails_at_once_and_the_worker_stays():
 
 @test
 def a_graph_the_worker_cannot_run_is_refused_at_upload():
-    # Nine inputs to one Concat: more than the lowering takes. The importer
-    # refuses it at upload (one list of limits with the worker's lowering).
+    # A dividend that broadcasts over its divisor: the lowering broadcasts
+    # only the divisor. The importer refuses it at upload (one list of
+    # limits with the worker's lowering), so no worker is handed it.
     from onnx import TensorProto, helper
-    nodes = [helper.make_node("Concat", ["input"] * 9, ["cat"], axis=1),
-             helper.make_node("GlobalAveragePool", ["cat"], ["g"]),
+    nodes = [helper.make_node("GlobalAveragePool", ["input"], ["m"]),
+             helper.make_node("Div", ["m", "input"], ["q"]),
+             helper.make_node("GlobalAveragePool", ["q"], ["g"]),
              helper.make_node("Flatten", ["g"], ["logits"], axis=1)]
-    g = helper.make_graph(nodes, "concat9",
+    g = helper.make_graph(nodes, "div_broadcast",
                           [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 32, 32])],
-                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 27])])
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 3])])
     blob = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
     s = Squishd(workers="cpu:1")
     try:
         s.wait_ready(1, 20)
         r = upload(s, "c9", blob)
         assert r.status == 422, r
-        assert r.json["code"] == "unsupported_model" and "Concat" in r.json["error"], r
+        assert r.json["code"] == "unsupported_model" and "Div" in r.json["error"], r
         no_endless_loop(s, 1.0)
         assert restarts(s) == 0, s.read_log()[-3000:]
         assert "protocol_error" not in s.read_log()

@@ -58,7 +58,7 @@ def heavy(seed=7, hw=160):
 
 def unsupported():
     """Uses an op the worker cannot run (and an odd one in the middle)."""
-    return _conv_net(1, 1, extra_op="Erf")
+    return _conv_net(1, 1, extra_op="Round")
 
 
 def large(megabytes):
