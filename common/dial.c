@@ -5,6 +5,7 @@
 #include "sq_error.h"
 #include "sq_text.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -55,6 +56,51 @@ int sq_dial_tcp(const char *addr, int timeout_ms)
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    return fd;
+}
+
+int sq_listen_tcp(const char *spec, char *bound, size_t boundlen, char *err, size_t errlen)
+{
+    char host[128], port[8];
+    int portnum;
+    if (sq_hostport_split(spec, host, sizeof(host), &portnum) != 0) {
+        snprintf(err, errlen, "%s: expected ADDR:PORT or [IPV6]:PORT", spec);
+        return -1;
+    }
+    snprintf(port, sizeof(port), "%d", portnum);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC,
+                             .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICHOST | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    int g = getaddrinfo(host, port, &hints, &ai);
+    if (g != 0) {
+        snprintf(err, errlen, "%s: %s (a numeric address and port)", spec, gai_strerror(g));
+        return -1;
+    }
+    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int one = 1;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
+        bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 128) != 0) {
+        snprintf(err, errlen, "%s: %s", spec, strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        freeaddrinfo(ai);
+        return -1;
+    }
+    freeaddrinfo(ai);
+    struct sockaddr_storage ss = {0};
+    socklen_t sl = sizeof(ss);
+    getsockname(fd, (struct sockaddr *)&ss, &sl);
+    char name[INET6_ADDRSTRLEN] = "?";
+    int bport = 0;
+    if (ss.ss_family == AF_INET) {
+        inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, name, sizeof(name));
+        bport = ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    } else if (ss.ss_family == AF_INET6) {
+        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, name, sizeof(name));
+        bport = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    }
+    snprintf(bound, boundlen, ss.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", name, bport);
     return fd;
 }
 

@@ -15,6 +15,13 @@
  * TCP_NODELAY and keep-alive, within timeout_ms; -errno on failure. */
 int sq_dial_tcp(const char *addr, int timeout_ms);
 
+/* A listening non-blocking TCP socket on "ADDR:PORT" ("[v6]:PORT"; a
+ * numeric address, port 0 picks one), SO_REUSEADDR; the bound address
+ * ("127.0.0.1:40123", "[::1]:40123") in bound. The fd, or -1 with err
+ * saying why (the spec named). The cluster listener and the workers'
+ * data listener. */
+int sq_listen_tcp(const char *spec, char *bound, size_t boundlen, char *err, size_t errlen);
+
 /* The next whole frame of c within timeout_ms, flushing what c has queued
  * meanwhile: 1, or a negative errno (-ETIMEDOUT, -ECONNRESET) or
  * SQ_PROTOCOL. The frame is valid until c is read again. */

@@ -165,50 +165,6 @@ static void usage(FILE *f)
 /* The data listener (--data-listen): a non-blocking TCP socket bound to
  * spec (numeric, IPv4 or [IPv6]) and the address it got ("[::]:4711").
  * Returns the fd, or -1 with err. */
-static int data_listen(const char *spec, char *bound, size_t boundlen, char *err, size_t errlen)
-{
-    char host[128], port[8];
-    int portnum;
-    if (sq_hostport_split(spec, host, sizeof(host), &portnum) != 0) {
-        snprintf(err, errlen, "expected ADDR:PORT or [IPV6]:PORT, got '%s'", spec);
-        return -1;
-    }
-    snprintf(port, sizeof(port), "%d", portnum);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC,
-                             .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE | AI_NUMERICHOST | AI_NUMERICSERV};
-    struct addrinfo *ai = NULL;
-    int g = getaddrinfo(host, port, &hints, &ai);
-    if (g != 0) {
-        snprintf(err, errlen, "%s: %s (a numeric address and port)", spec, gai_strerror(g));
-        return -1;
-    }
-    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    int one = 1;
-    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
-        bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 128) != 0) {
-        snprintf(err, errlen, "%s: %s", spec, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        freeaddrinfo(ai);
-        return -1;
-    }
-    freeaddrinfo(ai);
-    struct sockaddr_storage ss = {0};
-    socklen_t sl = sizeof(ss);
-    getsockname(fd, (struct sockaddr *)&ss, &sl);
-    char name[INET6_ADDRSTRLEN] = "?";
-    int bport = 0;
-    if (ss.ss_family == AF_INET) {
-        inet_ntop(AF_INET, &((struct sockaddr_in *)&ss)->sin_addr, name, sizeof(name));
-        bport = ntohs(((struct sockaddr_in *)&ss)->sin_port);
-    } else if (ss.ss_family == AF_INET6) {
-        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)&ss)->sin6_addr, name, sizeof(name));
-        bport = ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
-    }
-    snprintf(bound, boundlen, ss.ss_family == AF_INET6 ? "[%s]:%d" : "%s:%d", name, bport);
-    return fd;
-}
 
 static int connect_unix(const char *path)
 {
@@ -575,7 +531,7 @@ int main(int argc, char **argv)
             sq_tls_free(w.tls);
             return 2;
         }
-        data_fd = data_listen(fl.data_listen, data_bound, sizeof(data_bound), err, sizeof(err));
+        data_fd = sq_listen_tcp(fl.data_listen, data_bound, sizeof(data_bound), err, sizeof(err));
         if (data_fd < 0) {
             fprintf(stderr, "squish-worker: --data-listen: %s\n", err);
             sq_tls_free(data_tls);

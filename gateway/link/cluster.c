@@ -51,38 +51,12 @@ static void format_addr(const struct sockaddr_storage *ss, char *out, size_t out
 int gw_cluster_listen(const char *spec, int *fd_out, char *bound, size_t boundlen, char *err,
                       size_t errlen)
 {
-    char host[128], port[8];
-    int portnum;
-    if (sq_hostport_split(spec, host, sizeof(host), &portnum) != 0) {
-        snprintf(err, errlen, "--cluster-listen %s: expected ADDR:PORT or [IPV6]:PORT", spec);
+    char why[300];
+    int fd = sq_listen_tcp(spec, bound, boundlen, why, sizeof(why));
+    if (fd < 0) {
+        snprintf(err, errlen, "--cluster-listen %s", why);
         return SQ_BAD_CONFIG;
     }
-    snprintf(port, sizeof(port), "%d", portnum);
-    struct addrinfo hints = {.ai_family = AF_UNSPEC,
-                             .ai_socktype = SOCK_STREAM,
-                             .ai_flags = AI_PASSIVE | AI_NUMERICHOST | AI_NUMERICSERV};
-    struct addrinfo *ai = NULL;
-    int g = getaddrinfo(host, port, &hints, &ai);
-    if (g != 0) {
-        snprintf(err, errlen, "--cluster-listen %s: %s (a numeric address and port)", spec,
-                 gai_strerror(g));
-        return SQ_BAD_CONFIG;
-    }
-    int fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    int one = 1;
-    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0 ||
-        bind(fd, ai->ai_addr, ai->ai_addrlen) != 0 || listen(fd, 128) != 0) {
-        snprintf(err, errlen, "--cluster-listen %s: %s", spec, strerror(errno));
-        if (fd >= 0)
-            close(fd);
-        freeaddrinfo(ai);
-        return SQ_IO;
-    }
-    freeaddrinfo(ai);
-    struct sockaddr_storage ss = {0};
-    socklen_t sl = sizeof(ss);
-    getsockname(fd, (struct sockaddr *)&ss, &sl);
-    format_addr(&ss, bound, boundlen);
     *fd_out = fd;
     return 0;
 }
