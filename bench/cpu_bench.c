@@ -1,7 +1,7 @@
 /* squish-cpu-bench: latency and throughput of the cpu backend on ONNX
  * models (torchvision exports of scripts/export_models.py).
  *
- *   squish-cpu-bench [--threads N] [--iters N] [--batch B]... MODEL.onnx...
+ *   squish-cpu-bench [--device SPEC] [--threads N] [--iters N] [--batch B]... MODEL.onnx...
  *
  * For each model and batch size: one plan for the largest batch, warm-up
  * runs, then --iters timed runs; prints one JSON line per (model, batch)
@@ -14,7 +14,9 @@
  * also checks the model as an upload does (import and mdb_model_info),
  * runs IN.f32 (raw float32, B images, B the first --batch) once and writes
  * the outputs, concatenated, to OUT.f32 before timing: what
- * bench/torchvision_all.py compares with torch. */
+ * bench/torchvision_all.py compares with torch. --device cuda:0 plans on
+ * the CUDA backend instead (the engine field then says "squish-cuda"):
+ * its outputs against the cpu's, and its latency, on a GPU machine. */
 #include <mdb_graph.h>
 #include <sq.h>
 #include <wk_exec.h>
@@ -62,8 +64,9 @@ static int run_io(wk_plan_t *p, const char *path, int batch, const char *in_path
     return rc;
 }
 
-static int bench_model(const char *path, const int *batches, int n_batches, int threads, int iters,
-                       int warmup, const char *in_path, const char *out_path)
+static int bench_model(const char *path, const sq_device_t *dev, const int *batches, int n_batches,
+                       int threads, int iters, int warmup, const char *in_path,
+                       const char *out_path)
 {
     size_t len;
     void *bytes = bench_slurp(path, &len);
@@ -92,6 +95,8 @@ static int bench_model(const char *path, const int *batches, int n_batches, int 
     wk_plan_opts_t o = wk_plan_opts_default();
     o.max_batch = max_batch;
     o.threads = threads;
+    o.backend = dev->kind;
+    o.device_index = dev->index;
     wk_plan_t *p = NULL;
     int64_t t0 = sq_now_ns();
     int rc = wk_plan_create(g, &o, &p, why, sizeof(why));
@@ -134,9 +139,10 @@ static int bench_model(const char *path, const int *batches, int n_batches, int 
             iters;
         qsort(ms, (size_t)iters, sizeof(double), bench_cmp_double);
         double mean = sum / iters;
-        printf("{\"engine\": \"squish\", \"model\": \"%.*s\", \"batch\": %d, \"threads\": %d, "
+        printf("{\"engine\": \"%s\", \"model\": \"%.*s\", \"batch\": %d, \"threads\": %d, "
                "\"mean_ms\": %.2f, \"median_ms\": %.2f, \"min_ms\": %.2f, \"images_per_s\": %.1f, "
                "\"cpu_ms\": %.2f, \"plan_ms\": %.0f, \"memory_mb\": %.1f}\n",
+               dev->kind == SQ_DEV_CPU ? "squish" : "squish-cuda",
                (int)(strlen(base) - (strstr(base, ".onnx") ? 5 : 0)), base, b, threads, mean,
                ms[iters / 2], ms[0], b * 1000.0 / ms[iters / 2], cpu_ms, plan_ms,
                (double)wk_plan_memory_bytes(p) / (1 << 20));
@@ -153,11 +159,18 @@ int main(int argc, char **argv)
 {
     int batches[16], n_batches = 0, threads = 0, iters = 20, warmup = 3, rc = 0;
     const char *in_path = NULL, *out_path = NULL;
+    sq_device_t dev;
+    sq_device_parse("cpu", &dev);
     int i = 1;
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc)
             threads = atoi(argv[++i]);
-        else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
+        else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc) {
+            if (sq_device_parse(argv[++i], &dev) != 0 || dev.kind == SQ_DEV_EMU) {
+                fprintf(stderr, "--device: cpu or cuda:N, not %s\n", argv[i]);
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--iters") == 0 && i + 1 < argc)
             iters = atoi(argv[++i]);
         else if (strcmp(argv[i], "--warmup") == 0 && i + 1 < argc)
             warmup = atoi(argv[++i]);
@@ -168,10 +181,11 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc && n_batches < 16)
             batches[n_batches++] = atoi(argv[++i]);
         else {
-            fprintf(stderr,
-                    "usage: %s [--threads N] [--iters N] [--warmup N] [--batch B]... "
-                    "[--input IN.f32 --output OUT.f32] MODEL.onnx...\n",
-                    argv[0]);
+            fprintf(
+                stderr,
+                "usage: %s [--device SPEC] [--threads N] [--iters N] [--warmup N] [--batch B]... "
+                "[--input IN.f32 --output OUT.f32] MODEL.onnx...\n",
+                argv[0]);
             return 2;
         }
     }
@@ -186,6 +200,7 @@ int main(int argc, char **argv)
         return 2;
     }
     for (; i < argc; i++)
-        rc |= bench_model(argv[i], batches, n_batches, threads, iters, warmup, in_path, out_path);
+        rc |= bench_model(argv[i], &dev, batches, n_batches, threads, iters, warmup, in_path,
+                          out_path);
     return rc;
 }
