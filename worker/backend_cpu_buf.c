@@ -151,6 +151,14 @@ int wk__cpu_emit(wk_plan_t *plan, dnnl_primitive_desc_t pd, int batch, int step,
     if (be->phase == 2) {
         cpu_item_t it = {.step = step};
         dnnl_memory_t sp = NULL;
+        const char *impl = NULL;
+        if (batch == plan->graph->max_batch &&
+            dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
+            impl != NULL && strncmp(impl, "ref", 3) == 0) {
+            be->n_ref_kernels++;
+            SQ_WARN("cpu plan: step %d (%s) runs oneDNN's reference kernel %s", step,
+                    wk_kernel_names[plan->graph->steps[step].kind], impl);
+        }
         DN(dnnl_primitive_create(&it.prim, pd));
         if (wk__cpu_scratch_of(be, pd, &sp) != dnnl_success) {
             dnnl_primitive_destroy(it.prim);
@@ -188,6 +196,8 @@ int wk__cpu_emit_reorder(wk_plan_t *plan, int batch, int step, int src, int dst)
                        dmd = wk__cpu_md_at(&be->bufs[dst], batch);
     dnnl_primitive_desc_t pd;
     DN(dnnl_reorder_primitive_desc_create(&pd, &smd, be->engine, &dmd, be->engine, be->sp_attr));
+    if (batch == plan->graph->max_batch)
+        be->n_reorders++;
     rc = wk__cpu_emit(plan, pd, batch, step, (int[]){DNNL_ARG_FROM, DNNL_ARG_TO}, (int[]){src, dst},
                       2);
 out:
@@ -313,6 +323,8 @@ dnnl_alg_kind_t wk__cpu_act_alg(wk_act_kind_t k)
         return dnnl_eltwise_gelu_erf;
     case WK_ACT_TANH:
         return dnnl_eltwise_tanh;
+    case WK_ACT_SWISH:
+        return dnnl_eltwise_swish; /* x * sigmoid(alpha x), alpha 1 */
     default:
         return dnnl_alg_kind_undef;
     }
@@ -334,6 +346,9 @@ void wk__cpu_act_params(wk_act_t a, float *alpha, float *beta)
     case WK_ACT_POW:
         *alpha = 1.0f;
         *beta = a.alpha;
+        break;
+    case WK_ACT_SWISH:
+        *alpha = 1.0f;
         break;
     default:
         break;

@@ -55,6 +55,11 @@ typedef struct {
     bool wino;       /* conv: Winograd at max batch (layouts chosen for it) */
     int8_t *wino_at; /* conv: [max_batch + 1], per batch size whether it runs Winograd
                         (NULL: as `wino` says, for every size) */
+    /* conv: the source layout its kernel was chosen for. A buffer oneDNN
+     * calls equal (the same bytes: abcd and acdb of a 1x1 map) is read in
+     * place, but the kernel is made for this layout, not the buffer's: one
+     * made for the buffer's can be oneDNN's reference code. */
+    dnnl_memory_desc_t src_md;
 } cpu_step_t;
 
 typedef struct {
@@ -79,6 +84,10 @@ typedef struct {
     char *arena;
     size_t arena_bytes;
     int phase;
+    /* At max batch: the kernels that are oneDNN's reference code (slow by
+     * orders of magnitude; each is logged), and the reorders of
+     * activations between steps (inputs' and outputs' included). */
+    int n_ref_kernels, n_reorders;
 } cpu_be_t;
 
 #define DN(call)                                                                                   \

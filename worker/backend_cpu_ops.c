@@ -90,6 +90,40 @@ static bool pd_fast(dnnl_status_t st, const dnnl_primitive_desc_t *p)
     return st == dnnl_success && *p != NULL && !impl_is_ref(*p);
 }
 
+/* A conv whose input is channels last (what oneDNN's 1x1 and depthwise
+ * kernels choose) keeps it when a fast kernel takes it: left to itself,
+ * oneDNN 2.6 picks 8-channel blocks for regnet's grouped convs (8 channels
+ * a group), and every one of them then paid a reorder in and one out, and
+ * their squeeze-excitation multiply ran oneDNN's reference binary (29 of
+ * regnet_y_400mf's 42 ms at batch 1). */
+static void conv_keep_channels_last(wk_plan_t *plan, const wk_step_t *s, dnnl_primitive_desc_t *pd,
+                                    const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *wei,
+                                    const dnnl_memory_desc_t *bias, const dnnl_memory_desc_t *dst,
+                                    const_dnnl_primitive_attr_t attr)
+{
+    cpu_be_t *be = plan->be;
+    if (s->p.conv.n_spatial != 2)
+        return;
+    const cpu_buf_t *in = &be->bufs[wk__cpu_vbuf(s->in[0])];
+    dnnl_memory_desc_t sm, dm;
+    if (!in->decided ||
+        dnnl_memory_desc_init_by_tag(&sm, src->ndims, src->dims, dnnl_f32, dnnl_acdb) !=
+            dnnl_success ||
+        !dnnl_memory_desc_equal(&in->md, &sm) ||
+        dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(*pd, dnnl_query_src_md, 0), &sm) ||
+        dnnl_memory_desc_init_by_tag(&dm, dst->ndims, dst->dims, dnnl_f32, dnnl_acdb) !=
+            dnnl_success)
+        return;
+    dnnl_primitive_desc_t p = NULL;
+    if (pd_fast(conv_pd(&p, s, false, &sm, wei, bias, &dm, attr, be->engine), &p)) {
+        dnnl_primitive_desc_destroy(*pd);
+        *pd = p;
+        return;
+    }
+    if (p != NULL)
+        dnnl_primitive_desc_destroy(p);
+}
+
 /* The layouts chosen at max batch are kept for every batch size, but a
  * batch size may want another algorithm (direct below WINO_MIN_BATCH), or
  * have no optimized kernel with the shared weights (a googlenet conv at
@@ -180,6 +214,7 @@ static int build_conv(wk_plan_t *plan, int si, int batch)
         cpu_buf_t srcb = be->bufs[wk__cpu_vbuf(s->in[0])];
         if (cs->tmp_src >= 0)
             srcb = be->bufs[cs->tmp_src];
+        srcb.md = cs->src_md;
         src_md = wk__cpu_md_at(&srcb, batch);
         wei_md = be->bufs[cs->wei_alt != NULL && cs->wei_alt[batch] >= 0 ? cs->wei_alt[batch]
                                                                          : cs->weights]
@@ -235,6 +270,9 @@ static int build_conv(wk_plan_t *plan, int si, int batch)
         bool wino = cs->wino_at != NULL ? cs->wino_at[batch] : cs->wino;
         DN(conv_pd(&pd, s, wino, &src_md, &wei_md, has_bias ? &bias_md : NULL, &dst_md, attr,
                    be->engine));
+        if (!decided)
+            conv_keep_channels_last(plan, s, &pd, &src_md, &wei_md, has_bias ? &bias_md : NULL,
+                                    &dst_md, attr);
     }
 
     if (!decided) {
@@ -271,6 +309,7 @@ static int build_conv(wk_plan_t *plan, int si, int batch)
                 be->bufs[root].last = ob->last;
             cs->inplace = true;
         }
+        cs->src_md = *q_src;
         wk__cpu_as_layout(plan, si, batch, s->in[0], q_src, &cs->tmp_src);
         /* The weights: reordered into the chosen layout once. */
         dnnl_memory_desc_t wplain;
@@ -429,7 +468,46 @@ static bool permuted_plain(const dnnl_memory_desc_t *md, const wk_value_t *v)
         return false;
     dnnl_memory_desc_t p;
     wk__cpu_plain_md(&p, v->ndim, v->dims);
-    return !dnnl_memory_desc_equal(md, &p);
+    if (dnnl_memory_desc_equal(md, &p))
+        return false;
+    /* Channels last, what convs leave, is a layout the jit binary runs
+     * (hardswish's x * hardsigmoid(x) after every mobilenet_v3 conv):
+     * made row-major, it cost two reorders there and one back. */
+    static const dnnl_format_tag_t last[] = {dnnl_acb, dnnl_acdb, dnnl_acdeb};
+    dnnl_dims_t d = {0};
+    for (int i = 0; i < v->ndim; i++)
+        d[i] = v->dims[i];
+    if (v->ndim >= 3 && v->ndim <= 5 &&
+        dnnl_memory_desc_init_by_tag(&p, v->ndim, d, dnnl_f32, last[v->ndim - 3]) == dnnl_success &&
+        dnnl_memory_desc_equal(md, &p))
+        return false;
+    return true;
+}
+
+/* Whether oneDNN would run this binary with its reference kernel because
+ * the full operand is in channel blocks and the other broadcasts (oneDNN
+ * 2.6's jit binary takes 16-channel blocks, not 8: a squeeze-excitation
+ * multiply after a conv that chose 8 took 3-6 ms instead of 0.03). If so,
+ * *cl is set to the channels-last layout to read it in instead. */
+static bool binary_blocked_ref(wk_plan_t *plan, const wk_step_t *s, wk_binop_t op, int src0,
+                               const wk_value_t *bv, const wk_value_t *y, dnnl_memory_desc_t *cl)
+{
+    cpu_be_t *be = plan->be;
+    const dnnl_memory_desc_t *md0 = &be->bufs[src0].md;
+    if (md0->format_kind != dnnl_blocked || md0->format_desc.blocking.inner_nblks == 0 ||
+        y->ndim != 4 || s->kind != WK_K_BINARY)
+        return false;
+    dnnl_memory_desc_t md1 = plain_ranked(bv, plan->graph->max_batch, y->ndim);
+    dnnl_binary_desc_t desc;
+    dnnl_primitive_desc_t pd = NULL;
+    bool ref =
+        dnnl_binary_desc_init(&desc, wk__cpu_bin_alg(op), md0, &md1, md0) == dnnl_success &&
+        dnnl_primitive_desc_create(&pd, &desc, be->sp_attr, be->engine, NULL) == dnnl_success &&
+        impl_is_ref(pd);
+    if (pd != NULL)
+        dnnl_primitive_desc_destroy(pd);
+    return ref &&
+           dnnl_memory_desc_init_by_tag(cl, 4, md0->dims, dnnl_f32, dnnl_acdb) == dnnl_success;
 }
 
 static int build_binary(wk_plan_t *plan, int si, int batch)
@@ -464,8 +542,13 @@ static int build_binary(wk_plan_t *plan, int si, int batch)
          * output's rank, unless it has the same shape and layout (a
          * residual add). */
         int src0 = wk__cpu_vbuf(a);
+        dnnl_memory_desc_t cl;
         if (permuted_plain(&be->bufs[src0].md, &g->values[a])) {
             src0 = wk__cpu_as_plain(plan, si, batch, a, &cs->tmp_src);
+            if (src0 < 0)
+                return src0;
+        } else if (binary_blocked_ref(plan, s, op, src0, bv, y, &cl)) {
+            src0 = wk__cpu_as_layout(plan, si, batch, a, &cl, &cs->tmp_src);
             if (src0 < 0)
                 return src0;
         }

@@ -170,6 +170,14 @@ static int apply_act(wk_plan_t *plan, wk_act_t a, cudnnTensorDescriptor_t d, flo
             CUDNN_PROPAGATE_NAN, 0.0));
         DNN(cudnnActivationForward(be->dnn, be->act, &one, d, y, &zero, d, y));
         break;
+    case WK_ACT_SWISH:
+        /* cuDNN's own x * sigmoid(beta x), in place: one pass, so a conv
+         * takes it as a post-op (efficientnet's SiLU) */
+        DNN(cudnnSetActivationDescriptor(be->act, CUDNN_ACTIVATION_SWISH, CUDNN_PROPAGATE_NAN,
+                                         0.0));
+        DNN(cudnnSetActivationDescriptorSwishBeta(be->act, 1.0));
+        DNN(cudnnActivationForward(be->dnn, be->act, &one, d, y, &zero, d, y));
+        break;
     case WK_ACT_LEAKY_RELU: {
         /* max(x, a x) for a <= 1, min(x, a x) above */
         float alpha2 = a.alpha;
@@ -1011,10 +1019,20 @@ out:
     return rc;
 }
 
+/* Activations a conv applies in place after its own output: hardswish
+ * needs x and a second buffer (cuDNN has no hardswish), so it stays a step
+ * of its own; so do those check_supported refuses anyway. */
+static bool cuda_conv_act(wk_act_kind_t kind)
+{
+    return kind != WK_ACT_HARDSWISH && kind != WK_ACT_POW && kind != WK_ACT_SQRT &&
+           kind != WK_ACT_GELU && kind != WK_ACT_TANH;
+}
+
 const wk_backend_ops_t wk_backend_cuda = {
     .kind = SQ_DEV_CUDA,
     .prepare = cuda_prepare,
     .input_buffer = cuda_input_buffer,
     .run = cuda_run,
     .release = cuda_release,
+    .conv_act = cuda_conv_act,
 };

@@ -6,6 +6,7 @@
 #include <sq.h>
 
 #include <assert.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,6 +48,7 @@ const char *const wk_act_names[WK_ACT_COUNT_] = {
     [WK_ACT_SQRT] = "sqrt",
     [WK_ACT_GELU] = "gelu",
     [WK_ACT_TANH] = "tanh",
+    [WK_ACT_SWISH] = "swish",
 };
 _Static_assert(sizeof(wk_act_names) / sizeof(wk_act_names[0]) == WK_ACT_COUNT_,
                "one name per activation");
@@ -302,15 +304,49 @@ static bool fold_batchnorm(wk_graph_t *g, wk_step_t *bn)
     return true;
 }
 
-static bool fuse_act(wk_graph_t *g, wk_step_t *e)
+static bool fuse_act(wk_graph_t *g, wk_step_t *e, bool (*conv_act)(wk_act_kind_t kind))
 {
     wk_step_t *c = sole_conv_producer(g, e->in[0]);
-    if (c == NULL || c->n_post == WK_MAX_POST)
+    if (c == NULL || c->n_post == WK_MAX_POST || (conv_act != NULL && !conv_act(e->p.act.kind)))
         return false;
     c->post[c->n_post++] = (wk_post_t){.kind = WK_POST_ACT, .act = e->p.act, .value = -1};
     c->out = e->out;
     e->kind = WK_K_COUNT_;
     return true;
+}
+
+/* y = x * sigmoid(x) or x * hardsigmoid(x) with hardswish's constants
+ * (1/6, 1/2): one swish or hardswish step instead of two and a third
+ * buffer. ONNX has no SiLU and HardSwish only from opset 14, so torch's
+ * exports at 13 spell them so after every conv of efficientnet and
+ * mobilenet_v3; fused, the conv then applies them as a post-op instead of
+ * writing x, reading it twice and writing twice more. */
+static bool fuse_gate(wk_graph_t *g, wk_step_t *mul)
+{
+    if (mul->p.binop != WK_BIN_MUL || mul->n_in != 2 || mul->in[0] == mul->in[1])
+        return false;
+    for (int pick = 0; pick < 2; pick++) {
+        int x = mul->in[1 - pick];
+        const wk_value_t *hv = &g->values[mul->in[pick]];
+        if (hv->producer < 0 || hv->n_uses != 1 || hv->is_output)
+            continue;
+        wk_step_t *e = &g->steps[hv->producer];
+        if (e->kind != WK_K_ELTWISE || e->in[0] != x)
+            continue;
+        wk_act_t a = e->p.act;
+        if (a.kind == WK_ACT_SIGMOID)
+            a = (wk_act_t){.kind = WK_ACT_SWISH};
+        else if (a.kind == WK_ACT_HARDSIGMOID && fabsf(a.alpha - 1.0f / 6.0f) < 1e-6f &&
+                 fabsf(a.beta - 0.5f) < 1e-6f)
+            a = (wk_act_t){.kind = WK_ACT_HARDSWISH};
+        else
+            continue;
+        e->p.act = a;
+        e->out = mul->out;
+        mul->kind = WK_K_COUNT_;
+        return true;
+    }
+    return false;
 }
 
 static bool same_shape(const wk_value_t *a, const wk_value_t *b)
@@ -348,7 +384,7 @@ static bool fuse_add(wk_graph_t *g, wk_step_t *add)
     return false;
 }
 
-int wk_graph_fuse(wk_graph_t *g)
+int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind))
 {
     char why[8];
     int removed = 0;
@@ -360,9 +396,9 @@ int wk_graph_fuse(wk_graph_t *g)
         if (s->kind == WK_K_BATCHNORM)
             fused = fold_batchnorm(g, s);
         else if (s->kind == WK_K_ELTWISE)
-            fused = fuse_act(g, s);
+            fused = fuse_act(g, s, conv_act);
         else if (s->kind == WK_K_BINARY)
-            fused = fuse_add(g, s);
+            fused = fuse_gate(g, s) || fuse_add(g, s);
         if (fused) {
             /* The fused step's output is now written by an earlier step:
              * recompute producers and uses before looking further. */

@@ -57,6 +57,7 @@ typedef enum {
     WK_ACT_SQRT,
     WK_ACT_GELU, /* x * (1 + erf(x / sqrt 2)) / 2 */
     WK_ACT_TANH,
+    WK_ACT_SWISH, /* x * sigmoid(x) (SiLU) */
     WK_ACT_COUNT_
 } wk_act_kind_t;
 
@@ -169,10 +170,12 @@ int wk_value_dims_at(const wk_value_t *v, int batch, int64_t *out);
  * operands); recomputes producers, uses and last uses. Returns 0 or
  * SQ_BAD_MODEL with why. */
 int wk_graph_finish(wk_graph_t *g, char *why, int why_size);
-/* BatchNorm into the preceding Conv, activations and residual adds into
- * Conv post-ops, where the intermediate value has no other use. Calls
- * wk_graph_finish. Returns the number of steps removed. */
-int wk_graph_fuse(wk_graph_t *g);
+/* BatchNorm into the preceding Conv, x * sigmoid(x) and x * hardsigmoid(x)
+ * into one swish or hardswish step, activations (those conv_act accepts,
+ * every one when NULL) and residual adds into Conv post-ops, where the
+ * intermediate value has no other use. Calls wk_graph_finish. Returns the
+ * number of steps removed. */
+int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind));
 
 /* ---- buffer planning by liveness (plan.c) ---- */
 typedef struct {
@@ -225,6 +228,10 @@ typedef struct wk_backend_ops {
      * other layouts or algorithms than smaller batches do, which then get a
      * plan of their own (wk_plan_t.small); 0 when none would. */
     int (*split_batch)(const wk_graph_t *g);
+    /* Optional: whether a conv of this backend applies activation `kind`
+     * as a post-op (wk_graph_fuse asks before it fuses one); NULL: every
+     * activation. */
+    bool (*conv_act)(wk_act_kind_t kind);
 } wk_backend_ops_t;
 
 extern const wk_backend_ops_t wk_backend_cpu;

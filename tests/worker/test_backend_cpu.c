@@ -1,0 +1,321 @@
+/* The cpu backend's choices on the blocks of the nets people deploy on
+ * CPUs (mobilenet_v3, efficientnet, regnet): what it fuses, that no step
+ * runs oneDNN's reference kernels (slower by orders of magnitude), and that
+ * activations are not reordered between steps that could share a layout.
+ * The numbers against a naive C reference written here; speed itself is
+ * measured in bench/ (ort_ab.py), not here. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <sq.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <backend_cpu_int.h>
+
+static uint64_t rng_state = 11;
+
+static float frand(void)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((rng_state >> 40) & 0xffffff) / (float)0x1000000 * 2.0f - 1.0f;
+}
+
+static float *rand_buf(int64_t n)
+{
+    float *p = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++)
+        p[i] = frand();
+    return p;
+}
+
+/* ---- graphs and their naive reference ---- */
+
+#define N 2
+
+typedef struct {
+    wk_graph_t *g;
+    /* every value's numbers by the reference, [N, C, H, W] */
+    float *ref[64];
+    int64_t c[64], hw[64];
+} net_t;
+
+static int input(net_t *t, int64_t c, int64_t hw)
+{
+    int64_t d[4] = {N, c, hw, hw};
+    int v = wk_graph_input(t->g, "x", 4, d, true);
+    t->ref[v] = rand_buf(N * c * hw * hw);
+    t->c[v] = c;
+    t->hw[v] = hw;
+    return v;
+}
+
+static int value(net_t *t, int64_t c, int64_t hw)
+{
+    int64_t d[4] = {N, c, hw, hw};
+    int v = wk_graph_value(t->g, NULL, 4, d, true, NULL);
+    t->ref[v] = calloc((size_t)(N * c * hw * hw), sizeof(float));
+    t->c[v] = c;
+    t->hw[v] = hw;
+    return v;
+}
+
+/* k x k conv with pad k / 2, stride 1, bias; weights scaled so that values
+ * stay near 1 through the net. */
+static int conv(net_t *t, int x, int64_t oc, int k, int64_t groups)
+{
+    int64_t ic = t->c[x], hw = t->hw[x], icg = ic / groups, ocg = oc / groups;
+    int64_t wd[4] = {oc, icg, k, k};
+    float *w = rand_buf(oc * icg * k * k), *b = rand_buf(oc);
+    for (int64_t i = 0; i < oc * icg * k * k; i++)
+        w[i] /= sqrtf((float)(icg * k * k));
+    int wv = wk_graph_value(t->g, NULL, 4, wd, false, w);
+    int bv = wk_graph_value(t->g, NULL, 1, &oc, false, b);
+    int y = value(t, oc, hw);
+    wk_step_t *s = wk_graph_step(t->g, WK_K_CONV, (int[]){x, wv, bv}, 3, y);
+    s->p.conv.n_spatial = 2;
+    for (int i = 0; i < 2; i++) {
+        s->p.conv.kernel[i] = k;
+        s->p.conv.stride[i] = s->p.conv.dilation[i] = 1;
+        s->p.conv.pad_begin[i] = s->p.conv.pad_end[i] = k / 2;
+    }
+    s->p.conv.groups = groups;
+    const float *xr = t->ref[x];
+    float *yr = t->ref[y];
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t o = 0; o < oc; o++)
+            for (int64_t i = 0; i < hw; i++)
+                for (int64_t j = 0; j < hw; j++) {
+                    double acc = b[o];
+                    int64_t grp = o / ocg;
+                    for (int64_t ci = 0; ci < icg; ci++)
+                        for (int ki = 0; ki < k; ki++)
+                            for (int kj = 0; kj < k; kj++) {
+                                int64_t yy = i - k / 2 + ki, xx = j - k / 2 + kj;
+                                if (yy < 0 || yy >= hw || xx < 0 || xx >= hw)
+                                    continue;
+                                acc += (double)xr[((n * ic + grp * icg + ci) * hw + yy) * hw + xx] *
+                                       w[((o * icg + ci) * k + ki) * k + kj];
+                            }
+                    yr[((n * oc + o) * hw + i) * hw + j] = (float)acc;
+                }
+    free(w);
+    free(b);
+    return y;
+}
+
+static float act_ref(wk_act_t a, float x)
+{
+    switch (a.kind) {
+    case WK_ACT_RELU:
+        return x > 0 ? x : 0;
+    case WK_ACT_SIGMOID:
+        return 1.0f / (1.0f + expf(-x));
+    case WK_ACT_HARDSIGMOID:
+        return fmaxf(0.0f, fminf(1.0f, a.alpha * x + a.beta));
+    default:
+        cr_assert_fail("no reference for activation %d", (int)a.kind);
+        return 0;
+    }
+}
+
+static int act(net_t *t, int x, wk_act_t a)
+{
+    int y = value(t, t->c[x], t->hw[x]);
+    wk_graph_step(t->g, WK_K_ELTWISE, &x, 1, y)->p.act = a;
+    for (int64_t i = 0; i < N * t->c[x] * t->hw[x] * t->hw[x]; i++)
+        t->ref[y][i] = act_ref(a, t->ref[x][i]);
+    return y;
+}
+
+static int global_avg(net_t *t, int x)
+{
+    int y = value(t, t->c[x], 1);
+    wk_graph_step(t->g, WK_K_GLOBALAVG, &x, 1, y);
+    int64_t hw = t->hw[x] * t->hw[x];
+    for (int64_t i = 0; i < N * t->c[x]; i++) {
+        double acc = 0;
+        for (int64_t k = 0; k < hw; k++)
+            acc += t->ref[x][i * hw + k];
+        t->ref[y][i] = (float)(acc / (double)hw);
+    }
+    return y;
+}
+
+/* a * b, b of a's shape or [N, C, 1, 1] (a squeeze-excitation's scale). */
+static int mul(net_t *t, int a, int b)
+{
+    int full = t->hw[a] >= t->hw[b] ? a : b, part = full == a ? b : a;
+    int y = value(t, t->c[full], t->hw[full]);
+    wk_graph_step(t->g, WK_K_BINARY, (int[]){a, b}, 2, y)->p.binop = WK_BIN_MUL;
+    int64_t hw = t->hw[full] * t->hw[full];
+    for (int64_t i = 0; i < N * t->c[full] * hw; i++)
+        t->ref[y][i] = t->ref[full][i] * t->ref[part][t->hw[part] == 1 ? i / hw : i];
+    return y;
+}
+
+/* Global pool, 1x1 conv down and relu, 1x1 conv up and gate, times x. */
+static int squeeze_excite(net_t *t, int x, int64_t mid, wk_act_t gate)
+{
+    int p = global_avg(t, x);
+    int d = act(t, conv(t, p, mid, 1, 1), (wk_act_t){.kind = WK_ACT_RELU});
+    int s = act(t, conv(t, d, t->c[x], 1, 1), gate);
+    return mul(t, x, s);
+}
+
+static const wk_act_t hardsigmoid = {WK_ACT_HARDSIGMOID, 1.0f / 6.0f, 0.5f};
+static const wk_act_t sigmoid = {.kind = WK_ACT_SIGMOID};
+
+/* Plans t at max batch N, runs batches N and 1 against the reference. */
+static wk_plan_t *plan_and_check(net_t *t, int x, int y)
+{
+    wk_graph_mark_output(t->g, y);
+    char why[256];
+    cr_assert_eq(wk_graph_finish(t->g, why, sizeof(why)), 0, "%s", why);
+    wk_plan_opts_t o = wk_plan_opts_default();
+    o.max_batch = N;
+    o.threads = 2;
+    int64_t ny = N * t->c[y] * t->hw[y] * t->hw[y];
+    /* the graph is the plan's from here; the reference stays ours */
+    float *want = t->ref[y], *in = t->ref[x];
+    wk_plan_t *p = NULL;
+    cr_assert_eq(wk_plan_from_graph(t->g, &o, &p, why, sizeof(why)), 0, "plan: %s", why);
+    float *got = malloc((size_t)ny * sizeof(float));
+    for (int b = N; b >= 1; b--) {
+        cr_assert_eq(wk_plan_run(p, b, (const float *[]){in}, (float *[]){got}), 0, "%s",
+                     wk_plan_errmsg(p));
+        for (int64_t i = 0; i < ny / N * b; i++)
+            cr_assert(fabsf(got[i] - want[i]) <= 1e-4f * (1.0f + fabsf(want[i])),
+                      "batch %d element %lld: %g, reference %g", b, (long long)i, (double)got[i],
+                      (double)want[i]);
+    }
+    free(got);
+    for (int i = 0; i < 64; i++)
+        free(t->ref[i]);
+    return p;
+}
+
+static int count_steps(const wk_plan_t *p, wk_kernel_t kind)
+{
+    int n = 0;
+    for (int i = 0; i < p->graph->n_steps; i++)
+        n += p->graph->steps[i].kind == kind;
+    return n;
+}
+
+/* The conv's post-op activations, in order, as a string: "hardswish". */
+static const char *posts_of(const wk_plan_t *p, int conv_index, char *buf, size_t len)
+{
+    buf[0] = '\0';
+    int seen = 0;
+    for (int i = 0; i < p->graph->n_steps; i++) {
+        const wk_step_t *s = &p->graph->steps[i];
+        if (s->kind != WK_K_CONV || seen++ != conv_index)
+            continue;
+        for (int k = 0; k < s->n_post; k++)
+            if (s->post[k].kind == WK_POST_ACT)
+                snprintf(buf + strlen(buf), len - strlen(buf), "%s%s", k ? "," : "",
+                         wk_act_names[s->post[k].act.kind]);
+    }
+    return buf;
+}
+
+/* ---- tests ---- */
+
+/* mobilenet_v3's block: conv, hardswish spelt x * hardsigmoid(x) as opset
+ * 13 exports it, squeeze-excitation gated by hardsigmoid. The SE convs on
+ * a 1x1 map ran oneDNN's reference conv (32 of mobilenet_v3_large's 51 ms at
+ * batch 1), and the hardswish took three steps and two reorders. */
+Test(backend_cpu, mobilenet_v3_block_fuses_hardswish_and_runs_no_reference_kernel)
+{
+    net_t t = {.g = wk_graph_new(N)};
+    int x = input(&t, 16, 8);
+    int c = conv(&t, x, 32, 1, 1);
+    int hs = mul(&t, c, act(&t, c, hardsigmoid));
+    int dw = conv(&t, hs, 32, 3, 32);
+    int y = squeeze_excite(&t, dw, 8, hardsigmoid);
+    wk_plan_t *p = plan_and_check(&t, x, y);
+    char posts[64];
+    cr_expect_str_eq(posts_of(p, 0, posts, sizeof(posts)), "hardswish");
+    cr_expect_eq(count_steps(p, WK_K_ELTWISE), 0, "every activation is a conv's post-op");
+    cr_expect_eq(count_steps(p, WK_K_BINARY), 1, "only the squeeze-excitation multiply is left");
+    cpu_be_t *be = p->be;
+    cr_expect_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
+                 be->n_ref_kernels);
+    /* the input's reorder into channels last, and nothing between steps */
+    cr_expect_leq(be->n_reorders, 1, "%d reorders at max batch", be->n_reorders);
+    wk_plan_free(p);
+}
+
+/* efficientnet's: swish spelt sigmoid(x) * x (operands either way round),
+ * squeeze-excitation gated by sigmoid. */
+Test(backend_cpu, efficientnet_block_fuses_swish_either_way_round)
+{
+    net_t t = {.g = wk_graph_new(N)};
+    int x = input(&t, 16, 8);
+    int c = conv(&t, x, 32, 1, 1);
+    int s1 = mul(&t, act(&t, c, sigmoid), c);
+    int d = conv(&t, s1, 32, 3, 32);
+    int s2 = mul(&t, d, act(&t, d, sigmoid));
+    int y = squeeze_excite(&t, s2, 8, sigmoid);
+    wk_plan_t *p = plan_and_check(&t, x, y);
+    char posts[64];
+    cr_expect_str_eq(posts_of(p, 0, posts, sizeof(posts)), "swish");
+    cr_expect_str_eq(posts_of(p, 1, posts, sizeof(posts)), "swish");
+    cr_expect_eq(count_steps(p, WK_K_ELTWISE), 0);
+    cpu_be_t *be = p->be;
+    cr_expect_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
+                 be->n_ref_kernels);
+    cr_expect_leq(be->n_reorders, 1, "%d reorders at max batch", be->n_reorders);
+    wk_plan_free(p);
+}
+
+/* regnet_y's: grouped 3x3 convs of 8 channels a group between 1x1 convs,
+ * squeeze-excitation on the grouped conv's output. Left to itself oneDNN
+ * blocked the grouped convs by 8 channels: a reorder in and out of each,
+ * and the SE multiply on 8-blocks ran its reference binary (29 of
+ * regnet_y_400mf's 42 ms at batch 1). */
+Test(backend_cpu, regnet_block_keeps_channels_last_through_grouped_convs)
+{
+    net_t t = {.g = wk_graph_new(N)};
+    int x = input(&t, 16, 10);
+    int a = act(&t, conv(&t, x, 48, 1, 1), (wk_act_t){.kind = WK_ACT_RELU});
+    int b = act(&t, conv(&t, a, 48, 3, 6), (wk_act_t){.kind = WK_ACT_RELU});
+    int se = squeeze_excite(&t, b, 12, sigmoid);
+    int y = conv(&t, se, 48, 1, 1);
+    wk_plan_t *p = plan_and_check(&t, x, y);
+    cpu_be_t *be = p->be;
+    cr_expect_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
+                 be->n_ref_kernels);
+    cr_expect_leq(be->n_reorders, 1, "%d reorders at max batch", be->n_reorders);
+    wk_plan_free(p);
+}
+
+/* x * hardsigmoid(x) with other constants than hardswish's is not
+ * hardswish: it stays a gate, and the numbers say so. */
+Test(backend_cpu, a_gate_with_other_constants_is_not_fused_as_hardswish)
+{
+    net_t t = {.g = wk_graph_new(N)};
+    int x = input(&t, 16, 6);
+    int c = conv(&t, x, 16, 1, 1);
+    int y = mul(&t, c, act(&t, c, (wk_act_t){WK_ACT_HARDSIGMOID, 0.2f, 0.5f}));
+    wk_plan_t *p = plan_and_check(&t, x, y);
+    cr_expect_eq(count_steps(p, WK_K_BINARY), 1);
+    wk_plan_free(p);
+}
+
+/* A squeeze-excitation straight on a row-major value (here the input): the
+ * pooled [N, C, 1, 1] is the same bytes row-major and channels last, so
+ * the conv after it reads it in place, and must be made for the layout its
+ * fast kernel chose, not the buffer's (which gave oneDNN's reference conv:
+ * 2.5-10 ms each in mobilenet_v3_large). */
+Test(backend_cpu, squeeze_excitation_on_a_row_major_value_runs_no_reference_kernel)
+{
+    net_t t = {.g = wk_graph_new(N)};
+    int x = input(&t, 64, 7);
+    int y = squeeze_excite(&t, x, 16, hardsigmoid);
+    wk_plan_t *p = plan_and_check(&t, x, y);
+    cpu_be_t *be = p->be;
+    cr_expect_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
+                 be->n_ref_kernels);
+    wk_plan_free(p);
+}
