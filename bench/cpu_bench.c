@@ -16,7 +16,10 @@
  * the outputs, concatenated, to OUT.f32 before timing: what
  * bench/torchvision_all.py compares with torch. --device cuda:0 plans on
  * the CUDA backend instead (the engine field then says "squish-cuda"):
- * its outputs against the cpu's, and its latency, on a GPU machine. */
+ * its outputs against the cpu's, and its latency, on a GPU machine.
+ * --gap-ms G sleeps G ms before each timed run, as a live worker idles
+ * between batches (bench/omp_wait.py: what the threads' wait policy costs
+ * when they went to sleep); the sleeps are not timed. */
 #include <mdb_graph.h>
 #include <sq.h>
 #include <wk_exec.h>
@@ -65,7 +68,7 @@ static int run_io(wk_plan_t *p, const char *path, int batch, const char *in_path
 }
 
 static int bench_model(const char *path, const sq_device_t *dev, const int *batches, int n_batches,
-                       int threads, int iters, int warmup, const char *in_path,
+                       int threads, int iters, int warmup, double gap_ms, const char *in_path,
                        const char *out_path)
 {
     size_t len;
@@ -122,9 +125,13 @@ static int bench_model(const char *path, const sq_device_t *dev, const int *batc
         for (int w = 0; w < warmup; w++)
             wk_plan_run(p, b, (const float *[]){in}, (float *[]){out});
         double sum = 0;
-        struct timespec c0, c1;
+        struct timespec c0, c1,
+            gap = {(time_t)(gap_ms / 1e3),
+                   (long)((gap_ms - (double)(time_t)(gap_ms / 1e3) * 1e3) * 1e6)};
         clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c0);
         for (int it = 0; it < iters; it++) {
+            if (gap_ms > 0)
+                nanosleep(&gap, NULL);
             int64_t s = sq_now_ns();
             if (wk_plan_run(p, b, (const float *[]){in}, (float *[]){out}) != 0) {
                 fprintf(stderr, "%s: run: %s\n", path, wk_plan_errmsg(p));
@@ -158,6 +165,7 @@ static int bench_model(const char *path, const sq_device_t *dev, const int *batc
 int main(int argc, char **argv)
 {
     int batches[16], n_batches = 0, threads = 0, iters = 20, warmup = 3, rc = 0;
+    double gap_ms = 0;
     const char *in_path = NULL, *out_path = NULL;
     sq_device_t dev;
     sq_device_parse("cpu", &dev);
@@ -174,6 +182,8 @@ int main(int argc, char **argv)
             iters = atoi(argv[++i]);
         else if (strcmp(argv[i], "--warmup") == 0 && i + 1 < argc)
             warmup = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--gap-ms") == 0 && i + 1 < argc)
+            gap_ms = atof(argv[++i]);
         else if (strcmp(argv[i], "--input") == 0 && i + 1 < argc)
             in_path = argv[++i];
         else if (strcmp(argv[i], "--output") == 0 && i + 1 < argc)
@@ -181,11 +191,11 @@ int main(int argc, char **argv)
         else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc && n_batches < 16)
             batches[n_batches++] = atoi(argv[++i]);
         else {
-            fprintf(
-                stderr,
-                "usage: %s [--device SPEC] [--threads N] [--iters N] [--warmup N] [--batch B]... "
-                "[--input IN.f32 --output OUT.f32] MODEL.onnx...\n",
-                argv[0]);
+            fprintf(stderr,
+                    "usage: %s [--device SPEC] [--threads N] [--iters N] [--warmup N] [--gap-ms G] "
+                    "[--batch B]... "
+                    "[--input IN.f32 --output OUT.f32] MODEL.onnx...\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -200,7 +210,7 @@ int main(int argc, char **argv)
         return 2;
     }
     for (; i < argc; i++)
-        rc |= bench_model(argv[i], &dev, batches, n_batches, threads, iters, warmup, in_path,
-                          out_path);
+        rc |= bench_model(argv[i], &dev, batches, n_batches, threads, iters, warmup, gap_ms,
+                          in_path, out_path);
     return rc;
 }

@@ -38,6 +38,9 @@ typedef struct {
     float *scalars;                  /* device: per-step constants (clip bounds...) */
     bool pad_explicit;               /* pooling with asymmetric pads: padded copy first */
     size_t tmp_offset;               /* arena offset of the step's temporary */
+    /* conv: bias, then at most a residual and a relu, in one
+     * cudnnConvolutionBiasActivationForward (fused_relu: with the relu) */
+    bool fused, fused_relu;
 } cuda_step_t;
 
 typedef struct {
@@ -221,6 +224,33 @@ static int run_conv(wk_plan_t *plan, int si, int batch)
     float beta = 0.0f;
     DNN(set_value(be->td[0], x, batch));
     DNN(set_value(be->td[1], y, batch));
+    /* cuDNN's fused call: y = act(conv(x) + alpha2 z + bias), the residual
+     * as z (alpha2 0 when there is none: z is then not read, cuDNN's rule
+     * for a zero blend factor). Identity needs the implicit precomputed
+     * GEMM algorithm; a conv the call refuses goes back to the separate
+     * calls below, for good. */
+    if (cs->fused &&
+        (cs->fused_relu || cs->algo[batch] == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM)) {
+        int64_t bd[2] = {1, y->dims[1]};
+        bool res = s->n_post > 0 && s->post[0].kind == WK_POST_ADD;
+        float alpha2 = res ? 1.0f : 0.0f;
+        DNN(set_plain(be->td[2], 2, bd));
+        DNN(cudnnSetActivationDescriptor(
+            be->act, cs->fused_relu ? CUDNN_ACTIVATION_RELU : CUDNN_ACTIVATION_IDENTITY,
+            CUDNN_PROPAGATE_NAN, 0.0));
+        cudnnStatus_t st = cudnnConvolutionBiasActivationForward(
+            be->dnn, &one, be->td[0], dptr(be, g, s->in[0]), cs->filter, dptr(be, g, s->in[1]),
+            cs->conv, cs->algo[batch], be->workspace, be->workspace_bytes, &alpha2, be->td[1],
+            res ? dptr(be, g, s->post[0].value) : yp, be->td[2], dptr(be, g, s->in[2]), be->act,
+            be->td[1], yp);
+        if (st == CUDNN_STATUS_SUCCESS)
+            return 0;
+        if (st != CUDNN_STATUS_NOT_SUPPORTED)
+            DNN(st);
+        SQ_DEBUG("cuda: step %d: the fused conv is not supported here (%s); separate calls", si,
+                 cudnnGetErrorString(st));
+        cs->fused = false;
+    }
     /* A residual goes into y first; the conv then accumulates (beta 1). */
     int post = 0;
     if (s->n_post > 0 && s->post[0].kind == WK_POST_ADD) {
@@ -769,6 +799,13 @@ static int prepare_step(wk_plan_t *plan, int si, size_t *ws_need)
         DNN(cudnnSetConvolutionGroupCount(cs->conv, (int)s->p.conv.groups));
         DNN(cudnnSetConvolutionMathType(cs->conv, CUDNN_DEFAULT_MATH));
         cs->algo = sq_xcalloc((size_t)g->max_batch + 1, sizeof(*cs->algo));
+        /* bias [+ residual] [+ relu]: cuDNN's one fused call (run_conv) */
+        bool bias = s->n_in > 2 && s->in[2] >= 0,
+             add = s->n_post > 0 && s->post[0].kind == WK_POST_ADD;
+        int acts = s->n_post - (add ? 1 : 0);
+        cs->fused_relu = acts == 1 && s->post[s->n_post - 1].kind == WK_POST_ACT &&
+                         s->post[s->n_post - 1].act.kind == WK_ACT_RELU;
+        cs->fused = bias && y->ndim <= 4 && (acts == 0 || cs->fused_relu);
         for (int b = 1; b <= g->max_batch; b++) {
             cudnnConvolutionFwdAlgoPerf_t perf[8];
             int found = 0;

@@ -83,6 +83,61 @@ static wk_graph_t *b_conv_fused(void)
     return g;
 }
 
+/* conv + bias alone and conv + bias + relu: cuDNN's fused call with its
+ * identity and relu (the residual case is b_conv_fused). */
+static wk_graph_t *b_conv_bias_relu(void)
+{
+    int x;
+    wk_graph_t *g = start(&x);
+    int64_t wd[4] = {8, 8, 3, 3}, w1d[4] = {8, 8, 1, 1}, bd = 8, yd[4] = {MAXB, 8, 10, 10};
+    int w = konst(g, 4, wd), b = konst(g, 1, &bd), w1 = konst(g, 4, w1d), b1 = konst(g, 1, &bd);
+    int c = wk_graph_value(g, NULL, 4, yd, true, NULL),
+        d = wk_graph_value(g, NULL, 4, yd, true, NULL);
+    window(wk_graph_step(g, WK_K_CONV, (int[]){x, w, b}, 3, c), 3, 1, 1, 1, 1);
+    int r = act(g, c, yd, 4, (wk_act_t){WK_ACT_RELU, 0, 0});
+    window(wk_graph_step(g, WK_K_CONV, (int[]){r, w1, b1}, 3, d), 1, 1, 0, 0, 1);
+    wk_graph_mark_output(g, d);
+    return g;
+}
+
+/* x * sigmoid(x) and x * hardsigmoid(x) after convs (swish and hardswish,
+ * fused into the conv where the backend can), then a squeeze-excitation
+ * gated by hardsigmoid: efficientnet's and mobilenet_v3's blocks. */
+static wk_graph_t *b_gates(void)
+{
+    int x;
+    wk_graph_t *g = start(&x);
+    int64_t wd[4] = {8, 8, 1, 1}, dwd[4] = {8, 1, 3, 3}, sd[4] = {4, 8, 1, 1}, ud[4] = {8, 4, 1, 1},
+            bd = 8, b4 = 4, yd[4] = {MAXB, 8, 10, 10}, pd[4] = {MAXB, 8, 1, 1},
+            qd[4] = {MAXB, 4, 1, 1};
+    int w = konst(g, 4, wd), b = konst(g, 1, &bd), dw = konst(g, 4, dwd), db = konst(g, 1, &bd);
+    int c = wk_graph_value(g, NULL, 4, yd, true, NULL),
+        s1 = wk_graph_value(g, NULL, 4, yd, true, NULL);
+    window(wk_graph_step(g, WK_K_CONV, (int[]){x, w, b}, 3, c), 1, 1, 0, 0, 1);
+    int sg = act(g, c, yd, 4, (wk_act_t){WK_ACT_SIGMOID, 0, 0});
+    wk_graph_step(g, WK_K_BINARY, (int[]){sg, c}, 2, s1)->p.binop = WK_BIN_MUL;
+    int d = wk_graph_value(g, NULL, 4, yd, true, NULL),
+        h = wk_graph_value(g, NULL, 4, yd, true, NULL);
+    wk_step_t *st = wk_graph_step(g, WK_K_CONV, (int[]){s1, dw, db}, 3, d);
+    window(st, 3, 1, 1, 1, 1);
+    st->p.conv.groups = 8;
+    int hs = act(g, d, yd, 4, (wk_act_t){WK_ACT_HARDSIGMOID, 1.0f / 6.0f, 0.5f});
+    wk_graph_step(g, WK_K_BINARY, (int[]){d, hs}, 2, h)->p.binop = WK_BIN_MUL;
+    int p = wk_graph_value(g, NULL, 4, pd, true, NULL);
+    wk_graph_step(g, WK_K_GLOBALAVG, &h, 1, p);
+    int sw = konst(g, 4, sd), sb = konst(g, 1, &b4), uw = konst(g, 4, ud), ub = konst(g, 1, &bd);
+    int q = wk_graph_value(g, NULL, 4, qd, true, NULL),
+        u = wk_graph_value(g, NULL, 4, pd, true, NULL);
+    window(wk_graph_step(g, WK_K_CONV, (int[]){p, sw, sb}, 3, q), 1, 1, 0, 0, 1);
+    int qr = act(g, q, qd, 4, (wk_act_t){WK_ACT_RELU, 0, 0});
+    window(wk_graph_step(g, WK_K_CONV, (int[]){qr, uw, ub}, 3, u), 1, 1, 0, 0, 1);
+    int gate = act(g, u, pd, 4, (wk_act_t){WK_ACT_HARDSIGMOID, 1.0f / 6.0f, 0.5f});
+    int y = wk_graph_value(g, NULL, 4, yd, true, NULL);
+    wk_graph_step(g, WK_K_BINARY, (int[]){h, gate}, 2, y)->p.binop = WK_BIN_MUL;
+    wk_graph_mark_output(g, y);
+    return g;
+}
+
 static wk_graph_t *b_conv_grouped_strided(void)
 {
     int x;
@@ -367,6 +422,8 @@ static void check_backend(build_fn build, const char *name, sq_dev_kind_t kind)
     }
 
 PARITY(conv_fused)
+PARITY(conv_bias_relu)
+PARITY(gates)
 PARITY(conv_grouped_strided)
 PARITY(conv_depthwise_dilated)
 PARITY(batchnorm_alone)

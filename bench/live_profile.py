@@ -1,0 +1,96 @@
+#!/usr/bin/python3
+"""Live batch latencies against the profile they were planned with (issue 26).
+
+    /usr/bin/python3 bench/live_profile.py BUILD_DIR MODEL.onnx... [--closed 1,2,4,8]
+        [--seconds 6] [--max-batch 8] [--worker-threads N]
+
+Starts squishd with one cpu worker, uploads each model (its name: the file's
+stem), waits until the worker has measured its profile and loaded it, then
+drives it with squish-loadgen's closed loops of 1, 2, 4 and 8 requests in
+flight (binary OIP tensors, a 60 s SLO so that nothing is dropped), one
+model at a time. Reports, per model and batch size that ran, the profile's
+l(b), the mean compute time of the live batches of that size (Triton's
+batch_stats compute_infer, the worker's own execute time), their ratio, and
+how many batches ran. The planner plans with l(b): a ratio above 1 is a
+batch slower than planned.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build")
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--closed", default="1,2,4,8")
+    ap.add_argument("--seconds", type=float, default=6)
+    ap.add_argument("--max-batch", type=int, default=8)
+    ap.add_argument("--env", action="append", default=[],
+                    help="NAME=VALUE for squishd and its workers (OMP_WAIT_POLICY=...)")
+    a = ap.parse_args()
+    os.environ["SQUISH_BUILD_DIR"] = os.path.abspath(a.build)
+    import harness
+    import tiny_models as tm
+
+    env = dict(e.split("=", 1) for e in a.env)
+    s = harness.Squishd(workers="cpu", env=env)
+    rows = []
+    try:
+        s.wait_ready(workers=1, timeout=30)
+        auth = {"Authorization": "Bearer " + s.token}
+        for path in a.models:
+            name = os.path.splitext(os.path.basename(path))[0]
+            with open(path, "rb") as f:
+                body, ctype = tm.multipart([
+                    ("model", "m.onnx", "application/octet-stream", f.read()),
+                    ("config", "config.json", "application/json",
+                     json.dumps({"name": name, "max_batch": a.max_batch}).encode())])
+            r = s.request("POST", "/models", body=body, headers=dict(auth, **{"Content-Type": ctype}))
+            assert r.status in (201, 202), r
+            deadline = time.time() + 600
+            while s.get("/v2/models/%s/ready" % name).status != 200:
+                assert time.time() < deadline, "%s never ready" % name
+                time.sleep(0.5)
+            rec = s.get("/models/%s" % name, headers=auth).json
+            vers = rec.get("versions") or [rec]
+            prof = [p for p in vers[-1]["profiles"] if p["device_kind"] == "cpu"][0]
+            l = dict(zip(prof["batch"], prof["latency_ms"]))
+            shape = "x".join(str(d) for d in vers[-1]["input"]["shape"][-3:]) \
+                if "input" in vers[-1] else "3x224x224"
+            for n in [int(x) for x in a.closed.split(",")]:
+                p = subprocess.run([harness.LOADGEN, "--port", str(s.port), "--path",
+                                    "/v2/models/%s/infer" % name, "--tensor", shape,
+                                    "--slo-ms", "60000", "--closed", str(n), "--duration",
+                                    str(a.seconds), "--warmup", "1", "--timeout-ms", "60000"],
+                                   capture_output=True, text=True, timeout=a.seconds + 120)
+                assert p.returncode == 0, p.stderr[-1000:]
+            st = s.get("/v2/models/%s/stats" % name).json["model_stats"][0]
+            for bs in st["batch_stats"]:
+                b, c = bs["batch_size"], bs["compute_infer"]
+                if c["count"] == 0:
+                    continue
+                live = c["ns"] / c["count"] / 1e6
+                want = l.get(b) or min((v for k, v in l.items() if k >= b), default=None)
+                row = {"model": name, "batch": b, "profile_ms": want, "live_ms": round(live, 3),
+                       "ratio": round(live / want, 3) if want else None, "batches": c["count"]}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        s.stop()
+        s.cleanup()
+    print("\n| model | batch | profile l(b) ms | live ms | live / profile | batches |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print("| %s | %d | %.2f | %.2f | %.2f | %d |" % (r["model"], r["batch"], r["profile_ms"],
+                                                        r["live_ms"], r["ratio"], r["batches"]))
+
+
+if __name__ == "__main__":
+    main()
