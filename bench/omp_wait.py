@@ -28,6 +28,7 @@ import sys
 POLICIES = {
     "passive": {"OMP_WAIT_POLICY": "passive"},
     "spin1k": {"GOMP_SPINCOUNT": "1000"},
+    "spin3k": {"GOMP_SPINCOUNT": "3000"},
     "spin10k": {"GOMP_SPINCOUNT": "10000"},
     "spin100k": {"GOMP_SPINCOUNT": "100000"},
     "default": {},

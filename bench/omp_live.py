@@ -1,0 +1,118 @@
+#!/usr/bin/python3
+"""The cpu worker's OpenMP wait policy where it runs: under squishd (issue 26,
+item 2). bench/omp_wait.py measures the bare kernels; here the neighbours
+are squishd's own HTTP and JPEG-decode threads.
+
+    /usr/bin/python3 bench/omp_live.py BUILD_DIR MODEL.onnx... [--policies passive,spin1k]
+        [--rounds 2] [--seconds 8] [--closed 1,8]
+
+For each policy (A/B/A/B, the order swapped each round) squishd starts
+with one cpu worker under that policy (GOMP_SPINCOUNT overrides
+OMP_WAIT_POLICY in libgomp; squishd sets passive unless told), each model
+is uploaded and measured, and squish-loadgen sends the grace_hopper JPEG
+to /v1/models/M/infer in closed loops of N requests in flight: N = 1 gives
+the latency of an otherwise idle server, N = 8 the throughput of a loaded
+one. Reports the median over rounds of p50 latency and answers per second,
+and the worker process's CPU seconds per answer.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
+PHOTO = "/usr/share/matplotlib/mpl-data/sample_data/grace_hopper.jpg"
+POLICIES = {
+    "passive": {"OMP_WAIT_POLICY": "passive"},
+    "spin1k": {"GOMP_SPINCOUNT": "1000"},
+    "spin10k": {"GOMP_SPINCOUNT": "10000"},
+    "default": {"GOMP_SPINCOUNT": "300000"},
+}
+
+
+def cpu_s(pid):
+    with open("/proc/%d/stat" % pid) as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def one(a, harness, tm, policy, rows, rnd):
+    env = dict(POLICIES[policy])
+    s = harness.Squishd(workers="cpu", env=env)
+    try:
+        s.wait_ready(workers=1, timeout=30)
+        auth = {"Authorization": "Bearer " + s.token}
+        wpid = list(s.worker_pids().values())[0]
+        for path in a.models:
+            name = os.path.splitext(os.path.basename(path))[0]
+            with open(path, "rb") as f:
+                body, ctype = tm.multipart([
+                    ("model", "m.onnx", "application/octet-stream", f.read()),
+                    ("config", "config.json", "application/json",
+                     json.dumps({"name": name, "max_batch": 8}).encode())])
+            r = s.request("POST", "/models", body=body, headers=dict(auth, **{"Content-Type": ctype}))
+            assert r.status in (201, 202), r
+            deadline = time.time() + 600
+            while s.get("/v2/models/%s/ready" % name).status != 200:
+                assert time.time() < deadline, "%s never ready" % name
+                time.sleep(0.5)
+            for n in [int(x) for x in a.closed.split(",")]:
+                c0 = cpu_s(wpid)
+                p = subprocess.run([harness.LOADGEN, "--port", str(s.port), "--path",
+                                    "/v1/models/%s/infer" % name, "--body", PHOTO,
+                                    "--content-type", "image/jpeg", "--slo-ms", "60000",
+                                    "--closed", str(n), "--duration", str(a.seconds),
+                                    "--warmup", "1", "--timeout-ms", "60000"],
+                                   capture_output=True, text=True, timeout=a.seconds + 120)
+                assert p.returncode == 0, p.stderr[-1000:]
+                j = json.loads(p.stdout)
+                answers = j["answered_rps"] * a.seconds
+                row = {"round": rnd, "policy": policy, "model": name, "closed": n,
+                       "p50_ms": j["latency_ms"]["p50"], "p99_ms": j["latency_ms"]["p99"],
+                       "max_ms": j["latency_ms"]["max"], "answered_rps": j["answered_rps"],
+                       "worker_cpu_ms_per_answer": round(
+                           (cpu_s(wpid) - c0) * 1e3 / max(answers, 1), 2)}
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("build")
+    ap.add_argument("models", nargs="+")
+    ap.add_argument("--policies", default="passive,spin1k")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--seconds", type=float, default=8)
+    ap.add_argument("--closed", default="1,8")
+    a = ap.parse_args()
+    os.environ["SQUISH_BUILD_DIR"] = os.path.abspath(a.build)
+    import harness
+    import tiny_models as tm
+    pol = a.policies.split(",")
+    rows = []
+    for r in range(a.rounds):
+        for p in (pol if r % 2 == 0 else pol[::-1]):
+            one(a, harness, tm, p, rows, r)
+    print("\n| model | in flight | " + " | ".join(
+        "%s p50 ms / answers/s / worker CPU ms per answer" % p for p in pol) + " |")
+    print("|---|---|" + "---|" * len(pol))
+    for key in sorted({(x["model"], x["closed"]) for x in rows}):
+        cells = []
+        for p in pol:
+            v = [x for x in rows if (x["model"], x["closed"]) == key and x["policy"] == p]
+            cells.append("%.2f / %.1f / %.2f" % (
+                statistics.median(x["p50_ms"] for x in v),
+                statistics.median(x["answered_rps"] for x in v),
+                statistics.median(x["worker_cpu_ms_per_answer"] for x in v)))
+        print("| %s | %d | %s |" % (key + (" | ".join(cells),)))
+
+
+if __name__ == "__main__":
+    main()
