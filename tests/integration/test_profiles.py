@@ -6,12 +6,13 @@ a new model: a ready model on the same worker keeps its goodput."""
 
 import json
 import os
+import subprocess
 import tempfile
 import threading
 import time
 
 import tiny_models as tm
-from harness import Skip, Squishd, eventually, loadgen, run, test
+from harness import LOADGEN, Skip, Squishd, eventually, loadgen, run, test
 from test_models import auth, upload
 
 SLO_MS = 100
@@ -144,7 +145,8 @@ def a_ready_model_keeps_its_goodput_while_another_is_measured_on_its_worker():
 
 
 MODELS = os.environ.get("SQUISH_TEST_MODELS", "")
-PHOTO = open("/usr/share/matplotlib/mpl-data/sample_data/grace_hopper.jpg", "rb").read()
+PHOTO_PATH = "/usr/share/matplotlib/mpl-data/sample_data/grace_hopper.jpg"
+PHOTO = open(PHOTO_PATH, "rb").read()
 # What README states: resnet18 on an idle worker of the CI machine in about
 # 10-20 s at most (6-7 s measured); any model within the 30 s measuring
 # budget plus its load. A test cannot hold the clock to that on a shared
@@ -205,6 +207,60 @@ def measuring_on_an_idle_worker_is_bounded_and_shows_its_progress():
         figs = [p for p in seen if p.get("batch_sizes_total", 0) > 0]
         assert figs and all(0 <= p["batch_sizes_done"] <= p["batch_sizes_total"] for p in figs), seen
         assert any("eta_ms" in p for p in figs), seen
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+@test
+def a_cpu_model_runs_live_as_fast_as_it_was_measured():
+    """Issue 26: a RegNetY measured l(1) = 33.7 ms ran live batches of 70 ms,
+    and the live correction then planned with 1.93x the profile. The cpu
+    worker's profile is the planner's input: a model measured on an idle
+    worker (mobilenet_v2) and then driven by closed loops of 1 and 4 JPEG
+    requests runs each batch size that served at least 15 batches within
+    [0.5, 1.5] of its profile here (bench/live_profile.py holds the exact
+    figures, within 10% on a quiet box; a loaded 2-core CI box moves live
+    batches by tens of percent). And no request of a closed loop waits for
+    its SLO (60 s): a deferred batch held to its frontrun moment once the
+    client stopped sending waited 1-10 s (p50 5 ms)."""
+    path = os.path.join(MODELS, "mobilenet_v2.onnx")
+    if not os.path.exists(path):
+        raise Skip("the torchvision exports are missing (meson builds them into tests/models)")
+    s = Squishd(workers="cpu:1")
+    try:
+        s.wait_ready(workers=1, timeout=60)
+        with open(path, "rb") as f:
+            r = upload(s, f.read(), {"name": "mv2", "max_batch": 4})
+        assert r.status == 202, r
+        eventually(lambda: s.get("/v2/models/mv2/ready").status == 200 or None, 300,
+                   "mobilenet_v2 measured and ready")
+        v = s.get("/models/mv2", headers=auth(s)).json["versions"][-1]
+        prof = [p for p in v["profiles"] if p["device_kind"] == "cpu"][0]
+        l = dict(zip(prof["batch"], prof["latency_ms"]))
+        worst = {}
+        for n in (1, 4):
+            p = subprocess.run([LOADGEN, "--port", str(s.port), "--path", "/v1/models/mv2/infer",
+                                "--body", PHOTO_PATH, "--content-type", "image/jpeg",
+                                "--slo-ms", "60000", "--closed", str(n), "--duration", "3",
+                                "--timeout-ms", "60000"], capture_output=True, text=True,
+                               timeout=120)
+            assert p.returncode == 0, p.stderr[-2000:]
+            j = json.loads(p.stdout)
+            assert j["good"] > 0 and j["dropped"] == 0 and j["errors"] == 0, j
+            worst[n] = j["latency_ms"]["max"]
+        st = s.get("/v2/models/mv2/stats").json["model_stats"][0]
+        ratios = {}
+        for bs in st["batch_stats"]:
+            b, c = bs["batch_size"], bs["compute_infer"]
+            if c["count"] >= 15 and b in l:
+                ratios[b] = (c["ns"] / c["count"] / 1e6) / l[b]
+                print("# batch %d: profile %.2f ms, live %.2f ms over %d batches (%.2fx)" % (
+                    b, l[b], c["ns"] / c["count"] / 1e6, c["count"], ratios[b]), flush=True)
+        print("# closed loops, slowest answer: %s ms" % worst, flush=True)
+        assert 1 in ratios, st["batch_stats"]
+        assert all(0.5 <= x <= 1.5 for x in ratios.values()), ratios
+        assert worst[1] < 1000, worst
         assert s.stop() == 0
     finally:
         s.cleanup()
