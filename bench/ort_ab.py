@@ -2,7 +2,7 @@
 """squish's cpu backend against ONNX Runtime, side by side (issue 26).
 
     /usr/bin/python3 bench/ort_ab.py BUILD_DIR WORK_DIR [--models a,b] [--batches 1,8]
-        [--rounds 2] [--iters 10] [--threads 2]
+        [--rounds 2] [--iters 10] [--threads 2] [--baseline OTHER_BUILD_DIR]
 
 The same ONNX files (torchvision classifiers with seeded weights, exported
 at opset 13 with a dynamic batch by bench/torchvision_all.py's builder, kept
@@ -13,7 +13,9 @@ bench/ort_bench.js, every graph optimization on), their order swapped every
 round. Reports the median over rounds of each run's median ms per batch and
 CPU ms per batch, and squish's speed relative to ONNX Runtime (ORT ms /
 squish ms: above 1 is faster). Needs node and third_party/npm's
-onnxruntime-node (scripts/bootstrap --test installs it).
+onnxruntime-node (scripts/bootstrap --test installs it). --baseline adds a
+third engine in the same rounds, squish-cpu-bench of another build (an
+earlier commit's): before and after side by side, each against ORT.
 """
 import argparse
 import json
@@ -39,9 +41,9 @@ def export(name, path):
                       do_constant_folding=True)
 
 
-def squish(a, path, batch):
+def squish(a, path, batch, build=None):
     env = dict(os.environ, OMP_WAIT_POLICY="passive")
-    out = subprocess.run([os.path.join(a.build, "bench", "squish-cpu-bench"), "--threads",
+    out = subprocess.run([os.path.join(build or a.build, "bench", "squish-cpu-bench"), "--threads",
                           str(a.threads), "--iters", str(a.iters), "--warmup", "3", "--batch",
                           str(batch), path], capture_output=True, text=True, env=env, timeout=1800)
     if out.returncode != 0:
@@ -68,6 +70,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--baseline", default=None)
     a = ap.parse_args()
     os.makedirs(a.work, exist_ok=True)
     models = a.models.split(",")
@@ -84,16 +87,21 @@ def main():
             hw = 299 if m == "inception_v3" else 224
             for b in batches:
                 order = ("squish", "ort") if r % 2 == 0 else ("ort", "squish")
+                if a.baseline:
+                    order = ("base",) + order if r % 2 == 0 else order + ("base",)
                 for engine in order:
-                    res = squish(a, path, b) if engine == "squish" else ort(a, path, b, hw)
+                    res = (squish(a, path, b) if engine == "squish" else
+                           squish(a, path, b, a.baseline) if engine == "base" else
+                           ort(a, path, b, hw))
                     row = {"round": r + 1, "model": m, "batch": b, "engine": engine,
                            "median_ms": res["median_ms"], "cpu_ms": res["cpu_ms"]}
                     print(json.dumps(row), flush=True)
                     rows.append(row)
-    print("\n| model | batch | squish ms | ORT ms | squish / ORT speed | squish CPU ms | ORT CPU ms |"
-          " squish / ORT (CPU) |")
-    print("|---|---|---|---|---|---|---|---|")
-    speeds = []
+    base = "| baseline ms | baseline / ORT speed " if a.baseline else ""
+    print("\n| model | batch " + base + "| squish ms | ORT ms | squish / ORT speed | squish CPU ms |"
+          " ORT CPU ms | squish / ORT (CPU) |")
+    print("|---|---|" + ("---|---|" if a.baseline else "") + "---|---|---|---|---|---|")
+    speeds, bspeeds = [], []
     for m in models:
         for b in batches:
             def med(engine, key):
@@ -102,9 +110,16 @@ def main():
             s, o = med("squish", "median_ms"), med("ort", "median_ms")
             sc, oc = med("squish", "cpu_ms"), med("ort", "cpu_ms")
             speeds.append(o / s)
-            print("| %s | %d | %.1f | %.1f | **%.2fx** | %.1f | %.1f | %.2fx |"
-                  % (m, b, s, o, o / s, sc, oc, oc / sc))
+            cells = ""
+            if a.baseline:
+                bs = med("base", "median_ms")
+                bspeeds.append(o / bs)
+                cells = "| %.1f | %.2fx " % (bs, o / bs)
+            print("| %s | %d %s| %.1f | %.1f | **%.2fx** | %.1f | %.1f | %.2fx |"
+                  % (m, b, cells, s, o, o / s, sc, oc, oc / sc))
     print("\nmedian speed: %.2fx ONNX Runtime" % statistics.median(speeds))
+    if a.baseline:
+        print("baseline median speed: %.2fx ONNX Runtime" % statistics.median(bspeeds))
 
 
 if __name__ == "__main__":
