@@ -10,9 +10,10 @@
 #define PROFILE_WARMUP 3
 #define PROFILE_REPEATS 8
 #define PROFILE_BUDGET_MS 30000
-/* A slice is at most this long (a worker with no session to serve still
- * answers the dispatcher this often) and at least this long (what it costs
- * to send one is not worth less). */
+/* A slice is at most this long, or its one next batch when that is longer
+ * (a worker with no session to serve still answers the dispatcher this
+ * often), and at least this long (what it costs to send one is not worth
+ * less). */
 #define PROFILE_SLICE_MAX_US 200000
 #define PROFILE_SLICE_MIN_US 2000
 /* A measurement that found no gap waits at least this long before it
@@ -80,7 +81,13 @@ void ds_profile_step(gw_dispatch_t *ds, ds_worker_t *w)
     int64_t need =
         w->slice_next_us > PROFILE_SLICE_MIN_US ? w->slice_next_us : PROFILE_SLICE_MIN_US;
     int64_t gap = pl_dispatch_worker_gap_us(ds->core, now, w->id);
-    int64_t slice = gap < PROFILE_SLICE_MAX_US ? gap : PROFILE_SLICE_MAX_US;
+    /* A slice holds at least the next batch: capped below it, a batch
+     * longer than the cap (resnet18 from batch ~20 on a 2-vCPU box) never
+     * fitted even an idle worker's unbounded gap, and each of its runs
+     * waited nine times its length first (resnet18 measured in 2 min 17 s
+     * instead of its 30 s budget, sizes 12-15 taking 14-46 s each). */
+    int64_t cap = need > PROFILE_SLICE_MAX_US ? need : PROFILE_SLICE_MAX_US;
+    int64_t slice = gap < cap ? gap : cap;
     int after = 0;
     if (slice < need) {
         /* No gap fits its next batch: once it has waited nine times that
