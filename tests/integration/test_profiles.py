@@ -12,7 +12,7 @@ import threading
 import time
 
 import tiny_models as tm
-from harness import LOADGEN, Skip, Squishd, eventually, loadgen, run, test
+from harness import LOADGEN, Skip, Squishd, eventually, loadgen, run, sanitized, test
 from test_models import auth, upload
 
 SLO_MS = 100
@@ -259,8 +259,12 @@ def a_cpu_model_runs_live_as_fast_as_it_was_measured():
                     b, l[b], c["ns"] / c["count"] / 1e6, c["count"], ratios[b]), flush=True)
         print("# closed loops, slowest answer: %s ms" % worst, flush=True)
         assert 1 in ratios, st["batch_stats"]
-        assert all(0.5 <= x <= 1.5 for x in ratios.values()), ratios
-        assert worst[1] < 1000, worst
+        # Under the sanitizers the worker's own code runs several times
+        # slower, and the profile's first runs more so (l(1) 11.3 ms against
+        # 5.5 live): only the closed loop's bound holds there.
+        if not sanitized():
+            assert all(0.5 <= x <= 1.5 for x in ratios.values()), ratios
+        assert worst[1] < (3000 if sanitized() else 1000), worst
         assert s.stop() == 0
     finally:
         s.cleanup()
