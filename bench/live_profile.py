@@ -25,6 +25,25 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
 
 
+def upload_and_wait(s, tm, path, max_batch, timeout_s=600):
+    """Uploads the ONNX file at path (named after its stem) to squishd s and
+    waits until the worker has measured and loaded it; returns the name."""
+    name = os.path.splitext(os.path.basename(path))[0]
+    with open(path, "rb") as f:
+        body, ctype = tm.multipart([
+            ("model", "m.onnx", "application/octet-stream", f.read()),
+            ("config", "config.json", "application/json",
+             json.dumps({"name": name, "max_batch": max_batch}).encode())])
+    r = s.request("POST", "/models", body=body,
+                  headers={"Authorization": "Bearer " + s.token, "Content-Type": ctype})
+    assert r.status in (201, 202), r
+    deadline = time.time() + timeout_s
+    while s.get("/v2/models/%s/ready" % name).status != 200:
+        assert time.time() < deadline, "%s never ready" % name
+        time.sleep(0.5)
+    return name
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build")
@@ -46,18 +65,7 @@ def main():
         s.wait_ready(workers=1, timeout=30)
         auth = {"Authorization": "Bearer " + s.token}
         for path in a.models:
-            name = os.path.splitext(os.path.basename(path))[0]
-            with open(path, "rb") as f:
-                body, ctype = tm.multipart([
-                    ("model", "m.onnx", "application/octet-stream", f.read()),
-                    ("config", "config.json", "application/json",
-                     json.dumps({"name": name, "max_batch": a.max_batch}).encode())])
-            r = s.request("POST", "/models", body=body, headers=dict(auth, **{"Content-Type": ctype}))
-            assert r.status in (201, 202), r
-            deadline = time.time() + 600
-            while s.get("/v2/models/%s/ready" % name).status != 200:
-                assert time.time() < deadline, "%s never ready" % name
-                time.sleep(0.5)
+            name = upload_and_wait(s, tm, path, a.max_batch)
             rec = s.get("/models/%s" % name, headers=auth).json
             vers = rec.get("versions") or [rec]
             prof = [p for p in vers[-1]["profiles"] if p["device_kind"] == "cpu"][0]

@@ -25,6 +25,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "integration"))
+sys.path.insert(0, HERE)
+import live_profile  # noqa: E402  (upload_and_wait)
 PHOTO = "/usr/share/matplotlib/mpl-data/sample_data/grace_hopper.jpg"
 POLICIES = {
     "passive": {"OMP_WAIT_POLICY": "passive"},
@@ -45,21 +47,9 @@ def one(a, harness, tm, policy, rows, rnd):
     s = harness.Squishd(workers="cpu", env=env)
     try:
         s.wait_ready(workers=1, timeout=30)
-        auth = {"Authorization": "Bearer " + s.token}
         wpid = list(s.worker_pids().values())[0]
         for path in a.models:
-            name = os.path.splitext(os.path.basename(path))[0]
-            with open(path, "rb") as f:
-                body, ctype = tm.multipart([
-                    ("model", "m.onnx", "application/octet-stream", f.read()),
-                    ("config", "config.json", "application/json",
-                     json.dumps({"name": name, "max_batch": 8}).encode())])
-            r = s.request("POST", "/models", body=body, headers=dict(auth, **{"Content-Type": ctype}))
-            assert r.status in (201, 202), r
-            deadline = time.time() + 600
-            while s.get("/v2/models/%s/ready" % name).status != 200:
-                assert time.time() < deadline, "%s never ready" % name
-                time.sleep(0.5)
+            name = live_profile.upload_and_wait(s, tm, path, 8)
             for n in [int(x) for x in a.closed.split(",")]:
                 c0 = cpu_s(wpid)
                 p = subprocess.run([harness.LOADGEN, "--port", str(s.port), "--path",
