@@ -241,6 +241,11 @@ static int on_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
             } else {
                 dm->routes_stale = 1;
             }
+            /* Held from now on, for whoever asks before the next tick: a
+             * model just measured on this load is ready at once, and its
+             * state must say so (the index said LOADING for up to a tick
+             * after its first answer). */
+            ds_publish_ready(ds);
         } else {
             sq_ipc_error_t e;
             if (sq_ipc_error_decode(f, &e) != 0)
@@ -442,6 +447,7 @@ static void worker_lost(gw_dispatch_t *ds, int worker)
     w->nshas = 0;
     ds_plan_invalidate(ds, w->kind, "worker lost");
     ds_pump(ds);
+    ds_publish_ready(ds); /* what it held is held no more */
 }
 
 /* ---- the link's events ------------------------------------------------------ */

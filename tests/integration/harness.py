@@ -251,7 +251,10 @@ def run():
     traceback as TAP diagnostics, and to stderr with the end of the logs of
     the squishd processes the test started (meson and CI show stderr)."""
     only = sys.argv[1:]
-    chosen = [t for t in _tests if not only or t.__name__ in only]
+    # A file that imports another test file's helpers registers that
+    # file's tests too: run only the ones of the script that was started.
+    mine = [t for t in _tests if t.__module__ == "__main__"]
+    chosen = [t for t in mine if not only or t.__name__ in only]
     print("1..%d" % len(chosen), flush=True)
     failed = 0
     for i, t in enumerate(chosen, 1):

@@ -22,11 +22,9 @@ import tempfile
 import threading
 import time
 
-import harness
 from harness import WORKER, Skip, Squishd, eventually, run, test
 from test_cluster import IP, LOADGEN, Net, sh
 
-del harness._tests[:]  # test_cluster's own tests run in their file
 
 PORT = 7100
 DATA_PORT = 7300
