@@ -1,0 +1,141 @@
+/* The measurement's state machine (worker/wk_measure.h), fed the times of a
+ * pretend host: which sizes it runs, in what order, and the profile it
+ * makes of them. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <wk_measure.h>
+
+/* The pretend model: l(b) = 1 ms + 0.5 ms per item. */
+static double base_us(int b)
+{
+    return 1000.0 + 500.0 * b;
+}
+
+typedef struct {
+    int runs[65];    /* runs at each size */
+    int order[4096]; /* the size of each run */
+    int n;
+    uint32_t last_done, last_total;
+    int progress_steps;
+} trace_t;
+
+/* Runs M to the end; slow(pass, b) says how many times slower the host
+ * runs that run. */
+static void drive(wk_measure_t *M, trace_t *t, double (*slow)(int pass, int b))
+{
+    int b;
+    while ((b = wk_measure_batch(M)) > 0) {
+        cr_assert(t->n < 4096, "the measurement never ends");
+        t->runs[b]++;
+        t->order[t->n++] = b;
+        if (wk_measure_add(M, base_us(b) * slow(M->pass, b))) {
+            uint32_t done, total;
+            wk_measure_progress(M, &done, &total);
+            cr_assert(done <= total, "progress %u of %u", done, total);
+            cr_assert(done >= t->last_done, "progress went back: %u after %u", done, t->last_done);
+            t->last_done = done;
+            t->last_total = total;
+            t->progress_steps++;
+        }
+    }
+}
+
+static double steady(int pass, int b)
+{
+    (void)pass;
+    (void)b;
+    return 1.0;
+}
+
+/* The host was three times slower while sizes 1-4 were first measured (a
+ * neighbour's burst; squishd storing the file just uploaded). */
+static double slow_at_first(int pass, int b)
+{
+    return pass == 0 && b <= 4 ? 3.0 : 1.0;
+}
+
+Test(measure, every_size_is_measured_again_in_later_passes)
+{
+    wk_measure_t M;
+    trace_t t = {0};
+    wk_measure_init(&M, 8, 3, 8, 0);
+    drive(&M, &t, steady);
+    cr_assert_eq(M.nrows, 8);
+    cr_assert_eq(M.npasses, WK_MEASURE_PASSES);
+    for (int b = 1; b <= 8; b++)
+        cr_assert_eq(t.runs[b], 3 + 8 + (WK_MEASURE_PASSES - 1) * (1 + WK_MEASURE_PASS_RUNS),
+                     "size %d ran %d times", b, t.runs[b]);
+    /* Pass 0 runs the sizes in order; a later pass visits each again. */
+    cr_assert_eq(t.order[0], 1);
+    cr_assert_eq(t.order[11 * 8 - 1], 8);
+    cr_assert_eq(t.order[11 * 8], 1, "the second pass starts again at size 1");
+    cr_assert_eq(t.last_done, t.last_total);
+    cr_assert_eq(t.last_total, 8u * WK_MEASURE_PASSES);
+    sq_profile_row_t rows[SQ_MAX_PROFILE_ROWS];
+    cr_assert_eq(wk_measure_rows(&M, rows), 8);
+    for (int i = 0; i < 8; i++) {
+        cr_assert_eq(rows[i].batch, (uint32_t)i + 1);
+        cr_assert_float_eq(rows[i].mean_us, base_us(i + 1), 1e-6);
+    }
+    wk_measure_free(&M);
+}
+
+Test(measure, a_slow_stretch_of_the_host_does_not_make_the_sizes_it_hit)
+{
+    /* Measured in one stretch, sizes 1-4 were the host's slow moment: l(4)
+     * came out 3x the model's, the envelope (no size slower than a larger
+     * one) pulled l(1..4) down to l(5), and l(1) stayed 2.3x too slow.
+     * Over the passes, the moment weighs what it lasted. */
+    wk_measure_t M;
+    trace_t t = {0};
+    wk_measure_init(&M, 8, 3, 8, 0);
+    drive(&M, &t, slow_at_first);
+    sq_profile_row_t rows[SQ_MAX_PROFILE_ROWS];
+    cr_assert_eq(wk_measure_rows(&M, rows), 8);
+    for (int i = 0; i < 8; i++) {
+        double r = rows[i].mean_us / base_us(i + 1);
+        cr_assert(r < 1.5, "l(%d) is %.2f times the model's", i + 1, r);
+    }
+    wk_measure_free(&M);
+}
+
+Test(measure, the_budget_bounds_the_passes)
+{
+    /* Pass 0 of sizes 1..8 takes 11 runs of each: 286 ms. A budget of
+     * 450 ms leaves room for one more pass (5 runs of each: 130 ms), not
+     * two. */
+    wk_measure_t M;
+    trace_t t = {0};
+    wk_measure_init(&M, 8, 3, 8, 450);
+    drive(&M, &t, steady);
+    cr_assert_eq(M.nrows, 8);
+    cr_assert_eq(M.npasses, 2);
+    cr_assert(M.spent_us <= 450000.0, "spent %.0f us", M.spent_us);
+    cr_assert_eq(t.last_done, t.last_total);
+    cr_assert_eq(t.last_total, 16u);
+    wk_measure_free(&M);
+    /* Too small for any pass beyond the first: done at the end of pass 0. */
+    trace_t u = {0};
+    wk_measure_init(&M, 8, 3, 8, 300);
+    drive(&M, &u, steady);
+    cr_assert_eq(M.npasses, 1);
+    cr_assert_eq(u.runs[1], 11);
+    cr_assert_eq(u.last_done, u.last_total);
+    wk_measure_free(&M);
+}
+
+Test(measure, pass_0_stops_where_throughput_stops_growing)
+{
+    /* l(b) = 1 ms + 0.5 ms b grows in throughput all the way; a model
+     * whose l(b) is b times l(1) (no gain from batching) stops after three
+     * sizes without 3% more. */
+    wk_measure_t M;
+    trace_t t = {0};
+    wk_measure_init(&M, 64, 3, 8, 0);
+    int b;
+    while ((b = wk_measure_batch(&M)) > 0)
+        wk_measure_add(&M, 1000.0 * b);
+    cr_assert_eq(M.nrows, 4, "sizes %d", M.nrows);
+    (void)t;
+    wk_measure_free(&M);
+}

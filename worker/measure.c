@@ -1,0 +1,217 @@
+/* The measurement's state machine (wk_measure.h). */
+#include "wk_measure.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Mean and std of the fastest three quarters of the samples: the slowest
+ * runs of a batch on a shared host are other processes' time, not the
+ * model's. Sorts a copy. */
+static void trimmed_stats(const double *samples, int n, double *mean, double *sd)
+{
+    double sorted[WK_MEASURE_MAX_SAMPLES];
+    if (n > WK_MEASURE_MAX_SAMPLES)
+        n = WK_MEASURE_MAX_SAMPLES;
+    for (int i = 0; i < n; i++)
+        sorted[i] = samples[i];
+    qsort(sorted, (size_t)n, sizeof(*sorted), cmp_double);
+    int keep = n >= 4 ? n - n / 4 : n;
+    double sum = 0, sumsq = 0;
+    for (int i = 0; i < keep; i++) {
+        sum += sorted[i];
+        sumsq += sorted[i] * sorted[i];
+    }
+    *mean = keep > 0 ? sum / keep : 0;
+    double var = keep > 0 ? sumsq / keep - *mean * *mean : 0;
+    *sd = var > 0 ? sqrt(var) : 0;
+}
+
+/* The batch sizes pass 0 measures: every size to 8, then steps of a
+ * quarter of the current size. Between them the planner rounds a batch up
+ * to the next measured size (a batch never runs slower padded). */
+static int next_size(int b)
+{
+    return b < 8 ? b + 1 : b + b / 4;
+}
+
+void wk_measure_init(wk_measure_t *M, int max_b, int warmup, int repeats, int64_t budget_ms)
+{
+    memset(M, 0, sizeof(*M));
+    M->max_b = max_b;
+    M->warmup = warmup;
+    M->repeats = repeats < 1                        ? 1
+                 : repeats > WK_MEASURE_MAX_SAMPLES ? WK_MEASURE_MAX_SAMPLES
+                                                    : repeats;
+    M->budget_us = budget_ms * 1000;
+    M->npasses = 1;
+    M->b = max_b >= 1 ? 1 : 0;
+    M->complete = M->b == 0;
+}
+
+void wk_measure_free(wk_measure_t *M)
+{
+    for (int i = 0; i < M->nrows; i++)
+        free(M->samples[i]);
+    memset(M, 0, sizeof(*M));
+}
+
+int wk_measure_batch(const wk_measure_t *M)
+{
+    return M->complete ? 0 : M->b;
+}
+
+static void keep_sample(wk_measure_t *M, int row, double us)
+{
+    if (M->samples[row] == NULL)
+        M->samples[row] = sq_xcalloc(WK_MEASURE_MAX_SAMPLES, sizeof(double));
+    if (M->nsamples[row] < WK_MEASURE_MAX_SAMPLES)
+        M->samples[row][M->nsamples[row]++] = us;
+}
+
+/* Pass 0 is over: the passes that fit what is left of the budget. */
+static void plan_passes(wk_measure_t *M)
+{
+    double pass_us = 0;
+    for (int i = 0; i < M->nrows; i++)
+        pass_us += M->pass0_mean[i] * (1 + WK_MEASURE_PASS_RUNS);
+    int extra = WK_MEASURE_PASSES - 1;
+    if (M->budget_us > 0 && pass_us > 0) {
+        double left = (double)M->budget_us - M->spent_us;
+        int fit = left > 0 ? (int)(left / pass_us) : 0;
+        if (fit < extra)
+            extra = fit;
+    }
+    M->npasses = 1 + (M->nrows > 0 ? extra : 0);
+}
+
+/* Pass 0: the size M->b has all its runs. Adds its row, applies the stop
+ * rule, and moves to the next size or the next pass. */
+static void end_pass0_size(wk_measure_t *M)
+{
+    int i = M->nrows++;
+    M->batch[i] = M->b;
+    for (int k = 0; k < M->ncur; k++)
+        keep_sample(M, i, M->cur[k]);
+    double mean, sd;
+    trimmed_stats(M->cur, M->ncur, &mean, &sd);
+    M->pass0_mean[i] = mean;
+    /* Stop once throughput has not improved by 3% for three sizes, or
+     * when the next size would run past the time budget. */
+    double tput = mean > 0 ? M->b / mean : 0;
+    int stop = 0;
+    if (tput > M->best_tput * 1.03) {
+        M->best_tput = tput;
+        M->stale = 0;
+    } else if (++M->stale >= 3) {
+        stop = 1;
+    }
+    int nb = next_size(M->b);
+    double next_cost = mean * nb / M->b * (M->warmup + M->repeats);
+    if (M->budget_us > 0 && M->spent_us + next_cost > (double)M->budget_us)
+        stop = 1;
+    if (nb > M->max_b || M->nrows >= SQ_MAX_PROFILE_ROWS)
+        stop = 1;
+    /* Sizes expected: those up to max_b that fit what is left of the
+     * budget at this pace (a batch of n taking n / b times this one's). */
+    M->expect = (uint32_t)M->nrows;
+    if (!stop) {
+        double left = M->budget_us > 0 ? (double)M->budget_us - M->spent_us : 1e300;
+        for (int n = nb; n <= M->max_b && M->expect < SQ_MAX_PROFILE_ROWS; n = next_size(n)) {
+            left -= mean * n / M->b * (M->warmup + M->repeats);
+            if (left < 0)
+                break;
+            M->expect++;
+        }
+    }
+    M->r = 0;
+    M->ncur = 0;
+    if (!stop) {
+        M->next_us = M->next_us * nb / M->b;
+        M->b = nb;
+        M->row = M->nrows;
+        return;
+    }
+    plan_passes(M);
+    if (M->npasses <= 1) {
+        M->complete = 1;
+        return;
+    }
+    M->pass = 1;
+    M->row = 0;
+    M->b = M->batch[0];
+    M->next_us = M->pass0_mean[0];
+}
+
+int wk_measure_add(wk_measure_t *M, double us)
+{
+    if (M->complete)
+        return 0;
+    M->spent_us += us;
+    M->next_us = us;
+    M->r++;
+    if (M->pass == 0) {
+        if (M->r > M->warmup && M->ncur < WK_MEASURE_MAX_SAMPLES)
+            M->cur[M->ncur++] = us;
+        if (M->r < M->warmup + M->repeats)
+            return 0;
+        end_pass0_size(M);
+        return 1;
+    }
+    /* A later pass: one warm-up run (the switch from another size), then
+     * its runs. */
+    if (M->r > 1)
+        keep_sample(M, M->row, us);
+    if (M->r < 1 + WK_MEASURE_PASS_RUNS)
+        return 0;
+    M->r = 0;
+    if (++M->row == M->nrows) {
+        M->row = 0;
+        if (++M->pass == M->npasses) {
+            M->complete = 1;
+            return 1;
+        }
+    }
+    M->b = M->batch[M->row];
+    M->next_us = M->pass0_mean[M->row];
+    return 1;
+}
+
+void wk_measure_progress(const wk_measure_t *M, uint32_t *done, uint32_t *total)
+{
+    if (M->pass == 0 && !M->complete) {
+        *done = (uint32_t)M->nrows;
+        *total = M->expect * WK_MEASURE_PASSES;
+        if (*total < *done)
+            *total = *done;
+        return;
+    }
+    uint32_t n = (uint32_t)M->nrows;
+    *total = n * (uint32_t)M->npasses;
+    *done = M->complete ? *total : n * (uint32_t)M->pass + (uint32_t)M->row;
+}
+
+int wk_measure_rows(const wk_measure_t *M, sq_profile_row_t *rows)
+{
+    for (int i = 0; i < M->nrows; i++) {
+        double mean, sd;
+        trimmed_stats(M->samples[i], M->nsamples[i], &mean, &sd);
+        rows[i] = (sq_profile_row_t){.batch = (uint32_t)M->batch[i], .mean_us = mean, .std_us = sd};
+    }
+    /* A smaller batch can always run padded to a larger one, so l(b) is at
+     * most any larger size's latency: the envelope removes the noise that a
+     * busy host puts into small batches (and keeps l(b)/b meaningful). */
+    for (int i = M->nrows - 2; i >= 0; i--) {
+        if (rows[i].mean_us > rows[i + 1].mean_us) {
+            rows[i].mean_us = rows[i + 1].mean_us;
+            rows[i].std_us = rows[i + 1].std_us;
+        }
+    }
+    return M->nrows;
+}
