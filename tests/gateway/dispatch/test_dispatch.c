@@ -238,3 +238,38 @@ Test(dispatch, each_priority_level_is_a_session_with_that_priority)
     cr_assert_eq(queued + (int)st.sent_requests + (int)st.dropped, 6);
     rig_dispose(&r);
 }
+
+/* A load that completes is held at once, for whoever asks before the next
+ * tick (every 50 ms): a version just measured on that load was ready in
+ * the registry and answered requests while the repository index, reading
+ * the tick's stale list, said LOADING (a CI failure of test_models). And a
+ * worker lost holds nothing from that moment. */
+Test(dispatch, a_load_that_completes_is_held_before_the_next_tick)
+{
+    static rig_t r;
+    rig_init(&r);
+    r.srv.registry = gw_registry_new();
+    gw_model_ref(r.m); /* the registry takes a reference of its own */
+    gw_registry_put(r.srv.registry, r.m);
+    ds_load_t *l = ds_load_find(ds_worker_at(r.ds, 0), r.m->key, 0);
+    l->state = LOAD_SENT;
+    ds_publish_ready(r.ds);
+    cr_assert_not(gw_dispatch_model_held(&r.srv, r.m->key), "loading: not held yet");
+    sq_buf_t b;
+    sq_buf_init(&b);
+    sq_model_loaded_t info = {
+        .memory_bytes = 1 << 20, .max_batch = 8, .in_elems = 48, .out_elems = 1 << 20};
+    sq_model_loaded_encode(&b, &info);
+    sq_frame_t f = {.type = SQ_MSG_MODEL_LOADED,
+                    .id = (uint64_t)r.m->key,
+                    .payload = b.data,
+                    .len = (uint32_t)b.len};
+    cr_assert_eq(gw_dispatch_events.frame(r.ds, 0, &f), 0);
+    sq_buf_dispose(&b);
+    cr_assert_eq(l->state, LOAD_DONE);
+    cr_assert(gw_dispatch_model_held(&r.srv, r.m->key), "loaded, and held without a tick");
+    gw_dispatch_events.lost(r.ds, 0);
+    cr_assert_not(gw_dispatch_model_held(&r.srv, r.m->key), "its worker lost: held no more");
+    rig_dispose(&r);
+    gw_registry_free(r.srv.registry);
+}
