@@ -162,7 +162,7 @@ def measuring_on_an_idle_worker_is_bounded_and_shows_its_progress():
     version 1 (SLO 100 ms) reserved half its SLO in every gap, so each
     measurement batch waited for a starved slot. An idle model now holds
     up nothing: each version of resnet18 is ready within the stated bound
-    (the 30 s measuring budget plus its load; 6-7 s on the CI machine), and
+    (the 30 s measuring budget plus its load; 14-31 s on a 2-vCPU box), and
     its status shows the measurement's progress meanwhile."""
     r18 = os.path.join(MODELS, "resnet18.onnx")
     r18b = os.path.join(MODELS, "resnet18_ft_a.onnx")
