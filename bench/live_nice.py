@@ -48,10 +48,7 @@ def main():
         s.wait_ready(workers=1, timeout=30)
         name = live_profile.upload_and_wait(s, tm, a.model, 8)
         auth = {"Authorization": "Bearer " + s.token}
-        rec = s.get("/models/%s" % name, headers=auth).json
-        prof = [p for p in (rec.get("versions") or [rec])[-1]["profiles"]
-                if p["device_kind"] == "cpu"][0]
-        l = dict(zip(prof["batch"], prof["latency_ms"]))
+        l, shape = live_profile.profile_of(s, auth, name)
         pids = subprocess.run(["pgrep", "-f", "squish-worker"], capture_output=True,
                               text=True).stdout.split()
 
@@ -65,12 +62,7 @@ def main():
                 for p in pids:
                     renice(p, nice)
                 before = stats()
-                p = subprocess.run([harness.LOADGEN, "--port", str(s.port), "--path",
-                                    "/v2/models/%s/infer" % name, "--tensor", "3x224x224",
-                                    "--slo-ms", "60000", "--closed", str(a.closed), "--duration",
-                                    str(a.seconds), "--warmup", "1", "--timeout-ms", "60000"],
-                                   capture_output=True, text=True, timeout=a.seconds + 120)
-                assert p.returncode == 0, p.stderr[-1000:]
+                live_profile.closed_loop(s, harness, name, shape, a.closed, a.seconds)
                 after = stats()
                 cells = []
                 for b in sorted(after):

@@ -100,22 +100,34 @@ def main():
         drift_table(rows, a.repeat)
 
 
-def measure(a, s, auth, harness, name, rep):
-    """Closed loops of each --closed size on model name; its rows (batch
-    sizes that ran) with the stored profile's l(b) beside."""
+def profile_of(s, auth, name):
+    """The stored cpu profile of model name as {batch: l(b) ms}, and its
+    input's CxHxW for squish-loadgen --tensor."""
     rec = s.get("/models/%s" % name, headers=auth).json
     vers = rec.get("versions") or [rec]
     prof = [p for p in vers[-1]["profiles"] if p["device_kind"] == "cpu"][0]
-    l = dict(zip(prof["batch"], prof["latency_ms"]))
     shape = "x".join(str(d) for d in vers[-1]["input"]["shape"][-3:]) \
         if "input" in vers[-1] else "3x224x224"
+    return dict(zip(prof["batch"], prof["latency_ms"])), shape
+
+
+def closed_loop(s, harness, name, shape, n, seconds):
+    """squish-loadgen: n binary FP32 tensors in flight on model name for
+    seconds, a 60 s SLO (nothing dropped)."""
+    p = subprocess.run([harness.LOADGEN, "--port", str(s.port), "--path",
+                        "/v2/models/%s/infer" % name, "--tensor", shape, "--slo-ms", "60000",
+                        "--closed", str(n), "--duration", str(seconds), "--warmup", "1",
+                        "--timeout-ms", "60000"],
+                       capture_output=True, text=True, timeout=seconds + 120)
+    assert p.returncode == 0, p.stderr[-1000:]
+
+
+def measure(a, s, auth, harness, name, rep):
+    """Closed loops of each --closed size on model name; its rows (batch
+    sizes that ran) with the stored profile's l(b) beside."""
+    l, shape = profile_of(s, auth, name)
     for n in [int(x) for x in a.closed.split(",")]:
-        p = subprocess.run([harness.LOADGEN, "--port", str(s.port), "--path",
-                            "/v2/models/%s/infer" % name, "--tensor", shape,
-                            "--slo-ms", "60000", "--closed", str(n), "--duration",
-                            str(a.seconds), "--warmup", "1", "--timeout-ms", "60000"],
-                           capture_output=True, text=True, timeout=a.seconds + 120)
-        assert p.returncode == 0, p.stderr[-1000:]
+        closed_loop(s, harness, name, shape, n, a.seconds)
     st = s.get("/v2/models/%s/stats" % name).json["model_stats"][0]
     rows = []
     for bs in st["batch_stats"]:

@@ -130,12 +130,10 @@ Test(measure, pass_0_stops_where_throughput_stops_growing)
      * whose l(b) is b times l(1) (no gain from batching) stops after three
      * sizes without 3% more. */
     wk_measure_t M;
-    trace_t t = {0};
     wk_measure_init(&M, 64, 3, 8, 0);
     int b;
     while ((b = wk_measure_batch(&M)) > 0)
         wk_measure_add(&M, 1000.0 * b);
     cr_assert_eq(M.nrows, 4, "sizes %d", M.nrows);
-    (void)t;
     wk_measure_free(&M);
 }
