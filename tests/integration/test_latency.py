@@ -60,9 +60,14 @@ def bursts_to_an_idle_device_are_answered_at_once():
         assert burst(s, 1, 2000)[0][0] == 200  # loaded and planned
         time.sleep(0.6)
         worst = {}
+        # Under the sanitizers, beside another test's measuring on the
+        # same two cores, one lone request took 32 ms (7 ms alone): twice
+        # the bound there, which still fails a burst held toward its SLO
+        # (16 at 200 ms: 146 ms).
+        slack = 2 if sanitized() else 1
         for slo in (2000, 200):
             for k in (1, 2, 4, 8, 16):
-                bound = 3 * (k + 5) + 10
+                bound = slack * (3 * (k + 5) + 10)
                 for _ in range(3):
                     for status, total, body in burst(s, k, slo):
                         assert status == 200, body
