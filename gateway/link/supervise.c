@@ -48,47 +48,43 @@ void gw__workers_spawn(gw_workers_t *ws, slot_t *s)
     const gw_config_t *cfg = ws->srv->cfg;
     char mem[32];
     snprintf(mem, sizeof(mem), "%d", cfg->emu_memory_mb);
-    char *argv[] = {ws->worker_bin,
-                    "--connect",
-                    ws->srv->socket_path,
-                    "--device",
-                    s->device,
-                    "--memory-mb",
-                    mem,
-                    "--log-level",
-                    (char *)sq_log_level_name(cfg->log_level),
-                    NULL};
-    if (strncmp(s->device, "emu:", 4) != 0)
-        argv[5] = NULL; /* --memory-mb is for emulated devices only */
+    /* One list in order: --memory-mb is for emulated devices only, and
+     * the log level follows whatever came before it (a cpu worker once lost
+     * it with --memory-mb, and logged at info under squishd at debug). */
+    char *args[24];
+    int n = 0;
+    args[n++] = ws->worker_bin;
+    args[n++] = "--connect";
+    args[n++] = (char *)ws->srv->socket_path;
+    args[n++] = "--device";
+    args[n++] = s->device;
+    if (strncmp(s->device, "emu:", 4) == 0) {
+        args[n++] = "--memory-mb";
+        args[n++] = mem;
+    }
+    args[n++] = "--log-level";
+    args[n++] = (char *)sq_log_level_name(cfg->log_level);
     /* Frontends may join (--cluster-listen): the worker takes their rows on
      * a data listener of its own, proving the cluster token as they do. */
     char data[160];
-    char *with_data[sizeof(argv) / sizeof(argv[0]) + 10];
     if (cfg->worker_data_listen[0] != '\0' && cfg->cluster_token_file[0] != '\0') {
-        int n = 0;
-        while (argv[n] != NULL) {
-            with_data[n] = argv[n];
-            n++;
-        }
         snprintf(data, sizeof(data),
                  strchr(cfg->worker_data_listen, ':') != NULL ? "[%s]:0" : "%s:0",
                  cfg->worker_data_listen);
-        with_data[n++] = "--data-listen";
-        with_data[n++] = data;
-        with_data[n++] = "--cluster-token-file";
-        with_data[n++] = (char *)cfg->cluster_token_file;
+        args[n++] = "--data-listen";
+        args[n++] = data;
+        args[n++] = "--cluster-token-file";
+        args[n++] = (char *)cfg->cluster_token_file;
         if (cfg->cluster_tls_cert[0] != '\0') { /* frontends speak TLS to it too */
-            with_data[n++] = "--cluster-tls-cert";
-            with_data[n++] = (char *)cfg->cluster_tls_cert;
-            with_data[n++] = "--cluster-tls-key";
-            with_data[n++] = (char *)cfg->cluster_tls_key;
-            with_data[n++] = "--cluster-tls-ca";
-            with_data[n++] = (char *)cfg->cluster_tls_ca;
+            args[n++] = "--cluster-tls-cert";
+            args[n++] = (char *)cfg->cluster_tls_cert;
+            args[n++] = "--cluster-tls-key";
+            args[n++] = (char *)cfg->cluster_tls_key;
+            args[n++] = "--cluster-tls-ca";
+            args[n++] = (char *)cfg->cluster_tls_ca;
         }
-        with_data[n] = NULL;
     }
-    char **args =
-        cfg->worker_data_listen[0] != '\0' && cfg->cluster_token_file[0] != '\0' ? with_data : argv;
+    args[n] = NULL;
     pid_t pid;
     int rc = posix_spawn(&pid, ws->worker_bin, NULL, NULL, args, environ);
     if (rc != 0) {

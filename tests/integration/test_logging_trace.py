@@ -352,5 +352,31 @@ def rate_and_count_pick_the_requests_and_each_line_holds_their_moments_in_order(
         shutil.rmtree(s.tmp, ignore_errors=True)
 
 
+@test
+def a_cpu_worker_logs_at_squishds_log_level():
+    """--log-level reaches every worker squishd starts: a cpu worker once
+    lost it with the emulator's --memory-mb, and logged at info while
+    squishd logged at debug."""
+    s = Squishd(workers="cpu:1", extra=["--log-level", "debug"])
+    try:
+        s.wait_ready(workers=1)
+        body, ctype = tm.multipart([
+            ("model", "m.onnx", None, tm.tiny()),
+            ("config", None, None, json.dumps({"name": "tiny", "max_batch": 2}).encode())])
+        r = s.request("POST", "/models", body=body,
+                      headers=dict(auth(s), **{"Content-Type": ctype}))
+        assert r.status == 202, r
+        eventually(lambda: s.get("/v2/models/tiny/ready").status == 200, 60, "tiny measured")
+        r = s.request("POST", "/v2/models/tiny/infer", body=json.dumps({"inputs": [{
+            "name": "input", "datatype": "FP32", "shape": [1, 3, 32, 32],
+            "data": [0.5] * (3 * 32 * 32)}]}), headers={"Content-Type": "application/json"})
+        assert r.status == 200, r
+        eventually(lambda: re.search(r"squish-worker\[cpu[^\]]*\] level=debug batch done",
+                                     s.read_log()), 10, "the worker's debug line")
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
 if __name__ == "__main__":
     run()
