@@ -63,7 +63,7 @@ int wk_measure_add(wk_measure_t *M, double us);
 void wk_measure_progress(const wk_measure_t *M, uint32_t *done, uint32_t *total);
 
 /* The profile, once complete: one row per size (the mean and standard
- * deviation of its fastest three quarters of samples, from every pass),
+ * deviation of its samples near the median, from every pass),
  * no size slower than a larger one. Returns the number of rows;
  * peak_memory_bytes is left 0 for the caller. */
 int wk_measure_rows(const wk_measure_t *M, sq_profile_row_t *rows);
