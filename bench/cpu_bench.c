@@ -19,7 +19,8 @@
  * its outputs against the cpu's, and its latency, on a GPU machine.
  * --gap-ms G sleeps G ms before each timed run, as a live worker idles
  * between batches (bench/omp_wait.py: what the threads' wait policy costs
- * when they went to sleep); the sleeps are not timed. */
+ * when they went to sleep); the sleeps are not timed. --trace writes each
+ * timed run's ms, in order, to stderr. */
 #include <mdb_graph.h>
 #include <sq.h>
 #include <wk_exec.h>
@@ -66,6 +67,10 @@ static int run_io(wk_plan_t *p, const char *path, int batch, const char *in_path
     free(in);
     return rc;
 }
+
+/* --trace: each timed run's ms, in order, on stderr (how the host's speed
+ * moves through a sustained run). */
+static int trace_runs;
 
 static int bench_model(const char *path, const sq_device_t *dev, const int *batches, int n_batches,
                        int threads, int iters, int warmup, double gap_ms, const char *in_path,
@@ -141,6 +146,12 @@ static int bench_model(const char *path, const sq_device_t *dev, const int *batc
             sum += ms[it];
         }
         clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
+        if (trace_runs) {
+            fprintf(stderr, "# runs_ms batch=%d:", b);
+            for (int it = 0; it < iters; it++)
+                fprintf(stderr, " %.2f", ms[it]);
+            fprintf(stderr, "\n");
+        }
         double cpu_ms =
             ((double)(c1.tv_sec - c0.tv_sec) * 1e3 + (double)(c1.tv_nsec - c0.tv_nsec) / 1e6) /
             iters;
@@ -184,6 +195,8 @@ int main(int argc, char **argv)
             warmup = atoi(argv[++i]);
         else if (strcmp(argv[i], "--gap-ms") == 0 && i + 1 < argc)
             gap_ms = atof(argv[++i]);
+        else if (strcmp(argv[i], "--trace") == 0)
+            trace_runs = 1;
         else if (strcmp(argv[i], "--input") == 0 && i + 1 < argc)
             in_path = argv[++i];
         else if (strcmp(argv[i], "--output") == 0 && i + 1 < argc)
@@ -193,6 +206,7 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr,
                     "usage: %s [--device SPEC] [--threads N] [--iters N] [--warmup N] [--gap-ms G] "
+                    "[--trace] "
                     "[--batch B]... "
                     "[--input IN.f32 --output OUT.f32] MODEL.onnx...\n",
                     argv[0]);
