@@ -246,6 +246,30 @@ def test(fn):
     return fn
 
 
+def timing(fn):
+    """Marks a test whose bounds are times on a shared host: a failed
+    assertion is retried once, the first failure shown. This guest's speed
+    moves in steps of up to 30% that last seconds (bench/RESULTS.md,
+    session 17), and three such tests failed together in one CI run; the
+    bugs they are named after (a burst held for its SLO, a drift never
+    corrected) fail both tries."""
+    fn.timing = True
+    return fn
+
+
+def _run_one(t):
+    try:
+        t()
+    except AssertionError:
+        if not getattr(t, "timing", False):
+            raise
+        tb = traceback.format_exc().splitlines()
+        print("# %s: a timing bound failed once; retried. %s" % (t.__name__, tb[-1]), flush=True)
+        sys.stderr.write("=== %s: retried after\n%s\n" % (t.__name__, "\n".join(tb)))
+        del _started[:]
+        t()
+
+
 def run():
     """Runs every @test function; each is one TAP line. A failure prints the
     traceback as TAP diagnostics, and to stderr with the end of the logs of
@@ -261,7 +285,7 @@ def run():
         start = time.time()
         del _started[:]
         try:
-            t()
+            _run_one(t)
             print("ok %d - %s (%.2fs)" % (i, t.__name__, time.time() - start), flush=True)
         except Skip as why:
             print("ok %d - %s # SKIP %s" % (i, t.__name__, why), flush=True)

@@ -10,7 +10,7 @@ import json
 import threading
 import time
 
-from harness import Skip, Squishd, loadgen, run, sanitized, test
+from harness import Skip, Squishd, loadgen, run, sanitized, test, timing
 
 EMU = {"name": "emu", "profile": {"alpha_ms": 1.0, "beta_ms": 5.0}, "max_batch": 64,
        "input": {"shape": [3, 4, 4]}, "num_classes": 3}
@@ -52,6 +52,7 @@ def burst(s, n, slo_ms):
 
 
 @test
+@timing
 def bursts_to_an_idle_device_are_answered_at_once():
     s = Squishd(workers="emu:1")
     try:

@@ -12,7 +12,8 @@ import threading
 import time
 
 import tiny_models as tm
-from harness import LOADGEN, Skip, Squishd, eventually, loadgen, run, sanitized, test
+from harness import (LOADGEN, Skip, Squishd, eventually, loadgen, run, sanitized, test,
+                     timing)
 from test_models import auth, upload
 
 SLO_MS = 100
@@ -21,6 +22,7 @@ MODEL = {"name": "slow", "profile": {"alpha_ms": 1.053, "beta_ms": 5.072}, "max_
 
 
 @test
+@timing
 def a_slowed_worker_is_replanned_from_measured_latencies_within_10_s():
     """Without the correction the answers of the seconds after the slowdown
     come late (0.94-0.98 good at commit time); with it, the seconds from

@@ -10,7 +10,7 @@ import re
 import threading
 import time
 
-from harness import Squishd, eventually, loadgen, run, test
+from harness import Squishd, eventually, loadgen, run, test, timing
 
 SLO_MS = 100
 # Table 2's ResNet50 profile x4 (bench/RESULTS.md, "Live goodput") for each
@@ -35,6 +35,7 @@ def busy_seconds(s):
 
 
 @test
+@timing
 def every_step_of_a_three_model_ramp_keeps_its_slo_and_no_device_idles_while_requests_miss():
     s = Squishd(workers="emu:4", extra=["--epoch-min-interval-ms", "1000"])
     try:
