@@ -20,6 +20,9 @@ static int cmp_double(const void *a, const void *b)
  * median's neighbourhood leaves out both a slow stretch and a single
  * spike. The centre is the lower median, a sample itself, so the set is
  * never empty. Sorts a copy. */
+#define NEAR_LO 0.8  /* the samples kept: NEAR_LO x median .. NEAR_HI x median */
+#define NEAR_HI 1.25 /* (symmetric on a log scale) */
+
 static void central_stats(const double *samples, int n, double *mean, double *sd)
 {
     double sorted[WK_MEASURE_MAX_SAMPLES];
@@ -31,7 +34,7 @@ static void central_stats(const double *samples, int n, double *mean, double *sd
     double med = n > 0 ? sorted[(n - 1) / 2] : 0, sum = 0, sumsq = 0;
     int keep = 0;
     for (int i = 0; i < n; i++) {
-        if (sorted[i] < 0.8 * med || sorted[i] > 1.25 * med)
+        if (sorted[i] < NEAR_LO * med || sorted[i] > NEAR_HI * med)
             continue;
         sum += sorted[i];
         sumsq += sorted[i] * sorted[i];

@@ -54,6 +54,18 @@ static double slow_at_first(int pass, int b)
     return pass == 0 && b <= 4 ? 3.0 : 1.0;
 }
 
+/* The profile of the pretend model, max batch 8 (3 warm-ups, 8 runs a
+ * size in pass 0), on a host slowed as slow says: its 8 rows. */
+static void profile_on(double (*slow)(int pass, int b), sq_profile_row_t *rows)
+{
+    wk_measure_t M;
+    trace_t t = {0};
+    wk_measure_init(&M, 8, 3, 8, 0);
+    drive(&M, &t, slow);
+    cr_assert_eq(wk_measure_rows(&M, rows), 8);
+    wk_measure_free(&M);
+}
+
 Test(measure, every_size_is_measured_again_in_later_passes)
 {
     wk_measure_t M;
@@ -86,17 +98,12 @@ Test(measure, a_slow_stretch_of_the_host_does_not_make_the_sizes_it_hit)
      * came out 3x the model's, the envelope (no size slower than a larger
      * one) pulled l(1..4) down to l(5), and l(1) stayed 2.3x too slow.
      * Over the passes, the moment weighs what it lasted. */
-    wk_measure_t M;
-    trace_t t = {0};
-    wk_measure_init(&M, 8, 3, 8, 0);
-    drive(&M, &t, slow_at_first);
     sq_profile_row_t rows[SQ_MAX_PROFILE_ROWS];
-    cr_assert_eq(wk_measure_rows(&M, rows), 8);
+    profile_on(slow_at_first, rows);
     for (int i = 0; i < 8; i++) {
         double r = rows[i].mean_us / base_us(i + 1);
         cr_assert(r < 1.5, "l(%d) is %.2f times the model's", i + 1, r);
     }
-    wk_measure_free(&M);
 }
 
 /* The host's run-to-run spread: each run 0.9, 1.0 or 1.1 times the
@@ -115,19 +122,14 @@ Test(measure, a_size_is_its_typical_run_not_its_fastest)
     /* Live batches spread as the profile's runs do, and are compared with
      * it as a mean: the mean of the fastest three quarters came out 4%
      * under it here (4-5% under live batches on the 2-vCPU guest). */
-    wk_measure_t M;
-    trace_t t = {0};
-    spread_n = 0;
-    wk_measure_init(&M, 8, 3, 8, 0);
-    drive(&M, &t, spread);
     sq_profile_row_t rows[SQ_MAX_PROFILE_ROWS];
-    cr_assert_eq(wk_measure_rows(&M, rows), 8);
+    spread_n = 0;
+    profile_on(spread, rows);
     for (int i = 0; i < 8; i++) {
         double r = rows[i].mean_us / base_us(i + 1);
         cr_assert(fabs(r - 1.0) < 0.015, "l(%d) is %.3f times the model's", i + 1, r);
         cr_assert(rows[i].std_us > 0.05 * base_us(i + 1), "l(%d)'s spread is lost", i + 1);
     }
-    wk_measure_free(&M);
 }
 
 Test(measure, the_budget_bounds_the_passes)
