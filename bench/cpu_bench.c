@@ -197,7 +197,14 @@ int main(int argc, char **argv)
             gap_ms = atof(argv[++i]);
         else if (strcmp(argv[i], "--trace") == 0)
             trace_runs = 1;
-        else if (strcmp(argv[i], "--input") == 0 && i + 1 < argc)
+        else if (strcmp(argv[i], "--log-level") == 0 && i + 1 < argc) {
+            sq_log_level_t lv;
+            if (sq_log_level_parse(argv[++i], &lv) != 0) {
+                fprintf(stderr, "--log-level: debug, info, warn or error, not %s\n", argv[i]);
+                return 2;
+            }
+            sq_log_set_level(lv);
+        } else if (strcmp(argv[i], "--input") == 0 && i + 1 < argc)
             in_path = argv[++i];
         else if (strcmp(argv[i], "--output") == 0 && i + 1 < argc)
             out_path = argv[++i];
@@ -206,7 +213,7 @@ int main(int argc, char **argv)
         else {
             fprintf(stderr,
                     "usage: %s [--device SPEC] [--threads N] [--iters N] [--warmup N] [--gap-ms G] "
-                    "[--trace] "
+                    "[--trace] [--log-level L] "
                     "[--batch B]... "
                     "[--input IN.f32 --output OUT.f32] MODEL.onnx...\n",
                     argv[0]);
