@@ -15,7 +15,9 @@ CPU ms per batch, and squish's speed relative to ONNX Runtime (ORT ms /
 squish ms: above 1 is faster). Needs node and third_party/npm's
 onnxruntime-node (scripts/bootstrap --test installs it). --baseline adds a
 third engine in the same rounds, squish-cpu-bench of another build (an
-earlier commit's): before and after side by side, each against ORT.
+earlier commit's): before and after side by side, each against ORT;
+--baseline-env NAME=VALUE makes the baseline this build with that variable
+set (one knob of the same build against another).
 """
 import argparse
 import json
@@ -41,8 +43,8 @@ def export(name, path):
                       do_constant_folding=True)
 
 
-def squish(a, path, batch, build=None):
-    env = dict(os.environ, OMP_WAIT_POLICY="passive")
+def squish(a, path, batch, build=None, extra_env=None):
+    env = dict(os.environ, OMP_WAIT_POLICY="passive", **(extra_env or {}))
     out = subprocess.run([os.path.join(build or a.build, "bench", "squish-cpu-bench"), "--threads",
                           str(a.threads), "--iters", str(a.iters), "--warmup", "3", "--batch",
                           str(batch), path], capture_output=True, text=True, env=env, timeout=1800)
@@ -71,7 +73,13 @@ def main():
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--baseline", default=None)
+    ap.add_argument("--baseline-env", default=None)
     a = ap.parse_args()
+    base_env = None
+    if a.baseline_env:
+        name, _, value = a.baseline_env.partition("=")
+        base_env = {name: value}
+        a.baseline = a.baseline or a.build
     os.makedirs(a.work, exist_ok=True)
     models = a.models.split(",")
     batches = [int(b) for b in a.batches.split(",")]
@@ -91,7 +99,7 @@ def main():
                     order = ("base",) + order if r % 2 == 0 else order + ("base",)
                 for engine in order:
                     res = (squish(a, path, b) if engine == "squish" else
-                           squish(a, path, b, a.baseline) if engine == "base" else
+                           squish(a, path, b, a.baseline, base_env) if engine == "base" else
                            ort(a, path, b, hw))
                     row = {"round": r + 1, "model": m, "batch": b, "engine": engine,
                            "median_ms": res["median_ms"], "cpu_ms": res["cpu_ms"]}

@@ -22,8 +22,6 @@
 
 #include <omp.h>
 
-#include <sq_clock.h>
-
 #include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -46,13 +44,9 @@ static void cpu_release(wk_plan_t *plan)
     if (be->lists != NULL) {
         for (int b = 0; b <= mb; b++) {
             for (int i = 0; i < be->lists[b].n; i++) {
-                cpu_item_t *it = &be->lists[b].items[i];
-                if (it->prim)
-                    dnnl_primitive_destroy(it->prim);
-                if (it->solo_prim)
-                    dnnl_primitive_destroy(it->solo_prim);
-                free(it->args);
-                free(it->solo_args);
+                if (be->lists[b].items[i].prim)
+                    dnnl_primitive_destroy(be->lists[b].items[i].prim);
+                free(be->lists[b].items[i].args);
             }
             free(be->lists[b].items);
         }
@@ -135,223 +129,6 @@ static void release_unused_constants(wk_plan_t *plan)
     free(used);
 }
 
-/* (Re)allocates the one scratchpad for the largest primitive made so far
- * and points every scratchpad object at it. */
-static int scratch_fit(wk_plan_t *plan)
-{
-    cpu_be_t *be = plan->be;
-    int rc = 0;
-    if (be->scratch_bytes > be->scratch_size) {
-        size_t n = (be->scratch_bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
-        free(be->scratch);
-        be->scratch_size = 0;
-        if ((be->scratch = aligned_alloc(ARENA_ALIGN, n)) == NULL)
-            return wk_fail(plan, SQ_NOMEM, "scratchpad of %zu bytes", be->scratch_bytes);
-        be->scratch_size = n;
-    }
-    /* Objects made since the last call point nowhere yet. */
-    for (int i = 0; i < be->n_scratch; i++)
-        DN(dnnl_memory_set_data_handle_v2(be->scratch_mems[i], be->scratch, be->stream));
-out:
-    return rc;
-}
-
-/* Runs the list of `batch`, each item on its own thread count; with
- * try_solo, items that have a one-thread primitive run that one (the
- * plan's calibration). Leaves the plan's thread count set. */
-static int run_items(wk_plan_t *plan, int batch, bool try_solo)
-{
-    cpu_be_t *be = plan->be;
-    const wk_graph_t *g = plan->graph;
-    int rc = 0, nthr = be->threads;
-    omp_set_num_threads(nthr);
-    const cpu_list_t *l = &be->lists[batch];
-    for (int i = 0; i < l->n; i++) {
-        const cpu_item_t *it = &l->items[i];
-        if (it->prim != NULL) {
-            bool one = it->solo || (try_solo && it->solo_prim != NULL);
-            int want = one ? 1 : be->threads;
-            if (want != nthr)
-                omp_set_num_threads(nthr = want);
-            if (try_solo && it->solo_prim != NULL)
-                DN(dnnl_primitive_execute(it->solo_prim, be->stream, it->solo_n_args,
-                                          it->solo_args));
-            else
-                DN(dnnl_primitive_execute(it->prim, be->stream, it->n_args, it->args));
-            continue;
-        }
-        /* C kernels read plain memory written by the primitives before. */
-        DN(dnnl_stream_wait(be->stream));
-        const wk_step_t *s = &g->steps[it->step];
-        const float *src = wk__cpu_buf_ptr(be, be->steps[it->step].bias);
-        float *dst = wk__cpu_buf_ptr(be, wk__cpu_vbuf(s->out));
-        wk__cpu_ops[s->kind].run_c(s, &g->values[s->in[0]], &g->values[s->out], batch, src, dst);
-    }
-    DN(dnnl_stream_wait(be->stream));
-out:
-    if (nthr != be->threads)
-        omp_set_num_threads(be->threads);
-    return rc;
-}
-
-/* ---- Kernels on one thread ------------------------------------------------
- *
- * Every parallel region of a graph wakes the other threads, and with
- * OMP_WAIT_POLICY=passive (squishd's default, so that idle workers leave
- * the cores to their neighbours) each wake-up costs tens of microseconds:
- * a small kernel (a squeeze-excitation's pooling or its tiny GEMMs, a
- * depthwise conv on a 7x7 map, a reorder) is faster on the calling thread
- * alone than on two. Which kernels those are depends on the machine, so
- * the plan measures it: each batch size's steps are made once more for one
- * thread, every small kernel is timed both ways, and the faster is kept;
- * then the whole list is timed both ways and the mix is kept only if it is
- * faster. oneDNN fixes a kernel's thread split when the primitive is made
- * (its hash key holds the thread count), so a one-thread kernel is both
- * made and run with omp_set_num_threads(1). SQUISH_CPU_SOLO=0 turns this
- * off (for benchmarks that compare). */
-
-/* Kernels slower than this on the plan's threads are not tried alone: the
- * wake-up they would save is a small part of them. */
-#define SOLO_MAX_NS 400000
-#define SOLO_ROUNDS 5
-#define SOLO_GRAPH_ROUNDS 5
-
-/* SQUISH_CPU_SOLO: unset or "1" measure, "0" never, "all" every kernel on
- * one thread at every batch size (for tests of the switching itself). */
-typedef enum { SOLO_OFF, SOLO_MEASURE, SOLO_ALL } solo_mode_t;
-
-static solo_mode_t solo_mode(void)
-{
-    const char *e = getenv("SQUISH_CPU_SOLO");
-    if (e != NULL && strcmp(e, "0") == 0)
-        return SOLO_OFF;
-    if (e != NULL && strcmp(e, "all") == 0)
-        return SOLO_ALL;
-    return SOLO_MEASURE;
-}
-
-static int64_t time_one(cpu_be_t *be, const cpu_item_t *it, bool one)
-{
-    omp_set_num_threads(one ? 1 : be->threads);
-    int64_t t0 = sq_now_ns();
-    dnnl_status_t st =
-        one ? dnnl_primitive_execute(it->solo_prim, be->stream, it->solo_n_args, it->solo_args)
-            : dnnl_primitive_execute(it->prim, be->stream, it->n_args, it->args);
-    if (st == dnnl_success)
-        st = dnnl_stream_wait(be->stream);
-    int64_t t = sq_now_ns() - t0;
-    omp_set_num_threads(be->threads);
-    return st == dnnl_success ? t : INT64_MAX;
-}
-
-static int cmp_i64(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return (x > y) - (x < y);
-}
-
-static int64_t median_i64(int64_t *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(*v), cmp_i64);
-    return v[n / 2];
-}
-
-static int64_t time_list(wk_plan_t *plan, int batch, bool try_solo)
-{
-    int64_t t0 = sq_now_ns();
-    if (run_items(plan, batch, try_solo) != 0)
-        return INT64_MAX;
-    return sq_now_ns() - t0;
-}
-
-/* Decides, for batch's list, which items run alone: marks them (their
- * solo_prim still held) and returns how many, 0 when the list is faster
- * without any. */
-static int solo_choose(wk_plan_t *plan, int batch, solo_mode_t mode)
-{
-    cpu_be_t *be = plan->be;
-    cpu_list_t *l = &be->lists[batch];
-    int n = 0;
-    if (mode == SOLO_ALL) {
-        for (int i = 0; i < l->n; i++)
-            n += l->items[i].solo_prim != NULL;
-        return n;
-    }
-    /* Warm every kernel's code and data, both ways. */
-    if (time_list(plan, batch, false) == INT64_MAX || time_list(plan, batch, true) == INT64_MAX)
-        return 0;
-    for (int i = 0; i < l->n; i++) {
-        cpu_item_t *it = &l->items[i];
-        if (it->solo_prim == NULL)
-            continue;
-        int64_t tm[SOLO_ROUNDS], t1[SOLO_ROUNDS];
-        if ((tm[0] = time_one(be, it, false)) > SOLO_MAX_NS) {
-            dnnl_primitive_destroy(it->solo_prim);
-            free(it->solo_args);
-            it->solo_prim = NULL;
-            it->solo_args = NULL;
-            continue;
-        }
-        for (int r = 0; r < SOLO_ROUNDS; r++) {
-            /* Alternate the order, so that neither side always runs warm. */
-            if (r & 1) {
-                t1[r] = time_one(be, it, true);
-                tm[r] = time_one(be, it, false);
-            } else {
-                tm[r] = time_one(be, it, false);
-                t1[r] = time_one(be, it, true);
-            }
-        }
-        if (median_i64(t1, SOLO_ROUNDS) < median_i64(tm, SOLO_ROUNDS)) {
-            n++;
-        } else {
-            dnnl_primitive_destroy(it->solo_prim);
-            free(it->solo_args);
-            it->solo_prim = NULL;
-            it->solo_args = NULL;
-        }
-    }
-    if (n == 0)
-        return 0;
-    /* Kernels timed one by one miss how long the other threads slept
-     * between them: the whole list decides. */
-    int64_t tm[SOLO_GRAPH_ROUNDS], t1[SOLO_GRAPH_ROUNDS];
-    for (int r = 0; r < SOLO_GRAPH_ROUNDS; r++) {
-        tm[r] = time_list(plan, batch, false);
-        t1[r] = time_list(plan, batch, true);
-    }
-    int64_t mm = median_i64(tm, SOLO_GRAPH_ROUNDS), m1 = median_i64(t1, SOLO_GRAPH_ROUNDS);
-    SQ_DEBUG("cpu plan: batch %d: %d of %d kernels on one thread: %.0f us, against %.0f on %d",
-             batch, n, l->n, (double)m1 / 1e3, (double)mm / 1e3, be->threads);
-    return m1 < mm ? n : 0;
-}
-
-/* Ends batch's calibration: items still holding a one-thread primitive
- * take it when `keep` (solo_choose said so), else drop it. */
-static void solo_settle(cpu_be_t *be, int batch, bool keep)
-{
-    cpu_list_t *l = &be->lists[batch];
-    for (int i = 0; i < l->n; i++) {
-        cpu_item_t *it = &l->items[i];
-        if (it->solo_prim == NULL)
-            continue;
-        if (keep) {
-            dnnl_primitive_destroy(it->prim);
-            free(it->args);
-            it->prim = it->solo_prim;
-            it->args = it->solo_args;
-            it->n_args = it->solo_n_args;
-            it->solo = true;
-        } else {
-            dnnl_primitive_destroy(it->solo_prim);
-            free(it->solo_args);
-        }
-        it->solo_prim = NULL;
-        it->solo_args = NULL;
-        it->solo_n_args = 0;
-    }
-}
-
 static int cpu_prepare(wk_plan_t *plan)
 {
     wk_graph_t *g = plan->graph;
@@ -360,7 +137,6 @@ static int cpu_prepare(wk_plan_t *plan)
     plan->be = be;
     if (plan->opts.threads > 0)
         omp_set_num_threads(plan->opts.threads);
-    be->threads = omp_get_max_threads();
     DN(dnnl_engine_create(&be->engine, dnnl_cpu, 0));
     DN(dnnl_stream_create(&be->stream, be->engine, dnnl_stream_default_flags));
     DN(dnnl_primitive_attr_create(&be->sp_attr));
@@ -437,39 +213,10 @@ static int cpu_prepare(wk_plan_t *plan)
     be->out_user = sq_xcalloc((size_t)g->n_outputs * (size_t)(mb + 1), sizeof(dnnl_memory_t));
     be->out_reorder = sq_xcalloc((size_t)g->n_outputs * (size_t)(mb + 1), sizeof(dnnl_primitive_t));
     be->out_scratch = sq_xcalloc((size_t)g->n_outputs * (size_t)(mb + 1), sizeof(dnnl_memory_t));
-    solo_mode_t mode = solo_mode();
-    bool solo = be->threads > 1 && mode != SOLO_OFF;
     for (int b = plan->min_batch > 1 ? plan->min_batch : 1; b <= mb; b++) {
         for (int si = 0; si < g->n_steps; si++)
             if ((rc = do_step(plan, si, b)) != 0)
                 goto out;
-        if (solo) {
-            /* The same steps once more, made for one thread. */
-            omp_set_num_threads(1);
-            be->solo_pass = true;
-            be->solo_bad = false;
-            be->solo_pos = 0;
-            const cpu_list_t *l = &be->lists[b];
-            for (int si = 0; si < g->n_steps; si++) {
-                if (do_step(plan, si, b) == 0)
-                    continue;
-                /* No kernel for one thread (a Winograd conv): the step's
-                 * items keep theirs. */
-                while (be->solo_pos < l->n && l->items[be->solo_pos].step <= si)
-                    be->solo_pos++;
-                plan->why[0] = '\0';
-            }
-            be->solo_pass = false;
-            omp_set_num_threads(be->threads);
-            if ((rc = scratch_fit(plan)) != 0)
-                goto out;
-            /* A batch size that gains nothing from one-thread kernels:
-             * larger ones, with more work per kernel, would not either. */
-            bool keep =
-                !be->solo_bad && be->solo_pos == be->lists[b].n && solo_choose(plan, b, mode) > 0;
-            solo_settle(be, b, keep);
-            solo = keep;
-        }
         for (int o = 0; o < g->n_outputs; o++) {
             const wk_value_t *v = &g->values[g->outputs[o]];
             int64_t dims[WK_MAX_DIMS];
@@ -492,9 +239,16 @@ static int cpu_prepare(wk_plan_t *plan)
             }
         }
     }
-    if ((rc = scratch_fit(plan)) != 0)
-        goto out;
-    plan->memory_bytes += be->scratch_size;
+    if (be->scratch_bytes > 0) {
+        size_t n = (be->scratch_bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+        if ((be->scratch = aligned_alloc(ARENA_ALIGN, n)) == NULL) {
+            rc = wk_fail(plan, SQ_NOMEM, "scratchpad of %zu bytes", be->scratch_bytes);
+            goto out;
+        }
+        plan->memory_bytes += n;
+        for (int i = 0; i < be->n_scratch; i++)
+            DN(dnnl_memory_set_data_handle_v2(be->scratch_mems[i], be->scratch, be->stream));
+    }
     release_unused_constants(plan);
 out:
     if (rc != 0)
@@ -512,8 +266,22 @@ static int cpu_run(wk_plan_t *plan, int batch, float *const *outputs)
     cpu_be_t *be = plan->be;
     const wk_graph_t *g = plan->graph;
     int rc = 0, mb = g->max_batch;
-    if ((rc = run_items(plan, batch, false)) != 0)
-        goto out;
+    if (plan->opts.threads > 0)
+        omp_set_num_threads(plan->opts.threads);
+    const cpu_list_t *l = &be->lists[batch];
+    for (int i = 0; i < l->n; i++) {
+        const cpu_item_t *it = &l->items[i];
+        if (it->prim != NULL) {
+            DN(dnnl_primitive_execute(it->prim, be->stream, it->n_args, it->args));
+            continue;
+        }
+        /* C kernels read plain memory written by the primitives before. */
+        DN(dnnl_stream_wait(be->stream));
+        const wk_step_t *s = &g->steps[it->step];
+        const float *src = wk__cpu_buf_ptr(be, be->steps[it->step].bias);
+        float *dst = wk__cpu_buf_ptr(be, wk__cpu_vbuf(s->out));
+        wk__cpu_ops[s->kind].run_c(s, &g->values[s->in[0]], &g->values[s->out], batch, src, dst);
+    }
     for (int o = 0; o < g->n_outputs; o++) {
         size_t k = (size_t)o * (size_t)(mb + 1) + (size_t)batch;
         DN(dnnl_memory_set_data_handle_v2(be->out_user[k], outputs[o], be->stream));

@@ -106,21 +106,6 @@ dnnl_memory_t wk__cpu_mem_of(wk_plan_t *plan, int id, int batch)
 void wk__cpu_push_item(cpu_be_t *be, int batch, const cpu_item_t *it)
 {
     cpu_list_t *l = &be->lists[batch];
-    if (be->solo_pass) {
-        cpu_item_t *at = be->solo_pos < l->n ? &l->items[be->solo_pos] : NULL;
-        be->solo_pos++;
-        if (at != NULL && at->step == it->step && (at->prim == NULL) == (it->prim == NULL)) {
-            at->solo_prim = it->prim;
-            at->solo_args = it->args;
-            at->solo_n_args = it->n_args;
-            return;
-        }
-        be->solo_bad = true;
-        if (it->prim != NULL)
-            dnnl_primitive_destroy(it->prim);
-        free(it->args);
-        return;
-    }
     if (l->n == l->cap) {
         l->cap = l->cap ? 2 * l->cap : 64;
         l->items = sq_xrealloc(l->items, (size_t)l->cap * sizeof(*l->items));
@@ -167,7 +152,7 @@ int wk__cpu_emit(wk_plan_t *plan, dnnl_primitive_desc_t pd, int batch, int step,
         cpu_item_t it = {.step = step};
         dnnl_memory_t sp = NULL;
         const char *impl = NULL;
-        if (batch == plan->graph->max_batch && !be->solo_pass &&
+        if (batch == plan->graph->max_batch &&
             dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
             impl != NULL && strncmp(impl, "ref", 3) == 0) {
             be->n_ref_kernels++;
@@ -211,7 +196,7 @@ int wk__cpu_emit_reorder(wk_plan_t *plan, int batch, int step, int src, int dst)
                        dmd = wk__cpu_md_at(&be->bufs[dst], batch);
     dnnl_primitive_desc_t pd;
     DN(dnnl_reorder_primitive_desc_create(&pd, &smd, be->engine, &dmd, be->engine, be->sp_attr));
-    if (batch == plan->graph->max_batch && !be->solo_pass)
+    if (batch == plan->graph->max_batch)
         be->n_reorders++;
     rc = wk__cpu_emit(plan, pd, batch, step, (int[]){DNNL_ARG_FROM, DNNL_ARG_TO}, (int[]){src, dst},
                       2);

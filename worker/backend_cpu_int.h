@@ -34,12 +34,6 @@ typedef struct {
     dnnl_exec_arg_t *args; /* owned; a concat has one per input */
     int n_args;
     int step;
-    bool solo; /* prim was made for, and runs on, one thread (see solo_choose) */
-    /* While the plan is made: the same step's primitive made for one
-     * thread, and its arguments (its scratchpad may differ), or NULL. */
-    dnnl_primitive_t solo_prim;
-    dnnl_exec_arg_t *solo_args;
-    int solo_n_args;
 } cpu_item_t;
 
 typedef struct {
@@ -87,16 +81,9 @@ typedef struct {
     int n_scratch, cap_scratch;
     size_t scratch_bytes;
     void *scratch;
-    size_t scratch_size; /* bytes allocated at scratch */
     char *arena;
     size_t arena_bytes;
     int phase;
-    /* Phase 2 once more at one thread: wk__cpu_push_item gives each item
-     * of the list its one-thread primitive instead of queueing (solo_pos:
-     * the next item; solo_bad: a step did not line up). */
-    bool solo_pass, solo_bad;
-    int solo_pos;
-    int threads; /* the plan's thread count (omp_get_max_threads when made) */
     /* At max batch: the kernels that are oneDNN's reference code (slow by
      * orders of magnitude; each is logged), and the reorders of
      * activations between steps (inputs' and outputs' included). */

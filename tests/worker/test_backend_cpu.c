@@ -6,7 +6,6 @@
  * measured in bench/ (ort_ab.py), not here. */
 #include <criterion/criterion.h>
 #include <math.h>
-#include <omp.h>
 #include <sq.h>
 #include <stdlib.h>
 #include <string.h>
@@ -318,45 +317,5 @@ Test(backend_cpu, squeeze_excitation_on_a_row_major_value_runs_no_reference_kern
     cpu_be_t *be = p->be;
     cr_expect_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
                  be->n_ref_kernels);
-    wk_plan_free(p);
-}
-
-/* Kernels on one thread (backend_cpu.c, solo_choose): with every kernel
- * made and run on one thread, the plan answers the reference at every
- * batch size, and each run leaves the plan's own thread count set for the
- * next. */
-Test(backend_cpu, kernels_on_one_thread_answer_the_reference_and_restore_the_threads)
-{
-    setenv("SQUISH_CPU_SOLO", "all", 1);
-    net_t t = {.g = wk_graph_new(N)};
-    int x = input(&t, 16, 8);
-    int c = conv(&t, x, 32, 1, 1);
-    int hs = mul(&t, c, act(&t, c, hardsigmoid));
-    int y = squeeze_excite(&t, conv(&t, hs, 32, 3, 32), 8, hardsigmoid);
-    wk_plan_t *p = plan_and_check(&t, x, y);
-    cpu_be_t *be = p->be;
-    for (int b = 1; b <= N; b++) {
-        int solo = 0;
-        for (int i = 0; i < be->lists[b].n; i++)
-            solo += be->lists[b].items[i].solo;
-        cr_expect_eq(solo, be->lists[b].n, "batch %d: %d of %d kernels on one thread", b, solo,
-                     be->lists[b].n);
-    }
-    cr_expect_eq(omp_get_max_threads(), 2);
-    wk_plan_free(p);
-}
-
-/* Measured (the default), on a plan of many batch sizes: whichever sizes
- * take one-thread kernels, every size answers the reference. A plan that
- * stopped measuring after batch 1 once ran larger sizes with scratchpads
- * that pointed nowhere. */
-Test(backend_cpu, measured_one_thread_kernels_answer_the_reference_at_every_batch)
-{
-    unsetenv("SQUISH_CPU_SOLO");
-    net_t t = {.g = wk_graph_new(N)};
-    int x = input(&t, 24, 7);
-    int d = conv(&t, conv(&t, x, 48, 1, 1), 48, 3, 48);
-    int y = conv(&t, squeeze_excite(&t, d, 12, sigmoid), 24, 1, 1);
-    wk_plan_t *p = plan_and_check(&t, x, y);
     wk_plan_free(p);
 }
