@@ -19,6 +19,7 @@
  * per kernel kind, in a table indexed by the kind) and this file (the
  * backend's vtable: the two phases, running, releasing). */
 #include "backend_cpu_int.h"
+#include "wk_omp.h"
 
 #include <omp.h>
 
@@ -269,6 +270,7 @@ static int cpu_run(wk_plan_t *plan, int batch, float *const *outputs)
     if (plan->opts.threads > 0)
         omp_set_num_threads(plan->opts.threads);
     const cpu_list_t *l = &be->lists[batch];
+    wk_omp_hot(true);
     for (int i = 0; i < l->n; i++) {
         const cpu_item_t *it = &l->items[i];
         if (it->prim != NULL) {
@@ -294,6 +296,7 @@ static int cpu_run(wk_plan_t *plan, int batch, float *const *outputs)
     }
     DN(dnnl_stream_wait(be->stream));
 out:
+    wk_omp_hot(false);
     return rc;
 }
 

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include <backend_cpu_int.h>
+#include <wk_omp.h>
 
 static uint64_t rng_state = 11;
 
@@ -317,5 +318,19 @@ Test(backend_cpu, squeeze_excitation_on_a_row_major_value_runs_no_reference_kern
     cpu_be_t *be = p->be;
     cr_expect_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
                  be->n_ref_kernels);
+    wk_plan_free(p);
+}
+
+/* oneDNN's parallel regions run on the worker's own OpenMP pool
+ * (worker/omp_pool.c), not libgomp's: the dynamic linker binds libdnnl's
+ * GOMP_parallel to the executable's. */
+Test(backend_cpu, onednn_runs_its_regions_on_the_workers_pool)
+{
+    unsigned long before = wk_omp_regions();
+    net_t t = {.g = wk_graph_new(N)};
+    int x = input(&t, 16, 16);
+    int y = conv(&t, conv(&t, x, 32, 3, 1), 32, 3, 1);
+    wk_plan_t *p = plan_and_check(&t, x, y);
+    cr_expect_gt(wk_omp_regions(), before, "no region ran on the worker's pool");
     wk_plan_free(p);
 }

@@ -1,0 +1,371 @@
+/* The cpu worker's OpenMP runtime: the six entry points oneDNN calls
+ * (GOMP_parallel, GOMP_barrier, omp_get_max_threads, omp_get_num_threads,
+ * omp_get_thread_num, omp_in_parallel) and omp_set_num_threads, over one
+ * fork-join pool per leading thread.
+ *
+ * Why not libgomp's: libgomp decides at start-up, for the whole process,
+ * how long a thread spins for the next parallel region before it sleeps
+ * (GOMP_SPINCOUNT, OMP_WAIT_POLICY). A small graph at batch 1 is ~85
+ * regions a few tens of microseconds apart; sleeping between them (passive,
+ * what squishd set so that idle workers leave the cores to their
+ * neighbours) cost mobilenet_v3_large 5.5 ms a run against 4.3 with a short
+ * spin, and spinning between batches took the cores from squishd's decode
+ * threads (bench/RESULTS.md, "wait policy"). This pool spins only while its
+ * leading thread says a graph runs (wk_omp_hot), for at most
+ * SQUISH_CPU_SPIN_US between regions (and not at all while the machine is
+ * busy, see wk_omp_hot), and otherwise sleeps on a futex at
+ * once. Debian's oneDNN is built for OpenMP only; its threadpool runtime
+ * would mean building oneDNN here.
+ *
+ * How it takes libgomp's place: these definitions are in the executable
+ * (libsqworker.a), and the dynamic linker binds libdnnl's references to
+ * them before libgomp's (an executable's symbols come first, and an
+ * unversioned definition satisfies a versioned reference). libgomp is still
+ * loaded, as libdnnl's dependency, and never called. The test
+ * worker/test_omp_pool checks that oneDNN's regions run here.
+ *
+ * The pool: workers 1..n-1 wait for the generation counter `gen` to move;
+ * the leader publishes the region (function, data, team size), bumps gen,
+ * runs its own share as thread 0 and waits until every worker has checked
+ * in (`left` reaches 0). Every started worker checks in for every region,
+ * members after running it, the others at once, so that no worker can read
+ * the next region's fields half written. A nested region runs on the
+ * calling thread alone, as libgomp does without OMP_NESTED. */
+#include "wk_omp.h"
+
+#include <sq_clock.h>
+
+#include <limits.h>
+#include <linux/futex.h>
+#include <omp.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define MAX_THREADS 256
+#define DEFAULT_SPIN_US 50
+#define MAX_COLD_GRAPHS 64
+
+typedef struct pool {
+    /* The region, written by the leader before gen moves. */
+    void (*fn)(void *);
+    void *data;
+    int team;
+    atomic_uint gen;
+    atomic_int gen_sleepers;
+    atomic_int left;    /* workers yet to check in for this region */
+    atomic_uint joined; /* moves when left reaches 0 */
+    atomic_int joined_sleepers;
+    atomic_int arrived; /* the team's barrier */
+    atomic_uint bar_gen;
+    atomic_int bar_sleepers;
+    atomic_int hot; /* the leader runs a graph: spin between regions */
+    /* Contention (see wk_omp_hot): this graph's regions, its partner waits
+     * that outlasted the spin, and how many graphs from now on sleep at
+     * once. */
+    int graph_regions;
+    atomic_int missed;
+    int cold_graphs, cold_next;
+    atomic_bool quit;
+    int n_workers;
+    pthread_t workers[MAX_THREADS];
+} pool_t;
+
+typedef struct {
+    pool_t *pool;
+    int tid;
+    unsigned seen;
+} worker_arg_t;
+
+static _Thread_local pool_t *tl_pool;      /* the pool this thread leads */
+static _Thread_local pool_t *tl_team_pool; /* the pool of the region this thread is in */
+static _Thread_local int tl_tid, tl_team = 1, tl_active;
+static _Thread_local int tl_nthreads; /* omp_set_num_threads; 0: the default */
+
+static atomic_ulong g_regions;
+static int g_default_threads;
+static int64_t g_spin_ns;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static pthread_key_t g_pool_key;
+
+static void futex_wait(atomic_uint *w, unsigned old)
+{
+    syscall(SYS_futex, (unsigned *)w, FUTEX_WAIT_PRIVATE, old, NULL, NULL, 0);
+}
+
+static void futex_wake(atomic_uint *w)
+{
+    syscall(SYS_futex, (unsigned *)w, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Waits until *w is no longer old: while the pool is hot, spins for at
+ * most the spin budget, then sleeps. sleepers counts the sleeping, so that
+ * a waker that sees none skips the system call (both sides order their
+ * store and load sequentially consistent: either the waker sees the
+ * sleeper or the sleeper sees the new value). `partner`: the wait is for
+ * threads of the same region (its end, a barrier), which run unless the
+ * machine took their core; one that outlasts the spin is counted. */
+static void wait_change(pool_t *p, atomic_uint *w, unsigned old, atomic_int *sleepers, bool partner)
+{
+    if (atomic_load(w) != old)
+        return;
+    bool hot = atomic_load_explicit(&p->hot, memory_order_relaxed);
+    int64_t t0 = hot ? sq_now_ns() : 0;
+    if (hot) {
+        for (unsigned i = 1;; i++) {
+            if (atomic_load_explicit(w, memory_order_acquire) != old)
+                return;
+            cpu_relax();
+            if ((i & 31) == 0 && (!atomic_load_explicit(&p->hot, memory_order_relaxed) ||
+                                  sq_now_ns() - t0 > g_spin_ns))
+                break;
+        }
+    }
+    if (hot && partner)
+        atomic_fetch_add_explicit(&p->missed, 1, memory_order_relaxed);
+    atomic_fetch_add(sleepers, 1);
+    while (atomic_load(w) == old)
+        futex_wait(w, old);
+    atomic_fetch_sub(sleepers, 1);
+}
+
+static void bump(atomic_uint *w, atomic_int *sleepers)
+{
+    atomic_fetch_add(w, 1);
+    if (atomic_load(sleepers) > 0)
+        futex_wake(w);
+}
+
+static void check_in(pool_t *p)
+{
+    if (atomic_fetch_sub(&p->left, 1) == 1)
+        bump(&p->joined, &p->joined_sleepers);
+}
+
+static void *worker_main(void *arg)
+{
+    worker_arg_t a = *(worker_arg_t *)arg;
+    free(arg);
+    pool_t *p = a.pool;
+    for (;;) {
+        wait_change(p, &p->gen, a.seen, &p->gen_sleepers, false);
+        a.seen = atomic_load(&p->gen);
+        if (atomic_load(&p->quit))
+            return NULL;
+        if (a.tid < p->team) {
+            tl_tid = a.tid;
+            tl_team = p->team;
+            tl_team_pool = p;
+            tl_active = 1;
+            p->fn(p->data);
+            tl_tid = 0;
+            tl_team = 1;
+            tl_team_pool = NULL;
+            tl_active = 0;
+        }
+        check_in(p);
+    }
+}
+
+/* A leading thread that ends takes its workers with it. */
+static void pool_free(void *arg)
+{
+    pool_t *p = arg;
+    atomic_store(&p->quit, true);
+    bump(&p->gen, &p->gen_sleepers);
+    for (int i = 0; i < p->n_workers; i++)
+        pthread_join(p->workers[i], NULL);
+    free(p);
+}
+
+static void init_once(void)
+{
+    cpu_set_t set;
+    int n = 0;
+    const char *e = getenv("OMP_NUM_THREADS");
+    if (e != NULL)
+        n = atoi(e);
+    if (n <= 0 && sched_getaffinity(0, sizeof(set), &set) == 0)
+        n = CPU_COUNT(&set);
+    if (n <= 0)
+        n = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    g_default_threads = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n;
+    const char *s = getenv("SQUISH_CPU_SPIN_US");
+    long us = s != NULL ? strtol(s, NULL, 10) : DEFAULT_SPIN_US;
+    g_spin_ns = us < 0 ? 0 : us > 100000 ? 100000000 : us * 1000;
+    pthread_key_create(&g_pool_key, pool_free);
+}
+
+/* The calling thread's pool with at least n - 1 workers, or NULL when no
+ * thread could be started (the region then runs on the caller alone). */
+static pool_t *pool_of_caller(int n)
+{
+    pthread_once(&g_once, init_once);
+    pool_t *p = tl_pool;
+    if (p == NULL) {
+        if ((p = calloc(1, sizeof(*p))) == NULL)
+            return NULL;
+        tl_pool = p;
+        pthread_setspecific(g_pool_key, p);
+    }
+    while (p->n_workers < n - 1) {
+        worker_arg_t *a = malloc(sizeof(*a));
+        if (a == NULL)
+            break;
+        *a = (worker_arg_t){p, p->n_workers + 1, atomic_load(&p->gen)};
+        if (pthread_create(&p->workers[p->n_workers], NULL, worker_main, a) != 0) {
+            free(a);
+            break;
+        }
+        p->n_workers++;
+    }
+    return p;
+}
+
+static void run_alone(void (*fn)(void *), void *data)
+{
+    int tid = tl_tid, team = tl_team;
+    pool_t *tp = tl_team_pool;
+    tl_tid = 0;
+    tl_team = 1;
+    tl_team_pool = NULL;
+    fn(data);
+    tl_tid = tid;
+    tl_team = team;
+    tl_team_pool = tp;
+}
+
+void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags);
+void GOMP_barrier(void);
+
+void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags)
+{
+    (void)flags; /* proc_bind: threads are not bound */
+    int n = num_threads > 0 ? (int)num_threads : omp_get_max_threads();
+    if (n > MAX_THREADS)
+        n = MAX_THREADS;
+    pool_t *p = tl_active || n <= 1 ? NULL : pool_of_caller(n);
+    if (p != NULL && p->n_workers + 1 < n)
+        n = p->n_workers + 1;
+    if (p == NULL || n <= 1) {
+        run_alone(fn, data);
+        return;
+    }
+    atomic_fetch_add_explicit(&g_regions, 1, memory_order_relaxed);
+    p->graph_regions++;
+    p->fn = fn;
+    p->data = data;
+    p->team = n;
+    atomic_store(&p->arrived, 0);
+    atomic_store(&p->left, p->n_workers);
+    unsigned j = atomic_load(&p->joined);
+    bump(&p->gen, &p->gen_sleepers);
+    tl_tid = 0;
+    tl_team = n;
+    tl_team_pool = p;
+    tl_active = 1;
+    fn(data);
+    tl_team = 1;
+    tl_team_pool = NULL;
+    tl_active = 0;
+    wait_change(p, &p->joined, j, &p->joined_sleepers, true);
+}
+
+void GOMP_barrier(void)
+{
+    pool_t *p = tl_team_pool;
+    if (p == NULL || tl_team <= 1)
+        return;
+    unsigned g = atomic_load(&p->bar_gen);
+    if (atomic_fetch_add(&p->arrived, 1) == tl_team - 1) {
+        atomic_store(&p->arrived, 0);
+        bump(&p->bar_gen, &p->bar_sleepers);
+    } else {
+        wait_change(p, &p->bar_gen, g, &p->bar_sleepers, true);
+    }
+}
+
+int omp_get_max_threads(void)
+{
+    pthread_once(&g_once, init_once);
+    return tl_nthreads > 0 ? tl_nthreads : g_default_threads;
+}
+
+void omp_set_num_threads(int n)
+{
+    pthread_once(&g_once, init_once);
+    tl_nthreads = n < 1 ? 1 : n > MAX_THREADS ? MAX_THREADS : n;
+}
+
+int omp_get_num_threads(void)
+{
+    return tl_team;
+}
+
+int omp_get_thread_num(void)
+{
+    return tl_tid;
+}
+
+int omp_in_parallel(void)
+{
+    return tl_active;
+}
+
+/* Spinning only pays while every thread of the team has a core: beside
+ * a neighbour that takes one (squishd's decode threads, another worker), a
+ * spinner keeps the core its descheduled partner could have moved to
+ * (mobilenet_v3_large at batch 1 beside one busy process: 7-9 ms a run
+ * sleeping at once, 12-16 ms spinning 50 us). On a quiet machine almost no
+ * wait for a partner outlasts the spin (1 in 5000 there), beside the busy
+ * process one in four did. So a graph in which more than one in 16 of its
+ * regions had such a wait (and at least two) sends the next graphs to
+ * sleep at once: 1, 2, 4... up to MAX_COLD_GRAPHS while it goes on, after
+ * which one graph spins again to look; a calm graph resets that. */
+void wk_omp_hot(bool on)
+{
+    pthread_once(&g_once, init_once);
+    pool_t *p = tl_pool;
+    if (p == NULL && on)
+        p = pool_of_caller(1);
+    if (p == NULL)
+        return;
+    if (on) {
+        atomic_store(&p->missed, 0);
+        p->graph_regions = 0;
+        bool cold = g_spin_ns == 0 || p->cold_graphs > 0;
+        if (p->cold_graphs > 0)
+            p->cold_graphs--;
+        atomic_store(&p->hot, cold ? 0 : 1);
+        return;
+    }
+    if (atomic_load(&p->hot)) {
+        int missed = atomic_load(&p->missed);
+        if (missed >= 2 && missed * 16 > p->graph_regions) {
+            p->cold_next = p->cold_next == 0                 ? 1
+                           : p->cold_next >= MAX_COLD_GRAPHS ? MAX_COLD_GRAPHS
+                                                             : 2 * p->cold_next;
+            p->cold_graphs = p->cold_next;
+        } else {
+            p->cold_next = 0;
+        }
+    }
+    atomic_store(&p->hot, 0);
+}
+
+unsigned long wk_omp_regions(void)
+{
+    return atomic_load_explicit(&g_regions, memory_order_relaxed);
+}
