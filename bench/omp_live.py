@@ -3,12 +3,14 @@
 item 2). bench/omp_wait.py measures the bare kernels; here the neighbours
 are squishd's own HTTP and JPEG-decode threads.
 
-    /usr/bin/python3 bench/omp_live.py BUILD_DIR MODEL.onnx... [--policies passive,spin1k]
+    /usr/bin/python3 bench/omp_live.py BUILD_DIR MODEL.onnx... [--policies spin0,spin50]
         [--rounds 2] [--seconds 8] [--closed 1,8]
 
 For each policy (A/B/A/B, the order swapped each round) squishd starts
-with one cpu worker under that policy (GOMP_SPINCOUNT overrides
-OMP_WAIT_POLICY in libgomp; squishd sets passive unless told), each model
+with one cpu worker under that policy (the worker's own OpenMP pool,
+worker/omp_pool.c: SQUISH_CPU_SPIN_US, 0 sleeping at once between regions,
+50 the default; the GOMP_* and OMP_WAIT_POLICY policies were libgomp's,
+which the worker no longer runs on), each model
 is uploaded and measured, and squish-loadgen sends the grace_hopper JPEG
 to /v1/models/M/infer in closed loops of N requests in flight: N = 1 gives
 the latency of an otherwise idle server, N = 8 the throughput of a loaded
@@ -29,6 +31,10 @@ sys.path.insert(0, HERE)
 import live_profile  # noqa: E402  (upload_and_wait)
 PHOTO = "/usr/share/matplotlib/mpl-data/sample_data/grace_hopper.jpg"
 POLICIES = {
+    "spin0": {"SQUISH_CPU_SPIN_US": "0"},
+    "spin20": {"SQUISH_CPU_SPIN_US": "20"},
+    "spin50": {"SQUISH_CPU_SPIN_US": "50"},
+    "spin200": {"SQUISH_CPU_SPIN_US": "200"},
     "passive": {"OMP_WAIT_POLICY": "passive"},
     "spin1k": {"GOMP_SPINCOUNT": "1000"},
     "spin10k": {"GOMP_SPINCOUNT": "10000"},
@@ -77,7 +83,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build")
     ap.add_argument("models", nargs="+")
-    ap.add_argument("--policies", default="passive,spin1k")
+    ap.add_argument("--policies", default="spin0,spin50")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=8)
     ap.add_argument("--closed", default="1,8")

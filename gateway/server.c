@@ -168,11 +168,6 @@ int gw_main(const gw_config_t *cfg)
     }
     if ((rc = gw_db_start(&srv, err, sizeof(err))) != 0)
         goto fail;
-    /* cpu workers' OpenMP threads sleep instead of spinning between batches
-     * unless the operator chose otherwise: the host's cores are shared with
-     * squishd's own decode and HTTP threads (2-5x faster under load). The
-     * variable is read when the worker loads libgomp, so it is set here. */
-    setenv("OMP_WAIT_POLICY", "passive", 0);
     /* The dispatcher on its loop, then the worker link that runs it. */
     if ((srv.dispatch_loop = sq_loop_new()) == NULL) {
         snprintf(err, sizeof(err), "cannot create the dispatch loop");

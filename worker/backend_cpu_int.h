@@ -36,9 +36,19 @@ typedef struct {
     int step;
 } cpu_item_t;
 
+/* How a batch size's last runs went with the pool's threads spinning
+ * between regions and sleeping (backend_cpu.c, spin_pick). */
+#define SPIN_RING 8
+typedef struct {
+    int64_t ns[2][SPIN_RING]; /* [sleeping, spinning]: run times, a ring each */
+    unsigned n[2];            /* runs each way so far */
+    unsigned runs;
+} cpu_spin_t;
+
 typedef struct {
     cpu_item_t *items;
     int n, cap;
+    cpu_spin_t spin;
 } cpu_list_t;
 
 /* What phase 1 decided for a step, for phase 2 to reuse. */

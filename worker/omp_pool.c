@@ -11,9 +11,9 @@
  * neighbours) cost mobilenet_v3_large 5.5 ms a run against 4.3 with a short
  * spin, and spinning between batches took the cores from squishd's decode
  * threads (bench/RESULTS.md, "wait policy"). This pool spins only while its
- * leading thread says a graph runs (wk_omp_hot), for at most
- * SQUISH_CPU_SPIN_US between regions (and not at all while the machine is
- * busy, see wk_omp_hot), and otherwise sleeps on a futex at
+ * leading thread says so (wk_omp_hot: the cpu backend does for the runs
+ * of a graph where spinning measured faster, see backend_cpu.c), for at most
+ * SQUISH_CPU_SPIN_US between regions, and otherwise sleeps on a futex at
  * once. Debian's oneDNN is built for OpenMP only; its threadpool runtime
  * would mean building oneDNN here.
  *
@@ -49,7 +49,6 @@
 
 #define MAX_THREADS 256
 #define DEFAULT_SPIN_US 50
-#define MAX_COLD_GRAPHS 64
 
 typedef struct pool {
     /* The region, written by the leader before gen moves. */
@@ -65,12 +64,6 @@ typedef struct pool {
     atomic_uint bar_gen;
     atomic_int bar_sleepers;
     atomic_int hot; /* the leader runs a graph: spin between regions */
-    /* Contention (see wk_omp_hot): this graph's regions, its partner waits
-     * that outlasted the spin, and how many graphs from now on sleep at
-     * once. */
-    int graph_regions;
-    atomic_int missed;
-    int cold_graphs, cold_next;
     atomic_bool quit;
     int n_workers;
     pthread_t workers[MAX_THREADS];
@@ -114,10 +107,8 @@ static inline void cpu_relax(void)
  * most the spin budget, then sleeps. sleepers counts the sleeping, so that
  * a waker that sees none skips the system call (both sides order their
  * store and load sequentially consistent: either the waker sees the
- * sleeper or the sleeper sees the new value). `partner`: the wait is for
- * threads of the same region (its end, a barrier), which run unless the
- * machine took their core; one that outlasts the spin is counted. */
-static void wait_change(pool_t *p, atomic_uint *w, unsigned old, atomic_int *sleepers, bool partner)
+ * sleeper or the sleeper sees the new value). */
+static void wait_change(pool_t *p, atomic_uint *w, unsigned old, atomic_int *sleepers)
 {
     if (atomic_load(w) != old)
         return;
@@ -133,8 +124,6 @@ static void wait_change(pool_t *p, atomic_uint *w, unsigned old, atomic_int *sle
                 break;
         }
     }
-    if (hot && partner)
-        atomic_fetch_add_explicit(&p->missed, 1, memory_order_relaxed);
     atomic_fetch_add(sleepers, 1);
     while (atomic_load(w) == old)
         futex_wait(w, old);
@@ -160,7 +149,7 @@ static void *worker_main(void *arg)
     free(arg);
     pool_t *p = a.pool;
     for (;;) {
-        wait_change(p, &p->gen, a.seen, &p->gen_sleepers, false);
+        wait_change(p, &p->gen, a.seen, &p->gen_sleepers);
         a.seen = atomic_load(&p->gen);
         if (atomic_load(&p->quit))
             return NULL;
@@ -264,7 +253,6 @@ void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigne
         return;
     }
     atomic_fetch_add_explicit(&g_regions, 1, memory_order_relaxed);
-    p->graph_regions++;
     p->fn = fn;
     p->data = data;
     p->team = n;
@@ -280,7 +268,7 @@ void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigne
     tl_team = 1;
     tl_team_pool = NULL;
     tl_active = 0;
-    wait_change(p, &p->joined, j, &p->joined_sleepers, true);
+    wait_change(p, &p->joined, j, &p->joined_sleepers);
 }
 
 void GOMP_barrier(void)
@@ -293,7 +281,7 @@ void GOMP_barrier(void)
         atomic_store(&p->arrived, 0);
         bump(&p->bar_gen, &p->bar_sleepers);
     } else {
-        wait_change(p, &p->bar_gen, g, &p->bar_sleepers, true);
+        wait_change(p, &p->bar_gen, g, &p->bar_sleepers);
     }
 }
 
@@ -324,45 +312,20 @@ int omp_in_parallel(void)
     return tl_active;
 }
 
-/* Spinning only pays while every thread of the team has a core: beside
- * a neighbour that takes one (squishd's decode threads, another worker), a
- * spinner keeps the core its descheduled partner could have moved to
- * (mobilenet_v3_large at batch 1 beside one busy process: 7-9 ms a run
- * sleeping at once, 12-16 ms spinning 50 us). On a quiet machine almost no
- * wait for a partner outlasts the spin (1 in 5000 there), beside the busy
- * process one in four did. So a graph in which more than one in 16 of its
- * regions had such a wait (and at least two) sends the next graphs to
- * sleep at once: 1, 2, 4... up to MAX_COLD_GRAPHS while it goes on, after
- * which one graph spins again to look; a calm graph resets that. */
 void wk_omp_hot(bool on)
 {
     pthread_once(&g_once, init_once);
     pool_t *p = tl_pool;
     if (p == NULL && on)
         p = pool_of_caller(1);
-    if (p == NULL)
-        return;
-    if (on) {
-        atomic_store(&p->missed, 0);
-        p->graph_regions = 0;
-        bool cold = g_spin_ns == 0 || p->cold_graphs > 0;
-        if (p->cold_graphs > 0)
-            p->cold_graphs--;
-        atomic_store(&p->hot, cold ? 0 : 1);
-        return;
-    }
-    if (atomic_load(&p->hot)) {
-        int missed = atomic_load(&p->missed);
-        if (missed >= 2 && missed * 16 > p->graph_regions) {
-            p->cold_next = p->cold_next == 0                 ? 1
-                           : p->cold_next >= MAX_COLD_GRAPHS ? MAX_COLD_GRAPHS
-                                                             : 2 * p->cold_next;
-            p->cold_graphs = p->cold_next;
-        } else {
-            p->cold_next = 0;
-        }
-    }
-    atomic_store(&p->hot, 0);
+    if (p != NULL)
+        atomic_store(&p->hot, on && g_spin_ns > 0 ? 1 : 0);
+}
+
+bool wk_omp_spins(void)
+{
+    pthread_once(&g_once, init_once);
+    return g_spin_ns > 0;
 }
 
 unsigned long wk_omp_regions(void)

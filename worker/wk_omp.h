@@ -6,10 +6,13 @@
 
 #include <stdbool.h>
 
-/* Says whether the calling thread is running a graph now: while it is, the
- * workers of its regions wait for the next region spinning (at most
- * SQUISH_CPU_SPIN_US, 50 by default, less where waits run long; 0: never) instead of sleeping. */
+/* Whether the regions the calling thread leads from now on wait for each
+ * other spinning (at most SQUISH_CPU_SPIN_US, 50 by default) before they
+ * sleep, or sleep at once (off, the default: between graphs). */
 void wk_omp_hot(bool on);
+
+/* False when SQUISH_CPU_SPIN_US=0: wk_omp_hot(true) changes nothing. */
+bool wk_omp_spins(void);
 
 /* Parallel regions run on more than one thread so far, in this process. */
 unsigned long wk_omp_regions(void);
