@@ -294,7 +294,7 @@ static int64_t spin_median(const cpu_spin_t *s, int way)
     return v[n / 2];
 }
 
-static bool spin_pick(cpu_spin_t *s)
+bool wk__cpu_spin_pick(cpu_spin_t *s)
 {
     if (!wk_omp_spins() || omp_get_max_threads() <= 1)
         return false;
@@ -305,7 +305,7 @@ static bool spin_pick(cpu_spin_t *s)
     return r % SPIN_LOOK == 0 ? !best : best;
 }
 
-static void spin_note(cpu_spin_t *s, bool hot, int64_t ns)
+void wk__cpu_spin_note(cpu_spin_t *s, bool hot, int64_t ns)
 {
     s->ns[hot][s->n[hot] % SPIN_RING] = ns;
     s->n[hot]++;
@@ -319,7 +319,7 @@ static int cpu_run(wk_plan_t *plan, int batch, float *const *outputs)
     if (plan->opts.threads > 0)
         omp_set_num_threads(plan->opts.threads);
     cpu_list_t *l = &be->lists[batch];
-    bool hot = spin_pick(&l->spin);
+    bool hot = wk__cpu_spin_pick(&l->spin);
     int64_t t0 = sq_now_ns();
     wk_omp_hot(hot);
     for (int i = 0; i < l->n; i++) {
@@ -349,7 +349,7 @@ static int cpu_run(wk_plan_t *plan, int batch, float *const *outputs)
 out:
     wk_omp_hot(false);
     if (rc == 0)
-        spin_note(&l->spin, hot, sq_now_ns() - t0);
+        wk__cpu_spin_note(&l->spin, hot, sq_now_ns() - t0);
     return rc;
 }
 

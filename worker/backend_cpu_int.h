@@ -177,6 +177,13 @@ void wk__cpu_append_act(dnnl_post_ops_t po, wk_act_t a);
 
 dnnl_alg_kind_t wk__cpu_bin_alg(wk_binop_t op);
 
+/* ---- backend_cpu.c: spinning or sleeping between regions ----------------- */
+
+/* Whether the next run of the list that s belongs to spins (see
+ * backend_cpu.c); then note how long it took. */
+bool wk__cpu_spin_pick(cpu_spin_t *s);
+void wk__cpu_spin_note(cpu_spin_t *s, bool hot, int64_t ns);
+
 /* ---- backend_cpu_ops.c: the op builders ---------------------------------- */
 
 /* What the backend does for one kernel kind. build runs in both planning

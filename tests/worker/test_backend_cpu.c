@@ -6,6 +6,7 @@
  * measured in bench/ (ort_ab.py), not here. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <omp.h>
 #include <sq.h>
 #include <stdlib.h>
 #include <string.h>
@@ -333,4 +334,38 @@ Test(backend_cpu, onednn_runs_its_regions_on_the_workers_pool)
     wk_plan_t *p = plan_and_check(&t, x, y);
     cr_expect_gt(wk_omp_regions(), before, "no region ran on the worker's pool");
     wk_plan_free(p);
+}
+
+/* Spinning or sleeping between regions (backend_cpu.c, wk__cpu_spin_pick):
+ * each way is tried, the faster taken with a look at the other every 16th
+ * run, and when the machine changes (a neighbour starts: spinning turns
+ * slow) the choice follows within a few runs, and back again. */
+static int spins_in(cpu_spin_t *s, int runs, int64_t hot_ns, int64_t cold_ns)
+{
+    int hot = 0;
+    for (int i = 0; i < runs; i++) {
+        bool h = wk__cpu_spin_pick(s);
+        hot += h;
+        wk__cpu_spin_note(s, h, h ? hot_ns : cold_ns);
+    }
+    return hot;
+}
+
+Test(backend_cpu, a_batch_size_spins_while_spinning_is_faster_and_follows_the_machine)
+{
+    omp_set_num_threads(2);
+    cpu_spin_t s = {0};
+    /* quiet: spinning 3 ms, sleeping 4.5 */
+    int hot = spins_in(&s, 6, 3000000, 4500000);
+    cr_expect_eq(hot, 3, "the first runs try each way alike: %d of 6 spun", hot);
+    hot = spins_in(&s, 64, 3000000, 4500000);
+    cr_expect(hot >= 58 && hot <= 62, "quiet: %d of 64 runs spun", hot);
+    /* a neighbour: spinning 12 ms, sleeping 7 */
+    spins_in(&s, 8, 12000000, 7000000);
+    hot = spins_in(&s, 64, 12000000, 7000000);
+    cr_expect(hot >= 2 && hot <= 6, "busy: %d of 64 runs spun", hot);
+    /* quiet again */
+    spins_in(&s, 96, 3000000, 4500000);
+    hot = spins_in(&s, 64, 3000000, 4500000);
+    cr_expect(hot >= 58, "quiet again: %d of 64 runs spun", hot);
 }
