@@ -35,10 +35,6 @@ POLICIES = {
     "spin20": {"SQUISH_CPU_SPIN_US": "20"},
     "spin50": {"SQUISH_CPU_SPIN_US": "50"},
     "spin200": {"SQUISH_CPU_SPIN_US": "200"},
-    "passive": {"OMP_WAIT_POLICY": "passive"},
-    "spin1k": {"GOMP_SPINCOUNT": "1000"},
-    "spin10k": {"GOMP_SPINCOUNT": "10000"},
-    "default": {"GOMP_SPINCOUNT": "300000"},
 }
 
 

@@ -1,21 +1,23 @@
 #!/usr/bin/python3
-"""OpenMP wait policies for the cpu worker, side by side (issue 26, item 2).
+"""The cpu worker's OpenMP wait policies, side by side (issue 26, item 2).
 
     /usr/bin/python3 bench/omp_wait.py BUILD_DIR MODEL.onnx... [--batches 1,8]
-        [--policies passive,spin10k,spin100k,default,active] [--rounds 3]
+        [--policies spin0,spin50] [--rounds 3]
         [--iters 20] [--threads 2] [--busy 0,2] [--gap-ms 0,2]
 
-libgomp's threads wait for the next parallel region by spinning
-GOMP_SPINCOUNT times and then sleeping in the kernel: OMP_WAIT_POLICY=passive
-sleeps at once, active spins forever, unset ("default") spins 300000 times
-(30000 when there are more threads than cores). Every policy runs each model
-and batch in squish-cpu-bench, interleaved A/B/C per round (the order
-rotated each round), with `--busy N` processes spinning beside it (a
+The worker runs oneDNN on its own OpenMP pool (worker/omp_pool.c): while
+a graph runs, its threads wait for the next region spinning up to
+SQUISH_CPU_SPIN_US (the policies here: spin0 sleeps at once, as libgomp's
+OMP_WAIT_POLICY=passive did; spinN caps the spin at N us) and each batch
+size keeps spinning only where its runs measure faster. Every policy runs
+each model and batch in squish-cpu-bench, interleaved A/B/C per round (the
+order rotated each round), with `--busy N` processes spinning beside it (a
 neighbour taking the cores: squishd's decode and HTTP threads, another
 worker) and `--gap-ms G` of sleep between runs (a live worker idles between
-batches; the threads then go to sleep whatever the policy). Reports the
-median over rounds of the median ms per run and the CPU ms per run (the
-process's: what spinning takes from neighbours).
+batches). Reports the median over rounds of the median ms per run and the
+CPU ms per run (the process's: what spinning takes from neighbours).
+(Before session 18 the policies were libgomp's GOMP_SPINCOUNT values; the
+worker no longer runs on libgomp.)
 """
 import argparse
 import json
@@ -26,13 +28,10 @@ import subprocess
 import sys
 
 POLICIES = {
-    "passive": {"OMP_WAIT_POLICY": "passive"},
-    "spin1k": {"GOMP_SPINCOUNT": "1000"},
-    "spin3k": {"GOMP_SPINCOUNT": "3000"},
-    "spin10k": {"GOMP_SPINCOUNT": "10000"},
-    "spin100k": {"GOMP_SPINCOUNT": "100000"},
-    "default": {},
-    "active": {"OMP_WAIT_POLICY": "active"},
+    "spin0": {"SQUISH_CPU_SPIN_US": "0"},
+    "spin20": {"SQUISH_CPU_SPIN_US": "20"},
+    "spin50": {"SQUISH_CPU_SPIN_US": "50"},
+    "spin200": {"SQUISH_CPU_SPIN_US": "200"},
 }
 
 
@@ -44,7 +43,7 @@ def spin(stop):
 
 
 def bench(a, model, batch, policy, gap_ms):
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env = {k: v for k, v in os.environ.items() if k != "SQUISH_CPU_SPIN_US"}
     env.update(POLICIES[policy])
     args = [os.path.join(a.build, "bench", "squish-cpu-bench"), "--threads", str(a.threads),
             "--iters", str(a.iters), "--warmup", "3", "--batch", str(batch)]
@@ -61,7 +60,7 @@ def main():
     ap.add_argument("build")
     ap.add_argument("models", nargs="+")
     ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--policies", default="passive,spin10k,spin100k,default,active")
+    ap.add_argument("--policies", default="spin0,spin50")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--threads", type=int, default=2)

@@ -7,8 +7,8 @@
 The same ONNX files (torchvision classifiers with seeded weights, exported
 at opset 13 with a dynamic batch by bench/torchvision_all.py's builder, kept
 in WORK_DIR), the same batch and threads, interleaved A/B/A/B: per round and
-model and batch, squish-cpu-bench (OMP_WAIT_POLICY=passive, as squishd sets
-it for its workers) and ONNX Runtime 1.30 (npm onnxruntime-node,
+model and batch, squish-cpu-bench (on the worker's own OpenMP pool, as
+squishd's workers run) and ONNX Runtime 1.30 (npm onnxruntime-node,
 bench/ort_bench.js, every graph optimization on), their order swapped every
 round. Reports the median over rounds of each run's median ms per batch and
 CPU ms per batch, and squish's speed relative to ONNX Runtime (ORT ms /
@@ -17,7 +17,7 @@ onnxruntime-node (scripts/bootstrap --test installs it). --baseline adds a
 third engine in the same rounds, squish-cpu-bench of another build (an
 earlier commit's): before and after side by side, each against ORT;
 --baseline-env NAME=VALUE makes the baseline this build with that variable
-set (one knob of the same build against another).
+set (SQUISH_CPU_SPIN_US=0: threads that never spin).
 """
 import argparse
 import json
@@ -44,7 +44,7 @@ def export(name, path):
 
 
 def squish(a, path, batch, build=None, extra_env=None):
-    env = dict(os.environ, OMP_WAIT_POLICY="passive", **(extra_env or {}))
+    env = dict(os.environ, **(extra_env or {}))
     out = subprocess.run([os.path.join(build or a.build, "bench", "squish-cpu-bench"), "--threads",
                           str(a.threads), "--iters", str(a.iters), "--warmup", "3", "--batch",
                           str(batch), path], capture_output=True, text=True, env=env, timeout=1800)
