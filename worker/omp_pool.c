@@ -18,11 +18,13 @@
  * would mean building oneDNN here.
  *
  * How it takes libgomp's place: these definitions are in the executable
- * (libsqworker.a), and the dynamic linker binds libdnnl's references to
- * them before libgomp's (an executable's symbols come first, and an
- * unversioned definition satisfies a versioned reference). libgomp is still
- * loaded, as libdnnl's dependency, and never called. The test
- * worker/test_omp_pool checks that oneDNN's regions run here.
+ * (libsqworker.a, exported by worker/meson.build), and the dynamic linker
+ * binds libdnnl's references to them before libgomp's (an executable's
+ * symbols come first, and an unversioned definition satisfies a versioned
+ * reference). libgomp is still loaded, as libdnnl's dependency, and never
+ * called. The tests worker/omp_symbols (libdnnl calls nothing else of
+ * libgomp) and backend_cpu's onednn_runs_its_regions_on_the_workers_pool
+ * check that it holds.
  *
  * The pool: workers 1..n-1 wait for the generation counter `gen` to move;
  * the leader publishes the region (function, data, team size), bumps gen,
@@ -43,7 +45,6 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
