@@ -37,7 +37,7 @@ typedef struct {
 } cpu_item_t;
 
 /* How a batch size's last runs went with the pool's threads spinning
- * between regions and sleeping (backend_cpu.c, spin_pick). */
+ * between regions and sleeping (backend_cpu.c, wk__cpu_spin_pick). */
 #define SPIN_RING 8
 typedef struct {
     int64_t ns[2][SPIN_RING]; /* [sleeping, spinning]: run times, a ring each */
