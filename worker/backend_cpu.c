@@ -163,7 +163,7 @@ static int cpu_prepare(wk_plan_t *plan)
     be->steps = sq_xcalloc((size_t)(g->n_steps ? g->n_steps : 1), sizeof(*be->steps));
     for (int i = 0; i < g->n_steps; i++) {
         cpu_step_t *cs = &be->steps[i];
-        cs->tmp_src = cs->weights = cs->bias = cs->extra = -1;
+        cs->tmp_src = cs->weights = cs->bias = cs->extra = cs->dw_wei = cs->dw_bias = -1;
         for (int k = 0; k < 4; k++)
             cs->tmp_in[k] = -1;
     }
@@ -385,4 +385,5 @@ const wk_backend_ops_t wk_backend_cpu = {
     .release = cpu_release,
     .bind_input = cpu_bind_input,
     .split_batch = wk__cpu_split_batch,
+    .conv_dw = wk__cpu_conv_dw,
 };

@@ -58,6 +58,8 @@ typedef struct {
     int weights;     /* conv/gemm weights buffer (reordered constant), or -1 */
     int bias;        /* buffer of the bias / scale constants, or -1 */
     int extra;       /* second constant (batchnorm shift), or -1 */
+    int dw_wei;      /* conv with a WK_POST_DW: the depthwise weights and bias, */
+    int dw_bias;     /* reordered for the fused kernel; or -1 */
     bool inplace;    /* conv: sums into its residual's buffer, no copy */
     int *wei_alt;    /* conv: [max_batch + 1], the weights buffer for batch sizes whose
                         fast kernel wants another layout than the shared one (-1: shared);
@@ -204,5 +206,9 @@ extern const wk_cpu_op_t wk__cpu_ops[];
  * that smaller batches are better off in a plan of their own; 0 when none
  * would (the backend's split_batch). */
 int wk__cpu_split_batch(const wk_graph_t *g);
+
+/* Whether depthwise conv dw goes into 1x1 conv pw as a post-op (the
+ * backend's conv_dw; see backend_cpu_ops.c). */
+bool wk__cpu_conv_dw(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *dw);
 
 #endif

@@ -6,7 +6,10 @@
  * (backend_cpu.c) reaches them through wk__cpu_ops, indexed by kind. */
 #include "backend_cpu_int.h"
 
+#include <sq_clock.h>
+
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,6 +93,263 @@ static bool pd_fast(dnnl_status_t st, const dnnl_primitive_desc_t *p)
     return st == dnnl_success && *p != NULL && !impl_is_ref(*p);
 }
 
+/* Depthwise 3x3 convs fused into the 1x1 conv before them (oneDNN's dw
+ * post-op, on its jit_1x1 kernel): the expanded tensor between them is
+ * made and consumed a few rows at a time, in cache, instead of written to
+ * memory and read back. That pays only where the tensor does not fit the
+ * caches. On a 2-core Xeon (2 MB of L2 a core), 1x1 and dw with their
+ * activations, apart and fused, ms per batch: mobilenet_v2's first expand
+ * at batch 8 (96 x 112 x 112, 38 MB) with its stride-2 dw 4.3 and 2.5;
+ * 144 x 56 x 56 (14 MB) 2.6 and 1.4; from 4.8 MB down (and every pair at
+ * batch 1) alike within noise. So a pair is fused when the expanded tensor
+ * takes at least DW_FUSE_MB at max batch and runs faster fused when
+ * timed (wk__cpu_conv_dw). oneDNN 2.6 also takes the
+ * fusion on channels-last tensors and computes it wrongly, so fused convs
+ * run on nChw16c (16-channel blocks) only, and only where that has a fast
+ * kernel. */
+#define DW_FUSE_MB 8.0
+
+static int conv_dw_index(const wk_step_t *s)
+{
+    for (int i = 0; i < s->n_post; i++)
+        if (s->post[i].kind == WK_POST_DW)
+            return i;
+    return -1;
+}
+
+/* The post-ops of conv s, in order. */
+static dnnl_status_t conv_post_ops(dnnl_post_ops_t po, const wk_step_t *s)
+{
+    dnnl_status_t st = dnnl_success;
+    for (int i = 0; i < s->n_post && st == dnnl_success; i++) {
+        if (s->post[i].kind == WK_POST_ADD)
+            st = dnnl_post_ops_append_sum(po, 1.0f);
+        else if (s->post[i].kind == WK_POST_DW)
+            st = dnnl_post_ops_append_dw(po, dnnl_f32, dnnl_f32, dnnl_f32, 3, s->post[i].stride, 1,
+                                         0, 0, NULL);
+        else
+            wk__cpu_append_act(po, s->post[i].act);
+    }
+    return st;
+}
+
+/* conv_pd for timing: 0 when a primitive descriptor was made. */
+static int dnnl_conv_pd_apart(dnnl_primitive_desc_t *pd, const wk_step_t *s,
+                              const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *wei,
+                              const dnnl_memory_desc_t *bias, const dnnl_memory_desc_t *dst,
+                              const_dnnl_primitive_attr_t attr, dnnl_engine_t engine)
+{
+    return conv_pd(pd, s, false, src, wei, bias, dst, attr, engine) != dnnl_success || *pd == NULL;
+}
+
+/* A primitive of pd with every argument it names in fresh memory (filled
+ * with a small constant), ready to run: for timing. */
+typedef struct {
+    dnnl_primitive_t prim;
+    dnnl_exec_arg_t args[8];
+    int n;
+} timed_t;
+
+static bool timed_make(timed_t *t, dnnl_engine_t engine, const_dnnl_primitive_desc_t pd,
+                       const int *kinds, int n, dnnl_memory_t share_src)
+{
+    memset(t, 0, sizeof(*t));
+    if (dnnl_primitive_create(&t->prim, pd) != dnnl_success)
+        return false;
+    for (int i = 0; i < n; i++) {
+        const dnnl_memory_desc_t *md =
+            dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md, kinds[i]);
+        dnnl_memory_t m = NULL;
+        if (kinds[i] == DNNL_ARG_SRC && share_src != NULL) {
+            m = share_src;
+        } else {
+            if (md == NULL ||
+                dnnl_memory_create(&m, md, engine, DNNL_MEMORY_ALLOCATE) != dnnl_success)
+                return false;
+            void *h = NULL;
+            dnnl_memory_get_data_handle(m, &h);
+            size_t bytes = dnnl_memory_desc_get_size(md);
+            for (size_t k = 0; k < bytes / sizeof(float); k++)
+                ((float *)h)[k] = 0.01f;
+        }
+        t->args[t->n++] = (dnnl_exec_arg_t){kinds[i], m};
+    }
+    return true;
+}
+
+static void timed_free(timed_t *t, dnnl_memory_t shared)
+{
+    for (int i = 0; i < t->n; i++)
+        if (t->args[i].memory != shared)
+            dnnl_memory_destroy(t->args[i].memory);
+    if (t->prim != NULL)
+        dnnl_primitive_destroy(t->prim);
+}
+
+static int64_t timed_run(dnnl_stream_t stream, const timed_t *ts, int n)
+{
+    int64_t t0 = sq_now_ns();
+    for (int i = 0; i < n; i++)
+        if (dnnl_primitive_execute(ts[i].prim, stream, ts[i].n, ts[i].args) != dnnl_success)
+            return INT64_MAX;
+    dnnl_stream_wait(stream);
+    return sq_now_ns() - t0;
+}
+
+/* Whether pw and dw, made here at max batch as build_conv would make them,
+ * run faster fused than apart. The tensor between them must take at least
+ * DW_FUSE_MB (SQUISH_CPU_DW_FUSE_MB: another size; "off": none;
+ * "always": every pair with a fast fused kernel, untimed), the fused kernel must be a fast one on
+ * nChw16c, and then the faster of two runs each way must be fused by at least DW_FUSE_GAIN: with
+ * swish after both convs, efficientnet_b0's 24 -> 144 channel pair at 56 x 56 ran 5.4 ms fused
+ * against 4.0 apart, where its 16 -> 96 at 112 x 112 gained (7.3 against 9.2). */
+#define DW_FUSE_GAIN 0.9
+bool wk__cpu_conv_dw(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *dw)
+{
+    const char *env = getenv("SQUISH_CPU_DW_FUSE_MB");
+    double mb = DW_FUSE_MB;
+    bool always = env != NULL && strcmp(env, "always") == 0;
+    if (env != NULL && *env != '\0' && !always) {
+        char *end;
+        mb = strcmp(env, "off") == 0 ? -1 : strtod(env, &end);
+        if (mb < 0 || *end != '\0')
+            return false;
+    }
+    const wk_value_t *x = &g->values[pw->in[0]], *w = &g->values[pw->in[1]],
+                     *mid = &g->values[pw->out], *y = &g->values[dw->out];
+    if (!always && (double)wk_value_elems(mid) * sizeof(float) < mb * 1024 * 1024)
+        return false;
+    bool pw_bias = pw->n_in > 2 && pw->in[2] >= 0;
+    /* The fused step, as build_conv will ask for it. */
+    wk_step_t f = *pw;
+    f.out = dw->out;
+    f.post[f.n_post++] = (wk_post_t){.kind = WK_POST_DW, .stride = (int)dw->p.conv.stride[0]};
+    for (int i = 0; i < dw->n_post && f.n_post < WK_MAX_POST; i++)
+        f.post[f.n_post++] = dw->post[i];
+    dnnl_engine_t engine = NULL;
+    dnnl_stream_t stream = NULL;
+    dnnl_primitive_attr_t attr[3] = {NULL, NULL, NULL};
+    dnnl_post_ops_t po[3] = {NULL, NULL, NULL};
+    dnnl_primitive_desc_t pd[3] = {NULL, NULL, NULL}; /* fused, pw apart, dw apart */
+    timed_t tf = {0}, t1 = {0}, t2 = {0}, r_in = {0}, r_out = {0};
+    dnnl_primitive_desc_t rpd[2] = {NULL, NULL};
+    bool ok = false;
+    dnnl_memory_desc_t sm, wm, bm, dm, am, mm, dwm, ym;
+    dnnl_dims_t sd = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]},
+                wd = {w->dims[0], w->dims[1], 1, 1}, bd = {w->dims[0]},
+                dd = {y->dims[0], y->dims[1], x->dims[2], x->dims[3]},
+                dwd = {y->dims[1], 1, 1, 3, 3},
+                yd = {y->dims[0], y->dims[1], y->dims[2], y->dims[3]};
+    const wk_step_t *apart[2] = {pw, dw};
+    if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success ||
+        dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) != dnnl_success)
+        goto out;
+    for (int k = 0; k < 3; k++)
+        if (dnnl_primitive_attr_create(&attr[k]) != dnnl_success ||
+            dnnl_post_ops_create(&po[k]) != dnnl_success ||
+            conv_post_ops(po[k], k == 0 ? &f : apart[k - 1]) != dnnl_success ||
+            dnnl_primitive_attr_set_post_ops(attr[k], po[k]) != dnnl_success)
+            goto out;
+    if (dnnl_memory_desc_init_by_tag(&sm, 4, sd, dnnl_f32, dnnl_nChw16c) != dnnl_success ||
+        dnnl_memory_desc_init_by_tag(&wm, 4, wd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
+        dnnl_memory_desc_init_by_tag(&bm, 1, bd, dnnl_f32, dnnl_a) != dnnl_success ||
+        dnnl_memory_desc_init_by_tag(&dm, 4, dd, dnnl_f32, dnnl_nChw16c) != dnnl_success ||
+        !pd_fast(conv_pd(&pd[0], &f, false, &sm, &wm, pw_bias ? &bm : NULL, &dm, attr[0], engine),
+                 &pd[0]))
+        goto out;
+    if (always) {
+        ok = true;
+        goto out;
+    }
+    /* Apart, in the layouts oneDNN picks for each (channels last, in
+     * practice), the dw reading what the 1x1 wrote. */
+    if (dnnl_memory_desc_init_by_tag(&am, 4, sd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
+        dnnl_memory_desc_init_by_tag(&mm, 4, dd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
+        dnnl_conv_pd_apart(&pd[1], pw, &am, &wm, pw_bias ? &bm : NULL, &mm, attr[1], engine) ||
+        dnnl_memory_desc_init_by_tag(&dwm, 5, dwd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
+        dnnl_memory_desc_init_by_tag(&ym, 4, yd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
+        dnnl_conv_pd_apart(&pd[2], dw, dnnl_primitive_desc_query_md(pd[1], dnnl_query_dst_md, 0),
+                           &dwm, &bm, &ym, attr[2], engine))
+        goto out;
+    static const int fk[] = {DNNL_ARG_SRC,
+                             DNNL_ARG_WEIGHTS,
+                             DNNL_ARG_DST,
+                             DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_WEIGHTS,
+                             DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_BIAS,
+                             DNNL_ARG_BIAS};
+    static const int ck[] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
+    if (!timed_make(&tf, engine, pd[0], fk, pw_bias ? 6 : 5, NULL) ||
+        !timed_make(&t1, engine, pd[1], ck, pw_bias ? 4 : 3, NULL) ||
+        !timed_make(&t2, engine, pd[2], ck, 4, t1.args[2].memory))
+        goto out;
+    /* Fused, it pays a reorder into nChw16c and, but before a conv, one
+     * back (build_conv keeps 16-channel blocks only from conv to conv). */
+    static const int rk[] = {DNNL_ARG_FROM, DNNL_ARG_TO};
+    if (dnnl_reorder_primitive_desc_create(
+            &rpd[0], dnnl_primitive_desc_query_md(pd[1], dnnl_query_src_md, 0), engine,
+            dnnl_primitive_desc_query_md(pd[0], dnnl_query_src_md, 0), engine,
+            NULL) != dnnl_success ||
+        dnnl_reorder_primitive_desc_create(
+            &rpd[1], dnnl_primitive_desc_query_md(pd[0], dnnl_query_dst_md, 0), engine,
+            dnnl_primitive_desc_query_md(pd[2], dnnl_query_dst_md, 0), engine,
+            NULL) != dnnl_success ||
+        !timed_make(&r_in, engine, rpd[0], rk, 2, NULL) ||
+        !timed_make(&r_out, engine, rpd[1], rk, 2, NULL))
+        goto out;
+    /* Not where build_conv keeps the blocks: a 1x1 reading a conv that
+     * reads a fused one's output (mobilenet_v2's next block), and a dw
+     * whose output only convs read. */
+    int from = x->producer, from2 = from >= 0 ? g->values[g->steps[from].in[0]].producer : -1;
+    bool blocked_in = from >= 0 && g->steps[from].kind == WK_K_CONV &&
+                      ((from2 >= 0 && conv_dw_index(&g->steps[from2]) >= 0) ||
+                       conv_dw_index(&g->steps[from]) >= 0);
+    bool convs_read = y->n_uses > 0 && !y->is_output;
+    for (int i = 0; i < g->n_steps && convs_read; i++)
+        for (int k = 0; k < g->steps[i].n_in; k++)
+            if (g->steps[i].in[k] == dw->out && (g->steps[i].kind != WK_K_CONV || k != 0))
+                convs_read = false;
+    timed_t both[2] = {t1, t2}, fused[3] = {tf, r_in, r_out};
+    int n_fused = 1 + !blocked_in;
+    if (!convs_read)
+        fused[n_fused++] = r_out;
+    int64_t best_f = INT64_MAX, best_a = INT64_MAX;
+    for (int r = 0; r < 3; r++) { /* the first round warms up */
+        int64_t a = timed_run(stream, both, 2), b = timed_run(stream, fused, n_fused);
+        if (r > 0) {
+            best_a = a < best_a ? a : best_a;
+            best_f = b < best_f ? b : best_f;
+        }
+    }
+    ok = (double)best_f <= DW_FUSE_GAIN * (double)best_a;
+    SQ_DEBUG("cpu: 1x1 conv to %lld channels at %lldx%lld and its depthwise conv: %.2f ms "
+             "apart, %.2f fused (%s%s)%s",
+             (long long)y->dims[1], (long long)x->dims[2], (long long)x->dims[3],
+             (double)best_a / 1e6, (double)best_f / 1e6, blocked_in ? "" : "a reorder in, ",
+             convs_read ? "none out" : "a reorder out", ok ? ": fused" : "");
+out:
+    timed_free(&tf, NULL);
+    timed_free(&r_in, NULL);
+    timed_free(&r_out, NULL);
+    for (int k = 0; k < 2; k++)
+        if (rpd[k] != NULL)
+            dnnl_primitive_desc_destroy(rpd[k]);
+    timed_free(&t1, NULL);
+    timed_free(&t2, t1.args[2].memory);
+    for (int k = 0; k < 3; k++) {
+        if (pd[k] != NULL)
+            dnnl_primitive_desc_destroy(pd[k]);
+        if (po[k] != NULL)
+            dnnl_post_ops_destroy(po[k]);
+        if (attr[k] != NULL)
+            dnnl_primitive_attr_destroy(attr[k]);
+    }
+    if (stream != NULL)
+        dnnl_stream_destroy(stream);
+    if (engine != NULL)
+        dnnl_engine_destroy(engine);
+    return ok;
+}
+
 /* A conv whose input is channels last (what oneDNN's 1x1 and depthwise
  * kernels choose) keeps it when a fast kernel takes it: left to itself,
  * oneDNN 2.6 picks 8-channel blocks for regnet's grouped convs (8 channels
@@ -105,14 +365,16 @@ static void conv_keep_channels_last(wk_plan_t *plan, const wk_step_t *s, dnnl_pr
     if (s->p.conv.n_spatial != 2)
         return;
     const cpu_buf_t *in = &be->bufs[wk__cpu_vbuf(s->in[0])];
+    /* After a fused depthwise conv (nChw16c), its 16-channel blocks. */
+    int from = plan->graph->values[s->in[0]].producer;
+    dnnl_format_tag_t tag =
+        from >= 0 && conv_dw_index(&plan->graph->steps[from]) >= 0 ? dnnl_nChw16c : dnnl_acdb;
     dnnl_memory_desc_t sm, dm;
-    if (!in->decided ||
-        dnnl_memory_desc_init_by_tag(&sm, src->ndims, src->dims, dnnl_f32, dnnl_acdb) !=
-            dnnl_success ||
+    if (!in->decided || conv_dw_index(s) >= 0 ||
+        dnnl_memory_desc_init_by_tag(&sm, src->ndims, src->dims, dnnl_f32, tag) != dnnl_success ||
         !dnnl_memory_desc_equal(&in->md, &sm) ||
         dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(*pd, dnnl_query_src_md, 0), &sm) ||
-        dnnl_memory_desc_init_by_tag(&dm, dst->ndims, dst->dims, dnnl_f32, dnnl_acdb) !=
-            dnnl_success)
+        dnnl_memory_desc_init_by_tag(&dm, dst->ndims, dst->dims, dnnl_f32, tag) != dnnl_success)
         return;
     dnnl_primitive_desc_t p = NULL;
     if (pd_fast(conv_pd(&p, s, false, &sm, wei, bias, &dm, attr, be->engine), &p)) {
@@ -210,6 +472,7 @@ static int build_conv(wk_plan_t *plan, int si, int batch)
     dnnl_memory_desc_t src_md, wei_md, bias_md, dst_md;
     int64_t groups = s->p.conv.groups;
     bool decided = be->phase == 2;
+    int dwi = conv_dw_index(s);
     if (decided) {
         cpu_buf_t srcb = be->bufs[wk__cpu_vbuf(s->in[0])];
         if (cs->tmp_src >= 0)
@@ -220,17 +483,24 @@ static int build_conv(wk_plan_t *plan, int si, int batch)
                                                                          : cs->weights]
                      .md;
         dst_md = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->out)], batch);
+        if (dwi >= 0) {
+            dnnl_dims_t d = {batch, y->dims[1], x->dims[2], x->dims[3]};
+            dnnl_memory_desc_init_by_tag(&dst_md, 4, d, dnnl_f32, dnnl_nChw16c);
+        }
     } else {
         dnnl_dims_t d;
         d[0] = x->dims[0];
         d[1] = x->dims[1];
         for (int i = 0; i < nsp; i++)
             d[2 + i] = x->dims[2 + i];
-        dnnl_memory_desc_init_by_tag(&src_md, 2 + nsp, d, dnnl_f32, dnnl_format_tag_any);
+        /* fused with a depthwise conv: nChw16c (wk__cpu_conv_dw), and the
+         * 1x1's own output size (oneDNN's dst is then the dw's output) */
+        dnnl_format_tag_t tag = dwi >= 0 ? dnnl_nChw16c : dnnl_format_tag_any;
+        dnnl_memory_desc_init_by_tag(&src_md, 2 + nsp, d, dnnl_f32, tag);
         d[1] = y->dims[1];
         for (int i = 0; i < nsp; i++)
-            d[2 + i] = y->dims[2 + i];
-        dnnl_memory_desc_init_by_tag(&dst_md, 2 + nsp, d, dnnl_f32, dnnl_format_tag_any);
+            d[2 + i] = dwi >= 0 ? x->dims[2 + i] : y->dims[2 + i];
+        dnnl_memory_desc_init_by_tag(&dst_md, 2 + nsp, d, dnnl_f32, tag);
         dnnl_dims_t wd;
         int wn = 0;
         if (groups > 1)
@@ -248,12 +518,7 @@ static int build_conv(wk_plan_t *plan, int si, int batch)
     DN(dnnl_primitive_attr_create(&attr));
     DN(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user));
     DN(dnnl_post_ops_create(&po));
-    for (int i = 0; i < s->n_post; i++) {
-        if (s->post[i].kind == WK_POST_ADD)
-            DN(dnnl_post_ops_append_sum(po, 1.0f));
-        else
-            wk__cpu_append_act(po, s->post[i].act);
-    }
+    DN(conv_post_ops(po, s));
     DN(dnnl_primitive_attr_set_post_ops(attr, po));
     if (!decided) {
         /* Winograd where it can run and pays, else direct. */
@@ -322,6 +587,31 @@ static int build_conv(wk_plan_t *plan, int si, int batch)
             rc = cs->weights;
             goto out;
         }
+        if (dwi >= 0) {
+            /* The depthwise weights [C, 1, 3, 3] are goihw [C, 1, 1, 3, 3]. */
+            const wk_post_t *dp = &s->post[dwi];
+            const wk_value_t *dwv = &g->values[dp->value], *dbv = &g->values[dp->bias];
+            dnnl_memory_desc_t dwp, dbp;
+            dnnl_dims_t dwd = {dwv->dims[0], 1, 1, 3, 3}, dbd = {dbv->dims[0]};
+            DN(dnnl_memory_desc_init_by_tag(&dwp, 5, dwd, dnnl_f32, dnnl_goihw));
+            DN(dnnl_memory_desc_init_by_tag(&dbp, 1, dbd, dnnl_f32, dnnl_a));
+            const dnnl_memory_desc_t *q_dww = dnnl_primitive_desc_query_md(
+                pd, dnnl_query_exec_arg_md, DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_WEIGHTS);
+            const dnnl_memory_desc_t *q_dwb = dnnl_primitive_desc_query_md(
+                pd, dnnl_query_exec_arg_md, DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_BIAS);
+            if (q_dww == NULL || q_dww->ndims == 0 || q_dwb == NULL || q_dwb->ndims == 0) {
+                rc = wk_fail(plan, SQ_INTERNAL, "conv step %d: no fused depthwise weights", si);
+                goto out;
+            }
+            if ((cs->dw_wei = wk__cpu_const_reorder(plan, &dwp, dwv->data, q_dww)) < 0) {
+                rc = cs->dw_wei;
+                goto out;
+            }
+            if ((cs->dw_bias = wk__cpu_const_reorder(plan, &dbp, dbv->data, q_dwb)) < 0) {
+                rc = cs->dw_bias;
+                goto out;
+            }
+        }
         if (x->batched && g->max_batch > 1 &&
             (rc = conv_per_batch(plan, si, q_src, q_wei, q_dst, &wei_md, has_bias ? &bias_md : NULL,
                                  attr, &wplain, w->data)) != 0)
@@ -342,10 +632,31 @@ static int build_conv(wk_plan_t *plan, int si, int batch)
         rc = SQ_UNSUPPORTED_MODEL;
         goto out;
     }
-    int kinds[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
     int wbuf = cs->wei_alt != NULL && cs->wei_alt[batch] >= 0 ? cs->wei_alt[batch] : cs->weights;
-    int bufs[4] = {src, wbuf, wk__cpu_vbuf(s->out), has_bias ? wk__cpu_vbuf(s->in[2]) : -1};
-    rc = wk__cpu_emit(plan, pd, batch, si, kinds, bufs, has_bias ? 4 : 3);
+    int kinds[6] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST};
+    int bufs[6] = {src, wbuf, wk__cpu_vbuf(s->out)}, n_args = 3;
+    if (has_bias) {
+        kinds[n_args] = DNNL_ARG_BIAS;
+        bufs[n_args++] = wk__cpu_vbuf(s->in[2]);
+    }
+    if (dwi >= 0) {
+        /* Every batch size's kernel takes the layouts made for max batch. */
+        if (!dnnl_memory_desc_equal(
+                dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md,
+                                             DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_WEIGHTS),
+                &be->bufs[cs->dw_wei].md)) {
+            rc = wk_fail(plan, SQ_INTERNAL,
+                         "conv step %d: the fused depthwise weights want another layout at "
+                         "batch %d",
+                         si, batch);
+            goto out;
+        }
+        kinds[n_args] = DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_WEIGHTS;
+        bufs[n_args++] = cs->dw_wei;
+        kinds[n_args] = DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_BIAS;
+        bufs[n_args++] = cs->dw_bias;
+    }
+    rc = wk__cpu_emit(plan, pd, batch, si, kinds, bufs, n_args);
     pd = NULL;
 out:
     if (pd)

@@ -82,7 +82,7 @@ int wk_plan_from_graph(wk_graph_t *g, const wk_plan_opts_t *opts, wk_plan_t **ou
         wk_graph_free(g);
         return rc;
     }
-    wk_graph_fuse(g, ops->conv_act);
+    wk_graph_fuse(g, ops->conv_act, ops->conv_dw);
     /* A backend that would run larger batches otherwise (cpu: Winograd
      * from some batch size up) gives the sizes below a plan of their own,
      * whose layouts suit them (googlenet at batch 1: 18 ms instead of 28 in

@@ -82,8 +82,10 @@ static void copy_step(copier_t *c, const wk_step_t *s)
     d->n_post = s->n_post;
     for (int k = 0; k < s->n_post; k++) {
         d->post[k] = s->post[k];
-        if (s->post[k].kind == WK_POST_ADD)
+        if (s->post[k].kind == WK_POST_ADD || s->post[k].kind == WK_POST_DW)
             d->post[k].value = copy_value(c, s->post[k].value);
+        if (s->post[k].kind == WK_POST_DW && s->post[k].bias >= 0)
+            d->post[k].bias = copy_value(c, s->post[k].bias);
     }
 }
 

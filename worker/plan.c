@@ -199,6 +199,16 @@ wk_graph_t *wk_graph_clone(const wk_graph_t *g, int max_batch)
     return c;
 }
 
+int wk_post_reads(const wk_post_t *p, int out[2])
+{
+    int n = 0;
+    if (p->kind == WK_POST_ADD || p->kind == WK_POST_DW)
+        out[n++] = p->value;
+    if (p->kind == WK_POST_DW && p->bias >= 0)
+        out[n++] = p->bias;
+    return n;
+}
+
 static void note_use(wk_graph_t *g, int v, int step)
 {
     g->values[v].n_uses++;
@@ -215,11 +225,11 @@ int wk_graph_finish(wk_graph_t *g, char *why, int why_size)
     }
     for (int si = 0; si < g->n_steps; si++) {
         wk_step_t *s = &g->steps[si];
-        for (int k = 0; k < s->n_in + s->n_post; k++) {
-            int v =
-                k < s->n_in
-                    ? s->in[k]
-                    : (s->post[k - s->n_in].kind == WK_POST_ADD ? s->post[k - s->n_in].value : -1);
+        for (int k = 0; k < s->n_in + 2 * s->n_post; k++) {
+            int reads[2] = {-1, -1};
+            if (k >= s->n_in)
+                wk_post_reads(&s->post[(k - s->n_in) / 2], reads);
+            int v = k < s->n_in ? s->in[k] : reads[(k - s->n_in) % 2];
             if (v < 0)
                 continue;
             const wk_value_t *val = &g->values[v];
@@ -359,6 +369,71 @@ static bool same_shape(const wk_value_t *a, const wk_value_t *b)
     return true;
 }
 
+static bool has_dw(const wk_step_t *c)
+{
+    for (int i = 0; i < c->n_post; i++)
+        if (c->post[i].kind == WK_POST_DW)
+            return true;
+    return false;
+}
+
+static bool acts_only(const wk_step_t *c)
+{
+    for (int i = 0; i < c->n_post; i++)
+        if (c->post[i].kind != WK_POST_ACT)
+            return false;
+    return true;
+}
+
+/* A 2-D conv with this kernel, stride and pad on every side, dilation 1. */
+static bool conv_is(const wk_step_t *c, int64_t k, int64_t stride, int64_t pad)
+{
+    if (c->kind != WK_K_CONV || c->p.conv.n_spatial != 2)
+        return false;
+    for (int i = 0; i < 2; i++)
+        if (c->p.conv.kernel[i] != k || c->p.conv.stride[i] != stride ||
+            c->p.conv.dilation[i] != 1 || c->p.conv.pad_begin[i] != pad ||
+            c->p.conv.pad_end[i] != pad)
+            return false;
+    return true;
+}
+
+/* y = dw(pw(x)): a depthwise 3x3 conv (pad 1, stride 1 or 2, its own
+ * activations after it) becomes a post-op of the 1x1 conv before it, when
+ * the 1x1's output has no other use and conv_dw says yes. The expanded
+ * tensor between them (mobilenet_v2's 96 channels at 112x112) then never
+ * leaves the cache. */
+static bool fuse_dw(wk_graph_t *g, wk_step_t *dw,
+                    bool (*conv_dw)(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *d))
+{
+    if (!(conv_is(dw, 3, 1, 1) || conv_is(dw, 3, 2, 1)) || !acts_only(dw) || dw->n_in < 2)
+        return false;
+    const wk_value_t *x = &g->values[dw->in[0]], *w = &g->values[dw->in[1]],
+                     *y = &g->values[dw->out];
+    const wk_value_t *b = dw->n_in > 2 && dw->in[2] >= 0 ? &g->values[dw->in[2]] : NULL;
+    if (x->ndim != 4 || !x->batched || w->data == NULL || w->ndim != 4 ||
+        dw->p.conv.groups != x->dims[1] || w->dims[0] != x->dims[1] || w->dims[1] != 1 ||
+        y->dims[1] != x->dims[1] || (b != NULL && b->data == NULL))
+        return false;
+    wk_step_t *pw = sole_conv_producer(g, dw->in[0]);
+    if (pw == NULL || !conv_is(pw, 1, 1, 0) || pw->p.conv.groups != 1 || !acts_only(pw) ||
+        pw->n_post + 1 + dw->n_post > WK_MAX_POST || (conv_dw != NULL && !conv_dw(g, pw, dw)))
+        return false;
+    int bias = dw->n_in > 2 ? dw->in[2] : -1;
+    if (bias < 0) {
+        int64_t c = x->dims[1];
+        bias = wk_graph_value(g, NULL, 1, &c, false, NULL);
+        g->values[bias].data = sq_xcalloc((size_t)c, sizeof(float));
+    }
+    pw->post[pw->n_post++] = (wk_post_t){
+        .kind = WK_POST_DW, .value = dw->in[1], .bias = bias, .stride = (int)dw->p.conv.stride[0]};
+    for (int i = 0; i < dw->n_post; i++)
+        pw->post[pw->n_post++] = dw->post[i];
+    pw->out = dw->out;
+    dw->kind = WK_K_COUNT_;
+    return true;
+}
+
 /* out = conv(x) + other becomes a conv post-op when `other` exists before
  * the conv runs and has the conv output's shape. */
 static bool fuse_add(wk_graph_t *g, wk_step_t *add)
@@ -368,7 +443,7 @@ static bool fuse_add(wk_graph_t *g, wk_step_t *add)
     for (int pick = 1; pick >= 0; pick--) {
         int cv = add->in[pick], other = add->in[1 - pick];
         wk_step_t *c = sole_conv_producer(g, cv);
-        if (c == NULL || c->n_post == WK_MAX_POST || cv == other)
+        if (c == NULL || c->n_post == WK_MAX_POST || cv == other || has_dw(c))
             continue;
         const wk_value_t *ov = &g->values[other];
         if (ov->data != NULL || !same_shape(ov, &g->values[cv]))
@@ -384,7 +459,8 @@ static bool fuse_add(wk_graph_t *g, wk_step_t *add)
     return false;
 }
 
-int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind))
+int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind),
+                  bool (*conv_dw)(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *dw))
 {
     char why[8];
     int removed = 0;
@@ -402,6 +478,16 @@ int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind))
         if (fused) {
             /* The fused step's output is now written by an earlier step:
              * recompute producers and uses before looking further. */
+            compact(g);
+            removed++;
+            wk_graph_finish(g, why, sizeof(why));
+            si = -1;
+        }
+    }
+    /* Depthwise convs into the 1x1 before them, once each has its own
+     * activations (the loop above). */
+    for (int si = 0; conv_dw != NULL && si < g->n_steps; si++) {
+        if (fuse_dw(g, &g->steps[si], conv_dw)) {
             compact(g);
             removed++;
             wk_graph_finish(g, why, sizeof(why));

@@ -75,12 +75,16 @@ typedef struct {
 
 typedef enum { WK_BIN_ADD, WK_BIN_SUB, WK_BIN_MUL, WK_BIN_DIV, WK_BIN_COUNT_ } wk_binop_t;
 
-/* A post-op fused into a conv: an activation, or the addition of another
- * value of the conv output's shape (a residual). */
+/* A post-op fused into a conv: an activation, the addition of another
+ * value of the conv output's shape (a residual), or a depthwise 3x3 conv
+ * (pad 1) of the conv's output, whose own activations follow it (only
+ * after a 1x1 conv, only where the backend asks for it: wk_graph_fuse). */
 typedef struct {
-    enum { WK_POST_ACT, WK_POST_ADD } kind;
+    enum { WK_POST_ACT, WK_POST_ADD, WK_POST_DW } kind;
     wk_act_t act;
-    int value;
+    int value;  /* ADD: the addend; DW: the depthwise weights [C, 1, 3, 3] (a constant) */
+    int bias;   /* DW: its bias [C] (a constant) */
+    int stride; /* DW: 1 or 2 */
 } wk_post_t;
 
 typedef enum { WK_PAD_CONSTANT, WK_PAD_REFLECT, WK_PAD_EDGE } wk_pad_mode_t;
@@ -173,9 +177,16 @@ int wk_graph_finish(wk_graph_t *g, char *why, int why_size);
 /* BatchNorm into the preceding Conv, x * sigmoid(x) and x * hardsigmoid(x)
  * into one swish or hardswish step, activations (those conv_act accepts,
  * every one when NULL) and residual adds into Conv post-ops, where the
- * intermediate value has no other use. Calls wk_graph_finish. Returns the
- * number of steps removed. */
-int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind));
+ * intermediate value has no other use; then, where conv_dw (may be NULL)
+ * says yes, a depthwise 3x3 conv into the 1x1 conv before it
+ * (WK_POST_DW). Calls wk_graph_finish. Returns the number of steps
+ * removed. */
+int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind),
+                  bool (*conv_dw)(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *dw));
+
+/* The values a post-op reads: an ADD's addend, a DW's weights and bias.
+ * Returns how many (at most 2) it wrote to out. */
+int wk_post_reads(const wk_post_t *p, int out[2]);
 
 /* ---- buffer planning by liveness (plan.c) ---- */
 typedef struct {
@@ -232,6 +243,10 @@ typedef struct wk_backend_ops {
      * as a post-op (wk_graph_fuse asks before it fuses one); NULL: every
      * activation. */
     bool (*conv_act)(wk_act_kind_t kind);
+    /* Optional: whether a conv of this backend takes depthwise conv dw as
+     * a post-op of the 1x1 conv pw before it (both already checked to be
+     * of the shapes WK_POST_DW allows); NULL: never. */
+    bool (*conv_dw)(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *dw);
 } wk_backend_ops_t;
 
 extern const wk_backend_ops_t wk_backend_cpu;
