@@ -60,6 +60,8 @@ typedef struct {
     int extra;       /* second constant (batchnorm shift), or -1 */
     int dw_wei;      /* conv with a WK_POST_DW: the depthwise weights and bias, */
     int dw_bias;     /* reordered for the fused kernel; or -1 */
+    int *dw_alt;     /* NULL, or [max_batch + 1]: the depthwise weights for batch sizes
+                        whose fused kernel wants another layout (-1: dw_wei) */
     bool inplace;    /* conv: sums into its residual's buffer, no copy */
     int *wei_alt;    /* conv: [max_batch + 1], the weights buffer for batch sizes whose
                         fast kernel wants another layout than the shared one (-1: shared);

@@ -484,7 +484,7 @@ static int build_conv(wk_plan_t *plan, int si, int batch)
                      .md;
         dst_md = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->out)], batch);
         if (dwi >= 0) {
-            dnnl_dims_t d = {batch, y->dims[1], x->dims[2], x->dims[3]};
+            dnnl_dims_t d = {src_md.dims[0], y->dims[1], x->dims[2], x->dims[3]};
             dnnl_memory_desc_init_by_tag(&dst_md, 4, d, dnnl_f32, dnnl_nChw16c);
         }
     } else {
@@ -611,10 +611,48 @@ static int build_conv(wk_plan_t *plan, int si, int batch)
                 rc = cs->dw_bias;
                 goto out;
             }
+            /* A batch size whose fused kernel wants the depthwise weights
+             * in another layout gets its own copy (as conv_per_batch does
+             * for the 1x1's). */
+            for (int b = plan->min_batch > 1 ? plan->min_batch : 1; x->batched && b < g->max_batch;
+                 b++) {
+                dnnl_memory_desc_t sb = md_with_batch(q_src, b), mb_;
+                dnnl_dims_t md = {b, y->dims[1], x->dims[2], x->dims[3]};
+                DN(dnnl_memory_desc_init_by_tag(&mb_, 4, md, dnnl_f32, dnnl_nChw16c));
+                dnnl_primitive_desc_t p = NULL;
+                if (!pd_fast(conv_pd(&p, s, false, &sb, q_wei, has_bias ? &bias_md : NULL, &mb_,
+                                     attr, be->engine),
+                             &p)) {
+                    if (p != NULL)
+                        dnnl_primitive_desc_destroy(p);
+                    continue; /* phase 2 makes what it can */
+                }
+                const dnnl_memory_desc_t *want = dnnl_primitive_desc_query_md(
+                    p, dnnl_query_exec_arg_md, DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_WEIGHTS);
+                if (want != NULL && !dnnl_memory_desc_equal(want, q_dww)) {
+                    if (cs->dw_alt == NULL) {
+                        cs->dw_alt = sq_xmalloc(sizeof(int) * (size_t)(g->max_batch + 1));
+                        for (int k = 0; k <= g->max_batch; k++)
+                            cs->dw_alt[k] = -1;
+                    }
+                    cs->dw_alt[b] = wk__cpu_const_reorder(plan, &dwp, dwv->data, want);
+                }
+                dnnl_primitive_desc_destroy(p);
+                if (cs->dw_alt != NULL && cs->dw_alt[b] < -1) {
+                    rc = cs->dw_alt[b];
+                    goto out;
+                }
+            }
+        }
+        /* the descriptor's dst: with a fused dw, the 1x1's own output */
+        dnnl_memory_desc_t desc_dst = *q_dst;
+        if (dwi >= 0) {
+            dnnl_dims_t md = {x->dims[0], y->dims[1], x->dims[2], x->dims[3]};
+            DN(dnnl_memory_desc_init_by_tag(&desc_dst, 4, md, dnnl_f32, dnnl_nChw16c));
         }
         if (x->batched && g->max_batch > 1 &&
-            (rc = conv_per_batch(plan, si, q_src, q_wei, q_dst, &wei_md, has_bias ? &bias_md : NULL,
-                                 attr, &wplain, w->data)) != 0)
+            (rc = conv_per_batch(plan, si, q_src, q_wei, &desc_dst, &wei_md,
+                                 has_bias ? &bias_md : NULL, attr, &wplain, w->data)) != 0)
             goto out;
         dnnl_primitive_desc_destroy(pd);
         pd = NULL;
@@ -640,11 +678,11 @@ static int build_conv(wk_plan_t *plan, int si, int batch)
         bufs[n_args++] = wk__cpu_vbuf(s->in[2]);
     }
     if (dwi >= 0) {
-        /* Every batch size's kernel takes the layouts made for max batch. */
+        int dw_wei = cs->dw_alt != NULL && cs->dw_alt[batch] >= 0 ? cs->dw_alt[batch] : cs->dw_wei;
         if (!dnnl_memory_desc_equal(
                 dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md,
                                              DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_WEIGHTS),
-                &be->bufs[cs->dw_wei].md)) {
+                &be->bufs[dw_wei].md)) {
             rc = wk_fail(plan, SQ_INTERNAL,
                          "conv step %d: the fused depthwise weights want another layout at "
                          "batch %d",
@@ -652,7 +690,7 @@ static int build_conv(wk_plan_t *plan, int si, int batch)
             goto out;
         }
         kinds[n_args] = DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_WEIGHTS;
-        bufs[n_args++] = cs->dw_wei;
+        bufs[n_args++] = dw_wei;
         kinds[n_args] = DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_BIAS;
         bufs[n_args++] = cs->dw_bias;
     }
