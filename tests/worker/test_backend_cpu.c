@@ -384,6 +384,29 @@ Test(backend_cpu, a_1x1_output_read_elsewhere_keeps_its_depthwise_conv_apart)
     wk_plan_free(p);
 }
 
+/* What oneDNN's fused kernel cannot take stays apart: a 5x5 depthwise
+ * conv (mobilenet_v3's and efficientnet's), and a depthwise conv after a
+ * 1x1 that sums a residual. */
+Test(backend_cpu, a_5x5_depthwise_conv_or_one_after_a_residual_stays_apart)
+{
+    setenv("SQUISH_CPU_DW_FUSE_MB", "always", 1);
+    net_t t = {.g = wk_graph_new(N)};
+    int x = input(&t, 16, 112);
+    int d5 = conv(&t, conv(&t, x, 32, 1, 1), 32, 5, 32);
+    int r = conv(&t, d5, 32, 1, 1);
+    int64_t n = N * 32 * 112 * 112;
+    int sum = value(&t, 32, 112);
+    wk_graph_step(t.g, WK_K_BINARY, (int[]){r, d5}, 2, sum)->p.binop = WK_BIN_ADD;
+    for (int64_t i = 0; i < n; i++)
+        t.ref[sum][i] = t.ref[r][i] + t.ref[d5][i];
+    int y = conv(&t, sum, 32, 3, 32);
+    wk_plan_t *p = plan_and_check(&t, x, y);
+    unsetenv("SQUISH_CPU_DW_FUSE_MB");
+    cr_expect_eq(count_dw_posts(p), 0);
+    cr_expect_eq(count_steps(p, WK_K_CONV), 4, "the residual add is the 1x1's post-op");
+    wk_plan_free(p);
+}
+
 /* Off: nothing fused, whatever the size. */
 Test(backend_cpu, squish_cpu_dw_fuse_mb_off_fuses_nothing)
 {
