@@ -62,7 +62,8 @@ static void usage(FILE *f)
             "                     S seconds of simulated time (rates every second, early\n"
             "                     epochs on rate changes); the first plan takes the\n"
             "                     workload's rates at time 0 (default 0: one plan at the\n"
-            "                     mean rates). The summary then has \"steps\":\n"
+            "                     mean rates). Needs the workload's devices.count. The\n"
+            "                     summary then has \"steps\":\n"
             "                     per rate step (segment boundaries), the share within SLO,\n"
             "                     drops, late, planned devices and each device's busy share\n"
             "  --split S          how a pipeline's SLO is split among its stages: dp (Nexus's\n"
@@ -215,6 +216,17 @@ int main(int argc, char **argv)
         fprintf(stderr, "squish-sim: %s: %s\n", path, w.error[0] ? w.error : sq_err_msg(rc));
         wl_workload_dispose(&w);
         return 1;
+    }
+    if (opts.epoch_s > 0 && w.device_count < 1) {
+        /* Re-planning moves sessions among a fixed set of devices; a
+         * workload without a count takes as many as its one plan asks. */
+        fprintf(stderr,
+                "squish-sim: %s: --epoch-s re-plans on a fixed number of devices, and this "
+                "workload has none (devices.count 0: as many as the plan asks); give "
+                "devices.count, or leave --epoch-s out\n",
+                path);
+        wl_workload_dispose(&w);
+        return 2;
     }
     sim_result_t res;
     double scale = 0;

@@ -149,6 +149,9 @@ def bad_input():
     sim(path, "--policy", "lazy", status=2)
     sim(path, "--scale", "0", status=2)
     sim(path, "--duration", "0", status=2)
+    # re-planning on a workload that sizes its devices by the plan: said so
+    p = sim(os.path.join(workloads, "symphony_1080ti_zipf.json"), "--epoch-s", "1", status=2)
+    assert "devices.count" in p.stderr and "--epoch-s" in p.stderr, p.stderr
     with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
         f.write('{"devices": {"count": 1}, "models": [], "sessions": [{"model": "x", "slo_ms": 5}]}')
         f.flush()
@@ -162,7 +165,7 @@ check("table-2 workload under both policies and a goodput search validate", tabl
 check("pipelines: both splits, --dump and a goodput search validate", pipelines_validate)
 check("--duration wins over a bundled workload's segments and a trace", duration_wins_over_the_workloads)
 check("--version prints one line and exits 0", version)
-check("bad arguments exit 2, a bad workload exits 1 naming the JSON path", bad_input)
+check("bad arguments exit 2 (--epoch-s without devices.count says so), a bad workload exits 1 naming the JSON path", bad_input)
 
 print(f"1..{len(results)}")
 for i, (ok, name, why) in enumerate(results, 1):
