@@ -459,8 +459,39 @@ static bool fuse_add(wk_graph_t *g, wk_step_t *add)
     return false;
 }
 
-int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind),
-                  bool (*conv_dw)(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *dw))
+/* Constants nobody reads any more (pre-fold weights) free their bytes. */
+static void free_dead_constants(wk_graph_t *g)
+{
+    for (int i = 0; i < g->n_values; i++) {
+        wk_value_t *v = &g->values[i];
+        if (v->data != NULL && v->n_uses == 0) {
+            free(v->data);
+            v->data = NULL;
+            v->producer = -2; /* dead constant */
+        }
+    }
+}
+
+int wk_graph_fuse_dw(wk_graph_t *g,
+                     bool (*conv_dw)(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *dw))
+{
+    char why[8];
+    int removed = 0;
+    if (conv_dw == NULL || wk_graph_finish(g, why, sizeof(why)) != 0)
+        return 0;
+    for (int si = 0; si < g->n_steps; si++) {
+        if (fuse_dw(g, &g->steps[si], conv_dw)) {
+            compact(g);
+            removed++;
+            wk_graph_finish(g, why, sizeof(why));
+            si = -1;
+        }
+    }
+    free_dead_constants(g);
+    return removed;
+}
+
+int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind))
 {
     char why[8];
     int removed = 0;
@@ -484,25 +515,7 @@ int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind),
             si = -1;
         }
     }
-    /* Depthwise convs into the 1x1 before them, once each has its own
-     * activations (the loop above). */
-    for (int si = 0; conv_dw != NULL && si < g->n_steps; si++) {
-        if (fuse_dw(g, &g->steps[si], conv_dw)) {
-            compact(g);
-            removed++;
-            wk_graph_finish(g, why, sizeof(why));
-            si = -1;
-        }
-    }
-    /* Constants nobody reads any more (pre-fold weights) free their bytes. */
-    for (int i = 0; i < g->n_values; i++) {
-        wk_value_t *v = &g->values[i];
-        if (v->data != NULL && v->n_uses == 0) {
-            free(v->data);
-            v->data = NULL;
-            v->producer = -2; /* dead constant */
-        }
-    }
+    free_dead_constants(g);
     return removed;
 }
 

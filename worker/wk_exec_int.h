@@ -177,12 +177,14 @@ int wk_graph_finish(wk_graph_t *g, char *why, int why_size);
 /* BatchNorm into the preceding Conv, x * sigmoid(x) and x * hardsigmoid(x)
  * into one swish or hardswish step, activations (those conv_act accepts,
  * every one when NULL) and residual adds into Conv post-ops, where the
- * intermediate value has no other use; then, where conv_dw (may be NULL)
- * says yes, a depthwise 3x3 conv into the 1x1 conv before it
- * (WK_POST_DW). Calls wk_graph_finish. Returns the number of steps
- * removed. */
-int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind),
-                  bool (*conv_dw)(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *dw));
+ * intermediate value has no other use. Calls wk_graph_finish. Returns the
+ * number of steps removed. */
+int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind));
+
+/* After wk_graph_fuse: each depthwise 3x3 conv into the 1x1 conv before it
+ * (WK_POST_DW) where conv_dw says yes. Returns the number fused. */
+int wk_graph_fuse_dw(wk_graph_t *g, bool (*conv_dw)(const wk_graph_t *g, const wk_step_t *pw,
+                                                    const wk_step_t *dw));
 
 /* The values a post-op reads: an ADD's addend, a DW's weights and bias.
  * Returns how many (at most 2) it wrote to out. */

@@ -342,8 +342,9 @@ static int count_dw_posts(const wk_plan_t *p)
  * 2), relu, 1x1 project. Each depthwise conv runs as a post-op of the 1x1
  * before it (forced here: on its own the worker fuses only expanded
  * tensors of 8 MB and up that time faster fused), on 16-channel blocks
- * (oneDNN 2.6 computes the fusion wrongly on channels-last tensors), and
- * the numbers match the reference at batches 2 and 1. 112 x 112 maps:
+ * (oneDNN 2.6 computes the fusion wrongly on channels-last tensors);
+ * batch 1 runs a plan of its own without the fusion; and the numbers
+ * match the reference at batches 2 and 1. 112 x 112 maps:
  * on smaller ones oneDNN offers only its ref_fused_convolution (the two
  * kernels one after the other), which the worker does not take. */
 Test(backend_cpu, a_depthwise_conv_runs_fused_into_the_1x1_before_it)
@@ -361,6 +362,8 @@ Test(backend_cpu, a_depthwise_conv_runs_fused_into_the_1x1_before_it)
     wk_plan_t *p = plan_and_check(&t, x, y);
     unsetenv("SQUISH_CPU_DW_FUSE_MB");
     cr_expect_eq(count_dw_posts(p), 2, "both depthwise convs fused");
+    cr_expect(p->small != NULL && p->min_batch == 2 && count_dw_posts(p->small) == 0,
+              "batch 1 runs a plan of its own, unfused");
     cr_expect_eq(count_steps(p, WK_K_CONV), 4);
     cpu_be_t *be = p->be;
     cr_expect_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
@@ -404,6 +407,21 @@ Test(backend_cpu, a_5x5_depthwise_conv_or_one_after_a_residual_stays_apart)
     unsetenv("SQUISH_CPU_DW_FUSE_MB");
     cr_expect_eq(count_dw_posts(p), 0);
     cr_expect_eq(count_steps(p, WK_K_CONV), 4, "the residual add is the 1x1's post-op");
+    wk_plan_free(p);
+}
+
+/* Unforced, a pair whose expanded tensor takes 8 MB or more (96 x 112 x
+ * 112 at batch 2: 9.6 MB) is timed both ways at plan time; whichever way
+ * it went, the numbers match. */
+Test(backend_cpu, a_large_expanded_tensor_is_timed_both_ways_and_either_way_matches)
+{
+    unsetenv("SQUISH_CPU_DW_FUSE_MB");
+    net_t t = {.g = wk_graph_new(N)};
+    int x = input(&t, 16, 112);
+    int e = act(&t, conv(&t, x, 96, 1, 1), (wk_act_t){.kind = WK_ACT_RELU});
+    int y = conv(&t, conv_s(&t, e, 96, 3, 96, 2), 24, 1, 1);
+    wk_plan_t *p = plan_and_check(&t, x, y);
+    cr_expect_leq(count_dw_posts(p), 1);
     wk_plan_free(p);
 }
 
