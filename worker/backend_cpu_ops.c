@@ -102,11 +102,11 @@ static bool pd_fast(dnnl_status_t st, const dnnl_primitive_desc_t *p)
  * at batch 8 (96 x 112 x 112, 38 MB) with its stride-2 dw 4.3 and 2.5;
  * 144 x 56 x 56 (14 MB) 2.6 and 1.4; from 4.8 MB down (and every pair at
  * batch 1) alike within noise. So a pair is fused when the expanded tensor
- * takes at least DW_FUSE_MB at max batch and runs faster fused when
- * timed (wk__cpu_conv_dw). oneDNN 2.6 also takes the
- * fusion on channels-last tensors and computes it wrongly, so fused convs
- * run on nChw16c (16-channel blocks) only, and only where that has a fast
- * kernel. */
+ * takes at least DW_FUSE_MB at max batch and times faster fused
+ * (wk__cpu_conv_dw), and batch 1 runs a plan without it (exec.c). oneDNN
+ * 2.6 also takes the fusion on channels-last tensors and computes it
+ * wrongly, so fused convs run on nChw16c (16-channel blocks) only, and
+ * only where that has a fast kernel. */
 #define DW_FUSE_MB 8.0
 
 static int conv_dw_index(const wk_step_t *s)
@@ -133,11 +133,11 @@ static dnnl_status_t conv_post_ops(dnnl_post_ops_t po, const wk_step_t *s)
     return st;
 }
 
-/* conv_pd for timing: 0 when a primitive descriptor was made. */
-static int dnnl_conv_pd_apart(dnnl_primitive_desc_t *pd, const wk_step_t *s,
-                              const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *wei,
-                              const dnnl_memory_desc_t *bias, const dnnl_memory_desc_t *dst,
-                              const_dnnl_primitive_attr_t attr, dnnl_engine_t engine)
+/* conv_pd for timing: nonzero when no primitive descriptor was made. */
+static int conv_pd_failed(dnnl_primitive_desc_t *pd, const wk_step_t *s,
+                          const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *wei,
+                          const dnnl_memory_desc_t *bias, const dnnl_memory_desc_t *dst,
+                          const_dnnl_primitive_attr_t attr, dnnl_engine_t engine)
 {
     return conv_pd(pd, s, false, src, wei, bias, dst, attr, engine) != dnnl_success || *pd == NULL;
 }
@@ -265,11 +265,11 @@ bool wk__cpu_conv_dw(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *
      * practice), the dw reading what the 1x1 wrote. */
     if (dnnl_memory_desc_init_by_tag(&am, 4, sd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
         dnnl_memory_desc_init_by_tag(&mm, 4, dd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
-        dnnl_conv_pd_apart(&pd[1], pw, &am, &wm, pw_bias ? &bm : NULL, &mm, attr[1], engine) ||
+        conv_pd_failed(&pd[1], pw, &am, &wm, pw_bias ? &bm : NULL, &mm, attr[1], engine) ||
         dnnl_memory_desc_init_by_tag(&dwm, 5, dwd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
         dnnl_memory_desc_init_by_tag(&ym, 4, yd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
-        dnnl_conv_pd_apart(&pd[2], dw, dnnl_primitive_desc_query_md(pd[1], dnnl_query_dst_md, 0),
-                           &dwm, &bm, &ym, attr[2], engine))
+        conv_pd_failed(&pd[2], dw, dnnl_primitive_desc_query_md(pd[1], dnnl_query_dst_md, 0), &dwm,
+                       &bm, &ym, attr[2], engine))
         goto out;
     static const int fk[] = {DNNL_ARG_SRC,
                              DNNL_ARG_WEIGHTS,

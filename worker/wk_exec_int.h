@@ -78,7 +78,7 @@ typedef enum { WK_BIN_ADD, WK_BIN_SUB, WK_BIN_MUL, WK_BIN_DIV, WK_BIN_COUNT_ } w
 /* A post-op fused into a conv: an activation, the addition of another
  * value of the conv output's shape (a residual), or a depthwise 3x3 conv
  * (pad 1) of the conv's output, whose own activations follow it (only
- * after a 1x1 conv, only where the backend asks for it: wk_graph_fuse). */
+ * after a 1x1 conv, only where the backend asks for it: wk_graph_fuse_dw). */
 typedef struct {
     enum { WK_POST_ACT, WK_POST_ADD, WK_POST_DW } kind;
     wk_act_t act;
