@@ -112,6 +112,17 @@ Test(models, mobilenet_v2, .timeout = 120)
     check_model("mobilenet_v2");
 }
 
+/* Every depthwise conv that oneDNN can fuse into the 1x1 before it,
+ * fused whatever its size or time (on its own the worker fuses only big
+ * ones that time faster): batch 8 runs them fused, batch 1 in its plan
+ * without them, and both match torch. */
+Test(models, mobilenet_v2_with_its_depthwise_convs_fused, .timeout = 120)
+{
+    setenv("SQUISH_CPU_DW_FUSE_MB", "always", 1);
+    check_model("mobilenet_v2");
+    unsetenv("SQUISH_CPU_DW_FUSE_MB");
+}
+
 Test(models, squeezenet1_1, .timeout = 120)
 {
     check_model("squeezenet1_1");
