@@ -88,13 +88,8 @@ int wk_plan_from_graph(wk_graph_t *g, const wk_plan_opts_t *opts, wk_plan_t **ou
      * mobilenet_v2 at batch 1 ran 10-20% slower fused, in the plan for
      * max batch 8 where batch 8 gained). */
     wk_graph_t *unfused = NULL;
-    if (ops->conv_dw != NULL && g->max_batch > 1) {
-        unfused = wk_graph_clone(g, g->max_batch);
-        if (wk_graph_fuse_dw(g, ops->conv_dw) == 0) {
-            wk_graph_free(unfused);
-            unfused = NULL;
-        }
-    }
+    if (g->max_batch > 1)
+        wk_graph_fuse_dw(g, ops->conv_dw, &unfused);
     /* A backend that would run larger batches otherwise (cpu: Winograd
      * from some batch size up) gives the sizes below a plan of their own,
      * whose layouts suit them (googlenet at batch 1: 18 ms instead of 28 in

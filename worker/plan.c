@@ -282,6 +282,14 @@ static wk_step_t *sole_conv_producer(wk_graph_t *g, int v)
     return c->kind == WK_K_CONV ? c : NULL;
 }
 
+/* What a fusion pass asks of the backend, and where it keeps the graph
+ * from before (wk_graph_fuse_dw). */
+typedef struct {
+    bool (*conv_act)(wk_act_kind_t kind);
+    bool (*conv_dw)(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *dw);
+    wk_graph_t **before;
+} fuse_ctx_t;
+
 static bool fold_batchnorm(wk_graph_t *g, wk_step_t *bn)
 {
     wk_step_t *c = sole_conv_producer(g, bn->in[0]);
@@ -369,14 +377,6 @@ static bool same_shape(const wk_value_t *a, const wk_value_t *b)
     return true;
 }
 
-static bool has_dw(const wk_step_t *c)
-{
-    for (int i = 0; i < c->n_post; i++)
-        if (c->post[i].kind == WK_POST_DW)
-            return true;
-    return false;
-}
-
 static bool acts_only(const wk_step_t *c)
 {
     for (int i = 0; i < c->n_post; i++)
@@ -400,11 +400,11 @@ static bool conv_is(const wk_step_t *c, int64_t k, int64_t stride, int64_t pad)
 
 /* y = dw(pw(x)): a depthwise 3x3 conv (pad 1, stride 1 or 2, its own
  * activations after it) becomes a post-op of the 1x1 conv before it, when
- * the 1x1's output has no other use and conv_dw says yes. The expanded
+ * the 1x1's output has no other use and conv_dw says yes (the graph as it
+ * was goes to *before first, once). The expanded
  * tensor between them (mobilenet_v2's 96 channels at 112x112) then never
  * leaves the cache. */
-static bool fuse_dw(wk_graph_t *g, wk_step_t *dw,
-                    bool (*conv_dw)(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *d))
+static bool fuse_dw(wk_graph_t *g, wk_step_t *dw, const fuse_ctx_t *c)
 {
     if (!(conv_is(dw, 3, 1, 1) || conv_is(dw, 3, 2, 1)) || !acts_only(dw) || dw->n_in < 2)
         return false;
@@ -417,13 +417,15 @@ static bool fuse_dw(wk_graph_t *g, wk_step_t *dw,
         return false;
     wk_step_t *pw = sole_conv_producer(g, dw->in[0]);
     if (pw == NULL || !conv_is(pw, 1, 1, 0) || pw->p.conv.groups != 1 || !acts_only(pw) ||
-        pw->n_post + 1 + dw->n_post > WK_MAX_POST || (conv_dw != NULL && !conv_dw(g, pw, dw)))
+        pw->n_post + 1 + dw->n_post > WK_MAX_POST || !c->conv_dw(g, pw, dw))
         return false;
+    if (c->before != NULL && *c->before == NULL)
+        *c->before = wk_graph_clone(g, g->max_batch);
     int bias = dw->n_in > 2 ? dw->in[2] : -1;
     if (bias < 0) {
-        int64_t c = x->dims[1];
-        bias = wk_graph_value(g, NULL, 1, &c, false, NULL);
-        g->values[bias].data = sq_xcalloc((size_t)c, sizeof(float));
+        int64_t ch = x->dims[1];
+        bias = wk_graph_value(g, NULL, 1, &ch, false, NULL);
+        g->values[bias].data = sq_xcalloc((size_t)ch, sizeof(float));
     }
     pw->post[pw->n_post++] = (wk_post_t){
         .kind = WK_POST_DW, .value = dw->in[1], .bias = bias, .stride = (int)dw->p.conv.stride[0]};
@@ -443,7 +445,7 @@ static bool fuse_add(wk_graph_t *g, wk_step_t *add)
     for (int pick = 1; pick >= 0; pick--) {
         int cv = add->in[pick], other = add->in[1 - pick];
         wk_step_t *c = sole_conv_producer(g, cv);
-        if (c == NULL || c->n_post == WK_MAX_POST || cv == other || has_dw(c))
+        if (c == NULL || c->n_post == WK_MAX_POST || cv == other)
             continue;
         const wk_value_t *ov = &g->values[other];
         if (ov->data != NULL || !same_shape(ov, &g->values[cv]))
@@ -472,15 +474,18 @@ static void free_dead_constants(wk_graph_t *g)
     }
 }
 
-int wk_graph_fuse_dw(wk_graph_t *g,
-                     bool (*conv_dw)(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *dw))
+/* Runs fuse on every step until none fuses; each fusion removes a step
+ * whose output an earlier step now writes, so producers and uses are
+ * recomputed and the walk starts over. Returns the number removed. */
+static int fuse_pass(wk_graph_t *g, bool (*fuse)(wk_graph_t *g, wk_step_t *s, const fuse_ctx_t *c),
+                     const fuse_ctx_t *c)
 {
     char why[8];
     int removed = 0;
-    if (conv_dw == NULL || wk_graph_finish(g, why, sizeof(why)) != 0)
+    if (wk_graph_finish(g, why, sizeof(why)) != 0)
         return 0;
     for (int si = 0; si < g->n_steps; si++) {
-        if (fuse_dw(g, &g->steps[si], conv_dw)) {
+        if (fuse(g, &g->steps[si], c)) {
             compact(g);
             removed++;
             wk_graph_finish(g, why, sizeof(why));
@@ -491,32 +496,31 @@ int wk_graph_fuse_dw(wk_graph_t *g,
     return removed;
 }
 
+static bool fuse_step(wk_graph_t *g, wk_step_t *s, const fuse_ctx_t *c)
+{
+    if (s->kind == WK_K_BATCHNORM)
+        return fold_batchnorm(g, s);
+    if (s->kind == WK_K_ELTWISE)
+        return fuse_act(g, s, c->conv_act);
+    if (s->kind == WK_K_BINARY)
+        return fuse_gate(g, s) || fuse_add(g, s);
+    return false;
+}
+
 int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind))
 {
-    char why[8];
-    int removed = 0;
-    if (wk_graph_finish(g, why, sizeof(why)) != 0)
+    return fuse_pass(g, fuse_step, &(fuse_ctx_t){.conv_act = conv_act});
+}
+
+int wk_graph_fuse_dw(wk_graph_t *g,
+                     bool (*conv_dw)(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *dw),
+                     wk_graph_t **before)
+{
+    if (before != NULL)
+        *before = NULL;
+    if (conv_dw == NULL)
         return 0;
-    for (int si = 0; si < g->n_steps; si++) {
-        wk_step_t *s = &g->steps[si];
-        bool fused = false;
-        if (s->kind == WK_K_BATCHNORM)
-            fused = fold_batchnorm(g, s);
-        else if (s->kind == WK_K_ELTWISE)
-            fused = fuse_act(g, s, conv_act);
-        else if (s->kind == WK_K_BINARY)
-            fused = fuse_gate(g, s) || fuse_add(g, s);
-        if (fused) {
-            /* The fused step's output is now written by an earlier step:
-             * recompute producers and uses before looking further. */
-            compact(g);
-            removed++;
-            wk_graph_finish(g, why, sizeof(why));
-            si = -1;
-        }
-    }
-    free_dead_constants(g);
-    return removed;
+    return fuse_pass(g, fuse_dw, &(fuse_ctx_t){.conv_dw = conv_dw, .before = before});
 }
 
 size_t wk_arena_plan(const wk_buf_req_t *reqs, int n, size_t align, size_t *offsets)

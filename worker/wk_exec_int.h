@@ -182,9 +182,11 @@ int wk_graph_finish(wk_graph_t *g, char *why, int why_size);
 int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind));
 
 /* After wk_graph_fuse: each depthwise 3x3 conv into the 1x1 conv before it
- * (WK_POST_DW) where conv_dw says yes. Returns the number fused. */
-int wk_graph_fuse_dw(wk_graph_t *g, bool (*conv_dw)(const wk_graph_t *g, const wk_step_t *pw,
-                                                    const wk_step_t *dw));
+ * (WK_POST_DW) where conv_dw says yes. Returns the number fused; *before
+ * (when not NULL) gets a copy of g as it was, or NULL when none fused. */
+int wk_graph_fuse_dw(wk_graph_t *g,
+                     bool (*conv_dw)(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *dw),
+                     wk_graph_t **before);
 
 /* The values a post-op reads: an ADD's addend, a DW's weights and bias.
  * Returns how many (at most 2) it wrote to out. */
