@@ -117,6 +117,29 @@ static int conv_dw_index(const wk_step_t *s)
     return -1;
 }
 
+/* Whether value v is written by a conv with a fused depthwise conv. */
+static bool written_fused(const wk_graph_t *g, int v)
+{
+    int from = g->values[v].producer;
+    return from >= 0 && conv_dw_index(&g->steps[from]) >= 0;
+}
+
+/* The tensor between a fused 1x1 (input x) and its depthwise conv (output
+ * y) at batch n, in 16-channel blocks: the descriptor's dst (oneDNN's dst
+ * is then the dw's output). */
+static void dw_mid_md(dnnl_memory_desc_t *md, int64_t n, const wk_value_t *x, const wk_value_t *y)
+{
+    dnnl_dims_t d = {n, y->dims[1], x->dims[2], x->dims[3]};
+    dnnl_memory_desc_init_by_tag(md, 4, d, dnnl_f32, dnnl_nChw16c);
+}
+
+/* The depthwise weights [C, 1, 3, 3] as oneDNN's goihw [C, 1, 1, 3, 3]. */
+static void dw_plain_md(dnnl_memory_desc_t *md, const wk_value_t *w)
+{
+    dnnl_dims_t d = {w->dims[0], 1, 1, 3, 3};
+    dnnl_memory_desc_init_by_tag(md, 5, d, dnnl_f32, dnnl_goihw);
+}
+
 /* The post-ops of conv s, in order. */
 static dnnl_status_t conv_post_ops(dnnl_post_ops_t po, const wk_step_t *s)
 {
@@ -237,9 +260,9 @@ bool wk__cpu_conv_dw(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *
     dnnl_memory_desc_t sm, wm, bm, dm, am, mm, dwm, ym;
     dnnl_dims_t sd = {x->dims[0], x->dims[1], x->dims[2], x->dims[3]},
                 wd = {w->dims[0], w->dims[1], 1, 1}, bd = {w->dims[0]},
-                dd = {y->dims[0], y->dims[1], x->dims[2], x->dims[3]},
                 dwd = {y->dims[1], 1, 1, 3, 3},
                 yd = {y->dims[0], y->dims[1], y->dims[2], y->dims[3]};
+    dw_mid_md(&dm, x->dims[0], x, y);
     const wk_step_t *apart[2] = {pw, dw};
     if (dnnl_engine_create(&engine, dnnl_cpu, 0) != dnnl_success ||
         dnnl_stream_create(&stream, engine, dnnl_stream_default_flags) != dnnl_success)
@@ -253,7 +276,6 @@ bool wk__cpu_conv_dw(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *
     if (dnnl_memory_desc_init_by_tag(&sm, 4, sd, dnnl_f32, dnnl_nChw16c) != dnnl_success ||
         dnnl_memory_desc_init_by_tag(&wm, 4, wd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
         dnnl_memory_desc_init_by_tag(&bm, 1, bd, dnnl_f32, dnnl_a) != dnnl_success ||
-        dnnl_memory_desc_init_by_tag(&dm, 4, dd, dnnl_f32, dnnl_nChw16c) != dnnl_success ||
         !pd_fast(conv_pd(&pd[0], &f, false, &sm, &wm, pw_bias ? &bm : NULL, &dm, attr[0], engine),
                  &pd[0]))
         goto out;
@@ -264,7 +286,8 @@ bool wk__cpu_conv_dw(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *
     /* Apart, in the layouts oneDNN picks for each (channels last, in
      * practice), the dw reading what the 1x1 wrote. */
     if (dnnl_memory_desc_init_by_tag(&am, 4, sd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
-        dnnl_memory_desc_init_by_tag(&mm, 4, dd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
+        dnnl_memory_desc_init_by_tag(&mm, 4, dm.dims, dnnl_f32, dnnl_format_tag_any) !=
+            dnnl_success ||
         conv_pd_failed(&pd[1], pw, &am, &wm, pw_bias ? &bm : NULL, &mm, attr[1], engine) ||
         dnnl_memory_desc_init_by_tag(&dwm, 5, dwd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
         dnnl_memory_desc_init_by_tag(&ym, 4, yd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
@@ -299,10 +322,9 @@ bool wk__cpu_conv_dw(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *
     /* Not where build_conv keeps the blocks: a 1x1 reading a conv that
      * reads a fused one's output (mobilenet_v2's next block), and a dw
      * whose output only convs read. */
-    int from = x->producer, from2 = from >= 0 ? g->values[g->steps[from].in[0]].producer : -1;
+    int from = x->producer;
     bool blocked_in = from >= 0 && g->steps[from].kind == WK_K_CONV &&
-                      ((from2 >= 0 && conv_dw_index(&g->steps[from2]) >= 0) ||
-                       conv_dw_index(&g->steps[from]) >= 0);
+                      (written_fused(g, pw->in[0]) || written_fused(g, g->steps[from].in[0]));
     bool convs_read = y->n_uses > 0 && !y->is_output;
     for (int i = 0; i < g->n_steps && convs_read; i++)
         for (int k = 0; k < g->steps[i].n_in; k++)
@@ -366,9 +388,7 @@ static void conv_keep_channels_last(wk_plan_t *plan, const wk_step_t *s, dnnl_pr
         return;
     const cpu_buf_t *in = &be->bufs[wk__cpu_vbuf(s->in[0])];
     /* After a fused depthwise conv (nChw16c), its 16-channel blocks. */
-    int from = plan->graph->values[s->in[0]].producer;
-    dnnl_format_tag_t tag =
-        from >= 0 && conv_dw_index(&plan->graph->steps[from]) >= 0 ? dnnl_nChw16c : dnnl_acdb;
+    dnnl_format_tag_t tag = written_fused(plan->graph, s->in[0]) ? dnnl_nChw16c : dnnl_acdb;
     dnnl_memory_desc_t sm, dm;
     if (!in->decided || conv_dw_index(s) >= 0 ||
         dnnl_memory_desc_init_by_tag(&sm, src->ndims, src->dims, dnnl_f32, tag) != dnnl_success ||
@@ -392,6 +412,45 @@ static void conv_keep_channels_last(wk_plan_t *plan, const wk_step_t *s, dnnl_pr
  * batch 1 ran oneDNN's reference code: 120 ms instead of 0.1). Such a size
  * gets the weights once more, in the layout its kernel wants; the
  * activations keep their layouts. */
+/* A copy of constant data (layout plain) in layout want for batch size b:
+ * an earlier size's copy in that layout (alt[k], -1 for none), or a new
+ * one. Returns the buffer or a negative SQ_* code. */
+static int alt_copy(wk_plan_t *plan, const int *alt, int b, const dnnl_memory_desc_t *want,
+                    const dnnl_memory_desc_t *plain, void *data)
+{
+    const cpu_be_t *be = plan->be;
+    for (int k = 1; k < b; k++)
+        if (alt[k] >= 0 && dnnl_memory_desc_equal(&be->bufs[alt[k]].md, want))
+            return alt[k];
+    return wk__cpu_const_reorder(plan, plain, data, want);
+}
+
+/* A fused depthwise conv's weights at batch size b, whose kernel is pd:
+ * the shared copy, or (cs->dw_alt[b]) one in the layout pd wants. */
+static int dw_weights_at(wk_plan_t *plan, int si, int b, const_dnnl_primitive_desc_t pd)
+{
+    cpu_be_t *be = plan->be;
+    const wk_step_t *s = &plan->graph->steps[si];
+    cpu_step_t *cs = &be->steps[si];
+    int dwi = conv_dw_index(s), mb = plan->graph->max_batch;
+    const dnnl_memory_desc_t *want =
+        dwi < 0 ? NULL
+                : dnnl_primitive_desc_query_md(pd, dnnl_query_exec_arg_md,
+                                               DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_WEIGHTS);
+    if (want == NULL || dnnl_memory_desc_equal(want, &be->bufs[cs->dw_wei].md))
+        return 0;
+    if (cs->dw_alt == NULL) {
+        cs->dw_alt = sq_xmalloc(sizeof(int) * (size_t)(mb + 1));
+        for (int k = 0; k <= mb; k++)
+            cs->dw_alt[k] = -1;
+    }
+    const wk_value_t *w = &plan->graph->values[s->post[dwi].value];
+    dnnl_memory_desc_t plain;
+    dw_plain_md(&plain, w);
+    cs->dw_alt[b] = alt_copy(plan, cs->dw_alt, b, want, &plain, w->data);
+    return cs->dw_alt[b] < -1 ? cs->dw_alt[b] : 0;
+}
+
 static int conv_per_batch(wk_plan_t *plan, int si, const dnnl_memory_desc_t *q_src,
                           const dnnl_memory_desc_t *q_wei, const dnnl_memory_desc_t *q_dst,
                           const dnnl_memory_desc_t *wei_any, const dnnl_memory_desc_t *bias,
@@ -410,9 +469,12 @@ static int conv_per_batch(wk_plan_t *plan, int si, const dnnl_memory_desc_t *q_s
         /* The shared weights, when the algorithm is the shared one. */
         bool fast = want_wino == cs->wino &&
                     pd_fast(conv_pd(&p, s, wino, &sb, q_wei, bias, &db, attr, be->engine), &p);
+        int rc = fast ? dw_weights_at(plan, si, b, p) : 0;
         if (p != NULL)
             dnnl_primitive_desc_destroy(p);
         p = NULL;
+        if (rc != 0)
+            return rc;
         if (fast)
             continue;
         /* Else the weights its kernel wants; a Winograd plan keeps Winograd
@@ -438,16 +500,10 @@ static int conv_per_batch(wk_plan_t *plan, int si, const dnnl_memory_desc_t *q_s
             }
             cs->wino_at[b] = (int8_t)wino;
             /* The shared weights, or an earlier size's layout: no new copy. */
-            if (w != q_wei && !dnnl_memory_desc_equal(w, q_wei)) {
-                for (int k = 1; k < b && cs->wei_alt[b] < 0; k++)
-                    if (cs->wei_alt[k] >= 0 &&
-                        dnnl_memory_desc_equal(&be->bufs[cs->wei_alt[k]].md, w))
-                        cs->wei_alt[b] = cs->wei_alt[k];
-                if (cs->wei_alt[b] < 0)
-                    cs->wei_alt[b] = wk__cpu_const_reorder(plan, wplain, wdata, w);
-            }
-            if (cs->wei_alt[b] < -1) {
-                int rc = cs->wei_alt[b];
+            if (w != q_wei && !dnnl_memory_desc_equal(w, q_wei))
+                cs->wei_alt[b] = alt_copy(plan, cs->wei_alt, b, w, wplain, wdata);
+            rc = cs->wei_alt[b] < -1 ? cs->wei_alt[b] : dw_weights_at(plan, si, b, p);
+            if (rc != 0) {
                 dnnl_primitive_desc_destroy(p);
                 return rc;
             }
@@ -483,10 +539,8 @@ static int build_conv(wk_plan_t *plan, int si, int batch)
                                                                          : cs->weights]
                      .md;
         dst_md = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->out)], batch);
-        if (dwi >= 0) {
-            dnnl_dims_t d = {src_md.dims[0], y->dims[1], x->dims[2], x->dims[3]};
-            dnnl_memory_desc_init_by_tag(&dst_md, 4, d, dnnl_f32, dnnl_nChw16c);
-        }
+        if (dwi >= 0)
+            dw_mid_md(&dst_md, src_md.dims[0], x, y);
     } else {
         dnnl_dims_t d;
         d[0] = x->dims[0];
@@ -588,12 +642,11 @@ static int build_conv(wk_plan_t *plan, int si, int batch)
             goto out;
         }
         if (dwi >= 0) {
-            /* The depthwise weights [C, 1, 3, 3] are goihw [C, 1, 1, 3, 3]. */
             const wk_post_t *dp = &s->post[dwi];
             const wk_value_t *dwv = &g->values[dp->value], *dbv = &g->values[dp->bias];
             dnnl_memory_desc_t dwp, dbp;
-            dnnl_dims_t dwd = {dwv->dims[0], 1, 1, 3, 3}, dbd = {dbv->dims[0]};
-            DN(dnnl_memory_desc_init_by_tag(&dwp, 5, dwd, dnnl_f32, dnnl_goihw));
+            dnnl_dims_t dbd = {dbv->dims[0]};
+            dw_plain_md(&dwp, dwv);
             DN(dnnl_memory_desc_init_by_tag(&dbp, 1, dbd, dnnl_f32, dnnl_a));
             const dnnl_memory_desc_t *q_dww = dnnl_primitive_desc_query_md(
                 pd, dnnl_query_exec_arg_md, DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_WEIGHTS);
@@ -611,47 +664,10 @@ static int build_conv(wk_plan_t *plan, int si, int batch)
                 rc = cs->dw_bias;
                 goto out;
             }
-            /* A batch size whose fused kernel wants the depthwise weights
-             * in another layout gets its own copy (as conv_per_batch does
-             * for the 1x1's). */
-            for (int b = plan->min_batch > 1 ? plan->min_batch : 1; x->batched && b < g->max_batch;
-                 b++) {
-                dnnl_memory_desc_t sb = md_with_batch(q_src, b), mb_;
-                dnnl_dims_t md = {b, y->dims[1], x->dims[2], x->dims[3]};
-                DN(dnnl_memory_desc_init_by_tag(&mb_, 4, md, dnnl_f32, dnnl_nChw16c));
-                dnnl_primitive_desc_t p = NULL;
-                if (!pd_fast(conv_pd(&p, s, false, &sb, q_wei, has_bias ? &bias_md : NULL, &mb_,
-                                     attr, be->engine),
-                             &p)) {
-                    if (p != NULL)
-                        dnnl_primitive_desc_destroy(p);
-                    continue; /* phase 2 makes what it can */
-                }
-                const dnnl_memory_desc_t *want = dnnl_primitive_desc_query_md(
-                    p, dnnl_query_exec_arg_md, DNNL_ARG_ATTR_POST_OP_DW | DNNL_ARG_WEIGHTS);
-                if (want != NULL && !dnnl_memory_desc_equal(want, q_dww)) {
-                    if (cs->dw_alt == NULL) {
-                        cs->dw_alt = sq_xmalloc(sizeof(int) * (size_t)(g->max_batch + 1));
-                        for (int k = 0; k <= g->max_batch; k++)
-                            cs->dw_alt[k] = -1;
-                    }
-                    cs->dw_alt[b] = wk__cpu_const_reorder(plan, &dwp, dwv->data, want);
-                }
-                dnnl_primitive_desc_destroy(p);
-                if (cs->dw_alt != NULL && cs->dw_alt[b] < -1) {
-                    rc = cs->dw_alt[b];
-                    goto out;
-                }
-            }
         }
         /* the descriptor's dst: with a fused dw, the 1x1's own output */
-        dnnl_memory_desc_t desc_dst = *q_dst;
-        if (dwi >= 0) {
-            dnnl_dims_t md = {x->dims[0], y->dims[1], x->dims[2], x->dims[3]};
-            DN(dnnl_memory_desc_init_by_tag(&desc_dst, 4, md, dnnl_f32, dnnl_nChw16c));
-        }
         if (x->batched && g->max_batch > 1 &&
-            (rc = conv_per_batch(plan, si, q_src, q_wei, &desc_dst, &wei_md,
+            (rc = conv_per_batch(plan, si, q_src, q_wei, dwi >= 0 ? &dst_md : q_dst, &wei_md,
                                  has_bias ? &bias_md : NULL, attr, &wplain, w->data)) != 0)
             goto out;
         dnnl_primitive_desc_destroy(pd);
