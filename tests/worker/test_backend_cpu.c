@@ -425,6 +425,23 @@ Test(backend_cpu, a_large_expanded_tensor_is_timed_both_ways_and_either_way_matc
     wk_plan_free(p);
 }
 
+/* Below SQUISH_CPU_DW_FUSE_MB nothing is even timed: the pair that
+ * "always" fuses (the first test's stride-2 block, 9.6 MB between) stays
+ * apart under a 1000 MB threshold. */
+Test(backend_cpu, a_pair_below_the_size_threshold_stays_apart)
+{
+    setenv("SQUISH_CPU_DW_FUSE_MB", "1000", 1);
+    net_t t = {.g = wk_graph_new(N)};
+    int x = input(&t, 16, 112);
+    int e = act(&t, conv(&t, x, 96, 1, 1), (wk_act_t){.kind = WK_ACT_RELU});
+    int y = conv_s(&t, e, 96, 3, 96, 2);
+    wk_plan_t *p = plan_and_check(&t, x, y);
+    unsetenv("SQUISH_CPU_DW_FUSE_MB");
+    cr_expect_eq(count_dw_posts(p), 0);
+    cr_expect_null(p->small, "nothing fused: no plan of its own for batch 1");
+    wk_plan_free(p);
+}
+
 /* Off: nothing fused, whatever the size. */
 Test(backend_cpu, squish_cpu_dw_fuse_mb_off_fuses_nothing)
 {
