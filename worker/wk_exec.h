@@ -34,8 +34,30 @@ typedef struct {
 #define WK_PIXEL_NORM_IMAGENET                                                                     \
     ((wk_pixel_norm_t){.mean = {0.485f, 0.456f, 0.406f}, .std = {0.229f, 0.224f, 0.225f}})
 
+/* Arithmetic a plan runs in. FP32 is exact IEEE single precision (on cuda:
+ * FMA math, no tensor-core rounding); TF32 lets convolutions and GEMMs
+ * round their inputs to 10-bit mantissas on tensor cores (accumulating in
+ * FP32, tensors stay FP32); FP16 and BF16 store activations and weights in
+ * 16 bits (NHWC on cuda, so tensor cores take the convolutions) and
+ * accumulate in FP32. A backend that lacks a precision runs the nearest it
+ * has, and says which (wk_plan_precision). */
+typedef enum {
+    WK_PRECISION_FP32 = 0,
+    WK_PRECISION_TF32,
+    WK_PRECISION_FP16,
+    WK_PRECISION_BF16,
+    WK_PRECISION_COUNT_
+} wk_precision_t;
+
+/* "fp32", "tf32", "fp16", "bf16"; NULL for a value out of range. */
+const char *wk_precision_name(wk_precision_t p);
+/* The precision of a name above; -1 for any other string. */
+int wk_precision_parse(const char *name);
+
 typedef struct {
     sq_dev_kind_t backend;
+    /* asked for; the plan may run another (wk_plan_precision) */
+    wk_precision_t precision;
     int device_index; /* cuda:N */
     int max_batch;    /* >= 1; ignored (taken as 1) for graphs without a batch dimension */
     int threads;      /* cpu: worker threads for the kernels; 0 = every core */
@@ -80,6 +102,9 @@ void wk_plan_free(wk_plan_t *plan);
 const char *wk_plan_errmsg(const wk_plan_t *plan);
 int wk_plan_max_batch(const wk_plan_t *plan);
 sq_dev_kind_t wk_plan_backend(const wk_plan_t *plan);
+/* The precision the plan runs in: opts.precision where the backend has it,
+ * else the nearest it has (the cpu and emu backends: FP32). */
+wk_precision_t wk_plan_precision(const wk_plan_t *plan);
 /* Bytes of device memory the plan holds (weights + arena + workspace). */
 uint64_t wk_plan_memory_bytes(const wk_plan_t *plan);
 

@@ -251,6 +251,9 @@ typedef struct wk_backend_ops {
      * a post-op of the 1x1 conv pw before it (both already checked to be
      * of the shapes WK_POST_DW allows); NULL: never. */
     bool (*conv_dw)(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *dw);
+    /* Optional: the precision a prepared plan runs in (plan->opts.precision
+     * where the backend has it); NULL: FP32 whatever was asked. */
+    wk_precision_t (*precision)(const wk_plan_t *plan);
 } wk_backend_ops_t;
 
 extern const wk_backend_ops_t wk_backend_cpu;
