@@ -28,6 +28,21 @@ int sq_dev_kind_parse(const char *name)
     return -1;
 }
 
+static const char *const precision_names[SQ_PRECISION_COUNT] = {"fp32", "tf32", "fp16", "bf16"};
+
+const char *sq_precision_name(int precision)
+{
+    return precision >= 0 && precision < SQ_PRECISION_COUNT ? precision_names[precision] : NULL;
+}
+
+int sq_precision_parse(const char *name)
+{
+    for (int p = 0; name != NULL && p < SQ_PRECISION_COUNT; p++)
+        if (strcmp(name, precision_names[p]) == 0)
+            return p;
+    return -1;
+}
+
 int sq_device_format(char *buf, size_t len, sq_dev_kind_t kind, int index)
 {
     if (kind == SQ_DEV_CPU)

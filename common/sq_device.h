@@ -16,6 +16,16 @@ const char *sq_dev_kind_name(sq_dev_kind_t kind);
 /* The kind named `name` exactly, or -1. */
 int sq_dev_kind_parse(const char *name);
 
+/* The arithmetic a model's plan runs in, as a model's config asks for it
+ * ("precision") and the worker reports what its plan runs: fp32, tf32,
+ * fp16, bf16. The values are the worker's wk_precision_t's (worker/wk_exec.h
+ * says what each means); the gateway and the IPC carry them by these. */
+#define SQ_PRECISION_COUNT 4
+/* "fp32", "tf32", "fp16", "bf16"; NULL for a value out of range. */
+const char *sq_precision_name(int precision);
+/* The precision named `name` exactly, or -1. */
+int sq_precision_parse(const char *name);
+
 /* Exit status of a worker whose device cannot be used (no GPU, no driver):
  * squishd's supervisor treats it as "fall back", not as a crash to retry. */
 #define SQ_EXIT_DEVICE_UNAVAILABLE 3

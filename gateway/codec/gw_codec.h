@@ -280,7 +280,10 @@ int gw_part_is(const gw_part_t *p, const char *s);
  *
  * Every field but `name` has a default, so {"name": "resnet18"} is a valid
  * config for an ONNX model: version 1, ImageNet mean/std, RGB, bilinear
- * resize to the graph's input size, labels "0".."K-1", SLO 100 ms.
+ * resize to the graph's input size, labels "0".."K-1", no SLO, precision
+ * fp32. "precision" ("fp32", "tf32", "fp16", "bf16") is the arithmetic the
+ * workers' plans are asked to run in (a backend without it runs fp32 and
+ * says so in the model's status).
  * An emulated model (no ONNX file) carries its profile instead:
  * {"name", "profile": {"alpha_ms", "beta_ms"} or {"batch": [...],
  * "latency_ms": [...], "latency_std_ms": [...]}, "max_batch", "memory_mb",
@@ -320,6 +323,7 @@ typedef struct {
     int version;
     double default_slo_ms;
     int max_batch; /* 0 = choose (profiling / emulated default 64) */
+    int precision; /* sq_device.h: 0 fp32 (the default), tf32, fp16, bf16 */
     /* preprocessing */
     char resize[16];        /* "bilinear" | "nearest" */
     char channel_order[4];  /* "RGB" | "BGR" */

@@ -281,7 +281,8 @@ int gw_model_config_parse(const char *text, size_t len, int emulated, gw_model_c
     }
     static const char *known[] = {"name",           "version",     "labels",         "preprocess",
                                   "default_slo_ms", "max_batch",   "profile",        "memory_mb",
-                                  "input",          "num_classes", "version_policy", "detections"};
+                                  "input",          "num_classes", "version_policy", "detections",
+                                  "precision"};
     const char *key;
     json_t *v;
     json_object_foreach(root, key, v)
@@ -345,6 +346,13 @@ int gw_model_config_parse(const char *text, size_t len, int emulated, gw_model_c
             goto out;
         }
         cfg->max_batch = (int)json_integer_value(v);
+    }
+    if ((v = json_object_get(root, "precision")) != NULL &&
+        (cfg->precision = sq_precision_parse(json_string_value(v))) < 0) {
+        cfg->precision = 0;
+        rc = bad(err, errlen, "precision",
+                 "expected \"fp32\" (the default), \"tf32\", \"fp16\" or \"bf16\"");
+        goto out;
     }
     if ((v = json_object_get(root, "labels")) != NULL) {
         if ((rc = check_labels(v, err, errlen)) != 0)

@@ -68,3 +68,19 @@ Test(device, format_names_a_local_device)
     sq_device_format(buf, sizeof(buf), SQ_DEV_CUDA, 1);
     cr_assert_str_eq(buf, "cuda:1");
 }
+
+Test(device, precisions_and_names_round_trip)
+{
+    const char *names[] = {"fp32", "tf32", "fp16", "bf16"};
+    cr_assert_eq(SQ_PRECISION_COUNT, 4);
+    for (int p = 0; p < SQ_PRECISION_COUNT; p++) {
+        cr_assert_str_eq(sq_precision_name(p), names[p]);
+        cr_assert_eq(sq_precision_parse(names[p]), p);
+    }
+    cr_assert_null(sq_precision_name(-1));
+    cr_assert_null(sq_precision_name(SQ_PRECISION_COUNT));
+    cr_assert_eq(sq_precision_parse("FP16"), -1, "names are lowercase");
+    cr_assert_eq(sq_precision_parse("int8"), -1);
+    cr_assert_eq(sq_precision_parse(""), -1);
+    cr_assert_eq(sq_precision_parse(NULL), -1);
+}

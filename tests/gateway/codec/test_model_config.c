@@ -209,3 +209,55 @@ Test(model_config, an_emulated_detector_gives_its_mean_and_slots)
     /* An ONNX model's outputs come from its file. */
     EXPECT_BAD("{\"name\": \"a\", \"detections\": {\"mean\": 1}}", 0, SQ_BAD_CONFIG, "emulated");
 }
+
+/* "precision": the arithmetic the workers' plans are asked to run in. Every
+ * value parses, for an ONNX and an emulated model alike; none is fp32. */
+Test(model_config, precision_takes_each_value_and_defaults_to_fp32)
+{
+    const char *names[] = {"fp32", "tf32", "fp16", "bf16"};
+    for (int emulated = 0; emulated < 2; emulated++) {
+        gw_model_config_t cfg;
+        char err[512], j[256];
+        const char *prof = emulated ? ", \"profile\": {\"alpha_ms\": 1, \"beta_ms\": 2}" : "";
+        snprintf(j, sizeof(j), "{\"name\": \"p\"%s}", prof);
+        cr_assert_eq(parse(j, emulated, &cfg, err), 0, "%s", err);
+        cr_assert_eq(cfg.precision, 0, "the default is fp32");
+        cr_assert_str_eq(sq_precision_name(cfg.precision), "fp32");
+        gw_model_config_dispose(&cfg);
+        for (int p = 0; p < 4; p++) {
+            snprintf(j, sizeof(j), "{\"name\": \"p\", \"precision\": \"%s\"%s}", names[p], prof);
+            cr_assert_eq(parse(j, emulated, &cfg, err), 0, "%s: %s", j, err);
+            cr_assert_eq(cfg.precision, p, "%s", j);
+            cr_assert_str_eq(sq_precision_name(cfg.precision), names[p]);
+            gw_model_config_dispose(&cfg);
+        }
+    }
+}
+
+/* Anything else is a 400 bad_config that names the field and the values
+ * it takes (squishd answers {"error": err, "code": "bad_config"}). */
+Test(model_config, a_bad_precision_names_the_field_and_its_values)
+{
+    const char *bad[] = {"{\"name\": \"p\", \"precision\": \"fp8\"}",
+                         "{\"name\": \"p\", \"precision\": \"FP16\"}",
+                         "{\"name\": \"p\", \"precision\": \"\"}",
+                         "{\"name\": \"p\", \"precision\": 16}",
+                         "{\"name\": \"p\", \"precision\": null}",
+                         "{\"name\": \"p\", \"precision\": [\"fp16\"]}"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        gw_model_config_t cfg;
+        char err[512] = "";
+        cr_assert_eq(parse(bad[i], 0, &cfg, err), SQ_BAD_CONFIG, "%s", bad[i]);
+        cr_assert_str_eq(err,
+                         "config.precision: expected \"fp32\" (the default), \"tf32\", \"fp16\" "
+                         "or \"bf16\"",
+                         "%s -> %s", bad[i], err);
+        cr_assert_null(cfg.labels);
+    }
+    /* The refusal of an unknown field lists it among the fields. */
+    EXPECT_BAD("{\"name\": \"p\", \"precison\": \"fp16\"}", 0, SQ_BAD_CONFIG, "precision");
+    /* A bad precision with labels given leaks nothing (labels are parsed
+     * after it, but the config is disposed of on every error). */
+    EXPECT_BAD("{\"name\": \"p\", \"labels\": [\"a\"], \"precision\": \"x\"}", 0, SQ_BAD_CONFIG,
+               "config.precision");
+}
