@@ -25,6 +25,7 @@ void sq_model_load_encode(sq_buf_t *b, const sq_model_load_t *m)
         sq_buf_put_u32(b, m->in_chw[i]);
     }
     sq_buf_put_u8(b, m->bgr);
+    sq_buf_put_u8(b, m->precision);
     sq_buf_put_u32(b, m->out_classes);
     sq_buf_put_u32(b, m->det_slots);
     sq_buf_put_f64(b, m->det_mean);
@@ -54,12 +55,14 @@ int sq_model_load_decode(const sq_frame_t *f, sq_model_load_t *m)
         m->in_chw[i] = sq_get_u32(&r);
     }
     m->bgr = sq_get_u8(&r);
+    m->precision = sq_get_u8(&r);
     m->out_classes = sq_get_u32(&r);
     m->det_slots = sq_get_u32(&r);
     m->det_mean = sq_get_f64(&r);
     m->n_latency = sq_get_u32(&r);
     if (m->n_latency > SQ_MAX_EMU_LATENCIES || m->format > SQ_FORMAT_GROUP || m->max_batch == 0 ||
-        m->max_batch > SQ_MAX_BATCH_ITEMS || m->det_slots > SQ_MAX_EMU_DET_SLOTS ||
+        m->precision >= SQ_PRECISION_COUNT || m->max_batch > SQ_MAX_BATCH_ITEMS ||
+        m->det_slots > SQ_MAX_EMU_DET_SLOTS ||
         (m->det_slots > 0 &&
          (m->out_classes != 5 * m->det_slots || !(m->det_mean >= 0) || m->det_mean > m->det_slots)))
         return SQ_PROTOCOL;
@@ -198,6 +201,9 @@ void sq_profile_done_encode(sq_buf_t *b, const sq_profile_done_t *m)
         sq_buf_put_f64(b, m->rows[i].std_us);
         sq_buf_put_u64(b, m->rows[i].peak_memory_bytes);
     }
+    sq_buf_put_u8(b, m->precision);
+    sq_buf_put_f64(b, m->max_abs_deviation);
+    sq_buf_put_f64(b, m->max_rel_deviation);
 }
 
 int sq_profile_done_decode(const sq_frame_t *f, sq_profile_done_t *m)
@@ -215,6 +221,13 @@ int sq_profile_done_decode(const sq_frame_t *f, sq_profile_done_t *m)
         m->rows[i].std_us = sq_get_f64(&r);
         m->rows[i].peak_memory_bytes = sq_get_u64(&r);
     }
+    m->precision = sq_get_u8(&r);
+    m->max_abs_deviation = sq_get_f64(&r);
+    m->max_rel_deviation = sq_get_f64(&r);
+    /* -1 (not measured), 0 or more, +inf; never NaN */
+    if (m->precision >= SQ_PRECISION_COUNT || !(m->max_abs_deviation >= -1) ||
+        !(m->max_rel_deviation >= -1))
+        return SQ_PROTOCOL;
     return finish(&r, f, SQ_MSG_PROFILE_DONE);
 }
 

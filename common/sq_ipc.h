@@ -15,6 +15,7 @@
 #define SQ_IPC_H
 
 #include "sq_buf.h"
+#include "sq_device.h"
 
 #include <stddef.h>
 #include <stdint.h>
@@ -22,7 +23,7 @@
 #include <sys/uio.h>
 
 #define SQ_IPC_MAGIC 0x48535153u /* "SQSH" */
-#define SQ_IPC_VERSION 7
+#define SQ_IPC_VERSION 8
 #define SQ_IPC_HEADER_SIZE 16
 #define SQ_IPC_MAX_PAYLOAD (16u << 20)
 #define SQ_IPC_MAX_FDS 4
@@ -226,6 +227,10 @@ typedef struct {
     uint32_t max_batch;
     double mean[3], std[3]; /* on the 0..255 pixel scale */
     uint8_t bgr;
+    /* The arithmetic asked for (sq_device.h: 0 fp32 .. 3 bf16, the model
+     * config's "precision"); the plan may run another (PROFILE_DONE says
+     * which). Protocol 8. */
+    uint8_t precision;
     uint32_t in_chw[3];   /* emulated: item shape ({C,H,W}, or {H,W,C} for NHWC) */
     uint32_t out_classes; /* emulated: floats per item (its row: one output) */
     /* emulated detector (det_slots > 0): the row is det_slots boxes (4
@@ -321,6 +326,15 @@ typedef struct {
     char message[200];
     uint32_t nrows;
     sq_profile_row_t rows[SQ_MAX_PROFILE_ROWS];
+    /* Protocol 8: the precision the plan runs in (sq_device.h), and how far
+     * its outputs are from an FP32 plan's on the profiling input at batch 1:
+     * the largest absolute difference and that over the largest magnitude
+     * of the FP32 outputs. 0 when it runs FP32; -1 when not measured (no
+     * FP32 plan could be made); +inf where its outputs are not finite but
+     * FP32's are. Never NaN. */
+    uint8_t precision;
+    double max_abs_deviation;
+    double max_rel_deviation;
 } sq_profile_done_t;
 
 /* ---- remote workers (TCP) ----

@@ -125,6 +125,21 @@ static const char *const sqlite_migrations[] = {
      * restart and a takeover. */
     ("ALTER TABLE models ADD COLUMN unloaded INTEGER NOT NULL DEFAULT 0;"
      "ALTER TABLE pipelines ADD COLUMN unloaded INTEGER NOT NULL DEFAULT 0;"),
+    /* 6: precision: the arithmetic a model's config asks its plans to run
+     * in (fp32, tf32, fp16, bf16), and per device kind it was measured on,
+     * the one its plan ran and how far its outputs were from an FP32
+     * plan's. Every plan before ran FP32: their deviation is 0. */
+    ("ALTER TABLE models ADD COLUMN precision_asked TEXT NOT NULL DEFAULT 'fp32';"
+     "CREATE TABLE profile_precision ("
+     "  model_id INTEGER NOT NULL REFERENCES models(id) ON DELETE CASCADE,"
+     "  device_kind TEXT NOT NULL,"
+     "  runs TEXT NOT NULL,"
+     "  max_abs_deviation REAL NOT NULL," /* -1: not measured; +inf: not finite */
+     "  max_rel_deviation REAL NOT NULL,"
+     "  PRIMARY KEY (model_id, device_kind)"
+     ");"
+     "INSERT INTO profile_precision SELECT DISTINCT model_id, device_kind, 'fp32', 0, 0 "
+     "FROM profiles;"),
 };
 
 /* The same schema in PostgreSQL's dialect. Where sqlite has an implicit
@@ -240,6 +255,18 @@ static const char *const pg_migrations[] = {
     /* 5 */
     ("ALTER TABLE models ADD COLUMN unloaded BIGINT NOT NULL DEFAULT 0;"
      "ALTER TABLE pipelines ADD COLUMN unloaded BIGINT NOT NULL DEFAULT 0;"),
+    /* 6 */
+    ("ALTER TABLE models ADD COLUMN precision_asked TEXT NOT NULL DEFAULT 'fp32';"
+     "CREATE TABLE profile_precision ("
+     "  model_id BIGINT NOT NULL REFERENCES models(id) ON DELETE CASCADE,"
+     "  device_kind TEXT COLLATE \"C\" NOT NULL,"
+     "  runs TEXT NOT NULL,"
+     "  max_abs_deviation DOUBLE PRECISION NOT NULL,"
+     "  max_rel_deviation DOUBLE PRECISION NOT NULL,"
+     "  PRIMARY KEY (model_id, device_kind)"
+     ");"
+     "INSERT INTO profile_precision SELECT DISTINCT model_id, device_kind, 'fp32', 0, 0 "
+     "FROM profiles;"),
 };
 
 _Static_assert(sizeof(sqlite_migrations) / sizeof(sqlite_migrations[0]) == MDB_SCHEMA_VERSION,

@@ -20,7 +20,7 @@ typedef struct mdb mdb_t;
 struct mdb_graph;
 
 /* The schema version this build writes; older files are migrated on open. */
-#define MDB_SCHEMA_VERSION 5
+#define MDB_SCHEMA_VERSION 6
 
 /* Whether target names a PostgreSQL database: a URI (postgresql://...,
  * postgres://...) or a key=value conninfo ("host=/run/pg dbname=squish");
@@ -111,6 +111,9 @@ typedef struct {
     json_t *preprocess; /* {"resize", "mean", "std", "channel_order"} */
     json_t *labels;     /* array of strings */
     json_t *config;     /* as given */
+    /* The precision the config asks for: "fp32", "tf32", "fp16", "bf16";
+     * NULL is "fp32". */
+    const char *precision;
     double default_slo_ms;
     int max_batch;
     uint64_t param_bytes;
@@ -119,7 +122,8 @@ typedef struct {
     /* For ONNX models: the imported graph, whose node signatures are stored
      * and matched against stored models for shared prefixes. */
     const struct mdb_graph *graph;
-    /* A given profile (emulated models): rows for profile_device_kind. */
+    /* A given profile (emulated models): rows for profile_device_kind, which
+     * runs FP32 (its precision row says so, with deviation 0). */
     const mdb_profile_row_t *profile;
     int nprofile;
     const char *profile_device_kind;
@@ -135,7 +139,10 @@ int mdb_model_insert(mdb_t *db, const mdb_new_model_t *m, int64_t *id_out);
  * {"version", "sha256", "created_at", "format", "status", "error",
  *  "input", "outputs", "preprocess", "labels_count", "default_slo_ms",
  *  "max_batch", "param_bytes", "memory_bytes", "profile", "prefix_group",
- *  "version_policy" (only when its upload's config gave one), "detections"
+ *  "precision": {"asked", "devices": [{"device_kind", "runs",
+ *  "max_abs_deviation", "max_rel_deviation"}]} (a deviation is null when
+ *  not measured or not finite), "version_policy" (only when its upload's
+ *  config gave one), "detections"
  *  (an emulated detector's, likewise), "unloaded": true (only when it is,
  *  mdb_model_set_unloaded)}. */
 int mdb_model_get(mdb_t *db, const char *name, json_t **out);
@@ -213,11 +220,23 @@ int mdb_pipeline_set_unloaded(mdb_t *db, const char *name, int unloaded);
  * from_id has no profile; SQ_MODEL_NOT_FOUND when either model is gone. */
 int mdb_profile_copy(mdb_t *db, int64_t from_id, int64_t to_id);
 
-/* Replaces the profile rows of a model for a device kind and sets its
- * status (one transaction). SQ_MODEL_NOT_FOUND, storing nothing, when the
- * model was deleted meanwhile. */
+/* What a measurement found of a model's precision on a device kind: the
+ * precision its plan runs ("fp32"...) and the largest absolute and relative
+ * deviation of its outputs from an FP32 plan's (0 when it runs FP32; -1
+ * when not measured; +inf when not finite). */
+typedef struct {
+    const char *runs;
+    double max_abs_deviation;
+    double max_rel_deviation;
+} mdb_precision_t;
+
+/* Replaces the profile rows of a model for a device kind, and its precision
+ * row for that kind (precision NULL: none), and sets its status (one
+ * transaction). SQ_MODEL_NOT_FOUND, storing nothing, when the model was
+ * deleted meanwhile. The copy (mdb_profile_copy) takes the precision rows
+ * too. */
 int mdb_profile_store(mdb_t *db, int64_t model_id, const char *device_kind, const char *device_name,
                       const mdb_profile_row_t *rows, int nrows, const char *status,
-                      const char *error);
+                      const char *error, const mdb_precision_t *precision);
 
 #endif

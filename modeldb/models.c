@@ -7,6 +7,7 @@
 
 #include <sq.h>
 
+#include <math.h>
 #include <openssl/evp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -216,6 +217,30 @@ static int insert_profile(mdb_t *db, int64_t id, const char *kind, const char *n
     return rc;
 }
 
+/* Replaces a model's precision row for a device kind (precision NULL:
+ * removes it). A deviation that is not a number is stored as +inf: sqlite
+ * keeps no NaN, and a NaN deviation is a non-finite output all the same. */
+static int insert_precision(mdb_t *db, int64_t id, const char *kind, const mdb_precision_t *p)
+{
+    static const char del_sql[] =
+        "DELETE FROM profile_precision WHERE model_id = ? AND device_kind = ?";
+    static const char sql[] = "INSERT INTO profile_precision (model_id, device_kind, runs, "
+                              "max_abs_deviation, max_rel_deviation) VALUES (?, ?, ?, ?, ?)";
+    mdb_q_t *q = mdb_q(db, del_sql);
+    mdb_q_int64(q, 1, id);
+    mdb_q_text(q, 2, kind);
+    int rc = mdb_q_run(q, "delete precision");
+    if (rc != 0 || p == NULL)
+        return rc;
+    q = mdb_q(db, sql);
+    mdb_q_int64(q, 1, id);
+    mdb_q_text(q, 2, kind);
+    mdb_q_text(q, 3, p->runs != NULL ? p->runs : "fp32");
+    mdb_q_double(q, 4, isnan(p->max_abs_deviation) ? INFINITY : p->max_abs_deviation);
+    mdb_q_double(q, 5, isnan(p->max_rel_deviation) ? INFINITY : p->max_rel_deviation);
+    return mdb_q_run(q, "insert precision");
+}
+
 /* Whether a model with that id exists (1), not (0), or SQ_*. */
 static int model_exists(mdb_t *db, int64_t id)
 {
@@ -233,8 +258,9 @@ static int model_exists(mdb_t *db, int64_t id)
 #define MODEL_INSERT_SQL(id)                                                                       \
     "INSERT INTO models (id, name, version, sha256, created_at, format, onnx, input_name, "        \
     "input, input_layout, preprocess, labels, default_slo_ms, max_batch, outputs, "                \
-    "param_bytes, memory_bytes, input_spec, config, status) "                                      \
-    "VALUES (" id ", ?, ?, ?, ?, ?, ?, ?, ?, 'NCHW', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id"
+    "param_bytes, memory_bytes, input_spec, config, status, precision_asked) "                     \
+    "VALUES (" id                                                                                  \
+    ", ?, ?, ?, ?, ?, ?, ?, ?, 'NCHW', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id"
 
 typedef struct {
     const mdb_new_model_t *m;
@@ -282,6 +308,7 @@ static int model_insert_tx(mdb_t *db, void *arg)
     mdb_q_text(q, 16, ins->spec);
     mdb_q_json(q, 17, m->config);
     mdb_q_text(q, 18, m->status);
+    mdb_q_text(q, 19, m->precision != NULL ? m->precision : "fp32");
     int step = mdb_q_step(q, "insert model");
     if (step != 1)
         return step < 0 ? step : SQ_DB;
@@ -303,6 +330,10 @@ static int model_insert_tx(mdb_t *db, void *arg)
     if (rc == 0 && m->nprofile > 0)
         rc = insert_profile(db, ins->id, m->profile_device_kind, m->profile_device_kind, m->profile,
                             m->nprofile);
+    /* A given profile's device (the emulated one) runs FP32. */
+    const mdb_precision_t fp32 = {.runs = "fp32"};
+    if (rc == 0 && m->nprofile > 0)
+        rc = insert_precision(db, ins->id, m->profile_device_kind, &fp32);
     return rc == SQ_EXISTS ? SQ_DB : rc;
 }
 
@@ -373,11 +404,11 @@ static json_t *prefix_group_json(mdb_t *db, int64_t id)
 
 /* record_from_row reads these by index; a query that adds columns after
  * them reads those from RECORD_NCOLUMNS on. */
-#define RECORD_NCOLUMNS 19
+#define RECORD_NCOLUMNS 20
 #define RECORD_COLUMNS                                                                             \
     "id, name, version, sha256, created_at, format, status, error, input_name, input, "            \
     "outputs, preprocess, labels, default_slo_ms, max_batch, param_bytes, memory_bytes, config, "  \
-    "unloaded"
+    "unloaded, precision_asked"
 
 static json_t *record_from_row(mdb_q_t *q)
 {
@@ -412,17 +443,47 @@ static json_t *record_from_row(mdb_q_t *q)
     /* Unloaded (model control): only when it is, as Triton's index says. */
     if (mdb_q_int64_at(q, 18) != 0)
         json_object_set_new(r, "unloaded", json_true());
+    /* The precision asked; the devices' come with finish_record. */
+    json_object_set_new(r, "precision",
+                        json_pack("{s:s, s:[]}", "asked",
+                                  mdb_q_text_at(q, 19) ? mdb_q_text_at(q, 19) : "fp32", "devices"));
     /* The statement is reused by the helpers below: copy what they need first. */
     json_object_set_new(r, "id", json_integer(id));
     return r;
 }
 
-/* Adds the profile and prefix group to records (after the row loop, since
- * those queries reuse other cached statements). */
+/* A deviation as the record shows it: null when not measured (-1) or not
+ * finite. */
+static json_t *deviation_json(double d)
+{
+    return d >= 0 && isfinite(d) ? json_real(d) : json_null();
+}
+
+/* Per device kind measured: the precision the plan ran and its deviation
+ * from FP32, into the record's "precision". */
+static void precision_devices(mdb_t *db, int64_t id, json_t *precision)
+{
+    static const char sql[] = "SELECT device_kind, runs, max_abs_deviation, max_rel_deviation "
+                              "FROM profile_precision WHERE model_id = ? ORDER BY device_kind";
+    json_t *devices = json_object_get(precision, "devices");
+    mdb_q_t *q = mdb_q(db, sql);
+    mdb_q_int64(q, 1, id);
+    while (devices != NULL && mdb_q_step(q, "read precision") == 1)
+        json_array_append_new(devices,
+                              json_pack("{s:s, s:s, s:o, s:o}", "device_kind", mdb_q_text_at(q, 0),
+                                        "runs", mdb_q_text_at(q, 1), "max_abs_deviation",
+                                        deviation_json(mdb_q_double_at(q, 2)), "max_rel_deviation",
+                                        deviation_json(mdb_q_double_at(q, 3))));
+    mdb_q_reset(q);
+}
+
+/* Adds the profile, precision and prefix group to records (after the row
+ * loop, since those queries reuse other cached statements). */
 static void finish_record_keep_id(mdb_t *db, json_t *r)
 {
     int64_t id = json_integer_value(json_object_get(r, "id"));
     json_object_set_new(r, "profiles", profiles_json(db, id));
+    precision_devices(db, id, json_object_get(r, "precision"));
     json_object_set_new(r, "prefix_group", prefix_group_json(db, id));
 }
 
@@ -673,6 +734,11 @@ static int profile_copy_tx(mdb_t *db, void *arg)
         "latency_std_us, peak_memory_bytes, preprocess_us FROM profiles WHERE model_id = ?";
     static const char status_sql[] =
         "UPDATE models SET status = 'ready', error = NULL WHERE id = ?";
+    static const char prec_del_sql[] = "DELETE FROM profile_precision WHERE model_id = ?";
+    static const char prec_copy_sql[] =
+        "INSERT INTO profile_precision (model_id, device_kind, runs, max_abs_deviation, "
+        "max_rel_deviation) SELECT CAST(? AS BIGINT), device_kind, runs, max_abs_deviation, "
+        "max_rel_deviation FROM profile_precision WHERE model_id = ?";
     const profile_copy_t *c = arg;
     mdb_q_t *q = mdb_q(db, exists_sql);
     mdb_q_int64(q, 1, c->from_id);
@@ -702,6 +768,17 @@ static int profile_copy_tx(mdb_t *db, void *arg)
                  (long long)c->from_id);
         return SQ_NOT_FOUND;
     }
+    /* The same file under the same precision (twins are found so): the
+     * same plans, the same deviations. */
+    q = mdb_q(db, prec_del_sql);
+    mdb_q_int64(q, 1, c->to_id);
+    if ((rc = mdb_q_run(q, "delete precision")) != 0)
+        return rc;
+    q = mdb_q(db, prec_copy_sql);
+    mdb_q_int64(q, 1, c->to_id);
+    mdb_q_int64(q, 2, c->from_id);
+    if ((rc = mdb_q_run(q, "copy precision")) != 0)
+        return rc;
     q = mdb_q(db, status_sql);
     mdb_q_int64(q, 1, c->to_id);
     return mdb_q_run(q, "update status");
@@ -719,6 +796,7 @@ typedef struct {
     const mdb_profile_row_t *rows;
     int nrows;
     const char *status, *error;
+    const mdb_precision_t *precision;
 } profile_store_t;
 
 static int profile_store_tx(mdb_t *db, void *arg)
@@ -735,6 +813,8 @@ static int profile_store_tx(mdb_t *db, void *arg)
         return SQ_MODEL_NOT_FOUND;
     }
     int rc = insert_profile(db, p->model_id, p->device_kind, p->device_name, p->rows, p->nrows);
+    if (rc == 0)
+        rc = insert_precision(db, p->model_id, p->device_kind, p->precision);
     if (rc != 0)
         return rc == SQ_EXISTS ? SQ_DB : rc;
     mdb_q_t *q = mdb_q(db, sql);
@@ -746,9 +826,9 @@ static int profile_store_tx(mdb_t *db, void *arg)
 
 int mdb_profile_store(mdb_t *db, int64_t model_id, const char *device_kind, const char *device_name,
                       const mdb_profile_row_t *rows, int nrows, const char *status,
-                      const char *error)
+                      const char *error, const mdb_precision_t *precision)
 {
-    profile_store_t p = {model_id, device_kind, device_name, rows, nrows, status, error};
+    profile_store_t p = {model_id, device_kind, device_name, rows, nrows, status, error, precision};
     return mdb_write(db, profile_store_tx, &p);
 }
 

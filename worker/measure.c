@@ -227,3 +227,29 @@ int wk_measure_rows(const wk_measure_t *M, sq_profile_row_t *rows)
     }
     return M->nrows;
 }
+
+void wk_deviation(const float *got, const float *ref, size_t n, double *max_abs, double *max_rel)
+{
+    double dmax = 0, rmax = 0;
+    int overflow = 0;
+    for (size_t i = 0; i < n; i++) {
+        double r = ref[i], g = got[i];
+        if (!isfinite(r))
+            continue; /* the reference overflows too: nothing to compare */
+        if (!isfinite(g)) {
+            overflow = 1;
+            continue;
+        }
+        double d = fabs(g - r);
+        if (d > dmax)
+            dmax = d;
+        if (fabs(r) > rmax)
+            rmax = fabs(r);
+    }
+    if (overflow) {
+        *max_abs = *max_rel = INFINITY;
+        return;
+    }
+    *max_abs = dmax;
+    *max_rel = rmax > 0 ? dmax / rmax : dmax > 0 ? INFINITY : 0;
+}

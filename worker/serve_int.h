@@ -78,6 +78,14 @@ typedef struct model {
     uint32_t asked_max_batch;
     double mean[3], std[3];
     uint8_t bgr;
+    uint8_t precision; /* asked for (wk_precision_t); the plan may run another */
+    /* A plan that runs other than FP32: an FP32 plan's row (every output)
+     * for item 0 of the profiling input (wk__profile_input), made by the
+     * loader with a batch-1 FP32 plan that it then frees, for the profile
+     * to measure the plan's deviation from (NULL: it runs FP32, or no FP32
+     * plan could be made: ref_why says why). */
+    float *ref_out;
+    char *ref_why;
     uint64_t gen; /* the connection that last loaded it */
 } model_t;
 
@@ -231,6 +239,10 @@ const char *wk__model_errmsg(const model_t *m);
 int wk__model_run(model_t *m, int batch, int pixels, const uint8_t *in, const int *member,
                   float *out, size_t out_stride);
 int64_t wk__model_last_run_ns(const model_t *m);
+/* The input a model is profiled on, `items` of it at in: uint8 HWC pixels
+ * (pixel_h x pixel_w x 3 bytes an item) when pixels, else in_elems FP32
+ * values an item. Item i is the same whatever `items` is. */
+void wk__profile_input(int pixels, size_t item_bytes, int items, uint8_t *in);
 
 /* A model file's bytes (mapped, see serve_state.c), and the files held. */
 uint8_t *wk__file_alloc(size_t n);

@@ -62,7 +62,7 @@ static model_t *same_model(server_t *s, uint64_t key, const sq_model_load_t *spe
     for (model_t *m = s->models; m != NULL; m = m->next)
         if (m->key == key && m->plan != NULL && strcmp(m->sha256, spec->sha256) == 0 &&
             m->asked_max_batch == spec->max_batch && m->bgr == spec->bgr &&
-            memcmp(m->mean, spec->mean, sizeof(m->mean)) == 0 &&
+            m->precision == spec->precision && memcmp(m->mean, spec->mean, sizeof(m->mean)) == 0 &&
             memcmp(m->std, spec->std, sizeof(m->std)) == 0)
             return m;
     return NULL;
@@ -114,6 +114,52 @@ int wk__do_load(server_t *s, job_t *j)
     return 1;
 }
 
+/* The load's precision is a wk_precision_t (sq_device.h names the same
+ * values; tests/worker/test_exec.c checks the names). */
+_Static_assert(WK_PRECISION_COUNT_ == SQ_PRECISION_COUNT, "one list of precisions");
+
+/* Loader thread: a plan that runs other than FP32 gets the row an FP32
+ * plan of the same graph gives for item 0 of the profiling input, against
+ * which the profile measures its deviation (serve_profile.c). The FP32
+ * plan is made for batch 1 and freed at once: it costs the load time of
+ * a small plan, and holds no memory past it. */
+static void fp32_reference(const mdb_graph_t *g, const wk_plan_opts_t *opts, model_t *m)
+{
+    if (wk_plan_precision(m->plan) == WK_PRECISION_FP32)
+        return;
+    char why[512] = "";
+    wk_plan_opts_t ref_opts = *opts;
+    ref_opts.precision = WK_PRECISION_FP32;
+    ref_opts.max_batch = 1;
+    wk_plan_t *ref = NULL;
+    int rc = wk_plan_create(g, &ref_opts, &ref, why, sizeof(why));
+    if (rc == 0 && (wk_plan_row_elems(ref) != m->out_elems ||
+                    (m->pixel_h == 0 && wk_plan_n_inputs(ref) != 1))) {
+        rc = SQ_INVAL;
+        snprintf(why, sizeof(why), "the FP32 plan's outputs differ from the model's");
+    }
+    if (rc == 0) {
+        size_t item =
+            m->pixel_h > 0 ? (size_t)m->pixel_h * m->pixel_w * 3 : (size_t)m->in_elems * 4;
+        uint8_t *in = sq_xmalloc(item);
+        float *out = sq_xmalloc((size_t)m->out_elems * sizeof(float));
+        wk__profile_input(m->pixel_h > 0, item, 1, in);
+        const float *ins[1] = {(const float *)in};
+        rc = m->pixel_h > 0 ? wk_plan_run_pixels(ref, 1, in, out)
+                            : wk_plan_run_rows(ref, 1, ins, out);
+        if (rc != 0) {
+            snprintf(why, sizeof(why), "the FP32 plan's run: %s", wk_plan_errmsg(ref));
+            free(out);
+        } else {
+            m->ref_out = out;
+        }
+        free(in);
+    }
+    wk_plan_free(ref);
+    if (rc != 0)
+        m->ref_why = sq_xstrdup(why[0] ? why : sq_err_msg(rc));
+}
+
 /* Loader thread: builds j's model into j->built (or says why not), then
  * hands j back to the execution thread as INSTALL. */
 static void build_model(server_t *s, job_t *j)
@@ -125,6 +171,7 @@ static void build_model(server_t *s, job_t *j)
     opts.device_index = s->o.dev.index;
     opts.max_batch = (int)spec->max_batch;
     opts.threads = s->o.threads;
+    opts.precision = (wk_precision_t)spec->precision;
     for (int c = 0; c < 3; c++) {
         opts.pixel_norm.mean[c] = (float)(spec->mean[c] / 255.0);
         opts.pixel_norm.std[c] = (float)(spec->std[c] / 255.0);
@@ -140,6 +187,7 @@ static void build_model(server_t *s, job_t *j)
     }
     wk_plan_t *plan = NULL;
     wk_group_t *group = NULL;
+    mdb_graph_t *onnx_graph = NULL;
     int64_t started_ns = sq_now_ns(), import_ms = 0;
     int rc;
     if (spec->format == SQ_FORMAT_GROUP) {
@@ -169,7 +217,10 @@ static void build_model(server_t *s, job_t *j)
             snprintf(why, sizeof(why), "import: %s %s", ierr.detail, ierr.ops);
         else
             rc = wk_plan_create(g, &opts, &plan, why, sizeof(why));
-        mdb_graph_free(g);
+        if (rc == 0)
+            onnx_graph = g; /* for the FP32 reference, below */
+        else
+            mdb_graph_free(g);
     }
     free(lat); /* the plan keeps its own copy */
     model_t *m = NULL;
@@ -199,8 +250,12 @@ static void build_model(server_t *s, job_t *j)
         memcpy(m->mean, spec->mean, sizeof(m->mean));
         memcpy(m->std, spec->std, sizeof(m->std));
         m->bgr = spec->bgr;
+        m->precision = spec->precision;
         m->gen = j->gen;
+        if (onnx_graph != NULL)
+            fp32_reference(onnx_graph, &opts, m);
     }
+    mdb_graph_free(onnx_graph);
     j->built = m;
     j->build_rc = rc;
     j->build_why = rc != 0 ? sq_xstrdup(why) : NULL;

@@ -50,16 +50,41 @@ static measure_t *measure_new(uint64_t key, const model_t *m, const sq_profile_r
     size_t item = M->pixels ? (size_t)m->pixel_h * m->pixel_w * 3 : (size_t)m->in_elems * 4;
     M->in = sq_xmalloc(item * (size_t)M->max_b);
     M->out = sq_xmalloc((size_t)m->out_elems * sizeof(float) * (size_t)M->max_b);
-    uint32_t seed = 12345;
-    for (size_t i = 0; i < item * (size_t)M->max_b; i++) {
-        seed = seed * 1103515245u + 12345u;
-        M->in[i] = M->pixels ? (uint8_t)(seed >> 24) : 0;
-    }
-    if (!M->pixels)
-        for (size_t i = 0; i < (size_t)m->in_elems * (size_t)M->max_b; i++)
-            ((float *)M->in)[i] = (float)((i * 2654435761u) % 1000) / 1000.0f;
+    wk__profile_input(M->pixels, item, M->max_b, M->in);
     wk_measure_init(&M->core, M->max_b, (int)req->warmup, (int)req->repeats, req->budget_ms);
     return M;
+}
+
+/* The precision m's plan runs and its outputs' deviation from an FP32
+ * plan's on item 0 of the profiling input (at batch 1, against the row
+ * the loader kept, model_t.ref_out): 0 for a plan that runs FP32, -1 when
+ * there is no FP32 row to compare with. A group reports its prefix's
+ * precision, unmeasured. Runs one batch of 1 (into M->out). */
+static int measure_deviation(model_t *m, measure_t *M, sq_profile_done_t *done)
+{
+    const wk_plan_t *front = m->group != NULL ? wk_group_prefix(m->group) : m->plan;
+    wk_precision_t runs = wk_plan_precision(front);
+    done->precision = (uint8_t)runs;
+    done->max_abs_deviation = done->max_rel_deviation = 0;
+    if (runs == WK_PRECISION_FP32)
+        return 0;
+    if (m->group != NULL || m->ref_out == NULL) {
+        done->max_abs_deviation = done->max_rel_deviation = -1;
+        if (m->ref_why != NULL)
+            SQ_WARN("precision deviation not measured key=%llu precision=%s reason=\"%s\"",
+                    (unsigned long long)m->key, wk_precision_name(runs), m->ref_why);
+        return 0;
+    }
+    M->member[0] = 0;
+    int rc = wk__model_run(m, 1, M->pixels, M->in, M->member, M->out, (size_t)m->out_elems);
+    if (rc != 0)
+        return rc;
+    wk_deviation(M->out, m->ref_out, (size_t)m->out_elems, &done->max_abs_deviation,
+                 &done->max_rel_deviation);
+    SQ_INFO("precision deviation key=%llu precision=%s max_abs=%g max_rel=%g",
+            (unsigned long long)m->key, wk_precision_name(runs), done->max_abs_deviation,
+            done->max_rel_deviation);
+    return 0;
 }
 
 /* PROFILE: runs measurement batches of the model until the slice is used
@@ -129,6 +154,13 @@ void wk__do_profile(server_t *s, job_t *j)
         done->nrows = (uint32_t)wk_measure_rows(C, done->rows);
         for (uint32_t i = 0; i < done->nrows; i++)
             done->rows[i].peak_memory_bytes = M->memory[i];
+        int rc = measure_deviation(m, M, done);
+        if (rc != 0) {
+            done->code = rc;
+            done->nrows = 0;
+            snprintf(done->message, sizeof(done->message), "batch 1 (precision): %s",
+                     wk__model_errmsg(m));
+        }
     }
     reply_t *r = wk__reply_new(s, SQ_MSG_PROFILE_DONE, j->id);
     sq_profile_done_encode(&r->payload, done);

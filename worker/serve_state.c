@@ -162,6 +162,8 @@ void wk__model_free(model_t *m)
         return;
     wk_plan_free(m->plan);
     wk_group_free(m->group);
+    free(m->ref_out);
+    free(m->ref_why);
     free(m);
 }
 
@@ -221,6 +223,21 @@ int wk__model_run(model_t *m, int batch, int pixels, const uint8_t *in, const in
         return SQ_INVAL;
     const float *ins[1] = {(const float *)in};
     return wk_plan_run_rows(m->plan, batch, ins, out);
+}
+
+void wk__profile_input(int pixels, size_t item_bytes, int items, uint8_t *in)
+{
+    size_t n = item_bytes * (size_t)items;
+    if (pixels) {
+        uint32_t seed = 12345;
+        for (size_t i = 0; i < n; i++) {
+            seed = seed * 1103515245u + 12345u;
+            in[i] = (uint8_t)(seed >> 24);
+        }
+        return;
+    }
+    for (size_t i = 0; i < n / sizeof(float); i++)
+        ((float *)in)[i] = (float)((i * 2654435761u) % 1000) / 1000.0f;
 }
 
 int64_t wk__model_last_run_ns(const model_t *m)

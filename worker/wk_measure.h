@@ -68,4 +68,12 @@ void wk_measure_progress(const wk_measure_t *M, uint32_t *done, uint32_t *total)
  * peak_memory_bytes is left 0 for the caller. */
 int wk_measure_rows(const wk_measure_t *M, sq_profile_row_t *rows);
 
+/* How far n outputs `got` (a plan in a lower precision) are from `ref`
+ * (an FP32 plan's on the same input): *max_abs the largest |got - ref|,
+ * *max_rel that over the largest |ref| (over all n: one scale for every
+ * output, so a value near 0 does not blow it up; 0 when every |ref| is 0
+ * and nothing differs). A non-finite got where ref is finite is +inf in
+ * both; an output non-finite in ref too counts as none. Never NaN. */
+void wk_deviation(const float *got, const float *ref, size_t n, double *max_abs, double *max_rel);
+
 #endif

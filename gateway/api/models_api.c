@@ -255,6 +255,7 @@ static void upload_emulated(mdb_t *db, model_job_t *j)
         .preprocess = preprocess_json(cfg),
         .labels = labels,
         .config = config,
+        .precision = sq_precision_name(cfg->precision),
         .default_slo_ms = cfg->default_slo_ms,
         .max_batch = cfg->max_batch,
         .memory_bytes = mem,
@@ -399,6 +400,7 @@ static void upload_onnx(mdb_t *db, model_job_t *j)
         .preprocess = pre,
         .labels = labels,
         .config = config_json,
+        .precision = sq_precision_name(cfg->precision),
         .default_slo_ms = cfg->default_slo_ms,
         .max_batch = g->batch_fixed > 0 ? (int)g->batch_fixed
                      : cfg->max_batch   ? cfg->max_batch

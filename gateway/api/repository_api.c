@@ -55,6 +55,11 @@ static json_t *model_config(const gw_model_t *m)
         "max_batch_size", m->max_batch, "input", in, "output", outs, "preprocessing", pre,
         "default_slo_ms", m->default_slo_ms > 0 ? json_real(m->default_slo_ms) : json_null(),
         "status", m->status, "profiled_on", profiles);
+    /* squish's own: the precision the config asked for (what the plans
+     * run, per device kind, is in GET /models/{m}). Triton's optimization
+     * policy names an accelerator (TensorRT, OpenVINO) for its precision
+     * mode; squish's plans are its own, so it says it plainly. */
+    json_object_set_new(c, "precision", json_string(sq_precision_name(m->precision)));
     if (m->error[0])
         json_object_set_new(c, "error", json_string(m->error));
     return c;

@@ -60,7 +60,8 @@ typedef struct gw_model {
     gw_output_t outputs[GW_MAX_OUTPUTS];
     double mean[3], std[3]; /* 0..255 pixel scale */
     int bgr;
-    int nearest; /* resize mode */
+    int nearest;   /* resize mode */
+    int precision; /* asked for (sq_device.h: 0 fp32 .. 3 bf16): the loads say it */
     double default_slo_ms;
     int max_batch;
     uint64_t memory_bytes;

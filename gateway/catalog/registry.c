@@ -105,6 +105,10 @@ gw_model_t *gw_model_from_record(json_t *rec)
     }
     const char *order = json_string_value(json_object_get(pre, "channel_order"));
     m->bgr = order != NULL && strcmp(order, "BGR") == 0;
+    /* What the config asked for; a record without one is fp32. */
+    int prec = sq_precision_parse(
+        json_string_value(json_object_get(json_object_get(rec, "precision"), "asked")));
+    m->precision = prec > 0 ? prec : 0;
     const char *resize = json_string_value(json_object_get(pre, "resize"));
     m->nearest = resize != NULL && strcmp(resize, "nearest") == 0;
     m->default_slo_ms = json_number_value(json_object_get(rec, "default_slo_ms"));

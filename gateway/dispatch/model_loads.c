@@ -71,6 +71,7 @@ static void spec_from_model(sq_model_load_t *spec, const gw_model_t *m)
         spec->std[c] = m->std[c];
     }
     spec->bgr = (uint8_t)m->bgr;
+    spec->precision = (uint8_t)m->precision;
     /* The item shape in the model's order: an emulated plan takes images
      * in the same layout. Its one output is the model's whole row. */
     spec->in_chw[0] = (uint32_t)(m->nhwc ? m->h : m->c);

@@ -28,7 +28,8 @@ typedef struct {
 static int same_input(const gw_model_t *a, const gw_model_t *b)
 {
     if (a->c != b->c || a->h != b->h || a->w != b->w || a->nhwc != b->nhwc ||
-        a->input_uint8 != b->input_uint8 || a->bgr != b->bgr || a->nearest != b->nearest)
+        a->input_uint8 != b->input_uint8 || a->bgr != b->bgr || a->nearest != b->nearest ||
+        a->precision != b->precision) /* one plan runs in one precision */
         return 0;
     for (int c = 0; c < 3; c++)
         if (a->mean[c] != b->mean[c] || a->std[c] != b->std[c])
@@ -177,6 +178,7 @@ static ds_model_t *group_form(gw_dispatch_t *ds, const gw_model_t *m, int kind)
     gm->nhwc = f->nhwc;
     gm->bgr = f->bgr;
     gm->nearest = f->nearest;
+    gm->precision = f->precision;
     memcpy(gm->mean, f->mean, sizeof(gm->mean));
     memcpy(gm->std, f->std, sizeof(gm->std));
     gm->max_batch = f->max_batch;

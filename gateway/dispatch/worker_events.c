@@ -55,9 +55,13 @@ static void profile_store_job(mdb_t *db, void *arg)
                                       .std_us = p->done.rows[i].std_us,
                                       .peak_memory_bytes = p->done.rows[i].peak_memory_bytes};
     int ok = p->done.code == 0 && p->done.nrows > 0;
+    /* The precision its plan ran on this kind, and how far from FP32. */
+    mdb_precision_t prec = {.runs = sq_precision_name(p->done.precision),
+                            .max_abs_deviation = p->done.max_abs_deviation,
+                            .max_rel_deviation = p->done.max_rel_deviation};
     int rc = mdb_profile_store(db, p->key, p->device_kind, p->device_name, rows,
                                ok ? (int)p->done.nrows : 0, ok ? "ready" : "failed",
-                               ok ? NULL : p->done.message);
+                               ok ? NULL : p->done.message, ok ? &prec : NULL);
     free(rows);
     if (rc == SQ_MODEL_NOT_FOUND)
         SQ_INFO("profile not stored: the model was deleted while it was measured key=%lld",

@@ -2,6 +2,7 @@
 #include <sq.h>
 
 #include <errno.h>
+#include <math.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -355,6 +356,97 @@ Test(ipc, group_load_and_member_batches_round_trip)
     free(out);
     free(bi);
     free(bo);
+}
+
+/* The precision a model's config asks for reaches the worker with its load
+ * (protocol 8), every value of it; a value past bf16 is a protocol error. */
+Test(ipc, a_load_carries_the_asked_precision)
+{
+    sq_model_load_t *in = calloc(1, sizeof(*in)), *out = calloc(1, sizeof(*out));
+    in->format = SQ_FORMAT_ONNX;
+    in->max_batch = 8;
+    in->bgr = 1;
+    in->out_classes = 10;
+    sq_buf_t b;
+    sq_buf_init(&b);
+    for (int p = 0; p <= SQ_PRECISION_COUNT; p++) {
+        in->precision = (uint8_t)p;
+        b.len = 0;
+        sq_model_load_encode(&b, in);
+        sq_frame_t f = {.type = SQ_MSG_MODEL_LOAD, .payload = b.data, .len = (uint32_t)b.len};
+        memset(out, 0xff, sizeof(*out));
+        if (p == SQ_PRECISION_COUNT) {
+            cr_assert_eq(sq_model_load_decode(&f, out), SQ_PROTOCOL, "precision %d", p);
+            continue;
+        }
+        cr_assert_eq(sq_model_load_decode(&f, out), 0, "precision %d", p);
+        cr_assert_eq(out->precision, p);
+        cr_assert_eq(out->bgr, 1, "the fields around it stay in place");
+        cr_assert_eq(out->out_classes, 10);
+    }
+    sq_buf_dispose(&b);
+    free(in);
+    free(out);
+}
+
+/* PROFILE_DONE says what precision the plan ran and its deviation from
+ * FP32's outputs (protocol 8): -1 (not measured) and +inf (overflow) pass,
+ * NaN and a precision past bf16 do not, and nothing may trail. */
+Test(ipc, profile_done_carries_the_precision_run_and_its_deviation)
+{
+    sq_profile_done_t *in = calloc(1, sizeof(*in)), *out = calloc(1, sizeof(*out));
+    in->nrows = 2;
+    in->rows[0] =
+        (sq_profile_row_t){.batch = 1, .mean_us = 100, .std_us = 2, .peak_memory_bytes = 1 << 20};
+    in->rows[1] =
+        (sq_profile_row_t){.batch = 4, .mean_us = 300, .std_us = 5, .peak_memory_bytes = 2 << 20};
+    in->precision = 2; /* fp16 */
+    in->max_abs_deviation = 0.0125;
+    in->max_rel_deviation = 0.0004;
+    sq_buf_t b;
+    sq_buf_init(&b);
+    sq_profile_done_encode(&b, in);
+    sq_frame_t f = {.type = SQ_MSG_PROFILE_DONE, .payload = b.data, .len = (uint32_t)b.len};
+    cr_assert_eq(sq_profile_done_decode(&f, out), 0);
+    cr_assert_eq(out->nrows, 2);
+    cr_assert_eq(out->rows[1].batch, 4);
+    cr_assert_eq(out->rows[1].peak_memory_bytes, 2u << 20);
+    cr_assert_eq(out->precision, 2);
+    cr_assert_float_eq(out->max_abs_deviation, 0.0125, 1e-15);
+    cr_assert_float_eq(out->max_rel_deviation, 0.0004, 1e-15);
+
+    double ok[] = {0, -1, INFINITY}, bad[] = {NAN, -2};
+    for (int i = 0; i < 3; i++) {
+        in->max_abs_deviation = in->max_rel_deviation = ok[i];
+        b.len = 0;
+        sq_profile_done_encode(&b, in);
+        f = (sq_frame_t){.type = SQ_MSG_PROFILE_DONE, .payload = b.data, .len = (uint32_t)b.len};
+        cr_assert_eq(sq_profile_done_decode(&f, out), 0, "deviation %g", ok[i]);
+        cr_assert(out->max_rel_deviation == ok[i], "deviation %g", ok[i]);
+    }
+    for (int i = 0; i < 2; i++) {
+        in->max_abs_deviation = bad[i];
+        b.len = 0;
+        sq_profile_done_encode(&b, in);
+        f = (sq_frame_t){.type = SQ_MSG_PROFILE_DONE, .payload = b.data, .len = (uint32_t)b.len};
+        cr_assert_eq(sq_profile_done_decode(&f, out), SQ_PROTOCOL, "deviation %g", bad[i]);
+    }
+    in->max_abs_deviation = 0;
+    in->precision = SQ_PRECISION_COUNT;
+    b.len = 0;
+    sq_profile_done_encode(&b, in);
+    f = (sq_frame_t){.type = SQ_MSG_PROFILE_DONE, .payload = b.data, .len = (uint32_t)b.len};
+    cr_assert_eq(sq_profile_done_decode(&f, out), SQ_PROTOCOL);
+    /* A protocol 7 answer (no precision, no deviations) is refused, not
+     * read short. */
+    in->precision = 0;
+    b.len = 0;
+    sq_profile_done_encode(&b, in);
+    f = (sq_frame_t){.type = SQ_MSG_PROFILE_DONE, .payload = b.data, .len = (uint32_t)b.len - 17};
+    cr_assert_eq(sq_profile_done_decode(&f, out), SQ_PROTOCOL);
+    sq_buf_dispose(&b);
+    free(in);
+    free(out);
 }
 
 /* A worker's refusal of a model (MODEL_FAILED) carries the same body as an

@@ -162,6 +162,53 @@ Test(exec, conv_plain_strided_padded_on_every_batch_size)
                              .groups = 1});
 }
 
+/* The precisions a model's config names (sq_device.h) are the worker's,
+ * value for value: a load carries them by number. */
+Test(exec, precision_names_are_the_gateways)
+{
+    for (int p = 0; p < WK_PRECISION_COUNT_; p++) {
+        cr_assert_str_eq(wk_precision_name((wk_precision_t)p), sq_precision_name(p));
+        cr_assert_eq(wk_precision_parse(sq_precision_name(p)), p);
+    }
+    cr_assert_eq(WK_PRECISION_COUNT_, SQ_PRECISION_COUNT);
+}
+
+/* The cpu backend runs FP32 whatever a plan asks for, and says so. */
+Test(exec, a_cpu_plan_runs_fp32_whatever_it_is_asked)
+{
+    conv_geom_t g = {.n = 2,
+                     .c = 3,
+                     .h = 8,
+                     .w = 8,
+                     .oc = 4,
+                     .kh = 3,
+                     .kw = 3,
+                     .sh = 1,
+                     .sw = 1,
+                     .dh = 1,
+                     .dw = 1,
+                     .pt = 1,
+                     .pl = 1,
+                     .pb = 1,
+                     .pr = 1,
+                     .groups = 1};
+    float *w = rand_buf(g.oc * g.c * g.kh * g.kw), *b = rand_buf(g.oc);
+    for (int p = 0; p < WK_PRECISION_COUNT_; p++) {
+        wk_plan_opts_t o = wk_plan_opts_default();
+        o.max_batch = 2;
+        o.precision = (wk_precision_t)p;
+        char why[512];
+        wk_plan_t *plan = NULL;
+        cr_assert_eq(wk_plan_from_graph(conv_graph(&g, w, b), &o, &plan, why, sizeof(why)), 0, "%s",
+                     why);
+        cr_assert_eq(wk_plan_precision(plan), WK_PRECISION_FP32, "asked %s",
+                     wk_precision_name((wk_precision_t)p));
+        wk_plan_free(plan);
+    }
+    free(w);
+    free(b);
+}
+
 /* A 3x3 stride-1 conv in a plan for 8: Winograd from batch 4 up, direct
  * below (each size its own weights layout), the same answers at every size. */
 Test(exec, conv_3x3_winograd_and_direct_sizes_of_one_plan)

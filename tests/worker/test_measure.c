@@ -170,3 +170,42 @@ Test(measure, pass_0_stops_where_throughput_stops_growing)
     cr_assert_eq(M.nrows, 4, "sizes %d", M.nrows);
     wk_measure_free(&M);
 }
+
+/* wk_deviation: how far a lower precision's outputs are from FP32's. */
+Test(deviation, the_largest_difference_over_the_largest_reference)
+{
+    const float ref[] = {10.0f, -20.0f, 0.5f, 0.0f};
+    const float same[] = {10.0f, -20.0f, 0.5f, 0.0f};
+    const float got[] = {10.25f, -19.5f, 0.5f, -0.125f};
+    double a = -1, r = -1;
+    wk_deviation(same, ref, 4, &a, &r);
+    cr_assert(a == 0 && r == 0, "identical outputs: %g %g", a, r);
+    wk_deviation(got, ref, 4, &a, &r);
+    cr_assert_float_eq(a, 0.5, 1e-12);
+    cr_assert_float_eq(r, 0.5 / 20.0, 1e-12, "over max |ref|, not the element's own");
+    /* No outputs, and all-zero references. */
+    wk_deviation(got, ref, 0, &a, &r);
+    cr_assert(a == 0 && r == 0);
+    const float zeros[] = {0, 0}, small[] = {0, 1e-3f};
+    wk_deviation(zeros, zeros, 2, &a, &r);
+    cr_assert(a == 0 && r == 0);
+    wk_deviation(small, zeros, 2, &a, &r);
+    cr_assert_float_eq(a, 1e-3, 1e-9);
+    cr_assert(isinf(r) && r > 0);
+}
+
+Test(deviation, an_overflow_is_infinite_and_never_nan)
+{
+    const float ref[] = {1.0f, 2.0f, INFINITY};
+    const float inf[] = {1.0f, INFINITY, INFINITY}, nan[] = {NAN, 2.0f, 3.0f};
+    const float both[] = {1.5f, 2.0f, NAN};
+    double a, r;
+    wk_deviation(inf, ref, 3, &a, &r);
+    cr_assert(isinf(a) && isinf(r) && a > 0 && r > 0, "%g %g", a, r);
+    wk_deviation(nan, ref, 3, &a, &r);
+    cr_assert(isinf(a) && isinf(r) && a > 0 && r > 0, "%g %g", a, r);
+    /* Where FP32 itself is not finite there is nothing to compare. */
+    wk_deviation(both, ref, 3, &a, &r);
+    cr_assert_float_eq(a, 0.5, 1e-12);
+    cr_assert_float_eq(r, 0.25, 1e-12);
+}
