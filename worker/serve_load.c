@@ -297,11 +297,14 @@ void wk__do_install(server_t *s, job_t *j)
     wk__model_drop(s, j->id);
     m->next = s->models;
     s->models = m;
+    const wk_plan_t *front = m->group != NULL ? wk_group_prefix(m->group) : m->plan;
     SQ_INFO("model loaded key=%llu sha256=%.12s backend=%s max_batch=%d memory_mb=%llu "
-            "members=%u import_ms=%lld load_ms=%lld",
+            "members=%u precision=%s runs=%s import_ms=%lld load_ms=%lld",
             (unsigned long long)j->id, spec->sha256, sq_dev_kind_name(s->o.dev.kind),
             wk__model_max_batch(m), (unsigned long long)(wk__model_memory(m) >> 20),
-            spec->n_members, (long long)j->import_ms, (long long)j->load_ms);
+            spec->n_members, sq_precision_name(spec->precision),
+            wk_precision_name(wk_plan_precision(front)), (long long)j->import_ms,
+            (long long)j->load_ms);
 }
 
 /* UNLOAD, execution thread: drops the model and cancels its loads still

@@ -1,0 +1,137 @@
+"""Precision: a model's config asks for the arithmetic its plans run in
+("precision": fp32, tf32, fp16, bf16). The cpu worker runs fp32 whatever
+is asked, and the model's status says so per device kind, with the
+deviation from FP32 its measurement found (0: it is FP32). The setting is
+stored with the model: it survives a restart and reaches the worker in
+its load again. A value squishd does not take is a 400 naming the field."""
+
+import json
+import os
+
+import tiny_models as tm
+from harness import Squishd, eventually, run, test
+from test_models import auth, upload
+
+PHOTO = open("/usr/share/matplotlib/mpl-data/sample_data/grace_hopper.jpg", "rb").read()
+
+
+def record(s, name):
+    r = s.get("/models/" + name, headers=auth(s), schema_name="model")
+    assert r.status == 200, r
+    return r.json["versions"][0]
+
+
+def ready(s, name):
+    return record(s, name)["status"] == "ready"
+
+
+CPU_FP32 = [{"device_kind": "cpu", "runs": "fp32", "max_abs_deviation": 0.0,
+             "max_rel_deviation": 0.0}]
+
+
+def check_measured(s):
+    """fp16 asked, fp32 run on cpu, no deviation; the default is fp32."""
+    h = record(s, "half")
+    assert h["precision"] == {"asked": "fp16", "devices": CPU_FP32}, h["precision"]
+    d = record(s, "plain")
+    assert d["precision"] == {"asked": "fp32", "devices": CPU_FP32}, d["precision"]
+    # Triton's config route says what was asked.
+    r = s.get("/v2/models/half/config", schema_name="model_config")
+    assert r.status == 200 and r.json["precision"] == "fp16", r
+    r = s.get("/v2/models/plain/config", schema_name="model_config")
+    assert r.status == 200 and r.json["precision"] == "fp32", r
+
+
+def worker_loads(log):
+    """{precision asked: precision run} of the worker's "model loaded" lines."""
+    out = []
+    for line in log.splitlines():
+        if "model loaded key=" in line and " precision=" in line:
+            asked = line.split(" precision=")[1].split()[0]
+            runs = line.split(" runs=")[1].split()[0]
+            out.append((asked, runs))
+    return out
+
+
+@test
+def fp16_asked_runs_fp32_on_the_cpu_worker_says_so_and_survives_a_restart():
+    s = Squishd(workers="cpu:1")
+    try:
+        s.wait_ready(workers=1, timeout=20)
+        r = upload(s, tm.tiny(1), {"name": "half", "precision": "fp16"})
+        assert r.status == 202, r
+        # Not measured yet: asked, no device.
+        assert r.json["precision"] == {"asked": "fp16", "devices": []}, r.json
+        r = upload(s, tm.tiny(2), {"name": "plain"})
+        assert r.status == 202, r
+        assert r.json["precision"] == {"asked": "fp32", "devices": []}, r.json
+        eventually(lambda: ready(s, "half") and ready(s, "plain"), 90, "both measured")
+        check_measured(s)
+        # The worker was asked for fp16 and runs fp32.
+        loads = worker_loads(s.read_log())
+        assert ("fp16", "fp32") in loads and ("fp32", "fp32") in loads, loads
+        r = s.request("POST", "/v1/models/half/infer", body=PHOTO,
+                      headers={"X-SLO-Ms": "5000", "Content-Type": "image/jpeg"})
+        assert r.status == 200, r
+        assert s.stop() == 0
+
+        # A restart on the same database: the setting and what was measured
+        # come back, and the loads carry the precision again.
+        log_at = os.path.getsize(s.log_path)
+        s2 = Squishd(workers="cpu:1", tmp=s.tmp)
+        try:
+            s2.wait_ready(workers=1, timeout=20)
+            check_measured(s2)
+            r = s2.request("POST", "/v1/models/half/infer", body=PHOTO,
+                           headers={"X-SLO-Ms": "5000", "Content-Type": "image/jpeg"})
+            assert r.status == 200, r
+
+            def reloaded():
+                with open(s2.log_path, "rb") as f:
+                    f.seek(log_at)
+                    return ("fp16", "fp32") in worker_loads(f.read().decode(errors="replace"))
+
+            eventually(reloaded, 30, "the worker's load of half after the restart asks fp16")
+            assert s2.stop() == 0
+        finally:
+            s2.cleanup()
+    finally:
+        s.cleanup()
+
+
+@test
+def a_precision_squishd_does_not_take_is_400_naming_the_field():
+    s = Squishd(workers="none")
+    try:
+        for bad in ("fp8", "FP16", "int8", "", 16, None, ["fp16"]):
+            r = upload(s, tm.tiny(), {"name": "x", "precision": bad})
+            assert r.status == 400, (bad, r)
+            assert r.json["code"] == "bad_config", (bad, r.json)
+            assert r.json["error"] == ('config.precision: expected "fp32" (the default), "tf32", '
+                                       '"fp16" or "bf16"'), (bad, r.json)
+            r = s.request("POST", "/models",
+                          body=json.dumps({"name": "e", "precision": bad,
+                                           "profile": {"alpha_ms": 1, "beta_ms": 2}}),
+                          headers=dict(auth(s), **{"Content-Type": "application/json"}))
+            assert r.status == 400 and r.json["code"] == "bad_config", (bad, r)
+            assert "config.precision" in r.json["error"], r.json
+        r = s.get("/models", headers=auth(s), schema_name="models_list")
+        assert r.status == 200 and r.json["models"] == [], r.json
+        # Every value is taken; an emulated model runs fp32 on its emu device.
+        for i, p in enumerate(("fp32", "tf32", "fp16", "bf16")):
+            r = s.request("POST", "/models",
+                          body=json.dumps({"name": "e%d" % i, "precision": p,
+                                           "profile": {"alpha_ms": 1, "beta_ms": 2}}),
+                          headers=dict(auth(s), **{"Content-Type": "application/json"}),
+                          schema_name="model_record")
+            assert r.status == 201, (p, r)
+            assert r.json["precision"] == {"asked": p, "devices": [
+                {"device_kind": "emu", "runs": "fp32", "max_abs_deviation": 0.0,
+                 "max_rel_deviation": 0.0}]}, r.json
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+if __name__ == "__main__":
+    run()
