@@ -10,7 +10,8 @@
 
 #define MAX_FAULTS 8
 
-static const char *const point_names[] = {"load", "profile", "run", "refuse"};
+static const char *const point_names[] = {"load", "profile", "run", "refuse", "precision"};
+#define NPOINTS ((int)(sizeof(point_names) / sizeof(point_names[0])))
 
 static struct {
     int point;
@@ -33,7 +34,7 @@ static void parse(void)
         if (colon == NULL || strlen(colon + 1) < 8 || strlen(colon + 1) > 64)
             continue;
         *colon = '\0';
-        for (int p = 0; p < 4; p++) {
+        for (int p = 0; p < NPOINTS; p++) {
             if (strcmp(tok, point_names[p]) == 0) {
                 faults[nfaults].point = p;
                 snprintf(faults[nfaults].sha, sizeof(faults[nfaults].sha), "%s", colon + 1);
@@ -55,6 +56,11 @@ int wk_fault_check(wk_fault_point_t point, const char *sha256)
             strncmp(sha256, faults[i].sha, strlen(faults[i].sha)) == 0) {
             if (point == WK_FAULT_REFUSE) {
                 SQ_WARN("injected fault: refusing sha256=%.12s", sha256);
+                return 1;
+            }
+            if (point == WK_FAULT_PRECISION) {
+                SQ_WARN("injected fault: the plan taken to run the precision asked sha256=%.12s",
+                        sha256);
                 return 1;
             }
             SQ_WARN("injected fault: crashing point=%s sha256=%.12s", point_names[point], sha256);

@@ -79,6 +79,7 @@ typedef struct model {
     double mean[3], std[3];
     uint8_t bgr;
     uint8_t precision; /* asked for (wk_precision_t); the plan may run another */
+    uint8_t runs;      /* the one its plan runs (wk_plan_precision; see wk_fault.h) */
     /* A plan that runs other than FP32: an FP32 plan's row (every output)
      * for item 0 of the profiling input (wk__profile_input), made by the
      * loader with a batch-1 FP32 plan that it then frees, for the profile

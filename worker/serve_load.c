@@ -125,7 +125,7 @@ _Static_assert(WK_PRECISION_COUNT_ == SQ_PRECISION_COUNT, "one list of precision
  * a small plan, and holds no memory past it. */
 static void fp32_reference(const mdb_graph_t *g, const wk_plan_opts_t *opts, model_t *m)
 {
-    if (wk_plan_precision(m->plan) == WK_PRECISION_FP32)
+    if (m->runs == WK_PRECISION_FP32)
         return;
     char why[512] = "";
     wk_plan_opts_t ref_opts = *opts;
@@ -251,6 +251,9 @@ static void build_model(server_t *s, job_t *j)
         memcpy(m->std, spec->std, sizeof(m->std));
         m->bgr = spec->bgr;
         m->precision = spec->precision;
+        m->runs = (uint8_t)wk_plan_precision(front);
+        if (wk_fault_check(WK_FAULT_PRECISION, spec->sha256))
+            m->runs = spec->precision;
         m->gen = j->gen;
         if (onnx_graph != NULL)
             fp32_reference(onnx_graph, &opts, m);
@@ -297,13 +300,12 @@ void wk__do_install(server_t *s, job_t *j)
     wk__model_drop(s, j->id);
     m->next = s->models;
     s->models = m;
-    const wk_plan_t *front = m->group != NULL ? wk_group_prefix(m->group) : m->plan;
     SQ_INFO("model loaded key=%llu sha256=%.12s backend=%s max_batch=%d memory_mb=%llu "
             "members=%u precision=%s runs=%s import_ms=%lld load_ms=%lld",
             (unsigned long long)j->id, spec->sha256, sq_dev_kind_name(s->o.dev.kind),
             wk__model_max_batch(m), (unsigned long long)(wk__model_memory(m) >> 20),
             spec->n_members, sq_precision_name(spec->precision),
-            wk_precision_name(wk_plan_precision(front)), (long long)j->import_ms,
+            wk_precision_name((wk_precision_t)m->runs), (long long)j->import_ms,
             (long long)j->load_ms);
 }
 

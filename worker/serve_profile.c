@@ -62,8 +62,7 @@ static measure_t *measure_new(uint64_t key, const model_t *m, const sq_profile_r
  * precision, unmeasured. Runs one batch of 1 (into M->out). */
 static int measure_deviation(model_t *m, measure_t *M, sq_profile_done_t *done)
 {
-    const wk_plan_t *front = m->group != NULL ? wk_group_prefix(m->group) : m->plan;
-    wk_precision_t runs = wk_plan_precision(front);
+    wk_precision_t runs = (wk_precision_t)m->runs;
     done->precision = (uint8_t)runs;
     done->max_abs_deviation = done->max_rel_deviation = 0;
     if (runs == WK_PRECISION_FP32)

@@ -5,6 +5,7 @@ deviation from FP32 its measurement found (0: it is FP32). The setting is
 stored with the model: it survives a restart and reaches the worker in
 its load again. A value squishd does not take is a 400 naming the field."""
 
+import hashlib
 import json
 import os
 
@@ -96,6 +97,38 @@ def fp16_asked_runs_fp32_on_the_cpu_worker_says_so_and_survives_a_restart():
         finally:
             s2.cleanup()
     finally:
+        s.cleanup()
+
+
+@test
+def a_plan_below_fp32_is_measured_against_an_fp32_plan():
+    """The measurement a cuda worker makes of fp16's deviation, on cpu: the
+    worker is made to take the plan as running the precision asked
+    (SQUISH_WORKER_FAULT=precision:SHA, worker/wk_fault.h), so its loader
+    makes an FP32 plan of batch 1 and the profile compares the two. Both
+    run FP32 here: the deviation is a number, and tiny."""
+    model = tm.tiny(3)
+    sha = hashlib.sha256(model).hexdigest()
+    s = Squishd(workers="cpu:1", env={"SQUISH_WORKER_FAULT": "precision:" + sha[:16]})
+    try:
+        s.wait_ready(workers=1, timeout=20)
+        assert upload(s, model, {"name": "low", "precision": "bf16"}).status == 202
+        assert upload(s, tm.tiny(4), {"name": "other", "precision": "bf16"}).status == 202
+        eventually(lambda: ready(s, "low") and ready(s, "other"), 90, "both measured")
+        p = record(s, "low")["precision"]
+        assert p["asked"] == "bf16" and len(p["devices"]) == 1, p
+        d = p["devices"][0]
+        assert d["device_kind"] == "cpu" and d["runs"] == "bf16", d
+        assert isinstance(d["max_abs_deviation"], float), d
+        assert isinstance(d["max_rel_deviation"], float), d
+        assert 0 <= d["max_rel_deviation"] < 1e-4, d
+        assert 0 <= d["max_abs_deviation"] < 1e-3, d
+        log = s.read_log()
+        assert "precision deviation key=" in log and "precision=bf16" in log, log[-3000:]
+        # Any other model's plan runs what the cpu backend runs.
+        assert record(s, "other")["precision"]["devices"] == CPU_FP32
+    finally:
+        s.stop()
         s.cleanup()
 
 
