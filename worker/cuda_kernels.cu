@@ -1,0 +1,232 @@
+// The cuda backend's own kernels: see cuda_kernels.h. Built by nvcc
+// (worker/meson.build) for sm_80 and sm_90, with PTX for compute_90.
+#include "cuda_kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <math.h>
+
+namespace {
+
+__device__ __forceinline__ float ld(const void *p, int dt, int64_t i)
+{
+    switch (dt) {
+    case CK_F16:
+        return __half2float(static_cast<const __half *>(p)[i]);
+    case CK_BF16:
+        return __bfloat162float(static_cast<const __nv_bfloat16 *>(p)[i]);
+    default:
+        return static_cast<const float *>(p)[i];
+    }
+}
+
+__device__ __forceinline__ void st(void *p, int dt, int64_t i, float v)
+{
+    switch (dt) {
+    case CK_F16:
+        static_cast<__half *>(p)[i] = __float2half_rn(v);
+        break;
+    case CK_BF16:
+        static_cast<__nv_bfloat16 *>(p)[i] = __float2bfloat16_rn(v);
+        break;
+    default:
+        static_cast<float *>(p)[i] = v;
+    }
+}
+
+// The cpu backend's (oneDNN's) definitions, in FP32.
+__device__ __forceinline__ float act(const ck_act_t &a, float x)
+{
+    switch (a.kind) {
+    case CK_ACT_RELU:
+        return x > 0.0f ? x : 0.0f;
+    case CK_ACT_LEAKY_RELU:
+        return x > 0.0f ? x : a.alpha * x;
+    case CK_ACT_CLIP:
+        return fminf(fmaxf(x, a.alpha), a.beta);
+    case CK_ACT_SIGMOID:
+        return 1.0f / (1.0f + expf(-x));
+    case CK_ACT_HARDSIGMOID:
+        return fminf(fmaxf(a.alpha * x + a.beta, 0.0f), 1.0f);
+    case CK_ACT_HARDSWISH:
+        return x * fminf(fmaxf(x / 6.0f + 0.5f, 0.0f), 1.0f);
+    case CK_ACT_POW:
+        return powf(x, a.alpha);
+    case CK_ACT_SQRT:
+        return sqrtf(x);
+    case CK_ACT_GELU:
+        return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case CK_ACT_TANH:
+        return tanhf(x);
+    case CK_ACT_SWISH:
+        return x / (1.0f + expf(-x));
+    case CK_ACT_ERF:
+        return erff(x);
+    default:
+        return x;
+    }
+}
+
+__global__ void k_pointwise(ck_pointwise_t p, int64_t n)
+{
+    const int nd = p.ndim;
+    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int64_t r = i, oy = 0, ox = 0, op[CK_MAX_POST] = {0, 0, 0, 0, 0, 0};
+        for (int d = nd - 1; d >= 0; d--) {
+            int64_t c = r % p.dims[d];
+            r /= p.dims[d];
+            oy += c * p.y.st[d];
+            ox += c * p.x.st[d];
+            for (int k = 0; k < p.n_post; k++)
+                op[k] += c * p.post[k].t.st[d];
+        }
+        float v = p.x.p != nullptr ? ld(p.x.p, p.x.dt, ox) : p.x_const;
+        for (int k = 0; k < p.n_post; k++) {
+            const ck_post_t &q = p.post[k];
+            switch (q.op) {
+            case CK_OP_ACT:
+                v = act(q.act, v);
+                break;
+            case CK_OP_ADD:
+                v += ld(q.t.p, q.t.dt, op[k]);
+                break;
+            case CK_OP_SUB:
+                v -= ld(q.t.p, q.t.dt, op[k]);
+                break;
+            case CK_OP_MUL:
+                v *= ld(q.t.p, q.t.dt, op[k]);
+                break;
+            case CK_OP_DIV:
+                v /= ld(q.t.p, q.t.dt, op[k]);
+                break;
+            case CK_OP_SCALE:
+                v *= q.scale;
+                break;
+            }
+        }
+        st(p.y.p, p.y.dt, oy, v);
+    }
+}
+
+// Sum over the block; every thread gets it. sh: 32 floats of shared memory.
+__device__ float block_sum(float v, float *sh)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads(); // sh free again (an earlier call's readers are done)
+    if ((threadIdx.x & 31) == 0)
+        sh[threadIdx.x >> 5] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int w = 0; w < (int)((blockDim.x + 31) >> 5); w++)
+        s += sh[w];
+    return s;
+}
+
+__global__ void k_layernorm(ck_layernorm_t p)
+{
+    __shared__ float sh[32];
+    const int nd = p.ndim;
+    const int64_t cols = p.dims[nd - 1], cx = p.x.st[nd - 1], cy = p.y.st[nd - 1];
+    int64_t r = blockIdx.x, bx = 0, by = 0;
+    for (int d = nd - 2; d >= 0; d--) {
+        int64_t c = r % p.dims[d];
+        r /= p.dims[d];
+        bx += c * p.x.st[d];
+        by += c * p.y.st[d];
+    }
+    float s = 0.0f;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x)
+        s += ld(p.x.p, p.x.dt, bx + c * cx);
+    const float mean = block_sum(s, sh) / (float)cols;
+    float q = 0.0f;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+        float d = ld(p.x.p, p.x.dt, bx + c * cx) - mean;
+        q += d * d;
+    }
+    const float var = block_sum(q, sh) / (float)cols;
+    const float rstd = 1.0f / sqrtf(var + p.epsilon);
+    const bool affine = p.scale != nullptr && p.shift != nullptr;
+    for (int64_t c = threadIdx.x; c < cols; c += blockDim.x) {
+        float v = (ld(p.x.p, p.x.dt, bx + c * cx) - mean) * rstd;
+        if (affine)
+            v = v * p.scale[c] + p.shift[c];
+        st(p.y.p, p.y.dt, by + c * cy, v);
+    }
+}
+
+// Drops dims of size 1 and merges neighbours that are contiguous in every
+// tensor (a plain elementwise op becomes one dim: no index arithmetic).
+void collapse(ck_pointwise_t &p)
+{
+    ck_ten_t *t[2 + CK_MAX_POST];
+    int nt = 0;
+    t[nt++] = &p.y;
+    t[nt++] = &p.x;
+    for (int k = 0; k < p.n_post; k++)
+        if (p.post[k].op != CK_OP_ACT && p.post[k].op != CK_OP_SCALE)
+            t[nt++] = &p.post[k].t;
+    int n = 0;
+    for (int d = 0; d < p.ndim; d++) {
+        if (p.dims[d] == 1)
+            continue;
+        bool merge = n > 0;
+        for (int k = 0; k < nt && merge; k++)
+            merge = t[k]->st[n - 1] == t[k]->st[d] * p.dims[d];
+        if (merge) {
+            p.dims[n - 1] *= p.dims[d];
+            for (int k = 0; k < nt; k++)
+                t[k]->st[n - 1] = t[k]->st[d];
+            continue;
+        }
+        p.dims[n] = p.dims[d];
+        for (int k = 0; k < nt; k++)
+            t[k]->st[n] = t[k]->st[d];
+        n++;
+    }
+    if (n == 0) {
+        p.dims[0] = 1;
+        for (int k = 0; k < nt; k++)
+            t[k]->st[0] = 0;
+        n = 1;
+    }
+    p.ndim = n;
+}
+
+} // namespace
+
+extern "C" cudaError_t ck_pointwise(cudaStream_t stream, const ck_pointwise_t *p)
+{
+    ck_pointwise_t q = *p;
+    int64_t n = 1;
+    for (int d = 0; d < q.ndim; d++)
+        n *= q.dims[d];
+    if (n == 0)
+        return cudaSuccess;
+    collapse(q);
+    const int threads = 256;
+    int64_t blocks = (n + threads - 1) / threads;
+    if (blocks > (1 << 20))
+        blocks = 1 << 20;
+    k_pointwise<<<(unsigned)blocks, threads, 0, stream>>>(q, n);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ck_layernorm(cudaStream_t stream, const ck_layernorm_t *p)
+{
+    if (p->ndim < 1)
+        return cudaErrorInvalidValue;
+    int64_t rows = 1, cols = p->dims[p->ndim - 1];
+    for (int d = 0; d < p->ndim - 1; d++)
+        rows *= p->dims[d];
+    if (rows == 0 || cols == 0)
+        return cudaSuccess;
+    if (rows > 0x7fffffff)
+        return cudaErrorInvalidValue;
+    int threads = cols >= 512 ? 256 : cols >= 128 ? 128 : 64;
+    k_layernorm<<<(unsigned)rows, threads, 0, stream>>>(*p);
+    return cudaGetLastError();
+}
