@@ -20,7 +20,16 @@
  * --gap-ms G sleeps G ms before each timed run, as a live worker idles
  * between batches (bench/omp_wait.py: what the threads' wait policy costs
  * when they went to sleep); the sleeps are not timed. --trace writes each
- * timed run's ms, in order, to stderr. */
+ * timed run's ms, in order, to stderr.
+ *
+ * --precision fp32|tf32|fp16|bf16 asks the plan for that arithmetic (the
+ * JSON line's "runs" says what the backend runs); --check B IN.f32 OUT.f32
+ * (repeatable, up to 4) runs IN.f32 at batch B and writes the outputs, as
+ * --input/--output do, for several batch sizes out of one plan: what
+ * bench/gpu/run compares with torch. "backend_median_ms" is the time in
+ * the backend alone (wk_plan_last_run_ns: on cuda the copies in and out of
+ * its pinned buffers and the compute), without the copy of the caller's
+ * input into the plan's input buffer that a served batch never makes. */
 #include <mdb_graph.h>
 #include <sq.h>
 #include <wk_exec.h>
@@ -72,9 +81,16 @@ static int run_io(wk_plan_t *p, const char *path, int batch, const char *in_path
  * moves through a sustained run). */
 static int trace_runs;
 
+#define MAX_CHECKS 4
+
+typedef struct {
+    int batch;
+    const char *in_path, *out_path;
+} io_check_t;
+
 static int bench_model(const char *path, const sq_device_t *dev, const int *batches, int n_batches,
-                       int threads, int iters, int warmup, double gap_ms, const char *in_path,
-                       const char *out_path)
+                       int threads, int iters, int warmup, double gap_ms, const io_check_t *checks,
+                       int n_checks, wk_precision_t precision)
 {
     size_t len;
     void *bytes = bench_slurp(path, &len);
@@ -92,7 +108,7 @@ static int bench_model(const char *path, const sq_device_t *dev, const int *batc
     free(bytes);
     mdb_model_info_t info;
     char why[512];
-    if (in_path != NULL && mdb_model_info(g, &info, why, sizeof(why)) != 0) {
+    if (n_checks > 0 && mdb_model_info(g, &info, why, sizeof(why)) != 0) {
         fprintf(stderr, "%s: upload: %s\n", path, why);
         mdb_graph_free(g);
         return 1;
@@ -100,7 +116,10 @@ static int bench_model(const char *path, const sq_device_t *dev, const int *batc
     int max_batch = 1;
     for (int i = 0; i < n_batches; i++)
         max_batch = batches[i] > max_batch ? batches[i] : max_batch;
+    for (int i = 0; i < n_checks; i++)
+        max_batch = checks[i].batch > max_batch ? checks[i].batch : max_batch;
     wk_plan_opts_t o = wk_plan_opts_default();
+    o.precision = precision;
     o.max_batch = max_batch;
     o.threads = threads;
     o.backend = dev->kind;
@@ -114,9 +133,11 @@ static int bench_model(const char *path, const sq_device_t *dev, const int *batc
         fprintf(stderr, "%s: plan: %s\n", path, why);
         return 1;
     }
-    if (in_path != NULL && run_io(p, path, batches[0], in_path, out_path) != 0) {
-        wk_plan_free(p);
-        return 1;
+    for (int i = 0; i < n_checks; i++) {
+        if (run_io(p, path, checks[i].batch, checks[i].in_path, checks[i].out_path) != 0) {
+            wk_plan_free(p);
+            return 1;
+        }
     }
     int64_t in_per = wk_plan_input_elems(p, 0), out_per = wk_plan_output_elems(p, 0);
     float *in = malloc((size_t)(in_per * max_batch) * sizeof(float));
@@ -124,6 +145,7 @@ static int bench_model(const char *path, const sq_device_t *dev, const int *batc
     for (int64_t i = 0; i < in_per * max_batch; i++)
         in[i] = (float)((i * 2654435761u) % 1000) / 1000.0f;
     double *ms = malloc((size_t)iters * sizeof(double));
+    double *backend_ms = malloc((size_t)iters * sizeof(double));
     const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
     for (int bi = 0; bi < n_batches; bi++) {
         int b = batches[bi];
@@ -143,6 +165,7 @@ static int bench_model(const char *path, const sq_device_t *dev, const int *batc
                 return 1;
             }
             ms[it] = (double)(sq_now_ns() - s) / 1e6;
+            backend_ms[it] = (double)wk_plan_last_run_ns(p) / 1e6;
             sum += ms[it];
         }
         clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &c1);
@@ -156,17 +179,22 @@ static int bench_model(const char *path, const sq_device_t *dev, const int *batc
             ((double)(c1.tv_sec - c0.tv_sec) * 1e3 + (double)(c1.tv_nsec - c0.tv_nsec) / 1e6) /
             iters;
         qsort(ms, (size_t)iters, sizeof(double), bench_cmp_double);
+        qsort(backend_ms, (size_t)iters, sizeof(double), bench_cmp_double);
         double mean = sum / iters;
         printf("{\"engine\": \"%s\", \"model\": \"%.*s\", \"batch\": %d, \"threads\": %d, "
                "\"mean_ms\": %.2f, \"median_ms\": %.2f, \"min_ms\": %.2f, \"images_per_s\": %.1f, "
-               "\"cpu_ms\": %.2f, \"plan_ms\": %.0f, \"memory_mb\": %.1f}\n",
+               "\"cpu_ms\": %.2f, \"plan_ms\": %.0f, \"memory_mb\": %.1f, \"backend_median_ms\": "
+               "%.3f, \"precision\": \"%s\", "
+               "\"runs\": \"%s\"}\n",
                dev->kind == SQ_DEV_CPU ? "squish" : "squish-cuda",
                (int)(strlen(base) - (strstr(base, ".onnx") ? 5 : 0)), base, b, threads, mean,
                ms[iters / 2], ms[0], b * 1000.0 / ms[iters / 2], cpu_ms, plan_ms,
-               (double)wk_plan_memory_bytes(p) / (1 << 20));
+               (double)wk_plan_memory_bytes(p) / (1 << 20), backend_ms[iters / 2],
+               wk_precision_name(precision), wk_precision_name(wk_plan_precision(p)));
         fflush(stdout);
     }
     free(ms);
+    free(backend_ms);
     free(in);
     free(out);
     wk_plan_free(p);
@@ -175,9 +203,11 @@ static int bench_model(const char *path, const sq_device_t *dev, const int *batc
 
 int main(int argc, char **argv)
 {
-    int batches[16], n_batches = 0, threads = 0, iters = 20, warmup = 3, rc = 0;
+    int batches[16], n_batches = 0, threads = 0, iters = 20, warmup = 3, rc = 0, n_checks = 0;
     double gap_ms = 0;
     const char *in_path = NULL, *out_path = NULL;
+    io_check_t checks[MAX_CHECKS + 1];
+    wk_precision_t precision = WK_PRECISION_FP32;
     sq_device_t dev;
     sq_device_parse("cpu", &dev);
     int i = 1;
@@ -208,14 +238,26 @@ int main(int argc, char **argv)
             in_path = argv[++i];
         else if (strcmp(argv[i], "--output") == 0 && i + 1 < argc)
             out_path = argv[++i];
-        else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc && n_batches < 16)
+        else if (strcmp(argv[i], "--check") == 0 && i + 3 < argc && n_checks < MAX_CHECKS &&
+                 atoi(argv[i + 1]) >= 1) {
+            checks[n_checks++] = (io_check_t){atoi(argv[i + 1]), argv[i + 2], argv[i + 3]};
+            i += 3;
+        } else if (strcmp(argv[i], "--precision") == 0 && i + 1 < argc) {
+            int pr = wk_precision_parse(argv[++i]);
+            if (pr < 0) {
+                fprintf(stderr, "--precision: fp32, tf32, fp16 or bf16, not %s\n", argv[i]);
+                return 2;
+            }
+            precision = (wk_precision_t)pr;
+        } else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc && n_batches < 16)
             batches[n_batches++] = atoi(argv[++i]);
         else {
             fprintf(stderr,
                     "usage: %s [--device SPEC] [--threads N] [--iters N] [--warmup N] [--gap-ms G] "
                     "[--trace] [--log-level L] "
                     "[--batch B]... "
-                    "[--input IN.f32 --output OUT.f32] MODEL.onnx...\n",
+                    "[--precision P] [--input IN.f32 --output OUT.f32] [--check B IN OUT]... "
+                    "MODEL.onnx...\n",
                     argv[0]);
             return 2;
         }
@@ -224,14 +266,16 @@ int main(int argc, char **argv)
         batches[n_batches++] = 1;
         batches[n_batches++] = 8;
     }
+    if (in_path != NULL && out_path != NULL)
+        checks[n_checks++] = (io_check_t){batches[0], in_path, out_path};
     if (iters < 1 || i == argc || (in_path == NULL) != (out_path == NULL) ||
-        (in_path != NULL && argc - i != 1)) {
+        (n_checks > 0 && argc - i != 1)) {
         fprintf(stderr, "usage: %s [--threads N] [--iters N] [--batch B]... MODEL.onnx...\n",
                 argv[0]);
         return 2;
     }
     for (; i < argc; i++)
-        rc |= bench_model(argv[i], &dev, batches, n_batches, threads, iters, warmup, gap_ms,
-                          in_path, out_path);
+        rc |= bench_model(argv[i], &dev, batches, n_batches, threads, iters, warmup, gap_ms, checks,
+                          n_checks, precision);
     return rc;
 }

@@ -1,0 +1,1070 @@
+"""squish on one GPU, in one command (bench/gpu/run is the entry point).
+
+Runs on a bare, offline machine that has a python3 with torch and numpy,
+the NVIDIA driver, and cuDNN, cuBLAS and the CUDA runtime as the python's
+pip wheels or a toolkit's lib64; squish itself comes from the kit
+(scripts/gpu-kit: the release binaries and every library they load but
+glibc's and CUDA's). Phases, each under one global time budget, each
+result written out as soon as it is known (a command cut short still
+leaves what it measured):
+
+  kit      unpack the kit, check its glibc against the machine's
+  env      find cuDNN, cuBLAS and cudart; nvidia-smi, the driver's, cuDNN's
+           and cuBLAS's versions; torch, the CPU
+  export   each model with this machine's torch, by both exporters where
+           torch has two (the legacy TorchScript one and torch.export's);
+           which files squish loads
+  parity   the cuda worker (each precision) and the cpu worker against
+           torch fp32 on the same inputs, batch 1 and 8
+  speed    l(b) for b = 1..64: the cuda worker at fp32 and fp16 against
+           torch eager fp32, fp16 channels_last, and both in CUDA graphs
+  e2e      squishd with a cuda worker: JPEGs over /v1 and decoded UINT8
+           tensors over /v2 at the highest Poisson rate where 99% meet the
+           SLO, and the worker's live l(b) against its profile
+
+--dry-run does the same here with the cpu worker in place of cuda, in a
+clean environment (the script re-runs itself under env -i; the kit's
+binaries get only the kit's libraries and CUDA's), and fails if any
+process of the kit maps a library from anywhere else.
+
+Only the standard library, numpy and torch (onnx is not needed)."""
+
+import argparse
+import ctypes
+import glob
+import http.client
+import json
+import os
+import platform
+import re
+import shutil
+import site
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+
+MODELS = ["resnet50", "resnet18", "mobilenet_v2", "efficientnet_b0", "convnext_tiny", "vit_b_16"]
+BATCHES = [1, 2, 4, 8, 16, 32, 64]
+PARITY_BATCHES = [1, 8]
+PRECISIONS = ["fp32", "tf32", "fp16", "bf16"]
+SPEED_PRECISIONS = ["fp32", "fp16"]
+# Largest |squish - torch fp32| over the outputs, relative to the largest
+# |torch fp32| output, that passes. FP32: cuDNN's and torch's algorithms sum
+# in other orders (1e-6 relative per op, a few hundred ops deep). TF32 rounds
+# every conv and GEMM input to a 10-bit mantissa (2^-11 = 5e-4 relative per
+# product, accumulated in FP32), FP16 the same mantissa and the activations
+# stored in it as well; BF16 keeps 7 bits (2^-8 = 4e-3). Errors of that size
+# per layer grow with depth over 50-200 layers of random weights; the
+# bounds are what such a net keeps when nothing is wrong, and a layout or
+# indexing bug gives errors of the order of the outputs themselves (1.0).
+TOLERANCE = {"fp32": 1e-3, "tf32": 2e-2, "fp16": 3e-2, "bf16": 1e-1}
+CUDA_SONAMES = ["libcudart.so.13", "libcublasLt.so.13", "libcublas.so.13", "libcudnn.so.9"]
+GLIBC_LIBS = ("libc.so", "libm.so", "libdl.so", "libpthread.so", "librt.so", "libresolv.so",
+              "ld-linux", "libutil.so", "libanl.so", "linux-vdso")
+CUDA_LIBS = ("libcuda.so", "libcudart", "libcudnn", "libcublas", "libnvidia", "libnvrtc",
+             "libnvJitLink")
+
+
+class Run:
+    """The whole run's state: the budget, the results and where they go."""
+
+    def __init__(self, a):
+        self.a = a
+        self.t0 = time.time()
+        self.deadline = self.t0 + a.budget_s
+        self.out = a.out
+        os.makedirs(self.out, exist_ok=True)
+        self.work = tempfile.mkdtemp(prefix="squish-gpu-")
+        self.res = {"started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+                    "dry_run": a.dry_run, "device": "cpu" if a.dry_run else a.device,
+                    "budget_s": a.budget_s, "phases": [], "errors": []}
+        self.kit_bin = self.kit_lib = None
+        self.cuda_dirs = []
+        self.models = {}  # name -> {"file": path, "static": {b: path}} of the file squish runs
+        self.pids = []  # processes of the kit started (for the library check)
+        self.log = open(os.path.join(self.out, "gpu_run.log"), "a")
+
+    def left(self):
+        return self.deadline - time.time()
+
+    def say(self, *args):
+        line = " ".join(str(x) for x in args)
+        print(line, flush=True)
+        self.log.write(line + "\n")
+        self.log.flush()
+
+    def error(self, where, what):
+        self.res["errors"].append({"where": where, "what": str(what)[-2000:]})
+        self.say("ERROR", where + ":", str(what)[-2000:])
+
+    def save(self):
+        self.res["elapsed_s"] = round(time.time() - self.t0, 1)
+        tmp = os.path.join(self.out, "gpu_results.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(self.res, f, indent=1)
+        os.replace(tmp, os.path.join(self.out, "gpu_results.json"))
+        with open(os.path.join(self.out, "gpu_results.md"), "w") as f:
+            f.write(markdown(self.res))
+
+    def phase(self, name, fn, need_s):
+        """Runs fn unless less than need_s seconds of the budget are left."""
+        t = time.time()
+        entry = {"name": name}
+        self.res["phases"].append(entry)
+        if self.left() < need_s:
+            entry.update(status="skipped", why="%.0f s of the budget left, %d needed" % (
+                self.left(), need_s))
+            self.say("== %s: skipped (%s)" % (name, entry["why"]))
+            self.save()
+            return False
+        self.say("== %s (%.0f s left)" % (name, self.left()))
+        try:
+            fn()
+            entry["status"] = "ok"
+        except Exception as e:  # a phase that fails leaves the others to run
+            import traceback
+            entry["status"] = "failed"
+            self.error(name, traceback.format_exc())
+        entry["seconds"] = round(time.time() - t, 1)
+        self.save()
+        return entry["status"] == "ok"
+
+    # ---- processes of the kit ----
+
+    def kit_env(self, extra=None):
+        """The environment of every kit process: nothing of the caller's but
+        PATH and a home; the kit's libraries, then CUDA's."""
+        env = {"PATH": "/usr/bin:/bin", "HOME": self.work, "TMPDIR": self.work,
+               "LD_LIBRARY_PATH": ":".join([self.kit_lib] + self.cuda_dirs),
+               "LANG": "C.UTF-8"}
+        env.update(extra or {})
+        return env
+
+    def kit_run(self, args, timeout, extra_env=None):
+        """Runs a kit binary to completion; returns (rc, stdout, stderr)."""
+        p = subprocess.Popen([os.path.join(self.kit_bin, args[0])] + args[1:], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=self.kit_env(extra_env))
+        self.pids.append(p.pid)
+        watch = LibWatch(self, p.pid) if self.a.dry_run else None
+        try:
+            if watch:
+                watch.start()
+            out, err = p.communicate(timeout=max(1, timeout))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            return 124, out, err + "\n(timed out after %d s)" % timeout
+        finally:
+            if watch:
+                watch.stop()
+        return p.returncode, out, err
+
+
+class LibWatch:
+    """Dry run: reads /proc/PID/maps of a kit process (and its children)
+    while it runs, and records every shared library mapped from outside the
+    kit that is neither glibc's nor CUDA's."""
+
+    def __init__(self, run, pid):
+        import threading
+        self.run, self.pid, self.stop_flag = run, pid, threading.Event()
+        self.thread = threading.Thread(target=self.loop, daemon=True)
+
+    def start(self):
+        self.thread.start()
+
+    def stop(self):
+        self.stop_flag.set()
+        self.thread.join(timeout=2)
+
+    def loop(self):
+        while not self.stop_flag.is_set():
+            check_maps(self.run, [self.pid] + children(self.pid))
+            self.stop_flag.wait(0.05)
+
+
+def children(pid):
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open("/proc/%s/stat" % d) as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(d))
+            except (OSError, ValueError, IndexError):
+                pass
+    return out
+
+
+def check_maps(run, pids):
+    bad = run.res.setdefault("foreign_libraries", [])
+    kit = os.path.realpath(os.path.dirname(run.kit_lib))
+    for pid in pids:
+        try:
+            with open("/proc/%d/maps" % pid) as f:
+                maps = f.read()
+            exe = os.path.realpath("/proc/%d/exe" % pid)
+        except OSError:
+            continue
+        if not exe.startswith(kit):
+            continue  # not (yet) a kit binary: the fork before exec
+        for line in maps.splitlines():
+            parts = line.split(None, 5)
+            if len(parts) < 6:
+                continue
+            path = parts[5].strip()
+            base = os.path.basename(path)
+            if not re.search(r"\.so(\.[0-9.]+)?$", base) or not path.startswith("/"):
+                continue
+            if os.path.realpath(path).startswith(kit) or base.startswith(GLIBC_LIBS) or \
+                    base.startswith(CUDA_LIBS):
+                continue
+            entry = "%s: %s" % (os.path.basename(exe), path)
+            if entry not in bad:
+                bad.append(entry)
+
+
+# ---- phases ----
+
+def phase_kit(run):
+    a = run.a
+    kit = os.path.abspath(a.kit)
+    manifest_path = os.path.join(kit, "manifest.json")
+    tarball = os.path.join(kit, "squish-kit.tar.xz")
+    if not os.path.exists(tarball):
+        raise RuntimeError("no kit at %s: build it with scripts/gpu-kit and carry that folder" % kit)
+    with open(manifest_path) as f:
+        man = json.load(f)
+    dest = os.path.join(run.work, "kit")
+    with tarfile.open(tarball) as t:
+        t.extractall(dest)
+    run.kit_bin = os.path.join(dest, "bin")
+    run.kit_lib = os.path.join(dest, "lib")
+    libc = platform.libc_ver()
+    run.res["kit"] = {"commit": man.get("commit"), "built": man.get("built"),
+                      "cuda_backend": man.get("cuda_backend"),
+                      "glibc_needed": man.get("glibc_needed"),
+                      "glibc_here": libc[1], "bytes": os.path.getsize(tarball),
+                      "photo": man.get("photo")}
+    need = man.get("glibc_needed") or "0"
+    if libc[0] == "glibc" and vtuple(libc[1]) < vtuple(need):
+        raise RuntimeError("this machine's glibc %s is older than the kit's %s" % (libc[1], need))
+    if not a.dry_run and not man.get("cuda_backend"):
+        raise RuntimeError("the kit was built without the cuda backend (no CUDA where it was built)")
+    run.say("kit %s (%s), %.1f MiB, glibc %s needed, %s here" % (
+        man.get("commit"), man.get("built"), os.path.getsize(tarball) / 2**20, need, libc[1]))
+
+
+def vtuple(v):
+    return tuple(int(x) for x in re.findall(r"\d+", v or "0"))
+
+
+def site_dirs():
+    dirs = []
+    try:
+        dirs += site.getsitepackages()
+    except AttributeError:
+        pass
+    try:
+        dirs.append(site.getusersitepackages())
+    except AttributeError:
+        pass
+    return [d for d in dirs if os.path.isdir(d)]
+
+
+def find_cuda(run):
+    """Dirs holding each CUDA library the kit's worker needs: the python's
+    NVIDIA wheels first (what torch itself loads), then a toolkit."""
+    cands = []
+    for sp in site_dirs():
+        for so in glob.glob(os.path.join(sp, "nvidia", "**", "lib*.so*"), recursive=True):
+            cands.append(os.path.dirname(so))
+        cands.append(os.path.join(sp, "torch", "lib"))
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        if os.environ.get(env):
+            cands.append(os.path.join(os.environ[env], "lib64"))
+    cands += ["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib",
+              "/usr/lib/x86_64-linux-gnu"]
+    seen, dirs, found = set(), [], {}
+    for d in cands:
+        d = os.path.realpath(d)
+        if d in seen or not os.path.isdir(d):
+            continue
+        seen.add(d)
+        for so in CUDA_SONAMES:
+            if so not in found and os.path.exists(os.path.join(d, so)):
+                found[so] = os.path.join(d, so)
+                if d not in dirs:
+                    dirs.append(d)
+    return dirs, found
+
+
+VERSIONS_PY = r"""
+import ctypes, json, sys
+found = json.loads(sys.argv[1])
+out = {}
+def load(so):
+    return ctypes.CDLL(found[so], mode=ctypes.RTLD_GLOBAL)
+try:
+    rt = load("libcudart.so.13")
+    v = ctypes.c_int(0)
+    rt.cudaRuntimeGetVersion(ctypes.byref(v)); out["cudart"] = v.value
+    rt.cudaDriverGetVersion(ctypes.byref(v)); out["driver_cuda"] = v.value
+    n = ctypes.c_int(0)
+    out["devices"] = n.value if rt.cudaGetDeviceCount(ctypes.byref(n)) == 0 else 0
+    out["devices"] = n.value
+except Exception as e:
+    out["cudart_error"] = str(e)
+try:
+    load("libcublasLt.so.13")
+    bl = load("libcublas.so.13")
+    parts = []
+    for k in range(3):
+        v = ctypes.c_int(0)
+        bl.cublasGetProperty(k, ctypes.byref(v)); parts.append(str(v.value))
+    out["cublas"] = ".".join(parts)
+except Exception as e:
+    out["cublas_error"] = str(e)
+try:
+    dnn = load("libcudnn.so.9")
+    dnn.cudnnGetVersion.restype = ctypes.c_size_t
+    out["cudnn"] = int(dnn.cudnnGetVersion())
+except Exception as e:
+    out["cudnn_error"] = str(e)
+print(json.dumps(out))
+"""
+
+
+def phase_env(run):
+    env = {"python": sys.version.split()[0], "platform": platform.platform(),
+           "cpu": cpu_model(), "cores": os.cpu_count()}
+    import numpy
+    import torch
+    env["torch"] = torch.__version__
+    env["numpy"] = numpy.__version__
+    try:
+        import torchvision
+        env["torchvision"] = torchvision.__version__
+    except ImportError as e:
+        env["torchvision"] = "missing: %s" % e
+    env["torch_cuda"] = torch.version.cuda
+    env["torch_cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    if torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name(0)
+        env["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
+    dirs, found = find_cuda(run)
+    run.cuda_dirs = dirs
+    env["cuda_libraries"] = found
+    missing = [so for so in CUDA_SONAMES if so not in found]
+    if missing:
+        env["cuda_missing"] = missing
+    if shutil.which("nvidia-smi"):
+        p = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30)
+        run.say(p.stdout)
+        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,"
+                            "clocks.max.sm,power.limit", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30)
+        env["nvidia_smi"] = q.stdout.strip()
+    if len(found) == len(CUDA_SONAMES):
+        p = subprocess.run([sys.executable, "-c", VERSIONS_PY, json.dumps(found)],
+                           capture_output=True, text=True, timeout=60)
+        try:
+            env["versions"] = json.loads(p.stdout)
+        except ValueError:
+            env["versions"] = {"error": (p.stdout + p.stderr)[-1000:]}
+    run.res["env"] = env
+    run.say(json.dumps(env, indent=1))
+    if not run.a.dry_run:
+        if missing:
+            raise RuntimeError("CUDA libraries not found: %s (looked in the python's nvidia "
+                               "wheels and CUDA toolkits)" % ", ".join(missing))
+        if not torch.cuda.is_available():
+            raise RuntimeError("torch sees no GPU")
+
+
+def cpu_model():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+# ---- export (a child process per file, several at once) ----
+
+EXPORT_PY = r"""
+import inspect, json, sys, time, warnings
+warnings.filterwarnings("ignore")
+import torch, torchvision
+name, exporter, path, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+torch.set_num_threads(2)
+torch.manual_seed(0)
+m = getattr(torchvision.models, name)(weights=None).eval()
+x = torch.randn(max(batch, 1), 3, 224, 224)
+kw = dict(input_names=["input"], output_names=["output"])
+if batch == 0:
+    kw["dynamic_axes"] = {"input": {0: "batch"}, "output": {0: "batch"}}
+params = inspect.signature(torch.onnx.export).parameters
+t = time.time()
+if exporter == "legacy":
+    kw["opset_version"] = 17
+    if "dynamo" in params:
+        kw["dynamo"] = False
+else:
+    if "dynamo" not in params:
+        print(json.dumps({"ok": False, "why": "torch %s has no dynamo exporter" % torch.__version__}))
+        sys.exit(0)
+    kw["dynamo"] = True
+    if "external_data" in params:
+        kw["external_data"] = False
+with torch.no_grad():
+    torch.onnx.export(m, (x,), path, **kw)
+print(json.dumps({"ok": True, "seconds": round(time.time() - t, 1),
+                  "checksum": float(sum(p.double().sum() for p in m.parameters()))}))
+"""
+
+
+def export_all(run, jobs):
+    """jobs: [(name, exporter, path, batch)], batch 0 = dynamic. Returns
+    {path: result}."""
+    results, pending = {}, list(jobs)
+    running = []
+    par = max(1, min(len(jobs), (os.cpu_count() or 2) // 2, 8))
+    while pending or running:
+        while pending and len(running) < par:
+            j = pending.pop(0)
+            p = subprocess.Popen([sys.executable, "-c", EXPORT_PY, j[0], j[1], j[2], str(j[3])],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            running.append((j, p, time.time()))
+        for item in list(running):
+            j, p, t = item
+            if p.poll() is None:
+                if time.time() - t > run.a.export_timeout_s:
+                    p.kill()
+                    p.communicate()
+                    results[j[2]] = {"ok": False, "why": "timed out after %d s" % run.a.export_timeout_s}
+                    running.remove(item)
+                continue
+            out, err = p.communicate()
+            try:
+                results[j[2]] = json.loads(out.strip().splitlines()[-1])
+            except (ValueError, IndexError):
+                results[j[2]] = {"ok": False, "why": last_lines(err)}
+            running.remove(item)
+        time.sleep(0.1)
+    return results
+
+
+def last_lines(text, n=3):
+    lines = [x for x in (text or "").strip().splitlines() if x.strip()]
+    return " | ".join(lines[-n:])[-600:]
+
+
+def squish_loads(run, path, batch=1):
+    """Whether squish imports and plans the file on the cpu: None, or why not."""
+    rc, out, err = run.kit_run(["squish-cpu-bench", "--threads", "2", "--iters", "1", "--warmup",
+                                "0", "--batch", str(batch), path], timeout=180)
+    return None if rc == 0 else last_lines(err, 2)
+
+
+def phase_export(run):
+    d = os.path.join(run.work, "models")
+    os.makedirs(d, exist_ok=True)
+    jobs = []
+    for m in run.a.models:
+        jobs.append((m, "legacy", os.path.join(d, m + ".onnx"), 0))
+        if not run.a.dry_run or run.a.both_exporters:
+            jobs.append((m, "dynamo", os.path.join(d, m + ".dynamo.onnx"), 0))
+    res = export_all(run, jobs)
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=max(1, min(6, (os.cpu_count() or 2) // 2))) as pool:
+        loads = {path: pool.submit(squish_loads, run, path) for (_, _, path, _) in jobs
+                 if res.get(path, {}).get("ok")}
+    table = []
+    for (m, exp, path, _) in jobs:
+        r = res.get(path, {"ok": False, "why": "not run"})
+        row = {"model": m, "exporter": exp, "exported": r["ok"], "export_s": r.get("seconds"),
+               "why": r.get("why")}
+        if r["ok"]:
+            row["mb"] = round(os.path.getsize(path) / 2**20, 1)
+            row["squish_loads_error"] = loads[path].result()
+            row["squish_loads"] = row["squish_loads_error"] is None
+        table.append(row)
+        run.say("export %s %s: %s" % (m, exp, row))
+    # The file squish runs: the legacy export, else the dynamo one; a model
+    # squish refuses with a dynamic batch gets a file fixed at batch 1 (what
+    # squish serves of such a model today: one item per run).
+    fixed = []
+    for m in run.a.models:
+        rows = {r["exporter"]: r for r in table if r["model"] == m}
+        for exp, suffix in (("legacy", ".onnx"), ("dynamo", ".dynamo.onnx")):
+            if rows.get(exp, {}).get("squish_loads"):
+                run.models[m] = {"file": os.path.join(d, m + suffix), "exporter": exp,
+                                 "fixed_batch": None}
+                break
+        else:
+            if rows.get("legacy", {}).get("exported"):
+                fixed.append((m, "legacy", os.path.join(d, m + ".b1.onnx"), 1))
+    if fixed:
+        res2 = export_all(run, fixed)
+        for (m, _, p, b) in fixed:
+            r = res2.get(p, {"ok": False, "why": "not run"})
+            row = {"model": m, "exporter": "legacy, batch fixed at 1", "exported": r["ok"],
+                   "export_s": r.get("seconds"), "why": r.get("why")}
+            if r["ok"]:
+                row["squish_loads_error"] = squish_loads(run, p)
+                row["squish_loads"] = row["squish_loads_error"] is None
+                if row["squish_loads"]:
+                    run.models[m] = {"file": p, "exporter": row["exporter"], "fixed_batch": 1}
+            table.append(row)
+            run.say("export %s: %s" % (os.path.basename(p), row))
+    run.res["exports"] = table
+
+
+# ---- torch on the same inputs ----
+
+def torch_model(name, dev):
+    import torch
+    import torchvision
+    torch.manual_seed(0)
+    return getattr(torchvision.models, name)(weights=None).eval().to(dev)
+
+
+def inputs(batch):
+    import numpy as np
+    x = np.random.default_rng(1).standard_normal((max(PARITY_BATCHES), 3, 224, 224)).astype(np.float32)
+    return np.ascontiguousarray(x[:batch])
+
+
+def torch_fp32_reference(name, dev):
+    """Torch's outputs in exact FP32 (no TF32) for each parity batch."""
+    import torch
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    m = torch_model(name, dev)
+    out = {}
+    with torch.no_grad():
+        for b in PARITY_BATCHES:
+            out[b] = m(torch.from_numpy(inputs(b)).to(dev)).float().cpu().numpy()
+    del m
+    return out
+
+
+def compare(got, ref):
+    import numpy as np
+    got = got.reshape(ref.shape)
+    scale = float(np.abs(ref).max()) or 1.0
+    err = float(np.abs(got - ref).max())
+    top1 = float((got.argmax(axis=1) == ref.argmax(axis=1)).mean()) if ref.ndim == 2 else None
+    finite = bool(np.isfinite(got).all())
+    return {"max_abs": err, "max_ref": scale, "rel": err / scale, "top1_agree": top1,
+            "finite": finite}
+
+
+def squish_bench(run, model, device, precision, batches, checks, iters, warmup, timeout):
+    """One squish-cpu-bench process: the checks [(batch, in, out)] written,
+    then timed runs at each batch. A file fixed at batch 1 runs batch 1
+    only. Returns (rows, error)."""
+    info = run.models[model]
+    if info["fixed_batch"]:
+        batches = [b for b in batches if b == info["fixed_batch"]]
+        checks = [c for c in checks if c[0] == info["fixed_batch"]]
+        if not batches:
+            return [], "the file is fixed at batch %d" % info["fixed_batch"]
+    args = ["squish-cpu-bench", "--device", device, "--precision", precision, "--iters",
+            str(iters), "--warmup", str(warmup)]
+    if device == "cpu":
+        args += ["--threads", str(os.cpu_count() or 2)]
+    for b in batches:
+        args += ["--batch", str(b)]
+    for (b, i, o) in checks:
+        args += ["--check", str(b), i, o]
+    args.append(info["file"])
+    rc, out, err = run.kit_run(args, timeout=timeout)
+    rows = []
+    for line in out.splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            pass
+    return rows, (last_lines(err) if rc != 0 else None)
+
+
+def parity_rows(run, m, device, prec, checks, rows, err, ref):
+    """Compares the outputs one bench process wrote with torch's."""
+    import numpy as np
+    out = []
+    for (b, _, o) in checks:
+        row = {"model": m, "device": device.split(":")[0], "precision": prec, "batch": b,
+               "runs": rows[0].get("runs") if rows else None}
+        if os.path.exists(o) and os.path.getsize(o) == ref[b].nbytes:
+            row.update(compare(np.fromfile(o, dtype=np.float32), ref[b]))
+            tol = TOLERANCE[row["runs"] or prec]
+            row["tolerance"] = tol
+            row["pass"] = row["finite"] and row["rel"] <= tol
+        elif run.models[m]["fixed_batch"] and b != run.models[m]["fixed_batch"]:
+            row["pass"] = None
+            row["error"] = "squish refuses this model with a dynamic batch"
+        else:
+            row["pass"] = False
+            row["error"] = err or "no output"
+        out.append(row)
+        run.say("parity %s" % json.dumps(row))
+    return out
+
+
+def speed_row(m, engine, rows):
+    return {"model": m, "engine": engine, "runs": rows[0].get("runs"),
+            "ms": {r["batch"]: r["backend_median_ms"] for r in rows},
+            "wall_ms": {r["batch"]: r["median_ms"] for r in rows},
+            "plan_ms": rows[0].get("plan_ms"), "memory_mb": rows[0].get("memory_mb")}
+
+
+def phase_models(run):
+    """Per model: parity (the cpu worker in the background meanwhile, as it
+    times nothing), then l(b) of squish and torch back to back."""
+    import threading
+    import torch
+    a = run.a
+    dev = "cpu" if a.dry_run else "cuda"
+    device = "cpu" if a.dry_run else a.device
+    d = os.path.join(run.work, "io")
+    os.makedirs(d, exist_ok=True)
+    parity = run.res.setdefault("parity", [])
+    speed = run.res.setdefault("speed", [])
+    for b in PARITY_BATCHES:
+        inputs(b).tofile(os.path.join(d, "in%d.f32" % b))
+
+    def checks_for(m, dv, prec):
+        return [(b, os.path.join(d, "in%d.f32" % b), os.path.join(d, "%s.%s.%s.b%d.f32" % (
+            m, dv.replace(":", ""), prec, b))) for b in PARITY_BATCHES]
+
+    # timed: checks and l(b) from one plan (max batch the largest size, as
+    # a served model's); checked only: a plan for the parity sizes.
+    timed = ["fp32"] if a.dry_run else SPEED_PRECISIONS
+    checked = ["fp16"] if a.dry_run else [p for p in PRECISIONS if p not in SPEED_PRECISIONS]
+    for m in list(run.models):
+        if run.left() < 40:
+            run.error("models", "budget spent before %s" % m)
+            break
+        ref = torch_fp32_reference(m, dev)
+        bg = {}
+        if not a.dry_run:
+            def cpu_parity(m=m):
+                ck = checks_for(m, "cpu", "fp32")
+                bg["rows"] = (ck,) + squish_bench(run, m, "cpu", "fp32", [1], ck, iters=1,
+                                                  warmup=0, timeout=300)
+            t = threading.Thread(target=cpu_parity, daemon=True)
+            t.start()
+        for prec in checked:
+            ck = checks_for(m, device, prec)
+            rows, err = squish_bench(run, m, device, prec, [1], ck, iters=1, warmup=0,
+                                     timeout=min(300, max(10, run.left() - 10)))
+            parity += parity_rows(run, m, device, prec, ck, rows, err, ref)
+        if not a.dry_run:
+            t.join(timeout=max(1, run.left() - 20))
+            if "rows" in bg:
+                ck, rows, err = bg["rows"]
+                parity += parity_rows(run, m, "cpu", "fp32", ck, rows, err, ref)
+        run.save()
+        for prec in timed:
+            ck = checks_for(m, device, prec)
+            rows, err = squish_bench(run, m, device, prec, a.batches, ck, iters=a.iters, warmup=3,
+                                     timeout=min(300, max(10, run.left() - 10)))
+            parity += parity_rows(run, m, device, prec, ck, rows, err, ref)
+            if err:
+                run.error("speed %s squish %s" % (m, prec), err)
+            if rows:
+                speed.append(speed_row(m, "squish %s %s" % (device.split(":")[0], prec), rows))
+                run.say("speed %s squish %s %s" % (m, prec, speed[-1]["ms"]))
+        del ref
+        ways = [("torch eager fp32", False, False)]
+        if dev == "cuda":
+            ways += [("torch eager fp16 channels_last", True, False),
+                     ("torch CUDA graph fp32", False, True),
+                     ("torch CUDA graph fp16 channels_last", True, True)]
+        for (label, fp16, graphs) in ways:
+            if run.left() < 20:
+                break
+            try:
+                ms = torch_times(m, dev, a.batches, a.iters, 3, fp16, graphs)
+                speed.append({"model": m, "engine": label, "ms": ms})
+                run.say("speed %s %s %s" % (m, label, ms))
+            except Exception as e:
+                run.error("speed %s %s" % (m, label), e)
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+        run.save()
+
+
+def torch_times(name, dev, batches, iters, warmup, fp16, graphs):
+    """Torch as a server runs a batch: a pinned host input to the device,
+    the forward pass, the output back to the host; median ms per batch."""
+    import torch
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.benchmark = True
+    m = torch_model(name, dev)
+    dtype = torch.float16 if fp16 else torch.float32
+    if fp16:
+        m = m.half().to(memory_format=torch.channels_last)
+    out = {}
+    for b in batches:
+        host = torch.randn(b, 3, 224, 224).to(dtype)
+        if dev == "cuda":
+            host = host.pin_memory()
+        x = torch.empty_like(host, device=dev)
+        if fp16:
+            x = x.contiguous(memory_format=torch.channels_last)
+        with torch.no_grad():
+            if graphs:
+                s = torch.cuda.Stream()
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    for _ in range(3):
+                        y = m(x)
+                torch.cuda.current_stream().wait_stream(s)
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g):
+                    y = m(x)
+
+                def step():
+                    x.copy_(host, non_blocking=True)
+                    g.replay()
+                    return y.cpu()
+            else:
+                def step():
+                    x.copy_(host, non_blocking=True)
+                    return m(x).cpu()
+            for _ in range(warmup):
+                step()
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            ms = []
+            for _ in range(iters):
+                t = time.perf_counter()
+                step()
+                if dev == "cuda":
+                    torch.cuda.synchronize()
+                ms.append((time.perf_counter() - t) * 1e3)
+        ms.sort()
+        out[b] = round(ms[len(ms) // 2], 3)
+        if graphs:
+            del g
+    del m
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+# ---- end to end: squishd and its worker, over HTTP ----
+
+def free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def http_req(port, method, path, body=None, headers=None, timeout=30):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        c.request(method, path, body=body, headers=headers or {})
+        r = c.getresponse()
+        data = r.read()
+    finally:
+        c.close()
+    try:
+        return r.status, json.loads(data) if data else None
+    except ValueError:
+        return r.status, data
+
+
+def multipart(fields):
+    boundary = "squishgpu%d" % int(time.time() * 1000)
+    out = []
+    for (name, filename, data) in fields:
+        disp = 'form-data; name="%s"' % name + ('; filename="%s"' % filename if filename else "")
+        out.append(b"--" + boundary.encode() + b"\r\nContent-Disposition: " + disp.encode() +
+                   b"\r\nContent-Type: application/octet-stream\r\n\r\n" + data + b"\r\n")
+    out.append(b"--" + boundary.encode() + b"--\r\n")
+    return b"".join(out), "multipart/form-data; boundary=" + boundary
+
+
+def phase_e2e(run):
+    a = run.a
+    model = a.e2e_model
+    if model not in run.models or run.models[model]["fixed_batch"]:
+        raise RuntimeError("%s has no file squish loads with a dynamic batch" % model)
+    d = os.path.join(run.work, "squishd")
+    os.makedirs(d, exist_ok=True)
+    port = free_port()
+    workers = "cpu:1" if a.dry_run else "cuda:1"
+    args = [os.path.join(run.kit_bin, "squishd"), "--listen", "127.0.0.1:%d" % port,
+            "--db", os.path.join(d, "squish.db"), "--workers", workers,
+            "--worker-bin", os.path.join(run.kit_bin, "squish-worker"),
+            "--prep-threads", str(max(2, (os.cpu_count() or 2) - 4)),
+            "--http-threads", "2" if (os.cpu_count() or 2) >= 8 else "1"]
+    log = open(os.path.join(run.out, "squishd.log"), "wb")
+    p = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, env=run.kit_env())
+    run.pids.append(p.pid)
+    watch = LibWatch(run, p.pid) if a.dry_run else None
+    if watch:
+        watch.start()
+    e2e = run.res.setdefault("e2e", {"model": model, "workers": workers, "slo_ms": a.slo_ms})
+    try:
+        wait_for(lambda: http_ok(port, "/v2/health/live"), 30, "squishd live")
+        wait_for(lambda: os.path.exists(os.path.join(d, "admin.token")), 10, "admin token")
+        with open(os.path.join(d, "admin.token")) as f:
+            token = f.read().strip()
+        cfg = {"name": model, "max_batch": a.e2e_max_batch}
+        if a.e2e_precision != "fp32":
+            cfg["precision"] = a.e2e_precision
+        with open(run.models[model]["file"], "rb") as f:
+            body, ctype = multipart([("model", "m.onnx", f.read()),
+                                     ("config", None, json.dumps(cfg).encode())])
+        t = time.time()
+        st, j = http_req(port, "POST", "/models", body,
+                         {"Authorization": "Bearer " + token, "Content-Type": ctype}, timeout=120)
+        if st not in (201, 202):
+            raise RuntimeError("upload: %d %s" % (st, j))
+        # first also needs the worker up: it may still be starting (cuDNN's load)
+        wait_for(lambda: http_ok(port, "/v2/models/%s/ready" % model), min(240, run.left() - 60),
+                 "%s measured and ready" % model)
+        e2e["ready_after_upload_s"] = round(time.time() - t, 1)
+        st, j = http_req(port, "GET", "/models/" + model, headers={"Authorization": "Bearer " + token})
+        v = j["versions"][-1]
+        kind = "cpu" if a.dry_run else "cuda"
+        prof = [x for x in v.get("profiles", []) if x.get("device_kind") == kind]
+        if prof:
+            e2e["profile_ms"] = dict(zip(prof[0]["batch"], prof[0]["latency_ms"]))
+        if "precision" in v:
+            e2e["precision"] = v["precision"]
+        photo = os.path.join(os.path.dirname(run.kit_lib), "share", "photo.jpg")
+        trials = [("jpeg /v1", ["--path", "/v1/models/%s/infer" % model, "--body", photo,
+                                "--content-type", "image/jpeg"]),
+                  ("uint8 tensor /v2", ["--path", "/v2/models/%s/infer" % model, "--tensor",
+                                        "3x224x224", "--dtype", "UINT8"])]
+        for (label, targs) in trials:
+            if label.startswith("jpeg") and not os.path.exists(photo):
+                e2e[label] = {"error": "the kit has no photo"}
+                continue
+            if run.left() < a.e2e_trial_s * 6 + 20:
+                e2e[label] = {"skipped": "%.0f s left" % run.left()}
+                continue
+            rate = a.e2e_start_rps
+            args = ["squish-loadgen", "--port", str(port), "--slo-ms", str(a.slo_ms),
+                    "--rate", str(rate), "--duration", str(a.e2e_trial_s), "--warmup", "1",
+                    "--search-goodput", "--precision", str(a.e2e_search_rel), "--pause-ms",
+                    "300" if not a.quick else "50",
+                    "--connections", "2048"] + targs
+            rc, out, err = run.kit_run(args, timeout=int(min(run.left() - 15, 200)))
+            try:
+                res = json.loads(out)
+                e2e[label] = {"goodput_rps": res["goodput_rps"], "best": res["best"],
+                              "trials": [{k: t.get(k) for k in ("rate_rps", "goodput_rps", "bad_rate",
+                                                                 "latency_ms", "dropped", "late")}
+                                         for t in res["trials"]]}
+            except (ValueError, KeyError):
+                e2e[label] = {"error": last_lines(err) or out[-500:], "rc": rc}
+            run.say("e2e %s: %s" % (label, json.dumps(e2e[label])[:400]))
+            run.save()
+        st, j = http_req(port, "GET", "/v2/models/%s/stats" % model)
+        live = {}
+        for bs in (j or {}).get("model_stats", [{}])[0].get("batch_stats", []):
+            c = bs["compute_infer"]
+            if c["count"] > 0:
+                live[bs["batch_size"]] = {"batches": c["count"],
+                                          "live_ms": round(c["ns"] / c["count"] / 1e6, 3)}
+        for b, x in live.items():
+            lp = e2e.get("profile_ms", {}).get(b)
+            if lp:
+                x["profile_ms"] = lp
+                x["live_over_profile"] = round(x["live_ms"] / lp, 3)
+        e2e["live_vs_profile"] = live
+    finally:
+        p.terminate()
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+        if watch:
+            watch.stop()
+        log.close()
+
+
+def http_ok(port, path):
+    try:
+        return http_req(port, "GET", path, timeout=5)[0] == 200
+    except OSError:
+        return False
+
+
+def wait_for(pred, timeout, what):
+    deadline = time.time() + max(1, timeout)
+    while time.time() < deadline:
+        if pred():
+            return
+        time.sleep(0.25)
+    raise RuntimeError("timed out (%d s) waiting for %s" % (timeout, what))
+
+
+# ---- the report ----
+
+def fmt(x, nd=2):
+    return "-" if x is None else ("%.*f" % (nd, x) if isinstance(x, float) else str(x))
+
+
+def markdown(res):
+    env = res.get("env", {})
+    v = env.get("versions", {})
+    lines = ["# squish on %s%s" % (env.get("gpu") or res.get("device"),
+                                   " (dry run: cpu worker)" if res.get("dry_run") else ""), "",
+             "- started %s, %s s; kit %s (%s)" % (res.get("started"), res.get("elapsed_s"),
+                                                  res.get("kit", {}).get("commit"),
+                                                  res.get("kit", {}).get("built")),
+             "- %s, %s cores; torch %s, torchvision %s; driver CUDA %s, cudart %s, cuDNN %s, "
+             "cuBLAS %s" % (env.get("cpu"), env.get("cores"), env.get("torch"),
+                            env.get("torchvision"), v.get("driver_cuda"), v.get("cudart"),
+                            v.get("cudnn"), v.get("cublas")),
+             "- nvidia-smi: %s" % env.get("nvidia_smi", "-"), ""]
+    lines += ["| phase | status | s |", "|---|---|---|"]
+    for p in res.get("phases", []):
+        lines.append("| %s | %s | %s |" % (p["name"], p.get("status"), p.get("seconds", p.get("why", ""))))
+    if res.get("exports"):
+        lines += ["", "## Exports", "", "| model | exporter | exported | squish loads | why not |",
+                  "|---|---|---|---|---|"]
+        for r in res["exports"]:
+            lines.append("| %s | %s | %s | %s | %s |" % (
+                r["model"], r["exporter"], r["exported"], r.get("squish_loads", "-"),
+                (r.get("why") or r.get("squish_loads_error") or "").replace("|", "/")[:160]))
+    if res.get("parity"):
+        lines += ["", "## Parity against torch fp32 (max |diff| / max |torch|)", "",
+                  "| model | device | asked | runs | batch | rel | tolerance | top-1 agree | pass |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in res["parity"]:
+            lines.append("| %s | %s | %s | %s | %d | %s | %s | %s | %s |" % (
+                r["model"], r["device"], r["precision"], r.get("runs"), r["batch"],
+                fmt(r.get("rel"), 6) if r.get("rel") is not None else r.get("error", "-")[:80],
+                fmt(r.get("tolerance"), 4), fmt(r.get("top1_agree")), r.get("pass")))
+    if res.get("speed"):
+        bs = sorted({int(b) for r in res["speed"] for b in r["ms"]})
+        lines += ["", "## l(b), ms per batch (input in, output out)", "",
+                  "| model | engine | " + " | ".join("b=%d" % b for b in bs) + " |",
+                  "|---|---|" + "---|" * len(bs)]
+        for r in res["speed"]:
+            ms = {int(k): x for k, x in r["ms"].items()}
+            lines.append("| %s | %s | %s |" % (r["model"], r["engine"],
+                                               " | ".join(fmt(ms.get(b)) for b in bs)))
+    e = res.get("e2e")
+    if e:
+        lines += ["", "## End to end: %s, %s, SLO %s ms" % (e.get("model"), e.get("workers"),
+                                                           e.get("slo_ms")), ""]
+        for label in ("jpeg /v1", "uint8 tensor /v2"):
+            x = e.get(label)
+            if x:
+                lines.append("- %s: goodput %s req/s at >= 99%% within the SLO%s" % (
+                    label, x.get("goodput_rps", "-"),
+                    "" if "best" not in x else ", p99 %s ms" % fmt(x["best"]["latency_ms"]["p99"])))
+                if "error" in x or "skipped" in x:
+                    lines.append("  - %s" % (x.get("error") or x.get("skipped")))
+        if e.get("live_vs_profile"):
+            lines += ["", "| batch | batches | live ms | profile ms | live / profile |",
+                      "|---|---|---|---|---|"]
+            for b, x in sorted(e["live_vs_profile"].items(), key=lambda kv: int(kv[0])):
+                lines.append("| %s | %s | %s | %s | %s |" % (b, x["batches"], x["live_ms"],
+                                                           x.get("profile_ms", "-"),
+                                                           x.get("live_over_profile", "-")))
+    if res.get("foreign_libraries") is not None:
+        lines += ["", "Libraries mapped from outside the kit (glibc's and CUDA's aside): %s" % (
+            ", ".join(res["foreign_libraries"]) or "none")]
+    if res.get("errors"):
+        lines += ["", "## Errors", ""]
+        for e in res["errors"]:
+            lines.append("- %s: %s" % (e["where"], e["what"].strip().splitlines()[-1][:300]))
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kit", default=os.path.join(ROOT, "gpu-kit"))
+    ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join(ROOT, "build", "gpu-run"))
+    ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--models", default=None, help="comma-separated torchvision names")
+    ap.add_argument("--batches", default=None, help="l(b) batch sizes, comma-separated")
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--budget-s", type=float, default=450)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--export-timeout-s", type=int, default=150)
+    ap.add_argument("--both-exporters", action="store_true",
+                    help="dry run: also try the dynamo exporter (always on a GPU run)")
+    ap.add_argument("--skip", default="", help="phases to skip, comma-separated")
+    ap.add_argument("--slo-ms", type=float, default=25)
+    ap.add_argument("--e2e-model", default=None)
+    ap.add_argument("--e2e-max-batch", type=int, default=None)
+    ap.add_argument("--e2e-precision", default="fp32", choices=PRECISIONS)
+    ap.add_argument("--e2e-trial-s", type=float, default=3)
+    ap.add_argument("--e2e-start-rps", type=float, default=None)
+    ap.add_argument("--e2e-search-rel", type=float, default=0.1,
+                    help="the goodput search stops when its bracket is this narrow")
+    ap.add_argument("--quick", action="store_true",
+                    help="short trials and few runs: proves the script, measures little (CI)")
+    a = ap.parse_args()
+    if a.quick:
+        a.iters, a.e2e_trial_s, a.e2e_search_rel = 3, 1, 0.5
+    if a.dry_run and os.environ.get("SQUISH_GPU_RUN_CLEAN") != "1":
+        # Again in a clean environment: nothing of this shell's leaks in.
+        env = {"PATH": "/usr/bin:/bin", "HOME": tempfile.mkdtemp(prefix="squish-home-"),
+               "SQUISH_GPU_RUN_CLEAN": "1", "LANG": "C.UTF-8"}
+        argv = [sys.executable, os.path.abspath(__file__)] + sys.argv[1:]
+        if "--out" not in sys.argv:
+            argv += ["--out", a.out]
+        os.execve("/usr/bin/env", ["env", "-i"] + ["%s=%s" % kv for kv in env.items()] + argv, {})
+    if a.dry_run:
+        a.models = (a.models or "squeezenet1_0").split(",")
+        a.batches = [int(x) for x in (a.batches or "1,2").split(",")]
+        a.e2e_model = a.e2e_model or a.models[0]
+        a.e2e_max_batch = a.e2e_max_batch or 4
+        a.e2e_start_rps = a.e2e_start_rps or 10
+        a.slo_ms = a.slo_ms if "--slo-ms" in sys.argv else 500
+    else:
+        a.models = (a.models or ",".join(MODELS)).split(",")
+        a.batches = [int(x) for x in (a.batches or ",".join(map(str, BATCHES))).split(",")]
+        a.e2e_model = a.e2e_model or "resnet50"
+        a.e2e_max_batch = a.e2e_max_batch or 32
+        a.e2e_start_rps = a.e2e_start_rps or 1000
+    run = Run(a)
+    skip = set(x for x in a.skip.split(",") if x)
+    ok = run.phase("kit", lambda: phase_kit(run), 0)
+    ok = ok and run.phase("env", lambda: phase_env(run), 0)
+    ok = ok and ("export" in skip or run.phase("export", lambda: phase_export(run), 60))
+    if ok:
+        for (name, fn, need) in (("models", phase_models, 40), ("e2e", phase_e2e, 60)):
+            if name not in skip:
+                run.phase(name, lambda fn=fn: fn(run), need)
+    if a.dry_run:
+        check_maps(run, [])
+    run.save()
+    shutil.rmtree(run.work, ignore_errors=True)
+    failed = [p["name"] for p in run.res["phases"] if p.get("status") == "failed"]
+    bad_parity = [r for r in run.res.get("parity", []) if r.get("pass") is False]
+    print(markdown(run.res))
+    if failed or run.res.get("foreign_libraries"):
+        return 1
+    if a.dry_run and bad_parity:
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
