@@ -271,9 +271,9 @@ static int conv_setup(wk_plan_t *plan, int si, bool half, size_t *ws_need)
         }
         DNN(cudnnGetConvolutionForwardAlgorithm_v7(be->dnn, be->td[0], cs->filter, cs->conv,
                                                    be->td[1], 8, &found, perf));
-        /* the first that works in the math asked for, else the first that works */
+        /* the first that works (exact FP32: the first in FMA math, if any) */
         int pick = -1;
-        for (int i = 0; i < found && pick < 0; i++)
+        for (int i = 0; i < found && pick < 0 && math == CUDNN_FMA_MATH; i++)
             if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].mathType == math)
                 pick = i;
         for (int i = 0; i < found && pick < 0; i++)
@@ -576,8 +576,8 @@ static wk_precision_t settle_precision(wk_plan_t *plan, int major)
     if (p == WK_PRECISION_FP16 && major < 7)
         p = WK_PRECISION_FP32;
     if (p != plan->opts.precision)
-        SQ_INFO("cuda:%d (sm_%d): %s asked, running %s", plan->opts.device_index, major * 10,
-                wk_precision_name(plan->opts.precision), wk_precision_name(p));
+        SQ_INFO("cuda:%d (sm_%d): precision %d asked, running %s", plan->opts.device_index,
+                major * 10, (int)plan->opts.precision, wk_precision_name(p));
     return p;
 }
 

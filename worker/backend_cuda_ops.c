@@ -160,7 +160,8 @@ int wk__cuda_convert(wk_plan_t *plan, int v, int batch, cuda_rep_t r, void *dst)
 {
     cuda_be_t *be = plan->be;
     const wk_graph_t *g = plan->graph;
-    ck_pointwise_t pw = {.ndim = wk_value_dims_at(&g->values[v], batch, pw.dims)};
+    ck_pointwise_t pw = {0};
+    pw.ndim = wk_value_dims_at(&g->values[v], batch, pw.dims);
     pw.x = ten(be, g, v, batch);
     pw.y = (ck_ten_t){.p = dst, .dt = r.dt};
     wk__cuda_rep_strides(&g->values[v], batch, r, pw.y.st);
