@@ -14,10 +14,11 @@ leaves what it measured):
   export   each model with this machine's torch, by both exporters where
            torch has two (the legacy TorchScript one and torch.export's);
            which files squish loads
-  parity   the cuda worker (each precision) and the cpu worker against
-           torch fp32 on the same inputs, batch 1 and 8
-  speed    l(b) for b = 1..64: the cuda worker at fp32 and fp16 against
-           torch eager fp32, fp16 channels_last, and both in CUDA graphs
+  models   per model: parity, the cuda worker (each precision) and the
+           cpu worker against torch fp32 on the same inputs, batch 1 and
+           8; then l(b) for b = 1..64, the cuda worker at fp32 and fp16
+           against torch eager fp32, fp16 channels_last, and both in CUDA
+           graphs, back to back
   e2e      squishd with a cuda worker: JPEGs over /v1 and decoded UINT8
            tensors over /v2 at the highest Poisson rate where 99% meet the
            SLO, and the worker's live l(b) against its profile
@@ -302,6 +303,13 @@ def find_cuda(run):
                 found[so] = os.path.join(d, so)
                 if d not in dirs:
                     dirs.append(d)
+    # The rest of the NVIDIA wheels (nvrtc, which cuDNN's runtime-compiled
+    # engines load, may lie apart from cudart) after them.
+    for sp in site_dirs():
+        for so in sorted(glob.glob(os.path.join(sp, "nvidia", "**", "lib*.so*"), recursive=True)):
+            d = os.path.realpath(os.path.dirname(so))
+            if d not in dirs:
+                dirs.append(d)
     return dirs, found
 
 
