@@ -27,11 +27,10 @@
  *   kernels; GEMMs on cublasGemmEx with FP32 accumulation; LayerNorm,
  *   elementwise math, softmax and reductions in FP32 (softmax and
  *   reductions read an FP32 copy: FP32 islands, as do convs and pools that
- *   cannot run in 16 bits, e.g. 1-D or 3-D ones and pools with asymmetric
- *   pads). Inputs arrive as FP32 in the model's layout and are converted by
- *   the ops that read them; outputs are converted back to FP32 in the
- *   model's layout before the copy out. A device before Ampere (sm_80) runs
- *   TF32 and BF16 plans as FP32.
+ *   cannot run in 16 bits, e.g. 1-D or 3-D ones, pools with asymmetric
+ *   pads, and every pool of a BF16 plan). Inputs arrive as FP32 in the model's layout and are
+ * converted by the ops that read them; outputs are converted back to FP32 in the model's layout
+ * before the copy out. A device before Ampere (sm_80) runs TF32 and BF16 plans as FP32.
  *
  * Runs: the arena is planned by liveness at max batch; conv algorithms are
  * chosen once per plan and batch size (cuDNN's heuristics). At prepare each
@@ -319,13 +318,14 @@ static int prepare_step(wk_plan_t *plan, int si, size_t *ws_need)
                            : rc;
         cs->half = half;
         /* bias [+ residual] [+ relu]: cuDNN's one fused call (run_conv),
-         * FP32 only (16-bit convs take their post-ops in one pointwise) */
+         * in FP32 and TF32 plans only (in 16-bit ones, whose residuals may
+         * be 16-bit, convs take their post-ops in one pointwise) */
         bool bias = s->n_in > 2 && s->in[2] >= 0 && g->values[s->in[2]].data != NULL;
         bool add0 = s->n_post > 0 && s->post[0].kind == WK_POST_ADD;
         int rest = s->n_post - (add0 ? 1 : 0);
         cs->fused_relu = rest == 1 && s->post[s->n_post - 1].kind == WK_POST_ACT &&
                          s->post[s->n_post - 1].act.kind == WK_ACT_RELU;
-        cs->fused = !half && bias && y->ndim <= 4 && (rest == 0 || cs->fused_relu);
+        cs->fused = be->dt16 == CK_F32 && bias && y->ndim <= 4 && (rest == 0 || cs->fused_relu);
     } else if (s->kind == WK_K_MAXPOOL || s->kind == WK_K_AVGPOOL || s->kind == WK_K_GLOBALAVG) {
         nsp = x->ndim - 2;
         for (int i = 0; i < nsp; i++) {
@@ -345,7 +345,9 @@ static int prepare_step(wk_plan_t *plan, int si, size_t *ws_need)
             pad[1] = 0;
             nsp = 2;
         }
-        cs->half = be->dt16 != CK_F32 && x->ndim == 4 && !cs->pad_explicit;
+        /* FP16 pooling on NHWC is cuDNN's long-standing path; BF16 plans
+         * pool in FP32 (an island) rather than count on BF16 pooling */
+        cs->half = be->dt16 == CK_F16 && x->ndim == 4 && !cs->pad_explicit;
         cudnnPoolingMode_t mode =
             s->kind == WK_K_MAXPOOL ? CUDNN_POOLING_MAX
             : s->kind == WK_K_AVGPOOL && (s->p.conv.count_include_pad || cs->pad_explicit)
@@ -628,7 +630,9 @@ out:
     return rc;
 }
 
-static int cuda_prepare(wk_plan_t *plan)
+/* force: WK_PRECISION_FP32 after a 16-bit or TF32 attempt failed;
+ * WK_PRECISION_COUNT_ for what was asked (as the device allows). */
+static int prepare_at(wk_plan_t *plan, wk_precision_t force)
 {
     const wk_graph_t *g = plan->graph;
     int rc = 0, count = 0;
@@ -649,7 +653,7 @@ static int cuda_prepare(wk_plan_t *plan)
     CU(cudaSetDevice(be->device));
     int major = 0;
     CU(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, be->device));
-    be->precision = settle_precision(plan, major);
+    be->precision = force == WK_PRECISION_COUNT_ ? settle_precision(plan, major) : force;
     be->dt16 = be->precision == WK_PRECISION_FP16   ? CK_F16
                : be->precision == WK_PRECISION_BF16 ? CK_BF16
                                                     : CK_F32;
@@ -722,6 +726,26 @@ static int cuda_prepare(wk_plan_t *plan)
     rc = warm_and_capture(plan);
 out:
     return rc;
+}
+
+/* A plan that cannot be made in the precision asked (cuDNN without a
+ * 16-bit call for one of its ops, say) is made again in FP32, which the
+ * precision hook then reports. */
+static int cuda_prepare(wk_plan_t *plan)
+{
+    uint64_t mem0 = plan->memory_bytes;
+    int rc = prepare_at(plan, WK_PRECISION_COUNT_);
+    cuda_be_t *be = plan->be;
+    if (rc == 0 || rc == SQ_UNSUPPORTED_MODEL || be == NULL || be->stream == NULL ||
+        be->precision == WK_PRECISION_FP32)
+        return rc;
+    SQ_WARN("cuda:%d: the %s plan failed (%s); FP32 instead", be->device,
+            wk_precision_name(be->precision), plan->why);
+    cuda_release(plan);
+    (void)cudaGetLastError();
+    plan->memory_bytes = mem0;
+    plan->why[0] = '\0';
+    return prepare_at(plan, WK_PRECISION_FP32);
 }
 
 static float *cuda_input_buffer(wk_plan_t *plan, int index)
