@@ -591,7 +591,10 @@ static bool graphs_wanted(void)
 
 /* Each batch size once eagerly (the warm-up: first launches, lazy module
  * loading, the fused-conv fallback settled), then captured into a graph.
- * A size whose capture fails runs eagerly, said once. */
+ * A size whose capture fails runs eagerly, said once. The graphs allocate
+ * no memory of their own (no memory nodes: every buffer is the arena's or
+ * a workspace's, already in memory_bytes); what the driver keeps for an
+ * instantiated graph is not knowable here and not counted. */
 static int warm_and_capture(wk_plan_t *plan)
 {
     cuda_be_t *be = plan->be;
