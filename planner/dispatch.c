@@ -130,7 +130,7 @@ void pl_dispatch_free(pl_dispatch_t *d)
 
 /* cost[1..cap] of a profile (*cost owned by the caller), the usable cap
  * and the greedy rate (session_t); 0 or SQ_INVAL when no batch is usable. */
-static int build_costs(const pl_dispatch_t *d, const pl_profile_t *profile, int max_batch,
+static int build_costs(const pl_dispatch_opts_t *o, const pl_profile_t *profile, int max_batch,
                        int64_t slo_us, int64_t **cost_out, int *cap_out, double *greedy_per_us)
 {
     int cap = profile->max_batch;
@@ -141,10 +141,10 @@ static int build_costs(const pl_dispatch_t *d, const pl_profile_t *profile, int 
     int64_t *cost = sq_xcalloc((size_t)cap + 2, sizeof(int64_t));
     int usable = 0;
     for (int b = 1; b <= cap; b++) {
-        double l = pl_latency_us(profile, b, d->opts.k_std);
+        double l = pl_latency_us(profile, b, o->k_std);
         if (l < 0)
             break;
-        int64_t c = d->opts.net_delay_us + (int64_t)ceil(l);
+        int64_t c = o->net_delay_us + (int64_t)ceil(l);
         /* Never assume a bigger batch is faster: keep costs nondecreasing so
          * that "largest batch fitting a slack" is a binary search. */
         cost[b] = b > 1 && cost[b - 1] > c ? cost[b - 1] : c;
@@ -167,6 +167,24 @@ static int build_costs(const pl_dispatch_t *d, const pl_profile_t *profile, int 
     return 0;
 }
 
+int64_t pl_dispatch_least_us(const pl_dispatch_opts_t *opts, const pl_profile_t *profile,
+                             int max_batch, int n)
+{
+    pl_dispatch_opts_t o = *opts;
+    if (o.net_delay_us < 0) /* as pl_dispatch_new */
+        o.net_delay_us = 0;
+    int64_t *cost;
+    int cap;
+    double greedy;
+    if (n < 1 || build_costs(&o, profile, max_batch, 0, &cost, &cap, &greedy) != 0)
+        return -1;
+    int rest = n % cap;
+    int64_t run = (int64_t)(n / cap) * (cost[cap] - o.net_delay_us) +
+                  (rest > 0 ? cost[rest] - o.net_delay_us : 0);
+    free(cost);
+    return run + o.net_delay_us;
+}
+
 int pl_dispatch_session_add(pl_dispatch_t *d, const pl_session_cfg_t *cfg)
 {
     if (cfg == NULL || cfg->profile == NULL || cfg->slo_us < 0 || cfg->priority < 0 ||
@@ -175,7 +193,8 @@ int pl_dispatch_session_add(pl_dispatch_t *d, const pl_session_cfg_t *cfg)
     int64_t *cost;
     int usable;
     double greedy;
-    if (build_costs(d, cfg->profile, cfg->max_batch, cfg->slo_us, &cost, &usable, &greedy) != 0)
+    if (build_costs(&d->opts, cfg->profile, cfg->max_batch, cfg->slo_us, &cost, &usable, &greedy) !=
+        0)
         return SQ_INVAL;
     if (d->nsessions == d->cap_sessions) {
         d->cap_sessions = d->cap_sessions ? d->cap_sessions * 2 : 8;
@@ -275,7 +294,7 @@ int pl_dispatch_session_profile(pl_dispatch_t *d, int64_t now_us, int session,
     int64_t *cost;
     int usable;
     double greedy;
-    if (build_costs(d, profile, s->max_batch_cfg, s->slo_us, &cost, &usable, &greedy) != 0)
+    if (build_costs(&d->opts, profile, s->max_batch_cfg, s->slo_us, &cost, &usable, &greedy) != 0)
         return SQ_INVAL;
     free(s->cost);
     s->cost = cost;

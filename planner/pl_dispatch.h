@@ -404,6 +404,15 @@ int64_t pl_dispatch_batch_cost_us(const pl_dispatch_t *d, int session, int b);
 /* The same on worker (its link's transfer added), or -1 (also for a worker
  * never added). */
 int64_t pl_dispatch_worker_batch_cost_us(const pl_dispatch_t *d, int session, int worker, int b);
+/* The least latency n requests on profile take alone on an idle worker, as
+ * a core made with opts plans them (any thread, no core needed): batches of
+ * at most max_batch (0: the profile's largest) one after the other, each
+ * its cost above less the network delay, which the last one adds once (a
+ * batch is sent while the one before runs); -1 when n < 1 or no batch is
+ * usable. Admission's "ask for N ms or more" is this, so that it never
+ * disagrees with what dispatch plans. */
+int64_t pl_dispatch_least_us(const pl_dispatch_opts_t *opts, const pl_profile_t *profile,
+                             int max_batch, int n);
 /* Largest batch the core forms for session (profile, cap and SLO), or -1. */
 int pl_dispatch_session_max_batch(const pl_dispatch_t *d, int session);
 /* Requests queued for session now, or -1. */

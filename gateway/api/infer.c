@@ -181,11 +181,9 @@ static int item_slot(gw_server_t *srv, gw_item_t *item, size_t bytes)
 static int64_t decode_deadline_ns(gw_server_t *srv, const gw_infer_t *req)
 {
     const gw_model_t *m = req->model;
-    int64_t after_us = srv->cfg->dispatch_margin_us;
-    int kind = gw_dispatch_serving_kind(srv, m);
-    if (kind >= 0 && m->has_profile[kind])
-        after_us += (int64_t)pl_latency_us(&m->profile[kind], 1, srv->cfg->k_std);
-    return (req->deadline_us - after_us) * 1000;
+    gw_least_t least;
+    gw_dispatch_least(srv, m, gw_dispatch_serving_kind(srv, m), 1, &least);
+    return (req->deadline_us - least.run_us - least.margin_us) * 1000;
 }
 
 /* Starts a JPEG item (any thread). */
@@ -340,25 +338,17 @@ static void answer_headers(gw_infer_t *req, h2o_req_t *hreq)
 }
 
 /* The least SLO the request can meet, in ms: its items alone on one idle
- * worker of the model's serving kind, in batches of at most max_batch (the
- * profile's latencies with the margin), plus the dispatch margin; 0 when
- * unknown (no profile, no worker of its kind up, no items yet). */
+ * worker of the model's serving kind, as the dispatcher plans them
+ * (gw_dispatch_least); 0 when unknown (no profile, no worker of its kind
+ * up, no items yet). */
 static double least_slo_ms(const gw_infer_t *req)
 {
     gw_server_t *srv = req->base.srv;
     const gw_model_t *m = req->model;
-    int kind = gw_dispatch_serving_kind(srv, m);
-    int n = req->n_items;
-    if (kind < 0 || !m->has_profile[kind] || n < 1)
+    gw_least_t least;
+    if (gw_dispatch_least(srv, m, gw_dispatch_serving_kind(srv, m), req->n_items, &least) != 0)
         return 0;
-    const pl_profile_t *p = &m->profile[kind];
-    int cap = m->max_batch > 0 && m->max_batch < p->max_batch ? m->max_batch : p->max_batch;
-    if (cap < 1)
-        return 0;
-    int full = n / cap, rest = n % cap;
-    double us = full * pl_latency_us(p, cap, srv->cfg->k_std) +
-                (rest > 0 ? pl_latency_us(p, rest, srv->cfg->k_std) : 0);
-    return us < 0 ? 0 : (us + (double)srv->cfg->dispatch_margin_us) / 1000.0;
+    return (double)(least.run_us + least.margin_us) / 1000.0;
 }
 
 /* A failed request's answer. A request refused or dropped for its deadline
@@ -727,18 +717,20 @@ static int request_priority(gw_infer_t *req, h2o_req_t *hreq, int64_t *priority)
 }
 
 /* The smallest SLO the model can meet: one request alone on its serving
- * kind, l(1) with the margin, plus the dispatch margin. A request asking
- * for less is answered at once, saying so (a drop by the dispatcher would
- * only say that the deadline cannot be met). Returns -1 after rejecting. */
+ * kind, l(1) with the margin, plus the dispatch margin, as the dispatcher
+ * plans it (gw_dispatch_least). A request asking for less is answered at
+ * once, saying so (a drop by the dispatcher would only say that the
+ * deadline cannot be met). Returns -1 after rejecting. */
 static int check_feasible(gw_infer_t *req)
 {
     gw_server_t *srv = req->base.srv;
     const gw_model_t *m = req->model;
     int kind = gw_dispatch_serving_kind(srv, m);
-    if (kind < 0 || !m->has_profile[kind])
+    gw_least_t least_us;
+    if (gw_dispatch_least(srv, m, kind, 1, &least_us) != 0)
         return 0;
-    double l1 = pl_latency_us(&m->profile[kind], 1, srv->cfg->k_std) / 1000.0;
-    double margin = srv->cfg->dispatch_margin_us / 1000.0;
+    double l1 = (double)least_us.run_us / 1000.0;
+    double margin = (double)least_us.margin_us / 1000.0;
     if (!(req->slo_ms > 0) || req->slo_ms >= l1 + margin)
         return 0; /* best effort, or feasible */
     req->slo_refused = 1;

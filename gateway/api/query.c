@@ -24,7 +24,6 @@
 #include "gw_codec.h"
 #include "gw_catalog.h"
 
-#include <pl_profile.h>
 #include <sq.h>
 
 #include <math.h>
@@ -250,14 +249,13 @@ static void on_root_decoded(gw_prep_job_t *job, int rc)
  * later, taken from its children's share while each still fits a batch of
  * one after it. */
 /* The least a stage's items take once ready: a batch of one on its
- * serving kind (the profile with the margin), plus the dispatch margin. */
-static int64_t stage_least_us(const gw_server_t *srv, const gw_query_t *q, int stage)
+ * serving kind, plus the dispatch margin, as the dispatcher plans it
+ * (gw_dispatch_least; the margin alone when unknown). */
+static int64_t stage_least_us(gw_server_t *srv, const gw_query_t *q, int stage)
 {
-    const gw_model_t *m = q->models[stage];
-    int64_t us = srv->cfg->dispatch_margin_us;
-    if (q->kind[stage] >= 0 && m->has_profile[q->kind[stage]])
-        us += (int64_t)pl_latency_us(&m->profile[q->kind[stage]], 1, srv->cfg->k_std);
-    return us;
+    gw_least_t least;
+    gw_dispatch_least(srv, q->models[stage], q->kind[stage], 1, &least);
+    return least.run_us + least.margin_us;
 }
 
 static int64_t frame_extra_us(gw_server_t *srv, const gw_query_t *q, const qnode_t *n)

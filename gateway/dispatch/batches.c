@@ -526,12 +526,86 @@ void ds_fail_pending(gw_dispatch_t *ds, ds_model_t *dm, int rc, const char *why)
 #define LIVE_EVERY 8
 #define LIVE_DRIFT 0.25
 
-void ds_live_reset(ds_model_t *dm)
+/* dm's live correction, as other threads see it: its copy replaced by
+ * the one in use (none when live_scale is 0). */
+static void live_publish(gw_dispatch_t *ds, const ds_model_t *dm)
+{
+    pthread_mutex_lock(&ds->live_lock);
+    for (int i = 0; i < ds->nlive_pub; i++) {
+        if (ds->live_pub[i].owner == dm) {
+            pl_profile_dispose(&ds->live_pub[i].profile);
+            ds->live_pub[i--] = ds->live_pub[--ds->nlive_pub];
+        }
+    }
+    if (dm->live_scale > 0) {
+        if (ds->nlive_pub == ds->caplive_pub) {
+            ds->caplive_pub = ds->caplive_pub ? 2 * ds->caplive_pub : 8;
+            ds->live_pub =
+                sq_xrealloc(ds->live_pub, sizeof(*ds->live_pub) * (size_t)ds->caplive_pub);
+        }
+        ds_live_pub_t *p = &ds->live_pub[ds->nlive_pub++];
+        p->owner = dm;
+        p->key = dm->key;
+        p->kind = dm->live_kind;
+        pl_profile_copy(&p->profile, &dm->live_profile);
+    }
+    pthread_mutex_unlock(&ds->live_lock);
+}
+
+void ds_live_reset(gw_dispatch_t *ds, ds_model_t *dm)
+{
+    int had = dm->live_scale > 0;
+    if (had)
+        pl_profile_dispose(&dm->live_profile);
+    dm->live_scale = 0;
+    dm->live_n = dm->live_next = dm->live_since = 0;
+    if (had)
+        live_publish(ds, dm);
+}
+
+void ds_live_set(gw_dispatch_t *ds, ds_model_t *dm, int kind, double scale)
 {
     if (dm->live_scale > 0)
         pl_profile_dispose(&dm->live_profile);
     dm->live_scale = 0;
-    dm->live_n = dm->live_next = dm->live_since = 0;
+    if (scale != 1) {
+        pl_profile_copy(&dm->live_profile, &dm->m->profile[kind]);
+        pl_profile_scale(&dm->live_profile, scale);
+        dm->live_scale = scale;
+        dm->live_kind = kind;
+    }
+    live_publish(ds, dm);
+    gw_metrics_profile_scale(ds->srv->metrics, dm->m, kind, scale);
+    int64_t now = sq_now_us();
+    for (int s = 0; s < ds->nsessions; s++)
+        if (ds->sessions[s].model == dm)
+            pl_dispatch_session_profile(ds->core, now, s, ds_profile(dm, kind));
+    ds_plan_invalidate(ds, kind, "profile drift");
+}
+
+int gw_dispatch_least(gw_server_t *srv, const gw_model_t *m, int kind, int n, gw_least_t *out)
+{
+    pl_dispatch_opts_t o = ds_core_opts(srv);
+    *out = (gw_least_t){.run_us = 0, .margin_us = o.net_delay_us > 0 ? o.net_delay_us : 0};
+    if (kind < 0 || kind >= SQ_DEV_KIND_COUNT || !m->has_profile[kind] || n < 1)
+        return -1;
+    /* A frontend has no dispatcher here: the profile as measured. */
+    gw_dispatch_t *ds = srv->dispatch;
+    const pl_profile_t *p = &m->profile[kind];
+    if (ds != NULL)
+        pthread_mutex_lock(&ds->live_lock);
+    for (int i = 0; ds != NULL && i < ds->nlive_pub; i++)
+        if (ds->live_pub[i].key == m->key && ds->live_pub[i].kind == kind) {
+            p = &ds->live_pub[i].profile;
+            break;
+        }
+    int64_t us = pl_dispatch_least_us(&o, p, m->max_batch, n);
+    if (ds != NULL)
+        pthread_mutex_unlock(&ds->live_lock);
+    if (us < 0)
+        return -1;
+    out->run_us = us - out->margin_us;
+    return 0;
 }
 
 static int float_cmp(const void *a, const void *b)
@@ -577,21 +651,7 @@ static void live_sample(gw_dispatch_t *ds, ds_model_t *dm, int b, double exec_us
             "samples=%d: re-planning with the measured latencies",
             dm->m->name, dm->m->version, sq_dev_kind_name((sq_dev_kind_t)kind), med, cur,
             dm->live_n);
-    if (dm->live_scale > 0)
-        pl_profile_dispose(&dm->live_profile);
-    dm->live_scale = 0;
-    if (scale != 1) {
-        pl_profile_copy(&dm->live_profile, &dm->m->profile[kind]);
-        pl_profile_scale(&dm->live_profile, scale);
-        dm->live_scale = scale;
-        dm->live_kind = kind;
-    }
-    gw_metrics_profile_scale(ds->srv->metrics, dm->m, kind, scale);
-    int64_t now = sq_now_us();
-    for (int s = 0; s < ds->nsessions; s++)
-        if (ds->sessions[s].model == dm)
-            pl_dispatch_session_profile(ds->core, now, s, ds_profile(dm, kind));
-    ds_plan_invalidate(ds, kind, "profile drift");
+    ds_live_set(ds, dm, kind, scale);
 }
 
 /* ---- worker frames ------------------------------------------------------- */

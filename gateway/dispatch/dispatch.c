@@ -346,7 +346,7 @@ static void on_model_changed(sq_loop_t *loop, void *arg)
             dm = ds_model_get(ds, m);
         gw_model_unref(dm->m);
         dm->m = m; /* the new entry (profile, status) */
-        ds_live_reset(dm);
+        ds_live_reset(ds, dm);
         m = NULL;
         if (msg->profile != PROFILE_NONE) {
             gw_model_t *twin = msg->profile == PROFILE_WANTED ? ds_twin_find(ds, dm->m) : NULL;
@@ -406,9 +406,9 @@ void gw_dispatch_resume_profiling(gw_server_t *srv)
     gw_registry_foreach(srv->registry, resume_one, srv);
 }
 
-static void model_free(ds_model_t *dm)
+static void model_free(gw_dispatch_t *ds, ds_model_t *dm)
 {
-    ds_live_reset(dm);
+    ds_live_reset(ds, dm);
     gw_model_unref(dm->m);
     for (int k = 0; k < dm->nmembers; k++)
         gw_model_unref(dm->members[k]);
@@ -469,7 +469,7 @@ static void reclaim(gw_dispatch_t *ds)
         ds_plan_forget(ds, dm);
         int64_t key = dm->key;
         int revive = dm->revive;
-        model_free(dm);
+        model_free(ds, dm);
         ds->models[i--] = ds->models[--ds->nmodels];
         ds_models_reindex(ds);
         if (revive > 0)
@@ -646,16 +646,13 @@ gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop)
     ds->srv = srv;
     ds->ops = &dispatch_ops;
     ds->loop = loop;
-    pl_dispatch_opts_t opts = {.policy = srv->cfg->policy,
-                               .k_std = srv->cfg->k_std,
-                               .eager_load = srv->cfg->eager_load,
-                               .net_delay_us = srv->cfg->dispatch_margin_us,
-                               .timer_slack_us = srv->cfg->timer_slack_us};
+    pl_dispatch_opts_t opts = ds_core_opts(srv);
     ds->core = pl_dispatch_new(&opts);
     ds->plan = ds_plan_new(ds);
     ds->group_epoch = 1;
     pthread_mutex_init(&ds->ready_lock, NULL);
     pthread_mutex_init(&ds->fe_lock, NULL);
+    pthread_mutex_init(&ds->live_lock, NULL);
     snprintf(ds->ready_why, sizeof(ds->ready_why), "the dispatcher is starting");
     ds->tick = sq_loop_timer_at(loop, sq_now_ns() + (int64_t)TICK_MS * 1000000, on_tick, ds);
     return ds;
@@ -714,7 +711,7 @@ void gw_dispatch_free(gw_dispatch_t *ds)
         free(w);
     }
     for (int i = 0; i < ds->nmodels; i++)
-        model_free(ds->models[i]);
+        model_free(ds, ds->models[i]);
     free(ds->workers);
     free(ds->models);
     sq_map_dispose(&ds->model_ix);
@@ -725,6 +722,8 @@ void gw_dispatch_free(gw_dispatch_t *ds)
     pl_dispatch_free(ds->core);
     pthread_mutex_destroy(&ds->ready_lock);
     pthread_mutex_destroy(&ds->fe_lock);
+    pthread_mutex_destroy(&ds->live_lock);
+    free(ds->live_pub);
     ds_await_free(ds);
     free(ds->held_keys);
     free(ds->gone_keys);

@@ -179,6 +179,21 @@ json_t *gw_dispatch_plan_json(gw_server_t *srv);
  * -1 when none. Thread-safe. */
 int gw_dispatch_serving_kind(gw_server_t *srv, const gw_model_t *m);
 
+/* The least latency a request can get, as the dispatcher plans it: n
+ * items of m alone on an idle worker of kind, in batches of at most the
+ * model's max_batch one after the other, each l(b) on the profile the
+ * dispatcher uses (corrected by what its workers report, the metric
+ * squish_profile_scale) with the k_std margin, and the dispatch margin
+ * once (pl_dispatch_least_us). Admission's refusals ("ask for N ms or
+ * more") and deadlines are this, so that they say what dispatch will do. */
+typedef struct {
+    int64_t run_us;    /* the batches' latencies */
+    int64_t margin_us; /* the dispatch margin (also when unknown) */
+} gw_least_t;
+/* 0 with *out; -1 when unknown (kind < 0, no profile of it, n < 1), with
+ * out->run_us 0 and the margin. Thread-safe. */
+int gw_dispatch_least(gw_server_t *srv, const gw_model_t *m, int kind, int n, gw_least_t *out);
+
 /* GET /v2/health/ready: 1 when squishd can serve every ready model now
  * (the stored plan reapplied after a restart, a worker up for each ready
  * model's device kind, every model in the plan loaded on a worker), else 0

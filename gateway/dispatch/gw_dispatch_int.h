@@ -144,6 +144,14 @@ typedef struct ds_model {
     pl_profile_t live_profile;
 } ds_model_t;
 
+/* A live correction as other threads see it (under live_lock). */
+typedef struct ds_live_pub {
+    const struct ds_model *owner;
+    int64_t key;
+    int kind;
+    pl_profile_t profile; /* the corrected one: a copy of live_profile */
+} ds_live_pub_t;
+
 /* A frontend joined on the cluster listener (frontends.c): its items by
  * slot index (the low 32 bits of the frontend's slot ids). */
 typedef struct ds_frontend {
@@ -257,6 +265,11 @@ struct gw_dispatch {
     atomic_int fe_connected;
     uint64_t fe_timer;
     pthread_mutex_t fe_lock; /* frontends' metrics and stats; the array's growth */
+    /* The live corrections in use (batches.c), for other threads under
+     * live_lock: a copy of each corrected profile (gw_dispatch_least). */
+    pthread_mutex_t live_lock;
+    struct ds_live_pub *live_pub;
+    int nlive_pub, caplive_pub;
 };
 
 /* Fails it, whose model has no live record here, with what the registry
@@ -481,6 +494,9 @@ ds_model_t *ds_model_get(gw_dispatch_t *ds, gw_model_t *m);
 /* The device kind that serves m: one with a worker up, cuda first; else
  * one whose worker is being restarted (its requests wait for it); -1. */
 int ds_kind_of_model(gw_server_t *srv, const gw_model_t *m);
+/* The dispatcher core's options from the configuration (--policy, --k_std,
+ * --dispatch_margin_us, ...): what it plans every batch with. */
+pl_dispatch_opts_t ds_core_opts(const gw_server_t *srv);
 /* Workers that hold dm and serve (returned), and *loading that load it. */
 int ds_loaded_anywhere(gw_dispatch_t *ds, ds_model_t *dm, int *loading);
 /* A generation-checked id for it (also in it->core_id); the item it names,
@@ -586,8 +602,13 @@ gw_model_t *ds_twin_find(gw_dispatch_t *ds, const gw_model_t *m);
 int64_t ds_twin_measuring(gw_dispatch_t *ds, const gw_model_t *m);
 ds_model_t *ds_twin_of(gw_dispatch_t *ds, ds_model_t *dm);
 
-/* batches.c: forgets dm's live correction (its profile was measured anew). */
-void ds_live_reset(ds_model_t *dm);
+/* batches.c: forgets dm's live correction (its profile was measured anew,
+ * or dm is freed). */
+void ds_live_reset(gw_dispatch_t *ds, ds_model_t *dm);
+/* batches.c: dm's profile on kind is corrected by scale (1: none, the
+ * profile as measured): its sessions in the core, the planner, the metric
+ * and other threads' gw_dispatch_least follow. */
+void ds_live_set(gw_dispatch_t *ds, ds_model_t *dm, int kind, double scale);
 
 /* readiness.c: recomputes what gw_dispatch_ready and gw_dispatch_model_held
  * answer (every tick). */

@@ -78,6 +78,15 @@ int gw_dispatch_serving_kind(gw_server_t *srv, const gw_model_t *m)
     return ds_kind_of_model(srv, m);
 }
 
+pl_dispatch_opts_t ds_core_opts(const gw_server_t *srv)
+{
+    return (pl_dispatch_opts_t){.policy = srv->cfg->policy,
+                                .k_std = srv->cfg->k_std,
+                                .eager_load = srv->cfg->eager_load,
+                                .net_delay_us = srv->cfg->dispatch_margin_us,
+                                .timer_slack_us = srv->cfg->timer_slack_us};
+}
+
 ds_model_t *ds_model_get(gw_dispatch_t *ds, gw_model_t *m)
 {
     ds_model_t *dm = ds_model_find(ds, m->key);

@@ -16,6 +16,7 @@
 #include "gw_dispatch_int.h"
 #include "api_int.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -272,4 +273,50 @@ Test(dispatch, a_load_that_completes_is_held_before_the_next_tick)
     cr_assert_not(gw_dispatch_model_held(&r.srv, r.m->key), "its worker lost: held no more");
     rig_dispose(&r);
     gw_registry_free(r.srv.registry);
+}
+
+/* The least latency admission reports (gw_dispatch_least: "ask for N ms
+ * or more", a decode's deadline) is what the dispatcher plans with: with a
+ * live correction (squish_profile_scale 2.5), the core's cost of a batch
+ * of one, not the measured profile's (l(1) = 2 ms: 5 ms corrected, plus
+ * the 2 ms dispatch margin). And it follows the correction back. */
+Test(dispatch, the_least_latency_admission_reports_is_what_dispatch_plans)
+{
+    static rig_t r;
+    rig_init(&r);
+    static gw_item_t items[2];
+    int64_t now = sq_now_us();
+    items[0] = (gw_item_t){.index = 0,
+                           .srv = &r.srv,
+                           .model = r.m,
+                           .slo_ms = 100,
+                           .arrival_us = now,
+                           .deadline_us = now + 100000,
+                           .finish = on_finish,
+                           .in_off = -1,
+                           .input_kind = SQ_INPUT_FP32};
+    ds_enqueue_item(r.ds, r.dm, &items[0]);
+    cr_assert_eq(r.ds->nsessions, 1);
+    gw_least_t least;
+    for (int step = 0; step < 3; step++) {
+        double scale = step == 1 ? 1.0 : step == 0 ? 2.5 : 0.5;
+        ds_live_set(r.ds, r.dm, SQ_DEV_EMU, scale);
+        cr_assert_eq(gw_dispatch_least(&r.srv, r.m, SQ_DEV_EMU, 1, &least), 0);
+        int64_t planned = pl_dispatch_batch_cost_us(r.ds->core, 0, 1);
+        cr_assert_eq(least.run_us + least.margin_us, planned,
+                     "scale %g: admission says %lld us, dispatch plans %lld us", scale,
+                     (long long)(least.run_us + least.margin_us), (long long)planned);
+        cr_assert_eq(least.margin_us, r.cfg.dispatch_margin_us);
+        cr_assert_eq(least.run_us, (int64_t)ceil(2000.0 * scale), "scale %g", scale);
+        /* Ten items: one batch of 8 and one of 2 in turn, the margin once. */
+        cr_assert_eq(gw_dispatch_least(&r.srv, r.m, SQ_DEV_EMU, 10, &least), 0);
+        cr_assert_eq(least.run_us + least.margin_us,
+                     pl_dispatch_batch_cost_us(r.ds->core, 0, 8) +
+                         pl_dispatch_batch_cost_us(r.ds->core, 0, 2) - r.cfg.dispatch_margin_us,
+                     "scale %g", scale);
+    }
+    cr_assert_eq(gw_dispatch_least(&r.srv, r.m, SQ_DEV_CPU, 1, &least), -1, "no cpu profile");
+    cr_assert_eq(least.run_us, 0);
+    cr_assert_eq(least.margin_us, r.cfg.dispatch_margin_us);
+    rig_dispose(&r);
 }
