@@ -4,6 +4,7 @@
 
 #include "sq_alloc.h"
 #include "sq_auth.h"
+#include "sq_backoff.h"
 #include "sq_buf.h"
 #include "sq_clock.h"
 #include "sq_device.h"

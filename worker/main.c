@@ -349,7 +349,8 @@ static int reconnect(void *ctx, const sq_buf_t *held, sq_conn_t **conn, uint32_t
         sq_conn_dispose(&w->conn);
         w->connected = 0;
     }
-    int backoff = 100;
+    sq_backoff_t backoff;
+    sq_backoff_init(&backoff, 100, w->backoff_max_ms);
     for (;;) {
         int refused = 0;
         for (int i = 0; i < w->naddrs; i++) {
@@ -397,11 +398,10 @@ static int reconnect(void *ctx, const sq_buf_t *held, sq_conn_t **conn, uint32_t
         }
         /* The backoff, cut short by a signal to stop. */
         struct pollfd stop = {.fd = w->stop_fd, .events = POLLIN};
-        if (poll(&stop, w->stop_fd >= 0 ? 1 : 0, backoff) > 0) {
+        if (poll(&stop, w->stop_fd >= 0 ? 1 : 0, sq_backoff_next(&backoff)) > 0) {
             SQ_INFO("stopping on a signal");
             return 1;
         }
-        backoff = backoff * 2 > w->backoff_max_ms ? w->backoff_max_ms : backoff * 2;
     }
 }
 

@@ -81,7 +81,7 @@ struct gw_front {
     char admin[128];
     uint32_t heartbeat_ms;
     int64_t last_heard_ns;
-    int rejoin_ms;
+    sq_backoff_t rejoin; /* REJOIN_MIN_MS, doubling up to REJOIN_MAX_MS */
     int64_t rejoin_at_ns;
     int stopping;
     uint64_t tick;
@@ -831,7 +831,7 @@ static int join(gw_front_t *fr)
     snprintf(fr->admin, sizeof(fr->admin), "%s", wel.admin);
     pthread_mutex_unlock(&fr->lock);
     fr->last_heard_ns = sq_now_ns();
-    fr->rejoin_ms = REJOIN_MIN_MS;
+    sq_backoff_reset(&fr->rejoin);
     SQ_INFO("joined the dispatcher addr=%s frontend=%d dispatcher_http=%s", addr, fr->fe_id,
             fr->admin);
     dispatcher_frames(fr); /* what came with FE_WELCOME */
@@ -1134,8 +1134,7 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
             leave(fr, "the dispatcher is silent");
     }
     if (!fr->joined && now >= fr->rejoin_at_ns && join(fr) != 0) {
-        fr->rejoin_at_ns = now + (int64_t)fr->rejoin_ms * 1000000;
-        fr->rejoin_ms = fr->rejoin_ms * 2 > REJOIN_MAX_MS ? REJOIN_MAX_MS : fr->rejoin_ms * 2;
+        fr->rejoin_at_ns = now + (int64_t)sq_backoff_next(&fr->rejoin) * 1000000;
     }
     if (fr->joined && now - fr->metrics_at_ns >= METRICS_EVERY_NS) {
         fr->metrics_at_ns = now;
@@ -1167,7 +1166,7 @@ int gw_front_start(gw_server_t *srv, char *err, size_t errlen)
     pthread_mutex_init(&fr->lock, NULL);
     snprintf(fr->why, sizeof(fr->why), "this frontend has not joined its dispatcher yet");
     sq_buf_init(&fr->scratch);
-    fr->rejoin_ms = REJOIN_MIN_MS;
+    sq_backoff_init(&fr->rejoin, REJOIN_MIN_MS, REJOIN_MAX_MS);
     char list[sizeof(cfg->dispatcher)];
     snprintf(list, sizeof(list), "%s", cfg->dispatcher);
     for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok != NULL && fr->naddrs < 8;

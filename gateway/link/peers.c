@@ -41,7 +41,7 @@ void gw__workers_publish(gw_workers_t *ws)
          * last time (a second before it was ever seen). */
         int64_t start = s->state == SLOT_IDLE      ? s->restart_at_ns
                         : s->state == SLOT_SPAWNED ? s->spawned_ns
-                                                   : now + (int64_t)s->backoff_ms * 1000000;
+                                                   : now + (int64_t)s->backoff.next_ms * 1000000;
         int64_t at = (start + (s->startup_ns > 0 ? s->startup_ns : 1000000000)) / 1000;
         if (at < back_at[k])
             back_at[k] = at;

@@ -116,7 +116,7 @@ static void schedule_restart(gw_workers_t *ws, slot_t *s)
         return;
     s->state = SLOT_IDLE;
     s->pid = 0;
-    int delay = s->backoff_ms;
+    int delay = sq_backoff_next(&s->backoff);
     int64_t now = sq_now_ns();
     s->restarts++;
     gw_metrics_worker_restart(ws->srv->metrics, s->id, s->device);
@@ -125,8 +125,6 @@ static void schedule_restart(gw_workers_t *ws, slot_t *s)
     SQ_INFO("worker restart scheduled id=%d device=%s in_ms=%d restarts=%d", s->id, s->device,
             delay, s->restarts);
     gw__workers_publish(ws);
-    int max = ws->srv->cfg->restart_backoff_max_ms;
-    s->backoff_ms = s->backoff_ms * 2 > max ? max : (s->backoff_ms == 0 ? 1 : s->backoff_ms * 2);
 }
 
 static void slot_exited(gw_workers_t *ws, slot_t *s, int status)
@@ -175,7 +173,7 @@ static void slot_exited(gw_workers_t *ws, slot_t *s, int status)
         sq_device_format(s->device, sizeof(s->device), SQ_DEV_CPU, 0);
     }
     if (s->up_since_ns > 0 && sq_now_ns() - s->up_since_ns > (int64_t)STABLE_AFTER_MS * 1000000)
-        s->backoff_ms = ws->srv->cfg->restart_backoff_ms;
+        sq_backoff_reset(&s->backoff);
     s->up_since_ns = 0;
     schedule_restart(ws, s);
 }

@@ -159,7 +159,7 @@ int gw_workers_start(gw_server_t *srv, sq_loop_t *loop, const gw_transport_event
             s->ws = ws;
             s->id = ws->nslots++;
             sq_device_format(s->device, sizeof(s->device), (sq_dev_kind_t)kind, i);
-            s->backoff_ms = cfg->restart_backoff_ms;
+            sq_backoff_init(&s->backoff, cfg->restart_backoff_ms, cfg->restart_backoff_max_ms);
         }
     }
     ws->next_external_id = 1000;

@@ -62,7 +62,7 @@ typedef struct {
     pid_t pid;
     peer_t *peer;
     int64_t up_since_ns;
-    int backoff_ms;
+    sq_backoff_t backoff; /* its restarts' delay (--restart_backoff_ms, doubling) */
     int restarts;
     uint64_t restart_timer;
     int64_t restart_at_ns; /* when its restart timer fires */
