@@ -432,6 +432,7 @@ else:
         print(json.dumps({"ok": False, "why": "torch %s has no dynamo exporter" % torch.__version__}))
         sys.exit(0)
     kw["dynamo"] = True
+    kw["opset_version"] = 18  # the newest squish reads
     if "external_data" in params:
         kw["external_data"] = False
 with torch.no_grad():
