@@ -2,7 +2,8 @@
  *
  * Layouts are chosen once, at max batch, by oneDNN itself (format "any" for
  * convolution, pooling, concat and the GEMM weights): activations stay in
- * blocked layouts (nChw16c on AVX-512) from conv to conv, and reorders
+ * the layouts the convs chose (channels last or nChw16c with AVX-512,
+ * nChw8c with AVX2 only) from conv to conv, and reorders
  * happen only at the edges, where an op needs plain row-major data
  * (reshape, transpose, slice, pad, gemm, softmax, reduce) or a conv wants
  * another layout than its producer gave. Every batch size 1..max_batch gets

@@ -850,10 +850,12 @@ static bool permuted_plain(const dnnl_memory_desc_t *md, const wk_value_t *v)
 }
 
 /* Whether oneDNN would run this binary with its reference kernel because
- * the full operand is in channel blocks and the other broadcasts (oneDNN
- * 2.6's jit binary takes 16-channel blocks, not 8: a squeeze-excitation
- * multiply after a conv that chose 8 took 3-6 ms instead of 0.03). If so,
- * *cl is set to the channels-last layout to read it in instead. */
+ * the full operand is in channel blocks and the other broadcasts row-major
+ * (oneDNN 2.6's jit binary takes blocks only of its vector width and with
+ * both sources in them, binary_blocked_bcast: a squeeze-excitation
+ * multiply after a conv that chose 8 took 3-6 ms instead of 0.03 with
+ * AVX-512). If so, *cl is set to the channels-last layout to read it in
+ * instead. */
 static bool binary_blocked_ref(wk_plan_t *plan, const wk_step_t *s, wk_binop_t op, int src0,
                                const wk_value_t *bv, const wk_value_t *y, dnnl_memory_desc_t *cl)
 {
@@ -873,6 +875,44 @@ static bool binary_blocked_ref(wk_plan_t *plan, const wk_step_t *s, wk_binop_t o
         dnnl_primitive_desc_destroy(pd);
     return ref &&
            dnnl_memory_desc_init_by_tag(cl, 4, md0->dims, dnnl_f32, dnnl_acdb) == dnnl_success;
+}
+
+/* Whether the broadcast operand bv, made by a step in the same channel
+ * blocks as src0 (a squeeze-excitation's scale, [N, C, 1, 1], from a conv
+ * after the conv that made src0), is read in those blocks: oneDNN 2.6's jit
+ * binary takes blocks of its vector width (8 channels with AVX2, 16 with
+ * AVX-512) when both sources have them, and runs its reference kernel
+ * when the broadcast one is row-major. With AVX2 only, where every conv
+ * chooses nChw8c, reading it row-major cost a reorder of the scale and
+ * one of the full operand into channels last (binary_blocked_ref), and
+ * the next conv another back. */
+static bool binary_blocked_bcast(wk_plan_t *plan, const wk_step_t *s, wk_binop_t op, int src0,
+                                 const wk_value_t *bv, int b, const wk_value_t *y)
+{
+    cpu_be_t *be = plan->be;
+    const dnnl_memory_desc_t *md0 = &be->bufs[src0].md;
+    const cpu_buf_t *bb = &be->bufs[wk__cpu_vbuf(b)];
+    const dnnl_memory_desc_t *md1 = &bb->md;
+    if (s->kind != WK_K_BINARY || y->ndim != 4 || bv->ndim != 4 || bv->data != NULL ||
+        !bb->decided || bb->alias >= 0 || md0->format_kind != dnnl_blocked ||
+        md1->format_kind != dnnl_blocked || md0->format_desc.blocking.inner_nblks == 0 ||
+        (bv->batched && !wk__cpu_batch_outermost(md1)))
+        return false;
+    const dnnl_blocking_desc_t *b0 = &md0->format_desc.blocking, *b1 = &md1->format_desc.blocking;
+    if (b0->inner_nblks != b1->inner_nblks)
+        return false;
+    for (int i = 0; i < b0->inner_nblks; i++)
+        if (b0->inner_blks[i] != b1->inner_blks[i] || b0->inner_idxs[i] != b1->inner_idxs[i])
+            return false;
+    dnnl_binary_desc_t desc;
+    dnnl_primitive_desc_t pd = NULL;
+    bool fast =
+        dnnl_binary_desc_init(&desc, wk__cpu_bin_alg(op), md0, md1, md0) == dnnl_success &&
+        dnnl_primitive_desc_create(&pd, &desc, be->sp_attr, be->engine, NULL) == dnnl_success &&
+        !impl_is_ref(pd);
+    if (pd != NULL)
+        dnnl_primitive_desc_destroy(pd);
+    return fast;
 }
 
 static int build_binary(wk_plan_t *plan, int si, int batch)
@@ -908,10 +948,13 @@ static int build_binary(wk_plan_t *plan, int si, int batch)
          * residual add). */
         int src0 = wk__cpu_vbuf(a);
         dnnl_memory_desc_t cl;
+        bool bcast_blocked = false;
         if (permuted_plain(&be->bufs[src0].md, &g->values[a])) {
             src0 = wk__cpu_as_plain(plan, si, batch, a, &cs->tmp_src);
             if (src0 < 0)
                 return src0;
+        } else if (binary_blocked_bcast(plan, s, op, src0, bv, b, y)) {
+            bcast_blocked = true;
         } else if (binary_blocked_ref(plan, s, op, src0, bv, y, &cl)) {
             src0 = wk__cpu_as_layout(plan, si, batch, a, &cl, &cs->tmp_src);
             if (src0 < 0)
@@ -923,6 +966,8 @@ static int build_binary(wk_plan_t *plan, int si, int batch)
         if (same) {
             wk__cpu_as_layout(plan, si, batch, b, &be->bufs[src0].md, &cs->tmp_in[0]);
             cs->bias = cs->tmp_in[0] >= 0 ? cs->tmp_in[0] : wk__cpu_vbuf(b);
+        } else if (bcast_blocked) {
+            cs->bias = wk__cpu_vbuf(b);
         } else {
             if (bv->batched && bv->ndim != y->ndim)
                 return wk_fail(plan, SQ_UNSUPPORTED_MODEL,

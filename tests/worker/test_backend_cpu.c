@@ -250,7 +250,8 @@ Test(backend_cpu, mobilenet_v3_block_fuses_hardswish_and_runs_no_reference_kerne
     cpu_be_t *be = p->be;
     cr_expect_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
                  be->n_ref_kernels);
-    /* the input's reorder into channels last, and nothing between steps */
+    /* the input's reorder into channels last (with AVX2 only, into the
+     * 8-channel blocks its kernels choose), and nothing between steps */
     cr_expect_leq(be->n_reorders, 1, "%d reorders at max batch", be->n_reorders);
     wk_plan_free(p);
 }
@@ -282,7 +283,10 @@ Test(backend_cpu, efficientnet_block_fuses_swish_either_way_round)
  * squeeze-excitation on the grouped conv's output. Left to itself oneDNN
  * blocked the grouped convs by 8 channels: a reorder in and out of each,
  * and the SE multiply on 8-blocks ran its reference binary (29 of
- * regnet_y_400mf's 42 ms at batch 1). */
+ * regnet_y_400mf's 42 ms at batch 1). With AVX2 only, where every conv
+ * chooses 8-channel blocks, the block stays in them, the SE multiply
+ * included (its scale read in the blocks too: one reorder each, and one
+ * back, when it was made channels last). */
 Test(backend_cpu, regnet_block_keeps_channels_last_through_grouped_convs)
 {
     net_t t = {.g = wk_graph_new(N)};
