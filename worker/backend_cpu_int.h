@@ -209,6 +209,11 @@ extern const wk_cpu_op_t wk__cpu_ops[];
  * would (the backend's split_batch). */
 int wk__cpu_split_batch(const wk_graph_t *g);
 
+/* The channel blocks that 1x1 convs with a fused depthwise conv run on:
+ * nChw16c where oneDNN runs AVX-512 kernels, else nChw8c (its AVX2
+ * kernels' width). */
+dnnl_format_tag_t wk__cpu_dw_block(void);
+
 /* Whether depthwise conv dw goes into 1x1 conv pw as a post-op (the
  * backend's conv_dw; see backend_cpu_ops.c). */
 bool wk__cpu_conv_dw(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *dw);

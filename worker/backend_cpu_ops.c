@@ -105,8 +105,9 @@ static bool pd_fast(dnnl_status_t st, const dnnl_primitive_desc_t *p)
  * takes at least DW_FUSE_MB at max batch and times faster fused
  * (wk__cpu_conv_dw), and batch 1 runs a plan without it (exec.c). oneDNN
  * 2.6 also takes the fusion on channels-last tensors and computes it
- * wrongly, so fused convs run on nChw16c (16-channel blocks) only, and
- * only where that has a fast kernel. */
+ * wrongly, so fused convs run on channel blocks only (wk__cpu_dw_block:
+ * nChw16c with AVX-512, nChw8c with AVX2), and only where that has a fast
+ * kernel. */
 #define DW_FUSE_MB 8.0
 
 static int conv_dw_index(const wk_step_t *s)
@@ -124,13 +125,27 @@ static bool written_fused(const wk_graph_t *g, int v)
     return from >= 0 && conv_dw_index(&g->steps[from]) >= 0;
 }
 
+/* The channel blocks fused convs run on: those of oneDNN's jit kernels on
+ * this CPU, one vector of floats. With AVX-512, nChw16c
+ * (jit_avx512_common_1x1 with its dw post-op); with AVX2 only, nChw8c
+ * (jit_1x1:avx2, whose fused dw kernel takes 8-channel blocks: on nChw16c
+ * there oneDNN 2.6 offers only ref_fused_convolution, the two kernels one
+ * after the other through memory). */
+dnnl_format_tag_t wk__cpu_dw_block(void)
+{
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    bool avx512 = isa == dnnl_cpu_isa_avx512_mic || isa == dnnl_cpu_isa_avx512_mic_4ops ||
+                  (isa & dnnl_cpu_isa_avx512_core) == dnnl_cpu_isa_avx512_core;
+    return avx512 ? dnnl_nChw16c : dnnl_nChw8c;
+}
+
 /* The tensor between a fused 1x1 (input x) and its depthwise conv (output
- * y) at batch n, in 16-channel blocks: the descriptor's dst (oneDNN's dst
- * is then the dw's output). */
+ * y) at batch n, in channel blocks (wk__cpu_dw_block): the descriptor's
+ * dst (oneDNN's dst is then the dw's output). */
 static void dw_mid_md(dnnl_memory_desc_t *md, int64_t n, const wk_value_t *x, const wk_value_t *y)
 {
     dnnl_dims_t d = {n, y->dims[1], x->dims[2], x->dims[3]};
-    dnnl_memory_desc_init_by_tag(md, 4, d, dnnl_f32, dnnl_nChw16c);
+    dnnl_memory_desc_init_by_tag(md, 4, d, dnnl_f32, wk__cpu_dw_block());
 }
 
 /* The depthwise weights [C, 1, 3, 3] as oneDNN's goihw [C, 1, 1, 3, 3]. */
@@ -222,10 +237,12 @@ static int64_t timed_run(dnnl_stream_t stream, const timed_t *ts, int n)
 /* Whether pw and dw, made here at max batch as build_conv would make them,
  * run faster fused than apart. The tensor between them must take at least
  * DW_FUSE_MB (SQUISH_CPU_DW_FUSE_MB: another size; "off": none;
- * "always": every pair with a fast fused kernel, untimed), the fused kernel must be a fast one on
- * nChw16c, and then the faster of two runs each way must be fused by at least DW_FUSE_GAIN: with
- * swish after both convs, efficientnet_b0's 24 -> 144 channel pair at 56 x 56 ran 5.4 ms fused
- * against 4.0 apart, where its 16 -> 96 at 112 x 112 gained (7.3 against 9.2). */
+ * "always": every pair with a fast fused kernel, untimed), the fused
+ * kernel must be a fast one on channel blocks (wk__cpu_dw_block), and then
+ * the faster of two runs each way must be fused by at least DW_FUSE_GAIN:
+ * with swish after both convs, efficientnet_b0's 24 -> 144 channel pair at
+ * 56 x 56 ran 5.4 ms fused against 4.0 apart, where its 16 -> 96 at
+ * 112 x 112 gained (7.3 against 9.2). */
 #define DW_FUSE_GAIN 0.9
 bool wk__cpu_conv_dw(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *dw)
 {
@@ -273,7 +290,7 @@ bool wk__cpu_conv_dw(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *
             conv_post_ops(po[k], k == 0 ? &f : apart[k - 1]) != dnnl_success ||
             dnnl_primitive_attr_set_post_ops(attr[k], po[k]) != dnnl_success)
             goto out;
-    if (dnnl_memory_desc_init_by_tag(&sm, 4, sd, dnnl_f32, dnnl_nChw16c) != dnnl_success ||
+    if (dnnl_memory_desc_init_by_tag(&sm, 4, sd, dnnl_f32, wk__cpu_dw_block()) != dnnl_success ||
         dnnl_memory_desc_init_by_tag(&wm, 4, wd, dnnl_f32, dnnl_format_tag_any) != dnnl_success ||
         dnnl_memory_desc_init_by_tag(&bm, 1, bd, dnnl_f32, dnnl_a) != dnnl_success ||
         !pd_fast(conv_pd(&pd[0], &f, false, &sm, &wm, pw_bias ? &bm : NULL, &dm, attr[0], engine),
@@ -305,8 +322,10 @@ bool wk__cpu_conv_dw(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *
         !timed_make(&t1, engine, pd[1], ck, pw_bias ? 4 : 3, NULL) ||
         !timed_make(&t2, engine, pd[2], ck, 4, t1.args[2].memory))
         goto out;
-    /* Fused, it pays a reorder into nChw16c and, but before a conv, one
-     * back (build_conv keeps 16-channel blocks only from conv to conv). */
+    /* Fused, it pays a reorder into the channel blocks and, but before a
+     * conv, one back (build_conv keeps the blocks only from conv to conv);
+     * neither where the convs apart chose those blocks too (nChw8c with
+     * AVX2 only). */
     static const int rk[] = {DNNL_ARG_FROM, DNNL_ARG_TO};
     if (dnnl_reorder_primitive_desc_create(
             &rpd[0], dnnl_primitive_desc_query_md(pd[1], dnnl_query_src_md, 0), engine,
@@ -323,16 +342,22 @@ bool wk__cpu_conv_dw(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *
      * reads a fused one's output (mobilenet_v2's next block), and a dw
      * whose output only convs read. */
     int from = x->producer;
-    bool blocked_in = from >= 0 && g->steps[from].kind == WK_K_CONV &&
-                      (written_fused(g, pw->in[0]) || written_fused(g, g->steps[from].in[0]));
+    bool blocked_in =
+        (from >= 0 && g->steps[from].kind == WK_K_CONV &&
+         (written_fused(g, pw->in[0]) || written_fused(g, g->steps[from].in[0]))) ||
+        dnnl_memory_desc_equal(dnnl_primitive_desc_query_md(pd[1], dnnl_query_src_md, 0),
+                               dnnl_primitive_desc_query_md(pd[0], dnnl_query_src_md, 0));
     bool convs_read = y->n_uses > 0 && !y->is_output;
     for (int i = 0; i < g->n_steps && convs_read; i++)
         for (int k = 0; k < g->steps[i].n_in; k++)
             if (g->steps[i].in[k] == dw->out && (g->steps[i].kind != WK_K_CONV || k != 0))
                 convs_read = false;
+    bool blocked_out = convs_read || dnnl_memory_desc_equal(
+                                         dnnl_primitive_desc_query_md(pd[0], dnnl_query_dst_md, 0),
+                                         dnnl_primitive_desc_query_md(pd[2], dnnl_query_dst_md, 0));
     timed_t both[2] = {t1, t2}, fused[3] = {tf, r_in, r_out};
     int n_fused = 1 + !blocked_in;
-    if (!convs_read)
+    if (!blocked_out)
         fused[n_fused++] = r_out;
     int64_t best_f = INT64_MAX, best_a = INT64_MAX;
     for (int r = 0; r < 3; r++) { /* the first round warms up */
@@ -347,7 +372,7 @@ bool wk__cpu_conv_dw(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *
              "apart, %.2f fused (%s%s)%s",
              (long long)y->dims[1], (long long)x->dims[2], (long long)x->dims[3],
              (double)best_a / 1e6, (double)best_f / 1e6, blocked_in ? "" : "a reorder in, ",
-             convs_read ? "none out" : "a reorder out", ok ? ": fused" : "");
+             blocked_out ? "none out" : "a reorder out", ok ? ": fused" : "");
 out:
     timed_free(&tf, NULL);
     timed_free(&r_in, NULL);
@@ -387,8 +412,8 @@ static void conv_keep_channels_last(wk_plan_t *plan, const wk_step_t *s, dnnl_pr
     if (s->p.conv.n_spatial != 2)
         return;
     const cpu_buf_t *in = &be->bufs[wk__cpu_vbuf(s->in[0])];
-    /* After a fused depthwise conv (nChw16c), its 16-channel blocks. */
-    dnnl_format_tag_t tag = written_fused(plan->graph, s->in[0]) ? dnnl_nChw16c : dnnl_acdb;
+    /* After a fused depthwise conv, its channel blocks (wk__cpu_dw_block). */
+    dnnl_format_tag_t tag = written_fused(plan->graph, s->in[0]) ? wk__cpu_dw_block() : dnnl_acdb;
     dnnl_memory_desc_t sm, dm;
     if (!in->decided || conv_dw_index(s) >= 0 ||
         dnnl_memory_desc_init_by_tag(&sm, src->ndims, src->dims, dnnl_f32, tag) != dnnl_success ||
@@ -547,9 +572,9 @@ static int build_conv(wk_plan_t *plan, int si, int batch)
         d[1] = x->dims[1];
         for (int i = 0; i < nsp; i++)
             d[2 + i] = x->dims[2 + i];
-        /* fused with a depthwise conv: nChw16c (wk__cpu_conv_dw), and the
-         * 1x1's own output size (oneDNN's dst is then the dw's output) */
-        dnnl_format_tag_t tag = dwi >= 0 ? dnnl_nChw16c : dnnl_format_tag_any;
+        /* fused with a depthwise conv: channel blocks (wk__cpu_dw_block), and
+         * the 1x1's own output size (oneDNN's dst is then the dw's output) */
+        dnnl_format_tag_t tag = dwi >= 0 ? wk__cpu_dw_block() : dnnl_format_tag_any;
         dnnl_memory_desc_init_by_tag(&src_md, 2 + nsp, d, dnnl_f32, tag);
         d[1] = y->dims[1];
         for (int i = 0; i < nsp; i++)

@@ -345,8 +345,10 @@ static int count_dw_posts(const wk_plan_t *p)
 /* mobilenet_v2's blocks: 1x1 expand, relu, depthwise 3x3 (stride 1, then
  * 2), relu, 1x1 project. Each depthwise conv runs as a post-op of the 1x1
  * before it (forced here: on its own the worker fuses only expanded
- * tensors of 8 MB and up that time faster fused), on 16-channel blocks
- * (oneDNN 2.6 computes the fusion wrongly on channels-last tensors);
+ * tensors of 8 MB and up that time faster fused), on channel blocks of
+ * the CPU's vector width: 16 with AVX-512, 8 with AVX2 only (oneDNN 2.6
+ * computes the fusion wrongly on channels-last tensors, and has a fused
+ * kernel with AVX2 only on 8-channel blocks);
  * batch 1 runs a plan of its own without the fusion; and the numbers
  * match the reference at batches 2 and 1. 112 x 112 maps:
  * on smaller ones oneDNN offers only its ref_fused_convolution (the two
