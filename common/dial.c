@@ -4,6 +4,7 @@
 #include "sq_clock.h"
 #include "sq_error.h"
 #include "sq_text.h"
+#include "sq_tls.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -129,22 +130,28 @@ int sq_conn_read_frame(sq_conn_t *c, sq_frame_t *f, int timeout_ms)
     }
 }
 
-/* The listener's ERROR, if f is one: its message into why. */
-static int refused(const sq_frame_t *f, char *why, size_t whylen)
+/* The listener's ERROR, if f is one: its code and its message into why. */
+static int refused(const sq_frame_t *f, int *code, char *why, size_t whylen)
 {
     if (f->type != SQ_MSG_ERROR)
         return 0;
     sq_ipc_error_t e;
-    if (sq_ipc_error_decode(f, &e) == 0)
+    *code = 0;
+    if (sq_ipc_error_decode(f, &e) == 0) {
+        *code = e.code;
         snprintf(why, whylen, "refused: %s", e.message);
-    else
+    } else {
         snprintf(why, whylen, "refused");
+    }
     return 1;
 }
 
-int sq_dial_auth(sq_conn_t *c, const uint8_t *token, size_t token_len, int timeout_ms, char *why,
-                 size_t whylen)
+/* sq_dial_auth; *by_peer set when the listener refused this side (its
+ * ERROR), not this side the listener. */
+static int dial_auth(sq_conn_t *c, const uint8_t *token, size_t token_len, int timeout_ms,
+                     char *why, size_t whylen, int *by_peer)
 {
+    *by_peer = 0;
     sq_auth_t a;
     sq_buf_t b;
     sq_buf_init(&b);
@@ -161,8 +168,12 @@ int sq_dial_auth(sq_conn_t *c, const uint8_t *token, size_t token_len, int timeo
     sq_frame_t f;
     if (rc == 0)
         rc = sq_conn_read_frame(c, &f, timeout_ms);
-    if (rc == 1 && refused(&f, why, whylen)) {
-        rc = SQ_UNAUTHORIZED;
+    int code = 0;
+    if (rc == 1 && refused(&f, &code, why, whylen)) {
+        /* Refused for the token, or for something else (a protocol
+         * error, which a retry may get past). */
+        rc = code == SQ_UNAUTHORIZED ? SQ_UNAUTHORIZED : SQ_PROTOCOL;
+        *by_peer = 1;
     } else if (rc == 1 && f.type != SQ_MSG_AUTH_REPLY) {
         snprintf(why, whylen, "expected AUTH_REPLY, got %s", sq_msg_name(f.type));
         rc = SQ_PROTOCOL;
@@ -188,5 +199,49 @@ int sq_dial_auth(sq_conn_t *c, const uint8_t *token, size_t token_len, int timeo
     }
     sq_auth_wipe(&a);
     sq_buf_dispose(&b);
+    return rc;
+}
+
+int sq_dial_auth(sq_conn_t *c, const uint8_t *token, size_t token_len, int timeout_ms, char *why,
+                 size_t whylen)
+{
+    int by_peer;
+    return dial_auth(c, token, token_len, timeout_ms, why, whylen, &by_peer);
+}
+
+int sq_dial_open(sq_conn_t *c, const char *addr, int fd, const sq_dial_opts_t *o,
+                 sq_dial_step_t *failed, char *why, size_t whylen)
+{
+    sq_dial_step_t step = SQ_DIAL_CONNECT;
+    int rc = 0;
+    if (fd < 0)
+        fd = sq_dial_tcp(addr, o->dial_timeout_ms);
+    if (fd < 0) {
+        snprintf(why, whylen, "cannot connect: %s", strerror(-fd));
+        rc = fd;
+    } else {
+        sq_conn_init(c, fd);
+    }
+    if (rc == 0 && o->tls != NULL) {
+        step = SQ_DIAL_TLS;
+        char host[256];
+        int port;
+        sq_hostport_split(addr, host, sizeof(host), &port);
+        if (sq_tls_attach(o->tls, c, host, addr) != 0) {
+            snprintf(why, whylen, "cannot start TLS");
+            rc = SQ_IO;
+        }
+    }
+    if (rc == 0) {
+        step = SQ_DIAL_AUTH;
+        int by_peer;
+        rc = dial_auth(c, o->token, o->token_len, o->auth_timeout_ms, why, whylen, &by_peer);
+        if (rc != 0 && by_peer)
+            step = SQ_DIAL_REFUSED;
+    }
+    if (rc != 0 && fd >= 0)
+        sq_conn_dispose(c);
+    if (failed != NULL)
+        *failed = rc == 0 ? SQ_DIAL_OK : step;
     return rc;
 }

@@ -241,17 +241,6 @@ static int handshake(worker_t *w)
     return 0;
 }
 
-static void refuse(worker_t *w, const char *why)
-{
-    sq_ipc_error_t e = {.code = SQ_UNAUTHORIZED};
-    snprintf(e.message, sizeof(e.message), "%s", why);
-    sq_buf_t b;
-    sq_buf_init(&b);
-    sq_ipc_error_encode(&b, &e);
-    sq_conn_send(&w->conn, SQ_MSG_ERROR, 0, b.data, (uint32_t)b.len);
-    sq_buf_dispose(&b);
-}
-
 /* Reports squishd's ERROR, if f is one. */
 static int refused_by_squishd(const sq_frame_t *f, int *auth)
 {
@@ -268,52 +257,6 @@ static int refused_by_squishd(const sq_frame_t *f, int *auth)
 
 /* Refused by squishd or refusing it (authentication). */
 #define REFUSED 1
-
-/* Authenticates on a fresh TCP connection: 0, REFUSED (either way) or a
- * negative error. */
-static int authenticate(worker_t *w)
-{
-    sq_auth_t a;
-    int rc = sq_auth_init(&a, SQ_AUTH_WORKER, w->token, w->token_len, NULL);
-    sq_buf_t b;
-    sq_buf_init(&b);
-    if (rc == 0)
-        rc = sq_auth_challenge(&a, &b);
-    if (rc != 0) {
-        sq_auth_wipe(&a);
-        sq_buf_dispose(&b);
-        return SQ_INTERNAL;
-    }
-    rc = sq_conn_send(&w->conn, SQ_MSG_AUTH_CHALLENGE, 0, b.data, (uint32_t)b.len);
-    sq_frame_t f;
-    if (rc == 0)
-        rc = sq_conn_read_frame(&w->conn, &f, 10000);
-    int auth = 0;
-    if (rc == 1 && refused_by_squishd(&f, &auth)) {
-        rc = auth ? REFUSED : SQ_PROTOCOL;
-    } else if (rc == 1 && f.type != SQ_MSG_AUTH_REPLY) {
-        SQ_ERROR("handshake: expected AUTH_REPLY, got %s", sq_msg_name(f.type));
-        rc = SQ_PROTOCOL;
-    } else if (rc == 1) {
-        b.len = 0;
-        int arc = sq_auth_on_reply(&a, f.payload, f.len, &b);
-        if (arc != 0) {
-            char why[160];
-            snprintf(why, sizeof(why), "%s%s", sq_auth_reason(arc),
-                     arc == SQ_AUTH_BAD_PROOF
-                         ? " (squishd's proof does not verify: wrong token on one side)"
-                         : "");
-            SQ_ERROR("refusing squishd reason=\"%s\"", why);
-            refuse(w, why);
-            rc = REFUSED;
-        } else {
-            rc = sq_conn_send(&w->conn, SQ_MSG_AUTH_PROOF, 0, b.data, (uint32_t)b.len);
-        }
-    }
-    sq_auth_wipe(&a);
-    sq_buf_dispose(&b);
-    return rc;
-}
 
 /* HELLO (after MODELS_HELD) and WELCOME on an authenticated connection. */
 static int remote_hello(worker_t *w, const sq_buf_t *held)
@@ -359,23 +302,34 @@ static int reconnect(void *ctx, const sq_buf_t *held, sq_conn_t **conn, uint32_t
                 SQ_INFO("stopping on a signal");
                 return 1;
             }
-            int fd = sq_dial_tcp(w->addrs[i], CONNECT_TIMEOUT_MS);
-            if (fd < 0) {
-                SQ_WARN("cannot connect addr=%s error=\"%s\"", w->addrs[i], strerror(-fd));
+            /* Dial, TLS, authentication (either side refusing the other
+             * is REFUSED: a wrong token does not fix itself). */
+            sq_dial_opts_t o = {.tls = w->tls,
+                                .token = w->token,
+                                .token_len = w->token_len,
+                                .dial_timeout_ms = CONNECT_TIMEOUT_MS,
+                                .auth_timeout_ms = 10000};
+            sq_dial_step_t failed;
+            char why[256] = "";
+            int rc = sq_dial_open(&w->conn, w->addrs[i], -1, &o, &failed, why, sizeof(why));
+            if (failed == SQ_DIAL_CONNECT) {
+                SQ_WARN("cannot connect addr=%s error=\"%s\"", w->addrs[i], strerror(-rc));
                 continue;
             }
-            sq_conn_init(&w->conn, fd);
-            int rc = 0;
-            if (w->tls != NULL) {
-                char host[256];
-                int port;
-                sq_hostport_split(w->addrs[i], host, sizeof(host), &port);
-                rc = sq_tls_attach(w->tls, &w->conn, host, w->addrs[i]);
+            if (rc == SQ_UNAUTHORIZED) {
+                if (failed == SQ_DIAL_REFUSED)
+                    SQ_ERROR("squishd refused the handshake addr=%s reason=\"%s\"", w->addrs[i],
+                             why);
+                else
+                    SQ_ERROR("refusing squishd reason=\"%s\"", why);
+                refused = 1;
+                continue;
             }
-            if (rc == 0)
-                rc = authenticate(w);
-            if (rc == 0)
-                rc = remote_hello(w, held);
+            if (rc != 0) {
+                SQ_WARN("handshake failed addr=%s error=\"%s\"", w->addrs[i], why);
+                continue;
+            }
+            rc = remote_hello(w, held);
             if (rc == 0) {
                 w->connected = 1;
                 w->joined = 1;

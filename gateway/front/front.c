@@ -337,46 +337,35 @@ static data_conn_t *data_conn(gw_front_t *fr, const char *addr, char *why, size_
     for (data_conn_t *d = fr->data; d != NULL; d = d->next)
         if (strcmp(d->addr, addr) == 0)
             return d;
-    /* A worker on this host: its local data socket, and shared memory. */
-    int shm = 1;
+    /* A worker on this host: its local data socket, and shared memory;
+     * else TCP, with the cluster's TLS where workers speak it (on their
+     * data listener too). */
     int fd = local_dial(addr);
-    if (fd < 0) {
-        shm = 0;
-        fd = sq_dial_tcp(addr, DIAL_TIMEOUT_MS);
-    }
-    if (fd < 0) {
-        snprintf(why, whylen, "cannot connect: %s", strerror(-fd));
-        return NULL;
-    }
+    int shm = fd >= 0;
+    sq_dial_opts_t o = {.tls = shm ? NULL : fr->tls,
+                        .token = fr->token,
+                        .token_len = fr->token_len,
+                        .dial_timeout_ms = DIAL_TIMEOUT_MS,
+                        .auth_timeout_ms = HANDSHAKE_TIMEOUT_MS};
     data_conn_t *d = sq_xcalloc(1, sizeof(*d));
     d->fr = fr;
     d->shm = shm;
     snprintf(d->addr, sizeof(d->addr), "%s", addr);
-    sq_conn_init(&d->conn, fd);
-    int rc = 0;
-    if (fr->tls != NULL && !shm) {
-        /* Workers with the cluster's TLS speak it on their data listener too. */
-        char host[128];
-        int port;
-        sq_hostport_split(addr, host, sizeof(host), &port);
-        if (sq_tls_attach(fr->tls, &d->conn, host, addr) != 0) {
-            snprintf(why, whylen, "cannot start TLS");
-            rc = SQ_IO;
-        }
+    int rc = sq_dial_open(&d->conn, addr, fd, &o, NULL, why, whylen);
+    if (rc != 0) {
+        free(d);
+        return NULL;
     }
-    if (rc == 0)
-        rc = sq_dial_auth(&d->conn, fr->token, fr->token_len, HANDSHAKE_TIMEOUT_MS, why, whylen);
-    if (rc == 0) {
-        sq_buf_t b;
-        sq_buf_init(&b);
-        sq_buf_put_u32(&b, (uint32_t)fr->fe_id);
-        rc = shm ? sq_conn_send_with_fd(&d->conn, SQ_MSG_DATA_HELLO, 0, b.data, (uint32_t)b.len,
-                                        sq_shm_arena_fd(fr->srv->arena), HANDSHAKE_TIMEOUT_MS)
-                 : sq_conn_send(&d->conn, SQ_MSG_DATA_HELLO, 0, b.data, (uint32_t)b.len);
-        sq_buf_dispose(&b);
-        if (rc != 0)
-            snprintf(why, whylen, "cannot send DATA_HELLO: %s", strerror(-rc));
-    }
+    fd = d->conn.fd;
+    sq_buf_t b;
+    sq_buf_init(&b);
+    sq_buf_put_u32(&b, (uint32_t)fr->fe_id);
+    rc = shm ? sq_conn_send_with_fd(&d->conn, SQ_MSG_DATA_HELLO, 0, b.data, (uint32_t)b.len,
+                                    sq_shm_arena_fd(fr->srv->arena), HANDSHAKE_TIMEOUT_MS)
+             : sq_conn_send(&d->conn, SQ_MSG_DATA_HELLO, 0, b.data, (uint32_t)b.len);
+    sq_buf_dispose(&b);
+    if (rc != 0)
+        snprintf(why, whylen, "cannot send DATA_HELLO: %s", strerror(-rc));
     if (rc == 0 && sq_loop_watch(fr->loop, fd, SQ_EV_READ | SQ_EV_WRITE, on_data_io, d) != 0) {
         snprintf(why, whylen, "cannot watch the connection");
         rc = SQ_IO;
@@ -751,42 +740,36 @@ static int join(gw_front_t *fr)
 {
     const char *addr = fr->addrs[fr->next_addr];
     fr->next_addr = (fr->next_addr + 1) % fr->naddrs;
-    int fd = sq_dial_tcp(addr, DIAL_TIMEOUT_MS);
-    if (fd < 0) {
-        SQ_DEBUG("cannot reach the dispatcher addr=%s error=\"%s\"", addr, strerror(-fd));
+    sq_dial_opts_t o = {.tls = fr->tls,
+                        .token = fr->token,
+                        .token_len = fr->token_len,
+                        .dial_timeout_ms = DIAL_TIMEOUT_MS,
+                        .auth_timeout_ms = HANDSHAKE_TIMEOUT_MS};
+    char why[256] = "";
+    sq_dial_step_t failed;
+    int rc = sq_dial_open(&fr->conn, addr, -1, &o, &failed, why, sizeof(why));
+    if (failed == SQ_DIAL_CONNECT) {
+        SQ_DEBUG("cannot reach the dispatcher addr=%s error=\"%s\"", addr, strerror(-rc));
         return -1;
     }
-    sq_conn_init(&fr->conn, fd);
-    char why[256] = "";
-    int rc = 0;
-    if (fr->tls != NULL) {
-        char host[128];
-        int port;
-        sq_hostport_split(addr, host, sizeof(host), &port);
-        if (sq_tls_attach(fr->tls, &fr->conn, host, addr) != 0) {
-            snprintf(why, sizeof(why), "cannot start TLS");
-            rc = SQ_IO;
-        }
+    if (rc != 0) {
+        SQ_WARN("cannot join the dispatcher addr=%s reason=\"%s\"", addr, why);
+        return -1;
     }
-    if (rc == 0)
-        rc = sq_dial_auth(&fr->conn, fr->token, fr->token_len, HANDSHAKE_TIMEOUT_MS, why,
-                          sizeof(why));
+    int fd = fr->conn.fd;
     sq_frame_t f;
-    if (rc == 0) {
-        sq_fe_hello_t h = {.version = SQ_IPC_VERSION};
-        char host[48] = "";
-        gethostname(host, sizeof(host));
-        host[sizeof(host) - 1] = '\0';
-        snprintf(h.name, sizeof(h.name), "%s:%d", host, atomic_load(&fr->srv->http_port));
-        fr->scratch.len = 0;
-        sq_fe_hello_encode(&fr->scratch, &h);
-        rc = sq_conn_send(&fr->conn, SQ_MSG_FE_HELLO, 0, fr->scratch.data,
-                          (uint32_t)fr->scratch.len);
-        if (rc == 0)
-            rc = sq_conn_read_frame(&fr->conn, &f, HANDSHAKE_TIMEOUT_MS);
-        if (rc < 0)
-            snprintf(why, sizeof(why), "no FE_WELCOME: %s", sq_err_msg(rc));
-    }
+    sq_fe_hello_t h = {.version = SQ_IPC_VERSION};
+    char host[48] = "";
+    gethostname(host, sizeof(host));
+    host[sizeof(host) - 1] = '\0';
+    snprintf(h.name, sizeof(h.name), "%s:%d", host, atomic_load(&fr->srv->http_port));
+    fr->scratch.len = 0;
+    sq_fe_hello_encode(&fr->scratch, &h);
+    rc = sq_conn_send(&fr->conn, SQ_MSG_FE_HELLO, 0, fr->scratch.data, (uint32_t)fr->scratch.len);
+    if (rc == 0)
+        rc = sq_conn_read_frame(&fr->conn, &f, HANDSHAKE_TIMEOUT_MS);
+    if (rc < 0)
+        snprintf(why, sizeof(why), "no FE_WELCOME: %s", sq_err_msg(rc));
     sq_fe_welcome_t wel;
     if (rc == 1 && f.type == SQ_MSG_ERROR) {
         sq_ipc_error_t e;
