@@ -1,4 +1,4 @@
-/* libFuzzer target for the JPEG preprocess (gateway/preprocess.c).
+/* libFuzzer target for the JPEG preprocess (gateway/image/decode.c).
  *
  * Input: the image bytes as a client would POST them. Each input goes
  * through gw_image_to_rgb to a small target (at most 64x48) with the default

@@ -1,7 +1,7 @@
-/* gateway/detect.c: crops_of parsing and binding, SSD anchors, box decoding,
- * hard and weighted NMS, crop rectangles and crop resizing, on hand-made
- * output rows. The decoder against ONNX Runtime and the real BlazeFace is
- * tests/gateway/test_detect_reference.py. */
+/* gateway/image/detect.c: crops_of parsing and binding, SSD anchors, box
+ * decoding, hard and weighted NMS, on hand-made output rows (the crops
+ * themselves: test_crops.c). The decoder against ONNX Runtime and the
+ * real BlazeFace is tests/gateway/image/test_detect_reference.py. */
 #include <criterion/criterion.h>
 #include <gw_catalog.h>
 #include <gw_image.h>
@@ -534,85 +534,4 @@ Test(detect, bind_errors_name_the_field)
     cr_assert_eq(s.box_parts[0].off, 896 + 896 * 16 + 10);
     cr_assert_eq(s.score_parts[0].off, 896 + 896 * 16);
     cr_assert_eq(s.nboxes, 10);
-}
-
-/* ---- crops --------------------------------------------------------------- */
-
-static void assert_rect(gw_rect_t r, int x, int y, int w, int h)
-{
-    cr_assert(r.x == x && r.y == y && r.w == w && r.h == h,
-              "got (%d, %d, %d, %d), expected (%d, %d, %d, %d)", r.x, r.y, r.w, r.h, x, y, w, h);
-}
-
-Test(detect, crop_rect_padding_square_and_borders)
-{
-    gw_crops_spec_t s;
-    parse_ok("{\"boxes\": \"b\", \"scores\": \"s\"}", &s);
-    gw_detection_t d = {10, 20, 30, 60, 1, 0};
-    assert_rect(gw_crop_rect(&s, &d, 100, 100), 10, 20, 20, 40);
-    /* Fractional edges round outwards. */
-    gw_detection_t f = {10.2f, 20.7f, 30.1f, 40.0f, 1, 0};
-    assert_rect(gw_crop_rect(&s, &f, 100, 100), 10, 20, 21, 20);
-    /* Padding: a quarter of the width (20) and height (40) on each side. */
-    s.padding = 0.25;
-    assert_rect(gw_crop_rect(&s, &d, 100, 100), 5, 10, 30, 60);
-    /* Square: the larger side (60) around the center (20, 40), cut at the
-     * left border. */
-    s.square = 1;
-    assert_rect(gw_crop_rect(&s, &d, 100, 100), 0, 10, 50, 60);
-    /* Clamped at the bottom right. */
-    s.padding = 0, s.square = 0;
-    gw_detection_t br = {80, 90, 130, 140, 1, 0};
-    assert_rect(gw_crop_rect(&s, &br, 100, 100), 80, 90, 20, 10);
-    /* At least 1x1: an empty box, one outside the image on either side. */
-    gw_detection_t e = {99.5f, 99.5f, 99.5f, 99.5f, 1, 0};
-    assert_rect(gw_crop_rect(&s, &e, 100, 100), 99, 99, 1, 1);
-    gw_detection_t out1 = {200, 200, 300, 300, 1, 0};
-    assert_rect(gw_crop_rect(&s, &out1, 100, 100), 99, 99, 1, 1);
-    gw_detection_t out2 = {-50, -50, -10, -10, 1, 0};
-    assert_rect(gw_crop_rect(&s, &out2, 100, 100), 0, 0, 1, 1);
-    gw_detection_t nan = {NAN, NAN, NAN, NAN, 1, 0};
-    gw_rect_t r = gw_crop_rect(&s, &nan, 100, 100);
-    cr_assert(r.x >= 0 && r.y >= 0 && r.w >= 1 && r.h >= 1 && r.x + r.w <= 100 && r.y + r.h <= 100);
-}
-
-Test(detect, crop_resize_equals_resize_of_the_region)
-{
-    enum { W = 64, H = 48 };
-    uint8_t *img = malloc(W * H * 3);
-    for (int y = 0; y < H; y++)
-        for (int x = 0; x < W; x++)
-            for (int c = 0; c < 3; c++)
-                img[(y * W + x) * 3 + c] = (uint8_t)((x * 7 + y * 13 + c * 50 + x * y) & 255);
-    gw_rect_t r = {7, 5, 30, 20};
-    uint8_t region[30 * 20 * 3];
-    for (int y = 0; y < r.h; y++)
-        memcpy(region + y * r.w * 3, img + ((r.y + y) * W + r.x) * 3, (size_t)r.w * 3);
-    gw_prep_ctx_t *ctx = gw_prep_ctx_new(NULL);
-    cr_assert_not_null(ctx);
-    gw_resize_t modes[2] = {GW_RESIZE_BILINEAR, GW_RESIZE_NEAREST};
-    int sizes[3][2] = {{16, 16}, {45, 31}, {30, 20}};
-    for (int mi = 0; mi < 2; mi++) {
-        for (int si = 0; si < 3; si++) {
-            int dw = sizes[si][0], dh = sizes[si][1];
-            uint8_t got[45 * 31 * 3], want[45 * 31 * 3];
-            cr_assert_eq(gw_crop_resize(ctx, img, W, H, r, got, dw, dh, modes[mi]), 0);
-            cr_assert_eq(
-                gw_resize_rgb(ctx, region, r.w, r.h, (size_t)r.w * 3, want, dw, dh, modes[mi]), 0);
-            cr_assert(memcmp(got, want, (size_t)dw * dh * 3) == 0, "mode %d size %dx%d", mi, dw,
-                      dh);
-        }
-    }
-    /* Same size: the region itself. */
-    uint8_t same[30 * 20 * 3];
-    cr_assert_eq(gw_crop_resize(ctx, img, W, H, r, same, 30, 20, GW_RESIZE_NEAREST), 0);
-    cr_assert(memcmp(same, region, sizeof(same)) == 0);
-    /* A rectangle outside the image. */
-    uint8_t dst[3 * 16 * 16];
-    gw_rect_t outside[] = {{-1, 0, 4, 4}, {0, 0, 0, 4}, {60, 0, 5, 4}, {0, 45, 4, 4}};
-    for (size_t i = 0; i < 4; i++)
-        cr_assert_eq(gw_crop_resize(ctx, img, W, H, outside[i], dst, 16, 16, GW_RESIZE_BILINEAR),
-                     SQ_INVAL);
-    gw_prep_ctx_free(ctx);
-    free(img);
 }

@@ -1,4 +1,5 @@
-/* gateway/preprocess.c: JPEG decode + resize, and the preprocess pool.
+/* gateway/image/: JPEG decode + resize, and the preprocess pool, end to
+ * end through gw_image.h (decode.c, resize.c, planes.c, pool.c together).
  * Every JPEG is generated here with tjCompress2 (no fixture files), plus
  * Debian's grace_hopper.jpg from python-matplotlib-data when present. */
 #include <criterion/criterion.h>
