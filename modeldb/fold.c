@@ -5,6 +5,7 @@
  * never on the symbolic batch except to carry it along. */
 #include "mdb_graph.h"
 #include "mdb_graph_int.h"
+#include "mdb_ops_int.h"
 
 #include <sq.h>
 
@@ -12,41 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CANNOT 1
-
-bool mdb_op_is_foldable(mdb_op_t op)
-{
-    switch (op) {
-    case MDB_OP_CONSTANT:
-    case MDB_OP_IDENTITY:
-    case MDB_OP_DROPOUT:
-    case MDB_OP_SHAPE:
-    case MDB_OP_GATHER:
-    case MDB_OP_UNSQUEEZE:
-    case MDB_OP_SQUEEZE:
-    case MDB_OP_RESHAPE:
-    case MDB_OP_FLATTEN:
-    case MDB_OP_CAST:
-    case MDB_OP_CONCAT:
-    case MDB_OP_CONSTANT_OF_SHAPE:
-    case MDB_OP_SLICE:
-    case MDB_OP_TRANSPOSE:
-    case MDB_OP_ADD:
-    case MDB_OP_SUB:
-    case MDB_OP_MUL:
-    case MDB_OP_DIV:
-    case MDB_OP_EQUAL:
-    case MDB_OP_WHERE:
-    case MDB_OP_EXPAND:
-    case MDB_OP_MOD:
-    case MDB_OP_RANGE:
-    case MDB_OP_NOT:
-    case MDB_OP_SCATTER_ND:
-        return true;
-    default:
-        return false;
-    }
-}
+#define CANNOT MDB_FOLD_CANNOT
 
 int64_t mdb_const_count(const mdb_tensor_t *t)
 {
@@ -134,7 +101,7 @@ static bool has_sym(const mdb_tensor_t *t)
 }
 
 /* Allocates the output buffer of out (shape known, no batch). */
-static int alloc_out(mdb_tensor_t *out, void **data, size_t *nbytes)
+int mdb__fold_alloc_out(mdb_tensor_t *out, void **data, size_t *nbytes)
 {
     if (!out->shape_known || mdb_shape_has_batch(&out->shape))
         return CANNOT;
@@ -163,7 +130,7 @@ static void bcast_strides(const mdb_shape_t *s, int out_rank, int64_t *strides)
     }
 }
 
-static int fold_binary(mdb_graph_t *g, mdb_node_t *node, mdb_tensor_t *out, void *data)
+static int binary(mdb_graph_t *g, mdb_node_t *node, mdb_tensor_t *out, void *data)
 {
     const mdb_tensor_t *a = &g->tensors[node->inputs[0]], *b = &g->tensors[node->inputs[1]];
     if (has_sym(a) || has_sym(b))
@@ -242,7 +209,7 @@ static int fold_binary(mdb_graph_t *g, mdb_node_t *node, mdb_tensor_t *out, void
 
 /* Range(start, limit, delta): its length is in its values, so it is
  * built here, before any shape rule (Swin's window index arithmetic). */
-static int fold_range(mdb_graph_t *g, mdb_node_t *node, char *err, size_t errlen)
+int mdb__fold_range(mdb_graph_t *g, mdb_node_t *node, char *err, size_t errlen)
 {
     if (node->n_inputs != 3)
         return CANNOT;
@@ -269,7 +236,7 @@ static int fold_range(mdb_graph_t *g, mdb_node_t *node, char *err, size_t errlen
     out->shape_known = true;
     void *data;
     size_t nbytes;
-    int rc = alloc_out(out, &data, &nbytes);
+    int rc = mdb__fold_alloc_out(out, &data, &nbytes);
     if (rc)
         return rc;
     for (int64_t i = 0; i < (int64_t)count; i++) {
@@ -285,8 +252,8 @@ static int fold_range(mdb_graph_t *g, mdb_node_t *node, char *err, size_t errlen
 /* ScatterND(data, indices, updates), reduction none: data with the slices
  * that indices name replaced (Swin's attention mask, filled window by
  * window). */
-static int fold_scatter_nd(mdb_graph_t *g, mdb_node_t *node, mdb_tensor_t *out, void *data,
-                           char *err, size_t errlen)
+static int scatter_nd(mdb_graph_t *g, mdb_node_t *node, mdb_tensor_t *out, void *data, char *err,
+                      size_t errlen)
 {
     if (node->n_inputs != 3 || node->inputs[1] < 0 || node->inputs[2] < 0)
         return CANNOT;
@@ -329,7 +296,7 @@ static int fold_scatter_nd(mdb_graph_t *g, mdb_node_t *node, mdb_tensor_t *out, 
 /* Equal and Where, with broadcasting: what torch exports for expand(-1)
  * (Where(Equal(shape, -1), 1, shape)). The symbolic batch equals itself and
  * never a size below 1; anything else about it is unknown. */
-static int fold_select(mdb_graph_t *g, mdb_node_t *node, mdb_tensor_t *out, void *data)
+static int select_(mdb_graph_t *g, mdb_node_t *node, mdb_tensor_t *out, void *data)
 {
     int n_in = node->op == MDB_OP_WHERE ? 3 : 2;
     if (node->n_inputs != n_in)
@@ -399,7 +366,7 @@ static void gather_copy(const uint8_t *in, int64_t base, const int64_t *in_strid
     }
 }
 
-static void row_strides(const mdb_shape_t *s, int64_t *strides)
+void mdb__fold_row_strides(const mdb_shape_t *s, int64_t *strides)
 {
     int64_t acc = 1;
     for (int i = s->rank - 1; i >= 0; i--) {
@@ -408,7 +375,7 @@ static void row_strides(const mdb_shape_t *s, int64_t *strides)
     }
 }
 
-static int fold_cast(const mdb_tensor_t *in, mdb_tensor_t *out, void *data)
+static int cast(const mdb_tensor_t *in, mdb_tensor_t *out, void *data)
 {
     int64_t n = mdb_const_count(in);
     if (has_sym(in) && out->dtype != MDB_DT_INT64)
@@ -428,7 +395,7 @@ static int fold_cast(const mdb_tensor_t *in, mdb_tensor_t *out, void *data)
 }
 
 /* Constant and ConstantOfShape build their output from attributes. */
-static int fold_source(mdb_graph_t *g, mdb_node_t *node, char *err, size_t errlen)
+int mdb__fold_source(mdb_graph_t *g, mdb_node_t *node, char *err, size_t errlen)
 {
     const mdb_attr_t *va = mdb_node_attr(node, "value");
     int src = va && va->type == MDB_ATTR_TENSOR ? va->tensor : -1;
@@ -477,7 +444,7 @@ static int fold_source(mdb_graph_t *g, mdb_node_t *node, char *err, size_t errle
     out->shape_known = true;
     void *data;
     size_t nbytes;
-    int rc = alloc_out(out, &data, &nbytes);
+    int rc = mdb__fold_alloc_out(out, &data, &nbytes);
     if (rc)
         return rc;
     size_t es = mdb_dtype_size(dt);
@@ -487,187 +454,142 @@ static int fold_source(mdb_graph_t *g, mdb_node_t *node, char *err, size_t errle
     return 0;
 }
 
-int mdb_fold_node(mdb_graph_t *g, int idx, char *err, size_t errlen)
+int mdb__fold_shape(mdb_fold_ctx_t *f)
 {
-    mdb_node_t *node = &g->nodes[idx];
-    if (!mdb_op_is_foldable(node->op) || node->n_outputs < 1 || node->outputs[0] < 0)
-        return CANNOT;
-    for (int k = 1; k < node->n_outputs; k++)
-        if (node->outputs[k] >= 0 && node->op != MDB_OP_DROPOUT)
-            return CANNOT;
-    if (node->op == MDB_OP_CONSTANT)
-        return fold_source(g, node, err, errlen);
-    for (int k = 0; k < node->n_inputs; k++) {
-        int t = node->inputs[k];
-        if (t < 0)
-            continue;
-        if (!g->tensors[t].data && !(node->op == MDB_OP_SHAPE && k == 0))
-            return CANNOT;
+    int rank = f->in->shape.rank;
+    int64_t s = mdb_node_int(f->node, "start", 0);
+    s = s < 0 ? s + rank : s;
+    int64_t start = s < 0 ? 0 : s > rank ? rank : s;
+    for (int64_t i = 0; i < f->out->shape.dims[0]; i++) {
+        int64_t d = f->in->shape.dims[start + i];
+        store(MDB_DT_INT64, f->data, i, 0, d == MDB_DIM_BATCH ? MDB_SYM_BATCH : d);
     }
-    if (node->n_inputs < 1 || node->inputs[0] < 0)
-        return CANNOT;
-    if (node->op == MDB_OP_CONSTANT_OF_SHAPE)
-        return fold_source(g, node, err, errlen);
-    if (node->op == MDB_OP_RANGE)
-        return fold_range(g, node, err, errlen);
+    return 0;
+}
 
-    int rc = mdb_graph_infer_node(g, idx, err, errlen);
-    if (rc)
-        return rc;
-    mdb_tensor_t *out = &g->tensors[node->outputs[0]];
-    const mdb_tensor_t *in = &g->tensors[node->inputs[0]];
-    void *data = NULL;
-    size_t nbytes = 0;
-    rc = alloc_out(out, &data, &nbytes);
-    if (rc)
-        return rc;
-    size_t es = mdb_dtype_size(out->dtype);
-    int64_t in_strides[MDB_MAX_RANK];
-    row_strides(&in->shape, in_strides);
+/* Identity, Dropout, Unsqueeze, Squeeze, Reshape, Flatten: the same bytes. */
+int mdb__fold_copy(mdb_fold_ctx_t *f)
+{
+    if (f->in->nbytes != f->nbytes)
+        return CANNOT;
+    memcpy(f->data, f->in->data, f->nbytes);
+    return 0;
+}
 
-    switch (node->op) {
-    case MDB_OP_SHAPE: {
-        int64_t start = 0;
-        int rank = in->shape.rank;
-        int64_t s = mdb_node_int(node, "start", 0);
-        s = s < 0 ? s + rank : s;
-        start = s < 0 ? 0 : s > rank ? rank : s;
-        for (int64_t i = 0; i < out->shape.dims[0]; i++) {
-            int64_t d = in->shape.dims[start + i];
-            store(MDB_DT_INT64, data, i, 0, d == MDB_DIM_BATCH ? MDB_SYM_BATCH : d);
-        }
-        break;
+int mdb__fold_cast(mdb_fold_ctx_t *f)
+{
+    return cast(f->in, f->out, f->data);
+}
+
+int mdb__fold_binary(mdb_fold_ctx_t *f)
+{
+    if (f->node->n_inputs != 2 || f->node->inputs[1] < 0)
+        return CANNOT;
+    return binary(f->g, f->node, f->out, f->data);
+}
+
+int mdb__fold_select(mdb_fold_ctx_t *f)
+{
+    return select_(f->g, f->node, f->out, f->data);
+}
+
+int mdb__fold_not(mdb_fold_ctx_t *f)
+{
+    for (int64_t i = 0; i < (int64_t)f->nbytes; i++)
+        ((uint8_t *)f->data)[i] = !((const uint8_t *)f->in->data)[i];
+    return 0;
+}
+
+int mdb__fold_scatter_nd(mdb_fold_ctx_t *f)
+{
+    return scatter_nd(f->g, f->node, f->out, f->data, f->err, f->errlen);
+}
+
+int mdb__fold_expand(mdb_fold_ctx_t *f)
+{
+    int64_t st[MDB_MAX_RANK];
+    bcast_strides(&f->in->shape, f->out->shape.rank, st);
+    gather_copy(f->in->data, 0, st, &f->out->shape, f->es, f->data);
+    return 0;
+}
+
+int mdb__fold_transpose(mdb_fold_ctx_t *f)
+{
+    size_t np;
+    const int64_t *perm = mdb_node_ints(f->node, "perm", &np);
+    int64_t st[MDB_MAX_RANK];
+    for (int i = 0; i < f->out->shape.rank; i++)
+        st[i] = f->in_strides[perm ? perm[i] : f->out->shape.rank - 1 - i];
+    gather_copy(f->in->data, 0, st, &f->out->shape, f->es, f->data);
+    return 0;
+}
+
+int mdb__fold_slice(mdb_fold_ctx_t *f)
+{
+    size_t n;
+    const int64_t *axes = mdb_node_ints(f->node, "axes", &n);
+    const int64_t *starts = mdb_node_ints(f->node, "starts", &n);
+    const int64_t *steps = mdb_node_ints(f->node, "steps", &n);
+    int64_t st[MDB_MAX_RANK], base = 0;
+    memcpy(st, f->in_strides, sizeof(st));
+    for (size_t i = 0; axes && starts && steps && i < n; i++) {
+        base += starts[i] * f->in_strides[axes[i]];
+        st[axes[i]] = f->in_strides[axes[i]] * steps[i];
     }
-    case MDB_OP_IDENTITY:
-    case MDB_OP_DROPOUT:
-    case MDB_OP_UNSQUEEZE:
-    case MDB_OP_SQUEEZE:
-    case MDB_OP_RESHAPE:
-    case MDB_OP_FLATTEN:
-        if (in->nbytes != nbytes) {
-            rc = CANNOT;
-            break;
-        }
-        memcpy(data, in->data, nbytes);
-        break;
-    case MDB_OP_CAST:
-        rc = fold_cast(in, out, data);
-        break;
-    case MDB_OP_ADD:
-    case MDB_OP_SUB:
-    case MDB_OP_MUL:
-    case MDB_OP_DIV:
-    case MDB_OP_MOD:
-        if (node->n_inputs != 2 || node->inputs[1] < 0) {
-            rc = CANNOT;
-            break;
-        }
-        rc = fold_binary(g, node, out, data);
-        break;
-    case MDB_OP_EQUAL:
-    case MDB_OP_WHERE:
-        rc = fold_select(g, node, out, data);
-        break;
-    case MDB_OP_NOT:
-        for (int64_t i = 0; i < (int64_t)nbytes; i++)
-            ((uint8_t *)data)[i] = !((const uint8_t *)in->data)[i];
-        break;
-    case MDB_OP_SCATTER_ND:
-        rc = fold_scatter_nd(g, node, out, data, err, errlen);
-        break;
-    case MDB_OP_EXPAND: {
-        int64_t st[MDB_MAX_RANK];
-        bcast_strides(&in->shape, out->shape.rank, st);
-        gather_copy(in->data, 0, st, &out->shape, es, data);
-        break;
-    }
-    case MDB_OP_TRANSPOSE: {
-        size_t np;
-        const int64_t *perm = mdb_node_ints(node, "perm", &np);
-        int64_t st[MDB_MAX_RANK];
-        for (int i = 0; i < out->shape.rank; i++)
-            st[i] = in_strides[perm ? perm[i] : out->shape.rank - 1 - i];
-        gather_copy(in->data, 0, st, &out->shape, es, data);
-        break;
-    }
-    case MDB_OP_SLICE: {
-        size_t n;
-        const int64_t *axes = mdb_node_ints(node, "axes", &n);
-        const int64_t *starts = mdb_node_ints(node, "starts", &n);
-        const int64_t *steps = mdb_node_ints(node, "steps", &n);
-        int64_t st[MDB_MAX_RANK], base = 0;
-        memcpy(st, in_strides, sizeof(st));
-        for (size_t i = 0; axes && starts && steps && i < n; i++) {
-            base += starts[i] * in_strides[axes[i]];
-            st[axes[i]] = in_strides[axes[i]] * steps[i];
-        }
-        if (mdb_shape_numel(&out->shape, 1) > 0)
-            gather_copy(in->data, base, st, &out->shape, es, data);
-        break;
-    }
-    case MDB_OP_GATHER: {
-        const mdb_tensor_t *ind = &g->tensors[node->inputs[1]];
-        int rank = in->shape.rank;
-        int64_t axis = mdb_node_int(node, "axis", 0);
-        axis = axis < 0 ? axis + rank : axis;
-        int64_t dim = in->shape.dims[axis];
-        int64_t outer = 1, inner = 1, n_ind = mdb_const_count(ind);
-        for (int i = 0; i < axis; i++)
-            outer *= in->shape.dims[i];
-        for (int i = (int)axis + 1; i < rank; i++)
-            inner *= in->shape.dims[i];
-        if (ind->dtype == MDB_DT_FLOAT || has_sym(ind)) {
-            rc = CANNOT;
-            break;
-        }
-        uint8_t *o = data;
-        for (int64_t a = 0; a < outer; a++)
-            for (int64_t j = 0; j < n_ind; j++) {
-                int64_t k = mdb_const_int(ind, j);
-                k = k < 0 ? k + dim : k;
-                if (k < 0 || k >= dim) {
-                    mdb_errf(err, errlen, "Gather '%s': index out of range", node->name);
-                    rc = SQ_BAD_MODEL;
-                    goto done;
-                }
-                memcpy(o, (const uint8_t *)in->data + ((a * dim + k) * inner) * (int64_t)es,
-                       (size_t)inner * es);
-                o += (size_t)inner * es;
+    if (mdb_shape_numel(&f->out->shape, 1) > 0)
+        gather_copy(f->in->data, base, st, &f->out->shape, f->es, f->data);
+    return 0;
+}
+
+int mdb__fold_gather(mdb_fold_ctx_t *f)
+{
+    const mdb_tensor_t *in = f->in, *ind = &f->g->tensors[f->node->inputs[1]];
+    int rank = in->shape.rank;
+    int64_t axis = mdb_node_int(f->node, "axis", 0);
+    axis = axis < 0 ? axis + rank : axis;
+    int64_t dim = in->shape.dims[axis];
+    int64_t outer = 1, inner = 1, n_ind = mdb_const_count(ind);
+    for (int i = 0; i < axis; i++)
+        outer *= in->shape.dims[i];
+    for (int i = (int)axis + 1; i < rank; i++)
+        inner *= in->shape.dims[i];
+    if (ind->dtype == MDB_DT_FLOAT || has_sym(ind))
+        return CANNOT;
+    uint8_t *o = f->data;
+    for (int64_t a = 0; a < outer; a++)
+        for (int64_t j = 0; j < n_ind; j++) {
+            int64_t k = mdb_const_int(ind, j);
+            k = k < 0 ? k + dim : k;
+            if (k < 0 || k >= dim) {
+                mdb_errf(f->err, f->errlen, "Gather '%s': index out of range", f->node->name);
+                return SQ_BAD_MODEL;
             }
-        break;
-    }
-    case MDB_OP_CONCAT: {
-        int rank = out->shape.rank;
-        int64_t axis = mdb_node_int(node, "axis", 0);
-        axis = axis < 0 ? axis + rank : axis;
-        int64_t outer = 1, inner = 1;
-        for (int i = 0; i < axis; i++)
-            outer *= out->shape.dims[i];
-        for (int i = (int)axis + 1; i < rank; i++)
-            inner *= out->shape.dims[i];
-        uint8_t *o = data;
-        for (int64_t a = 0; a < outer; a++)
-            for (int k = 0; k < node->n_inputs; k++) {
-                const mdb_tensor_t *t = &g->tensors[node->inputs[k]];
-                if (t->dtype != out->dtype) {
-                    rc = CANNOT;
-                    goto done;
-                }
-                size_t chunk = (size_t)(t->shape.dims[axis] * inner) * es;
-                memcpy(o, (const uint8_t *)t->data + (size_t)a * chunk, chunk);
-                o += chunk;
-            }
-        break;
-    }
-    default:
-        rc = CANNOT;
-        break;
-    }
-done:
-    if (rc) {
-        free(data);
-        return rc;
-    }
-    mdb_graph_set_data(g, node->outputs[0], data, nbytes);
+            memcpy(o, (const uint8_t *)in->data + ((a * dim + k) * inner) * (int64_t)f->es,
+                   (size_t)inner * f->es);
+            o += (size_t)inner * f->es;
+        }
+    return 0;
+}
+
+int mdb__fold_concat(mdb_fold_ctx_t *f)
+{
+    int rank = f->out->shape.rank;
+    int64_t axis = mdb_node_int(f->node, "axis", 0);
+    axis = axis < 0 ? axis + rank : axis;
+    int64_t outer = 1, inner = 1;
+    for (int i = 0; i < axis; i++)
+        outer *= f->out->shape.dims[i];
+    for (int i = (int)axis + 1; i < rank; i++)
+        inner *= f->out->shape.dims[i];
+    uint8_t *o = f->data;
+    for (int64_t a = 0; a < outer; a++)
+        for (int k = 0; k < f->node->n_inputs; k++) {
+            const mdb_tensor_t *t = &f->g->tensors[f->node->inputs[k]];
+            if (t->dtype != f->out->dtype)
+                return CANNOT;
+            size_t chunk = (size_t)(t->shape.dims[axis] * inner) * f->es;
+            memcpy(o, (const uint8_t *)t->data + (size_t)a * chunk, chunk);
+            o += chunk;
+        }
     return 0;
 }

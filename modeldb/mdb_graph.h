@@ -72,6 +72,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <sq_device.h>
+
 /* Limits that keep a hostile model from exhausting memory or time. */
 #define MDB_MAX_RANK 8
 #define MDB_MAX_NODES 100000
@@ -376,12 +378,14 @@ typedef struct {
  * err. */
 int mdb_model_info(const mdb_graph_t *g, mdb_model_info_t *info, char *err, size_t errlen);
 
-/* ---- What the worker runs (runnable.c) ------------------------------- */
+/* ---- What the worker runs (runnable.c, ops.c) ------------------------ */
 
-/* One list of the limits of the worker's lowering and cpu backend, read by
- * the importer (a model past them is refused at upload, naming the node
- * and the reason) and by the worker's lowering (which refuses exactly
- * that). The numbers that size the worker's arrays: */
+/* One list of the limits of the worker's lowering and of each backend, per
+ * op in the op descriptor table, read by the importer (a model past the
+ * cpu backend's is refused at upload, naming the node and the reason;
+ * mdb_model_info says which device kinds run it) and by the worker's
+ * lowering for the backend it lowers for (which refuses exactly that).
+ * The numbers that size the worker's arrays: */
 #define MDB_RUN_MAX_SPATIAL 3 /* spatial dims of Conv and the pools (rank 3..5) */
 
 /* Checks node idx of a canonical graph against the list. batch_bound: the
@@ -389,11 +393,19 @@ int mdb_model_info(const mdb_graph_t *g, mdb_model_info_t *info, char *err, size
  * the rules that keep the batch outermost do not apply. Returns 0, or
  * SQ_UNSUPPORTED_MODEL with "Op node 'name': reason" in err. */
 int mdb_node_runnable(const mdb_graph_t *g, int idx, bool batch_bound, char *err, size_t errlen);
+/* The same for the backend of device kind dev (mdb_node_runnable: the cpu
+ * backend's, which every ONNX model must pass; the cuda backend refuses a
+ * few more, with the reason it gives at load; emu runs no ONNX graph and
+ * is asked nothing past the lowering's limits). */
+int mdb_node_runnable_on(const mdb_graph_t *g, int idx, sq_dev_kind_t dev, bool batch_bound,
+                         char *err, size_t errlen);
 /* Every node, and the graph's inputs and outputs (float; the batch in dim
  * 0). Returns 0, or SQ_UNSUPPORTED_MODEL with the reason in err and the
  * failing node in *bad_node (-1 for an input or output; may be NULL). */
 int mdb_graph_runnable(const mdb_graph_t *g, bool batch_bound, int *bad_node, char *err,
                        size_t errlen);
+int mdb_graph_runnable_on(const mdb_graph_t *g, sq_dev_kind_t dev, bool batch_bound, int *bad_node,
+                          char *err, size_t errlen);
 
 /* ---- Shared-prefix detection (prefix.c) ------------------------------ */
 

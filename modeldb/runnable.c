@@ -1,9 +1,13 @@
-/* What the worker runs: one list of the limits of its lowering (worker/
- * lower.c) and of its cpu backend (worker/backend_cpu_ops.c), read by the
- * importer at upload (onnx_import.c, so that a model the worker would
- * refuse is a 422 naming the node and the reason) and by the worker's
- * lowering at load (so that the two can never disagree). modeldb sits
- * below worker/, so the list lives here and the worker includes it.
+/* What the worker runs: the limits of its lowering (worker/lower.c), of its
+ * cpu backend (worker/backend_cpu_ops.c) and of its cuda backend
+ * (worker/backend_cuda.c), as predicates over the canonical node. The op
+ * descriptor table (ops.c) says which apply to which op and backend; the
+ * importer asks them at upload (onnx_import.c: a model the cpu backend
+ * would refuse is a 422 naming the node and the reason; mdb_model_info
+ * tells per device kind whether the model runs) and the worker's lowering
+ * at load, for the backend it lowers for (so that the two never disagree).
+ * modeldb sits below worker/, so the rules live here and the worker reads
+ * them.
  *
  * Rules come in two kinds: limits of the kernels (1 to 3 spatial dims,
  * constant conv weights), and limits of batching: while the batch is
@@ -12,25 +16,17 @@
  * or mix the batch. Batching rules are skipped when the batch is bound to one size (batch_bound: a
  * file that fixes its batch, or a static_batch plan).
  *
- * A new refusal in the lowering or the cpu backend gets its rule here. */
+ * A new refusal in the lowering or a backend gets its rule here, and its
+ * place in the op's entry of the table. */
 #include "mdb_graph.h"
 #include "mdb_graph_int.h"
+#include "mdb_ops_int.h"
 
 #include <sq.h>
 
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-
-/* A reason, or NULL when node n passes. buf holds formatted reasons. */
-typedef const char *(*rule_fn)(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len);
-
-typedef struct {
-    int op;           /* the mdb_op_t it applies to, or -1 for every runtime op */
-    bool batching;    /* only while the batch is symbolic */
-    const char *what; /* for readers of the table; the reason says more */
-    rule_fn check;
-} rule_t;
 
 static const char *why(char *buf, size_t len, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -61,7 +57,7 @@ static bool batched(const mdb_tensor_t *t)
 
 /* ---- kernel limits ---- */
 
-static const char *float_only(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+const char *mdb__run_float_only(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
     for (int k = 0; k < n->n_inputs; k++) {
         const mdb_tensor_t *t = in_t(g, n, k);
@@ -78,7 +74,7 @@ static const char *float_only(const mdb_graph_t *g, const mdb_node_t *n, char *b
     return NULL;
 }
 
-static const char *known_shapes(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+const char *mdb__run_known_shapes(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
     if (n->n_inputs < 1 || in_t(g, n, 0) == NULL)
         return why(buf, len, "no data input");
@@ -97,7 +93,7 @@ static const char *known_shapes(const mdb_graph_t *g, const mdb_node_t *n, char 
 
 /* Any number of inputs (the importer caps them at MDB_MAX_NODE_IO), none
  * left out. */
-static const char *concat_inputs(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+const char *mdb__run_concat_inputs(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
     for (int k = 0; k < n->n_inputs; k++)
         if (in_t(g, n, k) == NULL)
@@ -105,7 +101,7 @@ static const char *concat_inputs(const mdb_graph_t *g, const mdb_node_t *n, char
     return NULL;
 }
 
-static const char *window_rank(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+const char *mdb__run_window_rank(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
     int spatial = in_t(g, n, 0)->shape.rank - 2;
     if (spatial < 1 || spatial > MDB_RUN_MAX_SPATIAL)
@@ -122,7 +118,7 @@ static const char *window_rank(const mdb_graph_t *g, const mdb_node_t *n, char *
 /* Pools: every pad smaller than the (dilated) kernel, the end pads as the
  * lowering grows them for ceil_mode (oneDNN's pooling takes no more; ONNX
  * asks the same). */
-static const char *pool_pads(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+const char *mdb__run_pool_pads(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
     const mdb_tensor_t *x = in_t(g, n, 0), *y = out_t(g, n, 0);
     int spatial = x->shape.rank - 2;
@@ -147,7 +143,8 @@ static const char *pool_pads(const mdb_graph_t *g, const mdb_node_t *n, char *bu
     return NULL;
 }
 
-static const char *conv_constants(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+const char *mdb__run_conv_constants(const mdb_graph_t *g, const mdb_node_t *n, char *buf,
+                                    size_t len)
 {
     const mdb_tensor_t *w = in_t(g, n, 1), *b = in_t(g, n, 2);
     if (w == NULL || w->data == NULL)
@@ -160,7 +157,7 @@ static const char *conv_constants(const mdb_graph_t *g, const mdb_node_t *n, cha
     return NULL;
 }
 
-static const char *bn_constants(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+const char *mdb__run_bn_constants(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
     const mdb_tensor_t *x = in_t(g, n, 0);
     int64_t c = x->shape.rank > 1 ? x->shape.dims[1] : 1;
@@ -175,7 +172,7 @@ static const char *bn_constants(const mdb_graph_t *g, const mdb_node_t *n, char 
     return NULL;
 }
 
-static const char *pad_mode(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+const char *mdb__run_pad_mode(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
     const char *mode = mdb_node_string(n, "mode", "constant");
     if (strcmp(mode, "constant") != 0 && strcmp(mode, "reflect") != 0 && strcmp(mode, "edge") != 0)
@@ -190,8 +187,8 @@ static const char *pad_mode(const mdb_graph_t *g, const mdb_node_t *n, char *buf
 
 /* One operand has the output's shape: oneDNN broadcasts only the second
  * source, and a division's dividend cannot be the broadcast one. */
-static const char *binary_broadcast(const mdb_graph_t *g, const mdb_node_t *n, char *buf,
-                                    size_t len)
+const char *mdb__run_binary_broadcast(const mdb_graph_t *g, const mdb_node_t *n, char *buf,
+                                      size_t len)
 {
     const mdb_tensor_t *a = in_t(g, n, 0), *b = in_t(g, n, 1), *y = out_t(g, n, 0);
     if (b == NULL)
@@ -208,8 +205,8 @@ static const char *binary_broadcast(const mdb_graph_t *g, const mdb_node_t *n, c
 
 /* Over the last axis (oneDNN's layer normalization), with constant
  * per-channel scale and bias. */
-static const char *layer_norm_operands(const mdb_graph_t *g, const mdb_node_t *n, char *buf,
-                                       size_t len)
+const char *mdb__run_layer_norm_operands(const mdb_graph_t *g, const mdb_node_t *n, char *buf,
+                                         size_t len)
 {
     const mdb_tensor_t *x = in_t(g, n, 0);
     int64_t c = x->shape.rank > 0 ? x->shape.dims[x->shape.rank - 1] : 1;
@@ -229,14 +226,14 @@ static const char *layer_norm_operands(const mdb_graph_t *g, const mdb_node_t *n
     return NULL;
 }
 
-static const char *gather_index(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+const char *mdb__run_gather_index(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
     if (!mdb_node_attr(n, "index"))
         return why(buf, len, "indices other than one constant scalar");
     return NULL;
 }
 
-static const char *gemm_operands(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+const char *mdb__run_gemm_operands(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
     const mdb_tensor_t *a = in_t(g, n, 0), *b = in_t(g, n, 1), *c = in_t(g, n, 2);
     if (b == NULL || a->shape.rank != 2 || b->shape.rank != 2)
@@ -249,7 +246,8 @@ static const char *gemm_operands(const mdb_graph_t *g, const mdb_node_t *n, char
 /* ---- batching limits (symbolic batch only) ---- */
 
 /* The batch stays the outermost dimension of every tensor. */
-static const char *batch_outermost(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+const char *mdb__run_batch_outermost(const mdb_graph_t *g, const mdb_node_t *n, char *buf,
+                                     size_t len)
 {
     for (int k = 0; k < n->n_outputs; k++) {
         const mdb_tensor_t *t = out_t(g, n, k);
@@ -265,14 +263,15 @@ static const char *batch_outermost(const mdb_graph_t *g, const mdb_node_t *n, ch
     return NULL;
 }
 
-static const char *axis_not_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+const char *mdb__run_axis_not_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf,
+                                    size_t len)
 {
     if (batched(out_t(g, n, 0)) && mdb_node_int(n, "axis", 1) == 0)
         return why(buf, len, "along the batch");
     return NULL;
 }
 
-static const char *softmax_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+const char *mdb__run_softmax_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
     const mdb_tensor_t *x = in_t(g, n, 0);
     int64_t axis = mdb_node_int(n, "axis", x->shape.rank - 1);
@@ -281,7 +280,7 @@ static const char *softmax_batch(const mdb_graph_t *g, const mdb_node_t *n, char
     return NULL;
 }
 
-static const char *reduce_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+const char *mdb__run_reduce_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
     size_t count = 0;
     const int64_t *axes = mdb_node_ints(n, "axes", &count);
@@ -296,7 +295,7 @@ static const char *reduce_batch(const mdb_graph_t *g, const mdb_node_t *n, char 
 }
 
 /* Reshape, Flatten: each item keeps its elements. */
-static const char *reshape_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+const char *mdb__run_reshape_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
     const mdb_tensor_t *x = in_t(g, n, 0), *y = out_t(g, n, 0);
     if (batched(x) != batched(y) ||
@@ -305,7 +304,8 @@ static const char *reshape_batch(const mdb_graph_t *g, const mdb_node_t *n, char
     return NULL;
 }
 
-static const char *transpose_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+const char *mdb__run_transpose_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf,
+                                     size_t len)
 {
     size_t count = 0;
     const int64_t *perm = mdb_node_ints(n, "perm", &count);
@@ -316,7 +316,7 @@ static const char *transpose_batch(const mdb_graph_t *g, const mdb_node_t *n, ch
     return NULL;
 }
 
-static const char *pad_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+const char *mdb__run_pad_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
     const mdb_tensor_t *x = in_t(g, n, 0);
     size_t count = 0;
@@ -327,7 +327,7 @@ static const char *pad_batch(const mdb_graph_t *g, const mdb_node_t *n, char *bu
     return NULL;
 }
 
-static const char *slice_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+const char *mdb__run_slice_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
     const mdb_tensor_t *x = in_t(g, n, 0), *y = out_t(g, n, 0);
     if (!batched(x))
@@ -345,7 +345,7 @@ static const char *slice_batch(const mdb_graph_t *g, const mdb_node_t *n, char *
     return NULL;
 }
 
-static const char *split_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+const char *mdb__run_split_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
     if (batched(in_t(g, n, 0)) && mdb_node_int(n, "axis", 0) == 0)
         return why(buf, len, "splits the batch");
@@ -353,7 +353,7 @@ static const char *split_batch(const mdb_graph_t *g, const mdb_node_t *n, char *
 }
 
 /* A batched operand must be A, not transposed; C only as a row. */
-static const char *gemm_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+const char *mdb__run_gemm_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
     const mdb_tensor_t *a = in_t(g, n, 0), *b = in_t(g, n, 1), *c = in_t(g, n, 2);
     if (batched(a) && mdb_node_int(n, "transA", 0))
@@ -368,7 +368,7 @@ static const char *gemm_batch(const mdb_graph_t *g, const mdb_node_t *n, char *b
 }
 
 /* Batched operands and output have the full (broadcast) rank. */
-static const char *matmul_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+const char *mdb__run_matmul_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
     const mdb_tensor_t *a = in_t(g, n, 0), *b = in_t(g, n, 1), *y = out_t(g, n, 0);
     int r = a->shape.rank > b->shape.rank ? a->shape.rank : b->shape.rank;
@@ -380,7 +380,7 @@ static const char *matmul_batch(const mdb_graph_t *g, const mdb_node_t *n, char 
 }
 
 /* Binary ops: the batched operand has the output's rank. */
-static const char *binary_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+const char *mdb__run_binary_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
     const mdb_tensor_t *y = out_t(g, n, 0);
     for (int k = 0; k < 2; k++) {
@@ -391,100 +391,69 @@ static const char *binary_batch(const mdb_graph_t *g, const mdb_node_t *n, char 
     return NULL;
 }
 
-#define ANY_OP -1
+/* ---- the cuda backend's limits (worker/backend_cuda.c names them) ---- */
 
-/* The list. Rules run in order; the first reason stands. */
-static const rule_t rules[] = {
-    {ANY_OP, false, "outputs have shapes, a data input", known_shapes},
-    {ANY_OP, false, "float tensors only", float_only},
-    {MDB_OP_CONCAT, false, "no input left out", concat_inputs},
-    {MDB_OP_CONV, false, "1..MDB_RUN_MAX_SPATIAL spatial dims, pads >= 0", window_rank},
-    {MDB_OP_MAX_POOL, false, "1..MDB_RUN_MAX_SPATIAL spatial dims, pads >= 0", window_rank},
-    {MDB_OP_AVERAGE_POOL, false, "1..MDB_RUN_MAX_SPATIAL spatial dims, pads >= 0", window_rank},
-    {MDB_OP_GLOBAL_AVERAGE_POOL, false, "1..MDB_RUN_MAX_SPATIAL spatial dims", window_rank},
-    {MDB_OP_MAX_POOL, false, "pads smaller than the kernel", pool_pads},
-    {MDB_OP_AVERAGE_POOL, false, "pads smaller than the kernel", pool_pads},
-    {MDB_OP_CONV, false, "constant weights and bias", conv_constants},
-    {MDB_OP_BATCH_NORM, false, "constant per-channel statistics", bn_constants},
-    {MDB_OP_PAD, false, "constant, reflect or edge; pads >= 0", pad_mode},
-    {MDB_OP_ADD, false, "one operand of the output's shape", binary_broadcast},
-    {MDB_OP_SUB, false, "one operand of the output's shape", binary_broadcast},
-    {MDB_OP_MUL, false, "one operand of the output's shape", binary_broadcast},
-    {MDB_OP_DIV, false, "the dividend of the output's shape", binary_broadcast},
-    {MDB_OP_GEMM, false, "2-D operands; beta 1 with a computed C", gemm_operands},
-    {MDB_OP_GATHER, false, "one constant scalar index", gather_index},
-    {MDB_OP_LAYER_NORM, false, "the last axis; constant per-channel scale, bias",
-     layer_norm_operands},
-    {ANY_OP, true, "the batch stays outermost, never in a constant", batch_outermost},
-    {MDB_OP_CONCAT, true, "not along the batch", axis_not_batch},
-    {MDB_OP_SOFTMAX, true, "not over the batch", softmax_batch},
-    {MDB_OP_REDUCE_MEAN, true, "not over the batch", reduce_batch},
-    {MDB_OP_RESHAPE, true, "items keep their elements", reshape_batch},
-    {MDB_OP_FLATTEN, true, "items keep their elements", reshape_batch},
-    {MDB_OP_TRANSPOSE, true, "perm[0] == 0", transpose_batch},
-    {MDB_OP_PAD, true, "the batch is not padded", pad_batch},
-    {MDB_OP_SLICE, true, "the batch is not sliced", slice_batch},
-    {MDB_OP_SPLIT, true, "the batch is not split", split_batch},
-    {MDB_OP_GEMM, true, "the batch only in an untransposed A", gemm_batch},
-    {MDB_OP_MATMUL, true, "the batch leads the product", matmul_batch},
-    {MDB_OP_EINSUM, true, "the batch leads the product", matmul_batch},
-    {MDB_OP_ADD, true, "batched operands of full rank", binary_batch},
-    {MDB_OP_SUB, true, "batched operands of full rank", binary_batch},
-    {MDB_OP_MUL, true, "batched operands of full rank", binary_batch},
-    {MDB_OP_DIV, true, "batched operands of full rank", binary_batch},
-};
-
-int mdb_node_runnable(const mdb_graph_t *g, int idx, bool batch_bound, char *err, size_t errlen)
+/* cuDNN pads a convolution the same at both ends. */
+const char *mdb__run_cuda_conv_pads(const mdb_graph_t *g, const mdb_node_t *n, char *buf,
+                                    size_t len)
 {
-    const mdb_node_t *n = &g->nodes[idx];
-    char buf[256];
-    const char *reason = NULL;
-    if (!mdb_op_is_runtime(n->op))
-        reason = "an import-time op left in the graph";
-    for (size_t i = 0; reason == NULL && i < sizeof(rules) / sizeof(rules[0]); i++) {
-        const rule_t *r = &rules[i];
-        if ((r->op == ANY_OP || r->op == (int)n->op) && (!r->batching || !batch_bound))
-            reason = r->check(g, n, buf, sizeof(buf));
-    }
-    if (reason == NULL)
-        return 0;
-    mdb_errf(err, errlen, "%s node '%s': %s", mdb_op_name(n->op), n->name ? n->name : "", reason);
-    return SQ_UNSUPPORTED_MODEL;
+    size_t count = 0;
+    const int64_t *pads = mdb_node_ints(n, "pads", &count);
+    for (size_t i = 0; pads != NULL && i < count / 2; i++)
+        if (pads[i] != pads[count / 2 + i])
+            return why(buf, len, "convolution with asymmetric pads");
+    return NULL;
 }
 
-int mdb_graph_runnable(const mdb_graph_t *g, bool batch_bound, int *bad_node, char *err,
-                       size_t errlen)
+/* cuDNN pools without dilation, and excludes pads from an average's count
+ * only where they are the same at both ends (the end pads as the lowering
+ * grows them for ceil_mode). */
+const char *mdb__run_cuda_pool(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
-    if (bad_node != NULL)
-        *bad_node = -1;
-    for (int i = 0; i < g->n_inputs; i++) {
-        const mdb_tensor_t *t = &g->tensors[g->inputs[i]];
-        if (t->dtype != MDB_DT_FLOAT) {
-            mdb_errf(err, errlen, "input '%s' is %s; the worker takes float inputs", t->name,
-                     mdb_dtype_name(t->dtype));
-            return SQ_UNSUPPORTED_MODEL;
-        }
-        for (int d = 1; !batch_bound && d < t->shape.rank; d++)
-            if (t->shape.dims[d] == MDB_DIM_BATCH) {
-                mdb_errf(err, errlen, "input '%s' has the batch in dim %d", t->name, d);
-                return SQ_UNSUPPORTED_MODEL;
-            }
+    const mdb_tensor_t *x = in_t(g, n, 0), *y = out_t(g, n, 0);
+    int spatial = x->shape.rank - 2;
+    size_t nk = 0, ns = 0, nd = 0, np = 0;
+    const int64_t *kernel = mdb_node_ints(n, "kernel_shape", &nk);
+    const int64_t *strides = mdb_node_ints(n, "strides", &ns);
+    const int64_t *dilations = mdb_node_ints(n, "dilations", &nd);
+    const int64_t *pads = mdb_node_ints(n, "pads", &np);
+    bool exclude = n->op == MDB_OP_AVERAGE_POOL && !mdb_node_int(n, "count_include_pad", 0);
+    const char *reason = NULL;
+    for (int i = 0; i < spatial; i++) {
+        int64_t k = kernel != NULL && (size_t)i < nk ? kernel[i] : 1;
+        int64_t st = strides != NULL && (size_t)i < ns ? strides[i] : 1;
+        int64_t dil = dilations != NULL && (size_t)i < nd ? dilations[i] : 1;
+        int64_t begin = pads != NULL && (size_t)(spatial + i) < np ? pads[i] : 0;
+        int64_t end = pads != NULL && (size_t)(spatial + i) < np ? pads[spatial + i] : 0;
+        int64_t need =
+            (y->shape.dims[2 + i] - 1) * st + dil * (k - 1) + 1 - x->shape.dims[2 + i] - begin;
+        end = need > end ? need : end;
+        if (dil != 1)
+            reason = "dilated pooling";
+        if (exclude && begin != end)
+            reason = "average pooling with asymmetric pads excluded from the count";
     }
-    for (int i = 0; i < g->n_nodes; i++) {
-        int rc = mdb_node_runnable(g, i, batch_bound, err, errlen);
-        if (rc != 0) {
-            if (bad_node != NULL)
-                *bad_node = i;
-            return rc;
-        }
-    }
-    for (int i = 0; i < g->n_outputs; i++) {
-        const mdb_tensor_t *t = &g->tensors[g->outputs[i]];
-        if (t->dtype != MDB_DT_FLOAT) {
-            mdb_errf(err, errlen, "output '%s' is %s; the worker writes float outputs", t->name,
-                     mdb_dtype_name(t->dtype));
-            return SQ_UNSUPPORTED_MODEL;
-        }
-    }
-    return 0;
+    return reason == NULL ? NULL : why(buf, len, "%s", reason);
+}
+
+const char *mdb__run_cuda_pad_constant(const mdb_graph_t *g, const mdb_node_t *n, char *buf,
+                                       size_t len)
+{
+    if (strcmp(mdb_node_string(n, "mode", "constant"), "constant") != 0)
+        return why(buf, len, "reflect and edge pads");
+    return NULL;
+}
+
+/* cuBLAS's strided batches: B a shared matrix, or of A's rank with the
+ * same leading dims (MatMul; Einsum's operands always are). */
+const char *mdb__run_cuda_matmul(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    const mdb_tensor_t *a = in_t(g, n, 0), *b = in_t(g, n, 1);
+    if (a->shape.rank < 2 || b->shape.rank < 1 ||
+        (b->shape.rank > 2 && b->shape.rank != a->shape.rank))
+        return why(buf, len, "matmul broadcast beyond a shared 2-D weight");
+    for (int i = 0; b->shape.rank > 2 && i < a->shape.rank - 2; i++)
+        if (a->shape.dims[i] != b->shape.dims[i])
+            return why(buf, len, "matmul broadcast beyond equal batch dims");
+    return NULL;
 }

@@ -5,6 +5,7 @@
  * size. */
 #include "mdb_graph.h"
 #include "mdb_graph_int.h"
+#include "mdb_ops_int.h"
 
 #include <sq.h>
 
@@ -13,12 +14,7 @@
 
 #define B MDB_DIM_BATCH
 
-typedef struct {
-    mdb_graph_t *g;
-    mdb_node_t *node;
-    char *err;
-    size_t errlen;
-} ictx_t;
+typedef mdb_op_ctx_t ictx_t;
 
 #define FAIL(code, ...)                                                                            \
     do {                                                                                           \
@@ -74,7 +70,7 @@ static int check_axis(ictx_t *c, int64_t axis, int rank)
     return 0;
 }
 
-static int infer_broadcast(ictx_t *c)
+int mdb__infer_broadcast(ictx_t *c)
 {
     mdb_shape_t out = {0};
     int n = c->node->op == MDB_OP_MATMUL ? 0 : c->node->n_inputs;
@@ -108,7 +104,7 @@ static int infer_broadcast(ictx_t *c)
     return 0;
 }
 
-static int infer_matmul(ictx_t *c)
+int mdb__infer_matmul(ictx_t *c)
 {
     const mdb_tensor_t *a = in_t(c, 0), *b = in_t(c, 1);
     if (!a || !b || a->shape.rank < 1 || b->shape.rank < 1)
@@ -151,7 +147,7 @@ static int infer_matmul(ictx_t *c)
     return 0;
 }
 
-static int infer_gemm(ictx_t *c)
+int mdb__infer_gemm(ictx_t *c)
 {
     const mdb_tensor_t *a = in_t(c, 0), *b = in_t(c, 1), *bias = in_t(c, 2);
     if (!a || !b || a->shape.rank != 2 || b->shape.rank != 2)
@@ -219,7 +215,7 @@ static int infer_window(ictx_t *c, const mdb_shape_t *x, const int64_t *kernel, 
     return 0;
 }
 
-static int infer_conv(ictx_t *c)
+int mdb__infer_conv(ictx_t *c)
 {
     const mdb_tensor_t *x = in_t(c, 0), *w = in_t(c, 1), *bias = in_t(c, 2);
     if (!x || !w || x->shape.rank < 3 || w->shape.rank != x->shape.rank)
@@ -252,7 +248,7 @@ static int infer_conv(ictx_t *c)
     return 0;
 }
 
-static int infer_pool(ictx_t *c)
+int mdb__infer_pool(ictx_t *c)
 {
     const mdb_tensor_t *x = in_t(c, 0);
     if (!x || x->shape.rank < 3)
@@ -281,7 +277,7 @@ static int infer_pool(ictx_t *c)
     return 0;
 }
 
-static int infer_concat(ictx_t *c)
+int mdb__infer_concat(ictx_t *c)
 {
     const mdb_tensor_t *first = in_t(c, 0);
     if (!first || c->node->n_inputs < 1)
@@ -314,7 +310,7 @@ static int infer_concat(ictx_t *c)
     return 0;
 }
 
-static int infer_flatten(ictx_t *c)
+int mdb__infer_flatten(ictx_t *c)
 {
     const mdb_tensor_t *x = in_t(c, 0);
     int rank = x->shape.rank;
@@ -424,7 +420,7 @@ int mdb_reshape_resolve(const mdb_shape_t *in, const int64_t *target, int n, boo
     return 0;
 }
 
-static int infer_reshape(ictx_t *c)
+int mdb__infer_reshape(ictx_t *c)
 {
     const mdb_tensor_t *x = in_t(c, 0);
     size_t n;
@@ -446,7 +442,7 @@ static int infer_reshape(ictx_t *c)
     return 0;
 }
 
-static int infer_transpose(ictx_t *c)
+int mdb__infer_transpose(ictx_t *c)
 {
     const mdb_tensor_t *x = in_t(c, 0);
     int rank = x->shape.rank;
@@ -466,7 +462,7 @@ static int infer_transpose(ictx_t *c)
     return 0;
 }
 
-static int infer_pad(ictx_t *c)
+int mdb__infer_pad(ictx_t *c)
 {
     const mdb_tensor_t *x = in_t(c, 0);
     int rank = x->shape.rank;
@@ -492,7 +488,7 @@ static int infer_pad(ictx_t *c)
     return 0;
 }
 
-static int infer_reduce(ictx_t *c)
+int mdb__infer_reduce(ictx_t *c)
 {
     const mdb_tensor_t *x = in_t(c, 0);
     int rank = x->shape.rank;
@@ -523,7 +519,7 @@ static int infer_reduce(ictx_t *c)
     return 0;
 }
 
-static int infer_split(ictx_t *c)
+int mdb__infer_split(ictx_t *c)
 {
     const mdb_tensor_t *x = in_t(c, 0);
     int rank = x->shape.rank;
@@ -635,7 +631,7 @@ int mdb_slice_resolve(const mdb_shape_t *in, mdb_node_t *node, mdb_shape_t *out,
     return 0;
 }
 
-static int infer_slice(ictx_t *c)
+int mdb__infer_slice(ictx_t *c)
 {
     mdb_shape_t out;
     int rc = mdb_slice_resolve(&in_t(c, 0)->shape, c->node, &out, false, c->err, c->errlen);
@@ -645,7 +641,7 @@ static int infer_slice(ictx_t *c)
     return 0;
 }
 
-static int infer_squeeze(ictx_t *c)
+int mdb__infer_squeeze(ictx_t *c)
 {
     const mdb_tensor_t *x = in_t(c, 0);
     int rank = x->shape.rank;
@@ -686,7 +682,7 @@ static int infer_squeeze(ictx_t *c)
     return 0;
 }
 
-static int infer_gather(ictx_t *c)
+int mdb__infer_gather(ictx_t *c)
 {
     const mdb_tensor_t *x = in_t(c, 0), *idx = in_t(c, 1);
     mdb_tensor_t scalar_index = {.shape = {.rank = 0}}; /* canonical: the attribute */
@@ -712,7 +708,7 @@ static int infer_gather(ictx_t *c)
     return 0;
 }
 
-static int infer_shape_op(ictx_t *c)
+int mdb__infer_shape_op(ictx_t *c)
 {
     const mdb_tensor_t *x = in_t(c, 0);
     int rank = x->shape.rank;
@@ -726,180 +722,131 @@ static int infer_shape_op(ictx_t *c)
     return 0;
 }
 
-int mdb_graph_infer_node(mdb_graph_t *g, int idx, char *err, size_t errlen)
+/* Elementwise ops (and LayerNorm): the input's shape and dtype. */
+int mdb__infer_same(ictx_t *c)
 {
-    ictx_t ctx = {.g = g, .node = &g->nodes[idx], .err = err, .errlen = errlen};
-    ictx_t *c = &ctx;
-    mdb_node_t *node = c->node;
-    for (int k = 0; k < node->n_inputs; k++) {
-        const mdb_tensor_t *t = in_t(c, k);
-        if (t && !t->shape_known)
-            FAIL(SQ_BAD_MODEL, "%s '%s': input '%s' has no known shape", mdb_op_name(node->op),
-                 node->name, t->name);
-    }
     const mdb_tensor_t *x = in_t(c, 0);
-    if (!x && node->op != MDB_OP_CONSTANT)
-        FAIL(SQ_BAD_MODEL, "%s '%s' has no input", mdb_op_name(node->op), node->name);
-    if (node->n_outputs < 1 || node->outputs[0] < 0)
-        FAIL(SQ_BAD_MODEL, "%s '%s' has no output", mdb_op_name(node->op), node->name);
-
-    switch (node->op) {
-    case MDB_OP_CONV:
-        return infer_conv(c);
-    case MDB_OP_RELU:
-    case MDB_OP_CLIP:
-    case MDB_OP_LEAKY_RELU:
-    case MDB_OP_SIGMOID:
-    case MDB_OP_HARD_SIGMOID:
-    case MDB_OP_HARD_SWISH:
-    case MDB_OP_IDENTITY:
-    case MDB_OP_SOFTMAX:
-    case MDB_OP_POW:
-    case MDB_OP_SQRT:
-    case MDB_OP_ERF:
-    case MDB_OP_TANH:
-    case MDB_OP_GELU:
-    case MDB_OP_LAYER_NORM:
-        if (node->op == MDB_OP_SOFTMAX) {
-            int rc = check_axis(c, mdb_node_int(node, "axis", -1), x->shape.rank);
-            if (rc)
-                return rc;
-        }
-        set_out(c, 0, x->dtype, &x->shape);
-        return 0;
-    case MDB_OP_DROPOUT:
-        set_out(c, 0, x->dtype, &x->shape);
-        if (node->n_outputs > 1 && node->outputs[1] >= 0)
-            set_out(c, 1, MDB_DT_BOOL, &x->shape);
-        return 0;
-    case MDB_OP_BATCH_NORM: {
-        int64_t ch = x->shape.rank >= 2 ? x->shape.dims[1] : -2;
-        for (int k = 1; k < 5; k++) {
-            const mdb_tensor_t *p = in_t(c, k);
-            if (!p || p->shape.rank != 1 || p->shape.dims[0] != ch)
-                FAIL(SQ_BAD_MODEL, "BatchNormalization '%s': parameter %d is not [C]", node->name,
-                     k);
-        }
-        for (int k = 1; k < node->n_outputs; k++)
-            if (node->outputs[k] >= 0)
-                FAIL(SQ_UNSUPPORTED_MODEL, "BatchNormalization '%s' in training mode", node->name);
-        set_out(c, 0, x->dtype, &x->shape);
-        return 0;
-    }
-    case MDB_OP_MAX_POOL:
-    case MDB_OP_AVERAGE_POOL:
-    case MDB_OP_GLOBAL_AVERAGE_POOL:
-        return infer_pool(c);
-    case MDB_OP_GEMM:
-        return infer_gemm(c);
-    case MDB_OP_MATMUL:
-        return infer_matmul(c);
-    case MDB_OP_EINSUM: {
-        /* canonical: same ranks, same leading dims (onnx_lower.c) */
-        const mdb_tensor_t *a = in_t(c, 0), *b = in_t(c, 1);
-        int r = a->shape.rank;
-        bool tb = mdb_node_int(node, "transB", 0) != 0;
-        if (b == NULL || b->shape.rank != r || r < 2)
-            FAIL(SQ_BAD_MODEL, "Einsum '%s': operands of ranks that differ", node->name);
-        mdb_shape_t out = a->shape;
-        for (int i = 0; i < r - 2; i++)
-            if (a->shape.dims[i] != b->shape.dims[i])
-                FAIL(SQ_BAD_MODEL, "Einsum '%s': leading dims differ", node->name);
-        if (a->shape.dims[r - 1] != b->shape.dims[tb ? r - 1 : r - 2])
-            FAIL(SQ_BAD_MODEL, "Einsum '%s': inner dimensions differ", node->name);
-        out.dims[r - 1] = b->shape.dims[tb ? r - 2 : r - 1];
-        set_out(c, 0, a->dtype, &out);
-        return 0;
-    }
-    case MDB_OP_ADD:
-    case MDB_OP_MUL:
-    case MDB_OP_SUB:
-    case MDB_OP_DIV:
-        if (node->n_inputs != 2)
-            FAIL(SQ_BAD_MODEL, "%s '%s' needs two inputs", mdb_op_name(node->op), node->name);
-        return infer_broadcast(c);
-    case MDB_OP_MOD:
-        return infer_broadcast(c);
-    case MDB_OP_NOT:
-        if (x->dtype != MDB_DT_BOOL)
-            FAIL(SQ_BAD_MODEL, "Not '%s' of a %s tensor", node->name, mdb_dtype_name(x->dtype));
-        set_out(c, 0, x->dtype, &x->shape);
-        return 0;
-    case MDB_OP_SCATTER_ND:
-        set_out(c, 0, x->dtype, &x->shape);
-        return 0;
-    case MDB_OP_EQUAL:
-    case MDB_OP_WHERE: {
-        int rc = infer_broadcast(c);
-        if (rc == 0)
-            c->g->tensors[node->outputs[0]].dtype =
-                node->op == MDB_OP_EQUAL ? MDB_DT_BOOL : in_t(c, 1)->dtype;
-        return rc;
-    }
-    case MDB_OP_EXPAND: {
-        size_t count = 0;
-        const int64_t *dims = mdb_node_ints(node, "shape", &count);
-        if (dims == NULL || count > MDB_MAX_RANK || (int)count < x->shape.rank)
-            FAIL(SQ_BAD_MODEL, "Expand '%s' has no output shape", node->name);
-        mdb_shape_t out = {.rank = (int)count};
-        for (size_t i = 0; i < count; i++) {
-            out.dims[i] = dims[i];
-            int xi = (int)i - ((int)count - x->shape.rank);
-            if (xi >= 0 && x->shape.dims[xi] != 1 && x->shape.dims[xi] != dims[i])
-                FAIL(SQ_BAD_MODEL, "Expand '%s': shapes do not broadcast at axis %d", node->name,
-                     (int)i);
-        }
-        set_out(c, 0, x->dtype, &out);
-        return 0;
-    }
-    case MDB_OP_CONCAT:
-        return infer_concat(c);
-    case MDB_OP_FLATTEN:
-        return infer_flatten(c);
-    case MDB_OP_RESHAPE:
-        return infer_reshape(c);
-    case MDB_OP_TRANSPOSE:
-        return infer_transpose(c);
-    case MDB_OP_PAD:
-        return infer_pad(c);
-    case MDB_OP_REDUCE_MEAN:
-        return infer_reduce(c);
-    case MDB_OP_SPLIT:
-        return infer_split(c);
-    case MDB_OP_SLICE:
-        return infer_slice(c);
-    case MDB_OP_UNSQUEEZE:
-    case MDB_OP_SQUEEZE:
-        return infer_squeeze(c);
-    case MDB_OP_GATHER:
-        return infer_gather(c);
-    case MDB_OP_SHAPE:
-        return infer_shape_op(c);
-    case MDB_OP_CAST: {
-        int64_t to = mdb_node_int(node, "to", 0);
-        if (to <= MDB_DT_UNDEFINED || to >= MDB_DT_COUNT)
-            FAIL(SQ_UNSUPPORTED_MODEL, "Cast '%s' to an unsupported type", node->name);
-        set_out(c, 0, (mdb_dtype_t)to, &x->shape);
-        return 0;
-    }
-    case MDB_OP_CONSTANT:
-    case MDB_OP_CONSTANT_OF_SHAPE:
-    case MDB_OP_RANGE:
-        /* Their shapes come from their data: only folding knows them. */
-        FAIL(SQ_UNSUPPORTED_MODEL, "%s '%s' could not be folded", mdb_op_name(node->op),
-             node->name);
-    case MDB_OP_COUNT:
-        break;
-    }
-    FAIL(SQ_INTERNAL, "no shape rule for op %d", (int)node->op);
+    set_out(c, 0, x->dtype, &x->shape);
+    return 0;
 }
 
-int mdb_graph_infer_shapes(mdb_graph_t *g, char *err, size_t errlen)
+int mdb__infer_softmax(ictx_t *c)
 {
-    for (int i = 0; i < g->n_nodes; i++) {
-        int rc = mdb_graph_infer_node(g, i, err, errlen);
-        if (rc)
-            return rc;
-    }
+    const mdb_tensor_t *x = in_t(c, 0);
+    int rc = check_axis(c, mdb_node_int(c->node, "axis", -1), x->shape.rank);
+    if (rc)
+        return rc;
+    set_out(c, 0, x->dtype, &x->shape);
     return 0;
+}
+
+int mdb__infer_dropout(ictx_t *c)
+{
+    const mdb_tensor_t *x = in_t(c, 0);
+    set_out(c, 0, x->dtype, &x->shape);
+    if (c->node->n_outputs > 1 && c->node->outputs[1] >= 0)
+        set_out(c, 1, MDB_DT_BOOL, &x->shape);
+    return 0;
+}
+
+int mdb__infer_batch_norm(ictx_t *c)
+{
+    const mdb_tensor_t *x = in_t(c, 0);
+    mdb_node_t *node = c->node;
+    int64_t ch = x->shape.rank >= 2 ? x->shape.dims[1] : -2;
+    for (int k = 1; k < 5; k++) {
+        const mdb_tensor_t *p = in_t(c, k);
+        if (!p || p->shape.rank != 1 || p->shape.dims[0] != ch)
+            FAIL(SQ_BAD_MODEL, "BatchNormalization '%s': parameter %d is not [C]", node->name, k);
+    }
+    for (int k = 1; k < node->n_outputs; k++)
+        if (node->outputs[k] >= 0)
+            FAIL(SQ_UNSUPPORTED_MODEL, "BatchNormalization '%s' in training mode", node->name);
+    set_out(c, 0, x->dtype, &x->shape);
+    return 0;
+}
+
+/* canonical: same ranks, same leading dims (canon.c) */
+int mdb__infer_einsum(ictx_t *c)
+{
+    mdb_node_t *node = c->node;
+    const mdb_tensor_t *a = in_t(c, 0), *b = in_t(c, 1);
+    int r = a->shape.rank;
+    bool tb = mdb_node_int(node, "transB", 0) != 0;
+    if (b == NULL || b->shape.rank != r || r < 2)
+        FAIL(SQ_BAD_MODEL, "Einsum '%s': operands of ranks that differ", node->name);
+    mdb_shape_t out = a->shape;
+    for (int i = 0; i < r - 2; i++)
+        if (a->shape.dims[i] != b->shape.dims[i])
+            FAIL(SQ_BAD_MODEL, "Einsum '%s': leading dims differ", node->name);
+    if (a->shape.dims[r - 1] != b->shape.dims[tb ? r - 1 : r - 2])
+        FAIL(SQ_BAD_MODEL, "Einsum '%s': inner dimensions differ", node->name);
+    out.dims[r - 1] = b->shape.dims[tb ? r - 2 : r - 1];
+    set_out(c, 0, a->dtype, &out);
+    return 0;
+}
+
+/* Add, Sub, Mul, Div: two inputs, numpy broadcasting. */
+int mdb__infer_binary(ictx_t *c)
+{
+    if (c->node->n_inputs != 2)
+        FAIL(SQ_BAD_MODEL, "%s '%s' needs two inputs", mdb_op_name(c->node->op), c->node->name);
+    return mdb__infer_broadcast(c);
+}
+
+int mdb__infer_not(ictx_t *c)
+{
+    const mdb_tensor_t *x = in_t(c, 0);
+    if (x->dtype != MDB_DT_BOOL)
+        FAIL(SQ_BAD_MODEL, "Not '%s' of a %s tensor", c->node->name, mdb_dtype_name(x->dtype));
+    set_out(c, 0, x->dtype, &x->shape);
+    return 0;
+}
+
+/* Equal (bool) and Where (its second input's dtype). */
+int mdb__infer_select(ictx_t *c)
+{
+    int rc = mdb__infer_broadcast(c);
+    if (rc == 0)
+        c->g->tensors[c->node->outputs[0]].dtype =
+            c->node->op == MDB_OP_EQUAL ? MDB_DT_BOOL : in_t(c, 1)->dtype;
+    return rc;
+}
+
+int mdb__infer_expand(ictx_t *c)
+{
+    const mdb_tensor_t *x = in_t(c, 0);
+    mdb_node_t *node = c->node;
+    size_t count = 0;
+    const int64_t *dims = mdb_node_ints(node, "shape", &count);
+    if (dims == NULL || count > MDB_MAX_RANK || (int)count < x->shape.rank)
+        FAIL(SQ_BAD_MODEL, "Expand '%s' has no output shape", node->name);
+    mdb_shape_t out = {.rank = (int)count};
+    for (size_t i = 0; i < count; i++) {
+        out.dims[i] = dims[i];
+        int xi = (int)i - ((int)count - x->shape.rank);
+        if (xi >= 0 && x->shape.dims[xi] != 1 && x->shape.dims[xi] != dims[i])
+            FAIL(SQ_BAD_MODEL, "Expand '%s': shapes do not broadcast at axis %d", node->name,
+                 (int)i);
+    }
+    set_out(c, 0, x->dtype, &out);
+    return 0;
+}
+
+int mdb__infer_cast(ictx_t *c)
+{
+    const mdb_tensor_t *x = in_t(c, 0);
+    int64_t to = mdb_node_int(c->node, "to", 0);
+    if (to <= MDB_DT_UNDEFINED || to >= MDB_DT_COUNT)
+        FAIL(SQ_UNSUPPORTED_MODEL, "Cast '%s' to an unsupported type", c->node->name);
+    set_out(c, 0, (mdb_dtype_t)to, &x->shape);
+    return 0;
+}
+
+/* Constant, ConstantOfShape, Range: their shapes come from their data, and
+ * only folding knows them. */
+int mdb__infer_unfolded(ictx_t *c)
+{
+    FAIL(SQ_UNSUPPORTED_MODEL, "%s '%s' could not be folded", mdb_op_name(c->node->op),
+         c->node->name);
 }
