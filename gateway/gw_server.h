@@ -25,6 +25,7 @@ typedef struct gw_transport gw_transport_t;
 typedef struct gw_trace gw_trace_t;
 typedef struct gw_shm_table gw_shm_table_t;
 typedef struct gw_front gw_front_t;
+typedef struct gw_sched gw_sched_t;
 
 /* The server: one per process, created by gw_main. Fields written by one
  * thread and read by others are atomics; everything else is set before the
@@ -72,6 +73,10 @@ typedef struct gw_server {
     gw_trace_t *trace;     /* request traces (api/trace.c); thread-safe */
     gw_shm_table_t *shm;   /* registered shared-memory regions (api/shm_regions.c); thread-safe */
     gw_front_t *front; /* --role frontend: the link to the dispatcher (front/); NULL otherwise */
+    /* Who schedules this process's items (sched/gw_sched.h): the
+     * dispatcher, or a frontend's link to the cluster's; picked once by
+     * gw_main; NULL while neither runs (coming up, a standby). */
+    gw_sched_t *_Atomic sched;
 } gw_server_t;
 
 #endif

@@ -147,8 +147,10 @@ int gw_main(const gw_config_t *cfg)
         /* A frontend: no DB, no workers, no dispatcher of its own; it joins
          * the cluster's (front/) and serves HTTP meanwhile, not ready until
          * it has joined. */
-        if ((rc = gw_front_start(&srv, err, sizeof(err))) != 0 ||
-            (rc = gw_http_start(&srv, &gw_http_app, err, sizeof(err))) != 0)
+        if ((rc = gw_front_start(&srv, err, sizeof(err))) != 0)
+            goto fail;
+        srv.sched = gw_front_sched(srv.front);
+        if ((rc = gw_http_start(&srv, &gw_http_app, err, sizeof(err))) != 0)
             goto fail;
         goto serve;
     }
@@ -175,6 +177,7 @@ int gw_main(const gw_config_t *cfg)
         goto fail;
     }
     srv.dispatch = gw_dispatch_new(&srv, srv.dispatch_loop);
+    srv.sched = gw_dispatch_sched(srv.dispatch);
     if ((rc = gw_workers_start(&srv, srv.dispatch_loop, &gw_dispatch_events, srv.dispatch, err,
                                sizeof(err))) != 0)
         goto fail;
@@ -222,6 +225,7 @@ out:
     gw_db_stop(&srv);
     gw_leader_close(&srv); /* the lock goes when all else has stopped */
     gw_workers_free(&srv);
+    srv.sched = NULL;
     gw_front_free(&srv);
     gw_dispatch_free(srv.dispatch);
     srv.dispatch = NULL;

@@ -25,7 +25,13 @@
  * Every item finishes exactly once (result or error); the request is
  * answered when its last item finishes. */
 
+typedef struct gw_infer gw_infer_t;
 typedef enum { GW_API_V1, GW_API_V2 } gw_api_t;
+
+/* Marks item done with rc (0 or an SQ_* error and a detail); the request's
+ * last item triggers the reply: an inference request's items' finish.
+ * Thread-safe. */
+void gw_item_finish(gw_item_t *item, int rc, const char *detail);
 
 struct gw_infer {
     gw_async_t base; /* first: the HTTP side sees a gw_async_t */
@@ -46,11 +52,12 @@ struct gw_infer {
     char request_id[80];
     int n_items;
     gw_item_t *items;
-    float *outputs;     /* n_items * model->out_elems, written by the dispatch thread */
-    atomic_int pending; /* items not finished */
-    gw_clump_t clump;   /* its items, handed to the dispatcher together */
-    atomic_int failed;  /* set once: the first error wins */
-    int err;            /* valid when failed */
+    gw_prep_job_t *preps; /* the JPEG decode job of each item (n_items) */
+    float *outputs;       /* n_items * model->out_elems, written by the dispatch thread */
+    atomic_int pending;   /* items not finished */
+    gw_clump_t clump;     /* its items, handed to the dispatcher together */
+    atomic_int failed;    /* set once: the first error wins */
+    int err;              /* valid when failed */
     char err_detail[256];
     /* The request body (JPEG bytes, tensor rows): h2o's own buffer, or a
      * copy in body_owned (gw_request_body); read only until the last item
@@ -88,7 +95,8 @@ int gw_request_slo_ms(h2o_req_t *hreq, double *slo, char *why, size_t len);
 typedef struct gw_query gw_query_t;
 typedef struct gw_qnode gw_qnode_t;
 struct gw_qnode {
-    gw_item_t item; /* first: what the dispatcher sees */
+    gw_item_t item;     /* first: what the dispatcher sees */
+    gw_prep_job_t prep; /* a root's JPEG decode */
     gw_query_t *q;
     int frame, stage;
     gw_qnode_t *parent;
@@ -143,7 +151,7 @@ typedef struct {
     int err;              /* valid when failed */
     char detail[256];
     /* Set: the first failure takes the query's items still queued out of
-     * the dispatcher (gw_dispatch_withdraw). */
+     * the dispatcher (gw_sched_withdraw). */
     struct gw_server *srv;
 } gw_query_fate_t;
 /* Fails the query (the first call's error and detail are kept) and

@@ -63,21 +63,21 @@ static void make_request_id(char *out, size_t len)
 
 void gw_item_finish(gw_item_t *item, int rc, const char *detail)
 {
-    gw_infer_t *req = item->req;
+    gw_infer_t *req = item->owner.req;
     if (rc != 0) {
         int expected = 0;
         if (atomic_compare_exchange_strong(&req->failed, &expected, GW_ABANDONED_FAILED)) {
             req->err = rc;
             if (req->n_items > 1)
-                snprintf(req->err_detail, sizeof(req->err_detail), "image %d: %s", item->index,
-                         detail ? detail : sq_err_msg(rc));
+                snprintf(req->err_detail, sizeof(req->err_detail), "image %d: %s",
+                         item->owner.index, detail ? detail : sq_err_msg(rc));
             else
                 snprintf(req->err_detail, sizeof(req->err_detail), "%s",
                          detail ? detail : sq_err_msg(rc));
             /* Its other items still queued are taken out (refused means
              * withdrawn); the last one pending need not be looked for. */
             if (req->n_items > 1 && atomic_load(&req->pending) > 1)
-                gw_dispatch_withdraw(item->srv != NULL ? item->srv : req->base.srv);
+                gw_sched_withdraw(req->base.srv->sched);
         }
     }
     if (atomic_fetch_sub(&req->pending, 1) == 1)
@@ -87,9 +87,9 @@ void gw_item_finish(gw_item_t *item, int rc, const char *detail)
 /* Answers an item that never reached the dispatcher (any thread). */
 static void item_answer_early(gw_server_t *srv, gw_item_t *item, int rc, const char *detail)
 {
-    if (item->in_off >= 0) {
-        sq_shm_release(srv->arena, item->in_off);
-        item->in_off = -1;
+    if (item->input.in_off >= 0) {
+        sq_shm_release(srv->arena, item->input.in_off);
+        item->input.in_off = -1;
     }
     gw_item_finish(item, rc, detail);
 }
@@ -102,13 +102,13 @@ static void hand_over(gw_server_t *srv, gw_item_t *chain)
 {
     if (chain == NULL)
         return;
-    if (!atomic_load(&chain->req->failed)) {
-        gw_dispatch_submit(srv, chain);
+    if (!atomic_load(&chain->owner.req->failed)) {
+        gw_sched_submit(srv->sched, chain);
         return;
     }
     for (gw_item_t *it = chain, *next; it != NULL; it = next) {
-        next = it->clump_next;
-        it->clump_next = NULL;
+        next = it->owner.clump_next;
+        it->owner.clump_next = NULL;
         item_answer_early(srv, it, SQ_OVERLOAD, NULL);
     }
 }
@@ -118,22 +118,21 @@ static void hand_over(gw_server_t *srv, gw_item_t *chain)
  * to know of each. */
 static void submit(gw_server_t *srv, gw_item_t *item)
 {
-    gw_infer_t *req = item->req;
-    item->srv = srv;
-    item->model = req->model;
+    gw_infer_t *req = item->owner.req;
+    item->ask.model = req->model;
     /* Best effort is planned at PL_LOOP_BEST_EFFORT_MS (gw_item_t). */
-    item->best_effort = !(req->slo_ms > 0);
-    item->slo_ms = item->best_effort ? PL_LOOP_BEST_EFFORT_MS : req->slo_ms;
-    item->priority = (uint8_t)req->priority;
-    item->arrival_us = req->arrival_us;
-    item->deadline_us = req->deadline_us;
-    item->out = req->outputs + (size_t)item->index * (size_t)req->model->out_elems;
-    item->finish = gw_item_finish;
+    item->ask.best_effort = !(req->slo_ms > 0);
+    item->ask.slo_ms = item->ask.best_effort ? PL_LOOP_BEST_EFFORT_MS : req->slo_ms;
+    item->ask.priority = (uint8_t)req->priority;
+    item->ask.arrival_us = req->arrival_us;
+    item->ask.deadline_us = req->deadline_us;
+    item->owner.out = req->outputs + (size_t)item->owner.index * (size_t)req->model->out_elems;
+    item->owner.finish = gw_item_finish;
     /* Refused or abandoned means withdrawn: once one of its items failed
      * (the request answers that error) or its client went away
      * (infer_gone), the others still queued run no batch. */
-    if (item->abandoned == NULL)
-        item->abandoned = &req->failed;
+    if (item->owner.abandoned == NULL)
+        item->owner.abandoned = &req->failed;
     hand_over(srv, gw_clump_settle(&req->clump, item));
 }
 
@@ -142,7 +141,7 @@ static void submit(gw_server_t *srv, gw_item_t *item)
  * request stays alive for their hand-over. */
 static void item_fail_early(gw_server_t *srv, gw_item_t *item, int rc, const char *detail)
 {
-    gw_item_t *chain = gw_clump_settle(&item->req->clump, NULL);
+    gw_item_t *chain = gw_clump_settle(&item->owner.req->clump, NULL);
     item_answer_early(srv, item, rc, detail);
     hand_over(srv, chain);
 }
@@ -150,7 +149,7 @@ static void item_fail_early(gw_server_t *srv, gw_item_t *item, int rc, const cha
 static void on_prep_done(gw_prep_job_t *job, int rc)
 {
     gw_item_t *item = job->user;
-    gw_server_t *srv = item->req->base.srv;
+    gw_server_t *srv = item->owner.req->base.srv;
     if (rc != 0) {
         item_fail_early(srv, item, rc, job->err[0] ? job->err : NULL);
         return;
@@ -158,7 +157,7 @@ static void on_prep_done(gw_prep_job_t *job, int rc)
     /* Another image of the request failed (shed, bad): it is answered with
      * that error as soon as its items are done, so this one need not wait
      * for a batch. */
-    if (atomic_load(&item->req->failed)) {
+    if (atomic_load(&item->owner.req->failed)) {
         item_fail_early(srv, item, SQ_OVERLOAD, NULL);
         return;
     }
@@ -171,7 +170,7 @@ static int item_slot(gw_server_t *srv, gw_item_t *item, size_t bytes)
     int64_t off = sq_shm_alloc(srv->arena, bytes);
     if (off < 0)
         return SQ_OVERLOAD;
-    item->in_off = off;
+    item->input.in_off = off;
     return 0;
 }
 
@@ -182,15 +181,15 @@ static int64_t decode_deadline_ns(gw_server_t *srv, const gw_infer_t *req)
 {
     const gw_model_t *m = req->model;
     gw_least_t least;
-    gw_dispatch_least(srv, m, gw_dispatch_serving_kind(srv, m), 1, &least);
+    gw_sched_least(srv->sched, m, gw_sched_serving_kind(srv->sched, m), 1, &least);
     return (req->deadline_us - least.run_us - least.margin_us) * 1000;
 }
 
 /* Starts a JPEG item (any thread). */
 static void start_jpeg(gw_server_t *srv, gw_item_t *item, const uint8_t *data, size_t len)
 {
-    gw_model_t *m = item->req->model;
-    item->input_kind = SQ_INPUT_PIXELS;
+    gw_model_t *m = item->owner.req->model;
+    item->ask.input_kind = SQ_INPUT_PIXELS;
     /* Not a JPEG: 415 at once, however large, not a wait for a decoder. */
     char why[160];
     int rc = gw_image_type_check(data, len, why, sizeof(why));
@@ -202,15 +201,15 @@ static void start_jpeg(gw_server_t *srv, gw_item_t *item, const uint8_t *data, s
         item_fail_early(srv, item, SQ_OVERLOAD, "no room in the shared-memory arena");
         return;
     }
-    gw_prep_job_t *job = &item->prep;
+    gw_prep_job_t *job = &item->owner.req->preps[item->owner.index];
     memset(job, 0, sizeof(*job));
     job->data = data;
     job->len = len;
     job->out_w = m->w;
     job->out_h = m->h;
     job->mode = m->nearest ? GW_RESIZE_NEAREST : GW_RESIZE_BILINEAR;
-    job->dst = sq_shm_arena_base(srv->arena) + item->in_off;
-    job->deadline_ns = decode_deadline_ns(srv, item->req);
+    job->dst = sq_shm_arena_base(srv->arena) + item->input.in_off;
+    job->deadline_ns = decode_deadline_ns(srv, item->owner.req);
     job->done = on_prep_done;
     job->user = item;
     rc = gw_prep_pool_submit(srv->prep, job);
@@ -226,13 +225,13 @@ static void start_jpeg(gw_server_t *srv, gw_item_t *item, const uint8_t *data, s
 static void start_tensor(gw_server_t *srv, gw_item_t *item, const uint8_t *data, size_t len,
                          int uint8)
 {
-    item->input_kind = uint8 ? SQ_INPUT_UINT8 : SQ_INPUT_FP32;
+    item->ask.input_kind = uint8 ? SQ_INPUT_UINT8 : SQ_INPUT_FP32;
     if (item_slot(srv, item, len) != 0) {
         item_fail_early(srv, item, SQ_OVERLOAD, "no room in the shared-memory arena");
         return;
     }
-    memcpy(sq_shm_arena_base(srv->arena) + item->in_off, data, len);
-    item->ready_us = sq_now_us();
+    memcpy(sq_shm_arena_base(srv->arena) + item->input.in_off, data, len);
+    item->times.ready_us = sq_now_us();
     submit(srv, item);
 }
 
@@ -252,23 +251,26 @@ static void trace_write(gw_infer_t *req)
     at[GW_TRACE_RECEIVE] = req->arrival_us;
     for (int i = 0; i < req->n_items; i++) {
         const gw_item_t *it = &req->items[i];
-        int64_t decode_start = it->prep.started_ns / 1000, decode_end = it->prep.finished_ns / 1000;
+        int64_t decode_start = req->preps[i].started_ns / 1000,
+                decode_end = req->preps[i].finished_ns / 1000;
         if (decode_start > 0 && decode_end >= decode_start) {
             if (at[GW_TRACE_DECODE_START] == 0 || decode_start < at[GW_TRACE_DECODE_START])
                 at[GW_TRACE_DECODE_START] = decode_start;
             if (decode_end > at[GW_TRACE_DECODE_END])
                 at[GW_TRACE_DECODE_END] = decode_end;
         }
-        if (it->ready_us > 0 && (at[GW_TRACE_QUEUE] == 0 || it->ready_us < at[GW_TRACE_QUEUE]))
-            at[GW_TRACE_QUEUE] = it->ready_us;
-        if (it->sent_us > 0 && (at[GW_TRACE_BATCH] == 0 || it->sent_us < at[GW_TRACE_BATCH]))
-            at[GW_TRACE_BATCH] = it->sent_us;
-        if (it->exec_start_us > 0 &&
-            (at[GW_TRACE_EXECUTE_START] == 0 || it->exec_start_us < at[GW_TRACE_EXECUTE_START]))
-            at[GW_TRACE_EXECUTE_START] = it->exec_start_us;
-        if (it->exec_end_us > at[GW_TRACE_EXECUTE_END])
-            at[GW_TRACE_EXECUTE_END] = it->exec_end_us;
-        r.batch_size = it->batch_size > r.batch_size ? it->batch_size : r.batch_size;
+        if (it->times.ready_us > 0 &&
+            (at[GW_TRACE_QUEUE] == 0 || it->times.ready_us < at[GW_TRACE_QUEUE]))
+            at[GW_TRACE_QUEUE] = it->times.ready_us;
+        if (it->times.sent_us > 0 &&
+            (at[GW_TRACE_BATCH] == 0 || it->times.sent_us < at[GW_TRACE_BATCH]))
+            at[GW_TRACE_BATCH] = it->times.sent_us;
+        if (it->times.exec_start_us > 0 && (at[GW_TRACE_EXECUTE_START] == 0 ||
+                                            it->times.exec_start_us < at[GW_TRACE_EXECUTE_START]))
+            at[GW_TRACE_EXECUTE_START] = it->times.exec_start_us;
+        if (it->times.exec_end_us > at[GW_TRACE_EXECUTE_END])
+            at[GW_TRACE_EXECUTE_END] = it->times.exec_end_us;
+        r.batch_size = it->times.batch_size > r.batch_size ? it->times.batch_size : r.batch_size;
     }
     at[GW_TRACE_REPLY] = req->reply_us;
     gw_trace_emit(req->base.srv->trace, &r);
@@ -284,6 +286,7 @@ static void infer_dispose(gw_async_t *a)
         req->api_dispose(req);
     gw_model_unref(req->model);
     free(req->items);
+    free(req->preps);
     free(req->outputs);
     free(req->body_owned);
 }
@@ -299,13 +302,13 @@ static timing_t timing_of(const gw_infer_t *req)
     int64_t now = sq_now_us();
     for (int i = 0; i < req->n_items; i++) {
         const gw_item_t *it = &req->items[i];
-        double pre = (double)(it->ready_us - req->arrival_us) / 1000.0;
-        double q = (double)(it->sent_us - it->ready_us) / 1000.0;
-        double ex = (double)(it->done_us - it->sent_us) / 1000.0;
+        double pre = (double)(it->times.ready_us - req->arrival_us) / 1000.0;
+        double q = (double)(it->times.sent_us - it->times.ready_us) / 1000.0;
+        double ex = (double)(it->times.done_us - it->times.sent_us) / 1000.0;
         t.preprocess_ms = pre > t.preprocess_ms ? pre : t.preprocess_ms;
         t.queue_ms = q > t.queue_ms ? q : t.queue_ms;
         t.execute_ms = ex > t.execute_ms ? ex : t.execute_ms;
-        t.batch_size = it->batch_size > t.batch_size ? it->batch_size : t.batch_size;
+        t.batch_size = it->times.batch_size > t.batch_size ? it->times.batch_size : t.batch_size;
     }
     t.total_ms = (double)(now - req->arrival_us) / 1000.0;
     return t;
@@ -339,14 +342,15 @@ static void answer_headers(gw_infer_t *req, h2o_req_t *hreq)
 
 /* The least SLO the request can meet, in ms: its items alone on one idle
  * worker of the model's serving kind, as the dispatcher plans them
- * (gw_dispatch_least); 0 when unknown (no profile, no worker of its kind
+ * (gw_sched_least); 0 when unknown (no profile, no worker of its kind
  * up, no items yet). */
 static double least_slo_ms(const gw_infer_t *req)
 {
     gw_server_t *srv = req->base.srv;
     const gw_model_t *m = req->model;
     gw_least_t least;
-    if (gw_dispatch_least(srv, m, gw_dispatch_serving_kind(srv, m), req->n_items, &least) != 0)
+    if (gw_sched_least(srv->sched, m, gw_sched_serving_kind(srv->sched, m), req->n_items, &least) !=
+        0)
         return 0;
     return (double)(least.run_us + least.margin_us) / 1000.0;
 }
@@ -487,7 +491,7 @@ static int parse_positive(const char *s, double *out)
 }
 
 /* The client went away while the request was in squishd: its items not
- * yet in a batch are withdrawn (gw_dispatch_withdraw), never run. */
+ * yet in a batch are withdrawn (gw_sched_withdraw), never run. */
 static void infer_gone(gw_async_t *a)
 {
     gw_infer_t *req = (gw_infer_t *)a;
@@ -497,7 +501,7 @@ static void infer_gone(gw_async_t *a)
         snprintf(req->err_detail, sizeof(req->err_detail), "the client went away");
     }
     if (atomic_load(&req->pending) > 0)
-        gw_dispatch_withdraw(a->srv);
+        gw_sched_withdraw(a->srv->sched);
 }
 
 /* Looks the model up and builds the request; replies and returns NULL on
@@ -552,7 +556,7 @@ static gw_infer_t *infer_new(gw_call_t *call, gw_api_t api)
         gw_model_unref(m);
         return NULL;
     }
-    if (gw_dispatch_serving_kind(srv, m) < 0) {
+    if (gw_sched_serving_kind(srv->sched, m) < 0) {
         gw_metrics_infer_rejected(srv, m, SQ_NO_WORKER);
         gw_send_error(hreq, SQ_NO_WORKER, "no worker that can run this model is up");
         gw_model_unref(m);
@@ -618,16 +622,17 @@ static void set_deadline(gw_infer_t *req, double slo_ms, const gw_config_t *cfg)
 static int alloc_items(gw_infer_t *req, int n)
 {
     req->items = calloc((size_t)n, sizeof(gw_item_t));
+    req->preps = calloc((size_t)n, sizeof(gw_prep_job_t));
     req->outputs = calloc((size_t)n * (size_t)req->model->out_elems, sizeof(float));
-    if (req->items == NULL || req->outputs == NULL)
+    if (req->items == NULL || req->preps == NULL || req->outputs == NULL)
         return SQ_OVERLOAD;
     req->n_items = n;
     atomic_store(&req->pending, n);
     gw_clump_init(&req->clump, n);
     for (int i = 0; i < n; i++) {
-        req->items[i].req = req;
-        req->items[i].index = i;
-        req->items[i].in_off = -1;
+        req->items[i].owner.req = req;
+        req->items[i].owner.index = i;
+        req->items[i].input.in_off = -1;
     }
     return 0;
 }
@@ -718,16 +723,16 @@ static int request_priority(gw_infer_t *req, h2o_req_t *hreq, int64_t *priority)
 
 /* The smallest SLO the model can meet: one request alone on its serving
  * kind, l(1) with the margin, plus the dispatch margin, as the dispatcher
- * plans it (gw_dispatch_least). A request asking for less is answered at
+ * plans it (gw_sched_least). A request asking for less is answered at
  * once, saying so (a drop by the dispatcher would only say that the
  * deadline cannot be met). Returns -1 after rejecting. */
 static int check_feasible(gw_infer_t *req)
 {
     gw_server_t *srv = req->base.srv;
     const gw_model_t *m = req->model;
-    int kind = gw_dispatch_serving_kind(srv, m);
+    int kind = gw_sched_serving_kind(srv->sched, m);
     gw_least_t least_us;
-    if (gw_dispatch_least(srv, m, kind, 1, &least_us) != 0)
+    if (gw_sched_least(srv->sched, m, kind, 1, &least_us) != 0)
         return 0;
     double l1 = (double)least_us.run_us / 1000.0;
     double margin = (double)least_us.margin_us / 1000.0;

@@ -215,14 +215,14 @@ void gw_metrics_infer_answered(struct gw_infer *req)
         int64_t last_done = req->arrival_us;
         for (int i = 0; i < req->n_items; i++) {
             const gw_item_t *it = &req->items[i];
-            double pre = seconds_between(req->arrival_us, it->ready_us);
-            double queue = seconds_between(it->ready_us, it->sent_us);
-            double exec = seconds_between(it->sent_us, it->done_us);
+            double pre = seconds_between(req->arrival_us, it->times.ready_us);
+            double queue = seconds_between(it->times.ready_us, it->times.sent_us);
+            double exec = seconds_between(it->times.sent_us, it->times.done_us);
             r.preprocess_s = pre > r.preprocess_s ? pre : r.preprocess_s;
             r.queue_s = queue > r.queue_s ? queue : r.queue_s;
             r.execute_s = exec > r.execute_s ? exec : r.execute_s;
-            last_done = it->done_us > last_done ? it->done_us : last_done;
-            batch = it->batch_size > batch ? it->batch_size : batch;
+            last_done = it->times.done_us > last_done ? it->times.done_us : last_done;
+            batch = it->times.batch_size > batch ? it->times.batch_size : batch;
         }
         r.output_s = seconds_between(last_done, now);
     }

@@ -678,10 +678,10 @@ static const char *not_ready_why(gw_server_t *srv, const char *name, json_t *rec
     if (m == NULL)
         return NULL; /* stored, not yet published: the DB's word stands */
     const char *why = NULL;
-    int kind = gw_dispatch_serving_kind(srv, m);
+    int kind = gw_sched_serving_kind(srv->sched, m);
     if (!gw_registry_served(srv->registry, m, buf, len)) {
         why = buf;
-    } else if (!gw_dispatch_model_held(srv, m->key)) {
+    } else if (!gw_sched_held(srv->sched, m->key)) {
         if (kind >= 0)
             gw_dispatch_warm(srv, m->key);
         why = kind < 0 ? "no worker that can run the model is up"

@@ -91,7 +91,7 @@ void gw_query_fate_fail(gw_query_fate_t *f, int rc, const char *fmt, ...)
     int was = 0; /* a gone client's query stays GW_ABANDONED_GONE */
     atomic_compare_exchange_strong(&f->abandoned, &was, GW_ABANDONED_FAILED);
     if (expected == 0 && f->srv != NULL)
-        gw_dispatch_withdraw(f->srv); /* the first failure */
+        gw_sched_withdraw(f->srv->sched); /* the first failure */
 }
 
 gw_query_outcome_t gw_query_outcome(gw_query_fate_t *f)
@@ -115,7 +115,7 @@ static qnode_t *node_new(gw_query_t *q, int frame, int stage, qnode_t *parent)
     n->frame = frame;
     n->stage = stage;
     n->parent = parent;
-    n->item.in_off = -1;
+    n->item.input.in_off = -1;
     n->row = sq_xcalloc((size_t)q->models[stage]->out_elems + 1, sizeof(float));
     pthread_mutex_lock(&q->mu);
     n->next_all = q->all;
@@ -126,9 +126,9 @@ static qnode_t *node_new(gw_query_t *q, int frame, int stage, qnode_t *parent)
 
 static void node_fail_early(gw_server_t *srv, qnode_t *n, int rc, const char *detail)
 {
-    if (n->item.in_off >= 0) {
-        sq_shm_release(srv->arena, n->item.in_off);
-        n->item.in_off = -1;
+    if (n->item.input.in_off >= 0) {
+        sq_shm_release(srv->arena, n->item.input.in_off);
+        n->item.input.in_off = -1;
     }
     free(n->original);
     n->original = NULL;
@@ -148,13 +148,14 @@ static void node_finish(gw_item_t *item, int rc, const char *detail)
     stage_timing_t *t = &q->timing[n->stage];
     t->items++;
     if (rc == 0) {
-        double qm = (double)(item->sent_us - item->ready_us) / 1000.0;
-        double em = (double)(item->done_us - item->sent_us) / 1000.0;
-        double dm = (double)(item->done_us - q->arrival_us) / 1000.0;
+        double qm = (double)(item->times.sent_us - item->times.ready_us) / 1000.0;
+        double em = (double)(item->times.done_us - item->times.sent_us) / 1000.0;
+        double dm = (double)(item->times.done_us - q->arrival_us) / 1000.0;
         t->queue_ms = fmax(t->queue_ms, qm);
         t->execute_ms = fmax(t->execute_ms, em);
         t->done_ms = fmax(t->done_ms, dm);
-        t->batch_size = item->batch_size > t->batch_size ? item->batch_size : t->batch_size;
+        t->batch_size =
+            item->times.batch_size > t->batch_size ? item->times.batch_size : t->batch_size;
     }
     pthread_mutex_unlock(&q->mu);
     if (rc != 0) {
@@ -180,20 +181,19 @@ static void node_ready(gw_server_t *srv, qnode_t *n)
 {
     gw_query_t *q = n->q;
     gw_item_t *it = &n->item;
-    it->srv = srv;
-    it->model = q->models[n->stage];
-    it->slo_ms = q->budget_ms[n->stage];
-    it->priority = (uint8_t)q->priority;
-    it->arrival_us = q->arrival_us;
-    it->deadline_us = q->arrival_us + (int64_t)(q->cum_ms[n->stage] * 1000.0) + n->extra_us;
-    it->out = n->row;
-    it->finish = node_finish;
-    it->abandoned = &q->fate.abandoned;
-    it->pipeline = q->p;
-    it->stage = n->stage;
-    it->query_slo_ms = q->slo_ms;
-    it->input_kind = SQ_INPUT_PIXELS;
-    it->clump_next = NULL;
+    it->ask.model = q->models[n->stage];
+    it->ask.slo_ms = q->budget_ms[n->stage];
+    it->ask.priority = (uint8_t)q->priority;
+    it->ask.arrival_us = q->arrival_us;
+    it->ask.deadline_us = q->arrival_us + (int64_t)(q->cum_ms[n->stage] * 1000.0) + n->extra_us;
+    it->owner.out = n->row;
+    it->owner.finish = node_finish;
+    it->owner.abandoned = &q->fate.abandoned;
+    it->pipe.pipeline = q->p;
+    it->pipe.stage = n->stage;
+    it->pipe.query_slo_ms = q->slo_ms;
+    it->ask.input_kind = SQ_INPUT_PIXELS;
+    it->owner.clump_next = NULL;
 }
 
 /* ---- roots: decode --------------------------------------------------------- */
@@ -213,7 +213,7 @@ static void root_fail(gw_server_t *srv, qnode_t *n, int rc, const char *detail)
     gw_item_t *chain = root_settle(n->q, NULL);
     node_fail_early(srv, n, rc, detail);
     if (chain != NULL)
-        gw_dispatch_submit(srv, chain);
+        gw_sched_submit(srv->sched, chain);
 }
 
 static void on_root_decoded(gw_prep_job_t *job, int rc)
@@ -236,11 +236,11 @@ static void on_root_decoded(gw_prep_job_t *job, int rc)
         root_fail(srv, n, SQ_DEADLINE, "its query was dropped");
         return;
     }
-    n->item.ready_us = sq_now_us();
+    n->item.times.ready_us = sq_now_us();
     node_ready(srv, n);
     gw_item_t *chain = root_settle(q, n);
     if (chain != NULL)
-        gw_dispatch_submit(srv, chain);
+        gw_sched_submit(srv->sched, chain);
 }
 
 /* A frame's decode is planned from its own size (issue 23: a 12 MP photo
@@ -250,11 +250,11 @@ static void on_root_decoded(gw_prep_job_t *job, int rc)
  * one after it. */
 /* The least a stage's items take once ready: a batch of one on its
  * serving kind, plus the dispatch margin, as the dispatcher plans it
- * (gw_dispatch_least; the margin alone when unknown). */
+ * (gw_sched_least; the margin alone when unknown). */
 static int64_t stage_least_us(gw_server_t *srv, const gw_query_t *q, int stage)
 {
     gw_least_t least;
-    gw_dispatch_least(srv, q->models[stage], q->kind[stage], 1, &least);
+    gw_sched_least(srv->sched, q->models[stage], q->kind[stage], 1, &least);
     return least.run_us + least.margin_us;
 }
 
@@ -285,8 +285,8 @@ static void root_start(gw_server_t *srv, qnode_t *n)
         root_fail(srv, n, SQ_OVERLOAD, "no room in the shared-memory arena");
         return;
     }
-    n->item.in_off = off;
-    gw_prep_job_t *job = &n->item.prep;
+    n->item.input.in_off = off;
+    gw_prep_job_t *job = &n->prep;
     memset(job, 0, sizeof(*job));
     job->data = n->jpeg;
     job->len = n->jpeg_len;
@@ -385,7 +385,7 @@ static int cut_crops(gw_prep_ctx_t *ctx, gw_query_t *q, qnode_t *n, int k, char 
             node_fail_early(srv, kid, SQ_OVERLOAD, "no room in the shared-memory arena");
             break;
         }
-        kid->item.in_off = off;
+        kid->item.input.in_off = off;
         int rc = gw_crop_resize(ctx, n->original, n->orig_w, n->orig_h, r,
                                 sq_shm_arena_base(srv->arena) + off, cm->w, cm->h,
                                 cm->nearest ? GW_RESIZE_NEAREST : GW_RESIZE_BILINEAR);
@@ -409,12 +409,12 @@ static int cut_crops(gw_prep_ctx_t *ctx, gw_query_t *q, qnode_t *n, int k, char 
         }
         node_ready(srv, kid);
         *tail = &kid->item;
-        tail = &kid->item.clump_next;
+        tail = &kid->item.owner.clump_next;
     }
     /* Those cut, even when one failed: each is answered exactly once (the
      * dispatcher fails them at once, their query being dropped). */
     if (clump != NULL)
-        gw_dispatch_submit(srv, clump);
+        gw_sched_submit(srv->sched, clump);
     return 0;
 }
 
@@ -626,7 +626,7 @@ static int resolve_stages(gw_server_t *srv, gw_query_t *q, char *why, size_t len
             snprintf(why, len, "stage %s: model %s no longer takes images", st->id, m->name);
             return SQ_BAD_CONFIG;
         }
-        if ((q->kind[i] = gw_dispatch_serving_kind(srv, m)) < 0) {
+        if ((q->kind[i] = gw_sched_serving_kind(srv->sched, m)) < 0) {
             snprintf(why, len, "stage %s: no worker that can run model %s is up", st->id, m->name);
             return SQ_NO_WORKER;
         }
@@ -676,7 +676,7 @@ static void query_start(gw_query_t *q, const gw_part_t *frames, int nframes)
             qnode_t *n = node_new(q, f, q->root_stage[r], NULL);
             n->jpeg = frames[f].data;
             n->jpeg_len = frames[f].len;
-            n->item.index = f * q->nroots + r; /* the clump's order */
+            n->item.owner.index = f * q->nroots + r; /* the clump's order */
             q->roots[f * q->nroots + r] = n;
         }
     for (int i = 0; i < nframes * q->nroots; i++)

@@ -153,7 +153,7 @@ static const char *model_state(gw_server_t *srv, const gw_model_t *m, char *why,
     *reason = NULL;
     if (strcmp(m->status, "unloaded") == 0) {
         *reason = "unloaded";
-        if (gw_dispatch_model_unloading(srv, m->key)) {
+        if (gw_sched_unloading(srv->sched, m->key)) {
             *reason = "unloading: its last batches are finishing";
             return "UNLOADING";
         }
@@ -171,9 +171,9 @@ static const char *model_state(gw_server_t *srv, const gw_model_t *m, char *why,
         *reason = "profiling: its batch sizes are being measured";
         return "LOADING";
     }
-    if (!gw_dispatch_model_held(srv, m->key)) {
-        *reason = gw_dispatch_serving_kind(srv, m) < 0 ? "no worker that can serve it is up"
-                                                       : "loading on a worker";
+    if (!gw_sched_held(srv->sched, m->key)) {
+        *reason = gw_sched_serving_kind(srv->sched, m) < 0 ? "no worker that can serve it is up"
+                                                           : "loading on a worker";
         return "LOADING";
     }
     return "READY";

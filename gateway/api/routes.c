@@ -41,7 +41,7 @@ static void route_ready(gw_call_t *call)
         return;
     }
     char why[256];
-    if (srv->front != NULL && !gw_dispatch_ready(srv, why, sizeof(why))) {
+    if (srv->front != NULL && !gw_sched_ready(srv->sched, why, sizeof(why))) {
         gw_send_error(call->req, SQ_NOT_READY, why); /* a frontend: its dispatcher's word */
         return;
     }
@@ -55,7 +55,7 @@ static void route_ready(gw_call_t *call)
         return;
     }
     /* Able to serve every ready model now, not merely up. */
-    if (!gw_dispatch_ready(srv, why, sizeof(why))) {
+    if (!gw_sched_ready(srv->sched, why, sizeof(why))) {
         gw_send_error(call->req, SQ_NOT_READY, why);
         return;
     }
@@ -123,7 +123,7 @@ static void route_kserve_model_ready(gw_call_t *call)
         gw_model_t *m =
             gw_registry_find(call->srv->registry, st->model, strlen(st->model), st->version);
         if (m == NULL || strcmp(m->status, "ready") != 0 ||
-            !gw_dispatch_model_held(call->srv, m->key))
+            !gw_sched_held(call->srv->sched, m->key))
             snprintf(why, sizeof(why), "stage %s: model %s is not ready", st->id, st->model);
         gw_model_unref(m);
     }

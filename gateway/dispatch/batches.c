@@ -27,7 +27,7 @@ static void send_assignments(gw_dispatch_t *ds, const ds_worker_t *w, uint64_t b
     uint32_t done_src[SQ_MAX_BATCH_ITEMS];
     int ndone = 0;
     for (int i = 0; i < count; i++) {
-        uint32_t src = items[i]->src;
+        uint32_t src = items[i]->input.src;
         int seen = src == 0;
         for (int k = 0; k < ndone && !seen; k++)
             seen = done_src[k] == src;
@@ -43,9 +43,9 @@ static void send_assignments(gw_dispatch_t *ds, const ds_worker_t *w, uint64_t b
         a->out_stride = stride;
         a->n = 0;
         for (int j = i; j < count; j++) {
-            if (items[j]->src != src)
+            if (items[j]->input.src != src)
                 continue;
-            a->slot[a->n] = items[j]->fe_slot;
+            a->slot[a->n] = items[j]->input.fe_slot;
             a->row[a->n++] = (uint32_t)j;
         }
         buf.len = 0;
@@ -69,7 +69,7 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
      * back to it: the arena holds outputs only for rows of this process. */
     int own = 0, held = 0;
     for (int i = 0; i < count; i++) {
-        if (items[i]->src != 0)
+        if (items[i]->input.src != 0)
             held++;
         else
             own++;
@@ -119,12 +119,12 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
         for (int i = 1; i < count; i++) {
             gw_item_t *x = items[i];
             int j = i;
-            for (; j > 0 && items[j - 1]->member > x->member; j--)
+            for (; j > 0 && items[j - 1]->held.member > x->held.member; j--)
                 items[j] = items[j - 1];
             items[j] = x;
         }
         for (int i = 0; i < count; i++)
-            b->member[i] = (uint16_t)items[i]->member;
+            b->member[i] = (uint16_t)items[i]->held.member;
     }
     b->model_key = (uint64_t)m->key;
     b->input_kind = se->input_kind;
@@ -134,10 +134,10 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
     b->has_sources = held > 0;
     int64_t t = sq_now_us();
     for (int i = 0; i < count; i++) {
-        b->in_off[i] = items[i]->src == 0 ? (uint64_t)items[i]->in_off : 0;
-        b->src[i] = items[i]->src;
-        items[i]->sent_us = t;
-        items[i]->batch_size = count;
+        b->in_off[i] = items[i]->input.src == 0 ? (uint64_t)items[i]->input.in_off : 0;
+        b->src[i] = items[i]->input.src;
+        items[i]->times.sent_us = t;
+        items[i]->times.batch_size = count;
     }
     uint64_t in_bytes = ds_input_bytes(m, se->input_kind); /* each input slot it names */
     if (held > 0)
@@ -158,8 +158,8 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
     w->inflight = rec;
     gw_region_t *in = ds->regions;
     for (int i = 0; i < count; i++)
-        in[i] = items[i]->src == 0
-                    ? (gw_region_t){.offset = (uint64_t)items[i]->in_off, .bytes = in_bytes}
+        in[i] = items[i]->input.src == 0
+                    ? (gw_region_t){.offset = (uint64_t)items[i]->input.in_off, .bytes = in_bytes}
                     : (gw_region_t){.offset = 0, .bytes = 0};
     int sent =
         ds_link_send(ds, worker, SQ_MSG_BATCH, batch_id, buf.data, (uint32_t)buf.len, in, count);
@@ -236,7 +236,7 @@ static void act_drop(gw_dispatch_t *ds, const act_copy_t *a)
                       : a->reason == SQ_WORKER_LOST ? "worker lost and no time left to retry"
                       : a->reason == SQ_NO_WORKER   ? "no worker held the model before the deadline"
                                                     : "dropped";
-    gw_metrics_drop(ds->srv->metrics, it->model, a->reason);
+    gw_metrics_drop(ds->srv->metrics, it->ask.model, a->reason);
     ds_fail_item(ds, it, a->reason, why);
 }
 
@@ -406,11 +406,11 @@ void ds_update_routes(gw_dispatch_t *ds, ds_model_t *dm)
 /* Fails it as withdrawn when it is abandoned; 1 if so. */
 int ds_withdrawn(gw_dispatch_t *ds, gw_item_t *it)
 {
-    int why = it->abandoned != NULL ? atomic_load(it->abandoned) : 0;
+    int why = it->owner.abandoned != NULL ? atomic_load(it->owner.abandoned) : 0;
     if (why == 0)
         return 0;
     int gone = why == GW_ABANDONED_GONE;
-    gw_metrics_withdrawn(ds->srv->metrics, it->model, gone ? "client_gone" : "request_failed");
+    gw_metrics_withdrawn(ds->srv->metrics, it->ask.model, gone ? "client_gone" : "request_failed");
     ds_fail_item(ds, it, SQ_DEADLINE,
                  gone ? "withdrawn: its client went away"
                       : "withdrawn: another item of its request failed");
@@ -423,10 +423,10 @@ void ds_withdraw_abandoned(gw_dispatch_t *ds)
     int any = 0;
     for (uint32_t i = 0; i < ds->nhandles; i++) {
         gw_item_t *it = ds->handles[i].item;
-        if (it == NULL || it->abandoned == NULL || atomic_load(it->abandoned) == 0)
+        if (it == NULL || it->owner.abandoned == NULL || atomic_load(it->owner.abandoned) == 0)
             continue;
         /* Queued, not in a batch already (those are answered as they end). */
-        if (pl_dispatch_cancel(ds->core, now, it->core_session, it->core_id) != 0)
+        if (pl_dispatch_cancel(ds->core, now, it->held.core_session, it->held.core_id) != 0)
             continue;
         ds_withdrawn(ds, it);
         any = 1;
@@ -455,11 +455,11 @@ void ds_enqueue_items(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t **items, int 
     for (int i = 0; i < n; i++) {
         gw_item_t *it = items[i];
         /* The planner counts items: a clump of 8 is 8 requests' work. */
-        ds_plan_arrival(ds, dm, gw_slo_bucket_ms(it->slo_ms), it);
+        ds_plan_arrival(ds, dm, gw_slo_bucket_ms(it->ask.slo_ms), it);
         int made;
-        sess[i] =
-            ds_session_ensure(ds, dm, gw_slo_bucket_ms(it->slo_ms), it->input_kind,
-                              (uint8_t)gw_priority_level(it->priority), it->best_effort, &made);
+        sess[i] = ds_session_ensure(ds, dm, gw_slo_bucket_ms(it->ask.slo_ms), it->ask.input_kind,
+                                    (uint8_t)gw_priority_level(it->ask.priority),
+                                    it->ask.best_effort, &made);
         created |= made;
         if (sess[i] < 0)
             ds_fail_item(ds, it, SQ_NOT_READY, "the model has no usable profile");
@@ -482,10 +482,10 @@ void ds_enqueue_items(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t **items, int 
         for (int j = i; j < n; j++) {
             if (sess[j] != s)
                 continue;
-            items[j]->core_session = s;
+            items[j]->held.core_session = s;
             reqs[k++] = (pl_request_t){.id = ds_handle_new(ds, items[j]),
-                                       .arrival_us = items[j]->arrival_us,
-                                       .deadline_us = items[j]->deadline_us};
+                                       .arrival_us = items[j]->ask.arrival_us,
+                                       .deadline_us = items[j]->ask.deadline_us};
             sess[j] = -1;
         }
         pl_dispatch_requests(ds->core, now, s, reqs, k);
@@ -583,29 +583,22 @@ void ds_live_set(gw_dispatch_t *ds, ds_model_t *dm, int kind, double scale)
     ds_plan_invalidate(ds, kind, "profile drift");
 }
 
-int gw_dispatch_least(gw_server_t *srv, const gw_model_t *m, int kind, int n, gw_least_t *out)
+/* The scheduler's least latency: on the live profile (its correction, when
+ * one is in use), under live_lock. */
+int gw_dispatch_least(gw_sched_t *s, const gw_model_t *m, int kind, int n, gw_least_t *out)
 {
-    pl_dispatch_opts_t o = ds_core_opts(srv);
-    *out = (gw_least_t){.run_us = 0, .margin_us = o.net_delay_us > 0 ? o.net_delay_us : 0};
-    if (kind < 0 || kind >= SQ_DEV_KIND_COUNT || !m->has_profile[kind] || n < 1)
-        return -1;
-    /* A frontend has no dispatcher here: the profile as measured. */
-    gw_dispatch_t *ds = srv->dispatch;
-    const pl_profile_t *p = &m->profile[kind];
-    if (ds != NULL)
-        pthread_mutex_lock(&ds->live_lock);
-    for (int i = 0; ds != NULL && i < ds->nlive_pub; i++)
+    gw_dispatch_t *ds = (gw_dispatch_t *)s;
+    pl_dispatch_opts_t o = ds_core_opts(ds->srv);
+    const pl_profile_t *p = NULL;
+    pthread_mutex_lock(&ds->live_lock);
+    for (int i = 0; i < ds->nlive_pub; i++)
         if (ds->live_pub[i].key == m->key && ds->live_pub[i].kind == kind) {
             p = &ds->live_pub[i].profile;
             break;
         }
-    int64_t us = pl_dispatch_least_us(&o, p, m->max_batch, n);
-    if (ds != NULL)
-        pthread_mutex_unlock(&ds->live_lock);
-    if (us < 0)
-        return -1;
-    out->run_us = us - out->margin_us;
-    return 0;
+    int rc = gw_sched_least_on(&o, p, m, kind, n, out);
+    pthread_mutex_unlock(&ds->live_lock);
+    return rc;
 }
 
 static int float_cmp(const void *a, const void *b)
@@ -668,7 +661,7 @@ void ds_on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f)
     w->inflight = NULL;
     int64_t t = sq_now_us();
     ds_plan_busy(ds, w->id, t - b->sent_us);
-    gw_metrics_batch(ds->srv->metrics, b->items[0]->model, w->id, w->device, b->count,
+    gw_metrics_batch(ds->srv->metrics, b->items[0]->ask.model, w->id, w->device, b->count,
                      t - b->sent_us, &done);
     pl_dispatch_batch_done(ds->core, t, w->id, b->id);
     const uint8_t *base = sq_shm_arena_base(ds->srv->arena);
@@ -681,17 +674,17 @@ void ds_on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f)
     for (int i = 0; i < b->count; i++) {
         gw_item_t *it = b->items[i];
         if (done.code == 0) {
-            it->exec_start_us = exec_start_us;
-            it->exec_end_us = exec_end_us;
-            gw_model_t *m = it->model;
-            if (it->src == 0) /* a frontend's row went back to it from the worker */
-                memcpy(it->out, base + b->out_off + b->out_stride * (uint64_t)i,
+            it->times.exec_start_us = exec_start_us;
+            it->times.exec_end_us = exec_end_us;
+            gw_model_t *m = it->ask.model;
+            if (it->input.src == 0) /* a frontend's row went back to it from the worker */
+                memcpy(it->owner.out, base + b->out_off + b->out_stride * (uint64_t)i,
                        (size_t)m->out_elems * sizeof(float));
             ds_handle_release(ds, it);
             ds_release_input(ds, it);
-            it->done_us = t;
-            ds_plan_outcome(ds, it->done_us <= it->deadline_us);
-            it->finish(it, 0, NULL);
+            it->times.done_us = t;
+            ds_plan_outcome(ds, it->times.done_us <= it->ask.deadline_us);
+            it->owner.finish(it, 0, NULL);
         } else {
             ds_fail_item(ds, it, SQ_DEVICE, done.message);
         }

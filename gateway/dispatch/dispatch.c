@@ -13,9 +13,8 @@
  * that arrive before any worker holds it wait (bounded by their deadline).
  * Sessions are (model, SLO bucket, input kind): one dispatcher queue each.
  * Runs on the workers' loop thread; other threads reach it with
- * sq_loop_post (gw_dispatch_submit and friends). */
+ * sq_loop_post (gw_sched_submit and friends). */
 #include "gw_dispatch_int.h"
-#include "gw_front.h"
 
 #include <pl_loop.h>
 
@@ -36,7 +35,7 @@ static int back_in_time(gw_dispatch_t *ds, const ds_model_t *dm, const gw_item_t
         return 0;
     double l1 = dm->m->has_profile[dm->kind] ? pl_latency_us(&dm->m->profile[dm->kind], 1, 0) : 0;
     int64_t back = atomic_load(&ds->srv->kind_back_at_us[dm->kind]);
-    return back != INT64_MAX && back + (int64_t)l1 < it->deadline_us;
+    return back != INT64_MAX && back + (int64_t)l1 < it->ask.deadline_us;
 }
 
 void ds_registry_refresh(mdb_t *db, gw_server_t *srv, int64_t key)
@@ -140,12 +139,12 @@ static ds_model_t *serving_record(gw_dispatch_t *ds, ds_model_t *dm, double buck
  * or waits for a load (pending). */
 static ds_model_t *admit(gw_dispatch_t *ds, gw_item_t *it)
 {
-    gw_model_t *m = it->model;
+    gw_model_t *m = it->ask.model;
     if (ds->aborted) {
         ds_fail_item(ds, it, SQ_SHUTTING_DOWN, "squishd is shutting down");
         return NULL;
     }
-    if (it->ready_us >= it->deadline_us) {
+    if (it->times.ready_us >= it->ask.deadline_us) {
         ds_fail_item(ds, it, SQ_DEADLINE, "the deadline passed during preprocessing");
         return NULL;
     }
@@ -167,13 +166,13 @@ static ds_model_t *admit(gw_dispatch_t *ds, gw_item_t *it)
         return NULL;
     }
     int member;
-    dm = serving_record(ds, dm, gw_slo_bucket_ms(it->slo_ms), it, &member);
+    dm = serving_record(ds, dm, gw_slo_bucket_ms(it->ask.slo_ms), it, &member);
     if (dm == NULL) {
         ds_fail_item(ds, it, SQ_NO_WORKER, "no worker that can run this model is up");
         return NULL;
     }
     if (member >= 0)
-        it->member = member;
+        it->held.member = member;
     int loading;
     if (ds_loaded_anywhere(ds, dm, &loading) > 0)
         return dm;
@@ -205,7 +204,7 @@ static ds_model_t *admit(gw_dispatch_t *ds, gw_item_t *it)
 void ds_submit_chain(gw_dispatch_t *ds, gw_item_t *first)
 {
     int n = 0;
-    for (const gw_item_t *it = first; it != NULL; it = it->clump_next)
+    for (const gw_item_t *it = first; it != NULL; it = it->owner.clump_next)
         n++;
     gw_item_t *one_item, *one_group;
     ds_model_t *one_dm;
@@ -216,9 +215,9 @@ void ds_submit_chain(gw_dispatch_t *ds, gw_item_t *first)
     int k = 0;
     for (gw_item_t *it = first, *next; it != NULL; it = next) {
         /* Read before admit: an item answered there may be freed. */
-        next = it->clump_next;
-        it->clump_next = NULL;
-        it->ready_us = now;
+        next = it->owner.clump_next;
+        it->owner.clump_next = NULL;
+        it->times.ready_us = now;
         ds_model_t *dm = admit(ds, it);
         if (dm != NULL) {
             items[k] = it;
@@ -252,15 +251,15 @@ static void on_submit(sq_loop_t *loop, void *arg)
 {
     gw_item_t *first = arg;
     (void)loop;
-    ds_submit_chain(first->srv->dispatch, first);
+    ds_submit_chain(first->held.holder, first);
 }
 
-void gw_dispatch_submit(gw_server_t *srv, gw_item_t *item)
+/* gw_sched_ops_t.submit: to the dispatch thread. */
+static void sched_submit(gw_sched_t *s, gw_item_t *first)
 {
-    if (srv->front != NULL)
-        gw_front_submit(srv, item); /* a frontend: the cluster's dispatcher decides */
-    else
-        sq_loop_post(srv->dispatch_loop, on_submit, item);
+    gw_dispatch_t *ds = (gw_dispatch_t *)s;
+    first->held.holder = ds;
+    sq_loop_post(ds->loop, on_submit, first);
 }
 
 static void on_withdraw(sq_loop_t *loop, void *arg)
@@ -272,15 +271,27 @@ static void on_withdraw(sq_loop_t *loop, void *arg)
         ds_withdraw_abandoned(ds);
 }
 
-void gw_dispatch_withdraw(gw_server_t *srv)
+/* gw_sched_ops_t.withdraw: one look on the dispatch thread. */
+static void sched_withdraw(gw_sched_t *s)
 {
-    if (srv->front != NULL) {
-        gw_front_withdraw(srv);
-        return;
-    }
-    gw_dispatch_t *ds = srv->dispatch;
-    if (ds != NULL && atomic_exchange(&ds->withdraw_posted, 1) == 0)
-        sq_loop_post(srv->dispatch_loop, on_withdraw, ds);
+    gw_dispatch_t *ds = (gw_dispatch_t *)s;
+    if (atomic_exchange(&ds->withdraw_posted, 1) == 0)
+        sq_loop_post(ds->loop, on_withdraw, ds);
+}
+
+static const gw_sched_ops_t ds_sched_ops = {
+    .submit = sched_submit,
+    .withdraw = sched_withdraw,
+    .ready = ds_sched_ready,
+    .held = ds_sched_held,
+    .unloading = ds_sched_unloading,
+    .serving_kind = ds_sched_serving_kind,
+    .least = gw_dispatch_least,
+};
+
+gw_sched_t *gw_dispatch_sched(gw_dispatch_t *ds)
+{
+    return &ds->sched;
 }
 
 typedef struct {
@@ -604,7 +615,7 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
         int k = 0;
         for (int j = 0; j < dm->npending; j++) {
             gw_item_t *it = dm->pending[j];
-            if (it->deadline_us <= t)
+            if (it->ask.deadline_us <= t)
                 ds_fail_item(ds, it, SQ_DEADLINE, "the model was still loading at the deadline");
             else
                 dm->pending[k++] = it;
@@ -643,6 +654,7 @@ static const gw_dispatch_ops_t dispatch_ops = {
 gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop)
 {
     gw_dispatch_t *ds = sq_xcalloc(1, sizeof(*ds));
+    ds->sched.ops = &ds_sched_ops;
     ds->srv = srv;
     ds->ops = &dispatch_ops;
     ds->loop = loop;

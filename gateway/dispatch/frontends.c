@@ -22,6 +22,7 @@ typedef struct ds_fe_item {
      * name an item here and, under a newer generation, the frontend's next
      * one. Those of one index are chained. */
     struct ds_fe_item *next_in_slot;
+    gw_dispatch_t *ds; /* whose record it is */
 } ds_fe_item_t;
 
 /* The link to x in its index's chain, or NULL. */
@@ -31,7 +32,7 @@ static ds_fe_item_t **chain_link(ds_frontend_t *f, uint64_t slot, const ds_fe_it
     if (idx >= f->capitems)
         return NULL;
     for (ds_fe_item_t **pp = &f->items[idx]; *pp != NULL; pp = &(*pp)->next_in_slot)
-        if (x != NULL ? *pp == x : (*pp)->item.fe_slot == slot)
+        if (x != NULL ? *pp == x : (*pp)->item.input.fe_slot == slot)
             return pp;
     return NULL;
 }
@@ -59,11 +60,11 @@ void gw_dispatch_frontend_traffic(gw_server_t *srv, gw_frontend_traffic_t *out)
 static void fe_finish(gw_item_t *it, int rc, const char *detail)
 {
     ds_fe_item_t *x = (ds_fe_item_t *)it;
-    gw_dispatch_t *ds = it->srv->dispatch;
-    int fe = (int)it->src - 1;
+    gw_dispatch_t *ds = x->ds;
+    int fe = (int)it->input.src - 1;
     ds_frontend_t *f = ds_frontend_at(ds, fe);
     if (f != NULL) {
-        ds_fe_item_t **pp = chain_link(f, it->fe_slot, x);
+        ds_fe_item_t **pp = chain_link(f, it->input.fe_slot, x);
         if (pp != NULL)
             *pp = x->next_in_slot;
         if (rc != 0 && atomic_load(&x->abandoned) == 0) {
@@ -72,12 +73,12 @@ static void fe_finish(gw_item_t *it, int rc, const char *detail)
             sq_buf_t b;
             sq_buf_init(&b);
             sq_fe_fail_encode(&b, &fail);
-            ds_fe_send(ds, fe, SQ_MSG_FE_FAIL, it->fe_slot, b.data, (uint32_t)b.len);
+            ds_fe_send(ds, fe, SQ_MSG_FE_FAIL, it->input.fe_slot, b.data, (uint32_t)b.len);
             sq_buf_dispose(&b);
         }
     }
-    gw_model_unref(it->model);
-    gw_pipeline_unref(it->pipeline);
+    gw_model_unref(it->ask.model);
+    gw_pipeline_unref(it->pipe.pipeline);
     free(x);
 }
 
@@ -276,33 +277,33 @@ static int on_items(gw_dispatch_t *ds, ds_frontend_t *f, const sq_frame_t *fr)
         }
         ds_fe_item_t *x = sq_xcalloc(1, sizeof(*x));
         gw_item_t *it = &x->item;
-        it->srv = ds->srv;
-        it->model = m;
-        it->slo_ms = e->slo_ms;
-        it->arrival_us = now - e->age_us;
-        it->deadline_us = now + e->budget_us;
-        it->finish = fe_finish;
-        it->in_off = -1;
-        it->input_kind = e->input_kind;
-        it->priority = e->priority;
-        it->best_effort = e->best_effort;
-        it->abandoned = &x->abandoned;
-        it->stage = e->stage;
-        it->query_slo_ms = e->query_slo_ms;
+        x->ds = ds;
+        it->ask.model = m;
+        it->ask.slo_ms = e->slo_ms;
+        it->ask.arrival_us = now - e->age_us;
+        it->ask.deadline_us = now + e->budget_us;
+        it->owner.finish = fe_finish;
+        it->input.in_off = -1;
+        it->ask.input_kind = e->input_kind;
+        it->ask.priority = e->priority;
+        it->ask.best_effort = e->best_effort;
+        it->owner.abandoned = &x->abandoned;
+        it->pipe.stage = e->stage;
+        it->pipe.query_slo_ms = e->query_slo_ms;
         /* A pipeline query's item: counted toward its stage (the record
          * holds a reference, as a query does). */
         if (e->stage >= 0 &&
-            (it->pipeline = gw_pipes_get(ds->srv->pipelines, e->pipeline)) != NULL &&
-            e->stage >= it->pipeline->nstages) {
-            gw_pipeline_unref(it->pipeline);
-            it->pipeline = NULL;
+            (it->pipe.pipeline = gw_pipes_get(ds->srv->pipelines, e->pipeline)) != NULL &&
+            e->stage >= it->pipe.pipeline->nstages) {
+            gw_pipeline_unref(it->pipe.pipeline);
+            it->pipe.pipeline = NULL;
         }
-        it->src = (uint32_t)f->id + 1;
-        it->fe_slot = e->slot;
+        it->input.src = (uint32_t)f->id + 1;
+        it->input.fe_slot = e->slot;
         x->next_in_slot = f->items[idx];
         f->items[idx] = x;
         *tail = it;
-        tail = &it->clump_next;
+        tail = &it->owner.clump_next;
         if (!e->clump_next) {
             ds->ops->submit_chain(ds, head);
             head = NULL;

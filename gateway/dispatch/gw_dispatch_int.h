@@ -211,10 +211,11 @@ typedef struct {
 } gw_dispatch_ops_t;
 
 struct gw_dispatch {
+    gw_sched_t sched; /* first: the scheduling interface (gw_dispatch_sched) */
     gw_server_t *srv;
     const gw_dispatch_ops_t *ops;
     int aborted;
-    atomic_int withdraw_posted; /* a gw_dispatch_withdraw look is on its way */
+    atomic_int withdraw_posted; /* a gw_sched_withdraw look is on its way */
     sq_loop_t *loop;
     pl_dispatch_t *core;
     uint64_t timer;
@@ -266,7 +267,7 @@ struct gw_dispatch {
     uint64_t fe_timer;
     pthread_mutex_t fe_lock; /* frontends' metrics and stats; the array's growth */
     /* The live corrections in use (batches.c), for other threads under
-     * live_lock: a copy of each corrected profile (gw_dispatch_least). */
+     * live_lock: a copy of each corrected profile (gw_sched_least). */
     pthread_mutex_t live_lock;
     struct ds_live_pub *live_pub;
     int nlive_pub, caplive_pub;
@@ -538,7 +539,7 @@ int ds_session_ensure(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint8_t 
                       uint8_t priority, uint8_t best_effort, int *created);
 /* Queues it in dm's session for its SLO bucket and input kind. */
 void ds_enqueue_item(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t *it);
-/* The same for n items ready together (a clump, gw_dispatch_submit): those
+/* The same for n items ready together (a clump, gw_sched_submit): those
  * of one session enter it as one arrival (pl_dispatch_requests). */
 /* Takes every abandoned item still queued (in the core or waiting for its
  * model's load) out and fails it as withdrawn. */
@@ -610,9 +611,17 @@ void ds_live_reset(gw_dispatch_t *ds, ds_model_t *dm);
  * and other threads' gw_dispatch_least follow. */
 void ds_live_set(gw_dispatch_t *ds, ds_model_t *dm, int kind, double scale);
 
-/* readiness.c: recomputes what gw_dispatch_ready and gw_dispatch_model_held
- * answer (every tick). */
+/* readiness.c: recomputes what the scheduler's ready and held answer
+ * (every tick). */
 void ds_publish_ready(gw_dispatch_t *ds);
+/* The scheduling interface's members (gw_sched_ops_t), any thread: from
+ * what ds_publish_ready published (readiness.c), the fleet (records.c),
+ * the live profiles (batches.c). */
+int ds_sched_ready(gw_sched_t *s, char *why, size_t len);
+int ds_sched_held(gw_sched_t *s, int64_t key);
+int ds_sched_unloading(gw_sched_t *s, int64_t key);
+int ds_sched_serving_kind(gw_sched_t *s, const gw_model_t *m);
+int gw_dispatch_least(gw_sched_t *s, const gw_model_t *m, int kind, int n, gw_least_t *out);
 
 /* dispatch.c, what worker_events.c (above it) calls. */
 /* DB thread: publishes key's current record (none: it was deleted) and
@@ -622,7 +631,7 @@ void ds_registry_refresh(mdb_t *db, gw_server_t *srv, int64_t key);
  * abort). Idempotent. */
 void ds_abort_all(gw_dispatch_t *ds);
 /* Items handed over on the dispatch thread (a frontend's, linked through
- * clump_next as gw_dispatch_submit's): admitted and queued. */
+ * clump_next as gw_sched_submit's): admitted and queued. */
 void ds_submit_chain(gw_dispatch_t *ds, gw_item_t *first);
 
 /* frontends.c (below dispatch.c, which frees them; it submits items

@@ -84,14 +84,14 @@ void ds_plan_forget(gw_dispatch_t *ds, const ds_model_t *dm)
 void ds_plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it)
 {
     ds_plan_state_t *p = ds->plan;
-    if (it != NULL && it->pipeline != NULL) {
-        ds_plan_pipeline_known(ds, it->pipeline);
-        pl_loop_stage_arrivals(p->loop, ds_plan_pipe_key(it->pipeline), it->stage, it->query_slo_ms,
-                               dm->key, 1);
+    if (it != NULL && it->pipe.pipeline != NULL) {
+        ds_plan_pipeline_known(ds, it->pipe.pipeline);
+        pl_loop_stage_arrivals(p->loop, ds_plan_pipe_key(it->pipe.pipeline), it->pipe.stage,
+                               it->pipe.query_slo_ms, dm->key, 1);
     } else {
         /* Its SLO, not only its bucket: a session is planned at the least
          * SLO of its requests (pl_loop.h). */
-        pl_loop_arrivals(p->loop, dm->key, it != NULL ? it->slo_ms : bucket_ms, 1);
+        pl_loop_arrivals(p->loop, dm->key, it != NULL ? it->ask.slo_ms : bucket_ms, 1);
     }
 }
 
@@ -136,7 +136,7 @@ static int resplit_pipelines(gw_dispatch_t *ds, int64_t now_us, int force)
             for (int s = 0; s < pl->nstages; s++) {
                 const gw_stage_spec_t *st = &pl->stages[s];
                 m[s] = gw_registry_find(srv->registry, st->model, strlen(st->model), st->version);
-                int kind = m[s] != NULL ? gw_dispatch_serving_kind(srv, m[s]) : -1;
+                int kind = m[s] != NULL ? ds_kind_of_model(srv, m[s]) : -1;
                 if (kind >= 0 && m[s]->has_profile[kind])
                     prof[s] = &m[s]->profile[kind];
             }
@@ -162,12 +162,12 @@ void ds_plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const
                       int64_t now_us)
 {
     ds_plan_state_t *p = ds->plan;
-    if (it != NULL && it->pipeline != NULL) {
-        ds_plan_pipeline_known(ds, it->pipeline);
-        pl_loop_stage_arrivals(p->loop, ds_plan_pipe_key(it->pipeline), it->stage, it->query_slo_ms,
-                               dm->key, 0);
+    if (it != NULL && it->pipe.pipeline != NULL) {
+        ds_plan_pipeline_known(ds, it->pipe.pipeline);
+        pl_loop_stage_arrivals(p->loop, ds_plan_pipe_key(it->pipe.pipeline), it->pipe.stage,
+                               it->pipe.query_slo_ms, dm->key, 0);
     }
-    pl_loop_session(p->loop, dm->key, it != NULL ? it->slo_ms : bucket_ms, 1);
+    pl_loop_session(p->loop, dm->key, it != NULL ? it->ask.slo_ms : bucket_ms, 1);
     /* An epoch before the stored plan was reapplied: reapply it now, with
      * the workers that are up (when that planned dm's kind, no other epoch
      * runs). */

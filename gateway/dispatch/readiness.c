@@ -3,7 +3,6 @@
  * every ready model now, and the models a worker up holds, published under
  * ready_lock. */
 #include "gw_dispatch_int.h"
-#include "gw_front.h"
 
 #include <string.h>
 
@@ -107,33 +106,23 @@ void ds_publish_ready(gw_dispatch_t *ds)
     pthread_mutex_unlock(&ds->ready_lock);
 }
 
-int gw_dispatch_ready(gw_server_t *srv, char *why, size_t len)
+int ds_sched_ready(gw_sched_t *s, char *why, size_t len)
 {
-    if (srv->front != NULL)
-        return gw_front_ready(srv, why, len);
-    gw_dispatch_t *ds = srv->dispatch;
-    if (ds == NULL) {
-        snprintf(why, len, "the dispatcher is starting");
-        return 0;
-    }
+    gw_dispatch_t *ds = (gw_dispatch_t *)s;
     pthread_mutex_lock(&ds->ready_lock);
     snprintf(why, len, "%s", ds->ready_why);
     /* A model added, measured or deleted since the last look: not ready
      * until the dispatch thread has looked (within a tick, 50 ms). */
-    if (why[0] == '\0' && ds->ready_gen != gw_registry_generation(srv->registry))
+    if (why[0] == '\0' && ds->ready_gen != gw_registry_generation(ds->srv->registry))
         snprintf(why, len, "a model changed since the last check; retry shortly");
     pthread_mutex_unlock(&ds->ready_lock);
     return why[0] == '\0';
 }
 
-int gw_dispatch_model_held(gw_server_t *srv, int64_t key)
+int ds_sched_held(gw_sched_t *s, int64_t key)
 {
-    if (srv->front != NULL)
-        return gw_front_model_held(srv, key);
-    gw_dispatch_t *ds = srv->dispatch;
+    gw_dispatch_t *ds = (gw_dispatch_t *)s;
     int held = 0;
-    if (ds == NULL)
-        return 0;
     pthread_mutex_lock(&ds->ready_lock);
     for (int i = 0; i < ds->nheld && !held; i++)
         held = ds->held_keys[i] == key;
@@ -141,14 +130,10 @@ int gw_dispatch_model_held(gw_server_t *srv, int64_t key)
     return held;
 }
 
-int gw_dispatch_model_unloading(gw_server_t *srv, int64_t key)
+int ds_sched_unloading(gw_sched_t *s, int64_t key)
 {
-    if (srv->front != NULL)
-        return gw_front_model_unloading(srv, key);
-    gw_dispatch_t *ds = srv->dispatch;
+    gw_dispatch_t *ds = (gw_dispatch_t *)s;
     int gone = 0;
-    if (ds == NULL)
-        return 0;
     pthread_mutex_lock(&ds->ready_lock);
     for (int i = 0; i < ds->ngone && !gone; i++)
         gone = ds->gone_keys[i] == key;

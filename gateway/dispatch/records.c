@@ -49,42 +49,26 @@ void ds_models_reindex(gw_dispatch_t *ds)
         sq_map_put(&ds->model_ix, (uint64_t)ds->models[i]->key, 0, i);
 }
 
-static int kind_usable(gw_server_t *srv, const gw_model_t *m, int kind, int or_coming)
-{
-    return m->has_profile[kind] && (atomic_load(&srv->kind_up[kind]) > 0 ||
-                                    (or_coming && atomic_load(&srv->kind_coming[kind]) > 0));
-}
-
 /* The device kind that serves m: one with a worker up, cuda first; else
  * one whose worker is being restarted (its requests wait for it). */
 int ds_kind_of_model(gw_server_t *srv, const gw_model_t *m)
 {
-    for (int or_coming = 0; or_coming < 2; or_coming++) {
-        if (m->emulated) {
-            if (kind_usable(srv, m, SQ_DEV_EMU, or_coming))
-                return SQ_DEV_EMU;
-            continue;
-        }
-        if (kind_usable(srv, m, SQ_DEV_CUDA, or_coming))
-            return SQ_DEV_CUDA;
-        if (kind_usable(srv, m, SQ_DEV_CPU, or_coming))
-            return SQ_DEV_CPU;
+    gw_fleet_t f = {0};
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
+        f.up[k] = atomic_load(&srv->kind_up[k]);
+        f.coming[k] = atomic_load(&srv->kind_coming[k]);
     }
-    return -1;
+    return gw_fleet_serving_kind(&f, m);
 }
 
-int gw_dispatch_serving_kind(gw_server_t *srv, const gw_model_t *m)
+int ds_sched_serving_kind(gw_sched_t *s, const gw_model_t *m)
 {
-    return ds_kind_of_model(srv, m);
+    return ds_kind_of_model(((gw_dispatch_t *)s)->srv, m);
 }
 
 pl_dispatch_opts_t ds_core_opts(const gw_server_t *srv)
 {
-    return (pl_dispatch_opts_t){.policy = srv->cfg->policy,
-                                .k_std = srv->cfg->k_std,
-                                .eager_load = srv->cfg->eager_load,
-                                .net_delay_us = srv->cfg->dispatch_margin_us,
-                                .timer_slack_us = srv->cfg->timer_slack_us};
+    return gw_sched_core_opts(srv->cfg);
 }
 
 ds_model_t *ds_model_get(gw_dispatch_t *ds, gw_model_t *m)
@@ -120,8 +104,8 @@ uint64_t ds_handle_new(gw_dispatch_t *ds, gw_item_t *it)
     }
     ds->handles[i].item = it;
     ds->handles[i].next_free = 0;
-    it->core_id = (uint64_t)ds->handles[i].gen << 32 | i;
-    return it->core_id;
+    it->held.core_id = (uint64_t)ds->handles[i].gen << 32 | i;
+    return it->held.core_id;
 }
 
 /* The item the core's id names, or NULL when it was answered since. */
@@ -135,24 +119,24 @@ gw_item_t *ds_handle_get(const gw_dispatch_t *ds, uint64_t id)
 
 void ds_handle_release(gw_dispatch_t *ds, gw_item_t *it)
 {
-    if (it->core_id == 0)
+    if (it->held.core_id == 0)
         return;
-    uint32_t i = (uint32_t)it->core_id;
+    uint32_t i = (uint32_t)it->held.core_id;
     assert(i < ds->nhandles && ds->handles[i].item == it);
     ds->handles[i].item = NULL;
     ds->handles[i].gen = ds->handles[i].gen + 1 ? ds->handles[i].gen + 1 : 1;
     ds->handles[i].next_free = ds->free_handle;
     ds->free_handle = i + 1;
-    it->core_id = 0;
+    it->held.core_id = 0;
 }
 
 /* ---- finishing items --------------------------------------------------- */
 
 void ds_release_input(gw_dispatch_t *ds, gw_item_t *it)
 {
-    if (it->in_off >= 0) {
-        sq_shm_release(ds->srv->arena, it->in_off);
-        it->in_off = -1;
+    if (it->input.in_off >= 0) {
+        sq_shm_release(ds->srv->arena, it->input.in_off);
+        it->input.in_off = -1;
     }
 }
 
@@ -162,8 +146,8 @@ void ds_fail_item(gw_dispatch_t *ds, gw_item_t *it, int rc, const char *detail)
 {
     ds_handle_release(ds, it);
     ds_release_input(ds, it);
-    it->done_us = sq_now_us();
-    it->finish(it, rc, detail);
+    it->times.done_us = sq_now_us();
+    it->owner.finish(it, rc, detail);
 }
 
 /* ---- the link to the workers --------------------------------------------- */
@@ -266,7 +250,7 @@ int gw_dispatch_profile_progress(gw_server_t *srv, int64_t key, gw_profile_progr
 
 int ds_fail_out_of_service(gw_dispatch_t *ds, gw_item_t *it, int removed)
 {
-    gw_model_t *cur = gw_registry_get(ds->srv->registry, it->model->key);
+    gw_model_t *cur = gw_registry_get(ds->srv->registry, it->ask.model->key);
     int gone = cur == NULL, unloaded = !gone && strcmp(cur->status, "unloaded") == 0;
     gw_model_unref(cur);
     if (gone)

@@ -9,7 +9,8 @@
  *
  * Everything below runs on the frontend's thread. */
 #include "gw_front.h"
-#include "gw_dispatch.h"
+#include "gw_sched.h"
+#include "gw_metrics.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -65,6 +66,7 @@ typedef struct data_conn {
 } data_conn_t;
 
 struct gw_front {
+    gw_sched_t sched; /* first: the scheduling interface (gw_front_sched) */
     gw_server_t *srv;
     sq_loop_t *loop;
     pthread_t thread;
@@ -108,6 +110,9 @@ struct gw_front {
     int nheld, ngone;
 };
 
+/* The scheduling interface (gw_front_sched), at the end. */
+static const gw_sched_ops_t front_sched_ops;
+
 /* ---- answering items -------------------------------------------------------- */
 
 static void release_slot(gw_front_t *fr, uint32_t idx)
@@ -123,12 +128,12 @@ static void release_slot(gw_front_t *fr, uint32_t idx)
 /* The item's answer: its input slot back to the arena, then its finish. */
 static void finish(gw_front_t *fr, gw_item_t *it, int rc, const char *detail)
 {
-    if (it->in_off >= 0) {
-        sq_shm_release(fr->srv->arena, it->in_off);
-        it->in_off = -1;
+    if (it->input.in_off >= 0) {
+        sq_shm_release(fr->srv->arena, it->input.in_off);
+        it->input.in_off = -1;
     }
-    it->done_us = sq_now_us();
-    it->finish(it, rc, detail);
+    it->times.done_us = sq_now_us();
+    it->owner.finish(it, rc, detail);
 }
 
 /* The item slot id names, if it still holds one. */
@@ -236,16 +241,16 @@ static void on_output(gw_front_t *fr, data_conn_t *d, const sq_frame_t *f)
             answer_slot(fr, idx, o->code == SQ_IO ? SQ_WORKER_LOST : SQ_DEVICE, o->message);
             continue;
         }
-        uint64_t row_bytes = (uint64_t)it->model->out_elems * sizeof(float);
+        uint64_t row_bytes = (uint64_t)it->ask.model->out_elems * sizeof(float);
         if (row_bytes > o->out_stride) {
             answer_slot(fr, idx, SQ_PROTOCOL,
                         "the worker's output row is shorter than the model's");
             continue;
         }
-        memcpy(it->out, o->bytes + (uint64_t)k * o->out_stride, row_bytes);
-        it->batch_size = (int)o->count;
-        it->exec_end_us = now;
-        it->exec_start_us = now - (int64_t)(o->exec_ns / 1000);
+        memcpy(it->owner.out, o->bytes + (uint64_t)k * o->out_stride, row_bytes);
+        it->times.batch_size = (int)o->count;
+        it->times.exec_end_us = now;
+        it->times.exec_start_us = now - (int64_t)(o->exec_ns / 1000);
         release_slot(fr, idx);
         finish(fr, it, 0, NULL);
     }
@@ -426,19 +431,19 @@ static void on_assign(gw_front_t *fr, const sq_frame_t *f)
         for (; k < a->n; k++) {
             uint32_t idx;
             gw_item_t *it = slot_item(fr, a->slot[k], &idx);
-            int present = it != NULL && it->in_off >= 0 &&
-                          input_bytes(it->model, it->input_kind) == a->row_bytes;
+            int present = it != NULL && it->input.in_off >= 0 &&
+                          input_bytes(it->ask.model, it->ask.input_kind) == a->row_bytes;
             if (present && !d->shm && bytes + a->row_bytes > ROWS_FRAME_BYTES && r->n > 0)
                 break;
             r->row[r->n] = a->row[k];
-            r->off[r->n] = present ? (uint64_t)it->in_off : 0;
+            r->off[r->n] = present ? (uint64_t)it->input.in_off : 0;
             r->present[r->n++] = (uint8_t)present;
             bytes += present && !d->shm ? a->row_bytes : 0;
             if (present && d->shm)
                 atomic_fetch_add(&fr->data_shm, a->row_bytes);
             if (present) {
                 fr->slots[idx].state = SLOT_ASSIGNED;
-                it->sent_us = sq_now_us(); /* its rows leave for the worker */
+                it->times.sent_us = sq_now_us(); /* its rows leave for the worker */
                 rec->slot[rec->n] = a->slot[k];
                 rec->row[rec->n++] = a->row[k];
             }
@@ -450,7 +455,7 @@ static void on_assign(gw_front_t *fr, const sq_frame_t *f)
                 continue;
             uint32_t idx;
             gw_item_t *it = slot_item(fr, a->slot[first + j], &idx);
-            sq_buf_put(&fr->scratch, base + it->in_off, a->row_bytes);
+            sq_buf_put(&fr->scratch, base + it->input.in_off, a->row_bytes);
         }
         rc = sq_conn_send(&d->conn, SQ_MSG_DATA_ROWS, f->id, fr->scratch.data,
                           (uint32_t)fr->scratch.len);
@@ -887,8 +892,8 @@ static int slot_new(gw_front_t *fr, gw_item_t *it, uint64_t *id)
 
 static void withdrawn(gw_front_t *fr, gw_item_t *it)
 {
-    int gone = atomic_load(it->abandoned) == GW_ABANDONED_GONE;
-    gw_metrics_withdrawn(fr->srv->metrics, it->model, gone ? "client_gone" : "request_failed");
+    int gone = atomic_load(it->owner.abandoned) == GW_ABANDONED_GONE;
+    gw_metrics_withdrawn(fr->srv->metrics, it->ask.model, gone ? "client_gone" : "request_failed");
     finish(fr, it, SQ_DEADLINE,
            gone ? "withdrawn: its client went away"
                 : "withdrawn: another item of its request failed");
@@ -928,23 +933,23 @@ static void on_flush(sq_loop_t *loop, void *arg)
 static void on_submit(sq_loop_t *loop, void *arg)
 {
     gw_item_t *it = arg;
-    gw_front_t *fr = it->srv->front;
+    gw_front_t *fr = it->held.holder;
     int64_t now = sq_now_us();
     for (gw_item_t *next; it != NULL; it = next) {
-        next = it->clump_next;
-        it->clump_next = NULL;
-        it->ready_us = now;
+        next = it->owner.clump_next;
+        it->owner.clump_next = NULL;
+        it->times.ready_us = now;
         if (!fr->joined || fr->stopping) {
             finish(fr, it, fr->stopping ? SQ_SHUTTING_DOWN : SQ_NOT_READY,
                    fr->stopping ? "squishd is shutting down"
                                 : "this frontend has no dispatcher now; retry");
             continue;
         }
-        if (it->abandoned != NULL && atomic_load(it->abandoned) != 0) {
+        if (it->owner.abandoned != NULL && atomic_load(it->owner.abandoned) != 0) {
             withdrawn(fr, it);
             continue;
         }
-        if (it->deadline_us <= now) {
+        if (it->ask.deadline_us <= now) {
             finish(fr, it, SQ_DEADLINE, "the deadline passed during preprocessing");
             continue;
         }
@@ -957,20 +962,20 @@ static void on_submit(sq_loop_t *loop, void *arg)
             flush_items(fr);
         fr->pend[fr->npend++] =
             (sq_fe_item_t){.slot = slot,
-                           .model_key = it->model->key,
-                           .slo_ms = it->slo_ms,
-                           .budget_us = it->deadline_us - now,
-                           .age_us = now > it->arrival_us ? now - it->arrival_us : 0,
-                           .input_kind = it->input_kind,
-                           .priority = it->priority,
-                           .best_effort = it->best_effort,
+                           .model_key = it->ask.model->key,
+                           .slo_ms = it->ask.slo_ms,
+                           .budget_us = it->ask.deadline_us - now,
+                           .age_us = now > it->ask.arrival_us ? now - it->ask.arrival_us : 0,
+                           .input_kind = it->ask.input_kind,
+                           .priority = it->ask.priority,
+                           .best_effort = it->ask.best_effort,
                            .clump_next = next != NULL,
                            .stage = -1};
-        if (it->pipeline != NULL) { /* a query's stage: the dispatcher counts it there */
+        if (it->pipe.pipeline != NULL) { /* a query's stage: the dispatcher counts it there */
             sq_fe_item_t *e = &fr->pend[fr->npend - 1];
-            e->stage = it->stage;
-            e->query_slo_ms = it->query_slo_ms;
-            snprintf(e->pipeline, sizeof(e->pipeline), "%s", it->pipeline->name);
+            e->stage = it->pipe.stage;
+            e->query_slo_ms = it->pipe.query_slo_ms;
+            snprintf(e->pipeline, sizeof(e->pipeline), "%s", it->pipe.pipeline->name);
         }
     }
     if (fr->npend > 0) {
@@ -982,9 +987,12 @@ static void on_submit(sq_loop_t *loop, void *arg)
     }
 }
 
-void gw_front_submit(gw_server_t *srv, gw_item_t *first)
+/* gw_sched_ops_t.submit: offered to the dispatcher from this thread. */
+static void sched_submit(gw_sched_t *s, gw_item_t *first)
 {
-    sq_loop_post(srv->front->loop, on_submit, first);
+    gw_front_t *fr = (gw_front_t *)s;
+    first->held.holder = fr;
+    sq_loop_post(fr->loop, on_submit, first);
 }
 
 /* Items abandoned while the dispatcher queues them are answered here and
@@ -1000,8 +1008,8 @@ static void on_withdraw(sq_loop_t *loop, void *arg)
     for (uint32_t i = 0; i < fr->nslots; i++) {
         slot_t *s = &fr->slots[i];
         gw_item_t *it = s->item;
-        if (it == NULL || s->state != SLOT_OFFERED || it->abandoned == NULL ||
-            atomic_load(it->abandoned) == 0)
+        if (it == NULL || s->state != SLOT_OFFERED || it->owner.abandoned == NULL ||
+            atomic_load(it->owner.abandoned) == 0)
             continue;
         ids[n++] = ((uint64_t)s->gen << 32) | i;
         release_slot(fr, i);
@@ -1020,10 +1028,10 @@ static void on_withdraw(sq_loop_t *loop, void *arg)
     }
 }
 
-void gw_front_withdraw(gw_server_t *srv)
+static void sched_withdraw(gw_sched_t *s)
 {
-    gw_front_t *fr = srv->front;
-    if (fr != NULL && atomic_exchange(&fr->withdraw_posted, 1) == 0)
+    gw_front_t *fr = (gw_front_t *)s;
+    if (atomic_exchange(&fr->withdraw_posted, 1) == 0)
         sq_loop_post(fr->loop, on_withdraw, fr);
 }
 
@@ -1126,7 +1134,7 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
     int64_t now_us = now / 1000;
     for (uint32_t i = 0; i < fr->nslots; i++) {
         gw_item_t *it = fr->slots[i].item;
-        if (it != NULL && now_us - it->deadline_us > STUCK_US) {
+        if (it != NULL && now_us - it->ask.deadline_us > STUCK_US) {
             SQ_WARN("item held past its deadline with no answer from the cluster slot=%u", i);
             answer_slot(fr, i, SQ_DEADLINE, "no answer from the cluster by the deadline");
         }
@@ -1145,6 +1153,7 @@ int gw_front_start(gw_server_t *srv, char *err, size_t errlen)
 {
     const gw_config_t *cfg = srv->cfg;
     gw_front_t *fr = sq_xcalloc(1, sizeof(*fr));
+    fr->sched.ops = &front_sched_ops;
     fr->srv = srv;
     pthread_mutex_init(&fr->lock, NULL);
     snprintf(fr->why, sizeof(fr->why), "this frontend has not joined its dispatcher yet");
@@ -1239,9 +1248,11 @@ void gw_front_free(gw_server_t *srv)
 
 /* ---- for other threads ------------------------------------------------------------ */
 
-int gw_front_ready(gw_server_t *srv, char *why, size_t len)
+/* The scheduling interface's questions, from what the dispatcher last
+ * said (FE_STATE). */
+static int sched_ready(gw_sched_t *s, char *why, size_t len)
 {
-    gw_front_t *fr = srv->front;
+    gw_front_t *fr = (gw_front_t *)s;
     pthread_mutex_lock(&fr->lock);
     int ready = fr->ready;
     snprintf(why, len, "%s", fr->why);
@@ -1249,9 +1260,9 @@ int gw_front_ready(gw_server_t *srv, char *why, size_t len)
     return ready;
 }
 
-int gw_front_model_held(gw_server_t *srv, int64_t key)
+static int sched_held(gw_sched_t *s, int64_t key)
 {
-    gw_front_t *fr = srv->front;
+    gw_front_t *fr = (gw_front_t *)s;
     pthread_mutex_lock(&fr->lock);
     int found = 0;
     for (int i = 0; i < fr->nheld && !found; i++)
@@ -1260,15 +1271,48 @@ int gw_front_model_held(gw_server_t *srv, int64_t key)
     return found;
 }
 
-int gw_front_model_unloading(gw_server_t *srv, int64_t key)
+static int sched_unloading(gw_sched_t *s, int64_t key)
 {
-    gw_front_t *fr = srv->front;
+    gw_front_t *fr = (gw_front_t *)s;
     pthread_mutex_lock(&fr->lock);
     int found = 0;
     for (int i = 0; i < fr->ngone && !found; i++)
         found = fr->gone[i] == key;
     pthread_mutex_unlock(&fr->lock);
     return found;
+}
+
+static int sched_serving_kind(gw_sched_t *s, const gw_model_t *m)
+{
+    gw_server_t *srv = ((gw_front_t *)s)->srv;
+    gw_fleet_t f = {0};
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
+        f.up[k] = atomic_load(&srv->kind_up[k]);
+        f.coming[k] = atomic_load(&srv->kind_coming[k]);
+    }
+    return gw_fleet_serving_kind(&f, m);
+}
+
+/* No live profile here (the dispatcher keeps those): the measured one. */
+static int sched_least(gw_sched_t *s, const gw_model_t *m, int kind, int n, gw_least_t *out)
+{
+    pl_dispatch_opts_t o = gw_sched_core_opts(((gw_front_t *)s)->srv->cfg);
+    return gw_sched_least_on(&o, NULL, m, kind, n, out);
+}
+
+static const gw_sched_ops_t front_sched_ops = {
+    .submit = sched_submit,
+    .withdraw = sched_withdraw,
+    .ready = sched_ready,
+    .held = sched_held,
+    .unloading = sched_unloading,
+    .serving_kind = sched_serving_kind,
+    .least = sched_least,
+};
+
+gw_sched_t *gw_front_sched(gw_front_t *fr)
+{
+    return &fr->sched;
 }
 
 void gw_front_dispatcher_http(gw_server_t *srv, char *out, size_t len)

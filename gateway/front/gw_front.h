@@ -11,12 +11,12 @@
 #define GW_FRONT_H
 
 #include "gw_catalog.h"
+#include "gw_sched.h"
 #include "gw_server.h"
 
 #include <stdint.h>
 
 typedef struct gw_front gw_front_t;
-struct gw_item;
 
 /* Starts the frontend's thread, which joins the dispatcher (cfg->dispatcher,
  * each address in turn, with the cluster token and TLS settings) and keeps
@@ -27,18 +27,13 @@ int gw_front_start(gw_server_t *srv, char *err, size_t errlen);
 void gw_front_stop(gw_server_t *srv);
 void gw_front_free(gw_server_t *srv);
 
-/* gw_dispatch_submit's and gw_dispatch_withdraw's counterparts: items (a
- * clump through clump_next) offered to the dispatcher; abandoned items
- * withdrawn. */
-void gw_front_submit(gw_server_t *srv, struct gw_item *first);
-void gw_front_withdraw(gw_server_t *srv);
-
-/* Readiness as the dispatcher last said it (and whether this frontend is
- * joined to one): 1 ready, else 0 with why. */
-int gw_front_ready(gw_server_t *srv, char *why, size_t len);
-/* Whether a worker up holds model key; whether it is on its way out. */
-int gw_front_model_held(gw_server_t *srv, int64_t key);
-int gw_front_model_unloading(gw_server_t *srv, int64_t key);
+/* The frontend as this process's scheduler (gw_sched_t), picked by
+ * server.c for --role frontend: items (a clump through clump_next) offered
+ * to the dispatcher, abandoned items withdrawn there; readiness and held
+ * models as the dispatcher last said them (and whether this frontend is
+ * joined to one); the serving kind from the fleet it last said; the least
+ * latency on the measured profiles. */
+gw_sched_t *gw_front_sched(gw_front_t *fr);
 /* The dispatcher's HTTP address ("host:port"; "" before it is joined). */
 void gw_front_dispatcher_http(gw_server_t *srv, char *out, size_t len);
 

@@ -521,11 +521,16 @@ static void trace_alike(int threaded)
     double budget_ms[2] = {gw_pipeline_budget_ms(pipe, 0), gw_pipeline_budget_ms(pipe, 1)};
     for (int k = 0; k < 2; k++)
         cr_assert_float_eq(budget_ms[k], sim.budget_ms[k], 1e-9, "stage %d's budget", k);
-    gw_item_t first[4] = {
-        {.slo_ms = 100},
-        {.slo_ms = 50},
-        {.slo_ms = budget_ms[0], .pipeline = pipe, .stage = 0, .query_slo_ms = PIPE_SLO_MS},
-        {.slo_ms = budget_ms[1], .pipeline = pipe, .stage = 1, .query_slo_ms = PIPE_SLO_MS}};
+    gw_item_t first[4] = {{.ask.slo_ms = 100},
+                          {.ask.slo_ms = 50},
+                          {.ask.slo_ms = budget_ms[0],
+                           .pipe.pipeline = pipe,
+                           .pipe.stage = 0,
+                           .pipe.query_slo_ms = PIPE_SLO_MS},
+                          {.ask.slo_ms = budget_ms[1],
+                           .pipe.pipeline = pipe,
+                           .pipe.stage = 1,
+                           .pipe.query_slo_ms = PIPE_SLO_MS}};
     for (int s = 0; s < 4; s++) {
         ds_model_t *m = dm[s + 1];
         if (!m->active) { /* as serving_record does */
@@ -534,7 +539,7 @@ static void trace_alike(int threaded)
             /* On the test's clock, as every tick below: an epoch begun on
              * the real one came a few ms after t0, and on a loaded box a
              * whole tick later than the simulator's. */
-            ds_plan_activate(ds, m, gw_slo_bucket_ms(first[s].slo_ms), &first[s], t0);
+            ds_plan_activate(ds, m, gw_slo_bucket_ms(first[s].ask.slo_ms), &first[s], t0);
         }
     }
     for (int i = 0; i < NDEVICES; i++) {
@@ -562,19 +567,19 @@ static void trace_alike(int threaded)
         for (; next < res.nrequests && arr[next].at_us <= t; next++) {
             const sim_request_t *q = &res.requests[arr[next].index];
             if (q->query < 0) {
-                gw_item_t it = {.slo_ms = q->session == 0 ? 100 : 50};
-                ds_plan_arrival(ds, dm[q->session + 1], gw_slo_bucket_ms(it.slo_ms), &it);
+                gw_item_t it = {.ask.slo_ms = q->session == 0 ? 100 : 50};
+                ds_plan_arrival(ds, dm[q->session + 1], gw_slo_bucket_ms(it.ask.slo_ms), &it);
                 continue;
             }
-            gw_item_t it = {.slo_ms = budget_ms[q->stage],
-                            .pipeline = pipe,
-                            .stage = q->stage,
-                            .query_slo_ms = PIPE_SLO_MS};
+            gw_item_t it = {.ask.slo_ms = budget_ms[q->stage],
+                            .pipe.pipeline = pipe,
+                            .pipe.stage = q->stage,
+                            .pipe.query_slo_ms = PIPE_SLO_MS};
             if (q->stage == 0)
                 gw_pipeline_arrival(pipe);
             else
                 gw_pipeline_fanout(pipe, 1, 2);
-            ds_plan_arrival(ds, dm[q->stage == 0 ? 3 : 4], gw_slo_bucket_ms(it.slo_ms), &it);
+            ds_plan_arrival(ds, dm[q->stage == 0 ? 3 : 4], gw_slo_bucket_ms(it.ask.slo_ms), &it);
         }
         ds_plan_tick(ds, t0 + t);
         for (int waited_ms = 0; ds_plan_pending(ds) > 0; waited_ms++) {

@@ -51,8 +51,8 @@ static int finished_rc[NITEMS];
 static void on_finish(gw_item_t *it, int rc, const char *detail)
 {
     (void)detail;
-    finished[it->index]++;
-    finished_rc[it->index] = rc;
+    finished[it->owner.index]++;
+    finished_rc[it->owner.index] = rc;
 }
 
 /* An emulated model (l(b) = 1 ms + 1 ms per item, batches up to 8) whose
@@ -146,7 +146,6 @@ Test(dispatch, a_nested_pump_keeps_the_newest_wake_up_and_answers_each_item_once
 {
     static rig_t r;
     rig_init(&r);
-    gw_server_t *srv = &r.srv;
     gw_dispatch_t *ds = r.ds;
     gw_model_t *m = r.m;
     ds_model_t *dm = r.dm;
@@ -163,15 +162,14 @@ Test(dispatch, a_nested_pump_keeps_the_newest_wake_up_and_answers_each_item_once
         sleep_until_us(t0 + wave * 10000);
         for (int i = wave * 32; i < (wave + 1) * 32; i++) {
             int64_t now = sq_now_us();
-            items[i] = (gw_item_t){.index = i,
-                                   .srv = srv,
-                                   .model = m,
-                                   .slo_ms = 100,
-                                   .arrival_us = now,
-                                   .deadline_us = now + 20000 + (i % 32) * 1250,
-                                   .finish = on_finish,
-                                   .in_off = -1,
-                                   .input_kind = SQ_INPUT_FP32};
+            items[i] = (gw_item_t){.owner.index = i,
+                                   .ask.model = m,
+                                   .ask.slo_ms = 100,
+                                   .ask.arrival_us = now,
+                                   .ask.deadline_us = now + 20000 + (i % 32) * 1250,
+                                   .owner.finish = on_finish,
+                                   .input.in_off = -1,
+                                   .ask.input_kind = SQ_INPUT_FP32};
             ds_enqueue_item(ds, dm, &items[i]);
         }
         ds_pump(ds);
@@ -207,16 +205,15 @@ Test(dispatch, each_priority_level_is_a_session_with_that_priority)
     const int level[6] = {GW_PRIORITY_DEFAULT, 1, 3, GW_PRIORITY_LEVELS, 1, GW_PRIORITY_DEFAULT};
     int64_t now = sq_now_us();
     for (int i = 0; i < 6; i++) {
-        items[i] = (gw_item_t){.index = i,
-                               .srv = &r.srv,
-                               .model = r.m,
-                               .slo_ms = 100,
-                               .priority = asked[i],
-                               .arrival_us = now,
-                               .deadline_us = now + 100000,
-                               .finish = on_finish,
-                               .in_off = -1,
-                               .input_kind = SQ_INPUT_FP32};
+        items[i] = (gw_item_t){.owner.index = i,
+                               .ask.model = r.m,
+                               .ask.slo_ms = 100,
+                               .ask.priority = asked[i],
+                               .ask.arrival_us = now,
+                               .ask.deadline_us = now + 100000,
+                               .owner.finish = on_finish,
+                               .input.in_off = -1,
+                               .ask.input_kind = SQ_INPUT_FP32};
         ds_enqueue_item(r.ds, r.dm, &items[i]);
     }
     cr_assert_eq(r.ds->nsessions, 4, "levels 2, 1, 3 and 4");
@@ -255,7 +252,7 @@ Test(dispatch, a_load_that_completes_is_held_before_the_next_tick)
     ds_load_t *l = ds_load_find(ds_worker_at(r.ds, 0), r.m->key, 0);
     l->state = LOAD_SENT;
     ds_publish_ready(r.ds);
-    cr_assert_not(gw_dispatch_model_held(&r.srv, r.m->key), "loading: not held yet");
+    cr_assert_not(gw_sched_held(gw_dispatch_sched(r.ds), r.m->key), "loading: not held yet");
     sq_buf_t b;
     sq_buf_init(&b);
     sq_model_loaded_t info = {
@@ -268,9 +265,10 @@ Test(dispatch, a_load_that_completes_is_held_before_the_next_tick)
     cr_assert_eq(gw_dispatch_events.frame(r.ds, 0, &f), 0);
     sq_buf_dispose(&b);
     cr_assert_eq(l->state, LOAD_DONE);
-    cr_assert(gw_dispatch_model_held(&r.srv, r.m->key), "loaded, and held without a tick");
+    cr_assert(gw_sched_held(gw_dispatch_sched(r.ds), r.m->key), "loaded, and held without a tick");
     gw_dispatch_events.lost(r.ds, 0);
-    cr_assert_not(gw_dispatch_model_held(&r.srv, r.m->key), "its worker lost: held no more");
+    cr_assert_not(gw_sched_held(gw_dispatch_sched(r.ds), r.m->key),
+                  "its worker lost: held no more");
     rig_dispose(&r);
     gw_registry_free(r.srv.registry);
 }
@@ -286,22 +284,21 @@ Test(dispatch, the_least_latency_admission_reports_is_what_dispatch_plans)
     rig_init(&r);
     static gw_item_t items[2];
     int64_t now = sq_now_us();
-    items[0] = (gw_item_t){.index = 0,
-                           .srv = &r.srv,
-                           .model = r.m,
-                           .slo_ms = 100,
-                           .arrival_us = now,
-                           .deadline_us = now + 100000,
-                           .finish = on_finish,
-                           .in_off = -1,
-                           .input_kind = SQ_INPUT_FP32};
+    items[0] = (gw_item_t){.owner.index = 0,
+                           .ask.model = r.m,
+                           .ask.slo_ms = 100,
+                           .ask.arrival_us = now,
+                           .ask.deadline_us = now + 100000,
+                           .owner.finish = on_finish,
+                           .input.in_off = -1,
+                           .ask.input_kind = SQ_INPUT_FP32};
     ds_enqueue_item(r.ds, r.dm, &items[0]);
     cr_assert_eq(r.ds->nsessions, 1);
     gw_least_t least;
     for (int step = 0; step < 3; step++) {
         double scale = step == 1 ? 1.0 : step == 0 ? 2.5 : 0.5;
         ds_live_set(r.ds, r.dm, SQ_DEV_EMU, scale);
-        cr_assert_eq(gw_dispatch_least(&r.srv, r.m, SQ_DEV_EMU, 1, &least), 0);
+        cr_assert_eq(gw_sched_least(gw_dispatch_sched(r.ds), r.m, SQ_DEV_EMU, 1, &least), 0);
         int64_t planned = pl_dispatch_batch_cost_us(r.ds->core, 0, 1);
         cr_assert_eq(least.run_us + least.margin_us, planned,
                      "scale %g: admission says %lld us, dispatch plans %lld us", scale,
@@ -309,13 +306,14 @@ Test(dispatch, the_least_latency_admission_reports_is_what_dispatch_plans)
         cr_assert_eq(least.margin_us, r.cfg.dispatch_margin_us);
         cr_assert_eq(least.run_us, (int64_t)ceil(2000.0 * scale), "scale %g", scale);
         /* Ten items: one batch of 8 and one of 2 in turn, the margin once. */
-        cr_assert_eq(gw_dispatch_least(&r.srv, r.m, SQ_DEV_EMU, 10, &least), 0);
+        cr_assert_eq(gw_sched_least(gw_dispatch_sched(r.ds), r.m, SQ_DEV_EMU, 10, &least), 0);
         cr_assert_eq(least.run_us + least.margin_us,
                      pl_dispatch_batch_cost_us(r.ds->core, 0, 8) +
                          pl_dispatch_batch_cost_us(r.ds->core, 0, 2) - r.cfg.dispatch_margin_us,
                      "scale %g", scale);
     }
-    cr_assert_eq(gw_dispatch_least(&r.srv, r.m, SQ_DEV_CPU, 1, &least), -1, "no cpu profile");
+    cr_assert_eq(gw_sched_least(gw_dispatch_sched(r.ds), r.m, SQ_DEV_CPU, 1, &least), -1,
+                 "no cpu profile");
     cr_assert_eq(least.run_us, 0);
     cr_assert_eq(least.margin_us, r.cfg.dispatch_margin_us);
     rig_dispose(&r);
