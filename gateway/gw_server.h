@@ -38,24 +38,11 @@ typedef struct gw_server {
     double start_wall_s;
 
     atomic_int db_ready;        /* the model DB is open */
-    atomic_int workers_up;      /* workers connected and past the handshake */
     atomic_int stopping;        /* SIGTERM seen: no new work */
     atomic_int leading;         /* leads (always, with sqlite); else a standby */
     atomic_int http_port;       /* the port HTTP listens on, once bound */
     atomic_long inflight;       /* HTTP requests not yet answered */
     atomic_long infer_inflight; /* inference requests inside squishd (max_inflight) */
-
-    atomic_int kind_up[SQ_DEV_KIND_COUNT]; /* workers up per device kind (sq_dev_kind_t) */
-    /* Supervised workers per kind being restarted (or not yet past their
-     * handshake): requests for their models wait for them (within their
-     * deadlines) instead of being refused no_worker. */
-    atomic_int kind_coming[SQ_DEV_KIND_COUNT];
-    _Atomic int64_t kind_back_at_us[SQ_DEV_KIND_COUNT]; /* when the first of them should be up */
-    long long last_epoch; /* the newest plan stored in the DB at start */
-    /* That plan (its JSON and placements), read at start for the planner to
-     * reapply once workers are up; planning.c takes them (then NULL). */
-    json_t *restore_plan;
-    json_t *restore_placements;
 
     sq_shm_arena_t *arena;
     gw_registry_t *registry;

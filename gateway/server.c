@@ -233,8 +233,6 @@ out:
     srv.dispatch_loop = NULL;
     gw_registry_free(srv.registry);
     gw_pipes_free(srv.pipelines);
-    json_decref(srv.restore_plan);
-    json_decref(srv.restore_placements);
     sq_shm_arena_free(srv.arena);
     /* Its last lines are written: every request is done by now. */
     gw_trace_free(srv.trace);

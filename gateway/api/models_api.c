@@ -525,7 +525,9 @@ static void add_progress(gw_server_t *srv, const char *name, json_t *rec)
         /* Not measured yet: for want of a worker only while none is up;
          * else it waits its turn (a worker measures one model at a time,
          * between batches) or for an identical file's measurement. */
-        int up = atomic_load(&srv->kind_up[SQ_DEV_CPU]) + atomic_load(&srv->kind_up[SQ_DEV_CUDA]);
+        gw_fleet_t fleet;
+        gw_sched_fleet(srv->sched, &fleet);
+        int up = fleet.up[SQ_DEV_CPU] + fleet.up[SQ_DEV_CUDA];
         json_object_set_new(
             rec, "profiling",
             json_pack("{s:s}", "state", up > 0 ? "queued" : "waiting for a cpu or cuda worker"));

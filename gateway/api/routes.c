@@ -45,11 +45,15 @@ static void route_ready(gw_call_t *call)
         gw_send_error(call->req, SQ_NOT_READY, why); /* a frontend: its dispatcher's word */
         return;
     }
-    if (!atomic_load(&srv->db_ready)) {
+    /* A frontend has no model DB of its own: its dispatcher's word
+     * (above) covers it. */
+    if (srv->front == NULL && !atomic_load(&srv->db_ready)) {
         gw_send_error(call->req, SQ_NOT_READY, "the model database is not open");
         return;
     }
-    int up = atomic_load(&srv->workers_up);
+    gw_fleet_t fleet;
+    gw_sched_fleet(srv->sched, &fleet);
+    int up = fleet.workers_up;
     if (up == 0) {
         gw_send_error(call->req, SQ_NOT_READY, "no worker is connected");
         return;

@@ -312,5 +312,10 @@ void gw_db_stop(gw_server_t *srv);
 /* Waits until every job posted so far has run (their answers to HTTP
  * requests are on their way before the HTTP loops stop). */
 void gw_db_quiesce(gw_server_t *srv);
+/* The newest plan stored in the DB when it opened, for the planner to
+ * reapply after a restart: its epoch (0: none, or db NULL), and new copies
+ * of its JSON and placements (NULL when none). Read once at start and
+ * never written after: any thread, while the DB is open. */
+long long gw_db_last_plan(const gw_db_t *db, json_t **plan, json_t **placements);
 
 #endif

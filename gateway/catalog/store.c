@@ -13,6 +13,10 @@ struct gw_db {
     mdb_t *mdb;
     int64_t checked_us; /* the connection last proved alive (mdb_ping) */
     int down;           /* the last check failed */
+    /* The newest plan stored when the DB opened (gw_db_last_plan): read at
+     * start, then never written. */
+    long long last_epoch;
+    json_t *last_plan, *last_placements;
 };
 
 typedef struct {
@@ -125,16 +129,15 @@ int gw_db_start(gw_server_t *srv, char *err, size_t errlen)
     json_array_foreach(recs, i, r) gw_registry_put(srv->registry, gw_model_from_record(r));
     SQ_INFO("models loaded count=%zu", json_array_size(recs));
     load_pipelines(srv, d->mdb);
-    srv->last_epoch = mdb_plan_last_epoch(d->mdb);
+    d->last_epoch = mdb_plan_last_epoch(d->mdb);
     /* The last plan is reapplied once workers are up (planning.c); one that
      * cannot be read is not a reason to refuse to serve. */
     long long epoch;
-    if (mdb_plan_last(d->mdb, &epoch, &srv->restore_plan, &srv->restore_placements) != 0)
+    if (mdb_plan_last(d->mdb, &epoch, &d->last_plan, &d->last_placements) != 0)
         SQ_WARN("cannot read the last plan; planning from scratch error=\"%s\"",
                 mdb_errmsg(d->mdb));
     else if (epoch > 0)
-        SQ_INFO("last plan epoch=%lld placements=%zu", epoch,
-                json_array_size(srv->restore_placements));
+        SQ_INFO("last plan epoch=%lld placements=%zu", epoch, json_array_size(d->last_placements));
     json_decref(recs);
     if (pthread_create(&d->thread, NULL, db_thread, d) != 0) {
         sq_loop_free(d->loop);
@@ -192,6 +195,16 @@ void gw_db_stop(gw_server_t *srv)
     atomic_store(&srv->db_ready, 0);
     sq_loop_free(d->loop);
     mdb_close(d->mdb);
+    json_decref(d->last_plan);
+    json_decref(d->last_placements);
     free(d);
     srv->db = NULL;
+}
+
+long long gw_db_last_plan(const gw_db_t *db, json_t **plan, json_t **placements)
+{
+    *plan = db != NULL && db->last_plan != NULL ? json_deep_copy(db->last_plan) : NULL;
+    *placements =
+        db != NULL && db->last_placements != NULL ? json_deep_copy(db->last_placements) : NULL;
+    return db != NULL ? db->last_epoch : 0;
 }

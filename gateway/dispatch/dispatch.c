@@ -31,10 +31,10 @@ static void post_model_msg(gw_server_t *srv, int64_t key, int profile);
  * batch of one, before the item's deadline. */
 static int back_in_time(gw_dispatch_t *ds, const ds_model_t *dm, const gw_item_t *it)
 {
-    if (dm->kind < 0 || atomic_load(&ds->srv->kind_coming[dm->kind]) == 0)
+    if (dm->kind < 0 || ds->fleet.coming[dm->kind] == 0)
         return 0;
     double l1 = dm->m->has_profile[dm->kind] ? pl_latency_us(&dm->m->profile[dm->kind], 1, 0) : 0;
-    int64_t back = atomic_load(&ds->srv->kind_back_at_us[dm->kind]);
+    int64_t back = ds->fleet.back_at_us[dm->kind];
     return back != INT64_MAX && back + (int64_t)l1 < it->ask.deadline_us;
 }
 
@@ -124,7 +124,7 @@ static ds_model_t *serving_record(gw_dispatch_t *ds, ds_model_t *dm, double buck
     if (g != NULL)
         dm = g;
     if (!dm->active) {
-        dm->kind = ds_kind_of_model(ds->srv, dm->m);
+        dm->kind = ds_kind_of_model(ds, dm->m);
         if (dm->kind < 0)
             return NULL;
         dm->active = 1;
@@ -181,7 +181,7 @@ static ds_model_t *admit(gw_dispatch_t *ds, gw_item_t *it)
     ds_loaded_anywhere(ds, dm, &loading);
     if (loading == 0 && !back_in_time(ds, dm, it)) {
         ds_fail_item(ds, it, SQ_NO_WORKER,
-                     atomic_load(&ds->srv->kind_coming[dm->kind]) > 0
+                     ds->fleet.coming[dm->kind] > 0
                          ? "no worker is up, and none is back before the deadline"
                          : "no worker could load the model");
         return NULL;
@@ -287,6 +287,7 @@ static const gw_sched_ops_t ds_sched_ops = {
     .unloading = ds_sched_unloading,
     .serving_kind = ds_sched_serving_kind,
     .least = gw_dispatch_least,
+    .fleet = ds_sched_fleet,
 };
 
 gw_sched_t *gw_dispatch_sched(gw_dispatch_t *ds)
@@ -558,8 +559,8 @@ static void warm_all(gw_dispatch_t *ds)
     gw_registry_foreach(ds->srv->registry, collect_ready, &k);
     for (int i = 0; i < k.n; i++) {
         gw_model_t *m = gw_registry_get(ds->srv->registry, k.keys[i]);
-        int kind = m != NULL ? ds_kind_of_model(ds->srv, m) : -1;
-        if (kind < 0 || atomic_load(&ds->srv->kind_up[kind]) == 0) {
+        int kind = m != NULL ? ds_kind_of_model(ds, m) : -1;
+        if (kind < 0 || ds->fleet.up[kind] == 0) {
             gw_model_unref(m);
             continue;
         }
@@ -656,6 +657,8 @@ gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop)
     gw_dispatch_t *ds = sq_xcalloc(1, sizeof(*ds));
     ds->sched.ops = &ds_sched_ops;
     ds->srv = srv;
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
+        ds->fleet.back_at_us[k] = INT64_MAX;
     ds->ops = &dispatch_ops;
     ds->loop = loop;
     pl_dispatch_opts_t opts = ds_core_opts(srv);

@@ -111,8 +111,8 @@ static char *catalog_json(gw_dispatch_t *ds)
     return s;
 }
 
-/* What a frontend's readiness and admission read (the server record's
- * atomics here, and the dispatcher's last look at readiness). */
+/* What a frontend's readiness and admission read (the fleet, and the
+ * dispatcher's last look at readiness). */
 static char *state_json(gw_dispatch_t *ds)
 {
     gw_server_t *srv = ds->srv;
@@ -120,9 +120,9 @@ static char *state_json(gw_dispatch_t *ds)
     json_t *up = json_array(), *coming = json_array(), *back = json_array(), *held = json_array(),
            *gone = json_array();
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
-        json_array_append_new(up, json_integer(atomic_load(&srv->kind_up[k])));
-        json_array_append_new(coming, json_integer(atomic_load(&srv->kind_coming[k])));
-        int64_t at = atomic_load(&srv->kind_back_at_us[k]);
+        json_array_append_new(up, json_integer(ds->fleet.up[k]));
+        json_array_append_new(coming, json_integer(ds->fleet.coming[k]));
+        int64_t at = ds->fleet.back_at_us[k];
         json_array_append_new(back, json_integer(at == INT64_MAX ? -1 : at > now ? at - now : 0));
     }
     for (int i = 0; i < ds->nheld; i++)
@@ -148,11 +148,11 @@ static char *state_json(gw_dispatch_t *ds)
         gw_pipeline_unref(ps[i]);
     }
     free(ps);
-    json_t *st = json_pack("{s:s, s:i, s:b, s:b, s:o, s:o, s:o, s:o, s:o, s:o}", "why",
-                           ds->ready_why, "workers_up", atomic_load(&srv->workers_up), "db_ready",
-                           atomic_load(&srv->db_ready), "stopping", ds->aborted, "kind_up", up,
-                           "kind_coming", coming, "kind_back_in_us", back, "held", held, "gone",
-                           gone, "pipelines", pipes);
+    json_t *st =
+        json_pack("{s:s, s:i, s:b, s:b, s:o, s:o, s:o, s:o, s:o, s:o}", "why", ds->ready_why,
+                  "workers_up", ds->fleet.workers_up, "db_ready", atomic_load(&srv->db_ready),
+                  "stopping", ds->aborted, "kind_up", up, "kind_coming", coming, "kind_back_in_us",
+                  back, "held", held, "gone", gone, "pipelines", pipes);
     char *s = json_dumps(st, JSON_COMPACT);
     json_decref(st);
     return s;

@@ -200,7 +200,7 @@ typedef struct {
     /* The dispatcher's record of a registry model (created when new). */
     ds_model_t *(*model)(gw_dispatch_t *ds, gw_model_t *m);
     /* The device kind that serves m now (-1: none). */
-    int (*serving_kind)(gw_server_t *srv, const gw_model_t *m);
+    int (*serving_kind)(const gw_dispatch_t *ds, const gw_model_t *m);
     /* Up-calls of the dispatcher's lower files (batches.c, model_loads.c,
      * prefix_groups.c) into its top (dispatch.c), which calls them: an item goes
      * through submission again (its route changed: a prefix group retired,
@@ -245,6 +245,11 @@ struct gw_dispatch {
      * other threads under ready_lock: why squishd cannot serve every ready
      * model now ("" when it can), and the models a worker up holds. */
     pthread_mutex_t ready_lock;
+    /* The fleet: written by the dispatch thread alone (worker_events.c,
+     * from the link's events) under ready_lock, read there freely and by
+     * other threads under ready_lock (the scheduler's serving kind and
+     * fleet snapshot). */
+    gw_fleet_t fleet;
     char ready_why[256];
     int64_t *held_keys;
     int nheld, capheld;
@@ -493,8 +498,9 @@ void ds_models_reindex(gw_dispatch_t *ds);
 /* The record of a registry model, created on first sight. */
 ds_model_t *ds_model_get(gw_dispatch_t *ds, gw_model_t *m);
 /* The device kind that serves m: one with a worker up, cuda first; else
- * one whose worker is being restarted (its requests wait for it); -1. */
-int ds_kind_of_model(gw_server_t *srv, const gw_model_t *m);
+ * one whose worker is being restarted (its requests wait for it); -1.
+ * Dispatch thread (the fleet unlocked). */
+int ds_kind_of_model(const gw_dispatch_t *ds, const gw_model_t *m);
 /* The dispatcher core's options from the configuration (--policy, --k_std,
  * --dispatch_margin_us, ...): what it plans every batch with. */
 pl_dispatch_opts_t ds_core_opts(const gw_server_t *srv);
@@ -621,6 +627,7 @@ int ds_sched_ready(gw_sched_t *s, char *why, size_t len);
 int ds_sched_held(gw_sched_t *s, int64_t key);
 int ds_sched_unloading(gw_sched_t *s, int64_t key);
 int ds_sched_serving_kind(gw_sched_t *s, const gw_model_t *m);
+void ds_sched_fleet(gw_sched_t *s, gw_fleet_t *out);
 int gw_dispatch_least(gw_sched_t *s, const gw_model_t *m, int kind, int n, gw_least_t *out);
 
 /* dispatch.c, what worker_events.c (above it) calls. */

@@ -27,7 +27,7 @@
  * reapplied with those up. */
 #define RESTORE_WAIT_US 3000000
 
-static void restore_take(ds_plan_state_t *p, gw_server_t *srv);
+static void restore_take(ds_plan_state_t *p, gw_registry_t *reg, json_t *plan, json_t *rows);
 static int restore_all(gw_dispatch_t *ds);
 static int restore_ready(gw_dispatch_t *ds, int64_t now);
 
@@ -48,9 +48,10 @@ ds_plan_state_t *ds_plan_new(gw_dispatch_t *ds)
     lc.slo_bucket_ms = gw_slo_bucket_ms;
     p->window_start_us = sq_now_us();
     p->loop = pl_loop_new(&lc, p->window_start_us);
-    p->epoch = ds->srv->last_epoch;
+    json_t *plan, *rows;
+    p->epoch = gw_db_last_plan(ds->srv->db, &plan, &rows);
     pthread_mutex_init(&p->lock, NULL);
-    restore_take(p, ds->srv);
+    restore_take(p, ds->srv->registry, plan, rows);
     if (cfg->plan_thread)
         ds_plan_thread_start(p);
     return p;
@@ -136,7 +137,7 @@ static int resplit_pipelines(gw_dispatch_t *ds, int64_t now_us, int force)
             for (int s = 0; s < pl->nstages; s++) {
                 const gw_stage_spec_t *st = &pl->stages[s];
                 m[s] = gw_registry_find(srv->registry, st->model, strlen(st->model), st->version);
-                int kind = m[s] != NULL ? ds_kind_of_model(srv, m[s]) : -1;
+                int kind = m[s] != NULL ? ds_kind_of_model(ds, m[s]) : -1;
                 if (kind >= 0 && m[s]->has_profile[kind])
                     prof[s] = &m[s]->profile[kind];
             }
@@ -239,16 +240,14 @@ static int stored_saturated(json_t *plan, const char *device)
     return 0;
 }
 
-/* Takes the plan read at start (store.c): its placements of models that
- * still exist become restore rows. */
-static void restore_take(ds_plan_state_t *p, gw_server_t *srv)
+/* Takes the plan stored before a restart (gw_db_last_plan's copies, freed
+ * here): its placements of models that still exist become restore rows. */
+static void restore_take(ds_plan_state_t *p, gw_registry_t *reg, json_t *plan, json_t *rows)
 {
-    json_t *plan = srv->restore_plan, *rows = srv->restore_placements;
-    srv->restore_plan = srv->restore_placements = NULL;
     size_t n = json_array_size(rows), i;
     json_t *r;
     p->restore = n > 0 ? sq_xcalloc(n, sizeof(*p->restore)) : NULL;
-    p->restored_from = srv->last_epoch;
+    p->restored_from = p->epoch;
     int skipped = 0;
     json_array_foreach(rows, i, r)
     {
@@ -266,7 +265,7 @@ static void restore_take(ds_plan_state_t *p, gw_server_t *srv)
             skipped++;
             continue;
         }
-        gw_model_t *m = gw_registry_get(srv->registry, x->key);
+        gw_model_t *m = gw_registry_get(reg, x->key);
         if (m == NULL) {
             skipped++; /* deleted since */
             continue;
@@ -326,7 +325,7 @@ static ds_model_t *restore_session(gw_dispatch_t *ds, const ds_plan_restore_t *r
     if (m == NULL)
         return NULL;
     int ok = strcmp(m->status, "ready") == 0 && m->has_profile[row->kind] &&
-             ds->ops->serving_kind(ds->srv, m) == row->kind;
+             ds->ops->serving_kind(ds, m) == row->kind;
     ds_model_t *dm = ok ? ds->ops->model(ds, m) : NULL;
     gw_model_unref(m);
     if (dm == NULL || dm->removed || dm->poisoned || (dm->active && dm->kind != row->kind))

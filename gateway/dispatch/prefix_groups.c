@@ -313,7 +313,7 @@ ds_model_t *ds_group_of(gw_dispatch_t *ds, ds_model_t *dm)
         dm->group = NULL;
     if (dm->group == NULL && dm->group_checked != ds->group_epoch) {
         dm->group_checked = ds->group_epoch;
-        int kind = ds_kind_of_model(ds->srv, m);
+        int kind = ds_kind_of_model(ds, m);
         if (kind == SQ_DEV_CPU || kind == SQ_DEV_CUDA)
             dm->group = group_form(ds, m, kind);
     }

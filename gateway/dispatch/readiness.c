@@ -28,8 +28,8 @@ static void scan_servable(gw_model_t *m, void *arg)
     ready_scan_t *x = arg;
     if (x->why[0] || strcmp(m->status, "ready") != 0)
         return;
-    int kind = ds_kind_of_model(x->ds->srv, m);
-    if (kind < 0 || atomic_load(&x->ds->srv->kind_up[kind]) == 0) {
+    int kind = ds_kind_of_model(x->ds, m);
+    if (kind < 0 || x->ds->fleet.up[kind] == 0) {
         snprintf(x->why, sizeof(x->why), "no worker that can serve model %s version %d is up%s",
                  m->name, m->version,
                  m->emulated ? " (an emulated model needs an emu worker)"
@@ -183,11 +183,11 @@ static void await_look(gw_dispatch_t *ds, const ds_await_t *w, gw_await_result_t
         } else {
             r->waiting++;
             if (!waiting_why[0]) {
-                int kind = ds_kind_of_model(ds->srv, m);
+                int kind = ds_kind_of_model(ds, m);
                 snprintf(waiting_why, sizeof(waiting_why), "model %s version %d is %s", m->name,
                          m->version,
                          strcmp(m->status, "profiling") == 0 ? "still being measured"
-                         : kind < 0 || atomic_load(&ds->srv->kind_up[kind]) == 0
+                         : kind < 0 || ds->fleet.up[kind] == 0
                              ? "waiting for a worker that can serve it"
                              : "still loading on a worker");
             }

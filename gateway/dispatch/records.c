@@ -51,19 +51,24 @@ void ds_models_reindex(gw_dispatch_t *ds)
 
 /* The device kind that serves m: one with a worker up, cuda first; else
  * one whose worker is being restarted (its requests wait for it). */
-int ds_kind_of_model(gw_server_t *srv, const gw_model_t *m)
+int ds_kind_of_model(const gw_dispatch_t *ds, const gw_model_t *m)
 {
-    gw_fleet_t f = {0};
-    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
-        f.up[k] = atomic_load(&srv->kind_up[k]);
-        f.coming[k] = atomic_load(&srv->kind_coming[k]);
-    }
-    return gw_fleet_serving_kind(&f, m);
+    return gw_fleet_serving_kind(&ds->fleet, m);
+}
+
+void ds_sched_fleet(gw_sched_t *s, gw_fleet_t *out)
+{
+    gw_dispatch_t *ds = (gw_dispatch_t *)s;
+    pthread_mutex_lock(&ds->ready_lock);
+    *out = ds->fleet;
+    pthread_mutex_unlock(&ds->ready_lock);
 }
 
 int ds_sched_serving_kind(gw_sched_t *s, const gw_model_t *m)
 {
-    return ds_kind_of_model(((gw_dispatch_t *)s)->srv, m);
+    gw_fleet_t f;
+    ds_sched_fleet(s, &f);
+    return gw_fleet_serving_kind(&f, m);
 }
 
 pl_dispatch_opts_t ds_core_opts(const gw_server_t *srv)

@@ -392,7 +392,10 @@ static void worker_up(gw_dispatch_t *ds, int worker, const char *device, uint64_
     w->profile_seq = 0;
     w->slice_id = 0;
     w->memory_bytes = memory;
-    atomic_fetch_add(&ds->srv->kind_up[w->kind], 1);
+    pthread_mutex_lock(&ds->ready_lock);
+    ds->fleet.up[w->kind]++;
+    ds->fleet.workers_up++;
+    pthread_mutex_unlock(&ds->ready_lock);
     pl_dispatch_worker_add(ds->core, sq_now_us(), worker, 0);
     ds_start_profiles(ds);
     if (ds->srv->cfg->prefix_batching && (w->kind == SQ_DEV_CPU || w->kind == SQ_DEV_CUDA))
@@ -423,7 +426,10 @@ static void worker_lost(gw_dispatch_t *ds, int worker)
         return;
     w->up = 0;
     w->data_addr[0] = '\0'; /* it says again when it is back */
-    atomic_fetch_sub(&ds->srv->kind_up[w->kind], 1);
+    pthread_mutex_lock(&ds->ready_lock);
+    ds->fleet.up[w->kind]--;
+    ds->fleet.workers_up--;
+    pthread_mutex_unlock(&ds->ready_lock);
     note_suspect(w);
     if (w->inflight != NULL) {
         /* The core puts these requests back in their queues (or drops them
@@ -474,6 +480,19 @@ static void ev_lost(void *ctx, int worker)
 static void ev_exited(void *ctx, int worker, int status)
 {
     worker_exited(ctx, worker, status);
+}
+
+/* The link's look at the workers being restarted: the fleet's coming
+ * part (the dispatch thread is its one writer). */
+static void ev_coming(void *ctx, const int *coming, const int64_t *back_at_us)
+{
+    gw_dispatch_t *ds = ctx;
+    pthread_mutex_lock(&ds->ready_lock);
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
+        ds->fleet.coming[k] = coming[k];
+        ds->fleet.back_at_us[k] = back_at_us[k];
+    }
+    pthread_mutex_unlock(&ds->ready_lock);
 }
 
 static void ev_link(void *ctx, int worker, const char *addr, int64_t rtt_us, double bytes_per_us)
@@ -534,6 +553,7 @@ const gw_transport_events_t gw_dispatch_events = {.up = ev_up,
                                                   .abort = ev_abort,
                                                   .held = ev_held,
                                                   .link = ev_link,
+                                                  .coming = ev_coming,
                                                   .fe_up = ev_fe_up,
                                                   .fe_frame = ev_fe_frame,
                                                   .fe_lost = ev_fe_lost};

@@ -102,13 +102,23 @@ struct gw_front {
     uint32_t npend;
     int flush_posted;
     int64_t metrics_at_ns; /* the last FE_METRICS */
-    /* what the dispatcher last said, for other threads */
+    /* what the dispatcher last said, for other threads (written by this
+     * frontend's thread alone) */
     pthread_mutex_t lock;
+    gw_fleet_t fleet;
     int ready;
     char why[256];
     int64_t *held, *gone;
     int nheld, ngone;
 };
+
+/* No worker up or coming (not joined). */
+static void fleet_clear(gw_fleet_t *f)
+{
+    *f = (gw_fleet_t){0};
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
+        f->back_at_us[k] = INT64_MAX;
+}
 
 /* The scheduling interface (gw_front_sched), at the end. */
 static const gw_sched_ops_t front_sched_ops;
@@ -535,7 +545,6 @@ static void on_catalog(gw_front_t *fr, const sq_frame_t *f)
     }
     free(have.ids);
     json_decref(cat);
-    atomic_store(&fr->srv->db_ready, 1);
 }
 
 /* The dispatcher's pipelines: each spec parsed as its DB thread parses a
@@ -609,24 +618,23 @@ static void on_state(gw_front_t *fr, const sq_frame_t *f)
         json_decref(st);
         return;
     }
-    gw_server_t *srv = fr->srv;
     int64_t now = sq_now_us();
+    gw_fleet_t fleet = {.workers_up = (int)json_integer_value(json_object_get(st, "workers_up"))};
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
-        atomic_store(&srv->kind_up[k],
-                     (int)json_integer_value(json_array_get(json_object_get(st, "kind_up"), k)));
-        atomic_store(&srv->kind_coming[k], (int)json_integer_value(json_array_get(
-                                               json_object_get(st, "kind_coming"), k)));
+        fleet.up[k] = (int)json_integer_value(json_array_get(json_object_get(st, "kind_up"), k));
+        fleet.coming[k] =
+            (int)json_integer_value(json_array_get(json_object_get(st, "kind_coming"), k));
         int64_t back =
             json_integer_value(json_array_get(json_object_get(st, "kind_back_in_us"), k));
-        atomic_store(&srv->kind_back_at_us[k], back < 0 ? INT64_MAX : now + back);
+        fleet.back_at_us[k] = back < 0 ? INT64_MAX : now + back;
     }
-    atomic_store(&srv->workers_up, (int)json_integer_value(json_object_get(st, "workers_up")));
     sync_pipelines(fr, json_object_get(st, "pipelines"));
     int64_t *held, *gone;
     int nheld = keys_of(json_object_get(st, "held"), &held);
     int ngone = keys_of(json_object_get(st, "gone"), &gone);
     const char *why = json_string_value(json_object_get(st, "why"));
     pthread_mutex_lock(&fr->lock);
+    fr->fleet = fleet;
     free(fr->held);
     free(fr->gone);
     fr->held = held;
@@ -848,13 +856,8 @@ static void leave(gw_front_t *fr, const char *why)
         }
     while (fr->data != NULL)
         data_close(fr, fr->data, "left the dispatcher");
-    gw_server_t *srv = fr->srv;
-    atomic_store(&srv->workers_up, 0);
-    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
-        atomic_store(&srv->kind_up[k], 0);
-        atomic_store(&srv->kind_coming[k], 0);
-    }
     pthread_mutex_lock(&fr->lock);
+    fleet_clear(&fr->fleet);
     fr->ready = 0;
     fr->admin[0] = '\0';
     snprintf(fr->why, sizeof(fr->why), "this frontend has no dispatcher (%s)", why);
@@ -1155,6 +1158,7 @@ int gw_front_start(gw_server_t *srv, char *err, size_t errlen)
     gw_front_t *fr = sq_xcalloc(1, sizeof(*fr));
     fr->sched.ops = &front_sched_ops;
     fr->srv = srv;
+    fleet_clear(&fr->fleet);
     pthread_mutex_init(&fr->lock, NULL);
     snprintf(fr->why, sizeof(fr->why), "this frontend has not joined its dispatcher yet");
     sq_buf_init(&fr->scratch);
@@ -1282,14 +1286,18 @@ static int sched_unloading(gw_sched_t *s, int64_t key)
     return found;
 }
 
+static void sched_fleet(gw_sched_t *s, gw_fleet_t *out)
+{
+    gw_front_t *fr = (gw_front_t *)s;
+    pthread_mutex_lock(&fr->lock);
+    *out = fr->fleet;
+    pthread_mutex_unlock(&fr->lock);
+}
+
 static int sched_serving_kind(gw_sched_t *s, const gw_model_t *m)
 {
-    gw_server_t *srv = ((gw_front_t *)s)->srv;
-    gw_fleet_t f = {0};
-    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
-        f.up[k] = atomic_load(&srv->kind_up[k]);
-        f.coming[k] = atomic_load(&srv->kind_coming[k]);
-    }
+    gw_fleet_t f;
+    sched_fleet(s, &f);
     return gw_fleet_serving_kind(&f, m);
 }
 
@@ -1308,6 +1316,7 @@ static const gw_sched_ops_t front_sched_ops = {
     .unloading = sched_unloading,
     .serving_kind = sched_serving_kind,
     .least = sched_least,
+    .fleet = sched_fleet,
 };
 
 gw_sched_t *gw_front_sched(gw_front_t *fr)

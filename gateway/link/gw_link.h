@@ -67,6 +67,10 @@ typedef struct {
     /* Optional: a remote worker's link as measured (its address, round
      * trip, bandwidth), when first known and when it changes. */
     void (*link)(void *ctx, int worker, const char *addr, int64_t rtt_us, double bytes_per_us);
+    /* Optional: the supervised workers per device kind being restarted (or
+     * not yet past their handshake), and when the first of each kind
+     * should be up (INT64_MAX: unknown), whenever the link looks again. */
+    void (*coming)(void *ctx, const int *coming, const int64_t *back_at_us);
     /* Frontends (optional): one passed its handshake (FE_WELCOME sent,
      * with its id), a frame from it (nonzero: it breaks the protocol and
      * is dropped), its connection ended. */

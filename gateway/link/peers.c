@@ -2,16 +2,8 @@
  * it a remote worker's authentication), its frames and PONGs (the round
  * trip and bandwidth of a remote link), sending batches through the
  * transport interface, accepting on the UNIX socket and the cluster
- * listener, and what the server record shows of workers up and coming. */
+ * listener, and the workers coming back (the coming event). */
 #include "workers_int.h"
-
-static int count_up(gw_workers_t *ws)
-{
-    int n = 0;
-    for (peer_t *p = ws->peers; p != NULL; p = p->next)
-        n += p->welcomed && !p->frontend;
-    return n;
-}
 
 /* A slot's device names its kind ("cuda:1"); cpu for a name that does not
  * parse (none should). */
@@ -23,7 +15,6 @@ sq_dev_kind_t gw__workers_slot_kind(const slot_t *s)
 
 void gw__workers_publish(gw_workers_t *ws)
 {
-    atomic_store(&ws->srv->workers_up, count_up(ws));
     int coming[SQ_DEV_KIND_COUNT] = {0};
     int64_t back_at[SQ_DEV_KIND_COUNT];
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
@@ -46,10 +37,8 @@ void gw__workers_publish(gw_workers_t *ws)
         if (at < back_at[k])
             back_at[k] = at;
     }
-    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
-        atomic_store(&ws->srv->kind_back_at_us[k], back_at[k]);
-        atomic_store(&ws->srv->kind_coming[k], coming[k]);
-    }
+    if (ws->ev->coming != NULL)
+        ws->ev->coming(ws->ev_ctx, coming, back_at);
 }
 
 /* Finds squish-worker: the configured path, beside squishd, or in the

@@ -273,7 +273,6 @@ void gw_workers_stop(gw_server_t *srv)
         close(ws->cluster_fd);
     ws->cluster_fd = -1;
     unlink(srv->socket_path);
-    atomic_store(&srv->workers_up, 0);
     SQ_INFO("workers stopped");
 }
 

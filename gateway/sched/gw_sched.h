@@ -191,6 +191,19 @@ typedef struct {
     int64_t margin_us; /* the dispatch margin (also when unknown) */
 } gw_least_t;
 
+/* The fleet as one scheduler sees it: workers up, per device kind, and
+ * supervised workers being restarted (or not yet past their handshake),
+ * whose models' requests wait for them within their deadlines instead of
+ * being refused no_worker. Each scheduler keeps its own, written by one
+ * thread, and answers from it. */
+typedef struct {
+    int workers_up;
+    int up[SQ_DEV_KIND_COUNT];
+    int coming[SQ_DEV_KIND_COUNT];
+    int64_t
+        back_at_us[SQ_DEV_KIND_COUNT]; /* when the first coming should be up; INT64_MAX unknown */
+} gw_fleet_t;
+
 typedef struct {
     /* The item's input is in place: take it (with items linked from it
      * through clump_next: a clump, one arrival). Each item is answered
@@ -214,6 +227,8 @@ typedef struct {
     /* gw_least_t: 0 with *out; -1 when unknown (kind < 0, no profile of
      * it, n < 1), with out->run_us 0 and the margin. */
     int (*least)(gw_sched_t *s, const gw_model_t *m, int kind, int n, gw_least_t *out);
+    /* A snapshot of the fleet (gw_fleet_t) as the scheduler knows it. */
+    void (*fleet)(gw_sched_t *s, gw_fleet_t *out);
 } gw_sched_ops_t;
 
 /* The base of each implementation's record (its first member). */
@@ -292,19 +307,6 @@ static inline int gw_sched_least_on(const pl_dispatch_opts_t *o, const pl_profil
     return 0;
 }
 
-/* The fleet as one scheduler sees it: workers up, per device kind, and
- * supervised workers being restarted (or not yet past their handshake),
- * whose models' requests wait for them within their deadlines instead of
- * being refused no_worker. Each scheduler keeps its own, written by one
- * thread, and answers from it. */
-typedef struct {
-    int workers_up;
-    int up[SQ_DEV_KIND_COUNT];
-    int coming[SQ_DEV_KIND_COUNT];
-    int64_t
-        back_at_us[SQ_DEV_KIND_COUNT]; /* when the first coming should be up; INT64_MAX unknown */
-} gw_fleet_t;
-
 static inline int gw_fleet_usable(const gw_fleet_t *f, const gw_model_t *m, int kind, int or_coming)
 {
     return m->has_profile[kind] && (f->up[kind] > 0 || (or_coming && f->coming[kind] > 0));
@@ -325,6 +327,15 @@ static inline int gw_fleet_serving_kind(const gw_fleet_t *f, const gw_model_t *m
             return SQ_DEV_CPU;
     }
     return -1;
+}
+
+static inline void gw_sched_fleet(gw_sched_t *s, gw_fleet_t *out)
+{
+    *out = (gw_fleet_t){0};
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
+        out->back_at_us[k] = INT64_MAX;
+    if (s != NULL)
+        s->ops->fleet(s, out);
 }
 
 static inline int gw_sched_least(gw_sched_t *s, const gw_model_t *m, int kind, int n,

@@ -492,9 +492,12 @@ static void trace_alike(int threaded)
     cr_assert_eq(sq_shm_arena_create(&srv.arena, 1 << 20, 4096), 0);
     null_link_t link = {.base = {.send = null_send, .send_ref = null_send_ref}};
     srv.transport = &link.base;
-    atomic_store(&srv.kind_coming[SQ_DEV_EMU], 1);
     sq_loop_t *evloop = sq_loop_new();
     gw_dispatch_t *ds = gw_dispatch_new(&srv, evloop);
+    /* An emu worker coming (the link's word): its models are servable. */
+    int coming[SQ_DEV_KIND_COUNT] = {[SQ_DEV_EMU] = 1};
+    int64_t back_at[SQ_DEV_KIND_COUNT] = {INT64_MAX, INT64_MAX, INT64_MAX};
+    gw_dispatch_events.coming(ds, coming, back_at);
     srv.dispatch = ds;
     ds_model_t *dm[5] = {0};
     gw_model_t *gm[5] = {0};
