@@ -371,6 +371,11 @@ typedef struct {
     mdb_shape_t output_shapes[8];
     uint64_t param_bytes;
     int op_hist[MDB_OP_COUNT];
+    /* Whether the backend of each device kind runs the model, and when not,
+     * the reason it gives at load ("Conv node 'c1': convolution with
+     * asymmetric pads"): the op table's rules for that kind. */
+    bool runs_on[SQ_DEV_KIND_COUNT];
+    char not_on[SQ_DEV_KIND_COUNT][192];
 } mdb_model_info_t;
 
 /* Fills info for a servable image model: one float or uint8 input of rank 4

@@ -921,5 +921,17 @@ int mdb_model_info(const mdb_graph_t *g, mdb_model_info_t *info, char *err, size
     }
     info->param_bytes = mdb_graph_param_bytes(g);
     mdb_graph_op_histogram(g, info->op_hist);
+    /* Per device kind, what its backend would say when it loads the model
+     * (the op table's rules for it): the planner need not place the model
+     * where it would be refused. emu workers run emulated models only. */
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
+        info->runs_on[k] = false;
+        info->not_on[k][0] = '\0';
+        if (k == SQ_DEV_EMU)
+            mdb_errf(info->not_on[k], sizeof(info->not_on[k]), "emu runs emulated models only");
+        else
+            info->runs_on[k] = mdb_graph_runnable_on(g, (sq_dev_kind_t)k, g->batch_fixed > 0, NULL,
+                                                     info->not_on[k], sizeof(info->not_on[k])) == 0;
+    }
     return 0;
 }

@@ -45,12 +45,12 @@
  * the filling of the next yet (that needs the serving side to fill batch
  * n+1 while batch n runs, which it does not do today).
  *
- * Still refused at plan time (squishd keeps such a model on the cpu):
- * reflect and edge pads, convolutions with asymmetric pads, dilated
- * pooling, average pooling with asymmetric pads excluded from the count,
- * GEMM operands of rank other than 2, MatMul broadcasts other than a
- * shared 2-D B or equal batch dims, LayerNorm with non-constant scale or
- * shift, and fused depthwise post-ops (never asked for here).
+ * Refused when a model is lowered for it (the rules of modeldb's op table
+ * that bind SQ_DEV_CUDA, which the importer reads too; squishd keeps such
+ * a model on the cpu): reflect and edge pads, convolutions with asymmetric
+ * pads, dilated pooling, average pooling with asymmetric pads excluded from
+ * the count, MatMul broadcasts other than a shared 2-D B or equal batch
+ * dims; and fused depthwise post-ops (never asked for here).
  *
  * Built for sm_80 and sm_90 (PTX for later GPUs). On a machine without a
  * GPU or driver, prepare fails with SQ_DEVICE and the CUDA error text. */
@@ -68,61 +68,24 @@
 
 /* ---- plan ---- */
 
-/* What the backend cannot do, refused before any device work. */
+/* What the backend cannot do is refused before it is asked, when the
+ * model is lowered for it: the rules of modeldb's op table that bind
+ * SQ_DEV_CUDA (modeldb/runnable.c: reflect and edge pads, convolutions with
+ * asymmetric pads, dilated pooling, average pooling with asymmetric pads
+ * excluded from the count, MatMul broadcasts beyond a shared 2-D B or equal
+ * batch dims), which the importer reads too, so that an upload says which
+ * device kinds run a model and why the others do not. What only the lowered
+ * graph shows is checked here, before any device work. */
 static int check_supported(wk_plan_t *plan)
 {
     const wk_graph_t *g = plan->graph;
     for (int si = 0; si < g->n_steps; si++) {
         const wk_step_t *s = &g->steps[si];
-        const char *why = NULL;
-        switch (s->kind) {
-        case WK_K_LAYERNORM:
-            if (s->n_in == 3 && s->in[1] >= 0 && s->in[2] >= 0 &&
-                (g->values[s->in[1]].data == NULL || g->values[s->in[2]].data == NULL))
-                why = "LayerNormalization with a scale or shift that is not a constant";
-            break;
-        case WK_K_AVGPOOL:
-        case WK_K_MAXPOOL:
-            for (int i = 0; i < s->p.conv.n_spatial; i++) {
-                if (s->p.conv.dilation[i] != 1)
-                    why = "dilated pooling";
-                if (s->kind == WK_K_AVGPOOL && !s->p.conv.count_include_pad &&
-                    s->p.conv.pad_begin[i] != s->p.conv.pad_end[i])
-                    why = "average pooling with asymmetric pads excluded from the count";
-            }
-            break;
-        case WK_K_PAD:
-            if (s->p.pad.mode != WK_PAD_CONSTANT)
-                why = "reflect and edge pads";
-            break;
-        case WK_K_GEMM:
-            if (g->values[s->in[0]].ndim != 2 || g->values[s->in[1]].ndim != 2)
-                why = "gemm operands of rank other than 2";
-            break;
-        case WK_K_MATMUL: {
-            const wk_value_t *a = &g->values[s->in[0]], *b = &g->values[s->in[1]];
-            if (a->ndim < 2 || b->ndim < 1 || (b->ndim > 2 && b->ndim != a->ndim))
-                why = "matmul broadcast beyond a shared 2-D weight";
-            else if (b->ndim > 2)
-                for (int i = 0; i < a->ndim - 2; i++)
-                    if (a->dims[i] != b->dims[i] || a->batched != b->batched)
-                        why = "matmul broadcast beyond equal batch dims";
-            break;
-        }
-        case WK_K_CONV:
-            for (int i = 0; i < s->p.conv.n_spatial; i++)
-                if (s->p.conv.pad_begin[i] != s->p.conv.pad_end[i])
-                    why = "convolution with asymmetric pads";
-            for (int i = 0; i < s->n_post; i++)
-                if (s->post[i].kind == WK_POST_DW)
-                    why = "a depthwise conv fused into a convolution";
-            break;
-        default:
-            break;
-        }
-        if (why != NULL)
-            return wk_fail(plan, SQ_UNSUPPORTED_MODEL, "cuda backend: step %d (%s): %s", si,
-                           wk_kernel_names[s->kind], why);
+        for (int i = 0; i < s->n_post; i++)
+            if (s->post[i].kind == WK_POST_DW)
+                return wk_fail(plan, SQ_UNSUPPORTED_MODEL, "cuda backend: step %d (%s): %s", si,
+                               wk_kernel_names[s->kind],
+                               "a depthwise conv fused into a convolution");
     }
     return 0;
 }

@@ -156,7 +156,7 @@ int wk_plan_create(const struct mdb_graph *graph, const wk_plan_opts_t *opts, wk
     }
     wk_graph_t *g;
     int64_t fixed = graph->batch_fixed > 0 ? graph->batch_fixed : opts->static_batch;
-    int rc = wk_lower(graph, opts->max_batch, fixed, &g, why, why_size);
+    int rc = wk_lower(graph, opts->backend, opts->max_batch, fixed, &g, why, why_size);
     if (rc != 0)
         return rc;
     return wk_plan_from_graph(g, opts, out, why, why_size);

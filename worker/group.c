@@ -254,7 +254,7 @@ int wk_group_create(const struct mdb_graph *const *graphs, const char *const *cu
             snprintf(sub, sizeof(sub), "a fixed batch size cannot be batched across models");
         }
         if (rc == 0)
-            rc = wk_lower(graphs[i], opts->max_batch, 0, &g, sub, sizeof(sub));
+            rc = wk_lower(graphs[i], opts->backend, opts->max_batch, 0, &g, sub, sizeof(sub));
         if (rc == 0)
             rc = split_graph(g, cuts[i], &pre, &suf, sub, sizeof(sub));
         wk_graph_free(g);

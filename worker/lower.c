@@ -7,10 +7,11 @@
  * WK_MAX_CONCAT_SOURCES inputs concats of concats, Dropout and Identity
  * disappear.
  *
- * What the lowering and the cpu backend cannot run is one list in
- * modeldb/runnable.c (mdb_node_runnable), which the importer reads too:
- * each node passes it before it is lowered, so that the worker refuses
- * exactly what the importer refuses, with the same reason. */
+ * What the lowering and each backend cannot run is one list, the rules in
+ * modeldb's op descriptor table (mdb_node_runnable_on), which the importer
+ * reads too: each node passes the rules of the backend it is lowered for
+ * before it is lowered, so that the worker refuses exactly what the
+ * importer says that device kind refuses, with the same reason. */
 #include "wk_exec_int.h"
 
 #include <mdb_graph.h>
@@ -553,8 +554,8 @@ static int lower_node_inputs(lower_t *L, const mdb_node_t *n, int *in)
     }
 }
 
-int wk_lower(const mdb_graph_t *src, int max_batch, int64_t static_batch, wk_graph_t **out,
-             char *why, int why_size)
+int wk_lower(const mdb_graph_t *src, sq_dev_kind_t dev, int max_batch, int64_t static_batch,
+             wk_graph_t **out, char *why, int why_size)
 {
     bool has_batch = false;
     for (int i = 0; i < src->n_tensors; i++)
@@ -592,7 +593,7 @@ int wk_lower(const mdb_graph_t *src, int max_batch, int64_t static_batch, wk_gra
     }
     for (int i = 0; i < src->n_nodes; i++) {
         const mdb_node_t *n = &src->nodes[i];
-        if ((rc = mdb_node_runnable(src, i, static_batch > 0, why, (size_t)why_size)) != 0)
+        if ((rc = mdb_node_runnable_on(src, i, dev, static_batch > 0, why, (size_t)why_size)) != 0)
             goto out;
         if ((rc = lower_node(&L, n)) < 0)
             goto out;

@@ -270,10 +270,12 @@ wk_graph_t *wk_graph_clone(const wk_graph_t *g, int max_batch);
 int wk_plan_from_graph(wk_graph_t *g, const wk_plan_opts_t *opts, wk_plan_t **out, char *why,
                        int why_size);
 
-/* Lowers modeldb's graph IR (lower.c). static_batch > 0 binds the
+/* Lowers modeldb's graph IR (lower.c) for the backend of device kind dev,
+ * refusing (SQ_UNSUPPORTED_MODEL, the node and the reason in why) what the
+ * op table's rules say that backend cannot run. static_batch > 0 binds the
  * symbolic batch to that size and makes every tensor static (max batch 1). */
-int wk_lower(const struct mdb_graph *graph, int max_batch, int64_t static_batch, wk_graph_t **out,
-             char *why, int why_size);
+int wk_lower(const struct mdb_graph *graph, sq_dev_kind_t dev, int max_batch, int64_t static_batch,
+             wk_graph_t **out, char *why, int why_size);
 
 /* wk_plan_run that reads the inputs where they lie when the backend can
  * (bind_input), else copies them in as wk_plan_run does. For the suffixes of

@@ -219,3 +219,48 @@ Test(runnable, computed_conv_weights_are_refused)
     expect_refused(&b, "Conv", "n", "the weights are computed, not constant");
     mb_free(&b);
 }
+
+/* The cuda backend's limits are rules of the op table too: the importer
+ * takes the model (the cpu backend runs it) and says, per device kind,
+ * that the cuda backend would refuse it and why. */
+Test(runnable, model_info_says_per_device_kind_whether_the_model_runs)
+{
+    mb_t b;
+    mb_init(&b, 13);
+    int64_t x_dims[] = {-1, 2, 4, 4}, w_dims[] = {2, 2, 3, 3}, pads[] = {0, 0, 1, 1};
+    mb_input(&b, "x", 4, x_dims);
+    mb_init_f(&b, "w", 4, w_dims, 0.5f, 0.0f);
+    Onnx__NodeProto *n =
+        mb_node(&b, "Conv", (const char *[]){"x", "w", NULL}, (const char *[]){"y", NULL});
+    n->name = mb_str(&b, "c1");
+    mb_attr_ints(&b, n, "pads", 4, pads);
+    mb_output(&b, "y");
+    mdb_graph_t *g = expect_imported(&b);
+    mdb_model_info_t info;
+    char err[256] = "";
+    cr_assert_eq(mdb_model_info(g, &info, err, sizeof(err)), 0, "%s", err);
+    cr_assert(info.runs_on[SQ_DEV_CPU], "%s", info.not_on[SQ_DEV_CPU]);
+    cr_assert_not(info.runs_on[SQ_DEV_CUDA]);
+    cr_assert_str_eq(info.not_on[SQ_DEV_CUDA], "Conv node 'c1': convolution with asymmetric pads");
+    cr_assert_not(info.runs_on[SQ_DEV_EMU]);
+    int bad = -2;
+    cr_assert_eq(mdb_graph_runnable_on(g, SQ_DEV_CUDA, false, &bad, err, sizeof(err)),
+                 SQ_UNSUPPORTED_MODEL);
+    cr_assert_eq(bad, 0);
+    mdb_graph_free(g);
+    mb_free(&b);
+
+    /* symmetric pads: every backend */
+    mb_init(&b, 13);
+    mb_input(&b, "x", 4, x_dims);
+    mb_init_f(&b, "w", 4, w_dims, 0.5f, 0.0f);
+    n = mb_node(&b, "Conv", (const char *[]){"x", "w", NULL}, (const char *[]){"y", NULL});
+    mb_attr_ints(&b, n, "pads", 4, (const int64_t[]){1, 1, 1, 1});
+    mb_output(&b, "y");
+    g = expect_imported(&b);
+    cr_assert_eq(mdb_model_info(g, &info, err, sizeof(err)), 0, "%s", err);
+    cr_assert(info.runs_on[SQ_DEV_CPU] && info.runs_on[SQ_DEV_CUDA], "%s",
+              info.not_on[SQ_DEV_CUDA]);
+    mdb_graph_free(g);
+    mb_free(&b);
+}

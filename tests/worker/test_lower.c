@@ -509,3 +509,44 @@ Test(lower, einsum_batched_products_and_tanh_match_loops)
     free(bytes);
     mb_free(&b);
 }
+
+/* A model lowered for the cuda backend passes the op table's rules for
+ * cuda (modeldb/runnable.c) and is refused, before any device work, with
+ * the reason the importer gives for that device kind; the cpu lowers it. */
+Test(lower, the_cuda_lowering_refuses_what_the_importer_says_cuda_cannot_run)
+{
+    mdb_graph_t *g = mdb_graph_new();
+    mdb_shape_t xs = {.rank = 4, .dims = {MDB_DIM_BATCH, 2, 4, 4}};
+    mdb_shape_t ws = {.rank = 4, .dims = {2, 2, 3, 3}};
+    int x = mdb_graph_add_tensor(g, "x", MDB_DT_FLOAT, &xs);
+    int w = mdb_graph_add_tensor(g, "w", MDB_DT_FLOAT, &ws);
+    float *wd = calloc(36, sizeof(float));
+    mdb_graph_set_data(g, w, wd, 36 * sizeof(float));
+    int y = mdb_graph_add_tensor(g, "y", MDB_DT_FLOAT, NULL);
+    mdb_graph_add_input(g, x);
+    mdb_graph_add_output(g, y);
+    int idx = mdb_graph_add_node(g, MDB_OP_CONV, "c1", (const int[]){x, w}, 2, &y, 1);
+    mdb_node_t *n = &g->nodes[idx];
+    mdb_node_set_ints(n, "kernel_shape", (const int64_t[]){3, 3}, 2);
+    mdb_node_set_ints(n, "strides", (const int64_t[]){1, 1}, 2);
+    mdb_node_set_ints(n, "dilations", (const int64_t[]){1, 1}, 2);
+    mdb_node_set_ints(n, "pads", (const int64_t[]){0, 0, 1, 1}, 4);
+    mdb_node_set_int(n, "group", 1);
+    char why[512] = "", err[256] = "";
+    cr_assert_eq(mdb_graph_toposort(g, why, sizeof(why)), 0, "%s", why);
+    cr_assert_eq(mdb_graph_infer_shapes(g, why, sizeof(why)), 0, "%s", why);
+    cr_assert_eq(mdb_graph_runnable_on(g, SQ_DEV_CUDA, false, NULL, err, sizeof(err)),
+                 SQ_UNSUPPORTED_MODEL);
+    wk_plan_opts_t o = wk_plan_opts_default();
+    o.max_batch = 2;
+    o.backend = SQ_DEV_CUDA;
+    wk_plan_t *p = NULL;
+    cr_assert_eq(wk_plan_create(g, &o, &p, why, sizeof(why)), SQ_UNSUPPORTED_MODEL);
+    cr_assert_null(p);
+    cr_assert_str_eq(why, err);
+    cr_assert_str_eq(why, "Conv node 'c1': convolution with asymmetric pads");
+    o.backend = SQ_DEV_CPU;
+    cr_assert_eq(wk_plan_create(g, &o, &p, why, sizeof(why)), 0, "%s", why);
+    wk_plan_free(p);
+    mdb_graph_free(g);
+}
