@@ -5,6 +5,8 @@
 
 #include "gw_metrics.h"
 
+#include <sq_map.h>
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -68,11 +70,11 @@ struct gw_metrics {
         *worker_bw, *profile_scale, *worker_restarts, *session_rate, *session_planned, *plan_epoch,
         *plan_devices, *plan_lower_bound, *advice, *models_moved, *http_requests, *uploads,
         *priority_requests, *pipeline_queries, *pipeline_duration, *withdrawn;
-    /* per-model statistics: open addressing by key, under stats_lock */
+    /* per-model statistics, under stats_lock: stats[stats_ix(key)] */
     pthread_mutex_t stats_lock;
     model_stats_t **stats;
-    size_t stats_mask;
-    int nstats;
+    int nstats, stats_cap;
+    sq_map_t stats_ix;
 };
 
 /* Exposes the process_* families (CPU seconds, resident memory, open files,

@@ -154,50 +154,22 @@ gw_metrics_t *gw_metrics_new(void)
 
 /* ---- per-model statistics --------------------------------------------------------- */
 
-static uint64_t key_hash(int64_t key)
-{
-    uint64_t h = (uint64_t)key * 0x9e3779b97f4a7c15ull;
-    return h ^ (h >> 29);
-}
-
 /* The statistics of model key, created on first use; NULL past
  * MAX_MODEL_STATS entries. */
 static model_stats_t *stats_of(gw_metrics_t *ms, int64_t key, int create)
 {
     pthread_mutex_lock(&ms->stats_lock);
-    model_stats_t *st = NULL;
-    if (ms->stats != NULL) {
-        for (size_t i = key_hash(key) & ms->stats_mask; ms->stats[i] != NULL;
-             i = (i + 1) & ms->stats_mask) {
-            if (ms->stats[i]->key == key) {
-                st = ms->stats[i];
-                break;
-            }
-        }
-    }
+    int i = sq_map_get(&ms->stats_ix, (uint64_t)key, 0);
+    model_stats_t *st = i >= 0 ? ms->stats[i] : NULL;
     if (st == NULL && create && ms->nstats < MAX_MODEL_STATS) {
-        if (ms->stats == NULL || (size_t)(ms->nstats + 1) * 2 > ms->stats_mask + 1) {
-            size_t cap = ms->stats ? 2 * (ms->stats_mask + 1) : 16;
-            model_stats_t **t = sq_xcalloc(cap, sizeof(*t));
-            for (size_t i = 0; ms->stats != NULL && i <= ms->stats_mask; i++) {
-                if (ms->stats[i] == NULL)
-                    continue;
-                size_t j = key_hash(ms->stats[i]->key) & (cap - 1);
-                while (t[j] != NULL)
-                    j = (j + 1) & (cap - 1);
-                t[j] = ms->stats[i];
-            }
-            free(ms->stats);
-            ms->stats = t;
-            ms->stats_mask = cap - 1;
+        if (ms->nstats == ms->stats_cap) {
+            ms->stats_cap = ms->stats_cap ? 2 * ms->stats_cap : 16;
+            ms->stats = sq_xrealloc(ms->stats, (size_t)ms->stats_cap * sizeof(*ms->stats));
         }
         st = sq_xcalloc(1, sizeof(*st));
         st->key = key;
-        size_t j = key_hash(key) & ms->stats_mask;
-        while (ms->stats[j] != NULL)
-            j = (j + 1) & ms->stats_mask;
-        ms->stats[j] = st;
-        ms->nstats++;
+        sq_map_put(&ms->stats_ix, (uint64_t)key, 0, ms->nstats);
+        ms->stats[ms->nstats++] = st;
     }
     pthread_mutex_unlock(&ms->stats_lock);
     return st;

@@ -511,10 +511,10 @@ void gw_metrics_free(gw_metrics_t *ms)
     int n = atomic_load(&ms->nfamilies);
     for (int i = 0; i < n; i++)
         family_free(ms->families[i]);
-    if (ms->stats != NULL)
-        for (size_t i = 0; i <= ms->stats_mask; i++)
-            free(ms->stats[i]);
+    for (int i = 0; i < ms->nstats; i++)
+        free(ms->stats[i]);
     free(ms->stats);
+    sq_map_dispose(&ms->stats_ix);
     pthread_mutex_destroy(&ms->lock);
     pthread_mutex_destroy(&ms->stats_lock);
     free(ms);
