@@ -17,7 +17,7 @@
  * [WORKERS [SECONDS [MODE]]]]], MODE 0 or 1 for one mode only (profiling). */
 #include "bench_util.h"
 #include "gw_catalog.h"
-#include "gw_dispatch_int.h"
+#include "batcher_int.h"
 #include "gw_metrics.h"
 
 #include <pl_loop.h>

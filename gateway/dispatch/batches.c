@@ -3,7 +3,7 @@
  * BATCH frames (arena offsets of the items' inputs) and timers, and a
  * BATCH_DONE finishes the batch's items. Sessions are (model, SLO bucket,
  * input kind): one core queue each; their routes come from planning.c. */
-#include "gw_dispatch_int.h"
+#include "batcher_int.h"
 
 #include <errno.h>
 #include <math.h>
@@ -104,7 +104,7 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
             sq_shm_release(ds->srv->arena, out_off);
         for (int i = 0; i < count; i++) {
             ds_handle_release(ds, items[i]); /* the core let go of it: it enters anew */
-            ds->ops->resubmit(ds, items[i]);
+            ds_cmd_resubmit(ds, items[i]);
         }
         free(items);
         pl_dispatch_batch_done(ds->core, sq_now_us(), worker, batch_id);
@@ -215,7 +215,7 @@ static void act_drop(gw_dispatch_t *ds, const act_copy_t *a)
         /* Its prefix group was retired: the request runs in its own
          * model's session instead. */
         ds_handle_release(ds, it);
-        ds->ops->resubmit(ds, it);
+        ds_cmd_resubmit(ds, it);
         return;
     }
     if (a->reason == SQ_NOT_FOUND) {
@@ -254,6 +254,13 @@ static void act_drop(gw_dispatch_t *ds, const act_copy_t *a)
  * request refused for its 8th image ran a batch of the other 7). */
 void ds_pump(gw_dispatch_t *ds)
 {
+    /* Routes placement changed (commands not drained yet) first: no batch
+     * goes where a model is no longer, or on routes a plan replaced. */
+    for (int i = 0; i < ds->ncmds; i++) {
+        ds_model_t *dm = ds->cmds[i].dm;
+        if (ds->cmds[i].kind == DS_CMD_ROUTE && dm->routes_stale)
+            ds_update_routes(ds, dm);
+    }
     const pl_action_t *acts;
     size_t n = pl_dispatch_take(ds->core, &acts);
     if (n == 0)

@@ -14,7 +14,7 @@
  * Sessions are (model, SLO bucket, input kind): one dispatcher queue each.
  * Runs on the workers' loop thread; other threads reach it with
  * sq_loop_post (gw_sched_submit and friends). */
-#include "gw_dispatch_int.h"
+#include "batcher_int.h"
 
 #include <pl_loop.h>
 
@@ -26,17 +26,6 @@
 #define WARM_EVERY_TICKS 5
 
 static void post_model_msg(gw_server_t *srv, int64_t key, int profile);
-
-/* Whether a worker of dm's kind being restarted should be back, and run a
- * batch of one, before the item's deadline. */
-static int back_in_time(gw_dispatch_t *ds, const ds_model_t *dm, const gw_item_t *it)
-{
-    if (dm->kind < 0 || ds->fleet.coming[dm->kind] == 0)
-        return 0;
-    double l1 = dm->m->has_profile[dm->kind] ? pl_latency_us(&dm->m->profile[dm->kind], 1, 0) : 0;
-    int64_t back = ds->fleet.back_at_us[dm->kind];
-    return back != INT64_MAX && back + (int64_t)l1 < it->ask.deadline_us;
-}
 
 void ds_registry_refresh(mdb_t *db, gw_server_t *srv, int64_t key)
 {
@@ -109,157 +98,12 @@ static void twins_waiting(gw_dispatch_t *ds)
 
 /* ---- entry points from other threads --------------------------------------- */
 
-/* The record whose loads serve dm's requests (its twin, then the prefix
- * group it runs in, with its index there in *member, -1 when none), made
- * active at SLO bucket_ms the first time: placed by the planner. NULL
- * when no worker that can run it is up. */
-static ds_model_t *serving_record(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms,
-                                  const gw_item_t *it, int *member)
-{
-    ds_model_t *t = ds_twin_of(ds, dm);
-    if (t != NULL)
-        dm = t;
-    ds_model_t *g = ds_group_of(ds, dm);
-    *member = g != NULL ? ds_group_member_index(g, dm->m) : -1;
-    if (g != NULL)
-        dm = g;
-    if (!dm->active) {
-        dm->kind = ds_kind_of_model(ds, dm->m);
-        if (dm->kind < 0)
-            return NULL;
-        dm->active = 1;
-        dm->routes_stale = 1;
-        ds_plan_activate(ds, dm, bucket_ms, it, sq_now_us());
-    }
-    return dm;
-}
-
-/* One submitted item on the dispatch thread: the record of the model that
- * serves it when it is to be queued now; NULL when it was answered (failed)
- * or waits for a load (pending). */
-static ds_model_t *admit(gw_dispatch_t *ds, gw_item_t *it)
-{
-    gw_model_t *m = it->ask.model;
-    if (ds->aborted) {
-        ds_fail_item(ds, it, SQ_SHUTTING_DOWN, "squishd is shutting down");
-        return NULL;
-    }
-    if (it->times.ready_us >= it->ask.deadline_us) {
-        ds_fail_item(ds, it, SQ_DEADLINE, "the deadline passed during preprocessing");
-        return NULL;
-    }
-    if (ds_withdrawn(ds, it))
-        return NULL;
-    ds_model_t *dm = ds_model_find(ds, m->key);
-    if (dm == NULL) {
-        /* New here, or deleted (or unloaded) and forgotten (see reclaim)
-         * while the item was decoded: only a model still in service gets a
-         * record. */
-        if (ds_fail_out_of_service(ds, it, 0))
-            return NULL;
-        dm = ds_model_get(ds, m);
-    }
-    if (dm->removed && ds_fail_out_of_service(ds, it, 1))
-        return NULL;
-    if (dm->poisoned) {
-        ds_fail_item(ds, it, SQ_MODEL_FAILED, dm->failed_why);
-        return NULL;
-    }
-    int member;
-    dm = serving_record(ds, dm, gw_slo_bucket_ms(it->ask.slo_ms), it, &member);
-    if (dm == NULL) {
-        ds_fail_item(ds, it, SQ_NO_WORKER, "no worker that can run this model is up");
-        return NULL;
-    }
-    if (member >= 0)
-        it->held.member = member;
-    int loading;
-    if (ds_loaded_anywhere(ds, dm, &loading) > 0)
-        return dm;
-    if (loading == 0)
-        ds_spread_loads(ds, dm); /* the plan placed it nowhere yet: any worker will do */
-    ds_loaded_anywhere(ds, dm, &loading);
-    if (loading == 0 && !back_in_time(ds, dm, it)) {
-        ds_fail_item(ds, it, SQ_NO_WORKER,
-                     ds->fleet.coming[dm->kind] > 0
-                         ? "no worker is up, and none is back before the deadline"
-                         : "no worker could load the model");
-        return NULL;
-    }
-    /* Waits for the load, for the worker holding it to finish measuring,
-     * or for a worker being restarted (bounded by its deadline, see
-     * on_tick). */
-    if (dm->npending == dm->cappending) {
-        dm->cappending = dm->cappending ? 2 * dm->cappending : 16;
-        dm->pending = sq_xrealloc(dm->pending, sizeof(*dm->pending) * (size_t)dm->cappending);
-    }
-    dm->pending[dm->npending++] = it;
-    return NULL;
-}
-
-/* An item, or a clump (items linked through clump_next, ready together):
- * each is admitted on its own, and those to queue now enter the core
- * together per model (ds_enqueue_items), so that a clump is one arrival
- * there. */
-void ds_submit_chain(gw_dispatch_t *ds, gw_item_t *first)
-{
-    int n = 0;
-    for (const gw_item_t *it = first; it != NULL; it = it->owner.clump_next)
-        n++;
-    gw_item_t *one_item, *one_group;
-    ds_model_t *one_dm;
-    gw_item_t **items = n == 1 ? &one_item : sq_xmalloc(sizeof(*items) * (size_t)n);
-    gw_item_t **group = n == 1 ? &one_group : sq_xmalloc(sizeof(*group) * (size_t)n);
-    ds_model_t **dms = n == 1 ? &one_dm : sq_xmalloc(sizeof(*dms) * (size_t)n);
-    int64_t now = sq_now_us();
-    int k = 0;
-    for (gw_item_t *it = first, *next; it != NULL; it = next) {
-        /* Read before admit: an item answered there may be freed. */
-        next = it->owner.clump_next;
-        it->owner.clump_next = NULL;
-        it->times.ready_us = now;
-        ds_model_t *dm = admit(ds, it);
-        if (dm != NULL) {
-            items[k] = it;
-            dms[k++] = dm;
-        }
-    }
-    /* Per model, in the order submitted (a clump is one model's, but a
-     * query's frames may go to several root stages). */
-    for (int i = 0; i < k; i++) {
-        ds_model_t *dm = dms[i];
-        if (dm == NULL)
-            continue;
-        int g = 0;
-        for (int j = i; j < k; j++) {
-            if (dms[j] == dm) {
-                group[g++] = items[j];
-                dms[j] = NULL;
-            }
-        }
-        ds_enqueue_items(ds, dm, group, g);
-    }
-    if (n > 1) {
-        free(items);
-        free(group);
-        free(dms);
-    }
-    ds_pump(ds);
-}
-
-static void on_submit(sq_loop_t *loop, void *arg)
-{
-    gw_item_t *first = arg;
-    (void)loop;
-    ds_submit_chain(first->held.holder, first);
-}
-
 /* gw_sched_ops_t.submit: to the dispatch thread. */
 static void sched_submit(gw_sched_t *s, gw_item_t *first)
 {
     gw_dispatch_t *ds = (gw_dispatch_t *)s;
     first->held.holder = ds;
-    sq_loop_post(ds->loop, on_submit, first);
+    ds_submit_post(ds, first);
 }
 
 static void on_withdraw(sq_loop_t *loop, void *arg)
@@ -509,7 +353,7 @@ static void warm_key(gw_dispatch_t *ds, int64_t key)
     if (dm == NULL || dm->removed || dm->poisoned || ds->aborted)
         return;
     int member;
-    if ((dm = serving_record(ds, dm, gw_slo_bucket_ms(slo), NULL, &member)) == NULL)
+    if ((dm = ds_serving_record(ds, dm, gw_slo_bucket_ms(slo), NULL, &member)) == NULL)
         return;
     int loading;
     if (ds_loaded_anywhere(ds, dm, &loading) == 0 && loading == 0)
@@ -630,27 +474,13 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
     for (int i = 0; i < ds->nworkers; i++)
         ds_profile_step(ds, ds->workers[i]);
     ds_pump(ds);
+    /* Commands name model records: drained before any is freed. */
+    ds_commands_drain(ds);
     reclaim(ds);
     ds_publish_ready(ds);
     ds_await_tick(ds);
     ds->tick = sq_loop_timer_at(loop, sq_now_ns() + (int64_t)TICK_MS * 1000000, on_tick, ds);
 }
-
-static void resubmit(gw_dispatch_t *ds, gw_item_t *it)
-{
-    sq_loop_post(ds->loop, on_submit, it);
-}
-
-static const gw_dispatch_ops_t dispatch_ops = {
-    .send_load = ds_send_load,
-    .unload = ds_unload,
-    .update_routes = ds_update_routes,
-    .pump = ds_pump,
-    .model = ds_model_get,
-    .serving_kind = ds_kind_of_model,
-    .resubmit = resubmit,
-    .submit_chain = ds_submit_chain,
-};
 
 gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop)
 {
@@ -659,7 +489,7 @@ gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop)
     ds->srv = srv;
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
         ds->fleet.back_at_us[k] = INT64_MAX;
-    ds->ops = &dispatch_ops;
+    ds->drain = ds_commands_on_post;
     ds->loop = loop;
     pl_dispatch_opts_t opts = ds_core_opts(srv);
     ds->core = pl_dispatch_new(&opts);
@@ -717,6 +547,7 @@ void gw_dispatch_free(gw_dispatch_t *ds)
     if (ds == NULL)
         return;
     ds_frontends_free(ds);
+    free(ds->cmds); /* not drained: the loop is not run again */
     for (int i = 0; i < ds->nworkers; i++) {
         ds_worker_t *w = ds->workers[i];
         if (w == NULL)

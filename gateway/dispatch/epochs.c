@@ -3,7 +3,7 @@
  * the workers: loads before any route points at a model, duty cycles,
  * routes (and their fallbacks while the planned workers load), and
  * unloads only after routes moved away (make before break). */
-#include "gw_dispatch_int.h"
+#include "placement_int.h"
 #include "gw_catalog.h"
 
 #include <pl_loop.h>
@@ -254,7 +254,7 @@ static int settle_step(gw_dispatch_t *ds, int kind, int64_t deadline_ns)
             if (dm != NULL && dm->profile_worker == w->id)
                 continue; /* measuring there */
             if (arrived)
-                ds->ops->unload(ds, w, l);
+                ds_unload(ds, w, l);
             else
                 K->moves_pending = 1;
         }
@@ -265,7 +265,7 @@ static int settle_step(gw_dispatch_t *ds, int kind, int64_t deadline_ns)
     for (int m = 0; m < ds->nmodels; m++) {
         ds_model_t *dm = ds->models[m];
         if (dm->routes_stale && dm->active && !dm->removed)
-            ds->ops->update_routes(ds, dm);
+            ds_cmd_route(ds, dm);
     }
     if (st->cursor < ds->nworkers)
         return 0;
@@ -421,7 +421,7 @@ static void apply_worker(gw_dispatch_t *ds, int kind, ds_plan_inflight_t *in, co
         const ds_plan_view_t *ps = ds_plan_view(ds, dev->allocs[a].session_id, &view);
         ds_load_t *l = ps ? ds_load_find(w, ps->dm->key, 0) : NULL;
         if (ps != NULL && (l == NULL || l->state == LOAD_NONE || l->state == LOAD_FAILED))
-            ds->ops->send_load(ds, ps->dm, w);
+            ds_send_load(ds, ps->dm, w);
     }
     /* A spare device also loads the busiest sessions' models: it takes
      * their overflow once it holds them (routes follow the loads). */
@@ -430,7 +430,7 @@ static void apply_worker(gw_dispatch_t *ds, int kind, ds_plan_inflight_t *in, co
         const ds_plan_view_t *ps = ds_plan_view(ds, plan->overflow[in->ov[k]].session_id, &view);
         ds_load_t *l = ps ? ds_load_find(w, ps->dm->key, 0) : NULL;
         if (ps != NULL && (l == NULL || l->state == LOAD_NONE || l->state == LOAD_FAILED))
-            ds->ops->send_load(ds, ps->dm, w);
+            ds_send_load(ds, ps->dm, w);
     }
 }
 
@@ -466,7 +466,7 @@ static int apply_step(gw_dispatch_t *ds, int kind, ds_plan_inflight_t *in, int64
         while (in->cursor < in->nkeys) {
             ds_model_t *dm = ds_model_find(ds, in->keys[in->cursor++]);
             if (dm != NULL && dm->kind == kind && dm->active)
-                ds->ops->update_routes(ds, dm);
+                ds_cmd_route(ds, dm);
             if (deadline_ns > 0 && sq_now_ns() > deadline_ns)
                 return 0;
         }
@@ -493,7 +493,7 @@ static int apply_step(gw_dispatch_t *ds, int kind, ds_plan_inflight_t *in, int64
     p->ok = p->bad = p->busy_us = 0;
     p->window_start_us = sq_now_us();
     apply_free(in);
-    ds->ops->pump(ds);
+    ds_cmd_pump(ds);
     return 1;
 }
 

@@ -7,35 +7,10 @@
  * is small: a failure (FE_FAIL), and what a frontend needs to serve, the
  * catalog (the registry's records, when its generation moves) and the
  * state (readiness and the workers up per kind, when it changes). */
-#include "gw_dispatch_int.h"
+#include "batcher_int.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-/* A frontend's item here: the dispatcher's record of it (gw_item_t with
- * src and fe_slot), and the flag its withdrawal sets. */
-typedef struct ds_fe_item {
-    gw_item_t item; /* first */
-    atomic_int abandoned;
-    /* The frontend frees a slot when the worker's outputs reach it, which
-     * may be before the batch's end reaches this side: a slot index can
-     * name an item here and, under a newer generation, the frontend's next
-     * one. Those of one index are chained. */
-    struct ds_fe_item *next_in_slot;
-    gw_dispatch_t *ds; /* whose record it is */
-} ds_fe_item_t;
-
-/* The link to x in its index's chain, or NULL. */
-static ds_fe_item_t **chain_link(ds_frontend_t *f, uint64_t slot, const ds_fe_item_t *x)
-{
-    uint32_t idx = (uint32_t)slot;
-    if (idx >= f->capitems)
-        return NULL;
-    for (ds_fe_item_t **pp = &f->items[idx]; *pp != NULL; pp = &(*pp)->next_in_slot)
-        if (x != NULL ? *pp == x : (*pp)->item.input.fe_slot == slot)
-            return pp;
-    return NULL;
-}
 
 /* Slot indexes a frontend may use (the low 32 bits of its slot ids): its
  * handle table's size, bounded so that a frontend cannot make this one
@@ -53,33 +28,6 @@ void gw_dispatch_frontend_traffic(gw_server_t *srv, gw_frontend_traffic_t *out)
     out->bytes_out = atomic_load(&ds->fe_bytes_out);
     out->items = atomic_load(&ds->fe_items);
     out->connected = atomic_load(&ds->fe_connected);
-}
-
-/* Its answer here: nothing to send for a success (the frontend has the
- * outputs from the worker), nor for an item the frontend withdrew. */
-static void fe_finish(gw_item_t *it, int rc, const char *detail)
-{
-    ds_fe_item_t *x = (ds_fe_item_t *)it;
-    gw_dispatch_t *ds = x->ds;
-    int fe = (int)it->input.src - 1;
-    ds_frontend_t *f = ds_frontend_at(ds, fe);
-    if (f != NULL) {
-        ds_fe_item_t **pp = chain_link(f, it->input.fe_slot, x);
-        if (pp != NULL)
-            *pp = x->next_in_slot;
-        if (rc != 0 && atomic_load(&x->abandoned) == 0) {
-            sq_fe_fail_t fail = {.code = rc};
-            snprintf(fail.detail, sizeof(fail.detail), "%s", detail != NULL ? detail : "");
-            sq_buf_t b;
-            sq_buf_init(&b);
-            sq_fe_fail_encode(&b, &fail);
-            ds_fe_send(ds, fe, SQ_MSG_FE_FAIL, it->input.fe_slot, b.data, (uint32_t)b.len);
-            sq_buf_dispose(&b);
-        }
-    }
-    gw_model_unref(it->ask.model);
-    gw_pipeline_unref(it->pipe.pipeline);
-    free(x);
 }
 
 static void fail_slot(gw_dispatch_t *ds, int fe, uint64_t slot, int rc, const char *detail)
@@ -264,7 +212,7 @@ static int on_items(gw_dispatch_t *ds, ds_frontend_t *f, const sq_frame_t *fr)
             memset(f->items + f->capitems, 0, sizeof(*f->items) * (cap - f->capitems));
             f->capitems = cap;
         }
-        if (chain_link(f, e->slot, NULL) != NULL) {
+        if (ds_fe_chain_link(f, e->slot, NULL) != NULL) {
             SQ_WARN("frontend id=%d offered slot %llu while its item is held", f->id,
                     (unsigned long long)e->slot);
             return -1;
@@ -282,7 +230,7 @@ static int on_items(gw_dispatch_t *ds, ds_frontend_t *f, const sq_frame_t *fr)
         it->ask.slo_ms = e->slo_ms;
         it->ask.arrival_us = now - e->age_us;
         it->ask.deadline_us = now + e->budget_us;
-        it->owner.finish = fe_finish;
+        it->owner.finish = ds_fe_finish;
         it->input.in_off = -1;
         it->ask.input_kind = e->input_kind;
         it->ask.priority = e->priority;
@@ -305,13 +253,13 @@ static int on_items(gw_dispatch_t *ds, ds_frontend_t *f, const sq_frame_t *fr)
         *tail = it;
         tail = &it->owner.clump_next;
         if (!e->clump_next) {
-            ds->ops->submit_chain(ds, head);
+            ds_submit_chain(ds, head);
             head = NULL;
             tail = &head;
         }
     }
     if (head != NULL)
-        ds->ops->submit_chain(ds, head);
+        ds_submit_chain(ds, head);
     atomic_fetch_add(&ds->fe_items, n);
     return 0;
 }
@@ -324,7 +272,7 @@ static int on_withdraw(gw_dispatch_t *ds, ds_frontend_t *f, const sq_frame_t *fr
         return -1;
     int any = 0;
     for (uint32_t i = 0; i < n; i++) {
-        ds_fe_item_t **pp = chain_link(f, slots[i], NULL);
+        ds_fe_item_t **pp = ds_fe_chain_link(f, slots[i], NULL);
         if (pp == NULL)
             continue; /* answered meanwhile */
         atomic_store(&(*pp)->abandoned, GW_ABANDONED_GONE);

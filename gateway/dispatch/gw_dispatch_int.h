@@ -1,9 +1,11 @@
-/* Internals of the dispatch thread, shared by its files: records.c,
- * batches.c, model_loads.c, profiling.c, prefix_groups.c, plan_report.c,
- * epochs.c and planning.c (the planning loop's shell), readiness.c,
- * dispatch.c (entry points, the tick, start and stop, models coming and
- * going) and worker_events.c (the workers' link's events, poisoned
- * models). Dispatch thread only. */
+/* Internals of the dispatch thread shared by all its files: the records
+ * (workers, models, loads, sessions, handles, frontends, the commands
+ * placement emits for the batcher) and records.c's lookups; and the top
+ * files' (readiness.c, frontends.c, dispatch.c, worker_events.c). The
+ * room's two parts have private headers of their own on this one:
+ * placement_int.h (model_loads.c, profiling.c, prefix_groups.c,
+ * plan_report.c, epochs.c, planning.c) and batcher_int.h (batches.c,
+ * submit.c). Dispatch thread only. */
 #ifndef GW_DISPATCH_INT_H
 #define GW_DISPATCH_INT_H
 
@@ -169,6 +171,19 @@ typedef struct ds_frontend {
     json_t *stats;
 } ds_frontend_t;
 
+/* A frontend's item here: the dispatcher's record of it (gw_item_t with
+ * src and fe_slot), and the flag its withdrawal sets. */
+typedef struct ds_fe_item {
+    gw_item_t item; /* first */
+    atomic_int abandoned;
+    /* The frontend frees a slot when the worker's outputs reach it, which
+     * may be before the batch's end reaches this side: a slot index can
+     * name an item here and, under a newer generation, the frontend's next
+     * one. Those of one index are chained. */
+    struct ds_fe_item *next_in_slot;
+    gw_dispatch_t *ds; /* whose record it is */
+} ds_fe_item_t;
+
 typedef struct {
     int id;
     ds_model_t *model;
@@ -188,35 +203,40 @@ typedef struct {
     uint32_t next_free; /* index + 1 of the next free slot; 0: none */
 } ds_handle_t;
 
-/* What planning.c and the dispatcher's lower files may ask of the files
- * above them: they call back through these (set by dispatch.c) rather than
- * into files that call them. */
+/* Commands: what placement (model_loads.c .. planning.c) asks of the
+ * batcher (batches.c, submit.c), which it never calls. Emitted through
+ * ds_cmd_* (records.c) and drained by the batcher at the end of the event
+ * that emitted them, or on the loop's next turn (ds_commands_drain); a
+ * pump (ds_pump) first routes the models a command marked stale, so no
+ * batch goes on routes placement has changed. */
+enum {
+    DS_CMD_ROUTE,         /* dm's sessions get their routes again */
+    DS_CMD_FLUSH_PENDING, /* the items that waited for dm's first load are queued */
+    DS_CMD_FAIL_PENDING,  /* ... or failed with rc, why */
+    DS_CMD_RESUBMIT,      /* item goes through submission again (its route changed) */
+};
+
 typedef struct {
-    void (*send_load)(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w);
-    /* Tells w to unload l's model (its load state becomes LOAD_NONE). */
-    void (*unload)(gw_dispatch_t *ds, ds_worker_t *w, ds_load_t *l);
-    void (*update_routes)(gw_dispatch_t *ds, ds_model_t *dm);
-    void (*pump)(gw_dispatch_t *ds);
-    /* The dispatcher's record of a registry model (created when new). */
-    ds_model_t *(*model)(gw_dispatch_t *ds, gw_model_t *m);
-    /* The device kind that serves m now (-1: none). */
-    int (*serving_kind)(const gw_dispatch_t *ds, const gw_model_t *m);
-    /* Up-calls of the dispatcher's lower files (batches.c, model_loads.c,
-     * prefix_groups.c) into its top (dispatch.c), which calls them: an item goes
-     * through submission again (its route changed: a prefix group retired,
-     * a batch could not be sent). */
-    void (*resubmit)(gw_dispatch_t *ds, gw_item_t *it);
-    /* ds_submit_chain, for frontends.c. */
-    void (*submit_chain)(gw_dispatch_t *ds, gw_item_t *first);
-} gw_dispatch_ops_t;
+    int kind;
+    struct ds_model *dm;
+    gw_item_t *item;
+    int rc;
+    char why[256];
+} ds_cmd_t;
 
 struct gw_dispatch {
     gw_sched_t sched; /* first: the scheduling interface (gw_dispatch_sched) */
     gw_server_t *srv;
-    const gw_dispatch_ops_t *ops;
     int aborted;
     atomic_int withdraw_posted; /* a gw_sched_withdraw look is on its way */
     sq_loop_t *loop;
+    /* Commands placement emitted, not drained yet (records.c), a pump
+     * asked for, whether a drain is posted to the loop, and the drain
+     * (submit.c's ds_commands_on_post, set by gw_dispatch_new). */
+    ds_cmd_t *cmds;
+    int ncmds, capcmds;
+    int pump_due, drain_posted;
+    sq_post_fn drain;
     pl_dispatch_t *core;
     uint64_t timer;
     int64_t timer_at_us; /* when it fires (the core's wake-up), while armed */
@@ -290,196 +310,12 @@ int ds_fail_out_of_service(gw_dispatch_t *ds, gw_item_t *it, int removed);
 void ds_await_tick(gw_dispatch_t *ds);
 void ds_await_free(gw_dispatch_t *ds);
 
-/* ---- planning: plan_report.c < epochs.c < planning.c ------------------- */
-
-/* What planning.c (the shell around the planning loop, planner/pl_loop.h)
- * keeps, and epochs.c and plan_report.c read. */
-/* A settle of moves under way (epochs.c): the plan's holdings indexed,
- * and the next worker to look at. */
-typedef struct {
-    int active;
-    struct ds_holding *alloc; /* (model key, worker) of each allocation, sorted */
-    int na;
-    sq_map_t over;       /* (model key, worker) of the overflow */
-    char *arrived_at;    /* per model (at its first holding): 0 ?, 1 no, 2 yes */
-    int cursor;          /* the next worker id */
-    const void *devices; /* the plan it indexed: it was not replaced */
-} ds_settle_t;
-
-typedef struct {
-    ds_settle_t settle;
-    int moves_pending; /* a model waits to leave a worker until it arrives elsewhere */
-    int settle_due;    /* a load finished while moves were pending: settle at the tick */
-} ds_plan_kind_t;
-
-/* An epoch whose plan is being computed (planner thread): what applying it
- * needs, kept by the dispatch thread. */
-typedef struct {
-    struct pl_loop_job *job; /* NULL: none in flight */
-    int *workers;            /* plan device j is ds->workers[workers[j]] at begin */
-    int nworkers;
-    char reason[64];
-    int64_t begin_ns;
-    double plan_ms;
-    /* Its plan adopted and being applied (epochs.c: in slices, the
-     * planner thread's plans): phase 0 loads worker by worker, phase 1
-     * routes model by model; cursor is where the next slice starts. */
-    int applying, phase, cursor;
-    const void *devices; /* the adopted plan's devices: it was not replaced */
-    int *dev_of;         /* workers[j]'s plan device index, -1 none */
-    int *ov_first, *ov;  /* overflow entries of device id j: ov[ov_first[j] ..] */
-    int64_t *keys;       /* models to route */
-    int nkeys;
-    int64_t now_us;
-} ds_plan_inflight_t;
-
-/* How long one slice of an apply holds the dispatch thread at most (one
- * worker's loads or one model's routes may run over). */
-#define DS_APPLY_SLICE_US 2000
-
-/* One placement of the plan stored before a restart. */
-typedef struct {
-    char device[64];
-    int kind;
-    int64_t key;
-    double slo_ms;
-    int batch;
-    double duty_cycle_us;
-    double rate_rps;
-    int saturated;
-} ds_plan_restore_t;
-
-struct ds_plan_state {
-    /* Rates, epochs, sessions, plans and routes (planner/pl_loop.h): the
-     * same loop squish-sim runs. Devices are named by worker id. */
-    struct pl_loop *loop;
-    /* The pipelines the loop knows (a reference each): key = the pointer,
-     * which the reference keeps from being reused. */
-    gw_pipeline_t **pipes;
-    int npipes, cappipes;
-    ds_plan_kind_t kinds[SQ_DEV_KIND_COUNT];
-    long long epoch;
-    /* advice inputs since the last epoch */
-    double ok, bad;
-    double busy_us;
-    int64_t window_start_us;
-    /* /v1/plan snapshot, read by HTTP threads */
-    pthread_mutex_t lock;
-    char *json;
-    /* The plan stored before a restart, until it is reapplied. */
-    ds_plan_restore_t *restore;
-    int nrestore;
-    long long restored_from; /* its epoch */
-    int64_t restore_first_up_us;
-    /* The planner thread (cfg->plan_thread): it runs pl_loop_job_run on the
-     * jobs the dispatch thread hands it (todo) and hands them back (done);
-     * the dispatch thread finishes and applies them at its next tick. Both
-     * arrays are indexed by kind, under job_lock. */
-    int threaded;
-    pthread_t thread;
-    pthread_mutex_t job_lock;
-    pthread_cond_t job_cond;
-    struct pl_loop_job *todo[SQ_DEV_KIND_COUNT];
-    struct pl_loop_job *done[SQ_DEV_KIND_COUNT];
-    int stopping;
-    ds_plan_inflight_t inflight[SQ_DEV_KIND_COUNT]; /* dispatch thread only */
-    uint64_t apply_timer;                           /* the next slice's, 0: none */
-};
-
-/* The loop's key of a pipeline: the pointer, which the loop's reference
- * (ds_plan_state_t.pipes) keeps from being reused. */
-static inline int64_t ds_plan_pipe_key(const gw_pipeline_t *pipe)
-{
-    return (int64_t)(intptr_t)pipe;
-}
-
-/* plan_report.c: the plan as /v1/plan, the model DB and /metrics see it. */
-/* A loop session as the snapshot names it: its model record and bucket;
- * NULL when the loop has no session id or its model is gone. */
-typedef struct {
-    ds_model_t *dm;
-    double bucket_ms;
-} ds_plan_view_t;
-const ds_plan_view_t *ds_plan_view(gw_dispatch_t *ds, int id, ds_plan_view_t *out);
-/* After an epoch (the plan's epoch counted): its snapshot for /v1/plan
- * and the model DB, and its metrics; moved: models it moved. */
-void ds_plan_publish(gw_dispatch_t *ds, const char *reason, int moved);
-
-/* epochs.c: the loop fed, and its plans applied. */
-/* What the loop knows of each model: its kind, profile (measured when it
- * drifted), and whether it is planned. */
-void ds_plan_sync_models(gw_dispatch_t *ds);
-/* The loop's pipelines follow the live ones: a deleted one goes, and each
- * live one it knows gets its current split and gammas. */
-void ds_plan_sync_pipelines(gw_dispatch_t *ds);
-/* The loop knows pipe (a reference is taken the first time). */
-void ds_plan_pipeline_known(gw_dispatch_t *ds, gw_pipeline_t *pipe);
-/* Plans kind from the workers up now and applies the plan: loads, duty
- * cycles, routes, then unloads of what moved away (make before break).
- * With the planner thread, the plan is computed there and applied by
- * ds_plan_collect at a later tick; one plan of a kind at a time (a second
- * epoch asked for meanwhile runs after it). */
-void ds_plan_epoch(gw_dispatch_t *ds, int kind, const char *reason, int64_t now_us);
-/* Applies the plans the planner thread has computed (every tick). */
-void ds_plan_collect(gw_dispatch_t *ds);
-/* Epochs begun whose plan is not applied yet (computed or being applied). */
-int ds_plan_pending(gw_dispatch_t *ds);
-/* The next slice of the plans being applied (a timer calls it between
- * the loop's events; benches call it themselves). */
-void ds_plan_continue(gw_dispatch_t *ds);
-/* Stops applying (the dispatcher is freed): the slices' timer cancelled. */
-void ds_plan_apply_stop(gw_dispatch_t *ds);
-/* The planner thread: started by ds_plan_new when cfg->plan_thread (-1 if
- * it cannot be: then plans are computed on the dispatch thread); stopped,
- * and plans never applied dropped, by ds_plan_free. */
-int ds_plan_thread_start(ds_plan_state_t *p);
-void ds_plan_thread_stop(ds_plan_state_t *p);
-
-/* planning.c: the shell's entry points, and the plan stored before a
- * restart reapplied. */
-
-ds_plan_state_t *ds_plan_new(gw_dispatch_t *ds);
-void ds_plan_free(ds_plan_state_t *ps);
-/* The planning loop (planner/pl_loop.h) the epochs run. */
-struct pl_loop *ds_plan_loop(gw_dispatch_t *ds);
-/* dm is about to be freed (deleted, and nothing refers to it): its sessions
- * go (a plan still naming their ids skips them). */
-void ds_plan_forget(gw_dispatch_t *ds, const ds_model_t *dm);
-/* Item it, served by dm at bucket_ms, arrived: counted toward (model,
- * bucket), or a pipeline item toward its stage (gw_item_t.pipeline), whose
- * rate goes to the session of the stage's current budget. */
-void ds_plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it);
-/* A model became active (first request, it): place it now. */
-/* now_us: the dispatcher's clock (sq_now_us; a test's virtual one). */
-void ds_plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it,
-                      int64_t now_us);
-/* Workers came or went, or a model was removed: re-plan that kind. */
-void ds_plan_invalidate(gw_dispatch_t *ds, int kind, const char *reason);
-/* epochs.c: a load finished on a worker of kind: models waiting to leave
- * their old workers (make before break) can go at the next tick
- * (ds_plan_settle_due, once for all the loads finished meanwhile). */
-void ds_plan_loaded(gw_dispatch_t *ds, int kind);
-void ds_plan_settle_due(gw_dispatch_t *ds);
-/* Whether the plan stored before a restart still waits to be reapplied. */
-int ds_plan_restoring(const gw_dispatch_t *ds);
-/* Called every tick: rates, epoch triggers. */
-void ds_plan_tick(gw_dispatch_t *ds, int64_t now_us);
-/* epochs.c: the routes of dispatcher session s: the planned workers that
- * hold the model (or, before any plan covers it, every worker that does). */
-int ds_plan_routes(gw_dispatch_t *ds, const ds_session_t *s, const int *holders, int nholders,
-                   pl_route_t *routes, int max);
-/* The workers that hold dm loaded now (the fallback of ds_plan_routes),
- * into holders (room for ds->nworkers); returns how many. */
-int ds_plan_holders(gw_dispatch_t *ds, const ds_model_t *dm, int *holders);
-/* Counters for the advice (bad rate, busy time). */
-void ds_plan_outcome(gw_dispatch_t *ds, int ok);
-void ds_plan_busy(gw_dispatch_t *ds, int worker, int64_t busy_us);
-
 /* ---- the dispatcher's files ----------------------------------------------
- * Each calls only the files listed before it (and the planning files:
- * plan_report.c, epochs.c, planning.c); calls up, from those too, go
- * through ds->ops. scripts/check_calls.py (test style/call-circles) fails
- * on a circle. */
+ * records.c below both parts; placement (placement_int.h) above it; the
+ * batcher (batcher_int.h) above placement; then readiness.c, frontends.c,
+ * dispatch.c and worker_events.c. Each calls only the files below it;
+ * placement asks the batcher through commands (ds_cmd_*).
+ * scripts/check_calls.py (test style/call-circles) fails on a circle. */
 
 /* records.c: lookups, the core's handles for items, finishing, sending. */
 /* Whether w's connection has received the model file sha. */
@@ -516,6 +352,18 @@ void ds_release_input(gw_dispatch_t *ds, gw_item_t *it);
 /* Answers it with an error: the one place, with a batch's success path,
  * where an item leaves the dispatcher. */
 void ds_fail_item(gw_dispatch_t *ds, gw_item_t *it, int rc, const char *detail);
+/* Commands for the batcher (ds_cmd_t): dm's routes, dm's waiting items
+ * queued or failed, it submitted again, a pump. */
+void ds_cmd_route(gw_dispatch_t *ds, ds_model_t *dm);
+void ds_cmd_flush_pending(gw_dispatch_t *ds, ds_model_t *dm);
+void ds_cmd_fail_pending(gw_dispatch_t *ds, ds_model_t *dm, int rc, const char *why);
+void ds_cmd_resubmit(gw_dispatch_t *ds, gw_item_t *it);
+void ds_cmd_pump(gw_dispatch_t *ds);
+/* A frontend's item here (frontends.c makes them): its answer (the
+ * item's finish: a failure goes back to the frontend, FE_FAIL), and the
+ * link to x (or, x NULL, to the item of slot) in its index's chain. */
+void ds_fe_finish(gw_item_t *it, int rc, const char *detail);
+ds_fe_item_t **ds_fe_chain_link(ds_frontend_t *f, uint64_t slot, const ds_fe_item_t *x);
 /* Frontend fe's record while it is connected, else NULL. */
 static inline ds_frontend_t *ds_frontend_at(const gw_dispatch_t *ds, int fe)
 {
@@ -532,90 +380,6 @@ int ds_link_send(gw_dispatch_t *ds, int worker, uint16_t type, uint64_t id, cons
                  uint32_t len, const gw_region_t *regions, int nregions);
 int ds_link_send_ref(gw_dispatch_t *ds, int worker, uint16_t type, uint64_t id, sq_bytes_t *bytes,
                      size_t off, uint32_t len);
-
-/* batches.c: the core's queues, its actions, and batches' answers. */
-/* Acts on the core's new actions (batches, drops, its wake-up). */
-void ds_pump(gw_dispatch_t *ds);
-/* Gives dm's sessions their routes (planning.c decides which workers). */
-void ds_update_routes(gw_dispatch_t *ds, ds_model_t *dm);
-/* The dispatcher session of (model, SLO bucket, input kind, priority
- * level, best effort), made (and *created set) the first time; its core
- * id, or < 0. */
-int ds_session_ensure(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint8_t input_kind,
-                      uint8_t priority, uint8_t best_effort, int *created);
-/* Queues it in dm's session for its SLO bucket and input kind. */
-void ds_enqueue_item(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t *it);
-/* The same for n items ready together (a clump, gw_sched_submit): those
- * of one session enter it as one arrival (pl_dispatch_requests). */
-/* Takes every abandoned item still queued (in the core or waiting for its
- * model's load) out and fails it as withdrawn. */
-void ds_withdraw_abandoned(gw_dispatch_t *ds);
-/* Fails it as withdrawn (counted by reason) when it is abandoned; 1 if so. */
-int ds_withdrawn(gw_dispatch_t *ds, gw_item_t *it);
-void ds_enqueue_items(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t **items, int n);
-/* The requests that waited for dm's first load: queued, or failed. */
-void ds_flush_pending(gw_dispatch_t *ds, ds_model_t *dm);
-void ds_fail_pending(gw_dispatch_t *ds, ds_model_t *dm, int rc, const char *why);
-/* A BATCH_DONE from w: finishes the batch's items. */
-void ds_on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f);
-
-/* model_loads.c: model files to workers (through the DB thread once), unloads. */
-/* Loads dm (a model or a prefix group) on w. */
-void ds_send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w);
-/* Tells w to unload l's model (see gw_dispatch_ops_t). */
-void ds_unload(gw_dispatch_t *ds, ds_worker_t *w, ds_load_t *l);
-/* Drops a group's members' files held for sending. */
-void ds_group_free_blobs(ds_model_t *g);
-
-/* profiling.c: measuring models; where a model is loaded and how it
- * leaves service. */
-/* Loads dm on every up worker of its kind that lacks it. */
-void ds_spread_loads(gw_dispatch_t *ds, ds_model_t *dm);
-/* Takes dm out of service: its sessions leave the core (which answers what
- * they queued) and every worker holding it unloads it. */
-void ds_withdraw(gw_dispatch_t *ds, ds_model_t *dm);
-/* Measures dm on a cpu/cuda worker that measures nothing else (it keeps
- * serving), if it wants a profile and one is free; start_profiles tries
- * every model. */
-void ds_start_profile(gw_dispatch_t *ds, ds_model_t *dm);
-void ds_start_profiles(gw_dispatch_t *ds);
-/* Sends w's next measurement slice if a gap in its work allows one now
- * (or it waited long enough); a no-op while a slice runs. */
-void ds_profile_step(gw_dispatch_t *ds, ds_worker_t *w);
-/* w answered its slice (PROFILE_SLICE, next_us: its next batch's expected
- * µs; or PROFILE_DONE): the core has the worker back. */
-void ds_slice_over(gw_dispatch_t *ds, ds_worker_t *w, int64_t next_us);
-/* dm's measurement on w ended (done, failed or abandoned): the next model
- * is measured. */
-void ds_end_profile(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w);
-
-/* prefix_groups.c: prefix groups (Nexus's prefix batching) and twins. */
-/* The index of member m in group g, or -1. */
-int ds_group_member_index(const ds_model_t *g, const gw_model_t *m);
-/* The group dm's requests can run in, if one is usable now (forming it,
- * and starting its measurement, when its time has come). */
-ds_model_t *ds_group_of(gw_dispatch_t *ds, ds_model_t *dm);
-/* Stops routing to group g: unloads it, removes its sessions (the core
- * answers what they queued), resubmits what waited for it. */
-void ds_group_retire(gw_dispatch_t *ds, ds_model_t *g, const char *why);
-/* g's measurement on w came back: stores and applies it. */
-void ds_group_profiled(gw_dispatch_t *ds, ds_model_t *g, ds_worker_t *w,
-                       const sq_profile_done_t *done);
-/* The oldest ready model with m's very file and input, if older than m;
- * and the model whose load serves dm's requests instead of its own. */
-gw_model_t *ds_twin_find(gw_dispatch_t *ds, const gw_model_t *m);
-/* The key of an older model with m's very file that is being measured now
- * (status profiling), or 0. */
-int64_t ds_twin_measuring(gw_dispatch_t *ds, const gw_model_t *m);
-ds_model_t *ds_twin_of(gw_dispatch_t *ds, ds_model_t *dm);
-
-/* batches.c: forgets dm's live correction (its profile was measured anew,
- * or dm is freed). */
-void ds_live_reset(gw_dispatch_t *ds, ds_model_t *dm);
-/* batches.c: dm's profile on kind is corrected by scale (1: none, the
- * profile as measured): its sessions in the core, the planner, the metric
- * and other threads' gw_dispatch_least follow. */
-void ds_live_set(gw_dispatch_t *ds, ds_model_t *dm, int kind, double scale);
 
 /* readiness.c: recomputes what the scheduler's ready and held answer
  * (every tick). */
@@ -637,13 +401,9 @@ void ds_registry_refresh(mdb_t *db, gw_server_t *srv, int64_t key);
 /* Answers everything the dispatcher holds 503 shutting_down (the link's
  * abort). Idempotent. */
 void ds_abort_all(gw_dispatch_t *ds);
-/* Items handed over on the dispatch thread (a frontend's, linked through
- * clump_next as gw_sched_submit's): admitted and queued. */
-void ds_submit_chain(gw_dispatch_t *ds, gw_item_t *first);
 
-/* frontends.c (below dispatch.c, which frees them; it submits items
- * through ds->ops->submit_chain): the frontends' events, which
- * worker_events.c hands over. */
+/* frontends.c (below dispatch.c, which frees them): the frontends'
+ * events, which worker_events.c hands over. */
 void ds_fe_up(gw_dispatch_t *ds, int fe, const char *name, const char *addr);
 int ds_fe_frame(gw_dispatch_t *ds, int fe, const sq_frame_t *f);
 void ds_fe_lost(gw_dispatch_t *ds, int fe);

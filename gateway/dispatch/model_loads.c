@@ -3,7 +3,7 @@
  * the bytes; a worker that already received a file (same sha256 on this
  * connection) is sent only the spec. A prefix group's load sends its
  * members' files, then the group spec. Unloads too. */
-#include "gw_dispatch_int.h"
+#include "placement_int.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -51,7 +51,7 @@ static void on_blob(sq_loop_t *loop, void *arg)
         }
     }
     if (dm->blob_state == 3)
-        ds_fail_pending(ds, dm, SQ_DB, "the model's bytes cannot be read");
+        ds_cmd_fail_pending(ds, dm, SQ_DB, "the model's bytes cannot be read");
     free(j);
 }
 
@@ -218,7 +218,7 @@ static void on_group_blob(sq_loop_t *loop, void *arg)
     /* Sent to everyone waiting: the files live in the DB, not here. */
     ds_group_free_blobs(g);
     free(j);
-    ds_pump(ds);
+    ds_cmd_pump(ds);
 }
 
 static void group_blob_job(mdb_t *db, void *arg)
@@ -289,7 +289,8 @@ static void send_group_load(gw_dispatch_t *ds, ds_model_t *g, ds_worker_t *w)
             w->device, gm->name, g->nmembers, sent);
 }
 
-/* Tells w to unload l's model (see gw_dispatch_ops_t). */
+/* Tells w to unload l's model (its load state becomes LOAD_NONE; its
+ * routes are made again, by command, when it was loaded). */
 void ds_unload(gw_dispatch_t *ds, ds_worker_t *w, ds_load_t *l)
 {
     /* A load waiting for its bytes was never sent: nothing to unload. */
@@ -303,7 +304,7 @@ void ds_unload(gw_dispatch_t *ds, ds_worker_t *w, ds_load_t *l)
      * covers a model are every worker that holds it). */
     ds_model_t *dm = was_done ? ds_model_find(ds, l->key) : NULL;
     if (dm != NULL && !dm->removed && dm->active && !ds->routes_deferred)
-        ds_update_routes(ds, dm);
+        ds_cmd_route(ds, dm);
     else if (dm != NULL)
         dm->routes_stale = 1; /* routed by who deferred it, or at its next enqueue */
 }

@@ -3,7 +3,7 @@
  * the model DB (the plan and its placements, one row set per epoch), and
  * its gauges and sessions' rates for /metrics; with the advice (devices to
  * add or release) computed from the outcomes since the last epoch. */
-#include "gw_dispatch_int.h"
+#include "placement_int.h"
 #include "gw_catalog.h"
 #include "gw_metrics.h"
 

@@ -13,7 +13,7 @@
  * for the sessions one squishd serves (bench: 0.3 ms for 100 sessions);
  * a deployment with thousands of sessions would want it on a thread of
  * its own. */
-#include "gw_dispatch_int.h"
+#include "placement_int.h"
 #include "gw_catalog.h"
 #include "gw_metrics.h"
 
@@ -325,8 +325,8 @@ static ds_model_t *restore_session(gw_dispatch_t *ds, const ds_plan_restore_t *r
     if (m == NULL)
         return NULL;
     int ok = strcmp(m->status, "ready") == 0 && m->has_profile[row->kind] &&
-             ds->ops->serving_kind(ds, m) == row->kind;
-    ds_model_t *dm = ok ? ds->ops->model(ds, m) : NULL;
+             ds_kind_of_model(ds, m) == row->kind;
+    ds_model_t *dm = ok ? ds_model_get(ds, m) : NULL;
     gw_model_unref(m);
     if (dm == NULL || dm->removed || dm->poisoned || (dm->active && dm->kind != row->kind))
         return NULL;

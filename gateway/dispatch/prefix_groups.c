@@ -1,7 +1,7 @@
 /* Prefix groups and twins. Models the model DB found to share all but their
  * last layers run as one group (Nexus's prefix batching); identical files
  * (twins) share one loaded copy. */
-#include "gw_dispatch_int.h"
+#include "placement_int.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -126,7 +126,7 @@ static void on_group_profile(sq_loop_t *loop, void *arg)
     }
     free(j->rows);
     free(j);
-    ds_pump(ds);
+    ds_cmd_pump(ds);
 }
 
 static void group_profile_get_job(mdb_t *db, void *arg)
@@ -333,7 +333,7 @@ void ds_group_retire(gw_dispatch_t *ds, ds_model_t *g, const char *why)
     /* Requests waiting in it run in their own models' sessions instead (the
      * core hands back those queued in its sessions as drops, see pump). */
     for (int i = 0; i < g->npending; i++)
-        ds->ops->resubmit(ds, g->pending[i]);
+        ds_cmd_resubmit(ds, g->pending[i]);
     g->npending = 0;
     ds_withdraw(ds, g);
     ds_group_free_blobs(g);

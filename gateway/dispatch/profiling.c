@@ -5,7 +5,7 @@
  * (pl_dispatch_worker_foreign) that fills a gap the worker's sessions can
  * spare. Also where a model is loaded (spread_loads) and how it leaves
  * service (withdraw), both of which end a measurement under way. */
-#include "gw_dispatch_int.h"
+#include "placement_int.h"
 
 #define PROFILE_WARMUP 3
 #define PROFILE_REPEATS 8

@@ -2,7 +2,7 @@
  * ask (gw_dispatch_ready, gw_dispatch_model_held): why squishd cannot serve
  * every ready model now, and the models a worker up holds, published under
  * ready_lock. */
-#include "gw_dispatch_int.h"
+#include "batcher_int.h"
 
 #include <string.h>
 

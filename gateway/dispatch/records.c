@@ -4,6 +4,7 @@
 #include "gw_dispatch_int.h"
 
 #include <assert.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* ---- lookups ----------------------------------------------------------- */
@@ -265,4 +266,98 @@ int ds_fail_out_of_service(gw_dispatch_t *ds, gw_item_t *it, int removed)
     else if (removed)
         ds_fail_item(ds, it, SQ_NOT_READY, "the model is being loaded again; retry shortly");
     return gone || unloaded || removed;
+}
+
+/* ---- commands: what placement asks of the batcher ----------------------- */
+
+static ds_cmd_t *cmd_push(gw_dispatch_t *ds, int kind)
+{
+    if (ds->ncmds == ds->capcmds) {
+        ds->capcmds = ds->capcmds ? 2 * ds->capcmds : 16;
+        ds->cmds = sq_xrealloc(ds->cmds, sizeof(*ds->cmds) * (size_t)ds->capcmds);
+    }
+    ds_cmd_t *c = &ds->cmds[ds->ncmds++];
+    *c = (ds_cmd_t){.kind = kind};
+    /* Drained at the end of the event that emitted it, or (an event of
+     * placement's own: a file fetched, a slice of a plan) on the loop's
+     * next turn. */
+    if (!ds->drain_posted && ds->drain != NULL) {
+        ds->drain_posted = 1;
+        sq_loop_post(ds->loop, ds->drain, ds);
+    }
+    return c;
+}
+
+void ds_cmd_route(gw_dispatch_t *ds, ds_model_t *dm)
+{
+    dm->routes_stale = 1;
+    cmd_push(ds, DS_CMD_ROUTE)->dm = dm;
+}
+
+void ds_cmd_flush_pending(gw_dispatch_t *ds, ds_model_t *dm)
+{
+    cmd_push(ds, DS_CMD_FLUSH_PENDING)->dm = dm;
+}
+
+void ds_cmd_fail_pending(gw_dispatch_t *ds, ds_model_t *dm, int rc, const char *why)
+{
+    ds_cmd_t *c = cmd_push(ds, DS_CMD_FAIL_PENDING);
+    c->dm = dm;
+    c->rc = rc;
+    snprintf(c->why, sizeof(c->why), "%s", why);
+}
+
+void ds_cmd_resubmit(gw_dispatch_t *ds, gw_item_t *it)
+{
+    cmd_push(ds, DS_CMD_RESUBMIT)->item = it;
+}
+
+void ds_cmd_pump(gw_dispatch_t *ds)
+{
+    ds->pump_due = 1;
+    if (!ds->drain_posted && ds->drain != NULL) {
+        ds->drain_posted = 1;
+        sq_loop_post(ds->loop, ds->drain, ds);
+    }
+}
+
+/* ---- frontends' items ------------------------------------------------------ */
+
+/* The link to x in its index's chain, or NULL. */
+ds_fe_item_t **ds_fe_chain_link(ds_frontend_t *f, uint64_t slot, const ds_fe_item_t *x)
+{
+    uint32_t idx = (uint32_t)slot;
+    if (idx >= f->capitems)
+        return NULL;
+    for (ds_fe_item_t **pp = &f->items[idx]; *pp != NULL; pp = &(*pp)->next_in_slot)
+        if (x != NULL ? *pp == x : (*pp)->item.input.fe_slot == slot)
+            return pp;
+    return NULL;
+}
+
+/* Its answer here: nothing to send for a success (the frontend has the
+ * outputs from the worker), nor for an item the frontend withdrew. */
+void ds_fe_finish(gw_item_t *it, int rc, const char *detail)
+{
+    ds_fe_item_t *x = (ds_fe_item_t *)it;
+    gw_dispatch_t *ds = x->ds;
+    int fe = (int)it->input.src - 1;
+    ds_frontend_t *f = ds_frontend_at(ds, fe);
+    if (f != NULL) {
+        ds_fe_item_t **pp = ds_fe_chain_link(f, it->input.fe_slot, x);
+        if (pp != NULL)
+            *pp = x->next_in_slot;
+        if (rc != 0 && atomic_load(&x->abandoned) == 0) {
+            sq_fe_fail_t fail = {.code = rc};
+            snprintf(fail.detail, sizeof(fail.detail), "%s", detail != NULL ? detail : "");
+            sq_buf_t b;
+            sq_buf_init(&b);
+            sq_fe_fail_encode(&b, &fail);
+            ds_fe_send(ds, fe, SQ_MSG_FE_FAIL, it->input.fe_slot, b.data, (uint32_t)b.len);
+            sq_buf_dispose(&b);
+        }
+    }
+    gw_model_unref(it->ask.model);
+    gw_pipeline_unref(it->pipe.pipeline);
+    free(x);
 }

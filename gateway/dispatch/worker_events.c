@@ -6,7 +6,7 @@
  * was running, and past --model-retries the model is poisoned. The top of
  * dispatch/: it calls dispatch.c (the registry refresh, the abort) and the
  * files below it. */
-#include "gw_dispatch_int.h"
+#include "batcher_int.h"
 
 #include <signal.h>
 #include <stdlib.h>

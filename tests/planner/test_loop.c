@@ -4,7 +4,7 @@
  * routes and splits epoch by epoch. */
 #include <criterion/criterion.h>
 
-#include "gw_dispatch_int.h"
+#include "batcher_int.h"
 #include "gw_metrics.h"
 #include "gw_catalog.h"
 #include "sim.h"

@@ -13,7 +13,7 @@
  * queue is empty), and every item is answered exactly once. */
 #include <criterion/criterion.h>
 
-#include "gw_dispatch_int.h"
+#include "batcher_int.h"
 #include "api_int.h"
 
 #include <math.h>
