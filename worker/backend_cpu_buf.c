@@ -301,58 +301,48 @@ void wk__cpu_set_out_plain(wk_plan_t *plan, int v)
     wk__cpu_set_out_md(plan, v, &md);
 }
 
+/* oneDNN's eltwise for each activation: its algorithm, and its alpha and
+ * beta, fixed or the step's (params). */
+typedef struct {
+    dnnl_alg_kind_t alg;
+    enum {
+        ACT_FIXED,      /* alpha, beta as below */
+        ACT_ALPHA,      /* alpha: the step's alpha */
+        ACT_ALPHA_BETA, /* alpha, beta: the step's */
+        ACT_EXPONENT,   /* beta: the step's alpha (oneDNN's pow is alpha * x^beta) */
+    } params;
+    float alpha, beta;
+} cpu_act_t;
+
+static const cpu_act_t cpu_acts[] = {
+    [WK_ACT_NONE] = {dnnl_alg_kind_undef, ACT_FIXED, 0, 0},
+    [WK_ACT_RELU] = {dnnl_eltwise_relu, ACT_FIXED, 0, 0},
+    [WK_ACT_LEAKY_RELU] = {dnnl_eltwise_relu, ACT_ALPHA, 0, 0},
+    [WK_ACT_CLIP] = {dnnl_eltwise_clip, ACT_ALPHA_BETA, 0, 0},
+    [WK_ACT_SIGMOID] = {dnnl_eltwise_logistic, ACT_FIXED, 0, 0},
+    /* then clip(0, 1): wk__cpu_append_act, build_eltwise */
+    [WK_ACT_HARDSIGMOID] = {dnnl_eltwise_linear, ACT_ALPHA_BETA, 0, 0},
+    [WK_ACT_HARDSWISH] = {dnnl_eltwise_hardswish, ACT_FIXED, 0, 0},
+    [WK_ACT_POW] = {dnnl_eltwise_pow, ACT_EXPONENT, 1.0f, 0},
+    [WK_ACT_SQRT] = {dnnl_eltwise_sqrt, ACT_FIXED, 0, 0},
+    [WK_ACT_GELU] = {dnnl_eltwise_gelu_erf, ACT_FIXED, 0, 0},
+    [WK_ACT_TANH] = {dnnl_eltwise_tanh, ACT_FIXED, 0, 0},
+    [WK_ACT_SWISH] = {dnnl_eltwise_swish, ACT_FIXED, 1.0f, 0}, /* x * sigmoid(alpha x) */
+};
+_Static_assert(sizeof(cpu_acts) / sizeof(cpu_acts[0]) == WK_ACT_COUNT_,
+               "an activation without its oneDNN algorithm");
+_Static_assert(WK_ACT_COUNT_ == 12, "a new activation (wk_acts.h): give it its entry in cpu_acts");
+
 dnnl_alg_kind_t wk__cpu_act_alg(wk_act_kind_t k)
 {
-    switch (k) {
-    case WK_ACT_RELU:
-    case WK_ACT_LEAKY_RELU:
-        return dnnl_eltwise_relu;
-    case WK_ACT_CLIP:
-        return dnnl_eltwise_clip;
-    case WK_ACT_SIGMOID:
-        return dnnl_eltwise_logistic;
-    case WK_ACT_HARDSIGMOID:
-        return dnnl_eltwise_linear; /* followed by clip(0, 1) */
-    case WK_ACT_HARDSWISH:
-        return dnnl_eltwise_hardswish;
-    case WK_ACT_POW:
-        return dnnl_eltwise_pow; /* alpha * x^beta */
-    case WK_ACT_SQRT:
-        return dnnl_eltwise_sqrt;
-    case WK_ACT_GELU:
-        return dnnl_eltwise_gelu_erf;
-    case WK_ACT_TANH:
-        return dnnl_eltwise_tanh;
-    case WK_ACT_SWISH:
-        return dnnl_eltwise_swish; /* x * sigmoid(alpha x), alpha 1 */
-    default:
-        return dnnl_alg_kind_undef;
-    }
+    return (unsigned)k < WK_ACT_COUNT_ ? cpu_acts[k].alg : dnnl_alg_kind_undef;
 }
 
 void wk__cpu_act_params(wk_act_t a, float *alpha, float *beta)
 {
-    *alpha = 0.0f;
-    *beta = 0.0f;
-    switch (a.kind) {
-    case WK_ACT_LEAKY_RELU:
-        *alpha = a.alpha;
-        break;
-    case WK_ACT_CLIP:
-    case WK_ACT_HARDSIGMOID:
-        *alpha = a.alpha;
-        *beta = a.beta;
-        break;
-    case WK_ACT_POW:
-        *alpha = 1.0f;
-        *beta = a.alpha;
-        break;
-    case WK_ACT_SWISH:
-        *alpha = 1.0f;
-        break;
-    default:
-        break;
-    }
+    const cpu_act_t *c = &cpu_acts[(unsigned)a.kind < WK_ACT_COUNT_ ? a.kind : WK_ACT_NONE];
+    *alpha = c->params == ACT_ALPHA || c->params == ACT_ALPHA_BETA ? a.alpha : c->alpha;
+    *beta = c->params == ACT_ALPHA_BETA ? a.beta : c->params == ACT_EXPONENT ? a.alpha : c->beta;
 }
 
 void wk__cpu_append_act(dnnl_post_ops_t po, wk_act_t a)

@@ -16,16 +16,7 @@ const float wk__cuda_one = 1.0f, wk__cuda_zero = 0.0f;
 #define one wk__cuda_one
 #define zero wk__cuda_zero
 
-_Static_assert((int)CK_ACT_RELU == (int)WK_ACT_RELU &&
-                   (int)CK_ACT_LEAKY_RELU == (int)WK_ACT_LEAKY_RELU &&
-                   (int)CK_ACT_CLIP == (int)WK_ACT_CLIP &&
-                   (int)CK_ACT_SIGMOID == (int)WK_ACT_SIGMOID &&
-                   (int)CK_ACT_HARDSIGMOID == (int)WK_ACT_HARDSIGMOID &&
-                   (int)CK_ACT_HARDSWISH == (int)WK_ACT_HARDSWISH &&
-                   (int)CK_ACT_POW == (int)WK_ACT_POW && (int)CK_ACT_SQRT == (int)WK_ACT_SQRT &&
-                   (int)CK_ACT_GELU == (int)WK_ACT_GELU && (int)CK_ACT_TANH == (int)WK_ACT_TANH &&
-                   (int)CK_ACT_SWISH == (int)WK_ACT_SWISH && WK_ACT_COUNT_ == 12,
-               "cuda_kernels.h's activation numbers are wk_act_kind_t's");
+_Static_assert((int)CK_ACT_COUNT_ == (int)WK_ACT_COUNT_, "one list of activations: wk_acts.h");
 _Static_assert(CK_MAX_DIMS == WK_MAX_DIMS, "one bound on ranks");
 _Static_assert(CK_MAX_POST >= WK_MAX_POST + 1, "a conv's bias and post-ops in one pointwise");
 
@@ -597,40 +588,33 @@ out:
     return rc;
 }
 
+/* One entry per kernel kind (wk_kernel_t), like the cpu backend's
+ * wk__cpu_ops: a new kind fails the asserts until it has its entry. */
+typedef struct {
+    int (*launch)(wk_plan_t *plan, int si, int batch);
+} cuda_kernel_t;
+
+static const cuda_kernel_t cuda_kernels[] = {
+    [WK_K_CONV] = {.launch = run_conv},           [WK_K_MAXPOOL] = {.launch = run_pool},
+    [WK_K_AVGPOOL] = {.launch = run_pool},        [WK_K_GLOBALAVG] = {.launch = run_pool},
+    [WK_K_ELTWISE] = {.launch = run_pointwise},   [WK_K_BINARY] = {.launch = run_pointwise},
+    [WK_K_BATCHNORM] = {.launch = run_pointwise}, [WK_K_CONCAT] = {.launch = run_layout},
+    [WK_K_SOFTMAX] = {.launch = run_softmax},     [WK_K_GEMM] = {.launch = run_gemm},
+    [WK_K_MATMUL] = {.launch = run_gemm},         [WK_K_REDUCE_MEAN] = {.launch = run_reduce},
+    [WK_K_COPY] = {.launch = run_layout},         [WK_K_TRANSPOSE] = {.launch = run_layout},
+    [WK_K_PAD] = {.launch = run_layout},          [WK_K_SLICE] = {.launch = run_layout},
+    [WK_K_ERF] = {.launch = run_pointwise},       [WK_K_EXPAND] = {.launch = run_pointwise},
+    [WK_K_LAYERNORM] = {.launch = run_layernorm},
+};
+_Static_assert(sizeof(cuda_kernels) / sizeof(cuda_kernels[0]) == WK_K_COUNT_,
+               "a kernel kind without a cuda step");
+_Static_assert(WK_K_COUNT_ == 19, "a new kernel kind: give it its entry in cuda_kernels");
+
 static int run_step(wk_plan_t *plan, int si, int batch)
 {
     const wk_step_t *s = &plan->graph->steps[si];
-    switch (s->kind) {
-    case WK_K_CONV:
-        return run_conv(plan, si, batch);
-    case WK_K_MAXPOOL:
-    case WK_K_AVGPOOL:
-    case WK_K_GLOBALAVG:
-        return run_pool(plan, si, batch);
-    case WK_K_ELTWISE:
-    case WK_K_ERF:
-    case WK_K_BINARY:
-    case WK_K_BATCHNORM:
-    case WK_K_EXPAND:
-        return run_pointwise(plan, si, batch);
-    case WK_K_LAYERNORM:
-        return run_layernorm(plan, si, batch);
-    case WK_K_SOFTMAX:
-        return run_softmax(plan, si, batch);
-    case WK_K_GEMM:
-    case WK_K_MATMUL:
-        return run_gemm(plan, si, batch);
-    case WK_K_REDUCE_MEAN:
-        return run_reduce(plan, si, batch);
-    case WK_K_COPY:
-    case WK_K_CONCAT:
-    case WK_K_TRANSPOSE:
-    case WK_K_SLICE:
-    case WK_K_PAD:
-        return run_layout(plan, si, batch);
-    case WK_K_COUNT_:
-        break;
-    }
+    if ((unsigned)s->kind < WK_K_COUNT_ && cuda_kernels[s->kind].launch != NULL)
+        return cuda_kernels[s->kind].launch(plan, si, batch);
     return wk_fail(plan, SQ_INTERNAL, "step %d: kernel kind %d", si, (int)s->kind);
 }
 

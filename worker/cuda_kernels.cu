@@ -36,7 +36,9 @@ __device__ __forceinline__ void st(void *p, int dt, int64_t i, float v)
     }
 }
 
-// The cpu backend's (oneDNN's) definitions, in FP32.
+// The cpu backend's (oneDNN's) definitions, in FP32: one case per
+// activation of wk_acts.h.
+static_assert(CK_ACT_COUNT_ == 12, "a new activation (wk_acts.h): give it its case in act()");
 __device__ __forceinline__ float act(const ck_act_t &a, float x)
 {
     switch (a.kind) {

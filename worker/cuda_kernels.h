@@ -10,6 +10,8 @@
 #ifndef CUDA_KERNELS_H
 #define CUDA_KERNELS_H
 
+#include "wk_acts.h"
+
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
@@ -22,21 +24,13 @@ extern "C" {
 
 typedef enum { CK_F32 = 0, CK_F16 = 1, CK_BF16 = 2 } ck_dtype_t;
 
-/* Activation kinds: the numbers of wk_act_kind_t (backend_cuda checks
- * that they agree), plus erf. */
+/* Activation kinds: wk_act_kind_t's numbers, from the one list
+ * (wk_acts.h), plus erf. */
 enum {
-    CK_ACT_NONE = 0,
-    CK_ACT_RELU,
-    CK_ACT_LEAKY_RELU, /* alpha: slope */
-    CK_ACT_CLIP,       /* alpha: min, beta: max */
-    CK_ACT_SIGMOID,
-    CK_ACT_HARDSIGMOID, /* max(0, min(1, alpha x + beta)) */
-    CK_ACT_HARDSWISH,   /* x * max(0, min(1, x / 6 + 1/2)) */
-    CK_ACT_POW,         /* x^alpha */
-    CK_ACT_SQRT,
-    CK_ACT_GELU, /* x * (1 + erf(x / sqrt 2)) / 2 */
-    CK_ACT_TANH,
-    CK_ACT_SWISH, /* x * sigmoid(x) */
+#define CK_ACT_ENUM_(e, name) CK_ACT_##e,
+    WK_ACTS(CK_ACT_ENUM_)
+#undef CK_ACT_ENUM_
+        CK_ACT_COUNT_,
     CK_ACT_ERF = 100,
 };
 

@@ -5,7 +5,9 @@
  * padding, Split becomes Slices, a one-index Gather a Slice and a copy, an
  * Einsum with a transposed B a transpose and a matmul, a Concat past
  * WK_MAX_CONCAT_SOURCES inputs concats of concats, Dropout and Identity
- * disappear.
+ * disappear. How each op lowers is its entry in the table lowerers[]
+ * (an elementwise op names its activation and the attributes of its
+ * parameters there, a binary op its wk_binop_t: no code of its own).
  *
  * What the lowering and each backend cannot run is one list, the rules in
  * modeldb's op descriptor table (mdb_node_runnable_on), which the importer
@@ -248,310 +250,426 @@ static int jit_broadcast(lower_t *L, int v, int out)
     return nv;
 }
 
-static int lower_node_inputs(lower_t *L, const mdb_node_t *n, int *in);
+/* How each op lowers: a function, and for the ops that share one, what
+ * it makes (the kernel, the activation and the attributes its parameters
+ * come from, the binary op). Indexed by op; import-time ops have none
+ * (mdb_node_runnable_on refuses them first). */
+typedef struct lowerer lowerer_t;
+struct lowerer {
+    /* Lowers node n whose inputs are in[] (values, -1 when omitted) into
+     * out, the value made for its output 0 (-1 with own_outputs). */
+    int (*lower)(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in, int out);
+    bool own_outputs;                   /* lower makes the node's outputs itself */
+    wk_kernel_t kernel;                 /* lower_step, lower_pool */
+    wk_act_kind_t act;                  /* lower_act: the activation, and its alpha and beta from */
+    const char *alpha_attr, *beta_attr; /* these attributes (NULL: 0) */
+    float alpha_def, beta_def;          /* or these when absent */
+    wk_binop_t binop;                   /* lower_binary */
+};
+
+/* One step of how->kernel reading every input. */
+static int lower_step(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in, int out)
+{
+    wk_graph_step(L->g, how->kernel, in, n->n_inputs, out);
+    return 0;
+}
+
+static int lower_act(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in, int out)
+{
+    wk_step_t *s = wk_graph_step(L->g, WK_K_ELTWISE, in, 1, out);
+    s->p.act.kind = how->act;
+    if (how->alpha_attr != NULL)
+        s->p.act.alpha = mdb_node_float(n, how->alpha_attr, how->alpha_def);
+    if (how->beta_attr != NULL)
+        s->p.act.beta = mdb_node_float(n, how->beta_attr, how->beta_def);
+    return 0;
+}
+
+static int lower_binary(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in, int out)
+{
+    (void)n;
+    for (int k = 0; k < 2; k++)
+        in[k] = jit_broadcast(L, in[k], out);
+    wk_graph_step(L->g, WK_K_BINARY, in, 2, out)->p.binop = how->binop;
+    return 0;
+}
+
+static int lower_conv(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in, int out)
+{
+    (void)how;
+    wk_graph_t *g = L->g;
+    int64_t kernel[WK_MAX_SPATIAL];
+    const wk_value_t *w = &g->values[in[1]]; /* constant: mdb_node_runnable */
+    for (int i = 0; i < w->ndim - 2 && i < WK_MAX_SPATIAL; i++)
+        kernel[i] = w->dims[2 + i];
+    wk_step_t *s = wk_graph_step(g, WK_K_CONV, in, n->n_inputs, out);
+    return window(L, n, s, &g->values[in[0]], &g->values[out], kernel);
+}
+
+static int lower_pool(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in, int out)
+{
+    wk_graph_t *g = L->g;
+    wk_step_t *s = wk_graph_step(g, how->kernel, in, 1, out);
+    return window(L, n, s, &g->values[in[0]], &g->values[out], NULL);
+}
+
+/* Identity and Dropout: the output is the input, unless a graph output
+ * would alias a graph input; then a copy. */
+static int lower_identity(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in, int out)
+{
+    (void)how;
+    (void)out;
+    const wk_value_t *x = &L->g->values[in[0]];
+    if (!L->src->tensors[n->outputs[0]].is_output || (!x->is_input && x->data == NULL)) {
+        L->val[n->outputs[0]] = in[0];
+        return 0;
+    }
+    int y = output_of(L, n->outputs[0], n);
+    if (y < 0)
+        return y;
+    wk_graph_step(L->g, WK_K_COPY, in, 1, y);
+    return 0;
+}
+
+/* Split: one slice per output. */
+static int lower_split(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in, int out)
+{
+    (void)how;
+    (void)out;
+    wk_graph_t *g = L->g;
+    int axis = (int)mdb_node_int(n, "axis", 0);
+    int64_t at = 0;
+    for (int o = 0; o < n->n_outputs; o++) {
+        int y = output_of(L, n->outputs[o], n);
+        if (y < 0)
+            return y;
+        wk_step_t *s = wk_graph_step(g, WK_K_SLICE, in, 1, y);
+        for (int d = 0; d < WK_MAX_DIMS; d++)
+            s->p.slice.step[d] = 1;
+        s->p.slice.start[axis] = at;
+        at += g->values[y].dims[axis];
+    }
+    return 0;
+}
+
+/* Gather of one index (mdb_node_runnable): a slice of one along the axis,
+ * then the output's shape without it. */
+static int lower_gather(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in, int out)
+{
+    (void)how;
+    wk_graph_t *g = L->g;
+    const wk_value_t *x = &g->values[in[0]];
+    int axis = (int)mdb_node_int(n, "axis", 0);
+    int64_t dims[WK_MAX_DIMS];
+    for (int d = 0; d < x->ndim; d++)
+        dims[d] = x->dims[d];
+    dims[axis] = 1;
+    int picked = wk_graph_value(g, NULL, x->ndim, dims, g->values[out].batched, NULL);
+    wk_step_t *s = wk_graph_step(g, WK_K_SLICE, in, 1, picked);
+    for (int d = 0; d < WK_MAX_DIMS; d++)
+        s->p.slice.step[d] = 1;
+    s->p.slice.start[axis] = mdb_node_int(n, "index", 0);
+    wk_graph_step(g, WK_K_COPY, &picked, 1, out);
+    return 0;
+}
+
+/* LayerNorm: scale and bias as [C] constants, whatever rank the file gave
+ * them (mdb_node_runnable: one value per channel). */
+static int lower_layer_norm(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in, int out)
+{
+    (void)how;
+    wk_graph_t *g = L->g;
+    int nin = n->n_inputs;
+    int ln_in[3] = {in[0], -1, -1};
+    int64_t cdim = g->values[in[0]].dims[g->values[in[0]].ndim - 1];
+    for (int k = 1; k < nin && k < 3; k++) {
+        if (in[k] < 0)
+            continue;
+        const float *data = g->values[in[k]].data;
+        ln_in[k] = wk_graph_value(g, NULL, 1, &cdim, false, data);
+    }
+    wk_step_t *s = wk_graph_step(g, WK_K_LAYERNORM, ln_in, nin < 3 ? 1 : 3, out);
+    s->p.epsilon = mdb_node_float(n, "epsilon", 1e-5f);
+    return 0;
+}
+
+static int lower_gemm(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in, int out)
+{
+    (void)how;
+    wk_step_t *s = wk_graph_step(L->g, WK_K_GEMM, in, n->n_inputs, out);
+    s->p.gemm.trans_a = (int)mdb_node_int(n, "transA", 0);
+    s->p.gemm.trans_b = (int)mdb_node_int(n, "transB", 0);
+    s->p.gemm.alpha = mdb_node_float(n, "alpha", 1.0f);
+    s->p.gemm.beta = mdb_node_float(n, "beta", 1.0f);
+    return 0;
+}
+
+/* Einsum: a batched product; B transposed first into a temporary when the
+ * equation reads it so (mdb canonical transB). */
+static int lower_einsum(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in, int out)
+{
+    (void)how;
+    wk_graph_t *g = L->g;
+    int b = in[1];
+    if (mdb_node_int(n, "transB", 0)) {
+        const wk_value_t *bv = &g->values[in[1]];
+        int nd = bv->ndim;
+        int64_t dims[WK_MAX_DIMS];
+        for (int d = 0; d < nd; d++)
+            dims[d] = bv->dims[d];
+        dims[nd - 2] = bv->dims[nd - 1];
+        dims[nd - 1] = bv->dims[nd - 2];
+        b = wk_graph_value(g, NULL, nd, dims, bv->batched, NULL);
+        wk_step_t *s = wk_graph_step(g, WK_K_TRANSPOSE, &in[1], 1, b);
+        for (int d = 0; d < nd; d++)
+            s->p.perm[d] = d;
+        s->p.perm[nd - 2] = nd - 1;
+        s->p.perm[nd - 1] = nd - 2;
+    }
+    wk_graph_step(g, WK_K_MATMUL, (int[]){in[0], b}, 2, out);
+    return 0;
+}
+
+static int lower_concat_node(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in,
+                             int out)
+{
+    (void)how;
+    return lower_concat(L, n, in, n->n_inputs, out);
+}
+
+static int lower_transpose(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in, int out)
+{
+    (void)how;
+    int ndim = L->g->values[in[0]].ndim;
+    wk_step_t *s = wk_graph_step(L->g, WK_K_TRANSPOSE, in, 1, out);
+    int64_t perm[WK_MAX_DIMS];
+    size_t count = 0;
+    mdb_node_ints(n, "perm", &count);
+    ints_attr(n, "perm", perm, ndim, 0);
+    for (int d = 0; d < ndim; d++)
+        s->p.perm[d] = count ? (int)perm[d] : ndim - 1 - d;
+    return 0;
+}
+
+static int lower_softmax(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in, int out)
+{
+    (void)how;
+    int ndim = L->g->values[in[0]].ndim;
+    wk_step_t *s = wk_graph_step(L->g, WK_K_SOFTMAX, in, 1, out);
+    s->p.axis = (int)mdb_node_int(n, "axis", ndim - 1);
+    if (s->p.axis < 0)
+        s->p.axis += ndim;
+    return 0;
+}
+
+static int lower_pad(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in, int out)
+{
+    (void)how;
+    int ndim = L->g->values[in[0]].ndim;
+    wk_step_t *s = wk_graph_step(L->g, WK_K_PAD, in, 1, out);
+    int64_t pads[2 * WK_MAX_DIMS];
+    ints_attr(n, "pads", pads, 2 * ndim, 0);
+    for (int d = 0; d < ndim; d++) {
+        s->p.pad.begin[d] = pads[d];
+        s->p.pad.end[d] = pads[ndim + d];
+    }
+    /* pads >= 0, never on the batch, a known mode: mdb_node_runnable */
+    const char *mode = mdb_node_string(n, "mode", "constant");
+    s->p.pad.mode = strcmp(mode, "reflect") == 0 ? WK_PAD_REFLECT
+                    : strcmp(mode, "edge") == 0  ? WK_PAD_EDGE
+                                                 : WK_PAD_CONSTANT;
+    s->p.pad.value = mdb_node_float(n, "value", 0.0f);
+    return 0;
+}
+
+static int lower_reduce_mean(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in,
+                             int out)
+{
+    (void)how;
+    int ndim = L->g->values[in[0]].ndim;
+    wk_step_t *s = wk_graph_step(L->g, WK_K_REDUCE_MEAN, in, 1, out);
+    size_t count = 0;
+    const int64_t *axes = mdb_node_ints(n, "axes", &count);
+    for (size_t i = 0; i < count; i++)
+        s->p.reduce.axes_mask |= (int64_t)1 << axes[i];
+    if (count == 0)
+        s->p.reduce.axes_mask = ((int64_t)1 << ndim) - 1;
+    return 0;
+}
+
+/* BatchNormalization: a per-channel scale and shift (folded into the conv
+ * before it by wk_graph_fuse). */
+static int lower_batch_norm(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in, int out)
+{
+    (void)how;
+    wk_graph_t *g = L->g;
+    const wk_value_t *x = &g->values[in[0]];
+    const wk_value_t *sc = &g->values[in[1]], *b = &g->values[in[2]];
+    const wk_value_t *mean = &g->values[in[3]], *var = &g->values[in[4]];
+    /* constants of one value per channel: mdb_node_runnable */
+    int64_t c = x->ndim > 1 ? x->dims[1] : 1;
+    if (wk_value_elems(sc) != c || wk_value_elems(b) != c || wk_value_elems(mean) != c ||
+        wk_value_elems(var) != c)
+        return fail(L, SQ_BAD_MODEL, n, "parameters are not of the channel count %lld",
+                    (long long)c);
+    float eps = mdb_node_float(n, "epsilon", 1e-5f);
+    float *scale = sq_xmalloc((size_t)c * sizeof(float));
+    float *shift = sq_xmalloc((size_t)c * sizeof(float));
+    for (int64_t i = 0; i < c; i++) {
+        scale[i] = sc->data[i] / sqrtf(var->data[i] + eps);
+        shift[i] = b->data[i] - mean->data[i] * scale[i];
+    }
+    /* Per-channel constants shaped [C, 1, ...] to broadcast over NC... in
+     * the unfused case. */
+    int64_t dims[WK_MAX_DIMS];
+    int nd = x->ndim > 1 ? x->ndim - 1 : 1;
+    dims[0] = c;
+    for (int d = 1; d < nd; d++)
+        dims[d] = 1;
+    int bn_in[3] = {in[0], wk_graph_value(g, NULL, nd, dims, false, scale),
+                    wk_graph_value(g, NULL, nd, dims, false, shift)};
+    free(scale);
+    free(shift);
+    wk_graph_step(g, WK_K_BATCHNORM, bn_in, 3, out);
+    return 0;
+}
+
+static int lower_slice(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in, int out)
+{
+    (void)how;
+    wk_graph_t *g = L->g;
+    wk_step_t *s = wk_graph_step(g, WK_K_SLICE, in, 1, out);
+    const wk_value_t *x = &g->values[in[0]], *y = &g->values[out];
+    for (int d = 0; d < WK_MAX_DIMS; d++)
+        s->p.slice.step[d] = 1;
+    size_t na = 0, ns = 0, nst = 0;
+    const int64_t *axes = mdb_node_ints(n, "axes", &na);
+    const int64_t *starts = mdb_node_ints(n, "starts", &ns);
+    const int64_t *steps = mdb_node_ints(n, "steps", &nst);
+    for (size_t i = 0; i < ns; i++) {
+        int axis = axes && i < na ? (int)axes[i] : (int)i;
+        if (axis < 0 || axis >= x->ndim)
+            return fail(L, SQ_BAD_MODEL, n, "axis %d", axis);
+        s->p.slice.start[axis] = starts[i];
+        s->p.slice.step[axis] = steps && i < nst ? steps[i] : 1;
+        if (x->batched && axis == 0 &&
+            (starts[i] != 0 || s->p.slice.step[axis] != 1 || y->dims[0] != x->dims[0]))
+            return fail(L, SQ_UNSUPPORTED_MODEL, n, "slices the batch");
+    }
+    return 0;
+}
+
+#define STEP(k)                                                                                    \
+    {                                                                                              \
+        .lower = lower_step, .kernel = (k)                                                         \
+    }
+#define ACT(k, ...)                                                                                \
+    {                                                                                              \
+        .lower = lower_act, .act = (k), __VA_ARGS__                                                \
+    }
+#define BINARY(op)                                                                                 \
+    {                                                                                              \
+        .lower = lower_binary, .binop = (op)                                                       \
+    }
+
+static const lowerer_t lowerers[MDB_OP_COUNT] = {
+    [MDB_OP_CONV] = {.lower = lower_conv},
+    [MDB_OP_RELU] = ACT(WK_ACT_RELU),
+    [MDB_OP_CLIP] = ACT(WK_ACT_CLIP, .alpha_attr = "min", .alpha_def = -INFINITY,
+                        .beta_attr = "max", .beta_def = INFINITY),
+    [MDB_OP_LEAKY_RELU] = ACT(WK_ACT_LEAKY_RELU, .alpha_attr = "alpha", .alpha_def = 0.01f),
+    [MDB_OP_SIGMOID] = ACT(WK_ACT_SIGMOID),
+    [MDB_OP_HARD_SIGMOID] = ACT(WK_ACT_HARDSIGMOID, .alpha_attr = "alpha", .alpha_def = 0.2f,
+                                .beta_attr = "beta", .beta_def = 0.5f),
+    [MDB_OP_HARD_SWISH] = ACT(WK_ACT_HARDSWISH),
+    [MDB_OP_MAX_POOL] = {.lower = lower_pool, .kernel = WK_K_MAXPOOL},
+    [MDB_OP_AVERAGE_POOL] = {.lower = lower_pool, .kernel = WK_K_AVGPOOL},
+    [MDB_OP_GLOBAL_AVERAGE_POOL] = STEP(WK_K_GLOBALAVG),
+    [MDB_OP_GEMM] = {.lower = lower_gemm},
+    [MDB_OP_MATMUL] = STEP(WK_K_MATMUL),
+    [MDB_OP_ADD] = BINARY(WK_BIN_ADD),
+    [MDB_OP_MUL] = BINARY(WK_BIN_MUL),
+    [MDB_OP_SUB] = BINARY(WK_BIN_SUB),
+    [MDB_OP_DIV] = BINARY(WK_BIN_DIV),
+    [MDB_OP_CONCAT] = {.lower = lower_concat_node},
+    [MDB_OP_FLATTEN] = STEP(WK_K_COPY),
+    [MDB_OP_RESHAPE] = STEP(WK_K_COPY),
+    [MDB_OP_TRANSPOSE] = {.lower = lower_transpose},
+    [MDB_OP_SOFTMAX] = {.lower = lower_softmax},
+    [MDB_OP_PAD] = {.lower = lower_pad},
+    [MDB_OP_DROPOUT] = {.lower = lower_identity, .own_outputs = true},
+    [MDB_OP_IDENTITY] = {.lower = lower_identity, .own_outputs = true},
+    [MDB_OP_REDUCE_MEAN] = {.lower = lower_reduce_mean},
+    [MDB_OP_BATCH_NORM] = {.lower = lower_batch_norm},
+    [MDB_OP_SPLIT] = {.lower = lower_split, .own_outputs = true},
+    [MDB_OP_SLICE] = {.lower = lower_slice},
+    [MDB_OP_POW] = ACT(WK_ACT_POW, .alpha_attr = "exponent", .alpha_def = 1.0f),
+    [MDB_OP_SQRT] = ACT(WK_ACT_SQRT),
+    [MDB_OP_ERF] = STEP(WK_K_ERF),
+    [MDB_OP_EXPAND] = STEP(WK_K_EXPAND),
+    [MDB_OP_LAYER_NORM] = {.lower = lower_layer_norm},
+    [MDB_OP_GELU] = ACT(WK_ACT_GELU),
+    [MDB_OP_EINSUM] = {.lower = lower_einsum},
+    [MDB_OP_TANH] = ACT(WK_ACT_TANH),
+    [MDB_OP_GATHER] = {.lower = lower_gather},
+    /* import-time only: folded away before the worker sees a graph */
+    [MDB_OP_CONSTANT] = {0},
+    [MDB_OP_SHAPE] = {0},
+    [MDB_OP_UNSQUEEZE] = {0},
+    [MDB_OP_SQUEEZE] = {0},
+    [MDB_OP_CAST] = {0},
+    [MDB_OP_CONSTANT_OF_SHAPE] = {0},
+    [MDB_OP_EQUAL] = {0},
+    [MDB_OP_WHERE] = {0},
+    [MDB_OP_MOD] = {0},
+    [MDB_OP_RANGE] = {0},
+    [MDB_OP_NOT] = {0},
+    [MDB_OP_SCATTER_ND] = {0},
+};
+static_assert(MDB_OP_COUNT == 49, "a new op (MDB_OPS): give it its entry in lowerers");
+
+#undef STEP
+#undef ACT
+#undef BINARY
+
+bool wk__op_lowers(int op)
+{
+    return op >= 0 && op < MDB_OP_COUNT && lowerers[op].lower != NULL;
+}
 
 static int lower_node(lower_t *L, const mdb_node_t *n)
 {
+    const lowerer_t *how = (unsigned)n->op < MDB_OP_COUNT ? &lowerers[n->op] : NULL;
+    if (how == NULL || how->lower == NULL)
+        return fail(L, SQ_UNSUPPORTED_MODEL, n, "op not supported by the executor");
+    if (n->n_inputs < 1 || n->n_outputs < 1)
+        return fail(L, SQ_BAD_MODEL, n, "no %s", n->n_inputs < 1 ? "input" : "output");
     /* Concat has any number of inputs; the other ops at most 5, and some
      * read optional ones past n_inputs as -1. */
     int slots = n->n_inputs > 8 ? n->n_inputs : 8;
     int *in = sq_xmalloc((size_t)slots * sizeof(*in));
+    int rc = 0, out = -1;
     for (int i = 0; i < slots; i++)
         in[i] = -1;
-    int rc = lower_node_inputs(L, n, in);
+    for (int i = 0; i < n->n_inputs; i++) {
+        in[i] = n->inputs[i] >= 0 ? value_of(L, n->inputs[i], n) : -1;
+        if (n->inputs[i] >= 0 && in[i] < 0) {
+            rc = in[i];
+            goto out;
+        }
+    }
+    if (in[0] < 0) {
+        rc = fail(L, SQ_BAD_MODEL, n, "no input");
+        goto out;
+    }
+    if (!how->own_outputs && (out = output_of(L, n->outputs[0], n)) < 0) {
+        rc = out;
+        goto out;
+    }
+    rc = how->lower(L, n, how, in, out);
+out:
     free(in);
     return rc;
-}
-
-static int lower_node_inputs(lower_t *L, const mdb_node_t *n, int *in)
-{
-    wk_graph_t *g = L->g;
-    int nin = n->n_inputs;
-    for (int i = 0; i < nin; i++) {
-        in[i] = n->inputs[i] >= 0 ? value_of(L, n->inputs[i], n) : -1;
-        if (n->inputs[i] >= 0 && in[i] < 0)
-            return in[i];
-    }
-    /* Identity and Dropout: the output is the input, unless a graph output
-     * would alias a graph input. */
-    if (n->op == MDB_OP_IDENTITY || n->op == MDB_OP_DROPOUT) {
-        const wk_value_t *x = &g->values[in[0]];
-        if (!L->src->tensors[n->outputs[0]].is_output || (!x->is_input && x->data == NULL)) {
-            L->val[n->outputs[0]] = in[0];
-            return 0;
-        }
-    }
-    if (n->op == MDB_OP_SPLIT) {
-        int axis = (int)mdb_node_int(n, "axis", 0);
-        int64_t at = 0;
-        for (int o = 0; o < n->n_outputs; o++) {
-            int out = output_of(L, n->outputs[o], n);
-            if (out < 0)
-                return out;
-            wk_step_t *s = wk_graph_step(g, WK_K_SLICE, in, 1, out);
-            for (int d = 0; d < WK_MAX_DIMS; d++)
-                s->p.slice.step[d] = 1;
-            s->p.slice.start[axis] = at;
-            at += g->values[out].dims[axis];
-        }
-        return 0;
-    }
-    if (n->n_outputs < 1)
-        return fail(L, SQ_BAD_MODEL, n, "no output");
-    int out = output_of(L, n->outputs[0], n);
-    if (out < 0)
-        return out;
-    const wk_value_t *x = &g->values[in[0]], *y = &g->values[out];
-    wk_step_t *s;
-    switch (n->op) {
-    case MDB_OP_CONV: {
-        const wk_value_t *w = &g->values[in[1]]; /* constant: mdb_node_runnable */
-        s = wk_graph_step(g, WK_K_CONV, in, nin, out);
-        return window(L, n, s, x, y, w->dims + 2);
-    }
-    case MDB_OP_MAX_POOL:
-    case MDB_OP_AVERAGE_POOL:
-        s = wk_graph_step(g, n->op == MDB_OP_MAX_POOL ? WK_K_MAXPOOL : WK_K_AVGPOOL, in, 1, out);
-        return window(L, n, s, x, y, NULL);
-    case MDB_OP_GLOBAL_AVERAGE_POOL:
-        wk_graph_step(g, WK_K_GLOBALAVG, in, 1, out);
-        return 0;
-    case MDB_OP_RELU:
-    case MDB_OP_CLIP:
-    case MDB_OP_LEAKY_RELU:
-    case MDB_OP_SIGMOID:
-    case MDB_OP_HARD_SIGMOID:
-    case MDB_OP_HARD_SWISH:
-    case MDB_OP_POW:
-    case MDB_OP_SQRT:
-    case MDB_OP_TANH:
-    case MDB_OP_GELU: {
-        s = wk_graph_step(g, WK_K_ELTWISE, in, 1, out);
-        wk_act_t *a = &s->p.act;
-        switch (n->op) {
-        case MDB_OP_RELU:
-            a->kind = WK_ACT_RELU;
-            break;
-        case MDB_OP_CLIP:
-            a->kind = WK_ACT_CLIP;
-            a->alpha = mdb_node_float(n, "min", -INFINITY);
-            a->beta = mdb_node_float(n, "max", INFINITY);
-            break;
-        case MDB_OP_LEAKY_RELU:
-            a->kind = WK_ACT_LEAKY_RELU;
-            a->alpha = mdb_node_float(n, "alpha", 0.01f);
-            break;
-        case MDB_OP_SIGMOID:
-            a->kind = WK_ACT_SIGMOID;
-            break;
-        case MDB_OP_HARD_SIGMOID:
-            a->kind = WK_ACT_HARDSIGMOID;
-            a->alpha = mdb_node_float(n, "alpha", 0.2f);
-            a->beta = mdb_node_float(n, "beta", 0.5f);
-            break;
-        case MDB_OP_POW:
-            a->kind = WK_ACT_POW;
-            a->alpha = mdb_node_float(n, "exponent", 1.0f);
-            break;
-        case MDB_OP_SQRT:
-            a->kind = WK_ACT_SQRT;
-            break;
-        case MDB_OP_GELU:
-            a->kind = WK_ACT_GELU;
-            break;
-        case MDB_OP_TANH:
-            a->kind = WK_ACT_TANH;
-            break;
-        default:
-            a->kind = WK_ACT_HARDSWISH;
-            break;
-        }
-        return 0;
-    }
-    case MDB_OP_ERF:
-        wk_graph_step(g, WK_K_ERF, in, 1, out);
-        return 0;
-    case MDB_OP_EXPAND:
-        wk_graph_step(g, WK_K_EXPAND, in, 1, out);
-        return 0;
-    case MDB_OP_GATHER: {
-        /* one index (mdb_node_runnable): a slice of one along the axis,
-         * then the output's shape without it */
-        int axis = (int)mdb_node_int(n, "axis", 0);
-        int64_t dims[WK_MAX_DIMS];
-        for (int d = 0; d < x->ndim; d++)
-            dims[d] = x->dims[d];
-        dims[axis] = 1;
-        int picked = wk_graph_value(g, NULL, x->ndim, dims, y->batched, NULL);
-        s = wk_graph_step(g, WK_K_SLICE, in, 1, picked);
-        for (int d = 0; d < WK_MAX_DIMS; d++)
-            s->p.slice.step[d] = 1;
-        s->p.slice.start[axis] = mdb_node_int(n, "index", 0);
-        wk_graph_step(g, WK_K_COPY, &picked, 1, out);
-        return 0;
-    }
-    case MDB_OP_LAYER_NORM: {
-        /* scale and bias as [C] constants, whatever rank the file gave
-         * them (mdb_node_runnable: one value per channel) */
-        int ln_in[3] = {in[0], -1, -1};
-        int64_t cdim = x->dims[x->ndim - 1]; /* x moves as values are added */
-        for (int k = 1; k < nin && k < 3; k++) {
-            if (in[k] < 0)
-                continue;
-            const float *data = g->values[in[k]].data;
-            ln_in[k] = wk_graph_value(g, NULL, 1, &cdim, false, data);
-        }
-        s = wk_graph_step(g, WK_K_LAYERNORM, ln_in, nin < 3 ? 1 : 3, out);
-        s->p.epsilon = mdb_node_float(n, "epsilon", 1e-5f);
-        return 0;
-    }
-    case MDB_OP_GEMM:
-        s = wk_graph_step(g, WK_K_GEMM, in, nin, out);
-        s->p.gemm.trans_a = (int)mdb_node_int(n, "transA", 0);
-        s->p.gemm.trans_b = (int)mdb_node_int(n, "transB", 0);
-        s->p.gemm.alpha = mdb_node_float(n, "alpha", 1.0f);
-        s->p.gemm.beta = mdb_node_float(n, "beta", 1.0f);
-        return 0;
-    case MDB_OP_MATMUL:
-        wk_graph_step(g, WK_K_MATMUL, in, 2, out);
-        return 0;
-    case MDB_OP_EINSUM: {
-        /* a batched product; B transposed first into a temporary when the
-         * equation reads it so (mdb canonical transB) */
-        int b = in[1];
-        if (mdb_node_int(n, "transB", 0)) {
-            const wk_value_t *bv = &g->values[in[1]];
-            int nd = bv->ndim;
-            int64_t dims[WK_MAX_DIMS];
-            for (int d = 0; d < nd; d++)
-                dims[d] = bv->dims[d];
-            dims[nd - 2] = bv->dims[nd - 1];
-            dims[nd - 1] = bv->dims[nd - 2];
-            b = wk_graph_value(g, NULL, nd, dims, bv->batched, NULL);
-            s = wk_graph_step(g, WK_K_TRANSPOSE, &in[1], 1, b);
-            for (int d = 0; d < nd; d++)
-                s->p.perm[d] = d;
-            s->p.perm[nd - 2] = nd - 1;
-            s->p.perm[nd - 1] = nd - 2;
-        }
-        wk_graph_step(g, WK_K_MATMUL, (int[]){in[0], b}, 2, out);
-        return 0;
-    }
-    case MDB_OP_ADD:
-    case MDB_OP_SUB:
-    case MDB_OP_MUL:
-    case MDB_OP_DIV:
-        for (int k = 0; k < 2; k++)
-            in[k] = jit_broadcast(L, in[k], out);
-        s = wk_graph_step(g, WK_K_BINARY, in, 2, out);
-        s->p.binop = n->op == MDB_OP_ADD   ? WK_BIN_ADD
-                     : n->op == MDB_OP_SUB ? WK_BIN_SUB
-                     : n->op == MDB_OP_MUL ? WK_BIN_MUL
-                                           : WK_BIN_DIV;
-        return 0;
-    case MDB_OP_CONCAT:
-        return lower_concat(L, n, in, nin, out);
-    case MDB_OP_FLATTEN:
-    case MDB_OP_RESHAPE:
-    case MDB_OP_IDENTITY:
-    case MDB_OP_DROPOUT:
-        wk_graph_step(g, WK_K_COPY, in, 1, out);
-        return 0;
-    case MDB_OP_TRANSPOSE: {
-        s = wk_graph_step(g, WK_K_TRANSPOSE, in, 1, out);
-        int64_t perm[WK_MAX_DIMS];
-        size_t count = 0;
-        mdb_node_ints(n, "perm", &count);
-        ints_attr(n, "perm", perm, x->ndim, 0);
-        for (int d = 0; d < x->ndim; d++)
-            s->p.perm[d] = count ? (int)perm[d] : x->ndim - 1 - d;
-        return 0;
-    }
-    case MDB_OP_SOFTMAX:
-        s = wk_graph_step(g, WK_K_SOFTMAX, in, 1, out);
-        s->p.axis = (int)mdb_node_int(n, "axis", x->ndim - 1);
-        if (s->p.axis < 0)
-            s->p.axis += x->ndim;
-        return 0;
-    case MDB_OP_PAD: {
-        s = wk_graph_step(g, WK_K_PAD, in, 1, out);
-        int64_t pads[2 * WK_MAX_DIMS];
-        ints_attr(n, "pads", pads, 2 * x->ndim, 0);
-        for (int d = 0; d < x->ndim; d++) {
-            s->p.pad.begin[d] = pads[d];
-            s->p.pad.end[d] = pads[x->ndim + d];
-        }
-        /* pads >= 0, never on the batch, a known mode: mdb_node_runnable */
-        const char *mode = mdb_node_string(n, "mode", "constant");
-        s->p.pad.mode = strcmp(mode, "reflect") == 0 ? WK_PAD_REFLECT
-                        : strcmp(mode, "edge") == 0  ? WK_PAD_EDGE
-                                                     : WK_PAD_CONSTANT;
-        s->p.pad.value = mdb_node_float(n, "value", 0.0f);
-        return 0;
-    }
-    case MDB_OP_REDUCE_MEAN: {
-        s = wk_graph_step(g, WK_K_REDUCE_MEAN, in, 1, out);
-        size_t count = 0;
-        const int64_t *axes = mdb_node_ints(n, "axes", &count);
-        for (size_t i = 0; i < count; i++)
-            s->p.reduce.axes_mask |= (int64_t)1 << axes[i];
-        if (count == 0)
-            s->p.reduce.axes_mask = ((int64_t)1 << x->ndim) - 1;
-        return 0;
-    }
-    case MDB_OP_BATCH_NORM: {
-        const wk_value_t *sc = &g->values[in[1]], *b = &g->values[in[2]];
-        const wk_value_t *mean = &g->values[in[3]], *var = &g->values[in[4]];
-        /* constants of one value per channel: mdb_node_runnable */
-        int64_t c = x->ndim > 1 ? x->dims[1] : 1;
-        if (wk_value_elems(sc) != c || wk_value_elems(b) != c || wk_value_elems(mean) != c ||
-            wk_value_elems(var) != c)
-            return fail(L, SQ_BAD_MODEL, n, "parameters are not of the channel count %lld",
-                        (long long)c);
-        float eps = mdb_node_float(n, "epsilon", 1e-5f);
-        float *scale = sq_xmalloc((size_t)c * sizeof(float));
-        float *shift = sq_xmalloc((size_t)c * sizeof(float));
-        for (int64_t i = 0; i < c; i++) {
-            scale[i] = sc->data[i] / sqrtf(var->data[i] + eps);
-            shift[i] = b->data[i] - mean->data[i] * scale[i];
-        }
-        /* Per-channel constants shaped [C, 1, ...] to broadcast over NC...
-         * in the unfused case. */
-        int64_t dims[WK_MAX_DIMS];
-        int nd = x->ndim > 1 ? x->ndim - 1 : 1;
-        dims[0] = c;
-        for (int d = 1; d < nd; d++)
-            dims[d] = 1;
-        int bn_in[3] = {in[0], wk_graph_value(g, NULL, nd, dims, false, scale),
-                        wk_graph_value(g, NULL, nd, dims, false, shift)};
-        free(scale);
-        free(shift);
-        wk_graph_step(g, WK_K_BATCHNORM, bn_in, 3, out);
-        return 0;
-    }
-    case MDB_OP_SLICE: {
-        s = wk_graph_step(g, WK_K_SLICE, in, 1, out);
-        for (int d = 0; d < WK_MAX_DIMS; d++)
-            s->p.slice.step[d] = 1;
-        size_t na = 0, ns = 0, nst = 0;
-        const int64_t *axes = mdb_node_ints(n, "axes", &na);
-        const int64_t *starts = mdb_node_ints(n, "starts", &ns);
-        const int64_t *steps = mdb_node_ints(n, "steps", &nst);
-        for (size_t i = 0; i < ns; i++) {
-            int axis = axes && i < na ? (int)axes[i] : (int)i;
-            if (axis < 0 || axis >= x->ndim)
-                return fail(L, SQ_BAD_MODEL, n, "axis %d", axis);
-            s->p.slice.start[axis] = starts[i];
-            s->p.slice.step[axis] = steps && i < nst ? steps[i] : 1;
-            if (x->batched && axis == 0 &&
-                (starts[i] != 0 || s->p.slice.step[axis] != 1 || y->dims[0] != x->dims[0]))
-                return fail(L, SQ_UNSUPPORTED_MODEL, n, "slices the batch");
-        }
-        return 0;
-    }
-    default:
-        return fail(L, SQ_UNSUPPORTED_MODEL, n, "op not supported by the executor");
-    }
 }
 
 int wk_lower(const mdb_graph_t *src, sq_dev_kind_t dev, int max_batch, int64_t static_batch,

@@ -13,45 +13,16 @@
 #include <string.h>
 
 const char *const wk_kernel_names[WK_K_COUNT_] = {
-    [WK_K_CONV] = "conv",
-    [WK_K_MAXPOOL] = "maxpool",
-    [WK_K_AVGPOOL] = "avgpool",
-    [WK_K_GLOBALAVG] = "globalavgpool",
-    [WK_K_ELTWISE] = "eltwise",
-    [WK_K_BINARY] = "binary",
-    [WK_K_BATCHNORM] = "batchnorm",
-    [WK_K_CONCAT] = "concat",
-    [WK_K_SOFTMAX] = "softmax",
-    [WK_K_GEMM] = "gemm",
-    [WK_K_MATMUL] = "matmul",
-    [WK_K_REDUCE_MEAN] = "reducemean",
-    [WK_K_COPY] = "copy",
-    [WK_K_TRANSPOSE] = "transpose",
-    [WK_K_PAD] = "pad",
-    [WK_K_SLICE] = "slice",
-    [WK_K_ERF] = "erf",
-    [WK_K_EXPAND] = "expand",
-    [WK_K_LAYERNORM] = "layernorm",
+#define WK_K_NAME_(e, name) [WK_K_##e] = name,
+    WK_KERNELS(WK_K_NAME_)
+#undef WK_K_NAME_
 };
-_Static_assert(sizeof(wk_kernel_names) / sizeof(wk_kernel_names[0]) == WK_K_COUNT_,
-               "one name per kernel");
 
 const char *const wk_act_names[WK_ACT_COUNT_] = {
-    [WK_ACT_NONE] = "none",
-    [WK_ACT_RELU] = "relu",
-    [WK_ACT_LEAKY_RELU] = "leaky_relu",
-    [WK_ACT_CLIP] = "clip",
-    [WK_ACT_SIGMOID] = "sigmoid",
-    [WK_ACT_HARDSIGMOID] = "hardsigmoid",
-    [WK_ACT_HARDSWISH] = "hardswish",
-    [WK_ACT_POW] = "pow",
-    [WK_ACT_SQRT] = "sqrt",
-    [WK_ACT_GELU] = "gelu",
-    [WK_ACT_TANH] = "tanh",
-    [WK_ACT_SWISH] = "swish",
+#define WK_ACT_NAME_(e, name) [WK_ACT_##e] = name,
+    WK_ACTS(WK_ACT_NAME_)
+#undef WK_ACT_NAME_
 };
-_Static_assert(sizeof(wk_act_names) / sizeof(wk_act_names[0]) == WK_ACT_COUNT_,
-               "one name per activation");
 
 wk_graph_t *wk_graph_new(int max_batch)
 {

@@ -8,6 +8,7 @@
 #ifndef WK_EXEC_INT_H
 #define WK_EXEC_INT_H
 
+#include "wk_acts.h"
 #include "wk_exec.h"
 
 #include <sq_config.h>
@@ -20,45 +21,45 @@
 #define WK_MAX_POST 4
 #define WK_MAX_SPATIAL 3
 
+/* X(ENUM, name): the kernels a backend runs, one line each; the enum and
+ * the name table (plan.c) come from it. A new kind needs its entry in each
+ * backend's table (backend_cpu_ops.c: wk__cpu_ops; backend_cuda_ops.c:
+ * cuda_kernels), whose count asserts fail until it has them. */
+#define WK_KERNELS(X)                                                                              \
+    X(CONV, "conv")               /* in: X, W (const), [B (const)]; fused post-ops */              \
+    X(MAXPOOL, "maxpool")         /* in: X */                                                      \
+    X(AVGPOOL, "avgpool")         /* in: X; count_include_pad */                                   \
+    X(GLOBALAVG, "globalavgpool") /* in: X; mean over every spatial dim */                         \
+    X(ELTWISE, "eltwise")         /* in: X; act */                                                 \
+    X(BINARY, "binary")           /* in: A, B (numpy broadcast) */                                 \
+    X(BATCHNORM, "batchnorm")     /* in: X, scale[C] (const), shift[C] (const) */                  \
+    X(CONCAT, "concat")           /* in: X0..Xn; axis */                                           \
+    X(SOFTMAX, "softmax")         /* in: X; axis (coerced to 2D for opset < 13) */                 \
+    X(GEMM, "gemm")               /* in: A, B, [C]; trans_a, trans_b, alpha, beta */               \
+    X(MATMUL, "matmul")           /* in: A, B (numpy batched) */                                   \
+    X(REDUCE_MEAN, "reducemean")  /* in: X; reduced axes; output shape may drop them */            \
+    X(COPY, "copy")               /* in: X; same elements, new shape (Reshape, Flatten...) */      \
+    X(TRANSPOSE, "transpose")     /* in: X; perm */                                                \
+    X(PAD, "pad")                 /* in: X; pads, mode, value */                                   \
+    X(SLICE, "slice")             /* in: X; starts, steps per dim (output shape gives count) */    \
+    X(ERF, "erf")                 /* in: X; erf(x) elementwise */                                  \
+    X(EXPAND, "expand")           /* in: X; broadcast to the output's shape (numpy rules) */       \
+    X(LAYERNORM, "layernorm")     /* in: X, [scale[C], shift[C] (const)]; over the last axis */
+
 typedef enum {
-    WK_K_CONV,        /* in: X, W (const), [B (const)]; fused post-ops */
-    WK_K_MAXPOOL,     /* in: X */
-    WK_K_AVGPOOL,     /* in: X; count_include_pad */
-    WK_K_GLOBALAVG,   /* in: X; mean over every spatial dim */
-    WK_K_ELTWISE,     /* in: X; act */
-    WK_K_BINARY,      /* in: A, B (numpy broadcast) */
-    WK_K_BATCHNORM,   /* in: X, scale[C] (const), shift[C] (const): x * scale + shift */
-    WK_K_CONCAT,      /* in: X0..Xn; axis */
-    WK_K_SOFTMAX,     /* in: X; axis (coerced to 2D for opset < 13) */
-    WK_K_GEMM,        /* in: A, B, [C]; trans_a, trans_b, alpha, beta */
-    WK_K_MATMUL,      /* in: A, B (numpy batched) */
-    WK_K_REDUCE_MEAN, /* in: X; reduced axes; output shape may drop them */
-    WK_K_COPY,        /* in: X; same elements, new shape (Reshape, Flatten, Squeeze...) */
-    WK_K_TRANSPOSE,   /* in: X; perm */
-    WK_K_PAD,         /* in: X; pads, mode, value */
-    WK_K_SLICE,       /* in: X; starts, steps per dim (output shape gives the count) */
-    WK_K_ERF,         /* in: X; erf(x) elementwise */
-    WK_K_EXPAND,      /* in: X; broadcast to the output's shape (numpy rules) */
-    WK_K_LAYERNORM,   /* in: X, [scale[C] (const), shift[C] (const)]; over the last axis */
-    WK_K_COUNT_
+#define WK_K_ENUM_(e, name) WK_K_##e,
+    WK_KERNELS(WK_K_ENUM_)
+#undef WK_K_ENUM_
+        WK_K_COUNT_
 } wk_kernel_t;
 
 extern const char *const wk_kernel_names[WK_K_COUNT_];
 
 typedef enum {
-    WK_ACT_NONE,
-    WK_ACT_RELU,
-    WK_ACT_LEAKY_RELU, /* alpha: slope */
-    WK_ACT_CLIP,       /* alpha: min, beta: max */
-    WK_ACT_SIGMOID,
-    WK_ACT_HARDSIGMOID, /* max(0, min(1, alpha x + beta)) */
-    WK_ACT_HARDSWISH,   /* x * max(0, min(1, x / 6 + 1/2)) */
-    WK_ACT_POW,         /* x^alpha */
-    WK_ACT_SQRT,
-    WK_ACT_GELU, /* x * (1 + erf(x / sqrt 2)) / 2 */
-    WK_ACT_TANH,
-    WK_ACT_SWISH, /* x * sigmoid(x) (SiLU) */
-    WK_ACT_COUNT_
+#define WK_ACT_ENUM_(e, name) WK_ACT_##e,
+    WK_ACTS(WK_ACT_ENUM_)
+#undef WK_ACT_ENUM_
+        WK_ACT_COUNT_
 } wk_act_kind_t;
 
 extern const char *const wk_act_names[WK_ACT_COUNT_];
@@ -276,6 +277,10 @@ int wk_plan_from_graph(wk_graph_t *g, const wk_plan_opts_t *opts, wk_plan_t **ou
  * symbolic batch to that size and makes every tensor static (max batch 1). */
 int wk_lower(const struct mdb_graph *graph, sq_dev_kind_t dev, int max_batch, int64_t static_batch,
              wk_graph_t **out, char *why, int why_size);
+
+/* Whether the lowering has an entry for op (an mdb_op_t): every runtime
+ * op must (tests/worker/test_lower.c checks). */
+bool wk__op_lowers(int op);
 
 /* wk_plan_run that reads the inputs where they lie when the backend can
  * (bind_input), else copies them in as wk_plan_run does. For the suffixes of

@@ -216,6 +216,8 @@ static wk_graph_t *b_activations(void)
         {WK_ACT_SWISH, 0, 0},
         {WK_ACT_POW, 2.0f, 0},
     };
+    _Static_assert(sizeof(acts) / sizeof(acts[0]) == WK_ACT_COUNT_ - 2,
+                   "every activation (wk_acts.h) but none, and sqrt below");
     for (size_t i = 0; i < sizeof(acts) / sizeof(acts[0]); i++)
         wk_graph_mark_output(g, act(g, x, 4, xd, acts[i]));
     int sq = act(g, x, 4, xd, (wk_act_t){WK_ACT_POW, 2.0f, 0});

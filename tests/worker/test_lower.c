@@ -3,7 +3,7 @@
  * refuses, with the same reason, and runs what the importer accepts. */
 #include "../modeldb/onnx_util.h"
 
-#include <wk_exec.h>
+#include <wk_exec_int.h>
 
 #include <math.h>
 
@@ -549,4 +549,13 @@ Test(lower, the_cuda_lowering_refuses_what_the_importer_says_cuda_cannot_run)
     cr_assert_eq(wk_plan_create(g, &o, &p, why, sizeof(why)), 0, "%s", why);
     wk_plan_free(p);
     mdb_graph_free(g);
+}
+
+/* The lowering's table has an entry for every op the worker runs, and
+ * none for the import-time ops (folded away before it sees a graph). */
+Test(lower, every_runtime_op_has_a_lowering)
+{
+    for (int op = 0; op < MDB_OP_COUNT; op++)
+        cr_assert_eq(wk__op_lowers(op), mdb_op_is_runtime((mdb_op_t)op), "%s",
+                     mdb_op_name((mdb_op_t)op));
 }
