@@ -58,7 +58,7 @@
  *   Einsum              A, B; transB: only the batched matrix products
  *                       "...ik,...kj->...ij" (0) and "...ik,...jk->...ij" (1),
  *                       same leading labels everywhere (MaxViT's attention)
- *   Tanh                -
+ *   Tanh Neg Exp        -
  *
  * Ownership: a graph owns every tensor, its name and its data, every node
  * and attribute. Strings passed in are copied. mdb_graph_free releases all.
@@ -128,6 +128,8 @@
     X(GELU, "Gelu", true)                                                                          \
     X(EINSUM, "Einsum", true)                                                                      \
     X(TANH, "Tanh", true)                                                                          \
+    X(NEG, "Neg", true)                                                                            \
+    X(EXP, "Exp", true)                                                                            \
     X(CONSTANT, "Constant", false)                                                                 \
     X(SHAPE, "Shape", false)                                                                       \
     X(GATHER, "Gather", true)                                                                      \
@@ -150,7 +152,7 @@ typedef enum {
 } mdb_op_t;
 
 /* Keep in step with MDB_OPS: the name table in graph.c is checked too. */
-static_assert(MDB_OP_COUNT == 49, "update the op count when adding ops");
+static_assert(MDB_OP_COUNT == 51, "update the op count when adding ops");
 
 /* The ONNX op_type of op ("?" outside the enum). */
 const char *mdb_op_name(mdb_op_t op);

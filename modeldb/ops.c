@@ -220,6 +220,8 @@ const mdb_op_desc_t mdb__op_descs[MDB_OP_COUNT] = {
                                {0},
                            }},
     [MDB_OP_TANH] = {.infer_shape = mdb__infer_same},
+    [MDB_OP_NEG] = {.infer_shape = mdb__infer_same},
+    [MDB_OP_EXP] = {.infer_shape = mdb__infer_same},
     [MDB_OP_CONSTANT] = {.infer_shape = mdb__infer_unfolded, .fold_source = mdb__fold_source},
     [MDB_OP_SHAPE] = {.canon = mdb__canon_shape,
                       .infer_shape = mdb__infer_shape_op,

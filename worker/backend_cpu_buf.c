@@ -328,10 +328,12 @@ static const cpu_act_t cpu_acts[] = {
     [WK_ACT_GELU] = {dnnl_eltwise_gelu_erf, ACT_FIXED, 0, 0},
     [WK_ACT_TANH] = {dnnl_eltwise_tanh, ACT_FIXED, 0, 0},
     [WK_ACT_SWISH] = {dnnl_eltwise_swish, ACT_FIXED, 1.0f, 0}, /* x * sigmoid(alpha x) */
+    [WK_ACT_NEG] = {dnnl_eltwise_linear, ACT_FIXED, -1.0f, 0}, /* alpha x + beta */
+    [WK_ACT_EXP] = {dnnl_eltwise_exp, ACT_FIXED, 0, 0},
 };
 _Static_assert(sizeof(cpu_acts) / sizeof(cpu_acts[0]) == WK_ACT_COUNT_,
                "an activation without its oneDNN algorithm");
-_Static_assert(WK_ACT_COUNT_ == 12, "a new activation (wk_acts.h): give it its entry in cpu_acts");
+_Static_assert(WK_ACT_COUNT_ == 14, "a new activation (wk_acts.h): give it its entry in cpu_acts");
 
 dnnl_alg_kind_t wk__cpu_act_alg(wk_act_kind_t k)
 {

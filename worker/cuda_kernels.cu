@@ -38,7 +38,7 @@ __device__ __forceinline__ void st(void *p, int dt, int64_t i, float v)
 
 // The cpu backend's (oneDNN's) definitions, in FP32: one case per
 // activation of wk_acts.h.
-static_assert(CK_ACT_COUNT_ == 12, "a new activation (wk_acts.h): give it its case in act()");
+static_assert(CK_ACT_COUNT_ == 14, "a new activation (wk_acts.h): give it its case in act()");
 __device__ __forceinline__ float act(const ck_act_t &a, float x)
 {
     switch (a.kind) {
@@ -64,6 +64,10 @@ __device__ __forceinline__ float act(const ck_act_t &a, float x)
         return tanhf(x);
     case CK_ACT_SWISH:
         return x / (1.0f + expf(-x));
+    case CK_ACT_NEG:
+        return -x;
+    case CK_ACT_EXP:
+        return expf(x);
     case CK_ACT_ERF:
         return erff(x);
     default:

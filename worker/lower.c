@@ -611,6 +611,8 @@ static const lowerer_t lowerers[MDB_OP_COUNT] = {
     [MDB_OP_GELU] = ACT(WK_ACT_GELU),
     [MDB_OP_EINSUM] = {.lower = lower_einsum},
     [MDB_OP_TANH] = ACT(WK_ACT_TANH),
+    [MDB_OP_NEG] = ACT(WK_ACT_NEG),
+    [MDB_OP_EXP] = ACT(WK_ACT_EXP),
     [MDB_OP_GATHER] = {.lower = lower_gather},
     /* import-time only: folded away before the worker sees a graph */
     [MDB_OP_CONSTANT] = {0},
@@ -626,7 +628,7 @@ static const lowerer_t lowerers[MDB_OP_COUNT] = {
     [MDB_OP_NOT] = {0},
     [MDB_OP_SCATTER_ND] = {0},
 };
-static_assert(MDB_OP_COUNT == 49, "a new op (MDB_OPS): give it its entry in lowerers");
+static_assert(MDB_OP_COUNT == 51, "a new op (MDB_OPS): give it its entry in lowerers");
 
 #undef STEP
 #undef ACT

@@ -23,6 +23,8 @@
     X(SQRT, "sqrt")                                                                                \
     X(GELU, "gelu") /* x * (1 + erf(x / sqrt 2)) / 2 */                                            \
     X(TANH, "tanh")                                                                                \
-    X(SWISH, "swish") /* x * sigmoid(x) (SiLU) */
+    X(SWISH, "swish") /* x * sigmoid(x) (SiLU) */                                                  \
+    X(NEG, "neg")                                                                                  \
+    X(EXP, "exp")
 
 #endif

@@ -206,6 +206,16 @@ def heads(outdir):
     b.save(outdir, [("x", ["N", 3, 8, 8])], [probs, logits])
 
 
+def neg_exp(outdir):
+    """Neg and Exp after convs (each fused into its conv as a post-op) and
+    on their own after a pool."""
+    b = Builder("neg_exp", 20)
+    x = b.op("Neg", [b.conv("x", 3, 8)])
+    x = b.op("Exp", [b.conv(x, 8, 8, k=1)])
+    x = b.op("MaxPool", [x], kernel_shape=[2, 2], strides=[2, 2])
+    b.save(outdir, [("x", ["N", 3, 8, 8])], [b.op("Exp", [b.op("Neg", [x])])])
+
+
 def concat(outdir, n):
     """A Concat of n inputs (n slices of a conv's output along channels)."""
     b = Builder("concat%d" % n, 18)
@@ -219,7 +229,7 @@ def main():
     outdir = sys.argv[1]
     os.makedirs(outdir, exist_ok=True)
     for make in (depthwise, nhwc, constant_of_shape, constant_of_shape_fixed, pads, ssd_heads,
-                 heads, resize):
+                 heads, resize, neg_exp):
         make(outdir)
     concat(outdir, 8)
     concat(outdir, 9)

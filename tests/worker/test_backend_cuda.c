@@ -215,6 +215,8 @@ static wk_graph_t *b_activations(void)
         {WK_ACT_TANH, 0, 0},
         {WK_ACT_SWISH, 0, 0},
         {WK_ACT_POW, 2.0f, 0},
+        {WK_ACT_NEG, 0, 0},
+        {WK_ACT_EXP, 0, 0},
     };
     _Static_assert(sizeof(acts) / sizeof(acts[0]) == WK_ACT_COUNT_ - 2,
                    "every activation (wk_acts.h) but none, and sqrt below");

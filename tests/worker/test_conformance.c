@@ -379,6 +379,8 @@ SUITE(conv, "node", 4, "test_conv_")
 SUITE(pool, "node", 27, "test_maxpool_", "test_averagepool_", "test_globalaveragepool")
 SUITE(activations, "node", 19, "test_relu", "test_clip", "test_leakyrelu", "test_sigmoid",
       "test_hardsigmoid", "test_hardswish")
+/* "test_exp" also takes Expand's two cases */
+SUITE(neg_exp, "node", 6, "test_neg", "test_exp")
 SUITE(gemm_matmul, "node", 14, "test_gemm_", "test_matmul_")
 SUITE(binary, "node", 11, "test_add", "test_sub", "test_mul", "test_div")
 SUITE(shape_ops, "node", 38, "test_concat_", "test_flatten_", "test_reshape_", "test_transpose_")

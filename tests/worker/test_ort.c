@@ -299,6 +299,12 @@ Test(ort, heads, .timeout = 120)
     cr_assert_eq(check_against_ort(graph_path("heads"), 4, batches, 3), 4);
 }
 
+Test(ort, neg_and_exp, .timeout = 120)
+{
+    need_ort();
+    cr_assert_eq(check_against_ort(graph_path("neg_exp"), 4, batches, 3), 4);
+}
+
 Test(ort, concat_of_8, .timeout = 120)
 {
     need_ort();
