@@ -62,7 +62,7 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
                        gw_item_t **items, int count)
 {
     ds_worker_t *w = ds_worker_at(ds, worker);
-    ds_session_t *se = &ds->sessions[session];
+    ds_session_t *se = &ds->batch.sessions[session];
     gw_model_t *m = se->model->m;
     uint64_t stride = ((uint64_t)m->out_elems * sizeof(float) + 63) & ~(uint64_t)63;
     /* Rows a frontend holds go from it to the worker, and their outputs
@@ -91,7 +91,7 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
                          : own > 0 && out_off < 0 ? "no room for outputs in the shared-memory arena"
                                                   : "worker gone");
         free(items);
-        pl_dispatch_batch_done(ds->core, sq_now_us(), worker, batch_id);
+        pl_dispatch_batch_done(ds->batch.core, sq_now_us(), worker, batch_id);
         ds_pump(ds);
         return;
     }
@@ -107,7 +107,7 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
             ds_cmd_resubmit(ds, items[i]);
         }
         free(items);
-        pl_dispatch_batch_done(ds->core, sq_now_us(), worker, batch_id);
+        pl_dispatch_batch_done(ds->batch.core, sq_now_us(), worker, batch_id);
         ds_update_routes(ds, se->model);
         ds_pump(ds);
         return;
@@ -156,7 +156,7 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
                         .sent_us = t,
                         .seq = ++w->job_seq};
     w->inflight = rec;
-    gw_region_t *in = ds->regions;
+    gw_region_t *in = ds->batch.regions;
     for (int i = 0; i < count; i++)
         in[i] = items[i]->input.src == 0
                     ? (gw_region_t){.offset = (uint64_t)items[i]->input.in_off, .bytes = in_bytes}
@@ -188,12 +188,12 @@ typedef struct {
 /* The core's wake-up time: the newest one it asked for. */
 static void arm_timer(gw_dispatch_t *ds, int64_t at_us)
 {
-    if (ds->timer)
-        sq_loop_timer_cancel(ds->loop, ds->timer);
-    ds->timer = 0;
+    if (ds->batch.timer)
+        sq_loop_timer_cancel(ds->loop, ds->batch.timer);
+    ds->batch.timer = 0;
     if (at_us != PL_NEVER) {
-        ds->timer = sq_loop_timer_at(ds->loop, at_us * 1000, on_timer, ds);
-        ds->timer_at_us = at_us;
+        ds->batch.timer = sq_loop_timer_at(ds->loop, at_us * 1000, on_timer, ds);
+        ds->batch.timer_at_us = at_us;
     }
 }
 
@@ -209,9 +209,9 @@ static void act_drop(gw_dispatch_t *ds, const act_copy_t *a)
         ds_fail_item(ds, it, SQ_SHUTTING_DOWN, "squishd is shutting down");
         return;
     }
-    if (a->reason == SQ_NOT_FOUND && a->session >= 0 && a->session < ds->nsessions &&
-        ds->sessions[a->session].model != NULL && ds->sessions[a->session].model->is_group &&
-        !ds->aborted) {
+    if (a->reason == SQ_NOT_FOUND && a->session >= 0 && a->session < ds->batch.nsessions &&
+        ds->batch.sessions[a->session].model != NULL &&
+        ds->batch.sessions[a->session].model->is_group && !ds->aborted) {
         /* Its prefix group was retired: the request runs in its own
          * model's session instead. */
         ds_handle_release(ds, it);
@@ -221,8 +221,9 @@ static void act_drop(gw_dispatch_t *ds, const act_copy_t *a)
     if (a->reason == SQ_NOT_FOUND) {
         /* Its session went with its model: a delete, an unload, or the
          * model was marked failed. */
-        const ds_model_t *sm =
-            a->session >= 0 && a->session < ds->nsessions ? ds->sessions[a->session].model : NULL;
+        const ds_model_t *sm = a->session >= 0 && a->session < ds->batch.nsessions
+                                   ? ds->batch.sessions[a->session].model
+                                   : NULL;
         if (sm != NULL && sm->poisoned)
             ds_fail_item(ds, it, SQ_MODEL_FAILED, sm->failed_why);
         else
@@ -262,7 +263,7 @@ void ds_pump(gw_dispatch_t *ds)
             ds_update_routes(ds, dm);
     }
     const pl_action_t *acts;
-    size_t n = pl_dispatch_take(ds->core, &acts);
+    size_t n = pl_dispatch_take(ds->batch.core, &acts);
     if (n == 0)
         return;
     act_copy_t *copy = sq_xcalloc(n, sizeof(*copy));
@@ -315,7 +316,7 @@ void ds_pump(gw_dispatch_t *ds)
                 /* Every item answered already (a shutdown, or withdrawn):
                  * the worker is free. */
                 free(a->items);
-                pl_dispatch_batch_done(ds->core, sq_now_us(), a->worker, a->batch_id);
+                pl_dispatch_batch_done(ds->batch.core, sq_now_us(), a->worker, a->batch_id);
                 ds_pump(ds);
                 break;
             }
@@ -334,9 +335,9 @@ static void on_timer(sq_loop_t *loop, uint64_t id, void *data)
 {
     gw_dispatch_t *ds = data;
     (void)loop;
-    if (id == ds->timer)
-        ds->timer = 0;
-    pl_dispatch_timer(ds->core, sq_now_us());
+    if (id == ds->batch.timer)
+        ds->batch.timer = 0;
+    pl_dispatch_timer(ds->batch.core, sq_now_us());
     ds_pump(ds);
 }
 
@@ -350,8 +351,8 @@ int ds_session_ensure(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint8_t 
                       uint8_t priority, uint8_t best_effort, int *created)
 {
     *created = 0;
-    for (int i = 0; i < ds->nsessions; i++) {
-        ds_session_t *s = &ds->sessions[i];
+    for (int i = 0; i < ds->batch.nsessions; i++) {
+        ds_session_t *s = &ds->batch.sessions[i];
         if (s->model == dm && s->bucket_ms == bucket && s->input_kind == input_kind &&
             s->priority == priority && s->best_effort == best_effort)
             return s->id;
@@ -368,23 +369,24 @@ int ds_session_ensure(gw_dispatch_t *ds, ds_model_t *dm, double bucket, uint8_t 
                             .max_batch = max_batch,
                             .item_bytes = (int64_t)ds_item_bytes(dm->m, input_kind),
                             .priority = priority};
-    int id = pl_dispatch_session_add(ds->core, &cfg);
+    int id = pl_dispatch_session_add(ds->batch.core, &cfg);
     if (id < 0)
         return id;
-    if (id >= ds->capsessions) {
-        ds->capsessions = ds->capsessions ? 2 * ds->capsessions : 16;
-        while (ds->capsessions <= id)
-            ds->capsessions *= 2;
-        ds->sessions = sq_xrealloc(ds->sessions, sizeof(*ds->sessions) * (size_t)ds->capsessions);
+    if (id >= ds->batch.capsessions) {
+        ds->batch.capsessions = ds->batch.capsessions ? 2 * ds->batch.capsessions : 16;
+        while (ds->batch.capsessions <= id)
+            ds->batch.capsessions *= 2;
+        ds->batch.sessions = sq_xrealloc(ds->batch.sessions, sizeof(*ds->batch.sessions) *
+                                                                 (size_t)ds->batch.capsessions);
     }
-    ds->sessions[id] = (ds_session_t){.id = id,
-                                      .model = dm,
-                                      .bucket_ms = bucket,
-                                      .input_kind = input_kind,
-                                      .priority = priority,
-                                      .best_effort = best_effort};
-    if (id >= ds->nsessions)
-        ds->nsessions = id + 1;
+    ds->batch.sessions[id] = (ds_session_t){.id = id,
+                                            .model = dm,
+                                            .bucket_ms = bucket,
+                                            .input_kind = input_kind,
+                                            .priority = priority,
+                                            .best_effort = best_effort};
+    if (id >= ds->batch.nsessions)
+        ds->batch.nsessions = id + 1;
     *created = 1;
     return id;
 }
@@ -398,13 +400,14 @@ void ds_update_routes(gw_dispatch_t *ds, ds_model_t *dm)
     int *holders = sq_xcalloc((size_t)ds->nworkers + 1, sizeof(*holders));
     int nholders = -1; /* counted at the first session of dm */
     int64_t now = sq_now_us();
-    for (int s = 0; s < ds->nsessions; s++) {
-        if (ds->sessions[s].model != dm)
+    for (int s = 0; s < ds->batch.nsessions; s++) {
+        if (ds->batch.sessions[s].model != dm)
             continue;
         if (nholders < 0)
             nholders = ds_plan_holders(ds, dm, holders);
-        int n = ds_plan_routes(ds, &ds->sessions[s], holders, nholders, routes, ds->nworkers + 1);
-        pl_dispatch_route_set(ds->core, now, s, routes, n);
+        int n =
+            ds_plan_routes(ds, &ds->batch.sessions[s], holders, nholders, routes, ds->nworkers + 1);
+        pl_dispatch_route_set(ds->batch.core, now, s, routes, n);
     }
     free(holders);
     free(routes);
@@ -428,12 +431,12 @@ void ds_withdraw_abandoned(gw_dispatch_t *ds)
 {
     int64_t now = sq_now_us();
     int any = 0;
-    for (uint32_t i = 0; i < ds->nhandles; i++) {
-        gw_item_t *it = ds->handles[i].item;
+    for (uint32_t i = 0; i < ds->batch.nhandles; i++) {
+        gw_item_t *it = ds->batch.handles[i].item;
         if (it == NULL || it->owner.abandoned == NULL || atomic_load(it->owner.abandoned) == 0)
             continue;
         /* Queued, not in a batch already (those are answered as they end). */
-        if (pl_dispatch_cancel(ds->core, now, it->held.core_session, it->held.core_id) != 0)
+        if (pl_dispatch_cancel(ds->batch.core, now, it->held.core_session, it->held.core_id) != 0)
             continue;
         ds_withdrawn(ds, it);
         any = 1;
@@ -495,7 +498,7 @@ void ds_enqueue_items(gw_dispatch_t *ds, ds_model_t *dm, gw_item_t **items, int 
                                        .deadline_us = items[j]->ask.deadline_us};
             sess[j] = -1;
         }
-        pl_dispatch_requests(ds->core, now, s, reqs, k);
+        pl_dispatch_requests(ds->batch.core, now, s, reqs, k);
     }
     if (n > 1) {
         free(reqs);
@@ -537,26 +540,26 @@ void ds_fail_pending(gw_dispatch_t *ds, ds_model_t *dm, int rc, const char *why)
  * the one in use (none when live_scale is 0). */
 static void live_publish(gw_dispatch_t *ds, const ds_model_t *dm)
 {
-    pthread_mutex_lock(&ds->live_lock);
-    for (int i = 0; i < ds->nlive_pub; i++) {
-        if (ds->live_pub[i].owner == dm) {
-            pl_profile_dispose(&ds->live_pub[i].profile);
-            ds->live_pub[i--] = ds->live_pub[--ds->nlive_pub];
+    pthread_mutex_lock(&ds->batch.live_lock);
+    for (int i = 0; i < ds->batch.nlive_pub; i++) {
+        if (ds->batch.live_pub[i].owner == dm) {
+            pl_profile_dispose(&ds->batch.live_pub[i].profile);
+            ds->batch.live_pub[i--] = ds->batch.live_pub[--ds->batch.nlive_pub];
         }
     }
     if (dm->live_scale > 0) {
-        if (ds->nlive_pub == ds->caplive_pub) {
-            ds->caplive_pub = ds->caplive_pub ? 2 * ds->caplive_pub : 8;
-            ds->live_pub =
-                sq_xrealloc(ds->live_pub, sizeof(*ds->live_pub) * (size_t)ds->caplive_pub);
+        if (ds->batch.nlive_pub == ds->batch.caplive_pub) {
+            ds->batch.caplive_pub = ds->batch.caplive_pub ? 2 * ds->batch.caplive_pub : 8;
+            ds->batch.live_pub = sq_xrealloc(ds->batch.live_pub, sizeof(*ds->batch.live_pub) *
+                                                                     (size_t)ds->batch.caplive_pub);
         }
-        ds_live_pub_t *p = &ds->live_pub[ds->nlive_pub++];
+        ds_live_pub_t *p = &ds->batch.live_pub[ds->batch.nlive_pub++];
         p->owner = dm;
         p->key = dm->key;
         p->kind = dm->live_kind;
         pl_profile_copy(&p->profile, &dm->live_profile);
     }
-    pthread_mutex_unlock(&ds->live_lock);
+    pthread_mutex_unlock(&ds->batch.live_lock);
 }
 
 void ds_live_reset(gw_dispatch_t *ds, ds_model_t *dm)
@@ -584,9 +587,9 @@ void ds_live_set(gw_dispatch_t *ds, ds_model_t *dm, int kind, double scale)
     live_publish(ds, dm);
     gw_metrics_profile_scale(ds->srv->metrics, dm->m, kind, scale);
     int64_t now = sq_now_us();
-    for (int s = 0; s < ds->nsessions; s++)
-        if (ds->sessions[s].model == dm)
-            pl_dispatch_session_profile(ds->core, now, s, ds_profile(dm, kind));
+    for (int s = 0; s < ds->batch.nsessions; s++)
+        if (ds->batch.sessions[s].model == dm)
+            pl_dispatch_session_profile(ds->batch.core, now, s, ds_profile(dm, kind));
     ds_plan_invalidate(ds, kind, "profile drift");
 }
 
@@ -597,14 +600,14 @@ int gw_dispatch_least(gw_sched_t *s, const gw_model_t *m, int kind, int n, gw_le
     gw_dispatch_t *ds = (gw_dispatch_t *)s;
     pl_dispatch_opts_t o = ds_core_opts(ds->srv);
     const pl_profile_t *p = NULL;
-    pthread_mutex_lock(&ds->live_lock);
-    for (int i = 0; i < ds->nlive_pub; i++)
-        if (ds->live_pub[i].key == m->key && ds->live_pub[i].kind == kind) {
-            p = &ds->live_pub[i].profile;
+    pthread_mutex_lock(&ds->batch.live_lock);
+    for (int i = 0; i < ds->batch.nlive_pub; i++)
+        if (ds->batch.live_pub[i].key == m->key && ds->batch.live_pub[i].kind == kind) {
+            p = &ds->batch.live_pub[i].profile;
             break;
         }
     int rc = gw_sched_least_on(&o, p, m, kind, n, out);
-    pthread_mutex_unlock(&ds->live_lock);
+    pthread_mutex_unlock(&ds->batch.live_lock);
     return rc;
 }
 
@@ -670,7 +673,7 @@ void ds_on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f)
     ds_plan_busy(ds, w->id, t - b->sent_us);
     gw_metrics_batch(ds->srv->metrics, b->items[0]->ask.model, w->id, w->device, b->count,
                      t - b->sent_us, &done);
-    pl_dispatch_batch_done(ds->core, t, w->id, b->id);
+    pl_dispatch_batch_done(ds->batch.core, t, w->id, b->id);
     const uint8_t *base = sq_shm_arena_base(ds->srv->arena);
     /* Where the worker's run falls on this clock (gw_item_t.exec_*_us). */
     int64_t round_us = t - b->sent_us, worker_us = (int64_t)(done.total_ns / 1000);

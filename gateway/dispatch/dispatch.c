@@ -161,7 +161,7 @@ static void on_model_changed(sq_loop_t *loop, void *arg)
     int unloaded = m != NULL && strcmp(m->status, "unloaded") == 0;
     /* Groups: a member gone, or a new model ready to join, makes the next
      * request form the group anew. */
-    ds->group_epoch++;
+    ds->place.group_epoch++;
     for (int i = 0; i < ds->nmodels; i++) {
         ds_model_t *g = ds->models[i];
         if (!g->is_group || g->removed)
@@ -319,9 +319,9 @@ static void reclaim(gw_dispatch_t *ds)
             if (ds->models[j]->twin == dm)
                 ds->models[j]->twin = NULL;
         }
-        for (int s = 0; s < ds->nsessions; s++)
-            if (ds->sessions[s].model == dm)
-                ds->sessions[s].model = NULL; /* its core session was removed */
+        for (int s = 0; s < ds->batch.nsessions; s++)
+            if (ds->batch.sessions[s].model == dm)
+                ds->batch.sessions[s].model = NULL; /* its core session was removed */
         ds_plan_forget(ds, dm);
         int64_t key = dm->key;
         int revive = dm->revive;
@@ -404,7 +404,7 @@ static void warm_all(gw_dispatch_t *ds)
     for (int i = 0; i < k.n; i++) {
         gw_model_t *m = gw_registry_get(ds->srv->registry, k.keys[i]);
         int kind = m != NULL ? ds_kind_of_model(ds, m) : -1;
-        if (kind < 0 || ds->fleet.up[kind] == 0) {
+        if (kind < 0 || ds->pub.fleet.up[kind] == 0) {
             gw_model_unref(m);
             continue;
         }
@@ -488,17 +488,17 @@ gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop)
     ds->sched.ops = &ds_sched_ops;
     ds->srv = srv;
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
-        ds->fleet.back_at_us[k] = INT64_MAX;
+        ds->pub.fleet.back_at_us[k] = INT64_MAX;
     ds->drain = ds_commands_on_post;
     ds->loop = loop;
     pl_dispatch_opts_t opts = ds_core_opts(srv);
-    ds->core = pl_dispatch_new(&opts);
-    ds->plan = ds_plan_new(ds);
-    ds->group_epoch = 1;
-    pthread_mutex_init(&ds->ready_lock, NULL);
-    pthread_mutex_init(&ds->fe_lock, NULL);
-    pthread_mutex_init(&ds->live_lock, NULL);
-    snprintf(ds->ready_why, sizeof(ds->ready_why), "the dispatcher is starting");
+    ds->batch.core = pl_dispatch_new(&opts);
+    ds->place.plan = ds_plan_new(ds);
+    ds->place.group_epoch = 1;
+    pthread_mutex_init(&ds->pub.ready_lock, NULL);
+    pthread_mutex_init(&ds->fe.fe_lock, NULL);
+    pthread_mutex_init(&ds->batch.live_lock, NULL);
+    snprintf(ds->pub.ready_why, sizeof(ds->pub.ready_why), "the dispatcher is starting");
     ds->tick = sq_loop_timer_at(loop, sq_now_ns() + (int64_t)TICK_MS * 1000000, on_tick, ds);
     return ds;
 }
@@ -524,21 +524,21 @@ void ds_abort_all(gw_dispatch_t *ds)
         /* The worker may still write into the outputs: the region stays
          * allocated until the arena goes (squishd is exiting). The core
          * forgets the batch. */
-        pl_dispatch_batch_done(ds->core, sq_now_us(), w->id, b->id);
+        pl_dispatch_batch_done(ds->batch.core, sq_now_us(), w->id, b->id);
         free(b->items);
         free(b);
     }
-    for (int s = 0; s < ds->nsessions; s++)
-        pl_dispatch_session_remove(ds->core, sq_now_us(), s);
+    for (int s = 0; s < ds->batch.nsessions; s++)
+        pl_dispatch_session_remove(ds->batch.core, sq_now_us(), s);
     /* Queued requests come back as drops: pump answers them (aborted). */
     ds_pump(ds);
     /* Whatever still has a handle (none should) is answered too. */
-    for (uint32_t i = 0; i < ds->nhandles; i++)
-        if (ds->handles[i].item != NULL)
-            ds_fail_item(ds, ds->handles[i].item, SQ_SHUTTING_DOWN, why);
-    if (ds->timer)
-        sq_loop_timer_cancel(ds->loop, ds->timer);
-    ds->timer = 0;
+    for (uint32_t i = 0; i < ds->batch.nhandles; i++)
+        if (ds->batch.handles[i].item != NULL)
+            ds_fail_item(ds, ds->batch.handles[i].item, SQ_SHUTTING_DOWN, why);
+    if (ds->batch.timer)
+        sq_loop_timer_cancel(ds->loop, ds->batch.timer);
+    ds->batch.timer = 0;
     ds_await_tick(ds); /* loads waiting: answered, shutting down */
 }
 
@@ -561,18 +561,18 @@ void gw_dispatch_free(gw_dispatch_t *ds)
     free(ds->workers);
     free(ds->models);
     sq_map_dispose(&ds->model_ix);
-    free(ds->sessions);
-    free(ds->handles);
+    free(ds->batch.sessions);
+    free(ds->batch.handles);
     ds_plan_apply_stop(ds);
-    ds_plan_free(ds->plan);
-    pl_dispatch_free(ds->core);
-    pthread_mutex_destroy(&ds->ready_lock);
-    pthread_mutex_destroy(&ds->fe_lock);
-    pthread_mutex_destroy(&ds->live_lock);
-    free(ds->live_pub);
+    ds_plan_free(ds->place.plan);
+    pl_dispatch_free(ds->batch.core);
+    pthread_mutex_destroy(&ds->pub.ready_lock);
+    pthread_mutex_destroy(&ds->fe.fe_lock);
+    pthread_mutex_destroy(&ds->batch.live_lock);
+    free(ds->batch.live_pub);
     ds_await_free(ds);
-    free(ds->held_keys);
-    free(ds->gone_keys);
-    free(ds->progress);
+    free(ds->pub.held_keys);
+    free(ds->pub.gone_keys);
+    free(ds->place.progress);
     free(ds);
 }

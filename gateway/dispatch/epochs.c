@@ -34,7 +34,7 @@ void ds_plan_sync_models(gw_dispatch_t *ds)
                               .name = dm->m->name,
                               .item_bytes = ds_item_bytes(dm->m, SQ_INPUT_PIXELS),
                               .active = dm->active && !dm->removed};
-        pl_loop_model_set(ds->plan->loop, dm->key, &lm);
+        pl_loop_model_set(ds->place.plan->loop, dm->key, &lm);
     }
 }
 
@@ -59,12 +59,13 @@ static void pipeline_to_loop(gw_dispatch_t *ds, gw_pipeline_t *pipe)
         if (spec->parent >= 0 && c < nc)
             st[i].gamma = cl[c++].gamma;
     }
-    pl_loop_pipeline_set(ds->plan->loop, ds_plan_pipe_key(pipe), pipe->slo_ms, st, pipe->nstages);
+    pl_loop_pipeline_set(ds->place.plan->loop, ds_plan_pipe_key(pipe), pipe->slo_ms, st,
+                         pipe->nstages);
 }
 
 void ds_plan_sync_pipelines(gw_dispatch_t *ds)
 {
-    ds_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->place.plan;
     if (p->npipes == 0)
         return;
     int np = 0;
@@ -88,7 +89,7 @@ void ds_plan_sync_pipelines(gw_dispatch_t *ds)
 
 void ds_plan_pipeline_known(gw_dispatch_t *ds, gw_pipeline_t *pipe)
 {
-    ds_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->place.plan;
     for (int i = 0; i < p->npipes; i++)
         if (p->pipes[i] == pipe)
             return;
@@ -129,7 +130,7 @@ int ds_plan_routes(gw_dispatch_t *ds, const ds_session_t *s, const int *holders,
      * loading the model: every worker that holds it serves meanwhile. */
     pl_loop_route_env_t env = {
         .usable = usable_worker, .ctx = ds, .holders = holders, .nholders = nholders};
-    return pl_loop_routes(ds->plan->loop, s->model->key, s->bucket_ms, &env, routes, max);
+    return pl_loop_routes(ds->place.plan->loop, s->model->key, s->bucket_ms, &env, routes, max);
 }
 
 /* Who holds what in kind's plan: (model key, worker) of every allocation,
@@ -185,8 +186,8 @@ static void settle_free(ds_settle_t *st)
 
 static void settle_begin(gw_dispatch_t *ds, int kind)
 {
-    ds_plan_kind_t *K = &ds->plan->kinds[kind];
-    pl_loop_t *loop = ds->plan->loop;
+    ds_plan_kind_t *K = &ds->place.plan->kinds[kind];
+    pl_loop_t *loop = ds->place.plan->loop;
     const pl_plan_t *plan = pl_loop_current(loop, kind);
     settle_free(&K->settle);
     if (plan == NULL)
@@ -216,14 +217,14 @@ static void settle_begin(gw_dispatch_t *ds, int kind)
  * it unloaded are routed again before it returns. Returns 1 when done. */
 static int settle_step(gw_dispatch_t *ds, int kind, int64_t deadline_ns)
 {
-    ds_plan_kind_t *K = &ds->plan->kinds[kind];
+    ds_plan_kind_t *K = &ds->place.plan->kinds[kind];
     ds_settle_t *st = &K->settle;
-    const pl_plan_t *plan = pl_loop_current(ds->plan->loop, kind);
+    const pl_plan_t *plan = pl_loop_current(ds->place.plan->loop, kind);
     if (!st->active || plan == NULL || plan->devices != st->devices) {
         settle_free(st); /* a plan adopted since settles itself */
         return 1;
     }
-    ds->routes_deferred = 1;
+    ds->place.routes_deferred = 1;
     while (st->cursor < ds->nworkers) {
         ds_worker_t *w = ds->workers[st->cursor++];
         if (w == NULL || !w->up || w->kind != kind)
@@ -261,7 +262,7 @@ static int settle_step(gw_dispatch_t *ds, int kind, int64_t deadline_ns)
         if (deadline_ns > 0 && sq_now_ns() > deadline_ns)
             break;
     }
-    ds->routes_deferred = 0;
+    ds->place.routes_deferred = 0;
     for (int m = 0; m < ds->nmodels; m++) {
         ds_model_t *dm = ds->models[m];
         if (dm->routes_stale && dm->active && !dm->removed)
@@ -357,7 +358,7 @@ void ds_plan_thread_stop(ds_plan_state_t *p)
  * without it). Returns 0 when there is something to apply. */
 static int apply_begin(gw_dispatch_t *ds, int kind, ds_plan_inflight_t *in)
 {
-    ds_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->place.plan;
     int rc = pl_loop_plan_finish(p->loop, in->job);
     in->job = NULL;
     in->plan_ms = (double)(sq_now_ns() - in->begin_ns) / 1e6;
@@ -414,7 +415,7 @@ static void apply_worker(gw_dispatch_t *ds, int kind, ds_plan_inflight_t *in, co
     if (w == NULL || !w->up || w->kind != kind)
         return;
     const pl_device_t *dev = in->dev_of[j] >= 0 ? &plan->devices[in->dev_of[j]] : NULL;
-    pl_dispatch_worker_add(ds->core, in->now_us, w->id,
+    pl_dispatch_worker_add(ds->batch.core, in->now_us, w->id,
                            dev != NULL && !dev->saturated ? (int64_t)dev->duty_cycle_us : 0);
     for (int a = 0; dev != NULL && a < dev->nallocs; a++) {
         ds_plan_view_t view;
@@ -440,7 +441,7 @@ static void apply_worker(gw_dispatch_t *ds, int kind, ds_plan_inflight_t *in, co
  * 1 when the apply is over. */
 static int apply_step(gw_dispatch_t *ds, int kind, ds_plan_inflight_t *in, int64_t deadline_ns)
 {
-    ds_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->place.plan;
     const pl_plan_t *plan = pl_loop_current(p->loop, kind);
     if (plan == NULL || plan->devices != in->devices) {
         /* Replaced meanwhile (a stored plan reapplied): that one applies. */
@@ -503,7 +504,7 @@ static void apply_more(sq_loop_t *loop, uint64_t timer_id, void *arg);
  * comes back after the loop's other events while some is left. */
 static void apply_slices(gw_dispatch_t *ds)
 {
-    ds_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->place.plan;
     int64_t deadline = sq_now_ns() + (int64_t)DS_APPLY_SLICE_US * 1000;
     int more = 0;
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
@@ -527,7 +528,7 @@ static void apply_more(sq_loop_t *loop, uint64_t timer_id, void *arg)
 {
     gw_dispatch_t *ds = arg;
     (void)loop, (void)timer_id;
-    ds->plan->apply_timer = 0;
+    ds->place.plan->apply_timer = 0;
     apply_slices(ds);
 }
 
@@ -538,7 +539,7 @@ void ds_plan_continue(gw_dispatch_t *ds)
 
 void ds_plan_apply_stop(gw_dispatch_t *ds)
 {
-    ds_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->place.plan;
     if (p->apply_timer != 0 && ds->loop != NULL)
         sq_loop_timer_cancel(ds->loop, p->apply_timer);
     p->apply_timer = 0;
@@ -551,7 +552,7 @@ void ds_plan_apply_stop(gw_dispatch_t *ds)
 
 void ds_plan_epoch(gw_dispatch_t *ds, int kind, const char *reason, int64_t now_us)
 {
-    ds_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->place.plan;
     ds_plan_inflight_t *in = &p->inflight[kind];
     if (in->job != NULL || in->applying) {
         /* One plan of a kind at a time: this one is planned after it. */
@@ -614,7 +615,7 @@ void ds_plan_epoch(gw_dispatch_t *ds, int kind, const char *reason, int64_t now_
 
 void ds_plan_collect(gw_dispatch_t *ds)
 {
-    ds_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->place.plan;
     if (!p->threaded)
         return;
     pl_loop_job_t *done[SQ_DEV_KIND_COUNT];
@@ -638,22 +639,22 @@ int ds_plan_pending(gw_dispatch_t *ds)
 {
     int n = 0;
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
-        n += ds->plan->inflight[k].job != NULL || ds->plan->inflight[k].applying;
+        n += ds->place.plan->inflight[k].job != NULL || ds->place.plan->inflight[k].applying;
     return n;
 }
 
 void ds_plan_loaded(gw_dispatch_t *ds, int kind)
 {
-    if (kind < 0 || kind >= SQ_DEV_KIND_COUNT || !ds->plan->kinds[kind].moves_pending)
+    if (kind < 0 || kind >= SQ_DEV_KIND_COUNT || !ds->place.plan->kinds[kind].moves_pending)
         return;
     /* At the next tick, once for every load finished meanwhile: a plan of
      * 10,000 sessions finishes tens of thousands of loads. */
-    ds->plan->kinds[kind].settle_due = 1;
+    ds->place.plan->kinds[kind].settle_due = 1;
 }
 
 void ds_plan_settle_due(gw_dispatch_t *ds)
 {
-    ds_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->place.plan;
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
         ds_plan_kind_t *K = &p->kinds[k];
         if (!K->settle_due || p->inflight[k].applying || K->settle.active)

@@ -24,10 +24,10 @@ void gw_dispatch_frontend_traffic(gw_server_t *srv, gw_frontend_traffic_t *out)
     *out = (gw_frontend_traffic_t){0};
     if (ds == NULL)
         return;
-    out->bytes_in = atomic_load(&ds->fe_bytes_in);
-    out->bytes_out = atomic_load(&ds->fe_bytes_out);
-    out->items = atomic_load(&ds->fe_items);
-    out->connected = atomic_load(&ds->fe_connected);
+    out->bytes_in = atomic_load(&ds->fe.fe_bytes_in);
+    out->bytes_out = atomic_load(&ds->fe.fe_bytes_out);
+    out->items = atomic_load(&ds->fe.fe_items);
+    out->connected = atomic_load(&ds->fe.fe_connected);
 }
 
 static void fail_slot(gw_dispatch_t *ds, int fe, uint64_t slot, int rc, const char *detail)
@@ -68,15 +68,15 @@ static char *state_json(gw_dispatch_t *ds)
     json_t *up = json_array(), *coming = json_array(), *back = json_array(), *held = json_array(),
            *gone = json_array();
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
-        json_array_append_new(up, json_integer(ds->fleet.up[k]));
-        json_array_append_new(coming, json_integer(ds->fleet.coming[k]));
-        int64_t at = ds->fleet.back_at_us[k];
+        json_array_append_new(up, json_integer(ds->pub.fleet.up[k]));
+        json_array_append_new(coming, json_integer(ds->pub.fleet.coming[k]));
+        int64_t at = ds->pub.fleet.back_at_us[k];
         json_array_append_new(back, json_integer(at == INT64_MAX ? -1 : at > now ? at - now : 0));
     }
-    for (int i = 0; i < ds->nheld; i++)
-        json_array_append_new(held, json_integer(ds->held_keys[i]));
-    for (int i = 0; i < ds->ngone; i++)
-        json_array_append_new(gone, json_integer(ds->gone_keys[i]));
+    for (int i = 0; i < ds->pub.nheld; i++)
+        json_array_append_new(held, json_integer(ds->pub.held_keys[i]));
+    for (int i = 0; i < ds->pub.ngone; i++)
+        json_array_append_new(gone, json_integer(ds->pub.gone_keys[i]));
     /* The pipelines, with the split this dispatcher made for them: a
      * frontend runs their queries at these budgets. */
     json_t *pipes = json_array();
@@ -97,8 +97,8 @@ static char *state_json(gw_dispatch_t *ds)
     }
     free(ps);
     json_t *st =
-        json_pack("{s:s, s:i, s:b, s:b, s:o, s:o, s:o, s:o, s:o, s:o}", "why", ds->ready_why,
-                  "workers_up", ds->fleet.workers_up, "db_ready", atomic_load(&srv->db_ready),
+        json_pack("{s:s, s:i, s:b, s:b, s:o, s:o, s:o, s:o, s:o, s:o}", "why", ds->pub.ready_why,
+                  "workers_up", ds->pub.fleet.workers_up, "db_ready", atomic_load(&srv->db_ready),
                   "stopping", ds->aborted, "kind_up", up, "kind_coming", coming, "kind_back_in_us",
                   back, "held", held, "gone", gone, "pipelines", pipes);
     char *s = json_dumps(st, JSON_COMPACT);
@@ -128,7 +128,7 @@ static void push_changes(gw_dispatch_t *ds)
         return;
     unsigned long gen = gw_registry_generation(ds->srv->registry);
     char *catalog = NULL, *state = NULL;
-    for (int i = 0; i < ds->nfrontends; i++) {
+    for (int i = 0; i < ds->fe.nfrontends; i++) {
         ds_frontend_t *f = ds_frontend_at(ds, i);
         if (f == NULL)
             continue;
@@ -154,10 +154,10 @@ static void on_fe_tick(sq_loop_t *loop, uint64_t id, void *data)
 {
     gw_dispatch_t *ds = data;
     (void)id;
-    ds->fe_timer = 0;
+    ds->fe.fe_timer = 0;
     push_changes(ds);
-    if (atomic_load(&ds->fe_connected) > 0)
-        ds->fe_timer =
+    if (atomic_load(&ds->fe.fe_connected) > 0)
+        ds->fe.fe_timer =
             sq_loop_timer_at(loop, sq_now_ns() + (int64_t)FE_TICK_MS * 1000000, on_fe_tick, ds);
 }
 
@@ -167,25 +167,26 @@ void ds_fe_up(gw_dispatch_t *ds, int fe, const char *name, const char *addr)
 {
     if (fe < 0)
         return;
-    pthread_mutex_lock(&ds->fe_lock);
-    if (fe >= ds->nfrontends) {
-        ds->frontends = sq_xrealloc(ds->frontends, sizeof(*ds->frontends) * (size_t)(fe + 1));
-        for (int i = ds->nfrontends; i <= fe; i++)
-            ds->frontends[i] = NULL;
-        ds->nfrontends = fe + 1;
+    pthread_mutex_lock(&ds->fe.fe_lock);
+    if (fe >= ds->fe.nfrontends) {
+        ds->fe.frontends =
+            sq_xrealloc(ds->fe.frontends, sizeof(*ds->fe.frontends) * (size_t)(fe + 1));
+        for (int i = ds->fe.nfrontends; i <= fe; i++)
+            ds->fe.frontends[i] = NULL;
+        ds->fe.nfrontends = fe + 1;
     }
-    ds_frontend_t *f = ds->frontends[fe];
+    ds_frontend_t *f = ds->fe.frontends[fe];
     if (f == NULL)
-        f = ds->frontends[fe] = sq_xcalloc(1, sizeof(*f));
+        f = ds->fe.frontends[fe] = sq_xcalloc(1, sizeof(*f));
     f->id = fe;
     f->up = 1;
     snprintf(f->name, sizeof(f->name), "%s", name);
     snprintf(f->addr, sizeof(f->addr), "%s", addr);
-    pthread_mutex_unlock(&ds->fe_lock);
-    atomic_fetch_add(&ds->fe_connected, 1);
+    pthread_mutex_unlock(&ds->fe.fe_lock);
+    atomic_fetch_add(&ds->fe.fe_connected, 1);
     push_changes(ds);
-    if (ds->fe_timer == 0)
-        ds->fe_timer =
+    if (ds->fe.fe_timer == 0)
+        ds->fe.fe_timer =
             sq_loop_timer_at(ds->loop, sq_now_ns() + (int64_t)FE_TICK_MS * 1000000, on_fe_tick, ds);
 }
 
@@ -260,7 +261,7 @@ static int on_items(gw_dispatch_t *ds, ds_frontend_t *f, const sq_frame_t *fr)
     }
     if (head != NULL)
         ds_submit_chain(ds, head);
-    atomic_fetch_add(&ds->fe_items, n);
+    atomic_fetch_add(&ds->fe.fe_items, n);
     return 0;
 }
 
@@ -305,12 +306,12 @@ static int on_metrics(gw_dispatch_t *ds, ds_frontend_t *f, const sq_frame_t *fr)
         gw_pipeline_unref(p);
     }
     char *copy = strdup(text);
-    pthread_mutex_lock(&ds->fe_lock);
+    pthread_mutex_lock(&ds->fe.fe_lock);
     free(f->metrics);
     json_decref(f->stats);
     f->metrics = copy;
     f->stats = json_incref(stats);
-    pthread_mutex_unlock(&ds->fe_lock);
+    pthread_mutex_unlock(&ds->fe.fe_lock);
     json_decref(m);
     return 0;
 }
@@ -322,19 +323,19 @@ void gw_dispatch_frontends_metrics(gw_server_t *srv, const char *own, sq_buf_t *
         sq_buf_put(out, own, strlen(own));
         return;
     }
-    pthread_mutex_lock(&ds->fe_lock);
-    int n = ds->nfrontends;
+    pthread_mutex_lock(&ds->fe.fe_lock);
+    int n = ds->fe.nfrontends;
     const char **texts = sq_xcalloc((size_t)n + 1, sizeof(*texts));
     const char **names = sq_xcalloc((size_t)n + 1, sizeof(*names));
     for (int i = 0; i < n; i++) {
-        ds_frontend_t *f = ds->frontends[i];
+        ds_frontend_t *f = ds->fe.frontends[i];
         if (f != NULL && f->up && f->metrics != NULL) {
             texts[i] = f->metrics;
             names[i] = f->name;
         }
     }
     gw_metrics_merge(out, own, texts, names, n);
-    pthread_mutex_unlock(&ds->fe_lock);
+    pthread_mutex_unlock(&ds->fe.fe_lock);
     free(texts);
     free(names);
 }
@@ -348,9 +349,9 @@ void gw_dispatch_frontends_stats(gw_server_t *srv, json_t *model_stats)
     const char *version = json_string_value(json_object_get(model_stats, "version"));
     if (name == NULL || version == NULL)
         return;
-    pthread_mutex_lock(&ds->fe_lock);
-    for (int i = 0; i < ds->nfrontends; i++) {
-        ds_frontend_t *f = ds->frontends[i];
+    pthread_mutex_lock(&ds->fe.fe_lock);
+    for (int i = 0; i < ds->fe.nfrontends; i++) {
+        ds_frontend_t *f = ds->fe.frontends[i];
         if (f == NULL || !f->up || f->stats == NULL)
             continue;
         size_t k;
@@ -363,7 +364,7 @@ void gw_dispatch_frontends_stats(gw_server_t *srv, json_t *model_stats)
                 gw_metrics_stats_add(model_stats, e);
         }
     }
-    pthread_mutex_unlock(&ds->fe_lock);
+    pthread_mutex_unlock(&ds->fe.fe_lock);
 }
 
 int ds_fe_frame(gw_dispatch_t *ds, int fe, const sq_frame_t *f)
@@ -371,7 +372,7 @@ int ds_fe_frame(gw_dispatch_t *ds, int fe, const sq_frame_t *f)
     ds_frontend_t *r = ds_frontend_at(ds, fe);
     if (r == NULL)
         return -1;
-    atomic_fetch_add(&ds->fe_bytes_in, (uint64_t)f->len + SQ_IPC_HEADER_SIZE);
+    atomic_fetch_add(&ds->fe.fe_bytes_in, (uint64_t)f->len + SQ_IPC_HEADER_SIZE);
     if (ds->aborted) {
         /* Stopping: what it offers now is failed at once (it answers
          * 503, and its clients retry elsewhere). */
@@ -405,10 +406,10 @@ void ds_fe_lost(gw_dispatch_t *ds, int fe)
     ds_frontend_t *f = ds_frontend_at(ds, fe);
     if (f == NULL)
         return;
-    pthread_mutex_lock(&ds->fe_lock);
+    pthread_mutex_lock(&ds->fe.fe_lock);
     f->up = 0;
-    pthread_mutex_unlock(&ds->fe_lock);
-    atomic_fetch_sub(&ds->fe_connected, 1);
+    pthread_mutex_unlock(&ds->fe.fe_lock);
+    atomic_fetch_sub(&ds->fe.fe_connected, 1);
     int any = 0;
     for (uint32_t i = 0; i < f->capitems; i++) {
         for (ds_fe_item_t *x = f->items[i]; x != NULL; x = x->next_in_slot) {
@@ -426,21 +427,21 @@ void ds_fe_lost(gw_dispatch_t *ds, int fe)
     f->capitems = 0;
     free(f->state_sent);
     f->state_sent = NULL;
-    pthread_mutex_lock(&ds->fe_lock);
+    pthread_mutex_lock(&ds->fe.fe_lock);
     free(f->metrics);
     json_decref(f->stats);
     f->metrics = NULL;
     f->stats = NULL;
-    pthread_mutex_unlock(&ds->fe_lock);
+    pthread_mutex_unlock(&ds->fe.fe_lock);
 }
 
 void ds_frontends_free(gw_dispatch_t *ds)
 {
-    if (ds->fe_timer != 0)
-        sq_loop_timer_cancel(ds->loop, ds->fe_timer);
-    ds->fe_timer = 0;
-    for (int i = 0; i < ds->nfrontends; i++) {
-        ds_frontend_t *f = ds->frontends[i];
+    if (ds->fe.fe_timer != 0)
+        sq_loop_timer_cancel(ds->loop, ds->fe.fe_timer);
+    ds->fe.fe_timer = 0;
+    for (int i = 0; i < ds->fe.nfrontends; i++) {
+        ds_frontend_t *f = ds->fe.frontends[i];
         if (f == NULL)
             continue;
         free(f->items);
@@ -449,7 +450,7 @@ void ds_frontends_free(gw_dispatch_t *ds)
         json_decref(f->stats);
         free(f);
     }
-    free(ds->frontends);
-    ds->frontends = NULL;
-    ds->nfrontends = 0;
+    free(ds->fe.frontends);
+    ds->fe.frontends = NULL;
+    ds->fe.nfrontends = 0;
 }

@@ -224,12 +224,83 @@ typedef struct {
     char why[256];
 } ds_cmd_t;
 
+/* The batcher's own (batches.c, submit.c; records.c's handles). */
+typedef struct {
+    pl_dispatch_t *core;
+    uint64_t timer;
+    int64_t timer_at_us;    /* when it fires (the core's wake-up), while armed */
+    ds_session_t *sessions; /* by core session id */
+    int nsessions, capsessions;
+    gw_region_t regions[SQ_MAX_BATCH_ITEMS]; /* a batch's input slots, for the link */
+    ds_handle_t *handles;
+    uint32_t nhandles, caphandles, free_handle; /* free_handle: index + 1, 0: none */
+    /* The live corrections in use, for other threads under live_lock: a
+     * copy of each corrected profile (gw_sched_least). */
+    pthread_mutex_t live_lock;
+    struct ds_live_pub *live_pub;
+    int nlive_pub, caplive_pub;
+} ds_batcher_t;
+
+/* Placement's own (model_loads.c .. planning.c). */
+typedef struct {
+    ds_plan_state_t *plan; /* planning.c */
+    /* 1 while many unloads are made at once (epochs.c: settle_moves): each
+     * marks its model's routes stale, and the maker routes each model once
+     * before it returns (no batch is sent meanwhile). */
+    int routes_deferred;
+    uint64_t group_epoch; /* bumped on every model change: groups are looked for again */
+    uint64_t group_gen;   /* makes each formed group's key unique */
+    /* Models being measured, and how far (under ready_lock: other
+     * threads read it). */
+    gw_profile_progress_t *progress;
+    int nprogress, capprogress;
+} ds_placement_t;
+
+/* What other threads read, under ready_lock: readiness as the dispatch
+ * thread last saw it (every tick: why squishd cannot serve every ready
+ * model now, "" when it can; the models a worker up holds; those on their
+ * way out), and the fleet, written by the dispatch thread alone
+ * (worker_events.c, from the link's events) and read there freely. */
+typedef struct {
+    pthread_mutex_t ready_lock;
+    gw_fleet_t fleet;
+    char ready_why[256];
+    unsigned long ready_gen; /* the registry generation ready_why was made at */
+    int64_t *held_keys;
+    int nheld, capheld;
+    /* Models unloaded or deleted whose record is not freed yet (a batch
+     * of theirs still runs, or items wait): Triton's UNLOADING. */
+    int64_t *gone_keys;
+    int ngone, capgone;
+} ds_published_t;
+
+/* Frontends (frontends.c), by id; their traffic (read by other threads),
+ * and the timer that sends them the catalog and state. */
+typedef struct {
+    ds_frontend_t **frontends;
+    int nfrontends;
+    _Atomic uint64_t fe_bytes_in, fe_bytes_out, fe_items;
+    atomic_int fe_connected;
+    uint64_t fe_timer;
+    pthread_mutex_t fe_lock; /* frontends' metrics and stats; the array's growth */
+} ds_frontends_t;
+
+/* The dispatcher: the records both parts share (workers, models), each
+ * part's own, and the top's (the tick, model control's waits). */
 struct gw_dispatch {
     gw_sched_t sched; /* first: the scheduling interface (gw_dispatch_sched) */
     gw_server_t *srv;
     int aborted;
     atomic_int withdraw_posted; /* a gw_sched_withdraw look is on its way */
     sq_loop_t *loop;
+    uint64_t tick;
+    unsigned warm_ticks;   /* dispatch.c: ticks, for warm_all's pace */
+    int reclaim_due;       /* a model was removed: reclaim() has work until it is freed */
+    ds_worker_t **workers; /* by worker id */
+    int nworkers;
+    ds_model_t **models;
+    int nmodels, capmodels;
+    sq_map_t model_ix; /* key -> index into models (ds_model_find) */
     /* Commands placement emitted, not drained yet (records.c), a pump
      * asked for, whether a drain is posted to the loop, and the drain
      * (submit.c's ds_commands_on_post, set by gw_dispatch_new). */
@@ -237,65 +308,13 @@ struct gw_dispatch {
     int ncmds, capcmds;
     int pump_due, drain_posted;
     sq_post_fn drain;
-    pl_dispatch_t *core;
-    uint64_t timer;
-    int64_t timer_at_us; /* when it fires (the core's wake-up), while armed */
-    uint64_t tick;
-    ds_worker_t **workers; /* by worker id */
-    int nworkers;
-    ds_model_t **models;
-    int nmodels, capmodels;
-    sq_map_t model_ix; /* key -> index into models (ds_model_find) */
-    /* 1 while many unloads are made at once (epochs.c: settle_moves): each
-     * marks its model's routes stale, and the maker routes each model once
-     * before it returns (no batch is sent meanwhile). */
-    int routes_deferred;
-    unsigned warm_ticks;     /* dispatch.c: ticks, for warm_all's pace */
-    unsigned long ready_gen; /* the registry generation ready_why was made at */
-    ds_session_t *sessions;  /* by core session id */
-    int nsessions, capsessions;
-    ds_plan_state_t *plan;                   /* planning.c */
-    gw_region_t regions[SQ_MAX_BATCH_ITEMS]; /* a batch's input slots, for the link */
-    ds_handle_t *handles;
-    uint32_t nhandles, caphandles, free_handle; /* free_handle: index + 1, 0: none */
-    int reclaim_due;      /* a model was removed: reclaim() has work until it is freed */
-    uint64_t group_epoch; /* bumped on every model change: groups are looked for again */
-    uint64_t group_gen;   /* makes each formed group's key unique */
-    /* Readiness, as the dispatch thread last saw it (every tick), for
-     * other threads under ready_lock: why squishd cannot serve every ready
-     * model now ("" when it can), and the models a worker up holds. */
-    pthread_mutex_t ready_lock;
-    /* The fleet: written by the dispatch thread alone (worker_events.c,
-     * from the link's events) under ready_lock, read there freely and by
-     * other threads under ready_lock (the scheduler's serving kind and
-     * fleet snapshot). */
-    gw_fleet_t fleet;
-    char ready_why[256];
-    int64_t *held_keys;
-    int nheld, capheld;
-    /* Models unloaded or deleted whose record is not freed yet (a batch
-     * of theirs still runs, or items wait): Triton's UNLOADING. */
-    int64_t *gone_keys;
-    int ngone, capgone;
+    ds_batcher_t batch;
+    ds_placement_t place;
+    ds_published_t pub;
+    ds_frontends_t fe;
     /* Loads that wait for their models (model control), looked at every
      * tick (dispatch thread only). */
     struct ds_await *awaits;
-    /* Models being measured, and how far (under ready_lock too). */
-    gw_profile_progress_t *progress;
-    int nprogress, capprogress;
-    /* Frontends (frontends.c), by id; their traffic (read by other
-     * threads), and the timer that sends them the catalog and state. */
-    ds_frontend_t **frontends;
-    int nfrontends;
-    _Atomic uint64_t fe_bytes_in, fe_bytes_out, fe_items;
-    atomic_int fe_connected;
-    uint64_t fe_timer;
-    pthread_mutex_t fe_lock; /* frontends' metrics and stats; the array's growth */
-    /* The live corrections in use (batches.c), for other threads under
-     * live_lock: a copy of each corrected profile (gw_sched_least). */
-    pthread_mutex_t live_lock;
-    struct ds_live_pub *live_pub;
-    int nlive_pub, caplive_pub;
 };
 
 /* Fails it, whose model has no live record here, with what the registry
@@ -367,8 +386,9 @@ ds_fe_item_t **ds_fe_chain_link(ds_frontend_t *f, uint64_t slot, const ds_fe_ite
 /* Frontend fe's record while it is connected, else NULL. */
 static inline ds_frontend_t *ds_frontend_at(const gw_dispatch_t *ds, int fe)
 {
-    return fe >= 0 && fe < ds->nfrontends && ds->frontends[fe] != NULL && ds->frontends[fe]->up
-               ? ds->frontends[fe]
+    return fe >= 0 && fe < ds->fe.nfrontends && ds->fe.frontends[fe] != NULL &&
+                   ds->fe.frontends[fe]->up
+               ? ds->fe.frontends[fe]
                : NULL;
 }
 /* A frame to frontend fe (counted in its traffic); SQ_NO_WORKER when it is

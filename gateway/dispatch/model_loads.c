@@ -303,7 +303,7 @@ void ds_unload(gw_dispatch_t *ds, ds_worker_t *w, ds_load_t *l)
     /* No batch of it may go to w from now on (the routes before a plan
      * covers a model are every worker that holds it). */
     ds_model_t *dm = was_done ? ds_model_find(ds, l->key) : NULL;
-    if (dm != NULL && !dm->removed && dm->active && !ds->routes_deferred)
+    if (dm != NULL && !dm->removed && dm->active && !ds->place.routes_deferred)
         ds_cmd_route(ds, dm);
     else if (dm != NULL)
         dm->routes_stale = 1; /* routed by who deferred it, or at its next enqueue */

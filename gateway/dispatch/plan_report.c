@@ -43,7 +43,7 @@ static const char *unplaced_reason(pl_unplaced_reason_t r)
 const ds_plan_view_t *ds_plan_view(gw_dispatch_t *ds, int id, ds_plan_view_t *out)
 {
     pl_loop_session_info_t si;
-    if (pl_loop_session_by_id(ds->plan->loop, id, &si) != 0)
+    if (pl_loop_session_by_id(ds->place.plan->loop, id, &si) != 0)
         return NULL;
     out->dm = model_of_key(ds, si.model);
     out->bucket_ms = si.bucket_ms;
@@ -120,7 +120,7 @@ static int key_cmp(const void *a, const void *b)
 
 static report_t *report_take(gw_dispatch_t *ds, const char *reason, int moved)
 {
-    ds_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->place.plan;
     report_t *r = sq_xcalloc(1, sizeof(*r));
     r->p = p;
     r->metrics = ds->srv->metrics;
@@ -427,7 +427,7 @@ static void report_job(mdb_t *db, void *arg)
 
 json_t *gw_dispatch_plan_json(gw_server_t *srv)
 {
-    ds_plan_state_t *p = srv->dispatch ? srv->dispatch->plan : NULL;
+    ds_plan_state_t *p = srv->dispatch ? srv->dispatch->place.plan : NULL;
     json_t *out = NULL;
     if (p != NULL) {
         pthread_mutex_lock(&p->lock);

@@ -74,17 +74,17 @@ void ds_plan_free(ds_plan_state_t *p)
 
 pl_loop_t *ds_plan_loop(gw_dispatch_t *ds)
 {
-    return ds->plan->loop;
+    return ds->place.plan->loop;
 }
 
 void ds_plan_forget(gw_dispatch_t *ds, const ds_model_t *dm)
 {
-    pl_loop_model_forget(ds->plan->loop, dm->key);
+    pl_loop_model_forget(ds->place.plan->loop, dm->key);
 }
 
 void ds_plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it)
 {
-    ds_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->place.plan;
     if (it != NULL && it->pipe.pipeline != NULL) {
         ds_plan_pipeline_known(ds, it->pipe.pipeline);
         pl_loop_stage_arrivals(p->loop, ds_plan_pipe_key(it->pipe.pipeline), it->pipe.stage,
@@ -99,15 +99,15 @@ void ds_plan_arrival(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const 
 void ds_plan_outcome(gw_dispatch_t *ds, int ok)
 {
     if (ok)
-        ds->plan->ok += 1;
+        ds->place.plan->ok += 1;
     else
-        ds->plan->bad += 1;
+        ds->place.plan->bad += 1;
 }
 
 void ds_plan_busy(gw_dispatch_t *ds, int worker, int64_t busy_us)
 {
     (void)worker;
-    ds->plan->busy_us += (double)busy_us;
+    ds->place.plan->busy_us += (double)busy_us;
 }
 
 /* Splits each pipeline's SLO again (the query DP over its stages' current
@@ -162,7 +162,7 @@ static int resplit_pipelines(gw_dispatch_t *ds, int64_t now_us, int force)
 void ds_plan_activate(gw_dispatch_t *ds, ds_model_t *dm, double bucket_ms, const gw_item_t *it,
                       int64_t now_us)
 {
-    ds_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->place.plan;
     if (it != NULL && it->pipe.pipeline != NULL) {
         ds_plan_pipeline_known(ds, it->pipe.pipeline);
         pl_loop_stage_arrivals(p->loop, ds_plan_pipe_key(it->pipe.pipeline), it->pipe.stage,
@@ -180,17 +180,17 @@ void ds_plan_invalidate(gw_dispatch_t *ds, int kind, const char *reason)
 {
     if (kind < 0 || kind >= SQ_DEV_KIND_COUNT)
         return;
-    pl_loop_invalidate(ds->plan->loop, kind, reason);
+    pl_loop_invalidate(ds->place.plan->loop, kind, reason);
 }
 
 int ds_plan_restoring(const gw_dispatch_t *ds)
 {
-    return ds->plan->nrestore > 0;
+    return ds->place.plan->nrestore > 0;
 }
 
 void ds_plan_tick(gw_dispatch_t *ds, int64_t now_us)
 {
-    ds_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->place.plan;
     ds_plan_collect(ds);
     ds_plan_settle_due(ds);
     /* After a restart, no epoch runs until the stored plan is reapplied. */
@@ -297,7 +297,7 @@ static ds_worker_t *restore_worker(gw_dispatch_t *ds, const ds_plan_restore_t *r
  * worker (else each late one would re-plan at once), or the wait is over. */
 static int restore_ready(gw_dispatch_t *ds, int64_t now)
 {
-    ds_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->place.plan;
     int up = 0, configured = 0;
     for (int i = 0; i < ds->nworkers; i++)
         up += ds->workers[i] != NULL && ds->workers[i]->up;
@@ -334,7 +334,7 @@ static ds_model_t *restore_session(gw_dispatch_t *ds, const ds_plan_restore_t *r
         dm->kind = row->kind;
         dm->active = 1;
     }
-    pl_loop_session(ds->plan->loop, dm->key, row->slo_ms, 1);
+    pl_loop_session(ds->place.plan->loop, dm->key, row->slo_ms, 1);
     return dm;
 }
 
@@ -346,7 +346,7 @@ static ds_model_t *restore_session(gw_dispatch_t *ds, const ds_plan_restore_t *r
  * follow the traffic. Returns the kinds it planned (bits). */
 static int restore_all(gw_dispatch_t *ds)
 {
-    ds_plan_state_t *p = ds->plan;
+    ds_plan_state_t *p = ds->place.plan;
     ds_plan_restore_t *rows = p->restore;
     int nrows = p->nrestore;
     p->restore = NULL;

@@ -167,7 +167,7 @@ static ds_model_t *group_form(gw_dispatch_t *ds, const gw_model_t *m, int kind)
     }
     gw_model_t *gm = sq_xcalloc(1, sizeof(*gm));
     atomic_init(&gm->refs, 1);
-    gm->key = -(int64_t)++ds->group_gen; /* never reused: late answers name no other group */
+    gm->key = -(int64_t)++ds->place.group_gen; /* never reused: late answers name no other group */
     snprintf(gm->name, sizeof(gm->name), "prefix-group-%lld", (long long)m->group_id);
     snprintf(gm->status, sizeof(gm->status), "ready");
     const gw_model_t *f = scan.found[0];
@@ -293,8 +293,8 @@ ds_model_t *ds_twin_of(gw_dispatch_t *ds, ds_model_t *dm)
         return NULL;
     if (dm->twin != NULL && (dm->twin->removed || dm->twin->poisoned))
         dm->twin = NULL;
-    if (dm->twin_checked != ds->group_epoch) {
-        dm->twin_checked = ds->group_epoch;
+    if (dm->twin_checked != ds->place.group_epoch) {
+        dm->twin_checked = ds->place.group_epoch;
         gw_model_t *t = ds_twin_find(ds, dm->m);
         dm->twin = t != NULL ? ds_model_get(ds, t) : NULL;
         gw_model_unref(t);
@@ -311,8 +311,8 @@ ds_model_t *ds_group_of(gw_dispatch_t *ds, ds_model_t *dm)
         return NULL;
     if (dm->group != NULL && (dm->group->removed || dm->group->failed))
         dm->group = NULL;
-    if (dm->group == NULL && dm->group_checked != ds->group_epoch) {
-        dm->group_checked = ds->group_epoch;
+    if (dm->group == NULL && dm->group_checked != ds->place.group_epoch) {
+        dm->group_checked = ds->place.group_epoch;
         int kind = ds_kind_of_model(ds, m);
         if (kind == SQ_DEV_CPU || kind == SQ_DEV_CUDA)
             dm->group = group_form(ds, m, kind);

@@ -29,9 +29,9 @@ void ds_withdraw(gw_dispatch_t *ds, ds_model_t *dm)
      * answers are ignored, see gw_dispatch_frame). */
     if (dm->profile_worker >= 0)
         ds_end_profile(ds, dm, ds_worker_at(ds, dm->profile_worker));
-    for (int s = 0; s < ds->nsessions; s++)
-        if (ds->sessions[s].model == dm)
-            pl_dispatch_session_remove(ds->core, sq_now_us(), s);
+    for (int s = 0; s < ds->batch.nsessions; s++)
+        if (ds->batch.sessions[s].model == dm)
+            pl_dispatch_session_remove(ds->batch.core, sq_now_us(), s);
     for (int i = 0; i < ds->nworkers; i++) {
         ds_worker_t *w = ds->workers[i];
         ds_load_t *l = w ? ds_load_find(w, dm->key, 0) : NULL;
@@ -80,7 +80,7 @@ void ds_profile_step(gw_dispatch_t *ds, ds_worker_t *w)
     int64_t now = sq_now_us();
     int64_t need =
         w->slice_next_us > PROFILE_SLICE_MIN_US ? w->slice_next_us : PROFILE_SLICE_MIN_US;
-    int64_t gap = pl_dispatch_worker_gap_us(ds->core, now, w->id);
+    int64_t gap = pl_dispatch_worker_gap_us(ds->batch.core, now, w->id);
     /* A slice holds at least the next batch: capped below it, a batch
      * longer than the cap (resnet18 from batch ~20 on a 2-vCPU box) never
      * fitted even an idle worker's unbounded gap, and each of its runs
@@ -100,7 +100,7 @@ void ds_profile_step(gw_dispatch_t *ds, ds_worker_t *w)
         slice = need;
         after = 1;
     }
-    uint64_t id = pl_dispatch_worker_foreign(ds->core, now, w->id, slice, after);
+    uint64_t id = pl_dispatch_worker_foreign(ds->batch.core, now, w->id, slice, after);
     if (id == 0)
         return;
     sq_profile_req_t req = {.max_batch = (uint32_t)dm->m->max_batch,
@@ -124,7 +124,7 @@ void ds_profile_step(gw_dispatch_t *ds, ds_worker_t *w)
 void ds_slice_over(gw_dispatch_t *ds, ds_worker_t *w, int64_t next_us)
 {
     if (w->slice_id != 0) {
-        pl_dispatch_batch_done(ds->core, sq_now_us(), w->id, w->slice_id);
+        pl_dispatch_batch_done(ds->batch.core, sq_now_us(), w->id, w->slice_id);
         w->slice_id = 0;
     }
     w->slice_next_us = next_us;

@@ -13,8 +13,8 @@ typedef struct {
 
 static int held_has(const gw_dispatch_t *ds, int64_t key)
 {
-    for (int i = 0; i < ds->nheld; i++)
-        if (ds->held_keys[i] == key)
+    for (int i = 0; i < ds->pub.nheld; i++)
+        if (ds->pub.held_keys[i] == key)
             return 1;
     return 0;
 }
@@ -29,7 +29,7 @@ static void scan_servable(gw_model_t *m, void *arg)
     if (x->why[0] || strcmp(m->status, "ready") != 0)
         return;
     int kind = ds_kind_of_model(x->ds, m);
-    if (kind < 0 || x->ds->fleet.up[kind] == 0) {
+    if (kind < 0 || x->ds->pub.fleet.up[kind] == 0) {
         snprintf(x->why, sizeof(x->why), "no worker that can serve model %s version %d is up%s",
                  m->name, m->version,
                  m->emulated ? " (an emulated model needs an emu worker)"
@@ -51,20 +51,22 @@ static void scan_servable(gw_model_t *m, void *arg)
 
 static void held_add(gw_dispatch_t *ds, int64_t key)
 {
-    if (ds->nheld == ds->capheld) {
-        ds->capheld = ds->capheld ? 2 * ds->capheld : 16;
-        ds->held_keys = sq_xrealloc(ds->held_keys, sizeof(*ds->held_keys) * (size_t)ds->capheld);
+    if (ds->pub.nheld == ds->pub.capheld) {
+        ds->pub.capheld = ds->pub.capheld ? 2 * ds->pub.capheld : 16;
+        ds->pub.held_keys =
+            sq_xrealloc(ds->pub.held_keys, sizeof(*ds->pub.held_keys) * (size_t)ds->pub.capheld);
     }
-    ds->held_keys[ds->nheld++] = key;
+    ds->pub.held_keys[ds->pub.nheld++] = key;
 }
 
 static void gone_add(gw_dispatch_t *ds, int64_t key)
 {
-    if (ds->ngone == ds->capgone) {
-        ds->capgone = ds->capgone ? 2 * ds->capgone : 16;
-        ds->gone_keys = sq_xrealloc(ds->gone_keys, sizeof(*ds->gone_keys) * (size_t)ds->capgone);
+    if (ds->pub.ngone == ds->pub.capgone) {
+        ds->pub.capgone = ds->pub.capgone ? 2 * ds->pub.capgone : 16;
+        ds->pub.gone_keys =
+            sq_xrealloc(ds->pub.gone_keys, sizeof(*ds->pub.gone_keys) * (size_t)ds->pub.capgone);
     }
-    ds->gone_keys[ds->ngone++] = key;
+    ds->pub.gone_keys[ds->pub.ngone++] = key;
 }
 
 void ds_publish_ready(gw_dispatch_t *ds)
@@ -75,9 +77,9 @@ void ds_publish_ready(gw_dispatch_t *ds)
     if (ds_plan_restoring(ds))
         snprintf(x.why, sizeof(x.why),
                  "reapplying the plan stored before the restart: waiting for its workers");
-    pthread_mutex_lock(&ds->ready_lock);
-    ds->nheld = 0;
-    ds->ngone = 0;
+    pthread_mutex_lock(&ds->pub.ready_lock);
+    ds->pub.nheld = 0;
+    ds->pub.ngone = 0;
     for (int i = 0; i < ds->nmodels; i++) {
         ds_model_t *dm = ds->models[i];
         if (dm->removed && !dm->is_group && dm->revive == 0)
@@ -101,21 +103,21 @@ void ds_publish_ready(gw_dispatch_t *ds)
     }
     if (!x.why[0])
         gw_registry_foreach(ds->srv->registry, scan_servable, &x);
-    snprintf(ds->ready_why, sizeof(ds->ready_why), "%s", x.why);
-    ds->ready_gen = gen;
-    pthread_mutex_unlock(&ds->ready_lock);
+    snprintf(ds->pub.ready_why, sizeof(ds->pub.ready_why), "%s", x.why);
+    ds->pub.ready_gen = gen;
+    pthread_mutex_unlock(&ds->pub.ready_lock);
 }
 
 int ds_sched_ready(gw_sched_t *s, char *why, size_t len)
 {
     gw_dispatch_t *ds = (gw_dispatch_t *)s;
-    pthread_mutex_lock(&ds->ready_lock);
-    snprintf(why, len, "%s", ds->ready_why);
+    pthread_mutex_lock(&ds->pub.ready_lock);
+    snprintf(why, len, "%s", ds->pub.ready_why);
     /* A model added, measured or deleted since the last look: not ready
      * until the dispatch thread has looked (within a tick, 50 ms). */
-    if (why[0] == '\0' && ds->ready_gen != gw_registry_generation(ds->srv->registry))
+    if (why[0] == '\0' && ds->pub.ready_gen != gw_registry_generation(ds->srv->registry))
         snprintf(why, len, "a model changed since the last check; retry shortly");
-    pthread_mutex_unlock(&ds->ready_lock);
+    pthread_mutex_unlock(&ds->pub.ready_lock);
     return why[0] == '\0';
 }
 
@@ -123,10 +125,10 @@ int ds_sched_held(gw_sched_t *s, int64_t key)
 {
     gw_dispatch_t *ds = (gw_dispatch_t *)s;
     int held = 0;
-    pthread_mutex_lock(&ds->ready_lock);
-    for (int i = 0; i < ds->nheld && !held; i++)
-        held = ds->held_keys[i] == key;
-    pthread_mutex_unlock(&ds->ready_lock);
+    pthread_mutex_lock(&ds->pub.ready_lock);
+    for (int i = 0; i < ds->pub.nheld && !held; i++)
+        held = ds->pub.held_keys[i] == key;
+    pthread_mutex_unlock(&ds->pub.ready_lock);
     return held;
 }
 
@@ -134,10 +136,10 @@ int ds_sched_unloading(gw_sched_t *s, int64_t key)
 {
     gw_dispatch_t *ds = (gw_dispatch_t *)s;
     int gone = 0;
-    pthread_mutex_lock(&ds->ready_lock);
-    for (int i = 0; i < ds->ngone && !gone; i++)
-        gone = ds->gone_keys[i] == key;
-    pthread_mutex_unlock(&ds->ready_lock);
+    pthread_mutex_lock(&ds->pub.ready_lock);
+    for (int i = 0; i < ds->pub.ngone && !gone; i++)
+        gone = ds->pub.gone_keys[i] == key;
+    pthread_mutex_unlock(&ds->pub.ready_lock);
     return gone;
 }
 
@@ -187,7 +189,7 @@ static void await_look(gw_dispatch_t *ds, const ds_await_t *w, gw_await_result_t
                 snprintf(waiting_why, sizeof(waiting_why), "model %s version %d is %s", m->name,
                          m->version,
                          strcmp(m->status, "profiling") == 0 ? "still being measured"
-                         : kind < 0 || ds->fleet.up[kind] == 0
+                         : kind < 0 || ds->pub.fleet.up[kind] == 0
                              ? "waiting for a worker that can serve it"
                              : "still loading on a worker");
             }

@@ -54,15 +54,15 @@ void ds_models_reindex(gw_dispatch_t *ds)
  * one whose worker is being restarted (its requests wait for it). */
 int ds_kind_of_model(const gw_dispatch_t *ds, const gw_model_t *m)
 {
-    return gw_fleet_serving_kind(&ds->fleet, m);
+    return gw_fleet_serving_kind(&ds->pub.fleet, m);
 }
 
 void ds_sched_fleet(gw_sched_t *s, gw_fleet_t *out)
 {
     gw_dispatch_t *ds = (gw_dispatch_t *)s;
-    pthread_mutex_lock(&ds->ready_lock);
-    *out = ds->fleet;
-    pthread_mutex_unlock(&ds->ready_lock);
+    pthread_mutex_lock(&ds->pub.ready_lock);
+    *out = ds->pub.fleet;
+    pthread_mutex_unlock(&ds->pub.ready_lock);
 }
 
 int ds_sched_serving_kind(gw_sched_t *s, const gw_model_t *m)
@@ -97,20 +97,21 @@ ds_model_t *ds_model_get(gw_dispatch_t *ds, gw_model_t *m)
 uint64_t ds_handle_new(gw_dispatch_t *ds, gw_item_t *it)
 {
     uint32_t i;
-    if (ds->free_handle != 0) {
-        i = ds->free_handle - 1;
-        ds->free_handle = ds->handles[i].next_free;
+    if (ds->batch.free_handle != 0) {
+        i = ds->batch.free_handle - 1;
+        ds->batch.free_handle = ds->batch.handles[i].next_free;
     } else {
-        if (ds->nhandles == ds->caphandles) {
-            ds->caphandles = ds->caphandles ? 2 * ds->caphandles : 64;
-            ds->handles = sq_xrealloc(ds->handles, sizeof(*ds->handles) * (size_t)ds->caphandles);
+        if (ds->batch.nhandles == ds->batch.caphandles) {
+            ds->batch.caphandles = ds->batch.caphandles ? 2 * ds->batch.caphandles : 64;
+            ds->batch.handles = sq_xrealloc(ds->batch.handles, sizeof(*ds->batch.handles) *
+                                                                   (size_t)ds->batch.caphandles);
         }
-        i = ds->nhandles++;
-        ds->handles[i] = (ds_handle_t){.gen = 1};
+        i = ds->batch.nhandles++;
+        ds->batch.handles[i] = (ds_handle_t){.gen = 1};
     }
-    ds->handles[i].item = it;
-    ds->handles[i].next_free = 0;
-    it->held.core_id = (uint64_t)ds->handles[i].gen << 32 | i;
+    ds->batch.handles[i].item = it;
+    ds->batch.handles[i].next_free = 0;
+    it->held.core_id = (uint64_t)ds->batch.handles[i].gen << 32 | i;
     return it->held.core_id;
 }
 
@@ -118,9 +119,9 @@ uint64_t ds_handle_new(gw_dispatch_t *ds, gw_item_t *it)
 gw_item_t *ds_handle_get(const gw_dispatch_t *ds, uint64_t id)
 {
     uint32_t i = (uint32_t)id, gen = (uint32_t)(id >> 32);
-    if (i >= ds->nhandles || ds->handles[i].gen != gen)
+    if (i >= ds->batch.nhandles || ds->batch.handles[i].gen != gen)
         return NULL;
-    return ds->handles[i].item;
+    return ds->batch.handles[i].item;
 }
 
 void ds_handle_release(gw_dispatch_t *ds, gw_item_t *it)
@@ -128,11 +129,11 @@ void ds_handle_release(gw_dispatch_t *ds, gw_item_t *it)
     if (it->held.core_id == 0)
         return;
     uint32_t i = (uint32_t)it->held.core_id;
-    assert(i < ds->nhandles && ds->handles[i].item == it);
-    ds->handles[i].item = NULL;
-    ds->handles[i].gen = ds->handles[i].gen + 1 ? ds->handles[i].gen + 1 : 1;
-    ds->handles[i].next_free = ds->free_handle;
-    ds->free_handle = i + 1;
+    assert(i < ds->batch.nhandles && ds->batch.handles[i].item == it);
+    ds->batch.handles[i].item = NULL;
+    ds->batch.handles[i].gen = ds->batch.handles[i].gen + 1 ? ds->batch.handles[i].gen + 1 : 1;
+    ds->batch.handles[i].next_free = ds->batch.free_handle;
+    ds->batch.free_handle = i + 1;
     it->held.core_id = 0;
 }
 
@@ -180,7 +181,7 @@ int ds_fe_send(gw_dispatch_t *ds, int fe, uint16_t type, uint64_t id, const void
         return SQ_NO_WORKER;
     int rc = t->send_fe(t, fe, type, id, payload, len);
     if (rc == 0)
-        atomic_fetch_add(&ds->fe_bytes_out, (uint64_t)len + SQ_IPC_HEADER_SIZE);
+        atomic_fetch_add(&ds->fe.fe_bytes_out, (uint64_t)len + SQ_IPC_HEADER_SIZE);
     return rc;
 }
 
@@ -203,9 +204,9 @@ int ds_loaded_anywhere(gw_dispatch_t *ds, ds_model_t *dm, int *loading)
 
 static gw_profile_progress_t *progress_find(gw_dispatch_t *ds, int64_t key)
 {
-    for (int i = 0; i < ds->nprogress; i++)
-        if (ds->progress[i].key == key)
-            return &ds->progress[i];
+    for (int i = 0; i < ds->place.nprogress; i++)
+        if (ds->place.progress[i].key == key)
+            return &ds->place.progress[i];
     return NULL;
 }
 
@@ -214,20 +215,21 @@ static gw_profile_progress_t *progress_find(gw_dispatch_t *ds, int64_t key)
 void ds_progress_set(gw_dispatch_t *ds, const ds_model_t *dm, const ds_worker_t *w, int done,
                      int total)
 {
-    pthread_mutex_lock(&ds->ready_lock);
+    pthread_mutex_lock(&ds->pub.ready_lock);
     gw_profile_progress_t *p = progress_find(ds, dm->key);
     int64_t now = sq_now_us();
     if (w == NULL) {
         if (p != NULL)
-            *p = ds->progress[--ds->nprogress];
+            *p = ds->place.progress[--ds->place.nprogress];
     } else {
         if (p == NULL) {
-            if (ds->nprogress == ds->capprogress) {
-                ds->capprogress = ds->capprogress ? 2 * ds->capprogress : 4;
-                ds->progress =
-                    sq_xrealloc(ds->progress, sizeof(*ds->progress) * (size_t)ds->capprogress);
+            if (ds->place.nprogress == ds->place.capprogress) {
+                ds->place.capprogress = ds->place.capprogress ? 2 * ds->place.capprogress : 4;
+                ds->place.progress =
+                    sq_xrealloc(ds->place.progress,
+                                sizeof(*ds->place.progress) * (size_t)ds->place.capprogress);
             }
-            p = &ds->progress[ds->nprogress++];
+            p = &ds->place.progress[ds->place.nprogress++];
             *p = (gw_profile_progress_t){.key = dm->key, .started_us = now};
         }
         if (strcmp(p->device, w->device) != 0) {
@@ -238,7 +240,7 @@ void ds_progress_set(gw_dispatch_t *ds, const ds_model_t *dm, const ds_worker_t 
         p->total = total;
         p->updated_us = now;
     }
-    pthread_mutex_unlock(&ds->ready_lock);
+    pthread_mutex_unlock(&ds->pub.ready_lock);
 }
 
 int gw_dispatch_profile_progress(gw_server_t *srv, int64_t key, gw_profile_progress_t *out)
@@ -246,11 +248,11 @@ int gw_dispatch_profile_progress(gw_server_t *srv, int64_t key, gw_profile_progr
     gw_dispatch_t *ds = srv->dispatch;
     if (ds == NULL)
         return 0;
-    pthread_mutex_lock(&ds->ready_lock);
+    pthread_mutex_lock(&ds->pub.ready_lock);
     gw_profile_progress_t *p = progress_find(ds, key);
     if (p != NULL)
         *out = *p;
-    pthread_mutex_unlock(&ds->ready_lock);
+    pthread_mutex_unlock(&ds->pub.ready_lock);
     return p != NULL;
 }
 

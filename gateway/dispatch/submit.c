@@ -13,10 +13,10 @@
  * batch of one, before the item's deadline. */
 static int back_in_time(gw_dispatch_t *ds, const ds_model_t *dm, const gw_item_t *it)
 {
-    if (dm->kind < 0 || ds->fleet.coming[dm->kind] == 0)
+    if (dm->kind < 0 || ds->pub.fleet.coming[dm->kind] == 0)
         return 0;
     double l1 = dm->m->has_profile[dm->kind] ? pl_latency_us(&dm->m->profile[dm->kind], 1, 0) : 0;
-    int64_t back = ds->fleet.back_at_us[dm->kind];
+    int64_t back = ds->pub.fleet.back_at_us[dm->kind];
     return back != INT64_MAX && back + (int64_t)l1 < it->ask.deadline_us;
 }
 
@@ -92,7 +92,7 @@ static ds_model_t *admit(gw_dispatch_t *ds, gw_item_t *it)
     ds_loaded_anywhere(ds, dm, &loading);
     if (loading == 0 && !back_in_time(ds, dm, it)) {
         ds_fail_item(ds, it, SQ_NO_WORKER,
-                     ds->fleet.coming[dm->kind] > 0
+                     ds->pub.fleet.coming[dm->kind] > 0
                          ? "no worker is up, and none is back before the deadline"
                          : "no worker could load the model");
         return NULL;

@@ -392,16 +392,16 @@ static void worker_up(gw_dispatch_t *ds, int worker, const char *device, uint64_
     w->profile_seq = 0;
     w->slice_id = 0;
     w->memory_bytes = memory;
-    pthread_mutex_lock(&ds->ready_lock);
-    ds->fleet.up[w->kind]++;
-    ds->fleet.workers_up++;
-    pthread_mutex_unlock(&ds->ready_lock);
-    pl_dispatch_worker_add(ds->core, sq_now_us(), worker, 0);
+    pthread_mutex_lock(&ds->pub.ready_lock);
+    ds->pub.fleet.up[w->kind]++;
+    ds->pub.fleet.workers_up++;
+    pthread_mutex_unlock(&ds->pub.ready_lock);
+    pl_dispatch_worker_add(ds->batch.core, sq_now_us(), worker, 0);
     ds_start_profiles(ds);
     if (ds->srv->cfg->prefix_batching && (w->kind == SQ_DEV_CPU || w->kind == SQ_DEV_CUDA))
         gw_registry_foreach(ds->srv->registry, collect_grouped, &grouped);
     for (int i = 0; i < grouped.n; i++) {
-        ds->group_epoch++;
+        ds->place.group_epoch++;
         ds_group_of(ds, ds_model_get(ds, grouped.m[i]));
         gw_model_unref(grouped.m[i]);
     }
@@ -426,10 +426,10 @@ static void worker_lost(gw_dispatch_t *ds, int worker)
         return;
     w->up = 0;
     w->data_addr[0] = '\0'; /* it says again when it is back */
-    pthread_mutex_lock(&ds->ready_lock);
-    ds->fleet.up[w->kind]--;
-    ds->fleet.workers_up--;
-    pthread_mutex_unlock(&ds->ready_lock);
+    pthread_mutex_lock(&ds->pub.ready_lock);
+    ds->pub.fleet.up[w->kind]--;
+    ds->pub.fleet.workers_up--;
+    pthread_mutex_unlock(&ds->pub.ready_lock);
     note_suspect(w);
     if (w->inflight != NULL) {
         /* The core puts these requests back in their queues (or drops them
@@ -440,7 +440,7 @@ static void worker_lost(gw_dispatch_t *ds, int worker)
         free(w->inflight);
         w->inflight = NULL;
     }
-    pl_dispatch_worker_lost(ds->core, sq_now_us(), worker);
+    pl_dispatch_worker_lost(ds->batch.core, sq_now_us(), worker);
     w->slice_id = 0; /* ended with the worker, in the core too */
     w->profiling = 0;
     for (int i = 0; i < ds->nmodels; i++) {
@@ -487,12 +487,12 @@ static void ev_exited(void *ctx, int worker, int status)
 static void ev_coming(void *ctx, const int *coming, const int64_t *back_at_us)
 {
     gw_dispatch_t *ds = ctx;
-    pthread_mutex_lock(&ds->ready_lock);
+    pthread_mutex_lock(&ds->pub.ready_lock);
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
-        ds->fleet.coming[k] = coming[k];
-        ds->fleet.back_at_us[k] = back_at_us[k];
+        ds->pub.fleet.coming[k] = coming[k];
+        ds->pub.fleet.back_at_us[k] = back_at_us[k];
     }
-    pthread_mutex_unlock(&ds->ready_lock);
+    pthread_mutex_unlock(&ds->pub.ready_lock);
 }
 
 static void ev_link(void *ctx, int worker, const char *addr, int64_t rtt_us, double bytes_per_us)
@@ -511,7 +511,7 @@ static void ev_link(void *ctx, int worker, const char *addr, int64_t rtt_us, dou
     /* The core keeps it for the worker id through its removals (while it
      * measures a model) and additions. */
     if (w->up)
-        pl_dispatch_worker_net(ds->core, sq_now_us(), worker, rtt_us, bytes_per_us);
+        pl_dispatch_worker_net(ds->batch.core, sq_now_us(), worker, rtt_us, bytes_per_us);
     gw_metrics_worker_link(ds->srv->metrics, worker, w->device, rtt_us, bytes_per_us);
 }
 

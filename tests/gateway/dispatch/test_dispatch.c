@@ -82,12 +82,12 @@ static gw_model_t *model_new(void)
 
 static void check_timer(gw_dispatch_t *ds, const char *when)
 {
-    int64_t wake = pl_dispatch_next_wake(ds->core);
+    int64_t wake = pl_dispatch_next_wake(ds->batch.core);
     if (wake == PL_NEVER)
-        cr_assert_eq(ds->timer, 0, "%s: a timer is armed but the core wants none", when);
+        cr_assert_eq(ds->batch.timer, 0, "%s: a timer is armed but the core wants none", when);
     else
-        cr_assert(ds->timer != 0 && ds->timer_at_us == wake,
-                  "%s: armed %lld, the core wakes at %lld", when, (long long)ds->timer_at_us,
+        cr_assert(ds->batch.timer != 0 && ds->batch.timer_at_us == wake,
+                  "%s: armed %lld, the core wakes at %lld", when, (long long)ds->batch.timer_at_us,
                   (long long)wake);
 }
 
@@ -177,9 +177,9 @@ Test(dispatch, a_nested_pump_keeps_the_newest_wake_up_and_answers_each_item_once
     }
     /* The loop's part, should the core still want to wake up: its timer
      * and a pump. */
-    while (ds->timer != 0 && sq_now_us() < t0 + 2000000) {
-        sleep_until_us(ds->timer_at_us);
-        pl_dispatch_timer(ds->core, sq_now_us());
+    while (ds->batch.timer != 0 && sq_now_us() < t0 + 2000000) {
+        sleep_until_us(ds->batch.timer_at_us);
+        pl_dispatch_timer(ds->batch.core, sq_now_us());
         ds_pump(ds);
         check_timer(ds, "after a wake-up");
     }
@@ -216,22 +216,22 @@ Test(dispatch, each_priority_level_is_a_session_with_that_priority)
                                .ask.input_kind = SQ_INPUT_FP32};
         ds_enqueue_item(r.ds, r.dm, &items[i]);
     }
-    cr_assert_eq(r.ds->nsessions, 4, "levels 2, 1, 3 and 4");
+    cr_assert_eq(r.ds->batch.nsessions, 4, "levels 2, 1, 3 and 4");
     int queued = 0;
     for (int i = 0; i < 6; i++) {
         int found = 0;
-        for (int s = 0; s < r.ds->nsessions; s++) {
-            if (r.ds->sessions[s].priority != level[i])
+        for (int s = 0; s < r.ds->batch.nsessions; s++) {
+            if (r.ds->batch.sessions[s].priority != level[i])
                 continue;
             found++;
-            cr_assert_eq(r.ds->sessions[s].model, r.dm);
+            cr_assert_eq(r.ds->batch.sessions[s].model, r.dm);
         }
         cr_assert_eq(found, 1, "item %d: one session at level %d", i, level[i]);
     }
-    for (int s = 0; s < r.ds->nsessions; s++)
-        queued += pl_dispatch_queued(r.ds->core, s);
+    for (int s = 0; s < r.ds->batch.nsessions; s++)
+        queued += pl_dispatch_queued(r.ds->batch.core, s);
     pl_dispatch_stats_t st;
-    pl_dispatch_stats(r.ds->core, &st);
+    pl_dispatch_stats(r.ds->batch.core, &st);
     cr_assert_eq(st.requests, 6);
     cr_assert_eq(queued + (int)st.sent_requests + (int)st.dropped, 6);
     rig_dispose(&r);
@@ -293,13 +293,13 @@ Test(dispatch, the_least_latency_admission_reports_is_what_dispatch_plans)
                            .input.in_off = -1,
                            .ask.input_kind = SQ_INPUT_FP32};
     ds_enqueue_item(r.ds, r.dm, &items[0]);
-    cr_assert_eq(r.ds->nsessions, 1);
+    cr_assert_eq(r.ds->batch.nsessions, 1);
     gw_least_t least;
     for (int step = 0; step < 3; step++) {
         double scale = step == 1 ? 1.0 : step == 0 ? 2.5 : 0.5;
         ds_live_set(r.ds, r.dm, SQ_DEV_EMU, scale);
         cr_assert_eq(gw_sched_least(gw_dispatch_sched(r.ds), r.m, SQ_DEV_EMU, 1, &least), 0);
-        int64_t planned = pl_dispatch_batch_cost_us(r.ds->core, 0, 1);
+        int64_t planned = pl_dispatch_batch_cost_us(r.ds->batch.core, 0, 1);
         cr_assert_eq(least.run_us + least.margin_us, planned,
                      "scale %g: admission says %lld us, dispatch plans %lld us", scale,
                      (long long)(least.run_us + least.margin_us), (long long)planned);
@@ -308,8 +308,9 @@ Test(dispatch, the_least_latency_admission_reports_is_what_dispatch_plans)
         /* Ten items: one batch of 8 and one of 2 in turn, the margin once. */
         cr_assert_eq(gw_sched_least(gw_dispatch_sched(r.ds), r.m, SQ_DEV_EMU, 10, &least), 0);
         cr_assert_eq(least.run_us + least.margin_us,
-                     pl_dispatch_batch_cost_us(r.ds->core, 0, 8) +
-                         pl_dispatch_batch_cost_us(r.ds->core, 0, 2) - r.cfg.dispatch_margin_us,
+                     pl_dispatch_batch_cost_us(r.ds->batch.core, 0, 8) +
+                         pl_dispatch_batch_cost_us(r.ds->batch.core, 0, 2) -
+                         r.cfg.dispatch_margin_us,
                      "scale %g", scale);
     }
     cr_assert_eq(gw_sched_least(gw_dispatch_sched(r.ds), r.m, SQ_DEV_CPU, 1, &least), -1,
