@@ -60,9 +60,12 @@ Test(context, scratch_grows_and_is_kept_up_to_the_keep_size)
     gw__prep_scratch_trim(&s);
     cr_assert_eq(s.cap, 0);
     cr_assert_null(s.p);
-    /* Out of memory is NULL, not an abort, and leaves it empty. */
+    /* Out of memory is NULL, not an abort, and leaves it empty (not under
+     * AddressSanitizer, whose malloc aborts on a size it cannot serve). */
+#ifndef __SANITIZE_ADDRESS__
     cr_assert_null(gw__prep_scratch_get(&s, SIZE_MAX / 2));
     cr_assert_eq(s.cap, 0);
+#endif
     free(s.p);
 }
 
