@@ -24,10 +24,22 @@ import tempfile
 import threading
 import time
 
-from harness import WORKER, Skip, eventually, run, test
+from harness import SOURCE, WORKER, Skip, eventually, run, test
 
 MAGIC = 0x48535153
-VERSION = 7
+
+
+def ipc_version():
+    """The protocol version of this tree (common/sq_ipc.h), so that the fake
+    squishd below speaks what the worker under test does."""
+    with open(os.path.join(SOURCE, "common", "sq_ipc.h")) as f:
+        for line in f:
+            if line.startswith("#define SQ_IPC_VERSION "):
+                return int(line.split()[2])
+    raise AssertionError("no SQ_IPC_VERSION in common/sq_ipc.h")
+
+
+VERSION = ipc_version()
 T = {"HELLO": 1, "WELCOME": 2, "PING": 3, "PONG": 4, "SHUTDOWN": 5, "ERROR": 6,
      "MODEL_LOAD": 10, "MODEL_LOADED": 12, "MODEL_FAILED": 13, "BATCH": 20, "BATCH_DONE": 21,
      "BATCH_INPUT": 22, "BATCH_OUTPUT": 23, "AUTH_CHALLENGE": 40, "AUTH_REPLY": 41,
@@ -90,7 +102,8 @@ def model_load(classes=CLASSES):
     p = s_str("0" * 64) + struct.pack("<BBQI", 1, 0, 0, 8)
     for i in range(3):
         p += struct.pack("<ddI", 0.0, 1.0, IN_CHW[i])
-    p += struct.pack("<BIIdI", 0, classes, 0, 0.0, 8) + struct.pack("<8Q", *([2000] * 8))
+    # bgr, precision (fp32), classes, detection slots and mean, l(b) count
+    p += struct.pack("<BBIIdI", 0, 0, classes, 0, 0.0, 8) + struct.pack("<8Q", *([2000] * 8))
     return p + struct.pack("<BI", 0, 0)
 
 
