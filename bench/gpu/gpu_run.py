@@ -31,21 +31,20 @@ process of the kit maps a library from anywhere else.
 Only the standard library, numpy and torch (onnx is not needed)."""
 
 import argparse
-import ctypes
-import glob
 import http.client
 import json
 import os
-import platform
-import re
 import shutil
-import site
 import socket
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_env import LibWatch, check_maps, last_lines, phase_env, phase_kit  # noqa: E402
+from gpu_export import phase_export  # noqa: E402
+from gpu_report import markdown  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
@@ -65,11 +64,6 @@ SPEED_PRECISIONS = ["fp32", "fp16"]
 # bounds are what such a net keeps when nothing is wrong, and a layout or
 # indexing bug gives errors of the order of the outputs themselves (1.0).
 TOLERANCE = {"fp32": 1e-3, "tf32": 2e-2, "fp16": 3e-2, "bf16": 1e-1}
-CUDA_SONAMES = ["libcudart.so.13", "libcublasLt.so.13", "libcublas.so.13", "libcudnn.so.9"]
-GLIBC_LIBS = ("libc.so", "libm.so", "libdl.so", "libpthread.so", "librt.so", "libresolv.so",
-              "ld-linux", "libutil.so", "libanl.so", "linux-vdso")
-CUDA_LIBS = ("libcuda.so", "libcudart", "libcudnn", "libcublas", "libnvidia", "libnvrtc",
-             "libnvJitLink")
 
 
 class Run:
@@ -128,7 +122,7 @@ class Run:
         try:
             fn()
             entry["status"] = "ok"
-        except Exception as e:  # a phase that fails leaves the others to run
+        except Exception:  # a phase that fails leaves the others to run
             import traceback
             entry["status"] = "failed"
             self.error(name, traceback.format_exc())
@@ -165,378 +159,6 @@ class Run:
             if watch:
                 watch.stop()
         return p.returncode, out, err
-
-
-class LibWatch:
-    """Dry run: reads /proc/PID/maps of a kit process (and its children)
-    while it runs, and records every shared library mapped from outside the
-    kit that is neither glibc's nor CUDA's."""
-
-    def __init__(self, run, pid):
-        import threading
-        self.run, self.pid, self.stop_flag = run, pid, threading.Event()
-        self.thread = threading.Thread(target=self.loop, daemon=True)
-
-    def start(self):
-        self.thread.start()
-
-    def stop(self):
-        self.stop_flag.set()
-        self.thread.join(timeout=2)
-
-    def loop(self):
-        while not self.stop_flag.is_set():
-            check_maps(self.run, [self.pid] + children(self.pid))
-            self.stop_flag.wait(0.05)
-
-
-def children(pid):
-    out = []
-    for d in os.listdir("/proc"):
-        if d.isdigit():
-            try:
-                with open("/proc/%s/stat" % d) as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(d))
-            except (OSError, ValueError, IndexError):
-                pass
-    return out
-
-
-def check_maps(run, pids):
-    bad = run.res.setdefault("foreign_libraries", [])
-    kit = os.path.realpath(os.path.dirname(run.kit_lib))
-    for pid in pids:
-        try:
-            with open("/proc/%d/maps" % pid) as f:
-                maps = f.read()
-            exe = os.path.realpath("/proc/%d/exe" % pid)
-        except OSError:
-            continue
-        if not exe.startswith(kit):
-            continue  # not (yet) a kit binary: the fork before exec
-        for line in maps.splitlines():
-            parts = line.split(None, 5)
-            if len(parts) < 6:
-                continue
-            path = parts[5].strip()
-            base = os.path.basename(path)
-            if not re.search(r"\.so(\.[0-9.]+)?$", base) or not path.startswith("/"):
-                continue
-            if os.path.realpath(path).startswith(kit) or base.startswith(GLIBC_LIBS) or \
-                    base.startswith(CUDA_LIBS):
-                continue
-            entry = "%s: %s" % (os.path.basename(exe), path)
-            if entry not in bad:
-                bad.append(entry)
-
-
-# ---- phases ----
-
-def phase_kit(run):
-    a = run.a
-    kit = os.path.abspath(a.kit)
-    manifest_path = os.path.join(kit, "manifest.json")
-    tarball = os.path.join(kit, "squish-kit.tar.xz")
-    if not os.path.exists(tarball):
-        raise RuntimeError("no kit at %s: build it with scripts/gpu-kit and carry that folder" % kit)
-    with open(manifest_path) as f:
-        man = json.load(f)
-    dest = os.path.join(run.work, "kit")
-    with tarfile.open(tarball) as t:
-        t.extractall(dest)
-    run.kit_bin = os.path.join(dest, "bin")
-    run.kit_lib = os.path.join(dest, "lib")
-    libc = platform.libc_ver()
-    run.res["kit"] = {"commit": man.get("commit"), "built": man.get("built"),
-                      "cuda_backend": man.get("cuda_backend"),
-                      "glibc_needed": man.get("glibc_needed"),
-                      "glibc_here": libc[1], "bytes": os.path.getsize(tarball),
-                      "photo": man.get("photo")}
-    need = man.get("glibc_needed") or "0"
-    if libc[0] == "glibc" and vtuple(libc[1]) < vtuple(need):
-        raise RuntimeError("this machine's glibc %s is older than the kit's %s" % (libc[1], need))
-    if not a.dry_run and not man.get("cuda_backend"):
-        raise RuntimeError("the kit was built without the cuda backend (no CUDA where it was built)")
-    run.say("kit %s (%s), %.1f MiB, glibc %s needed, %s here" % (
-        man.get("commit"), man.get("built"), os.path.getsize(tarball) / 2**20, need, libc[1]))
-
-
-def vtuple(v):
-    return tuple(int(x) for x in re.findall(r"\d+", v or "0"))
-
-
-def site_dirs():
-    dirs = []
-    try:
-        dirs += site.getsitepackages()
-    except AttributeError:
-        pass
-    try:
-        dirs.append(site.getusersitepackages())
-    except AttributeError:
-        pass
-    return [d for d in dirs if os.path.isdir(d)]
-
-
-def find_cuda(run):
-    """Dirs holding each CUDA library the kit's worker needs: the python's
-    NVIDIA wheels first (what torch itself loads), then a toolkit."""
-    cands = []
-    for sp in site_dirs():
-        for so in glob.glob(os.path.join(sp, "nvidia", "**", "lib*.so*"), recursive=True):
-            cands.append(os.path.dirname(so))
-        cands.append(os.path.join(sp, "torch", "lib"))
-    for env in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(env):
-            cands.append(os.path.join(os.environ[env], "lib64"))
-    cands += ["/usr/local/cuda/lib64", "/usr/local/cuda/targets/x86_64-linux/lib",
-              "/usr/lib/x86_64-linux-gnu"]
-    seen, dirs, found = set(), [], {}
-    for d in cands:
-        d = os.path.realpath(d)
-        if d in seen or not os.path.isdir(d):
-            continue
-        seen.add(d)
-        for so in CUDA_SONAMES:
-            if so not in found and os.path.exists(os.path.join(d, so)):
-                found[so] = os.path.join(d, so)
-                if d not in dirs:
-                    dirs.append(d)
-    # The rest of the NVIDIA wheels (nvrtc, which cuDNN's runtime-compiled
-    # engines load, may lie apart from cudart) after them.
-    for sp in site_dirs():
-        for so in sorted(glob.glob(os.path.join(sp, "nvidia", "**", "lib*.so*"), recursive=True)):
-            d = os.path.realpath(os.path.dirname(so))
-            if d not in dirs:
-                dirs.append(d)
-    return dirs, found
-
-
-VERSIONS_PY = r"""
-import ctypes, json, sys
-found = json.loads(sys.argv[1])
-out = {}
-def load(so):
-    return ctypes.CDLL(found[so], mode=ctypes.RTLD_GLOBAL)
-try:
-    rt = load("libcudart.so.13")
-    v = ctypes.c_int(0)
-    rt.cudaRuntimeGetVersion(ctypes.byref(v)); out["cudart"] = v.value
-    rt.cudaDriverGetVersion(ctypes.byref(v)); out["driver_cuda"] = v.value
-    n = ctypes.c_int(0)
-    out["devices"] = n.value if rt.cudaGetDeviceCount(ctypes.byref(n)) == 0 else 0
-    out["devices"] = n.value
-except Exception as e:
-    out["cudart_error"] = str(e)
-try:
-    load("libcublasLt.so.13")
-    bl = load("libcublas.so.13")
-    parts = []
-    for k in range(3):
-        v = ctypes.c_int(0)
-        bl.cublasGetProperty(k, ctypes.byref(v)); parts.append(str(v.value))
-    out["cublas"] = ".".join(parts)
-except Exception as e:
-    out["cublas_error"] = str(e)
-try:
-    dnn = load("libcudnn.so.9")
-    dnn.cudnnGetVersion.restype = ctypes.c_size_t
-    out["cudnn"] = int(dnn.cudnnGetVersion())
-except Exception as e:
-    out["cudnn_error"] = str(e)
-print(json.dumps(out))
-"""
-
-
-def phase_env(run):
-    env = {"python": sys.version.split()[0], "platform": platform.platform(),
-           "cpu": cpu_model(), "cores": os.cpu_count()}
-    import numpy
-    import torch
-    env["torch"] = torch.__version__
-    env["numpy"] = numpy.__version__
-    try:
-        import torchvision
-        env["torchvision"] = torchvision.__version__
-    except ImportError as e:
-        env["torchvision"] = "missing: %s" % e
-    env["torch_cuda"] = torch.version.cuda
-    env["torch_cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-    if torch.cuda.is_available():
-        env["gpu"] = torch.cuda.get_device_name(0)
-        env["gpu_memory_gib"] = round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1)
-    dirs, found = find_cuda(run)
-    run.cuda_dirs = dirs
-    env["cuda_libraries"] = found
-    missing = [so for so in CUDA_SONAMES if so not in found]
-    if missing:
-        env["cuda_missing"] = missing
-    if shutil.which("nvidia-smi"):
-        p = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30)
-        run.say(p.stdout)
-        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,"
-                            "clocks.max.sm,power.limit", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=30)
-        env["nvidia_smi"] = q.stdout.strip()
-    if len(found) == len(CUDA_SONAMES):
-        p = subprocess.run([sys.executable, "-c", VERSIONS_PY, json.dumps(found)],
-                           capture_output=True, text=True, timeout=60)
-        try:
-            env["versions"] = json.loads(p.stdout)
-        except ValueError:
-            env["versions"] = {"error": (p.stdout + p.stderr)[-1000:]}
-    run.res["env"] = env
-    run.say(json.dumps(env, indent=1))
-    if not run.a.dry_run:
-        if missing:
-            raise RuntimeError("CUDA libraries not found: %s (looked in the python's nvidia "
-                               "wheels and CUDA toolkits)" % ", ".join(missing))
-        if not torch.cuda.is_available():
-            raise RuntimeError("torch sees no GPU")
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
-# ---- export (a child process per file, several at once) ----
-
-EXPORT_PY = r"""
-import inspect, json, sys, time, warnings
-warnings.filterwarnings("ignore")
-import torch, torchvision
-name, exporter, path, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-torch.set_num_threads(2)
-torch.manual_seed(0)
-m = getattr(torchvision.models, name)(weights=None).eval()
-x = torch.randn(max(batch, 1), 3, 224, 224)
-kw = dict(input_names=["input"], output_names=["output"])
-if batch == 0:
-    kw["dynamic_axes"] = {"input": {0: "batch"}, "output": {0: "batch"}}
-params = inspect.signature(torch.onnx.export).parameters
-t = time.time()
-if exporter == "legacy":
-    kw["opset_version"] = 17
-    if "dynamo" in params:
-        kw["dynamo"] = False
-else:
-    if "dynamo" not in params:
-        print(json.dumps({"ok": False, "why": "torch %s has no dynamo exporter" % torch.__version__}))
-        sys.exit(0)
-    kw["dynamo"] = True
-    kw["opset_version"] = 18  # the newest squish reads
-    if "external_data" in params:
-        kw["external_data"] = False
-with torch.no_grad():
-    torch.onnx.export(m, (x,), path, **kw)
-print(json.dumps({"ok": True, "seconds": round(time.time() - t, 1),
-                  "checksum": float(sum(p.double().sum() for p in m.parameters()))}))
-"""
-
-
-def export_all(run, jobs):
-    """jobs: [(name, exporter, path, batch)], batch 0 = dynamic. Returns
-    {path: result}."""
-    results, pending = {}, list(jobs)
-    running = []
-    par = max(1, min(len(jobs), (os.cpu_count() or 2) // 2, 8))
-    while pending or running:
-        while pending and len(running) < par:
-            j = pending.pop(0)
-            p = subprocess.Popen([sys.executable, "-c", EXPORT_PY, j[0], j[1], j[2], str(j[3])],
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            running.append((j, p, time.time()))
-        for item in list(running):
-            j, p, t = item
-            if p.poll() is None:
-                if time.time() - t > run.a.export_timeout_s:
-                    p.kill()
-                    p.communicate()
-                    results[j[2]] = {"ok": False, "why": "timed out after %d s" % run.a.export_timeout_s}
-                    running.remove(item)
-                continue
-            out, err = p.communicate()
-            try:
-                results[j[2]] = json.loads(out.strip().splitlines()[-1])
-            except (ValueError, IndexError):
-                results[j[2]] = {"ok": False, "why": last_lines(err)}
-            running.remove(item)
-        time.sleep(0.1)
-    return results
-
-
-def last_lines(text, n=3):
-    lines = [x for x in (text or "").strip().splitlines() if x.strip()]
-    return " | ".join(lines[-n:])[-600:]
-
-
-def squish_loads(run, path, batch=1):
-    """Whether squish imports and plans the file on the cpu: None, or why not."""
-    rc, out, err = run.kit_run(["squish-cpu-bench", "--threads", "2", "--iters", "1", "--warmup",
-                                "0", "--batch", str(batch), path], timeout=180)
-    return None if rc == 0 else last_lines(err, 2)
-
-
-def phase_export(run):
-    d = os.path.join(run.work, "models")
-    os.makedirs(d, exist_ok=True)
-    jobs = []
-    for m in run.a.models:
-        jobs.append((m, "legacy", os.path.join(d, m + ".onnx"), 0))
-        if not run.a.dry_run or run.a.both_exporters:
-            jobs.append((m, "dynamo", os.path.join(d, m + ".dynamo.onnx"), 0))
-    res = export_all(run, jobs)
-    from concurrent.futures import ThreadPoolExecutor
-    with ThreadPoolExecutor(max_workers=max(1, min(6, (os.cpu_count() or 2) // 2))) as pool:
-        loads = {path: pool.submit(squish_loads, run, path) for (_, _, path, _) in jobs
-                 if res.get(path, {}).get("ok")}
-    table = []
-    for (m, exp, path, _) in jobs:
-        r = res.get(path, {"ok": False, "why": "not run"})
-        row = {"model": m, "exporter": exp, "exported": r["ok"], "export_s": r.get("seconds"),
-               "why": r.get("why")}
-        if r["ok"]:
-            row["mb"] = round(os.path.getsize(path) / 2**20, 1)
-            row["squish_loads_error"] = loads[path].result()
-            row["squish_loads"] = row["squish_loads_error"] is None
-        table.append(row)
-        run.say("export %s %s: %s" % (m, exp, row))
-    # The file squish runs: the legacy export, else the dynamo one; a model
-    # squish refuses with a dynamic batch gets a file fixed at batch 1 (what
-    # squish serves of such a model today: one item per run).
-    fixed = []
-    for m in run.a.models:
-        rows = {r["exporter"]: r for r in table if r["model"] == m}
-        for exp, suffix in (("legacy", ".onnx"), ("dynamo", ".dynamo.onnx")):
-            if rows.get(exp, {}).get("squish_loads"):
-                run.models[m] = {"file": os.path.join(d, m + suffix), "exporter": exp,
-                                 "fixed_batch": None}
-                break
-        else:
-            if rows.get("legacy", {}).get("exported"):
-                fixed.append((m, "legacy", os.path.join(d, m + ".b1.onnx"), 1))
-    if fixed:
-        res2 = export_all(run, fixed)
-        for (m, _, p, b) in fixed:
-            r = res2.get(p, {"ok": False, "why": "not run"})
-            row = {"model": m, "exporter": "legacy, batch fixed at 1", "exported": r["ok"],
-                   "export_s": r.get("seconds"), "why": r.get("why")}
-            if r["ok"]:
-                row["squish_loads_error"] = squish_loads(run, p)
-                row["squish_loads"] = row["squish_loads_error"] is None
-                if row["squish_loads"]:
-                    run.models[m] = {"file": p, "exporter": row["exporter"], "fixed_batch": 1}
-            table.append(row)
-            run.say("export %s: %s" % (os.path.basename(p), row))
-    run.res["exports"] = table
 
 
 # ---- torch on the same inputs ----
@@ -769,7 +391,6 @@ def torch_times(name, dev, batches, iters, warmup, fp16, graphs):
         out[b] = round(ms[len(ms) // 2], 3)
         if graphs:
             del g
-    del m
     if dev == "cuda":
         torch.cuda.empty_cache()
     return out
@@ -926,82 +547,6 @@ def wait_for(pred, timeout, what):
             return
         time.sleep(0.25)
     raise RuntimeError("timed out (%d s) waiting for %s" % (timeout, what))
-
-
-# ---- the report ----
-
-def fmt(x, nd=2):
-    return "-" if x is None else ("%.*f" % (nd, x) if isinstance(x, float) else str(x))
-
-
-def markdown(res):
-    env = res.get("env", {})
-    v = env.get("versions", {})
-    lines = ["# squish on %s%s" % (env.get("gpu") or res.get("device"),
-                                   " (dry run: cpu worker)" if res.get("dry_run") else ""), "",
-             "- started %s, %s s; kit %s (%s)" % (res.get("started"), res.get("elapsed_s"),
-                                                  res.get("kit", {}).get("commit"),
-                                                  res.get("kit", {}).get("built")),
-             "- %s, %s cores; torch %s, torchvision %s; driver CUDA %s, cudart %s, cuDNN %s, "
-             "cuBLAS %s" % (env.get("cpu"), env.get("cores"), env.get("torch"),
-                            env.get("torchvision"), v.get("driver_cuda"), v.get("cudart"),
-                            v.get("cudnn"), v.get("cublas")),
-             "- nvidia-smi: %s" % env.get("nvidia_smi", "-"), ""]
-    lines += ["| phase | status | s |", "|---|---|---|"]
-    for p in res.get("phases", []):
-        lines.append("| %s | %s | %s |" % (p["name"], p.get("status"), p.get("seconds", p.get("why", ""))))
-    if res.get("exports"):
-        lines += ["", "## Exports", "", "| model | exporter | exported | squish loads | why not |",
-                  "|---|---|---|---|---|"]
-        for r in res["exports"]:
-            lines.append("| %s | %s | %s | %s | %s |" % (
-                r["model"], r["exporter"], r["exported"], r.get("squish_loads", "-"),
-                (r.get("why") or r.get("squish_loads_error") or "").replace("|", "/")[:160]))
-    if res.get("parity"):
-        lines += ["", "## Parity against torch fp32 (max |diff| / max |torch|)", "",
-                  "| model | device | asked | runs | batch | rel | tolerance | top-1 agree | pass |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for r in res["parity"]:
-            lines.append("| %s | %s | %s | %s | %d | %s | %s | %s | %s |" % (
-                r["model"], r["device"], r["precision"], r.get("runs"), r["batch"],
-                fmt(r.get("rel"), 6) if r.get("rel") is not None else r.get("error", "-")[:80],
-                fmt(r.get("tolerance"), 4), fmt(r.get("top1_agree")), r.get("pass")))
-    if res.get("speed"):
-        bs = sorted({int(b) for r in res["speed"] for b in r["ms"]})
-        lines += ["", "## l(b), ms per batch (input in, output out)", "",
-                  "| model | engine | " + " | ".join("b=%d" % b for b in bs) + " |",
-                  "|---|---|" + "---|" * len(bs)]
-        for r in res["speed"]:
-            ms = {int(k): x for k, x in r["ms"].items()}
-            lines.append("| %s | %s | %s |" % (r["model"], r["engine"],
-                                               " | ".join(fmt(ms.get(b)) for b in bs)))
-    e = res.get("e2e")
-    if e:
-        lines += ["", "## End to end: %s, %s, SLO %s ms" % (e.get("model"), e.get("workers"),
-                                                           e.get("slo_ms")), ""]
-        for label in ("jpeg /v1", "uint8 tensor /v2"):
-            x = e.get(label)
-            if x:
-                lines.append("- %s: goodput %s req/s at >= 99%% within the SLO%s" % (
-                    label, x.get("goodput_rps", "-"),
-                    "" if "best" not in x else ", p99 %s ms" % fmt(x["best"]["latency_ms"]["p99"])))
-                if "error" in x or "skipped" in x:
-                    lines.append("  - %s" % (x.get("error") or x.get("skipped")))
-        if e.get("live_vs_profile"):
-            lines += ["", "| batch | batches | live ms | profile ms | live / profile |",
-                      "|---|---|---|---|---|"]
-            for b, x in sorted(e["live_vs_profile"].items(), key=lambda kv: int(kv[0])):
-                lines.append("| %s | %s | %s | %s | %s |" % (b, x["batches"], x["live_ms"],
-                                                           x.get("profile_ms", "-"),
-                                                           x.get("live_over_profile", "-")))
-    if res.get("foreign_libraries") is not None:
-        lines += ["", "Libraries mapped from outside the kit (glibc's and CUDA's aside): %s" % (
-            ", ".join(res["foreign_libraries"]) or "none")]
-    if res.get("errors"):
-        lines += ["", "## Errors", ""]
-        for e in res["errors"]:
-            lines.append("- %s: %s" % (e["where"], e["what"].strip().splitlines()[-1][:300]))
-    return "\n".join(lines) + "\n"
 
 
 def main():
