@@ -131,8 +131,10 @@ def a_ready_model_keeps_its_goodput_while_another_is_measured_on_its_worker():
         assert p.returncode == 0, err[-2000:]
         per = json.loads(out)["per_second"]
         assert status("new") == "ready"
-        # The seconds the upload, load and measurement spanned.
-        lo, hi = int(t_up), int(t_done) + 1
+        # The seconds the upload, load and measurement spanned, within the
+        # stream's 20 (on a crowded machine the measurement can outlast it:
+        # the seconds both cover are the ones that say something).
+        lo, hi = int(t_up), min(int(t_done) + 1, len(per["good"]))
         good = sum(per["good"][lo:hi])
         done = sum(per["good"][i] + per["late"][i] + per["dropped"][i] + per["bad"][i]
                    for i in range(lo, hi))
