@@ -115,10 +115,13 @@ const char *mdb__run_window_rank(const mdb_graph_t *g, const mdb_node_t *n, char
     return NULL;
 }
 
-/* Pools: every pad smaller than the (dilated) kernel, the end pads as the
- * lowering grows them for ceil_mode (oneDNN's pooling takes no more; ONNX
- * asks the same). */
-const char *mdb__run_pool_pads(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+/* A pool's axis i as the lowering runs it: the dilated kernel's reach, its
+ * dilation, and its begin and end pads, the end grown for ceil_mode. */
+typedef struct {
+    int64_t reach, dilation, begin, end;
+} pool_axis_t;
+
+static pool_axis_t pool_axis(const mdb_graph_t *g, const mdb_node_t *n, int i)
 {
     const mdb_tensor_t *x = in_t(g, n, 0), *y = out_t(g, n, 0);
     int spatial = x->shape.rank - 2;
@@ -127,18 +130,28 @@ const char *mdb__run_pool_pads(const mdb_graph_t *g, const mdb_node_t *n, char *
     const int64_t *strides = mdb_node_ints(n, "strides", &ns);
     const int64_t *dilations = mdb_node_ints(n, "dilations", &nd);
     const int64_t *pads = mdb_node_ints(n, "pads", &np);
+    int64_t k = kernel != NULL && (size_t)i < nk ? kernel[i] : 1;
+    int64_t st = strides != NULL && (size_t)i < ns ? strides[i] : 1;
+    pool_axis_t a = {.dilation = dilations != NULL && (size_t)i < nd ? dilations[i] : 1};
+    a.begin = pads != NULL && (size_t)(spatial + i) < np ? pads[i] : 0;
+    a.end = pads != NULL && (size_t)(spatial + i) < np ? pads[spatial + i] : 0;
+    a.reach = a.dilation * (k - 1) + 1;
+    int64_t need = (y->shape.dims[2 + i] - 1) * st + a.reach - x->shape.dims[2 + i] - a.begin;
+    a.end = need > a.end ? need : a.end;
+    return a;
+}
+
+/* Pools: every pad smaller than the (dilated) kernel, the end pads as the
+ * lowering grows them for ceil_mode (oneDNN's pooling takes no more; ONNX
+ * asks the same). */
+const char *mdb__run_pool_pads(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    int spatial = in_t(g, n, 0)->shape.rank - 2;
     for (int i = 0; i < spatial; i++) {
-        int64_t k = kernel != NULL && (size_t)i < nk ? kernel[i] : 1;
-        int64_t st = strides != NULL && (size_t)i < ns ? strides[i] : 1;
-        int64_t dil = dilations != NULL && (size_t)i < nd ? dilations[i] : 1;
-        int64_t begin = pads != NULL && (size_t)(spatial + i) < np ? pads[i] : 0;
-        int64_t end = pads != NULL && (size_t)(spatial + i) < np ? pads[spatial + i] : 0;
-        int64_t reach = dil * (k - 1) + 1;
-        int64_t need = (y->shape.dims[2 + i] - 1) * st + reach - x->shape.dims[2 + i] - begin;
-        end = need > end ? need : end;
-        if (begin >= reach || end >= reach)
+        pool_axis_t a = pool_axis(g, n, i);
+        if (a.begin >= a.reach || a.end >= a.reach)
             return why(buf, len, "pads %lld and %lld (with ceil_mode) for a kernel of %lld",
-                       (long long)begin, (long long)end, (long long)reach);
+                       (long long)a.begin, (long long)a.end, (long long)a.reach);
     }
     return NULL;
 }
@@ -410,27 +423,14 @@ const char *mdb__run_cuda_conv_pads(const mdb_graph_t *g, const mdb_node_t *n, c
  * grows them for ceil_mode). */
 const char *mdb__run_cuda_pool(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
-    const mdb_tensor_t *x = in_t(g, n, 0), *y = out_t(g, n, 0);
-    int spatial = x->shape.rank - 2;
-    size_t nk = 0, ns = 0, nd = 0, np = 0;
-    const int64_t *kernel = mdb_node_ints(n, "kernel_shape", &nk);
-    const int64_t *strides = mdb_node_ints(n, "strides", &ns);
-    const int64_t *dilations = mdb_node_ints(n, "dilations", &nd);
-    const int64_t *pads = mdb_node_ints(n, "pads", &np);
+    int spatial = in_t(g, n, 0)->shape.rank - 2;
     bool exclude = n->op == MDB_OP_AVERAGE_POOL && !mdb_node_int(n, "count_include_pad", 0);
     const char *reason = NULL;
     for (int i = 0; i < spatial; i++) {
-        int64_t k = kernel != NULL && (size_t)i < nk ? kernel[i] : 1;
-        int64_t st = strides != NULL && (size_t)i < ns ? strides[i] : 1;
-        int64_t dil = dilations != NULL && (size_t)i < nd ? dilations[i] : 1;
-        int64_t begin = pads != NULL && (size_t)(spatial + i) < np ? pads[i] : 0;
-        int64_t end = pads != NULL && (size_t)(spatial + i) < np ? pads[spatial + i] : 0;
-        int64_t need =
-            (y->shape.dims[2 + i] - 1) * st + dil * (k - 1) + 1 - x->shape.dims[2 + i] - begin;
-        end = need > end ? need : end;
-        if (dil != 1)
+        pool_axis_t a = pool_axis(g, n, i);
+        if (a.dilation != 1)
             reason = "dilated pooling";
-        if (exclude && begin != end)
+        if (exclude && a.begin != a.end)
             reason = "average pooling with asymmetric pads excluded from the count";
     }
     return reason == NULL ? NULL : why(buf, len, "%s", reason);
