@@ -569,6 +569,8 @@ void gw_dispatch_free(gw_dispatch_t *ds)
     pthread_mutex_destroy(&ds->pub.ready_lock);
     pthread_mutex_destroy(&ds->fe.fe_lock);
     pthread_mutex_destroy(&ds->batch.live_lock);
+    for (int i = 0; i < ds->batch.nlive_pub; i++)
+        pl_profile_dispose(&ds->batch.live_pub[i].profile);
     free(ds->batch.live_pub);
     ds_await_free(ds);
     free(ds->pub.held_keys);
