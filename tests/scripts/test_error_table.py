@@ -32,6 +32,7 @@ def main():
         for d in ("scripts", "common", "docs"):
             os.makedirs(os.path.join(tmp, d))
         shutil.copy(script, os.path.join(tmp, "scripts"))
+        shutil.copy(os.path.join(root, "scripts", "doc_markers.py"), os.path.join(tmp, "scripts"))
         shutil.copy(os.path.join(root, "docs", "operations.md"), os.path.join(tmp, "docs"))
         with open(os.path.join(root, "common", "sq_error.h")) as f:
             h = f.read().replace('X(OK, "ok", 200, "success")',
