@@ -26,6 +26,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from machine import cpu_model  # noqa: E402
+
 # Symphony table 2, ResNet50 row: l(b) = 1.053 b + 5.072 ms, SLO 25 ms.
 ALPHA_MS, BETA_MS, SLO_MS = 1.053, 5.072, 25.0
 # squishd and squish-worker from another build dir (--server-build), e.g. a
@@ -436,14 +439,7 @@ def overhead(a, out):
 
 
 def machine():
-    model = "unknown"
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = cpu_model()
     load = os.getloadavg()
     return "%s, %d cores, load average %.1f at the start" % (model, os.cpu_count(), load[0])
 

@@ -12,10 +12,12 @@ import datetime
 import json
 import math
 import os
-import platform
 import re
 import subprocess
 import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from machine import cpu_model  # noqa: E402
 
 build = sys.argv[1] if len(sys.argv) > 1 else "build-sim"
 write = "--write" in sys.argv
@@ -39,17 +41,6 @@ def run(args):
     p = subprocess.run(cmd, capture_output=True, text=True, check=True)
     shown = "./" + " ".join([os.path.normpath(sim)] + args)
     return json.loads(p.stdout), shown
-
-
-def cpu_model():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 out = []
