@@ -20,7 +20,7 @@ typedef struct mdb mdb_t;
 struct mdb_graph;
 
 /* The schema version this build writes; older files are migrated on open. */
-#define MDB_SCHEMA_VERSION 6
+#define MDB_SCHEMA_VERSION 7
 
 /* Whether target names a PostgreSQL database: a URI (postgresql://...,
  * postgres://...) or a key=value conninfo ("host=/run/pg dbname=squish");

@@ -256,11 +256,11 @@ static int model_exists(mdb_t *db, int64_t id)
  * out again, see migration 3), from models.id's sequence on PostgreSQL
  * (which concurrent writers can draw from). */
 #define MODEL_INSERT_SQL(id)                                                                       \
-    "INSERT INTO models (id, name, version, sha256, created_at, format, onnx, input_name, "        \
+    "INSERT INTO models (id, name, version, sha256, created_at, format, input_name, "        \
     "input, input_layout, preprocess, labels, default_slo_ms, max_batch, outputs, "                \
     "param_bytes, memory_bytes, input_spec, config, status, precision_asked) "                     \
     "VALUES (" id                                                                                  \
-    ", ?, ?, ?, ?, ?, ?, ?, ?, 'NCHW', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id"
+    ", ?, ?, ?, ?, ?, ?, ?, 'NCHW', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id"
 
 typedef struct {
     const mdb_new_model_t *m;
@@ -293,28 +293,36 @@ static int model_insert_tx(mdb_t *db, void *arg)
     mdb_q_text(q, 3, m->sha256);
     mdb_q_double(q, 4, sq_wall_s());
     mdb_q_text(q, 5, m->format);
-    /* Borrowed, not copied: sent (PostgreSQL) or written (sqlite) from
-     * the caller's buffer. */
-    mdb_q_blob(q, 6, m->onnx, m->onnx_len);
-    mdb_q_text(q, 7, json_string_value(json_object_get(m->input, "name")));
-    mdb_q_json(q, 8, m->input);
-    mdb_q_json(q, 9, m->preprocess);
-    mdb_q_json(q, 10, m->labels);
-    mdb_q_double(q, 11, m->default_slo_ms);
-    mdb_q_int64(q, 12, m->max_batch);
-    mdb_q_json(q, 13, m->outputs);
-    mdb_q_int64(q, 14, (int64_t)m->param_bytes);
-    mdb_q_int64(q, 15, (int64_t)m->memory_bytes);
-    mdb_q_text(q, 16, ins->spec);
-    mdb_q_json(q, 17, m->config);
-    mdb_q_text(q, 18, m->status);
-    mdb_q_text(q, 19, m->precision != NULL ? m->precision : "fp32");
+    mdb_q_text(q, 6, json_string_value(json_object_get(m->input, "name")));
+    mdb_q_json(q, 7, m->input);
+    mdb_q_json(q, 8, m->preprocess);
+    mdb_q_json(q, 9, m->labels);
+    mdb_q_double(q, 10, m->default_slo_ms);
+    mdb_q_int64(q, 11, m->max_batch);
+    mdb_q_json(q, 12, m->outputs);
+    mdb_q_int64(q, 13, (int64_t)m->param_bytes);
+    mdb_q_int64(q, 14, (int64_t)m->memory_bytes);
+    mdb_q_text(q, 15, ins->spec);
+    mdb_q_json(q, 16, m->config);
+    mdb_q_text(q, 17, m->status);
+    mdb_q_text(q, 18, m->precision != NULL ? m->precision : "fp32");
     int step = mdb_q_step(q, "insert model");
     if (step != 1)
         return step < 0 ? step : SQ_DB;
     ins->id = mdb_q_int64_at(q, 0);
     mdb_q_reset(q);
     int rc = 0;
+    if (m->onnx != NULL && m->onnx_len > 0) {
+        /* The file in a row of its own (migration 7): a record's reads
+         * never walk it. Borrowed, not copied: sent (PostgreSQL) or
+         * written (sqlite) from the caller's buffer. */
+        static const char file_sql[] = "INSERT INTO model_files (model_id, onnx) VALUES (?, ?)";
+        q = mdb_q(db, file_sql);
+        mdb_q_int64(q, 1, ins->id);
+        mdb_q_blob(q, 2, m->onnx, m->onnx_len);
+        if ((rc = mdb_q_run(q, "insert model file")) != 0)
+            return rc;
+    }
     if (m->graph != NULL) {
         mdb_node_sig_t *sigs = sq_xcalloc((size_t)m->graph->n_nodes + 1, sizeof(*sigs));
         rc = mdb_graph_signature(m->graph, sigs);
@@ -860,7 +868,8 @@ int mdb_model_records(mdb_t *db, int64_t key, json_t **out)
 
 int mdb_model_blob(mdb_t *db, int64_t key, void **bytes, size_t *len)
 {
-    static const char sql[] = "SELECT onnx FROM models WHERE id = ?";
+    static const char sql[] =
+        "SELECT f.onnx FROM models m LEFT JOIN model_files f ON f.model_id = m.id WHERE m.id = ?";
     mdb_q_t *q = mdb_q(db, sql);
     mdb_q_int64(q, 1, key);
     int step = mdb_q_step(q, "read model file");

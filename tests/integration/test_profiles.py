@@ -227,29 +227,24 @@ def measuring_on_an_idle_worker_is_bounded_and_shows_its_progress():
         s.cleanup()
 
 
-@test
-def a_cpu_model_runs_live_as_fast_as_it_was_measured():
-    """Issue 26: a RegNetY measured l(1) = 33.7 ms ran live batches of 70 ms,
-    and the live correction then planned with 1.93x the profile. The cpu
-    worker's profile is the planner's input: a model measured on an idle
-    worker (mobilenet_v2) and then driven by closed loops of 1 and 4 JPEG
-    requests runs each batch size that served at least 15 batches within
-    [0.5, 1.5] of its profile here (bench/live_profile.py holds the exact
-    figures, within 10% on a quiet box; a loaded 2-core CI box moves live
-    batches by tens of percent). And no request of a closed loop waits for
-    its SLO (60 s): a deferred batch held to its frontrun moment once the
-    client stopped sending waited 1-10 s (p50 5 ms)."""
-    path = os.path.join(MODELS, "mobilenet_v2.onnx")
-    if not os.path.exists(path):
-        raise Skip("the torchvision exports are missing (meson builds them into tests/models)")
+def _measure_then_drive(path):
+    """One fresh squishd with one cpu worker: mobilenet_v2 uploaded and
+    measured, then closed loops of 1 and 4 JPEG requests. Returns
+    ({batch size: live / profile} of the sizes that served >= 15 batches,
+    {loop: slowest answer ms})."""
     s = Squishd(workers="cpu:1")
     try:
         s.wait_ready(workers=1, timeout=60)
         with open(path, "rb") as f:
             r = upload(s, f.read(), {"name": "mv2", "max_batch": 4})
         assert r.status == 202, r
+        # Polled as a readiness probe would, not 50 times a second: each
+        # probe wakes squishd's threads beside the worker's two, and on two
+        # cores 50 a second still measured l(1) 9.5-12.3 ms against 6.3
+        # (before migration 7 each probe also read the model's whole file
+        # from the model DB: 13 ms, and the CI failure this test had).
         eventually(lambda: s.get("/v2/models/mv2/ready").status == 200 or None, 300,
-                   "mobilenet_v2 measured and ready")
+                   "mobilenet_v2 measured and ready", step=0.25)
         v = s.get("/models/mv2", headers=auth(s)).json["versions"][-1]
         prof = [p for p in v["profiles"] if p["device_kind"] == "cpu"][0]
         l = dict(zip(prof["batch"], prof["latency_ms"]))
@@ -274,15 +269,42 @@ def a_cpu_model_runs_live_as_fast_as_it_was_measured():
                     b, l[b], c["ns"] / c["count"] / 1e6, c["count"], ratios[b]), flush=True)
         print("# closed loops, slowest answer: %s ms" % worst, flush=True)
         assert 1 in ratios, st["batch_stats"]
+        assert s.stop() == 0
+        return ratios, worst
+    finally:
+        s.cleanup()
+
+
+@test
+def a_cpu_model_runs_live_as_fast_as_it_was_measured():
+    """Issue 26: a RegNetY measured l(1) = 33.7 ms ran live batches of 70 ms,
+    and the live correction then planned with 1.93x the profile. The cpu
+    worker's profile is the planner's input: a model measured on an idle
+    worker (mobilenet_v2) and then driven by closed loops of 1 and 4 JPEG
+    requests runs each batch size that served at least 15 batches within
+    [0.5, 1.5] of its profile here (bench/live_profile.py holds the exact
+    figures, within 10% on a quiet box; a loaded 2-core CI box moves live
+    batches by tens of percent, and this host's speed moves in steps of up
+    to 30% lasting seconds: 0.59-1.43 seen in one hour). A second fresh
+    squishd measures and drives again when the first is outside: the bug
+    is in every run, a slow stretch of the host in one. And no request of a
+    closed loop waits for its SLO (60 s): a deferred batch held to its
+    frontrun moment once the client stopped sending waited 1-10 s (p50
+    5 ms)."""
+    path = os.path.join(MODELS, "mobilenet_v2.onnx")
+    if not os.path.exists(path):
+        raise Skip("the torchvision exports are missing (meson builds them into tests/models)")
+    seen = []
+    for _ in range(2):
+        ratios, worst = _measure_then_drive(path)
+        seen.append(ratios)
+        assert worst[1] < (3000 if sanitized() else 1000), worst
         # Under the sanitizers the worker's own code runs several times
         # slower, and the profile's first runs more so (l(1) 11.3 ms against
         # 5.5 live): only the closed loop's bound holds there.
-        if not sanitized():
-            assert all(0.5 <= x <= 1.5 for x in ratios.values()), ratios
-        assert worst[1] < (3000 if sanitized() else 1000), worst
-        assert s.stop() == 0
-    finally:
-        s.cleanup()
+        if sanitized() or all(0.5 <= x <= 1.5 for x in ratios.values()):
+            return
+    raise AssertionError("live / profile outside [0.5, 1.5] twice: %s" % seen)
 
 if __name__ == "__main__":
     run()

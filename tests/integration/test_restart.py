@@ -54,7 +54,8 @@ def check_db(path):
     try:
         assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)]
         assert db.execute("PRAGMA foreign_key_check").fetchall() == []
-        models = db.execute("SELECT id, name, format, status, onnx IS NOT NULL FROM models").fetchall()
+        models = db.execute("SELECT id, name, format, status, EXISTS (SELECT 1 FROM model_files f "
+                            "WHERE f.model_id = models.id) FROM models").fetchall()
         for mid, name, fmt, status, has_onnx in models:
             nodes = db.execute("SELECT count(*) FROM model_nodes WHERE model_id = ?", (mid,)).fetchone()[0]
             profiles = db.execute("SELECT count(*) FROM profiles WHERE model_id = ?", (mid,)).fetchone()[0]
