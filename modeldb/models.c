@@ -256,11 +256,10 @@ static int model_exists(mdb_t *db, int64_t id)
  * out again, see migration 3), from models.id's sequence on PostgreSQL
  * (which concurrent writers can draw from). */
 #define MODEL_INSERT_SQL(id)                                                                       \
-    "INSERT INTO models (id, name, version, sha256, created_at, format, input_name, "        \
+    "INSERT INTO models (id, name, version, sha256, created_at, format, input_name, "              \
     "input, input_layout, preprocess, labels, default_slo_ms, max_batch, outputs, "                \
     "param_bytes, memory_bytes, input_spec, config, status, precision_asked) "                     \
-    "VALUES (" id                                                                                  \
-    ", ?, ?, ?, ?, ?, ?, ?, 'NCHW', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id"
+    "VALUES (" id ", ?, ?, ?, ?, ?, ?, ?, 'NCHW', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id"
 
 typedef struct {
     const mdb_new_model_t *m;

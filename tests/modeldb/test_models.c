@@ -405,7 +405,8 @@ Test(model_ids, a_migrated_database_starts_after_every_id_it_knows)
              "INSERT INTO plans VALUES (5, 0, 'x', '{}');"
              "INSERT INTO placements (epoch, device, model_id, slo_ms, batch, duty_cycle_us, "
              "rate_rps) VALUES (5, 'emu:0', %lld, 100, 4, 1000, 10);",
-             undo_model_files(), t.pg ? "SELECT setval('models_id_seq', 1, false);"
+             undo_model_files(),
+             t.pg ? "SELECT setval('models_id_seq', 1, false);"
                   : "DROP TRIGGER models_id_seq; DROP TABLE model_id_seq;",
              (long long)a + 7);
     cr_assert_eq(test_db_exec(&t, sql, err, sizeof(err)), 0, "%s", err);
