@@ -169,7 +169,7 @@ typedef struct gw_http_app {
 } gw_http_app_t;
 
 /* The route table's lookup, as the HTTP loops do it for every request
- * (exposed for tests/gateway/http/test_http.c; the gw__ prefix: internal).
+ * (route.c, exposed for tests/gateway/http/test_route.c; gw__: internal).
  * path is the normalized path; trailing slashes are not significant. The
  * first route whose pattern matches path and whose method is method, with
  * the segments its '*'s matched in call->args; else NULL, and allow holds

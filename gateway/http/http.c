@@ -1,5 +1,8 @@
-/* squishd's HTTP side: h2o event loops (one per http thread) sharing one
- * listening socket, a route table, and graceful drain on shutdown. */
+/* squishd's HTTP loops: h2o event loops (one per http thread) sharing one
+ * listening socket; each request into its route (its body inflated first
+ * when it came compressed), replies computed on other threads delivered
+ * back on the request's loop, and graceful drain on shutdown. The route
+ * table's lookup is route.c's; answers are reply.c's. */
 #include "http_int.h"
 
 #include <arpa/inet.h>
@@ -8,7 +11,6 @@
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdlib.h>
-#include <strings.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -60,118 +62,6 @@ struct gw_http {
     pthread_mutex_t start_lock;
     pthread_cond_t start_cond;
 };
-
-/* The reason phrases of RFC 9110, for every status squishd answers with and
- * a few more. 413 and 422 go by their older names: h2o itself answers a
- * Content-Length over --max-body-mb with 413 "Request Entity Too Large"
- * before any route sees the request, and a client must read one phrase for
- * one status. */
-static const struct {
-    int status;
-    const char *reason;
-} reasons[] = {
-    {100, "Continue"},
-    {101, "Switching Protocols"},
-    {200, "OK"},
-    {201, "Created"},
-    {202, "Accepted"},
-    {204, "No Content"},
-    {206, "Partial Content"},
-    {301, "Moved Permanently"},
-    {302, "Found"},
-    {303, "See Other"},
-    {304, "Not Modified"},
-    {307, "Temporary Redirect"},
-    {308, "Permanent Redirect"},
-    {400, "Bad Request"},
-    {401, "Unauthorized"},
-    {403, "Forbidden"},
-    {404, "Not Found"},
-    {405, "Method Not Allowed"},
-    {406, "Not Acceptable"},
-    {408, "Request Timeout"},
-    {409, "Conflict"},
-    {410, "Gone"},
-    {411, "Length Required"},
-    {412, "Precondition Failed"},
-    {413, "Request Entity Too Large"},
-    {414, "URI Too Long"},
-    {415, "Unsupported Media Type"},
-    {416, "Range Not Satisfiable"},
-    {417, "Expectation Failed"},
-    {421, "Misdirected Request"},
-    {422, "Unprocessable Entity"},
-    {425, "Too Early"},
-    {426, "Upgrade Required"},
-    {428, "Precondition Required"},
-    {429, "Too Many Requests"},
-    {431, "Request Header Fields Too Large"},
-    {451, "Unavailable For Legal Reasons"},
-    {500, "Internal Server Error"},
-    {501, "Not Implemented"},
-    {502, "Bad Gateway"},
-    {503, "Service Unavailable"},
-    {504, "Gateway Timeout"},
-    {505, "HTTP Version Not Supported"},
-    {507, "Insufficient Storage"},
-};
-
-const char *gw_http_reason(int status)
-{
-    for (size_t i = 0; i < sizeof(reasons) / sizeof(reasons[0]); i++)
-        if (reasons[i].status == status)
-            return reasons[i].reason;
-    /* A status without a phrase here: its class's (RFC 9110 15.1). */
-    static const char *const classes[] = {"Informational", "Success", "Redirection", "Client Error",
-                                          "Server Error"};
-    return status >= 100 && status < 600 ? classes[status / 100 - 1] : "Unknown";
-}
-
-void gw_add_header(h2o_req_t *req, const char *name, const char *value)
-{
-    /* h2o keeps the pointers until the response is sent: the value is often
-     * a caller's stack buffer, so it is copied into the request's pool. */
-    h2o_iovec_t v = h2o_strdup(&req->pool, value, strlen(value));
-    h2o_add_header_by_str(&req->pool, &req->res.headers, name, strlen(name), 1, NULL, v.base,
-                          v.len);
-}
-
-void gw_send_json(h2o_req_t *req, int status, json_t *obj)
-{
-    /* Reals as the shortest text that reads back (sq_json.h): 0.025, not
-     * 0.025000000000000001. ?pretty (any value but 0 or false) indents for
-     * a reader. */
-    char pretty[8];
-    int indent = gw_query_param(req, "pretty", pretty, sizeof(pretty)) &&
-                 strcmp(pretty, "0") != 0 && strcmp(pretty, "false") != 0;
-    sq_buf_t text;
-    sq_buf_init(&text);
-    if (sq_json_dump_buf(obj, indent ? JSON_INDENT(2) : JSON_COMPACT, &text) != 0)
-        sq_buf_put(&text, "{}", 2); /* a reply tree nests a few levels: a bug */
-    sq_buf_put_u8(&text, '\n');
-    json_decref(obj);
-    req->res.status = status;
-    req->res.reason = gw_http_reason(status);
-    h2o_add_header(&req->pool, &req->res.headers, H2O_TOKEN_CONTENT_TYPE, NULL,
-                   H2O_STRLIT("application/json"));
-    gw_send_body(req, text.data, text.len);
-    sq_buf_dispose(&text);
-}
-
-void gw_send_error(h2o_req_t *req, int err, const char *detail)
-{
-    gw_send_error_retry(req, err, detail, 1);
-}
-
-void gw_send_error_retry(h2o_req_t *req, int err, const char *detail, int retry)
-{
-    int status = sq_err_http_status(err);
-    if (status == 503 && retry)
-        gw_add_header(req, "retry-after", "1");
-    gw_send_json(req, status,
-                 json_pack("{s:s, s:s}", "error", detail ? detail : sq_err_msg(err), "code",
-                           sq_err_name(err)));
-}
 
 /* ---- deferred replies ------------------------------------------------ */
 
@@ -302,141 +192,6 @@ static void on_async_done(h2o_multithread_receiver_t *receiver, h2o_linklist_t *
         }
         async_release(a);
     }
-}
-
-int gw_request_body(h2o_req_t *req, const uint8_t **data, size_t *len, uint8_t **owned)
-{
-    *owned = NULL;
-    *len = req->entity.len;
-    if (req->version < 0x200 || req->entity.len == 0) {
-        *data = (const uint8_t *)req->entity.base;
-        return 0;
-    }
-    uint8_t *copy = malloc(req->entity.len);
-    if (copy == NULL)
-        return SQ_OVERLOAD;
-    memcpy(copy, req->entity.base, req->entity.len);
-    *data = *owned = copy;
-    return 0;
-}
-
-h2o_iovec_t gw_header(h2o_req_t *req, const char *name)
-{
-    ssize_t i = h2o_find_header_by_str(&req->headers, name, strlen(name), -1);
-    if (i < 0)
-        return h2o_iovec_init(NULL, 0);
-    return req->headers.entries[i].value;
-}
-
-int gw_require_admin(gw_call_t *call)
-{
-    h2o_iovec_t v = gw_header(call->req, "authorization");
-    static const char bearer[] = "Bearer ";
-    if (v.len > sizeof(bearer) - 1 && strncasecmp(v.base, bearer, sizeof(bearer) - 1) == 0 &&
-        gw_token_matches(call->srv, v.base + sizeof(bearer) - 1, v.len - (sizeof(bearer) - 1)))
-        return 1;
-    gw_add_header(call->req, "www-authenticate", "Bearer realm=\"squish\"");
-    gw_send_error(call->req, SQ_UNAUTHORIZED,
-                  v.len == 0 ? "this route needs 'Authorization: Bearer <admin token>'"
-                             : "invalid bearer token");
-    return 0;
-}
-
-int gw_parse_version(h2o_iovec_t v)
-{
-    if (v.len == 0 || v.len > 10)
-        return -1;
-    long long n = 0;
-    for (size_t i = 0; i < v.len; i++) {
-        if (v.base[i] < '0' || v.base[i] > '9')
-            return -1;
-        n = n * 10 + (v.base[i] - '0');
-    }
-    return n >= 1 && n <= 1000000000 ? (int)n : -1;
-}
-
-int gw_query_param(h2o_req_t *req, const char *name, char *out, size_t outlen)
-{
-    if (req->query_at == SIZE_MAX)
-        return 0;
-    const char *p = req->path.base + req->query_at + 1, *end = req->path.base + req->path.len;
-    size_t nlen = strlen(name);
-    while (p < end) {
-        const char *amp = memchr(p, '&', (size_t)(end - p));
-        const char *pe = amp ? amp : end;
-        const char *eq = memchr(p, '=', (size_t)(pe - p));
-        const char *ke = eq ? eq : pe;
-        if ((size_t)(ke - p) == nlen && memcmp(p, name, nlen) == 0) {
-            size_t o = 0;
-            for (const char *v = eq ? eq + 1 : pe; v < pe && o + 1 < outlen; v++) {
-                if (*v == '%' && v + 2 < pe && sq_hexval(v[1]) >= 0 && sq_hexval(v[2]) >= 0) {
-                    out[o++] = (char)(sq_hexval(v[1]) * 16 + sq_hexval(v[2]));
-                    v += 2;
-                } else {
-                    out[o++] = *v == '+' ? ' ' : *v;
-                }
-            }
-            out[o] = '\0';
-            return 1;
-        }
-        p = pe + 1;
-    }
-    return 0;
-}
-
-/* Matches a path against a pattern segment by segment; '*' captures one
- * non-empty segment. */
-static int match(const char *pattern, const char *path, size_t len, gw_call_t *call)
-{
-    const char *p = pattern, *s = path, *end = path + len;
-    call->nargs = 0;
-    while (*p != '\0' && s < end) {
-        if (*p != '/' || *s != '/')
-            return 0;
-        p++, s++;
-        const char *seg = s;
-        while (s < end && *s != '/')
-            s++;
-        size_t seglen = (size_t)(s - seg);
-        if (*p == '*') {
-            if (seglen == 0 || call->nargs == GW_MAX_ROUTE_ARGS)
-                return 0;
-            call->args[call->nargs++] = h2o_iovec_init(seg, seglen);
-            p++;
-        } else {
-            const char *pe = p;
-            while (*pe != '\0' && *pe != '/')
-                pe++;
-            if ((size_t)(pe - p) != seglen || memcmp(p, seg, seglen) != 0)
-                return 0;
-            p = pe;
-        }
-    }
-    return *p == '\0' && s == end;
-}
-
-const gw_route_t *gw__route_find(const gw_http_app_t *app, h2o_iovec_t method, h2o_iovec_t path,
-                                 gw_call_t *call, char *allow, size_t allowlen)
-{
-    /* Trailing slashes are not significant ("/v2/" is "/v2"). */
-    while (path.len > 1 && path.base[path.len - 1] == '/')
-        path.len--;
-    allow[0] = '\0';
-    const gw_route_t *routes = app->routes;
-    for (size_t i = 0; i < app->nroutes; i++) {
-        if (!match(routes[i].pattern, path.base, path.len, call))
-            continue;
-        if (h2o_memis(method.base, method.len, routes[i].method, strlen(routes[i].method)))
-            return &routes[i];
-        /* ", " and the method, and the NUL, if they fit. */
-        size_t used = strlen(allow), mlen = strlen(routes[i].method);
-        if (strstr(allow, routes[i].method) == NULL && used + 2 + mlen < allowlen) {
-            if (allow[0] != '\0')
-                strcat(allow, ", ");
-            strcat(allow, routes[i].method);
-        }
-    }
-    return NULL;
 }
 
 typedef struct {

@@ -1,5 +1,5 @@
 /* http/'s internals shared by its files and its unit tests: content codings
- * (encoding.c) for http.c's request path and response helper. */
+ * (encoding.c) for http.c's request path and reply.c's bodies. */
 #ifndef GW_HTTP_INT_H
 #define GW_HTTP_INT_H
 

@@ -1,8 +1,11 @@
-#include "gw_http.h"
+/* The admin token: loaded or created at start, compared in constant time,
+ * and required of the admin routes (gw_require_admin). */
+#include "http_int.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -80,4 +83,18 @@ int gw_token_matches(const gw_server_t *srv, const char *presented, size_t len)
     for (size_t i = 0; i < want; i++)
         diff |= (unsigned char)srv->admin_token[i] ^ (unsigned char)(i < len ? presented[i] : 0);
     return diff == 0;
+}
+
+int gw_require_admin(gw_call_t *call)
+{
+    h2o_iovec_t v = gw_header(call->req, "authorization");
+    static const char bearer[] = "Bearer ";
+    if (v.len > sizeof(bearer) - 1 && strncasecmp(v.base, bearer, sizeof(bearer) - 1) == 0 &&
+        gw_token_matches(call->srv, v.base + sizeof(bearer) - 1, v.len - (sizeof(bearer) - 1)))
+        return 1;
+    gw_add_header(call->req, "www-authenticate", "Bearer realm=\"squish\"");
+    gw_send_error(call->req, SQ_UNAUTHORIZED,
+                  v.len == 0 ? "this route needs 'Authorization: Bearer <admin token>'"
+                             : "invalid bearer token");
+    return 0;
 }
