@@ -56,134 +56,6 @@ void gw_oip_request_dispose(gw_oip_request_t *req)
     req->header_len = -1;
 }
 
-/* ---- lexer helpers ---- */
-
-/* Next member of an object whose '{' was consumed: 1 with the key (keys
- * longer than keycap - 1 come back truncated and match nothing known), 0 at
- * the end, <0 on error. */
-static int next_key(oip_dec_t *d, oip_cur_t *c, int *first, char *key, size_t keycap)
-{
-    if (!*first && !oip_accept(c, ',')) {
-        if (oip_accept(c, '}'))
-            return 0;
-        return oip_malformed(d);
-    }
-    if (*first) {
-        *first = 0;
-        if (oip_accept(c, '}'))
-            return 0;
-    }
-    const char *s;
-    size_t n;
-    int esc;
-    if (oip_string(c, &s, &n, &esc) != 0 || !oip_accept(c, ':'))
-        return oip_malformed(d);
-    if (esc) {
-        char tmp[128];
-        if (n < sizeof(tmp)) {
-            n = oip_unescape(s, n, tmp);
-            s = tmp;
-        }
-        /* A key past 127 escaped bytes is unknown anyway. */
-        if (n >= keycap)
-            n = keycap - 1;
-        memcpy(key, s, n);
-    } else {
-        if (n >= keycap)
-            n = keycap - 1;
-        memcpy(key, s, n);
-    }
-    key[n] = '\0';
-    if (memchr(key, '\0', n) != NULL)
-        key[0] = '\x01'; /* a key holding \u0000 matches nothing */
-    return 1;
-}
-
-static int skip(oip_dec_t *d, oip_cur_t *c)
-{
-    return oip_skip(c) == 0 ? 0 : oip_malformed(d);
-}
-
-/* Reads a boolean value; SQ_BAD_REQUEST naming the path otherwise. */
-static int read_bool(oip_dec_t *d, oip_cur_t *c, int *out)
-{
-    char ch = oip_peek(c);
-    if (ch == 't' || ch == 'f') {
-        *out = ch == 't';
-        return skip(d, c);
-    }
-    return oip_fail(d, SQ_BAD_REQUEST, "expected true or false");
-}
-
-static int is_number_start(char ch)
-{
-    return ch == '-' || (ch >= '0' && ch <= '9');
-}
-
-/* An integer in [min, max], else SQ_BAD_REQUEST with what. */
-static int read_int(oip_dec_t *d, oip_cur_t *c, int64_t min, int64_t max, int64_t *out,
-                    const char *what)
-{
-    const char *s;
-    size_t n;
-    if (!is_number_start(oip_peek(c)) || oip_number(c, &s, &n) != 0 ||
-        oip_parse_int(s, n, min, max, out) != 0)
-        return oip_fail(d, SQ_BAD_REQUEST, "expected %s", what);
-    return 0;
-}
-
-/* A string value unescaped into out (cap bytes with the NUL); *len gets the
- * full length even when it did not fit. */
-static int read_string(oip_dec_t *d, oip_cur_t *c, char *out, size_t cap, size_t *len)
-{
-    const char *s;
-    size_t n;
-    int esc;
-    if (oip_peek(c) != '"')
-        return oip_fail(d, SQ_BAD_REQUEST, "expected a string");
-    if (oip_string(c, &s, &n, &esc) != 0)
-        return oip_malformed(d);
-    if (!esc) {
-        *len = n;
-        size_t k = n < cap - 1 ? n : cap - 1;
-        memcpy(out, s, k);
-        out[k] = '\0';
-        return 0;
-    }
-    char *tmp = malloc(n ? n : 1);
-    if (tmp == NULL)
-        return oip_fail(d, SQ_NOMEM, "out of memory");
-    size_t u = oip_unescape(s, n, tmp);
-    *len = u;
-    size_t k = u < cap - 1 ? u : cap - 1;
-    memcpy(out, tmp, k);
-    out[k] = '\0';
-    free(tmp);
-    return 0;
-}
-
-/* parameters.shared_memory_region: the name of a region, 1..GW_OIP_REGION_MAX
- * bytes without NUL (whether it is registered is the caller's to say). A
- * route whose model description does not take shared memory refuses it. */
-static int read_region(oip_dec_t *d, oip_cur_t *c, char *out)
-{
-    if (!d->model->shared_memory)
-        return oip_fail(d, SQ_BAD_REQUEST,
-                        "shared-memory tensors are not taken on this route: send the data in the "
-                        "body");
-    char tmp[GW_OIP_REGION_MAX + 2];
-    size_t len;
-    int rc = read_string(d, c, tmp, sizeof(tmp), &len);
-    if (rc != 0)
-        return rc;
-    if (len == 0 || len > GW_OIP_REGION_MAX || strlen(tmp) != len)
-        return oip_fail(d, SQ_BAD_REQUEST,
-                        "expected the name of a registered shared-memory region (1..%d bytes)",
-                        GW_OIP_REGION_MAX);
-    memcpy(out, tmp, len + 1);
-    return 0;
-}
-
 /* ---- top-level fields ---- */
 
 static int parse_id(oip_dec_t *d, oip_cur_t *c)
@@ -220,13 +92,13 @@ static int parse_parameters(oip_dec_t *d, oip_cur_t *c)
     int first = 1, rc;
     char key[40];
     double slo_ms = -1, timeout_ms = -1;
-    while ((rc = next_key(d, c, &first, key, sizeof(key))) == 1) {
+    while ((rc = oip_next_key(d, c, &first, key, sizeof(key))) == 1) {
         size_t old = oip_path_key(d, key);
         if (strcmp(key, "slo_ms") == 0) {
             const char *s;
             size_t n;
             double v = -1;
-            if (is_number_start(oip_peek(c))) {
+            if (oip_is_number_start(oip_peek(c))) {
                 if (oip_number(c, &s, &n) != 0)
                     return oip_malformed(d);
                 v = oip_parse_f64(s, n);
@@ -237,19 +109,19 @@ static int parse_parameters(oip_dec_t *d, oip_cur_t *c)
             slo_ms = v;
         } else if (strcmp(key, "timeout") == 0) {
             int64_t us;
-            if ((rc = read_int(d, c, 0, (int64_t)(OIP_MAX_SLO_MS * 1000), &us,
-                               "an integer number of microseconds >= 0")) != 0)
+            if ((rc = oip_read_int(d, c, 0, (int64_t)(OIP_MAX_SLO_MS * 1000), &us,
+                                   "an integer number of microseconds >= 0")) != 0)
                 return rc;
             timeout_ms = us > 0 ? (double)us / 1000.0 : -1; /* Triton: 0 = none */
         } else if (strcmp(key, "priority") == 0) {
             int64_t prio;
-            if ((rc = read_int(d, c, 0, INT32_MAX, &prio, "an integer >= 0")) != 0)
+            if ((rc = oip_read_int(d, c, 0, INT32_MAX, &prio, "an integer >= 0")) != 0)
                 return rc;
             d->req->priority = (int)prio;
         } else if (strcmp(key, "binary_data_output") == 0) {
-            if ((rc = read_bool(d, c, &d->req->binary_data_output)) != 0)
+            if ((rc = oip_read_bool(d, c, &d->req->binary_data_output)) != 0)
                 return rc;
-        } else if ((rc = skip(d, c)) != 0) {
+        } else if ((rc = oip_skip_value(d, c)) != 0) {
             return rc;
         }
         oip_path_pop(d, old);
@@ -275,7 +147,7 @@ static int parse_shape(oip_dec_t *d, oip_cur_t *c, oip_input_fields_t *f)
         int64_t v;
         const char *s;
         size_t n;
-        if (!is_number_start(oip_peek(c)) || oip_number(c, &s, &n) != 0 ||
+        if (!oip_is_number_start(oip_peek(c)) || oip_number(c, &s, &n) != 0 ||
             oip_parse_int(s, n, 0, INT64_MAX, &v) != 0)
             return oip_fail(d, SQ_BAD_TENSOR, "expected an integer >= 0");
         oip_path_pop(d, old);
@@ -292,22 +164,22 @@ static int parse_input_parameters(oip_dec_t *d, oip_cur_t *c, oip_input_fields_t
         return oip_fail(d, SQ_BAD_REQUEST, "expected an object");
     int first = 1, rc;
     char key[40];
-    while ((rc = next_key(d, c, &first, key, sizeof(key))) == 1) {
+    while ((rc = oip_next_key(d, c, &first, key, sizeof(key))) == 1) {
         size_t old = oip_path_key(d, key);
         if (strcmp(key, "binary_data_size") == 0) {
-            if ((rc = read_int(d, c, 0, INT64_MAX, &f->binary_size, "an integer >= 0")) != 0)
+            if ((rc = oip_read_int(d, c, 0, INT64_MAX, &f->binary_size, "an integer >= 0")) != 0)
                 return rc;
         } else if (strcmp(key, "shared_memory_region") == 0) {
-            if ((rc = read_region(d, c, f->shm_region)) != 0)
+            if ((rc = oip_read_region(d, c, f->shm_region)) != 0)
                 return rc;
             f->have_shm_region = 1;
         } else if (strcmp(key, "shared_memory_offset") == 0) {
-            if ((rc = read_int(d, c, 0, INT64_MAX, &f->shm_offset, "an integer >= 0")) != 0)
+            if ((rc = oip_read_int(d, c, 0, INT64_MAX, &f->shm_offset, "an integer >= 0")) != 0)
                 return rc;
         } else if (strcmp(key, "shared_memory_byte_size") == 0) {
-            if ((rc = read_int(d, c, 0, INT64_MAX, &f->shm_size, "an integer >= 0")) != 0)
+            if ((rc = oip_read_int(d, c, 0, INT64_MAX, &f->shm_size, "an integer >= 0")) != 0)
                 return rc;
-        } else if ((rc = skip(d, c)) != 0) {
+        } else if ((rc = oip_skip_value(d, c)) != 0) {
             return rc;
         }
         oip_path_pop(d, old);
@@ -481,14 +353,14 @@ static int parse_input(oip_dec_t *d, oip_cur_t *c, unsigned *seen, int position)
     int first = 1, rc, mi = -1, data_done = 0;
     char key[40];
     unsigned keys = 0;
-    while ((rc = next_key(d, c, &first, key, sizeof(key))) == 1) {
+    while ((rc = oip_next_key(d, c, &first, key, sizeof(key))) == 1) {
         static const char *const known[] = {"name", "datatype", "shape", "parameters", "data"};
         int k = -1;
         for (int i = 0; i < 5; i++)
             if (strcmp(key, known[i]) == 0)
                 k = i;
         if (k < 0) {
-            if ((rc = skip(d, c)) != 0)
+            if ((rc = oip_skip_value(d, c)) != 0)
                 return rc;
             continue;
         }
@@ -511,7 +383,7 @@ static int parse_input(oip_dec_t *d, oip_cur_t *c, unsigned *seen, int position)
                     0)
                     return rc;
                 data_done = 1;
-            } else if ((rc = skip(d, c)) != 0) {
+            } else if ((rc = oip_skip_value(d, c)) != 0) {
                 return rc;
             }
             continue;
@@ -519,11 +391,11 @@ static int parse_input(oip_dec_t *d, oip_cur_t *c, unsigned *seen, int position)
         size_t old = oip_path_key(d, key);
         switch (k) {
         case 0:
-            rc = read_string(d, c, f.name, sizeof(f.name), &f.name_len);
+            rc = oip_read_string(d, c, f.name, sizeof(f.name), &f.name_len);
             f.have_name = 1;
             break;
         case 1:
-            rc = read_string(d, c, f.datatype, sizeof(f.datatype), &f.datatype_len);
+            rc = oip_read_string(d, c, f.datatype, sizeof(f.datatype), &f.datatype_len);
             f.have_datatype = 1;
             break;
         case 2:
@@ -611,10 +483,10 @@ static int parse_output(oip_dec_t *d, oip_cur_t *c, out_spec_t *specs, int *orde
     int64_t classification = 0, shm_offset = -1, shm_size = -1;
     char region[GW_OIP_REGION_MAX + 1] = "";
     char key[40];
-    while ((rc = next_key(d, c, &first, key, sizeof(key))) == 1) {
+    while ((rc = oip_next_key(d, c, &first, key, sizeof(key))) == 1) {
         size_t old = oip_path_key(d, key);
         if (strcmp(key, "name") == 0) {
-            if ((rc = read_string(d, c, name, sizeof(name), &name_len)) != 0)
+            if ((rc = oip_read_string(d, c, name, sizeof(name), &name_len)) != 0)
                 return rc;
             have_name = 1;
         } else if (strcmp(key, "parameters") == 0) {
@@ -622,27 +494,27 @@ static int parse_output(oip_dec_t *d, oip_cur_t *c, out_spec_t *specs, int *orde
                 return oip_fail(d, SQ_BAD_REQUEST, "expected an object");
             int pfirst = 1;
             char pkey[40];
-            while ((rc = next_key(d, c, &pfirst, pkey, sizeof(pkey))) == 1) {
+            while ((rc = oip_next_key(d, c, &pfirst, pkey, sizeof(pkey))) == 1) {
                 size_t pold = oip_path_key(d, pkey);
                 if (strcmp(pkey, "binary_data") == 0)
-                    rc = read_bool(d, c, &binary);
+                    rc = oip_read_bool(d, c, &binary);
                 else if (strcmp(pkey, "classification") == 0)
-                    rc = read_int(d, c, 0, INT32_MAX, &classification, "an integer >= 0");
+                    rc = oip_read_int(d, c, 0, INT32_MAX, &classification, "an integer >= 0");
                 else if (strcmp(pkey, "shared_memory_region") == 0)
-                    rc = read_region(d, c, region);
+                    rc = oip_read_region(d, c, region);
                 else if (strcmp(pkey, "shared_memory_offset") == 0)
-                    rc = read_int(d, c, 0, INT64_MAX, &shm_offset, "an integer >= 0");
+                    rc = oip_read_int(d, c, 0, INT64_MAX, &shm_offset, "an integer >= 0");
                 else if (strcmp(pkey, "shared_memory_byte_size") == 0)
-                    rc = read_int(d, c, 0, INT64_MAX, &shm_size, "an integer >= 0");
+                    rc = oip_read_int(d, c, 0, INT64_MAX, &shm_size, "an integer >= 0");
                 else
-                    rc = skip(d, c);
+                    rc = oip_skip_value(d, c);
                 if (rc != 0)
                     return rc;
                 oip_path_pop(d, pold);
             }
             if (rc < 0)
                 return rc;
-        } else if ((rc = skip(d, c)) != 0) {
+        } else if ((rc = oip_skip_value(d, c)) != 0) {
             return rc;
         }
         oip_path_pop(d, old);
@@ -822,14 +694,14 @@ static int parse_body(oip_dec_t *d)
     int first = 1, have_inputs = 0;
     unsigned keys = 0;
     char key[40];
-    while ((rc = next_key(d, &c, &first, key, sizeof(key))) == 1) {
+    while ((rc = oip_next_key(d, &c, &first, key, sizeof(key))) == 1) {
         static const char *const known[] = {"id", "parameters", "inputs", "outputs"};
         int k = -1;
         for (int i = 0; i < 4; i++)
             if (strcmp(key, known[i]) == 0)
                 k = i;
         if (k < 0) {
-            if ((rc = skip(d, &c)) != 0)
+            if ((rc = oip_skip_value(d, &c)) != 0)
                 return rc;
             continue;
         }

@@ -1,6 +1,7 @@
-/* Internals of the OIP codec shared by oip.c (requests), oip_response.c
- * and oip_json.c (a strict JSON validator and the small lexer the request
- * decoder walks the validated text with). */
+/* Internals of the OIP codec shared by oip.c (requests), oip_data.c (tensor
+ * data), oip_lex.c (the decoder's shared pieces and typed values),
+ * oip_response.c and oip_json.c (a strict JSON validator and the small
+ * lexer the request decoder walks the validated text with). */
 #ifndef OIP_INT_H
 #define OIP_INT_H
 
@@ -125,5 +126,27 @@ int oip_read_binary_data(oip_dec_t *d, gw_oip_input_t *in, const oip_input_field
  * length then its bytes, filling n exactly. */
 int oip_split_rows(oip_dec_t *d, gw_oip_input_t *in, const uint8_t *p, size_t n, size_t item,
                    int batch);
+
+/* ---- values of the request walk, each failing with its path ---- */
+
+/* Next member of an object whose '{' was consumed: 1 with the key (keys
+ * longer than keycap - 1 come back truncated and match nothing known), 0 at
+ * the end, <0 on error. */
+int oip_next_key(oip_dec_t *d, oip_cur_t *c, int *first, char *key, size_t keycap);
+/* Skips one value (SQ_BAD_JSON when the lexer disagrees). */
+int oip_skip_value(oip_dec_t *d, oip_cur_t *c);
+/* Reads a boolean value; SQ_BAD_REQUEST naming the path otherwise. */
+int oip_read_bool(oip_dec_t *d, oip_cur_t *c, int *out);
+/* Whether ch can begin a JSON number. */
+int oip_is_number_start(char ch);
+/* An integer in [min, max], else SQ_BAD_REQUEST with what. */
+int oip_read_int(oip_dec_t *d, oip_cur_t *c, int64_t min, int64_t max, int64_t *out,
+                 const char *what);
+/* A string value unescaped into out (cap bytes with the NUL); *len gets the
+ * full length even when it did not fit. */
+int oip_read_string(oip_dec_t *d, oip_cur_t *c, char *out, size_t cap, size_t *len);
+/* parameters.shared_memory_region: a region's name, 1..GW_OIP_REGION_MAX
+ * bytes without NUL; refused where the model does not take shared memory. */
+int oip_read_region(oip_dec_t *d, oip_cur_t *c, char *out);
 
 #endif

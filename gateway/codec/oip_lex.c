@@ -1,6 +1,8 @@
 /* The OIP decoder's shared pieces, below both the request walk (oip.c)
  * and the tensor data readers (oip_data.c): datatype names, errors with
- * their JSON path, the request's arena, array iteration. */
+ * their JSON path, the request's arena, array iteration, and the typed
+ * values (keys, booleans, integers, strings, region names) the walk reads,
+ * each failing with its path. */
 #include "gw_codec.h"
 #include "oip_int.h"
 
@@ -135,4 +137,132 @@ int oip_next_elem(oip_dec_t *d, oip_cur_t *c, int *first)
     if (oip_accept(c, ']'))
         return 0;
     return oip_malformed(d);
+}
+
+/* ---- values with their errors ---- */
+
+/* Next member of an object whose '{' was consumed: 1 with the key (keys
+ * longer than keycap - 1 come back truncated and match nothing known), 0 at
+ * the end, <0 on error. */
+int oip_next_key(oip_dec_t *d, oip_cur_t *c, int *first, char *key, size_t keycap)
+{
+    if (!*first && !oip_accept(c, ',')) {
+        if (oip_accept(c, '}'))
+            return 0;
+        return oip_malformed(d);
+    }
+    if (*first) {
+        *first = 0;
+        if (oip_accept(c, '}'))
+            return 0;
+    }
+    const char *s;
+    size_t n;
+    int esc;
+    if (oip_string(c, &s, &n, &esc) != 0 || !oip_accept(c, ':'))
+        return oip_malformed(d);
+    if (esc) {
+        char tmp[128];
+        if (n < sizeof(tmp)) {
+            n = oip_unescape(s, n, tmp);
+            s = tmp;
+        }
+        /* A key past 127 escaped bytes is unknown anyway. */
+        if (n >= keycap)
+            n = keycap - 1;
+        memcpy(key, s, n);
+    } else {
+        if (n >= keycap)
+            n = keycap - 1;
+        memcpy(key, s, n);
+    }
+    key[n] = '\0';
+    if (memchr(key, '\0', n) != NULL)
+        key[0] = '\x01'; /* a key holding \u0000 matches nothing */
+    return 1;
+}
+
+int oip_skip_value(oip_dec_t *d, oip_cur_t *c)
+{
+    return oip_skip(c) == 0 ? 0 : oip_malformed(d);
+}
+
+/* Reads a boolean value; SQ_BAD_REQUEST naming the path otherwise. */
+int oip_read_bool(oip_dec_t *d, oip_cur_t *c, int *out)
+{
+    char ch = oip_peek(c);
+    if (ch == 't' || ch == 'f') {
+        *out = ch == 't';
+        return oip_skip_value(d, c);
+    }
+    return oip_fail(d, SQ_BAD_REQUEST, "expected true or false");
+}
+
+int oip_is_number_start(char ch)
+{
+    return ch == '-' || (ch >= '0' && ch <= '9');
+}
+
+/* An integer in [min, max], else SQ_BAD_REQUEST with what. */
+int oip_read_int(oip_dec_t *d, oip_cur_t *c, int64_t min, int64_t max, int64_t *out,
+                 const char *what)
+{
+    const char *s;
+    size_t n;
+    if (!oip_is_number_start(oip_peek(c)) || oip_number(c, &s, &n) != 0 ||
+        oip_parse_int(s, n, min, max, out) != 0)
+        return oip_fail(d, SQ_BAD_REQUEST, "expected %s", what);
+    return 0;
+}
+
+/* A string value unescaped into out (cap bytes with the NUL); *len gets the
+ * full length even when it did not fit. */
+int oip_read_string(oip_dec_t *d, oip_cur_t *c, char *out, size_t cap, size_t *len)
+{
+    const char *s;
+    size_t n;
+    int esc;
+    if (oip_peek(c) != '"')
+        return oip_fail(d, SQ_BAD_REQUEST, "expected a string");
+    if (oip_string(c, &s, &n, &esc) != 0)
+        return oip_malformed(d);
+    if (!esc) {
+        *len = n;
+        size_t k = n < cap - 1 ? n : cap - 1;
+        memcpy(out, s, k);
+        out[k] = '\0';
+        return 0;
+    }
+    char *tmp = malloc(n ? n : 1);
+    if (tmp == NULL)
+        return oip_fail(d, SQ_NOMEM, "out of memory");
+    size_t u = oip_unescape(s, n, tmp);
+    *len = u;
+    size_t k = u < cap - 1 ? u : cap - 1;
+    memcpy(out, tmp, k);
+    out[k] = '\0';
+    free(tmp);
+    return 0;
+}
+
+/* parameters.shared_memory_region: the name of a region, 1..GW_OIP_REGION_MAX
+ * bytes without NUL (whether it is registered is the caller's to say). A
+ * route whose model description does not take shared memory refuses it. */
+int oip_read_region(oip_dec_t *d, oip_cur_t *c, char *out)
+{
+    if (!d->model->shared_memory)
+        return oip_fail(d, SQ_BAD_REQUEST,
+                        "shared-memory tensors are not taken on this route: send the data in the "
+                        "body");
+    char tmp[GW_OIP_REGION_MAX + 2];
+    size_t len;
+    int rc = oip_read_string(d, c, tmp, sizeof(tmp), &len);
+    if (rc != 0)
+        return rc;
+    if (len == 0 || len > GW_OIP_REGION_MAX || strlen(tmp) != len)
+        return oip_fail(d, SQ_BAD_REQUEST,
+                        "expected the name of a registered shared-memory region (1..%d bytes)",
+                        GW_OIP_REGION_MAX);
+    memcpy(out, tmp, len + 1);
+    return 0;
 }
