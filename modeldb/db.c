@@ -154,7 +154,15 @@ static const char *const sqlite_migrations[] = {
      ");"
      "INSERT INTO model_files SELECT id, onnx FROM models WHERE onnx IS NOT NULL;"
      "UPDATE models SET onnx = NULL;"
-     "ALTER TABLE models DROP COLUMN onnx;"),
+     "ALTER TABLE models DROP COLUMN onnx;"
+     /* and the device kinds that cannot run a model, with the reason
+      * (not_on.c): none known for the models stored before. */
+     "CREATE TABLE model_not_on ("
+     "  model_id INTEGER NOT NULL REFERENCES models(id) ON DELETE CASCADE,"
+     "  device_kind TEXT NOT NULL,"
+     "  reason TEXT NOT NULL,"
+     "  PRIMARY KEY (model_id, device_kind)"
+     ");"),
 };
 
 /* The same schema in PostgreSQL's dialect. Where sqlite has an implicit
@@ -290,7 +298,13 @@ static const char *const pg_migrations[] = {
      ");"
      "ALTER TABLE model_files ALTER COLUMN onnx SET STORAGE EXTERNAL;"
      "INSERT INTO model_files SELECT id, onnx FROM models WHERE onnx IS NOT NULL;"
-     "ALTER TABLE models DROP COLUMN onnx;"),
+     "ALTER TABLE models DROP COLUMN onnx;"
+     "CREATE TABLE model_not_on ("
+     "  model_id BIGINT NOT NULL REFERENCES models(id) ON DELETE CASCADE,"
+     "  device_kind TEXT COLLATE \"C\" NOT NULL,"
+     "  reason TEXT NOT NULL,"
+     "  PRIMARY KEY (model_id, device_kind)"
+     ");"),
 };
 
 _Static_assert(sizeof(sqlite_migrations) / sizeof(sqlite_migrations[0]) == MDB_SCHEMA_VERSION,

@@ -114,6 +114,9 @@ typedef struct {
     /* The precision the config asks for: "fp32", "tf32", "fp16", "bf16";
      * NULL is "fp32". */
     const char *precision;
+    /* {device kind: why its backend cannot run the model} (the importer's
+     * mdb_model_info not_on); NULL: none. */
+    json_t *not_on;
     double default_slo_ms;
     int max_batch;
     uint64_t param_bytes;
@@ -207,6 +210,10 @@ int mdb_group_profile_get(mdb_t *db, const char *members, const char *device_kin
  * profiles: a model that crashed its workers is marked "failed".
  * SQ_MODEL_NOT_FOUND when there is no such model. */
 int mdb_model_set_status(mdb_t *db, int64_t model_id, const char *status, const char *error);
+/* Records that device kind's backend cannot run the model, and why (a
+ * worker of the kind refused its load): the record's "not_on" says so and
+ * squishd no longer measures or serves it there (not_on.c). */
+int mdb_model_set_not_on(mdb_t *db, int64_t model_id, const char *device_kind, const char *reason);
 /* Unloads (1) or loads (0) every version of name: an unloaded version is
  * kept, with its profiles, but served by no worker (records say
  * "unloaded": true). *versions (may be NULL) counts them;

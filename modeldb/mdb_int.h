@@ -135,4 +135,9 @@ int mdb_exec(mdb_t *db, const char *sql);
  * the start when PostgreSQL aborted it for a concurrent writer. */
 int mdb_write(mdb_t *db, int (*body)(mdb_t *db, void *arg), void *arg);
 
+/* not_on.c: a model's device kinds that cannot run it, {kind: reason}
+ * (a new reference); and those of an upload stored (in its transaction). */
+json_t *mdb__not_on_json(mdb_t *db, int64_t id);
+int mdb__not_on_insert(mdb_t *db, int64_t id, json_t *not_on);
+
 #endif

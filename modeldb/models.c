@@ -310,7 +310,9 @@ static int model_insert_tx(mdb_t *db, void *arg)
         return step < 0 ? step : SQ_DB;
     ins->id = mdb_q_int64_at(q, 0);
     mdb_q_reset(q);
-    int rc = 0;
+    int rc = mdb__not_on_insert(db, ins->id, m->not_on);
+    if (rc != 0)
+        return rc;
     if (m->onnx != NULL && m->onnx_len > 0) {
         /* The file in a row of its own (migration 7): a record's reads
          * never walk it. Borrowed, not copied: sent (PostgreSQL) or
@@ -491,6 +493,7 @@ static void finish_record_keep_id(mdb_t *db, json_t *r)
     int64_t id = json_integer_value(json_object_get(r, "id"));
     json_object_set_new(r, "profiles", profiles_json(db, id));
     precision_devices(db, id, json_object_get(r, "precision"));
+    json_object_set_new(r, "not_on", mdb__not_on_json(db, id));
     json_object_set_new(r, "prefix_group", prefix_group_json(db, id));
 }
 

@@ -72,9 +72,10 @@ Test(mdb, open_creates_the_schema)
         sqlite3_finalize(st);
         sqlite3_close(raw);
     }
-    const char *tables[] = {"models",     "model_nodes",       "profiles",       "plans",
-                            "placements", "prefix_groups",     "prefix_members", "group_profiles",
-                            "pipelines",  "profile_precision", "model_files",    "schema_version"};
+    const char *tables[] = {
+        "models",        "model_nodes",    "profiles",       "plans",     "placements",
+        "prefix_groups", "prefix_members", "group_profiles", "pipelines", "profile_precision",
+        "model_files",   "model_not_on",   "schema_version"};
     for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]); i++) {
         char sql[128], err[512];
         snprintf(sql, sizeof(sql), "SELECT count(*) FROM %s", tables[i]);

@@ -39,11 +39,11 @@ static const char *undo_model_files(void)
     return t.pg ? "ALTER TABLE models ADD COLUMN onnx BYTEA;"
                   "UPDATE models SET onnx = (SELECT onnx FROM model_files f "
                   "WHERE f.model_id = models.id);"
-                  "DROP TABLE model_files;"
+                  "DROP TABLE model_files; DROP TABLE model_not_on;"
                 : "ALTER TABLE models ADD COLUMN onnx BLOB;"
                   "UPDATE models SET onnx = (SELECT onnx FROM model_files f "
                   "WHERE f.model_id = models.id);"
-                  "DROP TABLE model_files;";
+                  "DROP TABLE model_files; DROP TABLE model_not_on;";
 }
 
 TestSuite(plans, .init = setup, .fini = teardown);
@@ -782,6 +782,74 @@ Test(model_ids, a_migrated_database_keeps_every_model_file)
     cr_assert_eq(mdb_model_blob(db, id, &back, &back_len), SQ_MODEL_NOT_FOUND);
     cr_assert_eq(test_db_exec(&t, "SELECT 1 FROM model_files", err, sizeof(err)), 0, "%s", err);
     free(file);
+}
+
+/* The device kinds that cannot run a model: given at upload, added when a
+ * worker refuses its load (the reason replaced for a kind said twice), in
+ * every record read, and gone with the model. */
+Test(model_ids, a_models_not_on_kinds_are_stored_with_their_reasons)
+{
+    json_t *input =
+        json_pack("{s:s, s:s, s:[i,i,i,i]}", "name", "x", "datatype", "FP32", "shape", -1, 3, 4, 4);
+    json_t *outputs =
+        json_pack("[{s:s, s:s, s:[i,i]}]", "name", "y", "datatype", "FP32", "shape", -1, 3);
+    json_t *pre = json_object(), *labels = json_array(), *config = json_object();
+    json_t *not_on = json_pack("{s:s}", "cuda", "Conv node 'c1': convolution with asymmetric pads");
+    uint8_t file[16] = {1, 2, 3};
+    mdb_new_model_t m = {.name = "pads",
+                         .version = 1,
+                         .format = "onnx",
+                         .onnx = file,
+                         .onnx_len = sizeof(file),
+                         .sha256 = "ab",
+                         .input = input,
+                         .outputs = outputs,
+                         .preprocess = pre,
+                         .labels = labels,
+                         .config = config,
+                         .not_on = not_on,
+                         .default_slo_ms = 100,
+                         .max_batch = 4,
+                         .status = "profiling"};
+    int64_t id = 0;
+    cr_assert_eq(mdb_model_insert(db, &m, &id), 0, "%s", mdb_errmsg(db));
+    json_t *r;
+    cr_assert_eq(mdb_model_version_get(db, "pads", 1, &r), 0, "%s", mdb_errmsg(db));
+    cr_assert(json_equal(json_object_get(r, "not_on"), not_on), "the upload's not_on comes back");
+    json_decref(r);
+    cr_assert_eq(mdb_model_set_not_on(db, id, "cuda", "cuda worker 1 refused the load: x"), 0, "%s",
+                 mdb_errmsg(db));
+    cr_assert_eq(mdb_model_set_not_on(db, id, "emu", "emu runs emulated models only"), 0, "%s",
+                 mdb_errmsg(db));
+    cr_assert_eq(mdb_model_records(db, id, &r), 0, "%s", mdb_errmsg(db));
+    json_t *got = json_object_get(json_array_get(r, 0), "not_on");
+    cr_assert_eq(json_object_size(got), 2);
+    cr_assert_str_eq(json_string_value(json_object_get(got, "cuda")),
+                     "cuda worker 1 refused the load: x");
+    json_decref(r);
+    cr_assert_eq(mdb_model_set_not_on(db, id + 100, "cuda", "x"), SQ_MODEL_NOT_FOUND);
+    int deleted = 0;
+    cr_assert_eq(mdb_model_delete(db, "pads", 0, &deleted), 0, "%s", mdb_errmsg(db));
+    char err[512], out[64];
+    if (t.pg) {
+        test_db_query(&t, "SELECT count(*) FROM model_not_on", out, sizeof(out));
+        cr_assert_str_eq(out, "0", "the rows go with their model");
+    } else {
+        cr_assert_eq(test_db_exec(&t, "SELECT 1 FROM model_not_on", err, sizeof(err)), 0, "%s",
+                     err);
+    }
+    /* A model stored without any has an empty object. */
+    insert_emulated("plain");
+    cr_assert_eq(mdb_model_version_get(db, "plain", 1, &r), 0, "%s", mdb_errmsg(db));
+    cr_assert(json_is_object(json_object_get(r, "not_on")) &&
+              json_object_size(json_object_get(r, "not_on")) == 0);
+    json_decref(r);
+    json_decref(input);
+    json_decref(outputs);
+    json_decref(pre);
+    json_decref(labels);
+    json_decref(config);
+    json_decref(not_on);
 }
 
 /* Several writers (squishd processes sharing one database) store the same
