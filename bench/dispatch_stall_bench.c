@@ -121,7 +121,8 @@ static void run(int threaded, int nmodels, int nslos, int nworkers, int seconds)
     null_link_t link = {.base = {.send = null_send, .send_ref = null_send_ref}};
     srv.transport = &link.base;
     sq_loop_t *evloop = sq_loop_new();
-    gw_dispatch_t *ds = gw_dispatch_new(&srv, evloop);
+    gw_dispatch_deps_t deps = gw_dispatch_deps(&srv, evloop);
+    gw_dispatch_t *ds = gw_dispatch_new(&deps);
     srv.dispatch = ds;
     pl_loop_t *loop = ds_plan_loop(ds);
     ds_model_t **dm = calloc((size_t)nmodels, sizeof(*dm));

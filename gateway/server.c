@@ -88,6 +88,35 @@ static void raise_fd_limit(const gw_config_t *cfg)
                 (unsigned long long)rl.rlim_cur, cfg->max_connections);
 }
 
+gw_dispatch_deps_t gw_dispatch_deps(gw_server_t *srv, sq_loop_t *loop)
+{
+    const gw_config_t *cfg = srv->cfg;
+    gw_dispatch_deps_t d = {
+        .cfg = {.core = gw_sched_core_opts(cfg),
+                .epoch_ms = cfg->epoch_ms,
+                .epoch_min_interval_ms = cfg->epoch_min_interval_ms,
+                .epoch_scale_up_ms = cfg->epoch_scale_up_ms,
+                .plan_headroom = cfg->plan_headroom,
+                .plan_burst_quantile = cfg->plan_burst_quantile,
+                .plan_thread = cfg->plan_thread,
+                .default_slo_ms = cfg->default_slo_ms,
+                .prefix_batching = cfg->prefix_batching,
+                .model_retries = cfg->model_retries},
+        .srv = srv,
+        .loop = loop,
+        .registry = srv->registry,
+        .pipelines = srv->pipelines,
+        .arena = srv->arena,
+        .metrics = srv->metrics,
+        .db = srv->db,
+        .prep = srv->prep,
+        .transport = &srv->transport,
+    };
+    for (int g = 0; g < cfg->ngroups; g++)
+        d.cfg.configured_devices += cfg->groups[g].count;
+    return d;
+}
+
 int gw_main(const gw_config_t *cfg)
 {
     gw_server_t srv = {.cfg = cfg, .start_wall_s = sq_wall_s(), .metrics = gw_metrics_new()};
@@ -176,12 +205,13 @@ int gw_main(const gw_config_t *cfg)
         rc = SQ_NOMEM;
         goto fail;
     }
-    srv.dispatch = gw_dispatch_new(&srv, srv.dispatch_loop);
+    gw_dispatch_deps_t deps = gw_dispatch_deps(&srv, srv.dispatch_loop);
+    srv.dispatch = gw_dispatch_new(&deps);
     srv.sched = gw_dispatch_sched(srv.dispatch);
     if ((rc = gw_workers_start(&srv, srv.dispatch_loop, &gw_dispatch_events, srv.dispatch, err,
                                sizeof(err))) != 0)
         goto fail;
-    gw_dispatch_resume_profiling(&srv);
+    gw_dispatch_resume_profiling(srv.dispatch);
     if (srv.http != NULL) /* a standby that came to lead: same listener */
         gw_http_set_app(&srv, &gw_http_app);
     else if ((rc = gw_http_start(&srv, &gw_http_app, err, sizeof(err))) != 0)

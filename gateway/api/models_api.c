@@ -385,6 +385,13 @@ static void upload_onnx(mdb_t *db, model_job_t *j)
         json_pack("{s:s, s:s, s:o}", "name", info.input_name, "datatype",
                   oip_datatype(info.input_dtype), "shape", shape_json(&info.input_shape));
     json_t *pre = preprocess_json(cfg);
+    /* The device kinds whose backends cannot run it, and why: it is
+     * measured and served on the others. */
+    json_t *not_on = json_object();
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
+        if (k != SQ_DEV_EMU && !info.runs_on[k])
+            json_object_set_new(not_on, sq_dev_kind_name((sq_dev_kind_t)k),
+                                json_string(info.not_on[k]));
     config_json = json_loadb((const char *)config->data, config->len, 0, NULL);
     char sha[65];
     mdb_sha256_hex(model->data, model->len, sha);
@@ -401,6 +408,7 @@ static void upload_onnx(mdb_t *db, model_job_t *j)
         .labels = labels,
         .config = config_json,
         .precision = sq_precision_name(cfg->precision),
+        .not_on = not_on,
         .default_slo_ms = cfg->default_slo_ms,
         .max_batch = g->batch_fixed > 0 ? (int)g->batch_fixed
                      : cfg->max_batch   ? cfg->max_batch
@@ -414,6 +422,7 @@ static void upload_onnx(mdb_t *db, model_job_t *j)
     json_decref(input);
     json_decref(outputs);
     json_decref(pre);
+    json_decref(not_on);
 out:
     json_decref(labels);
     json_decref(config_json);
@@ -659,6 +668,42 @@ static void kserve_metadata_job(mdb_t *db, void *arg)
     gw_async_done(&j->base);
 }
 
+/* Why a version being measured cannot take a batch: it waits for its
+ * measurement, or for a worker of a kind that can run it when every kind
+ * up refuses it (the reasons of the kinds that do). */
+static const char *profiling_why(gw_server_t *srv, const char *name, int version, char *buf,
+                                 size_t len)
+{
+    static const char waiting[] = "the model is being profiled; retry shortly";
+    gw_model_t *m = gw_registry_find(srv->registry, name, strlen(name), version);
+    if (m == NULL || m->emulated) {
+        gw_model_unref(m);
+        return waiting;
+    }
+    gw_fleet_t f;
+    gw_sched_fleet(srv->sched, &f);
+    int runnable_up = 0, refused_up = 0;
+    size_t n = (size_t)snprintf(buf, len, "no worker that can run the model is up:");
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
+        if (k == SQ_DEV_EMU || f.up[k] == 0)
+            continue;
+        if (m->not_on[k][0] == '\0') {
+            runnable_up = 1;
+        } else {
+            refused_up = 1;
+            if (n < len)
+                n += (size_t)snprintf(buf + n, len - n, " %s: %s;", sq_dev_kind_name(k),
+                                      m->not_on[k]);
+        }
+    }
+    gw_model_unref(m);
+    if (runnable_up || !refused_up)
+        return waiting;
+    if (n < len && n > 0 && buf[n - 1] == ';')
+        buf[n - 1] = '\0';
+    return buf;
+}
+
 /* Why the version of rec cannot take a batch now, or NULL when it can; a
  * measured version no worker up holds is loaded on the way, so that a
  * client polling readiness before it sends is not kept waiting. */
@@ -671,11 +716,11 @@ static const char *not_ready_why(gw_server_t *srv, const char *name, json_t *rec
                  "the model is unloaded; POST /v2/repository/models/%s/load serves it again", name);
         return buf;
     }
-    if (status == NULL || strcmp(status, "ready") != 0)
-        return status != NULL && strcmp(status, "profiling") == 0
-                   ? "the model is being profiled; retry shortly"
-                   : "the model failed profiling and cannot be served";
     int version = (int)json_integer_value(json_object_get(rec, "version"));
+    if (status != NULL && strcmp(status, "profiling") == 0)
+        return profiling_why(srv, name, version, buf, len);
+    if (status == NULL || strcmp(status, "ready") != 0)
+        return "the model failed profiling and cannot be served";
     gw_model_t *m = gw_registry_find(srv->registry, name, strlen(name), version);
     if (m == NULL)
         return NULL; /* stored, not yet published: the DB's word stands */

@@ -66,6 +66,11 @@ typedef struct gw_model {
     int max_batch;
     uint64_t memory_bytes;
     json_t *labels; /* array of strings; owned */
+    /* Why the backend of device kind k cannot run it ("" when it can, as
+     * far as is known): the importer's rules at upload, or a load on a
+     * worker of that kind refused while it was measured (the record's
+     * "not_on"). Such a kind never measures nor serves it. */
+    char not_on[SQ_DEV_KIND_COUNT][192];
     /* Profiles per device kind; has_profile[k] says whether one is stored. */
     int has_profile[SQ_DEV_KIND_COUNT];
     pl_profile_t profile[SQ_DEV_KIND_COUNT];

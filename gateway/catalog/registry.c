@@ -115,6 +115,14 @@ gw_model_t *gw_model_from_record(json_t *rec)
     m->max_batch = (int)json_integer_value(json_object_get(rec, "max_batch"));
     m->memory_bytes = (uint64_t)json_integer_value(json_object_get(rec, "memory_bytes"));
     m->labels = json_incref(json_object_get(rec, "labels"));
+    const char *kname;
+    json_t *reason;
+    json_object_foreach(json_object_get(rec, "not_on"), kname, reason)
+    {
+        int k = sq_dev_kind_parse(kname);
+        if (k >= 0 && json_is_string(reason))
+            snprintf(m->not_on[k], sizeof(m->not_on[k]), "%s", json_string_value(reason));
+    }
     m->record = json_incref(rec);
     json_t *grp = json_object_get(rec, "prefix_group");
     if (json_is_object(grp)) {

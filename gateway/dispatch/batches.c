@@ -74,13 +74,13 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
         else
             own++;
     }
-    int64_t out_off = own > 0 ? sq_shm_alloc(ds->srv->arena, stride * (uint64_t)count) : -1;
+    int64_t out_off = own > 0 ? sq_shm_alloc(ds->arena, stride * (uint64_t)count) : -1;
     int no_data = w != NULL && held > 0 && w->data_addr[0] == '\0';
     if (w == NULL || !w->up || (own > 0 && out_off < 0) || no_data) {
         /* Never sent: the worker is free again and the items fail (no room in
          * the arena means squishd is overloaded). */
         if (out_off >= 0)
-            sq_shm_release(ds->srv->arena, out_off);
+            sq_shm_release(ds->arena, out_off);
         for (int i = 0; i < count; i++)
             ds_fail_item(ds, items[i],
                          no_data                  ? SQ_NO_WORKER
@@ -101,7 +101,7 @@ static void send_batch(gw_dispatch_t *ds, int worker, int session, uint64_t batc
          * (a plan moving the model): the requests go back to their model. */
         SQ_DEBUG("batch not sent: model=%s not loaded on worker=%d", m->name, w->id);
         if (out_off >= 0)
-            sq_shm_release(ds->srv->arena, out_off);
+            sq_shm_release(ds->arena, out_off);
         for (int i = 0; i < count; i++) {
             ds_handle_release(ds, items[i]); /* the core let go of it: it enters anew */
             ds_cmd_resubmit(ds, items[i]);
@@ -237,7 +237,7 @@ static void act_drop(gw_dispatch_t *ds, const act_copy_t *a)
                       : a->reason == SQ_WORKER_LOST ? "worker lost and no time left to retry"
                       : a->reason == SQ_NO_WORKER   ? "no worker held the model before the deadline"
                                                     : "dropped";
-    gw_metrics_drop(ds->srv->metrics, it->ask.model, a->reason);
+    gw_metrics_drop(ds->metrics, it->ask.model, a->reason);
     ds_fail_item(ds, it, a->reason, why);
 }
 
@@ -420,7 +420,7 @@ int ds_withdrawn(gw_dispatch_t *ds, gw_item_t *it)
     if (why == 0)
         return 0;
     int gone = why == GW_ABANDONED_GONE;
-    gw_metrics_withdrawn(ds->srv->metrics, it->ask.model, gone ? "client_gone" : "request_failed");
+    gw_metrics_withdrawn(ds->metrics, it->ask.model, gone ? "client_gone" : "request_failed");
     ds_fail_item(ds, it, SQ_DEADLINE,
                  gone ? "withdrawn: its client went away"
                       : "withdrawn: another item of its request failed");
@@ -585,7 +585,7 @@ void ds_live_set(gw_dispatch_t *ds, ds_model_t *dm, int kind, double scale)
         dm->live_kind = kind;
     }
     live_publish(ds, dm);
-    gw_metrics_profile_scale(ds->srv->metrics, dm->m, kind, scale);
+    gw_metrics_profile_scale(ds->metrics, dm->m, kind, scale);
     int64_t now = sq_now_us();
     for (int s = 0; s < ds->batch.nsessions; s++)
         if (ds->batch.sessions[s].model == dm)
@@ -598,7 +598,7 @@ void ds_live_set(gw_dispatch_t *ds, ds_model_t *dm, int kind, double scale)
 int gw_dispatch_least(gw_sched_t *s, const gw_model_t *m, int kind, int n, gw_least_t *out)
 {
     gw_dispatch_t *ds = (gw_dispatch_t *)s;
-    pl_dispatch_opts_t o = ds_core_opts(ds->srv);
+    pl_dispatch_opts_t o = ds->cfg.core;
     const pl_profile_t *p = NULL;
     pthread_mutex_lock(&ds->batch.live_lock);
     for (int i = 0; i < ds->batch.nlive_pub; i++)
@@ -671,10 +671,10 @@ void ds_on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f)
     w->inflight = NULL;
     int64_t t = sq_now_us();
     ds_plan_busy(ds, w->id, t - b->sent_us);
-    gw_metrics_batch(ds->srv->metrics, b->items[0]->ask.model, w->id, w->device, b->count,
+    gw_metrics_batch(ds->metrics, b->items[0]->ask.model, w->id, w->device, b->count,
                      t - b->sent_us, &done);
     pl_dispatch_batch_done(ds->batch.core, t, w->id, b->id);
-    const uint8_t *base = sq_shm_arena_base(ds->srv->arena);
+    const uint8_t *base = sq_shm_arena_base(ds->arena);
     /* Where the worker's run falls on this clock (gw_item_t.exec_*_us). */
     int64_t round_us = t - b->sent_us, worker_us = (int64_t)(done.total_ns / 1000);
     int64_t exec_end_us = t - (round_us > worker_us ? (round_us - worker_us) / 2 : 0);
@@ -709,7 +709,7 @@ void ds_on_batch_done(gw_dispatch_t *ds, ds_worker_t *w, const sq_frame_t *f)
         live_sample(ds, ran, b->count, (double)done.exec_ns / 1000.0);
     }
     if (b->out_off >= 0)
-        sq_shm_release(ds->srv->arena, b->out_off);
+        sq_shm_release(ds->arena, b->out_off);
     free(b->items);
     free(b);
     ds_pump(ds);

@@ -257,9 +257,9 @@ static void resume_one(gw_model_t *m, void *arg)
         gw_dispatch_profile(arg, m->key);
 }
 
-void gw_dispatch_resume_profiling(gw_server_t *srv)
+void gw_dispatch_resume_profiling(gw_dispatch_t *ds)
 {
-    gw_registry_foreach(srv->registry, resume_one, srv);
+    gw_registry_foreach(ds->registry, resume_one, ds->srv);
 }
 
 static void model_free(gw_dispatch_t *ds, ds_model_t *dm)
@@ -342,11 +342,11 @@ typedef struct {
  * nothing holds or loads it yet. */
 static void warm_key(gw_dispatch_t *ds, int64_t key)
 {
-    gw_model_t *m = gw_registry_get(ds->srv->registry, key);
+    gw_model_t *m = gw_registry_get(ds->registry, key);
     if (m == NULL)
         return;
     ds_model_t *dm = strcmp(m->status, "ready") == 0 ? ds_model_get(ds, m) : NULL;
-    double slo = m->default_slo_ms > 0 ? m->default_slo_ms : ds->srv->cfg->default_slo_ms;
+    double slo = m->default_slo_ms > 0 ? m->default_slo_ms : ds->cfg.default_slo_ms;
     if (!(slo > 0))
         slo = PL_LOOP_BEST_EFFORT_MS; /* what its best-effort requests are planned at */
     gw_model_unref(m);
@@ -400,9 +400,9 @@ static void warm_all(gw_dispatch_t *ds)
     if (ds->aborted || ds_plan_restoring(ds))
         return;
     key_list_t k = {0};
-    gw_registry_foreach(ds->srv->registry, collect_ready, &k);
+    gw_registry_foreach(ds->registry, collect_ready, &k);
     for (int i = 0; i < k.n; i++) {
-        gw_model_t *m = gw_registry_get(ds->srv->registry, k.keys[i]);
+        gw_model_t *m = gw_registry_get(ds->registry, k.keys[i]);
         int kind = m != NULL ? ds_kind_of_model(ds, m) : -1;
         if (kind < 0 || ds->pub.fleet.up[kind] == 0) {
             gw_model_unref(m);
@@ -482,17 +482,24 @@ static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
     ds->tick = sq_loop_timer_at(loop, sq_now_ns() + (int64_t)TICK_MS * 1000000, on_tick, ds);
 }
 
-gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop)
+gw_dispatch_t *gw_dispatch_new(const gw_dispatch_deps_t *deps)
 {
     gw_dispatch_t *ds = sq_xcalloc(1, sizeof(*ds));
     ds->sched.ops = &ds_sched_ops;
-    ds->srv = srv;
+    ds->srv = deps->srv;
+    ds->cfg = deps->cfg;
+    ds->registry = deps->registry;
+    ds->pipelines = deps->pipelines;
+    ds->arena = deps->arena;
+    ds->metrics = deps->metrics;
+    ds->db = deps->db;
+    ds->prep = deps->prep;
+    ds->transport = deps->transport;
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
         ds->pub.fleet.back_at_us[k] = INT64_MAX;
     ds->drain = ds_commands_on_post;
-    ds->loop = loop;
-    pl_dispatch_opts_t opts = ds_core_opts(srv);
-    ds->batch.core = pl_dispatch_new(&opts);
+    sq_loop_t *loop = ds->loop = deps->loop;
+    ds->batch.core = pl_dispatch_new(&ds->cfg.core);
     ds->place.plan = ds_plan_new(ds);
     ds->place.group_epoch = 1;
     pthread_mutex_init(&ds->pub.ready_lock, NULL);

@@ -69,7 +69,7 @@ void ds_plan_sync_pipelines(gw_dispatch_t *ds)
     if (p->npipes == 0)
         return;
     int np = 0;
-    gw_pipeline_t **live = gw_pipes_all(ds->srv->pipelines, &np);
+    gw_pipeline_t **live = gw_pipes_all(ds->pipelines, &np);
     for (int i = p->npipes - 1; i >= 0; i--) {
         int found = 0;
         for (int k = 0; k < np && !found; k++)

@@ -24,7 +24,7 @@ void gw_dispatch_model_changed(gw_server_t *srv, int64_t key);
 void gw_dispatch_profile(gw_server_t *srv, int64_t key);
 /* After the dispatcher started: profile again the models whose profiling a
  * restart interrupted. */
-void gw_dispatch_resume_profiling(gw_server_t *srv);
+void gw_dispatch_resume_profiling(gw_dispatch_t *ds);
 
 /* GET /v1/plan: the current plan (a new reference), or an empty one. */
 json_t *gw_dispatch_plan_json(gw_server_t *srv);
@@ -67,7 +67,39 @@ int gw_dispatch_profile_progress(gw_server_t *srv, int64_t key, gw_profile_progr
  * The link's events for it (worker up, frame, lost, exited: a crash of its
  * own counts against the model it was loading, measuring or running, see
  * --model-retries; abort: answers everything held, 503 shutting_down). */
-gw_dispatch_t *gw_dispatch_new(gw_server_t *srv, sq_loop_t *loop);
+/* The dispatcher's settings (server.c fills them from gw_config_t). */
+typedef struct {
+    pl_dispatch_opts_t core; /* policy, k_std, eager load, margin, timer slack */
+    int epoch_ms, epoch_min_interval_ms, epoch_scale_up_ms;
+    double plan_headroom, plan_burst_quantile;
+    int plan_thread;        /* plans are computed on the planner thread */
+    int configured_devices; /* the workers the groups ask for, in all */
+    double default_slo_ms;  /* when neither the request nor the model gives one */
+    int prefix_batching;    /* run shared-prefix groups as one */
+    int model_retries;      /* crashes a model may cause before it is failed, less one */
+} gw_dispatch_config_t;
+
+/* What the dispatcher is given: its settings and the handles of the rooms
+ * it works with (server.c wires them). srv is handed on, never read: to
+ * the model DB's jobs (gw_db_post) and the registry's refresh. */
+typedef struct {
+    gw_dispatch_config_t cfg;
+    gw_server_t *srv;
+    sq_loop_t *loop; /* the dispatch thread's */
+    gw_registry_t *registry;
+    gw_pipes_t *pipelines;
+    sq_shm_arena_t *arena;
+    gw_metrics_t *metrics;
+    gw_db_t *db;
+    gw_prep_pool_t *prep;
+    /* The workers' link, once started (gw_workers_start fills the slot). */
+    gw_transport_t *const *transport;
+} gw_dispatch_deps_t;
+
+/* The dispatcher's settings and handles from srv's (server.c, which
+ * wires the rooms; tests build theirs the same way). */
+gw_dispatch_deps_t gw_dispatch_deps(gw_server_t *srv, sq_loop_t *loop);
+gw_dispatch_t *gw_dispatch_new(const gw_dispatch_deps_t *deps);
 void gw_dispatch_free(gw_dispatch_t *ds);
 /* The dispatcher as this process's scheduler (gw_sched_t: items
  * submitted to it, readiness, held models, the least latency on the live

@@ -95,6 +95,10 @@ typedef struct ds_model {
     sq_bytes_t *blob; /* the file; connections sending it hold references */
     size_t blob_len;
     int profile_pending; /* wants a profile on a cpu/cuda worker */
+    /* Device kinds whose workers refused to load it while it was measured
+     * (bit k: kind k), until its entry says so (gw_model_t.not_on): it is
+     * measured on the next kind instead. */
+    unsigned refused_kinds;
     /* Its very file is being measured as another model (an older upload
      * still profiling): it takes that profile when it is stored, rather
      * than being measured a second time (ds_twin_measuring). */
@@ -289,7 +293,15 @@ typedef struct {
  * part's own, and the top's (the tick, model control's waits). */
 struct gw_dispatch {
     gw_sched_t sched; /* first: the scheduling interface (gw_dispatch_sched) */
-    gw_server_t *srv;
+    gw_server_t *srv; /* handed on to the model DB's jobs, never read (gw_dispatch_deps_t) */
+    gw_dispatch_config_t cfg;
+    gw_registry_t *registry;
+    gw_pipes_t *pipelines;
+    sq_shm_arena_t *arena;
+    gw_metrics_t *metrics;
+    gw_db_t *db;
+    gw_prep_pool_t *prep;
+    gw_transport_t *const *transport;
     int aborted;
     atomic_int withdraw_posted; /* a gw_sched_withdraw look is on its way */
     sq_loop_t *loop;
@@ -358,7 +370,6 @@ ds_model_t *ds_model_get(gw_dispatch_t *ds, gw_model_t *m);
 int ds_kind_of_model(const gw_dispatch_t *ds, const gw_model_t *m);
 /* The dispatcher core's options from the configuration (--policy, --k_std,
  * --dispatch_margin_us, ...): what it plans every batch with. */
-pl_dispatch_opts_t ds_core_opts(const gw_server_t *srv);
 /* Workers that hold dm and serve (returned), and *loading that load it. */
 int ds_loaded_anywhere(gw_dispatch_t *ds, ds_model_t *dm, int *loading);
 /* A generation-checked id for it (also in it->core_id); the item it names,

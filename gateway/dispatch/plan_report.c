@@ -123,7 +123,7 @@ static report_t *report_take(gw_dispatch_t *ds, const char *reason, int moved)
     ds_plan_state_t *p = ds->place.plan;
     report_t *r = sq_xcalloc(1, sizeof(*r));
     r->p = p;
-    r->metrics = ds->srv->metrics;
+    r->metrics = ds->metrics;
     r->epoch = p->epoch;
     r->restored_from = p->restored_from;
     snprintf(r->reason, sizeof(r->reason), "%s", reason);
@@ -461,7 +461,7 @@ json_t *gw_dispatch_plan_json(gw_server_t *srv)
 void ds_plan_publish(gw_dispatch_t *ds, const char *reason, int moved)
 {
     report_t *r = report_take(ds, reason, moved);
-    if (ds->srv->db != NULL)
+    if (ds->db != NULL)
         gw_db_post(ds->srv, report_job, r);
     else /* a dispatcher without storage (unit tests, benches) */
         report_job(NULL, r);

@@ -34,7 +34,7 @@ static int restore_ready(gw_dispatch_t *ds, int64_t now);
 ds_plan_state_t *ds_plan_new(gw_dispatch_t *ds)
 {
     ds_plan_state_t *p = sq_xcalloc(1, sizeof(*p));
-    const gw_config_t *cfg = ds->srv->cfg;
+    const gw_dispatch_config_t *cfg = &ds->cfg;
     pl_loop_config_t lc;
     pl_loop_config_default(&lc);
     lc.epoch.period_ms = cfg->epoch_ms;
@@ -42,16 +42,16 @@ ds_plan_state_t *ds_plan_new(gw_dispatch_t *ds)
     lc.scale_up_ms = cfg->epoch_scale_up_ms;
     lc.headroom = cfg->plan_headroom;
     lc.burst_quantile = cfg->plan_burst_quantile;
-    lc.k_std = cfg->k_std;
+    lc.k_std = cfg->core.k_std;
     lc.overflow = 1;
     lc.nkinds = SQ_DEV_KIND_COUNT;
     lc.slo_bucket_ms = gw_slo_bucket_ms;
     p->window_start_us = sq_now_us();
     p->loop = pl_loop_new(&lc, p->window_start_us);
     json_t *plan, *rows;
-    p->epoch = gw_db_last_plan(ds->srv->db, &plan, &rows);
+    p->epoch = gw_db_last_plan(ds->db, &plan, &rows);
     pthread_mutex_init(&p->lock, NULL);
-    restore_take(p, ds->srv->registry, plan, rows);
+    restore_take(p, ds->registry, plan, rows);
     if (cfg->plan_thread)
         ds_plan_thread_start(p);
     return p;
@@ -119,16 +119,15 @@ void ds_plan_busy(gw_dispatch_t *ds, int worker, int64_t busy_us)
 static int resplit_pipelines(gw_dispatch_t *ds, int64_t now_us, int force)
 {
     int changed = 0;
-    gw_server_t *srv = ds->srv;
     int n = 0;
-    gw_pipeline_t **all = gw_pipes_all(srv->pipelines, &n);
+    gw_pipeline_t **all = gw_pipes_all(ds->pipelines, &n);
     /* Of a stage's budget, its batches get what the dispatch margin and
      * the decode (or a crop's cut, cheaper) before them leave: a budget
      * the DP finds cheapest on paper but that holds no batch live would
      * drop every query. */
-    double overhead_us = (double)srv->cfg->dispatch_margin_us;
-    if (n > 0 && srv->prep != NULL)
-        overhead_us += gw_prep_pool_decode_us(srv->prep);
+    double overhead_us = (double)ds->cfg.core.net_delay_us;
+    if (n > 0 && ds->prep != NULL)
+        overhead_us += gw_prep_pool_decode_us(ds->prep);
     for (int i = 0; i < n; i++) {
         gw_pipeline_t *pl = all[i];
         if (force || gw_pipeline_resplit_due(pl, now_us, PIPELINE_RESPLIT_US)) {
@@ -136,12 +135,12 @@ static int resplit_pipelines(gw_dispatch_t *ds, int64_t now_us, int force)
             const pl_profile_t *prof[GW_PIPE_MAX_STAGES] = {0};
             for (int s = 0; s < pl->nstages; s++) {
                 const gw_stage_spec_t *st = &pl->stages[s];
-                m[s] = gw_registry_find(srv->registry, st->model, strlen(st->model), st->version);
+                m[s] = gw_registry_find(ds->registry, st->model, strlen(st->model), st->version);
                 int kind = m[s] != NULL ? ds_kind_of_model(ds, m[s]) : -1;
                 if (kind >= 0 && m[s]->has_profile[kind])
                     prof[s] = &m[s]->profile[kind];
             }
-            if (gw_pipeline_resplit(pl, prof, srv->cfg->k_std, PIPELINE_EPSILON_MS,
+            if (gw_pipeline_resplit(pl, prof, ds->cfg.core.k_std, PIPELINE_EPSILON_MS,
                                     overhead_us / 1000.0, now_us)) {
                 changed = 1;
                 json_t *j = gw_pipeline_json(pl);
@@ -303,8 +302,7 @@ static int restore_ready(gw_dispatch_t *ds, int64_t now)
         up += ds->workers[i] != NULL && ds->workers[i]->up;
     if (up == 0)
         return 0;
-    for (int g = 0; g < ds->srv->cfg->ngroups; g++)
-        configured += ds->srv->cfg->groups[g].count;
+    configured = ds->cfg.configured_devices;
     if (p->restore_first_up_us == 0)
         p->restore_first_up_us = now;
     if (now - p->restore_first_up_us >= RESTORE_WAIT_US)
@@ -321,7 +319,7 @@ static int restore_ready(gw_dispatch_t *ds, int64_t now)
  * model is gone, not ready, or served by another kind now. */
 static ds_model_t *restore_session(gw_dispatch_t *ds, const ds_plan_restore_t *row)
 {
-    gw_model_t *m = gw_registry_get(ds->srv->registry, row->key);
+    gw_model_t *m = gw_registry_get(ds->registry, row->key);
     if (m == NULL)
         return NULL;
     int ok = strcmp(m->status, "ready") == 0 && m->has_profile[row->kind] &&
@@ -352,7 +350,7 @@ static int restore_all(gw_dispatch_t *ds)
     p->restore = NULL;
     p->nrestore = 0;
     int done = 0;
-    double headroom = ds->srv->cfg->plan_headroom;
+    double headroom = ds->cfg.plan_headroom;
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
         /* The sessions at no rate, then each at the sum of its rows'. */
         int nsess = 0;
@@ -399,7 +397,7 @@ static int restore_all(gw_dispatch_t *ds)
             *a = (pl_alloc_t){.session_id = pl_loop_session(p->loop, dm->key, row->slo_ms, 0),
                               .model = (int)dm->key,
                               .batch = row->batch,
-                              .latency_us = pl_latency_us(prof, row->batch, ds->srv->cfg->k_std),
+                              .latency_us = pl_latency_us(prof, row->batch, ds->cfg.core.k_std),
                               .rate_rps = row->rate_rps};
             dev->occupancy += a->latency_us / dev->duty_cycle_us;
             placed++;

@@ -156,7 +156,7 @@ static ds_model_t *group_form(gw_dispatch_t *ds, const gw_model_t *m, int kind)
             return ds_group_member_index(g, m) >= 0 ? g : NULL;
     }
     group_scan_t scan = {.gid = m->group_id, .kind = kind, .like = m};
-    gw_registry_foreach(ds->srv->registry, group_scan_one, &scan);
+    gw_registry_foreach(ds->registry, group_scan_one, &scan);
     int have_m = 0;
     for (int i = 0; i < scan.n; i++)
         have_m |= scan.found[i]->key == m->key;
@@ -253,7 +253,7 @@ gw_model_t *ds_twin_find(gw_dispatch_t *ds, const gw_model_t *m)
     twin_scan_t scan = {.like = m};
     if (m->emulated)
         return NULL;
-    gw_registry_foreach(ds->srv->registry, twin_scan_one, &scan);
+    gw_registry_foreach(ds->registry, twin_scan_one, &scan);
     if (scan.oldest != NULL && scan.oldest->key > m->key) {
         gw_model_unref(scan.oldest);
         scan.oldest = NULL;
@@ -282,7 +282,7 @@ int64_t ds_twin_measuring(gw_dispatch_t *ds, const gw_model_t *m)
     measuring_scan_t scan = {.like = m};
     if (m->emulated)
         return 0;
-    gw_registry_foreach(ds->srv->registry, measuring_scan_one, &scan);
+    gw_registry_foreach(ds->registry, measuring_scan_one, &scan);
     return scan.key;
 }
 
@@ -307,7 +307,7 @@ ds_model_t *ds_twin_of(gw_dispatch_t *ds, ds_model_t *dm)
 ds_model_t *ds_group_of(gw_dispatch_t *ds, ds_model_t *dm)
 {
     const gw_model_t *m = dm->m;
-    if (!ds->srv->cfg->prefix_batching || m->group_id <= 0 || m->emulated || dm->is_group)
+    if (!ds->cfg.prefix_batching || m->group_id <= 0 || m->emulated || dm->is_group)
         return NULL;
     if (dm->group != NULL && (dm->group->removed || dm->group->failed))
         dm->group = NULL;

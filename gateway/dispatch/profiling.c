@@ -139,6 +139,10 @@ void ds_start_profile(gw_dispatch_t *ds, ds_model_t *dm)
     ds_worker_t *pick = NULL;
     for (int pass = 0; pass < 2 && pick == NULL; pass++) {
         int want = pass == 0 ? SQ_DEV_CUDA : SQ_DEV_CPU;
+        /* Not on a kind whose backend cannot run it: the importer's rules
+         * said so at upload, or a worker of that kind refused its load. */
+        if (dm->m->not_on[want][0] != '\0' || (dm->refused_kinds & (1u << want)))
+            continue;
         for (int i = 0; i < ds->nworkers && pick == NULL; i++) {
             ds_worker_t *w = ds->workers[i];
             if (w != NULL && w->up && !w->profiling && w->kind == want)

@@ -73,7 +73,7 @@ void ds_publish_ready(gw_dispatch_t *ds)
 {
     ready_scan_t x = {.ds = ds};
     /* Read first: a change during the scan makes the next ask wait. */
-    unsigned long gen = gw_registry_generation(ds->srv->registry);
+    unsigned long gen = gw_registry_generation(ds->registry);
     if (ds_plan_restoring(ds))
         snprintf(x.why, sizeof(x.why),
                  "reapplying the plan stored before the restart: waiting for its workers");
@@ -102,7 +102,7 @@ void ds_publish_ready(gw_dispatch_t *ds)
         }
     }
     if (!x.why[0])
-        gw_registry_foreach(ds->srv->registry, scan_servable, &x);
+        gw_registry_foreach(ds->registry, scan_servable, &x);
     snprintf(ds->pub.ready_why, sizeof(ds->pub.ready_why), "%s", x.why);
     ds->pub.ready_gen = gen;
     pthread_mutex_unlock(&ds->pub.ready_lock);
@@ -115,7 +115,7 @@ int ds_sched_ready(gw_sched_t *s, char *why, size_t len)
     snprintf(why, len, "%s", ds->pub.ready_why);
     /* A model added, measured or deleted since the last look: not ready
      * until the dispatch thread has looked (within a tick, 50 ms). */
-    if (why[0] == '\0' && ds->pub.ready_gen != gw_registry_generation(ds->srv->registry))
+    if (why[0] == '\0' && ds->pub.ready_gen != gw_registry_generation(ds->registry))
         snprintf(why, len, "a model changed since the last check; retry shortly");
     pthread_mutex_unlock(&ds->pub.ready_lock);
     return why[0] == '\0';
@@ -161,7 +161,7 @@ static void await_look(gw_dispatch_t *ds, const ds_await_t *w, gw_await_result_t
     char waiting_why[256] = "";
     memset(r, 0, sizeof(*r));
     for (int i = 0; i < w->n; i++) {
-        gw_model_t *m = gw_registry_get(ds->srv->registry, w->keys[i]);
+        gw_model_t *m = gw_registry_get(ds->registry, w->keys[i]);
         ds_model_t *dm = m != NULL ? ds_model_find(ds, m->key) : NULL;
         const char *failed = NULL;
         char buf[sizeof(m->error) + MDB_NAME_MAX + 64];

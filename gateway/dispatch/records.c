@@ -72,11 +72,6 @@ int ds_sched_serving_kind(gw_sched_t *s, const gw_model_t *m)
     return gw_fleet_serving_kind(&f, m);
 }
 
-pl_dispatch_opts_t ds_core_opts(const gw_server_t *srv)
-{
-    return gw_sched_core_opts(srv->cfg);
-}
-
 ds_model_t *ds_model_get(gw_dispatch_t *ds, gw_model_t *m)
 {
     ds_model_t *dm = ds_model_find(ds, m->key);
@@ -142,7 +137,7 @@ void ds_handle_release(gw_dispatch_t *ds, gw_item_t *it)
 void ds_release_input(gw_dispatch_t *ds, gw_item_t *it)
 {
     if (it->input.in_off >= 0) {
-        sq_shm_release(ds->srv->arena, it->input.in_off);
+        sq_shm_release(ds->arena, it->input.in_off);
         it->input.in_off = -1;
     }
 }
@@ -162,21 +157,21 @@ void ds_fail_item(gw_dispatch_t *ds, gw_item_t *it, int rc, const char *detail)
 int ds_link_send(gw_dispatch_t *ds, int worker, uint16_t type, uint64_t id, const void *payload,
                  uint32_t len, const gw_region_t *regions, int nregions)
 {
-    gw_transport_t *t = ds->srv->transport;
+    gw_transport_t *t = *ds->transport;
     return t != NULL ? t->send(t, worker, type, id, payload, len, regions, nregions) : SQ_NO_WORKER;
 }
 
 int ds_link_send_ref(gw_dispatch_t *ds, int worker, uint16_t type, uint64_t id, sq_bytes_t *bytes,
                      size_t off, uint32_t len)
 {
-    gw_transport_t *t = ds->srv->transport;
+    gw_transport_t *t = *ds->transport;
     return t != NULL ? t->send_ref(t, worker, type, id, bytes, off, len) : SQ_NO_WORKER;
 }
 
 int ds_fe_send(gw_dispatch_t *ds, int fe, uint16_t type, uint64_t id, const void *payload,
                uint32_t len)
 {
-    gw_transport_t *t = ds->srv->transport;
+    gw_transport_t *t = *ds->transport;
     if (t == NULL || t->send_fe == NULL || ds_frontend_at(ds, fe) == NULL)
         return SQ_NO_WORKER;
     int rc = t->send_fe(t, fe, type, id, payload, len);
@@ -258,7 +253,7 @@ int gw_dispatch_profile_progress(gw_server_t *srv, int64_t key, gw_profile_progr
 
 int ds_fail_out_of_service(gw_dispatch_t *ds, gw_item_t *it, int removed)
 {
-    gw_model_t *cur = gw_registry_get(ds->srv->registry, it->ask.model->key);
+    gw_model_t *cur = gw_registry_get(ds->registry, it->ask.model->key);
     int gone = cur == NULL, unloaded = !gone && strcmp(cur->status, "unloaded") == 0;
     gw_model_unref(cur);
     if (gone)

@@ -73,6 +73,63 @@ static void profile_store_job(mdb_t *db, void *arg)
     free(p);
 }
 
+/* ---- a device kind that cannot run a model --------------------------------
+ * The importer's rules say at upload which device kinds' backends run a
+ * model (gw_model_t.not_on); a worker whose backend refuses a load anyway
+ * while the model is measured (its lowering refuses an op, the model does
+ * not fit the device's memory, the device library finds no engine) tells
+ * of a kind that cannot run it: the reason is stored with the model
+ * (mdb_model_set_not_on), and the model is measured on the next kind,
+ * rather than failing while a cpu worker could serve it. */
+
+typedef struct {
+    gw_server_t *srv;
+    int64_t key;
+    char kind[8];
+    char why[192];
+} not_on_job_t;
+
+static void not_on_job(mdb_t *db, void *arg)
+{
+    not_on_job_t *j = arg;
+    int rc = mdb_model_set_not_on(db, j->key, j->kind, j->why);
+    if (rc != 0 && rc != SQ_MODEL_NOT_FOUND)
+        SQ_ERROR("cannot store a device kind that refuses a model key=%lld error=\"%s\"",
+                 (long long)j->key, mdb_errmsg(db));
+    ds_registry_refresh(db, j->srv, j->key);
+    free(j);
+}
+
+/* Whether w's refusal e to load dm, which w was to measure, is its kind's
+ * backend refusing the model while another kind may run it; if so, the
+ * kind is marked (dm->refused_kinds, and in the model DB). */
+static int refused_here(gw_dispatch_t *ds, ds_model_t *dm, const ds_worker_t *w,
+                        const sq_ipc_error_t *e)
+{
+    if (e->code != SQ_UNSUPPORTED_MODEL && e->code != SQ_NOMEM && e->code != SQ_DEVICE)
+        return 0;
+    int other = 0;
+    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
+        other |= k != w->kind && k != SQ_DEV_EMU && dm->m->not_on[k][0] == '\0' &&
+                 !(dm->refused_kinds & (1u << k));
+    if (!other)
+        return 0;
+    dm->refused_kinds |= 1u << w->kind;
+    SQ_WARN("model measured on another device kind model=%s version=%d refused_by=%s "
+            "reason=\"%s\"",
+            dm->m->name, dm->m->version, sq_dev_kind_name(w->kind), e->message);
+    if (ds->db == NULL)
+        return 1; /* a dispatcher without storage (unit tests, benches) */
+    not_on_job_t *j = sq_xcalloc(1, sizeof(*j));
+    j->srv = ds->srv;
+    j->key = dm->key;
+    snprintf(j->kind, sizeof(j->kind), "%s", sq_dev_kind_name(w->kind));
+    snprintf(j->why, sizeof(j->why), "%s worker %d refused the load: %s", j->kind, w->id,
+             e->message);
+    gw_db_post(ds->srv, not_on_job, j);
+    return 1;
+}
+
 /* ---- models that crash their workers -------------------------------------
  * A worker process that dies of a signal of its own (SIGSEGV, SIGABRT,
  * SIGBUS, SIGFPE, SIGILL...) while it loads, measures or runs a model
@@ -175,12 +232,12 @@ static void worker_exited(gw_dispatch_t *ds, int worker, int status)
     char why[192];
     snprintf(why, sizeof(why), "its worker (%s) crashed with %s while %s it, %d time%s", w->device,
              sigabbrev(sig), w->suspect_doing, dm->crashes, dm->crashes > 1 ? "s" : "");
-    if (dm->crashes > ds->srv->cfg->model_retries) {
+    if (dm->crashes > ds->cfg.model_retries) {
         poison(ds, dm, why);
     } else {
         SQ_WARN("worker crashed model=%s version=%d doing=%s signal=%s crashes=%d retries=%d",
                 dm->m->name, dm->m->version, w->suspect_doing, sigabbrev(sig), dm->crashes,
-                ds->srv->cfg->model_retries);
+                ds->cfg.model_retries);
     }
     ds_pump(ds);
 }
@@ -263,6 +320,11 @@ static int on_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
                     ds_end_profile(ds, dm, w);
                 dm->failed = 1;
                 ds_group_retire(ds, dm, "the group could not be loaded");
+            } else if (dm->profile_worker == w->id && refused_here(ds, dm, w, &e)) {
+                /* Measured on the next kind instead (ds_start_profile). */
+                ds_end_profile(ds, dm, w);
+                dm->profile_pending = 1;
+                ds_start_profile(ds, dm);
             } else if (dm->profile_worker == w->id) {
                 sq_profile_done_t failed = {.code = e.code};
                 profile_store_t *p = sq_xcalloc(1, sizeof(*p));
@@ -398,8 +460,8 @@ static void worker_up(gw_dispatch_t *ds, int worker, const char *device, uint64_
     pthread_mutex_unlock(&ds->pub.ready_lock);
     pl_dispatch_worker_add(ds->batch.core, sq_now_us(), worker, 0);
     ds_start_profiles(ds);
-    if (ds->srv->cfg->prefix_batching && (w->kind == SQ_DEV_CPU || w->kind == SQ_DEV_CUDA))
-        gw_registry_foreach(ds->srv->registry, collect_grouped, &grouped);
+    if (ds->cfg.prefix_batching && (w->kind == SQ_DEV_CPU || w->kind == SQ_DEV_CUDA))
+        gw_registry_foreach(ds->registry, collect_grouped, &grouped);
     for (int i = 0; i < grouped.n; i++) {
         ds->place.group_epoch++;
         ds_group_of(ds, ds_model_get(ds, grouped.m[i]));
@@ -435,7 +497,7 @@ static void worker_lost(gw_dispatch_t *ds, int worker)
         /* The core puts these requests back in their queues (or drops them
          * if their deadline no longer allows a retry). */
         if (w->inflight->out_off >= 0)
-            sq_shm_release(ds->srv->arena, w->inflight->out_off);
+            sq_shm_release(ds->arena, w->inflight->out_off);
         free(w->inflight->items);
         free(w->inflight);
         w->inflight = NULL;
@@ -512,7 +574,7 @@ static void ev_link(void *ctx, int worker, const char *addr, int64_t rtt_us, dou
      * measures a model) and additions. */
     if (w->up)
         pl_dispatch_worker_net(ds->batch.core, sq_now_us(), worker, rtt_us, bytes_per_us);
-    gw_metrics_worker_link(ds->srv->metrics, worker, w->device, rtt_us, bytes_per_us);
+    gw_metrics_worker_link(ds->metrics, worker, w->device, rtt_us, bytes_per_us);
 }
 
 static void ev_held(void *ctx, int worker, const char (*sha256)[65], int n)

@@ -309,7 +309,8 @@ static inline int gw_sched_least_on(const pl_dispatch_opts_t *o, const pl_profil
 
 static inline int gw_fleet_usable(const gw_fleet_t *f, const gw_model_t *m, int kind, int or_coming)
 {
-    return m->has_profile[kind] && (f->up[kind] > 0 || (or_coming && f->coming[kind] > 0));
+    return m->has_profile[kind] && m->not_on[kind][0] == '\0' &&
+           (f->up[kind] > 0 || (or_coming && f->coming[kind] > 0));
 }
 
 /* The device kind that serves m in fleet f (gw_sched_ops_t.serving_kind). */

@@ -204,6 +204,38 @@ def bad_uploads_get_the_right_status_and_leave_nothing_behind():
 
 
 @test
+def a_model_one_backend_cannot_run_says_why_and_runs_on_the_others():
+    """The importer's rules per device kind: a convolution padded on two
+    edges only runs on the cpu backend, not the cuda one. Its record says
+    which kind cannot run it and why (a cuda worker is never asked to load
+    it), and it is measured and served on a cpu worker."""
+    s = Squishd(workers="cpu:1")
+    try:
+        s.wait_ready(workers=1)
+        r = upload(s, tm.asymmetric_pads(), {"name": "same", "max_batch": 2})
+        assert r.status == 202, r
+        eventually(lambda: s.get("/v2/models/same/ready").status == 200 or None, 60,
+                   "the model measured on the cpu worker")
+        rec = s.get("/models/same", headers=auth(s), schema_name="model").json["versions"][0]
+        assert list(rec["not_on"]) == ["cuda"], rec["not_on"]
+        assert "asymmetric pads" in rec["not_on"]["cuda"], rec["not_on"]
+        assert [p["device_kind"] for p in rec["profiles"]] == ["cpu"], rec["profiles"]
+        x = [0.5] * (3 * 32 * 32)
+        body = {"inputs": [{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32",
+                            "data": x}]}
+        a = s.request("POST", "/v2/models/same/infer", body=json.dumps(body),
+                      headers={"Content-Type": "application/json"})
+        assert a.status == 200 and a.json["outputs"][0]["shape"] == [1, 10], a
+        # A model every backend runs has none.
+        assert upload(s, tm.tiny(), {"name": "plain"}).status == 202
+        rec = s.get("/models/plain", headers=auth(s)).json["versions"][0]
+        assert rec["not_on"] == {}, rec["not_on"]
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+@test
 def emulated_models_carry_their_profile():
     s = Squishd(workers="none")
     try:

@@ -56,6 +56,19 @@ def heavy(seed=7, hw=160):
     return _conv_net(seed, seed, hw=hw)
 
 
+def asymmetric_pads():
+    """The tiny net whose second convolution pads only its bottom and right
+    edges (as TensorFlow's SAME does): the cpu backend runs it, the cuda
+    backend's rules refuse it."""
+    m = onnx.load_from_string(_conv_net(3, 3))
+    for n in m.graph.node:
+        if n.op_type == "Conv" and n.input[0].endswith("_r1"):
+            for a in n.attribute:
+                if a.name == "pads":
+                    a.ints[:] = [0, 0, 1, 1]
+    return m.SerializeToString()
+
+
 def unsupported():
     """Uses an op the worker cannot run (and an odd one in the middle)."""
     return _conv_net(1, 1, extra_op="Round")

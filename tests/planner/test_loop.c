@@ -493,7 +493,8 @@ static void trace_alike(int threaded)
     null_link_t link = {.base = {.send = null_send, .send_ref = null_send_ref}};
     srv.transport = &link.base;
     sq_loop_t *evloop = sq_loop_new();
-    gw_dispatch_t *ds = gw_dispatch_new(&srv, evloop);
+    gw_dispatch_deps_t deps = gw_dispatch_deps(&srv, evloop);
+    gw_dispatch_t *ds = gw_dispatch_new(&deps);
     /* An emu worker coming (the link's word): its models are servable. */
     int coming[SQ_DEV_KIND_COUNT] = {[SQ_DEV_EMU] = 1};
     int64_t back_at[SQ_DEV_KIND_COUNT] = {INT64_MAX, INT64_MAX, INT64_MAX};

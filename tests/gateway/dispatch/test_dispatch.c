@@ -120,8 +120,10 @@ static void rig_init(rig_t *r)
     cr_assert_eq(sq_shm_arena_create(&r->srv.arena, 1 << 20, 4096), 0);
     r->link = (rec_link_t){.base = {.send = rec_send, .send_ref = rec_send_ref}};
     r->srv.transport = &r->link.base;
+    r->srv.registry = gw_registry_new();
     r->loop = sq_loop_new();
-    r->ds = gw_dispatch_new(&r->srv, r->loop);
+    gw_dispatch_deps_t deps = gw_dispatch_deps(&r->srv, r->loop);
+    r->ds = gw_dispatch_new(&deps);
     r->srv.dispatch = r->ds;
     gw_dispatch_events.up(r->ds, 0, "emu:0", 1ull << 30);
     r->m = model_new();
@@ -137,6 +139,7 @@ static void rig_dispose(rig_t *r)
 {
     gw_dispatch_free(r->ds);
     gw_model_unref(r->m);
+    gw_registry_free(r->srv.registry);
     sq_loop_free(r->loop);
     sq_shm_arena_free(r->srv.arena);
     gw_metrics_free(r->srv.metrics);
@@ -246,7 +249,6 @@ Test(dispatch, a_load_that_completes_is_held_before_the_next_tick)
 {
     static rig_t r;
     rig_init(&r);
-    r.srv.registry = gw_registry_new();
     gw_model_ref(r.m); /* the registry takes a reference of its own */
     gw_registry_put(r.srv.registry, r.m);
     ds_load_t *l = ds_load_find(ds_worker_at(r.ds, 0), r.m->key, 0);
@@ -270,7 +272,6 @@ Test(dispatch, a_load_that_completes_is_held_before_the_next_tick)
     cr_assert_not(gw_sched_held(gw_dispatch_sched(r.ds), r.m->key),
                   "its worker lost: held no more");
     rig_dispose(&r);
-    gw_registry_free(r.srv.registry);
 }
 
 /* The least latency admission reports (gw_dispatch_least: "ask for N ms
@@ -318,4 +319,85 @@ Test(dispatch, the_least_latency_admission_reports_is_what_dispatch_plans)
     cr_assert_eq(least.run_us, 0);
     cr_assert_eq(least.margin_us, r.cfg.dispatch_margin_us);
     rig_dispose(&r);
+}
+
+/* An ONNX model (status profiling, no profile) with, when not_on_cuda is
+ * set, the importer's word that the cuda backend cannot run it. */
+static gw_model_t *onnx_model_new(int64_t key, const char *not_on_cuda)
+{
+    json_t *rec = json_pack(
+        "{s:I, s:s, s:i, s:s, s:s, s:s, s:{s:s, s:s, s:[i,i,i,i]}, s:[{s:s, s:s, s:[i,i]}],"
+        " s:f, s:i, s:[], s:{}}",
+        "id", (json_int_t)key, "name", "pads", "version", 1, "sha256", "abcdef0123456789", "format",
+        "onnx", "status", "profiling", "input", "name", "x", "datatype", "FP32", "shape", -1, 3, 4,
+        4, "outputs", "name", "y", "datatype", "FP32", "shape", -1, 3, "default_slo_ms", 100.0,
+        "max_batch", 8, "profiles", "not_on");
+    if (not_on_cuda != NULL)
+        json_object_set_new(json_object_get(rec, "not_on"), "cuda", json_string(not_on_cuda));
+    gw_model_t *m = gw_model_from_record(rec);
+    json_decref(rec);
+    return m;
+}
+
+static ds_model_t *measure(gw_dispatch_t *ds, gw_model_t *m)
+{
+    ds_model_t *dm = ds_model_get(ds, m);
+    static char file[64] = "onnx";
+    dm->blob = sq_bytes_adopt(sq_xmalloc(sizeof(file)), sizeof(file));
+    dm->blob_len = sizeof(file);
+    dm->blob_state = 2;
+    dm->profile_pending = 1;
+    ds_start_profile(ds, dm);
+    return dm;
+}
+
+/* A model whose load a cuda worker refuses while it is to be measured
+ * there (its backend cannot run an op, the device's memory is too small,
+ * no engine) is measured on a cpu worker instead, not marked failed while
+ * a cpu worker could serve it; and a model whose upload said the cuda
+ * backend cannot run it is never sent to a cuda worker. (With no kind
+ * left, a refusal fails the model as before: stored, which this rig,
+ * without a model DB, cannot show.) */
+Test(dispatch, a_model_a_cuda_worker_refuses_is_measured_on_a_cpu_worker)
+{
+    static rig_t r;
+    rig_init(&r);
+    gw_dispatch_events.up(r.ds, 1, "cuda:0", 1ull << 30);
+    gw_dispatch_events.up(r.ds, 2, "cpu:0", 1ull << 30);
+    cr_assert_eq(ds_worker_at(r.ds, 1)->kind, SQ_DEV_CUDA);
+
+    gw_model_t *m = onnx_model_new(7, NULL);
+    ds_model_t *dm = measure(r.ds, m);
+    cr_assert_eq(dm->profile_worker, 1, "measured on the cuda worker first");
+    int sent = r.link.frames[SQ_MSG_MODEL_LOAD];
+    cr_assert_gt(sent, 0, "its load was sent");
+    sq_buf_t b;
+    sq_buf_init(&b);
+    sq_ipc_error_t e = {.code = SQ_UNSUPPORTED_MODEL};
+    snprintf(e.message, sizeof(e.message), "Resize node 'up': mode cubic");
+    sq_ipc_error_encode(&b, &e);
+    sq_frame_t f = {.type = SQ_MSG_MODEL_FAILED,
+                    .id = (uint64_t)m->key,
+                    .payload = b.data,
+                    .len = (uint32_t)b.len};
+    cr_assert_eq(gw_dispatch_events.frame(r.ds, 1, &f), 0);
+    cr_assert_eq(dm->profile_worker, 2, "measured on the cpu worker instead");
+    cr_assert(dm->refused_kinds & (1u << SQ_DEV_CUDA));
+    cr_assert_gt(r.link.frames[SQ_MSG_MODEL_LOAD], sent, "its load went to the cpu worker");
+    cr_assert_not(dm->poisoned);
+    sq_buf_dispose(&b);
+
+    gw_model_t *pads = onnx_model_new(8, "Conv node 'c1': convolution with asymmetric pads");
+    ds_model_t *dp = measure(r.ds, pads);
+    cr_assert_eq(dp->profile_worker, -1,
+                 "the importer's word: it waits for the busy cpu worker, not the idle cuda one");
+    ds_end_profile(r.ds, dm, ds_worker_at(r.ds, 2));
+    cr_assert_eq(dp->profile_worker, 2, "measured on the cpu worker once it is free");
+    gw_fleet_t fl = {.up = {[SQ_DEV_CPU] = 1, [SQ_DEV_CUDA] = 1}};
+    pads->has_profile[SQ_DEV_CUDA] = pads->has_profile[SQ_DEV_CPU] = 1;
+    cr_assert_eq(gw_fleet_serving_kind(&fl, pads), SQ_DEV_CPU, "and never served on cuda");
+    pads->has_profile[SQ_DEV_CUDA] = pads->has_profile[SQ_DEV_CPU] = 0;
+    rig_dispose(&r);
+    gw_model_unref(m);
+    gw_model_unref(pads);
 }
