@@ -371,3 +371,35 @@ dnnl_alg_kind_t wk__cpu_bin_alg(wk_binop_t op)
         return dnnl_alg_kind_undef;
     }
 }
+
+/* Whether oneDNN fell back to its reference (unoptimized) kernel. */
+bool wk__cpu_impl_is_ref(const_dnnl_primitive_desc_t pd)
+{
+    const char *impl = NULL;
+    return dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) != dnnl_success ||
+           impl == NULL || strncmp(impl, "ref", 3) == 0;
+}
+
+/* The plain layout of value v seen with `ndim` dims (leading 1s added). */
+dnnl_memory_desc_t wk__cpu_plain_ranked(const wk_value_t *v, int batch, int ndim)
+{
+    int64_t dims[WK_MAX_DIMS];
+    int n = wk_value_dims_at(v, batch, dims + (ndim - v->ndim));
+    for (int i = 0; i < ndim - n; i++)
+        dims[i] = 1;
+    dnnl_memory_desc_t md;
+    wk__cpu_plain_md(&md, ndim, dims);
+    return md;
+}
+
+/* A plain 2-D or n-D view over a buffer, scaled with the batch through
+ * batch_mult when its first dim is batch * something. */
+int wk__cpu_plain_view(cpu_be_t *be, int id, int ndim, const int64_t *dims_max, bool batched,
+                       int64_t batch_mult)
+{
+    dnnl_memory_desc_t md;
+    wk__cpu_plain_md(&md, ndim, dims_max);
+    int v = wk__cpu_view_buf(be, id, &md, batched);
+    be->bufs[v].batch_mult = batch_mult;
+    return v;
+}

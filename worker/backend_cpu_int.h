@@ -1,8 +1,13 @@
-/* Internals of the cpu backend, in three layers, each calling only those
- * below it: backend_cpu_buf.c (buffers and layouts), backend_cpu_ops.c (one
- * builder per kernel kind, in the table wk__cpu_ops) and backend_cpu.c (the
- * backend's vtable: the two planning phases, running). See backend_cpu.c
- * for the design. */
+/* Internals of the cpu backend, in layers, each calling only those below
+ * it: backend_cpu_buf.c (buffers and layouts); the op builders by concern,
+ * backend_cpu_conv.c (convolutions, pooling; backend_cpu_dwfuse.c on it:
+ * whether a depthwise conv is fused), backend_cpu_elem.c (activations,
+ * binary ops), backend_cpu_matmul.c (Gemm, MatMul), backend_cpu_norm.c
+ * (softmax, reductions, layer norm), backend_cpu_move.c (concat, reshape,
+ * transpose) and backend_cpu_ckern.c (plain C kernels); backend_cpu_ops.c
+ * (their table wk__cpu_ops, one entry per kernel kind); and backend_cpu.c
+ * (the backend's vtable: the two planning phases, running). See
+ * backend_cpu.c for the design. */
 #ifndef BACKEND_CPU_INT_H
 #define BACKEND_CPU_INT_H
 
@@ -181,6 +186,18 @@ void wk__cpu_append_act(dnnl_post_ops_t po, wk_act_t a);
 
 dnnl_alg_kind_t wk__cpu_bin_alg(wk_binop_t op);
 
+/* Whether oneDNN fell back to its reference (unoptimized) kernel for pd. */
+bool wk__cpu_impl_is_ref(const_dnnl_primitive_desc_t pd);
+
+/* The plain layout of value v at batch seen with `ndim` dims (leading 1s
+ * added). */
+dnnl_memory_desc_t wk__cpu_plain_ranked(const wk_value_t *v, int batch, int ndim);
+
+/* A plain 2-D or n-D view over buffer id, scaled with the batch through
+ * batch_mult when its first dim is batch * something. */
+int wk__cpu_plain_view(cpu_be_t *be, int id, int ndim, const int64_t *dims_max, bool batched,
+                       int64_t batch_mult);
+
 /* ---- backend_cpu.c: spinning or sleeping between regions ----------------- */
 
 /* Whether the next run of the list that s belongs to spins (see
@@ -188,21 +205,16 @@ dnnl_alg_kind_t wk__cpu_bin_alg(wk_binop_t op);
 bool wk__cpu_spin_pick(cpu_spin_t *s);
 void wk__cpu_spin_note(cpu_spin_t *s, bool hot, int64_t ns);
 
-/* ---- backend_cpu_ops.c: the op builders ---------------------------------- */
+/* ---- the op builders, by concern ---------------------------------------- */
 
-/* What the backend does for one kernel kind. build runs in both planning
- * phases for step si: phase 1 (at max batch) decides layouts and
- * temporaries, phase 2 creates the primitive for `batch` and queues it.
- * run_c, for kernels done in plain C over plain buffers (Pad, Slice, Erf, Expand; their
- * queued item has no primitive), runs the step; NULL for the others. */
-typedef struct {
-    int (*build)(wk_plan_t *plan, int si, int batch);
-    void (*run_c)(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
-                  const float *src, float *dst);
-} wk_cpu_op_t;
+/* Each runs in both planning phases for step si: phase 1 (at max batch)
+ * decides layouts and temporaries, phase 2 creates the primitive for
+ * `batch` and queues it. Returns 0 or a negative SQ_* code (why in
+ * plan->why). */
 
-/* Indexed by wk_kernel_t, WK_K_COUNT_ entries. */
-extern const wk_cpu_op_t wk__cpu_ops[];
+/* backend_cpu_conv.c: convolutions and pooling */
+int wk__cpu_build_conv(wk_plan_t *plan, int si, int batch);
+int wk__cpu_build_pool(wk_plan_t *plan, int si, int batch);
 
 /* The batch size from which the plan of g would run Winograd convs, so
  * that smaller batches are better off in a plan of their own; 0 when none
@@ -214,8 +226,68 @@ int wk__cpu_split_batch(const wk_graph_t *g);
  * kernels' width). */
 dnnl_format_tag_t wk__cpu_dw_block(void);
 
-/* Whether depthwise conv dw goes into 1x1 conv pw as a post-op (the
- * backend's conv_dw; see backend_cpu_ops.c). */
+/* What backend_cpu_dwfuse.c makes its trial convs with, as the conv
+ * builder makes them: the primitive descriptor of conv s (Winograd or
+ * direct), whether one just made is fast (made, and not oneDNN's
+ * reference kernel), the post-ops of s in order, the tensor between a
+ * fused 1x1 (input x) and its depthwise conv (output y) at batch n, and
+ * whether value v is written by a conv with a fused depthwise conv. */
+dnnl_status_t wk__cpu_conv_pd(dnnl_primitive_desc_t *pd, const wk_step_t *s, bool wino,
+                              const dnnl_memory_desc_t *src, const dnnl_memory_desc_t *wei,
+                              const dnnl_memory_desc_t *bias, const dnnl_memory_desc_t *dst,
+                              const_dnnl_primitive_attr_t attr, dnnl_engine_t engine);
+bool wk__cpu_pd_fast(dnnl_status_t st, const dnnl_primitive_desc_t *p);
+dnnl_status_t wk__cpu_conv_post_ops(dnnl_post_ops_t po, const wk_step_t *s);
+void wk__cpu_dw_mid_md(dnnl_memory_desc_t *md, int64_t n, const wk_value_t *x, const wk_value_t *y);
+bool wk__cpu_written_fused(const wk_graph_t *g, int v);
+
+/* backend_cpu_dwfuse.c: whether depthwise conv dw goes into 1x1 conv pw
+ * as a post-op (the backend's conv_dw), timed both ways. */
 bool wk__cpu_conv_dw(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *dw);
+
+/* backend_cpu_elem.c: activations; binary ops and batchnorm */
+int wk__cpu_build_eltwise(wk_plan_t *plan, int si, int batch);
+int wk__cpu_build_binary(wk_plan_t *plan, int si, int batch);
+
+/* backend_cpu_matmul.c: Gemm and MatMul */
+int wk__cpu_build_gemm(wk_plan_t *plan, int si, int batch);
+int wk__cpu_build_matmul(wk_plan_t *plan, int si, int batch);
+
+/* backend_cpu_norm.c: softmax, ReduceMean, layer normalization */
+int wk__cpu_build_softmax(wk_plan_t *plan, int si, int batch);
+int wk__cpu_build_reduce(wk_plan_t *plan, int si, int batch);
+int wk__cpu_build_layernorm(wk_plan_t *plan, int si, int batch);
+
+/* backend_cpu_move.c: concat, reshape copies, transposes */
+int wk__cpu_build_concat(wk_plan_t *plan, int si, int batch);
+int wk__cpu_build_copy(wk_plan_t *plan, int si, int batch);
+int wk__cpu_build_transpose(wk_plan_t *plan, int si, int batch);
+
+/* backend_cpu_ckern.c: the kernels in plain C over plain buffers. The
+ * builder queues an item without a primitive; the run_c of the kind runs
+ * it, from src (x at batch) into dst (y at batch). */
+int wk__cpu_build_c_kernel(wk_plan_t *plan, int si, int batch);
+void wk__cpu_run_pad(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
+                     const float *src, float *dst);
+void wk__cpu_run_slice(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
+                       const float *src, float *dst);
+void wk__cpu_run_erf(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
+                     const float *src, float *dst);
+void wk__cpu_run_expand(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
+                        const float *src, float *dst);
+
+/* ---- backend_cpu_ops.c: the table of op builders ------------------------- */
+
+/* What the backend does for one kernel kind: build (above) and run_c, for
+ * kernels done in plain C over plain buffers (Pad, Slice, Erf, Expand; their
+ * queued item has no primitive), which runs the step; NULL for the others. */
+typedef struct {
+    int (*build)(wk_plan_t *plan, int si, int batch);
+    void (*run_c)(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
+                  const float *src, float *dst);
+} wk_cpu_op_t;
+
+/* Indexed by wk_kernel_t, WK_K_COUNT_ entries. */
+extern const wk_cpu_op_t wk__cpu_ops[];
 
 #endif

@@ -1,0 +1,168 @@
+/* The cpu backend's kernels in plain C over plain buffers, for what oneDNN
+ * has no primitive for (backend_cpu_int.h): Pad, Slice, Erf and Expand.
+ * Their builder only queues an item without a primitive; the backend runs
+ * the op's run_c for it (wk__cpu_ops). */
+#include "backend_cpu_int.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Pad, Slice, Erf and Expand run as plain C over plain buffers. */
+int wk__cpu_build_c_kernel(wk_plan_t *plan, int si, int batch)
+{
+    cpu_be_t *be = plan->be;
+    const wk_step_t *s = &plan->graph->steps[si];
+    cpu_step_t *cs = &be->steps[si];
+    if (be->phase == 1) {
+        wk__cpu_set_out_plain(plan, s->out);
+        int src = wk__cpu_as_plain(plan, si, batch, s->in[0], &cs->tmp_src);
+        if (src < 0)
+            return src;
+        cs->bias = src;
+        return 0;
+    }
+    if (cs->tmp_src >= 0 && wk__cpu_as_layout(plan, si, batch, s->in[0], NULL, &cs->tmp_src) < 0)
+        return SQ_UNSUPPORTED_MODEL;
+    cpu_item_t it = {.prim = NULL, .step = si};
+    wk__cpu_push_item(be, batch, &it);
+    return 0;
+}
+
+void wk__cpu_run_pad(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
+                     const float *src, float *dst)
+{
+    int64_t xd[WK_MAX_DIMS], yd[WK_MAX_DIMS], idx[WK_MAX_DIMS] = {0}, xs[WK_MAX_DIMS];
+    int n = wk_value_dims_at(x, batch, xd);
+    wk_value_dims_at(y, batch, yd);
+    int64_t acc = 1;
+    for (int i = n - 1; i >= 0; i--) {
+        xs[i] = acc;
+        acc *= xd[i];
+    }
+    int64_t total = wk_value_elems_at(y, batch);
+    for (int64_t o = 0; o < total; o++) {
+        int64_t off = 0;
+        bool outside = false;
+        for (int i = 0; i < n; i++) {
+            int64_t j = idx[i] - s->p.pad.begin[i];
+            if (j < 0 || j >= xd[i]) {
+                if (s->p.pad.mode == WK_PAD_CONSTANT) {
+                    outside = true;
+                    break;
+                }
+                if (s->p.pad.mode == WK_PAD_EDGE) {
+                    j = j < 0 ? 0 : xd[i] - 1;
+                } else {
+                    while (j < 0 || j >= xd[i]) {
+                        if (j < 0)
+                            j = -j;
+                        if (j >= xd[i])
+                            j = 2 * (xd[i] - 1) - j;
+                        if (xd[i] == 1)
+                            j = 0;
+                    }
+                }
+            }
+            off += j * xs[i];
+        }
+        dst[o] = outside ? s->p.pad.value : src[off];
+        for (int i = n - 1; i >= 0; i--) {
+            if (++idx[i] < yd[i])
+                break;
+            idx[i] = 0;
+        }
+    }
+}
+
+void wk__cpu_run_slice(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
+                       const float *src, float *dst)
+{
+    int64_t xd[WK_MAX_DIMS], yd[WK_MAX_DIMS], idx[WK_MAX_DIMS] = {0}, xs[WK_MAX_DIMS];
+    int n = wk_value_dims_at(x, batch, xd);
+    wk_value_dims_at(y, batch, yd);
+    if (n == 0) {
+        dst[0] = src[0];
+        return;
+    }
+    int64_t acc = 1;
+    for (int i = n - 1; i >= 0; i--) {
+        xs[i] = acc;
+        acc *= xd[i];
+    }
+    int64_t rows = wk_value_elems_at(y, batch) / (yd[n - 1] ? yd[n - 1] : 1);
+    int64_t inner = yd[n - 1], step_in = s->p.slice.step[n - 1];
+    if (inner == 0)
+        return;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t off = s->p.slice.start[n - 1] * xs[n - 1];
+        for (int i = 0; i < n - 1; i++)
+            off += (s->p.slice.start[i] + idx[i] * s->p.slice.step[i]) * xs[i];
+        if (step_in == 1) {
+            memcpy(dst, src + off, (size_t)inner * sizeof(float));
+        } else {
+            for (int64_t k = 0; k < inner; k++)
+                dst[k] = src[off + k * step_in];
+        }
+        dst += inner;
+        for (int i = n - 2; i >= 0; i--) {
+            if (++idx[i] < yd[i])
+                break;
+            idx[i] = 0;
+        }
+    }
+}
+
+/* erf(x): oneDNN has no erf eltwise (only gelu_erf, the whole GELU), and
+ * an exported model may use Erf on its own. */
+void wk__cpu_run_erf(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
+                     const float *src, float *dst)
+{
+    (void)s;
+    (void)x;
+    int64_t n = wk_value_elems_at(y, batch);
+    for (int64_t i = 0; i < n; i++)
+        dst[i] = erff(src[i]);
+}
+
+/* Numpy broadcasting of x to y's shape (ViT's class token over the batch):
+ * oneDNN broadcasts only a binary op's second source, so this is a copy by
+ * hand, one innermost row at a time. */
+void wk__cpu_run_expand(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
+                        const float *src, float *dst)
+{
+    (void)s;
+    int64_t xd[WK_MAX_DIMS], yd[WK_MAX_DIMS], xs[WK_MAX_DIMS], idx[WK_MAX_DIMS] = {0};
+    int n = wk_value_dims_at(y, batch, yd), shift = n - x->ndim;
+    wk_value_dims_at(x, batch, xd);
+    int64_t acc = 1;
+    for (int i = n - 1; i >= 0; i--) {
+        int xi = i - shift;
+        int64_t d = xi >= 0 ? xd[xi] : 1;
+        xs[i] = d == 1 ? 0 : acc;
+        acc *= d;
+    }
+    if (n == 0) {
+        dst[0] = src[0];
+        return;
+    }
+    int64_t inner = yd[n - 1];
+    if (inner == 0)
+        return;
+    int64_t rows = wk_value_elems_at(y, batch) / inner;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t off = 0;
+        for (int i = 0; i < n - 1; i++)
+            off += idx[i] * xs[i];
+        for (int64_t k = 0; k < inner; k++)
+            dst[k] = src[off + k * xs[n - 1]];
+        dst += inner;
+        for (int i = n - 2; i >= 0; i--) {
+            if (++idx[i] < yd[i])
+                break;
+            idx[i] = 0;
+        }
+    }
+}
