@@ -73,7 +73,6 @@ struct gw_query {
     size_t body_len;
     uint8_t *body_owned;
     gw_oip_request_t *oip; /* over OIP: the parsed request (its rows are the frames) */
-    void (*api_dispose)(gw_query_t *q);
 };
 
 /* ---- outcome --------------------------------------------------------------- */
@@ -572,8 +571,10 @@ static void query_dispose(gw_async_t *a)
     free(q->frame_w);
     free(q->frame_h);
     free(q->body_owned);
-    if (q->api_dispose != NULL)
-        q->api_dispose(q);
+    if (q->oip != NULL) {
+        gw_oip_request_dispose(q->oip);
+        free(q->oip);
+    }
     pthread_mutex_destroy(&q->mu);
 }
 
@@ -924,14 +925,6 @@ static void query_respond_oip(gw_async_t *a, h2o_req_t *hreq)
                            q->nframes, 1, "data", data));
 }
 
-static void oip_dispose(gw_query_t *q)
-{
-    if (q->oip != NULL) {
-        gw_oip_request_dispose(q->oip);
-        free(q->oip);
-    }
-}
-
 void gw_route_pipeline_infer_v2(gw_call_t *call)
 {
     gw_server_t *srv = call->srv;
@@ -940,7 +933,6 @@ void gw_route_pipeline_infer_v2(gw_call_t *call)
     if (q == NULL)
         return;
     q->base.respond = query_respond_oip;
-    q->api_dispose = oip_dispose;
     char why[512];
     double slo;
     int rc = gw_request_slo_ms(hreq, &slo, why, sizeof(why));
