@@ -9,6 +9,8 @@
  * state (readiness and the workers up per kind, when it changes). */
 #include "batcher_int.h"
 
+#include "gw_codec_fe.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,77 +45,119 @@ static void fail_slot(gw_dispatch_t *ds, int fe, uint64_t slot, int rc, const ch
 
 /* ---- the catalog and the state -------------------------------------------- */
 
+typedef struct {
+    gw_fe_model_t *models;
+    char **docs;
+    uint32_t n, cap;
+} catalog_list_t;
+
 static void collect_record(gw_model_t *m, void *arg)
 {
-    if (m->record != NULL)
-        json_array_append(arg, m->record);
+    catalog_list_t *l = arg;
+    char *doc = m->record != NULL ? json_dumps(m->record, JSON_COMPACT) : NULL;
+    if (doc == NULL)
+        return;
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 16;
+        l->models = sq_xrealloc(l->models, sizeof(*l->models) * l->cap);
+        l->docs = sq_xrealloc(l->docs, sizeof(*l->docs) * l->cap);
+    }
+    l->docs[l->n] = doc;
+    l->models[l->n++] =
+        (gw_fe_model_t){.key = m->key, .record = {.p = doc, .len = (uint32_t)strlen(doc)}};
 }
 
-static char *catalog_json(gw_dispatch_t *ds)
+/* FE_CATALOG: every model's record. */
+static void catalog_encode(gw_dispatch_t *ds, sq_buf_t *out)
 {
-    json_t *models = json_array();
-    gw_registry_foreach(ds->srv->registry, collect_record, models);
-    json_t *cat = json_pack("{s:o}", "models", models);
-    char *s = json_dumps(cat, JSON_COMPACT);
-    json_decref(cat);
-    return s;
+    catalog_list_t l = {0};
+    gw_registry_foreach(ds->srv->registry, collect_record, &l);
+    gw_fe_catalog_t cat = {.n = l.n, .models = l.models};
+    gw_fe_catalog_encode(out, &cat);
+    for (uint32_t i = 0; i < l.n; i++)
+        free(l.docs[i]);
+    free(l.docs);
+    free(l.models);
 }
 
-/* What a frontend's readiness and admission read (the fleet, and the
- * dispatcher's last look at readiness). */
-static char *state_json(gw_dispatch_t *ds)
+/* FE_STATE: what a frontend's readiness and admission read (the fleet,
+ * and the dispatcher's last look at readiness), and the pipelines with
+ * the split this dispatcher made for them (a frontend runs their queries
+ * at these budgets). */
+static void state_encode(gw_dispatch_t *ds, sq_buf_t *out)
 {
     gw_server_t *srv = ds->srv;
     int64_t now = sq_now_us();
-    json_t *up = json_array(), *coming = json_array(), *back = json_array(), *held = json_array(),
-           *gone = json_array();
+    gw_fe_state_t st = {.workers_up = ds->pub.fleet.workers_up,
+                        .db_ready = (uint8_t)(atomic_load(&srv->db_ready) != 0),
+                        .stopping = (uint8_t)(ds->aborted != 0),
+                        .nheld = (uint32_t)ds->pub.nheld,
+                        .held = ds->pub.held_keys,
+                        .ngone = (uint32_t)ds->pub.ngone,
+                        .gone = ds->pub.gone_keys};
+    snprintf(st.why, sizeof(st.why), "%s", ds->pub.ready_why);
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
-        json_array_append_new(up, json_integer(ds->pub.fleet.up[k]));
-        json_array_append_new(coming, json_integer(ds->pub.fleet.coming[k]));
+        st.up[k] = ds->pub.fleet.up[k];
+        st.coming[k] = ds->pub.fleet.coming[k];
         int64_t at = ds->pub.fleet.back_at_us[k];
-        json_array_append_new(back, json_integer(at == INT64_MAX ? -1 : at > now ? at - now : 0));
+        st.back_in_us[k] = at == INT64_MAX ? -1 : at > now ? at - now : 0;
     }
-    for (int i = 0; i < ds->pub.nheld; i++)
-        json_array_append_new(held, json_integer(ds->pub.held_keys[i]));
-    for (int i = 0; i < ds->pub.ngone; i++)
-        json_array_append_new(gone, json_integer(ds->pub.gone_keys[i]));
-    /* The pipelines, with the split this dispatcher made for them: a
-     * frontend runs their queries at these budgets. */
-    json_t *pipes = json_array();
     int np = 0;
     gw_pipeline_t **ps = gw_pipes_all(srv->pipelines, &np);
+    char **specs = np > 0 ? sq_xcalloc((size_t)np, sizeof(*specs)) : NULL;
+    st.pipes = np > 0 ? sq_xcalloc((size_t)np, sizeof(*st.pipes)) : NULL;
     for (int i = 0; i < np; i++) {
-        json_t *b = json_array(), *c = json_array();
+        specs[i] = json_dumps(ps[i]->spec, JSON_COMPACT);
+        if (specs[i] == NULL)
+            continue;
+        gw_fe_pipe_t *e = &st.pipes[st.npipes++];
         double cum[GW_PIPE_MAX_STAGES];
         gw_pipeline_deadlines(ps[i], cum);
+        e->spec = (gw_fe_doc_t){.p = specs[i], .len = (uint32_t)strlen(specs[i])};
+        e->unloaded = (uint8_t)(atomic_load(&ps[i]->unloaded) != 0);
+        e->nstages = (uint32_t)ps[i]->nstages;
         for (int k = 0; k < ps[i]->nstages; k++) {
-            json_array_append_new(b, json_real(gw_pipeline_budget_ms(ps[i], k)));
-            json_array_append_new(c, json_real(cum[k]));
+            e->budget_ms[k] = gw_pipeline_budget_ms(ps[i], k);
+            e->cum_ms[k] = cum[k];
         }
-        json_array_append_new(pipes, json_pack("{s:O, s:b, s:o, s:o}", "spec", ps[i]->spec,
-                                               "unloaded", atomic_load(&ps[i]->unloaded),
-                                               "budget_ms", b, "cum_ms", c));
+    }
+    gw_fe_state_encode(out, &st);
+    for (int i = 0; i < np; i++) {
+        free(specs[i]);
         gw_pipeline_unref(ps[i]);
     }
+    free(specs);
+    free(st.pipes);
     free(ps);
-    json_t *st =
-        json_pack("{s:s, s:i, s:b, s:b, s:o, s:o, s:o, s:o, s:o, s:o}", "why", ds->pub.ready_why,
-                  "workers_up", ds->pub.fleet.workers_up, "db_ready", atomic_load(&srv->db_ready),
-                  "stopping", ds->aborted, "kind_up", up, "kind_coming", coming, "kind_back_in_us",
-                  back, "held", held, "gone", gone, "pipelines", pipes);
-    char *s = json_dumps(st, JSON_COMPACT);
-    json_decref(st);
-    return s;
 }
 
-static void send_text(gw_dispatch_t *ds, int fe, uint16_t type, const char *text)
+static void send_frame(gw_dispatch_t *ds, int fe, uint16_t type, const sq_buf_t *b)
 {
-    size_t n = strlen(text);
-    if (n > SQ_IPC_MAX_PAYLOAD) {
-        SQ_ERROR("frontend frame too large type=%s bytes=%zu", sq_msg_name(type), n);
+    if (b->len > SQ_IPC_MAX_PAYLOAD) {
+        SQ_ERROR("frontend frame too large type=%s bytes=%zu", sq_msg_name(type), b->len);
         return;
     }
-    ds_fe_send(ds, fe, type, 0, text, (uint32_t)n);
+    ds_fe_send(ds, fe, type, 0, b->data, (uint32_t)b->len);
+}
+
+/* ds_frontend_t.state_sent holds the FE_STATE last sent as a u32 length
+ * and then its bytes (a payload has NULs). */
+static int state_same(const char *sent, const sq_buf_t *b)
+{
+    uint32_t n;
+    if (sent == NULL)
+        return 0;
+    memcpy(&n, sent, sizeof(n));
+    return n == b->len && memcmp(sent + sizeof(n), b->data, n) == 0;
+}
+
+static char *state_copy(const sq_buf_t *b)
+{
+    uint32_t n = (uint32_t)b->len;
+    char *s = sq_xmalloc(sizeof(n) + n);
+    memcpy(s, &n, sizeof(n));
+    memcpy(s + sizeof(n), b->data, n);
+    return s;
 }
 
 static void on_fe_tick(sq_loop_t *loop, uint64_t id, void *data);
@@ -127,27 +171,32 @@ static void push_changes(gw_dispatch_t *ds)
     if (!atomic_load(&ds->srv->db_ready))
         return;
     unsigned long gen = gw_registry_generation(ds->srv->registry);
-    char *catalog = NULL, *state = NULL;
+    sq_buf_t catalog, state;
+    sq_buf_init(&catalog);
+    sq_buf_init(&state);
+    int have_catalog = 0, have_state = 0;
     for (int i = 0; i < ds->fe.nfrontends; i++) {
         ds_frontend_t *f = ds_frontend_at(ds, i);
         if (f == NULL)
             continue;
         if (f->catalog_gen != gen + 1) {
-            if (catalog == NULL)
-                catalog = catalog_json(ds);
-            send_text(ds, f->id, SQ_MSG_FE_CATALOG, catalog);
+            if (!have_catalog)
+                catalog_encode(ds, &catalog);
+            have_catalog = 1;
+            send_frame(ds, f->id, SQ_MSG_FE_CATALOG, &catalog);
             f->catalog_gen = gen + 1;
         }
-        if (state == NULL)
-            state = state_json(ds);
-        if (f->state_sent == NULL || strcmp(f->state_sent, state) != 0) {
-            send_text(ds, f->id, SQ_MSG_FE_STATE, state);
+        if (!have_state)
+            state_encode(ds, &state);
+        have_state = 1;
+        if (!state_same(f->state_sent, &state)) {
+            send_frame(ds, f->id, SQ_MSG_FE_STATE, &state);
             free(f->state_sent);
-            f->state_sent = strdup(state);
+            f->state_sent = state_copy(&state);
         }
     }
-    free(catalog);
-    free(state);
+    sq_buf_dispose(&catalog);
+    sq_buf_dispose(&state);
 }
 
 static void on_fe_tick(sq_loop_t *loop, uint64_t id, void *data)
@@ -288,31 +337,40 @@ static int on_withdraw(gw_dispatch_t *ds, ds_frontend_t *f, const sq_frame_t *fr
  * the statistics routes (HTTP threads read it under fe_lock). */
 static int on_metrics(gw_dispatch_t *ds, ds_frontend_t *f, const sq_frame_t *fr)
 {
-    json_t *m = json_loadb((const char *)fr->payload, fr->len, 0, NULL);
-    const char *text = json_string_value(json_object_get(m, "metrics"));
-    json_t *stats = json_object_get(m, "stats");
-    if (text == NULL || !json_is_array(stats)) {
-        json_decref(m);
+    gw_fe_metrics_t m;
+    if (gw_fe_metrics_decode(fr, &m) != 0)
         return -1;
-    }
     /* What it measured of its pipelines' queries: this side splits them. */
-    const char *pname;
-    json_t *report;
-    json_object_foreach(json_object_get(m, "pipelines"), pname, report)
-    {
-        gw_pipeline_t *p = gw_pipes_get(ds->srv->pipelines, pname);
-        if (p != NULL && gw_pipeline_take_report(p, report) != 0)
-            SQ_WARN("frontend id=%d: malformed pipeline report name=%s", f->id, pname);
+    for (uint32_t i = 0; i < m.nreports; i++) {
+        json_t *report = json_loadb(m.reports[i].report.p, m.reports[i].report.len, 0, NULL);
+        gw_pipeline_t *p = gw_pipes_get(ds->srv->pipelines, m.reports[i].name);
+        if (p != NULL && (report == NULL || gw_pipeline_take_report(p, report) != 0))
+            SQ_WARN("frontend id=%d: malformed pipeline report name=%s", f->id, m.reports[i].name);
         gw_pipeline_unref(p);
+        json_decref(report);
     }
-    char *copy = strdup(text);
+    /* Its models' statistics, each the metrics room's document. */
+    json_t *stats = json_array();
+    for (uint32_t i = 0; i < m.nstats; i++) {
+        json_t *e = json_loadb(m.stats[i].stats.p, m.stats[i].stats.len, 0, NULL);
+        const char *n = json_string_value(json_object_get(e, "name"));
+        const char *v = json_string_value(json_object_get(e, "version"));
+        if (n != NULL && v != NULL && strcmp(n, m.stats[i].name) == 0 &&
+            strcmp(v, m.stats[i].version) == 0)
+            json_array_append(stats, e);
+        json_decref(e);
+    }
+    char *copy = sq_xmalloc((size_t)m.text.len + 1);
+    if (m.text.len > 0)
+        memcpy(copy, m.text.p, m.text.len);
+    copy[m.text.len] = '\0';
     pthread_mutex_lock(&ds->fe.fe_lock);
     free(f->metrics);
     json_decref(f->stats);
     f->metrics = copy;
-    f->stats = json_incref(stats);
+    f->stats = stats;
     pthread_mutex_unlock(&ds->fe.fe_lock);
-    json_decref(m);
+    gw_fe_metrics_dispose(&m);
     return 0;
 }
 

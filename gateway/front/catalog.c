@@ -7,8 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- what the dispatcher says ----------------------------------------------- */
-
 typedef struct {
     char name[MDB_NAME_MAX + 1];
     int version;
@@ -33,28 +31,27 @@ static void collect_id(gw_model_t *m, void *arg)
     x->key = m->key;
 }
 
-/* FE_CATALOG: the registry becomes the dispatcher's (entries built from
- * its records, as its DB thread builds them; those it no longer has go). */
-void fr_on_catalog(gw_front_t *fr, const sq_frame_t *f)
+/* FE_CATALOG's models become the registry's entries (built from their
+ * records as the dispatcher's DB thread builds them); those the catalog no
+ * longer has go. Returns the records that did not parse (skipped). */
+int fr_take_catalog(gw_registry_t *reg, const gw_fe_catalog_t *cat)
 {
-    json_error_t jerr;
-    json_t *cat = json_loadb((const char *)f->payload, f->len, 0, &jerr);
-    json_t *models = json_object_get(cat, "models");
-    if (!json_is_array(models)) {
-        SQ_WARN("malformed FE_CATALOG from the dispatcher: %s", jerr.text);
-        json_decref(cat);
-        return;
-    }
-    gw_registry_t *reg = fr->srv->registry;
     model_ids_t have = {0};
     gw_registry_foreach(reg, collect_id, &have);
-    size_t i;
-    json_t *rec;
-    json_array_foreach(models, i, rec)
-    {
-        if (!json_is_object(rec) || !json_is_integer(json_object_get(rec, "id")))
+    int bad = 0;
+    for (uint32_t i = 0; i < cat->n; i++) {
+        const gw_fe_model_t *e = &cat->models[i];
+        json_t *rec = json_loadb(e->record.p, e->record.len, 0, NULL);
+        json_t *id = json_object_get(rec, "id");
+        if (!json_is_integer(id) || json_integer_value(id) != e->key ||
+            !json_is_string(json_object_get(rec, "name")) ||
+            !json_is_string(json_object_get(rec, "format"))) {
+            bad++;
+            json_decref(rec);
             continue;
+        }
         gw_model_t *m = gw_model_from_record(rec);
+        json_decref(rec); /* the entry holds its own reference */
         for (int k = 0; k < have.n; k++)
             if (have.ids[k].key == m->key)
                 have.ids[k].key = 0; /* kept */
@@ -66,51 +63,67 @@ void fr_on_catalog(gw_front_t *fr, const sq_frame_t *f)
             gw_registry_remove(reg, have.ids[k].name, have.ids[k].version, removed, 4);
     }
     free(have.ids);
-    json_decref(cat);
+    return bad;
 }
+
+void fr_on_catalog(gw_front_t *fr, const sq_frame_t *f)
+{
+    gw_fe_catalog_t cat;
+    if (gw_fe_catalog_decode(f, &cat) != 0) {
+        SQ_WARN("malformed FE_CATALOG from the dispatcher bytes=%u", f->len);
+        return;
+    }
+    int bad = fr_take_catalog(fr->srv->registry, &cat);
+    if (bad > 0)
+        SQ_WARN("FE_CATALOG from the dispatcher: %d model records do not parse", bad);
+    gw_fe_catalog_dispose(&cat);
+}
+
+_Static_assert(GW_PIPE_MAX_STAGES == GW_FE_MAX_STAGES, "FE_STATE carries a pipeline's stages");
 
 /* The dispatcher's pipelines: each spec parsed as its DB thread parses a
  * stored one (a new copy when the spec changed), its split taken as made
  * there, and what this frontend measures of them kept for its reports. */
-static void sync_pipelines(gw_front_t *fr, json_t *list)
+static void sync_pipelines(gw_pipes_t *pipes, const gw_fe_pipe_t *list, uint32_t n)
 {
-    gw_pipes_t *pipes = fr->srv->pipelines;
     int nhave = 0;
     gw_pipeline_t **have = gw_pipes_all(pipes, &nhave);
-    size_t i;
-    json_t *e;
-    json_array_foreach(list, i, e)
-    {
-        json_t *spec = json_object_get(e, "spec");
+    for (uint32_t i = 0; i < n; i++) {
+        const gw_fe_pipe_t *e = &list[i];
+        json_t *spec = json_loadb(e->spec.p, e->spec.len, 0, NULL);
         const char *name = json_string_value(json_object_get(spec, "name"));
-        if (name == NULL)
+        if (name == NULL) {
+            json_decref(spec);
             continue;
+        }
         gw_pipeline_t *p = gw_pipes_get(pipes, name);
         if (p == NULL || !json_equal(p->spec, spec)) {
             gw_pipeline_unref(p);
             char err[256];
             if (gw_pipeline_parse(spec, NULL, &p, err, sizeof(err)) != 0) {
                 SQ_WARN("the dispatcher's pipeline %s does not parse here: %s", name, err);
+                json_decref(spec);
                 continue;
             }
             gw_pipeline_reporting(p);
             gw_pipeline_ref(p);
             gw_pipes_put(pipes, p); /* takes one reference */
         }
-        atomic_store(&p->unloaded, json_is_true(json_object_get(e, "unloaded")));
+        atomic_store(&p->unloaded, e->unloaded);
         double b[GW_PIPE_MAX_STAGES] = {0}, c[GW_PIPE_MAX_STAGES] = {0};
-        for (int k = 0; k < p->nstages; k++) {
-            b[k] = json_number_value(json_array_get(json_object_get(e, "budget_ms"), (size_t)k));
-            c[k] = json_number_value(json_array_get(json_object_get(e, "cum_ms"), (size_t)k));
+        for (int k = 0; k < p->nstages && (uint32_t)k < e->nstages; k++) {
+            b[k] = e->budget_ms[k];
+            c[k] = e->cum_ms[k];
         }
-        if (b[0] > 0)
+        if (b[0] > 0 && e->nstages == (uint32_t)p->nstages)
             gw_pipeline_set_split(p, b, c);
         for (int k = 0; k < nhave; k++)
-            if (have[k] != NULL && strcmp(have[k]->name, name) == 0) {
+            if (have[k] != NULL && strcmp(have[k]->name, p->name) == 0) {
                 gw_pipeline_unref(have[k]);
                 have[k] = NULL; /* kept */
             }
         gw_pipeline_unref(p);
+        json_decref(spec);
     }
     for (int k = 0; k < nhave; k++)
         if (have[k] != NULL) {
@@ -120,51 +133,47 @@ static void sync_pipelines(gw_front_t *fr, json_t *list)
     free(have);
 }
 
-static int keys_of(json_t *a, int64_t **out)
+static int64_t *keys_copy(const int64_t *keys, uint32_t n)
 {
-    size_t n = json_array_size(a);
-    *out = n > 0 ? sq_xmalloc(sizeof(**out) * n) : NULL;
-    for (size_t i = 0; i < n; i++)
-        (*out)[i] = json_integer_value(json_array_get(a, i));
-    return (int)n;
+    int64_t *out = n > 0 ? sq_xmalloc(sizeof(*out) * n) : NULL;
+    if (n > 0)
+        memcpy(out, keys, sizeof(*out) * n);
+    return out;
 }
 
-/* FE_STATE: readiness, and the workers up and coming per kind (what this
- * frontend's admission reads from the server record, as a dispatcher's
- * own HTTP side does). */
-void fr_on_state(gw_front_t *fr, const sq_frame_t *f)
+/* FE_STATE, decoded, as of now_us: readiness, and the workers up and
+ * coming per kind (what this frontend's admission reads from the server
+ * record, as a dispatcher's own HTTP side does). */
+void fr_take_state(gw_front_t *fr, const gw_fe_state_t *st, int64_t now_us)
 {
-    json_t *st = json_loadb((const char *)f->payload, f->len, 0, NULL);
-    if (!json_is_object(st)) {
-        SQ_WARN("malformed FE_STATE from the dispatcher");
-        json_decref(st);
-        return;
-    }
-    int64_t now = sq_now_us();
-    gw_fleet_t fleet = {.workers_up = (int)json_integer_value(json_object_get(st, "workers_up"))};
+    gw_fleet_t fleet = {.workers_up = st->workers_up};
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
-        fleet.up[k] = (int)json_integer_value(json_array_get(json_object_get(st, "kind_up"), k));
-        fleet.coming[k] =
-            (int)json_integer_value(json_array_get(json_object_get(st, "kind_coming"), k));
-        int64_t back =
-            json_integer_value(json_array_get(json_object_get(st, "kind_back_in_us"), k));
-        fleet.back_at_us[k] = back < 0 ? INT64_MAX : now + back;
+        fleet.up[k] = st->up[k];
+        fleet.coming[k] = st->coming[k];
+        fleet.back_at_us[k] = st->back_in_us[k] < 0 ? INT64_MAX : now_us + st->back_in_us[k];
     }
-    sync_pipelines(fr, json_object_get(st, "pipelines"));
-    int64_t *held, *gone;
-    int nheld = keys_of(json_object_get(st, "held"), &held);
-    int ngone = keys_of(json_object_get(st, "gone"), &gone);
-    const char *why = json_string_value(json_object_get(st, "why"));
+    sync_pipelines(fr->srv->pipelines, st->pipes, st->npipes);
+    int64_t *held = keys_copy(st->held, st->nheld), *gone = keys_copy(st->gone, st->ngone);
     pthread_mutex_lock(&fr->lock);
     fr->fleet = fleet;
     free(fr->held);
     free(fr->gone);
     fr->held = held;
-    fr->nheld = nheld;
+    fr->nheld = (int)st->nheld;
     fr->gone = gone;
-    fr->ngone = ngone;
-    snprintf(fr->why, sizeof(fr->why), "%s", why != NULL ? why : "");
-    fr->ready = why != NULL && why[0] == '\0';
+    fr->ngone = (int)st->ngone;
+    snprintf(fr->why, sizeof(fr->why), "%s", st->why);
+    fr->ready = st->why[0] == '\0';
     pthread_mutex_unlock(&fr->lock);
-    json_decref(st);
+}
+
+void fr_on_state(gw_front_t *fr, const sq_frame_t *f)
+{
+    gw_fe_state_t st;
+    if (gw_fe_state_decode(f, &st) != 0) {
+        SQ_WARN("malformed FE_STATE from the dispatcher bytes=%u", f->len);
+        return;
+    }
+    fr_take_state(fr, &st, sq_now_us());
+    gw_fe_state_dispose(&st);
 }

@@ -24,6 +24,7 @@
 #ifndef GW_FRONT_INT_H
 #define GW_FRONT_INT_H
 
+#include "gw_codec_fe.h"
 #include "gw_front.h"
 #include "gw_metrics.h"
 #include "gw_sched.h"
@@ -150,8 +151,13 @@ void fr_on_assign(gw_front_t *fr, const sq_frame_t *f);
 void fr_data_close(gw_front_t *fr, data_conn_t *d, const char *why);
 
 /* ---- catalog.c ---- */
+/* FE_CATALOG and FE_STATE frames (a malformed one is logged and dropped). */
 void fr_on_catalog(gw_front_t *fr, const sq_frame_t *f);
 void fr_on_state(gw_front_t *fr, const sq_frame_t *f);
+/* What they hold, decoded: the registry made the catalog's (returns the
+ * records that did not parse); the state, as of now_us, taken. */
+int fr_take_catalog(gw_registry_t *reg, const gw_fe_catalog_t *cat);
+void fr_take_state(gw_front_t *fr, const gw_fe_state_t *st, int64_t now_us);
 
 /* ---- link.c ---- */
 /* One try at joining the next dispatcher address; 0 when joined. */

@@ -131,7 +131,7 @@ int fr_join(gw_front_t *fr)
     }
     int fd = fr->conn.fd;
     sq_frame_t f;
-    sq_fe_hello_t h = {.version = SQ_IPC_VERSION};
+    sq_fe_hello_t h = {.version = GW_FE_HELLO_VERSION};
     char host[48] = "";
     gethostname(host, sizeof(host));
     host[sizeof(host) - 1] = '\0';

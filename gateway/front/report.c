@@ -35,10 +35,30 @@ void gw_front_metrics_text(gw_server_t *srv, sq_buf_t *out)
     sq_buf_put(out, buf, (size_t)n);
 }
 
+typedef struct {
+    gw_metrics_t *metrics;
+    gw_fe_model_stats_t *stats;
+    uint32_t n, cap;
+} stats_list_t;
+
+/* A model's statistics as FE_METRICS carries them (the document is
+ * json_dumps's, freed by the caller). */
 static void collect_stats(gw_model_t *m, void *arg)
 {
-    void **a = arg;
-    json_array_append_new(a[0], gw_metrics_model_stats(((gw_server_t *)a[1])->metrics, m));
+    stats_list_t *l = arg;
+    json_t *st = gw_metrics_model_stats(l->metrics, m);
+    char *doc = json_dumps(st, JSON_COMPACT);
+    json_decref(st);
+    if (doc == NULL)
+        return;
+    if (l->n == l->cap) {
+        l->cap = l->cap ? 2 * l->cap : 16;
+        l->stats = sq_xrealloc(l->stats, sizeof(*l->stats) * l->cap);
+    }
+    gw_fe_model_stats_t *e = &l->stats[l->n++];
+    *e = (gw_fe_model_stats_t){.stats = {.p = doc, .len = (uint32_t)strlen(doc)}};
+    snprintf(e->name, sizeof(e->name), "%s", m->name);
+    snprintf(e->version, sizeof(e->version), "%d", m->version);
 }
 
 /* FE_METRICS: this frontend's exposition and model statistics, for the
@@ -50,27 +70,40 @@ void fr_push_metrics(gw_front_t *fr)
     sq_buf_init(&text);
     gw_metrics_write(srv->metrics, &text);
     gw_front_metrics_text(srv, &text);
-    json_t *stats = json_array();
-    void *arg[2] = {stats, srv};
-    gw_registry_foreach(srv->registry, collect_stats, arg);
-    json_t *reports = json_object();
+    stats_list_t stats = {.metrics = srv->metrics};
+    gw_registry_foreach(srv->registry, collect_stats, &stats);
     int np = 0;
     gw_pipeline_t **ps = gw_pipes_all(srv->pipelines, &np);
+    gw_fe_pipe_report_t *reports = np > 0 ? sq_xcalloc((size_t)np, sizeof(*reports)) : NULL;
+    uint32_t nreports = 0;
     for (int i = 0; i < np; i++) {
         json_t *r = gw_pipeline_report(ps[i]);
-        if (r != NULL)
-            json_object_set_new(reports, ps[i]->name, r);
+        char *doc = r != NULL ? json_dumps(r, JSON_COMPACT) : NULL;
+        json_decref(r);
+        if (doc != NULL) {
+            gw_fe_pipe_report_t *e = &reports[nreports++];
+            snprintf(e->name, sizeof(e->name), "%s", ps[i]->name);
+            e->report = (gw_fe_doc_t){.p = doc, .len = (uint32_t)strlen(doc)};
+        }
         gw_pipeline_unref(ps[i]);
     }
     free(ps);
-    json_t *m = json_pack("{s:s%, s:o, s:o}", "metrics", text.len ? (const char *)text.data : "",
-                          text.len, "stats", stats, "pipelines", reports);
-    char *payload = json_dumps(m, JSON_COMPACT);
-    json_decref(m);
+    gw_fe_metrics_t m = {.text = {.p = (const char *)text.data, .len = (uint32_t)text.len},
+                         .nstats = stats.n,
+                         .stats = stats.stats,
+                         .nreports = nreports,
+                         .reports = reports};
+    fr->scratch.len = 0;
+    gw_fe_metrics_encode(&fr->scratch, &m);
+    if (fr->scratch.len < SQ_IPC_MAX_PAYLOAD)
+        fr_send_dispatcher(fr, SQ_MSG_FE_METRICS, 0, fr->scratch.data, (uint32_t)fr->scratch.len);
+    for (uint32_t i = 0; i < stats.n; i++)
+        free((char *)stats.stats[i].stats.p);
+    for (uint32_t i = 0; i < nreports; i++)
+        free((char *)reports[i].report.p);
+    free(stats.stats);
+    free(reports);
     sq_buf_dispose(&text);
-    if (payload != NULL && strlen(payload) < SQ_IPC_MAX_PAYLOAD)
-        fr_send_dispatcher(fr, SQ_MSG_FE_METRICS, 0, payload, (uint32_t)strlen(payload));
-    free(payload);
 }
 
 void gw_front_traffic(gw_server_t *srv, gw_front_traffic_t *out)

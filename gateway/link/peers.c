@@ -5,6 +5,8 @@
  * listener, and the workers coming back (the coming event). */
 #include "workers_int.h"
 
+#include "gw_codec_fe.h"
+
 /* A slot's device names its kind ("cuda:1"); cpu for a name that does not
  * parse (none should). */
 sq_dev_kind_t gw__workers_slot_kind(const slot_t *s)
@@ -263,10 +265,11 @@ static int on_fe_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
         send_error(p, SQ_PROTOCOL, "malformed FE_HELLO");
         return -1;
     }
-    if (h.version != SQ_IPC_VERSION) {
-        char msg[96];
-        snprintf(msg, sizeof(msg), "protocol version %u not supported (squishd speaks %d)",
-                 h.version, SQ_IPC_VERSION);
+    /* The frontend frames' version and the worker protocol's, both. */
+    if (h.version != GW_FE_HELLO_VERSION) {
+        char msg[128];
+        snprintf(msg, sizeof(msg), "frontend protocol %u.%u not supported (squishd speaks %d.%d)",
+                 h.version >> 16, h.version & 0xffff, GW_FE_VERSION, SQ_IPC_VERSION);
         send_error(p, SQ_PROTOCOL, msg);
         return -1;
     }

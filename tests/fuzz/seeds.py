@@ -8,6 +8,8 @@ large or too tied to a library version to check in) into OUT/<target>/:
                the libonnx-testdata node models of the ops modeldb knows
   jpeg         small JPEGs: RGB, gray, CMYK, progressive, odd sizes
   cluster      a remote worker's handshake and batch frames (fuzz_cluster.c)
+  front_frames FE_CATALOG, FE_STATE and FE_METRICS payloads, encoded as
+               gateway/codec/front_frames.c encodes them
 
 Usage: seeds.py OUT [target...]   (Debian's /usr/bin/python3: onnx, PIL)"""
 
@@ -165,7 +167,27 @@ def cluster_seeds():
     }
 
 
-TARGETS = {"cluster": cluster_seeds, "ipc": ipc_seeds, "onnx_import": onnx_seeds, "jpeg": jpeg_seeds}
+def front_frames_seeds():
+    """Payloads of gateway/codec/gw_codec_fe.h's frames (fuzz_front_frames.c
+    tries each under every type)."""
+    kinds = 3  # SQ_DEV_KIND_COUNT: cpu, cuda, emu
+    rec = '{"id":7,"name":"m","version":1,"format":"onnx"}'
+    catalog = u32(2) + u64(7) + s(rec) + u64(9) + s(rec.replace("7", "9"))
+    fleet = b"".join(u32(k + 1) + u32(k) + u64((-1 if k == 0 else 1000 * k) & 0xffffffffffffffff) for k in range(kinds))
+    pipe = s('{"name":"p"}') + u8(0) + u32(2) + f64(10) + f64(10) + f64(20) + f64(30)
+    table = (u64(7) + u8(0) + u8(0) + f64(0) + f64(0) + u32(8) + f64(1e6) + f64(0) + u32(2) +
+             u32(1) + f64(1000) + f64(10) + u32(8) + f64(4000) + f64(40))
+    linear = u64(9) + u8(2) + u8(1) + f64(100) + f64(900) + u32(16) + f64(0) + f64(0) + u32(0)
+    state = (s("") + u32(3) + u8(1) + u8(0) + u32(kinds) + fleet + u32(2) + u64(7) + u64(9) +
+             u32(1) + u64(11) + u32(1) + pipe + u32(2) + table + linear)
+    metrics = (s("# TYPE x counter\nx 1\n") + u32(1) + s("m") + s("1") +
+               s('{"name":"m","version":"1"}') + u32(1) + s("p") + s('{"queries":1}'))
+    return {"catalog": catalog, "catalog-empty": u32(0), "state": state,
+            "state-not-ready": s("no worker") + state[4:], "metrics": metrics,
+            "huge-count": u32(0xffffffff) + u64(7)}
+
+
+TARGETS = {"cluster": cluster_seeds, "front_frames": front_frames_seeds, "ipc": ipc_seeds, "onnx_import": onnx_seeds, "jpeg": jpeg_seeds}
 
 
 def main():
