@@ -47,6 +47,13 @@ typedef struct {
  * reply is dropped safely. The job is freed when both the request side and
  * the completion side have let go; both happen on the loop thread. */
 typedef struct gw_async gw_async_t;
+/* A header of a raw reply: the name static and lower-case, the value
+ * malloc'd (the job frees it). */
+typedef struct {
+    const char *name;
+    char *value;
+} gw_async_header_t;
+#define GW_ASYNC_MAX_HEADERS 8
 struct gw_async {
     h2o_multithread_message_t super;
     h2o_multithread_receiver_t *reply_to;
@@ -59,6 +66,15 @@ struct gw_async {
     int status;
     json_t *body;
     const char *location; /* optional Location header (static or owned by the job) */
+    /* Bytes the job owns (malloc'd, freed with it; a respond hook may take
+     * them). Without a respond hook, when raw is set and err is 0, they are
+     * the reply, sent as they are rather than as JSON (a forwarded answer):
+     * the status, raw_headers in their order (values malloc'd, freed with
+     * the job), and the bytes of raw from raw_off to raw_len. */
+    uint8_t *raw;
+    size_t raw_off, raw_len;
+    gw_async_header_t raw_headers[GW_ASYNC_MAX_HEADERS];
+    int nraw_headers;
     /* Optional: sends a reply other than JSON; called on the loop thread. */
     void (*respond)(gw_async_t *a, h2o_req_t *req);
     /* Optional: frees what the job owns; called once, on the loop thread. */

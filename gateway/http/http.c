@@ -9,7 +9,6 @@
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
-#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -65,46 +64,6 @@ struct gw_http {
 
 /* ---- deferred replies ------------------------------------------------ */
 
-typedef struct {
-    gw_async_t *job;
-} async_anchor_t;
-
-static void async_release(gw_async_t *a)
-{
-    if (--a->refs > 0)
-        return;
-    if (a->dispose != NULL)
-        a->dispose(a);
-    json_decref(a->body);
-    free(a);
-}
-
-static void unwatch(gw_async_t *a)
-{
-    if (h2o_linklist_is_linked(&a->watch_link))
-        h2o_linklist_unlink(&a->watch_link);
-}
-
-/* Tells the job its client went away, once, before its reply. */
-static void tell_gone(gw_async_t *a)
-{
-    unwatch(a);
-    if (!a->answered && !a->gone_told && a->gone != NULL) {
-        a->gone_told = 1;
-        a->gone(a);
-    }
-}
-
-/* Runs when h2o frees the request (reply sent or client gone). */
-static void on_anchor_dispose(void *p)
-{
-    async_anchor_t *anchor = p;
-    gw_async_t *a = anchor->job;
-    a->req = NULL;
-    tell_gone(a);
-    async_release(a);
-}
-
 /* A watched client whose socket reads end of stream or an error has gone:
  * h2o would only find out when it writes the reply. */
 static void on_watch_timer(h2o_timeout_entry_t *entry)
@@ -117,7 +76,7 @@ static void on_watch_timer(h2o_timeout_entry_t *entry)
         char c;
         ssize_t n = recv(a->watch_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
         if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
-            tell_gone(a);
+            gw__async_tell_gone(a);
     }
     if (!h2o_linklist_is_empty(&t->watched))
         h2o_timeout_link(t->ctx.loop, &t->ctx.hundred_ms_timeout, &t->watch_timer);
@@ -138,36 +97,6 @@ void gw_async_watch(gw_async_t *a)
         h2o_timeout_link(t->ctx.loop, &t->ctx.hundred_ms_timeout, &t->watch_timer);
 }
 
-gw_async_t *gw_async_new(gw_call_t *call, size_t size)
-{
-    gw_async_t *a = sq_xcalloc(1, size);
-    a->reply_to = call->reply_to;
-    a->req = call->req;
-    a->srv = call->srv;
-    a->refs = 2;
-    async_anchor_t *anchor =
-        h2o_mem_alloc_shared(&call->req->pool, sizeof(*anchor), on_anchor_dispose);
-    anchor->job = a;
-    return a;
-}
-
-void gw_async_done(gw_async_t *a)
-{
-    h2o_multithread_send_message(a->reply_to, &a->super);
-}
-
-void gw_async_fail(gw_async_t *a, int err, const char *fmt, ...)
-{
-    a->err = err;
-    a->detail[0] = '\0';
-    if (fmt != NULL) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(a->detail, sizeof(a->detail), fmt, ap);
-        va_end(ap);
-    }
-}
-
 static void on_async_done(h2o_multithread_receiver_t *receiver, h2o_linklist_t *messages)
 {
     (void)receiver;
@@ -176,12 +105,18 @@ static void on_async_done(h2o_multithread_receiver_t *receiver, h2o_linklist_t *
         h2o_linklist_unlink(&a->super.link);
         h2o_req_t *req = a->req;
         a->answered = 1;
-        unwatch(a);
+        gw__async_unwatch(a);
         if (req != NULL) {
             if (a->respond != NULL) {
                 a->respond(a, req);
             } else if (a->err != 0) {
                 gw_send_error(req, a->err, a->detail[0] ? a->detail : NULL);
+            } else if (a->raw != NULL) {
+                req->res.status = a->status;
+                req->res.reason = gw_http_reason(a->status);
+                for (int i = 0; i < a->nraw_headers; i++)
+                    gw_add_header(req, a->raw_headers[i].name, a->raw_headers[i].value);
+                gw_send_body(req, a->raw + a->raw_off, a->raw_len - a->raw_off);
             } else {
                 if (a->location != NULL)
                     gw_add_header(req, "location", a->location);
@@ -190,7 +125,7 @@ static void on_async_done(h2o_multithread_receiver_t *receiver, h2o_linklist_t *
                 gw_send_json(req, a->status ? a->status : 200, body ? body : json_object());
             }
         }
-        async_release(a);
+        gw__async_release(a);
     }
 }
 
@@ -262,6 +197,10 @@ static void route_request(gw_server_t *srv, req_done_t *inflight, h2o_req_t *req
  * one large body does not hold every other connection of its thread. */
 #define INLINE_INFLATE_BYTES ((size_t)1 << 20)
 
+/* The job owns its inflate until the offload thread has run it; the body
+ * it inflated to is then the job's raw bytes (freed with the job when the
+ * client has gone, else taken as the entity), so the job needs no dispose
+ * hook. */
 typedef struct {
     gw_async_t base;
     gw_inflate_t *z;
@@ -276,12 +215,12 @@ static void free_held(void *p)
     free(*(void **)p);
 }
 
-/* The inflated body becomes the request's entity, freed with the request. */
-static void set_entity(h2o_req_t *req, gw_inflate_t *z)
+/* The inflated body (malloc'd) becomes the request's entity, freed with
+ * the request. */
+static void set_entity(h2o_req_t *req, void *body, size_t len)
 {
-    size_t len;
     void **held = h2o_mem_alloc_shared(&req->pool, sizeof(*held), free_held);
-    *held = gw__inflate_take(z, &len);
+    *held = body;
     req->entity = h2o_iovec_init(*held, len);
 }
 
@@ -296,6 +235,12 @@ static void inflate_rest(void *arg)
 {
     inflate_job_t *job = arg;
     job->rc = gw__inflate_run(job->z, SIZE_MAX, job->why, sizeof(job->why));
+    if (job->rc == 0)
+        job->base.raw = gw__inflate_take(job->z, &job->base.raw_len);
+    gw__inflate_free(job->z);
+    job->z = NULL;
+    free(job->in_copy);
+    job->in_copy = NULL;
     gw_async_done(&job->base);
 }
 
@@ -307,15 +252,9 @@ static void inflate_back(gw_async_t *a, h2o_req_t *req)
         inflate_failed(job->inflight, req, job->rc, job->why);
         return;
     }
-    set_entity(req, job->z);
+    set_entity(req, a->raw, a->raw_len);
+    a->raw = NULL;
     route_request(a->srv, job->inflight, req);
-}
-
-static void inflate_dispose(gw_async_t *a)
-{
-    inflate_job_t *job = (inflate_job_t *)a;
-    gw__inflate_free(job->z);
-    free(job->in_copy);
 }
 
 /* 1 when the route runs later (the rest of the body inflates on the
@@ -340,10 +279,11 @@ static int inflate_body(gw_server_t *srv, req_done_t *inflight, h2o_req_t *req)
         job->z = z;
         job->inflight = inflight;
         job->base.respond = inflate_back;
-        job->base.dispose = inflate_dispose;
         const uint8_t *data;
         size_t len;
         if (gw_request_body(req, &data, &len, &job->in_copy) != 0) {
+            gw__inflate_free(z);
+            job->z = NULL;
             job->rc = SQ_NOMEM;
             gw_async_done(&job->base);
             return 1;
@@ -352,9 +292,11 @@ static int inflate_body(gw_server_t *srv, req_done_t *inflight, h2o_req_t *req)
         gw_offload(srv, inflate_rest, job);
         return 1;
     }
-    if (rc == 0)
-        set_entity(req, z);
-    else
+    if (rc == 0) {
+        size_t len;
+        void *body = gw__inflate_take(z, &len);
+        set_entity(req, body, len);
+    } else
         inflate_failed(inflight, req, rc, why);
     gw__inflate_free(z);
     return rc == 0 ? 0 : 1;

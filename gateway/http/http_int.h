@@ -8,6 +8,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* ---- deferred replies (async.c) ------------------------------------------ */
+
+/* Lets go of one of the job's two holds (the request's, the reply's); the
+ * last frees it: its dispose hook, its body, its raw reply. Loop thread. */
+void gw__async_release(gw_async_t *a);
+/* Takes the job off its loop's watch list (gw_async_watch), if on it. */
+void gw__async_unwatch(gw_async_t *a);
+/* Tells the job its client went away, once, and only before its reply. */
+void gw__async_tell_gone(gw_async_t *a);
+
 /* ---- request bodies: Content-Encoding ------------------------------------ */
 
 /* A compressed request body being inflated: gzip, zlib or raw deflate,

@@ -37,37 +37,15 @@ static const char *const returned[] = {"content-type",     "retry-after",
                                        "www-authenticate", "inference-header-content-length"};
 #define NRETURNED (sizeof(returned) / sizeof(returned[0]))
 
+_Static_assert(NRETURNED <= GW_ASYNC_MAX_HEADERS, "a raw reply holds every returned header");
+
+/* The dispatcher's answer comes back as the job's raw reply (status,
+ * headers, body): data that http.c sends, with no hook of this file's. */
 typedef struct {
     gw_async_t a; /* first */
     char addr[128];
-    sq_buf_t request;
-    /* the answer */
-    int status;
-    char *headers[NRETURNED];
-    uint8_t *answer;
-    size_t answer_len;
-    size_t body_off;
+    sq_buf_t request; /* disposed by the forwarding thread once written */
 } proxy_job_t;
-
-static void proxy_dispose(gw_async_t *a)
-{
-    proxy_job_t *j = (proxy_job_t *)a;
-    sq_buf_dispose(&j->request);
-    for (size_t i = 0; i < NRETURNED; i++)
-        free(j->headers[i]);
-    free(j->answer);
-}
-
-static void proxy_respond(gw_async_t *a, h2o_req_t *req)
-{
-    proxy_job_t *j = (proxy_job_t *)a;
-    req->res.status = j->status;
-    req->res.reason = gw_http_reason(j->status);
-    for (size_t i = 0; i < NRETURNED; i++)
-        if (j->headers[i] != NULL)
-            gw_add_header(req, returned[i], j->headers[i]);
-    gw_send_body(req, j->answer + j->body_off, j->answer_len - j->body_off);
-}
 
 /* Blocking I/O with one deadline. */
 static int write_all(int fd, const uint8_t *p, size_t n, int64_t deadline_ms)
@@ -93,17 +71,17 @@ static int write_all(int fd, const uint8_t *p, size_t n, int64_t deadline_ms)
 static int read_all(int fd, proxy_job_t *j, int64_t deadline_ms)
 {
     size_t cap = 64 << 10;
-    j->answer = sq_xmalloc(cap);
+    j->a.raw = sq_xmalloc(cap);
     for (;;) {
-        if (j->answer_len == cap) {
+        if (j->a.raw_len == cap) {
             if (cap >= PROXY_MAX_ANSWER)
                 return -EFBIG;
             cap *= 2;
-            j->answer = sq_xrealloc(j->answer, cap);
+            j->a.raw = sq_xrealloc(j->a.raw, cap);
         }
-        ssize_t r = read(fd, j->answer + j->answer_len, cap - j->answer_len);
+        ssize_t r = read(fd, j->a.raw + j->a.raw_len, cap - j->a.raw_len);
         if (r > 0) {
-            j->answer_len += (size_t)r;
+            j->a.raw_len += (size_t)r;
             continue;
         }
         if (r == 0)
@@ -117,20 +95,22 @@ static int read_all(int fd, proxy_job_t *j, int64_t deadline_ms)
     }
 }
 
-/* The status line and the returned headers of the answer; 0, or -1 when
- * it is not HTTP. */
+/* The status line and the returned headers of the answer (in the order
+ * of returned[], the first of each); 0, or -1 when it is not HTTP. */
 static int parse_answer(proxy_job_t *j)
 {
-    char *p = (char *)j->answer;
-    size_t n = j->answer_len;
+    gw_async_t *a = &j->a;
+    char *p = (char *)a->raw;
+    size_t n = a->raw_len;
     char *end = memmem(p, n, "\r\n\r\n", 4);
     if (end == NULL || n < 12 || strncmp(p, "HTTP/1.", 7) != 0)
         return -1;
-    j->body_off = (size_t)(end - p) + 4;
+    a->raw_off = (size_t)(end - p) + 4;
     *end = '\0';
-    j->status = atoi(p + 9);
-    if (j->status < 100 || j->status > 599)
+    a->status = atoi(p + 9);
+    if (a->status < 100 || a->status > 599)
         return -1;
+    char *found[NRETURNED] = {NULL};
     for (char *line = strstr(p, "\r\n"); line != NULL && line < end;) {
         line += 2;
         char *next = strstr(line, "\r\n");
@@ -143,11 +123,14 @@ static int parse_answer(proxy_job_t *j)
             while (*v == ' ')
                 v++;
             for (size_t i = 0; i < NRETURNED; i++)
-                if (strcasecmp(line, returned[i]) == 0 && j->headers[i] == NULL)
-                    j->headers[i] = strdup(v);
+                if (strcasecmp(line, returned[i]) == 0 && found[i] == NULL)
+                    found[i] = strdup(v);
         }
         line = next;
     }
+    for (size_t i = 0; i < NRETURNED; i++)
+        if (found[i] != NULL)
+            a->raw_headers[a->nraw_headers++] = (gw_async_header_t){returned[i], found[i]};
     return 0;
 }
 
@@ -159,6 +142,7 @@ static void *proxy_thread(void *arg)
     int rc = fd < 0 ? fd : 0;
     if (rc == 0)
         rc = write_all(fd, j->request.data, j->request.len, deadline);
+    sq_buf_dispose(&j->request);
     if (rc == 0)
         rc = read_all(fd, j, deadline);
     if (fd >= 0)
@@ -170,8 +154,6 @@ static void *proxy_thread(void *arg)
     else if (parse_answer(j) != 0)
         gw_async_fail(&j->a, SQ_PROTOCOL, "the dispatcher at %s answered something not HTTP",
                       j->addr);
-    else
-        j->a.respond = proxy_respond;
     gw_async_done(&j->a);
     return NULL;
 }
@@ -195,7 +177,6 @@ void gw_proxy_to_dispatcher(gw_call_t *call)
         return;
     }
     proxy_job_t *j = (proxy_job_t *)gw_async_new(call, sizeof(*j));
-    j->a.dispose = proxy_dispose;
     snprintf(j->addr, sizeof(j->addr), "%s", addr);
     sq_buf_init(&j->request);
     sq_buf_t *b = &j->request;
@@ -224,6 +205,7 @@ void gw_proxy_to_dispatcher(gw_call_t *call)
     pthread_attr_init(&attr);
     pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
     if (pthread_create(&t, &attr, proxy_thread, j) != 0) {
+        sq_buf_dispose(&j->request);
         gw_async_fail(&j->a, SQ_OVERLOAD, "no thread to forward the request; retry");
         gw_async_done(&j->a);
     }
