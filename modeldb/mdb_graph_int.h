@@ -52,4 +52,14 @@ int64_t mdb_const_int(const mdb_tensor_t *t, int64_t i);
 /* Elements of a constant tensor (nbytes / dtype size). */
 int64_t mdb_const_count(const mdb_tensor_t *t);
 
+/* onnx_wire.c: walks a protobuf message of type desc (bytes p..end) as
+ * protobuf-c would decode it, descending into known message fields; false
+ * on truncation, groups or nesting too deep. Adds what decoding would
+ * allocate to *cost (bytes); depth is 0 for the outermost message. */
+struct ProtobufCMessageDescriptor;
+bool mdb_onnx_wire_check(const struct ProtobufCMessageDescriptor *desc, const uint8_t *p,
+                         const uint8_t *end, int depth, uint64_t *cost);
+/* What decoding may allocate for an input of len bytes. */
+uint64_t mdb_onnx_decode_budget(size_t len);
+
 #endif

@@ -2,12 +2,12 @@
  *
  * The bytes come from an upload and will be fuzzed, so nothing is trusted:
  * the wire format is walked with a nesting limit before protobuf-c sees it
- * (protobuf-c recurses without one), every count, rank, dimension and data
- * length is checked against the MDB_MAX_* caps, and names are resolved
- * through a table rather than assumed. The result is either a graph in
- * which every node is an op the worker runs, with static shapes, or an
- * error that says why (the offending ops and the opset for a model the
- * worker cannot run). */
+ * (protobuf-c recurses without one; onnx_wire.c), every count, rank,
+ * dimension and data length is checked against the MDB_MAX_* caps, and
+ * names are resolved through a table rather than assumed. The result is
+ * either a graph in which every node is an op the worker runs, with static
+ * shapes, or an error that says why (the offending ops and the opset for a
+ * model the worker cannot run). */
 #include "mdb_graph.h"
 #include "mdb_graph_int.h"
 
@@ -22,9 +22,6 @@
 
 /* Uploads are capped by the gateway; this is the importer's own bound. */
 #define MAX_MODEL_BYTES ((size_t)1 << 30)
-/* Legitimate ONNX nests Model > Graph > Node > Attribute > Graph ... a few
- * levels deep; protobuf-c recursion must not follow a hostile file further. */
-#define MAX_PROTO_DEPTH 24
 
 /* Unsupported op types named with their first node, at most this many. */
 #define MAX_NAMED_OPS 8
@@ -41,92 +38,6 @@ typedef struct {
     } named[MAX_NAMED_OPS];
     int nnamed;
 } ectx_t;
-
-/* ---- wire-format pre-check ------------------------------------------- */
-
-static bool read_varint(const uint8_t **p, const uint8_t *end, uint64_t *out)
-{
-    uint64_t v = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-        if (*p >= end)
-            return false;
-        uint8_t b = *(*p)++;
-        v |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80)) {
-            *out = v;
-            return true;
-        }
-    }
-    return false;
-}
-
-/* Walks a message of type desc, descending into known message fields, and
- * fails on truncation, groups or nesting deeper than MAX_PROTO_DEPTH. It
- * also adds up what protobuf-c will allocate to decode it (*cost, bytes):
- * an empty nested message costs two bytes on the wire and a hundred in
- * memory, a packed varint one byte and eight, so a hostile file could
- * otherwise ask for many times its size. */
-static bool wire_check(const ProtobufCMessageDescriptor *desc, const uint8_t *p, const uint8_t *end,
-                       int depth, uint64_t *cost)
-{
-    if (depth > MAX_PROTO_DEPTH)
-        return false;
-    *cost += desc ? desc->sizeof_message : 0;
-    while (p < end) {
-        uint64_t key, len;
-        if (!read_varint(&p, end, &key))
-            return false;
-        uint32_t field = (uint32_t)(key >> 3);
-        if (field == 0 || key >> 3 > 0x1fffffff)
-            return false;
-        const ProtobufCFieldDescriptor *f =
-            desc ? protobuf_c_message_descriptor_get_field(desc, field) : NULL;
-        /* Unknown fields are kept by protobuf-c (a copy and a header);
-         * repeated elements take an array slot. */
-        *cost += !f ? 32 : f->label == PROTOBUF_C_LABEL_REPEATED ? 8 : 0;
-        switch (key & 7) {
-        case 0:
-            if (!read_varint(&p, end, &len))
-                return false;
-            break;
-        case 1:
-            if (end - p < 8)
-                return false;
-            p += 8;
-            break;
-        case 5:
-            if (end - p < 4)
-                return false;
-            p += 4;
-            break;
-        case 2: {
-            if (!read_varint(&p, end, &len) || len > (uint64_t)(end - p))
-                return false;
-            if (f && f->type == PROTOBUF_C_TYPE_MESSAGE) {
-                if (!wire_check(f->descriptor, p, p + len, depth + 1, cost))
-                    return false;
-            } else if (f && f->label == PROTOBUF_C_LABEL_REPEATED &&
-                       f->type != PROTOBUF_C_TYPE_STRING && f->type != PROTOBUF_C_TYPE_BYTES) {
-                *cost += len * 8; /* packed scalars: at worst one byte each, eight decoded */
-            } else {
-                *cost += len + 16;
-            }
-            p += len;
-            break;
-        }
-        default:
-            return false; /* groups (3, 4) and reserved wire types */
-        }
-    }
-    return true;
-}
-
-/* What decoding may allocate for an input of len bytes: weights decode
- * about one to one, structure a few times its size. */
-static uint64_t decode_budget(size_t len)
-{
-    return (uint64_t)len * 4 + ((uint64_t)64 << 20);
-}
 
 /* ---- errors ------------------------------------------------------------ */
 
@@ -509,9 +420,9 @@ static int add_binding(ectx_t *e, mdb_graph_t *g, const mdb_onnx_const_t *b, con
 {
     uint64_t cost = 0;
     if (!b->tensor_pb || b->len == 0 || b->len > MAX_MODEL_BYTES ||
-        !wire_check(&onnx__tensor_proto__descriptor, b->tensor_pb,
-                    (const uint8_t *)b->tensor_pb + b->len, 0, &cost) ||
-        cost > decode_budget(b->len))
+        !mdb_onnx_wire_check(&onnx__tensor_proto__descriptor, b->tensor_pb,
+                             (const uint8_t *)b->tensor_pb + b->len, 0, &cost) ||
+        cost > mdb_onnx_decode_budget(b->len))
         return fail(e, SQ_BAD_MODEL, "the value bound to input '%s' is not a TensorProto", name);
     Onnx__TensorProto *tp = onnx__tensor_proto__unpack(NULL, b->len, b->tensor_pb);
     if (!tp)
@@ -794,9 +705,10 @@ int mdb_onnx_import_bound(const void *bytes, size_t len, const mdb_onnx_const_t 
     if (len > MAX_MODEL_BYTES)
         return fail(&e, SQ_TOO_LARGE, "model of %zu bytes exceeds %zu", len, MAX_MODEL_BYTES);
     uint64_t cost = 0;
-    if (!wire_check(&onnx__model_proto__descriptor, bytes, (const uint8_t *)bytes + len, 0, &cost))
+    if (!mdb_onnx_wire_check(&onnx__model_proto__descriptor, bytes, (const uint8_t *)bytes + len, 0,
+                             &cost))
         return fail(&e, SQ_BAD_MODEL, "not a protobuf ModelProto (truncated or malformed)");
-    if (cost > decode_budget(len))
+    if (cost > mdb_onnx_decode_budget(len))
         return fail(&e, SQ_BAD_MODEL,
                     "the model would take %llu bytes to decode from %zu (too many tiny parts)",
                     (unsigned long long)cost, len);
@@ -875,63 +787,4 @@ out:
     }
     onnx__model_proto__free_unpacked(m, NULL);
     return rc;
-}
-
-int mdb_model_info(const mdb_graph_t *g, mdb_model_info_t *info, char *err, size_t errlen)
-{
-    memset(info, 0, sizeof(*info));
-    if (g->n_inputs != 1) {
-        mdb_errf(err, errlen, "an image model has exactly one input (this one has %d)",
-                 g->n_inputs);
-        return SQ_UNSUPPORTED_MODEL;
-    }
-    const mdb_tensor_t *in = &g->tensors[g->inputs[0]];
-    if (in->shape.rank != 4 || (in->dtype != MDB_DT_FLOAT && in->dtype != MDB_DT_UINT8)) {
-        mdb_errf(err, errlen, "input '%s' is not an NCHW float or uint8 image", in->name);
-        return SQ_UNSUPPORTED_MODEL;
-    }
-    for (int d = 1; d < 4; d++)
-        if (in->shape.dims[d] <= 0) {
-            mdb_errf(err, errlen, "input '%s' has an empty or symbolic dimension %d", in->name, d);
-            return SQ_UNSUPPORTED_MODEL;
-        }
-    /* squish gives a model one image per item and batches items; a file
-     * whose shapes hold for a batch of N > 1 only (its outputs need not
-     * even be per image: a Transpose may move the batch) has no per-item
-     * rows to answer with. Batch 1 is served (one item per run). */
-    if (g->batch_fixed > 1) {
-        mdb_errf(err, errlen,
-                 "the file fixes its batch at %lld (its shapes hold for that batch only); "
-                 "export it with a dynamic batch or batch 1",
-                 (long long)g->batch_fixed);
-        return SQ_UNSUPPORTED_MODEL;
-    }
-    if (g->n_outputs < 1 || g->n_outputs > 8) {
-        mdb_errf(err, errlen, "the model has %d outputs (1 to 8 supported)", g->n_outputs);
-        return SQ_UNSUPPORTED_MODEL;
-    }
-    info->input_name = in->name;
-    info->input_dtype = in->dtype;
-    info->input_shape = in->shape;
-    info->layout = "NCHW";
-    info->n_outputs = g->n_outputs;
-    for (int i = 0; i < g->n_outputs; i++) {
-        info->output_names[i] = g->tensors[g->outputs[i]].name;
-        info->output_shapes[i] = g->tensors[g->outputs[i]].shape;
-    }
-    info->param_bytes = mdb_graph_param_bytes(g);
-    mdb_graph_op_histogram(g, info->op_hist);
-    /* Per device kind, what its backend would say when it loads the model
-     * (the op table's rules for it): the planner need not place the model
-     * where it would be refused. emu workers run emulated models only. */
-    for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
-        info->runs_on[k] = false;
-        info->not_on[k][0] = '\0';
-        if (k == SQ_DEV_EMU)
-            mdb_errf(info->not_on[k], sizeof(info->not_on[k]), "emu runs emulated models only");
-        else
-            info->runs_on[k] = mdb_graph_runnable_on(g, (sq_dev_kind_t)k, g->batch_fixed > 0, NULL,
-                                                     info->not_on[k], sizeof(info->not_on[k])) == 0;
-    }
-    return 0;
 }
