@@ -121,7 +121,39 @@ static void state_encode(gw_dispatch_t *ds, sq_buf_t *out)
             e->cum_ms[k] = cum[k];
         }
     }
+    /* The live-corrected profiles this dispatcher plans with: a
+     * frontend's least latency (admission) is counted on them too. */
+    pthread_mutex_lock(&ds->batch.live_lock);
+    int nlive = ds->batch.nlive_pub;
+    st.live = nlive > 0 ? sq_xcalloc((size_t)nlive, sizeof(*st.live)) : NULL;
+    for (int i = 0; i < nlive; i++) {
+        const ds_live_pub_t *l = &ds->batch.live_pub[i];
+        const pl_profile_t *p = &l->profile;
+        if (l->kind < 0 || l->kind >= SQ_DEV_KIND_COUNT || p->max_batch < 1 ||
+            p->max_batch > GW_FE_MAX_PROFILE_ROWS || p->nrows > GW_FE_MAX_PROFILE_ROWS ||
+            (!p->linear && p->nrows < 1))
+            continue;
+        gw_fe_live_t *e = &st.live[st.nlive++];
+        *e = (gw_fe_live_t){.key = l->key,
+                            .kind = (uint8_t)l->kind,
+                            .linear = (uint8_t)(p->linear != 0),
+                            .alpha_us = p->alpha_us,
+                            .beta_us = p->beta_us,
+                            .max_batch = p->max_batch,
+                            .memory_bytes = p->memory_bytes,
+                            .memory_per_item_bytes = p->memory_per_item_bytes,
+                            .nrows = p->linear ? 0 : (uint32_t)p->nrows};
+        e->rows = e->nrows > 0 ? sq_xmalloc(sizeof(*e->rows) * e->nrows) : NULL;
+        for (uint32_t r = 0; r < e->nrows; r++)
+            e->rows[r] = (gw_fe_profile_row_t){.batch = p->rows[r].batch,
+                                               .mean_us = p->rows[r].mean_us,
+                                               .std_us = p->rows[r].std_us};
+    }
+    pthread_mutex_unlock(&ds->batch.live_lock);
     gw_fe_state_encode(out, &st);
+    for (uint32_t i = 0; i < st.nlive; i++)
+        free(st.live[i].rows);
+    free(st.live);
     for (int i = 0; i < np; i++) {
         free(specs[i]);
         gw_pipeline_unref(ps[i]);

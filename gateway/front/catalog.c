@@ -141,6 +141,44 @@ static int64_t *keys_copy(const int64_t *keys, uint32_t n)
     return out;
 }
 
+fr_live_t *fr_live_from(const gw_fe_state_t *st, int *n)
+{
+    fr_live_t *live = st->nlive > 0 ? sq_xcalloc(st->nlive, sizeof(*live)) : NULL;
+    *n = 0;
+    for (uint32_t i = 0; i < st->nlive; i++) {
+        const gw_fe_live_t *e = &st->live[i];
+        pl_profile_t p;
+        if (e->linear) {
+            pl_profile_init_linear(&p, e->alpha_us, e->beta_us, e->max_batch);
+        } else {
+            pl_profile_row_t *rows = sq_xmalloc(sizeof(*rows) * e->nrows);
+            for (uint32_t r = 0; r < e->nrows; r++)
+                rows[r] = (pl_profile_row_t){.batch = e->rows[r].batch,
+                                             .mean_us = e->rows[r].mean_us,
+                                             .std_us = e->rows[r].std_us};
+            int rc = pl_profile_init_table(&p, rows, (int)e->nrows);
+            free(rows);
+            if (rc != 0) {
+                SQ_WARN("FE_STATE: the live profile of model %lld does not parse",
+                        (long long)e->key);
+                continue;
+            }
+            p.max_batch = e->max_batch;
+        }
+        p.memory_bytes = e->memory_bytes;
+        p.memory_per_item_bytes = e->memory_per_item_bytes;
+        live[(*n)++] = (fr_live_t){.key = e->key, .kind = e->kind, .profile = p};
+    }
+    return live;
+}
+
+void fr_live_free(fr_live_t *live, int n)
+{
+    for (int i = 0; i < n; i++)
+        pl_profile_dispose(&live[i].profile);
+    free(live);
+}
+
 /* FE_STATE, decoded, as of now_us: readiness, and the workers up and
  * coming per kind (what this frontend's admission reads from the server
  * record, as a dispatcher's own HTTP side does). */
@@ -154,7 +192,13 @@ void fr_take_state(gw_front_t *fr, const gw_fe_state_t *st, int64_t now_us)
     }
     sync_pipelines(fr->srv->pipelines, st->pipes, st->npipes);
     int64_t *held = keys_copy(st->held, st->nheld), *gone = keys_copy(st->gone, st->ngone);
+    int nlive;
+    fr_live_t *live = fr_live_from(st, &nlive), *old_live;
     pthread_mutex_lock(&fr->lock);
+    old_live = fr->live;
+    int old_nlive = fr->nlive;
+    fr->live = live;
+    fr->nlive = nlive;
     fr->fleet = fleet;
     free(fr->held);
     free(fr->gone);
@@ -165,6 +209,7 @@ void fr_take_state(gw_front_t *fr, const gw_fe_state_t *st, int64_t now_us)
     snprintf(fr->why, sizeof(fr->why), "%s", st->why);
     fr->ready = st->why[0] == '\0';
     pthread_mutex_unlock(&fr->lock);
+    fr_live_free(old_live, old_nlive);
 }
 
 void fr_on_state(gw_front_t *fr, const sq_frame_t *f)

@@ -144,6 +144,7 @@ void gw_front_free(gw_server_t *srv)
     free(fr->slots);
     free(fr->held);
     free(fr->gone);
+    fr_live_free(fr->live, fr->nlive);
     pthread_mutex_destroy(&fr->lock);
     free(fr);
     srv->front = NULL;

@@ -72,6 +72,13 @@ typedef struct data_conn {
     int shm;
 } data_conn_t;
 
+/* A live-corrected profile the dispatcher published (FE_STATE). */
+typedef struct {
+    int64_t key;
+    int kind;
+    pl_profile_t profile; /* owned */
+} fr_live_t;
+
 struct gw_front {
     gw_sched_t sched; /* first: the scheduling interface (gw_front_sched) */
     gw_server_t *srv;
@@ -117,6 +124,10 @@ struct gw_front {
     char why[256];
     int64_t *held, *gone;
     int nheld, ngone;
+    /* the profiles the dispatcher plans with, corrected by what its
+     * batches took (FE_STATE): the least latency is counted on them */
+    fr_live_t *live;
+    int nlive;
 };
 
 /* FE_METRICS goes every this often (front.c's tick, report.c). */
@@ -158,6 +169,10 @@ void fr_on_state(gw_front_t *fr, const sq_frame_t *f);
  * records that did not parse); the state, as of now_us, taken. */
 int fr_take_catalog(gw_registry_t *reg, const gw_fe_catalog_t *cat);
 void fr_take_state(gw_front_t *fr, const gw_fe_state_t *st, int64_t now_us);
+/* Its live profiles as planner profiles (*n of them; the malformed
+ * skipped); fr_live_free releases them. */
+fr_live_t *fr_live_from(const gw_fe_state_t *st, int *n);
+void fr_live_free(fr_live_t *live, int n);
 
 /* ---- link.c ---- */
 /* One try at joining the next dispatcher address; 0 when joined. */
@@ -177,5 +192,8 @@ void fr_push_metrics(gw_front_t *fr);
 
 /* ---- sched.c ---- */
 extern const gw_sched_ops_t fr_front_sched_ops;
+/* gw_sched_ops_t.least: on the dispatcher's live-corrected profile of m on
+ * kind when it published one, else on m's measured one. */
+int fr_sched_least(gw_sched_t *s, const gw_model_t *m, int kind, int n, gw_least_t *out);
 
 #endif

@@ -217,11 +217,16 @@ void fr_leave(gw_front_t *fr, const char *why)
     while (fr->data != NULL)
         fr_data_close(fr, fr->data, "left the dispatcher");
     pthread_mutex_lock(&fr->lock);
+    fr_live_t *live = fr->live; /* the next dispatcher publishes its own */
+    int nlive = fr->nlive;
+    fr->live = NULL;
+    fr->nlive = 0;
     fr_fleet_clear(&fr->fleet);
     fr->ready = 0;
     fr->admin[0] = '\0';
     snprintf(fr->why, sizeof(fr->why), "this frontend has no dispatcher (%s)", why);
     pthread_mutex_unlock(&fr->lock);
+    fr_live_free(live, nlive);
     SQ_LOG(fr->stopping ? SQ_LOG_INFO : SQ_LOG_WARN,
            "left the dispatcher reason=\"%s\" items_failed=%d", why, n);
     fr->rejoin_at_ns = sq_now_ns();

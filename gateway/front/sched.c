@@ -55,11 +55,18 @@ static int sched_serving_kind(gw_sched_t *s, const gw_model_t *m)
     return gw_fleet_serving_kind(&f, m);
 }
 
-/* No live profile here (the dispatcher keeps those): the measured one. */
-static int sched_least(gw_sched_t *s, const gw_model_t *m, int kind, int n, gw_least_t *out)
+int fr_sched_least(gw_sched_t *s, const gw_model_t *m, int kind, int n, gw_least_t *out)
 {
-    pl_dispatch_opts_t o = gw_sched_core_opts(((gw_front_t *)s)->srv->cfg);
-    return gw_sched_least_on(&o, NULL, m, kind, n, out);
+    gw_front_t *fr = (gw_front_t *)s;
+    pl_dispatch_opts_t o = gw_sched_core_opts(fr->srv->cfg);
+    const pl_profile_t *p = NULL;
+    pthread_mutex_lock(&fr->lock);
+    for (int i = 0; i < fr->nlive && p == NULL; i++)
+        if (fr->live[i].key == m->key && fr->live[i].kind == kind)
+            p = &fr->live[i].profile;
+    int rc = gw_sched_least_on(&o, p, m, kind, n, out);
+    pthread_mutex_unlock(&fr->lock);
+    return rc;
 }
 
 const gw_sched_ops_t fr_front_sched_ops = {
@@ -69,7 +76,7 @@ const gw_sched_ops_t fr_front_sched_ops = {
     .held = sched_held,
     .unloading = sched_unloading,
     .serving_kind = sched_serving_kind,
-    .least = sched_least,
+    .least = fr_sched_least,
     .fleet = sched_fleet,
 };
 
