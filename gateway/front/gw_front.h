@@ -32,7 +32,8 @@ void gw_front_free(gw_server_t *srv);
  * to the dispatcher, abandoned items withdrawn there; readiness and held
  * models as the dispatcher last said them (and whether this frontend is
  * joined to one); the serving kind from the fleet it last said; the least
- * latency on the measured profiles. */
+ * latency on the profiles the dispatcher plans with (live-corrected, sent
+ * in FE_STATE; the measured ones where it sent none). */
 gw_sched_t *gw_front_sched(gw_front_t *fr);
 /* The dispatcher's HTTP address ("host:port"; "" before it is joined). */
 void gw_front_dispatcher_http(gw_server_t *srv, char *out, size_t len);
