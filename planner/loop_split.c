@@ -11,6 +11,13 @@
 
 /* ---- splits ------------------------------------------------------------- */
 
+double pl_loop_split_allowance(double cheapest_devices)
+{
+    double low = cheapest_devices * 2 < 1 ? cheapest_devices * 2 : 1;
+    double high = cheapest_devices * PL_SPLIT_ALLOWANCE;
+    return low > high ? low : high;
+}
+
 int pl_loop_split(const pl_loop_split_in_t *in, double *budget_us, pl_loop_split_why_t *why,
                   int *missing, pl_query_result_t *res)
 {
@@ -44,9 +51,15 @@ int pl_loop_split(const pl_loop_split_in_t *in, double *budget_us, pl_loop_split
          * series step is quadratic in the steps). */
         double eps = fmin(in->epsilon_us, in->slo_us / 1000.0);
         rc = pl_query_split(&dp, st, n, in->slo_us, rate, eps, in->k_std);
-        /* The slack to where the load is (pl_query_share_slack). */
+        /* The slack to where the load is (pl_query_share_slack); then, where
+         * the devices the cheapest split needs hold more, the split with the
+         * most slack for every stage (pl_query_most_slack): a frame slower to
+         * decode than the mean, a burst, a busy neighbour. */
         if (rc == 0)
             rc = pl_query_share_slack(&dp, st, n, in->slo_us, in->k_std);
+        if (rc == 0)
+            rc = pl_query_most_slack(&dp, st, n, in->slo_us, in->k_std,
+                                     pl_loop_split_allowance(dp.cost_devices));
         if (rc == 0) {
             memcpy(budget_us, dp.budget_us, sizeof(double) * (size_t)n);
             if (res != NULL)

@@ -364,6 +364,18 @@ void pl_query_result_dispose(pl_query_result_t *r);
  * (res not of these stages) or SQ_DEADLINE (as pl_query_split). */
 int pl_query_share_slack(pl_query_result_t *res, const pl_stage_t *stages, int nstages,
                          double slo_us, double k_std);
+/* The split that leaves every stage the most slack beyond its own costs
+ * (its overhead_us and a batch of one, 2 l(1)) among those whose cost is at
+ * most allowance_devices: at low load, where any split runs on the one
+ * device the cheapest needs, each stage of a path gets its floor plus an
+ * equal share of what the floors leave; as the load grows the split moves
+ * back toward res (the cheapest, pl_query_split, in PL_SLACK_STEPS steps)
+ * until its cost fits. A stage never gets less than its floor where the
+ * SLO allows it. Replaces res when a split with more slack fits; a
+ * pipeline with a join is left as it is. Returns 0 or SQ_INVAL. */
+#define PL_SLACK_STEPS 32
+int pl_query_most_slack(pl_query_result_t *res, const pl_stage_t *stages, int nstages,
+                        double slo_us, double k_std, double allowance_devices);
 /* The index of dispersion (pl_session_t.dispersion) of a stage fed by a
  * parent stage's batches of parent_batch items, each item giving a count
  * X of mean gamma and variance gamma_var: the clump is a batch's crops, S

@@ -343,5 +343,12 @@ typedef struct {
  * parent not earlier, SLO not positive). */
 int pl_loop_split(const pl_loop_split_in_t *in, double *budget_us, pl_loop_split_why_t *why,
                   int *missing, pl_query_result_t *res);
+/* What a pipeline's split may cost, in devices, when the cheapest costs
+ * cheapest_devices: at low load, up to twice that within one device (where
+ * any split runs on the device the cheapest needs, and its slack costs
+ * nothing), at high load PL_SPLIT_ALLOWANCE times it, so that the slack
+ * never takes from the other sessions what their goodput needs. */
+#define PL_SPLIT_ALLOWANCE 1.02
+double pl_loop_split_allowance(double cheapest_devices);
 
 #endif

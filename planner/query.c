@@ -478,3 +478,64 @@ int pl_query_share_slack(pl_query_result_t *res, const pl_stage_t *stages, int n
     free(leaf);
     return rc;
 }
+
+int pl_query_most_slack(pl_query_result_t *res, const pl_stage_t *stages, int nstages,
+                        double slo_us, double k_std, double allowance_devices)
+{
+    if (res->nstages != nstages || !stages_valid(stages, nstages) || !(slo_us > 0))
+        return SQ_INVAL;
+    for (int v = 0; v < nstages; v++)
+        if (stages[v].nparents > 1)
+            return 0; /* a join: its paths are not one chain per leaf */
+    /* floor[v]: what a stage needs at the least, its overhead (margin,
+     * decode) and a batch of one waited for and run; cum[v]: the floors of
+     * its path from the root; depth[v]: that path's stages. */
+    double *floor_us = sq_xmalloc(sizeof(double) * (size_t)nstages);
+    double *cum = sq_xmalloc(sizeof(double) * (size_t)nstages);
+    int *depth = sq_xmalloc(sizeof(int) * (size_t)nstages);
+    int *leaf = sq_xmalloc(sizeof(int) * (size_t)nstages);
+    for (int v = 0; v < nstages; v++) {
+        int par = stages[v].nparents ? stages[v].parents[0] : -1;
+        double ov = stages[v].overhead_us > 0 ? stages[v].overhead_us : 0;
+        floor_us[v] = ov + 2 * pl_latency_us(stages[v].profile, 1, k_std);
+        cum[v] = (par >= 0 ? cum[par] : 0) + floor_us[v];
+        depth[v] = (par >= 0 ? depth[par] : 0) + 1;
+        leaf[v] = 1;
+    }
+    for (int v = 0; v < nstages; v++)
+        if (stages[v].nparents)
+            leaf[stages[v].parents[0]] = 0;
+    /* The equal slack every path allows: each stage its floor plus s. */
+    double s = INFINITY;
+    for (int v = 0; v < nstages; v++)
+        if (leaf[v] && (slo_us - cum[v]) / depth[v] < s)
+            s = (slo_us - cum[v]) / depth[v];
+    int rc = 0;
+    if (s > 0 && isfinite(s)) {
+        double *cand = sq_xmalloc(sizeof(double) * (size_t)nstages);
+        /* From the equal slack back toward the cheapest split, the first
+         * whose cost the allowance holds (the cheapest itself at the end,
+         * left as it is). */
+        for (int k = PL_SLACK_STEPS; k > 0; k--) {
+            double lam = (double)k / PL_SLACK_STEPS;
+            for (int v = 0; v < nstages; v++)
+                cand[v] = res->budget_us[v] + lam * (floor_us[v] + s - res->budget_us[v]);
+            pl_query_result_t c;
+            memset(&c, 0, sizeof(c));
+            if (fill_result(&c, stages, nstages, cand, res->rate_rps, k_std) != 0)
+                continue;
+            if (c.cost_devices <= allowance_devices + 1e-9) {
+                pl_query_result_dispose(res);
+                *res = c;
+                break;
+            }
+            pl_query_result_dispose(&c);
+        }
+        free(cand);
+    }
+    free(floor_us);
+    free(cum);
+    free(depth);
+    free(leaf);
+    return rc;
+}

@@ -1,6 +1,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pl.h>
+#include <pl_loop.h>
 #include <sq.h>
 
 #define MS 1000.0
@@ -265,6 +266,52 @@ Test(query, every_budget_holds_its_overhead_and_a_batch)
     cr_assert_eq(r.batch[1], 15);
     pl_query_result_dispose(&r);
     cr_assert_eq(pl_query_split_even(&r, st, 2, 2 * overhead, 3, 0), SQ_DEADLINE);
+    pl_profile_dispose(&det);
+    pl_profile_dispose(&cls);
+}
+
+/* The README's pipeline on a 2-core box (a face detector, l(1) 6 ms, then
+ * a classifier of each face, l(1) 30 ms; SLO 300 ms; a 2 ms margin and a
+ * 4 ms decode before each batch). Live, the split gave the detector 6-11
+ * ms: a frame slower to decode than the mean, or a busy neighbour, and
+ * every query of it was refused. At 1 query a second any split runs on
+ * the one device the cheapest needs: each stage gets its floor (overhead
+ * and 2 l(1)) and an equal share of the rest. At 150 queries a second the
+ * split keeps to the allowance, and never goes under a floor. */
+Test(query, at_low_load_every_stage_gets_its_floor_and_an_equal_share_of_the_slack)
+{
+    pl_profile_t det, cls;
+    pl_profile_init_linear(&det, 0.4 * MS, 5.6 * MS, 16);
+    pl_profile_init_linear(&cls, 2.5 * MS, 27.5 * MS, 16);
+    int parents[] = {0};
+    double g[] = {1.5};
+    pl_stage_t st[] = {
+        {.profile = &det, .overhead_us = 6 * MS},
+        {.profile = &cls, .nparents = 1, .parents = parents, .gamma = g, .overhead_us = 6 * MS}};
+    double floor[2];
+    for (int v = 0; v < 2; v++)
+        floor[v] = 6 * MS + 2 * pl_latency_us(st[v].profile, 1, 0);
+    double rates[] = {1, 150};
+    for (int i = 0; i < 2; i++) {
+        pl_query_result_t r;
+        cr_assert_eq(pl_query_split(&r, st, 2, 300 * MS, rates[i], 1 * MS, 0), 0);
+        cr_assert_eq(pl_query_share_slack(&r, st, 2, 300 * MS, 0), 0);
+        double cheapest = r.cost_devices, was_det = r.budget_us[0];
+        double allowance = pl_loop_split_allowance(cheapest);
+        cr_assert_eq(pl_query_most_slack(&r, st, 2, 300 * MS, 0, allowance), 0);
+        cr_assert_leq(r.cost_devices, allowance + 1e-9, "rate %g", rates[i]);
+        cr_assert_leq(r.budget_us[0] + r.budget_us[1], 300 * MS + 1e-6);
+        for (int v = 0; v < 2; v++)
+            cr_assert_geq(r.budget_us[v], floor[v] - 1e-6, "rate %g stage %d: %g us", rates[i], v,
+                          r.budget_us[v]);
+        if (i == 0) {
+            double s = (300 * MS - floor[0] - floor[1]) / 2;
+            cr_assert_gt(r.budget_us[0], was_det + 50 * MS, "the detector had %g us", was_det);
+            cr_assert_float_eq(r.budget_us[0], floor[0] + s, 1e-6, "%g us", r.budget_us[0]);
+            cr_assert_float_eq(r.budget_us[1], floor[1] + s, 1e-6);
+        }
+        pl_query_result_dispose(&r);
+    }
     pl_profile_dispose(&det);
     pl_profile_dispose(&cls);
 }
