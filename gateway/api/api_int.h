@@ -9,8 +9,9 @@
 
 #include <stdatomic.h>
 
-/* One inference request on its way through squishd (infer.c; the OIP
- * side in oip.c):
+/* One inference request on its way through squishd (the infer_*.c files,
+ * infer_int.h: infer_request.c sets it up, infer_item.c runs its items,
+ * infer_reply.c and its route's file answer it):
  *
  *   HTTP loop:       parse, look the model up, stamp arrival and deadline,
  *                    split into items (one per image or tensor row)
@@ -41,7 +42,7 @@ struct gw_infer {
     int64_t deadline_us;
     double slo_ms;
     double slo_asked_ms;  /* what the request asked for when the cap cut it; 0 otherwise */
-    int slo_refused;      /* check_feasible refused its SLO, saying why and what works */
+    int slo_refused;      /* gw_infer_check_feasible refused its SLO, saying why and what works */
     int slo_from_timeout; /* slo_ms is Triton's parameters.timeout (given in us) */
     /* Who set slo_ms: "request" (X-SLO-Ms, ?slo_ms=, parameters.slo_ms or
      * Triton's timeout), "model" (its default_slo_ms) or "server"
@@ -65,8 +66,7 @@ struct gw_infer {
     const uint8_t *body;
     size_t body_len;
     uint8_t *body_owned;
-    void *api_state; /* v2: the parsed OIP request; freed by api_dispose */
-    void (*api_dispose)(gw_infer_t *req);
+    void *api_state; /* v2: the parsed OIP request; freed by its dispose (infer_v2.c) */
     /* Traced (Triton's trace extension): its trace id, else 0; its line is
      * written when it is disposed, with the moment and status of its
      * answer (0: none, the client went away). */
@@ -76,7 +76,8 @@ struct gw_infer {
     const char *oip_id; /* v2: the body's "id" when it gave one (its line names it) */
 };
 
-/* Shared with other request kinds (query.c). */
+/* Shared with other request kinds (query.c): infer_reply.c's top-k,
+ * infer_request.c's id and SLO. */
 /* Top-k of output 0 in row with softmax scores: [{"index", "label", "score"}]. */
 json_t *gw_top_k_json(const gw_model_t *m, const float *row, int k);
 /* The request's X-Request-Id, or a new id. */
@@ -85,8 +86,9 @@ void gw_request_id(h2o_req_t *hreq, char *out, size_t len);
  * SQ_BAD_REQUEST with why. */
 int gw_request_slo_ms(h2o_req_t *hreq, double *slo, char *why, size_t len);
 
-/* Complex queries (query.c): the parts of a query's tree that need no
- * server, split out for tests/gateway/api/test_query.c.
+/* Complex queries (query.c; the answer's in query_answer.c): the parts of
+ * a query's tree that need no server, split out for
+ * tests/gateway/api/test_query.c and test_query_answer.c.
  *
  * A query is a tree of nodes: a node is one item (an image or a crop) at
  * one stage. A frame of the request gives one node per root stage (frame

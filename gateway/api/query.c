@@ -1,4 +1,4 @@
-/* POST /v1/pipelines/{p}/infer: a complex query (gw_catalog.h).
+/* A complex query's tree (gw_catalog.h; its routes in query_route.c).
  *
  * A query is a tree of nodes: a node is one item (an image or a crop) at
  * one stage. A frame of the request gives one node per root stage; a
@@ -18,11 +18,10 @@
  * The first node that fails fails the whole query at once: `abandoned`
  * is set, so that its items still queued are not run (batches.c) and no
  * later stage starts for it. Every node finishes exactly once and the
- * query is answered when the last one has. */
+ * query is answered when the last one has (query_answer.c); its routes,
+ * which set it up and start it, are in query_route.c. */
 #include "gw_dispatch.h"
-#include "api_int.h"
-#include "gw_codec.h"
-#include "gw_catalog.h"
+#include "query_int.h"
 
 #include <sq.h>
 
@@ -31,49 +30,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 /* Detections per node and crop stage at most (a crops_of's max_crops is
  * capped by it). */
 #define MAX_DETS GW_DETECT_MAX_CROPS
-
-typedef gw_qnode_t qnode_t;
-
-typedef struct {
-    int items;
-    double queue_ms, execute_ms, done_ms;
-    int batch_size;
-} stage_timing_t;
-
-struct gw_query {
-    gw_async_t base; /* first */
-    gw_pipeline_t *p;
-    gw_model_t *models[GW_PIPE_MAX_STAGES];
-    gw_crops_spec_t crops[GW_PIPE_MAX_STAGES]; /* bound to the parent's model */
-    int kind[GW_PIPE_MAX_STAGES];              /* the serving device kind per stage */
-    double cum_ms[GW_PIPE_MAX_STAGES];         /* deadlines from arrival */
-    double budget_ms[GW_PIPE_MAX_STAGES];
-    int64_t arrival_us;
-    double slo_ms;
-    int priority;
-    char request_id[80];
-    int nframes;
-    int *frame_w, *frame_h;
-    qnode_t **roots; /* nframes * nroots */
-    int nroots;
-    int root_stage[GW_PIPE_MAX_STAGES];
-    atomic_int pending;     /* nodes and crop jobs not finished */
-    gw_clump_t roots_clump; /* the frames' roots, handed over together */
-    gw_query_fate_t fate;
-    int hopeless;       /* refused for an SLO below its least: no retry can help */
-    pthread_mutex_t mu; /* nodes list, timings */
-    qnode_t *all;
-    stage_timing_t timing[GW_PIPE_MAX_STAGES];
-    const uint8_t *body;
-    size_t body_len;
-    uint8_t *body_owned;
-    gw_oip_request_t *oip; /* over OIP: the parsed request (its rows are the frames) */
-};
 
 /* ---- outcome --------------------------------------------------------------- */
 
@@ -250,7 +210,7 @@ static void on_root_decoded(gw_prep_job_t *job, int rc)
 /* The least a stage's items take once ready: a batch of one on its
  * serving kind, plus the dispatch margin, as the dispatcher plans it
  * (gw_sched_least; the margin alone when unknown). */
-static int64_t stage_least_us(gw_server_t *srv, const gw_query_t *q, int stage)
+int64_t gw_query_stage_least_us(gw_server_t *srv, const gw_query_t *q, int stage)
 {
     gw_least_t least;
     gw_sched_least(srv->sched, q->models[stage], q->kind[stage], 1, &least);
@@ -267,8 +227,8 @@ static int64_t frame_extra_us(gw_server_t *srv, const gw_query_t *q, const qnode
     const gw_stage_spec_t *st = &q->p->stages[n->stage];
     for (int k = 0; k < st->nchildren; k++) {
         int c = st->children[k];
-        double room =
-            (q->cum_ms[c] - q->cum_ms[n->stage]) * 1000.0 - (double)stage_least_us(srv, q, c);
+        double room = (q->cum_ms[c] - q->cum_ms[n->stage]) * 1000.0 -
+                      (double)gw_query_stage_least_us(srv, q, c);
         if (extra > room)
             extra = room;
     }
@@ -294,7 +254,7 @@ static void root_start(gw_server_t *srv, qnode_t *n)
     job->mode = m->nearest ? GW_RESIZE_NEAREST : GW_RESIZE_BILINEAR;
     job->dst = sq_shm_arena_base(srv->arena) + off;
     /* The stage's deadline less the least a batch of one takes. */
-    int64_t after_us = stage_least_us(srv, q, n->stage);
+    int64_t after_us = gw_query_stage_least_us(srv, q, n->stage);
     n->extra_us = frame_extra_us(srv, q, n);
     job->deadline_ns =
         (q->arrival_us + (int64_t)(q->cum_ms[n->stage] * 1000.0) + n->extra_us - after_us) * 1000;
@@ -360,7 +320,7 @@ static int cut_crops(gw_prep_ctx_t *ctx, gw_query_t *q, qnode_t *n, int k, char 
         return 0;
     /* Too late for even one batch of the child stage: the query is lost. */
     int64_t deadline = q->arrival_us + (int64_t)(q->cum_ms[c] * 1000.0);
-    int64_t least = stage_least_us(srv, q, c);
+    int64_t least = gw_query_stage_least_us(srv, q, c);
     if (sq_now_us() + least > deadline) {
         snprintf(err, errlen,
                  "stage %s cannot finish in time: %.1f ms of its deadline left, a batch takes "
@@ -463,96 +423,9 @@ static void crop_job_start(gw_server_t *srv, qnode_t *n)
     }
 }
 
-/* ---- the answer ------------------------------------------------------------ */
+/* ---- its start and end ---------------------------------------------------- */
 
-json_t *gw_query_node_json(const gw_pipeline_t *p, gw_model_t *const *models, const qnode_t *n)
-{
-    const gw_stage_spec_t *st = &p->stages[n->stage];
-    json_t *o = json_object();
-    if (st->nchildren == 0) {
-        json_object_set_new(o, "predictions", gw_top_k_json(models[n->stage], n->row, st->top_k));
-        return o;
-    }
-    for (int k = 0; k < st->nchildren; k++) {
-        json_t *a = json_array();
-        for (int i = 0; i < n->nkids[k]; i++) {
-            const qnode_t *kid = n->kids[k][i];
-            json_t *d = gw_query_node_json(p, models, kid);
-            json_object_set_new(
-                d, "box",
-                json_pack("[f, f, f, f]", kid->det.x0, kid->det.y0, kid->det.x1, kid->det.y1));
-            json_object_set_new(d, "score", json_real(kid->det.score));
-            json_array_append_new(a, d);
-        }
-        json_object_set_new(o, p->stages[st->children[k]].id, a);
-    }
-    return o;
-}
-
-static void query_count(gw_query_t *q, int64_t now)
-{
-    gw_query_outcome_t o = gw_query_outcome(&q->fate);
-    gw_pipeline_outcome(q->p, o, now - q->arrival_us);
-    gw_metrics_pipeline_query(q->base.srv->metrics, q->p->name,
-                              o == GW_Q_OK        ? "ok"
-                              : o == GW_Q_DROPPED ? "dropped"
-                                                  : "error",
-                              (double)(now - q->arrival_us) / 1e6);
-}
-
-static void query_headers(gw_query_t *q, h2o_req_t *hreq)
-{
-    gw_add_header(hreq, "x-request-id", q->request_id);
-    char v[32];
-    snprintf(v, sizeof(v), "%g", q->slo_ms);
-    gw_add_header(hreq, "x-slo-ms", v);
-}
-
-/* Frame f: its size and each root stage's result. */
-static json_t *frame_json(const gw_query_t *q, int f)
-{
-    json_t *fr = json_pack("{s:i, s:i}", "width", q->frame_w[f], "height", q->frame_h[f]);
-    for (int r = 0; r < q->nroots; r++) {
-        const qnode_t *n = q->roots[f * q->nroots + r];
-        json_object_set_new(fr, q->p->stages[n->stage].id, gw_query_node_json(q->p, q->models, n));
-    }
-    return fr;
-}
-
-static void query_respond(gw_async_t *a, h2o_req_t *hreq)
-{
-    gw_query_t *q = (gw_query_t *)a;
-    int64_t now = sq_now_us();
-    query_count(q, now);
-    query_headers(q, hreq);
-    if (atomic_load(&q->fate.failed)) {
-        gw_send_error_retry(hreq, q->fate.err, q->fate.detail, !q->hopeless);
-        return;
-    }
-    json_t *frames = json_array();
-    for (int f = 0; f < q->nframes; f++)
-        json_array_append_new(frames, frame_json(q, f));
-    json_t *timing = json_object(), *budgets = json_object(), *deadlines = json_object();
-    for (int i = 0; i < q->p->nstages; i++) {
-        const stage_timing_t *t = &q->timing[i];
-        const char *id = q->p->stages[i].id;
-        json_object_set_new(timing, id,
-                            json_pack("{s:s, s:i, s:i, s:f, s:f, s:f, s:i}", "model",
-                                      q->models[i]->name, "version", q->models[i]->version, "items",
-                                      t->items, "queue_ms", t->queue_ms, "execute_ms",
-                                      t->execute_ms, "done_ms", t->done_ms, "batch_size",
-                                      t->batch_size));
-        json_object_set_new(budgets, id, json_real(q->budget_ms[i]));
-        json_object_set_new(deadlines, id, json_real(q->cum_ms[i]));
-    }
-    gw_send_json(hreq, 200,
-                 json_pack("{s:s, s:s, s:f, s:f, s:o, s:{s:o, s:o}, s:o}", "pipeline", q->p->name,
-                           "id", q->request_id, "slo_ms", q->slo_ms, "latency_ms",
-                           (double)(now - q->arrival_us) / 1000.0, "frames", frames, "split",
-                           "budgets_ms", budgets, "deadlines_ms", deadlines, "stages", timing));
-}
-
-static void query_dispose(gw_async_t *a)
+void gw_query_dispose(gw_async_t *a)
 {
     gw_query_t *q = (gw_query_t *)a;
     atomic_fetch_sub(&a->srv->infer_inflight, 1);
@@ -578,76 +451,6 @@ static void query_dispose(gw_async_t *a)
     pthread_mutex_destroy(&q->mu);
 }
 
-/* ---- the route ------------------------------------------------------------- */
-
-/* Replies at once (the query never started). */
-static void query_reject(gw_query_t *q, int err, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void query_reject(gw_query_t *q, int err, const char *fmt, ...)
-{
-    atomic_store(&q->fate.failed, 1);
-    q->fate.err = err;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(q->fate.detail, sizeof(q->fate.detail), fmt, ap);
-    va_end(ap);
-    gw_async_done(&q->base);
-}
-
-/* Resolves each stage's model now; 0, or an error with why. */
-static int resolve_stages(gw_server_t *srv, gw_query_t *q, char *why, size_t len)
-{
-    const gw_pipeline_t *p = q->p;
-    for (int i = 0; i < p->nstages; i++) {
-        const gw_stage_spec_t *st = &p->stages[i];
-        gw_model_t *m = gw_registry_find(srv->registry, st->model, strlen(st->model), st->version);
-        q->models[i] = m;
-        if (m == NULL) {
-            snprintf(why, len, "stage %s: no model %s", st->id, st->model);
-            return SQ_MODEL_NOT_FOUND;
-        }
-        if (strcmp(m->status, "failed") == 0) {
-            snprintf(why, len, "stage %s: model %s version %d failed: %s", st->id, m->name,
-                     m->version, m->error);
-            return SQ_MODEL_FAILED;
-        }
-        if (strcmp(m->status, "unloaded") == 0) {
-            snprintf(why, len,
-                     "stage %s: model %s is unloaded; POST /v2/repository/models/%s/load "
-                     "serves it again",
-                     st->id, m->name, m->name);
-            return SQ_MODEL_UNLOADED;
-        }
-        if (strcmp(m->status, "ready") != 0) {
-            snprintf(why, len, "stage %s: model %s is being profiled; retry shortly", st->id,
-                     m->name);
-            return SQ_NOT_READY;
-        }
-        if (m->c != 3 || m->h <= 0 || m->w <= 0) {
-            snprintf(why, len, "stage %s: model %s no longer takes images", st->id, m->name);
-            return SQ_BAD_CONFIG;
-        }
-        if ((q->kind[i] = gw_sched_serving_kind(srv->sched, m)) < 0) {
-            snprintf(why, len, "stage %s: no worker that can run model %s is up", st->id, m->name);
-            return SQ_NO_WORKER;
-        }
-    }
-    for (int i = 0; i < p->nstages; i++) {
-        const gw_stage_spec_t *st = &p->stages[i];
-        if (st->parent < 0)
-            continue;
-        q->crops[i] = st->crops;
-        char path[96];
-        snprintf(path, sizeof(path), "pipeline %s stage %s crops_of", p->name, st->id);
-        int rc = gw_crops_spec_bind(&q->crops[i], q->models[st->parent]->name,
-                                    q->models[st->parent]->outputs, q->models[st->parent]->noutputs,
-                                    path, why, len);
-        if (rc != 0)
-            return rc;
-    }
-    return 0;
-}
-
 int gw_query_roots(const gw_pipeline_t *p, int *root_stage)
 {
     int n = 0;
@@ -659,7 +462,7 @@ int gw_query_roots(const gw_pipeline_t *p, int *root_stage)
 
 /* Starts the query on its frames (JPEG bytes that stay valid until it is
  * answered). */
-static void query_start(gw_query_t *q, const gw_part_t *frames, int nframes)
+void gw_query_start(gw_query_t *q, const gw_part_t *frames, int nframes)
 {
     gw_server_t *srv = q->base.srv;
     const gw_pipeline_t *p = q->p;
@@ -684,67 +487,14 @@ static void query_start(gw_query_t *q, const gw_part_t *frames, int nframes)
         root_start(srv, q->roots[i]);
     query_release(q);
 }
-
-/* A query of the pipeline named by the call's first argument, or NULL
- * after replying 404 or 503. */
 /* The client went away: nothing more runs for the query (its items still
  * queued are withdrawn, no later stage starts). */
-static void query_gone(gw_async_t *a)
+void gw_query_gone(gw_async_t *a)
 {
     gw_query_t *q = (gw_query_t *)a;
     int was = 0;
     atomic_compare_exchange_strong(&q->fate.abandoned, &was, GW_ABANDONED_GONE);
     gw_query_fate_fail(&q->fate, SQ_DEADLINE, "the client went away");
-}
-
-static gw_query_t *query_new(gw_call_t *call)
-{
-    gw_server_t *srv = call->srv;
-    h2o_req_t *hreq = call->req;
-    if (atomic_load(&srv->stopping)) {
-        gw_send_error(hreq, SQ_SHUTTING_DOWN, "squishd is shutting down");
-        return NULL;
-    }
-    char name[MDB_NAME_MAX + 1];
-    h2o_iovec_t arg = call->args[0];
-    if (!gw_model_name_ok(arg.base, arg.len)) {
-        gw_send_not_found(call, arg, 0);
-        return NULL;
-    }
-    memcpy(name, arg.base, arg.len);
-    name[arg.len] = '\0';
-    gw_pipeline_t *p = gw_pipes_get(srv->pipelines, name);
-    if (p == NULL) {
-        gw_send_not_found(call, arg, 0);
-        return NULL;
-    }
-    if (atomic_load(&p->unloaded)) {
-        char why[2 * MDB_NAME_MAX + 96];
-        snprintf(why, sizeof(why),
-                 "pipeline %s is unloaded; POST /v2/repository/models/%s/load serves it again",
-                 name, name);
-        gw_pipeline_unref(p);
-        gw_send_error(hreq, SQ_MODEL_UNLOADED, why);
-        return NULL;
-    }
-    if (atomic_fetch_add(&srv->infer_inflight, 1) >= srv->cfg->max_inflight) {
-        atomic_fetch_sub(&srv->infer_inflight, 1);
-        gw_pipeline_unref(p);
-        gw_send_error(hreq, SQ_OVERLOAD, "squishd has --max-inflight requests in flight");
-        return NULL;
-    }
-    gw_query_t *q = (gw_query_t *)gw_async_new(call, sizeof(gw_query_t));
-    q->base.dispose = query_dispose;
-    q->base.gone = query_gone;
-    gw_async_watch(&q->base);
-    q->fate.srv = srv;
-    q->p = p;
-    pthread_mutex_init(&q->mu, NULL);
-    q->arrival_us = sq_now_us();
-    q->priority = GW_PRIORITY_DEFAULT;
-    gw_request_id(hreq, q->request_id, sizeof(q->request_id));
-    gw_pipeline_arrival(p);
-    return q;
 }
 
 double gw_query_split(gw_pipeline_t *p, double slo_ms, double max_ms, double *cum_ms,
@@ -763,228 +513,4 @@ double gw_query_split(gw_pipeline_t *p, double slo_ms, double max_ms, double *cu
         budget_ms[i] = cum_ms[i] - (par >= 0 ? cum_ms[par] : 0);
     }
     return slo;
-}
-
-/* The SLO (slo_ms <= 0: the pipeline's), the deadlines and the stages'
- * models; 0, or -1 after rejecting. */
-static int query_setup(gw_query_t *q, double slo_ms)
-{
-    gw_server_t *srv = q->base.srv;
-    q->slo_ms = gw_query_split(q->p, slo_ms, srv->cfg->max_request_ms, q->cum_ms, q->budget_ms);
-    char why[512];
-    int rc = resolve_stages(srv, q, why, sizeof(why));
-    if (rc != 0) {
-        query_reject(q, rc, "%s", why);
-        return -1;
-    }
-    /* The least SLO the pipeline can meet: a frame's decode, then on the
-     * longest chain of stages a batch of one each (with the dispatch
-     * margin). A query asking for less is answered at once, saying so,
-     * without Retry-After (issue 23: no retry can help it). */
-    const gw_pipeline_t *p = q->p;
-    double least_us[GW_PIPE_MAX_STAGES], least = 0;
-    for (int k = 0; k < p->nstages; k++) {
-        int i = p->order[k]; /* parents before children */
-        int par = p->stages[i].parent;
-        least_us[i] = (par >= 0 ? least_us[par] : gw_prep_pool_decode_us(srv->prep)) +
-                      (double)stage_least_us(srv, q, i);
-        least = least_us[i] > least ? least_us[i] : least;
-    }
-    if (q->slo_ms * 1000.0 < least) {
-        q->hopeless = 1;
-        query_reject(q, SQ_DEADLINE,
-                     "an SLO of %g ms cannot be met: a frame's decode and a batch of one of each "
-                     "stage after the other take at least %.1f ms; ask for %.0f ms or more",
-                     q->slo_ms, least / 1000.0, ceil(least / 1000.0));
-        return -1;
-    }
-    return 0;
-}
-
-void gw_route_pipeline_infer(gw_call_t *call)
-{
-    gw_server_t *srv = call->srv;
-    h2o_req_t *hreq = call->req;
-    gw_query_t *q = query_new(call);
-    if (q == NULL)
-        return;
-    q->base.respond = query_respond;
-    char why[512];
-    double slo;
-    int rc = gw_request_slo_ms(hreq, &slo, why, sizeof(why));
-    if (rc != 0) {
-        query_reject(q, rc, "%s", why);
-        return;
-    }
-    if (query_setup(q, slo) != 0)
-        return;
-    if (hreq->entity.len == 0) {
-        query_reject(q, SQ_BAD_IMAGE, "empty body: send a JPEG (image/jpeg) or multipart frames");
-        return;
-    }
-    if (gw_request_body(hreq, &q->body, &q->body_len, &q->body_owned) != 0) {
-        query_reject(q, SQ_OVERLOAD, "not enough memory to hold the body; retry shortly");
-        return;
-    }
-    int max = srv->cfg->max_images;
-    gw_part_t *parts = sq_xcalloc((size_t)max + 1, sizeof(*parts));
-    int nparts = 0;
-    h2o_iovec_t ct = gw_header(hreq, "content-type");
-    if (ct.len >= 9 && strncasecmp(ct.base, "multipart", 9) == 0) {
-        char boundary[GW_MULTIPART_MAX_BOUNDARY + 1];
-        rc = gw_multipart_boundary(ct.base, ct.len, boundary, sizeof(boundary));
-        if (rc != 0)
-            snprintf(why, sizeof(why), "multipart/form-data with a valid boundary expected");
-        else
-            rc = gw_multipart_parse(q->body, q->body_len, boundary, parts, max, &nparts, why,
-                                    sizeof(why));
-        if (rc == SQ_TOO_LARGE)
-            snprintf(why, sizeof(why), "more than %d frames in one request", max);
-        if (rc == 0 && nparts == 0) {
-            rc = SQ_BAD_MULTIPART;
-            snprintf(why, sizeof(why), "no image parts");
-        }
-    } else {
-        parts[0] = (gw_part_t){.data = q->body, .len = q->body_len};
-        nparts = 1;
-    }
-    for (int i = 0; rc == 0 && i < nparts; i++)
-        if ((rc = gw_image_type_check(parts[i].data, parts[i].len, why, sizeof(why))) != 0 &&
-            nparts > 1) {
-            char part[sizeof(why)];
-            snprintf(part, sizeof(part), "frame %d: %s", i, why);
-            snprintf(why, sizeof(why), "%s", part);
-        }
-    if (rc != 0) {
-        free(parts);
-        query_reject(q, rc, "%s", why);
-        return;
-    }
-    query_start(q, parts, nparts);
-    free(parts);
-}
-
-/* ---- over OIP: the pipeline as a model ------------------------------------- */
-
-/* What OIP sees of a pipeline: input IMAGE (BYTES: one JPEG per frame),
- * output RESULT (BYTES: per frame, the /v1 answer's frame as JSON text). */
-static void oip_desc(gw_server_t *srv, gw_oip_model_t *d)
-{
-    memset(d, 0, sizeof(*d));
-    d->ninputs = 1;
-    snprintf(d->inputs[0].name, sizeof(d->inputs[0].name), "IMAGE");
-    d->inputs[0].datatype = GW_OIP_UINT8;
-    d->inputs[0].accept = 1u << GW_OIP_BYTES;
-    d->inputs[0].item_ndim = 1;
-    d->inputs[0].item_shape[0] = 1;
-    d->noutputs = 1;
-    snprintf(d->outputs[0].name, sizeof(d->outputs[0].name), "RESULT");
-    d->outputs[0].item_ndim = 1;
-    d->outputs[0].item_shape[0] = 1;
-    d->max_batch = srv->cfg->max_images;
-    d->max_body_bytes = (size_t)srv->cfg->max_body_bytes;
-}
-
-json_t *gw_pipeline_oip_metadata(gw_pipeline_t *p)
-{
-    return json_pack("{s:s, s:[s], s:s, s:[{s:s, s:s, s:[i]}], s:[{s:s, s:s, s:[i, i]}]}", "name",
-                     p->name, "versions", "1", "platform", "squish_pipeline", "inputs", "name",
-                     "IMAGE", "datatype", "BYTES", "shape", -1, "outputs", "name", "RESULT",
-                     "datatype", "BYTES", "shape", -1, 1);
-}
-
-static void query_respond_oip(gw_async_t *a, h2o_req_t *hreq)
-{
-    gw_query_t *q = (gw_query_t *)a;
-    int64_t now = sq_now_us();
-    query_count(q, now);
-    query_headers(q, hreq);
-    if (atomic_load(&q->fate.failed)) {
-        gw_send_error_retry(hreq, q->fate.err, q->fate.detail, !q->hopeless);
-        return;
-    }
-    json_t *data = json_array();
-    for (int f = 0; f < q->nframes; f++) {
-        json_t *fr = frame_json(q, f);
-        char *txt = sq_json_dumps(fr, JSON_COMPACT);
-        json_array_append_new(data, json_string(txt != NULL ? txt : "{}"));
-        free(txt);
-        json_decref(fr);
-    }
-    json_t *params = json_pack("{s:f, s:f}", "slo_ms", q->slo_ms, "total_ms",
-                               (double)(now - q->arrival_us) / 1000.0);
-    for (int i = 0; i < q->p->nstages; i++) {
-        char key[GW_PIPE_ID_MAX + 16];
-        snprintf(key, sizeof(key), "%s_budget_ms", q->p->stages[i].id);
-        json_object_set_new(params, key, json_real(q->budget_ms[i]));
-    }
-    gw_send_json(hreq, 200,
-                 json_pack("{s:s, s:s, s:s, s:o, s:[{s:s, s:s, s:[i, i], s:o}]}", "model_name",
-                           q->p->name, "model_version", "1", "id", q->request_id, "parameters",
-                           params, "outputs", "name", "RESULT", "datatype", "BYTES", "shape",
-                           q->nframes, 1, "data", data));
-}
-
-void gw_route_pipeline_infer_v2(gw_call_t *call)
-{
-    gw_server_t *srv = call->srv;
-    h2o_req_t *hreq = call->req;
-    gw_query_t *q = query_new(call);
-    if (q == NULL)
-        return;
-    q->base.respond = query_respond_oip;
-    char why[512];
-    double slo;
-    int rc = gw_request_slo_ms(hreq, &slo, why, sizeof(why));
-    if (rc != 0) {
-        query_reject(q, rc, "%s", why);
-        return;
-    }
-    long long header_len = -1;
-    h2o_iovec_t hl = gw_header(hreq, "inference-header-content-length");
-    if (hl.len > 0) {
-        char buf[24];
-        snprintf(buf, sizeof(buf), "%.*s", (int)(hl.len < 23 ? hl.len : 23), hl.base);
-        char *end;
-        header_len = strtoll(buf, &end, 10);
-        if (*end != '\0' || header_len < 1 || (size_t)header_len > hreq->entity.len) {
-            query_reject(q, SQ_BAD_REQUEST, "Inference-Header-Content-Length: expected 1..%zu",
-                         hreq->entity.len);
-            return;
-        }
-    }
-    if (gw_request_body(hreq, &q->body, &q->body_len, &q->body_owned) != 0) {
-        query_reject(q, SQ_OVERLOAD, "not enough memory to hold the body; retry shortly");
-        return;
-    }
-    gw_oip_model_t desc;
-    oip_desc(srv, &desc);
-    q->oip = sq_xcalloc(1, sizeof(*q->oip));
-    rc = gw_oip_request_parse(q->body, q->body_len, header_len, &desc, q->oip, why, sizeof(why));
-    if (rc != 0) {
-        query_reject(q, rc, "%s", why);
-        return;
-    }
-    if (q->oip->id != NULL && q->oip->id_len < sizeof(q->request_id) &&
-        memchr(q->oip->id, '\0', q->oip->id_len) == NULL)
-        snprintf(q->request_id, sizeof(q->request_id), "%s", q->oip->id);
-    if (slo <= 0 && q->oip->slo_ms > 0)
-        slo = q->oip->slo_ms;
-    if (q->oip->priority > 0)
-        q->priority = gw_priority_level(q->oip->priority);
-    if (query_setup(q, slo) != 0)
-        return;
-    int n = q->oip->batch;
-    gw_part_t *parts = sq_xcalloc((size_t)n + 1, sizeof(*parts));
-    for (int i = 0; i < n; i++) {
-        parts[i] = (gw_part_t){.data = q->oip->inputs[0].rows[i].data,
-                               .len = q->oip->inputs[0].rows[i].len};
-        if ((rc = gw_image_type_check(parts[i].data, parts[i].len, why, sizeof(why))) != 0) {
-            free(parts);
-            query_reject(q, rc, "inputs[0] row %d: %s", i, why);
-            return;
-        }
-    }
-    query_start(q, parts, n);
-    free(parts);
 }

@@ -1,7 +1,8 @@
 /* The HTTP API's routes: the table gw_http_start serves (server.c passes
  * it), and the handlers of the server's own state (metadata, health, plan).
- * The other handlers live with their area (models_api.c, infer.c, oip.c,
- * metrics_api.c); http.c calls them only through this table. */
+ * The other handlers live with their area (models_api.c, infer_v1.c,
+ * infer_v2.c, query_route.c, metrics_api.c); http.c calls them only through
+ * this table. */
 #include "api_int.h"
 #include "gw_dispatch.h"
 #include "gw_http.h"

@@ -1,0 +1,107 @@
+/* api/: internal to the inference files: what infer_request.c (a request's
+ * setup and end), infer_item.c (its items' life), infer_reply.c (its
+ * answer's parts), infer_v1.c, infer_v2.c and infer_v2_shm.c (the routes)
+ * share. The files call down that list's order: the routes call the
+ * request, item and reply files, which call none of the routes; gw_infer_t
+ * itself is in api_int.h. */
+#ifndef GW_INFER_INT_H
+#define GW_INFER_INT_H
+
+#include "api_int.h"
+#include "gw_codec.h"
+#include "shm_int.h"
+
+/* ---- a request's setup and end (infer_request.c) ------------------------ */
+
+/* Looks the model up (call->args[0], version in args[1] when given) and
+ * builds the request, admitted (--max-inflight) and watched for its client
+ * going away; replies and returns NULL on an error. Its dispose is
+ * gw_infer_dispose. */
+gw_infer_t *gw_infer_new(gw_call_t *call, gw_api_t api);
+/* The request's end (its gw_async_t dispose): leaves the in-flight count,
+ * writes its trace line when traced, and frees what it holds. A route
+ * with state of its own (api_state) binds its own dispose, which calls
+ * this before freeing that state. */
+void gw_infer_dispose(gw_async_t *a);
+/* Applies an SLO (ms; <= 0 keeps the current one), caps it and sets the
+ * deadline: without an SLO (best effort), --max-request-ms's. */
+void gw_infer_set_deadline(gw_infer_t *req, double slo_ms, const gw_config_t *cfg);
+/* Sizes the item and output arrays and marks every item pending; 0, or
+ * SQ_OVERLOAD when memory is short (the sizes are the request's). */
+int gw_infer_alloc_items(gw_infer_t *req, int n);
+/* Replies at once with err (the request never started). */
+void gw_infer_reject(gw_infer_t *req, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Points the request at its body (gw_request_body: in place, or a copy
+ * for HTTP/2); replies 503 and returns -1 when a copy finds no memory. */
+int gw_infer_take_body(gw_infer_t *req, h2o_req_t *hreq);
+/* The SLO a request's header (X-SLO-Ms) or query (?slo_ms=) asks for, in
+ * *slo (-1: none); -1 after rejecting a malformed one. */
+int gw_infer_request_slo(gw_infer_t *req, h2o_req_t *hreq, double *slo);
+/* The priority a request's header (X-Priority) or query (?priority=) asks
+ * for, Triton's numbers (gw_priority_level), in *priority (-1: none); -1
+ * after rejecting a malformed one. */
+int gw_infer_request_priority(gw_infer_t *req, h2o_req_t *hreq, int64_t *priority);
+/* Refuses at once, saying what would work, an SLO below the least the
+ * model can meet (gw_sched_least); 0, or -1 after rejecting. */
+int gw_infer_check_feasible(gw_infer_t *req);
+/* s as a finite number > 0 in *out; 0, or -1 (out untouched). */
+int gw_infer_parse_positive(const char *s, double *out);
+/* Whether p starts as a JPEG does (FF D8 FF). */
+int gw_infer_is_jpeg(const uint8_t *p, size_t n);
+
+/* ---- its items (infer_item.c) ------------------------------------------- */
+
+/* Starts a JPEG item (any thread): decoded by the preprocess pool into an
+ * arena slot, then handed to the dispatcher with the request's others. */
+void gw_infer_start_jpeg(gw_server_t *srv, gw_item_t *item, const uint8_t *data, size_t len);
+/* Starts a tensor item: the row is copied into the arena as is. */
+void gw_infer_start_tensor(gw_server_t *srv, gw_item_t *item, const uint8_t *data, size_t len,
+                           int uint8);
+
+/* ---- its answer (infer_reply.c) ------------------------------------------ */
+
+typedef struct {
+    double queue_ms, preprocess_ms, execute_ms, total_ms;
+    int batch_size;
+} gw_infer_timing_t;
+
+/* Each phase's longest among the request's items, and its total so far. */
+gw_infer_timing_t gw_infer_timing(const gw_infer_t *req);
+/* Headers of every inference answer: its id, the SLO it was served under,
+ * and a warning when --max-request-ms cut the one asked for. */
+void gw_infer_answer_headers(gw_infer_t *req, h2o_req_t *hreq);
+/* A failed request's answer, saying what SLO would work where one can. */
+void gw_infer_send_failure(gw_infer_t *req, h2o_req_t *hreq);
+/* The status of the answer about to be sent, for its trace (answer_v2
+ * sets a failure to encode); hreq is not read once the answer is sent. */
+void gw_infer_status_for_trace(gw_infer_t *req);
+
+/* ---- /v2 (infer_v2.c; its shared-memory tensors in infer_v2_shm.c) ----- */
+
+/* A /v2 request's state (gw_infer_t.api_state). */
+typedef struct {
+    gw_oip_model_t desc;
+    gw_oip_request_t parsed;
+    long long header_len;
+    double header_slo_ms;    /* X-SLO-Ms or ?slo_ms=; -1 none */
+    int64_t header_priority; /* X-Priority or ?priority=; -1 none */
+    char version[16];
+    /* The shared-memory regions its inputs and outputs name, held until it
+     * is disposed (its items are done by then, and its answer written), so
+     * that an unregister meanwhile unmaps nothing under it. */
+    gw_shm_region_t *regions[GW_OIP_MAX_INPUTS + GW_OIP_MAX_OUTPUTS];
+    int nregions;
+    gw_shm_region_t *out_region[GW_OIP_MAX_OUTPUTS]; /* per requested output; NULL: not in one */
+} gw_v2_state_t;
+
+/* The regions the request's tensors name: each input's window is checked
+ * against its region and its rows pointed into it; each output's window is
+ * checked (and again when it is written). *copy_bytes gets the bytes the
+ * inputs will copy into the arena. 0, or -1 after rejecting. */
+int gw_v2_shm_resolve(gw_infer_t *req, gw_v2_state_t *st, size_t *copy_bytes);
+/* Writes the outputs asked for in shared memory into their regions (each
+ * output's batch x item floats); 0, or -1 after answering an error. */
+int gw_v2_write_shm_outputs(gw_infer_t *req, h2o_req_t *hreq, const float *const *outputs);
+
+#endif

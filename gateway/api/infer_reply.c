@@ -1,0 +1,159 @@
+/* An inference request's answer, the parts both APIs share (infer_int.h):
+ * its timing, the headers every answer carries (id, SLO, lateness, the
+ * cap's warning), a failure's answer saying what SLO would work, and a
+ * classifier's top-k (also a pipeline stage's, query.c). */
+#include "gw_dispatch.h"
+#include "infer_int.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+gw_infer_timing_t gw_infer_timing(const gw_infer_t *req)
+{
+    gw_infer_timing_t t = {0};
+    int64_t now = sq_now_us();
+    for (int i = 0; i < req->n_items; i++) {
+        const gw_item_t *it = &req->items[i];
+        double pre = (double)(it->times.ready_us - req->arrival_us) / 1000.0;
+        double q = (double)(it->times.sent_us - it->times.ready_us) / 1000.0;
+        double ex = (double)(it->times.done_us - it->times.sent_us) / 1000.0;
+        t.preprocess_ms = pre > t.preprocess_ms ? pre : t.preprocess_ms;
+        t.queue_ms = q > t.queue_ms ? q : t.queue_ms;
+        t.execute_ms = ex > t.execute_ms ? ex : t.execute_ms;
+        t.batch_size = it->times.batch_size > t.batch_size ? it->times.batch_size : t.batch_size;
+    }
+    t.total_ms = (double)(now - req->arrival_us) / 1000.0;
+    return t;
+}
+
+/* Headers of every inference answer: its id, the SLO it was served under,
+ * and a warning when --max-request-ms cut the one asked for. */
+void gw_infer_answer_headers(gw_infer_t *req, h2o_req_t *hreq)
+{
+    char v[160];
+    gw_add_header(hreq, "x-request-id", req->request_id);
+    gw_add_header(hreq, "x-slo-source", req->slo_source ? req->slo_source : "none");
+    if (!(req->slo_ms > 0)) {
+        gw_add_header(hreq, "x-slo-ms", "none"); /* best effort */
+    } else {
+        snprintf(v, sizeof(v), "%g", req->slo_ms);
+        gw_add_header(hreq, "x-slo-ms", v);
+        /* Late: by how much, on the answer itself (not only in /metrics). */
+        double late = (double)(sq_now_us() - req->arrival_us) / 1000.0 - req->slo_ms;
+        if (late > 0) {
+            snprintf(v, sizeof(v), "%.1f", late);
+            gw_add_header(hreq, "x-slo-late-ms", v);
+        }
+    }
+    if (req->slo_asked_ms > 0) {
+        snprintf(v, sizeof(v), "199 squish \"SLO of %g ms capped at %g ms (--max-request-ms)\"",
+                 req->slo_asked_ms, req->slo_ms);
+        gw_add_header(hreq, "warning", v);
+    }
+}
+
+/* The least SLO the request can meet, in ms: its items alone on one idle
+ * worker of the model's serving kind, as the dispatcher plans them
+ * (gw_sched_least); 0 when unknown (no profile, no worker of its kind
+ * up, no items yet). */
+static double least_slo_ms(const gw_infer_t *req)
+{
+    gw_server_t *srv = req->base.srv;
+    const gw_model_t *m = req->model;
+    gw_least_t least;
+    if (gw_sched_least(srv->sched, m, gw_sched_serving_kind(srv->sched, m), req->n_items, &least) !=
+        0)
+        return 0;
+    return (double)(least.run_us + least.margin_us) / 1000.0;
+}
+
+/* A failed request's answer. A request refused or dropped for its deadline
+ * says the SLO it had and the least one it can meet; a 503 carries
+ * Retry-After only where a retry can succeed: not when its SLO is below
+ * what its items take alone on an idle worker (issue 23: "Retry-After: 1"
+ * on a request no retry could ever serve). */
+void gw_infer_send_failure(gw_infer_t *req, h2o_req_t *hreq)
+{
+    gw_infer_answer_headers(req, hreq);
+    const char *detail = req->err_detail[0] ? req->err_detail : NULL;
+    if (req->slo_refused) { /* gw_infer_check_feasible said it all; no retry helps */
+        gw_send_error_retry(hreq, req->err, detail, 0);
+        return;
+    }
+    double least = req->err == SQ_DEADLINE && req->slo_ms > 0 ? least_slo_ms(req) : 0;
+    if (least <= 0) {
+        gw_send_error(hreq, req->err, detail);
+        return;
+    }
+    char why[sizeof(req->err_detail) + 320];
+    const char *what = detail != NULL ? detail : sq_err_msg(req->err);
+    int hopeless = req->slo_ms < least;
+    if (hopeless)
+        snprintf(why, sizeof(why),
+                 "%s: an SLO of %g ms (%s) cannot be met for %d item%s, which take at least "
+                 "%.1f ms alone on an idle worker; ask for %.0f ms or more, or for none (best "
+                 "effort)",
+                 what, req->slo_ms, req->slo_source ? req->slo_source : "server", req->n_items,
+                 req->n_items == 1 ? "" : "s", least, ceil(least));
+    else
+        snprintf(why, sizeof(why),
+                 "%s under the current load: SLO %g ms (%s); alone on an idle worker it takes "
+                 "%.1f ms, so a retry can make it, or a larger SLO, or none (best effort)",
+                 what, req->slo_ms, req->slo_source ? req->slo_source : "server", least);
+    gw_send_error_retry(hreq, req->err, why, !hopeless);
+}
+
+typedef struct {
+    float score;
+    int index;
+} scored_t;
+
+static int scored_cmp(const void *a, const void *b)
+{
+    const scored_t *x = a, *y = b;
+    if (x->score != y->score)
+        return x->score < y->score ? 1 : -1;
+    return x->index - y->index;
+}
+
+/* Top-k of output 0's logits (the head of an item's row) with softmax
+ * scores. */
+json_t *gw_top_k_json(const gw_model_t *m, const float *row, int k)
+{
+    int64_t n = m->outputs[0].elems;
+    float mx = -INFINITY;
+    for (int64_t i = 0; i < n; i++)
+        mx = row[i] > mx ? row[i] : mx;
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++)
+        sum += exp((double)(row[i] - mx));
+    scored_t *best = sq_xcalloc((size_t)k, sizeof(*best));
+    int nb = 0;
+    for (int64_t i = 0; i < n; i++) {
+        scored_t c = {.score = row[i], .index = (int)i};
+        if (nb < k) {
+            best[nb++] = c;
+            qsort(best, (size_t)nb, sizeof(*best), scored_cmp);
+        } else if (scored_cmp(&c, &best[k - 1]) < 0) {
+            best[k - 1] = c;
+            qsort(best, (size_t)k, sizeof(*best), scored_cmp);
+        }
+    }
+    json_t *a = json_array();
+    for (int i = 0; i < nb; i++) {
+        char buf[24];
+        json_array_append_new(a,
+                              json_pack("{s:i, s:s, s:f}", "index", best[i].index, "label",
+                                        gw_model_label(m, best[i].index, buf, sizeof(buf)), "score",
+                                        sum > 0 ? exp((double)(best[i].score - mx)) / sum : 0.0));
+    }
+    free(best);
+    return a;
+}
+
+/* The status of the answer about to be sent, for its trace (answer_v2
+ * sets a failure to encode); hreq is not read once the answer is sent. */
+void gw_infer_status_for_trace(gw_infer_t *req)
+{
+    req->reply_status = atomic_load(&req->failed) ? sq_err_http_status(req->err) : 200;
+}

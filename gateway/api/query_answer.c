@@ -1,0 +1,130 @@
+/* A complex query's answers (query_int.h): POST /v1/pipelines/{p}/infer's
+ * JSON (per frame, each root stage's result nesting one node per
+ * detection under its parent; the split; each stage's timing), and over
+ * OIP the same frames as RESULT's JSON texts. Either counts the query's
+ * outcome for /metrics and the pipeline's own figures. */
+#include "query_int.h"
+
+#include <sq.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+
+json_t *gw_query_node_json(const gw_pipeline_t *p, gw_model_t *const *models, const qnode_t *n)
+{
+    const gw_stage_spec_t *st = &p->stages[n->stage];
+    json_t *o = json_object();
+    if (st->nchildren == 0) {
+        json_object_set_new(o, "predictions", gw_top_k_json(models[n->stage], n->row, st->top_k));
+        return o;
+    }
+    for (int k = 0; k < st->nchildren; k++) {
+        json_t *a = json_array();
+        for (int i = 0; i < n->nkids[k]; i++) {
+            const qnode_t *kid = n->kids[k][i];
+            json_t *d = gw_query_node_json(p, models, kid);
+            json_object_set_new(
+                d, "box",
+                json_pack("[f, f, f, f]", kid->det.x0, kid->det.y0, kid->det.x1, kid->det.y1));
+            json_object_set_new(d, "score", json_real(kid->det.score));
+            json_array_append_new(a, d);
+        }
+        json_object_set_new(o, p->stages[st->children[k]].id, a);
+    }
+    return o;
+}
+
+static void query_count(gw_query_t *q, int64_t now)
+{
+    gw_query_outcome_t o = gw_query_outcome(&q->fate);
+    gw_pipeline_outcome(q->p, o, now - q->arrival_us);
+    gw_metrics_pipeline_query(q->base.srv->metrics, q->p->name,
+                              o == GW_Q_OK        ? "ok"
+                              : o == GW_Q_DROPPED ? "dropped"
+                                                  : "error",
+                              (double)(now - q->arrival_us) / 1e6);
+}
+
+static void query_headers(gw_query_t *q, h2o_req_t *hreq)
+{
+    gw_add_header(hreq, "x-request-id", q->request_id);
+    char v[32];
+    snprintf(v, sizeof(v), "%g", q->slo_ms);
+    gw_add_header(hreq, "x-slo-ms", v);
+}
+
+/* Frame f: its size and each root stage's result. */
+static json_t *frame_json(const gw_query_t *q, int f)
+{
+    json_t *fr = json_pack("{s:i, s:i}", "width", q->frame_w[f], "height", q->frame_h[f]);
+    for (int r = 0; r < q->nroots; r++) {
+        const qnode_t *n = q->roots[f * q->nroots + r];
+        json_object_set_new(fr, q->p->stages[n->stage].id, gw_query_node_json(q->p, q->models, n));
+    }
+    return fr;
+}
+
+void gw_query_respond(gw_async_t *a, h2o_req_t *hreq)
+{
+    gw_query_t *q = (gw_query_t *)a;
+    int64_t now = sq_now_us();
+    query_count(q, now);
+    query_headers(q, hreq);
+    if (atomic_load(&q->fate.failed)) {
+        gw_send_error_retry(hreq, q->fate.err, q->fate.detail, !q->hopeless);
+        return;
+    }
+    json_t *frames = json_array();
+    for (int f = 0; f < q->nframes; f++)
+        json_array_append_new(frames, frame_json(q, f));
+    json_t *timing = json_object(), *budgets = json_object(), *deadlines = json_object();
+    for (int i = 0; i < q->p->nstages; i++) {
+        const stage_timing_t *t = &q->timing[i];
+        const char *id = q->p->stages[i].id;
+        json_object_set_new(timing, id,
+                            json_pack("{s:s, s:i, s:i, s:f, s:f, s:f, s:i}", "model",
+                                      q->models[i]->name, "version", q->models[i]->version, "items",
+                                      t->items, "queue_ms", t->queue_ms, "execute_ms",
+                                      t->execute_ms, "done_ms", t->done_ms, "batch_size",
+                                      t->batch_size));
+        json_object_set_new(budgets, id, json_real(q->budget_ms[i]));
+        json_object_set_new(deadlines, id, json_real(q->cum_ms[i]));
+    }
+    gw_send_json(hreq, 200,
+                 json_pack("{s:s, s:s, s:f, s:f, s:o, s:{s:o, s:o}, s:o}", "pipeline", q->p->name,
+                           "id", q->request_id, "slo_ms", q->slo_ms, "latency_ms",
+                           (double)(now - q->arrival_us) / 1000.0, "frames", frames, "split",
+                           "budgets_ms", budgets, "deadlines_ms", deadlines, "stages", timing));
+}
+
+void gw_query_respond_oip(gw_async_t *a, h2o_req_t *hreq)
+{
+    gw_query_t *q = (gw_query_t *)a;
+    int64_t now = sq_now_us();
+    query_count(q, now);
+    query_headers(q, hreq);
+    if (atomic_load(&q->fate.failed)) {
+        gw_send_error_retry(hreq, q->fate.err, q->fate.detail, !q->hopeless);
+        return;
+    }
+    json_t *data = json_array();
+    for (int f = 0; f < q->nframes; f++) {
+        json_t *fr = frame_json(q, f);
+        char *txt = sq_json_dumps(fr, JSON_COMPACT);
+        json_array_append_new(data, json_string(txt != NULL ? txt : "{}"));
+        free(txt);
+        json_decref(fr);
+    }
+    json_t *params = json_pack("{s:f, s:f}", "slo_ms", q->slo_ms, "total_ms",
+                               (double)(now - q->arrival_us) / 1000.0);
+    for (int i = 0; i < q->p->nstages; i++) {
+        char key[GW_PIPE_ID_MAX + 16];
+        snprintf(key, sizeof(key), "%s_budget_ms", q->p->stages[i].id);
+        json_object_set_new(params, key, json_real(q->budget_ms[i]));
+    }
+    gw_send_json(hreq, 200,
+                 json_pack("{s:s, s:s, s:s, s:o, s:[{s:s, s:s, s:[i, i], s:o}]}", "model_name",
+                           q->p->name, "model_version", "1", "id", q->request_id, "parameters",
+                           params, "outputs", "name", "RESULT", "datatype", "BYTES", "shape",
+                           q->nframes, 1, "data", data));
+}

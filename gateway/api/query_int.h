@@ -1,0 +1,79 @@
+/* api/: internal to a pipeline's query files: query.c (the query's tree:
+ * its nodes, their decode, crops and finish, its end), query_answer.c (its
+ * answers) and query_route.c (its routes, which set it up and start it).
+ * The routes call the other two, which call neither the routes nor each
+ * other. A query's nodes (gw_qnode_t) and the parts tested without a
+ * server are in api_int.h. */
+#ifndef GW_QUERY_INT_H
+#define GW_QUERY_INT_H
+
+#include "api_int.h"
+#include "gw_catalog.h"
+#include "gw_codec.h"
+
+#include <pthread.h>
+
+typedef gw_qnode_t qnode_t;
+
+typedef struct {
+    int items;
+    double queue_ms, execute_ms, done_ms;
+    int batch_size;
+} stage_timing_t;
+
+struct gw_query {
+    gw_async_t base; /* first */
+    gw_pipeline_t *p;
+    gw_model_t *models[GW_PIPE_MAX_STAGES];
+    gw_crops_spec_t crops[GW_PIPE_MAX_STAGES]; /* bound to the parent's model */
+    int kind[GW_PIPE_MAX_STAGES];              /* the serving device kind per stage */
+    double cum_ms[GW_PIPE_MAX_STAGES];         /* deadlines from arrival */
+    double budget_ms[GW_PIPE_MAX_STAGES];
+    int64_t arrival_us;
+    double slo_ms;
+    int priority;
+    char request_id[80];
+    int nframes;
+    int *frame_w, *frame_h;
+    qnode_t **roots; /* nframes * nroots */
+    int nroots;
+    int root_stage[GW_PIPE_MAX_STAGES];
+    atomic_int pending;     /* nodes and crop jobs not finished */
+    gw_clump_t roots_clump; /* the frames' roots, handed over together */
+    gw_query_fate_t fate;
+    int hopeless;       /* refused for an SLO below its least: no retry can help */
+    pthread_mutex_t mu; /* nodes list, timings */
+    qnode_t *all;
+    stage_timing_t timing[GW_PIPE_MAX_STAGES];
+    const uint8_t *body;
+    size_t body_len;
+    uint8_t *body_owned;
+    gw_oip_request_t *oip; /* over OIP: the parsed request (its rows are the frames) */
+};
+
+/* ---- the tree (query.c) ---------------------------------------------------- */
+
+/* Starts the query on its frames (JPEG bytes that stay valid until it is
+ * answered): a root node per frame per root stage, each decoded, then run,
+ * then its crops cut for its child stages. */
+void gw_query_start(gw_query_t *q, const gw_part_t *frames, int nframes);
+/* The least a stage's items take once ready: a batch of one on its
+ * serving kind, plus the dispatch margin, as the dispatcher plans it
+ * (gw_sched_least; the margin alone when unknown). */
+int64_t gw_query_stage_least_us(gw_server_t *srv, const gw_query_t *q, int stage);
+/* The client went away: nothing more runs for the query (its items still
+ * queued are withdrawn, no later stage starts). Its gw_async_t gone. */
+void gw_query_gone(gw_async_t *a);
+/* The query's end (its gw_async_t dispose): its nodes, models, pipeline,
+ * body and OIP request freed. */
+void gw_query_dispose(gw_async_t *a);
+
+/* ---- its answers (query_answer.c), its gw_async_t respond ----------------- */
+
+/* POST /v1/pipelines/{p}/infer's: per frame, each root stage's result,
+ * with the split and each stage's timing. */
+void gw_query_respond(gw_async_t *a, h2o_req_t *hreq);
+/* Over OIP: output RESULT, per frame the /v1 answer's frame as JSON text. */
+void gw_query_respond_oip(gw_async_t *a, h2o_req_t *hreq);
+
+#endif

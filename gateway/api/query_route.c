@@ -1,0 +1,328 @@
+/* A complex query's routes (gw_catalog.h): POST /v1/pipelines/{p}/infer
+ * (raw JPEG or multipart frames) and POST /v2/models/{pipeline}/infer (the
+ * pipeline as an OIP model: input IMAGE, one JPEG per frame). Each admits
+ * the query, resolves its stages' models now, refuses an SLO no query can
+ * meet, splits the body into frames and starts the tree (query.c). */
+#include "gw_dispatch.h"
+#include "query_int.h"
+
+#include <sq.h>
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+/* Replies at once (the query never started). */
+static void query_reject(gw_query_t *q, int err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void query_reject(gw_query_t *q, int err, const char *fmt, ...)
+{
+    atomic_store(&q->fate.failed, 1);
+    q->fate.err = err;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(q->fate.detail, sizeof(q->fate.detail), fmt, ap);
+    va_end(ap);
+    gw_async_done(&q->base);
+}
+
+/* Resolves each stage's model now; 0, or an error with why. */
+static int resolve_stages(gw_server_t *srv, gw_query_t *q, char *why, size_t len)
+{
+    const gw_pipeline_t *p = q->p;
+    for (int i = 0; i < p->nstages; i++) {
+        const gw_stage_spec_t *st = &p->stages[i];
+        gw_model_t *m = gw_registry_find(srv->registry, st->model, strlen(st->model), st->version);
+        q->models[i] = m;
+        if (m == NULL) {
+            snprintf(why, len, "stage %s: no model %s", st->id, st->model);
+            return SQ_MODEL_NOT_FOUND;
+        }
+        if (strcmp(m->status, "failed") == 0) {
+            snprintf(why, len, "stage %s: model %s version %d failed: %s", st->id, m->name,
+                     m->version, m->error);
+            return SQ_MODEL_FAILED;
+        }
+        if (strcmp(m->status, "unloaded") == 0) {
+            snprintf(why, len,
+                     "stage %s: model %s is unloaded; POST /v2/repository/models/%s/load "
+                     "serves it again",
+                     st->id, m->name, m->name);
+            return SQ_MODEL_UNLOADED;
+        }
+        if (strcmp(m->status, "ready") != 0) {
+            snprintf(why, len, "stage %s: model %s is being profiled; retry shortly", st->id,
+                     m->name);
+            return SQ_NOT_READY;
+        }
+        if (m->c != 3 || m->h <= 0 || m->w <= 0) {
+            snprintf(why, len, "stage %s: model %s no longer takes images", st->id, m->name);
+            return SQ_BAD_CONFIG;
+        }
+        if ((q->kind[i] = gw_sched_serving_kind(srv->sched, m)) < 0) {
+            snprintf(why, len, "stage %s: no worker that can run model %s is up", st->id, m->name);
+            return SQ_NO_WORKER;
+        }
+    }
+    for (int i = 0; i < p->nstages; i++) {
+        const gw_stage_spec_t *st = &p->stages[i];
+        if (st->parent < 0)
+            continue;
+        q->crops[i] = st->crops;
+        char path[96];
+        snprintf(path, sizeof(path), "pipeline %s stage %s crops_of", p->name, st->id);
+        int rc = gw_crops_spec_bind(&q->crops[i], q->models[st->parent]->name,
+                                    q->models[st->parent]->outputs, q->models[st->parent]->noutputs,
+                                    path, why, len);
+        if (rc != 0)
+            return rc;
+    }
+    return 0;
+}
+
+/* A query of the pipeline named by the call's first argument, or NULL
+ * after replying 404 or 503. */
+static gw_query_t *query_new(gw_call_t *call)
+{
+    gw_server_t *srv = call->srv;
+    h2o_req_t *hreq = call->req;
+    if (atomic_load(&srv->stopping)) {
+        gw_send_error(hreq, SQ_SHUTTING_DOWN, "squishd is shutting down");
+        return NULL;
+    }
+    char name[MDB_NAME_MAX + 1];
+    h2o_iovec_t arg = call->args[0];
+    if (!gw_model_name_ok(arg.base, arg.len)) {
+        gw_send_not_found(call, arg, 0);
+        return NULL;
+    }
+    memcpy(name, arg.base, arg.len);
+    name[arg.len] = '\0';
+    gw_pipeline_t *p = gw_pipes_get(srv->pipelines, name);
+    if (p == NULL) {
+        gw_send_not_found(call, arg, 0);
+        return NULL;
+    }
+    if (atomic_load(&p->unloaded)) {
+        char why[2 * MDB_NAME_MAX + 96];
+        snprintf(why, sizeof(why),
+                 "pipeline %s is unloaded; POST /v2/repository/models/%s/load serves it again",
+                 name, name);
+        gw_pipeline_unref(p);
+        gw_send_error(hreq, SQ_MODEL_UNLOADED, why);
+        return NULL;
+    }
+    if (atomic_fetch_add(&srv->infer_inflight, 1) >= srv->cfg->max_inflight) {
+        atomic_fetch_sub(&srv->infer_inflight, 1);
+        gw_pipeline_unref(p);
+        gw_send_error(hreq, SQ_OVERLOAD, "squishd has --max-inflight requests in flight");
+        return NULL;
+    }
+    gw_query_t *q = (gw_query_t *)gw_async_new(call, sizeof(gw_query_t));
+    q->base.dispose = gw_query_dispose;
+    q->base.gone = gw_query_gone;
+    gw_async_watch(&q->base);
+    q->fate.srv = srv;
+    q->p = p;
+    pthread_mutex_init(&q->mu, NULL);
+    q->arrival_us = sq_now_us();
+    q->priority = GW_PRIORITY_DEFAULT;
+    gw_request_id(hreq, q->request_id, sizeof(q->request_id));
+    gw_pipeline_arrival(p);
+    return q;
+}
+
+/* The SLO (slo_ms <= 0: the pipeline's), the deadlines and the stages'
+ * models; 0, or -1 after rejecting. */
+static int query_setup(gw_query_t *q, double slo_ms)
+{
+    gw_server_t *srv = q->base.srv;
+    q->slo_ms = gw_query_split(q->p, slo_ms, srv->cfg->max_request_ms, q->cum_ms, q->budget_ms);
+    char why[512];
+    int rc = resolve_stages(srv, q, why, sizeof(why));
+    if (rc != 0) {
+        query_reject(q, rc, "%s", why);
+        return -1;
+    }
+    /* The least SLO the pipeline can meet: a frame's decode, then on the
+     * longest chain of stages a batch of one each (with the dispatch
+     * margin). A query asking for less is answered at once, saying so,
+     * without Retry-After (issue 23: no retry can help it). */
+    const gw_pipeline_t *p = q->p;
+    double least_us[GW_PIPE_MAX_STAGES], least = 0;
+    for (int k = 0; k < p->nstages; k++) {
+        int i = p->order[k]; /* parents before children */
+        int par = p->stages[i].parent;
+        least_us[i] = (par >= 0 ? least_us[par] : gw_prep_pool_decode_us(srv->prep)) +
+                      (double)gw_query_stage_least_us(srv, q, i);
+        least = least_us[i] > least ? least_us[i] : least;
+    }
+    if (q->slo_ms * 1000.0 < least) {
+        q->hopeless = 1;
+        query_reject(q, SQ_DEADLINE,
+                     "an SLO of %g ms cannot be met: a frame's decode and a batch of one of each "
+                     "stage after the other take at least %.1f ms; ask for %.0f ms or more",
+                     q->slo_ms, least / 1000.0, ceil(least / 1000.0));
+        return -1;
+    }
+    return 0;
+}
+
+void gw_route_pipeline_infer(gw_call_t *call)
+{
+    gw_server_t *srv = call->srv;
+    h2o_req_t *hreq = call->req;
+    gw_query_t *q = query_new(call);
+    if (q == NULL)
+        return;
+    q->base.respond = gw_query_respond;
+    char why[512];
+    double slo;
+    int rc = gw_request_slo_ms(hreq, &slo, why, sizeof(why));
+    if (rc != 0) {
+        query_reject(q, rc, "%s", why);
+        return;
+    }
+    if (query_setup(q, slo) != 0)
+        return;
+    if (hreq->entity.len == 0) {
+        query_reject(q, SQ_BAD_IMAGE, "empty body: send a JPEG (image/jpeg) or multipart frames");
+        return;
+    }
+    if (gw_request_body(hreq, &q->body, &q->body_len, &q->body_owned) != 0) {
+        query_reject(q, SQ_OVERLOAD, "not enough memory to hold the body; retry shortly");
+        return;
+    }
+    int max = srv->cfg->max_images;
+    gw_part_t *parts = sq_xcalloc((size_t)max + 1, sizeof(*parts));
+    int nparts = 0;
+    h2o_iovec_t ct = gw_header(hreq, "content-type");
+    if (ct.len >= 9 && strncasecmp(ct.base, "multipart", 9) == 0) {
+        char boundary[GW_MULTIPART_MAX_BOUNDARY + 1];
+        rc = gw_multipart_boundary(ct.base, ct.len, boundary, sizeof(boundary));
+        if (rc != 0)
+            snprintf(why, sizeof(why), "multipart/form-data with a valid boundary expected");
+        else
+            rc = gw_multipart_parse(q->body, q->body_len, boundary, parts, max, &nparts, why,
+                                    sizeof(why));
+        if (rc == SQ_TOO_LARGE)
+            snprintf(why, sizeof(why), "more than %d frames in one request", max);
+        if (rc == 0 && nparts == 0) {
+            rc = SQ_BAD_MULTIPART;
+            snprintf(why, sizeof(why), "no image parts");
+        }
+    } else {
+        parts[0] = (gw_part_t){.data = q->body, .len = q->body_len};
+        nparts = 1;
+    }
+    for (int i = 0; rc == 0 && i < nparts; i++)
+        if ((rc = gw_image_type_check(parts[i].data, parts[i].len, why, sizeof(why))) != 0 &&
+            nparts > 1) {
+            char part[sizeof(why)];
+            snprintf(part, sizeof(part), "frame %d: %s", i, why);
+            snprintf(why, sizeof(why), "%s", part);
+        }
+    if (rc != 0) {
+        free(parts);
+        query_reject(q, rc, "%s", why);
+        return;
+    }
+    gw_query_start(q, parts, nparts);
+    free(parts);
+}
+
+/* ---- over OIP: the pipeline as a model ------------------------------------- */
+
+/* What OIP sees of a pipeline: input IMAGE (BYTES: one JPEG per frame),
+ * output RESULT (BYTES: per frame, the /v1 answer's frame as JSON text). */
+static void oip_desc(gw_server_t *srv, gw_oip_model_t *d)
+{
+    memset(d, 0, sizeof(*d));
+    d->ninputs = 1;
+    snprintf(d->inputs[0].name, sizeof(d->inputs[0].name), "IMAGE");
+    d->inputs[0].datatype = GW_OIP_UINT8;
+    d->inputs[0].accept = 1u << GW_OIP_BYTES;
+    d->inputs[0].item_ndim = 1;
+    d->inputs[0].item_shape[0] = 1;
+    d->noutputs = 1;
+    snprintf(d->outputs[0].name, sizeof(d->outputs[0].name), "RESULT");
+    d->outputs[0].item_ndim = 1;
+    d->outputs[0].item_shape[0] = 1;
+    d->max_batch = srv->cfg->max_images;
+    d->max_body_bytes = (size_t)srv->cfg->max_body_bytes;
+}
+
+json_t *gw_pipeline_oip_metadata(gw_pipeline_t *p)
+{
+    return json_pack("{s:s, s:[s], s:s, s:[{s:s, s:s, s:[i]}], s:[{s:s, s:s, s:[i, i]}]}", "name",
+                     p->name, "versions", "1", "platform", "squish_pipeline", "inputs", "name",
+                     "IMAGE", "datatype", "BYTES", "shape", -1, "outputs", "name", "RESULT",
+                     "datatype", "BYTES", "shape", -1, 1);
+}
+
+void gw_route_pipeline_infer_v2(gw_call_t *call)
+{
+    gw_server_t *srv = call->srv;
+    h2o_req_t *hreq = call->req;
+    gw_query_t *q = query_new(call);
+    if (q == NULL)
+        return;
+    q->base.respond = gw_query_respond_oip;
+    char why[512];
+    double slo;
+    int rc = gw_request_slo_ms(hreq, &slo, why, sizeof(why));
+    if (rc != 0) {
+        query_reject(q, rc, "%s", why);
+        return;
+    }
+    long long header_len = -1;
+    h2o_iovec_t hl = gw_header(hreq, "inference-header-content-length");
+    if (hl.len > 0) {
+        char buf[24];
+        snprintf(buf, sizeof(buf), "%.*s", (int)(hl.len < 23 ? hl.len : 23), hl.base);
+        char *end;
+        header_len = strtoll(buf, &end, 10);
+        if (*end != '\0' || header_len < 1 || (size_t)header_len > hreq->entity.len) {
+            query_reject(q, SQ_BAD_REQUEST, "Inference-Header-Content-Length: expected 1..%zu",
+                         hreq->entity.len);
+            return;
+        }
+    }
+    if (gw_request_body(hreq, &q->body, &q->body_len, &q->body_owned) != 0) {
+        query_reject(q, SQ_OVERLOAD, "not enough memory to hold the body; retry shortly");
+        return;
+    }
+    gw_oip_model_t desc;
+    oip_desc(srv, &desc);
+    q->oip = sq_xcalloc(1, sizeof(*q->oip));
+    rc = gw_oip_request_parse(q->body, q->body_len, header_len, &desc, q->oip, why, sizeof(why));
+    if (rc != 0) {
+        query_reject(q, rc, "%s", why);
+        return;
+    }
+    if (q->oip->id != NULL && q->oip->id_len < sizeof(q->request_id) &&
+        memchr(q->oip->id, '\0', q->oip->id_len) == NULL)
+        snprintf(q->request_id, sizeof(q->request_id), "%s", q->oip->id);
+    if (slo <= 0 && q->oip->slo_ms > 0)
+        slo = q->oip->slo_ms;
+    if (q->oip->priority > 0)
+        q->priority = gw_priority_level(q->oip->priority);
+    if (query_setup(q, slo) != 0)
+        return;
+    int n = q->oip->batch;
+    gw_part_t *parts = sq_xcalloc((size_t)n + 1, sizeof(*parts));
+    for (int i = 0; i < n; i++) {
+        parts[i] = (gw_part_t){.data = q->oip->inputs[0].rows[i].data,
+                               .len = q->oip->inputs[0].rows[i].len};
+        if ((rc = gw_image_type_check(parts[i].data, parts[i].len, why, sizeof(why))) != 0) {
+            free(parts);
+            query_reject(q, rc, "inputs[0] row %d: %s", i, why);
+            return;
+        }
+    }
+    gw_query_start(q, parts, n);
+    free(parts);
+}
