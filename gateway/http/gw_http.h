@@ -31,9 +31,11 @@ int gw_http_connections(gw_server_t *srv);
 
 /* What a route handler gets: the request, the server, and the path segments
  * matched by '*' in the route's pattern (borrowed from the request). */
+struct gw_http_ctx;
 typedef struct {
     h2o_req_t *req;
     gw_server_t *srv;
+    const struct gw_http_ctx *http; /* the HTTP room's settings (http_int.h) */
     h2o_iovec_t args[GW_MAX_ROUTE_ARGS];
     int nargs;
     h2o_multithread_receiver_t *reply_to; /* the loop thread serving req */
@@ -197,11 +199,12 @@ const gw_route_t *gw__route_find(const gw_http_app_t *app, h2o_iovec_t method, h
 
 /* The admin token (token.c). */
 
-/* Reads it, or creates a random one (mode 0600) on first
- * start. A token file readable by group or others is refused. */
+/* Reads it from srv->token_path into srv->admin_token, or creates a random
+ * one (mode 0600) on first start. A token file readable by group or others
+ * is refused. */
 int gw_token_load(gw_server_t *srv, char *err, size_t errlen);
 /* Constant-time comparison of a presented bearer token with the admin one. */
-int gw_token_matches(const gw_server_t *srv, const char *presented, size_t len);
+int gw_token_matches(const char *admin_token, const char *presented, size_t len);
 
 /* The offload thread (offload.c): slow work off the HTTP loops. */
 int gw_offload_start(gw_server_t *srv);

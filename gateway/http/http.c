@@ -16,7 +16,7 @@
 
 typedef struct {
     h2o_handler_t super;
-    gw_server_t *srv;
+    struct gw_http *http;
     /* Read per request: a standby's table becomes the leader's in place
      * (gw_http_set_app), on the same listening socket. */
     _Atomic(const gw_http_app_t *) app;
@@ -50,7 +50,8 @@ typedef struct {
 } http_thread_t;
 
 struct gw_http {
-    gw_server_t *srv;
+    gw_http_ctx_t ctx;
+    atomic_long inflight; /* requests not yet answered: what drain waits for */
     gw_handler_t *handler;
     int draining;
     h2o_globalconf_t globalconf;
@@ -130,7 +131,7 @@ static void on_async_done(h2o_multithread_receiver_t *receiver, h2o_linklist_t *
 }
 
 typedef struct {
-    gw_server_t *srv;
+    struct gw_http *http;
     h2o_req_t *req;
     const char *route; /* metrics label */
     int64_t start_ns;
@@ -141,8 +142,8 @@ static void on_req_done(void *p)
 {
     req_done_t *d = p;
     if (d->app->done != NULL)
-        d->app->done(d->srv, d->req, d->route, d->start_ns);
-    atomic_fetch_sub(&d->srv->inflight, 1);
+        d->app->done(d->http->ctx.srv, d->req, d->route, d->start_ns);
+    atomic_fetch_sub(&d->http->inflight, 1);
 }
 
 /* The request line and header fields as the client sent them, about: h2o
@@ -156,17 +157,18 @@ static size_t header_bytes(const h2o_req_t *req)
 }
 
 /* Runs the route for req (on its loop thread), or answers 404 or 405. */
-static void route_request(gw_server_t *srv, req_done_t *inflight, h2o_req_t *req)
+static void route_request(req_done_t *inflight, h2o_req_t *req)
 {
+    const gw_http_ctx_t *ctx = &inflight->http->ctx;
     http_thread_t *t = H2O_STRUCT_FROM_MEMBER(http_thread_t, ctx, req->conn->ctx);
-    gw_call_t call = {.req = req, .srv = srv, .reply_to = &t->async_receiver};
+    gw_call_t call = {.req = req, .srv = ctx->srv, .http = ctx, .reply_to = &t->async_receiver};
     const gw_http_app_t *app = inflight->app;
     char allow[64];
     const gw_route_t *route =
         gw__route_find(app, req->method, req->path_normalized, &call, allow, sizeof(allow));
     if (route != NULL) {
         inflight->route = route->name;
-        if (srv->front != NULL && !route->on_frontend && app->forward != NULL)
+        if (ctx->frontend && !route->on_frontend && app->forward != NULL)
             app->forward(&call);
         else
             route->fn(&call);
@@ -254,27 +256,28 @@ static void inflate_back(gw_async_t *a, h2o_req_t *req)
     }
     set_entity(req, a->raw, a->raw_len);
     a->raw = NULL;
-    route_request(a->srv, job->inflight, req);
+    route_request(job->inflight, req);
 }
 
 /* 1 when the route runs later (the rest of the body inflates on the
  * offload thread), else 0: the body is whole, or an error was answered. */
-static int inflate_body(gw_server_t *srv, req_done_t *inflight, h2o_req_t *req)
+static int inflate_body(req_done_t *inflight, h2o_req_t *req)
 {
+    const gw_http_ctx_t *ctx = &inflight->http->ctx;
     char why[160];
     gw_inflate_t *z = NULL;
     int rc = gw__inflate_new(gw_header(req, "content-encoding"), req->entity.base, req->entity.len,
-                             srv->cfg->max_body_bytes, &z, why, sizeof(why));
+                             ctx->max_body_bytes, &z, why, sizeof(why));
     if (rc == 0 && z == NULL)
         return 0;
     if (rc == 0)
         rc = gw__inflate_run(z, INLINE_INFLATE_BYTES, why, sizeof(why));
     /* While stopping, the offload thread may be gone: the loop finishes. */
-    if (rc == 1 && atomic_load(&srv->stopping))
+    if (rc == 1 && atomic_load(ctx->stopping))
         rc = gw__inflate_run(z, SIZE_MAX, why, sizeof(why));
     if (rc == 1) {
         http_thread_t *t = H2O_STRUCT_FROM_MEMBER(http_thread_t, ctx, req->conn->ctx);
-        gw_call_t call = {.req = req, .srv = srv, .reply_to = &t->async_receiver};
+        gw_call_t call = {.req = req, .srv = ctx->srv, .http = ctx, .reply_to = &t->async_receiver};
         inflate_job_t *job = (inflate_job_t *)gw_async_new(&call, sizeof(*job));
         job->z = z;
         job->inflight = inflight;
@@ -289,7 +292,7 @@ static int inflate_body(gw_server_t *srv, req_done_t *inflight, h2o_req_t *req)
             return 1;
         }
         gw__inflate_rebase(z, data);
-        gw_offload(srv, inflate_rest, job);
+        gw_offload(ctx->srv, inflate_rest, job);
         return 1;
     }
     if (rc == 0) {
@@ -308,18 +311,19 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
     const gw_http_app_t *app = atomic_load(&h->app);
     /* In flight until h2o frees the request: what SIGTERM's drain waits for. */
     req_done_t *inflight = h2o_mem_alloc_shared(&req->pool, sizeof(*inflight), on_req_done);
-    *inflight = (req_done_t){h->srv, req, "not_found", sq_now_ns(), app};
-    atomic_fetch_add(&h->srv->inflight, 1);
-    if (header_bytes(req) > (size_t)h->srv->cfg->max_header_kb * 1024) {
+    *inflight = (req_done_t){h->http, req, "not_found", sq_now_ns(), app};
+    atomic_fetch_add(&h->http->inflight, 1);
+    int max_header_kb = h->http->ctx.max_header_kb;
+    if (header_bytes(req) > (size_t)max_header_kb * 1024) {
         inflight->route = "headers_too_large";
         char why[128];
         snprintf(why, sizeof(why), "request line and headers over --max-header-kb %d KiB",
-                 h->srv->cfg->max_header_kb);
+                 max_header_kb);
         gw_send_error(req, SQ_HEADERS_TOO_LARGE, why);
         return 0;
     }
-    if (inflate_body(h->srv, inflight, req) == 0)
-        route_request(h->srv, inflight, req);
+    if (inflate_body(inflight, req) == 0)
+        route_request(inflight, req);
     return 0;
 }
 
@@ -350,7 +354,7 @@ static void maybe_resume(http_thread_t *t)
         t->paused = 0;
         return;
     }
-    if (atomic_load(&t->http->nconns) >= t->http->srv->cfg->max_connections) {
+    if (atomic_load(&t->http->nconns) >= t->http->ctx.max_connections) {
         h2o_timeout_link(t->ctx.loop, &t->ctx.hundred_ms_timeout, &t->resume_timer);
         return;
     }
@@ -381,7 +385,7 @@ static void on_accept(h2o_socket_t *listener, const char *err)
     if (err != NULL)
         return;
     for (int n = 0; n < ACCEPTS_PER_WAKEUP; n++) {
-        if (atomic_load(&t->http->nconns) >= t->http->srv->cfg->max_connections) {
+        if (atomic_load(&t->http->nconns) >= t->http->ctx.max_connections) {
             pause_accepting(t);
             return;
         }
@@ -492,7 +496,7 @@ static void send_msg(http_thread_t *t, http_msg_kind_t kind)
 
 static int bind_listener(struct gw_http *http, char *err, size_t errlen)
 {
-    const gw_config_t *cfg = http->srv->cfg;
+    const gw_http_ctx_t *cfg = &http->ctx;
     struct addrinfo hints = {.ai_family = AF_UNSPEC,
                              .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE};
@@ -523,7 +527,7 @@ static int bind_listener(struct gw_http *http, char *err, size_t errlen)
     int bound_port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                                     : ((struct sockaddr_in *)&ss)->sin_port);
     http->listen_fd = fd;
-    atomic_store(&http->srv->http_port, bound_port);
+    atomic_store(cfg->http_port, bound_port);
     printf("listening on %s:%d\n", cfg->listen_host, bound_port);
     fflush(stdout);
     SQ_INFO("listening address=%s port=%d http_threads=%d", cfg->listen_host, bound_port,
@@ -541,10 +545,35 @@ static int bind_listener(struct gw_http *http, char *err, size_t errlen)
     return 0;
 }
 
+/* The one place the room reads the server: its settings, its token, the
+ * flags and slots it is given. */
+void gw__http_ctx_fill(gw_http_ctx_t *ctx, gw_server_t *srv)
+{
+    const gw_config_t *cfg = srv->cfg;
+    *ctx = (gw_http_ctx_t){
+        .listen_port = cfg->listen_port,
+        .http_threads = cfg->http_threads,
+        .max_connections = cfg->max_connections,
+        .max_header_kb = cfg->max_header_kb,
+        .http_request_timeout_ms = cfg->http_request_timeout_ms,
+        .max_body_bytes = cfg->max_body_bytes,
+        .frontend = cfg->role == GW_ROLE_FRONTEND,
+        .stopping = &srv->stopping,
+        .http_port = &srv->http_port,
+        .srv = srv,
+    };
+    _Static_assert(sizeof(ctx->listen_host) == sizeof(cfg->listen_host), "--listen's host");
+    _Static_assert(sizeof(ctx->port_file) == sizeof(cfg->port_file), "--port-file");
+    _Static_assert(sizeof(ctx->admin_token) == sizeof(srv->admin_token), "the admin token");
+    memcpy(ctx->listen_host, cfg->listen_host, sizeof(ctx->listen_host));
+    memcpy(ctx->port_file, cfg->port_file, sizeof(ctx->port_file));
+    memcpy(ctx->admin_token, srv->admin_token, sizeof(ctx->admin_token));
+}
+
 int gw_http_start(gw_server_t *srv, const gw_http_app_t *app, char *err, size_t errlen)
 {
     struct gw_http *http = sq_xcalloc(1, sizeof(*http));
-    http->srv = srv;
+    gw__http_ctx_fill(&http->ctx, srv);
     http->listen_fd = -1;
     int rc = bind_listener(http, err, errlen);
     if (rc != 0) {
@@ -554,22 +583,22 @@ int gw_http_start(gw_server_t *srv, const gw_http_app_t *app, char *err, size_t 
         return rc;
     }
     h2o_config_init(&http->globalconf);
-    http->globalconf.max_request_entity_size = (size_t)srv->cfg->max_body_bytes;
+    http->globalconf.max_request_entity_size = (size_t)http->ctx.max_body_bytes;
     /* h2o closes a connection whose request (headers and body) has not
      * arrived this long after it began, and an idle keep-alive one. */
-    http->globalconf.http1.req_timeout = (uint64_t)srv->cfg->http_request_timeout_ms;
-    http->globalconf.http2.idle_timeout = (uint64_t)srv->cfg->http_request_timeout_ms;
+    http->globalconf.http1.req_timeout = (uint64_t)http->ctx.http_request_timeout_ms;
+    http->globalconf.http2.idle_timeout = (uint64_t)http->ctx.http_request_timeout_ms;
     http->globalconf.server_name = h2o_iovec_init(H2O_STRLIT("squish/" SQUISH_VERSION));
     h2o_hostconf_t *host =
         h2o_config_register_host(&http->globalconf, h2o_iovec_init(H2O_STRLIT("default")), 65535);
     h2o_pathconf_t *path = h2o_config_register_path(host, "/", 0);
     gw_handler_t *handler = (gw_handler_t *)h2o_create_handler(path, sizeof(*handler));
     handler->super.on_req = on_req;
-    handler->srv = srv;
+    handler->http = http;
     atomic_init(&handler->app, app);
     http->handler = handler;
 
-    http->nthreads = srv->cfg->http_threads;
+    http->nthreads = http->ctx.http_threads;
     http->threads = sq_xcalloc((size_t)http->nthreads, sizeof(http_thread_t));
     pthread_mutex_init(&http->start_lock, NULL);
     pthread_cond_init(&http->start_cond, NULL);
@@ -626,7 +655,7 @@ void gw_http_drain(gw_server_t *srv, int timeout_ms)
                 send_msg(&http->threads[i], MSG_STOP_ACCEPTING);
     }
     int64_t deadline = sq_now_ms() + timeout_ms;
-    while (atomic_load(&srv->inflight) > 0 && sq_now_ms() < deadline)
+    while (atomic_load(&http->inflight) > 0 && sq_now_ms() < deadline)
         usleep(5000);
 }
 
@@ -647,8 +676,8 @@ void gw_http_stop(gw_server_t *srv)
     if (http == NULL)
         return;
     gw_http_drain(srv, 0);
-    if (atomic_load(&srv->inflight) > 0)
-        SQ_WARN("drain timed out inflight=%ld", atomic_load(&srv->inflight));
+    if (atomic_load(&http->inflight) > 0)
+        SQ_WARN("drain timed out inflight=%ld", atomic_load(&http->inflight));
     for (int i = 0; i < http->nthreads; i++)
         if (http->threads[i].start_rc == 0)
             send_msg(&http->threads[i], MSG_EXIT);

@@ -10,29 +10,31 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int read_token(gw_server_t *srv, int fd, char *err, size_t errlen)
+/* The token with its NUL: 64 hex digits when made here. */
+#define TOKEN_CAP ((size_t)65)
+
+static int read_token(const char *path, char token[TOKEN_CAP], int fd, char *err, size_t errlen)
 {
     char buf[128];
     ssize_t n = read(fd, buf, sizeof(buf) - 1);
     if (n < 0) {
-        snprintf(err, errlen, "%s: %s", srv->token_path, strerror(errno));
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
         return SQ_IO;
     }
     buf[n] = '\0';
     while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' '))
         buf[--n] = '\0';
-    if (n < 16 || (size_t)n >= sizeof(srv->admin_token)) {
-        snprintf(err, errlen, "%s: the token must be 16 to %zu characters", srv->token_path,
-                 sizeof(srv->admin_token) - 1);
+    if (n < 16 || (size_t)n >= TOKEN_CAP) {
+        snprintf(err, errlen, "%s: the token must be 16 to %zu characters", path, TOKEN_CAP - 1);
         return SQ_BAD_CONFIG;
     }
-    memcpy(srv->admin_token, buf, (size_t)n + 1);
+    memcpy(token, buf, (size_t)n + 1);
     return 0;
 }
 
-int gw_token_load(gw_server_t *srv, char *err, size_t errlen)
+static int token_load(const char *path, char token[TOKEN_CAP], char *err, size_t errlen)
 {
-    int fd = open(srv->token_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd >= 0) {
         struct stat st;
         if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (st.st_mode & 077) != 0) {
@@ -40,15 +42,15 @@ int gw_token_load(gw_server_t *srv, char *err, size_t errlen)
             snprintf(err, errlen,
                      "%s: the admin token file must be a regular file readable only by its "
                      "owner (chmod 600)",
-                     srv->token_path);
+                     path);
             return SQ_BAD_CONFIG;
         }
-        int rc = read_token(srv, fd, err, errlen);
+        int rc = read_token(path, token, fd, err, errlen);
         close(fd);
         return rc;
     }
     if (errno != ENOENT) {
-        snprintf(err, errlen, "%s: %s", srv->token_path, strerror(errno));
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
         return SQ_IO;
     }
     uint8_t raw[32];
@@ -56,32 +58,36 @@ int gw_token_load(gw_server_t *srv, char *err, size_t errlen)
         snprintf(err, errlen, "getrandom: %s", strerror(errno));
         return SQ_IO;
     }
-    sq_hex_encode(raw, sizeof(raw), srv->admin_token);
-    fd = open(srv->token_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    sq_hex_encode(raw, sizeof(raw), token);
+    fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) {
-        snprintf(err, errlen, "%s: cannot create: %s", srv->token_path, strerror(errno));
+        snprintf(err, errlen, "%s: cannot create: %s", path, strerror(errno));
         return SQ_IO;
     }
-    size_t len = strlen(srv->admin_token);
-    int ok = write(fd, srv->admin_token, len) == (ssize_t)len && write(fd, "\n", 1) == 1 &&
-             fsync(fd) == 0;
+    size_t len = strlen(token);
+    int ok = write(fd, token, len) == (ssize_t)len && write(fd, "\n", 1) == 1 && fsync(fd) == 0;
     close(fd);
     if (!ok) {
-        unlink(srv->token_path);
-        snprintf(err, errlen, "%s: cannot write", srv->token_path);
+        unlink(path);
+        snprintf(err, errlen, "%s: cannot write", path);
         return SQ_IO;
     }
-    SQ_INFO("created the admin token file=%s (send it as 'Authorization: Bearer <token>')",
-            srv->token_path);
+    SQ_INFO("created the admin token file=%s (send it as 'Authorization: Bearer <token>')", path);
     return 0;
 }
 
-int gw_token_matches(const gw_server_t *srv, const char *presented, size_t len)
+int gw_token_load(gw_server_t *srv, char *err, size_t errlen)
 {
-    size_t want = strlen(srv->admin_token);
+    _Static_assert(sizeof(srv->admin_token) == TOKEN_CAP, "the server's token slot");
+    return token_load(srv->token_path, srv->admin_token, err, errlen);
+}
+
+int gw_token_matches(const char *admin_token, const char *presented, size_t len)
+{
+    size_t want = strlen(admin_token);
     unsigned diff = (unsigned)(len ^ want);
     for (size_t i = 0; i < want; i++)
-        diff |= (unsigned char)srv->admin_token[i] ^ (unsigned char)(i < len ? presented[i] : 0);
+        diff |= (unsigned char)admin_token[i] ^ (unsigned char)(i < len ? presented[i] : 0);
     return diff == 0;
 }
 
@@ -90,7 +96,8 @@ int gw_require_admin(gw_call_t *call)
     h2o_iovec_t v = gw_header(call->req, "authorization");
     static const char bearer[] = "Bearer ";
     if (v.len > sizeof(bearer) - 1 && strncasecmp(v.base, bearer, sizeof(bearer) - 1) == 0 &&
-        gw_token_matches(call->srv, v.base + sizeof(bearer) - 1, v.len - (sizeof(bearer) - 1)))
+        gw_token_matches(call->http->admin_token, v.base + sizeof(bearer) - 1,
+                         v.len - (sizeof(bearer) - 1)))
         return 1;
     gw_add_header(call->req, "www-authenticate", "Bearer realm=\"squish\"");
     gw_send_error(call->req, SQ_UNAUTHORIZED,

@@ -1,10 +1,11 @@
 /* gateway/http/http.c and token.c: the plumbing every route relies on,
  * on requests built by hand (no connection, no loop): query parameters,
  * {version} segments, request headers, the request body, response headers,
- * the route table's lookup (patterns, trailing slashes, 405's Allow), a
- * deferred job's error, and the admin token's comparison. */
+ * the route table's lookup (patterns, trailing slashes, 405's Allow), the
+ * admin token's comparison, and the room's context as filled from the
+ * server. */
 #include <criterion/criterion.h>
-#include <gw_http.h>
+#include <http_int.h>
 #include <sq.h>
 
 #include <stdint.h>
@@ -235,23 +236,6 @@ Test(http, a_response_header_keeps_a_copy_of_its_value)
     fake_dispose(&f);
 }
 
-Test(http, a_deferred_job_keeps_its_error_and_detail)
-{
-    gw_async_t a;
-    memset(&a, 0, sizeof(a));
-    gw_async_fail(&a, SQ_NOT_FOUND, "model %s version %d", "resnet", 3);
-    cr_assert_eq(a.err, SQ_NOT_FOUND);
-    cr_assert_str_eq(a.detail, "model resnet version 3");
-    gw_async_fail(&a, SQ_OVERLOAD, NULL);
-    cr_assert_eq(a.err, SQ_OVERLOAD);
-    cr_assert_str_eq(a.detail, "", "no detail: the error's own message is sent");
-    char longer[1024];
-    memset(longer, 'x', sizeof(longer) - 1);
-    longer[sizeof(longer) - 1] = '\0';
-    gw_async_fail(&a, SQ_BAD_REQUEST, "%s", longer);
-    cr_assert_eq(strlen(a.detail), sizeof(a.detail) - 1, "cut to fit");
-}
-
 /* ---- the route table --------------------------------------------------- */
 
 static void route_fn(gw_call_t *call)
@@ -443,47 +427,47 @@ Test(http, a_pattern_has_at_most_the_args_a_call_holds)
 
 /* ---- the admin token ---------------------------------------------------- */
 
-static gw_server_t *server_with_token(const char *token)
+static gw_http_ctx_t *http_with_token(const char *token)
 {
-    static gw_server_t srv;
-    memset(&srv, 0, sizeof(srv));
-    snprintf(srv.admin_token, sizeof(srv.admin_token), "%s", token);
-    return &srv;
+    static gw_http_ctx_t ctx;
+    memset(&ctx, 0, sizeof(ctx));
+    snprintf(ctx.admin_token, sizeof(ctx.admin_token), "%s", token);
+    return &ctx;
 }
 
-static int matches(const gw_server_t *srv, const char *presented)
+static int matches(const gw_http_ctx_t *ctx, const char *presented)
 {
-    return gw_token_matches(srv, presented, strlen(presented));
+    return gw_token_matches(ctx->admin_token, presented, strlen(presented));
 }
 
 Test(http, only_the_exact_admin_token_matches)
 {
     const char *tok = "0123456789abcdef0123456789abcdef";
-    gw_server_t *srv = server_with_token(tok);
-    cr_assert(matches(srv, tok));
-    cr_assert_not(matches(srv, "0123456789abcdef0123456789abcdeX"), "the last byte differs");
-    cr_assert_not(matches(srv, "X123456789abcdef0123456789abcdef"), "the first byte differs");
-    cr_assert_not(matches(srv, "0123456789abcdef"), "a prefix");
-    cr_assert_not(matches(srv, "0123456789abcdef0123456789abcdef0"), "one byte more");
-    cr_assert_not(matches(srv, ""), "empty");
-    cr_assert_not(matches(srv, "0123456789ABCDEF0123456789ABCDEF"), "case matters");
+    gw_http_ctx_t *http = http_with_token(tok);
+    cr_assert(matches(http, tok));
+    cr_assert_not(matches(http, "0123456789abcdef0123456789abcdeX"), "the last byte differs");
+    cr_assert_not(matches(http, "X123456789abcdef0123456789abcdef"), "the first byte differs");
+    cr_assert_not(matches(http, "0123456789abcdef"), "a prefix");
+    cr_assert_not(matches(http, "0123456789abcdef0123456789abcdef0"), "one byte more");
+    cr_assert_not(matches(http, ""), "empty");
+    cr_assert_not(matches(http, "0123456789ABCDEF0123456789ABCDEF"), "case matters");
     /* The length is the caller's: a header value is not terminated. */
     char header[64];
     snprintf(header, sizeof(header), "%s, more", tok);
-    cr_assert(gw_token_matches(srv, header, strlen(tok)));
-    cr_assert_not(gw_token_matches(srv, header, strlen(tok) + 1));
+    cr_assert(gw_token_matches(http->admin_token, header, strlen(tok)));
+    cr_assert_not(gw_token_matches(http->admin_token, header, strlen(tok) + 1));
     /* A presented token with a NUL inside is not the token cut there. */
     char nul[40];
     memcpy(nul, tok, 16);
     nul[16] = '\0';
     memcpy(nul + 17, tok + 17, 15);
-    cr_assert_not(gw_token_matches(srv, nul, 32));
+    cr_assert_not(gw_token_matches(http->admin_token, nul, 32));
 }
 
 Test(http, the_admin_check_takes_a_bearer_token_in_any_case)
 {
     const char *tok = "0123456789abcdef0123456789abcdef";
-    gw_server_t *srv = server_with_token(tok);
+    gw_http_ctx_t *http = http_with_token(tok);
     const char *ok[] = {"Bearer ", "bearer ", "BEARER "};
     for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
         fake_t f;
@@ -491,7 +475,7 @@ Test(http, the_admin_check_takes_a_bearer_token_in_any_case)
         char v[96];
         snprintf(v, sizeof(v), "%s%s", ok[i], tok);
         fake_header(&f, "authorization", v);
-        gw_call_t call = {.req = &f.req, .srv = srv};
+        gw_call_t call = {.req = &f.req, .http = http};
         cr_assert(gw_require_admin(&call), "%s", v);
         cr_assert_eq(f.req.res.headers.size, 0, "nothing sent");
         fake_dispose(&f);
@@ -526,4 +510,59 @@ Test(http, every_status_has_its_standard_reason_phrase)
             cr_assert_str_neq(reason, classes[k], "%s: status %d has no phrase", sq_err_name(-e),
                               sq_err_http_status(-e));
     }
+}
+
+/* ---- the room's context ------------------------------------------------- */
+
+Test(http, the_context_copies_the_settings_and_the_token_once)
+{
+    gw_config_t cfg = {.listen_port = 8123,
+                       .http_threads = 3,
+                       .max_connections = 77,
+                       .max_header_kb = 9,
+                       .http_request_timeout_ms = 4500,
+                       .max_body_bytes = 12345,
+                       .role = GW_ROLE_ALL};
+    snprintf(cfg.listen_host, sizeof(cfg.listen_host), "::1");
+    snprintf(cfg.port_file, sizeof(cfg.port_file), "/tmp/port");
+    static gw_server_t srv;
+    memset(&srv, 0, sizeof(srv));
+    srv.cfg = &cfg;
+    snprintf(srv.admin_token, sizeof(srv.admin_token), "0123456789abcdef");
+    gw_http_ctx_t ctx;
+    gw__http_ctx_fill(&ctx, &srv);
+    cr_assert_str_eq(ctx.listen_host, "::1");
+    cr_assert_eq(ctx.listen_port, 8123);
+    cr_assert_str_eq(ctx.port_file, "/tmp/port");
+    cr_assert_eq(ctx.http_threads, 3);
+    cr_assert_eq(ctx.max_connections, 77);
+    cr_assert_eq(ctx.max_header_kb, 9);
+    cr_assert_eq(ctx.http_request_timeout_ms, 4500);
+    cr_assert_eq(ctx.max_body_bytes, 12345);
+    cr_assert_eq(ctx.srv, &srv);
+    cr_assert_str_eq(ctx.admin_token, "0123456789abcdef");
+    srv.admin_token[0] = 'X';
+    cfg.max_connections = 1;
+    cr_assert_str_eq(ctx.admin_token, "0123456789abcdef", "a copy, made once");
+    cr_assert_eq(ctx.max_connections, 77, "a copy, made once");
+}
+
+Test(http, only_a_frontend_forwards_and_stopping_is_the_servers_flag)
+{
+    static gw_config_t cfg;
+    static gw_server_t srv;
+    memset(&srv, 0, sizeof(srv));
+    srv.cfg = &cfg;
+    gw_http_ctx_t ctx;
+    const int roles[] = {GW_ROLE_ALL, GW_ROLE_DISPATCHER, GW_ROLE_FRONTEND};
+    for (size_t i = 0; i < sizeof(roles) / sizeof(roles[0]); i++) {
+        cfg.role = roles[i];
+        gw__http_ctx_fill(&ctx, &srv);
+        cr_assert_eq(ctx.frontend, roles[i] == GW_ROLE_FRONTEND, "role %d", roles[i]);
+    }
+    cr_assert_not(atomic_load(ctx.stopping));
+    atomic_store(&srv.stopping, 1); /* SIGTERM, after the room was made */
+    cr_assert(atomic_load(ctx.stopping), "read live, not copied");
+    atomic_store(ctx.http_port, 8000);
+    cr_assert_eq(atomic_load(&srv.http_port), 8000, "the bound port is published to the server");
 }
