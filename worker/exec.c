@@ -225,21 +225,6 @@ int wk_plan_max_batch(const wk_plan_t *plan)
     return plan->graph->max_batch;
 }
 
-static const char *const precision_names[WK_PRECISION_COUNT_] = {"fp32", "tf32", "fp16", "bf16"};
-
-const char *wk_precision_name(wk_precision_t p)
-{
-    return (unsigned)p < WK_PRECISION_COUNT_ ? precision_names[p] : NULL;
-}
-
-int wk_precision_parse(const char *name)
-{
-    for (int i = 0; name != NULL && i < WK_PRECISION_COUNT_; i++)
-        if (strcmp(name, precision_names[i]) == 0)
-            return i;
-    return -1;
-}
-
 wk_precision_t wk_plan_precision(const wk_plan_t *plan)
 {
     return plan->ops->precision != NULL ? plan->ops->precision(plan) : WK_PRECISION_FP32;

@@ -7,22 +7,9 @@
 
 #include <assert.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-const char *const wk_kernel_names[WK_K_COUNT_] = {
-#define WK_K_NAME_(e, name) [WK_K_##e] = name,
-    WK_KERNELS(WK_K_NAME_)
-#undef WK_K_NAME_
-};
-
-const char *const wk_act_names[WK_ACT_COUNT_] = {
-#define WK_ACT_NAME_(e, name) [WK_ACT_##e] = name,
-    WK_ACTS(WK_ACT_NAME_)
-#undef WK_ACT_NAME_
-};
 
 wk_graph_t *wk_graph_new(int max_batch)
 {
@@ -52,33 +39,6 @@ void wk_graph_free(wk_graph_t *g)
     free(g->inputs);
     free(g->outputs);
     free(g);
-}
-
-int64_t wk_value_elems(const wk_value_t *v)
-{
-    int64_t n = 1;
-    for (int d = 0; d < v->ndim; d++)
-        n *= v->dims[d];
-    return n;
-}
-
-int wk_value_dims_at(const wk_value_t *v, int batch, int64_t *out)
-{
-    for (int d = 0; d < v->ndim; d++)
-        out[d] = v->dims[d];
-    if (v->batched && v->ndim > 0)
-        out[0] = batch;
-    return v->ndim;
-}
-
-int64_t wk_value_elems_at(const wk_value_t *v, int batch)
-{
-    int64_t dims[WK_MAX_DIMS];
-    int n = wk_value_dims_at(v, batch, dims);
-    int64_t e = 1;
-    for (int d = 0; d < n; d++)
-        e *= dims[d];
-    return e;
 }
 
 int wk_graph_value(wk_graph_t *g, const char *name, int ndim, const int64_t *dims, bool batched,
@@ -539,13 +499,4 @@ size_t wk_arena_plan(const wk_buf_req_t *reqs, int n, size_t align, size_t *offs
     free(order);
     free(placed);
     return total;
-}
-
-int wk_fail(wk_plan_t *plan, int err, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(plan->why, sizeof(plan->why), fmt, ap);
-    va_end(ap);
-    return err;
 }

@@ -51,11 +51,7 @@ static void *exec_thread(void *arg)
 
 int wk_serve(const wk_serve_opts_t *opts)
 {
-    server_t s = {.o = *opts,
-                  .conn = opts->conn,
-                  .exit_status = -1,
-                  .on_socket = wk__on_socket,
-                  .handle_frame = wk__handle_frame};
+    server_t s = {.o = *opts, .conn = opts->conn, .exit_status = -1, .on_socket = wk__on_socket};
     if (s.o.kept_models_ms <= 0)
         s.o.kept_models_ms = WK_KEPT_MODELS_MS;
     s.loop = sq_loop_new();

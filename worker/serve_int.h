@@ -166,10 +166,10 @@ typedef struct server {
     struct measure *meas; /* execution thread: a measurement under way */
     uint8_t *staging;
     size_t staging_len;
-    /* The I/O thread's handlers (serve_io.c), through which the remote link
-     * (serve_link.c, below it) hands the I/O thread a new connection. */
+    /* The I/O thread's socket handler (serve_io.c), through which the
+     * remote link (serve_link.c, below it) hands the I/O thread a new
+     * connection. */
     sq_io_fn on_socket;
-    int (*handle_frame)(struct server *s, const sq_frame_t *f);
     /* Frontends' rows (always there; filled only with a data listener) and
      * the data listener's connections (serve_data.c; NULL without one).
      * send_data: how the lowest layer (a reply's post) reaches a
@@ -337,9 +337,10 @@ void wk__data_announce(server_t *s);
 /* Joins squishd; returns 0, 1 when the worker was told to stop, or -1 when
  * it gives up. */
 int wk__link_join(server_t *s);
-void wk__connection_lost(server_t *s, const char *why);
-/* Every 250 ms: a squishd silent for several heartbeats is gone. */
-void wk__on_silence_tick(sq_loop_t *loop, uint64_t id, void *data);
+/* After a lost connection: what was queued for it dropped, wk__link_join
+ * again, the sweep of models not loaded again armed; returns as
+ * wk__link_join does. */
+int wk__link_rejoin(server_t *s);
 /* The stop_fd became readable (SIGTERM, SIGINT). */
 void wk__on_stop(sq_loop_t *loop, int fd, int events, void *data);
 
@@ -347,5 +348,11 @@ void wk__on_stop(sq_loop_t *loop, int fd, int events, void *data);
 
 int wk__handle_frame(server_t *s, const sq_frame_t *f);
 void wk__on_socket(sq_loop_t *loop, int fd, int events, void *data);
+/* A remote worker's connection is gone: stop reading it and rejoin
+ * (wk__link_rejoin) from the loop, then handle the frames that came with
+ * WELCOME. */
+void wk__connection_lost(server_t *s, const char *why);
+/* Every 250 ms: a squishd silent for several heartbeats is gone. */
+void wk__on_silence_tick(sq_loop_t *loop, uint64_t id, void *data);
 
 #endif

@@ -1,7 +1,9 @@
 /* The I/O thread (serve_int.h): reads squishd's frames, answers PING at
  * once, receives model files chunk by chunk and turns every other request
- * into a job for the execution thread. A remote worker's lost connection
- * goes to the link (serve_link.c). FE_GONE goes to the rows table. */
+ * into a job for the execution thread. A remote worker's connection lost
+ * (closed, failed, or squishd silent for several heartbeats) is rejoined
+ * through the link (serve_link.c, wk__link_rejoin), and the frames that
+ * came with WELCOME are handled here. FE_GONE goes to the rows table. */
 #include "serve_int.h"
 
 #include <mdb.h>
@@ -232,6 +234,55 @@ int wk__handle_frame(server_t *s, const sq_frame_t *f)
         SQ_WARN("unexpected message type=%s", sq_msg_name(f->type));
         return -1;
     }
+}
+
+/* A lost connection's rejoin (wk__link_rejoin), then the frames that came
+ * with WELCOME. */
+static void on_rejoin(sq_loop_t *loop, uint64_t id, void *data)
+{
+    server_t *s = data;
+    (void)loop;
+    (void)id;
+    /* Told to stop meanwhile (a signal read in the same turn of the loop as
+     * the connection's end): the signal is consumed, so a rejoin would try
+     * squishd for ever. */
+    if (s->exit_status >= 0)
+        return;
+    int rc = wk__link_rejoin(s);
+    if (rc != 0) {
+        wk__finish(s, rc > 0 ? 0 : 1);
+        return;
+    }
+    sq_frame_t f;
+    while (s->exit_status < 0 && !s->lost && sq_conn_next(s->conn, &f) == 1)
+        if (wk__handle_frame(s, &f) != 0)
+            wk__connection_lost(s, "protocol error");
+}
+
+void wk__connection_lost(server_t *s, const char *why)
+{
+    if (s->lost)
+        return;
+    SQ_WARN("connection to squishd lost reason=\"%s\"; reconnecting (models kept)", why);
+    s->lost = 1;
+    sq_loop_unwatch(s->loop, s->conn->fd);
+    sq_loop_timer_at(s->loop, sq_now_ns(), on_rejoin, s);
+}
+
+/* A remote link can die without a word (a cable, a firewall): squishd
+ * pings every heartbeat_ms, so silence for several of them means it is
+ * gone. */
+void wk__on_silence_tick(sq_loop_t *loop, uint64_t id, void *data)
+{
+    server_t *s = data;
+    (void)id;
+    int64_t now = sq_now_ns();
+    int64_t limit = (int64_t)s->heartbeat_ms * 5 * 1000000;
+    if (limit < (int64_t)2000 * 1000000)
+        limit = (int64_t)2000 * 1000000;
+    if (!s->lost && now - s->last_heard_ns > limit)
+        wk__connection_lost(s, "squishd silent");
+    s->silence_timer = sq_loop_timer_at(loop, now + (int64_t)250 * 1000000, wk__on_silence_tick, s);
 }
 
 void wk__on_socket(sq_loop_t *loop, int fd, int events, void *data)

@@ -1,10 +1,12 @@
 /* A remote worker's link to squishd over TCP (serve_int.h): joining with
- * the model files it holds, noticing a silent squishd, rejoining after a
- * lost connection (models and files kept; those not loaded again within
- * kept_models_ms are swept) and stopping on a signal. A new connection is
- * handed to the I/O thread's handlers through the server's on_socket and
- * handle_frame, so that this file calls nothing of the I/O thread's. After
- * each WELCOME, squishd hears the data address (serve_data.c). */
+ * the model files it holds, rejoining after a lost connection (models and
+ * files kept; those not loaded again within kept_models_ms are swept) and
+ * stopping on a signal. A new connection is handed to the I/O thread's
+ * socket handler through the server's on_socket; the I/O thread (serve_io.c)
+ * notices a lost or silent connection, calls the rejoin and handles the
+ * frames that came with WELCOME, so that this file calls nothing of the
+ * I/O thread's. After each WELCOME, squishd hears the data address
+ * (serve_data.c). */
 #include "serve_int.h"
 
 #include <stdlib.h>
@@ -67,58 +69,22 @@ static void on_sweep(sq_loop_t *loop, uint64_t id, void *data)
     wk__enqueue(s, j);
 }
 
-static void on_rejoin(sq_loop_t *loop, uint64_t id, void *data)
+/* After a lost connection: drops what was queued for the old one and
+ * joins squishd again (wk__link_join), then arms the sweep of the models
+ * not loaded again. Returns 0, 1 when the worker was told to stop, or -1
+ * when it gives up. */
+int wk__link_rejoin(server_t *s)
 {
-    server_t *s = data;
-    (void)loop;
-    (void)id;
-    /* Told to stop meanwhile (a signal read in the same turn of the loop as
-     * the connection's end): the signal is consumed, so a rejoin would try
-     * squishd for ever. */
-    if (s->exit_status >= 0)
-        return;
     wk__drop_queued(s);
     wk__reset_connection_state(s);
     int rc = wk__link_join(s);
-    if (rc != 0) {
-        wk__finish(s, rc > 0 ? 0 : 1);
-        return;
-    }
+    if (rc != 0)
+        return rc;
     if (s->sweep_timer != 0)
         sq_loop_timer_cancel(s->loop, s->sweep_timer);
     s->sweep_timer = sq_loop_timer_at(s->loop, sq_now_ns() + (int64_t)s->o.kept_models_ms * 1000000,
                                       on_sweep, s);
-    /* Frames that came with WELCOME. */
-    sq_frame_t f;
-    while (s->exit_status < 0 && !s->lost && sq_conn_next(s->conn, &f) == 1)
-        if (s->handle_frame(s, &f) != 0)
-            wk__connection_lost(s, "protocol error");
-}
-
-void wk__connection_lost(server_t *s, const char *why)
-{
-    if (s->lost)
-        return;
-    SQ_WARN("connection to squishd lost reason=\"%s\"; reconnecting (models kept)", why);
-    s->lost = 1;
-    sq_loop_unwatch(s->loop, s->conn->fd);
-    sq_loop_timer_at(s->loop, sq_now_ns(), on_rejoin, s);
-}
-
-/* A remote link can die without a word (a cable, a firewall): squishd
- * pings every heartbeat_ms, so silence for several of them means it is
- * gone. */
-void wk__on_silence_tick(sq_loop_t *loop, uint64_t id, void *data)
-{
-    server_t *s = data;
-    (void)id;
-    int64_t now = sq_now_ns();
-    int64_t limit = (int64_t)s->heartbeat_ms * 5 * 1000000;
-    if (limit < (int64_t)2000 * 1000000)
-        limit = (int64_t)2000 * 1000000;
-    if (!s->lost && now - s->last_heard_ns > limit)
-        wk__connection_lost(s, "squishd silent");
-    s->silence_timer = sq_loop_timer_at(loop, now + (int64_t)250 * 1000000, wk__on_silence_tick, s);
+    return 0;
 }
 
 /* A remote worker's stop_fd became readable (SIGTERM, SIGINT). */

@@ -1,6 +1,6 @@
 /* The activations the worker's elementwise steps and conv post-ops apply,
  * one X-macro line each: X(ENUM, name). It makes wk_act_kind_t and its
- * name table (wk_exec_int.h, plan.c) and the cuda kernels' CK_ACT_*
+ * name table (wk_exec_int.h, names.c) and the cuda kernels' CK_ACT_*
  * numbers (cuda_kernels.h), so that they agree by construction. Plain C,
  * no includes: nvcc reads it too.
  *

@@ -22,7 +22,7 @@
 #define WK_MAX_SPATIAL 3
 
 /* X(ENUM, name): the kernels a backend runs, one line each; the enum and
- * the name table (plan.c) come from it. A new kind needs its entry in each
+ * the name table (names.c) come from it. A new kind needs its entry in each
  * backend's table (backend_cpu_ops.c: wk__cpu_ops; backend_cuda_ops.c:
  * cuda_kernels), whose count asserts fail until it has them. */
 #define WK_KERNELS(X)                                                                              \
@@ -164,6 +164,7 @@ void wk_graph_mark_output(wk_graph_t *g, int value);
  * caller to fill in its parameters. */
 wk_step_t *wk_graph_step(wk_graph_t *g, wk_kernel_t kind, const int *in, int n_in, int out);
 
+/* ---- values' shapes (values.c) ---- */
 int64_t wk_value_elems(const wk_value_t *v);
 /* Elements at run batch `batch`. */
 int64_t wk_value_elems_at(const wk_value_t *v, int batch);
@@ -288,7 +289,8 @@ bool wk__op_lowers(int op);
 int wk__plan_run_inplace(wk_plan_t *plan, int batch, const float *const *inputs,
                          float *const *outputs);
 
-/* printf into plan->why; returns err. */
+/* printf into plan->why; returns err (values.c, below every file that
+ * builds or runs a plan). */
 int wk_fail(wk_plan_t *plan, int err, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 #endif
