@@ -47,6 +47,10 @@ int gw_infer_request_priority(gw_infer_t *req, h2o_req_t *hreq, int64_t *priorit
 int gw_infer_check_feasible(gw_infer_t *req);
 /* s as a finite number > 0 in *out; 0, or -1 (out untouched). */
 int gw_infer_parse_positive(const char *s, double *out);
+/* s as a priority, Triton's numbers (gw_priority_level): digits only (no
+ * sign, space or fraction), at most INT32_MAX, in *out; 0, or -1 (out
+ * untouched). */
+int gw_infer_parse_priority(const char *s, int64_t *out);
 /* Whether p starts as a JPEG does (FF D8 FF). */
 int gw_infer_is_jpeg(const uint8_t *p, size_t n);
 
@@ -73,9 +77,30 @@ gw_infer_timing_t gw_infer_timing(const gw_infer_t *req);
 void gw_infer_answer_headers(gw_infer_t *req, h2o_req_t *hreq);
 /* A failed request's answer, saying what SLO would work where one can. */
 void gw_infer_send_failure(gw_infer_t *req, h2o_req_t *hreq);
+/* A request dropped or refused for its deadline (err, err_detail), whose
+ * items take least ms alone on an idle worker (> 0): why, saying the SLO it
+ * had and what would work. Returns whether a retry can succeed (its SLO is
+ * not below least). */
+int gw_infer_failure_why(const gw_infer_t *req, double least, char *why, size_t len);
 /* The status of the answer about to be sent, for its trace (answer_v2
  * sets a failure to encode); hreq is not read once the answer is sent. */
 void gw_infer_status_for_trace(gw_infer_t *req);
+
+/* ---- /v1 (infer_v1.c) --------------------------------------------------- */
+
+/* Why model cm cannot answer /v1 (a classifier's top-k labels: output 0
+ * is [N, K] class scores; a detector's boxes ranked as classes would be
+ * meaningless), saying where to go instead: SQ_BAD_REQUEST with why; 0
+ * when it can. */
+int gw_v1_scores_why(const gw_model_t *cm, char *why, size_t len);
+/* A /v1 body (b, n bytes, Content-Type ct) sent the way a common slip sends
+ * it, with what to send instead: a JPEG labelled as JSON, JSON sent to the
+ * image route (model's), and a file that `curl -d @photo.jpg` sent
+ * (form-encoded, with every CR and LF byte taken out: a JPEG of a few KB
+ * without one is all but impossible, about 1 in 10^14). SQ_MEDIA_TYPE with
+ * why, or 0. */
+int gw_v1_body_slip(const uint8_t *b, size_t n, h2o_iovec_t ct, const char *model, char *why,
+                    size_t len);
 
 /* ---- /v2 (infer_v2.c; its shared-memory tensors in infer_v2_shm.c) ----- */
 
@@ -95,6 +120,17 @@ typedef struct {
     gw_shm_region_t *out_region[GW_OIP_MAX_OUTPUTS]; /* per requested output; NULL: not in one */
 } gw_v2_state_t;
 
+/* What the OIP codec is to parse a request to model m against: its input
+ * (the model's datatype, also taking UINT8 and BYTES: JPEGs), each of its
+ * outputs with its dims after the batch ([N]: one value per item), and
+ * the server's limits (cfg). */
+void gw_v2_model_desc(const gw_model_t *m, const gw_config_t *cfg, gw_oip_model_t *d);
+/* Each of model m's outputs as n_items x its elems floats in outputs[],
+ * from the items' rows (out_elems each: output i's slice after outputs
+ * 0..i-1): rows itself for a single output (NULL returned), else a new
+ * buffer the caller frees, returned. */
+float *gw_v2_gather_outputs(const gw_model_t *m, int n_items, const float *rows,
+                            const float **outputs);
 /* The regions the request's tensors name: each input's window is checked
  * against its region and its rows pointed into it; each output's window is
  * checked (and again when it is written). *copy_bytes gets the bytes the

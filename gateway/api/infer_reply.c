@@ -86,21 +86,28 @@ void gw_infer_send_failure(gw_infer_t *req, h2o_req_t *hreq)
         return;
     }
     char why[sizeof(req->err_detail) + 320];
+    int retry = gw_infer_failure_why(req, least, why, sizeof(why));
+    gw_send_error_retry(hreq, req->err, why, retry);
+}
+
+int gw_infer_failure_why(const gw_infer_t *req, double least, char *why, size_t len)
+{
+    const char *detail = req->err_detail[0] ? req->err_detail : NULL;
     const char *what = detail != NULL ? detail : sq_err_msg(req->err);
     int hopeless = req->slo_ms < least;
     if (hopeless)
-        snprintf(why, sizeof(why),
+        snprintf(why, len,
                  "%s: an SLO of %g ms (%s) cannot be met for %d item%s, which take at least "
                  "%.1f ms alone on an idle worker; ask for %.0f ms or more, or for none (best "
                  "effort)",
                  what, req->slo_ms, req->slo_source ? req->slo_source : "server", req->n_items,
                  req->n_items == 1 ? "" : "s", least, ceil(least));
     else
-        snprintf(why, sizeof(why),
+        snprintf(why, len,
                  "%s under the current load: SLO %g ms (%s); alone on an idle worker it takes "
                  "%.1f ms, so a retry can make it, or a larger SLO, or none (best effort)",
                  what, req->slo_ms, req->slo_source ? req->slo_source : "server", least);
-    gw_send_error_retry(hreq, req->err, why, !hopeless);
+    return !hopeless;
 }
 
 typedef struct {

@@ -48,6 +48,25 @@ int gw_infer_parse_positive(const char *s, double *out)
     return 0;
 }
 
+int gw_infer_parse_priority(const char *s, int64_t *out)
+{
+    /* Digits only: no sign, no space, no fraction; at most INT32_MAX, as
+     * OIP's parameters.priority. */
+    size_t n = strlen(s);
+    int64_t v = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9' || v > INT32_MAX) {
+            v = -1;
+            break;
+        }
+        v = v * 10 + (s[i] - '0');
+    }
+    if (n == 0 || v < 0 || v > INT32_MAX)
+        return -1;
+    *out = v;
+    return 0;
+}
+
 int gw_infer_is_jpeg(const uint8_t *p, size_t n)
 {
     return n >= 3 && p[0] == 0xFF && p[1] == 0xD8 && p[2] == 0xFF;
@@ -257,24 +276,12 @@ int gw_infer_request_priority(gw_infer_t *req, h2o_req_t *hreq, int64_t *priorit
     } else {
         return 0;
     }
-    /* Digits only: no sign, no space, no fraction; at most INT32_MAX, as
-     * OIP's parameters.priority. */
-    size_t n = strlen(buf);
-    int64_t v = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (buf[i] < '0' || buf[i] > '9' || v > INT32_MAX) {
-            v = -1;
-            break;
-        }
-        v = v * 10 + (buf[i] - '0');
-    }
-    if (n == 0 || v < 0 || v > INT32_MAX) {
+    if (gw_infer_parse_priority(buf, priority) != 0) {
         gw_infer_reject(req, SQ_BAD_REQUEST,
                         "%s: expected an integer >= 0 (0 = the default level, 1 the highest)",
                         what);
         return -1;
     }
-    *priority = v;
     return 0;
 }
 

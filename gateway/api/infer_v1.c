@@ -48,43 +48,52 @@ static int ct_is(h2o_iovec_t ct, const char *type)
            (ct.len == n || ct.base[n] == ';' || ct.base[n] == ' ');
 }
 
-/* A body sent the way a common slip sends it, refused with what to send
- * instead (issue 24): a JPEG labelled as JSON, JSON sent to the image
- * route, and a file that `curl -d @photo.jpg` sent (form-encoded, with
- * every CR and LF byte taken out: a JPEG of a few KB without one is all
- * but impossible, about 1 in 10^14). 0, or -1 after rejecting. */
-static int v1_body_slip(gw_infer_t *req, h2o_iovec_t ct)
+int gw_v1_body_slip(const uint8_t *b, size_t n, h2o_iovec_t ct, const char *model, char *why,
+                    size_t len)
 {
-    const uint8_t *b = req->body;
-    size_t n = req->body_len, i = 0;
+    size_t i = 0;
     while (i < n && (b[i] == ' ' || b[i] == '\t' || b[i] == '\r' || b[i] == '\n'))
         i++;
     if (ct_is(ct, "application/json") && gw_infer_is_jpeg(b, n)) {
-        gw_infer_reject(req, SQ_MEDIA_TYPE,
-                        "the body is a JPEG but Content-Type says application/json: send "
-                        "Content-Type: image/jpeg");
-        return -1;
+        snprintf(why, len,
+                 "the body is a JPEG but Content-Type says application/json: send "
+                 "Content-Type: image/jpeg");
+        return SQ_MEDIA_TYPE;
     }
     if (i < n && (b[i] == '{' || b[i] == '[') &&
         (ct_is(ct, "application/json") || !gw_infer_is_jpeg(b, n))) {
-        gw_infer_reject(
-            req, SQ_MEDIA_TYPE,
-            "this route takes images (image/jpeg, or multipart/form-data of JPEGs); JSON "
-            "inference requests (the Open Inference Protocol) go to POST "
-            "/v2/models/%s/infer",
-            req->model->name);
-        return -1;
+        snprintf(why, len,
+                 "this route takes images (image/jpeg, or multipart/form-data of JPEGs); JSON "
+                 "inference requests (the Open Inference Protocol) go to POST "
+                 "/v2/models/%s/infer",
+                 model);
+        return SQ_MEDIA_TYPE;
     }
     if (ct_is(ct, "application/x-www-form-urlencoded") && n >= 4096 && memchr(b, '\n', n) == NULL &&
         memchr(b, '\r', n) == NULL) {
-        gw_infer_reject(
-            req, SQ_MEDIA_TYPE,
-            "the body has no CR or LF byte, as `curl -d @file` leaves a file (it strips them "
-            "and sends the rest form-encoded): send the image unchanged with `curl "
-            "--data-binary @photo.jpg -H 'Content-Type: image/jpeg'`");
-        return -1;
+        snprintf(why, len,
+                 "the body has no CR or LF byte, as `curl -d @file` leaves a file (it strips them "
+                 "and sends the rest form-encoded): send the image unchanged with `curl "
+                 "--data-binary @photo.jpg -H 'Content-Type: image/jpeg'`");
+        return SQ_MEDIA_TYPE;
     }
     return 0;
+}
+
+int gw_v1_scores_why(const gw_model_t *cm, char *why, size_t len)
+{
+    if (!(cm->det_slots > 0 || cm->noutputs < 1 || cm->outputs[0].ndims != 2))
+        return 0;
+    char shape[96] = "";
+    for (int d = 0; cm->noutputs > 0 && d < cm->outputs[0].ndims; d++)
+        snprintf(shape + strlen(shape), sizeof(shape) - strlen(shape), "%s%lld", d ? ", " : "",
+                 (long long)cm->outputs[0].dims[d]);
+    snprintf(why, len,
+             "model %s has no class scores (output 0 '%s' is [%s]%s): /v1 answers a "
+             "classifier's top-k labels; POST /v2/models/%s/infer for its outputs",
+             cm->name, cm->output_name, shape, cm->det_slots > 0 ? ", a detector's boxes" : "",
+             cm->name);
+    return SQ_BAD_REQUEST;
 }
 
 void gw_route_infer_v1(gw_call_t *call)
@@ -98,17 +107,10 @@ void gw_route_infer_v1(gw_call_t *call)
     /* /v1 answers a classifier's top-k labels: output 0 is [N, K] class
      * scores. A detector's boxes ranked as classes would be meaningless
      * "predictions": it is sent to /v2 for its outputs instead. */
-    const gw_model_t *cm = req->model;
-    if (cm->det_slots > 0 || cm->noutputs < 1 || cm->outputs[0].ndims != 2) {
-        char shape[96] = "";
-        for (int d = 0; cm->noutputs > 0 && d < cm->outputs[0].ndims; d++)
-            snprintf(shape + strlen(shape), sizeof(shape) - strlen(shape), "%s%lld", d ? ", " : "",
-                     (long long)cm->outputs[0].dims[d]);
-        gw_infer_reject(req, SQ_BAD_REQUEST,
-                        "model %s has no class scores (output 0 '%s' is [%s]%s): /v1 answers a "
-                        "classifier's top-k labels; POST /v2/models/%s/infer for its outputs",
-                        cm->name, cm->output_name, shape,
-                        cm->det_slots > 0 ? ", a detector's boxes" : "", cm->name);
+    char refused[512];
+    int refuse = gw_v1_scores_why(req->model, refused, sizeof(refused));
+    if (refuse != 0) {
+        gw_infer_reject(req, refuse, "%s", refused);
         return;
     }
     char buf[64];
@@ -183,8 +185,12 @@ void gw_route_infer_v1(gw_call_t *call)
     /* Any other content type is one image: the decoder sniffs the format
      * (curl --data-binary sends application/x-www-form-urlencoded). Not a
      * JPEG: 415 before anything else, however large. */
-    if (v1_body_slip(req, ct) != 0)
+    refuse =
+        gw_v1_body_slip(req->body, req->body_len, ct, req->model->name, refused, sizeof(refused));
+    if (refuse != 0) {
+        gw_infer_reject(req, refuse, "%s", refused);
         return;
+    }
     char why[160];
     int rc = gw_image_type_check(req->body, req->body_len, why, sizeof(why));
     if (rc != 0) {

@@ -36,6 +36,28 @@ static void v2_dispose(gw_async_t *a)
     }
 }
 
+float *gw_v2_gather_outputs(const gw_model_t *m, int n_items, const float *rows,
+                            const float **outputs)
+{
+    /* Output i's slice of a row starts after outputs 0..i-1. */
+    if (m->noutputs == 1) {
+        outputs[0] = rows;
+        return NULL;
+    }
+    float *gathered = sq_xmalloc((size_t)n_items * (size_t)m->out_elems * sizeof(float) + 1);
+    size_t at = 0;
+    for (int o = 0; o < m->noutputs; o++) {
+        size_t per = (size_t)m->outputs[o].elems;
+        float *dst = gathered + at * (size_t)n_items;
+        for (int i = 0; i < n_items; i++)
+            memcpy(dst + (size_t)i * per, rows + (size_t)i * (size_t)m->out_elems + at,
+                   per * sizeof(float));
+        outputs[o] = dst;
+        at += per;
+    }
+    return gathered;
+}
+
 static void answer_v2(gw_infer_t *req, h2o_req_t *hreq);
 
 static void respond_v2(gw_async_t *a, h2o_req_t *hreq)
@@ -70,25 +92,8 @@ static void answer_v2(gw_infer_t *req, h2o_req_t *hreq)
     const char **labels = sq_xcalloc(nlabels + 1, sizeof(*labels));
     for (size_t i = 0; i < nlabels; i++)
         labels[i] = json_string_value(json_array_get(m->labels, i));
-    /* Each output's batch x item floats, gathered from the items' rows
-     * (output i's slice of a row starts after outputs 0..i-1). */
     const float *outputs[GW_OIP_MAX_OUTPUTS] = {0};
-    float *gathered = NULL;
-    if (m->noutputs == 1) {
-        outputs[0] = req->outputs;
-    } else {
-        gathered = sq_xmalloc((size_t)req->n_items * (size_t)m->out_elems * sizeof(float) + 1);
-        size_t at = 0;
-        for (int o = 0; o < m->noutputs; o++) {
-            size_t per = (size_t)m->outputs[o].elems;
-            float *dst = gathered + at * (size_t)req->n_items;
-            for (int i = 0; i < req->n_items; i++)
-                memcpy(dst + (size_t)i * per, req->outputs + (size_t)i * (size_t)m->out_elems + at,
-                       per * sizeof(float));
-            outputs[o] = dst;
-            at += per;
-        }
-    }
+    float *gathered = gw_v2_gather_outputs(m, req->n_items, req->outputs, outputs);
     if (gw_v2_write_shm_outputs(req, hreq, outputs) != 0) {
         free(labels);
         free(gathered);
@@ -204,6 +209,36 @@ static void v2_start_offloaded(void *arg)
     v2_start(arg, 0);
 }
 
+void gw_v2_model_desc(const gw_model_t *m, const gw_config_t *cfg, gw_oip_model_t *d)
+{
+    d->ninputs = 1;
+    gw_oip_input_desc_t *in = &d->inputs[0];
+    snprintf(in->name, sizeof(in->name), "%s", m->input_name);
+    in->datatype = m->input_uint8 ? GW_OIP_UINT8 : GW_OIP_FP32;
+    /* FP32 models also take UINT8 tensors (converted by the worker). */
+    in->accept = (1u << GW_OIP_FP32) | (1u << GW_OIP_UINT8) | (1u << GW_OIP_BYTES);
+    in->item_ndim = 3;
+    in->item_shape[0] = m->nhwc ? m->h : m->c;
+    in->item_shape[1] = m->nhwc ? m->w : m->h;
+    in->item_shape[2] = m->nhwc ? m->c : m->w;
+    /* Every output of the graph, in its order, with its dims after the
+     * batch (the items' rows hold them one after the other). */
+    d->noutputs = m->noutputs;
+    for (int i = 0; i < m->noutputs; i++) {
+        const gw_output_t *o = &m->outputs[i];
+        gw_oip_output_desc_t *od = &d->outputs[i];
+        snprintf(od->name, sizeof(od->name), "%s", o->name);
+        od->item_ndim = 0;
+        for (int k = 1; k < o->ndims && od->item_ndim < GW_OIP_MAX_DIMS; k++)
+            od->item_shape[od->item_ndim++] = o->dims[k];
+        if (od->item_ndim == 0) /* [N]: one value per item */
+            od->item_shape[od->item_ndim++] = 1;
+    }
+    d->max_batch = cfg->max_images;
+    d->max_body_bytes = (size_t)cfg->max_body_bytes;
+    d->shared_memory = 1;
+}
+
 void gw_route_infer_v2(gw_call_t *call)
 {
     gw_server_t *srv = call->srv;
@@ -220,32 +255,7 @@ void gw_route_infer_v2(gw_call_t *call)
     if (gw_infer_request_slo(req, hreq, &st->header_slo_ms) != 0 ||
         gw_infer_request_priority(req, hreq, &st->header_priority) != 0)
         return;
-    st->desc.ninputs = 1;
-    gw_oip_input_desc_t *in = &st->desc.inputs[0];
-    snprintf(in->name, sizeof(in->name), "%s", m->input_name);
-    in->datatype = m->input_uint8 ? GW_OIP_UINT8 : GW_OIP_FP32;
-    /* FP32 models also take UINT8 tensors (converted by the worker). */
-    in->accept = (1u << GW_OIP_FP32) | (1u << GW_OIP_UINT8) | (1u << GW_OIP_BYTES);
-    in->item_ndim = 3;
-    in->item_shape[0] = m->nhwc ? m->h : m->c;
-    in->item_shape[1] = m->nhwc ? m->w : m->h;
-    in->item_shape[2] = m->nhwc ? m->c : m->w;
-    /* Every output of the graph, in its order, with its dims after the
-     * batch (the items' rows hold them one after the other). */
-    st->desc.noutputs = m->noutputs;
-    for (int i = 0; i < m->noutputs; i++) {
-        const gw_output_t *o = &m->outputs[i];
-        gw_oip_output_desc_t *d = &st->desc.outputs[i];
-        snprintf(d->name, sizeof(d->name), "%s", o->name);
-        d->item_ndim = 0;
-        for (int k = 1; k < o->ndims && d->item_ndim < GW_OIP_MAX_DIMS; k++)
-            d->item_shape[d->item_ndim++] = o->dims[k];
-        if (d->item_ndim == 0) /* [N]: one value per item */
-            d->item_shape[d->item_ndim++] = 1;
-    }
-    st->desc.max_batch = srv->cfg->max_images;
-    st->desc.max_body_bytes = (size_t)srv->cfg->max_body_bytes;
-    st->desc.shared_memory = 1;
+    gw_v2_model_desc(m, srv->cfg, &st->desc);
     st->header_len = -1;
     h2o_iovec_t hl = gw_header(hreq, "inference-header-content-length");
     if (hl.len > 0) {
