@@ -351,8 +351,11 @@ void gw_metrics_worker_up(gw_metrics_t *ms, int worker, const char *device, int 
     snprintf(w, sizeof(w), "%d", worker);
     const char *v[] = {w, device};
     gw_metrics_set(gw_metrics_series(ms->worker_up, v), up ? 1 : 0);
-    /* The busy counter exists from the start, at 0. */
+    /* The busy and restart counters exist from the start, at 0: a
+     * counter born at 1 would hide its first restart from rate() and
+     * increase(), and the dashboard shows 0 restarts rather than nothing. */
     gw_metrics_add(gw_metrics_series(ms->worker_busy, v), 0);
+    gw_metrics_add(gw_metrics_series(ms->worker_restarts, v), 0);
 }
 
 void gw_metrics_worker_restart(gw_metrics_t *ms, int worker, const char *device)
