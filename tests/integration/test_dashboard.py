@@ -14,18 +14,21 @@ a quantile of no observations). The restarts panel shows 0 per worker
 before the first restart and the restart after it; the pipeline panels
 show the pipeline's queries. And every squish_* name written in README.md
 and docs/*.md is exported: by this squishd, by a frontend joined to it,
-or (squish_leader) by a standby."""
+or by a standby (squish_leader; a leader and a standby on a private
+PostgreSQL cluster)."""
 
 import glob
 import io
 import json
 import math
 import os
+import pwd
 import re
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.parse
@@ -405,12 +408,77 @@ def documented_names():
     return out
 
 
+def standby_metrics():
+    """The /metrics of a standby: a leader and a standby squishd on a
+    private PostgreSQL cluster (initdb in a temporary directory, a unix
+    socket there and no TCP, as tests/modeldb/pg_cluster.py makes), or None
+    without PostgreSQL."""
+    sys.path.insert(0, os.path.join(SOURCE, "tests", "modeldb"))
+    from pg_cluster import find_bindir
+    bindir = find_bindir()
+    if bindir is None:
+        return None
+    as_user = []
+    if os.geteuid() == 0:  # PostgreSQL refuses to run as root
+        try:
+            pw = pwd.getpwnam("postgres")
+        except KeyError:
+            return None
+        as_user = ["runuser", "-u", "postgres", "--"]
+    tmp = tempfile.mkdtemp(prefix="squish-dash-pg-")
+    if as_user:
+        os.chown(tmp, pw.pw_uid, pw.pw_gid)
+    data, log = os.path.join(tmp, "data"), os.path.join(tmp, "server.log")
+
+    def pg(*cmd):
+        subprocess.run(as_user + [os.path.join(bindir, cmd[0])] + list(cmd[1:]), check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, cwd=tmp)
+
+    started, squishds = False, []
+    try:
+        pg("initdb", "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C",
+           "--no-sync", "--no-instructions")
+        started = True
+        pg("pg_ctl", "-D", data, "-l", log, "-w", "-t", "60", "-o",
+           "-c listen_addresses='' -c unix_socket_directories='%s' -c fsync=off "
+           "-c shared_buffers=16MB -c max_connections=20" % tmp, "start")
+        pg("psql", "-X", "-q", "host=%s user=postgres dbname=postgres" % tmp,
+           "-c", "CREATE DATABASE squish")
+        conninfo = "host=%s user=postgres dbname=squish" % tmp
+        token = os.urandom(16).hex()
+        for name in ("leader", "standby"):
+            d = os.path.join(tmp, name)
+            os.makedirs(d)
+            tf = os.path.join(d, "admin.token")
+            with open(tf, "w") as f:
+                f.write(token + "\n")
+            os.chmod(tf, 0o600)
+            s = Squishd(workers="none", tmp=d, extra=[
+                "--db", conninfo, "--admin-token-file", tf,
+                "--socket", os.path.join(d, "squishd.sock")])
+            squishds.append(s)
+            says = ("leader: this squishd leads" if name == "leader" else
+                    "standby: another squishd leads")
+            eventually(lambda s=s, says=says: says in s.read_log(), 20,
+                       "squishd to run as the " + name)
+        return scrape(squishds[1].port)
+    finally:
+        for s in reversed(squishds):
+            s.stop()
+            s.cleanup()
+        if started:
+            subprocess.run(as_user + [os.path.join(bindir, "pg_ctl"), "-D", data, "-m",
+                                      "immediate", "-w", "stop"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 @test
 def every_metric_the_docs_name_is_exported():
     """Every squish_* name in README.md and docs/*.md is in the /metrics of
-    this squishd or of a frontend joined to it; squish_leader, which only a
-    standby exports (on PostgreSQL: integration/test_standby), is checked
-    against the standby's exposition in gateway/leader.c."""
+    this squishd, of a frontend joined to it, or of a standby (on a private
+    PostgreSQL cluster; without PostgreSQL, the standby's names are not
+    checked and the test says so)."""
     s = squishd()
     c = _env["cluster"]
     f = Squishd(workers="none", extra=["--role", "frontend", "--dispatcher", cluster_addr(s),
@@ -421,9 +489,18 @@ def every_metric_the_docs_name_is_exported():
     finally:
         f.stop()
         f.cleanup()
-    with open(os.path.join(SOURCE, "gateway", "leader.c")) as fh:
-        exported |= set(re.findall(r"# TYPE (squish_\w+) ", fh.read()))
-    missing = {n: files for n, files in documented_names().items() if n not in exported}
+    documented = documented_names()
+    standby = standby_metrics()
+    if standby is None:
+        print("# no PostgreSQL (scripts/bootstrap --test installs postgresql-15): a standby's "
+              "metrics not checked", flush=True)
+        missing = {n: fs for n, fs in documented.items() if n not in exported}
+        assert set(missing) <= {"squish_leader"}, missing
+    else:
+        exported |= metric_names(standby)
+    missing = {n: files for n, files in documented.items() if n not in exported}
+    if standby is None:
+        missing.pop("squish_leader", None)
     assert not missing, "named in the docs, not in /metrics: %s" % ", ".join(
         "%s (%s)" % (n, ", ".join(sorted(set(fs)))) for n, fs in sorted(missing.items()))
 
