@@ -108,10 +108,13 @@ static int refused_here(gw_dispatch_t *ds, ds_model_t *dm, const ds_worker_t *w,
 {
     if (e->code != SQ_UNSUPPORTED_MODEL && e->code != SQ_NOMEM && e->code != SQ_DEVICE)
         return 0;
+    /* Another kind that may run it, with workers up or coming back: a
+     * kind the fleet has none of would leave the model waiting for ever. */
     int other = 0;
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
         other |= k != w->kind && k != SQ_DEV_EMU && dm->m->not_on[k][0] == '\0' &&
-                 !(dm->refused_kinds & (1u << k));
+                 !(dm->refused_kinds & (1u << k)) &&
+                 (ds->pub.fleet.up[k] > 0 || ds->pub.fleet.coming[k] > 0);
     if (!other)
         return 0;
     dm->refused_kinds |= 1u << w->kind;

@@ -164,11 +164,13 @@ Test(pipeline, the_dp_split_moves_with_gamma)
     pl_profile_init_linear(&x, 4000, 20000, 64); /* SSD-like: 4 ms a frame + 20 ms */
     pl_profile_init_linear(&y, 2000, 8000, 64);  /* Inception-like */
     const pl_profile_t *prof[2] = {&x, &y};
-    for (int i = 0; i < 50; i++)
+    for (int i = 0; i < 500; i++)
         gw_pipeline_arrival(p);
     gw_pipeline_resplit(p, prof, 0, 1, 0, 1);
-    /* 50 queries over a second: 50 qps. */
-    for (int i = 0; i < 50; i++)
+    /* 500 queries over a second: 500 qps, several devices' load, where the
+     * split stays near the cheapest (at low load every stage gets its
+     * floor and an equal share, whatever gamma). */
+    for (int i = 0; i < 500; i++)
         gw_pipeline_arrival(p);
     for (int i = 0; i < 100; i++)
         gw_pipeline_fanout(p, 1, 1);
