@@ -217,6 +217,35 @@ int64_t gw_query_stage_least_us(gw_server_t *srv, const gw_query_t *q, int stage
     return least.run_us + least.margin_us;
 }
 
+double gw_query_least_slo_us(gw_server_t *srv, const gw_query_t *q, double *chain_us,
+                             int *short_stage)
+{
+    const gw_pipeline_t *p = q->p;
+    double upto_us[GW_PIPE_MAX_STAGES], chain = 0, least = 0;
+    *short_stage = -1;
+    for (int k = 0; k < p->nstages; k++) {
+        int i = p->order[k]; /* parents before children */
+        int par = p->stages[i].parent;
+        upto_us[i] = (par >= 0 ? upto_us[par] : gw_prep_pool_decode_us(srv->prep)) +
+                     (double)gw_query_stage_least_us(srv, q, i);
+        chain = upto_us[i] > chain ? upto_us[i] : chain;
+        /* Stage i is due at cum_ms[i] / slo_ms of the query's SLO. */
+        if (q->cum_ms[i] > 0 && q->slo_ms > 0) {
+            double need = upto_us[i] * q->slo_ms / q->cum_ms[i];
+            if (need > least) {
+                least = need;
+                *short_stage = i;
+            }
+        }
+    }
+    *chain_us = chain;
+    if (least <= chain * (1 + 1e-9)) {
+        *short_stage = -1;
+        least = chain;
+    }
+    return least;
+}
+
 static int64_t frame_extra_us(gw_server_t *srv, const gw_query_t *q, const qnode_t *n)
 {
     double mean_us = gw_prep_pool_decode_us(srv->prep);

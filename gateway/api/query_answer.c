@@ -7,6 +7,7 @@
 
 #include <sq.h>
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -64,6 +65,44 @@ static json_t *frame_json(const gw_query_t *q, int f)
     return fr;
 }
 
+/* A failed query's answer. One dropped for its deadline on the way (a
+ * stage's items refused or dropped by the dispatcher, a frame's decode
+ * that could not start in time, crops too late for their stage) says the
+ * least SLO that can be met now (gw_query_least_slo_us) and carries
+ * Retry-After only where a retry can succeed: not when its SLO is below
+ * that least, where a retry fails the same way. */
+static void query_send_failure(gw_query_t *q, h2o_req_t *hreq)
+{
+    const gw_query_fate_t *f = &q->fate;
+    if (q->hopeless || f->err != SQ_DEADLINE ||
+        atomic_load(&q->fate.abandoned) == GW_ABANDONED_GONE) {
+        gw_send_error_retry(hreq, f->err, f->detail, !q->hopeless);
+        return;
+    }
+    double chain;
+    int stage;
+    double least = gw_query_least_slo_us(q->base.srv, q, &chain, &stage) / 1000.0;
+    char why[sizeof(f->detail) + 384];
+    int retry = q->slo_ms >= least;
+    if (retry)
+        snprintf(why, sizeof(why),
+                 "%s, under the current load: SLO %g ms; alone on idle workers the pipeline can "
+                 "meet %.1f ms, so a retry can make it, or a larger SLO",
+                 f->detail, q->slo_ms, least);
+    else if (stage < 0)
+        snprintf(why, sizeof(why),
+                 "%s: an SLO of %g ms cannot be met: a frame's decode and a batch of one of each "
+                 "stage after the other take at least %.1f ms; ask for %.0f ms or more",
+                 f->detail, q->slo_ms, chain / 1000.0, ceil(least));
+    else
+        snprintf(why, sizeof(why),
+                 "%s: an SLO of %g ms cannot be met: stage %s's share of it is less than a "
+                 "frame's decode and a batch of one of each stage up to it take; ask for %.0f ms "
+                 "or more",
+                 f->detail, q->slo_ms, q->p->stages[stage].id, ceil(least));
+    gw_send_error_retry(hreq, f->err, why, retry);
+}
+
 void gw_query_respond(gw_async_t *a, h2o_req_t *hreq)
 {
     gw_query_t *q = (gw_query_t *)a;
@@ -71,7 +110,7 @@ void gw_query_respond(gw_async_t *a, h2o_req_t *hreq)
     query_count(q, now);
     query_headers(q, hreq);
     if (atomic_load(&q->fate.failed)) {
-        gw_send_error_retry(hreq, q->fate.err, q->fate.detail, !q->hopeless);
+        query_send_failure(q, hreq);
         return;
     }
     json_t *frames = json_array();
@@ -104,7 +143,7 @@ void gw_query_respond_oip(gw_async_t *a, h2o_req_t *hreq)
     query_count(q, now);
     query_headers(q, hreq);
     if (atomic_load(&q->fate.failed)) {
-        gw_send_error_retry(hreq, q->fate.err, q->fate.detail, !q->hopeless);
+        query_send_failure(q, hreq);
         return;
     }
     json_t *data = json_array();

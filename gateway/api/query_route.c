@@ -147,28 +147,29 @@ static int query_setup(gw_query_t *q, double slo_ms)
         query_reject(q, rc, "%s", why);
         return -1;
     }
-    /* The least SLO the pipeline can meet: a frame's decode, then on the
-     * longest chain of stages a batch of one each (with the dispatch
-     * margin). A query asking for less is answered at once, saying so,
-     * without Retry-After (issue 23: no retry can help it). */
+    /* The least SLO the pipeline can meet (gw_query_least_slo_us). A
+     * query asking for less is answered at once, saying so, without
+     * Retry-After: no retry can help it. */
     const gw_pipeline_t *p = q->p;
-    double least_us[GW_PIPE_MAX_STAGES], least = 0;
-    for (int k = 0; k < p->nstages; k++) {
-        int i = p->order[k]; /* parents before children */
-        int par = p->stages[i].parent;
-        least_us[i] = (par >= 0 ? least_us[par] : gw_prep_pool_decode_us(srv->prep)) +
-                      (double)gw_query_stage_least_us(srv, q, i);
-        least = least_us[i] > least ? least_us[i] : least;
-    }
-    if (q->slo_ms * 1000.0 < least) {
-        q->hopeless = 1;
+    double chain, least;
+    int stage;
+    least = gw_query_least_slo_us(srv, q, &chain, &stage);
+    if (q->slo_ms * 1000.0 >= least)
+        return 0;
+    q->hopeless = 1;
+    if (stage < 0)
         query_reject(q, SQ_DEADLINE,
                      "an SLO of %g ms cannot be met: a frame's decode and a batch of one of each "
                      "stage after the other take at least %.1f ms; ask for %.0f ms or more",
-                     q->slo_ms, least / 1000.0, ceil(least / 1000.0));
-        return -1;
-    }
-    return 0;
+                     q->slo_ms, chain / 1000.0, ceil(least / 1000.0));
+    else
+        query_reject(q, SQ_DEADLINE,
+                     "an SLO of %g ms cannot be met: stage %s is due %.1f ms after arrival (its "
+                     "share of the split), but a frame's decode and a batch of one of each stage "
+                     "up to it take at least %.1f ms; ask for %.0f ms or more",
+                     q->slo_ms, p->stages[stage].id, q->cum_ms[stage],
+                     q->cum_ms[stage] * least / (q->slo_ms * 1000.0), ceil(least / 1000.0));
+    return -1;
 }
 
 void gw_route_pipeline_infer(gw_call_t *call)
