@@ -52,7 +52,9 @@
     X(MODEL_FAILED, "model_failed", 409, "the model failed and cannot be served")                  \
     X(MODEL_UNLOADED, "model_unloaded", 409,                                                       \
       "the model is unloaded; POST /v2/repository/models/{name}/load serves it again")             \
-    X(STANDBY, "standby", 503, "this squishd is a standby; ask the leader")
+    X(STANDBY, "standby", 503, "this squishd is a standby; ask the leader")                        \
+    X(IN_USE, "in_use", 409,                                                                       \
+      "a stored pipeline uses the model: the message names it; ?force=true goes ahead")
 
 enum {
 #define SQ_ERR_ENUM_(e, name, status, msg) SQ_ERR_##e##_IDX_,

@@ -216,6 +216,14 @@ void gw_route_pipelines_post(gw_call_t *call);
 void gw_route_pipelines_list(gw_call_t *call);
 void gw_route_pipelines_get(gw_call_t *call);
 void gw_route_pipelines_delete(gw_call_t *call);
+/* ?force=true (or 1): a delete or unload of a model that stored
+ * pipelines use goes ahead anyway. */
+int gw_force_param(gw_call_t *call);
+/* A delete (unload 0) or an unload (1) of model name (version 0: every
+ * version) that stored pipelines use (loaded ones, for an unload) is
+ * refused: a fails 409 in_use naming them and how to go on; 1 then, else
+ * 0. Any thread (the registries are thread-safe). */
+int gw_refuse_in_use(gw_async_t *a, int unload, const char *name, int version);
 void gw_route_pipeline_infer(gw_call_t *call);
 /* POST /v2/models/{pipeline}/infer (routes.c sends a name that is a
  * pipeline's here). */

@@ -29,6 +29,7 @@ typedef struct {
     uint8_t *body_owned;
     char location[MDB_NAME_MAX + 16]; /* a 202's Location */
     char path[128];                   /* the request's, for a 404's hint */
+    int force;                        /* a delete: ?force=true, even if pipelines use it */
 } model_job_t;
 
 /* A 404 for the job's name and version, with what would work. */
@@ -581,6 +582,10 @@ static void delete_job(mdb_t *db, void *arg)
 {
     model_job_t *j = arg;
     int deleted = 0;
+    if (!j->force && gw_refuse_in_use(&j->base, 0, j->name, j->version)) {
+        gw_async_done(&j->base);
+        return;
+    }
     int rc = mdb_model_delete(db, j->name, j->version, &deleted);
     if (rc == SQ_MODEL_NOT_FOUND)
         job_not_found(j);
@@ -604,8 +609,10 @@ void gw_route_models_delete(gw_call_t *call)
     if (!gw_require_admin(call))
         return;
     model_job_t *j = named_job(call, 0);
-    if (j != NULL)
-        gw_db_post(call->srv, delete_job, j);
+    if (j == NULL)
+        return;
+    j->force = gw_force_param(call);
+    gw_db_post(call->srv, delete_job, j);
 }
 
 void gw_route_models_delete_version(gw_call_t *call)
@@ -613,8 +620,10 @@ void gw_route_models_delete_version(gw_call_t *call)
     if (!gw_require_admin(call))
         return;
     model_job_t *j = named_job(call, 1);
-    if (j != NULL)
-        gw_db_post(call->srv, delete_job, j);
+    if (j == NULL)
+        return;
+    j->force = gw_force_param(call);
+    gw_db_post(call->srv, delete_job, j);
 }
 
 /* The version a request without one goes to, as the registry decides it

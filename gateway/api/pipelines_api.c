@@ -167,3 +167,41 @@ void gw_route_pipelines_delete(gw_call_t *call)
     snprintf(j->name, sizeof(j->name), "%s", name);
     gw_db_post(call->srv, delete_job, j);
 }
+
+int gw_force_param(gw_call_t *call)
+{
+    char v[8];
+    return gw_query_param(call->req, "force", v, sizeof(v)) &&
+           (strcmp(v, "true") == 0 || strcmp(v, "1") == 0);
+}
+
+int gw_refuse_in_use(gw_async_t *a, int unload, const char *name, int version)
+{
+    gw_server_t *srv = a->srv;
+    char names[512], what[MDB_NAME_MAX + 32];
+    int n =
+        gw_pipes_using(srv->pipelines, srv->registry, name, version, unload, names, sizeof(names));
+    if (n == 0)
+        return 0;
+    if (version > 0)
+        snprintf(what, sizeof(what), "model %s version %d", name, version);
+    else
+        snprintf(what, sizeof(what), "model %s", name);
+    /* Triton unloads a model its ensembles use and they stop answering;
+     * squish says so first, and how to go on. */
+    if (unload)
+        gw_async_fail(a, SQ_IN_USE,
+                      "%s is used by pipeline%s %s, which would stop answering; unload %s "
+                      "first (POST /v2/repository/models/{pipeline}/unload, with "
+                      "{\"parameters\": {\"unload_dependents\": true}} to unload its models "
+                      "too), or add ?force=true to unload it anyway",
+                      what, n == 1 ? "" : "s", names, n == 1 ? "it" : "them");
+    else
+        gw_async_fail(a, SQ_IN_USE,
+                      "%s is used by pipeline%s %s, which would stop answering; delete %s first "
+                      "(DELETE /pipelines/{name}), or add ?force=true to delete it anyway (%s "
+                      "then answer 404 naming the stage until the model is back)",
+                      what, n == 1 ? "" : "s", names, n == 1 ? "it" : "them",
+                      n == 1 ? "it would" : "they would");
+    return 1;
+}

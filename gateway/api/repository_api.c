@@ -301,6 +301,7 @@ typedef struct {
     int load;       /* 1: load, 0: unload */
     int pipeline;   /* name is a pipeline's */
     int dependents; /* unload_dependents: a pipeline's stage models too */
+    int force;      /* ?force=true: unload a model even if loaded pipelines use it */
 } control_job_t;
 
 typedef struct {
@@ -397,6 +398,10 @@ static void control_job(mdb_t *db, void *arg)
     int64_t wait[64];
     int nwait = 0, rc = 0;
     char failed[320] = "";
+    if (!j->pipeline && !j->load && !j->force && gw_refuse_in_use(&j->base, 1, j->name, 0)) {
+        gw_async_done(&j->base);
+        return;
+    }
     if (!j->pipeline) {
         rc = set_model_unloaded(db, srv, j->name, !j->load, &k);
         if (rc == 0 && j->load)
@@ -476,7 +481,9 @@ static int control_params(gw_call_t *call, int load, int *dependents)
             } else {
                 snprintf(buf, sizeof(buf), "unknown parameter %s; %s takes %s", key,
                          load ? "load" : "unload",
-                         load ? "none" : "only unload_dependents (a boolean)");
+                         load ? "none"
+                              : "only unload_dependents (a boolean; ?force=true in the URL "
+                                "unloads a model that pipelines use)");
                 err = buf;
                 break;
             }
@@ -516,6 +523,7 @@ static void control(gw_call_t *call, int load)
     j->load = load;
     j->pipeline = p != NULL;
     j->dependents = dependents;
+    j->force = gw_force_param(call);
     gw_model_unref(m);
     gw_pipeline_unref(p);
     gw_db_post(call->srv, control_job, j);

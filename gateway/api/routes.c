@@ -110,7 +110,9 @@ static void route_kserve_model(gw_call_t *call)
     gw_pipeline_unref(p);
 }
 
-/* A pipeline is ready when every stage's model is. */
+/* A pipeline is ready when every stage's model is; when one is not, the
+ * answer names the stage and what became of its model (deleted, unloaded,
+ * failed, not loaded), as a model's readiness does: 400, as Triton. */
 static void route_kserve_model_ready(gw_call_t *call)
 {
     gw_pipeline_t *p = pipeline_of(call);
@@ -118,7 +120,7 @@ static void route_kserve_model_ready(gw_call_t *call)
         gw_route_kserve_model_ready(call);
         return;
     }
-    char why[2 * MDB_NAME_MAX + 128] = "";
+    char why[3 * MDB_NAME_MAX + 192] = "";
     if (atomic_load(&p->unloaded))
         snprintf(why, sizeof(why),
                  "pipeline %s is unloaded; POST /v2/repository/models/%s/load serves it again",
@@ -127,13 +129,30 @@ static void route_kserve_model_ready(gw_call_t *call)
         const gw_stage_spec_t *st = &p->stages[i];
         gw_model_t *m =
             gw_registry_find(call->srv->registry, st->model, strlen(st->model), st->version);
-        if (m == NULL || strcmp(m->status, "ready") != 0 ||
-            !gw_sched_held(call->srv->sched, m->key))
+        char version[24] = "";
+        if (st->version > 0)
+            snprintf(version, sizeof(version), " version %d", st->version);
+        if (m == NULL)
+            snprintf(why, sizeof(why),
+                     "stage %s: model %s%s is gone (deleted); upload it again (POST /models) or "
+                     "store the pipeline without it (POST /pipelines)",
+                     st->id, st->model, version);
+        else if (strcmp(m->status, "unloaded") == 0)
+            snprintf(why, sizeof(why),
+                     "stage %s: model %s is unloaded; POST /v2/repository/models/%s/load serves "
+                     "it again",
+                     st->id, st->model, st->model);
+        else if (strcmp(m->status, "failed") == 0)
+            snprintf(why, sizeof(why), "stage %s: model %s%s failed and cannot be served", st->id,
+                     st->model, version);
+        else if (strcmp(m->status, "ready") != 0 || !gw_sched_held(call->srv->sched, m->key))
             snprintf(why, sizeof(why), "stage %s: model %s is not ready", st->id, st->model);
         gw_model_unref(m);
     }
     if (why[0])
-        gw_send_error(call->req, SQ_NOT_READY, why);
+        gw_send_json(call->req, 400,
+                     json_pack("{s:s, s:b, s:s, s:s}", "name", p->name, "ready", 0, "error", why,
+                               "code", sq_err_name(SQ_NOT_READY)));
     else
         gw_send_json(call->req, 200, json_pack("{s:s, s:b}", "name", p->name, "ready", 1));
     gw_pipeline_unref(p);

@@ -306,6 +306,12 @@ int gw_pipes_remove(gw_pipes_t *ps, const char *name);
 /* New references to every published pipeline, by name; *n set; free the
  * array and unref each. */
 gw_pipeline_t **gw_pipes_all(gw_pipes_t *ps, int *n);
+/* The stored pipelines that use model name (every version when version
+ * is 0, else that version): a stage whose model, as the registry resolves
+ * it now, is that one. loaded_only leaves out the pipelines unloaded.
+ * Their names, comma-separated, into names (truncated to len); the count. */
+int gw_pipes_using(gw_pipes_t *ps, gw_registry_t *reg, const char *name, int version,
+                   int loaded_only, char *names, size_t len);
 
 /* The DB thread (store.c): owns the model DB handle; the HTTP loops and
  * the dispatch thread post jobs to it and never touch the DB themselves. */

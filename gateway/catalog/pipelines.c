@@ -743,3 +743,36 @@ gw_pipeline_t **gw_pipes_all(gw_pipes_t *ps, int *n)
     pthread_mutex_unlock(&ps->mu);
     return all;
 }
+
+int gw_pipes_using(gw_pipes_t *ps, gw_registry_t *reg, const char *name, int version,
+                   int loaded_only, char *names, size_t len)
+{
+    int n = 0, count = 0;
+    size_t used = 0;
+    if (len > 0)
+        names[0] = '\0';
+    gw_pipeline_t **all = gw_pipes_all(ps, &n);
+    for (int i = 0; i < n; i++) {
+        gw_pipeline_t *p = all[i];
+        int uses = 0;
+        for (int k = 0; k < p->nstages && !uses; k++) {
+            const gw_stage_spec_t *st = &p->stages[k];
+            if (strcmp(st->model, name) != 0)
+                continue;
+            /* The version the stage runs now: a stage without one takes
+             * the name's default, so deleting another version leaves it. */
+            gw_model_t *m = gw_registry_find(reg, st->model, strlen(st->model), st->version);
+            uses = m != NULL && (version == 0 || m->version == version);
+            gw_model_unref(m);
+        }
+        if (uses && !(loaded_only && atomic_load(&p->unloaded))) {
+            if (used < len)
+                used +=
+                    (size_t)snprintf(names + used, len - used, "%s%s", count ? ", " : "", p->name);
+            count++;
+        }
+        gw_pipeline_unref(p);
+    }
+    free(all);
+    return count;
+}

@@ -104,7 +104,13 @@ def unload_takes_a_model_out_of_service_and_load_brings_it_back():
         assert r.status == 400 and "unload_dependents" in r.json["error"], r
         r = control(s, "inc", "load", body=b'{"parameters": {"config": "{}"}}')
         assert r.status == 400 and "POST /models" in r.json["error"], r
+        # The pipeline "emu" uses it: refused, naming the pipeline and the
+        # ways on; ?force=true unloads it anyway.
         r = control(s, "inc", "unload")
+        assert r.status == 409 and r.json["code"] == "in_use", r
+        assert "pipeline emu" in r.json["error"] and "?force=true" in r.json["error"], r
+        assert "unload_dependents" in r.json["error"], r
+        r = control(s, "inc", "unload?force=true")
         assert r.status == 200 and r.json == {}, r
         # Out of service at once: refused with what would serve it again.
         r = infer(s, "inc")
@@ -216,9 +222,12 @@ def a_pipeline_is_a_model_on_every_route():
         assert query(s, "emu").status == 200
         # A stage's model unloaded: the pipeline says which, and loading
         # the pipeline loads it (Triton's ensembles load their models).
-        assert control(s, "inc", "unload").status == 200
+        assert control(s, "inc", "unload?force=true").status == 200
         eventually(lambda: index(s)[("emu", "1")][0] == "UNAVAILABLE", 10, "emu unavailable")
         assert index(s)[("emu", "1")][1] == "stage cls: model inc: unloaded", index(s)
+        r = s.get("/v2/models/emu/ready", schema_name="kserve_model_ready")
+        assert r.status == 400 and r.json["error"].startswith(
+            "stage cls: model inc is unloaded"), r
         r = query(s, "emu")
         assert r.status == 409 and "stage cls: model inc is unloaded" in r.json["error"], r
         r = control(s, "emu", "load")
@@ -285,7 +294,7 @@ def unload_and_load_under_traffic_answer_every_request_once():
         try:
             for _ in range(3):
                 time.sleep(0.2)
-                assert control(s, "inc", "unload").status == 200
+                assert control(s, "inc", "unload?force=true").status == 200
                 time.sleep(0.2)
                 assert control(s, "inc", "load").status == 200
             time.sleep(0.2)

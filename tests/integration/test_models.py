@@ -604,5 +604,67 @@ def the_upload_config_schema_is_what_squishd_takes():
         s.stop()
 
 
+
+@test
+def deleting_a_model_a_pipeline_uses_says_so_and_force_goes_ahead():
+    """A model a stored pipeline uses is not deleted (every version, or the
+    version its stage runs) without ?force=true: 409 in_use naming the
+    pipeline and the ways on. Forced, the pipeline's readiness names the
+    stage whose model is gone. A version no stage runs is deleted as ever."""
+    s = Squishd(workers="emu:1")
+    try:
+        s.wait_ready(workers=1, timeout=60)
+
+        def emulated(cfg):
+            r = s.request("POST", "/models", body=json.dumps(cfg),
+                          headers=dict(auth(s), **{"Content-Type": "application/json"}))
+            assert r.status == 201, r
+
+        inc = {"name": "inc", "profile": {"alpha_ms": 0.5, "beta_ms": 2}, "max_batch": 16,
+               "input": {"shape": [3, 16, 16]}, "num_classes": 5}
+        emulated(inc)
+        emulated({"name": "ssd", "profile": {"alpha_ms": 1, "beta_ms": 2}, "max_batch": 8,
+                  "input": {"shape": [3, 32, 32]}, "detections": {"mean": 2, "slots": 16}})
+        crops = {"stage": "det", "boxes": "boxes", "scores": "scores", "score_threshold": 0.5}
+        for name in ("p1", "p2"):
+            spec = {"name": name, "slo_ms": 2000,
+                    "stages": [{"id": "det", "model": "ssd"},
+                               {"id": "cls", "model": "inc", "crops_of": crops}]}
+            r = s.request("POST", "/pipelines", body=json.dumps(spec),
+                          headers=dict(auth(s), **{"Content-Type": "application/json"}))
+            assert r.status == 201, r
+        for path in ("/models/inc", "/models/inc/versions/1"):
+            r = s.request("DELETE", path, headers=auth(s))
+            assert r.status == 409 and r.json["code"] == "in_use", (path, r)
+            validate(r.json, "error")
+            assert "pipelines p1, p2" in r.json["error"], r.json
+            assert "?force=true" in r.json["error"] and "DELETE /pipelines" in r.json["error"], r
+        assert names(s)["inc"] == [1]
+        # A second version: the stages (without a version) run it now, so
+        # version 1 goes as ever, and version 2 is the one in use.
+        emulated(dict(inc, version=2))
+        r = eventually(lambda: (lambda r: r if r.status != 409 else None)(
+            s.request("DELETE", "/models/inc/versions/1", headers=auth(s))), 5, "v1 deleted")
+        assert r.status == 200, r
+        r = s.request("DELETE", "/models/inc/versions/2", headers=auth(s))
+        assert r.status == 409 and "model inc version 2" in r.json["error"], r
+        # Forced: deleted, and the pipelines say which stage's model is gone.
+        r = s.request("DELETE", "/models/ssd?force=true", headers=auth(s),
+                      schema_name="models_delete")
+        assert r.status == 200 and r.json["deleted_versions"] == 1, r
+        r = s.get("/v2/models/p1/ready", schema_name="kserve_model_ready")
+        assert r.status == 400 and r.json["ready"] is False, r
+        assert r.json["error"].startswith("stage det: model ssd is gone (deleted)"), r.json
+        r = s.request("POST", "/v1/pipelines/p1/infer", body=PHOTO_BYTES,
+                      headers={"Content-Type": "image/jpeg"})
+        assert r.status == 404 and "stage det" in r.json["error"], r
+        # Once the pipelines are gone, so is the refusal.
+        for name in ("p1", "p2"):
+            assert s.request("DELETE", "/pipelines/" + name, headers=auth(s)).status == 200
+        assert s.request("DELETE", "/models/inc", headers=auth(s)).status == 200
+    finally:
+        s.stop()
+
+
 if __name__ == "__main__":
     run()
