@@ -124,6 +124,10 @@ static const sq_opt_t options[] = {
     {"prefix_batching", INT(prefix_batching), 0, 1, "1",
      "1: models that share all but their last layers (found on upload) run as one group, "
      "their common layers batched across their requests"},
+    {"strict_readiness", INT(strict_readiness), 0, 1, "1",
+     "1: GET /v2/health/ready is 200 only when every ready model can be served now (a model no "
+     "worker up can run makes the server not ready, as Triton's --strict-readiness); 0: ready "
+     "once the model DB is open and a worker is connected, each model's readiness its own"},
     {"access_log", INT(access_log), 0, 1, "0",
      "1: one info log line per HTTP request (method, path, route, status, bytes, duration)"},
     {"trace_file", STR(trace_file), 0, 0, "",

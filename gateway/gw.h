@@ -53,7 +53,8 @@ typedef struct {
     int heartbeat_ms;
     int heartbeat_timeout_ms;
     int restart_backoff_ms;
-    int model_retries; /* crashes a model may cause before it is marked failed, less one */
+    int model_retries;    /* crashes a model may cause before it is marked failed, less one */
+    int strict_readiness; /* 1: the server is ready when every ready model can be served */
     int restart_backoff_max_ms;
     int shm_mb;
     int emu_memory_mb;

@@ -77,6 +77,7 @@ typedef struct {
     double default_slo_ms;  /* when neither the request nor the model gives one */
     int prefix_batching;    /* run shared-prefix groups as one */
     int model_retries;      /* crashes a model may cause before it is failed, less one */
+    int lax_readiness;      /* 1 (--strict-readiness 0): ready whatever the models' state */
 } gw_dispatch_config_t;
 
 /* What the dispatcher is given: its settings and the handles of the rooms

@@ -1,7 +1,7 @@
 /* Readiness, as the dispatch thread sees it every tick and other threads
  * ask (gw_dispatch_ready, gw_dispatch_model_held): why squishd cannot serve
- * every ready model now, and the models a worker up holds, published under
- * ready_lock. */
+ * every ready model now (--strict-readiness 1; with 0 the models do not
+ * count), and the models a worker up holds, published under ready_lock. */
 #include "batcher_int.h"
 
 #include <string.h>
@@ -101,7 +101,13 @@ void ds_publish_ready(gw_dispatch_t *ds)
                 held_add(ds, dm->members[k]->key);
         }
     }
-    if (!x.why[0])
+    /* --strict-readiness 0: the server's readiness is its own (as
+     * Triton's without strict readiness); each model says its own on
+     * /v2/models/{m}/ready, so a model no worker up can run (an emulated
+     * one without an emu worker) leaves the server ready. */
+    if (ds->cfg.lax_readiness)
+        x.why[0] = '\0';
+    else if (!x.why[0])
         gw_registry_foreach(ds->registry, scan_servable, &x);
     snprintf(ds->pub.ready_why, sizeof(ds->pub.ready_why), "%s", x.why);
     ds->pub.ready_gen = gen;
@@ -115,7 +121,8 @@ int ds_sched_ready(gw_sched_t *s, char *why, size_t len)
     snprintf(why, len, "%s", ds->pub.ready_why);
     /* A model added, measured or deleted since the last look: not ready
      * until the dispatch thread has looked (within a tick, 50 ms). */
-    if (why[0] == '\0' && ds->pub.ready_gen != gw_registry_generation(ds->registry))
+    if (why[0] == '\0' && !ds->cfg.lax_readiness &&
+        ds->pub.ready_gen != gw_registry_generation(ds->registry))
         snprintf(why, len, "a model changed since the last check; retry shortly");
     pthread_mutex_unlock(&ds->pub.ready_lock);
     return why[0] == '\0';

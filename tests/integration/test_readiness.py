@@ -59,6 +59,30 @@ def a_model_no_worker_can_serve_makes_the_server_not_ready():
 
 
 @test
+def without_strict_readiness_a_model_no_worker_can_serve_is_its_own_business():
+    """--strict-readiness 0 (Triton's choice without strict readiness): the
+    server is ready once its DB is open and a worker is connected; an
+    emulated model without an emu worker says so on its own readiness, and
+    the server stays ready (with the default, the test above, it is not)."""
+    s = Squishd(workers="cpu:1", extra=["--strict-readiness", "0"])
+    try:
+        s.wait_ready(workers=1)
+        add(s, R50)  # emulated: only an emu worker runs it
+        r = eventually(lambda: (lambda x: x if x.status == 400 else None)(
+            s.get("/v2/models/r50/ready", schema_name="kserve_model_ready")), 5, "r50 not ready")
+        assert "no worker that can run the model" in r.json["error"], r
+        # Past several dispatch ticks (50 ms): the server still ready.
+        for _ in range(10):
+            r = s.get("/v2/health/ready")
+            assert r.status == 200 and r.json["ready"] is True, r
+            time.sleep(0.05)
+        assert infer(s, "r50").status == 503
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+@test
 def every_ready_model_is_loaded_before_the_server_says_ready():
     # Issue 23: ready was said while models were still to be loaded (only
     # models that had had a request counted). Now every ready model is
