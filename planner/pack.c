@@ -10,6 +10,7 @@
 #include <assert.h>
 #include <limits.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -60,6 +61,99 @@ static void sort_for_cap(const ctx_t *c, int *order, int n)
     }
 }
 
+/* The first share of session s on the cut devices that is not a whole
+ * device of its own, or NULL. */
+static const item_t *cut_share(const ctx_t *c, int s, const int *cut, int ncut)
+{
+    for (int k = 0; k < ncut; k++) {
+        const node_t *n = &c->nodes[cut[k]];
+        for (int i = 0; i < n->nitems && !n->saturated; i++)
+            if (n->items[i].session == s)
+                return &n->items[i];
+    }
+    return NULL;
+}
+
+/* What blocks u (pl_unplaced_t): its least needs, and for a session the
+ * cap cut, the planned device it came closest to sharing. A device with
+ * room for its share of a cycle (occupancy) whose cycle, set by the
+ * tightest SLO there, cannot hold its batch beside the others makes it
+ * DUTY_CYCLE: the devices are not short of time but of a cycle they can
+ * share. Only the words change; the packing and the overflow see
+ * DEVICES. */
+static void explain_unplaced(const ctx_t *c, pl_unplaced_t *u, const int *order, int keep,
+                             const int *cut, int ncut)
+{
+    const pl_session_t *ss = &c->sessions[u->session];
+    double k_std = c->opt.k_std;
+    u->need_us = pl_latency_us(ss->profile, 1, k_std);
+    u->need_bytes = pl_memory_bytes(ss->profile, 1);
+    u->device_memory_bytes = c->opt.device_memory_bytes;
+    u->device_id = u->blocker_session = u->blocker_session_id = -1;
+    if (u->reason != PL_UNPLACED_DEVICES)
+        return;
+    const item_t *mine = cut_share(c, u->session, cut, ncut);
+    if (mine == NULL)
+        return; /* whole devices' worth, or its share was never cut */
+    int best = -1, best_room = 0, best_blocker = -1;
+    double best_cycle = 0, best_reserved = 0;
+    for (int k = 0; k < keep; k++) {
+        const node_t *n = &c->nodes[order[k]];
+        if (n->saturated || n->nitems == 0)
+            continue;
+        double d = mine->solo_duty_us;
+        int blocker = u->session;
+        for (int i = 0; i < n->nitems; i++)
+            if (n->items[i].solo_duty_us < d) {
+                d = n->items[i].solo_duty_us;
+                blocker = n->items[i].session;
+            }
+        double reserved = 0;
+        for (int i = 0; i < n->nitems; i++) {
+            int si = n->items[i].session;
+            int b = pl__share_batch(c, si, d, n->items[i].rate_rps);
+            double l = pl_latency_us(c->sessions[si].profile, b, k_std);
+            reserved += (l > 0 ? l : 0) + n->items[i].transfer_us;
+        }
+        int room = n->occupancy + mine->solo_occupancy <= 1 + REL_EPS;
+        if (best < 0 || (room && !best_room) ||
+            (room == best_room && n->occupancy < c->nodes[order[best]].occupancy)) {
+            best = k;
+            best_room = room;
+            best_cycle = d;
+            best_reserved = reserved;
+            best_blocker = blocker;
+        }
+    }
+    if (best < 0)
+        return;
+    const node_t *n = &c->nodes[order[best]];
+    const pl_session_t *bs = &c->sessions[best_blocker];
+    int b = pl__share_batch(c, u->session, best_cycle, mine->rate_rps);
+    double l = pl_latency_us(ss->profile, b, k_std);
+    double need = l > u->need_us ? l : u->need_us;
+    u->device_id = n->id;
+    u->cycle_us = best_cycle;
+    u->reserved_us = best_reserved;
+    u->free_bytes =
+        c->opt.device_memory_bytes > 0 ? c->opt.device_memory_bytes - n->memory_bytes : 0;
+    u->blocker_session = best_blocker;
+    u->blocker_session_id = bs->id;
+    u->blocker_slo_us = bs->slo_us;
+    /* The cycle that holds its batch beside the others', and the SLO that
+     * lets the blocker run its own batch after such a cycle. */
+    double cycle_needed = best_reserved + need;
+    double blocker_l =
+        best_blocker == u->session
+            ? need
+            : pl_latency_us(bs->profile,
+                            pl__share_batch(c, best_blocker, best_cycle, c->rate[best_blocker]),
+                            k_std);
+    u->slo_needed_us = cycle_needed + (blocker_l > 0 ? blocker_l : 0);
+    if (best_room && best_reserved + need > best_cycle + TIME_EPS_US)
+        u->reason = PL_UNPLACED_DUTY_CYCLE;
+}
+
 static void assemble(ctx_t *c, pl_plan_t *out, const pl_plan_t *prev)
 {
     int *order = sq_xmalloc(sizeof(*order) * (size_t)(c->nnodes ? c->nnodes : 1));
@@ -67,10 +161,14 @@ static void assemble(ctx_t *c, pl_plan_t *out, const pl_plan_t *prev)
     for (int i = 0; i < c->nnodes; i++)
         if (c->nodes[i].nitems > 0)
             order[nlive++] = i;
-    int keep = nlive;
+    int keep = nlive, ncut = 0;
+    int *cut = NULL;
     if (c->opt.max_devices > 0 && nlive > c->opt.max_devices) {
         sort_for_cap(c, order, nlive);
         keep = c->opt.max_devices;
+        ncut = nlive - keep;
+        cut = sq_xmalloc(sizeof(*cut) * (size_t)ncut);
+        memcpy(cut, order + keep, sizeof(*cut) * (size_t)ncut);
         for (int k = keep; k < nlive; k++) {
             const node_t *n = &c->nodes[order[k]];
             for (int i = 0; i < n->nitems; i++)
@@ -138,7 +236,9 @@ static void assemble(ctx_t *c, pl_plan_t *out, const pl_plan_t *prev)
                                              .session_id = c->sessions[s].id,
                                              .rate_rps = c->unplaced_rate[s],
                                              .reason = c->unplaced_reason[s]};
+        explain_unplaced(c, &out->unplaced[k - 1], order, keep, cut, ncut);
     }
+    free(cut);
 
     if (prev) {
         int np = 0;
@@ -288,4 +388,101 @@ void pl_plan_dispose(pl_plan_t *plan)
     free(plan->unplaced);
     free(plan->overflow);
     memset(plan, 0, sizeof(*plan));
+}
+
+/* ---- unplaced sessions in words ------------------------------------------- */
+
+const char *pl_unplaced_code(pl_unplaced_reason_t r)
+{
+    switch (r) {
+    case PL_UNPLACED_SLO:
+        return "slo";
+    case PL_UNPLACED_MEMORY:
+        return "memory";
+    case PL_UNPLACED_DEVICES:
+        return "devices";
+    case PL_UNPLACED_LINK:
+        return "link";
+    case PL_UNPLACED_DUTY_CYCLE:
+        return "duty_cycle";
+    }
+    return "devices";
+}
+
+/* Bytes as "3.1 GB" or "120 MB". */
+static const char *bytes_words(char *buf, size_t size, double bytes)
+{
+    if (bytes >= 1e9)
+        snprintf(buf, size, "%.1f GB", bytes / 1e9);
+    else
+        snprintf(buf, size, "%.0f MB", ceil(bytes / 1e6));
+    return buf;
+}
+
+const char *pl_unplaced_words(char *buf, size_t size, const pl_unplaced_t *u, double slo_us,
+                              int ndevices, const char *device, const char *blocker)
+{
+    const double ms = 1e-3;
+    char need_b[32], free_b[32];
+    const char *dev = device != NULL ? device : "a device";
+    switch (u->reason) {
+    case PL_UNPLACED_SLO:
+        if (u->need_us > 0)
+            snprintf(buf, size,
+                     "a batch of one takes %.3g ms and must run within half its SLO of %.3g ms: "
+                     "ask for an SLO of %.0f ms or more",
+                     u->need_us * ms, slo_us * ms, ceil(2 * u->need_us * ms));
+        else
+            snprintf(buf, size, "no batch of its model runs within its SLO of %.3g ms",
+                     slo_us * ms);
+        break;
+    case PL_UNPLACED_MEMORY:
+        snprintf(buf, size,
+                 "memory: its model takes %s at a batch of one, a device has %s: a device with "
+                 "more memory, or a smaller model",
+                 bytes_words(need_b, sizeof(need_b), u->need_bytes),
+                 bytes_words(free_b, sizeof(free_b), u->device_memory_bytes));
+        break;
+    case PL_UNPLACED_LINK:
+        snprintf(buf, size,
+                 "no device left whose link carries its batches within its SLO of %.3g ms: "
+                 "a longer SLO, or a device nearer",
+                 slo_us * ms);
+        break;
+    case PL_UNPLACED_DUTY_CYCLE:
+        if (u->blocker_session == u->session || blocker == NULL)
+            snprintf(buf, size,
+                     "needs %.3g ms of a duty cycle beside the %.3g ms the sessions on %s take, "
+                     "but its SLO of %.3g ms allows a cycle of %.3g ms: ask for an SLO of %.0f ms "
+                     "or more, or add a device",
+                     u->need_us * ms, u->reserved_us * ms, dev, slo_us * ms, u->cycle_us * ms,
+                     ceil(u->slo_needed_us * ms));
+        else
+            snprintf(buf, size,
+                     "needs %.3g ms of a duty cycle, but %s's cycle is at most %.3g ms for %s "
+                     "(SLO %.3g ms) and its sessions take %.3g ms of it: ask for an SLO of %.0f ms "
+                     "or more for %s, or add a device",
+                     u->need_us * ms, dev, u->cycle_us * ms, blocker, u->blocker_slo_us * ms,
+                     u->reserved_us * ms, ceil(u->slo_needed_us * ms), blocker);
+        break;
+    case PL_UNPLACED_DEVICES:
+    default:
+        if (u->device_id < 0)
+            snprintf(buf, size,
+                     "its load needs devices of its own and all %d are in use: add a device",
+                     ndevices);
+        else if (u->free_bytes > 0 && u->need_bytes > u->free_bytes)
+            snprintf(buf, size,
+                     "memory: %s of %s free on %s, the other devices in use: add a "
+                     "device",
+                     bytes_words(need_b, sizeof(need_b), u->need_bytes),
+                     bytes_words(free_b, sizeof(free_b), u->free_bytes), dev);
+        else
+            snprintf(buf, size,
+                     "all %d devices are in use: the least busy, %s, has %.3g ms of its %.3g ms "
+                     "duty cycle taken and it needs %.3g ms: add a device",
+                     ndevices, dev, u->reserved_us * ms, u->cycle_us * ms, u->need_us * ms);
+        break;
+    }
+    return buf;
 }

@@ -111,6 +111,12 @@ int pl__share_batch(const ctx_t *c, int s, double duty_us, double rate_rps);
 
 void pl__add_unplaced(ctx_t *c, int s, double rate, int reason);
 
+/* Residual items sharing one device: duty cycle the least solo duty
+ * cycle, batches at it (filled in it). Returns the occupancy, or -1 when
+ * a batch misses its SLO, the batches overrun the cycle or the memory
+ * does not fit. */
+double pl__eval_items(const ctx_t *c, item_t *it, int n, double *duty_out, double *mem_out);
+
 /* Saturate and residue for one share of a session (Algorithm 1, lines 1-9):
  * whole devices at the saturation batch, the rest as one residual item
  * returned in *res (1) or none (0). */

@@ -226,6 +226,11 @@ void pl__packed_rate(ctx_t *c, int s)
     }
 }
 
+double pl__eval_items(const ctx_t *c, item_t *it, int n, double *duty_out, double *mem_out)
+{
+    return eval_items(c, it, n, duty_out, mem_out);
+}
+
 /* ---- merge: best-fit decreasing by occupancy ------------------------------ */
 
 void pl__bins_insert(binlist_t *bl, const ctx_t *c, int node)

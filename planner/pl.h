@@ -42,6 +42,8 @@
 
 #include "pl_profile.h"
 
+#include <stddef.h>
+
 typedef struct pl_session {
     int id;                      /* stable across epochs: plans refer to sessions by it */
     int model;                   /* model or prefix-group id: sessions of one model on one
@@ -148,8 +150,14 @@ typedef struct {
 typedef enum {
     PL_UNPLACED_SLO = 1, /* no batch size meets the SLO even alone on a device */
     PL_UNPLACED_MEMORY,  /* the model does not fit a device's memory */
-    PL_UNPLACED_DEVICES, /* feasible, but max_devices were all used */
+    PL_UNPLACED_DEVICES, /* feasible, but max_devices were all used, their cycles full */
     PL_UNPLACED_LINK,    /* feasible locally, but no device left whose link meets the SLO */
+    /* Feasible, max_devices all used, and a planned device has the time
+     * for it (its share of a cycle beside theirs) but not within the duty
+     * cycle its sessions' SLOs allow: the cycle is too short for its batch
+     * beside the batches there. A longer SLO for the session that sets the
+     * cycle (blocker_session), or a device, places it. */
+    PL_UNPLACED_DUTY_CYCLE,
 } pl_unplaced_reason_t;
 
 typedef struct {
@@ -157,7 +165,37 @@ typedef struct {
     int session_id;
     double rate_rps; /* load left without a device */
     pl_unplaced_reason_t reason;
+    /* What blocks it, for a user (pl_unplaced_words says it in words). */
+    double need_us;             /* l(1) with the margin: the least of a duty cycle it takes */
+    double need_bytes;          /* its model's memory at a batch of one */
+    double device_memory_bytes; /* pl_options_t.device_memory_bytes */
+    /* DEVICES and DUTY_CYCLE: the planned device it came closest to
+     * sharing (-1: none, e.g. it fills whole devices), that device's duty
+     * cycle with it (the least its sessions' SLOs allow), what the
+     * batches there take of it, its memory left (0: unlimited) and the
+     * session (index, id, SLO) whose SLO sets that cycle, itself maybe;
+     * slo_needed_us is about the SLO that session would need for the
+     * cycle to hold its batch beside the others. */
+    int device_id;
+    double cycle_us;
+    double reserved_us;
+    double free_bytes;
+    int blocker_session, blocker_session_id;
+    double blocker_slo_us;
+    double slo_needed_us;
 } pl_unplaced_t;
+
+/* The reason's code as the plan's JSON shows it: "slo", "memory",
+ * "devices", "link", "duty_cycle". */
+const char *pl_unplaced_code(pl_unplaced_reason_t r);
+/* What blocks u, in words a user can act on (e.g. "needs 43 ms of a duty
+ * cycle, but cpu:0's cycle is at most 10 ms for det (SLO 12 ms), 2 ms of
+ * it taken: ask for an SLO of 57 ms or more for det, or add a device"),
+ * into buf (truncated to size). slo_us: the session's SLO; ndevices: the
+ * devices in use; device and blocker: the names of u->device_id and
+ * u->blocker_session (NULL when there is none). Returns buf. */
+const char *pl_unplaced_words(char *buf, size_t size, const pl_unplaced_t *u, double slo_us,
+                              int ndevices, const char *device, const char *blocker);
 
 /* A device that also holds a session's model without a share of it, so
  * that the dispatcher's matchmaking can give it the session's overflow

@@ -184,21 +184,6 @@ void wl_plan_input_dispose(wl_plan_input_t *in)
 
 /* ---- plan JSON ----------------------------------------------------------- */
 
-static const char *unplaced_reason_name(pl_unplaced_reason_t r)
-{
-    switch (r) {
-    case PL_UNPLACED_SLO:
-        return "slo";
-    case PL_UNPLACED_MEMORY:
-        return "memory";
-    case PL_UNPLACED_DEVICES:
-        return "devices";
-    case PL_UNPLACED_LINK:
-        return "link";
-    }
-    return "unknown";
-}
-
 /* The fields every session entry carries: what it is and where it came from. */
 static json_t *session_json(const wl_workload_t *w, const wl_plan_input_t *in, int s)
 {
@@ -270,7 +255,15 @@ char *wl_plan_to_json(const wl_workload_t *w, const wl_plan_input_t *in, const p
         const pl_unplaced_t *u = &plan->unplaced[i];
         json_t *uj = session_json(w, in, u->session);
         json_object_set_new(uj, "rate_rps", json_real(u->rate_rps));
-        json_object_set_new(uj, "reason", json_string(unplaced_reason_name(u->reason)));
+        json_object_set_new(uj, "reason", json_string(pl_unplaced_code(u->reason)));
+        char dev[32], words[512];
+        snprintf(dev, sizeof(dev), "device %d", u->device_id);
+        const char *blocker =
+            u->blocker_session >= 0 ? in->sessions[u->blocker_session].name : NULL;
+        json_object_set_new(
+            uj, "detail",
+            json_string(pl_unplaced_words(words, sizeof(words), u, in->sessions[u->session].slo_us,
+                                          plan->ndevices, dev, blocker)));
         json_array_append_new(un, uj);
     }
     json_object_set_new(root, "unplaced", un);

@@ -28,17 +28,12 @@ static ds_model_t *model_of_key(gw_dispatch_t *ds, int64_t key)
     return any;
 }
 
-static const char *unplaced_reason(pl_unplaced_reason_t r)
-{
-    return r == PL_UNPLACED_SLO      ? "slo"
-           : r == PL_UNPLACED_MEMORY ? "memory"
-           : r == PL_UNPLACED_LINK   ? "link"
-                                     : "devices";
-}
-
 /* The share of requests within their SLO below which the advice releases
  * nothing (issue 15: >= 99.5% within SLO). */
 #define ADVICE_SLO_FLOOR 0.995
+/* The idle fraction from which the advice adds no device: the devices
+ * were busy less than half the window. */
+#define ADVICE_IDLE_FLOOR 0.5
 
 const ds_plan_view_t *ds_plan_view(gw_dispatch_t *ds, int id, ds_plan_view_t *out)
 {
@@ -251,7 +246,7 @@ static json_t *plan_json(const report_t *r, json_t **placements)
     json_t *devices = json_array(), *unplaced = json_array(), *overflow = json_array();
     *placements = json_array();
     double lower = 0;
-    int used = 0;
+    int used = 0, nunplaced = 0;
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
         const rep_kind_t *K = &r->kinds[k];
         if (!K->has)
@@ -309,13 +304,24 @@ static json_t *plan_json(const report_t *r, json_t **placements)
                                                 key_at(K, ov->device_id)));
         }
         for (int u = 0; u < plan->nunplaced; u++) {
-            const rep_sess_t *rs;
-            const rep_model_t *m = sess_model(r, plan->unplaced[u].session_id, &rs);
-            if (m != NULL)
-                json_array_append_new(
-                    unplaced, json_pack("{s:s, s:f, s:f, s:s}", "model", m->name, "slo_ms",
-                                        rs->bucket_ms, "rate_rps", plan->unplaced[u].rate_rps,
-                                        "reason", unplaced_reason(plan->unplaced[u].reason)));
+            const pl_unplaced_t *un = &plan->unplaced[u];
+            const rep_sess_t *rs, *bs;
+            const rep_model_t *m = sess_model(r, un->session_id, &rs);
+            if (m == NULL)
+                continue;
+            const rep_model_t *bm =
+                un->blocker_session_id >= 0 ? sess_model(r, un->blocker_session_id, &bs) : NULL;
+            const rep_worker_t *w = worker_at(r, key_at(K, un->device_id));
+            char words[512];
+            pl_unplaced_words(words, sizeof(words), un, rs->bucket_ms * 1000.0, plan->ndevices,
+                              w ? w->device : NULL, bm ? bm->name : NULL);
+            json_t *uj = json_pack("{s:s, s:f, s:f, s:s, s:s}", "model", m->name, "slo_ms",
+                                   rs->bucket_ms, "rate_rps", un->rate_rps, "reason",
+                                   pl_unplaced_code(un->reason), "detail", words);
+            if (w != NULL && un->device_id >= 0)
+                json_object_set_new(uj, "device", json_string(w->device));
+            json_array_append_new(unplaced, uj);
+            nunplaced++;
         }
     }
     /* Advice (Symphony section 3.5): with bad rate r over N devices ask for
@@ -336,24 +342,60 @@ static json_t *plan_json(const report_t *r, json_t **placements)
     if (bad_rate > 1 - ADVICE_SLO_FLOOR && delta < 0)
         delta = 0;
     /* The advice and the plan agree: load left without a device asks for
-     * devices, however idle the others look, and a device the plan uses is
-     * never one to release. */
+     * devices, and a device the plan uses is never one to release. A
+     * session whose block is a duty cycle it cannot share (duty_cycle)
+     * asks for one too, as its words say: a device or a longer SLO. */
     int short_of_devices = 0;
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
         const pl_plan_t *plan = r->kinds[k].has ? &r->kinds[k].plan : NULL;
         for (int u = 0; plan != NULL && u < plan->nunplaced; u++)
-            short_of_devices |= plan->unplaced[u].reason == PL_UNPLACED_DEVICES;
+            short_of_devices |= plan->unplaced[u].reason == PL_UNPLACED_DEVICES ||
+                                plan->unplaced[u].reason == PL_UNPLACED_DUTY_CYCLE;
     }
     if (short_of_devices && delta < 1)
         delta = lower - used >= 1 ? ceil(lower - used) : 1;
     if (delta < 0 && -delta > nworkers - used)
         delta = -(double)(nworkers - used > 0 ? nworkers - used : 0);
+    /* But never a device while the devices were mostly idle over a window
+     * that saw requests: what the plan reserves (a batch slot per cycle
+     * for each session, a short cycle for a tight SLO) is then not what
+     * the load uses, the unplaced sessions' batches run as overflow on
+     * the idle devices, and their words say what would place them. A
+     * window without requests (just started, restored) says nothing of
+     * idleness, and the plan's word stands. */
+    int mostly_idle = total > 0 && idle >= ADVICE_IDLE_FLOOR;
+    const char *note = NULL;
+    char note_buf[256];
+    if (mostly_idle && delta > 0) {
+        delta = 0;
+        snprintf(note_buf, sizeof(note_buf),
+                 "the devices were idle %.0f%% of the last %.0f s: no device needed%s", idle * 100,
+                 r->window_s,
+                 nunplaced > 0 ? "; the unplaced sessions run as overflow on them, and their "
+                                 "detail says what would place them"
+                               : "");
+        note = note_buf;
+    } else if (delta > 0) {
+        snprintf(note_buf, sizeof(note_buf), "add %.0f device%s: %s", delta, delta > 1 ? "s" : "",
+                 short_of_devices ? "sessions are unplaced for want of devices (see unplaced)"
+                                  : "requests missed their SLO");
+        note = note_buf;
+    } else if (delta < 0) {
+        snprintf(note_buf, sizeof(note_buf), "%.0f device%s can go: idle %.0f%% of the window",
+                 -delta, delta < -1 ? "s" : "", idle * 100);
+        note = note_buf;
+    } else {
+        note = nunplaced > 0 ? "no device to add or release; the unplaced sessions' detail says "
+                               "what would place them"
+                             : "no device needed";
+    }
     json_t *snap =
         json_pack("{s:I, s:f, s:s, s:o, s:i, s:f, s:o, s:[], s:{s:f, s:f, s:f, s:f, s:f}}", "epoch",
                   (json_int_t)r->epoch, "created_at", r->created_at, "reason", r->reason, "devices",
                   devices, "devices_used", used, "lower_bound_devices", lower, "unplaced", unplaced,
                   "pipelines", "advice", "devices_delta", delta, "bad_rate", bad_rate,
                   "idle_fraction", idle, "add", add, "release", release);
+    json_object_set_new(json_object_get(snap, "advice"), "note", json_string(note));
     /* Where each worker is: remote ones with their measured link. */
     json_t *ws = json_array();
     for (int i = 0; i < r->nworkers; i++) {
