@@ -366,15 +366,17 @@ typedef struct {
  * the dispatcher decides batches by metadata only. A frontend connects to
  * the dispatcher's cluster listener and authenticates as a worker does,
  * then sends FE_HELLO (instead of HELLO); the dispatcher answers
- * FE_WELCOME, then FE_CATALOG (the models and pipelines, as JSON) and
- * FE_STATE (readiness and the workers' data addresses, as JSON) whenever
- * they change.
+ * FE_WELCOME, then FE_CATALOG (the models and pipelines) and FE_STATE
+ * (readiness, the workers up and their data addresses, the live-corrected
+ * profiles) whenever they change. Their payloads, and FE_METRICS's, have
+ * typed codecs in gateway/codec/gw_codec_fe.h (a model's record and a
+ * pipeline's spec travel inside them as the JSON documents they are).
  *
  *   frontend -> dispatcher  FE_ITEMS     items it holds (metadata only)
  *   frontend -> dispatcher  FE_WITHDRAW  items no longer wanted
  *   dispatcher -> frontend  FE_ASSIGN    rows of a batch it is to send to a worker
  *   dispatcher -> frontend  FE_FAIL      an item failed (dropped, no worker...)
- *   frontend -> dispatcher  FE_METRICS   its metrics and model statistics (JSON),
+ *   frontend -> dispatcher  FE_METRICS   its metrics and model statistics,
  *                                        every few seconds: the cluster's one view
  *   dispatcher -> worker    FE_GONE      id: a frontend gone; its rows never come
  *   worker -> dispatcher    WORKER_DATA  the worker's data address (after WELCOME)

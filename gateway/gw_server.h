@@ -41,7 +41,6 @@ typedef struct gw_server {
     atomic_int stopping;        /* SIGTERM seen: no new work */
     atomic_int leading;         /* leads (always, with sqlite); else a standby */
     atomic_int http_port;       /* the port HTTP listens on, once bound */
-    atomic_long inflight;       /* HTTP requests not yet answered */
     atomic_long infer_inflight; /* inference requests inside squishd (max_inflight) */
 
     sq_shm_arena_t *arena;

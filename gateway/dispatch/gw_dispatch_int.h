@@ -168,7 +168,7 @@ typedef struct ds_frontend {
     struct ds_fe_item **items;
     uint32_t capitems;
     unsigned long catalog_gen; /* the registry generation last sent (0: none) */
-    char *state_sent;          /* the FE_STATE last sent */
+    char *state_sent;          /* the FE_STATE last sent: a 4-byte length, then its bytes */
     /* What it last said of itself (FE_METRICS), under the dispatcher's
      * fe_lock: read by HTTP threads for the cluster's one view. */
     char *metrics;
