@@ -31,6 +31,12 @@ void gw_route_metrics(gw_call_t *call)
         atomic_load(&call->srv->infer_inflight), call->srv->cfg->max_inflight,
         gw_http_connections(call->srv));
     sq_buf_put(&out, adm, (size_t)n);
+    if (call->srv->front == NULL) {
+        /* A leader's (a standby answers its own /metrics: leader.c). */
+        static const char lead[] = "# HELP squish_leader 1 when this squishd leads, 0 on a "
+                                   "standby.\n# TYPE squish_leader gauge\nsquish_leader 1\n";
+        sq_buf_put(&out, lead, sizeof(lead) - 1);
+    }
     if (call->srv->dispatch != NULL) {
         /* Frontends' traffic on this dispatcher's link (metadata only: a
          * few dozen bytes an item each way). */
