@@ -124,10 +124,13 @@ static int resplit_pipelines(gw_dispatch_t *ds, int64_t now_us, int force)
     /* Of a stage's budget, its batches get what the dispatch margin and
      * the decode (or a crop's cut, cheaper) before them leave: a budget
      * the DP finds cheapest on paper but that holds no batch live would
-     * drop every query. */
+     * drop every query. The decode's 99th percentile, not its mean: with
+     * the mean, every frame whose decode took longer than usual (a
+     * progressive JPEG, a neighbour on the core) ended past its stage's
+     * deadline. */
     double overhead_us = (double)ds->cfg.core.net_delay_us;
     if (n > 0 && ds->prep != NULL)
-        overhead_us += gw_prep_pool_decode_us(ds->prep);
+        overhead_us += gw_prep_pool_decode_p99_us(ds->prep);
     for (int i = 0; i < n; i++) {
         gw_pipeline_t *pl = all[i];
         if (force || gw_pipeline_resplit_due(pl, now_us, PIPELINE_RESPLIT_US)) {

@@ -221,9 +221,50 @@ int gw_prep_pool_new(const gw_prep_pool_config_t *cfg, gw_prep_pool_t **out);
 int gw_prep_pool_submit(gw_prep_pool_t *pool, gw_prep_job_t *job);
 /* Jobs waiting in the queue now (for metrics and admission control). */
 int gw_prep_pool_queued(gw_prep_pool_t *pool);
+/* A decode time's estimate: an EWMA (weight GW_PREP_EST_WEIGHT) of the
+ * samples and of their absolute deviation from it, and how many samples
+ * it holds (0: none, the rest 0). */
+typedef struct {
+    double mean_ns, dev_ns;
+    long long samples;
+} gw_prep_est_t;
+#define GW_PREP_EST_WEIGHT 0.1
+/* The 99th percentile is taken as the mean plus this many mean absolute
+ * deviations. A normal law's p99 is 2.9 of them, an exponential's 4.9:
+ * decodes on a shared CPU have the tail of the second (a decode that
+ * loses its core waits for a time slice), so 4. */
+#define GW_PREP_EST_P99_DEVS 4.0
+/* Adds one sample: the first sets the mean, the next move the mean and the
+ * deviation by the weight. */
+void gw_prep_est_add(gw_prep_est_t *est, double x);
+/* The estimate's 99th percentile (mean_ns + GW_PREP_EST_P99_DEVS * dev_ns);
+ * 0 with no samples. */
+double gw_prep_est_p99(const gw_prep_est_t *est);
+
+/* What the pool knows of its decodes' cost: every decode's duration (ns),
+ * the duration of a decode of a file below GW_PREP_BYTE_RATE_MIN (ns),
+ * and the time per byte of a decode of a larger file (ns per byte). Work
+ * jobs (work != NULL) count in none. */
+typedef struct {
+    gw_prep_est_t decode, frame, per_byte;
+} gw_prep_costs_t;
+
 /* The pool's recent decode time per job (the EWMA submit uses), in µs; 0
  * before the first decode. Thread-safe. */
 double gw_prep_pool_decode_us(gw_prep_pool_t *pool);
+/* The 99th percentile of a frame's decode, in µs: of the decodes of files
+ * below GW_PREP_BYTE_RATE_MIN (those of larger files are planned from
+ * their size, frame by frame), or of every decode while there was no such
+ * file; 0 before the first. What a pipeline's split reserves for a
+ * stage's decode. Thread-safe. */
+double gw_prep_pool_decode_p99_us(gw_prep_pool_t *pool);
+/* A copy of the pool's estimates (to store them). Thread-safe. */
+void gw_prep_pool_costs(gw_prep_pool_t *pool, gw_prep_costs_t *out);
+/* Sets each of the pool's estimates that holds no sample yet to the given
+ * one when that has samples and finite, non-negative values (a mean above
+ * 0): estimates stored by an earlier run, so that the first frames are
+ * planned as the later ones. Thread-safe. */
+void gw_prep_pool_seed(gw_prep_pool_t *pool, const gw_prep_costs_t *stored);
 /* What decoding a JPEG of len bytes is expected to take, in µs: for a
  * file of at least GW_PREP_BYTE_RATE_MIN bytes, the pool's recent time per
  * byte of such files times len (a large file's decode follows its size:

@@ -5,6 +5,7 @@
 
 #include <sq.h>
 
+#include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 
@@ -20,8 +21,12 @@ struct gw_prep_pool {
     int nthreads;
     pthread_t *threads;
     gw_prep_ctx_t **ctxs;
-    double svc_ns;  /* EWMA of a decode's duration; 0 before the first */
-    double byte_ns; /* EWMA of the time per JPEG byte of large files; 0: none yet */
+    /* Decode times (gw_prep_est_t: an EWMA of the mean and of the absolute
+     * deviation), none before the first decode or gw_prep_pool_seed:
+     * every decode's duration (what submit plans the queue by), the
+     * duration of a small file's decode (below GW_PREP_BYTE_RATE_MIN: the
+     * frames a split plans for) and the time per byte of a large file's. */
+    gw_prep_costs_t costs;
 };
 
 typedef struct {
@@ -72,8 +77,27 @@ static int64_t run_job(gw_prep_ctx_t *ctx, gw_prep_job_t *job, int cancelled, in
  * would make a large file's estimate several times too long. */
 static double expect_decode_ns(const gw_prep_pool_t *pool, size_t len)
 {
-    double by_size = len >= GW_PREP_BYTE_RATE_MIN ? pool->byte_ns * (double)len : 0;
-    return by_size > pool->svc_ns ? by_size : pool->svc_ns;
+    double by_size = len >= GW_PREP_BYTE_RATE_MIN ? pool->costs.per_byte.mean_ns * (double)len : 0;
+    return by_size > pool->costs.decode.mean_ns ? by_size : pool->costs.decode.mean_ns;
+}
+
+void gw_prep_est_add(gw_prep_est_t *est, double x)
+{
+    if (est->samples <= 0) {
+        *est = (gw_prep_est_t){.mean_ns = x, .dev_ns = 0, .samples = 1};
+        return;
+    }
+    /* The deviation from the mean before this sample moves it, so that a
+     * sample far out counts in full. */
+    double dev = x > est->mean_ns ? x - est->mean_ns : est->mean_ns - x;
+    est->dev_ns = (1 - GW_PREP_EST_WEIGHT) * est->dev_ns + GW_PREP_EST_WEIGHT * dev;
+    est->mean_ns = (1 - GW_PREP_EST_WEIGHT) * est->mean_ns + GW_PREP_EST_WEIGHT * x;
+    est->samples++;
+}
+
+double gw_prep_est_p99(const gw_prep_est_t *est)
+{
+    return est->samples > 0 ? est->mean_ns + GW_PREP_EST_P99_DEVS * est->dev_ns : 0;
 }
 
 static void *pool_thread(void *arg)
@@ -102,12 +126,11 @@ static void *pool_thread(void *arg)
         int64_t decode_ns = run_job(ctx, job, cancelled, expect_ns); /* job is gone after */
         pthread_mutex_lock(&pool->mu);
         if (decode_ns > 0) {
-            pool->svc_ns =
-                pool->svc_ns > 0 ? 0.9 * pool->svc_ns + 0.1 * (double)decode_ns : (double)decode_ns;
-            if (len >= GW_PREP_BYTE_RATE_MIN) {
-                double per = (double)decode_ns / (double)len;
-                pool->byte_ns = pool->byte_ns > 0 ? 0.9 * pool->byte_ns + 0.1 * per : per;
-            }
+            gw_prep_est_add(&pool->costs.decode, (double)decode_ns);
+            if (len >= GW_PREP_BYTE_RATE_MIN)
+                gw_prep_est_add(&pool->costs.per_byte, (double)decode_ns / (double)len);
+            else
+                gw_prep_est_add(&pool->costs.frame, (double)decode_ns);
         }
     }
     pthread_mutex_unlock(&pool->mu);
@@ -185,8 +208,8 @@ int gw_prep_pool_submit(gw_prep_pool_t *pool, gw_prep_job_t *job)
     } else if (pool->queued >= pool->capacity) {
         rc = SQ_OVERLOAD;
     } else if (job->deadline_ns != 0 && pool->queued > 0 &&
-               job->queued_ns + (int64_t)((double)(pool->queued + pool->nthreads) * pool->svc_ns /
-                                          pool->nthreads) >=
+               job->queued_ns + (int64_t)((double)(pool->queued + pool->nthreads) *
+                                          pool->costs.decode.mean_ns / pool->nthreads) >=
                    job->deadline_ns) {
         /* The jobs ahead of it and its own decode, at the recent decode
          * time, leave it no chance to be done by its deadline: say so now
@@ -208,9 +231,48 @@ int gw_prep_pool_submit(gw_prep_pool_t *pool, gw_prep_job_t *job)
 double gw_prep_pool_decode_us(gw_prep_pool_t *pool)
 {
     pthread_mutex_lock(&pool->mu);
-    double us = pool->svc_ns / 1000.0;
+    double us = pool->costs.decode.mean_ns / 1000.0;
     pthread_mutex_unlock(&pool->mu);
     return us;
+}
+
+double gw_prep_pool_decode_p99_us(gw_prep_pool_t *pool)
+{
+    pthread_mutex_lock(&pool->mu);
+    /* Small frames' when any were seen: a large file's decode is planned
+     * by its own size, and counting it here would give every frame a 12
+     * MP photo's decode. */
+    const gw_prep_est_t *est =
+        pool->costs.frame.samples > 0 ? &pool->costs.frame : &pool->costs.decode;
+    double us = gw_prep_est_p99(est) / 1000.0;
+    pthread_mutex_unlock(&pool->mu);
+    return us;
+}
+
+void gw_prep_pool_costs(gw_prep_pool_t *pool, gw_prep_costs_t *out)
+{
+    pthread_mutex_lock(&pool->mu);
+    *out = pool->costs;
+    pthread_mutex_unlock(&pool->mu);
+}
+
+/* One estimate from a stored one, only while the pool has none of its
+ * own (a decode measured here is worth more than one from before). */
+static void seed_one(gw_prep_est_t *mine, const gw_prep_est_t *stored)
+{
+    if (mine->samples > 0 || stored->samples <= 0 || !(stored->mean_ns > 0) ||
+        !(stored->dev_ns >= 0) || !isfinite(stored->mean_ns) || !isfinite(stored->dev_ns))
+        return;
+    *mine = *stored;
+}
+
+void gw_prep_pool_seed(gw_prep_pool_t *pool, const gw_prep_costs_t *stored)
+{
+    pthread_mutex_lock(&pool->mu);
+    seed_one(&pool->costs.decode, &stored->decode);
+    seed_one(&pool->costs.frame, &stored->frame);
+    seed_one(&pool->costs.per_byte, &stored->per_byte);
+    pthread_mutex_unlock(&pool->mu);
 }
 
 double gw_prep_pool_decode_us_for(gw_prep_pool_t *pool, size_t len)

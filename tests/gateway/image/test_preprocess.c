@@ -1221,6 +1221,138 @@ Test(prep_pool, a_kept_frame_is_decoded_at_the_smallest_scale_that_covers_keep_c
     blob_free(&img);
 }
 
+/* A decode estimate: the first sample is the mean; then the mean and the
+ * mean absolute deviation move by GW_PREP_EST_WEIGHT, the deviation taken
+ * from the mean before the sample; the p99 is the mean plus
+ * GW_PREP_EST_P99_DEVS deviations. */
+Test(prep_pool, a_decode_estimate_follows_its_mean_and_its_spread)
+{
+    gw_prep_est_t e = {0};
+    cr_assert_float_eq(gw_prep_est_p99(&e), 0, 1e-12);
+    gw_prep_est_add(&e, 1000);
+    cr_assert_eq(e.samples, 1);
+    cr_assert_float_eq(e.mean_ns, 1000, 1e-9);
+    cr_assert_float_eq(e.dev_ns, 0, 1e-9);
+    cr_assert_float_eq(gw_prep_est_p99(&e), 1000, 1e-9);
+    gw_prep_est_add(&e, 3000); /* 2000 above the mean */
+    cr_assert_eq(e.samples, 2);
+    cr_assert_float_eq(e.mean_ns, 0.9 * 1000 + 0.1 * 3000, 1e-9);
+    cr_assert_float_eq(e.dev_ns, 0.1 * 2000, 1e-9);
+    cr_assert_float_eq(gw_prep_est_p99(&e), 1200 + GW_PREP_EST_P99_DEVS * 200, 1e-9);
+    gw_prep_est_add(&e, 200); /* 1000 below the mean */
+    cr_assert_float_eq(e.mean_ns, 0.9 * 1200 + 0.1 * 200, 1e-9);
+    cr_assert_float_eq(e.dev_ns, 0.9 * 200 + 0.1 * 1000, 1e-9);
+    /* Steady samples: the deviation decays, the p99 comes to the mean. */
+    for (int i = 0; i < 300; i++)
+        gw_prep_est_add(&e, 1000);
+    cr_assert_float_eq(gw_prep_est_p99(&e), 1000, 1e-6);
+    /* Samples that alternate 1000 and 3000 (a decode that loses its core
+     * every other time): the mean near 2000, the deviation near 1000, the
+     * p99 above the slow ones, where the mean is below them. */
+    for (int i = 0; i < 400; i++)
+        gw_prep_est_add(&e, i % 2 ? 3000 : 1000);
+    cr_assert_float_eq(e.mean_ns, 2000, 150);
+    cr_assert_float_eq(e.dev_ns, 1000, 150);
+    cr_assert_gt(gw_prep_est_p99(&e), 3000);
+}
+
+/* The split reserves a small frame's p99: the large files' decodes (planned
+ * from their size) count in the per-byte estimate, not in it; before any
+ * small frame, the p99 of every decode. The mean submit and the "too close"
+ * check use stays every decode's mean. */
+Test(prep_pool, the_split_reserves_the_p99_of_small_frames, .timeout = 60)
+{
+    blob_t big = scene_jpeg(2048, 1536);
+    blob_t small = scene_jpeg(320, 240);
+    cr_assert_geq(big.len, GW_PREP_BYTE_RATE_MIN);
+    cr_assert_lt(small.len, GW_PREP_BYTE_RATE_MIN);
+    gw_prep_pool_t *pool = pool_new(1, 4);
+    cr_assert_float_eq(gw_prep_pool_decode_p99_us(pool), 0, 1e-12, "nothing measured yet");
+    static uint8_t dst[224 * 224 * 3];
+    tjob_t t;
+    tjob_init(&t, big, 224, 224, dst, on_done);
+    cr_assert_eq(gw_prep_pool_submit(pool, &t.job), 0);
+    wait_for(&t.calls, 1);
+    double big_us = (double)(t.job.finished_ns - t.job.started_ns) / 1e3;
+    gw_prep_costs_t c;
+    gw_prep_pool_costs(pool, &c);
+    cr_assert_eq(c.decode.samples, 1);
+    cr_assert_eq(c.per_byte.samples, 1);
+    cr_assert_eq(c.frame.samples, 0);
+    cr_assert_float_eq(c.per_byte.mean_ns * (double)big.len, c.decode.mean_ns, 1e-6 * big_us);
+    /* Only a large file so far: its decode. */
+    cr_assert_float_eq(gw_prep_pool_decode_p99_us(pool), c.decode.mean_ns / 1e3, 1e-9);
+    for (int i = 0; i < 8; i++) {
+        tjob_init(&t, small, 224, 224, dst, on_done);
+        cr_assert_eq(gw_prep_pool_submit(pool, &t.job), 0);
+        wait_for(&t.calls, 1);
+    }
+    gw_prep_pool_costs(pool, &c);
+    cr_assert_eq(c.frame.samples, 8);
+    cr_assert_eq(c.decode.samples, 9);
+    cr_assert_eq(c.per_byte.samples, 1);
+    double p99 = gw_prep_pool_decode_p99_us(pool);
+    cr_assert_float_eq(p99, gw_prep_est_p99(&c.frame) / 1e3, 1e-9);
+    cr_assert_geq(p99, c.frame.mean_ns / 1e3);
+    cr_assert_lt(p99, big_us, "a small frame's p99 (%.0f us) is not the large decode (%.0f us)",
+                 p99, big_us);
+    cr_assert_float_eq(gw_prep_pool_decode_us(pool), c.decode.mean_ns / 1e3, 1e-9);
+    gw_prep_pool_free(pool);
+    blob_free(&big);
+    blob_free(&small);
+}
+
+/* Estimates stored by an earlier run seed a pool that has none: its first
+ * frame is planned from them (the split's p99, the per-size estimate of
+ * the "too close" check); a decode then moves them as one more sample.
+ * An estimate measured here is never replaced, and junk is ignored. */
+Test(prep_pool, stored_estimates_seed_a_new_pool_and_only_a_new_one, .timeout = 60)
+{
+    gw_prep_pool_t *pool = pool_new(1, 4);
+    gw_prep_costs_t stored = {
+        .decode = {.mean_ns = 6e6, .dev_ns = 1e6, .samples = 1000},
+        .frame = {.mean_ns = 5e6, .dev_ns = 2e6, .samples = 900},
+        .per_byte = {.mean_ns = 40, .dev_ns = 4, .samples = 100},
+    };
+    gw_prep_pool_seed(pool, &stored);
+    cr_assert_float_eq(gw_prep_pool_decode_p99_us(pool), (5e6 + GW_PREP_EST_P99_DEVS * 2e6) / 1e3,
+                       1e-9);
+    cr_assert_float_eq(gw_prep_pool_decode_us(pool), 6000, 1e-9);
+    cr_assert_float_eq(gw_prep_pool_decode_us_for(pool, 1000000), 40000, 1e-9);
+    cr_assert_float_eq(gw_prep_pool_decode_us_for(pool, 1000), 6000, 1e-9);
+    blob_t small = scene_jpeg(320, 240);
+    static uint8_t dst[224 * 224 * 3];
+    tjob_t t;
+    tjob_init(&t, small, 224, 224, dst, on_done);
+    cr_assert_eq(gw_prep_pool_submit(pool, &t.job), 0);
+    wait_for(&t.calls, 1);
+    double took_ns = (double)(t.job.finished_ns - t.job.started_ns);
+    gw_prep_costs_t c;
+    gw_prep_pool_costs(pool, &c);
+    cr_assert_eq(c.frame.samples, 901);
+    cr_assert_float_eq(c.frame.mean_ns, 0.9 * 5e6 + 0.1 * took_ns, 0.02 * 5e6);
+    /* A second seed changes nothing measured or seeded. */
+    gw_prep_costs_t other = {.frame = {.mean_ns = 1, .dev_ns = 0, .samples = 5}};
+    gw_prep_pool_seed(pool, &other);
+    gw_prep_costs_t after;
+    gw_prep_pool_costs(pool, &after);
+    cr_assert_eq(memcmp(&after, &c, sizeof(c)), 0);
+    gw_prep_pool_free(pool);
+    /* Junk (not finite, negative, no samples) seeds nothing. */
+    pool = pool_new(1, 4);
+    gw_prep_costs_t junk = {
+        .decode = {.mean_ns = NAN, .dev_ns = 1, .samples = 3},
+        .frame = {.mean_ns = 1e6, .dev_ns = -1, .samples = 3},
+        .per_byte = {.mean_ns = 40, .dev_ns = 4, .samples = 0},
+    };
+    gw_prep_pool_seed(pool, &junk);
+    gw_prep_pool_costs(pool, &c);
+    cr_assert_eq(c.decode.samples + c.frame.samples + c.per_byte.samples, 0);
+    cr_assert_float_eq(gw_prep_pool_decode_p99_us(pool), 0, 1e-12);
+    gw_prep_pool_free(pool);
+    blob_free(&small);
+}
+
 /* ---- the YUV planes path against the RGB path ------------------------ */
 
 static gw_prep_ctx_t *ctx_planes(int planes)
