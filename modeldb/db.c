@@ -162,6 +162,14 @@ static const char *const sqlite_migrations[] = {
      "  device_kind TEXT NOT NULL,"
      "  reason TEXT NOT NULL,"
      "  PRIMARY KEY (model_id, device_kind)"
+     ");"
+     /* and what decoding a frame costs the gateway, so that a restart
+      * plans its first frames as the later ones (decode_costs.c) */
+     "CREATE TABLE decode_costs ("
+     "  what TEXT PRIMARY KEY,"
+     "  mean_ns REAL NOT NULL,"
+     "  dev_ns REAL NOT NULL,"
+     "  samples INTEGER NOT NULL"
      ");"),
 };
 
@@ -304,6 +312,12 @@ static const char *const pg_migrations[] = {
      "  device_kind TEXT COLLATE \"C\" NOT NULL,"
      "  reason TEXT NOT NULL,"
      "  PRIMARY KEY (model_id, device_kind)"
+     ");"
+     "CREATE TABLE decode_costs ("
+     "  what TEXT COLLATE \"C\" PRIMARY KEY,"
+     "  mean_ns DOUBLE PRECISION NOT NULL,"
+     "  dev_ns DOUBLE PRECISION NOT NULL,"
+     "  samples BIGINT NOT NULL"
      ");"),
 };
 

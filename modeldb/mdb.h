@@ -214,6 +214,22 @@ int mdb_model_set_status(mdb_t *db, int64_t model_id, const char *status, const 
  * worker of the kind refused its load): the record's "not_on" says so and
  * squishd no longer measures or serves it there (not_on.c). */
 int mdb_model_set_not_on(mdb_t *db, int64_t model_id, const char *device_kind, const char *reason);
+/* A named estimate of what decoding a frame costs the gateway (its
+ * preprocess pool's, gw_prep_costs_t): the mean, the mean absolute
+ * deviation (in ns, or ns per byte, as the name says) and the number of
+ * samples behind them (decode_costs.c). */
+typedef struct {
+    char what[32];
+    double mean_ns, dev_ns;
+    int64_t samples;
+} mdb_decode_cost_t;
+/* The stored estimates, by name: at most max into out, *n of them; 0 or
+ * SQ_DB. None stored is 0 with *n 0. */
+int mdb_decode_costs_read(mdb_t *db, mdb_decode_cost_t *out, int max, int *n);
+/* Stores n estimates in one transaction, each replacing the one of its
+ * name. SQ_INVAL (nothing stored) for an empty name or a value that is
+ * negative or not finite; SQ_DB on errors. */
+int mdb_decode_costs_write(mdb_t *db, const mdb_decode_cost_t *costs, int n);
 /* Unloads (1) or loads (0) every version of name: an unloaded version is
  * kept, with its profiles, but served by no worker (records say
  * "unloaded": true). *versions (may be NULL) counts them;

@@ -320,8 +320,10 @@ int gw_db_start(gw_server_t *srv, char *err, size_t errlen);
 /* Runs fn(db, arg) on the DB thread. */
 void gw_db_post(gw_server_t *srv, void (*fn)(mdb_t *db, void *arg), void *arg);
 void gw_db_stop(gw_server_t *srv);
-/* Waits until every job posted so far has run (their answers to HTTP
- * requests are on their way before the HTTP loops stop). */
+/* Stores the preprocess pool's decode estimates (they are read back at
+ * the next gw_db_start, and stored every 30 s meanwhile), then waits until
+ * every job posted so far has run (their answers to HTTP requests are on
+ * their way before the HTTP loops stop). */
 void gw_db_quiesce(gw_server_t *srv);
 /* The newest plan stored in the DB when it opened, for the planner to
  * reapply after a restart: its epoch (0: none, or db NULL), and new copies

@@ -2,6 +2,8 @@
  * posted to it, one at a time, in order. */
 #include "gw_catalog.h"
 
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -18,6 +20,11 @@ struct gw_db {
     long long last_epoch;
     json_t *last_plan, *last_placements;
 };
+
+/* The preprocess pool's decode estimates are stored this often (and at
+ * shutdown), on the DB thread, and read at start before anything is
+ * planned: a restart plans its first frames as its thousandth. */
+#define DECODE_SAVE_NS (30 * 1000000000LL)
 
 typedef struct {
     struct gw_db *d;
@@ -50,6 +57,83 @@ static void run_job(sq_loop_t *loop, void *p)
     check_connection(job->d);
     job->fn(job->d->mdb, job->arg);
     free(job);
+}
+
+/* The pool's estimates, by the names they are stored under. */
+static const struct {
+    const char *what;
+    size_t offset;
+} decode_names[] = {
+    {"decode", offsetof(gw_prep_costs_t, decode)},
+    {"frame", offsetof(gw_prep_costs_t, frame)},
+    {"per_byte", offsetof(gw_prep_costs_t, per_byte)},
+};
+#define DECODE_NAMES ((int)(sizeof(decode_names) / sizeof(decode_names[0])))
+
+/* Before the dispatcher splits a pipeline (the main thread at start). A
+ * DB without them (a first start) or one that cannot be read leaves the
+ * pool to measure from scratch. */
+static void load_decode_costs(gw_server_t *srv, mdb_t *db)
+{
+    if (srv->prep == NULL)
+        return;
+    mdb_decode_cost_t rows[8];
+    int n = 0;
+    if (mdb_decode_costs_read(db, rows, 8, &n) != 0) {
+        SQ_WARN("cannot read the decode costs error=\"%s\"", mdb_errmsg(db));
+        return;
+    }
+    gw_prep_costs_t costs = {0};
+    for (int i = 0; i < n; i++)
+        for (int k = 0; k < DECODE_NAMES; k++)
+            if (strcmp(rows[i].what, decode_names[k].what) == 0)
+                *(gw_prep_est_t *)((char *)&costs + decode_names[k].offset) = (gw_prep_est_t){
+                    .mean_ns = rows[i].mean_ns,
+                    .dev_ns = rows[i].dev_ns,
+                    .samples = rows[i].samples,
+                };
+    gw_prep_pool_seed(srv->prep, &costs);
+    if (n > 0)
+        SQ_INFO("decode costs loaded frame_p99_us=%.0f decode_us=%.0f per_byte_ns=%.2f",
+                gw_prep_pool_decode_p99_us(srv->prep), gw_prep_pool_decode_us(srv->prep),
+                costs.per_byte.mean_ns);
+}
+
+/* On the DB thread: the pool's estimates now, those with samples. */
+static void save_decode_costs(struct gw_db *d)
+{
+    if (d->srv->prep == NULL)
+        return;
+    gw_prep_costs_t costs;
+    gw_prep_pool_costs(d->srv->prep, &costs);
+    mdb_decode_cost_t rows[DECODE_NAMES];
+    int n = 0;
+    for (int k = 0; k < DECODE_NAMES; k++) {
+        const gw_prep_est_t *e =
+            (const gw_prep_est_t *)((const char *)&costs + decode_names[k].offset);
+        if (e->samples <= 0)
+            continue;
+        rows[n] =
+            (mdb_decode_cost_t){.mean_ns = e->mean_ns, .dev_ns = e->dev_ns, .samples = e->samples};
+        snprintf(rows[n].what, sizeof(rows[n].what), "%s", decode_names[k].what);
+        n++;
+    }
+    if (mdb_decode_costs_write(d->mdb, rows, n) != 0)
+        SQ_WARN("cannot store the decode costs error=\"%s\"", mdb_errmsg(d->mdb));
+}
+
+static void decode_save_tick(sq_loop_t *loop, uint64_t timer_id, void *data)
+{
+    struct gw_db *d = data;
+    (void)timer_id;
+    check_connection(d);
+    save_decode_costs(d);
+    sq_loop_timer_at(loop, sq_now_ns() + DECODE_SAVE_NS, decode_save_tick, d);
+}
+
+static void decode_save_arm(sq_loop_t *loop, void *arg)
+{
+    sq_loop_timer_at(loop, sq_now_ns() + DECODE_SAVE_NS, decode_save_tick, arg);
 }
 
 static void *db_thread(void *arg)
@@ -129,6 +213,7 @@ int gw_db_start(gw_server_t *srv, char *err, size_t errlen)
     json_array_foreach(recs, i, r) gw_registry_put(srv->registry, gw_model_from_record(r));
     SQ_INFO("models loaded count=%zu", json_array_size(recs));
     load_pipelines(srv, d->mdb);
+    load_decode_costs(srv, d->mdb);
     d->last_epoch = mdb_plan_last_epoch(d->mdb);
     /* The last plan is reapplied once workers are up (planning.c); one that
      * cannot be read is not a reason to refuse to serve. */
@@ -147,6 +232,7 @@ int gw_db_start(gw_server_t *srv, char *err, size_t errlen)
         return SQ_NOMEM;
     }
     srv->db = d;
+    sq_loop_post(d->loop, decode_save_arm, d);
     atomic_store(&srv->db_ready, 1);
     SQ_INFO("model database open backend=%s target=\"%s\" schema_version=%d", mdb_backend(d->mdb),
             target, MDB_SCHEMA_VERSION);
@@ -168,10 +254,19 @@ static void barrier_job(mdb_t *db, void *arg)
     atomic_store((atomic_int *)arg, 1);
 }
 
+static void decode_save_job(mdb_t *db, void *arg)
+{
+    (void)db;
+    save_decode_costs(arg);
+}
+
 void gw_db_quiesce(gw_server_t *srv)
 {
     if (srv->db == NULL)
         return;
+    /* The decode estimates as they are at the end, for the next start
+     * (the pool is stopped by now, or idle in a test's server). */
+    gw_db_post(srv, decode_save_job, srv->db);
     atomic_int done = 0;
     gw_db_post(srv, barrier_job, &done);
     while (!atomic_load(&done))

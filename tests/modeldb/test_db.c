@@ -3,6 +3,7 @@
 #include "mdb_test_db.h"
 
 #include <criterion/criterion.h>
+#include <math.h>
 #include <mdb.h>
 #include <sq.h>
 
@@ -72,10 +73,10 @@ Test(mdb, open_creates_the_schema)
         sqlite3_finalize(st);
         sqlite3_close(raw);
     }
-    const char *tables[] = {
-        "models",        "model_nodes",    "profiles",       "plans",     "placements",
-        "prefix_groups", "prefix_members", "group_profiles", "pipelines", "profile_precision",
-        "model_files",   "model_not_on",   "schema_version"};
+    const char *tables[] = {"models",       "model_nodes",       "profiles",       "plans",
+                            "placements",   "prefix_groups",     "prefix_members", "group_profiles",
+                            "pipelines",    "profile_precision", "model_files",    "model_not_on",
+                            "decode_costs", "schema_version"};
     for (size_t i = 0; i < sizeof(tables) / sizeof(tables[0]); i++) {
         char sql[128], err[512];
         snprintf(sql, sizeof(sql), "SELECT count(*) FROM %s", tables[i]);
@@ -112,6 +113,47 @@ Test(mdb, pipelines_are_stored_listed_replaced_and_deleted_by_name)
     mdb_close(db);
     json_decref(a);
     json_decref(b);
+}
+
+/* The gateway's decode costs: none at first, stored by name (a second
+ * write replaces), there after a reopen, and a cost that is not one
+ * refused with nothing stored. */
+Test(mdb, decode_costs_are_stored_by_name_and_survive_a_reopen)
+{
+    mdb_t *db;
+    cr_assert_eq(mdb_open(t.target, &db), 0, "%s", mdb_errmsg(db));
+    mdb_decode_cost_t got[4];
+    int n = -1;
+    cr_assert_eq(mdb_decode_costs_read(db, got, 4, &n), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(n, 0);
+    mdb_decode_cost_t put[2] = {
+        {.what = "frame", .mean_ns = 4.5e6, .dev_ns = 1.25e6, .samples = 900},
+        {.what = "per_byte", .mean_ns = 31.5, .dev_ns = 2.5, .samples = 40}};
+    cr_assert_eq(mdb_decode_costs_write(db, put, 2), 0, "%s", mdb_errmsg(db));
+    put[0].mean_ns = 5e6;
+    put[0].samples = 1000;
+    cr_assert_eq(mdb_decode_costs_write(db, put, 1), 0, "%s", mdb_errmsg(db));
+    mdb_decode_cost_t bad = {.what = "frame", .mean_ns = NAN, .dev_ns = 0, .samples = 1};
+    cr_assert_eq(mdb_decode_costs_write(db, &bad, 1), SQ_INVAL);
+    bad = (mdb_decode_cost_t){.what = "", .mean_ns = 1, .dev_ns = 0, .samples = 1};
+    cr_assert_eq(mdb_decode_costs_write(db, &bad, 1), SQ_INVAL);
+    mdb_close(db);
+    cr_assert_eq(mdb_open(t.target, &db), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(mdb_decode_costs_read(db, got, 4, &n), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(n, 2);
+    cr_assert_str_eq(got[0].what, "frame");
+    cr_assert_float_eq(got[0].mean_ns, 5e6, 1e-6);
+    cr_assert_float_eq(got[0].dev_ns, 1.25e6, 1e-6);
+    cr_assert_eq(got[0].samples, 1000);
+    cr_assert_str_eq(got[1].what, "per_byte");
+    cr_assert_float_eq(got[1].mean_ns, 31.5, 1e-9);
+    cr_assert_float_eq(got[1].dev_ns, 2.5, 1e-9);
+    cr_assert_eq(got[1].samples, 40);
+    /* Fewer slots than rows: the first ones, no error. */
+    cr_assert_eq(mdb_decode_costs_read(db, got, 1, &n), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(n, 1);
+    cr_assert_str_eq(got[0].what, "frame");
+    mdb_close(db);
 }
 
 static int pipeline_unloaded(mdb_t *db, const char *name)

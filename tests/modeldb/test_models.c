@@ -39,11 +39,11 @@ static const char *undo_model_files(void)
     return t.pg ? "ALTER TABLE models ADD COLUMN onnx BYTEA;"
                   "UPDATE models SET onnx = (SELECT onnx FROM model_files f "
                   "WHERE f.model_id = models.id);"
-                  "DROP TABLE model_files; DROP TABLE model_not_on;"
+                  "DROP TABLE model_files; DROP TABLE model_not_on; DROP TABLE decode_costs;"
                 : "ALTER TABLE models ADD COLUMN onnx BLOB;"
                   "UPDATE models SET onnx = (SELECT onnx FROM model_files f "
                   "WHERE f.model_id = models.id);"
-                  "DROP TABLE model_files; DROP TABLE model_not_on;";
+                  "DROP TABLE model_files; DROP TABLE model_not_on; DROP TABLE decode_costs;";
 }
 
 TestSuite(plans, .init = setup, .fini = teardown);
