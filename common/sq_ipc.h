@@ -320,7 +320,9 @@ typedef struct {
 /* PROFILE_DONE: worker -> squishd (PROFILE_PROGRESS carries two u32: the
  * batch sizes measured so far, and those expected in all, sizes up to the
  * max that fit what is left of the time budget at the pace so far; each
- * size counts once per pass over the sizes, worker/wk_measure.h). */
+ * size counts once per pass over the sizes, worker/wk_measure.h; then two
+ * u64: the run time spent so far and the run time it still expects, µs,
+ * wk_measure_left_us). */
 typedef struct {
     int32_t code;
     char message[200];

@@ -209,6 +209,52 @@ void wk_measure_progress(const wk_measure_t *M, uint32_t *done, uint32_t *total)
     *done = M->complete ? *total : n * (uint32_t)M->pass + (uint32_t)M->row;
 }
 
+double wk_measure_left_us(const wk_measure_t *M)
+{
+    if (M->complete)
+        return 0;
+    double left = 0;
+    if (M->pass == 0) {
+        /* This size's runs left, then the sizes expected after it, each a
+         * batch of n taking n / b times this one's (as end_pass0_size
+         * expects them), then the passes over every size found. */
+        double run = M->next_us > 0 ? M->next_us : 0;
+        int runs = M->warmup + M->repeats - M->r;
+        left += run * (runs > 0 ? runs : 0);
+        double sizes_us = 0; /* one run of each size, for the later passes */
+        for (int i = 0; i < M->nrows; i++)
+            sizes_us += M->pass0_mean[i];
+        sizes_us += run;
+        int n = M->b;
+        for (uint32_t k = (uint32_t)M->nrows + 1; k < M->expect && n <= M->max_b; k++) {
+            n = n < 8 ? n + 1 : n + n / 4;
+            if (n > M->max_b)
+                break;
+            double one = M->b > 0 ? run * n / M->b : 0;
+            left += one * (M->warmup + M->repeats);
+            sizes_us += one;
+        }
+        left += sizes_us * (1 + WK_MEASURE_PASS_RUNS) * (WK_MEASURE_PASSES - 1);
+    } else {
+        /* The rest of this pass, then the passes left. */
+        double pass_us = 0;
+        for (int i = 0; i < M->nrows; i++)
+            pass_us += M->pass0_mean[i] * (1 + WK_MEASURE_PASS_RUNS);
+        for (int i = M->row; i < M->nrows; i++)
+            left += M->pass0_mean[i] * (1 + WK_MEASURE_PASS_RUNS);
+        left -= M->pass0_mean[M->row] * M->r;
+        left += pass_us * (M->npasses - M->pass - 1);
+    }
+    if (left < 0)
+        left = 0;
+    /* The budget bounds it: no size or pass starts past it. */
+    if (M->budget_us > 0 && M->spent_us + left > (double)M->budget_us) {
+        double cap = (double)M->budget_us - M->spent_us;
+        left = cap > 0 ? cap : 0;
+    }
+    return left;
+}
+
 int wk_measure_rows(const wk_measure_t *M, sq_profile_row_t *rows)
 {
     for (int i = 0; i < M->nrows; i++) {

@@ -137,6 +137,9 @@ void wk__do_profile(server_t *s, job_t *j)
             reply_t *p = wk__reply_new(s, SQ_MSG_PROFILE_PROGRESS, M->key);
             sq_buf_put_u32(&p->payload, done);
             sq_buf_put_u32(&p->payload, total);
+            /* And the run time spent and expected still (the ETA's). */
+            sq_buf_put_u64(&p->payload, (uint64_t)C->spent_us);
+            sq_buf_put_u64(&p->payload, (uint64_t)wk_measure_left_us(C));
             wk__reply_post(s, p);
         }
         if (wk_measure_batch(C) == 0)

@@ -58,6 +58,13 @@ int wk_measure_batch(const wk_measure_t *M);
  * it ended a size's runs in a pass (a point to report progress at). */
 int wk_measure_add(wk_measure_t *M, double us);
 
+/* The run time the measurement still expects to take, in µs (0 once it is
+ * complete): the runs left of the size being measured, the sizes pass 0
+ * still expects (a batch of n taking n / b times the last one's), and the
+ * passes over every size, within what is left of the budget. The time
+ * spent so far is M->spent_us. */
+double wk_measure_left_us(const wk_measure_t *M);
+
 /* Progress in size-measurements: those done, of those expected in all
  * (each size once per pass; an estimate while pass 0 goes on). */
 void wk_measure_progress(const wk_measure_t *M, uint32_t *done, uint32_t *total);

@@ -547,8 +547,12 @@ static void add_progress(gw_server_t *srv, const char *name, json_t *rec)
     json_t *o = json_pack("{s:s, s:s, s:i, s:i, s:f}", "state", "measuring", "device", p.device,
                           "batch_sizes_done", p.done, "batch_sizes_total", p.total, "elapsed_ms",
                           elapsed_ms);
-    if (p.done > 0 && p.total > p.done)
-        json_object_set_new(o, "eta_ms", json_real(elapsed_ms / p.done * (p.total - p.done)));
+    /* What the worker expects to run still, at the wall time each run µs
+     * took so far (it measures between batches of the models it serves). */
+    if (p.run_left_us >= 0 && p.run_spent_us > 0) {
+        double pace = elapsed_ms * 1000.0 / p.run_spent_us;
+        json_object_set_new(o, "eta_ms", json_real(p.run_left_us / 1000.0 * (pace > 1 ? pace : 1)));
+    }
     json_object_set_new(rec, "profiling", o);
 }
 

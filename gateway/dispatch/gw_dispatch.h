@@ -57,6 +57,10 @@ typedef struct {
     int done, total;    /* batch sizes measured, and planned */
     int64_t started_us; /* when it started on that worker */
     int64_t updated_us; /* the last progress */
+    /* The worker's run time spent on it and still expected, µs (-1: not
+     * said yet): an ETA scales what is left by the wall time each run µs
+     * took so far, the measurement running between batches. */
+    double run_spent_us, run_left_us;
 } gw_profile_progress_t;
 
 /* Any thread: model key's measuring progress into *out; 0 when it is not

@@ -355,6 +355,8 @@ int ds_has_sha(const ds_worker_t *w, const char *sha);
  * NULL); what gw_dispatch_profile_progress answers. */
 void ds_progress_set(gw_dispatch_t *ds, const ds_model_t *dm, const ds_worker_t *w, int done,
                      int total);
+/* And the worker's run time spent on it and still expected (µs). */
+void ds_progress_times(gw_dispatch_t *ds, const ds_model_t *dm, double spent_us, double left_us);
 /* Records that w's connection holds the model file sha. */
 void ds_note_sha(ds_worker_t *w, const char *sha);
 ds_model_t *ds_model_find(gw_dispatch_t *ds, int64_t key);

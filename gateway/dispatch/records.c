@@ -225,15 +225,28 @@ void ds_progress_set(gw_dispatch_t *ds, const ds_model_t *dm, const ds_worker_t 
                                 sizeof(*ds->place.progress) * (size_t)ds->place.capprogress);
             }
             p = &ds->place.progress[ds->place.nprogress++];
-            *p = (gw_profile_progress_t){.key = dm->key, .started_us = now};
+            *p = (gw_profile_progress_t){
+                .key = dm->key, .started_us = now, .run_spent_us = -1, .run_left_us = -1};
         }
         if (strcmp(p->device, w->device) != 0) {
             snprintf(p->device, sizeof(p->device), "%s", w->device);
             p->started_us = now; /* on another worker: from the start */
+            p->run_spent_us = p->run_left_us = -1;
         }
         p->done = done;
         p->total = total;
         p->updated_us = now;
+    }
+    pthread_mutex_unlock(&ds->pub.ready_lock);
+}
+
+void ds_progress_times(gw_dispatch_t *ds, const ds_model_t *dm, double spent_us, double left_us)
+{
+    pthread_mutex_lock(&ds->pub.ready_lock);
+    gw_profile_progress_t *p = progress_find(ds, dm->key);
+    if (p != NULL) {
+        p->run_spent_us = spent_us;
+        p->run_left_us = left_us;
     }
     pthread_mutex_unlock(&ds->pub.ready_lock);
 }

@@ -351,12 +351,17 @@ static int on_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
         sq_reader_t r;
         sq_reader_init(&r, f->payload, f->len);
         uint32_t b = sq_get_u32(&r), total = sq_get_u32(&r);
+        uint64_t spent = sq_get_u64(&r), left = sq_get_u64(&r);
         ds_model_t *dm = ds_model_find(ds, (int64_t)f->id);
         if (!r.err && dm != NULL) {
-            SQ_INFO("profiling progress model=%s version=%d sizes=%u of=%u", dm->m->name,
-                    dm->m->version, b, total);
-            if (dm->profile_worker == w->id)
+            SQ_INFO("profiling progress model=%s version=%d sizes=%u of=%u run_ms=%.0f "
+                    "left_ms=%.0f",
+                    dm->m->name, dm->m->version, b, total, (double)spent / 1000.0,
+                    (double)left / 1000.0);
+            if (dm->profile_worker == w->id) {
                 ds_progress_set(ds, dm, w, (int)b, (int)total);
+                ds_progress_times(ds, dm, (double)spent, (double)left);
+            }
         }
         return 0;
     }
