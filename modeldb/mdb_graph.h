@@ -59,6 +59,17 @@
  *                       "...ik,...kj->...ij" (0) and "...ik,...jk->...ij" (1),
  *                       same leading labels everywhere (MaxViT's attention)
  *   Tanh Neg Exp        -
+ *   Resize              mode ("nearest", "linear", "cubic"),
+ *                       coordinate_transformation_mode, nearest_mode (ONNX's
+ *                       defaults filled in; opset 10: "asymmetric" and
+ *                       "floor", or "ceil" when downscaling), scales (floats,
+ *                       one per dim: the given ones, or sizes / input dims
+ *                       as float), sizes (= the output shape, batch as
+ *                       MDB_DIM_BATCH); the roi, scales and sizes inputs
+ *                       are gone (they must be constants or fold to them)
+ *   ConvTranspose       X, W[, B]; kernel_shape, strides, dilations, pads
+ *                       (begin..., end...), output_padding, group (explicit
+ *                       pads only: output_shape and auto_pad are refused)
  *
  * Ownership: a graph owns every tensor, its name and its data, every node
  * and attribute. Strings passed in are copied. mdb_graph_free releases all.
@@ -130,6 +141,8 @@
     X(TANH, "Tanh", true)                                                                          \
     X(NEG, "Neg", true)                                                                            \
     X(EXP, "Exp", true)                                                                            \
+    X(RESIZE, "Resize", true)                                                                      \
+    X(CONV_TRANSPOSE, "ConvTranspose", true)                                                       \
     X(CONSTANT, "Constant", false)                                                                 \
     X(SHAPE, "Shape", false)                                                                       \
     X(GATHER, "Gather", true)                                                                      \
@@ -152,7 +165,7 @@ typedef enum {
 } mdb_op_t;
 
 /* Keep in step with MDB_OPS: the name table in graph.c is checked too. */
-static_assert(MDB_OP_COUNT == 51, "update the op count when adding ops");
+static_assert(MDB_OP_COUNT == 53, "update the op count when adding ops");
 
 /* The ONNX op_type of op ("?" outside the enum). */
 const char *mdb_op_name(mdb_op_t op);

@@ -107,6 +107,8 @@ int mdb__infer_gather(mdb_op_ctx_t *c);
 int mdb__infer_shape_op(mdb_op_ctx_t *c);
 int mdb__infer_cast(mdb_op_ctx_t *c);
 int mdb__infer_unfolded(mdb_op_ctx_t *c);
+int mdb__infer_resize(mdb_op_ctx_t *c);
+int mdb__infer_conv_transpose(mdb_op_ctx_t *c);
 
 /* ---- folds (fold.c) ---- */
 int mdb__fold_alloc_out(mdb_tensor_t *out, void **data, size_t *nbytes);
@@ -154,6 +156,8 @@ int mdb__canon_unsqueeze(mdb_op_ctx_t *c);
 int mdb__canon_squeeze(mdb_op_ctx_t *c);
 int mdb__canon_cast(mdb_op_ctx_t *c);
 int mdb__canon_shape(mdb_op_ctx_t *c);
+int mdb__canon_resize(mdb_op_ctx_t *c);
+int mdb__canon_conv_transpose(mdb_op_ctx_t *c);
 
 /* ---- what runs (runnable.c) ---- */
 /* Every runtime op, before its own rules: */
@@ -192,6 +196,9 @@ const char *mdb__run_split_batch(const mdb_graph_t *g, const mdb_node_t *n, char
 const char *mdb__run_gemm_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len);
 const char *mdb__run_matmul_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len);
 const char *mdb__run_binary_batch(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len);
+const char *mdb__run_resize(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len);
+const char *mdb__run_conv_transpose(const mdb_graph_t *g, const mdb_node_t *n, char *buf,
+                                    size_t len);
 /* The cuda backend's limits (worker/backend_cuda.c) */
 const char *mdb__run_cuda_conv_pads(const mdb_graph_t *g, const mdb_node_t *n, char *buf,
                                     size_t len);
@@ -199,5 +206,7 @@ const char *mdb__run_cuda_pool(const mdb_graph_t *g, const mdb_node_t *n, char *
 const char *mdb__run_cuda_pad_constant(const mdb_graph_t *g, const mdb_node_t *n, char *buf,
                                        size_t len);
 const char *mdb__run_cuda_matmul(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len);
+const char *mdb__run_cuda_no_kernel(const mdb_graph_t *g, const mdb_node_t *n, char *buf,
+                                    size_t len);
 
 #endif

@@ -222,6 +222,29 @@ const mdb_op_desc_t mdb__op_descs[MDB_OP_COUNT] = {
     [MDB_OP_TANH] = {.infer_shape = mdb__infer_same},
     [MDB_OP_NEG] = {.infer_shape = mdb__infer_same},
     [MDB_OP_EXP] = {.infer_shape = mdb__infer_same},
+    /* scales and sizes (constants, or folded into them) become attributes */
+    [MDB_OP_RESIZE] = {.canon = mdb__canon_resize,
+                       .infer_shape = mdb__infer_resize,
+                       .rules =
+                           (const mdb_rule_t[]){
+                               {mdb__run_resize, false, 0,
+                                "NCHW, H and W only; nearest or linear, four transforms"},
+                               {mdb__run_cuda_no_kernel, false, ON_CUDA, "no resize kernel"},
+                               {0},
+                           }},
+    [MDB_OP_CONV_TRANSPOSE] =
+        {.canon = mdb__canon_conv_transpose,
+         .arity_min = 2,
+         .arity_max = 3,
+         .infer_shape = mdb__infer_conv_transpose,
+         .rules =
+             (const mdb_rule_t[]){
+                 {mdb__run_conv_constants, false, 0, "constant weights and bias"},
+                 {mdb__run_conv_transpose, false, 0,
+                  "2-D, group 1, no dilation, output_padding in end pads"},
+                 {mdb__run_cuda_no_kernel, false, ON_CUDA, "no deconvolution kernel"},
+                 {0},
+             }},
     [MDB_OP_CONSTANT] = {.infer_shape = mdb__infer_unfolded, .fold_source = mdb__fold_source},
     [MDB_OP_SHAPE] = {.canon = mdb__canon_shape,
                       .infer_shape = mdb__infer_shape_op,

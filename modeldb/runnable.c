@@ -457,3 +457,77 @@ const char *mdb__run_cuda_matmul(const mdb_graph_t *g, const mdb_node_t *n, char
             return why(buf, len, "matmul broadcast beyond equal batch dims");
     return NULL;
 }
+
+/* Resize: NCHW maps, only H and W resized; nearest (floor, ceil or round
+ * with either tie) or bilinear, on the four coordinate transforms that
+ * torch, paddle2onnx and tf2onnx export (worker/backend_cpu_ckern.c). */
+const char *mdb__run_resize(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
+{
+    const mdb_tensor_t *x = in_t(g, n, 0), *y = out_t(g, n, 0);
+    const char *mode = mdb_node_string(n, "mode", "nearest");
+    const char *ctm = mdb_node_string(n, "coordinate_transformation_mode", "half_pixel");
+    const char *nm = mdb_node_string(n, "nearest_mode", "round_prefer_floor");
+    static const char *const ctms[] = {"half_pixel", "pytorch_half_pixel", "align_corners",
+                                       "asymmetric"};
+    static const char *const nms[] = {"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"};
+    bool ctm_ok = false, nm_ok = strcmp(mode, "nearest") != 0;
+    for (size_t i = 0; i < sizeof(ctms) / sizeof(ctms[0]); i++)
+        ctm_ok |= strcmp(ctm, ctms[i]) == 0;
+    for (size_t i = 0; i < sizeof(nms) / sizeof(nms[0]); i++)
+        nm_ok |= strcmp(nm, nms[i]) == 0;
+    if (strcmp(mode, "nearest") != 0 && strcmp(mode, "linear") != 0)
+        return why(buf, len, "mode '%s' (nearest and linear only)", mode);
+    if (!ctm_ok)
+        return why(buf, len, "coordinate_transformation_mode '%s'", ctm);
+    if (!nm_ok)
+        return why(buf, len, "nearest_mode '%s'", nm);
+    if (x->shape.rank != 4)
+        return why(buf, len, "an input of rank %d (NCHW maps only)", x->shape.rank);
+    size_t ns = 0;
+    const float *scales = mdb_node_floats(n, "scales", &ns);
+    for (int d = 0; d < 2; d++)
+        if (y->shape.dims[d] != x->shape.dims[d] || (scales != NULL && ns == 4 && scales[d] != 1))
+            return why(buf, len, "resizes dim %d (only H and W)", d);
+    for (int d = 2; d < 4; d++)
+        if (x->shape.dims[d] < 1 || y->shape.dims[d] < 1)
+            return why(buf, len, "an empty map");
+    return NULL;
+}
+
+/* ConvTranspose: oneDNN's deconvolution, 2-D, one group, no dilation, the
+ * output padding within the end pads (taken from them). */
+const char *mdb__run_conv_transpose(const mdb_graph_t *g, const mdb_node_t *n, char *buf,
+                                    size_t len)
+{
+    const mdb_tensor_t *x = in_t(g, n, 0);
+    if (x->shape.rank != 4)
+        return why(buf, len, "%d spatial dims (2-D only)", x->shape.rank - 2);
+    if (mdb_node_int(n, "group", 1) != 1)
+        return why(buf, len, "group %lld (1 only)", (long long)mdb_node_int(n, "group", 1));
+    size_t nd = 0, np = 0, no = 0, ns = 0;
+    const int64_t *d = mdb_node_ints(n, "dilations", &nd);
+    const int64_t *p = mdb_node_ints(n, "pads", &np);
+    const int64_t *op = mdb_node_ints(n, "output_padding", &no);
+    const int64_t *s = mdb_node_ints(n, "strides", &ns);
+    for (size_t i = 0; d != NULL && i < nd; i++)
+        if (d[i] != 1)
+            return why(buf, len, "dilations (1 only)");
+    for (size_t i = 0; p != NULL && i < np; i++)
+        if (p[i] < 0)
+            return why(buf, len, "negative pads");
+    for (size_t i = 0; op != NULL && i < no; i++) {
+        if (s != NULL && i < ns && op[i] >= s[i])
+            return why(buf, len, "output_padding not below the stride");
+        if (p == NULL || np != 2 * no || op[i] > p[no + i])
+            return why(buf, len, "output_padding larger than the end pads");
+    }
+    return NULL;
+}
+
+/* An op the cuda backend has no kernel for (Resize, ConvTranspose). */
+const char *mdb__run_cuda_no_kernel(const mdb_graph_t *g, const mdb_node_t *n, char *buf,
+                                    size_t len)
+{
+    (void)g;
+    return why(buf, len, "the cuda backend has no %s kernel", mdb_op_name(n->op));
+}

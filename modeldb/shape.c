@@ -850,3 +850,73 @@ int mdb__infer_unfolded(ictx_t *c)
     FAIL(SQ_UNSUPPORTED_MODEL, "%s '%s' could not be folded", mdb_op_name(c->node->op),
          c->node->name);
 }
+
+/* Resize: the output shape is the canonical attribute sizes. */
+int mdb__infer_resize(ictx_t *c)
+{
+    const mdb_tensor_t *x = in_t(c, 0);
+    size_t count = 0;
+    const int64_t *sizes = mdb_node_ints(c->node, "sizes", &count);
+    if (!x || !sizes || (int)count != x->shape.rank)
+        FAIL(SQ_BAD_MODEL, "Resize '%s': no output sizes of the input's rank", c->node->name);
+    mdb_shape_t out = {.rank = x->shape.rank};
+    for (int d = 0; d < out.rank; d++) {
+        if (sizes[d] < 0 && sizes[d] != B)
+            FAIL(SQ_BAD_MODEL, "Resize '%s': size %lld", c->node->name, (long long)sizes[d]);
+        if ((sizes[d] == B) != (x->shape.dims[d] == B))
+            FAIL(SQ_UNSUPPORTED_MODEL, "Resize '%s' resizes the batch", c->node->name);
+        out.dims[d] = sizes[d];
+    }
+    set_out(c, 0, x->dtype, &out);
+    return 0;
+}
+
+/* ConvTranspose: out = stride (in - 1) + output_padding + dilation (k - 1)
+ * + 1 - pads, with W [C_in, C_out / group, k...]. */
+int mdb__infer_conv_transpose(ictx_t *c)
+{
+    const mdb_tensor_t *x = in_t(c, 0), *w = in_t(c, 1), *bias = in_t(c, 2);
+    const mdb_node_t *n = c->node;
+    if (!x || !w || x->shape.rank < 3 || w->shape.rank != x->shape.rank)
+        FAIL(SQ_BAD_MODEL, "ConvTranspose '%s' needs X and W of the same rank >= 3", n->name);
+    int sp = x->shape.rank - 2;
+    int64_t group = mdb_node_int(n, "group", 1);
+    int64_t ch = x->shape.dims[1];
+    if (ch == B || w->shape.dims[0] == B)
+        FAIL(SQ_UNSUPPORTED_MODEL, "ConvTranspose '%s' convolves over the batch", n->name);
+    if (group < 1 || ch != w->shape.dims[0] || ch % group != 0 ||
+        w->shape.dims[1] > MDB_MAX_DIM / group)
+        FAIL(SQ_BAD_MODEL, "ConvTranspose '%s': %lld channels, W %lldx%lld, group %lld do not fit",
+             n->name, (long long)ch, (long long)w->shape.dims[0], (long long)w->shape.dims[1],
+             (long long)group);
+    int64_t m = w->shape.dims[1] * group;
+    if (bias && (bias->shape.rank != 1 || bias->shape.dims[0] != m))
+        FAIL(SQ_BAD_MODEL, "ConvTranspose '%s': bias is not [%lld]", n->name, (long long)m);
+    size_t nk = 0, ns = 0, nd = 0, np = 0, no = 0;
+    const int64_t *k = mdb_node_ints(n, "kernel_shape", &nk);
+    const int64_t *s = mdb_node_ints(n, "strides", &ns);
+    const int64_t *d = mdb_node_ints(n, "dilations", &nd);
+    const int64_t *p = mdb_node_ints(n, "pads", &np);
+    const int64_t *op = mdb_node_ints(n, "output_padding", &no);
+    mdb_shape_t out = x->shape;
+    out.dims[1] = m;
+    for (int i = 0; i < sp; i++) {
+        int64_t in = x->shape.dims[2 + i];
+        int64_t kk = k && (int)nk == sp ? k[i] : w->shape.dims[2 + i];
+        int64_t st = s && (int)ns == sp ? s[i] : 1, dl = d && (int)nd == sp ? d[i] : 1;
+        int64_t pb = p && (int)np == 2 * sp ? p[i] : 0, pe = p && (int)np == 2 * sp ? p[sp + i] : 0;
+        int64_t opad = op && (int)no == sp ? op[i] : 0;
+        if (kk != w->shape.dims[2 + i])
+            FAIL(SQ_BAD_MODEL, "ConvTranspose '%s': kernel_shape differs from W", n->name);
+        if (in == B || in < 1 || st < 1 || st > MDB_MAX_DIM || dl < 1 || dl > MDB_MAX_DIM ||
+            kk < 1 || pb < -MDB_MAX_DIM || pb > MDB_MAX_DIM || pe < -MDB_MAX_DIM ||
+            pe > MDB_MAX_DIM || opad < 0 || opad > MDB_MAX_DIM)
+            FAIL(SQ_BAD_MODEL, "ConvTranspose '%s': bad geometry", n->name);
+        int64_t o = st * (in - 1) + opad + dl * (kk - 1) + 1 - pb - pe;
+        if (o < 1 || o > MDB_MAX_DIM)
+            FAIL(SQ_BAD_MODEL, "ConvTranspose '%s': output dim %lld", n->name, (long long)o);
+        out.dims[2 + i] = o;
+    }
+    set_out(c, 0, x->dtype, &out);
+    return 0;
+}

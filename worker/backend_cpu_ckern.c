@@ -1,5 +1,6 @@
 /* The cpu backend's kernels in plain C over plain buffers, for what oneDNN
- * has no primitive for (backend_cpu_int.h): Pad, Slice, Erf and Expand.
+ * has no primitive for (backend_cpu_int.h): Pad, Slice, Erf and Expand, and
+ * the Resize modes that oneDNN's resampling does not compute.
  * Their builder only queues an item without a primitive; the backend runs
  * the op's run_c for it (wk__cpu_ops). */
 #include "backend_cpu_int.h"
@@ -163,6 +164,97 @@ void wk__cpu_run_expand(const wk_step_t *s, const wk_value_t *x, const wk_value_
             if (++idx[i] < yd[i])
                 break;
             idx[i] = 0;
+        }
+    }
+}
+
+/* Resize's coordinate transform: output pixel o of an axis (in -> out
+ * pixels) to its coordinate in the input, in float as ONNX Runtime
+ * computes it (whose results the tests hold the kernel to). */
+static float resize_coord(const wk_step_t *s, int64_t o, int64_t in, int64_t out, float scale)
+{
+    switch (s->p.resize.coord) {
+    case WK_RESIZE_HALF_PIXEL:
+        return ((float)o + 0.5f) / scale - 0.5f;
+    case WK_RESIZE_PYTORCH_HALF_PIXEL:
+        return out > 1 ? ((float)o + 0.5f) / scale - 0.5f : 0.0f;
+    case WK_RESIZE_ALIGN_CORNERS:
+        return out == 1 ? 0.0f : (float)o * (float)(in - 1) / (float)(out - 1);
+    case WK_RESIZE_ASYMMETRIC:
+    default:
+        return (float)o / scale;
+    }
+}
+
+static int64_t resize_nearest(const wk_step_t *s, float c, int64_t in)
+{
+    float r;
+    switch (s->p.resize.nearest) {
+    case WK_NEAREST_ROUND_PREFER_FLOOR:
+        r = c == (float)(int64_t)c + 0.5f ? floorf(c) : roundf(c);
+        break;
+    case WK_NEAREST_ROUND_PREFER_CEIL:
+        r = roundf(c);
+        break;
+    case WK_NEAREST_FLOOR:
+        r = floorf(c);
+        break;
+    case WK_NEAREST_CEIL:
+    default:
+        r = ceilf(c);
+        break;
+    }
+    int64_t i = (int64_t)r;
+    return i < 0 ? 0 : i >= in ? in - 1 : i;
+}
+
+/* The two source pixels of a bilinear tap and their weights (w1 for i1,
+ * w2 for i2), the coordinate clamped to the map. */
+static void resize_linear(const wk_step_t *s, int64_t o, int64_t in, int64_t out, float scale,
+                          int64_t *i1, int64_t *i2, float *w1, float *w2)
+{
+    float c = resize_coord(s, o, in, out, scale);
+    c = fmaxf(0.0f, fminf(c, (float)(in - 1)));
+    *i1 = (int64_t)c < in - 1 ? (int64_t)c : in - 1;
+    *i2 = *i1 + 1 < in - 1 ? *i1 + 1 : in - 1;
+    float d1 = fabsf(c - (float)*i1), d2 = fabsf(c - (float)*i2);
+    if (*i1 == *i2)
+        d1 = d2 = 0.5f;
+    *w1 = d2; /* i1's weight is the distance to i2 */
+    *w2 = d1;
+}
+
+/* Resize of NCHW maps (H and W; mdb_node_runnable): nearest or bilinear,
+ * the modes oneDNN's resampling does not compute exactly
+ * (wk__cpu_build_resize). */
+void wk__cpu_run_resize(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
+                        const float *src, float *dst)
+{
+    int64_t xd[WK_MAX_DIMS], yd[WK_MAX_DIMS];
+    wk_value_dims_at(x, batch, xd);
+    wk_value_dims_at(y, batch, yd);
+    int64_t planes = yd[0] * yd[1], ih = xd[2], iw = xd[3], oh = yd[2], ow = yd[3];
+    float sh = s->p.resize.scale[0], sw = s->p.resize.scale[1];
+    for (int64_t p = 0; p < planes; p++) {
+        const float *in = src + p * ih * iw;
+        for (int64_t oy = 0; oy < oh; oy++, dst += ow) {
+            if (!s->p.resize.linear) {
+                const float *row = in + resize_nearest(s, resize_coord(s, oy, ih, oh, sh), ih) * iw;
+                for (int64_t ox = 0; ox < ow; ox++)
+                    dst[ox] = row[resize_nearest(s, resize_coord(s, ox, iw, ow, sw), iw)];
+                continue;
+            }
+            int64_t y1, y2;
+            float wy1, wy2;
+            resize_linear(s, oy, ih, oh, sh, &y1, &y2, &wy1, &wy2);
+            const float *r1 = in + y1 * iw, *r2 = in + y2 * iw;
+            for (int64_t ox = 0; ox < ow; ox++) {
+                int64_t x1, x2;
+                float wx1, wx2;
+                resize_linear(s, ox, iw, ow, sw, &x1, &x2, &wx1, &wx2);
+                dst[ox] = wx1 * wy1 * r1[x1] + wx2 * wy1 * r1[x2] + wx1 * wy2 * r2[x1] +
+                          wx2 * wy2 * r2[x2];
+            }
         }
     }
 }

@@ -548,3 +548,139 @@ out:
         dnnl_primitive_desc_destroy(pd);
     return rc;
 }
+
+/* ConvTranspose: oneDNN's deconvolution with ONNX's weights W [IC, OC, kh,
+ * kw] (oneDNN's iohw) reordered once into the layout it picks at max batch,
+ * on plain sources and outputs (whose layout holds at every batch). */
+int wk__cpu_build_deconv(wk_plan_t *plan, int si, int batch)
+{
+    cpu_be_t *be = plan->be;
+    const wk_graph_t *g = plan->graph;
+    const wk_step_t *s = &g->steps[si];
+    cpu_step_t *cs = &be->steps[si];
+    const wk_value_t *x = &g->values[s->in[0]], *w = &g->values[s->in[1]], *y = &g->values[s->out];
+    int rc = 0, nsp = s->p.conv.n_spatial;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_memory_desc_t src_md, wei_md, bias_md, dst_md;
+    dnnl_dims_t strides, pl, pr, wd, bd = {y->dims[1]};
+    bool has_bias = s->n_in > 2 && s->in[2] >= 0;
+    if (nsp < 1 || nsp > WK_MAX_SPATIAL || s->p.conv.groups != 1)
+        return wk_fail(plan, SQ_UNSUPPORTED_MODEL, "deconv step %d: %d spatial dims, groups %lld",
+                       si, nsp, (long long)s->p.conv.groups);
+    wd[0] = y->dims[1];
+    wd[1] = x->dims[1];
+    for (int i = 0; i < nsp; i++) {
+        strides[i] = s->p.conv.stride[i];
+        pl[i] = s->p.conv.pad_begin[i];
+        pr[i] = s->p.conv.pad_end[i];
+        wd[2 + i] = w->dims[2 + i];
+    }
+    if (be->phase == 1) {
+        wk__cpu_set_out_plain(plan, s->out);
+        int src = wk__cpu_as_plain(plan, si, batch, s->in[0], &cs->tmp_src);
+        if (src < 0)
+            return src;
+        dnnl_memory_desc_init_by_tag(&wei_md, 2 + nsp, wd, dnnl_f32, dnnl_format_tag_any);
+    } else {
+        if (cs->tmp_src >= 0 &&
+            wk__cpu_as_layout(plan, si, batch, s->in[0], NULL, &cs->tmp_src) < 0)
+            return SQ_UNSUPPORTED_MODEL;
+        wei_md = be->bufs[cs->weights].md;
+    }
+    int src = cs->tmp_src >= 0 ? cs->tmp_src : wk__cpu_vbuf(s->in[0]);
+    src_md = wk__cpu_md_at(&be->bufs[src], batch);
+    dst_md = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->out)], batch);
+    dnnl_memory_desc_init_by_tag(&bias_md, 1, bd, dnnl_f32, dnnl_a);
+    dnnl_deconvolution_desc_t desc;
+    DN(dnnl_deconvolution_forward_desc_init(&desc, dnnl_forward_inference,
+                                            dnnl_deconvolution_direct, &src_md, &wei_md,
+                                            has_bias ? &bias_md : NULL, &dst_md, strides, pl, pr));
+    DN(dnnl_primitive_desc_create(&pd, &desc, be->sp_attr, be->engine, NULL));
+    if (be->phase == 1) {
+        dnnl_memory_desc_t wuser;
+        DN(dnnl_memory_desc_init_by_tag(&wuser, 2 + nsp, wd, dnnl_f32,
+                                        nsp == 1   ? dnnl_bac
+                                        : nsp == 2 ? dnnl_bacd
+                                                   : dnnl_bacde));
+        cs->weights = wk__cpu_const_reorder(
+            plan, &wuser, w->data, dnnl_primitive_desc_query_md(pd, dnnl_query_weights_md, 0));
+        rc = cs->weights < 0 ? cs->weights : 0;
+        goto out;
+    }
+    int kinds[4] = {DNNL_ARG_SRC, DNNL_ARG_WEIGHTS, DNNL_ARG_DST, DNNL_ARG_BIAS};
+    int bufs[4] = {src, cs->weights, wk__cpu_vbuf(s->out), has_bias ? wk__cpu_vbuf(s->in[2]) : -1};
+    rc = wk__cpu_emit(plan, pd, batch, si, kinds, bufs, has_bias ? 4 : 3);
+    pd = NULL;
+out:
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    return rc;
+}
+
+/* oneDNN's resampling computes bilinear taps at (o + 0.5) in / out - 0.5,
+ * clamped to the map, and nearest pixels from that coordinate: ONNX's
+ * linear with half_pixel (pytorch_half_pixel: unless an axis ends at one
+ * pixel) where the scale is out / in, and, where the output is a whole
+ * multiple k of the input, nearest with the roundings that then all take
+ * pixel o / k (no coordinate falls on a tie). Anything else runs the C
+ * kernel. */
+static dnnl_alg_kind_t resize_alg(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y)
+{
+    bool half = s->p.resize.coord == WK_RESIZE_HALF_PIXEL ||
+                s->p.resize.coord == WK_RESIZE_PYTORCH_HALF_PIXEL;
+    bool round = s->p.resize.nearest == WK_NEAREST_ROUND_PREFER_FLOOR ||
+                 s->p.resize.nearest == WK_NEAREST_ROUND_PREFER_CEIL;
+    for (int i = 0; i < 2; i++) {
+        int64_t in = x->dims[2 + i], out = y->dims[2 + i];
+        if (s->p.resize.scale[i] != (float)out / (float)in || out < 2)
+            return dnnl_alg_kind_undef;
+        if (s->p.resize.linear) {
+            if (!half)
+                return dnnl_alg_kind_undef;
+        } else if (out % in != 0 ||
+                   !((half && round) || (s->p.resize.coord == WK_RESIZE_ASYMMETRIC &&
+                                         s->p.resize.nearest == WK_NEAREST_FLOOR))) {
+            return dnnl_alg_kind_undef;
+        }
+    }
+    return s->p.resize.linear ? dnnl_resampling_linear : dnnl_resampling_nearest;
+}
+
+int wk__cpu_build_resize(wk_plan_t *plan, int si, int batch)
+{
+    cpu_be_t *be = plan->be;
+    const wk_graph_t *g = plan->graph;
+    const wk_step_t *s = &g->steps[si];
+    const wk_value_t *x = &g->values[s->in[0]], *y = &g->values[s->out];
+    dnnl_alg_kind_t alg = resize_alg(s, x, y);
+    if (alg == dnnl_alg_kind_undef)
+        return wk__cpu_build_c_kernel(plan, si, batch);
+    int rc = 0;
+    dnnl_primitive_desc_t pd = NULL;
+    dnnl_memory_desc_t src_md = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->in[0])], batch), dst_md;
+    if (be->phase == 1) {
+        /* The output takes the input's layout when it can. */
+        dnnl_dims_t d;
+        for (int i = 0; i < y->ndim; i++)
+            d[i] = y->dims[i];
+        dnnl_memory_desc_init_by_tag(&dst_md, y->ndim, d, dnnl_f32, dnnl_format_tag_any);
+    } else {
+        dst_md = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->out)], batch);
+    }
+    dnnl_resampling_desc_t desc;
+    DN(dnnl_resampling_forward_desc_init(&desc, dnnl_forward_inference, alg, NULL, &src_md,
+                                         &dst_md));
+    DN(dnnl_primitive_desc_create(&pd, &desc, be->sp_attr, be->engine, NULL));
+    if (be->phase == 1) {
+        wk__cpu_set_out_md(plan, s->out, dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0));
+        if (y->batched && !wk__cpu_batch_outermost(&be->bufs[wk__cpu_vbuf(s->out)].md))
+            wk__cpu_set_out_plain(plan, s->out);
+    }
+    rc = wk__cpu_emit(plan, pd, batch, si, (int[]){DNNL_ARG_SRC, DNNL_ARG_DST},
+                      (int[]){wk__cpu_vbuf(s->in[0]), wk__cpu_vbuf(s->out)}, 2);
+    pd = NULL;
+out:
+    if (pd)
+        dnnl_primitive_desc_destroy(pd);
+    return rc;
+}

@@ -215,6 +215,12 @@ void wk__cpu_spin_note(cpu_spin_t *s, bool hot, int64_t ns);
 /* backend_cpu_conv.c: convolutions and pooling */
 int wk__cpu_build_conv(wk_plan_t *plan, int si, int batch);
 int wk__cpu_build_pool(wk_plan_t *plan, int si, int batch);
+/* ConvTranspose on oneDNN's deconvolution (plain source and output). */
+int wk__cpu_build_deconv(wk_plan_t *plan, int si, int batch);
+/* Resize on oneDNN's resampling where it computes what ONNX asks exactly
+ * (bilinear with half-pixel coordinates, nearest by whole factors), else
+ * the C kernel wk__cpu_run_resize. */
+int wk__cpu_build_resize(wk_plan_t *plan, int si, int batch);
 
 /* The batch size from which the plan of g would run Winograd convs, so
  * that smaller batches are better off in a plan of their own; 0 when none
@@ -275,11 +281,14 @@ void wk__cpu_run_erf(const wk_step_t *s, const wk_value_t *x, const wk_value_t *
                      const float *src, float *dst);
 void wk__cpu_run_expand(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
                         const float *src, float *dst);
+void wk__cpu_run_resize(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
+                        const float *src, float *dst);
 
 /* ---- backend_cpu_ops.c: the table of op builders ------------------------- */
 
 /* What the backend does for one kernel kind: build (above) and run_c, for
- * kernels done in plain C over plain buffers (Pad, Slice, Erf, Expand; their
+ * kernels done in plain C over plain buffers (Pad, Slice, Erf, Expand, and
+ * Resize where oneDNN does not compute it; their
  * queued item has no primitive), which runs the step; NULL for the others. */
 typedef struct {
     int (*build)(wk_plan_t *plan, int si, int batch);

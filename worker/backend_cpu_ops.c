@@ -30,7 +30,9 @@ const wk_cpu_op_t wk__cpu_ops[] = {
     [WK_K_ERF] = {.build = wk__cpu_build_c_kernel, .run_c = wk__cpu_run_erf},
     [WK_K_EXPAND] = {.build = wk__cpu_build_c_kernel, .run_c = wk__cpu_run_expand},
     [WK_K_LAYERNORM] = {.build = wk__cpu_build_layernorm},
+    [WK_K_RESIZE] = {.build = wk__cpu_build_resize, .run_c = wk__cpu_run_resize},
+    [WK_K_DECONV] = {.build = wk__cpu_build_deconv},
 };
 _Static_assert(sizeof(wk__cpu_ops) / sizeof(wk__cpu_ops[0]) == WK_K_COUNT_,
                "a kernel kind without a cpu op");
-_Static_assert(WK_K_COUNT_ == 19, "a new kernel kind: give it its entry in wk__cpu_ops");
+_Static_assert(WK_K_COUNT_ == 21, "a new kernel kind: give it its entry in wk__cpu_ops");

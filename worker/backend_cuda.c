@@ -81,6 +81,10 @@ static int check_supported(wk_plan_t *plan)
     const wk_graph_t *g = plan->graph;
     for (int si = 0; si < g->n_steps; si++) {
         const wk_step_t *s = &g->steps[si];
+        /* the op table's rules refuse Resize and ConvTranspose on cuda */
+        if (s->kind == WK_K_RESIZE || s->kind == WK_K_DECONV)
+            return wk_fail(plan, SQ_UNSUPPORTED_MODEL, "cuda backend: step %d (%s): %s", si,
+                           wk_kernel_names[s->kind], "no cuda kernel");
         for (int i = 0; i < s->n_post; i++)
             if (s->post[i].kind == WK_POST_DW)
                 return wk_fail(plan, SQ_UNSUPPORTED_MODEL, "cuda backend: step %d (%s): %s", si,

@@ -595,20 +595,32 @@ typedef struct {
 } cuda_kernel_t;
 
 static const cuda_kernel_t cuda_kernels[] = {
-    [WK_K_CONV] = {.launch = run_conv},           [WK_K_MAXPOOL] = {.launch = run_pool},
-    [WK_K_AVGPOOL] = {.launch = run_pool},        [WK_K_GLOBALAVG] = {.launch = run_pool},
-    [WK_K_ELTWISE] = {.launch = run_pointwise},   [WK_K_BINARY] = {.launch = run_pointwise},
-    [WK_K_BATCHNORM] = {.launch = run_pointwise}, [WK_K_CONCAT] = {.launch = run_layout},
-    [WK_K_SOFTMAX] = {.launch = run_softmax},     [WK_K_GEMM] = {.launch = run_gemm},
-    [WK_K_MATMUL] = {.launch = run_gemm},         [WK_K_REDUCE_MEAN] = {.launch = run_reduce},
-    [WK_K_COPY] = {.launch = run_layout},         [WK_K_TRANSPOSE] = {.launch = run_layout},
-    [WK_K_PAD] = {.launch = run_layout},          [WK_K_SLICE] = {.launch = run_layout},
-    [WK_K_ERF] = {.launch = run_pointwise},       [WK_K_EXPAND] = {.launch = run_pointwise},
+    [WK_K_CONV] = {.launch = run_conv},
+    [WK_K_MAXPOOL] = {.launch = run_pool},
+    [WK_K_AVGPOOL] = {.launch = run_pool},
+    [WK_K_GLOBALAVG] = {.launch = run_pool},
+    [WK_K_ELTWISE] = {.launch = run_pointwise},
+    [WK_K_BINARY] = {.launch = run_pointwise},
+    [WK_K_BATCHNORM] = {.launch = run_pointwise},
+    [WK_K_CONCAT] = {.launch = run_layout},
+    [WK_K_SOFTMAX] = {.launch = run_softmax},
+    [WK_K_GEMM] = {.launch = run_gemm},
+    [WK_K_MATMUL] = {.launch = run_gemm},
+    [WK_K_REDUCE_MEAN] = {.launch = run_reduce},
+    [WK_K_COPY] = {.launch = run_layout},
+    [WK_K_TRANSPOSE] = {.launch = run_layout},
+    [WK_K_PAD] = {.launch = run_layout},
+    [WK_K_SLICE] = {.launch = run_layout},
+    [WK_K_ERF] = {.launch = run_pointwise},
+    [WK_K_EXPAND] = {.launch = run_pointwise},
     [WK_K_LAYERNORM] = {.launch = run_layernorm},
+    /* none: the op table's rules refuse Resize and ConvTranspose on cuda */
+    [WK_K_RESIZE] = {0},
+    [WK_K_DECONV] = {0},
 };
 _Static_assert(sizeof(cuda_kernels) / sizeof(cuda_kernels[0]) == WK_K_COUNT_,
                "a kernel kind without a cuda step");
-_Static_assert(WK_K_COUNT_ == 19, "a new kernel kind: give it its entry in cuda_kernels");
+_Static_assert(WK_K_COUNT_ == 21, "a new kernel kind: give it its entry in cuda_kernels");
 
 static int run_step(wk_plan_t *plan, int si, int batch)
 {

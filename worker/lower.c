@@ -572,6 +572,63 @@ static int lower_slice(lower_t *L, const mdb_node_t *n, const lowerer_t *how, in
         .lower = lower_binary, .binop = (op)                                                       \
     }
 
+/* Resize: the canonical attributes (mode, transforms, scales) into the
+ * step; NCHW with only H and W resized (mdb_node_runnable). */
+static int lower_resize(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in, int out)
+{
+    (void)how;
+    wk_step_t *s = wk_graph_step(L->g, WK_K_RESIZE, in, 1, out);
+    static const char *const coords[] = {[WK_RESIZE_HALF_PIXEL] = "half_pixel",
+                                         [WK_RESIZE_PYTORCH_HALF_PIXEL] = "pytorch_half_pixel",
+                                         [WK_RESIZE_ALIGN_CORNERS] = "align_corners",
+                                         [WK_RESIZE_ASYMMETRIC] = "asymmetric"};
+    static const char *const nearests[] = {[WK_NEAREST_ROUND_PREFER_FLOOR] = "round_prefer_floor",
+                                           [WK_NEAREST_ROUND_PREFER_CEIL] = "round_prefer_ceil",
+                                           [WK_NEAREST_FLOOR] = "floor",
+                                           [WK_NEAREST_CEIL] = "ceil"};
+    const char *ctm = mdb_node_string(n, "coordinate_transformation_mode", "half_pixel");
+    const char *nm = mdb_node_string(n, "nearest_mode", "round_prefer_floor");
+    s->p.resize.linear = strcmp(mdb_node_string(n, "mode", "nearest"), "linear") == 0;
+    for (int i = 0; i < 4; i++) {
+        if (strcmp(ctm, coords[i]) == 0)
+            s->p.resize.coord = (wk_resize_coord_t)i;
+        if (strcmp(nm, nearests[i]) == 0)
+            s->p.resize.nearest = (wk_resize_nearest_t)i;
+    }
+    size_t count = 0;
+    const float *scales = mdb_node_floats(n, "scales", &count);
+    const wk_value_t *x = &L->g->values[in[0]], *y = &L->g->values[out];
+    for (int i = 0; i < 2; i++)
+        s->p.resize.scale[i] = scales != NULL && count == 4
+                                   ? scales[2 + i]
+                                   : (float)y->dims[2 + i] / (float)x->dims[2 + i];
+    return 0;
+}
+
+/* ConvTranspose: a deconv step; ONNX's output_padding comes off the end
+ * pads (mdb_node_runnable: it fits in them), so that the step's geometry
+ * is oneDNN's. */
+static int lower_conv_transpose(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in,
+                                int out)
+{
+    (void)how;
+    wk_step_t *s = wk_graph_step(L->g, WK_K_DECONV, in, n->n_inputs, out);
+    int nsp = L->g->values[in[0]].ndim - 2;
+    int64_t pads[2 * WK_MAX_SPATIAL], opad[WK_MAX_SPATIAL];
+    s->p.conv.n_spatial = nsp;
+    ints_attr(n, "kernel_shape", s->p.conv.kernel, nsp, 1);
+    ints_attr(n, "strides", s->p.conv.stride, nsp, 1);
+    ints_attr(n, "dilations", s->p.conv.dilation, nsp, 1);
+    ints_attr(n, "pads", pads, 2 * nsp, 0);
+    ints_attr(n, "output_padding", opad, nsp, 0);
+    for (int i = 0; i < nsp; i++) {
+        s->p.conv.pad_begin[i] = pads[i];
+        s->p.conv.pad_end[i] = pads[nsp + i] - opad[i];
+    }
+    s->p.conv.groups = mdb_node_int(n, "group", 1);
+    return 0;
+}
+
 static const lowerer_t lowerers[MDB_OP_COUNT] = {
     [MDB_OP_CONV] = {.lower = lower_conv},
     [MDB_OP_RELU] = ACT(WK_ACT_RELU),
@@ -613,6 +670,8 @@ static const lowerer_t lowerers[MDB_OP_COUNT] = {
     [MDB_OP_TANH] = ACT(WK_ACT_TANH),
     [MDB_OP_NEG] = ACT(WK_ACT_NEG),
     [MDB_OP_EXP] = ACT(WK_ACT_EXP),
+    [MDB_OP_RESIZE] = {.lower = lower_resize},
+    [MDB_OP_CONV_TRANSPOSE] = {.lower = lower_conv_transpose},
     [MDB_OP_GATHER] = {.lower = lower_gather},
     /* import-time only: folded away before the worker sees a graph */
     [MDB_OP_CONSTANT] = {0},
@@ -628,7 +687,7 @@ static const lowerer_t lowerers[MDB_OP_COUNT] = {
     [MDB_OP_NOT] = {0},
     [MDB_OP_SCATTER_ND] = {0},
 };
-static_assert(MDB_OP_COUNT == 51, "a new op (MDB_OPS): give it its entry in lowerers");
+static_assert(MDB_OP_COUNT == 53, "a new op (MDB_OPS): give it its entry in lowerers");
 
 #undef STEP
 #undef ACT

@@ -44,7 +44,9 @@
     X(SLICE, "slice")             /* in: X; starts, steps per dim (output shape gives count) */    \
     X(ERF, "erf")                 /* in: X; erf(x) elementwise */                                  \
     X(EXPAND, "expand")           /* in: X; broadcast to the output's shape (numpy rules) */       \
-    X(LAYERNORM, "layernorm")     /* in: X, [scale[C], shift[C] (const)]; over the last axis */
+    X(LAYERNORM, "layernorm")     /* in: X, [scale[C], shift[C] (const)]; over the last axis */    \
+    X(RESIZE, "resize")           /* in: X (NCHW); H and W resized: nearest or bilinear */         \
+    X(DECONV, "deconv")           /* in: X, W [IC, OC, kh, kw] (const), [B (const)]; p.conv */
 
 typedef enum {
 #define WK_K_ENUM_(e, name) WK_K_##e,
@@ -90,6 +92,21 @@ typedef struct {
 
 typedef enum { WK_PAD_CONSTANT, WK_PAD_REFLECT, WK_PAD_EDGE } wk_pad_mode_t;
 
+/* Resize: ONNX's coordinate transforms (output x to input coordinate) and
+ * nearest-pixel roundings. */
+typedef enum {
+    WK_RESIZE_HALF_PIXEL,         /* (x + 0.5) / scale - 0.5 */
+    WK_RESIZE_PYTORCH_HALF_PIXEL, /* the same, 0 for an output of one pixel */
+    WK_RESIZE_ALIGN_CORNERS,      /* x (in - 1) / (out - 1) */
+    WK_RESIZE_ASYMMETRIC,         /* x / scale */
+} wk_resize_coord_t;
+typedef enum {
+    WK_NEAREST_ROUND_PREFER_FLOOR,
+    WK_NEAREST_ROUND_PREFER_CEIL,
+    WK_NEAREST_FLOOR,
+    WK_NEAREST_CEIL,
+} wk_resize_nearest_t;
+
 typedef struct {
     wk_kernel_t kind;
     int *in; /* value ids; -1 for an optional input left out */
@@ -102,7 +119,8 @@ typedef struct {
             int64_t pad_begin[WK_MAX_SPATIAL], pad_end[WK_MAX_SPATIAL];
             int64_t groups;
             int count_include_pad;
-        } conv; /* conv and pools; pads already account for ceil_mode and auto_pad */
+        } conv; /* conv, deconv and pools; pads already account for ceil_mode and auto_pad
+                   (deconv: pad_end less ONNX's output_padding) */
         wk_act_t act;
         wk_binop_t binop;
         int axis;      /* concat, softmax */
@@ -123,6 +141,12 @@ typedef struct {
         struct {
             int64_t start[WK_MAX_DIMS], step[WK_MAX_DIMS];
         } slice;
+        struct {
+            bool linear; /* bilinear; else nearest */
+            wk_resize_coord_t coord;
+            wk_resize_nearest_t nearest;
+            float scale[2]; /* H, W: what the transform divides by */
+        } resize;
     } p;
     int legacy_softmax; /* opset < 13: softmax over the dims from axis, flattened */
     wk_post_t post[WK_MAX_POST];

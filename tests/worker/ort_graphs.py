@@ -183,6 +183,120 @@ def resize(outdir):
     b.save(outdir, [("x", ["N", 3, 8, 8])], [b.op("Add", [fine, up])])
 
 
+def upsample(b, x, mode, ctm=None, nearest=None, scales=None, sizes=None, opset=13):
+    """A Resize of x as the exporters write it: roi and scales empty where
+    sizes are given (opset 11-17), scales alone at opset 10."""
+    attrs = {"mode": mode}
+    if ctm is not None:
+        attrs["coordinate_transformation_mode"] = ctm
+    if nearest is not None:
+        attrs["nearest_mode"] = nearest
+    if opset < 11:
+        return b.op("Resize", [x, b.const(np.array(scales, np.float32))], **attrs)
+    empty = b.const(np.array([], np.float32))
+    if sizes is not None:
+        return b.op("Resize", [x, empty, empty, sizes], **attrs)
+    return b.op("Resize", [x, empty, b.const(np.array(scales, np.float32))], **attrs)
+
+
+def resize_nearest(outdir):
+    """Nearest upsampling as torch (asymmetric, floor), ONNX's defaults
+    (half_pixel, round_prefer_floor), paddle2onnx and tf2onnx write it: by
+    whole factors (oneDNN's resampling), by 1.5 and 0.5 and to sizes (the C
+    kernel), each after a conv of a 6x6 map."""
+    b = Builder("resize_nearest", 21)
+    x = b.op("Relu", [b.conv("x", 3, 4)])
+    outs = [
+        upsample(b, x, "nearest", "asymmetric", "floor", [1, 1, 2, 2]),
+        upsample(b, x, "nearest", None, None, [1, 1, 3, 2]),
+        upsample(b, x, "nearest", "pytorch_half_pixel", "round_prefer_ceil", [1, 1, 2, 2]),
+        upsample(b, x, "nearest", "half_pixel", "round_prefer_ceil", [1, 1, 1.5, 1.5]),
+        upsample(b, x, "nearest", "half_pixel", "round_prefer_floor", [1, 1, 1.5, 0.5]),
+        upsample(b, x, "nearest", "asymmetric", "ceil", [1, 1, 1.5, 2]),
+        upsample(b, x, "nearest", "align_corners", "round_prefer_floor",
+                 sizes=b.const(np.array([1, 4, 9, 11], np.int64))),
+        upsample(b, x, "nearest", "asymmetric", "round_prefer_floor", [1, 1, 2, 2]),
+    ]
+    b.save(outdir, [("x", [1, 3, 6, 6])], outs)
+
+
+def resize_linear(outdir):
+    """Bilinear resizes: torch's align_corners=False (pytorch_half_pixel)
+    and ONNX's half_pixel by 2, 1.5 and 0.5 (oneDNN's resampling), torch's
+    align_corners=True to sizes and asymmetric (the C kernel)."""
+    b = Builder("resize_linear", 22)
+    x = b.conv("x", 3, 4)
+    outs = [
+        upsample(b, x, "linear", "pytorch_half_pixel", None, [1, 1, 2, 2]),
+        upsample(b, x, "linear", "half_pixel", None, [1, 1, 1.5, 2]),
+        upsample(b, x, "linear", "half_pixel", None, [1, 1, 0.5, 0.5]),
+        upsample(b, x, "linear", "half_pixel", None, [1, 1, 1.4, 1.7]),
+        upsample(b, x, "linear", "align_corners", None,
+                 sizes=b.const(np.array([1, 4, 12, 10], np.int64))),
+        upsample(b, x, "linear", "asymmetric", None, [1, 1, 2, 3]),
+    ]
+    b.save(outdir, [("x", [1, 3, 6, 6])], outs)
+
+
+def resize_fpn(outdir):
+    """A detector's FPN on a symbolic batch: torch's F.interpolate(size=)
+    at opset 11 (sizes from the input's Shape, the batch and channels
+    sliced off it and the map's size appended) and nn.Upsample(2) at
+    opset 10 (Resize with scales), each added to a finer map."""
+    b = Builder("resize_fpn", 23)
+    fine = b.op("Relu", [b.conv("x", 3, 8)])
+    coarse = b.op("Relu", [b.conv(fine, 8, 8, stride=2)])
+    nc = b.op("Slice", [b.op("Shape", [coarse]), b.const(np.array([0], np.int64)),
+                        b.const(np.array([2], np.int64))])
+    sizes = b.op("Concat", [nc, b.const(np.array([8, 8], np.int64))], axis=0)
+    up = upsample(b, coarse, "linear", "pytorch_half_pixel", None, sizes=sizes, opset=11)
+    p1 = b.op("Add", [fine, up])
+    b11 = b
+    b11.save(outdir, [("x", ["N", 3, 8, 8])], [p1], opset=11)
+    b = Builder("resize_opset10", 24)
+    fine = b.op("Relu", [b.conv("x", 3, 8)])
+    coarse = b.op("Relu", [b.conv(fine, 8, 8, stride=2)])
+    up = upsample(b, coarse, "nearest", scales=[1, 1, 2, 2], opset=10)
+    b.save(outdir, [("x", ["N", 3, 8, 8])], [b.op("Add", [fine, up])], opset=10)
+
+
+def resize_cubic(outdir):
+    """Bicubic Resize: not an op mode the worker runs."""
+    b = Builder("resize_cubic", 25)
+    b.save(outdir, [("x", ["N", 3, 8, 8])],
+           [upsample(b, b.conv("x", 3, 4), "cubic", None, None, [1, 1, 2, 2])])
+
+
+def conv_transpose(outdir):
+    """ConvTranspose as segmentation decoders and U-Nets write it: k 4 s 2
+    p 1, k 3 s 2 p 1 output_padding 1, k 2 s 2 without a bias, and an
+    asymmetric k 3 s 1 after a conv."""
+    b = Builder("conv_transpose", 26)
+    x = b.op("Relu", [b.conv("x", 3, 6)])
+
+    def deconv(x, cin, cout, k, s, pads, op=None, bias=True):
+        ins = [x, b.weight((cin, cout, k, k), 1.0 / np.sqrt(cin * k * k))]
+        if bias:
+            ins.append(b.weight((cout,), 0.1))
+        attrs = {"strides": [s, s], "pads": pads}
+        if op is not None:
+            attrs["output_padding"] = op
+        return b.op("ConvTranspose", ins, **attrs)
+
+    y1 = b.op("Relu", [deconv(x, 6, 4, 4, 2, [1, 1, 1, 1])])
+    y2 = deconv(x, 6, 5, 3, 2, [1, 1, 1, 1], [1, 1])
+    y3 = deconv(b.conv(y1, 4, 4), 4, 3, 2, 2, [0, 0, 0, 0], bias=False)
+    y4 = deconv(x, 6, 2, 3, 1, [0, 1, 2, 1])
+    b.save(outdir, [("x", ["N", 3, 5, 5])], [y1, y2, y3, y4])
+
+
+def conv_transpose_grouped(outdir):
+    """A grouped ConvTranspose: not one the worker runs."""
+    b = Builder("conv_transpose_grouped", 27)
+    b.save(outdir, [("x", ["N", 4, 5, 5])],
+           [b.op("ConvTranspose", ["x", b.weight((4, 2, 3, 3))], group=2, strides=[2, 2])])
+
+
 def heads(outdir):
     """The rest of the runtime ops: BatchNorm, LeakyRelu, HardSigmoid,
     Slice, Split, broadcast Mul/Sub/Div by constants, Reshape to rows,
@@ -229,7 +343,8 @@ def main():
     outdir = sys.argv[1]
     os.makedirs(outdir, exist_ok=True)
     for make in (depthwise, nhwc, constant_of_shape, constant_of_shape_fixed, pads, ssd_heads,
-                 heads, resize, neg_exp):
+                 heads, resize, neg_exp, resize_nearest, resize_linear, resize_fpn, resize_cubic,
+                 conv_transpose, conv_transpose_grouped):
         make(outdir)
     concat(outdir, 8)
     concat(outdir, 9)

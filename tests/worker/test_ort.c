@@ -14,8 +14,9 @@
  * absolute for outputs near 1, relative to the output's scale above (fp32
  * sums in another order differ in the last bits).
  *
- * Graphs the worker cannot run (Resize) must be refused at import, naming
- * the op, and never crash anything. */
+ * Graphs the worker cannot run (a bicubic Resize, a grouped ConvTranspose)
+ * must be refused at import, naming the op, and never crash anything.
+ * Each comparison's largest difference goes to stderr. */
 #include "../modeldb/onnx_util.h"
 #include <criterion/criterion.h>
 #include <errno.h>
@@ -195,6 +196,9 @@ static int check_against_ort(const char *path, int max_batch, const int *batches
                 }
             }
             double tol = 1e-4 * (max_ref > 1 ? max_ref : 1);
+            fprintf(stderr, "# %s batch %d output %d: max |worker - ORT| %.3g (max |ORT| %.3g)\n",
+                    strrchr(path, '/') != NULL ? strrchr(path, '/') + 1 : path, batch, i, max_diff,
+                    max_ref);
             cr_assert(max_diff <= tol,
                       "%s batch %d output %d: |worker - ORT| %.3g at [%zu] (worker %g, ORT %g) "
                       "over %.3g (max |ORT| %.3g)",
@@ -311,8 +315,55 @@ Test(ort, concat_of_8, .timeout = 120)
     cr_assert_eq(check_against_ort(graph_path("concat8"), 4, batches, 3), 4);
 }
 
-/* Resize is not an op the worker runs: refused at import, naming it. */
-Test(ort, resize_refused_at_import)
+/* An FPN's nearest upsampling by 2 (ONNX's default half_pixel and
+ * round_prefer_floor: oneDNN's resampling) added to the finer map. */
+Test(ort, resize, .timeout = 120)
 {
-    expect_refused("resize", "Resize");
+    need_ort();
+    cr_assert_eq(check_against_ort(graph_path("resize"), 4, batches, 3), 4);
+}
+
+/* Every nearest rounding and coordinate transform the exporters write, by
+ * whole factors (oneDNN), by 1.5, 0.5 and to sizes (the C kernel). */
+Test(ort, resize_nearest_modes, .timeout = 120)
+{
+    need_ort();
+    cr_assert_eq(check_against_ort(graph_path("resize_nearest"), 4, batches, 3), 1);
+}
+
+/* Bilinear: pytorch_half_pixel and half_pixel up and down (oneDNN), by
+ * scales whose sizes are rounded down (the C kernel), align_corners to
+ * sizes and asymmetric (the C kernel). */
+Test(ort, resize_linear_modes, .timeout = 120)
+{
+    need_ort();
+    cr_assert_eq(check_against_ort(graph_path("resize_linear"), 4, batches, 3), 1);
+}
+
+/* torch's F.interpolate(size=) at opset 11: sizes from the Shape of a map
+ * with a symbolic batch, folded at import; and opset 10's Resize. */
+Test(ort, resize_sizes_of_a_shape_and_opset_10, .timeout = 120)
+{
+    need_ort();
+    cr_assert_eq(check_against_ort(graph_path("resize_fpn"), 4, batches, 3), 4);
+    cr_assert_eq(check_against_ort(graph_path("resize_opset10"), 4, batches, 3), 4);
+}
+
+/* Bicubic is refused at import, naming the op and the mode. */
+Test(ort, resize_cubic_refused_at_import)
+{
+    expect_refused("resize_cubic", "Resize");
+}
+
+/* ConvTranspose: stride 2 with pads 1 (k 4), output_padding (k 3),
+ * without a bias after a conv (k 2), asymmetric pads (k 3, stride 1). */
+Test(ort, conv_transpose, .timeout = 120)
+{
+    need_ort();
+    cr_assert_eq(check_against_ort(graph_path("conv_transpose"), 4, batches, 3), 4);
+}
+
+Test(ort, conv_transpose_grouped_refused_at_import)
+{
+    expect_refused("conv_transpose_grouped", "ConvTranspose");
 }
