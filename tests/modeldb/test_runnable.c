@@ -264,3 +264,103 @@ Test(runnable, model_info_says_per_device_kind_whether_the_model_runs)
     mdb_graph_free(g);
     mb_free(&b);
 }
+
+static void attr_str(mb_t *b, Onnx__NodeProto *n, const char *name, const char *v)
+{
+    Onnx__AttributeProto *a = mb_alloc(b, sizeof(*a));
+    onnx__attribute_proto__init(a);
+    a->name = mb_str(b, name);
+    a->has_type = 1;
+    a->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING;
+    a->has_s = 1;
+    a->s.data = (uint8_t *)mb_str(b, v);
+    a->s.len = strlen(v);
+    n->attribute[n->n_attribute++] = a;
+}
+
+/* x[N,2,4,4] -> Resize by scales (H and W 2 unless given) named "up". */
+static Onnx__NodeProto *resize_model(mb_t *b, const char *mode, float sc)
+{
+    mb_init(b, 13);
+    mb_input(b, "x", 4, (const int64_t[]){-1, 2, 4, 4});
+    Onnx__TensorProto *t = mb_init_f(b, "scales", 1, (const int64_t[]){4}, 2, 0);
+    ((float *)t->raw_data.data)[0] = 1;
+    ((float *)t->raw_data.data)[1] = sc;
+    Onnx__NodeProto *n = mb_node(b, "Resize", (const char *[]){"x", "", "scales", NULL},
+                                 (const char *[]){"y", NULL});
+    n->name = mb_str(b, "up");
+    attr_str(b, n, "mode", mode);
+    mb_output(b, "y");
+    return n;
+}
+
+/* Resize runs on the cpu (nearest and linear, H and W) and not on cuda,
+ * which says so by the op's rule. */
+Test(runnable, resize_runs_on_the_cpu_and_cuda_says_it_cannot)
+{
+    mb_t b;
+    resize_model(&b, "nearest", 1);
+    mdb_graph_t *g = expect_imported(&b);
+    mdb_model_info_t info;
+    char err[256] = "";
+    cr_assert_eq(mdb_model_info(g, &info, err, sizeof(err)), 0, "%s", err);
+    cr_assert(info.runs_on[SQ_DEV_CPU], "%s", info.not_on[SQ_DEV_CPU]);
+    cr_assert_not(info.runs_on[SQ_DEV_CUDA]);
+    cr_assert_str_eq(info.not_on[SQ_DEV_CUDA], "Resize node 'up': the cuda backend has no Resize "
+                                               "kernel");
+    mdb_graph_free(g);
+    mb_free(&b);
+
+    resize_model(&b, "cubic", 1);
+    expect_refused(&b, "Resize", "up", "mode 'cubic'");
+    mb_free(&b);
+    Onnx__NodeProto *n = resize_model(&b, "nearest", 1);
+    attr_str(&b, n, "coordinate_transformation_mode", "tf_crop_and_resize");
+    expect_refused(&b, "Resize", "up", "coordinate_transformation_mode 'tf_crop_and_resize'");
+    mb_free(&b);
+    resize_model(&b, "linear", 2);
+    expect_refused(&b, "Resize", "up", "resizes dim 1");
+    mb_free(&b);
+}
+
+/* x[N,4,5,5] -> ConvTranspose(w [4,2,3,3]) named "up", stride 2. */
+static Onnx__NodeProto *conv_transpose_model(mb_t *b, int64_t group)
+{
+    mb_init(b, 13);
+    mb_input(b, "x", 4, (const int64_t[]){-1, 4, 5, 5});
+    mb_init_f(b, "w", 4, (const int64_t[]){4, 2, 3, 3}, 0.5f, 0.0f);
+    Onnx__NodeProto *n =
+        mb_node(b, "ConvTranspose", (const char *[]){"x", "w", NULL}, (const char *[]){"y", NULL});
+    n->name = mb_str(b, "up");
+    mb_attr_ints(b, n, "strides", 2, (const int64_t[]){2, 2});
+    mb_attr_int(b, n, "group", group);
+    mb_output(b, "y");
+    return n;
+}
+
+Test(runnable, conv_transpose_runs_in_2d_with_one_group_on_the_cpu_only)
+{
+    mb_t b;
+    conv_transpose_model(&b, 1);
+    mdb_graph_t *g = expect_imported(&b);
+    mdb_model_info_t info;
+    char err[256] = "";
+    cr_assert_eq(mdb_model_info(g, &info, err, sizeof(err)), 0, "%s", err);
+    cr_assert(info.runs_on[SQ_DEV_CPU], "%s", info.not_on[SQ_DEV_CPU]);
+    cr_assert_str_eq(info.not_on[SQ_DEV_CUDA],
+                     "ConvTranspose node 'up': the cuda backend has no ConvTranspose kernel");
+    mdb_graph_free(g);
+    mb_free(&b);
+
+    conv_transpose_model(&b, 2);
+    expect_refused(&b, "ConvTranspose", "up", "group 2");
+    mb_free(&b);
+    Onnx__NodeProto *n = conv_transpose_model(&b, 1);
+    mb_attr_ints(&b, n, "dilations", 2, (const int64_t[]){2, 2});
+    expect_refused(&b, "ConvTranspose", "up", "dilations");
+    mb_free(&b);
+    n = conv_transpose_model(&b, 1);
+    mb_attr_ints(&b, n, "output_padding", 2, (const int64_t[]){1, 1});
+    expect_refused(&b, "ConvTranspose", "up", "output_padding larger than the end pads");
+    mb_free(&b);
+}
