@@ -236,6 +236,41 @@ def a_model_one_backend_cannot_run_says_why_and_runs_on_the_others():
 
 
 @test
+def a_model_with_upsample_and_conv_transpose_is_served_over_v2():
+    """nn.Upsample as torch exports it (Resize, nearest, constant scales)
+    and a ConvTranspose2d: the upload imports, the record says the cuda
+    backend has no Resize kernel, and a cpu worker serves both outputs
+    over /v2, each within 1e-4 of numpy's."""
+    import numpy as np
+    model, reference = tm.upsampler()
+    s = Squishd(workers="cpu:1")
+    try:
+        s.wait_ready(workers=1)
+        r = upload(s, model, {"name": "decoder", "max_batch": 2})
+        assert r.status == 202, r
+        eventually(lambda: s.get("/v2/models/decoder/ready").status == 200 or None, 60,
+                   "the model measured on the cpu worker")
+        rec = s.get("/models/decoder", headers=auth(s), schema_name="model").json["versions"][0]
+        assert list(rec["not_on"]) == ["cuda"], rec["not_on"]
+        assert "no Resize kernel" in rec["not_on"]["cuda"], rec["not_on"]
+        x = np.random.default_rng(3).standard_normal((2, 3, 8, 8)).astype(np.float32)
+        body = {"inputs": [{"name": "input", "shape": [2, 3, 8, 8], "datatype": "FP32",
+                            "data": x.ravel().tolist()}]}
+        a = s.request("POST", "/v2/models/decoder/infer", body=json.dumps(body),
+                      headers={"Content-Type": "application/json"})
+        assert a.status == 200, a
+        got = {o["name"]: o for o in a.json["outputs"]}
+        want = dict(zip(("up", "deconv"), reference(x.astype(np.float64))))
+        for name, shape in (("up", [2, 4, 16, 16]), ("deconv", [2, 2, 16, 16])):
+            assert got[name]["shape"] == shape, got[name]["shape"]
+            diff = np.abs(np.asarray(got[name]["data"]) - want[name].ravel()).max()
+            assert diff <= 1e-4, (name, diff)
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+@test
 def emulated_models_carry_their_profile():
     s = Squishd(workers="none")
     try:

@@ -203,3 +203,44 @@ def two_output_nhwc():
         return feats @ fw.T + fb, feats
 
     return model.SerializeToString(), reference
+
+
+def upsampler():
+    """A torch-like decoder: x[N,3,8,8] -> 1x1 Conv -> Relu, then
+    nn.Upsample(scale_factor=2) as torch exports it at opset 13 (Resize,
+    nearest, asymmetric, floor, empty roi, constant scales) to output "up"
+    [N,4,16,16], and nn.ConvTranspose2d(4, 2, 2, stride=2) to output
+    "deconv" [N,2,16,16]. Returns the model bytes and a numpy function
+    computing (up, deconv)."""
+    rng = np.random.default_rng(11)
+    w = rng.standard_normal((4, 3, 1, 1)).astype(np.float32) * 0.5
+    b = rng.standard_normal(4).astype(np.float32) * 0.1
+    dw = rng.standard_normal((4, 2, 2, 2)).astype(np.float32) * 0.5
+    db = rng.standard_normal(2).astype(np.float32) * 0.1
+    nodes = [
+        helper.make_node("Conv", ["input", "w", "b"], ["c"]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("Resize", ["r", "roi", "scales"], ["up"], mode="nearest",
+                         coordinate_transformation_mode="asymmetric", nearest_mode="floor"),
+        helper.make_node("ConvTranspose", ["r", "dw", "db"], ["deconv"], kernel_shape=[2, 2],
+                         strides=[2, 2], pads=[0, 0, 0, 0]),
+    ]
+    inits = [numpy_helper.from_array(a, n) for a, n in (
+        (w, "w"), (b, "b"), (dw, "dw"), (db, "db"), (np.array([], np.float32), "roi"),
+        (np.array([1, 1, 2, 2], np.float32), "scales"))]
+    graph = helper.make_graph(
+        nodes, "upsampler",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("up", TensorProto.FLOAT, ["N", 4, 16, 16]),
+         helper.make_tensor_value_info("deconv", TensorProto.FLOAT, ["N", 2, 16, 16])],
+        inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
+                              producer_name="squish-tests")
+
+    def reference(x):
+        r = np.maximum(np.einsum("nchw,oc->nohw", x, w[:, :, 0, 0]) + b[None, :, None, None], 0)
+        up = r.repeat(2, axis=2).repeat(2, axis=3)
+        deconv = np.einsum("nchw,coab->nohawb", r, dw).reshape(x.shape[0], 2, 16, 16)
+        return up, deconv + db[None, :, None, None]
+
+    return model.SerializeToString(), reference
