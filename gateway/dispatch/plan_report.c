@@ -363,6 +363,7 @@ static json_t *plan_json(const report_t *r, json_t **placements)
      * the idle devices, and their words say what would place them. A
      * window without requests (just started, restored) says nothing of
      * idleness, and the plan's word stands. */
+    delta += 0.0; /* -floor(0.9) is -0: show 0 */
     int mostly_idle = total > 0 && idle >= ADVICE_IDLE_FLOOR;
     const char *note = NULL;
     char note_buf[256];

@@ -1,12 +1,15 @@
 """The live planner: squishd re-plans as load changes, shows it in
 GET /v1/plan, stores every epoch in the model DB, and routes by the plan."""
 
+import io
 import json
 import sqlite3
 import threading
 import time
 
 import numpy as np
+from PIL import Image
+
 
 from harness import Squishd, eventually, run, test, validate
 
@@ -110,6 +113,71 @@ def the_plan_follows_the_load_and_is_stored_per_epoch():
             assert s2.stop() == 0
         finally:
             s2.cleanup()
+    finally:
+        s.cleanup()
+
+
+def upload_emulated(s, cfg):
+    r = s.request("POST", "/models", body=json.dumps(cfg),
+                  headers=dict(auth(s), **{"Content-Type": "application/json"}))
+    assert r.status in (200, 201, 202), r
+
+
+def jpeg(v=120, size=(64, 64)):
+    out = io.BytesIO()
+    Image.fromarray(np.full((size[1], size[0], 3), v, np.uint8)).save(out, "JPEG", quality=95)
+    return out.getvalue()
+
+
+@test
+def a_pipeline_at_one_query_a_second_asks_for_no_device_while_its_device_idles():
+    """An emulated detector feeding an emulated classifier on one device at
+    about one query a second: the device idles nearly all the time, so the
+    plan asks for no device; a session it leaves unplaced says why in
+    words, and not "devices" (the overflow serves it on the idle device)."""
+    s = Squishd(workers="emu:1", extra=["--epoch-ms", "1500", "--epoch-min-interval-ms", "500"])
+    try:
+        s.wait_ready(workers=1)
+        upload_emulated(s, {"name": "ssd", "profile": {"alpha_ms": 2, "beta_ms": 3},
+                            "max_batch": 16, "input": {"shape": [3, 32, 32]},
+                            "detections": {"mean": 2, "slots": 16}})
+        upload_emulated(s, {"name": "inc", "profile": {"alpha_ms": 0.5, "beta_ms": 2},
+                            "max_batch": 64, "input": {"shape": [3, 16, 16]}, "num_classes": 5})
+        crops = {"stage": "det", "boxes": "boxes", "scores": "scores", "format": "xyxy",
+                 "normalized": True, "score_threshold": 0.5, "nms_iou": 0.5, "max_crops": 16}
+        spec = {"name": "emu", "slo_ms": 60,
+                "stages": [{"id": "det", "model": "ssd"},
+                           {"id": "cls", "model": "inc", "crops_of": crops, "top_k": 3}]}
+        r = s.request("POST", "/pipelines", body=json.dumps(spec),
+                      headers=dict(auth(s), **{"Content-Type": "application/json"}))
+        assert r.status == 201, r
+        frame = jpeg()
+        codes = []
+        start = time.time()
+        for i in range(8):  # about 1 query a second
+            r = s.request("POST", "/v1/pipelines/emu/infer", body=frame,
+                          headers={"Content-Type": "image/jpeg"}, timeout=30)
+            codes.append(r.status)
+            time.sleep(max(0, start + i + 1 - time.time()))
+        assert codes.count(200) >= 4, codes  # the first ones may wait for the loads
+
+        def settled():
+            p = plan(s)
+            names = {x["model"] for d in p["devices"] for x in d["sessions"]} | \
+                {u["model"] for u in p["unplaced"]}
+            return p if {"ssd", "inc"} <= names and p["advice"].get("bad_rate") is not None \
+                else None
+
+        p = eventually(settled, 10, "a plan of both stages with its advice")
+        a = p["advice"]
+        print("# advice %s; unplaced %s" % (json.dumps(a), json.dumps(p["unplaced"])))
+        for u in p["unplaced"]:
+            assert u["detail"], u
+        if a["idle_fraction"] >= 0.5:
+            assert a["devices_delta"] <= 0, p
+            assert all(u["reason"] != "devices" for u in p["unplaced"]), p
+        assert a["note"], a
+        assert s.stop() == 0
     finally:
         s.cleanup()
 
