@@ -26,6 +26,7 @@ typedef struct gw_trace gw_trace_t;
 typedef struct gw_shm_table gw_shm_table_t;
 typedef struct gw_front gw_front_t;
 typedef struct gw_sched gw_sched_t;
+typedef struct gw_api_ctx gw_api_ctx_t;
 
 /* The server: one per process, created by gw_main. Fields written by one
  * thread and read by others are atomics; everything else is set before the
@@ -37,11 +38,10 @@ typedef struct gw_server {
     char admin_token[65]; /* hex */
     double start_wall_s;
 
-    atomic_int db_ready;        /* the model DB is open */
-    atomic_int stopping;        /* SIGTERM seen: no new work */
-    atomic_int leading;         /* leads (always, with sqlite); else a standby */
-    atomic_int http_port;       /* the port HTTP listens on, once bound */
-    atomic_long infer_inflight; /* inference requests inside squishd (max_inflight) */
+    atomic_int db_ready;  /* the model DB is open */
+    atomic_int stopping;  /* SIGTERM seen: no new work */
+    atomic_int leading;   /* leads (always, with sqlite); else a standby */
+    atomic_int http_port; /* the port HTTP listens on, once bound */
 
     sq_shm_arena_t *arena;
     gw_registry_t *registry;
@@ -58,6 +58,7 @@ typedef struct gw_server {
     gw_metrics_t *metrics; /* thread-safe; created first, freed last */
     gw_trace_t *trace;     /* request traces (api/trace.c); thread-safe */
     gw_shm_table_t *shm;   /* registered shared-memory regions (api/shm_regions.c); thread-safe */
+    gw_api_ctx_t *api;     /* the HTTP API's context (api/; gw_api_new), made before it serves */
     gw_front_t *front; /* --role frontend: the link to the dispatcher (front/); NULL otherwise */
     /* Who schedules this process's items (sched/gw_sched.h): the
      * dispatcher, or a frontend's link to the cluster's; picked once by

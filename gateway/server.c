@@ -118,6 +118,32 @@ gw_dispatch_deps_t gw_dispatch_deps(gw_server_t *srv, sq_loop_t *loop)
     return d;
 }
 
+gw_api_deps_t gw_api_deps(gw_server_t *srv)
+{
+    const gw_config_t *cfg = srv->cfg;
+    return (gw_api_deps_t){
+        .cfg = {.max_inflight = cfg->max_inflight,
+                .default_slo_ms = cfg->default_slo_ms,
+                .max_request_ms = cfg->max_request_ms,
+                .max_images = cfg->max_images,
+                .max_body_bytes = cfg->max_body_bytes,
+                .access_log = cfg->access_log},
+        .srv = srv,
+        .arena = srv->arena,
+        .registry = srv->registry,
+        .pipelines = srv->pipelines,
+        .prep = srv->prep,
+        .metrics = srv->metrics,
+        .trace = srv->trace,
+        .shm = srv->shm,
+        .frontend = srv->front != NULL,
+        .dispatcher = srv->dispatch != NULL,
+        .stopping = &srv->stopping,
+        .db_ready = &srv->db_ready,
+        .sched = &srv->sched,
+    };
+}
+
 int gw_main(const gw_config_t *cfg)
 {
     gw_server_t srv = {.cfg = cfg, .start_wall_s = sq_wall_s(), .metrics = gw_metrics_new()};
@@ -180,6 +206,8 @@ int gw_main(const gw_config_t *cfg)
         if ((rc = gw_front_start(&srv, err, sizeof(err))) != 0)
             goto fail;
         srv.sched = gw_front_sched(srv.front);
+        gw_api_deps_t api_deps = gw_api_deps(&srv);
+        srv.api = gw_api_new(&api_deps);
         if ((rc = gw_http_start(&srv, &gw_http_app, err, sizeof(err))) != 0)
             goto fail;
         goto serve;
@@ -213,6 +241,8 @@ int gw_main(const gw_config_t *cfg)
                                sizeof(err))) != 0)
         goto fail;
     gw_dispatch_resume_profiling(srv.dispatch);
+    gw_api_deps_t api_deps = gw_api_deps(&srv);
+    srv.api = gw_api_new(&api_deps);
     if (srv.http != NULL) /* a standby that came to lead: same listener */
         gw_http_set_app(&srv, &gw_http_app);
     else if ((rc = gw_http_start(&srv, &gw_http_app, err, sizeof(err))) != 0)
@@ -268,6 +298,7 @@ out:
     /* Its last lines are written: every request is done by now. */
     gw_trace_free(srv.trace);
     gw_shm_table_free(srv.shm);
+    gw_api_free(srv.api); /* nothing calls the API any more */
     gw_metrics_free(srv.metrics);
     if (rc == 0)
         SQ_INFO("stopped");

@@ -9,6 +9,36 @@
 
 #include <stdatomic.h>
 
+/* The room's context (gw_api_new): what every handler and job of the room
+ * reads instead of the server. Read-only once made, but for the in-flight
+ * count, which the room owns. */
+struct gw_api_ctx {
+    gw_api_config_t cfg;
+    gw_server_t *srv; /* handed on to other rooms' entry points; never read */
+    sq_shm_arena_t *arena;
+    gw_registry_t *registry;
+    gw_pipes_t *pipelines;
+    gw_prep_pool_t *prep;
+    gw_metrics_t *metrics;
+    gw_trace_t *trace;
+    gw_shm_table_t *shm;
+    int frontend;
+    int dispatcher;
+    const atomic_int *stopping;
+    const atomic_int *db_ready;
+    gw_sched_t *_Atomic const *sched;
+    atomic_long infer_inflight; /* inference requests inside squishd (max_inflight) */
+};
+
+/* The context of the server's API (its api slot, set before the route
+ * table is served); any thread. */
+gw_api_ctx_t *gw_api_of(const gw_server_t *srv);
+/* Who schedules the items now (the server's slot, read atomically). */
+static inline gw_sched_t *gw_api_sched(const gw_api_ctx_t *api)
+{
+    return atomic_load(api->sched);
+}
+
 /* One inference request on its way through squishd (the infer_*.c files,
  * infer_int.h: infer_request.c sets it up, infer_item.c runs its items,
  * infer_reply.c and its route's file answer it):
@@ -154,7 +184,7 @@ typedef struct {
     char detail[256];
     /* Set: the first failure takes the query's items still queued out of
      * the dispatcher (gw_sched_withdraw). */
-    struct gw_server *srv;
+    gw_api_ctx_t *api;
 } gw_query_fate_t;
 /* Fails the query (the first call's error and detail are kept) and
  * abandons it; any thread. */
@@ -168,8 +198,8 @@ gw_query_outcome_t gw_query_outcome(gw_query_fate_t *f);
  * request's, which decides the hint: a pipeline asked for on a model's
  * route gets the pipeline's route) into out; returns the error code.
  * Any thread. */
-int gw_not_found_why(gw_server_t *srv, const char *path, const char *name, int version, char *out,
-                     size_t len);
+int gw_not_found_why(const gw_api_ctx_t *api, const char *path, const char *name, int version,
+                     char *out, size_t len);
 /* The same, sent as the call's answer (a malformed name says so). */
 void gw_send_not_found(gw_call_t *call, h2o_iovec_t name, int version);
 /* A {version} segment that is no version (gw_parse_version < 0). */

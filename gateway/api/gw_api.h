@@ -6,8 +6,53 @@
 
 #include "gw_http.h"
 
-/* What squishd's HTTP loops serve (routes.c). */
+#include <stdatomic.h>
+
+/* What squishd's HTTP loops serve (routes.c). Its handlers reach the
+ * room's context (gw_api_new) through the server's api slot, which
+ * server.c sets before the table is served. */
 extern const gw_http_app_t gw_http_app;
+
+/* The API's settings, copied once from gw_config_t (server.c). */
+typedef struct {
+    int max_inflight;      /* inference requests inside squishd at most (then 503) */
+    double default_slo_ms; /* when neither the request nor the model gives one */
+    int max_request_ms;    /* hard upper bound on any request's life (caps the SLO) */
+    int max_images;        /* images (or tensor rows) per request */
+    int64_t max_body_bytes;
+    int access_log; /* one info line per HTTP request */
+} gw_api_config_t;
+
+/* What the API needs of the server, given once at creation (server.c
+ * fills it, gw_api_deps): its settings, the handles it uses, and the
+ * flags and slots other rooms own, read through the pointers given. */
+typedef struct {
+    gw_api_config_t cfg;
+    /* Handed on to other rooms' entry points (gw_db_post, gw_offload,
+     * gw_dispatch_*, gw_front_metrics_text...); the API never reads it. */
+    gw_server_t *srv;
+    sq_shm_arena_t *arena;
+    gw_registry_t *registry;
+    gw_pipes_t *pipelines;
+    gw_prep_pool_t *prep;
+    gw_metrics_t *metrics;
+    gw_trace_t *trace;
+    gw_shm_table_t *shm;
+    int frontend;               /* --role frontend: a link to a dispatcher (front/) */
+    int dispatcher;             /* this process runs the dispatcher (dispatch/) */
+    const atomic_int *stopping; /* SIGTERM seen: no new work */
+    const atomic_int *db_ready; /* the model DB is open */
+    /* Who schedules this process's items (the server's slot, gw_sched.h). */
+    gw_sched_t *_Atomic const *sched;
+} gw_api_deps_t;
+
+/* The API's settings and handles from srv's (server.c, which wires the
+ * rooms). */
+gw_api_deps_t gw_api_deps(gw_server_t *srv);
+/* The room's context, a copy of deps; freed by gw_api_free (accepts NULL)
+ * once nothing can call the API any more. */
+gw_api_ctx_t *gw_api_new(const gw_api_deps_t *deps);
+void gw_api_free(gw_api_ctx_t *api);
 
 /* Request traces, Triton's trace extension (trace.c; the rest of it is
  * internal to the room, trace_int.h). server.c makes the tracer before

@@ -17,7 +17,7 @@
  * builds the request, admitted (--max-inflight) and watched for its client
  * going away; replies and returns NULL on an error. Its dispose is
  * gw_infer_dispose. */
-gw_infer_t *gw_infer_new(gw_call_t *call, gw_api_t api);
+gw_infer_t *gw_infer_new(gw_call_t *call, gw_api_t kind);
 /* The request's end (its gw_async_t dispose): leaves the in-flight count,
  * writes its trace line when traced, and frees what it holds. A route
  * with state of its own (api_state) binds its own dispose, which calls
@@ -25,7 +25,7 @@ gw_infer_t *gw_infer_new(gw_call_t *call, gw_api_t api);
 void gw_infer_dispose(gw_async_t *a);
 /* Applies an SLO (ms; <= 0 keeps the current one), caps it and sets the
  * deadline: without an SLO (best effort), --max-request-ms's. */
-void gw_infer_set_deadline(gw_infer_t *req, double slo_ms, const gw_config_t *cfg);
+void gw_infer_set_deadline(gw_infer_t *req, double slo_ms, const gw_api_config_t *cfg);
 /* Sizes the item and output arrays and marks every item pending; 0, or
  * SQ_OVERLOAD when memory is short (the sizes are the request's). */
 int gw_infer_alloc_items(gw_infer_t *req, int n);
@@ -58,9 +58,9 @@ int gw_infer_is_jpeg(const uint8_t *p, size_t n);
 
 /* Starts a JPEG item (any thread): decoded by the preprocess pool into an
  * arena slot, then handed to the dispatcher with the request's others. */
-void gw_infer_start_jpeg(gw_server_t *srv, gw_item_t *item, const uint8_t *data, size_t len);
+void gw_infer_start_jpeg(gw_api_ctx_t *api, gw_item_t *item, const uint8_t *data, size_t len);
 /* Starts a tensor item: the row is copied into the arena as is. */
-void gw_infer_start_tensor(gw_server_t *srv, gw_item_t *item, const uint8_t *data, size_t len,
+void gw_infer_start_tensor(gw_api_ctx_t *api, gw_item_t *item, const uint8_t *data, size_t len,
                            int uint8);
 
 /* ---- its answer (infer_reply.c) ------------------------------------------ */
@@ -124,7 +124,7 @@ typedef struct {
  * (the model's datatype, also taking UINT8 and BYTES: JPEGs), each of its
  * outputs with its dims after the batch ([N]: one value per item), and
  * the server's limits (cfg). */
-void gw_v2_model_desc(const gw_model_t *m, const gw_config_t *cfg, gw_oip_model_t *d);
+void gw_v2_model_desc(const gw_model_t *m, const gw_api_config_t *cfg, gw_oip_model_t *d);
 /* Each of model m's outputs as n_items x its elems floats in outputs[],
  * from the items' rows (out_elems each: output i's slice after outputs
  * 0..i-1): rows itself for a single output (NULL returned), else a new

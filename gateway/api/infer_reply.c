@@ -58,11 +58,11 @@ void gw_infer_answer_headers(gw_infer_t *req, h2o_req_t *hreq)
  * up, no items yet). */
 static double least_slo_ms(const gw_infer_t *req)
 {
-    gw_server_t *srv = req->base.srv;
+    gw_api_ctx_t *api = gw_api_of(req->base.srv);
     const gw_model_t *m = req->model;
     gw_least_t least;
-    if (gw_sched_least(srv->sched, m, gw_sched_serving_kind(srv->sched, m), req->n_items, &least) !=
-        0)
+    if (gw_sched_least(gw_api_sched(api), m, gw_sched_serving_kind(gw_api_sched(api), m),
+                       req->n_items, &least) != 0)
         return 0;
     return (double)(least.run_us + least.margin_us) / 1000.0;
 }

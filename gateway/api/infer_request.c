@@ -82,17 +82,18 @@ static void infer_gone(gw_async_t *a)
         req->err = SQ_DEADLINE;
         snprintf(req->err_detail, sizeof(req->err_detail), "the client went away");
     }
+    gw_api_ctx_t *api = gw_api_of(a->srv);
     if (atomic_load(&req->pending) > 0)
-        gw_sched_withdraw(a->srv->sched);
+        gw_sched_withdraw(gw_api_sched(api));
 }
 
 /* Looks the model up and builds the request; replies and returns NULL on
  * an error. */
-gw_infer_t *gw_infer_new(gw_call_t *call, gw_api_t api)
+gw_infer_t *gw_infer_new(gw_call_t *call, gw_api_t kind)
 {
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     h2o_req_t *hreq = call->req;
-    gw_server_t *srv = call->srv;
-    if (atomic_load(&srv->stopping)) {
+    if (atomic_load(api->stopping)) {
         gw_send_error(hreq, SQ_SHUTTING_DOWN, "squishd is shutting down");
         return NULL;
     }
@@ -101,13 +102,13 @@ gw_infer_t *gw_infer_new(gw_call_t *call, gw_api_t api)
         gw_send_bad_version(call, call->args[1]);
         return NULL;
     }
-    gw_model_t *m = gw_registry_find(srv->registry, call->args[0].base, call->args[0].len, version);
+    gw_model_t *m = gw_registry_find(api->registry, call->args[0].base, call->args[0].len, version);
     if (m == NULL) {
         gw_send_not_found(call, call->args[0], version);
         return NULL;
     }
     char unserved[MDB_NAME_MAX + 256];
-    if (!gw_registry_served(srv->registry, m, unserved, sizeof(unserved))) {
+    if (!gw_registry_served(api->registry, m, unserved, sizeof(unserved))) {
         gw_send_error(hreq, SQ_MODEL_NOT_FOUND, unserved);
         gw_model_unref(m);
         return NULL;
@@ -117,7 +118,7 @@ gw_infer_t *gw_infer_new(gw_call_t *call, gw_api_t api)
         char why[sizeof(m->error) + MDB_NAME_MAX + 96];
         snprintf(why, sizeof(why), "model %s version %d failed: %s; upload it again to retry",
                  m->name, m->version, m->error[0] ? m->error : "it could not be measured");
-        gw_metrics_infer_rejected(srv, m, SQ_MODEL_FAILED);
+        gw_metrics_infer_rejected(api->srv, m, SQ_MODEL_FAILED);
         gw_send_error(hreq, SQ_MODEL_FAILED, why);
         gw_model_unref(m);
         return NULL;
@@ -127,19 +128,19 @@ gw_infer_t *gw_infer_new(gw_call_t *call, gw_api_t api)
         snprintf(why, sizeof(why),
                  "model %s is unloaded; POST /v2/repository/models/%s/load serves it again",
                  m->name, m->name);
-        gw_metrics_infer_rejected(srv, m, SQ_MODEL_UNLOADED);
+        gw_metrics_infer_rejected(api->srv, m, SQ_MODEL_UNLOADED);
         gw_send_error(hreq, SQ_MODEL_UNLOADED, why);
         gw_model_unref(m);
         return NULL;
     }
     if (strcmp(m->status, "ready") != 0) {
-        gw_metrics_infer_rejected(srv, m, SQ_NOT_READY);
+        gw_metrics_infer_rejected(api->srv, m, SQ_NOT_READY);
         gw_send_error(hreq, SQ_NOT_READY, "the model is being profiled; retry shortly");
         gw_model_unref(m);
         return NULL;
     }
-    if (gw_sched_serving_kind(srv->sched, m) < 0) {
-        gw_metrics_infer_rejected(srv, m, SQ_NO_WORKER);
+    if (gw_sched_serving_kind(gw_api_sched(api), m) < 0) {
+        gw_metrics_infer_rejected(api->srv, m, SQ_NO_WORKER);
         gw_send_error(hreq, SQ_NO_WORKER, "no worker that can run this model is up");
         gw_model_unref(m);
         return NULL;
@@ -147,13 +148,13 @@ gw_infer_t *gw_infer_new(gw_call_t *call, gw_api_t api)
     /* Admission: a request is inside squishd from here until its answer is
      * sent and its items are done (gw_infer_dispose); past max_inflight, new
      * ones are shed at once, before any copy or decode. */
-    if (atomic_fetch_add(&srv->infer_inflight, 1) >= srv->cfg->max_inflight) {
-        atomic_fetch_sub(&srv->infer_inflight, 1);
-        gw_metrics_infer_rejected(srv, m, SQ_OVERLOAD);
+    if (atomic_fetch_add(&api->infer_inflight, 1) >= api->cfg.max_inflight) {
+        atomic_fetch_sub(&api->infer_inflight, 1);
+        gw_metrics_infer_rejected(api->srv, m, SQ_OVERLOAD);
         char why[128];
         snprintf(why, sizeof(why),
                  "squishd has --max-inflight %d requests in flight; retry shortly",
-                 srv->cfg->max_inflight);
+                 api->cfg.max_inflight);
         gw_send_error(hreq, SQ_OVERLOAD, why);
         gw_model_unref(m);
         return NULL;
@@ -163,23 +164,23 @@ gw_infer_t *gw_infer_new(gw_call_t *call, gw_api_t api)
     req->base.gone = infer_gone;
     gw_async_watch(&req->base);
     req->model = m;
-    req->api = api;
+    req->api = kind;
     req->arrival_us = sq_now_us();
     req->top_k = DEFAULT_TOP_K;
     /* An SLO only where someone asked for one (issue 23): the model's
      * default_slo_ms, else squishd's --default-slo-ms, else none (0: best
      * effort); the request's own replaces either (gw_infer_set_deadline). */
-    req->slo_ms = m->default_slo_ms > 0 ? m->default_slo_ms : srv->cfg->default_slo_ms;
+    req->slo_ms = m->default_slo_ms > 0 ? m->default_slo_ms : api->cfg.default_slo_ms;
     req->slo_source = m->default_slo_ms > 0 ? "model" : req->slo_ms > 0 ? "server" : "none";
     req->priority = GW_PRIORITY_DEFAULT;
     gw_request_id(hreq, req->request_id, sizeof(req->request_id));
-    req->trace_id = gw_trace_sample(srv->trace, m->name);
+    req->trace_id = gw_trace_sample(api->trace, m->name);
     return req;
 }
 
 /* Applies an SLO (ms; <= 0 keeps the current one), caps it and sets the
  * deadline: without an SLO (best effort), --max-request-ms's. */
-void gw_infer_set_deadline(gw_infer_t *req, double slo_ms, const gw_config_t *cfg)
+void gw_infer_set_deadline(gw_infer_t *req, double slo_ms, const gw_api_config_t *cfg)
 {
     if (slo_ms > 0) {
         req->slo_ms = slo_ms;
@@ -292,11 +293,11 @@ int gw_infer_request_priority(gw_infer_t *req, h2o_req_t *hreq, int64_t *priorit
  * deadline cannot be met). Returns -1 after rejecting. */
 int gw_infer_check_feasible(gw_infer_t *req)
 {
-    gw_server_t *srv = req->base.srv;
+    gw_api_ctx_t *api = gw_api_of(req->base.srv);
     const gw_model_t *m = req->model;
-    int kind = gw_sched_serving_kind(srv->sched, m);
+    int kind = gw_sched_serving_kind(gw_api_sched(api), m);
     gw_least_t least_us;
-    if (gw_sched_least(srv->sched, m, kind, 1, &least_us) != 0)
+    if (gw_sched_least(gw_api_sched(api), m, kind, 1, &least_us) != 0)
         return 0;
     double l1 = (double)least_us.run_us / 1000.0;
     double margin = (double)least_us.margin_us / 1000.0;
@@ -358,13 +359,15 @@ static void trace_write(gw_infer_t *req)
         r.batch_size = it->times.batch_size > r.batch_size ? it->times.batch_size : r.batch_size;
     }
     at[GW_TRACE_REPLY] = req->reply_us;
-    gw_trace_emit(req->base.srv->trace, &r);
+    gw_api_ctx_t *api = gw_api_of(req->base.srv);
+    gw_trace_emit(api->trace, &r);
 }
 
 void gw_infer_dispose(gw_async_t *a)
 {
     gw_infer_t *req = (gw_infer_t *)a;
-    atomic_fetch_sub(&a->srv->infer_inflight, 1);
+    gw_api_ctx_t *api = gw_api_of(a->srv);
+    atomic_fetch_sub(&api->infer_inflight, 1);
     if (req->trace_id != 0)
         trace_write(req);
     gw_model_unref(req->model);

@@ -98,7 +98,7 @@ int gw_v1_scores_why(const gw_model_t *cm, char *why, size_t len)
 
 void gw_route_infer_v1(gw_call_t *call)
 {
-    gw_server_t *srv = call->srv;
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     h2o_req_t *hreq = call->req;
     gw_infer_t *req = gw_infer_new(call, GW_API_V1);
     if (req == NULL)
@@ -117,7 +117,7 @@ void gw_route_infer_v1(gw_call_t *call)
     double slo = -1;
     if (gw_infer_request_slo(req, hreq, &slo) != 0)
         return;
-    gw_infer_set_deadline(req, slo, srv->cfg);
+    gw_infer_set_deadline(req, slo, &api->cfg);
     int64_t priority;
     if (gw_infer_request_priority(req, hreq, &priority) != 0)
         return;
@@ -150,7 +150,7 @@ void gw_route_infer_v1(gw_call_t *call)
             gw_infer_reject(req, rc, "multipart/form-data with a valid boundary expected");
             return;
         }
-        int max = srv->cfg->max_images;
+        int max = api->cfg.max_images;
         gw_part_t *parts = sq_xcalloc((size_t)max, sizeof(*parts));
         int n = 0;
         char err[256];
@@ -178,7 +178,7 @@ void gw_route_infer_v1(gw_call_t *call)
             return;
         }
         for (int i = 0; i < n; i++)
-            gw_infer_start_jpeg(srv, &req->items[i], parts[i].data, parts[i].len);
+            gw_infer_start_jpeg(api, &req->items[i], parts[i].data, parts[i].len);
         free(parts);
         return;
     }
@@ -203,5 +203,5 @@ void gw_route_infer_v1(gw_call_t *call)
         gw_infer_reject(req, SQ_OVERLOAD, "not enough memory for this request; retry shortly");
         return;
     }
-    gw_infer_start_jpeg(srv, &req->items[0], req->body, req->body_len);
+    gw_infer_start_jpeg(api, &req->items[0], req->body, req->body_len);
 }

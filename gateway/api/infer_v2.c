@@ -138,7 +138,7 @@ static void answer_v2(gw_infer_t *req, h2o_req_t *hreq)
 /* Splits the parsed request into its items and starts them. */
 static void v2_items(gw_infer_t *req)
 {
-    gw_server_t *srv = req->base.srv;
+    gw_api_ctx_t *api = gw_api_of(req->base.srv);
     gw_v2_state_t *st = req->api_state;
     int n = st->parsed.batch;
     if (gw_infer_alloc_items(req, n) != 0) {
@@ -149,9 +149,9 @@ static void v2_items(gw_infer_t *req)
     for (int i = 0; i < n; i++) {
         const gw_oip_row_t *row = &in->rows[i];
         if (in->datatype == GW_OIP_BYTES)
-            gw_infer_start_jpeg(srv, &req->items[i], row->data, row->len);
+            gw_infer_start_jpeg(api, &req->items[i], row->data, row->len);
         else
-            gw_infer_start_tensor(srv, &req->items[i], row->data, row->len,
+            gw_infer_start_tensor(api, &req->items[i], row->data, row->len,
                                   in->datatype == GW_OIP_UINT8);
     }
 }
@@ -165,7 +165,7 @@ static void v2_items_offloaded(void *arg)
  * offload thread. */
 static void v2_start(gw_infer_t *req, int on_loop)
 {
-    gw_server_t *srv = req->base.srv;
+    gw_api_ctx_t *api = gw_api_of(req->base.srv);
     gw_v2_state_t *st = req->api_state;
     char err[512];
     int rc = gw_oip_request_parse(req->body, req->body_len, st->header_len, &st->desc, &st->parsed,
@@ -185,7 +185,7 @@ static void v2_start(gw_infer_t *req, int on_loop)
         slo = st->header_slo_ms;
     else
         req->slo_from_timeout = st->parsed.slo_is_timeout;
-    gw_infer_set_deadline(req, slo, srv->cfg);
+    gw_infer_set_deadline(req, slo, &api->cfg);
     /* parameters.priority (0 is Triton's "the default"), then X-Priority. */
     req->priority =
         gw_priority_level(st->parsed.priority > 0 ? st->parsed.priority : st->header_priority);
@@ -199,7 +199,7 @@ static void v2_start(gw_infer_t *req, int on_loop)
         for (int i = 0; i < st->parsed.batch; i++)
             copy_bytes += in->rows[i].len;
     if (on_loop && copy_bytes > INLINE_COPY_BYTES)
-        gw_offload(srv, v2_items_offloaded, req);
+        gw_offload(api->srv, v2_items_offloaded, req);
     else
         v2_items(req);
 }
@@ -209,7 +209,7 @@ static void v2_start_offloaded(void *arg)
     v2_start(arg, 0);
 }
 
-void gw_v2_model_desc(const gw_model_t *m, const gw_config_t *cfg, gw_oip_model_t *d)
+void gw_v2_model_desc(const gw_model_t *m, const gw_api_config_t *cfg, gw_oip_model_t *d)
 {
     d->ninputs = 1;
     gw_oip_input_desc_t *in = &d->inputs[0];
@@ -241,7 +241,7 @@ void gw_v2_model_desc(const gw_model_t *m, const gw_config_t *cfg, gw_oip_model_
 
 void gw_route_infer_v2(gw_call_t *call)
 {
-    gw_server_t *srv = call->srv;
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     h2o_req_t *hreq = call->req;
     gw_infer_t *req = gw_infer_new(call, GW_API_V2);
     if (req == NULL)
@@ -255,7 +255,7 @@ void gw_route_infer_v2(gw_call_t *call)
     if (gw_infer_request_slo(req, hreq, &st->header_slo_ms) != 0 ||
         gw_infer_request_priority(req, hreq, &st->header_priority) != 0)
         return;
-    gw_v2_model_desc(m, srv->cfg, &st->desc);
+    gw_v2_model_desc(m, &api->cfg, &st->desc);
     st->header_len = -1;
     h2o_iovec_t hl = gw_header(hreq, "inference-header-content-length");
     if (hl.len > 0) {
@@ -270,7 +270,7 @@ void gw_route_infer_v2(gw_call_t *call)
         }
         st->header_len = v;
     }
-    gw_infer_set_deadline(req, -1, srv->cfg);
+    gw_infer_set_deadline(req, -1, &api->cfg);
     if (gw_infer_take_body(req, hreq) != 0)
         return;
     if (st->header_len < 0 && gw_infer_is_jpeg(req->body, req->body_len)) {
@@ -287,7 +287,7 @@ void gw_route_infer_v2(gw_call_t *call)
      * INLINE_COPY_BYTES). */
     size_t json_bytes = st->header_len >= 0 ? (size_t)st->header_len : req->body_len;
     if (json_bytes > INLINE_PARSE_BYTES)
-        gw_offload(srv, v2_start_offloaded, req);
+        gw_offload(api->srv, v2_start_offloaded, req);
     else
         v2_start(req, 1);
 }

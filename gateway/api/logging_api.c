@@ -155,14 +155,14 @@ void gw_route_logging_post(gw_call_t *call)
 
 static void route_trace(gw_call_t *call, int post)
 {
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     if (!gw_require_admin(call))
         return;
-    gw_trace_t *t = call->srv->trace;
+    gw_trace_t *t = api->trace;
     char model[MDB_NAME_MAX + 1] = "";
     if (call->nargs > 0) {
         /* A model's settings: a model squishd has (any version). */
-        gw_model_t *m =
-            gw_registry_find(call->srv->registry, call->args[0].base, call->args[0].len, 0);
+        gw_model_t *m = gw_registry_find(api->registry, call->args[0].base, call->args[0].len, 0);
         if (m == NULL) {
             gw_send_error(call->req, SQ_MODEL_NOT_FOUND,
                           "no such model: per-model trace settings are for a model squishd has "

@@ -13,10 +13,11 @@
 
 void gw_route_metrics(gw_call_t *call)
 {
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     h2o_req_t *req = call->req;
     sq_buf_t out;
     sq_buf_init(&out);
-    gw_metrics_write(call->srv->metrics, &out);
+    gw_metrics_write(api->metrics, &out);
     /* Admission: what max_inflight and max_connections bound. */
     char adm[1024];
     int n = snprintf(
@@ -28,16 +29,15 @@ void gw_route_metrics(gw_call_t *call)
         "# TYPE squish_max_inflight_requests gauge\nsquish_max_inflight_requests %d\n"
         "# HELP squish_http_connections Open client connections.\n"
         "# TYPE squish_http_connections gauge\nsquish_http_connections %d\n",
-        atomic_load(&call->srv->infer_inflight), call->srv->cfg->max_inflight,
-        gw_http_connections(call->srv));
+        atomic_load(&api->infer_inflight), api->cfg.max_inflight, gw_http_connections(call->srv));
     sq_buf_put(&out, adm, (size_t)n);
-    if (call->srv->front == NULL) {
+    if (!api->frontend) {
         /* A leader's (a standby answers its own /metrics: leader.c). */
         static const char lead[] = "# HELP squish_leader 1 when this squishd leads, 0 on a "
                                    "standby.\n# TYPE squish_leader gauge\nsquish_leader 1\n";
         sq_buf_put(&out, lead, sizeof(lead) - 1);
     }
-    if (call->srv->dispatch != NULL) {
+    if (api->dispatcher) {
         /* Frontends' traffic on this dispatcher's link (metadata only: a
          * few dozen bytes an item each way). */
         gw_frontend_traffic_t t;
@@ -57,7 +57,7 @@ void gw_route_metrics(gw_call_t *call)
                      (unsigned long long)t.bytes_out);
         sq_buf_put(&out, adm, (size_t)n);
     }
-    if (call->srv->front != NULL) /* a frontend's links (not joined: it answers itself) */
+    if (api->frontend) /* a frontend's links (not joined: it answers itself) */
         gw_front_metrics_text(call->srv, &out);
     gw_frontend_traffic_t fet;
     gw_dispatch_frontend_traffic(call->srv, &fet);
@@ -139,6 +139,7 @@ static json_t *pipeline_stats(gw_pipeline_t *p)
  * that does not exist is a 404). */
 void gw_route_model_stats(gw_call_t *call)
 {
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     stats_query_t q = {0};
     if (call->nargs >= 1)
         q.name = call->args[0];
@@ -146,18 +147,18 @@ void gw_route_model_stats(gw_call_t *call)
         gw_send_bad_version(call, call->args[1]);
         return;
     }
-    gw_registry_foreach(call->srv->registry, collect, &q);
+    gw_registry_foreach(api->registry, collect, &q);
     /* Pipelines are models here too (version 1, as their metadata says):
      * every one with every model, or the one asked for by name. */
     int np = 0;
     gw_pipeline_t **ps = NULL;
     if (call->nargs == 0) {
-        ps = gw_pipes_all(call->srv->pipelines, &np);
+        ps = gw_pipes_all(api->pipelines, &np);
     } else if (q.n == 0 && q.version <= 1 && gw_model_name_ok(q.name.base, q.name.len)) {
         char name[MDB_NAME_MAX + 1];
         memcpy(name, q.name.base, q.name.len);
         name[q.name.len] = '\0';
-        gw_pipeline_t *p = gw_pipes_get(call->srv->pipelines, name);
+        gw_pipeline_t *p = gw_pipes_get(api->pipelines, name);
         if (p != NULL) {
             ps = sq_xcalloc(1, sizeof(*ps));
             ps[np++] = p;
@@ -171,7 +172,7 @@ void gw_route_model_stats(gw_call_t *call)
         qsort(q.found, (size_t)q.n, sizeof(*q.found), by_name_version);
     json_t *stats = json_array();
     for (int i = 0; i < q.n; i++) {
-        json_t *one = gw_metrics_model_stats(call->srv->metrics, q.found[i]);
+        json_t *one = gw_metrics_model_stats(api->metrics, q.found[i]);
         gw_dispatch_frontends_stats(call->srv, one); /* the requests frontends answered */
         json_array_append_new(stats, one);
         gw_model_unref(q.found[i]);
@@ -189,11 +190,12 @@ void gw_route_model_stats(gw_call_t *call)
 
 void gw_metrics_http_done(gw_server_t *srv, h2o_req_t *req, const char *route, int64_t start_ns)
 {
+    const gw_api_ctx_t *api = gw_api_of(srv);
     /* Status 0: the client went away before an answer; nothing was sent. */
     if (req->res.status == 0)
         return;
-    gw_metrics_http(srv->metrics, route, req->res.status);
-    if (srv->cfg->access_log)
+    gw_metrics_http(api->metrics, route, req->res.status);
+    if (api->cfg.access_log)
         SQ_INFO("access method=%.*s path=\"%.*s\" route=%s status=%d bytes=%zu duration_ms=%.3f",
                 (int)req->method.len, req->method.base,
                 (int)(req->path.len > 256 ? 256 : req->path.len), req->path.base, route,
@@ -207,7 +209,7 @@ static double seconds_between(int64_t from_us, int64_t to_us)
 
 void gw_metrics_infer_answered(struct gw_infer *req)
 {
-    gw_server_t *srv = req->base.srv;
+    gw_api_ctx_t *api = gw_api_of(req->base.srv);
     int64_t now = sq_now_us();
     int failed = atomic_load(&req->failed);
     gw_metrics_request_t r = {.status = failed ? sq_err_http_status(req->err) : 200,
@@ -232,7 +234,7 @@ void gw_metrics_infer_answered(struct gw_infer *req)
         }
         r.output_s = seconds_between(last_done, now);
     }
-    gw_metrics_request(srv->metrics, req->model, &r);
+    gw_metrics_request(api->metrics, req->model, &r);
     SQ_DEBUG("request id=%s model=%s version=%d status=%d outcome=%s code=%s slo_ms=%g "
              "priority=%d total_ms=%.3f preprocess_ms=%.3f queue_ms=%.3f execute_ms=%.3f items=%d "
              "batch=%d",
@@ -243,11 +245,12 @@ void gw_metrics_infer_answered(struct gw_infer *req)
 
 void gw_metrics_infer_rejected(struct gw_server *srv, const gw_model_t *m, int err)
 {
+    const gw_api_ctx_t *api = gw_api_of(srv);
     gw_metrics_request_t r = {.status = sq_err_http_status(err),
                               .err = err,
                               .slo_ms = m->default_slo_ms > 0 ? m->default_slo_ms
-                                                              : srv->cfg->default_slo_ms};
-    gw_metrics_request(srv->metrics, m, &r);
+                                                              : api->cfg.default_slo_ms};
+    gw_metrics_request(api->metrics, m, &r);
     SQ_DEBUG("request model=%s version=%d status=%d outcome=%s code=%s total_ms=0", m->name,
              m->version, r.status, gw_metrics_outcome(&r), sq_err_name(err));
 }

@@ -36,7 +36,8 @@ typedef struct {
 static void job_not_found(model_job_t *j)
 {
     char why[512];
-    int err = gw_not_found_why(j->base.srv, j->path, j->name, j->version, why, sizeof(why));
+    int err =
+        gw_not_found_why(gw_api_of(j->base.srv), j->path, j->name, j->version, why, sizeof(why));
     gw_async_fail(&j->base, err, "%s", why);
 }
 
@@ -142,7 +143,7 @@ static void reply_created(mdb_t *db, model_job_t *j, const char *name, int versi
 /* An upload or a delete can move other models into or out of a shared-prefix
  * group (the DB drops a group left with one member; a new model can bring
  * an older one into a new group): republish those whose group changed. */
-static void refresh_groups(mdb_t *db, gw_server_t *srv, int64_t except)
+static void refresh_groups(mdb_t *db, gw_api_ctx_t *api, int64_t except)
 {
     json_t *recs, *rec;
     size_t i;
@@ -151,7 +152,7 @@ static void refresh_groups(mdb_t *db, gw_server_t *srv, int64_t except)
     json_array_foreach(recs, i, rec)
     {
         int64_t key = json_integer_value(json_object_get(rec, "id"));
-        gw_model_t *old = key == except ? NULL : gw_registry_get(srv->registry, key);
+        gw_model_t *old = key == except ? NULL : gw_registry_get(api->registry, key);
         if (old == NULL)
             continue;
         gw_model_t *m = gw_model_from_record(rec);
@@ -161,24 +162,24 @@ static void refresh_groups(mdb_t *db, gw_server_t *srv, int64_t except)
             gw_model_unref(m);
             continue;
         }
-        gw_registry_put(srv->registry, m);
-        gw_dispatch_model_changed(srv, key);
+        gw_registry_put(api->registry, m);
+        gw_dispatch_model_changed(api->srv, key);
     }
     json_decref(recs);
 }
 
 /* Publishes a stored model to the data plane. */
-static void publish(mdb_t *db, gw_server_t *srv, int64_t key, int profile)
+static void publish(mdb_t *db, gw_api_ctx_t *api, int64_t key, int profile)
 {
     json_t *recs;
     if (mdb_model_records(db, key, &recs) == 0 && json_array_size(recs) == 1)
-        gw_registry_put(srv->registry, gw_model_from_record(json_array_get(recs, 0)));
+        gw_registry_put(api->registry, gw_model_from_record(json_array_get(recs, 0)));
     json_decref(recs);
-    refresh_groups(db, srv, key);
+    refresh_groups(db, api, key);
     if (profile)
-        gw_dispatch_profile(srv, key);
+        gw_dispatch_profile(api->srv, key);
     else
-        gw_dispatch_model_changed(srv, key);
+        gw_dispatch_model_changed(api->srv, key);
 }
 
 static void store(mdb_t *db, model_job_t *j, const mdb_new_model_t *m)
@@ -202,7 +203,7 @@ static void store(mdb_t *db, model_job_t *j, const mdb_new_model_t *m)
             snprintf(j->location, sizeof(j->location), "/models/%s", m->name);
             j->base.location = j->location;
         }
-        publish(db, j->base.srv, key, profiling);
+        publish(db, gw_api_of(j->base.srv), key, profiling);
     }
 }
 
@@ -439,14 +440,16 @@ static void upload_job(mdb_t *db, void *arg)
         upload_emulated(db, j);
     else
         upload_onnx(db, j);
-    gw_metrics_upload(j->base.srv->metrics, j->base.err);
+    gw_api_ctx_t *api = gw_api_of(j->base.srv);
+    gw_metrics_upload(api->metrics, j->base.err);
     gw_async_done(&j->base);
 }
 
 void gw_route_models_post(gw_call_t *call)
 {
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     if (!gw_require_admin(call)) {
-        gw_metrics_upload(call->srv->metrics, SQ_UNAUTHORIZED);
+        gw_metrics_upload(api->metrics, SQ_UNAUTHORIZED);
         return;
     }
     h2o_req_t *req = call->req;
@@ -459,7 +462,7 @@ void gw_route_models_post(gw_call_t *call)
     } else {
         int rc = gw_multipart_boundary(ct.base ? ct.base : "", ct.len, boundary, sizeof(boundary));
         if (rc != 0) {
-            gw_metrics_upload(call->srv->metrics, rc);
+            gw_metrics_upload(api->metrics, rc);
             gw_send_error(req, rc,
                           rc == SQ_MEDIA_TYPE
                               ? "POST /models takes multipart/form-data (model + config parts) "
@@ -471,7 +474,7 @@ void gw_route_models_post(gw_call_t *call)
         memcpy(j->boundary, boundary, sizeof(boundary));
     }
     if (gw_request_body(req, &j->body, &j->len, &j->body_owned) != 0) {
-        gw_metrics_upload(call->srv->metrics, SQ_OVERLOAD);
+        gw_metrics_upload(api->metrics, SQ_OVERLOAD);
         gw_async_fail(&j->base, SQ_OVERLOAD,
                       "not enough memory to hold an upload of %zu bytes; retry shortly",
                       req->entity.len);
@@ -521,22 +524,22 @@ void gw_route_models_list(gw_call_t *call)
 /* A version being measured gets "profiling": where, how far, and about how
  * long is left (the batch sizes left at the pace of those done; larger
  * batches take longer, so it is a lower bound early on). */
-static void add_progress(gw_server_t *srv, const char *name, json_t *rec)
+static void add_progress(gw_api_ctx_t *api, const char *name, json_t *rec)
 {
     const char *status = json_string_value(json_object_get(rec, "status"));
     if (status == NULL || strcmp(status, "profiling") != 0)
         return;
     int version = (int)json_integer_value(json_object_get(rec, "version"));
-    gw_model_t *m = gw_registry_find(srv->registry, name, strlen(name), version);
+    gw_model_t *m = gw_registry_find(api->registry, name, strlen(name), version);
     gw_profile_progress_t p;
-    int have = m != NULL && gw_dispatch_profile_progress(srv, m->key, &p);
+    int have = m != NULL && gw_dispatch_profile_progress(api->srv, m->key, &p);
     gw_model_unref(m);
     if (!have) {
         /* Not measured yet: for want of a worker only while none is up;
          * else it waits its turn (a worker measures one model at a time,
          * between batches) or for an identical file's measurement. */
         gw_fleet_t fleet;
-        gw_sched_fleet(srv->sched, &fleet);
+        gw_sched_fleet(gw_api_sched(api), &fleet);
         int up = fleet.up[SQ_DEV_CPU] + fleet.up[SQ_DEV_CUDA];
         json_object_set_new(
             rec, "profiling",
@@ -564,7 +567,7 @@ static void get_job(mdb_t *db, void *arg)
         json_t *v;
         size_t i;
         json_array_foreach(json_object_get(j->base.body, "versions"), i, v)
-            add_progress(j->base.srv, j->name, v);
+            add_progress(gw_api_of(j->base.srv), j->name, v);
     }
     if (rc == SQ_MODEL_NOT_FOUND)
         job_not_found(j);
@@ -596,13 +599,14 @@ static void delete_job(mdb_t *db, void *arg)
     else if (rc != 0)
         gw_async_fail(&j->base, rc, "%s", mdb_errmsg(db));
     else {
+        gw_api_ctx_t *api = gw_api_of(j->base.srv);
         SQ_INFO("model deleted name=%s version=%d versions_deleted=%d", j->name, j->version,
                 deleted);
         int64_t keys[64];
-        int n = gw_registry_remove(j->base.srv->registry, j->name, j->version, keys, 64);
+        int n = gw_registry_remove(api->registry, j->name, j->version, keys, 64);
         for (int i = 0; i < n && i < 64; i++)
             gw_dispatch_model_changed(j->base.srv, keys[i]);
-        refresh_groups(db, j->base.srv, 0);
+        refresh_groups(db, gw_api_of(j->base.srv), 0);
         j->base.body = json_pack("{s:s, s:i}", "name", j->name, "deleted_versions", deleted);
     }
     gw_async_done(&j->base);
@@ -633,9 +637,9 @@ void gw_route_models_delete_version(gw_call_t *call)
 /* The version a request without one goes to, as the registry decides it
  * (the newest ready version the name's version policy serves); 0 when the
  * registry has none of that name. */
-static int default_version(gw_server_t *srv, const char *name)
+static int default_version(gw_api_ctx_t *api, const char *name)
 {
-    gw_model_t *m = gw_registry_find(srv->registry, name, strlen(name), 0);
+    gw_model_t *m = gw_registry_find(api->registry, name, strlen(name), 0);
     int v = m != NULL ? m->version : 0;
     gw_model_unref(m);
     return v;
@@ -655,7 +659,7 @@ static void kserve_metadata_job(mdb_t *db, void *arg)
         gw_async_done(&j->base);
         return;
     }
-    int want = j->version != 0 ? j->version : default_version(j->base.srv, j->name);
+    int want = j->version != 0 ? j->version : default_version(gw_api_of(j->base.srv), j->name);
     json_t *versions = json_array(), *chosen = NULL, *v;
     size_t i;
     json_array_foreach(json_object_get(all, "versions"), i, v)
@@ -684,17 +688,17 @@ static void kserve_metadata_job(mdb_t *db, void *arg)
 /* Why a version being measured cannot take a batch: it waits for its
  * measurement, or for a worker of a kind that can run it when every kind
  * up refuses it (the reasons of the kinds that do). */
-static const char *profiling_why(gw_server_t *srv, const char *name, int version, char *buf,
+static const char *profiling_why(gw_api_ctx_t *api, const char *name, int version, char *buf,
                                  size_t len)
 {
     static const char waiting[] = "the model is being profiled; retry shortly";
-    gw_model_t *m = gw_registry_find(srv->registry, name, strlen(name), version);
+    gw_model_t *m = gw_registry_find(api->registry, name, strlen(name), version);
     if (m == NULL || m->emulated) {
         gw_model_unref(m);
         return waiting;
     }
     gw_fleet_t f;
-    gw_sched_fleet(srv->sched, &f);
+    gw_sched_fleet(gw_api_sched(api), &f);
     int runnable_up = 0, refused_up = 0;
     size_t n = (size_t)snprintf(buf, len, "no worker that can run the model is up:");
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++) {
@@ -720,7 +724,7 @@ static const char *profiling_why(gw_server_t *srv, const char *name, int version
 /* Why the version of rec cannot take a batch now, or NULL when it can; a
  * measured version no worker up holds is loaded on the way, so that a
  * client polling readiness before it sends is not kept waiting. */
-static const char *not_ready_why(gw_server_t *srv, const char *name, json_t *rec, char *buf,
+static const char *not_ready_why(gw_api_ctx_t *api, const char *name, json_t *rec, char *buf,
                                  size_t len)
 {
     const char *status = json_string_value(json_object_get(rec, "status"));
@@ -731,19 +735,19 @@ static const char *not_ready_why(gw_server_t *srv, const char *name, json_t *rec
     }
     int version = (int)json_integer_value(json_object_get(rec, "version"));
     if (status != NULL && strcmp(status, "profiling") == 0)
-        return profiling_why(srv, name, version, buf, len);
+        return profiling_why(api, name, version, buf, len);
     if (status == NULL || strcmp(status, "ready") != 0)
         return "the model failed profiling and cannot be served";
-    gw_model_t *m = gw_registry_find(srv->registry, name, strlen(name), version);
+    gw_model_t *m = gw_registry_find(api->registry, name, strlen(name), version);
     if (m == NULL)
         return NULL; /* stored, not yet published: the DB's word stands */
     const char *why = NULL;
-    int kind = gw_sched_serving_kind(srv->sched, m);
-    if (!gw_registry_served(srv->registry, m, buf, len)) {
+    int kind = gw_sched_serving_kind(gw_api_sched(api), m);
+    if (!gw_registry_served(api->registry, m, buf, len)) {
         why = buf;
-    } else if (!gw_sched_held(srv->sched, m->key)) {
+    } else if (!gw_sched_held(gw_api_sched(api), m->key)) {
         if (kind >= 0)
-            gw_dispatch_warm(srv, m->key);
+            gw_dispatch_warm(api->srv, m->key);
         why = kind < 0 ? "no worker that can run the model is up"
                        : "no worker holds the model now; it is being loaded, retry shortly";
     }
@@ -755,7 +759,7 @@ static void kserve_ready_job(mdb_t *db, void *arg)
 {
     model_job_t *j = arg;
     json_t *rec;
-    int version = j->version != 0 ? j->version : default_version(j->base.srv, j->name);
+    int version = j->version != 0 ? j->version : default_version(gw_api_of(j->base.srv), j->name);
     int rc = mdb_model_version_get(db, j->name, version, &rec);
     if (rc != 0) {
         if (rc == SQ_MODEL_NOT_FOUND)
@@ -767,7 +771,7 @@ static void kserve_ready_job(mdb_t *db, void *arg)
          * not (400, as Triton). The body says the same, with the error's
          * reason and code for a client that reads only those. */
         char buf[MDB_NAME_MAX + 256];
-        const char *why = not_ready_why(j->base.srv, j->name, rec, buf, sizeof(buf));
+        const char *why = not_ready_why(gw_api_of(j->base.srv), j->name, rec, buf, sizeof(buf));
         if (why == NULL) {
             j->base.body = json_pack("{s:s, s:b}", "name", j->name, "ready", 1);
         } else {
@@ -793,6 +797,7 @@ void gw_route_kserve_model(gw_call_t *call)
  * here means this frontend can serve the model now. */
 static void frontend_ready(gw_call_t *call)
 {
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     h2o_iovec_t name = call->args[0];
     int version = 0;
     if (!gw_model_name_ok(name.base, name.len)) {
@@ -803,7 +808,7 @@ static void frontend_ready(gw_call_t *call)
         gw_send_bad_version(call, call->args[1]);
         return;
     }
-    gw_model_t *m = gw_registry_find(call->srv->registry, name.base, name.len, version);
+    gw_model_t *m = gw_registry_find(api->registry, name.base, name.len, version);
     if (m == NULL || m->record == NULL || (version != 0 && m->version != version)) {
         /* Not in the catalog this frontend has (yet): not ready here, even
          * when its dispatcher would say so (pipelines were looked at first). */
@@ -812,7 +817,7 @@ static void frontend_ready(gw_call_t *call)
         return;
     }
     char buf[MDB_NAME_MAX + 256];
-    const char *why = not_ready_why(call->srv, m->name, m->record, buf, sizeof(buf));
+    const char *why = not_ready_why(api, m->name, m->record, buf, sizeof(buf));
     if (why == NULL)
         gw_send_json(call->req, 200, json_pack("{s:s, s:b}", "name", m->name, "ready", 1));
     else
@@ -824,7 +829,8 @@ static void frontend_ready(gw_call_t *call)
 
 void gw_route_kserve_model_ready(gw_call_t *call)
 {
-    if (call->srv->front != NULL) {
+    gw_api_ctx_t *api = gw_api_of(call->srv);
+    if (api->frontend) {
         frontend_ready(call);
         return;
     }

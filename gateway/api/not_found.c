@@ -85,16 +85,16 @@ static int starts(const char *path, const char *prefix)
     return strncmp(path, prefix, strlen(prefix)) == 0;
 }
 
-int gw_not_found_why(gw_server_t *srv, const char *path, const char *name, int version, char *out,
-                     size_t len)
+int gw_not_found_why(const gw_api_ctx_t *api, const char *path, const char *name, int version,
+                     char *out, size_t len)
 {
     look_t x = {.name = name, .version = version};
-    gw_registry_foreach(srv->registry, look_model, &x);
-    gw_pipeline_t *p = gw_pipes_get(srv->pipelines, name);
+    gw_registry_foreach(api->registry, look_model, &x);
+    gw_pipeline_t *p = gw_pipes_get(api->pipelines, name);
     int pipeline = p != NULL;
     gw_pipeline_unref(p);
     int nps = 0;
-    gw_pipeline_t **all = gw_pipes_all(srv->pipelines, &nps);
+    gw_pipeline_t **all = gw_pipes_all(api->pipelines, &nps);
     for (int i = 0; i < nps; i++) {
         if (!pipeline)
             consider(&x, all[i]->name);
@@ -190,6 +190,6 @@ void gw_send_not_found(gw_call_t *call, h2o_iovec_t name, int version)
     memcpy(cname, name.base, name.len);
     cname[name.len] = '\0';
     gw_call_path(call, path, sizeof(path));
-    int err = gw_not_found_why(call->srv, path, cname, version, why, sizeof(why));
+    int err = gw_not_found_why(gw_api_of(call->srv), path, cname, version, why, sizeof(why));
     gw_send_error(call->req, err, why);
 }

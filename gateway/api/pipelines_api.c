@@ -43,10 +43,11 @@ static void put_job(mdb_t *db, void *arg)
     } else if (rc != 0) {
         gw_async_fail(&j->base, rc, "%s", mdb_errmsg(db));
     } else {
+        gw_api_ctx_t *api = gw_api_of(j->base.srv);
         SQ_INFO("pipeline stored name=%s stages=%d slo_ms=%.1f", j->p->name, j->p->nstages,
                 j->p->slo_ms);
         gw_pipeline_ref(j->p);
-        gw_pipes_put(j->base.srv->pipelines, j->p);
+        gw_pipes_put(api->pipelines, j->p);
         j->base.status = 201;
         j->base.body = gw_pipeline_json(j->p);
     }
@@ -55,6 +56,7 @@ static void put_job(mdb_t *db, void *arg)
 
 void gw_route_pipelines_post(gw_call_t *call)
 {
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     if (!gw_require_admin(call))
         return;
     h2o_req_t *req = call->req;
@@ -72,13 +74,13 @@ void gw_route_pipelines_post(gw_call_t *call)
     }
     char err[512];
     gw_pipeline_t *p;
-    int rc = gw_pipeline_parse(body, call->srv->registry, &p, err, sizeof(err));
+    int rc = gw_pipeline_parse(body, api->registry, &p, err, sizeof(err));
     json_decref(body);
     if (rc != 0) {
         gw_send_error(req, rc, err);
         return;
     }
-    gw_model_t *clash = gw_registry_find(call->srv->registry, p->name, strlen(p->name), 0);
+    gw_model_t *clash = gw_registry_find(api->registry, p->name, strlen(p->name), 0);
     if (clash != NULL) {
         gw_model_unref(clash);
         snprintf(err, sizeof(err),
@@ -95,10 +97,11 @@ void gw_route_pipelines_post(gw_call_t *call)
 
 void gw_route_pipelines_list(gw_call_t *call)
 {
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     if (!gw_require_admin(call)) /* as every management read (GET /models) */
         return;
     int n;
-    gw_pipeline_t **all = gw_pipes_all(call->srv->pipelines, &n);
+    gw_pipeline_t **all = gw_pipes_all(api->pipelines, &n);
     json_t *list = json_array();
     for (int i = 0; i < n; i++) {
         json_array_append_new(list, gw_pipeline_json(all[i]));
@@ -123,12 +126,13 @@ static int name_arg(gw_call_t *call, char *out)
 
 void gw_route_pipelines_get(gw_call_t *call)
 {
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     if (!gw_require_admin(call))
         return;
     char name[MDB_NAME_MAX + 1];
     if (!name_arg(call, name))
         return;
-    gw_pipeline_t *p = gw_pipes_get(call->srv->pipelines, name);
+    gw_pipeline_t *p = gw_pipes_get(api->pipelines, name);
     if (p == NULL) {
         gw_send_not_found(call, call->args[0], 0);
         return;
@@ -143,14 +147,16 @@ static void delete_job(mdb_t *db, void *arg)
     int rc = mdb_pipeline_delete(db, j->name);
     if (rc == SQ_NOT_FOUND) {
         char why[512];
-        gw_async_fail(&j->base,
-                      gw_not_found_why(j->base.srv, "/pipelines/", j->name, 0, why, sizeof(why)),
-                      "%s", why);
+        gw_async_fail(
+            &j->base,
+            gw_not_found_why(gw_api_of(j->base.srv), "/pipelines/", j->name, 0, why, sizeof(why)),
+            "%s", why);
     } else if (rc != 0) {
         gw_async_fail(&j->base, rc, "%s", mdb_errmsg(db));
     } else {
+        gw_api_ctx_t *api = gw_api_of(j->base.srv);
         SQ_INFO("pipeline deleted name=%s", j->name);
-        gw_pipes_remove(j->base.srv->pipelines, j->name);
+        gw_pipes_remove(api->pipelines, j->name);
         j->base.body = json_pack("{s:s, s:b}", "name", j->name, "deleted", 1);
     }
     gw_async_done(&j->base);
@@ -177,10 +183,10 @@ int gw_force_param(gw_call_t *call)
 
 int gw_refuse_in_use(gw_async_t *a, int unload, const char *name, int version)
 {
-    gw_server_t *srv = a->srv;
+    gw_api_ctx_t *api = gw_api_of(a->srv);
     char names[512], what[MDB_NAME_MAX + 32];
     int n =
-        gw_pipes_using(srv->pipelines, srv->registry, name, version, unload, names, sizeof(names));
+        gw_pipes_using(api->pipelines, api->registry, name, version, unload, names, sizeof(names));
     if (n == 0)
         return 0;
     if (version > 0)

@@ -49,8 +49,8 @@ void gw_query_fate_fail(gw_query_fate_t *f, int rc, const char *fmt, ...)
     }
     int was = 0; /* a gone client's query stays GW_ABANDONED_GONE */
     atomic_compare_exchange_strong(&f->abandoned, &was, GW_ABANDONED_FAILED);
-    if (expected == 0 && f->srv != NULL)
-        gw_sched_withdraw(f->srv->sched); /* the first failure */
+    if (expected == 0 && f->api != NULL)
+        gw_sched_withdraw(gw_api_sched(f->api)); /* the first failure */
 }
 
 gw_query_outcome_t gw_query_outcome(gw_query_fate_t *f)
@@ -83,10 +83,10 @@ static qnode_t *node_new(gw_query_t *q, int frame, int stage, qnode_t *parent)
     return n;
 }
 
-static void node_fail_early(gw_server_t *srv, qnode_t *n, int rc, const char *detail)
+static void node_fail_early(gw_api_ctx_t *api, qnode_t *n, int rc, const char *detail)
 {
     if (n->item.input.in_off >= 0) {
-        sq_shm_release(srv->arena, n->item.input.in_off);
+        sq_shm_release(api->arena, n->item.input.in_off);
         n->item.input.in_off = -1;
     }
     free(n->original);
@@ -95,7 +95,7 @@ static void node_fail_early(gw_server_t *srv, qnode_t *n, int rc, const char *de
     query_release(n->q);
 }
 
-static void crop_job_start(gw_server_t *srv, qnode_t *n);
+static void crop_job_start(gw_api_ctx_t *api, qnode_t *n);
 
 /* The dispatcher's answer for a node (any thread). */
 static void node_finish(gw_item_t *item, int rc, const char *detail)
@@ -127,7 +127,7 @@ static void node_finish(gw_item_t *item, int rc, const char *detail)
     n->ok = 1;
     if (st->nchildren > 0 && !atomic_load(&q->fate.abandoned)) {
         atomic_fetch_add(&q->pending, 1); /* the crop job */
-        crop_job_start(q->base.srv, n);
+        crop_job_start(gw_api_of(q->base.srv), n);
     } else {
         free(n->original);
         n->original = NULL;
@@ -136,7 +136,7 @@ static void node_finish(gw_item_t *item, int rc, const char *detail)
 }
 
 /* Fills in what the dispatcher needs to know of node n's item. */
-static void node_ready(gw_server_t *srv, qnode_t *n)
+static void node_ready(gw_api_ctx_t *api, qnode_t *n)
 {
     gw_query_t *q = n->q;
     gw_item_t *it = &n->item;
@@ -167,21 +167,21 @@ static gw_item_t *root_settle(gw_query_t *q, qnode_t *n)
     return gw_clump_settle(&q->roots_clump, n != NULL ? &n->item : NULL);
 }
 
-static void root_fail(gw_server_t *srv, qnode_t *n, int rc, const char *detail)
+static void root_fail(gw_api_ctx_t *api, qnode_t *n, int rc, const char *detail)
 {
     gw_item_t *chain = root_settle(n->q, NULL);
-    node_fail_early(srv, n, rc, detail);
+    node_fail_early(api, n, rc, detail);
     if (chain != NULL)
-        gw_sched_submit(srv->sched, chain);
+        gw_sched_submit(gw_api_sched(api), chain);
 }
 
 static void on_root_decoded(gw_prep_job_t *job, int rc)
 {
     qnode_t *n = job->user;
     gw_query_t *q = n->q;
-    gw_server_t *srv = q->base.srv;
+    gw_api_ctx_t *api = gw_api_of(q->base.srv);
     if (rc != 0) {
-        root_fail(srv, n, rc, job->err[0] ? job->err : sq_err_msg(rc));
+        root_fail(api, n, rc, job->err[0] ? job->err : sq_err_msg(rc));
         return;
     }
     n->original = job->original;
@@ -192,14 +192,14 @@ static void on_root_decoded(gw_prep_job_t *job, int rc)
     q->frame_w[n->frame] = job->info.width;
     q->frame_h[n->frame] = job->info.height;
     if (atomic_load(&q->fate.abandoned)) {
-        root_fail(srv, n, SQ_DEADLINE, "its query was dropped");
+        root_fail(api, n, SQ_DEADLINE, "its query was dropped");
         return;
     }
     n->item.times.ready_us = sq_now_us();
-    node_ready(srv, n);
+    node_ready(api, n);
     gw_item_t *chain = root_settle(q, n);
     if (chain != NULL)
-        gw_sched_submit(srv->sched, chain);
+        gw_sched_submit(gw_api_sched(api), chain);
 }
 
 /* A frame's decode is planned from its own size (issue 23: a 12 MP photo
@@ -210,14 +210,14 @@ static void on_root_decoded(gw_prep_job_t *job, int rc)
 /* The least a stage's items take once ready: a batch of one on its
  * serving kind, plus the dispatch margin, as the dispatcher plans it
  * (gw_sched_least; the margin alone when unknown). */
-int64_t gw_query_stage_least_us(gw_server_t *srv, const gw_query_t *q, int stage)
+int64_t gw_query_stage_least_us(gw_api_ctx_t *api, const gw_query_t *q, int stage)
 {
     gw_least_t least;
-    gw_sched_least(srv->sched, q->models[stage], q->kind[stage], 1, &least);
+    gw_sched_least(gw_api_sched(api), q->models[stage], q->kind[stage], 1, &least);
     return least.run_us + least.margin_us;
 }
 
-double gw_query_least_slo_us(gw_server_t *srv, const gw_query_t *q, double *chain_us,
+double gw_query_least_slo_us(gw_api_ctx_t *api, const gw_query_t *q, double *chain_us,
                              int *short_stage)
 {
     const gw_pipeline_t *p = q->p;
@@ -226,8 +226,8 @@ double gw_query_least_slo_us(gw_server_t *srv, const gw_query_t *q, double *chai
     for (int k = 0; k < p->nstages; k++) {
         int i = p->order[k]; /* parents before children */
         int par = p->stages[i].parent;
-        upto_us[i] = (par >= 0 ? upto_us[par] : gw_prep_pool_decode_us(srv->prep)) +
-                     (double)gw_query_stage_least_us(srv, q, i);
+        upto_us[i] = (par >= 0 ? upto_us[par] : gw_prep_pool_decode_us(api->prep)) +
+                     (double)gw_query_stage_least_us(api, q, i);
         chain = upto_us[i] > chain ? upto_us[i] : chain;
         /* Stage i is due at cum_ms[i] / slo_ms of the query's SLO. */
         if (q->cum_ms[i] > 0 && q->slo_ms > 0) {
@@ -246,10 +246,10 @@ double gw_query_least_slo_us(gw_server_t *srv, const gw_query_t *q, double *chai
     return least;
 }
 
-static int64_t frame_extra_us(gw_server_t *srv, const gw_query_t *q, const qnode_t *n)
+static int64_t frame_extra_us(gw_api_ctx_t *api, const gw_query_t *q, const qnode_t *n)
 {
-    double mean_us = gw_prep_pool_decode_us(srv->prep);
-    double mine_us = gw_prep_pool_decode_us_for(srv->prep, n->jpeg_len);
+    double mean_us = gw_prep_pool_decode_us(api->prep);
+    double mine_us = gw_prep_pool_decode_us_for(api->prep, n->jpeg_len);
     if (!(mine_us > mean_us))
         return 0;
     double extra = mine_us - mean_us;
@@ -257,20 +257,20 @@ static int64_t frame_extra_us(gw_server_t *srv, const gw_query_t *q, const qnode
     for (int k = 0; k < st->nchildren; k++) {
         int c = st->children[k];
         double room = (q->cum_ms[c] - q->cum_ms[n->stage]) * 1000.0 -
-                      (double)gw_query_stage_least_us(srv, q, c);
+                      (double)gw_query_stage_least_us(api, q, c);
         if (extra > room)
             extra = room;
     }
     return extra > 0 ? (int64_t)extra : 0;
 }
 
-static void root_start(gw_server_t *srv, qnode_t *n)
+static void root_start(gw_api_ctx_t *api, qnode_t *n)
 {
     gw_query_t *q = n->q;
     const gw_model_t *m = q->models[n->stage];
-    int64_t off = sq_shm_alloc(srv->arena, (size_t)m->h * (size_t)m->w * 3);
+    int64_t off = sq_shm_alloc(api->arena, (size_t)m->h * (size_t)m->w * 3);
     if (off < 0) {
-        root_fail(srv, n, SQ_OVERLOAD, "no room in the shared-memory arena");
+        root_fail(api, n, SQ_OVERLOAD, "no room in the shared-memory arena");
         return;
     }
     n->item.input.in_off = off;
@@ -281,10 +281,10 @@ static void root_start(gw_server_t *srv, qnode_t *n)
     job->out_w = m->w;
     job->out_h = m->h;
     job->mode = m->nearest ? GW_RESIZE_NEAREST : GW_RESIZE_BILINEAR;
-    job->dst = sq_shm_arena_base(srv->arena) + off;
+    job->dst = sq_shm_arena_base(api->arena) + off;
     /* The stage's deadline less the least a batch of one takes. */
-    int64_t after_us = gw_query_stage_least_us(srv, q, n->stage);
-    n->extra_us = frame_extra_us(srv, q, n);
+    int64_t after_us = gw_query_stage_least_us(api, q, n->stage);
+    n->extra_us = frame_extra_us(api, q, n);
     job->deadline_ns =
         (q->arrival_us + (int64_t)(q->cum_ms[n->stage] * 1000.0) + n->extra_us - after_us) * 1000;
     job->keep_original = q->p->stages[n->stage].nchildren > 0;
@@ -296,9 +296,9 @@ static void root_start(gw_server_t *srv, qnode_t *n)
     }
     job->done = on_root_decoded;
     job->user = n;
-    int rc = gw_prep_pool_submit(srv->prep, job);
+    int rc = gw_prep_pool_submit(api->prep, job);
     if (rc != 0)
-        root_fail(srv, n, rc == SQ_DEADLINE || rc == SQ_SHUTTING_DOWN ? rc : SQ_OVERLOAD,
+        root_fail(api, n, rc == SQ_DEADLINE || rc == SQ_SHUTTING_DOWN ? rc : SQ_OVERLOAD,
                   rc == SQ_DEADLINE ? "the image decoders cannot start this frame in time"
                                     : "the image decoders are saturated");
 }
@@ -333,7 +333,7 @@ typedef struct {
  * deadline). Runs on a pool thread. */
 static int cut_crops(gw_prep_ctx_t *ctx, gw_query_t *q, qnode_t *n, int k, char *err, size_t errlen)
 {
-    gw_server_t *srv = q->base.srv;
+    gw_api_ctx_t *api = gw_api_of(q->base.srv);
     const gw_pipeline_t *p = q->p;
     int c = p->stages[n->stage].children[k];
     const gw_model_t *pm = q->models[n->stage], *cm = q->models[c];
@@ -349,7 +349,7 @@ static int cut_crops(gw_prep_ctx_t *ctx, gw_query_t *q, qnode_t *n, int k, char 
         return 0;
     /* Too late for even one batch of the child stage: the query is lost. */
     int64_t deadline = q->arrival_us + (int64_t)(q->cum_ms[c] * 1000.0);
-    int64_t least = gw_query_stage_least_us(srv, q, c);
+    int64_t least = gw_query_stage_least_us(api, q, c);
     if (sq_now_us() + least > deadline) {
         snprintf(err, errlen,
                  "stage %s cannot finish in time: %.1f ms of its deadline left, a batch takes "
@@ -368,14 +368,14 @@ static int cut_crops(gw_prep_ctx_t *ctx, gw_query_t *q, qnode_t *n, int k, char 
         gw_rect_t r = gw_crop_rect(&q->crops[c], &dets[i], n->orig_w, n->orig_h);
         gw_query_place_crop(n, &dets[i], r, kid);
         atomic_fetch_add(&q->pending, 1);
-        int64_t off = sq_shm_alloc(srv->arena, (size_t)cm->h * (size_t)cm->w * 3);
+        int64_t off = sq_shm_alloc(api->arena, (size_t)cm->h * (size_t)cm->w * 3);
         if (off < 0) {
-            node_fail_early(srv, kid, SQ_OVERLOAD, "no room in the shared-memory arena");
+            node_fail_early(api, kid, SQ_OVERLOAD, "no room in the shared-memory arena");
             break;
         }
         kid->item.input.in_off = off;
         int rc = gw_crop_resize(ctx, n->original, n->orig_w, n->orig_h, r,
-                                sq_shm_arena_base(srv->arena) + off, cm->w, cm->h,
+                                sq_shm_arena_base(api->arena) + off, cm->w, cm->h,
                                 cm->nearest ? GW_RESIZE_NEAREST : GW_RESIZE_BILINEAR);
         if (rc == 0 && keep) {
             /* Its own crops come from its region at native size. */
@@ -392,17 +392,17 @@ static int cut_crops(gw_prep_ctx_t *ctx, gw_query_t *q, qnode_t *n, int k, char 
             }
         }
         if (rc != 0) {
-            node_fail_early(srv, kid, rc, "cannot cut a crop");
+            node_fail_early(api, kid, rc, "cannot cut a crop");
             break;
         }
-        node_ready(srv, kid);
+        node_ready(api, kid);
         *tail = &kid->item;
         tail = &kid->item.owner.clump_next;
     }
     /* Those cut, even when one failed: each is answered exactly once (the
      * dispatcher fails them at once, their query being dropped). */
     if (clump != NULL)
-        gw_sched_submit(srv->sched, clump);
+        gw_sched_submit(gw_api_sched(api), clump);
     return 0;
 }
 
@@ -433,14 +433,14 @@ static void on_crops_done(gw_prep_job_t *job, int rc)
     query_release(q);
 }
 
-static void crop_job_start(gw_server_t *srv, qnode_t *n)
+static void crop_job_start(gw_api_ctx_t *api, qnode_t *n)
 {
     crop_job_t *cj = sq_xcalloc(1, sizeof(*cj));
     cj->n = n;
     cj->job.work = crop_work;
     cj->job.done = on_crops_done;
     cj->job.user = cj;
-    int rc = gw_prep_pool_submit(srv->prep, &cj->job);
+    int rc = gw_prep_pool_submit(api->prep, &cj->job);
     if (rc != 0) {
         gw_query_fate_fail(&n->q->fate, rc == SQ_SHUTTING_DOWN ? rc : SQ_OVERLOAD,
                            "stage %s: the preprocess pool cannot take its crops",
@@ -457,7 +457,8 @@ static void crop_job_start(gw_server_t *srv, qnode_t *n)
 void gw_query_dispose(gw_async_t *a)
 {
     gw_query_t *q = (gw_query_t *)a;
-    atomic_fetch_sub(&a->srv->infer_inflight, 1);
+    gw_api_ctx_t *api = gw_api_of(a->srv);
+    atomic_fetch_sub(&api->infer_inflight, 1);
     for (qnode_t *n = q->all, *next; n != NULL; n = next) {
         next = n->next_all;
         for (int k = 0; k < GW_PIPE_MAX_STAGES; k++)
@@ -493,7 +494,7 @@ int gw_query_roots(const gw_pipeline_t *p, int *root_stage)
  * answered). */
 void gw_query_start(gw_query_t *q, const gw_part_t *frames, int nframes)
 {
-    gw_server_t *srv = q->base.srv;
+    gw_api_ctx_t *api = gw_api_of(q->base.srv);
     const gw_pipeline_t *p = q->p;
     q->nframes = nframes;
     q->nroots = gw_query_roots(p, q->root_stage);
@@ -513,7 +514,7 @@ void gw_query_start(gw_query_t *q, const gw_part_t *frames, int nframes)
             q->roots[f * q->nroots + r] = n;
         }
     for (int i = 0; i < nframes * q->nroots; i++)
-        root_start(srv, q->roots[i]);
+        root_start(api, q->roots[i]);
     query_release(q);
 }
 /* The client went away: nothing more runs for the query (its items still

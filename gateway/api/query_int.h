@@ -60,7 +60,7 @@ void gw_query_start(gw_query_t *q, const gw_part_t *frames, int nframes);
 /* The least a stage's items take once ready: a batch of one on its
  * serving kind, plus the dispatch margin, as the dispatcher plans it
  * (gw_sched_least; the margin alone when unknown). */
-int64_t gw_query_stage_least_us(gw_server_t *srv, const gw_query_t *q, int stage);
+int64_t gw_query_stage_least_us(gw_api_ctx_t *api, const gw_query_t *q, int stage);
 /* The least SLO the query can meet now, in µs: on the longest chain of
  * stages a frame's decode and a batch of one of each stage (with the
  * dispatch margin), as the dispatcher plans them, into *chain_us; and,
@@ -68,7 +68,7 @@ int64_t gw_query_stage_least_us(gw_server_t *srv, const gw_query_t *q, int stage
  * SLO whose every stage's deadline leaves it that chain (returned; never
  * below *chain_us). *short_stage: the stage that sets it, -1 when the
  * chain does. */
-double gw_query_least_slo_us(gw_server_t *srv, const gw_query_t *q, double *chain_us,
+double gw_query_least_slo_us(gw_api_ctx_t *api, const gw_query_t *q, double *chain_us,
                              int *short_stage);
 /* The client went away: nothing more runs for the query (its items still
  * queued are withdrawn, no later stage starts). Its gw_async_t gone. */

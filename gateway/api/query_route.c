@@ -30,12 +30,12 @@ static void query_reject(gw_query_t *q, int err, const char *fmt, ...)
 }
 
 /* Resolves each stage's model now; 0, or an error with why. */
-static int resolve_stages(gw_server_t *srv, gw_query_t *q, char *why, size_t len)
+static int resolve_stages(gw_api_ctx_t *api, gw_query_t *q, char *why, size_t len)
 {
     const gw_pipeline_t *p = q->p;
     for (int i = 0; i < p->nstages; i++) {
         const gw_stage_spec_t *st = &p->stages[i];
-        gw_model_t *m = gw_registry_find(srv->registry, st->model, strlen(st->model), st->version);
+        gw_model_t *m = gw_registry_find(api->registry, st->model, strlen(st->model), st->version);
         q->models[i] = m;
         if (m == NULL) {
             snprintf(why, len, "stage %s: no model %s", st->id, st->model);
@@ -62,7 +62,7 @@ static int resolve_stages(gw_server_t *srv, gw_query_t *q, char *why, size_t len
             snprintf(why, len, "stage %s: model %s no longer takes images", st->id, m->name);
             return SQ_BAD_CONFIG;
         }
-        if ((q->kind[i] = gw_sched_serving_kind(srv->sched, m)) < 0) {
+        if ((q->kind[i] = gw_sched_serving_kind(gw_api_sched(api), m)) < 0) {
             snprintf(why, len, "stage %s: no worker that can run model %s is up", st->id, m->name);
             return SQ_NO_WORKER;
         }
@@ -87,9 +87,9 @@ static int resolve_stages(gw_server_t *srv, gw_query_t *q, char *why, size_t len
  * after replying 404 or 503. */
 static gw_query_t *query_new(gw_call_t *call)
 {
-    gw_server_t *srv = call->srv;
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     h2o_req_t *hreq = call->req;
-    if (atomic_load(&srv->stopping)) {
+    if (atomic_load(api->stopping)) {
         gw_send_error(hreq, SQ_SHUTTING_DOWN, "squishd is shutting down");
         return NULL;
     }
@@ -101,7 +101,7 @@ static gw_query_t *query_new(gw_call_t *call)
     }
     memcpy(name, arg.base, arg.len);
     name[arg.len] = '\0';
-    gw_pipeline_t *p = gw_pipes_get(srv->pipelines, name);
+    gw_pipeline_t *p = gw_pipes_get(api->pipelines, name);
     if (p == NULL) {
         gw_send_not_found(call, arg, 0);
         return NULL;
@@ -115,8 +115,8 @@ static gw_query_t *query_new(gw_call_t *call)
         gw_send_error(hreq, SQ_MODEL_UNLOADED, why);
         return NULL;
     }
-    if (atomic_fetch_add(&srv->infer_inflight, 1) >= srv->cfg->max_inflight) {
-        atomic_fetch_sub(&srv->infer_inflight, 1);
+    if (atomic_fetch_add(&api->infer_inflight, 1) >= api->cfg.max_inflight) {
+        atomic_fetch_sub(&api->infer_inflight, 1);
         gw_pipeline_unref(p);
         gw_send_error(hreq, SQ_OVERLOAD, "squishd has --max-inflight requests in flight");
         return NULL;
@@ -125,7 +125,7 @@ static gw_query_t *query_new(gw_call_t *call)
     q->base.dispose = gw_query_dispose;
     q->base.gone = gw_query_gone;
     gw_async_watch(&q->base);
-    q->fate.srv = srv;
+    q->fate.api = api;
     q->p = p;
     pthread_mutex_init(&q->mu, NULL);
     q->arrival_us = sq_now_us();
@@ -139,10 +139,10 @@ static gw_query_t *query_new(gw_call_t *call)
  * models; 0, or -1 after rejecting. */
 static int query_setup(gw_query_t *q, double slo_ms)
 {
-    gw_server_t *srv = q->base.srv;
-    q->slo_ms = gw_query_split(q->p, slo_ms, srv->cfg->max_request_ms, q->cum_ms, q->budget_ms);
+    gw_api_ctx_t *api = gw_api_of(q->base.srv);
+    q->slo_ms = gw_query_split(q->p, slo_ms, api->cfg.max_request_ms, q->cum_ms, q->budget_ms);
     char why[512];
-    int rc = resolve_stages(srv, q, why, sizeof(why));
+    int rc = resolve_stages(api, q, why, sizeof(why));
     if (rc != 0) {
         query_reject(q, rc, "%s", why);
         return -1;
@@ -153,7 +153,7 @@ static int query_setup(gw_query_t *q, double slo_ms)
     const gw_pipeline_t *p = q->p;
     double chain, least;
     int stage;
-    least = gw_query_least_slo_us(srv, q, &chain, &stage);
+    least = gw_query_least_slo_us(api, q, &chain, &stage);
     if (q->slo_ms * 1000.0 >= least)
         return 0;
     q->hopeless = 1;
@@ -174,7 +174,7 @@ static int query_setup(gw_query_t *q, double slo_ms)
 
 void gw_route_pipeline_infer(gw_call_t *call)
 {
-    gw_server_t *srv = call->srv;
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     h2o_req_t *hreq = call->req;
     gw_query_t *q = query_new(call);
     if (q == NULL)
@@ -197,7 +197,7 @@ void gw_route_pipeline_infer(gw_call_t *call)
         query_reject(q, SQ_OVERLOAD, "not enough memory to hold the body; retry shortly");
         return;
     }
-    int max = srv->cfg->max_images;
+    int max = api->cfg.max_images;
     gw_part_t *parts = sq_xcalloc((size_t)max + 1, sizeof(*parts));
     int nparts = 0;
     h2o_iovec_t ct = gw_header(hreq, "content-type");
@@ -239,7 +239,7 @@ void gw_route_pipeline_infer(gw_call_t *call)
 
 /* What OIP sees of a pipeline: input IMAGE (BYTES: one JPEG per frame),
  * output RESULT (BYTES: per frame, the /v1 answer's frame as JSON text). */
-static void oip_desc(gw_server_t *srv, gw_oip_model_t *d)
+static void oip_desc(gw_api_ctx_t *api, gw_oip_model_t *d)
 {
     memset(d, 0, sizeof(*d));
     d->ninputs = 1;
@@ -252,8 +252,8 @@ static void oip_desc(gw_server_t *srv, gw_oip_model_t *d)
     snprintf(d->outputs[0].name, sizeof(d->outputs[0].name), "RESULT");
     d->outputs[0].item_ndim = 1;
     d->outputs[0].item_shape[0] = 1;
-    d->max_batch = srv->cfg->max_images;
-    d->max_body_bytes = (size_t)srv->cfg->max_body_bytes;
+    d->max_batch = api->cfg.max_images;
+    d->max_body_bytes = (size_t)api->cfg.max_body_bytes;
 }
 
 json_t *gw_pipeline_oip_metadata(gw_pipeline_t *p)
@@ -266,7 +266,7 @@ json_t *gw_pipeline_oip_metadata(gw_pipeline_t *p)
 
 void gw_route_pipeline_infer_v2(gw_call_t *call)
 {
-    gw_server_t *srv = call->srv;
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     h2o_req_t *hreq = call->req;
     gw_query_t *q = query_new(call);
     if (q == NULL)
@@ -297,7 +297,7 @@ void gw_route_pipeline_infer_v2(gw_call_t *call)
         return;
     }
     gw_oip_model_t desc;
-    oip_desc(srv, &desc);
+    oip_desc(api, &desc);
     q->oip = sq_xcalloc(1, sizeof(*q->oip));
     rc = gw_oip_request_parse(q->body, q->body_len, header_len, &desc, q->oip, why, sizeof(why));
     if (rc != 0) {

@@ -89,13 +89,13 @@ static json_t *pipeline_config(gw_pipeline_t *p)
 
 void gw_route_model_config(gw_call_t *call)
 {
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     int version = 0;
     if (call->nargs > 1 && (version = gw_parse_version(call->args[1])) < 0) {
         gw_send_bad_version(call, call->args[1]);
         return;
     }
-    gw_model_t *m =
-        gw_registry_find(call->srv->registry, call->args[0].base, call->args[0].len, version);
+    gw_model_t *m = gw_registry_find(api->registry, call->args[0].base, call->args[0].len, version);
     if (m == NULL) {
         /* A pipeline is a model here too (version 1, as its metadata). */
         char name[MDB_NAME_MAX + 1];
@@ -104,7 +104,7 @@ void gw_route_model_config(gw_call_t *call)
         if ((version == 0 || version == 1) && gw_model_name_ok(a.base, a.len)) {
             memcpy(name, a.base, a.len);
             name[a.len] = '\0';
-            p = gw_pipes_get(call->srv->pipelines, name);
+            p = gw_pipes_get(api->pipelines, name);
         }
         if (p != NULL) {
             gw_send_json(call->req, 200, pipeline_config(p));
@@ -147,13 +147,13 @@ static int by_name_version(const void *a, const void *b)
  * loading on a worker), UNLOADING (unloaded, with a batch still on its
  * way out), UNAVAILABLE (failed, unloaded, or not in its version
  * policy). Outside the registry's lock. */
-static const char *model_state(gw_server_t *srv, const gw_model_t *m, char *why, size_t len,
+static const char *model_state(gw_api_ctx_t *api, const gw_model_t *m, char *why, size_t len,
                                const char **reason)
 {
     *reason = NULL;
     if (strcmp(m->status, "unloaded") == 0) {
         *reason = "unloaded";
-        if (gw_sched_unloading(srv->sched, m->key)) {
+        if (gw_sched_unloading(gw_api_sched(api), m->key)) {
             *reason = "unloading: its last batches are finishing";
             return "UNLOADING";
         }
@@ -163,7 +163,7 @@ static const char *model_state(gw_server_t *srv, const gw_model_t *m, char *why,
         *reason = m->error[0] ? m->error : "failed";
         return "UNAVAILABLE";
     }
-    if (!gw_registry_served(srv->registry, m, why, len)) {
+    if (!gw_registry_served(api->registry, m, why, len)) {
         *reason = why;
         return "UNAVAILABLE";
     }
@@ -171,9 +171,10 @@ static const char *model_state(gw_server_t *srv, const gw_model_t *m, char *why,
         *reason = "profiling: its batch sizes are being measured";
         return "LOADING";
     }
-    if (!gw_sched_held(srv->sched, m->key)) {
-        *reason = gw_sched_serving_kind(srv->sched, m) < 0 ? "no worker that can serve it is up"
-                                                           : "loading on a worker";
+    if (!gw_sched_held(gw_api_sched(api), m->key)) {
+        *reason = gw_sched_serving_kind(gw_api_sched(api), m) < 0
+                      ? "no worker that can serve it is up"
+                      : "loading on a worker";
         return "LOADING";
     }
     return "READY";
@@ -190,11 +191,11 @@ static json_t *state_row(const char *name, int version, const char *state, const
 }
 
 /* m's row, or NULL when ready_only leaves it out. */
-static json_t *index_row(gw_server_t *srv, gw_model_t *m, int ready_only)
+static json_t *index_row(gw_api_ctx_t *api, gw_model_t *m, int ready_only)
 {
     char why[MDB_NAME_MAX + 256];
     const char *reason;
-    const char *state = model_state(srv, m, why, sizeof(why), &reason);
+    const char *state = model_state(api, m, why, sizeof(why), &reason);
     if (ready_only && strcmp(state, "READY") != 0)
         return NULL;
     return state_row(m->name, m->version, state, reason);
@@ -202,7 +203,7 @@ static json_t *index_row(gw_server_t *srv, gw_model_t *m, int ready_only)
 
 /* A pipeline's state: unloaded, or the least of its stages' models'
  * (UNAVAILABLE < UNLOADING < LOADING < READY), with that stage's reason. */
-static const char *pipeline_state(gw_server_t *srv, gw_pipeline_t *p, char *why, size_t len)
+static const char *pipeline_state(gw_api_ctx_t *api, gw_pipeline_t *p, char *why, size_t len)
 {
     static const char *const order[] = {"UNAVAILABLE", "UNLOADING", "LOADING", "READY"};
     if (atomic_load(&p->unloaded)) {
@@ -213,12 +214,12 @@ static const char *pipeline_state(gw_server_t *srv, gw_pipeline_t *p, char *why,
     why[0] = '\0';
     for (int i = 0; i < p->nstages; i++) {
         const gw_stage_spec_t *st = &p->stages[i];
-        gw_model_t *m = gw_registry_find(srv->registry, st->model, strlen(st->model), st->version);
+        gw_model_t *m = gw_registry_find(api->registry, st->model, strlen(st->model), st->version);
         char mwhy[MDB_NAME_MAX + 256];
         const char *reason = "no such model";
         int rank = 0;
         if (m != NULL) {
-            const char *state = model_state(srv, m, mwhy, sizeof(mwhy), &reason);
+            const char *state = model_state(api, m, mwhy, sizeof(mwhy), &reason);
             while (rank < 3 && strcmp(order[rank], state) != 0)
                 rank++;
         }
@@ -235,23 +236,24 @@ static const char *pipeline_state(gw_server_t *srv, gw_pipeline_t *p, char *why,
  * as its metadata says), by name. */
 static void send_index(gw_call_t *call, int ready_only)
 {
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     collect_t x = {0};
-    gw_registry_foreach(call->srv->registry, collect, &x);
+    gw_registry_foreach(api->registry, collect, &x);
     if (x.n > 1)
         qsort(x.models, (size_t)x.n, sizeof(*x.models), by_name_version);
     int np = 0;
-    gw_pipeline_t **ps = gw_pipes_all(call->srv->pipelines, &np);
+    gw_pipeline_t **ps = gw_pipes_all(api->pipelines, &np);
     json_t *rows = json_array();
     int i = 0, k = 0;
     while (i < x.n || k < np) {
         if (k >= np || (i < x.n && strcmp(x.models[i]->name, ps[k]->name) < 0)) {
-            json_t *row = index_row(call->srv, x.models[i], ready_only);
+            json_t *row = index_row(api, x.models[i], ready_only);
             if (row != NULL)
                 json_array_append_new(rows, row);
             gw_model_unref(x.models[i++]);
         } else {
             char why[2 * MDB_NAME_MAX + 320];
-            const char *state = pipeline_state(call->srv, ps[k], why, sizeof(why));
+            const char *state = pipeline_state(api, ps[k], why, sizeof(why));
             int ready = strcmp(state, "READY") == 0;
             if (!ready_only || ready)
                 json_array_append_new(rows, state_row(ps[k]->name, 1, state, ready ? NULL : why));
@@ -320,7 +322,7 @@ static void collect_keys(gw_model_t *m, void *arg)
 /* DB thread: every version of name (un)loaded in the DB, then in the
  * registry and the dispatcher (a version unloaded while it was being
  * measured is measured again). Fills *k with its keys. */
-static int set_model_unloaded(mdb_t *db, gw_server_t *srv, const char *name, int unloaded,
+static int set_model_unloaded(mdb_t *db, gw_api_ctx_t *api, const char *name, int unloaded,
                               name_keys_t *k)
 {
     int rc = mdb_model_set_unloaded(db, name, unloaded, NULL);
@@ -328,7 +330,7 @@ static int set_model_unloaded(mdb_t *db, gw_server_t *srv, const char *name, int
     k->n = 0;
     if (rc != 0)
         return rc;
-    gw_registry_foreach(srv->registry, collect_keys, k);
+    gw_registry_foreach(api->registry, collect_keys, k);
     for (int i = 0; i < k->n; i++) {
         json_t *recs;
         if (mdb_model_records(db, k->keys[i], &recs) != 0)
@@ -336,11 +338,11 @@ static int set_model_unloaded(mdb_t *db, gw_server_t *srv, const char *name, int
         if (json_array_size(recs) == 1) {
             gw_model_t *m = gw_model_from_record(json_array_get(recs, 0));
             int measure = strcmp(m->status, "profiling") == 0;
-            gw_registry_put(srv->registry, m);
+            gw_registry_put(api->registry, m);
             if (measure)
-                gw_dispatch_profile(srv, k->keys[i]);
+                gw_dispatch_profile(api->srv, k->keys[i]);
             else
-                gw_dispatch_model_changed(srv, k->keys[i]);
+                gw_dispatch_model_changed(api->srv, k->keys[i]);
         }
         json_decref(recs);
     }
@@ -370,19 +372,19 @@ static void settle_load(gw_async_t *a, const gw_await_result_t *r)
 /* The keys a load of model name waits for: its versions that are ready or
  * being measured and that its version policy serves (a failed one has
  * nothing to wait for). */
-static int load_waits(gw_server_t *srv, const name_keys_t *k, int64_t *wait, int max, char *failed,
+static int load_waits(gw_api_ctx_t *api, const name_keys_t *k, int64_t *wait, int max, char *failed,
                       size_t len)
 {
     int n = 0;
     for (int i = 0; i < k->n; i++) {
-        gw_model_t *m = gw_registry_get(srv->registry, k->keys[i]);
+        gw_model_t *m = gw_registry_get(api->registry, k->keys[i]);
         if (m == NULL)
             continue;
         if (strcmp(m->status, "failed") == 0) {
             if (!failed[0])
                 snprintf(failed, len, "version %d failed: %s", m->version,
                          m->error[0] ? m->error : "it could not be measured");
-        } else if (gw_registry_served(srv->registry, m, NULL, 0) && n < max) {
+        } else if (gw_registry_served(api->registry, m, NULL, 0) && n < max) {
             wait[n++] = m->key;
         }
         gw_model_unref(m);
@@ -393,7 +395,7 @@ static int load_waits(gw_server_t *srv, const name_keys_t *k, int64_t *wait, int
 static void control_job(mdb_t *db, void *arg)
 {
     control_job_t *j = arg;
-    gw_server_t *srv = j->base.srv;
+    gw_api_ctx_t *api = gw_api_of(j->base.srv);
     name_keys_t k;
     int64_t wait[64];
     int nwait = 0, rc = 0;
@@ -403,11 +405,11 @@ static void control_job(mdb_t *db, void *arg)
         return;
     }
     if (!j->pipeline) {
-        rc = set_model_unloaded(db, srv, j->name, !j->load, &k);
+        rc = set_model_unloaded(db, api, j->name, !j->load, &k);
         if (rc == 0 && j->load)
-            nwait = load_waits(srv, &k, wait, 64, failed, sizeof(failed));
+            nwait = load_waits(api, &k, wait, 64, failed, sizeof(failed));
     } else {
-        gw_pipeline_t *p = gw_pipes_get(srv->pipelines, j->name);
+        gw_pipeline_t *p = gw_pipes_get(api->pipelines, j->name);
         rc = p == NULL ? SQ_NOT_FOUND : mdb_pipeline_set_unloaded(db, j->name, !j->load);
         if (rc == 0) {
             atomic_store(&p->unloaded, !j->load);
@@ -417,14 +419,14 @@ static void control_job(mdb_t *db, void *arg)
             for (int i = 0; i < p->nstages && (j->load || j->dependents); i++) {
                 const gw_stage_spec_t *st = &p->stages[i];
                 gw_model_t *m =
-                    gw_registry_find(srv->registry, st->model, strlen(st->model), st->version);
+                    gw_registry_find(api->registry, st->model, strlen(st->model), st->version);
                 int flip = m != NULL && (strcmp(m->status, "unloaded") == 0) == j->load;
                 gw_model_unref(m);
                 if (flip)
-                    set_model_unloaded(db, srv, st->model, !j->load, &k);
+                    set_model_unloaded(db, api, st->model, !j->load, &k);
                 if (!j->load)
                     continue;
-                m = gw_registry_find(srv->registry, st->model, strlen(st->model), st->version);
+                m = gw_registry_find(api->registry, st->model, strlen(st->model), st->version);
                 if (m == NULL && !failed[0])
                     snprintf(failed, sizeof(failed), "stage %s: no model %s", st->id, st->model);
                 else if (m != NULL && nwait < 64)
@@ -441,7 +443,7 @@ static void control_job(mdb_t *db, void *arg)
                       "%s %s cannot be served: %s", j->pipeline ? "pipeline" : "model", j->name,
                       failed);
     } else if (j->load && nwait > 0) {
-        gw_dispatch_await_loaded(srv, &j->base, wait, nwait,
+        gw_dispatch_await_loaded(api->srv, &j->base, wait, nwait,
                                  sq_now_us() + (int64_t)GW_LOAD_WAIT_MS * 1000, settle_load);
         return;
     } else {
@@ -499,6 +501,7 @@ static int control_params(gw_call_t *call, int load, int *dependents)
 
 static void control(gw_call_t *call, int load)
 {
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     if (!gw_require_admin(call))
         return;
     h2o_iovec_t name = call->args[0];
@@ -511,8 +514,8 @@ static void control(gw_call_t *call, int load)
     if (gw_model_name_ok(name.base, name.len)) {
         memcpy(cname, name.base, name.len);
         cname[name.len] = '\0';
-        m = gw_registry_find(call->srv->registry, name.base, name.len, 0);
-        p = m == NULL ? gw_pipes_get(call->srv->pipelines, cname) : NULL;
+        m = gw_registry_find(api->registry, name.base, name.len, 0);
+        p = m == NULL ? gw_pipes_get(api->pipelines, cname) : NULL;
     }
     if (m == NULL && p == NULL) {
         gw_send_not_found(call, name, 0);

@@ -36,31 +36,31 @@ static void route_live(gw_call_t *call)
 
 static void route_ready(gw_call_t *call)
 {
-    gw_server_t *srv = call->srv;
-    if (atomic_load(&srv->stopping)) {
+    gw_api_ctx_t *api = gw_api_of(call->srv);
+    if (atomic_load(api->stopping)) {
         gw_send_error(call->req, SQ_SHUTTING_DOWN, "squishd is shutting down");
         return;
     }
     char why[256];
-    if (srv->front != NULL && !gw_sched_ready(srv->sched, why, sizeof(why))) {
+    if (api->frontend && !gw_sched_ready(gw_api_sched(api), why, sizeof(why))) {
         gw_send_error(call->req, SQ_NOT_READY, why); /* a frontend: its dispatcher's word */
         return;
     }
     /* A frontend has no model DB of its own: its dispatcher's word
      * (above) covers it. */
-    if (srv->front == NULL && !atomic_load(&srv->db_ready)) {
+    if (!api->frontend && !atomic_load(api->db_ready)) {
         gw_send_error(call->req, SQ_NOT_READY, "the model database is not open");
         return;
     }
     gw_fleet_t fleet;
-    gw_sched_fleet(srv->sched, &fleet);
+    gw_sched_fleet(gw_api_sched(api), &fleet);
     int up = fleet.workers_up;
     if (up == 0) {
         gw_send_error(call->req, SQ_NOT_READY, "no worker is connected");
         return;
     }
     /* Able to serve every ready model now, not merely up. */
-    if (!gw_sched_ready(srv->sched, why, sizeof(why))) {
+    if (!gw_sched_ready(gw_api_sched(api), why, sizeof(why))) {
         gw_send_error(call->req, SQ_NOT_READY, why);
         return;
     }
@@ -77,6 +77,7 @@ static void route_plan(gw_call_t *call)
  * model's. */
 static gw_pipeline_t *pipeline_of(gw_call_t *call)
 {
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     char name[MDB_NAME_MAX + 1];
     h2o_iovec_t a = call->args[0];
     if (call->nargs > 1 && gw_parse_version(call->args[1]) != 1)
@@ -85,7 +86,7 @@ static gw_pipeline_t *pipeline_of(gw_call_t *call)
         return NULL;
     memcpy(name, a.base, a.len);
     name[a.len] = '\0';
-    return gw_pipes_get(call->srv->pipelines, name);
+    return gw_pipes_get(api->pipelines, name);
 }
 
 static void route_infer_v2(gw_call_t *call)
@@ -115,6 +116,7 @@ static void route_kserve_model(gw_call_t *call)
  * failed, not loaded), as a model's readiness does: 400, as Triton. */
 static void route_kserve_model_ready(gw_call_t *call)
 {
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     gw_pipeline_t *p = pipeline_of(call);
     if (p == NULL) {
         gw_route_kserve_model_ready(call);
@@ -127,8 +129,7 @@ static void route_kserve_model_ready(gw_call_t *call)
                  p->name, p->name);
     for (int i = 0; i < p->nstages && !why[0]; i++) {
         const gw_stage_spec_t *st = &p->stages[i];
-        gw_model_t *m =
-            gw_registry_find(call->srv->registry, st->model, strlen(st->model), st->version);
+        gw_model_t *m = gw_registry_find(api->registry, st->model, strlen(st->model), st->version);
         char version[24] = "";
         if (st->version > 0)
             snprintf(version, sizeof(version), " version %d", st->version);
@@ -145,7 +146,7 @@ static void route_kserve_model_ready(gw_call_t *call)
         else if (strcmp(m->status, "failed") == 0)
             snprintf(why, sizeof(why), "stage %s: model %s%s failed and cannot be served", st->id,
                      st->model, version);
-        else if (strcmp(m->status, "ready") != 0 || !gw_sched_held(call->srv->sched, m->key))
+        else if (strcmp(m->status, "ready") != 0 || !gw_sched_held(gw_api_sched(api), m->key))
             snprintf(why, sizeof(why), "stage %s: model %s is not ready", st->id, st->model);
         gw_model_unref(m);
     }

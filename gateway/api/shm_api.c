@@ -64,12 +64,13 @@ static int body_uint(json_t *body, const char *key, int required, uint64_t def, 
 
 void gw_route_shm_status(gw_call_t *call)
 {
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     if (!gw_require_admin(call))
         return;
     char name[GW_SHM_NAME_MAX + 1];
     if (call->nargs > 0 && region_arg(call, name) != 0)
         return;
-    json_t *status = gw_shm_status(call->srv->shm, call->nargs > 0 ? name : NULL);
+    json_t *status = gw_shm_status(api->shm, call->nargs > 0 ? name : NULL);
     if (status == NULL) {
         char why[GW_SHM_NAME_MAX + 128];
         snprintf(why, sizeof(why),
@@ -84,6 +85,7 @@ void gw_route_shm_status(gw_call_t *call)
 
 void gw_route_shm_register(gw_call_t *call)
 {
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     if (!gw_require_admin(call))
         return;
     char name[GW_SHM_NAME_MAX + 1];
@@ -123,7 +125,7 @@ void gw_route_shm_register(gw_call_t *call)
                body_uint(body, "byte_size", 1, 0, &byte_size, why, sizeof(why)) != 0) {
         rc = SQ_BAD_REQUEST;
     } else {
-        rc = gw_shm_register(call->srv->shm, name, json_string_value(key), offset, byte_size, why,
+        rc = gw_shm_register(api->shm, name, json_string_value(key), offset, byte_size, why,
                              sizeof(why));
     }
     json_decref(body);
@@ -131,7 +133,7 @@ void gw_route_shm_register(gw_call_t *call)
         gw_send_error(call->req, rc, why);
         return;
     }
-    json_t *status = gw_shm_status(call->srv->shm, name);
+    json_t *status = gw_shm_status(api->shm, name);
     /* Unregistered again at once by another request: still registered here. */
     gw_send_json(call->req, 200,
                  status != NULL && json_array_size(status) == 1
@@ -142,12 +144,13 @@ void gw_route_shm_register(gw_call_t *call)
 
 void gw_route_shm_unregister(gw_call_t *call)
 {
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     if (!gw_require_admin(call))
         return;
     char name[GW_SHM_NAME_MAX + 1];
     if (call->nargs > 0 && region_arg(call, name) != 0)
         return;
-    json_t *gone = gw_shm_unregister(call->srv->shm, call->nargs > 0 ? name : NULL);
+    json_t *gone = gw_shm_unregister(api->shm, call->nargs > 0 ? name : NULL);
     gw_send_json(call->req, 200, json_pack("{s:o}", "unregistered", gone));
 }
 
@@ -159,6 +162,7 @@ void gw_route_shm_unregister(gw_call_t *call)
 
 void gw_route_cudashm_status(gw_call_t *call)
 {
+    gw_api_ctx_t *api = gw_api_of(call->srv);
     if (!gw_require_admin(call))
         return;
     if (call->nargs == 0) {
@@ -169,7 +173,7 @@ void gw_route_cudashm_status(gw_call_t *call)
     if (region_arg(call, name) != 0)
         return;
     char why[GW_SHM_NAME_MAX + 320];
-    json_t *system = gw_shm_status(call->srv->shm, name);
+    json_t *system = gw_shm_status(api->shm, name);
     if (system != NULL)
         snprintf(why, sizeof(why),
                  "The region named '%s' is registered as system shared memory, not CUDA shared "

@@ -70,9 +70,9 @@ Test(infer_request, a_jpeg_starts_with_ff_d8_ff)
     cr_assert_not(gw_infer_is_jpeg(png, sizeof(png)));
 }
 
-static gw_config_t cfg_capped_at(int max_request_ms)
+static gw_api_config_t cfg_capped_at(int max_request_ms)
 {
-    gw_config_t cfg;
+    gw_api_config_t cfg;
     memset(&cfg, 0, sizeof(cfg));
     cfg.max_request_ms = max_request_ms;
     return cfg;
@@ -80,7 +80,7 @@ static gw_config_t cfg_capped_at(int max_request_ms)
 
 Test(infer_request, a_requests_slo_replaces_the_default_and_sets_the_deadline)
 {
-    gw_config_t cfg = cfg_capped_at(60000);
+    gw_api_config_t cfg = cfg_capped_at(60000);
     gw_infer_t req = {.arrival_us = 1000000, .slo_ms = 100, .slo_source = "model"};
     gw_infer_set_deadline(&req, 250, &cfg);
     cr_assert_float_eq(req.slo_ms, 250, 1e-12);
@@ -91,7 +91,7 @@ Test(infer_request, a_requests_slo_replaces_the_default_and_sets_the_deadline)
 
 Test(infer_request, no_slo_asked_keeps_the_default)
 {
-    gw_config_t cfg = cfg_capped_at(60000);
+    gw_api_config_t cfg = cfg_capped_at(60000);
     gw_infer_t req = {.arrival_us = 5000, .slo_ms = 100, .slo_source = "model"};
     gw_infer_set_deadline(&req, -1, &cfg);
     cr_assert_float_eq(req.slo_ms, 100, 1e-12);
@@ -101,7 +101,7 @@ Test(infer_request, no_slo_asked_keeps_the_default)
 
 Test(infer_request, an_slo_above_max_request_ms_is_capped_and_the_ask_kept)
 {
-    gw_config_t cfg = cfg_capped_at(2000);
+    gw_api_config_t cfg = cfg_capped_at(2000);
     gw_infer_t req = {.arrival_us = 0};
     gw_infer_set_deadline(&req, 5000, &cfg);
     cr_assert_float_eq(req.slo_ms, 2000, 1e-12);
@@ -111,7 +111,7 @@ Test(infer_request, an_slo_above_max_request_ms_is_capped_and_the_ask_kept)
 
 Test(infer_request, best_effort_lives_until_max_request_ms)
 {
-    gw_config_t cfg = cfg_capped_at(30000);
+    gw_api_config_t cfg = cfg_capped_at(30000);
     gw_infer_t req = {.arrival_us = 7, .slo_ms = 0, .slo_source = "none"};
     gw_infer_set_deadline(&req, -1, &cfg);
     cr_assert_float_eq(req.slo_ms, 0, 1e-12, "still best effort");

@@ -28,9 +28,9 @@ static gw_model_t *model_of(const char *io)
     return m;
 }
 
-static gw_config_t limits(void)
+static gw_api_config_t limits(void)
 {
-    gw_config_t cfg;
+    gw_api_config_t cfg;
     memset(&cfg, 0, sizeof(cfg));
     cfg.max_images = 16;
     cfg.max_body_bytes = 1 << 20;
@@ -42,7 +42,7 @@ Test(infer_v2, an_nchw_models_input_is_c_h_w_and_takes_fp32_uint8_and_jpegs)
     gw_model_t *m = model_of("\"input\": {\"name\": \"pixels\", \"datatype\": \"FP32\", "
                              "\"shape\": [-1, 3, 24, 32]}, \"outputs\": [{\"name\": \"y\", "
                              "\"shape\": [-1, 10]}]");
-    gw_config_t cfg = limits();
+    gw_api_config_t cfg = limits();
     gw_oip_model_t d;
     memset(&d, 0, sizeof(d));
     gw_v2_model_desc(m, &cfg, &d);
@@ -66,7 +66,7 @@ Test(infer_v2, an_nhwc_uint8_models_input_is_h_w_c)
     gw_model_t *m = model_of("\"input\": {\"name\": \"x\", \"datatype\": \"UINT8\", "
                              "\"shape\": [-1, 24, 32, 3]}, \"outputs\": [{\"name\": \"y\", "
                              "\"shape\": [-1, 10]}]");
-    gw_config_t cfg = limits();
+    gw_api_config_t cfg = limits();
     gw_oip_model_t d;
     memset(&d, 0, sizeof(d));
     gw_v2_model_desc(m, &cfg, &d);
@@ -82,7 +82,7 @@ Test(infer_v2, each_output_has_its_dims_after_the_batch_and_a_scalar_one)
     gw_model_t *m = model_of("\"input\": {\"name\": \"x\", \"datatype\": \"FP32\", "
                              "\"shape\": [-1, 3, 8, 8]}, \"outputs\": [{\"name\": \"boxes\", "
                              "\"shape\": [-1, 5, 4]}, {\"name\": \"count\", \"shape\": [-1]}]");
-    gw_config_t cfg = limits();
+    gw_api_config_t cfg = limits();
     gw_oip_model_t d;
     memset(&d, 0, sizeof(d));
     gw_v2_model_desc(m, &cfg, &d);
