@@ -118,6 +118,48 @@ gw_dispatch_deps_t gw_dispatch_deps(gw_server_t *srv, sq_loop_t *loop)
     return d;
 }
 
+/* The workers' link's settings and handles from srv's: it runs the
+ * dispatch loop and tells the dispatcher. */
+static gw_workers_deps_t workers_deps(gw_server_t *srv)
+{
+    const gw_config_t *cfg = srv->cfg;
+    gw_workers_deps_t d = {
+        .cfg = {.log_level = cfg->log_level,
+                .ngroups = cfg->ngroups,
+                .heartbeat_ms = cfg->heartbeat_ms,
+                .heartbeat_timeout_ms = cfg->heartbeat_timeout_ms,
+                .restart_backoff_ms = cfg->restart_backoff_ms,
+                .restart_backoff_max_ms = cfg->restart_backoff_max_ms,
+                .emu_memory_mb = cfg->emu_memory_mb},
+        .loop = srv->dispatch_loop,
+        .ev = &gw_dispatch_events,
+        .ev_ctx = srv->dispatch,
+        .arena = srv->arena,
+        .metrics = srv->metrics,
+        .http_port = &srv->http_port,
+        .transport = &srv->transport,
+    };
+    _Static_assert(sizeof(d.cfg.socket_path) == sizeof(srv->socket_path), "the worker socket");
+    _Static_assert(sizeof(d.cfg.groups) == sizeof(cfg->groups), "--workers");
+    memcpy(d.cfg.socket_path, srv->socket_path, sizeof(d.cfg.socket_path));
+    memcpy(d.cfg.groups, cfg->groups, sizeof(d.cfg.groups));
+#define COPY_STR(field)                                                                            \
+    do {                                                                                           \
+        _Static_assert(sizeof(d.cfg.field) == sizeof(cfg->field), #field);                         \
+        memcpy(d.cfg.field, cfg->field, sizeof(d.cfg.field));                                      \
+    } while (0)
+    COPY_STR(listen_host);
+    COPY_STR(worker_bin);
+    COPY_STR(cluster_listen);
+    COPY_STR(cluster_token_file);
+    COPY_STR(cluster_tls_cert);
+    COPY_STR(cluster_tls_key);
+    COPY_STR(cluster_tls_ca);
+    COPY_STR(worker_data_listen);
+#undef COPY_STR
+    return d;
+}
+
 gw_api_deps_t gw_api_deps(gw_server_t *srv)
 {
     const gw_config_t *cfg = srv->cfg;
@@ -237,8 +279,8 @@ int gw_main(const gw_config_t *cfg)
     gw_dispatch_deps_t deps = gw_dispatch_deps(&srv, srv.dispatch_loop);
     srv.dispatch = gw_dispatch_new(&deps);
     srv.sched = gw_dispatch_sched(srv.dispatch);
-    if ((rc = gw_workers_start(&srv, srv.dispatch_loop, &gw_dispatch_events, srv.dispatch, err,
-                               sizeof(err))) != 0)
+    gw_workers_deps_t link_deps = workers_deps(&srv);
+    if ((rc = gw_workers_start(&link_deps, &srv.workers, err, sizeof(err))) != 0)
         goto fail;
     gw_dispatch_resume_profiling(srv.dispatch);
     gw_api_deps_t api_deps = gw_api_deps(&srv);
@@ -259,7 +301,7 @@ serve:;
     gw_http_drain(&srv, cfg->drain_timeout_ms);
     gw_prep_pool_shutdown(srv.prep, GW_PREP_CANCEL);
     gw_offload_stop(&srv);
-    gw_workers_abort(&srv);
+    gw_workers_abort(srv.workers);
     gw_front_stop(&srv);
     gw_http_drain(&srv, 1000);
     rc = 0;
@@ -273,19 +315,19 @@ out:
     if (srv.prep != NULL)
         gw_prep_pool_shutdown(srv.prep, GW_PREP_CANCEL);
     gw_offload_stop(&srv);
-    if (srv.workers != NULL)
-        gw_workers_abort(&srv);
+    gw_workers_abort(srv.workers);
     gw_front_stop(&srv);
     /* Uploads and deletes whose DB job is under way answer before the HTTP
      * loops go; jobs of the dispatcher answer into its loop, which stays
      * until the DB thread has stopped. */
     gw_db_quiesce(&srv);
     gw_http_stop(&srv);
-    gw_workers_stop(&srv);
+    gw_workers_stop(srv.workers);
     gw_prep_pool_free(srv.prep);
     gw_db_stop(&srv);
-    gw_leader_close(&srv); /* the lock goes when all else has stopped */
-    gw_workers_free(&srv);
+    gw_leader_close(&srv);        /* the lock goes when all else has stopped */
+    gw_workers_free(srv.workers); /* and clears srv.transport */
+    srv.workers = NULL;
     srv.sched = NULL;
     gw_front_free(&srv);
     gw_dispatch_free(srv.dispatch);

@@ -8,6 +8,7 @@
 #include "gw_server.h"
 
 #include <sq.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -133,18 +134,56 @@ int gw_remote_on_frame(gw_remote_t *r, const sq_frame_t *f, uint8_t *arena, size
 /* The workers' link (workers.c), on the dispatch thread: the worker
  * socket, handshakes, heartbeats, supervision of the workers squishd
  * spawns; it implements gw_link.h for the dispatcher. */
+/* The link's settings, copied once from gw_config_t (and the worker
+ * socket's path, which server.c decides) by server.c. */
+typedef struct {
+    char socket_path[108];    /* the UNIX socket workers connect to */
+    char listen_host[64];     /* HTTP's host, told to frontends */
+    char worker_bin[256];     /* "" = beside squishd, then the build tree */
+    char cluster_listen[128]; /* "" = no cluster listener */
+    char cluster_token_file[256];
+    char cluster_tls_cert[256]; /* "" = no TLS */
+    char cluster_tls_key[256];
+    char cluster_tls_ca[256];
+    char worker_data_listen[128]; /* HOST the workers squishd spawns take frontends' rows on */
+    sq_log_level_t log_level;     /* the workers squishd spawns log at it */
+    int ngroups;
+    gw_worker_group_t groups[GW_MAX_WORKER_GROUPS];
+    int heartbeat_ms;
+    int heartbeat_timeout_ms;
+    int restart_backoff_ms;
+    int restart_backoff_max_ms;
+    int emu_memory_mb;
+} gw_workers_config_t;
+
+/* What the link needs, given once at gw_workers_start (server.c fills it):
+ * its settings, the loop it runs, whom it tells, the handles it uses, and
+ * the slots it reads or publishes in. */
+typedef struct {
+    gw_workers_config_t cfg;
+    sq_loop_t *loop; /* the dispatch loop, run on the link's thread */
+    const gw_transport_events_t *ev;
+    void *ev_ctx;
+    sq_shm_arena_t *arena;
+    gw_metrics_t *metrics;
+    const atomic_int *http_port; /* the port HTTP listens on, once bound (told to frontends) */
+    /* Where the link publishes itself for the dispatcher (the server's
+     * transport slot): set before its thread starts, cleared when freed. */
+    gw_transport_t **transport;
+} gw_workers_deps_t;
+
 /* gw_workers_start binds the socket (refusing to steal a live one), spawns
- * the configured workers and runs `loop` (the dispatch loop) on a thread of
- * its own; srv->transport is the link, and events go to ev with ctx. */
-int gw_workers_start(gw_server_t *srv, sq_loop_t *loop, const gw_transport_events_t *ev, void *ctx,
-                     char *err, size_t errlen);
+ * the configured workers and runs the loop on a thread of its own; the
+ * link in *out and in *deps->transport, and events go to ev with ev_ctx. */
+int gw_workers_start(const gw_workers_deps_t *deps, gw_workers_t **out, char *err, size_t errlen);
 /* Answers every request still queued in the dispatcher (503 shutting
- * down) and waits until that is done. */
-void gw_workers_abort(gw_server_t *srv);
+ * down) and waits until that is done; accepts NULL. */
+void gw_workers_abort(gw_workers_t *ws);
 /* Asks workers to exit, waits for them (SIGKILL after a grace period) and
  * joins the thread. The dispatch loop stays (the DB thread may still post
- * to it): gw_workers_free, after gw_db_stop, runs what was posted. */
-void gw_workers_stop(gw_server_t *srv);
-void gw_workers_free(gw_server_t *srv);
+ * to it): gw_workers_free, after gw_db_stop, runs what was posted. Both
+ * accept NULL. */
+void gw_workers_stop(gw_workers_t *ws);
+void gw_workers_free(gw_workers_t *ws);
 
 #endif

@@ -71,7 +71,7 @@ void gw__workers_peer_close(gw_workers_t *ws, peer_t *p, const char *reason)
     } else {
         if (p->welcomed) {
             ws->ev->lost(ws->ev_ctx, p->id);
-            gw_metrics_worker_up(ws->srv->metrics, p->id, p->hello.name, 0);
+            gw_metrics_worker_up(ws->metrics, p->id, p->hello.name, 0);
         }
         if (p->welcomed || p->slot != NULL)
             SQ_LOG(clean ? SQ_LOG_INFO : SQ_LOG_WARN,
@@ -215,8 +215,8 @@ static int on_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
                         : ws->next_external_id++;
     sq_welcome_t wel = {.version = SQ_IPC_VERSION,
                         .worker_id = (uint32_t)p->id,
-                        .heartbeat_ms = (uint32_t)ws->srv->cfg->heartbeat_ms,
-                        .shm_bytes = sq_shm_arena_size(ws->srv->arena)};
+                        .heartbeat_ms = (uint32_t)ws->cfg.heartbeat_ms,
+                        .shm_bytes = sq_shm_arena_size(ws->arena)};
     if (p->remote != NULL)
         wel.shm_bytes = 0; /* no shared memory across hosts */
     sq_buf_t b;
@@ -225,7 +225,7 @@ static int on_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
     int rc = p->remote != NULL
                  ? sq_conn_send(&p->conn, SQ_MSG_WELCOME, 0, b.data, (uint32_t)b.len)
                  : sq_conn_send_with_fd(&p->conn, SQ_MSG_WELCOME, 0, b.data, (uint32_t)b.len,
-                                        sq_shm_arena_fd(ws->srv->arena), 1000);
+                                        sq_shm_arena_fd(ws->arena), 1000);
     sq_buf_dispose(&b);
     if (rc != 0)
         return -1;
@@ -246,7 +246,7 @@ static int on_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
             p->slot ? "yes" : "no", p->remote ? " remote=" : "",
             p->remote ? gw_remote_addr(p->remote) : "");
     gw__workers_publish(ws);
-    gw_metrics_worker_up(ws->srv->metrics, p->id, p->hello.name, 1);
+    gw_metrics_worker_up(ws->metrics, p->id, p->hello.name, 1);
     ws->ev->up(ws->ev_ctx, p->id, p->hello.name, p->hello.memory_bytes);
     int nheld = 0;
     const char(*held)[65] = p->remote ? gw_remote_held(p->remote, &nheld) : NULL;
@@ -280,14 +280,14 @@ static int on_fe_hello(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
     p->frontend = 1;
     p->id = ws->next_frontend_id++;
     snprintf(p->fe_name, sizeof(p->fe_name), "%s", h.name);
-    const gw_config_t *cfg = ws->srv->cfg;
+    const gw_workers_config_t *cfg = &ws->cfg;
     sq_fe_welcome_t wel = {.frontend = (uint32_t)p->id,
                            .heartbeat_ms = (uint32_t)cfg->heartbeat_ms};
     /* Its HTTP listener as bound; a wildcard host the frontend replaces by
      * the host it reached this one at. */
     snprintf(wel.admin, sizeof(wel.admin),
              strchr(cfg->listen_host, ':') != NULL ? "[%s]:%d" : "%s:%d", cfg->listen_host,
-             atomic_load(&ws->srv->http_port));
+             atomic_load(ws->http_port));
     sq_buf_t b;
     sq_buf_init(&b);
     sq_fe_welcome_encode(&b, &wel);
@@ -346,8 +346,8 @@ static int on_frame(gw_workers_t *ws, peer_t *p, const sq_frame_t *f)
         if (atomic_load(&ws->aborted) &&
             (f->type == SQ_MSG_BATCH_OUTPUT || f->type == SQ_MSG_BATCH_DONE))
             return 0; /* the dispatcher answered everything: the outputs go nowhere */
-        int rc = gw_remote_on_frame(p->remote, f, sq_shm_arena_base(ws->srv->arena),
-                                    sq_shm_arena_size(ws->srv->arena));
+        int rc = gw_remote_on_frame(p->remote, f, sq_shm_arena_base(ws->arena),
+                                    sq_shm_arena_size(ws->arena));
         if (rc <= 0) {
             if (rc < 0)
                 SQ_WARN("bad batch outputs from remote worker id=%d type=%s", p->id,
@@ -425,9 +425,9 @@ int gw__workers_link_send(gw_transport_t *t, int worker, uint16_t type, uint64_t
         return SQ_NO_WORKER;
     if (p->remote != NULL)
         return sent(ws, p,
-                    gw_remote_send(p->remote, &p->conn, worker, sq_shm_arena_base(ws->srv->arena),
-                                   sq_shm_arena_size(ws->srv->arena), type, id, payload, len,
-                                   regions, nregions));
+                    gw_remote_send(p->remote, &p->conn, worker, sq_shm_arena_base(ws->arena),
+                                   sq_shm_arena_size(ws->arena), type, id, payload, len, regions,
+                                   nregions));
     return sent(ws, p, sq_conn_send(&p->conn, type, id, payload, len));
 }
 
@@ -580,7 +580,7 @@ static void on_accept_cluster(sq_loop_t *loop, int fd, int events, void *data)
 /* squishd's side of the cluster: the token and the TCP listener. */
 int gw__workers_cluster_start(gw_workers_t *ws, char *err, size_t errlen)
 {
-    const gw_config_t *cfg = ws->srv->cfg;
+    const gw_workers_config_t *cfg = &ws->cfg;
     if (cfg->cluster_listen[0] == '\0')
         return 0;
     int rc;

@@ -12,7 +12,7 @@ static void schedule_restart(gw_workers_t *ws, slot_t *s);
 
 int gw__workers_find_worker_bin(gw_workers_t *ws, char *err, size_t errlen)
 {
-    const gw_config_t *cfg = ws->srv->cfg;
+    const gw_workers_config_t *cfg = &ws->cfg;
     if (cfg->worker_bin[0] != '\0') {
         if (access(cfg->worker_bin, X_OK) != 0) {
             snprintf(err, errlen, "--worker-bin %s: %s", cfg->worker_bin, strerror(errno));
@@ -45,7 +45,7 @@ int gw__workers_find_worker_bin(gw_workers_t *ws, char *err, size_t errlen)
 
 void gw__workers_spawn(gw_workers_t *ws, slot_t *s)
 {
-    const gw_config_t *cfg = ws->srv->cfg;
+    const gw_workers_config_t *cfg = &ws->cfg;
     char mem[32];
     snprintf(mem, sizeof(mem), "%d", cfg->emu_memory_mb);
     /* One list in order: --memory-mb is for emulated devices only, and
@@ -55,7 +55,7 @@ void gw__workers_spawn(gw_workers_t *ws, slot_t *s)
     int n = 0;
     args[n++] = ws->worker_bin;
     args[n++] = "--connect";
-    args[n++] = (char *)ws->srv->socket_path;
+    args[n++] = ws->cfg.socket_path;
     args[n++] = "--device";
     args[n++] = s->device;
     if (strncmp(s->device, "emu:", 4) == 0) {
@@ -119,7 +119,7 @@ static void schedule_restart(gw_workers_t *ws, slot_t *s)
     int delay = sq_backoff_next(&s->backoff);
     int64_t now = sq_now_ns();
     s->restarts++;
-    gw_metrics_worker_restart(ws->srv->metrics, s->id, s->device);
+    gw_metrics_worker_restart(ws->metrics, s->id, s->device);
     s->restart_at_ns = now + (int64_t)delay * 1000000;
     s->restart_timer = sq_loop_timer_at(ws->loop, s->restart_at_ns, on_restart_timer, s);
     SQ_INFO("worker restart scheduled id=%d device=%s in_ms=%d restarts=%d", s->id, s->device,

@@ -9,7 +9,7 @@
 static void on_tick(sq_loop_t *loop, uint64_t id, void *data)
 {
     gw_workers_t *ws = data;
-    const gw_config_t *cfg = ws->srv->cfg;
+    const gw_workers_config_t *cfg = &ws->cfg;
     int64_t now = sq_now_ns();
     (void)id;
     gw__workers_reap(ws);
@@ -80,7 +80,7 @@ static void *workers_thread(void *arg)
 
 static int bind_socket(gw_workers_t *ws, char *err, size_t errlen)
 {
-    const char *path = ws->srv->socket_path;
+    const char *path = ws->cfg.socket_path;
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     if (strlen(path) >= sizeof(sa.sun_path)) {
         snprintf(err, errlen, "--socket %s: path too long for a UNIX socket", path);
@@ -125,10 +125,9 @@ static int bind_socket(gw_workers_t *ws, char *err, size_t errlen)
     return 0;
 }
 
-int gw_workers_start(gw_server_t *srv, sq_loop_t *loop, const gw_transport_events_t *ev, void *ctx,
-                     char *err, size_t errlen)
+int gw_workers_start(const gw_workers_deps_t *deps, gw_workers_t **out, char *err, size_t errlen)
 {
-    const gw_config_t *cfg = srv->cfg;
+    const gw_workers_config_t *cfg = &deps->cfg;
     int nslots = 0;
     for (int g = 0; g < cfg->ngroups; g++)
         nslots += sq_dev_kind_parse(cfg->groups[g].kind) == SQ_DEV_CPU ? 1 : cfg->groups[g].count;
@@ -136,10 +135,15 @@ int gw_workers_start(gw_server_t *srv, sq_loop_t *loop, const gw_transport_event
     ws->base.send = gw__workers_link_send;
     ws->base.send_ref = gw__workers_link_send_ref;
     ws->base.send_fe = gw__workers_link_send_fe;
-    ws->ev = ev;
-    ws->ev_ctx = ctx;
-    ws->loop = loop;
-    ws->srv = srv;
+    ws->ev = deps->ev;
+    ws->ev_ctx = deps->ev_ctx;
+    ws->loop = deps->loop;
+    ws->cfg = deps->cfg;
+    ws->arena = deps->arena;
+    ws->metrics = deps->metrics;
+    ws->http_port = deps->http_port;
+    ws->transport = deps->transport;
+    cfg = &ws->cfg;
     ws->slots = sq_xcalloc((size_t)nslots + 1, sizeof(slot_t));
     ws->listen_fd = -1;
     ws->cluster_fd = -1;
@@ -170,8 +174,7 @@ int gw_workers_start(gw_server_t *srv, sq_loop_t *loop, const gw_transport_event
     }
     if ((rc = gw__workers_cluster_start(ws, err, errlen)) != 0)
         goto fail;
-    srv->workers = ws;
-    srv->transport = &ws->base;
+    *ws->transport = &ws->base;
     for (int i = 0; i < ws->nslots; i++)
         gw__workers_spawn(ws, &ws->slots[i]);
     ws->tick_timer =
@@ -179,12 +182,12 @@ int gw_workers_start(gw_server_t *srv, sq_loop_t *loop, const gw_transport_event
     if (pthread_create(&ws->thread, NULL, workers_thread, ws) != 0) {
         snprintf(err, errlen, "cannot start the dispatch thread");
         rc = SQ_NOMEM;
-        srv->workers = NULL;
-        srv->transport = NULL;
+        *ws->transport = NULL;
         goto fail;
     }
     pthread_setname_np(ws->thread, "sq-dispatch"); /* top -H, /proc/PID/task/TID/comm */
-    SQ_INFO("worker socket ready path=%s workers=%d", srv->socket_path, ws->nslots);
+    SQ_INFO("worker socket ready path=%s workers=%d", cfg->socket_path, ws->nslots);
+    *out = ws;
     return 0;
 fail:
     for (int i = 0; i < ws->nslots; i++)
@@ -192,7 +195,7 @@ fail:
             kill(ws->slots[i].pid, SIGKILL);
     if (ws->listen_fd >= 0) {
         close(ws->listen_fd);
-        unlink(srv->socket_path);
+        unlink(cfg->socket_path);
     }
     if (ws->cluster_fd >= 0)
         close(ws->cluster_fd);
@@ -245,9 +248,8 @@ static void abort_on_loop(sq_loop_t *loop, void *arg)
     atomic_store(&ws->aborted, 1);
 }
 
-void gw_workers_abort(gw_server_t *srv)
+void gw_workers_abort(gw_workers_t *ws)
 {
-    gw_workers_t *ws = srv->workers;
     if (ws == NULL || atomic_load(&ws->aborted))
         return;
     sq_loop_post(ws->loop, abort_on_loop, ws);
@@ -255,9 +257,8 @@ void gw_workers_abort(gw_server_t *srv)
         usleep(1000);
 }
 
-void gw_workers_stop(gw_server_t *srv)
+void gw_workers_stop(gw_workers_t *ws)
 {
-    gw_workers_t *ws = srv->workers;
     if (ws == NULL)
         return;
     sq_loop_post(ws->loop, begin_stop, ws);
@@ -272,13 +273,12 @@ void gw_workers_stop(gw_server_t *srv)
     if (ws->cluster_fd >= 0)
         close(ws->cluster_fd);
     ws->cluster_fd = -1;
-    unlink(srv->socket_path);
+    unlink(ws->cfg.socket_path);
     SQ_INFO("workers stopped");
 }
 
-void gw_workers_free(gw_server_t *srv)
+void gw_workers_free(gw_workers_t *ws)
 {
-    gw_workers_t *ws = srv->workers;
     if (ws == NULL)
         return;
     /* What the DB thread posted until it stopped (answers to the
@@ -290,7 +290,6 @@ void gw_workers_free(gw_server_t *srv)
     free(ws->remote_names);
     free(ws->remote_ids);
     free(ws->slots);
+    *ws->transport = NULL;
     free(ws);
-    srv->workers = NULL;
-    srv->transport = NULL;
 }

@@ -108,7 +108,11 @@ struct gw_workers {
     gw_transport_t base; /* first: the dispatcher sees the link as this */
     const gw_transport_events_t *ev;
     void *ev_ctx;
-    gw_server_t *srv;
+    gw_workers_config_t cfg; /* its settings (gw_workers_deps_t) */
+    sq_shm_arena_t *arena;
+    gw_metrics_t *metrics;
+    const atomic_int *http_port;
+    gw_transport_t **transport; /* where it publishes itself */
     sq_loop_t *loop;
     pthread_t thread;
     int listen_fd;
