@@ -112,6 +112,7 @@ gw_dispatch_deps_t gw_dispatch_deps(gw_server_t *srv, sq_loop_t *loop)
         .db = srv->db,
         .prep = srv->prep,
         .transport = &srv->transport,
+        .db_ready = &srv->db_ready,
     };
     for (int g = 0; g < cfg->ngroups; g++)
         d.cfg.configured_devices += cfg->groups[g].count;

@@ -154,7 +154,7 @@ static void on_model_changed(sq_loop_t *loop, void *arg)
         free(msg);
         return;
     }
-    gw_model_t *m = gw_registry_get(msg->srv->registry, msg->key);
+    gw_model_t *m = gw_registry_get(ds->registry, msg->key);
     ds_model_t *dm = ds_model_find(ds, msg->key);
     /* Unloaded (model control): out of service as if deleted; its record
      * stays in the registry, and a load brings it back. */
@@ -495,6 +495,7 @@ gw_dispatch_t *gw_dispatch_new(const gw_dispatch_deps_t *deps)
     ds->db = deps->db;
     ds->prep = deps->prep;
     ds->transport = deps->transport;
+    ds->db_ready = deps->db_ready;
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
         ds->pub.fleet.back_at_us[k] = INT64_MAX;
     ds->drain = ds_commands_on_post;

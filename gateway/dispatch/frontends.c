@@ -71,7 +71,7 @@ static void collect_record(gw_model_t *m, void *arg)
 static void catalog_encode(gw_dispatch_t *ds, sq_buf_t *out)
 {
     catalog_list_t l = {0};
-    gw_registry_foreach(ds->srv->registry, collect_record, &l);
+    gw_registry_foreach(ds->registry, collect_record, &l);
     gw_fe_catalog_t cat = {.n = l.n, .models = l.models};
     gw_fe_catalog_encode(out, &cat);
     for (uint32_t i = 0; i < l.n; i++)
@@ -86,10 +86,9 @@ static void catalog_encode(gw_dispatch_t *ds, sq_buf_t *out)
  * at these budgets). */
 static void state_encode(gw_dispatch_t *ds, sq_buf_t *out)
 {
-    gw_server_t *srv = ds->srv;
     int64_t now = sq_now_us();
     gw_fe_state_t st = {.workers_up = ds->pub.fleet.workers_up,
-                        .db_ready = (uint8_t)(atomic_load(&srv->db_ready) != 0),
+                        .db_ready = (uint8_t)(atomic_load(ds->db_ready) != 0),
                         .stopping = (uint8_t)(ds->aborted != 0),
                         .nheld = (uint32_t)ds->pub.nheld,
                         .held = ds->pub.held_keys,
@@ -103,7 +102,7 @@ static void state_encode(gw_dispatch_t *ds, sq_buf_t *out)
         st.back_in_us[k] = at == INT64_MAX ? -1 : at > now ? at - now : 0;
     }
     int np = 0;
-    gw_pipeline_t **ps = gw_pipes_all(srv->pipelines, &np);
+    gw_pipeline_t **ps = gw_pipes_all(ds->pipelines, &np);
     char **specs = np > 0 ? sq_xcalloc((size_t)np, sizeof(*specs)) : NULL;
     st.pipes = np > 0 ? sq_xcalloc((size_t)np, sizeof(*st.pipes)) : NULL;
     for (int i = 0; i < np; i++) {
@@ -200,9 +199,9 @@ static void push_changes(gw_dispatch_t *ds)
 {
     /* Not before the registry holds the DB's models (a standby that just
      * took over): an empty catalog would make frontends answer 404. */
-    if (!atomic_load(&ds->srv->db_ready))
+    if (!atomic_load(ds->db_ready))
         return;
-    unsigned long gen = gw_registry_generation(ds->srv->registry);
+    unsigned long gen = gw_registry_generation(ds->registry);
     sq_buf_t catalog, state;
     sq_buf_init(&catalog);
     sq_buf_init(&state);
@@ -299,7 +298,7 @@ static int on_items(gw_dispatch_t *ds, ds_frontend_t *f, const sq_frame_t *fr)
                     (unsigned long long)e->slot);
             return -1;
         }
-        gw_model_t *m = gw_registry_get(ds->srv->registry, e->model_key);
+        gw_model_t *m = gw_registry_get(ds->registry, e->model_key);
         if (m == NULL) {
             fail_slot(ds, f->id, e->slot, SQ_MODEL_NOT_FOUND,
                       "the model was deleted while the request was on its way");
@@ -323,7 +322,7 @@ static int on_items(gw_dispatch_t *ds, ds_frontend_t *f, const sq_frame_t *fr)
         /* A pipeline query's item: counted toward its stage (the record
          * holds a reference, as a query does). */
         if (e->stage >= 0 &&
-            (it->pipe.pipeline = gw_pipes_get(ds->srv->pipelines, e->pipeline)) != NULL &&
+            (it->pipe.pipeline = gw_pipes_get(ds->pipelines, e->pipeline)) != NULL &&
             e->stage >= it->pipe.pipeline->nstages) {
             gw_pipeline_unref(it->pipe.pipeline);
             it->pipe.pipeline = NULL;
@@ -375,7 +374,7 @@ static int on_metrics(gw_dispatch_t *ds, ds_frontend_t *f, const sq_frame_t *fr)
     /* What it measured of its pipelines' queries: this side splits them. */
     for (uint32_t i = 0; i < m.nreports; i++) {
         json_t *report = json_loadb(m.reports[i].report.p, m.reports[i].report.len, 0, NULL);
-        gw_pipeline_t *p = gw_pipes_get(ds->srv->pipelines, m.reports[i].name);
+        gw_pipeline_t *p = gw_pipes_get(ds->pipelines, m.reports[i].name);
         if (p != NULL && (report == NULL || gw_pipeline_take_report(p, report) != 0))
             SQ_WARN("frontend id=%d: malformed pipeline report name=%s", f->id, m.reports[i].name);
         gw_pipeline_unref(p);

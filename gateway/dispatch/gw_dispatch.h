@@ -99,6 +99,7 @@ typedef struct {
     gw_prep_pool_t *prep;
     /* The workers' link, once started (gw_workers_start fills the slot). */
     gw_transport_t *const *transport;
+    const atomic_int *db_ready; /* the model DB is open (catalog/store.c writes it) */
 } gw_dispatch_deps_t;
 
 /* The dispatcher's settings and handles from srv's (server.c, which

@@ -302,6 +302,7 @@ struct gw_dispatch {
     gw_db_t *db;
     gw_prep_pool_t *prep;
     gw_transport_t *const *transport;
+    const atomic_int *db_ready;
     int aborted;
     atomic_int withdraw_posted; /* a gw_sched_withdraw look is on its way */
     sq_loop_t *loop;

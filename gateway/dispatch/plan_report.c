@@ -486,7 +486,7 @@ json_t *gw_dispatch_plan_json(gw_server_t *srv)
     /* Pipelines as of now: their split, measured gammas and rates. */
     json_t *pipes = json_array();
     int n = 0;
-    gw_pipeline_t **all = srv->pipelines ? gw_pipes_all(srv->pipelines, &n) : NULL;
+    gw_pipeline_t **all = srv->dispatch != NULL ? gw_pipes_all(srv->dispatch->pipelines, &n) : NULL;
     for (int i = 0; i < n; i++) {
         json_t *j = gw_pipeline_json(all[i]);
         json_t *split = json_object_get(j, "split");

@@ -73,7 +73,7 @@ void fr_on_catalog(gw_front_t *fr, const sq_frame_t *f)
         SQ_WARN("malformed FE_CATALOG from the dispatcher bytes=%u", f->len);
         return;
     }
-    int bad = fr_take_catalog(fr->srv->registry, &cat);
+    int bad = fr_take_catalog(fr->registry, &cat);
     if (bad > 0)
         SQ_WARN("FE_CATALOG from the dispatcher: %d model records do not parse", bad);
     gw_fe_catalog_dispose(&cat);
@@ -190,7 +190,7 @@ void fr_take_state(gw_front_t *fr, const gw_fe_state_t *st, int64_t now_us)
         fleet.coming[k] = st->coming[k];
         fleet.back_at_us[k] = st->back_in_us[k] < 0 ? INT64_MAX : now_us + st->back_in_us[k];
     }
-    sync_pipelines(fr->srv->pipelines, st->pipes, st->npipes);
+    sync_pipelines(fr->pipelines, st->pipes, st->npipes);
     int64_t *held = keys_copy(st->held, st->nheld), *gone = keys_copy(st->gone, st->ngone);
     int nlive;
     fr_live_t *live = fr_live_from(st, &nlive), *old_live;

@@ -225,7 +225,7 @@ static data_conn_t *data_conn(gw_front_t *fr, const char *addr, char *why, size_
     sq_buf_init(&b);
     sq_buf_put_u32(&b, (uint32_t)fr->fe_id);
     rc = shm ? sq_conn_send_with_fd(&d->conn, SQ_MSG_DATA_HELLO, 0, b.data, (uint32_t)b.len,
-                                    sq_shm_arena_fd(fr->srv->arena), HANDSHAKE_TIMEOUT_MS)
+                                    sq_shm_arena_fd(fr->arena), HANDSHAKE_TIMEOUT_MS)
              : sq_conn_send(&d->conn, SQ_MSG_DATA_HELLO, 0, b.data, (uint32_t)b.len);
     sq_buf_dispose(&b);
     if (rc != 0)
@@ -270,7 +270,7 @@ void fr_on_assign(gw_front_t *fr, const sq_frame_t *f)
         free(a);
         return;
     }
-    const uint8_t *base = sq_shm_arena_base(fr->srv->arena);
+    const uint8_t *base = sq_shm_arena_base(fr->arena);
     sq_data_rows_t *r = sq_xmalloc(sizeof(*r));
     assign_t *rec = sq_xcalloc(1, sizeof(*rec));
     rec->batch_id = f->id;

@@ -57,6 +57,12 @@ int gw_front_start(gw_server_t *srv, char *err, size_t errlen)
     gw_front_t *fr = sq_xcalloc(1, sizeof(*fr));
     fr->sched.ops = &fr_front_sched_ops;
     fr->srv = srv;
+    fr->registry = srv->registry;
+    fr->pipelines = srv->pipelines;
+    fr->arena = srv->arena;
+    fr->metrics = srv->metrics;
+    fr->http_port = &srv->http_port;
+    fr->core = gw_sched_core_opts(cfg);
     fr_fleet_clear(&fr->fleet);
     pthread_mutex_init(&fr->lock, NULL);
     snprintf(fr->why, sizeof(fr->why), "this frontend has not joined its dispatcher yet");

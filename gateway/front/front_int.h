@@ -81,7 +81,14 @@ typedef struct {
 
 struct gw_front {
     gw_sched_t sched; /* first: the scheduling interface (gw_front_sched) */
-    gw_server_t *srv;
+    gw_server_t *srv; /* handed on to other rooms (the registry's refresh), never read */
+    /* What the room works with, taken once at gw_front_start. */
+    gw_registry_t *registry;
+    gw_pipes_t *pipelines;
+    sq_shm_arena_t *arena;
+    gw_metrics_t *metrics;
+    const atomic_int *http_port;
+    pl_dispatch_opts_t core; /* the least latency's rule (gw_sched_least_on) */
     sq_loop_t *loop;
     pthread_t thread;
     int started;

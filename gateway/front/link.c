@@ -135,7 +135,7 @@ int fr_join(gw_front_t *fr)
     char host[48] = "";
     gethostname(host, sizeof(host));
     host[sizeof(host) - 1] = '\0';
-    snprintf(h.name, sizeof(h.name), "%s:%d", host, atomic_load(&fr->srv->http_port));
+    snprintf(h.name, sizeof(h.name), "%s:%d", host, atomic_load(fr->http_port));
     fr->scratch.len = 0;
     sq_fe_hello_encode(&fr->scratch, &h);
     rc = sq_conn_send(&fr->conn, SQ_MSG_FE_HELLO, 0, fr->scratch.data, (uint32_t)fr->scratch.len);

@@ -68,12 +68,12 @@ void fr_push_metrics(gw_front_t *fr)
     gw_server_t *srv = fr->srv;
     sq_buf_t text;
     sq_buf_init(&text);
-    gw_metrics_write(srv->metrics, &text);
+    gw_metrics_write(fr->metrics, &text);
     gw_front_metrics_text(srv, &text);
-    stats_list_t stats = {.metrics = srv->metrics};
-    gw_registry_foreach(srv->registry, collect_stats, &stats);
+    stats_list_t stats = {.metrics = fr->metrics};
+    gw_registry_foreach(fr->registry, collect_stats, &stats);
     int np = 0;
-    gw_pipeline_t **ps = gw_pipes_all(srv->pipelines, &np);
+    gw_pipeline_t **ps = gw_pipes_all(fr->pipelines, &np);
     gw_fe_pipe_report_t *reports = np > 0 ? sq_xcalloc((size_t)np, sizeof(*reports)) : NULL;
     uint32_t nreports = 0;
     for (int i = 0; i < np; i++) {

@@ -58,7 +58,7 @@ static int sched_serving_kind(gw_sched_t *s, const gw_model_t *m)
 int fr_sched_least(gw_sched_t *s, const gw_model_t *m, int kind, int n, gw_least_t *out)
 {
     gw_front_t *fr = (gw_front_t *)s;
-    pl_dispatch_opts_t o = gw_sched_core_opts(fr->srv->cfg);
+    pl_dispatch_opts_t o = fr->core;
     const pl_profile_t *p = NULL;
     pthread_mutex_lock(&fr->lock);
     for (int i = 0; i < fr->nlive && p == NULL; i++)

@@ -20,7 +20,7 @@ void fr_release_slot(gw_front_t *fr, uint32_t idx)
 void fr_finish(gw_front_t *fr, gw_item_t *it, int rc, const char *detail)
 {
     if (it->input.in_off >= 0) {
-        sq_shm_release(fr->srv->arena, it->input.in_off);
+        sq_shm_release(fr->arena, it->input.in_off);
         it->input.in_off = -1;
     }
     it->times.done_us = sq_now_us();
@@ -73,7 +73,7 @@ int fr_slot_new(gw_front_t *fr, gw_item_t *it, uint64_t *id)
 void fr_withdrawn(gw_front_t *fr, gw_item_t *it)
 {
     int gone = atomic_load(it->owner.abandoned) == GW_ABANDONED_GONE;
-    gw_metrics_withdrawn(fr->srv->metrics, it->ask.model, gone ? "client_gone" : "request_failed");
+    gw_metrics_withdrawn(fr->metrics, it->ask.model, gone ? "client_gone" : "request_failed");
     fr_finish(fr, it, SQ_DEADLINE,
               gone ? "withdrawn: its client went away"
                    : "withdrawn: another item of its request failed");

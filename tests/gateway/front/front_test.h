@@ -21,6 +21,10 @@ static inline void front_fixture_init(front_fixture_t *x)
     x->srv.pipelines = gw_pipes_new();
     x->fr = sq_xcalloc(1, sizeof(*x->fr));
     x->fr->srv = &x->srv;
+    x->fr->registry = x->srv.registry;
+    x->fr->pipelines = x->srv.pipelines;
+    x->fr->http_port = &x->srv.http_port;
+    x->fr->core = gw_sched_core_opts(&x->cfg);
     x->fr->sched.ops = &fr_front_sched_ops;
     pthread_mutex_init(&x->fr->lock, NULL);
     fr_fleet_clear(&x->fr->fleet);
