@@ -10,6 +10,7 @@
 
 struct gw_db {
     gw_server_t *srv;
+    gw_prep_pool_t *prep; /* whose decode costs it stores (taken at gw_db_start) */
     sq_loop_t *loop;
     pthread_t thread;
     mdb_t *mdb;
@@ -73,9 +74,9 @@ static const struct {
 /* Before the dispatcher splits a pipeline (the main thread at start). A
  * DB without them (a first start) or one that cannot be read leaves the
  * pool to measure from scratch. */
-static void load_decode_costs(gw_server_t *srv, mdb_t *db)
+static void load_decode_costs(gw_prep_pool_t *prep, mdb_t *db)
 {
-    if (srv->prep == NULL)
+    if (prep == NULL)
         return;
     mdb_decode_cost_t rows[8];
     int n = 0;
@@ -92,20 +93,20 @@ static void load_decode_costs(gw_server_t *srv, mdb_t *db)
                     .dev_ns = rows[i].dev_ns,
                     .samples = rows[i].samples,
                 };
-    gw_prep_pool_seed(srv->prep, &costs);
+    gw_prep_pool_seed(prep, &costs);
     if (n > 0)
         SQ_INFO("decode costs loaded frame_p99_us=%.0f decode_us=%.0f per_byte_ns=%.2f",
-                gw_prep_pool_decode_p99_us(srv->prep), gw_prep_pool_decode_us(srv->prep),
+                gw_prep_pool_decode_p99_us(prep), gw_prep_pool_decode_us(prep),
                 costs.per_byte.mean_ns);
 }
 
 /* On the DB thread: the pool's estimates now, those with samples. */
 static void save_decode_costs(struct gw_db *d)
 {
-    if (d->srv->prep == NULL)
+    if (d->prep == NULL)
         return;
     gw_prep_costs_t costs;
-    gw_prep_pool_costs(d->srv->prep, &costs);
+    gw_prep_pool_costs(d->prep, &costs);
     mdb_decode_cost_t rows[DECODE_NAMES];
     int n = 0;
     for (int k = 0; k < DECODE_NAMES; k++) {
@@ -175,6 +176,7 @@ int gw_db_start(gw_server_t *srv, char *err, size_t errlen)
 {
     struct gw_db *d = sq_xcalloc(1, sizeof(*d));
     d->srv = srv;
+    d->prep = srv->prep;
     /* For messages and logs: a PostgreSQL conninfo without its password. */
     char target[512];
     mdb_target_describe(srv->cfg->db_path, target, sizeof(target));
@@ -213,7 +215,7 @@ int gw_db_start(gw_server_t *srv, char *err, size_t errlen)
     json_array_foreach(recs, i, r) gw_registry_put(srv->registry, gw_model_from_record(r));
     SQ_INFO("models loaded count=%zu", json_array_size(recs));
     load_pipelines(srv, d->mdb);
-    load_decode_costs(srv, d->mdb);
+    load_decode_costs(d->prep, d->mdb);
     d->last_epoch = mdb_plan_last_epoch(d->mdb);
     /* The last plan is reapplied once workers are up (planning.c); one that
      * cannot be read is not a reason to refuse to serve. */
