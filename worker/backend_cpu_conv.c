@@ -493,6 +493,38 @@ out:
     return rc;
 }
 
+/* A pooling's or a resampling's output: in the planning phase any layout
+ * (the primitive picks the input's when it can), then the one it took. */
+static dnnl_memory_desc_t window_dst_md(wk_plan_t *plan, const wk_step_t *s, const wk_value_t *y,
+                                        int batch)
+{
+    cpu_be_t *be = plan->be;
+    dnnl_memory_desc_t md;
+    if (be->phase != 1)
+        return wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->out)], batch);
+    dnnl_dims_t d;
+    for (int i = 0; i < y->ndim; i++)
+        d[i] = y->dims[i];
+    dnnl_memory_desc_init_by_tag(&md, y->ndim, d, dnnl_f32, dnnl_format_tag_any);
+    return md;
+}
+
+/* Emits a one-input primitive (src to dst) of step si; in the planning
+ * phase its output takes the primitive's layout first, plain when the
+ * batch would not stay outermost. Takes pd. */
+static int emit_src_dst(wk_plan_t *plan, dnnl_primitive_desc_t pd, int batch, int si,
+                        const wk_step_t *s, const wk_value_t *y)
+{
+    cpu_be_t *be = plan->be;
+    if (be->phase == 1) {
+        wk__cpu_set_out_md(plan, s->out, dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0));
+        if (y->batched && !wk__cpu_batch_outermost(&be->bufs[wk__cpu_vbuf(s->out)].md))
+            wk__cpu_set_out_plain(plan, s->out);
+    }
+    return wk__cpu_emit(plan, pd, batch, si, (int[]){DNNL_ARG_SRC, DNNL_ARG_DST},
+                        (int[]){wk__cpu_vbuf(s->in[0]), wk__cpu_vbuf(s->out)}, 2);
+}
+
 int wk__cpu_build_pool(wk_plan_t *plan, int si, int batch)
 {
     cpu_be_t *be = plan->be;
@@ -521,27 +553,13 @@ int wk__cpu_build_pool(wk_plan_t *plan, int si, int batch)
                           : s->kind == WK_K_AVGPOOL && s->p.conv.count_include_pad
                               ? dnnl_pooling_avg_include_padding
                               : dnnl_pooling_avg_exclude_padding;
-    dnnl_memory_desc_t src_md = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->in[0])], batch), dst_md;
-    if (be->phase == 1) {
-        /* The output keeps the input's layout when it can. */
-        dnnl_dims_t d;
-        for (int i = 0; i < y->ndim; i++)
-            d[i] = y->dims[i];
-        dnnl_memory_desc_init_by_tag(&dst_md, y->ndim, d, dnnl_f32, dnnl_format_tag_any);
-    } else {
-        dst_md = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->out)], batch);
-    }
+    dnnl_memory_desc_t src_md = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->in[0])], batch),
+                       dst_md = window_dst_md(plan, s, y, batch);
     dnnl_pooling_v2_desc_t desc;
     DN(dnnl_pooling_v2_forward_desc_init(&desc, dnnl_forward_inference, alg, &src_md, &dst_md,
                                          strides, kernel, dil, pl, pr));
     DN(dnnl_primitive_desc_create(&pd, &desc, be->sp_attr, be->engine, NULL));
-    if (be->phase == 1) {
-        wk__cpu_set_out_md(plan, s->out, dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0));
-        if (y->batched && !wk__cpu_batch_outermost(&be->bufs[wk__cpu_vbuf(s->out)].md))
-            wk__cpu_set_out_plain(plan, s->out);
-    }
-    rc = wk__cpu_emit(plan, pd, batch, si, (int[]){DNNL_ARG_SRC, DNNL_ARG_DST},
-                      (int[]){wk__cpu_vbuf(s->in[0]), wk__cpu_vbuf(s->out)}, 2);
+    rc = emit_src_dst(plan, pd, batch, si, s, y);
     pd = NULL;
 out:
     if (pd)
@@ -657,27 +675,13 @@ int wk__cpu_build_resize(wk_plan_t *plan, int si, int batch)
         return wk__cpu_build_c_kernel(plan, si, batch);
     int rc = 0;
     dnnl_primitive_desc_t pd = NULL;
-    dnnl_memory_desc_t src_md = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->in[0])], batch), dst_md;
-    if (be->phase == 1) {
-        /* The output takes the input's layout when it can. */
-        dnnl_dims_t d;
-        for (int i = 0; i < y->ndim; i++)
-            d[i] = y->dims[i];
-        dnnl_memory_desc_init_by_tag(&dst_md, y->ndim, d, dnnl_f32, dnnl_format_tag_any);
-    } else {
-        dst_md = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->out)], batch);
-    }
+    dnnl_memory_desc_t src_md = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(s->in[0])], batch),
+                       dst_md = window_dst_md(plan, s, y, batch);
     dnnl_resampling_desc_t desc;
     DN(dnnl_resampling_forward_desc_init(&desc, dnnl_forward_inference, alg, NULL, &src_md,
                                          &dst_md));
     DN(dnnl_primitive_desc_create(&pd, &desc, be->sp_attr, be->engine, NULL));
-    if (be->phase == 1) {
-        wk__cpu_set_out_md(plan, s->out, dnnl_primitive_desc_query_md(pd, dnnl_query_dst_md, 0));
-        if (y->batched && !wk__cpu_batch_outermost(&be->bufs[wk__cpu_vbuf(s->out)].md))
-            wk__cpu_set_out_plain(plan, s->out);
-    }
-    rc = wk__cpu_emit(plan, pd, batch, si, (int[]){DNNL_ARG_SRC, DNNL_ARG_DST},
-                      (int[]){wk__cpu_vbuf(s->in[0]), wk__cpu_vbuf(s->out)}, 2);
+    rc = emit_src_dst(plan, pd, batch, si, s, y);
     pd = NULL;
 out:
     if (pd)
