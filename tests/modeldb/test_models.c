@@ -210,59 +210,10 @@ Test(model_ids, a_migrated_database_starts_after_every_id_it_knows)
     cr_assert_eq(b, a + 8, "b=%lld a=%lld", (long long)b, (long long)a);
 }
 
-/* A model file comes back byte for byte: zeros, every byte value, a size
- * that is no power of two (PostgreSQL: a binary parameter and a binary
- * result, no text encoding on the way). */
-Test(model_ids, a_model_file_comes_back_byte_for_byte)
-{
-    size_t len = 24 * 1000 * 1000 + 3;
-    uint8_t *file = malloc(len);
-    cr_assert_not_null(file);
-    for (size_t i = 0; i < len; i++)
-        file[i] = i % 7 == 0 ? 0 : (uint8_t)(i * 2654435761u >> 13);
-    char sha[65];
-    mdb_sha256_hex(file, len, sha);
-    json_t *input =
-        json_pack("{s:s, s:s, s:[i,i,i,i]}", "name", "x", "datatype", "FP32", "shape", -1, 3, 4, 4);
-    json_t *outputs =
-        json_pack("[{s:s, s:s, s:[i,i]}]", "name", "y", "datatype", "FP32", "shape", -1, 3);
-    json_t *pre = json_object(), *labels = json_array(), *config = json_object();
-    mdb_new_model_t m = {.name = "file",
-                         .version = 1,
-                         .format = "onnx",
-                         .onnx = file,
-                         .onnx_len = len,
-                         .sha256 = sha,
-                         .input = input,
-                         .outputs = outputs,
-                         .preprocess = pre,
-                         .labels = labels,
-                         .config = config,
-                         .default_slo_ms = 100,
-                         .max_batch = 4,
-                         .status = "profiling"};
-    int64_t id = 0;
-    cr_assert_eq(mdb_model_insert(db, &m, &id), 0, "%s", mdb_errmsg(db));
-    void *back = NULL;
-    size_t back_len = 0;
-    cr_assert_eq(mdb_model_blob(db, id, &back, &back_len), 0, "%s", mdb_errmsg(db));
-    cr_assert_eq(back_len, len);
-    cr_assert(memcmp(back, file, len) == 0, "the bytes differ");
-    free(back);
-    /* An emulated model has no file. */
-    int64_t emu = insert_emulated("emu");
-    cr_assert_eq(mdb_model_blob(db, emu, &back, &back_len), SQ_NOT_FOUND);
-    json_decref(input);
-    json_decref(outputs);
-    json_decref(pre);
-    json_decref(labels);
-    json_decref(config);
-    free(file);
-}
-
 /* An ONNX model version of `len` bytes of a file (not a graph: the
- * database stores what it is given), named name. */
-static int64_t insert_file_model(const char *name, const uint8_t *file, size_t len)
+ * database stores what it is given), named name, with the device kinds
+ * that cannot run it (not_on; NULL: none). */
+static int64_t insert_file_model(const char *name, const uint8_t *file, size_t len, json_t *not_on)
 {
     char sha[65];
     mdb_sha256_hex(file, len, sha);
@@ -282,6 +233,7 @@ static int64_t insert_file_model(const char *name, const uint8_t *file, size_t l
                          .preprocess = pre,
                          .labels = labels,
                          .config = config,
+                         .not_on = not_on,
                          .default_slo_ms = 100,
                          .max_batch = 4,
                          .status = "ready"};
@@ -293,6 +245,29 @@ static int64_t insert_file_model(const char *name, const uint8_t *file, size_t l
     json_decref(labels);
     json_decref(config);
     return id;
+}
+
+/* A model file comes back byte for byte: zeros, every byte value, a size
+ * that is no power of two (PostgreSQL: a binary parameter and a binary
+ * result, no text encoding on the way). */
+Test(model_ids, a_model_file_comes_back_byte_for_byte)
+{
+    size_t len = 24 * 1000 * 1000 + 3;
+    uint8_t *file = malloc(len);
+    cr_assert_not_null(file);
+    for (size_t i = 0; i < len; i++)
+        file[i] = i % 7 == 0 ? 0 : (uint8_t)(i * 2654435761u >> 13);
+    int64_t id = insert_file_model("file", file, len, NULL);
+    void *back = NULL;
+    size_t back_len = 0;
+    cr_assert_eq(mdb_model_blob(db, id, &back, &back_len), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(back_len, len);
+    cr_assert(memcmp(back, file, len) == 0, "the bytes differ");
+    free(back);
+    /* An emulated model has no file. */
+    int64_t emu = insert_emulated("emu");
+    cr_assert_eq(mdb_model_blob(db, emu, &back, &back_len), SQ_NOT_FOUND);
+    free(file);
 }
 
 static uint8_t *file_bytes(size_t len)
@@ -316,7 +291,7 @@ Test(model_ids, reading_a_models_record_does_not_read_its_file)
 {
     size_t len = 24 * 1000 * 1000;
     uint8_t *file = file_bytes(len);
-    insert_file_model("big", file, len);
+    insert_file_model("big", file, len, NULL);
     free(file);
     /* A fresh connection: nothing of the file in its cache. */
     mdb_close(db);
@@ -349,7 +324,7 @@ Test(model_ids, a_migrated_database_keeps_every_model_file)
 {
     size_t len = 3 * 1000 * 1000 + 7;
     uint8_t *file = file_bytes(len);
-    int64_t id = insert_file_model("old", file, len);
+    int64_t id = insert_file_model("old", file, len, NULL);
     int64_t emu = insert_emulated("emu");
     mdb_close(db);
     char sql[1024], err[512];
@@ -379,30 +354,9 @@ Test(model_ids, a_migrated_database_keeps_every_model_file)
  * every record read, and gone with the model. */
 Test(model_ids, a_models_not_on_kinds_are_stored_with_their_reasons)
 {
-    json_t *input =
-        json_pack("{s:s, s:s, s:[i,i,i,i]}", "name", "x", "datatype", "FP32", "shape", -1, 3, 4, 4);
-    json_t *outputs =
-        json_pack("[{s:s, s:s, s:[i,i]}]", "name", "y", "datatype", "FP32", "shape", -1, 3);
-    json_t *pre = json_object(), *labels = json_array(), *config = json_object();
     json_t *not_on = json_pack("{s:s}", "cuda", "Conv node 'c1': convolution with asymmetric pads");
     uint8_t file[16] = {1, 2, 3};
-    mdb_new_model_t m = {.name = "pads",
-                         .version = 1,
-                         .format = "onnx",
-                         .onnx = file,
-                         .onnx_len = sizeof(file),
-                         .sha256 = "ab",
-                         .input = input,
-                         .outputs = outputs,
-                         .preprocess = pre,
-                         .labels = labels,
-                         .config = config,
-                         .not_on = not_on,
-                         .default_slo_ms = 100,
-                         .max_batch = 4,
-                         .status = "profiling"};
-    int64_t id = 0;
-    cr_assert_eq(mdb_model_insert(db, &m, &id), 0, "%s", mdb_errmsg(db));
+    int64_t id = insert_file_model("pads", file, sizeof(file), not_on);
     json_t *r;
     cr_assert_eq(mdb_model_version_get(db, "pads", 1, &r), 0, "%s", mdb_errmsg(db));
     cr_assert(json_equal(json_object_get(r, "not_on"), not_on), "the upload's not_on comes back");
@@ -434,11 +388,6 @@ Test(model_ids, a_models_not_on_kinds_are_stored_with_their_reasons)
     cr_assert(json_is_object(json_object_get(r, "not_on")) &&
               json_object_size(json_object_get(r, "not_on")) == 0);
     json_decref(r);
-    json_decref(input);
-    json_decref(outputs);
-    json_decref(pre);
-    json_decref(labels);
-    json_decref(config);
     json_decref(not_on);
 }
 
