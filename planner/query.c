@@ -510,7 +510,6 @@ int pl_query_most_slack(pl_query_result_t *res, const pl_stage_t *stages, int ns
     for (int v = 0; v < nstages; v++)
         if (leaf[v] && (slo_us - cum[v]) / depth[v] < s)
             s = (slo_us - cum[v]) / depth[v];
-    int rc = 0;
     if (s > 0 && isfinite(s)) {
         double *cand = sq_xmalloc(sizeof(double) * (size_t)nstages);
         /* From the equal slack back toward the cheapest split, the first
@@ -537,5 +536,5 @@ int pl_query_most_slack(pl_query_result_t *res, const pl_stage_t *stages, int ns
     free(cum);
     free(depth);
     free(leaf);
-    return rc;
+    return 0;
 }
