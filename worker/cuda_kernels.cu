@@ -1,4 +1,5 @@
-// The cuda backend's own kernels: see cuda_kernels.h. Built by nvcc
+// The cuda backend's own kernels: see cuda_kernels.h (their host-side
+// layout logic is ck_layout.c). Built by nvcc
 // (worker/meson.build) for sm_80 and sm_90, with PTX for compute_90.
 #include "cuda_kernels.h"
 
@@ -75,19 +76,22 @@ __device__ __forceinline__ float act(const ck_act_t &a, float x)
     }
 }
 
-__global__ void k_pointwise(ck_pointwise_t p, int64_t n)
+// One element of a pointwise: the logical index's offsets in y, x and the
+// posts' tensors, then the ops. I: the index type (32-bit where every
+// offset fits, which spares the 64-bit divisions).
+template <typename I> __global__ void k_pointwise(ck_pointwise_t p, I n)
 {
     const int nd = p.ndim;
-    for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        int64_t r = i, oy = 0, ox = 0, op[CK_MAX_POST] = {0, 0, 0, 0, 0, 0};
+    for (I i = blockIdx.x * (I)blockDim.x + threadIdx.x; i < n; i += (I)gridDim.x * blockDim.x) {
+        I r = i, oy = 0, ox = 0, op[CK_MAX_POST] = {0, 0, 0, 0, 0, 0};
         for (int d = nd - 1; d >= 0; d--) {
-            int64_t c = r % p.dims[d];
-            r /= p.dims[d];
-            oy += c * p.y.st[d];
-            ox += c * p.x.st[d];
+            const I dim = (I)p.dims[d];
+            const I c = r % dim;
+            r /= dim;
+            oy += c * (I)p.y.st[d];
+            ox += c * (I)p.x.st[d];
             for (int k = 0; k < p.n_post; k++)
-                op[k] += c * p.post[k].t.st[d];
+                op[k] += c * (I)p.post[k].t.st[d];
         }
         float v = p.x.p != nullptr ? ld(p.x.p, p.x.dt, ox) : p.x_const;
         for (int k = 0; k < p.n_post; k++) {
@@ -164,44 +168,6 @@ __global__ void k_layernorm(ck_layernorm_t p)
     }
 }
 
-// Drops dims of size 1 and merges neighbours that are contiguous in every
-// tensor (a plain elementwise op becomes one dim: no index arithmetic).
-void collapse(ck_pointwise_t &p)
-{
-    ck_ten_t *t[2 + CK_MAX_POST];
-    int nt = 0;
-    t[nt++] = &p.y;
-    t[nt++] = &p.x;
-    for (int k = 0; k < p.n_post; k++)
-        if (p.post[k].op != CK_OP_ACT && p.post[k].op != CK_OP_SCALE)
-            t[nt++] = &p.post[k].t;
-    int n = 0;
-    for (int d = 0; d < p.ndim; d++) {
-        if (p.dims[d] == 1)
-            continue;
-        bool merge = n > 0;
-        for (int k = 0; k < nt && merge; k++)
-            merge = t[k]->st[n - 1] == t[k]->st[d] * p.dims[d];
-        if (merge) {
-            p.dims[n - 1] *= p.dims[d];
-            for (int k = 0; k < nt; k++)
-                t[k]->st[n - 1] = t[k]->st[d];
-            continue;
-        }
-        p.dims[n] = p.dims[d];
-        for (int k = 0; k < nt; k++)
-            t[k]->st[n] = t[k]->st[d];
-        n++;
-    }
-    if (n == 0) {
-        p.dims[0] = 1;
-        for (int k = 0; k < nt; k++)
-            t[k]->st[0] = 0;
-        n = 1;
-    }
-    p.ndim = n;
-}
-
 } // namespace
 
 extern "C" cudaError_t ck_pointwise(cudaStream_t stream, const ck_pointwise_t *p)
@@ -212,12 +178,15 @@ extern "C" cudaError_t ck_pointwise(cudaStream_t stream, const ck_pointwise_t *p
         n *= q.dims[d];
     if (n == 0)
         return cudaSuccess;
-    collapse(q);
+    const bool small = ck_pointwise_prepare(&q, n);
     const int threads = 256;
     int64_t blocks = (n + threads - 1) / threads;
     if (blocks > (1 << 20))
         blocks = 1 << 20;
-    k_pointwise<<<(unsigned)blocks, threads, 0, stream>>>(q, n);
+    if (small)
+        k_pointwise<int32_t><<<(unsigned)blocks, threads, 0, stream>>>(q, (int32_t)n);
+    else
+        k_pointwise<int64_t><<<(unsigned)blocks, threads, 0, stream>>>(q, n);
     return cudaGetLastError();
 }
 

@@ -1,0 +1,191 @@
+/* The cuda pointwise kernel's layout logic (worker/ck_layout.c), which
+ * runs on the host and so is tested without a GPU: the walk follows the
+ * output's memory order (an NHWC output walked in logical NCHW order put
+ * neighbouring threads C elements apart, and FP16 plans ran 5x slower on
+ * an H100), merging keeps every element's offsets, and the 32-bit index
+ * path is taken only where every offset fits. */
+#include <ck_types.h>
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* y, x and a broadcast post operand over logical [N, C, H, W]. */
+static ck_pointwise_t nchw_op(const int64_t *dims, const int64_t *yst, const int64_t *xst,
+                              const int64_t *bst)
+{
+    ck_pointwise_t p;
+    memset(&p, 0, sizeof(p));
+    p.ndim = 4;
+    for (int d = 0; d < 4; d++) {
+        p.dims[d] = dims[d];
+        p.y.st[d] = yst[d];
+        p.x.st[d] = xst[d];
+        p.post[0].t.st[d] = bst[d];
+    }
+    p.n_post = 2;
+    p.post[0].op = CK_OP_ADD;
+    p.post[1].op = CK_OP_ACT;
+    return p;
+}
+
+/* Every element's (y, x, post) offsets, in walk order. */
+static int64_t *walk(const ck_pointwise_t *p, int64_t *n_out)
+{
+    int64_t n = 1;
+    for (int d = 0; d < p->ndim; d++)
+        n *= p->dims[d];
+    int64_t *o = calloc((size_t)n * 3, sizeof(int64_t));
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = i;
+        for (int d = p->ndim - 1; d >= 0; d--) {
+            int64_t c = r % p->dims[d];
+            r /= p->dims[d];
+            o[i * 3] += c * p->y.st[d];
+            o[i * 3 + 1] += c * p->x.st[d];
+            o[i * 3 + 2] += c * p->post[0].t.st[d];
+        }
+    }
+    *n_out = n;
+    return o;
+}
+
+static int cmp3(const void *a, const void *b)
+{
+    const int64_t *x = a, *y = b;
+    for (int k = 0; k < 3; k++)
+        if (x[k] != y[k])
+            return x[k] < y[k] ? -1 : 1;
+    return 0;
+}
+
+/* The same elements with the same offsets before and after. */
+static void same_elements(ck_pointwise_t before, ck_pointwise_t after)
+{
+    int64_t n0 = 0, n1 = 0;
+    int64_t *a = walk(&before, &n0), *b = walk(&after, &n1);
+    cr_assert_eq(n0, n1);
+    qsort(a, (size_t)n0, 3 * sizeof(int64_t), cmp3);
+    qsort(b, (size_t)n1, 3 * sizeof(int64_t), cmp3);
+    cr_assert_eq(memcmp(a, b, (size_t)n0 * 3 * sizeof(int64_t)), 0);
+    free(a);
+    free(b);
+}
+
+Test(ck_layout, an_nhwc_output_is_walked_in_its_memory_order)
+{
+    /* a conv's epilogue in an FP16 plan: y and the residual NHWC, the bias
+     * per channel */
+    const int64_t dims[4] = {2, 8, 3, 5}, nhwc[4] = {120, 1, 40, 8}, bias[4] = {0, 1, 0, 0};
+    ck_pointwise_t p = nchw_op(dims, nhwc, nhwc, bias), before = p;
+    cr_assert(ck_pointwise_prepare(&p, 240));
+    /* N, H and W merge into one dim; C, stride 1 in y, is walked fastest */
+    cr_assert_eq(p.ndim, 2);
+    cr_assert_eq(p.dims[0], 30);
+    cr_assert_eq(p.dims[1], 8);
+    cr_assert_eq(p.y.st[1], 1);
+    cr_assert_eq(p.x.st[1], 1);
+    cr_assert_eq(p.post[0].t.st[0], 0);
+    cr_assert_eq(p.post[0].t.st[1], 1);
+    /* consecutive elements of the walk are consecutive in y */
+    int64_t n = 0, *o = walk(&p, &n);
+    for (int64_t i = 0; i < n; i++)
+        cr_assert_eq(o[i * 3], i);
+    free(o);
+    same_elements(before, p);
+}
+
+Test(ck_layout, a_plain_elementwise_op_becomes_one_dim)
+{
+    const int64_t dims[4] = {4, 3, 2, 5}, rm[4] = {30, 10, 5, 1}, zero[4] = {0, 0, 0, 0};
+    ck_pointwise_t p = nchw_op(dims, rm, rm, zero), before = p;
+    p.n_post = 1; /* the scalar operand only as an act: it reads nothing */
+    p.post[0].op = CK_OP_ACT;
+    before = p;
+    cr_assert(ck_pointwise_prepare(&p, 120));
+    cr_assert_eq(p.ndim, 1);
+    cr_assert_eq(p.dims[0], 120);
+    cr_assert_eq(p.y.st[0], 1);
+    same_elements(before, p);
+}
+
+Test(ck_layout, a_transpose_writes_in_order_and_keeps_every_offset)
+{
+    /* NCHW x into an NHWC y (the conversion at a 16-bit plan's edge) and
+     * the reverse */
+    const int64_t dims[4] = {3, 4, 5, 6}, rm[4] = {120, 30, 6, 1}, nhwc[4] = {120, 1, 24, 4};
+    const int64_t zero[4] = {0, 0, 0, 0};
+    ck_pointwise_t p = nchw_op(dims, nhwc, rm, zero), before = p;
+    ck_pointwise_prepare(&p, 360);
+    cr_assert_eq(p.y.st[p.ndim - 1], 1);
+    int64_t n = 0, *o = walk(&p, &n);
+    for (int64_t i = 0; i < n; i++)
+        cr_assert_eq(o[i * 3], i, "element %lld of the walk", (long long)i);
+    free(o);
+    same_elements(before, p);
+
+    ck_pointwise_t q = nchw_op(dims, rm, nhwc, zero), qb = q;
+    ck_pointwise_prepare(&q, 360);
+    cr_assert_eq(q.y.st[q.ndim - 1], 1);
+    same_elements(qb, q);
+}
+
+Test(ck_layout, random_strides_keep_every_element)
+{
+    uint64_t s = 11;
+    for (int trial = 0; trial < 200; trial++) {
+        int64_t dims[4], yst[4], xst[4], bst[4];
+        int perm[4] = {0, 1, 2, 3};
+        for (int d = 0; d < 4; d++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            dims[d] = 1 + (int64_t)((s >> 33) % 4);
+        }
+        for (int i = 3; i > 0; i--) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            int j = (int)((s >> 33) % (uint64_t)(i + 1)), t = perm[i];
+            perm[i] = perm[j];
+            perm[j] = t;
+        }
+        /* y dense in a random dim order, x row-major, b broadcast in some */
+        int64_t acc = 1;
+        for (int k = 3; k >= 0; k--) {
+            yst[perm[k]] = acc;
+            acc *= dims[perm[k]];
+        }
+        acc = 1;
+        for (int d = 3; d >= 0; d--) {
+            xst[d] = acc;
+            acc *= dims[d];
+            bst[d] = (trial >> d) & 1 ? xst[d] : 0;
+        }
+        ck_pointwise_t p = nchw_op(dims, yst, xst, bst), before = p;
+        int64_t n = dims[0] * dims[1] * dims[2] * dims[3];
+        cr_assert(ck_pointwise_prepare(&p, n));
+        same_elements(before, p);
+        /* y is walked densely in memory order */
+        int64_t m = 0, *o = walk(&p, &m);
+        for (int64_t i = 0; i < m; i++)
+            cr_assert_eq(o[i * 3], i, "trial %d, element %lld", trial, (long long)i);
+        free(o);
+    }
+}
+
+Test(ck_layout, only_what_fits_in_31_bits_takes_the_32_bit_path)
+{
+    const int64_t rm[4] = {30, 10, 5, 1}, zero[4] = {0, 0, 0, 0};
+    const int64_t small[4] = {4, 3, 2, 5};
+    ck_pointwise_t p = nchw_op(small, rm, rm, zero);
+    cr_assert(ck_pointwise_prepare(&p, 120));
+    /* 2^31 elements: past the grid-stride margin */
+    const int64_t big[4] = {1 << 16, 1 << 15, 1, 1}, bigst[4] = {1 << 15, 1, 1, 1};
+    p = nchw_op(big, bigst, bigst, zero);
+    cr_assert_not(ck_pointwise_prepare(&p, (int64_t)1 << 31));
+    /* few elements, but an operand's offsets reach past 2^31 */
+    const int64_t few[4] = {2, 2, 1, 1}, far[4] = {(int64_t)1 << 31, 1, 1, 1};
+    p = nchw_op(few, rm, far, zero);
+    cr_assert_not(ck_pointwise_prepare(&p, 4));
+    /* a negative stride: 64-bit */
+    const int64_t neg[4] = {-1, 1, 1, 1};
+    p = nchw_op(few, rm, neg, zero);
+    cr_assert_not(ck_pointwise_prepare(&p, 4));
+}
