@@ -94,6 +94,51 @@ static int check_supported(wk_plan_t *plan)
     return 0;
 }
 
+/* SQUISH_CUDA_STEP_TIMES=1: each step's mean time over the timed runs,
+ * slowest first, and the sum per kernel kind, to stderr. */
+static void print_step_times(const wk_plan_t *plan)
+{
+    const cuda_be_t *be = plan->be;
+    const wk_graph_t *g = plan->graph;
+    if (be->step_ms == NULL || be->timed_runs == 0)
+        return;
+    int n = g->n_steps, *order = sq_xcalloc((size_t)(n ? n : 1), sizeof(int));
+    double kind_ms[WK_K_COUNT_] = {0}, total = 0;
+    for (int i = 0; i < n; i++) {
+        order[i] = i;
+        kind_ms[g->steps[i].kind] += be->step_ms[i] / be->timed_runs;
+        total += be->step_ms[i] / be->timed_runs;
+    }
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && be->step_ms[order[j]] > be->step_ms[order[j - 1]]; j--) {
+            int t = order[j];
+            order[j] = order[j - 1];
+            order[j - 1] = t;
+        }
+    fprintf(stderr, "cuda step times: %s, batch %d, %d runs, %.3f ms per run\n",
+            wk_precision_name(be->precision), be->timed_batch, be->timed_runs, total);
+    for (int k = 0; k < WK_K_COUNT_; k++)
+        if (kind_ms[k] > 0)
+            fprintf(stderr, "  kind %-12s %8.3f ms\n", wk_kernel_names[k], kind_ms[k]);
+    for (int i = 0; i < n && i < 25; i++) {
+        const wk_step_t *s = &g->steps[order[i]];
+        const wk_value_t *y = &g->values[s->out];
+        char dims[96];
+        int len = 0;
+        for (int d = 0; d < y->ndim && len < (int)sizeof(dims) - 24; d++)
+            len += snprintf(dims + len, sizeof(dims) - (size_t)len, "%s%lld", d ? "x" : "",
+                            (long long)y->dims[d]);
+        dims[len] = '\0';
+        fprintf(stderr, "  step %4d %-12s out %-20s %s%s algo %d %8.3f ms\n", order[i],
+                wk_kernel_names[s->kind], dims, be->rep[s->out].nhwc ? "nhwc " : "",
+                be->rep[s->out].dt == CK_F32 ? "f32" : "16",
+                be->steps[order[i]].algo != NULL ? (int)be->steps[order[i]].algo[be->timed_batch]
+                                                 : -1,
+                be->step_ms[order[i]] / be->timed_runs);
+    }
+    free(order);
+}
+
 static void cuda_release(wk_plan_t *plan)
 {
     cuda_be_t *be = plan->be;
@@ -151,6 +196,12 @@ static void cuda_release(wk_plan_t *plan)
         cublasDestroy(be->blas);
     if (be->dnn)
         cudnnDestroy(be->dnn);
+    print_step_times(plan);
+    for (int i = 0; be->ev != NULL && i <= g->n_steps; i++)
+        if (be->ev[i])
+            cudaEventDestroy(be->ev[i]);
+    free(be->ev);
+    free(be->step_ms);
     if (be->copied)
         cudaEventDestroy(be->copied);
     if (be->copy_stream)
@@ -550,10 +601,16 @@ static wk_precision_t settle_precision(wk_plan_t *plan, int major)
     return p;
 }
 
+static bool step_times_wanted(void)
+{
+    const char *e = getenv("SQUISH_CUDA_STEP_TIMES");
+    return e != NULL && strcmp(e, "1") == 0;
+}
+
 static bool graphs_wanted(void)
 {
     const char *e = getenv("SQUISH_CUDA_GRAPHS");
-    return e == NULL || strcmp(e, "0") != 0;
+    return (e == NULL || strcmp(e, "0") != 0) && !step_times_wanted();
 }
 
 /* Each batch size once eagerly (the warm-up: first launches, lazy module
@@ -667,6 +724,12 @@ static int prepare_at(wk_plan_t *plan, wk_precision_t force)
     }
 
     be->steps = sq_xcalloc((size_t)(g->n_steps ? g->n_steps : 1), sizeof(*be->steps));
+    if (step_times_wanted()) {
+        be->ev = sq_xcalloc((size_t)g->n_steps + 1, sizeof(cudaEvent_t));
+        be->step_ms = sq_xcalloc((size_t)(g->n_steps ? g->n_steps : 1), sizeof(double));
+        for (int i = 0; i <= g->n_steps; i++)
+            CU(cudaEventCreate(&be->ev[i]));
+    }
     size_t ws_need = 0;
     for (int si = 0; si < g->n_steps; si++)
         if ((rc = prepare_step(plan, si, &ws_need)) != 0)
@@ -740,10 +803,12 @@ static int cuda_run(wk_plan_t *plan, int batch, float *const *outputs)
     }
     CU(cudaEventRecord(be->copied, be->copy_stream));
     CU(cudaStreamWaitEvent(be->stream, be->copied, 0));
+    be->timing = true;
     if (be->graph[batch] != NULL)
         CU(cudaGraphLaunch(be->graph[batch], be->stream));
     else if ((rc = wk__cuda_run_seq(plan, batch)) != 0)
         goto out;
+    be->timing = false;
     for (int i = 0; i < g->n_outputs; i++) {
         int v = g->outputs[i];
         const void *src = be->out_cvt[i] ? (const void *)(be->arena + be->out_offset[i])

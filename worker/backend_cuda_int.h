@@ -77,6 +77,13 @@ typedef struct {
     /* per batch size 1..max_batch: the captured step sequence, or NULL
      * where that size runs eagerly */
     cudaGraphExec_t *graph;
+    /* SQUISH_CUDA_STEP_TIMES=1, a developer's tool (CUDA graphs off): the
+     * steps of each run after the warm-up timed by events, summed per
+     * step and printed at release */
+    cudaEvent_t *ev; /* [n_steps + 1] */
+    double *step_ms; /* [n_steps] */
+    int timed_runs, timed_batch;
+    bool timing; /* the run in progress is timed */
 } cuda_be_t;
 
 extern const float wk__cuda_one, wk__cuda_zero;

@@ -635,13 +635,30 @@ int wk__cuda_run_seq(wk_plan_t *plan, int batch)
     cuda_be_t *be = plan->be;
     const wk_graph_t *g = plan->graph;
     int rc = 0;
-    for (int si = 0; si < g->n_steps; si++)
+    const bool timed = be->ev != NULL && be->timing;
+    if (timed)
+        CU(cudaEventRecord(be->ev[0], be->stream));
+    for (int si = 0; si < g->n_steps; si++) {
         if ((rc = run_step(plan, si, batch)) != 0)
             return rc;
+        if (timed)
+            CU(cudaEventRecord(be->ev[si + 1], be->stream));
+    }
+    if (timed) {
+        CU(cudaEventSynchronize(be->ev[g->n_steps]));
+        for (int si = 0; si < g->n_steps; si++) {
+            float ms = 0.0f;
+            CU(cudaEventElapsedTime(&ms, be->ev[si], be->ev[si + 1]));
+            be->step_ms[si] += ms;
+        }
+        be->timed_runs++;
+        be->timed_batch = batch;
+    }
     for (int i = 0; i < g->n_outputs; i++)
         if (be->out_cvt[i] &&
             (rc = wk__cuda_convert(plan, g->outputs[i], batch, (cuda_rep_t){CK_F32, false},
                                    be->arena + be->out_offset[i])) != 0)
             return rc;
-    return 0;
+out:
+    return rc;
 }
