@@ -15,11 +15,12 @@ from gpu_env import last_lines
 EXPORT_PY = r"""
 import inspect, json, sys, time, warnings
 warnings.filterwarnings("ignore")
-import torch, torchvision
+import torch
 name, exporter, path, batch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+sys.path.insert(0, sys.argv[5])
+from gpu_models import build
 torch.set_num_threads(2)
-torch.manual_seed(0)
-m = getattr(torchvision.models, name)(weights=None).eval()
+m = build(name)
 x = torch.randn(max(batch, 1), 3, 224, 224)
 kw = dict(input_names=["input"], output_names=["output"])
 if batch == 0:
@@ -54,7 +55,8 @@ def export_all(run, jobs):
     while pending or running:
         while pending and len(running) < par:
             j = pending.pop(0)
-            p = subprocess.Popen([sys.executable, "-c", EXPORT_PY, j[0], j[1], j[2], str(j[3])],
+            p = subprocess.Popen([sys.executable, "-c", EXPORT_PY, j[0], j[1], j[2], str(j[3]),
+                                  os.path.dirname(os.path.abspath(__file__))],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             running.append((j, p, time.time()))
         for item in list(running):

@@ -30,12 +30,14 @@ def markdown(res):
                 (r.get("why") or r.get("squish_loads_error") or "").replace("|", "/")[:160]))
     if res.get("parity"):
         lines += ["", "## Parity against torch fp32 (max |diff| / max |torch|)", "",
-                  "| model | device | asked | runs | batch | rel | tolerance | top-1 agree | pass |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+                  "| model | device | asked | runs | batch | rel | torch's own rel | tolerance "
+                  "| top-1 agree | pass |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for r in res["parity"]:
-            lines.append("| %s | %s | %s | %s | %d | %s | %s | %s | %s |" % (
+            lines.append("| %s | %s | %s | %s | %d | %s | %s | %s | %s | %s |" % (
                 r["model"], r["device"], r["precision"], r.get("runs"), r["batch"],
                 fmt(r.get("rel"), 6) if r.get("rel") is not None else r.get("error", "-")[:80],
+                fmt(r.get("torch_rel"), 6) if r.get("torch_rel") is not None else "-",
                 fmt(r.get("tolerance"), 4), fmt(r.get("top1_agree")), r.get("pass")))
     if res.get("speed"):
         bs = sorted({int(b) for r in res["speed"] for b in r["ms"]})
