@@ -382,22 +382,6 @@ int pl_loop_holders(const pl_loop_t *l, int kind, int64_t model, int *keys, int 
     return n;
 }
 
-typedef struct {
-    const lkind_t *kind;
-    const pl_loop_route_env_t *env;
-    int64_t model;
-} route_ctx_t;
-
-static int planned_worker(void *arg, int index, const pl_device_t *dev)
-{
-    const route_ctx_t *c = arg;
-    (void)index;
-    int key = dev->id >= 0 && dev->id < c->kind->nkeys ? c->kind->keys[dev->id] : -1;
-    if (key < 0)
-        return -1;
-    return c->env->usable == NULL || c->env->usable(c->env->ctx, key, c->model) ? key : -1;
-}
-
 int pl_loop_routes(const pl_loop_t *l, int64_t model, double slo_ms, const pl_loop_route_env_t *env,
                    pl_route_t *routes, int max)
 {
@@ -407,11 +391,14 @@ int pl_loop_routes(const pl_loop_t *l, int64_t model, double slo_ms, const pl_lo
         s != NULL && m != NULL && m->kind >= 0 && m->kind < l->cfg.nkinds && l->kinds[m->kind].has
             ? &l->kinds[m->kind]
             : NULL;
-    route_ctx_t ctx = {.kind = K, .env = env, .model = model};
-    /* A session planned without traffic got the minimal batch: its window
-     * is the dispatcher's own choice until a plan sees load. */
-    pl_route_rules_t rules = {.worker_of = planned_worker,
-                              .ctx = &ctx,
+    /* Plan device ids index the kind's keys; a session planned without
+     * traffic got the minimal batch: its window is the dispatcher's own
+     * choice until a plan sees load. */
+    pl_route_rules_t rules = {.workers = K != NULL ? K->keys : NULL,
+                              .nworkers = K != NULL ? K->nkeys : 0,
+                              .usable = env->usable,
+                              .ctx = env->ctx,
+                              .model = model,
                               .targets = s != NULL && s->planned_rps >= 1,
                               .fallback = (int *)env->holders,
                               .nfallback = env->nholders,

@@ -218,11 +218,16 @@ typedef struct {
 
 /* How a plan's placement becomes routes (pl_plan_routes). */
 typedef struct {
-    /* The worker that runs plan device `index` and can serve the session
-     * now (it holds the model), or -1. For a spare device of
-     * plan->overflow: index -1 and a device with only its id set. */
-    int (*worker_of)(void *ctx, int index, const pl_device_t *dev);
+    /* The worker that runs each device, by device id (a plan device's
+     * pl_device_t.id, a spare's pl_overflow_t.device_id): workers[id], or
+     * -1; an id outside [0, nworkers) has none. Given as data, so that the
+     * rule calls back into no planner code. */
+    const int *workers;
+    int nworkers;
+    /* Whether worker can serve model now (it holds it); NULL: all can. */
+    int (*usable)(void *ctx, int worker, int64_t model);
     void *ctx;
+    int64_t model; /* the session's, as usable is asked */
     /* 1: each route's target batch is its allocation's; 0: the plan saw
      * no traffic for the session, and the dispatcher picks (target 0). */
     int targets;

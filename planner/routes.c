@@ -22,6 +22,16 @@ static int listed(const pl_route_t *routes, int n, int worker)
     return 0;
 }
 
+/* The worker that runs device device_id and can serve the session now, or
+ * -1. */
+static int worker_at(const pl_route_rules_t *rules, int device_id)
+{
+    int worker = device_id >= 0 && device_id < rules->nworkers ? rules->workers[device_id] : -1;
+    if (worker < 0)
+        return -1;
+    return rules->usable == NULL || rules->usable(rules->ctx, worker, rules->model) ? worker : -1;
+}
+
 int pl_plan_routes(const pl_plan_t *plan, int session_id, const pl_route_rules_t *rules,
                    pl_route_t *routes, int max)
 {
@@ -36,7 +46,7 @@ int pl_plan_routes(const pl_plan_t *plan, int session_id, const pl_route_rules_t
             last = i;
             const pl_device_t *dev = &plan->devices[i];
             const pl_alloc_t *a = &dev->allocs[rules->index->alloc_ix[e->first_alloc + k]];
-            int worker = rules->worker_of(rules->ctx, i, dev);
+            int worker = worker_at(rules, dev->id);
             if (worker >= 0)
                 routes[n++] =
                     (pl_route_t){.worker = worker, .target_batch = rules->targets ? a->batch : 0};
@@ -47,7 +57,7 @@ int pl_plan_routes(const pl_plan_t *plan, int session_id, const pl_route_rules_t
             const pl_alloc_t *a = alloc_of(dev, session_id);
             if (a == NULL)
                 continue;
-            int worker = rules->worker_of(rules->ctx, i, dev);
+            int worker = worker_at(rules, dev->id);
             if (worker < 0)
                 continue;
             routes[n++] =
@@ -69,8 +79,7 @@ int pl_plan_routes(const pl_plan_t *plan, int session_id, const pl_route_rules_t
             &plan->overflow[rules->index != NULL ? rules->index->over[e->first_over + k] : k];
         if (o->session_id != session_id)
             continue;
-        pl_device_t spare = {.id = o->device_id};
-        int worker = rules->worker_of(rules->ctx, -1, &spare);
+        int worker = worker_at(rules, o->device_id);
         if (worker >= 0 && !listed(routes, n, worker))
             routes[n++] = (pl_route_t){.worker = worker, .overflow = planned > 0};
     }

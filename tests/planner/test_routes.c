@@ -5,12 +5,15 @@
 
 #include <string.h>
 
-/* Plan device i runs on worker 10 + i unless it is "not ready" (ctx). */
-static int worker_of(void *ctx, int index, const pl_device_t *dev)
+/* Plan device i runs on worker 10 + i (two_workers), usable unless it is
+ * "not ready" (ctx). */
+static const int two_workers[] = {10, 11};
+
+static int ready(void *ctx, int worker, int64_t model)
 {
     const int *not_ready = ctx;
-    (void)dev;
-    return not_ready[index] ? -1 : 10 + index;
+    (void)model;
+    return !not_ready[worker - 10];
 }
 
 static pl_plan_t two_devices(pl_device_t *dev, pl_alloc_t *a)
@@ -30,7 +33,9 @@ Test(routes, planned_devices_with_their_batches)
     pl_alloc_t a[3];
     pl_plan_t plan = two_devices(dev, a);
     int not_ready[2] = {0, 0}, fallback[] = {99}, fell = -1;
-    pl_route_rules_t r = {.worker_of = worker_of,
+    pl_route_rules_t r = {.workers = two_workers,
+                          .nworkers = 2,
+                          .usable = ready,
                           .ctx = not_ready,
                           .targets = 1,
                           .fallback = fallback,
@@ -57,7 +62,9 @@ Test(routes, the_fallback_serves_when_no_planned_device_can)
     pl_alloc_t a[3];
     pl_plan_t plan = two_devices(dev, a);
     int not_ready[2] = {0, 1}, fallback[] = {3, 5}, fell = -1;
-    pl_route_rules_t r = {.worker_of = worker_of,
+    pl_route_rules_t r = {.workers = two_workers,
+                          .nworkers = 2,
+                          .usable = ready,
                           .ctx = not_ready,
                           .targets = 1,
                           .fallback = fallback,
@@ -79,14 +86,11 @@ Test(routes, the_fallback_serves_when_no_planned_device_can)
     cr_assert_eq(pl_plan_routes(NULL, 7, &r, routes, 4), 0);
 }
 
-/* Spare devices of plan->overflow: worker_of sees index -1 and the spare's
- * id (here worker 20 + id); their routes come after the planned ones, with
- * the dispatcher's own batch, once each. */
-static int spare_worker_of(void *ctx, int index, const pl_device_t *dev)
-{
-    (void)ctx;
-    return index < 0 ? 20 + dev->id : 10 + index;
-}
+/* Spare devices of plan->overflow are found by their id too (here the
+ * planned devices 0 and 1 on workers 10 and 11, the spares 2 and 3 on 22
+ * and 23); their routes come after the planned ones, with the dispatcher's
+ * own batch, once each. */
+static const int spare_workers[] = {10, 11, 22, 23};
 
 Test(routes, spare_devices_take_overflow_after_the_planned_ones)
 {
@@ -100,7 +104,7 @@ Test(routes, spare_devices_take_overflow_after_the_planned_ones)
                           {.device_id = 2, .session_id = 9}};
     plan.overflow = ov;
     plan.noverflow = 5;
-    pl_route_rules_t r = {.worker_of = spare_worker_of, .targets = 1};
+    pl_route_rules_t r = {.workers = spare_workers, .nworkers = 4, .targets = 1};
     pl_route_t routes[8];
     cr_assert_eq(pl_plan_routes(&plan, 7, &r, routes, 8), 4);
     cr_assert(routes[0].worker == 10 && routes[0].target_batch == 4);
@@ -151,6 +155,10 @@ Test(routes, the_plan_index_lists_what_a_scan_finds)
                       .overflow = ov,
                       .nunplaced = 3,
                       .unplaced = un};
+    /* Planned devices on workers 10 + id, the spares on 20 + id. */
+    int workers[ND + 5];
+    for (int id = 0; id < ND + 5; id++)
+        workers[id] = id < ND ? 10 + id : 20 + id;
     pl_plan_index_t ix;
     pl_plan_index_build(&ix, &plan);
     cr_assert_null(pl_plan_index_get(&ix, 99));
@@ -183,7 +191,7 @@ Test(routes, the_plan_index_lists_what_a_scan_finds)
         cr_assert_float_eq(e->packed_rps, packed, 1e-9);
         cr_assert_float_eq(e->unplaced_rps, unplaced, 1e-9);
         cr_assert_float_eq(e->capacity_rps, pl_plan_capacity_rps(&plan, sid), 1e-9);
-        pl_route_rules_t r = {.worker_of = spare_worker_of, .targets = 1};
+        pl_route_rules_t r = {.workers = workers, .nworkers = ND + 5, .targets = 1};
         pl_route_t scan[32], fast[32];
         int n1 = pl_plan_routes(&plan, sid, &r, scan, 32);
         r.index = &ix;
