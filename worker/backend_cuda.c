@@ -228,6 +228,72 @@ static cudnnMathType_t f32_math(const cuda_be_t *be)
     return be->precision == WK_PRECISION_FP32 ? CUDNN_FMA_MATH : CUDNN_DEFAULT_MATH;
 }
 
+/* SQUISH_CUDA_CONV_ALGO=find: convolution algorithms chosen by timing
+ * them (cuDNN's find, as torch's cudnn.benchmark) rather than by cuDNN's
+ * heuristics, the default. Not yet measured on a GPU: bench/gpu/run
+ * --conv-algo-ab times both. */
+static bool conv_algo_find(void)
+{
+    const char *e = getenv("SQUISH_CUDA_CONV_ALGO");
+    return e != NULL && strcmp(e, "find") == 0;
+}
+
+/* Replaces conv si's heuristic algorithms by the fastest that cuDNN's find
+ * times at batch sizes 1, 2, 4, ... and max_batch, each used up to the
+ * next timed size (an algorithm's speed changes slowly with the batch;
+ * timing all 64 sizes would take minutes). A size whose found algorithm
+ * does not fit keeps the heuristic's. Descriptors of the conv and filter
+ * are set; td[0] and td[1] are left at the last size timed. */
+static int conv_find(wk_plan_t *plan, int si, bool half, cudnnMathType_t math)
+{
+    cuda_be_t *be = plan->be;
+    const wk_graph_t *g = plan->graph;
+    const wk_step_t *s = &g->steps[si];
+    cuda_step_t *cs = &be->steps[si];
+    const wk_value_t *x = &g->values[s->in[0]], *y = &g->values[s->out];
+    int rc = 0, lo = 1;
+    for (int b = 1; lo <= g->max_batch; b = b * 2 < g->max_batch ? b * 2 : g->max_batch) {
+        cudnnConvolutionFwdAlgoPerf_t perf[8];
+        int found = 0;
+        if (half) {
+            DNN(wk__cuda_set_nhwc(be->td[0], x, b, be->dt16));
+            DNN(wk__cuda_set_nhwc(be->td[1], y, b, be->dt16));
+        } else {
+            DNN(wk__cuda_set_value(be->td[0], x, b));
+            DNN(wk__cuda_set_value(be->td[1], y, b));
+        }
+        DNN(cudnnFindConvolutionForwardAlgorithm(be->dnn, be->td[0], cs->filter, cs->conv,
+                                                 be->td[1], 8, &found, perf));
+        /* fastest first; exact FP32 keeps to FMA math */
+        int pick = -1;
+        for (int i = 0; i < found && pick < 0; i++)
+            if (perf[i].status == CUDNN_STATUS_SUCCESS &&
+                (math != CUDNN_FMA_MATH || perf[i].mathType == CUDNN_FMA_MATH))
+                pick = i;
+        for (int k = lo; pick >= 0 && k <= b; k++) {
+            size_t ws = 0;
+            if (half) {
+                DNN(wk__cuda_set_nhwc(be->td[2], x, k, be->dt16));
+                DNN(wk__cuda_set_nhwc(be->td[3], y, k, be->dt16));
+            } else {
+                DNN(wk__cuda_set_value(be->td[2], x, k));
+                DNN(wk__cuda_set_value(be->td[3], y, k));
+            }
+            if (cudnnGetConvolutionForwardWorkspaceSize(be->dnn, be->td[2], cs->filter, cs->conv,
+                                                        be->td[3], perf[pick].algo,
+                                                        &ws) == CUDNN_STATUS_SUCCESS)
+                cs->algo[k] = perf[pick].algo;
+        }
+        SQ_DEBUG("cuda: step %d: batch %d..%d: algorithm %d by timing (%.3f ms at %d)", si, lo, b,
+                 pick >= 0 ? (int)perf[pick].algo : -1, pick >= 0 ? perf[pick].time : -1.0, b);
+        lo = b + 1;
+        if (b == g->max_batch)
+            break;
+    }
+out:
+    return rc;
+}
+
 /* Descriptors and algorithms of conv si, in 16 bits on NHWC (half) or in
  * FP32 row-major. Returns 0, 1 when cuDNN has no algorithm for some batch
  * size, or an error. */
@@ -299,7 +365,18 @@ static int conv_setup(wk_plan_t *plan, int si, bool half, size_t *ws_need)
         if (pick < 0)
             return 1;
         cs->algo[b] = perf[pick].algo;
+    }
+    if (conv_algo_find() && (rc = conv_find(plan, si, half, math)) != 0)
+        goto out;
+    for (int b = 1; b <= g->max_batch; b++) {
         size_t ws = 0;
+        if (half) {
+            DNN(wk__cuda_set_nhwc(be->td[0], x, b, be->dt16));
+            DNN(wk__cuda_set_nhwc(be->td[1], y, b, be->dt16));
+        } else {
+            DNN(wk__cuda_set_value(be->td[0], x, b));
+            DNN(wk__cuda_set_value(be->td[1], y, b));
+        }
         DNN(cudnnGetConvolutionForwardWorkspaceSize(be->dnn, be->td[0], cs->filter, cs->conv,
                                                     be->td[1], cs->algo[b], &ws));
         if (ws > need)

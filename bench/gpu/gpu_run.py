@@ -223,7 +223,8 @@ def compare(got, ref):
             "finite": finite}
 
 
-def squish_bench(run, model, device, precision, batches, checks, iters, warmup, timeout):
+def squish_bench(run, model, device, precision, batches, checks, iters, warmup, timeout,
+                 extra_env=None):
     """One squish-cpu-bench process: the checks [(batch, in, out)] written,
     then timed runs at each batch. A file fixed at batch 1 runs batch 1
     only. Returns (rows, error)."""
@@ -242,7 +243,7 @@ def squish_bench(run, model, device, precision, batches, checks, iters, warmup, 
     for (b, i, o) in checks:
         args += ["--check", str(b), i, o]
     args.append(info["file"])
-    rc, out, err = run.kit_run(args, timeout=timeout)
+    rc, out, err = run.kit_run(args, timeout=timeout, extra_env=extra_env)
     rows = []
     for line in out.splitlines():
         try:
@@ -347,6 +348,21 @@ def phase_models(run):
             if rows:
                 speed.append(speed_row(m, "squish %s %s" % (device.split(":")[0], prec), rows))
                 run.say("speed %s squish %s %s" % (m, prec, speed[-1]["ms"]))
+        if a.conv_algo_ab and not a.dry_run:
+            # the same plans with algorithms chosen by timing (A/B: the
+            # heuristics' rows above, these after)
+            for prec in timed:
+                ck = checks_for(m, device, prec + "-find")
+                rows, err = squish_bench(run, m, device, prec, a.batches, ck, iters=a.iters,
+                                         warmup=3, timeout=min(300, max(10, run.left() - 10)),
+                                         extra_env={"SQUISH_CUDA_CONV_ALGO": "find"})
+                parity += parity_rows(run, m, device, prec, ck, rows, err, ref)
+                if err:
+                    run.error("speed %s squish %s find" % (m, prec), err)
+                if rows:
+                    speed.append(speed_row(m, "squish %s %s, algorithms by timing" % (
+                        device.split(":")[0], prec), rows))
+                    run.say("speed %s squish %s find %s" % (m, prec, speed[-1]["ms"]))
         del ref
         if a.step_times and not a.dry_run:
             for prec in timed:
@@ -611,6 +627,9 @@ def main():
     ap.add_argument("--export-timeout-s", type=int, default=150)
     ap.add_argument("--both-exporters", action="store_true",
                     help="dry run: also try the dynamo exporter (always on a GPU run)")
+    ap.add_argument("--conv-algo-ab", action="store_true",
+                    help="also time the cuda worker with convolution algorithms chosen by "
+                         "timing (SQUISH_CUDA_CONV_ALGO=find)")
     ap.add_argument("--step-times", action="store_true",
                     help="also time the cuda worker's steps at the largest batch (eager)")
     ap.add_argument("--skip", default="", help="phases to skip, comma-separated")
