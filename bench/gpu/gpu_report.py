@@ -48,10 +48,11 @@ def markdown(res):
             ms = {int(k): x for k, x in r["ms"].items()}
             lines.append("| %s | %s | %s |" % (r["model"], r["engine"],
                                                " | ".join(fmt(ms.get(b)) for b in bs)))
-    e = res.get("e2e")
-    if e:
-        lines += ["", "## End to end: %s, %s, SLO %s ms" % (e.get("model"), e.get("workers"),
-                                                           e.get("slo_ms")), ""]
+    for e in [res.get("e2e")] + res.get("e2e_more", []):
+        if not e:
+            continue
+        lines += ["", "## End to end: %s, %s, %s, SLO %s ms" % (
+            e.get("model"), e.get("workers"), e.get("precision_asked", "fp32"), e.get("slo_ms")), ""]
         for label in ("jpeg /v1", "uint8 tensor /v2"):
             x = e.get(label)
             if x:
@@ -60,6 +61,8 @@ def markdown(res):
                     "" if "best" not in x else ", p99 %s ms" % fmt(x["best"]["latency_ms"]["p99"])))
                 if "error" in x or "skipped" in x:
                     lines.append("  - %s" % (x.get("error") or x.get("skipped")))
+        if e.get("error"):
+            lines.append("- failed: %s" % str(e["error"])[:300])
         if e.get("live_vs_profile"):
             lines += ["", "| batch | batches | live ms | profile ms | live / profile |",
                       "|---|---|---|---|---|"]
