@@ -356,8 +356,10 @@ typedef struct {
  * Returns 0 and sets *out (caller frees), or a negative SQ_* code with err
  * filled (err may be NULL): SQ_BAD_MODEL for bytes that are not a valid
  * model, SQ_UNSUPPORTED_MODEL for a valid model the worker cannot run,
- * SQ_TOO_LARGE past 1 GiB. Never crashes on any byte string; sizes are
- * capped (MDB_MAX_*), and so is what decoding and folding may allocate. */
+ * SQ_TOO_LARGE past 1 GiB, SQ_BAD_CONFIG for an input with symbolic sizes
+ * past the batch (they need a pin: mdb_onnx_import_pinned). Never crashes
+ * on any byte string; sizes are capped (MDB_MAX_*), and so is what decoding
+ * and folding may allocate. */
 int mdb_onnx_import(const void *bytes, size_t len, mdb_graph_t **out, mdb_import_error_t *err);
 
 /* A graph input replaced by a constant: name and a serialized TensorProto
@@ -374,6 +376,26 @@ typedef struct {
  * fold into attributes. */
 int mdb_onnx_import_bound(const void *bytes, size_t len, const mdb_onnx_const_t *consts,
                           int n_consts, mdb_graph_t **out, mdb_import_error_t *err);
+
+/* The sizes an upload gives its model's runtime input past the batch (the
+ * upload config's "input": {"shape": [C, H, W]}, Triton's `dims`): one per
+ * dimension after dim 0, in the file's order. A file whose input has
+ * symbolic sizes there (height and width exported dynamic) is imported as
+ * if it had these; a static size must equal its pin. rank 0: no pin. */
+typedef struct {
+    int rank;
+    int64_t dims[MDB_MAX_RANK - 1];
+} mdb_input_pin_t;
+
+/* mdb_onnx_import with the first runtime input's sizes past the batch
+ * pinned (pin may be NULL: none). Besides mdb_onnx_import's errors:
+ * SQ_BAD_CONFIG, its detail naming the config key ("config.input.shape:
+ * ..."), for a symbolic size past the batch without a pin (the detail says
+ * what to send, for this model's rank), a pin of another rank, or a pin
+ * that contradicts a static size (the detail names the dimension and the
+ * file's size). */
+int mdb_onnx_import_pinned(const void *bytes, size_t len, const mdb_input_pin_t *pin,
+                           mdb_graph_t **out, mdb_import_error_t *err);
 
 /* What the gateway stores and shows about a model. */
 typedef struct {

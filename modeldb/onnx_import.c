@@ -37,6 +37,9 @@ typedef struct {
         int count;
     } named[MAX_NAMED_OPS];
     int nnamed;
+    /* The sizes the upload pins the first runtime input to past the
+     * batch, or NULL. */
+    const mdb_input_pin_t *pin;
 } ectx_t;
 
 /* ---- errors ------------------------------------------------------------ */
@@ -432,6 +435,87 @@ static int add_binding(ectx_t *e, mdb_graph_t *g, const mdb_onnx_const_t *b, con
     return t;
 }
 
+/* ---- the runtime input's sizes past the batch --------------------------- */
+
+/* The file's shape of an input, as "[batch, 3, height, width]": sizes,
+ * and the names of symbolic ones ("?" when unnamed). */
+static void file_shape_str(const Onnx__TensorShapeProto *sp, char *buf, size_t len)
+{
+    size_t at = (size_t)snprintf(buf, len, "[");
+    for (size_t d = 0; d < sp->n_dim && at < len; d++) {
+        const Onnx__TensorShapeProto__Dimension *dim = sp->dim[d];
+        const char *sep = d ? ", " : "";
+        if (dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE)
+            at += (size_t)snprintf(buf + at, len - at, "%s%lld", sep, (long long)dim->dim_value);
+        else
+            at += (size_t)snprintf(
+                buf + at, len - at, "%s%.24s", sep,
+                dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM &&
+                        dim->dim_param && *dim->dim_param
+                    ? dim->dim_param
+                    : "?");
+    }
+    if (at < len)
+        snprintf(buf + at, len - at, "]");
+}
+
+/* Sizes dims 1.. of the first runtime input from the file and e->pin: a
+ * symbolic size takes its pin, a static one must equal it; without a pin a
+ * symbolic size is refused with what to send. The pin's errors name the
+ * upload config's key, where pins come from. */
+static int pin_input(ectx_t *e, const char *name, const Onnx__TensorShapeProto *sp,
+                     mdb_shape_t *shape)
+{
+    const mdb_input_pin_t *pin = e->pin != NULL && e->pin->rank > 0 ? e->pin : NULL;
+    char file[256];
+    file_shape_str(sp, file, sizeof(file));
+    if (pin != NULL && pin->rank != shape->rank - 1)
+        return fail(e, SQ_BAD_CONFIG,
+                    "config.input.shape: %d sizes, but input '%s' of shape %s has %d past the "
+                    "batch",
+                    pin->rank, name, file, shape->rank > 0 ? shape->rank - 1 : 0);
+    int symbolic = 0;
+    for (int d = 1; d < shape->rank; d++) {
+        const Onnx__TensorShapeProto__Dimension *dim = sp->dim[d];
+        bool known = dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
+        if (known && (dim->dim_value < 0 || dim->dim_value > MDB_MAX_DIM))
+            return fail(e, SQ_BAD_MODEL, "input '%s': dimension %d has size %lld", name, d,
+                        (long long)dim->dim_value);
+        if (pin == NULL) {
+            symbolic += !known;
+            shape->dims[d] = known ? dim->dim_value : 0;
+            continue;
+        }
+        int64_t want = pin->dims[d - 1];
+        if (want < 1 || want > MDB_MAX_DIM)
+            return fail(e, SQ_BAD_CONFIG, "config.input.shape[%d]: %lld is not a size", d - 1,
+                        (long long)want);
+        if (known && dim->dim_value != want)
+            return fail(e, SQ_BAD_CONFIG,
+                        "config.input.shape[%d]: %lld, but input '%s' has %lld there (dimension "
+                        "%d of %s); only its symbolic sizes can be pinned",
+                        d - 1, (long long)want, name, (long long)dim->dim_value, d, file);
+        shape->dims[d] = want;
+    }
+    if (symbolic == 0)
+        return 0;
+    /* What to send, for this model's rank: its static sizes as they are,
+     * an example size in place of each symbolic one. */
+    char example[160];
+    size_t at = (size_t)snprintf(example, sizeof(example), "[");
+    for (int d = 1; d < shape->rank && at < sizeof(example); d++)
+        at += (size_t)snprintf(example + at, sizeof(example) - at, "%s%lld", d > 1 ? ", " : "",
+                               shape->dims[d] > 0 ? (long long)shape->dims[d] : 224LL);
+    if (at < sizeof(example))
+        snprintf(example + at, sizeof(example) - at, "]");
+    return fail(e, SQ_BAD_CONFIG,
+                "config.input.shape: required: input '%s' has %d symbolic size%s past the batch "
+                "(%s); pin %s in the upload config to the size to serve, as \"input\": "
+                "{\"shape\": %s} (one size per model: upload it again for another)",
+                name, symbolic, symbolic > 1 ? "s" : "", file, symbolic > 1 ? "them" : "it",
+                example);
+}
+
 /* How build() reads dim 0 of the runtime inputs. */
 typedef enum {
     BATCH_SYMBOLIC, /* the batch N, even when the file gives a number */
@@ -513,6 +597,11 @@ static int build(ectx_t *e, const Onnx__ModelProto *m, int64_t opset, batch_mode
             goto out;
         }
         mdb_shape_t shape = {.rank = (int)tt->shape->n_dim};
+        /* The first runtime input's sizes past the batch may be pinned by
+         * the upload (pin_input); every other input's are the file's. */
+        bool first = g->n_inputs == 0;
+        if (first && (rc = pin_input(e, name, tt->shape, &shape)) != 0)
+            goto out;
         for (int d = 0; d < shape.rank; d++) {
             const Onnx__TensorShapeProto__Dimension *dim = tt->shape->dim[d];
             bool known = dim->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
@@ -528,10 +617,12 @@ static int build(ectx_t *e, const Onnx__ModelProto *m, int64_t opset, batch_mode
                 shape.dims[d] = MDB_DIM_BATCH;
                 continue;
             }
+            if (d > 0 && first)
+                continue; /* pin_input's */
             if (!known || dim->dim_value < 0 || dim->dim_value > MDB_MAX_DIM) {
                 rc = fail(e, SQ_UNSUPPORTED_MODEL,
                           "input '%s': dimension %d is not a static size (only the batch may "
-                          "be symbolic)",
+                          "be symbolic in an input after the first)",
                           name, d);
                 goto out;
             }
@@ -689,10 +780,25 @@ int mdb_onnx_import(const void *bytes, size_t len, mdb_graph_t **out, mdb_import
     return mdb_onnx_import_bound(bytes, len, NULL, 0, out, err);
 }
 
+static int import(const void *bytes, size_t len, const mdb_onnx_const_t *consts, int n_consts,
+                  const mdb_input_pin_t *pin, mdb_graph_t **out, mdb_import_error_t *err);
+
 int mdb_onnx_import_bound(const void *bytes, size_t len, const mdb_onnx_const_t *consts,
                           int n_consts, mdb_graph_t **out, mdb_import_error_t *err)
 {
-    ectx_t e = {.err = err};
+    return import(bytes, len, consts, n_consts, NULL, out, err);
+}
+
+int mdb_onnx_import_pinned(const void *bytes, size_t len, const mdb_input_pin_t *pin,
+                           mdb_graph_t **out, mdb_import_error_t *err)
+{
+    return import(bytes, len, NULL, 0, pin, out, err);
+}
+
+static int import(const void *bytes, size_t len, const mdb_onnx_const_t *consts, int n_consts,
+                  const mdb_input_pin_t *pin, mdb_graph_t **out, mdb_import_error_t *err)
+{
+    ectx_t e = {.err = err, .pin = pin};
     Onnx__ModelProto *m = NULL;
     int rc;
     *out = NULL;

@@ -270,8 +270,11 @@ Test(onnx_import, random_mutations_never_crash)
             mdb_graph_free(g);
         } else {
             bad++;
-            cr_assert(rc == SQ_BAD_MODEL || rc == SQ_UNSUPPORTED_MODEL || rc == SQ_NOMEM, "rc %d",
-                      rc);
+            /* SQ_BAD_CONFIG: a size of the input became symbolic (it
+             * needs a pin). */
+            cr_assert(rc == SQ_BAD_MODEL || rc == SQ_UNSUPPORTED_MODEL || rc == SQ_NOMEM ||
+                          rc == SQ_BAD_CONFIG,
+                      "rc %d", rc);
             cr_assert_null(g);
             cr_assert_neq(err.detail[0], '\0');
         }
@@ -814,5 +817,126 @@ Test(onnx_import, legacy_softmax_is_accepted_only_where_it_means_one_axis)
     cr_assert_eq(import_builder(&b, &g, &err), 0, "%s", err.detail);
     cr_assert_eq(mdb_node_int(&g->nodes[0], "axis", -1), 2);
     mdb_graph_free(g);
+    mb_free(&b);
+}
+
+/* ---- input sizes pinned at upload (mdb_onnx_import_pinned) ------------- */
+
+/* The small CNN with its input's height and width exported symbolic (as
+ * torch's dynamic_axes on H and W write them). */
+static void small_cnn_dynamic_hw(mb_t *b)
+{
+    mb_small_cnn(b, 13);
+    Onnx__TensorShapeProto *sp = b->inputs[0]->type->tensor_type->shape;
+    const char *names[] = {"batch", NULL, "height", "width"};
+    for (int d = 2; d < 4; d++) {
+        sp->dim[d]->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM;
+        sp->dim[d]->dim_param = mb_str(b, names[d]);
+    }
+}
+
+static int import_pinned(mb_t *b, int rank, const int64_t *dims, mdb_graph_t **g,
+                         mdb_import_error_t *err)
+{
+    mdb_input_pin_t pin = {.rank = rank};
+    for (int d = 0; d < rank; d++)
+        pin.dims[d] = dims[d];
+    size_t len;
+    uint8_t *bytes = mb_pack(b, &len);
+    int rc = mdb_onnx_import_pinned(bytes, len, &pin, g, err);
+    free(bytes);
+    return rc;
+}
+
+Test(onnx_import, a_symbolic_height_and_width_without_a_pin_say_what_to_send)
+{
+    mb_t b;
+    small_cnn_dynamic_hw(&b);
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_CONFIG, "%s", err.detail);
+    cr_assert_null(g);
+    /* The config key, the file's shape with its names, and an example of
+     * the model's own rank with its static channel count. */
+    cr_assert_not_null(strstr(err.detail, "config.input.shape: required"), "%s", err.detail);
+    cr_assert_not_null(strstr(err.detail, "[N, 3, height, width]"), "%s", err.detail);
+    cr_assert_not_null(strstr(err.detail, "\"input\": {\"shape\": [3, 224, 224]}"), "%s",
+                       err.detail);
+    /* An empty pin is no pin. */
+    cr_assert_eq(import_pinned(&b, 0, NULL, &g, &err), SQ_BAD_CONFIG, "%s", err.detail);
+    mb_free(&b);
+}
+
+Test(onnx_import, a_pinned_height_and_width_import_as_the_static_model)
+{
+    mb_t dyn, fixed;
+    small_cnn_dynamic_hw(&dyn);
+    mb_small_cnn(&fixed, 13);
+    Onnx__TensorShapeProto *sp = fixed.inputs[0]->type->tensor_type->shape;
+    sp->dim[2]->dim_value = 16;
+    sp->dim[3]->dim_value = 24;
+    mdb_graph_t *pinned = NULL, *stat = NULL;
+    mdb_import_error_t err;
+    int64_t pin[] = {3, 16, 24};
+    cr_assert_eq(import_pinned(&dyn, 3, pin, &pinned, &err), 0, "%s", err.detail);
+    cr_assert_eq(import_builder(&fixed, &stat, &err), 0, "%s", err.detail);
+    int64_t in[] = {MDB_DIM_BATCH, 3, 16, 24}, conv[] = {MDB_DIM_BATCH, 4, 16, 24};
+    expect_shape(&pinned->tensors[pinned->inputs[0]].shape, 4, in, "input");
+    cr_assert_eq(pinned->nodes[0].op, MDB_OP_CONV);
+    expect_shape(&pinned->tensors[pinned->nodes[0].outputs[0]].shape, 4, conv, "conv");
+    /* The same graph as the file exported at that size: the signatures
+     * hash the input's shape and every node's. */
+    cr_assert_eq(pinned->n_nodes, stat->n_nodes);
+    mdb_node_sig_t *a = calloc((size_t)pinned->n_nodes, sizeof(*a));
+    mdb_node_sig_t *s = calloc((size_t)stat->n_nodes, sizeof(*s));
+    cr_assert_eq(mdb_graph_signature(pinned, a), 0);
+    cr_assert_eq(mdb_graph_signature(stat, s), 0);
+    for (int i = 0; i < pinned->n_nodes; i++)
+        cr_assert_eq(memcmp(&a[i].hash, &s[i].hash, sizeof(a[i].hash)), 0, "node %d", i);
+    /* A static file takes a pin that says what it has. */
+    mdb_graph_t *again = NULL;
+    cr_assert_eq(import_pinned(&fixed, 3, pin, &again, &err), 0, "%s", err.detail);
+    mdb_graph_free(again);
+    free(a);
+    free(s);
+    mdb_graph_free(pinned);
+    mdb_graph_free(stat);
+    mb_free(&dyn);
+    mb_free(&fixed);
+}
+
+Test(onnx_import, a_pin_that_contradicts_a_static_size_names_the_dimension)
+{
+    mb_t b;
+    small_cnn_dynamic_hw(&b);
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    int64_t four_channels[] = {4, 16, 24};
+    cr_assert_eq(import_pinned(&b, 3, four_channels, &g, &err), SQ_BAD_CONFIG, "%s", err.detail);
+    cr_assert_null(g);
+    cr_assert_not_null(strstr(err.detail, "config.input.shape[0]: 4, but input 'x' has 3 there"),
+                       "%s", err.detail);
+    /* A static file's sizes are pinned by the file. */
+    mb_t fixed;
+    mb_small_cnn(&fixed, 13);
+    int64_t other_size[] = {3, 8, 9};
+    cr_assert_eq(import_pinned(&fixed, 3, other_size, &g, &err), SQ_BAD_CONFIG, "%s", err.detail);
+    cr_assert_not_null(strstr(err.detail, "config.input.shape[2]: 9, but input 'x' has 8 there"),
+                       "%s", err.detail);
+    mb_free(&fixed);
+    mb_free(&b);
+}
+
+Test(onnx_import, a_pin_of_another_rank_is_refused)
+{
+    mb_t b;
+    small_cnn_dynamic_hw(&b);
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    int64_t hw[] = {16, 24};
+    cr_assert_eq(import_pinned(&b, 2, hw, &g, &err), SQ_BAD_CONFIG, "%s", err.detail);
+    cr_assert_not_null(strstr(err.detail, "config.input.shape: 2 sizes, but input 'x'"), "%s",
+                       err.detail);
+    cr_assert_not_null(strstr(err.detail, "has 3 past the batch"), "%s", err.detail);
     mb_free(&b);
 }
