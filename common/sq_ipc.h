@@ -231,7 +231,11 @@ typedef struct {
      * config's "precision"); the plan may run another (PROFILE_DONE says
      * which). Protocol 8. */
     uint8_t precision;
-    uint32_t in_chw[3];   /* emulated: item shape ({C,H,W}, or {H,W,C} for NHWC) */
+    /* The item's shape ({C,H,W}, or {H,W,C} for NHWC): an emulated plan
+     * takes it; an ONNX file's input is imported with its sizes past the
+     * batch pinned to it (mdb_input_pin_t: the upload's input.shape where
+     * the file left them symbolic). */
+    uint32_t in_chw[3];
     uint32_t out_classes; /* emulated: floats per item (its row: one output) */
     /* emulated detector (det_slots > 0): the row is det_slots boxes (4
      * floats each, normalized x0 y0 x1 y1) then det_slots scores, so

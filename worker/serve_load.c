@@ -14,6 +14,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* The sizes squishd serves the input at past the batch (the model's
+ * record: the file's, or what the upload pinned its symbolic sizes to):
+ * the file is imported with them, so that a file exported with a dynamic
+ * height and width plans as the static model it is served as. */
+static mdb_input_pin_t load_pin(const sq_model_load_t *spec)
+{
+    mdb_input_pin_t pin = {0};
+    if (spec->in_chw[0] > 0 && spec->in_chw[1] > 0 && spec->in_chw[2] > 0) {
+        pin.rank = 3;
+        for (int d = 0; d < 3; d++)
+            pin.dims[d] = spec->in_chw[d];
+    }
+    return pin;
+}
+
 /* A prefix group: every member's file is in the byte cache (the job holds
  * them); each is imported and cut where squishd says. */
 static int load_group(const job_t *j, const wk_plan_opts_t *opts, wk_group_t **out, char *why,
@@ -27,10 +42,13 @@ static int load_group(const job_t *j, const wk_plan_opts_t *opts, wk_group_t **o
         snprintf(why, (size_t)why_size, "prefix groups run on cpu and cuda devices");
         return SQ_INVAL;
     }
+    /* Members share their input (squishd groups only those). */
+    mdb_input_pin_t pin = load_pin(spec);
     for (int i = 0; i < n && rc == 0; i++) {
         mdb_import_error_t ierr;
         cuts[i] = spec->members[i].cut;
-        rc = mdb_onnx_import(j->member_bytes[i], j->member_nbytes[i], &graphs[i], &ierr);
+        rc = mdb_onnx_import_pinned(j->member_bytes[i], j->member_nbytes[i], &pin, &graphs[i],
+                                    &ierr);
         if (rc != 0)
             snprintf(why, (size_t)why_size, "member %d import: %s %s", i, ierr.detail, ierr.ops);
     }
@@ -211,7 +229,8 @@ static void build_model(server_t *s, job_t *j)
     } else {
         mdb_graph_t *g = NULL;
         mdb_import_error_t ierr;
-        rc = mdb_onnx_import(j->bytes, j->nbytes, &g, &ierr);
+        mdb_input_pin_t pin = load_pin(spec);
+        rc = mdb_onnx_import_pinned(j->bytes, j->nbytes, &pin, &g, &ierr);
         import_ms = (sq_now_ns() - started_ns) / 1000000;
         if (rc != 0)
             snprintf(why, sizeof(why), "import: %s %s", ierr.detail, ierr.ops);

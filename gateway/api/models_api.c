@@ -74,6 +74,9 @@ static const char *oip_datatype(mdb_dtype_t dt)
     }
 }
 
+_Static_assert(GW_INPUT_MAX_RANK == MDB_MAX_RANK - 1,
+               "an input.shape pins every size past the batch");
+
 static json_t *shape_json(const mdb_shape_t *s)
 {
     json_t *a = json_array();
@@ -340,7 +343,12 @@ static void upload_onnx(mdb_t *db, model_job_t *j)
     } else if (cfg->labels != NULL) {
         labels = json_incref(cfg->labels);
     }
-    rc = mdb_onnx_import(model->data, model->len, &g, &ierr);
+    /* The config's input.shape pins the input's symbolic sizes (the
+     * importer says what to send when it has some and no pin). */
+    mdb_input_pin_t pin = {.rank = cfg->input_rank};
+    for (int d = 0; d < cfg->input_rank; d++)
+        pin.dims[d] = cfg->input_shape[d];
+    rc = mdb_onnx_import_pinned(model->data, model->len, &pin, &g, &ierr);
     if (rc != 0) {
         /* The importer's detail names the ops (and their nodes where it
          * knows them) and the opset, once. */

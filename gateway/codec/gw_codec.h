@@ -287,7 +287,11 @@ int gw_part_is(const gw_part_t *p, const char *s);
  * An emulated model (no ONNX file) carries its profile instead:
  * {"name", "profile": {"alpha_ms", "beta_ms"} or {"batch": [...],
  * "latency_ms": [...], "latency_std_ms": [...]}, "max_batch", "memory_mb",
- * "input": {"shape": [3, 224, 224]}, "num_classes"}. An emulated detector
+ * "input": {"shape": [3, 224, 224]}, "num_classes"}. An ONNX model may say
+ * "input": {"shape": [...]} too: the sizes its input's symbolic dimensions
+ * past the batch are served at (one per dimension after the batch, static
+ * ones as the file has them; the importer checks them against the file).
+ * An emulated detector
  * (for pipelines) says "detections": {"mean": gamma, "slots": K} instead of
  * num_classes: its outputs are "boxes" [N, K, 4] (normalized x0 y0 x1 y1,
  * on a grid so that no two overlap) and "scores" [N, K], and each item gets
@@ -299,6 +303,10 @@ int gw_part_is(const gw_part_t *p, const char *s);
 /* An emulated detector's boxes per item (the IPC bound SQ_MAX_EMU_DET_SLOTS). */
 #define GW_EMU_DET_MAX_SLOTS 1024
 #define GW_EMU_DET_DEFAULT_SLOTS 32
+/* Sizes past the batch an upload config's input.shape may give (an input
+ * of rank MDB_MAX_RANK), and the largest of them. */
+#define GW_INPUT_MAX_RANK 7
+#define GW_INPUT_MAX_DIM 65536
 
 /* Which versions of a model are served (Triton's version_policy): all
  * (the default), the latest N ready ones, or the ones listed. The newest
@@ -336,7 +344,12 @@ typedef struct {
     int nrows;
     mdb_profile_row_t rows[GW_MAX_PROFILE_ROWS];
     double memory_mb;
-    int input_shape[3]; /* C, H, W */
+    /* "input": {"shape": [...]}: the item's sizes past the batch, in the
+     * model's order. An emulated model's [C, H, W] (default [3, 224, 224]);
+     * an ONNX model's pin of the symbolic sizes of its input (Triton's
+     * dims; mdb_input_pin_t), input_rank 0 when not given. */
+    int input_rank;
+    int input_shape[GW_INPUT_MAX_RANK];
     int num_classes;
     int det_slots;   /* emulated detector: K boxes per item; 0 = a classifier */
     double det_mean; /* emulated detector: mean detections per item */

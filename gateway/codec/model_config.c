@@ -249,6 +249,31 @@ static int parse_detections(json_t *v, json_t *root, gw_model_config_t *cfg, cha
     return 0;
 }
 
+/* An ONNX model's "input": {"shape": [...]}: a size for each dimension of
+ * its input past the batch, which the importer pins the symbolic ones to
+ * (and checks the static ones against: it knows the file). */
+static int parse_input_pin(json_t *v, gw_model_config_t *cfg, char *err, size_t errlen)
+{
+    json_t *shape = json_object_get(v, "shape");
+    if (!json_is_object(v) || json_object_size(v) != 1 || !json_is_array(shape) ||
+        json_array_size(shape) < 1 || json_array_size(shape) > GW_INPUT_MAX_RANK)
+        return bad(err, errlen, "input",
+                   "expected {\"shape\": [C, H, W]}: the input's sizes past the batch, in the "
+                   "model's order");
+    for (size_t i = 0; i < json_array_size(shape); i++) {
+        json_t *d = json_array_get(shape, i);
+        if (!json_is_integer(d) || json_integer_value(d) < 1 ||
+            json_integer_value(d) > GW_INPUT_MAX_DIM) {
+            char path[32];
+            snprintf(path, sizeof(path), "input.shape[%zu]", i);
+            return bad(err, errlen, path, "expected a size in 1..65536");
+        }
+        cfg->input_shape[i] = (int)json_integer_value(d);
+    }
+    cfg->input_rank = (int)json_array_size(shape);
+    return 0;
+}
+
 int gw_model_config_parse(const char *text, size_t len, int emulated, gw_model_config_t *cfg,
                           char *err, size_t errlen)
 {
@@ -264,6 +289,7 @@ int gw_model_config_parse(const char *text, size_t len, int emulated, gw_model_c
     cfg->emulated = emulated;
     cfg->input_shape[0] = 3;
     cfg->input_shape[1] = cfg->input_shape[2] = 224;
+    cfg->input_rank = emulated ? 3 : 0;
     cfg->num_classes = 1000;
     cfg->memory_mb = 100;
 
@@ -404,15 +430,18 @@ int gw_model_config_parse(const char *text, size_t len, int emulated, gw_model_c
     }
     json_t *profile = json_object_get(root, "profile");
     if (!emulated) {
-        if (profile != NULL || json_object_get(root, "input") != NULL ||
-            json_object_get(root, "num_classes") != NULL ||
+        if (profile != NULL || json_object_get(root, "num_classes") != NULL ||
             json_object_get(root, "memory_mb") != NULL ||
             json_object_get(root, "detections") != NULL) {
             rc = bad(err, errlen, "profile",
-                     "profile, input, num_classes, detections and memory_mb are for emulated "
+                     "profile, num_classes, detections and memory_mb are for emulated "
                      "models only (an ONNX model is profiled by the worker)");
             goto out;
         }
+        if ((v = json_object_get(root, "input")) != NULL &&
+            (rc = parse_input_pin(v, cfg, err, errlen)) != 0)
+            goto out;
+        rc = SQ_BAD_CONFIG;
     } else {
         if (profile == NULL) {
             rc = bad(err, errlen, "profile", "an emulated model (no ONNX file) needs a profile");

@@ -261,3 +261,51 @@ Test(model_config, a_bad_precision_names_the_field_and_its_values)
     EXPECT_BAD("{\"name\": \"p\", \"labels\": [\"a\"], \"precision\": \"x\"}", 0, SQ_BAD_CONFIG,
                "config.precision");
 }
+
+Test(model_config, an_onnx_model_may_pin_its_input_sizes)
+{
+    gw_model_config_t cfg;
+    char err[512];
+    /* Not given: nothing pinned (the file's sizes). */
+    cr_assert_eq(parse("{\"name\": \"det\"}", 0, &cfg, err), 0, "%s", err);
+    cr_assert_eq(cfg.input_rank, 0);
+    gw_model_config_dispose(&cfg);
+    /* Triton's dims: every size past the batch, in the model's order. */
+    cr_assert_eq(parse("{\"name\": \"det\", \"input\": {\"shape\": [3, 480, 640]}}", 0, &cfg, err),
+                 0, "%s", err);
+    cr_assert_eq(cfg.input_rank, 3);
+    cr_assert_eq(cfg.input_shape[0], 3);
+    cr_assert_eq(cfg.input_shape[1], 480);
+    cr_assert_eq(cfg.input_shape[2], 640);
+    gw_model_config_dispose(&cfg);
+    /* Another rank is the importer's to judge (it knows the file). */
+    cr_assert_eq(parse("{\"name\": \"seq\", \"input\": {\"shape\": [128, 80]}}", 0, &cfg, err), 0,
+                 "%s", err);
+    cr_assert_eq(cfg.input_rank, 2);
+    gw_model_config_dispose(&cfg);
+    /* An emulated model's is its [C, H, W], as ever. */
+    cr_assert_eq(parse("{\"name\": \"e\", \"profile\": {\"alpha_ms\": 1, \"beta_ms\": 1}, "
+                       "\"input\": {\"shape\": [3, 16, 24]}}",
+                       1, &cfg, err),
+                 0, "%s", err);
+    cr_assert_eq(cfg.input_rank, 3);
+    cr_assert_eq(cfg.input_shape[2], 24);
+    gw_model_config_dispose(&cfg);
+}
+
+Test(model_config, a_bad_input_pin_names_its_path)
+{
+    EXPECT_BAD("{\"name\": \"a\", \"input\": [3, 32, 32]}", 0, SQ_BAD_CONFIG,
+               "config.input: expected {\"shape\": [C, H, W]}");
+    EXPECT_BAD("{\"name\": \"a\", \"input\": {\"shape\": []}}", 0, SQ_BAD_CONFIG, "config.input");
+    EXPECT_BAD("{\"name\": \"a\", \"input\": {\"shape\": [1, 2, 3, 4, 5, 6, 7, 8]}}", 0,
+               SQ_BAD_CONFIG, "config.input");
+    EXPECT_BAD("{\"name\": \"a\", \"input\": {\"shape\": [3, 32, 32], \"layout\": \"NCHW\"}}", 0,
+               SQ_BAD_CONFIG, "config.input");
+    EXPECT_BAD("{\"name\": \"a\", \"input\": {\"shape\": [3, 0, 32]}}", 0, SQ_BAD_CONFIG,
+               "config.input.shape[1]: expected a size in 1..65536");
+    EXPECT_BAD("{\"name\": \"a\", \"input\": {\"shape\": [3, 32, \"W\"]}}", 0, SQ_BAD_CONFIG,
+               "config.input.shape[2]");
+    EXPECT_BAD("{\"name\": \"a\", \"input\": {\"shape\": [3, 32, 70000]}}", 0, SQ_BAD_CONFIG,
+               "config.input.shape[2]");
+}
