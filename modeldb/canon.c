@@ -98,8 +98,8 @@ int mdb__canon_expand(lctx_t *c)
         int xi = i - (rank - x->shape.rank), ti = i - (rank - (int)count);
         int64_t a = xi >= 0 ? x->shape.dims[xi] : 1;
         int64_t b = ti >= 0 ? target[ti] : 1;
-        if (b == MDB_SYM_BATCH)
-            b = MDB_DIM_BATCH;
+        if (mdb_is_sym_batch(b))
+            b = -mdb_sym_batch_k(b);
         else if (b < 0 || b > MDB_MAX_DIM)
             FAIL(SQ_BAD_MODEL, "Expand '%s': bad dimension %lld", n->name, (long long)b);
         if (a == b || b == 1)
@@ -107,7 +107,7 @@ int mdb__canon_expand(lctx_t *c)
         else if (a == 1)
             out[i] = b;
         else
-            FAIL(a == MDB_DIM_BATCH || b == MDB_DIM_BATCH ? SQ_UNSUPPORTED_MODEL : SQ_BAD_MODEL,
+            FAIL(a < 0 || b < 0 ? SQ_UNSUPPORTED_MODEL : SQ_BAD_MODEL,
                  "Expand '%s': shapes do not broadcast at axis %d", n->name, i);
     }
     mdb_node_set_ints(n, "shape", out, (size_t)rank);
@@ -312,7 +312,7 @@ int mdb__canon_gather(lctx_t *c)
         return 0; /* folded, or refused as import-time */
     int64_t axis = mdb_node_int(n, "axis", 0), dim = x->shape.dims[axis];
     int64_t index = mdb_const_int(ind, 0);
-    if (dim == MDB_DIM_BATCH)
+    if (dim < 0)
         FAIL(SQ_UNSUPPORTED_MODEL, "Gather '%s' picks one item of the batch", n->name);
     if (index < -dim || index >= dim)
         FAIL(SQ_BAD_MODEL, "Gather '%s': index out of range", n->name);

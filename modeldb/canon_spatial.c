@@ -123,8 +123,8 @@ int mdb__canon_resize(lctx_t *c)
     for (int d = 0; d < rank; d++) {
         int64_t in = x->shape.dims[d];
         if (nz != 0) {
-            int64_t out = sizes[d] == MDB_SYM_BATCH ? MDB_DIM_BATCH : sizes[d];
-            if (in == MDB_DIM_BATCH || out == MDB_DIM_BATCH) {
+            int64_t out = mdb_is_sym_batch(sizes[d]) ? -mdb_sym_batch_k(sizes[d]) : sizes[d];
+            if (in < 0 || out < 0) {
                 if (in != out)
                     FAIL(SQ_UNSUPPORTED_MODEL, "Resize '%s' resizes the batch", n->name);
                 scales[d] = 1.0f;
@@ -137,10 +137,10 @@ int mdb__canon_resize(lctx_t *c)
         } else {
             if (!(scales[d] > 0) || !(scales[d] < (float)MDB_MAX_DIM))
                 FAIL(SQ_BAD_MODEL, "Resize '%s': scale %g", n->name, (double)scales[d]);
-            if (in == MDB_DIM_BATCH) {
+            if (in < 0) {
                 if (scales[d] != 1.0f)
                     FAIL(SQ_UNSUPPORTED_MODEL, "Resize '%s' resizes the batch", n->name);
-                sizes[d] = MDB_DIM_BATCH;
+                sizes[d] = in;
             } else {
                 double out = floor((double)in * (double)scales[d]);
                 if (out > (double)MDB_MAX_DIM)

@@ -95,7 +95,7 @@ static bool has_sym(const mdb_tensor_t *t)
         return false;
     int64_t n = mdb_const_count(t);
     for (int64_t i = 0; i < n; i++)
-        if (mdb_const_int(t, i) == MDB_SYM_BATCH)
+        if (mdb_is_sym_batch(mdb_const_int(t, i)))
             return true;
     return false;
 }
@@ -130,10 +130,35 @@ static void bcast_strides(const mdb_shape_t *s, int out_rank, int64_t *strides)
     }
 }
 
+/* k N times c is (k c) N; k N over c is (k / c) N where c divides k (torch
+ * computes attention's N * heads, and heads from C / head_dim, so). */
+static int sym_arith(mdb_op_t op, int64_t x, int64_t y, int64_t *r)
+{
+    bool sx = mdb_is_sym_batch(x), sy = mdb_is_sym_batch(y);
+    int64_t k, c = sx ? y : x;
+    if (sx && sy)
+        return CANNOT;
+    k = mdb_sym_batch_k(sx ? x : y);
+    if (c < 1 || c > MDB_MAX_DIM)
+        return CANNOT;
+    if (op == MDB_OP_MUL) {
+        if (k > MDB_MAX_DIM / c)
+            return CANNOT;
+        *r = mdb_sym_batch(k * c);
+        return 0;
+    }
+    if (op == MDB_OP_DIV && sx && k % c == 0) {
+        *r = mdb_sym_batch(k / c);
+        return 0;
+    }
+    return CANNOT;
+}
+
 static int binary(mdb_graph_t *g, mdb_node_t *node, mdb_tensor_t *out, void *data)
 {
     const mdb_tensor_t *a = &g->tensors[node->inputs[0]], *b = &g->tensors[node->inputs[1]];
-    if (has_sym(a) || has_sym(b))
+    bool sym = has_sym(a) || has_sym(b);
+    if (sym && (out->dtype != MDB_DT_INT64 || (node->op != MDB_OP_MUL && node->op != MDB_OP_DIV)))
         return CANNOT;
     int rank = out->shape.rank;
     int64_t sa[MDB_MAX_RANK], sb[MDB_MAX_RANK], idx[MDB_MAX_RANK] = {0};
@@ -166,6 +191,12 @@ static int binary(mdb_graph_t *g, mdb_node_t *node, mdb_tensor_t *out, void *dat
         } else {
             int64_t x = mdb_const_int(a, ia), y = mdb_const_int(b, ib), r = 0;
             bool ovf = false;
+            if (sym && (mdb_is_sym_batch(x) || mdb_is_sym_batch(y))) {
+                if (sym_arith(node->op, x, y, &r) != 0)
+                    return CANNOT;
+                store(out->dtype, data, i, (double)r, r);
+                goto next;
+            }
             switch (node->op) {
             case MDB_OP_ADD:
                 ovf = __builtin_add_overflow(x, y, &r);
@@ -194,6 +225,7 @@ static int binary(mdb_graph_t *g, mdb_node_t *node, mdb_tensor_t *out, void *dat
                 return CANNOT;
             store(out->dtype, data, i, (double)r, r);
         }
+    next:
         for (int d = rank - 1; d >= 0; d--) {
             ia += sa[d];
             ib += sb[d];
@@ -325,8 +357,8 @@ static int select_(mdb_graph_t *g, mdb_node_t *node, mdb_tensor_t *out, void *da
             store(MDB_DT_BOOL, data, i, 0, const_f(t[0], off[0]) == const_f(t[1], off[1]));
         } else {
             int64_t a = mdb_const_int(t[0], off[0]), b = mdb_const_int(t[1], off[1]);
-            bool sa = t[0]->dtype == MDB_DT_INT64 && a == MDB_SYM_BATCH;
-            bool sb = t[1]->dtype == MDB_DT_INT64 && b == MDB_SYM_BATCH;
+            bool sa = t[0]->dtype == MDB_DT_INT64 && mdb_is_sym_batch(a);
+            bool sb = t[1]->dtype == MDB_DT_INT64 && mdb_is_sym_batch(b);
             if (sa != sb && (sa ? b : a) >= 1)
                 return CANNOT;
             store(MDB_DT_BOOL, data, i, 0, a == b);
@@ -462,7 +494,7 @@ int mdb__fold_shape(mdb_fold_ctx_t *f)
     int64_t start = s < 0 ? 0 : s > rank ? rank : s;
     for (int64_t i = 0; i < f->out->shape.dims[0]; i++) {
         int64_t d = f->in->shape.dims[start + i];
-        store(MDB_DT_INT64, f->data, i, 0, d == MDB_DIM_BATCH ? MDB_SYM_BATCH : d);
+        store(MDB_DT_INT64, f->data, i, 0, d < 0 ? mdb_sym_batch(-d) : d);
     }
     return 0;
 }

@@ -69,8 +69,8 @@ int64_t mdb_shape_numel(const mdb_shape_t *shape, int64_t batch)
 {
     int64_t n = 1;
     for (int i = 0; i < shape->rank; i++) {
-        int64_t d = shape->dims[i] == MDB_DIM_BATCH ? batch : shape->dims[i];
-        if (d < 0)
+        int64_t d = shape->dims[i];
+        if (d < 0 && (batch < 0 || __builtin_mul_overflow(-d, batch, &d)))
             return -1;
         if (d != 0 && n > INT64_MAX / d)
             return -1;
@@ -82,7 +82,7 @@ int64_t mdb_shape_numel(const mdb_shape_t *shape, int64_t batch)
 bool mdb_shape_has_batch(const mdb_shape_t *shape)
 {
     for (int i = 0; i < shape->rank; i++)
-        if (shape->dims[i] == MDB_DIM_BATCH)
+        if (shape->dims[i] < 0)
             return true;
     return false;
 }
@@ -107,6 +107,9 @@ void mdb_shape_str(const mdb_shape_t *shape, char *buf, size_t len)
     for (int i = 0; i < shape->rank && off < len; i++) {
         if (shape->dims[i] == MDB_DIM_BATCH)
             off += (size_t)snprintf(buf + off, len - off, "%sN", i ? "," : "");
+        else if (shape->dims[i] < 0)
+            off += (size_t)snprintf(buf + off, len - off, "%s%lldN", i ? "," : "",
+                                    -(long long)shape->dims[i]);
         else
             off += (size_t)snprintf(buf + off, len - off, "%s%lld", i ? "," : "",
                                     (long long)shape->dims[i]);
@@ -547,6 +550,17 @@ void mdb_graph_compact(mdb_graph_t *g)
     free(remap);
 }
 
+bool mdb_graph_batch_outermost(const mdb_graph_t *g)
+{
+    for (int t = 0; t < g->n_tensors; t++) {
+        const mdb_shape_t *s = &g->tensors[t].shape;
+        for (int d = 0; g->tensors[t].shape_known && d < s->rank; d++)
+            if (s->dims[d] < 0 && (d != 0 || s->dims[d] != MDB_DIM_BATCH))
+                return false;
+    }
+    return true;
+}
+
 int mdb_graph_validate(const mdb_graph_t *g, char *err, size_t errlen)
 {
     int rc = SQ_INTERNAL;
@@ -559,7 +573,7 @@ int mdb_graph_validate(const mdb_graph_t *g, char *err, size_t errlen)
             goto out;
         }
         for (int d = 0; d < tt->shape.rank; d++)
-            if (tt->shape.dims[d] < 0 && tt->shape.dims[d] != MDB_DIM_BATCH) {
+            if (tt->shape.dims[d] < -MDB_MAX_DIM) {
                 mdb_errf(err, errlen, "tensor '%s' has dimension %lld", tt->name,
                          (long long)tt->shape.dims[d]);
                 goto out;

@@ -8,7 +8,10 @@
  * Canonical form. After mdb_onnx_import the graph is canonical, so that the
  * executor reads one form per op whatever opset the file used:
  *   - nodes are in topological order; every tensor has a static shape in
- *     which only the batch dimension may be symbolic (MDB_DIM_BATCH);
+ *     which only the batch dimension may be symbolic (MDB_DIM_BATCH), or,
+ *     where a reshape merged the batch into another dimension, one
+ *     dimension k * N (-k); such a graph is not batch-outermost
+ *     (mdb_graph_batch_outermost) and is planned per batch size;
  *   - constant subgraphs are folded: a tensor whose data is known carries
  *     it (t->data), and only runtime ops (mdb_op_is_runtime) remain;
  *   - parameters that ONNX passes as constant inputs are attributes, and the
@@ -97,7 +100,9 @@
 /* Constant folding never creates a tensor larger than this. */
 #define MDB_MAX_FOLD_ELEMENTS ((int64_t)1 << 24)
 
-/* A dimension equal to this is the symbolic batch size N. */
+/* A dimension equal to this is the symbolic batch size N; any other
+ * negative dimension -k is k * N (the batch merged with a dimension of k:
+ * attention's [N * heads, tokens, d]). */
 #define MDB_DIM_BATCH ((int64_t)-1)
 
 /* X(ENUM, onnx_name, runtime): runtime ops are what the worker executes;
@@ -190,7 +195,8 @@ size_t mdb_dtype_size(mdb_dtype_t dt);
 /* "float", "uint8", ... (OIP names are the caller's business). */
 const char *mdb_dtype_name(mdb_dtype_t dt);
 
-/* A static shape; dims[i] >= 0, or MDB_DIM_BATCH for the symbolic batch. */
+/* A static shape; dims[i] >= 0, or MDB_DIM_BATCH for the symbolic batch
+ * (-k: k times the batch). */
 typedef struct {
     int rank;
     int64_t dims[MDB_MAX_RANK];
@@ -198,10 +204,11 @@ typedef struct {
 
 /* Elements of shape with the batch bound to batch; -1 on overflow. */
 int64_t mdb_shape_numel(const mdb_shape_t *shape, int64_t batch);
-/* Whether shape contains MDB_DIM_BATCH. */
+/* Whether shape contains the batch (a negative dimension). */
 bool mdb_shape_has_batch(const mdb_shape_t *shape);
 bool mdb_shape_eq(const mdb_shape_t *a, const mdb_shape_t *b);
-/* Writes "[N,3,224,224]" into buf (always terminated). */
+/* Writes "[N,3,224,224]" ("[197,12N,64]" for a merged batch) into buf
+ * (always terminated). */
 void mdb_shape_str(const mdb_shape_t *shape, char *buf, size_t len);
 
 typedef struct {
@@ -321,11 +328,26 @@ int mdb_graph_infer_shapes(mdb_graph_t *g, char *err, size_t errlen);
  * renumbering indices; keeps topological order. */
 void mdb_graph_compact(mdb_graph_t *g);
 
+/* Whether every tensor that holds the batch holds it as N in dim 0, so that
+ * one plan runs every batch size. When not (ViT's and Swin's attention
+ * reshape [N, tokens, C] to [N * heads, tokens, d]; torch's MHA transposes
+ * to [tokens, N, C]), the worker plans each batch size with the batch
+ * bound (wk_plan_create), and the importer checks instead that items stay
+ * apart (mdb_graph_items_apart). */
+bool mdb_graph_batch_outermost(const mdb_graph_t *g);
+/* For such a graph: whether every op keeps the items of a batch apart (no
+ * reduction, normalization, product, concat or window along the batch's
+ * dimension; reshapes that keep each item's elements together), and the
+ * inputs and outputs hold the batch in dim 0. Returns 0, or
+ * SQ_UNSUPPORTED_MODEL with "Op node 'name': reason" in err and the node in
+ * *bad_node (an output's writer; -1 for an input; may be NULL). */
+int mdb_graph_items_apart(const mdb_graph_t *g, int *bad_node, char *err, size_t errlen);
+
 /* Checks the invariants of a canonical graph: indices in range, nodes in
  * topological order with every input written before it is read, each
  * tensor written once, known shapes of rank <= MDB_MAX_RANK with the batch
- * only as MDB_DIM_BATCH, constant data whose size matches its shape, only
- * runtime ops. Returns 0 or SQ_INTERNAL with detail in err: a failure is a
+ * only as negative dims (MDB_DIM_BATCH or -k), constant data whose size
+ * matches its shape, only runtime ops. Returns 0 or SQ_INTERNAL with detail in err: a failure is a
  * bug in whatever built the graph. */
 int mdb_graph_validate(const mdb_graph_t *g, char *err, size_t errlen);
 

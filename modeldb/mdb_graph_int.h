@@ -6,16 +6,32 @@
 #include "mdb_graph.h"
 
 /* In folded int64 shape values (the output of Shape and what is computed
- * from it), the symbolic batch size. Arithmetic refuses to touch it, so it
- * can only travel through Gather, Slice, Concat, Unsqueeze, Squeeze,
- * Identity and Cast to int64, into a Reshape target. */
+ * from it), the symbolic batch size N, and k * N as MDB_SYM_BATCH + k - 1
+ * (mdb_sym_batch): a multiple of the batch travels through Gather, Slice,
+ * Concat, Unsqueeze, Squeeze, Identity and Cast to int64, through Mul by a
+ * positive constant and Div by one that divides k (attention's N * heads),
+ * into a Reshape target. Other arithmetic refuses to touch it. */
 #define MDB_SYM_BATCH (INT64_MIN + 7)
+
+/* Whether v is a folded k * N; its k; the value of k * N (1 <= k <= MDB_MAX_DIM). */
+static inline bool mdb_is_sym_batch(int64_t v)
+{
+    return v >= MDB_SYM_BATCH && v < MDB_SYM_BATCH + MDB_MAX_DIM;
+}
+static inline int64_t mdb_sym_batch_k(int64_t v)
+{
+    return v - MDB_SYM_BATCH + 1;
+}
+static inline int64_t mdb_sym_batch(int64_t k)
+{
+    return MDB_SYM_BATCH + k - 1;
+}
 
 /* snprintf into err when err is not NULL. */
 void mdb_errf(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Resolves an ONNX Reshape target (0 = copy unless allowzero, -1 = infer,
- * MDB_SYM_BATCH = N) against in; returns 0 or a negative SQ_* code. */
+ * mdb_sym_batch(k) = k * N) against in; returns 0 or a negative SQ_* code. */
 int mdb_reshape_resolve(const mdb_shape_t *in, const int64_t *target, int n, bool allowzero,
                         mdb_shape_t *out, char *err, size_t errlen);
 

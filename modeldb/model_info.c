@@ -62,8 +62,10 @@ int mdb_model_info(const mdb_graph_t *g, mdb_model_info_t *info, char *err, size
         if (k == SQ_DEV_EMU)
             mdb_errf(info->not_on[k], sizeof(info->not_on[k]), "emu runs emulated models only");
         else
-            info->runs_on[k] = mdb_graph_runnable_on(g, (sq_dev_kind_t)k, g->batch_fixed > 0, NULL,
-                                                     info->not_on[k], sizeof(info->not_on[k])) == 0;
+            info->runs_on[k] =
+                mdb_graph_runnable_on(g, (sq_dev_kind_t)k,
+                                      g->batch_fixed > 0 || !mdb_graph_batch_outermost(g), NULL,
+                                      info->not_on[k], sizeof(info->not_on[k])) == 0;
     }
     return 0;
 }

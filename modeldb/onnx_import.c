@@ -756,9 +756,14 @@ static int build(ectx_t *e, const Onnx__ModelProto *m, int64_t opset, batch_mode
     }
     /* What the worker's lowering would refuse is refused here, with its
      * reason (one list, runnable.c). A file that fixes its batch is tried
-     * again for that batch, where the batching rules do not apply. */
+     * again for that batch, where the batching rules do not apply. A graph
+     * that merges the batch into other dimensions is planned per batch
+     * size, with the batch bound: its items must stay apart instead. */
     int bad_node;
-    rc = mdb_graph_runnable(g, false, &bad_node, msg, sizeof(msg));
+    bool outermost = mdb_graph_batch_outermost(g);
+    rc = outermost ? 0 : mdb_graph_items_apart(g, &bad_node, msg, sizeof(msg));
+    if (rc == 0)
+        rc = mdb_graph_runnable(g, !outermost, &bad_node, msg, sizeof(msg));
     if (rc) {
         if (bad_node >= 0)
             add_unsupported(e, mdb_op_name(g->nodes[bad_node].op));
@@ -874,6 +879,9 @@ static int import(const void *bytes, size_t len, const mdb_onnx_const_t *consts,
          * the file holds for N = 1, the uploader learns how to serve it. */
         ectx_t probe = e;
         probe.err = NULL;
+        probe.ops_len = 0; /* the ops the symbolic attempt named are not this one's */
+        probe.ops[0] = '\0';
+        probe.nnamed = 0;
         mdb_graph_t *one = NULL;
         bool again;
         int64_t none = 0;

@@ -30,7 +30,7 @@ int mdb__infer_broadcast(ictx_t *c)
                 out.dims[off + i] = b;
                 continue;
             }
-            FAIL(a == B || b == B ? SQ_UNSUPPORTED_MODEL : SQ_BAD_MODEL,
+            FAIL(a < 0 || b < 0 ? SQ_UNSUPPORTED_MODEL : SQ_BAD_MODEL,
                  "%s '%s': shapes do not broadcast at axis %d", mdb_op_name(c->node->op),
                  c->node->name, off + i);
         }
@@ -56,8 +56,8 @@ int mdb__infer_matmul(ictx_t *c)
         sb.rank = 2;
     }
     int64_t k_a = sa.dims[sa.rank - 1], k_b = sb.dims[sb.rank - 2];
-    if (k_a == B || k_b == B || k_a != k_b)
-        FAIL(k_a == B || k_b == B ? SQ_UNSUPPORTED_MODEL : SQ_BAD_MODEL,
+    if (k_a < 0 || k_b < 0 || k_a != k_b)
+        FAIL(k_a < 0 || k_b < 0 ? SQ_UNSUPPORTED_MODEL : SQ_BAD_MODEL,
              "MatMul '%s': inner dimensions differ", c->node->name);
     mdb_shape_t out = {0};
     int ra = sa.rank - 2, rb = sb.rank - 2;
@@ -91,7 +91,7 @@ int mdb__infer_gemm(ictx_t *c)
     bool tb = mdb_node_int(c->node, "transB", 0) != 0;
     int64_t m = a->shape.dims[ta ? 1 : 0], ka = a->shape.dims[ta ? 0 : 1];
     int64_t kb = b->shape.dims[tb ? 1 : 0], n = b->shape.dims[tb ? 0 : 1];
-    if (ka == B || kb == B || n == B)
+    if (ka < 0 || kb < 0 || n < 0)
         FAIL(SQ_UNSUPPORTED_MODEL, "Gemm '%s' multiplies along the batch", c->node->name);
     if (ka != kb)
         FAIL(SQ_BAD_MODEL, "Gemm '%s': inner dimensions %lld and %lld differ", c->node->name,
@@ -128,7 +128,7 @@ static int infer_window(ictx_t *c, const mdb_shape_t *x, const int64_t *kernel, 
         int64_t in = x->dims[2 + i];
         int64_t k = kernel[i], s = strides ? strides[i] : 1, d = dil ? dil[i] : 1;
         int64_t pb = pads ? pads[i] : 0, pe = pads ? pads[sp + i] : 0;
-        if (in == B)
+        if (in < 0)
             FAIL(SQ_UNSUPPORTED_MODEL, "%s '%s' slides over the batch", mdb_op_name(c->node->op),
                  c->node->name);
         if (k < 1 || s < 1 || d < 1 || pb < 0 || pe < 0 || k > MDB_MAX_DIM || s > MDB_MAX_DIM ||
@@ -157,7 +157,7 @@ int mdb__infer_conv(ictx_t *c)
         FAIL(SQ_BAD_MODEL, "Conv '%s' needs X and W of the same rank >= 3", c->node->name);
     int64_t group = mdb_node_int(c->node, "group", 1);
     int64_t ch = x->shape.dims[1], m = w->shape.dims[0];
-    if (ch == B || m == B)
+    if (ch < 0 || m < 0)
         FAIL(SQ_UNSUPPORTED_MODEL, "Conv '%s' convolves over the batch", c->node->name);
     if (group < 1 || ch % group != 0 || m % group != 0 || w->shape.dims[1] * group != ch)
         FAIL(SQ_BAD_MODEL, "Conv '%s': %lld channels, W %lldx%lld, group %lld do not fit",
@@ -331,9 +331,9 @@ int mdb__infer_resize(ictx_t *c)
         FAIL(SQ_BAD_MODEL, "Resize '%s': no output sizes of the input's rank", c->node->name);
     mdb_shape_t out = {.rank = x->shape.rank};
     for (int d = 0; d < out.rank; d++) {
-        if (sizes[d] < 0 && sizes[d] != B)
+        if (sizes[d] < -MDB_MAX_DIM)
             FAIL(SQ_BAD_MODEL, "Resize '%s': size %lld", c->node->name, (long long)sizes[d]);
-        if ((sizes[d] == B) != (x->shape.dims[d] == B))
+        if ((sizes[d] < 0 || x->shape.dims[d] < 0) && sizes[d] != x->shape.dims[d])
             FAIL(SQ_UNSUPPORTED_MODEL, "Resize '%s' resizes the batch", c->node->name);
         out.dims[d] = sizes[d];
     }
@@ -352,7 +352,7 @@ int mdb__infer_conv_transpose(ictx_t *c)
     int sp = x->shape.rank - 2;
     int64_t group = mdb_node_int(n, "group", 1);
     int64_t ch = x->shape.dims[1];
-    if (ch == B || w->shape.dims[0] == B)
+    if (ch < 0 || w->shape.dims[0] < 0)
         FAIL(SQ_UNSUPPORTED_MODEL, "ConvTranspose '%s' convolves over the batch", n->name);
     if (group < 1 || ch != w->shape.dims[0] || ch % group != 0 ||
         w->shape.dims[1] > MDB_MAX_DIM / group)
@@ -378,9 +378,9 @@ int mdb__infer_conv_transpose(ictx_t *c)
         int64_t opad = op && (int)no == sp ? op[i] : 0;
         if (kk != w->shape.dims[2 + i])
             FAIL(SQ_BAD_MODEL, "ConvTranspose '%s': kernel_shape differs from W", n->name);
-        if (in == B || in < 1 || st < 1 || st > MDB_MAX_DIM || dl < 1 || dl > MDB_MAX_DIM ||
-            kk < 1 || pb < -MDB_MAX_DIM || pb > MDB_MAX_DIM || pe < -MDB_MAX_DIM ||
-            pe > MDB_MAX_DIM || opad < 0 || opad > MDB_MAX_DIM)
+        if (in < 1 || st < 1 || st > MDB_MAX_DIM || dl < 1 || dl > MDB_MAX_DIM || kk < 1 ||
+            pb < -MDB_MAX_DIM || pb > MDB_MAX_DIM || pe < -MDB_MAX_DIM || pe > MDB_MAX_DIM ||
+            opad < 0 || opad > MDB_MAX_DIM)
             FAIL(SQ_BAD_MODEL, "ConvTranspose '%s': bad geometry", n->name);
         int64_t o = st * (in - 1) + opad + dl * (kk - 1) + 1 - pb - pe;
         if (o < 1 || o > MDB_MAX_DIM)

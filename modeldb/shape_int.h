@@ -40,17 +40,19 @@ static inline void set_out(ictx_t *c, int k, mdb_dtype_t dt, const mdb_shape_t *
     t->shape_known = true;
 }
 
-/* a * b for dims; N * 1 is N; N * k is not expressible. */
+/* a * b for dims; k N times j is (k j) N (-k j); N times N is not expressible. */
 static inline int dim_mul(ictx_t *c, int64_t a, int64_t b, int64_t *out)
 {
-    if (a == B || b == B) {
-        int64_t other = a == B ? b : a;
-        if (other == 1) {
-            *out = B;
-            return 0;
-        }
-        FAIL(SQ_UNSUPPORTED_MODEL, "%s '%s' merges the batch dimension with another",
-             mdb_op_name(c->node->op), c->node->name);
+    if (a < 0 || b < 0) {
+        int64_t k = a < 0 ? -a : -b, other = a < 0 ? b : a;
+        if (other < 0)
+            FAIL(SQ_UNSUPPORTED_MODEL, "%s '%s' multiplies the batch by itself",
+                 mdb_op_name(c->node->op), c->node->name);
+        if (other > MDB_MAX_DIM / k)
+            FAIL(SQ_BAD_MODEL, "%s '%s': dimension overflow", mdb_op_name(c->node->op),
+                 c->node->name);
+        *out = other == 0 ? 0 : -(k * other);
+        return 0;
     }
     if (a != 0 && b > MDB_MAX_ELEMENTS / a)
         FAIL(SQ_BAD_MODEL, "%s '%s': dimension overflow", mdb_op_name(c->node->op), c->node->name);

@@ -26,7 +26,7 @@ int mdb__infer_concat(ictx_t *c)
                 FAIL(SQ_BAD_MODEL, "Concat '%s': input %d differs at axis %d", c->node->name, k, i);
         }
         int64_t d = t->shape.dims[axis];
-        if (d == B)
+        if (d < 0)
             FAIL(SQ_UNSUPPORTED_MODEL, "Concat '%s' concatenates along the batch", c->node->name);
         out.dims[axis] += d;
         if (out.dims[axis] > MDB_MAX_DIM)
@@ -54,6 +54,10 @@ int mdb__infer_flatten(ictx_t *c)
     return 0;
 }
 
+/* The batch may be merged with other dimensions and split from them again
+ * (k * N: attention's [N * heads, tokens, d]); a target dimension is then
+ * -k, and whether items stay apart is the graph's check
+ * (mdb_graph_items_apart), not the resolver's. */
 int mdb_reshape_resolve(const mdb_shape_t *in, const int64_t *target, int n, bool allowzero,
                         mdb_shape_t *out, char *err, size_t errlen)
 {
@@ -61,27 +65,33 @@ int mdb_reshape_resolve(const mdb_shape_t *in, const int64_t *target, int n, boo
         mdb_errf(err, errlen, "Reshape to rank %d", n);
         return SQ_UNSUPPORTED_MODEL;
     }
-    bool in_batch = false;
-    int64_t in_const = 1;
+    /* Each side is const * k * N (or const without the batch). */
+    int in_batch = 0;
+    int64_t in_const = 1, in_k = 1;
     if (in->rank < 0 || in->rank > MDB_MAX_RANK)
         return SQ_INTERNAL;
     for (int i = 0; i < in->rank; i++) {
-        if (in->dims[i] == B)
-            in_batch = true;
-        else if (__builtin_mul_overflow(in_const, in->dims[i], &in_const))
+        int64_t d = in->dims[i];
+        if (d < 0) {
+            in_batch++;
+            d = -d;
+            if (__builtin_mul_overflow(in_k, d, &in_k))
+                in_const = -1;
+        } else if (__builtin_mul_overflow(in_const, d, &in_const)) {
             in_const = -1;
+        }
     }
-    if (in_const < 0 || in_const > MDB_MAX_ELEMENTS) {
+    if (in_const < 0 || in_const > MDB_MAX_ELEMENTS || in_k > MDB_MAX_DIM || in_batch > 1) {
         mdb_errf(err, errlen, "Reshape of a tensor too large");
-        return SQ_BAD_MODEL;
+        return in_batch > 1 ? SQ_UNSUPPORTED_MODEL : SQ_BAD_MODEL;
     }
     out->rank = n;
     int infer_at = -1, out_batch = 0;
-    int64_t out_const = 1;
+    int64_t out_const = 1, out_k = 1;
     for (int i = 0; i < n; i++) {
         int64_t d = target[i];
-        if (d == MDB_SYM_BATCH) {
-            d = B;
+        if (mdb_is_sym_batch(d)) {
+            d = -mdb_sym_batch_k(d);
         } else if (d == 0 && !allowzero) {
             if (i >= in->rank) {
                 mdb_errf(err, errlen, "Reshape copies dimension %d of a rank-%d input", i,
@@ -102,8 +112,9 @@ int mdb_reshape_resolve(const mdb_shape_t *in, const int64_t *target, int n, boo
             return SQ_BAD_MODEL;
         }
         out->dims[i] = d;
-        if (d == B) {
+        if (d < 0) {
             out_batch++;
+            out_k = -d;
         } else {
             if (d != 0 && out_const > MDB_MAX_ELEMENTS / d) {
                 mdb_errf(err, errlen, "Reshape target too large");
@@ -117,30 +128,34 @@ int mdb_reshape_resolve(const mdb_shape_t *in, const int64_t *target, int n, boo
         return SQ_UNSUPPORTED_MODEL;
     }
     if (infer_at >= 0) {
-        if (out_const == 0 || in_const % out_const != 0) {
+        /* The whole input (in_const * in_k, per unit of N) over what the
+         * target fixes: the batch's multiple when the target has none. */
+        int64_t whole = in_const * in_k, fixed = out_const * out_k;
+        if (fixed == 0 || whole % fixed != 0) {
             mdb_errf(err, errlen, "Reshape cannot infer the -1 dimension");
             return SQ_BAD_MODEL;
         }
-        int64_t k = in_const / out_const;
+        int64_t k = whole / fixed;
         if (in_batch && !out_batch) {
-            if (k != 1) {
-                mdb_errf(err, errlen, "Reshape merges the batch into another dimension");
-                return SQ_UNSUPPORTED_MODEL;
+            if (k > MDB_MAX_DIM) {
+                mdb_errf(err, errlen, "Reshape target too large");
+                return SQ_BAD_MODEL;
             }
-            out->dims[infer_at] = B;
+            out->dims[infer_at] = -k;
             out_batch = 1;
+            out_k = k;
         } else {
             out->dims[infer_at] = k;
+            out_const *= k;
         }
-        out_const = in_const;
     }
-    if (in_batch != (out_batch == 1)) {
-        mdb_errf(err, errlen, "Reshape moves the batch into another dimension");
+    if ((in_batch != 0) != (out_batch == 1)) {
+        mdb_errf(err, errlen, "Reshape drops the batch");
         return SQ_UNSUPPORTED_MODEL;
     }
-    if (out_const != in_const) {
+    if (out_const * out_k != in_const * in_k) {
         mdb_errf(err, errlen, "Reshape changes the element count (%lld to %lld)",
-                 (long long)in_const, (long long)out_const);
+                 (long long)(in_const * in_k), (long long)(out_const * out_k));
         return SQ_BAD_MODEL;
     }
     return 0;
@@ -157,10 +172,10 @@ int mdb__infer_reshape(ictx_t *c)
     int64_t target[MDB_MAX_RANK];
     if (n > MDB_MAX_RANK)
         FAIL(SQ_UNSUPPORTED_MODEL, "Reshape '%s' to rank %zu", c->node->name, n);
-    /* The canonical attribute uses MDB_DIM_BATCH for N; the resolver
-     * expects the folded sentinel. */
+    /* The canonical attribute uses -k for k * N; the resolver expects the
+     * folded sentinel. */
     for (size_t i = 0; i < n; i++)
-        target[i] = shape[i] == B ? MDB_SYM_BATCH : shape[i];
+        target[i] = shape[i] < 0 && shape[i] >= -MDB_MAX_DIM ? mdb_sym_batch(-shape[i]) : shape[i];
     int rc = mdb_reshape_resolve(&x->shape, target, (int)n, true, &out, c->err, c->errlen);
     if (rc)
         return rc;
@@ -198,7 +213,7 @@ int mdb__infer_pad(ictx_t *c)
         FAIL(SQ_BAD_MODEL, "Pad '%s': pads must have %d values", c->node->name, 2 * rank);
     mdb_shape_t out = x->shape;
     for (int i = 0; i < rank; i++) {
-        if (x->shape.dims[i] == B) {
+        if (x->shape.dims[i] < 0) {
             if (pads[i] || pads[rank + i])
                 FAIL(SQ_UNSUPPORTED_MODEL, "Pad '%s' pads the batch", c->node->name);
             continue;
@@ -234,7 +249,7 @@ int mdb__infer_reduce(ictx_t *c)
             reduce[i] = true;
     mdb_shape_t out = {0};
     for (int i = 0; i < rank; i++) {
-        if (reduce[i] && x->shape.dims[i] == B)
+        if (reduce[i] && x->shape.dims[i] < 0)
             FAIL(SQ_UNSUPPORTED_MODEL, "ReduceMean '%s' reduces over the batch", c->node->name);
         if (!reduce[i])
             out.dims[out.rank++] = x->shape.dims[i];
@@ -254,7 +269,7 @@ int mdb__infer_split(ictx_t *c)
     if (rc)
         return rc;
     int64_t dim = x->shape.dims[axis];
-    if (dim == B)
+    if (dim < 0)
         FAIL(SQ_UNSUPPORTED_MODEL, "Split '%s' splits the batch", c->node->name);
     size_t n;
     const int64_t *split = mdb_node_ints(c->node, "split", &n);
@@ -332,7 +347,7 @@ int mdb_slice_resolve(const mdb_shape_t *in, mdb_node_t *node, mdb_shape_t *out,
         }
         seen[a] = true;
         int64_t s = starts[i], e = ends[i];
-        if (in->dims[a] == B) {
+        if (in->dims[a] < 0) {
             /* Only the whole batch may be "sliced". */
             if (step != 1 || !(s == 0 || s <= -MDB_MAX_DIM) || e < MDB_MAX_DIM) {
                 mdb_errf(err, errlen, "Slice '%s' slices the batch", node->name);
@@ -396,7 +411,7 @@ int mdb__infer_squeeze(ictx_t *c)
             if (rc)
                 return rc;
             if (x->shape.dims[a] != 1)
-                FAIL(x->shape.dims[a] == B ? SQ_UNSUPPORTED_MODEL : SQ_BAD_MODEL,
+                FAIL(x->shape.dims[a] < 0 ? SQ_UNSUPPORTED_MODEL : SQ_BAD_MODEL,
                      "Squeeze '%s' of a dimension that is not 1", c->node->name);
             sq[a] = true;
         }

@@ -244,12 +244,24 @@ Test(graph, reshape_resolution_handles_the_symbolic_batch)
     int64_t t3[] = {0, 512};
     cr_assert_eq(mdb_reshape_resolve(&in, t3, 2, false, &out, err, sizeof(err)), 0, "%s", err);
     cr_assert(mdb_shape_eq(&out, &want));
-    /* Batch merged into another dimension: not expressible. */
+    /* Batch merged into another dimension: 512 N, as -512. */
     int64_t t4[] = {-1};
-    cr_assert_eq(mdb_reshape_resolve(&in, t4, 1, false, &out, err, sizeof(err)),
-                 SQ_UNSUPPORTED_MODEL);
+    cr_assert_eq(mdb_reshape_resolve(&in, t4, 1, false, &out, err, sizeof(err)), 0, "%s", err);
+    mdb_shape_t merged = shp(1, -512, 0, 0, 0);
+    cr_assert(mdb_shape_eq(&out, &merged));
     int64_t t5[] = {1, -1};
-    cr_assert_eq(mdb_reshape_resolve(&in, t5, 2, false, &out, err, sizeof(err)),
+    cr_assert_eq(mdb_reshape_resolve(&in, t5, 2, false, &out, err, sizeof(err)), 0, "%s", err);
+    mdb_shape_t row = shp(2, 1, -512, 0, 0);
+    cr_assert(mdb_shape_eq(&out, &row));
+    /* ... and split from it again: [512 N] to [N * 8, 64] (attention's
+     * N * heads, folded as a multiple of the batch). */
+    int64_t tm[] = {mdb_sym_batch(8), 64};
+    cr_assert_eq(mdb_reshape_resolve(&merged, tm, 2, false, &out, err, sizeof(err)), 0, "%s", err);
+    mdb_shape_t heads = shp(2, -8, 64, 0, 0);
+    cr_assert(mdb_shape_eq(&out, &heads));
+    /* The batch in two dimensions (N squared) is not expressible. */
+    int64_t tn[] = {MDB_SYM_BATCH, MDB_SYM_BATCH, 512};
+    cr_assert_eq(mdb_reshape_resolve(&in, tn, 3, false, &out, err, sizeof(err)),
                  SQ_UNSUPPORTED_MODEL);
     /* Element count changes. */
     int64_t t6[] = {MDB_SYM_BATCH, 500};
@@ -374,8 +386,10 @@ Test(graph, layout_ops_and_reductions)
     cr_assert_eq(infer_one(MDB_OP_FLATTEN, shp(4, B, 2, 3, 4), NULL, &out, set_axis1), 0);
     mdb_shape_t flat = shp(2, B, 24, 0, 0);
     cr_assert(mdb_shape_eq(&out, &flat));
-    cr_assert_eq(infer_one(MDB_OP_FLATTEN, shp(4, B, 2, 3, 4), NULL, &out, set_axis0),
-                 SQ_UNSUPPORTED_MODEL);
+    /* axis 0 merges the batch: [1, 24 N] */
+    cr_assert_eq(infer_one(MDB_OP_FLATTEN, shp(4, B, 2, 3, 4), NULL, &out, set_axis0), 0);
+    mdb_shape_t merged = shp(2, 1, -24, 0, 0);
+    cr_assert(mdb_shape_eq(&out, &merged));
     cr_assert_eq(infer_one(MDB_OP_TRANSPOSE, shp(4, B, 2, 3, 4), NULL, &out, set_perm), 0);
     mdb_shape_t nhwc = shp(4, B, 3, 4, 2);
     cr_assert(mdb_shape_eq(&out, &nhwc));
