@@ -146,6 +146,77 @@ int wk_plan_from_graph(wk_graph_t *g, const wk_plan_opts_t *opts, wk_plan_t **ou
     return 0;
 }
 
+static void release_each(wk_plan_t *plan)
+{
+    (void)plan;
+}
+
+/* The holder of per-size plans runs nothing itself (every run goes to
+ * each[batch] first). */
+static const wk_backend_ops_t each_ops = {.release = release_each};
+
+/* One static plan per batch size for a graph that merges the batch into
+ * other dimensions (ViT's attention: [N * heads, tokens, d]); the batch
+ * bound to b makes every shape static, and the importer checked that items
+ * stay apart (mdb_graph_items_apart). Each plan holds its own copy of the
+ * weights. */
+static int plan_each_size(const struct mdb_graph *graph, const wk_plan_opts_t *opts,
+                          wk_plan_t **out, char *why, int why_size)
+{
+    int mb = opts->max_batch, rc = 0;
+    wk_plan_t **each = sq_xcalloc((size_t)mb + 1, sizeof(*each));
+    uint64_t memory = 0;
+    for (int b = 1; b <= mb && rc == 0; b++) {
+        wk_plan_opts_t o = *opts;
+        o.max_batch = 1;
+        o.static_batch = b;
+        wk_graph_t *g;
+        char sub[400];
+        rc = wk_lower(graph, opts->backend, 1, b, &g, sub, sizeof(sub));
+        if (rc == 0)
+            rc = wk_plan_from_graph(g, &o, &each[b], sub, sizeof(sub));
+        if (rc != 0)
+            snprintf(why, (size_t)why_size, "%s (the plan for batch %d)", sub, b);
+        else
+            memory += each[b]->memory_bytes;
+    }
+    wk_graph_t *g = wk_graph_new(mb);
+    for (int i = 0; rc == 0 && i < 2; i++) {
+        const wk_graph_t *one = each[1]->graph;
+        int n = i == 0 ? one->n_inputs : one->n_outputs;
+        for (int k = 0; k < n; k++) {
+            const wk_value_t *v = &one->values[i == 0 ? one->inputs[k] : one->outputs[k]];
+            const mdb_tensor_t *t = &graph->tensors[i == 0 ? graph->inputs[k] : graph->outputs[k]];
+            bool batched = t->shape.rank > 0 && t->shape.dims[0] == MDB_DIM_BATCH;
+            if (i == 0) {
+                wk_graph_input(g, v->name, v->ndim, v->dims, batched);
+            } else {
+                int id = wk_graph_value(g, v->name, v->ndim, v->dims, batched, NULL);
+                wk_graph_mark_output(g, id);
+            }
+        }
+    }
+    wk_plan_t *p = sq_xcalloc(1, sizeof(*p));
+    p->min_batch = 1;
+    p->each = each;
+    p->opts = *opts;
+    p->graph = g;
+    p->ops = &each_ops;
+    p->memory_bytes = memory;
+    if (rc == 0 && g->n_outputs > 1)
+        rc = alloc_row_scratch(p);
+    if (rc != 0) {
+        if (why[0] == '\0')
+            snprintf(why, (size_t)why_size, "%s", p->why);
+        wk_plan_free(p);
+        return rc;
+    }
+    SQ_DEBUG("plans per batch size ready backend=%s max_batch=%d memory_mb=%.1f",
+             sq_dev_kind_name(opts->backend), mb, (double)memory / (1 << 20));
+    *out = p;
+    return 0;
+}
+
 int wk_plan_create(const struct mdb_graph *graph, const wk_plan_opts_t *opts, wk_plan_t **out,
                    char *why, int why_size)
 {
@@ -153,6 +224,14 @@ int wk_plan_create(const struct mdb_graph *graph, const wk_plan_opts_t *opts, wk
     if (opts->max_batch < 1) {
         snprintf(why, (size_t)why_size, "max_batch must be >= 1");
         return SQ_INVAL;
+    }
+    if (graph->batch_fixed <= 0 && opts->static_batch <= 0 && !mdb_graph_batch_outermost(graph)) {
+        /* what the importer refused, refused here too */
+        int rc = mdb_graph_items_apart(graph, NULL, why, (size_t)why_size);
+        if (rc != 0)
+            return rc;
+        why[0] = '\0';
+        return plan_each_size(graph, opts, out, why, why_size);
     }
     wk_graph_t *g;
     int64_t fixed = graph->batch_fixed > 0 ? graph->batch_fixed : opts->static_batch;
@@ -209,6 +288,9 @@ void wk_plan_free(wk_plan_t *plan)
     plan->ops->release(plan);
     wk_graph_free(plan->graph);
     wk_plan_free(plan->small);
+    for (int b = 1; plan->each != NULL && b <= plan->opts.max_batch; b++)
+        wk_plan_free(plan->each[b]);
+    free(plan->each);
     free(plan->emu_latency_us);
     free(plan->out_scratch);
     free(plan->out_ptrs);
@@ -227,6 +309,8 @@ int wk_plan_max_batch(const wk_plan_t *plan)
 
 wk_precision_t wk_plan_precision(const wk_plan_t *plan)
 {
+    if (plan->each != NULL)
+        return wk_plan_precision(plan->each[1]);
     return plan->ops->precision != NULL ? plan->ops->precision(plan) : WK_PRECISION_FP32;
 }
 
@@ -306,6 +390,39 @@ static int from_small(wk_plan_t *plan, int rc)
     return rc;
 }
 
+/* The static plan for batch of a plan per batch size, or NULL. */
+static wk_plan_t *runs_each(const wk_plan_t *plan, int batch)
+{
+    return plan->each != NULL && batch >= 1 && batch <= plan->opts.max_batch ? plan->each[batch]
+                                                                             : NULL;
+}
+
+static int from_each(wk_plan_t *plan, wk_plan_t *sub, int rc)
+{
+    plan->last_run_ns = sub->last_run_ns;
+    if (rc != 0)
+        snprintf(plan->why, sizeof(plan->why), "%s", sub->why);
+    return rc;
+}
+
+/* A static plan writes each output whole ([batch, ...]) one after the other
+ * into plan->out_scratch; item b's row is its slice of each. */
+static void scatter_rows(wk_plan_t *plan, int batch, float *out)
+{
+    const wk_graph_t *g = plan->graph;
+    size_t row = (size_t)wk_plan_row_elems(plan), at = 0, from = 0;
+    for (int i = 0; i < g->n_outputs; i++) {
+        const wk_value_t *v = &g->values[g->outputs[i]];
+        size_t per = (size_t)wk_value_elems_at(v, 1);
+        for (int b = 0; b < batch; b++)
+            memcpy(out + (size_t)b * row + at,
+                   plan->out_scratch + from + (v->batched ? (size_t)b * per : 0),
+                   per * sizeof(float));
+        from += v->batched ? (size_t)batch * per : per;
+        at += per;
+    }
+}
+
 static int check_batch(wk_plan_t *plan, int batch)
 {
     if (batch < 1 || batch > plan->graph->max_batch)
@@ -323,6 +440,9 @@ static int run_backend(wk_plan_t *plan, int batch, float *const *outputs)
 
 int wk_plan_run(wk_plan_t *plan, int batch, const float *const *inputs, float *const *outputs)
 {
+    wk_plan_t *sub = runs_each(plan, batch);
+    if (sub != NULL)
+        return from_each(plan, sub, wk_plan_run(sub, 1, inputs, outputs));
     if (runs_small(plan, batch))
         return from_small(plan, wk_plan_run(plan->small, batch, inputs, outputs));
     int rc = check_batch(plan, batch);
@@ -339,6 +459,9 @@ int wk_plan_run(wk_plan_t *plan, int batch, const float *const *inputs, float *c
 int wk__plan_run_inplace(wk_plan_t *plan, int batch, const float *const *inputs,
                          float *const *outputs)
 {
+    wk_plan_t *sub = runs_each(plan, batch);
+    if (sub != NULL)
+        return from_each(plan, sub, wk__plan_run_inplace(sub, 1, inputs, outputs));
     if (runs_small(plan, batch))
         return from_small(plan, wk__plan_run_inplace(plan->small, batch, inputs, outputs));
     int rc = check_batch(plan, batch);
@@ -387,6 +510,15 @@ static int run_into_rows(wk_plan_t *plan, int batch, float *out)
 
 int wk_plan_run_rows(wk_plan_t *plan, int batch, const float *const *inputs, float *out)
 {
+    wk_plan_t *sub = runs_each(plan, batch);
+    if (sub != NULL && plan->graph->n_outputs == 1)
+        return from_each(plan, sub, wk_plan_run_rows(sub, 1, inputs, out));
+    if (sub != NULL) {
+        int rc = from_each(plan, sub, wk_plan_run_rows(sub, 1, inputs, plan->out_scratch));
+        if (rc == 0)
+            scatter_rows(plan, batch, out);
+        return rc;
+    }
     if (runs_small(plan, batch))
         return from_small(plan, wk_plan_run_rows(plan->small, batch, inputs, out));
     int rc = check_batch(plan, batch);
@@ -448,6 +580,15 @@ int wk_plan_image_input(const wk_plan_t *plan, int *h, int *w, int *nhwc)
 
 int wk_plan_run_pixels(wk_plan_t *plan, int batch, const uint8_t *pixels, float *out)
 {
+    wk_plan_t *sub = runs_each(plan, batch);
+    if (sub != NULL && plan->graph->n_outputs == 1)
+        return from_each(plan, sub, wk_plan_run_pixels(sub, 1, pixels, out));
+    if (sub != NULL) {
+        int rc = from_each(plan, sub, wk_plan_run_pixels(sub, 1, pixels, plan->out_scratch));
+        if (rc == 0)
+            scatter_rows(plan, batch, out);
+        return rc;
+    }
     if (runs_small(plan, batch))
         return from_small(plan, wk_plan_run_pixels(plan->small, batch, pixels, out));
     int rc = check_batch(plan, batch);

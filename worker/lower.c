@@ -68,12 +68,12 @@ static int value_of(lower_t *L, int t, const mdb_node_t *n)
     bool batched = false;
     for (int d = 0; d < mt->shape.rank; d++) {
         dims[d] = mt->shape.dims[d];
-        if (dims[d] == MDB_DIM_BATCH) {
+        if (dims[d] < 0) {
             if (L->static_batch > 0) {
-                dims[d] = L->static_batch;
+                dims[d] = -dims[d] * L->static_batch;
                 continue;
             }
-            if (d != 0)
+            if (d != 0 || dims[d] != MDB_DIM_BATCH)
                 return fail(L, SQ_UNSUPPORTED_MODEL, n, "tensor '%s' has the batch in dim %d",
                             mt->name, d);
             batched = true;
@@ -104,12 +104,12 @@ static int output_of(lower_t *L, int t, const mdb_node_t *n)
     bool batched = false;
     for (int d = 0; d < mt->shape.rank; d++) {
         dims[d] = mt->shape.dims[d];
-        if (dims[d] == MDB_DIM_BATCH) {
+        if (dims[d] < 0) {
             if (L->static_batch > 0) {
-                dims[d] = L->static_batch;
+                dims[d] = -dims[d] * L->static_batch;
                 continue;
             }
-            if (d != 0)
+            if (d != 0 || dims[d] != MDB_DIM_BATCH)
                 return fail(L, SQ_UNSUPPORTED_MODEL, n, "output '%s' has the batch in dim %d",
                             mt->name, d);
             batched = true;
@@ -757,9 +757,9 @@ int wk_lower(const mdb_graph_t *src, sq_dev_kind_t dev, int max_batch, int64_t s
         bool batched = false;
         for (int d = 0; d < t->shape.rank; d++) {
             dims[d] = t->shape.dims[d];
-            if (dims[d] == MDB_DIM_BATCH) {
+            if (dims[d] < 0) {
                 if (static_batch > 0)
-                    dims[d] = static_batch;
+                    dims[d] = -dims[d] * static_batch;
                 else
                     batched = true;
             }

@@ -237,6 +237,12 @@ struct wk_plan {
      * wants at large ones); min_batch 1 and small NULL otherwise. */
     int min_batch;
     struct wk_plan *small;
+    /* A graph whose batch does not stay outermost (mdb_graph_batch_outermost)
+     * has no one plan for every batch size: each[b], b = 1..max_batch, is a
+     * static plan of its own with the batch bound to b, and this plan only
+     * holds them (its graph has the inputs and outputs, no steps). NULL
+     * otherwise. */
+    struct wk_plan **each;
     wk_plan_opts_t opts;
     wk_graph_t *graph;
     const struct wk_backend_ops *ops;
