@@ -16,6 +16,8 @@ The .f32 files are raw little-endian float32 in C order, NCHW for inputs and
 [N, classes] for outputs; manifest.json lists every file with its shape.
 resnet18_ft_a and resnet18_ft_b share every weight but the final fc (Gemm):
 they are the fine-tuned variants the prefix detection tests look for.
+vit_tiny is a small ViT (TinyViT below) whose attention merges the batch
+with its heads: what the tests of batching such graphs run.
 
 Nothing is downloaded. Models already present with the same script version
 are kept, so that a rebuild costs nothing.
@@ -56,8 +58,49 @@ def calibrate(model):
     return model.eval()
 
 
+class TinyViT(torch.nn.Module):
+    """A ViT in small: 16x16 patches embedded by a conv, a class token
+    concatenated over the batch, positions added, two pre-norm encoder
+    blocks (nn.MultiheadAttention, whose export reshapes [tokens, N, C] to
+    [tokens, N * heads, d] and back: the batch merged with the heads), a
+    GELU MLP, the class token's LayerNorm and a linear head. What
+    torchvision's vit_b_16 does, at 64 wide."""
+
+    class Block(torch.nn.Module):
+        def __init__(self, dim, heads):
+            super().__init__()
+            self.ln_1 = torch.nn.LayerNorm(dim)
+            self.attn = torch.nn.MultiheadAttention(dim, heads, batch_first=True)
+            self.ln_2 = torch.nn.LayerNorm(dim)
+            self.mlp = torch.nn.Sequential(torch.nn.Linear(dim, 2 * dim), torch.nn.GELU(),
+                                           torch.nn.Linear(2 * dim, dim))
+
+        def forward(self, x):
+            y = self.ln_1(x)
+            x = x + self.attn(y, y, y, need_weights=False)[0]
+            return x + self.mlp(self.ln_2(x))
+
+    def __init__(self, dim=64, heads=4, classes=1000):
+        super().__init__()
+        self.patch = torch.nn.Conv2d(3, dim, 16, stride=16)
+        self.cls = torch.nn.Parameter(torch.randn(1, 1, dim) * 0.02)
+        self.pos = torch.nn.Parameter(torch.randn(1, (IMAGE_HW // 16) ** 2 + 1, dim) * 0.02)
+        self.blocks = torch.nn.Sequential(TinyViT.Block(dim, heads), TinyViT.Block(dim, heads))
+        self.ln = torch.nn.LayerNorm(dim)
+        self.head = torch.nn.Linear(dim, classes)
+
+    def forward(self, x):
+        n = x.shape[0]
+        x = self.patch(x).reshape(n, self.pos.shape[2], -1).permute(0, 2, 1)
+        x = torch.cat([self.cls.expand(n, -1, -1), x], dim=1) + self.pos
+        x = self.blocks(x)
+        return self.head(self.ln(x[:, 0]))
+
+
 def build(name):
     models = torchvision.models
+    if name == "vit_tiny":
+        return TinyViT()
     if name == "googlenet":
         # aux heads only exist in training mode; init_weights avoids the
         # scipy-based default warning path.
@@ -76,7 +119,7 @@ def build(name):
 
 
 MODELS = ["resnet18", "mobilenet_v2", "squeezenet1_1", "shufflenet_v2_x1_0", "googlenet",
-          "resnet18_ft_a", "resnet18_ft_b"]
+          "resnet18_ft_a", "resnet18_ft_b", "vit_tiny"]
 
 
 def write_f32(path, tensor):

@@ -102,6 +102,13 @@ static void check_model(const char *name)
                      name);
 }
 
+/* torch's MultiheadAttention reshapes [tokens, N, C] to [tokens, N * heads,
+ * d] and back: the batch merged with the heads, planned per batch size. */
+Test(models, a_vit_whose_attention_merges_the_batch_runs_every_batch, .timeout = 120)
+{
+    check_model("vit_tiny");
+}
+
 Test(models, resnet18, .timeout = 120)
 {
     check_model("resnet18");
