@@ -114,7 +114,8 @@ static void run(int threaded, int nmodels, int nslos, int nworkers, int seconds)
     srv.pipelines = gw_pipes_new();
     if (sq_shm_arena_create(&srv.arena, 1 << 20, 4096) != 0)
         exit(1);
-    if (gw_db_start(&srv, err, sizeof(err)) != 0) {
+    gw_db_deps_t db_deps = gw_db_deps(&srv);
+    if (gw_db_start(&db_deps, &srv.db, err, sizeof(err)) != 0) {
         fprintf(stderr, "%s\n", err);
         exit(1);
     }
@@ -174,7 +175,7 @@ static void run(int threaded, int nmodels, int nslos, int nworkers, int seconds)
             usleep(500);
         }
     }
-    gw_db_quiesce(&srv); /* the reports rendered and stored */
+    gw_db_quiesce(srv.db); /* the reports rendered and stored */
     int pending = ds_plan_pending(ds);
     long long epochs = pl_loop_epochs(loop) - epochs0;
     double *sorted = malloc(sizeof(double) * (size_t)nticks);
@@ -197,7 +198,8 @@ static void run(int threaded, int nmodels, int nslos, int nworkers, int seconds)
     free(sorted);
     free(tick_ms);
     free(dm);
-    gw_db_stop(&srv);
+    gw_db_stop(srv.db);
+    srv.db = NULL;
     gw_dispatch_free(ds);
     unlink(db_path);
     gw_pipes_free(srv.pipelines);

@@ -18,6 +18,7 @@
 #ifndef GW_LEADER_H
 #define GW_LEADER_H
 
+#include "gw_http.h"
 #include "gw_server.h"
 
 #include <signal.h>
@@ -33,9 +34,11 @@
  * sqlite: srv->leader stays NULL and squishd leads). */
 int gw_leader_open(gw_server_t *srv, char *err, size_t errlen);
 /* Returns 0 once this squishd leads (at once with sqlite or a free lock),
- * serving as a standby meanwhile; 1 when one of sigs came first (then the
- * standby's HTTP has stopped), or an error. */
-int gw_leader_wait(gw_server_t *srv, const sigset_t *sigs, char *err, size_t errlen);
+ * serving as a standby meanwhile (HTTP started with http, in srv->http);
+ * 1 when one of sigs came first (then the standby's HTTP has stopped), or
+ * an error. */
+int gw_leader_wait(gw_server_t *srv, const gw_http_deps_t *http, const sigset_t *sigs, char *err,
+                   size_t errlen);
 /* The leader's watchdog thread: checks the lock every poll interval and
  * exits the process (GW_EXIT_LOST_LEADERSHIP) when another squishd holds
  * it. */

@@ -145,7 +145,8 @@ static int try_lead(gw_server_t *srv)
     return 0;
 }
 
-int gw_leader_wait(gw_server_t *srv, const sigset_t *sigs, char *err, size_t errlen)
+int gw_leader_wait(gw_server_t *srv, const gw_http_deps_t *http, const sigset_t *sigs, char *err,
+                   size_t errlen)
 {
     gw_leader_t *l = srv->leader;
     if (l == NULL) {
@@ -156,7 +157,7 @@ int gw_leader_wait(gw_server_t *srv, const sigset_t *sigs, char *err, size_t err
     int standby = rc != 1;
     if (standby) {
         /* Serve as a standby until the lock is ours. */
-        if ((rc = gw_http_start(srv, &standby_app, err, errlen)) != 0)
+        if ((rc = gw_http_start(http, &standby_app, &srv->http, err, errlen)) != 0)
             return rc;
         SQ_INFO("standby: another squishd leads leader=%s; trying every %d ms",
                 l->leader[0] ? l->leader : "unknown", l->poll_ms);
@@ -166,8 +167,9 @@ int gw_leader_wait(gw_server_t *srv, const sigset_t *sigs, char *err, size_t err
                                   .tv_nsec = (long)(l->poll_ms % 1000) * 1000000};
             if (sigtimedwait(sigs, NULL, &ts) > 0) {
                 SQ_INFO("signal received while standby; stopping");
-                gw_http_drain(srv, 1000);
-                gw_http_stop(srv);
+                gw_http_drain(srv->http, 1000);
+                gw_http_stop(srv->http);
+                srv->http = NULL;
                 return 1;
             }
             rc = try_lead(srv);

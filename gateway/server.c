@@ -161,6 +161,70 @@ static gw_workers_deps_t workers_deps(gw_server_t *srv)
     return d;
 }
 
+gw_http_deps_t gw_http_deps(gw_server_t *srv)
+{
+    const gw_config_t *cfg = srv->cfg;
+    gw_http_deps_t d = {
+        .cfg = {.listen_port = cfg->listen_port,
+                .http_threads = cfg->http_threads,
+                .max_connections = cfg->max_connections,
+                .max_header_kb = cfg->max_header_kb,
+                .http_request_timeout_ms = cfg->http_request_timeout_ms,
+                .max_body_bytes = cfg->max_body_bytes,
+                .frontend = cfg->role == GW_ROLE_FRONTEND},
+        .stopping = &srv->stopping,
+        .http_port = &srv->http_port,
+        .offload = srv->offload,
+        .front = srv->front,
+        .srv = srv,
+    };
+    _Static_assert(sizeof(d.cfg.listen_host) == sizeof(cfg->listen_host), "--listen's host");
+    _Static_assert(sizeof(d.cfg.port_file) == sizeof(cfg->port_file), "--port-file");
+    _Static_assert(sizeof(d.cfg.admin_token) == sizeof(srv->admin_token), "the admin token");
+    memcpy(d.cfg.listen_host, cfg->listen_host, sizeof(d.cfg.listen_host));
+    memcpy(d.cfg.port_file, cfg->port_file, sizeof(d.cfg.port_file));
+    memcpy(d.cfg.admin_token, srv->admin_token, sizeof(d.cfg.admin_token));
+    return d;
+}
+
+gw_front_deps_t gw_front_deps(gw_server_t *srv)
+{
+    const gw_config_t *cfg = srv->cfg;
+    gw_front_deps_t d = {
+        .cfg = {.core = gw_sched_core_opts(cfg)},
+        .registry = srv->registry,
+        .pipelines = srv->pipelines,
+        .arena = srv->arena,
+        .metrics = srv->metrics,
+        .http_port = &srv->http_port,
+    };
+#define COPY_STR(field)                                                                            \
+    do {                                                                                           \
+        _Static_assert(sizeof(d.cfg.field) == sizeof(cfg->field), #field);                         \
+        memcpy(d.cfg.field, cfg->field, sizeof(d.cfg.field));                                      \
+    } while (0)
+    COPY_STR(dispatcher);
+    COPY_STR(cluster_token_file);
+    COPY_STR(cluster_tls_cert);
+    COPY_STR(cluster_tls_key);
+    COPY_STR(cluster_tls_ca);
+#undef COPY_STR
+    return d;
+}
+
+gw_db_deps_t gw_db_deps(gw_server_t *srv)
+{
+    gw_db_deps_t d = {
+        .registry = srv->registry,
+        .pipelines = srv->pipelines,
+        .prep = srv->prep,
+        .db_ready = &srv->db_ready,
+    };
+    _Static_assert(sizeof(d.db_path) == sizeof(srv->cfg->db_path), "--db");
+    memcpy(d.db_path, srv->cfg->db_path, sizeof(d.db_path));
+    return d;
+}
+
 gw_api_deps_t gw_api_deps(gw_server_t *srv)
 {
     const gw_config_t *cfg = srv->cfg;
@@ -180,6 +244,8 @@ gw_api_deps_t gw_api_deps(gw_server_t *srv)
         .trace = srv->trace,
         .shm = srv->shm,
         .frontend = srv->front != NULL,
+        .front = srv->front,
+        .offload = srv->offload,
         .dispatcher = srv->dispatch != NULL,
         .stopping = &srv->stopping,
         .db_ready = &srv->db_ready,
@@ -218,7 +284,7 @@ int gw_main(const gw_config_t *cfg)
         snprintf(srv.token_path, sizeof(srv.token_path), "%s", cfg->admin_token_file);
     else
         beside_db(cfg, "admin.token", srv.token_path, sizeof(srv.token_path));
-    if ((rc = gw_token_load(&srv, err, sizeof(err))) != 0)
+    if ((rc = gw_token_load(srv.token_path, srv.admin_token, err, sizeof(err))) != 0)
         goto fail;
     if ((rc = sq_shm_arena_create(&srv.arena, (size_t)cfg->shm_mb << 20, 4096)) != 0) {
         snprintf(err, sizeof(err), "--shm-mb %d: cannot create the shared-memory arena",
@@ -238,7 +304,7 @@ int gw_main(const gw_config_t *cfg)
         snprintf(err, sizeof(err), "cannot start the preprocess pool");
         goto fail;
     }
-    if ((rc = gw_offload_start(&srv)) != 0) {
+    if ((rc = gw_offload_start(&srv.offload)) != 0) {
         snprintf(err, sizeof(err), "cannot start the offload thread");
         goto fail;
     }
@@ -246,12 +312,14 @@ int gw_main(const gw_config_t *cfg)
         /* A frontend: no DB, no workers, no dispatcher of its own; it joins
          * the cluster's (front/) and serves HTTP meanwhile, not ready until
          * it has joined. */
-        if ((rc = gw_front_start(&srv, err, sizeof(err))) != 0)
+        gw_front_deps_t front_deps = gw_front_deps(&srv);
+        if ((rc = gw_front_start(&front_deps, &srv.front, err, sizeof(err))) != 0)
             goto fail;
         srv.sched = gw_front_sched(srv.front);
         gw_api_deps_t api_deps = gw_api_deps(&srv);
         srv.api = gw_api_new(&api_deps);
-        if ((rc = gw_http_start(&srv, &gw_http_app, err, sizeof(err))) != 0)
+        gw_http_deps_t http_deps = gw_http_deps(&srv);
+        if ((rc = gw_http_start(&http_deps, &gw_http_app, &srv.http, err, sizeof(err))) != 0)
             goto fail;
         goto serve;
     }
@@ -259,7 +327,8 @@ int gw_main(const gw_config_t *cfg)
      * it answers HTTP as one until it holds the leader's lock. */
     if ((rc = gw_leader_open(&srv, err, sizeof(err))) != 0)
         goto fail;
-    rc = gw_leader_wait(&srv, &sigs, err, sizeof(err));
+    gw_http_deps_t standby_http = gw_http_deps(&srv);
+    rc = gw_leader_wait(&srv, &standby_http, &sigs, err, sizeof(err));
     if (rc == 1) {
         rc = 0; /* stopped while standby */
         goto out;
@@ -269,7 +338,8 @@ int gw_main(const gw_config_t *cfg)
             snprintf(err, sizeof(err), "cannot take the lead: %s", sq_err_msg(rc));
         goto fail;
     }
-    if ((rc = gw_db_start(&srv, err, sizeof(err))) != 0)
+    gw_db_deps_t db_deps = gw_db_deps(&srv);
+    if ((rc = gw_db_start(&db_deps, &srv.db, err, sizeof(err))) != 0)
         goto fail;
     /* The dispatcher on its loop, then the worker link that runs it. */
     if ((srv.dispatch_loop = sq_loop_new()) == NULL) {
@@ -286,9 +356,10 @@ int gw_main(const gw_config_t *cfg)
     gw_dispatch_resume_profiling(srv.dispatch);
     gw_api_deps_t api_deps = gw_api_deps(&srv);
     srv.api = gw_api_new(&api_deps);
+    gw_http_deps_t http_deps = gw_http_deps(&srv);
     if (srv.http != NULL) /* a standby that came to lead: same listener */
-        gw_http_set_app(&srv, &gw_http_app);
-    else if ((rc = gw_http_start(&srv, &gw_http_app, err, sizeof(err))) != 0)
+        gw_http_set_app(srv.http, &gw_http_app);
+    else if ((rc = gw_http_start(&http_deps, &gw_http_app, &srv.http, err, sizeof(err))) != 0)
         goto fail;
     gw_leader_announce(&srv);
 
@@ -299,12 +370,13 @@ serve:;
     atomic_store(&srv.stopping, 1);
     /* In-flight requests finish normally; then whatever is left is answered
      * 503 before the loops that would deliver the answers go away. */
-    gw_http_drain(&srv, cfg->drain_timeout_ms);
+    gw_http_drain(srv.http, cfg->drain_timeout_ms);
     gw_prep_pool_shutdown(srv.prep, GW_PREP_CANCEL);
-    gw_offload_stop(&srv);
+    gw_offload_stop(srv.offload);
+    srv.offload = NULL;
     gw_workers_abort(srv.workers);
-    gw_front_stop(&srv);
-    gw_http_drain(&srv, 1000);
+    gw_front_stop(srv.front);
+    gw_http_drain(srv.http, 1000);
     rc = 0;
     goto out;
 
@@ -315,22 +387,26 @@ fail:
 out:
     if (srv.prep != NULL)
         gw_prep_pool_shutdown(srv.prep, GW_PREP_CANCEL);
-    gw_offload_stop(&srv);
+    gw_offload_stop(srv.offload);
+    srv.offload = NULL;
     gw_workers_abort(srv.workers);
-    gw_front_stop(&srv);
+    gw_front_stop(srv.front);
     /* Uploads and deletes whose DB job is under way answer before the HTTP
      * loops go; jobs of the dispatcher answer into its loop, which stays
      * until the DB thread has stopped. */
-    gw_db_quiesce(&srv);
-    gw_http_stop(&srv);
+    gw_db_quiesce(srv.db);
+    gw_http_stop(srv.http);
+    srv.http = NULL;
     gw_workers_stop(srv.workers);
     gw_prep_pool_free(srv.prep);
-    gw_db_stop(&srv);
+    gw_db_stop(srv.db);
+    srv.db = NULL;
     gw_leader_close(&srv);        /* the lock goes when all else has stopped */
     gw_workers_free(srv.workers); /* and clears srv.transport */
     srv.workers = NULL;
     srv.sched = NULL;
-    gw_front_free(&srv);
+    gw_front_free(srv.front);
+    srv.front = NULL;
     gw_dispatch_free(srv.dispatch);
     srv.dispatch = NULL;
     sq_loop_free(srv.dispatch_loop);

@@ -23,6 +23,8 @@ struct gw_api_ctx {
     gw_trace_t *trace;
     gw_shm_table_t *shm;
     int frontend;
+    gw_front_t *front;
+    gw_offload_t *offload;
     int dispatcher;
     const atomic_int *stopping;
     const atomic_int *db_ready;

@@ -19,6 +19,8 @@ gw_api_ctx_t *gw_api_new(const gw_api_deps_t *deps)
     api->trace = deps->trace;
     api->shm = deps->shm;
     api->frontend = deps->frontend;
+    api->front = deps->front;
+    api->offload = deps->offload;
     api->dispatcher = deps->dispatcher;
     api->stopping = deps->stopping;
     api->db_ready = deps->db_ready;

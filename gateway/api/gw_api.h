@@ -28,8 +28,8 @@ typedef struct {
  * flags and slots other rooms own, read through the pointers given. */
 typedef struct {
     gw_api_config_t cfg;
-    /* Handed on to other rooms' entry points (gw_db_post, gw_offload,
-     * gw_dispatch_*, gw_front_metrics_text...); the API never reads it. */
+    /* Handed on to other rooms' entry points (gw_db_post, gw_dispatch_*...);
+     * the API never reads it. */
     gw_server_t *srv;
     sq_shm_arena_t *arena;
     gw_registry_t *registry;
@@ -39,6 +39,8 @@ typedef struct {
     gw_trace_t *trace;
     gw_shm_table_t *shm;
     int frontend;               /* --role frontend: a link to a dispatcher (front/) */
+    gw_front_t *front;          /* that link (its metrics); NULL otherwise */
+    gw_offload_t *offload;      /* parses large bodies off the HTTP loops */
     int dispatcher;             /* this process runs the dispatcher (dispatch/) */
     const atomic_int *stopping; /* SIGTERM seen: no new work */
     const atomic_int *db_ready; /* the model DB is open */

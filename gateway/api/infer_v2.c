@@ -199,7 +199,7 @@ static void v2_start(gw_infer_t *req, int on_loop)
         for (int i = 0; i < st->parsed.batch; i++)
             copy_bytes += in->rows[i].len;
     if (on_loop && copy_bytes > INLINE_COPY_BYTES)
-        gw_offload(api->srv, v2_items_offloaded, req);
+        gw_offload(api->offload, v2_items_offloaded, req);
     else
         v2_items(req);
 }
@@ -287,7 +287,7 @@ void gw_route_infer_v2(gw_call_t *call)
      * INLINE_COPY_BYTES). */
     size_t json_bytes = st->header_len >= 0 ? (size_t)st->header_len : req->body_len;
     if (json_bytes > INLINE_PARSE_BYTES)
-        gw_offload(api->srv, v2_start_offloaded, req);
+        gw_offload(api->offload, v2_start_offloaded, req);
     else
         v2_start(req, 1);
 }

@@ -29,7 +29,7 @@ void gw_route_metrics(gw_call_t *call)
         "# TYPE squish_max_inflight_requests gauge\nsquish_max_inflight_requests %d\n"
         "# HELP squish_http_connections Open client connections.\n"
         "# TYPE squish_http_connections gauge\nsquish_http_connections %d\n",
-        atomic_load(&api->infer_inflight), api->cfg.max_inflight, gw_http_connections(call->srv));
+        atomic_load(&api->infer_inflight), api->cfg.max_inflight, gw_http_connections(call));
     sq_buf_put(&out, adm, (size_t)n);
     if (!api->frontend) {
         /* A leader's (a standby answers its own /metrics: leader.c). */
@@ -58,7 +58,7 @@ void gw_route_metrics(gw_call_t *call)
         sq_buf_put(&out, adm, (size_t)n);
     }
     if (api->frontend) /* a frontend's links (not joined: it answers itself) */
-        gw_front_metrics_text(call->srv, &out);
+        gw_front_metrics_text(api->front, &out);
     gw_frontend_traffic_t fet;
     gw_dispatch_frontend_traffic(call->srv, &fet);
     if (fet.connected > 0) {

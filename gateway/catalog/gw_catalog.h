@@ -316,15 +316,36 @@ int gw_pipes_using(gw_pipes_t *ps, gw_registry_t *reg, const char *name, int ver
 /* The DB thread (store.c): owns the model DB handle; the HTTP loops and
  * the dispatch thread post jobs to it and never touch the DB themselves. */
 
-int gw_db_start(gw_server_t *srv, char *err, size_t errlen);
+/* What the DB thread needs of the server, given once at gw_db_start
+ * (server.c fills it, gw_db_deps). */
+typedef struct {
+    char db_path[256];       /* --db: a sqlite file or a PostgreSQL conninfo */
+    gw_registry_t *registry; /* filled with the stored models at start */
+    gw_pipes_t *pipelines;   /* and with the stored pipelines */
+    gw_prep_pool_t *prep;    /* whose decode estimates it reads and stores */
+    atomic_int *db_ready;    /* the server's flag: set while the DB is open */
+} gw_db_deps_t;
+
+/* The DB thread's settings and handles from srv's (server.c, which wires
+ * the rooms). */
+gw_db_deps_t gw_db_deps(gw_server_t *srv);
+
+/* Opens the model DB, fills the registry and the pipelines from it and
+ * starts the thread: 0 with *out set, or an SQ_* error with why in err. */
+int gw_db_start(const gw_db_deps_t *deps, gw_db_t **out, char *err, size_t errlen);
 /* Runs fn(db, arg) on the DB thread. */
+void gw_db_job(gw_db_t *db, void (*fn)(mdb_t *db, void *arg), void *arg);
+/* The same on the server's DB (its db slot), for the callers that hold
+ * the server alone. */
 void gw_db_post(gw_server_t *srv, void (*fn)(mdb_t *db, void *arg), void *arg);
-void gw_db_stop(gw_server_t *srv);
+/* Runs every job posted, stops the thread and closes the DB; accepts
+ * NULL. */
+void gw_db_stop(gw_db_t *db);
 /* Stores the preprocess pool's decode estimates (they are read back at
  * the next gw_db_start, and stored every 30 s meanwhile), then waits until
  * every job posted so far has run (their answers to HTTP requests are on
- * their way before the HTTP loops stop). */
-void gw_db_quiesce(gw_server_t *srv);
+ * their way before the HTTP loops stop); accepts NULL. */
+void gw_db_quiesce(gw_db_t *db);
 /* The newest plan stored in the DB when it opened, for the planner to
  * reapply after a restart: its epoch (0: none, or db NULL), and new copies
  * of its JSON and placements (NULL when none). Read once at start and

@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 struct gw_db {
-    gw_server_t *srv;
     gw_prep_pool_t *prep; /* whose decode costs it stores (taken at gw_db_start) */
+    atomic_int *db_ready; /* the server's flag: set while the DB is open */
     sq_loop_t *loop;
     pthread_t thread;
     mdb_t *mdb;
@@ -147,7 +147,7 @@ static void *db_thread(void *arg)
 /* The stored pipelines, published as they were stored (their models are
  * looked at per query: one deleted since makes its queries fail, not the
  * start). A spec that no longer parses is skipped with a warning. */
-static void load_pipelines(gw_server_t *srv, mdb_t *db)
+static void load_pipelines(gw_pipes_t *pipelines, mdb_t *db)
 {
     json_t *all;
     if (mdb_pipeline_list(db, &all) != 0) {
@@ -166,21 +166,21 @@ static void load_pipelines(gw_server_t *srv, mdb_t *db)
             continue;
         }
         atomic_store(&p->unloaded, json_is_true(json_object_get(row, "unloaded")));
-        gw_pipes_put(srv->pipelines, p);
+        gw_pipes_put(pipelines, p);
     }
     SQ_INFO("pipelines loaded count=%zu", json_array_size(all));
     json_decref(all);
 }
 
-int gw_db_start(gw_server_t *srv, char *err, size_t errlen)
+int gw_db_start(const gw_db_deps_t *deps, gw_db_t **out, char *err, size_t errlen)
 {
     struct gw_db *d = sq_xcalloc(1, sizeof(*d));
-    d->srv = srv;
-    d->prep = srv->prep;
+    d->prep = deps->prep;
+    d->db_ready = deps->db_ready;
     /* For messages and logs: a PostgreSQL conninfo without its password. */
     char target[512];
-    mdb_target_describe(srv->cfg->db_path, target, sizeof(target));
-    int rc = mdb_open(srv->cfg->db_path, &d->mdb);
+    mdb_target_describe(deps->db_path, target, sizeof(target));
+    int rc = mdb_open(deps->db_path, &d->mdb);
     if (rc != 0) {
         snprintf(err, errlen, "--db %s: %s", target, mdb_errmsg(d->mdb));
         mdb_close(d->mdb);
@@ -212,9 +212,9 @@ int gw_db_start(gw_server_t *srv, char *err, size_t errlen)
     }
     size_t i;
     json_t *r;
-    json_array_foreach(recs, i, r) gw_registry_put(srv->registry, gw_model_from_record(r));
+    json_array_foreach(recs, i, r) gw_registry_put(deps->registry, gw_model_from_record(r));
     SQ_INFO("models loaded count=%zu", json_array_size(recs));
-    load_pipelines(srv, d->mdb);
+    load_pipelines(deps->pipelines, d->mdb);
     load_decode_costs(d->prep, d->mdb);
     d->last_epoch = mdb_plan_last_epoch(d->mdb);
     /* The last plan is reapplied once workers are up (planning.c); one that
@@ -233,21 +233,28 @@ int gw_db_start(gw_server_t *srv, char *err, size_t errlen)
         snprintf(err, errlen, "cannot start the DB thread");
         return SQ_NOMEM;
     }
-    srv->db = d;
+    *out = d;
     sq_loop_post(d->loop, decode_save_arm, d);
-    atomic_store(&srv->db_ready, 1);
+    atomic_store(d->db_ready, 1);
     SQ_INFO("model database open backend=%s target=\"%s\" schema_version=%d", mdb_backend(d->mdb),
             target, MDB_SCHEMA_VERSION);
     return 0;
 }
 
-void gw_db_post(gw_server_t *srv, void (*fn)(mdb_t *db, void *arg), void *arg)
+void gw_db_job(gw_db_t *db, void (*fn)(mdb_t *db, void *arg), void *arg)
 {
     db_job_t *job = sq_xmalloc(sizeof(*job));
-    job->d = srv->db;
+    job->d = db;
     job->fn = fn;
     job->arg = arg;
-    sq_loop_post(srv->db->loop, run_job, job);
+    sq_loop_post(db->loop, run_job, job);
+}
+
+/* The one place the room reads the server: its own slot, for the callers
+ * that hold the server alone. */
+void gw_db_post(gw_server_t *srv, void (*fn)(mdb_t *db, void *arg), void *arg)
+{
+    gw_db_job(srv->db, fn, arg);
 }
 
 static void barrier_job(mdb_t *db, void *arg)
@@ -262,15 +269,15 @@ static void decode_save_job(mdb_t *db, void *arg)
     save_decode_costs(arg);
 }
 
-void gw_db_quiesce(gw_server_t *srv)
+void gw_db_quiesce(gw_db_t *db)
 {
-    if (srv->db == NULL)
+    if (db == NULL)
         return;
     /* The decode estimates as they are at the end, for the next start
      * (the pool is stopped by now, or idle in a test's server). */
-    gw_db_post(srv, decode_save_job, srv->db);
+    gw_db_job(db, decode_save_job, db);
     atomic_int done = 0;
-    gw_db_post(srv, barrier_job, &done);
+    gw_db_job(db, barrier_job, &done);
     while (!atomic_load(&done))
         usleep(1000);
 }
@@ -281,21 +288,19 @@ static void stop_loop(sq_loop_t *loop, void *arg)
     sq_loop_stop(loop);
 }
 
-void gw_db_stop(gw_server_t *srv)
+void gw_db_stop(gw_db_t *d)
 {
-    struct gw_db *d = srv->db;
     if (d == NULL)
         return;
     /* Posted last, so every job already queued runs first. */
     sq_loop_post(d->loop, stop_loop, NULL);
     pthread_join(d->thread, NULL);
-    atomic_store(&srv->db_ready, 0);
+    atomic_store(d->db_ready, 0);
     sq_loop_free(d->loop);
     mdb_close(d->mdb);
     json_decref(d->last_plan);
     json_decref(d->last_placements);
     free(d);
-    srv->db = NULL;
 }
 
 long long gw_db_last_plan(const gw_db_t *db, json_t **plan, json_t **placements)

@@ -51,18 +51,17 @@ static void *front_thread(void *arg)
     return NULL;
 }
 
-int gw_front_start(gw_server_t *srv, char *err, size_t errlen)
+int gw_front_start(const gw_front_deps_t *deps, gw_front_t **out, char *err, size_t errlen)
 {
-    const gw_config_t *cfg = srv->cfg;
+    const gw_front_config_t *cfg = &deps->cfg;
     gw_front_t *fr = sq_xcalloc(1, sizeof(*fr));
     fr->sched.ops = &fr_front_sched_ops;
-    fr->srv = srv;
-    fr->registry = srv->registry;
-    fr->pipelines = srv->pipelines;
-    fr->arena = srv->arena;
-    fr->metrics = srv->metrics;
-    fr->http_port = &srv->http_port;
-    fr->core = gw_sched_core_opts(cfg);
+    fr->registry = deps->registry;
+    fr->pipelines = deps->pipelines;
+    fr->arena = deps->arena;
+    fr->metrics = deps->metrics;
+    fr->http_port = deps->http_port;
+    fr->core = cfg->core;
     fr_fleet_clear(&fr->fleet);
     pthread_mutex_init(&fr->lock, NULL);
     snprintf(fr->why, sizeof(fr->why), "this frontend has not joined its dispatcher yet");
@@ -98,7 +97,7 @@ int gw_front_start(gw_server_t *srv, char *err, size_t errlen)
         free(fr);
         return rc;
     }
-    srv->front = fr;
+    *out = fr;
     fr->tick = sq_loop_timer_at(fr->loop, sq_now_ns(), on_tick, fr);
     if (pthread_create(&fr->thread, NULL, front_thread, fr) != 0) {
         snprintf(err, errlen, "cannot start the frontend's thread");
@@ -125,9 +124,8 @@ static void on_stop(sq_loop_t *loop, void *arg)
     sq_loop_stop(loop);
 }
 
-void gw_front_stop(gw_server_t *srv)
+void gw_front_stop(gw_front_t *fr)
 {
-    gw_front_t *fr = srv->front;
     if (fr == NULL || !fr->started)
         return;
     sq_loop_post(fr->loop, on_stop, fr);
@@ -137,9 +135,8 @@ void gw_front_stop(gw_server_t *srv)
     sq_loop_run_posts(fr->loop);
 }
 
-void gw_front_free(gw_server_t *srv)
+void gw_front_free(gw_front_t *fr)
 {
-    gw_front_t *fr = srv->front;
     if (fr == NULL)
         return;
     sq_loop_run_posts(fr->loop);
@@ -153,5 +150,4 @@ void gw_front_free(gw_server_t *srv)
     fr_live_free(fr->live, fr->nlive);
     pthread_mutex_destroy(&fr->lock);
     free(fr);
-    srv->front = NULL;
 }

@@ -81,7 +81,6 @@ typedef struct {
 
 struct gw_front {
     gw_sched_t sched; /* first: the scheduling interface (gw_front_sched) */
-    gw_server_t *srv; /* handed on to other rooms (the registry's refresh), never read */
     /* What the room works with, taken once at gw_front_start. */
     gw_registry_t *registry;
     gw_pipes_t *pipelines;

@@ -18,14 +18,43 @@
 
 typedef struct gw_front gw_front_t;
 
-/* Starts the frontend's thread, which joins the dispatcher (cfg->dispatcher,
+/* A frontend's settings, copied once from gw_config_t (server.c). */
+typedef struct {
+    char dispatcher[512]; /* the dispatchers' cluster addresses, comma-separated */
+    char cluster_token_file[256];
+    char cluster_tls_cert[256]; /* "" = plain TCP */
+    char cluster_tls_key[256];
+    char cluster_tls_ca[256];
+    pl_dispatch_opts_t core; /* the least latency's rule (gw_sched_least_on) */
+} gw_front_config_t;
+
+/* What a frontend needs of the server, given once at gw_front_start
+ * (server.c fills it, gw_front_deps): its settings and the handles it
+ * uses; the bound HTTP port is read through the pointer given. */
+typedef struct {
+    gw_front_config_t cfg;
+    gw_registry_t *registry;
+    gw_pipes_t *pipelines;
+    sq_shm_arena_t *arena;
+    gw_metrics_t *metrics;
+    const atomic_int *http_port;
+} gw_front_deps_t;
+
+/* A frontend's settings and handles from srv's (server.c, which wires the
+ * rooms). */
+gw_front_deps_t gw_front_deps(gw_server_t *srv);
+
+/* Starts the frontend's thread, which joins the dispatcher (cfg.dispatcher,
  * each address in turn, with the cluster token and TLS settings) and keeps
- * rejoining while squishd runs; srv->front is set. Returns 0 or an SQ_*
- * error with a reason in err (the token file). */
-int gw_front_start(gw_server_t *srv, char *err, size_t errlen);
-/* Answers every item still held 503 (squishd stops), then stops the thread. */
-void gw_front_stop(gw_server_t *srv);
-void gw_front_free(gw_server_t *srv);
+ * rejoining while squishd runs. Returns 0 with *out set, or an SQ_* error
+ * with a reason in err (the token file); *out is also set when only the
+ * thread could not start (gw_front_free frees it). */
+int gw_front_start(const gw_front_deps_t *deps, gw_front_t **out, char *err, size_t errlen);
+/* Answers every item still held 503 (squishd stops), then stops the
+ * thread; accepts NULL. */
+void gw_front_stop(gw_front_t *fr);
+/* Frees the frontend (after gw_front_stop); accepts NULL. */
+void gw_front_free(gw_front_t *fr);
 
 /* The frontend as this process's scheduler (gw_sched_t), picked by
  * server.c for --role frontend: items (a clump through clump_next) offered
@@ -36,7 +65,7 @@ void gw_front_free(gw_server_t *srv);
  * in FE_STATE; the measured ones where it sent none). */
 gw_sched_t *gw_front_sched(gw_front_t *fr);
 /* The dispatcher's HTTP address ("host:port"; "" before it is joined). */
-void gw_front_dispatcher_http(gw_server_t *srv, char *out, size_t len);
+void gw_front_dispatcher_http(gw_front_t *fr, char *out, size_t len);
 
 /* What this frontend's links carried (bytes, frame headers included):
  * the dispatcher's (metadata) and the workers' (rows and outputs). */
@@ -46,8 +75,8 @@ typedef struct {
     uint64_t items;    /* items offered */
     int joined;
 } gw_front_traffic_t;
-void gw_front_traffic(gw_server_t *srv, gw_front_traffic_t *out);
+void gw_front_traffic(gw_front_t *fr, gw_front_traffic_t *out);
 /* Those figures as exposition text (squish_frontend_*), appended to out. */
-void gw_front_metrics_text(gw_server_t *srv, sq_buf_t *out);
+void gw_front_metrics_text(gw_front_t *fr, sq_buf_t *out);
 
 #endif

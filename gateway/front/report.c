@@ -8,10 +8,10 @@
 
 /* ---- what this frontend says of itself -------------------------------------------- */
 
-void gw_front_metrics_text(gw_server_t *srv, sq_buf_t *out)
+void gw_front_metrics_text(gw_front_t *fr, sq_buf_t *out)
 {
     gw_front_traffic_t t;
-    gw_front_traffic(srv, &t);
+    gw_front_traffic(fr, &t);
     char buf[1024];
     int n =
         snprintf(buf, sizeof(buf),
@@ -65,11 +65,10 @@ static void collect_stats(gw_model_t *m, void *arg)
  * dispatcher's one view of the cluster (every METRICS_EVERY_NS). */
 void fr_push_metrics(gw_front_t *fr)
 {
-    gw_server_t *srv = fr->srv;
     sq_buf_t text;
     sq_buf_init(&text);
     gw_metrics_write(fr->metrics, &text);
-    gw_front_metrics_text(srv, &text);
+    gw_front_metrics_text(fr, &text);
     stats_list_t stats = {.metrics = fr->metrics};
     gw_registry_foreach(fr->registry, collect_stats, &stats);
     int np = 0;
@@ -106,9 +105,8 @@ void fr_push_metrics(gw_front_t *fr)
     sq_buf_dispose(&text);
 }
 
-void gw_front_traffic(gw_server_t *srv, gw_front_traffic_t *out)
+void gw_front_traffic(gw_front_t *fr, gw_front_traffic_t *out)
 {
-    gw_front_t *fr = srv->front;
     out->link_in = atomic_load(&fr->link_in);
     out->link_out = atomic_load(&fr->link_out);
     out->data_in = atomic_load(&fr->data_in);

@@ -85,9 +85,8 @@ gw_sched_t *gw_front_sched(gw_front_t *fr)
     return &fr->sched;
 }
 
-void gw_front_dispatcher_http(gw_server_t *srv, char *out, size_t len)
+void gw_front_dispatcher_http(gw_front_t *fr, char *out, size_t len)
 {
-    gw_front_t *fr = srv->front;
     pthread_mutex_lock(&fr->lock);
     snprintf(out, len, "%s", fr->admin);
     pthread_mutex_unlock(&fr->lock);

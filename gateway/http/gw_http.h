@@ -8,7 +8,9 @@
 
 #include <h2o.h>
 #include <jansson.h>
+#include <stdatomic.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* HTTP plumbing shared by squishd's route files: the request context, the
  * route table and JSON/error response helpers. Everything here runs on an
@@ -16,18 +18,55 @@
 
 #define GW_MAX_ROUTE_ARGS 4
 
-/* Binds, then runs cfg->http_threads h2o event loops. */
+/* The offload thread (offload.c, below). */
+typedef struct gw_offload_ctx gw_offload_t;
+
+/* The HTTP room's settings, copied once from gw_config_t (server.c). */
+typedef struct {
+    char listen_host[64]; /* bare: "::1" for --listen [::1]:8000 */
+    int listen_port;
+    char port_file[256]; /* "" = none */
+    int http_threads;
+    int max_connections;
+    int max_header_kb;
+    int http_request_timeout_ms;
+    int64_t max_body_bytes;
+    int frontend; /* --role frontend: GW_TO_DISPATCHER routes are forwarded */
+    char admin_token[65];
+} gw_http_config_t;
+
+/* What the HTTP room needs of the server, given once at gw_http_start
+ * (server.c fills it, gw_http_deps): its settings, the handles it uses,
+ * and the flags other rooms own, read through the pointers given. */
+typedef struct {
+    gw_http_config_t cfg;
+    const atomic_int *stopping; /* SIGTERM seen (the server's; any thread) */
+    atomic_int *http_port;      /* the bound port, published for others */
+    gw_offload_t *offload;      /* inflates large compressed bodies */
+    gw_front_t *front;          /* --role frontend: the dispatcher's address (proxy.c); else NULL */
+    /* Handed to the routes (gw_call_t.srv) and app->done; this room never
+     * reads it. */
+    gw_server_t *srv;
+} gw_http_deps_t;
+
+/* The HTTP room's settings and handles from srv's (server.c, which wires
+ * the rooms). */
+gw_http_deps_t gw_http_deps(gw_server_t *srv);
+
+/* Binds, then runs deps->cfg.http_threads h2o event loops; *out is the
+ * room once they all listen (freed by gw_http_stop). */
 struct gw_http_app;
-int gw_http_start(gw_server_t *srv, const struct gw_http_app *app, char *err, size_t errlen);
+int gw_http_start(const gw_http_deps_t *deps, const struct gw_http_app *app, gw_http_t **out,
+                  char *err, size_t errlen);
 /* Serves app from now on (a standby that came to lead), on the same
  * listener; requests already under way finish with the old table. */
-void gw_http_set_app(gw_server_t *srv, const struct gw_http_app *app);
-/* Stops accepting and waits up to timeout_ms for in-flight requests. */
-void gw_http_drain(gw_server_t *srv, int timeout_ms);
-/* Stops the loops and joins the threads (after gw_http_drain). */
-void gw_http_stop(gw_server_t *srv);
-/* Open client connections (max_connections); any thread. */
-int gw_http_connections(gw_server_t *srv);
+void gw_http_set_app(gw_http_t *http, const struct gw_http_app *app);
+/* Stops accepting and waits up to timeout_ms for in-flight requests;
+ * accepts NULL. */
+void gw_http_drain(gw_http_t *http, int timeout_ms);
+/* Stops the loops, joins the threads (after gw_http_drain) and frees the
+ * room; accepts NULL. */
+void gw_http_stop(gw_http_t *http);
 
 /* What a route handler gets: the request, the server, and the path segments
  * matched by '*' in the route's pattern (borrowed from the request). */
@@ -40,6 +79,10 @@ typedef struct {
     int nargs;
     h2o_multithread_receiver_t *reply_to; /* the loop thread serving req */
 } gw_call_t;
+
+/* Open client connections of the room that serves call (max_connections);
+ * its loop thread. */
+int gw_http_connections(const gw_call_t *call);
 
 /* A reply computed off the HTTP loop (on the DB thread, a worker...).
  *
@@ -199,17 +242,19 @@ const gw_route_t *gw__route_find(const gw_http_app_t *app, h2o_iovec_t method, h
 
 /* The admin token (token.c). */
 
-/* Reads it from srv->token_path into srv->admin_token, or creates a random
- * one (mode 0600) on first start. A token file readable by group or others
- * is refused. */
-int gw_token_load(gw_server_t *srv, char *err, size_t errlen);
+/* Reads it from path into token (65 bytes: 64 hex digits), or creates a
+ * random one (mode 0600) on first start. A token file readable by group or
+ * others is refused. */
+int gw_token_load(const char *path, char token[65], char *err, size_t errlen);
 /* Constant-time comparison of a presented bearer token with the admin one. */
 int gw_token_matches(const char *admin_token, const char *presented, size_t len);
 
-/* The offload thread (offload.c): slow work off the HTTP loops. */
-int gw_offload_start(gw_server_t *srv);
+/* The offload thread (offload.c): slow work off the HTTP loops. Starts it
+ * (*out), or returns SQ_NOMEM. */
+int gw_offload_start(gw_offload_t **out);
 /* Runs fn(arg) on the offload thread. */
-void gw_offload(gw_server_t *srv, void (*fn)(void *arg), void *arg);
-void gw_offload_stop(gw_server_t *srv);
+void gw_offload(gw_offload_t *o, void (*fn)(void *arg), void *arg);
+/* Runs what was posted, stops the thread and frees it; accepts NULL. */
+void gw_offload_stop(gw_offload_t *o);
 
 #endif

@@ -168,7 +168,7 @@ static void route_request(req_done_t *inflight, h2o_req_t *req)
         gw__route_find(app, req->method, req->path_normalized, &call, allow, sizeof(allow));
     if (route != NULL) {
         inflight->route = route->name;
-        if (ctx->frontend && !route->on_frontend && app->forward != NULL)
+        if (ctx->cfg.frontend && !route->on_frontend && app->forward != NULL)
             app->forward(&call);
         else
             route->fn(&call);
@@ -267,7 +267,7 @@ static int inflate_body(req_done_t *inflight, h2o_req_t *req)
     char why[160];
     gw_inflate_t *z = NULL;
     int rc = gw__inflate_new(gw_header(req, "content-encoding"), req->entity.base, req->entity.len,
-                             ctx->max_body_bytes, &z, why, sizeof(why));
+                             ctx->cfg.max_body_bytes, &z, why, sizeof(why));
     if (rc == 0 && z == NULL)
         return 0;
     if (rc == 0)
@@ -292,7 +292,7 @@ static int inflate_body(req_done_t *inflight, h2o_req_t *req)
             return 1;
         }
         gw__inflate_rebase(z, data);
-        gw_offload(ctx->srv, inflate_rest, job);
+        gw_offload(ctx->offload, inflate_rest, job);
         return 1;
     }
     if (rc == 0) {
@@ -313,7 +313,7 @@ static int on_req(h2o_handler_t *self, h2o_req_t *req)
     req_done_t *inflight = h2o_mem_alloc_shared(&req->pool, sizeof(*inflight), on_req_done);
     *inflight = (req_done_t){h->http, req, "not_found", sq_now_ns(), app};
     atomic_fetch_add(&h->http->inflight, 1);
-    int max_header_kb = h->http->ctx.max_header_kb;
+    int max_header_kb = h->http->ctx.cfg.max_header_kb;
     if (header_bytes(req) > (size_t)max_header_kb * 1024) {
         inflight->route = "headers_too_large";
         char why[128];
@@ -354,7 +354,7 @@ static void maybe_resume(http_thread_t *t)
         t->paused = 0;
         return;
     }
-    if (atomic_load(&t->http->nconns) >= t->http->ctx.max_connections) {
+    if (atomic_load(&t->http->nconns) >= t->http->ctx.cfg.max_connections) {
         h2o_timeout_link(t->ctx.loop, &t->ctx.hundred_ms_timeout, &t->resume_timer);
         return;
     }
@@ -385,7 +385,7 @@ static void on_accept(h2o_socket_t *listener, const char *err)
     if (err != NULL)
         return;
     for (int n = 0; n < ACCEPTS_PER_WAKEUP; n++) {
-        if (atomic_load(&t->http->nconns) >= t->http->ctx.max_connections) {
+        if (atomic_load(&t->http->nconns) >= t->http->ctx.cfg.max_connections) {
             pause_accepting(t);
             return;
         }
@@ -496,7 +496,7 @@ static void send_msg(http_thread_t *t, http_msg_kind_t kind)
 
 static int bind_listener(struct gw_http *http, char *err, size_t errlen)
 {
-    const gw_http_ctx_t *cfg = &http->ctx;
+    const gw_http_config_t *cfg = &http->ctx.cfg;
     struct addrinfo hints = {.ai_family = AF_UNSPEC,
                              .ai_socktype = SOCK_STREAM,
                              .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV | AI_PASSIVE};
@@ -527,7 +527,7 @@ static int bind_listener(struct gw_http *http, char *err, size_t errlen)
     int bound_port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
                                                     : ((struct sockaddr_in *)&ss)->sin_port);
     http->listen_fd = fd;
-    atomic_store(cfg->http_port, bound_port);
+    atomic_store(http->ctx.http_port, bound_port);
     printf("listening on %s:%d\n", cfg->listen_host, bound_port);
     fflush(stdout);
     SQ_INFO("listening address=%s port=%d http_threads=%d", cfg->listen_host, bound_port,
@@ -545,35 +545,21 @@ static int bind_listener(struct gw_http *http, char *err, size_t errlen)
     return 0;
 }
 
-/* The one place the room reads the server: its settings, its token, the
- * flags and slots it is given. */
-void gw__http_ctx_fill(gw_http_ctx_t *ctx, gw_server_t *srv)
+void gw__http_ctx_fill(gw_http_ctx_t *ctx, const gw_http_deps_t *deps)
 {
-    const gw_config_t *cfg = srv->cfg;
-    *ctx = (gw_http_ctx_t){
-        .listen_port = cfg->listen_port,
-        .http_threads = cfg->http_threads,
-        .max_connections = cfg->max_connections,
-        .max_header_kb = cfg->max_header_kb,
-        .http_request_timeout_ms = cfg->http_request_timeout_ms,
-        .max_body_bytes = cfg->max_body_bytes,
-        .frontend = cfg->role == GW_ROLE_FRONTEND,
-        .stopping = &srv->stopping,
-        .http_port = &srv->http_port,
-        .srv = srv,
-    };
-    _Static_assert(sizeof(ctx->listen_host) == sizeof(cfg->listen_host), "--listen's host");
-    _Static_assert(sizeof(ctx->port_file) == sizeof(cfg->port_file), "--port-file");
-    _Static_assert(sizeof(ctx->admin_token) == sizeof(srv->admin_token), "the admin token");
-    memcpy(ctx->listen_host, cfg->listen_host, sizeof(ctx->listen_host));
-    memcpy(ctx->port_file, cfg->port_file, sizeof(ctx->port_file));
-    memcpy(ctx->admin_token, srv->admin_token, sizeof(ctx->admin_token));
+    *ctx = (gw_http_ctx_t){.cfg = deps->cfg,
+                           .stopping = deps->stopping,
+                           .http_port = deps->http_port,
+                           .offload = deps->offload,
+                           .front = deps->front,
+                           .srv = deps->srv};
 }
 
-int gw_http_start(gw_server_t *srv, const gw_http_app_t *app, char *err, size_t errlen)
+int gw_http_start(const gw_http_deps_t *deps, const gw_http_app_t *app, gw_http_t **out, char *err,
+                  size_t errlen)
 {
     struct gw_http *http = sq_xcalloc(1, sizeof(*http));
-    gw__http_ctx_fill(&http->ctx, srv);
+    gw__http_ctx_fill(&http->ctx, deps);
     http->listen_fd = -1;
     int rc = bind_listener(http, err, errlen);
     if (rc != 0) {
@@ -583,11 +569,11 @@ int gw_http_start(gw_server_t *srv, const gw_http_app_t *app, char *err, size_t 
         return rc;
     }
     h2o_config_init(&http->globalconf);
-    http->globalconf.max_request_entity_size = (size_t)http->ctx.max_body_bytes;
+    http->globalconf.max_request_entity_size = (size_t)http->ctx.cfg.max_body_bytes;
     /* h2o closes a connection whose request (headers and body) has not
      * arrived this long after it began, and an idle keep-alive one. */
-    http->globalconf.http1.req_timeout = (uint64_t)http->ctx.http_request_timeout_ms;
-    http->globalconf.http2.idle_timeout = (uint64_t)http->ctx.http_request_timeout_ms;
+    http->globalconf.http1.req_timeout = (uint64_t)http->ctx.cfg.http_request_timeout_ms;
+    http->globalconf.http2.idle_timeout = (uint64_t)http->ctx.cfg.http_request_timeout_ms;
     http->globalconf.server_name = h2o_iovec_init(H2O_STRLIT("squish/" SQUISH_VERSION));
     h2o_hostconf_t *host =
         h2o_config_register_host(&http->globalconf, h2o_iovec_init(H2O_STRLIT("default")), 65535);
@@ -598,11 +584,10 @@ int gw_http_start(gw_server_t *srv, const gw_http_app_t *app, char *err, size_t 
     atomic_init(&handler->app, app);
     http->handler = handler;
 
-    http->nthreads = http->ctx.http_threads;
+    http->nthreads = http->ctx.cfg.http_threads;
     http->threads = sq_xcalloc((size_t)http->nthreads, sizeof(http_thread_t));
     pthread_mutex_init(&http->start_lock, NULL);
     pthread_cond_init(&http->start_cond, NULL);
-    srv->http = http;
     /* Each thread sets up its loop, context and listener itself (see
      * thread_setup) and accepts on its own dup of the one listening socket:
      * the kernel hands each connection to one of the threads that wait. */
@@ -638,14 +623,15 @@ int gw_http_start(gw_server_t *srv, const gw_http_app_t *app, char *err, size_t 
     if (rc != 0) {
         /* Stop what did start; gw_http_stop joins the threads. */
         http->nthreads = started;
-        gw_http_stop(srv);
+        gw_http_stop(http);
+        return rc;
     }
-    return rc;
+    *out = http;
+    return 0;
 }
 
-void gw_http_drain(gw_server_t *srv, int timeout_ms)
+void gw_http_drain(gw_http_t *http, int timeout_ms)
 {
-    struct gw_http *http = srv->http;
     if (http == NULL)
         return;
     if (!http->draining) {
@@ -659,23 +645,23 @@ void gw_http_drain(gw_server_t *srv, int timeout_ms)
         usleep(5000);
 }
 
-int gw_http_connections(gw_server_t *srv)
+int gw_http_connections(const gw_call_t *call)
 {
-    return srv->http != NULL ? atomic_load(&srv->http->nconns) : 0;
+    const struct gw_http *http = H2O_STRUCT_FROM_MEMBER(struct gw_http, ctx, call->http);
+    return atomic_load(&http->nconns);
 }
 
-void gw_http_set_app(gw_server_t *srv, const gw_http_app_t *app)
+void gw_http_set_app(gw_http_t *http, const gw_http_app_t *app)
 {
-    if (srv->http != NULL)
-        atomic_store(&srv->http->handler->app, app);
+    if (http != NULL)
+        atomic_store(&http->handler->app, app);
 }
 
-void gw_http_stop(gw_server_t *srv)
+void gw_http_stop(gw_http_t *http)
 {
-    struct gw_http *http = srv->http;
     if (http == NULL)
         return;
-    gw_http_drain(srv, 0);
+    gw_http_drain(http, 0);
     if (atomic_load(&http->inflight) > 0)
         SQ_WARN("drain timed out inflight=%ld", atomic_load(&http->inflight));
     for (int i = 0; i < http->nthreads; i++)
@@ -687,5 +673,4 @@ void gw_http_stop(gw_server_t *srv)
     pthread_mutex_destroy(&http->start_lock);
     free(http->threads);
     free(http);
-    srv->http = NULL;
 }

@@ -11,31 +11,21 @@
 
 /* ---- the room's context -------------------------------------------------- */
 
-/* What the HTTP room needs of the server, filled once by gw_http_start
- * (gw__http_ctx_fill) and then read-only: its settings, copied from
- * gw_config_t; the admin token; where it publishes its bound port; the
- * server's stopping flag, read through the pointer the server gives. The
- * room reads gw_server_t nowhere else but its own slots (http, offload). */
+/* The room's context, a copy of what gw_http_start was given
+ * (gw__http_ctx_fill), then read-only: its settings, its handles, the
+ * server's flags through the pointers given. The room never reads
+ * gw_server_t: it hands srv on to the routes and app->done. */
 typedef struct gw_http_ctx {
-    char listen_host[64]; /* bare: "::1" for --listen [::1]:8000 */
-    int listen_port;
-    char port_file[256]; /* "" = none */
-    int http_threads;
-    int max_connections;
-    int max_header_kb;
-    int http_request_timeout_ms;
-    int64_t max_body_bytes;
-    int frontend; /* --role frontend: GW_TO_DISPATCHER routes are forwarded */
-    char admin_token[65];
-    const atomic_int *stopping; /* SIGTERM seen (the server's; any thread) */
-    atomic_int *http_port;      /* the bound port, published for others */
-    /* Handed to the routes (gw_call_t.srv), app->done and gw_offload; this
-     * room never reads it. */
+    gw_http_config_t cfg;
+    const atomic_int *stopping;
+    atomic_int *http_port;
+    gw_offload_t *offload;
+    gw_front_t *front;
     gw_server_t *srv;
 } gw_http_ctx_t;
 
-/* Fills ctx from the server, once, as the room is created. */
-void gw__http_ctx_fill(gw_http_ctx_t *ctx, gw_server_t *srv);
+/* Fills ctx from deps, once, as the room is created. */
+void gw__http_ctx_fill(gw_http_ctx_t *ctx, const gw_http_deps_t *deps);
 
 /* ---- deferred replies (async.c) ------------------------------------------ */
 

@@ -29,7 +29,7 @@ static void *offload_thread(void *arg)
     return NULL;
 }
 
-int gw_offload_start(gw_server_t *srv)
+int gw_offload_start(gw_offload_t **out)
 {
     struct gw_offload_ctx *o = sq_xcalloc(1, sizeof(*o));
     o->loop = sq_loop_new();
@@ -38,16 +38,16 @@ int gw_offload_start(gw_server_t *srv)
         free(o);
         return SQ_NOMEM;
     }
-    srv->offload = o;
+    *out = o;
     return 0;
 }
 
-void gw_offload(gw_server_t *srv, void (*fn)(void *arg), void *arg)
+void gw_offload(gw_offload_t *o, void (*fn)(void *arg), void *arg)
 {
     offload_job_t *j = sq_xmalloc(sizeof(*j));
     j->fn = fn;
     j->arg = arg;
-    sq_loop_post(srv->offload->loop, run, j);
+    sq_loop_post(o->loop, run, j);
 }
 
 static void stop(sq_loop_t *loop, void *arg)
@@ -56,9 +56,8 @@ static void stop(sq_loop_t *loop, void *arg)
     sq_loop_stop(loop);
 }
 
-void gw_offload_stop(gw_server_t *srv)
+void gw_offload_stop(gw_offload_t *o)
 {
-    struct gw_offload_ctx *o = srv->offload;
     if (o == NULL)
         return;
     sq_loop_post(o->loop, stop, NULL);
@@ -66,5 +65,4 @@ void gw_offload_stop(gw_server_t *srv)
     sq_loop_run_posts(o->loop);
     sq_loop_free(o->loop);
     free(o);
-    srv->offload = NULL;
 }

@@ -162,7 +162,7 @@ void gw_proxy_to_dispatcher(gw_call_t *call)
 {
     h2o_req_t *req = call->req;
     char addr[128];
-    gw_front_dispatcher_http(call->srv, addr, sizeof(addr));
+    gw_front_dispatcher_http(call->http->front, addr, sizeof(addr));
     if (addr[0] == '\0') {
         gw_send_error(req, SQ_NOT_READY,
                       "this frontend has not joined its dispatcher yet, which answers this "

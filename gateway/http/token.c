@@ -32,7 +32,7 @@ static int read_token(const char *path, char token[TOKEN_CAP], int fd, char *err
     return 0;
 }
 
-static int token_load(const char *path, char token[TOKEN_CAP], char *err, size_t errlen)
+int gw_token_load(const char *path, char token[TOKEN_CAP], char *err, size_t errlen)
 {
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd >= 0) {
@@ -76,12 +76,6 @@ static int token_load(const char *path, char token[TOKEN_CAP], char *err, size_t
     return 0;
 }
 
-int gw_token_load(gw_server_t *srv, char *err, size_t errlen)
-{
-    _Static_assert(sizeof(srv->admin_token) == TOKEN_CAP, "the server's token slot");
-    return token_load(srv->token_path, srv->admin_token, err, errlen);
-}
-
 int gw_token_matches(const char *admin_token, const char *presented, size_t len)
 {
     size_t want = strlen(admin_token);
@@ -96,7 +90,7 @@ int gw_require_admin(gw_call_t *call)
     h2o_iovec_t v = gw_header(call->req, "authorization");
     static const char bearer[] = "Bearer ";
     if (v.len > sizeof(bearer) - 1 && strncasecmp(v.base, bearer, sizeof(bearer) - 1) == 0 &&
-        gw_token_matches(call->http->admin_token, v.base + sizeof(bearer) - 1,
+        gw_token_matches(call->http->cfg.admin_token, v.base + sizeof(bearer) - 1,
                          v.len - (sizeof(bearer) - 1)))
         return 1;
     gw_add_header(call->req, "www-authenticate", "Bearer realm=\"squish\"");

@@ -20,7 +20,6 @@ static inline void front_fixture_init(front_fixture_t *x)
     x->srv.registry = gw_registry_new();
     x->srv.pipelines = gw_pipes_new();
     x->fr = sq_xcalloc(1, sizeof(*x->fr));
-    x->fr->srv = &x->srv;
     x->fr->registry = x->srv.registry;
     x->fr->pipelines = x->srv.pipelines;
     x->fr->http_port = &x->srv.http_port;

@@ -431,13 +431,13 @@ static gw_http_ctx_t *http_with_token(const char *token)
 {
     static gw_http_ctx_t ctx;
     memset(&ctx, 0, sizeof(ctx));
-    snprintf(ctx.admin_token, sizeof(ctx.admin_token), "%s", token);
+    snprintf(ctx.cfg.admin_token, sizeof(ctx.cfg.admin_token), "%s", token);
     return &ctx;
 }
 
 static int matches(const gw_http_ctx_t *ctx, const char *presented)
 {
-    return gw_token_matches(ctx->admin_token, presented, strlen(presented));
+    return gw_token_matches(ctx->cfg.admin_token, presented, strlen(presented));
 }
 
 Test(http, only_the_exact_admin_token_matches)
@@ -454,14 +454,14 @@ Test(http, only_the_exact_admin_token_matches)
     /* The length is the caller's: a header value is not terminated. */
     char header[64];
     snprintf(header, sizeof(header), "%s, more", tok);
-    cr_assert(gw_token_matches(http->admin_token, header, strlen(tok)));
-    cr_assert_not(gw_token_matches(http->admin_token, header, strlen(tok) + 1));
+    cr_assert(gw_token_matches(http->cfg.admin_token, header, strlen(tok)));
+    cr_assert_not(gw_token_matches(http->cfg.admin_token, header, strlen(tok) + 1));
     /* A presented token with a NUL inside is not the token cut there. */
     char nul[40];
     memcpy(nul, tok, 16);
     nul[16] = '\0';
     memcpy(nul + 17, tok + 17, 15);
-    cr_assert_not(gw_token_matches(http->admin_token, nul, 32));
+    cr_assert_not(gw_token_matches(http->cfg.admin_token, nul, 32));
 }
 
 Test(http, the_admin_check_takes_a_bearer_token_in_any_case)
@@ -529,22 +529,23 @@ Test(http, the_context_copies_the_settings_and_the_token_once)
     memset(&srv, 0, sizeof(srv));
     srv.cfg = &cfg;
     snprintf(srv.admin_token, sizeof(srv.admin_token), "0123456789abcdef");
+    gw_http_deps_t deps = gw_http_deps(&srv);
     gw_http_ctx_t ctx;
-    gw__http_ctx_fill(&ctx, &srv);
-    cr_assert_str_eq(ctx.listen_host, "::1");
-    cr_assert_eq(ctx.listen_port, 8123);
-    cr_assert_str_eq(ctx.port_file, "/tmp/port");
-    cr_assert_eq(ctx.http_threads, 3);
-    cr_assert_eq(ctx.max_connections, 77);
-    cr_assert_eq(ctx.max_header_kb, 9);
-    cr_assert_eq(ctx.http_request_timeout_ms, 4500);
-    cr_assert_eq(ctx.max_body_bytes, 12345);
+    gw__http_ctx_fill(&ctx, &deps);
+    cr_assert_str_eq(ctx.cfg.listen_host, "::1");
+    cr_assert_eq(ctx.cfg.listen_port, 8123);
+    cr_assert_str_eq(ctx.cfg.port_file, "/tmp/port");
+    cr_assert_eq(ctx.cfg.http_threads, 3);
+    cr_assert_eq(ctx.cfg.max_connections, 77);
+    cr_assert_eq(ctx.cfg.max_header_kb, 9);
+    cr_assert_eq(ctx.cfg.http_request_timeout_ms, 4500);
+    cr_assert_eq(ctx.cfg.max_body_bytes, 12345);
     cr_assert_eq(ctx.srv, &srv);
-    cr_assert_str_eq(ctx.admin_token, "0123456789abcdef");
+    cr_assert_str_eq(ctx.cfg.admin_token, "0123456789abcdef");
     srv.admin_token[0] = 'X';
     cfg.max_connections = 1;
-    cr_assert_str_eq(ctx.admin_token, "0123456789abcdef", "a copy, made once");
-    cr_assert_eq(ctx.max_connections, 77, "a copy, made once");
+    cr_assert_str_eq(ctx.cfg.admin_token, "0123456789abcdef", "a copy, made once");
+    cr_assert_eq(ctx.cfg.max_connections, 77, "a copy, made once");
 }
 
 Test(http, only_a_frontend_forwards_and_stopping_is_the_servers_flag)
@@ -557,8 +558,9 @@ Test(http, only_a_frontend_forwards_and_stopping_is_the_servers_flag)
     const int roles[] = {GW_ROLE_ALL, GW_ROLE_DISPATCHER, GW_ROLE_FRONTEND};
     for (size_t i = 0; i < sizeof(roles) / sizeof(roles[0]); i++) {
         cfg.role = roles[i];
-        gw__http_ctx_fill(&ctx, &srv);
-        cr_assert_eq(ctx.frontend, roles[i] == GW_ROLE_FRONTEND, "role %d", roles[i]);
+        gw_http_deps_t deps = gw_http_deps(&srv);
+        gw__http_ctx_fill(&ctx, &deps);
+        cr_assert_eq(ctx.cfg.frontend, roles[i] == GW_ROLE_FRONTEND, "role %d", roles[i]);
     }
     cr_assert_not(atomic_load(ctx.stopping));
     atomic_store(&srv.stopping, 1); /* SIGTERM, after the room was made */
