@@ -290,8 +290,8 @@ typedef struct {
 /* BATCH_DONE: worker -> squishd. */
 typedef struct {
     int32_t code;      /* 0 or an SQ_* error */
-    uint64_t exec_ns;  /* in the backend */
-    uint64_t total_ns; /* from receipt to reply (gather + normalize + run) */
+    uint64_t exec_ns;  /* the batch's work: gather + normalize + run + copy out */
+    uint64_t total_ns; /* from receipt to reply (exec_ns and the wait before it) */
     char message[200];
 } sq_batch_done_t;
 

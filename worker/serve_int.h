@@ -239,7 +239,6 @@ const char *wk__model_errmsg(const model_t *m);
  * model needs out_stride == its row size). */
 int wk__model_run(model_t *m, int batch, int pixels, const uint8_t *in, const int *member,
                   float *out, size_t out_stride);
-int64_t wk__model_last_run_ns(const model_t *m);
 /* The input a model is profiled on, `items` of it at in: uint8 HWC pixels
  * (pixel_h x pixel_w x 3 bytes an item) when pixels, else in_elems FP32
  * values an item. Item i is the same whatever `items` is. */

@@ -240,11 +240,6 @@ void wk__profile_input(int pixels, size_t item_bytes, int items, uint8_t *in)
         ((float *)in)[i] = (float)((i * 2654435761u) % 1000) / 1000.0f;
 }
 
-int64_t wk__model_last_run_ns(const model_t *m)
-{
-    return m->group != NULL ? wk_group_last_run_ns(m->group) : wk_plan_last_run_ns(m->plan);
-}
-
 void wk__enqueue(server_t *s, job_t *j)
 {
     j->received_ns = sq_now_ns();

@@ -304,9 +304,10 @@ void gw_metrics_batch(gw_metrics_t *ms, const gw_model_t *m, int worker, const c
     atomic_fetch_add(&st->execution_count, 1);
     if (size < 1 || size > GW_METRICS_MAX_BATCH)
         return;
-    /* The worker's receipt-to-reply time splits into gathering the inputs
-     * (input) and the backend (infer); the rest of the round trip is
-     * handing the outputs back (output). */
+    /* The worker's receipt-to-reply time splits into the batch's wait
+     * there (input) and its work (infer: the inputs gathered and
+     * normalized, the run, the outputs copied, what l(b) measures); the
+     * rest of the round trip is handing the outputs back (output). */
     uint64_t total_ns = done->total_ns > done->exec_ns ? done->total_ns : done->exec_ns;
     uint64_t rt_ns = roundtrip_us > 0 ? (uint64_t)roundtrip_us * 1000 : 0;
     batch_stat_t *bs = &st->batch[size];
