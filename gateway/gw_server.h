@@ -53,7 +53,7 @@ typedef struct gw_server {
     gw_dispatch_t *dispatch;   /* lives on the dispatch thread */
     sq_loop_t *dispatch_loop;
     gw_http_t *http;
-    gw_leader_t *leader; /* leadership connection (PostgreSQL only; leader.c) */
+    gw_leader_t *leader; /* leadership (leader.c): the lock's connection with PostgreSQL */
     struct gw_offload_ctx *offload;
     gw_metrics_t *metrics; /* thread-safe; created first, freed last */
     gw_trace_t *trace;     /* request traces (api/trace.c); thread-safe */

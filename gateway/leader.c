@@ -14,7 +14,12 @@
 #include <unistd.h>
 
 struct gw_leader {
-    mdb_t *db; /* the lock lives with this connection's session */
+    gw_leader_config_t cfg;
+    atomic_int *leading;
+    const atomic_int *http_port;
+    gw_http_t **http;
+    gw_http_app_t standby_app; /* the standby's routes, with this as their context */
+    mdb_t *db;                 /* the lock lives with this connection's session; NULL with sqlite */
     int poll_ms;
     pthread_t watch;
     int watching;
@@ -23,7 +28,7 @@ struct gw_leader {
     char leader[128]; /* standby: the leader's address, as it announced it */
 };
 
-static int poll_ms_of(const gw_config_t *cfg)
+static int poll_ms_of(const gw_leader_config_t *cfg)
 {
     int ms = cfg->leader_timeout_ms / 10;
     return ms < 50 ? 50 : ms;
@@ -31,9 +36,9 @@ static int poll_ms_of(const gw_config_t *cfg)
 
 /* The address this squishd gives standbys and clients: --advertise, else
  * http://HOST:PORT of its listener (the host name for a wildcard address). */
-static void advertise_address(const gw_server_t *srv, char *out, size_t outlen)
+static void advertise_address(const gw_leader_t *l, char *out, size_t outlen)
 {
-    const gw_config_t *cfg = srv->cfg;
+    const gw_leader_config_t *cfg = &l->cfg;
     if (cfg->advertise[0] != '\0') {
         snprintf(out, outlen, "%s", cfg->advertise);
         return;
@@ -45,38 +50,15 @@ static void advertise_address(const gw_server_t *srv, char *out, size_t outlen)
             snprintf(host, sizeof(host), "localhost");
     /* An IPv6 address is bracketed in a URL. */
     snprintf(out, outlen, strchr(host, ':') != NULL ? "http://[%s]:%d" : "http://%s:%d", host,
-             atomic_load(&srv->http_port));
-}
-
-int gw_leader_open(gw_server_t *srv, char *err, size_t errlen)
-{
-    if (!mdb_is_postgres(srv->cfg->db_path))
-        return 0;
-    gw_leader_t *l = sq_xcalloc(1, sizeof(*l));
-    l->poll_ms = poll_ms_of(srv->cfg);
-    pthread_mutex_init(&l->mu, NULL);
-    int rc = mdb_open(srv->cfg->db_path, &l->db);
-    if (rc == 0)
-        rc = mdb_session_timeouts(l->db, srv->cfg->leader_timeout_ms / 2);
-    if (rc != 0) {
-        snprintf(err, errlen, "--db: cannot open the leadership connection: %s",
-                 l->db != NULL ? mdb_errmsg(l->db) : sq_err_msg(rc));
-        mdb_close(l->db);
-        pthread_mutex_destroy(&l->mu);
-        free(l);
-        return rc;
-    }
-    srv->leader = l;
-    return 0;
+             atomic_load(l->http_port));
 }
 
 /* ---- the standby's HTTP -------------------------------------------------- */
 
 static void standby_answer(gw_call_t *call)
 {
-    gw_server_t *srv = call->srv;
-    gw_leader_t *l = srv->leader;
-    if (atomic_load(&srv->leading)) {
+    gw_leader_t *l = call->app;
+    if (atomic_load(l->leading)) {
         /* It took the lock and is starting (reading models, workers). */
         gw_send_error(call->req, SQ_NOT_READY, "squishd leads and is starting");
         return;
@@ -96,9 +78,10 @@ static void standby_answer(gw_call_t *call)
 
 static void standby_live(gw_call_t *call)
 {
-    gw_send_json(call->req, 200,
-                 json_pack("{s:b, s:s}", "live", 1, "role",
-                           atomic_load(&call->srv->leading) ? "leader" : "standby"));
+    const gw_leader_t *l = call->app;
+    gw_send_json(
+        call->req, 200,
+        json_pack("{s:b, s:s}", "live", 1, "role", atomic_load(l->leading) ? "leader" : "standby"));
 }
 
 static void standby_metrics(gw_call_t *call)
@@ -117,19 +100,47 @@ static const gw_route_t standby_routes[] = {
     {"GET", "/metrics", "metrics", standby_metrics, GW_ON_FRONTEND},
 };
 
-static const gw_http_app_t standby_app = {.routes = standby_routes,
-                                          .nroutes =
-                                              sizeof(standby_routes) / sizeof(standby_routes[0]),
-                                          .fallback = standby_answer,
-                                          .fallback_name = "standby"};
+/* ---- opening -------------------------------------------------------------- */
+
+int gw_leader_open(const gw_leader_deps_t *deps, gw_leader_t **out, char *err, size_t errlen)
+{
+    gw_leader_t *l = sq_xcalloc(1, sizeof(*l));
+    l->cfg = deps->cfg;
+    l->leading = deps->leading;
+    l->http_port = deps->http_port;
+    l->http = deps->http;
+    l->standby_app = (gw_http_app_t){.routes = standby_routes,
+                                     .nroutes = sizeof(standby_routes) / sizeof(standby_routes[0]),
+                                     .ctx = l,
+                                     .fallback = standby_answer,
+                                     .fallback_name = "standby"};
+    l->poll_ms = poll_ms_of(&l->cfg);
+    pthread_mutex_init(&l->mu, NULL);
+    if (!mdb_is_postgres(l->cfg.db_path)) {
+        *out = l; /* sqlite: no lock to hold, squishd leads */
+        return 0;
+    }
+    int rc = mdb_open(l->cfg.db_path, &l->db);
+    if (rc == 0)
+        rc = mdb_session_timeouts(l->db, l->cfg.leader_timeout_ms / 2);
+    if (rc != 0) {
+        snprintf(err, errlen, "--db: cannot open the leadership connection: %s",
+                 l->db != NULL ? mdb_errmsg(l->db) : sq_err_msg(rc));
+        mdb_close(l->db);
+        pthread_mutex_destroy(&l->mu);
+        free(l);
+        return rc;
+    }
+    *out = l;
+    return 0;
+}
 
 /* ---- taking the lead -------------------------------------------------------- */
 
 /* One try: 1 when this squishd leads now, 0 when another does (its address
  * read), negative on a DB error. */
-static int try_lead(gw_server_t *srv)
+static int try_lead(gw_leader_t *l)
 {
-    gw_leader_t *l = srv->leader;
     int leading = 0;
     int rc = mdb_leader_try(l->db, GW_LEADER_LOCK_KEY, &leading);
     if (rc != 0)
@@ -145,19 +156,18 @@ static int try_lead(gw_server_t *srv)
     return 0;
 }
 
-int gw_leader_wait(gw_server_t *srv, const gw_http_deps_t *http, const sigset_t *sigs, char *err,
+int gw_leader_wait(gw_leader_t *l, const gw_http_deps_t *http, const sigset_t *sigs, char *err,
                    size_t errlen)
 {
-    gw_leader_t *l = srv->leader;
-    if (l == NULL) {
-        atomic_store(&srv->leading, 1);
+    if (l->db == NULL) {
+        atomic_store(l->leading, 1);
         return 0;
     }
-    int rc = try_lead(srv);
+    int rc = try_lead(l);
     int standby = rc != 1;
     if (standby) {
         /* Serve as a standby until the lock is ours. */
-        if ((rc = gw_http_start(http, &standby_app, &srv->http, err, errlen)) != 0)
+        if ((rc = gw_http_start(http, &l->standby_app, l->http, err, errlen)) != 0)
             return rc;
         SQ_INFO("standby: another squishd leads leader=%s; trying every %d ms",
                 l->leader[0] ? l->leader : "unknown", l->poll_ms);
@@ -167,12 +177,12 @@ int gw_leader_wait(gw_server_t *srv, const gw_http_deps_t *http, const sigset_t 
                                   .tv_nsec = (long)(l->poll_ms % 1000) * 1000000};
             if (sigtimedwait(sigs, NULL, &ts) > 0) {
                 SQ_INFO("signal received while standby; stopping");
-                gw_http_drain(srv->http, 1000);
-                gw_http_stop(srv->http);
-                srv->http = NULL;
+                gw_http_drain(*l->http, 1000);
+                gw_http_stop(*l->http);
+                *l->http = NULL;
                 return 1;
             }
-            rc = try_lead(srv);
+            rc = try_lead(l);
             if (rc == 1)
                 break;
             if (rc < 0 && !db_down)
@@ -180,7 +190,7 @@ int gw_leader_wait(gw_server_t *srv, const gw_http_deps_t *http, const sigset_t 
             db_down = rc < 0;
         }
     }
-    atomic_store(&srv->leading, 1);
+    atomic_store(l->leading, 1);
     SQ_INFO("leader: this squishd leads after_standby=%s", standby ? "yes" : "no");
     return 0;
 }
@@ -189,8 +199,7 @@ int gw_leader_wait(gw_server_t *srv, const gw_http_deps_t *http, const sigset_t 
 
 static void *watch_main(void *arg)
 {
-    gw_server_t *srv = arg;
-    gw_leader_t *l = srv->leader;
+    gw_leader_t *l = arg;
     sq_log_set_tag("squishd");
     int db_down = 0;
     while (!atomic_load(&l->stop)) {
@@ -215,34 +224,31 @@ static void *watch_main(void *arg)
     return NULL;
 }
 
-void gw_leader_announce(gw_server_t *srv)
+void gw_leader_announce(gw_leader_t *l)
 {
-    gw_leader_t *l = srv->leader;
-    if (l == NULL)
+    if (l->db == NULL)
         return;
     char self[128];
-    advertise_address(srv, self, sizeof(self));
+    advertise_address(l, self, sizeof(self));
     if (mdb_leader_announce(l->db, self) != 0)
         SQ_WARN("cannot announce the leader's address: %s", mdb_errmsg(l->db));
     else
         SQ_INFO("leader: standbys send clients to address=%s", self);
 }
 
-int gw_leader_watch(gw_server_t *srv)
+int gw_leader_watch(gw_leader_t *l)
 {
-    gw_leader_t *l = srv->leader;
-    if (l == NULL)
+    if (l->db == NULL)
         return 0;
-    int rc = pthread_create(&l->watch, NULL, watch_main, srv);
+    int rc = pthread_create(&l->watch, NULL, watch_main, l);
     if (rc != 0)
         return SQ_INTERNAL;
     l->watching = 1;
     return 0;
 }
 
-void gw_leader_close(gw_server_t *srv)
+void gw_leader_close(gw_leader_t *l)
 {
-    gw_leader_t *l = srv->leader;
     if (l == NULL)
         return;
     atomic_store(&l->stop, 1);
@@ -251,5 +257,4 @@ void gw_leader_close(gw_server_t *srv)
     mdb_close(l->db);
     pthread_mutex_destroy(&l->mu);
     free(l);
-    srv->leader = NULL;
 }

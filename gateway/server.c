@@ -225,6 +225,27 @@ gw_db_deps_t gw_db_deps(gw_server_t *srv)
     return d;
 }
 
+gw_leader_deps_t gw_leader_deps(gw_server_t *srv)
+{
+    const gw_config_t *cfg = srv->cfg;
+    gw_leader_deps_t d = {
+        .cfg = {.leader_timeout_ms = cfg->leader_timeout_ms},
+        .leading = &srv->leading,
+        .http_port = &srv->http_port,
+        .http = &srv->http,
+    };
+#define COPY_STR(field)                                                                            \
+    do {                                                                                           \
+        _Static_assert(sizeof(d.cfg.field) == sizeof(cfg->field), #field);                         \
+        memcpy(d.cfg.field, cfg->field, sizeof(d.cfg.field));                                      \
+    } while (0)
+    COPY_STR(db_path);
+    COPY_STR(advertise);
+    COPY_STR(listen_host);
+#undef COPY_STR
+    return d;
+}
+
 gw_api_deps_t gw_api_deps(gw_server_t *srv)
 {
     const gw_config_t *cfg = srv->cfg;
@@ -325,15 +346,16 @@ int gw_main(const gw_config_t *cfg)
     }
     /* With a shared (PostgreSQL) model DB, squishd may be a standby first:
      * it answers HTTP as one until it holds the leader's lock. */
-    if ((rc = gw_leader_open(&srv, err, sizeof(err))) != 0)
+    gw_leader_deps_t leader_deps = gw_leader_deps(&srv);
+    if ((rc = gw_leader_open(&leader_deps, &srv.leader, err, sizeof(err))) != 0)
         goto fail;
     gw_http_deps_t standby_http = gw_http_deps(&srv);
-    rc = gw_leader_wait(&srv, &standby_http, &sigs, err, sizeof(err));
+    rc = gw_leader_wait(srv.leader, &standby_http, &sigs, err, sizeof(err));
     if (rc == 1) {
         rc = 0; /* stopped while standby */
         goto out;
     }
-    if (rc != 0 || (rc = gw_leader_watch(&srv)) != 0) {
+    if (rc != 0 || (rc = gw_leader_watch(srv.leader)) != 0) {
         if (err[0] == '\0')
             snprintf(err, sizeof(err), "cannot take the lead: %s", sq_err_msg(rc));
         goto fail;
@@ -361,7 +383,7 @@ int gw_main(const gw_config_t *cfg)
         gw_http_set_app(srv.http, &gw_http_app);
     else if ((rc = gw_http_start(&http_deps, &gw_http_app, &srv.http, err, sizeof(err))) != 0)
         goto fail;
-    gw_leader_announce(&srv);
+    gw_leader_announce(srv.leader);
 
 serve:;
     int sig = 0;
@@ -401,7 +423,8 @@ out:
     gw_prep_pool_free(srv.prep);
     gw_db_stop(srv.db);
     srv.db = NULL;
-    gw_leader_close(&srv);        /* the lock goes when all else has stopped */
+    gw_leader_close(srv.leader); /* the lock goes when all else has stopped */
+    srv.leader = NULL;
     gw_workers_free(srv.workers); /* and clears srv.transport */
     srv.workers = NULL;
     srv.sched = NULL;

@@ -68,12 +68,14 @@ void gw_http_drain(gw_http_t *http, int timeout_ms);
  * room; accepts NULL. */
 void gw_http_stop(gw_http_t *http);
 
-/* What a route handler gets: the request, the server, and the path segments
- * matched by '*' in the route's pattern (borrowed from the request). */
+/* What a route handler gets: the request, the server, the context of the
+ * app it belongs to (gw_http_app_t.ctx), and the path segments matched by
+ * '*' in the route's pattern (borrowed from the request). */
 struct gw_http_ctx;
 typedef struct {
     h2o_req_t *req;
     gw_server_t *srv;
+    void *app; /* the serving app's ctx: what its routes need, given by its maker */
     const struct gw_http_ctx *http; /* the HTTP room's settings (http_int.h) */
     h2o_iovec_t args[GW_MAX_ROUTE_ARGS];
     int nargs;
@@ -216,10 +218,15 @@ void gw_add_header(h2o_req_t *req, const char *name, const char *value);
 
 /* What the HTTP loops serve: the route table (first match of method and
  * pattern wins; a pattern that matches with another method answers 405
- * with Allow) and a hook called once per request when h2o frees it. */
+ * with Allow), the context its routes get, and a hook called once per
+ * request when h2o frees it. The app is the caller's: it outlives the room
+ * that serves it (gw_http_stop). */
 typedef struct gw_http_app {
     const gw_route_t *routes;
     size_t nroutes;
+    /* Handed to the routes, fallback and forward as gw_call_t.app; the
+     * room never reads it. */
+    void *ctx;
     /* Optional: answers every request no route matches (else 404 or 405). */
     void (*fallback)(gw_call_t *call);
     const char *fallback_name;

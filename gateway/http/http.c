@@ -161,8 +161,9 @@ static void route_request(req_done_t *inflight, h2o_req_t *req)
 {
     const gw_http_ctx_t *ctx = &inflight->http->ctx;
     http_thread_t *t = H2O_STRUCT_FROM_MEMBER(http_thread_t, ctx, req->conn->ctx);
-    gw_call_t call = {.req = req, .srv = ctx->srv, .http = ctx, .reply_to = &t->async_receiver};
     const gw_http_app_t *app = inflight->app;
+    gw_call_t call = {
+        .req = req, .srv = ctx->srv, .app = app->ctx, .http = ctx, .reply_to = &t->async_receiver};
     char allow[64];
     const gw_route_t *route =
         gw__route_find(app, req->method, req->path_normalized, &call, allow, sizeof(allow));
