@@ -25,7 +25,8 @@ struct gw_api_ctx {
     int frontend;
     gw_front_t *front;
     gw_offload_t *offload;
-    int dispatcher;
+    gw_dispatch_t *dispatch;
+    gw_db_t *db;
     const atomic_int *stopping;
     const atomic_int *db_ready;
     gw_sched_t *_Atomic const *sched;

@@ -21,7 +21,8 @@ gw_api_ctx_t *gw_api_new(const gw_api_deps_t *deps)
     api->frontend = deps->frontend;
     api->front = deps->front;
     api->offload = deps->offload;
-    api->dispatcher = deps->dispatcher;
+    api->dispatch = deps->dispatch;
+    api->db = deps->db;
     api->stopping = deps->stopping;
     api->db_ready = deps->db_ready;
     api->sched = deps->sched;

@@ -28,8 +28,9 @@ typedef struct {
  * flags and slots other rooms own, read through the pointers given. */
 typedef struct {
     gw_api_config_t cfg;
-    /* Handed on to other rooms' entry points (gw_db_post, gw_dispatch_*...);
-     * the API never reads it. */
+    /* Handed on to the HTTP room's jobs (gw_async_t.srv), through which the
+     * room's jobs find this context again (gw_api_of); the API never reads
+     * it. */
     gw_server_t *srv;
     sq_shm_arena_t *arena;
     gw_registry_t *registry;
@@ -41,7 +42,8 @@ typedef struct {
     int frontend;               /* --role frontend: a link to a dispatcher (front/) */
     gw_front_t *front;          /* that link (its metrics); NULL otherwise */
     gw_offload_t *offload;      /* parses large bodies off the HTTP loops */
-    int dispatcher;             /* this process runs the dispatcher (dispatch/) */
+    gw_dispatch_t *dispatch;    /* this process's dispatcher (dispatch/); NULL on a frontend */
+    gw_db_t *db;                /* the model DB's thread (gw_db_job); NULL on a frontend */
     const atomic_int *stopping; /* SIGTERM seen: no new work */
     const atomic_int *db_ready; /* the model DB is open */
     /* Who schedules this process's items (the server's slot, gw_sched.h). */

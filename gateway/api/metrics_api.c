@@ -37,11 +37,11 @@ void gw_route_metrics(gw_call_t *call)
                                    "standby.\n# TYPE squish_leader gauge\nsquish_leader 1\n";
         sq_buf_put(&out, lead, sizeof(lead) - 1);
     }
-    if (api->dispatcher) {
+    if (api->dispatch != NULL) {
         /* Frontends' traffic on this dispatcher's link (metadata only: a
          * few dozen bytes an item each way). */
         gw_frontend_traffic_t t;
-        gw_dispatch_frontend_traffic(call->srv, &t);
+        gw_dispatch_frontend_traffic(api->dispatch, &t);
         n = snprintf(adm, sizeof(adm),
                      "# HELP squish_frontends Frontends joined to this dispatcher.\n"
                      "# TYPE squish_frontends gauge\nsquish_frontends %d\n"
@@ -60,13 +60,13 @@ void gw_route_metrics(gw_call_t *call)
     if (api->frontend) /* a frontend's links (not joined: it answers itself) */
         gw_front_metrics_text(api->front, &out);
     gw_frontend_traffic_t fet;
-    gw_dispatch_frontend_traffic(call->srv, &fet);
+    gw_dispatch_frontend_traffic(api->dispatch, &fet);
     if (fet.connected > 0) {
         /* The cluster's one view: every frontend's series, labelled. */
         sq_buf_t all;
         sq_buf_init(&all);
         sq_buf_put(&out, "", 1);
-        gw_dispatch_frontends_metrics(call->srv, (const char *)out.data, &all);
+        gw_dispatch_frontends_metrics(api->dispatch, (const char *)out.data, &all);
         sq_buf_dispose(&out);
         out = all;
     }
@@ -173,7 +173,7 @@ void gw_route_model_stats(gw_call_t *call)
     json_t *stats = json_array();
     for (int i = 0; i < q.n; i++) {
         json_t *one = gw_metrics_model_stats(api->metrics, q.found[i]);
-        gw_dispatch_frontends_stats(call->srv, one); /* the requests frontends answered */
+        gw_dispatch_frontends_stats(api->dispatch, one); /* the requests frontends answered */
         json_array_append_new(stats, one);
         gw_model_unref(q.found[i]);
     }

@@ -166,7 +166,7 @@ static void refresh_groups(mdb_t *db, gw_api_ctx_t *api, int64_t except)
             continue;
         }
         gw_registry_put(api->registry, m);
-        gw_dispatch_model_changed(api->srv, key);
+        gw_dispatch_model_changed(api->dispatch, key);
     }
     json_decref(recs);
 }
@@ -180,9 +180,9 @@ static void publish(mdb_t *db, gw_api_ctx_t *api, int64_t key, int profile)
     json_decref(recs);
     refresh_groups(db, api, key);
     if (profile)
-        gw_dispatch_profile(api->srv, key);
+        gw_dispatch_profile(api->dispatch, key);
     else
-        gw_dispatch_model_changed(api->srv, key);
+        gw_dispatch_model_changed(api->dispatch, key);
 }
 
 static void store(mdb_t *db, model_job_t *j, const mdb_new_model_t *m)
@@ -489,7 +489,7 @@ void gw_route_models_post(gw_call_t *call)
         gw_async_done(&j->base);
         return;
     }
-    gw_db_post(call->srv, upload_job, j);
+    gw_db_job(api->db, upload_job, j);
 }
 
 /* Copies the {name} path segment (and {version}) into the job; replies 404
@@ -526,7 +526,7 @@ void gw_route_models_list(gw_call_t *call)
 {
     if (!gw_require_admin(call))
         return;
-    gw_db_post(call->srv, list_job, job_new(call));
+    gw_db_job(gw_api_of(call->srv)->db, list_job, job_new(call));
 }
 
 /* A version being measured gets "profiling": where, how far, and about how
@@ -540,7 +540,7 @@ static void add_progress(gw_api_ctx_t *api, const char *name, json_t *rec)
     int version = (int)json_integer_value(json_object_get(rec, "version"));
     gw_model_t *m = gw_registry_find(api->registry, name, strlen(name), version);
     gw_profile_progress_t p;
-    int have = m != NULL && gw_dispatch_profile_progress(api->srv, m->key, &p);
+    int have = m != NULL && gw_dispatch_profile_progress(api->dispatch, m->key, &p);
     gw_model_unref(m);
     if (!have) {
         /* Not measured yet: for want of a worker only while none is up;
@@ -590,7 +590,7 @@ void gw_route_models_get(gw_call_t *call)
         return;
     model_job_t *j = named_job(call, 0);
     if (j != NULL)
-        gw_db_post(call->srv, get_job, j);
+        gw_db_job(gw_api_of(call->srv)->db, get_job, j);
 }
 
 static void delete_job(mdb_t *db, void *arg)
@@ -613,7 +613,7 @@ static void delete_job(mdb_t *db, void *arg)
         int64_t keys[64];
         int n = gw_registry_remove(api->registry, j->name, j->version, keys, 64);
         for (int i = 0; i < n && i < 64; i++)
-            gw_dispatch_model_changed(j->base.srv, keys[i]);
+            gw_dispatch_model_changed(api->dispatch, keys[i]);
         refresh_groups(db, gw_api_of(j->base.srv), 0);
         j->base.body = json_pack("{s:s, s:i}", "name", j->name, "deleted_versions", deleted);
     }
@@ -628,7 +628,7 @@ void gw_route_models_delete(gw_call_t *call)
     if (j == NULL)
         return;
     j->force = gw_force_param(call);
-    gw_db_post(call->srv, delete_job, j);
+    gw_db_job(gw_api_of(call->srv)->db, delete_job, j);
 }
 
 void gw_route_models_delete_version(gw_call_t *call)
@@ -639,7 +639,7 @@ void gw_route_models_delete_version(gw_call_t *call)
     if (j == NULL)
         return;
     j->force = gw_force_param(call);
-    gw_db_post(call->srv, delete_job, j);
+    gw_db_job(gw_api_of(call->srv)->db, delete_job, j);
 }
 
 /* The version a request without one goes to, as the registry decides it
@@ -755,7 +755,7 @@ static const char *not_ready_why(gw_api_ctx_t *api, const char *name, json_t *re
         why = buf;
     } else if (!gw_sched_held(gw_api_sched(api), m->key)) {
         if (kind >= 0)
-            gw_dispatch_warm(api->srv, m->key);
+            gw_dispatch_warm(api->dispatch, m->key);
         why = kind < 0 ? "no worker that can run the model is up"
                        : "no worker holds the model now; it is being loaded, retry shortly";
     }
@@ -796,7 +796,7 @@ void gw_route_kserve_model(gw_call_t *call)
 {
     model_job_t *j = named_job(call, call->nargs > 1);
     if (j != NULL)
-        gw_db_post(call->srv, kserve_metadata_job, j);
+        gw_db_job(gw_api_of(call->srv)->db, kserve_metadata_job, j);
 }
 
 /* A frontend's answer (--role frontend: no DB here): from the registry the
@@ -844,5 +844,5 @@ void gw_route_kserve_model_ready(gw_call_t *call)
     }
     model_job_t *j = named_job(call, call->nargs > 1);
     if (j != NULL)
-        gw_db_post(call->srv, kserve_ready_job, j);
+        gw_db_job(api->db, kserve_ready_job, j);
 }

@@ -92,7 +92,7 @@ void gw_route_pipelines_post(gw_call_t *call)
     }
     pipe_job_t *j = job_new(call);
     j->p = p;
-    gw_db_post(call->srv, put_job, j);
+    gw_db_job(api->db, put_job, j);
 }
 
 void gw_route_pipelines_list(gw_call_t *call)
@@ -171,7 +171,7 @@ void gw_route_pipelines_delete(gw_call_t *call)
         return;
     pipe_job_t *j = job_new(call);
     snprintf(j->name, sizeof(j->name), "%s", name);
-    gw_db_post(call->srv, delete_job, j);
+    gw_db_job(gw_api_of(call->srv)->db, delete_job, j);
 }
 
 int gw_force_param(gw_call_t *call)

@@ -340,9 +340,9 @@ static int set_model_unloaded(mdb_t *db, gw_api_ctx_t *api, const char *name, in
             int measure = strcmp(m->status, "profiling") == 0;
             gw_registry_put(api->registry, m);
             if (measure)
-                gw_dispatch_profile(api->srv, k->keys[i]);
+                gw_dispatch_profile(api->dispatch, k->keys[i]);
             else
-                gw_dispatch_model_changed(api->srv, k->keys[i]);
+                gw_dispatch_model_changed(api->dispatch, k->keys[i]);
         }
         json_decref(recs);
     }
@@ -443,7 +443,7 @@ static void control_job(mdb_t *db, void *arg)
                       "%s %s cannot be served: %s", j->pipeline ? "pipeline" : "model", j->name,
                       failed);
     } else if (j->load && nwait > 0) {
-        gw_dispatch_await_loaded(api->srv, &j->base, wait, nwait,
+        gw_dispatch_await_loaded(api->dispatch, &j->base, wait, nwait,
                                  sq_now_us() + (int64_t)GW_LOAD_WAIT_MS * 1000, settle_load);
         return;
     } else {
@@ -529,7 +529,7 @@ static void control(gw_call_t *call, int load)
     j->force = gw_force_param(call);
     gw_model_unref(m);
     gw_pipeline_unref(p);
-    gw_db_post(call->srv, control_job, j);
+    gw_db_job(api->db, control_job, j);
 }
 
 void gw_route_repository_load(gw_call_t *call)

@@ -69,7 +69,7 @@ static void route_ready(gw_call_t *call)
 
 static void route_plan(gw_call_t *call)
 {
-    gw_send_json(call->req, 200, gw_dispatch_plan_json(call->srv));
+    gw_send_json(call->req, 200, gw_dispatch_plan_json(gw_api_of(call->srv)->dispatch));
 }
 
 /* A pipeline is addressed like a model over OIP (its name can be no

@@ -335,9 +335,6 @@ gw_db_deps_t gw_db_deps(gw_server_t *srv);
 int gw_db_start(const gw_db_deps_t *deps, gw_db_t **out, char *err, size_t errlen);
 /* Runs fn(db, arg) on the DB thread. */
 void gw_db_job(gw_db_t *db, void (*fn)(mdb_t *db, void *arg), void *arg);
-/* The same on the server's DB (its db slot), for the callers that hold
- * the server alone. */
-void gw_db_post(gw_server_t *srv, void (*fn)(mdb_t *db, void *arg), void *arg);
 /* Runs every job posted, stops the thread and closes the DB; accepts
  * NULL. */
 void gw_db_stop(gw_db_t *db);

@@ -250,13 +250,6 @@ void gw_db_job(gw_db_t *db, void (*fn)(mdb_t *db, void *arg), void *arg)
     sq_loop_post(db->loop, run_job, job);
 }
 
-/* The one place the room reads the server: its own slot, for the callers
- * that hold the server alone. */
-void gw_db_post(gw_server_t *srv, void (*fn)(mdb_t *db, void *arg), void *arg)
-{
-    gw_db_job(srv->db, fn, arg);
-}
-
 static void barrier_job(mdb_t *db, void *arg)
 {
     (void)db;

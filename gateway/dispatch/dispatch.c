@@ -25,19 +25,19 @@
 /* Ready models nothing holds are warmed every this many ticks (250 ms). */
 #define WARM_EVERY_TICKS 5
 
-static void post_model_msg(gw_server_t *srv, int64_t key, int profile);
+static void post_model_msg(gw_dispatch_t *ds, int64_t key, int profile);
 
-void ds_registry_refresh(mdb_t *db, gw_server_t *srv, int64_t key)
+void ds_registry_refresh(mdb_t *db, gw_dispatch_t *ds, int64_t key)
 {
     json_t *recs;
     if (mdb_model_records(db, key, &recs) == 0 && json_array_size(recs) == 1)
-        gw_registry_put(srv->registry, gw_model_from_record(json_array_get(recs, 0)));
+        gw_registry_put(ds->registry, gw_model_from_record(json_array_get(recs, 0)));
     json_decref(recs);
-    gw_dispatch_model_changed(srv, key);
+    gw_dispatch_model_changed(ds, key);
 }
 
 typedef struct {
-    gw_server_t *srv;
+    gw_dispatch_t *ds;
     int64_t from, to;
 } profile_copy_job_t;
 
@@ -52,11 +52,11 @@ static void profile_copy_job(mdb_t *db, void *arg)
     profile_copy_job_t *j = arg;
     int rc = mdb_profile_copy(db, j->from, j->to);
     if (rc == 0) {
-        ds_registry_refresh(db, j->srv, j->to);
+        ds_registry_refresh(db, j->ds, j->to);
     } else {
         SQ_INFO("profile not copied, measuring key=%lld reason=\"%s\"", (long long)j->to,
                 mdb_errmsg(db));
-        post_model_msg(j->srv, j->to, PROFILE_MEASURE);
+        post_model_msg(j->ds, j->to, PROFILE_MEASURE);
     }
     free(j);
 }
@@ -66,13 +66,13 @@ static void profile_copy_job(mdb_t *db, void *arg)
 static void copy_twin_profile(gw_dispatch_t *ds, ds_model_t *dm, gw_model_t *twin)
 {
     profile_copy_job_t *j = sq_xcalloc(1, sizeof(*j));
-    j->srv = ds->srv;
+    j->ds = ds;
     j->from = twin->key;
     j->to = dm->key;
     SQ_INFO("profile taken from an identical model model=%s version=%d from=%s:%d", dm->m->name,
             dm->m->version, twin->name, twin->version);
     gw_model_unref(twin);
-    gw_db_post(ds->srv, profile_copy_job, j);
+    gw_db_job(ds->db, profile_copy_job, j);
 }
 
 /* Models waiting for a twin's measurement: the profile once it is stored;
@@ -140,7 +140,7 @@ gw_sched_t *gw_dispatch_sched(gw_dispatch_t *ds)
 }
 
 typedef struct {
-    gw_server_t *srv;
+    gw_dispatch_t *ds;
     int64_t key;
     int profile;
 } model_msg_t;
@@ -148,7 +148,7 @@ typedef struct {
 static void on_model_changed(sq_loop_t *loop, void *arg)
 {
     model_msg_t *msg = arg;
-    gw_dispatch_t *ds = msg->srv->dispatch;
+    gw_dispatch_t *ds = msg->ds;
     (void)loop;
     if (ds->aborted) {
         free(msg);
@@ -232,23 +232,23 @@ static void on_model_changed(sq_loop_t *loop, void *arg)
     free(msg);
 }
 
-static void post_model_msg(gw_server_t *srv, int64_t key, int profile)
+static void post_model_msg(gw_dispatch_t *ds, int64_t key, int profile)
 {
     model_msg_t *msg = sq_xcalloc(1, sizeof(*msg));
-    msg->srv = srv;
+    msg->ds = ds;
     msg->key = key;
     msg->profile = profile;
-    sq_loop_post(srv->dispatch_loop, on_model_changed, msg);
+    sq_loop_post(ds->loop, on_model_changed, msg);
 }
 
-void gw_dispatch_model_changed(gw_server_t *srv, int64_t key)
+void gw_dispatch_model_changed(gw_dispatch_t *ds, int64_t key)
 {
-    post_model_msg(srv, key, PROFILE_NONE);
+    post_model_msg(ds, key, PROFILE_NONE);
 }
 
-void gw_dispatch_profile(gw_server_t *srv, int64_t key)
+void gw_dispatch_profile(gw_dispatch_t *ds, int64_t key)
 {
-    post_model_msg(srv, key, PROFILE_WANTED);
+    post_model_msg(ds, key, PROFILE_WANTED);
 }
 
 static void resume_one(gw_model_t *m, void *arg)
@@ -259,7 +259,7 @@ static void resume_one(gw_model_t *m, void *arg)
 
 void gw_dispatch_resume_profiling(gw_dispatch_t *ds)
 {
-    gw_registry_foreach(ds->registry, resume_one, ds->srv);
+    gw_registry_foreach(ds->registry, resume_one, ds);
 }
 
 static void model_free(gw_dispatch_t *ds, ds_model_t *dm)
@@ -329,12 +329,12 @@ static void reclaim(gw_dispatch_t *ds)
         ds->models[i--] = ds->models[--ds->nmodels];
         ds_models_reindex(ds);
         if (revive > 0)
-            post_model_msg(ds->srv, key, revive - 1);
+            post_model_msg(ds, key, revive - 1);
     }
 }
 
 typedef struct {
-    gw_server_t *srv;
+    gw_dispatch_t *ds;
     int64_t key;
 } warm_t;
 
@@ -363,7 +363,7 @@ static void warm_key(gw_dispatch_t *ds, int64_t key)
 static void on_warm(sq_loop_t *loop, void *arg)
 {
     warm_t *w = arg;
-    gw_dispatch_t *ds = w->srv->dispatch;
+    gw_dispatch_t *ds = w->ds;
     (void)loop;
     int64_t key = w->key;
     free(w);
@@ -440,13 +440,13 @@ static void warm_all(gw_dispatch_t *ds)
     free(k.keys);
 }
 
-void gw_dispatch_warm(gw_server_t *srv, int64_t key)
+void gw_dispatch_warm(gw_dispatch_t *ds, int64_t key)
 {
-    if (srv->dispatch == NULL)
+    if (ds == NULL)
         return; /* a frontend: its dispatcher warms what its clients ask for */
     warm_t *w = sq_xmalloc(sizeof(*w));
-    *w = (warm_t){.srv = srv, .key = key};
-    sq_loop_post(srv->dispatch_loop, on_warm, w);
+    *w = (warm_t){.ds = ds, .key = key};
+    sq_loop_post(ds->loop, on_warm, w);
 }
 
 /* Items waiting for a first load are bounded by their deadlines. */
@@ -486,7 +486,6 @@ gw_dispatch_t *gw_dispatch_new(const gw_dispatch_deps_t *deps)
 {
     gw_dispatch_t *ds = sq_xcalloc(1, sizeof(*ds));
     ds->sched.ops = &ds_sched_ops;
-    ds->srv = deps->srv;
     ds->cfg = deps->cfg;
     ds->registry = deps->registry;
     ds->pipelines = deps->pipelines;

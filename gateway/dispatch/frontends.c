@@ -20,9 +20,8 @@
 #define FE_MAX_SLOTS (1u << 22)
 #define FE_TICK_MS 50
 
-void gw_dispatch_frontend_traffic(gw_server_t *srv, gw_frontend_traffic_t *out)
+void gw_dispatch_frontend_traffic(gw_dispatch_t *ds, gw_frontend_traffic_t *out)
 {
-    gw_dispatch_t *ds = srv->dispatch;
     *out = (gw_frontend_traffic_t){0};
     if (ds == NULL)
         return;
@@ -405,9 +404,8 @@ static int on_metrics(gw_dispatch_t *ds, ds_frontend_t *f, const sq_frame_t *fr)
     return 0;
 }
 
-void gw_dispatch_frontends_metrics(gw_server_t *srv, const char *own, sq_buf_t *out)
+void gw_dispatch_frontends_metrics(gw_dispatch_t *ds, const char *own, sq_buf_t *out)
 {
-    gw_dispatch_t *ds = srv->dispatch;
     if (ds == NULL) {
         sq_buf_put(out, own, strlen(own));
         return;
@@ -429,9 +427,8 @@ void gw_dispatch_frontends_metrics(gw_server_t *srv, const char *own, sq_buf_t *
     free(names);
 }
 
-void gw_dispatch_frontends_stats(gw_server_t *srv, json_t *model_stats)
+void gw_dispatch_frontends_stats(gw_dispatch_t *ds, json_t *model_stats)
 {
-    gw_dispatch_t *ds = srv->dispatch;
     if (ds == NULL)
         return;
     const char *name = json_string_value(json_object_get(model_stats, "name"));

@@ -18,16 +18,17 @@
  * model changes. */
 
 /* Any thread: a model was published (uploaded, profiled) or removed
- * (m == NULL, key given). */
-void gw_dispatch_model_changed(gw_server_t *srv, int64_t key);
+ * (m == NULL, key given). ds is the dispatcher (not NULL). */
+void gw_dispatch_model_changed(gw_dispatch_t *ds, int64_t key);
 /* Any thread: profile model key on a worker that can serve it. */
-void gw_dispatch_profile(gw_server_t *srv, int64_t key);
+void gw_dispatch_profile(gw_dispatch_t *ds, int64_t key);
 /* After the dispatcher started: profile again the models whose profiling a
  * restart interrupted. */
 void gw_dispatch_resume_profiling(gw_dispatch_t *ds);
 
-/* GET /v1/plan: the current plan (a new reference), or an empty one. */
-json_t *gw_dispatch_plan_json(gw_server_t *srv);
+/* GET /v1/plan: the current plan (a new reference), or an empty one
+ * (also for ds NULL: a process without a dispatcher). */
+json_t *gw_dispatch_plan_json(gw_dispatch_t *ds);
 
 /* Model control's load (POST /v2/repository/models/{m}/load): waits until
  * each of keys is ready to take a batch (a worker up holds it), or cannot
@@ -41,14 +42,14 @@ typedef struct {
     char why[256]; /* the first failed key's reason, else the first waiting one's */
 } gw_await_result_t;
 struct gw_async;
-void gw_dispatch_await_loaded(gw_server_t *srv, struct gw_async *a, const int64_t *keys, int n,
+void gw_dispatch_await_loaded(gw_dispatch_t *ds, struct gw_async *a, const int64_t *keys, int n,
                               int64_t deadline_us,
                               void (*settle)(struct gw_async *a, const gw_await_result_t *r));
 
 /* Any thread: make model key servable without waiting for a request
  * (place it at its default SLO and load it), for a client that polls its
- * readiness before sending. */
-void gw_dispatch_warm(gw_server_t *srv, int64_t key);
+ * readiness before sending. Nothing for ds NULL (a frontend). */
+void gw_dispatch_warm(gw_dispatch_t *ds, int64_t key);
 
 /* How far the measuring of a model is (GET /models/{m}). */
 typedef struct {
@@ -64,8 +65,8 @@ typedef struct {
 } gw_profile_progress_t;
 
 /* Any thread: model key's measuring progress into *out; 0 when it is not
- * being measured now. */
-int gw_dispatch_profile_progress(gw_server_t *srv, int64_t key, gw_profile_progress_t *out);
+ * being measured now (or ds is NULL). */
+int gw_dispatch_profile_progress(gw_dispatch_t *ds, int64_t key, gw_profile_progress_t *out);
 
 /* Made before the worker link starts (server.c), freed after it stopped.
  * The link's events for it (worker up, frame, lost, exited: a crash of its
@@ -85,17 +86,15 @@ typedef struct {
 } gw_dispatch_config_t;
 
 /* What the dispatcher is given: its settings and the handles of the rooms
- * it works with (server.c wires them). srv is handed on, never read: to
- * the model DB's jobs (gw_db_post) and the registry's refresh. */
+ * it works with (server.c wires them). */
 typedef struct {
     gw_dispatch_config_t cfg;
-    gw_server_t *srv;
     sq_loop_t *loop; /* the dispatch thread's */
     gw_registry_t *registry;
     gw_pipes_t *pipelines;
     sq_shm_arena_t *arena;
     gw_metrics_t *metrics;
-    gw_db_t *db;
+    gw_db_t *db; /* its jobs go to the DB thread (gw_db_job); NULL: no storage (tests) */
     gw_prep_pool_t *prep;
     /* The workers' link, once started (gw_workers_start fills the slot). */
     gw_transport_t *const *transport;
@@ -120,12 +119,13 @@ typedef struct {
     uint64_t items; /* items offered by frontends */
     int connected;  /* frontends connected now */
 } gw_frontend_traffic_t;
-void gw_dispatch_frontend_traffic(gw_server_t *srv, gw_frontend_traffic_t *out);
+void gw_dispatch_frontend_traffic(gw_dispatch_t *ds, gw_frontend_traffic_t *out);
 /* The cluster's one view, any thread: the exposition own with every
  * joined frontend's last one folded in, labelled by frontend
  * (gw_metrics_merge); and a model's statistics (gw_metrics_model_stats's
- * object) with every frontend's of the same name and version added. */
-void gw_dispatch_frontends_metrics(gw_server_t *srv, const char *own, sq_buf_t *out);
-void gw_dispatch_frontends_stats(gw_server_t *srv, json_t *model_stats);
+ * object) with every frontend's of the same name and version added. With
+ * ds NULL (no dispatcher here): nothing counted, own as it is. */
+void gw_dispatch_frontends_metrics(gw_dispatch_t *ds, const char *own, sq_buf_t *out);
+void gw_dispatch_frontends_stats(gw_dispatch_t *ds, json_t *model_stats);
 
 #endif

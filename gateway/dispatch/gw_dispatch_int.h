@@ -293,7 +293,6 @@ typedef struct {
  * part's own, and the top's (the tick, model control's waits). */
 struct gw_dispatch {
     gw_sched_t sched; /* first: the scheduling interface (gw_dispatch_sched) */
-    gw_server_t *srv; /* handed on to the model DB's jobs, never read (gw_dispatch_deps_t) */
     gw_dispatch_config_t cfg;
     gw_registry_t *registry;
     gw_pipes_t *pipelines;
@@ -431,7 +430,7 @@ int gw_dispatch_least(gw_sched_t *s, const gw_model_t *m, int kind, int n, gw_le
 /* dispatch.c, what worker_events.c (above it) calls. */
 /* DB thread: publishes key's current record (none: it was deleted) and
  * tells the dispatcher. */
-void ds_registry_refresh(mdb_t *db, gw_server_t *srv, int64_t key);
+void ds_registry_refresh(mdb_t *db, gw_dispatch_t *ds, int64_t key);
 /* Answers everything the dispatcher holds 503 shutting_down (the link's
  * abort). Idempotent. */
 void ds_abort_all(gw_dispatch_t *ds);

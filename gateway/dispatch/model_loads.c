@@ -130,7 +130,7 @@ void ds_send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
             blob_job_t *j = sq_xcalloc(1, sizeof(*j));
             j->ds = ds;
             j->key = dm->key;
-            gw_db_post(ds->srv, blob_job, j);
+            gw_db_job(ds->db, blob_job, j);
         }
         return;
     }
@@ -247,7 +247,7 @@ static void send_group_load(gw_dispatch_t *ds, ds_model_t *g, ds_worker_t *w)
             j->n = g->nmembers;
             for (int i = 0; i < g->nmembers; i++)
                 j->keys[i] = g->members[i]->key;
-            gw_db_post(ds->srv, group_blob_job, j);
+            gw_db_job(ds->db, group_blob_job, j);
         }
         return;
     }

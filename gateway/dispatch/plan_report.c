@@ -468,9 +468,9 @@ static void report_job(mdb_t *db, void *arg)
     report_free(r);
 }
 
-json_t *gw_dispatch_plan_json(gw_server_t *srv)
+json_t *gw_dispatch_plan_json(gw_dispatch_t *ds)
 {
-    ds_plan_state_t *p = srv->dispatch ? srv->dispatch->place.plan : NULL;
+    ds_plan_state_t *p = ds != NULL ? ds->place.plan : NULL;
     json_t *out = NULL;
     if (p != NULL) {
         pthread_mutex_lock(&p->lock);
@@ -486,7 +486,7 @@ json_t *gw_dispatch_plan_json(gw_server_t *srv)
     /* Pipelines as of now: their split, measured gammas and rates. */
     json_t *pipes = json_array();
     int n = 0;
-    gw_pipeline_t **all = srv->dispatch != NULL ? gw_pipes_all(srv->dispatch->pipelines, &n) : NULL;
+    gw_pipeline_t **all = ds != NULL ? gw_pipes_all(ds->pipelines, &n) : NULL;
     for (int i = 0; i < n; i++) {
         json_t *j = gw_pipeline_json(all[i]);
         json_t *split = json_object_get(j, "split");
@@ -505,7 +505,7 @@ void ds_plan_publish(gw_dispatch_t *ds, const char *reason, int moved)
 {
     report_t *r = report_take(ds, reason, moved);
     if (ds->db != NULL)
-        gw_db_post(ds->srv, report_job, r);
+        gw_db_job(ds->db, report_job, r);
     else /* a dispatcher without storage (unit tests, benches) */
         report_job(NULL, r);
 }

@@ -217,7 +217,7 @@ static ds_model_t *group_form(gw_dispatch_t *ds, const gw_model_t *m, int kind)
     j->key = g->key;
     j->kind = kind;
     snprintf(j->members, sizeof(j->members), "%s", g->members_key);
-    gw_db_post(ds->srv, group_profile_get_job, j);
+    gw_db_job(ds->db, group_profile_get_job, j);
     return g;
 }
 
@@ -396,5 +396,5 @@ void ds_group_profiled(gw_dispatch_t *ds, ds_model_t *g, ds_worker_t *w,
                                          .std_us = done->rows[i].std_us,
                                          .peak_memory_bytes = done->rows[i].peak_memory_bytes};
     group_apply(g, w->kind, j->rows, j->nrows, "measured");
-    gw_db_post(ds->srv, group_profile_store_job, j);
+    gw_db_job(ds->db, group_profile_store_job, j);
 }

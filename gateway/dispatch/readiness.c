@@ -153,7 +153,7 @@ int ds_sched_unloading(gw_sched_t *s, int64_t key)
 /* ---- model control: loads that wait ------------------------------------ */
 
 typedef struct ds_await {
-    gw_server_t *srv;
+    gw_dispatch_t *ds;
     struct gw_async *a;
     int64_t *keys;
     int n;
@@ -240,7 +240,7 @@ void ds_await_free(gw_dispatch_t *ds)
 static void on_await(sq_loop_t *loop, void *arg)
 {
     ds_await_t *w = arg;
-    gw_dispatch_t *ds = w->srv->dispatch;
+    gw_dispatch_t *ds = w->ds;
     (void)loop;
     w->next = ds->awaits;
     ds->awaits = w;
@@ -250,12 +250,12 @@ static void on_await(sq_loop_t *loop, void *arg)
      * before this are seen (the same loop, in order). */
 }
 
-void gw_dispatch_await_loaded(gw_server_t *srv, struct gw_async *a, const int64_t *keys, int n,
+void gw_dispatch_await_loaded(gw_dispatch_t *ds, struct gw_async *a, const int64_t *keys, int n,
                               int64_t deadline_us,
                               void (*settle)(struct gw_async *a, const gw_await_result_t *r))
 {
     ds_await_t *w = sq_xcalloc(1, sizeof(*w));
-    w->srv = srv;
+    w->ds = ds;
     w->a = a;
     w->n = n;
     w->keys = sq_xcalloc((size_t)(n > 0 ? n : 1), sizeof(*w->keys));
@@ -263,5 +263,5 @@ void gw_dispatch_await_loaded(gw_server_t *srv, struct gw_async *a, const int64_
         memcpy(w->keys, keys, sizeof(*keys) * (size_t)n);
     w->deadline_us = deadline_us;
     w->settle = settle;
-    sq_loop_post(srv->dispatch_loop, on_await, w);
+    sq_loop_post(ds->loop, on_await, w);
 }

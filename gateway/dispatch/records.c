@@ -251,9 +251,8 @@ void ds_progress_times(gw_dispatch_t *ds, const ds_model_t *dm, double spent_us,
     pthread_mutex_unlock(&ds->pub.ready_lock);
 }
 
-int gw_dispatch_profile_progress(gw_server_t *srv, int64_t key, gw_profile_progress_t *out)
+int gw_dispatch_profile_progress(gw_dispatch_t *ds, int64_t key, gw_profile_progress_t *out)
 {
-    gw_dispatch_t *ds = srv->dispatch;
     if (ds == NULL)
         return 0;
     pthread_mutex_lock(&ds->pub.ready_lock);

@@ -36,7 +36,7 @@ static const char *sigabbrev(int sig)
 }
 
 typedef struct {
-    gw_server_t *srv;
+    gw_dispatch_t *ds;
     int64_t key;
     char device_kind[8];
     char device_name[64];
@@ -69,7 +69,7 @@ static void profile_store_job(mdb_t *db, void *arg)
     else if (rc != 0)
         SQ_ERROR("cannot store the profile key=%lld error=\"%s\"", (long long)p->key,
                  mdb_errmsg(db));
-    ds_registry_refresh(db, p->srv, p->key);
+    ds_registry_refresh(db, p->ds, p->key);
     free(p);
 }
 
@@ -83,7 +83,7 @@ static void profile_store_job(mdb_t *db, void *arg)
  * rather than failing while a cpu worker could serve it. */
 
 typedef struct {
-    gw_server_t *srv;
+    gw_dispatch_t *ds;
     int64_t key;
     char kind[8];
     char why[192];
@@ -96,7 +96,7 @@ static void not_on_job(mdb_t *db, void *arg)
     if (rc != 0 && rc != SQ_MODEL_NOT_FOUND)
         SQ_ERROR("cannot store a device kind that refuses a model key=%lld error=\"%s\"",
                  (long long)j->key, mdb_errmsg(db));
-    ds_registry_refresh(db, j->srv, j->key);
+    ds_registry_refresh(db, j->ds, j->key);
     free(j);
 }
 
@@ -124,12 +124,12 @@ static int refused_here(gw_dispatch_t *ds, ds_model_t *dm, const ds_worker_t *w,
     if (ds->db == NULL)
         return 1; /* a dispatcher without storage (unit tests, benches) */
     not_on_job_t *j = sq_xcalloc(1, sizeof(*j));
-    j->srv = ds->srv;
+    j->ds = ds;
     j->key = dm->key;
     snprintf(j->kind, sizeof(j->kind), "%s", sq_dev_kind_name(w->kind));
     snprintf(j->why, sizeof(j->why), "%s worker %d refused the load: %s", j->kind, w->id,
              e->message);
-    gw_db_post(ds->srv, not_on_job, j);
+    gw_db_job(ds->db, not_on_job, j);
     return 1;
 }
 
@@ -145,7 +145,7 @@ static int refused_here(gw_dispatch_t *ds, ds_model_t *dm, const ds_worker_t *w,
  * crashes its worker is retired instead (its members run alone). */
 
 typedef struct {
-    gw_server_t *srv;
+    gw_dispatch_t *ds;
     int64_t key;
     char why[256];
 } fail_job_t;
@@ -157,7 +157,7 @@ static void fail_job(mdb_t *db, void *arg)
     if (rc != 0 && rc != SQ_MODEL_NOT_FOUND)
         SQ_ERROR("cannot mark a model failed key=%lld error=\"%s\"", (long long)j->key,
                  mdb_errmsg(db));
-    ds_registry_refresh(db, j->srv, j->key);
+    ds_registry_refresh(db, j->ds, j->key);
     free(j);
 }
 
@@ -184,10 +184,10 @@ static void poison(gw_dispatch_t *ds, ds_model_t *dm, const char *why)
     dm->blob = NULL;
     dm->blob_state = 0;
     fail_job_t *j = sq_xcalloc(1, sizeof(*j));
-    j->srv = ds->srv;
+    j->ds = ds;
     j->key = dm->key;
     snprintf(j->why, sizeof(j->why), "%s", why);
-    gw_db_post(ds->srv, fail_job, j);
+    gw_db_job(ds->db, fail_job, j);
 }
 
 /* The job w was running when its connection ended: its oldest unanswered
@@ -331,14 +331,14 @@ static int on_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
             } else if (dm->profile_worker == w->id) {
                 sq_profile_done_t failed = {.code = e.code};
                 profile_store_t *p = sq_xcalloc(1, sizeof(*p));
-                p->srv = ds->srv;
+                p->ds = ds;
                 p->key = dm->key;
                 snprintf(p->device_kind, sizeof(p->device_kind), "%s", sq_dev_kind_name(w->kind));
                 snprintf(p->device_name, sizeof(p->device_name), "%s", w->device);
                 p->done = failed;
                 snprintf(p->done.message, sizeof(p->done.message), "load: %s", e.message);
                 ds_end_profile(ds, dm, w);
-                gw_db_post(ds->srv, profile_store_job, p);
+                gw_db_job(ds->db, profile_store_job, p);
             }
             int loading;
             if (ds_loaded_anywhere(ds, dm, &loading) == 0 && loading == 0)
@@ -406,11 +406,11 @@ static int on_frame(gw_dispatch_t *ds, int worker, const sq_frame_t *f)
             ds_pump(ds);
             return 0;
         }
-        p->srv = ds->srv;
+        p->ds = ds;
         p->key = (int64_t)f->id;
         snprintf(p->device_kind, sizeof(p->device_kind), "%s", sq_dev_kind_name(w->kind));
         snprintf(p->device_name, sizeof(p->device_name), "%s", w->device);
-        gw_db_post(ds->srv, profile_store_job, p);
+        gw_db_job(ds->db, profile_store_job, p);
         ds_pump(ds);
         return 0;
     }
