@@ -59,6 +59,12 @@ int mdb_onnx_lower(mdb_graph_t *g, int64_t opset, uint64_t fold_budget, char *er
  * (fuse.c). Returns how many it rewrote. */
 int mdb_graph_fuse(mdb_graph_t *g);
 
+/* Drops the taps of each Conv that read only padding (a dilation as large
+ * as the map: DeepLabV3's atrous convs on small images), shrinking its
+ * kernel and pads so that it computes what it did, and compacts the graph
+ * when it changed one (conv_trim.c). Returns how many convs it trimmed. */
+int mdb_graph_trim_convs(mdb_graph_t *g);
+
 /* Whether op can be evaluated by mdb_fold_node at all. */
 bool mdb_op_is_foldable(mdb_op_t op);
 

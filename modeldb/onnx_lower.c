@@ -177,8 +177,10 @@ int mdb_onnx_lower(mdb_graph_t *g, int64_t opset, uint64_t fold_budget, char *er
     }
     if (rc)
         mdb_errf(err, errlen, "ops on non-float tensors, which the worker does not run: %s", ops);
-    else
+    else {
         mdb_graph_fuse(g);
+        mdb_graph_trim_convs(g);
+    }
 out:
     free(alias);
     return rc;
