@@ -19,6 +19,14 @@ they are the fine-tuned variants the prefix detection tests look for.
 vit_tiny is a small ViT (TinyViT below) whose attention merges the batch
 with its heads: what the tests of batching such graphs run.
 
+The segmenters (SEGMENTERS: torchvision's LR-ASPP and DeepLabV3 on
+MobileNetV3-Large, random weights and backbone) are exported at opset 17
+and 3x160x160 (their atrous convs then read only padding with all taps but
+the centre), wrapped so that the one output "out" is the dict's "out",
+[N, 21, 160, 160] class scores; their manifest entries carry "input" and
+"opset" as exported. Their references are at batch 1 and 2 (each output
+1.9 MB an image).
+
 Nothing is downloaded. Models already present with the same script version
 are kept, so that a rebuild costs nothing.
 """
@@ -33,9 +41,11 @@ SCRIPT_VERSION = 2
 OPSET = 13
 IMAGE_HW = 224
 SEED = 1234
+SEGMENTERS = {"lraspp_mobilenet_v3_large": 160, "deeplabv3_mobilenet_v3_large": 160}
+SEGMENTER_OPSET = 17
 
 
-def calibrate(model):
+def calibrate(model, image_hw=IMAGE_HW):
     """Sets every BatchNorm's statistics to those of the activations it sees.
 
     With random weights and BatchNorm's default statistics (mean 0, var 1)
@@ -54,7 +64,7 @@ def calibrate(model):
     model.train()
     with torch.no_grad():
         for _ in range(4):
-            model(torch.rand(8, 3, IMAGE_HW, IMAGE_HW, generator=gen))
+            model(torch.rand(8, 3, image_hw, image_hw, generator=gen))
     return model.eval()
 
 
@@ -97,8 +107,22 @@ class TinyViT(torch.nn.Module):
         return self.head(self.ln(x[:, 0]))
 
 
+class OutOnly(torch.nn.Module):
+    """A torchvision segmenter with its dict's "out" as its one output."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        return self.model(x)["out"]
+
+
 def build(name):
     models = torchvision.models
+    if name in SEGMENTERS:
+        seg = getattr(models.segmentation, name)(weights=None, weights_backbone=None)
+        return OutOnly(calibrate(seg, SEGMENTERS[name]))
     if name == "vit_tiny":
         return TinyViT()
     if name == "googlenet":
@@ -119,7 +143,7 @@ def build(name):
 
 
 MODELS = ["resnet18", "mobilenet_v2", "squeezenet1_1", "shufflenet_v2_x1_0", "googlenet",
-          "resnet18_ft_a", "resnet18_ft_b", "vit_tiny"]
+          "resnet18_ft_a", "resnet18_ft_b", "vit_tiny"] + list(SEGMENTERS)
 
 
 def write_f32(path, tensor):
@@ -130,15 +154,17 @@ def export(name, outdir, manifest):
     torch.manual_seed(SEED)
     model = build(name).eval()
     onnx_path = os.path.join(outdir, name + ".onnx")
-    dummy = torch.zeros(1, 3, IMAGE_HW, IMAGE_HW)
-    torch.onnx.export(model, dummy, onnx_path, opset_version=OPSET,
+    hw = SEGMENTERS.get(name, IMAGE_HW)
+    opset = SEGMENTER_OPSET if name in SEGMENTERS else OPSET
+    dummy = torch.zeros(1, 3, hw, hw)
+    torch.onnx.export(model, dummy, onnx_path, opset_version=opset,
                       input_names=["input"], output_names=["output"],
                       dynamic_axes={"input": {0: "N"}, "output": {0: "N"}},
                       do_constant_folding=True)
-    entry = {"onnx": name + ".onnx", "opset": OPSET, "input": [3, IMAGE_HW, IMAGE_HW], "refs": []}
+    entry = {"onnx": name + ".onnx", "opset": opset, "input": [3, hw, hw], "refs": []}
     gen = torch.Generator().manual_seed(SEED + 7)
-    for batch in (1, 8):
-        images = torch.rand(batch, 3, IMAGE_HW, IMAGE_HW, generator=gen)
+    for batch in ((1, 2) if name in SEGMENTERS else (1, 8)):
+        images = torch.rand(batch, 3, hw, hw, generator=gen)
         with torch.no_grad():
             out = model(images)
         stem = "%s.b%d" % (name, batch)
