@@ -155,18 +155,52 @@ static void release_each(wk_plan_t *plan)
  * each[batch] first). */
 static const wk_backend_ops_t each_ops = {.release = release_each};
 
-/* One static plan per batch size for a graph that merges the batch into
- * other dimensions (ViT's attention: [N * heads, tokens, d]); the batch
- * bound to b makes every shape static, and the importer checked that items
- * stay apart (mdb_graph_items_apart). Each plan holds its own copy of the
- * weights. */
+/* Every input at max batch in one buffer, for the batches that run padded
+ * in a larger plan (wk_plan_t.each); its size in *bytes. */
+static int alloc_in_scratch(wk_plan_t *p, size_t *bytes)
+{
+    const wk_graph_t *g = p->graph;
+    int64_t total = 0;
+    for (int i = 0; i < g->n_inputs; i++)
+        total += wk_value_elems(&g->values[g->inputs[i]]);
+    p->in_scratch = calloc((size_t)total + 1, sizeof(float));
+    if (p->in_scratch == NULL)
+        return wk_fail(p, SQ_NOMEM, "input staging of %lld floats", (long long)total);
+    p->in_ptrs = sq_xcalloc((size_t)g->n_inputs, sizeof(*p->in_ptrs));
+    int64_t at = 0;
+    for (int i = 0; i < g->n_inputs; i++) {
+        p->in_ptrs[i] = p->in_scratch + at;
+        at += wk_value_elems(&g->values[g->inputs[i]]);
+    }
+    *bytes = (size_t)total * sizeof(float);
+    return 0;
+}
+
+/* Whether a holder of plans per batch size plans size b for max batch mb:
+ * the powers of two below it, and mb itself. */
+static bool planned_size(int b, int mb)
+{
+    return b == mb || (b & (b - 1)) == 0;
+}
+
+/* Static plans for a graph that merges the batch into other dimensions
+ * (ViT's attention: [N * heads, tokens, d]); the batch bound to s makes
+ * every shape static, and the importer checked that items stay apart
+ * (mdb_graph_items_apart), so a batch padded with zeroed items gives its
+ * own items' outputs unchanged. Each plan holds its own copy of the
+ * weights: planning only 1, 2, 4, ... and max_batch keeps that to
+ * log2(max_batch) + 1 copies (vit_b_16 at max batch 32: 6 plans, not 32),
+ * at the cost of running a batch of b in the time of the next planned
+ * size, which the profile's l(b) measures. */
 static int plan_each_size(const struct mdb_graph *graph, const wk_plan_opts_t *opts,
                           wk_plan_t **out, char *why, int why_size)
 {
-    int mb = opts->max_batch, rc = 0;
+    int mb = opts->max_batch, rc = 0, n_each = 0;
     wk_plan_t **each = sq_xcalloc((size_t)mb + 1, sizeof(*each));
     uint64_t memory = 0;
     for (int b = 1; b <= mb && rc == 0; b++) {
+        if (!planned_size(b, mb))
+            continue;
         wk_plan_opts_t o = *opts;
         o.max_batch = 1;
         o.static_batch = b;
@@ -175,10 +209,12 @@ static int plan_each_size(const struct mdb_graph *graph, const wk_plan_opts_t *o
         rc = wk_lower(graph, opts->backend, 1, b, &g, sub, sizeof(sub));
         if (rc == 0)
             rc = wk_plan_from_graph(g, &o, &each[b], sub, sizeof(sub));
-        if (rc != 0)
+        if (rc != 0) {
             snprintf(why, (size_t)why_size, "%s (the plan for batch %d)", sub, b);
-        else
+        } else {
             memory += each[b]->memory_bytes;
+            n_each++;
+        }
     }
     wk_graph_t *g = wk_graph_new(mb);
     for (int i = 0; rc == 0 && i < 2; i++) {
@@ -199,20 +235,27 @@ static int plan_each_size(const struct mdb_graph *graph, const wk_plan_opts_t *o
     wk_plan_t *p = sq_xcalloc(1, sizeof(*p));
     p->min_batch = 1;
     p->each = each;
+    p->n_each = n_each;
     p->opts = *opts;
     p->graph = g;
     p->ops = &each_ops;
-    p->memory_bytes = memory;
-    if (rc == 0 && g->n_outputs > 1)
+    size_t in_bytes = 0;
+    if (rc == 0)
         rc = alloc_row_scratch(p);
+    if (rc == 0)
+        rc = alloc_in_scratch(p, &in_bytes);
     if (rc != 0) {
         if (why[0] == '\0')
             snprintf(why, (size_t)why_size, "%s", p->why);
         wk_plan_free(p);
         return rc;
     }
-    SQ_DEBUG("plans per batch size ready backend=%s max_batch=%d memory_mb=%.1f",
-             sq_dev_kind_name(opts->backend), mb, (double)memory / (1 << 20));
+    int64_t out_elems = 0;
+    for (int i = 0; i < g->n_outputs; i++)
+        out_elems += wk_value_elems(&g->values[g->outputs[i]]);
+    p->memory_bytes = memory + in_bytes + (uint64_t)out_elems * sizeof(float);
+    SQ_DEBUG("plans per batch size ready backend=%s max_batch=%d plans=%d memory_mb=%.1f",
+             sq_dev_kind_name(opts->backend), mb, n_each, (double)p->memory_bytes / (1 << 20));
     *out = p;
     return 0;
 }
@@ -294,6 +337,8 @@ void wk_plan_free(wk_plan_t *plan)
     free(plan->emu_latency_us);
     free(plan->out_scratch);
     free(plan->out_ptrs);
+    free(plan->in_scratch);
+    free(plan->in_ptrs);
     free(plan);
 }
 
@@ -390,11 +435,18 @@ static int from_small(wk_plan_t *plan, int rc)
     return rc;
 }
 
-/* The static plan for batch of a plan per batch size, or NULL. */
-static wk_plan_t *runs_each(const wk_plan_t *plan, int batch)
+/* The plan of a holder of plans per batch size (wk_plan_t.each) that runs
+ * batch: the smallest planned size >= batch, in *size. NULL when plan
+ * holds none or batch is out of range (check_batch then says so). */
+static wk_plan_t *runs_each(const wk_plan_t *plan, int batch, int *size)
 {
-    return plan->each != NULL && batch >= 1 && batch <= plan->opts.max_batch ? plan->each[batch]
-                                                                             : NULL;
+    if (plan->each == NULL || batch < 1 || batch > plan->opts.max_batch)
+        return NULL;
+    int s = batch;
+    while (plan->each[s] == NULL)
+        s++;
+    *size = s;
+    return plan->each[s];
 }
 
 static int from_each(wk_plan_t *plan, wk_plan_t *sub, int rc)
@@ -405,20 +457,69 @@ static int from_each(wk_plan_t *plan, wk_plan_t *sub, int rc)
     return rc;
 }
 
-/* A static plan writes each output whole ([batch, ...]) one after the other
- * into plan->out_scratch; item b's row is its slice of each. */
-static void scatter_rows(wk_plan_t *plan, int batch, float *out)
+/* Zeroes items batch..size-1 of every batched input in the holder's
+ * scratch: a smaller batch run in a larger plan leaves no earlier batch's
+ * items there. */
+static void zero_padding(wk_plan_t *plan, int batch, int size)
 {
     const wk_graph_t *g = plan->graph;
-    size_t row = (size_t)wk_plan_row_elems(plan), at = 0, from = 0;
+    for (int i = 0; i < g->n_inputs; i++) {
+        const wk_value_t *v = &g->values[g->inputs[i]];
+        size_t per = (size_t)wk_value_elems_at(v, 1);
+        if (v->batched)
+            memset(plan->in_ptrs[i] + (size_t)batch * per, 0,
+                   (size_t)(size - batch) * per * sizeof(float));
+    }
+}
+
+/* Runs batch items in sub, the holder's plan for size >= batch, each output
+ * whole (size items) into plan->out_ptrs. inputs hold batch items each;
+ * with batch < size they are copied into the holder's scratch and the items
+ * up to size zeroed, so the plan reads no more of the caller's than it
+ * gave. inputs == plan->in_ptrs: already there (the pixel path). */
+static int run_each_scratch(wk_plan_t *plan, wk_plan_t *sub, int batch, int size,
+                            const float *const *inputs, bool inplace)
+{
+    const wk_graph_t *g = plan->graph;
+    if (batch < size && inputs != (const float *const *)plan->in_ptrs) {
+        for (int i = 0; i < g->n_inputs; i++) {
+            const wk_value_t *v = &g->values[g->inputs[i]];
+            memcpy(plan->in_ptrs[i], inputs[i],
+                   (size_t)wk_value_elems_at(v, batch) * sizeof(float));
+        }
+        inputs = (const float *const *)plan->in_ptrs;
+    }
+    if (batch < size)
+        zero_padding(plan, batch, size);
+    int rc = inplace ? wk__plan_run_inplace(sub, 1, inputs, plan->out_ptrs)
+                     : wk_plan_run(sub, 1, inputs, plan->out_ptrs);
+    return from_each(plan, sub, rc);
+}
+
+/* The first batch items of each output in plan->out_ptrs to outputs[i]
+ * (an output without the batch: whole). */
+static void copy_outputs(const wk_plan_t *plan, int batch, float *const *outputs)
+{
+    const wk_graph_t *g = plan->graph;
+    for (int i = 0; i < g->n_outputs; i++) {
+        const wk_value_t *v = &g->values[g->outputs[i]];
+        memcpy(outputs[i], plan->out_ptrs[i], (size_t)wk_value_elems_at(v, batch) * sizeof(float));
+    }
+}
+
+/* Item b's row, out + b * row_elems, gets its slice of each output in
+ * plan->out_ptrs in turn; an output without the batch is the same for
+ * every item and copied whole into each row. */
+static void rows_from_outputs(const wk_plan_t *plan, int batch, float *out)
+{
+    const wk_graph_t *g = plan->graph;
+    size_t row = (size_t)wk_plan_row_elems(plan), at = 0;
     for (int i = 0; i < g->n_outputs; i++) {
         const wk_value_t *v = &g->values[g->outputs[i]];
         size_t per = (size_t)wk_value_elems_at(v, 1);
         for (int b = 0; b < batch; b++)
             memcpy(out + (size_t)b * row + at,
-                   plan->out_scratch + from + (v->batched ? (size_t)b * per : 0),
-                   per * sizeof(float));
-        from += v->batched ? (size_t)batch * per : per;
+                   plan->out_ptrs[i] + (v->batched ? (size_t)b * per : 0), per * sizeof(float));
         at += per;
     }
 }
@@ -440,9 +541,16 @@ static int run_backend(wk_plan_t *plan, int batch, float *const *outputs)
 
 int wk_plan_run(wk_plan_t *plan, int batch, const float *const *inputs, float *const *outputs)
 {
-    wk_plan_t *sub = runs_each(plan, batch);
-    if (sub != NULL)
+    int size = 0;
+    wk_plan_t *sub = runs_each(plan, batch, &size);
+    if (sub != NULL && batch == size)
         return from_each(plan, sub, wk_plan_run(sub, 1, inputs, outputs));
+    if (sub != NULL) {
+        int rc = run_each_scratch(plan, sub, batch, size, inputs, false);
+        if (rc == 0)
+            copy_outputs(plan, batch, outputs);
+        return rc;
+    }
     if (runs_small(plan, batch))
         return from_small(plan, wk_plan_run(plan->small, batch, inputs, outputs));
     int rc = check_batch(plan, batch);
@@ -459,9 +567,16 @@ int wk_plan_run(wk_plan_t *plan, int batch, const float *const *inputs, float *c
 int wk__plan_run_inplace(wk_plan_t *plan, int batch, const float *const *inputs,
                          float *const *outputs)
 {
-    wk_plan_t *sub = runs_each(plan, batch);
-    if (sub != NULL)
+    int size = 0;
+    wk_plan_t *sub = runs_each(plan, batch, &size);
+    if (sub != NULL && batch == size)
         return from_each(plan, sub, wk__plan_run_inplace(sub, 1, inputs, outputs));
+    if (sub != NULL) {
+        int rc = run_each_scratch(plan, sub, batch, size, inputs, true);
+        if (rc == 0)
+            copy_outputs(plan, batch, outputs);
+        return rc;
+    }
     if (runs_small(plan, batch))
         return from_small(plan, wk__plan_run_inplace(plan->small, batch, inputs, outputs));
     int rc = check_batch(plan, batch);
@@ -494,29 +609,21 @@ static int run_into_rows(wk_plan_t *plan, int batch, float *out)
     if (g->n_outputs == 1)
         return run_backend(plan, batch, &out);
     int rc = run_backend(plan, batch, plan->out_ptrs);
-    if (rc != 0)
-        return rc;
-    size_t row = (size_t)wk_plan_row_elems(plan), at = 0;
-    for (int i = 0; i < g->n_outputs; i++) {
-        const wk_value_t *v = &g->values[g->outputs[i]];
-        size_t per = (size_t)wk_value_elems_at(v, 1);
-        for (int b = 0; b < batch; b++)
-            memcpy(out + (size_t)b * row + at, plan->out_ptrs[i] + (v->batched ? b * per : 0),
-                   per * sizeof(float));
-        at += per;
-    }
-    return 0;
+    if (rc == 0)
+        rows_from_outputs(plan, batch, out);
+    return rc;
 }
 
 int wk_plan_run_rows(wk_plan_t *plan, int batch, const float *const *inputs, float *out)
 {
-    wk_plan_t *sub = runs_each(plan, batch);
-    if (sub != NULL && plan->graph->n_outputs == 1)
+    int size = 0;
+    wk_plan_t *sub = runs_each(plan, batch, &size);
+    if (sub != NULL && batch == size && plan->graph->n_outputs == 1)
         return from_each(plan, sub, wk_plan_run_rows(sub, 1, inputs, out));
     if (sub != NULL) {
-        int rc = from_each(plan, sub, wk_plan_run_rows(sub, 1, inputs, plan->out_scratch));
+        int rc = run_each_scratch(plan, sub, batch, size, inputs, false);
         if (rc == 0)
-            scatter_rows(plan, batch, out);
+            rows_from_outputs(plan, batch, out);
         return rc;
     }
     if (runs_small(plan, batch))
@@ -580,15 +687,10 @@ int wk_plan_image_input(const wk_plan_t *plan, int *h, int *w, int *nhwc)
 
 int wk_plan_run_pixels(wk_plan_t *plan, int batch, const uint8_t *pixels, float *out)
 {
-    wk_plan_t *sub = runs_each(plan, batch);
-    if (sub != NULL && plan->graph->n_outputs == 1)
+    int size = 0;
+    wk_plan_t *sub = runs_each(plan, batch, &size);
+    if (sub != NULL && batch == size && plan->graph->n_outputs == 1)
         return from_each(plan, sub, wk_plan_run_pixels(sub, 1, pixels, out));
-    if (sub != NULL) {
-        int rc = from_each(plan, sub, wk_plan_run_pixels(sub, 1, pixels, plan->out_scratch));
-        if (rc == 0)
-            scatter_rows(plan, batch, out);
-        return rc;
-    }
     if (runs_small(plan, batch))
         return from_small(plan, wk_plan_run_pixels(plan->small, batch, pixels, out));
     int rc = check_batch(plan, batch);
@@ -604,9 +706,16 @@ int wk_plan_run_pixels(wk_plan_t *plan, int batch, const uint8_t *pixels, float 
     /* a static plan's one item holds all of its images */
     int64_t images = v->batched ? batch : v->dims[0];
     size_t per = (size_t)h * (size_t)w * 3;
-    float *dst = plan->ops->input_buffer(plan, 0);
+    /* a batch run in a larger plan (or several outputs of one): its images
+     * go to the holder's scratch, the plan's own run reads no more */
+    float *dst = sub != NULL ? plan->in_ptrs[0] : plan->ops->input_buffer(plan, 0);
     for (int64_t b = 0; b < images; b++)
         normalize_pixels(&plan->opts.pixel_norm, pixels + (size_t)b * per, h, w, nhwc,
                          dst + (size_t)b * per);
-    return run_into_rows(plan, batch, out);
+    if (sub == NULL)
+        return run_into_rows(plan, batch, out);
+    rc = run_each_scratch(plan, sub, batch, size, (const float *const *)plan->in_ptrs, false);
+    if (rc == 0)
+        rows_from_outputs(plan, batch, out);
+    return rc;
 }

@@ -238,11 +238,19 @@ struct wk_plan {
     int min_batch;
     struct wk_plan *small;
     /* A graph whose batch does not stay outermost (mdb_graph_batch_outermost)
-     * has no one plan for every batch size: each[b], b = 1..max_batch, is a
-     * static plan of its own with the batch bound to b, and this plan only
-     * holds them (its graph has the inputs and outputs, no steps). NULL
-     * otherwise. */
+     * has no one plan for every batch size: each[s] is a static plan of its
+     * own with the batch bound to s, for the n_each sizes s = 1, 2, 4, ...
+     * below max_batch and max_batch itself (each[b] NULL for the other b <=
+     * max_batch), and this plan only holds them (its graph has the inputs
+     * and outputs, no steps). A batch of b runs in the plan of the smallest
+     * planned s >= b: its b items copied into in_scratch with the items up
+     * to s zeroed, the plan run into out_scratch, and the first b items of
+     * each output copied out (the rows past b are padding and never reach
+     * the caller). NULL, 0 and NULL otherwise. */
     struct wk_plan **each;
+    int n_each;
+    float *in_scratch; /* every input at max batch, one after the other */
+    float **in_ptrs;   /* input i's start in in_scratch */
     wk_plan_opts_t opts;
     wk_graph_t *graph;
     const struct wk_backend_ops *ops;
@@ -251,7 +259,9 @@ struct wk_plan {
     int64_t last_run_ns;
     /* Rows (wk_plan_run_rows, wk_plan_run_pixels) of a plan with several
      * outputs: the backend writes each output here (max batch), and each
-     * item's slices are copied to its row. NULL with one output. */
+     * item's slices are copied to its row. NULL with one output, except in
+     * a plan holding plans per batch size (each), where a padded batch's
+     * outputs land here whatever their number. */
     float *out_scratch;
     float **out_ptrs;
     char why[512];

@@ -3,6 +3,7 @@
  * emulated backend: test_backend_emu.c). */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <mdb_graph.h>
 #include <sq.h>
 #include <stdlib.h>
 #include <string.h>
@@ -768,4 +769,134 @@ Test(exec, nhwc_pixels_normalize_like_nchw_transposed)
     }
     wk_plan_free(nhwc);
     wk_plan_free(nchw);
+}
+
+/* x[N,3,2,2] moved to [3,N,2,2] and back around a Relu (the batch not
+ * outermost: planned per batch size), outputs a = relu(x) and b = x * x:
+ * two outputs of 12 floats an item. */
+static mdb_graph_t *batch_inside_graph(void)
+{
+    mdb_graph_t *g = mdb_graph_new();
+    mdb_shape_t xs = {.rank = 4, .dims = {MDB_DIM_BATCH, 3, 2, 2}};
+    int x = mdb_graph_add_tensor(g, "x", MDB_DT_FLOAT, &xs);
+    int t = mdb_graph_add_tensor(g, "t", MDB_DT_FLOAT, NULL);
+    int r = mdb_graph_add_tensor(g, "r", MDB_DT_FLOAT, NULL);
+    int a = mdb_graph_add_tensor(g, "a", MDB_DT_FLOAT, NULL);
+    int b = mdb_graph_add_tensor(g, "b", MDB_DT_FLOAT, NULL);
+    mdb_graph_add_input(g, x);
+    mdb_graph_add_output(g, a);
+    mdb_graph_add_output(g, b);
+    const int64_t perm[4] = {1, 0, 2, 3};
+    int n = mdb_graph_add_node(g, MDB_OP_TRANSPOSE, "in", &x, 1, &t, 1);
+    mdb_node_set_ints(&g->nodes[n], "perm", perm, 4);
+    mdb_graph_add_node(g, MDB_OP_RELU, "relu", &t, 1, &r, 1);
+    n = mdb_graph_add_node(g, MDB_OP_TRANSPOSE, "out", &r, 1, &a, 1);
+    mdb_node_set_ints(&g->nodes[n], "perm", perm, 4);
+    mdb_graph_add_node(g, MDB_OP_MUL, "square", (const int[]){x, x}, 2, &b, 1);
+    char err[256] = "";
+    cr_assert_eq(mdb_graph_toposort(g, err, sizeof(err)), 0, "%s", err);
+    cr_assert_eq(mdb_graph_infer_shapes(g, err, sizeof(err)), 0, "%s", err);
+    cr_assert_not(mdb_graph_batch_outermost(g));
+    return g;
+}
+
+/* Item `item` of x as the outputs of batch_inside_graph: a then b. */
+static void batch_inside_row(const float *x, int item, float *row)
+{
+    for (int i = 0; i < 12; i++) {
+        float v = x[item * 12 + i];
+        row[i] = v > 0 ? v : 0;
+        row[12 + i] = v * v;
+    }
+}
+
+/* Planned for max batch 6, the holder has plans for 1, 2, 4 and 6 only; a
+ * batch of 3 runs padded in 4, 5 in 6. Every entry point takes buffers of
+ * exactly the batch's items (ASan sees any read or write past them), and
+ * the padding items are zeros whatever a larger batch left before. */
+Test(exec, a_graph_planned_per_batch_size_plans_powers_of_two_and_pads_the_rest)
+{
+    mdb_graph_t *mg = batch_inside_graph();
+    wk_plan_opts_t o = wk_plan_opts_default();
+    o.max_batch = 6;
+    wk_plan_t *p = NULL;
+    char why[512] = "";
+    cr_assert_eq(wk_plan_create(mg, &o, &p, why, sizeof(why)), 0, "%s", why);
+    mdb_graph_free(mg);
+    cr_assert_not_null(p->each);
+    cr_assert_eq(p->n_each, 4);
+    uint64_t plans = 0;
+    for (int s = 1; s <= 6; s++) {
+        bool planned = s == 1 || s == 2 || s == 4 || s == 6;
+        cr_assert_eq(p->each[s] != NULL, planned, "size %d", s);
+        plans += planned ? p->each[s]->memory_bytes : 0;
+    }
+    /* the plans, and the scratch: 6 items of x in, 6 of a and b out */
+    cr_assert_eq(wk_plan_memory_bytes(p), plans + (6 * 12 + 6 * 24) * sizeof(float));
+    cr_assert_eq(wk_plan_max_batch(p), 6);
+    cr_assert_eq(wk_plan_row_elems(p), 24);
+    float *all = rand_buf(6 * 12);
+    uint8_t all_px[6 * 12];
+    for (int i = 0; i < 6 * 12; i++)
+        all_px[i] = (uint8_t)(i * 37 + 11);
+    float all_xn[6 * 12];
+    wk_pixel_norm_t norm = WK_PIXEL_NORM_IMAGENET;
+    for (int b = 0; b < 6; b++)
+        for (int c = 0; c < 3; c++)
+            for (int i = 0; i < 4; i++)
+                all_xn[b * 12 + c * 4 + i] =
+                    (all_px[b * 12 + i * 3 + c] / 255.0f - norm.mean[c]) / norm.std[c];
+    /* 6 first, so that 5's padding item in the plan for 6 held x[5] */
+    const int batches[] = {6, 5, 1, 3, 4, 2};
+    for (int k = 0; k < 6; k++) {
+        int batch = batches[k];
+        size_t n_in = (size_t)batch * 12;
+        float *x = malloc(n_in * sizeof(float));
+        memcpy(x, all, n_in * sizeof(float));
+        uint8_t *px = malloc(n_in);
+        memcpy(px, all_px, n_in);
+        float *rows = malloc(n_in * 2 * sizeof(float));
+        float *a = malloc(n_in * sizeof(float)), *b = malloc(n_in * sizeof(float));
+        float want[24];
+        cr_assert_eq(wk_plan_run_rows(p, batch, (const float *[]){x}, rows), 0, "%s",
+                     wk_plan_errmsg(p));
+        for (int i = 0; i < batch; i++) {
+            batch_inside_row(all, i, want);
+            assert_close(rows + i * 24, want, 24, 1e-6f, "rows");
+        }
+        if (batch == 5) {
+            /* item 5 of the plan for 6: zeros in, relu(0) and 0 * 0 out */
+            for (int i = 0; i < 12; i++) {
+                cr_assert_eq(p->out_ptrs[0][5 * 12 + i], 0.0f);
+                cr_assert_eq(p->out_ptrs[1][5 * 12 + i], 0.0f);
+            }
+        }
+        cr_assert_eq(wk_plan_run_pixels(p, batch, px, rows), 0, "%s", wk_plan_errmsg(p));
+        for (int i = 0; i < batch; i++) {
+            batch_inside_row(all_xn, i, want);
+            assert_close(rows + i * 24, want, 24, 1e-5f, "pixel rows");
+        }
+        for (int inplace = 0; inplace < 2; inplace++) {
+            memset(a, 0xff, n_in * sizeof(float));
+            memset(b, 0xff, n_in * sizeof(float));
+            int rc = inplace
+                         ? wk__plan_run_inplace(p, batch, (const float *[]){x}, (float *[]){a, b})
+                         : wk_plan_run(p, batch, (const float *[]){x}, (float *[]){a, b});
+            cr_assert_eq(rc, 0, "%s", wk_plan_errmsg(p));
+            for (int i = 0; i < batch; i++) {
+                batch_inside_row(all, i, want);
+                assert_close(a + i * 12, want, 12, 1e-6f, "output a");
+                assert_close(b + i * 12, want + 12, 12, 1e-6f, "output b");
+            }
+        }
+        cr_assert_gt(wk_plan_last_run_ns(p), 0);
+        free(x);
+        free(px);
+        free(rows);
+        free(a);
+        free(b);
+    }
+    cr_assert_eq(wk_plan_run(p, 7, (const float *[]){all}, (float *[]){all, all}), SQ_INVAL);
+    free(all);
+    wk_plan_free(p);
 }
