@@ -189,7 +189,7 @@ static bool planned_size(int b, int mb)
  * (mdb_graph_items_apart), so a batch padded with zeroed items gives its
  * own items' outputs unchanged. Each plan holds its own copy of the
  * weights: planning only 1, 2, 4, ... and max_batch keeps that to
- * log2(max_batch) + 1 copies (vit_b_16 at max batch 32: 6 plans, not 32),
+ * ceil(log2(max_batch)) + 1 copies (vit_b_16 at max batch 32: 6, not 32),
  * at the cost of running a batch of b in the time of the next planned
  * size, which the profile's l(b) measures. */
 static int plan_each_size(const struct mdb_graph *graph, const wk_plan_opts_t *opts,
