@@ -58,7 +58,7 @@ typedef struct gw_server {
     gw_metrics_t *metrics; /* thread-safe; created first, freed last */
     gw_trace_t *trace;     /* request traces (api/trace.c); thread-safe */
     gw_shm_table_t *shm;   /* registered shared-memory regions (api/shm_regions.c); thread-safe */
-    gw_api_ctx_t *api;     /* the HTTP API's context (api/; gw_api_new), made before it serves */
+    gw_api_ctx_t *api;     /* the HTTP API's context (api/; gw_api_new), which holds its app */
     gw_front_t *front; /* --role frontend: the link to the dispatcher (front/); NULL otherwise */
     /* Who schedules this process's items (sched/gw_sched.h): the
      * dispatcher, or a frontend's link to the cluster's; picked once by

@@ -175,7 +175,6 @@ gw_http_deps_t gw_http_deps(gw_server_t *srv)
         .http_port = &srv->http_port,
         .offload = srv->offload,
         .front = srv->front,
-        .srv = srv,
     };
     _Static_assert(sizeof(d.cfg.listen_host) == sizeof(cfg->listen_host), "--listen's host");
     _Static_assert(sizeof(d.cfg.port_file) == sizeof(cfg->port_file), "--port-file");
@@ -255,7 +254,6 @@ gw_api_deps_t gw_api_deps(gw_server_t *srv)
                 .max_images = cfg->max_images,
                 .max_body_bytes = cfg->max_body_bytes,
                 .access_log = cfg->access_log},
-        .srv = srv,
         .arena = srv->arena,
         .registry = srv->registry,
         .pipelines = srv->pipelines,
@@ -340,7 +338,8 @@ int gw_main(const gw_config_t *cfg)
         gw_api_deps_t api_deps = gw_api_deps(&srv);
         srv.api = gw_api_new(&api_deps);
         gw_http_deps_t http_deps = gw_http_deps(&srv);
-        if ((rc = gw_http_start(&http_deps, &gw_http_app, &srv.http, err, sizeof(err))) != 0)
+        const gw_http_app_t *app = gw_api_app(srv.api);
+        if ((rc = gw_http_start(&http_deps, app, &srv.http, err, sizeof(err))) != 0)
             goto fail;
         goto serve;
     }
@@ -379,9 +378,11 @@ int gw_main(const gw_config_t *cfg)
     gw_api_deps_t api_deps = gw_api_deps(&srv);
     srv.api = gw_api_new(&api_deps);
     gw_http_deps_t http_deps = gw_http_deps(&srv);
+    /* The api's app, which lives until gw_api_free (after gw_http_stop). */
+    const gw_http_app_t *app = gw_api_app(srv.api);
     if (srv.http != NULL) /* a standby that came to lead: same listener */
-        gw_http_set_app(srv.http, &gw_http_app);
-    else if ((rc = gw_http_start(&http_deps, &gw_http_app, &srv.http, err, sizeof(err))) != 0)
+        gw_http_set_app(srv.http, app);
+    else if ((rc = gw_http_start(&http_deps, app, &srv.http, err, sizeof(err))) != 0)
         goto fail;
     gw_leader_announce(srv.leader);
 

@@ -10,11 +10,12 @@
 #include <stdatomic.h>
 
 /* The room's context (gw_api_new): what every handler and job of the room
- * reads instead of the server. Read-only once made, but for the in-flight
- * count, which the room owns. */
+ * reads, given to them by the HTTP room as the context of the room's app
+ * (a route's call->app, a job's gw_async_t.app). Read-only once made, but
+ * for the in-flight count, which the room owns. */
 struct gw_api_ctx {
     gw_api_config_t cfg;
-    gw_server_t *srv; /* handed on to other rooms' entry points; never read */
+    gw_http_app_t app; /* the route table with this as its context (gw_api_app) */
     sq_shm_arena_t *arena;
     gw_registry_t *registry;
     gw_pipes_t *pipelines;
@@ -33,9 +34,9 @@ struct gw_api_ctx {
     atomic_long infer_inflight; /* inference requests inside squishd (max_inflight) */
 };
 
-/* The context of the server's API (its api slot, set before the route
- * table is served); any thread. */
-gw_api_ctx_t *gw_api_of(const gw_server_t *srv);
+/* The room's app (routes.c): its route table, done hook and a frontend's
+ * forward, with api as the context they get. */
+gw_http_app_t gw_api_routes(gw_api_ctx_t *api);
 /* Who schedules the items now (the server's slot, read atomically). */
 static inline gw_sched_t *gw_api_sched(const gw_api_ctx_t *api)
 {
@@ -262,7 +263,8 @@ void gw_route_pipeline_infer(gw_call_t *call);
  * pipeline's here). */
 void gw_route_pipeline_infer_v2(gw_call_t *call);
 /* metrics_api.c: a request h2o is freeing (its status is final): counts it
- * by route and status, and writes the access log line when enabled. */
-void gw_metrics_http_done(gw_server_t *srv, h2o_req_t *req, const char *route, int64_t start_ns);
+ * by route and status, and writes the access log line when enabled; app is
+ * the API's context (the app's done hook). */
+void gw_metrics_http_done(void *app, h2o_req_t *req, const char *route, int64_t start_ns);
 
 #endif

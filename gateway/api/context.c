@@ -1,7 +1,8 @@
 /* The API room's context: made once by server.c (gw_api_new, from
- * gw_api_deps) before the route table is served, reached by every handler
- * and job of the room through the server's api slot (gw_api_of). The
- * bottom of the room: its files call it, it calls none of them. */
+ * gw_api_deps) with the room's http app (gw_api_app), whose context it is:
+ * the HTTP room hands it to every route (call->app) and job
+ * (gw_async_t.app) of the room. The top of the room: none of its files
+ * calls it; it takes the route table from routes.c. */
 #include "api_int.h"
 
 #include <stdlib.h>
@@ -10,7 +11,6 @@ gw_api_ctx_t *gw_api_new(const gw_api_deps_t *deps)
 {
     gw_api_ctx_t *api = sq_xcalloc(1, sizeof(*api));
     api->cfg = deps->cfg;
-    api->srv = deps->srv;
     api->arena = deps->arena;
     api->registry = deps->registry;
     api->pipelines = deps->pipelines;
@@ -27,6 +27,7 @@ gw_api_ctx_t *gw_api_new(const gw_api_deps_t *deps)
     api->db_ready = deps->db_ready;
     api->sched = deps->sched;
     atomic_init(&api->infer_inflight, 0);
+    api->app = gw_api_routes(api);
     return api;
 }
 
@@ -35,8 +36,7 @@ void gw_api_free(gw_api_ctx_t *api)
     free(api);
 }
 
-/* The one place the room reads the server: its own slot. */
-gw_api_ctx_t *gw_api_of(const gw_server_t *srv)
+const gw_http_app_t *gw_api_app(const gw_api_ctx_t *api)
 {
-    return srv->api;
+    return &api->app;
 }

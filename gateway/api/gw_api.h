@@ -8,11 +8,6 @@
 
 #include <stdatomic.h>
 
-/* What squishd's HTTP loops serve (routes.c). Its handlers reach the
- * room's context (gw_api_new) through the server's api slot, which
- * server.c sets before the table is served. */
-extern const gw_http_app_t gw_http_app;
-
 /* The API's settings, copied once from gw_config_t (server.c). */
 typedef struct {
     int max_inflight;      /* inference requests inside squishd at most (then 503) */
@@ -28,10 +23,6 @@ typedef struct {
  * flags and slots other rooms own, read through the pointers given. */
 typedef struct {
     gw_api_config_t cfg;
-    /* Handed on to the HTTP room's jobs (gw_async_t.srv), through which the
-     * room's jobs find this context again (gw_api_of); the API never reads
-     * it. */
-    gw_server_t *srv;
     sq_shm_arena_t *arena;
     gw_registry_t *registry;
     gw_pipes_t *pipelines;
@@ -57,6 +48,10 @@ gw_api_deps_t gw_api_deps(gw_server_t *srv);
  * once nothing can call the API any more. */
 gw_api_ctx_t *gw_api_new(const gw_api_deps_t *deps);
 void gw_api_free(gw_api_ctx_t *api);
+/* What squishd's HTTP loops serve (gw_http_start, gw_http_set_app): the
+ * API's route table, with api as the context its routes get (call->app).
+ * The app is api's: it lives until gw_api_free. */
+const gw_http_app_t *gw_api_app(const gw_api_ctx_t *api);
 
 /* Request traces, Triton's trace extension (trace.c; the rest of it is
  * internal to the room, trace_int.h). server.c makes the tracer before

@@ -28,7 +28,7 @@ void gw_item_finish(gw_item_t *item, int rc, const char *detail)
             /* Its other items still queued are taken out (refused means
              * withdrawn); the last one pending need not be looked for. */
             if (req->n_items > 1 && atomic_load(&req->pending) > 1)
-                gw_sched_withdraw(gw_api_sched(gw_api_of(req->base.srv)));
+                gw_sched_withdraw(gw_api_sched(req->base.app));
         }
     }
     if (atomic_fetch_sub(&req->pending, 1) == 1)
@@ -100,7 +100,7 @@ static void item_fail_early(gw_api_ctx_t *api, gw_item_t *item, int rc, const ch
 static void on_prep_done(gw_prep_job_t *job, int rc)
 {
     gw_item_t *item = job->user;
-    gw_api_ctx_t *api = gw_api_of(item->owner.req->base.srv);
+    gw_api_ctx_t *api = item->owner.req->base.app;
     if (rc != 0) {
         item_fail_early(api, item, rc, job->err[0] ? job->err : NULL);
         return;

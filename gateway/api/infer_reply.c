@@ -58,7 +58,7 @@ void gw_infer_answer_headers(gw_infer_t *req, h2o_req_t *hreq)
  * up, no items yet). */
 static double least_slo_ms(const gw_infer_t *req)
 {
-    gw_api_ctx_t *api = gw_api_of(req->base.srv);
+    gw_api_ctx_t *api = req->base.app;
     const gw_model_t *m = req->model;
     gw_least_t least;
     if (gw_sched_least(gw_api_sched(api), m, gw_sched_serving_kind(gw_api_sched(api), m),

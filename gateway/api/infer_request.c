@@ -82,7 +82,7 @@ static void infer_gone(gw_async_t *a)
         req->err = SQ_DEADLINE;
         snprintf(req->err_detail, sizeof(req->err_detail), "the client went away");
     }
-    gw_api_ctx_t *api = gw_api_of(a->srv);
+    gw_api_ctx_t *api = a->app;
     if (atomic_load(&req->pending) > 0)
         gw_sched_withdraw(gw_api_sched(api));
 }
@@ -91,7 +91,7 @@ static void infer_gone(gw_async_t *a)
  * an error. */
 gw_infer_t *gw_infer_new(gw_call_t *call, gw_api_t kind)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     h2o_req_t *hreq = call->req;
     if (atomic_load(api->stopping)) {
         gw_send_error(hreq, SQ_SHUTTING_DOWN, "squishd is shutting down");
@@ -118,7 +118,7 @@ gw_infer_t *gw_infer_new(gw_call_t *call, gw_api_t kind)
         char why[sizeof(m->error) + MDB_NAME_MAX + 96];
         snprintf(why, sizeof(why), "model %s version %d failed: %s; upload it again to retry",
                  m->name, m->version, m->error[0] ? m->error : "it could not be measured");
-        gw_metrics_infer_rejected(api->srv, m, SQ_MODEL_FAILED);
+        gw_metrics_infer_rejected(api, m, SQ_MODEL_FAILED);
         gw_send_error(hreq, SQ_MODEL_FAILED, why);
         gw_model_unref(m);
         return NULL;
@@ -128,19 +128,19 @@ gw_infer_t *gw_infer_new(gw_call_t *call, gw_api_t kind)
         snprintf(why, sizeof(why),
                  "model %s is unloaded; POST /v2/repository/models/%s/load serves it again",
                  m->name, m->name);
-        gw_metrics_infer_rejected(api->srv, m, SQ_MODEL_UNLOADED);
+        gw_metrics_infer_rejected(api, m, SQ_MODEL_UNLOADED);
         gw_send_error(hreq, SQ_MODEL_UNLOADED, why);
         gw_model_unref(m);
         return NULL;
     }
     if (strcmp(m->status, "ready") != 0) {
-        gw_metrics_infer_rejected(api->srv, m, SQ_NOT_READY);
+        gw_metrics_infer_rejected(api, m, SQ_NOT_READY);
         gw_send_error(hreq, SQ_NOT_READY, "the model is being profiled; retry shortly");
         gw_model_unref(m);
         return NULL;
     }
     if (gw_sched_serving_kind(gw_api_sched(api), m) < 0) {
-        gw_metrics_infer_rejected(api->srv, m, SQ_NO_WORKER);
+        gw_metrics_infer_rejected(api, m, SQ_NO_WORKER);
         gw_send_error(hreq, SQ_NO_WORKER, "no worker that can run this model is up");
         gw_model_unref(m);
         return NULL;
@@ -150,7 +150,7 @@ gw_infer_t *gw_infer_new(gw_call_t *call, gw_api_t kind)
      * ones are shed at once, before any copy or decode. */
     if (atomic_fetch_add(&api->infer_inflight, 1) >= api->cfg.max_inflight) {
         atomic_fetch_sub(&api->infer_inflight, 1);
-        gw_metrics_infer_rejected(api->srv, m, SQ_OVERLOAD);
+        gw_metrics_infer_rejected(api, m, SQ_OVERLOAD);
         char why[128];
         snprintf(why, sizeof(why),
                  "squishd has --max-inflight %d requests in flight; retry shortly",
@@ -293,7 +293,7 @@ int gw_infer_request_priority(gw_infer_t *req, h2o_req_t *hreq, int64_t *priorit
  * deadline cannot be met). Returns -1 after rejecting. */
 int gw_infer_check_feasible(gw_infer_t *req)
 {
-    gw_api_ctx_t *api = gw_api_of(req->base.srv);
+    gw_api_ctx_t *api = req->base.app;
     const gw_model_t *m = req->model;
     int kind = gw_sched_serving_kind(gw_api_sched(api), m);
     gw_least_t least_us;
@@ -359,14 +359,14 @@ static void trace_write(gw_infer_t *req)
         r.batch_size = it->times.batch_size > r.batch_size ? it->times.batch_size : r.batch_size;
     }
     at[GW_TRACE_REPLY] = req->reply_us;
-    gw_api_ctx_t *api = gw_api_of(req->base.srv);
+    gw_api_ctx_t *api = req->base.app;
     gw_trace_emit(api->trace, &r);
 }
 
 void gw_infer_dispose(gw_async_t *a)
 {
     gw_infer_t *req = (gw_infer_t *)a;
-    gw_api_ctx_t *api = gw_api_of(a->srv);
+    gw_api_ctx_t *api = a->app;
     atomic_fetch_sub(&api->infer_inflight, 1);
     if (req->trace_id != 0)
         trace_write(req);

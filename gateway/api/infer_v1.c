@@ -98,7 +98,7 @@ int gw_v1_scores_why(const gw_model_t *cm, char *why, size_t len)
 
 void gw_route_infer_v1(gw_call_t *call)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     h2o_req_t *hreq = call->req;
     gw_infer_t *req = gw_infer_new(call, GW_API_V1);
     if (req == NULL)

@@ -138,7 +138,7 @@ static void answer_v2(gw_infer_t *req, h2o_req_t *hreq)
 /* Splits the parsed request into its items and starts them. */
 static void v2_items(gw_infer_t *req)
 {
-    gw_api_ctx_t *api = gw_api_of(req->base.srv);
+    gw_api_ctx_t *api = req->base.app;
     gw_v2_state_t *st = req->api_state;
     int n = st->parsed.batch;
     if (gw_infer_alloc_items(req, n) != 0) {
@@ -165,7 +165,7 @@ static void v2_items_offloaded(void *arg)
  * offload thread. */
 static void v2_start(gw_infer_t *req, int on_loop)
 {
-    gw_api_ctx_t *api = gw_api_of(req->base.srv);
+    gw_api_ctx_t *api = req->base.app;
     gw_v2_state_t *st = req->api_state;
     char err[512];
     int rc = gw_oip_request_parse(req->body, req->body_len, st->header_len, &st->desc, &st->parsed,
@@ -241,7 +241,7 @@ void gw_v2_model_desc(const gw_model_t *m, const gw_api_config_t *cfg, gw_oip_mo
 
 void gw_route_infer_v2(gw_call_t *call)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     h2o_req_t *hreq = call->req;
     gw_infer_t *req = gw_infer_new(call, GW_API_V2);
     if (req == NULL)

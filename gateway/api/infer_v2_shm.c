@@ -39,7 +39,7 @@ int gw_v2_write_shm_outputs(gw_infer_t *req, h2o_req_t *hreq, const float *const
 static gw_shm_region_t *v2_region(gw_infer_t *req, gw_v2_state_t *st, const char *name,
                                   const char *path)
 {
-    gw_api_ctx_t *api = gw_api_of(req->base.srv);
+    gw_api_ctx_t *api = req->base.app;
     gw_shm_region_t *r = gw_shm_acquire(api->shm, name);
     if (r == NULL) {
         gw_infer_reject(

@@ -155,7 +155,7 @@ void gw_route_logging_post(gw_call_t *call)
 
 static void route_trace(gw_call_t *call, int post)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     if (!gw_require_admin(call))
         return;
     gw_trace_t *t = api->trace;

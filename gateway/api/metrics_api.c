@@ -13,7 +13,7 @@
 
 void gw_route_metrics(gw_call_t *call)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     h2o_req_t *req = call->req;
     sq_buf_t out;
     sq_buf_init(&out);
@@ -139,7 +139,7 @@ static json_t *pipeline_stats(gw_pipeline_t *p)
  * that does not exist is a 404). */
 void gw_route_model_stats(gw_call_t *call)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     stats_query_t q = {0};
     if (call->nargs >= 1)
         q.name = call->args[0];
@@ -188,9 +188,9 @@ void gw_route_model_stats(gw_call_t *call)
 
 /* ---- glue: finished requests -------------------------------------------------- */
 
-void gw_metrics_http_done(gw_server_t *srv, h2o_req_t *req, const char *route, int64_t start_ns)
+void gw_metrics_http_done(void *app, h2o_req_t *req, const char *route, int64_t start_ns)
 {
-    const gw_api_ctx_t *api = gw_api_of(srv);
+    const gw_api_ctx_t *api = app;
     /* Status 0: the client went away before an answer; nothing was sent. */
     if (req->res.status == 0)
         return;
@@ -209,7 +209,7 @@ static double seconds_between(int64_t from_us, int64_t to_us)
 
 void gw_metrics_infer_answered(struct gw_infer *req)
 {
-    gw_api_ctx_t *api = gw_api_of(req->base.srv);
+    gw_api_ctx_t *api = req->base.app;
     int64_t now = sq_now_us();
     int failed = atomic_load(&req->failed);
     gw_metrics_request_t r = {.status = failed ? sq_err_http_status(req->err) : 200,
@@ -243,9 +243,8 @@ void gw_metrics_infer_answered(struct gw_infer *req)
              r.preprocess_s * 1e3, r.queue_s * 1e3, r.execute_s * 1e3, r.items, batch);
 }
 
-void gw_metrics_infer_rejected(struct gw_server *srv, const gw_model_t *m, int err)
+void gw_metrics_infer_rejected(const struct gw_api_ctx *api, const gw_model_t *m, int err)
 {
-    const gw_api_ctx_t *api = gw_api_of(srv);
     gw_metrics_request_t r = {.status = sq_err_http_status(err),
                               .err = err,
                               .slo_ms = m->default_slo_ms > 0 ? m->default_slo_ms

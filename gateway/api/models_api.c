@@ -36,8 +36,7 @@ typedef struct {
 static void job_not_found(model_job_t *j)
 {
     char why[512];
-    int err =
-        gw_not_found_why(gw_api_of(j->base.srv), j->path, j->name, j->version, why, sizeof(why));
+    int err = gw_not_found_why(j->base.app, j->path, j->name, j->version, why, sizeof(why));
     gw_async_fail(&j->base, err, "%s", why);
 }
 
@@ -206,7 +205,7 @@ static void store(mdb_t *db, model_job_t *j, const mdb_new_model_t *m)
             snprintf(j->location, sizeof(j->location), "/models/%s", m->name);
             j->base.location = j->location;
         }
-        publish(db, gw_api_of(j->base.srv), key, profiling);
+        publish(db, j->base.app, key, profiling);
     }
 }
 
@@ -448,14 +447,14 @@ static void upload_job(mdb_t *db, void *arg)
         upload_emulated(db, j);
     else
         upload_onnx(db, j);
-    gw_api_ctx_t *api = gw_api_of(j->base.srv);
+    gw_api_ctx_t *api = j->base.app;
     gw_metrics_upload(api->metrics, j->base.err);
     gw_async_done(&j->base);
 }
 
 void gw_route_models_post(gw_call_t *call)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     if (!gw_require_admin(call)) {
         gw_metrics_upload(api->metrics, SQ_UNAUTHORIZED);
         return;
@@ -524,9 +523,10 @@ static void list_job(mdb_t *db, void *arg)
 
 void gw_route_models_list(gw_call_t *call)
 {
+    gw_api_ctx_t *api = call->app;
     if (!gw_require_admin(call))
         return;
-    gw_db_job(gw_api_of(call->srv)->db, list_job, job_new(call));
+    gw_db_job(api->db, list_job, job_new(call));
 }
 
 /* A version being measured gets "profiling": where, how far, and about how
@@ -575,7 +575,7 @@ static void get_job(mdb_t *db, void *arg)
         json_t *v;
         size_t i;
         json_array_foreach(json_object_get(j->base.body, "versions"), i, v)
-            add_progress(gw_api_of(j->base.srv), j->name, v);
+            add_progress(j->base.app, j->name, v);
     }
     if (rc == SQ_MODEL_NOT_FOUND)
         job_not_found(j);
@@ -586,11 +586,12 @@ static void get_job(mdb_t *db, void *arg)
 
 void gw_route_models_get(gw_call_t *call)
 {
+    gw_api_ctx_t *api = call->app;
     if (!gw_require_admin(call))
         return;
     model_job_t *j = named_job(call, 0);
     if (j != NULL)
-        gw_db_job(gw_api_of(call->srv)->db, get_job, j);
+        gw_db_job(api->db, get_job, j);
 }
 
 static void delete_job(mdb_t *db, void *arg)
@@ -607,14 +608,14 @@ static void delete_job(mdb_t *db, void *arg)
     else if (rc != 0)
         gw_async_fail(&j->base, rc, "%s", mdb_errmsg(db));
     else {
-        gw_api_ctx_t *api = gw_api_of(j->base.srv);
+        gw_api_ctx_t *api = j->base.app;
         SQ_INFO("model deleted name=%s version=%d versions_deleted=%d", j->name, j->version,
                 deleted);
         int64_t keys[64];
         int n = gw_registry_remove(api->registry, j->name, j->version, keys, 64);
         for (int i = 0; i < n && i < 64; i++)
             gw_dispatch_model_changed(api->dispatch, keys[i]);
-        refresh_groups(db, gw_api_of(j->base.srv), 0);
+        refresh_groups(db, j->base.app, 0);
         j->base.body = json_pack("{s:s, s:i}", "name", j->name, "deleted_versions", deleted);
     }
     gw_async_done(&j->base);
@@ -622,24 +623,26 @@ static void delete_job(mdb_t *db, void *arg)
 
 void gw_route_models_delete(gw_call_t *call)
 {
+    gw_api_ctx_t *api = call->app;
     if (!gw_require_admin(call))
         return;
     model_job_t *j = named_job(call, 0);
     if (j == NULL)
         return;
     j->force = gw_force_param(call);
-    gw_db_job(gw_api_of(call->srv)->db, delete_job, j);
+    gw_db_job(api->db, delete_job, j);
 }
 
 void gw_route_models_delete_version(gw_call_t *call)
 {
+    gw_api_ctx_t *api = call->app;
     if (!gw_require_admin(call))
         return;
     model_job_t *j = named_job(call, 1);
     if (j == NULL)
         return;
     j->force = gw_force_param(call);
-    gw_db_job(gw_api_of(call->srv)->db, delete_job, j);
+    gw_db_job(api->db, delete_job, j);
 }
 
 /* The version a request without one goes to, as the registry decides it
@@ -667,7 +670,7 @@ static void kserve_metadata_job(mdb_t *db, void *arg)
         gw_async_done(&j->base);
         return;
     }
-    int want = j->version != 0 ? j->version : default_version(gw_api_of(j->base.srv), j->name);
+    int want = j->version != 0 ? j->version : default_version(j->base.app, j->name);
     json_t *versions = json_array(), *chosen = NULL, *v;
     size_t i;
     json_array_foreach(json_object_get(all, "versions"), i, v)
@@ -767,7 +770,7 @@ static void kserve_ready_job(mdb_t *db, void *arg)
 {
     model_job_t *j = arg;
     json_t *rec;
-    int version = j->version != 0 ? j->version : default_version(gw_api_of(j->base.srv), j->name);
+    int version = j->version != 0 ? j->version : default_version(j->base.app, j->name);
     int rc = mdb_model_version_get(db, j->name, version, &rec);
     if (rc != 0) {
         if (rc == SQ_MODEL_NOT_FOUND)
@@ -779,7 +782,7 @@ static void kserve_ready_job(mdb_t *db, void *arg)
          * not (400, as Triton). The body says the same, with the error's
          * reason and code for a client that reads only those. */
         char buf[MDB_NAME_MAX + 256];
-        const char *why = not_ready_why(gw_api_of(j->base.srv), j->name, rec, buf, sizeof(buf));
+        const char *why = not_ready_why(j->base.app, j->name, rec, buf, sizeof(buf));
         if (why == NULL) {
             j->base.body = json_pack("{s:s, s:b}", "name", j->name, "ready", 1);
         } else {
@@ -794,9 +797,10 @@ static void kserve_ready_job(mdb_t *db, void *arg)
 
 void gw_route_kserve_model(gw_call_t *call)
 {
+    gw_api_ctx_t *api = call->app;
     model_job_t *j = named_job(call, call->nargs > 1);
     if (j != NULL)
-        gw_db_job(gw_api_of(call->srv)->db, kserve_metadata_job, j);
+        gw_db_job(api->db, kserve_metadata_job, j);
 }
 
 /* A frontend's answer (--role frontend: no DB here): from the registry the
@@ -805,7 +809,7 @@ void gw_route_kserve_model(gw_call_t *call)
  * here means this frontend can serve the model now. */
 static void frontend_ready(gw_call_t *call)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     h2o_iovec_t name = call->args[0];
     int version = 0;
     if (!gw_model_name_ok(name.base, name.len)) {
@@ -837,7 +841,7 @@ static void frontend_ready(gw_call_t *call)
 
 void gw_route_kserve_model_ready(gw_call_t *call)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     if (api->frontend) {
         frontend_ready(call);
         return;

@@ -190,6 +190,6 @@ void gw_send_not_found(gw_call_t *call, h2o_iovec_t name, int version)
     memcpy(cname, name.base, name.len);
     cname[name.len] = '\0';
     gw_call_path(call, path, sizeof(path));
-    int err = gw_not_found_why(gw_api_of(call->srv), path, cname, version, why, sizeof(why));
+    int err = gw_not_found_why(call->app, path, cname, version, why, sizeof(why));
     gw_send_error(call->req, err, why);
 }

@@ -43,7 +43,7 @@ static void put_job(mdb_t *db, void *arg)
     } else if (rc != 0) {
         gw_async_fail(&j->base, rc, "%s", mdb_errmsg(db));
     } else {
-        gw_api_ctx_t *api = gw_api_of(j->base.srv);
+        gw_api_ctx_t *api = j->base.app;
         SQ_INFO("pipeline stored name=%s stages=%d slo_ms=%.1f", j->p->name, j->p->nstages,
                 j->p->slo_ms);
         gw_pipeline_ref(j->p);
@@ -56,7 +56,7 @@ static void put_job(mdb_t *db, void *arg)
 
 void gw_route_pipelines_post(gw_call_t *call)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     if (!gw_require_admin(call))
         return;
     h2o_req_t *req = call->req;
@@ -97,7 +97,7 @@ void gw_route_pipelines_post(gw_call_t *call)
 
 void gw_route_pipelines_list(gw_call_t *call)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     if (!gw_require_admin(call)) /* as every management read (GET /models) */
         return;
     int n;
@@ -126,7 +126,7 @@ static int name_arg(gw_call_t *call, char *out)
 
 void gw_route_pipelines_get(gw_call_t *call)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     if (!gw_require_admin(call))
         return;
     char name[MDB_NAME_MAX + 1];
@@ -147,14 +147,13 @@ static void delete_job(mdb_t *db, void *arg)
     int rc = mdb_pipeline_delete(db, j->name);
     if (rc == SQ_NOT_FOUND) {
         char why[512];
-        gw_async_fail(
-            &j->base,
-            gw_not_found_why(gw_api_of(j->base.srv), "/pipelines/", j->name, 0, why, sizeof(why)),
-            "%s", why);
+        gw_async_fail(&j->base,
+                      gw_not_found_why(j->base.app, "/pipelines/", j->name, 0, why, sizeof(why)),
+                      "%s", why);
     } else if (rc != 0) {
         gw_async_fail(&j->base, rc, "%s", mdb_errmsg(db));
     } else {
-        gw_api_ctx_t *api = gw_api_of(j->base.srv);
+        gw_api_ctx_t *api = j->base.app;
         SQ_INFO("pipeline deleted name=%s", j->name);
         gw_pipes_remove(api->pipelines, j->name);
         j->base.body = json_pack("{s:s, s:b}", "name", j->name, "deleted", 1);
@@ -164,6 +163,7 @@ static void delete_job(mdb_t *db, void *arg)
 
 void gw_route_pipelines_delete(gw_call_t *call)
 {
+    gw_api_ctx_t *api = call->app;
     if (!gw_require_admin(call))
         return;
     char name[MDB_NAME_MAX + 1];
@@ -171,7 +171,7 @@ void gw_route_pipelines_delete(gw_call_t *call)
         return;
     pipe_job_t *j = job_new(call);
     snprintf(j->name, sizeof(j->name), "%s", name);
-    gw_db_job(gw_api_of(call->srv)->db, delete_job, j);
+    gw_db_job(api->db, delete_job, j);
 }
 
 int gw_force_param(gw_call_t *call)
@@ -183,7 +183,7 @@ int gw_force_param(gw_call_t *call)
 
 int gw_refuse_in_use(gw_async_t *a, int unload, const char *name, int version)
 {
-    gw_api_ctx_t *api = gw_api_of(a->srv);
+    gw_api_ctx_t *api = a->app;
     char names[512], what[MDB_NAME_MAX + 32];
     int n =
         gw_pipes_using(api->pipelines, api->registry, name, version, unload, names, sizeof(names));

@@ -127,7 +127,7 @@ static void node_finish(gw_item_t *item, int rc, const char *detail)
     n->ok = 1;
     if (st->nchildren > 0 && !atomic_load(&q->fate.abandoned)) {
         atomic_fetch_add(&q->pending, 1); /* the crop job */
-        crop_job_start(gw_api_of(q->base.srv), n);
+        crop_job_start(q->base.app, n);
     } else {
         free(n->original);
         n->original = NULL;
@@ -179,7 +179,7 @@ static void on_root_decoded(gw_prep_job_t *job, int rc)
 {
     qnode_t *n = job->user;
     gw_query_t *q = n->q;
-    gw_api_ctx_t *api = gw_api_of(q->base.srv);
+    gw_api_ctx_t *api = q->base.app;
     if (rc != 0) {
         root_fail(api, n, rc, job->err[0] ? job->err : sq_err_msg(rc));
         return;
@@ -354,7 +354,7 @@ typedef struct {
  * deadline). Runs on a pool thread. */
 static int cut_crops(gw_prep_ctx_t *ctx, gw_query_t *q, qnode_t *n, int k, char *err, size_t errlen)
 {
-    gw_api_ctx_t *api = gw_api_of(q->base.srv);
+    gw_api_ctx_t *api = q->base.app;
     const gw_pipeline_t *p = q->p;
     int c = p->stages[n->stage].children[k];
     const gw_model_t *pm = q->models[n->stage], *cm = q->models[c];
@@ -478,7 +478,7 @@ static void crop_job_start(gw_api_ctx_t *api, qnode_t *n)
 void gw_query_dispose(gw_async_t *a)
 {
     gw_query_t *q = (gw_query_t *)a;
-    gw_api_ctx_t *api = gw_api_of(a->srv);
+    gw_api_ctx_t *api = a->app;
     atomic_fetch_sub(&api->infer_inflight, 1);
     for (qnode_t *n = q->all, *next; n != NULL; n = next) {
         next = n->next_all;
@@ -515,7 +515,7 @@ int gw_query_roots(const gw_pipeline_t *p, int *root_stage)
  * answered). */
 void gw_query_start(gw_query_t *q, const gw_part_t *frames, int nframes)
 {
-    gw_api_ctx_t *api = gw_api_of(q->base.srv);
+    gw_api_ctx_t *api = q->base.app;
     const gw_pipeline_t *p = q->p;
     q->nframes = nframes;
     q->nroots = gw_query_roots(p, q->root_stage);

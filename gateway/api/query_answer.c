@@ -39,7 +39,7 @@ static void query_count(gw_query_t *q, int64_t now)
 {
     gw_query_outcome_t o = gw_query_outcome(&q->fate);
     gw_pipeline_outcome(q->p, o, now - q->arrival_us);
-    gw_api_ctx_t *api = gw_api_of(q->base.srv);
+    gw_api_ctx_t *api = q->base.app;
     gw_metrics_pipeline_query(api->metrics, q->p->name,
                               o == GW_Q_OK        ? "ok"
                               : o == GW_Q_DROPPED ? "dropped"
@@ -82,7 +82,7 @@ static void query_send_failure(gw_query_t *q, h2o_req_t *hreq)
     }
     double chain;
     int stage;
-    double least = gw_query_least_slo_us(gw_api_of(q->base.srv), q, &chain, &stage) / 1000.0;
+    double least = gw_query_least_slo_us(q->base.app, q, &chain, &stage) / 1000.0;
     char why[sizeof(f->detail) + 384];
     int retry = q->slo_ms >= least;
     if (retry)

@@ -87,7 +87,7 @@ static int resolve_stages(gw_api_ctx_t *api, gw_query_t *q, char *why, size_t le
  * after replying 404 or 503. */
 static gw_query_t *query_new(gw_call_t *call)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     h2o_req_t *hreq = call->req;
     if (atomic_load(api->stopping)) {
         gw_send_error(hreq, SQ_SHUTTING_DOWN, "squishd is shutting down");
@@ -139,7 +139,7 @@ static gw_query_t *query_new(gw_call_t *call)
  * models; 0, or -1 after rejecting. */
 static int query_setup(gw_query_t *q, double slo_ms)
 {
-    gw_api_ctx_t *api = gw_api_of(q->base.srv);
+    gw_api_ctx_t *api = q->base.app;
     q->slo_ms = gw_query_split(q->p, slo_ms, api->cfg.max_request_ms, q->cum_ms, q->budget_ms);
     char why[512];
     int rc = resolve_stages(api, q, why, sizeof(why));
@@ -174,7 +174,7 @@ static int query_setup(gw_query_t *q, double slo_ms)
 
 void gw_route_pipeline_infer(gw_call_t *call)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     h2o_req_t *hreq = call->req;
     gw_query_t *q = query_new(call);
     if (q == NULL)
@@ -266,7 +266,7 @@ json_t *gw_pipeline_oip_metadata(gw_pipeline_t *p)
 
 void gw_route_pipeline_infer_v2(gw_call_t *call)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     h2o_req_t *hreq = call->req;
     gw_query_t *q = query_new(call);
     if (q == NULL)

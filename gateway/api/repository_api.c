@@ -89,7 +89,7 @@ static json_t *pipeline_config(gw_pipeline_t *p)
 
 void gw_route_model_config(gw_call_t *call)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     int version = 0;
     if (call->nargs > 1 && (version = gw_parse_version(call->args[1])) < 0) {
         gw_send_bad_version(call, call->args[1]);
@@ -236,7 +236,7 @@ static const char *pipeline_state(gw_api_ctx_t *api, gw_pipeline_t *p, char *why
  * as its metadata says), by name. */
 static void send_index(gw_call_t *call, int ready_only)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     collect_t x = {0};
     gw_registry_foreach(api->registry, collect, &x);
     if (x.n > 1)
@@ -395,7 +395,7 @@ static int load_waits(gw_api_ctx_t *api, const name_keys_t *k, int64_t *wait, in
 static void control_job(mdb_t *db, void *arg)
 {
     control_job_t *j = arg;
-    gw_api_ctx_t *api = gw_api_of(j->base.srv);
+    gw_api_ctx_t *api = j->base.app;
     name_keys_t k;
     int64_t wait[64];
     int nwait = 0, rc = 0;
@@ -501,7 +501,7 @@ static int control_params(gw_call_t *call, int load, int *dependents)
 
 static void control(gw_call_t *call, int load)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     if (!gw_require_admin(call))
         return;
     h2o_iovec_t name = call->args[0];

@@ -1,8 +1,8 @@
-/* The HTTP API's routes: the table gw_http_start serves (server.c passes
- * it), and the handlers of the server's own state (metadata, health, plan).
- * The other handlers live with their area (models_api.c, infer_v1.c,
- * infer_v2.c, query_route.c, metrics_api.c); http.c calls them only through
- * this table. */
+/* The HTTP API's routes: the table gw_http_start serves (the app the room's
+ * context holds, gw_api_app, which server.c passes), and the handlers of
+ * the server's own state (metadata, health, plan). The other handlers live
+ * with their area (models_api.c, infer_v1.c, infer_v2.c, query_route.c,
+ * metrics_api.c); http.c calls them only through this table. */
 #include "api_int.h"
 #include "gw_dispatch.h"
 #include "gw_http.h"
@@ -36,7 +36,7 @@ static void route_live(gw_call_t *call)
 
 static void route_ready(gw_call_t *call)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     if (atomic_load(api->stopping)) {
         gw_send_error(call->req, SQ_SHUTTING_DOWN, "squishd is shutting down");
         return;
@@ -69,7 +69,8 @@ static void route_ready(gw_call_t *call)
 
 static void route_plan(gw_call_t *call)
 {
-    gw_send_json(call->req, 200, gw_dispatch_plan_json(gw_api_of(call->srv)->dispatch));
+    gw_api_ctx_t *api = call->app;
+    gw_send_json(call->req, 200, gw_dispatch_plan_json(api->dispatch));
 }
 
 /* A pipeline is addressed like a model over OIP (its name can be no
@@ -77,7 +78,7 @@ static void route_plan(gw_call_t *call)
  * model's. */
 static gw_pipeline_t *pipeline_of(gw_call_t *call)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     char name[MDB_NAME_MAX + 1];
     h2o_iovec_t a = call->args[0];
     if (call->nargs > 1 && gw_parse_version(call->args[1]) != 1)
@@ -116,7 +117,7 @@ static void route_kserve_model(gw_call_t *call)
  * failed, not loaded), as a model's readiness does: 400, as Triton. */
 static void route_kserve_model_ready(gw_call_t *call)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     gw_pipeline_t *p = pipeline_of(call);
     if (p == NULL) {
         gw_route_kserve_model_ready(call);
@@ -227,7 +228,11 @@ static const gw_route_t routes[] = {
     {"POST", "/v2/models/*/versions/*/infer", "infer_v2", route_infer_v2, GW_ON_FRONTEND},
 };
 
-const gw_http_app_t gw_http_app = {.routes = routes,
-                                   .nroutes = sizeof(routes) / sizeof(routes[0]),
-                                   .done = gw_metrics_http_done,
-                                   .forward = gw_proxy_to_dispatcher};
+gw_http_app_t gw_api_routes(gw_api_ctx_t *api)
+{
+    return (gw_http_app_t){.routes = routes,
+                           .nroutes = sizeof(routes) / sizeof(routes[0]),
+                           .ctx = api,
+                           .done = gw_metrics_http_done,
+                           .forward = gw_proxy_to_dispatcher};
+}

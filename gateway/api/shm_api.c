@@ -64,7 +64,7 @@ static int body_uint(json_t *body, const char *key, int required, uint64_t def, 
 
 void gw_route_shm_status(gw_call_t *call)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     if (!gw_require_admin(call))
         return;
     char name[GW_SHM_NAME_MAX + 1];
@@ -85,7 +85,7 @@ void gw_route_shm_status(gw_call_t *call)
 
 void gw_route_shm_register(gw_call_t *call)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     if (!gw_require_admin(call))
         return;
     char name[GW_SHM_NAME_MAX + 1];
@@ -144,7 +144,7 @@ void gw_route_shm_register(gw_call_t *call)
 
 void gw_route_shm_unregister(gw_call_t *call)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     if (!gw_require_admin(call))
         return;
     char name[GW_SHM_NAME_MAX + 1];
@@ -162,7 +162,7 @@ void gw_route_shm_unregister(gw_call_t *call)
 
 void gw_route_cudashm_status(gw_call_t *call)
 {
-    gw_api_ctx_t *api = gw_api_of(call->srv);
+    gw_api_ctx_t *api = call->app;
     if (!gw_require_admin(call))
         return;
     if (call->nargs == 0) {

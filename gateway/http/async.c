@@ -57,7 +57,7 @@ gw_async_t *gw_async_new(gw_call_t *call, size_t size)
     gw_async_t *a = sq_xcalloc(1, size);
     a->reply_to = call->reply_to;
     a->req = call->req;
-    a->srv = call->srv;
+    a->app = call->app;
     a->refs = 2;
     async_anchor_t *anchor =
         h2o_mem_alloc_shared(&call->req->pool, sizeof(*anchor), on_anchor_dispose);

@@ -44,9 +44,6 @@ typedef struct {
     atomic_int *http_port;      /* the bound port, published for others */
     gw_offload_t *offload;      /* inflates large compressed bodies */
     gw_front_t *front;          /* --role frontend: the dispatcher's address (proxy.c); else NULL */
-    /* Handed to the routes (gw_call_t.srv) and app->done; this room never
-     * reads it. */
-    gw_server_t *srv;
 } gw_http_deps_t;
 
 /* The HTTP room's settings and handles from srv's (server.c, which wires
@@ -68,13 +65,12 @@ void gw_http_drain(gw_http_t *http, int timeout_ms);
  * room; accepts NULL. */
 void gw_http_stop(gw_http_t *http);
 
-/* What a route handler gets: the request, the server, the context of the
- * app it belongs to (gw_http_app_t.ctx), and the path segments matched by
- * '*' in the route's pattern (borrowed from the request). */
+/* What a route handler gets: the request, the context of the app it
+ * belongs to (gw_http_app_t.ctx), and the path segments matched by '*' in
+ * the route's pattern (borrowed from the request). */
 struct gw_http_ctx;
 typedef struct {
     h2o_req_t *req;
-    gw_server_t *srv;
     void *app; /* the serving app's ctx: what its routes need, given by its maker */
     const struct gw_http_ctx *http; /* the HTTP room's settings (http_int.h) */
     h2o_iovec_t args[GW_MAX_ROUTE_ARGS];
@@ -106,7 +102,7 @@ struct gw_async {
     h2o_multithread_receiver_t *reply_to;
     h2o_req_t *req; /* NULL once the client is gone */
     int refs;
-    gw_server_t *srv;
+    void *app; /* the call's app context (gw_call_t.app), for the job */
     /* Filled by the job: an error (SQ_*) with detail, or a status and body. */
     int err;
     char detail[512];
@@ -224,8 +220,8 @@ void gw_add_header(h2o_req_t *req, const char *name, const char *value);
 typedef struct gw_http_app {
     const gw_route_t *routes;
     size_t nroutes;
-    /* Handed to the routes, fallback and forward as gw_call_t.app; the
-     * room never reads it. */
+    /* Handed to the routes, fallback and forward as gw_call_t.app, to
+     * their jobs as gw_async_t.app, and to done; the room never reads it. */
     void *ctx;
     /* Optional: answers every request no route matches (else 404 or 405). */
     void (*fallback)(gw_call_t *call);
@@ -233,7 +229,8 @@ typedef struct gw_http_app {
     /* Optional: on a frontend, answers the routes it does not serve itself
      * (GW_TO_DISPATCHER; gw_proxy_to_dispatcher). */
     void (*forward)(gw_call_t *call);
-    void (*done)(gw_server_t *srv, h2o_req_t *req, const char *route, int64_t start_ns);
+    /* Optional: h2o is freeing req (its status is final); ctx is the app's. */
+    void (*done)(void *ctx, h2o_req_t *req, const char *route, int64_t start_ns);
 } gw_http_app_t;
 
 /* The route table's lookup, as the HTTP loops do it for every request

@@ -142,7 +142,7 @@ static void on_req_done(void *p)
 {
     req_done_t *d = p;
     if (d->app->done != NULL)
-        d->app->done(d->http->ctx.srv, d->req, d->route, d->start_ns);
+        d->app->done(d->app->ctx, d->req, d->route, d->start_ns);
     atomic_fetch_sub(&d->http->inflight, 1);
 }
 
@@ -162,8 +162,7 @@ static void route_request(req_done_t *inflight, h2o_req_t *req)
     const gw_http_ctx_t *ctx = &inflight->http->ctx;
     http_thread_t *t = H2O_STRUCT_FROM_MEMBER(http_thread_t, ctx, req->conn->ctx);
     const gw_http_app_t *app = inflight->app;
-    gw_call_t call = {
-        .req = req, .srv = ctx->srv, .app = app->ctx, .http = ctx, .reply_to = &t->async_receiver};
+    gw_call_t call = {.req = req, .app = app->ctx, .http = ctx, .reply_to = &t->async_receiver};
     char allow[64];
     const gw_route_t *route =
         gw__route_find(app, req->method, req->path_normalized, &call, allow, sizeof(allow));
@@ -278,7 +277,7 @@ static int inflate_body(req_done_t *inflight, h2o_req_t *req)
         rc = gw__inflate_run(z, SIZE_MAX, why, sizeof(why));
     if (rc == 1) {
         http_thread_t *t = H2O_STRUCT_FROM_MEMBER(http_thread_t, ctx, req->conn->ctx);
-        gw_call_t call = {.req = req, .srv = ctx->srv, .http = ctx, .reply_to = &t->async_receiver};
+        gw_call_t call = {.req = req, .http = ctx, .reply_to = &t->async_receiver};
         inflate_job_t *job = (inflate_job_t *)gw_async_new(&call, sizeof(*job));
         job->z = z;
         job->inflight = inflight;
@@ -552,8 +551,7 @@ void gw__http_ctx_fill(gw_http_ctx_t *ctx, const gw_http_deps_t *deps)
                            .stopping = deps->stopping,
                            .http_port = deps->http_port,
                            .offload = deps->offload,
-                           .front = deps->front,
-                           .srv = deps->srv};
+                           .front = deps->front};
 }
 
 int gw_http_start(const gw_http_deps_t *deps, const gw_http_app_t *app, gw_http_t **out, char *err,

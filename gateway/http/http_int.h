@@ -13,15 +13,15 @@
 
 /* The room's context, a copy of what gw_http_start was given
  * (gw__http_ctx_fill), then read-only: its settings, its handles, the
- * server's flags through the pointers given. The room never reads
- * gw_server_t: it hands srv on to the routes and app->done. */
+ * server's flags through the pointers given. The room never
+ * reads gw_server_t: what its routes need comes with their app
+ * (gw_call_t.app). */
 typedef struct gw_http_ctx {
     gw_http_config_t cfg;
     const atomic_int *stopping;
     atomic_int *http_port;
     gw_offload_t *offload;
     gw_front_t *front;
-    gw_server_t *srv;
 } gw_http_ctx_t;
 
 /* Fills ctx from deps, once, as the room is created. */

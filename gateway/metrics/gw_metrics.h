@@ -185,11 +185,12 @@ json_t *gw_metrics_model_stats(gw_metrics_t *ms, const gw_model_t *m);
 /* ---- glue for squishd's request paths (metrics_api.c) ----------------------- */
 
 struct gw_infer;
-struct gw_server;
+struct gw_api_ctx;
 /* An inference request is being answered (HTTP loop, in its respond
  * callback): records its outcome and stage times and logs one debug line. */
 void gw_metrics_infer_answered(struct gw_infer *req);
-/* A request for model m refused before it started (not ready, no worker). */
-void gw_metrics_infer_rejected(struct gw_server *srv, const gw_model_t *m, int err);
+/* A request for model m refused before it started (not ready, no worker),
+ * counted in the metrics of api, the API that refused it. */
+void gw_metrics_infer_rejected(const struct gw_api_ctx *api, const gw_model_t *m, int err);
 
 #endif
