@@ -255,13 +255,7 @@ static int conv_find(wk_plan_t *plan, int si, bool half, cudnnMathType_t math)
     for (int b = 1; lo <= g->max_batch; b = b * 2 < g->max_batch ? b * 2 : g->max_batch) {
         cudnnConvolutionFwdAlgoPerf_t perf[8];
         int found = 0;
-        if (half) {
-            DNN(wk__cuda_set_nhwc(be->td[0], x, b, be->dt16));
-            DNN(wk__cuda_set_nhwc(be->td[1], y, b, be->dt16));
-        } else {
-            DNN(wk__cuda_set_value(be->td[0], x, b));
-            DNN(wk__cuda_set_value(be->td[1], y, b));
-        }
+        DNN(wk__cuda_set_io(be, be->td[0], be->td[1], x, y, b, half));
         DNN(cudnnFindConvolutionForwardAlgorithm(be->dnn, be->td[0], cs->filter, cs->conv,
                                                  be->td[1], 8, &found, perf));
         /* fastest first; exact FP32 keeps to FMA math */
@@ -272,13 +266,7 @@ static int conv_find(wk_plan_t *plan, int si, bool half, cudnnMathType_t math)
                 pick = i;
         for (int k = lo; pick >= 0 && k <= b; k++) {
             size_t ws = 0;
-            if (half) {
-                DNN(wk__cuda_set_nhwc(be->td[2], x, k, be->dt16));
-                DNN(wk__cuda_set_nhwc(be->td[3], y, k, be->dt16));
-            } else {
-                DNN(wk__cuda_set_value(be->td[2], x, k));
-                DNN(wk__cuda_set_value(be->td[3], y, k));
-            }
+            DNN(wk__cuda_set_io(be, be->td[2], be->td[3], x, y, k, half));
             if (cudnnGetConvolutionForwardWorkspaceSize(be->dnn, be->td[2], cs->filter, cs->conv,
                                                         be->td[3], perf[pick].algo,
                                                         &ws) == CUDNN_STATUS_SUCCESS)
@@ -345,13 +333,7 @@ static int conv_setup(wk_plan_t *plan, int si, bool half, size_t *ws_need)
     for (int b = 1; b <= g->max_batch; b++) {
         cudnnConvolutionFwdAlgoPerf_t perf[8];
         int found = 0;
-        if (half) {
-            DNN(wk__cuda_set_nhwc(be->td[0], x, b, be->dt16));
-            DNN(wk__cuda_set_nhwc(be->td[1], y, b, be->dt16));
-        } else {
-            DNN(wk__cuda_set_value(be->td[0], x, b));
-            DNN(wk__cuda_set_value(be->td[1], y, b));
-        }
+        DNN(wk__cuda_set_io(be, be->td[0], be->td[1], x, y, b, half));
         DNN(cudnnGetConvolutionForwardAlgorithm_v7(be->dnn, be->td[0], cs->filter, cs->conv,
                                                    be->td[1], 8, &found, perf));
         /* the first that works (exact FP32: the first in FMA math, if any) */
@@ -370,13 +352,7 @@ static int conv_setup(wk_plan_t *plan, int si, bool half, size_t *ws_need)
         goto out;
     for (int b = 1; b <= g->max_batch; b++) {
         size_t ws = 0;
-        if (half) {
-            DNN(wk__cuda_set_nhwc(be->td[0], x, b, be->dt16));
-            DNN(wk__cuda_set_nhwc(be->td[1], y, b, be->dt16));
-        } else {
-            DNN(wk__cuda_set_value(be->td[0], x, b));
-            DNN(wk__cuda_set_value(be->td[1], y, b));
-        }
+        DNN(wk__cuda_set_io(be, be->td[0], be->td[1], x, y, b, half));
         DNN(cudnnGetConvolutionForwardWorkspaceSize(be->dnn, be->td[0], cs->filter, cs->conv,
                                                     be->td[1], cs->algo[b], &ws));
         if (ws > need)

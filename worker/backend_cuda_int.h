@@ -123,6 +123,11 @@ cudnnStatus_t wk__cuda_set_plain(cudnnTensorDescriptor_t d, int ndim, const int6
 cudnnStatus_t wk__cuda_set_value(cudnnTensorDescriptor_t d, const wk_value_t *v, int batch);
 cudnnStatus_t wk__cuda_set_nhwc(cudnnTensorDescriptor_t d, const wk_value_t *v, int batch,
                                 ck_dtype_t dt);
+/* A conv's or pooling's input and output descriptors at `batch`: NHWC in
+ * the plan's 16-bit type (half), else as the values lie in FP32. */
+cudnnStatus_t wk__cuda_set_io(const cuda_be_t *be, cudnnTensorDescriptor_t dx,
+                              cudnnTensorDescriptor_t dy, const wk_value_t *x, const wk_value_t *y,
+                              int batch, bool half);
 /* Converts value v (its own layout and type) to r in dst (device). */
 int wk__cuda_convert(wk_plan_t *plan, int v, int batch, cuda_rep_t r, void *dst);
 /* The whole step sequence at `batch`, outputs converted for the copy out

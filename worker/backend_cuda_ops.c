@@ -95,6 +95,17 @@ cudnnStatus_t wk__cuda_set_nhwc(cudnnTensorDescriptor_t d, const wk_value_t *v, 
                                       (int)x[1], (int)x[2], (int)x[3]);
 }
 
+cudnnStatus_t wk__cuda_set_io(const cuda_be_t *be, cudnnTensorDescriptor_t dx,
+                              cudnnTensorDescriptor_t dy, const wk_value_t *x, const wk_value_t *y,
+                              int batch, bool half)
+{
+    cudnnStatus_t st =
+        half ? wk__cuda_set_nhwc(dx, x, batch, be->dt16) : wk__cuda_set_value(dx, x, batch);
+    if (st != CUDNN_STATUS_SUCCESS)
+        return st;
+    return half ? wk__cuda_set_nhwc(dy, y, batch, be->dt16) : wk__cuda_set_value(dy, y, batch);
+}
+
 /* ---- tensors for the kernels ---- */
 
 static void *vptr(cuda_be_t *be, int v)
@@ -237,13 +248,7 @@ static int run_conv(wk_plan_t *plan, int si, int batch)
     ck_ten_t xt, wt;
     if ((rc = input(plan, si, 0, batch, &xt)) != 0 || (rc = input(plan, si, 1, batch, &wt)) != 0)
         goto out;
-    if (cs->half) {
-        DNN(wk__cuda_set_nhwc(be->td[0], x, batch, be->dt16));
-        DNN(wk__cuda_set_nhwc(be->td[1], y, batch, be->dt16));
-    } else {
-        DNN(wk__cuda_set_value(be->td[0], x, batch));
-        DNN(wk__cuda_set_value(be->td[1], y, batch));
-    }
+    DNN(wk__cuda_set_io(be, be->td[0], be->td[1], x, y, batch, cs->half));
     /* cuDNN's fused call: y = act(conv(x) + alpha2 z + bias), the residual
      * as z (alpha2 0 when there is none: z is then not read, cuDNN's rule
      * for a zero blend factor). Identity needs the implicit precomputed
@@ -291,13 +296,7 @@ static int run_pool(wk_plan_t *plan, int si, int batch)
     if ((rc = input(plan, si, 0, batch, &xt)) != 0)
         goto out;
     const void *xp = xt.p;
-    if (cs->half) {
-        DNN(wk__cuda_set_nhwc(be->td[0], x, batch, be->dt16));
-        DNN(wk__cuda_set_nhwc(be->td[1], y, batch, be->dt16));
-    } else {
-        DNN(wk__cuda_set_value(be->td[0], x, batch));
-        DNN(wk__cuda_set_value(be->td[1], y, batch));
-    }
+    DNN(wk__cuda_set_io(be, be->td[0], be->td[1], x, y, batch, cs->half));
     if (cs->pad_explicit) {
         /* Asymmetric pads (FP32 only): copy into a -inf (max) or 0 (avg)
          * frame first. */
