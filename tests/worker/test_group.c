@@ -2,6 +2,8 @@
  * (scripts/export_models.py) share every layer but the final Gemm. A group
  * runs their backbone once over a mixed batch and each classifier on its
  * rows; every row must match running its own model alone, and torch. */
+#include "test_files.h"
+
 #include <criterion/criterion.h>
 #include <math.h>
 #include <mdb_graph.h>
@@ -14,30 +16,12 @@
 #define PER 1000
 #define HW (3 * 224 * 224)
 
-static void *slurp(const char *name, size_t *len)
-{
-    const char *dir = getenv("SQUISH_TEST_MODELS");
-    cr_assert_not_null(dir, "SQUISH_TEST_MODELS is not set");
-    char path[1024];
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "missing %s (run scripts/export_models.py)", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *p = malloc((size_t)n + 1);
-    cr_assert_eq(fread(p, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return p;
-}
-
 static mdb_graph_t *load(const char *name)
 {
     char file[256];
     size_t len;
     snprintf(file, sizeof(file), "%s.onnx", name);
-    void *bytes = slurp(file, &len);
+    void *bytes = test_slurp(file, &len);
     mdb_graph_t *g = NULL;
     mdb_import_error_t err;
     cr_assert_eq(mdb_onnx_import(bytes, len, &g, &err), 0, "import %s: %s", name, err.detail);
@@ -104,12 +88,12 @@ Test(group, mixed_batch_matches_each_model_alone_and_torch, .timeout = 300)
     cr_assert_eq(wk_group_output_elems(p.grp, 1), PER);
 
     size_t len;
-    float *in = slurp("resnet18_ft_a.b8.input.f32", &len);
+    float *in = test_slurp("resnet18_ft_a.b8.input.f32", &len);
     cr_assert_eq(len, (size_t)8 * HW * sizeof(float));
     float *ref[2];
-    ref[0] = slurp("resnet18_ft_a.b8.output.f32", &len);
-    ref[1] = slurp("resnet18_ft_b.b8.output.f32", &len);
-    float *in_b = slurp("resnet18_ft_b.b8.input.f32", &len);
+    ref[0] = test_slurp("resnet18_ft_a.b8.output.f32", &len);
+    ref[1] = test_slurp("resnet18_ft_b.b8.output.f32", &len);
+    float *in_b = test_slurp("resnet18_ft_b.b8.input.f32", &len);
     cr_assert_eq(memcmp(in, in_b, len), 0, "the variants' references use the same images");
     free(in_b);
 

@@ -3,6 +3,8 @@
  * max batch 8, run at batch 1 and at batch 8 (eight distinct images), and
  * compared with torch's own outputs. Tolerance: 1e-4 of the output's
  * largest magnitude (fp32 accumulation order differs from torch's). */
+#include "test_files.h"
+
 #include <criterion/criterion.h>
 #include <math.h>
 #include <mdb_graph.h>
@@ -12,29 +14,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <wk_exec_int.h>
-
-static void *slurp(const char *dir, const char *name, size_t *len)
-{
-    char path[1024];
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "missing %s (run scripts/export_models.py)", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *p = malloc((size_t)n + 1);
-    cr_assert_eq(fread(p, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return p;
-}
-
-static const char *models_dir(void)
-{
-    const char *d = getenv("SQUISH_TEST_MODELS");
-    cr_assert_not_null(d, "SQUISH_TEST_MODELS is not set");
-    return d;
-}
 
 /* Items 0..batch-1 of torch's batch-8 reference (eight distinct images,
  * each output torch's for its own image), or its batch-1 one. */
@@ -48,9 +27,9 @@ static ref_t load_ref(const char *dir, const char *name, int batch, int64_t per)
     size_t in_len, out_len;
     ref_t r;
     snprintf(file, sizeof(file), "%s.b%d.input.f32", name, batch);
-    r.in = slurp(dir, file, &in_len);
+    r.in = test_slurp_in(dir, file, &in_len);
     snprintf(file, sizeof(file), "%s.b%d.output.f32", name, batch);
-    r.out = slurp(dir, file, &out_len);
+    r.out = test_slurp_in(dir, file, &out_len);
     cr_assert_eq(in_len, (size_t)batch * 3 * 224 * 224 * sizeof(float));
     cr_assert_eq(out_len, (size_t)(batch * per) * sizeof(float));
     return r;
@@ -62,11 +41,11 @@ static ref_t load_ref(const char *dir, const char *name, int batch, int64_t per)
  * many plans per batch size (wk_plan_t.each). */
 static void check_model_at(const char *name, const int *batches, int n_batches, int n_plans)
 {
-    const char *dir = models_dir();
+    const char *dir = test_models_dir();
     char file[256];
     size_t len;
     snprintf(file, sizeof(file), "%s.onnx", name);
-    void *bytes = slurp(dir, file, &len);
+    void *bytes = test_slurp_in(dir, file, &len);
     mdb_graph_t *g = NULL;
     mdb_import_error_t err;
     cr_assert_eq(mdb_onnx_import(bytes, len, &g, &err), 0, "import %s: %s", name, err.detail);

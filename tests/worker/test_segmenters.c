@@ -5,6 +5,8 @@
  * backend has no Resize), planned on the cpu backend for max batch 2, run
  * at batch 1 and 2 and compared with torch's outputs within 1e-4 of their
  * largest magnitude. */
+#include "test_files.h"
+
 #include <criterion/criterion.h>
 #include <math.h>
 #include <mdb_graph.h>
@@ -17,30 +19,12 @@
 #define CLASSES 21
 #define HW 160
 
-static float *slurp(const char *name, size_t *len)
-{
-    const char *dir = getenv("SQUISH_TEST_MODELS");
-    cr_assert_not_null(dir, "SQUISH_TEST_MODELS is not set");
-    char path[1024];
-    snprintf(path, sizeof(path), "%s/%s", dir, name);
-    FILE *f = fopen(path, "rb");
-    cr_assert_not_null(f, "missing %s (run scripts/export_models.py)", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    void *p = malloc((size_t)n + 1);
-    cr_assert_eq(fread(p, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return p;
-}
-
 static void check_segmenter(const char *name)
 {
     char file[256];
     size_t len;
     snprintf(file, sizeof(file), "%s.onnx", name);
-    void *bytes = slurp(file, &len);
+    void *bytes = test_slurp(file, &len);
     mdb_graph_t *g = NULL;
     mdb_import_error_t err;
     cr_assert_eq(mdb_onnx_import(bytes, len, &g, &err), 0, "import %s: %s", name, err.detail);
@@ -69,9 +53,9 @@ static void check_segmenter(const char *name)
     for (int batch = 1; batch <= 2; batch++) {
         size_t in_len, out_len;
         snprintf(file, sizeof(file), "%s.b%d.input.f32", name, batch);
-        float *in = slurp(file, &in_len);
+        float *in = test_slurp(file, &in_len);
         snprintf(file, sizeof(file), "%s.b%d.output.f32", name, batch);
-        float *want = slurp(file, &out_len);
+        float *want = test_slurp(file, &out_len);
         cr_assert_eq(in_len, (size_t)batch * 3 * HW * HW * sizeof(float));
         cr_assert_eq(out_len, (size_t)(batch * per) * sizeof(float));
         float *got = malloc(out_len);

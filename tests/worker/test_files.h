@@ -1,0 +1,42 @@
+/* The worker tests' exports (scripts/export_models.py writes them into
+ * $SQUISH_TEST_MODELS at build time), read whole. */
+#ifndef TEST_FILES_H
+#define TEST_FILES_H
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* The exports' folder; fails the test when the variable is not set. */
+static inline const char *test_models_dir(void)
+{
+    const char *d = getenv("SQUISH_TEST_MODELS");
+    cr_assert_not_null(d, "SQUISH_TEST_MODELS is not set");
+    return d;
+}
+
+/* dir/name whole, malloc'd (one byte more than *len); fails the test when
+ * the file is missing. */
+static inline void *test_slurp_in(const char *dir, const char *name, size_t *len)
+{
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "missing %s (run scripts/export_models.py)", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *p = malloc((size_t)n + 1);
+    cr_assert_eq(fread(p, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return p;
+}
+
+/* name in the exports' folder. */
+static inline void *test_slurp(const char *name, size_t *len)
+{
+    return test_slurp_in(test_models_dir(), name, len);
+}
+
+#endif
