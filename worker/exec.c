@@ -507,6 +507,22 @@ static void copy_outputs(const wk_plan_t *plan, int batch, float *const *outputs
     }
 }
 
+/* Runs a holder's batch in sub, its plan for size >= batch: directly when
+ * the sizes match, else padded through the holder's scratch, the first
+ * batch items of each output copied out. */
+static int run_each(wk_plan_t *plan, wk_plan_t *sub, int batch, int size,
+                    const float *const *inputs, float *const *outputs, bool inplace)
+{
+    if (batch == size)
+        return from_each(plan, sub,
+                         inplace ? wk__plan_run_inplace(sub, 1, inputs, outputs)
+                                 : wk_plan_run(sub, 1, inputs, outputs));
+    int rc = run_each_scratch(plan, sub, batch, size, inputs, inplace);
+    if (rc == 0)
+        copy_outputs(plan, batch, outputs);
+    return rc;
+}
+
 /* Item b's row, out + b * row_elems, gets its slice of each output in
  * plan->out_ptrs in turn; an output without the batch is the same for
  * every item and copied whole into each row. */
@@ -543,14 +559,8 @@ int wk_plan_run(wk_plan_t *plan, int batch, const float *const *inputs, float *c
 {
     int size = 0;
     wk_plan_t *sub = runs_each(plan, batch, &size);
-    if (sub != NULL && batch == size)
-        return from_each(plan, sub, wk_plan_run(sub, 1, inputs, outputs));
-    if (sub != NULL) {
-        int rc = run_each_scratch(plan, sub, batch, size, inputs, false);
-        if (rc == 0)
-            copy_outputs(plan, batch, outputs);
-        return rc;
-    }
+    if (sub != NULL)
+        return run_each(plan, sub, batch, size, inputs, outputs, false);
     if (runs_small(plan, batch))
         return from_small(plan, wk_plan_run(plan->small, batch, inputs, outputs));
     int rc = check_batch(plan, batch);
@@ -569,14 +579,8 @@ int wk__plan_run_inplace(wk_plan_t *plan, int batch, const float *const *inputs,
 {
     int size = 0;
     wk_plan_t *sub = runs_each(plan, batch, &size);
-    if (sub != NULL && batch == size)
-        return from_each(plan, sub, wk__plan_run_inplace(sub, 1, inputs, outputs));
-    if (sub != NULL) {
-        int rc = run_each_scratch(plan, sub, batch, size, inputs, true);
-        if (rc == 0)
-            copy_outputs(plan, batch, outputs);
-        return rc;
-    }
+    if (sub != NULL)
+        return run_each(plan, sub, batch, size, inputs, outputs, true);
     if (runs_small(plan, batch))
         return from_small(plan, wk__plan_run_inplace(plan->small, batch, inputs, outputs));
     int rc = check_batch(plan, batch);
