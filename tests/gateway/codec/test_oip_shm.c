@@ -3,59 +3,16 @@
  * the limits Triton checks on them, and the response of an output written
  * into one. The regions themselves are the API's (tests/integration/
  * test_shm.py). */
-#include <criterion/criterion.h>
-#include <gw_codec.h>
-#include <jansson.h>
-#include <sq.h>
+#include "oip_test.h"
 
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-/* Input FP32 [N,3,4,4] (also UINT8 and BYTES), outputs logits [N,10] and
- * features [N,2,2]; shared memory taken. */
+/* oip_test.h's small model (input FP32 [N,3,4,4], also UINT8 and BYTES;
+ * outputs logits [N,10] and features [N,2,2]), shared memory taken. */
 static gw_oip_model_t shm_model(void)
 {
-    gw_oip_model_t m = {0};
-    m.ninputs = 1;
-    strcpy(m.inputs[0].name, "input");
-    m.inputs[0].datatype = GW_OIP_FP32;
-    m.inputs[0].accept = (1u << GW_OIP_FP32) | (1u << GW_OIP_UINT8) | (1u << GW_OIP_BYTES);
-    m.inputs[0].item_ndim = 3;
-    m.inputs[0].item_shape[0] = 3;
-    m.inputs[0].item_shape[1] = 4;
-    m.inputs[0].item_shape[2] = 4;
-    m.noutputs = 2;
-    strcpy(m.outputs[0].name, "logits");
-    m.outputs[0].item_ndim = 1;
-    m.outputs[0].item_shape[0] = 10;
-    strcpy(m.outputs[1].name, "features");
-    m.outputs[1].item_ndim = 2;
-    m.outputs[1].item_shape[0] = 2;
-    m.outputs[1].item_shape[1] = 2;
-    m.max_batch = 8;
+    gw_oip_model_t m = small_model();
     m.max_image_bytes = 1000;
     m.shared_memory = 1;
     return m;
-}
-
-static char err[512];
-
-static int parse(const char *json, const gw_oip_model_t *m, gw_oip_request_t *r)
-{
-    err[0] = '\0';
-    return gw_oip_request_parse((const uint8_t *)json, strlen(json), -1, m, r, err, sizeof(err));
-}
-
-static void expect_error(const char *json, const gw_oip_model_t *m, int code, const char *what)
-{
-    gw_oip_request_t r;
-    int rc = parse(json, m, &r);
-    cr_assert_eq(rc, code, "expected %s, got %s (%s) for %s", sq_err_name(code), sq_err_name(rc),
-                 err, json);
-    cr_assert(strstr(err, what) != NULL, "message \"%s\" lacks \"%s\"", err, what);
-    cr_assert_eq(r.batch, 0, "a failed request is left empty");
-    gw_oip_request_dispose(&r);
 }
 
 #define INPUT_HEAD "{\"inputs\":[{\"name\":\"input\",\"shape\":[2,3,4,4],\"datatype\":\"FP32\","
@@ -64,7 +21,8 @@ Test(oip_shm, an_fp32_input_names_its_window_and_takes_the_regions_bytes)
 {
     gw_oip_model_t m = shm_model();
     gw_oip_request_t r;
-    int rc = parse(INPUT_HEAD "\"parameters\":{\"shared_memory_region\":\"in_0\","
+    int rc =
+        parse_json(INPUT_HEAD "\"parameters\":{\"shared_memory_region\":\"in_0\","
                               "\"shared_memory_offset\":64,\"shared_memory_byte_size\":384}}]}",
                    &m, &r);
     cr_assert_eq(rc, 0, "%s", err);
@@ -91,9 +49,10 @@ Test(oip_shm, an_fp32_input_names_its_window_and_takes_the_regions_bytes)
     gw_oip_request_dispose(&r);
 
     /* The offset is optional (0), and UINT8 tensors take a byte each. */
-    rc = parse("{\"inputs\":[{\"name\":\"input\",\"shape\":[1,3,4,4],\"datatype\":\"UINT8\","
-               "\"parameters\":{\"shared_memory_region\":\"u\",\"shared_memory_byte_size\":48}}]}",
-               &m, &r);
+    rc = parse_json(
+        "{\"inputs\":[{\"name\":\"input\",\"shape\":[1,3,4,4],\"datatype\":\"UINT8\","
+        "\"parameters\":{\"shared_memory_region\":\"u\",\"shared_memory_byte_size\":48}}]}",
+        &m, &r);
     cr_assert_eq(rc, 0, "%s", err);
     cr_assert_eq(r.inputs[0].shm.offset, 0);
     cr_assert_eq(gw_oip_input_set_bytes(&r, &m, 0, region, 48, err, sizeof(err)), 0, "%s", err);
@@ -176,7 +135,7 @@ Test(oip_shm, refusals_name_the_parameter)
                         "\"shared_memory_byte_size\":384}}]}",
              name);
     gw_oip_request_t r;
-    cr_assert_eq(parse(json, &m, &r), 0, "%s", err);
+    cr_assert_eq(parse_json(json, &m, &r), 0, "%s", err);
     cr_assert_eq(strlen(r.inputs[0].shm.region), 127);
     gw_oip_request_dispose(&r);
 }
@@ -221,7 +180,7 @@ Test(oip_shm, bytes_elements_are_length_prefixed_as_in_the_binary_extension)
              "}]}",
              n);
     gw_oip_request_t r;
-    cr_assert_eq(parse(json, &m, &r), 0, "%s", err);
+    cr_assert_eq(parse_json(json, &m, &r), 0, "%s", err);
     cr_assert_eq(gw_oip_input_set_bytes(&r, &m, 0, region, n, err, sizeof(err)), 0, "%s", err);
     cr_assert_eq(r.inputs[0].rows[0].len, 3);
     cr_assert_eq(memcmp(r.inputs[0].rows[0].data, "abc", 3), 0);
@@ -235,7 +194,7 @@ Test(oip_shm, bytes_elements_are_length_prefixed_as_in_the_binary_extension)
              "\"parameters\":{\"shared_memory_region\":\"jpegs\",\"shared_memory_byte_size\":%zu}"
              "}]}",
              n);
-    cr_assert_eq(parse(json, &m, &r), 0, "%s", err);
+    cr_assert_eq(parse_json(json, &m, &r), 0, "%s", err);
     cr_assert_eq(gw_oip_input_set_bytes(&r, &m, 0, region, n, err, sizeof(err)), SQ_BAD_TENSOR);
     cr_assert(strstr(err, "inputs[0] (region \"jpegs\"): 9 bytes after the 1 elements") != NULL,
               "%s", err);
@@ -246,7 +205,7 @@ Test(oip_shm, bytes_elements_are_length_prefixed_as_in_the_binary_extension)
              "\"parameters\":{\"shared_memory_region\":\"jpegs\",\"shared_memory_byte_size\":%zu}"
              "}]}",
              n);
-    cr_assert_eq(parse(json, &m, &r), 0, "%s", err);
+    cr_assert_eq(parse_json(json, &m, &r), 0, "%s", err);
     cr_assert_eq(gw_oip_input_set_bytes(&r, &m, 0, region, n, err, sizeof(err)), SQ_BAD_TENSOR);
     cr_assert(strstr(err, "element 2: missing its 4-byte length") != NULL, "%s", err);
     gw_oip_request_dispose(&r);
@@ -255,10 +214,10 @@ Test(oip_shm, bytes_elements_are_length_prefixed_as_in_the_binary_extension)
     uint8_t big[1200] = {0};
     uint32_t len = 1100;
     memcpy(big, &len, 4);
-    cr_assert_eq(parse("{\"inputs\":[{\"name\":\"input\",\"shape\":[1],\"datatype\":\"BYTES\","
-                       "\"parameters\":{\"shared_memory_region\":\"j\","
-                       "\"shared_memory_byte_size\":1104}}]}",
-                       &m, &r),
+    cr_assert_eq(parse_json("{\"inputs\":[{\"name\":\"input\",\"shape\":[1],\"datatype\":\"BYTES\","
+                            "\"parameters\":{\"shared_memory_region\":\"j\","
+                            "\"shared_memory_byte_size\":1104}}]}",
+                            &m, &r),
                  0, "%s", err);
     cr_assert_eq(gw_oip_input_set_bytes(&r, &m, 0, big, 1104, err, sizeof(err)), SQ_TOO_LARGE, "%s",
                  err);
@@ -270,16 +229,16 @@ Test(oip_shm, set_bytes_refuses_what_is_not_a_shared_memory_input)
     gw_oip_model_t m = shm_model();
     gw_oip_request_t r;
     uint8_t region[384] = {0};
-    cr_assert_eq(parse("{\"inputs\":[{\"name\":\"input\",\"shape\":[1],\"datatype\":\"BYTES\","
-                       "\"data\":[\"QUJD\"]}]}",
-                       &m, &r),
+    cr_assert_eq(parse_json("{\"inputs\":[{\"name\":\"input\",\"shape\":[1],\"datatype\":\"BYTES\","
+                            "\"data\":[\"QUJD\"]}]}",
+                            &m, &r),
                  0, "%s", err);
     cr_assert_eq(gw_oip_input_set_bytes(&r, &m, 0, region, 3, err, sizeof(err)), SQ_INVAL);
     cr_assert_eq(gw_oip_input_set_bytes(&r, &m, 1, region, 3, err, sizeof(err)), SQ_INVAL);
     gw_oip_request_dispose(&r);
-    cr_assert_eq(parse(INPUT_HEAD "\"parameters\":{\"shared_memory_region\":\"in\","
-                                  "\"shared_memory_byte_size\":384}}]}",
-                       &m, &r),
+    cr_assert_eq(parse_json(INPUT_HEAD "\"parameters\":{\"shared_memory_region\":\"in\","
+                                       "\"shared_memory_byte_size\":384}}]}",
+                            &m, &r),
                  0, "%s", err);
     cr_assert_eq(gw_oip_input_set_bytes(&r, &m, 0, region, 383, err, sizeof(err)), SQ_INVAL,
                  "only its byte size is taken");
@@ -294,7 +253,8 @@ Test(oip_shm, an_output_names_a_window_that_holds_it)
 {
     gw_oip_model_t m = shm_model();
     gw_oip_request_t r;
-    int rc = parse(BYTES_INPUT "\"parameters\":{\"binary_data_output\":true},\"outputs\":["
+    int rc =
+        parse_json(BYTES_INPUT "\"parameters\":{\"binary_data_output\":true},\"outputs\":["
                                "{\"name\":\"features\",\"parameters\":{\"shared_memory_region\":"
                                "\"out\",\"shared_memory_offset\":8,\"shared_memory_byte_size\":"
                                "100}},{\"name\":\"logits\"}]}",
@@ -319,10 +279,11 @@ Test(oip_shm, an_output_names_a_window_that_holds_it)
                  &m, SQ_BAD_TENSOR,
                  "outputs[0].parameters.shared_memory_byte_size: 31 bytes cannot hold FP32 "
                  "[2,2,2] (32 bytes)");
-    cr_assert_eq(parse(BYTES_INPUT "\"outputs\":[{\"name\":\"features\",\"parameters\":{"
-                                   "\"shared_memory_region\":\"out\",\"shared_memory_byte_size\":"
-                                   "32}}]}",
-                       &m, &r),
+    cr_assert_eq(parse_json(BYTES_INPUT
+                            "\"outputs\":[{\"name\":\"features\",\"parameters\":{"
+                            "\"shared_memory_region\":\"out\",\"shared_memory_byte_size\":"
+                            "32}}]}",
+                            &m, &r),
                  0, "%s", err);
     gw_oip_request_dispose(&r);
 
@@ -348,10 +309,10 @@ Test(oip_shm, an_output_names_a_window_that_holds_it)
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
         expect_error(bad[i].json, &m, SQ_BAD_REQUEST, bad[i].what);
     /* binary_data false is what Triton's client sends with shared memory. */
-    cr_assert_eq(parse(BYTES_INPUT "\"outputs\":[{\"name\":\"logits\",\"parameters\":{"
-                                   "\"binary_data\":false,\"shared_memory_region\":\"out\","
-                                   "\"shared_memory_byte_size\":80}}]}",
-                       &m, &r),
+    cr_assert_eq(parse_json(BYTES_INPUT "\"outputs\":[{\"name\":\"logits\",\"parameters\":{"
+                                        "\"binary_data\":false,\"shared_memory_region\":\"out\","
+                                        "\"shared_memory_byte_size\":80}}]}",
+                            &m, &r),
                  0, "%s", err);
     gw_oip_request_dispose(&r);
 }
@@ -360,11 +321,12 @@ Test(oip_shm, the_response_names_the_region_instead_of_data)
 {
     gw_oip_model_t m = shm_model();
     gw_oip_request_t r;
-    cr_assert_eq(parse(BYTES_INPUT "\"outputs\":[{\"name\":\"features\",\"parameters\":{"
-                                   "\"shared_memory_region\":\"out\",\"shared_memory_offset\":16,"
-                                   "\"shared_memory_byte_size\":64}},{\"name\":\"logits\","
-                                   "\"parameters\":{\"binary_data\":true}}]}",
-                       &m, &r),
+    cr_assert_eq(parse_json(BYTES_INPUT
+                            "\"outputs\":[{\"name\":\"features\",\"parameters\":{"
+                            "\"shared_memory_region\":\"out\",\"shared_memory_offset\":16,"
+                            "\"shared_memory_byte_size\":64}},{\"name\":\"logits\","
+                            "\"parameters\":{\"binary_data\":true}}]}",
+                            &m, &r),
                  0, "%s", err);
     float logits[20], features[8];
     for (int i = 0; i < 20; i++)
@@ -412,12 +374,13 @@ Test(oip_shm, errors_of_the_second_input_name_its_place_in_the_request)
     m.inputs[1].item_shape[0] = 2;
     gw_oip_request_t r;
     /* "scale" comes first in the request, the image second. */
-    cr_assert_eq(parse("{\"inputs\":[{\"name\":\"scale\",\"shape\":[1,2],\"datatype\":\"FP32\","
-                       "\"data\":[1,2]},{\"name\":\"input\",\"shape\":[1],\"datatype\":\"BYTES\","
-                       "\"parameters\":{\"shared_memory_region\":\"img\","
-                       "\"shared_memory_byte_size\":3}}]}",
-                       &m, &r),
-                 0, "%s", err);
+    cr_assert_eq(
+        parse_json("{\"inputs\":[{\"name\":\"scale\",\"shape\":[1,2],\"datatype\":\"FP32\","
+                   "\"data\":[1,2]},{\"name\":\"input\",\"shape\":[1],\"datatype\":\"BYTES\","
+                   "\"parameters\":{\"shared_memory_region\":\"img\","
+                   "\"shared_memory_byte_size\":3}}]}",
+                   &m, &r),
+        0, "%s", err);
     cr_assert_eq(r.inputs[0].position, 1);
     cr_assert_eq(r.inputs[1].position, 0);
     uint8_t three[3] = {1, 2, 3};
