@@ -34,8 +34,8 @@
     X(BAD_MODEL, "bad_model", 400,                                                                 \
       "the model file could not be parsed: send an ONNX file (a ModelProto)")                      \
     X(DEADLINE, "deadline", 503,                                                                   \
-      "the deadline cannot be met: the message says the least SLO that can be; Retry-After only "  \
-      "when a retry can succeed")                                                                  \
+      "the deadline could not be met under the current load: retry after Retry-After; the "        \
+      "message says the least SLO the request can meet")                                           \
     X(OVERLOAD, "overloaded", 503,                                                                 \
       "server overloaded (--max-inflight requests in flight); retry after Retry-After")            \
     X(NO_WORKER, "no_worker", 503,                                                                 \
@@ -54,7 +54,10 @@
       "the model is unloaded; POST /v2/repository/models/{name}/load serves it again")             \
     X(STANDBY, "standby", 503, "this squishd is a standby; ask the leader")                        \
     X(IN_USE, "in_use", 409,                                                                       \
-      "a stored pipeline uses the model: the message names it; ?force=true goes ahead")
+      "a stored pipeline uses the model: the message names it; ?force=true goes ahead")            \
+    X(SLO_TOO_TIGHT, "slo_too_tight", 400,                                                         \
+      "the SLO is below the least the model or pipeline takes alone on idle workers: ask for the " \
+      "least the message names or more, or for none (best effort)")
 
 enum {
 #define SQ_ERR_ENUM_(e, name, status, msg) SQ_ERR_##e##_IDX_,

@@ -23,6 +23,19 @@ Test(error, names_messages_and_statuses_come_from_the_table)
     cr_assert_str_eq(sq_err_msg(SQ_OK), "success");
 }
 
+Test(error, an_slo_no_retry_can_meet_is_a_4xx_and_a_deadline_missed_under_load_a_503)
+{
+    /* The caller's contract: a 4xx says what to send instead; a 503 only
+     * where a retry can succeed. */
+    cr_assert_str_eq(sq_err_name(SQ_SLO_TOO_TIGHT), "slo_too_tight");
+    cr_assert_eq(sq_err_http_status(SQ_SLO_TOO_TIGHT), 400);
+    cr_assert(strstr(sq_err_msg(SQ_SLO_TOO_TIGHT), "ask for") != NULL, "%s",
+              sq_err_msg(SQ_SLO_TOO_TIGHT));
+    cr_assert_eq(sq_err_http_status(SQ_DEADLINE), 503);
+    cr_assert(strstr(sq_err_msg(SQ_DEADLINE), "Retry-After") != NULL, "%s",
+              sq_err_msg(SQ_DEADLINE));
+}
+
 Test(error, unknown_values_are_reported_not_crashed)
 {
     cr_assert_str_eq(sq_err_name(-100000), "unknown");
