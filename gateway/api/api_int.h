@@ -78,6 +78,7 @@ struct gw_infer {
     double slo_asked_ms;  /* what the request asked for when the cap cut it; 0 otherwise */
     int slo_refused;      /* gw_infer_check_feasible refused its SLO, saying why and what works */
     int slo_from_timeout; /* slo_ms is Triton's parameters.timeout (given in us) */
+    double least_ms; /* failed for its deadline: the least SLO its items can meet (0: unknown) */
     /* Who set slo_ms: "request" (X-SLO-Ms, ?slo_ms=, parameters.slo_ms or
      * Triton's timeout), "model" (its default_slo_ms) or "server"
      * (--default-slo-ms). Every answer says it (x-slo-source). */

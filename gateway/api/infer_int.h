@@ -42,8 +42,9 @@ int gw_infer_request_slo(gw_infer_t *req, h2o_req_t *hreq, double *slo);
  * for, Triton's numbers (gw_priority_level), in *priority (-1: none); -1
  * after rejecting a malformed one. */
 int gw_infer_request_priority(gw_infer_t *req, h2o_req_t *hreq, int64_t *priority);
-/* Refuses at once, saying what would work, an SLO below the least the
- * model can meet (gw_sched_least); 0, or -1 after rejecting. */
+/* Refuses at once (400 slo_too_tight), saying what would work, an SLO
+ * below the least the model can meet (gw_sched_least); 0, or -1 after
+ * rejecting. */
 int gw_infer_check_feasible(gw_infer_t *req);
 /* s as a finite number > 0 in *out; 0, or -1 (out untouched). */
 int gw_infer_parse_positive(const char *s, double *out);
@@ -75,16 +76,24 @@ gw_infer_timing_t gw_infer_timing(const gw_infer_t *req);
 /* Headers of every inference answer: its id, the SLO it was served under,
  * and a warning when --max-request-ms cut the one asked for. */
 void gw_infer_answer_headers(gw_infer_t *req, h2o_req_t *hreq);
-/* A failed request's answer, saying what SLO would work where one can. */
+/* The code a request failed with err answers with, once its items take
+ * least ms alone on an idle worker (0: unknown): SQ_SLO_TOO_TIGHT for a
+ * deadline failure whose SLO is below least (no retry can serve it),
+ * err otherwise. */
+int gw_infer_failure_code(const gw_infer_t *req, double least);
+/* Settles the answer about to be sent, before anything records it: a
+ * failed request's code (gw_infer_failure_code, on the least its items
+ * take now, kept in least_ms) and the status for its trace (answer_v2
+ * sets a failure to encode); hreq is not read once the answer is sent. */
+void gw_infer_settle(gw_infer_t *req);
+/* A failed request's answer (after gw_infer_settle), saying what SLO
+ * would work where one can. */
 void gw_infer_send_failure(gw_infer_t *req, h2o_req_t *hreq);
 /* A request dropped or refused for its deadline (err, err_detail), whose
  * items take least ms alone on an idle worker (> 0): why, saying the SLO it
  * had and what would work. Returns whether a retry can succeed (its SLO is
  * not below least). */
 int gw_infer_failure_why(const gw_infer_t *req, double least, char *why, size_t len);
-/* The status of the answer about to be sent, for its trace (answer_v2
- * sets a failure to encode); hreq is not read once the answer is sent. */
-void gw_infer_status_for_trace(gw_infer_t *req);
 
 /* ---- /v1 (infer_v1.c) --------------------------------------------------- */
 

@@ -67,11 +67,31 @@ static double least_slo_ms(const gw_infer_t *req)
     return (double)(least.run_us + least.margin_us) / 1000.0;
 }
 
+int gw_infer_failure_code(const gw_infer_t *req, double least)
+{
+    if (req->err != SQ_DEADLINE || !(req->slo_ms > 0) || !(least > 0))
+        return req->err;
+    return req->slo_ms < least ? SQ_SLO_TOO_TIGHT : SQ_DEADLINE;
+}
+
+void gw_infer_settle(gw_infer_t *req)
+{
+    int failed = atomic_load(&req->failed);
+    /* A gone client's request was abandoned, not refused: it stays as it
+     * is (nobody reads the answer, the metrics count it dropped). */
+    if (failed && !req->slo_refused && failed != GW_ABANDONED_GONE && req->err == SQ_DEADLINE &&
+        req->slo_ms > 0) {
+        req->least_ms = least_slo_ms(req);
+        req->err = gw_infer_failure_code(req, req->least_ms);
+    }
+    req->reply_status = failed ? sq_err_http_status(req->err) : 200;
+}
+
 /* A failed request's answer. A request refused or dropped for its deadline
- * says the SLO it had and the least one it can meet; a 503 carries
- * Retry-After only where a retry can succeed: not when its SLO is below
- * what its items take alone on an idle worker (issue 23: "Retry-After: 1"
- * on a request no retry could ever serve). */
+ * says the SLO it had and the least one it can meet; one whose SLO is
+ * below what its items take alone on an idle worker is slo_too_tight
+ * (400: no retry can serve it, the client must ask for more), one missed
+ * under the load is deadline (503 with Retry-After: a retry can make it). */
 void gw_infer_send_failure(gw_infer_t *req, h2o_req_t *hreq)
 {
     gw_infer_answer_headers(req, hreq);
@@ -80,33 +100,33 @@ void gw_infer_send_failure(gw_infer_t *req, h2o_req_t *hreq)
         gw_send_error_retry(hreq, req->err, detail, 0);
         return;
     }
-    double least = req->err == SQ_DEADLINE && req->slo_ms > 0 ? least_slo_ms(req) : 0;
-    if (least <= 0) {
+    if (!(req->least_ms > 0) || (req->err != SQ_DEADLINE && req->err != SQ_SLO_TOO_TIGHT)) {
         gw_send_error(hreq, req->err, detail);
         return;
     }
     char why[sizeof(req->err_detail) + 320];
-    int retry = gw_infer_failure_why(req, least, why, sizeof(why));
+    int retry = gw_infer_failure_why(req, req->least_ms, why, sizeof(why));
     gw_send_error_retry(hreq, req->err, why, retry);
 }
 
 int gw_infer_failure_why(const gw_infer_t *req, double least, char *why, size_t len)
 {
     const char *detail = req->err_detail[0] ? req->err_detail : NULL;
-    const char *what = detail != NULL ? detail : sq_err_msg(req->err);
     int hopeless = req->slo_ms < least;
     if (hopeless)
         snprintf(why, len,
-                 "%s: an SLO of %g ms (%s) cannot be met for %d item%s, which take at least "
+                 "%s%san SLO of %g ms (%s) cannot be met for %d item%s, which take at least "
                  "%.1f ms alone on an idle worker; ask for %.0f ms or more, or for none (best "
                  "effort)",
-                 what, req->slo_ms, req->slo_source ? req->slo_source : "server", req->n_items,
+                 detail != NULL ? detail : "", detail != NULL ? ": " : "", req->slo_ms,
+                 req->slo_source ? req->slo_source : "server", req->n_items,
                  req->n_items == 1 ? "" : "s", least, ceil(least));
     else
         snprintf(why, len,
                  "%s under the current load: SLO %g ms (%s); alone on an idle worker it takes "
                  "%.1f ms, so a retry can make it, or a larger SLO, or none (best effort)",
-                 what, req->slo_ms, req->slo_source ? req->slo_source : "server", least);
+                 detail != NULL ? detail : sq_err_msg(SQ_DEADLINE), req->slo_ms,
+                 req->slo_source ? req->slo_source : "server", least);
     return !hopeless;
 }
 
@@ -156,11 +176,4 @@ json_t *gw_top_k_json(const gw_model_t *m, const float *row, int k)
     }
     free(best);
     return a;
-}
-
-/* The status of the answer about to be sent, for its trace (answer_v2
- * sets a failure to encode); hreq is not read once the answer is sent. */
-void gw_infer_status_for_trace(gw_infer_t *req)
-{
-    req->reply_status = atomic_load(&req->failed) ? sq_err_http_status(req->err) : 200;
 }

@@ -289,8 +289,9 @@ int gw_infer_request_priority(gw_infer_t *req, h2o_req_t *hreq, int64_t *priorit
 /* The smallest SLO the model can meet: one request alone on its serving
  * kind, l(1) with the margin, plus the dispatch margin, as the dispatcher
  * plans it (gw_sched_least). A request asking for less is answered at
- * once, saying so (a drop by the dispatcher would only say that the
- * deadline cannot be met). Returns -1 after rejecting. */
+ * once, 400 slo_too_tight saying what to ask for (a drop by the dispatcher
+ * would only say that the deadline cannot be met). Returns -1 after
+ * rejecting. */
 int gw_infer_check_feasible(gw_infer_t *req)
 {
     gw_api_ctx_t *api = req->base.app;
@@ -314,7 +315,7 @@ int gw_infer_check_feasible(gw_infer_t *req)
                  "send timeout %.0f or more, or parameters.slo_ms in ms)",
                  req->slo_ms * 1000.0, least * 1000.0);
     gw_infer_reject(
-        req, SQ_DEADLINE,
+        req, SQ_SLO_TOO_TIGHT,
         "an SLO of %g ms%s cannot be met: one request takes at least %.1f ms on %s (l(1) %.1f "
         "ms + dispatch margin %.1f ms); ask for %.0f ms or more",
         req->slo_ms, from, l1 + margin, sq_dev_kind_name((sq_dev_kind_t)kind), l1, margin, least);

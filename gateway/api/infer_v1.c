@@ -14,7 +14,7 @@ static void answer_v1(gw_infer_t *req, h2o_req_t *hreq);
 static void respond_v1(gw_async_t *a, h2o_req_t *hreq)
 {
     gw_infer_t *req = (gw_infer_t *)a;
-    gw_infer_status_for_trace(req);
+    gw_infer_settle(req);
     answer_v1(req, hreq);
     req->reply_us = sq_now_us();
 }

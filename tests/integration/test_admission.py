@@ -285,7 +285,9 @@ def a_request_refused_for_one_item_runs_no_batch_for_the_others():
         for _ in range(4):
             r = s.request("POST", "/v2/models/slow8/infer", body=rows,
                           headers={"Content-Type": "application/json", "X-SLO-Ms": "60"})
-            assert r.status == 503 and r.json["code"] == "deadline", r
+            # 8 rows take l(8) = 90 ms alone: no retry meets 60 ms.
+            assert r.status == 400 and r.json["code"] == "slo_too_tight", r
+            assert "ask for" in r.json["error"] and "retry-after" not in r.headers, r
         time.sleep(0.3)  # any batch sent would have answered by now
         assert batches_of(s, "slow8") == before, (before, batches_of(s, "slow8"))
         assert withdrawn_of(s, "slow8") > 0

@@ -93,7 +93,9 @@ def json_route_slips_name_the_route_the_prefix_and_the_unit():
                              headers={"Content-Type": "application/json"})
 
         r = timeout(1000)
-        assert r.status == 503 and "parameters.timeout 1000" in r.json["error"], r
+        assert r.status == 400 and r.json["code"] == "slo_too_tight", r
+        assert "retry-after" not in r.headers, r.headers
+        assert "parameters.timeout 1000" in r.json["error"], r
         assert "microseconds" in r.json["error"] and "slo_ms" in r.json["error"], r
         # The figure it names works.
         want = int(r.json["error"].split("send timeout ")[1].split(" ")[0])

@@ -185,8 +185,9 @@ def every_error_gets_one_clear_answer():
         r = infer_v1(s, b"")
         assert r.status == 400, r
         r = infer_v1(s, good, slo=3)
-        assert r.status == 503 and r.json["code"] == "deadline", r
-        # No retry can make it: no Retry-After (issue 23).
+        # No retry can make it: the caller's error, 400 saying what to ask
+        # for, without Retry-After.
+        assert r.status == 400 and r.json["code"] == "slo_too_tight", r
         assert "retry-after" not in r.headers, r.headers
         # It names the smallest SLO the model can meet: l(1) = 6.125 ms
         # here, plus the dispatch margin.

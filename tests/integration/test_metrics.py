@@ -133,9 +133,10 @@ def counters_move_by_exactly_the_traffic_sent():
     # SLO is surely counted ok; one past it is late (or ok by a hair).
     surely_ok = sum(1 for r in answered if r.json["timing_ms"]["total"] <= SLO_OK_MS)
     n_503 = N_OK - n_ok
-    # dropped: no batch meets 3 ms (l(1) = 6.1 ms): 503 at once.
+    # refused: no batch meets 3 ms (l(1) = 6.1 ms): 400 slo_too_tight at
+    # once, the caller's error (outcome error), not a drop.
     drops = [infer(s, jpeg, slo_ms=3) for _ in range(N_DROPPED)]
-    assert all(r.status == 503 and r.json["code"] == "deadline" for r in drops), drops
+    assert all(r.status == 400 and r.json["code"] == "slo_too_tight" for r in drops), drops
     # bad input: not an image (415, unsupported_media_type): outcome error.
     bads = [infer(s, b"this is not a JPEG at all") for _ in range(N_BAD)]
     assert all(r.status == 415 for r in bads), bads
@@ -152,19 +153,21 @@ def counters_move_by_exactly_the_traffic_sent():
     assert ok + late == n_ok and ok >= surely_ok, (ok, late, n_ok, surely_ok, text)
     assert delta(req, model="r50", version="1", slo_ms=str(SLO_OK_MS), outcome="dropped") == n_503
     # The dispatcher's SLO buckets: 3 ms falls in the smallest, 5 ms.
-    assert delta(req, model="r50", version="1", slo_ms="5", outcome="dropped") == N_DROPPED, text
+    assert delta(req, model="r50", version="1", slo_ms="5", outcome="error") == N_DROPPED, text
+    assert delta(req, model="r50", version="1", slo_ms="5", outcome="dropped") == 0, text
     # No SLO given: the model's default, 100 ms.
     assert delta(req, model="r50", version="1", slo_ms="100", outcome="error") == N_BAD, text
     assert delta(req) == N_OK + N_DROPPED + N_BAD, text
     # No priority asked: all at the default level, 2.
     prio = "squish_priority_requests_total"
     assert delta(prio, priority="2") == N_OK + N_DROPPED + N_BAD, text
-    assert delta(prio, priority="2", outcome="error") == N_BAD, text
+    assert delta(prio, priority="2", outcome="error") == N_BAD + N_DROPPED, text
     assert delta(prio) == delta(prio, priority="2"), text
     assert "no-such-model" not in text
     http = "squish_http_requests_total"
     assert delta(http, route="infer_v1", code="200") == n_ok
-    assert delta(http, route="infer_v1", code="503") == N_DROPPED + n_503
+    assert delta(http, route="infer_v1", code="503") == n_503
+    assert delta(http, route="infer_v1", code="400") == N_DROPPED
     assert delta(http, route="infer_v1", code="415") == N_BAD
     assert delta(http, route="infer_v1", code="404") == 1
     assert delta(http, route="models_upload", code="401") == 1

@@ -1,7 +1,8 @@
 /* gateway/api/infer_reply.c: the parts of an inference answer that need
  * no connection: a classifier's top-k with softmax scores and labels, the
  * timing of a request's items, and what a request dropped for its
- * deadline is told (whether a retry can help, and what SLO would work). */
+ * deadline is told (whether a retry can help, what SLO would work, and the
+ * code: slo_too_tight where no retry can help, deadline where one can). */
 #include <criterion/criterion.h>
 #include <infer_int.h>
 #include <sq.h>
@@ -135,4 +136,36 @@ Test(infer_reply, an_slo_missed_under_load_says_a_retry_can_make_it)
              "12.3 ms, so a retry can make it, or a larger SLO, or none (best effort)",
              sq_err_msg(SQ_DEADLINE));
     cr_assert_str_eq(why, want, "no detail: the error's message; no source: the server's");
+}
+
+Test(infer_reply, a_deadline_failure_below_what_the_items_take_alone_is_slo_too_tight_400)
+{
+    gw_infer_t req = {.err = SQ_DEADLINE, .slo_ms = 5, .slo_source = "request", .n_items = 2};
+    cr_assert_eq(gw_infer_failure_code(&req, 12.3), SQ_SLO_TOO_TIGHT);
+    cr_assert_eq(sq_err_http_status(gw_infer_failure_code(&req, 12.3)), 400);
+    /* At the least exactly, or above it: missed under the load, a retry
+     * can make it. */
+    cr_assert_eq(gw_infer_failure_code(&req, 5), SQ_DEADLINE);
+    req.slo_ms = 50;
+    cr_assert_eq(gw_infer_failure_code(&req, 12.3), SQ_DEADLINE);
+    cr_assert_eq(sq_err_http_status(gw_infer_failure_code(&req, 12.3)), 503);
+    /* The least unknown (no profile, no worker of its kind): as it was. */
+    req.slo_ms = 5;
+    cr_assert_eq(gw_infer_failure_code(&req, 0), SQ_DEADLINE);
+    /* Best effort has no SLO to be too tight. */
+    req.slo_ms = 0;
+    cr_assert_eq(gw_infer_failure_code(&req, 12.3), SQ_DEADLINE);
+    /* Other failures keep their code. */
+    req = (gw_infer_t){.err = SQ_WORKER_LOST, .slo_ms = 5, .n_items = 1};
+    cr_assert_eq(gw_infer_failure_code(&req, 12.3), SQ_WORKER_LOST);
+}
+
+Test(infer_reply, an_slo_too_tight_without_a_detail_says_the_slo_and_what_to_ask_for)
+{
+    gw_infer_t req = {.err = SQ_SLO_TOO_TIGHT, .slo_ms = 5, .slo_source = "model", .n_items = 1};
+    char why[640];
+    cr_assert_eq(gw_infer_failure_why(&req, 12.3, why, sizeof(why)), 0, "no Retry-After");
+    cr_assert_str_eq(why, "an SLO of 5 ms (model) cannot be met for 1 item, which take at least "
+                          "12.3 ms alone on an idle worker; ask for 13 ms or more, or for none "
+                          "(best effort)");
 }
