@@ -66,41 +66,55 @@ static json_t *frame_json(const gw_query_t *q, int f)
     return fr;
 }
 
-/* A failed query's answer. One dropped for its deadline on the way (a
- * stage's items refused or dropped by the dispatcher, a frame's decode
- * that could not start in time, crops too late for their stage) says the
- * least SLO that can be met now (gw_query_least_slo_us) and carries
- * Retry-After only where a retry can succeed: not when its SLO is below
- * that least, where a retry fails the same way. */
+/* Settles a failed query's code before it is counted: one dropped for its
+ * deadline on the way (a stage's items refused or dropped by the
+ * dispatcher, a frame's decode that could not start in time, crops too
+ * late for their stage) whose SLO is below the least the pipeline can
+ * meet now (gw_query_least_slo_us) is slo_too_tight, as one refused at
+ * the door (query_route.c): no retry can serve it. A gone client's query
+ * stays as it is. */
+static void query_settle(gw_query_t *q)
+{
+    gw_query_fate_t *f = &q->fate;
+    if (!atomic_load(&f->failed) || q->hopeless || f->err != SQ_DEADLINE ||
+        atomic_load(&f->abandoned) == GW_ABANDONED_GONE)
+        return;
+    double chain;
+    q->least_ms = gw_query_least_slo_us(q->base.app, q, &chain, &q->least_stage) / 1000.0;
+    q->least_chain_ms = chain / 1000.0;
+    if (q->slo_ms < q->least_ms)
+        f->err = SQ_SLO_TOO_TIGHT;
+}
+
+/* A failed query's answer (after query_settle). One failed for its
+ * deadline says the least SLO that can be met now; where its SLO is below
+ * it the answer is 400 slo_too_tight, without Retry-After (a retry fails
+ * the same way), otherwise 503 deadline with Retry-After. */
 static void query_send_failure(gw_query_t *q, h2o_req_t *hreq)
 {
     const gw_query_fate_t *f = &q->fate;
-    if (q->hopeless || f->err != SQ_DEADLINE ||
-        atomic_load(&q->fate.abandoned) == GW_ABANDONED_GONE) {
+    if (!(q->least_ms > 0)) {
         gw_send_error_retry(hreq, f->err, f->detail, !q->hopeless);
         return;
     }
-    double chain;
-    int stage;
-    double least = gw_query_least_slo_us(q->base.app, q, &chain, &stage) / 1000.0;
     char why[sizeof(f->detail) + 384];
-    int retry = q->slo_ms >= least;
+    int retry = f->err == SQ_DEADLINE;
     if (retry)
         snprintf(why, sizeof(why),
                  "%s, under the current load: SLO %g ms; alone on idle workers the pipeline can "
                  "meet %.1f ms, so a retry can make it, or a larger SLO",
-                 f->detail, q->slo_ms, least);
-    else if (stage < 0)
+                 f->detail, q->slo_ms, q->least_ms);
+    else if (q->least_stage < 0)
         snprintf(why, sizeof(why),
                  "%s: an SLO of %g ms cannot be met: a frame's decode and a batch of one of each "
                  "stage after the other take at least %.1f ms; ask for %.0f ms or more",
-                 f->detail, q->slo_ms, chain / 1000.0, ceil(least));
+                 f->detail, q->slo_ms, q->least_chain_ms, ceil(q->least_ms));
     else
         snprintf(why, sizeof(why),
                  "%s: an SLO of %g ms cannot be met: stage %s's share of it is less than a "
                  "frame's decode and a batch of one of each stage up to it take; ask for %.0f ms "
                  "or more",
-                 f->detail, q->slo_ms, q->p->stages[stage].id, ceil(least));
+                 f->detail, q->slo_ms, q->p->stages[q->least_stage].id, ceil(q->least_ms));
     gw_send_error_retry(hreq, f->err, why, retry);
 }
 
@@ -108,6 +122,7 @@ void gw_query_respond(gw_async_t *a, h2o_req_t *hreq)
 {
     gw_query_t *q = (gw_query_t *)a;
     int64_t now = sq_now_us();
+    query_settle(q);
     query_count(q, now);
     query_headers(q, hreq);
     if (atomic_load(&q->fate.failed)) {
@@ -141,6 +156,7 @@ void gw_query_respond_oip(gw_async_t *a, h2o_req_t *hreq)
 {
     gw_query_t *q = (gw_query_t *)a;
     int64_t now = sq_now_us();
+    query_settle(q);
     query_count(q, now);
     query_headers(q, hreq);
     if (atomic_load(&q->fate.failed)) {

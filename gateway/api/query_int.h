@@ -41,7 +41,12 @@ struct gw_query {
     atomic_int pending;     /* nodes and crop jobs not finished */
     gw_clump_t roots_clump; /* the frames' roots, handed over together */
     gw_query_fate_t fate;
-    int hopeless;       /* refused for an SLO below its least: no retry can help */
+    int hopeless; /* refused for an SLO below its least: no retry can help */
+    /* Failed for its deadline on the way: the least SLO the pipeline can
+     * meet then (gw_query_least_slo_us), its chain and the stage that sets
+     * it (-1: the chain); least_ms 0 otherwise. */
+    double least_ms, least_chain_ms;
+    int least_stage;
     pthread_mutex_t mu; /* nodes list, timings */
     qnode_t *all;
     stage_timing_t timing[GW_PIPE_MAX_STAGES];

@@ -148,8 +148,8 @@ static int query_setup(gw_query_t *q, double slo_ms)
         return -1;
     }
     /* The least SLO the pipeline can meet (gw_query_least_slo_us). A
-     * query asking for less is answered at once, saying so, without
-     * Retry-After: no retry can help it. */
+     * query asking for less is answered at once, 400 slo_too_tight saying
+     * what to ask for: no retry can help it. */
     const gw_pipeline_t *p = q->p;
     double chain, least;
     int stage;
@@ -158,12 +158,12 @@ static int query_setup(gw_query_t *q, double slo_ms)
         return 0;
     q->hopeless = 1;
     if (stage < 0)
-        query_reject(q, SQ_DEADLINE,
+        query_reject(q, SQ_SLO_TOO_TIGHT,
                      "an SLO of %g ms cannot be met: a frame's decode and a batch of one of each "
                      "stage after the other take at least %.1f ms; ask for %.0f ms or more",
                      q->slo_ms, chain / 1000.0, ceil(least / 1000.0));
     else
-        query_reject(q, SQ_DEADLINE,
+        query_reject(q, SQ_SLO_TOO_TIGHT,
                      "an SLO of %g ms cannot be met: stage %s is due %.1f ms after arrival (its "
                      "share of the split), but a frame's decode and a batch of one of each stage "
                      "up to it take at least %.1f ms; ask for %.0f ms or more",

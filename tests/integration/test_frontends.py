@@ -376,6 +376,14 @@ def a_pipeline_query_runs_on_the_frontend_and_its_fanout_reaches_the_dispatchers
             d.get("/pipelines/emu", headers=auth(d)).json["split"]["gamma"]["cls"]), 10,
             "the frontend's fan-outs at the dispatcher")
         assert 1 < g["measured"] < 3, g
+        # An SLO no retry can meet, on either route: the frontend answers
+        # 400 slo_too_tight saying what to ask for, without Retry-After, as
+        # the dispatcher itself would.
+        for path in ("/v1/pipelines/emu/infer", "/v1/models/inc/infer"):
+            r = front.request("POST", path, body=out.getvalue(),
+                              headers={"Content-Type": "image/jpeg", "X-SLO-Ms": "1"})
+            assert r.status == 400 and r.json["code"] == "slo_too_tight", (path, r)
+            assert "retry-after" not in r.headers and "ask for" in r.json["error"], (path, r)
         assert front.stop() == 0, front.read_log()[-3000:]
         assert d.stop() == 0, d.read_log()[-3000:]
     finally:

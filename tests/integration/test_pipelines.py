@@ -351,18 +351,28 @@ def a_query_whose_first_stage_cannot_make_it_is_dropped_whole():
         assert query(s, gray(250), slo=3000).status == 200
         before = stats_count(s, "cls_m")
         # A 2 ms SLO: below what a decode and a batch of each stage take,
-        # refused at once, saying the least SLO that works, and without
-        # Retry-After: no retry can succeed (issue 23).
+        # refused at once, 400 slo_too_tight saying the least SLO that
+        # works, and without Retry-After: no retry can succeed.
         for _ in range(5):
             r = query(s, gray(250), slo=2)
-            assert r.status == 503, r
+            assert r.status == 400 and r.json["code"] == "slo_too_tight", r
             assert "retry-after" not in r.headers, r.headers
             assert "ask for" in r.json["error"], r.json
             validate(r.json, "error")
+        # The same over OIP (the pipeline as a model), from parameters.slo_ms.
+        oip = {"inputs": [{"name": "IMAGE", "shape": [1], "datatype": "BYTES",
+                           "data": [base64.b64encode(gray(250)).decode()]}],
+               "parameters": {"slo_ms": 2}}
+        r = s.request("POST", "/v2/models/faces/infer", body=json.dumps(oip),
+                      headers={"Content-Type": "application/json"})
+        assert r.status == 400 and r.json["code"] == "slo_too_tight", r
+        assert "retry-after" not in r.headers and "ask for" in r.json["error"], r
+        validate(r.json, "error")
         time.sleep(0.5)
         assert stats_count(s, "cls_m") == before
+        # Counted as the caller's errors, not as drops.
         q = s.get("/pipelines/faces", headers=auth(s)).json["queries"]
-        assert q["dropped"] >= 5, q
+        assert q["failed"] >= 6 and q["dropped"] == 0, q
     finally:
         s.stop()
 
@@ -740,16 +750,17 @@ def a_refused_query_names_the_least_slo_and_retry_after_only_when_a_retry_can_su
         # 50 ms; half of 60 ms is below the detector's 35 ms.
         for _ in range(3):
             r = query(s, frame, name="even", slo=60)
-            assert r.status == 503 and r.json["code"] == "deadline", r
+            assert r.status == 400 and r.json["code"] == "slo_too_tight", r
             assert "retry-after" not in r.headers, r.headers
             assert "stage det" in r.json["error"], r.json
             least = int(r.json["error"].rsplit("ask for ", 1)[1].split(" ms or more")[0])
             assert 60 < least <= 120, r.json
         print("# refused: %s" % r.json["error"])
         # The least it named: not refused for its SLO (at most dropped, then
-        # with Retry-After, the machine being busy).
+        # 503 deadline with Retry-After, the machine being busy).
         r = query(s, frame, name="even", slo=least)
-        assert r.status == 200 or (r.status == 503 and "retry-after" in r.headers), r
+        assert r.status == 200 or (r.status == 503 and r.json["code"] == "deadline" and
+                                   "retry-after" in r.headers), r
         assert "ask for" not in (r.json or {}).get("error", ""), r.json
 
         # Under load: 12 frames at once, the detector running one at a time

@@ -230,7 +230,10 @@ Test(query, a_503_failure_is_a_drop_and_any_other_an_error)
         gw_query_fate_fail(&f, dropped[i], "x");
         cr_assert_eq(gw_query_outcome(&f), GW_Q_DROPPED, "%s", sq_err_name(dropped[i]));
     }
-    const int failed[] = {SQ_BAD_IMAGE, SQ_MODEL_FAILED, SQ_BAD_CONFIG, SQ_MODEL_NOT_FOUND};
+    /* slo_too_tight: refused for an SLO no retry can meet, the caller's
+     * error (400), not a drop. */
+    const int failed[] = {SQ_BAD_IMAGE, SQ_MODEL_FAILED, SQ_BAD_CONFIG, SQ_MODEL_NOT_FOUND,
+                          SQ_SLO_TOO_TIGHT};
     for (size_t i = 0; i < sizeof(failed) / sizeof(failed[0]); i++) {
         gw_query_fate_t f;
         memset(&f, 0, sizeof(f));
