@@ -126,12 +126,14 @@ static json_t *pipeline_stats(gw_pipeline_t *p)
     json_int_t bad_ns = (p->outcome_us[GW_Q_DROPPED] + p->outcome_us[GW_Q_FAILED]) * 1000;
     json_int_t last = p->last_ok_ms;
     pthread_mutex_unlock(&p->mu);
-    return json_pack("{s:s, s:s, s:I, s:I, s:I, s:{s:o, s:o, s:o, s:o, s:o, s:o}, s:[]}", "name",
-                     p->name, "version", "1", "last_inference", last, "inference_count", ok,
-                     "execution_count", (json_int_t)0, "inference_stats", "success",
-                     duration(ok, ok_ns), "fail", duration(bad, bad_ns), "queue", duration(0, 0),
-                     "compute_input", duration(0, 0), "compute_infer", duration(0, 0),
-                     "compute_output", duration(0, 0), "batch_stats");
+    json_t *stats = json_pack(
+        "{s:s, s:s, s:I, s:I, s:I, s:{s:o, s:o, s:o, s:o, s:o, s:o}, s:[]}", "name", p->name,
+        "version", "1", "last_inference", last, "inference_count", ok, "execution_count",
+        (json_int_t)0, "inference_stats", "success", duration(ok, ok_ns), "fail",
+        duration(bad, bad_ns), "queue", duration(0, 0), "compute_input", duration(0, 0),
+        "compute_infer", duration(0, 0), "compute_output", duration(0, 0), "batch_stats");
+    gw_metrics_stats_triton_rest(stats);
+    return stats;
 }
 
 /* GET /v2/models/stats, /v2/models/{m}/stats, /v2/models/{m}/versions/{v}/stats:

@@ -177,10 +177,19 @@ void gw_metrics_sessions(gw_metrics_t *ms, const gw_metrics_session_t *s, int n)
 /* Triton's statistics of one model version: {"name", "version",
  * "last_inference", "inference_count", "execution_count", "inference_stats":
  * {"success", "fail", "queue", "compute_input", "compute_infer",
- * "compute_output"}, "batch_stats": [{"batch_size", "compute_input",
- * "compute_infer", "compute_output"}]}, durations as {"count", "ns"}.
+ * "compute_output", "cache_hit", "cache_miss"}, "response_stats": {},
+ * "batch_stats": [{"batch_size", "compute_input", "compute_infer",
+ * "compute_output"}], "memory_usage": []}, durations as {"count", "ns"}.
  * Zeros for a model without traffic. */
 json_t *gw_metrics_model_stats(gw_metrics_t *ms, const gw_model_t *m);
+/* Adds to a model's statistics (one of the above, or a pipeline's) the
+ * members Triton sends that squish has nothing for: inference_stats'
+ * cache_hit and cache_miss as {"count": 0, "ns": 0} (there is no response
+ * cache), "response_stats": {} (Triton fills it only for the backends that
+ * report per-response statistics) and "memory_usage": [] (squish
+ * measures no model's memory on load). perf_analyzer reads the cache
+ * counters without looking first. */
+void gw_metrics_stats_triton_rest(json_t *stats);
 
 /* ---- glue for squishd's request paths (metrics_api.c) ----------------------- */
 

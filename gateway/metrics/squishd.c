@@ -188,6 +188,15 @@ static json_t *duration_json(const atomic_uint_fast64_t *count, const atomic_uin
                      (json_int_t)atomic_load(ns));
 }
 
+void gw_metrics_stats_triton_rest(json_t *stats)
+{
+    json_t *is = json_object_get(stats, "inference_stats");
+    json_object_set_new(is, "cache_hit", json_pack("{s:i, s:i}", "count", 0, "ns", 0));
+    json_object_set_new(is, "cache_miss", json_pack("{s:i, s:i}", "count", 0, "ns", 0));
+    json_object_set_new(stats, "response_stats", json_object());
+    json_object_set_new(stats, "memory_usage", json_array());
+}
+
 json_t *gw_metrics_model_stats(gw_metrics_t *ms, const gw_model_t *m)
 {
     model_stats_t *st = stats_of(ms, m->key, 0);
@@ -208,15 +217,17 @@ json_t *gw_metrics_model_stats(gw_metrics_t *ms, const gw_model_t *m)
                                         duration_json(&bs->count, &bs->output_ns)));
     }
 #define DUR(field) duration_json(&st->field.count, &st->field.ns)
-    return json_pack("{s:s, s:s, s:I, s:I, s:I, s:{s:o, s:o, s:o, s:o, s:o, s:o}, s:o}", "name",
-                     m->name, "version", version, "last_inference",
-                     (json_int_t)atomic_load(&st->last_inference_ms), "inference_count",
-                     (json_int_t)atomic_load(&st->inference_count), "execution_count",
-                     (json_int_t)atomic_load(&st->execution_count), "inference_stats", "success",
-                     DUR(success), "fail", DUR(fail), "queue", DUR(queue), "compute_input",
-                     DUR(compute_input), "compute_infer", DUR(compute_infer), "compute_output",
-                     DUR(compute_output), "batch_stats", batches);
+    json_t *stats = json_pack(
+        "{s:s, s:s, s:I, s:I, s:I, s:{s:o, s:o, s:o, s:o, s:o, s:o}, s:o}", "name", m->name,
+        "version", version, "last_inference", (json_int_t)atomic_load(&st->last_inference_ms),
+        "inference_count", (json_int_t)atomic_load(&st->inference_count), "execution_count",
+        (json_int_t)atomic_load(&st->execution_count), "inference_stats", "success", DUR(success),
+        "fail", DUR(fail), "queue", DUR(queue), "compute_input", DUR(compute_input),
+        "compute_infer", DUR(compute_infer), "compute_output", DUR(compute_output), "batch_stats",
+        batches);
 #undef DUR
+    gw_metrics_stats_triton_rest(stats);
+    return stats;
 }
 
 /* ---- squishd's recorders ------------------------------------------------------------ */

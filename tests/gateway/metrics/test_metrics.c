@@ -426,6 +426,19 @@ Test(metrics, model_stats_count_requests_executions_and_batch_sizes)
     cr_assert_eq(json_integer_value(json_object_get(json_object_get(is, "queue"), "ns")), 6000000);
     cr_assert_eq(json_integer_value(json_object_get(json_object_get(is, "compute_infer"), "ns")),
                  8000000);
+    /* What Triton sends without a response cache, which perf_analyzer
+     * reads without looking first. */
+    for (int i = 0; i < 2; i++) {
+        json_t *cache = json_object_get(is, i == 0 ? "cache_hit" : "cache_miss");
+        cr_assert(json_is_integer(json_object_get(cache, "count")), "%d", i);
+        cr_assert(json_is_integer(json_object_get(cache, "ns")), "%d", i);
+        cr_assert_eq(json_integer_value(json_object_get(cache, "count")), 0);
+        cr_assert_eq(json_integer_value(json_object_get(cache, "ns")), 0);
+    }
+    cr_assert(json_is_object(json_object_get(st, "response_stats")));
+    cr_assert_eq(json_object_size(json_object_get(st, "response_stats")), 0);
+    cr_assert(json_is_array(json_object_get(st, "memory_usage")));
+    cr_assert_eq(json_array_size(json_object_get(st, "memory_usage")), 0);
     json_t *bs = json_object_get(st, "batch_stats");
     cr_assert_eq(json_array_size(bs), 2);
     json_t *b1 = json_array_get(bs, 0), *b3 = json_array_get(bs, 1);
