@@ -178,20 +178,16 @@ static void put_binary_size(sq_buf_t *b, size_t n)
     put_lit(b, "}");
 }
 
-/* An output written into a shared-memory region: its region, offset and
- * the bytes the tensor takes there, no data (as Triton answers). */
-static void encode_shm(const gw_oip_output_desc_t *desc, int batch, size_t item,
-                       const gw_oip_shm_t *shm, sq_buf_t *json)
+/* An output written into a shared-memory region: its datatype and shape
+ * alone, no "data" and no "parameters". That is Triton's answer
+ * (http_server.cc, FinalizeResponse: an output of kind SHM gets neither
+ * binary_data_size nor data), and its C++ client relies on it: an output
+ * with "parameters" is read as binary data and must carry
+ * binary_data_size. The client knows the region: it named it. */
+static void encode_shm(const gw_oip_output_desc_t *desc, int batch, sq_buf_t *json)
 {
     put_lit(json, ",\"datatype\":\"FP32\",");
     put_shape(json, batch, desc->item_shape, desc->item_ndim);
-    put_lit(json, ",\"parameters\":{\"shared_memory_region\":");
-    put_json_string(json, shm->region, strlen(shm->region));
-    put_lit(json, ",\"shared_memory_offset\":");
-    put_i64(json, (long long)shm->offset);
-    put_lit(json, ",\"shared_memory_byte_size\":");
-    put_i64(json, (long long)((size_t)batch * item * sizeof(float)));
-    put_lit(json, "}");
 }
 
 static void encode_classification(const gw_oip_response_t *r, int batch, const float *data,
@@ -304,7 +300,7 @@ int gw_oip_response_encode(const gw_oip_response_t *resp, sq_buf_t *out, long lo
         put_json_string(out, desc->name, strlen(desc->name));
         const float *data = resp->outputs[o->model_output];
         if (o->shm.region[0] != '\0') {
-            encode_shm(desc, req->batch, item, &o->shm, out);
+            encode_shm(desc, req->batch, out);
         } else if (o->classification > 0) {
             int k = o->classification < (long long)item ? o->classification : (int)item;
             /* the labels name output 0's classes; other outputs get indexes */
