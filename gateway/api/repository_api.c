@@ -21,7 +21,86 @@ static json_t *real3(const double v[3])
     return json_pack("[f, f, f]", v[0], v[1], v[2]);
 }
 
-static json_t *model_config(const gw_model_t *m)
+static int by_size(const void *a, const void *b)
+{
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* The batch sizes the plan runs m at, one per session of it on a device
+ * (each the size its deadline and rate make best), ascending and each
+ * once; else, with m in no plan (before its first epoch, or in a process
+ * without a dispatcher), the sizes measured on its serving kind (none for
+ * a linear profile: any size up to max_batch_size). */
+static json_t *preferred_batch_sizes(gw_api_ctx_t *api, const gw_model_t *m, int kind)
+{
+    int sizes[64], n = 0;
+    json_t *plan = api->dispatch != NULL ? gw_dispatch_plan_json(api->dispatch) : NULL;
+    size_t i, j;
+    json_t *dev, *sess;
+    json_array_foreach(json_object_get(plan, "devices"), i, dev)
+    {
+        json_array_foreach(json_object_get(dev, "sessions"), j, sess)
+        {
+            const char *name = json_string_value(json_object_get(sess, "model"));
+            int b = (int)json_integer_value(json_object_get(sess, "batch"));
+            if (name == NULL || strcmp(name, m->name) != 0 ||
+                json_integer_value(json_object_get(sess, "version")) != m->version || b < 1)
+                continue;
+            int seen = 0;
+            for (int k = 0; k < n; k++)
+                seen |= sizes[k] == b;
+            if (!seen && n < (int)(sizeof(sizes) / sizeof(sizes[0])))
+                sizes[n++] = b;
+        }
+    }
+    json_decref(plan);
+    const pl_profile_t *p = kind >= 0 && m->has_profile[kind] ? &m->profile[kind] : NULL;
+    for (int r = 0; n == 0 && p != NULL && !p->linear && r < p->nrows; r++)
+        if (p->rows[r].batch <= m->max_batch && r < (int)(sizeof(sizes) / sizeof(sizes[0])))
+            sizes[n++] = p->rows[r].batch;
+    qsort(sizes, (size_t)n, sizeof(int), by_size);
+    json_t *out = json_array();
+    for (int k = 0; k < n; k++)
+        json_array_append_new(out, json_integer(sizes[k]));
+    return out;
+}
+
+/* Triton's dynamic_batching block (model_config.proto's
+ * ModelDynamicBatching, its uint64 fields as JSON numbers as Triton's
+ * ModelConfigToJson writes them), from what squish does. A request waits
+ * in its session's queue at most until its batch must start to meet its
+ * deadline: its SLO less l(1) and the dispatch margin (a batch of one
+ * started then is the latest that still makes it). max_queue_delay is that
+ * bound at the SLO a request gets when it names none (the model's
+ * default_slo_ms, else squishd's --default-slo-ms); a request that names
+ * its own SLO waits at most its own SLO less the same. Without an SLO
+ * (best effort) a batch goes as soon as a worker is free: 0. Priorities
+ * are squish's four levels, the default one below the top. */
+static json_t *dynamic_batching(gw_api_ctx_t *api, const gw_model_t *m)
+{
+    gw_sched_t *sched = gw_api_sched(api);
+    int kind = gw_sched_serving_kind(sched, m);
+    if (kind < 0) /* no worker of its kinds up: what it was measured on */
+        for (int k = 0; k < SQ_DEV_KIND_COUNT && kind < 0; k++)
+            if (m->has_profile[k] && m->not_on[k][0] == '\0')
+                kind = k;
+    double slo_ms = m->default_slo_ms > 0 ? m->default_slo_ms : api->cfg.default_slo_ms;
+    json_int_t delay_us = 0;
+    if (slo_ms > 0) {
+        gw_least_t least;
+        if (gw_sched_least(sched, m, kind, 1, &least) != 0)
+            least.run_us = 0; /* l(1) not known yet: the SLO bounds it */
+        double us = slo_ms * 1000.0 - (double)(least.run_us + least.margin_us);
+        delay_us = us > 0 ? (json_int_t)us : 0;
+    }
+    return json_pack("{s:o, s:I, s:b, s:i, s:i, s:{}}", "preferred_batch_size",
+                     preferred_batch_sizes(api, m, kind), "max_queue_delay_microseconds", delay_us,
+                     "preserve_ordering", 0, "priority_levels", GW_PRIORITY_LEVELS,
+                     "default_priority_level", GW_PRIORITY_DEFAULT, "priority_queue_policy");
+}
+
+static json_t *model_config(gw_api_ctx_t *api, const gw_model_t *m)
 {
     json_t *profiles = json_array();
     for (int k = 0; k < SQ_DEV_KIND_COUNT; k++)
@@ -60,6 +139,7 @@ static json_t *model_config(const gw_model_t *m)
      * policy names an accelerator (TensorRT, OpenVINO) for its precision
      * mode; squish's plans are its own, so it says it plainly. */
     json_object_set_new(c, "precision", json_string(sq_precision_name(m->precision)));
+    json_object_set_new(c, "dynamic_batching", dynamic_batching(api, m));
     if (m->error[0])
         json_object_set_new(c, "error", json_string(m->error));
     return c;
@@ -114,7 +194,7 @@ void gw_route_model_config(gw_call_t *call)
         }
         return;
     }
-    json_t *c = model_config(m);
+    json_t *c = model_config(api, m);
     gw_model_unref(m);
     gw_send_json(call->req, 200, c);
 }
