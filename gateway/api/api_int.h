@@ -186,7 +186,7 @@ typedef struct {
     atomic_int abandoned; /* GW_ABANDONED_FAILED or _GONE (gw_item_t) */
     atomic_int failed;    /* set once: the first error wins */
     int err;              /* valid when failed */
-    char detail[256];
+    char detail[512]; /* room for a refusal naming a stage, Triton's timeout and the least SLO */
     /* Set: the first failure takes the query's items still queued out of
      * the dispatcher (gw_sched_withdraw). */
     gw_api_ctx_t *api;

@@ -31,6 +31,7 @@ struct gw_query {
     double budget_ms[GW_PIPE_MAX_STAGES];
     int64_t arrival_us;
     double slo_ms;
+    int slo_from_timeout; /* slo_ms is Triton's parameters.timeout (given in us) */
     int priority;
     char request_id[80];
     int nframes;

@@ -157,17 +157,25 @@ static int query_setup(gw_query_t *q, double slo_ms)
     if (q->slo_ms * 1000.0 >= least)
         return 0;
     q->hopeless = 1;
+    char from[192] = "";
+    /* Triton's timeout is in microseconds: a client that meant ms asked
+     * for a thousandth of it (as a model's request, gw_infer_check_feasible). */
+    if (q->slo_from_timeout)
+        snprintf(from, sizeof(from),
+                 " (from parameters.timeout %.0f, which is in microseconds, as Triton's: send "
+                 "timeout %.0f or more, or parameters.slo_ms in ms)",
+                 q->slo_ms * 1000.0, ceil(least / 1000.0) * 1000.0);
     if (stage < 0)
         query_reject(q, SQ_SLO_TOO_TIGHT,
-                     "an SLO of %g ms cannot be met: a frame's decode and a batch of one of each "
-                     "stage after the other take at least %.1f ms; ask for %.0f ms or more",
-                     q->slo_ms, chain / 1000.0, ceil(least / 1000.0));
+                     "an SLO of %g ms%s cannot be met: a frame's decode and a batch of one of "
+                     "each stage after the other take at least %.1f ms; ask for %.0f ms or more",
+                     q->slo_ms, from, chain / 1000.0, ceil(least / 1000.0));
     else
         query_reject(q, SQ_SLO_TOO_TIGHT,
-                     "an SLO of %g ms cannot be met: stage %s is due %.1f ms after arrival (its "
+                     "an SLO of %g ms%s cannot be met: stage %s is due %.1f ms after arrival (its "
                      "share of the split), but a frame's decode and a batch of one of each stage "
                      "up to it take at least %.1f ms; ask for %.0f ms or more",
-                     q->slo_ms, p->stages[stage].id, q->cum_ms[stage],
+                     q->slo_ms, from, p->stages[stage].id, q->cum_ms[stage],
                      q->cum_ms[stage] * least / (q->slo_ms * 1000.0), ceil(least / 1000.0));
     return -1;
 }
@@ -307,8 +315,10 @@ void gw_route_pipeline_infer_v2(gw_call_t *call)
     if (q->oip->id != NULL && q->oip->id_len < sizeof(q->request_id) &&
         memchr(q->oip->id, '\0', q->oip->id_len) == NULL)
         snprintf(q->request_id, sizeof(q->request_id), "%s", q->oip->id);
-    if (slo <= 0 && q->oip->slo_ms > 0)
+    if (slo <= 0 && q->oip->slo_ms > 0) {
         slo = q->oip->slo_ms;
+        q->slo_from_timeout = q->oip->slo_is_timeout;
+    }
     if (q->oip->priority > 0)
         q->priority = gw_priority_level(q->oip->priority);
     if (query_setup(q, slo) != 0)

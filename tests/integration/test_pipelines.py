@@ -368,11 +368,22 @@ def a_query_whose_first_stage_cannot_make_it_is_dropped_whole():
         assert r.status == 400 and r.json["code"] == "slo_too_tight", r
         assert "retry-after" not in r.headers and "ask for" in r.json["error"], r
         validate(r.json, "error")
+        # From Triton's parameters.timeout (µs: 2000 is 2 ms): the message
+        # names the parameter, its unit and the figure that works.
+        oip["parameters"] = {"timeout": 2000}
+        r = s.request("POST", "/v2/models/faces/infer", body=json.dumps(oip),
+                      headers={"Content-Type": "application/json"})
+        assert r.status == 400 and r.json["code"] == "slo_too_tight", r
+        assert "parameters.timeout 2000" in r.json["error"], r.json
+        assert "microseconds" in r.json["error"], r.json
+        want = int(r.json["error"].split("send timeout ")[1].split(" ")[0])
+        least = int(r.json["error"].rsplit("ask for ", 1)[1].split(" ms or more")[0])
+        assert want == least * 1000, r.json
         time.sleep(0.5)
         assert stats_count(s, "cls_m") == before
         # Counted as the caller's errors, not as drops.
         q = s.get("/pipelines/faces", headers=auth(s)).json["queries"]
-        assert q["failed"] >= 6 and q["dropped"] == 0, q
+        assert q["failed"] >= 7 and q["dropped"] == 0, q
     finally:
         s.stop()
 
