@@ -2,9 +2,9 @@
 metric names of the docs, against a live squishd.
 
 squishd runs on two emu devices with an emulated model that gets traffic
-(ok and dropped), one that never does, and an emulated pipeline (a
-detector feeding a classifier on its crops) that answers queries and drops
-some. Debian's real Prometheus (on loopback, its storage in a temporary
+(ok, and refused for an SLO no batch meets), one that never does, and an
+emulated pipeline (a detector feeding a classifier on its crops) that
+answers queries and refuses some. Debian's real Prometheus (on loopback, its storage in a temporary
 directory) scrapes squishd every second. Every expression of every panel,
 its Grafana variables replaced by concrete values, is evaluated through
 Prometheus's /api/v1/query at each second from the first scrape, through
@@ -335,31 +335,35 @@ def every_panel_evaluates_without_nan_through_traffic_a_restart_and_idleness():
         photo = f.read()
     frame = gray_jpeg()
     t0 = time.time()
-    # About 5 s of traffic: r50 ok and dropped (an SLO no batch meets), the
-    # pipeline's queries ok and dropped.
+    # About 5 s of traffic: r50 ok and refused (an SLO no batch meets: 400
+    # slo_too_tight, outcome error), the pipeline's queries ok and refused.
     while time.time() < t0 + 5:
         r = s.request("POST", "/v1/models/r50/infer", body=photo,
                       headers={"Content-Type": "image/jpeg", "X-SLO-Ms": "1000"})
         assert r.status == 200, r
         r = s.request("POST", "/v1/models/r50/infer", body=photo,
                       headers={"Content-Type": "image/jpeg", "X-SLO-Ms": "1"})
-        assert r.status == 503, r
+        assert r.status == 400 and r.json["code"] == "slo_too_tight", r
         r = s.request("POST", "/v1/pipelines/faces/infer", body=frame,
                       headers={"Content-Type": "image/jpeg", "X-SLO-Ms": "2000"})
         assert r.status == 200, r
         r = s.request("POST", "/v1/pipelines/faces/infer", body=frame,
                       headers={"Content-Type": "image/jpeg", "X-SLO-Ms": "2"})
-        assert r.status == 503, r
+        assert r.status == 400 and r.json["code"] == "slo_too_tight", r
         time.sleep(0.05)
     busy_end = time.time()
     busy_at = busy_end - 1  # the rate window ends inside the traffic
     eventually(lambda: last_scrape(p) > busy_end, 10, "a scrape after the traffic", step=0.2)
 
-    # While busy: the pipeline panel shows faces' ok and dropped queries,
-    # and half of r50's requests and of faces' queries went bad.
+    # While busy: the pipeline panel shows faces' ok and refused (error)
+    # queries, the HTTP panel r50's refusals by their code, and half of
+    # r50's requests and of faces' queries went bad.
     ((_, _, q),) = by_title("Pipeline queries")
     got = {(m["pipeline"], m["outcome"]): v for m, v in p.samples(q, busy_at)}
-    assert got.get(("faces", "ok"), 0) > 0 and got.get(("faces", "dropped"), 0) > 0, got
+    assert got.get(("faces", "ok"), 0) > 0 and got.get(("faces", "error"), 0) > 0, got
+    ((_, _, codes),) = by_title("HTTP responses")
+    got = {(m["route"], m["code"]): v for m, v in p.samples(codes, busy_at)}
+    assert got.get(("infer_v1", "400"), 0) > 0 and got.get(("infer_v1", "200"), 0) > 0, got
     for title, label, name in [("Bad rate", "model", "r50"),
                                ("Pipeline bad rate", "pipeline", "faces")]:
         ((_, _, expr),) = by_title(title)
