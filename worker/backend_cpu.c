@@ -27,6 +27,7 @@
 #include <sq_clock.h>
 
 #include <assert.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -265,19 +266,23 @@ static float *cpu_input_buffer(wk_plan_t *plan, int index)
     return wk__cpu_buf_ptr(plan->be, wk__cpu_vbuf(plan->graph->inputs[index]));
 }
 
-/* ---- Spinning or sleeping between regions ---------------------------------
+/* ---- How the pool's threads run a graph -----------------------------------
  *
- * The worker's OpenMP pool (omp_pool.c) lets the threads of a running
- * graph wait for the next region spinning, or sleep at once. Which is
- * faster depends on the machine and the moment, so each batch size
- * measures both: on a quiet machine spinning ran mobilenet_v3_large at
- * batch 1 in 3.1-3.4 ms a run against 4.6 sleeping (each of its ~85
- * regions wakes the other thread); beside one busy process sleeping ran it
- * in 6-9 ms and spinning in 12-16 (the spinner holds the core its
- * descheduled partner could have moved to); large graphs gain little
- * either way. Runs alternate until each way has SPIN_MIN; then each run
- * takes the way whose last runs' median is lower, and every SPIN_LOOK-th
- * run the other, so that a change of the machine is seen. */
+ * The worker's OpenMP pool (omp_pool.c) runs a graph's regions one of three
+ * ways: its threads wait for the next region spinning, or sleep at once,
+ * or the leading thread runs every region alone, its team's shares one
+ * after the other. Which is fastest depends on the machine and the moment,
+ * so each batch size measures them: on a quiet machine spinning ran
+ * mobilenet_v3_large at batch 1 in 3.1-3.4 ms a run against 4.6 sleeping
+ * (each of its ~85 regions wakes the other thread); beside one busy
+ * process sleeping ran it in 6-9 ms and spinning in 12-16 (the spinner
+ * holds the core its descheduled partner could have moved to), and a team
+ * waits at each region for the share of the thread a neighbour holds off
+ * its core, where the leader alone runs on the free core at one thread's
+ * speed (bench/RESULTS.md, "a busy neighbour"). Runs take the ways in turn
+ * until each has SPIN_MIN; then each run takes the way whose last runs'
+ * median is lowest, and every SPIN_LOOK-th run one of the others in turn,
+ * so that a change of the machine is seen (wk__cpu_spin_note). */
 #define SPIN_MIN 3
 #define SPIN_LOOK 16
 
@@ -295,21 +300,79 @@ static int64_t spin_median(const cpu_spin_t *s, int way)
     return v[n / 2];
 }
 
-bool wk__cpu_spin_pick(cpu_spin_t *s)
+/* SQUISH_CPU_WAY=sleep, spin or alone runs every graph that way (for
+ * benchmarks that compare them); unset or anything else, each batch size
+ * measures and picks. */
+static int forced_way(void)
 {
-    if (!wk_omp_spins() || omp_get_max_threads() <= 1)
-        return false;
-    unsigned r = s->runs++;
-    if (s->n[0] < SPIN_MIN || s->n[1] < SPIN_MIN)
-        return s->n[1] < s->n[0];
-    bool best = spin_median(s, 1) <= spin_median(s, 0);
-    return r % SPIN_LOOK == 0 ? !best : best;
+    static _Atomic int forced = -2;
+    int way = atomic_load_explicit(&forced, memory_order_relaxed);
+    if (way == -2) {
+        const char *e = getenv("SQUISH_CPU_WAY");
+        way = e == NULL                 ? -1
+              : strcmp(e, "sleep") == 0 ? WAY_SLEEP
+              : strcmp(e, "spin") == 0  ? WAY_SPIN
+              : strcmp(e, "alone") == 0 ? WAY_ALONE
+                                        : -1;
+        atomic_store_explicit(&forced, way, memory_order_relaxed);
+    }
+    return way;
 }
 
-void wk__cpu_spin_note(cpu_spin_t *s, bool hot, int64_t ns)
+int wk__cpu_spin_pick(cpu_spin_t *s)
 {
-    s->ns[hot][s->n[hot] % SPIN_RING] = ns;
-    s->n[hot]++;
+    if (omp_get_max_threads() <= 1)
+        return WAY_SLEEP;
+    if (forced_way() >= 0)
+        return forced_way();
+    int ways[N_WAYS], k = 0;
+    ways[k++] = WAY_SLEEP;
+    if (wk_omp_spins())
+        ways[k++] = WAY_SPIN;
+    ways[k++] = WAY_ALONE;
+    unsigned r = s->runs++;
+    int least = ways[0], best = ways[0];
+    for (int i = 1; i < k; i++) {
+        if (s->n[ways[i]] < s->n[least])
+            least = ways[i];
+    }
+    if (s->n[least] < SPIN_MIN)
+        return least;
+    for (int i = 1; i < k; i++) {
+        if (spin_median(s, ways[i]) < spin_median(s, best))
+            best = ways[i];
+    }
+    if (r % SPIN_LOOK != 0)
+        return best;
+    /* a look at another way: the others in turn */
+    int other = (int)((r / SPIN_LOOK) % (unsigned)(k - 1));
+    for (int i = 0; i < k; i++) {
+        if (ways[i] != best && other-- == 0)
+            return ways[i];
+    }
+    return best;
+}
+
+/* A run faster than every other way's median is believed at once: a
+ * neighbour, an interrupt or a page fault only ever slow a run down, so a
+ * way that was slow while the machine was busy and is fast now (the
+ * neighbour left) takes over at its first look, not after SPIN_RING / 2. */
+void wk__cpu_spin_note(cpu_spin_t *s, int way, int64_t ns)
+{
+    bool fastest = s->n[way] > 0;
+    for (int w = 0; w < N_WAYS && fastest; w++) {
+        if (w != way && s->n[w] > 0 && spin_median(s, w) <= ns)
+            fastest = false;
+    }
+    if (fastest && s->n[way] >= SPIN_MIN && spin_median(s, way) > ns) {
+        for (int i = 0; i < SPIN_RING; i++)
+            s->ns[way][i] = ns;
+        if (s->n[way] < SPIN_RING)
+            s->n[way] = SPIN_RING;
+        return;
+    }
+    s->ns[way][s->n[way] % SPIN_RING] = ns;
+    s->n[way]++;
 }
 
 static int cpu_run(wk_plan_t *plan, int batch, float *const *outputs)
@@ -320,9 +383,10 @@ static int cpu_run(wk_plan_t *plan, int batch, float *const *outputs)
     if (plan->opts.threads > 0)
         omp_set_num_threads(plan->opts.threads);
     cpu_list_t *l = &be->lists[batch];
-    bool hot = wk__cpu_spin_pick(&l->spin);
+    int way = wk__cpu_spin_pick(&l->spin);
     int64_t t0 = sq_now_ns();
-    wk_omp_hot(hot);
+    wk_omp_hot(way == WAY_SPIN);
+    wk_omp_alone(way == WAY_ALONE);
     for (int i = 0; i < l->n; i++) {
         const cpu_item_t *it = &l->items[i];
         if (it->prim != NULL) {
@@ -349,8 +413,9 @@ static int cpu_run(wk_plan_t *plan, int batch, float *const *outputs)
     DN(dnnl_stream_wait(be->stream));
 out:
     wk_omp_hot(false);
+    wk_omp_alone(false);
     if (rc == 0)
-        wk__cpu_spin_note(&l->spin, hot, sq_now_ns() - t0);
+        wk__cpu_spin_note(&l->spin, way, sq_now_ns() - t0);
     return rc;
 }
 

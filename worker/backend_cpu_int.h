@@ -41,12 +41,14 @@ typedef struct {
     int step;
 } cpu_item_t;
 
-/* How a batch size's last runs went with the pool's threads spinning
- * between regions and sleeping (backend_cpu.c, wk__cpu_spin_pick). */
+/* How a batch size's last runs went each way the pool can run them
+ * (backend_cpu.c, wk__cpu_spin_pick): its threads sleeping between
+ * regions, spinning, or the leader alone. */
 #define SPIN_RING 8
+enum { WAY_SLEEP, WAY_SPIN, WAY_ALONE, N_WAYS };
 typedef struct {
-    int64_t ns[2][SPIN_RING]; /* [sleeping, spinning]: run times, a ring each */
-    unsigned n[2];            /* runs each way so far */
+    int64_t ns[N_WAYS][SPIN_RING]; /* run times, a ring each way */
+    unsigned n[N_WAYS];            /* runs each way so far */
     unsigned runs;
 } cpu_spin_t;
 
@@ -202,8 +204,8 @@ int wk__cpu_plain_view(cpu_be_t *be, int id, int ndim, const int64_t *dims_max, 
 
 /* Whether the next run of the list that s belongs to spins (see
  * backend_cpu.c); then note how long it took. */
-bool wk__cpu_spin_pick(cpu_spin_t *s);
-void wk__cpu_spin_note(cpu_spin_t *s, bool hot, int64_t ns);
+int wk__cpu_spin_pick(cpu_spin_t *s);
+void wk__cpu_spin_note(cpu_spin_t *s, int way, int64_t ns);
 
 /* ---- the op builders, by concern ---------------------------------------- */
 

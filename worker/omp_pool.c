@@ -44,6 +44,7 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -52,20 +53,26 @@
 #define DEFAULT_SPIN_US 50
 
 typedef struct pool {
-    /* The region, written by the leader before gen moves. */
+    /* The region, written by the leader before `claim` names it. */
     void (*fn)(void *);
     void *data;
-    int team;
-    atomic_uint gen;
+    /* The region's thread numbers, taken one at a time: the region's
+     * serial number (high 32 bits), its team (16) and the next number not
+     * yet taken (low 16). A thread takes one by compare-and-swap of the
+     * whole word, so that it never takes a number of a region that ended. */
+    _Atomic uint64_t claim;
+    atomic_int done; /* thread numbers of this region that returned */
+    atomic_uint gen; /* moves when the workers are called to a region */
     atomic_int gen_sleepers;
-    atomic_int left;    /* workers yet to check in for this region */
-    atomic_uint joined; /* moves when left reaches 0 */
+    atomic_uint joined; /* moves when `done` reaches the team */
     atomic_int joined_sleepers;
     atomic_int arrived; /* the team's barrier */
     atomic_uint bar_gen;
     atomic_int bar_sleepers;
-    atomic_int hot; /* the leader runs a graph: spin between regions */
+    atomic_int hot;   /* the leader runs a graph: spin between regions */
+    atomic_int alone; /* the leader runs regions without calling the workers */
     atomic_bool quit;
+    unsigned serial;
     int n_workers;
     pthread_t workers[MAX_THREADS];
 } pool_t;
@@ -138,10 +145,45 @@ static void bump(atomic_uint *w, atomic_int *sleepers)
         futex_wake(w);
 }
 
-static void check_in(pool_t *p)
+#define CLAIM_TEAM(c) ((int)(((c) >> 16) & 0xFFFF))
+#define CLAIM_NEXT(c) ((int)((c)&0xFFFF))
+
+/* Takes the next thread number of the pool's current region, or returns
+ * -1 when all are taken. */
+static int take(pool_t *p, uint64_t *team_out)
 {
-    if (atomic_fetch_sub(&p->left, 1) == 1)
-        bump(&p->joined, &p->joined_sleepers);
+    uint64_t c = atomic_load(&p->claim);
+    while (CLAIM_NEXT(c) < CLAIM_TEAM(c)) {
+        if (atomic_compare_exchange_weak(&p->claim, &c, c + 1)) {
+            *team_out = (uint64_t)CLAIM_TEAM(c);
+            return CLAIM_NEXT(c);
+        }
+    }
+    return -1;
+}
+
+/* Runs thread numbers of the current region while any is left: a thread
+ * that finished its share takes a share nobody started (its thread was
+ * not scheduled yet: a neighbour holds its core). A region with barriers
+ * cannot hand a number over this way, since nobody returns from it before
+ * every number reached each barrier, so every number was taken. */
+static void run_shares(pool_t *p)
+{
+    uint64_t team;
+    int tid;
+    while ((tid = take(p, &team)) >= 0) {
+        tl_tid = tid;
+        tl_team = (int)team;
+        tl_team_pool = p;
+        tl_active = 1;
+        p->fn(p->data);
+        tl_tid = 0;
+        tl_team = 1;
+        tl_team_pool = NULL;
+        tl_active = 0;
+        if (atomic_fetch_add(&p->done, 1) + 1 == (int)team)
+            bump(&p->joined, &p->joined_sleepers);
+    }
 }
 
 static void *worker_main(void *arg)
@@ -154,18 +196,7 @@ static void *worker_main(void *arg)
         a.seen = atomic_load(&p->gen);
         if (atomic_load(&p->quit))
             return NULL;
-        if (a.tid < p->team) {
-            tl_tid = a.tid;
-            tl_team = p->team;
-            tl_team_pool = p;
-            tl_active = 1;
-            p->fn(p->data);
-            tl_tid = 0;
-            tl_team = 1;
-            tl_team_pool = NULL;
-            tl_active = 0;
-        }
-        check_in(p);
+        run_shares(p);
     }
 }
 
@@ -240,6 +271,13 @@ static void run_alone(void (*fn)(void *), void *data)
 void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags);
 void GOMP_barrier(void);
 
+/* The leader publishes the region (fn, data, then `claim` with a new
+ * serial number and the team), calls the workers unless it runs alone,
+ * runs shares itself until none is left, and waits until every share
+ * returned. Alone, the leader runs the team's shares one after the other
+ * on its own core (a neighbour holds the others': measured faster, see
+ * backend_cpu.c), unless a share waits at a barrier for shares nobody
+ * took: GOMP_barrier calls the workers then. */
 void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigned flags)
 {
     (void)flags; /* proc_bind: threads are not bound */
@@ -256,19 +294,14 @@ void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigne
     atomic_fetch_add_explicit(&g_regions, 1, memory_order_relaxed);
     p->fn = fn;
     p->data = data;
-    p->team = n;
     atomic_store(&p->arrived, 0);
-    atomic_store(&p->left, p->n_workers);
+    atomic_store(&p->done, 0);
     unsigned j = atomic_load(&p->joined);
-    bump(&p->gen, &p->gen_sleepers);
-    tl_tid = 0;
-    tl_team = n;
-    tl_team_pool = p;
-    tl_active = 1;
-    fn(data);
-    tl_team = 1;
-    tl_team_pool = NULL;
-    tl_active = 0;
+    p->serial++;
+    atomic_store(&p->claim, ((uint64_t)p->serial << 32) | ((uint64_t)n << 16));
+    if (!atomic_load_explicit(&p->alone, memory_order_relaxed))
+        bump(&p->gen, &p->gen_sleepers);
+    run_shares(p);
     wait_change(p, &p->joined, j, &p->joined_sleepers);
 }
 
@@ -282,6 +315,10 @@ void GOMP_barrier(void)
         atomic_store(&p->arrived, 0);
         bump(&p->bar_gen, &p->bar_sleepers);
     } else {
+        /* Shares nobody took cannot reach the barrier on their own. */
+        uint64_t c = atomic_load(&p->claim);
+        if (CLAIM_NEXT(c) < CLAIM_TEAM(c))
+            bump(&p->gen, &p->gen_sleepers);
         wait_change(p, &p->bar_gen, g, &p->bar_sleepers);
     }
 }
@@ -321,6 +358,16 @@ void wk_omp_hot(bool on)
         p = pool_of_caller(1);
     if (p != NULL)
         atomic_store(&p->hot, on && g_spin_ns > 0 ? 1 : 0);
+}
+
+void wk_omp_alone(bool on)
+{
+    pthread_once(&g_once, init_once);
+    pool_t *p = tl_pool;
+    if (p == NULL && on)
+        p = pool_of_caller(1);
+    if (p != NULL)
+        atomic_store(&p->alone, on ? 1 : 0);
 }
 
 bool wk_omp_spins(void)

@@ -11,6 +11,12 @@
  * sleep, or sleep at once (off, the default: between graphs). */
 void wk_omp_hot(bool on);
 
+/* Whether the regions the calling thread leads from now on run on it
+ * alone, their team's shares one after the other, without waking the
+ * workers (unless a share waits at a barrier for the others): for a
+ * machine where a neighbour holds the workers' cores. Off by default. */
+void wk_omp_alone(bool on);
+
 /* False when SQUISH_CPU_SPIN_US=0: wk_omp_hot(true) changes nothing. */
 bool wk_omp_spins(void);
 

@@ -475,36 +475,47 @@ Test(backend_cpu, onednn_runs_its_regions_on_the_workers_pool)
     wk_plan_free(p);
 }
 
-/* Spinning or sleeping between regions (backend_cpu.c, wk__cpu_spin_pick):
- * each way is tried, the faster taken with a look at the other every 16th
- * run, and when the machine changes (a neighbour starts: spinning turns
- * slow) the choice follows within a few runs, and back again. */
-static int spins_in(cpu_spin_t *s, int runs, int64_t hot_ns, int64_t cold_ns)
+/* How the pool runs a graph (backend_cpu.c, wk__cpu_spin_pick): each way
+ * (sleeping, spinning, the leader alone) is tried, the fastest taken with
+ * a look at another every 16th run, and when the machine changes (a
+ * neighbour starts: spinning turns slow, then the team turns slower than
+ * its leader alone) the choice follows within a few runs, and back again. */
+static void ways_in(cpu_spin_t *s, int runs, const int64_t ns[N_WAYS], int took[N_WAYS])
 {
-    int hot = 0;
+    for (int w = 0; w < N_WAYS; w++)
+        took[w] = 0;
     for (int i = 0; i < runs; i++) {
-        bool h = wk__cpu_spin_pick(s);
-        hot += h;
-        wk__cpu_spin_note(s, h, h ? hot_ns : cold_ns);
+        int w = wk__cpu_spin_pick(s);
+        cr_assert(w >= 0 && w < N_WAYS);
+        took[w]++;
+        wk__cpu_spin_note(s, w, ns[w]);
     }
-    return hot;
 }
 
-Test(backend_cpu, a_batch_size_spins_while_spinning_is_faster_and_follows_the_machine)
+Test(backend_cpu, a_batch_size_runs_the_fastest_way_and_follows_the_machine)
 {
     omp_set_num_threads(2);
     cpu_spin_t s = {0};
-    /* quiet: spinning 3 ms, sleeping 4.5 */
-    int hot = spins_in(&s, 6, 3000000, 4500000);
-    cr_expect_eq(hot, 3, "the first runs try each way alike: %d of 6 spun", hot);
-    hot = spins_in(&s, 64, 3000000, 4500000);
-    cr_expect(hot >= 58 && hot <= 62, "quiet: %d of 64 runs spun", hot);
-    /* a neighbour: spinning 12 ms, sleeping 7 */
-    spins_in(&s, 8, 12000000, 7000000);
-    hot = spins_in(&s, 64, 12000000, 7000000);
-    cr_expect(hot >= 2 && hot <= 6, "busy: %d of 64 runs spun", hot);
+    int took[N_WAYS];
+    /* quiet: spinning 3 ms, sleeping 4.5, alone 6 */
+    const int64_t quiet[N_WAYS] = {4500000, 3000000, 6000000};
+    ways_in(&s, 9, quiet, took);
+    for (int w = 0; w < N_WAYS; w++)
+        cr_expect_eq(took[w], 3, "the first runs try each way alike: way %d took %d of 9", w,
+                     took[w]);
+    ways_in(&s, 64, quiet, took);
+    cr_expect(took[WAY_SPIN] >= 58 && took[WAY_SPIN] <= 62, "quiet: %d of 64 runs spun",
+              took[WAY_SPIN]);
+    cr_expect(took[WAY_SLEEP] >= 1 && took[WAY_ALONE] >= 1, "looks at the others: %d, %d",
+              took[WAY_SLEEP], took[WAY_ALONE]);
+    /* a neighbour on one core: spinning 12 ms, sleeping 7, alone 5 */
+    const int64_t busy[N_WAYS] = {7000000, 12000000, 5000000};
+    ways_in(&s, 8, busy, took);
+    ways_in(&s, 64, busy, took);
+    cr_expect(took[WAY_ALONE] >= 58 && took[WAY_ALONE] <= 62, "busy: %d of 64 runs alone",
+              took[WAY_ALONE]);
     /* quiet again */
-    spins_in(&s, 96, 3000000, 4500000);
-    hot = spins_in(&s, 64, 3000000, 4500000);
-    cr_expect(hot >= 58, "quiet again: %d of 64 runs spun", hot);
+    ways_in(&s, 96, quiet, took);
+    ways_in(&s, 64, quiet, took);
+    cr_expect(took[WAY_SPIN] >= 58, "quiet again: %d of 64 runs spun", took[WAY_SPIN]);
 }

@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <omp.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdatomic.h>
 
 #include <wk_omp.h>
@@ -162,4 +163,113 @@ Test(omp_pool, two_leaders_run_regions_at_once)
         for (int t = 0; t < TEAM; t++)
             cr_expect_eq(atomic_load(&w[i].seen[t]), REGIONS, "leader %d thread %d", i, t);
     }
+}
+
+typedef struct {
+    atomic_int seen[TEAM];
+    atomic_int elsewhere;
+    pthread_t leader;
+} where_t;
+
+static void where(void *arg)
+{
+    where_t *w = arg;
+    int t = omp_get_thread_num();
+    if (t >= 0 && t < TEAM)
+        atomic_fetch_add(&w->seen[t], 1);
+    if (!pthread_equal(pthread_self(), w->leader))
+        atomic_fetch_add(&w->elsewhere, 1);
+}
+
+/* Alone (a neighbour holds the other cores), the leader runs every share
+ * of the team itself, each under its own number, and wakes no worker. */
+Test(omp_pool, alone_the_leader_runs_every_share_under_its_own_number)
+{
+    where_t w = {.leader = pthread_self()};
+    wk_omp_alone(true);
+    for (int r = 0; r < 100; r++)
+        GOMP_parallel(where, &w, TEAM, 0);
+    wk_omp_alone(false);
+    for (int t = 0; t < TEAM; t++)
+        cr_expect_eq(atomic_load(&w.seen[t]), 100, "share %d ran %d times", t,
+                     atomic_load(&w.seen[t]));
+    cr_expect_eq(atomic_load(&w.elsewhere), 0, "%d shares ran on a worker",
+                 atomic_load(&w.elsewhere));
+    /* and the team is back after it */
+    who_t v = {0};
+    GOMP_parallel(who, &v, TEAM, 0);
+    for (int t = 0; t < TEAM; t++)
+        cr_expect_eq(atomic_load(&v.seen[t]), 1);
+}
+
+/* A region with barriers cannot run its shares one after the other: alone,
+ * the first share to wait at a barrier calls the workers for the others,
+ * and every phase still holds everyone until the team arrived. */
+Test(omp_pool, alone_a_region_with_barriers_calls_the_workers)
+{
+    for (int hot = 0; hot < 2; hot++) {
+        wk_omp_hot(hot);
+        wk_omp_alone(true);
+        phases_t p = {0};
+        GOMP_parallel(phases, &p, 3, 0);
+        cr_expect_eq(atomic_load(&p.wrong), 0, "hot %d: %d threads left a barrier early", hot,
+                     atomic_load(&p.wrong));
+        cr_expect_eq(atomic_load(&p.arrived), 3 * PHASES);
+    }
+    wk_omp_alone(false);
+    wk_omp_hot(false);
+}
+
+/* A worker held off its core: a signal whose handler waits for release,
+ * as a neighbour's process would hold the core the worker sleeps on. */
+static atomic_int g_held, g_release;
+static pthread_t g_worker;
+
+static void hold_here(int sig)
+{
+    (void)sig;
+    atomic_store(&g_held, 1);
+    while (!atomic_load(&g_release))
+        ;
+}
+
+static void find_worker(void *arg)
+{
+    pthread_t *leader = arg;
+    if (!pthread_equal(pthread_self(), *leader))
+        g_worker = pthread_self();
+}
+
+/* A share whose thread does not come is run by the thread that finished
+ * its own: the region ends while its worker is still held. */
+Test(omp_pool, a_share_whose_thread_does_not_come_is_run_by_the_leader)
+{
+    omp_set_num_threads(2);
+    wk_omp_alone(false);
+    /* the worker's thread: a region whose share 1 it took (the leader
+     * takes it when the worker is not up yet) */
+    pthread_t me = pthread_self();
+    g_worker = me;
+    for (int r = 0; r < 100000 && pthread_equal(g_worker, me); r++)
+        GOMP_parallel(find_worker, &me, 2, 0);
+    cr_assert(!pthread_equal(g_worker, me), "no share ran on a worker");
+    struct sigaction sa = {.sa_handler = hold_here};
+    sigemptyset(&sa.sa_mask);
+    cr_assert_eq(sigaction(SIGUSR1, &sa, NULL), 0);
+    cr_assert_eq(pthread_kill(g_worker, SIGUSR1), 0);
+    while (!atomic_load(&g_held))
+        ;
+    where_t w = {.leader = pthread_self()};
+    for (int r = 0; r < 10; r++)
+        GOMP_parallel(where, &w, 2, 0);
+    atomic_store(&g_release, 1);
+    cr_expect_eq(atomic_load(&w.seen[0]), 10);
+    cr_expect_eq(atomic_load(&w.seen[1]), 10, "share 1 ran %d of 10 times",
+                 atomic_load(&w.seen[1]));
+    cr_expect_eq(atomic_load(&w.elsewhere), 0);
+    /* the worker, released, takes its shares again */
+    who_t v = {0};
+    for (int r = 0; r < 200; r++)
+        GOMP_parallel(who, &v, 2, 0);
+    cr_expect_eq(atomic_load(&v.runs), 400);
 }
