@@ -4,6 +4,7 @@
 #include <sq.h>
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +16,20 @@ static const char *const format_names[] = {"xyxy", "cxcywh", "yxyx", "cycxhw"};
 const char *gw_box_format_name(gw_box_format_t f)
 {
     return (unsigned)f < 4 ? format_names[f] : "?";
+}
+
+static const char *const layout_names[] = {"boxes_scores", "yolo", "ssd_anchors"};
+
+#define LAYOUTS_WHY                                                                                \
+    "expected \"yolo\" (one output [N, 4 + C, A], its transpose [N, A, 4 + C], or YOLOv5's "       \
+    "[N, A, 5 + C] with \"objectness\": true), \"boxes_scores\" (decoded boxes [N, K, 4] with "    \
+    "scores [N, K] and optional labels [N, K], or per-class scores [N, K, C]: export SSD and "     \
+    "RetinaNet with their postprocessing) or \"ssd_anchors\" (raw box offsets [N, K, >= 4] with "  \
+    "\"anchors\", MediaPipe's SSD anchor options)"
+
+const char *gw_detect_layout_name(gw_detect_layout_t l)
+{
+    return (unsigned)l < 3 ? layout_names[l] : "?";
 }
 
 /* ---- anchors (MediaPipe's SsdAnchorsCalculator) ------------------------ */
@@ -282,18 +297,58 @@ int gw_crops_spec_parse(const json_t *crops_of, const char *path, gw_crops_spec_
     s->score_threshold = 0.5;
     s->nms_iou = 0.5;
     s->max_crops = 8;
+    s->transposed = -1;
     if (!json_is_object(crops_of)) {
         snprintf(err, errlen, "%s: expected an object", path != NULL ? path : "crops_of");
         return SQ_BAD_CONFIG;
     }
-    int has_format = 0, has_normalized = 0, has_scale[4] = {0};
+    int has_format = 0, has_normalized = 0, has_scale[4] = {0}, has_layout = 0;
     const char *key;
     json_t *x;
     json_object_foreach((json_t *)crops_of, key, x)
     {
         if (strcmp(key, "stage") == 0)
             continue; /* the pipeline parser's */
-        if (strcmp(key, "boxes") == 0) {
+        if (strcmp(key, "layout") == 0) {
+            int found = -1;
+            for (int i = 0; i < 3 && json_is_string(x); i++) {
+                if (strcmp(json_string_value(x), layout_names[i]) == 0)
+                    found = i;
+            }
+            if (found < 0)
+                return bad(err, errlen, path, key, LAYOUTS_WHY);
+            s->layout = (gw_detect_layout_t)found;
+            has_layout = 1;
+        } else if (strcmp(key, "output") == 0) {
+            if (!json_is_string(x) || json_string_length(x) == 0 ||
+                json_string_length(x) >= sizeof(s->output))
+                return bad(err, errlen, path, key, "expected an output name");
+            snprintf(s->output, sizeof(s->output), "%s", json_string_value(x));
+        } else if (strcmp(key, "objectness") == 0) {
+            if (get_bool(x, &s->objectness) != 0)
+                return bad(err, errlen, path, key, "expected true or false");
+        } else if (strcmp(key, "transposed") == 0) {
+            if (get_bool(x, &s->transposed) != 0)
+                return bad(err, errlen, path, key, "expected true or false");
+        } else if (strcmp(key, "labels") == 0) {
+            if (!json_is_string(x) || json_string_length(x) == 0 ||
+                json_string_length(x) >= sizeof(s->label_part.name))
+                return bad(err, errlen, path, key,
+                           "expected the name of an output [N, K] of class indices");
+            snprintf(s->label_part.name, sizeof(s->label_part.name), "%s", json_string_value(x));
+            s->has_labels = 1;
+        } else if (strcmp(key, "classes") == 0) {
+            if (!json_is_array(x) || json_array_size(x) == 0 ||
+                json_array_size(x) > GW_DETECT_MAX_CLASSES)
+                return bad(err, errlen, path, key,
+                           "expected a list of 1 to 256 class indices (integers >= 0)");
+            for (size_t i = 0; i < json_array_size(x); i++) {
+                if (int_in(json_array_get(x, i), 0, 1 << 24, &s->classes_kept[i]) != 0)
+                    return bad(err, errlen, path, key,
+                               "expected a list of 1 to 256 class indices (integers >= 0)");
+            }
+            s->nclasses_kept = (int)json_array_size(x);
+        } else if (strcmp(key, "boxes") == 0) {
             if (parse_parts(x, s->box_parts, &s->nbox_parts) != 0)
                 return bad(err, errlen, path, key,
                            "expected an output name or a list of 1 to 4 output names");
@@ -364,10 +419,40 @@ int gw_crops_spec_parse(const json_t *crops_of, const char *path, gw_crops_spec_
             return bad(err, errlen, path, key, "unknown field");
         }
     }
-    if (s->nbox_parts == 0)
-        return bad(err, errlen, path, "boxes", "required");
-    if (s->nscore_parts == 0)
-        return bad(err, errlen, path, "scores", "required");
+    if (!has_layout)
+        s->layout = s->has_anchors ? GW_LAYOUT_SSD_ANCHORS : GW_LAYOUT_BOXES_SCORES;
+    if (s->layout == GW_LAYOUT_YOLO) {
+        /* One output holds the boxes and the scores. */
+        const char *not_yolo[] = {"boxes", "scores", "labels", "anchors", "box_offset"};
+        for (size_t i = 0; i < sizeof(not_yolo) / sizeof(not_yolo[0]); i++) {
+            if (json_object_get(crops_of, not_yolo[i]) != NULL)
+                return bad(err, errlen, path, not_yolo[i],
+                           "not with layout \"yolo\" (its one output holds boxes and scores: "
+                           "name it with \"output\")");
+        }
+        if (!has_format)
+            s->format = GW_BOX_CXCYWH;
+        if (!has_normalized)
+            s->normalized = 0;
+    } else {
+        const char *yolo_only[] = {"output", "objectness", "transposed"};
+        for (size_t i = 0; i < sizeof(yolo_only) / sizeof(yolo_only[0]); i++) {
+            if (json_object_get(crops_of, yolo_only[i]) != NULL)
+                return bad(err, errlen, path, yolo_only[i], "only with layout \"yolo\"");
+        }
+        if (s->nbox_parts == 0)
+            return bad(err, errlen, path, "boxes", "required: the output(s) holding the boxes");
+        if (s->nscore_parts == 0)
+            return bad(err, errlen, path, "scores", "required: the output(s) holding the scores");
+    }
+    if (s->layout == GW_LAYOUT_SSD_ANCHORS && !s->has_anchors)
+        return bad(err, errlen, path, "anchors",
+                   "required with layout \"ssd_anchors\": \"" PRESET_FACE_FRONT
+                   "\" or an object of MediaPipe's SSD anchor options");
+    if (s->layout != GW_LAYOUT_SSD_ANCHORS && s->has_anchors)
+        return bad(err, errlen, path, "anchors", "only with layout \"ssd_anchors\"");
+    if (s->has_labels && s->layout != GW_LAYOUT_BOXES_SCORES)
+        return bad(err, errlen, path, "labels", "only with layout \"boxes_scores\"");
     if (s->has_anchors) {
         if (!has_format)
             s->format = GW_BOX_CXCYWH;
@@ -411,9 +496,26 @@ static json_t *parts_json(const gw_detect_part_t *p, int n)
 json_t *gw_crops_spec_json(const gw_crops_spec_t *s)
 {
     json_t *o = json_object();
-    json_object_set_new(o, "boxes", parts_json(s->box_parts, s->nbox_parts));
-    json_object_set_new(o, "scores", parts_json(s->score_parts, s->nscore_parts));
-    json_object_set_new(o, "box_offset", json_integer(s->box_offset));
+    json_object_set_new(o, "layout", json_string(gw_detect_layout_name(s->layout)));
+    if (s->layout == GW_LAYOUT_YOLO) {
+        if (s->output[0] != '\0')
+            json_object_set_new(o, "output", json_string(s->output));
+        json_object_set_new(o, "objectness", json_boolean(s->objectness));
+        if (s->transposed >= 0)
+            json_object_set_new(o, "transposed", json_boolean(s->transposed));
+    } else {
+        json_object_set_new(o, "boxes", parts_json(s->box_parts, s->nbox_parts));
+        json_object_set_new(o, "scores", parts_json(s->score_parts, s->nscore_parts));
+        json_object_set_new(o, "box_offset", json_integer(s->box_offset));
+        if (s->has_labels)
+            json_object_set_new(o, "labels", json_string(s->label_part.name));
+    }
+    if (s->nclasses_kept > 0) {
+        json_t *cl = json_array();
+        for (int i = 0; i < s->nclasses_kept; i++)
+            json_array_append_new(cl, json_integer(s->classes_kept[i]));
+        json_object_set_new(o, "classes", cl);
+    }
     json_object_set_new(o, "format", json_string(gw_box_format_name(s->format)));
     json_object_set_new(o, "normalized", json_boolean(s->normalized));
     if (s->has_anchors) {
@@ -485,11 +587,64 @@ static void dims_str(const gw_output_t *o, char *buf, size_t len)
         snprintf(buf + n, len - n, "]");
 }
 
-int gw_crops_spec_bind(gw_crops_spec_t *s, const char *det_name, const gw_output_t *outputs,
-                       int noutputs, const char *path, char *err, size_t errlen)
+/* YOLO's one output: [N, 4 + C, A] (v8), [N, A, 4 + C], or with an
+ * objectness column [N, A, 5 + C] (v5). */
+static int bind_yolo(gw_crops_spec_t *s, const char *det_name, const gw_output_t *outputs,
+                     int noutputs, const char *path, char *err, size_t errlen)
 {
-    char why[320], dims[96];
-    s->bound = 0;
+    char why[512], dims[96];
+    const char *name = s->output[0] != '\0' ? s->output : noutputs > 0 ? outputs[0].name : "";
+    int64_t off = 0;
+    const gw_output_t *o = find_output(outputs, noutputs, name, &off);
+    if (o == NULL) {
+        snprintf(why, sizeof(why), "model %s has no output \"%s\"", det_name, name);
+        return bad(err, errlen, path, "output", why);
+    }
+    dims_str(o, dims, sizeof(dims));
+    int head = 4 + s->objectness;
+    if (o->ndims != 3 || o->dims[1] < 1 || o->dims[2] < 1 ||
+        (s->transposed < 0 && o->dims[1] == o->dims[2])) {
+        snprintf(why, sizeof(why),
+                 "output \"%s\" is %s, expected [N, %s + C, A] (YOLOv8) or [N, A, %s + C]%s", name,
+                 dims, s->objectness ? "5" : "4", s->objectness ? "5" : "4",
+                 o->ndims == 3 && o->dims[1] == o->dims[2]
+                     ? ": both axes are as long, say which is A with \"transposed\""
+                     : "");
+        return bad(err, errlen, path, "output", why);
+    }
+    int transposed = s->transposed >= 0 ? s->transposed : o->dims[1] > o->dims[2];
+    int64_t attrs = transposed ? o->dims[2] : o->dims[1];
+    int64_t na = transposed ? o->dims[1] : o->dims[2];
+    if (attrs < head + 1 || na > INT32_MAX || attrs - head > INT32_MAX) {
+        snprintf(why, sizeof(why),
+                 "output \"%s\" is %s: %lld numbers per anchor, expected %d box numbers%s and at "
+                 "least 1 class score (%s)",
+                 name, dims, (long long)attrs, 4, s->objectness ? ", the objectness" : "",
+                 transposed ? "[N, A, 4 + C]"
+                            : "[N, 4 + C, A]; say \"transposed\": true for "
+                              "[N, A, 4 + C]");
+        return bad(err, errlen, path, "output", why);
+    }
+    int64_t kstride = transposed ? attrs : 1, jstride = transposed ? 1 : na;
+    gw_detect_part_t box = {.off = off, .count = (int)na, .kstride = kstride, .jstride = jstride};
+    snprintf(box.name, sizeof(box.name), "%s", name);
+    s->box_parts[0] = box;
+    s->nbox_parts = 1;
+    s->obj_part = box;
+    s->obj_part.off = off + 4 * jstride;
+    s->score_parts[0] = box;
+    s->score_parts[0].off = off + head * jstride;
+    s->nscore_parts = 1;
+    s->nclasses = (int)(attrs - head);
+    s->nboxes = (int)na;
+    s->box_stride = (int)attrs;
+    return 0;
+}
+
+static int bind_boxes_scores(gw_crops_spec_t *s, const char *det_name, const gw_output_t *outputs,
+                             int noutputs, const char *path, char *err, size_t errlen)
+{
+    char why[512], dims[96];
     int kb = 0, ks = 0;
     for (int pi = 0; pi < s->nbox_parts; pi++) {
         gw_detect_part_t *p = &s->box_parts[pi];
@@ -500,8 +655,11 @@ int gw_crops_spec_bind(gw_crops_spec_t *s, const char *det_name, const gw_output
         }
         dims_str(o, dims, sizeof(dims));
         if (o->ndims != 3 || o->dims[1] < 1 || o->dims[2] < s->box_offset + 4) {
-            snprintf(why, sizeof(why), "output \"%s\" is %s, expected [N, K, >= %d]", p->name, dims,
-                     s->box_offset + 4);
+            snprintf(why, sizeof(why), "output \"%s\" is %s, expected [N, K, >= %d]%s", p->name,
+                     dims, s->box_offset + 4,
+                     o->ndims == 3 && o->dims[1] >= 4 && o->dims[1] < o->dims[2]
+                         ? " (boxes and scores in one output [N, 4 + C, A] are layout \"yolo\")"
+                         : "");
             return bad(err, errlen, path, "boxes", why);
         }
         if (pi > 0 && o->dims[2] != s->box_stride) {
@@ -511,6 +669,8 @@ int gw_crops_spec_bind(gw_crops_spec_t *s, const char *det_name, const gw_output
         }
         s->box_stride = (int)o->dims[2];
         p->count = (int)o->dims[1];
+        p->kstride = s->box_stride;
+        p->jstride = 1;
         kb += p->count;
     }
     for (int pi = 0; pi < s->nscore_parts; pi++) {
@@ -521,17 +681,60 @@ int gw_crops_spec_bind(gw_crops_spec_t *s, const char *det_name, const gw_output
             return bad(err, errlen, path, "scores", why);
         }
         dims_str(o, dims, sizeof(dims));
-        if (!(o->ndims == 2 || (o->ndims == 3 && o->dims[2] == 1)) || o->dims[1] < 1) {
-            snprintf(why, sizeof(why), "output \"%s\" is %s, expected [N, K] or [N, K, 1]", p->name,
-                     dims);
+        for (int bi = 0; bi < s->nbox_parts; bi++) {
+            if (strcmp(s->box_parts[bi].name, p->name) == 0) {
+                snprintf(why, sizeof(why),
+                         "output \"%s\" (%s) holds the boxes: one output of boxes and scores "
+                         "[N, 4 + C, A] or [N, A, 4 + C] is layout \"yolo\"",
+                         p->name, dims);
+                return bad(err, errlen, path, "scores", why);
+            }
+        }
+        int64_t c = o->ndims == 3 ? o->dims[2] : 1;
+        if (!(o->ndims == 2 || o->ndims == 3) || o->dims[1] < 1 || c < 1 || c > INT32_MAX) {
+            snprintf(why, sizeof(why),
+                     "output \"%s\" is %s, expected [N, K], [N, K, 1] or per class [N, K, C]",
+                     p->name, dims);
             return bad(err, errlen, path, "scores", why);
         }
+        if (pi > 0 && c != s->nclasses) {
+            snprintf(why, sizeof(why), "output \"%s\" is %s, expected %d classes as the first",
+                     p->name, dims, s->nclasses);
+            return bad(err, errlen, path, "scores", why);
+        }
+        s->nclasses = (int)c;
         p->count = (int)o->dims[1];
+        p->kstride = c;
+        p->jstride = 1;
         ks += p->count;
     }
     if (kb != ks) {
         snprintf(why, sizeof(why), "%d scores for %d boxes", ks, kb);
         return bad(err, errlen, path, "scores", why);
+    }
+    if (s->has_labels) {
+        gw_detect_part_t *p = &s->label_part;
+        const gw_output_t *o = find_output(outputs, noutputs, p->name, &p->off);
+        if (o == NULL) {
+            snprintf(why, sizeof(why), "model %s has no output \"%s\"", det_name, p->name);
+            return bad(err, errlen, path, "labels", why);
+        }
+        dims_str(o, dims, sizeof(dims));
+        if (!(o->ndims == 2 || (o->ndims == 3 && o->dims[2] == 1)) || o->dims[1] != kb) {
+            snprintf(why, sizeof(why), "output \"%s\" is %s, expected [N, %d]: a class per box",
+                     p->name, dims, kb);
+            return bad(err, errlen, path, "labels", why);
+        }
+        if (s->nclasses != 1) {
+            snprintf(why, sizeof(why),
+                     "with per-class scores (%d classes) a box's class is its best-scored one: "
+                     "leave labels out, or give scores [N, K]",
+                     s->nclasses);
+            return bad(err, errlen, path, "labels", why);
+        }
+        p->count = kb;
+        p->kstride = 1;
+        p->jstride = 1;
     }
     if (s->has_anchors) {
         int na = gw_ssd_anchors_generate(&s->anchors, NULL, 0);
@@ -541,6 +744,26 @@ int gw_crops_spec_bind(gw_crops_spec_t *s, const char *det_name, const gw_output
         }
     }
     s->nboxes = kb;
+    return 0;
+}
+
+int gw_crops_spec_bind(gw_crops_spec_t *s, const char *det_name, const gw_output_t *outputs,
+                       int noutputs, const char *path, char *err, size_t errlen)
+{
+    s->bound = 0;
+    int rc = s->layout == GW_LAYOUT_YOLO
+                 ? bind_yolo(s, det_name, outputs, noutputs, path, err, errlen)
+                 : bind_boxes_scores(s, det_name, outputs, noutputs, path, err, errlen);
+    if (rc != 0)
+        return rc;
+    for (int i = 0; i < s->nclasses_kept && !s->has_labels; i++) {
+        if (s->classes_kept[i] >= s->nclasses) {
+            char why[160];
+            snprintf(why, sizeof(why), "class %d, but the detector scores %d classes (0..%d)",
+                     s->classes_kept[i], s->nclasses, s->nclasses - 1);
+            return bad(err, errlen, path, "classes", why);
+        }
+    }
     s->bound = 1;
     return 0;
 }
@@ -551,18 +774,32 @@ typedef struct {
     float x0, y0, x1, y1; /* normalized coordinates of the model input */
     float score;
     int k;
+    int cls;
 } cand_t;
 
-/* The float at flat index k of the concatenated parts, times stride. */
-static const float *part_at(const gw_detect_part_t *parts, int n, const float *row, int k,
-                            int stride)
+/* Where box (anchor) k of the concatenated parts starts. */
+static const gw_detect_part_t *part_at(const gw_detect_part_t *parts, int n, const float *row,
+                                       int k, const float **at)
 {
     for (int i = 0; i < n; i++) {
-        if (k < parts[i].count)
-            return row + parts[i].off + (int64_t)k * stride;
+        if (k < parts[i].count) {
+            *at = row + parts[i].off + (int64_t)k * parts[i].kstride;
+            return &parts[i];
+        }
         k -= parts[i].count;
     }
+    *at = NULL;
     return NULL;
+}
+
+/* The four box numbers of box k, from box_offset on. */
+static void box_at(const gw_crops_spec_t *s, const float *row, int k, float b[4])
+{
+    const float *at;
+    const gw_detect_part_t *p = part_at(s->box_parts, s->nbox_parts, row, k, &at);
+    at += (int64_t)s->box_offset * p->jstride;
+    for (int i = 0; i < 4; i++)
+        b[i] = at[i * p->jstride];
 }
 
 static float score_of(const gw_crops_spec_t *s, float v)
@@ -591,8 +828,8 @@ static void decode_anchor(void *arg, int k, const gw_anchor_t *an)
         return;
     const gw_crops_spec_t *s = d->s;
     cand_t *c = &d->c[d->next++];
-    const float *b = part_at(s->box_parts, s->nbox_parts, d->row, k, s->box_stride);
-    b += s->box_offset;
+    float b[4];
+    box_at(s, d->row, k, b);
     int yx = s->format == GW_BOX_CYCXHW;
     float cx = b[yx ? 1 : 0], cy = b[yx ? 0 : 1], w = b[yx ? 3 : 2], h = b[yx ? 2 : 3];
     cx = cx / (float)s->x_scale * an->w + an->cx;
@@ -612,8 +849,8 @@ static void decode_anchor(void *arg, int k, const gw_anchor_t *an)
 
 static void decode_plain(const gw_crops_spec_t *s, const float *row, cand_t *c, int in_w, int in_h)
 {
-    const float *b = part_at(s->box_parts, s->nbox_parts, row, c->k, s->box_stride);
-    b += s->box_offset;
+    float b[4];
+    box_at(s, row, c->k, b);
     float x0, y0, x1, y1;
     switch (s->format) {
     case GW_BOX_XYXY:
@@ -666,6 +903,47 @@ static void emit(gw_detection_t *d, const cand_t *c, int img_w, int img_h)
     d->y1 = c->y1 * (float)img_h;
     d->score = c->score;
     d->index = c->k;
+    d->label = c->cls;
+}
+
+static int class_kept(const gw_crops_spec_t *s, int cls)
+{
+    if (s->nclasses_kept == 0)
+        return 1;
+    for (int i = 0; i < s->nclasses_kept; i++) {
+        if (s->classes_kept[i] == cls)
+            return 1;
+    }
+    return 0;
+}
+
+/* Box k's score and class: its best class's score (times its objectness
+ * with YOLOv5's), or its one score and its label. 0 when it is dropped
+ * (below the threshold, NaN, or of a class not kept). */
+static int score_box(const gw_crops_spec_t *s, const float *row, int k, float *score, int *cls)
+{
+    const float *at;
+    const gw_detect_part_t *p = part_at(s->score_parts, s->nscore_parts, row, k, &at);
+    float best = score_of(s, at[0]);
+    int bc = 0;
+    for (int c = 1; c < s->nclasses; c++) {
+        float v = score_of(s, at[(int64_t)c * p->jstride]);
+        if (v > best || best != best)
+            best = v, bc = c;
+    }
+    if (s->objectness) {
+        const float *o = row + s->obj_part.off + (int64_t)k * s->obj_part.kstride;
+        best *= score_of(s, *o);
+    }
+    if (s->has_labels) {
+        float l = row[s->label_part.off + k];
+        bc = l >= 0 && l < (float)(1 << 24) ? (int)lrintf(l) : -1;
+    }
+    if (!(best >= (float)s->score_threshold) || !class_kept(s, bc)) /* false for NaN */
+        return 0;
+    *score = best;
+    *cls = bc;
+    return 1;
 }
 
 int gw_detect(const gw_crops_spec_t *s, const float *row, int in_w, int in_h, int img_w, int img_h,
@@ -682,16 +960,9 @@ int gw_detect(const gw_crops_spec_t *s, const float *row, int in_w, int in_h, in
     if (c == NULL)
         return SQ_NOMEM;
     int n = 0;
-    float thr = (float)s->score_threshold;
-    for (int pi = 0, k = 0; pi < s->nscore_parts; pi++) {
-        const float *p = row + s->score_parts[pi].off;
-        for (int i = 0; i < s->score_parts[pi].count; i++, k++) {
-            float sc = score_of(s, p[i]);
-            if (sc >= thr) { /* false for NaN */
-                c[n].score = sc;
-                c[n++].k = k;
-            }
-        }
+    for (int k = 0; k < s->nboxes; k++) {
+        if (score_box(s, row, k, &c[n].score, &c[n].cls))
+            c[n++].k = k;
     }
     if (s->has_anchors) {
         decode_arg_t d = {s, row, c, n, 0};
@@ -704,20 +975,21 @@ int gw_detect(const gw_crops_spec_t *s, const float *row, int in_w, int in_h, in
     float nms = (float)s->nms_iou;
     int got = 0;
     if (!s->nms_weighted) {
-        /* Hard NMS: a kept box suppresses every lower one overlapping it. */
+        /* Hard NMS per class: a kept box suppresses every lower one of its
+         * class overlapping it. */
         for (int i = 0; i < n && got < max; i++) {
             if (c[i].k < 0)
                 continue;
             emit(&out[got++], &c[i], img_w, img_h);
             for (int j = i + 1; j < n; j++) {
-                if (c[j].k >= 0 && iou(&c[i], &c[j]) > nms)
+                if (c[j].k >= 0 && c[j].cls == c[i].cls && iou(&c[i], &c[j]) > nms)
                     c[j].k = -1;
             }
         }
     } else {
-        /* MediaPipe's weighted NMS: the top box and those overlapping it
-         * leave together; the detection has the top score and their
-         * score-weighted mean box. */
+        /* MediaPipe's weighted NMS: the top box and those of its class
+         * overlapping it leave together; the detection has the top score
+         * and their score-weighted mean box. */
         for (int i = 0; i < n && got < max; i++) {
             if (c[i].k < 0)
                 continue;
@@ -725,7 +997,7 @@ int gw_detect(const gw_crops_spec_t *s, const float *row, int in_w, int in_h, in
             double sw = c[i].score, x0 = c[i].x0 * sw, y0 = c[i].y0 * sw, x1 = c[i].x1 * sw,
                    y1 = c[i].y1 * sw;
             for (int j = i + 1; j < n; j++) {
-                if (c[j].k < 0 || iou(&top, &c[j]) <= nms)
+                if (c[j].k < 0 || c[j].cls != top.cls || iou(&top, &c[j]) <= nms)
                     continue;
                 double w = c[j].score;
                 sw += w;

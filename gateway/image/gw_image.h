@@ -280,15 +280,28 @@ void gw_prep_pool_shutdown(gw_prep_pool_t *pool, gw_prep_shutdown_t how);
 void gw_prep_pool_free(gw_prep_pool_t *pool);
 
 /* Detection post-processing and cropping, for pipelines where a detector
- * stage feeds crops of its detections to a classifier stage.
+ * stage feeds crops of its detections to a classifier stage, and for /v1's
+ * answer of a detector.
  *
- * A pipeline stage's "crops_of" object says how to read the detector's
- * output: which outputs hold the boxes and the scores, how the four box
- * numbers are laid out, whether they are decoded against SSD anchors the
- * way MediaPipe's TensorsToDetectionsCalculator does (BlazeFace), how
- * scores are thresholded, how overlapping boxes are suppressed (hard NMS or
- * MediaPipe's weighted NMS), and how a detection becomes a crop (padding,
- * square expansion).
+ * A pipeline stage's "crops_of" object (and a detector model's upload
+ * config "detector" block, with the same fields) says how to read the
+ * detector's output. Its "layout" names one of three common layouts:
+ * - "yolo": YOLOv5/v8's one output [N, 4 + C, A] (or its transpose
+ *   [N, A, 4 + C], or YOLOv5's [N, A, 5 + C] with an objectness column):
+ *   centre boxes in input pixels, then C class scores, per anchor;
+ * - "boxes_scores": boxes already decoded ([N, K, >= 4], any of the four
+ *   orders, in input pixels or normalized) with scores [N, K] (and
+ *   optionally class indices [N, K], "labels") or per-class scores
+ *   [N, K, C], as SSD and RetinaNet exports with their postprocessing give;
+ * - "ssd_anchors": raw SSD box offsets decoded against anchors the way
+ *   MediaPipe's TensorsToDetectionsCalculator does (BlazeFace), scores
+ *   [N, K] or per class [N, K, C].
+ * A spec without "layout" is "ssd_anchors" when it gives "anchors", else
+ * "boxes_scores". Scores are thresholded, a box's class is its best-scored
+ * one (or its label), a "classes" list keeps only those classes, and
+ * overlapping boxes of one class are suppressed (hard NMS, or MediaPipe's
+ * weighted NMS); a detection becomes a crop with padding and square
+ * expansion.
  *
  * The data plane hands one item's output row: every output of the graph
  * concatenated in graph order, each flattened per item (output i starts at
@@ -351,26 +364,57 @@ int gw_ssd_anchors_generate(const gw_ssd_anchors_t *a, gw_anchor_t *out, int max
 #define GW_DETECT_MAX_PARTS 4
 #define GW_DETECT_MAX_CROPS 64
 
+#define GW_DETECT_MAX_CLASSES 256
+
+typedef enum {
+    GW_LAYOUT_BOXES_SCORES, /* "boxes_scores" */
+    GW_LAYOUT_YOLO,         /* "yolo" */
+    GW_LAYOUT_SSD_ANCHORS,  /* "ssd_anchors" */
+} gw_detect_layout_t;
+
+/* "boxes_scores", "yolo", "ssd_anchors". */
+const char *gw_detect_layout_name(gw_detect_layout_t l);
+
 typedef struct {
     char name[128];
     /* bound by gw_crops_spec_bind: */
-    int64_t off; /* floats from the start of the row */
-    int count;   /* K of this output */
+    int64_t off;     /* floats from the start of the row */
+    int count;       /* K of this output */
+    int64_t kstride; /* floats from one box (anchor) to the next */
+    int64_t jstride; /* floats from one box number (or class) to the next */
 } gw_detect_part_t;
 
 typedef struct {
-    /* "boxes": an output name or a list; each [N, K, C] with C >= box_offset + 4. */
+    gw_detect_layout_t layout; /* "layout"; see the top of this section */
+    /* "boxes": an output name or a list; each [N, K, C] with C >= box_offset + 4
+     * (boxes_scores, ssd_anchors). */
     int nbox_parts;
     gw_detect_part_t box_parts[GW_DETECT_MAX_PARTS];
-    /* "scores": an output name or a list; each [N, K] or [N, K, 1]. */
+    /* "scores": an output name or a list; each [N, K], [N, K, 1] or, per
+     * class, [N, K, C] with one C for all (boxes_scores, ssd_anchors). */
     int nscore_parts;
     gw_detect_part_t score_parts[GW_DETECT_MAX_PARTS];
+    /* "labels" (boxes_scores): an output [N, K] of class indices (as
+     * postprocessed exports give them with [N, K] scores); has_labels 0:
+     * none. */
+    int has_labels;
+    gw_detect_part_t label_part;
+    /* yolo: "output", the one output (default: the model's first);
+     * "objectness": its rows hold an objectness column after the box
+     * (YOLOv5, [N, A, 5 + C]; a score is objectness times the class's);
+     * "transposed": 1 for [N, A, 4 + C], 0 for [N, 4 + C, A], -1 (not
+     * given): the longer axis is A. */
+    char output[128];
+    int objectness;
+    int transposed;
     int box_offset;         /* "box_offset": where the 4 numbers start in a box row; 0 */
-    gw_box_format_t format; /* "format"; "xyxy", or "cxcywh" with anchors */
+    gw_box_format_t format; /* "format"; "xyxy", "cxcywh" with anchors and yolo */
     /* "normalized": 1 (default): coordinates in [0, 1] of the model input;
-     * 0: pixels of the model input. Anchor decoding is always normalized. */
+     * 0 (yolo's default): pixels of the model input. Anchor decoding is
+     * always normalized. */
     int normalized;
-    /* "anchors": the preset name "mediapipe_face_front_128" or an object with
+    /* "anchors" (ssd_anchors): the preset name "mediapipe_face_front_128" or
+     * an object with
      * the fields of gw_ssd_anchors_t (num_layers, min_scale, max_scale,
      * input_size_width, input_size_height, anchor_offset_x, anchor_offset_y,
      * strides, aspect_ratios, reduce_boxes_in_lowest_layer,
@@ -391,9 +435,15 @@ typedef struct {
     int sigmoid;
     double score_clip;
     double score_threshold; /* "score_threshold": keep score >= it; 0.5 */
-    /* "nms": "hard" (default) or "weighted" (MediaPipe: the top box and the
-     * boxes overlapping it are replaced by their score-weighted mean box,
-     * with the top score); "nms_iou": suppress IoU > nms_iou, in (0, 1]; 0.5. */
+    /* "classes": keep only the detections of these class indices (a box's
+     * class is its best-scored one, or its label); nclasses_kept 0: all. */
+    int nclasses_kept;
+    int classes_kept[GW_DETECT_MAX_CLASSES];
+    /* "nms": "hard" (default: a box suppresses the lower-scored boxes of
+     * its class that overlap it) or "weighted" (MediaPipe: the top box and
+     * the boxes of its class overlapping it are replaced by their
+     * score-weighted mean box, with the top score); "nms_iou": suppress
+     * IoU > nms_iou, in (0, 1]; 0.5. */
     int nms_weighted;
     double nms_iou;
     int max_crops;  /* "max_crops": 1..GW_DETECT_MAX_CROPS; 8 */
@@ -401,8 +451,10 @@ typedef struct {
     int square;     /* "square": expand the crop to a square around the box center; false */
     /* bound by gw_crops_spec_bind: */
     int bound;
-    int nboxes;     /* K in all */
-    int box_stride; /* C: floats per box row */
+    int nboxes;                /* K in all */
+    int box_stride;            /* C: floats per box row */
+    int nclasses;              /* C: the scores' classes (1 for [N, K] scores) */
+    gw_detect_part_t obj_part; /* yolo with objectness */
 } gw_crops_spec_t;
 
 /* A detection, in pixels of the original image (continuous coordinates:
@@ -411,6 +463,7 @@ typedef struct {
     float x0, y0, x1, y1;
     float score;
     int index; /* the box's k in the detector output */
+    int label; /* its class index (0 for single-class scores) */
 } gw_detection_t;
 
 /* A crop in whole pixels of the original image, inside it, w, h >= 1. */
@@ -434,14 +487,17 @@ json_t *gw_crops_spec_json(const gw_crops_spec_t *s);
 /* Resolves the output names against the detector model's outputs (the
  * model det_name's, in its graph's order):
  * a missing output, a wrong shape (boxes [N, K, >= box_offset + 4] with one
- * C for all parts, scores [N, K] or [N, K, 1]), different K in all for boxes
- * and scores, or an anchor count other than K -> SQ_BAD_CONFIG with err
- * naming the field, prefixed by path. Returns 0 and fills the bound fields. */
+ * C for all parts, scores [N, K], [N, K, 1] or [N, K, C], labels [N, K],
+ * yolo's [N, 4 + C, A] or its transpose), different K in all for boxes,
+ * scores and labels, a class of "classes" past C, or an anchor count other
+ * than K -> SQ_BAD_CONFIG with err naming the field, prefixed by path, and
+ * saying what to send instead. Returns 0 and fills the bound fields. */
 int gw_crops_spec_bind(gw_crops_spec_t *s, const char *det_name, const gw_output_t *outputs,
                        int noutputs, const char *path, char *err, size_t errlen);
 
 /* Decodes one item's output row (see the top of this file) of a bound spec:
- * scores (after the sigmoid) >= score_threshold, NMS, then at most
+ * scores (after the sigmoid) >= score_threshold, of the kept classes, NMS
+ * per class, then at most
  * min(max, max_crops) detections, highest score first (ties: lower k
  * first). Boxes are mapped from the model input (in_w x in_h, used for
  * pixel coordinates) to the original image (img_w x img_h), the model input

@@ -35,10 +35,10 @@ static void assert_inside(gw_rect_t r, int img_w, int img_h, const char *what)
 Test(crops, rect_padding_square_and_borders)
 {
     gw_crops_spec_t s = spec(0, 0);
-    gw_detection_t d = {10, 20, 30, 60, 1, 0};
+    gw_detection_t d = {10, 20, 30, 60, 1, 0, 0};
     assert_rect(gw_crop_rect(&s, &d, 100, 100), 10, 20, 20, 40);
     /* Fractional edges round outwards. */
-    gw_detection_t f = {10.2f, 20.7f, 30.1f, 40.0f, 1, 0};
+    gw_detection_t f = {10.2f, 20.7f, 30.1f, 40.0f, 1, 0, 0};
     assert_rect(gw_crop_rect(&s, &f, 100, 100), 10, 20, 21, 20);
     /* Padding: a quarter of the width (20) and height (40) on each side. */
     s.padding = 0.25;
@@ -49,16 +49,16 @@ Test(crops, rect_padding_square_and_borders)
     assert_rect(gw_crop_rect(&s, &d, 100, 100), 0, 10, 50, 60);
     /* Clamped at the bottom right. */
     s.padding = 0, s.square = 0;
-    gw_detection_t br = {80, 90, 130, 140, 1, 0};
+    gw_detection_t br = {80, 90, 130, 140, 1, 0, 0};
     assert_rect(gw_crop_rect(&s, &br, 100, 100), 80, 90, 20, 10);
     /* At least 1x1: an empty box, one outside the image on either side. */
-    gw_detection_t e = {99.5f, 99.5f, 99.5f, 99.5f, 1, 0};
+    gw_detection_t e = {99.5f, 99.5f, 99.5f, 99.5f, 1, 0, 0};
     assert_rect(gw_crop_rect(&s, &e, 100, 100), 99, 99, 1, 1);
-    gw_detection_t out1 = {200, 200, 300, 300, 1, 0};
+    gw_detection_t out1 = {200, 200, 300, 300, 1, 0, 0};
     assert_rect(gw_crop_rect(&s, &out1, 100, 100), 99, 99, 1, 1);
-    gw_detection_t out2 = {-50, -50, -10, -10, 1, 0};
+    gw_detection_t out2 = {-50, -50, -10, -10, 1, 0, 0};
     assert_rect(gw_crop_rect(&s, &out2, 100, 100), 0, 0, 1, 1);
-    gw_detection_t nan = {NAN, NAN, NAN, NAN, 1, 0};
+    gw_detection_t nan = {NAN, NAN, NAN, NAN, 1, 0, 0};
     assert_inside(gw_crop_rect(&s, &nan, 100, 100), 100, 100, "NaN box");
 }
 
@@ -67,7 +67,7 @@ Test(crops, an_inverted_box_is_a_one_pixel_crop_at_its_first_corner)
     /* x1 < x0: the width counts as 0 (no negative padding), and the crop
      * is the pixel under (x0, y0) grown to 1x1. */
     gw_crops_spec_t s = spec(0.5, 0);
-    gw_detection_t d = {40, 30, 20, 10, 1, 0};
+    gw_detection_t d = {40, 30, 20, 10, 1, 0, 0};
     gw_rect_t r = gw_crop_rect(&s, &d, 100, 100);
     assert_inside(r, 100, 100, "inverted");
     assert_rect(r, 40, 30, 1, 1);
@@ -76,14 +76,14 @@ Test(crops, an_inverted_box_is_a_one_pixel_crop_at_its_first_corner)
 Test(crops, whole_image_and_beyond_is_the_whole_image)
 {
     gw_crops_spec_t s = spec(0, 0);
-    gw_detection_t all = {0, 0, 64, 48, 1, 0};
+    gw_detection_t all = {0, 0, 64, 48, 1, 0, 0};
     assert_rect(gw_crop_rect(&s, &all, 64, 48), 0, 0, 64, 48);
     s.padding = 4; /* the most a spec allows */
     s.square = 1;
     assert_rect(gw_crop_rect(&s, &all, 64, 48), 0, 0, 64, 48);
-    gw_detection_t huge = {-1e30f, -1e30f, 1e30f, 1e30f, 1, 0};
+    gw_detection_t huge = {-1e30f, -1e30f, 1e30f, 1e30f, 1, 0, 0};
     assert_rect(gw_crop_rect(&s, &huge, 64, 48), 0, 0, 64, 48);
-    gw_detection_t inf = {-INFINITY, -INFINITY, INFINITY, INFINITY, 1, 0};
+    gw_detection_t inf = {-INFINITY, -INFINITY, INFINITY, INFINITY, 1, 0, 0};
     assert_inside(gw_crop_rect(&s, &inf, 64, 48), 64, 48, "infinite box");
 }
 
@@ -104,7 +104,8 @@ Test(crops, every_rect_lies_inside_the_image)
                             (float)(v[4] * 400 - 100),
                             (float)(v[5] * 400 - 100),
                             1,
-                            i};
+                            i,
+                            0};
         gw_crops_spec_t s = spec(v[6] * 4, i % 2);
         gw_rect_t r = gw_crop_rect(&s, &d, img_w, img_h);
         assert_inside(r, img_w, img_h, "random box");

@@ -507,8 +507,8 @@ Test(detect, bind_errors_name_the_field)
         {"{\"boxes\": \"b\", \"scores\": \"s\", \"box_offset\": 13}",
          "stages[1].crops_of.boxes: output \"b\" is [1, 896, 16], expected [N, K, >= 17]"},
         {"{\"boxes\": \"b\", \"scores\": \"b\"}",
-         "stages[1].crops_of.scores: output \"b\" is [1, 896, 16], expected [N, K] or [N, K, "
-         "1]"},
+         "stages[1].crops_of.scores: output \"b\" ([1, 896, 16]) holds the boxes: one output of "
+         "boxes and scores [N, 4 + C, A] or [N, A, 4 + C] is layout \"yolo\""},
         {"{\"boxes\": \"b\", \"scores\": \"s2\"}",
          "stages[1].crops_of.scores: 10 scores for 896 boxes"},
         {"{\"boxes\": [\"b\", \"b4\"], \"scores\": \"s\"}",
