@@ -103,6 +103,12 @@ static json_t *record_from_row(mdb_q_t *q)
     json_t *det = json_is_object(config) ? json_object_get(config, "detections") : NULL;
     if (det != NULL)
         json_object_set(r, "detections", det);
+    /* An ONNX detector's output layout and a segmenter's flag, as given. */
+    json_t *detector = json_is_object(config) ? json_object_get(config, "detector") : NULL;
+    if (json_is_object(detector))
+        json_object_set(r, "detector", detector);
+    if (json_is_object(config) && json_is_true(json_object_get(config, "segmenter")))
+        json_object_set_new(r, "segmenter", json_true());
     json_decref(config);
     /* Unloaded (model control): only when it is, as Triton's index says. */
     if (mdb_q_int64_at(q, 18) != 0)

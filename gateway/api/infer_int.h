@@ -99,9 +99,19 @@ int gw_infer_failure_why(const gw_infer_t *req, double least, char *why, size_t 
 
 /* Why model cm cannot answer /v1 (a classifier's top-k labels: output 0
  * is [N, K] class scores; a detector's boxes ranked as classes would be
- * meaningless), saying where to go instead: SQ_BAD_REQUEST with why; 0
- * when it can. */
+ * meaningless, unless its upload described them: has_detector, or it is a
+ * segmenter), saying where to go instead: SQ_BAD_REQUEST with why; 0 when
+ * it can. */
 int gw_v1_scores_why(const gw_model_t *cm, char *why, size_t len);
+/* A detector's (has_detector) /v1 answer for one item's output row, the
+ * original image being img_w x img_h: [{"box": [x0, y0, x1, y1] in its
+ * pixels (clamped to it), "index" (the class), "label", "score"}], after
+ * NMS, best first, at most its spec's max_crops. */
+json_t *gw_v1_detections_json(const gw_model_t *m, const float *row, int img_w, int img_h);
+/* A segmenter's (output 0 [N, C, H, W]) /v1 answer for one item's output
+ * row: the classes of the argmax class map, [{"index", "label", "share"}]
+ * by share (of the H x W pixels), largest first. */
+json_t *gw_v1_segments_json(const gw_model_t *m, const float *row);
 /* A /v1 body (b, n bytes, Content-Type ct) sent the way a common slip sends
  * it, with what to send instead: a JPEG labelled as JSON, JSON sent to the
  * image route (model's), and a file that `curl -d @photo.jpg` sent

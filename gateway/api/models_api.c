@@ -279,6 +279,54 @@ static void upload_emulated(mdb_t *db, model_job_t *j)
     free(cfg);
 }
 
+/* A detector's "detector" block read as a crops_of against the graph's
+ * outputs, or a segmenter's output 0 checked as [N, C, H, W]: the number of
+ * classes its labels name in *classes (*any_labels: the detector's classes
+ * come from a labels output, so any count of labels goes). */
+static int vision_check(const gw_model_config_t *cfg, const mdb_model_info_t *info,
+                        int64_t *classes, int *any_labels, char *err, size_t errlen)
+{
+    if (cfg->segmenter) {
+        const mdb_shape_t *o = &info->output_shapes[0];
+        if (o->rank != 4 || o->dims[1] < 1 || o->dims[2] < 1 || o->dims[3] < 1) {
+            char dims[96] = "";
+            for (int d = 0; d < o->rank; d++)
+                snprintf(dims + strlen(dims), sizeof(dims) - strlen(dims), "%s%lld", d ? ", " : "",
+                         (long long)o->dims[d]);
+            snprintf(err, errlen,
+                     "config.segmenter: output 0 '%s' is [%s], expected [N, C, H, W]: class "
+                     "scores per pixel",
+                     info->output_names[0], dims);
+            return SQ_BAD_CONFIG;
+        }
+        *classes = o->dims[1];
+        return 0;
+    }
+    gw_output_t *outs = sq_xcalloc(GW_MAX_OUTPUTS, sizeof(*outs));
+    int n = 0;
+    for (int i = 0; i < info->n_outputs && n < GW_MAX_OUTPUTS; i++, n++) {
+        gw_output_t *g = &outs[n];
+        snprintf(g->name, sizeof(g->name), "%s", info->output_names[i]);
+        g->elems = 1;
+        for (int d = 0; d < info->output_shapes[i].rank && d < GW_MAX_DIMS; d++) {
+            g->dims[g->ndims++] = info->output_shapes[i].dims[d];
+            if (d > 0)
+                g->elems *= info->output_shapes[i].dims[d];
+        }
+    }
+    gw_crops_spec_t *spec = sq_xmalloc(sizeof(*spec));
+    int rc = gw_crops_spec_parse(cfg->detector, "config.detector", spec, err, errlen);
+    if (rc == 0)
+        rc = gw_crops_spec_bind(spec, cfg->name, outs, n, "config.detector", err, errlen);
+    if (rc == 0) {
+        *classes = spec->nclasses;
+        *any_labels = spec->has_labels;
+    }
+    free(spec);
+    free(outs);
+    return rc;
+}
+
 static void upload_onnx(mdb_t *db, model_job_t *j)
 {
     gw_part_t parts[MAX_UPLOAD_PARTS];
@@ -373,11 +421,19 @@ static void upload_onnx(mdb_t *db, model_job_t *j)
                       cfg->max_batch, (long long)g->batch_fixed, (long long)g->batch_fixed);
         goto out;
     }
-    /* Classifier output: [N, K]; labels must match K. */
+    /* Classifier output: [N, K]; labels must match K. A detector's labels
+     * name its classes, a segmenter's its [N, C, H, W] output's C. */
     int64_t classes = info.output_shapes[0].rank >= 2
                           ? info.output_shapes[0].dims[info.output_shapes[0].rank - 1]
                           : 1;
-    if (labels != NULL && (int64_t)json_array_size(labels) != classes) {
+    int any_labels = 0;
+    if (cfg->detector != NULL || cfg->segmenter) {
+        if ((rc = vision_check(cfg, &info, &classes, &any_labels, err, sizeof(err))) != 0) {
+            gw_async_fail(&j->base, rc, "%s", err);
+            goto out;
+        }
+    }
+    if (labels != NULL && !any_labels && (int64_t)json_array_size(labels) != classes) {
         gw_async_fail(&j->base, SQ_BAD_CONFIG,
                       "config.labels: %zu labels for an output of %lld classes",
                       json_array_size(labels), (long long)classes);

@@ -51,8 +51,15 @@ typedef struct gw_model {
      * 0..i-1). outputs[0].elems is output 0's alone (a classifier's
      * classes). */
     int64_t out_elems;
-    int det_slots;         /* an emulated detector's boxes per item (gw_codec.h); 0 otherwise */
-    double det_mean;       /* its mean detections per item */
+    int det_slots;   /* an emulated detector's boxes per item (gw_codec.h); 0 otherwise */
+    double det_mean; /* its mean detections per item */
+    /* An ONNX detector (its record's "detector", bound to its outputs):
+     * /v1 answers its detections. has_detector 0: none. */
+    int has_detector;
+    gw_crops_spec_t detector;
+    /* A segmenter (its record's "segmenter"): output 0 is [N, C, H, W];
+     * /v1 answers its class-map summary. */
+    int segmenter;
     char output_name[128]; /* output 0's */
     /* Every output of the graph in its order (outputs[0] is output 0); at
      * most GW_MAX_OUTPUTS are listed. */

@@ -98,6 +98,21 @@ gw_model_t *gw_model_from_record(json_t *rec)
         m->det_slots = slots != NULL ? (int)json_integer_value(slots) : GW_EMU_DET_DEFAULT_SLOTS;
         m->det_mean = json_number_value(json_object_get(det, "mean"));
     }
+    /* Checked at upload; a record that no longer binds answers as a
+     * plain model (a warning says why). */
+    json_t *detector = json_object_get(rec, "detector");
+    if (json_is_object(detector)) {
+        char derr[320];
+        m->has_detector =
+            gw_crops_spec_parse(detector, "detector", &m->detector, derr, sizeof(derr)) == 0 &&
+            gw_crops_spec_bind(&m->detector, m->name, m->outputs, m->noutputs, "detector", derr,
+                               sizeof(derr)) == 0;
+        if (!m->has_detector)
+            SQ_WARN("model detector ignored name=%s version=%d why=\"%s\"", m->name, m->version,
+                    derr);
+    }
+    m->segmenter = json_is_true(json_object_get(rec, "segmenter")) && m->noutputs > 0 &&
+                   m->outputs[0].ndims == 4;
     json_t *pre = json_object_get(rec, "preprocess");
     for (size_t c = 0; c < 3; c++) {
         m->mean[c] = num_at(json_object_get(pre, "mean"), c);

@@ -353,6 +353,13 @@ typedef struct {
     int num_classes;
     int det_slots;   /* emulated detector: K boxes per item; 0 = a classifier */
     double det_mean; /* emulated detector: mean detections per item */
+    /* An ONNX detector's "detector": a pipeline crops_of's fields (without
+     * "stage"), read by image/ against the graph's outputs at upload; /v1
+     * answers its detections. NULL: none; owned. */
+    json_t *detector;
+    /* "segmenter": true: output 0 is [N, C, H, W] class scores per pixel;
+     * /v1 answers the classes present and their pixel shares. */
+    int segmenter;
 } gw_model_config_t;
 
 /* Parses and validates a config (JSON text). emulated: the upload carries

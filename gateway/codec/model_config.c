@@ -308,7 +308,7 @@ int gw_model_config_parse(const char *text, size_t len, int emulated, gw_model_c
     static const char *known[] = {"name",           "version",     "labels",         "preprocess",
                                   "default_slo_ms", "max_batch",   "profile",        "memory_mb",
                                   "input",          "num_classes", "version_policy", "detections",
-                                  "precision"};
+                                  "precision",      "detector",    "segmenter"};
     const char *key;
     json_t *v;
     json_object_foreach(root, key, v)
@@ -442,7 +442,35 @@ int gw_model_config_parse(const char *text, size_t len, int emulated, gw_model_c
             (rc = parse_input_pin(v, cfg, err, errlen)) != 0)
             goto out;
         rc = SQ_BAD_CONFIG;
+        /* The detector block's fields are a crops_of's: image/ reads them,
+         * against the graph's outputs, at upload. */
+        if ((v = json_object_get(root, "detector")) != NULL) {
+            if (!json_is_object(v)) {
+                rc = bad(err, errlen, "detector",
+                         "expected an object with a pipeline's crops_of fields (\"layout\", ...)");
+                goto out;
+            }
+            cfg->detector = json_incref(v);
+        }
+        if ((v = json_object_get(root, "segmenter")) != NULL) {
+            if (!json_is_boolean(v)) {
+                rc = bad(err, errlen, "segmenter", "expected true or false");
+                goto out;
+            }
+            cfg->segmenter = json_is_true(v);
+        }
+        if (cfg->detector != NULL && cfg->segmenter) {
+            rc = bad(err, errlen, "segmenter", "a model is a detector or a segmenter, not both");
+            goto out;
+        }
     } else {
+        if (json_object_get(root, "detector") != NULL ||
+            json_object_get(root, "segmenter") != NULL) {
+            rc = bad(err, errlen, "detector",
+                     "detector and segmenter are for ONNX models (an emulated detector says "
+                     "\"detections\")");
+            goto out;
+        }
         if (profile == NULL) {
             rc = bad(err, errlen, "profile", "an emulated model (no ONNX file) needs a profile");
             goto out;
@@ -512,6 +540,8 @@ out:
     if (rc != 0) {
         json_decref(cfg->labels);
         cfg->labels = NULL;
+        json_decref(cfg->detector);
+        cfg->detector = NULL;
     }
     return rc;
 }
@@ -522,4 +552,6 @@ void gw_model_config_dispose(gw_model_config_t *cfg)
         return;
     json_decref(cfg->labels);
     cfg->labels = NULL;
+    json_decref(cfg->detector);
+    cfg->detector = NULL;
 }
