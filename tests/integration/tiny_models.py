@@ -244,3 +244,73 @@ def upsampler():
         return up, deconv + db[None, :, None, None]
 
     return model.SerializeToString(), reference
+
+
+def yolo_detector(hw=32, anchors=16, rows=None):
+    """A YOLOv8-style detector whose detections are fixed: one output
+    "output0" [N, 4 + 2, anchors] (centre x, centre y, width, height in
+    input pixels, then the scores of classes 0 and 1), made by a head of
+    zero weights (its bias the table) over a tiny conv. rows maps an anchor
+    to its six numbers; the other anchors score 0.01 for both classes.
+    Default: anchor 3 a class-1 box centred (16, 12), 16 x 8, scored 0.9;
+    anchor 7 the same box, class 1, 0.6 (NMS drops it); anchor 10 a class-0
+    box centred (8, 24), 8 x 8, scored 0.8."""
+    if rows is None:
+        rows = {3: [16, 12, 16, 8, 0.05, 0.9], 7: [16.5, 12, 16, 8, 0.05, 0.6],
+                10: [8, 24, 8, 8, 0.8, 0.1]}
+    table = np.zeros((6, anchors), np.float32)
+    table[0:4, :] = [[hw / 2], [hw / 2], [2], [2]]
+    table[4:6, :] = 0.01
+    for a, v in rows.items():
+        table[:, a] = v
+    rw = np.random.default_rng(5)
+    inits = [
+        numpy_helper.from_array(rw.standard_normal((4, 3, 3, 3)).astype(np.float32) * 0.1, "cw"),
+        numpy_helper.from_array(np.zeros((6 * anchors, 4), np.float32), "hw"),
+        numpy_helper.from_array(table.reshape(-1), "hb"),
+        numpy_helper.from_array(np.array([0, 6, anchors], np.int64), "shape"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["input", "cw"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c"], ["r"]),
+        helper.make_node("GlobalAveragePool", ["r"], ["gap"]),
+        helper.make_node("Flatten", ["gap"], ["flat"], axis=1),
+        helper.make_node("Gemm", ["flat", "hw", "hb"], ["head"], transB=1),
+        helper.make_node("Reshape", ["head", "shape"], ["output0"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "tiny_yolo",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, hw, hw])],
+        [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["N", 6, anchors])],
+        inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
+                              producer_name="squish-tests")
+    return model.SerializeToString()
+
+
+def segmenter(hw=16):
+    """A segmenter whose class map is fixed: output "out" [N, 3, hw, hw],
+    a 1x1 conv of zero weights plus a constant map: class 2 on the left
+    half, class 1 on the top right quarter, class 0 on the bottom right
+    one (shares 0.5, 0.25, 0.25)."""
+    m = np.zeros((1, 3, hw, hw), np.float32)
+    h = hw // 2
+    m[0, 2, :, :h] = 3
+    m[0, 1, :h, h:] = 2
+    m[0, 0, h:, h:] = 1
+    inits = [
+        numpy_helper.from_array(np.zeros((3, 3, 1, 1), np.float32), "w"),
+        numpy_helper.from_array(m, "map"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["input", "w"], ["z"]),
+        helper.make_node("Add", ["z", "map"], ["out"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "tiny_segmenter",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, hw, hw])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 3, hw, hw])],
+        inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)],
+                              producer_name="squish-tests")
+    return model.SerializeToString()

@@ -1,0 +1,194 @@
+"""Detectors of the common output layouts and segmenters, on a real cpu
+worker: a YOLOv8-style detector (one output [N, 4 + C, A]) uploaded with a
+"detector" block answers /v1 with its boxes in the image's pixels, labels
+and scores after NMS per class, and feeds a pipeline whose second stage
+crops by it (its classes filtered); a segmenter ("segmenter": true)
+answers /v1 with its classes by pixel share; a detector block or a
+crops_of that does not fit the detector's outputs is a 400 that says what
+to send instead."""
+
+import io
+import json
+
+import numpy as np
+from PIL import Image
+
+import tiny_models as tm
+from harness import Squishd, eventually, run, test, validate
+
+PREP = {"mean": [0, 0, 0], "std": [255, 255, 255]}
+YOLO = {"layout": "yolo", "score_threshold": 0.5}
+
+
+def auth(s):
+    return {"Authorization": "Bearer " + s.token}
+
+
+def gray(v, size=(64, 48)):
+    out = io.BytesIO()
+    Image.fromarray(np.full((size[1], size[0], 3), v, np.uint8)).save(out, "JPEG", quality=95)
+    return out.getvalue()
+
+
+def upload(s, cfg, model_bytes, status=202):
+    body, ctype = tm.multipart([("model", "m.onnx", None, model_bytes),
+                                ("config", None, None, json.dumps(cfg).encode())])
+    r = s.request("POST", "/models", body=body, headers=dict(auth(s), **{"Content-Type": ctype}))
+    assert r.status == status, r
+    if status >= 400:
+        validate(r.json, "error")
+    return r
+
+
+def wait_ready(s, name):
+    def done():
+        rec = s.get("/models/" + name, headers=auth(s), schema_name="model").json["versions"][0]
+        return rec if rec["status"] != "profiling" else None
+
+    rec = eventually(done, 180, name + " profiled")
+    assert rec["status"] == "ready", rec
+    return rec
+
+
+def v1(s, name, body):
+    r = s.request("POST", "/v1/models/%s/infer" % name, body=body,
+                  headers={"Content-Type": "image/jpeg", "X-SLO-Ms": "5000"},
+                  schema_name="infer_v1_response")
+    assert r.status == 200, r
+    return r.json
+
+
+def near(got, want, tol=0.6):
+    return all(abs(a - b) <= tol for a, b in zip(got, want)), (got, want)
+
+
+@test
+def a_yolo_detector_answers_v1_with_its_boxes_and_feeds_a_pipeline():
+    s = Squishd(workers="cpu:1")
+    try:
+        s.wait_ready(workers=1, timeout=60)
+        upload(s, {"name": "yolo", "max_batch": 4, "preprocess": PREP, "labels": ["cat", "dog"],
+                   "detector": YOLO}, tm.yolo_detector())
+        upload(s, {"name": "cls_m", "max_batch": 8}, tm.tiny(3))
+        rec = wait_ready(s, "yolo")
+        assert rec["detector"]["layout"] == "yolo", rec
+        wait_ready(s, "cls_m")
+        # /v1: the dog (anchor 3; anchor 7 is its duplicate, gone) and the
+        # cat, in the 64 x 48 image's pixels: the 32 x 32 input stretched.
+        got = v1(s, "yolo", gray(128))
+        dets = got["detections"][0]
+        assert [(d["label"], d["index"]) for d in dets] == [("dog", 1), ("cat", 0)], got
+        assert abs(dets[0]["score"] - 0.9) < 1e-5 and abs(dets[1]["score"] - 0.8) < 1e-5, dets
+        assert near(dets[0]["box"], [16, 12, 48, 24]), dets
+        assert near(dets[1]["box"], [8, 30, 24, 42]), dets
+        # Two images, one list each.
+        body, ctype = tm.multipart([("a", "a.jpg", "image/jpeg", gray(30)),
+                                    ("b", "b.jpg", "image/jpeg", gray(200, (32, 32)))])
+        r = s.request("POST", "/v1/models/yolo/infer", body=body,
+                      headers={"Content-Type": ctype, "X-SLO-Ms": "5000"},
+                      schema_name="infer_v1_response")
+        assert r.status == 200 and len(r.json["detections"]) == 2, r
+        assert near(r.json["detections"][1][0]["box"], [8, 8, 24, 16]), r.json
+
+        # A pipeline crops the dogs only, and classifies each crop.
+        crops = {"stage": "det", "layout": "yolo", "score_threshold": 0.5, "classes": [1]}
+        spec = {"name": "dogs", "slo_ms": 2000,
+                "stages": [{"id": "det", "model": "yolo"},
+                           {"id": "cls", "model": "cls_m", "crops_of": crops, "top_k": 2}]}
+        validate(spec, "pipeline_spec")
+        r = s.request("POST", "/pipelines", body=json.dumps(spec),
+                      headers=dict(auth(s), **{"Content-Type": "application/json"}))
+        assert r.status == 201, r
+        validate(r.json, "pipeline")
+        r = s.request("POST", "/v1/pipelines/dogs/infer", body=gray(128),
+                      headers={"Content-Type": "image/jpeg", "X-SLO-Ms": "3000"})
+        assert r.status == 200, r
+        validate(r.json, "pipeline_query_response")
+        found = r.json["frames"][0]["det"]["cls"]
+        assert len(found) == 1, found
+        assert near(found[0]["box"], [16, 12, 48, 24], 1.01), found
+        assert len(found[0]["predictions"]) == 2, found
+        # Both classes: two crops.
+        crops["classes"] = [0, 1]
+        spec["name"] = "pets"
+        r = s.request("POST", "/pipelines", body=json.dumps(spec),
+                      headers=dict(auth(s), **{"Content-Type": "application/json"}))
+        assert r.status == 201, r
+        r = s.request("POST", "/v1/pipelines/pets/infer", body=gray(128),
+                      headers={"Content-Type": "image/jpeg", "X-SLO-Ms": "3000"})
+        assert r.status == 200 and len(r.json["frames"][0]["det"]["cls"]) == 2, r
+
+        # A crops_of that does not fit the detector: 400 saying why.
+        for bad, want in (
+                (dict(crops, classes=[2]), "classes: class 2, but the detector scores 2 classes"),
+                ({"stage": "det", "boxes": "output0", "scores": "output0"}, "layout \"yolo\""),
+                ({"stage": "det", "layout": "yolo", "output": "boxes"},
+                 "model yolo has no output \"boxes\""),
+                ({"stage": "det", "layout": "retinanet"}, "\"boxes_scores\"")):
+            spec["name"] = "bad"
+            spec["stages"][1]["crops_of"] = bad
+            r = s.request("POST", "/pipelines", body=json.dumps(spec),
+                          headers=dict(auth(s), **{"Content-Type": "application/json"}))
+            assert r.status == 400 and want in r.json["error"], (bad, r)
+            validate(r.json, "error")
+    finally:
+        s.stop()
+
+
+@test
+def a_detector_block_that_does_not_fit_the_outputs_is_refused_at_upload():
+    s = Squishd(workers="none")
+    try:
+        for det, want in (
+                ({"layout": "yolo", "classes": [5]},
+                 "config.detector.classes: class 5, but the detector scores 2 classes"),
+                ({"layout": "boxes_scores", "boxes": "boxes", "scores": "scores"},
+                 "config.detector.boxes: model y has no output \"boxes\""),
+                ({"layout": "yolo", "padding": 9}, "config.detector.padding"),
+                ({"layout": "ssd"}, "config.detector.layout: expected \"yolo\"")):
+            r = upload(s, {"name": "y", "detector": det}, tm.yolo_detector(), status=400)
+            assert want in r.json["error"], (det, r.json)
+        r = upload(s, {"name": "y", "detector": YOLO, "labels": ["a", "b", "c"]},
+                   tm.yolo_detector(), status=400)
+        assert "3 labels for an output of 2 classes" in r.json["error"], r.json
+        r = upload(s, {"name": "y", "detector": YOLO}, tm.segmenter(), status=400)
+        assert "config.detector.output: output \"out\" is [" in r.json["error"], r.json
+        assert "expected [N, 4 + C, A] (YOLOv8)" in r.json["error"], r.json
+        r = upload(s, {"name": "y", "segmenter": True}, tm.yolo_detector(), status=400)
+        assert "expected [N, C, H, W]" in r.json["error"], r.json
+    finally:
+        s.stop()
+
+
+@test
+def a_segmenter_answers_v1_with_its_classes_by_pixel_share():
+    s = Squishd(workers="cpu:1")
+    try:
+        s.wait_ready(workers=1, timeout=60)
+        upload(s, {"name": "seg", "max_batch": 4, "labels": ["bg", "cat", "dog"],
+                   "segmenter": True}, tm.segmenter())
+        upload(s, {"name": "plain", "max_batch": 4}, tm.segmenter())
+        rec = wait_ready(s, "seg")
+        assert rec["segmenter"] is True, rec
+        got = v1(s, "seg", gray(90))
+        assert got["segments"] == [[{"index": 2, "label": "dog", "share": 0.5},
+                                    {"index": 0, "label": "bg", "share": 0.25},
+                                    {"index": 1, "label": "cat", "share": 0.25}]], got
+        # Without the flag /v1 says how to get the summary; /v2 has the mask.
+        wait_ready(s, "plain")
+        r = s.request("POST", "/v1/models/plain/infer", body=gray(90),
+                      headers={"Content-Type": "image/jpeg"}, schema_name="error")
+        assert r.status == 400 and "\"segmenter\": true" in r.json["error"], r
+        x = np.zeros((1, 3, 16, 16), np.float32)
+        req = {"inputs": [{"name": "input", "shape": [1, 3, 16, 16], "datatype": "FP32",
+                           "data": x.flatten().tolist()}]}
+        r = s.request("POST", "/v2/models/seg/infer", body=json.dumps(req),
+                      headers={"Content-Type": "application/json"},
+                      schema_name="oip_infer_response")
+        assert r.status == 200 and r.json["outputs"][0]["shape"] == [1, 3, 16, 16], r
+    finally:
+        s.stop()
+
+
+if __name__ == "__main__":
+    run()
