@@ -334,3 +334,61 @@ Test(detect_layouts, layouts_round_trip_through_json)
     cr_assert_eq(a.layout, GW_LAYOUT_SSD_ANCHORS);
     json_decref(v);
 }
+
+Test(detect_layouts, ssd_anchors_take_per_class_scores)
+{
+    /* One layer of stride 2 on a 4x4 input: 2 x 2 cells, one fixed-size
+     * anchor each (centres 0.25 and 0.75); three classes per anchor. */
+    gw_output_t o[2] = {out("raw", 3, (int64_t[]){1, 4, 4}), out("cls", 3, (int64_t[]){1, 4, 3})};
+    gw_crops_spec_t s;
+    const char *spec = "{\"layout\": \"ssd_anchors\", \"boxes\": \"raw\", \"scores\": \"cls\", "
+                       "\"anchors\": {\"num_layers\": 1, \"min_scale\": 0.5, \"max_scale\": 0.5, "
+                       "\"input_size_width\": 4, \"input_size_height\": 4, \"strides\": [2], "
+                       "\"interpolated_scale_aspect_ratio\": 0, \"fixed_anchor_size\": true}, "
+                       "\"classes\": [1, 2]}";
+    bound(spec, o, 2, &s);
+    cr_assert_eq(s.nboxes, 4);
+    cr_assert_eq(s.nclasses, 3);
+    /* anchor 0 (0.25, 0.25): w = h = 2 / 4 -> [0, 0.5]; class 2.
+     * anchor 3 (0.75, 0.75): shifted by +1 px, w = h = 1 / 4; class 1.
+     * anchor 1: class 0, not kept. */
+    float row[16 + 12] = {0,
+                          0,
+                          2,
+                          2,
+                          0,
+                          0,
+                          2,
+                          2,
+                          0,
+                          0,
+                          2,
+                          2,
+                          1,
+                          1,
+                          1,
+                          1,
+                          /* scores */ 0.1f,
+                          0.2f,
+                          0.9f,
+                          0.95f,
+                          0.1f,
+                          0.1f,
+                          0,
+                          0,
+                          0,
+                          0.1f,
+                          0.7f,
+                          0.2f};
+    gw_detection_t d[4];
+    cr_assert_eq(gw_detect(&s, row, 4, 4, 100, 100, d, 4), 2);
+    cr_assert_eq(d[0].index, 0);
+    cr_assert_eq(d[0].label, 2);
+    assert_box(&d[0], 0, 0, 50, 50);
+    cr_assert_eq(d[1].index, 3);
+    cr_assert_eq(d[1].label, 1);
+    assert_box(&d[1], 87.5f, 87.5f, 112.5f, 112.5f);
+    /* The anchors must match K. */
+    gw_output_t few[2] = {out("raw", 3, (int64_t[]){1, 3, 4}), out("cls", 3, (int64_t[]){1, 3, 3})};
+    refused(spec, few, 2, "4 anchors for 3 boxes");
+}
