@@ -3,7 +3,7 @@
 
     /usr/bin/python3 bench/omp_wait.py BUILD_DIR MODEL.onnx... [--batches 1,8]
         [--policies spin0,spin50] [--rounds 3]
-        [--iters 20] [--threads 2] [--busy 0,2] [--gap-ms 0,2]
+        [--iters 20] [--threads 2] [--busy 0,2] [--gap-ms 0,2] [--pin]
 
 The worker runs oneDNN on its own OpenMP pool (worker/omp_pool.c): while
 a graph runs, its threads wait for the next region spinning up to
@@ -14,7 +14,11 @@ each model and batch in squish-cpu-bench, interleaved A/B/C per round (the
 order rotated each round), with `--busy N` processes spinning beside it (a
 neighbour taking the cores: squishd's decode and HTTP threads, another
 worker) and `--gap-ms G` of sleep between runs (a live worker idles between
-batches). Reports the median over rounds of the median ms per run and the
+batches; `--pin` pins each to a core of its own, the last first). The
+policies sleep, spin and alone force the way a graph runs
+(SQUISH_CPU_WAY, worker/backend_cpu.c); auto is the worker's default,
+which times the ways per batch size and takes the fastest. Reports the
+median over rounds of the median ms per run and the
 CPU ms per run (the process's: what spinning takes from neighbours).
 (Before session 18 the policies were libgomp's GOMP_SPINCOUNT values; the
 worker no longer runs on libgomp.)
@@ -32,10 +36,18 @@ POLICIES = {
     "spin20": {"SQUISH_CPU_SPIN_US": "20"},
     "spin50": {"SQUISH_CPU_SPIN_US": "50"},
     "spin200": {"SQUISH_CPU_SPIN_US": "200"},
+    # The ways a graph runs (worker/backend_cpu.c), forced, and picked per
+    # batch size by measuring them (auto, the worker's default).
+    "sleep": {"SQUISH_CPU_WAY": "sleep"},
+    "spin": {"SQUISH_CPU_WAY": "spin"},
+    "alone": {"SQUISH_CPU_WAY": "alone"},
+    "auto": {},
 }
 
 
-def spin(stop):
+def spin(stop, cpu=None):
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
     x = 0
     while not stop.is_set():
         for _ in range(100000):
@@ -43,7 +55,8 @@ def spin(stop):
 
 
 def bench(a, model, batch, policy, gap_ms):
-    env = {k: v for k, v in os.environ.items() if k != "SQUISH_CPU_SPIN_US"}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("SQUISH_CPU_SPIN_US", "SQUISH_CPU_WAY")}
     env.update(POLICIES[policy])
     args = [os.path.join(a.build, "bench", "squish-cpu-bench"), "--threads", str(a.threads),
             "--iters", str(a.iters), "--warmup", "3", "--batch", str(batch)]
@@ -66,6 +79,8 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--busy", default="0,2")
     ap.add_argument("--gap-ms", default="0")
+    ap.add_argument("--pin", action="store_true",
+                    help="pin the i-th neighbour to the i-th last CPU (a neighbour on a core)")
     a = ap.parse_args()
     policies = a.policies.split(",")
     res = {}
@@ -73,7 +88,10 @@ def main():
                              .strip(" :\t"), os.cpu_count()), flush=True)
     for busy in [int(x) for x in a.busy.split(",")]:
         stop = multiprocessing.Event()
-        hogs = [multiprocessing.Process(target=spin, args=(stop,)) for _ in range(busy)]
+        cpus = sorted(os.sched_getaffinity(0), reverse=True)
+        hogs = [multiprocessing.Process(target=spin,
+                                        args=(stop, cpus[i % len(cpus)] if a.pin else None))
+                for i in range(busy)]
         for h in hogs:
             h.start()
         try:
