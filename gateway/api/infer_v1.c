@@ -162,12 +162,12 @@ int gw_v1_scores_why(const gw_model_t *cm, char *why, size_t len)
                  (long long)cm->outputs[0].dims[d]);
     snprintf(why, len,
              "model %s has no class scores (output 0 '%s' is [%s]%s): /v1 answers a "
-             "classifier's top-k labels%s; POST /v2/models/%s/infer for its outputs",
+             "classifier's top-k labels; POST /v2/models/%s/infer for its outputs%s",
              cm->name, cm->output_name, shape, cm->det_slots > 0 ? ", a detector's boxes" : "",
+             cm->name,
              cm->emulated ? ""
-                          : ", a detector's boxes (upload it with a \"detector\" config block) "
-                            "and a segmenter's classes (with \"segmenter\": true)",
-             cm->name);
+                          : " (or give its upload config a \"detector\" block or \"segmenter\": "
+                            "true)");
     return SQ_BAD_REQUEST;
 }
 

@@ -208,6 +208,7 @@ Test(infer_v1, an_onnx_model_without_class_scores_is_told_of_detector_and_segmen
     char why[512];
     cr_assert_eq(gw_v1_scores_why(m, why, sizeof(why)), SQ_BAD_REQUEST);
     cr_assert_not_null(strstr(why, "\"segmenter\": true"), "%s", why);
-    cr_assert_not_null(strstr(why, "\"detector\" config block"), "%s", why);
+    cr_assert_not_null(strstr(why, "a \"detector\" block"), "%s", why);
+    cr_assert_not_null(strstr(why, "POST /v2/models/m/infer for its outputs (or give"), "%s", why);
     gw_model_unref(m);
 }
