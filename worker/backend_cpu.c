@@ -67,7 +67,10 @@ static void cpu_release(wk_plan_t *plan)
     for (int i = 0; i < be->n_scratch; i++)
         dnnl_memory_destroy(be->scratch_mems[i]);
     free(be->scratch_mems);
-    free(be->scratch);
+    if (!be->shared) {
+        wk__region_free(be->scratch, be->scratch_bytes);
+        wk__region_free(be->arena, be->arena_bytes);
+    }
     free(be->out_scratch);
     dnnl_primitive_attr_destroy(be->sp_attr);
     for (int i = 0; i < be->n_bufs; i++)
@@ -80,7 +83,6 @@ static void cpu_release(wk_plan_t *plan)
     free(be->mems);
     free(be->out_user);
     free(be->out_reorder);
-    free(be->arena);
     if (be->stream)
         dnnl_stream_destroy(be->stream);
     if (be->engine)
@@ -200,14 +202,17 @@ static int cpu_prepare(wk_plan_t *plan)
         free(reqs);
         free(offs);
         free(ids);
-        be->arena = aligned_alloc(ARENA_ALIGN, be->arena_bytes + ARENA_ALIGN);
+        /* Mapped zero pages, resident as runs touch them: the batch
+         * sizes that run hold what they use of an arena planned at max
+         * batch (the batch is the outermost dimension of every buffer). */
+        be->arena_bytes += ARENA_ALIGN;
+        be->arena = wk__region_alloc(be->arena_bytes);
         if (be->arena == NULL) {
             rc = wk_fail(plan, SQ_NOMEM, "arena of %zu bytes", be->arena_bytes);
             goto out;
         }
-        memset(be->arena, 0, be->arena_bytes);
     }
-    plan->memory_bytes = be->arena_bytes;
+    plan->memory_bytes = 0;
     for (int i = 0; i < be->n_bufs; i++)
         if (be->bufs[i].own_data)
             plan->memory_bytes += dnnl_memory_desc_get_size(&be->bufs[i].md);
@@ -245,12 +250,11 @@ static int cpu_prepare(wk_plan_t *plan)
         }
     }
     if (be->scratch_bytes > 0) {
-        size_t n = (be->scratch_bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
-        if ((be->scratch = aligned_alloc(ARENA_ALIGN, n)) == NULL) {
+        be->scratch_bytes = (be->scratch_bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+        if ((be->scratch = wk__region_alloc(be->scratch_bytes)) == NULL) {
             rc = wk_fail(plan, SQ_NOMEM, "scratchpad of %zu bytes", be->scratch_bytes);
             goto out;
         }
-        plan->memory_bytes += n;
         for (int i = 0; i < be->n_scratch; i++)
             DN(dnnl_memory_set_data_handle_v2(be->scratch_mems[i], be->scratch, be->stream));
     }
@@ -443,6 +447,47 @@ out:
     return rc;
 }
 
+static size_t cpu_arena_need(const wk_plan_t *plan, size_t *scratch_bytes)
+{
+    const cpu_be_t *be = plan->be;
+    *scratch_bytes = be->scratch_bytes;
+    return be->arena_bytes;
+}
+
+/* Every memory object over the arena (lazily made, per batch size) and
+ * every scratchpad object moves to the new bytes; the C kernels find the
+ * arena through be->arena at each run. */
+static int cpu_arena_use(wk_plan_t *plan, char *act, void *scratch)
+{
+    cpu_be_t *be = plan->be;
+    int mb = plan->graph->max_batch, rc = 0;
+    if (!be->shared) {
+        wk__region_free(be->arena, be->arena_bytes);
+        wk__region_free(be->scratch, be->scratch_bytes);
+    }
+    be->shared = true;
+    be->arena = act;
+    be->scratch = be->scratch_bytes > 0 ? scratch : NULL;
+    for (int id = 0; id < be->n_bufs; id++) {
+        for (int b = 0; b <= mb; b++) {
+            dnnl_memory_t m = be->mems[(size_t)id * (size_t)(mb + 1) + (size_t)b];
+            if (m != NULL)
+                DN(dnnl_memory_set_data_handle_v2(m, wk__cpu_buf_ptr(be, id), be->stream));
+        }
+    }
+    for (int i = 0; i < be->n_scratch && be->scratch != NULL; i++)
+        DN(dnnl_memory_set_data_handle_v2(be->scratch_mems[i], be->scratch, be->stream));
+out:
+    return rc;
+}
+
+static uint64_t cpu_resident(const wk_plan_t *plan)
+{
+    const cpu_be_t *be = plan->be;
+    return wk__region_resident(be->arena, be->arena_bytes) +
+           wk__region_resident(be->scratch, be->scratch_bytes);
+}
+
 const wk_backend_ops_t wk_backend_cpu = {
     .kind = SQ_DEV_CPU,
     .prepare = cpu_prepare,
@@ -452,4 +497,7 @@ const wk_backend_ops_t wk_backend_cpu = {
     .bind_input = cpu_bind_input,
     .split_batch = wk__cpu_split_batch,
     .conv_dw = wk__cpu_conv_dw,
+    .arena_need = cpu_arena_need,
+    .arena_use = cpu_arena_use,
+    .resident = cpu_resident,
 };

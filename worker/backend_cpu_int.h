@@ -104,6 +104,9 @@ typedef struct {
     void *scratch;
     char *arena;
     size_t arena_bytes;
+    /* The arena and scratchpad are a wk_arena_t's (cpu_arena_use), not
+     * the plan's own: release leaves them. */
+    bool shared;
     int phase;
     /* At max batch: the kernels that are oneDNN's reference code (slow by
      * orders of magnitude; each is logged), and the reorders of

@@ -5,6 +5,8 @@
 #include <mdb_graph.h>
 #include <sq.h>
 
+#include <assert.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,8 +134,6 @@ int wk_plan_from_graph(wk_graph_t *g, const wk_plan_opts_t *opts, wk_plan_t **ou
         free(p);
         return rc;
     }
-    if (p->small != NULL)
-        p->memory_bytes += p->small->memory_bytes;
     if (g->n_outputs > 1 && (rc = alloc_row_scratch(p)) != 0) {
         snprintf(why, (size_t)why_size, "%s", p->why);
         wk_plan_free(p);
@@ -141,7 +141,7 @@ int wk_plan_from_graph(wk_graph_t *g, const wk_plan_opts_t *opts, wk_plan_t **ou
     }
     SQ_DEBUG("plan ready backend=%s steps=%d max_batch=%d memory_mb=%.1f prepare_ms=%.1f",
              sq_dev_kind_name(ops->kind), g->n_steps, g->max_batch,
-             (double)p->memory_bytes / (1 << 20), (double)(sq_now_ns() - t0) / 1e6);
+             (double)wk_plan_memory_bytes(p) / (1 << 20), (double)(sq_now_ns() - t0) / 1e6);
     *out = p;
     return 0;
 }
@@ -197,7 +197,6 @@ static int plan_each_size(const struct mdb_graph *graph, const wk_plan_opts_t *o
 {
     int mb = opts->max_batch, rc = 0, n_each = 0;
     wk_plan_t **each = sq_xcalloc((size_t)mb + 1, sizeof(*each));
-    uint64_t memory = 0;
     for (int b = 1; b <= mb && rc == 0; b++) {
         if (!planned_size(b, mb))
             continue;
@@ -212,7 +211,6 @@ static int plan_each_size(const struct mdb_graph *graph, const wk_plan_opts_t *o
         if (rc != 0) {
             snprintf(why, (size_t)why_size, "%s (the plan for batch %d)", sub, b);
         } else {
-            memory += each[b]->memory_bytes;
             n_each++;
         }
     }
@@ -253,11 +251,17 @@ static int plan_each_size(const struct mdb_graph *graph, const wk_plan_opts_t *o
     int64_t out_elems = 0;
     for (int i = 0; i < g->n_outputs; i++)
         out_elems += wk_value_elems(&g->values[g->outputs[i]]);
-    p->memory_bytes = memory + in_bytes + (uint64_t)out_elems * sizeof(float);
+    p->memory_bytes = in_bytes + (uint64_t)out_elems * sizeof(float);
     SQ_DEBUG("plans per batch size ready backend=%s max_batch=%d plans=%d memory_mb=%.1f",
-             sq_dev_kind_name(opts->backend), mb, n_each, (double)p->memory_bytes / (1 << 20));
+             sq_dev_kind_name(opts->backend), mb, n_each,
+             (double)wk_plan_memory_bytes(p) / (1 << 20));
     *out = p;
     return 0;
+}
+
+static uint64_t memory_or_0(const wk_plan_t *plan)
+{
+    return plan != NULL ? wk_plan_memory_bytes(plan) : 0;
 }
 
 int wk_plan_create(const struct mdb_graph *graph, const wk_plan_opts_t *opts, wk_plan_t **out,
@@ -324,10 +328,180 @@ int wk_plan_create_emulated(const int64_t in_chw[3], int64_t out_classes,
     return wk_plan_from_graph(g, opts, out, why, why_size);
 }
 
+/* ---- arenas shared by the plans of one device ----------------------------
+ *
+ * A device runs one batch at a time, so the plans of the models it holds
+ * need one arena of activations and one scratchpad between them, each the
+ * size of the largest plan's. A plan joins on the thread that runs the
+ * batches, between batches; it was made (and may have run) in its own,
+ * which it then gives back. When the largest leaves, the pages past the
+ * others' extent are given back; the mapping stays. */
+struct wk_arena {
+    char *act;
+    void *scratch;
+    size_t act_bytes, scratch_bytes; /* mapped */
+    wk_plan_t **leaves;              /* the plans running in it */
+    int n, cap;
+};
+
+wk_arena_t *wk_arena_new(void)
+{
+    return sq_xcalloc(1, sizeof(wk_arena_t));
+}
+
+void wk_arena_free(wk_arena_t *a)
+{
+    if (a == NULL)
+        return;
+    assert(a->n == 0);
+    wk__region_free(a->act, a->act_bytes);
+    wk__region_free(a->scratch, a->scratch_bytes);
+    free(a->leaves);
+    free(a);
+}
+
+uint64_t wk_arena_bytes(const wk_arena_t *a)
+{
+    return (uint64_t)a->act_bytes + a->scratch_bytes;
+}
+
+uint64_t wk_arena_resident_bytes(const wk_arena_t *a)
+{
+    return wk__region_resident(a->act, a->act_bytes) +
+           wk__region_resident(a->scratch, a->scratch_bytes);
+}
+
+int wk_arena_n_plans(const wk_arena_t *a)
+{
+    return a->n;
+}
+
+/* The plans that run in an arena of their own: plan, its plan for small
+ * batches and its plans per batch size, each counted once. */
+static int collect_leaves(wk_plan_t *plan, wk_plan_t **out, int n)
+{
+    if (plan == NULL)
+        return n;
+    if (plan->ops->arena_need != NULL && plan->be != NULL)
+        out[n++] = plan;
+    n = collect_leaves(plan->small, out, n);
+    for (int b = 1; plan->each != NULL && b <= plan->opts.max_batch; b++)
+        n = collect_leaves(plan->each[b], out, n);
+    return n;
+}
+
+static int count_leaves(const wk_plan_t *plan)
+{
+    if (plan == NULL)
+        return 0;
+    int n = plan->ops->arena_need != NULL && plan->be != NULL;
+    n += count_leaves(plan->small);
+    for (int b = 1; plan->each != NULL && b <= plan->opts.max_batch; b++)
+        n += count_leaves(plan->each[b]);
+    return n;
+}
+
+/* Maps an arena of act and scratch bytes, every plan in it moved there. */
+static int arena_grow(wk_arena_t *a, size_t act, size_t scratch, char *why, int why_size)
+{
+    char *new_act = act > a->act_bytes ? wk__region_alloc(act) : a->act;
+    void *new_scratch = scratch > a->scratch_bytes ? wk__region_alloc(scratch) : a->scratch;
+    if ((act > a->act_bytes && new_act == NULL) ||
+        (scratch > a->scratch_bytes && new_scratch == NULL)) {
+        if (new_act != a->act)
+            wk__region_free(new_act, act);
+        if (new_scratch != a->scratch)
+            wk__region_free(new_scratch, scratch);
+        snprintf(why, (size_t)why_size, "a shared arena of %zu + %zu bytes", act, scratch);
+        return SQ_NOMEM;
+    }
+    for (int i = 0; i < a->n; i++) {
+        if (a->leaves[i]->ops->arena_use(a->leaves[i], new_act, new_scratch) != 0) {
+            /* a oneDNN memory object that cannot move: not seen */
+            snprintf(why, (size_t)why_size, "moving a plan to the grown arena: %s",
+                     a->leaves[i]->why);
+            return SQ_INTERNAL;
+        }
+    }
+    if (new_act != a->act) {
+        wk__region_free(a->act, a->act_bytes);
+        a->act = new_act;
+        a->act_bytes = act;
+    }
+    if (new_scratch != a->scratch) {
+        wk__region_free(a->scratch, a->scratch_bytes);
+        a->scratch = new_scratch;
+        a->scratch_bytes = scratch;
+    }
+    return 0;
+}
+
+int wk_plan_share_arena(wk_plan_t *plan, wk_arena_t *a, char *why, int why_size)
+{
+    int n = count_leaves(plan);
+    if (n == 0 || plan->shared != NULL)
+        return 0;
+    wk_plan_t **leaves = sq_xcalloc((size_t)n, sizeof(*leaves));
+    collect_leaves(plan, leaves, 0);
+    size_t act = a->act_bytes, scratch = a->scratch_bytes;
+    for (int i = 0; i < n; i++) {
+        size_t s = 0, x = leaves[i]->ops->arena_need(leaves[i], &s);
+        act = x > act ? x : act;
+        scratch = s > scratch ? s : scratch;
+    }
+    int rc = arena_grow(a, act, scratch, why, why_size);
+    for (int i = 0; i < n && rc == 0; i++) {
+        if (leaves[i]->ops->arena_use(leaves[i], a->act, a->scratch) != 0) {
+            snprintf(why, (size_t)why_size, "moving the plan to the shared arena: %s",
+                     leaves[i]->why);
+            rc = SQ_INTERNAL;
+        }
+        if (a->n == a->cap) {
+            a->cap = a->cap ? 2 * a->cap : 16;
+            a->leaves = sq_xrealloc(a->leaves, (size_t)a->cap * sizeof(*a->leaves));
+        }
+        a->leaves[a->n++] = leaves[i];
+        leaves[i]->shared = a;
+    }
+    if (rc == 0)
+        plan->shared = a;
+    free(leaves);
+    return rc;
+}
+
+/* Takes plan (and its sub-plans) out of the arena it shares; the pages
+ * past what the others use are given back. */
+static void arena_leave(wk_plan_t *plan)
+{
+    wk_arena_t *a = plan->shared;
+    if (a == NULL)
+        return;
+    plan->shared = NULL;
+    bool was_leaf = false;
+    for (int i = 0; i < a->n; i++) {
+        if (a->leaves[i] == plan) {
+            a->leaves[i] = a->leaves[--a->n];
+            was_leaf = true;
+            break;
+        }
+    }
+    if (!was_leaf)
+        return;
+    size_t act = 0, scratch = 0;
+    for (int i = 0; i < a->n; i++) {
+        size_t s = 0, x = a->leaves[i]->ops->arena_need(a->leaves[i], &s);
+        act = x > act ? x : act;
+        scratch = s > scratch ? s : scratch;
+    }
+    wk__region_trim(a->act, act, a->act_bytes);
+    wk__region_trim(a->scratch, scratch, a->scratch_bytes);
+}
+
 void wk_plan_free(wk_plan_t *plan)
 {
     if (plan == NULL)
         return;
+    arena_leave(plan);
     plan->ops->release(plan);
     wk_graph_free(plan->graph);
     wk_plan_free(plan->small);
@@ -366,7 +540,12 @@ sq_dev_kind_t wk_plan_backend(const wk_plan_t *plan)
 
 uint64_t wk_plan_memory_bytes(const wk_plan_t *plan)
 {
-    return plan->memory_bytes;
+    uint64_t bytes = plan->memory_bytes + memory_or_0(plan->small);
+    if (plan->ops->resident != NULL && plan->be != NULL)
+        bytes += plan->ops->resident(plan);
+    for (int b = 1; plan->each != NULL && b <= plan->opts.max_batch; b++)
+        bytes += memory_or_0(plan->each[b]);
+    return bytes;
 }
 
 int wk_plan_n_inputs(const wk_plan_t *plan)

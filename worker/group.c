@@ -291,7 +291,6 @@ int wk_group_create(const struct mdb_graph *const *graphs, const char *const *cu
     }
     grp->max_batch = wk_plan_max_batch(grp->prefix);
     grp->cut_elems = wk_plan_output_elems(grp->prefix, 0);
-    grp->memory_bytes = wk_plan_memory_bytes(grp->prefix);
     for (int i = 0; i < n; i++) {
         if (wk_plan_n_outputs(grp->suffix[i]) != 1 ||
             wk_plan_input_elems(grp->suffix[i], 0) != grp->cut_elems ||
@@ -304,13 +303,12 @@ int wk_group_create(const struct mdb_graph *const *graphs, const char *const *cu
         grp->out_elems[i] = wk_plan_output_elems(grp->suffix[i], 0);
         if (grp->out_elems[i] > grp->max_out_elems)
             grp->max_out_elems = grp->out_elems[i];
-        grp->memory_bytes += wk_plan_memory_bytes(grp->suffix[i]);
     }
     size_t mid = (size_t)grp->max_batch * (size_t)grp->cut_elems * sizeof(float);
     size_t tmp = (size_t)grp->max_batch * (size_t)grp->max_out_elems * sizeof(float);
     grp->mid = sq_xmalloc(mid + 1);
     grp->tmp = sq_xmalloc(tmp + 1);
-    grp->memory_bytes += mid + tmp;
+    grp->memory_bytes = mid + tmp;
     *out = grp;
     return 0;
 }
@@ -327,7 +325,11 @@ int wk_group_max_batch(const wk_group_t *grp)
 
 uint64_t wk_group_memory_bytes(const wk_group_t *grp)
 {
-    return grp->memory_bytes;
+    /* the plans' arenas are measured as they are now */
+    uint64_t bytes = grp->memory_bytes + wk_plan_memory_bytes(grp->prefix);
+    for (int i = 0; i < grp->n; i++)
+        bytes += wk_plan_memory_bytes(grp->suffix[i]);
+    return bytes;
 }
 
 const wk_plan_t *wk_group_prefix(const wk_group_t *grp)

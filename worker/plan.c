@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 wk_graph_t *wk_graph_new(int max_batch)
 {
@@ -499,4 +501,53 @@ size_t wk_arena_plan(const wk_buf_req_t *reqs, int n, size_t align, size_t *offs
     free(order);
     free(placed);
     return total;
+}
+
+static size_t page_bytes(void)
+{
+    long p = sysconf(_SC_PAGESIZE);
+    return p > 0 ? (size_t)p : 4096;
+}
+
+static size_t round_to_pages(size_t bytes)
+{
+    size_t pg = page_bytes();
+    return (bytes + pg - 1) / pg * pg;
+}
+
+void *wk__region_alloc(size_t bytes)
+{
+    if (bytes == 0)
+        return NULL;
+    void *p = mmap(NULL, round_to_pages(bytes), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                   -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+void wk__region_free(void *region, size_t bytes)
+{
+    if (region != NULL)
+        munmap(region, round_to_pages(bytes));
+}
+
+void wk__region_trim(void *region, size_t from, size_t bytes)
+{
+    size_t start = round_to_pages(from), end = round_to_pages(bytes);
+    if (region != NULL && start < end)
+        madvise((char *)region + start, end - start, MADV_DONTNEED);
+}
+
+uint64_t wk__region_resident(const void *region, size_t bytes)
+{
+    if (region == NULL || bytes == 0)
+        return 0;
+    size_t pg = page_bytes(), n = round_to_pages(bytes) / pg;
+    unsigned char *vec = sq_xmalloc(n);
+    uint64_t resident = 0;
+    if (mincore((void *)region, n * pg, vec) == 0) {
+        for (size_t i = 0; i < n; i++)
+            resident += vec[i] & 1;
+    }
+    free(vec);
+    return resident * pg;
 }

@@ -105,8 +105,33 @@ sq_dev_kind_t wk_plan_backend(const wk_plan_t *plan);
 /* The precision the plan runs in: opts.precision where the backend has it,
  * else the nearest it has (the cpu and emu backends: FP32). */
 wk_precision_t wk_plan_precision(const wk_plan_t *plan);
-/* Bytes of device memory the plan holds (weights + arena + workspace). */
+/* Bytes of device memory the plan holds: its weights and staging, and of
+ * its arena and scratchpad the bytes resident now (cpu: measured, so it
+ * grows with the largest batch run; in a shared arena, those of the
+ * plan's own extent, which other plans' runs may touch too). */
 uint64_t wk_plan_memory_bytes(const wk_plan_t *plan);
+
+/* One arena of activations and one scratchpad that the plans of a device
+ * share: a device runs one batch at a time, so the models it holds need
+ * the largest plan's arena between them, not one each. Every plan in it
+ * must run on one thread (the one that joins it, and frees it), one batch
+ * at a time; a plan made on another thread (a loader) runs in its own
+ * arena until it joins. cpu plans join; others keep their own. */
+typedef struct wk_arena wk_arena_t;
+wk_arena_t *wk_arena_new(void);
+/* Once every plan in it is freed. Accepts NULL. */
+void wk_arena_free(wk_arena_t *a);
+/* Moves plan (and its sub-plans) into a, which grows to the largest; its
+ * own arena is given back. A failure (SQ_NOMEM; why says) leaves the plan
+ * in the arena it had. Call between runs, on the thread that runs them. */
+int wk_plan_share_arena(wk_plan_t *plan, wk_arena_t *a, char *why, int why_size);
+/* Bytes mapped (the largest plan's arena and scratchpad), and resident
+ * now (measured). */
+uint64_t wk_arena_bytes(const wk_arena_t *a);
+uint64_t wk_arena_resident_bytes(const wk_arena_t *a);
+/* Plans running in it (a plan with a separate plan for small batches
+ * counts as two). */
+int wk_arena_n_plans(const wk_arena_t *a);
 
 int wk_plan_n_inputs(const wk_plan_t *plan);
 int wk_plan_n_outputs(const wk_plan_t *plan);

@@ -229,6 +229,19 @@ typedef struct {
  * lowest free offset. Returns the arena size. */
 size_t wk_arena_plan(const wk_buf_req_t *reqs, int n, size_t align, size_t *offsets);
 
+/* Memory for an arena or a scratchpad: zeroed pages mapped as first
+ * touched, so that a plan for max batch 64 run at batches up to 7 holds
+ * the pages those batches touch, not the whole arena. NULL for 0 bytes or
+ * when the mapping fails (errno). */
+void *wk__region_alloc(size_t bytes);
+/* Accepts NULL. */
+void wk__region_free(void *region, size_t bytes);
+/* Gives the pages of [from, bytes) back (they read as zeros again). */
+void wk__region_trim(void *region, size_t from, size_t bytes);
+/* Bytes of region's first `bytes` that are resident (mincore): measured,
+ * not planned. */
+uint64_t wk__region_resident(const void *region, size_t bytes);
+
 /* ---- backends ---- */
 struct wk_plan {
     int64_t *emu_latency_us; /* owned copy of opts.emu_latency_us (the caller's may go away) */
@@ -255,6 +268,12 @@ struct wk_plan {
     wk_graph_t *graph;
     const struct wk_backend_ops *ops;
     void *be;
+    /* The arena this plan runs in with other plans (wk_plan_share_arena),
+     * or NULL: its own. */
+    struct wk_arena *shared;
+    /* Weights, constants and staging the plan holds whatever it runs; its
+     * arena and scratchpad are measured (wk_backend_ops_t.resident), and
+     * its sub-plans (small, each) counted by wk_plan_memory_bytes. */
     uint64_t memory_bytes;
     int64_t last_run_ns;
     /* Rows (wk_plan_run_rows, wk_plan_run_pixels) of a plan with several
@@ -296,6 +315,18 @@ typedef struct wk_backend_ops {
     /* Optional: the precision a prepared plan runs in (plan->opts.precision
      * where the backend has it); NULL: FP32 whatever was asked. */
     wk_precision_t (*precision)(const wk_plan_t *plan);
+    /* Optional, with arena_use and resident: the bytes of the plan's arena
+     * of activations, and of its scratchpad in *scratch_bytes. */
+    size_t (*arena_need)(const wk_plan_t *plan, size_t *scratch_bytes);
+    /* Runs the plan in act and scratch (at least arena_need's bytes each;
+     * a wk_arena_t's), its own arena and scratchpad given back. Nonzero
+     * when a memory object could not be moved (the plan then must not
+     * run). */
+    int (*arena_use)(wk_plan_t *plan, char *act, void *scratch);
+    /* Bytes of the plan's arena and scratchpad that are resident, measured
+     * over the plan's own extent (in a shared arena, what its runs touch
+     * and others' may have). */
+    uint64_t (*resident)(const wk_plan_t *plan);
 } wk_backend_ops_t;
 
 extern const wk_backend_ops_t wk_backend_cpu;

@@ -63,7 +63,7 @@ static void check_model_at(const char *name, const int *batches, int n_batches, 
         cr_assert_eq(p->n_each, n_plans);
         uint64_t plans = 0;
         for (int s = 1; s <= 8; s++)
-            plans += p->each[s] != NULL ? p->each[s]->memory_bytes : 0;
+            plans += p->each[s] != NULL ? wk_plan_memory_bytes(p->each[s]) : 0;
         /* the plans, and the scratch: 8 images in, 8 rows of logits out */
         cr_assert_eq(wk_plan_memory_bytes(p), plans + (8 * 3 * 224 * 224 + 8 * 1000) * 4);
     }
@@ -163,4 +163,121 @@ Test(models, shufflenet_v2_x1_0, .timeout = 120)
 Test(models, googlenet, .timeout = 120)
 {
     check_model("googlenet");
+}
+
+/* ---- plans sharing one arena ---------------------------------------------- */
+
+static wk_plan_t *plan_export(const char *name, int max_batch)
+{
+    char file[256];
+    size_t len;
+    snprintf(file, sizeof(file), "%s.onnx", name);
+    void *bytes = test_slurp(file, &len);
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(mdb_onnx_import(bytes, len, &g, &err), 0, "import %s: %s", name, err.detail);
+    free(bytes);
+    wk_plan_opts_t o = wk_plan_opts_default();
+    o.max_batch = max_batch;
+    wk_plan_t *p = NULL;
+    char why[512];
+    cr_assert_eq(wk_plan_create(g, &o, &p, why, sizeof(why)), 0, "plan %s: %s", name, why);
+    mdb_graph_free(g);
+    return p;
+}
+
+/* Runs the first `batch` images of torch's reference (batch 1's, or the
+ * first of batch 8's) and compares each image's logits at 1e-4 of the
+ * largest. */
+static void run_matches_torch(wk_plan_t *p, const char *name, const ref_t *one, const ref_t *eight,
+                              int batch)
+{
+    const ref_t *r = batch == 1 ? one : eight;
+    size_t item = (size_t)3 * 224 * 224;
+    float *in = malloc((size_t)batch * item * sizeof(float));
+    memcpy(in, r->in, (size_t)batch * item * sizeof(float));
+    float *got = malloc((size_t)batch * 1000 * sizeof(float));
+    cr_assert_eq(wk_plan_run(p, batch, (const float *[]){in}, (float *[]){got}), 0, "%s",
+                 wk_plan_errmsg(p));
+    for (int b = 0; b < batch; b++) {
+        double max_ref = 0, max_diff = 0;
+        for (int i = 0; i < 1000; i++) {
+            double ref = r->out[b * 1000 + i], d = fabs(got[b * 1000 + i] - ref);
+            max_ref = fabs(ref) > max_ref ? fabs(ref) : max_ref;
+            max_diff = d > max_diff ? d : max_diff;
+        }
+        cr_assert(max_diff <= 1e-4 * max_ref, "%s batch %d image %d: max |diff| %.3g of %.3g", name,
+                  batch, b, max_diff, max_ref);
+    }
+    free(in);
+    free(got);
+}
+
+/* Two models in one arena, their batches alternating (each run overwrites
+ * the other's activations): every output still torch's, and the arena is
+ * the larger plan's, not the sum of both. */
+Test(models, two_models_sharing_one_arena_alternate_batches_and_still_match_torch, .timeout = 300)
+{
+    const char *names[2] = {"resnet18", "mobilenet_v2"};
+    wk_plan_t *p[2];
+    ref_t one[2], eight[2];
+    wk_arena_t *a = wk_arena_new();
+    char why[256];
+    for (int k = 0; k < 2; k++) {
+        p[k] = plan_export(names[k], 8);
+        one[k] = load_ref(test_models_dir(), names[k], 1, 1000);
+        eight[k] = load_ref(test_models_dir(), names[k], 8, 1000);
+        /* a run in its own arena first: joining moves what was made */
+        run_matches_torch(p[k], names[k], &one[k], &eight[k], 8);
+        cr_assert_eq(wk_plan_share_arena(p[k], a, why, sizeof(why)), 0, "%s", why);
+    }
+    const int batches[] = {1, 8, 3, 8, 1, 5};
+    for (int i = 0; i < 6; i++)
+        for (int k = 0; k < 2; k++)
+            run_matches_torch(p[k], names[k], &one[k], &eight[k], batches[(i + k) % 6]);
+    /* resnet18's arena at batch 8 is the larger: mobilenet_v2 added nothing */
+    wk_arena_t *alone = wk_arena_new();
+    wk_plan_t *r = plan_export("resnet18", 8);
+    cr_assert_eq(wk_plan_share_arena(r, alone, why, sizeof(why)), 0, "%s", why);
+    cr_assert_eq(wk_arena_bytes(a), wk_arena_bytes(alone));
+    cr_assert_leq(wk_arena_resident_bytes(a), wk_arena_bytes(a));
+    cr_assert_gt(wk_arena_resident_bytes(a), 0);
+    wk_plan_free(r);
+    wk_arena_free(alone);
+    /* the one left runs on after the other leaves */
+    wk_plan_free(p[0]);
+    run_matches_torch(p[1], names[1], &one[1], &eight[1], 8);
+    cr_assert_eq(wk_arena_n_plans(a), p[1]->small != NULL ? 2 : 1);
+    wk_plan_free(p[1]);
+    wk_arena_free(a);
+    for (int k = 0; k < 2; k++) {
+        free(one[k].in), free(one[k].out);
+        free(eight[k].in), free(eight[k].out);
+    }
+}
+
+/* A plan for max batch 32 holds of its arena what its runs touch: after
+ * batch 1 much less than after batch 32 (the memory it reports is
+ * measured, not the arena planned at max batch). */
+Test(models, a_plan_holds_the_arena_its_batches_touch, .timeout = 300)
+{
+    wk_plan_t *p = plan_export("resnet18", 32);
+    ref_t one = load_ref(test_models_dir(), "resnet18", 1, 1000);
+    ref_t eight = load_ref(test_models_dir(), "resnet18", 8, 1000);
+    uint64_t weights = wk_plan_memory_bytes(p);
+    run_matches_torch(p, "resnet18", &one, &eight, 1);
+    uint64_t at1 = wk_plan_memory_bytes(p) - weights;
+    size_t item = (size_t)3 * 224 * 224;
+    float *in = calloc((size_t)32 * item, sizeof(float));
+    float *out = malloc((size_t)32 * 1000 * sizeof(float));
+    cr_assert_eq(wk_plan_run(p, 32, (const float *[]){in}, (float *[]){out}), 0);
+    uint64_t at32 = wk_plan_memory_bytes(p) - weights;
+    /* resnet18's activations at batch 32 take ~200 MB */
+    cr_assert_gt(at32, (uint64_t)100 << 20, "%llu", (unsigned long long)at32);
+    cr_assert_lt(at1 * 4, at32, "batch 1: %llu bytes, batch 32: %llu", (unsigned long long)at1,
+                 (unsigned long long)at32);
+    free(in);
+    free(out);
+    free(one.in), free(one.out), free(eight.in), free(eight.out);
+    wk_plan_free(p);
 }
