@@ -133,6 +133,7 @@ int wk_serve(const wk_serve_opts_t *opts)
     }
     while (s.models != NULL)
         wk__model_drop(&s, s.models->key);
+    wk_arena_free(s.arena);
     wk__measure_free(s.meas);
     for (cached_t *c = s.cache, *n; c != NULL; c = n) {
         n = c->next;

@@ -163,6 +163,10 @@ typedef struct server {
     uint64_t replies_posted, replies_written;
     int io_done; /* the I/O loop has stopped: nothing waits for it */
     model_t *models;
+    /* Execution thread: the arena of activations and scratchpad that the
+     * models' plans share (they run one batch at a time); made at the
+     * first install, freed after the last model. */
+    wk_arena_t *arena;
     struct measure *meas; /* execution thread: a measurement under way */
     uint8_t *staging;
     size_t staging_len;

@@ -9,6 +9,7 @@
 #include <mdb.h>
 #include <mdb_graph.h>
 
+#include <malloc.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -287,6 +288,27 @@ static void build_model(server_t *s, job_t *j)
     wk__jobq_push(&s->execq, j); /* its connection number kept */
 }
 
+/* Execution thread, between batches: m's plan runs in the arena the
+ * models share from now on. A prefix group keeps its own (its members
+ * read the prefix's output); a plan that cannot join keeps its own too. */
+static void share_arena(server_t *s, model_t *m)
+{
+    if (m->plan == NULL)
+        return;
+    if (s->arena == NULL)
+        s->arena = wk_arena_new();
+    char why[256] = "";
+    if (wk_plan_share_arena(m->plan, s->arena, why, sizeof(why)) != 0) {
+        SQ_WARN("model keeps its own arena key=%llu reason=\"%s\"", (unsigned long long)m->key,
+                why);
+        return;
+    }
+    SQ_INFO("arena shared key=%llu plans=%d arena_mb=%.1f resident_mb=%.1f",
+            (unsigned long long)m->key, wk_arena_n_plans(s->arena),
+            (double)wk_arena_bytes(s->arena) / (1 << 20),
+            (double)wk_arena_resident_bytes(s->arena) / (1 << 20));
+}
+
 /* INSTALL, execution thread: the built model replaces any held under its
  * key, unless an unload came meanwhile (it is answered all the same: the
  * unload's sender counts on an answer to every load). */
@@ -311,6 +333,8 @@ void wk__do_install(server_t *s, job_t *j)
         wk__reply_failed(s, j->id, j->build_rc, j->build_why);
         return;
     }
+    if (!cancelled)
+        share_arena(s, m);
     reply_loaded(s, j->id, m);
     if (cancelled) {
         wk__model_free(m);
@@ -358,5 +382,9 @@ void *wk__loader_thread(void *arg)
             return NULL;
         }
         build_model(s, j);
+        /* The import's and the planner's transient copies of the weights
+         * went back to malloc, which by default keeps freed heap resident:
+         * given back, the worker holds what its models hold. */
+        malloc_trim(0);
     }
 }

@@ -1,0 +1,82 @@
+#!/usr/bin/python3
+"""The resident memory of a cpu worker holding models: starts squishd with
+one cpu worker (from SQUISH_BUILD_DIR, default build/), uploads each model
+given (max_batch 64 unless --max-batch), waits until every one is measured
+and ready, runs one request of each, and prints the worker's VmRSS and Pss
+(/proc/PID/status, smaps_rollup) and, per model, its profiled batch sizes
+and the memory the worker reported for each.
+
+    bench/worker_memory.py build/tests/models/resnet18.onnx
+    bench/worker_memory.py --max-batch 64 build/tests/models/{resnet18,resnet50}.onnx
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "integration"))
+
+import tiny_models as tm  # noqa: E402
+from harness import Squishd, eventually  # noqa: E402
+
+
+def proc_kb(pid):
+    out = {}
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                out[line.split(":")[0]] = int(line.split()[1])
+    with open("/proc/%d/smaps_rollup" % pid) as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                out["Pss"] = int(line.split()[1])
+    return out
+
+
+def upload(s, name, data, max_batch):
+    cfg = {"name": name, "max_batch": max_batch}
+    body, ctype = tm.multipart([("model", name + ".onnx", "application/octet-stream", data),
+                                ("config", "config.json", "application/json",
+                                 json.dumps(cfg).encode())])
+    r = s.request("POST", "/models", body=body,
+                  headers={"Content-Type": ctype, "Authorization": "Bearer " + s.token})
+    assert r.status == 202, r
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--max-batch", type=int, default=64)
+    ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("models", nargs="+")
+    a = ap.parse_args()
+    s = Squishd(workers="cpu:1")
+    try:
+        s.wait_ready(workers=1)
+        pid = list(s.worker_pids().values())[0]
+        print(json.dumps({"state": "idle", **proc_kb(pid)}))
+        names = []
+        for path in a.models:
+            name = os.path.basename(path).rsplit(".", 1)[0].replace(".", "_")
+            with open(path, "rb") as f:
+                upload(s, name, f.read(), a.max_batch)
+            names.append(name)
+            eventually(lambda: s.get("/v2/models/%s/ready" % name).status == 200 or None,
+                       a.timeout, "%s measured and ready" % name, step=0.5)
+        for name in names:
+            rec = s.get("/models/" + name,
+                        headers={"Authorization": "Bearer " + s.token}).json["versions"][0]
+            p = [p for p in rec["profiles"] if p["device_kind"] == "cpu"][0]
+            print(json.dumps({"model": name, "profiled_batches": p["batch"],
+                              "memory_mb": [round(m / 2**20, 1) for m in p["peak_memory_bytes"]]}))
+        time.sleep(1)
+        print(json.dumps({"state": "loaded", "models": len(names), **proc_kb(pid)}))
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+if __name__ == "__main__":
+    main()
