@@ -54,6 +54,7 @@ struct gw_query {
     const uint8_t *body;
     size_t body_len;
     uint8_t *body_owned;
+    size_t frame_len_max;  /* the largest frame's JPEG bytes, once parsed */
     gw_oip_request_t *oip; /* over OIP: the parsed request (its rows are the frames) */
 };
 
@@ -68,8 +69,9 @@ void gw_query_start(gw_query_t *q, const gw_part_t *frames, int nframes);
  * (gw_sched_least; the margin alone when unknown). */
 int64_t gw_query_stage_least_us(gw_api_ctx_t *api, const gw_query_t *q, int stage);
 /* The least SLO the query can meet now, in µs: on the longest chain of
- * stages a frame's decode (its p99, or its own size's estimate when that
- * is more) and a batch of one of each stage (with the
+ * stages a frame's decode (its p99, or the estimate for the largest
+ * frame's size, frame_len_max, when that is more) and a batch of one of
+ * each stage (with the
  * dispatch margin), as the dispatcher plans them, into *chain_us; and,
  * since a query gets the pipeline's split scaled to its SLO, the least
  * SLO whose every stage's deadline leaves it that chain (returned; never

@@ -147,9 +147,20 @@ static int query_setup(gw_query_t *q, double slo_ms)
         query_reject(q, rc, "%s", why);
         return -1;
     }
-    /* The least SLO the pipeline can meet (gw_query_least_slo_us). A
-     * query asking for less is answered at once, 400 slo_too_tight saying
-     * what to ask for: no retry can help it. */
+    return 0;
+}
+
+/* The least SLO the pipeline can meet for these frames
+ * (gw_query_least_slo_us: the largest frame's decode counts, so this runs
+ * once they are known). A query asking for less is answered at once, 400
+ * slo_too_tight saying what to ask for: no retry can help it. 0, or -1
+ * after rejecting. */
+static int query_feasible(gw_query_t *q, const gw_part_t *frames, int nframes)
+{
+    gw_api_ctx_t *api = q->base.app;
+    for (int i = 0; i < nframes; i++)
+        if (frames[i].len > q->frame_len_max)
+            q->frame_len_max = frames[i].len;
     const gw_pipeline_t *p = q->p;
     double chain, least;
     int stage;
@@ -237,6 +248,10 @@ void gw_route_pipeline_infer(gw_call_t *call)
     if (rc != 0) {
         free(parts);
         query_reject(q, rc, "%s", why);
+        return;
+    }
+    if (query_feasible(q, parts, nparts) != 0) {
+        free(parts);
         return;
     }
     gw_query_start(q, parts, nparts);
@@ -333,6 +348,10 @@ void gw_route_pipeline_infer_v2(gw_call_t *call)
             query_reject(q, rc, "inputs[0] row %d: %s", i, why);
             return;
         }
+    }
+    if (query_feasible(q, parts, n) != 0) {
+        free(parts);
+        return;
     }
     gw_query_start(q, parts, n);
     free(parts);
