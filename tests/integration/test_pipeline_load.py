@@ -1,9 +1,11 @@
 """The README's pipeline (BlazeFace, then resnet18 on the faces, SLO 300 ms)
 on a machine that a neighbour shares: a CPU hog pinned to one core, started
 and killed by the test. Photos of every kind (baseline, progressive, 4:4:4,
-grey, a 12 MP one) are answered within the SLO with none refused, at 1 and
-10 queries a second; and a restart plans its first query as the later ones
-(the decode estimates are stored in the model DB and read at start).
+grey, a 12 MP one) are answered within the SLO with none refused, at 1
+query a second with resnet18 and at 10 with a lighter classifier (10 with
+resnet18 is this 2-core box's capacity beside the hog: 5-11 of 100
+refused, each with a 503 a retry can pass; bench/RESULTS.md); and a restart plans its first query as the later ones (the decode
+estimates are stored in the model DB and read at start).
 
 Timing-bound: registered in the 'slow' suite, not run under the sanitizers.
 """
@@ -67,13 +69,16 @@ class Hog:
         self.proc.wait()
 
 
-def classifier():
-    """tiny_models.heavy by default: resnet18 beside the hog takes 60-180 ms
-    a batch of one on this 2-core box, and with a 12 MP photo's decode
-    (about 150 ms) the pipeline's least is above its 300 ms SLO
-    (bench/RESULTS.md). SQUISH_LOAD_CLASSIFIER=resnet18 runs it anyway."""
+def classifier(light=False):
+    """The README's resnet18 (exported by the build's test models), or
+    tiny_models.heavy with light, where resnet18 is missing, or with
+    SQUISH_LOAD_CLASSIFIER=heavy. Beside the hog resnet18 gets one core's
+    worth (a batch of one in 60-65 ms on this 2-core box: the worker's pool
+    runs each batch size the fastest way it measured, bench/RESULTS.md "A
+    neighbour on a core")."""
     r18 = os.path.join(MODELS, "resnet18.onnx")
-    if os.environ.get("SQUISH_LOAD_CLASSIFIER") == "resnet18" and os.path.exists(r18):
+    if not light and os.environ.get("SQUISH_LOAD_CLASSIFIER", "resnet18") == "resnet18" \
+            and os.path.exists(r18):
         with open(r18, "rb") as f:
             return "resnet18", f.read()
     return "heavy", tm.heavy(hw=224)
@@ -85,22 +90,25 @@ def started(tmp=None):
     return s
 
 
-def setup_pipeline(s):
-    name, model = classifier()
-    with open(BLAZEFACE, "rb") as f:
-        upload(s, "faces", f.read(), max_batch=1, preprocess=FACES_PREP)
-    upload(s, "cls", model)
+def setup_pipeline(s, name="who", light=False):
+    """The pipeline `name` (BlazeFace, then classifier(light) on its faces);
+    returns the classifier's name."""
+    kind, model = classifier(light)
+    if s.get("/models/faces", headers={"Authorization": "Bearer " + s.token}).status != 200:
+        with open(BLAZEFACE, "rb") as f:
+            upload(s, "faces", f.read(), max_batch=1, preprocess=FACES_PREP)
+    upload(s, "cls_" + name, model)
     wait_ready(s, "faces")
-    wait_ready(s, "cls")
-    post(s, {"name": "who", "slo_ms": SLO_MS,
+    wait_ready(s, "cls_" + name)
+    post(s, {"name": name, "slo_ms": SLO_MS,
              "stages": [{"id": "det", "model": "faces"},
-                        {"id": "cls", "model": "cls", "top_k": 3,
+                        {"id": "cls", "model": "cls_" + name, "top_k": 3,
                          "crops_of": dict(FACE_CROPS, padding=0.1, square=True)}]},
          expect=201)
-    return name
+    return kind
 
 
-def load(s, pics, rate, seconds):
+def load(s, pics, rate, seconds, name="who"):
     """Open loop: a query every 1/rate s, the photos in turn; returns
     (kind, status, latency_ms, body) for each."""
     out = []
@@ -109,7 +117,7 @@ def load(s, pics, rate, seconds):
 
     def one(kind):
         t0 = time.time()
-        r = query(s, pics[kind], name="who", timeout=10)
+        r = query(s, pics[kind], name=name, timeout=10)
         lat = r.json.get("latency_ms") if r.status == 200 else (time.time() - t0) * 1000
         with lock:
             out.append((kind, r.status, lat, r.json))
@@ -146,8 +154,8 @@ def report(rate, res):
     return bad, late
 
 
-def budgets(s):
-    r = s.get("/pipelines/who", headers={"Authorization": "Bearer " + s.token})
+def budgets(s, name="who"):
+    r = s.get("/pipelines/" + name, headers={"Authorization": "Bearer " + s.token})
     return r.json.get("split", r.json)
 
 
@@ -164,19 +172,32 @@ def the_readmes_pipeline_beside_a_busy_neighbour_meets_its_slo_for_every_kind_of
     try:
         s = started()
         cls = setup_pipeline(s)
-        print("# classifier %s; photo sizes %s" % (cls, {k: len(v) for k, v in pics.items()}),
-              flush=True)
+        # Above 1 q/s resnet18 beside the hog is this box's capacity: one
+        # free core for decoding (a 12 MP photo in five, 130-150 ms each) and
+        # resnet18 (60 ms an item); measured with SQUISH_LOAD_CLASSIFIER=
+        # resnet18 (bench/RESULTS.md). The faster rates run the lighter one.
+        forced = os.environ.get("SQUISH_LOAD_CLASSIFIER") == "resnet18"
+        light = None if forced else setup_pipeline(s, "who_light", light=True)
+        print("# classifiers %s, %s; photo sizes %s"
+              % (cls, light, {k: len(v) for k, v in pics.items()}), flush=True)
         # Warm-up: the pool's estimates and the split see each kind once.
-        for kind, body in pics.items():
-            r = query(s, body, name="who")
-            print("# warm-up %s: %d %s" % (kind, r.status, r.json.get("latency_ms", r.json)),
-                  flush=True)
+        for name in ("who", "who_light") if light else ("who",):
+            for kind, body in pics.items():
+                r = query(s, body, name=name)
+                print("# warm-up %s %s: %d %s"
+                      % (name, kind, r.status, r.json.get("latency_ms", r.json)), flush=True)
+                # The first 12 MP photo may be dropped (no large file's time
+                # per byte known yet), but never as hopeless: it is answered
+                # within the SLO once known.
+                assert r.status != 400, (kind, r.json)
         time.sleep(1)
         failures = []
         rates = [float(x) for x in os.environ.get("SQUISH_LOAD_RATES", "1,10").split(",")]
         for rate in rates:
-            res = load(s, pics, rate, 12 if rate <= 1 else 10)
-            print("# split at %g qps: %s" % (rate, json.dumps(budgets(s))), flush=True)
+            name = "who" if rate <= 1 or not light else "who_light"
+            res = load(s, pics, rate, 12 if rate <= 1 else 10, name)
+            print("# %s, split at %g qps: %s" % (name, rate, json.dumps(budgets(s, name))),
+                  flush=True)
             bad, late = report(rate, res)
             if bad or late:
                 failures.append((rate, bad[:3], late[:5]))
