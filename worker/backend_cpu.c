@@ -387,6 +387,8 @@ static int cpu_run(wk_plan_t *plan, int batch, float *const *outputs)
     if (plan->opts.threads > 0)
         omp_set_num_threads(plan->opts.threads);
     cpu_list_t *l = &be->lists[batch];
+    if (batch > be->ran_batch)
+        be->ran_batch = batch;
     int way = wk__cpu_spin_pick(&l->spin);
     int64_t t0 = sq_now_ns();
     wk_omp_hot(way == WAY_SPIN);
@@ -481,11 +483,52 @@ out:
     return rc;
 }
 
+typedef struct {
+    size_t from, to;
+} span_t;
+
+static int span_cmp(const void *a, const void *b)
+{
+    const span_t *x = a, *y = b;
+    return x->from < y->from ? -1 : x->from > y->from;
+}
+
+/* In its own arena, the plan holds every resident page. In a shared one,
+ * the pages of its extent that other plans' runs touched are not its: it
+ * counts the resident pages of the bytes its own runs use, each buffer's
+ * first ran_batch items (page-rounded spans, merged so that a page counts
+ * once). The scratchpad counts whole (shared: an upper bound). */
 static uint64_t cpu_resident(const wk_plan_t *plan)
 {
     const cpu_be_t *be = plan->be;
-    return wk__region_resident(be->arena, be->arena_bytes) +
-           wk__region_resident(be->scratch, be->scratch_bytes);
+    uint64_t scratch = wk__region_resident(be->scratch, 0, be->scratch_bytes);
+    if (!be->shared)
+        return wk__region_resident(be->arena, 0, be->arena_bytes) + scratch;
+    if (be->ran_batch == 0)
+        return 0;
+    size_t pg = wk__page_bytes();
+    span_t *s = sq_xmalloc((size_t)(be->n_bufs + 1) * sizeof(*s));
+    int n = 0;
+    for (int i = 0; i < be->n_bufs; i++) {
+        const cpu_buf_t *b = &be->bufs[i];
+        if (b->first == -2 || b->alias >= 0)
+            continue;
+        dnnl_memory_desc_t md = wk__cpu_md_at(b, be->ran_batch);
+        size_t to = b->offset + dnnl_memory_desc_get_size(&md);
+        s[n++] = (span_t){b->offset / pg * pg, (to + pg - 1) / pg * pg};
+    }
+    qsort(s, (size_t)n, sizeof(*s), span_cmp);
+    uint64_t bytes = scratch;
+    for (int i = 0; i < n;) {
+        span_t m = s[i++];
+        while (i < n && s[i].from <= m.to) {
+            m.to = s[i].to > m.to ? s[i].to : m.to;
+            i++;
+        }
+        bytes += wk__region_resident(be->arena, m.from, m.to);
+    }
+    free(s);
+    return bytes;
 }
 
 const wk_backend_ops_t wk_backend_cpu = {

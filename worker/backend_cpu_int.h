@@ -107,6 +107,7 @@ typedef struct {
     /* The arena and scratchpad are a wk_arena_t's (cpu_arena_use), not
      * the plan's own: release leaves them. */
     bool shared;
+    int ran_batch; /* the largest batch run so far (cpu_resident) */
     int phase;
     /* At max batch: the kernels that are oneDNN's reference code (slow by
      * orders of magnitude; each is logged), and the reorders of

@@ -367,8 +367,8 @@ uint64_t wk_arena_bytes(const wk_arena_t *a)
 
 uint64_t wk_arena_resident_bytes(const wk_arena_t *a)
 {
-    return wk__region_resident(a->act, a->act_bytes) +
-           wk__region_resident(a->scratch, a->scratch_bytes);
+    return wk__region_resident(a->act, 0, a->act_bytes) +
+           wk__region_resident(a->scratch, 0, a->scratch_bytes);
 }
 
 int wk_arena_n_plans(const wk_arena_t *a)

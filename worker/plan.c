@@ -503,7 +503,7 @@ size_t wk_arena_plan(const wk_buf_req_t *reqs, int n, size_t align, size_t *offs
     return total;
 }
 
-static size_t page_bytes(void)
+size_t wk__page_bytes(void)
 {
     long p = sysconf(_SC_PAGESIZE);
     return p > 0 ? (size_t)p : 4096;
@@ -511,7 +511,7 @@ static size_t page_bytes(void)
 
 static size_t round_to_pages(size_t bytes)
 {
-    size_t pg = page_bytes();
+    size_t pg = wk__page_bytes();
     return (bytes + pg - 1) / pg * pg;
 }
 
@@ -537,14 +537,16 @@ void wk__region_trim(void *region, size_t from, size_t bytes)
         madvise((char *)region + start, end - start, MADV_DONTNEED);
 }
 
-uint64_t wk__region_resident(const void *region, size_t bytes)
+uint64_t wk__region_resident(const void *region, size_t from, size_t to)
 {
-    if (region == NULL || bytes == 0)
+    size_t pg = wk__page_bytes();
+    from = from / pg * pg;
+    if (region == NULL || to <= from)
         return 0;
-    size_t pg = page_bytes(), n = round_to_pages(bytes) / pg;
+    size_t n = round_to_pages(to - from) / pg;
     unsigned char *vec = sq_xmalloc(n);
     uint64_t resident = 0;
-    if (mincore((void *)region, n * pg, vec) == 0) {
+    if (mincore((char *)region + from, n * pg, vec) == 0) {
         for (size_t i = 0; i < n; i++)
             resident += vec[i] & 1;
     }

@@ -238,9 +238,11 @@ void *wk__region_alloc(size_t bytes);
 void wk__region_free(void *region, size_t bytes);
 /* Gives the pages of [from, bytes) back (they read as zeros again). */
 void wk__region_trim(void *region, size_t from, size_t bytes);
-/* Bytes of region's first `bytes` that are resident (mincore): measured,
- * not planned. */
-uint64_t wk__region_resident(const void *region, size_t bytes);
+/* Bytes of the pages of region that hold bytes from..to-1 and are
+ * resident (mincore): measured, not planned. */
+uint64_t wk__region_resident(const void *region, size_t from, size_t to);
+/* The system's page size. */
+size_t wk__page_bytes(void);
 
 /* ---- backends ---- */
 struct wk_plan {

@@ -281,3 +281,33 @@ Test(models, a_plan_holds_the_arena_its_batches_touch, .timeout = 300)
     free(one.in), free(one.out), free(eight.in), free(eight.out);
     wk_plan_free(p);
 }
+
+/* A model that ran batch 2 beside one that ran batch 8 in the same arena
+ * reports what its own batch 2 uses, not the pages the other touched. */
+Test(models, a_plan_in_a_shared_arena_reports_the_pages_its_own_runs_use, .timeout = 300)
+{
+    wk_plan_t *big = plan_export("resnet18", 8), *small = plan_export("mobilenet_v2", 8);
+    ref_t one = load_ref(test_models_dir(), "mobilenet_v2", 1, 1000);
+    ref_t eight = load_ref(test_models_dir(), "mobilenet_v2", 8, 1000);
+    run_matches_torch(small, "mobilenet_v2", &one, &eight, 2);
+    uint64_t alone = wk_plan_memory_bytes(small);
+    wk_arena_t *a = wk_arena_new();
+    char why[256];
+    cr_assert_eq(wk_plan_share_arena(big, a, why, sizeof(why)), 0, "%s", why);
+    cr_assert_eq(wk_plan_share_arena(small, a, why, sizeof(why)), 0, "%s", why);
+    size_t item = (size_t)3 * 224 * 224;
+    float *in = calloc(8 * item, sizeof(float)), *out = malloc(8 * 1000 * sizeof(float));
+    cr_assert_eq(wk_plan_run(big, 8, (const float *[]){in}, (float *[]){out}), 0);
+    run_matches_torch(small, "mobilenet_v2", &one, &eight, 2);
+    uint64_t shared = wk_plan_memory_bytes(small);
+    /* its spans at batch 2, resident in both cases; resnet18's batch 8
+     * touched the whole of mobilenet_v2's extent besides */
+    cr_assert_leq(shared, alone + (1 << 20), "alone %llu bytes, shared %llu",
+                  (unsigned long long)alone, (unsigned long long)shared);
+    cr_assert_gt(shared, alone / 2);
+    free(in), free(out);
+    free(one.in), free(one.out), free(eight.in), free(eight.out);
+    wk_plan_free(big);
+    wk_plan_free(small);
+    wk_arena_free(a);
+}
