@@ -282,7 +282,7 @@ double gw_query_least_slo_us(gw_api_ctx_t *api, const gw_query_t *q, double *cha
 static int64_t frame_extra_us(gw_api_ctx_t *api, const gw_query_t *q, const qnode_t *n)
 {
     double mean_us = gw_prep_pool_decode_us(api->prep);
-    double mine_us = gw_prep_pool_decode_us_for(api->prep, n->jpeg_len);
+    double mine_us = gw_prep_pool_decode_borrow_us_for(api->prep, n->jpeg_len);
     if (!(mine_us > mean_us))
         return 0;
     double extra = mine_us - mean_us;

@@ -271,6 +271,14 @@ void gw_prep_pool_seed(gw_prep_pool_t *pool, const gw_prep_costs_t *stored);
  * entropy decoding is most of it at any DCT scale) when that is more than
  * the mean decode; else the mean. Thread-safe. */
 double gw_prep_pool_decode_us_for(gw_prep_pool_t *pool, size_t len);
+/* What a frame of len bytes may borrow its decode by (the pipeline's
+ * root_start): gw_prep_pool_decode_us_for, or before the pool has seen a
+ * large file's time per byte, small files' time per byte times len when
+ * that is more (a small file's includes its fixed costs and its pixels at
+ * full scale, so it errs long: the first 12 MP photo of a new model DB
+ * takes slack from its crops instead of missing its detector's share).
+ * Thread-safe. */
+double gw_prep_pool_decode_borrow_us_for(gw_prep_pool_t *pool, size_t len);
 #define GW_PREP_BYTE_RATE_MIN (256 * 1024)
 /* Stops accepting jobs, drains or cancels the queue, and joins the
  * threads; on return no callback is running or will run. Call from one

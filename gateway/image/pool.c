@@ -27,6 +27,10 @@ struct gw_prep_pool {
      * duration of a small file's decode (below GW_PREP_BYTE_RATE_MIN: the
      * frames a split plans for) and the time per byte of a large file's. */
     gw_prep_costs_t costs;
+    /* The time per byte of small files' decodes (not stored): a prior,
+     * larger than a large file's, for the first large file a pool sees
+     * (gw_prep_pool_decode_borrow_us_for). */
+    gw_prep_est_t small_per_byte;
 };
 
 typedef struct {
@@ -131,6 +135,8 @@ static void *pool_thread(void *arg)
                 gw_prep_est_add(&pool->costs.per_byte, (double)decode_ns / (double)len);
             else
                 gw_prep_est_add(&pool->costs.frame, (double)decode_ns);
+            if (len > 0 && len < GW_PREP_BYTE_RATE_MIN)
+                gw_prep_est_add(&pool->small_per_byte, (double)decode_ns / (double)len);
         }
     }
     pthread_mutex_unlock(&pool->mu);
@@ -281,6 +287,19 @@ double gw_prep_pool_decode_us_for(gw_prep_pool_t *pool, size_t len)
     double us = expect_decode_ns(pool, len) / 1000.0;
     pthread_mutex_unlock(&pool->mu);
     return us;
+}
+
+double gw_prep_pool_decode_borrow_us_for(gw_prep_pool_t *pool, size_t len)
+{
+    pthread_mutex_lock(&pool->mu);
+    double ns = expect_decode_ns(pool, len);
+    if (len >= GW_PREP_BYTE_RATE_MIN && pool->costs.per_byte.samples <= 0 &&
+        pool->small_per_byte.samples > 0) {
+        double prior = pool->small_per_byte.mean_ns * (double)len;
+        ns = prior > ns ? prior : ns;
+    }
+    pthread_mutex_unlock(&pool->mu);
+    return ns / 1000.0;
 }
 
 int gw_prep_pool_queued(gw_prep_pool_t *pool)

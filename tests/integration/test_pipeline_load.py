@@ -186,10 +186,10 @@ def the_readmes_pipeline_beside_a_busy_neighbour_meets_its_slo_for_every_kind_of
                 r = query(s, body, name=name)
                 print("# warm-up %s %s: %d %s"
                       % (name, kind, r.status, r.json.get("latency_ms", r.json)), flush=True)
-                # The first 12 MP photo may be dropped (no large file's time
-                # per byte known yet), but never as hopeless: it is answered
-                # within the SLO once known.
-                assert r.status != 400, (kind, r.json)
+                # The first 12 MP photo of a new model DB too: no large
+                # file's time per byte is known yet, and its decode borrows
+                # from the crops' share by small files' (which errs long).
+                assert r.status == 200, (name, kind, r.json)
         time.sleep(1)
         failures = []
         rates = [float(x) for x in os.environ.get("SQUISH_LOAD_RATES", "1,10").split(",")]

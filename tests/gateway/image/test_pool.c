@@ -363,6 +363,47 @@ Test(prep_pool, a_kept_frame_is_decoded_at_the_smallest_scale_that_covers_keep_c
     blob_free(&img);
 }
 
+/* Before the pool has decoded a large file, what a large frame may borrow
+ * for its decode (a pipeline's root_start) is planned by small files' time
+ * per byte, which errs long, not at the mean decode (the first 12 MP photo
+ * of a new model DB missed its detector's share so); once one is decoded,
+ * by large files' own. */
+Test(prep_pool, a_large_frame_borrows_by_small_files_time_per_byte_until_one_is_decoded)
+{
+    blob_t small = scene_jpeg(320, 240), large = scene_jpeg(2048, 1536);
+    cr_assert_lt(small.len, GW_PREP_BYTE_RATE_MIN);
+    cr_assert_geq(large.len, GW_PREP_BYTE_RATE_MIN);
+    gw_prep_pool_t *pool = pool_new(1, 8);
+    uint8_t *dst = malloc(64 * 64 * 3);
+    tjob_t jobs[4];
+    for (int i = 0; i < 4; i++) {
+        tjob_init(&jobs[i], small, 64, 64, dst, on_done);
+        cr_assert_eq(gw_prep_pool_submit(pool, &jobs[i].job), 0);
+    }
+    for (int i = 0; i < 4; i++)
+        wait_for(&jobs[i].calls, 1);
+    double mean = gw_prep_pool_decode_us(pool);
+    size_t big = 16 * large.len;
+    cr_assert_float_eq(gw_prep_pool_decode_us_for(pool, big), mean, 1e-9,
+                       "no large file's time per byte yet: the mean");
+    double borrow = gw_prep_pool_decode_borrow_us_for(pool, big);
+    cr_assert_gt(borrow, 10 * mean, "borrow %.1f us, mean %.1f us", borrow, mean);
+    cr_assert_float_eq(gw_prep_pool_decode_borrow_us_for(pool, small.len), mean, 1e-9,
+                       "a small frame borrows nothing beyond the mean");
+    tjob_t one;
+    tjob_init(&one, large, 64, 64, dst, on_done);
+    cr_assert_eq(gw_prep_pool_submit(pool, &one.job), 0);
+    wait_for(&one.calls, 1);
+    cr_assert_eq(one.rc, 0, "%s", one.job.err);
+    cr_assert_float_eq(gw_prep_pool_decode_borrow_us_for(pool, big),
+                       gw_prep_pool_decode_us_for(pool, big), 1e-9,
+                       "once a large file is decoded, its time per byte");
+    gw_prep_pool_free(pool);
+    free(dst);
+    blob_free(&small);
+    blob_free(&large);
+}
+
 /* A decode estimate: the first sample is the mean; then the mean and the
  * mean absolute deviation move by GW_PREP_EST_WEIGHT, the deviation taken
  * from the mean before the sample; the p99 is the mean plus
