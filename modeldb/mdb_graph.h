@@ -62,7 +62,9 @@
  *                       "...ik,...kj->...ij" (0) and "...ik,...jk->...ij" (1),
  *                       same leading labels everywhere (MaxViT's attention)
  *   Tanh Neg Exp        -
- *   Resize              mode ("nearest", "linear", "cubic"),
+ *   Resize              mode ("nearest", "linear", "cubic"; opset 10 has
+ *                       no "cubic"), cubic_coeff_a and exclude_outside (as
+ *                       given; ONNX's defaults -0.75 and 0 where absent),
  *                       coordinate_transformation_mode, nearest_mode (ONNX's
  *                       defaults filled in; opset 10: "asymmetric" and
  *                       "floor", or "ceil" when downscaling), scales (floats,

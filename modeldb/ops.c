@@ -228,7 +228,7 @@ const mdb_op_desc_t mdb__op_descs[MDB_OP_COUNT] = {
                        .rules =
                            (const mdb_rule_t[]){
                                {mdb__run_resize, false, 0,
-                                "NCHW, H and W only; nearest or linear, four transforms"},
+                                "NCHW, H and W only; nearest, linear or cubic, four transforms"},
                                {mdb__run_cuda_no_kernel, false, ON_CUDA, "no resize kernel"},
                                {0},
                            }},

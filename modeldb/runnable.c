@@ -24,6 +24,7 @@
 
 #include <sq.h>
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -459,8 +460,9 @@ const char *mdb__run_cuda_matmul(const mdb_graph_t *g, const mdb_node_t *n, char
 }
 
 /* Resize: NCHW maps, only H and W resized; nearest (floor, ceil or round
- * with either tie) or bilinear, on the four coordinate transforms that
- * torch, paddle2onnx and tf2onnx export (worker/backend_cpu_ckern.c). */
+ * with either tie), bilinear or bicubic (any cubic_coeff_a, exclude_outside
+ * 0 or 1), on the four coordinate transforms that torch, paddle2onnx and
+ * tf2onnx export (worker/backend_cpu_ckern.c). */
 const char *mdb__run_resize(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
     const mdb_tensor_t *x = in_t(g, n, 0), *y = out_t(g, n, 0);
@@ -475,8 +477,13 @@ const char *mdb__run_resize(const mdb_graph_t *g, const mdb_node_t *n, char *buf
         ctm_ok |= strcmp(ctm, ctms[i]) == 0;
     for (size_t i = 0; i < sizeof(nms) / sizeof(nms[0]); i++)
         nm_ok |= strcmp(nm, nms[i]) == 0;
-    if (strcmp(mode, "nearest") != 0 && strcmp(mode, "linear") != 0)
-        return why(buf, len, "mode '%s' (nearest and linear only)", mode);
+    if (strcmp(mode, "nearest") != 0 && strcmp(mode, "linear") != 0 && strcmp(mode, "cubic") != 0)
+        return why(buf, len, "mode '%s' (nearest, linear and cubic only)", mode);
+    int64_t exclude = mdb_node_int(n, "exclude_outside", 0);
+    if (exclude != 0 && exclude != 1)
+        return why(buf, len, "exclude_outside %lld (0 or 1)", (long long)exclude);
+    if (!isfinite(mdb_node_float(n, "cubic_coeff_a", -0.75f)))
+        return why(buf, len, "cubic_coeff_a not finite");
     if (!ctm_ok)
         return why(buf, len, "coordinate_transformation_mode '%s'", ctm);
     if (!nm_ok)

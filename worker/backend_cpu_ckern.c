@@ -1,6 +1,7 @@
 /* The cpu backend's kernels in plain C over plain buffers, for what oneDNN
  * has no primitive for (backend_cpu_int.h): Pad, Slice, Erf and Expand, and
- * the Resize modes that oneDNN's resampling does not compute.
+ * the Resize modes that oneDNN's resampling does not compute (bicubic among
+ * them).
  * Their builder only queues an item without a primitive; the backend runs
  * the op's run_c for it (wk__cpu_ops). */
 #include "backend_cpu_int.h"
@@ -224,8 +225,58 @@ static void resize_linear(const wk_step_t *s, int64_t o, int64_t in, int64_t out
     *w2 = d1;
 }
 
-/* Resize of NCHW maps (H and W; mdb_node_runnable): nearest or bilinear,
- * the modes oneDNN's resampling does not compute exactly
+/* The four source pixels of a bicubic tap (c - 1 .. c + 2 around the
+ * coordinate's floor c, clamped to the map) and their weights: Keys'
+ * kernel with ONNX's cubic_coeff_a at the fraction t, as ONNX Runtime
+ * computes it. With exclude_outside, the taps off the map weigh 0 and the
+ * others are scaled to sum to 1. */
+static void resize_cubic(const wk_step_t *s, int64_t o, int64_t in, int64_t out, float scale,
+                         int64_t idx[4], float w[4])
+{
+    float c = resize_coord(s, o, in, out, scale), a = s->p.resize.cubic_a;
+    float base = floorf(c), t = c - base, u = 1.0f - t;
+    w[0] = ((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a;
+    w[1] = ((a + 2) * t - (a + 3)) * t * t + 1;
+    w[2] = ((a + 2) * u - (a + 3)) * u * u + 1;
+    w[3] = ((a * (u + 1) - 5 * a) * (u + 1) + 8 * a) * (u + 1) - 4 * a;
+    float sum = 0.0f;
+    for (int k = 0; k < 4; k++) {
+        int64_t i = (int64_t)base - 1 + k;
+        if (s->p.resize.exclude_outside && (i < 0 || i >= in))
+            w[k] = 0.0f;
+        sum += w[k];
+        idx[k] = i < 0 ? 0 : i >= in ? in - 1 : i;
+    }
+    if (s->p.resize.exclude_outside && sum != 0.0f)
+        for (int k = 0; k < 4; k++)
+            w[k] /= sum;
+}
+
+/* Bicubic resize of one plane: per output row its four source rows, then
+ * per output pixel its four columns of each. */
+static void resize_cubic_plane(const wk_step_t *s, const float *in, int64_t ih, int64_t iw,
+                               int64_t oh, int64_t ow, float *dst)
+{
+    float sh = s->p.resize.scale[0], sw = s->p.resize.scale[1];
+    for (int64_t oy = 0; oy < oh; oy++, dst += ow) {
+        int64_t ys[4], xs[4];
+        float wy[4], wx[4];
+        resize_cubic(s, oy, ih, oh, sh, ys, wy);
+        for (int64_t ox = 0; ox < ow; ox++) {
+            resize_cubic(s, ox, iw, ow, sw, xs, wx);
+            float acc = 0.0f;
+            for (int r = 0; r < 4; r++) {
+                const float *row = in + ys[r] * iw;
+                acc += wy[r] * (wx[0] * row[xs[0]] + wx[1] * row[xs[1]] + wx[2] * row[xs[2]] +
+                                wx[3] * row[xs[3]]);
+            }
+            dst[ox] = acc;
+        }
+    }
+}
+
+/* Resize of NCHW maps (H and W; mdb_node_runnable): nearest, bilinear or
+ * bicubic, the modes oneDNN's resampling does not compute exactly
  * (wk__cpu_build_resize). */
 void wk__cpu_run_resize(const wk_step_t *s, const wk_value_t *x, const wk_value_t *y, int batch,
                         const float *src, float *dst)
@@ -237,6 +288,11 @@ void wk__cpu_run_resize(const wk_step_t *s, const wk_value_t *x, const wk_value_
     float sh = s->p.resize.scale[0], sw = s->p.resize.scale[1];
     for (int64_t p = 0; p < planes; p++) {
         const float *in = src + p * ih * iw;
+        if (s->p.resize.cubic) {
+            resize_cubic_plane(s, in, ih, iw, oh, ow, dst);
+            dst += oh * ow;
+            continue;
+        }
         for (int64_t oy = 0; oy < oh; oy++, dst += ow) {
             if (!s->p.resize.linear) {
                 const float *row = in + resize_nearest(s, resize_coord(s, oy, ih, oh, sh), ih) * iw;

@@ -648,6 +648,8 @@ static dnnl_alg_kind_t resize_alg(const wk_step_t *s, const wk_value_t *x, const
                 s->p.resize.coord == WK_RESIZE_PYTORCH_HALF_PIXEL;
     bool round = s->p.resize.nearest == WK_NEAREST_ROUND_PREFER_FLOOR ||
                  s->p.resize.nearest == WK_NEAREST_ROUND_PREFER_CEIL;
+    if (s->p.resize.cubic)
+        return dnnl_alg_kind_undef; /* oneDNN's resampling has no bicubic */
     for (int i = 0; i < 2; i++) {
         int64_t in = x->dims[2 + i], out = y->dims[2 + i];
         if (s->p.resize.scale[i] != (float)out / (float)in || out < 2)

@@ -225,7 +225,7 @@ int wk__cpu_build_pool(wk_plan_t *plan, int si, int batch);
 int wk__cpu_build_deconv(wk_plan_t *plan, int si, int batch);
 /* Resize on oneDNN's resampling where it computes what ONNX asks exactly
  * (bilinear with half-pixel coordinates, nearest by whole factors), else
- * the C kernel wk__cpu_run_resize. */
+ * the C kernel wk__cpu_run_resize (bicubic always). */
 int wk__cpu_build_resize(wk_plan_t *plan, int si, int batch);
 
 /* The batch size from which the plan of g would run Winograd convs, so

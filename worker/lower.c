@@ -572,8 +572,8 @@ static int lower_slice(lower_t *L, const mdb_node_t *n, const lowerer_t *how, in
         .lower = lower_binary, .binop = (op)                                                       \
     }
 
-/* Resize: the canonical attributes (mode, transforms, scales) into the
- * step; NCHW with only H and W resized (mdb_node_runnable). */
+/* Resize: the canonical attributes (mode, cubic_coeff_a, exclude_outside,
+ * transforms, scales) into the step; NCHW with only H and W resized (mdb_node_runnable). */
 static int lower_resize(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in, int out)
 {
     (void)how;
@@ -588,7 +588,11 @@ static int lower_resize(lower_t *L, const mdb_node_t *n, const lowerer_t *how, i
                                            [WK_NEAREST_CEIL] = "ceil"};
     const char *ctm = mdb_node_string(n, "coordinate_transformation_mode", "half_pixel");
     const char *nm = mdb_node_string(n, "nearest_mode", "round_prefer_floor");
-    s->p.resize.linear = strcmp(mdb_node_string(n, "mode", "nearest"), "linear") == 0;
+    const char *mode = mdb_node_string(n, "mode", "nearest");
+    s->p.resize.linear = strcmp(mode, "linear") == 0;
+    s->p.resize.cubic = strcmp(mode, "cubic") == 0;
+    s->p.resize.cubic_a = mdb_node_float(n, "cubic_coeff_a", -0.75f);
+    s->p.resize.exclude_outside = mdb_node_int(n, "exclude_outside", 0) != 0;
     for (int i = 0; i < 4; i++) {
         if (strcmp(ctm, coords[i]) == 0)
             s->p.resize.coord = (wk_resize_coord_t)i;

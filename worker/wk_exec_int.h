@@ -45,7 +45,7 @@
     X(ERF, "erf")                 /* in: X; erf(x) elementwise */                                  \
     X(EXPAND, "expand")           /* in: X; broadcast to the output's shape (numpy rules) */       \
     X(LAYERNORM, "layernorm")     /* in: X, [scale[C], shift[C] (const)]; over the last axis */    \
-    X(RESIZE, "resize")           /* in: X (NCHW); H and W resized: nearest or bilinear */         \
+    X(RESIZE, "resize")           /* in: X (NCHW); H and W resized: nearest, bilinear, bicubic */  \
     X(DECONV, "deconv")           /* in: X, W [IC, OC, kh, kw] (const), [B (const)]; p.conv */
 
 typedef enum {
@@ -142,7 +142,10 @@ typedef struct {
             int64_t start[WK_MAX_DIMS], step[WK_MAX_DIMS];
         } slice;
         struct {
-            bool linear; /* bilinear; else nearest */
+            bool linear; /* bilinear */
+            bool cubic;  /* bicubic (ONNX's cubic: cubic_a, exclude_outside); else nearest */
+            bool exclude_outside; /* cubic: taps outside the map weigh 0, the rest rescaled */
+            float cubic_a;        /* cubic: ONNX's cubic_coeff_a (torch -0.75, TF -0.5) */
             wk_resize_coord_t coord;
             wk_resize_nearest_t nearest;
             float scale[2]; /* H, W: what the transform divides by */

@@ -294,8 +294,8 @@ static Onnx__NodeProto *resize_model(mb_t *b, const char *mode, float sc)
     return n;
 }
 
-/* Resize runs on the cpu (nearest and linear, H and W) and not on cuda,
- * which says so by the op's rule. */
+/* Resize runs on the cpu (nearest, linear and cubic, H and W) and not on
+ * cuda, which says so by the op's rule. */
 Test(runnable, resize_runs_on_the_cpu_and_cuda_says_it_cannot)
 {
     mb_t b;
@@ -311,10 +311,46 @@ Test(runnable, resize_runs_on_the_cpu_and_cuda_says_it_cannot)
     mdb_graph_free(g);
     mb_free(&b);
 
-    resize_model(&b, "cubic", 1);
-    expect_refused(&b, "Resize", "up", "mode 'cubic'");
+    /* bicubic as torch (a -0.75) and TensorFlow (a -0.5, exclude_outside)
+     * export it: the cpu's, and cuda says it has no kernel for it */
+    Onnx__NodeProto *n = resize_model(&b, "cubic", 1);
+    attr_str(&b, n, "coordinate_transformation_mode", "pytorch_half_pixel");
+    g = expect_imported(&b);
+    cr_assert_eq(mdb_model_info(g, &info, err, sizeof(err)), 0, "%s", err);
+    cr_assert(info.runs_on[SQ_DEV_CPU], "%s", info.not_on[SQ_DEV_CPU]);
+    cr_assert_not(info.runs_on[SQ_DEV_CUDA]);
+    cr_assert_str_eq(info.not_on[SQ_DEV_CUDA], "Resize node 'up': the cuda backend has no Resize "
+                                               "kernel");
+    mdb_graph_free(g);
     mb_free(&b);
-    Onnx__NodeProto *n = resize_model(&b, "nearest", 1);
+    n = resize_model(&b, "cubic", 1);
+    mb_attr_int(&b, n, "exclude_outside", 1);
+    Onnx__AttributeProto *a = mb_alloc(&b, sizeof(*a));
+    onnx__attribute_proto__init(a);
+    a->name = mb_str(&b, "cubic_coeff_a");
+    a->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT;
+    a->has_f = 1;
+    a->f = -0.5f;
+    n->attribute[n->n_attribute++] = a;
+    g = expect_imported(&b);
+    cr_assert_eq(mdb_model_info(g, &info, err, sizeof(err)), 0, "%s", err);
+    cr_assert(info.runs_on[SQ_DEV_CPU], "%s", info.not_on[SQ_DEV_CPU]);
+    mdb_graph_free(g);
+    mb_free(&b);
+
+    n = resize_model(&b, "cubic", 1);
+    mb_attr_int(&b, n, "exclude_outside", 2);
+    expect_refused(&b, "Resize", "up", "exclude_outside 2 (0 or 1)");
+    mb_free(&b);
+    /* ONNX allows tf_half_pixel_for_nn with nearest only */
+    n = resize_model(&b, "cubic", 1);
+    attr_str(&b, n, "coordinate_transformation_mode", "tf_half_pixel_for_nn");
+    expect_refused(&b, "Resize", "up", "coordinate_transformation_mode 'tf_half_pixel_for_nn'");
+    mb_free(&b);
+    resize_model(&b, "lanczos", 1);
+    expect_refused(&b, "Resize", "up", "mode 'lanczos' (nearest, linear and cubic only)");
+    mb_free(&b);
+    n = resize_model(&b, "nearest", 1);
     attr_str(&b, n, "coordinate_transformation_mode", "tf_crop_and_resize");
     expect_refused(&b, "Resize", "up", "coordinate_transformation_mode 'tf_crop_and_resize'");
     mb_free(&b);

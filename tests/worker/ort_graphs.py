@@ -183,10 +183,11 @@ def resize(outdir):
     b.save(outdir, [("x", ["N", 3, 8, 8])], [b.op("Add", [fine, up])])
 
 
-def upsample(b, x, mode, ctm=None, nearest=None, scales=None, sizes=None, opset=13):
+def upsample(b, x, mode, ctm=None, nearest=None, scales=None, sizes=None, opset=13, **extra):
     """A Resize of x as the exporters write it: roi and scales empty where
-    sizes are given (opset 11-17), scales alone at opset 10."""
-    attrs = {"mode": mode}
+    sizes are given (opset 11-17), scales alone at opset 10; extra
+    attributes (cubic_coeff_a, exclude_outside) as given."""
+    attrs = dict(extra, mode=mode)
     if ctm is not None:
         attrs["coordinate_transformation_mode"] = ctm
     if nearest is not None:
@@ -261,10 +262,32 @@ def resize_fpn(outdir):
 
 
 def resize_cubic(outdir):
-    """Bicubic Resize: not an op mode the worker runs."""
+    """Bicubic (the C kernel) as torch writes it (pytorch_half_pixel or
+    align_corners, cubic_coeff_a -0.75) and as TensorFlow does (half_pixel
+    or asymmetric, -0.5, exclude_outside 1), up and down, by scales and to
+    sizes (one of them a row of one pixel), after a conv of a 6x6 map."""
     b = Builder("resize_cubic", 25)
-    b.save(outdir, [("x", ["N", 3, 8, 8])],
-           [upsample(b, b.conv("x", 3, 4), "cubic", None, None, [1, 1, 2, 2])])
+    x = b.conv("x", 3, 4)
+
+    def sizes(h, w):
+        return b.const(np.array([1, 4, h, w], np.int64))
+
+    outs = [
+        upsample(b, x, "cubic", "pytorch_half_pixel", None, [1, 1, 2, 2], cubic_coeff_a=-0.75),
+        upsample(b, x, "cubic", None, None, [1, 1, 1.5, 2]),
+        upsample(b, x, "cubic", "half_pixel", None, [1, 1, 0.5, 0.5], cubic_coeff_a=-0.5,
+                 exclude_outside=1),
+        upsample(b, x, "cubic", "half_pixel", None, [1, 1, 1.4, 0.7], cubic_coeff_a=-0.5),
+        upsample(b, x, "cubic", "pytorch_half_pixel", None, [1, 1, 0.6, 1.8], exclude_outside=1),
+        upsample(b, x, "cubic", "align_corners", None, sizes=sizes(12, 10)),
+        upsample(b, x, "cubic", "align_corners", None, sizes=sizes(4, 3), cubic_coeff_a=-0.5,
+                 exclude_outside=1),
+        upsample(b, x, "cubic", "asymmetric", None, [1, 1, 2, 3], cubic_coeff_a=-0.5,
+                 exclude_outside=1),
+        upsample(b, x, "cubic", "asymmetric", None, [1, 1, 0.5, 0.75]),
+        upsample(b, x, "cubic", "pytorch_half_pixel", None, sizes=sizes(1, 9)),
+    ]
+    b.save(outdir, [("x", [1, 3, 6, 6])], outs)
 
 
 def conv_transpose(outdir):

@@ -14,7 +14,7 @@
  * absolute for outputs near 1, relative to the output's scale above (fp32
  * sums in another order differ in the last bits).
  *
- * Graphs the worker cannot run (a bicubic Resize, a grouped ConvTranspose)
+ * Graphs the worker cannot run (a grouped ConvTranspose)
  * must be refused at import, naming the op, and never crash anything.
  * Each comparison's largest difference goes to stderr. */
 #include "../modeldb/onnx_util.h"
@@ -33,7 +33,7 @@
 #include <wk_exec.h>
 
 #define BLAZEFACE "blazeface/face_detection_front_128x128_barracuda.onnx"
-#define MAX_OUTPUTS 8
+#define MAX_OUTPUTS 12
 
 static const char *env(const char *name)
 {
@@ -349,10 +349,13 @@ Test(ort, resize_sizes_of_a_shape_and_opset_10, .timeout = 120)
     cr_assert_eq(check_against_ort(graph_path("resize_opset10"), 4, batches, 3), 4);
 }
 
-/* Bicubic is refused at import, naming the op and the mode. */
-Test(ort, resize_cubic_refused_at_import)
+/* Bicubic (the C kernel): torch's pytorch_half_pixel and align_corners
+ * with cubic_coeff_a -0.75, TensorFlow's -0.5 with exclude_outside, every
+ * transform up and down, by scales and to sizes. */
+Test(ort, resize_cubic_modes, .timeout = 120)
 {
-    expect_refused("resize_cubic", "Resize");
+    need_ort();
+    cr_assert_eq(check_against_ort(graph_path("resize_cubic"), 4, batches, 3), 1);
 }
 
 /* ConvTranspose: stride 2 with pads 1 (k 4), output_padding (k 3),
