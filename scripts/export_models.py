@@ -27,6 +27,11 @@ the centre), wrapped so that the one output "out" is the dict's "out",
 "opset" as exported. Their references are at batch 1 and 2 (each output
 1.9 MB an image).
 
+upsample_bicubic (BicubicUpsampler below: a conv, then nn.Upsample's
+bicubic by 2 and to a size with align_corners, and F.interpolate's bicubic
+by 0.5, flattened into one output [N, 4 * (32 * 32 + 20 * 24 + 8 * 8)]) is
+exported at opset 17 and 3x16x16, its references at batch 1 and 2.
+
 Nothing is downloaded. Models already present with the same script version
 are kept, so that a rebuild costs nothing.
 """
@@ -43,6 +48,8 @@ IMAGE_HW = 224
 SEED = 1234
 SEGMENTERS = {"lraspp_mobilenet_v3_large": 160, "deeplabv3_mobilenet_v3_large": 160}
 SEGMENTER_OPSET = 17
+# Small graphs of one op family, exported at SEGMENTER_OPSET: name -> H = W.
+SMALL = {"upsample_bicubic": 16}
 
 
 def calibrate(model, image_hw=IMAGE_HW):
@@ -107,6 +114,24 @@ class TinyViT(torch.nn.Module):
         return self.head(self.ln(x[:, 0]))
 
 
+class BicubicUpsampler(torch.nn.Module):
+    """torch's bicubic resizes as exported (cubic_coeff_a -0.75): by
+    scales up and down (half_pixel at opset 17) and to a size with
+    align_corners (sizes from the input's Shape)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.up = torch.nn.Upsample(scale_factor=2, mode="bicubic")
+        self.up_corners = torch.nn.Upsample(size=(20, 24), mode="bicubic", align_corners=True)
+
+    def forward(self, x):
+        y = self.conv(x)
+        down = torch.nn.functional.interpolate(y, scale_factor=0.5, mode="bicubic")
+        return torch.cat([self.up(y).flatten(1), self.up_corners(y).flatten(1),
+                          down.flatten(1)], dim=1)
+
+
 class OutOnly(torch.nn.Module):
     """A torchvision segmenter with its dict's "out" as its one output."""
 
@@ -125,6 +150,8 @@ def build(name):
         return OutOnly(calibrate(seg, SEGMENTERS[name]))
     if name == "vit_tiny":
         return TinyViT()
+    if name == "upsample_bicubic":
+        return BicubicUpsampler()
     if name == "googlenet":
         # aux heads only exist in training mode; init_weights avoids the
         # scipy-based default warning path.
@@ -143,7 +170,7 @@ def build(name):
 
 
 MODELS = ["resnet18", "mobilenet_v2", "squeezenet1_1", "shufflenet_v2_x1_0", "googlenet",
-          "resnet18_ft_a", "resnet18_ft_b", "vit_tiny"] + list(SEGMENTERS)
+          "resnet18_ft_a", "resnet18_ft_b", "vit_tiny"] + list(SEGMENTERS) + list(SMALL)
 
 
 def write_f32(path, tensor):
@@ -154,8 +181,8 @@ def export(name, outdir, manifest):
     torch.manual_seed(SEED)
     model = build(name).eval()
     onnx_path = os.path.join(outdir, name + ".onnx")
-    hw = SEGMENTERS.get(name, IMAGE_HW)
-    opset = SEGMENTER_OPSET if name in SEGMENTERS else OPSET
+    hw = SEGMENTERS.get(name, SMALL.get(name, IMAGE_HW))
+    opset = SEGMENTER_OPSET if name in SEGMENTERS or name in SMALL else OPSET
     dummy = torch.zeros(1, 3, hw, hw)
     torch.onnx.export(model, dummy, onnx_path, opset_version=opset,
                       input_names=["input"], output_names=["output"],
@@ -163,7 +190,7 @@ def export(name, outdir, manifest):
                       do_constant_folding=True)
     entry = {"onnx": name + ".onnx", "opset": opset, "input": [3, hw, hw], "refs": []}
     gen = torch.Generator().manual_seed(SEED + 7)
-    for batch in ((1, 2) if name in SEGMENTERS else (1, 8)):
+    for batch in ((1, 2) if name in SEGMENTERS or name in SMALL else (1, 8)):
         images = torch.rand(batch, 3, hw, hw, generator=gen)
         with torch.no_grad():
             out = model(images)
