@@ -141,6 +141,33 @@ static void describe_unsupported(const ectx_t *e, char *out, size_t len)
     }
 }
 
+/* After node bad, the first one refused: the first node of every other op
+ * that the worker refuses, each with its reason, appended to msg ("Resize
+ * node 'up': mode ...; ConvTranspose node 'd': group 2 (1 only)"), so that
+ * an upload learns all it lacks at once. */
+static void refuse_other_ops(ectx_t *e, const mdb_graph_t *g, bool batch_bound, int bad, char *msg,
+                             size_t len)
+{
+    bool seen[MDB_OP_COUNT] = {false}, cut = false;
+    seen[g->nodes[bad].op] = true;
+    for (int i = bad + 1; i < g->n_nodes; i++) {
+        char why[256];
+        mdb_op_t op = g->nodes[i].op;
+        if (seen[op] || mdb_node_runnable_on(g, i, SQ_DEV_CPU, batch_bound, why, sizeof(why)) == 0)
+            continue;
+        seen[op] = true;
+        add_unsupported(e, mdb_op_name(op));
+        size_t used = strlen(msg);
+        if (!cut && used + strlen(why) + 3 < len) {
+            snprintf(msg + used, len - used, "; %s", why);
+        } else if (!cut) {
+            cut = true; /* the ops all stand in the list; their reasons stop here */
+            if (used + 6 < len)
+                snprintf(msg + used, len - used, "; ...");
+        }
+    }
+}
+
 /* ---- names ------------------------------------------------------------- */
 
 typedef struct {
@@ -741,7 +768,7 @@ static int build(ectx_t *e, const Onnx__ModelProto *m, int64_t opset, batch_mode
         rc = fail(e, SQ_UNSUPPORTED_MODEL, "the graph has no runtime input");
         goto out;
     }
-    char msg[512];
+    char msg[sizeof(e->err->detail)];
     msg[0] = '\0';
     rc = mdb_graph_toposort(g, msg, sizeof(msg));
     if (rc) {
@@ -762,11 +789,14 @@ static int build(ectx_t *e, const Onnx__ModelProto *m, int64_t opset, batch_mode
     int bad_node;
     bool outermost = mdb_graph_batch_outermost(g);
     rc = outermost ? 0 : mdb_graph_items_apart(g, &bad_node, msg, sizeof(msg));
+    bool apart = rc == 0;
     if (rc == 0)
         rc = mdb_graph_runnable(g, !outermost, &bad_node, msg, sizeof(msg));
     if (rc) {
         if (bad_node >= 0)
             add_unsupported(e, mdb_op_name(g->nodes[bad_node].op));
+        if (bad_node >= 0 && apart)
+            refuse_other_ops(e, g, !outermost, bad_node, msg, sizeof(msg));
         rc = fail(e, rc, "%s", msg);
         goto out;
     }

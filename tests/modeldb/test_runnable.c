@@ -359,6 +359,32 @@ Test(runnable, resize_runs_on_the_cpu_and_cuda_says_it_cannot)
     mb_free(&b);
 }
 
+/* An upload learns all it lacks at once: the first node of every op the
+ * worker refuses, each with its reason, every op once in the list. */
+Test(runnable, every_refused_op_is_named_with_its_first_node)
+{
+    mb_t b;
+    resize_model(&b, "lanczos", 1);
+    Onnx__NodeProto *again = mb_node(&b, "Resize", (const char *[]){"x", "", "scales", NULL},
+                                     (const char *[]){"y2", NULL});
+    again->name = mb_str(&b, "up2");
+    attr_str(&b, again, "mode", "lanczos");
+    mb_init_i64(&b, "pads", 8, (const int64_t[]){0, 0, 0, -1, 0, 0, 0, 0});
+    Onnx__NodeProto *pad =
+        mb_node(&b, "Pad", (const char *[]){"x", "pads", NULL}, (const char *[]){"z", NULL});
+    pad->name = mb_str(&b, "crop");
+    mb_output(&b, "y2");
+    mb_output(&b, "z");
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_UNSUPPORTED_MODEL);
+    cr_assert_null(g);
+    cr_assert_str_eq(err.ops, "Resize,Pad");
+    cr_assert_str_eq(err.detail, "Resize node 'up': mode 'lanczos' (nearest, linear and cubic "
+                                 "only); Pad node 'crop': negative pads (cropping)");
+    mb_free(&b);
+}
+
 /* x[N,4,5,5] -> ConvTranspose(w [4,2,3,3]) named "up", stride 2. */
 static Onnx__NodeProto *conv_transpose_model(mb_t *b, int64_t group)
 {
