@@ -151,7 +151,8 @@ int mdb__canon_resize(lctx_t *c)
     }
     const char *mode = mdb_node_string(n, "mode", "nearest");
     if (c->opset < 11 && strcmp(mode, "nearest") != 0 && strcmp(mode, "linear") != 0)
-        FAIL(SQ_BAD_MODEL, "Resize '%s' (opset 10): mode '%s' (nearest or linear)", n->name, mode);
+        FAIL(SQ_BAD_MODEL, "Resize '%s': mode '%s' (nearest or linear at this opset)", n->name,
+             mode);
     mdb_node_set_string(n, "mode", mode, strlen(mode));
     if (c->opset < 11) {
         /* Opset 10 maps output x to x / scale and takes the nearest pixel

@@ -141,7 +141,7 @@ Test(onnx_import, resize_scales_and_sizes_fold_into_attributes)
     mb_free(&b);
 }
 
-Test(onnx_import, resize_without_constant_scales_or_of_the_batch_is_refused)
+Test(onnx_import, resize_without_constant_scales_or_of_the_batch_or_cubic_at_opset_10_is_refused)
 {
     mb_t b;
     mdb_graph_t *g = NULL;
@@ -162,6 +162,25 @@ Test(onnx_import, resize_without_constant_scales_or_of_the_batch_is_refused)
     resize_model(&b, 13, (const char *[]){"x", "", "scales", NULL});
     init_floats(&b, "scales", 2, (const float[]){2, 2});
     cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
+    mb_free(&b);
+    /* opset 10's Resize has no cubic mode (opset 11 on: accepted, its
+     * cubic_coeff_a and exclude_outside kept for the worker) */
+    Onnx__NodeProto *n = resize_model(&b, 10, (const char *[]){"x", "scales", NULL});
+    init_floats(&b, "scales", 4, (const float[]){1, 1, 2, 2});
+    attr_str(&b, n, "mode", "cubic");
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_BAD_MODEL);
+    cr_assert_str_eq(err.detail,
+                     "Resize 'Resize': mode 'cubic' (nearest or linear at this opset) (opset 10)");
+    mb_free(&b);
+    n = resize_model(&b, 11, (const char *[]){"x", "", "scales", NULL});
+    init_floats(&b, "scales", 4, (const float[]){1, 1, 2, 2});
+    attr_str(&b, n, "mode", "cubic");
+    mb_attr_int(&b, n, "exclude_outside", 1);
+    cr_assert_eq(import_builder(&b, &g, &err), 0, "%s", err.detail);
+    cr_assert_str_eq(mdb_node_string(&g->nodes[0], "mode", ""), "cubic");
+    cr_assert_eq(mdb_node_int(&g->nodes[0], "exclude_outside", 0), 1);
+    mdb_graph_free(g);
+    g = NULL;
     mb_free(&b);
     /* scales computed from the input */
     resize_model(&b, 13, (const char *[]){"x", "", "s", NULL});
