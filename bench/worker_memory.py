@@ -2,7 +2,7 @@
 """The resident memory of a cpu worker holding models: starts squishd with
 one cpu worker (from SQUISH_BUILD_DIR, default build/), uploads each model
 given (max_batch 64 unless --max-batch), waits until every one is measured
-and ready, runs one request of each, and prints the worker's VmRSS (and of it RssAnon, the
+and ready, and prints the worker's VmRSS (and of it RssAnon, the
 memory the worker allocated, and RssFile, its libraries' pages) and Pss
 (/proc/PID/status, smaps_rollup) and, per model, its profiled batch sizes
 and the memory the worker reported for each.

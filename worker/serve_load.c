@@ -289,11 +289,12 @@ static void build_model(server_t *s, job_t *j)
 }
 
 /* Execution thread, between batches: m's plan runs in the arena the
- * models share from now on. A prefix group keeps its own (its members
- * read the prefix's output); a plan that cannot join keeps its own too. */
+ * models share from now on (cpu plans; the other backends keep their
+ * own). A prefix group keeps its own (its members read the prefix's
+ * output); a plan that cannot join keeps its own too. */
 static void share_arena(server_t *s, model_t *m)
 {
-    if (m->plan == NULL)
+    if (m->plan == NULL || wk_plan_backend(m->plan) != SQ_DEV_CPU)
         return;
     if (s->arena == NULL)
         s->arena = wk_arena_new();
