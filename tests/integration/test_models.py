@@ -271,6 +271,65 @@ def a_model_with_upsample_and_conv_transpose_is_served_over_v2():
 
 
 @test
+def a_torch_bicubic_upsample_is_served_over_v2_as_torch_computes_it():
+    """nn.Upsample(mode="bicubic") exported by Debian's torch at opset 17
+    with a dynamic batch (by scales, and to a size with align_corners): the
+    upload imports, the record says the cuda backend has no Resize kernel,
+    and a cpu worker serves both outputs over /v2 within 1e-4 of torch."""
+    import io
+    import warnings
+
+    import numpy as np
+    import torch
+
+    class Bicubic(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 4, 1)
+            self.up = torch.nn.Upsample(scale_factor=2, mode="bicubic")
+            self.corners = torch.nn.Upsample(size=(12, 12), mode="bicubic", align_corners=True)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return self.up(y), self.corners(y)
+
+    torch.manual_seed(5)
+    net = Bicubic().eval()
+    buf = io.BytesIO()
+    with warnings.catch_warnings():  # the exporter's own shape-inference notes
+        warnings.simplefilter("ignore")
+        torch.onnx.export(net, torch.zeros(1, 3, 8, 8), buf, opset_version=17,
+                          input_names=["input"], output_names=["up", "corners"],
+                          dynamic_axes={k: {0: "N"} for k in ("input", "up", "corners")})
+    x = np.random.default_rng(4).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    with torch.no_grad():
+        want = dict(zip(("up", "corners"), (t.numpy() for t in net(torch.from_numpy(x)))))
+    s = Squishd(workers="cpu:1")
+    try:
+        s.wait_ready(workers=1)
+        r = upload(s, buf.getvalue(), {"name": "bicubic", "max_batch": 2})
+        assert r.status == 202, r
+        eventually(lambda: s.get("/v2/models/bicubic/ready").status == 200 or None, 60,
+                   "the model measured on the cpu worker")
+        rec = s.get("/models/bicubic", headers=auth(s), schema_name="model").json["versions"][0]
+        assert list(rec["not_on"]) == ["cuda"], rec["not_on"]
+        assert "no Resize kernel" in rec["not_on"]["cuda"], rec["not_on"]
+        body = {"inputs": [{"name": "input", "shape": [2, 3, 8, 8], "datatype": "FP32",
+                            "data": x.ravel().tolist()}]}
+        a = s.request("POST", "/v2/models/bicubic/infer", body=json.dumps(body),
+                      headers={"Content-Type": "application/json"})
+        assert a.status == 200, a
+        got = {o["name"]: o for o in a.json["outputs"]}
+        for name, shape in (("up", [2, 4, 16, 16]), ("corners", [2, 4, 12, 12])):
+            assert got[name]["shape"] == shape, got[name]["shape"]
+            diff = np.abs(np.asarray(got[name]["data"]) - want[name].ravel()).max()
+            assert diff <= 1e-4, (name, diff)
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+@test
 def emulated_models_carry_their_profile():
     s = Squishd(workers="none")
     try:
@@ -699,6 +758,43 @@ def deleting_a_model_a_pipeline_uses_says_so_and_force_goes_ahead():
         assert s.request("DELETE", "/models/inc", headers=auth(s)).status == 200
     finally:
         s.stop()
+
+
+@test
+def a_cpu_worker_plans_16_and_serves_a_larger_batch_in_pieces():
+    """A model uploaded with max_batch 40 is planned on a cpu worker for
+    batches up to 16 (each size its own primitives at load); the worker
+    still serves 40, a larger batch run in pieces of 16: its profile
+    measures them, and 24 rows in one request answer what each row alone
+    does."""
+    s = Squishd(workers="cpu:1")
+    try:
+        s.wait_ready(workers=1)
+        assert upload(s, tm.tiny(), {"name": "wide", "max_batch": 40}).status == 202
+        eventually(lambda: s.get("/v2/models/wide/ready").status == 200 or None, 60,
+                   "the model measured on the cpu worker")
+        log = s.read_log()
+        assert "max_batch=40 planned_batch=16" in log, log[-3000:]
+        rec = s.get("/models/wide", headers=auth(s)).json["versions"][0]
+        assert max(rec["profiles"][0]["batch"]) > 16, rec["profiles"]
+        n, item = 24, 3 * 32 * 32
+        data = [((i * 7919) % 1000) / 1000.0 for i in range(n * item)]
+        def infer(rows, x):
+            body = {"inputs": [{"name": "input", "shape": [rows, 3, 32, 32], "datatype": "FP32",
+                                "data": x}]}
+            r = s.request("POST", "/v2/models/wide/infer", body=json.dumps(body),
+                          headers={"Content-Type": "application/json", "X-SLO-Ms": "5000"})
+            assert r.status == 200, r
+            return r.json["outputs"][0]["data"]
+        together = infer(n, data)
+        for i in range(n):
+            alone = infer(1, data[i * item:(i + 1) * item])
+            got = together[i * 10:(i + 1) * 10]
+            assert max(abs(a - b) for a, b in zip(alone, got)) <= 1e-4 * max(map(abs, alone)), \
+                (i, alone, got)
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
 
 
 if __name__ == "__main__":
