@@ -76,6 +76,10 @@ typedef struct model {
     /* What its load asked for (a plain ONNX model): a load after a
      * reconnect that asks the same keeps it. */
     uint32_t asked_max_batch;
+    /* The batch it serves up to: asked_max_batch, where its cpu plan was
+     * made for at most WK_CPU_PLAN_BATCH and a larger batch runs in
+     * pieces of that size (wk__model_run); 0: its plan's max batch. */
+    int max_batch;
     double mean[3], std[3];
     uint8_t bgr;
     uint8_t precision; /* asked for (wk_precision_t); the plan may run another */
@@ -106,6 +110,11 @@ typedef struct rows rows_t;
 /* How long a batch waits for its frontends' rows, from its BATCH's
  * arrival: rows still missing then count as absent (the batch runs
  * without them, and their frontend hears they failed). */
+/* The largest batch a cpu plan is made for: each size up to it gets its
+ * own primitives at load (time and code), although a cpu's profile stops
+ * near 10 on 2 vCPUs; a larger batch runs in pieces of this size, its
+ * cost measured by the profile like any other. */
+#define WK_CPU_PLAN_BATCH 16
 #define WK_ROWS_WAIT_MS 2000
 /* Rows no BATCH claimed are dropped after this long. */
 #define WK_ROWS_KEEP_MS 5000

@@ -189,6 +189,9 @@ static void build_model(server_t *s, job_t *j)
     opts.backend = s->o.dev.kind;
     opts.device_index = s->o.dev.index;
     opts.max_batch = (int)spec->max_batch;
+    if (opts.backend == SQ_DEV_CPU && spec->format == SQ_FORMAT_ONNX &&
+        opts.max_batch > WK_CPU_PLAN_BATCH)
+        opts.max_batch = WK_CPU_PLAN_BATCH;
     opts.threads = s->o.threads;
     opts.precision = (wk_precision_t)spec->precision;
     for (int c = 0; c < 3; c++) {
@@ -267,6 +270,11 @@ static void build_model(server_t *s, job_t *j)
         m->in_elems = wk_plan_input_elems(front, 0);
         m->out_elems = wk__model_out_elems(m);
         m->asked_max_batch = spec->max_batch;
+        /* planned for fewer (WK_CPU_PLAN_BATCH), it serves the rest in
+         * pieces; a static plan (max batch 1 whatever was asked) does not */
+        if (plan != NULL && opts.max_batch < (int)spec->max_batch &&
+            wk_plan_max_batch(plan) == opts.max_batch)
+            m->max_batch = (int)spec->max_batch;
         memcpy(m->mean, spec->mean, sizeof(m->mean));
         memcpy(m->std, spec->std, sizeof(m->std));
         m->bgr = spec->bgr;
@@ -344,13 +352,14 @@ void wk__do_install(server_t *s, job_t *j)
     wk__model_drop(s, j->id);
     m->next = s->models;
     s->models = m;
-    SQ_INFO("model loaded key=%llu sha256=%.12s backend=%s max_batch=%d memory_mb=%llu "
-            "members=%u precision=%s runs=%s import_ms=%lld load_ms=%lld",
+    SQ_INFO("model loaded key=%llu sha256=%.12s backend=%s max_batch=%d planned_batch=%d "
+            "memory_mb=%llu members=%u precision=%s runs=%s import_ms=%lld load_ms=%lld",
             (unsigned long long)j->id, spec->sha256, sq_dev_kind_name(s->o.dev.kind),
-            wk__model_max_batch(m), (unsigned long long)(wk__model_memory(m) >> 20),
-            spec->n_members, sq_precision_name(spec->precision),
-            wk_precision_name((wk_precision_t)m->runs), (long long)j->import_ms,
-            (long long)j->load_ms);
+            wk__model_max_batch(m),
+            m->group != NULL ? wk_group_max_batch(m->group) : wk_plan_max_batch(m->plan),
+            (unsigned long long)(wk__model_memory(m) >> 20), spec->n_members,
+            sq_precision_name(spec->precision), wk_precision_name((wk_precision_t)m->runs),
+            (long long)j->import_ms, (long long)j->load_ms);
 }
 
 /* UNLOAD, execution thread: drops the model and cancels its loads still

@@ -181,7 +181,9 @@ void wk__model_drop(server_t *s, uint64_t key)
 
 int wk__model_max_batch(const model_t *m)
 {
-    return m->group != NULL ? wk_group_max_batch(m->group) : wk_plan_max_batch(m->plan);
+    if (m->group != NULL)
+        return wk_group_max_batch(m->group);
+    return m->max_batch > 0 ? m->max_batch : wk_plan_max_batch(m->plan);
 }
 
 uint64_t wk__model_memory(const model_t *m)
@@ -217,12 +219,21 @@ int wk__model_run(model_t *m, int batch, int pixels, const uint8_t *in, const in
     if (m->group != NULL)
         return pixels ? wk_group_run_pixels(m->group, batch, in, member, out, out_stride)
                       : wk_group_run(m->group, batch, (const float *)in, member, out, out_stride);
-    if (pixels)
-        return wk_plan_run_pixels(m->plan, batch, in, out);
-    if (wk_plan_n_inputs(m->plan) != 1)
+    if (!pixels && wk_plan_n_inputs(m->plan) != 1)
         return SQ_INVAL;
-    const float *ins[1] = {(const float *)in};
-    return wk_plan_run_rows(m->plan, batch, ins, out);
+    /* a batch over the plan's max runs in pieces of the plan's max */
+    int piece = wk_plan_max_batch(m->plan), rc = 0;
+    size_t item =
+        pixels ? (size_t)m->pixel_h * (size_t)m->pixel_w * 3 : (size_t)m->in_elems * sizeof(float);
+    for (int done = 0; done < batch && rc == 0; done += piece) {
+        int n = batch - done < piece ? batch - done : piece;
+        const uint8_t *at = in + (size_t)done * item;
+        float *rows = out + (size_t)done * out_stride;
+        const float *ins[1] = {(const float *)at};
+        rc = pixels ? wk_plan_run_pixels(m->plan, n, at, rows)
+                    : wk_plan_run_rows(m->plan, n, ins, rows);
+    }
+    return rc;
 }
 
 void wk__profile_input(int pixels, size_t item_bytes, int items, uint8_t *in)

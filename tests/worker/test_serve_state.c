@@ -1,0 +1,63 @@
+/* The models a worker holds (worker/serve_state.c): a batch over the
+ * plan's max batch runs in pieces of that size, each row what the row
+ * alone gives. */
+#include "serve_int.h"
+
+#include <criterion/criterion.h>
+#include <string.h>
+
+/* An emulated plan of 3x4x4 images and 10 classes: each row's outputs
+ * are a hash of its own input. */
+static wk_plan_t *emu_plan(int max_batch)
+{
+    wk_plan_opts_t o = wk_plan_opts_default();
+    o.backend = SQ_DEV_EMU;
+    o.max_batch = max_batch;
+    int64_t lat[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    o.emu_latency_us = lat;
+    o.emu_n_latency = 8;
+    int64_t chw[3] = {3, 4, 4};
+    wk_plan_t *p = NULL;
+    char why[256];
+    cr_assert_eq(wk_plan_create_emulated(chw, 10, &o, &p, why, sizeof(why)), 0, "%s", why);
+    return p;
+}
+
+Test(serve_state, a_batch_over_the_plans_max_runs_in_pieces_each_row_its_own)
+{
+    model_t m = {0};
+    m.plan = emu_plan(2);
+    m.pixel_h = m.pixel_w = 4;
+    m.in_elems = 48;
+    m.out_elems = 10;
+    m.max_batch = 5;
+    cr_assert_eq(wk__model_max_batch(&m), 5);
+    uint8_t px[5 * 48];
+    float rows[5 * 48];
+    for (int i = 0; i < 5 * 48; i++) {
+        px[i] = (uint8_t)(i * 37);
+        rows[i] = (float)(i % 97) / 97.0f;
+    }
+    float whole[50], alone[10];
+    /* pixels: 5 rows run as 2 + 2 + 1 */
+    cr_assert_eq(wk__model_run(&m, 5, 1, px, NULL, whole, 10), 0);
+    for (int i = 0; i < 5; i++) {
+        cr_assert_eq(wk__model_run(&m, 1, 1, px + i * 48, NULL, alone, 10), 0);
+        cr_assert_arr_eq(alone, whole + i * 10, sizeof(alone), "pixels, row %d", i);
+    }
+    /* FP32 rows */
+    cr_assert_eq(wk__model_run(&m, 5, 0, (const uint8_t *)rows, NULL, whole, 10), 0);
+    for (int i = 0; i < 5; i++) {
+        cr_assert_eq(wk__model_run(&m, 1, 0, (const uint8_t *)(rows + i * 48), NULL, alone, 10), 0);
+        cr_assert_arr_eq(alone, whole + i * 10, sizeof(alone), "FP32 rows, row %d", i);
+    }
+    wk_plan_free(m.plan);
+}
+
+Test(serve_state, a_model_planned_for_its_whole_batch_serves_the_plans_max)
+{
+    model_t m = {0};
+    m.plan = emu_plan(3);
+    cr_assert_eq(wk__model_max_batch(&m), 3);
+    wk_plan_free(m.plan);
+}
