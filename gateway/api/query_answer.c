@@ -28,6 +28,15 @@ json_t *gw_query_node_json(const gw_pipeline_t *p, gw_model_t *const *models, co
                 d, "box",
                 json_pack("[f, f, f, f]", kid->det.x0, kid->det.y0, kid->det.x1, kid->det.y1));
             json_object_set_new(d, "score", json_real(kid->det.score));
+            /* The detection's class, and its name from the detector's
+             * labels where it has them. */
+            json_object_set_new(d, "class", json_integer(kid->det.label));
+            const json_t *labels = models[n->stage]->labels;
+            const json_t *name = json_is_array(labels) && kid->det.label >= 0
+                                     ? json_array_get(labels, (size_t)kid->det.label)
+                                     : NULL;
+            if (json_is_string(name))
+                json_object_set_new(d, "label", json_string(json_string_value(name)));
             json_array_append_new(a, d);
         }
         json_object_set_new(o, p->stages[st->children[k]].id, a);

@@ -108,6 +108,8 @@ def a_yolo_detector_answers_v1_with_its_boxes_and_feeds_a_pipeline():
         assert len(found) == 1, found
         assert near(found[0]["box"], [16, 12, 48, 24], 1.01), found
         assert len(found[0]["predictions"]) == 2, found
+        # Each crop says which class its detection is, by index and name.
+        assert found[0]["class"] == 1 and found[0]["label"] == "dog", found
         # Both classes: two crops.
         crops["classes"] = [0, 1]
         spec["name"] = "pets"
@@ -117,6 +119,9 @@ def a_yolo_detector_answers_v1_with_its_boxes_and_feeds_a_pipeline():
         r = s.request("POST", "/v1/pipelines/pets/infer", body=gray(128),
                       headers={"Content-Type": "image/jpeg", "X-SLO-Ms": "3000"})
         assert r.status == 200 and len(r.json["frames"][0]["det"]["cls"]) == 2, r
+        validate(r.json, "pipeline_query_response")
+        assert sorted((c["class"], c["label"]) for c in r.json["frames"][0]["det"]["cls"]) == \
+            [(0, "cat"), (1, "dog")], r.json
 
         # A crops_of that does not fit the detector: 400 saying why.
         for bad, want in (
