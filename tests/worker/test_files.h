@@ -4,6 +4,7 @@
 #define TEST_FILES_H
 
 #include <criterion/criterion.h>
+#include <mdb_graph.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -37,6 +38,22 @@ static inline void *test_slurp_in(const char *dir, const char *name, size_t *len
 static inline void *test_slurp(const char *name, size_t *len)
 {
     return test_slurp_in(test_models_dir(), name, len);
+}
+
+/* The export name.onnx imported (the test fails on a refusal, naming its
+ * ops and why); the caller frees the graph. */
+static inline mdb_graph_t *test_import(const char *name)
+{
+    char file[256];
+    size_t len;
+    snprintf(file, sizeof(file), "%s.onnx", name);
+    void *bytes = test_slurp(file, &len);
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(mdb_onnx_import(bytes, len, &g, &err), 0, "import %s: %s %s", name, err.ops,
+                 err.detail);
+    free(bytes);
+    return g;
 }
 
 #endif

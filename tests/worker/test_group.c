@@ -18,15 +18,7 @@
 
 static mdb_graph_t *load(const char *name)
 {
-    char file[256];
-    size_t len;
-    snprintf(file, sizeof(file), "%s.onnx", name);
-    void *bytes = test_slurp(file, &len);
-    mdb_graph_t *g = NULL;
-    mdb_import_error_t err;
-    cr_assert_eq(mdb_onnx_import(bytes, len, &g, &err), 0, "import %s: %s", name, err.detail);
-    free(bytes);
-    return g;
+    return test_import(name);
 }
 
 static wk_plan_t *plan_of(const mdb_graph_t *g, int max_batch)

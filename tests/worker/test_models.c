@@ -42,14 +42,7 @@ static ref_t load_ref(const char *dir, const char *name, int batch, int64_t per)
 static void check_model_at(const char *name, const int *batches, int n_batches, int n_plans)
 {
     const char *dir = test_models_dir();
-    char file[256];
-    size_t len;
-    snprintf(file, sizeof(file), "%s.onnx", name);
-    void *bytes = test_slurp_in(dir, file, &len);
-    mdb_graph_t *g = NULL;
-    mdb_import_error_t err;
-    cr_assert_eq(mdb_onnx_import(bytes, len, &g, &err), 0, "import %s: %s", name, err.detail);
-    free(bytes);
+    mdb_graph_t *g = test_import(name);
     wk_plan_opts_t o = wk_plan_opts_default();
     o.max_batch = 8;
     wk_plan_t *p = NULL;
@@ -169,14 +162,7 @@ Test(models, googlenet, .timeout = 120)
 
 static wk_plan_t *plan_export(const char *name, int max_batch)
 {
-    char file[256];
-    size_t len;
-    snprintf(file, sizeof(file), "%s.onnx", name);
-    void *bytes = test_slurp(file, &len);
-    mdb_graph_t *g = NULL;
-    mdb_import_error_t err;
-    cr_assert_eq(mdb_onnx_import(bytes, len, &g, &err), 0, "import %s: %s", name, err.detail);
-    free(bytes);
+    mdb_graph_t *g = test_import(name);
     wk_plan_opts_t o = wk_plan_opts_default();
     o.max_batch = max_batch;
     wk_plan_t *p = NULL;

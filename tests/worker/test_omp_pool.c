@@ -91,19 +91,28 @@ static void phases(void *arg)
     }
 }
 
+/* Runs phases on a team of 3, spinning (hot) and sleeping (cold), the
+ * leader alone or not: nobody leaves a barrier early. */
+static void barriers_hold(bool alone)
+{
+    for (int hot = 0; hot < 2; hot++) {
+        wk_omp_hot(hot);
+        wk_omp_alone(alone);
+        phases_t p = {0};
+        GOMP_parallel(phases, &p, 3, 0);
+        cr_expect_eq(atomic_load(&p.wrong), 0, "hot %d alone %d: %d threads left a barrier early",
+                     hot, alone, atomic_load(&p.wrong));
+        cr_expect_eq(atomic_load(&p.arrived), 3 * PHASES);
+    }
+    wk_omp_alone(false);
+    wk_omp_hot(false);
+}
+
 /* Nobody leaves a barrier before the whole team reached it, phase after
  * phase, spinning (hot) or sleeping (cold). */
 Test(omp_pool, barriers_hold_every_thread_until_the_team_arrived)
 {
-    for (int hot = 0; hot < 2; hot++) {
-        wk_omp_hot(hot);
-        phases_t p = {0};
-        GOMP_parallel(phases, &p, 3, 0);
-        cr_expect_eq(atomic_load(&p.wrong), 0, "hot %d: %d threads left a barrier early", hot,
-                     atomic_load(&p.wrong));
-        cr_expect_eq(atomic_load(&p.arrived), 3 * PHASES);
-    }
-    wk_omp_hot(false);
+    barriers_hold(false);
 }
 
 static void inner(void *arg)
@@ -207,17 +216,7 @@ Test(omp_pool, alone_the_leader_runs_every_share_under_its_own_number)
  * and every phase still holds everyone until the team arrived. */
 Test(omp_pool, alone_a_region_with_barriers_calls_the_workers)
 {
-    for (int hot = 0; hot < 2; hot++) {
-        wk_omp_hot(hot);
-        wk_omp_alone(true);
-        phases_t p = {0};
-        GOMP_parallel(phases, &p, 3, 0);
-        cr_expect_eq(atomic_load(&p.wrong), 0, "hot %d: %d threads left a barrier early", hot,
-                     atomic_load(&p.wrong));
-        cr_expect_eq(atomic_load(&p.arrived), 3 * PHASES);
-    }
-    wk_omp_alone(false);
-    wk_omp_hot(false);
+    barriers_hold(true);
 }
 
 /* A worker held off its core: a signal whose handler waits for release,

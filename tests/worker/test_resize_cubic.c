@@ -255,13 +255,7 @@ Test(resize_cubic, torch_upsample_bicubic_export_matches_torch, .timeout = 120)
 {
     const char *name = "upsample_bicubic";
     const int64_t per = 4 * (32 * 32 + 20 * 24 + 8 * 8), item = 3 * 16 * 16;
-    size_t len;
-    void *bytes = test_slurp("upsample_bicubic.onnx", &len);
-    mdb_graph_t *g = NULL;
-    mdb_import_error_t err;
-    cr_assert_eq(mdb_onnx_import(bytes, len, &g, &err), 0, "import %s: %s %s", name, err.ops,
-                 err.detail);
-    free(bytes);
+    mdb_graph_t *g = test_import(name);
     mdb_model_info_t info;
     char why[512];
     cr_assert_eq(mdb_model_info(g, &info, why, sizeof(why)), 0, "%s", why);

@@ -22,13 +22,7 @@
 static void check_segmenter(const char *name)
 {
     char file[256];
-    size_t len;
-    snprintf(file, sizeof(file), "%s.onnx", name);
-    void *bytes = test_slurp(file, &len);
-    mdb_graph_t *g = NULL;
-    mdb_import_error_t err;
-    cr_assert_eq(mdb_onnx_import(bytes, len, &g, &err), 0, "import %s: %s", name, err.detail);
-    free(bytes);
+    mdb_graph_t *g = test_import(name);
 
     mdb_model_info_t info;
     char why[512];
