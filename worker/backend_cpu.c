@@ -283,17 +283,17 @@ static float *cpu_input_buffer(wk_plan_t *plan, int index)
  * holds the core its descheduled partner could have moved to), and a team
  * waits at each region for the share of the thread a neighbour holds off
  * its core, where the leader alone runs on the free core at one thread's
- * speed (bench/RESULTS.md, "a busy neighbour"). Runs take the ways in turn
- * until each has SPIN_MIN; then each run takes the way whose last runs'
- * median is lowest, and every SPIN_LOOK-th run one of the others in turn,
- * so that a change of the machine is seen (wk__cpu_spin_note). */
-#define SPIN_MIN 3
-#define SPIN_LOOK 16
+ * speed (bench/RESULTS.md, "A neighbour on a core"). Runs take the ways in turn
+ * until each has WAY_MIN; then each run takes the way whose last runs'
+ * median is lowest, and every WAY_LOOK-th run one of the others in turn,
+ * so that a change of the machine is seen (wk__cpu_way_note). */
+#define WAY_MIN 3
+#define WAY_LOOK 16
 
-static int64_t spin_median(const cpu_spin_t *s, int way)
+static int64_t way_median(const cpu_ways_t *s, int way)
 {
-    int n = s->n[way] < SPIN_RING ? (int)s->n[way] : SPIN_RING;
-    int64_t v[SPIN_RING];
+    int n = s->n[way] < WAY_RING ? (int)s->n[way] : WAY_RING;
+    int64_t v[WAY_RING];
     for (int i = 0; i < n; i++) {
         int64_t x = s->ns[way][i];
         int k = i;
@@ -323,12 +323,13 @@ static int forced_way(void)
     return way;
 }
 
-int wk__cpu_spin_pick(cpu_spin_t *s)
+int wk__cpu_way_pick(cpu_ways_t *s)
 {
+    int forced = forced_way();
     if (omp_get_max_threads() <= 1)
         return WAY_SLEEP;
-    if (forced_way() >= 0)
-        return forced_way();
+    if (forced >= 0)
+        return forced;
     int ways[N_WAYS], k = 0;
     ways[k++] = WAY_SLEEP;
     if (wk_omp_spins())
@@ -340,16 +341,16 @@ int wk__cpu_spin_pick(cpu_spin_t *s)
         if (s->n[ways[i]] < s->n[least])
             least = ways[i];
     }
-    if (s->n[least] < SPIN_MIN)
+    if (s->n[least] < WAY_MIN)
         return least;
     for (int i = 1; i < k; i++) {
-        if (spin_median(s, ways[i]) < spin_median(s, best))
+        if (way_median(s, ways[i]) < way_median(s, best))
             best = ways[i];
     }
-    if (r % SPIN_LOOK != 0)
+    if (r % WAY_LOOK != 0)
         return best;
     /* a look at another way: the others in turn */
-    int other = (int)((r / SPIN_LOOK) % (unsigned)(k - 1));
+    int other = (int)((r / WAY_LOOK) % (unsigned)(k - 1));
     for (int i = 0; i < k; i++) {
         if (ways[i] != best && other-- == 0)
             return ways[i];
@@ -360,22 +361,22 @@ int wk__cpu_spin_pick(cpu_spin_t *s)
 /* A run faster than every other way's median is believed at once: a
  * neighbour, an interrupt or a page fault only ever slow a run down, so a
  * way that was slow while the machine was busy and is fast now (the
- * neighbour left) takes over at its first look, not after SPIN_RING / 2. */
-void wk__cpu_spin_note(cpu_spin_t *s, int way, int64_t ns)
+ * neighbour left) takes over at its first look, not after WAY_RING / 2. */
+void wk__cpu_way_note(cpu_ways_t *s, int way, int64_t ns)
 {
     bool fastest = s->n[way] > 0;
     for (int w = 0; w < N_WAYS && fastest; w++) {
-        if (w != way && s->n[w] > 0 && spin_median(s, w) <= ns)
+        if (w != way && s->n[w] > 0 && way_median(s, w) <= ns)
             fastest = false;
     }
-    if (fastest && s->n[way] >= SPIN_MIN && spin_median(s, way) > ns) {
-        for (int i = 0; i < SPIN_RING; i++)
+    if (fastest && s->n[way] >= WAY_MIN && way_median(s, way) > ns) {
+        for (int i = 0; i < WAY_RING; i++)
             s->ns[way][i] = ns;
-        if (s->n[way] < SPIN_RING)
-            s->n[way] = SPIN_RING;
+        if (s->n[way] < WAY_RING)
+            s->n[way] = WAY_RING;
         return;
     }
-    s->ns[way][s->n[way] % SPIN_RING] = ns;
+    s->ns[way][s->n[way] % WAY_RING] = ns;
     s->n[way]++;
 }
 
@@ -389,7 +390,7 @@ static int cpu_run(wk_plan_t *plan, int batch, float *const *outputs)
     cpu_list_t *l = &be->lists[batch];
     if (batch > be->ran_batch)
         be->ran_batch = batch;
-    int way = wk__cpu_spin_pick(&l->spin);
+    int way = wk__cpu_way_pick(&l->ways);
     int64_t t0 = sq_now_ns();
     wk_omp_hot(way == WAY_SPIN);
     wk_omp_alone(way == WAY_ALONE);
@@ -421,7 +422,7 @@ out:
     wk_omp_hot(false);
     wk_omp_alone(false);
     if (rc == 0)
-        wk__cpu_spin_note(&l->spin, way, sq_now_ns() - t0);
+        wk__cpu_way_note(&l->ways, way, sq_now_ns() - t0);
     return rc;
 }
 

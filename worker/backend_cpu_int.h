@@ -42,20 +42,20 @@ typedef struct {
 } cpu_item_t;
 
 /* How a batch size's last runs went each way the pool can run them
- * (backend_cpu.c, wk__cpu_spin_pick): its threads sleeping between
+ * (backend_cpu.c, wk__cpu_way_pick): its threads sleeping between
  * regions, spinning, or the leader alone. */
-#define SPIN_RING 8
+#define WAY_RING 8
 enum { WAY_SLEEP, WAY_SPIN, WAY_ALONE, N_WAYS };
 typedef struct {
-    int64_t ns[N_WAYS][SPIN_RING]; /* run times, a ring each way */
-    unsigned n[N_WAYS];            /* runs each way so far */
+    int64_t ns[N_WAYS][WAY_RING]; /* run times, a ring each way */
+    unsigned n[N_WAYS];           /* runs each way so far */
     unsigned runs;
-} cpu_spin_t;
+} cpu_ways_t;
 
 typedef struct {
     cpu_item_t *items;
     int n, cap;
-    cpu_spin_t spin;
+    cpu_ways_t ways;
 } cpu_list_t;
 
 /* What phase 1 decided for a step, for phase 2 to reuse. */
@@ -204,12 +204,12 @@ dnnl_memory_desc_t wk__cpu_plain_ranked(const wk_value_t *v, int batch, int ndim
 int wk__cpu_plain_view(cpu_be_t *be, int id, int ndim, const int64_t *dims_max, bool batched,
                        int64_t batch_mult);
 
-/* ---- backend_cpu.c: spinning or sleeping between regions ----------------- */
+/* ---- backend_cpu.c: the way a graph runs --------------------------------- */
 
-/* Whether the next run of the list that s belongs to spins (see
- * backend_cpu.c); then note how long it took. */
-int wk__cpu_spin_pick(cpu_spin_t *s);
-void wk__cpu_spin_note(cpu_spin_t *s, int way, int64_t ns);
+/* The way (WAY_SLEEP, WAY_SPIN, WAY_ALONE) the next run of the list that s
+ * belongs to takes (see backend_cpu.c); then note how long it took. */
+int wk__cpu_way_pick(cpu_ways_t *s);
+void wk__cpu_way_note(cpu_ways_t *s, int way, int64_t ns);
 
 /* ---- the op builders, by concern ---------------------------------------- */
 

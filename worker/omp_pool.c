@@ -26,12 +26,16 @@
  * libgomp) and backend_cpu's onednn_runs_its_regions_on_the_workers_pool
  * check that it holds.
  *
- * The pool: workers 1..n-1 wait for the generation counter `gen` to move;
- * the leader publishes the region (function, data, team size), bumps gen,
- * runs its own share as thread 0 and waits until every worker has checked
- * in (`left` reaches 0). Every started worker checks in for every region,
- * members after running it, the others at once, so that no worker can read
- * the next region's fields half written. A nested region runs on the
+ * The pool: the workers wait for the generation counter `gen` to move;
+ * the leader publishes the region (function, data, then the `claim` word:
+ * the region's serial number, its team and the next thread number not
+ * taken), bumps gen unless it runs alone, runs shares itself until none
+ * is left, and waits until every share returned (`done` reaches the
+ * team). Any thread takes thread numbers one at a time, so a share whose
+ * thread is not scheduled (a neighbour holds its core) is run by one that
+ * finished its own, and no thread waits for a worker that has nothing to
+ * do. A late worker cannot take a number of a region that ended: the
+ * serial number is part of the word it swaps. A nested region runs on the
  * calling thread alone, as libgomp does without OMP_NESTED. */
 #include "wk_omp.h"
 
@@ -79,7 +83,6 @@ typedef struct pool {
 
 typedef struct {
     pool_t *pool;
-    int tid;
     unsigned seen;
 } worker_arg_t;
 
@@ -245,7 +248,7 @@ static pool_t *pool_of_caller(int n)
         worker_arg_t *a = malloc(sizeof(*a));
         if (a == NULL)
             break;
-        *a = (worker_arg_t){p, p->n_workers + 1, atomic_load(&p->gen)};
+        *a = (worker_arg_t){p, atomic_load(&p->gen)};
         if (pthread_create(&p->workers[p->n_workers], NULL, worker_main, a) != 0) {
             free(a);
             break;
@@ -350,22 +353,24 @@ int omp_in_parallel(void)
     return tl_active;
 }
 
-void wk_omp_hot(bool on)
+/* The calling thread's pool, made (with no workers yet) when on asks for
+ * it; NULL when off and there is none. */
+static pool_t *leaders_pool(bool on)
 {
     pthread_once(&g_once, init_once);
-    pool_t *p = tl_pool;
-    if (p == NULL && on)
-        p = pool_of_caller(1);
+    return tl_pool != NULL || !on ? tl_pool : pool_of_caller(1);
+}
+
+void wk_omp_hot(bool on)
+{
+    pool_t *p = leaders_pool(on);
     if (p != NULL)
         atomic_store(&p->hot, on && g_spin_ns > 0 ? 1 : 0);
 }
 
 void wk_omp_alone(bool on)
 {
-    pthread_once(&g_once, init_once);
-    pool_t *p = tl_pool;
-    if (p == NULL && on)
-        p = pool_of_caller(1);
+    pool_t *p = leaders_pool(on);
     if (p != NULL)
         atomic_store(&p->alone, on ? 1 : 0);
 }

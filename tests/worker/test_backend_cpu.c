@@ -475,27 +475,27 @@ Test(backend_cpu, onednn_runs_its_regions_on_the_workers_pool)
     wk_plan_free(p);
 }
 
-/* How the pool runs a graph (backend_cpu.c, wk__cpu_spin_pick): each way
+/* How the pool runs a graph (backend_cpu.c, wk__cpu_way_pick): each way
  * (sleeping, spinning, the leader alone) is tried, the fastest taken with
  * a look at another every 16th run, and when the machine changes (a
  * neighbour starts: spinning turns slow, then the team turns slower than
  * its leader alone) the choice follows within a few runs, and back again. */
-static void ways_in(cpu_spin_t *s, int runs, const int64_t ns[N_WAYS], int took[N_WAYS])
+static void ways_in(cpu_ways_t *s, int runs, const int64_t ns[N_WAYS], int took[N_WAYS])
 {
     for (int w = 0; w < N_WAYS; w++)
         took[w] = 0;
     for (int i = 0; i < runs; i++) {
-        int w = wk__cpu_spin_pick(s);
+        int w = wk__cpu_way_pick(s);
         cr_assert(w >= 0 && w < N_WAYS);
         took[w]++;
-        wk__cpu_spin_note(s, w, ns[w]);
+        wk__cpu_way_note(s, w, ns[w]);
     }
 }
 
 Test(backend_cpu, a_batch_size_runs_the_fastest_way_and_follows_the_machine)
 {
     omp_set_num_threads(2);
-    cpu_spin_t s = {0};
+    cpu_ways_t s = {0};
     int took[N_WAYS];
     /* quiet: spinning 3 ms, sleeping 4.5, alone 6 */
     const int64_t quiet[N_WAYS] = {4500000, 3000000, 6000000};
