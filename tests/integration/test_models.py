@@ -203,6 +203,20 @@ def bad_uploads_get_the_right_status_and_leave_nothing_behind():
         s.cleanup()
 
 
+def served_on_cpu_only(s, name, model, why):
+    """Uploads model as name (max batch 2), waits until the cpu worker has
+    measured it, and checks that its record says the cuda backend cannot
+    run it, for why; returns the record."""
+    r = upload(s, model, {"name": name, "max_batch": 2})
+    assert r.status == 202, r
+    eventually(lambda: s.get("/v2/models/%s/ready" % name).status == 200 or None, 60,
+               "the model measured on the cpu worker")
+    rec = s.get("/models/" + name, headers=auth(s), schema_name="model").json["versions"][0]
+    assert list(rec["not_on"]) == ["cuda"], rec["not_on"]
+    assert why in rec["not_on"]["cuda"], rec["not_on"]
+    return rec
+
+
 @test
 def a_model_one_backend_cannot_run_says_why_and_runs_on_the_others():
     """The importer's rules per device kind: a convolution padded on two
@@ -212,13 +226,7 @@ def a_model_one_backend_cannot_run_says_why_and_runs_on_the_others():
     s = Squishd(workers="cpu:1")
     try:
         s.wait_ready(workers=1)
-        r = upload(s, tm.asymmetric_pads(), {"name": "same", "max_batch": 2})
-        assert r.status == 202, r
-        eventually(lambda: s.get("/v2/models/same/ready").status == 200 or None, 60,
-                   "the model measured on the cpu worker")
-        rec = s.get("/models/same", headers=auth(s), schema_name="model").json["versions"][0]
-        assert list(rec["not_on"]) == ["cuda"], rec["not_on"]
-        assert "asymmetric pads" in rec["not_on"]["cuda"], rec["not_on"]
+        rec = served_on_cpu_only(s, "same", tm.asymmetric_pads(), "asymmetric pads")
         assert [p["device_kind"] for p in rec["profiles"]] == ["cpu"], rec["profiles"]
         x = [0.5] * (3 * 32 * 32)
         body = {"inputs": [{"name": "input", "shape": [1, 3, 32, 32], "datatype": "FP32",
@@ -307,13 +315,7 @@ def a_torch_bicubic_upsample_is_served_over_v2_as_torch_computes_it():
     s = Squishd(workers="cpu:1")
     try:
         s.wait_ready(workers=1)
-        r = upload(s, buf.getvalue(), {"name": "bicubic", "max_batch": 2})
-        assert r.status == 202, r
-        eventually(lambda: s.get("/v2/models/bicubic/ready").status == 200 or None, 60,
-                   "the model measured on the cpu worker")
-        rec = s.get("/models/bicubic", headers=auth(s), schema_name="model").json["versions"][0]
-        assert list(rec["not_on"]) == ["cuda"], rec["not_on"]
-        assert "no Resize kernel" in rec["not_on"]["cuda"], rec["not_on"]
+        served_on_cpu_only(s, "bicubic", buf.getvalue(), "no Resize kernel")
         body = {"inputs": [{"name": "input", "shape": [2, 3, 8, 8], "datatype": "FP32",
                             "data": x.ravel().tolist()}]}
         a = s.request("POST", "/v2/models/bicubic/infer", body=json.dumps(body),
