@@ -202,11 +202,6 @@ static void on_root_decoded(gw_prep_job_t *job, int rc)
         gw_sched_submit(gw_api_sched(api), chain);
 }
 
-/* A frame's decode is planned from its own size (issue 23: a 12 MP photo
- * got a budget sized by the decode pool's mean): what it is expected to
- * take beyond the mean the split reserved moves its stage's deadline
- * later, taken from its children's share while each still fits a batch of
- * one after it. */
 /* The least a stage's items take once ready: a batch of one on its
  * serving kind, plus the dispatch margin, as the dispatcher plans it
  * (gw_sched_least; the margin alone when unknown). */
@@ -219,9 +214,10 @@ int64_t gw_query_stage_least_us(gw_api_ctx_t *api, const gw_query_t *q, int stag
 
 /* What the query's frames' decode is planned to take: the decode's p99,
  * which the split reserves, or more for a frame whose size says so (the
- * largest of its frames, or the body's JPEG before they are parsed). The
+ * largest of its frames; frame_len_max before they are started). The
  * pool's mean, used before, named an SLO that about half the frames then
- * missed. */
+ * missed. *borrow_us: what that frame's decode moves its stage's deadline
+ * by (frame_extra_us, uncapped). */
 static double frames_decode_us(gw_api_ctx_t *api, const gw_query_t *q, double *borrow_us)
 {
     double us = gw_prep_pool_decode_p99_us(api->prep);
@@ -234,7 +230,6 @@ static double frames_decode_us(gw_api_ctx_t *api, const gw_query_t *q, double *b
     if (len == 0)
         len = q->frame_len_max;
     double mine = len > 0 ? gw_prep_pool_decode_us_for(api->prep, len) : 0;
-    /* What root_start moves such a frame's deadline by (frame_extra_us). */
     double mean = gw_prep_pool_decode_us(api->prep);
     *borrow_us = mine > mean ? mine - mean : 0;
     return mine > us ? mine : us;
@@ -279,6 +274,15 @@ double gw_query_least_slo_us(gw_api_ctx_t *api, const gw_query_t *q, double *cha
     return least;
 }
 
+/* A frame's decode is planned from its own size (issue 23: a 12 MP photo
+ * got a budget sized by the decode pool's mean): what it is expected to
+ * take beyond the mean the split reserved moves its stage's deadline
+ * later, taken from its children's share while each still fits a batch of
+ * one after it. Before a large file's time per byte is known, the
+ * estimate errs long (gw_prep_pool_decode_borrow_us_for): borrowing too
+ * much costs the children some slack, too little drops the frame. The
+ * least SLO (frames_decode_us) counts the plain estimate instead, so that
+ * no query is refused as hopeless by a guess. */
 static int64_t frame_extra_us(gw_api_ctx_t *api, const gw_query_t *q, const qnode_t *n)
 {
     double mean_us = gw_prep_pool_decode_us(api->prep);
