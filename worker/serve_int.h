@@ -107,14 +107,16 @@ typedef struct cached {
 /* Frontends' rows by batch (serve_rows.c); thread-safe. */
 typedef struct rows rows_t;
 
+/* The largest batch a cpu plan is made for by default
+ * (SQUISH_CPU_PLAN_BATCH sets another, wk__cpu_plan_batch): each size up
+ * to it gets its own primitives at load (time and code), although a cpu's
+ * profile stops near 10 on 2 vCPUs; a larger batch runs in pieces of this
+ * size, its cost measured by the profile like any other. */
+#define WK_CPU_PLAN_BATCH 16
+int wk__cpu_plan_batch(void);
 /* How long a batch waits for its frontends' rows, from its BATCH's
  * arrival: rows still missing then count as absent (the batch runs
  * without them, and their frontend hears they failed). */
-/* The largest batch a cpu plan is made for: each size up to it gets its
- * own primitives at load (time and code), although a cpu's profile stops
- * near 10 on 2 vCPUs; a larger batch runs in pieces of this size, its
- * cost measured by the profile like any other. */
-#define WK_CPU_PLAN_BATCH 16
 #define WK_ROWS_WAIT_MS 2000
 /* Rows no BATCH claimed are dropped after this long. */
 #define WK_ROWS_KEEP_MS 5000

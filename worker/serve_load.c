@@ -19,6 +19,13 @@
  * record: the file's, or what the upload pinned its symbolic sizes to):
  * the file is imported with them, so that a file exported with a dynamic
  * height and width plans as the static model it is served as. */
+int wk__cpu_plan_batch(void)
+{
+    const char *e = getenv("SQUISH_CPU_PLAN_BATCH");
+    long v = e != NULL ? strtol(e, NULL, 10) : 0;
+    return v >= 1 && v <= SQ_MAX_BATCH_ITEMS ? (int)v : WK_CPU_PLAN_BATCH;
+}
+
 static mdb_input_pin_t load_pin(const sq_model_load_t *spec)
 {
     mdb_input_pin_t pin = {0};
@@ -189,9 +196,9 @@ static void build_model(server_t *s, job_t *j)
     opts.backend = s->o.dev.kind;
     opts.device_index = s->o.dev.index;
     opts.max_batch = (int)spec->max_batch;
-    if (opts.backend == SQ_DEV_CPU && spec->format == SQ_FORMAT_ONNX &&
-        opts.max_batch > WK_CPU_PLAN_BATCH)
-        opts.max_batch = WK_CPU_PLAN_BATCH;
+    int plan_batch = wk__cpu_plan_batch();
+    if (opts.backend == SQ_DEV_CPU && spec->format == SQ_FORMAT_ONNX && opts.max_batch > plan_batch)
+        opts.max_batch = plan_batch;
     opts.threads = s->o.threads;
     opts.precision = (wk_precision_t)spec->precision;
     for (int c = 0; c < 3; c++) {
@@ -270,7 +277,7 @@ static void build_model(server_t *s, job_t *j)
         m->in_elems = wk_plan_input_elems(front, 0);
         m->out_elems = wk__model_out_elems(m);
         m->asked_max_batch = spec->max_batch;
-        /* planned for fewer (WK_CPU_PLAN_BATCH), it serves the rest in
+        /* planned for fewer (wk__cpu_plan_batch), it serves the rest in
          * pieces; a static plan (max batch 1 whatever was asked) does not */
         if (plan != NULL && opts.max_batch < (int)spec->max_batch &&
             wk_plan_max_batch(plan) == opts.max_batch)
