@@ -109,6 +109,11 @@ struct gw_infer {
     int64_t reply_us;
     int reply_status;
     const char *oip_id; /* v2: the body's "id" when it gave one (its line names it) */
+    /* Work on the outputs too long for an HTTP loop (a segmenter's
+     * per-pixel argmax): run on the offload thread once the items are done,
+     * before the answer is sent (gw_item_finish); NULL: none. */
+    void (*finish)(gw_infer_t *req);
+    json_t *answer_rows; /* v1: what finish built, one entry per image; the answer takes it */
 };
 
 /* Shared with other request kinds (query.c): infer_reply.c's top-k,

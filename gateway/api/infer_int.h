@@ -103,6 +103,24 @@ int gw_infer_failure_why(const gw_infer_t *req, double least, char *why, size_t 
  * segmenter), saying where to go instead: SQ_BAD_REQUEST with why; 0 when
  * it can. */
 int gw_v1_scores_why(const gw_model_t *cm, char *why, size_t len);
+/* A /v1 body (b, n bytes, Content-Type ct) sent the way a common slip sends
+ * it, with what to send instead: a JPEG labelled as JSON, JSON sent to the
+ * image route (model's), and a file that `curl -d @photo.jpg` sent
+ * (form-encoded, with every CR and LF byte taken out: a JPEG of a few KB
+ * without one is all but impossible, about 1 in 10^14). SQ_MEDIA_TYPE with
+ * why, or 0. */
+int gw_v1_body_slip(const uint8_t *b, size_t n, h2o_iovec_t ct, const char *model, char *why,
+                    size_t len);
+
+/* ---- /v1's rows (infer_reply.c) ------------------------------------------ */
+
+/* A /v1 answer's list per image: a classifier's top-k, a detector's
+ * detections or a segmenter's segments. */
+json_t *gw_v1_rows(const gw_infer_t *req);
+/* gw_v1_rows into req->answer_rows: a segmenter's gw_infer_t.finish, run
+ * on the offload thread (its argmax over every pixel is too long for an
+ * HTTP loop). */
+void gw_v1_rows_off_loop(gw_infer_t *req);
 /* A detector's (has_detector) /v1 answer for one item's output row, the
  * original image being img_w x img_h: [{"box": [x0, y0, x1, y1] in its
  * pixels (clamped to it), "index" (the class), "label", "score"}], after
@@ -112,14 +130,6 @@ json_t *gw_v1_detections_json(const gw_model_t *m, const float *row, int img_w, 
  * row: the classes of the argmax class map, [{"index", "label", "share"}]
  * by share (of the H x W pixels), largest first. */
 json_t *gw_v1_segments_json(const gw_model_t *m, const float *row);
-/* A /v1 body (b, n bytes, Content-Type ct) sent the way a common slip sends
- * it, with what to send instead: a JPEG labelled as JSON, JSON sent to the
- * image route (model's), and a file that `curl -d @photo.jpg` sent
- * (form-encoded, with every CR and LF byte taken out: a JPEG of a few KB
- * without one is all but impossible, about 1 in 10^14). SQ_MEDIA_TYPE with
- * why, or 0. */
-int gw_v1_body_slip(const uint8_t *b, size_t n, h2o_iovec_t ct, const char *model, char *why,
-                    size_t len);
 
 /* ---- /v2 (infer_v2.c; its shared-memory tensors in infer_v2_shm.c) ----- */
 

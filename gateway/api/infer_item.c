@@ -12,6 +12,13 @@
 
 #include <string.h>
 
+static void finish_off_loop(void *arg)
+{
+    gw_infer_t *req = arg;
+    req->finish(req);
+    gw_async_done(&req->base);
+}
+
 void gw_item_finish(gw_item_t *item, int rc, const char *detail)
 {
     gw_infer_t *req = item->owner.req;
@@ -31,7 +38,11 @@ void gw_item_finish(gw_item_t *item, int rc, const char *detail)
                 gw_sched_withdraw(gw_api_sched(req->base.app));
         }
     }
-    if (atomic_fetch_sub(&req->pending, 1) == 1)
+    if (atomic_fetch_sub(&req->pending, 1) != 1)
+        return;
+    if (req->finish != NULL && !atomic_load(&req->failed))
+        gw_offload(((gw_api_ctx_t *)req->base.app)->offload, finish_off_loop, req);
+    else
         gw_async_done(&req->base);
 }
 

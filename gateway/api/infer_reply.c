@@ -177,3 +177,89 @@ json_t *gw_top_k_json(const gw_model_t *m, const float *row, int k)
     free(best);
     return a;
 }
+
+/* ---- /v1's rows ---------------------------------------------------------- */
+
+static double clampd(double v, double hi)
+{
+    return v > 0 ? (v < hi ? v : hi) : 0;
+}
+
+json_t *gw_v1_detections_json(const gw_model_t *m, const float *row, int img_w, int img_h)
+{
+    gw_detection_t d[GW_DETECT_MAX_CROPS];
+    json_t *a = json_array();
+    int n = gw_detect(&m->detector, row, m->w, m->h, img_w, img_h, d, GW_DETECT_MAX_CROPS);
+    for (int i = 0; i < n; i++) {
+        char buf[24];
+        const char *label = gw_model_label(m, d[i].label, buf, sizeof(buf));
+        json_array_append_new(
+            a, json_pack("{s:[f, f, f, f], s:i, s:s, s:f}", "box", clampd(d[i].x0, img_w),
+                         clampd(d[i].y0, img_h), clampd(d[i].x1, img_w), clampd(d[i].y1, img_h),
+                         "index", d[i].label, "label", label, "score", (double)d[i].score));
+    }
+    return a;
+}
+
+json_t *gw_v1_segments_json(const gw_model_t *m, const float *row)
+{
+    const gw_output_t *o = &m->outputs[0];
+    int64_t c = o->dims[1], plane = o->dims[2] * o->dims[3];
+    json_t *a = json_array();
+    if (c < 1 || plane < 1)
+        return a;
+    int64_t *count = sq_xcalloc((size_t)c, sizeof(*count));
+    /* argmax over the classes per pixel (ties: the lower class) */
+    for (int64_t p = 0; p < plane; p++) {
+        int64_t best = 0;
+        float bv = row[p];
+        for (int64_t k = 1; k < c; k++) {
+            float v = row[k * plane + p];
+            if (v > bv || bv != bv)
+                bv = v, best = k;
+        }
+        count[best]++;
+    }
+    /* by share, then class */
+    for (;;) {
+        int64_t top = -1;
+        for (int64_t k = 0; k < c; k++) {
+            if (count[k] > 0 && (top < 0 || count[k] > count[top]))
+                top = k;
+        }
+        if (top < 0)
+            break;
+        char buf[24];
+        json_array_append_new(a, json_pack("{s:I, s:s, s:f}", "index", (json_int_t)top, "label",
+                                           gw_model_label(m, top, buf, sizeof(buf)), "share",
+                                           (double)count[top] / (double)plane));
+        count[top] = 0;
+    }
+    free(count);
+    return a;
+}
+
+/* A classifier's top-k "predictions", a detector's "detections" or a
+ * segmenter's "segments", one list per image. */
+json_t *gw_v1_rows(const gw_infer_t *req)
+{
+    const gw_model_t *m = req->model;
+    json_t *rows = json_array();
+    for (int i = 0; i < req->n_items; i++) {
+        const float *row = req->outputs + (size_t)i * (size_t)m->out_elems;
+        const gw_image_info_t *info = &req->preps[i].info;
+        json_array_append_new(rows, m->has_detector
+                                        ? gw_v1_detections_json(m, row, info->width, info->height)
+                                    : m->segmenter ? gw_v1_segments_json(m, row)
+                                                   : gw_top_k_json(m, row, req->top_k));
+    }
+    return rows;
+}
+
+/* A segmenter's summary is an argmax over every pixel of every image
+ * (21 classes x 520 x 520 floats an image for torchvision's): built on
+ * the offload thread, not the HTTP loop (gw_infer_t.finish). */
+void gw_v1_rows_off_loop(gw_infer_t *req)
+{
+    req->answer_rows = gw_v1_rows(req);
+}

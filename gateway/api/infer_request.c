@@ -376,6 +376,7 @@ void gw_infer_dispose(gw_async_t *a)
     free(req->preps);
     free(req->outputs);
     free(req->body_owned);
+    json_decref(req->answer_rows);
 }
 
 /* ---- for other request kinds (query.c) ---------------------------------- */

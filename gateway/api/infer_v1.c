@@ -28,17 +28,8 @@ static void answer_v1(gw_infer_t *req, h2o_req_t *hreq)
         return;
     }
     gw_model_t *m = req->model;
-    /* A classifier's top-k "predictions", a detector's "detections" or a
-     * segmenter's "segments", one list per image. */
-    json_t *preds = json_array();
-    for (int i = 0; i < req->n_items; i++) {
-        const float *row = req->outputs + (size_t)i * (size_t)m->out_elems;
-        const gw_image_info_t *info = &req->preps[i].info;
-        json_array_append_new(preds, m->has_detector
-                                         ? gw_v1_detections_json(m, row, info->width, info->height)
-                                     : m->segmenter ? gw_v1_segments_json(m, row)
-                                                    : gw_top_k_json(m, row, req->top_k));
-    }
+    json_t *preds = req->answer_rows != NULL ? req->answer_rows : gw_v1_rows(req);
+    req->answer_rows = NULL;
     gw_infer_timing_t t = gw_infer_timing(req);
     gw_infer_answer_headers(req, hreq);
     gw_send_json(hreq, 200,
@@ -50,65 +41,6 @@ static void answer_v1(gw_infer_t *req, h2o_req_t *hreq)
                            preds, "batch_size", t.batch_size, "timing_ms", "queue", t.queue_ms,
                            "preprocess", t.preprocess_ms, "execute", t.execute_ms, "total",
                            t.total_ms));
-}
-
-static double clampd(double v, double hi)
-{
-    return v > 0 ? (v < hi ? v : hi) : 0;
-}
-
-json_t *gw_v1_detections_json(const gw_model_t *m, const float *row, int img_w, int img_h)
-{
-    gw_detection_t d[GW_DETECT_MAX_CROPS];
-    json_t *a = json_array();
-    int n = gw_detect(&m->detector, row, m->w, m->h, img_w, img_h, d, GW_DETECT_MAX_CROPS);
-    for (int i = 0; i < n; i++) {
-        char buf[24];
-        const char *label = gw_model_label(m, d[i].label, buf, sizeof(buf));
-        json_array_append_new(
-            a, json_pack("{s:[f, f, f, f], s:i, s:s, s:f}", "box", clampd(d[i].x0, img_w),
-                         clampd(d[i].y0, img_h), clampd(d[i].x1, img_w), clampd(d[i].y1, img_h),
-                         "index", d[i].label, "label", label, "score", (double)d[i].score));
-    }
-    return a;
-}
-
-json_t *gw_v1_segments_json(const gw_model_t *m, const float *row)
-{
-    const gw_output_t *o = &m->outputs[0];
-    int64_t c = o->dims[1], plane = o->dims[2] * o->dims[3];
-    json_t *a = json_array();
-    if (c < 1 || plane < 1)
-        return a;
-    int64_t *count = sq_xcalloc((size_t)c, sizeof(*count));
-    /* argmax over the classes per pixel (ties: the lower class) */
-    for (int64_t p = 0; p < plane; p++) {
-        int64_t best = 0;
-        float bv = row[p];
-        for (int64_t k = 1; k < c; k++) {
-            float v = row[k * plane + p];
-            if (v > bv || bv != bv)
-                bv = v, best = k;
-        }
-        count[best]++;
-    }
-    /* by share, then class */
-    for (;;) {
-        int64_t top = -1;
-        for (int64_t k = 0; k < c; k++) {
-            if (count[k] > 0 && (top < 0 || count[k] > count[top]))
-                top = k;
-        }
-        if (top < 0)
-            break;
-        char buf[24];
-        json_array_append_new(a, json_pack("{s:I, s:s, s:f}", "index", (json_int_t)top, "label",
-                                           gw_model_label(m, top, buf, sizeof(buf)), "share",
-                                           (double)count[top] / (double)plane));
-        count[top] = 0;
-    }
-    free(count);
-    return a;
 }
 
 static int ct_is(h2o_iovec_t ct, const char *type)
@@ -179,6 +111,8 @@ void gw_route_infer_v1(gw_call_t *call)
     if (req == NULL)
         return;
     req->base.respond = respond_v1;
+    if (req->model->segmenter)
+        req->finish = gw_v1_rows_off_loop;
     /* /v1 answers a classifier's top-k labels: output 0 is [N, K] class
      * scores. A detector's boxes ranked as classes would be meaningless
      * "predictions": it is sent to /v2 for its outputs instead. */
