@@ -29,7 +29,16 @@
  * bench/gpu/run compares with torch. "backend_median_ms" is the time in
  * the backend alone (wk_plan_last_run_ns: on cuda the copies in and out of
  * its pinned buffers and the compute), without the copy of the caller's
- * input into the plan's input buffer that a served batch never makes. */
+ * input into the plan's input buffer that a served batch never makes.
+ *
+ * --pixels (a model that takes images): per batch size also runs random
+ * uint8 pixels as a served JPEG batch does (wk_plan_run_pixels: on cuda
+ * the bytes go over and are normalized on the GPU) and as the host would
+ * do it (normalized here, then wk_plan_run), each --iters times, and
+ * prints "pixels_median_ms", "pixels_host_median_ms" and "pixels_rel", the
+ * largest |device - host| over the largest |host| of the outputs; and the
+ * same for a UINT8 tensor's rows (wk_plan_run_u8): "u8_median_ms",
+ * "u8_host_median_ms", "u8_rel". */
 #include <mdb_graph.h>
 #include <sq.h>
 #include <wk_exec.h>
@@ -77,9 +86,93 @@ static int run_io(wk_plan_t *p, const char *path, int batch, const char *in_path
     return rc;
 }
 
+/* The largest |a - b| over the largest |b|. */
+static double rel_diff(const float *a, const float *b, int64_t n)
+{
+    double d = 0, m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double e = a[i] > b[i] ? (double)a[i] - b[i] : (double)b[i] - a[i];
+        double v = b[i] > 0 ? (double)b[i] : -(double)b[i];
+        d = e > d ? e : d;
+        m = v > m ? v : m;
+    }
+    return m > 0 ? d / m : d;
+}
+
+/* --pixels at batch b: the device's way and the host's, timed and
+ * compared (see the top); the fields go on the JSON line. */
+static int bench_pixels(wk_plan_t *p, const char *path, int b, int iters, char *fields, size_t len)
+{
+    int h = 0, w = 0, nhwc = 0;
+    if (!wk_plan_image_input(p, &h, &w, &nhwc) || wk_plan_n_inputs(p) != 1) {
+        snprintf(fields, len, ", \"pixels\": \"the model does not take images\"");
+        return 0;
+    }
+    int64_t per = (int64_t)h * w * 3, row = wk_plan_row_elems(p),
+            in_per = wk_plan_input_elems(p, 0);
+    uint8_t *px = malloc((size_t)(per * b));
+    float *norm = malloc((size_t)(in_per * b) * sizeof(float));
+    float *dev = malloc((size_t)(row * b) * sizeof(float));
+    float *host = malloc((size_t)(row * b) * sizeof(float));
+    double *t_dev = malloc((size_t)iters * sizeof(double) * 4), *t_host = t_dev + iters;
+    double *t_u8 = t_host + iters, *t_u8h = t_u8 + iters;
+    uint32_t seed = 7;
+    for (int64_t i = 0; i < per * b; i++) {
+        seed = seed * 1103515245u + 12345u;
+        px[i] = (uint8_t)(seed >> 24);
+    }
+    const wk_pixel_norm_t nm = WK_PIXEL_NORM_IMAGENET;
+    double rel = 0, rel_u8 = 0;
+    int rc = 0;
+    for (int it = 0; it < iters && rc == 0; it++) {
+        int64_t s = sq_now_ns();
+        rc |= wk_plan_run_pixels(p, b, px, dev);
+        t_dev[it] = (double)(sq_now_ns() - s) / 1e6;
+        s = sq_now_ns();
+        for (int64_t im = 0; im < b; im++)
+            for (int64_t q = 0; q < (int64_t)h * w; q++)
+                for (int c = 0; c < 3; c++) {
+                    float v = ((float)px[im * per + q * 3 + c] / 255.0f - nm.mean[c]) / nm.std[c];
+                    norm[im * per + (nhwc ? q * 3 + c : c * (int64_t)h * w + q)] = v;
+                }
+        rc |= wk_plan_run_rows(p, b, (const float *[]){norm}, host);
+        t_host[it] = (double)(sq_now_ns() - s) / 1e6;
+        if (it == 0)
+            rel = rel_diff(dev, host, row * b);
+        /* the same bytes as a UINT8 tensor's rows */
+        s = sq_now_ns();
+        rc |= wk_plan_run_u8(p, b, px, dev);
+        t_u8[it] = (double)(sq_now_ns() - s) / 1e6;
+        s = sq_now_ns();
+        for (int64_t i = 0; i < in_per * b; i++)
+            norm[i] = (float)px[i];
+        rc |= wk_plan_run_rows(p, b, (const float *[]){norm}, host);
+        t_u8h[it] = (double)(sq_now_ns() - s) / 1e6;
+        if (it == 0)
+            rel_u8 = rel_diff(dev, host, row * b);
+    }
+    if (rc != 0)
+        fprintf(stderr, "%s: pixels: %s\n", path, wk_plan_errmsg(p));
+    double *ts[4] = {t_dev, t_host, t_u8, t_u8h};
+    for (int k = 0; k < 4; k++)
+        qsort(ts[k], (size_t)iters, sizeof(double), bench_cmp_double);
+    snprintf(fields, len,
+             ", \"pixels_median_ms\": %.3f, \"pixels_host_median_ms\": %.3f, \"pixels_rel\": "
+             "%.3g, \"u8_median_ms\": %.3f, \"u8_host_median_ms\": %.3f, \"u8_rel\": %.3g",
+             t_dev[iters / 2], t_host[iters / 2], rel, t_u8[iters / 2], t_u8h[iters / 2], rel_u8);
+    free(px);
+    free(norm);
+    free(dev);
+    free(host);
+    free(t_dev);
+    return rc != 0;
+}
+
 /* --trace: each timed run's ms, in order, on stderr (how the host's speed
  * moves through a sustained run). */
 static int trace_runs;
+/* --pixels */
+static int pixels_too;
 
 #define MAX_CHECKS 4
 
@@ -181,16 +274,19 @@ static int bench_model(const char *path, const sq_device_t *dev, const int *batc
         qsort(ms, (size_t)iters, sizeof(double), bench_cmp_double);
         qsort(backend_ms, (size_t)iters, sizeof(double), bench_cmp_double);
         double mean = sum / iters;
+        char px_fields[512] = "";
+        if (pixels_too && bench_pixels(p, path, b, iters, px_fields, sizeof(px_fields)) != 0)
+            return 1;
         printf("{\"engine\": \"%s\", \"model\": \"%.*s\", \"batch\": %d, \"threads\": %d, "
                "\"mean_ms\": %.2f, \"median_ms\": %.2f, \"min_ms\": %.2f, \"images_per_s\": %.1f, "
                "\"cpu_ms\": %.2f, \"plan_ms\": %.0f, \"memory_mb\": %.1f, \"backend_median_ms\": "
                "%.3f, \"precision\": \"%s\", "
-               "\"runs\": \"%s\"}\n",
+               "\"runs\": \"%s\"%s}\n",
                dev->kind == SQ_DEV_CPU ? "squish" : "squish-cuda",
                (int)(strlen(base) - (strstr(base, ".onnx") ? 5 : 0)), base, b, threads, mean,
                ms[iters / 2], ms[0], b * 1000.0 / ms[iters / 2], cpu_ms, plan_ms,
                (double)wk_plan_memory_bytes(p) / (1 << 20), backend_ms[iters / 2],
-               wk_precision_name(precision), wk_precision_name(wk_plan_precision(p)));
+               wk_precision_name(precision), wk_precision_name(wk_plan_precision(p)), px_fields);
         fflush(stdout);
     }
     free(ms);
@@ -225,6 +321,8 @@ int main(int argc, char **argv)
             warmup = atoi(argv[++i]);
         else if (strcmp(argv[i], "--gap-ms") == 0 && i + 1 < argc)
             gap_ms = atof(argv[++i]);
+        else if (strcmp(argv[i], "--pixels") == 0)
+            pixels_too = 1;
         else if (strcmp(argv[i], "--trace") == 0)
             trace_runs = 1;
         else if (strcmp(argv[i], "--log-level") == 0 && i + 1 < argc) {

@@ -37,7 +37,9 @@
  * batch size runs once eagerly (a warm-up that also settles the fused-conv
  * fallback), then its whole step sequence is captured into a CUDA graph
  * (SQUISH_CUDA_GRAPHS=0: no graphs; a size whose capture fails runs
- * eagerly). A run copies the inputs in from pinned staging on a copy stream
+ * eagerly). Pixels and UINT8 rows come in as bytes (cuda_u8_input): they
+ * cross the bus so and ck_u8 makes input 0 of them on the compute stream,
+ * before the graph. A run copies the inputs in from pinned staging on a copy stream
  * (the compute stream waits on its event), launches the graph, copies the
  * outputs out and waits. Input staging is double-buffered: input_buffer()
  * gives the set the next run reads, alternating; as exec.c fills it and
@@ -176,6 +178,11 @@ static void cuda_release(wk_plan_t *plan)
                 cudaFreeHost(be->staging_in[k][i]);
         free(be->staging_in[k]);
     }
+    for (int k = 0; k < 2; k++)
+        if (be->staging_u8[k])
+            cudaFreeHost(be->staging_u8[k]);
+    if (be->dev_u8)
+        cudaFree(be->dev_u8);
     for (int i = 0; be->staging_out && i < g->n_outputs; i++)
         if (be->staging_out[i])
             cudaFreeHost(be->staging_out[i]);
@@ -840,22 +847,68 @@ static float *cuda_input_buffer(wk_plan_t *plan, int index)
     return be->staging_in[be->cur_in][index];
 }
 
+/* The bytes are copied to pinned staging now (the caller's buffer may be
+ * reused before the run) and go over the bus as bytes at the run, where
+ * ck_u8 makes input 0 of them on the compute stream. */
+static int cuda_u8_input(wk_plan_t *plan, const uint8_t *bytes, const wk_u8_in_t *how)
+{
+    cuda_be_t *be = plan->be;
+    const wk_graph_t *g = plan->graph;
+    int rc = 0;
+    if (g->n_inputs < 1)
+        return SQ_INVAL;
+    ck_u8_t u = {.n = how->n,
+                 .hw = how->h * how->w,
+                 .pixels = how->pixels,
+                 .y_nhwc = how->nhwc,
+                 .src_chan = {how->src_chan[0], how->src_chan[1], how->src_chan[2]},
+                 .scale = {how->scale[0], how->scale[1], how->scale[2]},
+                 .bias = {how->bias[0], how->bias[1], how->bias[2]}};
+    int64_t count = ck_u8_count(&u);
+    size_t cap = (size_t)wk_value_elems(&g->values[g->inputs[0]]);
+    if (count < 1 || (size_t)count > cap)
+        return SQ_INVAL;
+    CU(cudaSetDevice(be->device));
+    if (be->dev_u8 == NULL) {
+        for (int k = 0; k < 2; k++)
+            CU(cudaHostAlloc((void **)&be->staging_u8[k], cap, cudaHostAllocDefault));
+        CU(cudaMalloc((void **)&be->dev_u8, cap));
+        plan->memory_bytes += cap;
+    }
+    memcpy(be->staging_u8[be->cur_in], bytes, (size_t)count);
+    be->u8_how = u;
+    be->u8_next = true;
+out:
+    return rc;
+}
+
 static int cuda_run(wk_plan_t *plan, int batch, float *const *outputs)
 {
     cuda_be_t *be = plan->be;
     const wk_graph_t *g = plan->graph;
     int rc = 0;
     float **in = be->staging_in[be->cur_in];
+    uint8_t *in_u8 = be->staging_u8[be->cur_in];
+    bool u8 = be->u8_next;
+    be->u8_next = false;
     be->cur_in ^= 1; /* the next input_buffer() fills the other set */
     CU(cudaSetDevice(be->device));
-    for (int i = 0; i < g->n_inputs; i++) {
+    for (int i = u8 ? 1 : 0; i < g->n_inputs; i++) {
         int v = g->inputs[i];
         CU(cudaMemcpyAsync(be->arena + be->offset[v], in[i],
                            (size_t)wk_value_elems_at(&g->values[v], batch) * sizeof(float),
                            cudaMemcpyHostToDevice, be->copy_stream));
     }
+    if (u8)
+        CU(cudaMemcpyAsync(be->dev_u8, in_u8, (size_t)ck_u8_count(&be->u8_how),
+                           cudaMemcpyHostToDevice, be->copy_stream));
     CU(cudaEventRecord(be->copied, be->copy_stream));
     CU(cudaStreamWaitEvent(be->stream, be->copied, 0));
+    if (u8) {
+        be->u8_how.x = be->dev_u8;
+        be->u8_how.y = (float *)(be->arena + be->offset[g->inputs[0]]);
+        CU(ck_u8(be->stream, &be->u8_how));
+    }
     be->timing = true;
     if (be->graph[batch] != NULL)
         CU(cudaGraphLaunch(be->graph[batch], be->stream));
@@ -892,6 +945,7 @@ const wk_backend_ops_t wk_backend_cuda = {
     .prepare = cuda_prepare,
     .input_buffer = cuda_input_buffer,
     .run = cuda_run,
+    .u8_input = cuda_u8_input,
     .release = cuda_release,
     .precision = cuda_precision,
 };

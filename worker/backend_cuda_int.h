@@ -63,6 +63,11 @@ typedef struct {
     cuda_rep_t *crep; /* per value: dconst16's layout and type */
     float **staging_in[2]; /* pinned, per input; two sets, alternating runs */
     int cur_in;
+    /* input 0 from bytes (cuda_u8_input): pinned staging, two sets as
+     * staging_in's, and their device copy, made at the first such run */
+    uint8_t *staging_u8[2], *dev_u8;
+    bool u8_next;        /* the next run converts staging_u8 into input 0 */
+    ck_u8_t u8_how;      /* ... so (its x and y set at the run) */
     float **staging_out; /* pinned, per output */
     bool *out_cvt;       /* per output: converted to FP32 row-major at out_offset first */
     size_t *out_offset;

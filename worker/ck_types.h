@@ -84,6 +84,53 @@ typedef struct {
     float epsilon;
 } ck_layernorm_t;
 
+/* Bytes to FP32 on the device: a batch's uint8 pixels (or a UINT8 tensor)
+ * become the model's FP32 input there, so that a quarter of the bytes
+ * cross the bus and no host thread walks them. y[i] = x[ck_u8_src(p, i,
+ * &c)] * scale[c] + bias[c] for i in 0..count (ck_u8_count).
+ * - pixels: x holds n images of hw pixels, 3 bytes each (RGB, HWC); y
+ *   holds them as planes (NCHW) or, y_nhwc, interleaved (NHWC); channel
+ *   c of y is byte src_chan[c] of a pixel (2 - c for a BGR model).
+ * - else: x and y are n elements each, c = 0 (a cast: scale 1, bias 0). */
+typedef struct {
+    const uint8_t *x;
+    float *y;
+    int64_t n, hw;
+    bool pixels, y_nhwc;
+    int src_chan[3];
+    float scale[3], bias[3];
+} ck_u8_t;
+
+#ifdef __CUDACC__
+#define CK_HD __host__ __device__ __forceinline__
+#else
+#define CK_HD static inline
+#endif
+
+CK_HD int64_t ck_u8_count(const ck_u8_t *p)
+{
+    return p->pixels ? p->n * p->hw * 3 : p->n;
+}
+
+/* The byte of x that y's element i is made from, and its channel. */
+CK_HD int64_t ck_u8_src(const ck_u8_t *p, int64_t i, int *c)
+{
+    if (!p->pixels) {
+        *c = 0;
+        return i;
+    }
+    const int64_t per = p->hw * 3, img = i / per, r = i - img * per;
+    int64_t px;
+    if (p->y_nhwc) {
+        px = r / 3;
+        *c = (int)(r - px * 3);
+    } else {
+        *c = (int)(r / p->hw);
+        px = r - (int64_t)*c * p->hw;
+    }
+    return img * per + px * 3 + p->src_chan[*c];
+}
+
 /* Readies a pointwise for its launch: orders the logical dims as y lies
  * in memory (largest stride first, stable), so that neighbouring threads
  * write neighbouring elements, then drops dims of size 1 and merges

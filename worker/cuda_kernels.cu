@@ -168,6 +168,18 @@ __global__ void k_layernorm(ck_layernorm_t p)
     }
 }
 
+// Bytes to FP32 (ck_types.h's ck_u8_t), one thread an output element, so
+// that neighbouring threads write neighbouring floats.
+__global__ void k_u8(const ck_u8_t p, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        int c;
+        const int64_t s = ck_u8_src(&p, i, &c);
+        p.y[i] = (float)p.x[s] * p.scale[c] + p.bias[c];
+    }
+}
+
 } // namespace
 
 extern "C" cudaError_t ck_pointwise(cudaStream_t stream, const ck_pointwise_t *p)
@@ -203,5 +215,18 @@ extern "C" cudaError_t ck_layernorm(cudaStream_t stream, const ck_layernorm_t *p
         return cudaErrorInvalidValue;
     int threads = cols >= 512 ? 256 : cols >= 128 ? 128 : 64;
     k_layernorm<<<(unsigned)rows, threads, 0, stream>>>(*p);
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t ck_u8(cudaStream_t stream, const ck_u8_t *p)
+{
+    const int64_t n = ck_u8_count(p);
+    if (n == 0)
+        return cudaSuccess;
+    const int threads = 256;
+    int64_t blocks = (n + threads - 1) / threads;
+    if (blocks > (1 << 20))
+        blocks = 1 << 20;
+    k_u8<<<(unsigned)blocks, threads, 0, stream>>>(*p, n);
     return cudaGetLastError();
 }

@@ -822,19 +822,29 @@ int wk_plan_run_rows(wk_plan_t *plan, int batch, const float *const *inputs, flo
     return run_into_rows(plan, batch, out);
 }
 
+/* Channel c of the model's input is byte src_chan[c] of a pixel, times
+ * scale[c] plus bias[c]: (v / 255 - mean) / std. */
+static void pixel_affine(const wk_pixel_norm_t *norm, int src_chan[3], float scale[3],
+                         float bias[3])
+{
+    for (int c = 0; c < 3; c++) {
+        src_chan[c] = norm->channels_bgr ? 2 - c : c;
+        scale[c] = 1.0f / (255.0f * norm->std[c]);
+        bias[c] = -norm->mean[c] / norm->std[c];
+    }
+}
+
 /* uint8 HWC (RGB) -> normalized FP32 per image: planes (CHW) or, nhwc,
  * interleaved (HWC) with the channels in the same order. */
 static void normalize_pixels(const wk_pixel_norm_t *norm, const uint8_t *pixels, int64_t h,
                              int64_t w, int nhwc, float *dst)
 {
+    int src_chan[3];
     float scale[3], bias[3];
-    for (int c = 0; c < 3; c++) {
-        scale[c] = 1.0f / (255.0f * norm->std[c]);
-        bias[c] = -norm->mean[c] / norm->std[c];
-    }
+    pixel_affine(norm, src_chan, scale, bias);
     int64_t hw = h * w;
     for (int c = 0; c < 3; c++) {
-        int from = norm->channels_bgr ? 2 - c : c;
+        int from = src_chan[c];
         const uint8_t *src = pixels + from;
         if (nhwc) {
             float *chan = dst + c;
@@ -889,6 +899,14 @@ int wk_plan_run_pixels(wk_plan_t *plan, int batch, const uint8_t *pixels, float 
     /* a static plan's one item holds all of its images */
     int64_t images = v->batched ? batch : v->dims[0];
     size_t per = (size_t)h * (size_t)w * 3;
+    /* on the device where the backend can: a quarter of the bytes cross,
+     * and no host thread walks the pixels */
+    if (sub == NULL && plan->ops->u8_input != NULL) {
+        wk_u8_in_t how = {.pixels = true, .nhwc = nhwc != 0, .n = images, .h = h, .w = w};
+        pixel_affine(&plan->opts.pixel_norm, how.src_chan, how.scale, how.bias);
+        if (plan->ops->u8_input(plan, pixels, &how) == 0)
+            return run_into_rows(plan, batch, out);
+    }
     /* a batch run in a larger plan (or several outputs of one): its images
      * go to the holder's scratch, the plan's own run reads no more */
     float *dst = sub != NULL ? plan->in_ptrs[0] : plan->ops->input_buffer(plan, 0);
@@ -900,5 +918,40 @@ int wk_plan_run_pixels(wk_plan_t *plan, int batch, const uint8_t *pixels, float 
     rc = run_each_scratch(plan, sub, batch, size, (const float *const *)plan->in_ptrs, false);
     if (rc == 0)
         rows_from_outputs(plan, batch, out);
+    return rc;
+}
+
+int wk_plan_run_u8(wk_plan_t *plan, int batch, const uint8_t *bytes, float *out)
+{
+    const wk_graph_t *g = plan->graph;
+    if (g->n_inputs != 1)
+        return wk_fail(plan, SQ_BAD_TENSOR, "UINT8 rows need a model with one input");
+    const wk_value_t *v = &g->values[g->inputs[0]];
+    int size = 0;
+    if (runs_each(plan, batch, &size) == NULL) {
+        if (runs_small(plan, batch))
+            return from_small(plan, wk_plan_run_u8(plan->small, batch, bytes, out));
+        int rc = check_batch(plan, batch);
+        if (rc != 0)
+            return rc;
+        int64_t n = wk_value_elems_at(v, batch);
+        wk_u8_in_t how = {.n = n, .scale = {1.0f, 1.0f, 1.0f}};
+        if (plan->ops->u8_input != NULL && plan->ops->u8_input(plan, bytes, &how) == 0)
+            return run_into_rows(plan, batch, out);
+        float *dst = plan->ops->input_buffer(plan, 0);
+        for (int64_t e = 0; e < n; e++)
+            dst[e] = (float)bytes[e];
+        return run_into_rows(plan, batch, out);
+    }
+    /* a plan of plans per batch size: its rows as FP32 */
+    int64_t n = wk_value_elems_at(v, batch);
+    float *rows = malloc((size_t)n * sizeof(float) + 1);
+    if (rows == NULL)
+        return wk_fail(plan, SQ_NOMEM, "no memory for %lld floats", (long long)n);
+    for (int64_t e = 0; e < n; e++)
+        rows[e] = (float)bytes[e];
+    const float *ins[1] = {rows};
+    int rc = wk_plan_run_rows(plan, batch, ins, out);
+    free(rows);
     return rc;
 }

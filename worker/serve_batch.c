@@ -121,7 +121,11 @@ static int run_batch(server_t *s, const sq_batch_t *b, const view_t *v, rows_cla
      * the backend's run alone left out the normalizing, 0.24 ms an image
      * on the GPU's host, and live batches looked 0.6x their profile. */
     int64_t t0 = sq_now_ns();
-    size_t in_bytes = b->input_kind == SQ_INPUT_PIXELS ? item : (size_t)m->in_elems * sizeof(float);
+    /* UINT8 rows stay bytes for a plain model (its backend may cast them
+     * on its device); a group takes FP32 */
+    int bytes_in =
+        b->input_kind == SQ_INPUT_PIXELS || (b->input_kind == SQ_INPUT_UINT8 && m->group == NULL);
+    size_t in_bytes = bytes_in ? item : (size_t)m->in_elems * sizeof(float);
     uint8_t *in = staging(s, in_bytes * (size_t)count + (direct_out ? 0 : out_bytes * count));
     float *out_tmp = direct_out ? out : (float *)(in + in_bytes * (size_t)count);
     for (int i = 0; i < count; i++) {
@@ -133,14 +137,17 @@ static int run_batch(server_t *s, const sq_batch_t *b, const view_t *v, rows_cla
         uint8_t *dst = in + in_bytes * (size_t)i;
         if (src == NULL) /* a frontend's row that is not here: it runs on zeros */
             memset(dst, 0, in_bytes);
-        else if (b->input_kind == SQ_INPUT_UINT8)
+        else if (b->input_kind == SQ_INPUT_UINT8 && !bytes_in)
             for (int64_t e = 0; e < m->in_elems; e++)
                 ((float *)dst)[e] = (float)src[e];
         else
             memcpy(dst, src, in_bytes);
     }
     size_t stride = direct_out ? (size_t)(b->out_stride / 4) : (size_t)m->out_elems;
-    rc = wk__model_run(m, count, b->input_kind == SQ_INPUT_PIXELS, in, member, out_tmp, stride);
+    if (b->input_kind == SQ_INPUT_UINT8 && bytes_in)
+        rc = wk__model_run_u8(m, count, in, out_tmp, stride);
+    else
+        rc = wk__model_run(m, count, b->input_kind == SQ_INPUT_PIXELS, in, member, out_tmp, stride);
     if (rc != 0) {
         snprintf(msg, msglen, "%s", wk__model_errmsg(m));
         return rc;

@@ -254,6 +254,9 @@ const char *wk__model_errmsg(const model_t *m);
  * model needs out_stride == its row size). */
 int wk__model_run(model_t *m, int batch, int pixels, const uint8_t *in, const int *member,
                   float *out, size_t out_stride);
+/* The same for a plain model's UINT8 rows (in_elems bytes an item), each
+ * byte the FP32 value it holds (wk_plan_run_u8). */
+int wk__model_run_u8(model_t *m, int batch, const uint8_t *in, float *out, size_t out_stride);
 /* The input a model is profiled on, `items` of it at in: uint8 HWC pixels
  * (pixel_h x pixel_w x 3 bytes an item) when pixels, else in_elems FP32
  * values an item. Item i is the same whatever `items` is. */

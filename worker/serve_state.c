@@ -236,6 +236,19 @@ int wk__model_run(model_t *m, int batch, int pixels, const uint8_t *in, const in
     return rc;
 }
 
+int wk__model_run_u8(model_t *m, int batch, const uint8_t *in, float *out, size_t out_stride)
+{
+    if (m->group != NULL || wk_plan_n_inputs(m->plan) != 1)
+        return SQ_INVAL;
+    int piece = wk_plan_max_batch(m->plan), rc = 0;
+    for (int done = 0; done < batch && rc == 0; done += piece) {
+        int n = batch - done < piece ? batch - done : piece;
+        rc = wk_plan_run_u8(m->plan, n, in + (size_t)done * (size_t)m->in_elems,
+                            out + (size_t)done * out_stride);
+    }
+    return rc;
+}
+
 void wk__profile_input(int pixels, size_t item_bytes, int items, uint8_t *in)
 {
     size_t n = item_bytes * (size_t)items;

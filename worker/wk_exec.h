@@ -159,6 +159,11 @@ int wk_plan_image_input(const wk_plan_t *plan, int *h, int *w, int *nhwc);
  * max_batch. */
 int wk_plan_run_pixels(wk_plan_t *plan, int batch, const uint8_t *pixels, float *out);
 
+/* Runs a batch of a one-input model's rows given as UINT8 (batch *
+ * input_elems(0) bytes), each byte the FP32 value it holds; rows as for
+ * wk_plan_run_pixels. A backend that can casts them on its device. */
+int wk_plan_run_u8(wk_plan_t *plan, int batch, const uint8_t *bytes, float *out);
+
 /* Runs a batch of the model's own FP32 tensors: inputs[i] holds batch *
  * input_elems(i) floats, outputs[i] receives batch * output_elems(i). */
 int wk_plan_run(wk_plan_t *plan, int batch, const float *const *inputs, float *const *outputs);

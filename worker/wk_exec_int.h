@@ -291,6 +291,17 @@ struct wk_plan {
     char why[512];
 };
 
+/* How input 0 of a run is made from bytes (wk_backend_ops_t.u8_input):
+ * `n` images of h x w RGB pixels, 3 bytes each, normalized into the
+ * model's layout (pixels; channel c of the input from byte src_chan[c]:
+ * value * scale[c] + bias[c]), or `n` bytes cast to FP32 one for one. */
+typedef struct wk_u8_in {
+    bool pixels, nhwc;
+    int64_t n, h, w;
+    int src_chan[3];
+    float scale[3], bias[3];
+} wk_u8_in_t;
+
 /* The vtable. prepare() makes everything for batch 1..max_batch (errors into
  * plan->why); input_buffer() is the host buffer where exec.c writes input
  * `i` as plain FP32 for the next run; run() executes `batch` and writes each
@@ -305,6 +316,11 @@ typedef struct wk_backend_ops {
      * (plain FP32) instead of input_buffer(), or back again with NULL.
      * Returns 0, or nonzero when the plan cannot read it in place. */
     int (*bind_input)(wk_plan_t *plan, int index, int batch, const float *ptr);
+    /* Optional: make the next run read input 0 from uint8 bytes that the
+     * backend converts to FP32 itself, on its device (how: wk_u8_in_t).
+     * Returns 0, or nonzero where it cannot: exec.c then converts them on
+     * the host into input_buffer(). */
+    int (*u8_input)(wk_plan_t *plan, const uint8_t *bytes, const struct wk_u8_in *how);
     /* Optional: the batch size from which a plan of g would rather run in
      * other layouts or algorithms than smaller batches do, which then get a
      * plan of their own (wk_plan_t.small); 0 when none would. */

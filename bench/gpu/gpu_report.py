@@ -48,6 +48,19 @@ def markdown(res):
             ms = {int(k): x for k, x in r["ms"].items()}
             lines.append("| %s | %s | %s |" % (r["model"], r["engine"],
                                                " | ".join(fmt(ms.get(b)) for b in bs)))
+    px = [r for r in res.get("speed", []) if r.get("bytes_in")]
+    if px:
+        lines += ["", "## Bytes in: converted by the backend against by the host first, ms per "
+                  "batch (wall)", "",
+                  "| model | engine | batch | pixels | pixels, host | rel | UINT8 | UINT8, host "
+                  "| rel |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in px:
+            for b, x in sorted(r["bytes_in"].items(), key=lambda kv: int(kv[0])):
+                lines.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+                    r["model"], r["engine"], b, fmt(x.get("pixels_median_ms"), 3),
+                    fmt(x.get("pixels_host_median_ms"), 3), x.get("pixels_rel", "-"),
+                    fmt(x.get("u8_median_ms"), 3), fmt(x.get("u8_host_median_ms"), 3),
+                    x.get("u8_rel", "-")))
     for e in [res.get("e2e")] + res.get("e2e_more", []):
         if not e:
             continue

@@ -224,10 +224,11 @@ def compare(got, ref):
 
 
 def squish_bench(run, model, device, precision, batches, checks, iters, warmup, timeout,
-                 extra_env=None):
+                 extra_env=None, pixels=False):
     """One squish-cpu-bench process: the checks [(batch, in, out)] written,
-    then timed runs at each batch. A file fixed at batch 1 runs batch 1
-    only. Returns (rows, error)."""
+    then timed runs at each batch (pixels: also uint8 pixels and UINT8
+    rows in, converted by the backend against by the host). A file fixed
+    at batch 1 runs batch 1 only. Returns (rows, error)."""
     info = run.models[model]
     if info["fixed_batch"]:
         batches = [b for b in batches if b == info["fixed_batch"]]
@@ -242,6 +243,8 @@ def squish_bench(run, model, device, precision, batches, checks, iters, warmup, 
         args += ["--batch", str(b)]
     for (b, i, o) in checks:
         args += ["--check", str(b), i, o]
+    if pixels:
+        args.append("--pixels")
     args.append(info["file"])
     rc, out, err = run.kit_run(args, timeout=timeout, extra_env=extra_env)
     rows = []
@@ -288,7 +291,16 @@ def speed_row(m, engine, rows):
     return {"model": m, "engine": engine, "runs": rows[0].get("runs"),
             "ms": {r["batch"]: r["backend_median_ms"] for r in rows},
             "wall_ms": {r["batch"]: r["median_ms"] for r in rows},
-            "plan_ms": rows[0].get("plan_ms"), "memory_mb": rows[0].get("memory_mb")}
+            "plan_ms": rows[0].get("plan_ms"), "memory_mb": rows[0].get("memory_mb"),
+            "bytes_in": {r["batch"]: {k: r[k] for k in PIXEL_FIELDS if k in r}
+                         for r in rows if "pixels_median_ms" in r}}
+
+
+# squish-cpu-bench --pixels: a batch of uint8 pixels (and the same bytes as
+# a UINT8 tensor) converted by the backend (on cuda: on the GPU) against
+# converted by the host first; *_rel: the largest output difference
+PIXEL_FIELDS = ("pixels_median_ms", "pixels_host_median_ms", "pixels_rel", "u8_median_ms",
+                "u8_host_median_ms", "u8_rel")
 
 
 def phase_models(run):
@@ -341,7 +353,7 @@ def phase_models(run):
         for prec in timed:
             ck = checks_for(m, device, prec)
             rows, err = squish_bench(run, m, device, prec, a.batches, ck, iters=a.iters, warmup=3,
-                                     timeout=min(300, max(10, run.left() - 10)))
+                                     timeout=min(300, max(10, run.left() - 10)), pixels=True)
             parity += parity_rows(run, m, device, prec, ck, rows, err, ref)
             if err:
                 run.error("speed %s squish %s" % (m, prec), err)
@@ -524,7 +536,9 @@ def e2e_one(run, precision, e2e):
     model = a.e2e_model
     if model not in run.models or run.models[model]["fixed_batch"]:
         raise RuntimeError("%s has no file squish loads with a dynamic batch" % model)
-    d = os.path.join(run.work, "squishd")
+    # a squishd and model DB of its own per precision: the same model name
+    # uploaded again into the first's DB is answered 409 already_exists
+    d = os.path.join(run.work, "squishd-" + precision)
     os.makedirs(d, exist_ok=True)
     port = free_port()
     workers = "cpu:1" if a.dry_run else "cuda:1"

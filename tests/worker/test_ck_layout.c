@@ -3,7 +3,8 @@
  * output's memory order (an NHWC output walked in logical NCHW order put
  * neighbouring threads C elements apart, and FP16 plans ran 5x slower on
  * an H100), merging keeps every element's offsets, and the 32-bit index
- * path is taken only where every offset fits. */
+ * path is taken only where every offset fits. The bytes-to-FP32 kernel's
+ * index (ck_u8_src) is checked here too, against each layout written out. */
 #include <ck_types.h>
 #include <criterion/criterion.h>
 #include <stdint.h>
@@ -188,4 +189,55 @@ Test(ck_layout, only_what_fits_in_31_bits_takes_the_32_bit_path)
     const int64_t neg[4] = {-1, 1, 1, 1};
     p = nchw_op(few, rm, neg, zero);
     cr_assert_not(ck_pointwise_prepare(&p, 4));
+}
+
+/* ck_u8 as the kernel computes it, on the host. */
+static void u8_ref(const ck_u8_t *p, const uint8_t *x, float *y)
+{
+    for (int64_t i = 0; i < ck_u8_count(p); i++) {
+        int c;
+        int64_t s = ck_u8_src(p, i, &c);
+        y[i] = (float)x[s] * p->scale[c] + p->bias[c];
+    }
+}
+
+Test(ck_u8, pixels_become_planes_or_interleaved_channels_of_each_image)
+{
+    enum { N = 3, H = 5, W = 7, PER = H * W * 3 };
+    uint8_t x[N * PER];
+    for (int i = 0; i < N * PER; i++)
+        x[i] = (uint8_t)(i * 131 + 7);
+    for (int bgr = 0; bgr < 2; bgr++)
+        for (int nhwc = 0; nhwc < 2; nhwc++) {
+            ck_u8_t p = {.n = N, .hw = H * W, .pixels = true, .y_nhwc = nhwc};
+            for (int c = 0; c < 3; c++) {
+                p.src_chan[c] = bgr ? 2 - c : c;
+                p.scale[c] = 0.5f + (float)c;
+                p.bias[c] = -1.0f - (float)c;
+            }
+            cr_assert_eq(ck_u8_count(&p), N * PER);
+            float y[N * PER], want[N * PER];
+            u8_ref(&p, x, y);
+            for (int b = 0; b < N; b++)
+                for (int c = 0; c < 3; c++)
+                    for (int q = 0; q < H * W; q++) {
+                        int from = bgr ? 2 - c : c;
+                        int at = b * PER + (nhwc ? q * 3 + c : c * H * W + q);
+                        want[at] = (float)x[b * PER + q * 3 + from] * p.scale[c] + p.bias[c];
+                    }
+            cr_assert_arr_eq(y, want, sizeof(y), "bgr %d nhwc %d", bgr, nhwc);
+        }
+}
+
+Test(ck_u8, a_tensors_bytes_are_cast_one_for_one)
+{
+    uint8_t x[300];
+    for (int i = 0; i < 300; i++)
+        x[i] = (uint8_t)(255 - i);
+    ck_u8_t p = {.n = 300, .scale = {1.0f, 1.0f, 1.0f}};
+    float y[300];
+    cr_assert_eq(ck_u8_count(&p), 300);
+    u8_ref(&p, x, y);
+    for (int i = 0; i < 300; i++)
+        cr_assert_eq(y[i], (float)x[i], "element %d", i);
 }

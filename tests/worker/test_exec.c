@@ -691,6 +691,25 @@ Test(exec, rows_hold_every_output_of_each_item)
     free(x);
 }
 
+Test(exec, uint8_rows_run_as_the_fp32_values_they_hold)
+{
+    wk_plan_t *p = make_plan(two_output_graph(4), SQ_DEV_CPU);
+    uint8_t bytes[4 * 12];
+    float x[4 * 12];
+    for (int i = 0; i < 4 * 12; i++) {
+        bytes[i] = (uint8_t)(i * 53 + 3);
+        x[i] = (float)bytes[i];
+    }
+    for (int batch = 1; batch <= 4; batch += 3) {
+        float got[4 * 15], want[4 * 15];
+        memset(got, 0xff, sizeof(got));
+        cr_assert_eq(wk_plan_run_u8(p, batch, bytes, got), 0, "%s", wk_plan_errmsg(p));
+        cr_assert_eq(wk_plan_run_rows(p, batch, (const float *[]){x}, want), 0);
+        cr_assert_arr_eq(got, want, (size_t)batch * 15 * sizeof(float), "batch %d", batch);
+    }
+    wk_plan_free(p);
+}
+
 Test(exec, rows_of_a_static_plan_hold_its_whole_outputs)
 {
     /* A graph without a batch (a file that fixes N = 2): one "item" is the

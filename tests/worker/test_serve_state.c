@@ -51,6 +51,12 @@ Test(serve_state, a_batch_over_the_plans_max_runs_in_pieces_each_row_its_own)
         cr_assert_eq(wk__model_run(&m, 1, 0, (const uint8_t *)(rows + i * 48), NULL, alone, 10), 0);
         cr_assert_arr_eq(alone, whole + i * 10, sizeof(alone), "FP32 rows, row %d", i);
     }
+    /* UINT8 rows (in_elems bytes each) */
+    cr_assert_eq(wk__model_run_u8(&m, 5, px, whole, 10), 0);
+    for (int i = 0; i < 5; i++) {
+        cr_assert_eq(wk__model_run_u8(&m, 1, px + i * 48, alone, 10), 0);
+        cr_assert_arr_eq(alone, whole + i * 10, sizeof(alone), "UINT8 rows, row %d", i);
+    }
     wk_plan_free(m.plan);
 }
 
