@@ -85,6 +85,49 @@ def squish_loads(run, path, batch=1):
     return None if rc == 0 else last_lines(err, 2)
 
 
+SKELETON_MARK = "squish-skeleton: data dropped"
+
+
+def skeleton(src, dst, keep_bytes=4096):
+    """src's graph with every initializer over keep_bytes emptied (its dims
+    and type kept, doc_string marked): what squish refused, in a few
+    hundred KB, for a machine without this exporter (reinflate.py)."""
+    import onnx
+    m = onnx.load(src)
+    for t in m.graph.initializer:
+        n = 1
+        for d in t.dims:
+            n *= d
+        if n * 4 <= keep_bytes:
+            continue
+        for field in ("raw_data", "float_data", "int32_data", "int64_data", "double_data",
+                      "uint64_data"):
+            t.ClearField(field)
+        t.doc_string = SKELETON_MARK
+    onnx.save(m, dst)
+
+
+def keep_skeletons(run, table):
+    """The refused exports' skeletons, in one refused.tar.xz beside the
+    results (the device tool brings back a few files only)."""
+    import tarfile
+    refused = [r for r in table if r.get("exported") and r.get("squish_loads") is False]
+    if not refused:
+        return
+    out = os.path.join(run.out, "refused.tar.xz")
+    try:
+        with tarfile.open(out, "w:xz") as tar:
+            for r in refused:
+                src = r["path"]
+                dst = os.path.join(run.work, os.path.basename(src) + ".skeleton")
+                skeleton(src, dst)
+                tar.add(dst, arcname=os.path.basename(src))
+        run.say("refused exports' skeletons: %s (%d KB)" % (out, os.path.getsize(out) // 1024))
+        run.res["refused_skeletons"] = os.path.basename(out)
+    except Exception as e:  # the export results stand without them
+        run.error("skeletons", e)
+
+
 def phase_export(run):
     d = os.path.join(run.work, "models")
     os.makedirs(d, exist_ok=True)
@@ -102,13 +145,14 @@ def phase_export(run):
     for (m, exp, path, _) in jobs:
         r = res.get(path, {"ok": False, "why": "not run"})
         row = {"model": m, "exporter": exp, "exported": r["ok"], "export_s": r.get("seconds"),
-               "why": r.get("why")}
+               "why": r.get("why"), "path": path}
         if r["ok"]:
             row["mb"] = round(os.path.getsize(path) / 2**20, 1)
             row["squish_loads_error"] = loads[path].result()
             row["squish_loads"] = row["squish_loads_error"] is None
         table.append(row)
         run.say("export %s %s: %s" % (m, exp, row))
+    keep_skeletons(run, table)
     # The file squish runs: the legacy export, else the dynamo one; a model
     # squish refuses with a dynamic batch gets a file fixed at batch 1 (what
     # squish serves of such a model today: one item per run).
