@@ -203,6 +203,33 @@ void gw_query_fate_fail(gw_query_fate_t *f, int rc, const char *fmt, ...)
 /* Its outcome for /metrics: a failure with a 503 error is a drop. */
 gw_query_outcome_t gw_query_outcome(gw_query_fate_t *f);
 
+/* The facts of the KServe model routes, on the DB thread (models_api.c),
+ * for the HTTP routes and for other transports (facts.c). Both answer
+ * for name's version (0: the one the registry serves by default) and
+ * return 0 or an error with why (a not found's says what would work for
+ * path's route, as gw_not_found_why). gw_kserve_metadata: {"name",
+ * "versions", "platform", "inputs", "outputs"} into *body.
+ * gw_kserve_ready: 0 when the version can take a batch now, else
+ * SQ_NOT_READY with the reason (a measured version no worker up holds is
+ * loaded on the way). */
+int gw_kserve_metadata(mdb_t *db, gw_api_ctx_t *api, const char *name, int version,
+                       const char *path, json_t **body, char *why, size_t len);
+int gw_kserve_ready(mdb_t *db, gw_api_ctx_t *api, const char *name, int version, const char *path,
+                    char *why, size_t len);
+/* A pipeline's readiness (routes.c): 0 when every stage's model is ready,
+ * else SQ_NOT_READY with the stage and what became of its model. */
+int gw_pipeline_ready_why(gw_api_ctx_t *api, gw_pipeline_t *p, char *why, size_t len);
+/* Model configuration and the repository index (repository_api.c), from
+ * the registry (any thread): name's version (0: the default; a pipeline's
+ * is 1) into *out, 0 or SQ_MODEL_NOT_FOUND; every model version and
+ * pipeline by name, or those that can serve now. */
+int gw_model_config_of(gw_api_ctx_t *api, const char *name, size_t name_len, int version,
+                       json_t **out);
+json_t *gw_repository_index_json(gw_api_ctx_t *api, int ready_only);
+/* The server's readiness (routes.c): 0 with the workers up, or
+ * SQ_SHUTTING_DOWN or SQ_NOT_READY with why. */
+int gw_server_ready_why(gw_api_ctx_t *api, int *workers, char *why, size_t len);
+
 /* 404s that say what was not found and what would work (not_found.c).
  * The reason for name (version 0: any) not being found at path (the
  * request's, which decides the hint: a pipeline asked for on a model's

@@ -53,6 +53,34 @@ void gw_api_free(gw_api_ctx_t *api);
  * The app is api's: it lives until gw_api_free. */
 const gw_http_app_t *gw_api_app(const gw_api_ctx_t *api);
 
+/* The facts the HTTP routes answer from, for another transport (grpc/;
+ * facts.c): the same functions, so that both say the same. Any thread.
+ * A version 0 is the one the model's policy serves by default; a
+ * pipeline is a model of one version (1) to each. */
+
+/* {"name", "version", "extensions"}, as GET /v2. */
+json_t *gw_api_server_metadata(void);
+/* 0 when ready (GET /v2/health/ready), else SQ_SHUTTING_DOWN or
+ * SQ_NOT_READY with why. */
+int gw_api_server_ready(gw_api_ctx_t *api, char *why, size_t len);
+/* Triton's model configuration, as GET /v2/models/{m}/config, into *out:
+ * 0, or SQ_MODEL_NOT_FOUND with why (what would work). */
+int gw_api_model_config(gw_api_ctx_t *api, const char *name, int version, json_t **out, char *why,
+                        size_t len);
+/* The repository index's rows, as POST /v2/repository/index. */
+json_t *gw_api_repository_index(gw_api_ctx_t *api, int ready_only);
+/* Where a fact read on the model DB's thread is answered, once: err 0
+ * with body (fn decrefs it; NULL for readiness), or an SQ_*
+ * error with why (SQ_NOT_READY for a model that is not ready). Called
+ * on the DB thread, or on the caller's before the call returns. */
+typedef void (*gw_api_fact_fn)(void *arg, int err, json_t *body, const char *why);
+/* KServe model metadata, as GET /v2/models/{m}[/versions/{v}]. */
+void gw_api_model_metadata(gw_api_ctx_t *api, const char *name, int version, gw_api_fact_fn fn,
+                           void *arg);
+/* KServe model readiness, as GET /v2/models/{m}[/versions/{v}]/ready. */
+void gw_api_model_ready(gw_api_ctx_t *api, const char *name, int version, gw_api_fact_fn fn,
+                        void *arg);
+
 /* Request traces, Triton's trace extension (trace.c; the rest of it is
  * internal to the room, trace_int.h). server.c makes the tracer before
  * HTTP serves (gw_server_t.trace) and frees it after HTTP stopped. */

@@ -712,21 +712,20 @@ static int default_version(gw_api_ctx_t *api, const char *name)
     return v;
 }
 
-/* KServe: {"name", "versions", "platform", "inputs", "outputs"}. */
-static void kserve_metadata_job(mdb_t *db, void *arg)
+/* KServe model metadata (api_int.h): {"name", "versions", "platform",
+ * "inputs", "outputs"}. */
+int gw_kserve_metadata(mdb_t *db, gw_api_ctx_t *api, const char *name, int version,
+                       const char *path, json_t **body, char *why, size_t len)
 {
-    model_job_t *j = arg;
     json_t *all;
-    int rc = mdb_model_get(db, j->name, &all);
+    int rc = mdb_model_get(db, name, &all);
     if (rc != 0) {
         if (rc == SQ_MODEL_NOT_FOUND)
-            job_not_found(j);
-        else
-            gw_async_fail(&j->base, rc, "%s", mdb_errmsg(db));
-        gw_async_done(&j->base);
-        return;
+            return gw_not_found_why(api, path, name, version, why, len);
+        snprintf(why, len, "%s", mdb_errmsg(db));
+        return rc;
     }
-    int want = j->version != 0 ? j->version : default_version(j->base.app, j->name);
+    int want = version != 0 ? version : default_version(api, name);
     json_t *versions = json_array(), *chosen = NULL, *v;
     size_t i;
     json_array_foreach(json_object_get(all, "versions"), i, v)
@@ -739,16 +738,27 @@ static void kserve_metadata_job(mdb_t *db, void *arg)
             chosen = v;
     }
     if (chosen == NULL) {
-        job_not_found(j);
+        rc = gw_not_found_why(api, path, name, version, why, len);
         json_decref(versions);
     } else {
         const char *format = json_string_value(json_object_get(chosen, "format"));
-        j->base.body = json_pack(
-            "{s:s, s:o, s:s, s:[O], s:O}", "name", j->name, "versions", versions, "platform",
+        *body = json_pack(
+            "{s:s, s:o, s:s, s:[O], s:O}", "name", name, "versions", versions, "platform",
             strcmp(format, "onnx") == 0 ? "onnxruntime_onnx" : "squish_emulated", "inputs",
             json_object_get(chosen, "input"), "outputs", json_object_get(chosen, "outputs"));
     }
     json_decref(all);
+    return rc;
+}
+
+static void kserve_metadata_job(mdb_t *db, void *arg)
+{
+    model_job_t *j = arg;
+    char why[512];
+    int rc = gw_kserve_metadata(db, j->base.app, j->name, j->version, j->path, &j->base.body, why,
+                                sizeof(why));
+    if (rc != 0)
+        gw_async_fail(&j->base, rc, "%s", why);
     gw_async_done(&j->base);
 }
 
@@ -822,31 +832,42 @@ static const char *not_ready_why(gw_api_ctx_t *api, const char *name, json_t *re
     return why;
 }
 
+/* KServe model readiness (api_int.h). */
+int gw_kserve_ready(mdb_t *db, gw_api_ctx_t *api, const char *name, int version, const char *path,
+                    char *why, size_t len)
+{
+    json_t *rec;
+    int v = version != 0 ? version : default_version(api, name);
+    int rc = mdb_model_version_get(db, name, v, &rec);
+    if (rc != 0) {
+        if (rc == SQ_MODEL_NOT_FOUND)
+            return gw_not_found_why(api, path, name, version, why, len);
+        snprintf(why, len, "%s", mdb_errmsg(db));
+        return rc;
+    }
+    const char *r = not_ready_why(api, name, rec, why, len);
+    if (r != NULL && r != why)
+        snprintf(why, len, "%s", r);
+    json_decref(rec);
+    return r == NULL ? 0 : SQ_NOT_READY;
+}
+
 static void kserve_ready_job(mdb_t *db, void *arg)
 {
     model_job_t *j = arg;
-    json_t *rec;
-    int version = j->version != 0 ? j->version : default_version(j->base.app, j->name);
-    int rc = mdb_model_version_get(db, j->name, version, &rec);
-    if (rc != 0) {
-        if (rc == SQ_MODEL_NOT_FOUND)
-            job_not_found(j);
-        else
-            gw_async_fail(&j->base, rc, "%s", mdb_errmsg(db));
-    } else {
+    char why[MDB_NAME_MAX + 512];
+    int rc = gw_kserve_ready(db, j->base.app, j->name, j->version, j->path, why, sizeof(why));
+    if (rc == 0) {
+        j->base.body = json_pack("{s:s, s:b}", "name", j->name, "ready", 1);
+    } else if (rc == SQ_NOT_READY) {
         /* The Open Inference Protocol answers by status code: 200 ready, 4xx
          * not (400, as Triton). The body says the same, with the error's
          * reason and code for a client that reads only those. */
-        char buf[MDB_NAME_MAX + 256];
-        const char *why = not_ready_why(j->base.app, j->name, rec, buf, sizeof(buf));
-        if (why == NULL) {
-            j->base.body = json_pack("{s:s, s:b}", "name", j->name, "ready", 1);
-        } else {
-            j->base.status = 400;
-            j->base.body = json_pack("{s:s, s:b, s:s, s:s}", "name", j->name, "ready", 0, "error",
-                                     why, "code", sq_err_name(SQ_NOT_READY));
-        }
-        json_decref(rec);
+        j->base.status = 400;
+        j->base.body = json_pack("{s:s, s:b, s:s, s:s}", "name", j->name, "ready", 0, "error", why,
+                                 "code", sq_err_name(SQ_NOT_READY));
+    } else {
+        gw_async_fail(&j->base, rc, "%s", why);
     }
     gw_async_done(&j->base);
 }

@@ -167,36 +167,42 @@ static json_t *pipeline_config(gw_pipeline_t *p)
                      atomic_load(&p->unloaded) != 0, "spec", p->spec);
 }
 
+int gw_model_config_of(gw_api_ctx_t *api, const char *name, size_t name_len, int version,
+                       json_t **out)
+{
+    gw_model_t *m = gw_registry_find(api->registry, name, name_len, version);
+    if (m == NULL) {
+        /* A pipeline is a model here too (version 1, as its metadata). */
+        char pname[MDB_NAME_MAX + 1];
+        gw_pipeline_t *p = NULL;
+        if ((version == 0 || version == 1) && gw_model_name_ok(name, name_len)) {
+            memcpy(pname, name, name_len);
+            pname[name_len] = '\0';
+            p = gw_pipes_get(api->pipelines, pname);
+        }
+        if (p == NULL)
+            return SQ_MODEL_NOT_FOUND;
+        *out = pipeline_config(p);
+        gw_pipeline_unref(p);
+        return 0;
+    }
+    *out = model_config(api, m);
+    gw_model_unref(m);
+    return 0;
+}
+
 void gw_route_model_config(gw_call_t *call)
 {
-    gw_api_ctx_t *api = call->app;
     int version = 0;
     if (call->nargs > 1 && (version = gw_parse_version(call->args[1])) < 0) {
         gw_send_bad_version(call, call->args[1]);
         return;
     }
-    gw_model_t *m = gw_registry_find(api->registry, call->args[0].base, call->args[0].len, version);
-    if (m == NULL) {
-        /* A pipeline is a model here too (version 1, as its metadata). */
-        char name[MDB_NAME_MAX + 1];
-        h2o_iovec_t a = call->args[0];
-        gw_pipeline_t *p = NULL;
-        if ((version == 0 || version == 1) && gw_model_name_ok(a.base, a.len)) {
-            memcpy(name, a.base, a.len);
-            name[a.len] = '\0';
-            p = gw_pipes_get(api->pipelines, name);
-        }
-        if (p != NULL) {
-            gw_send_json(call->req, 200, pipeline_config(p));
-            gw_pipeline_unref(p);
-        } else {
-            gw_send_not_found(call, call->args[0], version);
-        }
-        return;
-    }
-    json_t *c = model_config(api, m);
-    gw_model_unref(m);
-    gw_send_json(call->req, 200, c);
+    json_t *c;
+    if (gw_model_config_of(call->app, call->args[0].base, call->args[0].len, version, &c) != 0)
+        gw_send_not_found(call, call->args[0], version);
+    else
+        gw_send_json(call->req, 200, c);
 }
 
 typedef struct {
@@ -314,9 +320,8 @@ static const char *pipeline_state(gw_api_ctx_t *api, gw_pipeline_t *p, char *why
 
 /* The index: every model version and pipeline (a pipeline as version 1,
  * as its metadata says), by name. */
-static void send_index(gw_call_t *call, int ready_only)
+json_t *gw_repository_index_json(gw_api_ctx_t *api, int ready_only)
 {
-    gw_api_ctx_t *api = call->app;
     collect_t x = {0};
     gw_registry_foreach(api->registry, collect, &x);
     if (x.n > 1)
@@ -342,7 +347,12 @@ static void send_index(gw_call_t *call, int ready_only)
     }
     free(x.models);
     free(ps);
-    gw_send_json(call->req, 200, rows);
+    return rows;
+}
+
+static void send_index(gw_call_t *call, int ready_only)
+{
+    gw_send_json(call->req, 200, gw_repository_index_json(call->app, ready_only));
 }
 
 void gw_route_repository_index_get(gw_call_t *call)

@@ -19,14 +19,18 @@
  * and trace settings (logging_api.c), the model repository with model
  * control (repository_api.c), model configuration (read-only), and
  * tensors in system shared memory (shm_api.c; not CUDA shared memory). */
+json_t *gw_api_server_metadata(void)
+{
+    return json_pack("{s:s, s:s, s:[s, s, s, s, s, s, s, s, s]}", "name", "squish", "version",
+                     SQUISH_VERSION, "extensions", "binary_tensor_data", "classification",
+                     "statistics", "logging", "trace", "model_repository",
+                     "model_repository(unload_dependents)", "model_configuration",
+                     "system_shared_memory");
+}
+
 static void route_server_metadata(gw_call_t *call)
 {
-    gw_send_json(call->req, 200,
-                 json_pack("{s:s, s:s, s:[s, s, s, s, s, s, s, s, s]}", "name", "squish", "version",
-                           SQUISH_VERSION, "extensions", "binary_tensor_data", "classification",
-                           "statistics", "logging", "trace", "model_repository",
-                           "model_repository(unload_dependents)", "model_configuration",
-                           "system_shared_memory"));
+    gw_send_json(call->req, 200, gw_api_server_metadata());
 }
 
 static void route_live(gw_call_t *call)
@@ -34,37 +38,43 @@ static void route_live(gw_call_t *call)
     gw_send_json(call->req, 200, json_pack("{s:b}", "live", 1));
 }
 
-static void route_ready(gw_call_t *call)
+int gw_server_ready_why(gw_api_ctx_t *api, int *workers, char *why, size_t len)
 {
-    gw_api_ctx_t *api = call->app;
+    *workers = 0;
     if (atomic_load(api->stopping)) {
-        gw_send_error(call->req, SQ_SHUTTING_DOWN, "squishd is shutting down");
-        return;
+        snprintf(why, len, "squishd is shutting down");
+        return SQ_SHUTTING_DOWN;
     }
-    char why[256];
-    if (api->frontend && !gw_sched_ready(gw_api_sched(api), why, sizeof(why))) {
-        gw_send_error(call->req, SQ_NOT_READY, why); /* a frontend: its dispatcher's word */
-        return;
-    }
+    if (api->frontend && !gw_sched_ready(gw_api_sched(api), why, len))
+        return SQ_NOT_READY; /* a frontend: its dispatcher's word */
     /* A frontend has no model DB of its own: its dispatcher's word
      * (above) covers it. */
     if (!api->frontend && !atomic_load(api->db_ready)) {
-        gw_send_error(call->req, SQ_NOT_READY, "the model database is not open");
-        return;
+        snprintf(why, len, "the model database is not open");
+        return SQ_NOT_READY;
     }
     gw_fleet_t fleet;
     gw_sched_fleet(gw_api_sched(api), &fleet);
-    int up = fleet.workers_up;
-    if (up == 0) {
-        gw_send_error(call->req, SQ_NOT_READY, "no worker is connected");
-        return;
+    if (fleet.workers_up == 0) {
+        snprintf(why, len, "no worker is connected");
+        return SQ_NOT_READY;
     }
     /* Able to serve every ready model now, not merely up. */
-    if (!gw_sched_ready(gw_api_sched(api), why, sizeof(why))) {
-        gw_send_error(call->req, SQ_NOT_READY, why);
-        return;
-    }
-    gw_send_json(call->req, 200, json_pack("{s:b, s:i}", "ready", 1, "workers", up));
+    if (!gw_sched_ready(gw_api_sched(api), why, len))
+        return SQ_NOT_READY;
+    *workers = fleet.workers_up;
+    return 0;
+}
+
+static void route_ready(gw_call_t *call)
+{
+    char why[256];
+    int up;
+    int rc = gw_server_ready_why(call->app, &up, why, sizeof(why));
+    if (rc != 0)
+        gw_send_error(call->req, rc, why);
+    else
+        gw_send_json(call->req, 200, json_pack("{s:b, s:i}", "ready", 1, "workers", up));
 }
 
 static void route_plan(gw_call_t *call)
@@ -113,19 +123,13 @@ static void route_kserve_model(gw_call_t *call)
 }
 
 /* A pipeline is ready when every stage's model is; when one is not, the
- * answer names the stage and what became of its model (deleted, unloaded,
- * failed, not loaded), as a model's readiness does: 400, as Triton. */
-static void route_kserve_model_ready(gw_call_t *call)
+ * reason names the stage and what became of its model (deleted, unloaded,
+ * failed, not loaded), as a model's readiness does. */
+int gw_pipeline_ready_why(gw_api_ctx_t *api, gw_pipeline_t *p, char *why, size_t len)
 {
-    gw_api_ctx_t *api = call->app;
-    gw_pipeline_t *p = pipeline_of(call);
-    if (p == NULL) {
-        gw_route_kserve_model_ready(call);
-        return;
-    }
-    char why[3 * MDB_NAME_MAX + 192] = "";
+    why[0] = '\0';
     if (atomic_load(&p->unloaded))
-        snprintf(why, sizeof(why),
+        snprintf(why, len,
                  "pipeline %s is unloaded; POST /v2/repository/models/%s/load serves it again",
                  p->name, p->name);
     for (int i = 0; i < p->nstages && !why[0]; i++) {
@@ -135,23 +139,35 @@ static void route_kserve_model_ready(gw_call_t *call)
         if (st->version > 0)
             snprintf(version, sizeof(version), " version %d", st->version);
         if (m == NULL)
-            snprintf(why, sizeof(why),
+            snprintf(why, len,
                      "stage %s: model %s%s is gone (deleted); upload it again (POST /models) or "
                      "store the pipeline without it (POST /pipelines)",
                      st->id, st->model, version);
         else if (strcmp(m->status, "unloaded") == 0)
-            snprintf(why, sizeof(why),
+            snprintf(why, len,
                      "stage %s: model %s is unloaded; POST /v2/repository/models/%s/load serves "
                      "it again",
                      st->id, st->model, st->model);
         else if (strcmp(m->status, "failed") == 0)
-            snprintf(why, sizeof(why), "stage %s: model %s%s failed and cannot be served", st->id,
+            snprintf(why, len, "stage %s: model %s%s failed and cannot be served", st->id,
                      st->model, version);
         else if (strcmp(m->status, "ready") != 0 || !gw_sched_held(gw_api_sched(api), m->key))
-            snprintf(why, sizeof(why), "stage %s: model %s is not ready", st->id, st->model);
+            snprintf(why, len, "stage %s: model %s is not ready", st->id, st->model);
         gw_model_unref(m);
     }
-    if (why[0])
+    return why[0] ? SQ_NOT_READY : 0;
+}
+
+/* A pipeline's readiness: 400 when not ready, as a model's (as Triton). */
+static void route_kserve_model_ready(gw_call_t *call)
+{
+    gw_pipeline_t *p = pipeline_of(call);
+    if (p == NULL) {
+        gw_route_kserve_model_ready(call);
+        return;
+    }
+    char why[3 * MDB_NAME_MAX + 192];
+    if (gw_pipeline_ready_why(call->app, p, why, sizeof(why)) != 0)
         gw_send_json(call->req, 400,
                      json_pack("{s:s, s:b, s:s, s:s}", "name", p->name, "ready", 0, "error", why,
                                "code", sq_err_name(SQ_NOT_READY)));

@@ -1,0 +1,122 @@
+/* The facts of the HTTP routes for another transport (gw_api.h; grpc/
+ * answers from them): each calls the very function its HTTP route does,
+ * and a DB fact runs on the DB thread as the route's job does. */
+#include "api_int.h"
+#include "gw_catalog.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int gw_api_server_ready(gw_api_ctx_t *api, char *why, size_t len)
+{
+    int workers;
+    return gw_server_ready_why(api, &workers, why, len);
+}
+
+int gw_api_model_config(gw_api_ctx_t *api, const char *name, int version, json_t **out, char *why,
+                        size_t len)
+{
+    char path[MDB_NAME_MAX + 32];
+    if (gw_model_config_of(api, name, strlen(name), version, out) == 0)
+        return 0;
+    snprintf(path, sizeof(path), "/v2/models/%s/config", name);
+    return gw_not_found_why(api, path, name, version, why, len);
+}
+
+json_t *gw_api_repository_index(gw_api_ctx_t *api, int ready_only)
+{
+    return gw_repository_index_json(api, ready_only);
+}
+
+typedef struct {
+    gw_api_ctx_t *api;
+    char name[MDB_NAME_MAX + 1];
+    int version;
+    gw_api_fact_fn fact_done;
+    void *arg;
+} fact_job_t;
+
+/* The pipeline name stands for at version (0 or 1), or NULL. */
+static gw_pipeline_t *pipeline_named(gw_api_ctx_t *api, const char *name, int version)
+{
+    if (version != 0 && version != 1)
+        return NULL; /* a pipeline's one version is 1 (as its metadata says) */
+    return gw_pipes_get(api->pipelines, name);
+}
+
+/* A job for the DB thread, or NULL when it was answered here: a name no
+ * model can have, or no model DB in this process (a frontend). */
+static fact_job_t *fact_job(gw_api_ctx_t *api, const char *name, int version, gw_api_fact_fn fn,
+                            void *arg)
+{
+    size_t n = strlen(name);
+    if (!gw_model_name_ok(name, n)) {
+        char why[MDB_NAME_MAX + 160];
+        snprintf(why, sizeof(why), "no model or pipeline is named '%.*s'", MDB_NAME_MAX, name);
+        fn(arg, SQ_MODEL_NOT_FOUND, NULL, why);
+        return NULL;
+    }
+    if (api->db == NULL) {
+        fn(arg, SQ_NOT_READY, NULL, "no model DB in this process (a frontend): ask the dispatcher");
+        return NULL;
+    }
+    fact_job_t *f = sq_xmalloc(sizeof(*f));
+    f->api = api;
+    memcpy(f->name, name, n + 1);
+    f->version = version;
+    f->fact_done = fn;
+    f->arg = arg;
+    return f;
+}
+
+static void metadata_job(mdb_t *db, void *arg)
+{
+    fact_job_t *f = arg;
+    char path[MDB_NAME_MAX + 16], why[512] = "";
+    json_t *body = NULL;
+    snprintf(path, sizeof(path), "/v2/models/%s", f->name);
+    int rc = gw_kserve_metadata(db, f->api, f->name, f->version, path, &body, why, sizeof(why));
+    f->fact_done(f->arg, rc, body, why);
+    free(f);
+}
+
+void gw_api_model_metadata(gw_api_ctx_t *api, const char *name, int version, gw_api_fact_fn fn,
+                           void *arg)
+{
+    gw_pipeline_t *p = pipeline_named(api, name, version);
+    if (p != NULL) {
+        json_t *body = gw_pipeline_oip_metadata(p);
+        gw_pipeline_unref(p);
+        fn(arg, 0, body, "");
+        return;
+    }
+    fact_job_t *f = fact_job(api, name, version, fn, arg);
+    if (f != NULL)
+        gw_db_job(api->db, metadata_job, f);
+}
+
+static void ready_job(mdb_t *db, void *arg)
+{
+    fact_job_t *f = arg;
+    char path[MDB_NAME_MAX + 16], why[MDB_NAME_MAX + 512] = "";
+    snprintf(path, sizeof(path), "/v2/models/%s/ready", f->name);
+    int rc = gw_kserve_ready(db, f->api, f->name, f->version, path, why, sizeof(why));
+    f->fact_done(f->arg, rc, NULL, why);
+    free(f);
+}
+
+void gw_api_model_ready(gw_api_ctx_t *api, const char *name, int version, gw_api_fact_fn fn,
+                        void *arg)
+{
+    gw_pipeline_t *p = pipeline_named(api, name, version);
+    if (p != NULL) {
+        char why[3 * MDB_NAME_MAX + 192] = "";
+        int rc = gw_pipeline_ready_why(api, p, why, sizeof(why));
+        gw_pipeline_unref(p);
+        fn(arg, rc, NULL, why);
+        return;
+    }
+    fact_job_t *f = fact_job(api, name, version, fn, arg);
+    if (f != NULL)
+        gw_db_job(api->db, ready_job, f);
+}
