@@ -27,6 +27,9 @@ static const sq_opt_t options[] = {
     {"listen", CUSTOM, "127.0.0.1:8000",
      "ADDR:PORT (or [IPV6]:PORT) to serve HTTP on; port 0 picks a free port", parse_listen},
     {"port_file", STR(port_file), 0, 0, "", "write the chosen port to this file"},
+    {"grpc_listen", STR(grpc_listen), 0, 0, "",
+     "ADDR:PORT (or [IPV6]:PORT) to serve KServe v2 over gRPC on (Triton's is 8001); port 0 "
+     "picks a free one (logged); none when empty"},
     {"db", STR(db_path), 0, 0, "var/squish.db",
      "model database: a sqlite file (created if missing) or PostgreSQL "
      "(postgresql://... or a 'host=... dbname=...' conninfo)"},
@@ -310,6 +313,11 @@ int gw_config_parse(gw_config_t *cfg, int argc, char **argv, char **envp,
                      "frontends join the dispatcher)");
             return SQ_BAD_CONFIG;
         }
+        if (cfg->grpc_listen[0] != '\0') {
+            snprintf(err, errlen,
+                     "grpc_listen: not on a frontend yet (serve gRPC on the dispatcher)");
+            return SQ_BAD_CONFIG;
+        }
         cfg->ngroups = 0; /* a frontend spawns no workers */
     } else if (cfg->dispatcher[0] != '\0') {
         snprintf(err, errlen, "dispatcher: only with role frontend");
@@ -337,6 +345,17 @@ int gw_config_parse(gw_config_t *cfg, int argc, char **argv, char **envp,
     if (tls != 0 && cfg->cluster_listen[0] == '\0' && cfg->role != GW_ROLE_FRONTEND) {
         snprintf(err, errlen, "cluster_tls_*: only with cluster_listen");
         return SQ_BAD_CONFIG;
+    }
+    if (cfg->grpc_listen[0] != '\0') {
+        char host[128];
+        int port;
+        if (sq_hostport_split(cfg->grpc_listen, host, sizeof(host), &port) != 0) {
+            snprintf(err, errlen,
+                     "grpc_listen: expected ADDR:PORT or [IPV6]:PORT with PORT in 0..65535, "
+                     "got '%s'",
+                     cfg->grpc_listen);
+            return SQ_BAD_CONFIG;
+        }
     }
     if (cfg->heartbeat_timeout_ms <= cfg->heartbeat_ms) {
         snprintf(err, errlen, "heartbeat_timeout_ms: must be larger than heartbeat_ms");

@@ -31,6 +31,7 @@ typedef struct {
     char listen_host[64];
     int listen_port;
     char port_file[256];
+    char grpc_listen[128]; /* KServe v2 over gRPC: ADDR:PORT ("" = none) */
     char db_path[256];
     char config_path[256];
     char admin_token_file[256]; /* "" = next to the DB */

@@ -27,6 +27,7 @@ typedef struct gw_shm_table gw_shm_table_t;
 typedef struct gw_front gw_front_t;
 typedef struct gw_sched gw_sched_t;
 typedef struct gw_api_ctx gw_api_ctx_t;
+typedef struct gw_grpc gw_grpc_t;
 
 /* The server: one per process, created by gw_main. Fields written by one
  * thread and read by others are atomics; everything else is set before the
@@ -60,6 +61,7 @@ typedef struct gw_server {
     gw_shm_table_t *shm;   /* registered shared-memory regions (api/shm_regions.c); thread-safe */
     gw_api_ctx_t *api;     /* the HTTP API's context (api/; gw_api_new), which holds its app */
     gw_front_t *front; /* --role frontend: the link to the dispatcher (front/); NULL otherwise */
+    gw_grpc_t *grpc;   /* --grpc-listen: KServe v2 over gRPC (grpc/); NULL otherwise */
     /* Who schedules this process's items (sched/gw_sched.h): the
      * dispatcher, or a frontend's link to the cluster's; picked once by
      * gw_main; NULL while neither runs (coming up, a standby). */

@@ -5,6 +5,7 @@
 #include "gw_dispatch.h"
 #include "gw_front.h"
 #include "gw_api.h"
+#include "gw_grpc.h"
 #include "gw_http.h"
 #include "gw_leader.h"
 #include "gw_image.h"
@@ -272,6 +273,16 @@ gw_api_deps_t gw_api_deps(gw_server_t *srv)
     };
 }
 
+gw_grpc_deps_t gw_grpc_deps(gw_server_t *srv)
+{
+    gw_grpc_deps_t d = {.api = srv->api};
+    _Static_assert(sizeof(d.cfg.listen) == sizeof(srv->cfg->grpc_listen), "--grpc-listen");
+    _Static_assert(sizeof(d.cfg.admin_token) == sizeof(srv->admin_token), "the admin token");
+    memcpy(d.cfg.listen, srv->cfg->grpc_listen, sizeof(d.cfg.listen));
+    memcpy(d.cfg.admin_token, srv->admin_token, sizeof(d.cfg.admin_token));
+    return d;
+}
+
 int gw_main(const gw_config_t *cfg)
 {
     gw_server_t srv = {.cfg = cfg, .start_wall_s = sq_wall_s(), .metrics = gw_metrics_new()};
@@ -384,6 +395,11 @@ int gw_main(const gw_config_t *cfg)
         gw_http_set_app(srv.http, app);
     else if ((rc = gw_http_start(&http_deps, app, &srv.http, err, sizeof(err))) != 0)
         goto fail;
+    if (cfg->grpc_listen[0] != '\0') {
+        gw_grpc_deps_t grpc_deps = gw_grpc_deps(&srv);
+        if ((rc = gw_grpc_start(&grpc_deps, &srv.grpc, err, sizeof(err))) != 0)
+            goto fail;
+    }
     gw_leader_announce(srv.leader);
 
 serve:;
@@ -414,6 +430,10 @@ out:
     srv.offload = NULL;
     gw_workers_abort(srv.workers);
     gw_front_stop(srv.front);
+    /* gRPC's calls are cancelled and freed; one waiting on the DB thread is
+     * answered there first (the DB thread still runs). */
+    gw_grpc_stop(srv.grpc);
+    srv.grpc = NULL;
     /* Uploads and deletes whose DB job is under way answer before the HTTP
      * loops go; jobs of the dispatcher answer into its loop, which stays
      * until the DB thread has stopped. */

@@ -1,0 +1,223 @@
+/* The gRPC room's pure part: method paths, request decoding and checks,
+ * and the status an error maps to (gw_grpc.h). No gRPC core here: the
+ * fuzz target (tests/fuzz/fuzz_grpc.c) builds it alone. */
+#include "grpc_int.h"
+#include "kserve_v2.pb-c.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const struct {
+    const char *name;
+    int admin; /* HTTP's route needs the admin token */
+} methods[GW_GRPC_METHOD_COUNT] = {
+    [GW_GRPC_SERVER_LIVE] = {"ServerLive", 0},
+    [GW_GRPC_SERVER_READY] = {"ServerReady", 0},
+    [GW_GRPC_MODEL_READY] = {"ModelReady", 0},
+    [GW_GRPC_SERVER_METADATA] = {"ServerMetadata", 0},
+    [GW_GRPC_MODEL_METADATA] = {"ModelMetadata", 0},
+    [GW_GRPC_MODEL_INFER] = {"ModelInfer", 0},
+    [GW_GRPC_MODEL_STREAM_INFER] = {"ModelStreamInfer", 0},
+    [GW_GRPC_MODEL_CONFIG] = {"ModelConfig", 0},
+    [GW_GRPC_MODEL_STATISTICS] = {"ModelStatistics", 0},
+    [GW_GRPC_REPOSITORY_INDEX] = {"RepositoryIndex", 0},
+    [GW_GRPC_REPOSITORY_MODEL_LOAD] = {"RepositoryModelLoad", 1},
+    [GW_GRPC_REPOSITORY_MODEL_UNLOAD] = {"RepositoryModelUnload", 1},
+    [GW_GRPC_SHM_STATUS] = {"SystemSharedMemoryStatus", 1},
+    [GW_GRPC_SHM_REGISTER] = {"SystemSharedMemoryRegister", 1},
+    [GW_GRPC_SHM_UNREGISTER] = {"SystemSharedMemoryUnregister", 1},
+    [GW_GRPC_CUDA_SHM_STATUS] = {"CudaSharedMemoryStatus", 1},
+    [GW_GRPC_CUDA_SHM_REGISTER] = {"CudaSharedMemoryRegister", 1},
+    [GW_GRPC_CUDA_SHM_UNREGISTER] = {"CudaSharedMemoryUnregister", 1},
+    [GW_GRPC_TRACE_SETTING] = {"TraceSetting", 0},
+    [GW_GRPC_LOG_SETTINGS] = {"LogSettings", 1},
+};
+
+#define SERVICE_PREFIX "/inference.GRPCInferenceService/"
+
+const char *gw_grpc_method_name(gw_grpc_method_t m)
+{
+    return (unsigned)m < GW_GRPC_METHOD_COUNT ? methods[m].name : "?";
+}
+
+int gw_grpc_method_admin(gw_grpc_method_t m)
+{
+    return (unsigned)m < GW_GRPC_METHOD_COUNT && methods[m].admin;
+}
+
+int gw_grpc_method_of(const char *path, size_t len)
+{
+    size_t plen = sizeof(SERVICE_PREFIX) - 1;
+    if (len <= plen || memcmp(path, SERVICE_PREFIX, plen) != 0)
+        return -1;
+    for (int m = 0; m < GW_GRPC_METHOD_COUNT; m++)
+        if (strlen(methods[m].name) == len - plen &&
+            memcmp(path + plen, methods[m].name, len - plen) == 0)
+            return m;
+    return -1;
+}
+
+/* A version field: "" (0: the default) or 1..1000000000 in decimal, as
+ * HTTP's {version} segment (gw_parse_version). */
+static int parse_version(const char *s, int *out)
+{
+    long long v = 0;
+    *out = 0;
+    if (s == NULL || s[0] == '\0')
+        return 0;
+    for (const char *p = s; *p; p++) {
+        if (*p < '0' || *p > '9' || p - s >= 10)
+            return -1;
+        v = v * 10 + (*p - '0');
+    }
+    if (v < 1 || v > 1000000000)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+static int name_version(const char *name, const char *version, gw_grpc_req_t *out, char *why,
+                        size_t whylen)
+{
+    size_t n = name != NULL ? strlen(name) : 0;
+    if (n == 0) {
+        snprintf(why, whylen, "name: a model's name is required");
+        return SQ_BAD_REQUEST;
+    }
+    if (n >= sizeof(out->name)) {
+        snprintf(why, whylen, "name: at most %zu bytes", sizeof(out->name) - 1);
+        return SQ_BAD_REQUEST;
+    }
+    memcpy(out->name, name, n + 1);
+    if (parse_version(version, &out->version) != 0) {
+        snprintf(why, whylen, "version: expected \"\" (the default) or 1..1000000000, got '%.32s'",
+                 version);
+        return SQ_BAD_REQUEST;
+    }
+    return 0;
+}
+
+int gw_grpc_decode(gw_grpc_method_t m, const uint8_t *data, size_t len, gw_grpc_req_t *out,
+                   char *why, size_t whylen)
+{
+    memset(out, 0, sizeof(*out));
+    const ProtobufCMessageDescriptor *d = NULL;
+    switch (m) {
+    case GW_GRPC_SERVER_LIVE:
+        d = &inference__server_live_request__descriptor;
+        break;
+    case GW_GRPC_SERVER_READY:
+        d = &inference__server_ready_request__descriptor;
+        break;
+    case GW_GRPC_SERVER_METADATA:
+        d = &inference__server_metadata_request__descriptor;
+        break;
+    case GW_GRPC_MODEL_READY:
+        d = &inference__model_ready_request__descriptor;
+        break;
+    case GW_GRPC_MODEL_METADATA:
+        d = &inference__model_metadata_request__descriptor;
+        break;
+    case GW_GRPC_MODEL_CONFIG:
+        d = &inference__model_config_request__descriptor;
+        break;
+    case GW_GRPC_REPOSITORY_INDEX:
+        d = &inference__repository_index_request__descriptor;
+        break;
+    default:
+        snprintf(why, whylen, "%s: not served yet", gw_grpc_method_name(m));
+        return SQ_BAD_REQUEST;
+    }
+    ProtobufCMessage *msg = protobuf_c_message_unpack(d, NULL, len, data);
+    if (msg == NULL) {
+        snprintf(why, whylen, "the request is no %s", d->name);
+        return SQ_BAD_REQUEST;
+    }
+    int rc = 0;
+    switch (m) {
+    case GW_GRPC_MODEL_READY: {
+        Inference__ModelReadyRequest *r = (Inference__ModelReadyRequest *)msg;
+        rc = name_version(r->name, r->version, out, why, whylen);
+        break;
+    }
+    case GW_GRPC_MODEL_METADATA: {
+        Inference__ModelMetadataRequest *r = (Inference__ModelMetadataRequest *)msg;
+        rc = name_version(r->name, r->version, out, why, whylen);
+        break;
+    }
+    case GW_GRPC_MODEL_CONFIG: {
+        Inference__ModelConfigRequest *r = (Inference__ModelConfigRequest *)msg;
+        rc = name_version(r->name, r->version, out, why, whylen);
+        break;
+    }
+    case GW_GRPC_REPOSITORY_INDEX: {
+        Inference__RepositoryIndexRequest *r = (Inference__RepositoryIndexRequest *)msg;
+        /* One repository (squish's model DB): any name but "" is another. */
+        if (r->repository_name != NULL && r->repository_name[0] != '\0') {
+            snprintf(why, whylen,
+                     "repository_name: squish has one repository (leave it empty), not '%.64s'",
+                     r->repository_name);
+            rc = SQ_BAD_REQUEST;
+        }
+        out->ready = r->ready != 0;
+        break;
+    }
+    default:
+        break;
+    }
+    protobuf_c_message_free_unpacked(msg, NULL);
+    return rc;
+}
+
+/* grpc_status_code's values (grpc/impl/codegen/status.h), which the
+ * codec names without the core's header. */
+enum {
+    ST_INVALID_ARGUMENT = 3,
+    ST_DEADLINE_EXCEEDED = 4,
+    ST_NOT_FOUND = 5,
+    ST_ALREADY_EXISTS = 6,
+    ST_RESOURCE_EXHAUSTED = 8,
+    ST_FAILED_PRECONDITION = 9,
+    ST_UNIMPLEMENTED = 12,
+    ST_INTERNAL = 13,
+    ST_UNAVAILABLE = 14,
+    ST_UNAUTHENTICATED = 16,
+};
+
+int gw_grpc_status_of(int err)
+{
+    switch (err) {
+    case SQ_OK:
+        return 0;
+    case SQ_NOT_FOUND:
+    case SQ_MODEL_NOT_FOUND:
+        return ST_NOT_FOUND;
+    case SQ_UNAUTHORIZED:
+        return ST_UNAUTHENTICATED;
+    case SQ_EXISTS:
+        return ST_ALREADY_EXISTS;
+    case SQ_MODEL_FAILED:
+    case SQ_MODEL_UNLOADED:
+    case SQ_IN_USE:
+        return ST_FAILED_PRECONDITION;
+    case SQ_TOO_LARGE:
+    case SQ_HEADERS_TOO_LARGE:
+        return ST_RESOURCE_EXHAUSTED;
+    case SQ_METHOD:
+        return ST_UNIMPLEMENTED;
+    default:
+        break;
+    }
+    switch (sq_err_http_status(err)) {
+    case 400:
+    case 415:
+    case 422:
+        return ST_INVALID_ARGUMENT;
+    case 503:
+        return ST_UNAVAILABLE;
+    case 504:
+        return ST_DEADLINE_EXCEEDED;
+    default:
+        return ST_INTERNAL;
+    }
+}

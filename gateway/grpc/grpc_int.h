@@ -1,0 +1,63 @@
+/* grpc/: internal to the room. The codec (grpc_codec.c): pure, without
+ * the gRPC core or the rooms below (tests/fuzz/fuzz_grpc.c builds it
+ * alone); the methods' answers (grpc_methods.c) and the calls' life on the
+ * completion queue (grpc_server.c). */
+#ifndef GW_GRPC_INT_H
+#define GW_GRPC_INT_H
+
+#include <sq_error.h>
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* The methods of the service, by their path's last segment. */
+typedef enum {
+    GW_GRPC_SERVER_LIVE,
+    GW_GRPC_SERVER_READY,
+    GW_GRPC_MODEL_READY,
+    GW_GRPC_SERVER_METADATA,
+    GW_GRPC_MODEL_METADATA,
+    GW_GRPC_MODEL_INFER,
+    GW_GRPC_MODEL_STREAM_INFER,
+    GW_GRPC_MODEL_CONFIG,
+    GW_GRPC_MODEL_STATISTICS,
+    GW_GRPC_REPOSITORY_INDEX,
+    GW_GRPC_REPOSITORY_MODEL_LOAD,
+    GW_GRPC_REPOSITORY_MODEL_UNLOAD,
+    GW_GRPC_SHM_STATUS,
+    GW_GRPC_SHM_REGISTER,
+    GW_GRPC_SHM_UNREGISTER,
+    GW_GRPC_CUDA_SHM_STATUS,
+    GW_GRPC_CUDA_SHM_REGISTER,
+    GW_GRPC_CUDA_SHM_UNREGISTER,
+    GW_GRPC_TRACE_SETTING,
+    GW_GRPC_LOG_SETTINGS,
+    GW_GRPC_METHOD_COUNT
+} gw_grpc_method_t;
+
+/* A method's name ("ServerLive") and whether HTTP's route for the same
+ * needs the admin token. */
+const char *gw_grpc_method_name(gw_grpc_method_t m);
+int gw_grpc_method_admin(gw_grpc_method_t m);
+/* The method a call's path names ("/inference.GRPCInferenceService/X"),
+ * or -1. */
+int gw_grpc_method_of(const char *path, size_t len);
+
+/* What a request of the methods built so far asks, decoded and checked. */
+typedef struct {
+    char name[129]; /* a model's (MDB_NAME_MAX) */
+    int version;    /* 0: the default one */
+    int ready;      /* RepositoryIndex: only those that can serve */
+} gw_grpc_req_t;
+/* Decodes a request of method m (its protobuf bytes) into out: 0, or
+ * SQ_BAD_REQUEST with why (not the method's message, a version that is no
+ * number in 1..1000000000, a name too long). A method whose request is
+ * empty takes any bytes of its message. */
+int gw_grpc_decode(gw_grpc_method_t m, const uint8_t *data, size_t len, gw_grpc_req_t *out,
+                   char *why, size_t whylen);
+/* The gRPC status code (grpc_status_code's value) an SQ_* error maps to,
+ * as Triton maps its errors: not found, invalid argument, unauthenticated,
+ * unavailable, already exists, failed precondition, internal. */
+int gw_grpc_status_of(int err);
+
+#endif

@@ -1,0 +1,403 @@
+/* The methods' answers: each from the fact its HTTP route answers from
+ * (gw_api.h), turned from that route's JSON into the protocol's message.
+ * A method HTTP guards with the admin token is guarded here by the same
+ * token in the `authorization` metadata; a method not built yet answers
+ * UNIMPLEMENTED, naming those that are. */
+#include "grpc_call.h"
+#include "kserve_v2.pb-c.h"
+
+#include <grpc/byte_buffer_reader.h>
+#include <sq_log.h>
+
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#define SERVED                                                                                     \
+    "ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelConfig and "         \
+    "RepositoryIndex"
+
+/* ---- building a message: its parts live in a pool freed once packed ---- */
+
+typedef struct {
+    void **v;
+    size_t n, cap;
+} pool_t;
+
+static void *palloc(pool_t *p, size_t size)
+{
+    if (p->n == p->cap) {
+        p->cap = p->cap ? 2 * p->cap : 32;
+        p->v = sq_xrealloc(p->v, p->cap * sizeof(*p->v));
+    }
+    return p->v[p->n++] = sq_xcalloc(1, size > 0 ? size : 1);
+}
+
+static void pool_free(pool_t *p)
+{
+    for (size_t i = 0; i < p->n; i++)
+        free(p->v[i]);
+    free(p->v);
+}
+
+/* A JSON string's text (it lives as long as the JSON), or "". */
+static char *str_of(json_t *j)
+{
+    const char *s = json_string_value(j);
+    return (char *)(s != NULL ? s : "");
+}
+
+/* Any JSON value as a parameter's text: a string as it is, else compact
+ * JSON (kept in the pool). */
+static char *text_of(pool_t *p, json_t *j)
+{
+    if (json_is_string(j))
+        return str_of(j);
+    char *s = json_dumps(j, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (s == NULL)
+        return (char *)"";
+    char *t = palloc(p, strlen(s) + 1);
+    memcpy(t, s, strlen(s) + 1);
+    free(s);
+    return t;
+}
+
+static int64_t *ints_of(pool_t *p, json_t *a, size_t *n)
+{
+    *n = json_array_size(a);
+    int64_t *v = palloc(p, *n * sizeof(*v));
+    for (size_t i = 0; i < *n; i++)
+        v[i] = (int64_t)json_integer_value(json_array_get(a, i));
+    return v;
+}
+
+static void send_message(gw_grpc_call_t *c, const ProtobufCMessage *m)
+{
+    size_t n = protobuf_c_message_get_packed_size(m);
+    uint8_t *buf = sq_xmalloc(n > 0 ? n : 1);
+    protobuf_c_message_pack(m, buf);
+    gw_grpc_reply(c, GRPC_STATUS_OK, NULL, buf, n);
+    free(buf);
+}
+
+static void fail(gw_grpc_call_t *c, int err, const char *why)
+{
+    gw_grpc_reply(c, gw_grpc_status_of(err), why != NULL && why[0] ? why : sq_err_msg(err), NULL,
+                  0);
+}
+
+/* ---- the answers ---- */
+
+static void server_metadata(gw_grpc_call_t *c)
+{
+    json_t *j = gw_api_server_metadata();
+    pool_t p = {0};
+    Inference__ServerMetadataResponse r = INFERENCE__SERVER_METADATA_RESPONSE__INIT;
+    r.name = str_of(json_object_get(j, "name"));
+    r.version = str_of(json_object_get(j, "version"));
+    json_t *ext = json_object_get(j, "extensions");
+    r.n_extensions = json_array_size(ext);
+    r.extensions = palloc(&p, r.n_extensions * sizeof(char *));
+    for (size_t i = 0; i < r.n_extensions; i++)
+        r.extensions[i] = str_of(json_array_get(ext, i));
+    send_message(c, &r.base);
+    pool_free(&p);
+    json_decref(j);
+}
+
+static Inference__ModelMetadataResponse__TensorMetadata **tensors_of(pool_t *p, json_t *a,
+                                                                     size_t *n)
+{
+    *n = json_array_size(a);
+    Inference__ModelMetadataResponse__TensorMetadata **v = palloc(p, *n * sizeof(*v));
+    for (size_t i = 0; i < *n; i++) {
+        json_t *t = json_array_get(a, i);
+        v[i] = palloc(p, sizeof(**v));
+        inference__model_metadata_response__tensor_metadata__init(v[i]);
+        v[i]->name = str_of(json_object_get(t, "name"));
+        v[i]->datatype = str_of(json_object_get(t, "datatype"));
+        v[i]->shape = ints_of(p, json_object_get(t, "shape"), &v[i]->n_shape);
+    }
+    return v;
+}
+
+static void model_metadata(gw_grpc_call_t *c, json_t *j)
+{
+    pool_t p = {0};
+    Inference__ModelMetadataResponse r = INFERENCE__MODEL_METADATA_RESPONSE__INIT;
+    r.name = str_of(json_object_get(j, "name"));
+    r.platform = str_of(json_object_get(j, "platform"));
+    json_t *vs = json_object_get(j, "versions");
+    r.n_versions = json_array_size(vs);
+    r.versions = palloc(&p, r.n_versions * sizeof(char *));
+    for (size_t i = 0; i < r.n_versions; i++)
+        r.versions[i] = str_of(json_array_get(vs, i));
+    r.inputs = tensors_of(&p, json_object_get(j, "inputs"), &r.n_inputs);
+    r.outputs = tensors_of(&p, json_object_get(j, "outputs"), &r.n_outputs);
+    send_message(c, &r.base);
+    pool_free(&p);
+}
+
+static Inference__DataType data_type(json_t *j)
+{
+    const ProtobufCEnumValue *v =
+        protobuf_c_enum_descriptor_get_value_by_name(&inference__data_type__descriptor, str_of(j));
+    return v != NULL ? (Inference__DataType)v->value : INFERENCE__DATA_TYPE__TYPE_INVALID;
+}
+
+static Inference__ModelDynamicBatching *dynamic_batching(pool_t *p, json_t *j)
+{
+    Inference__ModelDynamicBatching *d = palloc(p, sizeof(*d));
+    inference__model_dynamic_batching__init(d);
+    json_t *sizes = json_object_get(j, "preferred_batch_size");
+    d->n_preferred_batch_size = json_array_size(sizes);
+    d->preferred_batch_size = palloc(p, d->n_preferred_batch_size * sizeof(int32_t));
+    for (size_t i = 0; i < d->n_preferred_batch_size; i++)
+        d->preferred_batch_size[i] = (int32_t)json_integer_value(json_array_get(sizes, i));
+    d->max_queue_delay_microseconds =
+        (uint64_t)json_integer_value(json_object_get(j, "max_queue_delay_microseconds"));
+    d->preserve_ordering = json_is_true(json_object_get(j, "preserve_ordering"));
+    d->priority_levels = (uint64_t)json_integer_value(json_object_get(j, "priority_levels"));
+    d->default_priority_level =
+        (uint64_t)json_integer_value(json_object_get(j, "default_priority_level"));
+    return d;
+}
+
+/* GET /v2/models/{m}/config's JSON as the protocol's ModelConfig: the
+ * fields it has by their own (name, platform, max_batch_size, input,
+ * output, dynamic_batching), every other one of the answer (squish's
+ * version, SLO, preprocessing, status, precision; a pipeline's steps) as a
+ * parameter, in its JSON text. */
+static void model_config(gw_grpc_call_t *c, json_t *j)
+{
+    pool_t p = {0};
+    Inference__ModelConfig cfg = INFERENCE__MODEL_CONFIG__INIT;
+    cfg.name = str_of(json_object_get(j, "name"));
+    cfg.platform = str_of(json_object_get(j, "platform"));
+    cfg.max_batch_size = (int32_t)json_integer_value(json_object_get(j, "max_batch_size"));
+    json_t *ins = json_object_get(j, "input");
+    cfg.n_input = json_array_size(ins);
+    cfg.input = palloc(&p, cfg.n_input * sizeof(*cfg.input));
+    for (size_t i = 0; i < cfg.n_input; i++) {
+        json_t *t = json_array_get(ins, i);
+        Inference__ModelInput *in = cfg.input[i] = palloc(&p, sizeof(*in));
+        inference__model_input__init(in);
+        in->name = str_of(json_object_get(t, "name"));
+        in->data_type = data_type(json_object_get(t, "data_type"));
+        in->dims = ints_of(&p, json_object_get(t, "dims"), &in->n_dims);
+    }
+    json_t *outs = json_object_get(j, "output");
+    cfg.n_output = json_array_size(outs);
+    cfg.output = palloc(&p, cfg.n_output * sizeof(*cfg.output));
+    for (size_t i = 0; i < cfg.n_output; i++) {
+        json_t *t = json_array_get(outs, i);
+        Inference__ModelOutput *out = cfg.output[i] = palloc(&p, sizeof(*out));
+        inference__model_output__init(out);
+        out->name = str_of(json_object_get(t, "name"));
+        out->data_type = data_type(json_object_get(t, "data_type"));
+        out->dims = ints_of(&p, json_object_get(t, "dims"), &out->n_dims);
+    }
+    json_t *db = json_object_get(j, "dynamic_batching");
+    if (json_is_object(db)) {
+        cfg.scheduling_choice_case = INFERENCE__MODEL_CONFIG__SCHEDULING_CHOICE_DYNAMIC_BATCHING;
+        cfg.dynamic_batching = dynamic_batching(&p, db);
+    }
+    static const char *const own[] = {"name",  "platform", "max_batch_size",
+                                      "input", "output",   "dynamic_batching"};
+    cfg.parameters = palloc(&p, json_object_size(j) * sizeof(*cfg.parameters));
+    const char *key;
+    json_t *v;
+    json_object_foreach(j, key, v)
+    {
+        size_t k = 0;
+        while (k < sizeof(own) / sizeof(own[0]) && strcmp(own[k], key) != 0)
+            k++;
+        if (k < sizeof(own) / sizeof(own[0]) || json_is_null(v))
+            continue;
+        Inference__ModelConfig__ParametersEntry *e = palloc(&p, sizeof(*e));
+        inference__model_config__parameters_entry__init(e);
+        Inference__ModelParameter *mp = palloc(&p, sizeof(*mp));
+        inference__model_parameter__init(mp);
+        e->key = (char *)key;
+        mp->string_value = text_of(&p, v);
+        e->value = mp;
+        cfg.parameters[cfg.n_parameters++] = e;
+    }
+    Inference__ModelConfigResponse r = INFERENCE__MODEL_CONFIG_RESPONSE__INIT;
+    r.config = &cfg;
+    send_message(c, &r.base);
+    pool_free(&p);
+}
+
+static void repository_index(gw_grpc_call_t *c, int ready_only)
+{
+    json_t *rows = gw_api_repository_index(c->api, ready_only);
+    pool_t p = {0};
+    Inference__RepositoryIndexResponse r = INFERENCE__REPOSITORY_INDEX_RESPONSE__INIT;
+    r.n_models = json_array_size(rows);
+    r.models = palloc(&p, r.n_models * sizeof(*r.models));
+    for (size_t i = 0; i < r.n_models; i++) {
+        json_t *row = json_array_get(rows, i);
+        Inference__RepositoryIndexResponse__ModelIndex *m = r.models[i] = palloc(&p, sizeof(*m));
+        inference__repository_index_response__model_index__init(m);
+        m->name = str_of(json_object_get(row, "name"));
+        m->version = str_of(json_object_get(row, "version"));
+        m->state = str_of(json_object_get(row, "state"));
+        m->reason = str_of(json_object_get(row, "reason"));
+    }
+    send_message(c, &r.base);
+    pool_free(&p);
+    json_decref(rows);
+}
+
+static void server_ready(gw_grpc_call_t *c)
+{
+    /* Not ready is an answer, not an error (as Triton): ready false. */
+    char why[256];
+    Inference__ServerReadyResponse r = INFERENCE__SERVER_READY_RESPONSE__INIT;
+    r.ready = gw_api_server_ready(c->api, why, sizeof(why)) == 0;
+    send_message(c, &r.base);
+}
+
+/* A DB fact's answer (gw_api_fact_fn), on the DB thread. */
+static void fact_answered(void *arg, int err, json_t *body, const char *why)
+{
+    gw_grpc_call_t *c = arg;
+    if (c->method == GW_GRPC_MODEL_READY && (err == 0 || err == SQ_NOT_READY)) {
+        Inference__ModelReadyResponse r = INFERENCE__MODEL_READY_RESPONSE__INIT;
+        r.ready = err == 0;
+        send_message(c, &r.base);
+    } else if (err != 0) {
+        fail(c, err, why);
+    } else {
+        model_metadata(c, body);
+    }
+    json_decref(body);
+}
+
+/* ---- the call ---- */
+
+/* The value of the client's metadata key, or NULL. */
+static const grpc_slice *metadata(const gw_grpc_call_t *c, const char *key)
+{
+    size_t klen = strlen(key);
+    for (size_t i = 0; i < c->md.count; i++) {
+        const grpc_slice *k = &c->md.metadata[i].key;
+        if (GRPC_SLICE_LENGTH(*k) == klen &&
+            strncasecmp((const char *)GRPC_SLICE_START_PTR(*k), key, klen) == 0)
+            return &c->md.metadata[i].value;
+    }
+    return NULL;
+}
+
+/* Whether the call carries the admin token, as HTTP's Authorization
+ * header would (gw_require_admin); if not, answers UNAUTHENTICATED. */
+static int admin_ok(gw_grpc_call_t *c)
+{
+    static const char bearer[] = "Bearer ";
+    const grpc_slice *v = metadata(c, "authorization");
+    size_t blen = sizeof(bearer) - 1;
+    if (v != NULL && GRPC_SLICE_LENGTH(*v) > blen) {
+        const char *s = (const char *)GRPC_SLICE_START_PTR(*v);
+        if (strncasecmp(s, bearer, blen) == 0 &&
+            gw_token_matches(c->admin_token, s + blen, GRPC_SLICE_LENGTH(*v) - blen))
+            return 1;
+    }
+    char why[160];
+    snprintf(why, sizeof(why), "%s needs the admin token: %s", gw_grpc_method_name(c->method),
+             v == NULL ? "send 'authorization: Bearer <admin token>' metadata"
+                       : "invalid bearer token");
+    gw_grpc_reply(c, gw_grpc_status_of(SQ_UNAUTHORIZED), why, NULL, 0);
+    return 0;
+}
+
+void gw_grpc_answer(gw_grpc_call_t *c)
+{
+    char why[512];
+    if (c->method < 0) {
+        snprintf(why, sizeof(why), "no such method %.*s; squish serves " SERVED " over gRPC",
+                 (int)GRPC_SLICE_LENGTH(c->details.method),
+                 (const char *)GRPC_SLICE_START_PTR(c->details.method));
+        gw_grpc_reply(c, GRPC_STATUS_UNIMPLEMENTED, why, NULL, 0);
+        return;
+    }
+    if (gw_grpc_method_admin(c->method) && !admin_ok(c))
+        return;
+    gw_grpc_req_t req;
+    grpc_slice body = grpc_empty_slice();
+    if (c->recv != NULL) {
+        grpc_byte_buffer_reader rd;
+        if (grpc_byte_buffer_reader_init(&rd, c->recv)) {
+            body = grpc_byte_buffer_reader_readall(&rd);
+            grpc_byte_buffer_reader_destroy(&rd);
+        }
+    }
+    int rc = -1;
+    switch (c->method) {
+    case GW_GRPC_SERVER_LIVE:
+    case GW_GRPC_SERVER_READY:
+    case GW_GRPC_SERVER_METADATA:
+    case GW_GRPC_MODEL_READY:
+    case GW_GRPC_MODEL_METADATA:
+    case GW_GRPC_MODEL_CONFIG:
+    case GW_GRPC_REPOSITORY_INDEX:
+        rc = c->recv == NULL
+                 ? SQ_BAD_REQUEST
+                 : gw_grpc_decode((gw_grpc_method_t)c->method, GRPC_SLICE_START_PTR(body),
+                                  GRPC_SLICE_LENGTH(body), &req, why, sizeof(why));
+        if (c->recv == NULL)
+            snprintf(why, sizeof(why), "%s: no request message came",
+                     gw_grpc_method_name(c->method));
+        break;
+    default:
+        break;
+    }
+    grpc_slice_unref(body);
+    if (rc == -1) {
+        snprintf(why, sizeof(why),
+                 "%s is not served over gRPC yet (it is over HTTP); squish serves " SERVED
+                 " over gRPC",
+                 gw_grpc_method_name(c->method));
+        gw_grpc_reply(c, GRPC_STATUS_UNIMPLEMENTED, why, NULL, 0);
+        return;
+    }
+    if (rc != 0) {
+        fail(c, rc, why);
+        return;
+    }
+    switch (c->method) {
+    case GW_GRPC_SERVER_LIVE: {
+        Inference__ServerLiveResponse r = INFERENCE__SERVER_LIVE_RESPONSE__INIT;
+        r.live = 1; /* as GET /v2/health/live: answering is being live */
+        send_message(c, &r.base);
+        break;
+    }
+    case GW_GRPC_SERVER_READY:
+        server_ready(c);
+        break;
+    case GW_GRPC_SERVER_METADATA:
+        server_metadata(c);
+        break;
+    case GW_GRPC_MODEL_READY:
+        gw_api_model_ready(c->api, req.name, req.version, fact_answered, c);
+        break;
+    case GW_GRPC_MODEL_METADATA:
+        gw_api_model_metadata(c->api, req.name, req.version, fact_answered, c);
+        break;
+    case GW_GRPC_MODEL_CONFIG: {
+        json_t *j;
+        if ((rc = gw_api_model_config(c->api, req.name, req.version, &j, why, sizeof(why))) != 0) {
+            fail(c, rc, why);
+            break;
+        }
+        model_config(c, j);
+        json_decref(j);
+        break;
+    }
+    case GW_GRPC_REPOSITORY_INDEX:
+        repository_index(c, req.ready);
+        break;
+    default:
+        break;
+    }
+}

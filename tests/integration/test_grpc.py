@@ -1,0 +1,377 @@
+"""KServe v2 over gRPC (squishd --grpc-listen) on the real squishd, with the
+project's own client: Debian's python3-grpcio and message classes built
+from gateway/grpc/kserve_v2.proto (protoc-c's descriptor set of it, read
+by python3-protobuf), as a Triton user's gRPC client would talk to it.
+Each method is checked against what HTTP answers for the same question
+(the same facts), and each error against the status Triton gives."""
+
+import json
+import os
+import socket
+import subprocess
+import tempfile
+
+import grpc
+from google.protobuf import descriptor_pb2, message_factory
+
+from harness import SOURCE, Squishd, eventually, run, test
+
+SERVICE = "/inference.GRPCInferenceService/"
+# l(b) = 0.5 b + 2 ms; "inc" has a default SLO, "free" none.
+INC = {"name": "inc", "profile": {"alpha_ms": 0.5, "beta_ms": 2}, "max_batch": 16,
+       "input": {"shape": [3, 16, 16]}, "num_classes": 5, "default_slo_ms": 50}
+FREE = {"name": "free", "profile": {"batch": [1, 2, 4, 8], "latency_ms": [2, 3, 4, 6]},
+        "input": {"shape": [3, 16, 16]}, "num_classes": 5}
+
+
+def messages():
+    """The proto's message classes by full name ("inference.X")."""
+    out = tempfile.mkdtemp(prefix="squish-grpc-")
+    desc = os.path.join(out, "kserve_v2.desc")
+    proto_dir = os.path.join(SOURCE, "gateway", "grpc")
+    subprocess.run(["protoc-c", "--proto_path=" + proto_dir, "--descriptor_set_out=" + desc,
+                    os.path.join(proto_dir, "kserve_v2.proto")], check=True)
+    fds = descriptor_pb2.FileDescriptorSet()
+    with open(desc, "rb") as f:
+        fds.ParseFromString(f.read())
+    os.unlink(desc)
+    os.rmdir(out)
+    return message_factory.GetMessages(list(fds.file))
+
+
+M = messages()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Client:
+    """A call per method: call(name, request fields) -> the answer."""
+
+    def __init__(self, port):
+        self.channel = grpc.insecure_channel("127.0.0.1:%d" % port)
+
+    def call(self, method, req=None, metadata=None, **fields):
+        req_cls = M["inference.%sRequest" % method]
+        resp_cls = M["inference.%sResponse" % method]
+        stub = self.channel.unary_unary(SERVICE + method,
+                                        request_serializer=req_cls.SerializeToString,
+                                        response_deserializer=resp_cls.FromString)
+        return stub(req if req is not None else req_cls(**fields), timeout=20,
+                    metadata=metadata)
+
+    def error(self, method, metadata=None, **fields):
+        """The status a call that must fail ends with: (code, details)."""
+        try:
+            r = self.call(method, metadata=metadata, **fields)
+        except grpc.RpcError as e:
+            return e.code(), e.details()
+        raise AssertionError("%s(%r) answered %r, expected an error" % (method, fields, r))
+
+    def close(self):
+        self.channel.close()
+
+
+def admin(s):
+    return {"Authorization": "Bearer " + s.token, "Content-Type": "application/json"}
+
+
+_server = None
+
+
+def server():
+    """One squishd for the checks that only read (started once), with
+    "inc" and "free" ready."""
+    global _server
+    if _server is not None:
+        return _server
+    port = free_port()
+    s = Squishd(workers="emu:1", extra=["--grpc-listen", "127.0.0.1:%d" % port])
+    s.grpc_port = port
+    s.wait_ready(workers=1, timeout=60)
+    for m in (INC, FREE):
+        r = s.request("POST", "/models", body=json.dumps(m), headers=admin(s))
+        assert r.status == 201, r
+        eventually(lambda: s.get("/v2/models/%s/ready" % m["name"]).status == 200, 30,
+                   m["name"] + " ready")
+    eventually(lambda: s.get("/v2/health/ready").status == 200, 30, "server ready")
+    _server = s
+    return s
+
+
+def client(s=None):
+    return Client((s or server()).grpc_port)
+
+
+@test
+def server_live_answers_live():
+    c = client()
+    assert c.call("ServerLive").live is True
+    c.close()
+
+
+@test
+def server_ready_says_what_http_says():
+    s = server()
+    c = client(s)
+    assert s.get("/v2/health/ready").status == 200
+    assert c.call("ServerReady").ready is True
+    c.close()
+
+
+@test
+def server_metadata_is_http_v2s():
+    s = server()
+    c = client(s)
+    r = c.call("ServerMetadata")
+    h = s.get("/v2").json
+    assert r.name == h["name"] == "squish", (r, h)
+    assert r.version == h["version"], (r, h)
+    assert list(r.extensions) == h["extensions"], (r, h)
+    c.close()
+
+
+def tensors(ts):
+    return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in ts]
+
+
+@test
+def model_metadata_is_https_field_by_field():
+    s = server()
+    c = client(s)
+    for path, fields in (("/v2/models/inc", {"name": "inc"}),
+                         ("/v2/models/inc/versions/1", {"name": "inc", "version": "1"}),
+                         ("/v2/models/free", {"name": "free"})):
+        h = s.get(path).json
+        r = c.call("ModelMetadata", **fields)
+        assert r.name == h["name"] and r.platform == h["platform"], (r, h)
+        assert list(r.versions) == h["versions"], (r, h)
+        assert tensors(r.inputs) == [{k: t[k] for k in ("name", "datatype", "shape")}
+                                     for t in h["inputs"]], (r, h)
+        assert tensors(r.outputs) == [{k: t[k] for k in ("name", "datatype", "shape")}
+                                      for t in h["outputs"]], (r, h)
+        assert r.inputs[0].shape[0] == -1 and r.inputs[0].datatype == "FP32", r
+    c.close()
+
+
+@test
+def unknown_model_is_not_found_with_https_reason():
+    s = server()
+    c = client(s)
+    h = s.get("/v2/models/nosuch").json
+    for method in ("ModelMetadata", "ModelReady", "ModelConfig"):
+        code, details = c.error(method, name="nosuch")
+        assert code == grpc.StatusCode.NOT_FOUND, (method, code, details)
+        assert "nosuch" in details, (method, details)
+    code, details = c.error("ModelMetadata", name="nosuch")
+    assert details == h["error"], (details, h)
+    # A version the model does not have: not found, naming the versions it has.
+    code, details = c.error("ModelMetadata", name="inc", version="7")
+    assert code == grpc.StatusCode.NOT_FOUND and "no version 7" in details, (code, details)
+    c.close()
+
+
+@test
+def malformed_request_is_invalid_argument():
+    c = client()
+    for method in ("ModelMetadata", "ModelReady", "ModelConfig"):
+        code, details = c.error(method, name="inc", version="one")
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "version" in details, (method, code,
+                                                                                    details)
+        code, details = c.error(method, name="")
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "name" in details, (method, code,
+                                                                                 details)
+    # Bytes that are no ModelMetadataRequest (a field 1 of the wrong wire type).
+    stub = c.channel.unary_unary(SERVICE + "ModelMetadata", request_serializer=lambda b: b,
+                                 response_deserializer=lambda b: b)
+    try:
+        stub(b"\x0d\x01\x02", timeout=20)
+        raise AssertionError("a garbled request was answered")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
+    code, details = c.error("RepositoryIndex", repository_name="elsewhere")
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "repository_name" in details, details
+    c.close()
+
+
+@test
+def model_ready_follows_unload_and_load():
+    s = server()
+    c = client(s)
+    assert c.call("ModelReady", name="free").ready is True
+    assert c.call("ModelReady", name="free", version="1").ready is True
+    r = s.request("POST", "/v2/repository/models/free/unload", body="{}", headers=admin(s))
+    assert r.status == 200, r
+    eventually(lambda: s.get("/v2/models/free/ready").status == 400, 30, "free not ready")
+    # Not ready is an answer (ready false, status OK), as Triton's.
+    assert c.call("ModelReady", name="free").ready is False
+    r = s.request("POST", "/v2/repository/models/free/load", body="{}", headers=admin(s))
+    assert r.status == 200, r
+    eventually(lambda: c.call("ModelReady", name="free").ready, 30, "free ready over gRPC")
+    c.close()
+
+
+@test
+def model_config_has_what_http_config_has():
+    s = server()
+    c = client(s)
+    h = s.get("/v2/models/inc/config").json
+    r = c.call("ModelConfig", name="inc").config
+    assert r.name == "inc" and r.platform == h["platform"], (r, h)
+    assert r.max_batch_size == h["max_batch_size"] == 16, (r, h)
+    dt = M["inference.ModelInput"].DESCRIPTOR.fields_by_name["data_type"].enum_type
+    assert [(i.name, dt.values_by_number[i.data_type].name, list(i.dims)) for i in r.input] == \
+        [(i["name"], i["data_type"], i["dims"]) for i in h["input"]], (r, h)
+    assert [(o.name, dt.values_by_number[o.data_type].name, list(o.dims)) for o in r.output] == \
+        [(o["name"], o["data_type"], o["dims"]) for o in h["output"]], (r, h)
+    assert r.WhichOneof("scheduling_choice") == "dynamic_batching", r
+    db, hdb = r.dynamic_batching, h["dynamic_batching"]
+    assert list(db.preferred_batch_size) == hdb["preferred_batch_size"], (db, hdb)
+    # The queue delay is read twice (HTTP, then gRPC): the same policy,
+    # the same measured l(1), so the same value.
+    assert db.max_queue_delay_microseconds == hdb["max_queue_delay_microseconds"], (db, hdb)
+    assert db.priority_levels == hdb["priority_levels"] and \
+        db.default_priority_level == hdb["default_priority_level"], (db, hdb)
+    # squish's own facts, each as a parameter in its JSON text.
+    p = {k: v.string_value for k, v in r.parameters.items()}
+    assert json.loads(p["default_slo_ms"]) == h["default_slo_ms"] == 50, p
+    assert p["status"] == h["status"] and p["precision"] == h["precision"], p
+    assert json.loads(p["version"]) == h["version"], p
+    assert json.loads(p["preprocessing"]) == h["preprocessing"], p
+    c.close()
+
+
+@test
+def repository_index_is_https_rows():
+    s = server()
+    c = client(s)
+    rows = lambda ms: [{k: v for k, v in (("name", m.name), ("version", m.version),
+                                          ("state", m.state), ("reason", m.reason)) if v}
+                       for m in ms]
+    h = s.request("POST", "/v2/repository/index", body="{}").json
+    assert rows(c.call("RepositoryIndex").models) == h, h
+    h = s.request("POST", "/v2/repository/index", body='{"ready": true}').json
+    assert rows(c.call("RepositoryIndex", ready=True).models) == h, h
+    assert {m["name"] for m in h} >= {"inc", "free"}, h
+    c.close()
+
+
+@test
+def admin_methods_need_the_admin_token():
+    s = server()
+    c = client(s)
+    code, details = c.error("RepositoryModelUnload", model_name="inc")
+    assert code == grpc.StatusCode.UNAUTHENTICATED and "authorization" in details, (code, details)
+    code, details = c.error("RepositoryModelUnload", model_name="inc",
+                            metadata=[("authorization", "Bearer " + "0" * 64)])
+    assert code == grpc.StatusCode.UNAUTHENTICATED and "invalid" in details, (code, details)
+    # With the token: past the check, to a method not built yet.
+    code, details = c.error("RepositoryModelUnload", model_name="inc",
+                            metadata=[("authorization", "Bearer " + s.token)])
+    assert code == grpc.StatusCode.UNIMPLEMENTED, (code, details)
+    assert s.get("/v2/models/inc/ready").status == 200  # nothing was unloaded
+    # What HTTP serves without a token, gRPC does too.
+    assert c.call("ModelReady", name="inc").ready is True
+    c.close()
+
+
+@test
+def methods_not_built_are_unimplemented_naming_those_that_are():
+    c = client()
+    code, details = c.error("ModelInfer", model_name="inc")
+    assert code == grpc.StatusCode.UNIMPLEMENTED, (code, details)
+    assert "ModelInfer" in details and "ModelMetadata" in details, details
+    stub = c.channel.unary_unary(SERVICE + "NoSuchMethod", request_serializer=lambda b: b,
+                                 response_deserializer=lambda b: b)
+    try:
+        stub(b"", timeout=20)
+        raise AssertionError("an unknown method was answered")
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.UNIMPLEMENTED and "NoSuchMethod" in e.details(), e
+    c.close()
+
+
+@test
+def many_concurrent_calls_are_all_answered():
+    """Calls answered from the DB thread and from the queue's, at once."""
+    c = client()
+    futures = []
+    for i in range(64):
+        method = ("ModelMetadata", "ModelReady", "ModelConfig", "ServerReady")[i % 4]
+        req = M["inference.%sRequest" % method](**({} if method == "ServerReady" else
+                                                   {"name": "inc"}))
+        stub = c.channel.unary_unary(SERVICE + method, request_serializer=type(req).SerializeToString,
+                                     response_deserializer=M["inference.%sResponse" % method].FromString)
+        futures.append((method, stub.future(req, timeout=20)))
+    for method, f in futures:
+        r = f.result()
+        if method == "ModelMetadata":
+            assert r.name == "inc", r
+        elif method == "ModelConfig":
+            assert r.config.name == "inc", r
+        else:
+            assert r.ready is True, (method, r)
+    c.close()
+
+
+@test
+def bad_grpc_listen_is_refused_at_start():
+    try:
+        Squishd(workers="emu:1", extra=["--grpc-listen", "nowhere"])
+        raise AssertionError("squishd started with --grpc-listen nowhere")
+    except RuntimeError as e:
+        assert "grpc_listen" in str(e), e
+
+
+@test
+def off_unless_asked_for():
+    s = Squishd(workers="emu:1")
+    try:
+        s.wait_ready(workers=1, timeout=60)
+        assert "grpc listening" not in s.read_log()
+    finally:
+        assert s.stop() == 0
+        s.cleanup()
+
+
+@test
+def stops_cleanly_with_calls_under_way():
+    """SIGTERM while calls come and go: squishd exits 0 (the queue drained,
+    every call freed; ASan/LSan builds fail a leak here)."""
+    port = free_port()
+    s = Squishd(workers="emu:1", extra=["--grpc-listen", "127.0.0.1:%d" % port])
+    s.grpc_port = port
+    try:
+        s.wait_ready(workers=1, timeout=60)
+        assert "grpc listening" in s.read_log()
+        c = client(s)
+        futures = []
+        for _ in range(32):
+            req = M["inference.ModelReadyRequest"](name="absent")
+            stub = c.channel.unary_unary(SERVICE + "ModelReady",
+                                         request_serializer=type(req).SerializeToString,
+                                         response_deserializer=M["inference.ModelReadyResponse"].FromString)
+            futures.append(stub.future(req, timeout=20))
+        assert s.stop() == 0
+        for f in futures:
+            try:
+                f.result()
+            except grpc.RpcError as e:  # not found, or cut off by the stop
+                assert e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE,
+                                    grpc.StatusCode.CANCELLED), e
+        c.close()
+        assert "stopped" in s.read_log()
+    finally:
+        s.cleanup()
+
+
+if __name__ == "__main__":
+    try:
+        run()
+    finally:
+        if _server is not None:
+            _server.stop()
+            _server.cleanup()
