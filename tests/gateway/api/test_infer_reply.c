@@ -1,6 +1,7 @@
 /* gateway/api/infer_reply.c: the parts of an inference answer that need
  * no connection: a classifier's top-k with softmax scores and labels, the
- * timing of a request's items, and what a request dropped for its
+ * timing of a request's items, a detector's boxes and a segmenter's
+ * class shares as /v1 answers them, and what a request dropped for its
  * deadline is told (whether a retry can help, what SLO would work, and the
  * code: slo_too_tight where no retry can help, deadline where one can). */
 #include <criterion/criterion.h>
@@ -168,4 +169,54 @@ Test(infer_reply, an_slo_too_tight_without_a_detail_says_the_slo_and_what_to_ask
     cr_assert_str_eq(why, "an SLO of 5 ms (model) cannot be met for 1 item, which take at least "
                           "12.3 ms alone on an idle worker; ask for 13 ms or more, or for none "
                           "(best effort)");
+}
+
+Test(infer_reply, a_detector_answers_its_boxes_in_image_pixels_with_labels)
+{
+    /* YOLO-style [1, 4 + 2, 8] on an 8x8 input; labels name the classes. */
+    char io[1024];
+    snprintf(io, sizeof(io),
+             "\"input\": {\"name\": \"x\", \"datatype\": \"FP32\", \"shape\": [-1, 3, 8, 8]}, "
+             "\"outputs\": [{\"name\": \"y\", \"shape\": [-1, 6, 8]}], \"labels\": [\"cat\", "
+             "\"dog\"], \"detector\": {\"layout\": \"yolo\", \"score_threshold\": 0.4}");
+    gw_model_t *m = model_of(io);
+    cr_assert(m->has_detector);
+    float row[48] = {0};
+    /* anchor 2: centre (4, 2), 4 x 2 input pixels, dog 0.8; anchor 5 the
+     * same box, dog 0.5 (suppressed), anchor 6 out of the image, cat 0.9 */
+    const float a2[6] = {4, 2, 4, 2, 0.1f, 0.8f}, a5[6] = {4, 2, 4, 2, 0.1f, 0.5f},
+                a6[6] = {9, 9, 4, 4, 0.9f, 0};
+    for (int j = 0; j < 6; j++) {
+        row[j * 8 + 2] = a2[j];
+        row[j * 8 + 5] = a5[j];
+        row[j * 8 + 6] = a6[j];
+    }
+    json_t *d = gw_v1_detections_json(m, row, 80, 40);
+    char *txt = json_dumps(d, JSON_COMPACT);
+    cr_assert_str_eq(txt, "[{\"box\":[70.0,35.0,80.0,40.0],\"index\":0,\"label\":\"cat\",\"score\":"
+                          "0.89999997615814209},{\"box\":[20.0,5.0,60.0,15.0],\"index\":1,"
+                          "\"label\":\"dog\",\"score\":0.80000001192092896}]");
+    free(txt);
+    json_decref(d);
+    gw_model_unref(m);
+}
+
+Test(infer_reply, a_segmenter_answers_its_classes_by_pixel_share)
+{
+    char io[512];
+    snprintf(io, sizeof(io),
+             "\"input\": {\"name\": \"x\", \"datatype\": \"FP32\", \"shape\": [-1, 3, 8, 8]}, "
+             "\"outputs\": [{\"name\": \"out\", \"shape\": [-1, 3, 2, 2]}], \"labels\": [\"bg\", "
+             "\"cat\", \"dog\"], \"segmenter\": true");
+    gw_model_t *m = model_of(io);
+    cr_assert(m->segmenter);
+    /* pixels: dog, dog, dog, bg; cat never wins */
+    const float row[12] = {0, 0, 0, 5, /* cat */ 1, 1, 1, 1, /* dog */ 2, 2, 2, 0};
+    json_t *s = gw_v1_segments_json(m, row);
+    char *txt = json_dumps(s, JSON_COMPACT);
+    cr_assert_str_eq(txt, "[{\"index\":2,\"label\":\"dog\",\"share\":0.75},{\"index\":0,\"label\":"
+                          "\"bg\",\"share\":0.25}]");
+    free(txt);
+    json_decref(s);
+    gw_model_unref(m);
 }
