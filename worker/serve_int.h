@@ -19,6 +19,7 @@
 #include <mdb.h>
 #include <pthread.h>
 #include <sq.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 /* JOB_SWEEP: drop the models no load on the current connection asked for
@@ -42,8 +43,10 @@ typedef struct job {
     sq_model_load_t *load;
     const uint8_t *bytes; /* LOAD: the model file (owned by the byte cache) */
     size_t nbytes;
+    bool bytes_file;                                   /* ... mapped from a file (wk__file_alloc) */
     const uint8_t *member_bytes[SQ_MAX_GROUP_MEMBERS]; /* GROUP load: each member's file */
     size_t member_nbytes[SQ_MAX_GROUP_MEMBERS];
+    bool member_file[SQ_MAX_GROUP_MEMBERS];
     sq_batch_t *batch;
     uint8_t *input; /* a remote batch's input bytes (BATCH_INPUT), owned */
     size_t input_len;
@@ -102,6 +105,7 @@ typedef struct cached {
     char sha256[65];
     uint8_t *bytes;
     size_t len;
+    bool file; /* mapped from a file (wk__file_alloc) */
 } cached_t;
 
 /* Frontends' rows by batch (serve_rows.c); thread-safe. */
@@ -149,6 +153,7 @@ typedef struct server {
         uint64_t key;
         sq_model_load_t *spec;
         uint8_t *bytes;
+        bool file; /* bytes mapped from a file */
         size_t have;
         mdb_sha256_t *digest; /* of the chunks so far */
         int64_t started_ns;
@@ -263,8 +268,14 @@ int wk__model_run_u8(model_t *m, int batch, const uint8_t *in, float *out, size_
 void wk__profile_input(int pixels, size_t item_bytes, int items, uint8_t *in);
 
 /* A model file's bytes (mapped, see serve_state.c), and the files held. */
-uint8_t *wk__file_alloc(size_t n);
+/* n bytes for a model file: a file-backed mapping where the temporary
+ * directory takes one (*file set), else anonymous memory. */
+uint8_t *wk__file_alloc(size_t n, bool *file);
 void wk__file_free(uint8_t *p, size_t n);
+/* The file's bytes are not needed until the next load that reads them:
+ * a file-backed mapping's pages leave the worker's resident memory (the
+ * page cache keeps them); anonymous memory stays as it is. */
+void wk__file_idle(const uint8_t *p, size_t n, bool file);
 cached_t *wk__cache_find(server_t *s, const char *sha);
 
 /* I/O thread: stops the loop with this exit status. */

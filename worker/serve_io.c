@@ -22,6 +22,7 @@ static void queue_load(server_t *s, uint64_t key, sq_model_load_t *spec, cached_
     if (c != NULL) {
         j->bytes = c->bytes;
         j->nbytes = c->len;
+        j->bytes_file = c->file;
     }
     wk__enqueue(s, j);
 }
@@ -44,6 +45,7 @@ static void queue_group_load(server_t *s, uint64_t key, sq_model_load_t *spec)
         }
         j->member_bytes[i] = c->bytes;
         j->member_nbytes[i] = c->len;
+        j->member_file[i] = c->file;
     }
     j->kind = JOB_LOAD;
     j->id = key;
@@ -71,6 +73,7 @@ static void rx_complete(server_t *s)
         memcpy(c->sha256, sha, sizeof(sha));
         c->bytes = s->rx.bytes;
         c->len = s->rx.have;
+        c->file = s->rx.file;
         c->next = s->cache;
         s->cache = c;
         if (spec->cache_only)
@@ -145,7 +148,7 @@ int wk__handle_frame(server_t *s, const sq_frame_t *f)
         }
         s->rx.key = f->id;
         s->rx.spec = spec;
-        s->rx.bytes = wk__file_alloc(spec->total_bytes);
+        s->rx.bytes = wk__file_alloc(spec->total_bytes, &s->rx.file);
         s->rx.have = 0;
         s->rx.digest = mdb_sha256_begin();
         s->rx.started_ns = sq_now_ns();

@@ -57,6 +57,7 @@ static int load_group(const job_t *j, const wk_plan_opts_t *opts, wk_group_t **o
         cuts[i] = spec->members[i].cut;
         rc = mdb_onnx_import_pinned(j->member_bytes[i], j->member_nbytes[i], &pin, &graphs[i],
                                     &ierr);
+        wk__file_idle(j->member_bytes[i], j->member_nbytes[i], j->member_file[i]);
         if (rc != 0)
             snprintf(why, (size_t)why_size, "member %d import: %s %s", i, ierr.detail, ierr.ops);
     }
@@ -242,6 +243,7 @@ static void build_model(server_t *s, job_t *j)
         mdb_import_error_t ierr;
         mdb_input_pin_t pin = load_pin(spec);
         rc = mdb_onnx_import_pinned(j->bytes, j->nbytes, &pin, &g, &ierr);
+        wk__file_idle(j->bytes, j->nbytes, j->bytes_file); /* the graph holds its copy */
         import_ms = (sq_now_ns() - started_ns) / 1000000;
         if (rc != 0)
             snprintf(why, sizeof(why), "import: %s %s", ierr.detail, ierr.ops);

@@ -6,11 +6,13 @@
 
 #include <mdb.h>
 
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 void wk__jobq_init(jobq_t *q)
 {
@@ -280,11 +282,42 @@ void wk__finish(server_t *s, int status)
 /* A model file's bytes are mapped, not malloc'd: nothing touches their
  * pages before the chunks do. An allocator that fills new memory
  * (MALLOC_PERTURB_, as meson sets for tests) held this thread, and its
- * PONGs, for over a second on a 500 MB file. */
-uint8_t *wk__file_alloc(size_t n)
+ * PONGs, for over a second on a 500 MB file.
+ *
+ * They are kept for the worker's life (a reload needs no transfer, and a
+ * remote worker tells the next squishd which files it holds), but read
+ * only while a model loads. So they go to an unlinked file in the
+ * temporary directory ($TMPDIR, else /var/tmp), its blocks reserved first
+ * (a full disk then refuses here rather than faulting in the copy), and
+ * once loaded its pages live in the page cache, which the kernel may
+ * write back and reclaim, not in the worker's resident memory: six
+ * classifiers' files were 203 MB of it. A directory without O_TMPFILE or
+ * fallocate, or a full one, gets anonymous memory as before. */
+uint8_t *wk__file_alloc(size_t n, bool *file)
 {
+    *file = false;
+    const char *dir = getenv("TMPDIR");
+    if (dir == NULL || dir[0] == '\0')
+        dir = "/var/tmp";
+    int fd = n > 0 ? open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600) : -1;
+    if (fd >= 0) {
+        void *p = MAP_FAILED;
+        if (fallocate(fd, 0, 0, (off_t)n) == 0)
+            p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd); /* the mapping holds the file */
+        if (p != MAP_FAILED) {
+            *file = true;
+            return p;
+        }
+    }
     void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     return p == MAP_FAILED ? NULL : p;
+}
+
+void wk__file_idle(const uint8_t *p, size_t n, bool file)
+{
+    if (file && p != NULL && n > 0)
+        madvise((void *)(uintptr_t)p, n, MADV_DONTNEED);
 }
 
 void wk__file_free(uint8_t *p, size_t n)

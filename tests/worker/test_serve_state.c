@@ -1,10 +1,14 @@
 /* The models a worker holds (worker/serve_state.c): a batch over the
  * plan's max batch runs in pieces of that size, each row what the row
- * alone gives. */
+ * alone gives; a model file's bytes leave the worker's resident memory
+ * once loaded, and come back intact when read again. */
 #include "serve_int.h"
 
 #include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* An emulated plan of 3x4x4 images and 10 classes: each row's outputs
  * are a hash of its own input. */
@@ -66,4 +70,73 @@ Test(serve_state, a_model_planned_for_its_whole_batch_serves_the_plans_max)
     m.plan = emu_plan(3);
     cr_assert_eq(wk__model_max_batch(&m), 3);
     wk_plan_free(m.plan);
+}
+
+/* The resident kB of the mapping that starts at p (/proc/self/smaps). */
+static long mapping_rss_kb(const void *p)
+{
+    FILE *f = fopen("/proc/self/smaps", "r");
+    cr_assert_not_null(f);
+    char line[512];
+    char start[32];
+    snprintf(start, sizeof(start), "%lx-", (unsigned long)(uintptr_t)p);
+    int in = 0;
+    long kb = -1;
+    while (fgets(line, sizeof(line), f) != NULL) {
+        if (strchr(line, '-') != NULL && strncmp(line, start, strlen(start)) == 0)
+            in = 1;
+        else if (in && strncmp(line, "Rss:", 4) == 0) {
+            kb = strtol(line + 4, NULL, 10);
+            break;
+        }
+    }
+    fclose(f);
+    return kb;
+}
+
+static void fill(uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = (uint8_t)(i * 31 + (i >> 12));
+}
+
+static int intact(const uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (p[i] != (uint8_t)(i * 31 + (i >> 12)))
+            return 0;
+    return 1;
+}
+
+Test(serve_state, a_loaded_files_bytes_leave_resident_memory_and_read_back_intact)
+{
+    const size_t n = 8u << 20;
+    char dir[] = "/var/tmp/squish-file-XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    setenv("TMPDIR", dir, 1);
+    bool file = false;
+    uint8_t *p = wk__file_alloc(n, &file);
+    cr_assert_not_null(p);
+    cr_assert(file, "a disk directory takes the file: %s", dir);
+    fill(p, n);
+    cr_assert_geq(mapping_rss_kb(p), 8000, "the bytes as received are resident");
+    wk__file_idle(p, n, file);
+    cr_assert_lt(mapping_rss_kb(p), 100, "once loaded they are not: %ld kB", mapping_rss_kb(p));
+    cr_assert(intact(p, n), "and read back as they were");
+    wk__file_free(p, n);
+    rmdir(dir);
+}
+
+Test(serve_state, without_a_file_the_bytes_stay_in_memory_intact)
+{
+    const size_t n = 1u << 20;
+    setenv("TMPDIR", "/nonexistent/squish", 1);
+    bool file = true;
+    uint8_t *p = wk__file_alloc(n, &file);
+    cr_assert_not_null(p);
+    cr_assert_not(file);
+    fill(p, n);
+    wk__file_idle(p, n, file);
+    cr_assert(intact(p, n), "anonymous memory is never dropped");
+    wk__file_free(p, n);
 }
