@@ -348,21 +348,40 @@ def stops_cleanly_with_calls_under_way():
         s.wait_ready(workers=1, timeout=60)
         assert "grpc listening" in s.read_log()
         c = client(s)
-        futures = []
-        for _ in range(32):
-            req = M["inference.ModelReadyRequest"](name="absent")
-            stub = c.channel.unary_unary(SERVICE + "ModelReady",
-                                         request_serializer=type(req).SerializeToString,
-                                         response_deserializer=M["inference.ModelReadyResponse"].FromString)
-            futures.append(stub.future(req, timeout=20))
+        assert c.call("ServerLive").live  # connected
+        req = M["inference.ModelReadyRequest"](name="absent")
+        stub = c.channel.unary_unary(SERVICE + "ModelReady",
+                                     request_serializer=type(req).SerializeToString,
+                                     response_deserializer=M["inference.ModelReadyResponse"].FromString)
+        futures = [stub.future(req, timeout=20) for _ in range(400)]
+        # Answered from the DB thread while the rest still come in.
+        eventually(lambda: any(f.done() for f in futures), 10, "a first answer")
         assert s.stop() == 0
+        answered = 0
         for f in futures:
             try:
                 f.result()
             except grpc.RpcError as e:  # not found, or cut off by the stop
                 assert e.code() in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE,
                                     grpc.StatusCode.CANCELLED), e
+                answered += e.code() == grpc.StatusCode.NOT_FOUND
+        assert answered > 0
         c.close()
+        assert "stopped" in s.read_log()
+    finally:
+        s.cleanup()
+
+
+@test
+def served_squishd_stops_cleanly():
+    """The squishd the checks above called (about 150 calls, some answered
+    from the DB thread) exits 0 on SIGTERM: under ASan/LSan a call's state
+    left behind fails it here."""
+    global _server
+    s = server()
+    _server = None
+    try:
+        assert s.stop() == 0, s.read_log()[-3000:]
         assert "stopped" in s.read_log()
     finally:
         s.cleanup()
