@@ -940,7 +940,7 @@ static wk_precision_t cuda_precision(const wk_plan_t *plan)
 
 /* Every activation is a conv post-op here (one pointwise after the conv),
  * so conv_act is left NULL. */
-const wk_backend_ops_t wk_backend_cuda = {
+static const wk_backend_ops_t wk_backend_cuda = {
     .kind = SQ_DEV_CUDA,
     .prepare = cuda_prepare,
     .input_buffer = cuda_input_buffer,
@@ -949,3 +949,8 @@ const wk_backend_ops_t wk_backend_cuda = {
     .release = cuda_release,
     .precision = cuda_precision,
 };
+
+const wk_backend_ops_t *wk__cuda_ops(void)
+{
+    return &wk_backend_cuda;
+}

@@ -35,12 +35,7 @@ int wk_device_probe(wk_device_t *dev, char *why, int why_size)
             dev->memory_bytes = (uint64_t)16 << 30;
         return 0;
     case SQ_DEV_CUDA:
-#if SQUISH_HAVE_CUDA
         return wk_cuda_probe(dev->index, &dev->memory_bytes, why, why_size);
-#else
-        snprintf(why, (size_t)why_size, "this build has no CUDA backend (meson -Dcuda=enabled)");
-        return SQ_DEVICE;
-#endif
     case SQ_DEV_KIND_COUNT:
         break;
     }

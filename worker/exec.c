@@ -19,11 +19,7 @@ static const wk_backend_ops_t *backend_ops(sq_dev_kind_t kind)
     case SQ_DEV_EMU:
         return &wk_backend_emu;
     case SQ_DEV_CUDA:
-#if SQUISH_HAVE_CUDA
-        return &wk_backend_cuda;
-#else
-        return NULL;
-#endif
+        return wk__cuda_ops();
     default:
         return NULL;
     }

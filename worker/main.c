@@ -21,10 +21,12 @@
 #include "wk_serve.h"
 
 #include <sq.h>
+#include <sq_config.h>
 
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stddef.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -184,6 +186,28 @@ static int connect_unix(const char *path)
         return -1;
     }
     return fd;
+}
+
+/* A cuda device is served by squish-worker-cuda, beside this binary, with
+ * the same arguments (and the descriptors they name): this one has no
+ * CUDA libraries in it (cuda_absent.c says why). Returns only when it
+ * cannot be run. */
+static int exec_cuda_worker(char **argv)
+{
+    char self[PATH_MAX], path[PATH_MAX + 32];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+    if (n > 0) {
+        self[n] = '\0';
+        char *slash = strrchr(self, '/');
+        if (slash != NULL)
+            slash[1] = '\0';
+        snprintf(path, sizeof(path), "%ssquish-worker-cuda", slash != NULL ? self : "");
+        execv(path, argv);
+    } else {
+        snprintf(path, sizeof(path), "squish-worker-cuda");
+    }
+    SQ_ERROR("device unavailable reason=\"cannot run %s: %s\"", path, strerror(errno));
+    return WK_EXIT_DEVICE_UNAVAILABLE;
 }
 
 /* HELLO: this worker's protocol, device and memory. */
@@ -435,6 +459,8 @@ int main(int argc, char **argv)
                 device);
         return 2;
     }
+    if (w.dev.kind == SQ_DEV_CUDA && !wk_cuda_in_process() && SQUISH_HAVE_CUDA)
+        return exec_cuda_worker(argv);
     if (w.naddrs > 0) {
         /* Named after its host: squishd tells apart cpu@a and cpu@b. */
         char host[SQ_DEVICE_MAX_HOST + 1] = "";

@@ -27,8 +27,15 @@ int wk_device_parse(const char *spec, wk_device_t *out);
  * default 16 GiB). Returns 0, or SQ_DEVICE with a reason in `why`. */
 int wk_device_probe(wk_device_t *dev, char *why, int why_size);
 
-/* CUDA probe, only in builds with the CUDA backend: device count, then the
- * device's total memory. Returns 0 or SQ_DEVICE with the CUDA error text. */
+/* CUDA probe: device count, then the device's total memory. Returns 0 or
+ * SQ_DEVICE with the CUDA error text; in a process without the CUDA
+ * backend (cuda_absent.c), SQ_DEVICE saying so. */
 int wk_cuda_probe(int index, uint64_t *memory_bytes, char *why, int why_size);
+
+/* Whether this process has the CUDA backend in it: squish-worker-cuda and
+ * the tests and benchmarks of a CUDA build do (cuda_probe.c);
+ * squish-worker, which serves cpu and emu devices and execs
+ * squish-worker-cuda for a cuda one, does not (cuda_absent.c). */
+int wk_cuda_in_process(void);
 
 #endif

@@ -352,9 +352,9 @@ typedef struct wk_backend_ops {
 
 extern const wk_backend_ops_t wk_backend_cpu;
 extern const wk_backend_ops_t wk_backend_emu;
-#if SQUISH_HAVE_CUDA
-extern const wk_backend_ops_t wk_backend_cuda;
-#endif
+/* The cuda backend's vtable where the process has it (backend_cuda.c),
+ * else NULL (cuda_absent.c). */
+const wk_backend_ops_t *wk__cuda_ops(void);
 
 /* A copy of g (after wk_graph_finish) for another max batch. */
 wk_graph_t *wk_graph_clone(const wk_graph_t *g, int max_batch);

@@ -1,5 +1,6 @@
 """squishd's walking skeleton: health, metadata, errors, supervised workers,
-hand-started workers, cuda fallback, heartbeats, clean shutdown."""
+hand-started workers, cuda fallback, a cpu worker without the CUDA
+libraries, heartbeats, clean shutdown."""
 
 import http.client
 import json
@@ -10,7 +11,8 @@ import subprocess
 import threading
 import time
 
-from harness import (SQUISHD, WORKER, Skip, Squishd, eventually, run, test, validate)
+from harness import (BUILD, SQUISHD, WORKER, Skip, Squishd, eventually, run, sanitized, test,
+                     validate)
 
 
 @test
@@ -147,6 +149,56 @@ def a_cuda_worker_without_a_gpu_falls_back_to_cpu():
         assert s.stop() == 0
     finally:
         s.cleanup()
+
+
+def cuda_built():
+    with open(os.path.join(BUILD, "sq_config.h")) as f:
+        return "SQUISH_HAVE_CUDA 1" in f.read()
+
+
+def status_kb(pid, field):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise AssertionError("no %s in /proc/%d/status" % (field, pid))
+
+
+@test
+def a_cpu_worker_maps_no_cuda_library_and_holds_little_when_idle():
+    # The CUDA libraries cost every process that maps them (libcublasLt's
+    # data: an idle cpu worker held 97 MB of anonymous memory with them, 2
+    # MB without): a cpu worker is squish-worker, which has none of them.
+    s = Squishd(workers="cpu:1")
+    try:
+        s.wait_ready(workers=1, timeout=30)
+        pid = s.worker_pids()["cpu"]
+        with open("/proc/%d/maps" % pid) as f:
+            maps = f.read()
+        cuda = sorted({ln.split()[-1] for ln in maps.splitlines()
+                       if re.search(r"/lib(cudart|cudnn|cublas)", ln)})
+        assert cuda == [], "a cpu worker maps %s" % cuda
+        if not sanitized():  # ASan's shadow and quarantine are anonymous too
+            anon = status_kb(pid, "RssAnon")
+            assert anon < 32 * 1024, "an idle cpu worker holds %d kB of anonymous memory" % anon
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+@test
+def a_cuda_device_is_served_by_squish_worker_cuda():
+    # squish-worker execs its sibling for a cuda device, with the same
+    # arguments: the verdict on the device is the CUDA runtime's own.
+    if not cuda_built():
+        raise Skip("a build without CUDA: no squish-worker-cuda")
+    p = subprocess.run([WORKER, "--connect", "/nonexistent/squishd.sock", "--device", "cuda:0"],
+                       capture_output=True, text=True, timeout=60)
+    if p.returncode != 3:
+        raise Skip("a GPU answered here (exit %d): the probe's failure cannot be seen" %
+                   p.returncode)
+    assert re.search(r"reason=\"cuda\w+: ", p.stderr), p.stderr
+    assert "squish-worker-cuda" not in p.stderr, "it ran: %s" % p.stderr
 
 
 @test
