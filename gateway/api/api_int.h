@@ -226,6 +226,12 @@ int gw_pipeline_ready_why(gw_api_ctx_t *api, gw_pipeline_t *p, char *why, size_t
 int gw_model_config_of(gw_api_ctx_t *api, const char *name, size_t name_len, int version,
                        json_t **out);
 json_t *gw_repository_index_json(gw_api_ctx_t *api, int ready_only);
+/* Triton's statistics (metrics_api.c), from the registry and the metric
+ * store (any thread): {"model_stats": [...]} of every model version and
+ * pipeline (name NULL), or of name's versions (version 0) or one; 0, or
+ * SQ_MODEL_NOT_FOUND when none matches. */
+int gw_model_stats_json(gw_api_ctx_t *api, const char *name, size_t name_len, int version,
+                        json_t **out);
 /* The server's readiness (routes.c): 0 with the workers up, or
  * SQ_SHUTTING_DOWN or SQ_NOT_READY with why. */
 int gw_server_ready_why(gw_api_ctx_t *api, int *workers, char *why, size_t len);

@@ -23,6 +23,16 @@ int gw_api_model_config(gw_api_ctx_t *api, const char *name, int version, json_t
     return gw_not_found_why(api, path, name, version, why, len);
 }
 
+int gw_api_model_stats(gw_api_ctx_t *api, const char *name, int version, json_t **out, char *why,
+                       size_t len)
+{
+    char path[MDB_NAME_MAX + 32];
+    if (gw_model_stats_json(api, name, name != NULL ? strlen(name) : 0, version, out) == 0)
+        return 0;
+    snprintf(path, sizeof(path), "/v2/models/%s/stats", name);
+    return gw_not_found_why(api, path, name, version, why, len);
+}
+
 json_t *gw_api_repository_index(gw_api_ctx_t *api, int ready_only)
 {
     return gw_repository_index_json(api, ready_only);

@@ -67,6 +67,11 @@ int gw_api_server_ready(gw_api_ctx_t *api, char *why, size_t len);
  * 0, or SQ_MODEL_NOT_FOUND with why (what would work). */
 int gw_api_model_config(gw_api_ctx_t *api, const char *name, int version, json_t **out, char *why,
                         size_t len);
+/* Triton's statistics, as GET /v2/models[/{m}[/versions/{v}]]/stats
+ * (name NULL: every model and pipeline) into *out: 0, or
+ * SQ_MODEL_NOT_FOUND with why. */
+int gw_api_model_stats(gw_api_ctx_t *api, const char *name, int version, json_t **out, char *why,
+                       size_t len);
 /* The repository index's rows, as POST /v2/repository/index. */
 json_t *gw_api_repository_index(gw_api_ctx_t *api, int ready_only);
 /* Where a fact read on the model DB's thread is answered, once: err 0

@@ -136,39 +136,33 @@ static json_t *pipeline_stats(gw_pipeline_t *p)
     return stats;
 }
 
-/* GET /v2/models/stats, /v2/models/{m}/stats, /v2/models/{m}/versions/{v}/stats:
- * the models of the registry that match (a model, or one of its versions,
- * that does not exist is a 404). */
-void gw_route_model_stats(gw_call_t *call)
+/* Triton's statistics (api_int.h): {"model_stats": [...]}. */
+int gw_model_stats_json(gw_api_ctx_t *api, const char *name, size_t name_len, int version,
+                        json_t **out)
 {
-    gw_api_ctx_t *api = call->app;
     stats_query_t q = {0};
-    if (call->nargs >= 1)
-        q.name = call->args[0];
-    if (call->nargs >= 2 && (q.version = gw_parse_version(call->args[1])) < 0) {
-        gw_send_bad_version(call, call->args[1]);
-        return;
-    }
+    q.name = h2o_iovec_init(name, name_len);
+    q.version = version;
     gw_registry_foreach(api->registry, collect, &q);
     /* Pipelines are models here too (version 1, as their metadata says):
      * every one with every model, or the one asked for by name. */
     int np = 0;
     gw_pipeline_t **ps = NULL;
-    if (call->nargs == 0) {
+    if (name == NULL) {
         ps = gw_pipes_all(api->pipelines, &np);
-    } else if (q.n == 0 && q.version <= 1 && gw_model_name_ok(q.name.base, q.name.len)) {
-        char name[MDB_NAME_MAX + 1];
-        memcpy(name, q.name.base, q.name.len);
-        name[q.name.len] = '\0';
-        gw_pipeline_t *p = gw_pipes_get(api->pipelines, name);
+    } else if (q.n == 0 && q.version <= 1 && gw_model_name_ok(name, name_len)) {
+        char pname[MDB_NAME_MAX + 1];
+        memcpy(pname, name, name_len);
+        pname[name_len] = '\0';
+        gw_pipeline_t *p = gw_pipes_get(api->pipelines, pname);
         if (p != NULL) {
             ps = sq_xcalloc(1, sizeof(*ps));
             ps[np++] = p;
         }
     }
-    if (call->nargs >= 1 && q.n == 0 && np == 0) {
-        gw_send_not_found(call, q.name, q.version);
-        return;
+    if (name != NULL && q.n == 0 && np == 0) {
+        free(q.found);
+        return SQ_MODEL_NOT_FOUND;
     }
     if (q.n > 1)
         qsort(q.found, (size_t)q.n, sizeof(*q.found), by_name_version);
@@ -185,7 +179,27 @@ void gw_route_model_stats(gw_call_t *call)
     }
     free(q.found);
     free(ps);
-    gw_send_json(call->req, 200, json_pack("{s:o}", "model_stats", stats));
+    *out = json_pack("{s:o}", "model_stats", stats);
+    return 0;
+}
+
+/* GET /v2/models/stats, /v2/models/{m}/stats, /v2/models/{m}/versions/{v}/stats:
+ * the models of the registry that match (a model, or one of its versions,
+ * that does not exist is a 404). */
+void gw_route_model_stats(gw_call_t *call)
+{
+    int version = 0;
+    if (call->nargs >= 2 && (version = gw_parse_version(call->args[1])) < 0) {
+        gw_send_bad_version(call, call->args[1]);
+        return;
+    }
+    json_t *out;
+    if (gw_model_stats_json(call->app, call->nargs >= 1 ? call->args[0].base : NULL,
+                            call->nargs >= 1 ? call->args[0].len : 0, version, &out) != 0) {
+        gw_send_not_found(call, call->args[0], version);
+        return;
+    }
+    gw_send_json(call->req, 200, out);
 }
 
 /* ---- glue: finished requests -------------------------------------------------- */

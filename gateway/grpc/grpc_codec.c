@@ -76,11 +76,13 @@ static int parse_version(const char *s, int *out)
     return 0;
 }
 
-static int name_version(const char *name, const char *version, gw_grpc_req_t *out, char *why,
-                        size_t whylen)
+/* name (required unless optional: "" is then every model) and version
+ * ("" or 1..1000000000) into out. */
+static int name_version(const char *name, const char *version, int optional, gw_grpc_req_t *out,
+                        char *why, size_t whylen)
 {
     size_t n = name != NULL ? strlen(name) : 0;
-    if (n == 0) {
+    if (n == 0 && !optional) {
         snprintf(why, whylen, "name: a model's name is required");
         return SQ_BAD_REQUEST;
     }
@@ -88,10 +90,14 @@ static int name_version(const char *name, const char *version, gw_grpc_req_t *ou
         snprintf(why, whylen, "name: at most %zu bytes", sizeof(out->name) - 1);
         return SQ_BAD_REQUEST;
     }
-    memcpy(out->name, name, n + 1);
+    memcpy(out->name, n > 0 ? name : "", n + 1);
     if (parse_version(version, &out->version) != 0) {
         snprintf(why, whylen, "version: expected \"\" (the default) or 1..1000000000, got '%.32s'",
                  version);
+        return SQ_BAD_REQUEST;
+    }
+    if (n == 0 && out->version != 0) {
+        snprintf(why, whylen, "version: only with a model's name");
         return SQ_BAD_REQUEST;
     }
     return 0;
@@ -124,6 +130,9 @@ int gw_grpc_decode(gw_grpc_method_t m, const uint8_t *data, size_t len, gw_grpc_
     case GW_GRPC_REPOSITORY_INDEX:
         d = &inference__repository_index_request__descriptor;
         break;
+    case GW_GRPC_MODEL_STATISTICS:
+        d = &inference__model_statistics_request__descriptor;
+        break;
     default:
         snprintf(why, whylen, "%s: not served yet", gw_grpc_method_name(m));
         return SQ_BAD_REQUEST;
@@ -137,17 +146,22 @@ int gw_grpc_decode(gw_grpc_method_t m, const uint8_t *data, size_t len, gw_grpc_
     switch (m) {
     case GW_GRPC_MODEL_READY: {
         Inference__ModelReadyRequest *r = (Inference__ModelReadyRequest *)msg;
-        rc = name_version(r->name, r->version, out, why, whylen);
+        rc = name_version(r->name, r->version, 0, out, why, whylen);
         break;
     }
     case GW_GRPC_MODEL_METADATA: {
         Inference__ModelMetadataRequest *r = (Inference__ModelMetadataRequest *)msg;
-        rc = name_version(r->name, r->version, out, why, whylen);
+        rc = name_version(r->name, r->version, 0, out, why, whylen);
         break;
     }
     case GW_GRPC_MODEL_CONFIG: {
         Inference__ModelConfigRequest *r = (Inference__ModelConfigRequest *)msg;
-        rc = name_version(r->name, r->version, out, why, whylen);
+        rc = name_version(r->name, r->version, 0, out, why, whylen);
+        break;
+    }
+    case GW_GRPC_MODEL_STATISTICS: {
+        Inference__ModelStatisticsRequest *r = (Inference__ModelStatisticsRequest *)msg;
+        rc = name_version(r->name, r->version, 1, out, why, whylen);
         break;
     }
     case GW_GRPC_REPOSITORY_INDEX: {

@@ -45,7 +45,7 @@ int gw_grpc_method_of(const char *path, size_t len);
 
 /* What a request of the methods built so far asks, decoded and checked. */
 typedef struct {
-    char name[129]; /* a model's (MDB_NAME_MAX) */
+    char name[129]; /* a model's (MDB_NAME_MAX); "": every one (ModelStatistics) */
     int version;    /* 0: the default one */
     int ready;      /* RepositoryIndex: only those that can serve */
 } gw_grpc_req_t;

@@ -14,8 +14,8 @@
 #include <strings.h>
 
 #define SERVED                                                                                     \
-    "ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelConfig and "         \
-    "RepositoryIndex"
+    "ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelConfig, "            \
+    "ModelStatistics and RepositoryIndex"
 
 /* ---- building a message: its parts live in a pool freed once packed ---- */
 
@@ -229,6 +229,67 @@ static void model_config(gw_grpc_call_t *c, json_t *j)
     pool_free(&p);
 }
 
+static Inference__StatisticDuration *duration(pool_t *p, json_t *j)
+{
+    Inference__StatisticDuration *d = palloc(p, sizeof(*d));
+    inference__statistic_duration__init(d);
+    d->count = (uint64_t)json_integer_value(json_object_get(j, "count"));
+    d->ns = (uint64_t)json_integer_value(json_object_get(j, "ns"));
+    return d;
+}
+
+static uint64_t u64_of(json_t *j)
+{
+    return (uint64_t)json_integer_value(j);
+}
+
+/* GET /v2/models[/{m}[/versions/{v}]]/stats's JSON as ModelStatistics,
+ * field by field (response_stats and memory_usage are empty there, as
+ * Triton's without decoupled models: empty here too). */
+static void model_statistics(gw_grpc_call_t *c, json_t *j)
+{
+    pool_t p = {0};
+    Inference__ModelStatisticsResponse r = INFERENCE__MODEL_STATISTICS_RESPONSE__INIT;
+    json_t *rows = json_object_get(j, "model_stats");
+    r.n_model_stats = json_array_size(rows);
+    r.model_stats = palloc(&p, r.n_model_stats * sizeof(*r.model_stats));
+    for (size_t i = 0; i < r.n_model_stats; i++) {
+        json_t *row = json_array_get(rows, i);
+        Inference__ModelStatistics *m = r.model_stats[i] = palloc(&p, sizeof(*m));
+        inference__model_statistics__init(m);
+        m->name = str_of(json_object_get(row, "name"));
+        m->version = str_of(json_object_get(row, "version"));
+        m->last_inference = u64_of(json_object_get(row, "last_inference"));
+        m->inference_count = u64_of(json_object_get(row, "inference_count"));
+        m->execution_count = u64_of(json_object_get(row, "execution_count"));
+        json_t *is = json_object_get(row, "inference_stats");
+        Inference__InferStatistics *st = m->inference_stats = palloc(&p, sizeof(*st));
+        inference__infer_statistics__init(st);
+        st->success = duration(&p, json_object_get(is, "success"));
+        st->fail = duration(&p, json_object_get(is, "fail"));
+        st->queue = duration(&p, json_object_get(is, "queue"));
+        st->compute_input = duration(&p, json_object_get(is, "compute_input"));
+        st->compute_infer = duration(&p, json_object_get(is, "compute_infer"));
+        st->compute_output = duration(&p, json_object_get(is, "compute_output"));
+        st->cache_hit = duration(&p, json_object_get(is, "cache_hit"));
+        st->cache_miss = duration(&p, json_object_get(is, "cache_miss"));
+        json_t *bs = json_object_get(row, "batch_stats");
+        m->n_batch_stats = json_array_size(bs);
+        m->batch_stats = palloc(&p, m->n_batch_stats * sizeof(*m->batch_stats));
+        for (size_t k = 0; k < m->n_batch_stats; k++) {
+            json_t *b = json_array_get(bs, k);
+            Inference__InferBatchStatistics *e = m->batch_stats[k] = palloc(&p, sizeof(*e));
+            inference__infer_batch_statistics__init(e);
+            e->batch_size = u64_of(json_object_get(b, "batch_size"));
+            e->compute_input = duration(&p, json_object_get(b, "compute_input"));
+            e->compute_infer = duration(&p, json_object_get(b, "compute_infer"));
+            e->compute_output = duration(&p, json_object_get(b, "compute_output"));
+        }
+    }
+    send_message(c, &r.base);
+    pool_free(&p);
+}
+
 static void repository_index(gw_grpc_call_t *c, int ready_only)
 {
     json_t *rows = gw_api_repository_index(c->api, ready_only);
@@ -340,6 +401,7 @@ void gw_grpc_answer(gw_grpc_call_t *c)
     case GW_GRPC_MODEL_READY:
     case GW_GRPC_MODEL_METADATA:
     case GW_GRPC_MODEL_CONFIG:
+    case GW_GRPC_MODEL_STATISTICS:
     case GW_GRPC_REPOSITORY_INDEX:
         rc = c->recv == NULL
                  ? SQ_BAD_REQUEST
@@ -391,6 +453,17 @@ void gw_grpc_answer(gw_grpc_call_t *c)
             break;
         }
         model_config(c, j);
+        json_decref(j);
+        break;
+    }
+    case GW_GRPC_MODEL_STATISTICS: {
+        json_t *j;
+        if ((rc = gw_api_model_stats(c->api, req.name[0] ? req.name : NULL, req.version, &j, why,
+                                     sizeof(why))) != 0) {
+            fail(c, rc, why);
+            break;
+        }
+        model_statistics(c, j);
         json_decref(j);
         break;
     }

@@ -244,6 +244,62 @@ def model_config_has_what_http_config_has():
     c.close()
 
 
+def duration(d):
+    return {"count": d.count, "ns": d.ns}
+
+
+def stats_rows(r):
+    """ModelStatisticsResponse as the JSON of GET .../stats."""
+    out = []
+    for m in r.model_stats:
+        st = m.inference_stats
+        out.append({
+            "name": m.name, "version": m.version, "last_inference": m.last_inference,
+            "inference_count": m.inference_count, "execution_count": m.execution_count,
+            "inference_stats": {k: duration(getattr(st, k)) for k in
+                                ("success", "fail", "queue", "compute_input", "compute_infer",
+                                 "compute_output", "cache_hit", "cache_miss")},
+            "batch_stats": [{"batch_size": b.batch_size,
+                             "compute_input": duration(b.compute_input),
+                             "compute_infer": duration(b.compute_infer),
+                             "compute_output": duration(b.compute_output)}
+                            for b in m.batch_stats]})
+    return out
+
+
+def http_rows(h):
+    keep = ("name", "version", "last_inference", "inference_count", "execution_count",
+            "inference_stats", "batch_stats")
+    return [{k: row[k] for k in keep} for row in h["model_stats"]]
+
+
+@test
+def model_statistics_are_https_field_by_field():
+    s = server()
+    c = client(s)
+    name = s.get("/v2/models/inc").json["inputs"][0]["name"]
+    body = {"inputs": [{"name": name, "shape": [2, 3, 16, 16], "datatype": "FP32",
+                        "data": [0.5] * (2 * 3 * 16 * 16)}]}
+    for _ in range(3):
+        r = s.request("POST", "/v2/models/inc/infer", body=json.dumps(body),
+                      headers={"Content-Type": "application/json"})
+        assert r.status == 200, r
+    for path, fields in (("/v2/models/inc/stats", {"name": "inc"}),
+                         ("/v2/models/inc/versions/1/stats", {"name": "inc", "version": "1"}),
+                         ("/v2/models/stats", {})):
+        h = http_rows(s.get(path).json)
+        g = stats_rows(c.call("ModelStatistics", **fields))
+        assert g == h, (path, g, h)
+    one = stats_rows(c.call("ModelStatistics", name="inc"))[0]
+    assert one["inference_count"] >= 6 and one["inference_stats"]["success"]["count"] >= 3, one
+    assert {r["name"] for r in stats_rows(c.call("ModelStatistics"))} >= {"inc", "free"}
+    code, details = c.error("ModelStatistics", name="nosuch")
+    assert code == grpc.StatusCode.NOT_FOUND and "nosuch" in details, (code, details)
+    code, details = c.error("ModelStatistics", version="1")
+    assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details)
+    c.close()
+
+
 @test
 def repository_index_is_https_rows():
     s = server()
@@ -300,7 +356,8 @@ def many_concurrent_calls_are_all_answered():
     c = client()
     futures = []
     for i in range(64):
-        method = ("ModelMetadata", "ModelReady", "ModelConfig", "ServerReady")[i % 4]
+        method = ("ModelMetadata", "ModelReady", "ModelConfig", "ServerReady",
+                  "ModelStatistics")[i % 5]
         req = M["inference.%sRequest" % method](**({} if method == "ServerReady" else
                                                    {"name": "inc"}))
         stub = c.channel.unary_unary(SERVICE + method, request_serializer=type(req).SerializeToString,
@@ -312,6 +369,8 @@ def many_concurrent_calls_are_all_answered():
             assert r.name == "inc", r
         elif method == "ModelConfig":
             assert r.config.name == "inc", r
+        elif method == "ModelStatistics":
+            assert [m.name for m in r.model_stats] == ["inc"], r
         else:
             assert r.ready is True, (method, r)
     c.close()
