@@ -2,6 +2,7 @@
  * answers from them): each calls the very function its HTTP route does,
  * and a DB fact runs on the DB thread as the route's job does. */
 #include "api_int.h"
+#include "shm_int.h"
 #include "gw_catalog.h"
 
 #include <stdlib.h>
@@ -31,6 +32,27 @@ int gw_api_model_stats(gw_api_ctx_t *api, const char *name, int version, json_t 
         return 0;
     snprintf(path, sizeof(path), "/v2/models/%s/stats", name);
     return gw_not_found_why(api, path, name, version, why, len);
+}
+
+int gw_api_shm_status(gw_api_ctx_t *api, const char *name, json_t **out, char *why, size_t len)
+{
+    int rc = name != NULL ? gw_shm_name_why(name, strlen(name), why, len) : 0;
+    return rc != 0 ? rc : gw_shm_status_why(api, name, out, why, len);
+}
+
+int gw_api_shm_register(gw_api_ctx_t *api, const char *name, const char *key, uint64_t offset,
+                        uint64_t byte_size, char *why, size_t len)
+{
+    int rc = gw_shm_name_why(name, strlen(name), why, len);
+    return rc != 0 ? rc : gw_shm_register(api->shm, name, key, offset, byte_size, why, len);
+}
+
+int gw_api_shm_unregister(gw_api_ctx_t *api, const char *name, json_t **out, char *why, size_t len)
+{
+    int rc = name != NULL ? gw_shm_name_why(name, strlen(name), why, len) : 0;
+    if (rc == 0)
+        *out = gw_shm_unregister(api->shm, name);
+    return rc;
 }
 
 json_t *gw_api_repository_index(gw_api_ctx_t *api, int ready_only)

@@ -72,6 +72,17 @@ int gw_api_model_config(gw_api_ctx_t *api, const char *name, int version, json_t
  * SQ_MODEL_NOT_FOUND with why. */
 int gw_api_model_stats(gw_api_ctx_t *api, const char *name, int version, json_t **out, char *why,
                        size_t len);
+/* Triton's system shared memory (the caller checked the admin token, as
+ * the routes do): a region's status ([{"name", "key", "offset",
+ * "byte_size"}]; name NULL: every region's) into *out, as GET
+ * /v2/systemsharedmemory[/region/{r}]/status; registering one, as POST
+ * .../region/{r}/register; unregistering it (NULL: all), as POST
+ * .../unregister, into *out the names unregistered. 0, or an error with
+ * why (SQ_BAD_REQUEST, SQ_NOT_FOUND). */
+int gw_api_shm_status(gw_api_ctx_t *api, const char *name, json_t **out, char *why, size_t len);
+int gw_api_shm_register(gw_api_ctx_t *api, const char *name, const char *key, uint64_t offset,
+                        uint64_t byte_size, char *why, size_t len);
+int gw_api_shm_unregister(gw_api_ctx_t *api, const char *name, json_t **out, char *why, size_t len);
 /* The repository index's rows, as POST /v2/repository/index. */
 json_t *gw_api_repository_index(gw_api_ctx_t *api, int ready_only);
 /* Where a fact read on the model DB's thread is answered, once: err 0

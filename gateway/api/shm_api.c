@@ -22,16 +22,35 @@
 #include <stdlib.h>
 #include <string.h>
 
+int gw_shm_name_why(const char *name, size_t len, char *why, size_t whylen)
+{
+    if (gw_shm_name_ok(name, len))
+        return 0;
+    snprintf(why, whylen,
+             "region name '%.*s': expected 1..%d of the characters A-Z a-z 0-9 . _ ~ -",
+             (int)(len < GW_SHM_NAME_MAX ? len : GW_SHM_NAME_MAX), name, GW_SHM_NAME_MAX);
+    return SQ_BAD_REQUEST;
+}
+
+int gw_shm_status_why(gw_api_ctx_t *api, const char *name, json_t **out, char *why, size_t len)
+{
+    *out = gw_shm_status(api->shm, name);
+    if (*out != NULL)
+        return 0;
+    snprintf(why, len,
+             "Unable to find system shared memory region: '%s' (GET "
+             "/v2/systemsharedmemory/status lists those registered)",
+             name);
+    return SQ_NOT_FOUND;
+}
+
 /* The region name of the path (args[0]) into out; replies 400 and returns
  * -1 when it is not a valid name. */
 static int region_arg(gw_call_t *call, char *out)
 {
     h2o_iovec_t a = call->args[0];
-    if (!gw_shm_name_ok(a.base, a.len)) {
-        char why[GW_SHM_NAME_MAX + 160];
-        snprintf(why, sizeof(why),
-                 "region name '%.*s': expected 1..%d of the characters A-Z a-z 0-9 . _ ~ -",
-                 (int)(a.len < GW_SHM_NAME_MAX ? a.len : GW_SHM_NAME_MAX), a.base, GW_SHM_NAME_MAX);
+    char why[GW_SHM_NAME_MAX + 160];
+    if (gw_shm_name_why(a.base, a.len, why, sizeof(why)) != 0) {
         gw_send_error(call->req, SQ_BAD_REQUEST, why);
         return -1;
     }
@@ -70,13 +89,9 @@ void gw_route_shm_status(gw_call_t *call)
     char name[GW_SHM_NAME_MAX + 1];
     if (call->nargs > 0 && region_arg(call, name) != 0)
         return;
-    json_t *status = gw_shm_status(api->shm, call->nargs > 0 ? name : NULL);
-    if (status == NULL) {
-        char why[GW_SHM_NAME_MAX + 128];
-        snprintf(why, sizeof(why),
-                 "Unable to find system shared memory region: '%s' (GET "
-                 "/v2/systemsharedmemory/status lists those registered)",
-                 name);
+    json_t *status;
+    char why[GW_SHM_NAME_MAX + 128];
+    if (gw_shm_status_why(api, call->nargs > 0 ? name : NULL, &status, why, sizeof(why)) != 0) {
         gw_send_error(call->req, SQ_NOT_FOUND, why);
         return;
     }

@@ -53,6 +53,13 @@ json_t *gw_shm_unregister(gw_shm_table_t *t, const char *name);
  * when name is not registered. A new reference. */
 json_t *gw_shm_status(gw_shm_table_t *t, const char *name);
 
+/* The checks and answers the routes (shm_api.c) and other transports
+ * (facts.c) share: 0, or SQ_BAD_REQUEST with why for a name that is no
+ * region's; region name's status (NULL: every region's) into *out, or
+ * SQ_NOT_FOUND with why. */
+int gw_shm_name_why(const char *name, size_t len, char *why, size_t whylen);
+int gw_shm_status_why(gw_api_ctx_t *api, const char *name, json_t **out, char *why, size_t len);
+
 /* A reference to region name for a request, or NULL when none is
  * registered under it. Release it with gw_shm_release once nothing reads or
  * writes its bytes any more. */

@@ -133,6 +133,15 @@ int gw_grpc_decode(gw_grpc_method_t m, const uint8_t *data, size_t len, gw_grpc_
     case GW_GRPC_MODEL_STATISTICS:
         d = &inference__model_statistics_request__descriptor;
         break;
+    case GW_GRPC_SHM_STATUS:
+        d = &inference__system_shared_memory_status_request__descriptor;
+        break;
+    case GW_GRPC_SHM_REGISTER:
+        d = &inference__system_shared_memory_register_request__descriptor;
+        break;
+    case GW_GRPC_SHM_UNREGISTER:
+        d = &inference__system_shared_memory_unregister_request__descriptor;
+        break;
     default:
         snprintf(why, whylen, "%s: not served yet", gw_grpc_method_name(m));
         return SQ_BAD_REQUEST;
@@ -162,6 +171,29 @@ int gw_grpc_decode(gw_grpc_method_t m, const uint8_t *data, size_t len, gw_grpc_
     case GW_GRPC_MODEL_STATISTICS: {
         Inference__ModelStatisticsRequest *r = (Inference__ModelStatisticsRequest *)msg;
         rc = name_version(r->name, r->version, 1, out, why, whylen);
+        break;
+    }
+    case GW_GRPC_SHM_STATUS:
+        rc = name_version(((Inference__SystemSharedMemoryStatusRequest *)msg)->name, "", 1, out,
+                          why, whylen);
+        break;
+    case GW_GRPC_SHM_UNREGISTER:
+        rc = name_version(((Inference__SystemSharedMemoryUnregisterRequest *)msg)->name, "", 1, out,
+                          why, whylen);
+        break;
+    case GW_GRPC_SHM_REGISTER: {
+        Inference__SystemSharedMemoryRegisterRequest *r =
+            (Inference__SystemSharedMemoryRegisterRequest *)msg;
+        rc = name_version(r->name, "", 0, out, why, whylen);
+        size_t k = r->key != NULL ? strlen(r->key) : 0;
+        if (rc == 0 && k >= sizeof(out->key)) {
+            snprintf(why, whylen, "key: at most %zu bytes", sizeof(out->key) - 1);
+            rc = SQ_BAD_REQUEST;
+        } else if (rc == 0) {
+            memcpy(out->key, k > 0 ? r->key : "", k + 1);
+            out->offset = r->offset;
+            out->byte_size = r->byte_size;
+        }
         break;
     }
     case GW_GRPC_REPOSITORY_INDEX: {

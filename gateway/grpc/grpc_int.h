@@ -45,9 +45,14 @@ int gw_grpc_method_of(const char *path, size_t len);
 
 /* What a request of the methods built so far asks, decoded and checked. */
 typedef struct {
-    char name[129]; /* a model's (MDB_NAME_MAX); "": every one (ModelStatistics) */
-    int version;    /* 0: the default one */
-    int ready;      /* RepositoryIndex: only those that can serve */
+    /* a model's (MDB_NAME_MAX) or a shared-memory region's; "": every one
+     * (ModelStatistics, SystemSharedMemoryStatus and -Unregister) */
+    char name[129];
+    int version; /* 0: the default one */
+    int ready;   /* RepositoryIndex: only those that can serve */
+    /* SystemSharedMemoryRegister: the object's name (shm_open's), window */
+    char key[257];
+    uint64_t offset, byte_size;
 } gw_grpc_req_t;
 /* Decodes a request of method m (its protobuf bytes) into out: 0, or
  * SQ_BAD_REQUEST with why (not the method's message, a version that is no

@@ -15,7 +15,7 @@
 
 #define SERVED                                                                                     \
     "ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelConfig, "            \
-    "ModelStatistics and RepositoryIndex"
+    "ModelStatistics, RepositoryIndex and SystemSharedMemory{Status,Register,Unregister}"
 
 /* ---- building a message: its parts live in a pool freed once packed ---- */
 
@@ -290,6 +290,32 @@ static void model_statistics(gw_grpc_call_t *c, json_t *j)
     pool_free(&p);
 }
 
+/* HTTP's status rows ([{"name", "key", "offset", "byte_size"}]) as the
+ * protocol's map of region name to status. */
+static void shm_status(gw_grpc_call_t *c, json_t *rows)
+{
+    pool_t p = {0};
+    Inference__SystemSharedMemoryStatusResponse r =
+        INFERENCE__SYSTEM_SHARED_MEMORY_STATUS_RESPONSE__INIT;
+    r.n_regions = json_array_size(rows);
+    r.regions = palloc(&p, r.n_regions * sizeof(*r.regions));
+    for (size_t i = 0; i < r.n_regions; i++) {
+        json_t *row = json_array_get(rows, i);
+        Inference__SystemSharedMemoryStatusResponse__RegionsEntry *e = r.regions[i] =
+            palloc(&p, sizeof(*e));
+        inference__system_shared_memory_status_response__regions_entry__init(e);
+        Inference__SystemSharedMemoryStatusResponse__RegionStatus *st = e->value =
+            palloc(&p, sizeof(*st));
+        inference__system_shared_memory_status_response__region_status__init(st);
+        e->key = st->name = str_of(json_object_get(row, "name"));
+        st->key = str_of(json_object_get(row, "key"));
+        st->offset = u64_of(json_object_get(row, "offset"));
+        st->byte_size = u64_of(json_object_get(row, "byte_size"));
+    }
+    send_message(c, &r.base);
+    pool_free(&p);
+}
+
 static void repository_index(gw_grpc_call_t *c, int ready_only)
 {
     json_t *rows = gw_api_repository_index(c->api, ready_only);
@@ -403,6 +429,9 @@ void gw_grpc_answer(gw_grpc_call_t *c)
     case GW_GRPC_MODEL_CONFIG:
     case GW_GRPC_MODEL_STATISTICS:
     case GW_GRPC_REPOSITORY_INDEX:
+    case GW_GRPC_SHM_STATUS:
+    case GW_GRPC_SHM_REGISTER:
+    case GW_GRPC_SHM_UNREGISTER:
         rc = c->recv == NULL
                  ? SQ_BAD_REQUEST
                  : gw_grpc_decode((gw_grpc_method_t)c->method, GRPC_SLICE_START_PTR(body),
@@ -470,6 +499,37 @@ void gw_grpc_answer(gw_grpc_call_t *c)
     case GW_GRPC_REPOSITORY_INDEX:
         repository_index(c, req.ready);
         break;
+    case GW_GRPC_SHM_STATUS: {
+        json_t *j;
+        if ((rc = gw_api_shm_status(c->api, req.name[0] ? req.name : NULL, &j, why, sizeof(why))) !=
+            0) {
+            fail(c, rc, why);
+            break;
+        }
+        shm_status(c, j);
+        json_decref(j);
+        break;
+    }
+    case GW_GRPC_SHM_REGISTER:
+    case GW_GRPC_SHM_UNREGISTER: {
+        json_t *gone = NULL;
+        rc = c->method == GW_GRPC_SHM_REGISTER
+                 ? gw_api_shm_register(c->api, req.name, req.key, req.offset, req.byte_size, why,
+                                       sizeof(why))
+                 : gw_api_shm_unregister(c->api, req.name[0] ? req.name : NULL, &gone, why,
+                                         sizeof(why));
+        json_decref(gone);
+        if (rc != 0) {
+            fail(c, rc, why);
+            break;
+        }
+        Inference__SystemSharedMemoryRegisterResponse reg =
+            INFERENCE__SYSTEM_SHARED_MEMORY_REGISTER_RESPONSE__INIT;
+        Inference__SystemSharedMemoryUnregisterResponse unreg =
+            INFERENCE__SYSTEM_SHARED_MEMORY_UNREGISTER_RESPONSE__INIT;
+        send_message(c, c->method == GW_GRPC_SHM_REGISTER ? &reg.base : &unreg.base);
+        break;
+    }
     default:
         break;
     }

@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import tempfile
+from multiprocessing import shared_memory
 
 import grpc
 from google.protobuf import descriptor_pb2, message_factory
@@ -332,6 +333,53 @@ def admin_methods_need_the_admin_token():
     # What HTTP serves without a token, gRPC does too.
     assert c.call("ModelReady", name="inc").ready is True
     c.close()
+
+
+@test
+def system_shared_memory_is_https_regions():
+    """Register, status and unregister over gRPC, seen by HTTP and back;
+    each needs the admin token, as its route does."""
+    s = server()
+    c = client(s)
+    tok = [("authorization", "Bearer " + s.token)]
+    shm = shared_memory.SharedMemory(create=True, size=8192)
+    key = "/" + shm.name
+    try:
+        for method in ("SystemSharedMemoryStatus", "SystemSharedMemoryUnregister"):
+            code, details = c.error(method)
+            assert code == grpc.StatusCode.UNAUTHENTICATED, (method, code, details)
+        code, _ = c.error("SystemSharedMemoryRegister", name="g1", key=key, byte_size=1024)
+        assert code == grpc.StatusCode.UNAUTHENTICATED
+        c.call("SystemSharedMemoryRegister", metadata=tok, name="g1", key=key, offset=4096,
+               byte_size=1024)
+        h = s.get("/v2/systemsharedmemory/status", headers=admin(s)).json
+        assert h == [{"name": "g1", "key": key, "offset": 4096, "byte_size": 1024}], h
+        r = c.call("SystemSharedMemoryStatus", metadata=tok)
+        got = {k: {"name": v.name, "key": v.key, "offset": v.offset, "byte_size": v.byte_size}
+               for k, v in r.regions.items()}
+        assert got == {"g1": h[0]}, got
+        assert list(c.call("SystemSharedMemoryStatus", name="g1", metadata=tok).regions) == ["g1"]
+        # HTTP's refusals, with Triton's codes.
+        code, details = c.error("SystemSharedMemoryRegister", metadata=tok, name="g1", key=key,
+                                byte_size=1024)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "g1" in details, (code, details)
+        code, details = c.error("SystemSharedMemoryRegister", metadata=tok, name="g2", key=key,
+                                offset=8000, byte_size=1024)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details)
+        code, details = c.error("SystemSharedMemoryRegister", metadata=tok, name="a/b", key=key,
+                                byte_size=16)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "region name" in details, details
+        code, details = c.error("SystemSharedMemoryStatus", metadata=tok, name="nosuch")
+        assert code == grpc.StatusCode.NOT_FOUND and "nosuch" in details, (code, details)
+        c.call("SystemSharedMemoryUnregister", metadata=tok, name="g1")
+        assert s.get("/v2/systemsharedmemory/status", headers=admin(s)).json == []
+        assert len(c.call("SystemSharedMemoryStatus", metadata=tok).regions) == 0
+        # Unregistering what is not registered is no error (as Triton).
+        c.call("SystemSharedMemoryUnregister", metadata=tok)
+    finally:
+        shm.close()
+        shm.unlink()
+        c.close()
 
 
 @test
