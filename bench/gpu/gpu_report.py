@@ -66,6 +66,9 @@ def markdown(res):
             continue
         lines += ["", "## End to end: %s, %s, %s, SLO %s ms" % (
             e.get("model"), e.get("workers"), e.get("precision_asked", "fp32"), e.get("slo_ms")), ""]
+        if "gpu_metrics" in e:
+            lines.append("- GPU series on /metrics: %s" % (
+                "; ".join(e["gpu_metrics"]) if e["gpu_metrics"] else "none"))
         for label in ("jpeg /v1", "uint8 tensor /v2"):
             x = e.get(label)
             if x:

@@ -611,6 +611,12 @@ def e2e_one(run, precision, e2e):
                 e2e[label] = {"error": last_lines(err) or out[-500:], "rc": rc}
             run.say("e2e %s: %s" % (label, json.dumps(e2e[label])[:400]))
             run.save()
+        # the GPU series squishd reads from NVML for its local cuda worker
+        # (what perf_analyzer --collect-metrics scrapes)
+        st, text = http_req(port, "GET", "/metrics")
+        if isinstance(text, bytes):
+            e2e["gpu_metrics"] = [ln for ln in text.decode(errors="replace").splitlines()
+                                  if ln.startswith("nv_")]
         st, j = http_req(port, "GET", "/v2/models/%s/stats" % model)
         live = {}
         for bs in (j or {}).get("model_stats", [{}])[0].get("batch_stats", []):

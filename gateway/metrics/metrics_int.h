@@ -62,7 +62,9 @@ struct gw_metrics {
     atomic_int nfamilies;
     atomic_uint_fast64_t overflows;
     atomic_int overflow_logged;
-    int process; /* expose process_* metrics */
+    int process; /* expose process_* metrics (and the GPUs', nvml.c) */
+    /* bit i: a worker on this host serves cuda:i (gw_metrics_worker_up) */
+    atomic_uint_fast64_t local_cuda;
     double start_time_s;
     /* squishd's families (NULL in a bare store) */
     gw_metric_family_t *requests, *request_duration, *queue_duration, *preprocess_duration,
@@ -80,6 +82,10 @@ struct gw_metrics {
 /* Exposes the process_* families (CPU seconds, resident memory, open files,
  * start time) with the store's own. */
 void gw__metrics_expose_process(gw_metrics_t *ms);
+
+/* The nv_gpu_* series of the GPUs in local_cuda (bit i: cuda:i), read
+ * from NVML (nvml.c); nothing where NVML is absent. */
+void gw__metrics_write_gpus(sq_buf_t *out, uint64_t local_cuda);
 
 /* v as the exposition writes it, shortest round-trip ("100", "0.25",
  * "+Inf"), also for label values such as an SLO bucket. */

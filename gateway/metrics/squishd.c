@@ -363,6 +363,15 @@ void gw_metrics_worker_up(gw_metrics_t *ms, int worker, const char *device, int 
     snprintf(w, sizeof(w), "%d", worker);
     const char *v[] = {w, device};
     gw_metrics_set(gw_metrics_series(ms->worker_up, v), up ? 1 : 0);
+    /* a GPU of this host (cuda:N, not cuda:N@host): nvml.c reports it */
+    int idx = -1, end = 0;
+    if (sscanf(device, "cuda:%d%n", &idx, &end) == 1 && device[end] == '\0' && idx >= 0 &&
+        idx < 64) {
+        if (up)
+            atomic_fetch_or(&ms->local_cuda, (uint_fast64_t)1 << idx);
+        else
+            atomic_fetch_and(&ms->local_cuda, ~((uint_fast64_t)1 << idx));
+    }
     /* The busy and restart counters exist from the start, at 0: a
      * counter born at 1 would hide its first restart from rate() and
      * increase(), and the dashboard shows 0 restarts rather than nothing. */

@@ -1,11 +1,14 @@
 /* gateway/metrics.c: the store, the Prometheus text exposition (escaping,
  * cumulative histogram buckets with +Inf, _sum and _count), exact counts
  * under concurrent updates, cardinality bounds, squishd's families and the
- * per-model (Triton) statistics. */
+ * per-model (Triton) statistics, and which GPUs the nv_gpu_* series are
+ * read for. */
 #include <criterion/criterion.h>
 
 #include "gw_metrics.h"
+#include "metrics_int.h"
 
+#include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -530,4 +533,30 @@ Test(metrics, a_frontends_model_statistics_add_to_the_dispatchers)
                  60);
     json_decref(a);
     json_decref(b);
+}
+
+/* The GPUs /metrics reports (nv_gpu_*, gateway/metrics/nvml.c) are those
+ * local cuda workers serve: cuda:N up on this host, not cpu, emu or a
+ * remote host's cuda:N@host, and not once the worker is gone. Without
+ * NVML (no driver here) no nv_gpu_* series at all, as on a cpu-only
+ * Triton; bench/gpu/run checks them where a GPU is. */
+Test(metrics, the_gpus_reported_are_those_of_local_cuda_workers_up)
+{
+    gw_metrics_t *ms = gw_metrics_new();
+    gw_metrics_worker_up(ms, 0, "cpu", 1);
+    gw_metrics_worker_up(ms, 1, "cuda:3", 1);
+    gw_metrics_worker_up(ms, 2, "cuda:0@gpu-host", 1);
+    gw_metrics_worker_up(ms, 3, "cuda:1", 1);
+    gw_metrics_worker_up(ms, 4, "emu:5", 1);
+    cr_assert_eq(atomic_load(&ms->local_cuda), (1u << 3) | (1u << 1));
+    gw_metrics_worker_up(ms, 3, "cuda:1", 0);
+    cr_assert_eq(atomic_load(&ms->local_cuda), 1u << 3);
+    char *text = expose(ms);
+    void *nvml = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (nvml == NULL)
+        cr_assert_null(strstr(text, "nv_gpu_"), "no NVML, no GPU series:\n%s", text);
+    else
+        dlclose(nvml);
+    free(text);
+    gw_metrics_free(ms);
 }
