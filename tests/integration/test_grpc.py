@@ -7,6 +7,7 @@ Each method is checked against what HTTP answers for the same question
 
 import json
 import os
+import re
 import socket
 import subprocess
 import tempfile
@@ -84,15 +85,19 @@ _server = None
 
 
 def server():
-    """One squishd for the checks that only read (started once), with
-    "inc" and "free" ready."""
+    """One squishd for most checks (started once), with "inc" and "free"
+    ready."""
     global _server
     if _server is not None:
         return _server
-    port = free_port()
-    s = Squishd(workers="emu:1", extra=["--grpc-listen", "127.0.0.1:%d" % port])
-    s.grpc_port = port
+    # Port 0: squishd picks one and logs it (no race for a free port with
+    # tests that run beside this one).
+    s = Squishd(workers="emu:1", extra=["--grpc-listen", "127.0.0.1:0"])
     s.wait_ready(workers=1, timeout=60)
+    s.grpc_port = int(eventually(
+        lambda: re.search(r"grpc listening address=127\.0\.0\.1:0 port=(\d+)", s.read_log()),
+        10, "the gRPC port in the log").group(1))
+    assert s.grpc_port > 0
     for m in (INC, FREE):
         r = s.request("POST", "/models", body=json.dumps(m), headers=admin(s))
         assert r.status == 201, r
