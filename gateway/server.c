@@ -275,7 +275,7 @@ gw_api_deps_t gw_api_deps(gw_server_t *srv)
 
 gw_grpc_deps_t gw_grpc_deps(gw_server_t *srv)
 {
-    gw_grpc_deps_t d = {.api = srv->api};
+    gw_grpc_deps_t d = {.cfg = {.max_message_bytes = srv->cfg->max_body_bytes}, .api = srv->api};
     _Static_assert(sizeof(d.cfg.listen) == sizeof(srv->cfg->grpc_listen), "--grpc-listen");
     _Static_assert(sizeof(d.cfg.admin_token) == sizeof(srv->admin_token), "the admin token");
     memcpy(d.cfg.listen, srv->cfg->grpc_listen, sizeof(d.cfg.listen));

@@ -10,6 +10,7 @@
 #include <grpc/grpc_security.h>
 #include <sq_log.h>
 
+#include <limits.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -128,9 +129,14 @@ int gw_grpc_start(const gw_grpc_deps_t *deps, gw_grpc_t **out, char *err, size_t
     g->api = deps->api;
     grpc_init();
     g->cq = grpc_completion_queue_create_for_next(NULL);
-    /* Messages as large as HTTP bodies may be (ModelInfer's tensors). */
+    /* A request as large as an HTTP body may be (--max-body-mb; the core
+     * refuses a larger one with RESOURCE_EXHAUSTED before it is buffered
+     * whole); answers of any size. */
+    int64_t max = g->cfg.max_message_bytes;
     grpc_arg args[] = {
-        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, .value.integer = -1},
+        {.type = GRPC_ARG_INTEGER,
+         .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+         .value.integer = max > 0 && max < INT_MAX ? (int)max : INT_MAX},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, .value.integer = -1},
     };
     grpc_channel_args cargs = {.num_args = sizeof(args) / sizeof(args[0]), .args = args};

@@ -18,8 +18,9 @@ typedef struct gw_grpc gw_grpc_t;
 
 /* The room's settings, copied once from gw_config_t (server.c). */
 typedef struct {
-    char listen[128];     /* ADDR:PORT or [IPV6]:PORT; port 0 picks a free one */
-    char admin_token[65]; /* what `authorization: Bearer ...` must carry */
+    char listen[128];          /* ADDR:PORT or [IPV6]:PORT; port 0 picks a free one */
+    char admin_token[65];      /* what `authorization: Bearer ...` must carry */
+    int64_t max_message_bytes; /* a request's at most, as an HTTP body's (--max-body-mb) */
 } gw_grpc_config_t;
 
 /* What the room needs of the server, given once at gw_grpc_start. */

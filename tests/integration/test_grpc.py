@@ -430,6 +430,28 @@ def many_concurrent_calls_are_all_answered():
 
 
 @test
+def requests_past_max_body_mb_are_refused():
+    """A request message is held to --max-body-mb, as an HTTP body is: the
+    core refuses a larger one (RESOURCE_EXHAUSTED) before buffering it."""
+    port = free_port()
+    s = Squishd(workers="emu:1", extra=["--grpc-listen", "127.0.0.1:%d" % port,
+                                        "--max-body-mb", "1"])
+    s.grpc_port = port
+    try:
+        c = client(s)
+        code, details = c.error("ModelMetadata", name="x" * (2 << 20))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (code, details)
+        # Under the limit it is read, and its name checked.
+        code, details = c.error("ModelMetadata", name="x" * (512 << 10))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "name" in details, (code, details)
+        assert c.call("ServerLive").live
+        c.close()
+        assert s.stop() == 0
+    finally:
+        s.cleanup()
+
+
+@test
 def bad_grpc_listen_is_refused_at_start():
     try:
         Squishd(workers="emu:1", extra=["--grpc-listen", "nowhere"])
