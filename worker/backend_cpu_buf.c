@@ -212,6 +212,25 @@ int wk__cpu_vbuf(int value)
 
 /* Reorders constant bytes src (layout smd) into a new buffer of layout dmd,
  * once, at plan time. Returns the buffer id or a negative SQ_* code. */
+/* The bytes of a constant of plan->small (the same model's plan for the
+ * batch sizes below Winograd's, whose convs other than Winograd's take
+ * their weights in the same layouts as this plan's) equal to b's, or NULL:
+ * those bytes then serve both plans (resnet50's weights were held twice). */
+static float *small_twin(const wk_plan_t *plan, const cpu_buf_t *b, size_t bytes)
+{
+    const wk_plan_t *sm = plan->small;
+    if (sm == NULL || sm->ops != plan->ops || sm->be == NULL)
+        return NULL;
+    const cpu_be_t *o = sm->be;
+    for (int i = 0; i < o->n_bufs; i++) {
+        const cpu_buf_t *c = &o->bufs[i];
+        if (c->own_data != NULL && dnnl_memory_desc_equal(&c->md, &b->md) &&
+            memcmp(c->own_data, b->own_data, bytes) == 0)
+            return c->own_data;
+    }
+    return NULL;
+}
+
 int wk__cpu_const_reorder(wk_plan_t *plan, const dnnl_memory_desc_t *smd, void *src,
                           const dnnl_memory_desc_t *dmd)
 {
@@ -233,6 +252,13 @@ int wk__cpu_const_reorder(wk_plan_t *plan, const dnnl_memory_desc_t *smd, void *
     dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, ms}, {DNNL_ARG_TO, md}};
     DN(dnnl_primitive_execute(p, be->stream, 2, args));
     DN(dnnl_stream_wait(be->stream));
+    float *twin = small_twin(plan, b, bytes);
+    if (twin != NULL) {
+        /* read only, and the small plan is freed after this one */
+        free(b->own_data);
+        b->own_data = NULL;
+        b->data = twin;
+    }
 out:
     dnnl_primitive_destroy(p);
     dnnl_primitive_desc_destroy(pd);
