@@ -18,6 +18,7 @@ void gw_route_metrics(gw_call_t *call)
     sq_buf_t out;
     sq_buf_init(&out);
     gw_metrics_write(api->metrics, &out);
+    gw_metrics_write_gpus(api->metrics, &out);
     /* Admission: what max_inflight and max_connections bound. */
     char adm[1024];
     int n = snprintf(

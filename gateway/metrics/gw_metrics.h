@@ -83,6 +83,10 @@ uint64_t gw_metrics_overflows(const gw_metrics_t *ms);
  * with le="+Inf", then _sum and _count. The writer holds no lock while it
  * formats. */
 void gw_metrics_write(gw_metrics_t *ms, sq_buf_t *out);
+/* Triton's nv_gpu_* series for each GPU a cuda worker on this host serves
+ * (gw_metrics_worker_up's cuda:N), read from NVML at the call (nvml.c);
+ * nothing where NVML is absent. */
+void gw_metrics_write_gpus(gw_metrics_t *ms, sq_buf_t *out);
 #define GW_METRICS_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 
 /* A cluster's one view (merge.c): the exposition `own` with n others (each

@@ -83,10 +83,6 @@ struct gw_metrics {
  * start time) with the store's own. */
 void gw__metrics_expose_process(gw_metrics_t *ms);
 
-/* The nv_gpu_* series of the GPUs in local_cuda (bit i: cuda:i), read
- * from NVML (nvml.c); nothing where NVML is absent. */
-void gw__metrics_write_gpus(sq_buf_t *out, uint64_t local_cuda);
-
 /* v as the exposition writes it, shortest round-trip ("100", "0.25",
  * "+Inf"), also for label values such as an SLO bucket. */
 void gw__metrics_fmt_double(char *out, size_t len, double v);

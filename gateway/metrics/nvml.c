@@ -94,8 +94,9 @@ static const family_t FAMILIES[] = {
 };
 enum { F_UTIL, F_MEM_TOTAL, F_MEM_USED, F_POWER, F_LIMIT, F_ENERGY, F_COUNT };
 
-void gw__metrics_write_gpus(sq_buf_t *out, uint64_t local_cuda)
+void gw_metrics_write_gpus(gw_metrics_t *ms, sq_buf_t *out)
 {
+    uint64_t local_cuda = ms != NULL ? atomic_load(&ms->local_cuda) : 0;
     if (local_cuda == 0)
         return;
     pthread_once(&nv.once, nvml_load);

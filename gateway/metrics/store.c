@@ -469,10 +469,8 @@ void gw_metrics_write(gw_metrics_t *ms, sq_buf_t *out)
     int n = atomic_load_explicit(&ms->nfamilies, memory_order_acquire);
     for (int i = 0; i < n; i++)
         write_family(out, ms->families[i]);
-    if (ms->process) {
+    if (ms->process)
         write_process(out, ms);
-        gw__metrics_write_gpus(out, atomic_load(&ms->local_cuda));
-    }
 }
 
 /* ---- the store ------------------------------------------------------------------ */
