@@ -1,7 +1,9 @@
 #include "sq_buf.h"
 #include "sq_alloc.h"
 
+#include <stdarg.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -68,6 +70,26 @@ void sq_buf_put(sq_buf_t *b, const void *p, size_t n)
     sq_buf_reserve(b, n);
     memcpy(b->data + b->len, p, n);
     b->len += n;
+}
+
+void sq_buf_printf(sq_buf_t *b, const char *fmt, ...)
+{
+    char tmp[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n < sizeof(tmp)) {
+        sq_buf_put(b, tmp, (size_t)n);
+        return;
+    }
+    sq_buf_reserve(b, (size_t)n + 1);
+    va_start(ap, fmt);
+    vsnprintf((char *)b->data + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
 }
 
 void sq_buf_put_u8(sq_buf_t *b, uint8_t v)

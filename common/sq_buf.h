@@ -17,6 +17,8 @@ void sq_buf_init(sq_buf_t *b);
 void sq_buf_dispose(sq_buf_t *b);
 void sq_buf_reserve(sq_buf_t *b, size_t extra);
 void sq_buf_put(sq_buf_t *b, const void *p, size_t n);
+/* printf's text appended (any length). */
+void sq_buf_printf(sq_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void sq_buf_put_u8(sq_buf_t *b, uint8_t v);
 void sq_buf_put_u16(sq_buf_t *b, uint16_t v);
 void sq_buf_put_u32(sq_buf_t *b, uint32_t v);

@@ -17,7 +17,6 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -65,18 +64,6 @@ static void nvml_load(void)
         return;
     }
     nv.ok = 1; /* the library stays loaded for squishd's life */
-}
-
-static void put(sq_buf_t *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(sq_buf_t *out, const char *fmt, ...)
-{
-    char line[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof(line), fmt, ap);
-    va_end(ap);
-    if (n > 0)
-        sq_buf_put(out, line, (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);
 }
 
 /* One family's header and its samples, one per GPU that answered. */
@@ -152,14 +139,14 @@ void gw_metrics_write_gpus(gw_metrics_t *ms, sq_buf_t *out)
             any |= have[k][f];
         if (!any)
             continue;
-        put(out, "# HELP %s %s\n# TYPE %s %s\n", FAMILIES[f].name, FAMILIES[f].help,
-            FAMILIES[f].name, FAMILIES[f].type);
+        sq_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", FAMILIES[f].name, FAMILIES[f].help,
+                      FAMILIES[f].name, FAMILIES[f].type);
         for (int k = 0; k < n; k++) {
             if (!have[k][f])
                 continue;
             char num[48];
             gw__metrics_fmt_double(num, sizeof(num), v[k][f]);
-            put(out, "%s{gpu_uuid=\"%s\"} %s\n", FAMILIES[f].name, uuid[k], num);
+            sq_buf_printf(out, "%s{gpu_uuid=\"%s\"} %s\n", FAMILIES[f].name, uuid[k], num);
         }
     }
 }

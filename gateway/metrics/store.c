@@ -11,7 +11,6 @@
 #include <dirent.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -232,27 +231,6 @@ static void put(sq_buf_t *b, const char *s)
     sq_buf_put(b, s, strlen(s));
 }
 
-static void putf(sq_buf_t *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void putf(sq_buf_t *b, const char *fmt, ...)
-{
-    char tmp[256];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(tmp, sizeof(tmp), fmt, ap);
-    va_end(ap);
-    if (n < 0)
-        return;
-    if ((size_t)n < sizeof(tmp)) {
-        sq_buf_put(b, tmp, (size_t)n);
-        return;
-    }
-    sq_buf_reserve(b, (size_t)n + 1);
-    va_start(ap, fmt);
-    vsnprintf((char *)b->data + b->len, (size_t)n + 1, fmt, ap);
-    va_end(ap);
-    b->len += (size_t)n;
-}
-
 /* The shortest text that reads back as v; Prometheus spellings for the
  * non-finite values. */
 void gw__metrics_fmt_double(char *out, size_t len, double v)
@@ -339,9 +317,9 @@ static void put_sample_name(sq_buf_t *b, const gw_metric_family_t *f, const char
 static void write_family(sq_buf_t *b, const gw_metric_family_t *f)
 {
     static const char *const type_names[] = {"counter", "gauge", "histogram"};
-    putf(b, "# HELP %s ", f->name);
+    sq_buf_printf(b, "# HELP %s ", f->name);
     put_help(b, f->help);
-    putf(b, "\n# TYPE %s %s\n", f->name, type_names[f->type]);
+    sq_buf_printf(b, "\n# TYPE %s %s\n", f->name, type_names[f->type]);
     int n = atomic_load_explicit(&((gw_metric_family_t *)f)->nseries, memory_order_acquire);
     for (int i = 0; i < n; i++) {
         const gw_metric_series_t *s = f->series[i];
@@ -365,14 +343,14 @@ static void write_family(sq_buf_t *b, const gw_metric_family_t *f)
             else
                 snprintf(le, sizeof(le), "+Inf");
             put_sample_name(b, f, "_bucket", s, le);
-            putf(b, " %llu\n", (unsigned long long)cumulative);
+            sq_buf_printf(b, " %llu\n", (unsigned long long)cumulative);
         }
         put_sample_name(b, f, "_sum", s, NULL);
         put(b, " ");
         put_double(b, bits_to_double(atomic_load_explicit(&s->sum, memory_order_relaxed)));
         put(b, "\n");
         put_sample_name(b, f, "_count", s, NULL);
-        putf(b, " %llu\n", (unsigned long long)cumulative);
+        sq_buf_printf(b, " %llu\n", (unsigned long long)cumulative);
     }
 }
 
@@ -436,12 +414,12 @@ static void write_process(sq_buf_t *b, const gw_metrics_t *ms)
         fclose(fp);
     }
     unsigned long long page = (unsigned long long)sysconf(_SC_PAGESIZE);
-    putf(b,
-         "\n# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
-         "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes %llu\n"
-         "# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n"
-         "# TYPE process_virtual_memory_bytes gauge\nprocess_virtual_memory_bytes %llu\n",
-         rss_pages * page, vm_pages * page);
+    sq_buf_printf(b,
+                  "\n# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+                  "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes %llu\n"
+                  "# HELP process_virtual_memory_bytes Virtual memory size in bytes.\n"
+                  "# TYPE process_virtual_memory_bytes gauge\nprocess_virtual_memory_bytes %llu\n",
+                  rss_pages * page, vm_pages * page);
     long fds = 0;
     DIR *d = opendir("/proc/self/fd");
     if (d != NULL) {
@@ -452,12 +430,12 @@ static void write_process(sq_buf_t *b, const gw_metrics_t *ms)
     }
     struct rlimit rl = {0, 0};
     getrlimit(RLIMIT_NOFILE, &rl);
-    putf(b,
-         "# HELP process_open_fds Number of open file descriptors.\n"
-         "# TYPE process_open_fds gauge\nprocess_open_fds %ld\n"
-         "# HELP process_max_fds Maximum number of open file descriptors.\n"
-         "# TYPE process_max_fds gauge\nprocess_max_fds %llu\n",
-         fds, (unsigned long long)rl.rlim_cur);
+    sq_buf_printf(b,
+                  "# HELP process_open_fds Number of open file descriptors.\n"
+                  "# TYPE process_open_fds gauge\nprocess_open_fds %ld\n"
+                  "# HELP process_max_fds Maximum number of open file descriptors.\n"
+                  "# TYPE process_max_fds gauge\nprocess_max_fds %llu\n",
+                  fds, (unsigned long long)rl.rlim_cur);
     put(b, "# HELP process_start_time_seconds Start time of the process since unix epoch in "
            "seconds.\n# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds ");
     put_double(b, ms->start_time_s);

@@ -86,3 +86,19 @@ Test(buf, consume_keeps_the_tail)
     cr_assert_eq(b.len, 0);
     sq_buf_dispose(&b);
 }
+
+Test(buf, printf_appends_text_of_any_length)
+{
+    sq_buf_t b;
+    sq_buf_init(&b);
+    sq_buf_printf(&b, "%s=%d;", "a", 1);
+    char big[1000];
+    memset(big, 'x', sizeof(big) - 1);
+    big[sizeof(big) - 1] = '\0';
+    sq_buf_printf(&b, "[%s]", big);
+    cr_assert_eq(b.len, 4 + 1001);
+    cr_assert_eq(memcmp(b.data, "a=1;[x", 6), 0);
+    cr_assert_eq(b.data[b.len - 1], ']');
+    cr_assert_eq(b.data[b.len - 2], 'x');
+    sq_buf_dispose(&b);
+}
