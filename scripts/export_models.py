@@ -32,6 +32,11 @@ bicubic by 2 and to a size with align_corners, and F.interpolate's bicubic
 by 0.5, flattened into one output [N, 4 * (32 * 32 + 20 * 24 + 8 * 8)]) is
 exported at opset 17 and 3x16x16, its references at batch 1 and 2.
 
+yolo_tiny (YoloTiny below: a YOLO-style detector written from the public
+architecture, C2f blocks, SPPF, nearest upsampling, a decoupled head; one
+output [N, 4 + 3, 84] as YOLOv8's) is exported at opset 17 and 3x64x64,
+its references at batch 1 and 2.
+
 Nothing is downloaded. Models already present with the same script version
 are kept, so that a rebuild costs nothing.
 """
@@ -49,7 +54,7 @@ SEED = 1234
 SEGMENTERS = {"lraspp_mobilenet_v3_large": 160, "deeplabv3_mobilenet_v3_large": 160}
 SEGMENTER_OPSET = 17
 # Small graphs of one op family, exported at SEGMENTER_OPSET: name -> H = W.
-SMALL = {"upsample_bicubic": 16}
+SMALL = {"upsample_bicubic": 16, "yolo_tiny": 64}
 
 
 def calibrate(model, image_hw=IMAGE_HW):
@@ -132,6 +137,94 @@ class BicubicUpsampler(torch.nn.Module):
                           down.flatten(1)], dim=1)
 
 
+class YoloTiny(torch.nn.Module):
+    """A YOLO-style detector written from the public architecture (YOLOv5
+    and YOLOv8's blocks, at toy width): Conv-BN-SiLU layers, C2f blocks
+    (a 1x1 conv split in two, bottlenecks on one half, every part
+    concatenated), SPPF (three chained 5x5 max pools, concatenated), an
+    FPN neck (nearest 2x upsampling, concatenation) and a decoupled head
+    per scale (a box branch and a class branch). Its one output is
+    YOLOv8's layout, [N, 4 + C, A]: each anchor's box as centre and size in
+    input pixels, then its class scores (sigmoids), the anchors of the
+    three scales (strides 8, 16, 32) one after the other."""
+
+    class Conv(torch.nn.Module):
+        def __init__(self, cin, cout, k=1, s=1):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(cin, cout, k, s, k // 2, bias=False)
+            self.bn = torch.nn.BatchNorm2d(cout)
+
+        def forward(self, x):
+            return torch.nn.functional.silu(self.bn(self.conv(x)))
+
+    class C2f(torch.nn.Module):
+        def __init__(self, cin, cout, n=1):
+            super().__init__()
+            self.c = cout // 2
+            self.cv1 = YoloTiny.Conv(cin, 2 * self.c)
+            self.cv2 = YoloTiny.Conv((2 + n) * self.c, cout)
+            self.m = torch.nn.ModuleList(
+                torch.nn.Sequential(YoloTiny.Conv(self.c, self.c, 3), YoloTiny.Conv(self.c, self.c, 3))
+                for _ in range(n))
+
+        def forward(self, x):
+            y = list(self.cv1(x).chunk(2, 1))
+            for m in self.m:
+                y.append(y[-1] + m(y[-1]))
+            return self.cv2(torch.cat(y, 1))
+
+    class SPPF(torch.nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.cv1 = YoloTiny.Conv(c, c // 2)
+            self.cv2 = YoloTiny.Conv(2 * c, c)
+            self.pool = torch.nn.MaxPool2d(5, 1, 2)
+
+        def forward(self, x):
+            x = self.cv1(x)
+            a = self.pool(x)
+            b = self.pool(a)
+            return self.cv2(torch.cat([x, a, b, self.pool(b)], 1))
+
+    def __init__(self, classes=3, hw=64):
+        super().__init__()
+        C = YoloTiny.Conv
+        self.classes = classes
+        self.stem = torch.nn.Sequential(C(3, 8, 3, 2), C(8, 16, 3, 2), YoloTiny.C2f(16, 16))
+        self.p3 = torch.nn.Sequential(C(16, 32, 3, 2), YoloTiny.C2f(32, 32))        # stride 8
+        self.p4 = torch.nn.Sequential(C(32, 48, 3, 2), YoloTiny.C2f(48, 48))        # stride 16
+        self.p5 = torch.nn.Sequential(C(48, 64, 3, 2), YoloTiny.C2f(64, 64), YoloTiny.SPPF(64))
+        self.up = torch.nn.Upsample(scale_factor=2, mode="nearest")
+        self.n4 = YoloTiny.C2f(64 + 48, 48)
+        self.n3 = YoloTiny.C2f(48 + 32, 32)
+        self.box = torch.nn.ModuleList(
+            torch.nn.Sequential(C(c, 32, 3), torch.nn.Conv2d(32, 4, 1)) for c in (32, 48, 64))
+        self.cls = torch.nn.ModuleList(
+            torch.nn.Sequential(C(c, 32, 3), torch.nn.Conv2d(32, classes, 1)) for c in (32, 48, 64))
+        # each scale's cell centres, in cells (constants of the export)
+        for i, s in enumerate((8, 16, 32)):
+            g = hw // s
+            ys, xs = torch.meshgrid(torch.arange(g), torch.arange(g), indexing="ij")
+            self.register_buffer("grid%d" % i, torch.stack([xs, ys]).float().reshape(1, 2, g * g))
+
+    def forward(self, x):
+        x = self.stem(x)
+        f3 = self.p3(x)
+        f4 = self.p4(f3)
+        f5 = self.p5(f4)
+        n4 = self.n4(torch.cat([self.up(f5), f4], 1))
+        n3 = self.n3(torch.cat([self.up(n4), f3], 1))
+        outs = []
+        for i, (f, s) in enumerate(((n3, 8), (n4, 16), (f5, 32))):
+            n = f.shape[0]
+            t = self.box[i](f).reshape(n, 4, -1)
+            xy = (torch.sigmoid(t[:, :2]) + getattr(self, "grid%d" % i)) * s
+            wh = torch.sigmoid(t[:, 2:]) * (4 * s)
+            cls = torch.sigmoid(self.cls[i](f).reshape(n, self.classes, -1))
+            outs.append(torch.cat([xy, wh, cls], 1))
+        return torch.cat(outs, 2)
+
+
 class OutOnly(torch.nn.Module):
     """A torchvision segmenter with its dict's "out" as its one output."""
 
@@ -152,6 +245,8 @@ def build(name):
         return TinyViT()
     if name == "upsample_bicubic":
         return BicubicUpsampler()
+    if name == "yolo_tiny":
+        return calibrate(YoloTiny(hw=SMALL[name]), SMALL[name])
     if name == "googlenet":
         # aux heads only exist in training mode; init_weights avoids the
         # scipy-based default warning path.

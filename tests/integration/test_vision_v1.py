@@ -2,13 +2,17 @@
 worker: a YOLOv8-style detector (one output [N, 4 + C, A]) uploaded with a
 "detector" block answers /v1 with its boxes in the image's pixels, labels
 and scores after NMS per class, and feeds a pipeline whose second stage
-crops by it (its classes filtered); a segmenter ("segmenter": true)
+crops by it (its classes filtered); a YOLO-style detector written in torch
+(scripts/export_models.py's yolo_tiny: C2f, SPPF, nearest upsampling, a
+decoupled head; within 1e-4 of torch in worker/test_detectors) does the
+same, its pipeline's crops those /v1 answers; a segmenter ("segmenter": true)
 answers /v1 with its classes by pixel share; a detector block or a
 crops_of that does not fit the detector's outputs is a 400 that says what
 to send instead."""
 
 import io
 import json
+import os
 
 import numpy as np
 from PIL import Image
@@ -136,6 +140,59 @@ def a_yolo_detector_answers_v1_with_its_boxes_and_feeds_a_pipeline():
                           headers=dict(auth(s), **{"Content-Type": "application/json"}))
             assert r.status == 400 and want in r.json["error"], (bad, r)
             validate(r.json, "error")
+    finally:
+        s.stop()
+
+
+def gradient(w=96, h=64):
+    y, x = np.mgrid[0:h, 0:w]
+    img = np.stack([x * 2, y * 3, (x + y) % 255], -1).astype(np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(img).save(out, "JPEG", quality=95)
+    return out.getvalue()
+
+
+@test
+def a_yolo_style_detector_exported_by_torch_feeds_a_pipeline_its_v1_boxes():
+    path = os.path.join(os.environ.get("SQUISH_TEST_MODELS", ""), "yolo_tiny.onnx")
+    with open(path, "rb") as f:
+        model = f.read()
+    s = Squishd(workers="cpu:1")
+    try:
+        s.wait_ready(workers=1, timeout=60)
+        det = {"layout": "yolo", "score_threshold": 0.5}
+        upload(s, {"name": "yolo", "max_batch": 4, "preprocess": PREP, "labels": ["a", "b", "c"],
+                   "detector": det}, model)
+        upload(s, {"name": "cls_m", "max_batch": 8}, tm.tiny(3))
+        assert wait_ready(s, "yolo")["detector"]["layout"] == "yolo"
+        wait_ready(s, "cls_m")
+        photo = gradient()
+        dets = v1(s, "yolo", photo)["detections"][0]
+        # seeded weights and a fixed image: the same eight every run
+        assert len(dets) >= 3, dets
+        for d in dets:
+            assert d["score"] >= 0.5 and d["label"] == "abc"[d["index"]], d
+            x0, y0, x1, y1 = d["box"]
+            assert 0 <= x0 < x1 <= 96 and 0 <= y0 < y1 <= 64, d
+        spec = {"name": "yolo_crops", "slo_ms": 3000,
+                "stages": [{"id": "det", "model": "yolo"},
+                           {"id": "cls", "model": "cls_m",
+                            "crops_of": dict(det, stage="det"), "top_k": 1}]}
+        r = s.request("POST", "/pipelines", body=json.dumps(spec),
+                      headers=dict(auth(s), **{"Content-Type": "application/json"}))
+        assert r.status == 201, r
+        r = s.request("POST", "/v1/pipelines/yolo_crops/infer", body=photo,
+                      headers={"Content-Type": "image/jpeg", "X-SLO-Ms": "3000"})
+        assert r.status == 200, r
+        validate(r.json, "pipeline_query_response")
+        crops = r.json["frames"][0]["det"]["cls"]
+        # the pipeline crops what /v1 answers, box for box
+        want = sorted((d["index"], [round(v, 2) for v in d["box"]]) for d in dets)
+        got = sorted((c["class"], [round(v, 2) for v in c["box"]]) for c in crops)
+        assert len(got) == len(want), (got, want)
+        for (gc, gb), (wc, wb) in zip(got, want):
+            assert gc == wc and near(gb, wb, 0.02), (got, want)
+        assert all(len(c["predictions"]) == 1 for c in crops), crops
     finally:
         s.stop()
 
