@@ -532,6 +532,9 @@ static uint64_t cpu_resident(const wk_plan_t *plan)
     return bytes;
 }
 
+/* conv_add_after_act false: oneDNN 2.6's jit convs take a sum post-op
+ * first only; conv, swish, + x (YOLO's C2f) ran its reference kernel, 0.9
+ * ms for an 8-channel 16x16 conv. */
 const wk_backend_ops_t wk_backend_cpu = {
     .kind = SQ_DEV_CPU,
     .prepare = cpu_prepare,

@@ -948,6 +948,7 @@ static const wk_backend_ops_t wk_backend_cuda = {
     .u8_input = cuda_u8_input,
     .release = cuda_release,
     .precision = cuda_precision,
+    .conv_add_after_act = true, /* its pointwise runs post-ops in any order */
 };
 
 const wk_backend_ops_t *wk__cuda_ops(void)

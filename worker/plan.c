@@ -219,6 +219,7 @@ static wk_step_t *sole_conv_producer(wk_graph_t *g, int v)
  * from before (wk_graph_fuse_dw). */
 typedef struct {
     bool (*conv_act)(wk_act_kind_t kind);
+    bool add_after_act;
     bool (*conv_dw)(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *dw);
     wk_graph_t **before;
 } fuse_ctx_t;
@@ -371,7 +372,7 @@ static bool fuse_dw(wk_graph_t *g, wk_step_t *dw, const fuse_ctx_t *c)
 
 /* out = conv(x) + other becomes a conv post-op when `other` exists before
  * the conv runs and has the conv output's shape. */
-static bool fuse_add(wk_graph_t *g, wk_step_t *add)
+static bool fuse_add(wk_graph_t *g, wk_step_t *add, bool after_act)
 {
     if (add->p.binop != WK_BIN_ADD || add->n_in != 2)
         return false;
@@ -379,6 +380,8 @@ static bool fuse_add(wk_graph_t *g, wk_step_t *add)
         int cv = add->in[pick], other = add->in[1 - pick];
         wk_step_t *c = sole_conv_producer(g, cv);
         if (c == NULL || c->n_post == WK_MAX_POST || cv == other)
+            continue;
+        if (!after_act && c->n_post > 0 && c->post[c->n_post - 1].kind == WK_POST_ACT)
             continue;
         const wk_value_t *ov = &g->values[other];
         if (ov->data != NULL || !same_shape(ov, &g->values[cv]))
@@ -436,13 +439,14 @@ static bool fuse_step(wk_graph_t *g, wk_step_t *s, const fuse_ctx_t *c)
     if (s->kind == WK_K_ELTWISE)
         return fuse_act(g, s, c->conv_act);
     if (s->kind == WK_K_BINARY)
-        return fuse_gate(g, s) || fuse_add(g, s);
+        return fuse_gate(g, s) || fuse_add(g, s, c->add_after_act);
     return false;
 }
 
-int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind))
+int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind), bool add_after_act)
 {
-    return fuse_pass(g, fuse_step, &(fuse_ctx_t){.conv_act = conv_act});
+    return fuse_pass(g, fuse_step,
+                     &(fuse_ctx_t){.conv_act = conv_act, .add_after_act = add_after_act});
 }
 
 int wk_graph_fuse_dw(wk_graph_t *g,

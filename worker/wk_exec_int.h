@@ -205,10 +205,11 @@ int wk_value_dims_at(const wk_value_t *v, int batch, int64_t *out);
 int wk_graph_finish(wk_graph_t *g, char *why, int why_size);
 /* BatchNorm into the preceding Conv, x * sigmoid(x) and x * hardsigmoid(x)
  * into one swish or hardswish step, activations (those conv_act accepts,
- * every one when NULL) and residual adds into Conv post-ops, where the
+ * every one when NULL) and residual adds (after an activation only when
+ * add_after_act) into Conv post-ops, where the
  * intermediate value has no other use. Calls wk_graph_finish. Returns the
  * number of steps removed. */
-int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind));
+int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind), bool add_after_act);
 
 /* After wk_graph_fuse: each depthwise 3x3 conv into the 1x1 conv before it
  * (WK_POST_DW) where conv_dw says yes. Returns the number fused; *before
@@ -329,6 +330,10 @@ typedef struct wk_backend_ops {
      * as a post-op (wk_graph_fuse asks before it fuses one); NULL: every
      * activation. */
     bool (*conv_act)(wk_act_kind_t kind);
+    /* Whether a conv of this backend takes a residual add after its
+     * activation (conv, act, + x: YOLO's C2f and CSP bottlenecks) as a
+     * post-op; false: the add runs as a step of its own there. */
+    bool conv_add_after_act;
     /* Optional: whether a conv of this backend takes depthwise conv dw as
      * a post-op of the 1x1 conv pw before it (both already checked to be
      * of the shapes WK_POST_DW allows); NULL: never. */

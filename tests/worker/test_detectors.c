@@ -3,9 +3,14 @@
  * upsampling, a decoupled head; one output [N, 4 + 3, 84] as YOLOv8's),
  * exported with Debian's torch at opset 17 into $SQUISH_TEST_MODELS:
  * imported as an upload is, planned for batches up to 2 and run at 1 and
- * 2, its boxes (input pixels) and class scores within 1e-4 of torch's.
+ * 2, its boxes (input pixels) and class scores within 1e-4 of torch's,
+ * and no step on oneDNN's reference kernels: the bottlenecks' conv, SiLU,
+ * + x (an add after the activation, which oneDNN's jit convs do not take
+ * as a post-op) ran there, 10x slower, and so did the concats after them.
  * integration/test_vision_v1 serves it on /v1 and in a pipeline. */
 #include "test_files.h"
+
+#include <backend_cpu_int.h>
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -30,6 +35,9 @@ Test(detectors, a_yolo_style_detector_from_torch_matches_torch, .timeout = 120)
     cr_assert_eq(wk_plan_create(g, &o, &p, why, sizeof(why)), 0, "plan: %s", why);
     mdb_graph_free(g);
     cr_assert_eq(wk_plan_output_elems(p, 0), per);
+    const cpu_be_t *be = p->be;
+    cr_assert_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
+                 be->n_ref_kernels);
     for (int batch = 1; batch <= 2; batch++) {
         char file[128];
         size_t in_len, out_len;
