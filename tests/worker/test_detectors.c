@@ -39,15 +39,9 @@ Test(detectors, a_yolo_style_detector_from_torch_matches_torch, .timeout = 120)
     cr_assert_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
                  be->n_ref_kernels);
     for (int batch = 1; batch <= 2; batch++) {
-        char file[128];
-        size_t in_len, out_len;
-        snprintf(file, sizeof(file), "%s.b%d.input.f32", name, batch);
-        float *in = test_slurp(file, &in_len);
-        snprintf(file, sizeof(file), "%s.b%d.output.f32", name, batch);
-        float *want = test_slurp(file, &out_len);
-        cr_assert_eq(in_len, (size_t)(batch * item) * sizeof(float));
-        cr_assert_eq(out_len, (size_t)(batch * per) * sizeof(float));
-        float *got = malloc(out_len);
+        float *in, *want;
+        test_load_refs(name, batch, item, per, &in, &want);
+        float *got = malloc((size_t)(batch * per) * sizeof(float));
         cr_assert_eq(wk_plan_run(p, batch, (const float *[]){in}, (float *[]){got}), 0, "%s",
                      wk_plan_errmsg(p));
         for (int b = 0; b < batch; b++) {

@@ -40,6 +40,22 @@ static inline void *test_slurp(const char *name, size_t *len)
     return test_slurp_in(test_models_dir(), name, len);
 }
 
+/* The export's inputs at batch and torch's outputs for them
+ * (name.bB.input.f32, batch * item floats, and .output.f32, batch * per),
+ * their sizes checked; the caller frees both. */
+static inline void test_load_refs(const char *name, int batch, int64_t item, int64_t per,
+                                  float **in, float **out)
+{
+    char file[256];
+    size_t in_len, out_len;
+    snprintf(file, sizeof(file), "%s.b%d.input.f32", name, batch);
+    *in = test_slurp(file, &in_len);
+    snprintf(file, sizeof(file), "%s.b%d.output.f32", name, batch);
+    *out = test_slurp(file, &out_len);
+    cr_assert_eq(in_len, (size_t)(batch * item) * sizeof(float), "%s: input size", file);
+    cr_assert_eq(out_len, (size_t)(batch * per) * sizeof(float), "%s: output size", file);
+}
+
 /* The export name.onnx imported (the test fails on a refusal, naming its
  * ops and why); the caller frees the graph. */
 static inline mdb_graph_t *test_import(const char *name)

@@ -21,17 +21,10 @@ typedef struct {
     float *in, *out;
 } ref_t;
 
-static ref_t load_ref(const char *dir, const char *name, int batch, int64_t per)
+static ref_t load_ref(const char *name, int batch, int64_t per)
 {
-    char file[256];
-    size_t in_len, out_len;
     ref_t r;
-    snprintf(file, sizeof(file), "%s.b%d.input.f32", name, batch);
-    r.in = test_slurp_in(dir, file, &in_len);
-    snprintf(file, sizeof(file), "%s.b%d.output.f32", name, batch);
-    r.out = test_slurp_in(dir, file, &out_len);
-    cr_assert_eq(in_len, (size_t)batch * 3 * 224 * 224 * sizeof(float));
-    cr_assert_eq(out_len, (size_t)(batch * per) * sizeof(float));
+    test_load_refs(name, batch, 3 * 224 * 224, per, &r.in, &r.out);
     return r;
 }
 
@@ -41,7 +34,6 @@ static ref_t load_ref(const char *dir, const char *name, int batch, int64_t per)
  * many plans per batch size (wk_plan_t.each). */
 static void check_model_at(const char *name, const int *batches, int n_batches, int n_plans)
 {
-    const char *dir = test_models_dir();
     mdb_graph_t *g = test_import(name);
     wk_plan_opts_t o = wk_plan_opts_default();
     o.max_batch = 8;
@@ -60,7 +52,7 @@ static void check_model_at(const char *name, const int *batches, int n_batches, 
         /* the plans, and the scratch: 8 images in, 8 rows of logits out */
         cr_assert_eq(wk_plan_memory_bytes(p), plans + (8 * 3 * 224 * 224 + 8 * 1000) * 4);
     }
-    ref_t one = load_ref(dir, name, 1, per), eight = load_ref(dir, name, 8, per);
+    ref_t one = load_ref(name, 1, per), eight = load_ref(name, 8, per);
     size_t item = (size_t)3 * 224 * 224;
     for (int k = 0; k < n_batches; k++) {
         int batch = batches[k];
@@ -211,8 +203,8 @@ Test(models, two_models_sharing_one_arena_alternate_batches_and_still_match_torc
     char why[256];
     for (int k = 0; k < 2; k++) {
         p[k] = plan_export(names[k], 8);
-        one[k] = load_ref(test_models_dir(), names[k], 1, 1000);
-        eight[k] = load_ref(test_models_dir(), names[k], 8, 1000);
+        one[k] = load_ref(names[k], 1, 1000);
+        eight[k] = load_ref(names[k], 8, 1000);
         /* a run in its own arena first: joining moves what was made */
         run_matches_torch(p[k], names[k], &one[k], &eight[k], 8);
         cr_assert_eq(wk_plan_share_arena(p[k], a, why, sizeof(why)), 0, "%s", why);
@@ -248,8 +240,8 @@ Test(models, two_models_sharing_one_arena_alternate_batches_and_still_match_torc
 Test(models, a_plan_holds_the_arena_its_batches_touch, .timeout = 300)
 {
     wk_plan_t *p = plan_export("resnet18", 32);
-    ref_t one = load_ref(test_models_dir(), "resnet18", 1, 1000);
-    ref_t eight = load_ref(test_models_dir(), "resnet18", 8, 1000);
+    ref_t one = load_ref("resnet18", 1, 1000);
+    ref_t eight = load_ref("resnet18", 8, 1000);
     uint64_t weights = wk_plan_memory_bytes(p);
     run_matches_torch(p, "resnet18", &one, &eight, 1);
     uint64_t at1 = wk_plan_memory_bytes(p) - weights;
@@ -273,8 +265,8 @@ Test(models, a_plan_holds_the_arena_its_batches_touch, .timeout = 300)
 Test(models, a_plan_in_a_shared_arena_reports_the_pages_its_own_runs_use, .timeout = 300)
 {
     wk_plan_t *big = plan_export("resnet18", 8), *small = plan_export("mobilenet_v2", 8);
-    ref_t one = load_ref(test_models_dir(), "mobilenet_v2", 1, 1000);
-    ref_t eight = load_ref(test_models_dir(), "mobilenet_v2", 8, 1000);
+    ref_t one = load_ref("mobilenet_v2", 1, 1000);
+    ref_t eight = load_ref("mobilenet_v2", 8, 1000);
     run_matches_torch(small, "mobilenet_v2", &one, &eight, 2);
     uint64_t alone = wk_plan_memory_bytes(small);
     wk_arena_t *a = wk_arena_new();

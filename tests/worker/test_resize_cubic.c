@@ -270,15 +270,9 @@ Test(resize_cubic, torch_upsample_bicubic_export_matches_torch, .timeout = 120)
     mdb_graph_free(g);
     cr_assert_eq(wk_plan_output_elems(p, 0), per);
     for (int batch = 1; batch <= 2; batch++) {
-        char file[128];
-        size_t in_len, out_len;
-        snprintf(file, sizeof(file), "%s.b%d.input.f32", name, batch);
-        float *in = test_slurp(file, &in_len);
-        snprintf(file, sizeof(file), "%s.b%d.output.f32", name, batch);
-        float *want = test_slurp(file, &out_len);
-        cr_assert_eq(in_len, (size_t)(batch * item) * sizeof(float));
-        cr_assert_eq(out_len, (size_t)(batch * per) * sizeof(float));
-        float *got = malloc(out_len);
+        float *in, *want;
+        test_load_refs(name, batch, item, per, &in, &want);
+        float *got = malloc((size_t)(batch * per) * sizeof(float));
         cr_assert_eq(wk_plan_run(p, batch, (const float *[]){in}, (float *[]){got}), 0, "%s",
                      wk_plan_errmsg(p));
         for (int b = 0; b < batch; b++) {
