@@ -59,10 +59,10 @@ class Client:
     def call(self, method, req=None, metadata=None, **fields):
         req_cls = M["inference.%sRequest" % method]
         resp_cls = M["inference.%sResponse" % method]
-        stub = self.channel.unary_unary(SERVICE + method,
+        rpc = self.channel.unary_unary(SERVICE + method,
                                         request_serializer=req_cls.SerializeToString,
                                         response_deserializer=resp_cls.FromString)
-        return stub(req if req is not None else req_cls(**fields), timeout=20,
+        return rpc(req if req is not None else req_cls(**fields), timeout=20,
                     metadata=metadata)
 
     def error(self, method, metadata=None, **fields):
@@ -191,10 +191,10 @@ def malformed_request_is_invalid_argument():
         assert code == grpc.StatusCode.INVALID_ARGUMENT and "name" in details, (method, code,
                                                                                  details)
     # Bytes that are no ModelMetadataRequest (a field 1 of the wrong wire type).
-    stub = c.channel.unary_unary(SERVICE + "ModelMetadata", request_serializer=lambda b: b,
+    rpc = c.channel.unary_unary(SERVICE + "ModelMetadata", request_serializer=lambda b: b,
                                  response_deserializer=lambda b: b)
     try:
-        stub(b"\x0d\x01\x02", timeout=20)
+        rpc(b"\x0d\x01\x02", timeout=20)
         raise AssertionError("a garbled request was answered")
     except grpc.RpcError as e:
         assert e.code() == grpc.StatusCode.INVALID_ARGUMENT, e
@@ -393,10 +393,10 @@ def methods_not_built_are_unimplemented_naming_those_that_are():
     code, details = c.error("ModelInfer", model_name="inc")
     assert code == grpc.StatusCode.UNIMPLEMENTED, (code, details)
     assert "ModelInfer" in details and "ModelMetadata" in details, details
-    stub = c.channel.unary_unary(SERVICE + "NoSuchMethod", request_serializer=lambda b: b,
+    rpc = c.channel.unary_unary(SERVICE + "NoSuchMethod", request_serializer=lambda b: b,
                                  response_deserializer=lambda b: b)
     try:
-        stub(b"", timeout=20)
+        rpc(b"", timeout=20)
         raise AssertionError("an unknown method was answered")
     except grpc.RpcError as e:
         assert e.code() == grpc.StatusCode.UNIMPLEMENTED and "NoSuchMethod" in e.details(), e
@@ -413,9 +413,9 @@ def many_concurrent_calls_are_all_answered():
                   "ModelStatistics")[i % 5]
         req = M["inference.%sRequest" % method](**({} if method == "ServerReady" else
                                                    {"name": "inc"}))
-        stub = c.channel.unary_unary(SERVICE + method, request_serializer=type(req).SerializeToString,
+        rpc = c.channel.unary_unary(SERVICE + method, request_serializer=type(req).SerializeToString,
                                      response_deserializer=M["inference.%sResponse" % method].FromString)
-        futures.append((method, stub.future(req, timeout=20)))
+        futures.append((method, rpc.future(req, timeout=20)))
     for method, f in futures:
         r = f.result()
         if method == "ModelMetadata":
@@ -484,10 +484,10 @@ def stops_cleanly_with_calls_under_way():
         c = client(s)
         assert c.call("ServerLive").live  # connected
         req = M["inference.ModelReadyRequest"](name="absent")
-        stub = c.channel.unary_unary(SERVICE + "ModelReady",
+        rpc = c.channel.unary_unary(SERVICE + "ModelReady",
                                      request_serializer=type(req).SerializeToString,
                                      response_deserializer=M["inference.ModelReadyResponse"].FromString)
-        futures = [stub.future(req, timeout=20) for _ in range(400)]
+        futures = [rpc.future(req, timeout=20) for _ in range(400)]
         # Answered from the DB thread while the rest still come in.
         eventually(lambda: any(f.done() for f in futures), 10, "a first answer")
         assert s.stop() == 0
