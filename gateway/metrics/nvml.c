@@ -2,10 +2,10 @@
  * --collect-metrics read (nv_gpu_utilization, nv_gpu_memory_total_bytes,
  * nv_gpu_memory_used_bytes, nv_gpu_power_usage, nv_gpu_power_limit,
  * nv_energy_consumption, labelled gpu_uuid), for each GPU a local cuda
- * worker serves, read from NVML at each scrape.
+ * worker serves, read from NVML by a thread of their own once a second.
  *
  * NVML is the driver's library (libnvidia-ml.so.1): it is loaded at run
- * time, on the first scrape that has a local cuda worker, so that squishd
+ * time, after the first scrape that has a local cuda worker, so that squishd
  * neither links nor needs it; without it (no driver, no GPU) the series
  * are absent, as a cpu-only Triton's are. The few calls and their structs
  * are declared here as NVML's API documents them (nvml.h is not part of
@@ -17,7 +17,9 @@
 
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <time.h>
 #include <string.h>
 
 typedef struct nvml_device *nvml_device_t;
@@ -30,7 +32,7 @@ typedef struct {
 
 static struct {
     pthread_once_t once;
-    pthread_mutex_t lock; /* scrapes come on any HTTP thread */
+    pthread_mutex_t lock; /* last, between the sampler and the scrapes */
     int ok;
     int (*init)(void);
     int (*by_index)(unsigned int, nvml_device_t *);
@@ -81,22 +83,25 @@ static const family_t FAMILIES[] = {
 };
 enum { F_UTIL, F_MEM_TOTAL, F_MEM_USED, F_POWER, F_LIMIT, F_ENERGY, F_COUNT };
 
-void gw_metrics_write_gpus(gw_metrics_t *ms, sq_buf_t *out)
+/* The last sample of each GPU asked for (sampler thread, under nv.lock). */
+static struct {
+    int n;
+    char uuid[64][96];
+    double v[64][F_COUNT];
+    int have[64][F_COUNT];
+} last;
+static atomic_uint_fast64_t wanted; /* bit i: cuda:i, the last scrape's */
+
+/* One sample of every GPU in mask, into last. */
+static void sample(uint64_t mask)
 {
-    uint64_t local_cuda = ms != NULL ? atomic_load(&ms->local_cuda) : 0;
-    if (local_cuda == 0)
-        return;
-    pthread_once(&nv.once, nvml_load);
-    if (!nv.ok)
-        return;
     char uuid[64][96];
     double v[64][F_COUNT];
     int have[64][F_COUNT];
     memset(have, 0, sizeof(have));
     int n = 0;
-    pthread_mutex_lock(&nv.lock);
     for (int i = 0; i < 64; i++) {
-        if (!(local_cuda & ((uint64_t)1 << i)))
+        if (!(mask & ((uint64_t)1 << i)))
             continue;
         nvml_device_t d;
         if (nv.by_index((unsigned)i, &d) != 0 || nv.uuid(d, uuid[n], sizeof(uuid[n])) != 0)
@@ -132,21 +137,61 @@ void gw_metrics_write_gpus(gw_metrics_t *ms, sq_buf_t *out)
         }
         n++;
     }
+    pthread_mutex_lock(&nv.lock);
+    last.n = n;
+    memcpy(last.uuid, uuid, sizeof(uuid));
+    memcpy(last.v, v, sizeof(v));
+    memcpy(last.have, have, sizeof(have));
     pthread_mutex_unlock(&nv.lock);
+}
+
+/* NVML's calls are the driver's and may take milliseconds (its init
+ * hundreds): they run here, once a second, never on an HTTP loop. */
+static void *sampler(void *arg)
+{
+    (void)arg;
+    nvml_load();
+    for (;;) {
+        if (nv.ok)
+            sample(atomic_load(&wanted));
+        struct timespec second = {1, 0};
+        nanosleep(&second, NULL);
+    }
+    return NULL;
+}
+
+static void start_sampler(void)
+{
+    pthread_t t;
+    if (pthread_create(&t, NULL, sampler, NULL) == 0)
+        pthread_detach(t);
+}
+
+/* A scrape writes the last sample (none until the sampler has one). */
+void gw_metrics_write_gpus(gw_metrics_t *ms, sq_buf_t *out)
+{
+    uint64_t local_cuda = ms != NULL ? atomic_load(&ms->local_cuda) : 0;
+    if (local_cuda == 0)
+        return;
+    atomic_store(&wanted, local_cuda);
+    pthread_once(&nv.once, start_sampler);
+    pthread_mutex_lock(&nv.lock);
+    int n = last.n;
     for (int f = 0; f < F_COUNT; f++) {
         int any = 0;
         for (int k = 0; k < n; k++)
-            any |= have[k][f];
+            any |= last.have[k][f];
         if (!any)
             continue;
         sq_buf_printf(out, "# HELP %s %s\n# TYPE %s %s\n", FAMILIES[f].name, FAMILIES[f].help,
                       FAMILIES[f].name, FAMILIES[f].type);
         for (int k = 0; k < n; k++) {
-            if (!have[k][f])
+            if (!last.have[k][f])
                 continue;
             char num[48];
-            gw__metrics_fmt_double(num, sizeof(num), v[k][f]);
-            sq_buf_printf(out, "%s{gpu_uuid=\"%s\"} %s\n", FAMILIES[f].name, uuid[k], num);
+            gw__metrics_fmt_double(num, sizeof(num), last.v[k][f]);
+            sq_buf_printf(out, "%s{gpu_uuid=\"%s\"} %s\n", FAMILIES[f].name, last.uuid[k], num);
         }
     }
+    pthread_mutex_unlock(&nv.lock);
 }
