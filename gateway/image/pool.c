@@ -38,11 +38,12 @@ typedef struct {
     gw_prep_ctx_t *ctx;
 } worker_arg_t;
 
-/* Runs a job and calls its callback; returns how long the decode took
+/* Runs a job, leaving its result in *rc; returns how long the decode took
  * (0 when it was not decoded). A job that a decode of the usual duration
  * (expect_ns, 0 when none measured yet) would finish past its deadline is
- * not decoded. */
-static int64_t run_job(gw_prep_ctx_t *ctx, gw_prep_job_t *job, int cancelled, int64_t expect_ns)
+ * not decoded. The caller records the decode, then calls the callback. */
+static int64_t run_job(gw_prep_ctx_t *ctx, gw_prep_job_t *job, int cancelled, int64_t expect_ns,
+                       int *rc_out)
 {
     job->started_ns = sq_now_ns();
     int64_t decode_ns = 0;
@@ -70,7 +71,7 @@ static int64_t run_job(gw_prep_ctx_t *ctx, gw_prep_job_t *job, int cancelled, in
         decode_ns = sq_now_ns() - job->started_ns;
     }
     job->finished_ns = sq_now_ns();
-    job->done(job, rc);
+    *rc_out = rc;
     return decode_ns;
 }
 
@@ -127,7 +128,11 @@ static void *pool_thread(void *arg)
         int64_t expect_ns = (int64_t)expect_decode_ns(pool, len);
         pthread_mutex_unlock(&pool->mu);
         job->next_ = NULL;
-        int64_t decode_ns = run_job(ctx, job, cancelled, expect_ns); /* job is gone after */
+        int rc = 0;
+        int64_t decode_ns = run_job(ctx, job, cancelled, expect_ns, &rc);
+        /* The decode is counted before its callback runs: whoever the
+         * callback wakes plans its next frame with this one in the
+         * estimates. The job is gone after its callback. */
         pthread_mutex_lock(&pool->mu);
         if (decode_ns > 0) {
             gw_prep_est_add(&pool->costs.decode, (double)decode_ns);
@@ -138,6 +143,9 @@ static void *pool_thread(void *arg)
             if (len > 0 && len < GW_PREP_BYTE_RATE_MIN)
                 gw_prep_est_add(&pool->small_per_byte, (double)decode_ns / (double)len);
         }
+        pthread_mutex_unlock(&pool->mu);
+        job->done(job, rc);
+        pthread_mutex_lock(&pool->mu);
     }
     pthread_mutex_unlock(&pool->mu);
     return NULL;

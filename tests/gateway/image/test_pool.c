@@ -404,6 +404,38 @@ Test(prep_pool, a_large_frame_borrows_by_small_files_time_per_byte_until_one_is_
     blob_free(&large);
 }
 
+/* A decode is in the estimates before its callback runs: the callback
+ * wakes whoever plans the next frame (and the tests above read the
+ * estimates once a job is answered). Counted after it, the caller raced
+ * the pool thread and planned without the decode it had just waited for. */
+static gw_prep_pool_t *seen_pool;
+static int seen_samples; /* decodes counted when the callback ran */
+
+static void on_done_reads_costs(gw_prep_job_t *job, int rc)
+{
+    gw_prep_costs_t c;
+    gw_prep_pool_costs(seen_pool, &c);
+    seen_samples = c.decode.samples;
+    on_done(job, rc);
+}
+
+Test(prep_pool, a_decode_is_counted_before_its_callback_runs)
+{
+    blob_t small = scene_jpeg(320, 240);
+    seen_pool = pool_new(1, 4);
+    static uint8_t dst[64 * 64 * 3];
+    for (int i = 1; i <= 3; i++) {
+        tjob_t t;
+        tjob_init(&t, small, 64, 64, dst, on_done_reads_costs);
+        cr_assert_eq(gw_prep_pool_submit(seen_pool, &t.job), 0);
+        wait_for(&t.calls, 1);
+        cr_assert_eq(t.rc, 0, "%s", t.job.err);
+        cr_assert_eq(seen_samples, i, "decode %d was counted when its callback ran", i);
+    }
+    gw_prep_pool_free(seen_pool);
+    blob_free(&small);
+}
+
 /* A decode estimate: the first sample is the mean; then the mean and the
  * mean absolute deviation move by GW_PREP_EST_WEIGHT, the deviation taken
  * from the mean before the sample; the p99 is the mean plus
