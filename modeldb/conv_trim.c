@@ -11,7 +11,9 @@
  * The taps before the first live one j0 and after the last live one j1
  * go: the kernel keeps j0..j1, the begin pad shrinks by j0 * d and the end
  * pad by (k - 1 - j1) * d, which leaves every output position reading what
- * it read and the output size as it was. Only where both pads stay >= 0
+ * it read and the output size as it was. Where the pads are symmetric, the
+ * same number of taps goes from each end, so that they stay symmetric.
+ * Only where both pads stay >= 0
  * (otherwise the trimmed window would crop the input); a kernel left 1
  * wide on an axis gets dilation 1 there. The result is the same sum in the
  * same order without its zero terms: the outputs match bit for bit up to
@@ -74,7 +76,20 @@ static bool trim_conv(mdb_graph_t *g, int idx)
         while (j1 > j0 && !tap_live(j1, in, out, s[i], d[i], p[i]))
             j1--;
         /* No live tap at all (the output is the bias): left as it is. */
-        if (j0 == k[i] || (j0 == 0 && j1 == k[i] - 1))
+        if (j0 == k[i])
+            continue;
+        /* Symmetric pads stay symmetric: as many taps go from each end
+         * (the dead ones left read zeros, as before). A stride-2 conv on
+         * a 2x2 map reads padding with its first tap only; trimmed on one
+         * side its pads would be asymmetric, which cuDNN does not take
+         * (every SSD and RetinaNet extra block on a small map), to save
+         * one tap of a map that small. */
+        if (p[i] == p[sp + i]) {
+            int64_t t = j0 < k[i] - 1 - j1 ? j0 : k[i] - 1 - j1;
+            j0 = t;
+            j1 = k[i] - 1 - t;
+        }
+        if (j0 == 0 && j1 == k[i] - 1)
             continue;
         if (p[i] - j0 * d[i] < 0 || p[sp + i] - (k[i] - 1 - j1) * d[i] < 0)
             continue;

@@ -104,6 +104,36 @@ Test(conv_trim, a_one_sided_pad_keeps_the_live_taps_and_what_they_read)
     mdb_graph_free(g);
 }
 
+/* RetinaNet's P7 (and SSD's extra blocks): a 3x3 stride-2 conv, pads 1, on
+ * a 2x2 map. Its one output reads rows -1..1: tap 0 reads only padding,
+ * taps 1 and 2 the map. Trimming tap 0 alone would leave pads (0, 1),
+ * asymmetric, which cuDNN refuses: symmetric pads stay as they are when
+ * only one end is dead. */
+Test(conv_trim, symmetric_pads_stay_symmetric)
+{
+    mdb_graph_t *g = import_conv(2, 2, 2, 3, 3, (const int64_t[]){1, 1},
+                                 (const int64_t[]){1, 1, 1, 1}, (const int64_t[]){2, 2});
+    const mdb_node_t *n = &g->nodes[0];
+    expect_attr(n, "kernel_shape", 2, (const int64_t[]){3, 3});
+    expect_attr(n, "pads", 4, (const int64_t[]){1, 1, 1, 1});
+    cr_assert_str_eq(g->tensors[n->inputs[1]].name, "w");
+    mdb_graph_free(g);
+    /* Dead at both ends, more at the begin: 5 taps, stride 2, pads 2, on
+     * height 2; the one output reads rows -2..2, taps 0, 1 and 4 only
+     * padding. One tap goes from each end: taps 1..3, pads 1 and 1 (taps
+     * 2..3 alone would leave pads 0 and 1). */
+    g = import_conv(1, 2, 2, 5, 1, (const int64_t[]){1, 1}, (const int64_t[]){2, 0, 2, 0},
+                    (const int64_t[]){2, 1});
+    n = &g->nodes[0];
+    expect_attr(n, "kernel_shape", 2, (const int64_t[]){3, 1});
+    expect_attr(n, "pads", 4, (const int64_t[]){1, 0, 1, 0});
+    const float *v = g->tensors[n->inputs[1]].data;
+    for (int f = 0; f < 4; f++)
+        for (int j = 0; j < 3; j++)
+            cr_assert_float_eq(v[f * 3 + j], (float)(5 * f + 1 + j), 0, "filter %d tap %d", f, j);
+    mdb_graph_free(g);
+}
+
 Test(conv_trim, convs_whose_every_tap_reads_the_map_are_left_alone)
 {
     mdb_graph_t *g = import_conv(3, 8, 8, 3, 3, (const int64_t[]){1, 1},
