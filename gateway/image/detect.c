@@ -298,6 +298,7 @@ int gw_crops_spec_parse(const json_t *crops_of, const char *path, gw_crops_spec_
     s->nms_iou = 0.5;
     s->max_crops = 8;
     s->transposed = -1;
+    s->background = -1;
     if (!json_is_object(crops_of)) {
         snprintf(err, errlen, "%s: expected an object", path != NULL ? path : "crops_of");
         return SQ_BAD_CONFIG;
@@ -348,6 +349,10 @@ int gw_crops_spec_parse(const json_t *crops_of, const char *path, gw_crops_spec_
                                "expected a list of 1 to 256 class indices (integers >= 0)");
             }
             s->nclasses_kept = (int)json_array_size(x);
+        } else if (strcmp(key, "background") == 0) {
+            if (int_in(x, 0, 1 << 24, &s->background) != 0)
+                return bad(err, errlen, path, key,
+                           "expected the class index of \"nothing there\" (an integer >= 0)");
         } else if (strcmp(key, "boxes") == 0) {
             if (parse_parts(x, s->box_parts, &s->nbox_parts) != 0)
                 return bad(err, errlen, path, key,
@@ -516,6 +521,8 @@ json_t *gw_crops_spec_json(const gw_crops_spec_t *s)
             json_array_append_new(cl, json_integer(s->classes_kept[i]));
         json_object_set_new(o, "classes", cl);
     }
+    if (s->background >= 0)
+        json_object_set_new(o, "background", json_integer(s->background));
     json_object_set_new(o, "format", json_string(gw_box_format_name(s->format)));
     json_object_set_new(o, "normalized", json_boolean(s->normalized));
     if (s->has_anchors) {
@@ -756,6 +763,12 @@ int gw_crops_spec_bind(gw_crops_spec_t *s, const char *det_name, const gw_output
                  : bind_boxes_scores(s, det_name, outputs, noutputs, path, err, errlen);
     if (rc != 0)
         return rc;
+    if (s->background >= 0 && !s->has_labels && (s->nclasses < 2 || s->background >= s->nclasses)) {
+        char why[160];
+        snprintf(why, sizeof(why), "class %d, but the detector scores %d class%s (0..%d)",
+                 s->background, s->nclasses, s->nclasses == 1 ? "" : "es", s->nclasses - 1);
+        return bad(err, errlen, path, "background", why);
+    }
     for (int i = 0; i < s->nclasses_kept && !s->has_labels; i++) {
         if (s->classes_kept[i] >= s->nclasses) {
             char why[160];
@@ -917,16 +930,19 @@ static int class_kept(const gw_crops_spec_t *s, int cls)
     return 0;
 }
 
-/* Box k's score and class: its best class's score (times its objectness
- * with YOLOv5's), or its one score and its label. 0 when it is dropped
- * (below the threshold, NaN, or of a class not kept). */
+/* Box k's score and class: its best class's score but the background's
+ * (times its objectness with YOLOv5's), or its one score and its label. 0
+ * when it is dropped (below the threshold, NaN, of a class not kept, or
+ * labelled the background). */
 static int score_box(const gw_crops_spec_t *s, const float *row, int k, float *score, int *cls)
 {
     const float *at;
     const gw_detect_part_t *p = part_at(s->score_parts, s->nscore_parts, row, k, &at);
-    float best = score_of(s, at[0]);
-    int bc = 0;
-    for (int c = 1; c < s->nclasses; c++) {
+    int bc = s->background == 0 && s->nclasses > 1 ? 1 : 0;
+    float best = score_of(s, at[(int64_t)bc * p->jstride]);
+    for (int c = bc + 1; c < s->nclasses; c++) {
+        if (c == s->background)
+            continue;
         float v = score_of(s, at[(int64_t)c * p->jstride]);
         if (v > best || best != best)
             best = v, bc = c;
@@ -939,7 +955,8 @@ static int score_box(const gw_crops_spec_t *s, const float *row, int k, float *s
         float l = row[s->label_part.off + k];
         bc = l >= 0 && l < (float)(1 << 24) ? (int)lrintf(l) : -1;
     }
-    if (!(best >= (float)s->score_threshold) || !class_kept(s, bc)) /* false for NaN */
+    if (!(best >= (float)s->score_threshold) || !class_kept(s, bc) ||
+        (s->has_labels && bc == s->background)) /* false for NaN */
         return 0;
     *score = best;
     *cls = bc;

@@ -447,6 +447,10 @@ typedef struct {
      * class is its best-scored one, or its label); nclasses_kept 0: all. */
     int nclasses_kept;
     int classes_kept[GW_DETECT_MAX_CLASSES];
+    /* "background": a class index that is never a detection (torchvision's
+     * SSD and RetinaNet-style softmax heads score class 0 as "nothing
+     * there"): a box's class is its best-scored other one; -1: none. */
+    int background;
     /* "nms": "hard" (default: a box suppresses the lower-scored boxes of
      * its class that overlap it) or "weighted" (MediaPipe: the top box and
      * the boxes of its class overlapping it are replaced by their

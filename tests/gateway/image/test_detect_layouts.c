@@ -220,6 +220,56 @@ Test(detect_layouts, decoded_boxes_with_per_class_scores_take_each_box_s_best_cl
     cr_assert_eq(d[0].label, 0);
 }
 
+/* torchvision's SSD scores class 0 as "nothing there" in its softmax:
+ * with "background": 0 a box's class is its best other one (torchvision's
+ * postprocessing never reports class 0), where "classes" would drop the
+ * box whose background outscores its objects. */
+Test(detect_layouts, the_background_class_is_never_a_box_s_class)
+{
+    gw_output_t o[2] = {out("boxes", 3, (int64_t[]){1, 2, 4}),
+                        out("scores", 3, (int64_t[]){1, 2, 3})};
+    gw_crops_spec_t s;
+    bound("{\"boxes\": \"boxes\", \"scores\": \"scores\", \"normalized\": false, "
+          "\"background\": 0, \"score_threshold\": 0.3}",
+          o, 2, &s);
+    cr_assert_eq(s.background, 0);
+    /* Box 0: background 0.5, class 2 at 0.4: a class-2 box. Box 1: class 1
+     * at 0.6 above the background's 0.3. */
+    float row[8 + 6] = {10, 10, 30, 30, 60, 60, 90, 90, 0.5f, 0.1f, 0.4f, 0.3f, 0.6f, 0.1f};
+    gw_detection_t d[4];
+    cr_assert_eq(gw_detect(&s, row, 100, 100, 100, 100, d, 4), 2);
+    cr_assert_eq(d[0].index, 1);
+    cr_assert_eq(d[0].label, 1);
+    cr_assert_float_eq(d[0].score, 0.6f, 1e-6);
+    cr_assert_eq(d[1].index, 0);
+    cr_assert_eq(d[1].label, 2);
+    cr_assert_float_eq(d[1].score, 0.4f, 1e-6);
+    /* Any class may be the background; one past the scores' is refused, as
+     * is a background with one score per box. */
+    bound("{\"boxes\": \"boxes\", \"scores\": \"scores\", \"normalized\": false, "
+          "\"background\": 2, \"score_threshold\": 0.3}",
+          o, 2, &s);
+    cr_assert_eq(gw_detect(&s, row, 100, 100, 100, 100, d, 4), 2);
+    cr_assert_eq(d[0].label, 1);
+    cr_assert_eq(d[1].label, 0);
+    refused("{\"boxes\": \"boxes\", \"scores\": \"scores\", \"background\": 3}", o, 2,
+            "class 3, but the detector scores 3 classes (0..2)");
+    gw_output_t one[2] = {o[0], out("scores", 2, (int64_t[]){1, 2})};
+    refused("{\"boxes\": \"boxes\", \"scores\": \"scores\", \"background\": 0}", one, 2,
+            "scores 1 class (0..0)");
+    refused("{\"boxes\": \"boxes\", \"scores\": \"scores\", \"background\": -1}", o, 2,
+            "nothing there");
+    /* With labels, a box labelled the background is dropped. */
+    gw_output_t lab[3] = {o[0], out("conf", 2, (int64_t[]){1, 2}),
+                          out("cls", 2, (int64_t[]){1, 2})};
+    bound("{\"boxes\": \"boxes\", \"scores\": \"conf\", \"labels\": \"cls\", \"normalized\": "
+          "false, \"background\": 0}",
+          lab, 3, &s);
+    float lrow[8 + 2 + 2] = {10, 10, 30, 30, 60, 60, 90, 90, 0.9f, 0.8f, 0, 4};
+    cr_assert_eq(gw_detect(&s, lrow, 100, 100, 100, 100, d, 4), 1);
+    cr_assert_eq(d[0].label, 4);
+}
+
 Test(detect_layouts, decoded_boxes_with_labels_are_suppressed_per_label)
 {
     /* SSD-style postprocessed export: boxes normalized cxcywh, scores
@@ -310,6 +360,7 @@ Test(detect_layouts, layouts_round_trip_through_json)
         "{\"layout\": \"yolo\", \"output\": \"y\", \"objectness\": true, \"transposed\": true, "
         "\"classes\": [0, 2]}",
         "{\"boxes\": \"dets\", \"scores\": \"conf\", \"labels\": \"cls\"}",
+        "{\"boxes\": \"boxes\", \"scores\": \"scores\", \"background\": 0}",
         "{\"boxes\": \"b\", \"scores\": \"s\", \"anchors\": \"mediapipe_face_front_128\"}",
     };
     for (size_t i = 0; i < sizeof(specs) / sizeof(specs[0]); i++) {
