@@ -37,6 +37,16 @@ architecture, C2f blocks, SPPF, nearest upsampling, a decoupled head; one
 output [N, 4 + 3, 84] as YOLOv8's) is exported at opset 17 and 3x64x64,
 its references at batch 1 and 2.
 
+ssdlite (torchvision's SSDlite320 on MobileNetV3-Large, 91 classes, at
+3x320x320) and retinanet_tiny (torchvision's RetinaNet on a ResNet-18 FPN
+of 64 channels, 5 classes, at 3x128x128) are exported without their
+data-dependent postprocessing (TorchvisionDetector below): two outputs,
+"boxes" [N, A, 4] (xyxy, input pixels, decoded against the anchors) and
+"scores" [N, A, C] (SSD's softmax, class 0 the background; RetinaNet's
+sigmoid); the score threshold, top-k and NMS are squish's crops_of. Their
+references are at batch 1 and 2, one file per output (.output.f32 the
+boxes, .output1.f32 the scores).
+
 Nothing is downloaded. Models already present with the same script version
 are kept, so that a rebuild costs nothing.
 """
@@ -55,6 +65,8 @@ SEGMENTERS = {"lraspp_mobilenet_v3_large": 160, "deeplabv3_mobilenet_v3_large": 
 SEGMENTER_OPSET = 17
 # Small graphs of one op family, exported at SEGMENTER_OPSET: name -> H = W.
 SMALL = {"upsample_bicubic": 16, "yolo_tiny": 64}
+# torchvision's detectors without their postprocessing: name -> H = W.
+DETECTORS = {"ssdlite": 320, "retinanet_tiny": 128}
 
 
 def calibrate(model, image_hw=IMAGE_HW):
@@ -225,6 +237,82 @@ class YoloTiny(torch.nn.Module):
         return torch.cat(outs, 2)
 
 
+class TorchvisionDetector(torch.nn.Module):
+    """torchvision's SSD or RetinaNet up to their boxes and scores: the
+    model's own normalization, backbone and head, the head's box offsets
+    decoded against the anchors (the model's anchor generator, run once
+    for the export's size: constants of the export) as its BoxCoder does,
+    and the class scores (softmax for SSD, sigmoid for RetinaNet). What
+    stays out is the data-dependent part (score threshold, top-k per
+    level, NMS: NonZero, TopK, If), which squish's crops_of does.
+    Inputs in [0, 1], as the other exports."""
+
+    def __init__(self, model, hw, softmax):
+        super().__init__()
+        from torchvision.models.detection.image_list import ImageList
+        self.model = model.eval()
+        self.softmax = softmax
+        t = model.transform
+        self.register_buffer("mean", torch.tensor(t.image_mean).view(1, 3, 1, 1))
+        self.register_buffer("std", torch.tensor(t.image_std).view(1, 3, 1, 1))
+        with torch.no_grad():
+            x = torch.zeros(1, 3, hw, hw)
+            anchors = model.anchor_generator(ImageList(x, [(hw, hw)]), self.features(x))[0]
+        self.register_buffer("anchors", anchors)
+        self.weights = model.box_coder.weights
+        self.clip = model.box_coder.bbox_xform_clip
+
+    def features(self, x):
+        f = self.model.backbone((x - self.mean) / self.std)
+        return list(f.values()) if isinstance(f, dict) else [f]
+
+    def forward(self, x):
+        head = self.model.head(self.features(x))
+        rel, logits = head["bbox_regression"], head["cls_logits"]
+        a = self.anchors
+        wa, ha = a[:, 2] - a[:, 0], a[:, 3] - a[:, 1]
+        cxa, cya = a[:, 0] + 0.5 * wa, a[:, 1] + 0.5 * ha
+        wx, wy, ww, wh = self.weights
+        cx = rel[..., 0] / wx * wa + cxa
+        cy = rel[..., 1] / wy * ha + cya
+        w = torch.exp(torch.clamp(rel[..., 2] / ww, max=self.clip)) * wa
+        h = torch.exp(torch.clamp(rel[..., 3] / wh, max=self.clip)) * ha
+        boxes = torch.stack([cx - 0.5 * w, cy - 0.5 * h, cx + 0.5 * w, cy + 0.5 * h], -1)
+        scores = torch.softmax(logits, -1) if self.softmax else torch.sigmoid(logits)
+        return boxes, scores
+
+
+def build_detector(name):
+    detection = torchvision.models.detection
+    hw = DETECTORS[name]
+    if name == "ssdlite":
+        model = detection.ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None)
+        softmax = True
+    else:
+        from torchvision.models.detection.backbone_utils import BackboneWithFPN
+        from torchvision.ops.feature_pyramid_network import LastLevelP6P7
+        # RetinaNet's own backbone (ResNet, FPN on C3-C5, P6-P7 from P5),
+        # at ResNet-18 and 64 channels so that the test model stays small.
+        fpn = BackboneWithFPN(torchvision.models.resnet18(weights=None),
+                              {"layer2": "0", "layer3": "1", "layer4": "2"}, [128, 256, 512], 64,
+                              extra_blocks=LastLevelP6P7(64, 64))
+        model = detection.RetinaNet(fpn, num_classes=5, min_size=hw, max_size=hw)
+        # RetinaNet's classifier starts at the 1% prior, its convs' weights
+        # of std 0.01 shrinking what reaches the logits: every score near
+        # 0.01. He-initialized convs and wider logit weights spread them,
+        # as training would, so that the tests' detections differ by score.
+        gen = torch.Generator().manual_seed(SEED + 11)
+        head = model.head.classification_head
+        with torch.no_grad():
+            for m in list(head.conv.modules()) + [head.cls_logits]:
+                if isinstance(m, torch.nn.Conv2d):
+                    fan_in = m.weight[0].numel()
+                    std = 0.05 if m is head.cls_logits else (2.0 / fan_in) ** 0.5
+                    m.weight.copy_(torch.randn(m.weight.shape, generator=gen) * std)
+        softmax = False
+    return calibrate(TorchvisionDetector(model, hw, softmax), hw)
+
+
 class OutOnly(torch.nn.Module):
     """A torchvision segmenter with its dict's "out" as its one output."""
 
@@ -241,6 +329,8 @@ def build(name):
     if name in SEGMENTERS:
         seg = getattr(models.segmentation, name)(weights=None, weights_backbone=None)
         return OutOnly(calibrate(seg, SEGMENTERS[name]))
+    if name in DETECTORS:
+        return build_detector(name)
     if name == "vit_tiny":
         return TinyViT()
     if name == "upsample_bicubic":
@@ -265,7 +355,8 @@ def build(name):
 
 
 MODELS = ["resnet18", "mobilenet_v2", "squeezenet1_1", "shufflenet_v2_x1_0", "googlenet",
-          "resnet18_ft_a", "resnet18_ft_b", "vit_tiny"] + list(SEGMENTERS) + list(SMALL)
+          "resnet18_ft_a", "resnet18_ft_b", "vit_tiny"] + list(SEGMENTERS) + list(SMALL) + \
+    list(DETECTORS)
 
 
 def write_f32(path, tensor):
@@ -276,26 +367,34 @@ def export(name, outdir, manifest):
     torch.manual_seed(SEED)
     model = build(name).eval()
     onnx_path = os.path.join(outdir, name + ".onnx")
-    hw = SEGMENTERS.get(name, SMALL.get(name, IMAGE_HW))
-    opset = SEGMENTER_OPSET if name in SEGMENTERS or name in SMALL else OPSET
+    hw = SEGMENTERS.get(name, SMALL.get(name, DETECTORS.get(name, IMAGE_HW)))
+    small = name in SEGMENTERS or name in SMALL or name in DETECTORS
+    opset = SEGMENTER_OPSET if small else OPSET
+    outputs = ["boxes", "scores"] if name in DETECTORS else ["output"]
     dummy = torch.zeros(1, 3, hw, hw)
+    axes = {"input": {0: "N"}}
+    axes.update({o: {0: "N"} for o in outputs})
     torch.onnx.export(model, dummy, onnx_path, opset_version=opset,
-                      input_names=["input"], output_names=["output"],
-                      dynamic_axes={"input": {0: "N"}, "output": {0: "N"}},
-                      do_constant_folding=True)
+                      input_names=["input"], output_names=outputs,
+                      dynamic_axes=axes, do_constant_folding=True)
     entry = {"onnx": name + ".onnx", "opset": opset, "input": [3, hw, hw], "refs": []}
+    if len(outputs) > 1:
+        entry["outputs"] = outputs
     gen = torch.Generator().manual_seed(SEED + 7)
-    for batch in ((1, 2) if name in SEGMENTERS or name in SMALL else (1, 8)):
+    for batch in ((1, 2) if small else (1, 8)):
         images = torch.rand(batch, 3, hw, hw, generator=gen)
         with torch.no_grad():
             out = model(images)
+        outs = out if isinstance(out, tuple) else (out,)
         stem = "%s.b%d" % (name, batch)
         write_f32(os.path.join(outdir, stem + ".input.f32"), images)
-        write_f32(os.path.join(outdir, stem + ".output.f32"), out)
-        entry["refs"].append({"batch": batch, "input": stem + ".input.f32",
-                              "input_shape": list(images.shape),
-                              "output": stem + ".output.f32",
-                              "output_shape": list(out.shape)})
+        ref = {"batch": batch, "input": stem + ".input.f32", "input_shape": list(images.shape)}
+        for i, o in enumerate(outs):
+            suffix = "" if i == 0 else str(i)
+            write_f32(os.path.join(outdir, stem + ".output%s.f32" % suffix), o)
+            ref["output" + suffix] = stem + ".output%s.f32" % suffix
+            ref["output%s_shape" % suffix] = list(o.shape)
+        entry["refs"].append(ref)
     manifest["models"][name] = entry
 
 
@@ -319,7 +418,8 @@ def main():
     for name in MODELS:
         entry = manifest["models"].get(name)
         if entry and all(os.path.exists(os.path.join(outdir, p)) for p in
-                         [entry["onnx"]] + [r[k] for r in entry["refs"] for k in ("input", "output")]):
+                         [entry["onnx"]] + [r[k] for r in entry["refs"] for k in r if not k.endswith("shape")
+                                          and k != "batch"]):
             continue
         export(name, outdir, manifest)
         # Written after each model so that an interrupted run keeps its work.

@@ -56,6 +56,19 @@ static inline void test_load_refs(const char *name, int batch, int64_t item, int
     cr_assert_eq(out_len, (size_t)(batch * per) * sizeof(float), "%s: output size", file);
 }
 
+/* torch's output k >= 1 of a multi-output export at batch
+ * (name.bB.outputK.f32, batch * per floats), its size checked; the caller
+ * frees it. */
+static inline float *test_load_output(const char *name, int batch, int k, int64_t per)
+{
+    char file[256];
+    size_t len;
+    snprintf(file, sizeof(file), "%s.b%d.output%d.f32", name, batch, k);
+    float *out = test_slurp(file, &len);
+    cr_assert_eq(len, (size_t)(batch * per) * sizeof(float), "%s: output size", file);
+    return out;
+}
+
 /* The export name.onnx imported (the test fails on a refusal, naming its
  * ops and why); the caller frees the graph. */
 static inline mdb_graph_t *test_import(const char *name)
