@@ -342,16 +342,25 @@ static void root_start(gw_api_ctx_t *api, qnode_t *n)
 
 /* ---- crops ----------------------------------------------------------------- */
 
+/* v within [0, hi]; as it is where hi is not known (0). */
+static float clamp_to(float v, int hi)
+{
+    return hi <= 0 ? v : v > 0 ? (v < (float)hi ? v : (float)hi) : 0;
+}
+
 void gw_query_place_crop(const qnode_t *n, const gw_detection_t *d, gw_rect_t r, qnode_t *kid)
 {
     /* The detection in frame pixels: the parent's image sits at its rect
-     * in the frame's decoded image, which is sx x sy frame pixels a pixel. */
+     * in the frame's decoded image, which is sx x sy frame pixels a pixel.
+     * Clamped to the parent's image first, as /v1 answers a detector's
+     * boxes: a box the model drew past the image's edge is the same box
+     * on both routes. */
     float sx = n->sx > 0 ? n->sx : 1, sy = n->sy > 0 ? n->sy : 1;
     kid->det = *d;
-    kid->det.x0 = (d->x0 + (float)n->rect_x) * sx;
-    kid->det.x1 = (d->x1 + (float)n->rect_x) * sx;
-    kid->det.y0 = (d->y0 + (float)n->rect_y) * sy;
-    kid->det.y1 = (d->y1 + (float)n->rect_y) * sy;
+    kid->det.x0 = (clamp_to(d->x0, n->orig_w) + (float)n->rect_x) * sx;
+    kid->det.x1 = (clamp_to(d->x1, n->orig_w) + (float)n->rect_x) * sx;
+    kid->det.y0 = (clamp_to(d->y0, n->orig_h) + (float)n->rect_y) * sy;
+    kid->det.y1 = (clamp_to(d->y1, n->orig_h) + (float)n->rect_y) * sy;
     kid->rect_x = n->rect_x + r.x;
     kid->rect_y = n->rect_y + r.y;
     kid->sx = n->sx;

@@ -199,6 +199,38 @@ Test(query, a_crop_of_a_crop_is_placed_in_frame_pixels)
     cr_assert_float_eq(e.x0, 3, 1e-6);
 }
 
+/* A box the detector drew past its image's edge is answered clamped to
+ * that image, as /v1 answers it (the pipeline answered it unclamped: the
+ * same detection, two boxes); the crop is cut where it was. */
+Test(query, a_box_past_the_image_s_edge_is_answered_clamped_to_it_as_on_v1)
+{
+    gw_qnode_t root, face;
+    memset(&root, 0, sizeof(root));
+    memset(&face, 0, sizeof(face));
+    root.orig_w = 96;
+    root.orig_h = 64;
+    gw_detection_t d = {.x0 = -5.5f, .y0 = -3, .x1 = 120, .y1 = 60, .score = 0.9f};
+    gw_query_place_crop(&root, &d, (gw_rect_t){0, 0, 96, 64}, &face);
+    cr_assert_float_eq(face.det.x0, 0, 1e-6);
+    cr_assert_float_eq(face.det.y0, 0, 1e-6);
+    cr_assert_float_eq(face.det.x1, 96, 1e-6);
+    cr_assert_float_eq(face.det.y1, 60, 1e-6);
+    /* In a crop at (10, 20) of a frame kept at 1/2: clamped to the crop's
+     * 30 x 30, then placed. */
+    face.orig_w = face.orig_h = 30;
+    face.rect_x = 10;
+    face.rect_y = 20;
+    face.sx = face.sy = 2;
+    gw_qnode_t eye;
+    memset(&eye, 0, sizeof(eye));
+    gw_detection_t e = {.x0 = 25, .y0 = -2, .x1 = 40, .y1 = 10};
+    gw_query_place_crop(&face, &e, (gw_rect_t){25, 0, 5, 10}, &eye);
+    cr_assert_float_eq(eye.det.x0, 70, 1e-6, "(25 + 10) x 2");
+    cr_assert_float_eq(eye.det.x1, 80, 1e-6, "(30 + 10) x 2");
+    cr_assert_float_eq(eye.det.y0, 40, 1e-6, "(0 + 20) x 2");
+    cr_assert_float_eq(eye.det.y1, 60, 1e-6);
+}
+
 /* ---- the whole-query drop ---------------------------------------------------- */
 
 Test(query, the_first_failure_is_the_answer_and_abandons_the_query)
