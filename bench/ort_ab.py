@@ -6,7 +6,9 @@
 
 The same ONNX files (torchvision classifiers with seeded weights, exported
 at opset 13 with a dynamic batch by bench/torchvision_all.py's builder, kept
-in WORK_DIR), the same batch and threads, interleaved A/B/A/B: per round and
+in WORK_DIR; a model already there is used as it is, at its input's size:
+the detectors of RESULTS are exported by scripts/export_models.py's
+TorchvisionDetector), the same batch and threads, interleaved A/B/A/B: per round and
 model and batch, squish-cpu-bench (on the worker's own OpenMP pool, as
 squishd's workers run) and ONNX Runtime 1.30 (npm onnxruntime-node,
 bench/ort_bench.js, every graph optimization on), their order swapped every
@@ -63,6 +65,14 @@ def ort(a, path, batch, hw):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def input_hw(path, default):
+    """The model's input height where the export fixes it (a detector at
+    320 or 512), else default: ort_bench.js feeds square images."""
+    import onnx
+    dims = onnx.load(path, load_external_data=False).graph.input[0].type.tensor_type.shape.dim
+    return dims[2].dim_value if len(dims) == 4 and dims[2].dim_value > 0 else default
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("build")
@@ -92,7 +102,7 @@ def main():
     for r in range(a.rounds):
         for m in models:
             path = os.path.join(a.work, m + ".onnx")
-            hw = 299 if m == "inception_v3" else 224
+            hw = input_hw(path, 299 if m == "inception_v3" else 224)
             for b in batches:
                 order = ("squish", "ort") if r % 2 == 0 else ("ort", "squish")
                 if a.baseline:
