@@ -171,6 +171,15 @@ static const char *const sqlite_migrations[] = {
      "  dev_ns REAL NOT NULL,"
      "  samples INTEGER NOT NULL"
      ");"),
+    /* 8: a model file past MDB_FILE_CHUNK_BYTES goes on in rows of this
+     * table (model_files holds its first piece): one blob is at most
+     * SQLITE_MAX_LENGTH, 1e9 bytes by default. */
+    "CREATE TABLE model_file_chunks ("
+    "  model_id INTEGER NOT NULL REFERENCES models(id) ON DELETE CASCADE,"
+    "  seq INTEGER NOT NULL,"
+    "  data BLOB NOT NULL,"
+    "  PRIMARY KEY (model_id, seq)"
+    ");",
 };
 
 /* The same schema in PostgreSQL's dialect. Where sqlite has an implicit
@@ -319,6 +328,14 @@ static const char *const pg_migrations[] = {
      "  dev_ns DOUBLE PRECISION NOT NULL,"
      "  samples BIGINT NOT NULL"
      ");"),
+    /* 8 (a bytea value is at most 1 GB) */
+    ("CREATE TABLE model_file_chunks ("
+     "  model_id BIGINT NOT NULL REFERENCES models(id) ON DELETE CASCADE,"
+     "  seq BIGINT NOT NULL,"
+     "  data BYTEA NOT NULL,"
+     "  PRIMARY KEY (model_id, seq)"
+     ");"
+     "ALTER TABLE model_file_chunks ALTER COLUMN data SET STORAGE EXTERNAL;"),
 };
 
 _Static_assert(sizeof(sqlite_migrations) / sizeof(sqlite_migrations[0]) == MDB_SCHEMA_VERSION,
@@ -397,6 +414,7 @@ static int migrate(mdb_t *db)
 int mdb_open(const char *target, mdb_t **out)
 {
     mdb_t *db = sq_xcalloc(1, sizeof(*db));
+    db->file_chunk_bytes = MDB_FILE_CHUNK_BYTES;
     *out = db;
     int rc = mdb_sql_open(db, target);
     if (rc < 0)

@@ -20,7 +20,7 @@ typedef struct mdb mdb_t;
 struct mdb_graph;
 
 /* The schema version this build writes; older files are migrated on open. */
-#define MDB_SCHEMA_VERSION 7
+#define MDB_SCHEMA_VERSION 8
 
 /* Whether target names a PostgreSQL database: a URI (postgresql://...,
  * postgres://...) or a key=value conninfo ("host=/run/pg dbname=squish");
@@ -98,6 +98,17 @@ typedef struct {
     uint64_t peak_memory_bytes;
 } mdb_profile_row_t;
 
+/* A model's file is stored in pieces of at most this many bytes (each a
+ * row, in order): sqlite refuses a blob past SQLITE_MAX_LENGTH (1e9 bytes
+ * by default) and PostgreSQL a bytea value past 1 GB. */
+#define MDB_FILE_CHUNK_BYTES ((size_t)256 << 20)
+
+/* A piece of a model file, borrowed. */
+typedef struct {
+    const void *data;
+    size_t len;
+} mdb_span_t;
+
 /* A model version to store. JSON values are borrowed. */
 typedef struct {
     const char *name;
@@ -105,6 +116,11 @@ typedef struct {
     const char *format; /* "onnx" or "emulated" */
     const void *onnx;   /* the file's bytes (onnx format), else NULL */
     size_t onnx_len;
+    /* Or (onnx NULL) the file as pieces stored one after the other (a
+     * bundle: its table, the .onnx and its data files, as the upload
+     * holds them, never copied into one buffer). */
+    const mdb_span_t *onnx_spans;
+    int n_onnx_spans;
     const char *sha256; /* hex of the ONNX bytes, or of the config for emulated */
     json_t *input;      /* {"name", "datatype", "shape"} with -1 for the batch */
     json_t *outputs;    /* [{"name", "datatype", "shape"}] */

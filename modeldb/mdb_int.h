@@ -43,6 +43,9 @@ struct mdb {
         mdb_q_t *q;
     } stmts[MDB_MAX_STMTS];
     int nstmts;
+    /* The largest piece of a model file a row holds: MDB_FILE_CHUNK_BYTES,
+     * smaller in tests. */
+    size_t file_chunk_bytes;
 };
 
 /* A backend. Every function that can fail returns 0 or a negative SQ_*

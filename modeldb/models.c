@@ -262,6 +262,38 @@ static int model_exists(mdb_t *db, int64_t id)
     "param_bytes, memory_bytes, input_spec, config, status, precision_asked) "                     \
     "VALUES (" id ", ?, ?, ?, ?, ?, ?, ?, 'NCHW', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id"
 
+/* The model file in rows of at most db->file_chunk_bytes, in order (its
+ * pieces cut at the spans' ends too): the first in model_files (migration
+ * 7: a record's reads never walk it), the rest in model_file_chunks
+ * (migration 8). Borrowed, not copied: sent (PostgreSQL) or written
+ * (sqlite) from the caller's buffers. */
+static int insert_file(mdb_t *db, int64_t id, const mdb_span_t *spans, int nspans)
+{
+    static const char first_sql[] = "INSERT INTO model_files (model_id, onnx) VALUES (?, ?)";
+    static const char chunk_sql[] =
+        "INSERT INTO model_file_chunks (model_id, seq, data) VALUES (?, ?, ?)";
+    int64_t seq = 0;
+    for (int i = 0; i < nspans; i++) {
+        const uint8_t *p = spans[i].data;
+        for (size_t off = 0; off < spans[i].len;) {
+            size_t n = spans[i].len - off;
+            if (n > db->file_chunk_bytes)
+                n = db->file_chunk_bytes;
+            mdb_q_t *q = mdb_q(db, seq == 0 ? first_sql : chunk_sql);
+            mdb_q_int64(q, 1, id);
+            if (seq > 0)
+                mdb_q_int64(q, 2, seq);
+            mdb_q_blob(q, seq == 0 ? 2 : 3, p + off, n);
+            int rc = mdb_q_run(q, seq == 0 ? "insert model file" : "insert model file chunk");
+            if (rc != 0)
+                return rc;
+            off += n;
+            seq++;
+        }
+    }
+    return 0;
+}
+
 typedef struct {
     const mdb_new_model_t *m;
     char *spec;
@@ -314,17 +346,11 @@ static int model_insert_tx(mdb_t *db, void *arg)
     int rc = mdb__not_on_insert(db, ins->id, m->not_on);
     if (rc != 0)
         return rc;
-    if (m->onnx != NULL && m->onnx_len > 0) {
-        /* The file in a row of its own (migration 7): a record's reads
-         * never walk it. Borrowed, not copied: sent (PostgreSQL) or
-         * written (sqlite) from the caller's buffer. */
-        static const char file_sql[] = "INSERT INTO model_files (model_id, onnx) VALUES (?, ?)";
-        q = mdb_q(db, file_sql);
-        mdb_q_int64(q, 1, ins->id);
-        mdb_q_blob(q, 2, m->onnx, m->onnx_len);
-        if ((rc = mdb_q_run(q, "insert model file")) != 0)
-            return rc;
-    }
+    mdb_span_t one = {m->onnx, m->onnx_len};
+    const mdb_span_t *spans = m->onnx != NULL ? &one : m->onnx_spans;
+    int nspans = m->onnx != NULL ? 1 : m->n_onnx_spans;
+    if ((rc = insert_file(db, ins->id, spans, nspans)) != 0)
+        return rc;
     if (m->graph != NULL) {
         mdb_node_sig_t *sigs = sq_xcalloc((size_t)m->graph->n_nodes + 1, sizeof(*sigs));
         rc = mdb_graph_signature(m->graph, sigs);

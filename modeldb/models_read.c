@@ -282,26 +282,59 @@ int mdb_model_records(mdb_t *db, int64_t key, json_t **out)
 
 int mdb_model_blob(mdb_t *db, int64_t key, void **bytes, size_t *len)
 {
-    static const char sql[] =
-        "SELECT f.onnx FROM models m LEFT JOIN model_files f ON f.model_id = m.id WHERE m.id = ?";
-    mdb_q_t *q = mdb_q(db, sql);
+    /* The size first (sqlite reads a blob's length from its record, not
+     * its pages), so that the file is read into one buffer piece by piece:
+     * each piece is held once more only while it is copied. */
+    static const char size_sql[] =
+        "SELECT length(f.onnx), (SELECT COALESCE(SUM(length(c.data)), 0) FROM model_file_chunks c "
+        "WHERE c.model_id = m.id) FROM models m LEFT JOIN model_files f ON f.model_id = m.id "
+        "WHERE m.id = ?";
+    static const char first_sql[] = "SELECT onnx FROM model_files WHERE model_id = ?";
+    static const char chunks_sql[] =
+        "SELECT data FROM model_file_chunks WHERE model_id = ? ORDER BY seq";
+    mdb_q_t *q = mdb_q(db, size_sql);
     mdb_q_int64(q, 1, key);
-    int step = mdb_q_step(q, "read model file");
+    int step = mdb_q_step(q, "read model file size");
     if (step != 1)
         return step == 0 ? SQ_MODEL_NOT_FOUND : step;
-    size_t n = 0;
-    const void *p = mdb_q_blob_at(q, 0, &n);
-    int rc = 0;
-    if (p == NULL || n == 0) {
-        rc = SQ_NOT_FOUND;
-    } else if ((*bytes = malloc(n)) == NULL) {
-        rc = SQ_NOMEM;
-    } else {
-        /* The one copy, out of sqlite's page cache or libpq's result,
-         * which goes at once: the file is not held twice for longer. */
-        memcpy(*bytes, p, n);
-        *len = n;
-    }
+    uint64_t total = (uint64_t)mdb_q_int64_at(q, 0) + (uint64_t)mdb_q_int64_at(q, 1);
     mdb_q_reset(q);
-    return rc;
+    if (total == 0)
+        return SQ_NOT_FOUND;
+    uint8_t *buf = malloc((size_t)total);
+    if (buf == NULL)
+        return SQ_NOMEM;
+    size_t have = 0;
+    int rc = 0;
+    for (int part = 0; part < 2 && rc == 0; part++) {
+        q = mdb_q(db, part == 0 ? first_sql : chunks_sql);
+        mdb_q_int64(q, 1, key);
+        while (rc == 0 && (step = mdb_q_step(q, "read model file")) == 1) {
+            size_t n = 0;
+            const void *p = mdb_q_blob_at(q, 0, &n);
+            if (n > total - have) {
+                rc = SQ_DB; /* written meanwhile: a torn read */
+                snprintf(db->errmsg, sizeof(db->errmsg), "model %lld's file changed while read",
+                         (long long)key);
+            } else if (n > 0) {
+                memcpy(buf + have, p, n);
+                have += n;
+            }
+        }
+        if (rc == 0 && step < 0)
+            rc = step;
+        mdb_q_reset(q);
+    }
+    if (rc == 0 && have != total) {
+        rc = SQ_DB;
+        snprintf(db->errmsg, sizeof(db->errmsg), "model %lld's file changed while read",
+                 (long long)key);
+    }
+    if (rc != 0) {
+        free(buf);
+        return rc;
+    }
+    *bytes = buf;
+    *len = (size_t)total;
+    return 0;
 }

@@ -26,17 +26,20 @@ static inline void teardown(void)
 }
 
 /* SQL that takes a database of this schema back to schema 6, whose models
- * row held its file (migration 7 undone). */
+ * row held its file (migrations 8 and 7 undone: a file's later pieces are
+ * dropped, as the files stored before schema 8 have none). */
 static inline const char *undo_model_files(void)
 {
     return t.pg ? "ALTER TABLE models ADD COLUMN onnx BYTEA;"
                   "UPDATE models SET onnx = (SELECT onnx FROM model_files f "
                   "WHERE f.model_id = models.id);"
                   "DROP TABLE model_files; DROP TABLE model_not_on; DROP TABLE decode_costs;"
+                  "DROP TABLE model_file_chunks;"
                 : "ALTER TABLE models ADD COLUMN onnx BLOB;"
                   "UPDATE models SET onnx = (SELECT onnx FROM model_files f "
                   "WHERE f.model_id = models.id);"
-                  "DROP TABLE model_files; DROP TABLE model_not_on; DROP TABLE decode_costs;";
+                  "DROP TABLE model_files; DROP TABLE model_not_on; DROP TABLE decode_costs;"
+                  "DROP TABLE model_file_chunks;";
 }
 
 #endif

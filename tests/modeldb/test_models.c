@@ -270,6 +270,79 @@ Test(model_ids, a_model_file_comes_back_byte_for_byte)
     free(file);
 }
 
+static int64_t count_chunks(void)
+{
+    mdb_q_t *q = mdb_q(db, "SELECT COUNT(*) FROM model_file_chunks");
+    cr_assert_eq(mdb_q_step(q, "count"), 1, "%s", mdb_errmsg(db));
+    int64_t n = mdb_q_int64_at(q, 0);
+    mdb_q_reset(q);
+    return n;
+}
+
+/* A file stored in pieces of db->file_chunk_bytes (MDB_FILE_CHUNK_BYTES,
+ * 256 MiB, in squishd: one blob is at most 1e9 bytes in sqlite, 1 GB in
+ * PostgreSQL) comes back whole, from spans cut anywhere, after the DB is
+ * opened again (a restart), and its pieces go with the model. */
+Test(model_ids, a_file_past_the_chunk_size_is_stored_in_pieces_and_read_back_whole)
+{
+    cr_assert_geq(MDB_FILE_CHUNK_BYTES, (size_t)64 << 20);
+    cr_assert_lt(MDB_FILE_CHUNK_BYTES, (size_t)1000 * 1000 * 1000, "under SQLITE_MAX_LENGTH");
+    size_t len = 100003;
+    uint8_t *file = malloc(len);
+    cr_assert_not_null(file);
+    for (size_t i = 0; i < len; i++)
+        file[i] = (uint8_t)(i * 2654435761u >> 11);
+    db->file_chunk_bytes = 4096;
+    /* Spans as an upload's bundle gives them: a small table, then parts. */
+    mdb_span_t spans[] = {{file, 37},
+                          {file + 37, 4096 * 3},
+                          {file + 37 + 4096 * 3, 0},
+                          {file + 37 + 4096 * 3, len - 37 - 4096 * 3}};
+    char sha[65];
+    mdb_sha256_hex(file, len, sha);
+    json_t *input =
+        json_pack("{s:s, s:s, s:[i,i,i,i]}", "name", "x", "datatype", "FP32", "shape", -1, 3, 4, 4);
+    json_t *outputs =
+        json_pack("[{s:s, s:s, s:[i,i]}]", "name", "y", "datatype", "FP32", "shape", -1, 3);
+    json_t *pre = json_object(), *labels = json_array(), *config = json_object();
+    mdb_new_model_t m = {.name = "pieces",
+                         .version = 1,
+                         .format = "onnx",
+                         .onnx_spans = spans,
+                         .n_onnx_spans = 4,
+                         .sha256 = sha,
+                         .input = input,
+                         .outputs = outputs,
+                         .preprocess = pre,
+                         .labels = labels,
+                         .config = config,
+                         .default_slo_ms = 100,
+                         .max_batch = 4,
+                         .status = "ready"};
+    int64_t id = 0;
+    cr_assert_eq(mdb_model_insert(db, &m, &id), 0, "%s", mdb_errmsg(db));
+    json_decref(input);
+    json_decref(outputs);
+    json_decref(pre);
+    json_decref(labels);
+    json_decref(config);
+    /* 37 | 4096 x 3 | 4096 x 21 + 1662: 26 rows, the first in model_files. */
+    cr_assert_eq(count_chunks(), 25);
+    mdb_close(db);
+    cr_assert_eq(mdb_open(t.target, &db), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(db->file_chunk_bytes, MDB_FILE_CHUNK_BYTES);
+    void *back = NULL;
+    size_t back_len = 0;
+    cr_assert_eq(mdb_model_blob(db, id, &back, &back_len), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(back_len, len);
+    cr_assert(memcmp(back, file, len) == 0, "the bytes differ");
+    free(back);
+    int deleted = 0;
+    cr_assert_eq(mdb_model_delete(db, "pieces", 1, &deleted), 0, "%s", mdb_errmsg(db));
+    cr_assert_eq(count_chunks(), 0, "the pieces go with the model");
+    free(file);
+}
+
 static uint8_t *file_bytes(size_t len)
 {
     uint8_t *file = malloc(len);
