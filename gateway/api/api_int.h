@@ -114,6 +114,12 @@ struct gw_infer {
      * before the answer is sent (gw_item_finish); NULL: none. */
     void (*finish)(gw_infer_t *req);
     json_t *answer_rows; /* v1: what finish built, one entry per image; the answer takes it */
+    /* Another transport's request (gw_api_infer_v2; NULL for HTTP's):
+     * told when it is done, in place of the HTTP loop (gw_infer_done),
+     * and freed when both it and the transport let go (ext_refs). */
+    void (*ext_done)(void *arg, struct gw_infer *req);
+    void *ext_arg;
+    atomic_int ext_refs;
 };
 
 /* Shared with other request kinds (query.c): infer_reply.c's top-k,

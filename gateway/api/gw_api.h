@@ -6,6 +6,7 @@
 
 #include "gw_http.h"
 
+#include <sq_buf.h>
 #include <stdatomic.h>
 
 /* The API's settings, copied once from gw_config_t (server.c). */
@@ -96,6 +97,45 @@ void gw_api_model_metadata(gw_api_ctx_t *api, const char *name, int version, gw_
 /* KServe model readiness, as GET /v2/models/{m}[/versions/{v}]/ready. */
 void gw_api_model_ready(gw_api_ctx_t *api, const char *name, int version, gw_api_fact_fn fn,
                         void *arg);
+
+/* KServe v2 inference for another transport (infer_v2_call.c), with the
+ * same admission, SLO, batching, deadlines and errors as POST
+ * /v2/models/{m}[/versions/{v}]/infer: the request is that route's body
+ * with Triton's binary extension (a JSON header of header_len bytes,
+ * then the binary tensors). */
+typedef struct gw_infer gw_api_infer_t;
+/* The request is done (any thread, once; possibly before
+ * gw_api_infer_v2 returns): the transport takes its answer
+ * (gw_api_infer_answer) where it likes, then releases it. */
+typedef void (*gw_api_infer_fn)(void *arg, gw_api_infer_t *h);
+/* Starts a request for model name (version 0: the default one), taking
+ * body (malloc'd; freed with the request). 0 with *h, which holds two
+ * references: the transport's (gw_api_infer_release once it will not
+ * cancel any more) and the answer's (released after fn's
+ * gw_api_infer_answer); or, refused before it started, an error with why
+ * (the model not found or not ready, squishd shutting down or full, a
+ * pipeline: SQ_METHOD), body freed and fn never called. */
+int gw_api_infer_v2(gw_api_ctx_t *api, const char *name, int version, uint8_t *body, size_t len,
+                    long long header_len, gw_api_infer_fn fn, void *arg, gw_api_infer_t **h,
+                    char *why, size_t whylen);
+/* A done request's answer, as the route's: err 0 with body (its JSON
+ * header header_len bytes, -1: all JSON; sq_buf_dispose it), or the
+ * route's error and message (what SLO would work, where one would). */
+typedef struct {
+    int err;
+    char why[1024];
+    sq_buf_t body;
+    long long header_len;
+} gw_api_infer_answer_t;
+/* Settles and encodes h's answer into *a (once, after fn, any thread),
+ * counting it in the metrics, then releases the answer's reference. */
+void gw_api_infer_answer(gw_api_infer_t *h, gw_api_infer_answer_t *a);
+/* The transport's client went away (any thread, while its reference is
+ * held): the request's items not yet in a batch are withdrawn, never
+ * run; it is then done as failed. */
+void gw_api_infer_cancel(gw_api_infer_t *h);
+/* Lets go of the transport's reference; the last one frees the request. */
+void gw_api_infer_release(gw_api_infer_t *h);
 
 /* Request traces, Triton's trace extension (trace.c; the rest of it is
  * internal to the room, trace_int.h). server.c makes the tracer before

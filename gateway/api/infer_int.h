@@ -18,6 +18,19 @@
  * going away; replies and returns NULL on an error. Its dispose is
  * gw_infer_dispose. */
 gw_infer_t *gw_infer_new(gw_call_t *call, gw_api_t kind);
+/* Whether model m (found) can take a request now: served, not failed,
+ * unloaded or being profiled, a worker up, and room under --max-inflight
+ * (then it is counted in flight: gw_infer_dispose leaves). 0, or the
+ * error (counted in the metrics) with why. */
+int gw_infer_admit(gw_api_ctx_t *api, gw_model_t *m, char *why, size_t len);
+/* A request admitted for m (base.app set): its model (the reference
+ * taken), kind, arrival, default SLO and priority, and trace sampling. */
+void gw_infer_init(gw_infer_t *req, gw_model_t *m, gw_api_t kind);
+/* The request is done (any thread, once): its transport answers it (the
+ * HTTP loop, or ext_done). */
+void gw_infer_done(gw_infer_t *req);
+/* A new request id (no X-Request-Id to take it from). */
+void gw_request_new_id(char *out, size_t len);
 /* The request's end (its gw_async_t dispose): leaves the in-flight count,
  * writes its trace line when traced, and frees what it holds. A route
  * with state of its own (api_state) binds its own dispose, which calls
@@ -166,7 +179,18 @@ float *gw_v2_gather_outputs(const gw_model_t *m, int n_items, const float *rows,
  * inputs will copy into the arena. 0, or -1 after rejecting. */
 int gw_v2_shm_resolve(gw_infer_t *req, gw_v2_state_t *st, size_t *copy_bytes);
 /* Writes the outputs asked for in shared memory into their regions (each
- * output's batch x item floats); 0, or -1 after answering an error. */
-int gw_v2_write_shm_outputs(gw_infer_t *req, h2o_req_t *hreq, const float *const *outputs);
+ * output's batch x item floats); 0, or SQ_BAD_REQUEST with why. */
+int gw_v2_write_shm_outputs(gw_infer_t *req, const float *const *outputs, char *why, size_t len);
+/* Parses a /v2 request's body (req->body, its state's header_len) and
+ * starts its items; on the HTTP loop (on_loop: large copies go to the
+ * offload thread) or another thread. Rejects on an error. */
+void gw_v2_start(gw_infer_t *req, int on_loop);
+/* A succeeded /v2 request's answer (its outputs in shared memory written
+ * first) into out, *header_len as gw_oip_response_encode's; 0, or
+ * SQ_BAD_REQUEST (an output's region no longer holds it) or SQ_INTERNAL
+ * with why. */
+int gw_v2_encode(gw_infer_t *req, sq_buf_t *out, long long *header_len, char *why, size_t len);
+/* A /v2 request's end: gw_infer_dispose, then its state. */
+void gw_v2_dispose(gw_async_t *a);
 
 #endif

@@ -16,7 +16,7 @@ static void finish_off_loop(void *arg)
 {
     gw_infer_t *req = arg;
     req->finish(req);
-    gw_async_done(&req->base);
+    gw_infer_done(req);
 }
 
 void gw_item_finish(gw_item_t *item, int rc, const char *detail)
@@ -43,7 +43,7 @@ void gw_item_finish(gw_item_t *item, int rc, const char *detail)
     if (req->finish != NULL && !atomic_load(&req->failed))
         gw_offload(((gw_api_ctx_t *)req->base.app)->offload, finish_off_loop, req);
     else
-        gw_async_done(&req->base);
+        gw_infer_done(req);
 }
 
 /* Answers an item that never reached the dispatcher (any thread). */

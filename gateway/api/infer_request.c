@@ -87,6 +87,79 @@ static void infer_gone(gw_async_t *a)
         gw_sched_withdraw(gw_api_sched(api));
 }
 
+int gw_infer_admit(gw_api_ctx_t *api, gw_model_t *m, char *why, size_t len)
+{
+    char unserved[MDB_NAME_MAX + 256];
+    if (!gw_registry_served(api->registry, m, unserved, sizeof(unserved))) {
+        snprintf(why, len, "%s", unserved);
+        return SQ_MODEL_NOT_FOUND;
+    }
+    if (strcmp(m->status, "failed") == 0) {
+        /* No retry helps: the operator must upload it again. */
+        snprintf(why, len, "model %s version %d failed: %s; upload it again to retry", m->name,
+                 m->version, m->error[0] ? m->error : "it could not be measured");
+        gw_metrics_infer_rejected(api, m, SQ_MODEL_FAILED);
+        return SQ_MODEL_FAILED;
+    }
+    if (strcmp(m->status, "unloaded") == 0) {
+        snprintf(why, len,
+                 "model %s is unloaded; POST /v2/repository/models/%s/load serves it again",
+                 m->name, m->name);
+        gw_metrics_infer_rejected(api, m, SQ_MODEL_UNLOADED);
+        return SQ_MODEL_UNLOADED;
+    }
+    if (strcmp(m->status, "ready") != 0) {
+        gw_metrics_infer_rejected(api, m, SQ_NOT_READY);
+        snprintf(why, len, "the model is being profiled; retry shortly");
+        return SQ_NOT_READY;
+    }
+    if (gw_sched_serving_kind(gw_api_sched(api), m) < 0) {
+        gw_metrics_infer_rejected(api, m, SQ_NO_WORKER);
+        snprintf(why, len, "no worker that can run this model is up");
+        return SQ_NO_WORKER;
+    }
+    /* Admission: a request is inside squishd from here until its answer is
+     * sent and its items are done (gw_infer_dispose); past max_inflight, new
+     * ones are shed at once, before any copy or decode. */
+    if (atomic_fetch_add(&api->infer_inflight, 1) >= api->cfg.max_inflight) {
+        atomic_fetch_sub(&api->infer_inflight, 1);
+        gw_metrics_infer_rejected(api, m, SQ_OVERLOAD);
+        snprintf(why, len, "squishd has --max-inflight %d requests in flight; retry shortly",
+                 api->cfg.max_inflight);
+        return SQ_OVERLOAD;
+    }
+    return 0;
+}
+
+void gw_infer_init(gw_infer_t *req, gw_model_t *m, gw_api_t kind)
+{
+    gw_api_ctx_t *api = req->base.app;
+    req->model = m;
+    req->api = kind;
+    req->arrival_us = sq_now_us();
+    req->top_k = DEFAULT_TOP_K;
+    /* An SLO only where someone asked for one (issue 23): the model's
+     * default_slo_ms, else squishd's --default-slo-ms, else none (0: best
+     * effort); the request's own replaces either (gw_infer_set_deadline). */
+    req->slo_ms = m->default_slo_ms > 0 ? m->default_slo_ms : api->cfg.default_slo_ms;
+    req->slo_source = m->default_slo_ms > 0 ? "model" : req->slo_ms > 0 ? "server" : "none";
+    req->priority = GW_PRIORITY_DEFAULT;
+    req->trace_id = gw_trace_sample(api->trace, m->name);
+}
+
+void gw_infer_done(gw_infer_t *req)
+{
+    if (req->ext_done != NULL)
+        req->ext_done(req->ext_arg, req);
+    else
+        gw_async_done(&req->base);
+}
+
+void gw_request_new_id(char *out, size_t len)
+{
+    make_request_id(out, len);
+}
+
 /* Looks the model up and builds the request; replies and returns NULL on
  * an error. */
 gw_infer_t *gw_infer_new(gw_call_t *call, gw_api_t kind)
@@ -107,55 +180,10 @@ gw_infer_t *gw_infer_new(gw_call_t *call, gw_api_t kind)
         gw_send_not_found(call, call->args[0], version);
         return NULL;
     }
-    char unserved[MDB_NAME_MAX + 256];
-    if (!gw_registry_served(api->registry, m, unserved, sizeof(unserved))) {
-        gw_send_error(hreq, SQ_MODEL_NOT_FOUND, unserved);
-        gw_model_unref(m);
-        return NULL;
-    }
-    if (strcmp(m->status, "failed") == 0) {
-        /* No retry helps: the operator must upload it again. */
-        char why[sizeof(m->error) + MDB_NAME_MAX + 96];
-        snprintf(why, sizeof(why), "model %s version %d failed: %s; upload it again to retry",
-                 m->name, m->version, m->error[0] ? m->error : "it could not be measured");
-        gw_metrics_infer_rejected(api, m, SQ_MODEL_FAILED);
-        gw_send_error(hreq, SQ_MODEL_FAILED, why);
-        gw_model_unref(m);
-        return NULL;
-    }
-    if (strcmp(m->status, "unloaded") == 0) {
-        char why[MDB_NAME_MAX * 2 + 128];
-        snprintf(why, sizeof(why),
-                 "model %s is unloaded; POST /v2/repository/models/%s/load serves it again",
-                 m->name, m->name);
-        gw_metrics_infer_rejected(api, m, SQ_MODEL_UNLOADED);
-        gw_send_error(hreq, SQ_MODEL_UNLOADED, why);
-        gw_model_unref(m);
-        return NULL;
-    }
-    if (strcmp(m->status, "ready") != 0) {
-        gw_metrics_infer_rejected(api, m, SQ_NOT_READY);
-        gw_send_error(hreq, SQ_NOT_READY, "the model is being profiled; retry shortly");
-        gw_model_unref(m);
-        return NULL;
-    }
-    if (gw_sched_serving_kind(gw_api_sched(api), m) < 0) {
-        gw_metrics_infer_rejected(api, m, SQ_NO_WORKER);
-        gw_send_error(hreq, SQ_NO_WORKER, "no worker that can run this model is up");
-        gw_model_unref(m);
-        return NULL;
-    }
-    /* Admission: a request is inside squishd from here until its answer is
-     * sent and its items are done (gw_infer_dispose); past max_inflight, new
-     * ones are shed at once, before any copy or decode. */
-    if (atomic_fetch_add(&api->infer_inflight, 1) >= api->cfg.max_inflight) {
-        atomic_fetch_sub(&api->infer_inflight, 1);
-        gw_metrics_infer_rejected(api, m, SQ_OVERLOAD);
-        char why[128];
-        snprintf(why, sizeof(why),
-                 "squishd has --max-inflight %d requests in flight; retry shortly",
-                 api->cfg.max_inflight);
-        gw_send_error(hreq, SQ_OVERLOAD, why);
+    char why[sizeof(m->error) + MDB_NAME_MAX * 2 + 256];
+    int err = gw_infer_admit(api, m, why, sizeof(why));
+    if (err != 0) {
+        gw_send_error(hreq, err, why);
         gw_model_unref(m);
         return NULL;
     }
@@ -163,18 +191,8 @@ gw_infer_t *gw_infer_new(gw_call_t *call, gw_api_t kind)
     req->base.dispose = gw_infer_dispose;
     req->base.gone = infer_gone;
     gw_async_watch(&req->base);
-    req->model = m;
-    req->api = kind;
-    req->arrival_us = sq_now_us();
-    req->top_k = DEFAULT_TOP_K;
-    /* An SLO only where someone asked for one (issue 23): the model's
-     * default_slo_ms, else squishd's --default-slo-ms, else none (0: best
-     * effort); the request's own replaces either (gw_infer_set_deadline). */
-    req->slo_ms = m->default_slo_ms > 0 ? m->default_slo_ms : api->cfg.default_slo_ms;
-    req->slo_source = m->default_slo_ms > 0 ? "model" : req->slo_ms > 0 ? "server" : "none";
-    req->priority = GW_PRIORITY_DEFAULT;
+    gw_infer_init(req, m, kind);
     gw_request_id(hreq, req->request_id, sizeof(req->request_id));
-    req->trace_id = gw_trace_sample(api->trace, m->name);
     return req;
 }
 
@@ -223,7 +241,7 @@ void gw_infer_reject(gw_infer_t *req, int err, const char *fmt, ...)
     req->err = err;
     vsnprintf(req->err_detail, sizeof(req->err_detail), fmt, ap);
     va_end(ap);
-    gw_async_done(&req->base);
+    gw_infer_done(req);
 }
 
 /* Points the request at its body (gw_request_body: in place, or a copy

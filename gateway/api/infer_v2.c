@@ -23,7 +23,7 @@
 
 /* The request's end: after gw_infer_dispose (whose trace line names the
  * body's "id", held by the parsed request), its state. */
-static void v2_dispose(gw_async_t *a)
+void gw_v2_dispose(gw_async_t *a)
 {
     gw_infer_t *req = (gw_infer_t *)a;
     gw_infer_dispose(a);
@@ -68,13 +68,8 @@ static void respond_v2(gw_async_t *a, h2o_req_t *hreq)
     req->reply_us = sq_now_us();
 }
 
-static void answer_v2(gw_infer_t *req, h2o_req_t *hreq)
+int gw_v2_encode(gw_infer_t *req, sq_buf_t *out, long long *header_len, char *why, size_t len)
 {
-    gw_metrics_infer_answered(req);
-    if (atomic_load(&req->failed)) {
-        gw_infer_send_failure(req, hreq);
-        return;
-    }
     gw_v2_state_t *st = req->api_state;
     gw_model_t *m = req->model;
     gw_infer_timing_t t = gw_infer_timing(req);
@@ -94,31 +89,45 @@ static void answer_v2(gw_infer_t *req, h2o_req_t *hreq)
         labels[i] = json_string_value(json_array_get(m->labels, i));
     const float *outputs[GW_OIP_MAX_OUTPUTS] = {0};
     float *gathered = gw_v2_gather_outputs(m, req->n_items, req->outputs, outputs);
-    if (gw_v2_write_shm_outputs(req, hreq, outputs) != 0) {
-        free(labels);
-        free(gathered);
+    int rc = gw_v2_write_shm_outputs(req, outputs, why, len);
+    if (rc == 0) {
+        gw_oip_response_t resp = {.model_name = m->name,
+                                  .model_version = st->version,
+                                  .model = &st->desc,
+                                  .request = &st->parsed,
+                                  .outputs = outputs,
+                                  .labels = labels,
+                                  .nlabels = (int)nlabels,
+                                  .params = params,
+                                  .nparams = nparams};
+        *header_len = -1;
+        if (gw_oip_response_encode(&resp, out, header_len) != 0) {
+            snprintf(why, len, "cannot encode the response");
+            rc = SQ_INTERNAL;
+        }
+    }
+    free(labels);
+    free(gathered);
+    return rc;
+}
+
+static void answer_v2(gw_infer_t *req, h2o_req_t *hreq)
+{
+    gw_metrics_infer_answered(req);
+    if (atomic_load(&req->failed)) {
+        gw_infer_send_failure(req, hreq);
         return;
     }
-    gw_oip_response_t resp = {.model_name = m->name,
-                              .model_version = st->version,
-                              .model = &st->desc,
-                              .request = &st->parsed,
-                              .outputs = outputs,
-                              .labels = labels,
-                              .nlabels = (int)nlabels,
-                              .params = params,
-                              .nparams = nparams};
     sq_buf_t out;
     sq_buf_init(&out);
     long long header_len = -1;
-    int rc = gw_oip_response_encode(&resp, &out, &header_len);
-    free(labels);
-    free(gathered);
+    char why[640];
+    int rc = gw_v2_encode(req, &out, &header_len, why, sizeof(why));
     gw_infer_answer_headers(req, hreq);
     if (rc != 0) {
         sq_buf_dispose(&out);
-        req->reply_status = sq_err_http_status(SQ_INTERNAL);
-        gw_send_error(hreq, SQ_INTERNAL, "cannot encode the response");
+        req->reply_status = sq_err_http_status(rc);
+        gw_send_error(hreq, rc, why);
         return;
     }
     hreq->res.status = 200;
@@ -161,9 +170,7 @@ static void v2_items_offloaded(void *arg)
     v2_items(arg);
 }
 
-/* Parses the body and starts the items; on the loop (on_loop) or the
- * offload thread. */
-static void v2_start(gw_infer_t *req, int on_loop)
+void gw_v2_start(gw_infer_t *req, int on_loop)
 {
     gw_api_ctx_t *api = req->base.app;
     gw_v2_state_t *st = req->api_state;
@@ -206,7 +213,7 @@ static void v2_start(gw_infer_t *req, int on_loop)
 
 static void v2_start_offloaded(void *arg)
 {
-    v2_start(arg, 0);
+    gw_v2_start(arg, 0);
 }
 
 void gw_v2_model_desc(const gw_model_t *m, const gw_api_config_t *cfg, gw_oip_model_t *d)
@@ -250,7 +257,7 @@ void gw_route_infer_v2(gw_call_t *call)
     gw_model_t *m = req->model;
     gw_v2_state_t *st = sq_xcalloc(1, sizeof(*st));
     req->api_state = st;
-    req->base.dispose = v2_dispose;
+    req->base.dispose = gw_v2_dispose;
     snprintf(st->version, sizeof(st->version), "%d", m->version);
     if (gw_infer_request_slo(req, hreq, &st->header_slo_ms) != 0 ||
         gw_infer_request_priority(req, hreq, &st->header_priority) != 0)
@@ -289,5 +296,5 @@ void gw_route_infer_v2(gw_call_t *call)
     if (json_bytes > INLINE_PARSE_BYTES)
         gw_offload(api->offload, v2_start_offloaded, req);
     else
-        v2_start(req, 1);
+        gw_v2_start(req, 1);
 }

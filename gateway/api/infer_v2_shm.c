@@ -8,8 +8,8 @@
 #include <string.h>
 
 /* Writes the outputs asked for in shared memory into their regions (each
- * output's batch x item floats); 0, or -1 after answering an error. */
-int gw_v2_write_shm_outputs(gw_infer_t *req, h2o_req_t *hreq, const float *const *outputs)
+ * output's batch x item floats); 0, or SQ_BAD_REQUEST with why. */
+int gw_v2_write_shm_outputs(gw_infer_t *req, const float *const *outputs, char *why, size_t len)
 {
     gw_v2_state_t *st = req->api_state;
     const gw_oip_request_t *p = &st->parsed;
@@ -19,15 +19,11 @@ int gw_v2_write_shm_outputs(gw_infer_t *req, h2o_req_t *hreq, const float *const
             continue;
         size_t bytes = (size_t)req->n_items * (size_t)req->model->outputs[o->model_output].elems *
                        sizeof(float);
-        char why[512];
-        uint8_t *dst = gw_shm_span(st->out_region[i], o->shm.offset, bytes, why, sizeof(why));
+        char span[512];
+        uint8_t *dst = gw_shm_span(st->out_region[i], o->shm.offset, bytes, span, sizeof(span));
         if (dst == NULL) {
-            char msg[600];
-            snprintf(msg, sizeof(msg), "outputs[%d].parameters.shared_memory_region: %s", i, why);
-            req->reply_status = sq_err_http_status(SQ_BAD_REQUEST);
-            gw_infer_answer_headers(req, hreq);
-            gw_send_error(hreq, SQ_BAD_REQUEST, msg);
-            return -1;
+            snprintf(why, len, "outputs[%d].parameters.shared_memory_region: %s", i, span);
+            return SQ_BAD_REQUEST;
         }
         memcpy(dst, outputs[o->model_output], bytes);
     }
