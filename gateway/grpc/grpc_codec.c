@@ -103,6 +103,13 @@ static int name_version(const char *name, const char *version, int optional, gw_
     return 0;
 }
 
+int gw_grpc_name_version(const char *name, const char *version, gw_grpc_req_t *out, char *why,
+                         size_t whylen)
+{
+    memset(out, 0, sizeof(*out));
+    return name_version(name, version, 0, out, why, whylen);
+}
+
 int gw_grpc_decode(gw_grpc_method_t m, const uint8_t *data, size_t len, gw_grpc_req_t *out,
                    char *why, size_t whylen)
 {

@@ -60,6 +60,47 @@ typedef struct {
  * empty takes any bytes of its message. */
 int gw_grpc_decode(gw_grpc_method_t m, const uint8_t *data, size_t len, gw_grpc_req_t *out,
                    char *why, size_t whylen);
+/* name (required: a model's) and version ("" or 1..1000000000) into out
+ * (its name and version); 0, or SQ_BAD_REQUEST with why. */
+int gw_grpc_name_version(const char *name, const char *version, gw_grpc_req_t *out, char *why,
+                         size_t whylen);
+
+/* The dims an answer's output has at most (batch included). */
+#define GW_GRPC_MAX_DIMS 9
+
+/* A ModelInferRequest as the body POST /v2/models/{m}/infer takes with
+ * Triton's binary extension (grpc_infer_codec.c): the model and version
+ * it names, and body (owned, malloc'd) whose first header_len bytes are
+ * the JSON header, then each input's bytes (raw_input_contents, or the
+ * typed contents packed as the binary extension packs them). Every
+ * output is asked binary (raw_output_contents). */
+typedef struct {
+    char name[129];
+    int version; /* 0: the default one */
+    uint8_t *body;
+    size_t len;
+    long long header_len;
+} gw_grpc_infer_req_t;
+/* Decodes a ModelInferRequest into out: 0, or SQ_BAD_REQUEST (not the
+ * message, a name or version refused, a parameter of the wrong kind,
+ * contents and raw_input_contents mixed, raw_input_contents not one per
+ * input), SQ_BAD_TENSOR (no data; typed contents in the wrong list or
+ * not as many as the shape holds; a uint_contents value above 255) or
+ * SQ_TOO_LARGE, with why; out is then empty. What the body says of the
+ * model (names, datatypes, shapes, shared memory) the OIP codec checks. */
+int gw_grpc_decode_infer(const uint8_t *data, size_t len, gw_grpc_infer_req_t *out, char *why,
+                         size_t whylen);
+/* Frees out's body; accepts a disposed or failed one. */
+void gw_grpc_infer_req_dispose(gw_grpc_infer_req_t *r);
+/* HTTP's answer to such a body (len bytes, its JSON header header_len
+ * bytes, -1: all JSON) as a packed ModelInferResponse in *out (malloc'd,
+ * *outlen bytes): model_name, model_version, id, the answer's parameters,
+ * each output's name, datatype and shape, and one raw_output_contents
+ * entry per output (empty for one in shared memory). 0, or SQ_INTERNAL
+ * with why (not such an answer). */
+int gw_grpc_encode_infer(const uint8_t *answer, size_t len, long long header_len, uint8_t **out,
+                         size_t *outlen, char *why, size_t whylen);
+
 /* The gRPC status code (grpc_status_code's value) an SQ_* error maps to,
  * as Triton maps its errors: not found, invalid argument, unauthenticated,
  * unavailable, already exists, failed precondition, internal. */

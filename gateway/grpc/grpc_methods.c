@@ -14,8 +14,9 @@
 #include <strings.h>
 
 #define SERVED                                                                                     \
-    "ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelConfig, "            \
-    "ModelStatistics, RepositoryIndex and SystemSharedMemory{Status,Register,Unregister}"
+    "ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelInfer, "             \
+    "ModelConfig, ModelStatistics, RepositoryIndex and "                                           \
+    "SystemSharedMemory{Status,Register,Unregister}"
 
 /* ---- building a message: its parts live in a pool freed once packed ---- */
 
@@ -420,6 +421,14 @@ void gw_grpc_answer(gw_grpc_call_t *c)
         }
     }
     int rc = -1;
+    if (c->method == GW_GRPC_MODEL_INFER) {
+        if (c->recv == NULL)
+            fail(c, SQ_BAD_REQUEST, "ModelInfer: no request message came");
+        else
+            gw_grpc_model_infer(c, GRPC_SLICE_START_PTR(body), GRPC_SLICE_LENGTH(body));
+        grpc_slice_unref(body);
+        return;
+    }
     switch (c->method) {
     case GW_GRPC_SERVER_LIVE:
     case GW_GRPC_SERVER_READY:

@@ -6,8 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-void gw_grpc_call_free(gw_grpc_call_t *c)
+void gw_grpc_call_unref(gw_grpc_call_t *c)
 {
+    if (atomic_fetch_sub(&c->refs, 1) != 1)
+        return;
     grpc_call_details_destroy(&c->details);
     grpc_metadata_array_destroy(&c->md);
     if (c->recv != NULL)
@@ -41,12 +43,14 @@ void gw_grpc_reply(gw_grpc_call_t *c, int code, const char *details, const uint8
     ops[n].data.send_status_from_server.trailing_metadata_count = 0;
     ops[n].data.send_status_from_server.status = (grpc_status_code)code;
     ops[n++].data.send_status_from_server.status_details = &c->status_details;
-    ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
-    ops[n++].data.recv_close_on_server.cancelled = &c->cancelled;
+    if (!c->close_started) { /* else its own batch waits for the close */
+        ops[n].op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+        ops[n++].data.recv_close_on_server.cancelled = &c->cancelled;
+    }
     c->stage = GW_GRPC_SENDING;
-    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, c, NULL);
+    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->tag, NULL);
     if (e != GRPC_CALL_OK) {
         SQ_WARN("grpc: cannot answer method=%s error=%d", gw_grpc_method_name(c->method), (int)e);
-        gw_grpc_call_free(c);
+        gw_grpc_call_unref(c);
     }
 }

@@ -21,6 +21,7 @@ struct gw_grpc {
     grpc_server *server;
     grpc_completion_queue *cq;
     pthread_t thread;
+    gw_offload_t *answers; /* answers inferences: encodes and sends them */
     int port;
     atomic_int calls;    /* gw_grpc_call_t not yet freed, the one waiting for a call included */
     atomic_int stopping; /* gw_grpc_stop: request no new call */
@@ -34,6 +35,11 @@ static void request_call(gw_grpc_t *g)
     c->api = g->api;
     c->admin_token = g->cfg.admin_token;
     c->calls = &g->calls;
+    c->answers = g->answers;
+    atomic_init(&c->refs, 1);
+    c->tag.call = c;
+    c->close_tag.call = c;
+    c->close_tag.close = 1;
     c->method = -1;
     c->stage = GW_GRPC_REQUESTED;
     c->status_details = grpc_empty_slice();
@@ -41,10 +47,10 @@ static void request_call(gw_grpc_t *g)
     grpc_metadata_array_init(&c->md);
     atomic_fetch_add(&g->calls, 1);
     grpc_call_error e =
-        grpc_server_request_call(g->server, &c->call, &c->details, &c->md, g->cq, g->cq, c);
+        grpc_server_request_call(g->server, &c->call, &c->details, &c->md, g->cq, g->cq, &c->tag);
     if (e != GRPC_CALL_OK) {
         SQ_ERROR("grpc: cannot ask for a call error=%d", (int)e);
-        gw_grpc_call_free(c);
+        gw_grpc_call_unref(c);
     }
 }
 
@@ -56,8 +62,8 @@ static void receive(gw_grpc_call_t *c)
     op.op = GRPC_OP_RECV_MESSAGE;
     op.data.recv_message.recv_message = &c->recv;
     c->stage = GW_GRPC_RECEIVING;
-    if (grpc_call_start_batch(c->call, &op, 1, c, NULL) != GRPC_CALL_OK)
-        gw_grpc_call_free(c);
+    if (grpc_call_start_batch(c->call, &op, 1, &c->tag, NULL) != GRPC_CALL_OK)
+        gw_grpc_call_unref(c);
 }
 
 static void on_event(gw_grpc_t *g, gw_grpc_call_t *c, int ok)
@@ -67,7 +73,7 @@ static void on_event(gw_grpc_t *g, gw_grpc_call_t *c, int ok)
         if (!atomic_load(&g->stopping))
             request_call(g); /* the next one, before this one is served */
         if (!ok) {
-            gw_grpc_call_free(c); /* the server is shutting down */
+            gw_grpc_call_unref(c); /* the server is shutting down */
             return;
         }
         c->method = gw_grpc_method_of((const char *)GRPC_SLICE_START_PTR(c->details.method),
@@ -76,13 +82,13 @@ static void on_event(gw_grpc_t *g, gw_grpc_call_t *c, int ok)
         return;
     case GW_GRPC_RECEIVING:
         if (!ok) {
-            gw_grpc_call_free(c); /* cancelled before its request came */
+            gw_grpc_call_unref(c); /* cancelled before its request came */
             return;
         }
         gw_grpc_answer(c);
         return;
     default: /* GW_GRPC_SENDING: answered (or cancelled) */
-        gw_grpc_call_free(c);
+        gw_grpc_call_unref(c);
         return;
     }
 }
@@ -98,10 +104,13 @@ static void *serve(void *arg)
             gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(100, GPR_TIMESPAN));
         grpc_event ev = grpc_completion_queue_next(g->cq, until, NULL);
         if (ev.type == GRPC_OP_COMPLETE) {
+            gw_grpc_tag_t *tag = ev.tag;
             if (ev.tag == &g->shutdown_tag)
                 shut = 1;
+            else if (tag->close)
+                gw_grpc_closed(tag->call);
             else
-                on_event(g, ev.tag, ev.success);
+                on_event(g, tag->call, ev.success);
         } else if (ev.type == GRPC_QUEUE_SHUTDOWN) {
             break;
         }
@@ -127,6 +136,11 @@ int gw_grpc_start(const gw_grpc_deps_t *deps, gw_grpc_t **out, char *err, size_t
     gw_grpc_t *g = sq_xcalloc(1, sizeof(*g));
     g->cfg = deps->cfg;
     g->api = deps->api;
+    if (gw_offload_start(&g->answers) != 0) {
+        snprintf(err, errlen, "grpc: cannot start its answer thread");
+        free(g);
+        return SQ_NOMEM;
+    }
     grpc_init();
     g->cq = grpc_completion_queue_create_for_next(NULL);
     /* A request as large as an HTTP body may be (--max-body-mb; the core
@@ -151,6 +165,7 @@ int gw_grpc_start(const gw_grpc_deps_t *deps, gw_grpc_t **out, char *err, size_t
         grpc_server_destroy(g->server);
         queue_free(g->cq);
         grpc_shutdown_blocking();
+        gw_offload_stop(g->answers);
         free(g);
         return SQ_IO;
     }
@@ -165,6 +180,7 @@ int gw_grpc_start(const gw_grpc_deps_t *deps, gw_grpc_t **out, char *err, size_t
         grpc_server_destroy(g->server);
         queue_free(g->cq);
         grpc_shutdown_blocking();
+        gw_offload_stop(g->answers);
         free(g);
         return SQ_IO;
     }
@@ -187,6 +203,7 @@ void gw_grpc_stop(gw_grpc_t *g)
     grpc_server_shutdown_and_notify(g->server, g->cq, &g->shutdown_tag);
     grpc_server_cancel_all_calls(g->server);
     pthread_join(g->thread, NULL);
+    gw_offload_stop(g->answers); /* idle: every call was answered */
     grpc_server_destroy(g->server);
     queue_free(g->cq);
     /* The library's own state freed before this returns, not on a thread

@@ -9,13 +9,16 @@ import json
 import os
 import re
 import socket
+import struct
 import subprocess
 import tempfile
+import time
 from multiprocessing import shared_memory
 
 import grpc
 from google.protobuf import descriptor_pb2, message_factory
 
+import tiny_models as tm
 from harness import SOURCE, Squishd, eventually, run, test
 
 SERVICE = "/inference.GRPCInferenceService/"
@@ -24,6 +27,9 @@ INC = {"name": "inc", "profile": {"alpha_ms": 0.5, "beta_ms": 2}, "max_batch": 1
        "input": {"shape": [3, 16, 16]}, "num_classes": 5, "default_slo_ms": 50}
 FREE = {"name": "free", "profile": {"batch": [1, 2, 4, 8], "latency_ms": [2, 3, 4, 6]},
         "input": {"shape": [3, 16, 16]}, "num_classes": 5}
+# One row at a time, l(1) = 105 ms: a second call waits for the first.
+SLOW = {"name": "slow", "profile": {"alpha_ms": 100.0, "beta_ms": 5.0}, "max_batch": 1,
+        "input": {"shape": [3, 4, 4]}, "num_classes": 3}
 
 
 def messages():
@@ -98,7 +104,7 @@ def server():
         lambda: re.search(r"grpc listening address=127\.0\.0\.1:0 port=(\d+)", s.read_log()),
         10, "the gRPC port in the log").group(1))
     assert s.grpc_port > 0
-    for m in (INC, FREE):
+    for m in (INC, FREE, SLOW):
         r = s.request("POST", "/models", body=json.dumps(m), headers=admin(s))
         assert r.status == 201, r
         eventually(lambda: s.get("/v2/models/%s/ready" % m["name"]).status == 200, 30,
@@ -390,9 +396,11 @@ def system_shared_memory_is_https_regions():
 @test
 def methods_not_built_are_unimplemented_naming_those_that_are():
     c = client()
-    code, details = c.error("ModelInfer", model_name="inc")
+    code, details = c.error("RepositoryModelLoad", metadata=(("authorization",
+                                                             "Bearer " + server().token),),
+                            model_name="inc")
     assert code == grpc.StatusCode.UNIMPLEMENTED, (code, details)
-    assert "ModelInfer" in details and "ModelMetadata" in details, details
+    assert "RepositoryModelLoad" in details and "ModelInfer" in details, details
     rpc = c.channel.unary_unary(SERVICE + "NoSuchMethod", request_serializer=lambda b: b,
                                  response_deserializer=lambda b: b)
     try:
@@ -401,6 +409,352 @@ def methods_not_built_are_unimplemented_naming_those_that_are():
     except grpc.RpcError as e:
         assert e.code() == grpc.StatusCode.UNIMPLEMENTED and "NoSuchMethod" in e.details(), e
     c.close()
+
+
+# ---- ModelInfer ----
+
+def f32(vals):
+    return struct.pack("<%df" % len(vals), *vals)
+
+
+def unf32(raw):
+    return list(struct.unpack("<%df" % (len(raw) // 4), raw))
+
+
+def as_f32(vals):
+    """JSON numbers as the float32 they stand for."""
+    return unf32(f32(vals))
+
+
+def infer_input(name, shape, datatype, **contents):
+    t = M["inference.ModelInferRequest"]().inputs.add(name=name, shape=shape, datatype=datatype)
+    for k, v in contents.items():
+        getattr(t.contents, k).extend(v)
+    return t
+
+
+def infer(c, model, inputs, raw=None, outputs=(), params=None, version="", id="", timeout=20,
+          metadata=None):
+    req = M["inference.ModelInferRequest"](model_name=model, model_version=version, id=id)
+    req.inputs.extend(inputs)
+    if raw is not None:
+        req.raw_input_contents.extend(raw)
+    for name, p in outputs:
+        o = req.outputs.add(name=name)
+        for k, v in p.items():
+            set_param(o.parameters[k], v)
+    for k, v in (params or {}).items():
+        set_param(req.parameters[k], v)
+    rpc = c.channel.unary_unary(SERVICE + "ModelInfer",
+                                 request_serializer=type(req).SerializeToString,
+                                 response_deserializer=M["inference.ModelInferResponse"].FromString)
+    return rpc(req, timeout=timeout, metadata=metadata)
+
+
+def set_param(p, v):
+    if isinstance(v, bool):
+        p.bool_param = v
+    elif isinstance(v, int):
+        p.int64_param = v
+    elif isinstance(v, float):
+        p.double_param = v
+    else:
+        p.string_param = v
+
+
+def infer_error(c, *args, **kw):
+    try:
+        r = infer(c, *args, **kw)
+    except grpc.RpcError as e:
+        return e.code(), e.details()
+    raise AssertionError("ModelInfer answered %r, expected an error" % r)
+
+
+def http_infer(s, model, body):
+    r = s.request("POST", "/v2/models/%s/infer" % model, body=json.dumps(body),
+                  headers={"Content-Type": "application/json"})
+    assert r.status == 200, r
+    return r.json
+
+
+def pixels(n, seed=1):
+    return [((i * 7 + seed * 13) % 23) / 23.0 for i in range(n)]
+
+
+@test
+def model_infer_answers_what_http_v2_answers_raw_and_typed():
+    s = server()
+    c = client(s)
+    x = pixels(2 * 3 * 16 * 16)
+    h = http_infer(s, "inc", {"inputs": [{"name": "input", "shape": [2, 3, 16, 16],
+                                          "datatype": "FP32", "data": x}]})
+    out = h["outputs"][0]
+    for how in ("raw", "typed"):
+        if how == "raw":
+            r = infer(c, "inc", [infer_input("input", [2, 3, 16, 16], "FP32")], raw=[f32(x)],
+                      id="req-7")
+        else:
+            r = infer(c, "inc", [infer_input("input", [2, 3, 16, 16], "FP32", fp32_contents=x)],
+                      id="req-7")
+        assert r.model_name == "inc" and r.model_version == h["model_version"] == "1", r
+        assert r.id == "req-7", r
+        assert len(r.outputs) == len(h["outputs"]) == 1 and len(r.raw_output_contents) == 1, r
+        assert r.outputs[0].name == out["name"] and r.outputs[0].datatype == out["datatype"], r
+        assert list(r.outputs[0].shape) == out["shape"] == [2, 5], (r, out)
+        assert unf32(r.raw_output_contents[0]) == as_f32(out["data"]), (how, r, out)
+        # The answer's parameters, as HTTP's: timings and the SLO it was served under.
+        p = r.parameters
+        assert p["slo_source"].string_param == "model" and p["slo_ms"].double_param == 50, p
+        assert p["total_ms"].double_param > 0 and "queue_ms" in p, p
+    # Without an id, the one squish gave it (as HTTP's answer has); a
+    # version may be named.
+    r = infer(c, "inc", [infer_input("input", [1, 3, 16, 16], "FP32")], raw=[f32(x[:768])],
+              version="1")
+    assert r.id != "" and r.id != "req-7" and r.model_version == "1", r
+    c.close()
+
+
+@test
+def model_infer_takes_uint8_raw_and_typed_and_classification():
+    s = server()
+    c = client(s)
+    x = [(i * 5) % 256 for i in range(3 * 16 * 16)]
+    h = http_infer(s, "free", {"inputs": [{"name": "input", "shape": [1, 3, 16, 16],
+                                           "datatype": "UINT8", "data": x}]})
+    for r in (infer(c, "free", [infer_input("input", [1, 3, 16, 16], "UINT8")], raw=[bytes(x)]),
+              infer(c, "free", [infer_input("input", [1, 3, 16, 16], "UINT8", uint_contents=x)])):
+        assert unf32(r.raw_output_contents[0]) == as_f32(h["outputs"][0]["data"]), (r, h)
+    # Triton's classification extension: top-k "score:index[:label]" BYTES,
+    # each a 4-byte length and its bytes in raw_output_contents.
+    name = h["outputs"][0]["name"]
+    hc = s.request("POST", "/v2/models/free/infer", body=json.dumps(
+        {"inputs": [{"name": "input", "shape": [1, 3, 16, 16], "datatype": "UINT8", "data": x}],
+         "outputs": [{"name": name, "parameters": {"classification": 2}}]}),
+        headers={"Content-Type": "application/json"}).json["outputs"][0]
+    r = infer(c, "free", [infer_input("input", [1, 3, 16, 16], "UINT8")], raw=[bytes(x)],
+              outputs=[(name, {"classification": 2})])
+    assert r.outputs[0].datatype == "BYTES" == hc["datatype"], (r, hc)
+    assert list(r.outputs[0].shape) == hc["shape"], (r, hc)
+    raw, got = r.raw_output_contents[0], []
+    while raw:
+        n = struct.unpack("<I", raw[:4])[0]
+        got.append(raw[4:4 + n].decode())
+        raw = raw[4 + n:]
+    assert got == hc["data"], (got, hc)
+    c.close()
+
+
+@test
+def model_infer_takes_jpeg_bytes():
+    s = server()
+    c = client(s)
+    from test_infer import jpeg  # noqa: E402 - the JPEG maker of the infer tests
+    img = jpeg(size=(24, 20))
+    import base64
+    h = http_infer(s, "inc", {"inputs": [{"name": "input", "shape": [1], "datatype": "BYTES",
+                                          "data": [base64.b64encode(img).decode()]}]})
+    for r in (infer(c, "inc", [infer_input("input", [1], "BYTES", bytes_contents=[img])]),
+              infer(c, "inc", [infer_input("input", [1], "BYTES")],
+                    raw=[struct.pack("<I", len(img)) + img])):
+        assert unf32(r.raw_output_contents[0]) == as_f32(h["outputs"][0]["data"]), (r, h)
+    c.close()
+
+
+@test
+def model_infer_reads_and_writes_system_shared_memory():
+    s = server()
+    c = client(s)
+    md = (("authorization", "Bearer " + s.token),)
+    x = pixels(3 * 16 * 16, seed=3)
+    h = http_infer(s, "inc", {"inputs": [{"name": "input", "shape": [1, 3, 16, 16],
+                                          "datatype": "FP32", "data": x}]})
+    shm_in = shared_memory.SharedMemory(create=True, size=4096)
+    shm_out = shared_memory.SharedMemory(create=True, size=256)
+    try:
+        shm_in.buf[:len(x) * 4] = f32(x)
+        for name, key, size in (("gin", shm_in.name, 4096), ("gout", shm_out.name, 256)):
+            c.call("SystemSharedMemoryRegister", metadata=md, name=name, key="/" + key,
+                   offset=0, byte_size=size)
+        inp = infer_input("input", [1, 3, 16, 16], "FP32")
+        for k, v in (("shared_memory_region", "gin"), ("shared_memory_byte_size", len(x) * 4)):
+            set_param(inp.parameters[k], v)
+        r = infer(c, "inc", [inp], outputs=[(h["outputs"][0]["name"],
+                                             {"shared_memory_region": "gout",
+                                              "shared_memory_offset": 16,
+                                              "shared_memory_byte_size": 20})])
+        assert r.outputs[0].datatype == "FP32" and list(r.outputs[0].shape) == [1, 5], r
+        assert r.raw_output_contents[0] == b"", r  # in the region, not here
+        assert unf32(bytes(shm_out.buf[16:36])) == as_f32(h["outputs"][0]["data"]), h
+        # A region too small for the output: refused, as HTTP refuses it.
+        code, details = infer_error(c, "inc", [inp], outputs=[(h["outputs"][0]["name"], {
+            "shared_memory_region": "gout", "shared_memory_byte_size": 8})])
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "byte_size" in details, details
+        code, details = infer_error(c, "inc", [inp], outputs=[(h["outputs"][0]["name"], {
+            "shared_memory_region": "nosuch", "shared_memory_byte_size": 20})])
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "nosuch" in details, details
+        c.call("SystemSharedMemoryUnregister", metadata=md, name="")
+    finally:
+        shm_in.close()
+        shm_in.unlink()
+        shm_out.close()
+        shm_out.unlink()
+        c.close()
+
+
+@test
+def model_infer_refuses_bad_requests_with_https_reasons():
+    s = server()
+    c = client(s)
+    x = pixels(768)
+    # An unknown model: NOT_FOUND, HTTP's message.
+    h = s.request("POST", "/v2/models/nosuch/infer", body=json.dumps(
+        {"inputs": [{"name": "input", "shape": [1, 3, 16, 16], "datatype": "FP32", "data": x}]}),
+        headers={"Content-Type": "application/json"})
+    code, details = infer_error(c, "nosuch", [infer_input("input", [1, 3, 16, 16], "FP32")],
+                                raw=[f32(x)])
+    assert code == grpc.StatusCode.NOT_FOUND and h.status == 404, (code, details, h)
+    assert "nosuch" in details, details
+    code, details = infer_error(c, "inc", [infer_input("input", [1, 3, 16, 16], "FP32")],
+                                raw=[f32(x)], version="9")
+    assert code == grpc.StatusCode.NOT_FOUND and "9" in details, details
+    cases = [
+        # a wrong shape, raw and typed
+        ([infer_input("input", [1, 3, 8, 8], "FP32")], [f32(x[:192])], "shape"),
+        ([infer_input("input", [1, 3, 8, 8], "FP32", fp32_contents=x[:192])], None, "shape"),
+        # a datatype the model does not take, raw and typed
+        ([infer_input("input", [1, 3, 16, 16], "INT32")], [f32(x)], "datatype"),
+        ([infer_input("input", [1, 3, 16, 16], "INT32", int_contents=[1] * 768)], None,
+         "datatype"),
+        # typed contents in another list than the datatype's, or too few
+        ([infer_input("input", [1, 3, 16, 16], "FP32", uint_contents=[1] * 768)], None,
+         "fp32_contents"),
+        ([infer_input("input", [1, 3, 16, 16], "FP32", fp32_contents=x[:700])], None,
+         "fp32_contents"),
+        ([infer_input("input", [1, 3, 16, 16], "UINT8", uint_contents=[300] * 768)], None,
+         "uint_contents"),
+        # raw bytes that do not fill the tensor
+        ([infer_input("input", [1, 3, 16, 16], "FP32")], [f32(x[:100])], "input"),
+        # no input, an input of another name, one without data
+        ([], None, "input"),
+        ([infer_input("image", [1, 3, 16, 16], "FP32")], [f32(x)], "image"),
+        ([infer_input("input", [1, 3, 16, 16], "FP32")], None, "no data"),
+        # raw and typed at once
+        ([infer_input("input", [1, 3, 16, 16], "FP32", fp32_contents=x)], [f32(x)], "raw"),
+    ]
+    for inputs, raw, word in cases:
+        code, details = infer_error(c, "inc", inputs, raw=raw)
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, (inputs, code, details)
+        assert word in details, (word, details)
+    code, details = infer_error(c, "inc", [infer_input("input", [1, 3, 16, 16], "FP32")],
+                                raw=[f32(x)], params={"priority": "high"})
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "priority" in details, details
+    code, details = infer_error(c, "inc", [infer_input("input", [1, 3, 16, 16], "FP32")],
+                                raw=[f32(x)], outputs=[("nosuch", {})])
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "nosuch" in details, details
+    c.close()
+
+
+@test
+def model_infer_refuses_an_slo_no_request_can_meet():
+    s = server()
+    c = client(s)
+    x = pixels(768)
+    inp = [infer_input("input", [1, 3, 16, 16], "FP32")]
+    h = s.request("POST", "/v2/models/inc/infer", body=json.dumps(
+        {"inputs": [{"name": "input", "shape": [1, 3, 16, 16], "datatype": "FP32", "data": x}],
+         "parameters": {"slo_ms": 0.5}}), headers={"Content-Type": "application/json"})
+    assert h.status == 400 and h.json["code"] == "slo_too_tight", h
+    code, details = infer_error(c, "inc", inp, raw=[f32(x)], params={"slo_ms": 0.5})
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details == h.json["error"], (details, h)
+    # Triton's timeout is in microseconds: 500 us is the same half millisecond.
+    code, details = infer_error(c, "inc", inp, raw=[f32(x)], params={"timeout": 500})
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "microseconds" in details, details
+    # One it can meet, and a priority: served under it.
+    r = infer(c, "inc", inp, raw=[f32(x)], params={"slo_ms": 400.0, "priority": 1})
+    assert r.parameters["slo_ms"].double_param == 400 and \
+        r.parameters["slo_source"].string_param == "request", r.parameters
+    r = infer(c, "inc", inp, raw=[f32(x)], params={"timeout": 300000})
+    assert r.parameters["slo_ms"].double_param == 300, r.parameters
+    c.close()
+
+
+def metric(s, name, model, extra=""):
+    text = s.get("/metrics").raw.decode()
+    total = 0.0
+    for labels, v in re.findall(r"^%s\{([^}]*)\} (\S+)" % name, text, re.M):
+        if 'model="%s"' % model in labels and extra in labels:
+            total += float(v)
+    return total
+
+
+@test
+def a_cancelled_model_infer_leaves_its_item_unrun():
+    """Calls whose client gives up while their item waits behind another
+    (l(1) = 105 ms, one row at a time) are withdrawn, never run: one batch
+    runs, the first call's."""
+    s = server()
+    c = client(s)
+    x = [0.0] * 48
+    inp = [infer_input("input", [1, 3, 4, 4], "FP32")]
+    infer(c, "slow", inp, raw=[f32(x)])  # warm
+    time.sleep(0.2)
+    batches = metric(s, "squish_batches_total", "slow")
+    gone = metric(s, "squish_items_withdrawn_total", "slow", 'reason="client_gone"')
+    req = M["inference.ModelInferRequest"](model_name="slow")
+    req.inputs.extend(inp)
+    req.raw_input_contents.append(f32(x))
+    rpc = c.channel.unary_unary(SERVICE + "ModelInfer",
+                                 request_serializer=type(req).SerializeToString,
+                                 response_deserializer=M["inference.ModelInferResponse"].FromString)
+    first = rpc.future(req, timeout=20)
+    time.sleep(0.02)
+    later = [rpc.future(req, timeout=20) for _ in range(3)]
+    time.sleep(0.03)
+    for f in later:
+        f.cancel()
+    assert first.result().model_name == "slow"
+    for f in later:
+        assert f.cancelled() or f.exception().code() == grpc.StatusCode.CANCELLED, f
+    time.sleep(0.4)  # any batch sent for them would have run by now
+    assert metric(s, "squish_batches_total", "slow") == batches + 1, \
+        (batches, metric(s, "squish_batches_total", "slow"))
+    assert metric(s, "squish_items_withdrawn_total", "slow",
+                  'reason="client_gone"') == gone + 3, s.get("/metrics").raw.decode()[-3000:]
+    c.close()
+
+
+@test
+def model_infer_on_a_real_onnx_model_answers_as_http():
+    s = Squishd(workers="cpu:1", extra=["--grpc-listen", "127.0.0.1:0"])
+    try:
+        s.wait_ready(workers=1, timeout=60)
+        port = int(eventually(lambda: re.search(r"grpc listening address=\S+ port=(\d+)",
+                                                s.read_log()), 10, "the port").group(1))
+        body, ctype = tm.multipart([("model", "m.onnx", None, tm.tiny()),
+                                    ("config", None, None, b'{"name": "tiny"}')])
+        r = s.request("POST", "/models", body=body, headers={
+            "Authorization": "Bearer " + s.token, "Content-Type": ctype})
+        assert r.status == 202, r
+        eventually(lambda: s.get("/v2/models/tiny/ready").status == 200, 60, "tiny ready")
+        meta = s.get("/v2/models/tiny").json
+        inp = meta["inputs"][0]
+        shape = [2] + inp["shape"][1:]
+        n = 1
+        for d in shape:
+            n *= d
+        x = pixels(n, seed=5)
+        h = http_infer(s, "tiny", {"inputs": [{"name": inp["name"], "shape": shape,
+                                               "datatype": "FP32", "data": x}]})
+        c = Client(port)
+        r = infer(c, "tiny", [infer_input(inp["name"], shape, "FP32")], raw=[f32(x)])
+        assert [o.name for o in r.outputs] == [o["name"] for o in h["outputs"]], (r, h)
+        for i, o in enumerate(h["outputs"]):
+            assert list(r.outputs[i].shape) == o["shape"], (r, o)
+            assert unf32(r.raw_output_contents[i]) == as_f32(o["data"]), (r, o)
+        c.close()
+        assert s.stop() == 0, s.read_log()[-3000:]
+    finally:
+        s.cleanup()
 
 
 @test
@@ -515,8 +869,25 @@ def served_squishd_stops_cleanly():
     s = server()
     _server = None
     try:
+        # ModelInfer calls under way too: one running, three queued behind
+        # it (l(1) = 105 ms, one row at a time) when SIGTERM comes.
+        c = client(s)
+        req = M["inference.ModelInferRequest"](model_name="slow")
+        req.inputs.add(name="input", shape=[1, 3, 4, 4], datatype="FP32")
+        req.raw_input_contents.append(f32([0.0] * 48))
+        rpc = c.channel.unary_unary(SERVICE + "ModelInfer",
+                                     request_serializer=type(req).SerializeToString,
+                                     response_deserializer=M["inference.ModelInferResponse"].FromString)
+        futures = [rpc.future(req, timeout=20) for _ in range(4)]
+        time.sleep(0.05)
         assert s.stop() == 0, s.read_log()[-3000:]
         assert "stopped" in s.read_log()
+        for f in futures:
+            try:
+                assert f.result().model_name == "slow"
+            except grpc.RpcError as e:  # refused or cut off by the stop
+                assert e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), e
+        c.close()
     finally:
         s.cleanup()
 
