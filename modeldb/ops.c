@@ -229,7 +229,6 @@ const mdb_op_desc_t mdb__op_descs[MDB_OP_COUNT] = {
                            (const mdb_rule_t[]){
                                {mdb__run_resize, false, 0,
                                 "NCHW, H and W only; nearest, linear or cubic, four transforms"},
-                               {mdb__run_cuda_no_kernel, false, ON_CUDA, "no resize kernel"},
                                {0},
                            }},
     [MDB_OP_CONV_TRANSPOSE] =

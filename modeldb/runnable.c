@@ -462,7 +462,8 @@ const char *mdb__run_cuda_matmul(const mdb_graph_t *g, const mdb_node_t *n, char
 /* Resize: NCHW maps, only H and W resized; nearest (floor, ceil or round
  * with either tie), bilinear or bicubic (any cubic_coeff_a, exclude_outside
  * 0 or 1), on the four coordinate transforms that torch, paddle2onnx and
- * tf2onnx export (worker/backend_cpu_ckern.c). */
+ * tf2onnx export (worker/backend_cpu_ckern.c and the cuda backend's
+ * k_resize, through the same transforms: worker/ck_types.h). */
 const char *mdb__run_resize(const mdb_graph_t *g, const mdb_node_t *n, char *buf, size_t len)
 {
     const mdb_tensor_t *x = in_t(g, n, 0), *y = out_t(g, n, 0);
@@ -531,7 +532,7 @@ const char *mdb__run_conv_transpose(const mdb_graph_t *g, const mdb_node_t *n, c
     return NULL;
 }
 
-/* An op the cuda backend has no kernel for (Resize, ConvTranspose). */
+/* An op the cuda backend has no kernel for (ConvTranspose). */
 const char *mdb__run_cuda_no_kernel(const mdb_graph_t *g, const mdb_node_t *n, char *buf,
                                     size_t len)
 {

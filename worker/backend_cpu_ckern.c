@@ -5,6 +5,7 @@
  * Their builder only queues an item without a primitive; the backend runs
  * the op's run_c for it (wk__cpu_ops). */
 #include "backend_cpu_int.h"
+#include "wk_resize.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -169,101 +170,18 @@ void wk__cpu_run_expand(const wk_step_t *s, const wk_value_t *x, const wk_value_
     }
 }
 
-/* Resize's coordinate transform: output pixel o of an axis (in -> out
- * pixels) to its coordinate in the input, in float as ONNX Runtime
- * computes it (whose results the tests hold the kernel to). */
-static float resize_coord(const wk_step_t *s, int64_t o, int64_t in, int64_t out, float scale)
-{
-    switch (s->p.resize.coord) {
-    case WK_RESIZE_HALF_PIXEL:
-        return ((float)o + 0.5f) / scale - 0.5f;
-    case WK_RESIZE_PYTORCH_HALF_PIXEL:
-        return out > 1 ? ((float)o + 0.5f) / scale - 0.5f : 0.0f;
-    case WK_RESIZE_ALIGN_CORNERS:
-        return out == 1 ? 0.0f : (float)o * (float)(in - 1) / (float)(out - 1);
-    case WK_RESIZE_ASYMMETRIC:
-    default:
-        return (float)o / scale;
-    }
-}
-
-static int64_t resize_nearest(const wk_step_t *s, float c, int64_t in)
-{
-    float r;
-    switch (s->p.resize.nearest) {
-    case WK_NEAREST_ROUND_PREFER_FLOOR:
-        r = c == (float)(int64_t)c + 0.5f ? floorf(c) : roundf(c);
-        break;
-    case WK_NEAREST_ROUND_PREFER_CEIL:
-        r = roundf(c);
-        break;
-    case WK_NEAREST_FLOOR:
-        r = floorf(c);
-        break;
-    case WK_NEAREST_CEIL:
-    default:
-        r = ceilf(c);
-        break;
-    }
-    int64_t i = (int64_t)r;
-    return i < 0 ? 0 : i >= in ? in - 1 : i;
-}
-
-/* The two source pixels of a bilinear tap and their weights (w1 for i1,
- * w2 for i2), the coordinate clamped to the map. */
-static void resize_linear(const wk_step_t *s, int64_t o, int64_t in, int64_t out, float scale,
-                          int64_t *i1, int64_t *i2, float *w1, float *w2)
-{
-    float c = resize_coord(s, o, in, out, scale);
-    c = fmaxf(0.0f, fminf(c, (float)(in - 1)));
-    *i1 = (int64_t)c < in - 1 ? (int64_t)c : in - 1;
-    *i2 = *i1 + 1 < in - 1 ? *i1 + 1 : in - 1;
-    float d1 = fabsf(c - (float)*i1), d2 = fabsf(c - (float)*i2);
-    if (*i1 == *i2)
-        d1 = d2 = 0.5f;
-    *w1 = d2; /* i1's weight is the distance to i2 */
-    *w2 = d1;
-}
-
-/* The four source pixels of a bicubic tap (c - 1 .. c + 2 around the
- * coordinate's floor c, clamped to the map) and their weights: Keys'
- * kernel with ONNX's cubic_coeff_a at the fraction t, as ONNX Runtime
- * computes it. With exclude_outside, the taps off the map weigh 0 and the
- * others are scaled to sum to 1. */
-static void resize_cubic(const wk_step_t *s, int64_t o, int64_t in, int64_t out, float scale,
-                         int64_t idx[4], float w[4])
-{
-    float c = resize_coord(s, o, in, out, scale), a = s->p.resize.cubic_a;
-    float base = floorf(c), t = c - base, u = 1.0f - t;
-    w[0] = ((a * (t + 1) - 5 * a) * (t + 1) + 8 * a) * (t + 1) - 4 * a;
-    w[1] = ((a + 2) * t - (a + 3)) * t * t + 1;
-    w[2] = ((a + 2) * u - (a + 3)) * u * u + 1;
-    w[3] = ((a * (u + 1) - 5 * a) * (u + 1) + 8 * a) * (u + 1) - 4 * a;
-    float sum = 0.0f;
-    for (int k = 0; k < 4; k++) {
-        int64_t i = (int64_t)base - 1 + k;
-        if (s->p.resize.exclude_outside && (i < 0 || i >= in))
-            w[k] = 0.0f;
-        sum += w[k];
-        idx[k] = i < 0 ? 0 : i >= in ? in - 1 : i;
-    }
-    if (s->p.resize.exclude_outside && sum != 0.0f)
-        for (int k = 0; k < 4; k++)
-            w[k] /= sum;
-}
-
 /* Bicubic resize of one plane: per output row its four source rows, then
  * per output pixel its four columns of each. */
-static void resize_cubic_plane(const wk_step_t *s, const float *in, int64_t ih, int64_t iw,
+static void resize_cubic_plane(const ck_resize_how_t *h, const float *in, int64_t ih, int64_t iw,
                                int64_t oh, int64_t ow, float *dst)
 {
-    float sh = s->p.resize.scale[0], sw = s->p.resize.scale[1];
+    float sh = h->scale[0], sw = h->scale[1];
     for (int64_t oy = 0; oy < oh; oy++, dst += ow) {
         int64_t ys[4], xs[4];
         float wy[4], wx[4];
-        resize_cubic(s, oy, ih, oh, sh, ys, wy);
+        ck_resize_cubic(h, oy, ih, oh, sh, ys, wy);
         for (int64_t ox = 0; ox < ow; ox++) {
-            resize_cubic(s, ox, iw, ow, sw, xs, wx);
+            ck_resize_cubic(h, ox, iw, ow, sw, xs, wx);
             float acc = 0.0f;
             for (int r = 0; r < 4; r++) {
                 const float *row = in + ys[r] * iw;
@@ -285,29 +203,31 @@ void wk__cpu_run_resize(const wk_step_t *s, const wk_value_t *x, const wk_value_
     wk_value_dims_at(x, batch, xd);
     wk_value_dims_at(y, batch, yd);
     int64_t planes = yd[0] * yd[1], ih = xd[2], iw = xd[3], oh = yd[2], ow = yd[3];
-    float sh = s->p.resize.scale[0], sw = s->p.resize.scale[1];
+    const ck_resize_how_t how = wk_resize_how(s), *h = &how;
+    float sh = h->scale[0], sw = h->scale[1];
     for (int64_t p = 0; p < planes; p++) {
         const float *in = src + p * ih * iw;
-        if (s->p.resize.cubic) {
-            resize_cubic_plane(s, in, ih, iw, oh, ow, dst);
+        if (h->mode == CK_RESIZE_CUBIC) {
+            resize_cubic_plane(h, in, ih, iw, oh, ow, dst);
             dst += oh * ow;
             continue;
         }
         for (int64_t oy = 0; oy < oh; oy++, dst += ow) {
-            if (!s->p.resize.linear) {
-                const float *row = in + resize_nearest(s, resize_coord(s, oy, ih, oh, sh), ih) * iw;
+            if (h->mode == CK_RESIZE_NEAREST) {
+                const float *row =
+                    in + ck_resize_nearest(h, ck_resize_coord(h, oy, ih, oh, sh), ih) * iw;
                 for (int64_t ox = 0; ox < ow; ox++)
-                    dst[ox] = row[resize_nearest(s, resize_coord(s, ox, iw, ow, sw), iw)];
+                    dst[ox] = row[ck_resize_nearest(h, ck_resize_coord(h, ox, iw, ow, sw), iw)];
                 continue;
             }
             int64_t y1, y2;
             float wy1, wy2;
-            resize_linear(s, oy, ih, oh, sh, &y1, &y2, &wy1, &wy2);
+            ck_resize_linear(h, oy, ih, oh, sh, &y1, &y2, &wy1, &wy2);
             const float *r1 = in + y1 * iw, *r2 = in + y2 * iw;
             for (int64_t ox = 0; ox < ow; ox++) {
                 int64_t x1, x2;
                 float wx1, wx2;
-                resize_linear(s, ox, iw, ow, sw, &x1, &x2, &wx1, &wx2);
+                ck_resize_linear(h, ox, iw, ow, sw, &x1, &x2, &wx1, &wx2);
                 dst[ox] = wx1 * wy1 * r1[x1] + wx2 * wy1 * r1[x2] + wx1 * wy2 * r2[x1] +
                           wx2 * wy2 * r2[x2];
             }

@@ -50,9 +50,11 @@
  * Refused when a model is lowered for it (the rules of modeldb's op table
  * that bind SQ_DEV_CUDA, which the importer reads too; squishd keeps such
  * a model on the cpu): reflect and edge pads, convolutions with asymmetric
- * pads, dilated pooling, average pooling with asymmetric pads excluded from
- * the count, MatMul broadcasts other than a shared 2-D B or equal batch
- * dims; and fused depthwise post-ops (never asked for here).
+ * pads, ConvTranspose, dilated pooling, average pooling with asymmetric
+ * pads excluded from the count, MatMul broadcasts other than a shared 2-D
+ * B or equal batch dims; and fused depthwise post-ops (never asked for
+ * here). Resize runs on squish's own kernel (k_resize: the cpu backend's
+ * transforms and taps, ck_types.h), on its input's layout and type.
  *
  * Built for sm_80 and sm_90 (PTX for later GPUs). On a machine without a
  * GPU or driver, prepare fails with SQ_DEVICE and the CUDA error text. */
@@ -73,7 +75,7 @@
 /* What the backend cannot do is refused before it is asked, when the
  * model is lowered for it: the rules of modeldb's op table that bind
  * SQ_DEV_CUDA (modeldb/runnable.c: reflect and edge pads, convolutions with
- * asymmetric pads, dilated pooling, average pooling with asymmetric pads
+ * asymmetric pads, ConvTranspose, dilated pooling, average pooling with asymmetric pads
  * excluded from the count, MatMul broadcasts beyond a shared 2-D B or equal
  * batch dims), which the importer reads too, so that an upload says which
  * device kinds run a model and why the others do not. What only the lowered
@@ -83,8 +85,8 @@ static int check_supported(wk_plan_t *plan)
     const wk_graph_t *g = plan->graph;
     for (int si = 0; si < g->n_steps; si++) {
         const wk_step_t *s = &g->steps[si];
-        /* the op table's rules refuse Resize and ConvTranspose on cuda */
-        if (s->kind == WK_K_RESIZE || s->kind == WK_K_DECONV)
+        /* the op table's rules refuse ConvTranspose on cuda */
+        if (s->kind == WK_K_DECONV)
             return wk_fail(plan, SQ_UNSUPPORTED_MODEL, "cuda backend: step %d (%s): %s", si,
                            wk_kernel_names[s->kind], "no cuda kernel");
         for (int i = 0; i < s->n_post; i++)
@@ -493,6 +495,11 @@ static void assign_reps(wk_plan_t *plan)
                     wk_value_elems(v) == wk_value_elems(y) && v->ndim == 4)
                     r = hn;
             }
+            break;
+        case WK_K_RESIZE:
+            /* as its input lies: an FPN's upsampled map meets a conv's NHWC
+             * output in the add after it */
+            r = be->rep[s->in[0]].nhwc ? hn : h;
             break;
         case WK_K_CONCAT:
             r = y->ndim == 4 ? hn : h;

@@ -3,6 +3,7 @@
  * FP32, GEMMs on cuBLAS, and everything elementwise, broadcast, strided or
  * normalized on the kernels of cuda_kernels.cu, which read and write any
  * of the value layouts (backend_cuda_int.h: cuda_rep_t) directly. */
+#include "wk_resize.h"
 #include "backend_cuda_int.h"
 
 #include <sq.h>
@@ -384,6 +385,27 @@ out:
     return rc;
 }
 
+/* Resize (wk_resize.h): x and y as they lie (any type, NCHW or NHWC),
+ * one thread an output element. */
+static int run_resize(wk_plan_t *plan, int si, int batch)
+{
+    cuda_be_t *be = plan->be;
+    const wk_graph_t *g = plan->graph;
+    const wk_step_t *s = &g->steps[si];
+    int rc = 0;
+    ck_resize_t r = {.how = wk_resize_how(s)};
+    int64_t xd[WK_MAX_DIMS];
+    wk_value_dims_at(&g->values[s->in[0]], batch, xd);
+    wk_value_dims_at(&g->values[s->out], batch, r.dims);
+    r.in_h = xd[2];
+    r.in_w = xd[3];
+    r.x = ten(be, g, s->in[0], batch);
+    r.y = ten(be, g, s->out, batch);
+    CU(ck_resize(be->stream, &r));
+out:
+    return rc;
+}
+
 static int run_layout(wk_plan_t *plan, int si, int batch)
 {
     cuda_be_t *be = plan->be;
@@ -613,8 +635,8 @@ static const cuda_kernel_t cuda_kernels[] = {
     [WK_K_ERF] = {.launch = run_pointwise},
     [WK_K_EXPAND] = {.launch = run_pointwise},
     [WK_K_LAYERNORM] = {.launch = run_layernorm},
-    /* none: the op table's rules refuse Resize and ConvTranspose on cuda */
-    [WK_K_RESIZE] = {0},
+    [WK_K_RESIZE] = {.launch = run_resize},
+    /* none: the op table's rules refuse ConvTranspose on cuda */
     [WK_K_DECONV] = {0},
 };
 _Static_assert(sizeof(cuda_kernels) / sizeof(cuda_kernels[0]) == WK_K_COUNT_,

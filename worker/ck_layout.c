@@ -97,3 +97,17 @@ bool ck_pointwise_prepare(ck_pointwise_t *p, int64_t n)
     collapse(p, t, nt);
     return fits32(p, t, nt, n);
 }
+
+void ck_resize_prepare(ck_resize_t *p)
+{
+    for (int d = 0; d < 4; d++)
+        p->order[d] = d;
+    /* largest |y stride| first, stable (insertion sort over 4 dims): an
+     * NHWC output is walked N, H, W, C */
+    for (int i = 1; i < 4; i++)
+        for (int j = i; j > 0 && mag(p->y.st[p->order[j - 1]]) < mag(p->y.st[p->order[j]]); j--) {
+            int t = p->order[j - 1];
+            p->order[j - 1] = p->order[j];
+            p->order[j] = t;
+        }
+}

@@ -15,6 +15,7 @@ extern "C" {
 cudaError_t ck_pointwise(cudaStream_t stream, const ck_pointwise_t *p);
 cudaError_t ck_layernorm(cudaStream_t stream, const ck_layernorm_t *p);
 cudaError_t ck_u8(cudaStream_t stream, const ck_u8_t *p);
+cudaError_t ck_resize(cudaStream_t stream, const ck_resize_t *p);
 
 #ifdef __cplusplus
 }

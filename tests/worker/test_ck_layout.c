@@ -4,7 +4,9 @@
  * neighbouring threads C elements apart, and FP16 plans ran 5x slower on
  * an H100), merging keeps every element's offsets, and the 32-bit index
  * path is taken only where every offset fits. The bytes-to-FP32 kernel's
- * index (ck_u8_src) is checked here too, against each layout written out. */
+ * index (ck_u8_src) is checked here too, against each layout written out,
+ * and the resize kernel's walk and the transforms it shares with the cpu
+ * backend (ck_resize_*). */
 #include <ck_types.h>
 #include <criterion/criterion.h>
 #include <stdint.h>
@@ -240,4 +242,81 @@ Test(ck_u8, a_tensors_bytes_are_cast_one_for_one)
     u8_ref(&p, x, y);
     for (int i = 0; i < 300; i++)
         cr_assert_eq(y[i], (float)x[i], "element %d", i);
+}
+
+/* The resize kernel's walk (ck_resize_prepare, ck_resize_at): element i of
+ * an NHWC output is its i-th in memory (N, H, W, C), of an NCHW one its
+ * i-th in logical order; every output element is visited once. */
+Test(ck_resize, the_walk_follows_the_output_s_memory_order)
+{
+    const int64_t n = 2, c = 3, h = 4, w = 5;
+    for (int nhwc = 0; nhwc < 2; nhwc++) {
+        ck_resize_t p;
+        memset(&p, 0, sizeof(p));
+        int64_t dims[4] = {n, c, h, w};
+        memcpy(p.dims, dims, sizeof(dims));
+        int64_t st_nchw[4] = {c * h * w, h * w, w, 1}, st_nhwc[4] = {h * w * c, 1, w * c, c};
+        memcpy(p.y.st, nhwc ? st_nhwc : st_nchw, sizeof(st_nchw));
+        ck_resize_prepare(&p);
+        int want_order[2][4] = {{0, 1, 2, 3}, {0, 2, 3, 1}};
+        for (int d = 0; d < 4; d++)
+            cr_assert_eq(p.order[d], want_order[nhwc][d], "nhwc %d: order[%d] = %d", nhwc, d,
+                         p.order[d]);
+        for (int64_t i = 0; i < n * c * h * w; i++) {
+            int64_t at[4];
+            ck_resize_at(&p, i, at);
+            int64_t off = 0;
+            for (int d = 0; d < 4; d++) {
+                cr_assert(at[d] >= 0 && at[d] < dims[d]);
+                off += at[d] * p.y.st[d];
+            }
+            cr_assert_eq(off, i, "nhwc %d: element %lld lies at %lld", nhwc, (long long)i,
+                         (long long)off);
+        }
+    }
+}
+
+/* The shared transforms as ONNX defines them, on worked values (the cpu
+ * kernel's outputs are held to ONNX Runtime and torch by test_ort and
+ * test_resize_cubic, through these same functions). */
+Test(ck_resize, transforms_and_taps_on_worked_values)
+{
+    ck_resize_how_t h = {.mode = CK_RESIZE_LINEAR, .coord = CK_COORD_HALF_PIXEL};
+    /* 4 -> 8, half_pixel: output 0 is at -0.25, output 3 at 1.25 */
+    cr_assert_float_eq(ck_resize_coord(&h, 0, 4, 8, 2.0f), -0.25f, 1e-7);
+    cr_assert_float_eq(ck_resize_coord(&h, 3, 4, 8, 2.0f), 1.25f, 1e-7);
+    h.coord = CK_COORD_ALIGN_CORNERS;
+    cr_assert_float_eq(ck_resize_coord(&h, 7, 4, 8, 2.0f), 3.0f, 1e-7);
+    h.coord = CK_COORD_PYTORCH_HALF_PIXEL;
+    cr_assert_float_eq(ck_resize_coord(&h, 0, 4, 1, 0.25f), 0.0f, 0);
+    int64_t i1, i2;
+    float w1, w2;
+    h.coord = CK_COORD_HALF_PIXEL;
+    ck_resize_linear(&h, 3, 4, 8, 2.0f, &i1, &i2, &w1, &w2); /* at 1.25 */
+    cr_assert_eq(i1, 1);
+    cr_assert_eq(i2, 2);
+    cr_assert_float_eq(w1, 0.75f, 1e-6);
+    cr_assert_float_eq(w2, 0.25f, 1e-6);
+    ck_resize_linear(&h, 0, 4, 8, 2.0f, &i1, &i2, &w1, &w2); /* clamped to 0 */
+    cr_assert_eq(i1, 0);
+    cr_assert_float_eq(w1, 1.0f, 1e-6);
+    /* nearest at 1.5: round_prefer_floor 1, round_prefer_ceil 2 */
+    h.mode = CK_RESIZE_NEAREST;
+    h.nearest = CK_NEAREST_ROUND_PREFER_FLOOR;
+    cr_assert_eq(ck_resize_nearest(&h, 1.5f, 4), 1);
+    h.nearest = CK_NEAREST_ROUND_PREFER_CEIL;
+    cr_assert_eq(ck_resize_nearest(&h, 1.5f, 4), 2);
+    h.nearest = CK_NEAREST_FLOOR;
+    cr_assert_eq(ck_resize_nearest(&h, -0.25f, 4), 0, "clamped");
+    h.nearest = CK_NEAREST_CEIL;
+    cr_assert_eq(ck_resize_nearest(&h, 3.5f, 4), 3, "clamped");
+    /* cubic weights sum to 1 at any fraction */
+    h.mode = CK_RESIZE_CUBIC;
+    h.cubic_a = -0.75f;
+    int64_t idx[4];
+    float wc[4];
+    ck_resize_cubic(&h, 3, 4, 8, 2.0f, idx, wc);
+    cr_assert_float_eq(wc[0] + wc[1] + wc[2] + wc[3], 1.0f, 1e-6);
+    cr_assert_eq(idx[0], 0);
+    cr_assert_eq(idx[3], 3);
 }
