@@ -14,11 +14,28 @@ without BatchNorm (vit_b_16, convnext_tiny) are as torchvision makes them."""
 
 def build(name):
     """torchvision's `name`, random weights (seed 0), BatchNorm calibrated,
-    in eval mode, on the CPU."""
+    in eval mode, on the CPU. "segmentation.X" is torchvision's segmenter X
+    with its dict's "out" as its one output ([N, 21, 224, 224]): its
+    bilinear upsampling is a Resize, which the cuda backend's own kernel
+    runs."""
     import torch
     import torchvision
     torch.manual_seed(0)
-    m = getattr(torchvision.models, name)(weights=None)
+    if name.startswith("segmentation."):
+        seg = getattr(torchvision.models.segmentation, name.split(".", 1)[1])(
+            weights=None, weights_backbone=None)
+
+        class OutOnly(torch.nn.Module):
+            def __init__(self, model):
+                super().__init__()
+                self.model = model
+
+            def forward(self, x):
+                return self.model(x)["out"]
+
+        m = OutOnly(seg)
+    else:
+        m = getattr(torchvision.models, name)(weights=None)
     bns = [x for x in m.modules() if isinstance(x, torch.nn.modules.batchnorm._BatchNorm)]
     if bns:
         threads = torch.get_num_threads()

@@ -49,7 +49,9 @@ from gpu_report import markdown  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 
-MODELS = ["resnet50", "resnet18", "mobilenet_v2", "efficientnet_b0", "convnext_tiny", "vit_b_16"]
+# LR-ASPP: a segmenter, so that a run checks the cuda backend's Resize
+MODELS = ["resnet50", "resnet18", "segmentation.lraspp_mobilenet_v3_large", "mobilenet_v2",
+          "efficientnet_b0", "convnext_tiny", "vit_b_16"]
 BATCHES = [1, 2, 4, 8, 16, 32, 64]
 PARITY_BATCHES = [1, 8]
 PRECISIONS = ["fp32", "tf32", "fp16", "bf16"]
