@@ -232,9 +232,15 @@ static int bench_model(const char *path, const sq_device_t *dev, const int *batc
             return 1;
         }
     }
-    int64_t in_per = wk_plan_input_elems(p, 0), out_per = wk_plan_output_elems(p, 0);
+    /* Every output its buffer: a detector's boxes and scores (one buffer
+     * for a two-output model had the second written through a stack
+     * slot past the array). */
+    int64_t in_per = wk_plan_input_elems(p, 0);
+    int n_out = wk_plan_n_outputs(p);
     float *in = malloc((size_t)(in_per * max_batch) * sizeof(float));
-    float *out = malloc((size_t)(out_per * max_batch) * sizeof(float));
+    float **out = malloc((size_t)n_out * sizeof(float *));
+    for (int k = 0; k < n_out; k++)
+        out[k] = malloc((size_t)(wk_plan_output_elems(p, k) * max_batch) * sizeof(float));
     for (int64_t i = 0; i < in_per * max_batch; i++)
         in[i] = (float)((i * 2654435761u) % 1000) / 1000.0f;
     double *ms = malloc((size_t)iters * sizeof(double));
@@ -243,7 +249,7 @@ static int bench_model(const char *path, const sq_device_t *dev, const int *batc
     for (int bi = 0; bi < n_batches; bi++) {
         int b = batches[bi];
         for (int w = 0; w < warmup; w++)
-            wk_plan_run(p, b, (const float *[]){in}, (float *[]){out});
+            wk_plan_run(p, b, (const float *[]){in}, out);
         double sum = 0;
         struct timespec c0, c1,
             gap = {(time_t)(gap_ms / 1e3),
@@ -253,7 +259,7 @@ static int bench_model(const char *path, const sq_device_t *dev, const int *batc
             if (gap_ms > 0)
                 nanosleep(&gap, NULL);
             int64_t s = sq_now_ns();
-            if (wk_plan_run(p, b, (const float *[]){in}, (float *[]){out}) != 0) {
+            if (wk_plan_run(p, b, (const float *[]){in}, out) != 0) {
                 fprintf(stderr, "%s: run: %s\n", path, wk_plan_errmsg(p));
                 return 1;
             }
@@ -292,6 +298,8 @@ static int bench_model(const char *path, const sq_device_t *dev, const int *batc
     free(ms);
     free(backend_ms);
     free(in);
+    for (int k = 0; k < n_out; k++)
+        free(out[k]);
     free(out);
     wk_plan_free(p);
     return 0;
