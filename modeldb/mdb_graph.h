@@ -374,13 +374,17 @@ typedef struct {
     int64_t opset;
     char ops[512];
     char detail[1024];
+    /* i > 0: files[i] of mdb_onnx_import_files (a bundle's file i) is
+     * read by no tensor (SQ_BAD_MODEL); 0 otherwise. */
+    int unused_file;
 } mdb_import_error_t;
 
-/* Parses an ONNX ModelProto and builds the canonical graph (see top).
+/* Parses an ONNX ModelProto (or a bundle of one with its external data
+ * files, below) and builds the canonical graph (see top).
  * Returns 0 and sets *out (caller frees), or a negative SQ_* code with err
  * filled (err may be NULL): SQ_BAD_MODEL for bytes that are not a valid
  * model, SQ_UNSUPPORTED_MODEL for a valid model the worker cannot run,
- * SQ_TOO_LARGE past 1 GiB, SQ_BAD_CONFIG for an input with symbolic sizes
+ * SQ_TOO_LARGE past MDB_MODEL_MAX_BYTES, SQ_BAD_CONFIG for an input with symbolic sizes
  * past the batch (they need a pin: mdb_onnx_import_pinned). Never crashes
  * on any byte string; sizes are capped (MDB_MAX_*), and so is what decoding
  * and folding may allocate. */
@@ -420,6 +424,56 @@ typedef struct {
  * file's size). */
 int mdb_onnx_import_pinned(const void *bytes, size_t len, const mdb_input_pin_t *pin,
                            mdb_graph_t **out, mdb_import_error_t *err);
+
+/* ---- ONNX external data (onnx_external.c) ---------------------------- */
+
+/* A model with external data is uploaded as its .onnx plus the files its
+ * tensors name (location, offset, length; onnx.save_model(...,
+ * save_as_external_data=True)), and kept as one bundle: a table of the
+ * files' names and sizes, then their bytes, the .onnx first. Every
+ * mdb_onnx_import* takes a bundle wherever it takes a .onnx, so that the
+ * DB, a restart and a worker store and read one blob as for any model. */
+#define MDB_ONNX_BUNDLE_MAX_FILES 64
+#define MDB_ONNX_LOCATION_MAX 255
+
+/* Largest model (a .onnx, or a bundle with its data files) the importer
+ * takes: what a worker holds (its file of a model, serve_io.c) and what
+ * the DB stores in chunks (mdb.h's MDB_FILE_CHUNK_BYTES). */
+#define MDB_MODEL_MAX_BYTES ((size_t)4 << 30)
+
+/* One file of a bundle: its name (the location the .onnx's tensors give,
+ * not NUL-terminated) and bytes, borrowed. */
+typedef struct {
+    const char *name;
+    size_t name_len;
+    const void *data;
+    size_t len;
+} mdb_onnx_file_t;
+
+/* Whether loc (len bytes) may name an external data file: a relative path
+ * of at most MDB_ONNX_LOCATION_MAX bytes, without '..' segments, empty
+ * segments, backslashes or control characters. */
+int mdb_onnx_location_ok(const char *loc, size_t len);
+
+/* Writes the bundle's table for files[0..n) (the .onnx first) to out and
+ * returns its size; with out NULL or cap too small, only the size. The
+ * bundle is that table followed by each file's bytes in order. */
+size_t mdb_onnx_bundle_header(const mdb_onnx_file_t *files, int n, uint8_t *out, size_t cap);
+
+/* Whether bytes start as a bundle (no ONNX file does). */
+int mdb_onnx_is_bundle(const void *bytes, size_t len);
+
+/* Reads a bundle's table into files[0..*nfiles), pointing into bytes; 0, or
+ * SQ_BAD_MODEL with err for a table that is truncated, overruns the bytes,
+ * or holds more than max files. */
+int mdb_onnx_bundle_parse(const void *bytes, size_t len, mdb_onnx_file_t *files, int max,
+                          int *nfiles, char *err, size_t errlen);
+
+/* mdb_onnx_import_pinned for a model given as its files, not as one
+ * bundle: files[0] the .onnx, the others its external data (the upload's
+ * parts, read where they lie). */
+int mdb_onnx_import_files(const mdb_onnx_file_t *files, int nfiles, const mdb_input_pin_t *pin,
+                          mdb_graph_t **out, mdb_import_error_t *err);
 
 /* What the gateway stores and shows about a model. */
 typedef struct {

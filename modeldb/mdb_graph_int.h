@@ -84,4 +84,14 @@ bool mdb_onnx_wire_check(const struct ProtobufCMessageDescriptor *desc, const ui
 /* What decoding may allocate for an input of len bytes. */
 uint64_t mdb_onnx_decode_budget(size_t len);
 
+/* onnx_external.c: the bytes of external tensor tp (called name, nbytes
+ * long by its shape) among the model's files: its location checked (a
+ * relative path, no '..'), found among files (SQ_BAD_MODEL naming the file
+ * when it is missing) and its offset and length checked against the file
+ * and the shape. *data points into that file, files[*file]. */
+struct Onnx__TensorProto;
+int mdb_onnx_external_data(const struct Onnx__TensorProto *tp, const char *name,
+                           const mdb_onnx_file_t *files, int nfiles, size_t nbytes,
+                           const uint8_t **data, int *file, char *err, size_t errlen);
+
 #endif

@@ -21,7 +21,7 @@
 #include <string.h>
 
 /* Uploads are capped by the gateway; this is the importer's own bound. */
-#define MAX_MODEL_BYTES ((size_t)1 << 30)
+#define MAX_MODEL_BYTES MDB_MODEL_MAX_BYTES
 
 /* Unsupported op types named with their first node, at most this many. */
 #define MAX_NAMED_OPS 8
@@ -40,6 +40,11 @@ typedef struct {
     /* The sizes the upload pins the first runtime input to past the
      * batch, or NULL. */
     const mdb_input_pin_t *pin;
+    /* The data files of a bundle (the .onnx not among them): where
+     * tensors with external data are read from. */
+    const mdb_onnx_file_t *files;
+    int nfiles;
+    uint64_t files_used; /* bit i: a tensor reads files[i] */
 } ectx_t;
 
 /* ---- errors ------------------------------------------------------------ */
@@ -258,8 +263,8 @@ static int add_tensor_proto(ectx_t *e, mdb_graph_t *g, const Onnx__TensorProto *
         return fail(e, SQ_UNSUPPORTED_MODEL, "tensor '%s' has data type %d, which is not supported",
                     name, (int)tp->data_type);
     }
-    if (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL)
-        return fail(e, SQ_UNSUPPORTED_MODEL, "tensor '%s' uses external data", name);
+    bool external =
+        tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL;
     if (tp->segment)
         return fail(e, SQ_UNSUPPORTED_MODEL, "tensor '%s' is segmented", name);
     if (tp->n_dims > MDB_MAX_RANK)
@@ -281,7 +286,17 @@ static int add_tensor_proto(ectx_t *e, mdb_graph_t *g, const Onnx__TensorProto *
     /* Which field holds the data, checked against the shape before any
      * allocation: the shape alone may claim gigabytes. */
     enum { RAW, FLOATS, INT64S, INT32S, EMPTY } src;
-    if (tp->has_raw_data) {
+    const uint8_t *raw = tp->raw_data.data;
+    if (external) {
+        char why[512];
+        int file = -1;
+        int rc = mdb_onnx_external_data(tp, name, e->files, e->nfiles, nbytes, &raw, &file, why,
+                                        sizeof(why));
+        if (rc != 0)
+            return fail(e, rc, "%s", why);
+        e->files_used |= (uint64_t)1 << file;
+        src = RAW;
+    } else if (tp->has_raw_data) {
         if (tp->raw_data.len != nbytes)
             return fail(e, SQ_BAD_MODEL, "tensor '%s': raw_data has %zu bytes, shape needs %zu",
                         name, tp->raw_data.len, nbytes);
@@ -306,7 +321,7 @@ static int add_tensor_proto(ectx_t *e, mdb_graph_t *g, const Onnx__TensorProto *
     switch (src) {
     case RAW:
         if (nbytes)
-            memcpy(data, tp->raw_data.data, nbytes);
+            memcpy(data, raw, nbytes);
         break;
     case FLOATS:
         memcpy(data, tp->float_data, nbytes);
@@ -817,6 +832,8 @@ int mdb_onnx_import(const void *bytes, size_t len, mdb_graph_t **out, mdb_import
 
 static int import(const void *bytes, size_t len, const mdb_onnx_const_t *consts, int n_consts,
                   const mdb_input_pin_t *pin, mdb_graph_t **out, mdb_import_error_t *err);
+static int import_model(ectx_t *e, const void *bytes, size_t len, uint64_t total,
+                        const mdb_onnx_const_t *consts, int n_consts, mdb_graph_t **out);
 
 int mdb_onnx_import_bound(const void *bytes, size_t len, const mdb_onnx_const_t *consts,
                           int n_consts, mdb_graph_t **out, mdb_import_error_t *err)
@@ -830,11 +847,33 @@ int mdb_onnx_import_pinned(const void *bytes, size_t len, const mdb_input_pin_t 
     return import(bytes, len, NULL, 0, pin, out, err);
 }
 
+int mdb_onnx_import_files(const mdb_onnx_file_t *files, int nfiles, const mdb_input_pin_t *pin,
+                          mdb_graph_t **out, mdb_import_error_t *err)
+{
+    ectx_t e = {.err = err, .pin = pin, .files = files + 1, .nfiles = nfiles - 1};
+    *out = NULL;
+    if (err) {
+        memset(err, 0, sizeof(*err));
+        err->opset = -1;
+    }
+    uint64_t total = 0;
+    for (int i = 0; i < nfiles; i++)
+        total += files[i].len;
+    if (nfiles < 1 || nfiles > MDB_ONNX_BUNDLE_MAX_FILES)
+        return fail(&e, SQ_BAD_MODEL, "a model of %d files (1..%d)", nfiles,
+                    MDB_ONNX_BUNDLE_MAX_FILES);
+    if (total > MAX_MODEL_BYTES)
+        return fail(&e, SQ_TOO_LARGE,
+                    "model of %llu bytes (with its data files) exceeds the %zu a worker holds "
+                    "(MDB_MODEL_MAX_BYTES)",
+                    (unsigned long long)total, MAX_MODEL_BYTES);
+    return import_model(&e, files[0].data, files[0].len, total, NULL, 0, out);
+}
+
 static int import(const void *bytes, size_t len, const mdb_onnx_const_t *consts, int n_consts,
                   const mdb_input_pin_t *pin, mdb_graph_t **out, mdb_import_error_t *err)
 {
     ectx_t e = {.err = err, .pin = pin};
-    Onnx__ModelProto *m = NULL;
     int rc;
     *out = NULL;
     if (err) {
@@ -844,7 +883,40 @@ static int import(const void *bytes, size_t len, const mdb_onnx_const_t *consts,
     if (!bytes || len == 0)
         return fail(&e, SQ_BAD_MODEL, "empty model");
     if (len > MAX_MODEL_BYTES)
-        return fail(&e, SQ_TOO_LARGE, "model of %zu bytes exceeds %zu", len, MAX_MODEL_BYTES);
+        return fail(&e, SQ_TOO_LARGE,
+                    "model of %zu bytes exceeds the %zu a worker holds (MDB_MODEL_MAX_BYTES)", len,
+                    MAX_MODEL_BYTES);
+    uint64_t total = len;
+    mdb_onnx_file_t files[MDB_ONNX_BUNDLE_MAX_FILES];
+    if (mdb_onnx_is_bundle(bytes, len)) {
+        int nfiles = 0;
+        char why[256];
+        if ((rc = mdb_onnx_bundle_parse(bytes, len, files, MDB_ONNX_BUNDLE_MAX_FILES, &nfiles, why,
+                                        sizeof(why))) != 0)
+            return fail(&e, rc, "%s", why);
+        bytes = files[0].data;
+        len = files[0].len;
+        e.files = files + 1;
+        e.nfiles = nfiles - 1;
+    }
+    return import_model(&e, bytes, len, total, consts, n_consts, out);
+}
+
+/* Imports the ModelProto bytes[0..len) (its external data in e->files;
+ * total: its size with them). */
+static int import_model(ectx_t *ep, const void *bytes, size_t len, uint64_t total,
+                        const mdb_onnx_const_t *consts, int n_consts, mdb_graph_t **out)
+{
+    ectx_t e = *ep;
+    mdb_import_error_t *err = e.err;
+    Onnx__ModelProto *m = NULL;
+    int rc;
+    if (len == 0)
+        return fail(&e, SQ_BAD_MODEL, "empty model");
+    /* Folding may turn a small file into big constants (ConstantOfShape);
+     * real models fold at most what they already hold, their external
+     * data included. */
+    uint64_t fold_budget = total * 2 + ((uint64_t)64 << 20);
     uint64_t cost = 0;
     if (!mdb_onnx_wire_check(&onnx__model_proto__descriptor, bytes, (const uint8_t *)bytes + len, 0,
                              &cost))
@@ -880,9 +952,6 @@ static int import(const void *bytes, size_t len, const mdb_onnx_const_t *consts,
     }
     bool forced = false;
     int64_t declared = 0;
-    /* Folding may turn a small file into big constants (ConstantOfShape);
-     * real models fold at most what they already hold. */
-    uint64_t fold_budget = (uint64_t)len * 2 + ((uint64_t)64 << 20);
     rc =
         build(&e, m, opset, BATCH_SYMBOLIC, consts, n_consts, fold_budget, out, &forced, &declared);
     if (rc && forced && rc != SQ_NOMEM) {
@@ -923,6 +992,18 @@ static int import(const void *bytes, size_t len, const mdb_onnx_const_t *consts,
                      "it with a batch of 1 to serve it one item per run)");
         }
         mdb_graph_free(one);
+    }
+    /* A data file no tensor reads is a mistake (a misnamed part, a file of
+     * another model), not weight to keep. */
+    for (int i = 0; rc == 0 && i < e.nfiles; i++) {
+        if (e.files_used & ((uint64_t)1 << i))
+            continue;
+        mdb_graph_free(*out);
+        *out = NULL;
+        rc = fail(&e, SQ_BAD_MODEL, "data file '%.*s' is read by no tensor of the model",
+                  (int)(e.files[i].name_len > 200 ? 200 : e.files[i].name_len), e.files[i].name);
+        if (err)
+            err->unused_file = i + 1;
     }
 out:
     if (err && rc) {

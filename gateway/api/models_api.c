@@ -10,11 +10,13 @@
 
 #include <mdb_graph.h>
 
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_UPLOAD_PARTS 8
+/* model, config, labels and the model's external data files. */
+#define MAX_UPLOAD_PARTS (3 + MDB_ONNX_BUNDLE_MAX_FILES - 1)
 
 typedef struct {
     gw_async_t base;
@@ -339,23 +341,38 @@ static void upload_onnx(mdb_t *db, model_job_t *j)
         return;
     }
     const gw_part_t *model = NULL, *config = NULL, *labels_part = NULL;
+    /* files[0] is the model; the others are its external data, each part
+     * named by the location the .onnx gives it (Triton keeps them beside
+     * model.onnx in the version directory). */
+    mdb_onnx_file_t files[MDB_ONNX_BUNDLE_MAX_FILES];
+    int nfiles = 1;
     for (int i = 0; i < nparts; i++) {
-        const gw_part_t **slot = gw_part_is(&parts[i], "model")    ? &model
-                                 : gw_part_is(&parts[i], "config") ? &config
-                                 : gw_part_is(&parts[i], "labels") ? &labels_part
-                                                                   : NULL;
-        if (slot == NULL) {
+        const gw_part_t *p = &parts[i];
+        const gw_part_t **slot = gw_part_is(p, "model")    ? &model
+                                 : gw_part_is(p, "config") ? &config
+                                 : gw_part_is(p, "labels") ? &labels_part
+                                                           : NULL;
+        if (slot == NULL && !mdb_onnx_location_ok(p->name, p->name_len)) {
             gw_async_fail(&j->base, SQ_BAD_MULTIPART,
-                          "unknown part '%.*s' (expected model, config and optionally labels)",
-                          (int)(parts[i].name_len > 64 ? 64 : parts[i].name_len), parts[i].name);
+                          "unknown part '%.*s' (expected model, config, optionally labels, and "
+                          "the model's external data files, each named by its location: a "
+                          "relative path without '..')",
+                          (int)(p->name_len > 64 ? 64 : p->name_len), p->name);
             return;
         }
-        if (*slot != NULL) {
+        int twice = slot != NULL && *slot != NULL;
+        for (int f = 1; slot == NULL && f < nfiles; f++)
+            twice |= files[f].name_len == p->name_len &&
+                     memcmp(files[f].name, p->name, p->name_len) == 0;
+        if (twice) {
             gw_async_fail(&j->base, SQ_BAD_MULTIPART, "part '%.*s' given twice",
-                          (int)parts[i].name_len, parts[i].name);
+                          (int)(p->name_len > 64 ? 64 : p->name_len), p->name);
             return;
         }
-        *slot = &parts[i];
+        if (slot != NULL)
+            *slot = p;
+        else
+            files[nfiles++] = (mdb_onnx_file_t){p->name, p->name_len, p->data, p->len};
     }
     if (model == NULL || config == NULL) {
         gw_async_fail(&j->base, SQ_BAD_MULTIPART,
@@ -395,7 +412,19 @@ static void upload_onnx(mdb_t *db, model_job_t *j)
     mdb_input_pin_t pin = {.rank = cfg->input_rank};
     for (int d = 0; d < cfg->input_rank; d++)
         pin.dims[d] = cfg->input_shape[d];
-    rc = mdb_onnx_import_pinned(model->data, model->len, &pin, &g, &ierr);
+    /* One name whatever the client called its file: the same model is the
+     * same bundle, and so the same sha256 (its profile is reused). */
+    files[0] = (mdb_onnx_file_t){"model.onnx", strlen("model.onnx"), model->data, model->len};
+    rc = mdb_onnx_import_files(files, nfiles, &pin, &g, &ierr);
+    if (rc != 0 && ierr.unused_file > 0) {
+        const mdb_onnx_file_t *f = &files[ierr.unused_file];
+        gw_async_fail(&j->base, SQ_BAD_MULTIPART,
+                      "unknown part '%.*s': no tensor of the model reads a file of that name "
+                      "(expected model, config, optionally labels, and the files the model's "
+                      "external data names)",
+                      (int)(f->name_len > 64 ? 64 : f->name_len), f->name);
+        goto out;
+    }
     if (rc != 0) {
         /* The importer's detail names the ops (and their nodes where it
          * knows them) and the opset, once. */
@@ -458,14 +487,30 @@ static void upload_onnx(mdb_t *db, model_job_t *j)
             json_object_set_new(not_on, sq_dev_kind_name((sq_dev_kind_t)k),
                                 json_string(info.not_on[k]));
     config_json = json_loadb((const char *)config->data, config->len, 0, NULL);
+    /* With data files, what is stored (and sent to workers) is their
+     * bundle: its table, then the parts where the upload holds them. */
     char sha[65];
-    mdb_sha256_hex(model->data, model->len, sha);
+    uint8_t *table = NULL;
+    mdb_span_t spans[1 + MDB_ONNX_BUNDLE_MAX_FILES];
+    int nspans = 0;
+    if (nfiles > 1) {
+        size_t table_len = mdb_onnx_bundle_header(files, nfiles, NULL, 0);
+        table = sq_xmalloc(table_len);
+        mdb_onnx_bundle_header(files, nfiles, table, table_len);
+        spans[nspans++] = (mdb_span_t){table, table_len};
+    }
+    for (int f = 0; f < nfiles; f++)
+        spans[nspans++] = (mdb_span_t){files[f].data, files[f].len};
+    mdb_sha256_t *digest = mdb_sha256_begin();
+    for (int s = 0; s < nspans; s++)
+        mdb_sha256_update(digest, spans[s].data, spans[s].len);
+    mdb_sha256_end(digest, sha);
     mdb_new_model_t m = {
         .name = cfg->name,
         .version = cfg->version,
         .format = "onnx",
-        .onnx = model->data,
-        .onnx_len = model->len,
+        .onnx_spans = spans,
+        .n_onnx_spans = nspans,
         .sha256 = sha,
         .input = input,
         .outputs = outputs,
@@ -484,6 +529,7 @@ static void upload_onnx(mdb_t *db, model_job_t *j)
         .graph = g,
     };
     store(db, j, &m);
+    free(table);
     json_decref(input);
     json_decref(outputs);
     json_decref(pre);
@@ -499,10 +545,15 @@ out:
 static void upload_job(mdb_t *db, void *arg)
 {
     model_job_t *j = arg;
-    if (j->emulated)
+    if (j->emulated) {
         upload_emulated(db, j);
-    else
+    } else {
         upload_onnx(db, j);
+        /* The import's graph (the weights, once) went back to malloc,
+         * which keeps freed heap resident: a 1.2 GB model left squishd
+         * 1.2 GB larger after its upload. */
+        malloc_trim(0);
+    }
     gw_api_ctx_t *api = j->base.app;
     gw_metrics_upload(api->metrics, j->base.err);
     gw_async_done(&j->base);
