@@ -454,10 +454,12 @@ void gw_grpc_answer(gw_grpc_call_t *c)
     }
     grpc_slice_unref(body);
     if (rc == -1) {
+        /* A stream has no HTTP route: its requests go one by one. */
         snprintf(why, sizeof(why),
-                 "%s is not served over gRPC yet (it is over HTTP); squish serves " SERVED
-                 " over gRPC",
-                 gw_grpc_method_name(c->method));
+                 "%s is not served over gRPC yet (%s); squish serves " SERVED " over gRPC",
+                 gw_grpc_method_name(c->method),
+                 c->method == GW_GRPC_MODEL_STREAM_INFER ? "send each request with ModelInfer"
+                                                         : "it is over HTTP");
         gw_grpc_reply(c, GRPC_STATUS_UNIMPLEMENTED, why, NULL, 0);
         return;
     }
