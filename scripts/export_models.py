@@ -48,10 +48,15 @@ references are at batch 1 and 2, one file per output (.output.f32 the
 boxes, .output1.f32 the scores).
 
 Nothing is downloaded. Models already present with the same script version
-are kept, so that a rebuild costs nothing.
+are kept, so that a rebuild costs nothing. With SQUISH_TEST_MODELS_FROM set
+to another build directory's exports made by this very script (the same
+bytes: manifest.json's script_sha256), its files are copied instead of
+exported again (scripts/test's sanitizer build takes the release build's).
 """
+import hashlib
 import json
 import os
+import shutil
 import sys
 
 import torch
@@ -398,6 +403,32 @@ def export(name, outdir, manifest):
     manifest["models"][name] = entry
 
 
+def script_sha256():
+    with open(os.path.abspath(__file__), "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def files_of(entry):
+    return [entry["onnx"]] + [r[k] for r in entry["refs"] for k in r
+                              if not k.endswith("shape") and k != "batch"]
+
+
+def reused(name, src, src_manifest, outdir, manifest):
+    """name's files copied from src, another build directory's
+    exports by this very script (the same bytes, so the same models and
+    references): scripts/test's sanitizer build takes the release build's
+    instead of exporting them again. False when src has no such export."""
+    entry = src_manifest.get("models", {}).get(name)
+    if entry is None or not all(os.path.exists(os.path.join(src, f)) for f in files_of(entry)):
+        return False
+    for f in files_of(entry):
+        # copies, not links: a later export into either directory writes
+        # its files in place
+        shutil.copyfile(os.path.join(src, f), os.path.join(outdir, f))
+    manifest["models"][name] = entry
+    return True
+
+
 def main():
     if len(sys.argv) not in (2, 3):
         sys.stderr.write("usage: export_models.py OUTDIR [STAMP]\n")
@@ -406,6 +437,7 @@ def main():
     stamp = sys.argv[2] if len(sys.argv) == 3 else os.path.join(outdir, "models.stamp")
     os.makedirs(outdir, exist_ok=True)
     torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+    sha = script_sha256()
     manifest_path = os.path.join(outdir, "manifest.json")
     manifest = {"version": SCRIPT_VERSION, "models": {}}
     try:
@@ -415,17 +447,35 @@ def main():
             manifest = old
     except (OSError, ValueError):
         pass
+    # Whether every model here is this script's: only then may another
+    # build directory take them (SQUISH_TEST_MODELS_FROM).
+    ours = manifest.get("script_sha256") == sha
+    src, src_manifest = os.environ.get("SQUISH_TEST_MODELS_FROM"), {}
+    if src and os.path.abspath(src) != os.path.abspath(outdir):
+        try:
+            with open(os.path.join(src, "manifest.json")) as f:
+                src_manifest = json.load(f)
+        except (OSError, ValueError):
+            pass
+        if src_manifest.get("script_sha256") != sha:
+            src_manifest = {}
+    made = set()
     for name in MODELS:
         entry = manifest["models"].get(name)
-        if entry and all(os.path.exists(os.path.join(outdir, p)) for p in
-                         [entry["onnx"]] + [r[k] for r in entry["refs"] for k in r if not k.endswith("shape")
-                                          and k != "batch"]):
+        if entry and all(os.path.exists(os.path.join(outdir, p)) for p in files_of(entry)):
             continue
-        export(name, outdir, manifest)
+        if not reused(name, src, src_manifest, outdir, manifest):
+            export(name, outdir, manifest)
+        made.add(name)
         # Written after each model so that an interrupted run keeps its work.
+        manifest["script_sha256"] = None
         with open(manifest_path + ".tmp", "w") as f:
             json.dump(manifest, f, indent=1)
         os.replace(manifest_path + ".tmp", manifest_path)
+    manifest["script_sha256"] = sha if ours or made >= set(MODELS) else None
+    with open(manifest_path + ".tmp", "w") as f:
+        json.dump(manifest, f, indent=1)
+    os.replace(manifest_path + ".tmp", manifest_path)
     # The stamp meson tracks: written only when every model is present.
     with open(stamp, "w") as f:
         f.write("%d\n" % SCRIPT_VERSION)
