@@ -373,7 +373,7 @@ typedef struct {
     int code;
     int64_t opset;
     char ops[512];
-    char detail[1024];
+    char detail[2048];
     /* i > 0: files[i] of mdb_onnx_import_files (a bundle's file i) is
      * read by no tensor (SQ_BAD_MODEL); 0 otherwise. */
     int unused_file;

@@ -23,8 +23,10 @@
 /* Uploads are capped by the gateway; this is the importer's own bound. */
 #define MAX_MODEL_BYTES MDB_MODEL_MAX_BYTES
 
-/* Unsupported op types named with their first node, at most this many. */
-#define MAX_NAMED_OPS 8
+/* Unsupported op types named with their first node, at most this many
+ * (torchvision's SSDlite exported with its postprocessing lacks 12: the
+ * ninth on had been listed without its node). */
+#define MAX_NAMED_OPS 32
 
 typedef struct {
     mdb_import_error_t *err;
@@ -737,7 +739,7 @@ static int build(ectx_t *e, const Onnx__ModelProto *m, int64_t opset, batch_mode
             goto out;
     }
     if (e->ops_len) {
-        char named[768];
+        char named[sizeof(e->err->detail) - 64];
         describe_unsupported(e, named, sizeof(named));
         rc = fail(e, SQ_UNSUPPORTED_MODEL, "unsupported operators (opset %lld): %s",
                   (long long)opset, named);

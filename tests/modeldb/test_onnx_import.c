@@ -392,6 +392,35 @@ Test(onnx_import, unknown_ops_are_listed_with_the_opset)
     mb_free(&b);
 }
 
+/* A postprocessed detector lacks a dozen ops (torchvision's SSDlite: 12):
+ * each is named with its first node, not only the first eight. */
+Test(onnx_import, every_missing_op_is_named_with_its_node)
+{
+    static const char *const ops[] = {"Op0", "Op1", "Op2", "Op3", "Op4",  "Op5",
+                                      "Op6", "Op7", "Op8", "Op9", "Op10", "Op11"};
+    enum { N = sizeof(ops) / sizeof(ops[0]) };
+    mb_t b;
+    mb_small_cnn(&b, 13);
+    char in[N + 1][16], out[N][16], name[N][48];
+    snprintf(in[0], sizeof(in[0]), "y");
+    for (int i = 0; i < N; i++) {
+        snprintf(out[i], sizeof(out[i]), "t%d", i);
+        snprintf(name[i], sizeof(name[i]), "/head/postprocess/%s_node", ops[i]);
+        mb_node(&b, ops[i], (const char *[]){in[i], NULL}, (const char *[]){out[i], NULL})->name =
+            mb_str(&b, name[i]);
+        snprintf(in[i + 1], sizeof(in[i + 1]), "%s", out[i]);
+    }
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(import_builder(&b, &g, &err), SQ_UNSUPPORTED_MODEL);
+    for (int i = 0; i < N; i++) {
+        char want[96];
+        snprintf(want, sizeof(want), "%s (node '%s')", ops[i], name[i]);
+        cr_assert_not_null(strstr(err.detail, want), "%s missing from: %s", want, err.detail);
+    }
+    mb_free(&b);
+}
+
 Test(onnx_import, foreign_domains_are_unsupported)
 {
     mb_t b;
