@@ -105,7 +105,9 @@ struct gw_async {
     void *app; /* the call's app context (gw_call_t.app), for the job */
     /* Filled by the job: an error (SQ_*) with detail, or a status and body. */
     int err;
-    char detail[512];
+    /* an import's refusal names every op missing with its node: 12 of a
+     * postprocessed detector's took 700 bytes, cut at 512 before */
+    char detail[2048];
     int status;
     json_t *body;
     const char *location; /* optional Location header (static or owned by the job) */

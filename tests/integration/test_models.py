@@ -178,6 +178,22 @@ def bad_uploads_get_the_right_status_and_leave_nothing_behind():
         err = cases[2][1].json["error"]
         assert err.count("Round") == 1 and "the node writing 'a_odd'" in err, err
         assert err.startswith("unsupported operators (opset "), err
+        # A dozen missing ops (a detector exported with its postprocessing):
+        # every one named with its node, the answer not cut at 512 bytes.
+        from onnx import TensorProto, helper
+        ops = ["Unknown%02d" % i for i in range(12)]
+        nodes = [helper.make_node(op, ["x" if i == 0 else "t%d" % (i - 1)], ["t%d" % i],
+                                  name="/model/postprocess/stage_%02d/%s" % (i, op))
+                 for i, op in enumerate(ops)]
+        g = helper.make_graph(nodes, "many", [helper.make_tensor_value_info(
+            "x", TensorProto.FLOAT, ["N", 3, 8, 8])], [helper.make_tensor_value_info(
+                "t11", TensorProto.FLOAT, None)])
+        many = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+        r = upload(s, many, {"name": "many"})
+        assert r.status == 422 and r.json["code"] == "unsupported_model", r
+        for i, op in enumerate(ops):
+            want = "%s (node '/model/postprocess/stage_%02d/%s')" % (op, i, op)
+            assert want in r.json["error"], (want, r.json["error"])
         r = s.request("POST", "/models", body=b"hello", headers=dict(auth(s), **{"Content-Type": "text/plain"}))
         assert r.status == 415 and r.json["code"] == "unsupported_media_type", r
         body, ctype = tm.multipart([("config", None, None, b'{"name": "x"}')])
