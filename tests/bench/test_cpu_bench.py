@@ -3,8 +3,7 @@
 scores have two): it times every batch asked and writes each output of a
 --check run, one after the other (no timing is checked). The timed runs
 gave the plan one output buffer, and the second was written through the
-stack. Prints TAP.
-Usage: test_cpu_bench.py CPU_BENCH"""
+stack. TAP (tests/integration/harness.py). The binary: $SQUISH_CPU_BENCH."""
 import json
 import os
 import subprocess
@@ -15,20 +14,12 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import numpy as np  # noqa: E402
 
 import tiny_models as tm  # noqa: E402
-
-bench = sys.argv[1]
-results = []
+from harness import run, test  # noqa: E402
 
 
-def check(name, fn):
-    try:
-        fn()
-        results.append((True, name, ""))
-    except Exception as e:  # any failure is a "not ok" with its reason
-        results.append((False, name, repr(e)))
-
-
+@test
 def a_two_output_model_is_timed_and_checked_at_every_batch():
+    bench = os.environ["SQUISH_CPU_BENCH"]
     model, reference = tm.upsampler()
     with tempfile.TemporaryDirectory(prefix="squish-cpu-bench-test-") as tmp:
         path = os.path.join(tmp, "decoder.onnx")
@@ -50,9 +41,5 @@ def a_two_output_model_is_timed_and_checked_at_every_batch():
         assert np.abs(got - want).max() <= 1e-4, np.abs(got - want).max()
 
 
-check("a_two_output_model_is_timed_and_checked_at_every_batch",
-      a_two_output_model_is_timed_and_checked_at_every_batch)
-print("1..%d" % len(results))
-for i, (ok, name, why) in enumerate(results, 1):
-    print("%s %d - %s%s" % ("ok" if ok else "not ok", i, name, "" if ok else " # " + why))
-sys.exit(0 if all(r[0] for r in results) else 1)
+if __name__ == "__main__":
+    run()
