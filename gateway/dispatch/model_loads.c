@@ -1,7 +1,7 @@
 /* Loads and blobs: getting a model onto a worker. A model's file is read
- * from the model DB once (on the DB thread) and sent in chunks that share
- * the bytes; a worker that already received a file (same sha256 on this
- * connection) is sent only the spec. A prefix group's load sends its
+ * from the model DB (on the DB thread) for the loads waiting for it and
+ * sent in chunks that share the bytes; a worker that already received a
+ * file (same sha256 on this connection) is sent only the spec. A prefix group's load sends its
  * members' files, then the group spec. Unloads too. */
 #include "placement_int.h"
 
@@ -52,6 +52,15 @@ static void on_blob(sq_loop_t *loop, void *arg)
     }
     if (dm->blob_state == 3)
         ds_cmd_fail_pending(ds, dm, SQ_DB, "the model's bytes cannot be read");
+    /* Sent to everyone waiting (the frames hold their own reference until
+     * the sockets drain): the file lives in the DB, not here, and a later
+     * load reads it again. Kept, a 1.2 GB model held 1.2 GB of squishd for
+     * as long as it was served. */
+    if (dm->blob_state == 2) {
+        sq_bytes_unref(dm->blob);
+        dm->blob = NULL;
+        dm->blob_state = 0;
+    }
     free(j);
 }
 
