@@ -215,7 +215,7 @@ def torchvision_s_ssdlite_and_retinanet_answer_v1_and_feed_pipelines():
             det = dict({"layout": "boxes_scores", "boxes": "boxes", "scores": "scores",
                         "normalized": False, "max_crops": 6}, **extra)
             with open(os.path.join(models, name + ".onnx"), "rb") as f:
-                upload(s, {"name": name, "max_batch": 2, "preprocess": PREP, "detector": det},
+                upload(s, {"name": name, "max_batch": 1, "preprocess": PREP, "detector": det},
                        f.read())
         wait_ready(s, "cls_m")
         photo = gradient(160, 120)
