@@ -114,7 +114,8 @@ typedef void (*gw_api_infer_fn)(void *arg, gw_api_infer_t *h);
  * cancel any more) and the answer's (released after fn's
  * gw_api_infer_answer); or, refused before it started, an error with why
  * (the model not found or not ready, squishd shutting down or full, a
- * pipeline: SQ_METHOD), body freed and fn never called. */
+ * pipeline: SQ_METHOD), body freed and fn never called. *h is set before
+ * the request starts, so that fn may find it there. */
 int gw_api_infer_v2(gw_api_ctx_t *api, const char *name, int version, uint8_t *body, size_t len,
                     long long header_len, gw_api_infer_fn fn, void *arg, gw_api_infer_t **h,
                     char *why, size_t whylen);

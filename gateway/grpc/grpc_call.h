@@ -10,19 +10,53 @@
 #include <grpc/byte_buffer.h>
 #include <grpc/grpc.h>
 
+#include <pthread.h>
 #include <stdatomic.h>
 
 /* A call's stage: which batch its tag stands for on the queue. */
 enum { GW_GRPC_REQUESTED, GW_GRPC_RECEIVING, GW_GRPC_SENDING };
 
 typedef struct gw_grpc_call gw_grpc_call_t;
-/* A batch's tag on the queue: its call, and whether it is the call's
- * close batch (ModelInfer's: RECV_CLOSE_ON_SERVER alone, to learn of a
- * cancel while the inference runs) or its stage's. */
+typedef struct gw_grpc_stream gw_grpc_stream_t;
+/* What a batch is: its stage's; the call's close batch (ModelInfer's and
+ * ModelStreamInfer's: RECV_CLOSE_ON_SERVER alone, to learn of a cancel
+ * while inferences run); a stream's next message, or an answer sent on
+ * it. */
+enum { GW_GRPC_TAG_STAGE, GW_GRPC_TAG_CLOSE, GW_GRPC_TAG_STREAM_RECV, GW_GRPC_TAG_STREAM_SEND };
+/* A batch's tag on the queue: its call and what the batch is. */
 typedef struct {
     gw_grpc_call_t *call;
-    int close;
+    int kind;
 } gw_grpc_tag_t;
+
+/* An answer a stream is to send, in order. */
+typedef struct gw_grpc_out_msg {
+    struct gw_grpc_out_msg *next;
+    grpc_byte_buffer *buf;
+} gw_grpc_out_msg_t;
+
+/* One inference on a stream, from before it starts until its answer is
+ * queued (grpc_stream.c). */
+typedef struct gw_grpc_entry {
+    struct gw_grpc_entry *next, *prev;
+    gw_grpc_call_t *c;
+    gw_api_infer_t *h; /* set by gw_api_infer_v2 before the request starts */
+} gw_grpc_entry_t;
+
+/* A stream's state (ModelStreamInfer, grpc_stream.c), part of its call's
+ * and freed with it (gw_grpc_call_unref). What the answer thread and the
+ * queue's thread share is under mu. */
+struct gw_grpc_stream {
+    pthread_mutex_t mu;
+    grpc_byte_buffer *recv;         /* the next message's batch fills it */
+    int half_closed;                /* the client sent its last (or the call ended) */
+    int inflight;                   /* inferences whose answer is not queued yet */
+    gw_grpc_out_msg_t *head, *tail; /* answers to send, in order; head is being sent */
+    int sending;
+    int sent_metadata;
+    int finished; /* the status batch is started */
+    gw_grpc_entry_t entries;
+};
 
 struct gw_grpc_call {
     gw_api_ctx_t *api;
@@ -32,6 +66,8 @@ struct gw_grpc_call {
     atomic_int refs;       /* its batches under way, and an answer to come */
     gw_grpc_tag_t tag;     /* its stage's batches */
     gw_grpc_tag_t close_tag;
+    gw_grpc_tag_t recv_tag, send_tag; /* a stream's */
+    gw_grpc_stream_t *stream;         /* ModelStreamInfer's state; NULL otherwise */
     grpc_call *call;
     grpc_call_details details; /* its method's path */
     grpc_metadata_array md;    /* the client's metadata (authorization) */
@@ -71,5 +107,15 @@ void gw_grpc_model_infer(gw_grpc_call_t *c, const uint8_t *body, size_t len);
 /* c's close batch completed (the queue's thread): a cancelled call's
  * inference is withdrawn; the call's reference to it let go. */
 void gw_grpc_closed(gw_grpc_call_t *c);
+
+/* ModelStreamInfer (grpc_stream.c): each request on the stream (the first
+ * is c's) is inferred as ModelInfer's and answered on it, in the order
+ * the answers come, with a ModelStreamInferResponse (error_message on a
+ * failure); the stream ends, OK, once the client has sent its last and
+ * every answer is sent. */
+void gw_grpc_stream_start(gw_grpc_call_t *c);
+/* A stream's batch completed (the queue's thread): its next message
+ * (kind GW_GRPC_TAG_STREAM_RECV), an answer sent, or its close. */
+void gw_grpc_stream_event(gw_grpc_call_t *c, int kind, int ok);
 
 #endif

@@ -502,3 +502,30 @@ int gw_grpc_encode_infer(const uint8_t *answer, size_t len, long long header_len
     json_decref(j);
     return rc;
 }
+
+/* A varint's bytes into p (at most 10); returns their count. */
+static size_t put_varint(uint8_t *p, uint64_t v)
+{
+    size_t n = 0;
+    do {
+        p[n++] = (uint8_t)((v & 0x7f) | (v > 0x7f ? 0x80 : 0));
+        v >>= 7;
+    } while (v > 0);
+    return n;
+}
+
+uint8_t *gw_grpc_stream_response(const char *error, const uint8_t *response, size_t len,
+                                 size_t *outlen)
+{
+    /* One field: error_message (1) or infer_response (2), length-delimited:
+     * a packed message's bytes are the field's as they are. */
+    const uint8_t *body = error != NULL ? (const uint8_t *)error : response;
+    size_t n = error != NULL ? strlen(error) : len;
+    uint8_t *out = sq_xmalloc(n + 11);
+    out[0] = error != NULL ? (1 << 3) | 2 : (2 << 3) | 2;
+    size_t at = 1 + put_varint(out + 1, n);
+    if (n > 0)
+        memcpy(out + at, body, n);
+    *outlen = at + n;
+    return out;
+}

@@ -101,6 +101,12 @@ void gw_grpc_infer_req_dispose(gw_grpc_infer_req_t *r);
 int gw_grpc_encode_infer(const uint8_t *answer, size_t len, long long header_len, uint8_t **out,
                          size_t *outlen, char *why, size_t whylen);
 
+/* A ModelStreamInferResponse (malloc'd, *outlen bytes) around a packed
+ * ModelInferResponse (error NULL), or carrying error as its
+ * error_message. */
+uint8_t *gw_grpc_stream_response(const char *error, const uint8_t *response, size_t len,
+                                 size_t *outlen);
+
 /* The gRPC status code (grpc_status_code's value) an SQ_* error maps to,
  * as Triton maps its errors: not found, invalid argument, unauthenticated,
  * unavailable, already exists, failed precondition, internal. */

@@ -15,7 +15,7 @@
 
 #define SERVED                                                                                     \
     "ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelInfer, "             \
-    "ModelConfig, ModelStatistics, RepositoryIndex and "                                           \
+    "ModelStreamInfer, ModelConfig, ModelStatistics, RepositoryIndex and "                         \
     "SystemSharedMemory{Status,Register,Unregister}"
 
 /* ---- building a message: its parts live in a pool freed once packed ---- */
@@ -421,6 +421,11 @@ void gw_grpc_answer(gw_grpc_call_t *c)
         }
     }
     int rc = -1;
+    if (c->method == GW_GRPC_MODEL_STREAM_INFER) {
+        grpc_slice_unref(body);
+        gw_grpc_stream_start(c);
+        return;
+    }
     if (c->method == GW_GRPC_MODEL_INFER) {
         if (c->recv == NULL)
             fail(c, SQ_BAD_REQUEST, "ModelInfer: no request message came");

@@ -17,6 +17,17 @@ void gw_grpc_call_unref(gw_grpc_call_t *c)
     if (c->send != NULL)
         grpc_byte_buffer_destroy(c->send);
     grpc_slice_unref(c->status_details);
+    if (c->stream != NULL) { /* its queue is empty by now, but for a send that could not start */
+        for (gw_grpc_out_msg_t *m = c->stream->head, *next; m != NULL; m = next) {
+            next = m->next;
+            grpc_byte_buffer_destroy(m->buf);
+            free(m);
+        }
+        if (c->stream->recv != NULL)
+            grpc_byte_buffer_destroy(c->stream->recv);
+        pthread_mutex_destroy(&c->stream->mu);
+        free(c->stream);
+    }
     if (c->call != NULL)
         grpc_call_unref(c->call);
     atomic_fetch_sub(c->calls, 1);

@@ -39,7 +39,11 @@ static void request_call(gw_grpc_t *g)
     atomic_init(&c->refs, 1);
     c->tag.call = c;
     c->close_tag.call = c;
-    c->close_tag.close = 1;
+    c->close_tag.kind = GW_GRPC_TAG_CLOSE;
+    c->recv_tag.call = c;
+    c->recv_tag.kind = GW_GRPC_TAG_STREAM_RECV;
+    c->send_tag.call = c;
+    c->send_tag.kind = GW_GRPC_TAG_STREAM_SEND;
     c->method = -1;
     c->stage = GW_GRPC_REQUESTED;
     c->status_details = grpc_empty_slice();
@@ -107,10 +111,12 @@ static void *serve(void *arg)
             gw_grpc_tag_t *tag = ev.tag;
             if (ev.tag == &g->shutdown_tag)
                 shut = 1;
-            else if (tag->close)
-                gw_grpc_closed(tag->call);
-            else
+            else if (tag->kind == GW_GRPC_TAG_STAGE)
                 on_event(g, tag->call, ev.success);
+            else if (tag->call->stream != NULL)
+                gw_grpc_stream_event(tag->call, tag->kind, ev.success);
+            else
+                gw_grpc_closed(tag->call);
         } else if (ev.type == GRPC_QUEUE_SHUTDOWN) {
             break;
         }

@@ -12,6 +12,7 @@ import socket
 import struct
 import subprocess
 import tempfile
+import threading
 import time
 from multiprocessing import shared_memory
 
@@ -400,7 +401,7 @@ def methods_not_built_are_unimplemented_naming_those_that_are():
                                                              "Bearer " + server().token),),
                             model_name="inc")
     assert code == grpc.StatusCode.UNIMPLEMENTED, (code, details)
-    assert "RepositoryModelLoad" in details and "ModelInfer" in details, details
+    assert "RepositoryModelLoad" in details and "ModelStreamInfer" in details, details
     rpc = c.channel.unary_unary(SERVICE + "NoSuchMethod", request_serializer=lambda b: b,
                                  response_deserializer=lambda b: b)
     try:
@@ -755,6 +756,71 @@ def model_infer_on_a_real_onnx_model_answers_as_http():
         assert s.stop() == 0, s.read_log()[-3000:]
     finally:
         s.cleanup()
+
+
+@test
+def model_stream_infer_answers_each_request_on_the_stream():
+    s = server()
+    c = client(s)
+    x = pixels(768, seed=7)
+    h = http_infer(s, "inc", {"inputs": [{"name": "input", "shape": [1, 3, 16, 16],
+                                          "datatype": "FP32", "data": x}]})
+    reqs = []
+    for i, model in enumerate(("inc", "nosuch", "inc")):
+        req = M["inference.ModelInferRequest"](model_name=model, id="s%d" % i)
+        req.inputs.add(name="input", shape=[1, 3, 16, 16], datatype="FP32")
+        req.raw_input_contents.append(f32(x))
+        reqs.append(req)
+    rpc = c.channel.stream_stream(SERVICE + "ModelStreamInfer",
+                                   request_serializer=type(reqs[0]).SerializeToString,
+                                   response_deserializer=M["inference.ModelStreamInferResponse"]
+                                   .FromString)
+    answers = list(rpc(iter(reqs), timeout=20))
+    assert len(answers) == 3, answers
+    ok = {a.infer_response.id: a.infer_response for a in answers if not a.error_message}
+    errors = [a.error_message for a in answers if a.error_message]
+    assert sorted(ok) == ["s0", "s2"], answers
+    for r in ok.values():
+        assert unf32(r.raw_output_contents[0]) == as_f32(h["outputs"][0]["data"]), (r, h)
+    assert len(errors) == 1 and "nosuch" in errors[0], errors
+    # A stream the client ends at once is ended OK, with no answer.
+    assert list(rpc(iter([]), timeout=20)) == []
+    c.close()
+
+
+@test
+def a_cancelled_stream_leaves_its_queued_items_unrun():
+    """A stream of four requests on one-row-at-a-time "slow", cancelled
+    while the first runs: the other three are withdrawn, never run."""
+    s = server()
+    c = client(s)
+    req = M["inference.ModelInferRequest"](model_name="slow")
+    req.inputs.add(name="input", shape=[1, 3, 4, 4], datatype="FP32")
+    req.raw_input_contents.append(f32([0.0] * 48))
+    time.sleep(0.3)  # calls of the tests before have run
+    batches = metric(s, "squish_batches_total", "slow")
+    gone = metric(s, "squish_items_withdrawn_total", "slow", 'reason="client_gone"')
+    hold = threading.Event()
+
+    def requests():
+        for _ in range(4):
+            yield req
+        hold.wait(5)  # the client sends no last message: the stream stays open
+
+    rpc = c.channel.stream_stream(SERVICE + "ModelStreamInfer",
+                                   request_serializer=type(req).SerializeToString,
+                                   response_deserializer=M["inference.ModelStreamInferResponse"]
+                                   .FromString)
+    call = rpc(requests(), timeout=20)
+    time.sleep(0.05)
+    call.cancel()
+    hold.set()
+    time.sleep(0.5)  # any batch sent for them would have run by now
+    assert metric(s, "squish_batches_total", "slow") == batches + 1, \
+        (batches, metric(s, "squish_batches_total", "slow"))
+    assert metric(s, "squish_items_withdrawn_total", "slow",
+                  'reason="client_gone"') == gone + 3
+    c.close()
 
 
 @test

@@ -572,3 +572,34 @@ Test(grpc_codec, v2s_answer_becomes_a_model_infer_response_with_raw_outputs)
         SQ_INTERNAL);
     cr_assert_null(msg);
 }
+
+Test(grpc_codec, a_stream_answer_wraps_the_response_or_carries_the_error)
+{
+    Inference__ModelInferResponse in = INFERENCE__MODEL_INFER_RESPONSE__INIT;
+    in.model_name = "m";
+    in.id = "a-long-enough-id-to-need-no-more-than-one-length-byte";
+    uint8_t packed[256];
+    size_t plen = inference__model_infer_response__pack(&in, packed);
+    size_t n;
+    uint8_t *msg = gw_grpc_stream_response(NULL, packed, plen, &n);
+    Inference__ModelStreamInferResponse *r =
+        inference__model_stream_infer_response__unpack(NULL, n, msg);
+    cr_assert_not_null(r);
+    cr_assert_str_eq(r->error_message, "");
+    cr_assert_not_null(r->infer_response);
+    cr_assert_str_eq(r->infer_response->model_name, "m");
+    cr_assert_str_eq(r->infer_response->id, in.id);
+    inference__model_stream_infer_response__free_unpacked(r, NULL);
+    free(msg);
+    /* an error of more than 127 bytes: a two-byte length */
+    char why[300];
+    memset(why, 'x', sizeof(why) - 1);
+    why[sizeof(why) - 1] = '\0';
+    msg = gw_grpc_stream_response(why, NULL, 0, &n);
+    r = inference__model_stream_infer_response__unpack(NULL, n, msg);
+    cr_assert_not_null(r);
+    cr_assert_str_eq(r->error_message, why);
+    cr_assert_null(r->infer_response);
+    inference__model_stream_infer_response__free_unpacked(r, NULL);
+    free(msg);
+}
