@@ -83,12 +83,19 @@ void gw_api_infer_answer(gw_api_infer_t *h, gw_api_infer_answer_t *a)
     a->header_len = -1;
     /* Cancelled (gw_api_infer_cancel only marks it): its error is written
      * here, by the one thread that reads it. */
-    if (atomic_load(&req->failed) == GW_ABANDONED_GONE && req->err == 0) {
+    int gone = atomic_load(&req->failed) == GW_ABANDONED_GONE;
+    if (gone && req->err == 0) {
         req->err = SQ_DEADLINE;
         snprintf(req->err_detail, sizeof(req->err_detail), "the client went away");
     }
     gw_infer_settle(req);
-    gw_metrics_infer_answered(req);
+    /* As HTTP's: a request whose client went away has no answer, neither
+     * in the metrics nor in its trace line (status 0); its items count
+     * as withdrawn. */
+    if (gone)
+        req->reply_status = 0;
+    else
+        gw_metrics_infer_answered(req);
     if (atomic_load(&req->failed)) {
         a->err = req->err;
         const char *detail = req->err_detail[0] ? req->err_detail : sq_err_msg(req->err);
