@@ -385,10 +385,18 @@ static int admin_ok(gw_grpc_call_t *c)
     static const char bearer[] = "Bearer ";
     const grpc_slice *v = metadata(c, "authorization");
     size_t blen = sizeof(bearer) - 1;
-    if (v != NULL && GRPC_SLICE_LENGTH(*v) > blen) {
+    if (v != NULL) {
         const char *s = (const char *)GRPC_SLICE_START_PTR(*v);
-        if (strncasecmp(s, bearer, blen) == 0 &&
-            gw_token_matches(c->admin_token, s + blen, GRPC_SLICE_LENGTH(*v) - blen))
+        size_t n = GRPC_SLICE_LENGTH(*v);
+        /* Leading blanks skipped, as HTTP's parser skips them before a
+         * header's value: perf_analyzer's -H "authorization: Bearer ..."
+         * sends " Bearer ..." as the metadata's value. */
+        while (n > 0 && (*s == ' ' || *s == '\t')) {
+            s++;
+            n--;
+        }
+        if (n > blen && strncasecmp(s, bearer, blen) == 0 &&
+            gw_token_matches(c->admin_token, s + blen, n - blen))
             return 1;
     }
     char why[160];

@@ -341,6 +341,10 @@ def admin_methods_need_the_admin_token():
     code, details = c.error("RepositoryModelUnload", model_name="inc",
                             metadata=[("authorization", "Bearer " + s.token)])
     assert code == grpc.StatusCode.UNIMPLEMENTED, (code, details)
+    # A blank before it, as perf_analyzer's -H "authorization: Bearer ..." sends.
+    code, details = c.error("RepositoryModelUnload", model_name="inc",
+                            metadata=[("authorization", " Bearer " + s.token)])
+    assert code == grpc.StatusCode.UNIMPLEMENTED, (code, details)
     assert s.get("/v2/models/inc/ready").status == 200  # nothing was unloaded
     # What HTTP serves without a token, gRPC does too.
     assert c.call("ModelReady", name="inc").ready is True
