@@ -98,6 +98,19 @@ void gw_api_model_metadata(gw_api_ctx_t *api, const char *name, int version, gw_
 void gw_api_model_ready(gw_api_ctx_t *api, const char *name, int version, gw_api_fact_fn fn,
                         void *arg);
 
+/* Where a DB job of another transport is answered, once: err 0, or an
+ * SQ_* error with why. */
+typedef void (*gw_api_done_fn)(void *arg, int err, const char *why);
+/* Triton's model control, as POST /v2/repository/models/{m}/load and
+ * /unload (repository_api.c; the caller checked the admin token): a
+ * model's every version (or a pipeline) served again, waiting as the
+ * route waits for them to be ready, or unloaded (dependents: a
+ * pipeline's stage models too; a model that loaded pipelines use is
+ * refused, SQ_IN_USE). Answered through fn on the DB or dispatch thread,
+ * or before this returns (not found). */
+void gw_api_model_control(gw_api_ctx_t *api, const char *name, int load, int dependents,
+                          gw_api_done_fn fn, void *arg);
+
 /* KServe v2 inference for another transport (infer_v2_call.c), with the
  * same admission, SLO, batching, deadlines and errors as POST
  * /v2/models/{m}[/versions/{v}]/infer: the request is that route's body

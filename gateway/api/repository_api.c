@@ -394,7 +394,23 @@ typedef struct {
     int pipeline;   /* name is a pipeline's */
     int dependents; /* unload_dependents: a pipeline's stage models too */
     int force;      /* ?force=true: unload a model even if loaded pipelines use it */
+    /* Another transport's (gw_api_model_control): answered through this,
+     * not the HTTP loop; NULL for HTTP's. */
+    gw_api_done_fn ext_fn;
+    void *ext_arg;
 } control_job_t;
+
+/* The job is done: its answer to its transport, once. */
+static void control_done(control_job_t *j)
+{
+    if (j->ext_fn == NULL) {
+        gw_async_done(&j->base);
+        return;
+    }
+    j->ext_fn(j->ext_arg, j->base.err, j->base.err != 0 ? j->base.detail : NULL);
+    json_decref(j->base.body);
+    free(j);
+}
 
 typedef struct {
     const char *name;
@@ -456,7 +472,7 @@ static void settle_load(gw_async_t *a, const gw_await_result_t *r)
                       j->name);
     else
         a->body = json_object(); /* Triton's: an empty object */
-    gw_async_done(a);
+    control_done(j);
 }
 
 /* The keys a load of model name waits for: its versions that are ready or
@@ -491,7 +507,7 @@ static void control_job(mdb_t *db, void *arg)
     int nwait = 0, rc = 0;
     char failed[320] = "";
     if (!j->pipeline && !j->load && !j->force && gw_refuse_in_use(&j->base, 1, j->name, 0)) {
-        gw_async_done(&j->base);
+        control_done(j);
         return;
     }
     if (!j->pipeline) {
@@ -539,7 +555,7 @@ static void control_job(mdb_t *db, void *arg)
     } else {
         j->base.body = json_object();
     }
-    gw_async_done(&j->base);
+    control_done(j);
 }
 
 /* The body's parameters: Triton's unload_dependents (a bool); "config"
@@ -630,4 +646,34 @@ void gw_route_repository_load(gw_call_t *call)
 void gw_route_repository_unload(gw_call_t *call)
 {
     control(call, 0);
+}
+
+void gw_api_model_control(gw_api_ctx_t *api, const char *name, int load, int dependents,
+                          gw_api_done_fn fn, void *arg)
+{
+    size_t len = strlen(name);
+    gw_model_t *m = NULL;
+    gw_pipeline_t *p = NULL;
+    if (len <= MDB_NAME_MAX && gw_model_name_ok(name, len)) {
+        m = gw_registry_find(api->registry, name, len, 0);
+        p = m == NULL ? gw_pipes_get(api->pipelines, name) : NULL;
+    }
+    if (m == NULL && p == NULL) {
+        char path[MDB_NAME_MAX + 48], why[512];
+        snprintf(path, sizeof(path), "/v2/repository/models/%s/%s", name, load ? "load" : "unload");
+        int err = gw_not_found_why(api, path, name, 0, why, sizeof(why));
+        fn(arg, err, why);
+        return;
+    }
+    control_job_t *j = sq_xcalloc(1, sizeof(*j));
+    j->base.app = api;
+    snprintf(j->name, sizeof(j->name), "%s", name);
+    j->load = load;
+    j->pipeline = p != NULL;
+    j->dependents = dependents;
+    j->ext_fn = fn;
+    j->ext_arg = arg;
+    gw_model_unref(m);
+    gw_pipeline_unref(p);
+    gw_db_job(api->db, control_job, j);
 }

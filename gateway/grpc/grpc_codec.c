@@ -103,6 +103,44 @@ static int name_version(const char *name, const char *version, int optional, gw_
     return 0;
 }
 
+/* RepositoryModelLoad's and -Unload's model, in squish's one repository
+ * (repository_name empty). */
+static int control_target(const char *repository, const char *name, gw_grpc_req_t *out, char *why,
+                          size_t whylen)
+{
+    if (repository != NULL && repository[0] != '\0') {
+        snprintf(why, whylen,
+                 "repository_name: squish has one repository (leave it empty), not '%.64s'",
+                 repository);
+        return SQ_BAD_REQUEST;
+    }
+    return name_version(name, "", 0, out, why, whylen);
+}
+
+/* A load's or unload's parameter, as HTTP's body's: an unload takes
+ * unload_dependents (a bool); a load's config or file: (its own
+ * configuration or files) is refused, squish's models being in its DB. */
+static int control_param(const char *key, const Inference__ModelRepositoryParameter *v, int load,
+                         gw_grpc_req_t *out, char *why, size_t whylen)
+{
+    if (!load && strcmp(key, "unload_dependents") == 0 && v != NULL &&
+        v->parameter_choice_case ==
+            INFERENCE__MODEL_REPOSITORY_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM) {
+        out->dependents = v->bool_param != 0;
+        return 0;
+    }
+    if (load && (strcmp(key, "config") == 0 || strncmp(key, "file:", 5) == 0))
+        snprintf(why, whylen,
+                 "parameter %.64s: squish serves the models stored in its DB; to change a "
+                 "model's configuration or files, upload a new version with POST /models",
+                 key);
+    else
+        snprintf(why, whylen, "unknown parameter %.64s; %s takes %s", key,
+                 load ? "RepositoryModelLoad" : "RepositoryModelUnload",
+                 load ? "none" : "only unload_dependents (a bool_param)");
+    return SQ_BAD_REQUEST;
+}
+
 int gw_grpc_name_version(const char *name, const char *version, gw_grpc_req_t *out, char *why,
                          size_t whylen)
 {
@@ -148,6 +186,12 @@ int gw_grpc_decode(gw_grpc_method_t m, const uint8_t *data, size_t len, gw_grpc_
         break;
     case GW_GRPC_SHM_UNREGISTER:
         d = &inference__system_shared_memory_unregister_request__descriptor;
+        break;
+    case GW_GRPC_REPOSITORY_MODEL_LOAD:
+        d = &inference__repository_model_load_request__descriptor;
+        break;
+    case GW_GRPC_REPOSITORY_MODEL_UNLOAD:
+        d = &inference__repository_model_unload_request__descriptor;
         break;
     default:
         snprintf(why, whylen, "%s: not served yet", gw_grpc_method_name(m));
@@ -201,6 +245,20 @@ int gw_grpc_decode(gw_grpc_method_t m, const uint8_t *data, size_t len, gw_grpc_
             out->offset = r->offset;
             out->byte_size = r->byte_size;
         }
+        break;
+    }
+    case GW_GRPC_REPOSITORY_MODEL_LOAD: {
+        Inference__RepositoryModelLoadRequest *r = (Inference__RepositoryModelLoadRequest *)msg;
+        rc = control_target(r->repository_name, r->model_name, out, why, whylen);
+        for (size_t k = 0; rc == 0 && k < r->n_parameters; k++)
+            rc = control_param(r->parameters[k]->key, r->parameters[k]->value, 1, out, why, whylen);
+        break;
+    }
+    case GW_GRPC_REPOSITORY_MODEL_UNLOAD: {
+        Inference__RepositoryModelUnloadRequest *r = (Inference__RepositoryModelUnloadRequest *)msg;
+        rc = control_target(r->repository_name, r->model_name, out, why, whylen);
+        for (size_t k = 0; rc == 0 && k < r->n_parameters; k++)
+            rc = control_param(r->parameters[k]->key, r->parameters[k]->value, 0, out, why, whylen);
         break;
     }
     case GW_GRPC_REPOSITORY_INDEX: {

@@ -53,6 +53,7 @@ typedef struct {
     /* SystemSharedMemoryRegister: the object's name (shm_open's), window */
     char key[257];
     uint64_t offset, byte_size;
+    int dependents; /* RepositoryModelUnload: parameters.unload_dependents */
 } gw_grpc_req_t;
 /* Decodes a request of method m (its protobuf bytes) into out: 0, or
  * SQ_BAD_REQUEST with why (not the method's message, a version that is no

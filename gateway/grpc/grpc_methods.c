@@ -15,7 +15,8 @@
 
 #define SERVED                                                                                     \
     "ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelInfer, "             \
-    "ModelStreamInfer, ModelConfig, ModelStatistics, RepositoryIndex and "                         \
+    "ModelStreamInfer, ModelConfig, ModelStatistics, RepositoryIndex, "                            \
+    "RepositoryModelLoad, RepositoryModelUnload and "                                              \
     "SystemSharedMemory{Status,Register,Unregister}"
 
 /* ---- building a message: its parts live in a pool freed once packed ---- */
@@ -363,6 +364,21 @@ static void fact_answered(void *arg, int err, json_t *body, const char *why)
     json_decref(body);
 }
 
+/* A load's or unload's answer (gw_api_done_fn), on the DB or dispatch
+ * thread: Triton's empty response, or the route's error. */
+static void control_answered(void *arg, int err, const char *why)
+{
+    gw_grpc_call_t *c = arg;
+    if (err != 0) {
+        fail(c, err, why);
+        return;
+    }
+    Inference__RepositoryModelLoadResponse load = INFERENCE__REPOSITORY_MODEL_LOAD_RESPONSE__INIT;
+    Inference__RepositoryModelUnloadResponse unload =
+        INFERENCE__REPOSITORY_MODEL_UNLOAD_RESPONSE__INIT;
+    send_message(c, c->method == GW_GRPC_REPOSITORY_MODEL_LOAD ? &load.base : &unload.base);
+}
+
 /* ---- the call ---- */
 
 /* The value of the client's metadata key, or NULL. */
@@ -454,6 +470,8 @@ void gw_grpc_answer(gw_grpc_call_t *c)
     case GW_GRPC_SHM_STATUS:
     case GW_GRPC_SHM_REGISTER:
     case GW_GRPC_SHM_UNREGISTER:
+    case GW_GRPC_REPOSITORY_MODEL_LOAD:
+    case GW_GRPC_REPOSITORY_MODEL_UNLOAD:
         rc = c->recv == NULL
                  ? SQ_BAD_REQUEST
                  : gw_grpc_decode((gw_grpc_method_t)c->method, GRPC_SLICE_START_PTR(body),
@@ -522,6 +540,11 @@ void gw_grpc_answer(gw_grpc_call_t *c)
     }
     case GW_GRPC_REPOSITORY_INDEX:
         repository_index(c, req.ready);
+        break;
+    case GW_GRPC_REPOSITORY_MODEL_LOAD:
+    case GW_GRPC_REPOSITORY_MODEL_UNLOAD:
+        gw_api_model_control(c->api, req.name, c->method == GW_GRPC_REPOSITORY_MODEL_LOAD,
+                             req.dependents, control_answered, c);
         break;
     case GW_GRPC_SHM_STATUS: {
         json_t *j;

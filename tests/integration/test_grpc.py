@@ -228,6 +228,37 @@ def model_ready_follows_unload_and_load():
 
 
 @test
+def repository_model_unload_and_load_are_https():
+    """Unload and load over gRPC, as POST /v2/repository/models/{m}/unload
+    and /load: HTTP sees the model go and come back."""
+    s = server()
+    c = client(s)
+    md = [("authorization", "Bearer " + s.token)]
+    code, details = c.error("RepositoryModelUnload", model_name="free")
+    assert code == grpc.StatusCode.UNAUTHENTICATED, (code, details)
+    c.call("RepositoryModelUnload", metadata=md, model_name="free")
+    assert s.get("/v2/models/free/ready").status == 400
+    assert c.call("ModelReady", name="free").ready is False
+    # A load answers once the model is ready again, as HTTP's.
+    c.call("RepositoryModelLoad", metadata=md, model_name="free")
+    assert s.get("/v2/models/free/ready").status == 200
+    h = s.request("POST", "/v2/repository/models/nosuch/load", body="{}", headers=admin(s))
+    code, details = c.error("RepositoryModelLoad", metadata=md, model_name="nosuch")
+    assert code == grpc.StatusCode.NOT_FOUND and h.status == 404 and "nosuch" in details, \
+        (code, details, h)
+    req = M["inference.RepositoryModelLoadRequest"](model_name="free")
+    req.parameters["config"].string_param = "{}"
+    code, details = c.error("RepositoryModelLoad", req=req, metadata=md)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "POST /models" in details, details
+    req = M["inference.RepositoryModelUnloadRequest"](model_name="free")
+    req.parameters["cascade"].bool_param = True
+    code, details = c.error("RepositoryModelUnload", req=req, metadata=md)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "unload_dependents" in details, details
+    assert s.get("/v2/models/free/ready").status == 200
+    c.close()
+
+
+@test
 def model_config_has_what_http_config_has():
     s = server()
     c = client(s)
@@ -328,6 +359,18 @@ def repository_index_is_https_rows():
     c.close()
 
 
+def raw_error(c, method, metadata=None):
+    """The status of a call of a method whose messages the proto lacks
+    (an empty request): (code, details)."""
+    rpc = c.channel.unary_unary(SERVICE + method, request_serializer=lambda b: b,
+                                 response_deserializer=lambda b: b)
+    try:
+        rpc(b"", timeout=20, metadata=metadata)
+    except grpc.RpcError as e:
+        return e.code(), e.details()
+    raise AssertionError("%s answered" % method)
+
+
 @test
 def admin_methods_need_the_admin_token():
     s = server()
@@ -337,15 +380,14 @@ def admin_methods_need_the_admin_token():
     code, details = c.error("RepositoryModelUnload", model_name="inc",
                             metadata=[("authorization", "Bearer " + "0" * 64)])
     assert code == grpc.StatusCode.UNAUTHENTICATED and "invalid" in details, (code, details)
+    assert s.get("/v2/models/inc/ready").status == 200  # nothing was unloaded
     # With the token: past the check, to a method not built yet.
-    code, details = c.error("RepositoryModelUnload", model_name="inc",
-                            metadata=[("authorization", "Bearer " + s.token)])
+    code, details = raw_error(c, "CudaSharedMemoryStatus", [("authorization", "Bearer " + s.token)])
     assert code == grpc.StatusCode.UNIMPLEMENTED, (code, details)
     # A blank before it, as perf_analyzer's -H "authorization: Bearer ..." sends.
-    code, details = c.error("RepositoryModelUnload", model_name="inc",
-                            metadata=[("authorization", " Bearer " + s.token)])
+    code, details = raw_error(c, "CudaSharedMemoryStatus",
+                              [("authorization", " Bearer " + s.token)])
     assert code == grpc.StatusCode.UNIMPLEMENTED, (code, details)
-    assert s.get("/v2/models/inc/ready").status == 200  # nothing was unloaded
     # What HTTP serves without a token, gRPC does too.
     assert c.call("ModelReady", name="inc").ready is True
     c.close()
@@ -401,11 +443,10 @@ def system_shared_memory_is_https_regions():
 @test
 def methods_not_built_are_unimplemented_naming_those_that_are():
     c = client()
-    code, details = c.error("RepositoryModelLoad", metadata=(("authorization",
-                                                             "Bearer " + server().token),),
-                            model_name="inc")
+    code, details = raw_error(c, "CudaSharedMemoryStatus",
+                              [("authorization", "Bearer " + server().token)])
     assert code == grpc.StatusCode.UNIMPLEMENTED, (code, details)
-    assert "RepositoryModelLoad" in details and "ModelStreamInfer" in details, details
+    assert "CudaSharedMemoryStatus" in details and "RepositoryModelLoad" in details, details
     rpc = c.channel.unary_unary(SERVICE + "NoSuchMethod", request_serializer=lambda b: b,
                                  response_deserializer=lambda b: b)
     try:

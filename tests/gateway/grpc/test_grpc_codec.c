@@ -146,9 +146,68 @@ Test(grpc_codec, a_method_not_served_yet_is_refused_by_name)
 {
     gw_grpc_req_t q;
     char why[256];
-    cr_assert_eq(gw_grpc_decode(GW_GRPC_MODEL_STREAM_INFER, NULL, 0, &q, why, sizeof(why)),
+    cr_assert_eq(gw_grpc_decode(GW_GRPC_CUDA_SHM_STATUS, NULL, 0, &q, why, sizeof(why)),
                  SQ_BAD_REQUEST);
-    cr_assert_not_null(strstr(why, "ModelStreamInfer"), "%s", why);
+    cr_assert_not_null(strstr(why, "CudaSharedMemoryStatus"), "%s", why);
+}
+
+Test(grpc_codec, model_control_reads_the_model_and_unload_dependents)
+{
+    uint8_t buf[512];
+    gw_grpc_req_t q;
+    char why[256];
+    Inference__ModelRepositoryParameter yes = INFERENCE__MODEL_REPOSITORY_PARAMETER__INIT;
+    yes.parameter_choice_case = INFERENCE__MODEL_REPOSITORY_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM;
+    yes.bool_param = 1;
+    Inference__RepositoryModelUnloadRequest__ParametersEntry e =
+        INFERENCE__REPOSITORY_MODEL_UNLOAD_REQUEST__PARAMETERS_ENTRY__INIT;
+    Inference__RepositoryModelUnloadRequest__ParametersEntry *es[] = {&e};
+    e.key = "unload_dependents";
+    e.value = &yes;
+    Inference__RepositoryModelUnloadRequest u = INFERENCE__REPOSITORY_MODEL_UNLOAD_REQUEST__INIT;
+    u.model_name = "pipe";
+    u.parameters = es;
+    u.n_parameters = 1;
+    size_t n = inference__repository_model_unload_request__pack(&u, buf);
+    cr_assert_eq(gw_grpc_decode(GW_GRPC_REPOSITORY_MODEL_UNLOAD, buf, n, &q, why, sizeof(why)), 0,
+                 "%s", why);
+    cr_assert_str_eq(q.name, "pipe");
+    cr_assert_eq(q.dependents, 1);
+    e.key = "cascade";
+    n = inference__repository_model_unload_request__pack(&u, buf);
+    cr_assert_eq(gw_grpc_decode(GW_GRPC_REPOSITORY_MODEL_UNLOAD, buf, n, &q, why, sizeof(why)),
+                 SQ_BAD_REQUEST);
+    cr_assert_not_null(strstr(why, "cascade"), "%s", why);
+
+    Inference__RepositoryModelLoadRequest l = INFERENCE__REPOSITORY_MODEL_LOAD_REQUEST__INIT;
+    l.model_name = "resnet";
+    n = inference__repository_model_load_request__pack(&l, buf);
+    cr_assert_eq(gw_grpc_decode(GW_GRPC_REPOSITORY_MODEL_LOAD, buf, n, &q, why, sizeof(why)), 0);
+    cr_assert_str_eq(q.name, "resnet");
+    cr_assert_eq(q.dependents, 0);
+    /* a load with its own configuration: the models are the DB's */
+    Inference__RepositoryModelLoadRequest__ParametersEntry le =
+        INFERENCE__REPOSITORY_MODEL_LOAD_REQUEST__PARAMETERS_ENTRY__INIT;
+    Inference__RepositoryModelLoadRequest__ParametersEntry *les[] = {&le};
+    le.key = "config";
+    le.value = &yes;
+    l.parameters = les;
+    l.n_parameters = 1;
+    n = inference__repository_model_load_request__pack(&l, buf);
+    cr_assert_eq(gw_grpc_decode(GW_GRPC_REPOSITORY_MODEL_LOAD, buf, n, &q, why, sizeof(why)),
+                 SQ_BAD_REQUEST);
+    cr_assert_not_null(strstr(why, "POST /models"), "%s", why);
+    l.n_parameters = 0;
+    l.repository_name = "other";
+    n = inference__repository_model_load_request__pack(&l, buf);
+    cr_assert_eq(gw_grpc_decode(GW_GRPC_REPOSITORY_MODEL_LOAD, buf, n, &q, why, sizeof(why)),
+                 SQ_BAD_REQUEST);
+    cr_assert_not_null(strstr(why, "repository_name"), "%s", why);
+    l.repository_name = "";
+    l.model_name = "";
+    n = inference__repository_model_load_request__pack(&l, buf);
+    cr_assert_eq(gw_grpc_decode(GW_GRPC_REPOSITORY_MODEL_LOAD, buf, n, &q, why, sizeof(why)),
+                 SQ_BAD_REQUEST);
 }
 
 Test(grpc_codec, errors_map_to_the_status_codes_triton_answers)
