@@ -4,7 +4,10 @@
  * its tag on the queue (gw_grpc_call_t.stage): its request message
  * (RECEIVING), then its answer (SENDING: initial metadata, the message,
  * the status, the close), after which it is freed. An answer may be sent
- * from the DB thread (grpc_methods.c); the queue's thread frees it. */
+ * from the DB thread (grpc_methods.c) or the room's answer thread
+ * (inferences); ModelInfer and ModelStreamInfer have batches of their own
+ * besides (the close, a stream's messages: grpc_infer.c, grpc_stream.c),
+ * each holding a reference to the call, whose last frees it. */
 #include "grpc_call.h"
 
 #include <grpc/grpc_security.h>
