@@ -102,7 +102,7 @@ Test(async, a_deferred_job_keeps_its_error_and_detail)
     gw_async_fail(&a, SQ_OVERLOAD, NULL);
     cr_assert_eq(a.err, SQ_OVERLOAD);
     cr_assert_str_eq(a.detail, "", "no detail: the error's own message is sent");
-    char longer[1024];
+    char longer[sizeof(a.detail) + 512];
     memset(longer, 'x', sizeof(longer) - 1);
     longer[sizeof(longer) - 1] = '\0';
     gw_async_fail(&a, SQ_BAD_REQUEST, "%s", longer);
