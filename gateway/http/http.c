@@ -576,6 +576,7 @@ int gw_http_start(const gw_http_deps_t *deps, const gw_http_app_t *app, gw_http_
     http->globalconf.server_name = h2o_iovec_init(H2O_STRLIT("squish/" SQUISH_VERSION));
     h2o_hostconf_t *host =
         h2o_config_register_host(&http->globalconf, h2o_iovec_init(H2O_STRLIT("default")), 65535);
+    gw__http_too_large_filter(host, (long long)http->ctx.cfg.max_body_bytes);
     h2o_pathconf_t *path = h2o_config_register_path(host, "/", 0);
     gw_handler_t *handler = (gw_handler_t *)h2o_create_handler(path, sizeof(*handler));
     handler->super.on_req = on_req;

@@ -27,6 +27,12 @@ typedef struct gw_http_ctx {
 /* Fills ctx from deps, once, as the room is created. */
 void gw__http_ctx_fill(gw_http_ctx_t *ctx, const gw_http_deps_t *deps);
 
+/* ---- h2o's own 413 (too_large.c) ----------------------------------------- */
+
+/* Makes h2o's answer to a body over the limit squish's JSON error, naming
+ * max_body_bytes and --max-body-mb (a filter on host's fallback path). */
+void gw__http_too_large_filter(h2o_hostconf_t *host, long long max_body_bytes);
+
 /* ---- deferred replies (async.c) ------------------------------------------ */
 
 /* Lets go of one of the job's two holds (the request's, the reply's); the

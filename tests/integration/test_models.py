@@ -675,6 +675,25 @@ def bodies_over_the_limit_are_413():
         except (ConnectionResetError, BrokenPipeError):
             pass  # h2o may close before reading the whole body: still refused
         assert names(s) == {}
+        # h2o refuses by the Content-Length, before any body: squish's JSON
+        # error naming the limit and the flag (h2o's own was plain text that
+        # named neither), on an upload as on an inference.
+        for path in ("/models", "/v2/models/x/infer"):
+            with socket.create_connection(("127.0.0.1", s.port), timeout=10) as c:
+                c.sendall(("POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           "Content-Length: %d\r\n\r\n" % (path, 3 << 20)).encode())
+                raw = b""
+                while b"}" not in raw:
+                    chunk = c.recv(4096)
+                    if not chunk:
+                        break
+                    raw += chunk
+            head, _, body = raw.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 413"), raw
+            assert b"content-type: application/json" in head.lower(), raw
+            err = json.loads(body)
+            assert err["code"] == "too_large", err
+            assert "--max-body-mb 1," in err["error"], err
     finally:
         s.stop()
         s.cleanup()
