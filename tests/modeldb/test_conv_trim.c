@@ -44,6 +44,19 @@ static void expect_attr(const mdb_node_t *n, const char *name, int count, const 
                      (long long)want[i]);
 }
 
+/* A 3x3 conv, stride 2, pads 1, on c channels of a hw x hw map: imported
+ * as it was (its kernel, pads and weights). */
+static void expect_a_3x3_stride_2_conv_left_alone(int64_t c, int64_t hw)
+{
+    mdb_graph_t *g = import_conv(c, hw, hw, 3, 3, (const int64_t[]){1, 1},
+                                 (const int64_t[]){1, 1, 1, 1}, (const int64_t[]){2, 2});
+    const mdb_node_t *n = &g->nodes[0];
+    expect_attr(n, "kernel_shape", 2, (const int64_t[]){3, 3});
+    expect_attr(n, "pads", 4, (const int64_t[]){1, 1, 1, 1});
+    cr_assert_str_eq(g->tensors[n->inputs[1]].name, "w");
+    mdb_graph_free(g);
+}
+
 Test(conv_trim, an_atrous_conv_on_a_map_smaller_than_its_dilation_becomes_a_1x1_conv)
 {
     /* DeepLabV3's ASPP branch: 3x3, dilation 12, pads 12, on a 10x10 map. */
@@ -111,20 +124,14 @@ Test(conv_trim, a_one_sided_pad_keeps_the_live_taps_and_what_they_read)
  * only one end is dead. */
 Test(conv_trim, symmetric_pads_stay_symmetric)
 {
-    mdb_graph_t *g = import_conv(2, 2, 2, 3, 3, (const int64_t[]){1, 1},
-                                 (const int64_t[]){1, 1, 1, 1}, (const int64_t[]){2, 2});
-    const mdb_node_t *n = &g->nodes[0];
-    expect_attr(n, "kernel_shape", 2, (const int64_t[]){3, 3});
-    expect_attr(n, "pads", 4, (const int64_t[]){1, 1, 1, 1});
-    cr_assert_str_eq(g->tensors[n->inputs[1]].name, "w");
-    mdb_graph_free(g);
+    expect_a_3x3_stride_2_conv_left_alone(2, 2);
     /* Dead at both ends, more at the begin: 5 taps, stride 2, pads 2, on
      * height 2; the one output reads rows -2..2, taps 0, 1 and 4 only
      * padding. One tap goes from each end: taps 1..3, pads 1 and 1 (taps
      * 2..3 alone would leave pads 0 and 1). */
-    g = import_conv(1, 2, 2, 5, 1, (const int64_t[]){1, 1}, (const int64_t[]){2, 0, 2, 0},
-                    (const int64_t[]){2, 1});
-    n = &g->nodes[0];
+    mdb_graph_t *g = import_conv(1, 2, 2, 5, 1, (const int64_t[]){1, 1},
+                                 (const int64_t[]){2, 0, 2, 0}, (const int64_t[]){2, 1});
+    const mdb_node_t *n = &g->nodes[0];
     expect_attr(n, "kernel_shape", 2, (const int64_t[]){3, 1});
     expect_attr(n, "pads", 4, (const int64_t[]){1, 0, 1, 0});
     const float *v = g->tensors[n->inputs[1]].data;
@@ -136,11 +143,5 @@ Test(conv_trim, symmetric_pads_stay_symmetric)
 
 Test(conv_trim, convs_whose_every_tap_reads_the_map_are_left_alone)
 {
-    mdb_graph_t *g = import_conv(3, 8, 8, 3, 3, (const int64_t[]){1, 1},
-                                 (const int64_t[]){1, 1, 1, 1}, (const int64_t[]){2, 2});
-    const mdb_node_t *n = &g->nodes[0];
-    expect_attr(n, "kernel_shape", 2, (const int64_t[]){3, 3});
-    expect_attr(n, "pads", 4, (const int64_t[]){1, 1, 1, 1});
-    cr_assert_str_eq(g->tensors[n->inputs[1]].name, "w");
-    mdb_graph_free(g);
+    expect_a_3x3_stride_2_conv_left_alone(3, 8);
 }
