@@ -210,13 +210,12 @@ Test(model_ids, a_migrated_database_starts_after_every_id_it_knows)
     cr_assert_eq(b, a + 8, "b=%lld a=%lld", (long long)b, (long long)a);
 }
 
-/* An ONNX model version of `len` bytes of a file (not a graph: the
- * database stores what it is given), named name, with the device kinds
- * that cannot run it (not_on; NULL: none). */
-static int64_t insert_file_model(const char *name, const uint8_t *file, size_t len, json_t *not_on)
+/* An ONNX model version whose file is the spans' bytes in order (not a
+ * graph: the database stores what it is given; sha: of all of them), named
+ * name, with the device kinds that cannot run it (not_on; NULL: none). */
+static int64_t insert_spans_model(const char *name, const mdb_span_t *spans, int n, const char *sha,
+                                  json_t *not_on)
 {
-    char sha[65];
-    mdb_sha256_hex(file, len, sha);
     json_t *input =
         json_pack("{s:s, s:s, s:[i,i,i,i]}", "name", "x", "datatype", "FP32", "shape", -1, 3, 4, 4);
     json_t *outputs =
@@ -225,8 +224,8 @@ static int64_t insert_file_model(const char *name, const uint8_t *file, size_t l
     mdb_new_model_t m = {.name = name,
                          .version = 1,
                          .format = "onnx",
-                         .onnx = file,
-                         .onnx_len = len,
+                         .onnx_spans = spans,
+                         .n_onnx_spans = n,
                          .sha256 = sha,
                          .input = input,
                          .outputs = outputs,
@@ -245,6 +244,23 @@ static int64_t insert_file_model(const char *name, const uint8_t *file, size_t l
     json_decref(labels);
     json_decref(config);
     return id;
+}
+
+/* The same, of `len` bytes of one file. */
+static int64_t insert_file_model(const char *name, const uint8_t *file, size_t len, json_t *not_on)
+{
+    char sha[65];
+    mdb_sha256_hex(file, len, sha);
+    return insert_spans_model(name, (const mdb_span_t[]){{file, len}}, 1, sha, not_on);
+}
+
+static uint8_t *file_bytes(size_t len)
+{
+    uint8_t *file = malloc(len);
+    cr_assert_not_null(file);
+    for (size_t i = 0; i < len; i++)
+        file[i] = (uint8_t)(i * 2654435761u >> 11);
+    return file;
 }
 
 /* A model file comes back byte for byte: zeros, every byte value, a size
@@ -288,10 +304,7 @@ Test(model_ids, a_file_past_the_chunk_size_is_stored_in_pieces_and_read_back_who
     cr_assert_geq(MDB_FILE_CHUNK_BYTES, (size_t)64 << 20);
     cr_assert_lt(MDB_FILE_CHUNK_BYTES, (size_t)1000 * 1000 * 1000, "under SQLITE_MAX_LENGTH");
     size_t len = 100003;
-    uint8_t *file = malloc(len);
-    cr_assert_not_null(file);
-    for (size_t i = 0; i < len; i++)
-        file[i] = (uint8_t)(i * 2654435761u >> 11);
+    uint8_t *file = file_bytes(len);
     db->file_chunk_bytes = 4096;
     /* Spans as an upload's bundle gives them: a small table, then parts. */
     mdb_span_t spans[] = {{file, 37},
@@ -300,32 +313,7 @@ Test(model_ids, a_file_past_the_chunk_size_is_stored_in_pieces_and_read_back_who
                           {file + 37 + 4096 * 3, len - 37 - 4096 * 3}};
     char sha[65];
     mdb_sha256_hex(file, len, sha);
-    json_t *input =
-        json_pack("{s:s, s:s, s:[i,i,i,i]}", "name", "x", "datatype", "FP32", "shape", -1, 3, 4, 4);
-    json_t *outputs =
-        json_pack("[{s:s, s:s, s:[i,i]}]", "name", "y", "datatype", "FP32", "shape", -1, 3);
-    json_t *pre = json_object(), *labels = json_array(), *config = json_object();
-    mdb_new_model_t m = {.name = "pieces",
-                         .version = 1,
-                         .format = "onnx",
-                         .onnx_spans = spans,
-                         .n_onnx_spans = 4,
-                         .sha256 = sha,
-                         .input = input,
-                         .outputs = outputs,
-                         .preprocess = pre,
-                         .labels = labels,
-                         .config = config,
-                         .default_slo_ms = 100,
-                         .max_batch = 4,
-                         .status = "ready"};
-    int64_t id = 0;
-    cr_assert_eq(mdb_model_insert(db, &m, &id), 0, "%s", mdb_errmsg(db));
-    json_decref(input);
-    json_decref(outputs);
-    json_decref(pre);
-    json_decref(labels);
-    json_decref(config);
+    int64_t id = insert_spans_model("pieces", spans, 4, sha, NULL);
     /* 37 | 4096 x 3 | 4096 x 21 + 1662: 26 rows, the first in model_files. */
     cr_assert_eq(count_chunks(), 25);
     mdb_close(db);
@@ -341,15 +329,6 @@ Test(model_ids, a_file_past_the_chunk_size_is_stored_in_pieces_and_read_back_who
     cr_assert_eq(mdb_model_delete(db, "pieces", 1, &deleted), 0, "%s", mdb_errmsg(db));
     cr_assert_eq(count_chunks(), 0, "the pieces go with the model");
     free(file);
-}
-
-static uint8_t *file_bytes(size_t len)
-{
-    uint8_t *file = malloc(len);
-    cr_assert_not_null(file);
-    for (size_t i = 0; i < len; i++)
-        file[i] = (uint8_t)(i * 2654435761u >> 11);
-    return file;
 }
 
 /* Reading a model's record (a readiness probe, GET /models/{m}, the list)
