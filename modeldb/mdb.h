@@ -114,11 +114,10 @@ typedef struct {
     const char *name;
     int version;
     const char *format; /* "onnx" or "emulated" */
-    const void *onnx;   /* the file's bytes (onnx format), else NULL */
-    size_t onnx_len;
-    /* Or (onnx NULL) the file as pieces stored one after the other (a
-     * bundle: its table, the .onnx and its data files, as the upload
-     * holds them, never copied into one buffer). */
+    /* The file (onnx format) as pieces stored one after the other (a
+     * bundle: its table, the .onnx and its data files, as the upload holds
+     * them, never copied into one buffer; a plain .onnx is one span); none
+     * for an emulated model. */
     const mdb_span_t *onnx_spans;
     int n_onnx_spans;
     const char *sha256; /* hex of the ONNX bytes, or of the config for emulated */

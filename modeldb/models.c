@@ -346,10 +346,7 @@ static int model_insert_tx(mdb_t *db, void *arg)
     int rc = mdb__not_on_insert(db, ins->id, m->not_on);
     if (rc != 0)
         return rc;
-    mdb_span_t one = {m->onnx, m->onnx_len};
-    const mdb_span_t *spans = m->onnx != NULL ? &one : m->onnx_spans;
-    int nspans = m->onnx != NULL ? 1 : m->n_onnx_spans;
-    if ((rc = insert_file(db, ins->id, spans, nspans)) != 0)
+    if ((rc = insert_file(db, ins->id, m->onnx_spans, m->n_onnx_spans)) != 0)
         return rc;
     if (m->graph != NULL) {
         mdb_node_sig_t *sigs = sq_xcalloc((size_t)m->graph->n_nodes + 1, sizeof(*sigs));
