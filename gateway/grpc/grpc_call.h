@@ -104,6 +104,11 @@ void gw_grpc_answer(gw_grpc_call_t *c);
  * inference and its close batch; answered from the room's answer thread
  * once the inference is done. */
 void gw_grpc_model_infer(gw_grpc_call_t *c, const uint8_t *body, size_t len);
+/* The done inference h's answer (grpc_infer.c; its reference let go): 0
+ * with a packed ModelInferResponse in *msg (malloc'd, *len bytes), or the
+ * SQ_* error it ended with and why. A unary call and a stream answer it
+ * the same way. */
+int gw_grpc_infer_answer(gw_api_infer_t *h, uint8_t **msg, size_t *len, char *why, size_t whylen);
 /* c's close batch completed (the queue's thread): a cancelled call's
  * inference is withdrawn; the call's reference to it let go. */
 void gw_grpc_closed(gw_grpc_call_t *c);

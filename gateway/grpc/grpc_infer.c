@@ -10,26 +10,31 @@
 
 #include <sq_log.h>
 
+#include <stdio.h>
 #include <stdlib.h>
+
+int gw_grpc_infer_answer(gw_api_infer_t *h, uint8_t **msg, size_t *len, char *why, size_t whylen)
+{
+    gw_api_infer_answer_t a;
+    gw_api_infer_answer(h, &a);
+    int rc = a.err;
+    if (rc != 0)
+        snprintf(why, whylen, "%s", a.why);
+    else
+        rc = gw_grpc_encode_infer(a.body.data, a.body.len, a.header_len, msg, len, why, whylen);
+    sq_buf_dispose(&a.body);
+    return rc;
+}
 
 /* On the answer thread: the inference's answer as a ModelInferResponse,
  * or its error as the status Triton gives it. */
 static void answer(void *arg)
 {
     gw_grpc_call_t *c = arg;
-    gw_api_infer_answer_t a;
-    gw_api_infer_answer(c->answer, &a);
-    if (a.err != 0) {
-        gw_grpc_reply(c, gw_grpc_status_of(a.err), a.why, NULL, 0);
-        sq_buf_dispose(&a.body);
-        return;
-    }
     uint8_t *msg;
     size_t len;
-    char why[256];
-    int rc =
-        gw_grpc_encode_infer(a.body.data, a.body.len, a.header_len, &msg, &len, why, sizeof(why));
-    sq_buf_dispose(&a.body);
+    char why[1024];
+    int rc = gw_grpc_infer_answer(c->answer, &msg, &len, why, sizeof(why));
     if (rc != 0) {
         gw_grpc_reply(c, gw_grpc_status_of(rc), why, NULL, 0);
         return;

@@ -130,21 +130,15 @@ static void answer(void *arg)
     gw_grpc_entry_t *e = arg;
     gw_grpc_call_t *c = e->c;
     gw_grpc_stream_t *s = c->stream;
-    gw_api_infer_answer_t a;
-    gw_api_infer_answer(e->h, &a);
-    uint8_t *msg = NULL, *resp = NULL;
+    uint8_t *msg, *resp = NULL;
     size_t n = 0, rlen = 0;
-    char why[256];
-    if (a.err != 0) {
-        msg = gw_grpc_stream_response(a.why, NULL, 0, &n);
-    } else if (gw_grpc_encode_infer(a.body.data, a.body.len, a.header_len, &resp, &rlen, why,
-                                    sizeof(why)) != 0) {
+    char why[1024];
+    if (gw_grpc_infer_answer(e->h, &resp, &rlen, why, sizeof(why)) != 0) {
         msg = gw_grpc_stream_response(why, NULL, 0, &n);
     } else {
         msg = gw_grpc_stream_response(NULL, resp, rlen, &n);
         free(resp);
     }
-    sq_buf_dispose(&a.body);
     queue_message(c, msg, n);
     int metadata = 0;
     pthread_mutex_lock(&s->mu);
