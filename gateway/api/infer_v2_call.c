@@ -72,6 +72,7 @@ static void release(gw_infer_t *req)
     if (atomic_fetch_sub(&req->ext_refs, 1) != 1)
         return;
     req->base.dispose(&req->base);
+    gw_async_dispose_detail(&req->base);
     free(req);
 }
 

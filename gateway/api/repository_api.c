@@ -407,8 +407,9 @@ static void control_done(control_job_t *j)
         gw_async_done(&j->base);
         return;
     }
-    j->ext_fn(j->ext_arg, j->base.err, j->base.err != 0 ? j->base.detail : NULL);
+    j->ext_fn(j->ext_arg, j->base.err, j->base.err != 0 ? gw_async_detail(&j->base) : NULL);
     json_decref(j->base.body);
+    gw_async_dispose_detail(&j->base);
     free(j);
 }
 

@@ -20,6 +20,7 @@ void gw__async_release(gw_async_t *a)
     if (a->dispose != NULL)
         a->dispose(a);
     json_decref(a->body);
+    gw_async_dispose_detail(a);
     for (int i = 0; i < a->nraw_headers; i++)
         free(a->raw_headers[i].value);
     free(a->raw);
@@ -74,10 +75,30 @@ void gw_async_fail(gw_async_t *a, int err, const char *fmt, ...)
 {
     a->err = err;
     a->detail[0] = '\0';
-    if (fmt != NULL) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(a->detail, sizeof(a->detail), fmt, ap);
-        va_end(ap);
+    gw_async_dispose_detail(a);
+    if (fmt == NULL)
+        return;
+    va_list ap, again;
+    va_start(ap, fmt);
+    va_copy(again, ap);
+    int n = vsnprintf(a->detail, sizeof(a->detail), fmt, ap);
+    va_end(ap);
+    /* Rare and long (an upload's refusal): on the heap, not in every
+     * request's struct. */
+    if (n >= (int)sizeof(a->detail)) {
+        a->detail_long = sq_xmalloc((size_t)n + 1);
+        vsnprintf(a->detail_long, (size_t)n + 1, fmt, again);
     }
+    va_end(again);
+}
+
+const char *gw_async_detail(const gw_async_t *a)
+{
+    return a->detail_long != NULL ? a->detail_long : a->detail;
+}
+
+void gw_async_dispose_detail(gw_async_t *a)
+{
+    free(a->detail_long);
+    a->detail_long = NULL;
 }

@@ -105,9 +105,11 @@ struct gw_async {
     void *app; /* the call's app context (gw_call_t.app), for the job */
     /* Filled by the job: an error (SQ_*) with detail, or a status and body. */
     int err;
-    /* an import's refusal names every op missing with its node: 12 of a
-     * postprocessed detector's took 700 bytes, cut at 512 before */
-    char detail[2048];
+    char detail[512];
+    /* The detail when it does not fit in detail (malloc'd, freed with the
+     * job): an import's refusal names every op missing with its node, 12
+     * of a postprocessed detector's took 700 bytes. Read gw_async_detail. */
+    char *detail_long;
     int status;
     json_t *body;
     const char *location; /* optional Location header (static or owned by the job) */
@@ -151,6 +153,11 @@ void gw_async_watch(gw_async_t *a);
 /* Sets the job's reply to an error (with optional detail). */
 void gw_async_fail(gw_async_t *a, int err, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+/* The job's error detail, whole ("": none). */
+const char *gw_async_detail(const gw_async_t *a);
+/* Frees the detail that did not fit (a job freed other than by its HTTP
+ * reply: another transport's). */
+void gw_async_dispose_detail(gw_async_t *a);
 
 /* The request body for work that ends before the reply is sent (parsing,
  * decoding, copying rows into the arena, on any thread). HTTP/1: read in

@@ -111,7 +111,7 @@ static void on_async_done(h2o_multithread_receiver_t *receiver, h2o_linklist_t *
             if (a->respond != NULL) {
                 a->respond(a, req);
             } else if (a->err != 0) {
-                gw_send_error(req, a->err, a->detail[0] ? a->detail : NULL);
+                gw_send_error(req, a->err, a->detail[0] ? gw_async_detail(a) : NULL);
             } else if (a->raw != NULL) {
                 req->res.status = a->status;
                 req->res.reason = gw_http_reason(a->status);

@@ -102,9 +102,17 @@ Test(async, a_deferred_job_keeps_its_error_and_detail)
     gw_async_fail(&a, SQ_OVERLOAD, NULL);
     cr_assert_eq(a.err, SQ_OVERLOAD);
     cr_assert_str_eq(a.detail, "", "no detail: the error's own message is sent");
-    char longer[sizeof(a.detail) + 512];
+    cr_assert_str_eq(gw_async_detail(&a), "");
+    /* Past the struct's buffer: whole, on the heap (an upload refused for a
+     * dozen ops), and gone with the next failure or the job. */
+    char longer[sizeof(a.detail) + 1500];
     memset(longer, 'x', sizeof(longer) - 1);
     longer[sizeof(longer) - 1] = '\0';
     gw_async_fail(&a, SQ_BAD_REQUEST, "%s", longer);
-    cr_assert_eq(strlen(a.detail), sizeof(a.detail) - 1, "cut to fit");
+    cr_assert_str_eq(gw_async_detail(&a), longer, "kept whole");
+    cr_assert_eq(strlen(a.detail), sizeof(a.detail) - 1, "the buffer holds its start");
+    gw_async_fail(&a, SQ_BAD_REQUEST, "short");
+    cr_assert_str_eq(gw_async_detail(&a), "short");
+    cr_assert_null(a.detail_long);
+    gw_async_dispose_detail(&a);
 }
