@@ -4,10 +4,10 @@
  * (folded into the conv by wk_graph_fuse), ceil_mode becomes extra end
  * padding, Split becomes Slices, a one-index Gather a Slice and a copy, an
  * Einsum with a transposed B a transpose and a matmul, a Concat past
- * WK_MAX_CONCAT_SOURCES inputs concats of concats, Dropout and Identity
- * disappear. How each op lowers is its entry in the table lowerers[]
- * (an elementwise op names its activation and the attributes of its
- * parameters there, a binary op its wk_binop_t: no code of its own).
+ * WK_MAX_CONCAT_SOURCES inputs concats of concats, Dropout, Identity, a
+ * Pad of nothing and a Concat of one input disappear. How each op lowers is its entry in the table
+ * lowerers[] (an elementwise op names its activation and the attributes of its parameters there, a
+ * binary op its wk_binop_t: no code of its own).
  *
  * What the lowering and each backend cannot run is one list, the rules in
  * modeldb's op descriptor table (mdb_node_runnable_on), which the importer
@@ -430,10 +430,16 @@ static int lower_einsum(lower_t *L, const mdb_node_t *n, const lowerer_t *how, i
     return 0;
 }
 
+/* A Concat of one input (DenseNet's first layer of each block: torch.cat
+ * of a one-tensor list) is its input, as Identity is. */
 static int lower_concat_node(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in,
                              int out)
 {
-    (void)how;
+    (void)out;
+    if (n->n_inputs == 1)
+        return lower_identity(L, n, how, in, -1);
+    if ((out = output_of(L, n->outputs[0], n)) < 0)
+        return out;
     return lower_concat(L, n, in, n->n_inputs, out);
 }
 
@@ -462,13 +468,23 @@ static int lower_softmax(lower_t *L, const mdb_node_t *n, const lowerer_t *how, 
     return 0;
 }
 
+/* A Pad of nothing is its input, as Identity is: torch exports
+ * AvgPool2d(2) as one ahead of the AveragePool (DenseNet's transitions),
+ * and run, it cost a reorder into plain order, a copy, and a pool on
+ * plain order where the conv before it wrote channels last. */
 static int lower_pad(lower_t *L, const mdb_node_t *n, const lowerer_t *how, int *in, int out)
 {
-    (void)how;
     int ndim = L->g->values[in[0]].ndim;
-    wk_step_t *s = wk_graph_step(L->g, WK_K_PAD, in, 1, out);
     int64_t pads[2 * WK_MAX_DIMS];
     ints_attr(n, "pads", pads, 2 * ndim, 0);
+    bool none = true;
+    for (int d = 0; d < 2 * ndim; d++)
+        none = none && pads[d] == 0;
+    if (none)
+        return lower_identity(L, n, how, in, -1);
+    if ((out = output_of(L, n->outputs[0], n)) < 0)
+        return out;
+    wk_step_t *s = wk_graph_step(L->g, WK_K_PAD, in, 1, out);
     for (int d = 0; d < ndim; d++) {
         s->p.pad.begin[d] = pads[d];
         s->p.pad.end[d] = pads[ndim + d];
@@ -652,12 +668,12 @@ static const lowerer_t lowerers[MDB_OP_COUNT] = {
     [MDB_OP_MUL] = BINARY(WK_BIN_MUL),
     [MDB_OP_SUB] = BINARY(WK_BIN_SUB),
     [MDB_OP_DIV] = BINARY(WK_BIN_DIV),
-    [MDB_OP_CONCAT] = {.lower = lower_concat_node},
+    [MDB_OP_CONCAT] = {.lower = lower_concat_node, .own_outputs = true},
     [MDB_OP_FLATTEN] = STEP(WK_K_COPY),
     [MDB_OP_RESHAPE] = STEP(WK_K_COPY),
     [MDB_OP_TRANSPOSE] = {.lower = lower_transpose},
     [MDB_OP_SOFTMAX] = {.lower = lower_softmax},
-    [MDB_OP_PAD] = {.lower = lower_pad},
+    [MDB_OP_PAD] = {.lower = lower_pad, .own_outputs = true},
     [MDB_OP_DROPOUT] = {.lower = lower_identity, .own_outputs = true},
     [MDB_OP_IDENTITY] = {.lower = lower_identity, .own_outputs = true},
     [MDB_OP_REDUCE_MEAN] = {.lower = lower_reduce_mean},

@@ -108,6 +108,67 @@ Test(lower, a_concat_of_12_distinct_inputs_imports_and_runs)
     wk_plan_free(p);
 }
 
+/* torch's exports of DenseNet: AvgPool2d(2) as a Pad of nothing ahead of
+ * the AveragePool (each transition), and torch.cat of a one-tensor list
+ * (each block's first layer). Both are their input, as Identity is: no
+ * step, so that the pool reads the conv's layout and the BatchNorm after
+ * the concat its producer's. x -> Relu -> Pad(0) -> AveragePool(2) ->
+ * Concat(one) -> Relu -> y: three steps, each output in its place. */
+Test(lower, a_pad_of_nothing_and_a_concat_of_one_input_are_no_steps)
+{
+    mb_t b;
+    mb_init(&b, 13);
+    int64_t x_dims[] = {-1, 2, 4, 4};
+    mb_input(&b, "x", 4, x_dims);
+    mb_node(&b, "Relu", (const char *[]){"x", NULL}, (const char *[]){"r", NULL});
+    mb_init_i64(&b, "pads", 8, (const int64_t[]){0, 0, 0, 0, 0, 0, 0, 0});
+    mb_node(&b, "Pad", (const char *[]){"r", "pads", NULL}, (const char *[]){"p", NULL});
+    Onnx__NodeProto *pool =
+        mb_node(&b, "AveragePool", (const char *[]){"p", NULL}, (const char *[]){"a", NULL});
+    mb_attr_ints(&b, pool, "kernel_shape", 2, (const int64_t[]){2, 2});
+    mb_attr_ints(&b, pool, "strides", 2, (const int64_t[]){2, 2});
+    Onnx__NodeProto *c =
+        mb_node(&b, "Concat", (const char *[]){"a", NULL}, (const char *[]){"c", NULL});
+    mb_attr_int(&b, c, "axis", 1);
+    mb_node(&b, "Relu", (const char *[]){"c", NULL}, (const char *[]){"y", NULL});
+    mb_output(&b, "y");
+    size_t len;
+    uint8_t *bytes = mb_pack(&b, &len);
+    mdb_graph_t *g = NULL;
+    mdb_import_error_t err;
+    cr_assert_eq(mdb_onnx_import(bytes, len, &g, &err), 0, "%s", err.detail);
+    free(bytes);
+    mb_free(&b);
+    wk_plan_opts_t o = wk_plan_opts_default();
+    o.max_batch = 2;
+    wk_plan_t *p = NULL;
+    char why[512];
+    cr_assert_eq(wk_plan_create(g, &o, &p, why, sizeof(why)), 0, "%s", why);
+    mdb_graph_free(g);
+    cr_assert_eq(p->graph->n_steps, 3, "%d steps: the Pad or the Concat is one", p->graph->n_steps);
+    for (int i = 0; i < p->graph->n_steps; i++)
+        cr_assert(p->graph->steps[i].kind != WK_K_PAD && p->graph->steps[i].kind != WK_K_CONCAT,
+                  "step %d is a %s", i, wk_kernel_names[p->graph->steps[i].kind]);
+    float x[2 * 32], y[2 * 8];
+    for (int i = 0; i < 2 * 32; i++)
+        x[i] = (float)(i % 7) - 2.5f;
+    cr_assert_eq(wk_plan_run(p, 2, (const float *[]){x}, (float *[]){y}), 0, "%s",
+                 wk_plan_errmsg(p));
+    for (int n = 0; n < 2; n++)
+        for (int ch = 0; ch < 2; ch++)
+            for (int i = 0; i < 2; i++)
+                for (int j = 0; j < 2; j++) {
+                    float sum = 0;
+                    for (int di = 0; di < 2; di++)
+                        for (int dj = 0; dj < 2; dj++)
+                            sum += fmaxf(0.0f, x[((n * 2 + ch) * 4 + 2 * i + di) * 4 + 2 * j + dj]);
+                    float got = y[((n * 2 + ch) * 2 + i) * 2 + j];
+                    cr_assert_float_eq(got, sum / 4, 1e-6f, "item %d channel %d (%d, %d)", n, ch, i,
+                                       j);
+                }
+    wk_plan_free(p);
+}
+
 /* A Transpose that moves the batch: refused, with the list's reason,
  * while the batch is symbolic; run when the plan binds it (static_batch). */
 Test(lower, batching_rules_hold_until_the_batch_is_bound)
