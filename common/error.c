@@ -1,5 +1,7 @@
 #include "sq_error.h"
 
+#include <string.h>
+
 static const struct {
     const char *name;
     int http_status;
@@ -22,6 +24,14 @@ const char *sq_err_name(int err)
 {
     int i = err_index(err);
     return i < 0 ? "unknown" : err_table[i].name;
+}
+
+int sq_err_of_name(const char *name)
+{
+    for (int i = 1; name != NULL && i < SQ_ERR_COUNT_; i++)
+        if (strcmp(err_table[i].name, name) == 0)
+            return -i;
+    return 0;
 }
 
 const char *sq_err_msg(int err)

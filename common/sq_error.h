@@ -75,6 +75,9 @@ enum {
 
 /* The snake_case code sent to clients as "code"; "unknown" for a value outside the table. */
 const char *sq_err_name(int err);
+/* The error whose code is name (as sq_err_name gives it; a forwarded
+ * answer's "code"), or 0 when none is. */
+int sq_err_of_name(const char *name);
 /* The default human-readable message. */
 const char *sq_err_msg(int err);
 /* The HTTP status the error maps to (500 for unknown values). */

@@ -313,11 +313,6 @@ int gw_config_parse(gw_config_t *cfg, int argc, char **argv, char **envp,
                      "frontends join the dispatcher)");
             return SQ_BAD_CONFIG;
         }
-        if (cfg->grpc_listen[0] != '\0') {
-            snprintf(err, errlen,
-                     "grpc_listen: not on a frontend yet (serve gRPC on the dispatcher)");
-            return SQ_BAD_CONFIG;
-        }
         cfg->ngroups = 0; /* a frontend spawns no workers */
     } else if (cfg->dispatcher[0] != '\0') {
         snprintf(err, errlen, "dispatcher: only with role frontend");

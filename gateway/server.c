@@ -352,6 +352,12 @@ int gw_main(const gw_config_t *cfg)
         const gw_http_app_t *app = gw_api_app(srv.api);
         if ((rc = gw_http_start(&http_deps, app, &srv.http, err, sizeof(err))) != 0)
             goto fail;
+        if (cfg->grpc_listen[0] != '\0') {
+            /* Its methods answer as its HTTP routes: forwarded where they are. */
+            gw_grpc_deps_t grpc_deps = gw_grpc_deps(&srv);
+            if ((rc = gw_grpc_start(&grpc_deps, &srv.grpc, err, sizeof(err))) != 0)
+                goto fail;
+        }
         goto serve;
     }
     /* With a shared (PostgreSQL) model DB, squishd may be a standby first:

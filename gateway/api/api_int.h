@@ -222,6 +222,14 @@ int gw_kserve_metadata(mdb_t *db, gw_api_ctx_t *api, const char *name, int versi
                        const char *path, json_t **body, char *why, size_t len);
 int gw_kserve_ready(mdb_t *db, gw_api_ctx_t *api, const char *name, int version, const char *path,
                     char *why, size_t len);
+/* A model's readiness on a frontend (models_api.c; no DB there): from the
+ * catalog its dispatcher sent it and the dispatcher's word on which
+ * models a worker holds, so 0 means this frontend serves name's version
+ * (0: the default) now; else SQ_NOT_READY with the reason, or not found
+ * (not in the catalog yet, for path's route) with what would work. Any
+ * thread. */
+int gw_frontend_ready_why(gw_api_ctx_t *api, const char *name, size_t name_len, int version,
+                          const char *path, char *why, size_t len);
 /* A pipeline's readiness (routes.c): 0 when every stage's model is ready,
  * else SQ_NOT_READY with the stage and what became of its model. */
 int gw_pipeline_ready_why(gw_api_ctx_t *api, gw_pipeline_t *p, char *why, size_t len);
@@ -249,6 +257,10 @@ int gw_server_ready_why(gw_api_ctx_t *api, int *workers, char *why, size_t len);
  * Any thread. */
 int gw_not_found_why(const gw_api_ctx_t *api, const char *path, const char *name, int version,
                      char *out, size_t len);
+/* The same for a name of name_len bytes, not terminated (a malformed one
+ * says so). */
+int gw_name_not_found_why(const gw_api_ctx_t *api, const char *path, const char *name,
+                          size_t name_len, int version, char *out, size_t len);
 /* The same, sent as the call's answer (a malformed name says so). */
 void gw_send_not_found(gw_call_t *call, h2o_iovec_t name, int version);
 /* A {version} segment that is no version (gw_parse_version < 0). */

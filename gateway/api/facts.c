@@ -148,7 +148,80 @@ void gw_api_model_ready(gw_api_ctx_t *api, const char *name, int version, gw_api
         fn(arg, rc, NULL, why);
         return;
     }
+    if (api->frontend) {
+        /* As the frontend's HTTP route answers: from its own catalog. */
+        char path[MDB_NAME_MAX + 16], why[MDB_NAME_MAX + 512];
+        snprintf(path, sizeof(path), "/v2/models/%s/ready", name);
+        int rc = gw_frontend_ready_why(api, name, strlen(name), version, path, why, sizeof(why));
+        fn(arg, rc, NULL, why);
+        return;
+    }
     fact_job_t *f = fact_job(api, name, version, fn, arg);
     if (f != NULL)
         gw_db_job(api->db, ready_job, f);
+}
+
+int gw_api_forwarded(const gw_api_ctx_t *api, const char *method, const char *path)
+{
+    return api->frontend && gw_http_forwarded(&api->app, method, path);
+}
+
+/* The error a forwarded answer of status is, when its body names none
+ * squish knows (not squish's JSON error). */
+static int error_of_status(int status)
+{
+    switch (status) {
+    case 400:
+        return SQ_BAD_REQUEST;
+    case 401:
+        return SQ_UNAUTHORIZED;
+    case 404:
+        return SQ_NOT_FOUND;
+    case 405:
+        return SQ_METHOD;
+    case 409:
+        return SQ_EXISTS;
+    case 413:
+        return SQ_TOO_LARGE;
+    case 503:
+        return SQ_NOT_READY;
+    default:
+        return SQ_INTERNAL;
+    }
+}
+
+typedef struct {
+    gw_api_fact_fn fn;
+    void *arg;
+} forward_t;
+
+/* The dispatcher's answer (gw_proxy_fn), on the forward's thread: a 2xx's
+ * JSON, or the error its body names, with its message. */
+static void forwarded(void *arg, int err, int status, json_t *body, const char *why)
+{
+    forward_t f = *(forward_t *)arg;
+    free(arg);
+    if (err != 0) {
+        f.fn(f.arg, err, NULL, why);
+    } else if (status >= 200 && status < 300) {
+        if (body != NULL)
+            f.fn(f.arg, 0, body, "");
+        else
+            f.fn(f.arg, SQ_PROTOCOL, NULL, "the dispatcher's answer is not JSON");
+    } else {
+        int e = sq_err_of_name(json_string_value(json_object_get(body, "code")));
+        const char *msg = json_string_value(json_object_get(body, "error"));
+        f.fn(f.arg, e != 0 ? e : error_of_status(status), NULL,
+             msg != NULL ? msg : sq_err_msg(e != 0 ? e : error_of_status(status)));
+        json_decref(body);
+    }
+}
+
+void gw_api_forward(gw_api_ctx_t *api, const char *method, const char *path,
+                    const char *authorization, const char *body, gw_api_fact_fn fn, void *arg)
+{
+    forward_t *f = sq_xmalloc(sizeof(*f));
+    f->fn = fn;
+    f->arg = arg;
+    gw_proxy_json(api->front, method, path, authorization, body, forwarded, f);
 }

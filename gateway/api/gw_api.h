@@ -94,9 +94,25 @@ typedef void (*gw_api_fact_fn)(void *arg, int err, json_t *body, const char *why
 /* KServe model metadata, as GET /v2/models/{m}[/versions/{v}]. */
 void gw_api_model_metadata(gw_api_ctx_t *api, const char *name, int version, gw_api_fact_fn fn,
                            void *arg);
-/* KServe model readiness, as GET /v2/models/{m}[/versions/{v}]/ready. */
+/* KServe model readiness, as GET /v2/models/{m}[/versions/{v}]/ready
+ * (on a frontend, from its catalog, as its route). */
 void gw_api_model_ready(gw_api_ctx_t *api, const char *name, int version, gw_api_fact_fn fn,
                         void *arg);
+
+/* A frontend's (--role frontend) management routes: whether its HTTP
+ * forwards method path (normalized, its segments escaped, no query) to
+ * the dispatcher (the route's GW_TO_DISPATCHER; 0 on any other process),
+ * and that forward for another transport, so that its method answers
+ * what the route on the frontend answers: path (a query included) with
+ * authorization's value as that header (NULL: none) and a JSON body
+ * (NULL: none) to the dispatcher's HTTP. fn is called once, on a thread
+ * of the forward's (or before this returns): err 0 with a 2xx answer's
+ * JSON (body), or the error the answer names (its "code"; else its
+ * status's) with its message, or SQ_NOT_READY when the dispatcher cannot
+ * be reached (not joined yet). */
+int gw_api_forwarded(const gw_api_ctx_t *api, const char *method, const char *path);
+void gw_api_forward(gw_api_ctx_t *api, const char *method, const char *path,
+                    const char *authorization, const char *body, gw_api_fact_fn fn, void *arg);
 
 /* Where a DB job of another transport is answered, once: err 0, or an
  * SQ_* error with why. */

@@ -931,13 +931,28 @@ void gw_route_kserve_model(gw_call_t *call)
         gw_db_job(api->db, kserve_metadata_job, j);
 }
 
-/* A frontend's answer (--role frontend: no DB here): from the registry the
- * dispatcher sent it, whose entries carry the very records the DB holds,
- * and from the dispatcher's word on which models a worker holds. Ready
- * here means this frontend can serve the model now. */
+int gw_frontend_ready_why(gw_api_ctx_t *api, const char *name, size_t name_len, int version,
+                          const char *path, char *why, size_t len)
+{
+    gw_model_t *m = gw_model_name_ok(name, name_len)
+                        ? gw_registry_find(api->registry, name, name_len, version)
+                        : NULL;
+    if (m == NULL || m->record == NULL || (version != 0 && m->version != version)) {
+        /* Not in the catalog this frontend has (yet): not ready here, even
+         * when its dispatcher would say so (pipelines were looked at first). */
+        gw_model_unref(m);
+        return gw_name_not_found_why(api, path, name, name_len, version, why, len);
+    }
+    char buf[MDB_NAME_MAX + 256];
+    const char *r = not_ready_why(api, m->name, m->record, buf, sizeof(buf));
+    snprintf(why, len, "%s", r != NULL ? r : "");
+    gw_model_unref(m);
+    return r != NULL ? SQ_NOT_READY : 0;
+}
+
+/* A frontend's answer (--role frontend: no DB here): gw_frontend_ready_why's. */
 static void frontend_ready(gw_call_t *call)
 {
-    gw_api_ctx_t *api = call->app;
     h2o_iovec_t name = call->args[0];
     int version = 0;
     if (!gw_model_name_ok(name.base, name.len)) {
@@ -948,23 +963,20 @@ static void frontend_ready(gw_call_t *call)
         gw_send_bad_version(call, call->args[1]);
         return;
     }
-    gw_model_t *m = gw_registry_find(api->registry, name.base, name.len, version);
-    if (m == NULL || m->record == NULL || (version != 0 && m->version != version)) {
-        /* Not in the catalog this frontend has (yet): not ready here, even
-         * when its dispatcher would say so (pipelines were looked at first). */
-        gw_model_unref(m);
-        gw_send_not_found(call, name, version);
-        return;
-    }
-    char buf[MDB_NAME_MAX + 256];
-    const char *why = not_ready_why(api, m->name, m->record, buf, sizeof(buf));
-    if (why == NULL)
-        gw_send_json(call->req, 200, json_pack("{s:s, s:b}", "name", m->name, "ready", 1));
-    else
+    char path[256], why[MDB_NAME_MAX + 512];
+    gw_call_path(call, path, sizeof(path));
+    int rc = gw_frontend_ready_why(call->app, name.base, name.len, version, path, why, sizeof(why));
+    json_t *ok = json_stringn(name.base, name.len);
+    if (rc == 0)
+        gw_send_json(call->req, 200, json_pack("{s:o, s:b}", "name", ok, "ready", 1));
+    else if (rc == SQ_NOT_READY)
         gw_send_json(call->req, 400,
-                     json_pack("{s:s, s:b, s:s, s:s}", "name", m->name, "ready", 0, "error", why,
-                               "code", sq_err_name(SQ_NOT_READY)));
-    gw_model_unref(m);
+                     json_pack("{s:o, s:b, s:s, s:s}", "name", ok, "ready", 0, "error", why, "code",
+                               sq_err_name(SQ_NOT_READY)));
+    else {
+        json_decref(ok);
+        gw_send_error(call->req, rc, why);
+    }
 }
 
 void gw_route_kserve_model_ready(gw_call_t *call)

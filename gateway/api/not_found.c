@@ -178,18 +178,26 @@ void gw_send_bad_version(gw_call_t *call, h2o_iovec_t v)
     gw_send_error(call->req, SQ_MODEL_NOT_FOUND, why);
 }
 
+int gw_name_not_found_why(const gw_api_ctx_t *api, const char *path, const char *name,
+                          size_t name_len, int version, char *out, size_t len)
+{
+    char cname[MDB_NAME_MAX + 1];
+    if (name_len > MDB_NAME_MAX || !gw_model_name_ok(name, name_len)) {
+        snprintf(out, len,
+                 "not a model or pipeline name: names are 1 to 64 of A-Z a-z 0-9 _ . - "
+                 "and start with a letter or digit");
+        return SQ_MODEL_NOT_FOUND;
+    }
+    memcpy(cname, name, name_len);
+    cname[name_len] = '\0';
+    return gw_not_found_why(api, path, cname, version, out, len);
+}
+
 void gw_send_not_found(gw_call_t *call, h2o_iovec_t name, int version)
 {
-    char cname[MDB_NAME_MAX + 1], path[256], why[512];
-    if (name.len > MDB_NAME_MAX || !gw_model_name_ok(name.base, name.len)) {
-        gw_send_error(call->req, SQ_MODEL_NOT_FOUND,
-                      "not a model or pipeline name: names are 1 to 64 of A-Z a-z 0-9 _ . - "
-                      "and start with a letter or digit");
-        return;
-    }
-    memcpy(cname, name.base, name.len);
-    cname[name.len] = '\0';
+    char path[256], why[512];
     gw_call_path(call, path, sizeof(path));
-    int err = gw_not_found_why(call->app, path, cname, version, why, sizeof(why));
+    int err =
+        gw_name_not_found_why(call->app, path, name.base, name.len, version, why, sizeof(why));
     gw_send_error(call->req, err, why);
 }

@@ -2,7 +2,11 @@
  * (gw_api.h), turned from that route's JSON into the protocol's message.
  * A method HTTP guards with the admin token is guarded here by the same
  * token in the `authorization` metadata; a method not built yet answers
- * UNIMPLEMENTED, naming those that are. */
+ * UNIMPLEMENTED, naming those that are. On a frontend, a method whose
+ * route its HTTP forwards to the dispatcher (metadata, config,
+ * statistics, the index, model control) is forwarded the same way, as
+ * that route's request, and the dispatcher's JSON answer turned into the
+ * message as here (its token checked there, as the route's). */
 #include "grpc_call.h"
 #include "kserve_v2.pb-c.h"
 
@@ -318,9 +322,9 @@ static void shm_status(gw_grpc_call_t *c, json_t *rows)
     pool_free(&p);
 }
 
-static void repository_index(gw_grpc_call_t *c, int ready_only)
+/* POST /v2/repository/index's rows as RepositoryIndexResponse. */
+static void repository_index(gw_grpc_call_t *c, json_t *rows)
 {
-    json_t *rows = gw_api_repository_index(c->api, ready_only);
     pool_t p = {0};
     Inference__RepositoryIndexResponse r = INFERENCE__REPOSITORY_INDEX_RESPONSE__INIT;
     r.n_models = json_array_size(rows);
@@ -336,7 +340,6 @@ static void repository_index(gw_grpc_call_t *c, int ready_only)
     }
     send_message(c, &r.base);
     pool_free(&p);
-    json_decref(rows);
 }
 
 static void server_ready(gw_grpc_call_t *c)
@@ -377,6 +380,133 @@ static void control_answered(void *arg, int err, const char *why)
     Inference__RepositoryModelUnloadResponse unload =
         INFERENCE__REPOSITORY_MODEL_UNLOAD_RESPONSE__INIT;
     send_message(c, c->method == GW_GRPC_REPOSITORY_MODEL_LOAD ? &load.base : &unload.base);
+}
+
+/* The answer of a method a frontend forwards (gw_api_fact_fn), on the
+ * forward's thread: the dispatcher's JSON as the method's message. */
+static void forward_answered(void *arg, int err, json_t *body, const char *why)
+{
+    gw_grpc_call_t *c = arg;
+    switch (err != 0 ? -1 : c->method) {
+    case -1:
+        fail(c, err, why);
+        break;
+    case GW_GRPC_MODEL_METADATA:
+        model_metadata(c, body);
+        break;
+    case GW_GRPC_MODEL_CONFIG:
+        model_config(c, body);
+        break;
+    case GW_GRPC_MODEL_STATISTICS:
+        model_statistics(c, body);
+        break;
+    case GW_GRPC_REPOSITORY_INDEX:
+        repository_index(c, body);
+        break;
+    case GW_GRPC_REPOSITORY_MODEL_LOAD:
+    case GW_GRPC_REPOSITORY_MODEL_UNLOAD:
+        control_answered(c, 0, "");
+        break;
+    default:
+        fail(c, SQ_INTERNAL, "this frontend forwarded a method it cannot answer");
+        break;
+    }
+    json_decref(body);
+}
+
+/* One path segment, escaped as a URL's (RFC 3986: all but unreserved). */
+static void put_segment(char *out, size_t len, const char *seg)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    size_t n = strlen(out);
+    for (const unsigned char *s = (const unsigned char *)seg; *s && n + 4 < len; s++) {
+        if ((*s >= 'A' && *s <= 'Z') || (*s >= 'a' && *s <= 'z') || (*s >= '0' && *s <= '9') ||
+            *s == '-' || *s == '.' || *s == '_' || *s == '~') {
+            out[n++] = (char)*s;
+        } else {
+            out[n++] = '%';
+            out[n++] = hex[*s >> 4];
+            out[n++] = hex[*s & 15];
+        }
+    }
+    out[n] = '\0';
+}
+
+/* "/v2/models/{m}[/versions/{v}]" of req into path. */
+static void model_path(char *path, size_t len, const gw_grpc_req_t *req)
+{
+    snprintf(path, len, "/v2/models/");
+    put_segment(path, len, req->name);
+    if (req->version > 0)
+        snprintf(path + strlen(path), len - strlen(path), "/versions/%d", req->version);
+}
+
+/* The HTTP request whose route a method answers as (the method, its path,
+ * its JSON body or NULL), as a client of the frontend's HTTP would send
+ * it; 0 for a method no route answers. */
+static int http_request_of(int method, const gw_grpc_req_t *req, const char **hmethod, char *path,
+                           size_t len, const char **body)
+{
+    *hmethod = "GET";
+    *body = NULL;
+    path[0] = '\0';
+    switch (method) {
+    case GW_GRPC_SERVER_LIVE:
+        snprintf(path, len, "/v2/health/live");
+        return 1;
+    case GW_GRPC_SERVER_READY:
+        snprintf(path, len, "/v2/health/ready");
+        return 1;
+    case GW_GRPC_SERVER_METADATA:
+        snprintf(path, len, "/v2");
+        return 1;
+    case GW_GRPC_MODEL_READY:
+    case GW_GRPC_MODEL_METADATA:
+    case GW_GRPC_MODEL_CONFIG:
+        model_path(path, len, req);
+        snprintf(path + strlen(path), len - strlen(path), "%s",
+                 method == GW_GRPC_MODEL_READY    ? "/ready"
+                 : method == GW_GRPC_MODEL_CONFIG ? "/config"
+                                                  : "");
+        return 1;
+    case GW_GRPC_MODEL_STATISTICS:
+        if (req->name[0] != '\0')
+            model_path(path, len, req);
+        else
+            snprintf(path, len, "/v2/models");
+        snprintf(path + strlen(path), len - strlen(path), "/stats");
+        return 1;
+    case GW_GRPC_REPOSITORY_INDEX:
+        *hmethod = "POST";
+        *body = req->ready ? "{\"ready\": true}" : "{}";
+        snprintf(path, len, "/v2/repository/index");
+        return 1;
+    case GW_GRPC_REPOSITORY_MODEL_LOAD:
+    case GW_GRPC_REPOSITORY_MODEL_UNLOAD:
+        *hmethod = "POST";
+        *body = req->dependents ? "{\"parameters\": {\"unload_dependents\": true}}" : "{}";
+        snprintf(path, len, "/v2/repository/models/");
+        put_segment(path, len, req->name);
+        snprintf(path + strlen(path), len - strlen(path), "%s",
+                 method == GW_GRPC_REPOSITORY_MODEL_LOAD ? "/load" : "/unload");
+        return 1;
+    case GW_GRPC_SHM_STATUS:
+    case GW_GRPC_SHM_UNREGISTER:
+    case GW_GRPC_SHM_REGISTER:
+        snprintf(path, len, "/v2/systemsharedmemory");
+        if (req->name[0] != '\0') {
+            snprintf(path + strlen(path), len - strlen(path), "/region/");
+            put_segment(path, len, req->name);
+        }
+        *hmethod = method == GW_GRPC_SHM_STATUS ? "GET" : "POST";
+        snprintf(path + strlen(path), len - strlen(path), "%s",
+                 method == GW_GRPC_SHM_STATUS     ? "/status"
+                 : method == GW_GRPC_SHM_REGISTER ? "/register"
+                                                  : "/unregister");
+        return 1;
+    default:
+        return 0;
+    }
 }
 
 /* ---- the call ---- */
@@ -423,6 +553,30 @@ static int admin_ok(gw_grpc_call_t *c)
     return 0;
 }
 
+/* Forwards c to its frontend's dispatcher as its HTTP route (hmethod,
+ * path, body) is forwarded there, with its authorization metadata as the
+ * header (the dispatcher checks the token, as it does the route's). */
+static void forward(gw_grpc_call_t *c, const char *hmethod, const char *path, const char *body)
+{
+    char auth[512];
+    const grpc_slice *v = metadata(c, "authorization");
+    size_t n = v != NULL ? GRPC_SLICE_LENGTH(*v) : 0;
+    const char *s = v != NULL ? (const char *)GRPC_SLICE_START_PTR(*v) : "";
+    while (n > 0 && (*s == ' ' || *s == '\t')) {
+        s++;
+        n--;
+    }
+    /* Printable ASCII only: nothing that would end the header line. */
+    int ok = v != NULL && n < sizeof(auth);
+    for (size_t i = 0; ok && i < n; i++)
+        ok = s[i] >= 0x20 && s[i] < 0x7f;
+    if (ok) {
+        memcpy(auth, s, n);
+        auth[n] = '\0';
+    }
+    gw_api_forward(c->api, hmethod, path, ok ? auth : NULL, body, forward_answered, c);
+}
+
 void gw_grpc_answer(gw_grpc_call_t *c)
 {
     char why[512];
@@ -433,8 +587,6 @@ void gw_grpc_answer(gw_grpc_call_t *c)
         gw_grpc_reply(c, GRPC_STATUS_UNIMPLEMENTED, why, NULL, 0);
         return;
     }
-    if (gw_grpc_method_admin(c->method) && !admin_ok(c))
-        return;
     gw_grpc_req_t req;
     grpc_slice body = grpc_empty_slice();
     if (c->recv != NULL) {
@@ -484,6 +636,14 @@ void gw_grpc_answer(gw_grpc_call_t *c)
         break;
     }
     grpc_slice_unref(body);
+    /* On a frontend, a method whose route its HTTP forwards to the
+     * dispatcher is forwarded the same way, its token checked there. */
+    const char *hmethod, *hbody;
+    char path[3 * sizeof(req.name) + 64];
+    int fwd = rc == 0 && http_request_of(c->method, &req, &hmethod, path, sizeof(path), &hbody) &&
+              gw_api_forwarded(c->api, hmethod, path);
+    if (gw_grpc_method_admin(c->method) && !fwd && !admin_ok(c))
+        return;
     if (rc == -1) {
         /* A stream has no HTTP route: its requests go one by one. */
         snprintf(why, sizeof(why),
@@ -496,6 +656,10 @@ void gw_grpc_answer(gw_grpc_call_t *c)
     }
     if (rc != 0) {
         fail(c, rc, why);
+        return;
+    }
+    if (fwd) {
+        forward(c, hmethod, path, hbody);
         return;
     }
     switch (c->method) {
@@ -538,9 +702,12 @@ void gw_grpc_answer(gw_grpc_call_t *c)
         json_decref(j);
         break;
     }
-    case GW_GRPC_REPOSITORY_INDEX:
-        repository_index(c, req.ready);
+    case GW_GRPC_REPOSITORY_INDEX: {
+        json_t *rows = gw_api_repository_index(c->api, req.ready);
+        repository_index(c, rows);
+        json_decref(rows);
         break;
+    }
     case GW_GRPC_REPOSITORY_MODEL_LOAD:
     case GW_GRPC_REPOSITORY_MODEL_UNLOAD:
         gw_api_model_control(c->api, req.name, c->method == GW_GRPC_REPOSITORY_MODEL_LOAD,

@@ -199,6 +199,17 @@ typedef struct {
 /* A frontend's forward of a management route to its dispatcher's HTTP
  * (proxy.c): the dispatcher's answer goes back as it is. */
 void gw_proxy_to_dispatcher(gw_call_t *call);
+/* The same forward for another transport (grpc/, through gw_api_forward):
+ * method and path (its query included, its segments escaped) to the
+ * dispatcher's HTTP of front, with authorization's value as that header
+ * (NULL: none) and body as a JSON body (NULL: none). fn is called once,
+ * on a thread of its own (or before this returns): err 0 with the
+ * answer's status and its body (NULL when it is no JSON; fn decrefs it),
+ * or SQ_NOT_READY (not joined, the dispatcher unreachable), SQ_PROTOCOL
+ * (no HTTP answer) or SQ_OVERLOAD (no thread) with why. */
+typedef void (*gw_proxy_fn)(void *arg, int err, int status, json_t *body, const char *why);
+void gw_proxy_json(gw_front_t *front, const char *method, const char *path,
+                   const char *authorization, const char *body, gw_proxy_fn fn, void *arg);
 
 /* The standard reason phrase of an HTTP status ("Accepted" for 202, "Not
  * Found" for 404); every response squishd sends carries its status's. */
@@ -241,6 +252,12 @@ typedef struct gw_http_app {
     /* Optional: h2o is freeing req (its status is final); ctx is the app's. */
     void (*done)(void *ctx, h2o_req_t *req, const char *route, int64_t start_ns);
 } gw_http_app_t;
+
+/* Whether a frontend's HTTP loops forward method path (normalized,
+ * without its query) to the dispatcher (app->forward, the route's
+ * GW_TO_DISPATCHER): another transport on a frontend answers the same
+ * question where its HTTP does. 0 for a path no route matches. */
+int gw_http_forwarded(const gw_http_app_t *app, const char *method, const char *path);
 
 /* The route table's lookup, as the HTTP loops do it for every request
  * (route.c, exposed for tests/gateway/http/test_route.c; gw__: internal).

@@ -58,3 +58,13 @@ const gw_route_t *gw__route_find(const gw_http_app_t *app, h2o_iovec_t method, h
     }
     return NULL;
 }
+
+int gw_http_forwarded(const gw_http_app_t *app, const char *method, const char *path)
+{
+    gw_call_t call = {0};
+    char allow[64];
+    const gw_route_t *route =
+        gw__route_find(app, h2o_iovec_init(method, strlen(method)),
+                       h2o_iovec_init(path, strlen(path)), &call, allow, sizeof(allow));
+    return route != NULL && !route->on_frontend && app->forward != NULL;
+}

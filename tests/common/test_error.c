@@ -56,3 +56,14 @@ Test(error, every_name_is_unique_snake_case)
         cr_assert(st >= 200 && st < 600);
     }
 }
+
+Test(error, a_code_name_gives_its_error_back)
+{
+    for (int i = 1; i < SQ_ERR_COUNT_; i++)
+        cr_assert_eq(sq_err_of_name(sq_err_name(-i)), -i, "%s", sq_err_name(-i));
+    cr_assert_eq(sq_err_of_name("model_not_found"), SQ_MODEL_NOT_FOUND);
+    cr_assert_eq(sq_err_of_name("success"), 0);
+    cr_assert_eq(sq_err_of_name("no_such_code"), 0);
+    cr_assert_eq(sq_err_of_name(""), 0);
+    cr_assert_eq(sq_err_of_name(NULL), 0);
+}

@@ -1003,6 +1003,107 @@ def served_squishd_stops_cleanly():
         s.cleanup()
 
 
+# ---- on a frontend ----
+
+def grpc_port_of(s):
+    return int(eventually(
+        lambda: re.search(r"grpc listening address=127\.0\.0\.1:0 port=(\d+)", s.read_log()),
+        10, "the gRPC port in the log").group(1))
+
+
+@test
+def a_frontend_answers_every_method_as_its_http_routes():
+    """squishd --role frontend --grpc-listen: each method answers what the
+    same route on the frontend's HTTP answers (its own catalog for
+    readiness, its dispatcher's answer for the routes it forwards, with the
+    dispatcher's token for model control), and ModelInfer what the
+    dispatcher's own answers."""
+    from test_remote import Cluster, cluster_addr
+    cl = Cluster()
+    fronts = []
+    try:
+        d = cl.squishd(extra=["--role", "dispatcher", "--grpc-listen", "127.0.0.1:0"])
+        fronts.append(d)
+        addr = cluster_addr(d)
+        cl.worker(addr, "emu:0", "host0", extra=["--data-listen", "127.0.0.1:0"])
+        d.wait_ready(workers=1, timeout=20)
+        f = Squishd(workers="none", tmp=None,
+                    extra=["--role", "frontend", "--dispatcher", addr,
+                           "--cluster-token-file", cl.token, "--grpc-listen", "127.0.0.1:0",
+                           "--heartbeat-ms", "100", "--heartbeat-timeout-ms", "1000"])
+        fronts.append(f)
+        eventually(lambda: "joined the dispatcher" in f.read_log(), 20, "the frontend joined")
+        r = d.request("POST", "/models", body=json.dumps(INC), headers=admin(d))
+        assert r.status == 201, r
+        eventually(lambda: f.get("/v2/models/inc/ready").status == 200, 30, "inc ready on f")
+        eventually(lambda: f.get("/v2/health/ready").status == 200, 30, "f ready")
+        c = Client(grpc_port_of(f))
+        dc = Client(grpc_port_of(d))
+        assert c.call("ServerLive").live is True
+        assert c.call("ServerReady").ready is True
+        assert c.call("ModelReady", name="inc").ready is True
+        assert c.call("ModelReady", name="inc", version="1").ready is True
+        # Metadata, config, statistics and the index: the dispatcher's, as
+        # the frontend's HTTP forwards them.
+        h = f.get("/v2/models/inc").json
+        m = c.call("ModelMetadata", name="inc")
+        assert m.name == h["name"] == "inc" and list(m.versions) == h["versions"], (m, h)
+        assert [(t.name, t.datatype, list(t.shape)) for t in m.inputs] == \
+            [(t["name"], t["datatype"], t["shape"]) for t in h["inputs"]], (m, h)
+        h = f.get("/v2/models/inc/config").json
+        cfg = c.call("ModelConfig", name="inc").config
+        assert cfg.name == "inc" and cfg.max_batch_size == h["max_batch_size"], (cfg, h)
+        assert [i.name for i in cfg.input] == [i["name"] for i in h["input"]], (cfg, h)
+        rows = lambda ms: [(m.name, m.version, m.state) for m in ms]
+        h = f.request("POST", "/v2/repository/index", body="{}").json
+        assert rows(c.call("RepositoryIndex").models) == \
+            [(r["name"], r.get("version", ""), r.get("state", "")) for r in h], h
+        # ModelInfer through the frontend: the dispatcher's own answer.
+        x = pixels(2 * 3 * 16 * 16)
+        ins = [infer_input("input", [2, 3, 16, 16], "FP32")]
+        got, want = infer(c, "inc", ins, raw=[f32(x)]), infer(dc, "inc", ins, raw=[f32(x)])
+        assert got.model_name == "inc" and list(got.outputs[0].shape) == [2, 5], got
+        assert got.raw_output_contents == want.raw_output_contents, (got, want)
+        # Statistics count it (the frontend reports to the dispatcher every 2 s).
+        st = lambda: stats_rows(c.call("ModelStatistics", name="inc"))
+        eventually(lambda: st()[0]["inference_count"] >= 2, 10, "the frontend's count")
+        assert [(r["name"], r["version"]) for r in st()] == \
+            [(r["name"], r["version"]) for r in f.get("/v2/models/inc/stats").json["model_stats"]]
+        # Unknown models: NOT_FOUND, as the frontend's 404s.
+        for method in ("ModelReady", "ModelMetadata", "ModelConfig", "ModelStatistics"):
+            code, details = c.error(method, name="nosuch")
+            assert code == grpc.StatusCode.NOT_FOUND and "nosuch" in details, \
+                (method, code, details)
+        code, details = infer_error(c, "nosuch", ins, raw=[f32(x)])
+        assert code == grpc.StatusCode.NOT_FOUND, (code, details)
+        # Model control: forwarded, so the dispatcher's token decides.
+        code, details = c.error("RepositoryModelUnload", model_name="inc")
+        assert code == grpc.StatusCode.UNAUTHENTICATED, (code, details)
+        code, _ = c.error("RepositoryModelUnload", model_name="inc",
+                          metadata=[("authorization", "Bearer " + f.token)])
+        assert code == grpc.StatusCode.UNAUTHENTICATED and f.token != d.token, code
+        assert f.get("/v2/models/inc/ready").status == 200  # nothing was unloaded
+        tok = [("authorization", "Bearer " + d.token)]
+        c.call("RepositoryModelUnload", model_name="inc", metadata=tok)
+        eventually(lambda: c.call("ModelReady", name="inc").ready is False, 10, "inc unloaded")
+        assert f.get("/v2/models/inc/ready").status == 400
+        c.call("RepositoryModelLoad", model_name="inc", metadata=tok)
+        eventually(lambda: c.call("ModelReady", name="inc").ready is True, 30, "inc loaded")
+        # The frontend's own shared-memory table: its own token, as its route.
+        code, _ = c.error("SystemSharedMemoryStatus")
+        assert code == grpc.StatusCode.UNAUTHENTICATED, code
+        assert len(c.call("SystemSharedMemoryStatus",
+                          metadata=[("authorization", "Bearer " + f.token)]).regions) == 0
+        c.close()
+        dc.close()
+        assert f.stop() == 0, f.read_log()[-3000:]
+        assert d.stop() == 0, d.read_log()[-3000:]
+    finally:
+        for s in fronts:
+            s.cleanup()
+        cl.cleanup()
+
+
 if __name__ == "__main__":
     try:
         run()
