@@ -289,6 +289,16 @@ void gw_route_model_stats(gw_call_t *call);
 void gw_route_model_config(gw_call_t *call);
 void gw_route_repository_index(gw_call_t *call);
 void gw_route_repository_index_get(gw_call_t *call);
+/* The log and trace settings (logging_api.c), for the routes and other
+ * transports (facts.c): change (an object as the POST body; NULL: none)
+ * applied whole or not at all, then the settings now into *out, as the
+ * GET answers them; 0, or SQ_BAD_REQUEST with why (what is refused and
+ * why). A trace setting is model's (model_len bytes, not terminated; NULL:
+ * the global one), which must be a model squishd has, else
+ * SQ_MODEL_NOT_FOUND. */
+int gw_log_settings(json_t *change, json_t **out, char *why, size_t len);
+int gw_trace_setting(gw_api_ctx_t *api, const char *model, size_t model_len, json_t *change,
+                     json_t **out, char *why, size_t len);
 void gw_route_logging_get(gw_call_t *call);
 void gw_route_logging_post(gw_call_t *call);
 /* /v2/trace/setting, and /v2/models/{m}/trace/setting with m in args[0]. */

@@ -55,6 +55,35 @@ int gw_api_shm_unregister(gw_api_ctx_t *api, const char *name, json_t **out, cha
     return rc;
 }
 
+int gw_api_cudashm_status(gw_api_ctx_t *api, const char *name, json_t **out, char *why, size_t len)
+{
+    return gw_cudashm_status_why(api, name, out, why, len);
+}
+
+int gw_api_cudashm_register(gw_api_ctx_t *api, const char *name, char *why, size_t len)
+{
+    (void)api;
+    return gw_cudashm_register_why(name, why, len);
+}
+
+int gw_api_cudashm_unregister(gw_api_ctx_t *api, const char *name, char *why, size_t len)
+{
+    (void)api;
+    return gw_cudashm_unregister_why(name, why, len);
+}
+
+int gw_api_trace_setting(gw_api_ctx_t *api, const char *model, json_t *change, json_t **out,
+                         char *why, size_t len)
+{
+    return gw_trace_setting(api, model, model != NULL ? strlen(model) : 0, change, out, why, len);
+}
+
+int gw_api_log_settings(gw_api_ctx_t *api, json_t *change, json_t **out, char *why, size_t len)
+{
+    (void)api;
+    return gw_log_settings(change, out, why, len);
+}
+
 json_t *gw_api_repository_index(gw_api_ctx_t *api, int ready_only)
 {
     return gw_repository_index_json(api, ready_only);

@@ -84,6 +84,25 @@ int gw_api_shm_status(gw_api_ctx_t *api, const char *name, json_t **out, char *w
 int gw_api_shm_register(gw_api_ctx_t *api, const char *name, const char *key, uint64_t offset,
                         uint64_t byte_size, char *why, size_t len);
 int gw_api_shm_unregister(gw_api_ctx_t *api, const char *name, json_t **out, char *why, size_t len);
+/* Triton's CUDA shared memory, as GET /v2/cudasharedmemory[/region/{r}]
+ * /status, POST .../region/{r}/register and POST .../unregister answer
+ * it (the caller checked the admin token): squish has no CUDA IPC, so no
+ * region is ever registered: every region's status is [] (name NULL),
+ * one's is SQ_NOT_FOUND, a register SQ_BAD_REQUEST, an unregister 0; each
+ * with why (what to use instead); a name that is no region's
+ * SQ_BAD_REQUEST. */
+int gw_api_cudashm_status(gw_api_ctx_t *api, const char *name, json_t **out, char *why, size_t len);
+int gw_api_cudashm_register(gw_api_ctx_t *api, const char *name, char *why, size_t len);
+int gw_api_cudashm_unregister(gw_api_ctx_t *api, const char *name, char *why, size_t len);
+/* Triton's trace and log settings, as GET and POST /v2[/models/{m}]
+ * /trace/setting and /v2/logging (the caller checked the admin token):
+ * change (the POST's body object; NULL: a GET) applied whole or refused,
+ * then the settings now into *out, as the route's JSON; 0, or
+ * SQ_BAD_REQUEST (a setting refused) or SQ_MODEL_NOT_FOUND (a model's
+ * trace setting, model not NULL, of no model squishd has) with why. */
+int gw_api_trace_setting(gw_api_ctx_t *api, const char *model, json_t *change, json_t **out,
+                         char *why, size_t len);
+int gw_api_log_settings(gw_api_ctx_t *api, json_t *change, json_t **out, char *why, size_t len);
 /* The repository index's rows, as POST /v2/repository/index. */
 json_t *gw_api_repository_index(gw_api_ctx_t *api, int ready_only);
 /* Where a fact read on the model DB's thread is answered, once: err 0

@@ -105,22 +105,14 @@ static int parse_log_change(json_t *body, log_change_t *c, char *why, size_t len
     return 0;
 }
 
-static void route_logging(gw_call_t *call, int post)
+int gw_log_settings(json_t *change, json_t **out, char *why, size_t len)
 {
-    if (!gw_require_admin(call))
-        return;
-    if (post) {
-        json_t *body;
-        if (gw_body_object(call, "settings", &body) != 0)
-            return;
+    *out = NULL;
+    if (change != NULL) {
         log_change_t c;
-        char why[512];
-        int rc = parse_log_change(body, &c, why, sizeof(why));
-        json_decref(body);
-        if (rc != 0) {
-            gw_send_error(call->req, rc, why);
-            return;
-        }
+        int rc = parse_log_change(change, &c, why, len);
+        if (rc != 0)
+            return rc;
         if (c.info >= 0)
             sq_log_enable(SQ_LOG_INFO, c.info);
         if (c.warning >= 0)
@@ -138,7 +130,24 @@ static void route_logging(gw_call_t *call, int post)
                 sq_log_enabled(SQ_LOG_ERROR), sq_log_enabled(SQ_LOG_DEBUG),
                 sq_log_get_format() == SQ_LOG_FORMAT_ISO8601 ? "ISO8601" : "default");
     }
-    gw_send_json(call->req, 200, log_settings_json());
+    *out = log_settings_json();
+    return 0;
+}
+
+static void route_logging(gw_call_t *call, int post)
+{
+    if (!gw_require_admin(call))
+        return;
+    json_t *body = NULL, *now;
+    if (post && gw_body_object(call, "settings", &body) != 0)
+        return;
+    char why[512];
+    int rc = gw_log_settings(body, &now, why, sizeof(why));
+    json_decref(body);
+    if (rc != 0)
+        gw_send_error(call->req, rc, why);
+    else
+        gw_send_json(call->req, 200, now);
 }
 
 void gw_route_logging_get(gw_call_t *call)
@@ -153,48 +162,59 @@ void gw_route_logging_post(gw_call_t *call)
 
 /* ---- /v2[/models/{m}]/trace/setting ------------------------------------------ */
 
-static void route_trace(gw_call_t *call, int post)
+int gw_trace_setting(gw_api_ctx_t *api, const char *model, size_t model_len, json_t *change,
+                     json_t **out, char *why, size_t len)
 {
-    gw_api_ctx_t *api = call->app;
-    if (!gw_require_admin(call))
-        return;
+    *out = NULL;
     gw_trace_t *t = api->trace;
-    char model[MDB_NAME_MAX + 1] = "";
-    if (call->nargs > 0) {
+    char name[MDB_NAME_MAX + 1] = "";
+    if (model != NULL) {
         /* A model's settings: a model squishd has (any version). */
-        gw_model_t *m = gw_registry_find(api->registry, call->args[0].base, call->args[0].len, 0);
+        gw_model_t *m = gw_registry_find(api->registry, model, model_len, 0);
         if (m == NULL) {
-            gw_send_error(call->req, SQ_MODEL_NOT_FOUND,
-                          "no such model: per-model trace settings are for a model squishd has "
-                          "(pipelines are not traced)");
-            return;
+            snprintf(why, len,
+                     "no such model: per-model trace settings are for a model squishd has "
+                     "(pipelines are not traced)");
+            return SQ_MODEL_NOT_FOUND;
         }
-        snprintf(model, sizeof(model), "%s", m->name);
+        snprintf(name, sizeof(name), "%s", m->name);
         gw_model_unref(m);
     }
-    const char *name = model[0] ? model : NULL;
-    if (post) {
-        json_t *body;
-        if (gw_body_object(call, "settings", &body) != 0)
-            return;
-        char why[512];
-        int rc = gw_trace_update(t, name, body, why, sizeof(why));
-        json_decref(body);
-        if (rc != 0) {
-            gw_send_error(call->req, rc, why);
-            return;
-        }
-        json_t *now = gw_trace_settings_json(t, name);
+    const char *mname = name[0] ? name : NULL;
+    if (change != NULL) {
+        int rc = gw_trace_update(t, mname, change, why, len);
+        if (rc != 0)
+            return rc;
+        json_t *now = gw_trace_settings_json(t, mname);
         SQ_INFO("trace settings changed model=%s level=%s rate=%s count=%s log_frequency=%s",
-                name ? name : "(global)",
+                mname ? mname : "(global)",
                 json_string_value(json_array_get(json_object_get(now, "trace_level"), 0)),
                 json_string_value(json_object_get(now, "trace_rate")),
                 json_string_value(json_object_get(now, "trace_count")),
                 json_string_value(json_object_get(now, "log_frequency")));
-        gw_send_json(call->req, 200, now);
-        return;
+        *out = now;
+        return 0;
     }
-    gw_send_json(call->req, 200, gw_trace_settings_json(t, name));
+    *out = gw_trace_settings_json(t, mname);
+    return 0;
+}
+
+static void route_trace(gw_call_t *call, int post)
+{
+    if (!gw_require_admin(call))
+        return;
+    json_t *body = NULL, *now;
+    if (post && gw_body_object(call, "settings", &body) != 0)
+        return;
+    char why[512];
+    int rc =
+        gw_trace_setting(call->app, call->nargs > 0 ? call->args[0].base : NULL,
+                         call->nargs > 0 ? call->args[0].len : 0, body, &now, why, sizeof(why));
+    json_decref(body);
+    if (rc != 0)
+        gw_send_error(call->req, rc, why);
+    else
+        gw_send_json(call->req, 200, now);
 }
 
 void gw_route_trace_get(gw_call_t *call)

@@ -175,30 +175,58 @@ void gw_route_shm_unregister(gw_call_t *call)
     "squish does not support CUDA shared memory (CUDA IPC handles): register the tensor in "       \
     "host memory with POST /v2/systemsharedmemory/region/{name}/register instead"
 
-void gw_route_cudashm_status(gw_call_t *call)
+int gw_cudashm_status_why(gw_api_ctx_t *api, const char *name, json_t **out, char *why, size_t len)
 {
-    gw_api_ctx_t *api = call->app;
-    if (!gw_require_admin(call))
-        return;
-    if (call->nargs == 0) {
-        gw_send_json(call->req, 200, json_array());
-        return;
+    *out = NULL;
+    if (name == NULL) {
+        *out = json_array();
+        return 0;
     }
-    char name[GW_SHM_NAME_MAX + 1];
-    if (region_arg(call, name) != 0)
-        return;
-    char why[GW_SHM_NAME_MAX + 320];
+    int rc = gw_shm_name_why(name, strlen(name), why, len);
+    if (rc != 0)
+        return rc;
     json_t *system = gw_shm_status(api->shm, name);
     if (system != NULL)
-        snprintf(why, sizeof(why),
+        snprintf(why, len,
                  "The region named '%s' is registered as system shared memory, not CUDA shared "
                  "memory",
                  name);
     else
-        snprintf(why, sizeof(why), "Unable to find cuda shared memory region: '%s' (%s)", name,
+        snprintf(why, len, "Unable to find cuda shared memory region: '%s' (%s)", name,
                  NO_CUDA_IPC);
     json_decref(system);
-    gw_send_error(call->req, SQ_NOT_FOUND, why);
+    return SQ_NOT_FOUND;
+}
+
+int gw_cudashm_register_why(const char *name, char *why, size_t len)
+{
+    int rc = gw_shm_name_why(name, strlen(name), why, len);
+    if (rc != 0)
+        return rc;
+    snprintf(why, len, "failed to register CUDA shared memory region '%s': %s", name, NO_CUDA_IPC);
+    return SQ_BAD_REQUEST;
+}
+
+int gw_cudashm_unregister_why(const char *name, char *why, size_t len)
+{
+    return name != NULL ? gw_shm_name_why(name, strlen(name), why, len) : 0;
+}
+
+void gw_route_cudashm_status(gw_call_t *call)
+{
+    if (!gw_require_admin(call))
+        return;
+    char name[GW_SHM_NAME_MAX + 1];
+    if (call->nargs > 0 && region_arg(call, name) != 0)
+        return;
+    char why[GW_SHM_NAME_MAX + 320];
+    json_t *status;
+    int rc =
+        gw_cudashm_status_why(call->app, call->nargs > 0 ? name : NULL, &status, why, sizeof(why));
+    if (rc != 0)
+        gw_send_error(call->req, rc, why);
+    else
+        gw_send_json(call->req, 200, status);
 }
 
 void gw_route_cudashm_register(gw_call_t *call)
@@ -209,9 +237,7 @@ void gw_route_cudashm_register(gw_call_t *call)
     if (region_arg(call, name) != 0)
         return;
     char why[GW_SHM_NAME_MAX + 320];
-    snprintf(why, sizeof(why), "failed to register CUDA shared memory region '%s': %s", name,
-             NO_CUDA_IPC);
-    gw_send_error(call->req, SQ_BAD_REQUEST, why);
+    gw_send_error(call->req, gw_cudashm_register_why(name, why, sizeof(why)), why);
 }
 
 /* Nothing to unregister, which is no error (as Triton's unregister of a

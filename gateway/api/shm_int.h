@@ -60,6 +60,16 @@ json_t *gw_shm_status(gw_shm_table_t *t, const char *name);
 int gw_shm_name_why(const char *name, size_t len, char *why, size_t whylen);
 int gw_shm_status_why(gw_api_ctx_t *api, const char *name, json_t **out, char *why, size_t len);
 
+/* CUDA shared memory, answered as a server without CUDA IPC (shm_api.c),
+ * for the routes and other transports (facts.c): the status of every
+ * region (name NULL: [] into *out) or of one (SQ_NOT_FOUND with why,
+ * naming what to use instead); a register refused (SQ_BAD_REQUEST with
+ * why); an unregister, no error. A name that is no region's is
+ * SQ_BAD_REQUEST with why first. */
+int gw_cudashm_status_why(gw_api_ctx_t *api, const char *name, json_t **out, char *why, size_t len);
+int gw_cudashm_register_why(const char *name, char *why, size_t len);
+int gw_cudashm_unregister_why(const char *name, char *why, size_t len);
+
 /* A reference to region name for a request, or NULL when none is
  * registered under it. Release it with gw_shm_release once nothing reads or
  * writes its bytes any more. */

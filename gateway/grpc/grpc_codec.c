@@ -29,7 +29,7 @@ static const struct {
     [GW_GRPC_CUDA_SHM_STATUS] = {"CudaSharedMemoryStatus", 1},
     [GW_GRPC_CUDA_SHM_REGISTER] = {"CudaSharedMemoryRegister", 1},
     [GW_GRPC_CUDA_SHM_UNREGISTER] = {"CudaSharedMemoryUnregister", 1},
-    [GW_GRPC_TRACE_SETTING] = {"TraceSetting", 0},
+    [GW_GRPC_TRACE_SETTING] = {"TraceSetting", 1},
     [GW_GRPC_LOG_SETTINGS] = {"LogSettings", 1},
 };
 
@@ -148,6 +148,90 @@ int gw_grpc_name_version(const char *name, const char *version, gw_grpc_req_t *o
     return name_version(name, version, 0, out, why, whylen);
 }
 
+/* Sets o's key to j (stolen); 0, or SQ_BAD_REQUEST with why when either
+ * is no UTF-8 (j NULL: its string was none), as a JSON body cannot be. */
+static int set_setting(json_t *o, const char *key, json_t *j, char *why, size_t whylen)
+{
+    if (j != NULL && json_object_set_new(o, key, j) == 0)
+        return 0;
+    snprintf(why, whylen, "settings: a name or value that is no UTF-8");
+    return SQ_BAD_REQUEST;
+}
+
+/* TraceSetting's settings as its route's body into *out: a setting
+ * without values is null (a model's own cleared, as Triton's); trace_level
+ * an array of its values, any other setting its one value (several: an
+ * array, which the route refuses, as over HTTP). NULL when none is given
+ * (a GET). */
+static int trace_settings(const Inference__TraceSettingRequest *r, json_t **out, char *why,
+                          size_t whylen)
+{
+    if (r->n_settings == 0)
+        return 0;
+    json_t *o = *out = json_object();
+    for (size_t i = 0; i < r->n_settings; i++) {
+        const Inference__TraceSettingRequest__SettingsEntry *e = r->settings[i];
+        const Inference__TraceSettingRequest__SettingValue *v = e->value;
+        size_t n = v != NULL ? v->n_value : 0;
+        json_t *j;
+        if (n == 0) {
+            j = json_null();
+        } else if (n == 1 && strcmp(e->key, "trace_level") != 0) {
+            j = json_string(v->value[0]);
+        } else {
+            j = json_array();
+            for (size_t k = 0; k < n; k++)
+                json_array_append_new(j, json_string(v->value[k]));
+            if (json_array_size(j) != n) { /* a value that is no UTF-8 */
+                json_decref(j);
+                j = NULL;
+            }
+        }
+        if (set_setting(o, e->key, j, why, whylen) != 0)
+            return SQ_BAD_REQUEST;
+    }
+    return 0;
+}
+
+/* LogSettings' settings as its route's body into *out: each value as its
+ * kind (a bool, an integer, a string); one with none is null (left as it
+ * is). NULL when none is given (a GET). */
+static int log_settings(const Inference__LogSettingsRequest *r, json_t **out, char *why,
+                        size_t whylen)
+{
+    if (r->n_settings == 0)
+        return 0;
+    json_t *o = *out = json_object();
+    for (size_t i = 0; i < r->n_settings; i++) {
+        const Inference__LogSettingsRequest__SettingsEntry *e = r->settings[i];
+        const Inference__LogSettingsRequest__SettingValue *v = e->value;
+        json_t *j;
+        switch (v != NULL ? v->parameter_choice_case : 0) {
+        case INFERENCE__LOG_SETTINGS_REQUEST__SETTING_VALUE__PARAMETER_CHOICE_BOOL_PARAM:
+            j = json_boolean(v->bool_param);
+            break;
+        case INFERENCE__LOG_SETTINGS_REQUEST__SETTING_VALUE__PARAMETER_CHOICE_UINT32_PARAM:
+            j = json_integer((json_int_t)v->uint32_param);
+            break;
+        case INFERENCE__LOG_SETTINGS_REQUEST__SETTING_VALUE__PARAMETER_CHOICE_STRING_PARAM:
+            j = json_string(v->string_param);
+            break;
+        default:
+            j = json_null();
+            break;
+        }
+        if (set_setting(o, e->key, j, why, whylen) != 0)
+            return SQ_BAD_REQUEST;
+    }
+    return 0;
+}
+
+void gw_grpc_req_dispose(gw_grpc_req_t *r)
+{
+    json_decref(r->settings);
+    r->settings = NULL;
+}
+
 int gw_grpc_decode(gw_grpc_method_t m, const uint8_t *data, size_t len, gw_grpc_req_t *out,
                    char *why, size_t whylen)
 {
@@ -193,8 +277,24 @@ int gw_grpc_decode(gw_grpc_method_t m, const uint8_t *data, size_t len, gw_grpc_
     case GW_GRPC_REPOSITORY_MODEL_UNLOAD:
         d = &inference__repository_model_unload_request__descriptor;
         break;
+    case GW_GRPC_CUDA_SHM_STATUS:
+        d = &inference__cuda_shared_memory_status_request__descriptor;
+        break;
+    case GW_GRPC_CUDA_SHM_REGISTER:
+        d = &inference__cuda_shared_memory_register_request__descriptor;
+        break;
+    case GW_GRPC_CUDA_SHM_UNREGISTER:
+        d = &inference__cuda_shared_memory_unregister_request__descriptor;
+        break;
+    case GW_GRPC_TRACE_SETTING:
+        d = &inference__trace_setting_request__descriptor;
+        break;
+    case GW_GRPC_LOG_SETTINGS:
+        d = &inference__log_settings_request__descriptor;
+        break;
     default:
-        snprintf(why, whylen, "%s: not served yet", gw_grpc_method_name(m));
+        /* ModelInfer's and the stream's requests: gw_grpc_decode_infer. */
+        snprintf(why, whylen, "%s: not a request this decoder reads", gw_grpc_method_name(m));
         return SQ_BAD_REQUEST;
     }
     ProtobufCMessage *msg = protobuf_c_message_unpack(d, NULL, len, data);
@@ -261,6 +361,28 @@ int gw_grpc_decode(gw_grpc_method_t m, const uint8_t *data, size_t len, gw_grpc_
             rc = control_param(r->parameters[k]->key, r->parameters[k]->value, 0, out, why, whylen);
         break;
     }
+    case GW_GRPC_CUDA_SHM_STATUS:
+        rc = name_version(((Inference__CudaSharedMemoryStatusRequest *)msg)->name, "", 1, out, why,
+                          whylen);
+        break;
+    case GW_GRPC_CUDA_SHM_UNREGISTER:
+        rc = name_version(((Inference__CudaSharedMemoryUnregisterRequest *)msg)->name, "", 1, out,
+                          why, whylen);
+        break;
+    case GW_GRPC_CUDA_SHM_REGISTER:
+        rc = name_version(((Inference__CudaSharedMemoryRegisterRequest *)msg)->name, "", 0, out,
+                          why, whylen);
+        break;
+    case GW_GRPC_TRACE_SETTING: {
+        Inference__TraceSettingRequest *r = (Inference__TraceSettingRequest *)msg;
+        rc = name_version(r->model_name, "", 1, out, why, whylen);
+        if (rc == 0)
+            rc = trace_settings(r, &out->settings, why, whylen);
+        break;
+    }
+    case GW_GRPC_LOG_SETTINGS:
+        rc = log_settings((Inference__LogSettingsRequest *)msg, &out->settings, why, whylen);
+        break;
     case GW_GRPC_REPOSITORY_INDEX: {
         Inference__RepositoryIndexRequest *r = (Inference__RepositoryIndexRequest *)msg;
         /* One repository (squish's model DB): any name but "" is another. */

@@ -7,6 +7,7 @@
 
 #include <sq_error.h>
 
+#include <jansson.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -54,8 +55,16 @@ typedef struct {
     char key[257];
     uint64_t offset, byte_size;
     int dependents; /* RepositoryModelUnload: parameters.unload_dependents */
+    /* TraceSetting, LogSettings: the settings to change as their HTTP
+     * route's POST body (an object; NULL: none, as a GET); owned, freed by
+     * gw_grpc_req_dispose. TraceSetting's model_name is name. */
+    json_t *settings;
 } gw_grpc_req_t;
-/* Decodes a request of method m (its protobuf bytes) into out: 0, or
+/* Frees what a decoded request owns (its settings); accepts one whose
+ * decoding failed. */
+void gw_grpc_req_dispose(gw_grpc_req_t *r);
+/* Decodes a request of method m (its protobuf bytes) into out (then
+ * gw_grpc_req_dispose, whatever the result): 0, or
  * SQ_BAD_REQUEST with why (not the method's message, a version that is no
  * number in 1..1000000000, a name too long). A method whose request is
  * empty takes any bytes of its message. */

@@ -1,8 +1,8 @@
 /* The methods' answers: each from the fact its HTTP route answers from
  * (gw_api.h), turned from that route's JSON into the protocol's message.
  * A method HTTP guards with the admin token is guarded here by the same
- * token in the `authorization` metadata; a method not built yet answers
- * UNIMPLEMENTED, naming those that are. On a frontend, a method whose
+ * token in the `authorization` metadata; a method the service lacks
+ * answers UNIMPLEMENTED, naming those it has. On a frontend, a method whose
  * route its HTTP forwards to the dispatcher (metadata, config,
  * statistics, the index, model control) is forwarded the same way, as
  * that route's request, and the dispatcher's JSON answer turned into the
@@ -20,8 +20,9 @@
 #define SERVED                                                                                     \
     "ServerLive, ServerReady, ModelReady, ServerMetadata, ModelMetadata, ModelInfer, "             \
     "ModelStreamInfer, ModelConfig, ModelStatistics, RepositoryIndex, "                            \
-    "RepositoryModelLoad, RepositoryModelUnload and "                                              \
-    "SystemSharedMemory{Status,Register,Unregister}"
+    "RepositoryModelLoad, RepositoryModelUnload, "                                                 \
+    "SystemSharedMemory{Status,Register,Unregister}, "                                             \
+    "CudaSharedMemory{Status,Register,Unregister}, TraceSetting and LogSettings"
 
 /* ---- building a message: its parts live in a pool freed once packed ---- */
 
@@ -323,6 +324,97 @@ static void shm_status(gw_grpc_call_t *c, json_t *rows)
 }
 
 /* POST /v2/repository/index's rows as RepositoryIndexResponse. */
+/* GET /v2/cudasharedmemory/status's rows ([{"name", "device_id",
+ * "byte_size"}]: none, squish having no CUDA IPC) as the protocol's map. */
+static void cuda_shm_status(gw_grpc_call_t *c, json_t *rows)
+{
+    pool_t p = {0};
+    Inference__CudaSharedMemoryStatusResponse r =
+        INFERENCE__CUDA_SHARED_MEMORY_STATUS_RESPONSE__INIT;
+    r.n_regions = json_array_size(rows);
+    r.regions = palloc(&p, r.n_regions * sizeof(*r.regions));
+    for (size_t i = 0; i < r.n_regions; i++) {
+        json_t *row = json_array_get(rows, i);
+        Inference__CudaSharedMemoryStatusResponse__RegionsEntry *e = r.regions[i] =
+            palloc(&p, sizeof(*e));
+        inference__cuda_shared_memory_status_response__regions_entry__init(e);
+        Inference__CudaSharedMemoryStatusResponse__RegionStatus *st = e->value =
+            palloc(&p, sizeof(*st));
+        inference__cuda_shared_memory_status_response__region_status__init(st);
+        e->key = st->name = str_of(json_object_get(row, "name"));
+        st->device_id = u64_of(json_object_get(row, "device_id"));
+        st->byte_size = u64_of(json_object_get(row, "byte_size"));
+    }
+    send_message(c, &r.base);
+    pool_free(&p);
+}
+
+/* The trace settings' JSON ({"trace_level": [...], "trace_rate": "1000",
+ * ...}) as TraceSettingResponse: an array's strings, or the one value's
+ * text, as the setting's values (as Triton's). */
+static void trace_setting(gw_grpc_call_t *c, json_t *j)
+{
+    pool_t p = {0};
+    Inference__TraceSettingResponse r = INFERENCE__TRACE_SETTING_RESPONSE__INIT;
+    r.settings = palloc(&p, json_object_size(j) * sizeof(*r.settings));
+    const char *key;
+    json_t *v;
+    json_object_foreach(j, key, v)
+    {
+        if (json_is_null(v))
+            continue;
+        Inference__TraceSettingResponse__SettingsEntry *e = palloc(&p, sizeof(*e));
+        inference__trace_setting_response__settings_entry__init(e);
+        Inference__TraceSettingResponse__SettingValue *sv = palloc(&p, sizeof(*sv));
+        inference__trace_setting_response__setting_value__init(sv);
+        e->key = (char *)key;
+        e->value = sv;
+        sv->n_value = json_is_array(v) ? json_array_size(v) : 1;
+        sv->value = palloc(&p, sv->n_value * sizeof(char *));
+        for (size_t i = 0; i < sv->n_value; i++)
+            sv->value[i] = text_of(&p, json_is_array(v) ? json_array_get(v, i) : v);
+        r.settings[r.n_settings++] = e;
+    }
+    send_message(c, &r.base);
+    pool_free(&p);
+}
+
+/* The log settings' JSON as LogSettingsResponse: a boolean as bool_param,
+ * a number as uint32_param, a string as string_param (as Triton's). */
+static void log_settings(gw_grpc_call_t *c, json_t *j)
+{
+    pool_t p = {0};
+    Inference__LogSettingsResponse r = INFERENCE__LOG_SETTINGS_RESPONSE__INIT;
+    r.settings = palloc(&p, json_object_size(j) * sizeof(*r.settings));
+    const char *key;
+    json_t *v;
+    json_object_foreach(j, key, v)
+    {
+        Inference__LogSettingsResponse__SettingsEntry *e = palloc(&p, sizeof(*e));
+        inference__log_settings_response__settings_entry__init(e);
+        Inference__LogSettingsResponse__SettingValue *sv = palloc(&p, sizeof(*sv));
+        inference__log_settings_response__setting_value__init(sv);
+        e->key = (char *)key;
+        e->value = sv;
+        if (json_is_boolean(v)) {
+            sv->parameter_choice_case =
+                INFERENCE__LOG_SETTINGS_RESPONSE__SETTING_VALUE__PARAMETER_CHOICE_BOOL_PARAM;
+            sv->bool_param = json_is_true(v);
+        } else if (json_is_integer(v)) {
+            sv->parameter_choice_case =
+                INFERENCE__LOG_SETTINGS_RESPONSE__SETTING_VALUE__PARAMETER_CHOICE_UINT32_PARAM;
+            sv->uint32_param = (uint32_t)json_integer_value(v);
+        } else {
+            sv->parameter_choice_case =
+                INFERENCE__LOG_SETTINGS_RESPONSE__SETTING_VALUE__PARAMETER_CHOICE_STRING_PARAM;
+            sv->string_param = text_of(&p, v);
+        }
+        r.settings[r.n_settings++] = e;
+    }
+    send_message(c, &r.base);
+    pool_free(&p);
+}
+
 static void repository_index(gw_grpc_call_t *c, json_t *rows)
 {
     pool_t p = {0};
@@ -493,16 +585,39 @@ static int http_request_of(int method, const gw_grpc_req_t *req, const char **hm
     case GW_GRPC_SHM_STATUS:
     case GW_GRPC_SHM_UNREGISTER:
     case GW_GRPC_SHM_REGISTER:
-        snprintf(path, len, "/v2/systemsharedmemory");
+    case GW_GRPC_CUDA_SHM_STATUS:
+    case GW_GRPC_CUDA_SHM_UNREGISTER:
+    case GW_GRPC_CUDA_SHM_REGISTER:
+        snprintf(path, len, "/v2/%ssharedmemory",
+                 method == GW_GRPC_SHM_STATUS || method == GW_GRPC_SHM_UNREGISTER ||
+                         method == GW_GRPC_SHM_REGISTER
+                     ? "system"
+                     : "cuda");
         if (req->name[0] != '\0') {
             snprintf(path + strlen(path), len - strlen(path), "/region/");
             put_segment(path, len, req->name);
         }
-        *hmethod = method == GW_GRPC_SHM_STATUS ? "GET" : "POST";
+        *hmethod =
+            method == GW_GRPC_SHM_STATUS || method == GW_GRPC_CUDA_SHM_STATUS ? "GET" : "POST";
         snprintf(path + strlen(path), len - strlen(path), "%s",
-                 method == GW_GRPC_SHM_STATUS     ? "/status"
-                 : method == GW_GRPC_SHM_REGISTER ? "/register"
-                                                  : "/unregister");
+                 method == GW_GRPC_SHM_STATUS || method == GW_GRPC_CUDA_SHM_STATUS ? "/status"
+                 : method == GW_GRPC_SHM_REGISTER || method == GW_GRPC_CUDA_SHM_REGISTER
+                     ? "/register"
+                     : "/unregister");
+        return 1;
+    case GW_GRPC_TRACE_SETTING:
+        /* No setting to change is a GET, as Triton's clients mean it. */
+        *hmethod = req->settings != NULL ? "POST" : "GET";
+        snprintf(path, len, "/v2");
+        if (req->name[0] != '\0') {
+            snprintf(path + strlen(path), len - strlen(path), "/models/");
+            put_segment(path, len, req->name);
+        }
+        snprintf(path + strlen(path), len - strlen(path), "/trace/setting");
+        return 1;
+    case GW_GRPC_LOG_SETTINGS:
+        *hmethod = req->settings != NULL ? "POST" : "GET";
+        snprintf(path, len, "/v2/logging");
         return 1;
     default:
         return 0;
@@ -577,83 +692,19 @@ static void forward(gw_grpc_call_t *c, const char *hmethod, const char *path, co
     gw_api_forward(c->api, hmethod, path, ok ? auth : NULL, body, forward_answered, c);
 }
 
-void gw_grpc_answer(gw_grpc_call_t *c)
+/* Answers c, whose request is decoded into req (rc: 0, or the decoding's
+ * error with why). */
+static void answer_request(gw_grpc_call_t *c, const gw_grpc_req_t *req, int rc, char *why,
+                           size_t whylen)
 {
-    char why[512];
-    if (c->method < 0) {
-        snprintf(why, sizeof(why), "no such method %.*s; squish serves " SERVED " over gRPC",
-                 (int)GRPC_SLICE_LENGTH(c->details.method),
-                 (const char *)GRPC_SLICE_START_PTR(c->details.method));
-        gw_grpc_reply(c, GRPC_STATUS_UNIMPLEMENTED, why, NULL, 0);
-        return;
-    }
-    gw_grpc_req_t req;
-    grpc_slice body = grpc_empty_slice();
-    if (c->recv != NULL) {
-        grpc_byte_buffer_reader rd;
-        if (grpc_byte_buffer_reader_init(&rd, c->recv)) {
-            body = grpc_byte_buffer_reader_readall(&rd);
-            grpc_byte_buffer_reader_destroy(&rd);
-        }
-    }
-    int rc = -1;
-    if (c->method == GW_GRPC_MODEL_STREAM_INFER) {
-        grpc_slice_unref(body);
-        gw_grpc_stream_start(c);
-        return;
-    }
-    if (c->method == GW_GRPC_MODEL_INFER) {
-        if (c->recv == NULL)
-            fail(c, SQ_BAD_REQUEST, "ModelInfer: no request message came");
-        else
-            gw_grpc_model_infer(c, GRPC_SLICE_START_PTR(body), GRPC_SLICE_LENGTH(body));
-        grpc_slice_unref(body);
-        return;
-    }
-    switch (c->method) {
-    case GW_GRPC_SERVER_LIVE:
-    case GW_GRPC_SERVER_READY:
-    case GW_GRPC_SERVER_METADATA:
-    case GW_GRPC_MODEL_READY:
-    case GW_GRPC_MODEL_METADATA:
-    case GW_GRPC_MODEL_CONFIG:
-    case GW_GRPC_MODEL_STATISTICS:
-    case GW_GRPC_REPOSITORY_INDEX:
-    case GW_GRPC_SHM_STATUS:
-    case GW_GRPC_SHM_REGISTER:
-    case GW_GRPC_SHM_UNREGISTER:
-    case GW_GRPC_REPOSITORY_MODEL_LOAD:
-    case GW_GRPC_REPOSITORY_MODEL_UNLOAD:
-        rc = c->recv == NULL
-                 ? SQ_BAD_REQUEST
-                 : gw_grpc_decode((gw_grpc_method_t)c->method, GRPC_SLICE_START_PTR(body),
-                                  GRPC_SLICE_LENGTH(body), &req, why, sizeof(why));
-        if (c->recv == NULL)
-            snprintf(why, sizeof(why), "%s: no request message came",
-                     gw_grpc_method_name(c->method));
-        break;
-    default:
-        break;
-    }
-    grpc_slice_unref(body);
     /* On a frontend, a method whose route its HTTP forwards to the
      * dispatcher is forwarded the same way, its token checked there. */
     const char *hmethod, *hbody;
-    char path[3 * sizeof(req.name) + 64];
-    int fwd = rc == 0 && http_request_of(c->method, &req, &hmethod, path, sizeof(path), &hbody) &&
+    char path[3 * sizeof(req->name) + 64];
+    int fwd = rc == 0 && http_request_of(c->method, req, &hmethod, path, sizeof(path), &hbody) &&
               gw_api_forwarded(c->api, hmethod, path);
     if (gw_grpc_method_admin(c->method) && !fwd && !admin_ok(c))
         return;
-    if (rc == -1) {
-        /* A stream has no HTTP route: its requests go one by one. */
-        snprintf(why, sizeof(why),
-                 "%s is not served over gRPC yet (%s); squish serves " SERVED " over gRPC",
-                 gw_grpc_method_name(c->method),
-                 c->method == GW_GRPC_MODEL_STREAM_INFER ? "send each request with ModelInfer"
-                                                         : "it is over HTTP");
-        gw_grpc_reply(c, GRPC_STATUS_UNIMPLEMENTED, why, NULL, 0);
-        return;
-    }
     if (rc != 0) {
         fail(c, rc, why);
         return;
@@ -676,14 +727,14 @@ void gw_grpc_answer(gw_grpc_call_t *c)
         server_metadata(c);
         break;
     case GW_GRPC_MODEL_READY:
-        gw_api_model_ready(c->api, req.name, req.version, fact_answered, c);
+        gw_api_model_ready(c->api, req->name, req->version, fact_answered, c);
         break;
     case GW_GRPC_MODEL_METADATA:
-        gw_api_model_metadata(c->api, req.name, req.version, fact_answered, c);
+        gw_api_model_metadata(c->api, req->name, req->version, fact_answered, c);
         break;
     case GW_GRPC_MODEL_CONFIG: {
         json_t *j;
-        if ((rc = gw_api_model_config(c->api, req.name, req.version, &j, why, sizeof(why))) != 0) {
+        if ((rc = gw_api_model_config(c->api, req->name, req->version, &j, why, whylen)) != 0) {
             fail(c, rc, why);
             break;
         }
@@ -693,8 +744,8 @@ void gw_grpc_answer(gw_grpc_call_t *c)
     }
     case GW_GRPC_MODEL_STATISTICS: {
         json_t *j;
-        if ((rc = gw_api_model_stats(c->api, req.name[0] ? req.name : NULL, req.version, &j, why,
-                                     sizeof(why))) != 0) {
+        if ((rc = gw_api_model_stats(c->api, req->name[0] ? req->name : NULL, req->version, &j, why,
+                                     whylen)) != 0) {
             fail(c, rc, why);
             break;
         }
@@ -703,19 +754,19 @@ void gw_grpc_answer(gw_grpc_call_t *c)
         break;
     }
     case GW_GRPC_REPOSITORY_INDEX: {
-        json_t *rows = gw_api_repository_index(c->api, req.ready);
+        json_t *rows = gw_api_repository_index(c->api, req->ready);
         repository_index(c, rows);
         json_decref(rows);
         break;
     }
     case GW_GRPC_REPOSITORY_MODEL_LOAD:
     case GW_GRPC_REPOSITORY_MODEL_UNLOAD:
-        gw_api_model_control(c->api, req.name, c->method == GW_GRPC_REPOSITORY_MODEL_LOAD,
-                             req.dependents, control_answered, c);
+        gw_api_model_control(c->api, req->name, c->method == GW_GRPC_REPOSITORY_MODEL_LOAD,
+                             req->dependents, control_answered, c);
         break;
     case GW_GRPC_SHM_STATUS: {
         json_t *j;
-        if ((rc = gw_api_shm_status(c->api, req.name[0] ? req.name : NULL, &j, why, sizeof(why))) !=
+        if ((rc = gw_api_shm_status(c->api, req->name[0] ? req->name : NULL, &j, why, whylen)) !=
             0) {
             fail(c, rc, why);
             break;
@@ -728,10 +779,10 @@ void gw_grpc_answer(gw_grpc_call_t *c)
     case GW_GRPC_SHM_UNREGISTER: {
         json_t *gone = NULL;
         rc = c->method == GW_GRPC_SHM_REGISTER
-                 ? gw_api_shm_register(c->api, req.name, req.key, req.offset, req.byte_size, why,
-                                       sizeof(why))
-                 : gw_api_shm_unregister(c->api, req.name[0] ? req.name : NULL, &gone, why,
-                                         sizeof(why));
+                 ? gw_api_shm_register(c->api, req->name, req->key, req->offset, req->byte_size,
+                                       why, whylen)
+                 : gw_api_shm_unregister(c->api, req->name[0] ? req->name : NULL, &gone, why,
+                                         whylen);
         json_decref(gone);
         if (rc != 0) {
             fail(c, rc, why);
@@ -744,7 +795,94 @@ void gw_grpc_answer(gw_grpc_call_t *c)
         send_message(c, c->method == GW_GRPC_SHM_REGISTER ? &reg.base : &unreg.base);
         break;
     }
+    case GW_GRPC_CUDA_SHM_STATUS: {
+        json_t *j;
+        if ((rc = gw_api_cudashm_status(c->api, req->name[0] ? req->name : NULL, &j, why,
+                                        whylen)) != 0) {
+            fail(c, rc, why);
+            break;
+        }
+        cuda_shm_status(c, j);
+        json_decref(j);
+        break;
+    }
+    case GW_GRPC_CUDA_SHM_REGISTER:
+        fail(c, gw_api_cudashm_register(c->api, req->name, why, whylen), why);
+        break;
+    case GW_GRPC_CUDA_SHM_UNREGISTER: {
+        if ((rc = gw_api_cudashm_unregister(c->api, req->name[0] ? req->name : NULL, why,
+                                            whylen)) != 0) {
+            fail(c, rc, why);
+            break;
+        }
+        Inference__CudaSharedMemoryUnregisterResponse r =
+            INFERENCE__CUDA_SHARED_MEMORY_UNREGISTER_RESPONSE__INIT;
+        send_message(c, &r.base);
+        break;
+    }
+    case GW_GRPC_TRACE_SETTING:
+    case GW_GRPC_LOG_SETTINGS: {
+        json_t *j;
+        rc = c->method == GW_GRPC_TRACE_SETTING
+                 ? gw_api_trace_setting(c->api, req->name[0] ? req->name : NULL, req->settings, &j,
+                                        why, whylen)
+                 : gw_api_log_settings(c->api, req->settings, &j, why, whylen);
+        if (rc != 0) {
+            fail(c, rc, why);
+            break;
+        }
+        if (c->method == GW_GRPC_TRACE_SETTING)
+            trace_setting(c, j);
+        else
+            log_settings(c, j);
+        json_decref(j);
+        break;
+    }
     default:
         break;
     }
+}
+
+void gw_grpc_answer(gw_grpc_call_t *c)
+{
+    char why[512];
+    if (c->method < 0) {
+        snprintf(why, sizeof(why), "no such method %.*s; squish serves " SERVED " over gRPC",
+                 (int)GRPC_SLICE_LENGTH(c->details.method),
+                 (const char *)GRPC_SLICE_START_PTR(c->details.method));
+        gw_grpc_reply(c, GRPC_STATUS_UNIMPLEMENTED, why, NULL, 0);
+        return;
+    }
+    gw_grpc_req_t req;
+    memset(&req, 0, sizeof(req));
+    grpc_slice body = grpc_empty_slice();
+    if (c->recv != NULL) {
+        grpc_byte_buffer_reader rd;
+        if (grpc_byte_buffer_reader_init(&rd, c->recv)) {
+            body = grpc_byte_buffer_reader_readall(&rd);
+            grpc_byte_buffer_reader_destroy(&rd);
+        }
+    }
+    if (c->method == GW_GRPC_MODEL_STREAM_INFER) {
+        grpc_slice_unref(body);
+        gw_grpc_stream_start(c);
+        return;
+    }
+    if (c->method == GW_GRPC_MODEL_INFER) {
+        if (c->recv == NULL)
+            fail(c, SQ_BAD_REQUEST, "ModelInfer: no request message came");
+        else
+            gw_grpc_model_infer(c, GRPC_SLICE_START_PTR(body), GRPC_SLICE_LENGTH(body));
+        grpc_slice_unref(body);
+        return;
+    }
+    int rc = SQ_BAD_REQUEST;
+    if (c->recv == NULL)
+        snprintf(why, sizeof(why), "%s: no request message came", gw_grpc_method_name(c->method));
+    else
+        rc = gw_grpc_decode((gw_grpc_method_t)c->method, GRPC_SLICE_START_PTR(body),
+                            GRPC_SLICE_LENGTH(body), &req, why, sizeof(why));
+    grpc_slice_unref(body);
+    answer_request(c, &req, rc, why, sizeof(why));
+    gw_grpc_req_dispose(&req);
 }

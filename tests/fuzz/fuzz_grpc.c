@@ -2,7 +2,8 @@
  * (gateway/grpc/grpc_codec.c): protobuf-c's unpacking of each method's
  * request, then squish's own checks of what it asks (the name, a version
  * that must be "" or 1..1000000000, the repository's name), and the
- * method a call's path names. ModelInfer's request goes through its own
+ * method a call's path names; TraceSetting's and LogSettings' settings
+ * into their route's JSON body. ModelInfer's request goes through its own
  * decoder (grpc_infer_codec.c) into /v2's body, which the OIP codec then
  * parses against a fixed model, as squishd does; the answer encoder is
  * given the same bytes as an HTTP answer.
@@ -90,9 +91,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         if (req.version < 0 || req.version > 1000000000 || (req.ready != 0 && req.ready != 1))
             abort();
+        /* Settings: an object a route reads as its body, or none. */
+        if (req.settings != NULL && !json_is_object(req.settings))
+            abort();
+        char *text = req.settings != NULL ? json_dumps(req.settings, JSON_COMPACT) : NULL;
+        if (req.settings != NULL && text == NULL)
+            abort();
+        free(text);
     } else if (rc != SQ_BAD_REQUEST || why[0] == '\0' || memchr(why, '\0', sizeof(why)) == NULL) {
         abort();
     }
+    gw_grpc_req_dispose(&req);
     if (m == GW_GRPC_MODEL_INFER)
         model_infer(msg, len);
     int method = gw_grpc_method_of((const char *)msg, len);

@@ -359,18 +359,6 @@ def repository_index_is_https_rows():
     c.close()
 
 
-def raw_error(c, method, metadata=None):
-    """The status of a call of a method whose messages the proto lacks
-    (an empty request): (code, details)."""
-    rpc = c.channel.unary_unary(SERVICE + method, request_serializer=lambda b: b,
-                                 response_deserializer=lambda b: b)
-    try:
-        rpc(b"", timeout=20, metadata=metadata)
-    except grpc.RpcError as e:
-        return e.code(), e.details()
-    raise AssertionError("%s answered" % method)
-
-
 @test
 def admin_methods_need_the_admin_token():
     s = server()
@@ -381,13 +369,12 @@ def admin_methods_need_the_admin_token():
                             metadata=[("authorization", "Bearer " + "0" * 64)])
     assert code == grpc.StatusCode.UNAUTHENTICATED and "invalid" in details, (code, details)
     assert s.get("/v2/models/inc/ready").status == 200  # nothing was unloaded
-    # With the token: past the check, to a method not built yet.
-    code, details = raw_error(c, "CudaSharedMemoryStatus", [("authorization", "Bearer " + s.token)])
-    assert code == grpc.StatusCode.UNIMPLEMENTED, (code, details)
+    # With the token: past the check.
+    r = c.call("CudaSharedMemoryStatus", metadata=[("authorization", "Bearer " + s.token)])
+    assert len(r.regions) == 0, r
     # A blank before it, as perf_analyzer's -H "authorization: Bearer ..." sends.
-    code, details = raw_error(c, "CudaSharedMemoryStatus",
-                              [("authorization", " Bearer " + s.token)])
-    assert code == grpc.StatusCode.UNIMPLEMENTED, (code, details)
+    r = c.call("CudaSharedMemoryStatus", metadata=[("authorization", " Bearer " + s.token)])
+    assert len(r.regions) == 0, r
     # What HTTP serves without a token, gRPC does too.
     assert c.call("ModelReady", name="inc").ready is True
     c.close()
@@ -441,12 +428,137 @@ def system_shared_memory_is_https_regions():
 
 
 @test
-def methods_not_built_are_unimplemented_naming_those_that_are():
+def cuda_shared_memory_answers_as_https_routes_without_cuda_ipc():
+    """No region is ever registered (squish has no CUDA IPC): the status of
+    every region is empty, one's is NOT_FOUND, a register INVALID_ARGUMENT,
+    each with HTTP's message; an unregister is no error; each needs the
+    admin token, as its route."""
+    s = server()
+    c = client(s)
+    tok = [("authorization", "Bearer " + s.token)]
+    for method in ("CudaSharedMemoryStatus", "CudaSharedMemoryUnregister"):
+        code, _ = c.error(method)
+        assert code == grpc.StatusCode.UNAUTHENTICATED, (method, code)
+    code, _ = c.error("CudaSharedMemoryRegister", name="g0", byte_size=64)
+    assert code == grpc.StatusCode.UNAUTHENTICATED, code
+    assert s.get("/v2/cudasharedmemory/status", headers=admin(s)).json == []
+    assert len(c.call("CudaSharedMemoryStatus", metadata=tok).regions) == 0
+    h = s.get("/v2/cudasharedmemory/region/g0/status", headers=admin(s))
+    code, details = c.error("CudaSharedMemoryStatus", metadata=tok, name="g0")
+    assert h.status == 404 and code == grpc.StatusCode.NOT_FOUND, (h, code)
+    assert details == h.json["error"], (details, h.json)
+    h = s.request("POST", "/v2/cudasharedmemory/region/g0/register", headers=admin(s),
+                  body=json.dumps({"raw_handle": {"b64": "AAAA"}, "device_id": 0,
+                                   "byte_size": 64}))
+    code, details = c.error("CudaSharedMemoryRegister", metadata=tok, name="g0",
+                            raw_handle=b"\0" * 64, byte_size=64)
+    assert h.status == 400 and code == grpc.StatusCode.INVALID_ARGUMENT, (h, code)
+    assert details == h.json["error"] and "systemsharedmemory" in details, (details, h.json)
+    code, details = c.error("CudaSharedMemoryRegister", metadata=tok, name="a/b", byte_size=64)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "region name" in details, details
+    c.call("CudaSharedMemoryUnregister", metadata=tok)
+    c.call("CudaSharedMemoryUnregister", metadata=tok, name="g0")
+    c.close()
+
+
+def trace_map(r):
+    return {k: list(v.value) for k, v in r.settings.items()}
+
+
+def trace_json(h):
+    return {k: v if isinstance(v, list) else [v] for k, v in h.items() if v is not None}
+
+
+@test
+def trace_setting_is_https_settings():
+    """TraceSetting reads and changes the settings /v2[/models/{m}]/trace/setting
+    does (no setting given: a GET), refuses what it refuses with its
+    message, and needs the admin token, as the route."""
+    s = server()
+    c = client(s)
+    tok = [("authorization", "Bearer " + s.token)]
+    code, _ = c.error("TraceSetting")
+    assert code == grpc.StatusCode.UNAUTHENTICATED, code
+    g = M["inference.TraceSettingRequest"]
+    h = s.get("/v2/trace/setting", headers=admin(s)).json
+    assert trace_map(c.call("TraceSetting", metadata=tok)) == trace_json(h), h
+    # A model's own rate, then cleared (a setting without values).
+    req = g(model_name="inc")
+    req.settings["trace_rate"].value.append("7")
+    r = c.call("TraceSetting", req=req, metadata=tok)
+    h = s.get("/v2/models/inc/trace/setting", headers=admin(s)).json
+    assert h["trace_rate"] == "7" and trace_map(r) == trace_json(h), (r, h)
+    req = g(model_name="inc")
+    req.settings["trace_rate"].SetInParent()
+    r = c.call("TraceSetting", req=req, metadata=tok)
+    h = s.get("/v2/models/inc/trace/setting", headers=admin(s)).json
+    assert h["trace_rate"] == s.get("/v2/trace/setting", headers=admin(s)).json["trace_rate"]
+    assert trace_map(r) == trace_json(h), (r, h)
+    # HTTP's refusals, with its messages.
+    req = g()
+    req.settings["trace_rate"].value.append("often")
+    code, details = c.error("TraceSetting", req=req, metadata=tok)
+    hr = s.request("POST", "/v2/trace/setting", headers=admin(s),
+                   body=json.dumps({"trace_rate": "often"}))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and hr.status == 400, (code, hr)
+    assert details == hr.json["error"], (details, hr.json)
+    code, details = c.error("TraceSetting", metadata=tok, model_name="nosuch")
+    assert code == grpc.StatusCode.NOT_FOUND and "no such model" in details, (code, details)
+    assert trace_map(c.call("TraceSetting", metadata=tok)) == \
+        trace_json(s.get("/v2/trace/setting", headers=admin(s)).json)
+    c.close()
+
+
+def log_map(r):
+    return {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in r.settings.items()}
+
+
+@test
+def log_settings_are_https_settings():
+    """LogSettings reads and changes what /v2/logging does, each value of
+    its kind (bool_param, uint32_param, string_param), refuses what it
+    refuses with its message, and needs the admin token, as the route."""
+    s = server()
+    c = client(s)
+    tok = [("authorization", "Bearer " + s.token)]
+    code, _ = c.error("LogSettings")
+    assert code == grpc.StatusCode.UNAUTHENTICATED, code
+    h = s.get("/v2/logging", headers=admin(s)).json
+    r = c.call("LogSettings", metadata=tok)
+    assert log_map(r) == h, (log_map(r), h)
+    assert r.settings["log_info"].WhichOneof("parameter_choice") == "bool_param"
+    assert r.settings["log_verbose_level"].WhichOneof("parameter_choice") == "uint32_param"
+    assert r.settings["log_format"].WhichOneof("parameter_choice") == "string_param"
+    req = M["inference.LogSettingsRequest"]()
+    req.settings["log_format"].string_param = "ISO8601"
+    req.settings["log_warning"].bool_param = True
+    r = c.call("LogSettings", req=req, metadata=tok)
+    h = s.get("/v2/logging", headers=admin(s)).json
+    assert h["log_format"] == "ISO8601" and log_map(r) == h, (log_map(r), h)
+    req = M["inference.LogSettingsRequest"]()
+    req.settings["log_format"].string_param = h0_format = "default"
+    c.call("LogSettings", req=req, metadata=tok)
+    assert s.get("/v2/logging", headers=admin(s)).json["log_format"] == h0_format
+    # HTTP's refusals, with its messages; a refused change changes nothing.
+    req = M["inference.LogSettingsRequest"]()
+    req.settings["log_file"].string_param = "/tmp/x.log"
+    req.settings["log_info"].bool_param = False
+    code, details = c.error("LogSettings", req=req, metadata=tok)
+    hr = s.request("POST", "/v2/logging", headers=admin(s),
+                   body=json.dumps({"log_file": "/tmp/x.log"}))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and hr.status == 400, (code, hr)
+    assert details == hr.json["error"], (details, hr.json)
+    assert s.get("/v2/logging", headers=admin(s)).json["log_info"] is True
+    req = M["inference.LogSettingsRequest"]()
+    req.settings["log_info"].uint32_param = 1
+    code, details = c.error("LogSettings", req=req, metadata=tok)
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "log_info" in details, (code, details)
+    c.close()
+
+
+@test
+def unknown_methods_are_unimplemented_naming_those_served():
     c = client()
-    code, details = raw_error(c, "CudaSharedMemoryStatus",
-                              [("authorization", "Bearer " + server().token)])
-    assert code == grpc.StatusCode.UNIMPLEMENTED, (code, details)
-    assert "CudaSharedMemoryStatus" in details and "RepositoryModelLoad" in details, details
     rpc = c.channel.unary_unary(SERVICE + "NoSuchMethod", request_serializer=lambda b: b,
                                  response_deserializer=lambda b: b)
     try:
@@ -454,6 +566,7 @@ def methods_not_built_are_unimplemented_naming_those_that_are():
         raise AssertionError("an unknown method was answered")
     except grpc.RpcError as e:
         assert e.code() == grpc.StatusCode.UNIMPLEMENTED and "NoSuchMethod" in e.details(), e
+        assert "LogSettings" in e.details() and "CudaSharedMemory{" in e.details(), e
     c.close()
 
 

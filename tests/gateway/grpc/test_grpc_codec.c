@@ -35,6 +35,10 @@ Test(grpc_codec, a_path_names_its_method_of_this_service_only)
     cr_assert_str_eq(gw_grpc_method_name(GW_GRPC_MODEL_CONFIG), "ModelConfig");
     cr_assert(gw_grpc_method_admin(GW_GRPC_SHM_REGISTER), "shared memory needs the token");
     cr_assert_not(gw_grpc_method_admin(GW_GRPC_MODEL_READY));
+    /* As their routes: GET /v2/trace/setting and /v2/logging need it too. */
+    cr_assert(gw_grpc_method_admin(GW_GRPC_TRACE_SETTING));
+    cr_assert(gw_grpc_method_admin(GW_GRPC_LOG_SETTINGS));
+    cr_assert(gw_grpc_method_admin(GW_GRPC_CUDA_SHM_STATUS));
 }
 
 static size_t pack_ready(const char *name, const char *version, uint8_t *buf)
@@ -142,13 +146,13 @@ Test(grpc_codec, the_repository_index_is_squishs_one_repository)
     cr_assert_not_null(strstr(why, "leave it empty"), "%s", why);
 }
 
-Test(grpc_codec, a_method_not_served_yet_is_refused_by_name)
+Test(grpc_codec, a_method_of_another_decoder_is_refused_by_name)
 {
     gw_grpc_req_t q;
     char why[256];
-    cr_assert_eq(gw_grpc_decode(GW_GRPC_CUDA_SHM_STATUS, NULL, 0, &q, why, sizeof(why)),
+    cr_assert_eq(gw_grpc_decode(GW_GRPC_MODEL_STREAM_INFER, NULL, 0, &q, why, sizeof(why)),
                  SQ_BAD_REQUEST);
-    cr_assert_not_null(strstr(why, "CudaSharedMemoryStatus"), "%s", why);
+    cr_assert_not_null(strstr(why, "ModelStreamInfer"), "%s", why);
 }
 
 Test(grpc_codec, model_control_reads_the_model_and_unload_dependents)
@@ -661,4 +665,123 @@ Test(grpc_codec, a_stream_answer_wraps_the_response_or_carries_the_error)
     cr_assert_null(r->infer_response);
     inference__model_stream_infer_response__free_unpacked(r, NULL);
     free(msg);
+}
+
+Test(grpc_codec, trace_settings_become_their_routes_body)
+{
+    uint8_t buf[1024];
+    gw_grpc_req_t q;
+    char why[256];
+    Inference__TraceSettingRequest r = INFERENCE__TRACE_SETTING_REQUEST__INIT;
+    r.model_name = (char *)"inc";
+    /* No setting: a GET (no body). */
+    size_t n = inference__trace_setting_request__pack(&r, buf);
+    cr_assert_eq(gw_grpc_decode(GW_GRPC_TRACE_SETTING, buf, n, &q, why, sizeof(why)), 0, "%s", why);
+    cr_assert_str_eq(q.name, "inc");
+    cr_assert_null(q.settings);
+    gw_grpc_req_dispose(&q);
+    Inference__TraceSettingRequest__SettingValue level =
+        INFERENCE__TRACE_SETTING_REQUEST__SETTING_VALUE__INIT;
+    Inference__TraceSettingRequest__SettingValue rate =
+        INFERENCE__TRACE_SETTING_REQUEST__SETTING_VALUE__INIT;
+    Inference__TraceSettingRequest__SettingValue cleared =
+        INFERENCE__TRACE_SETTING_REQUEST__SETTING_VALUE__INIT;
+    char *levels[] = {(char *)"TIMESTAMPS"}, *rates[] = {(char *)"100"};
+    level.n_value = 1;
+    level.value = levels;
+    rate.n_value = 1;
+    rate.value = rates;
+    Inference__TraceSettingRequest__SettingsEntry e[3];
+    Inference__TraceSettingRequest__SettingsEntry *ep[3] = {&e[0], &e[1], &e[2]};
+    const char *keys[] = {"trace_level", "trace_rate", "trace_count"};
+    Inference__TraceSettingRequest__SettingValue *vals[] = {&level, &rate, &cleared};
+    for (int i = 0; i < 3; i++) {
+        inference__trace_setting_request__settings_entry__init(&e[i]);
+        e[i].key = (char *)keys[i];
+        e[i].value = vals[i];
+    }
+    r.n_settings = 3;
+    r.settings = ep;
+    r.model_name = (char *)"";
+    n = inference__trace_setting_request__pack(&r, buf);
+    cr_assert_eq(gw_grpc_decode(GW_GRPC_TRACE_SETTING, buf, n, &q, why, sizeof(why)), 0, "%s", why);
+    cr_assert_str_eq(q.name, "", "no model: the global settings");
+    char *text = json_dumps(q.settings, JSON_COMPACT | JSON_SORT_KEYS);
+    cr_assert_str_eq(text, "{\"trace_count\":null,\"trace_level\":[\"TIMESTAMPS\"],"
+                           "\"trace_rate\":\"100\"}");
+    free(text);
+    gw_grpc_req_dispose(&q);
+    gw_grpc_req_dispose(&q); /* twice is harmless */
+    /* A value that is no UTF-8 is refused, as a JSON body could not hold it. */
+    rates[0] = (char *)"\xff";
+    n = inference__trace_setting_request__pack(&r, buf);
+    cr_assert_eq(gw_grpc_decode(GW_GRPC_TRACE_SETTING, buf, n, &q, why, sizeof(why)),
+                 SQ_BAD_REQUEST);
+    cr_assert_not_null(strstr(why, "UTF-8"), "%s", why);
+    gw_grpc_req_dispose(&q);
+}
+
+Test(grpc_codec, log_settings_become_their_routes_body_by_kind)
+{
+    uint8_t buf[1024];
+    gw_grpc_req_t q;
+    char why[256];
+    Inference__LogSettingsRequest r = INFERENCE__LOG_SETTINGS_REQUEST__INIT;
+    Inference__LogSettingsRequest__SettingValue v[4];
+    Inference__LogSettingsRequest__SettingsEntry e[4];
+    Inference__LogSettingsRequest__SettingsEntry *ep[4];
+    const char *keys[] = {"log_info", "log_verbose_level", "log_format", "log_error"};
+    for (int i = 0; i < 4; i++) {
+        inference__log_settings_request__setting_value__init(&v[i]);
+        inference__log_settings_request__settings_entry__init(&e[i]);
+        e[i].key = (char *)keys[i];
+        e[i].value = &v[i];
+        ep[i] = &e[i];
+    }
+    v[0].parameter_choice_case =
+        INFERENCE__LOG_SETTINGS_REQUEST__SETTING_VALUE__PARAMETER_CHOICE_BOOL_PARAM;
+    v[0].bool_param = 1;
+    v[1].parameter_choice_case =
+        INFERENCE__LOG_SETTINGS_REQUEST__SETTING_VALUE__PARAMETER_CHOICE_UINT32_PARAM;
+    v[1].uint32_param = 4000000000u;
+    v[2].parameter_choice_case =
+        INFERENCE__LOG_SETTINGS_REQUEST__SETTING_VALUE__PARAMETER_CHOICE_STRING_PARAM;
+    v[2].string_param = (char *)"ISO8601";
+    /* v[3]: no value, left as it is (null) */
+    r.n_settings = 4;
+    r.settings = ep;
+    size_t n = inference__log_settings_request__pack(&r, buf);
+    cr_assert_eq(gw_grpc_decode(GW_GRPC_LOG_SETTINGS, buf, n, &q, why, sizeof(why)), 0, "%s", why);
+    char *text = json_dumps(q.settings, JSON_COMPACT | JSON_SORT_KEYS);
+    cr_assert_str_eq(text, "{\"log_error\":null,\"log_format\":\"ISO8601\",\"log_info\":true,"
+                           "\"log_verbose_level\":4000000000}");
+    free(text);
+    gw_grpc_req_dispose(&q);
+    r.n_settings = 0;
+    n = inference__log_settings_request__pack(&r, buf);
+    cr_assert_eq(gw_grpc_decode(GW_GRPC_LOG_SETTINGS, buf, n, &q, why, sizeof(why)), 0);
+    cr_assert_null(q.settings, "no setting: a GET");
+}
+
+Test(grpc_codec, cuda_shared_memory_requests_read_their_region)
+{
+    uint8_t buf[256];
+    gw_grpc_req_t q;
+    char why[256];
+    Inference__CudaSharedMemoryRegisterRequest r =
+        INFERENCE__CUDA_SHARED_MEMORY_REGISTER_REQUEST__INIT;
+    r.name = (char *)"g0";
+    r.byte_size = 64;
+    size_t n = inference__cuda_shared_memory_register_request__pack(&r, buf);
+    cr_assert_eq(gw_grpc_decode(GW_GRPC_CUDA_SHM_REGISTER, buf, n, &q, why, sizeof(why)), 0, "%s",
+                 why);
+    cr_assert_str_eq(q.name, "g0");
+    r.name = (char *)"";
+    n = inference__cuda_shared_memory_register_request__pack(&r, buf);
+    cr_assert_eq(gw_grpc_decode(GW_GRPC_CUDA_SHM_REGISTER, buf, n, &q, why, sizeof(why)),
+                 SQ_BAD_REQUEST, "a register names its region");
+    Inference__CudaSharedMemoryStatusRequest s = INFERENCE__CUDA_SHARED_MEMORY_STATUS_REQUEST__INIT;
+    n = inference__cuda_shared_memory_status_request__pack(&s, buf);
+    cr_assert_eq(gw_grpc_decode(GW_GRPC_CUDA_SHM_STATUS, buf, n, &q, why, sizeof(why)), 0);
+    cr_assert_str_eq(q.name, "", "no name: every region");
 }
