@@ -77,7 +77,8 @@ static void cpu_release(wk_plan_t *plan)
         free(be->bufs[i].own_data);
     free(be->bufs);
     for (int i = 0; be->steps != NULL && i < plan->graph->n_steps; i++)
-        free(be->steps[i].wei_alt), free(be->steps[i].wino_at), free(be->steps[i].dw_alt);
+        free(be->steps[i].wei_alt), free(be->steps[i].wino_at), free(be->steps[i].dw_alt),
+            free(be->steps[i].cat_tmp);
     free(be->steps);
     free(be->lists);
     free(be->mems);

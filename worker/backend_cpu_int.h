@@ -81,6 +81,8 @@ typedef struct {
      * place, but the kernel is made for this layout, not the buffer's: one
      * made for the buffer's can be oneDNN's reference code. */
     dnnl_memory_desc_t src_md;
+    int *cat_tmp; /* concat: [n_in], each input's copy in the concat's layout, or -1;
+                     NULL when the inputs are read as they are */
 } cpu_step_t;
 
 typedef struct {

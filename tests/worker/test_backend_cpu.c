@@ -171,6 +171,21 @@ static int squeeze_excite(net_t *t, int x, int64_t mid, wk_act_t gate)
     return mul(t, x, s);
 }
 
+/* a and b concatenated along the channels (of the same map size). */
+static int concat(net_t *t, int a, int b)
+{
+    int64_t hw = t->hw[a] * t->hw[a], ca = t->c[a], cb = t->c[b];
+    int y = value(t, ca + cb, t->hw[a]);
+    wk_graph_step(t->g, WK_K_CONCAT, (int[]){a, b}, 2, y)->p.axis = 1;
+    for (int64_t n = 0; n < N; n++) {
+        memcpy(t->ref[y] + n * (ca + cb) * hw, t->ref[a] + n * ca * hw,
+               (size_t)(ca * hw) * sizeof(float));
+        memcpy(t->ref[y] + (n * (ca + cb) + ca) * hw, t->ref[b] + n * cb * hw,
+               (size_t)(cb * hw) * sizeof(float));
+    }
+    return y;
+}
+
 static const wk_act_t hardsigmoid = {WK_ACT_HARDSIGMOID, 1.0f / 6.0f, 0.5f};
 static const wk_act_t sigmoid = {.kind = WK_ACT_SIGMOID};
 
@@ -603,6 +618,25 @@ Test(backend_cpu, a_batchnorm_on_a_convs_channel_blocks_runs_no_reference_kernel
     free(shift);
     wk_plan_t *p = plan_and_check(&t, x, y);
     cr_assert_eq(count_steps(p, WK_K_BATCHNORM), 1, "the BatchNorm stays a step of its own");
+    const cpu_be_t *be = p->be;
+    cr_expect_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
+                 be->n_ref_kernels);
+    wk_plan_free(p);
+}
+
+/* A concat of inputs in different layouts (the net's input in plain order
+ * and a conv's output in the conv's channel blocks or channels last, as
+ * densenet121's blocks concatenated a pool's plain output with its convs'
+ * outputs) reads them in one layout: oneDNN 2.6 runs its reference concat,
+ * element by element, on mixed ones. */
+Test(backend_cpu, a_concat_of_inputs_in_different_layouts_runs_no_reference_kernel)
+{
+    net_t t = {.g = wk_graph_new(N)};
+    int x = input(&t, 16, 14);
+    int c = conv(&t, x, 32, 3, 1);
+    int y = conv(&t, concat(&t, x, c), 32, 1, 1);
+    wk_plan_t *p = plan_and_check(&t, x, y);
+    cr_assert_eq(count_steps(p, WK_K_CONCAT), 1);
     const cpu_be_t *be = p->be;
     cr_expect_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
                  be->n_ref_kernels);
