@@ -1116,6 +1116,42 @@ def served_squishd_stops_cleanly():
         s.cleanup()
 
 
+# ---- pipelines ----
+
+@test
+def a_pipeline_is_a_models_name_for_its_facts_but_infers_over_http_only():
+    """A pipeline is addressed as a model: its metadata, readiness and
+    config over gRPC are HTTP's; ModelInfer with its name is refused
+    UNIMPLEMENTED naming the HTTP route that infers it (pipelines run over
+    HTTP only), and runs nothing."""
+    s = server()
+    c = client(s)
+    det = {"name": "gdet", "profile": {"alpha_ms": 1, "beta_ms": 2}, "max_batch": 8,
+           "input": {"shape": [3, 32, 32]}, "detections": {"mean": 2, "slots": 16}}
+    r = s.request("POST", "/models", body=json.dumps(det), headers=admin(s))
+    assert r.status in (201, 202), r
+    crops = {"stage": "det", "boxes": "boxes", "scores": "scores", "format": "xyxy",
+             "normalized": True, "score_threshold": 0.5, "nms_iou": 0.5, "max_crops": 16}
+    spec = {"name": "gpipe", "slo_ms": 2000,
+            "stages": [{"id": "det", "model": "gdet"},
+                       {"id": "cls", "model": "inc", "crops_of": crops, "top_k": 3}]}
+    r = s.request("POST", "/pipelines", body=json.dumps(spec), headers=admin(s))
+    assert r.status == 201, r
+    eventually(lambda: s.get("/v2/models/gpipe/ready").status == 200, 30, "gpipe ready")
+    assert c.call("ModelReady", name="gpipe").ready is True
+    h = s.get("/v2/models/gpipe").json
+    m = c.call("ModelMetadata", name="gpipe")
+    assert m.name == "gpipe" and list(m.versions) == h["versions"], (m, h)
+    assert [(t.name, t.datatype) for t in m.inputs] == \
+        [(t["name"], t["datatype"]) for t in h["inputs"]], (m, h)
+    assert c.call("ModelConfig", name="gpipe").config.name == "gpipe"
+    ins = [infer_input(h["inputs"][0]["name"], [1], "BYTES", bytes_contents=[b"\xff\xd8"])]
+    code, details = infer_error(c, "gpipe", ins)
+    assert code == grpc.StatusCode.UNIMPLEMENTED, (code, details)
+    assert "POST /v2/models/gpipe/infer" in details, details
+    c.close()
+
+
 # ---- on a frontend ----
 
 def grpc_port_of(s):
