@@ -1213,6 +1213,17 @@ def a_frontend_answers_every_method_as_its_http_routes():
         got, want = infer(c, "inc", ins, raw=[f32(x)]), infer(dc, "inc", ins, raw=[f32(x)])
         assert got.model_name == "inc" and list(got.outputs[0].shape) == [2, 5], got
         assert got.raw_output_contents == want.raw_output_contents, (got, want)
+        # And on a stream, the same answer.
+        req = M["inference.ModelInferRequest"](model_name="inc", id="fs")
+        req.inputs.extend(ins)
+        req.raw_input_contents.append(f32(x))
+        rpc = c.channel.stream_stream(SERVICE + "ModelStreamInfer",
+                                       request_serializer=type(req).SerializeToString,
+                                       response_deserializer=M["inference.ModelStreamInferResponse"]
+                                       .FromString)
+        answers = list(rpc(iter([req]), timeout=20))
+        assert len(answers) == 1 and not answers[0].error_message, answers
+        assert answers[0].infer_response.raw_output_contents == want.raw_output_contents
         # Statistics count it (the frontend reports to the dispatcher every 2 s).
         st = lambda: stats_rows(c.call("ModelStatistics", name="inc"))
         eventually(lambda: st()[0]["inference_count"] >= 2, 10, "the frontend's count")
