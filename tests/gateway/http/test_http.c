@@ -567,3 +567,26 @@ Test(http, only_a_frontend_forwards_and_stopping_is_the_servers_flag)
     atomic_store(ctx.http_port, 8000);
     cr_assert_eq(atomic_load(&srv.http_port), 8000, "the bound port is published to the server");
 }
+
+static void forward_fn(gw_call_t *call)
+{
+    (void)call;
+}
+
+Test(http, a_frontend_forwards_what_its_route_table_sends_to_the_dispatcher)
+{
+    static const gw_route_t table[] = {
+        {"GET", "/v2/models/*/ready", "ready", route_fn, GW_ON_FRONTEND},
+        {"GET", "/v2/models/*", "model", route_fn, GW_TO_DISPATCHER},
+        {"POST", "/v2/repository/models/*/load", "load", route_fn, GW_TO_DISPATCHER},
+    };
+    gw_http_app_t a = {.routes = table, .nroutes = 3, .forward = forward_fn};
+    cr_assert(gw_http_forwarded(&a, "GET", "/v2/models/m"));
+    cr_assert(gw_http_forwarded(&a, "GET", "/v2/models/m/"), "a trailing slash is no matter");
+    cr_assert(gw_http_forwarded(&a, "POST", "/v2/repository/models/m/load"));
+    cr_assert_not(gw_http_forwarded(&a, "GET", "/v2/models/m/ready"), "served by the frontend");
+    cr_assert_not(gw_http_forwarded(&a, "POST", "/v2/models/m"), "no route for that method");
+    cr_assert_not(gw_http_forwarded(&a, "GET", "/v3"), "no route at all");
+    a.forward = NULL; /* not a frontend's app */
+    cr_assert_not(gw_http_forwarded(&a, "GET", "/v2/models/m"));
+}
