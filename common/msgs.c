@@ -38,6 +38,7 @@ void sq_model_load_encode(sq_buf_t *b, const sq_model_load_t *m)
         sq_buf_put_str(b, m->members[i].sha256);
         sq_buf_put_str(b, m->members[i].cut);
     }
+    sq_buf_put_u32(b, m->ready_batch);
 }
 
 int sq_model_load_decode(const sq_frame_t *f, sq_model_load_t *m)
@@ -76,6 +77,9 @@ int sq_model_load_decode(const sq_frame_t *f, sq_model_load_t *m)
         sq_get_str(&r, m->members[i].sha256, sizeof(m->members[i].sha256));
         sq_get_str(&r, m->members[i].cut, sizeof(m->members[i].cut));
     }
+    m->ready_batch = sq_get_u32(&r);
+    if (m->ready_batch > m->max_batch)
+        return SQ_PROTOCOL;
     return finish(&r, f, SQ_MSG_MODEL_LOAD);
 }
 

@@ -23,7 +23,7 @@
 #include <sys/uio.h>
 
 #define SQ_IPC_MAGIC 0x48535153u /* "SQSH" */
-#define SQ_IPC_VERSION 8
+#define SQ_IPC_VERSION 9
 #define SQ_IPC_HEADER_SIZE 16
 #define SQ_IPC_MAX_PAYLOAD (16u << 20)
 #define SQ_IPC_MAX_FDS 4
@@ -250,6 +250,11 @@ typedef struct {
     uint8_t cache_only;
     uint32_t n_members; /* GROUP */
     sq_group_member_t members[SQ_MAX_GROUP_MEMBERS];
+    /* The largest batch of the model's profile on the worker's kind (0:
+     * not profiled there yet, <= max_batch): a cpu worker makes the
+     * kernels of batch sizes up to it at load, and any other size's at
+     * its first run. Protocol 9. */
+    uint32_t ready_batch;
 } sq_model_load_t;
 
 /* MODEL_LOADED: worker -> squishd. */

@@ -81,6 +81,7 @@ static void cpu_release(wk_plan_t *plan)
             free(be->steps[i].cat_tmp);
     free(be->steps);
     free(be->lists);
+    free(be->ready);
     free(be->mems);
     free(be->out_user);
     free(be->out_reorder);
@@ -109,7 +110,7 @@ static void release_unused_constants(wk_plan_t *plan)
             be->steps[si].bias >= 0)
             c_src[be->steps[si].bias] = true;
     for (int b = 0; b < be->n_bufs; b++) {
-        bool has_mem = c_src[b];
+        bool has_mem = c_src[b] || be->bufs[b].lazy_ref;
         for (int k = 0; k <= mb && !has_mem; k++)
             has_mem = be->mems[(size_t)b * (size_t)(mb + 1) + (size_t)k] != NULL;
         if (!has_mem)
@@ -135,6 +136,92 @@ static void release_unused_constants(wk_plan_t *plan)
     }
     free(c_src);
     free(used);
+}
+
+/* Batch size b's kernels and memory objects, in step order, then the
+ * reorders of its outputs into the caller's buffers; a dry pass (be->dry)
+ * only sizes the scratchpad for them. */
+static int make_size(wk_plan_t *plan, int b)
+{
+    cpu_be_t *be = plan->be;
+    const wk_graph_t *g = plan->graph;
+    int rc = 0, mb = g->max_batch;
+    dnnl_primitive_desc_t pd = NULL;
+    for (int si = 0; si < g->n_steps; si++)
+        if ((rc = do_step(plan, si, b)) != 0)
+            return rc;
+    for (int o = 0; o < g->n_outputs; o++) {
+        const wk_value_t *v = &g->values[g->outputs[o]];
+        int64_t dims[WK_MAX_DIMS];
+        wk_value_dims_at(v, b, dims);
+        int out_buf = wk__cpu_vbuf(g->outputs[o]);
+        dnnl_memory_desc_t umd, smd = wk__cpu_md_at(&be->bufs[out_buf], b);
+        wk__cpu_plain_md(&umd, v->ndim, dims);
+        size_t k = (size_t)o * (size_t)(mb + 1) + (size_t)b;
+        DN(dnnl_reorder_primitive_desc_create(&pd, &smd, be->engine, &umd, be->engine,
+                                              be->sp_attr));
+        dnnl_status_t st = dnnl_success;
+        if (be->dry) {
+            const dnnl_memory_desc_t *sp =
+                dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+            size_t bytes = sp != NULL ? dnnl_memory_desc_get_size(sp) : 0;
+            if (bytes > be->scratch_bytes)
+                be->scratch_bytes = bytes;
+        } else {
+            st = dnnl_memory_create(&be->out_user[k], &umd, be->engine, DNNL_MEMORY_NONE);
+            if (st == dnnl_success)
+                st = dnnl_primitive_create(&be->out_reorder[k], pd);
+            if (st == dnnl_success)
+                st = wk__cpu_scratch_of(be, pd, &be->out_scratch[k]);
+        }
+        dnnl_primitive_desc_destroy(pd);
+        pd = NULL;
+        DN(st);
+        if (!be->dry && wk__cpu_mem_of(plan, out_buf, b) == NULL) {
+            rc = wk_fail(plan, SQ_NOMEM, "output memory object");
+            goto out;
+        }
+    }
+out:
+    if (pd != NULL)
+        dnnl_primitive_desc_destroy(pd);
+    return rc;
+}
+
+/* Makes batch size b's kernels at its first run (late: the scratchpad and
+ * the arena are the plan's already). A size that fails keeps no items. */
+static int ready_size(wk_plan_t *plan, int b)
+{
+    cpu_be_t *be = plan->be;
+    if (be->ready[b])
+        return 0;
+    int64_t t0 = sq_now_ns();
+    be->late = true;
+    int rc = make_size(plan, b);
+    be->late = false;
+    if (rc != 0) {
+        cpu_list_t *l = &be->lists[b];
+        for (int i = 0; i < l->n; i++) {
+            if (l->items[i].prim)
+                dnnl_primitive_destroy(l->items[i].prim);
+            free(l->items[i].args);
+        }
+        l->n = 0;
+        return rc;
+    }
+    be->ready[b] = true;
+    SQ_DEBUG("cpu plan: batch size %d made at its first run in %.1f ms", b,
+             (double)(sq_now_ns() - t0) / 1e6);
+    return 0;
+}
+
+static int cpu_sizes_ready(const wk_plan_t *plan)
+{
+    const cpu_be_t *be = plan->be;
+    int n = 0;
+    for (int b = 1; be->ready != NULL && b <= plan->graph->max_batch; b++)
+        n += be->ready[b];
+    return n;
 }
 
 static int cpu_prepare(wk_plan_t *plan)
@@ -224,32 +311,16 @@ static int cpu_prepare(wk_plan_t *plan)
     be->out_user = sq_xcalloc((size_t)g->n_outputs * (size_t)(mb + 1), sizeof(dnnl_memory_t));
     be->out_reorder = sq_xcalloc((size_t)g->n_outputs * (size_t)(mb + 1), sizeof(dnnl_primitive_t));
     be->out_scratch = sq_xcalloc((size_t)g->n_outputs * (size_t)(mb + 1), sizeof(dnnl_memory_t));
-    for (int b = plan->min_batch > 1 ? plan->min_batch : 1; b <= mb; b++) {
-        for (int si = 0; si < g->n_steps; si++)
-            if ((rc = do_step(plan, si, b)) != 0)
-                goto out;
-        for (int o = 0; o < g->n_outputs; o++) {
-            const wk_value_t *v = &g->values[g->outputs[o]];
-            int64_t dims[WK_MAX_DIMS];
-            wk_value_dims_at(v, b, dims);
-            dnnl_memory_desc_t umd, smd = wk__cpu_md_at(&be->bufs[wk__cpu_vbuf(g->outputs[o])], b);
-            wk__cpu_plain_md(&umd, v->ndim, dims);
-            size_t k = (size_t)o * (size_t)(mb + 1) + (size_t)b;
-            dnnl_primitive_desc_t pd;
-            DN(dnnl_memory_create(&be->out_user[k], &umd, be->engine, DNNL_MEMORY_NONE));
-            DN(dnnl_reorder_primitive_desc_create(&pd, &smd, be->engine, &umd, be->engine,
-                                                  be->sp_attr));
-            dnnl_status_t st = dnnl_primitive_create(&be->out_reorder[k], pd);
-            if (st == dnnl_success)
-                st = wk__cpu_scratch_of(be, pd, &be->out_scratch[k]);
-            dnnl_primitive_desc_destroy(pd);
-            DN(st);
-            if (wk__cpu_mem_of(plan, wk__cpu_vbuf(g->outputs[o]), b) == NULL) {
-                rc = wk_fail(plan, SQ_NOMEM, "output memory object");
-                goto out;
-            }
-        }
+    be->ready = sq_xcalloc((size_t)mb + 1, sizeof(bool));
+    int first = plan->min_batch > 1 ? plan->min_batch : 1;
+    int upto = plan->opts.ready_batch > 0 ? plan->opts.ready_batch : mb;
+    for (int b = first; b <= mb; b++) {
+        be->dry = b > first && b > upto;
+        if ((rc = make_size(plan, b)) != 0)
+            goto out;
+        be->ready[b] = !be->dry;
     }
+    be->dry = false;
     if (be->scratch_bytes > 0) {
         be->scratch_bytes = (be->scratch_bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
         if ((be->scratch = wk__region_alloc(be->scratch_bytes)) == NULL) {
@@ -388,6 +459,8 @@ static int cpu_run(wk_plan_t *plan, int batch, float *const *outputs)
     int rc = 0, mb = g->max_batch;
     if (plan->opts.threads > 0)
         omp_set_num_threads(plan->opts.threads);
+    if ((rc = ready_size(plan, batch)) != 0)
+        return rc;
     cpu_list_t *l = &be->lists[batch];
     if (batch > be->ran_batch)
         be->ran_batch = batch;
@@ -435,6 +508,8 @@ static int cpu_bind_input(wk_plan_t *plan, int index, int batch, const float *pt
 {
     cpu_be_t *be = plan->be;
     int mb = plan->graph->max_batch, rc = 0;
+    if ((rc = ready_size(plan, batch)) != 0)
+        return rc;
     const cpu_list_t *l = &be->lists[batch];
     for (int i = 0; i < l->n; i++)
         if (l->items[i].prim == NULL)
@@ -545,6 +620,7 @@ const wk_backend_ops_t wk_backend_cpu = {
     .bind_input = cpu_bind_input,
     .split_batch = wk__cpu_split_batch,
     .conv_dw = wk__cpu_conv_dw,
+    .sizes_ready = cpu_sizes_ready,
     .arena_need = cpu_arena_need,
     .arena_use = cpu_arena_use,
     .resident = cpu_resident,

@@ -127,7 +127,12 @@ dnnl_status_t wk__cpu_scratch_of(cpu_be_t *be, const_dnnl_primitive_desc_t pd, d
     size_t bytes = md != NULL ? dnnl_memory_desc_get_size(md) : 0;
     if (bytes == 0)
         return dnnl_success;
+    /* A size made at its first run fits the scratchpad its dry pass sized. */
+    if (be->late && bytes > be->scratch_bytes)
+        return dnnl_out_of_memory;
     dnnl_status_t st = dnnl_memory_create(out, md, be->engine, DNNL_MEMORY_NONE);
+    if (st == dnnl_success && be->late)
+        st = dnnl_memory_set_data_handle_v2(*out, be->scratch, be->stream);
     if (st != dnnl_success)
         return st;
     if (be->n_scratch == be->cap_scratch) {
@@ -136,9 +141,22 @@ dnnl_status_t wk__cpu_scratch_of(cpu_be_t *be, const_dnnl_primitive_desc_t pd, d
             sq_xrealloc(be->scratch_mems, (size_t)be->cap_scratch * sizeof(*be->scratch_mems));
     }
     be->scratch_mems[be->n_scratch++] = *out;
-    if (bytes > be->scratch_bytes)
+    if (bytes > be->scratch_bytes && !be->late)
         be->scratch_bytes = bytes;
     return dnnl_success;
+}
+
+/* A dry pass (a size whose kernels are made at its first run): the
+ * scratchpad grows to what pd's primitive will want, and the constants it
+ * reads stay (release_unused_constants). */
+static void dry_emit(cpu_be_t *be, const_dnnl_primitive_desc_t pd, const int *arg_bufs, int n_args)
+{
+    const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    size_t bytes = md != NULL ? dnnl_memory_desc_get_size(md) : 0;
+    if (bytes > be->scratch_bytes)
+        be->scratch_bytes = bytes;
+    for (int i = 0; i < n_args; i++)
+        be->bufs[arg_bufs[i]].lazy_ref = true;
 }
 
 /* Creates the primitive of pd and queues it with args at batch (phase 2);
@@ -152,12 +170,16 @@ int wk__cpu_emit(wk_plan_t *plan, dnnl_primitive_desc_t pd, int batch, int step,
         cpu_item_t it = {.step = step};
         dnnl_memory_t sp = NULL;
         const char *impl = NULL;
-        if (batch == plan->graph->max_batch &&
+        if (batch == plan->graph->max_batch && !be->late &&
             dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
             impl != NULL && strncmp(impl, "ref", 3) == 0) {
             be->n_ref_kernels++;
             SQ_WARN("cpu plan: step %d (%s) runs oneDNN's reference kernel %s", step,
                     wk_kernel_names[plan->graph->steps[step].kind], impl);
+        }
+        if (be->dry) {
+            dry_emit(be, pd, arg_bufs, n_args);
+            goto out;
         }
         DN(dnnl_primitive_create(&it.prim, pd));
         if (wk__cpu_scratch_of(be, pd, &sp) != dnnl_success) {
@@ -196,7 +218,7 @@ int wk__cpu_emit_reorder(wk_plan_t *plan, int batch, int step, int src, int dst)
                        dmd = wk__cpu_md_at(&be->bufs[dst], batch);
     dnnl_primitive_desc_t pd;
     DN(dnnl_reorder_primitive_desc_create(&pd, &smd, be->engine, &dmd, be->engine, be->sp_attr));
-    if (batch == plan->graph->max_batch)
+    if (batch == plan->graph->max_batch && !be->late)
         be->n_reorders++;
     rc = wk__cpu_emit(plan, pd, batch, step, (int[]){DNNL_ARG_FROM, DNNL_ARG_TO}, (int[]){src, dst},
                       2);

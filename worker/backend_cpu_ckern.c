@@ -29,6 +29,8 @@ int wk__cpu_build_c_kernel(wk_plan_t *plan, int si, int batch)
     }
     if (cs->tmp_src >= 0 && wk__cpu_as_layout(plan, si, batch, s->in[0], NULL, &cs->tmp_src) < 0)
         return SQ_UNSUPPORTED_MODEL;
+    if (be->dry)
+        return 0;
     cpu_item_t it = {.prim = NULL, .step = si};
     wk__cpu_push_item(be, batch, &it);
     return 0;

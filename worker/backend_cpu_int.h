@@ -32,6 +32,7 @@ typedef struct {
     int64_t batch_mult; /* batched: dims[0] is batch * batch_mult */
     int alias;          /* a view of that buffer's bytes (another rank), or -1 */
     size_t offset;      /* in the arena */
+    bool lazy_ref;      /* a constant read by a batch size made at its first run */
 } cpu_buf_t;
 
 typedef struct {
@@ -111,6 +112,11 @@ typedef struct {
     bool shared;
     int ran_batch; /* the largest batch run so far (cpu_resident) */
     int phase;
+    /* Phase 2 makes the kernels of batch sizes 1..opts.ready_batch; for
+     * the others it only sizes the scratchpad (dry), and a size's kernels
+     * are made at its first run (late). ready[b]: size b's are made. */
+    bool dry, late;
+    bool *ready;
     /* At max batch: the kernels that are oneDNN's reference code (slow by
      * orders of magnitude; each is logged), and the reorders of
      * activations between steps (inputs' and outputs' included). */

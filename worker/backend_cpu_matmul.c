@@ -34,8 +34,13 @@ int wk__cpu_build_gemm(wk_plan_t *plan, int si, int batch)
     if (av->ndim != 2 || bv->ndim != 2 || y->ndim != 2)
         return wk_fail(plan, SQ_UNSUPPORTED_MODEL, "gemm step %d: operands must be 2-D", si);
     int64_t M = y->dims[0], N = y->dims[1], K = ta ? av->dims[0] : av->dims[1];
-    bool c_const = cv == NULL || cv->data != NULL;
-    bool scale_out = alpha != 1.0f && bv->data == NULL;
+    /* What is constant, from the graph in phase 1; in phase 2 from what
+     * phase 1 made of it (a size made at its first run comes after
+     * release_unused_constants gave the graph's copies back): a computed
+     * B is a view of its buffer, a computed C the post-op's `extra`. */
+    bool b_const = be->phase == 1 ? bv->data != NULL : be->bufs[cs->weights].alias < 0;
+    bool c_const = cv == NULL || (be->phase == 1 ? cv->data != NULL : cs->extra < 0);
+    bool scale_out = alpha != 1.0f && !b_const;
     if ((ta && av->batched) || bv->batched || (cv && cv->batched && !c_const))
         return wk_fail(plan, SQ_UNSUPPORTED_MODEL,
                        "gemm step %d: batch in a transposed or "

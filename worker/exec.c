@@ -534,6 +534,16 @@ sq_dev_kind_t wk_plan_backend(const wk_plan_t *plan)
     return plan->opts.backend;
 }
 
+int wk_plan_sizes_ready(const wk_plan_t *plan)
+{
+    if (plan->each != NULL)
+        return plan->opts.max_batch; /* every size runs in a planned one */
+    int n = plan->small != NULL ? wk_plan_sizes_ready(plan->small) : 0;
+    if (plan->ops->sizes_ready != NULL && plan->be != NULL)
+        return n + plan->ops->sizes_ready(plan);
+    return n + plan->graph->max_batch - (plan->min_batch > 1 ? plan->min_batch - 1 : 0);
+}
+
 uint64_t wk_plan_memory_bytes(const wk_plan_t *plan)
 {
     uint64_t bytes = plan->memory_bytes + memory_or_0(plan->small);

@@ -201,6 +201,10 @@ static void build_model(server_t *s, job_t *j)
     if (opts.backend == SQ_DEV_CPU && spec->format == SQ_FORMAT_ONNX && opts.max_batch > plan_batch)
         opts.max_batch = plan_batch;
     opts.threads = s->o.threads;
+    /* cpu: the kernels of the sizes the model's profile reaches here made
+     * now, any other size's at its first run (a first load, to be
+     * profiled: each size as the measurement reaches it, in its warm-up). */
+    opts.ready_batch = spec->ready_batch > 0 ? (int)spec->ready_batch : 1;
     opts.precision = (wk_precision_t)spec->precision;
     for (int c = 0; c < 3; c++) {
         opts.pixel_norm.mean[c] = (float)(spec->mean[c] / 255.0);

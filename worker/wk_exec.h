@@ -61,6 +61,12 @@ typedef struct {
     int device_index; /* cuda:N */
     int max_batch;    /* >= 1; ignored (taken as 1) for graphs without a batch dimension */
     int threads;      /* cpu: worker threads for the kernels; 0 = every core */
+    /* cpu: the batch sizes made ready at plan creation, 1..ready_batch
+     * (0: every size up to max_batch). A larger size gets its kernels at
+     * its first run: each size's kernels are JIT code (densenet121: 19 MB
+     * and 140 ms a size), and a model served at the batch sizes its
+     * profile reaches never runs the others. */
+    int ready_batch;
     /* > 0: bind the graph's symbolic batch to this size and run the graph
      * as static (one "item" is the whole batch; max_batch becomes 1). For
      * graphs whose batch does not stay the outermost dimension. */
@@ -110,6 +116,10 @@ wk_precision_t wk_plan_precision(const wk_plan_t *plan);
  * grows with the largest batch run; in a shared arena, those of the
  * plan's own extent, which other plans' runs may touch too). */
 uint64_t wk_plan_memory_bytes(const wk_plan_t *plan);
+/* The batch sizes whose kernels the plan holds now (cpu: those made at
+ * creation, 1..ready_batch, and every size run since; other backends:
+ * every size up to max_batch). */
+int wk_plan_sizes_ready(const wk_plan_t *plan);
 
 /* One arena of activations and one scratchpad that the plans of a device
  * share: a device runs one batch at a time, so the models it holds need

@@ -341,6 +341,9 @@ typedef struct wk_backend_ops {
     /* Optional: the precision a prepared plan runs in (plan->opts.precision
      * where the backend has it); NULL: FP32 whatever was asked. */
     wk_precision_t (*precision)(const wk_plan_t *plan);
+    /* Optional: the batch sizes whose kernels the plan holds
+     * (wk_plan_sizes_ready); NULL: every size up to max batch. */
+    int (*sizes_ready)(const wk_plan_t *plan);
     /* Optional, with arena_use and resident: the bytes of the plan's arena
      * of activations, and of its scratchpad in *scratch_bytes. */
     size_t (*arena_need)(const wk_plan_t *plan, size_t *scratch_bytes);

@@ -149,6 +149,15 @@ void ds_send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
     spec->cached = (uint8_t)cached;
     spec->total_bytes = need_bytes ? dm->blob_len : 0;
     spec_from_model(spec, m);
+    /* Measured on this kind: the worker makes the kernels of the sizes the
+     * profile reaches now, and those past it (a size the dispatcher never
+     * forms from this profile) only if one ever runs. */
+    if (w->kind >= 0 && w->kind < SQ_DEV_KIND_COUNT && m->has_profile[w->kind]) {
+        int reach = m->profile[w->kind].max_batch;
+        spec->ready_batch = (uint32_t)(reach < 1                      ? 1
+                                       : reach > (int)spec->max_batch ? (int)spec->max_batch
+                                                                      : reach);
+    }
     if (w->kind == SQ_DEV_EMU) {
         /* An emulated device holds the batch for l(b) of the model's emu
          * profile (or, for a real model, of its cpu or cuda profile). */
@@ -157,6 +166,8 @@ void ds_send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
                                               : SQ_DEV_CPU;
         int n = spec->max_batch > SQ_MAX_EMU_LATENCIES ? SQ_MAX_EMU_LATENCIES : spec->max_batch;
         spec->max_batch = (uint32_t)n;
+        if (spec->ready_batch > spec->max_batch)
+            spec->ready_batch = spec->max_batch;
         spec->n_latency = (uint32_t)n;
         for (int b = 1; b <= n; b++) {
             double lat = m->has_profile[k] ? pl_latency_us(&m->profile[k], b, 0) : -1;

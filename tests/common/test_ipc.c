@@ -306,6 +306,31 @@ Test(ipc, an_emulated_detector_load_round_trips_and_its_row_must_be_five_floats_
     free(out);
 }
 
+/* A load says up to which batch the model's profile on the worker's kind
+ * reaches (protocol 9): the sizes a cpu plan makes at once. Past the
+ * load's max batch it is a protocol error. */
+Test(ipc, a_load_carries_the_batch_its_profile_reaches)
+{
+    sq_model_load_t *in = calloc(1, sizeof(*in)), *out = calloc(1, sizeof(*out));
+    in->format = SQ_FORMAT_ONNX;
+    in->max_batch = 16;
+    in->ready_batch = 5;
+    sq_buf_t b;
+    sq_buf_init(&b);
+    sq_model_load_encode(&b, in);
+    sq_frame_t f = {.type = SQ_MSG_MODEL_LOAD, .payload = b.data, .len = (uint32_t)b.len};
+    cr_assert_eq(sq_model_load_decode(&f, out), 0);
+    cr_assert_eq(out->ready_batch, 5);
+    in->ready_batch = 17;
+    b.len = 0;
+    sq_model_load_encode(&b, in);
+    f = (sq_frame_t){.type = SQ_MSG_MODEL_LOAD, .payload = b.data, .len = (uint32_t)b.len};
+    cr_assert_eq(sq_model_load_decode(&f, out), SQ_PROTOCOL);
+    sq_buf_dispose(&b);
+    free(in);
+    free(out);
+}
+
 Test(ipc, group_load_and_member_batches_round_trip)
 {
     sq_model_load_t *in = calloc(1, sizeof(*in)), *out = calloc(1, sizeof(*out));

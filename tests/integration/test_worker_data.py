@@ -104,7 +104,8 @@ def model_load(classes=CLASSES):
         p += struct.pack("<ddI", 0.0, 1.0, IN_CHW[i])
     # bgr, precision (fp32), classes, detection slots and mean, l(b) count
     p += struct.pack("<BBIIdI", 0, 0, classes, 0, 0.0, 8) + struct.pack("<8Q", *([2000] * 8))
-    return p + struct.pack("<BI", 0, 0)
+    # not cache-only, no group members, no profile yet (ready_batch 0)
+    return p + struct.pack("<BII", 0, 0, 0)
 
 
 def batch(count, in_off, src, out_off=0, model=MODEL, out_stride=OUT_STRIDE):

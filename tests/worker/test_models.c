@@ -31,16 +31,29 @@ static ref_t load_ref(const char *name, int batch, int64_t per)
 /* Plans name for max batch 8 and runs it at each of batches (1..8) against
  * torch's outputs; the items of a batch b > 1 are the first b of torch's
  * batch 8, in buffers of exactly b items. n_plans > 0: the plan holds that
- * many plans per batch size (wk_plan_t.each). */
-static void check_model_at(const char *name, const int *batches, int n_batches, int n_plans)
+ * many plans per batch size (wk_plan_t.each). ready > 0: the plan is made
+ * with sizes 1..ready only (wk_plan_opts_t.ready_batch), and each other
+ * size is made at its first run. */
+static void check_model_ready(const char *name, const int *batches, int n_batches, int n_plans,
+                              int ready)
 {
     mdb_graph_t *g = test_import(name);
     wk_plan_opts_t o = wk_plan_opts_default();
     o.max_batch = 8;
+    o.ready_batch = ready;
     wk_plan_t *p = NULL;
     char why[512];
     cr_assert_eq(wk_plan_create(g, &o, &p, why, sizeof(why)), 0, "plan %s: %s", name, why);
     mdb_graph_free(g);
+    if (ready > 0) {
+        /* sizes 1..ready, and the first size of the plan for larger
+         * batches where small batches have a plan of their own */
+        int want = p->small != NULL && p->min_batch > ready ? ready + 1 : ready;
+        cr_assert_eq(wk_plan_sizes_ready(p), want, "%s: %d sizes ready at creation, not %d", name,
+                     wk_plan_sizes_ready(p), want);
+    } else {
+        cr_assert_eq(wk_plan_sizes_ready(p), 8);
+    }
     int64_t per = wk_plan_output_elems(p, 0);
     cr_assert_eq(per, 1000);
     if (n_plans > 0) {
@@ -77,6 +90,16 @@ static void check_model_at(const char *name, const int *batches, int n_batches, 
         free(in);
         free(got);
     }
+    if (ready > 0) {
+        bool seen[9] = {false};
+        int made = wk_plan_sizes_ready(p) - (p->small != NULL && p->min_batch > ready ? 1 : 0);
+        for (int k = 0; k < n_batches; k++)
+            seen[batches[k]] = true;
+        int want = 0;
+        for (int b = 1; b <= 8; b++)
+            want += b <= ready || seen[b];
+        cr_assert_eq(made, want, "%s: %d sizes ready after the runs, not %d", name, made, want);
+    }
     /* A reference whose images all give the same answer (a randomly
      * initialized net whose activations vanish) makes the comparison
      * vacuous: say so rather than pass. */
@@ -99,6 +122,11 @@ static void check_model_at(const char *name, const int *batches, int n_batches, 
                      name);
 }
 
+static void check_model_at(const char *name, const int *batches, int n_batches, int n_plans)
+{
+    check_model_ready(name, batches, n_batches, n_plans, 0);
+}
+
 /* At batch 1 and at batch 8 (eight distinct images). */
 static void check_model(const char *name)
 {
@@ -112,6 +140,19 @@ static void check_model(const char *name)
 Test(models, a_vit_whose_attention_merges_the_batch_runs_every_batch, .timeout = 240)
 {
     check_model_at("vit_tiny", (const int[]){1, 3, 8, 5, 7}, 5, 4);
+}
+
+/* A plan holds the kernels of the batch sizes it was asked to have ready
+ * (a worker: those the model's profile reaches) and makes another size's at
+ * its first run: every size's kernels at creation held densenet121's 16
+ * sizes in 19 MB each of JIT code. Sizes made late compute what torch
+ * does, through concats (googlenet), the fused depthwise convs and the
+ * plan of their own small batches have (mobilenet_v2). */
+Test(models, a_plan_makes_the_sizes_past_its_ready_ones_at_their_first_run, .timeout = 240)
+{
+    check_model_ready("googlenet", (const int[]){1, 8, 5, 8}, 4, 0, 1);
+    check_model_ready("mobilenet_v2", (const int[]){8, 1, 3}, 3, 0, 1);
+    check_model_ready("resnet18", (const int[]){2, 8}, 2, 0, 2);
 }
 
 Test(models, resnet18, .timeout = 120)
