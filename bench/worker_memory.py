@@ -37,6 +37,28 @@ def proc_kb(pid):
     return out
 
 
+def mappings(pid, top):
+    """The worker's resident memory by mapping: [heap], its anonymous
+    mappings (largest first), and file mappings summed; kB."""
+    rows, cur = [], None
+    with open("/proc/%d/smaps" % pid) as f:
+        for line in f:
+            head = line.split()
+            if head and "-" in head[0] and not head[0].endswith(":"):
+                lo, hi = (int(x, 16) for x in head[0].split("-"))
+                cur = {"name": head[5] if len(head) > 5 else "[anon]",
+                       "size_kb": (hi - lo) // 1024, "rss_kb": 0}
+                rows.append(cur)
+            elif head and head[0] == "Rss:" and cur is not None:
+                cur["rss_kb"] = int(head[1])
+    anon = sorted((r for r in rows if not r["name"].startswith("/")),
+                  key=lambda r: -r["rss_kb"])
+    files = sum(r["rss_kb"] for r in rows if r["name"].startswith("/"))
+    small = anon[top:]
+    return {"top": anon[:top], "other_anon_kb": sum(r["rss_kb"] for r in small),
+            "other_anon_maps": len(small), "file_kb": files}
+
+
 def upload(s, name, data, max_batch):
     cfg = {"name": name, "max_batch": max_batch}
     body, ctype = tm.multipart([("model", name + ".onnx", "application/octet-stream", data),
@@ -51,6 +73,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-batch", type=int, default=64)
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--maps", type=int, default=0,
+                    help="also print the worker's N largest anonymous mappings once loaded")
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
     s = Squishd(workers="cpu:1")
@@ -74,6 +98,8 @@ def main():
                               "memory_mb": [round(m / 2**20, 1) for m in p["peak_memory_bytes"]]}))
         time.sleep(1)
         print(json.dumps({"state": "loaded", "models": len(names), **proc_kb(pid)}))
+        if a.maps:
+            print(json.dumps({"mappings": mappings(pid, a.maps)}))
     finally:
         s.stop()
         s.cleanup()
