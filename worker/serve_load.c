@@ -366,10 +366,12 @@ void wk__do_install(server_t *s, job_t *j)
     m->next = s->models;
     s->models = m;
     SQ_INFO("model loaded key=%llu sha256=%.12s backend=%s max_batch=%d planned_batch=%d "
+            "ready_batch=%u sizes_ready=%d "
             "memory_mb=%llu members=%u precision=%s runs=%s import_ms=%lld load_ms=%lld",
             (unsigned long long)j->id, spec->sha256, sq_dev_kind_name(s->o.dev.kind),
             wk__model_max_batch(m),
             m->group != NULL ? wk_group_max_batch(m->group) : wk_plan_max_batch(m->plan),
+            spec->ready_batch, m->group != NULL ? -1 : wk_plan_sizes_ready(m->plan),
             (unsigned long long)(wk__model_memory(m) >> 20), spec->n_members,
             sq_precision_name(spec->precision), wk_precision_name((wk_precision_t)m->runs),
             (long long)j->import_ms, (long long)j->load_ms);

@@ -91,6 +91,19 @@ static void spec_from_model(sq_model_load_t *spec, const gw_model_t *m)
     spec->det_mean = m->det_mean;
 }
 
+/* Measured on kind: the worker makes the kernels of the batch sizes the
+ * profile reaches at load, and those past it (sizes the dispatcher never
+ * forms from this profile) only if one ever runs. Not yet: 0. */
+static void spec_ready_batch(sq_model_load_t *spec, const gw_model_t *m, int kind)
+{
+    if (kind < 0 || kind >= SQ_DEV_KIND_COUNT || !m->has_profile[kind])
+        return;
+    int reach = m->profile[kind].max_batch;
+    spec->ready_batch = (uint32_t)(reach < 1                      ? 1
+                                   : reach > (int)spec->max_batch ? (int)spec->max_batch
+                                                                  : reach);
+}
+
 static int send_spec(gw_dispatch_t *ds, ds_worker_t *w, int64_t key, const sq_model_load_t *spec)
 {
     sq_buf_t buf;
@@ -149,15 +162,7 @@ void ds_send_load(gw_dispatch_t *ds, ds_model_t *dm, ds_worker_t *w)
     spec->cached = (uint8_t)cached;
     spec->total_bytes = need_bytes ? dm->blob_len : 0;
     spec_from_model(spec, m);
-    /* Measured on this kind: the worker makes the kernels of the sizes the
-     * profile reaches now, and those past it (a size the dispatcher never
-     * forms from this profile) only if one ever runs. */
-    if (w->kind >= 0 && w->kind < SQ_DEV_KIND_COUNT && m->has_profile[w->kind]) {
-        int reach = m->profile[w->kind].max_batch;
-        spec->ready_batch = (uint32_t)(reach < 1                      ? 1
-                                       : reach > (int)spec->max_batch ? (int)spec->max_batch
-                                                                      : reach);
-    }
+    spec_ready_batch(spec, m, w->kind);
     if (w->kind == SQ_DEV_EMU) {
         /* An emulated device holds the batch for l(b) of the model's emu
          * profile (or, for a real model, of its cpu or cuda profile). */
@@ -292,6 +297,7 @@ static void send_group_load(gw_dispatch_t *ds, ds_model_t *g, ds_worker_t *w)
     const gw_model_t *gm = g->m;
     memset(spec, 0, sizeof(*spec));
     spec_from_model(spec, gm);
+    spec_ready_batch(spec, gm, w->kind);
     spec->format = SQ_FORMAT_GROUP;
     spec->n_members = (uint32_t)g->nmembers;
     for (int i = 0; i < g->nmembers; i++) {

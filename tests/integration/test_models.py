@@ -4,6 +4,7 @@ shared-prefix detection, persistence, and a SIGKILL during a large upload."""
 
 import hashlib
 import json
+import re
 import os
 import signal
 import socket
@@ -574,6 +575,49 @@ def models_survive_a_restart():
             s2.stop()
             s2.cleanup()
     finally:
+        s.cleanup()
+
+
+@test
+def a_reloaded_cpu_model_makes_the_batch_sizes_its_profile_reaches():
+    """A cpu worker makes a batch size's kernels (JIT code, megabytes a
+    size) when the model's profile on its kind reaches it: a first load,
+    to be profiled, makes one size and the measurement the others; a load
+    after the profile (here: the worker killed and restarted) makes the
+    sizes the profile reaches, and no other."""
+    s = Squishd(workers="cpu:1")
+    try:
+        s.wait_ready(workers=1, timeout=30)
+        assert upload(s, tm.tiny(), {"name": "lazy", "max_batch": 16}).status == 202
+        eventually(lambda: s.get("/v2/models/lazy/ready").status == 200 or None, 120,
+                   "lazy measured and ready", step=0.2)
+        rec = s.get("/models/lazy", headers=auth(s)).json["versions"][0]
+        reach = max(max(p["batch"]) for p in rec["profiles"] if p["device_kind"] == "cpu")
+
+        def loads():
+            return re.findall(r"model loaded key=\d+ sha256=\S+ backend=cpu max_batch=\d+ "
+                              r"planned_batch=(\d+) ready_batch=(\d+) sizes_ready=(-?\d+)",
+                              s.read_log())
+
+        # one size a plan: the small batches' plan and the large ones'
+        first = loads()
+        assert len(first) == 1 and first[0][1] == "0" and 1 <= int(first[0][2]) <= 2, first
+        planned = int(first[0][0])
+        pid = list(s.worker_pids().values())[0]
+        os.kill(pid, signal.SIGKILL)
+        eventually(lambda: len(loads()) == 2 or None, 120, "the model loaded again", step=0.2)
+        again = loads()[1]
+        assert again[1] == str(min(reach, 16)), (again, reach)
+        assert int(again[2]) - min(reach, planned) in (0, 1), (again, reach, planned)
+        eventually(lambda: s.get("/v2/models/lazy/ready").status == 200 or None, 60,
+                   "lazy ready again", step=0.2)
+        body = json.dumps({"inputs": [{"name": "input", "shape": [1, 3, 32, 32],
+                                       "datatype": "FP32", "data": [0.5] * 3072}]})
+        r = s.request("POST", "/v2/models/lazy/infer", body=body,
+                      headers={"Content-Type": "application/json"})
+        assert r.status == 200, r
+    finally:
+        s.stop()
         s.cleanup()
 
 
