@@ -410,6 +410,33 @@ static char *text_of(json_t *j)
     return (char *)(s != NULL ? s : "");
 }
 
+/* Output o's JSON data, when it has some (BYTES only: the one datatype
+ * an answer gives as JSON to another transport), appended to buf in the
+ * binary extension's form: at *off, *len bytes. */
+static int json_contents(json_t *o, sq_buf_t *buf, size_t *off, size_t *len, char *why,
+                         size_t whylen)
+{
+    json_t *data = json_object_get(o, "data");
+    *off = buf->len;
+    *len = 0;
+    if (data == NULL)
+        return 0;
+    if (strcmp(text_of(json_object_get(o, "datatype")), "BYTES") != 0 || !json_is_array(data)) {
+        snprintf(why, whylen, "output %s: JSON data other than BYTES",
+                 text_of(json_object_get(o, "name")));
+        return SQ_INTERNAL;
+    }
+    size_t k;
+    json_t *e;
+    json_array_foreach(data, k, e)
+    {
+        const char *v = json_string_value(e);
+        sq_buf_put_bytes(buf, v != NULL ? v : "", (uint32_t)json_string_length(e));
+    }
+    *len = buf->len - *off;
+    return 0;
+}
+
 int gw_grpc_encode_infer(const uint8_t *answer, size_t len, long long header_len, uint8_t **out,
                          size_t *outlen, char *why, size_t whylen)
 {
@@ -456,6 +483,12 @@ int gw_grpc_encode_infer(const uint8_t *answer, size_t len, long long header_len
     int64_t *shapes = sq_xcalloc(no * GW_GRPC_MAX_DIMS + 1, sizeof(*shapes));
     size_t at = hlen;
     int rc = 0;
+    /* Outputs the answer gives as JSON (a pipeline's RESULT): their
+     * elements in the binary extension's form (BYTES: each a 4-byte
+     * little-endian length, then its bytes), as Triton's raw contents. */
+    sq_buf_t from_json;
+    sq_buf_init(&from_json);
+    size_t *json_at = sq_xcalloc(no + 1, sizeof(*json_at));
     for (size_t i = 0; i < no; i++) {
         json_t *o = json_array_get(outs, i);
         Inference__ModelInferResponse__InferOutputTensor *t = &ot[i];
@@ -481,8 +514,14 @@ int gw_grpc_encode_infer(const uint8_t *answer, size_t len, long long header_len
             raw[i].data = (uint8_t *)answer + at;
             raw[i].len = (size_t)n;
             at += (size_t)n;
+        } else if ((rc = json_contents(o, &from_json, &json_at[i], &raw[i].len, why, whylen)) !=
+                   0) {
+            break;
         }
     }
+    for (size_t i = 0; i < no && rc == 0; i++)
+        if (raw[i].data == NULL && raw[i].len > 0)
+            raw[i].data = from_json.data + json_at[i];
     r.outputs = op;
     r.n_outputs = no;
     r.raw_output_contents = raw;
@@ -499,6 +538,8 @@ int gw_grpc_encode_infer(const uint8_t *answer, size_t len, long long header_len
     free(op);
     free(raw);
     free(shapes);
+    free(json_at);
+    sq_buf_dispose(&from_json);
     json_decref(j);
     return rc;
 }

@@ -636,6 +636,37 @@ Test(grpc_codec, v2s_answer_becomes_a_model_infer_response_with_raw_outputs)
     cr_assert_null(msg);
 }
 
+Test(grpc_codec, an_answers_json_bytes_output_becomes_its_raw_contents)
+{
+    /* A pipeline's answer: RESULT's texts in the JSON, no binary part. */
+    const char *answer = "{\"model_name\":\"p\",\"model_version\":\"1\",\"id\":\"q\","
+                         "\"outputs\":[{\"name\":\"RESULT\",\"datatype\":\"BYTES\","
+                         "\"shape\":[2,1],\"data\":[\"{}\",\"abc\"]}]}";
+    uint8_t *msg;
+    size_t n;
+    char why[256];
+    cr_assert_eq(gw_grpc_encode_infer((const uint8_t *)answer, strlen(answer), -1, &msg, &n, why,
+                                      sizeof(why)),
+                 0, "%s", why);
+    Inference__ModelInferResponse *r = inference__model_infer_response__unpack(NULL, n, msg);
+    cr_assert_not_null(r);
+    cr_assert_eq(r->n_outputs, 1);
+    cr_assert_str_eq(r->outputs[0]->datatype, "BYTES");
+    cr_assert_eq(r->n_raw_output_contents, 1);
+    static const uint8_t want[] = {2, 0, 0, 0, '{', '}', 3, 0, 0, 0, 'a', 'b', 'c'};
+    cr_assert_eq(r->raw_output_contents[0].len, sizeof(want));
+    cr_assert_eq(memcmp(r->raw_output_contents[0].data, want, sizeof(want)), 0);
+    inference__model_infer_response__free_unpacked(r, NULL);
+    free(msg);
+    /* JSON data of another datatype: a bug, not a silent empty output */
+    const char *fp = "{\"outputs\":[{\"name\":\"y\",\"datatype\":\"FP32\",\"shape\":[1],"
+                     "\"data\":[1.5]}]}";
+    cr_assert_eq(
+        gw_grpc_encode_infer((const uint8_t *)fp, strlen(fp), -1, &msg, &n, why, sizeof(why)),
+        SQ_INTERNAL);
+    cr_assert_null(msg);
+}
+
 Test(grpc_codec, a_stream_answer_wraps_the_response_or_carries_the_error)
 {
     Inference__ModelInferResponse in = INFERENCE__MODEL_INFER_RESPONSE__INIT;
