@@ -117,7 +117,7 @@ struct gw_infer {
     /* Another transport's request (gw_api_infer_v2; NULL for HTTP's):
      * told when it is done, in place of the HTTP loop (gw_infer_done),
      * and freed when both it and the transport let go (ext_refs). */
-    void (*ext_done)(void *arg, struct gw_infer *req);
+    gw_api_infer_fn ext_done;
     void *ext_arg;
     atomic_int ext_refs;
 };
@@ -128,6 +128,8 @@ struct gw_infer {
 json_t *gw_top_k_json(const gw_model_t *m, const float *row, int k);
 /* The request's X-Request-Id, or a new id. */
 void gw_request_id(h2o_req_t *hreq, char *out, size_t len);
+/* A new request id (no X-Request-Id to take it from). */
+void gw_request_new_id(char *out, size_t len);
 /* The SLO asked by X-SLO-Ms or ?slo_ms= in *slo (-1: none); 0, or
  * SQ_BAD_REQUEST with why. */
 int gw_request_slo_ms(h2o_req_t *hreq, double *slo, char *why, size_t len);
@@ -208,6 +210,26 @@ void gw_query_fate_fail(gw_query_fate_t *f, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Its outcome for /metrics: a failure with a 503 error is a drop. */
 gw_query_outcome_t gw_query_outcome(gw_query_fate_t *f);
+
+/* A pipeline's query for another transport (gw_api_infer_v2), as POST
+ * /v2/models/{pipeline}/infer runs it (query_route.c): the same
+ * admission, SLO and priority parameters, refusals and answer, the body
+ * (Triton's binary extension, taken; freed with the query) in place of
+ * the route's. 0 with *h (two references, as gw_api_infer_v2's), or
+ * refused before it started: an error with why, body freed, fn never
+ * called. */
+int gw_query_infer_v2(gw_api_ctx_t *api, gw_pipeline_t *p, uint8_t *body, size_t len,
+                      long long header_len, gw_api_infer_fn fn, void *arg, gw_api_infer_t **h,
+                      char *why, size_t whylen);
+/* Whether another transport's handle is a query's (else a model's request). */
+int gw_query_is(const gw_api_infer_t *h);
+/* A query's gw_api_infer_answer (query_answer.c), less the release: its
+ * route's answer, the JSON whole (header_len -1), or its error and
+ * message, counted as the route counts it. */
+void gw_query_answer(gw_api_infer_t *h, gw_api_infer_answer_t *a);
+/* A query's gw_api_infer_cancel and gw_api_infer_release (query.c). */
+void gw_query_cancel(gw_api_infer_t *h);
+void gw_query_release(gw_api_infer_t *h);
 
 /* The facts of the KServe model routes, on the DB thread (models_api.c),
  * for the HTTP routes and for other transports (facts.c). Both answer

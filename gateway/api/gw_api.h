@@ -150,8 +150,10 @@ void gw_api_model_control(gw_api_ctx_t *api, const char *name, int load, int dep
  * same admission, SLO, batching, deadlines and errors as POST
  * /v2/models/{m}[/versions/{v}]/infer: the request is that route's body
  * with Triton's binary extension (a JSON header of header_len bytes,
- * then the binary tensors). */
-typedef struct gw_infer gw_api_infer_t;
+ * then the binary tensors). A pipeline's name starts its query as that
+ * route starts it (query_route.c). The handle is the request's job: a
+ * model's request or a pipeline's query. */
+typedef struct gw_async gw_api_infer_t;
 /* The request is done (any thread, once; possibly before
  * gw_api_infer_v2 returns): the transport takes its answer
  * (gw_api_infer_answer) where it likes, then releases it. */
@@ -161,8 +163,8 @@ typedef void (*gw_api_infer_fn)(void *arg, gw_api_infer_t *h);
  * references: the transport's (gw_api_infer_release once it will not
  * cancel any more) and the answer's (released after fn's
  * gw_api_infer_answer); or, refused before it started, an error with why
- * (the model not found or not ready, squishd shutting down or full, a
- * pipeline: SQ_METHOD), body freed and fn never called. *h is set before
+ * (the model or pipeline not found or not ready, squishd shutting down
+ * or full), body freed and fn never called. *h is set before
  * the request starts, so that fn may find it there. */
 int gw_api_infer_v2(gw_api_ctx_t *api, const char *name, int version, uint8_t *body, size_t len,
                     long long header_len, gw_api_infer_fn fn, void *arg, gw_api_infer_t **h,

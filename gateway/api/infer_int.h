@@ -29,8 +29,6 @@ void gw_infer_init(gw_infer_t *req, gw_model_t *m, gw_api_t kind);
 /* The request is done (any thread, once): its transport answers it (the
  * HTTP loop, or ext_done). */
 void gw_infer_done(gw_infer_t *req);
-/* A new request id (no X-Request-Id to take it from). */
-void gw_request_new_id(char *out, size_t len);
 /* The request's end (its gw_async_t dispose): leaves the in-flight count,
  * writes its trace line when traced, and frees what it holds. A route
  * with state of its own (api_state) binds its own dispose, which calls

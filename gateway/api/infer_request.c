@@ -150,7 +150,7 @@ void gw_infer_init(gw_infer_t *req, gw_model_t *m, gw_api_t kind)
 void gw_infer_done(gw_infer_t *req)
 {
     if (req->ext_done != NULL)
-        req->ext_done(req->ext_arg, req);
+        req->ext_done(req->ext_arg, &req->base);
     else
         gw_async_done(&req->base);
 }

@@ -5,7 +5,9 @@
  * by it (gw_v2_encode). The request is told done through ext_done, from
  * the thread that finished it, in place of the HTTP loop; it lives until
  * both the transport (which may cancel it until then) and its answer let
- * go (ext_refs). */
+ * go (ext_refs). A pipeline's name starts its query instead, as the
+ * route does (gw_query_infer_v2), and its handle's answer, cancel and
+ * release are the query's. */
 #include "gw_dispatch.h"
 #include "infer_int.h"
 
@@ -23,13 +25,9 @@ int gw_api_infer_v2(gw_api_ctx_t *api, const char *name, int version, uint8_t *b
     if (atomic_load(api->stopping)) {
         snprintf(why, whylen, "squishd is shutting down");
         err = SQ_SHUTTING_DOWN;
-    } else if ((p = gw_pipes_get(api->pipelines, name)) != NULL) {
-        gw_pipeline_unref(p);
-        snprintf(why, whylen,
-                 "%s is a pipeline: pipelines are served over HTTP (POST /v2/models/%s/infer), "
-                 "not over gRPC yet",
-                 name, name);
-        err = SQ_METHOD;
+    } else if ((version == 0 || version == 1) && (p = gw_pipes_get(api->pipelines, name)) != NULL) {
+        /* As the route: a pipeline's name (its one version, 1) is its query. */
+        return gw_query_infer_v2(api, p, body, len, header_len, fn, arg, h, why, whylen);
     } else if ((m = gw_registry_find(api->registry, name, strlen(name), version)) == NULL) {
         char path[MDB_NAME_MAX + 32];
         snprintf(path, sizeof(path), "/v2/models/%s/infer", name);
@@ -60,7 +58,7 @@ int gw_api_infer_v2(gw_api_ctx_t *api, const char *name, int version, uint8_t *b
     req->body_len = len;
     req->body_owned = body;
     gw_infer_set_deadline(req, -1, &api->cfg);
-    *h = req;
+    *h = &req->base;
     /* Parsed and its items started here, on the transport's thread: fn
      * may be called before this returns. */
     gw_v2_start(req, 0);
@@ -78,7 +76,12 @@ static void release(gw_infer_t *req)
 
 void gw_api_infer_answer(gw_api_infer_t *h, gw_api_infer_answer_t *a)
 {
-    gw_infer_t *req = h;
+    if (gw_query_is(h)) {
+        gw_query_answer(h, a);
+        gw_query_release(h);
+        return;
+    }
+    gw_infer_t *req = (gw_infer_t *)h;
     memset(a, 0, sizeof(*a));
     sq_buf_init(&a->body);
     a->header_len = -1;
@@ -117,7 +120,11 @@ void gw_api_infer_answer(gw_api_infer_t *h, gw_api_infer_answer_t *a)
 
 void gw_api_infer_cancel(gw_api_infer_t *h)
 {
-    gw_infer_t *req = h;
+    if (gw_query_is(h)) {
+        gw_query_cancel(h);
+        return;
+    }
+    gw_infer_t *req = (gw_infer_t *)h;
     int expected = 0;
     /* Only the mark: err and its detail are written by the answer
      * (gw_api_infer_answer), which may already run on another thread. */
@@ -128,6 +135,8 @@ void gw_api_infer_cancel(gw_api_infer_t *h)
 
 void gw_api_infer_release(gw_api_infer_t *h)
 {
-    if (h != NULL)
-        release(h);
+    if (h != NULL && gw_query_is(h))
+        gw_query_release(h);
+    else if (h != NULL)
+        release((gw_infer_t *)h);
 }

@@ -60,11 +60,19 @@ gw_query_outcome_t gw_query_outcome(gw_query_fate_t *f)
                                                : GW_Q_FAILED;
 }
 
+void gw_query_done(gw_query_t *q)
+{
+    if (q->ext_done != NULL)
+        q->ext_done(q->ext_arg, &q->base);
+    else
+        gw_async_done(&q->base);
+}
+
 /* One node or crop job less; the last answers. */
 static void query_release(gw_query_t *q)
 {
     if (atomic_fetch_sub(&q->pending, 1) == 1)
-        gw_async_done(&q->base);
+        gw_query_done(q);
 }
 
 static qnode_t *node_new(gw_query_t *q, int frame, int stage, qnode_t *parent)
@@ -571,6 +579,34 @@ void gw_query_gone(gw_async_t *a)
     int was = 0;
     atomic_compare_exchange_strong(&q->fate.abandoned, &was, GW_ABANDONED_GONE);
     gw_query_fate_fail(&q->fate, SQ_DEADLINE, "the client went away");
+}
+
+int gw_query_is(const gw_api_infer_t *h)
+{
+    return h->dispose == gw_query_dispose;
+}
+
+/* Another transport's client went away: only the mark (as
+ * gw_api_infer_cancel's), its items still queued withdrawn; the answer,
+ * which may already run on another thread, writes the error
+ * (gw_query_answer). */
+void gw_query_cancel(gw_api_infer_t *h)
+{
+    gw_query_t *q = (gw_query_t *)h;
+    int was = 0;
+    if (atomic_compare_exchange_strong(&q->fate.abandoned, &was, GW_ABANDONED_GONE) &&
+        atomic_load(&q->pending) > 0)
+        gw_sched_withdraw(gw_api_sched(q->base.app));
+}
+
+void gw_query_release(gw_api_infer_t *h)
+{
+    gw_query_t *q = (gw_query_t *)h;
+    if (atomic_fetch_sub(&q->ext_refs, 1) != 1)
+        return;
+    gw_query_dispose(&q->base);
+    gw_async_dispose_detail(&q->base);
+    free(q);
 }
 
 double gw_query_split(gw_pipeline_t *p, double slo_ms, double max_ms, double *cum_ms,

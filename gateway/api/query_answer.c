@@ -1,8 +1,9 @@
 /* A complex query's answers (query_int.h): POST /v1/pipelines/{p}/infer's
  * JSON (per frame, each root stage's result nesting one node per
  * detection under its parent; the split; each stage's timing), and over
- * OIP the same frames as RESULT's JSON texts. Either counts the query's
- * outcome for /metrics and the pipeline's own figures. */
+ * OIP the same frames as RESULT's JSON texts, sent by HTTP or handed to
+ * another transport (gw_query_answer). Each counts the query's outcome
+ * for /metrics and the pipeline's own figures. */
 #include "query_int.h"
 
 #include <sq.h>
@@ -10,6 +11,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 json_t *gw_query_node_json(const gw_pipeline_t *p, gw_model_t *const *models, const qnode_t *n)
 {
@@ -95,36 +97,43 @@ static void query_settle(gw_query_t *q)
         f->err = SQ_SLO_TOO_TIGHT;
 }
 
-/* A failed query's answer (after query_settle). One failed for its
- * deadline says the least SLO that can be met now; where its SLO is below
- * it the answer is 400 slo_too_tight, without Retry-After (a retry fails
- * the same way), otherwise 503 deadline with Retry-After. */
-static void query_send_failure(gw_query_t *q, h2o_req_t *hreq)
+/* A failed query's message (after query_settle) into why; returns
+ * whether a retry can help. One failed for its deadline says the least
+ * SLO that can be met now; where its SLO is below it the answer is 400
+ * slo_too_tight, without Retry-After (a retry fails the same way),
+ * otherwise 503 deadline with Retry-After. */
+static int query_failure_why(const gw_query_t *q, char *why, size_t len)
 {
     const gw_query_fate_t *f = &q->fate;
     if (!(q->least_ms > 0)) {
-        gw_send_error_retry(hreq, f->err, f->detail, !q->hopeless);
-        return;
+        snprintf(why, len, "%s", f->detail);
+        return !q->hopeless;
     }
-    char why[sizeof(f->detail) + 384];
     int retry = f->err == SQ_DEADLINE;
     if (retry)
-        snprintf(why, sizeof(why),
+        snprintf(why, len,
                  "%s, under the current load: SLO %g ms; alone on idle workers the pipeline can "
                  "meet %.1f ms, so a retry can make it, or a larger SLO",
                  f->detail, q->slo_ms, q->least_ms);
     else if (q->least_stage < 0)
-        snprintf(why, sizeof(why),
+        snprintf(why, len,
                  "%s: an SLO of %g ms cannot be met: a frame's decode and a batch of one of each "
                  "stage after the other take at least %.1f ms; ask for %.0f ms or more",
                  f->detail, q->slo_ms, q->least_chain_ms, ceil(q->least_ms));
     else
-        snprintf(why, sizeof(why),
+        snprintf(why, len,
                  "%s: an SLO of %g ms cannot be met: stage %s's share of it is less than a "
                  "frame's decode and a batch of one of each stage up to it take; ask for %.0f ms "
                  "or more",
                  f->detail, q->slo_ms, q->p->stages[q->least_stage].id, ceil(q->least_ms));
-    gw_send_error_retry(hreq, f->err, why, retry);
+    return retry;
+}
+
+static void query_send_failure(gw_query_t *q, h2o_req_t *hreq)
+{
+    char why[sizeof(q->fate.detail) + 384];
+    int retry = query_failure_why(q, why, sizeof(why));
+    gw_send_error_retry(hreq, q->fate.err, why, retry);
 }
 
 void gw_query_respond(gw_async_t *a, h2o_req_t *hreq)
@@ -161,17 +170,10 @@ void gw_query_respond(gw_async_t *a, h2o_req_t *hreq)
                            "budgets_ms", budgets, "deadlines_ms", deadlines, "stages", timing));
 }
 
-void gw_query_respond_oip(gw_async_t *a, h2o_req_t *hreq)
+/* Over OIP, a query's answer: output RESULT, per frame the /v1 answer's
+ * frame as JSON text. */
+static json_t *oip_answer(gw_query_t *q, int64_t now)
 {
-    gw_query_t *q = (gw_query_t *)a;
-    int64_t now = sq_now_us();
-    query_settle(q);
-    query_count(q, now);
-    query_headers(q, hreq);
-    if (atomic_load(&q->fate.failed)) {
-        query_send_failure(q, hreq);
-        return;
-    }
     json_t *data = json_array();
     for (int f = 0; f < q->nframes; f++) {
         json_t *fr = frame_json(q, f);
@@ -187,9 +189,59 @@ void gw_query_respond_oip(gw_async_t *a, h2o_req_t *hreq)
         snprintf(key, sizeof(key), "%s_budget_ms", q->p->stages[i].id);
         json_object_set_new(params, key, json_real(q->budget_ms[i]));
     }
-    gw_send_json(hreq, 200,
-                 json_pack("{s:s, s:s, s:s, s:o, s:[{s:s, s:s, s:[i, i], s:o}]}", "model_name",
-                           q->p->name, "model_version", "1", "id", q->request_id, "parameters",
-                           params, "outputs", "name", "RESULT", "datatype", "BYTES", "shape",
-                           q->nframes, 1, "data", data));
+    return json_pack("{s:s, s:s, s:s, s:o, s:[{s:s, s:s, s:[i, i], s:o}]}", "model_name",
+                     q->p->name, "model_version", "1", "id", q->request_id, "parameters", params,
+                     "outputs", "name", "RESULT", "datatype", "BYTES", "shape", q->nframes, 1,
+                     "data", data);
+}
+
+void gw_query_respond_oip(gw_async_t *a, h2o_req_t *hreq)
+{
+    gw_query_t *q = (gw_query_t *)a;
+    int64_t now = sq_now_us();
+    query_settle(q);
+    query_count(q, now);
+    query_headers(q, hreq);
+    if (atomic_load(&q->fate.failed)) {
+        query_send_failure(q, hreq);
+        return;
+    }
+    gw_send_json(hreq, 200, oip_answer(q, now));
+}
+
+void gw_query_answer(gw_api_infer_t *h, gw_api_infer_answer_t *a)
+{
+    gw_query_t *q = (gw_query_t *)h;
+    int64_t now = sq_now_us();
+    memset(a, 0, sizeof(*a));
+    sq_buf_init(&a->body);
+    a->header_len = -1;
+    /* Cancelled (gw_query_cancel only marks it): its error is written
+     * here, by the one thread that reads it. As HTTP's, a query whose
+     * client went away is not counted: it has no answer. */
+    gw_query_fate_t *f = &q->fate;
+    int gone = atomic_load(&f->abandoned) == GW_ABANDONED_GONE;
+    if (gone && !atomic_load(&f->failed)) {
+        f->err = SQ_DEADLINE;
+        snprintf(f->detail, sizeof(f->detail), "the client went away");
+        atomic_store(&f->failed, 1);
+    }
+    query_settle(q);
+    if (!gone)
+        query_count(q, now);
+    if (atomic_load(&f->failed)) {
+        a->err = f->err;
+        query_failure_why(q, a->why, sizeof(a->why));
+    } else {
+        json_t *j = oip_answer(q, now);
+        char *txt = sq_json_dumps(j, JSON_COMPACT);
+        json_decref(j);
+        if (txt == NULL) {
+            a->err = SQ_INTERNAL;
+            snprintf(a->why, sizeof(a->why), "the answer could not be written");
+        } else {
+            sq_buf_put(&a->body, txt, strlen(txt));
+            free(txt);
+        }
+    }
 }

@@ -56,6 +56,12 @@ struct gw_query {
     uint8_t *body_owned;
     size_t frame_len_max;  /* the largest frame's JPEG bytes, once parsed */
     gw_oip_request_t *oip; /* over OIP: the parsed request (its rows are the frames) */
+    /* Another transport's query (gw_query_infer_v2; NULL for HTTP's): told
+     * when it is done in place of the HTTP loop (gw_query_done), and freed
+     * when both it and the transport let go (ext_refs). */
+    gw_api_infer_fn ext_done;
+    void *ext_arg;
+    atomic_int ext_refs;
 };
 
 /* ---- the tree (query.c) ---------------------------------------------------- */
@@ -64,6 +70,9 @@ struct gw_query {
  * answered): a root node per frame per root stage, each decoded, then run,
  * then its crops cut for its child stages. */
 void gw_query_start(gw_query_t *q, const gw_part_t *frames, int nframes);
+/* The query is done (any thread, once): its transport answers it (the
+ * HTTP loop, or ext_done). */
+void gw_query_done(gw_query_t *q);
 /* The least a stage's items take once ready: a batch of one on its
  * serving kind, plus the dispatch margin, as the dispatcher plans it
  * (gw_sched_least; the margin alone when unknown). */

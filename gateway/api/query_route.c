@@ -2,7 +2,9 @@
  * (raw JPEG or multipart frames) and POST /v2/models/{pipeline}/infer (the
  * pipeline as an OIP model: input IMAGE, one JPEG per frame). Each admits
  * the query, resolves its stages' models now, refuses an SLO no query can
- * meet, splits the body into frames and starts the tree (query.c). */
+ * meet, splits the body into frames and starts the tree (query.c). The
+ * OIP route's query is also another transport's (gw_query_infer_v2: gRPC's
+ * ModelInfer), the body given, answered through ext_done. */
 #include "gw_dispatch.h"
 #include "query_int.h"
 
@@ -26,7 +28,7 @@ static void query_reject(gw_query_t *q, int err, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(q->fate.detail, sizeof(q->fate.detail), fmt, ap);
     va_end(ap);
-    gw_async_done(&q->base);
+    gw_query_done(q);
 }
 
 /* Resolves each stage's model now; 0, or an error with why. */
@@ -83,6 +85,42 @@ static int resolve_stages(gw_api_ctx_t *api, gw_query_t *q, char *why, size_t le
     return 0;
 }
 
+/* Whether pipeline p (found) can take a query now: squishd not stopping,
+ * p served, and room under --max-inflight (then it is counted in flight:
+ * gw_query_dispose leaves). 0, or the error with why. */
+static int query_admit(gw_api_ctx_t *api, gw_pipeline_t *p, char *why, size_t len)
+{
+    if (atomic_load(api->stopping)) {
+        snprintf(why, len, "squishd is shutting down");
+        return SQ_SHUTTING_DOWN;
+    }
+    if (atomic_load(&p->unloaded)) {
+        snprintf(why, len,
+                 "pipeline %s is unloaded; POST /v2/repository/models/%s/load serves it again",
+                 p->name, p->name);
+        return SQ_MODEL_UNLOADED;
+    }
+    if (atomic_fetch_add(&api->infer_inflight, 1) >= api->cfg.max_inflight) {
+        atomic_fetch_sub(&api->infer_inflight, 1);
+        snprintf(why, len, "squishd has --max-inflight requests in flight");
+        return SQ_OVERLOAD;
+    }
+    return 0;
+}
+
+/* An admitted query of p (base.app set), taking the reference on p. */
+static void query_init(gw_query_t *q, gw_api_ctx_t *api, gw_pipeline_t *p)
+{
+    q->base.dispose = gw_query_dispose;
+    q->base.gone = gw_query_gone;
+    q->fate.api = api;
+    q->p = p;
+    pthread_mutex_init(&q->mu, NULL);
+    q->arrival_us = sq_now_us();
+    q->priority = GW_PRIORITY_DEFAULT;
+    gw_pipeline_arrival(p);
+}
+
 /* A query of the pipeline named by the call's first argument, or NULL
  * after replying 404 or 503. */
 static gw_query_t *query_new(gw_call_t *call)
@@ -106,32 +144,17 @@ static gw_query_t *query_new(gw_call_t *call)
         gw_send_not_found(call, arg, 0);
         return NULL;
     }
-    if (atomic_load(&p->unloaded)) {
-        char why[2 * MDB_NAME_MAX + 96];
-        snprintf(why, sizeof(why),
-                 "pipeline %s is unloaded; POST /v2/repository/models/%s/load serves it again",
-                 name, name);
+    char why[2 * MDB_NAME_MAX + 96];
+    int rc = query_admit(api, p, why, sizeof(why));
+    if (rc != 0) {
         gw_pipeline_unref(p);
-        gw_send_error(hreq, SQ_MODEL_UNLOADED, why);
-        return NULL;
-    }
-    if (atomic_fetch_add(&api->infer_inflight, 1) >= api->cfg.max_inflight) {
-        atomic_fetch_sub(&api->infer_inflight, 1);
-        gw_pipeline_unref(p);
-        gw_send_error(hreq, SQ_OVERLOAD, "squishd has --max-inflight requests in flight");
+        gw_send_error(hreq, rc, why);
         return NULL;
     }
     gw_query_t *q = (gw_query_t *)gw_async_new(call, sizeof(gw_query_t));
-    q->base.dispose = gw_query_dispose;
-    q->base.gone = gw_query_gone;
+    query_init(q, api, p);
     gw_async_watch(&q->base);
-    q->fate.api = api;
-    q->p = p;
-    pthread_mutex_init(&q->mu, NULL);
-    q->arrival_us = sq_now_us();
-    q->priority = GW_PRIORITY_DEFAULT;
     gw_request_id(hreq, q->request_id, sizeof(q->request_id));
-    gw_pipeline_arrival(p);
     return q;
 }
 
@@ -287,42 +310,19 @@ json_t *gw_pipeline_oip_metadata(gw_pipeline_t *p)
                      "datatype", "BYTES", "shape", -1, 1);
 }
 
-void gw_route_pipeline_infer_v2(gw_call_t *call)
+/* Over OIP, the query's body (q->body: the route's, Triton's binary
+ * extension when header_len >= 0) parsed as the pipeline's model request,
+ * its SLO (slo_ms <= 0: the body's parameters', else the pipeline's) and
+ * priority taken, and its frames started; or the query rejected. */
+static void oip_start(gw_query_t *q, double slo, long long header_len)
 {
-    gw_api_ctx_t *api = call->app;
-    h2o_req_t *hreq = call->req;
-    gw_query_t *q = query_new(call);
-    if (q == NULL)
-        return;
-    q->base.respond = gw_query_respond_oip;
+    gw_api_ctx_t *api = q->base.app;
     char why[512];
-    double slo;
-    int rc = gw_request_slo_ms(hreq, &slo, why, sizeof(why));
-    if (rc != 0) {
-        query_reject(q, rc, "%s", why);
-        return;
-    }
-    long long header_len = -1;
-    h2o_iovec_t hl = gw_header(hreq, "inference-header-content-length");
-    if (hl.len > 0) {
-        char buf[24];
-        snprintf(buf, sizeof(buf), "%.*s", (int)(hl.len < 23 ? hl.len : 23), hl.base);
-        char *end;
-        header_len = strtoll(buf, &end, 10);
-        if (*end != '\0' || header_len < 1 || (size_t)header_len > hreq->entity.len) {
-            query_reject(q, SQ_BAD_REQUEST, "Inference-Header-Content-Length: expected 1..%zu",
-                         hreq->entity.len);
-            return;
-        }
-    }
-    if (gw_request_body(hreq, &q->body, &q->body_len, &q->body_owned) != 0) {
-        query_reject(q, SQ_OVERLOAD, "not enough memory to hold the body; retry shortly");
-        return;
-    }
     gw_oip_model_t desc;
     oip_desc(api, &desc);
     q->oip = sq_xcalloc(1, sizeof(*q->oip));
-    rc = gw_oip_request_parse(q->body, q->body_len, header_len, &desc, q->oip, why, sizeof(why));
+    int rc =
+        gw_oip_request_parse(q->body, q->body_len, header_len, &desc, q->oip, why, sizeof(why));
     if (rc != 0) {
         query_reject(q, rc, "%s", why);
         return;
@@ -355,4 +355,67 @@ void gw_route_pipeline_infer_v2(gw_call_t *call)
     }
     gw_query_start(q, parts, n);
     free(parts);
+}
+
+void gw_route_pipeline_infer_v2(gw_call_t *call)
+{
+    h2o_req_t *hreq = call->req;
+    gw_query_t *q = query_new(call);
+    if (q == NULL)
+        return;
+    q->base.respond = gw_query_respond_oip;
+    char why[512];
+    double slo;
+    int rc = gw_request_slo_ms(hreq, &slo, why, sizeof(why));
+    if (rc != 0) {
+        query_reject(q, rc, "%s", why);
+        return;
+    }
+    long long header_len = -1;
+    h2o_iovec_t hl = gw_header(hreq, "inference-header-content-length");
+    if (hl.len > 0) {
+        char buf[24];
+        snprintf(buf, sizeof(buf), "%.*s", (int)(hl.len < 23 ? hl.len : 23), hl.base);
+        char *end;
+        header_len = strtoll(buf, &end, 10);
+        if (*end != '\0' || header_len < 1 || (size_t)header_len > hreq->entity.len) {
+            query_reject(q, SQ_BAD_REQUEST, "Inference-Header-Content-Length: expected 1..%zu",
+                         hreq->entity.len);
+            return;
+        }
+    }
+    if (gw_request_body(hreq, &q->body, &q->body_len, &q->body_owned) != 0) {
+        query_reject(q, SQ_OVERLOAD, "not enough memory to hold the body; retry shortly");
+        return;
+    }
+    oip_start(q, slo, header_len);
+}
+
+int gw_query_infer_v2(gw_api_ctx_t *api, gw_pipeline_t *p, uint8_t *body, size_t len,
+                      long long header_len, gw_api_infer_fn fn, void *arg, gw_api_infer_t **h,
+                      char *why, size_t whylen)
+{
+    *h = NULL;
+    int rc = query_admit(api, p, why, whylen);
+    if (rc != 0) {
+        gw_pipeline_unref(p);
+        free(body);
+        return rc;
+    }
+    gw_query_t *q = sq_xcalloc(1, sizeof(*q));
+    q->base.app = api;
+    query_init(q, api, p);
+    gw_request_new_id(q->request_id, sizeof(q->request_id));
+    q->ext_done = fn;
+    q->ext_arg = arg;
+    atomic_init(&q->ext_refs, 2);
+    q->body = body;
+    q->body_len = len;
+    q->body_owned = body;
+    *h = &q->base;
+    /* Parsed and its frames started here, on the transport's thread: fn
+     * may be called before this returns. The route's headers carry no
+     * SLO here: the body's parameters do. */
+    oip_start(q, -1, header_len);
+    return 0;
 }

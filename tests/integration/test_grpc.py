@@ -1118,23 +1118,40 @@ def served_squishd_stops_cleanly():
 
 # ---- pipelines ----
 
+def unbytes(raw):
+    """BYTES raw contents (each a 4-byte little-endian length, then its
+    bytes) as their texts."""
+    out, at = [], 0
+    while at < len(raw):
+        n = struct.unpack_from("<I", raw, at)[0]
+        out.append(raw[at + 4:at + 4 + n].decode())
+        at += 4 + n
+    return out
+
+
 @test
-def a_pipeline_is_a_models_name_for_its_facts_but_infers_over_http_only():
+def a_pipeline_is_a_models_name_and_infers_over_grpc_as_its_http_route():
     """A pipeline is addressed as a model: its metadata, readiness and
-    config over gRPC are HTTP's; ModelInfer with its name is refused
-    UNIMPLEMENTED naming the HTTP route that infers it (pipelines run over
-    HTTP only), and runs nothing."""
+    config over gRPC are HTTP's, and ModelInfer (and ModelStreamInfer)
+    with its name answers what POST /v2/models/{p}/infer answers for the
+    same request: RESULT's texts, id, SLO and priority parameters, and its
+    refusals (an SLO no query can meet, a wrong input) with HTTP's
+    message, mapped as a model's are."""
     s = server()
     c = client(s)
+    # No detections (mean 0): the emulated detector draws them at random,
+    # so that its crops' stage is empty; the whole frame's stage is
+    # deterministic (an emulated model's answer is its input's).
     det = {"name": "gdet", "profile": {"alpha_ms": 1, "beta_ms": 2}, "max_batch": 8,
-           "input": {"shape": [3, 32, 32]}, "detections": {"mean": 2, "slots": 16}}
+           "input": {"shape": [3, 32, 32]}, "detections": {"mean": 0, "slots": 16}}
     r = s.request("POST", "/models", body=json.dumps(det), headers=admin(s))
     assert r.status in (201, 202), r
     crops = {"stage": "det", "boxes": "boxes", "scores": "scores", "format": "xyxy",
              "normalized": True, "score_threshold": 0.5, "nms_iou": 0.5, "max_crops": 16}
     spec = {"name": "gpipe", "slo_ms": 2000,
             "stages": [{"id": "det", "model": "gdet"},
-                       {"id": "cls", "model": "inc", "crops_of": crops, "top_k": 3}]}
+                       {"id": "cls", "model": "inc", "crops_of": crops, "top_k": 3},
+                       {"id": "whole", "model": "inc", "top_k": 3}]}
     r = s.request("POST", "/pipelines", body=json.dumps(spec), headers=admin(s))
     assert r.status == 201, r
     eventually(lambda: s.get("/v2/models/gpipe/ready").status == 200, 30, "gpipe ready")
@@ -1145,10 +1162,113 @@ def a_pipeline_is_a_models_name_for_its_facts_but_infers_over_http_only():
     assert [(t.name, t.datatype) for t in m.inputs] == \
         [(t["name"], t["datatype"]) for t in h["inputs"]], (m, h)
     assert c.call("ModelConfig", name="gpipe").config.name == "gpipe"
-    ins = [infer_input(h["inputs"][0]["name"], [1], "BYTES", bytes_contents=[b"\xff\xd8"])]
-    code, details = infer_error(c, "gpipe", ins)
-    assert code == grpc.StatusCode.UNIMPLEMENTED, (code, details)
-    assert "POST /v2/models/gpipe/infer" in details, details
+
+    from test_infer import jpeg  # noqa: E402 - the JPEG maker of the infer tests
+    import base64
+    frames = [jpeg(size=(24, 20)), jpeg(size=(40, 30))]
+
+    def http(params, name="IMAGE"):
+        return s.request("POST", "/v2/models/gpipe/infer", body=json.dumps(
+            {"id": "p-1", "inputs": [{"name": name, "shape": [2], "datatype": "BYTES",
+                                      "data": [base64.b64encode(f).decode() for f in frames]}],
+             "parameters": params}), headers={"Content-Type": "application/json"})
+
+    h = http({"slo_ms": 2000, "priority": 1})
+    assert h.status == 200, h
+    want = h.json["outputs"][0]
+    assert len(want["data"]) == 2 and all(json.loads(t)["det"] == {"cls": []} and
+                                          len(json.loads(t)["whole"]["predictions"]) == 3
+                                          for t in want["data"]), want
+    typed = [infer_input("IMAGE", [2], "BYTES", bytes_contents=frames)]
+    raw = [b"".join(struct.pack("<I", len(f)) + f for f in frames)]
+    for r in (infer(c, "gpipe", typed, id="p-1", params={"slo_ms": 2000.0, "priority": 1}),
+              infer(c, "gpipe", [infer_input("IMAGE", [2], "BYTES")], raw=raw, id="p-1",
+                    params={"slo_ms": 2000, "priority": 1}),
+              infer(c, "gpipe", typed, version="1", id="p-1",
+                    params={"timeout": 2000000, "priority": 1})):
+        assert (r.model_name, r.model_version, r.id) == \
+            (h.json["model_name"], h.json["model_version"], "p-1") == ("gpipe", "1", "p-1"), r
+        assert [(o.name, o.datatype, list(o.shape)) for o in r.outputs] == \
+            [(want["name"], want["datatype"], want["shape"])], r
+        assert unbytes(r.raw_output_contents[0]) == want["data"], (r, want)
+        assert r.parameters["slo_ms"].double_param == h.json["parameters"]["slo_ms"] == 2000, r
+        assert r.parameters["whole_budget_ms"].double_param == \
+            h.json["parameters"]["whole_budget_ms"], (r, h)
+    # ModelStreamInfer takes it too, beside a model's request.
+    reqs = [M["inference.ModelInferRequest"](model_name="gpipe", id="s0"),
+            M["inference.ModelInferRequest"](model_name="inc", id="s1")]
+    reqs[0].inputs.extend(typed)
+    reqs[1].inputs.add(name="input", shape=[1, 3, 16, 16], datatype="FP32")
+    reqs[1].raw_input_contents.append(f32(pixels(768)))
+    rpc = c.channel.stream_stream(SERVICE + "ModelStreamInfer",
+                                   request_serializer=type(reqs[0]).SerializeToString,
+                                   response_deserializer=M["inference.ModelStreamInferResponse"]
+                                   .FromString)
+    answers = {a.infer_response.id: a for a in rpc(iter(reqs), timeout=20)}
+    assert sorted(answers) == ["s0", "s1"] and not any(a.error_message
+                                                       for a in answers.values()), answers
+    assert unbytes(answers["s0"].infer_response.raw_output_contents[0]) == want["data"], answers
+    # Refused as HTTP refuses it, with its message: an SLO no query can
+    # meet (also from Triton's timeout, in microseconds), a wrong input.
+    h = http({"slo_ms": 0.5})
+    assert h.status == 400 and h.json["code"] == "slo_too_tight", h
+    code, details = infer_error(c, "gpipe", typed, id="p-1", params={"slo_ms": 0.5})
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details == h.json["error"], (details, h)
+    h = http({"timeout": 500})
+    assert h.status == 400 and h.json["code"] == "slo_too_tight", h
+    code, details = infer_error(c, "gpipe", typed, id="p-1", params={"timeout": 500})
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and details == h.json["error"], (details, h)
+    assert "microseconds" in details, details
+    h = http({"slo_ms": 2000}, name="PIXELS")
+    assert h.status == 400 and "PIXELS" in h.json["error"], h
+    code, details = infer_error(c, "gpipe", [infer_input("PIXELS", [2], "BYTES",
+                                                         bytes_contents=frames)])
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "PIXELS" in details, details
+    # A version other than its one (1) is no model's, as over HTTP.
+    code, details = infer_error(c, "gpipe", typed, version="2")
+    assert code == grpc.StatusCode.NOT_FOUND, (code, details)
+    c.close()
+
+
+@test
+def a_cancelled_pipeline_model_infer_leaves_its_items_unrun():
+    """A pipeline's calls whose client gives up while their frames wait
+    behind another's on its stage (l(1) = 405 ms, one row at a time) are
+    withdrawn, never run, as a model's: one batch runs, the first call's."""
+    s = server()
+    c = client(s)
+    slower = dict(SLOW, name="gslower", profile={"alpha_ms": 400.0, "beta_ms": 5.0})
+    r = s.request("POST", "/models", body=json.dumps(slower), headers=admin(s))
+    assert r.status == 201, r
+    eventually(lambda: s.get("/v2/models/gslower/ready").status == 200, 30, "gslower ready")
+    r = s.request("POST", "/pipelines", body=json.dumps(
+        {"name": "gslowpipe", "slo_ms": 5000, "stages": [{"id": "only", "model": "gslower"}]}),
+        headers=admin(s))
+    assert r.status == 201, r
+    eventually(lambda: s.get("/v2/models/gslowpipe/ready").status == 200, 30, "ready")
+    from test_infer import jpeg  # noqa: E402 - the JPEG maker of the infer tests
+    inp = [infer_input("IMAGE", [1], "BYTES", bytes_contents=[jpeg(size=(8, 8))])]
+    r = infer(c, "gslowpipe", inp)  # warm
+    assert json.loads(unbytes(r.raw_output_contents[0])[0])["only"]["predictions"], r
+    time.sleep(0.2)
+    batches = metric(s, "squish_batches_total", "gslower")
+    req = M["inference.ModelInferRequest"](model_name="gslowpipe")
+    req.inputs.extend(inp)
+    rpc = c.channel.unary_unary(SERVICE + "ModelInfer",
+                                 request_serializer=type(req).SerializeToString,
+                                 response_deserializer=M["inference.ModelInferResponse"].FromString)
+    first = rpc.future(req, timeout=20)
+    time.sleep(0.02)
+    later = [rpc.future(req, timeout=20) for _ in range(3)]
+    time.sleep(0.03)
+    for f in later:
+        f.cancel()
+    assert first.result().model_name == "gslowpipe"
+    for f in later:
+        assert f.cancelled() or f.exception().code() == grpc.StatusCode.CANCELLED, f
+    time.sleep(1.0)  # any batch sent for them would have run by now
+    assert metric(s, "squish_batches_total", "gslower") == batches + 1, \
+        (batches, metric(s, "squish_batches_total", "gslower"))
     c.close()
 
 
