@@ -323,7 +323,6 @@ static void shm_status(gw_grpc_call_t *c, json_t *rows)
     pool_free(&p);
 }
 
-/* POST /v2/repository/index's rows as RepositoryIndexResponse. */
 /* GET /v2/cudasharedmemory/status's rows ([{"name", "device_id",
  * "byte_size"}]: none, squish having no CUDA IPC) as the protocol's map. */
 static void cuda_shm_status(gw_grpc_call_t *c, json_t *rows)
@@ -415,6 +414,7 @@ static void log_settings(gw_grpc_call_t *c, json_t *j)
     pool_free(&p);
 }
 
+/* POST /v2/repository/index's rows as RepositoryIndexResponse. */
 static void repository_index(gw_grpc_call_t *c, json_t *rows)
 {
     pool_t p = {0};
