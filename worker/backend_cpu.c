@@ -215,6 +215,47 @@ static int ready_size(wk_plan_t *plan, int b)
     return 0;
 }
 
+/* Gives back batch size b's kernels, memory objects and output reorders
+ * (its scratchpad objects stay in scratch_mems, freed with the plan). */
+static void drop_size(wk_plan_t *plan, int b)
+{
+    cpu_be_t *be = plan->be;
+    const wk_graph_t *g = plan->graph;
+    int mb = g->max_batch;
+    cpu_list_t *l = &be->lists[b];
+    for (int i = 0; i < l->n; i++) {
+        if (l->items[i].prim)
+            dnnl_primitive_destroy(l->items[i].prim);
+        free(l->items[i].args);
+    }
+    free(l->items);
+    l->items = NULL;
+    l->n = l->cap = 0;
+    for (int id = 0; id < be->n_bufs; id++) {
+        dnnl_memory_t *m = &be->mems[(size_t)id * (size_t)(mb + 1) + (size_t)b];
+        dnnl_memory_destroy(*m);
+        *m = NULL;
+    }
+    for (int o = 0; o < g->n_outputs; o++) {
+        size_t k = (size_t)o * (size_t)(mb + 1) + (size_t)b;
+        dnnl_memory_destroy(be->out_user[k]);
+        dnnl_primitive_destroy(be->out_reorder[k]);
+        be->out_user[k] = NULL;
+        be->out_reorder[k] = NULL;
+        be->out_scratch[k] = NULL;
+    }
+    be->ready[b] = false;
+}
+
+static void cpu_keep_sizes(wk_plan_t *plan, int upto)
+{
+    cpu_be_t *be = plan->be;
+    int first = plan->min_batch > 1 ? plan->min_batch : 1;
+    for (int b = upto + 1; be->ready != NULL && b <= plan->graph->max_batch; b++)
+        if (b != first && be->ready[b])
+            drop_size(plan, b);
+}
+
 static int cpu_sizes_ready(const wk_plan_t *plan)
 {
     const cpu_be_t *be = plan->be;
@@ -621,6 +662,7 @@ const wk_backend_ops_t wk_backend_cpu = {
     .split_batch = wk__cpu_split_batch,
     .conv_dw = wk__cpu_conv_dw,
     .sizes_ready = cpu_sizes_ready,
+    .keep_sizes = cpu_keep_sizes,
     .arena_need = cpu_arena_need,
     .arena_use = cpu_arena_use,
     .resident = cpu_resident,

@@ -544,6 +544,16 @@ int wk_plan_sizes_ready(const wk_plan_t *plan)
     return n + plan->graph->max_batch - (plan->min_batch > 1 ? plan->min_batch - 1 : 0);
 }
 
+void wk_plan_keep_sizes(wk_plan_t *plan, int upto)
+{
+    if (plan->each != NULL)
+        return; /* a plan per planned size, each holding one */
+    if (plan->small != NULL)
+        wk_plan_keep_sizes(plan->small, upto);
+    if (plan->ops->keep_sizes != NULL && plan->be != NULL)
+        plan->ops->keep_sizes(plan, upto);
+}
+
 uint64_t wk_plan_memory_bytes(const wk_plan_t *plan)
 {
     uint64_t bytes = plan->memory_bytes + memory_or_0(plan->small);

@@ -202,9 +202,11 @@ static void build_model(server_t *s, job_t *j)
         opts.max_batch = plan_batch;
     opts.threads = s->o.threads;
     /* cpu: the kernels of the sizes the model's profile reaches here made
-     * now, any other size's at its first run (a first load, to be
-     * profiled: each size as the measurement reaches it, in its warm-up). */
-    opts.ready_batch = spec->ready_batch > 0 ? (int)spec->ready_batch : 1;
+     * now, any other size's at its first run. A first load, to be
+     * profiled, makes every size (here, on the loader thread, not in the
+     * profile's slices between other models' batches); the profile then
+     * gives back those past its reach (serve_profile.c). */
+    opts.ready_batch = (int)spec->ready_batch;
     opts.precision = (wk_precision_t)spec->precision;
     for (int c = 0; c < 3; c++) {
         opts.pixel_norm.mean[c] = (float)(spec->mean[c] / 255.0);

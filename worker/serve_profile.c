@@ -6,6 +6,7 @@
 #include "wk_fault.h"
 #include "wk_measure.h"
 
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -156,6 +157,17 @@ void wk__do_profile(server_t *s, job_t *j)
         done->nrows = (uint32_t)wk_measure_rows(C, done->rows);
         for (uint32_t i = 0; i < done->nrows; i++)
             done->rows[i].peak_memory_bytes = M->memory[i];
+        /* The sizes past the profile's reach are never formed from it:
+         * their kernels go back (a size made again if one ever runs). */
+        int reach = 0;
+        for (uint32_t i = 0; i < done->nrows; i++)
+            reach = (int)done->rows[i].batch > reach ? (int)done->rows[i].batch : reach;
+        if (m->plan != NULL && reach > 0) {
+            wk_plan_keep_sizes(m->plan, reach);
+            malloc_trim(0);
+            SQ_INFO("profile done key=%llu reach=%d sizes_ready=%d", (unsigned long long)j->id,
+                    reach, wk_plan_sizes_ready(m->plan));
+        }
         int rc = measure_deviation(m, M, done);
         if (rc != 0) {
             done->code = rc;

@@ -120,6 +120,11 @@ uint64_t wk_plan_memory_bytes(const wk_plan_t *plan);
  * creation, 1..ready_batch, and every size run since; other backends:
  * every size up to max_batch). */
 int wk_plan_sizes_ready(const wk_plan_t *plan);
+/* Gives back the kernels of the batch sizes past upto (cpu: a size runs
+ * again by making them anew, as a size past ready_batch does; other
+ * backends keep theirs): a worker calls it once the model's profile says
+ * which sizes it reaches. */
+void wk_plan_keep_sizes(wk_plan_t *plan, int upto);
 
 /* One arena of activations and one scratchpad that the plans of a device
  * share: a device runs one batch at a time, so the models it holds need

@@ -344,6 +344,9 @@ typedef struct wk_backend_ops {
     /* Optional: the batch sizes whose kernels the plan holds
      * (wk_plan_sizes_ready); NULL: every size up to max batch. */
     int (*sizes_ready)(const wk_plan_t *plan);
+    /* Optional: gives back the kernels of the sizes past upto
+     * (wk_plan_keep_sizes). */
+    void (*keep_sizes)(wk_plan_t *plan, int upto);
     /* Optional, with arena_use and resident: the bytes of the plan's arena
      * of activations, and of its scratchpad in *scratch_bytes. */
     size_t (*arena_need)(const wk_plan_t *plan, size_t *scratch_bytes);
