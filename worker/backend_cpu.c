@@ -162,11 +162,7 @@ static int make_size(wk_plan_t *plan, int b)
                                               be->sp_attr));
         dnnl_status_t st = dnnl_success;
         if (be->dry) {
-            const dnnl_memory_desc_t *sp =
-                dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
-            size_t bytes = sp != NULL ? dnnl_memory_desc_get_size(sp) : 0;
-            if (bytes > be->scratch_bytes)
-                be->scratch_bytes = bytes;
+            wk__cpu_scratch_grow(be, pd);
         } else {
             st = dnnl_memory_create(&be->out_user[k], &umd, be->engine, DNNL_MEMORY_NONE);
             if (st == dnnl_success)
@@ -186,33 +182,6 @@ out:
     if (pd != NULL)
         dnnl_primitive_desc_destroy(pd);
     return rc;
-}
-
-/* Makes batch size b's kernels at its first run (late: the scratchpad and
- * the arena are the plan's already). A size that fails keeps no items. */
-static int ready_size(wk_plan_t *plan, int b)
-{
-    cpu_be_t *be = plan->be;
-    if (be->ready[b])
-        return 0;
-    int64_t t0 = sq_now_ns();
-    be->late = true;
-    int rc = make_size(plan, b);
-    be->late = false;
-    if (rc != 0) {
-        cpu_list_t *l = &be->lists[b];
-        for (int i = 0; i < l->n; i++) {
-            if (l->items[i].prim)
-                dnnl_primitive_destroy(l->items[i].prim);
-            free(l->items[i].args);
-        }
-        l->n = 0;
-        return rc;
-    }
-    be->ready[b] = true;
-    SQ_DEBUG("cpu plan: batch size %d made at its first run in %.1f ms", b,
-             (double)(sq_now_ns() - t0) / 1e6);
-    return 0;
 }
 
 /* Gives back batch size b's kernels, memory objects and output reorders
@@ -245,6 +214,27 @@ static void drop_size(wk_plan_t *plan, int b)
         be->out_scratch[k] = NULL;
     }
     be->ready[b] = false;
+}
+
+/* Makes batch size b's kernels at its first run (late: the scratchpad and
+ * the arena are the plan's already). A size that fails keeps no items. */
+static int ready_size(wk_plan_t *plan, int b)
+{
+    cpu_be_t *be = plan->be;
+    if (be->ready[b])
+        return 0;
+    int64_t t0 = sq_now_ns();
+    be->late = true;
+    int rc = make_size(plan, b);
+    be->late = false;
+    if (rc != 0) {
+        drop_size(plan, b);
+        return rc;
+    }
+    be->ready[b] = true;
+    SQ_DEBUG("cpu plan: batch size %d made at its first run in %.1f ms", b,
+             (double)(sq_now_ns() - t0) / 1e6);
+    return 0;
 }
 
 static void cpu_keep_sizes(wk_plan_t *plan, int upto)

@@ -149,12 +149,17 @@ dnnl_status_t wk__cpu_scratch_of(cpu_be_t *be, const_dnnl_primitive_desc_t pd, d
 /* A dry pass (a size whose kernels are made at its first run): the
  * scratchpad grows to what pd's primitive will want, and the constants it
  * reads stay (release_unused_constants). */
-static void dry_emit(cpu_be_t *be, const_dnnl_primitive_desc_t pd, const int *arg_bufs, int n_args)
+void wk__cpu_scratch_grow(cpu_be_t *be, const_dnnl_primitive_desc_t pd)
 {
     const dnnl_memory_desc_t *md = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
     size_t bytes = md != NULL ? dnnl_memory_desc_get_size(md) : 0;
     if (bytes > be->scratch_bytes)
         be->scratch_bytes = bytes;
+}
+
+static void dry_emit(cpu_be_t *be, const_dnnl_primitive_desc_t pd, const int *arg_bufs, int n_args)
+{
+    wk__cpu_scratch_grow(be, pd);
     for (int i = 0; i < n_args; i++)
         be->bufs[arg_bufs[i]].lazy_ref = true;
 }

@@ -158,6 +158,8 @@ void wk__cpu_push_item(cpu_be_t *be, int batch, const cpu_item_t *it);
 
 /* The scratchpad memory object pd's primitive runs with (*out NULL: it
  * needs none), pointing into the plan's one scratchpad. */
+/* A dry pass: the plan's scratchpad grows to what pd's primitive wants. */
+void wk__cpu_scratch_grow(cpu_be_t *be, const_dnnl_primitive_desc_t pd);
 dnnl_status_t wk__cpu_scratch_of(cpu_be_t *be, const_dnnl_primitive_desc_t pd, dnnl_memory_t *out);
 
 /* Creates the primitive of pd and queues it with args at batch (phase 2);
