@@ -136,17 +136,26 @@ static void query_send_failure(gw_query_t *q, h2o_req_t *hreq)
     gw_send_error_retry(hreq, q->fate.err, why, retry);
 }
 
+/* What both answers do first: the query settled and counted, its
+ * headers set, and a failure sent. Returns 0 when the answer is the
+ * caller's to send. */
+static int query_answer_begin(gw_query_t *q, h2o_req_t *hreq, int64_t now)
+{
+    query_settle(q);
+    query_count(q, now);
+    query_headers(q, hreq);
+    if (!atomic_load(&q->fate.failed))
+        return 0;
+    query_send_failure(q, hreq);
+    return -1;
+}
+
 void gw_query_respond(gw_async_t *a, h2o_req_t *hreq)
 {
     gw_query_t *q = (gw_query_t *)a;
     int64_t now = sq_now_us();
-    query_settle(q);
-    query_count(q, now);
-    query_headers(q, hreq);
-    if (atomic_load(&q->fate.failed)) {
-        query_send_failure(q, hreq);
+    if (query_answer_begin(q, hreq, now) != 0)
         return;
-    }
     json_t *frames = json_array();
     for (int f = 0; f < q->nframes; f++)
         json_array_append_new(frames, frame_json(q, f));
@@ -199,13 +208,8 @@ void gw_query_respond_oip(gw_async_t *a, h2o_req_t *hreq)
 {
     gw_query_t *q = (gw_query_t *)a;
     int64_t now = sq_now_us();
-    query_settle(q);
-    query_count(q, now);
-    query_headers(q, hreq);
-    if (atomic_load(&q->fate.failed)) {
-        query_send_failure(q, hreq);
+    if (query_answer_begin(q, hreq, now) != 0)
         return;
-    }
     gw_send_json(hreq, 200, oip_answer(q, now));
 }
 

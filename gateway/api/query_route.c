@@ -214,21 +214,32 @@ static int query_feasible(gw_query_t *q, const gw_part_t *frames, int nframes)
     return -1;
 }
 
+/* Both routes' start: the call's query, answered by respond, and the
+ * SLO its headers ask for; NULL when it was refused (answered). */
+static gw_query_t *query_open(gw_call_t *call, void (*respond)(gw_async_t *, h2o_req_t *),
+                              double *slo)
+{
+    gw_query_t *q = query_new(call);
+    if (q == NULL)
+        return NULL;
+    q->base.respond = respond;
+    char why[512];
+    int rc = gw_request_slo_ms(call->req, slo, why, sizeof(why));
+    if (rc != 0) {
+        query_reject(q, rc, "%s", why);
+        return NULL;
+    }
+    return q;
+}
+
 void gw_route_pipeline_infer(gw_call_t *call)
 {
     gw_api_ctx_t *api = call->app;
     h2o_req_t *hreq = call->req;
-    gw_query_t *q = query_new(call);
+    double slo;
+    gw_query_t *q = query_open(call, gw_query_respond, &slo);
     if (q == NULL)
         return;
-    q->base.respond = gw_query_respond;
-    char why[512];
-    double slo;
-    int rc = gw_request_slo_ms(hreq, &slo, why, sizeof(why));
-    if (rc != 0) {
-        query_reject(q, rc, "%s", why);
-        return;
-    }
     if (query_setup(q, slo) != 0)
         return;
     if (hreq->entity.len == 0) {
@@ -239,7 +250,8 @@ void gw_route_pipeline_infer(gw_call_t *call)
         query_reject(q, SQ_OVERLOAD, "not enough memory to hold the body; retry shortly");
         return;
     }
-    int max = api->cfg.max_images;
+    char why[512];
+    int rc = 0, max = api->cfg.max_images;
     gw_part_t *parts = sq_xcalloc((size_t)max + 1, sizeof(*parts));
     int nparts = 0;
     h2o_iovec_t ct = gw_header(hreq, "content-type");
@@ -360,17 +372,10 @@ static void oip_start(gw_query_t *q, double slo, long long header_len)
 void gw_route_pipeline_infer_v2(gw_call_t *call)
 {
     h2o_req_t *hreq = call->req;
-    gw_query_t *q = query_new(call);
+    double slo;
+    gw_query_t *q = query_open(call, gw_query_respond_oip, &slo);
     if (q == NULL)
         return;
-    q->base.respond = gw_query_respond_oip;
-    char why[512];
-    double slo;
-    int rc = gw_request_slo_ms(hreq, &slo, why, sizeof(why));
-    if (rc != 0) {
-        query_reject(q, rc, "%s", why);
-        return;
-    }
     long long header_len = -1;
     h2o_iovec_t hl = gw_header(hreq, "inference-header-content-length");
     if (hl.len > 0) {
