@@ -78,7 +78,7 @@ static void cpu_release(wk_plan_t *plan)
     free(be->bufs);
     for (int i = 0; be->steps != NULL && i < plan->graph->n_steps; i++)
         free(be->steps[i].wei_alt), free(be->steps[i].wino_at), free(be->steps[i].dw_alt),
-            free(be->steps[i].cat_tmp);
+            free(be->steps[i].cat_tmp), wk__cpu_sqconv_free(&be->steps[i]);
     free(be->steps);
     free(be->lists);
     free(be->ready);
@@ -508,6 +508,10 @@ static int cpu_run(wk_plan_t *plan, int batch, float *const *outputs)
         /* C kernels read plain memory written by the primitives before. */
         DN(dnnl_stream_wait(be->stream));
         const wk_step_t *s = &g->steps[it->step];
+        if (be->steps[it->step].sqc != NULL) {
+            wk__cpu_run_sqconv(be, s, &be->steps[it->step], batch);
+            continue;
+        }
         const float *src = wk__cpu_buf_ptr(be, be->steps[it->step].bias);
         float *dst = wk__cpu_buf_ptr(be, wk__cpu_vbuf(s->out));
         wk__cpu_ops[s->kind].run_c(s, &g->values[s->in[0]], &g->values[s->out], batch, src, dst);
@@ -533,8 +537,8 @@ out:
 
 /* Points every memory object over input `index`'s bytes (the input and its
  * views) at ptr for runs at `batch`, or back at the arena. The C kernels
- * address the arena directly, so a plan that runs one at this batch copies
- * instead. */
+ * address the arena directly, so a plan where one reads the input at this
+ * batch copies instead. */
 static int cpu_bind_input(wk_plan_t *plan, int index, int batch, const float *ptr)
 {
     cpu_be_t *be = plan->be;
@@ -542,10 +546,18 @@ static int cpu_bind_input(wk_plan_t *plan, int index, int batch, const float *pt
     if ((rc = ready_size(plan, batch)) != 0)
         return rc;
     const cpu_list_t *l = &be->lists[batch];
-    for (int i = 0; i < l->n; i++)
-        if (l->items[i].prim == NULL)
-            return SQ_UNSUPPORTED_MODEL;
     int root = wk__cpu_vbuf(plan->graph->inputs[index]);
+    for (int i = 0; i < l->n; i++) {
+        if (l->items[i].prim != NULL)
+            continue;
+        /* what the C kernel reads: a conv of backend_cpu_sqconv.c its
+         * input, the others their plain source */
+        int si = l->items[i].step;
+        int src = be->steps[si].sqc != NULL ? wk__cpu_vbuf(plan->graph->steps[si].in[0])
+                                            : be->steps[si].bias;
+        if (src < 0 || wk__cpu_root_buf(be, src) == root)
+            return SQ_UNSUPPORTED_MODEL;
+    }
     for (int id = 0; id < be->n_bufs; id++) {
         dnnl_memory_t m = be->mems[(size_t)id * (size_t)(mb + 1) + (size_t)batch];
         if (m == NULL || wk__cpu_root_buf(be, id) != root)

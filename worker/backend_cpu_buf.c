@@ -258,6 +258,19 @@ static float *small_twin(const wk_plan_t *plan, const cpu_buf_t *b, size_t bytes
     return NULL;
 }
 
+void wk__cpu_share_twin(wk_plan_t *plan, int id)
+{
+    cpu_be_t *be = plan->be;
+    cpu_buf_t *b = &be->bufs[id];
+    float *twin = small_twin(plan, b, dnnl_memory_desc_get_size(&b->md));
+    if (twin != NULL) {
+        /* read only, and the small plan is freed after this one */
+        free(b->own_data);
+        b->own_data = NULL;
+        b->data = twin;
+    }
+}
+
 int wk__cpu_const_reorder(wk_plan_t *plan, const dnnl_memory_desc_t *smd, void *src,
                           const dnnl_memory_desc_t *dmd)
 {
@@ -279,13 +292,7 @@ int wk__cpu_const_reorder(wk_plan_t *plan, const dnnl_memory_desc_t *smd, void *
     dnnl_exec_arg_t args[2] = {{DNNL_ARG_FROM, ms}, {DNNL_ARG_TO, md}};
     DN(dnnl_primitive_execute(p, be->stream, 2, args));
     DN(dnnl_stream_wait(be->stream));
-    float *twin = small_twin(plan, b, bytes);
-    if (twin != NULL) {
-        /* read only, and the small plan is freed after this one */
-        free(b->own_data);
-        b->own_data = NULL;
-        b->data = twin;
-    }
+    wk__cpu_share_twin(plan, id);
 out:
     dnnl_primitive_destroy(p);
     dnnl_primitive_desc_destroy(pd);

@@ -4,7 +4,9 @@
  * whether a depthwise conv is fused), backend_cpu_elem.c (activations,
  * binary ops), backend_cpu_matmul.c (Gemm, MatMul), backend_cpu_norm.c
  * (softmax, reductions, layer norm), backend_cpu_move.c (concat, reshape,
- * transpose) and backend_cpu_ckern.c (plain C kernels); backend_cpu_ops.c
+ * transpose) and backend_cpu_ckern.c (plain C kernels); backend_cpu_sqconv.c
+ * on the conv builder (squish's own direct conv on AVX2 CPUs, where it
+ * times faster than oneDNN's); backend_cpu_ops.c
  * (their table wk__cpu_ops, one entry per kernel kind); and backend_cpu.c
  * (the backend's vtable: the two planning phases, running). See
  * backend_cpu.c for the design. */
@@ -82,8 +84,9 @@ typedef struct {
      * place, but the kernel is made for this layout, not the buffer's: one
      * made for the buffer's can be oneDNN's reference code. */
     dnnl_memory_desc_t src_md;
-    int *cat_tmp; /* concat: [n_in], each input's copy in the concat's layout, or -1;
-                     NULL when the inputs are read as they are */
+    int *cat_tmp;           /* concat: [n_in], each input's copy in the concat's layout, or -1;
+                               NULL when the inputs are read as they are */
+    struct cpu_sqconv *sqc; /* conv: run by squish's own kernel (backend_cpu_sqconv.c), or NULL */
 } cpu_step_t;
 
 typedef struct {
@@ -178,6 +181,11 @@ int wk__cpu_vbuf(int value);
 int wk__cpu_const_reorder(wk_plan_t *plan, const dnnl_memory_desc_t *smd, void *src,
                           const dnnl_memory_desc_t *dmd);
 
+/* Buffer id's own constant bytes, given up for the same bytes of the
+ * model's plan for small batches where it holds them (they then serve
+ * both plans). */
+void wk__cpu_share_twin(wk_plan_t *plan, int id);
+
 /* Returns a buffer holding value v's data in layout want for step si: v's
  * own buffer when it already has that layout, else a temporary filled by a
  * reorder (queued in phase 2; for constants done once now). *tmp remembers
@@ -262,6 +270,19 @@ bool wk__cpu_pd_fast(dnnl_status_t st, const dnnl_primitive_desc_t *p);
 dnnl_status_t wk__cpu_conv_post_ops(dnnl_post_ops_t po, const wk_step_t *s);
 void wk__cpu_dw_mid_md(dnnl_memory_desc_t *md, int64_t n, const wk_value_t *x, const wk_value_t *y);
 bool wk__cpu_written_fused(const wk_graph_t *g, int v);
+
+/* backend_cpu_sqconv.c: squish's own direct conv on AVX2 CPUs (8-channel
+ * blocks in and out). take: whether step si runs on it (phase 1, its
+ * input's layout decided: where it fits and times faster than oneDNN's;
+ * then be->steps[si].sqc is set); build: its builder in both phases; run:
+ * one run at batch; free: what the step's plan holds of it. */
+bool wk__cpu_sqconv_take(wk_plan_t *plan, int si);
+/* The conv builder of the ops table: this kernel's where it takes the
+ * step, else oneDNN's (wk__cpu_build_conv). */
+int wk__cpu_build_any_conv(wk_plan_t *plan, int si, int batch);
+int wk__cpu_build_sqconv(wk_plan_t *plan, int si, int batch);
+void wk__cpu_run_sqconv(cpu_be_t *be, const wk_step_t *s, const cpu_step_t *cs, int batch);
+void wk__cpu_sqconv_free(cpu_step_t *cs);
 
 /* backend_cpu_dwfuse.c: whether depthwise conv dw goes into 1x1 conv pw
  * as a post-op (the backend's conv_dw), timed both ways. */

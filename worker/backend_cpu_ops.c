@@ -11,7 +11,7 @@
 /* One entry per kernel kind (wk_kernel_t, names in wk_kernel_names). A new
  * kind fails the asserts until it has its entry here. */
 const wk_cpu_op_t wk__cpu_ops[] = {
-    [WK_K_CONV] = {.build = wk__cpu_build_conv},
+    [WK_K_CONV] = {.build = wk__cpu_build_any_conv},
     [WK_K_MAXPOOL] = {.build = wk__cpu_build_pool},
     [WK_K_AVGPOOL] = {.build = wk__cpu_build_pool},
     [WK_K_GLOBALAVG] = {.build = wk__cpu_build_pool},

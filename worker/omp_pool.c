@@ -308,6 +308,11 @@ void GOMP_parallel(void (*fn)(void *), void *data, unsigned num_threads, unsigne
     wait_change(p, &p->joined, j, &p->joined_sleepers);
 }
 
+void wk_omp_run(void (*fn)(void *), void *data)
+{
+    GOMP_parallel(fn, data, 0, 0);
+}
+
 void GOMP_barrier(void)
 {
     pool_t *p = tl_team_pool;

@@ -20,6 +20,10 @@ void wk_omp_alone(bool on);
 /* False when SQUISH_CPU_SPIN_US=0: wk_omp_hot(true) changes nothing. */
 bool wk_omp_spins(void);
 
+/* Runs fn(data) as one parallel region of the calling thread's pool, on
+ * every thread of its team (omp_get_thread_num tells which). */
+void wk_omp_run(void (*fn)(void *), void *data);
+
 /* Parallel regions run on more than one thread so far, in this process. */
 unsigned long wk_omp_regions(void);
 

@@ -642,3 +642,94 @@ Test(backend_cpu, a_concat_of_inputs_in_different_layouts_runs_no_reference_kern
                  be->n_ref_kernels);
     wk_plan_free(p);
 }
+
+static int add(net_t *t, int a, int b)
+{
+    int y = value(t, t->c[a], t->hw[a]);
+    wk_graph_step(t->g, WK_K_BINARY, (int[]){a, b}, 2, y)->p.binop = WK_BIN_ADD;
+    for (int64_t i = 0; i < N * t->c[a] * t->hw[a] * t->hw[a]; i++)
+        t->ref[y][i] = t->ref[a][i] + t->ref[b][i];
+    return y;
+}
+
+static int count_own_convs(const wk_plan_t *p)
+{
+    const cpu_be_t *be = p->be;
+    int n = 0;
+    for (int i = 0; i < p->graph->n_steps; i++)
+        n += be->steps[i].sqc != NULL;
+    return n;
+}
+
+/* A resnet's blocks and their siblings: 3x3 convs with stride 1 and 2, a
+ * residual summed with a relu after it, 24 output channels (a tile and a
+ * half), a 5x5 conv, at batches 2 and 1 against the reference. Where the
+ * CPU has AVX2 but not AVX-512, every conv whose input is in 8-channel
+ * blocks runs squish's own kernel (backend_cpu_sqconv.c): all but the
+ * first, which reads the net's plain input. */
+static wk_plan_t *resnet_like_plan(void)
+{
+    net_t t = {.g = wk_graph_new(N)};
+    int x = input(&t, 16, 14);
+    int c1 = conv(&t, x, 24, 3, 1);
+    int r1 = act(&t, conv(&t, c1, 24, 3, 1), (wk_act_t){.kind = WK_ACT_RELU});
+    int c2 = conv_s(&t, r1, 32, 3, 1, 2);
+    int y = act(&t, add(&t, conv(&t, c2, 32, 3, 1), c2), (wk_act_t){.kind = WK_ACT_RELU});
+    int y2 = conv(&t, y, 16, 5, 1);
+    return plan_and_check(&t, x, y2);
+}
+
+Test(backend_cpu, resnet_blocks_on_avx2_run_squishs_own_convs_as_the_reference)
+{
+    /* untimed: every conv that fits (timed, each takes the faster kernel) */
+    setenv("SQUISH_CPU_OWN_CONV", "always", 1);
+    wk_plan_t *p = resnet_like_plan();
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    bool avx2_only = isa == dnnl_cpu_isa_avx2 || isa == dnnl_cpu_isa_avx2_vnni;
+    cr_expect_eq(count_own_convs(p), avx2_only ? 4 : 0, "convs on squish's own kernel");
+    wk_plan_free(p);
+}
+
+Test(backend_cpu, squish_cpu_own_conv_off_leaves_every_conv_to_onednn)
+{
+    setenv("SQUISH_CPU_OWN_CONV", "off", 1);
+    wk_plan_t *p = resnet_like_plan();
+    cr_expect_eq(count_own_convs(p), 0);
+    wk_plan_free(p);
+}
+
+/* A net's stem: a 7x7 stride-2 conv over the image's 3 plain channels
+ * (padding 3), then a 3x3 conv; on AVX2 both run squish's own kernel, the
+ * first reading the plain input, as the reference. */
+Test(backend_cpu, a_stem_conv_over_the_plain_image_runs_squishs_own_kernel_as_the_reference)
+{
+    setenv("SQUISH_CPU_OWN_CONV", "always", 1);
+    net_t t = {.g = wk_graph_new(N)};
+    int x = input(&t, 3, 30);
+    int s = act(&t, conv_s(&t, x, 16, 7, 1, 2), (wk_act_t){.kind = WK_ACT_RELU});
+    int y = conv(&t, s, 16, 3, 1);
+    int64_t nx = N * 3 * 30 * 30, ny = N * 16 * 15 * 15;
+    float *in = malloc((size_t)nx * sizeof(float)), *want = malloc((size_t)ny * sizeof(float));
+    memcpy(in, t.ref[x], (size_t)nx * sizeof(float));
+    memcpy(want, t.ref[y], (size_t)ny * sizeof(float));
+    wk_plan_t *p = plan_and_check(&t, x, y);
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    bool avx2_only = isa == dnnl_cpu_isa_avx2 || isa == dnnl_cpu_isa_avx2_vnni;
+    cr_expect_eq(count_own_convs(p), avx2_only ? 2 : 0, "convs on squish's own kernel");
+    /* Run in place (the caller's input bound where the plan allows it):
+     * the stem reads the input from the arena, so the plan copies it
+     * there, and a run of zeros before leaves nothing behind. */
+    float *zeros = calloc((size_t)nx, sizeof(float)), *got = malloc((size_t)ny * sizeof(float));
+    cr_assert_eq(wk_plan_run(p, N, (const float *[]){zeros}, (float *[]){got}), 0);
+    cr_assert_eq(wk__plan_run_inplace(p, N, (const float *[]){in}, (float *[]){got}), 0, "%s",
+                 wk_plan_errmsg(p));
+    for (int64_t i = 0; i < ny; i++)
+        cr_assert(fabsf(got[i] - want[i]) <= 1e-4f * (1.0f + fabsf(want[i])),
+                  "in place: element %lld: %g, reference %g", (long long)i, (double)got[i],
+                  (double)want[i]);
+    free(zeros);
+    free(got);
+    free(in);
+    free(want);
+    wk_plan_free(p);
+}
