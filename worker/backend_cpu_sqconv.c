@@ -53,6 +53,7 @@ typedef struct cpu_sqconv {
     int kc;       /* input channel blocks of a K chunk */
     bool add;     /* the output holds the residual before the conv runs */
     bool plain;   /* the input in plain NCHW (a net's image: at most 8 channels) */
+    bool nhwc;    /* input and output channels last (else in 8-channel blocks) */
     int n_act;
     wk_act_t act[MAX_ACTS];
     int wbuf, bbuf; /* packed weights; bias (oc floats) */
@@ -147,22 +148,26 @@ bool wk__cpu_sqconv_take(wk_plan_t *plan, int si)
             return false;
         act_seen = true;
     }
-    /* The input in 8-channel blocks already (what oneDNN's convs chose
-     * upstream), or a net's image in plain NCHW (a stem conv: at most 8
-     * channels, more than one tap); otherwise oneDNN's own kernels keep
-     * their layouts. */
+    /* The input in 8-channel blocks or channels last already (what
+     * oneDNN's convs chose upstream), or a net's image in plain NCHW (a
+     * stem conv: at most 8 channels, more than one tap); otherwise
+     * oneDNN's own kernels keep their layouts. The output takes the
+     * input's layout (8-channel blocks after a plain image). */
     const cpu_buf_t *in = &be->bufs[wk__cpu_vbuf(s->in[0])];
-    dnnl_memory_desc_t blk, pln;
+    dnnl_memory_desc_t blk, pln, last;
     if (!in->decided || in->md.ndims != 4 ||
         dnnl_memory_desc_init_by_tag(&blk, 4, in->md.dims, dnnl_f32, dnnl_nChw8c) != dnnl_success ||
-        dnnl_memory_desc_init_by_tag(&pln, 4, in->md.dims, dnnl_f32, dnnl_abcd) != dnnl_success)
+        dnnl_memory_desc_init_by_tag(&pln, 4, in->md.dims, dnnl_f32, dnnl_abcd) != dnnl_success ||
+        dnnl_memory_desc_init_by_tag(&last, 4, in->md.dims, dnnl_f32, dnnl_acdb) != dnnl_success)
         return false;
     bool plain = x->dims[1] <= 8 && taps > 1 && dnnl_memory_desc_equal(&in->md, &pln);
-    if (!plain && (x->dims[1] % 8 != 0 || !dnnl_memory_desc_equal(&in->md, &blk)))
+    bool nhwc = !plain && dnnl_memory_desc_equal(&in->md, &last);
+    if (!plain && (x->dims[1] % 8 != 0 || (!nhwc && !dnnl_memory_desc_equal(&in->md, &blk))))
         return false;
     cpu_sqconv_t *c = sq_xcalloc(1, sizeof(*c));
     geometry(c, g, s);
     c->plain = plain;
+    c->nhwc = nhwc;
     c->zeros = zero_pages((size_t)c->ic * (size_t)c->ih * (size_t)c->iw * sizeof(float));
     if (c->zeros == NULL || (mode != OWN_ALWAYS && !own_faster(plan, s, c))) {
         free(c);
@@ -267,10 +272,10 @@ int wk__cpu_build_sqconv(wk_plan_t *plan, int si, int batch)
         wk__cpu_share_twin(plan, c->bbuf);
         dnnl_memory_desc_t md;
         dnnl_dims_t d = {y->dims[0], y->dims[1], y->dims[2], y->dims[3]};
-        dnnl_memory_desc_init_by_tag(&md, 4, d, dnnl_f32, dnnl_nChw8c);
+        dnnl_memory_desc_init_by_tag(&md, 4, d, dnnl_f32, c->nhwc ? dnnl_acdb : dnnl_nChw8c);
         wk__cpu_set_out_md(plan, s->out, &md);
         if (!dnnl_memory_desc_equal(&be->bufs[wk__cpu_vbuf(s->out)].md, &md))
-            return wk_fail(plan, SQ_INTERNAL, "conv step %d: output not in 8-channel blocks", si);
+            return wk_fail(plan, SQ_INTERNAL, "conv step %d: output not in the layout asked", si);
         /* A residual that dies here, in the output's layout, lends its
          * buffer: the conv sums into it in place. */
         for (int i = 0; i < s->n_post; i++) {
@@ -476,6 +481,9 @@ static int group_ptrs(const run_t *rn, int g0, int n, const float **tp, float **
     int taps = c->kh * c->kw;
     size_t in_img = (size_t)c->ic * (size_t)c->ih * (size_t)c->iw;
     size_t out_img = (size_t)c->oc * (size_t)hw;
+    /* floats from a pixel to the next: channels last, blocks, plain */
+    size_t px_in = c->nhwc ? (size_t)c->ic : c->plain ? 1 : 8;
+    size_t px_out = c->nhwc ? (size_t)c->oc : 8;
     int px = 0;
     for (int gi = 0; gi < n; gi++) {
         for (int r = 0; r < TILE_PX; r++) {
@@ -490,9 +498,9 @@ static int group_ptrs(const run_t *rn, int g0, int n, const float **tp, float **
                 tp[(gi * taps + t) * TILE_PX + r] =
                     iy < 0 || ix < 0 || iy >= c->ih || ix >= c->iw
                         ? c->zeros
-                        : base + ((size_t)iy * (size_t)c->iw + (size_t)ix) * (c->plain ? 1 : 8);
+                        : base + ((size_t)iy * (size_t)c->iw + (size_t)ix) * px_in;
             }
-            op[gi * TILE_PX + r] = rn->out + (size_t)img * out_img + (size_t)q * 8;
+            op[gi * TILE_PX + r] = rn->out + (size_t)img * out_img + (size_t)q * px_out;
             px++;
         }
     }
@@ -506,7 +514,9 @@ static TARGET void run_units(run_t *rn, int u0, int u1)
     int64_t hw = (int64_t)c->oh * c->ow, total = hw * rn->batch;
     int n_groups = (int)((total + TILE_PX - 1) / TILE_PX);
     int n_gb = (n_groups + c->n_groups - 1) / c->n_groups;
-    size_t istep = (size_t)c->ih * (size_t)c->iw * 8, ostep = (size_t)hw * 8;
+    /* floats from a block of 8 channels to the next */
+    size_t istep = c->nhwc ? 8 : (size_t)c->ih * (size_t)c->iw * 8;
+    size_t ostep = c->nhwc ? 8 : (size_t)hw * 8;
     const float *tp[GROUP_PTRS];
     float *op[16 * TILE_PX];
     int have_gb = -1;
@@ -598,8 +608,9 @@ static bool own_faster(wk_plan_t *plan, const wk_step_t *s, const cpu_sqconv_t *
     dnnl_dims_t sd = {tb, c->ic, c->ih, c->iw}, dd = {tb, c->oc, c->oh, c->ow};
     dnnl_dims_t wd = {c->oc, c->ic, c->kh, c->kw}, bd = {c->oc};
     dnnl_memory_desc_t smd, dmd, wmd, bmd;
-    dnnl_memory_desc_init_by_tag(&smd, 4, sd, dnnl_f32, c->plain ? dnnl_abcd : dnnl_nChw8c);
-    dnnl_memory_desc_init_by_tag(&dmd, 4, dd, dnnl_f32, dnnl_nChw8c);
+    dnnl_format_tag_t in_tag = c->plain ? dnnl_abcd : c->nhwc ? dnnl_acdb : dnnl_nChw8c;
+    dnnl_memory_desc_init_by_tag(&smd, 4, sd, dnnl_f32, in_tag);
+    dnnl_memory_desc_init_by_tag(&dmd, 4, dd, dnnl_f32, c->nhwc ? dnnl_acdb : dnnl_nChw8c);
     dnnl_memory_desc_init_by_tag(&wmd, 4, wd, dnnl_f32, dnnl_format_tag_any);
     dnnl_memory_desc_init_by_tag(&bmd, 1, bd, dnnl_f32, dnnl_a);
     dnnl_primitive_attr_t attr = NULL;

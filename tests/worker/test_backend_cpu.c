@@ -733,3 +733,44 @@ Test(backend_cpu, a_stem_conv_over_the_plain_image_runs_squishs_own_kernel_as_th
     free(want);
     wk_plan_free(p);
 }
+
+/* After a BatchNorm that does not fold (densenet's, after its concats),
+ * which reads and writes channels last, a 3x3 conv with a residual runs squish's own kernel
+ * on channels last, in and out, as the reference. */
+Test(backend_cpu, a_conv_on_channels_last_runs_squishs_own_kernel_as_the_reference)
+{
+    setenv("SQUISH_CPU_OWN_CONV", "always", 1);
+    net_t t = {.g = wk_graph_new(N)};
+    int x = input(&t, 16, 10);
+    int c = conv(&t, x, 32, 3, 1);
+    /* densenet's BatchNorm after a concat, not folded: channels last */
+    int64_t cd[3] = {32, 1, 1};
+    float *scale = rand_buf(32), *shift = rand_buf(32);
+    int sv = wk_graph_value(t.g, NULL, 3, cd, false, scale);
+    int tv = wk_graph_value(t.g, NULL, 3, cd, false, shift);
+    int bn = value(&t, 32, 10);
+    wk_graph_step(t.g, WK_K_BATCHNORM, (int[]){c, sv, tv}, 3, bn);
+    for (int64_t i = 0; i < N * 32 * 10 * 10; i++) {
+        int64_t ch = (i / (10 * 10)) % 32;
+        t.ref[bn][i] = t.ref[c][i] * scale[ch] + shift[ch];
+    }
+    free(scale);
+    free(shift);
+    int r = act(&t, bn, (wk_act_t){.kind = WK_ACT_RELU});
+    int y = act(&t, add(&t, conv(&t, r, 32, 3, 1), c), (wk_act_t){.kind = WK_ACT_RELU});
+    wk_plan_t *p = plan_and_check(&t, x, y);
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    if (isa == dnnl_cpu_isa_avx2 || isa == dnnl_cpu_isa_avx2_vnni) {
+        const cpu_be_t *be = p->be;
+        int own = -1;
+        for (int i = 0; i < p->graph->n_steps; i++)
+            if (be->steps[i].sqc != NULL)
+                own = i;
+        cr_assert_geq(own, 0, "the 3x3 conv runs squish's own kernel");
+        const cpu_buf_t *in = &be->bufs[wk__cpu_vbuf(p->graph->steps[own].in[0])];
+        dnnl_memory_desc_t last;
+        dnnl_memory_desc_init_by_tag(&last, 4, in->md.dims, dnnl_f32, dnnl_acdb);
+        cr_expect(dnnl_memory_desc_equal(&in->md, &last), "its input is channels last");
+    }
+    wk_plan_free(p);
+}
