@@ -589,21 +589,71 @@ void wk__cpu_run_sqconv(cpu_be_t *be, const wk_step_t *s, const cpu_step_t *cs, 
 /* ---- which kernel is faster -------------------------------------------------- */
 
 /* Whether this kernel runs conv s faster than oneDNN's, both made at the
- * plan's largest batch (at most TRIAL_BATCH) over scratch buffers and
+ * plan's largest batch (at most TRIAL_BATCH: the model's plan for small
+ * batches and its plan for large ones ask the same) over scratch buffers and
  * timed in turn, the faster of TRIAL_ROUNDS runs each after one to warm
  * up; it must win by OWN_GAIN (a tie stays with oneDNN). Where oneDNN has
  * no fast kernel for it, this one is taken untimed. Which wins differs by
  * shape and machine: on a 2-vCPU AMD EPYC (AVX2) this kernel led on
  * resnet18's 3x3 convs and trailed oneDNN's jit_1x1 on most 1x1 convs
  * (bench/RESULTS.md). */
-#define TRIAL_BATCH 8
-#define TRIAL_ROUNDS 3
+#define TRIAL_BATCH 3
+#define TRIAL_ROUNDS 2
 #define OWN_GAIN 0.97
+
+/* What a trial found, by shape: the convs of one shape (resnet18 has 16
+ * 3x3 convs of 7 shapes, densenet121 58 of 4) and every later plan of it
+ * (the model's plan for small batches, a reload, another model) take the
+ * first trial's answer in this process: trials at every conv made a
+ * resnet18 plan take 6 s instead of 0.3. */
+typedef struct {
+    int key[14];
+    bool own;
+} trial_t;
+
+#define MAX_TRIALS 512
+static trial_t g_trials[MAX_TRIALS];
+static int g_n_trials;
+static pthread_mutex_t g_trials_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void trial_key(const cpu_sqconv_t *c, int *key)
+{
+    int k[14] = {c->ic, c->oc, c->ih, c->iw,    c->kh,   c->kw,  c->sh,
+                 c->sw, c->ph, c->pw, c->plain, c->nhwc, c->add, c->n_act};
+    memcpy(key, k, sizeof(k));
+}
+
+/* 1: own, 0: oneDNN, -1: not tried yet. */
+static int trial_known(const int *key)
+{
+    int r = -1;
+    pthread_mutex_lock(&g_trials_mu);
+    for (int i = 0; i < g_n_trials && r < 0; i++)
+        if (memcmp(g_trials[i].key, key, sizeof(g_trials[i].key)) == 0)
+            r = g_trials[i].own;
+    pthread_mutex_unlock(&g_trials_mu);
+    return r;
+}
+
+static void trial_note(const int *key, bool own)
+{
+    pthread_mutex_lock(&g_trials_mu);
+    if (g_n_trials < MAX_TRIALS) {
+        memcpy(g_trials[g_n_trials].key, key, sizeof(g_trials[g_n_trials].key));
+        g_trials[g_n_trials++].own = own;
+    }
+    pthread_mutex_unlock(&g_trials_mu);
+}
 
 static bool own_faster(wk_plan_t *plan, const wk_step_t *s, const cpu_sqconv_t *c)
 {
     const cpu_be_t *be = plan->be;
     int tb = plan->graph->max_batch < TRIAL_BATCH ? plan->graph->max_batch : TRIAL_BATCH;
+    int key[14];
+    trial_key(c, key);
+    int known = trial_known(key);
+    if (known >= 0)
+        return known == 1;
     bool has_bias = s->n_in > 2 && s->in[2] >= 0, faster = true;
     dnnl_dims_t sd = {tb, c->ic, c->ih, c->iw}, dd = {tb, c->oc, c->oh, c->ow};
     dnnl_dims_t wd = {c->oc, c->ic, c->kh, c->kw}, bd = {c->oc};
@@ -674,6 +724,7 @@ static bool own_faster(wk_plan_t *plan, const wk_step_t *s, const cpu_sqconv_t *
         }
     }
     faster = (double)best_own < OWN_GAIN * (double)best_dnnl;
+    trial_note(key, faster);
     SQ_DEBUG("cpu plan: conv %dx%d %d->%d at %dx%d, batch %d: own %.3f ms, oneDNN %.3f ms: %s",
              c->kh, c->kw, c->ic, c->oc, c->ih, c->iw, tb, (double)best_own / 1e6,
              (double)best_dnnl / 1e6, faster ? "own" : "oneDNN");
