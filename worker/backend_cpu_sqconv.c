@@ -44,7 +44,8 @@
 #define K_CHUNK 288    /* taps x input channels of a K chunk: 18 KB of a tile's weights */
 #define GROUP_PTRS 864 /* tap pointers a block of pixel groups holds */
 #define MAX_ACTS 4
-#define MAX_TAPS 49 /* 7x7: a group's pointers fit GROUP_PTRS */
+#define UNIT_WEIGHTS ((size_t)192 << 10) /* of a unit's tiles: L2 holds them and a pixel block */
+#define MAX_TAPS 49                      /* 7x7: a group's pointers fit GROUP_PTRS */
 
 typedef struct cpu_sqconv {
     int ic, oc, ih, iw, oh, ow, kh, kw, sh, sw, ph, pw;
@@ -467,7 +468,7 @@ typedef struct {
     float *out;
     int batch;
     int n_units, per_claim;
-    bool pair_major; /* a thread's consecutive units share a tile's weights */
+    int pb; /* output channel tiles of a unit, whose weights stay in L2 while it runs */
     atomic_int next;
 } run_t;
 
@@ -507,10 +508,16 @@ static int group_ptrs(const run_t *rn, int g0, int n, const float **tp, float **
     return px;
 }
 
+static TARGET void run_pair(const run_t *rn, int pair, const float *const *tp, float *const *op,
+                            int g0, int gn, int64_t total, int icbs, size_t istep, size_t ostep);
+
+/* Units u0..u1: unit u is pixel block u % n_gb by the pb output channel
+ * tiles from u / n_gb * pb: the block's input stays in L2 while each
+ * tile's weights run over it. */
 static TARGET void run_units(run_t *rn, int u0, int u1)
 {
     const cpu_sqconv_t *c = rn->c;
-    int taps = c->kh * c->kw, icbs = (c->ic + 7) / 8;
+    int icbs = (c->ic + 7) / 8;
     int64_t hw = (int64_t)c->oh * c->ow, total = hw * rn->batch;
     int n_groups = (int)((total + TILE_PX - 1) / TILE_PX);
     int n_gb = (n_groups + c->n_groups - 1) / c->n_groups;
@@ -521,30 +528,40 @@ static TARGET void run_units(run_t *rn, int u0, int u1)
     float *op[16 * TILE_PX];
     int have_gb = -1;
     for (int u = u0; u < u1; u++) {
-        int pair = rn->pair_major ? u / n_gb : u % c->n_pairs;
-        int gb = rn->pair_major ? u % n_gb : u / c->n_pairs;
+        int gb = u % n_gb, pair0 = u / n_gb * rn->pb;
+        int pair1 = pair0 + rn->pb < c->n_pairs ? pair0 + rn->pb : c->n_pairs;
         int g0 = gb * c->n_groups, gn = n_groups - g0 < c->n_groups ? n_groups - g0 : c->n_groups;
         if (gb != have_gb) {
             group_ptrs(rn, g0, gn, tp, op);
             have_gb = gb;
         }
-        int nb = pair * TILE_OC + TILE_OC <= c->oc ? 2 : 1;
-        const float *wt = rn->w + (size_t)pair * (size_t)taps * (size_t)c->ic * TILE_OC;
-        const float *bias = rn->bias + pair * TILE_OC;
-        size_t oshift = (size_t)(pair * 2) * ostep;
-        for (int k0 = 0; k0 < icbs; k0 += c->kc) {
-            int k1 = k0 + c->kc < icbs ? k0 + c->kc : icbs;
-            const float *wc = wt + (size_t)k0 * 8 * (size_t)taps * (size_t)(nb * 8);
-            for (int gi = 0; gi < gn; gi++) {
-                int64_t p0 = (int64_t)(g0 + gi) * TILE_PX;
-                int R = total - p0 < TILE_PX ? (int)(total - p0) : TILE_PX;
-                float *o[TILE_PX];
-                for (int r = 0; r < R; r++)
-                    o[r] = op[gi * TILE_PX + r] + oshift;
-                /* the pointers of tap t of this group, less the chunk's start */
-                tile_any(c, tp + (size_t)gi * (size_t)taps * TILE_PX, wc, k0, k1, istep, o, ostep,
-                         bias, k0 == 0, k1 == icbs, R, nb);
-            }
+        for (int pair = pair0; pair < pair1; pair++)
+            run_pair(rn, pair, tp, op, g0, gn, total, icbs, istep, ostep);
+    }
+}
+
+/* One tile of output channels over pixel groups g0.. (gn of them), whose
+ * tap and output pointers group_ptrs made. */
+static TARGET void run_pair(const run_t *rn, int pair, const float *const *tp, float *const *op,
+                            int g0, int gn, int64_t total, int icbs, size_t istep, size_t ostep)
+{
+    const cpu_sqconv_t *c = rn->c;
+    int taps = c->kh * c->kw;
+    int nb = pair * TILE_OC + TILE_OC <= c->oc ? 2 : 1;
+    const float *wt = rn->w + (size_t)pair * (size_t)taps * (size_t)c->ic * TILE_OC;
+    const float *bias = rn->bias + pair * TILE_OC;
+    size_t oshift = (size_t)(pair * 2) * ostep;
+    for (int k0 = 0; k0 < icbs; k0 += c->kc) {
+        int k1 = k0 + c->kc < icbs ? k0 + c->kc : icbs;
+        const float *wc = wt + (size_t)k0 * 8 * (size_t)taps * (size_t)(nb * 8);
+        for (int gi = 0; gi < gn; gi++) {
+            int64_t p0 = (int64_t)(g0 + gi) * TILE_PX;
+            int R = total - p0 < TILE_PX ? (int)(total - p0) : TILE_PX;
+            float *o[TILE_PX];
+            for (int r = 0; r < R; r++)
+                o[r] = op[gi * TILE_PX + r] + oshift;
+            tile_any(c, tp + (size_t)gi * (size_t)taps * TILE_PX, wc, k0, k1, istep, o, ostep, bias,
+                     k0 == 0, k1 == icbs, R, nb);
         }
     }
 }
@@ -568,11 +585,11 @@ static void sqconv_exec(const cpu_sqconv_t *c, const float *in, const float *w, 
     int64_t total = (int64_t)c->oh * c->ow * batch;
     int n_groups = (int)((total + TILE_PX - 1) / TILE_PX);
     int n_gb = (n_groups + c->n_groups - 1) / c->n_groups;
-    rn.n_units = n_gb * c->n_pairs;
-    /* Pair-major (a thread keeps a tile's weights, the pixels stream)
-     * unless the weights of every tile fit in L2 anyway. */
-    size_t wbytes = (size_t)c->n_pairs * TILE_OC * (size_t)c->ic * (size_t)(c->kh * c->kw) * 4;
-    rn.pair_major = wbytes > ((size_t)256 << 10);
+    /* As many tiles a unit as keep their weights within UNIT_WEIGHTS */
+    size_t wbytes = TILE_OC * (size_t)c->ic * (size_t)(c->kh * c->kw) * 4;
+    rn.pb = (int)(UNIT_WEIGHTS / wbytes) < 1 ? 1 : (int)(UNIT_WEIGHTS / wbytes);
+    rn.pb = rn.pb > c->n_pairs ? c->n_pairs : rn.pb;
+    rn.n_units = n_gb * ((c->n_pairs + rn.pb - 1) / rn.pb);
     int nt = omp_get_max_threads();
     rn.per_claim = rn.n_units / (nt * 4) > 0 ? rn.n_units / (nt * 4) : 1;
     atomic_init(&rn.next, 0);
