@@ -615,7 +615,7 @@ void wk__cpu_run_sqconv(cpu_be_t *be, const wk_step_t *s, const cpu_step_t *cs, 
  * resnet18's 3x3 convs and trailed oneDNN's jit_1x1 on most 1x1 convs
  * (bench/RESULTS.md). */
 #define TRIAL_BATCH 3
-#define TRIAL_ROUNDS 2
+#define TRIAL_ROUNDS 3
 #define OWN_GAIN 0.97
 
 /* What a trial found, by shape: the convs of one shape (resnet18 has 16
