@@ -388,15 +388,21 @@ Test(models, the_kernels_a_plan_gives_back_leave_the_process, .timeout = 240)
     double every = malloc_in_use_mb() - before;
     wk_plan_keep_sizes(p, 1);
     double kept = malloc_in_use_mb() - before;
-    /* sizes 2..8 made their own kernels: several MB */
-    cr_assert_gt(every - one, 4.0, "size 1: %.1f MB, every size: %.1f MB", one, every);
-    cr_assert_lt(kept - one, 0.2 * (every - one),
-                 "size 1: %.1f MB, every size: %.1f MB, size 1 kept: %.1f MB", one, every, kept);
     /* and size 8 made again runs */
     cr_assert_eq(wk_plan_run(p, 8, (const float *[]){in}, (float *[]){out}), 0);
     wk_plan_free(p);
     double after = malloc_in_use_mb() - before;
+    /* (AddressSanitizer's allocator is not glibc's: mallinfo2 does not
+     * see it) */
+#ifndef __SANITIZE_ADDRESS__
+    /* sizes 2..8 made their own kernels: several MB */
+    cr_assert_gt(every - one, 4.0, "size 1: %.1f MB, every size: %.1f MB", one, every);
+    cr_assert_lt(kept - one, 0.2 * (every - one),
+                 "size 1: %.1f MB, every size: %.1f MB, size 1 kept: %.1f MB", one, every, kept);
     cr_assert_lt(after, 0.1 * one, "the plan held %.1f MB, freed %.1f MB stay", one, after);
+#else
+    (void)kept, (void)every, (void)after;
+#endif
     mdb_graph_free(g);
     free(in);
     free(out);
