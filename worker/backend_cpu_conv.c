@@ -286,6 +286,44 @@ static int conv_per_batch(wk_plan_t *plan, int si, const dnnl_memory_desc_t *q_s
     return 0;
 }
 
+/* A residual that dies at conv si and has its output's layout (dst)
+ * lends its buffer: the conv sums into it in place (phase 1). */
+void wk__cpu_conv_sum_in_place(wk_plan_t *plan, int si, const dnnl_memory_desc_t *dst)
+{
+    cpu_be_t *be = plan->be;
+    const wk_graph_t *g = plan->graph;
+    const wk_step_t *s = &g->steps[si];
+    for (int i = 0; i < s->n_post; i++) {
+        if (s->post[i].kind != WK_POST_ADD)
+            continue;
+        int r = wk__cpu_vbuf(s->post[i].value), root = wk__cpu_root_buf(be, r);
+        cpu_buf_t *rb = &be->bufs[r], *ob = &be->bufs[wk__cpu_vbuf(s->out)];
+        if (rb->first < 0 || g->values[s->post[i].value].is_output ||
+            g->values[s->post[i].value].is_input || be->bufs[root].last != si || rb->last != si ||
+            ob->alias >= 0 || wk__cpu_root_buf(be, wk__cpu_vbuf(s->in[0])) == root ||
+            !dnnl_memory_desc_equal(&rb->md, dst))
+            continue;
+        ob->alias = r;
+        if (be->bufs[root].last < ob->last)
+            be->bufs[root].last = ob->last;
+        be->steps[si].inplace = true;
+    }
+}
+
+/* A residual add of conv si not summed in place: the other addend is
+ * copied into its output first, and the conv sums (phase 2, at batch). */
+int wk__cpu_conv_residual_first(wk_plan_t *plan, int si, int batch)
+{
+    const cpu_be_t *be = plan->be;
+    const wk_step_t *s = &plan->graph->steps[si];
+    int rc = 0;
+    for (int i = 0; i < s->n_post && !be->steps[si].inplace && rc == 0; i++)
+        if (s->post[i].kind == WK_POST_ADD)
+            rc = wk__cpu_emit_reorder(plan, batch, si, wk__cpu_vbuf(s->post[i].value),
+                                      wk__cpu_vbuf(s->out));
+    return rc;
+}
+
 int wk__cpu_build_conv(wk_plan_t *plan, int si, int batch)
 {
     cpu_be_t *be = plan->be;
@@ -383,24 +421,7 @@ int wk__cpu_build_conv(wk_plan_t *plan, int si, int batch)
                          "conv step %d: oneDNN chose a layout that blocks the batch", si);
             goto out;
         }
-        /* A residual that dies here and has the output's layout lends its
-         * buffer: the conv sums into it in place. */
-        for (int i = 0; i < s->n_post; i++) {
-            if (s->post[i].kind != WK_POST_ADD)
-                continue;
-            int r = wk__cpu_vbuf(s->post[i].value), root = wk__cpu_root_buf(be, r);
-            cpu_buf_t *rb = &be->bufs[r], *ob = &be->bufs[wk__cpu_vbuf(s->out)];
-            if (rb->first < 0 || g->values[s->post[i].value].is_output ||
-                g->values[s->post[i].value].is_input || be->bufs[root].last != si ||
-                rb->last != si || ob->alias >= 0 ||
-                wk__cpu_root_buf(be, wk__cpu_vbuf(s->in[0])) == root ||
-                !dnnl_memory_desc_equal(&rb->md, q_dst))
-                continue;
-            ob->alias = r;
-            if (be->bufs[root].last < ob->last)
-                be->bufs[root].last = ob->last;
-            cs->inplace = true;
-        }
+        wk__cpu_conv_sum_in_place(plan, si, q_dst);
         cs->src_md = *q_src;
         wk__cpu_as_layout(plan, si, batch, s->in[0], q_src, &cs->tmp_src);
         /* The weights: reordered into the chosen layout once. */
@@ -447,12 +468,8 @@ int wk__cpu_build_conv(wk_plan_t *plan, int si, int batch)
         pd = NULL;
         goto out;
     }
-    /* A residual add: the other addend goes into dst first, the conv sums. */
-    for (int i = 0; i < s->n_post && !cs->inplace; i++)
-        if (s->post[i].kind == WK_POST_ADD &&
-            (rc = wk__cpu_emit_reorder(plan, batch, si, wk__cpu_vbuf(s->post[i].value),
-                                       wk__cpu_vbuf(s->out))) != 0)
-            goto out;
+    if ((rc = wk__cpu_conv_residual_first(plan, si, batch)) != 0)
+        goto out;
     int src = cs->tmp_src >= 0 ? wk__cpu_as_layout(plan, si, batch, s->in[0], NULL, &cs->tmp_src)
                                : wk__cpu_vbuf(s->in[0]);
     if (src < 0) {

@@ -267,6 +267,11 @@ dnnl_status_t wk__cpu_conv_pd(dnnl_primitive_desc_t *pd, const wk_step_t *s, boo
                               const dnnl_memory_desc_t *bias, const dnnl_memory_desc_t *dst,
                               const_dnnl_primitive_attr_t attr, dnnl_engine_t engine);
 bool wk__cpu_pd_fast(dnnl_status_t st, const dnnl_primitive_desc_t *p);
+/* A conv's residual (its ADD post-op): summed in place where the
+ * residual's buffer dies at the conv in the output's layout dst (phase 1),
+ * else copied into the output before the conv runs (phase 2). */
+void wk__cpu_conv_sum_in_place(wk_plan_t *plan, int si, const dnnl_memory_desc_t *dst);
+int wk__cpu_conv_residual_first(wk_plan_t *plan, int si, int batch);
 dnnl_status_t wk__cpu_conv_post_ops(dnnl_post_ops_t po, const wk_step_t *s);
 void wk__cpu_dw_mid_md(dnnl_memory_desc_t *md, int64_t n, const wk_value_t *x, const wk_value_t *y);
 bool wk__cpu_written_fused(const wk_graph_t *g, int v);

@@ -277,34 +277,12 @@ int wk__cpu_build_sqconv(wk_plan_t *plan, int si, int batch)
         wk__cpu_set_out_md(plan, s->out, &md);
         if (!dnnl_memory_desc_equal(&be->bufs[wk__cpu_vbuf(s->out)].md, &md))
             return wk_fail(plan, SQ_INTERNAL, "conv step %d: output not in the layout asked", si);
-        /* A residual that dies here, in the output's layout, lends its
-         * buffer: the conv sums into it in place. */
-        for (int i = 0; i < s->n_post; i++) {
-            if (s->post[i].kind != WK_POST_ADD)
-                continue;
-            int r = wk__cpu_vbuf(s->post[i].value), root = wk__cpu_root_buf(be, r);
-            cpu_buf_t *rb = &be->bufs[r], *ob = &be->bufs[wk__cpu_vbuf(s->out)];
-            if (rb->first < 0 || g->values[s->post[i].value].is_output ||
-                g->values[s->post[i].value].is_input || be->bufs[root].last != si ||
-                rb->last != si || ob->alias >= 0 ||
-                wk__cpu_root_buf(be, wk__cpu_vbuf(s->in[0])) == root ||
-                !dnnl_memory_desc_equal(&rb->md, &md))
-                continue;
-            ob->alias = r;
-            if (be->bufs[root].last < ob->last)
-                be->bufs[root].last = ob->last;
-            cs->inplace = true;
-        }
+        wk__cpu_conv_sum_in_place(plan, si, &md);
         return 0;
     }
-    /* A residual not summed in place is copied into the output first. */
-    for (int i = 0; i < s->n_post && !cs->inplace; i++) {
-        int rc;
-        if (s->post[i].kind == WK_POST_ADD &&
-            (rc = wk__cpu_emit_reorder(plan, batch, si, wk__cpu_vbuf(s->post[i].value),
-                                       wk__cpu_vbuf(s->out))) != 0)
-            return rc;
-    }
+    int rc = wk__cpu_conv_residual_first(plan, si, batch);
+    if (rc != 0)
+        return rc;
     if (be->dry)
         return 0;
     cpu_item_t it = {.prim = NULL, .step = si};
