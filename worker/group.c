@@ -342,6 +342,26 @@ int64_t wk_group_output_elems(const wk_group_t *grp, int member)
     return member >= 0 && member < grp->n ? grp->out_elems[member] : -1;
 }
 
+int wk_group_share_arena(wk_group_t *grp, wk_arena_t *a, char *why, int why_size)
+{
+    int rc = wk_plan_share_arena(grp->prefix, a, why, why_size);
+    for (int i = 0; i < grp->n && rc == 0; i++)
+        rc = wk_plan_share_arena(grp->suffix[i], a, why, why_size);
+    return rc;
+}
+
+void wk_group_keep_sizes(wk_group_t *grp, int upto)
+{
+    wk_plan_keep_sizes(grp->prefix, upto);
+    for (int i = 0; i < grp->n; i++)
+        wk_plan_keep_sizes(grp->suffix[i], upto);
+}
+
+int wk_group_sizes_ready(const wk_group_t *grp)
+{
+    return wk_plan_sizes_ready(grp->prefix);
+}
+
 int64_t wk_group_last_run_ns(const wk_group_t *grp)
 {
     return grp->last_run_ns;

@@ -313,16 +313,21 @@ static void build_model(server_t *s, job_t *j)
 
 /* Execution thread, between batches: m's plan runs in the arena the
  * models share from now on (cpu plans; the other backends keep their
- * own). A prefix group keeps its own (its members read the prefix's
- * output); a plan that cannot join keeps its own too. */
+ * own). A prefix group's plans join too: its prefix writes its output into
+ * the group's own buffer, which the suffixes read, so none of them needs
+ * another's activations after its run. A plan that cannot join keeps its
+ * own arena. */
 static void share_arena(server_t *s, model_t *m)
 {
-    if (m->plan == NULL || wk_plan_backend(m->plan) != SQ_DEV_CPU)
+    const wk_plan_t *front = m->group != NULL ? wk_group_prefix(m->group) : m->plan;
+    if (front == NULL || wk_plan_backend(front) != SQ_DEV_CPU)
         return;
     if (s->arena == NULL)
         s->arena = wk_arena_new();
     char why[256] = "";
-    if (wk_plan_share_arena(m->plan, s->arena, why, sizeof(why)) != 0) {
+    int rc = m->group != NULL ? wk_group_share_arena(m->group, s->arena, why, sizeof(why))
+                              : wk_plan_share_arena(m->plan, s->arena, why, sizeof(why));
+    if (rc != 0) {
         SQ_WARN("model keeps its own arena key=%llu reason=\"%s\"", (unsigned long long)m->key,
                 why);
         return;

@@ -162,11 +162,15 @@ void wk__do_profile(server_t *s, job_t *j)
         int reach = 0;
         for (uint32_t i = 0; i < done->nrows; i++)
             reach = (int)done->rows[i].batch > reach ? (int)done->rows[i].batch : reach;
-        if (m->plan != NULL && reach > 0) {
-            wk_plan_keep_sizes(m->plan, reach);
+        if ((m->plan != NULL || m->group != NULL) && reach > 0) {
+            if (m->group != NULL)
+                wk_group_keep_sizes(m->group, reach);
+            else
+                wk_plan_keep_sizes(m->plan, reach);
             malloc_trim(0);
-            SQ_INFO("profile done key=%llu reach=%d sizes_ready=%d", (unsigned long long)j->id,
-                    reach, wk_plan_sizes_ready(m->plan));
+            SQ_INFO(
+                "profile done key=%llu reach=%d sizes_ready=%d", (unsigned long long)j->id, reach,
+                m->group != NULL ? wk_group_sizes_ready(m->group) : wk_plan_sizes_ready(m->plan));
         }
         int rc = measure_deviation(m, M, done);
         if (rc != 0) {

@@ -215,6 +215,15 @@ const wk_plan_t *wk_group_prefix(const wk_group_t *grp);
 /* Floats of output 0 per row of member's suffix; -1 for a bad member. */
 int64_t wk_group_output_elems(const wk_group_t *grp, int member);
 uint64_t wk_group_memory_bytes(const wk_group_t *grp);
+/* The prefix and every suffix move into a (wk_plan_share_arena): they run
+ * one after the other, the prefix's output in the group's own buffer, so
+ * they need the largest one's arena, not one each. A failure (why says)
+ * leaves the plans not moved in the arenas they had. */
+int wk_group_share_arena(wk_group_t *grp, wk_arena_t *a, char *why, int why_size);
+/* wk_plan_keep_sizes on the prefix and every suffix. */
+void wk_group_keep_sizes(wk_group_t *grp, int upto);
+/* The prefix's wk_plan_sizes_ready. */
+int wk_group_sizes_ready(const wk_group_t *grp);
 int64_t wk_group_last_run_ns(const wk_group_t *grp);
 const char *wk_group_errmsg(const wk_group_t *grp);
 

@@ -229,3 +229,66 @@ Test(group, refuses_bad_cuts_and_different_prefixes, .timeout = 300)
     mdb_graph_free(a);
     mdb_graph_free(m);
 }
+
+/* A group in the arena a worker's models share, its batches alternating
+ * with another model's (each run overwrites the other's activations):
+ * every row still the model's own answer, and the arena the larger plan's,
+ * not the sum; after keeping sizes 1..2 a size given back is made again. */
+Test(group, shares_an_arena_with_another_model_and_alternates_batches, .timeout = 300)
+{
+    pair_t p;
+    pair_open(&p, 8);
+    size_t len;
+    float *in = test_slurp("resnet18_ft_a.b8.input.f32", &len);
+    cr_assert_eq(len, (size_t)8 * HW * sizeof(float));
+    const mdb_graph_t *gs[2] = {p.a, p.b};
+    float *alone[2];
+    wk_plan_t *model = NULL;
+    for (int m = 0; m < 2; m++) {
+        wk_plan_t *pl = plan_of(gs[m], 8);
+        alone[m] = malloc(sizeof(float) * 8 * PER);
+        cr_assert_eq(wk_plan_run(pl, 8, (const float *[]){in}, (float *[]){alone[m]}), 0);
+        if (m == 0)
+            model = pl; /* the other model in the arena: member a alone */
+        else
+            wk_plan_free(pl);
+    }
+    wk_arena_t *a = wk_arena_new();
+    char why[256];
+    cr_assert_eq(wk_plan_share_arena(model, a, why, sizeof(why)), 0, "%s", why);
+    size_t model_bytes = wk_arena_bytes(a);
+    cr_assert_eq(wk_group_share_arena(p.grp, a, why, sizeof(why)), 0, "%s", why);
+    /* the group's backbone is the model's: its activations fit the same */
+    cr_assert_leq(wk_arena_bytes(a), model_bytes + model_bytes / 10, "%zu bytes, model alone %zu",
+                  wk_arena_bytes(a), model_bytes);
+    const int member[8] = {1, 0, 1, 1, 0, 0, 1, 0};
+    const int batches[] = {8, 3, 1, 8, 5, 2};
+    float *out = malloc(sizeof(float) * 8 * PER);
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < 6; i++) {
+            int gb = batches[i], mb = batches[(i + 1) % 6];
+            cr_assert_eq(wk_group_run(p.grp, gb, in, member, out, PER), 0, "%s",
+                         wk_group_errmsg(p.grp));
+            for (int r = 0; r < gb; r++)
+                cr_assert(rel_diff(out + (size_t)r * PER, alone[member[r]] + (size_t)r * PER,
+                                   PER) <= 1e-5,
+                          "round %d group batch %d row %d", round, gb, r);
+            cr_assert_eq(wk_plan_run(model, mb, (const float *[]){in}, (float *[]){out}), 0);
+            cr_assert(rel_diff(out, alone[0], (int64_t)mb * PER) <= 1e-5, "round %d model batch %d",
+                      round, mb);
+        }
+        /* the profile reached 2: the rest given back (but the first size
+         * of the plan for large batches, where small ones have their own),
+         * made again in the next round */
+        wk_group_keep_sizes(p.grp, 2);
+        int ready = wk_group_sizes_ready(p.grp);
+        cr_assert(ready == 2 || ready == 3, "%d sizes ready after keeping 2", ready);
+    }
+    free(out);
+    free(in);
+    free(alone[0]);
+    free(alone[1]);
+    pair_close(&p);
+    wk_plan_free(model);
+    wk_arena_free(a);
+}
