@@ -5,7 +5,11 @@ given (max_batch 64 unless --max-batch), waits until every one is measured
 and ready, and prints the worker's VmRSS (and of it RssAnon, the
 memory the worker allocated, and RssFile, its libraries' pages) and Pss
 (/proc/PID/status, smaps_rollup) and, per model, its profiled batch sizes
-and the memory the worker reported for each.
+and the memory the worker reported for each. Models that share all but
+their last layers form a prefix group once ready, which the worker loads
+and measures besides them: the worker is measured once every group formed
+is ready too (or not used), and the groups are listed; --no-groups starts
+squishd with prefix batching off.
 
     bench/worker_memory.py build/tests/models/resnet18.onnx
     bench/worker_memory.py --max-batch 64 build/tests/models/{resnet18,resnet50}.onnx
@@ -14,6 +18,7 @@ and the memory the worker reported for each.
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -59,6 +64,20 @@ def mappings(pid, top):
             "other_anon_maps": len(small), "file_kb": files}
 
 
+def settled_groups(s, timeout):
+    """Waits until every prefix group squishd formed is ready, retired or
+    not used; returns their log lines."""
+    formed = re.findall(r"prefix group formed group=(\S+)", s.read_log())
+    done = {}
+    for g in formed:
+        pat = re.compile(r"prefix group (ready|retired|not used)[^\n]*group=%s\b[^\n]*"
+                         % re.escape(g))
+        eventually(lambda: pat.search(s.read_log()) or None, timeout, "group %s settled" % g,
+                   step=0.5)
+        done[g] = pat.search(s.read_log()).group(0)
+    return done
+
+
 def upload(s, name, data, max_batch):
     cfg = {"name": name, "max_batch": max_batch}
     body, ctype = tm.multipart([("model", name + ".onnx", "application/octet-stream", data),
@@ -75,9 +94,11 @@ def main():
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--maps", type=int, default=0,
                     help="also print the worker's N largest anonymous mappings once loaded")
+    ap.add_argument("--no-groups", action="store_true",
+                    help="prefix batching off: the worker holds the models given and no group")
     ap.add_argument("models", nargs="+")
     a = ap.parse_args()
-    s = Squishd(workers="cpu:1")
+    s = Squishd(workers="cpu:1", extra=["--prefix-batching", "0"] if a.no_groups else [])
     try:
         s.wait_ready(workers=1)
         pid = list(s.worker_pids().values())[0]
@@ -96,6 +117,10 @@ def main():
             p = [p for p in rec["profiles"] if p["device_kind"] == "cpu"][0]
             print(json.dumps({"model": name, "profiled_batches": p["batch"],
                               "memory_mb": [round(m / 2**20, 1) for m in p["peak_memory_bytes"]]}))
+        time.sleep(2)
+        groups = settled_groups(s, a.timeout)
+        if groups:
+            print(json.dumps({"prefix_groups": groups}))
         time.sleep(1)
         print(json.dumps({"state": "loaded", "models": len(names), **proc_kb(pid)}))
         if a.maps:
