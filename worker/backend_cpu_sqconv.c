@@ -44,6 +44,16 @@
 #define K_CHUNK 288    /* taps x input channels of a K chunk: 18 KB of a tile's weights */
 #define GROUP_PTRS 864 /* tap pointers a block of pixel groups holds */
 #define MAX_ACTS 4
+/* Under AddressSanitizer every load of this kernel is checked (20 times
+ * slower; oneDNN's code is not instrumented): a trial would time the
+ * instrumentation and cost seconds a model, so such a build leaves the
+ * convs a trial would decide to oneDNN, untimed (SQUISH_CPU_OWN_CONV=always
+ * still runs this kernel: the unit tests check it under the sanitizers so). */
+#if defined(__SANITIZE_ADDRESS__)
+#define TRIALS_MEAN_SPEED 0
+#else
+#define TRIALS_MEAN_SPEED 1
+#endif
 #define UNIT_WEIGHTS ((size_t)192 << 10) /* of a unit's tiles: L2 holds them and a pixel block */
 #define MAX_TAPS 49                      /* 7x7: a group's pointers fit GROUP_PTRS */
 
@@ -170,7 +180,8 @@ bool wk__cpu_sqconv_take(wk_plan_t *plan, int si)
     c->plain = plain;
     c->nhwc = nhwc;
     c->zeros = zero_pages((size_t)c->ic * (size_t)c->ih * (size_t)c->iw * sizeof(float));
-    if (c->zeros == NULL || (mode != OWN_ALWAYS && !own_faster(plan, s, c))) {
+    if (c->zeros == NULL ||
+        (mode != OWN_ALWAYS && (!TRIALS_MEAN_SPEED || !own_faster(plan, s, c)))) {
         free(c);
         return false;
     }
