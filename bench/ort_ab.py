@@ -45,11 +45,20 @@ def export(name, path):
                       do_constant_folding=True)
 
 
+# Warm-up runs of squish: the cpu backend first tries each way a graph can
+# run (threads sleeping, spinning, the leader alone) WAY_MIN = 3 times
+# (worker/backend_cpu.c), then runs the fastest; a served model is past
+# that after its first nine batches. Three warm-ups left six of those
+# tries, the leader alone among them, in the timed runs.
+SQUISH_WARMUP = 12
+
+
 def squish(a, path, batch, build=None, extra_env=None):
     env = dict(os.environ, **(extra_env or {}))
     out = subprocess.run([os.path.join(build or a.build, "bench", "squish-cpu-bench"), "--threads",
-                          str(a.threads), "--iters", str(a.iters), "--warmup", "3", "--batch",
-                          str(batch), path], capture_output=True, text=True, env=env, timeout=1800)
+                          str(a.threads), "--iters", str(a.iters), "--warmup", str(SQUISH_WARMUP),
+                          "--batch", str(batch), path], capture_output=True, text=True, env=env,
+                         timeout=1800)
     if out.returncode != 0:
         raise RuntimeError("squish-cpu-bench %s: %s" % (path, out.stderr[-500:]))
     return json.loads(out.stdout.strip().splitlines()[-1])
