@@ -1,6 +1,9 @@
 /* squish's own direct convolution for CPUs with AVX2 and FMA but not
- * AVX-512 (backend_cpu_int.h), over the layout oneDNN's AVX2 kernels
- * take: 8-channel blocks (nChw8c) in and out.
+ * AVX-512 (backend_cpu_int.h), over the layouts the cpu backend's
+ * activations take there: 8-channel blocks (nChw8c) or channels last, in
+ * and out, or a net's plain image in. Each conv it can run is timed
+ * against oneDNN's when the model is planned and keeps the faster (the
+ * end of this file).
  *
  * Why: on such a CPU oneDNN 2.6's jit:avx2 convs run one core near its
  * peak, but two threads on a small map (resnet18's 14x14 and 7x7 layers)
