@@ -58,7 +58,8 @@
 #define TRIALS_MEAN_SPEED 1
 #endif
 #define UNIT_WEIGHTS ((size_t)192 << 10) /* of a unit's tiles: L2 holds them and a pixel block */
-#define MAX_TAPS 49                      /* 7x7: a group's pointers fit GROUP_PTRS */
+#define MIN_UNITS 4 /* units of work a thread, at least, where there is work for them */
+#define MAX_TAPS 49 /* 7x7: a group's pointers fit GROUP_PTRS */
 
 typedef struct cpu_sqconv {
     int ic, oc, ih, iw, oh, ow, kh, kw, sh, sw, ph, pw;
@@ -460,7 +461,8 @@ typedef struct {
     float *out;
     int batch;
     int n_units, per_claim;
-    int pb; /* output channel tiles of a unit, whose weights stay in L2 while it runs */
+    int pb;  /* output channel tiles of a unit, whose weights stay in L2 while it runs */
+    int gsz; /* pixel groups of a unit (at most the conv's n_groups) */
     atomic_int next;
 } run_t;
 
@@ -512,7 +514,7 @@ static TARGET void run_units(run_t *rn, int u0, int u1)
     int icbs = (c->ic + 7) / 8;
     int64_t hw = (int64_t)c->oh * c->ow, total = hw * rn->batch;
     int n_groups = (int)((total + TILE_PX - 1) / TILE_PX);
-    int n_gb = (n_groups + c->n_groups - 1) / c->n_groups;
+    int n_gb = (n_groups + rn->gsz - 1) / rn->gsz;
     /* floats from a block of 8 channels to the next */
     size_t istep = c->nhwc ? 8 : (size_t)c->ih * (size_t)c->iw * 8;
     size_t ostep = c->nhwc ? 8 : (size_t)hw * 8;
@@ -522,7 +524,7 @@ static TARGET void run_units(run_t *rn, int u0, int u1)
     for (int u = u0; u < u1; u++) {
         int gb = u % n_gb, pair0 = u / n_gb * rn->pb;
         int pair1 = pair0 + rn->pb < c->n_pairs ? pair0 + rn->pb : c->n_pairs;
-        int g0 = gb * c->n_groups, gn = n_groups - g0 < c->n_groups ? n_groups - g0 : c->n_groups;
+        int g0 = gb * rn->gsz, gn = n_groups - g0 < rn->gsz ? n_groups - g0 : rn->gsz;
         if (gb != have_gb) {
             group_ptrs(rn, g0, gn, tp, op);
             have_gb = gb;
@@ -576,13 +578,25 @@ static void sqconv_exec(const cpu_sqconv_t *c, const float *in, const float *w, 
     run_t rn = {.c = c, .in = in, .w = w, .bias = bias, .out = out, .batch = batch};
     int64_t total = (int64_t)c->oh * c->ow * batch;
     int n_groups = (int)((total + TILE_PX - 1) / TILE_PX);
-    int n_gb = (n_groups + c->n_groups - 1) / c->n_groups;
     /* As many tiles a unit as keep their weights within UNIT_WEIGHTS */
     size_t wbytes = TILE_OC * (size_t)c->ic * (size_t)(c->kh * c->kw) * 4;
     rn.pb = (int)(UNIT_WEIGHTS / wbytes) < 1 ? 1 : (int)(UNIT_WEIGHTS / wbytes);
     rn.pb = rn.pb > c->n_pairs ? c->n_pairs : rn.pb;
-    rn.n_units = n_gb * ((c->n_pairs + rn.pb - 1) / rn.pb);
+    rn.gsz = c->n_groups;
+    /* ... but at least MIN_UNITS a thread, smaller units where the work is
+     * small: densenet121's 3x3 convs of 32 output channels on a 7x7 map
+     * at batch 1 were one unit, one thread's, beside an idle one. */
     int nt = omp_get_max_threads();
+    for (;;) {
+        int n_gb = (n_groups + rn.gsz - 1) / rn.gsz;
+        rn.n_units = n_gb * ((c->n_pairs + rn.pb - 1) / rn.pb);
+        if (rn.n_units >= MIN_UNITS * nt || (rn.pb == 1 && rn.gsz == 1))
+            break;
+        if (rn.pb > 1)
+            rn.pb = (rn.pb + 1) / 2;
+        else
+            rn.gsz = (rn.gsz + 1) / 2;
+    }
     rn.per_claim = rn.n_units / (nt * 4) > 0 ? rn.n_units / (nt * 4) : 1;
     atomic_init(&rn.next, 0);
     wk_omp_run(run_share, &rn);
