@@ -46,6 +46,7 @@
 #define TILE_OC 16     /* output channels of a tile: two blocks of 8 */
 #define K_CHUNK 288    /* taps x input channels of a K chunk: 18 KB of a tile's weights */
 #define GROUP_PTRS 864 /* tap pointers a block of pixel groups holds */
+#define MAX_GROUPS 16  /* pixel groups of a block, whose output pointers a unit holds */
 #define MAX_ACTS 4
 /* Under AddressSanitizer every load of this kernel is checked (20 times
  * slower; oneDNN's code is not instrumented): a trial would time the
@@ -212,8 +213,8 @@ static void geometry(cpu_sqconv_t *c, const wk_graph_t *g, const wk_step_t *s)
     c->kc = K_CHUNK / (8 * c->kh * c->kw) < 1 ? 1 : K_CHUNK / (8 * c->kh * c->kw);
     int per_group = TILE_PX * c->kh * c->kw;
     c->n_groups = GROUP_PTRS / per_group < 1 ? 1 : GROUP_PTRS / per_group;
-    if (c->n_groups > 16)
-        c->n_groups = 16;
+    if (c->n_groups > MAX_GROUPS)
+        c->n_groups = MAX_GROUPS;
     for (int i = 0; i < s->n_post; i++) {
         if (s->post[i].kind == WK_POST_ADD)
             c->add = true;
@@ -519,7 +520,7 @@ static TARGET void run_units(run_t *rn, int u0, int u1)
     size_t istep = c->nhwc ? 8 : (size_t)c->ih * (size_t)c->iw * 8;
     size_t ostep = c->nhwc ? 8 : (size_t)hw * 8;
     const float *tp[GROUP_PTRS];
-    float *op[16 * TILE_PX];
+    float *op[MAX_GROUPS * TILE_PX];
     int have_gb = -1;
     for (int u = u0; u < u1; u++) {
         int gb = u % n_gb, pair0 = u / n_gb * rn->pb;
