@@ -175,6 +175,33 @@ static void conv_keep_channels_last(wk_plan_t *plan, const wk_step_t *s, dnnl_pr
         dnnl_primitive_desc_destroy(p);
 }
 
+/* Whether the Winograd conv just made (pd) costs more in reorders than it
+ * saves: its input is already in another layout (channels last, what the
+ * 1x1 convs ahead of it chose; Winograd takes only channel blocks), its
+ * output then takes blocks that its consumers may read back, and the
+ * conv's work per channel reordered, 9 ic oc / (ic + oc) multiply-adds a
+ * pixel, is small. In densenet121 every 3x3 conv (128 channels in, 32
+ * out: 230) sits between channels-last 1x1 convs and concats: 147
+ * reorders took 77 of its 470 ms at batch 8 on an AVX-512 guest, and the
+ * direct conv in channels last ran the net 5-12% faster. resnet18 (64 in
+ * and out: 288, and blocked from its first 3x3 on) ran 26% slower without
+ * Winograd, googlenet (from 96 in, 128 out: 494) 12% (bench/RESULTS.md).
+ * SQUISH_CPU_WINO=reorder keeps Winograd regardless (for comparison). */
+#define WINO_MIN_FLOPS_PER_REORDERED 256.0
+static bool wino_would_reorder(wk_plan_t *plan, const wk_step_t *s, const_dnnl_primitive_desc_t pd)
+{
+    const char *e = getenv("SQUISH_CPU_WINO");
+    bool k = e != NULL && strcmp(e, "reorder") == 0;
+    const cpu_be_t *be = plan->be;
+    const wk_graph_t *g = plan->graph;
+    const cpu_buf_t *in = &be->bufs[wk__cpu_vbuf(s->in[0])];
+    if (k || !in->decided ||
+        dnnl_memory_desc_equal(&in->md, dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0)))
+        return false;
+    double ic = (double)g->values[s->in[0]].dims[1], oc = (double)g->values[s->out].dims[1];
+    return 9.0 * ic * oc / (ic + oc) < WINO_MIN_FLOPS_PER_REORDERED;
+}
+
 /* The layouts chosen at max batch are kept for every batch size, but a
  * batch size may want another algorithm (direct below WINO_MIN_BATCH), or
  * have no optimized kernel with the shared weights (a googlenet conv at
@@ -391,6 +418,8 @@ int wk__cpu_build_conv(wk_plan_t *plan, int si, int batch)
             wk__cpu_pd_fast(wk__cpu_conv_pd(&pd, s, true, &src_md, &wei_md,
                                             has_bias ? &bias_md : NULL, &dst_md, attr, be->engine),
                             &pd);
+        if (cs->wino && wino_would_reorder(plan, s, pd))
+            cs->wino = false;
         if (!cs->wino && pd != NULL) {
             dnnl_primitive_desc_destroy(pd);
             pd = NULL;
