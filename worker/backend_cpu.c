@@ -693,6 +693,7 @@ const wk_backend_ops_t wk_backend_cpu = {
     .bind_input = cpu_bind_input,
     .split_batch = wk__cpu_split_batch,
     .conv_dw = wk__cpu_conv_dw,
+    .norm_act = wk__cpu_norm_act,
     .sizes_ready = cpu_sizes_ready,
     .keep_sizes = cpu_keep_sizes,
     .arena_need = cpu_arena_need,

@@ -224,8 +224,12 @@ int wk__cpu_build_binary(wk_plan_t *plan, int si, int batch)
     DN(dnnl_post_ops_create(&po));
     if (negate)
         DN(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_linear, -1.0f, 0.0f));
-    if (s->kind == WK_K_BATCHNORM)
+    if (s->kind == WK_K_BATCHNORM) {
         DN(dnnl_post_ops_append_binary(po, dnnl_binary_add, &be->bufs[cs->extra].md));
+        /* its activations (wk__cpu_norm_act), after the shift */
+        for (int i = 0; i < s->n_post; i++)
+            wk__cpu_append_act(po, s->post[i].act);
+    }
     DN(dnnl_primitive_attr_set_post_ops(attr, po));
     dnnl_binary_desc_t desc;
     DN(dnnl_binary_desc_init(&desc, wk__cpu_bin_alg(op), &md0, &md1, &mdd));
@@ -241,4 +245,13 @@ out:
     dnnl_post_ops_destroy(po);
     dnnl_primitive_attr_destroy(attr);
     return rc;
+}
+
+/* The activations a BatchNorm step applies as post-ops of its binary
+ * (wk_backend_ops_t.norm_act): those oneDNN's jit binary runs as eltwise
+ * post-ops in one pass (densenet's ReLU after each pre-activation
+ * BatchNorm). */
+bool wk__cpu_norm_act(wk_act_kind_t kind)
+{
+    return kind == WK_ACT_RELU || kind == WK_ACT_LEAKY_RELU || kind == WK_ACT_CLIP;
 }

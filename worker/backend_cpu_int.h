@@ -296,6 +296,7 @@ bool wk__cpu_conv_dw(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *
 /* backend_cpu_elem.c: activations; binary ops and batchnorm */
 int wk__cpu_build_eltwise(wk_plan_t *plan, int si, int batch);
 int wk__cpu_build_binary(wk_plan_t *plan, int si, int batch);
+bool wk__cpu_norm_act(wk_act_kind_t kind);
 
 /* backend_cpu_matmul.c: Gemm and MatMul */
 int wk__cpu_build_gemm(wk_plan_t *plan, int si, int batch);

@@ -80,7 +80,7 @@ int wk_plan_from_graph(wk_graph_t *g, const wk_plan_opts_t *opts, wk_plan_t **ou
         wk_graph_free(g);
         return rc;
     }
-    wk_graph_fuse(g, ops->conv_act, ops->conv_add_after_act);
+    wk_graph_fuse(g, ops->conv_act, ops->conv_add_after_act, ops->norm_act);
     /* Depthwise convs fused into the 1x1 before them where the backend
      * says so at max batch; batch 1 then runs the graph as it was (cpu:
      * mobilenet_v2 at batch 1 ran 10-20% slower fused, in the plan for

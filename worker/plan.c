@@ -220,6 +220,7 @@ static wk_step_t *sole_conv_producer(wk_graph_t *g, int v)
 typedef struct {
     bool (*conv_act)(wk_act_kind_t kind);
     bool add_after_act;
+    bool (*norm_act)(wk_act_kind_t kind);
     bool (*conv_dw)(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *dw);
     wk_graph_t **before;
 } fuse_ctx_t;
@@ -227,7 +228,7 @@ typedef struct {
 static bool fold_batchnorm(wk_graph_t *g, wk_step_t *bn)
 {
     wk_step_t *c = sole_conv_producer(g, bn->in[0]);
-    if (c == NULL || c->n_post > 0)
+    if (c == NULL || c->n_post > 0 || bn->n_post > 0)
         return false;
     const wk_value_t *w = &g->values[c->in[1]];
     const float *scale = g->values[bn->in[1]].data, *shift = g->values[bn->in[2]].data;
@@ -256,10 +257,32 @@ static bool fold_batchnorm(wk_graph_t *g, wk_step_t *bn)
     return true;
 }
 
-static bool fuse_act(wk_graph_t *g, wk_step_t *e, bool (*conv_act)(wk_act_kind_t kind))
+/* A BatchNorm that did not fold into a conv (densenet's, after a concat):
+ * the activation after it becomes its post-op where the backend applies
+ * it there, so that the normalized tensor is not written, read and
+ * written again (densenet121: 62 ReLUs, 35 of 410 ms at batch 8 on the
+ * cpu). */
+static bool fuse_norm_act(wk_graph_t *g, wk_step_t *e, bool (*norm_act)(wk_act_kind_t kind))
 {
+    const wk_value_t *val = &g->values[e->in[0]];
+    if (norm_act == NULL || val->producer < 0 || val->n_uses != 1 || val->is_output)
+        return false;
+    wk_step_t *bn = &g->steps[val->producer];
+    if (bn->kind != WK_K_BATCHNORM || bn->n_post == WK_MAX_POST || !norm_act(e->p.act.kind))
+        return false;
+    bn->post[bn->n_post++] = (wk_post_t){.kind = WK_POST_ACT, .act = e->p.act, .value = -1};
+    bn->out = e->out;
+    e->kind = WK_K_COUNT_;
+    return true;
+}
+
+static bool fuse_act(wk_graph_t *g, wk_step_t *e, const fuse_ctx_t *ctx)
+{
+    bool (*conv_act)(wk_act_kind_t kind) = ctx->conv_act;
     wk_step_t *c = sole_conv_producer(g, e->in[0]);
-    if (c == NULL || c->n_post == WK_MAX_POST || (conv_act != NULL && !conv_act(e->p.act.kind)))
+    if (c == NULL)
+        return fuse_norm_act(g, e, ctx->norm_act);
+    if (c->n_post == WK_MAX_POST || (conv_act != NULL && !conv_act(e->p.act.kind)))
         return false;
     c->post[c->n_post++] = (wk_post_t){.kind = WK_POST_ACT, .act = e->p.act, .value = -1};
     c->out = e->out;
@@ -437,16 +460,19 @@ static bool fuse_step(wk_graph_t *g, wk_step_t *s, const fuse_ctx_t *c)
     if (s->kind == WK_K_BATCHNORM)
         return fold_batchnorm(g, s);
     if (s->kind == WK_K_ELTWISE)
-        return fuse_act(g, s, c->conv_act);
+        return fuse_act(g, s, c);
     if (s->kind == WK_K_BINARY)
         return fuse_gate(g, s) || fuse_add(g, s, c->add_after_act);
     return false;
 }
 
-int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind), bool add_after_act)
+int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind), bool add_after_act,
+                  bool (*norm_act)(wk_act_kind_t kind))
 {
     return fuse_pass(g, fuse_step,
-                     &(fuse_ctx_t){.conv_act = conv_act, .add_after_act = add_after_act});
+                     &(fuse_ctx_t){.conv_act = conv_act,
+                                   .add_after_act = add_after_act,
+                                   .norm_act = norm_act});
 }
 
 int wk_graph_fuse_dw(wk_graph_t *g,

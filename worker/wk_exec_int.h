@@ -206,10 +206,13 @@ int wk_graph_finish(wk_graph_t *g, char *why, int why_size);
 /* BatchNorm into the preceding Conv, x * sigmoid(x) and x * hardsigmoid(x)
  * into one swish or hardswish step, activations (those conv_act accepts,
  * every one when NULL) and residual adds (after an activation only when
- * add_after_act) into Conv post-ops, where the
+ * add_after_act) into Conv post-ops, and activations after a BatchNorm
+ * that stays a step (densenet's, after a concat) into its post-ops where
+ * norm_act accepts them (none when NULL), where the
  * intermediate value has no other use. Calls wk_graph_finish. Returns the
  * number of steps removed. */
-int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind), bool add_after_act);
+int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind), bool add_after_act,
+                  bool (*norm_act)(wk_act_kind_t kind));
 
 /* After wk_graph_fuse: each depthwise 3x3 conv into the 1x1 conv before it
  * (WK_POST_DW) where conv_dw says yes. Returns the number fused; *before
@@ -334,6 +337,10 @@ typedef struct wk_backend_ops {
      * activation (conv, act, + x: YOLO's C2f and CSP bottlenecks) as a
      * post-op; false: the add runs as a step of its own there. */
     bool conv_add_after_act;
+    /* Optional: whether a BatchNorm step of this backend applies activation
+     * `kind` as a post-op (WK_POST_ACT in its post[]); NULL: none, the
+     * activation stays a step of its own. */
+    bool (*norm_act)(wk_act_kind_t kind);
     /* Optional: whether a conv of this backend takes depthwise conv dw as
      * a post-op of the 1x1 conv pw before it (both already checked to be
      * of the shapes WK_POST_DW allows); NULL: never. */
