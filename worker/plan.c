@@ -469,10 +469,9 @@ static bool fuse_step(wk_graph_t *g, wk_step_t *s, const fuse_ctx_t *c)
 int wk_graph_fuse(wk_graph_t *g, bool (*conv_act)(wk_act_kind_t kind), bool add_after_act,
                   bool (*norm_act)(wk_act_kind_t kind))
 {
-    return fuse_pass(g, fuse_step,
-                     &(fuse_ctx_t){.conv_act = conv_act,
-                                   .add_after_act = add_after_act,
-                                   .norm_act = norm_act});
+    return fuse_pass(
+        g, fuse_step,
+        &(fuse_ctx_t){.conv_act = conv_act, .add_after_act = add_after_act, .norm_act = norm_act});
 }
 
 int wk_graph_fuse_dw(wk_graph_t *g,
