@@ -102,7 +102,8 @@ static void cpu_release(wk_plan_t *plan)
     free(be->bufs);
     for (int i = 0; be->steps != NULL && i < plan->graph->n_steps; i++)
         free(be->steps[i].wei_alt), free(be->steps[i].wino_at), free(be->steps[i].dw_alt),
-            free(be->steps[i].cat_tmp), wk__cpu_sqconv_free(&be->steps[i]);
+            free(be->steps[i].cat_tmp), wk__cpu_sqconv_free(&be->steps[i]),
+            wk__cpu_catnorm_free(&be->steps[i]);
     free(be->steps);
     free(be->lists);
     free(be->ready);
@@ -542,6 +543,10 @@ static int cpu_run(wk_plan_t *plan, int batch, float *const *outputs)
             wk__cpu_run_sqconv(be, s, &be->steps[it->step], batch);
             continue;
         }
+        if (be->steps[it->step].catn != NULL) {
+            wk__cpu_run_catnorm(be, s, &be->steps[it->step], batch);
+            continue;
+        }
         const float *src = wk__cpu_buf_ptr(be, be->steps[it->step].bias);
         float *dst = wk__cpu_buf_ptr(be, wk__cpu_vbuf(s->out));
         wk__cpu_ops[s->kind].run_c(s, &g->values[s->in[0]], &g->values[s->out], batch, src, dst);
@@ -581,12 +586,18 @@ static int cpu_bind_input(wk_plan_t *plan, int index, int batch, const float *pt
         if (l->items[i].prim != NULL)
             continue;
         /* what the C kernel reads: a conv of backend_cpu_sqconv.c its
-         * input, the others their plain source */
+         * input, a concat its inputs, the others their plain source */
         int si = l->items[i].step;
-        int src = be->steps[si].sqc != NULL ? wk__cpu_vbuf(plan->graph->steps[si].in[0])
-                                            : be->steps[si].bias;
-        if (src < 0 || wk__cpu_root_buf(be, src) == root)
-            return SQ_UNSUPPORTED_MODEL;
+        const cpu_step_t *cs = &be->steps[si];
+        const wk_step_t *s = &plan->graph->steps[si];
+        for (int k = 0; k < (cs->catn != NULL ? s->n_in : 1); k++) {
+            int src = cs->catn != NULL
+                          ? (cs->cat_tmp[k] >= 0 ? cs->cat_tmp[k] : wk__cpu_vbuf(s->in[k]))
+                      : cs->sqc != NULL ? wk__cpu_vbuf(s->in[0])
+                                        : cs->bias;
+            if (src < 0 || wk__cpu_root_buf(be, src) == root)
+                return SQ_UNSUPPORTED_MODEL;
+        }
     }
     for (int id = 0; id < be->n_bufs; id++) {
         dnnl_memory_t m = be->mems[(size_t)id * (size_t)(mb + 1) + (size_t)batch];

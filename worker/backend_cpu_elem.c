@@ -151,6 +151,8 @@ int wk__cpu_build_binary(wk_plan_t *plan, int si, int batch)
     int a = s->in[0], b = s->in[1];
     wk_binop_t op = s->kind == WK_K_BINARY ? s->p.binop : WK_BIN_MUL;
     bool negate = false;
+    if (s->kind == WK_K_BATCHNORM && wk__cpu_norm_by_concat(plan, si))
+        return 0;
     /* oneDNN broadcasts only the second source: put the full one first. */
     if (wk_value_elems(&g->values[a]) != wk_value_elems(y) || g->values[a].ndim != y->ndim) {
         if (wk_value_elems(&g->values[b]) != wk_value_elems(y) || g->values[b].ndim != y->ndim ||

@@ -84,9 +84,11 @@ typedef struct {
      * place, but the kernel is made for this layout, not the buffer's: one
      * made for the buffer's can be oneDNN's reference code. */
     dnnl_memory_desc_t src_md;
-    int *cat_tmp;           /* concat: [n_in], each input's copy in the concat's layout, or -1;
-                               NULL when the inputs are read as they are */
-    struct cpu_sqconv *sqc; /* conv: run by squish's own kernel (backend_cpu_sqconv.c), or NULL */
+    int *cat_tmp;             /* concat: [n_in], each input's copy in the concat's layout, or -1;
+                                 NULL when the inputs are read as they are */
+    struct cpu_sqconv *sqc;   /* conv: run by squish's own kernel (backend_cpu_sqconv.c), or NULL */
+    struct cpu_catnorm *catn; /* concat: writes the BatchNorm after it in the same pass
+                                 (backend_cpu_move.c), or NULL */
 } cpu_step_t;
 
 typedef struct {
@@ -308,6 +310,13 @@ int wk__cpu_build_reduce(wk_plan_t *plan, int si, int batch);
 int wk__cpu_build_layernorm(wk_plan_t *plan, int si, int batch);
 
 /* backend_cpu_move.c: concat, reshape copies, transposes */
+/* A BatchNorm step that the concat before it applies (cpu_step_t.catn):
+ * nothing of its own to build. */
+bool wk__cpu_norm_by_concat(wk_plan_t *plan, int si);
+/* Runs concat step s and the BatchNorm it applies. */
+void wk__cpu_run_catnorm(cpu_be_t *be, const wk_step_t *s, const cpu_step_t *cs, int batch);
+/* Frees cs->catn. */
+void wk__cpu_catnorm_free(cpu_step_t *cs);
 int wk__cpu_build_concat(wk_plan_t *plan, int si, int batch);
 int wk__cpu_build_copy(wk_plan_t *plan, int si, int batch);
 int wk__cpu_build_transpose(wk_plan_t *plan, int si, int batch);

@@ -121,6 +121,8 @@ static float act_ref(wk_act_t a, float x)
         return 1.0f / (1.0f + expf(-x));
     case WK_ACT_HARDSIGMOID:
         return fmaxf(0.0f, fminf(1.0f, a.alpha * x + a.beta));
+    case WK_ACT_CLIP:
+        return fmaxf(a.alpha, fminf(a.beta, x));
     default:
         cr_assert_fail("no reference for activation %d", (int)a.kind);
         return 0;
@@ -677,6 +679,57 @@ Test(backend_cpu, a_batchnorm_on_a_convs_channel_blocks_runs_no_reference_kernel
     wk_plan_free(p);
 }
 
+static int add(net_t *t, int a, int b);
+
+static int count_catnorms(const wk_plan_t *p)
+{
+    const cpu_be_t *be = p->be;
+    int n = 0;
+    for (int i = 0; i < p->graph->n_steps; i++)
+        n += be->steps[i].catn != NULL;
+    return n;
+}
+
+/* A BatchNorm of n_c channels with its reference, on value x */
+static int batchnorm(net_t *t, int x)
+{
+    int64_t c = t->c[x], hw = t->hw[x], cd[3] = {c, 1, 1};
+    float *scale = rand_buf(c), *shift = rand_buf(c);
+    int sv = wk_graph_value(t->g, NULL, 3, cd, false, scale);
+    int tv = wk_graph_value(t->g, NULL, 3, cd, false, shift);
+    int b = value(t, c, hw);
+    wk_graph_step(t->g, WK_K_BATCHNORM, (int[]){x, sv, tv}, 3, b);
+    for (int64_t i = 0; i < N * c * hw * hw; i++) {
+        int64_t ch = (i / (hw * hw)) % c;
+        t->ref[b][i] = t->ref[x][i] * scale[ch] + shift[ch];
+    }
+    free(scale);
+    free(shift);
+    return b;
+}
+
+/* The concat that writes its BatchNorm's output (densenet's) on inputs
+ * of channel counts no block divides (12 and 20: read plain or channels
+ * last), one the net's input, and a ReLU6 (clip) after;
+ * and a concat whose output has a second use keeps both steps. */
+Test(backend_cpu, a_concat_writes_the_batchnorm_after_it_in_any_layout)
+{
+    net_t t = {.g = wk_graph_new(N)};
+    int x = input(&t, 12, 10);
+    int a = conv(&t, x, 20, 3, 1);
+    int b = conv(&t, a, 12, 1, 1);
+    int cat = concat(&t, x, a);
+    int r = act(&t, batchnorm(&t, cat), (wk_act_t){.kind = WK_ACT_CLIP, .alpha = 0, .beta = 6});
+    int cat2 = concat(&t, r, b);
+    int y = conv(&t, add(&t, batchnorm(&t, cat2), cat2), 16, 1, 1);
+    wk_plan_t *p = plan_and_check(&t, x, y);
+    cr_expect_geq(count_catnorms(p), 1, "the first concat (of two) writes its BatchNorm");
+    const cpu_be_t *be = p->be;
+    cr_expect_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
+                 be->n_ref_kernels);
+    wk_plan_free(p);
+}
+
 /* densenet's pre-activation: concat, BatchNorm, ReLU, 1x1 conv. The
  * BatchNorm cannot fold into a conv (a concat made its input), so the
  * ReLU runs as its post-op: no step of its own that reads the normalized
@@ -704,6 +757,7 @@ Test(backend_cpu, a_relu_after_a_batchnorm_that_stays_runs_as_its_post_op)
     int y = conv(&t, r, 32, 1, 1);
     wk_plan_t *p = plan_and_check(&t, x, y);
     cr_expect_eq(count_steps(p, WK_K_ELTWISE), 0, "the ReLU is the BatchNorm's post-op");
+    cr_expect_eq(count_catnorms(p), 1, "the concat writes the BatchNorm's output");
     cr_assert_eq(count_steps(p, WK_K_BATCHNORM), 1);
     for (int i = 0; i < p->graph->n_steps; i++)
         if (p->graph->steps[i].kind == WK_K_BATCHNORM)
