@@ -1,4 +1,4 @@
-/* squish-conv-kernels: one 3x3 convolution in each of the layouts oneDNN
+/* squish-conv-kernels: one convolution (3x3 unless asked) in each of the layouts oneDNN
  * offers it on this CPU, timed alone: channel blocks (nChw8c / nChw16c,
  * what the cpu backend's "any" picks), plain NCHW (oneDNN's im2col and
  * GEMM) and channels last. Which kernel is fastest differs by shape; the
@@ -6,8 +6,9 @@
  * per-layer choice would gain (bench/RESULTS.md, "oneDNN's conv kernels on
  * AVX2, layer by layer").
  *
- *   squish-conv-kernels [--batch B] [--reps N] IC:OC:HW:STRIDE...
+ *   squish-conv-kernels [--batch B] [--reps N] IC:OC:HW:STRIDE[:K]...
  *
+ * K: the kernel's size (3 unless given; pad K / 2).
  * Prints one line per shape and layout: the implementation oneDNN chose,
  * the best of N runs in ms, and GFLOP/s. Threads: OMP_NUM_THREADS. */
 #include <oneapi/dnnl/dnnl.h>
@@ -28,12 +29,12 @@ static double now_ms(void)
  * and wei_tag for the weights (any: oneDNN's choice). Returns nonzero
  * when oneDNN has no kernel for them. */
 static int time_conv(dnnl_engine_t eng, dnnl_stream_t st, int mb, int ic, int oc, int hw,
-                     int stride, dnnl_format_tag_t act_tag, dnnl_format_tag_t wei_tag,
+                     int stride, int k, dnnl_format_tag_t act_tag, dnnl_format_tag_t wei_tag,
                      const char *name, int reps)
 {
-    int ohw = (hw + 2 - 3) / stride + 1;
-    dnnl_dims_t sd = {mb, ic, hw, hw}, wd = {oc, ic, 3, 3}, dd = {mb, oc, ohw, ohw};
-    dnnl_dims_t strides = {stride, stride}, pad = {1, 1};
+    int ohw = (hw + 2 * (k / 2) - k) / stride + 1;
+    dnnl_dims_t sd = {mb, ic, hw, hw}, wd = {oc, ic, k, k}, dd = {mb, oc, ohw, ohw};
+    dnnl_dims_t strides = {stride, stride}, pad = {k / 2, k / 2};
     dnnl_memory_desc_t smd, wmd, dmd;
     dnnl_convolution_desc_t cd;
     dnnl_primitive_desc_t pd = NULL;
@@ -80,7 +81,7 @@ static int time_conv(dnnl_engine_t eng, dnnl_stream_t st, int mb, int ic, int oc
         if (r >= 2 && t < best)
             best = t;
     }
-    double gflop = 2.0 * mb * oc * ohw * ohw * (double)ic * 9 / 1e9;
+    double gflop = 2.0 * mb * oc * ohw * ohw * (double)ic * k * k / 1e9;
     printf("{\"batch\": %d, \"ic\": %d, \"oc\": %d, \"hw\": %d, \"stride\": %d, \"layout\": "
            "\"%s\", \"impl\": \"%s\", \"best_ms\": %.3f, \"gflops\": %.1f}\n",
            mb, ic, oc, hw, stride, name, impl, best, gflop / best * 1e3);
@@ -105,13 +106,13 @@ int main(int argc, char **argv)
         return 1;
     }
     for (int i = 1; i < argc; i++) {
-        int ic, oc, hw, s;
+        int ic, oc, hw, s, k = 3;
         if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc) {
             mb = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
             reps = atoi(argv[++i]);
-        } else if (sscanf(argv[i], "%d:%d:%d:%d", &ic, &oc, &hw, &s) == 4 && mb > 0 && ic > 0 &&
-                   oc > 0 && hw > 0 && s > 0) {
+        } else if (sscanf(argv[i], "%d:%d:%d:%d:%d", &ic, &oc, &hw, &s, &k) >= 4 && mb > 0 &&
+                   ic > 0 && oc > 0 && hw > 0 && s > 0 && k > 0) {
             struct {
                 dnnl_format_tag_t act, wei;
                 const char *name;
@@ -120,7 +121,7 @@ int main(int argc, char **argv)
                         {dnnl_nchw, dnnl_oihw, "nchw"},
                         {dnnl_nhwc, dnnl_format_tag_any, "nhwc"}};
             for (size_t w = 0; w < sizeof(ways) / sizeof(ways[0]); w++)
-                if (time_conv(eng, st, mb, ic, oc, hw, s, ways[w].act, ways[w].wei, ways[w].name,
+                if (time_conv(eng, st, mb, ic, oc, hw, s, k, ways[w].act, ways[w].wei, ways[w].name,
                               reps) != 0)
                     printf("{\"ic\": %d, \"oc\": %d, \"hw\": %d, \"layout\": \"%s\", \"impl\": "
                            "null}\n",
@@ -128,7 +129,8 @@ int main(int argc, char **argv)
             n++;
         } else {
             fprintf(stderr,
-                    "usage: %s [--batch B] [--reps N] IC:OC:HW:STRIDE... (a 3x3 conv, pad 1)\n",
+                    "usage: %s [--batch B] [--reps N] IC:OC:HW:STRIDE[:K]... (a KxK conv, 3 "
+                    "unless given, pad K / 2)\n",
                     argv[0]);
             return 2;
         }
