@@ -477,6 +477,8 @@ int wk__cpu_way_pick(cpu_ways_t *s)
     }
     if (s->n[least] < WAY_MIN)
         return least;
+    if (s->confirm > 0)
+        return s->confirm - 1;
     for (int i = 1; i < k; i++) {
         if (way_median(s, ways[i]) < way_median(s, best))
             best = ways[i];
@@ -492,10 +494,15 @@ int wk__cpu_way_pick(cpu_ways_t *s)
     return best;
 }
 
-/* A run faster than every other way's median is believed at once: a
- * neighbour, an interrupt or a page fault only ever slow a run down, so a
- * way that was slow while the machine was busy and is fast now (the
- * neighbour left) takes over at its first look, not after WAY_RING / 2. */
+/* A look faster than every other way's median is run again at once, and
+ * two such runs in a row are believed: a neighbour, an interrupt or a page
+ * fault only ever slow a run down, so a way that was slow while the
+ * machine was busy and is fast now (the neighbour left) takes over within
+ * two runs, not after WAY_RING / 2. One fast run alone is not believed: on
+ * a guest whose host ran other guests, the threads sleeping had single
+ * runs as fast as spinning (the other vCPU awake by chance) and, believed,
+ * took over for 40 runs at 1.5 times spinning's time (mnasnet0_5 at batch
+ * 1, bench/RESULTS.md). */
 void wk__cpu_way_note(cpu_ways_t *s, int way, int64_t ns)
 {
     bool fastest = s->n[way] > 0;
@@ -503,12 +510,17 @@ void wk__cpu_way_note(cpu_ways_t *s, int way, int64_t ns)
         if (w != way && s->n[w] > 0 && way_median(s, w) <= ns)
             fastest = false;
     }
+    bool confirming = s->confirm == way + 1;
+    s->confirm = 0;
     if (fastest && s->n[way] >= WAY_MIN && way_median(s, way) > ns) {
-        for (int i = 0; i < WAY_RING; i++)
-            s->ns[way][i] = ns;
-        if (s->n[way] < WAY_RING)
-            s->n[way] = WAY_RING;
-        return;
+        if (confirming) {
+            for (int i = 0; i < WAY_RING; i++)
+                s->ns[way][i] = ns;
+            if (s->n[way] < WAY_RING)
+                s->n[way] = WAY_RING;
+            return;
+        }
+        s->confirm = way + 1;
     }
     s->ns[way][s->n[way] % WAY_RING] = ns;
     s->n[way]++;

@@ -53,6 +53,8 @@ typedef struct {
     int64_t ns[N_WAYS][WAY_RING]; /* run times, a ring each way */
     unsigned n[N_WAYS];           /* runs each way so far */
     unsigned runs;
+    int confirm; /* 1 + the way whose last look beat every other way, run again to
+                    confirm it; 0: none */
 } cpu_ways_t;
 
 typedef struct {
