@@ -8,6 +8,7 @@
 
 #include <mdb.h>
 #include <mdb_graph.h>
+#include <oneapi/dnnl/dnnl.h>
 
 #include <malloc.h>
 #include <stdbool.h>
@@ -112,6 +113,51 @@ void wk__sweep_models(server_t *s, uint64_t gen)
     }
 }
 
+/* The name of the instruction set oneDNN's kernels run on here. */
+static const char *cpu_isa_name(dnnl_cpu_isa_t isa)
+{
+    switch (isa) {
+    case dnnl_cpu_isa_sse41:
+        return "SSE4.1";
+    case dnnl_cpu_isa_avx:
+        return "AVX";
+    case dnnl_cpu_isa_avx2:
+        return "AVX2";
+    case dnnl_cpu_isa_avx2_vnni:
+        return "AVX2 with VNNI";
+    case dnnl_cpu_isa_avx512_core:
+        return "AVX-512";
+    case dnnl_cpu_isa_avx512_core_vnni:
+        return "AVX-512 with VNNI";
+    default:
+        return "an older one";
+    }
+}
+
+/* Whether a cpu worker refuses spec for its precision: bf16 runs oneDNN's
+ * bf16 kernels, which need AVX512_BF16 or AMX (what oneDNN reports for
+ * this CPU, which DNNL_MAX_CPU_ISA can lower). On a CPU without them it is
+ * refused with the reason (the model's status then names it: not_on, or
+ * the profile's failure where no other device kind can run it), not run
+ * in FP32 behind the asker's back; fp16 and tf32, which no x86 CPU of
+ * these kinds runs, still run FP32 and say so. The precision fault
+ * (WK_FAULT_PRECISION) stands for a CPU that has them. */
+static bool refuses_precision(const server_t *s, const sq_model_load_t *spec, char *why,
+                              size_t why_size)
+{
+    if (s->o.dev.kind != SQ_DEV_CPU || spec->format != SQ_FORMAT_ONNX ||
+        spec->precision != WK_PRECISION_BF16 || wk_fault_check(WK_FAULT_PRECISION, spec->sha256))
+        return false;
+    dnnl_cpu_isa_t isa = dnnl_get_effective_cpu_isa();
+    if ((isa & dnnl_cpu_isa_avx512_core_bf16) == dnnl_cpu_isa_avx512_core_bf16)
+        return false;
+    snprintf(why, why_size,
+             "precision bf16 needs a CPU with AVX512_BF16 or AMX; this worker's has %s at best: "
+             "upload the model with \"precision\": \"fp32\", or serve it on a cuda worker",
+             cpu_isa_name(isa));
+    return true;
+}
+
 /* LOAD, execution thread: a model kept from before a reconnect answers at
  * once; any other is built by the loader thread (the batches of the models
  * held go on meanwhile) and installed when it is done (JOB_INSTALL).
@@ -130,6 +176,11 @@ int wk__do_load(server_t *s, job_t *j)
     wk_fault_check(WK_FAULT_LOAD, spec->sha256);
     if (wk_fault_check(WK_FAULT_REFUSE, spec->sha256)) {
         wk__reply_failed(s, j->id, SQ_UNSUPPORTED_MODEL, "injected refusal (SQUISH_WORKER_FAULT)");
+        return 0;
+    }
+    char why[320];
+    if (refuses_precision(s, spec, why, sizeof(why))) {
+        wk__reply_failed(s, j->id, SQ_UNSUPPORTED_MODEL, why);
         return 0;
     }
     building_t *b = sq_xcalloc(1, sizeof(*b)), **tail = &s->building;

@@ -1,7 +1,8 @@
 """Precision: a model's config asks for the arithmetic its plans run in
-("precision": fp32, tf32, fp16, bf16). The cpu worker runs fp32 whatever
-is asked, and the model's status says so per device kind, with the
-deviation from FP32 its measurement found (0: it is FP32). The setting is
+("precision": fp32, tf32, fp16, bf16). The cpu worker runs fp32 for fp16
+and tf32, and the model's status says so per device kind, with the
+deviation from FP32 its measurement found (0: it is FP32); bf16 on a CPU
+without AVX512_BF16 or AMX it refuses, saying why. The setting is
 stored with the model: it survives a restart and reaches the worker in
 its load again. A value squishd does not take is a 400 naming the field."""
 
@@ -113,7 +114,7 @@ def a_plan_below_fp32_is_measured_against_an_fp32_plan():
     try:
         s.wait_ready(workers=1, timeout=20)
         assert upload(s, model, {"name": "low", "precision": "bf16"}).status == 202
-        assert upload(s, tm.tiny(4), {"name": "other", "precision": "bf16"}).status == 202
+        assert upload(s, tm.tiny(4), {"name": "other", "precision": "fp16"}).status == 202
         eventually(lambda: ready(s, "low") and ready(s, "other"), 90, "both measured")
         p = record(s, "low")["precision"]
         assert p["asked"] == "bf16" and len(p["devices"]) == 1, p
@@ -127,6 +128,46 @@ def a_plan_below_fp32_is_measured_against_an_fp32_plan():
         assert "precision deviation key=" in log and "precision=bf16" in log, log[-3000:]
         # Any other model's plan runs what the cpu backend runs.
         assert record(s, "other")["precision"]["devices"] == CPU_FP32
+    finally:
+        s.stop()
+        s.cleanup()
+
+
+def cpu_has_bf16():
+    """What oneDNN's bf16 kernels need: AVX512_BF16 or AMX (Linux's flags)."""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = line.split(":", 1)[1].split()
+                return "avx512_bf16" in flags or "amx_bf16" in flags
+    return False
+
+
+@test
+def bf16_on_a_cpu_without_it_is_refused_saying_why():
+    """A cpu worker on a CPU without AVX512_BF16 or AMX refuses a bf16 load
+    with the reason and what to send instead; the model fails with it (no
+    other device kind here), and an fp32 upload of the same file serves.
+    On a CPU with them it is served (fp32 still, and says so)."""
+    model = tm.tiny(5)
+    s = Squishd(workers="cpu:1")
+    try:
+        s.wait_ready(workers=1, timeout=20)
+        assert upload(s, model, {"name": "brain", "precision": "bf16"}).status == 202
+        assert upload(s, model, {"name": "plain32"}).status == 202
+        if cpu_has_bf16():
+            eventually(lambda: ready(s, "brain"), 90, "bf16 served where the CPU has it")
+            assert record(s, "brain")["precision"]["devices"] == CPU_FP32
+            return
+        eventually(lambda: record(s, "brain")["status"] == "failed", 90, "bf16 refused")
+        err = record(s, "brain").get("error", "")
+        assert "bf16" in err and "AVX512_BF16 or AMX" in err and '"fp32"' in err, err
+        log = s.read_log()
+        assert "needs a CPU with AVX512_BF16 or AMX" in log, log[-3000:]
+        eventually(lambda: ready(s, "plain32"), 90, "the fp32 upload of the same file")
+        r = s.request("POST", "/v1/models/plain32/infer", body=PHOTO,
+                      headers={"X-SLO-Ms": "5000", "Content-Type": "image/jpeg"})
+        assert r.status == 200, r
     finally:
         s.stop()
         s.cleanup()
