@@ -1016,6 +1016,10 @@ def requests_past_max_body_mb_are_refused():
                                         "--max-body-mb", "1"])
     s.grpc_port = port
     try:
+        # Its listener up first: a call before it was refused the
+        # connection (UNAVAILABLE), once in a loaded ASan run.
+        s.wait_ready(workers=1, timeout=60)
+        eventually(lambda: "grpc listening" in s.read_log(), 30, "the gRPC listener")
         c = client(s)
         code, details = c.error("ModelMetadata", name="x" * (2 << 20))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, (code, details)
