@@ -220,6 +220,15 @@ static wk_plan_t *plan_and_check(net_t *t, int x, int y)
     return p;
 }
 
+/* No step of p runs oneDNN's reference kernels (slower by orders of
+ * magnitude). */
+static void expect_no_ref_kernels(const wk_plan_t *p)
+{
+    const cpu_be_t *be = p->be;
+    cr_expect_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
+                 be->n_ref_kernels);
+}
+
 static int count_steps(const wk_plan_t *p, wk_kernel_t kind)
 {
     int n = 0;
@@ -265,8 +274,7 @@ Test(backend_cpu, mobilenet_v3_block_fuses_hardswish_and_runs_no_reference_kerne
     cr_expect_eq(count_steps(p, WK_K_ELTWISE), 0, "every activation is a conv's post-op");
     cr_expect_eq(count_steps(p, WK_K_BINARY), 1, "only the squeeze-excitation multiply is left");
     cpu_be_t *be = p->be;
-    cr_expect_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
-                 be->n_ref_kernels);
+    expect_no_ref_kernels(p);
     /* the input's reorder into channels last (with AVX2 only, into the
      * 8-channel blocks its kernels choose), and nothing between steps */
     cr_expect_leq(be->n_reorders, 1, "%d reorders at max batch", be->n_reorders);
@@ -290,8 +298,7 @@ Test(backend_cpu, efficientnet_block_fuses_swish_either_way_round)
     cr_expect_str_eq(posts_of(p, 1, posts, sizeof(posts)), "swish");
     cr_expect_eq(count_steps(p, WK_K_ELTWISE), 0);
     cpu_be_t *be = p->be;
-    cr_expect_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
-                 be->n_ref_kernels);
+    expect_no_ref_kernels(p);
     cr_expect_leq(be->n_reorders, 1, "%d reorders at max batch", be->n_reorders);
     wk_plan_free(p);
 }
@@ -314,8 +321,7 @@ Test(backend_cpu, regnet_block_keeps_channels_last_through_grouped_convs)
     int y = conv(&t, se, 48, 1, 1);
     wk_plan_t *p = plan_and_check(&t, x, y);
     cpu_be_t *be = p->be;
-    cr_expect_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
-                 be->n_ref_kernels);
+    expect_no_ref_kernels(p);
     cr_expect_leq(be->n_reorders, 1, "%d reorders at max batch", be->n_reorders);
     wk_plan_free(p);
 }
@@ -344,9 +350,7 @@ Test(backend_cpu, squeeze_excitation_on_a_row_major_value_runs_no_reference_kern
     int x = input(&t, 64, 7);
     int y = squeeze_excite(&t, x, 16, hardsigmoid);
     wk_plan_t *p = plan_and_check(&t, x, y);
-    cpu_be_t *be = p->be;
-    cr_expect_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
-                 be->n_ref_kernels);
+    expect_no_ref_kernels(p);
     wk_plan_free(p);
 }
 
@@ -388,9 +392,7 @@ Test(backend_cpu, a_depthwise_conv_runs_fused_into_the_1x1_before_it)
     cr_expect(p->small != NULL && p->min_batch == 2 && count_dw_posts(p->small) == 0,
               "batch 1 runs a plan of its own, unfused");
     cr_expect_eq(count_steps(p, WK_K_CONV), 4);
-    cpu_be_t *be = p->be;
-    cr_expect_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
-                 be->n_ref_kernels);
+    expect_no_ref_kernels(p);
     wk_plan_free(p);
 }
 
@@ -702,9 +704,7 @@ Test(backend_cpu, a_batchnorm_on_a_convs_channel_blocks_runs_no_reference_kernel
     free(shift);
     wk_plan_t *p = plan_and_check(&t, x, y);
     cr_assert_eq(count_steps(p, WK_K_BATCHNORM), 1, "the BatchNorm stays a step of its own");
-    const cpu_be_t *be = p->be;
-    cr_expect_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
-                 be->n_ref_kernels);
+    expect_no_ref_kernels(p);
     wk_plan_free(p);
 }
 
@@ -719,7 +719,7 @@ static int count_catnorms(const wk_plan_t *p)
     return n;
 }
 
-/* A BatchNorm of n_c channels with its reference, on value x */
+/* A BatchNorm of x's channels, its scale and shift random, and its reference */
 static int batchnorm(net_t *t, int x)
 {
     int64_t c = t->c[x], hw = t->hw[x], cd[3] = {c, 1, 1};
@@ -753,9 +753,7 @@ Test(backend_cpu, a_concat_writes_the_batchnorm_after_it_in_any_layout)
     int y = conv(&t, add(&t, batchnorm(&t, cat2), cat2), 16, 1, 1);
     wk_plan_t *p = plan_and_check(&t, x, y);
     cr_expect_geq(count_catnorms(p), 1, "the first concat (of two) writes its BatchNorm");
-    const cpu_be_t *be = p->be;
-    cr_expect_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
-                 be->n_ref_kernels);
+    expect_no_ref_kernels(p);
     wk_plan_free(p);
 }
 
@@ -769,20 +767,7 @@ Test(backend_cpu, a_relu_after_a_batchnorm_that_stays_runs_as_its_post_op)
     net_t t = {.g = wk_graph_new(N)};
     int x = input(&t, 16, 14);
     int c = conv(&t, x, 32, 3, 1);
-    int cat = concat(&t, x, c);
-    int64_t cd[3] = {48, 1, 1};
-    float *scale = rand_buf(48), *shift = rand_buf(48);
-    int sv = wk_graph_value(t.g, NULL, 3, cd, false, scale);
-    int tv = wk_graph_value(t.g, NULL, 3, cd, false, shift);
-    int b = value(&t, 48, 14);
-    wk_graph_step(t.g, WK_K_BATCHNORM, (int[]){cat, sv, tv}, 3, b);
-    for (int64_t i = 0; i < N * 48 * 14 * 14; i++) {
-        int64_t ch = (i / (14 * 14)) % 48;
-        t.ref[b][i] = t.ref[cat][i] * scale[ch] + shift[ch];
-    }
-    free(scale);
-    free(shift);
-    int r = act(&t, b, (wk_act_t){.kind = WK_ACT_RELU});
+    int r = act(&t, batchnorm(&t, concat(&t, x, c)), (wk_act_t){.kind = WK_ACT_RELU});
     int y = conv(&t, r, 32, 1, 1);
     wk_plan_t *p = plan_and_check(&t, x, y);
     cr_expect_eq(count_steps(p, WK_K_ELTWISE), 0, "the ReLU is the BatchNorm's post-op");
@@ -792,9 +777,7 @@ Test(backend_cpu, a_relu_after_a_batchnorm_that_stays_runs_as_its_post_op)
         if (p->graph->steps[i].kind == WK_K_BATCHNORM)
             cr_expect(p->graph->steps[i].n_post == 1 &&
                       p->graph->steps[i].post[0].act.kind == WK_ACT_RELU);
-    const cpu_be_t *be = p->be;
-    cr_expect_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
-                 be->n_ref_kernels);
+    expect_no_ref_kernels(p);
     wk_plan_free(p);
 }
 
@@ -811,9 +794,7 @@ Test(backend_cpu, a_concat_of_inputs_in_different_layouts_runs_no_reference_kern
     int y = conv(&t, concat(&t, x, c), 32, 1, 1);
     wk_plan_t *p = plan_and_check(&t, x, y);
     cr_assert_eq(count_steps(p, WK_K_CONCAT), 1);
-    const cpu_be_t *be = p->be;
-    cr_expect_eq(be->n_ref_kernels, 0, "%d steps run oneDNN's reference kernels",
-                 be->n_ref_kernels);
+    expect_no_ref_kernels(p);
     wk_plan_free(p);
 }
 
