@@ -602,9 +602,9 @@ static int cpu_bind_input(wk_plan_t *plan, int index, int batch, const float *pt
         int si = l->items[i].step;
         const cpu_step_t *cs = &be->steps[si];
         const wk_step_t *s = &plan->graph->steps[si];
-        for (int k = 0; k < (cs->catn != NULL ? s->n_in : 1); k++) {
-            int src = cs->catn != NULL
-                          ? (cs->cat_tmp[k] >= 0 ? cs->cat_tmp[k] : wk__cpu_vbuf(s->in[k]))
+        int n_src = cs->catn != NULL ? s->n_in : 1;
+        for (int k = 0; k < n_src; k++) {
+            int src = cs->catn != NULL  ? wk__cpu_concat_src(cs, s, k)
                       : cs->sqc != NULL ? wk__cpu_vbuf(s->in[0])
                                         : cs->bias;
             if (src < 0 || wk__cpu_root_buf(be, src) == root)

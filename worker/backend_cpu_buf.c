@@ -416,6 +416,16 @@ void wk__cpu_append_act(dnnl_post_ops_t po, wk_act_t a)
         dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_clip, 0.0f, 1.0f);
 }
 
+/* The activations a BatchNorm step applies as post-ops
+ * (wk_backend_ops_t.norm_act): those oneDNN's jit binary runs as eltwise
+ * post-ops in one pass (densenet's ReLU after each pre-activation
+ * BatchNorm), and the concat that takes its BatchNorm applies itself
+ * (backend_cpu_move.c). */
+bool wk__cpu_norm_act(wk_act_kind_t kind)
+{
+    return kind == WK_ACT_RELU || kind == WK_ACT_LEAKY_RELU || kind == WK_ACT_CLIP;
+}
+
 dnnl_alg_kind_t wk__cpu_bin_alg(wk_binop_t op)
 {
     switch (op) {

@@ -248,12 +248,3 @@ out:
     dnnl_primitive_attr_destroy(attr);
     return rc;
 }
-
-/* The activations a BatchNorm step applies as post-ops of its binary
- * (wk_backend_ops_t.norm_act): those oneDNN's jit binary runs as eltwise
- * post-ops in one pass (densenet's ReLU after each pre-activation
- * BatchNorm). */
-bool wk__cpu_norm_act(wk_act_kind_t kind)
-{
-    return kind == WK_ACT_RELU || kind == WK_ACT_LEAKY_RELU || kind == WK_ACT_CLIP;
-}

@@ -211,6 +211,8 @@ dnnl_alg_kind_t wk__cpu_act_alg(wk_act_kind_t k);
 /* oneDNN's alpha and beta for activation a (pow: 1 and the exponent). */
 void wk__cpu_act_params(wk_act_t a, float *alpha, float *beta);
 void wk__cpu_append_act(dnnl_post_ops_t po, wk_act_t a);
+/* Whether a BatchNorm step applies activation kind as a post-op. */
+bool wk__cpu_norm_act(wk_act_kind_t kind);
 
 dnnl_alg_kind_t wk__cpu_bin_alg(wk_binop_t op);
 
@@ -300,7 +302,6 @@ bool wk__cpu_conv_dw(const wk_graph_t *g, const wk_step_t *pw, const wk_step_t *
 /* backend_cpu_elem.c: activations; binary ops and batchnorm */
 int wk__cpu_build_eltwise(wk_plan_t *plan, int si, int batch);
 int wk__cpu_build_binary(wk_plan_t *plan, int si, int batch);
-bool wk__cpu_norm_act(wk_act_kind_t kind);
 
 /* backend_cpu_matmul.c: Gemm and MatMul */
 int wk__cpu_build_gemm(wk_plan_t *plan, int si, int batch);
@@ -315,6 +316,9 @@ int wk__cpu_build_layernorm(wk_plan_t *plan, int si, int batch);
 /* A BatchNorm step that the concat before it applies (cpu_step_t.catn):
  * nothing of its own to build. */
 bool wk__cpu_norm_by_concat(wk_plan_t *plan, int si);
+/* The buffer concat step s reads its input i from: the input's copy in
+ * the concat's layout (cs->cat_tmp), or the input itself. */
+int wk__cpu_concat_src(const cpu_step_t *cs, const wk_step_t *s, int i);
 /* Runs concat step s and the BatchNorm it applies. */
 void wk__cpu_run_catnorm(cpu_be_t *be, const wk_step_t *s, const cpu_step_t *cs, int batch);
 /* Frees cs->catn. */

@@ -3,6 +3,9 @@
  * from a strided view). */
 #include "backend_cpu_int.h"
 #include "wk_omp.h"
+#if defined(__x86_64__)
+#include "backend_cpu_avx2.h"
+#endif
 
 #include <omp.h>
 #include <stdatomic.h>
@@ -114,10 +117,11 @@ struct cpu_catnorm {
     float *scale, *shift; /* [C] */
     wk_act_t act[WK_MAX_POST];
     int n_act;
-    int blk;      /* 1: plain or channels last; 8 or 16: channel blocks */
-    bool avx2;    /* the CPU has AVX2 and FMA */
-    bool last;    /* channels last */
-    int64_t *off; /* [n_in + 1]: each input's first channel, then C */
+    int blk;          /* 1: plain or channels last; 8 or 16: channel blocks */
+    bool avx2;        /* the CPU has AVX2 and FMA */
+    bool last;        /* channels last */
+    int64_t *off;     /* [n_in + 1]: each input's first channel, then C */
+    const float **in; /* [n_in]: the inputs' bytes, at each run */
 };
 
 void wk__cpu_catnorm_free(cpu_step_t *cs)
@@ -127,18 +131,15 @@ void wk__cpu_catnorm_free(cpu_step_t *cs)
     free(cs->catn->scale);
     free(cs->catn->shift);
     free(cs->catn->off);
+    free(cs->catn->in);
     free(cs->catn);
     cs->catn = NULL;
 }
 
-static bool catnorm_act(wk_act_kind_t k)
-{
-    return k == WK_ACT_RELU || k == WK_ACT_LEAKY_RELU || k == WK_ACT_CLIP;
-}
-
 /* The BatchNorm step that concat si can apply, or -1: the concat's output
  * (4-D, along channels) has that step as its only use, and the BatchNorm's
- * scale and shift are constants, its post-ops activations of catnorm_act. */
+ * scale and shift are constants, its post-ops the activations a BatchNorm
+ * takes (wk__cpu_norm_act: those the kernel below applies). */
 static int catnorm_step(const wk_graph_t *g, int si)
 {
     const wk_step_t *s = &g->steps[si];
@@ -159,7 +160,7 @@ static int catnorm_step(const wk_graph_t *g, int si)
             wk_value_elems(sh) != y->dims[1])
             return -1;
         for (int i = 0; i < b->n_post; i++)
-            if (b->post[i].kind != WK_POST_ACT || !catnorm_act(b->post[i].act.kind))
+            if (b->post[i].kind != WK_POST_ACT || !wk__cpu_norm_act(b->post[i].act.kind))
                 return -1;
         return k;
     }
@@ -201,6 +202,7 @@ static void catnorm_take(wk_plan_t *plan, int si, int k)
 #endif
     cn->last = k == TAG_CHANNELS_LAST;
     cn->off = sq_xmalloc((size_t)(s->n_in + 1) * sizeof(int64_t));
+    cn->in = sq_xcalloc((size_t)s->n_in, sizeof(*cn->in));
     cn->off[0] = 0;
     for (int i = 0; i < s->n_in; i++)
         cn->off[i + 1] = cn->off[i] + g->values[s->in[i]].dims[1];
@@ -235,30 +237,17 @@ static inline float act1(float v, const struct cpu_catnorm *cn)
 }
 
 #if defined(__x86_64__)
-#include <immintrin.h>
-#define TARGET_AVX2 __attribute__((target("avx2,fma")))
-
-TARGET_AVX2 static inline __m256 act8(__m256 v, const struct cpu_catnorm *cn)
+WK_AVX2 static inline __m256 act8(__m256 v, const struct cpu_catnorm *cn)
 {
-    for (int a = 0; a < cn->n_act; a++) {
-        wk_act_t act = cn->act[a];
-        if (act.kind == WK_ACT_RELU) {
-            v = _mm256_max_ps(v, _mm256_setzero_ps());
-        } else if (act.kind == WK_ACT_LEAKY_RELU) {
-            __m256 neg = _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ);
-            v = _mm256_blendv_ps(v, _mm256_mul_ps(v, _mm256_set1_ps(act.alpha)), neg);
-        } else {
-            v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(act.alpha)),
-                              _mm256_set1_ps(act.beta));
-        }
-    }
+    for (int a = 0; a < cn->n_act; a++)
+        v = wk__cpu_act8(v, &cn->act[a]);
     return v;
 }
 
 /* scale and shift per element (stride 1) or one for the span (stride 0) */
-TARGET_AVX2 static void norm_span_avx2(float *restrict dst, const float *restrict src,
-                                       const float *restrict scale, const float *restrict shift,
-                                       int64_t n, int stride, const struct cpu_catnorm *cn)
+WK_AVX2 static void norm_span_avx2(float *restrict dst, const float *restrict src,
+                                   const float *restrict scale, const float *restrict shift,
+                                   int64_t n, int stride, const struct cpu_catnorm *cn)
 {
     int64_t i = 0;
     if (stride == 0) {
@@ -360,13 +349,17 @@ static void catnorm_share(void *data)
     }
 }
 
+int wk__cpu_concat_src(const cpu_step_t *cs, const wk_step_t *s, int i)
+{
+    return cs->cat_tmp != NULL && cs->cat_tmp[i] >= 0 ? cs->cat_tmp[i] : wk__cpu_vbuf(s->in[i]);
+}
+
 void wk__cpu_run_catnorm(cpu_be_t *be, const wk_step_t *s, const cpu_step_t *cs, int batch)
 {
-    const struct cpu_catnorm *cn = cs->catn;
-    const float *in_stack[64];
-    const float **in = s->n_in <= 64 ? in_stack : sq_xmalloc((size_t)s->n_in * sizeof(*in));
+    struct cpu_catnorm *cn = cs->catn;
+    const float **in = cn->in;
     for (int i = 0; i < s->n_in; i++)
-        in[i] = wk__cpu_buf_ptr(be, cs->cat_tmp[i] >= 0 ? cs->cat_tmp[i] : wk__cpu_vbuf(s->in[i]));
+        in[i] = wk__cpu_buf_ptr(be, wk__cpu_concat_src(cs, s, i));
     const dnnl_memory_desc_t *md = &be->bufs[wk__cpu_vbuf(s->out)].md;
     catnorm_run_t r = {.cn = cn,
                        .in = in,
@@ -380,8 +373,6 @@ void wk__cpu_run_catnorm(cpu_be_t *be, const wk_step_t *s, const cpu_step_t *cs,
     r.per_claim = r.rows / (nt * 8) > 0 ? r.rows / (nt * 8) : 1;
     atomic_init(&r.next, 0);
     wk_omp_run(catnorm_share, &r);
-    if (in != in_stack)
-        free(in);
 }
 
 int wk__cpu_build_concat(wk_plan_t *plan, int si, int batch)

@@ -28,12 +28,12 @@
  *
  * It has no per-batch-size code: one set of packed weights serves every
  * size, and a size costs no JIT memory. */
+#include "backend_cpu_avx2.h"
 #include "backend_cpu_int.h"
 #include "wk_omp.h"
 
 #include <sq_clock.h>
 
-#include <immintrin.h>
 #include <omp.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -322,29 +322,7 @@ void wk__cpu_sqconv_free(cpu_step_t *cs)
 
 /* ---- running ------------------------------------------------------------------ */
 
-#define TARGET __attribute__((target("avx2,fma")))
-
-static inline __attribute__((always_inline)) TARGET __m256 act_apply(__m256 v, const wk_act_t *a)
-{
-    __m256 z = _mm256_setzero_ps();
-    switch (a->kind) {
-    case WK_ACT_RELU:
-        return _mm256_max_ps(v, z);
-    case WK_ACT_LEAKY_RELU: {
-        __m256 neg = _mm256_mul_ps(v, _mm256_set1_ps(a->alpha));
-        return _mm256_blendv_ps(v, neg, _mm256_cmp_ps(v, z, _CMP_LT_OQ));
-    }
-    case WK_ACT_CLIP:
-        return _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(a->alpha)), _mm256_set1_ps(a->beta));
-    case WK_ACT_HARDSWISH: {
-        __m256 t = _mm256_fmadd_ps(v, _mm256_set1_ps(1.0f / 6.0f), _mm256_set1_ps(0.5f));
-        t = _mm256_min_ps(_mm256_max_ps(t, z), _mm256_set1_ps(1.0f));
-        return _mm256_mul_ps(v, t);
-    }
-    default:
-        return v;
-    }
-}
+#define TARGET WK_AVX2
 
 /* One tile: R pixels (tap pointers tp[tap * TILE_PX + r]) by NB blocks of
  * 8 output channels (out pointers o[r], the second block ostep floats
@@ -412,9 +390,9 @@ tile(const cpu_sqconv_t *c, const float *const *tp, const float *w, int icb0, in
         for (int k = 0; k < c->n_act; k++) {
 #pragma GCC unroll 6
             for (int r = 0; r < R; r++) {
-                a0[r] = act_apply(a0[r], &c->act[k]);
+                a0[r] = wk__cpu_act8(a0[r], &c->act[k]);
                 if (NB == 2)
-                    a1[r] = act_apply(a1[r], &c->act[k]);
+                    a1[r] = wk__cpu_act8(a1[r], &c->act[k]);
             }
         }
     }
