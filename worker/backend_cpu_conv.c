@@ -191,11 +191,11 @@ static void conv_keep_channels_last(wk_plan_t *plan, const wk_step_t *s, dnnl_pr
 static bool wino_would_reorder(wk_plan_t *plan, const wk_step_t *s, const_dnnl_primitive_desc_t pd)
 {
     const char *e = getenv("SQUISH_CPU_WINO");
-    bool k = e != NULL && strcmp(e, "reorder") == 0;
+    bool always = e != NULL && strcmp(e, "reorder") == 0;
     const cpu_be_t *be = plan->be;
     const wk_graph_t *g = plan->graph;
     const cpu_buf_t *in = &be->bufs[wk__cpu_vbuf(s->in[0])];
-    if (k || !in->decided ||
+    if (always || !in->decided ||
         dnnl_memory_desc_equal(&in->md, dnnl_primitive_desc_query_md(pd, dnnl_query_src_md, 0)))
         return false;
     double ic = (double)g->values[s->in[0]].dims[1], oc = (double)g->values[s->out].dims[1];
